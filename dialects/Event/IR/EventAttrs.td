@@ -1,0 +1,82 @@
+//===- EventAttrs.td - Attributes of the event dialect ----*- tablegen -*-===//
+
+#ifndef ETC_EVENT_ATTRS_TD
+#define ETC_EVENT_ATTRS_TD
+
+include "Event/IR/EventBase.td"
+
+def Event_FootprintAttr : AttrDef<Event_Dialect, "Footprint"> {
+  let mnemonic = "box";
+  let summary = "The box of a buffer one tile task reads or writes";
+  let description = [{
+    An access footprint: the rectangular region of a buffer that the tile
+    task at grid point `(d0, ..., dn)` accesses. `offsets` maps the tile
+    indices to the first element of the box in each buffer dimension; `sizes`
+    gives the extent of the box in each dimension, `?` meaning the whole
+    dimension (then the offset must be 0). Boxes are clipped to the buffer,
+    so edge tiles of a symbolic dimension are partial.
+
+    ```mlir
+    // Tile (i, j) of a 32x64 tiling of a ?x512 buffer.
+    #event.box<(d0, d1) -> (d0 * 32, d1 * 64) [32, 64]>
+    // Row block i, all columns.
+    #event.box<(d0, d1) -> (d0 * 32, 0) [32, ?]>
+    ```
+  }];
+  let parameters = (ins "::mlir::AffineMap":$offsets,
+                        ArrayRefParameter<"int64_t", "box sizes">:$sizes);
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// Parses and prints `map [sizes]` without the `#event.box<>` wrapper,
+    /// as the `event.task` clauses spell it.
+    static ::mlir::Attribute parseBody(::mlir::AsmParser &parser);
+    void printBody(::mlir::AsmPrinter &printer) const;
+    bool isFullDim(unsigned dim) const {
+      return ::mlir::ShapedType::isDynamic(getSizes()[dim]);
+    }
+  }];
+}
+
+def Event_IndexMapAttr : AttrDef<Event_Dialect, "IndexMap"> {
+  let mnemonic = "map";
+  let summary = "Which event element a tile task waits on or notifies";
+  let description = [{
+    Maps the tile indices `(d0, ..., dn)` of a task to a coordinate of an
+    event tensor. Each result of `map` is either the coordinate itself
+    (affine) or, when `indirect` names index buffer `k` of the task for that
+    result, the coordinate is loaded from that 1-D runtime buffer at the
+    position the result computes (data-dependent dynamism, e.g. the expert a
+    token is routed to). `-1` in `indirect` marks an affine result; an empty
+    `indirect` list means the whole map is affine.
+
+    ```mlir
+    #event.map<(d0, d1) -> (d0)>                          // affine
+    #event.map<(d0, d1) -> (d0, d1) indirect [0, -1]>  // first coordinate
+                                                        // loaded from buffer 0
+    ```
+  }];
+  let parameters = (ins "::mlir::AffineMap":$map,
+                        OptionalArrayRefParameter<"int64_t", "index buffer of each result">:$indirect);
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+  let builders = [
+    AttrBuilderWithInferredContext<(ins "::mlir::AffineMap":$map), [{
+      return $_get(map.getContext(), map, ::llvm::ArrayRef<int64_t>{});
+    }]>
+  ];
+  let extraClassDeclaration = [{
+    /// Parses and prints `map indirect [...]` without the `#event.map<>`
+    /// wrapper, as the `event.task` clauses spell it.
+    static ::mlir::Attribute parseBody(::mlir::AsmParser &parser);
+    void printBody(::mlir::AsmPrinter &printer) const;
+    /// True when result `result` is loaded from an index buffer.
+    bool isIndirect(unsigned result) const {
+      return !getIndirect().empty() && getIndirect()[result] >= 0;
+    }
+    /// True when any result is loaded from an index buffer.
+    bool hasIndirect() const;
+  }];
+}
+
+#endif // ETC_EVENT_ATTRS_TD

@@ -1,0 +1,277 @@
+//===- EventOps.td - Operations of the event dialect ------*- tablegen -*-===//
+
+#ifndef ETC_EVENT_OPS_TD
+#define ETC_EVENT_OPS_TD
+
+include "Event/IR/EventBase.td"
+include "Event/IR/EventTypes.td"
+include "Event/IR/EventAttrs.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/Interfaces/FunctionInterfaces.td"
+include "mlir/Interfaces/CallInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/Interfaces/ControlFlowInterfaces.td"
+
+def Event_Tensor : Type<CPred<"::llvm::isa<::etc::event::EventTensorType>($_self)">,
+                        "event tensor", "::etc::event::EventTensorType">;
+
+//===----------------------------------------------------------------------===//
+// Containers
+//===----------------------------------------------------------------------===//
+
+def Event_GraphOp : Event_Op<"graph", [
+    AutomaticAllocationScope, IsolatedFromAbove, FunctionOpInterface,
+    SingleBlockImplicitTerminator<"YieldOp">]> {
+  let summary = "A graph of tile tasks over buffers and symbolic dimensions";
+  let description = [{
+    A function-like container holding the tasks of one computation. Its
+    arguments are the buffers (`memref`s) the tasks read and write and the
+    `index` values of the symbolic dimensions (e.g. the batch size). A
+    buffer argument with the unit attribute `event.intermediate` is scratch
+    memory allocated by the runtime: some task must write it before any task
+    reads it. Tasks run in an order consistent with their events; textual
+    order is the order dependency inference assumes for buffer reuse.
+
+    ```mlir
+    event.graph @scale(%n: index, %x: memref<?xf32>, %y: memref<?xf32>) {
+      %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 64)>()[%n]
+      event.task "scale" grid(%g)
+          reads(%x : memref<?xf32> (d0) -> (d0 * 64) [64])
+          writes(%y : memref<?xf32> (d0) -> (d0 * 64) [64]) {
+      ^bb0(%i: index):
+        ...
+      }
+    }
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       TypeAttrOf<FunctionType>:$function_type,
+                       OptionalAttr<DictArrayAttr>:$arg_attrs,
+                       OptionalAttr<DictArrayAttr>:$res_attrs);
+  let regions = (region SizedRegion<1>:$body);
+  let hasCustomAssemblyFormat = 1;
+  let hasVerifier = 1;
+  let hasRegionVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The name of the unit argument attribute marking scratch buffers.
+    static ::llvm::StringRef getIntermediateAttrName() { return "event.intermediate"; }
+    bool isIntermediate(unsigned argIndex) {
+      return getArgAttr(argIndex, getIntermediateAttrName()) != nullptr;
+    }
+
+    //===------------------------------------------------------------------===//
+    // FunctionOpInterface
+    //===------------------------------------------------------------------===//
+    ::mlir::Region *getCallableRegion() { return &getBody(); }
+    ::llvm::ArrayRef<::mlir::Type> getArgumentTypes() {
+      return getFunctionType().getInputs();
+    }
+    ::llvm::ArrayRef<::mlir::Type> getResultTypes() {
+      return getFunctionType().getResults();
+    }
+  }];
+}
+
+def Event_YieldOp : Event_Op<"yield", [
+    Pure, Terminator, ReturnLike, ParentOneOf<["GraphOp", "TaskOp"]>]> {
+  let summary = "Terminates a graph or a task body";
+  let description = [{
+    Ends the body of an `event.graph` or an `event.task`. It is implicit in
+    the custom syntax of both.
+  }];
+  let assemblyFormat = "attr-dict";
+}
+
+//===----------------------------------------------------------------------===//
+// Event tensors
+//===----------------------------------------------------------------------===//
+
+def Event_AllocOp : Event_Op<"alloc", [AttrSizedOperandSegments]> {
+  let summary = "Allocates an event tensor";
+  let description = [{
+    Allocates an event tensor. `dynamic_sizes` gives one `index` per `?`
+    dimension of the result type, in order.
+
+    `count`, when present, is the expected count of every element: the
+    number of notifies it receives before its waiters may run. Dependency
+    inference computes it (from the grid sizes, so it may be symbolic).
+    Without `count`, the expected counts depend on runtime data (indirect
+    notify maps) and the scheduled program counts them on the device in an
+    initialisation phase before any task runs.
+
+    ```mlir
+    %e = event.alloc(%rows) count(%c8) : !event.tensor<?>
+    ```
+  }];
+  let arguments = (ins Variadic<Index>:$dynamic_sizes, Optional<Index>:$count);
+  let results = (outs Event_Tensor:$result);
+  let assemblyFormat = [{
+    `(` $dynamic_sizes `)` (`count` `(` $count^ `)`)? attr-dict `:` type($result)
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::etc::event::EventTensorType getType() {
+      return ::llvm::cast<::etc::event::EventTensorType>(getResult().getType());
+    }
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Tasks
+//===----------------------------------------------------------------------===//
+
+def Event_TaskOp : Event_Op<"task", [
+    AttrSizedOperandSegments, HasParent<"GraphOp">,
+    SingleBlockImplicitTerminator<"YieldOp">]> {
+  let summary = "A grid of tile tasks with declared accesses and events";
+  let description = [{
+    A device function: the body runs once for every point of `grid`, with
+    the tile indices as its block arguments. Grid sizes are `index` values,
+    so they may be symbolic (computed from the graph's dimension arguments).
+
+    The clauses are declarative annotations of every tile task:
+    * `reads` / `writes` (L1): the footprint of each buffer it accesses, as
+      an affine map from the tile indices to the box offsets plus the box
+      sizes (`?` = the whole dimension);
+    * `waits` / `notifies` (L2, added by `event-infer-dependencies`): the
+      element of each event tensor it waits on before it runs and notifies
+      after it finishes, as an affine map of the tile indices, optionally
+      with results loaded from the 1-D runtime buffers of `indices`;
+    * `indices`: the index buffers that indirect maps read.
+
+    The body refers to the graph's buffers directly and computes the tile
+    with target-neutral ops (arith, math, memref, scf, vector) and the lane
+    ops for intra-tile parallelism.
+
+    ```mlir
+    event.task "mm0" grid(%rows, %c8)
+        reads(%x : memref<?x256xf32> (d0, d1) -> (d0 * 32, 0) [32, ?],
+              %w : memref<256x512xf32> (d0, d1) -> (0, d1 * 64) [?, 64])
+        writes(%h : memref<?x512xf32> (d0, d1) -> (d0 * 32, d1 * 64) [32, 64])
+        notifies(%e : !event.tensor<?> (d0, d1) -> (d0)) {
+    ^bb0(%i: index, %j: index):
+      ...
+    }
+    ```
+  }];
+  let arguments = (ins StrAttr:$name,
+                       Variadic<Index>:$grid,
+                       Variadic<AnyMemRef>:$reads,
+                       Variadic<AnyMemRef>:$writes,
+                       Variadic<Event_Tensor>:$waits,
+                       Variadic<Event_Tensor>:$notifies,
+                       Variadic<AnyMemRef>:$indices,
+                       TypedArrayAttrBase<Event_FootprintAttr, "read footprints">:$read_footprints,
+                       TypedArrayAttrBase<Event_FootprintAttr, "write footprints">:$write_footprints,
+                       TypedArrayAttrBase<Event_IndexMapAttr, "wait maps">:$wait_maps,
+                       TypedArrayAttrBase<Event_IndexMapAttr, "notify maps">:$notify_maps);
+  let regions = (region SizedRegion<1>:$body);
+  let hasCustomAssemblyFormat = 1;
+  let hasVerifier = 1;
+  let hasRegionVerifier = 1;
+  let skipDefaultBuilders = 1;
+  let builders = [
+    OpBuilder<(ins "::llvm::StringRef":$name, "::mlir::ValueRange":$grid)>,
+  ];
+  let extraClassDeclaration = [{
+    unsigned getGridRank() { return getGrid().size(); }
+    ::mlir::Block &getBodyBlock() { return getBody().front(); }
+    ::mlir::Block::BlockArgListType getTileIndices() {
+      return getBodyBlock().getArguments();
+    }
+    ::etc::event::FootprintAttr getReadFootprint(unsigned i) {
+      return ::llvm::cast<::etc::event::FootprintAttr>(getReadFootprints()[i]);
+    }
+    ::etc::event::FootprintAttr getWriteFootprint(unsigned i) {
+      return ::llvm::cast<::etc::event::FootprintAttr>(getWriteFootprints()[i]);
+    }
+    ::etc::event::IndexMapAttr getWaitMap(unsigned i) {
+      return ::llvm::cast<::etc::event::IndexMapAttr>(getWaitMaps()[i]);
+    }
+    ::etc::event::IndexMapAttr getNotifyMap(unsigned i) {
+      return ::llvm::cast<::etc::event::IndexMapAttr>(getNotifyMaps()[i]);
+    }
+    /// Appends `event` to the waits (or notifies) with `map`.
+    void addWait(::mlir::Value event, ::etc::event::IndexMapAttr map);
+    void addNotify(::mlir::Value event, ::etc::event::IndexMapAttr map);
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Imperative synchronisation (L3)
+//===----------------------------------------------------------------------===//
+
+def Event_WaitOp : Event_Op<"wait"> {
+  let summary = "Waits until an event element reaches zero (acquire)";
+  let description = [{
+    Blocks until element `indices` of `event` has received all its expected
+    notifies. Memory written before those notifies is visible after the wait
+    (acquire semantics).
+
+    ```mlir
+    event.wait %e[%i] : !event.tensor<?>
+    ```
+  }];
+  let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices);
+  let assemblyFormat = "$event `[` $indices `]` attr-dict `:` type($event)";
+  let hasVerifier = 1;
+}
+
+def Event_NotifyOp : Event_Op<"notify"> {
+  let summary = "Decrements an event element (release)";
+  let description = [{
+    Decrements element `indices` of `event` by one with release semantics:
+    every write made before the notify is visible to a task whose wait on
+    that element returns.
+
+    ```mlir
+    event.notify %e[%i] : !event.tensor<?>
+    ```
+  }];
+  let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices);
+  let assemblyFormat = "$event `[` $indices `]` attr-dict `:` type($event)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Execution resources, lowered differently by each target
+//===----------------------------------------------------------------------===//
+
+class Event_IndexQueryOp<string mnemonic, string summaryText, string descriptionText>
+    : Event_Op<mnemonic, [Pure]> {
+  let summary = summaryText;
+  let description = descriptionText;
+  let results = (outs Index:$result);
+  let assemblyFormat = "attr-dict";
+}
+
+def Event_LaneIdOp : Event_IndexQueryOp<"lane_id",
+  "The lane that runs this part of a tile body",
+  [{ The index of the calling lane within the tile task, in
+     `[0, event.lane_count)`. One lane on the CPU target; a CTA thread on CUDA. }]>;
+
+def Event_LaneCountOp : Event_IndexQueryOp<"lane_count",
+  "The number of lanes that run a tile body",
+  [{ How many lanes execute each tile body together. }]>;
+
+def Event_WorkerIdOp : Event_IndexQueryOp<"worker_id",
+  "The persistent worker that runs the calling code",
+  [{ The index of the persistent worker (a host thread on CPU, a CTA on
+     CUDA), in `[0, event.worker_count)`. }]>;
+
+def Event_WorkerCountOp : Event_IndexQueryOp<"worker_count",
+  "The number of persistent workers",
+  [{ How many persistent workers run the program. }]>;
+
+def Event_LaneBarrierOp : Event_Op<"lane_barrier"> {
+  let summary = "Synchronises the lanes of one tile task";
+  let description = [{
+    Every lane of the tile task waits until all have reached the barrier;
+    their shared-memory and global writes before it are visible after it.
+    A no-op with one lane; `gpu.barrier` on CUDA.
+  }];
+  let assemblyFormat = "attr-dict";
+}
+
+#endif // ETC_EVENT_OPS_TD

@@ -1,0 +1,470 @@
+//===- EventOps.cpp - Operations of the event dialect -----------*- C++ -*-===//
+
+#include "Event/IR/EventOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/Interfaces/FunctionImplementation.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SetVector.h"
+
+using namespace mlir;
+using namespace etc::event;
+
+//===----------------------------------------------------------------------===//
+// GraphOp
+//===----------------------------------------------------------------------===//
+
+ParseResult GraphOp::parse(OpAsmParser &parser, OperationState &result) {
+  auto buildFuncType = [](Builder &builder, ArrayRef<Type> argTypes,
+                          ArrayRef<Type> results,
+                          function_interface_impl::VariadicFlag,
+                          std::string &) {
+    return builder.getFunctionType(argTypes, results);
+  };
+  if (function_interface_impl::parseFunctionOp(
+          parser, result, /*allowVariadic=*/false,
+          getFunctionTypeAttrName(result.name), buildFuncType,
+          getArgAttrsAttrName(result.name), getResAttrsAttrName(result.name)))
+    return failure();
+  Region &body = *result.regions.front();
+  if (body.empty())
+    return parser.emitError(parser.getCurrentLocation(),
+                            "'event.graph' expects a body");
+  GraphOp::ensureTerminator(body, parser.getBuilder(), result.location);
+  return success();
+}
+
+void GraphOp::print(OpAsmPrinter &printer) {
+  printer << ' ';
+  printer.printSymbolName(getSymName());
+  function_interface_impl::printFunctionSignature(
+      printer, *this, getArgumentTypes(), /*isVariadic=*/false,
+      getResultTypes());
+  function_interface_impl::printFunctionAttributes(
+      printer, *this,
+      {getFunctionTypeAttrName(), getArgAttrsAttrName(), getResAttrsAttrName()});
+  printer << ' ';
+  printer.printRegion(getBody(), /*printEntryBlockArgs=*/false,
+                      /*printBlockTerminators=*/false);
+}
+
+LogicalResult GraphOp::verify() {
+  if (!getResultTypes().empty())
+    return emitOpError("returns nothing: outputs are written to buffer "
+                       "arguments, but found ")
+           << getResultTypes().size() << " result types";
+  for (auto [index, type] : llvm::enumerate(getArgumentTypes())) {
+    if (!isa<IndexType, MemRefType>(type))
+      return emitOpError("argument #")
+             << index << " must be a memref buffer or an index dimension, "
+             << "found " << type;
+    Attribute intermediate = getArgAttr(index, getIntermediateAttrName());
+    if (!intermediate)
+      continue;
+    if (!isa<UnitAttr>(intermediate))
+      return emitOpError("argument #")
+             << index << " attribute '" << getIntermediateAttrName()
+             << "' must be a unit attribute";
+    if (!isa<MemRefType>(type))
+      return emitOpError("argument #")
+             << index << " is marked '" << getIntermediateAttrName()
+             << "' but is not a memref buffer";
+  }
+  return success();
+}
+
+/// Reports a cycle in the task-level event dependencies, if there is one.
+/// An edge runs from each task that notifies an event to each task that
+/// waits on it.
+static LogicalResult verifyAcyclic(MutableArrayRef<TaskOp> tasks) {
+  llvm::DenseMap<Value, SmallVector<unsigned>> notifiers;
+  llvm::DenseMap<Operation *, unsigned> taskIndex;
+  for (auto [index, task] : llvm::enumerate(tasks)) {
+    taskIndex[task] = index;
+    for (Value event : task.getNotifies())
+      notifiers[event].push_back(index);
+  }
+  // successors[p] = tasks that wait on something p notifies.
+  SmallVector<llvm::SetVector<unsigned>> successors(tasks.size());
+  for (auto [index, task] : llvm::enumerate(tasks))
+    for (Value event : task.getWaits())
+      for (unsigned producer : notifiers.lookup(event))
+        successors[producer].insert(index);
+
+  enum class Mark { Unvisited, Active, Done };
+  SmallVector<Mark> marks(tasks.size(), Mark::Unvisited);
+  SmallVector<unsigned> path;
+  std::function<std::optional<unsigned>(unsigned)> visit =
+      [&](unsigned node) -> std::optional<unsigned> {
+    marks[node] = Mark::Active;
+    path.push_back(node);
+    for (unsigned next : successors[node]) {
+      if (marks[next] == Mark::Active)
+        return next;
+      if (marks[next] == Mark::Unvisited)
+        if (auto start = visit(next))
+          return start;
+    }
+    path.pop_back();
+    marks[node] = Mark::Done;
+    return std::nullopt;
+  };
+  for (unsigned root = 0; root < tasks.size(); ++root) {
+    if (marks[root] != Mark::Unvisited)
+      continue;
+    std::optional<unsigned> start = visit(root);
+    if (!start)
+      continue;
+    auto diag = tasks[*start].emitOpError("is part of a dependency cycle: ");
+    auto begin = llvm::find(path, *start);
+    for (auto it = begin; it != path.end(); ++it)
+      diag << "'" << tasks[*it].getName() << "' -> ";
+    diag << "'" << tasks[*start].getName() << "'";
+    return diag;
+  }
+  return success();
+}
+
+LogicalResult GraphOp::verifyRegions() {
+  SmallVector<TaskOp> tasks(getBody().getOps<TaskOp>());
+
+  llvm::StringMap<TaskOp> names;
+  for (TaskOp task : tasks) {
+    auto [it, inserted] = names.try_emplace(task.getName(), task);
+    if (!inserted)
+      return task.emitOpError("name '")
+             << task.getName() << "' is already used by another task";
+  }
+
+  // Intermediate buffers must be written by an earlier task before a read.
+  llvm::SmallDenseSet<Value> written;
+  for (TaskOp task : tasks) {
+    for (auto [index, buffer] : llvm::enumerate(task.getReads())) {
+      auto arg = dyn_cast<BlockArgument>(buffer);
+      if (!arg || arg.getOwner() != &getBody().front() ||
+          !isIntermediate(arg.getArgNumber()) || written.contains(buffer))
+        continue;
+      return task.emitOpError("reads intermediate buffer argument #")
+             << arg.getArgNumber() << " (read #" << index
+             << ") that no earlier task writes";
+    }
+    for (Value buffer : task.getWrites())
+      written.insert(buffer);
+  }
+
+  // Every waited event is notified by some task.
+  llvm::SmallDenseSet<Value> notified;
+  for (TaskOp task : tasks)
+    for (Value event : task.getNotifies())
+      notified.insert(event);
+  for (TaskOp task : tasks)
+    for (auto [index, event] : llvm::enumerate(task.getWaits()))
+      if (!notified.contains(event))
+        return task.emitOpError("waits on an event that no task notifies "
+                                "(wait #")
+               << index << ")";
+
+  return verifyAcyclic(tasks);
+}
+
+//===----------------------------------------------------------------------===//
+// AllocOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult AllocOp::verify() {
+  unsigned expected = getType().getNumDynamicDims();
+  if (getDynamicSizes().size() != expected)
+    return emitOpError("expects ")
+           << expected << " dynamic sizes for the '?' dimensions of "
+           << getType() << ", found " << getDynamicSizes().size();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// TaskOp
+//===----------------------------------------------------------------------===//
+
+void TaskOp::build(OpBuilder &builder, OperationState &state, StringRef name,
+                   ValueRange grid) {
+  state.addOperands(grid);
+  Properties &props = state.getOrAddProperties<Properties>();
+  props.name = builder.getStringAttr(name);
+  props.read_footprints = builder.getArrayAttr({});
+  props.write_footprints = builder.getArrayAttr({});
+  props.wait_maps = builder.getArrayAttr({});
+  props.notify_maps = builder.getArrayAttr({});
+  props.operandSegmentSizes = {static_cast<int32_t>(grid.size()), 0, 0, 0, 0, 0};
+  Region *body = state.addRegion();
+  Block *block = new Block();
+  body->push_back(block);
+  for (size_t dim = 0; dim < grid.size(); ++dim)
+    block->addArgument(builder.getIndexType(), state.location);
+  TaskOp::ensureTerminator(*body, builder, state.location);
+}
+
+void TaskOp::addWait(Value event, IndexMapAttr map) {
+  getWaitsMutable().append(event);
+  SmallVector<Attribute> maps(getWaitMaps().getValue());
+  maps.push_back(map);
+  setWaitMapsAttr(ArrayAttr::get(getContext(), maps));
+}
+
+void TaskOp::addNotify(Value event, IndexMapAttr map) {
+  getNotifiesMutable().append(event);
+  SmallVector<Attribute> maps(getNotifyMaps().getValue());
+  maps.push_back(map);
+  setNotifyMapsAttr(ArrayAttr::get(getContext(), maps));
+}
+
+namespace {
+/// The clauses of `event.task` in the order they are printed and parsed.
+/// `attr` is the per-operand attribute list the clause carries, if any.
+enum class ClauseKind { Footprint, IndexMap, Plain };
+} // namespace
+
+/// Parses `keyword(%v : type <attr-body>, ...)` if the keyword is present.
+static ParseResult
+parseClause(OpAsmParser &parser, StringRef keyword, ClauseKind kind,
+            SmallVectorImpl<OpAsmParser::UnresolvedOperand> &operands,
+            SmallVectorImpl<Type> &types, SmallVectorImpl<Attribute> &attrs) {
+  if (failed(parser.parseOptionalKeyword(keyword)))
+    return success();
+  return parser.parseCommaSeparatedList(
+      OpAsmParser::Delimiter::Paren, [&]() -> ParseResult {
+        OpAsmParser::UnresolvedOperand operand;
+        Type type;
+        if (parser.parseOperand(operand) || parser.parseColonType(type))
+          return failure();
+        operands.push_back(operand);
+        types.push_back(type);
+        if (kind == ClauseKind::Plain)
+          return success();
+        Attribute attr = kind == ClauseKind::Footprint
+                             ? FootprintAttr::parseBody(parser)
+                             : IndexMapAttr::parseBody(parser);
+        if (!attr)
+          return failure();
+        attrs.push_back(attr);
+        return success();
+      });
+}
+
+ParseResult TaskOp::parse(OpAsmParser &parser, OperationState &result) {
+  Builder &builder = parser.getBuilder();
+  StringAttr name;
+  SmallVector<OpAsmParser::UnresolvedOperand> grid;
+  if (parser.parseAttribute(name) || parser.parseKeyword("grid") ||
+      parser.parseOperandList(grid, OpAsmParser::Delimiter::Paren))
+    return failure();
+
+  SmallVector<OpAsmParser::UnresolvedOperand> reads, writes, waits, notifies,
+      indices;
+  SmallVector<Type> readTypes, writeTypes, waitTypes, notifyTypes, indexTypes;
+  SmallVector<Attribute> readFootprints, writeFootprints, waitMaps, notifyMaps,
+      unused;
+  SMLoc operandsLoc = parser.getCurrentLocation();
+  if (parseClause(parser, "reads", ClauseKind::Footprint, reads, readTypes,
+                  readFootprints) ||
+      parseClause(parser, "writes", ClauseKind::Footprint, writes, writeTypes,
+                  writeFootprints) ||
+      parseClause(parser, "waits", ClauseKind::IndexMap, waits, waitTypes,
+                  waitMaps) ||
+      parseClause(parser, "notifies", ClauseKind::IndexMap, notifies,
+                  notifyTypes, notifyMaps) ||
+      parseClause(parser, "indices", ClauseKind::Plain, indices, indexTypes,
+                  unused))
+    return failure();
+
+  if (parser.resolveOperands(grid, builder.getIndexType(), result.operands) ||
+      parser.resolveOperands(reads, readTypes, operandsLoc, result.operands) ||
+      parser.resolveOperands(writes, writeTypes, operandsLoc,
+                             result.operands) ||
+      parser.resolveOperands(waits, waitTypes, operandsLoc, result.operands) ||
+      parser.resolveOperands(notifies, notifyTypes, operandsLoc,
+                             result.operands) ||
+      parser.resolveOperands(indices, indexTypes, operandsLoc,
+                             result.operands))
+    return failure();
+
+  Properties &props = result.getOrAddProperties<Properties>();
+  props.name = name;
+  props.read_footprints = builder.getArrayAttr(readFootprints);
+  props.write_footprints = builder.getArrayAttr(writeFootprints);
+  props.wait_maps = builder.getArrayAttr(waitMaps);
+  props.notify_maps = builder.getArrayAttr(notifyMaps);
+  props.operandSegmentSizes = {
+      static_cast<int32_t>(grid.size()),     static_cast<int32_t>(reads.size()),
+      static_cast<int32_t>(writes.size()),   static_cast<int32_t>(waits.size()),
+      static_cast<int32_t>(notifies.size()), static_cast<int32_t>(indices.size())};
+
+  if (parser.parseOptionalAttrDictWithKeyword(result.attributes))
+    return failure();
+  Region *body = result.addRegion();
+  if (parser.parseRegion(*body, /*arguments=*/{}))
+    return failure();
+  if (body->empty())
+    return parser.emitError(parser.getCurrentLocation(),
+                            "'event.task' expects a body");
+  TaskOp::ensureTerminator(*body, builder, result.location);
+  return success();
+}
+
+/// Prints `keyword(%v : type <attr-body>, ...)` unless the clause is empty.
+static void printClause(OpAsmPrinter &printer, StringRef keyword,
+                        OperandRange operands, ArrayAttr attrs) {
+  if (operands.empty())
+    return;
+  printer << ' ' << keyword << '(';
+  for (auto [index, operand] : llvm::enumerate(operands)) {
+    if (index > 0)
+      printer << ", ";
+    printer << operand << " : " << operand.getType();
+    if (!attrs)
+      continue;
+    printer << ' ';
+    if (auto footprint = dyn_cast<FootprintAttr>(attrs[index]))
+      footprint.printBody(printer);
+    else
+      cast<IndexMapAttr>(attrs[index]).printBody(printer);
+  }
+  printer << ')';
+}
+
+void TaskOp::print(OpAsmPrinter &printer) {
+  printer << ' ';
+  printer.printAttributeWithoutType(getNameAttr());
+  printer << " grid(" << getGrid() << ')';
+  printClause(printer, "reads", getReads(), getReadFootprints());
+  printClause(printer, "writes", getWrites(), getWriteFootprints());
+  printClause(printer, "waits", getWaits(), getWaitMaps());
+  printClause(printer, "notifies", getNotifies(), getNotifyMaps());
+  printClause(printer, "indices", getIndices(), /*attrs=*/nullptr);
+  printer.printOptionalAttrDictWithKeyword(
+      (*this)->getAttrs(),
+      {getNameAttrName(), getReadFootprintsAttrName(),
+       getWriteFootprintsAttrName(), getWaitMapsAttrName(),
+       getNotifyMapsAttrName(), getOperandSegmentSizesAttrName()});
+  printer << ' ';
+  printer.printRegion(getBody(), /*printEntryBlockArgs=*/true,
+                      /*printBlockTerminators=*/false);
+}
+
+/// Checks that there is one footprint per buffer and that each matches the
+/// grid rank and the buffer rank.
+static LogicalResult verifyFootprints(TaskOp task, StringRef clause,
+                                      OperandRange buffers,
+                                      ArrayAttr footprints) {
+  if (buffers.size() != footprints.size())
+    return task.emitOpError("has ")
+           << buffers.size() << " '" << clause << "' buffers but "
+           << footprints.size() << " footprints";
+  unsigned gridRank = task.getGridRank();
+  for (auto [index, buffer, attr] :
+       llvm::enumerate(buffers, footprints.getValue())) {
+    auto footprint = cast<FootprintAttr>(attr);
+    auto type = cast<MemRefType>(buffer.getType());
+    AffineMap offsets = footprint.getOffsets();
+    if (offsets.getNumDims() != gridRank)
+      return task.emitOpError("footprint of ")
+             << clause << " #" << index << " has " << offsets.getNumDims()
+             << " tile indices but the grid has rank " << gridRank;
+    if (offsets.getNumResults() != type.getRank())
+      return task.emitOpError("footprint of ")
+             << clause << " #" << index << " has " << offsets.getNumResults()
+             << " offsets but the buffer has rank " << type.getRank();
+  }
+  return success();
+}
+
+/// Checks that there is one index map per event, that each matches the grid
+/// rank and the event rank, and that indirect results name index buffers.
+static LogicalResult verifyIndexMaps(TaskOp task, StringRef clause,
+                                     OperandRange events, ArrayAttr maps) {
+  if (events.size() != maps.size())
+    return task.emitOpError("has ")
+           << events.size() << " '" << clause << "' events but "
+           << maps.size() << " index maps";
+  unsigned gridRank = task.getGridRank();
+  for (auto [index, event, attr] : llvm::enumerate(events, maps.getValue())) {
+    auto indexMap = cast<IndexMapAttr>(attr);
+    auto type = cast<EventTensorType>(event.getType());
+    AffineMap map = indexMap.getMap();
+    if (map.getNumDims() != gridRank)
+      return task.emitOpError("index map of ")
+             << clause << " #" << index << " has " << map.getNumDims()
+             << " tile indices but the grid has rank " << gridRank;
+    if (map.getNumResults() != type.getRank())
+      return task.emitOpError("index map of ")
+             << clause << " #" << index << " has " << map.getNumResults()
+             << " results but the event tensor has rank " << type.getRank();
+    for (auto [result, buffer] : llvm::enumerate(indexMap.getIndirect()))
+      if (buffer >= static_cast<int64_t>(task.getIndices().size()))
+        return task.emitOpError("index map of ")
+               << clause << " #" << index << " loads result " << result
+               << " from index buffer " << buffer << " but the task has "
+               << task.getIndices().size() << " index buffers";
+  }
+  return success();
+}
+
+LogicalResult TaskOp::verify() {
+  if (getName().empty())
+    return emitOpError("needs a non-empty name");
+  if (failed(verifyFootprints(*this, "reads", getReads(), getReadFootprints())) ||
+      failed(verifyFootprints(*this, "writes", getWrites(),
+                              getWriteFootprints())) ||
+      failed(verifyIndexMaps(*this, "waits", getWaits(), getWaitMaps())) ||
+      failed(verifyIndexMaps(*this, "notifies", getNotifies(),
+                             getNotifyMaps())))
+    return failure();
+  for (auto [index, buffer] : llvm::enumerate(getIndices())) {
+    auto type = cast<MemRefType>(buffer.getType());
+    if (type.getRank() != 1 ||
+        !isa<IntegerType, IndexType>(type.getElementType()))
+      return emitOpError("index buffer #")
+             << index << " must be a 1-D memref of integers, found " << type;
+  }
+  return success();
+}
+
+LogicalResult TaskOp::verifyRegions() {
+  Block &block = getBodyBlock();
+  if (block.getNumArguments() != getGridRank())
+    return emitOpError("body has ")
+           << block.getNumArguments() << " arguments but the grid has rank "
+           << getGridRank() << " (one tile index per grid dimension)";
+  for (BlockArgument arg : block.getArguments())
+    if (!arg.getType().isIndex())
+      return emitOpError("tile index #")
+             << arg.getArgNumber() << " must have type 'index', found "
+             << arg.getType();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// WaitOp / NotifyOp
+//===----------------------------------------------------------------------===//
+
+/// Checks that `indices` address one element of `event`.
+static LogicalResult verifyElementAccess(Operation *op, Value event,
+                                         ValueRange indices) {
+  auto type = cast<EventTensorType>(event.getType());
+  if (static_cast<int64_t>(indices.size()) != type.getRank())
+    return op->emitOpError("expects ")
+           << type.getRank() << " indices for " << type << ", found "
+           << indices.size();
+  return success();
+}
+
+LogicalResult WaitOp::verify() {
+  return verifyElementAccess(*this, getEvent(), getIndices());
+}
+
+LogicalResult NotifyOp::verify() {
+  return verifyElementAccess(*this, getEvent(), getIndices());
+}
+
+#define GET_OP_CLASSES
+#include "Event/IR/EventOps.cpp.inc"

@@ -1,0 +1,242 @@
+//===- EventTypes.cpp - Types and attributes of the event dialect ---------===//
+
+#include "Event/IR/EventTypes.h"
+#include "Event/IR/EventDialect.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+using namespace etc::event;
+
+#define GET_TYPEDEF_CLASSES
+#include "Event/IR/EventTypes.cpp.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "Event/IR/EventAttrs.cpp.inc"
+
+void EventDialect::registerTypesAndAttributes() {
+  addTypes<
+#define GET_TYPEDEF_LIST
+#include "Event/IR/EventTypes.cpp.inc"
+      >();
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "Event/IR/EventAttrs.cpp.inc"
+      >();
+}
+
+//===----------------------------------------------------------------------===//
+// Shared syntax
+//===----------------------------------------------------------------------===//
+
+/// Parses `[4, ?, 8]`, `?` standing for ShapedType::kDynamic.
+static ParseResult parseSizeList(AsmParser &parser,
+                                 SmallVectorImpl<int64_t> &sizes) {
+  return parser.parseCommaSeparatedList(
+      AsmParser::Delimiter::Square, [&]() -> ParseResult {
+        if (succeeded(parser.parseOptionalQuestion())) {
+          sizes.push_back(ShapedType::kDynamic);
+          return success();
+        }
+        int64_t size;
+        if (parser.parseInteger(size))
+          return failure();
+        sizes.push_back(size);
+        return success();
+      });
+}
+
+static void printSizeList(AsmPrinter &printer, ArrayRef<int64_t> sizes) {
+  printer << '[';
+  llvm::interleaveComma(sizes, printer, [&](int64_t size) {
+    if (ShapedType::isDynamic(size))
+      printer << '?';
+    else
+      printer << size;
+  });
+  printer << ']';
+}
+
+//===----------------------------------------------------------------------===//
+// EventTensorType
+//===----------------------------------------------------------------------===//
+
+Type EventTensorType::parse(AsmParser &parser) {
+  SmallVector<int64_t> shape;
+  if (parser.parseLess())
+    return {};
+  if (failed(parser.parseOptionalGreater())) {
+    if (parser.parseDimensionList(shape, /*allowDynamic=*/true,
+                                  /*withTrailingX=*/false) ||
+        parser.parseGreater())
+      return {};
+  }
+  return parser.getChecked<EventTensorType>(parser.getContext(), shape);
+}
+
+void EventTensorType::print(AsmPrinter &printer) const {
+  printer << '<';
+  printer.printDimensionList(getShape());
+  printer << '>';
+}
+
+LogicalResult
+EventTensorType::verify(function_ref<InFlightDiagnostic()> emitError,
+                        ArrayRef<int64_t> shape) {
+  for (auto [dim, size] : llvm::enumerate(shape))
+    if (!ShapedType::isDynamic(size) && size < 0)
+      return emitError() << "event tensor dimension " << dim
+                         << " has negative size " << size;
+  return success();
+}
+
+unsigned EventTensorType::getNumDynamicDims() const {
+  return llvm::count_if(getShape(), ShapedType::isDynamic);
+}
+
+std::optional<int64_t> EventTensorType::getNumElements() const {
+  int64_t count = 1;
+  for (int64_t size : getShape()) {
+    if (ShapedType::isDynamic(size))
+      return std::nullopt;
+    count *= size;
+  }
+  return count;
+}
+
+//===----------------------------------------------------------------------===//
+// FootprintAttr
+//===----------------------------------------------------------------------===//
+
+Attribute FootprintAttr::parseBody(AsmParser &parser) {
+  AffineMap offsets;
+  SmallVector<int64_t> sizes;
+  if (parser.parseAffineMap(offsets) || parseSizeList(parser, sizes))
+    return {};
+  return parser.getChecked<FootprintAttr>(parser.getContext(), offsets, sizes);
+}
+
+void FootprintAttr::printBody(AsmPrinter &printer) const {
+  getOffsets().print(printer.getStream());
+  printer << ' ';
+  printSizeList(printer, getSizes());
+}
+
+Attribute FootprintAttr::parse(AsmParser &parser, Type) {
+  if (parser.parseLess())
+    return {};
+  Attribute attr = parseBody(parser);
+  if (!attr || parser.parseGreater())
+    return {};
+  return attr;
+}
+
+void FootprintAttr::print(AsmPrinter &printer) const {
+  printer << '<';
+  printBody(printer);
+  printer << '>';
+}
+
+LogicalResult
+FootprintAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                      AffineMap offsets, ArrayRef<int64_t> sizes) {
+  if (offsets.getNumSymbols() != 0)
+    return emitError() << "footprint offsets must not use symbols, found "
+                       << offsets.getNumSymbols();
+  if (offsets.getNumResults() != sizes.size())
+    return emitError() << "footprint has " << offsets.getNumResults()
+                       << " offsets but " << sizes.size() << " sizes";
+  for (auto [dim, size] : llvm::enumerate(sizes)) {
+    if (ShapedType::isDynamic(size)) {
+      auto offset = dyn_cast<AffineConstantExpr>(offsets.getResult(dim));
+      if (!offset || offset.getValue() != 0)
+        return emitError() << "footprint dimension " << dim
+                           << " covers the whole buffer ('?') so its offset "
+                              "must be 0";
+      continue;
+    }
+    if (size <= 0)
+      return emitError() << "footprint size of dimension " << dim
+                         << " must be positive or '?', found " << size;
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// IndexMapAttr
+//===----------------------------------------------------------------------===//
+
+/// Parses the optional `indirect [k, -1, ...]` suffix of an index map.
+static ParseResult parseIndirectList(AsmParser &parser,
+                                     SmallVectorImpl<int64_t> &indirect) {
+  if (failed(parser.parseOptionalKeyword("indirect")))
+    return success();
+  return parser.parseCommaSeparatedList(
+      AsmParser::Delimiter::Square, [&]() -> ParseResult {
+        int64_t buffer;
+        if (parser.parseInteger(buffer))
+          return failure();
+        indirect.push_back(buffer);
+        return success();
+      });
+}
+
+static void printIndirectList(AsmPrinter &printer, ArrayRef<int64_t> indirect) {
+  if (indirect.empty())
+    return;
+  printer << " indirect [";
+  llvm::interleaveComma(indirect, printer);
+  printer << ']';
+}
+
+Attribute IndexMapAttr::parseBody(AsmParser &parser) {
+  AffineMap map;
+  SmallVector<int64_t> indirect;
+  if (parser.parseAffineMap(map) || parseIndirectList(parser, indirect))
+    return {};
+  return parser.getChecked<IndexMapAttr>(parser.getContext(), map, indirect);
+}
+
+void IndexMapAttr::printBody(AsmPrinter &printer) const {
+  getMap().print(printer.getStream());
+  printIndirectList(printer, getIndirect());
+}
+
+Attribute IndexMapAttr::parse(AsmParser &parser, Type) {
+  if (parser.parseLess())
+    return {};
+  Attribute attr = parseBody(parser);
+  if (!attr || parser.parseGreater())
+    return {};
+  return attr;
+}
+
+void IndexMapAttr::print(AsmPrinter &printer) const {
+  printer << '<';
+  printBody(printer);
+  printer << '>';
+}
+
+LogicalResult IndexMapAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                   AffineMap map, ArrayRef<int64_t> indirect) {
+  if (map.getNumSymbols() != 0)
+    return emitError() << "event index map must not use symbols, found "
+                       << map.getNumSymbols();
+  if (!indirect.empty() && indirect.size() != map.getNumResults())
+    return emitError() << "event index map has " << map.getNumResults()
+                       << " results but " << indirect.size()
+                       << " indirect entries";
+  for (auto [result, buffer] : llvm::enumerate(indirect))
+    if (buffer < -1)
+      return emitError() << "indirect entry of result " << result
+                         << " must be an index buffer number or -1, found "
+                         << buffer;
+  return success();
+}
+
+bool IndexMapAttr::hasIndirect() const {
+  return llvm::any_of(getIndirect(), [](int64_t buffer) { return buffer >= 0; });
+}

@@ -1,0 +1,1 @@
+"""Python op classes for ETC's dialects."""
