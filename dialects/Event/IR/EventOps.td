@@ -107,7 +107,7 @@ def Event_AllocOp : Event_Op<"alloc", [AttrSizedOperandSegments]> {
   let arguments = (ins Variadic<Index>:$dynamic_sizes, Optional<Index>:$count);
   let results = (outs Event_Tensor:$result);
   let assemblyFormat = [{
-    `(` $dynamic_sizes `)` (`count` `(` $count^ `)`)? attr-dict `:` type($result)
+    `(` $dynamic_sizes `)` (`count` `(` $count^ `)`)? attr-dict `:` qualified(type($result))
   }];
   let hasVerifier = 1;
   let extraClassDeclaration = [{
@@ -214,7 +214,7 @@ def Event_WaitOp : Event_Op<"wait"> {
     ```
   }];
   let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices);
-  let assemblyFormat = "$event `[` $indices `]` attr-dict `:` type($event)";
+  let assemblyFormat = "$event `[` $indices `]` attr-dict `:` qualified(type($event))";
   let hasVerifier = 1;
 }
 
@@ -230,7 +230,7 @@ def Event_NotifyOp : Event_Op<"notify"> {
     ```
   }];
   let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices);
-  let assemblyFormat = "$event `[` $indices `]` attr-dict `:` type($event)";
+  let assemblyFormat = "$event `[` $indices `]` attr-dict `:` qualified(type($event))";
   let hasVerifier = 1;
 }
 
