@@ -3,7 +3,9 @@
 #include "Registration.h"
 
 #include "Event/IR/EventDialect.h"
+#include "Conversion/Passes.h"
 #include "Event/Transforms/Passes.h"
+#include "Pipelines.h"
 
 #include "mlir/IR/DialectRegistry.h"
 
@@ -14,6 +16,8 @@ void etc::registerDialects(mlir::DialectRegistry &registry) {
 void etc::registerPassesAndPipelines() {
   static bool registered = [] {
     event::registerEventPasses();
+    registerConversionPasses();
+    registerPipelines();
     return true;
   }();
   (void)registered;

@@ -234,6 +234,33 @@ def Event_NotifyOp : Event_Op<"notify"> {
   let hasVerifier = 1;
 }
 
+def Event_ViewOp : Event_Op<"view", [Pure]> {
+  let summary = "Views part of a counter buffer as an event tensor";
+  let description = [{
+    In a scheduled program (L3) the event tensors of a graph live in one
+    flat buffer of 32-bit counters that the runtime allocates. `event.view`
+    names the event tensor stored row-major from element `offset` on, with
+    one `dynamic_sizes` entry per `?` dimension of the result type.
+
+    ```mlir
+    %e = event.view %counters[%offset](%rows) : memref<?xi32> -> !event.tensor<?x8>
+    ```
+  }];
+  let arguments = (ins MemRefRankOf<[I32], [1]>:$counters, Index:$offset,
+                       Variadic<Index>:$dynamic_sizes);
+  let results = (outs Event_Tensor:$result);
+  let assemblyFormat = [{
+    $counters `[` $offset `]` `(` $dynamic_sizes `)` attr-dict `:`
+    type($counters) `->` qualified(type($result))
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::etc::event::EventTensorType getType() {
+      return ::llvm::cast<::etc::event::EventTensorType>(getResult().getType());
+    }
+  }];
+}
+
 //===----------------------------------------------------------------------===//
 // Execution resources, lowered differently by each target
 //===----------------------------------------------------------------------===//

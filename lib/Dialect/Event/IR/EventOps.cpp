@@ -183,6 +183,19 @@ LogicalResult AllocOp::verify() {
 }
 
 //===----------------------------------------------------------------------===//
+// ViewOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult ViewOp::verify() {
+  unsigned expected = getType().getNumDynamicDims();
+  if (getDynamicSizes().size() != expected)
+    return emitOpError("expects ")
+           << expected << " dynamic sizes for the '?' dimensions of "
+           << getType() << ", found " << getDynamicSizes().size();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // TaskOp
 //===----------------------------------------------------------------------===//
 
