@@ -1,0 +1,174 @@
+"""A NumPy reference for `etc.Graph`: what every compiled kernel must compute.
+
+`evaluate(g, **inputs)` runs the graph's operators in call order with NumPy
+in float32 and returns the outputs in `g.output()` order.
+
+Dtypes:
+
+* ``f32``: inputs are ``np.float32`` arrays; outputs are ``np.float32``.
+* ``f16``: inputs are ``np.float16`` arrays, computed in float32; every
+  operator result is rounded to float16 (as the compiled kernel stores it)
+  and outputs are returned as ``np.float16``.
+* ``bf16``: NumPy has no bfloat16, so inputs are ``np.float32`` arrays whose
+  values are bfloat16-representable (the low 16 bits of each float32 are
+  zero; use `round_bf16` to make such arrays). Results are rounded to
+  bfloat16 (round to nearest even) after every operator and outputs are
+  returned as ``np.float32`` arrays holding bfloat16 values.
+
+Symbolic dimensions are bound from the input shapes; an inconsistent
+binding raises `ValueError` naming both inputs and the dimension.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .graph import Graph, Symbol, Tensor
+
+__all__ = ["evaluate", "round_bf16", "bind_symbols", "NUMPY_DTYPES"]
+
+#: The NumPy dtype that carries each graph dtype.
+NUMPY_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
+                "bf16": np.dtype(np.float32)}
+
+
+def round_bf16(x) -> np.ndarray:
+    """Rounds float32 values to the nearest bfloat16 (ties to even), as float32.
+
+    NaN stays NaN; values beyond the bfloat16 range become infinities.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    out = rounded.astype(np.uint32).view(np.float32).copy()
+    nan = np.isnan(x)
+    out[nan] = np.nan
+    return out.reshape(x.shape)
+
+
+def _to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Rounds a float32 result to what a buffer of `dtype` holds (as float32)."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "bf16":
+        return round_bf16(x)
+    return x
+
+
+def bind_symbols(g: Graph, inputs: dict) -> dict:
+    """Checks `inputs` against the graph's inputs (names, ranks, dtypes, static
+    dims) and returns {symbol name: value} bound from their shapes."""
+    declared = [t for t in g._tensors if t.kind == "input"]
+    names = {t.name for t in declared}
+    for name in inputs:
+        if name not in names:
+            raise ValueError(f"unexpected input {name!r}; graph '{g.name}' has inputs "
+                             f"{sorted(names)}")
+    bound: dict[str, tuple[int, str, int]] = {}  # symbol -> (value, input, axis)
+    for t in declared:
+        if t.name not in inputs:
+            raise ValueError(f"missing input {t.name!r} of graph '{g.name}'")
+        array = inputs[t.name]
+        if not isinstance(array, np.ndarray):
+            raise ValueError(f"input {t.name!r} must be a numpy array, got "
+                             f"{type(array).__name__}")
+        if array.ndim != t.rank:
+            raise ValueError(f"input {t.name!r} has rank {array.ndim}, expected rank "
+                             f"{t.rank} (shape {t.symbolic_shape})")
+        want = NUMPY_DTYPES[t.dtype]
+        if array.dtype != want:
+            raise ValueError(f"input {t.name!r} has dtype {array.dtype}, expected {want} "
+                             f"(graph dtype {t.dtype})")
+        if t.dtype == "bf16":
+            bits = np.ascontiguousarray(array).view(np.uint32)
+            if np.any(bits & 0xFFFF):
+                raise ValueError(
+                    f"input {t.name!r} (bf16) holds float32 values that are not "
+                    f"bfloat16-representable; round them with etc.reference.round_bf16")
+        for axis, (dim, size) in enumerate(zip(t.shape, array.shape)):
+            if isinstance(dim, Symbol):
+                if dim.name in bound and bound[dim.name][0] != size:
+                    value, other, other_axis = bound[dim.name]
+                    raise ValueError(
+                        f"symbol '{dim.name}' is bound inconsistently: input '{other}' "
+                        f"dim {other_axis} has {value} but input '{t.name}' dim {axis} has "
+                        f"{size}")
+                bound.setdefault(dim.name, (size, t.name, axis))
+            elif dim != size:
+                raise ValueError(f"input {t.name!r} dim {axis} has size {size}, expected "
+                                 f"{dim} (shape {t.symbolic_shape})")
+    return {name: value for name, (value, _, _) in bound.items()}
+
+
+def _concrete_shape(t: Tensor, symbols: dict) -> tuple:
+    shape = []
+    for d in t.shape:
+        if isinstance(d, Symbol):
+            if d.name not in symbols:
+                raise ValueError(f"symbol '{d.name}' (in the shape of '{t.name}') appears in "
+                                 f"no input shape, so it cannot be bound")
+            shape.append(symbols[d.name])
+        else:
+            shape.append(d)
+    return tuple(shape)
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    k = np.float32(np.sqrt(2.0 / np.pi))
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(k * (x + np.float32(0.044715) * x ** 3)))
+
+
+def _apply(op, vals: list) -> np.ndarray:
+    kind = op.kind
+    if kind == "matmul":
+        a, b = vals
+        return a @ (b.T if op.params["transpose_b"] else b)
+    if kind == "add":
+        return vals[0] + vals[1]
+    if kind == "mul":
+        return vals[0] * vals[1]
+    if kind == "exp":
+        return np.exp(vals[0])
+    if kind == "silu":
+        x = vals[0]
+        return x / (np.float32(1.0) + np.exp(-x))
+    if kind == "gelu":
+        return _gelu(vals[0])
+    if kind == "scale":
+        return vals[0] * np.float32(op.params["c"])
+    if kind == "rmsnorm":
+        x, w = vals
+        ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+        return x / np.sqrt(ms + np.float32(op.params["eps"])) * w
+    if kind == "softmax":
+        x = vals[0]
+        e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+        return e / np.sum(e, axis=-1, keepdims=True, dtype=np.float32)
+    if kind == "sum":
+        return np.sum(vals[0], axis=-1, dtype=np.float32)
+    raise AssertionError(f"unknown operator kind {kind!r}")
+
+
+def evaluate(g: Graph, **inputs) -> list[np.ndarray]:
+    """Computes every output of `g` from the named input arrays (see the
+    module docstring for dtypes); returns them in output order."""
+    if not g._outputs:
+        raise ValueError(f"Graph '{g.name}' has no outputs")
+    symbols = bind_symbols(g, inputs)
+    env: dict[int, np.ndarray] = {}
+    for t in g._tensors:
+        if t.kind == "input":
+            env[id(t)] = np.asarray(inputs[t.name], dtype=np.float32)
+    with np.errstate(over="ignore", under="ignore"):
+        for op in g._ops:
+            vals = [env[id(t)] for t in op.operands]
+            result = _apply(op, vals).astype(np.float32, copy=False)
+            shape = _concrete_shape(op.result, symbols)
+            assert result.shape == shape, (op.name, result.shape, shape)
+            env[id(op.result)] = _to_storage(result, op.result.dtype)
+    outs = []
+    for t in g._outputs:
+        v = env[id(t)]
+        outs.append(v.astype(np.float16) if t.dtype == "f16" else v.copy())
+    return outs

@@ -1,0 +1,35 @@
+"""Shared fixtures for the Python tests."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _find_etc_opt():
+    candidates = [os.environ.get("ETC_OPT"), str(Path(sys.executable).parent / "etc-opt"),
+                  str(ROOT / ".venv" / "bin" / "etc-opt"), shutil.which("etc-opt")]
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+@pytest.fixture(scope="session")
+def etc_opt():
+    """Runs `etc-opt <args>` on stdin text and returns stdout; fails on a non-zero exit."""
+    path = _find_etc_opt()
+    if path is None:
+        pytest.skip("etc-opt is not installed (set ETC_OPT)")
+
+    def run(text: str, *args: str) -> str:
+        proc = subprocess.run([path, *args], input=text, capture_output=True, text=True)
+        assert proc.returncode == 0, f"etc-opt {' '.join(args)} failed:\n{proc.stderr}"
+        return proc.stdout
+
+    return run
