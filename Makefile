@@ -8,6 +8,8 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
+# Tests find etc-opt, lit and FileCheck in the environment.
+RUN    := PATH="$(abspath $(VENV))/bin:$$PATH"
 STAMP  := $(VENV)/.etc-deps-stamp
 
 # Exact pins: the extension links the MLIR C++ symbols of these wheels.
@@ -35,17 +37,17 @@ install: $(STAMP)
 	$(PIP) install --quiet --no-build-isolation --no-deps -e .
 
 demo: install
-	$(PY) examples/demo.py
+	$(RUN) $(PY) examples/demo.py
 
 test-lit: install
-	$(PY) -m lit -sv test
+	$(RUN) lit -sv test
 
 test-python: install
-	$(PY) -m pytest -q test/python
+	$(RUN) $(PY) -m pytest -q test/python
 
 test: install
-	$(PY) -m lit -sv test
-	$(PY) -m pytest -q test/python
+	$(RUN) lit -sv test
+	$(RUN) $(PY) -m pytest -q test/python
 
 clean:
 	rm -rf build

@@ -7,7 +7,7 @@ import lit.formats
 
 config.name = "ETC"
 config.test_format = lit.formats.ShTest()
-config.suffixes = [".mlir", ".py"]
+config.suffixes = [".mlir", ".test"]
 config.excludes = ["lit.cfg.py", "python"]
 config.test_source_root = os.path.dirname(__file__)
 

@@ -16,7 +16,8 @@ _etc.register_passes()
 # Parsed `event` ops come back as the generated classes of etc.dialects.event.
 _mlir_globals.append_dialect_search_prefix("etc.dialects")
 
-from . import reference  # noqa: E402
+from . import pipeline, reference  # noqa: E402
+from .compiler import CompiledKernel, compile  # noqa: E402
 from .graph import Argument, Graph, Symbol, Tensor  # noqa: E402
 
 
@@ -28,4 +29,4 @@ def register_dialects(context: "_ir.Context") -> None:
     context.load_all_available_dialects()
 
 
-__all__ = ["register_dialects", "Argument", "Graph", "Symbol", "Tensor", "reference"]
+__all__ = ["register_dialects", "compile", "CompiledKernel", "pipeline", "Argument", "Graph", "Symbol", "Tensor", "reference"]

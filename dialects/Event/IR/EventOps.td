@@ -250,7 +250,7 @@ def Event_ViewOp : Event_Op<"view", [Pure]> {
                        Variadic<Index>:$dynamic_sizes);
   let results = (outs Event_Tensor:$result);
   let assemblyFormat = [{
-    $counters `[` $offset `]` `(` $dynamic_sizes `)` attr-dict `:`
+    $counters `[` $offset `]` `` `(` $dynamic_sizes `)` attr-dict `:`
     type($counters) `->` qualified(type($result))
   }];
   let hasVerifier = 1;

@@ -21,7 +21,6 @@ def Event_TensorType : TypeDef<Event_Dialect, "EventTensor"> {
   }];
   let parameters = (ins ArrayRefParameter<"int64_t", "dimension sizes">:$shape);
   let hasCustomAssemblyFormat = 1;
-  let genVerifyDecl = 1;
   let extraClassDeclaration = [{
     int64_t getRank() const { return getShape().size(); }
     bool isDynamicDim(unsigned dim) const {

@@ -30,8 +30,8 @@ ParseResult GraphOp::parse(OpAsmParser &parser, OperationState &result) {
     return failure();
   Region &body = *result.regions.front();
   if (body.empty())
-    return parser.emitError(parser.getCurrentLocation(),
-                            "'event.graph' expects a body");
+    return parser.emitError(parser.getNameLoc(),
+                            "expects a body region with the tasks");
   GraphOp::ensureTerminator(body, parser.getBuilder(), result.location);
   return success();
 }
@@ -318,8 +318,9 @@ ParseResult TaskOp::parse(OpAsmParser &parser, OperationState &result) {
   if (parser.parseRegion(*body, /*arguments=*/{}))
     return failure();
   if (body->empty())
-    return parser.emitError(parser.getCurrentLocation(),
-                            "'event.task' expects a body");
+    return parser.emitError(parser.getNameLoc(),
+                            "expects a body region with one block whose "
+                            "arguments are the tile indices");
   TaskOp::ensureTerminator(*body, builder, result.location);
   return success();
 }

@@ -83,16 +83,6 @@ void EventTensorType::print(AsmPrinter &printer) const {
   printer << '>';
 }
 
-LogicalResult
-EventTensorType::verify(function_ref<InFlightDiagnostic()> emitError,
-                        ArrayRef<int64_t> shape) {
-  for (auto [dim, size] : llvm::enumerate(shape))
-    if (!ShapedType::isDynamic(size) && size < 0)
-      return emitError() << "event tensor dimension " << dim
-                         << " has negative size " << size;
-  return success();
-}
-
 unsigned EventTensorType::getNumDynamicDims() const {
   return llvm::count_if(getShape(), ShapedType::isDynamic);
 }

@@ -1,0 +1,77 @@
+"""`etc.compile`: a graph in, a kernel that runs on the chosen target out."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from mlir import ir
+
+from . import pipeline as _pipeline
+from .pipeline import Options
+
+if TYPE_CHECKING:
+    from .graph import Graph
+
+
+class CompiledKernel:
+    """A graph compiled for one target. One kernel serves every value of every
+    symbolic dimension: `run` binds them from the input shapes."""
+
+    def __init__(self, graph: "Graph", options: Options, stage_ir: dict[str, str],
+                 timings: dict[str, float], runtime):
+        self.graph = graph
+        self.options = options
+        self._stage_ir = stage_ir
+        #: Seconds spent in each compilation stage.
+        self.timings = timings
+        self._runtime = runtime
+
+    def ir(self, stage: str) -> str:
+        """The IR after `stage`: one of "graph", "event", "scheduled", "lowered"."""
+        if stage not in self._stage_ir:
+            raise ValueError(f"unknown stage {stage!r}; expected one of {tuple(self._stage_ir)}")
+        return self._stage_ir[stage]
+
+    def run(self, **inputs):
+        """Runs the kernel on NumPy arrays named like the graph's inputs and
+        returns the outputs, in `g.output` order, as a list of NumPy arrays."""
+        return self._runtime.run(inputs)
+
+    def __repr__(self) -> str:
+        return (f"<CompiledKernel {self.graph.name} target={self.options.target} "
+                f"schedule={self.options.schedule} workers={self.options.workers}>")
+
+
+def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
+            workers: int = 4, policy: str = "round-robin", chip: str = "sm_90a") -> CompiledKernel:
+    """Compiles `graph` into one persistent program for `target`.
+
+    Stages: "graph" (L1 tasks) -> "event" (dependencies inferred) ->
+    "scheduled" (persistent worker program) -> "lowered" (target code).
+    A failing stage raises `etc.pipeline.PipelineError` with an `etc-opt`
+    command that reproduces it.
+    """
+    options = Options(target=target, schedule=schedule, workers=workers, policy=policy, chip=chip)
+    stage_pipelines = _pipeline.stages(options)
+
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    l1 = graph.to_mlir()
+    timings["graph"] = time.perf_counter() - start
+
+    context = ir.Context()
+    module = ir.Module.parse(l1, context=context)
+    stage_ir = {"graph": str(module)}
+    for stage, stage_pipeline in stage_pipelines.items():
+        start = time.perf_counter()
+        _pipeline.run_stage(module, stage, stage_pipeline)
+        timings[stage] = time.perf_counter() - start
+        stage_ir[stage] = str(module)
+
+    from .runtime.cpu import CPURuntime
+
+    start = time.perf_counter()
+    runtime = CPURuntime(graph, module, options.workers)
+    timings["jit"] = time.perf_counter() - start
+    return CompiledKernel(graph, options, stage_ir, timings, runtime)

@@ -1,0 +1,114 @@
+"""The compilation pipeline, stage by stage.
+
+Each stage is one textual pass pipeline, registered in C++ so that `etc-opt`,
+this module and the lit tests run the same passes. `stages(options)` gives the
+canonical pipeline string of every stage; `run_stage` runs one on a module and,
+on failure, raises `PipelineError` carrying the IR it failed on and a one-line
+`etc-opt` command that reproduces the failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+from dataclasses import dataclass
+
+from mlir import ir
+from mlir.passmanager import PassManager
+
+TARGETS = ("cpu", "cuda")
+SCHEDULES = ("static", "dynamic", "auto")
+POLICIES = ("round-robin",)
+#: The stages of the pipeline, in order, as `CompiledKernel.ir(stage)` names them.
+STAGES = ("graph", "event", "scheduled", "lowered")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `etc.compile` was asked for; validated on construction."""
+
+    target: str = "cpu"
+    schedule: str = "static"
+    workers: int = 4
+    policy: str = "round-robin"
+    chip: str = "sm_90a"
+
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"target={self.target!r} is not supported; expected one of {TARGETS}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"schedule={self.schedule!r} is not supported; expected one of {SCHEDULES}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy={self.policy!r} is not supported; expected one of {POLICIES}")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"workers={self.workers!r} must be a positive integer")
+
+
+def stages(options: Options) -> dict[str, str]:
+    """The canonical pass pipeline of each stage after "graph" (the input)."""
+    if options.schedule != "static":
+        raise NotImplementedError(
+            f"schedule={options.schedule!r} needs the dynamic scheduler "
+            "(event-dynamic-schedule), which is not implemented yet; use schedule='static'")
+    if options.target != "cpu":
+        raise NotImplementedError(
+            f"target={options.target!r} needs convert-event-to-gpu and etc-lower-to-nvvm, "
+            "which are not implemented yet; use target='cpu'")
+    return {
+        "event": "builtin.module(event.graph(event-infer-dependencies))",
+        "scheduled": (
+            "builtin.module(event.graph(event-check-schedule),"
+            f"event-static-schedule{{workers={options.workers} policy={options.policy}}})"),
+        "lowered": "builtin.module(etc-lower-to-cpu)",
+    }
+
+
+def build(options: Options) -> str:
+    """The whole pipeline from L1 to the target, as one string for `etc-opt`."""
+    inner = [p[len("builtin.module("):-1] for p in stages(options).values()]
+    return "builtin.module(" + ",".join(inner) + ")"
+
+
+class PipelineError(RuntimeError):
+    """A stage of the pipeline failed.
+
+    Attributes: `stage`, `pipeline` (the pass pipeline string), `ir` (the module
+    it ran on), `repro` (a shell command reproducing the failure with etc-opt)
+    and `diagnostics` (the compiler's messages).
+    """
+
+    def __init__(self, stage: str, pipeline: str, ir_text: str, repro: str, diagnostics: str):
+        self.stage = stage
+        self.pipeline = pipeline
+        self.ir = ir_text
+        self.repro = repro
+        self.diagnostics = diagnostics
+        super().__init__(
+            f"stage {stage!r} failed:\n{diagnostics}\nreproduce with:\n  {repro}")
+
+
+def _write_repro(ir_text: str) -> str:
+    handle, path = tempfile.mkstemp(prefix="etc-repro-", suffix=".mlir")
+    with os.fdopen(handle, "w") as f:
+        f.write(ir_text)
+    return path
+
+
+def run_stage(module: ir.Module, stage: str, pipeline: str) -> None:
+    """Runs `pipeline` on `module` in place, raising PipelineError on failure."""
+    before = module.operation.get_asm(enable_debug_info=False)
+    try:
+        PassManager.parse(pipeline, context=module.context).run(module.operation)
+    except ir.MLIRError as error:
+        diagnostics = "\n".join(_format(d) for d in error.error_diagnostics) or str(error)
+        path = _write_repro(before)
+        repro = f"etc-opt --pass-pipeline={shlex.quote(pipeline)} {shlex.quote(path)}"
+        raise PipelineError(stage, pipeline, before, repro, diagnostics) from None
+
+
+def _format(diagnostic) -> str:
+    lines = [f"{diagnostic.location}: {diagnostic.message}"]
+    lines += [f"  note: {_format(note)}" for note in diagnostic.notes]
+    return "\n".join(lines)

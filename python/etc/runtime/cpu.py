@@ -1,0 +1,199 @@
+"""The CPU runtime: the worker function JIT-compiled by MLIR's ExecutionEngine
+and called from N host threads at once.
+
+ctypes releases the GIL for the duration of each foreign call, so the workers
+run concurrently and their waits, notifies and atomics race for real.
+
+ABI of the lowered program for graph `g` (see `event-static-schedule` and
+`convert-event-to-cpu`), every function with a C interface:
+  g_counters(args...) -> index        number of 32-bit event counters
+  g_init(args..., counters)           writes each counter's expected count
+  g_worker(args..., counters, worker_id, worker_count)
+where `args` are the graph's arguments: symbols as `index`, buffers as memrefs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from functools import lru_cache
+
+import numpy as np
+from mlir import ir
+from mlir.execution_engine import ExecutionEngine
+
+#: NumPy storage of each ETC dtype. bf16 has no NumPy type: it is stored as the
+#: upper 16 bits of float32 (see `to_storage` / `from_storage`).
+_STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
+_USER_DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.float32)}
+
+
+@lru_cache(maxsize=None)
+def _descriptor_type(rank: int):
+    """The C layout of a ranked memref descriptor (element type does not matter)."""
+
+    class MemRefDescriptor(ctypes.Structure):
+        _fields_ = [
+            ("allocated", ctypes.c_void_p),
+            ("aligned", ctypes.c_void_p),
+            ("offset", ctypes.c_longlong),
+            ("shape", ctypes.c_longlong * rank),
+            ("strides", ctypes.c_longlong * rank),
+        ]
+
+    return MemRefDescriptor
+
+
+def _descriptor(array: np.ndarray):
+    assert array.flags.c_contiguous
+    desc = _descriptor_type(array.ndim)()
+    desc.allocated = desc.aligned = array.ctypes.data
+    desc.offset = 0
+    desc.shape[:] = array.shape
+    desc.strides[:] = [s // array.itemsize for s in array.strides]
+    return desc
+
+
+def to_storage(array: np.ndarray, dtype: str) -> np.ndarray:
+    """Converts a user array to the buffer ETC reads (bf16: round to nearest even)."""
+    if dtype != "bf16":
+        return np.ascontiguousarray(array)
+    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
+    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (rounded >> 16).astype(np.uint16)
+
+
+def from_storage(array: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype != "bf16":
+        return array
+    return (array.astype(np.uint32) << 16).view(np.float32)
+
+
+class CPURuntime:
+    """Runs one lowered module with a fixed number of host worker threads."""
+
+    def __init__(self, graph, module: ir.Module, workers: int):
+        self.graph = graph
+        self.workers = workers
+        self.arguments = list(graph.arguments)
+        name = graph.name
+        self._counters_fn = f"{name}_counters"
+        self._init_fn = f"{name}_init"
+        self._worker_fn = f"{name}_worker"
+        self.engine = ExecutionEngine(module, opt_level=2)
+
+    # -- argument binding -------------------------------------------------
+
+    def _bind(self, inputs: dict) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+        expected = [a.name for a in self.arguments if a.kind == "input"]
+        missing = [n for n in expected if n not in inputs]
+        unknown = [n for n in inputs if n not in expected]
+        if missing:
+            raise TypeError(f"{self.graph.name}: missing inputs {missing}; expected {expected}")
+        if unknown:
+            raise TypeError(f"{self.graph.name}: unexpected inputs {unknown}; expected {expected}")
+
+        symbols: dict[str, int] = {}
+        bound_by: dict[str, str] = {}
+        buffers: dict[str, np.ndarray] = {}
+        for arg in self.arguments:
+            if arg.kind != "input":
+                continue
+            array = inputs[arg.name]
+            if not isinstance(array, np.ndarray):
+                raise TypeError(f"input {arg.name!r} must be a numpy.ndarray, got {type(array).__name__}")
+            want = _USER_DTYPE[arg.dtype]
+            if array.dtype != want:
+                raise TypeError(
+                    f"input {arg.name!r} has dtype {array.dtype}, expected {want} for {arg.dtype} "
+                    "(inputs are not cast implicitly)")
+            if array.ndim != len(arg.shape):
+                raise ValueError(
+                    f"input {arg.name!r} has rank {array.ndim} (shape {array.shape}), "
+                    f"expected rank {len(arg.shape)} for shape {arg.shape}")
+            for dim, (size, want_size) in enumerate(zip(array.shape, arg.shape)):
+                if isinstance(want_size, int):
+                    if size != want_size:
+                        raise ValueError(
+                            f"input {arg.name!r} dim {dim} is {size}, expected {want_size} "
+                            f"(shape {arg.shape})")
+                elif want_size in symbols and symbols[want_size] != size:
+                    raise ValueError(
+                        f"symbol {want_size!r} is bound to {symbols[want_size]} by input "
+                        f"{bound_by[want_size]!r} but input {arg.name!r} dim {dim} is {size}")
+                else:
+                    symbols[want_size] = size
+                    bound_by[want_size] = arg.name
+            buffers[arg.name] = to_storage(array, arg.dtype)
+
+        unbound = [a.name for a in self.arguments if a.kind == "symbol" and a.name not in symbols]
+        if unbound:
+            raise ValueError(f"symbols {unbound} are not used by any input, so cannot be bound")
+        for arg in self.arguments:
+            if arg.kind in ("output", "intermediate"):
+                shape = tuple(d if isinstance(d, int) else symbols[d] for d in arg.shape)
+                buffers[arg.name] = np.zeros(shape, _STORAGE[arg.dtype])
+        return symbols, buffers
+
+    # -- calls --------------------------------------------------------------
+
+    def _packed_args(self, symbols, buffers, keep):
+        """ctypes pointers for the graph arguments, in order; `keep` holds the
+        objects they point to alive."""
+        pointers = []
+        for arg in self.arguments:
+            if arg.kind == "symbol":
+                value = ctypes.c_longlong(symbols[arg.name])
+                keep.append(value)
+                pointers.append(ctypes.pointer(value))
+            else:
+                desc = _descriptor(buffers[arg.name])
+                pointer = ctypes.pointer(desc)
+                keep.extend([desc, pointer])
+                pointers.append(ctypes.pointer(pointer))
+        return pointers
+
+    def run(self, inputs: dict) -> list[np.ndarray]:
+        symbols, buffers = self._bind(inputs)
+        keep: list = []
+        args = self._packed_args(symbols, buffers, keep)
+
+        count = ctypes.c_longlong(0)
+        self.engine.invoke(self._counters_fn, *args, ctypes.pointer(count))
+        counters = np.zeros(max(count.value, 1), np.int32)
+        counters_desc = _descriptor(counters)
+        counters_ptr = ctypes.pointer(counters_desc)
+        counters_arg = ctypes.pointer(counters_ptr)
+        self.engine.invoke(self._init_fn, *args, counters_arg)
+
+        errors: list[BaseException] = []
+        worker = self.engine.lookup(self._worker_fn)
+        total = ctypes.c_longlong(self.workers)
+
+        def work(worker_id: int) -> None:
+            try:
+                wid = ctypes.c_longlong(worker_id)
+                call = args + [counters_arg, ctypes.pointer(wid), ctypes.pointer(total)]
+                packed = (ctypes.c_void_p * len(call))(
+                    *[ctypes.cast(p, ctypes.c_void_p) for p in call])
+                worker(packed)
+            except BaseException as error:  # reported on the calling thread
+                errors.append(error)
+
+        threads = [threading.Thread(target=work, args=(w,), name=f"etc-worker-{w}")
+                   for w in range(self.workers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        if np.any(counters[: count.value] != 0):
+            left = int(np.count_nonzero(counters[: count.value]))
+            raise RuntimeError(
+                f"{self.graph.name}: {left} event counters did not reach zero; "
+                "the program's notifies do not match its expected counts")
+        return [from_storage(buffers[name], self._dtype(name)) for name in self.graph.outputs]
+
+    def _dtype(self, name: str) -> str:
+        return next(a.dtype for a in self.arguments if a.name == name)

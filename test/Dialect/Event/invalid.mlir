@@ -1,0 +1,326 @@
+// RUN: etc-opt %s -split-input-file -verify-diagnostics
+
+// Every diagnostic of the event dialect's verifiers and parsers, once.
+
+//===----------------------------------------------------------------------===//
+// Attributes
+//===----------------------------------------------------------------------===//
+
+// expected-error @+1 {{footprint offsets must not use symbols, found 1}}
+func.func private @f() attributes {b = #event.box<(d0)[s0] -> (d0 * s0) [4]>}
+
+// -----
+
+// expected-error @+1 {{footprint has 2 offsets but 1 sizes}}
+func.func private @f() attributes {b = #event.box<(d0) -> (d0, 0) [4]>}
+
+// -----
+
+// expected-error @+1 {{footprint dimension 1 covers the whole buffer ('?') so its offset must be 0}}
+func.func private @f() attributes {b = #event.box<(d0) -> (0, d0 * 4) [4, ?]>}
+
+// -----
+
+// expected-error @+1 {{footprint size of dimension 0 must be positive or '?', found 0}}
+func.func private @f() attributes {b = #event.box<(d0) -> (d0) [0]>}
+
+// -----
+
+// expected-error @+1 {{event index map must not use symbols, found 1}}
+func.func private @f() attributes {m = #event.map<(d0)[s0] -> (d0 + s0)>}
+
+// -----
+
+// expected-error @+1 {{event index map has 2 results but 1 indirect entries}}
+func.func private @f() attributes {m = #event.map<(d0) -> (d0, 0) indirect [0]>}
+
+// -----
+
+// expected-error @+1 {{indirect entry of result 0 must be an index buffer number or -1, found -2}}
+func.func private @f() attributes {m = #event.map<(d0) -> (d0) indirect [-2]>}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// event.graph
+//===----------------------------------------------------------------------===//
+
+// expected-error @+1 {{'event.graph' op returns nothing: outputs are written to buffer arguments, but found 1 result types}}
+"event.graph"() ({
+^bb0:
+  "event.yield"() : () -> ()
+}) {sym_name = "g", function_type = () -> i32} : () -> ()
+
+// -----
+
+// expected-error @+1 {{'event.graph' op argument #1 must be a memref buffer or an index dimension, found 'f32'}}
+event.graph @g(%n: index, %x: f32) {
+}
+
+// -----
+
+// expected-error @+1 {{'event.graph' op argument #0 attribute 'event.intermediate' must be a unit attribute}}
+event.graph @g(%x: memref<4xf32> {event.intermediate = 1 : i32}) {
+}
+
+// -----
+
+// expected-error @+1 {{'event.graph' op argument #0 is marked 'event.intermediate' but is not a memref buffer}}
+event.graph @g(%n: index {event.intermediate}) {
+}
+
+// -----
+
+// expected-error @+1 {{custom op 'event.graph' expects a body region with the tasks}}
+event.graph @g(%n: index)
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  event.task "t" grid(%c1) {
+  ^bb0(%i: index):
+  }
+  // expected-error @+1 {{'event.task' op name 't' is already used by another task}}
+  event.task "t" grid(%c1) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>, %h: memref<8xf32> {event.intermediate}) {
+  %c1 = arith.constant 1 : index
+  // expected-error @+1 {{'event.task' op reads intermediate buffer argument #1 (read #0) that no earlier task writes}}
+  event.task "early" grid(%c1) reads(%h : memref<8xf32> (d0) -> (0) [?]) {
+  ^bb0(%i: index):
+  }
+  event.task "late" grid(%c1) writes(%h : memref<8xf32> (d0) -> (0) [?]) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  %e = event.alloc() count(%c1) : !event.tensor<>
+  // expected-error @+1 {{'event.task' op waits on an event that no task notifies (wait #0)}}
+  event.task "orphan" grid(%c1) waits(%e : !event.tensor<> (d0) -> ()) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  %a = event.alloc() count(%c1) : !event.tensor<>
+  %b = event.alloc() count(%c1) : !event.tensor<>
+  // expected-error @+1 {{'event.task' op is part of a dependency cycle: 'ping' -> 'pong' -> 'ping'}}
+  event.task "ping" grid(%c1) waits(%a : !event.tensor<> (d0) -> ()) notifies(%b : !event.tensor<> (d0) -> ()) {
+  ^bb0(%i: index):
+  }
+  event.task "pong" grid(%c1) waits(%b : !event.tensor<> (d0) -> ()) notifies(%a : !event.tensor<> (d0) -> ()) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  %a = event.alloc() count(%c1) : !event.tensor<>
+  // expected-error @+1 {{'event.task' op is part of a dependency cycle: 'self' -> 'self'}}
+  event.task "self" grid(%c1) waits(%a : !event.tensor<> (d0) -> ()) notifies(%a : !event.tensor<> (d0) -> ()) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// event.alloc / event.view
+//===----------------------------------------------------------------------===//
+
+event.graph @g(%n: index) {
+  // expected-error @+1 {{'event.alloc' op expects 1 dynamic sizes for the '?' dimensions of '!event.tensor<?x4>', found 0}}
+  %e = event.alloc() : !event.tensor<?x4>
+}
+
+// -----
+
+func.func @f(%c: memref<?xi32>, %o: index, %n: index) {
+  // expected-error @+1 {{'event.view' op expects 0 dynamic sizes for the '?' dimensions of '!event.tensor<4>', found 1}}
+  %e = event.view %c[%o](%n) : memref<?xi32> -> !event.tensor<4>
+  return
+}
+
+// -----
+
+func.func @f(%c: memref<?xi64>, %o: index) {
+  // expected-error @+1 {{'event.view' op operand #0 must be 1D memref of 32-bit signless integer values}}
+  %e = event.view %c[%o]() : memref<?xi64> -> !event.tensor<4>
+  return
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// event.task
+//===----------------------------------------------------------------------===//
+
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  // expected-error @+1 {{'event.task' op needs a non-empty name}}
+  event.task "" grid(%c1) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  // expected-error @+1 {{'event.task' op has 1 'reads' buffers but 0 footprints}}
+  "event.task"(%c1, %x) <{name = "t", read_footprints = [], write_footprints = [], wait_maps = [], notify_maps = [], operandSegmentSizes = array<i32: 1, 1, 0, 0, 0, 0>}> ({
+  ^bb0(%i: index):
+    "event.yield"() : () -> ()
+  }) : (index, memref<8xf32>) -> ()
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  // expected-error @+1 {{'event.task' op footprint of reads #0 has 2 tile indices but the grid has rank 1}}
+  event.task "t" grid(%c1) reads(%x : memref<8xf32> (d0, d1) -> (d0) [4]) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  // expected-error @+1 {{'event.task' op footprint of writes #0 has 2 offsets but the buffer has rank 1}}
+  event.task "t" grid(%c1) writes(%x : memref<8xf32> (d0) -> (d0, 0) [4, 4]) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  %e = event.alloc() count(%c1) : !event.tensor<>
+  // expected-error @+1 {{'event.task' op has 1 'waits' events but 0 index maps}}
+  "event.task"(%c1, %e) <{name = "t", read_footprints = [], write_footprints = [], wait_maps = [], notify_maps = [], operandSegmentSizes = array<i32: 1, 0, 0, 1, 0, 0>}> ({
+  ^bb0(%i: index):
+    "event.yield"() : () -> ()
+  }) : (index, !event.tensor<>) -> ()
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  %e = event.alloc() count(%c1) : !event.tensor<4>
+  // expected-error @+1 {{'event.task' op index map of waits #0 has 2 tile indices but the grid has rank 1}}
+  event.task "t" grid(%c1) waits(%e : !event.tensor<4> (d0, d1) -> (d0)) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  %e = event.alloc() count(%c1) : !event.tensor<4>
+  // expected-error @+1 {{'event.task' op index map of notifies #0 has 2 results but the event tensor has rank 1}}
+  event.task "t" grid(%c1) notifies(%e : !event.tensor<4> (d0) -> (d0, d0)) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>, %r: memref<8xi32>) {
+  %c1 = arith.constant 1 : index
+  %e = event.alloc() : !event.tensor<4>
+  // expected-error @+1 {{'event.task' op index map of notifies #0 loads result 0 from index buffer 1 but the task has 1 index buffers}}
+  event.task "t" grid(%c1) notifies(%e : !event.tensor<4> (d0) -> (d0) indirect [1]) indices(%r : memref<8xi32>) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>, %r: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  // expected-error @+1 {{'event.task' op index buffer #0 must be a 1-D memref of integers, found 'memref<8xf32>'}}
+  event.task "t" grid(%c1) indices(%r : memref<8xf32>) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  // expected-error @+1 {{'event.task' op body has 2 arguments but the grid has rank 1 (one tile index per grid dimension)}}
+  event.task "t" grid(%c1) {
+  ^bb0(%i: index, %j: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  // expected-error @+1 {{'event.task' op tile index #0 must have type 'index', found 'i32'}}
+  event.task "t" grid(%c1) {
+  ^bb0(%i: i32):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  // expected-error @+1 {{custom op 'event.task' expects a body region with one block whose arguments are the tile indices}}
+  event.task "t" grid(%c1) {}
+}
+
+// -----
+
+func.func @f(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  // expected-error @+1 {{'event.task' op expects parent op 'event.graph'}}
+  event.task "t" grid(%c1) {
+  ^bb0(%i: index):
+  }
+  return
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// event.wait / event.notify
+//===----------------------------------------------------------------------===//
+
+func.func @f(%c: memref<?xi32>, %o: index, %i: index) {
+  %e = event.view %c[%o]() : memref<?xi32> -> !event.tensor<4x4>
+  // expected-error @+1 {{'event.wait' op expects 2 indices for '!event.tensor<4x4>', found 1}}
+  event.wait %e[%i] : !event.tensor<4x4>
+  return
+}
+
+// -----
+
+func.func @f(%c: memref<?xi32>, %o: index, %i: index) {
+  %e = event.view %c[%o]() : memref<?xi32> -> !event.tensor<4>
+  // expected-error @+1 {{'event.notify' op expects 1 indices for '!event.tensor<4>', found 2}}
+  event.notify %e[%i, %i] : !event.tensor<4>
+  return
+}

@@ -1,0 +1,84 @@
+// RUN: etc-opt %s -split-input-file | etc-opt -split-input-file | FileCheck %s
+// RUN: etc-opt %s -split-input-file -mlir-print-op-generic | etc-opt -split-input-file | FileCheck %s
+
+// Every op of the event dialect prints in its custom form and parses back.
+
+// CHECK-LABEL: event.graph @types
+// CHECK-SAME: (%{{[0-9a-z_]+}}: index, %{{[0-9a-z_]+}}: memref<?x64xf32>, %{{[0-9a-z_]+}}: memref<?x64xf32> {event.intermediate})
+event.graph @types(%n: index, %x: memref<?x64xf32>, %h: memref<?x64xf32> {event.intermediate}) {
+  %c4 = arith.constant 4 : index
+  // CHECK: event.alloc(%{{[0-9a-z_]+}}) count(%{{[0-9a-z_]+}}) : !event.tensor<?x8>
+  %a = event.alloc(%n) count(%c4) : !event.tensor<?x8>
+  // CHECK: event.alloc() : !event.tensor<>
+  %b = event.alloc() : !event.tensor<>
+  // CHECK: event.alloc() count(%{{[0-9a-z_]+}}) : !event.tensor<2x3x4>
+  %c = event.alloc() count(%c4) : !event.tensor<2x3x4>
+}
+
+// -----
+
+// CHECK-LABEL: event.graph @task_clauses
+event.graph @task_clauses(%n: index, %x: memref<?x64xf32>, %y: memref<?x64xf32>, %route: memref<?xi32>) {
+  %c2 = arith.constant 2 : index
+  %rows = affine.apply affine_map<()[s0] -> (s0 ceildiv 32)>()[%n]
+  %e = event.alloc(%rows) count(%c2) : !event.tensor<?>
+  %f = event.alloc() : !event.tensor<4>
+  // CHECK: event.task "produce" grid(%[[ROWS:[0-9a-z_]+]], %{{[0-9a-z_]+}})
+  // CHECK-SAME: reads(%{{[0-9a-z_]+}} : memref<?x64xf32> (d0, d1) -> (d0 * 32, d1 * 32) [32, 32])
+  // CHECK-SAME: writes(%{{[0-9a-z_]+}} : memref<?x64xf32> (d0, d1) -> (d0 * 32, d1 * 32) [32, 32])
+  // CHECK-SAME: notifies(%{{[0-9a-z_]+}} : !event.tensor<?> (d0, d1) -> (d0), %{{[0-9a-z_]+}} : !event.tensor<4> (d0, d1) -> (d0) indirect [0])
+  // CHECK-SAME: indices(%{{[0-9a-z_]+}} : memref<?xi32>)
+  // CHECK-SAME: attributes {note = "kept"}
+  // CHECK-NEXT: ^bb0(%{{[0-9a-z_]+}}: index, %{{[0-9a-z_]+}}: index):
+  event.task "produce" grid(%rows, %c2)
+      reads(%x : memref<?x64xf32> (d0, d1) -> (d0 * 32, d1 * 32) [32, 32])
+      writes(%y : memref<?x64xf32> (d0, d1) -> (d0 * 32, d1 * 32) [32, 32])
+      notifies(%e : !event.tensor<?> (d0, d1) -> (d0),
+               %f : !event.tensor<4> (d0, d1) -> (d0) indirect [0])
+      indices(%route : memref<?xi32>) attributes {note = "kept"} {
+  ^bb0(%i: index, %j: index):
+  }
+  // CHECK: event.task "consume" grid(%[[ROWS]])
+  // CHECK-SAME: reads(%{{[0-9a-z_]+}} : memref<?x64xf32> (d0) -> (d0 * 32, 0) [32, ?])
+  // CHECK-SAME: waits(%{{[0-9a-z_]+}} : !event.tensor<?> (d0) -> (d0), %{{[0-9a-z_]+}} : !event.tensor<4> (d0) -> (d0 mod 4))
+  event.task "consume" grid(%rows)
+      reads(%y : memref<?x64xf32> (d0) -> (d0 * 32, 0) [32, ?])
+      waits(%e : !event.tensor<?> (d0) -> (d0), %f : !event.tensor<4> (d0) -> (d0 mod 4)) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func @imperative
+// CHECK: %[[E:[0-9a-z_]+]] = event.view %{{[0-9a-z_]+}}[%{{[0-9a-z_]+}}](%{{[0-9a-z_]+}}) : memref<?xi32> -> !event.tensor<?x8>
+// CHECK: event.wait %[[E]][%{{[0-9a-z_]+}}, %{{[0-9a-z_]+}}] : !event.tensor<?x8>
+// CHECK: event.notify %[[E]][%{{[0-9a-z_]+}}, %{{[0-9a-z_]+}}] : !event.tensor<?x8>
+// CHECK: event.worker_id
+// CHECK: event.worker_count
+// CHECK: event.lane_id
+// CHECK: event.lane_count
+// CHECK: event.lane_barrier
+func.func @imperative(%counters: memref<?xi32>, %off: index, %n: index, %i: index) -> (index, index, index, index) {
+  %e = event.view %counters[%off](%n) : memref<?xi32> -> !event.tensor<?x8>
+  event.wait %e[%i, %i] : !event.tensor<?x8>
+  event.notify %e[%i, %i] : !event.tensor<?x8>
+  %w = event.worker_id
+  %wc = event.worker_count
+  %l = event.lane_id
+  %lc = event.lane_count
+  event.lane_barrier
+  return %w, %wc, %l, %lc : index, index, index, index
+}
+
+// -----
+
+// Attributes have a standalone form too.
+// CHECK-LABEL: func.func @attributes
+// CHECK-SAME: box = #event.box<(d0) -> (d0 * 8, 0) [8, ?]>
+// CHECK-SAME: map = #event.map<(d0, d1) -> (d1, d0) indirect [-1, 0]>
+func.func @attributes() attributes {
+    box = #event.box<(d0) -> (d0 * 8, 0) [8, ?]>,
+    map = #event.map<(d0, d1) -> (d1, d0) indirect [-1, 0]>} {
+  return
+}
