@@ -8,12 +8,41 @@ include "mlir/Pass/PassBase.td"
 def EventInferDependencies : Pass<"event-infer-dependencies", "::etc::event::GraphOp"> {
   let summary = "Derives event tensors and wait/notify maps from access footprints";
   let description = [{
-    Turns an L1 task graph into an L2 event graph. For every pair of tasks
-    that touch the same buffer — read after write, write after read and
-    write after write, in textual order — it allocates an event tensor as
-    small as the dependency allows and adds a notify map to the earlier task
-    and a wait map to the later one. Expected counts are computed from the
-    grid sizes (symbolic where the grids are).
+    Turns an L1 task graph into an L2 event graph. Tasks are taken in textual
+    order (program order). For every buffer, a reader waits on the last
+    writer (read after write), a writer on the previous writer (write after
+    write) and on the readers since then (write after read); an index buffer
+    of `indices` counts as a whole-buffer read.
+
+    For each such pair the producer's and the consumer's footprints are
+    compared buffer dimension by buffer dimension, and a producer grid
+    dimension `p` becomes an event dimension when its tiles
+    (`d_p * T`, size <= T) contain each consumer tile:
+    * the consumer tiles the same dimension with stride T: it waits with its
+      own tile index (aligned);
+    * the consumer's tile divides T (T = m * its stride): it waits with
+      `d_c floordiv m`;
+    * the consumer reads one fixed box inside one producer tile: it waits on
+      that constant coordinate.
+    The consumer's grid extent must provably stay inside the producer's
+    (equal values, constants, or `affine.apply`s of the same symbols).
+    Every other producer grid dimension is collapsed: whole-dimension or
+    larger consumer boxes, misaligned or unanalysable offsets, and grid
+    dimensions absent from the footprint (split reductions). A collapsed
+    dimension is correct but coarser: each element's `count` is the product
+    of the collapsed grid extents (an `arith.constant`, a grid value, an
+    `affine.apply` or `arith.muli` when symbolic); with every dimension
+    collapsed the event is a single counter expecting all producer tiles.
+
+    The event has one dimension per kept grid dimension (static when the
+    grid value is a constant, else `?` sized by the grid value) and is
+    allocated right before the producer. Consumers that need the same
+    (producer, notify map) share one event; of several events from one
+    producer to one consumer, those subsumed by a coarser one are dropped.
+
+    Graphs whose tasks already wait or notify are left unchanged, so the
+    pass is idempotent. A footprint whose last tile starts past the end of a
+    static buffer dimension is an error naming the task and buffer.
 
     Before (L1):
     ```mlir

@@ -206,7 +206,15 @@ event.graph @split_reduction(%x: memref<128x512xf32>, %acc: memref<128xf32> {eve
 // CHECK-SAME:        notifies(%[[E]] : !event.tensor<8> (d0, d1) -> (d0))
 // CHECK:         event.task "mm" grid(%{{.*}}, %[[C8]])
 // CHECK-SAME:        waits(%[[E]] : !event.tensor<8> (d0, d1) -> (d1))
-event.graph @transposed(%B: index, %w0: memref<256x128xf32>, %x: memref<?x128xf32>, %w: memref<256x128xf32> {event.intermediate}, %y: memref<?x256xf32>) {
+// "transpose" reads tile (j, i) of W for its tile (i, j): a 2-D event, waited
+// on with the tile indices swapped.
+// CHECK:         %[[ET:.*]] = event.alloc() count(%[[C1:.*]]) : !event.tensor<8x4>
+// CHECK-NEXT:    event.task "proj2" grid(%[[C8]], %[[C4]])
+// CHECK-SAME:        notifies(%[[ET]] : !event.tensor<8x4> (d0, d1) -> (d0, d1))
+// CHECK:         event.task "transpose" grid(%[[C4]], %[[C8]])
+// CHECK-SAME:        waits(%[[ET]] : !event.tensor<8x4> (d0, d1) -> (d1, d0))
+event.graph @transposed(%B: index, %w0: memref<256x128xf32>, %x: memref<?x128xf32>, %w: memref<256x128xf32> {event.intermediate}, %y: memref<?x256xf32>,
+                        %v: memref<256x128xf32> {event.intermediate}, %vt: memref<128x256xf32>) {
   %c8 = arith.constant 8 : index
   %c4 = arith.constant 4 : index
   %rows = affine.apply affine_map<()[s0] -> (s0 ceildiv 16)>()[%B]
@@ -219,6 +227,16 @@ event.graph @transposed(%B: index, %w0: memref<256x128xf32>, %x: memref<?x128xf3
       reads(%x : memref<?x128xf32> (d0, d1) -> (d0 * 16, 0) [16, ?],
             %w : memref<256x128xf32> (d0, d1) -> (d1 * 32, 0) [32, ?])
       writes(%y : memref<?x256xf32> (d0, d1) -> (d0 * 16, d1 * 32) [16, 32]) {
+  ^bb0(%i: index, %j: index):
+  }
+  event.task "proj2" grid(%c8, %c4)
+      reads(%w0 : memref<256x128xf32> (d0, d1) -> (d0 * 32, d1 * 32) [32, 32])
+      writes(%v : memref<256x128xf32> (d0, d1) -> (d0 * 32, d1 * 32) [32, 32]) {
+  ^bb0(%i: index, %j: index):
+  }
+  event.task "transpose" grid(%c4, %c8)
+      reads(%v : memref<256x128xf32> (d0, d1) -> (d1 * 32, d0 * 32) [32, 32])
+      writes(%vt : memref<128x256xf32> (d0, d1) -> (d0 * 32, d1 * 32) [32, 32]) {
   ^bb0(%i: index, %j: index):
   }
 }
@@ -410,6 +428,34 @@ event.graph @index_buffer(%x: memref<128xf32>, %ids: memref<128xi32> {event.inte
       reads(%x : memref<128xf32> (d0) -> (d0 * 32) [32])
       writes(%y : memref<128xf32> (d0) -> (d0 * 32) [32])
       indices(%ids : memref<128xi32>) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+// One producer, two buffers: "norm" needs its row block of %h but all of %s,
+// so the coarser event (all tiles of "stats") subsumes the finer one.
+
+// CHECK-LABEL: event.graph @subsumed(
+// CHECK:         %[[E:.*]] = event.alloc() count(%{{.*}}) : !event.tensor<>
+// CHECK-NOT:     event.alloc
+// CHECK:         event.task "stats"
+// CHECK-SAME:        notifies(%[[E]] : !event.tensor<> (d0) -> ()) {
+// CHECK:         event.task "norm"
+// CHECK-SAME:        waits(%[[E]] : !event.tensor<> (d0) -> ()) {
+event.graph @subsumed(%x: memref<128xf32>, %h: memref<128xf32> {event.intermediate}, %s: memref<4xf32> {event.intermediate}, %y: memref<128xf32>) {
+  %c4 = arith.constant 4 : index
+  event.task "stats" grid(%c4)
+      reads(%x : memref<128xf32> (d0) -> (d0 * 32) [32])
+      writes(%h : memref<128xf32> (d0) -> (d0 * 32) [32],
+             %s : memref<4xf32> (d0) -> (d0) [1]) {
+  ^bb0(%i: index):
+  }
+  event.task "norm" grid(%c4)
+      reads(%h : memref<128xf32> (d0) -> (d0 * 32) [32],
+            %s : memref<4xf32> (d0) -> (0) [?])
+      writes(%y : memref<128xf32> (d0) -> (d0 * 32) [32]) {
   ^bb0(%i: index):
   }
 }

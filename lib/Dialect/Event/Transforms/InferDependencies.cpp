@@ -316,32 +316,69 @@ public:
   EventBuilder(GraphOp graph, ExtentExpressions &extents)
       : graph(graph), extents(extents), builder(graph.getContext()) {}
 
-  /// Orders `consumer` after `producer` (they access the same buffer).
-  void addDependency(Access producer, Access consumer) {
-    EventPlan plan = planEvent(producer, consumer, extents);
-    TaskOp producerTask = producer.task, consumerTask = consumer.task;
-    MLIRContext *context = graph.getContext();
+  /// Orders `consumer` after each producer access in `producers` (each
+  /// touches the buffer of the matching consumer access). Per producer task,
+  /// a plan is dropped when another plan is at least as coarse: waiting on
+  /// the coarser element already covers every tile the finer one names.
+  void addDependencies(TaskOp consumer,
+                       ArrayRef<std::pair<Access, Access>> dependencies) {
+    llvm::MapVector<Operation *, SmallVector<EventPlan>> plans;
+    for (auto [producer, consumed] : dependencies)
+      plans[producer.task.getOperation()].push_back(
+          planEvent(producer, consumed, extents));
+    for (auto &[producer, producerPlans] : plans)
+      for (auto [index, plan] : llvm::enumerate(producerPlans))
+        if (!isRedundant(producerPlans, index))
+          addEvent(cast<TaskOp>(producer), consumer, plan);
+  }
 
+private:
+  /// True when plan `index` names a subset of the producer tiles of an
+  /// earlier plan, or of a later plan that is strictly coarser.
+  static bool isRedundant(ArrayRef<EventPlan> plans, unsigned index) {
+    auto coarserOrEqual = [](const EventPlan &coarse, const EventPlan &fine) {
+      return llvm::all_of(llvm::zip(coarse.keptDims, coarse.waitExprs),
+                          [&](auto kept) {
+                            auto [dim, expr] = kept;
+                            auto *it = llvm::find(fine.keptDims, dim);
+                            return it != fine.keptDims.end() &&
+                                   fine.waitExprs[it - fine.keptDims.begin()] ==
+                                       expr;
+                          });
+    };
+    const EventPlan &plan = plans[index];
+    for (auto [other, candidate] : llvm::enumerate(plans)) {
+      if (other == index || !coarserOrEqual(candidate, plan))
+        continue;
+      bool equal = coarserOrEqual(plan, candidate);
+      if (!equal || other < index)
+        return true;
+    }
+    return false;
+  }
+
+  /// Makes `consumer` wait on, and `producer` notify, the event of `plan`.
+  void addEvent(TaskOp producer, TaskOp consumer, const EventPlan &plan) {
+    MLIRContext *context = graph.getContext();
     SmallVector<AffineExpr> notifyExprs;
     for (unsigned dim : plan.keptDims)
       notifyExprs.push_back(getAffineDimExpr(dim, context));
     AffineMap notifyMap =
-        AffineMap::get(producerTask.getGridRank(), 0, notifyExprs, context);
-    AffineMap waitMap = AffineMap::get(consumerTask.getGridRank(), 0,
-                                       plan.waitExprs, context);
+        AffineMap::get(producer.getGridRank(), 0, notifyExprs, context);
+    AffineMap waitMap =
+        AffineMap::get(consumer.getGridRank(), 0, plan.waitExprs, context);
 
-    Value &event = events[{producerTask.getOperation(), notifyMap}];
+    Value &event = events[{producer.getOperation(), notifyMap}];
     if (!event) {
-      event = createEvent(producerTask, plan.keptDims);
-      producerTask.addNotify(event, IndexMapAttr::get(notifyMap));
+      event = createEvent(producer, plan.keptDims);
+      producer.addNotify(event, IndexMapAttr::get(notifyMap));
     }
-    for (auto [index, waited] : llvm::enumerate(consumerTask.getWaits()))
-      if (waited == event && consumerTask.getWaitMap(index).getMap() == waitMap)
+    for (auto [index, waited] : llvm::enumerate(consumer.getWaits()))
+      if (waited == event && consumer.getWaitMap(index).getMap() == waitMap)
         return;
-    consumerTask.addWait(event, IndexMapAttr::get(waitMap));
+    consumer.addWait(event, IndexMapAttr::get(waitMap));
   }
 
-private:
   /// Allocates, right before `producer`, an event with one dimension per
   /// kept grid dimension and every element expecting the product of the
   /// extents of the collapsed ones.
@@ -467,17 +504,19 @@ struct EventInferDependenciesPass
           return signalPassFailure();
 
       // Read after write: wait on the last writer.
+      SmallVector<std::pair<Access, Access>> dependencies;
       for (Access read : reads)
         for (Access write : history[read.buffer].lastWrites)
-          events.addDependency(write, read);
+          dependencies.push_back({write, read});
       // Write after read and write after write.
       for (Access write : writes) {
         BufferHistory &buffer = history[write.buffer];
         for (Access read : buffer.readsSinceWrite)
-          events.addDependency(read, write);
+          dependencies.push_back({read, write});
         for (Access previous : buffer.lastWrites)
-          events.addDependency(previous, write);
+          dependencies.push_back({previous, write});
       }
+      events.addDependencies(task, dependencies);
 
       for (Access write : writes) {
         BufferHistory &buffer = history[write.buffer];
