@@ -1,30 +1,273 @@
-//===- EventToCPU.cpp - convert-event-to-cpu --------------------------------------------===//
+//===- EventToCPU.cpp - convert-event-to-cpu ------------------------------===//
 //
-// Placeholder so the pass registry links while the pass is being written;
-// it fails with a clear message instead of doing nothing.
+// Lowers a scheduled event program (L3) for the CPU target, where every
+// persistent worker is a host thread calling the worker function with its
+// id, and a tile body runs on a single lane. Counters are plain i32s in the
+// runtime's buffer, accessed with LLVM atomics.
 //
 //===----------------------------------------------------------------------===//
 
+#include "Conversion/EventToCPU/EventToCPU.h"
 #include "Conversion/Passes.h"
 
 #include "Event/IR/EventOps.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
-
+#include "mlir/IR/SymbolTable.h"
 
 namespace etc {
 #define GEN_PASS_DEF_CONVERTEVENTTOCPU
 #include "Conversion/Passes.h.inc"
 } // namespace etc
 
+using namespace mlir;
+using namespace etc;
+using namespace etc::event;
+
+//===----------------------------------------------------------------------===//
+// Patterns
+//===----------------------------------------------------------------------===//
+
+/// The address of element `indices` of `event` (an `event.view`), given
+/// `base`, the address of its first counter.
+static FailureOr<Value> elementPointer(ConversionPatternRewriter &rewriter,
+                                       Operation *op, Value event, Value base,
+                                       ValueRange indices) {
+  auto view = event.getDefiningOp<ViewOp>();
+  if (!view)
+    return rewriter.notifyMatchFailure(
+        op, "the event tensor is not an 'event.view' of a counter buffer");
+  Location loc = op->getLoc();
+  EventTensorType type = view.getType();
+  Value linear;
+  auto dynamicSize = view.getDynamicSizes().begin();
+  for (auto [dim, index] : llvm::enumerate(indices)) {
+    Value size = type.isDynamicDim(dim)
+                     ? *dynamicSize++
+                     : arith::ConstantIndexOp::create(rewriter, loc,
+                                                      type.getShape()[dim])
+                           .getResult();
+    linear = dim == 0 ? index
+                      : arith::AddIOp::create(
+                            rewriter, loc,
+                            arith::MulIOp::create(rewriter, loc, linear, size),
+                            index)
+                            .getResult();
+  }
+  if (!linear)
+    return base;
+  Value linear64 =
+      arith::IndexCastOp::create(rewriter, loc, rewriter.getI64Type(), linear);
+  return LLVM::GEPOp::create(rewriter, loc, base.getType(),
+                             rewriter.getI32Type(), base, ValueRange{linear64})
+      .getResult();
+}
+
+namespace {
+/// Lowers `event.view %counters[%offset]` to the address of the view's first
+/// counter: the buffer's aligned pointer advanced by `offset` i32s. The
+/// counter buffer type (`memref<?xi32>`, identity layout) has offset 0.
+struct ViewOpLowering : public OpConversionPattern<ViewOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(ViewOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    Type pointerType = getTypeConverter()->convertType(op.getType());
+    Value address = memref::ExtractAlignedPointerAsIndexOp::create(
+        rewriter, loc, adaptor.getCounters());
+    Value address64 = arith::IndexCastUIOp::create(
+        rewriter, loc, rewriter.getI64Type(), address);
+    Value base = LLVM::IntToPtrOp::create(rewriter, loc, pointerType, address64);
+    Value offset = arith::IndexCastOp::create(
+        rewriter, loc, rewriter.getI64Type(), adaptor.getOffset());
+    rewriter.replaceOpWithNewOp<LLVM::GEPOp>(
+        op, pointerType, rewriter.getI32Type(), base, ValueRange{offset});
+    return success();
+  }
+};
+
+/// Lowers `event.wait` to a spin loop: an acquire load of the counter until
+/// it is no longer positive, calling `sched_yield` between polls so that
+/// more workers than cores still make progress.
+struct WaitOpLowering : public OpConversionPattern<WaitOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(WaitOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    FailureOr<Value> pointer = elementPointer(
+        rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
+    if (failed(pointer))
+      return failure();
+    Type i32 = rewriter.getI32Type();
+    Value zero = arith::ConstantIntOp::create(rewriter, op.getLoc(), 0, 32);
+    scf::WhileOp::create(
+        rewriter, op.getLoc(), TypeRange{}, ValueRange{},
+        [&](OpBuilder &b, Location loc, ValueRange) {
+          Value count = LLVM::LoadOp::create(
+              b, loc, i32, *pointer, /*alignment=*/4, /*isVolatile=*/false,
+              /*isNonTemporal=*/false, /*isInvariant=*/false,
+              /*isInvariantGroup=*/false, LLVM::AtomicOrdering::acquire);
+          Value pending = arith::CmpIOp::create(
+              b, loc, arith::CmpIPredicate::sgt, count, zero);
+          scf::ConditionOp::create(b, loc, pending, ValueRange{});
+        },
+        [&](OpBuilder &b, Location loc, ValueRange) {
+          func::CallOp::create(b, loc, kSchedYieldName, TypeRange{i32});
+          scf::YieldOp::create(b, loc);
+        });
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+/// Lowers `event.notify` to a release `atomicrmw sub` of 1 on the counter.
+struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(NotifyOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    FailureOr<Value> pointer = elementPointer(
+        rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
+    if (failed(pointer))
+      return failure();
+    Value one = arith::ConstantIntOp::create(rewriter, op.getLoc(), 1, 32);
+    LLVM::AtomicRMWOp::create(rewriter, op.getLoc(), LLVM::AtomicBinOp::sub,
+                              *pointer, one, LLVM::AtomicOrdering::release,
+                              /*syncscope=*/StringRef(), /*alignment=*/4);
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+/// Lowers a lane query to its CPU value: a tile body runs on one lane, so
+/// `event.lane_id` is 0 and `event.lane_count` is 1.
+template <typename QueryOp, int64_t value>
+struct LaneQueryLowering : public OpConversionPattern<QueryOp> {
+  using OpConversionPattern<QueryOp>::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(QueryOp op, typename QueryOp::Adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    rewriter.replaceOpWithNewOp<arith::ConstantIndexOp>(op, value);
+    return success();
+  }
+};
+
+/// Erases `event.lane_barrier`: with one lane there is nobody to wait for.
+struct LaneBarrierLowering : public OpConversionPattern<LaneBarrierOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(LaneBarrierOp op, OpAdaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+} // namespace
+
+void etc::populateEventToCPUTypeConversions(TypeConverter &typeConverter) {
+  typeConverter.addConversion([](Type type) { return type; });
+  typeConverter.addConversion([](EventTensorType type) -> Type {
+    return LLVM::LLVMPointerType::get(type.getContext());
+  });
+}
+
+void etc::populateEventToCPUConversionPatterns(
+    const TypeConverter &typeConverter, RewritePatternSet &patterns) {
+  patterns.add<ViewOpLowering, WaitOpLowering, NotifyOpLowering,
+               LaneQueryLowering<LaneIdOp, 0>, LaneQueryLowering<LaneCountOp, 1>,
+               LaneBarrierLowering>(typeConverter, patterns.getContext());
+}
+
+LogicalResult etc::declareSchedYield(ModuleOp module) {
+  OpBuilder builder(module.getContext());
+  FunctionType type = builder.getFunctionType({}, builder.getI32Type());
+  Operation *existing = SymbolTable::lookupSymbolIn(module, kSchedYieldName);
+  if (auto func = dyn_cast_or_null<func::FuncOp>(existing);
+      func && func.getFunctionType() == type)
+    return success();
+  if (existing)
+    return existing->emitOpError("uses the symbol '")
+           << kSchedYieldName << "', which the CPU lowering of 'event.wait' "
+           << "needs for 'func.func private @" << kSchedYieldName
+           << "() -> i32'";
+  builder.setInsertionPointToStart(module.getBody());
+  auto func = func::FuncOp::create(builder, module.getLoc(), kSchedYieldName,
+                                   type);
+  func.setPrivate();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Pass
+//===----------------------------------------------------------------------===//
+
+/// Appends `%worker_id: index, %worker_count: index` to `func` and
+/// replaces `event.worker_id` / `event.worker_count` by them: each host
+/// thread passes its own id.
+static LogicalResult materializeWorkerArguments(func::FuncOp func) {
+  SmallVector<Operation *> ids, counts;
+  func.walk([&](Operation *op) {
+    if (isa<WorkerIdOp>(op))
+      ids.push_back(op);
+    else if (isa<WorkerCountOp>(op))
+      counts.push_back(op);
+  });
+  if (ids.empty() && counts.empty())
+    return success();
+  unsigned numArgs = func.getNumArguments();
+  Type index = IndexType::get(func.getContext());
+  if (failed(func.insertArguments({numArgs, numArgs}, {index, index},
+                                  {DictionaryAttr(), DictionaryAttr()},
+                                  {func.getLoc(), func.getLoc()})))
+    return func.emitOpError("cannot take the worker id and count as "
+                            "arguments");
+  Value workerId = func.getArgument(numArgs);
+  Value workerCount = func.getArgument(numArgs + 1);
+  for (Operation *op : ids) {
+    op->getResult(0).replaceAllUsesWith(workerId);
+    op->erase();
+  }
+  for (Operation *op : counts) {
+    op->getResult(0).replaceAllUsesWith(workerCount);
+    op->erase();
+  }
+  return success();
+}
+
 namespace {
 struct ConvertEventToCPUPass
     : public etc::impl::ConvertEventToCPUBase<ConvertEventToCPUPass> {
   using ConvertEventToCPUBase::ConvertEventToCPUBase;
+
   void runOnOperation() override {
-    getOperation()->emitError("'convert-event-to-cpu' is not implemented yet");
-    signalPassFailure();
+    ModuleOp module = getOperation();
+    for (auto func : module.getOps<func::FuncOp>())
+      if (failed(materializeWorkerArguments(func)))
+        return signalPassFailure();
+    bool waits = module.walk([](WaitOp) { return WalkResult::interrupt(); })
+                     .wasInterrupted();
+    if (waits && failed(declareSchedYield(module)))
+      return signalPassFailure();
+
+    TypeConverter typeConverter;
+    populateEventToCPUTypeConversions(typeConverter);
+    RewritePatternSet patterns(&getContext());
+    populateEventToCPUConversionPatterns(typeConverter, patterns);
+    ConversionTarget target(getContext());
+    target.addIllegalDialect<EventDialect>();
+    target.markUnknownOpDynamicallyLegal([](Operation *) { return true; });
+    if (failed(applyPartialConversion(module, target, std::move(patterns))))
+      return signalPassFailure();
+
+    // The runtime calls every entry point through its C interface.
+    for (auto func : module.getOps<func::FuncOp>())
+      if (!func.isExternal())
+        func->setAttr(LLVM::LLVMDialect::getEmitCWrapperAttrName(),
+                      UnitAttr::get(&getContext()));
   }
 };
 } // namespace

@@ -1,0 +1,33 @@
+//===- EventToCPU.h - Event ops for CPU worker threads ----------*- C++ -*-===//
+
+#ifndef ETC_CONVERSION_EVENTTOCPU_EVENTTOCPU_H
+#define ETC_CONVERSION_EVENTTOCPU_EVENTTOCPU_H
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Transforms/DialectConversion.h"
+
+namespace etc {
+
+/// The symbol `event.wait` calls between two polls of its counter.
+inline constexpr llvm::StringLiteral kSchedYieldName = "sched_yield";
+
+/// Declares `func.func private @sched_yield() -> i32` in `module` unless it
+/// is there; fails with an error if the symbol has another meaning.
+mlir::LogicalResult declareSchedYield(mlir::ModuleOp module);
+
+/// Converts `!event.tensor` to `!llvm.ptr` (the address of its first
+/// counter) and leaves every other type alone.
+void populateEventToCPUTypeConversions(mlir::TypeConverter &typeConverter);
+
+/// Adds the patterns that lower `event.view`, `event.wait`, `event.notify`
+/// and the lane ops for CPU worker threads. `event.wait` calls
+/// `@sched_yield`, which `declareSchedYield` must have declared.
+/// `event.worker_id` / `event.worker_count` are not covered: they become
+/// function arguments (see `convert-event-to-cpu`).
+void populateEventToCPUConversionPatterns(
+    const mlir::TypeConverter &typeConverter,
+    mlir::RewritePatternSet &patterns);
+
+} // namespace etc
+
+#endif // ETC_CONVERSION_EVENTTOCPU_EVENTTOCPU_H
