@@ -507,6 +507,40 @@ event.graph @reuse(%x: memref<128xf32>, %buf: memref<128xf32> {event.intermediat
 
 // -----
 
+// An in-place update reads and writes %acc: its read-after-write and
+// write-after-write dependencies on "init" become one wait, and the later
+// reader waits on the in-place writer only.
+
+// CHECK-LABEL: event.graph @in_place(
+// CHECK:         %[[E0:.*]] = event.alloc() count(%{{.*}}) : !event.tensor<4>
+// CHECK-NEXT:    event.task "init"
+// CHECK-SAME:        notifies(%[[E0]] : !event.tensor<4> (d0) -> (d0)) {
+// CHECK:         %[[E1:.*]] = event.alloc() count(%{{.*}}) : !event.tensor<4>
+// CHECK-NEXT:    event.task "accumulate"
+// CHECK-SAME:        waits(%[[E0]] : !event.tensor<4> (d0) -> (d0)) notifies(%[[E1]] : !event.tensor<4> (d0) -> (d0)) {
+// CHECK:         event.task "final"
+// CHECK-SAME:        waits(%[[E1]] : !event.tensor<4> (d0) -> (d0)) {
+event.graph @in_place(%x: memref<128xf32>, %acc: memref<128xf32> {event.intermediate}, %y: memref<128xf32>) {
+  %c4 = arith.constant 4 : index
+  event.task "init" grid(%c4)
+      writes(%acc : memref<128xf32> (d0) -> (d0 * 32) [32]) {
+  ^bb0(%i: index):
+  }
+  event.task "accumulate" grid(%c4)
+      reads(%x : memref<128xf32> (d0) -> (d0 * 32) [32],
+            %acc : memref<128xf32> (d0) -> (d0 * 32) [32])
+      writes(%acc : memref<128xf32> (d0) -> (d0 * 32) [32]) {
+  ^bb0(%i: index):
+  }
+  event.task "final" grid(%c4)
+      reads(%acc : memref<128xf32> (d0) -> (d0 * 32) [32])
+      writes(%y : memref<128xf32> (d0) -> (d0 * 32) [32]) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
 // A graph that already carries events is left unchanged.
 
 // CHECK-LABEL: event.graph @already_l2(

@@ -316,8 +316,8 @@ public:
   EventBuilder(GraphOp graph, ExtentExpressions &extents)
       : graph(graph), extents(extents), builder(graph.getContext()) {}
 
-  /// Orders `consumer` after each producer access in `producers` (each
-  /// touches the buffer of the matching consumer access). Per producer task,
+  /// Orders `consumer` after the producer access of each pair in
+  /// `dependencies` (both accesses of a pair touch the same buffer). Per producer task,
   /// a plan is dropped when another plan is at least as coarse: waiting on
   /// the coarser element already covers every tile the finer one names.
   void addDependencies(TaskOp consumer,
@@ -493,15 +493,21 @@ struct EventInferDependenciesPass
         }))
       return;
 
-    ExtentExpressions extents(graph.getContext());
-    EventBuilder events(graph, extents);
-    llvm::MapVector<Value, BufferHistory> history;
+    // Reject inconsistent footprints before changing anything.
     for (TaskOp task : tasks) {
       SmallVector<Access> reads, writes;
       collectAccesses(task, reads, writes);
       for (Access access : llvm::concat<Access>(reads, writes))
         if (failed(verifyInBounds(access)))
           return signalPassFailure();
+    }
+
+    ExtentExpressions extents(graph.getContext());
+    EventBuilder events(graph, extents);
+    llvm::MapVector<Value, BufferHistory> history;
+    for (TaskOp task : tasks) {
+      SmallVector<Access> reads, writes;
+      collectAccesses(task, reads, writes);
 
       // Read after write: wait on the last writer.
       SmallVector<std::pair<Access, Access>> dependencies;
