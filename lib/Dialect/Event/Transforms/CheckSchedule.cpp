@@ -261,7 +261,16 @@ bool SymbolicEquality::equalsCeilDiv(OpFoldResult size, OpFoldResult extent,
   if (sizeConstant && extentConstant)
     return *sizeConstant == llvm::divideCeil(*extentConstant, divisor);
   AffineExpr sizeExpr = expression(size);
-  AffineExpr extentExpr = expression(extent);
+  AffineExpr extentExpr = simplified(expression(extent));
+  // ceildiv(ceildiv(x, a), b) == ceildiv(x, a * b) for positive a and b,
+  // which affine simplification does not know.
+  auto inner = dyn_cast<AffineBinaryOpExpr>(extentExpr);
+  if (inner && inner.getKind() == AffineExprKind::CeilDiv)
+    if (auto innerDivisor = dyn_cast<AffineConstantExpr>(inner.getRHS());
+        innerDivisor && innerDivisor.getValue() > 0)
+      return simplified(sizeExpr) ==
+             simplified(inner.getLHS().ceilDiv(innerDivisor.getValue() *
+                                               divisor));
   return simplified(sizeExpr) == simplified(extentExpr.ceilDiv(divisor));
 }
 
@@ -336,14 +345,6 @@ LogicalResult ScheduleChecker::collectEventUses() {
                     "'event.alloc' of graph @"
                  << graph.getSymName()
                  << "; the schedule cannot lay out its counters";
-        IndexMapAttr map = clause == "waits" ? task.getWaitMap(entry)
-                                             : task.getNotifyMap(entry);
-        if (map.getMap().getNumSymbols() != 0)
-          return task.emitOpError()
-                 << clause << " #" << entry << " has map "
-                 << AffineMapAttr::get(map.getMap())
-                 << " with symbols, which nothing binds; use only the tile "
-                    "indices";
         uses[alloc].push_back(
             {static_cast<unsigned>(taskIndex), static_cast<unsigned>(entry)});
       }
@@ -358,10 +359,8 @@ LogicalResult ScheduleChecker::collectEventUses() {
 
 LogicalResult ScheduleChecker::checkOrder(AllocOp alloc) {
   SmallVector<EventUse> producers = notifiers.lookup(alloc);
+  // The graph verifier already rejects waits on events nobody notifies.
   if (producers.empty()) {
-    if (auto consumers = waiters.lookup(alloc); !consumers.empty())
-      return alloc.emitOpError("is waited on by task '")
-             << name(consumers.front().task) << "' but no task notifies it";
     if (!alloc.getCount())
       return alloc.emitOpError("has no 'count', so its expected counts are "
                                "counted from its notifies, but no task "
