@@ -45,17 +45,20 @@ static FailureOr<Value> elementPointer(ConversionPatternRewriter &rewriter,
   Value linear;
   auto dynamicSize = view.getDynamicSizes().begin();
   for (auto [dim, index] : llvm::enumerate(indices)) {
-    Value size = type.isDynamicDim(dim)
-                     ? *dynamicSize++
-                     : arith::ConstantIndexOp::create(rewriter, loc,
-                                                      type.getShape()[dim])
-                           .getResult();
-    linear = dim == 0 ? index
-                      : arith::AddIOp::create(
-                            rewriter, loc,
-                            arith::MulIOp::create(rewriter, loc, linear, size),
-                            index)
-                            .getResult();
+    // The extent of the leading dimension does not matter for row-major
+    // addressing, but its dynamic size still comes first in the operands.
+    Value size;
+    if (type.isDynamicDim(dim))
+      size = *dynamicSize++;
+    if (dim == 0) {
+      linear = index;
+      continue;
+    }
+    if (!size)
+      size = arith::ConstantIndexOp::create(rewriter, loc, type.getShape()[dim]);
+    linear = arith::AddIOp::create(
+        rewriter, loc, arith::MulIOp::create(rewriter, loc, linear, size),
+        index);
   }
   if (!linear)
     return base;

@@ -1,0 +1,122 @@
+// RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -convert-event-to-cpu -verify-diagnostics | FileCheck %s
+
+// The worker id and count become trailing arguments; views are addresses
+// into the counter buffer; a wait spins on an acquire load, yielding the
+// core between polls; a notify is a release atomic decrement.
+
+// CHECK-LABEL: func.func private @sched_yield() -> i32
+
+// CHECK-LABEL: func.func @g_worker(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>, %[[WID:[^:]*]]: index, %[[WCOUNT:[^:]*]]: index)
+// CHECK-SAME:      attributes {llvm.emit_c_interface}
+// CHECK-DAG:     %[[C5:.*]] = arith.constant 5 : index
+// CHECK:         %[[ADDRESS:.*]] = memref.extract_aligned_pointer_as_index %[[COUNTERS]] : memref<?xi32> -> index
+// CHECK:         %[[ADDRESS64:.*]] = arith.index_castui %[[ADDRESS]] : index to i64
+// CHECK:         %[[BASE:.*]] = llvm.inttoptr %[[ADDRESS64]] : i64 to !llvm.ptr
+// CHECK:         %[[OFFSET:.*]] = arith.index_cast %[[C5]] : index to i64
+// CHECK:         %[[VIEW:.*]] = llvm.getelementptr %[[BASE]][%[[OFFSET]]] : (!llvm.ptr, i64) -> !llvm.ptr, i32
+// CHECK:         scf.for %[[T:.*]] = %[[WID]] to %[[N]] step %[[WCOUNT]] {
+// CHECK:           %[[T64:.*]] = arith.index_cast %[[T]] : index to i64
+// CHECK:           %[[WAITED:.*]] = llvm.getelementptr %[[VIEW]][%[[T64]]] : (!llvm.ptr, i64) -> !llvm.ptr, i32
+// CHECK:           %[[ZERO:.*]] = arith.constant 0 : i32
+// CHECK:           scf.while : () -> () {
+// CHECK:             %[[COUNT:.*]] = llvm.load %[[WAITED]] atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:             %[[PENDING:.*]] = arith.cmpi sgt, %[[COUNT]], %[[ZERO]] : i32
+// CHECK:             scf.condition(%[[PENDING]])
+// CHECK:           } do {
+// CHECK:             func.call @sched_yield() : () -> i32
+// CHECK:             scf.yield
+// CHECK:           }
+// CHECK:           "test.body"(%[[T]])
+// CHECK:           %[[T64:.*]] = arith.index_cast %[[T]] : index to i64
+// CHECK:           %[[NOTIFIED:.*]] = llvm.getelementptr %[[VIEW]][%[[T64]]] : (!llvm.ptr, i64) -> !llvm.ptr, i32
+// CHECK:           %[[ONE:.*]] = arith.constant 1 : i32
+// CHECK:           llvm.atomicrmw sub %[[NOTIFIED]], %[[ONE]] release {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK:         }
+// CHECK-NOT:     event.
+func.func @g_worker(%n: index, %counters: memref<?xi32>) {
+  %c5 = arith.constant 5 : index
+  %e = event.view %counters[%c5](%n) : memref<?xi32> -> !event.tensor<?>
+  %w = event.worker_id
+  %nw = event.worker_count
+  scf.for %t = %w to %n step %nw {
+    event.wait %e[%t] : !event.tensor<?>
+    "test.body"(%t) : (index) -> ()
+    event.notify %e[%t] : !event.tensor<?>
+  }
+  return
+}
+
+// -----
+
+// Elements of an N-d view are addressed row-major with its sizes.
+
+// CHECK-LABEL: func.func @nd_view(
+// CHECK-SAME:      %[[ROWS:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>, %[[I:[^:]*]]: index, %[[J:[^:]*]]: index, %[[K:[^:]*]]: index)
+// CHECK:         %[[VIEW:.*]] = llvm.getelementptr
+// CHECK:         %[[ROW:.*]] = arith.muli %[[I]], %[[ROWS]] : index
+// CHECK:         %[[PARTIAL:.*]] = arith.addi %[[ROW]], %[[J]] : index
+// CHECK:         %[[C4:.*]] = arith.constant 4 : index
+// CHECK:         %[[PLANE:.*]] = arith.muli %[[PARTIAL]], %[[C4]] : index
+// CHECK:         %[[LINEAR:.*]] = arith.addi %[[PLANE]], %[[K]] : index
+// CHECK:         %[[LINEAR64:.*]] = arith.index_cast %[[LINEAR]] : index to i64
+// CHECK:         %[[ELEMENT:.*]] = llvm.getelementptr %[[VIEW]][%[[LINEAR64]]] : (!llvm.ptr, i64) -> !llvm.ptr, i32
+// CHECK:         llvm.atomicrmw sub %[[ELEMENT]], %{{.*}} release
+// A rank-0 view is its own element.
+// CHECK:         %[[SCALAR:.*]] = llvm.getelementptr
+// CHECK:         llvm.atomicrmw sub %[[SCALAR]], %{{.*}} release
+func.func @nd_view(%rows: index, %counters: memref<?xi32>, %i: index, %j: index, %k: index) {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0](%rows, %rows) : memref<?xi32> -> !event.tensor<?x?x4>
+  event.notify %e[%i, %j, %k] : !event.tensor<?x?x4>
+  %s = event.view %counters[%k]() : memref<?xi32> -> !event.tensor<>
+  event.notify %s[] : !event.tensor<>
+  return
+}
+
+// -----
+
+// A tile body runs on one lane. Functions without worker queries keep their
+// signature, and no @sched_yield is declared without waits.
+
+// CHECK-NOT:   @sched_yield
+// CHECK-LABEL: func.func @lanes(
+// CHECK-SAME:      %[[X:[^:]*]]: memref<4xindex>)
+// CHECK-SAME:      attributes {llvm.emit_c_interface}
+// CHECK-DAG:     %[[ZERO:.*]] = arith.constant 0 : index
+// CHECK-DAG:     %[[ONE:.*]] = arith.constant 1 : index
+// CHECK-NOT:     event.lane_barrier
+// CHECK:         memref.store %[[ONE]], %[[X]][%[[ZERO]]]
+func.func @lanes(%x: memref<4xindex>) {
+  %lane = event.lane_id
+  %lanes = event.lane_count
+  event.lane_barrier
+  memref.store %lanes, %x[%lane] : memref<4xindex>
+  return
+}
+
+// Declarations are left alone.
+// CHECK-LABEL: func.func private @external()
+// CHECK-NOT:     llvm.emit_c_interface
+func.func private @external()
+
+// -----
+
+// expected-error @+1 {{'func.func' op uses the symbol 'sched_yield', which the CPU lowering of 'event.wait' needs for 'func.func private @sched_yield() -> i32'}}
+func.func private @sched_yield() -> i64
+
+func.func @wait(%counters: memref<?xi32>) {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0]() : memref<?xi32> -> !event.tensor<>
+  event.wait %e[] : !event.tensor<>
+  return
+}
+
+// -----
+
+// Only views of the counter buffer can be addressed.
+func.func @not_a_view(%e: !event.tensor<?>, %i: index) {
+  // expected-error @+1 {{failed to legalize operation 'event.notify'}}
+  event.notify %e[%i] : !event.tensor<?>
+  return
+}

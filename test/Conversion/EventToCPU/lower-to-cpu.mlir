@@ -1,0 +1,53 @@
+// RUN: etc-opt %s -event-static-schedule -etc-lower-to-cpu | FileCheck %s --implicit-check-not='{{^ *(%[^ ]+ = )?"?(arith|affine|cf|event|func|index|math|memref|scf|ub|vector)\.}}'
+
+// A scheduled graph goes all the way to the LLVM dialect: the runtime's
+// three entry points with C interfaces, the worker taking its id and the
+// worker count after the counter buffer, atomics and the yielding spin.
+
+// CHECK-LABEL: llvm.func @sched_yield() -> i32
+
+// CHECK-LABEL: llvm.func @pipe_counters(
+// CHECK:       llvm.func @_mlir_ciface_pipe_counters(%{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr) -> i64
+
+// CHECK-LABEL: llvm.func @pipe_init(
+// CHECK:       llvm.func @_mlir_ciface_pipe_init(%{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr)
+
+// CHECK-LABEL: llvm.func @pipe_worker(
+// CHECK-SAME:      %[[WID:[^:]*]]: i64, %[[WCOUNT:[^:]*]]: i64) attributes {{{.*}}llvm.emit_c_interface}
+// CHECK:         llvm.atomicrmw sub %{{.*}}, %{{.*}} release
+// CHECK:         llvm.br ^[[SPIN:bb[0-9]+]]{{$}}
+// CHECK-NEXT:  ^[[SPIN]]:
+// CHECK-NEXT:    %[[COUNT:.*]] = llvm.load %{{.*}} atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK-NEXT:    %[[PENDING:.*]] = llvm.icmp "sgt" %[[COUNT]], %{{.*}} : i32
+// CHECK-NEXT:    llvm.cond_br %[[PENDING]], ^[[YIELD:bb[0-9]+]], ^[[READY:bb[0-9]+]]
+// CHECK-NEXT:  ^[[YIELD]]:
+// CHECK-NEXT:    llvm.call @sched_yield() : () -> i32
+// CHECK-NEXT:    llvm.br ^[[SPIN]]
+// CHECK-NEXT:  ^[[READY]]:
+// CHECK:         llvm.intr.sqrt
+// CHECK:         llvm.return
+// CHECK:       llvm.func @_mlir_ciface_pipe_worker(%{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: i64, %{{.*}}: i64)
+event.graph @pipe(%n: index, %x: memref<?xf32>, %y: memref<?xf32>) {
+  %c1 = arith.constant 1 : index
+  %e = event.alloc(%n) count(%c1) : !event.tensor<?>
+  event.task "double" grid(%n)
+      reads(%x : memref<?xf32> (d0) -> (d0) [1])
+      writes(%y : memref<?xf32> (d0) -> (d0) [1])
+      notifies(%e : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    %v = memref.load %x[%i] : memref<?xf32>
+    %w = arith.addf %v, %v : f32
+    %lane = event.lane_id
+    memref.store %w, %y[%i] : memref<?xf32>
+  }
+  event.task "square" grid(%n)
+      reads(%y : memref<?xf32> (d0) -> (d0) [1])
+      writes(%x : memref<?xf32> (d0) -> (d0) [1])
+      waits(%e : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    %v = memref.load %y[%i] : memref<?xf32>
+    %w = math.sqrt %v : f32
+    event.lane_barrier
+    memref.store %w, %x[%i] : memref<?xf32>
+  }
+}
