@@ -1,0 +1,47 @@
+"""Random graphs compiled for the CPU and run against the NumPy reference.
+
+The graphs come from the dependency-inference property test's generator:
+random chains, fan-in and fan-out of every operator, random static and
+symbolic shapes, random tiles and buffer reuse (`out=`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import etc
+from test_infer_property import random_graph
+
+RUNS = {"graphs": 0, "tile tasks": 0}
+
+
+def _inputs(g, symbols, rng):
+    inputs = {}
+    for arg in g.arguments:
+        if arg.kind != "input":
+            continue
+        shape = tuple(symbols[d] if isinstance(d, str) else d for d in arg.shape)
+        inputs[arg.name] = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+    return inputs
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_random_graphs_match_numpy(data):
+    g, symbols = random_graph(data)
+    workers = data.draw(st.sampled_from([1, 2, 3, 8]), label="workers")
+    kernel = etc.compile(g, target="cpu", schedule="static", workers=workers)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1), label="seed"))
+    bindings = [symbols]
+    if symbols:  # one compile serves a second value of the symbol too
+        bindings.append({"M": data.draw(st.integers(1, 70), label="second M")})
+    for binding in bindings:
+        inputs = _inputs(g, binding, rng)
+        outputs = kernel.run(**inputs)
+        expected = etc.reference.evaluate(g, **inputs)
+        for name, got, want in zip(g.outputs, outputs, expected):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
+    RUNS["graphs"] += 1
