@@ -67,42 +67,108 @@ def EventInferDependencies : Pass<"event-infer-dependencies", "::etc::event::Gra
 def EventCheckSchedule : Pass<"event-check-schedule", "::etc::event::GraphOp"> {
   let summary = "Proves an event graph balanced, acyclic and deadlock-free";
   let description = [{
-    Checks an L2 event graph before scheduling and fails with an error naming
-    the event and the tasks when it cannot prove:
-    * balance: every element's expected count equals the number of notifies
-      that target it, for all values of the symbols;
+    Checks an L2 event graph before scheduling, leaving it unchanged, and
+    fails with an error on the event's `event.alloc` naming the tasks when it
+    cannot prove, for every value of the graph's symbolic dimensions:
+    * every event a task waits on or notifies is an `event.alloc` of the
+      graph (its counters need a place in the counter buffer);
     * acyclicity and co-residency safety: every task waits only on events
-      notified by tasks earlier in the global order, so the unfinished task
-      with the smallest global index can always run when all workers are
-      resident.
-    Events without a static `count` (indirect notify maps) are counted at run
-    time and are exempt from the balance proof.
+      notified by textually earlier tasks. Tiles run in one global order
+      (task order, then row-major tile order), so the unfinished tile with
+      the smallest global index can always run when all workers are
+      resident;
+    * balance, for events with `count`: each notify map is a projected
+      permutation of the tile indices whose kept dimensions have the event's
+      sizes, and `count` equals the sum over the notifying tasks of the
+      product of their grid extents over the dropped tile indices;
+    * range: each affine wait coordinate is a tile index `dN` whose grid
+      extent is the event size, `dN floordiv M` with event size
+      `extent ceildiv M`, or a constant inside a static size.
+    Sizes and counts are compared symbolically: constants are folded, and
+    `index` values computed with arith and `affine.apply` are normalised to
+    polynomials and affine expressions of the graph's arguments. Events
+    without `count` (indirect notify maps) are counted at run time and are
+    exempt from balance, but some task must notify them.
+
+    Accepted: the count 2 is the extent of the dropped tile index `d1`.
+    ```mlir
+    %rows = affine.apply affine_map<()[s0] -> (s0 ceildiv 32)>()[%B]
+    %e = event.alloc(%rows) count(%c2) : !event.tensor<?>
+    event.task "scale" grid(%rows, %c2) ...
+        notifies(%e : !event.tensor<?> (d0, d1) -> (d0)) {...}
+    event.task "add" grid(%rows) ... waits(%e : !event.tensor<?> (d0) -> (d0)) {...}
+    ```
+    Rejected: `count(%c3)` there ("'count' cannot be proved equal to the
+    number of notifies each element receives from task 'scale'"), or "add"
+    placed before "scale" ("... notified by task 'scale', which is not
+    earlier in the static order").
   }];
 }
 
 def EventStaticSchedule : Pass<"event-static-schedule", "::mlir::ModuleOp"> {
   let summary = "Schedules each event graph into a persistent worker program";
   let description = [{
-    Replaces each `event.graph @g` by three functions that share its
-    arguments plus a trailing `memref<?xi32>` buffer of event counters:
+    Replaces each `event.graph @g(args)` (L2) by three public functions (L3)
+    that take its arguments plus, except the first, a trailing
+    `memref<?xi32>` buffer of event counters. The event tensors lie in that
+    buffer one after another, row-major, each named by an `event.view`.
     * `@g_counters(args) -> index`: how many counters the program needs;
-    * `@g_init(args, counters)`: writes each counter's expected count (run
-      once, before any worker starts);
-    * `@g_worker(args, counters)`: the persistent loop. All tile tasks are put
-      in one global order (task order, then row-major tile order); task `t`
-      goes to worker `t mod event.worker_count` under `policy=round-robin`;
-      each worker runs its tasks in increasing global order with
-      `event.wait` before and `event.notify` after each tile body.
-    The graph is checked as by `event-check-schedule` first.
+    * `@g_init(args, counters)`: writes each counter's expected count, run
+      once, single-threaded, before any worker starts: the event's `count`,
+      or, without one, the number of notifies counted by evaluating every
+      notifying tile's map (indirect coordinates loaded from the task's
+      index buffer);
+    * `@g_worker(args, counters)`: the persistent loop. All tile tasks are in
+      one global order: task k's tiles are o_k + (row-major tile index),
+      o_k the tile count of the tasks before it. Under `policy=round-robin`
+      worker `w` of `W` (`event.worker_id` / `event.worker_count`, runtime
+      values) runs the tiles t with t mod W == w in increasing t: one
+      `scf.for` per task from o_k + ((w - o_k) mod W) with step W, each
+      iteration waiting on the tile's wait elements, running a clone of the
+      task body, then notifying its notify elements.
+    All three carry `event.graph = "g"`, `event.schedule = "static"` and
+    `event.workers = N`. The graph is checked as by `event-check-schedule`
+    first, and nothing is rewritten if any graph fails.
+
+    Before (L2):
+    ```mlir
+    event.graph @g(%n: index, %x: memref<?xf32>) {
+      %c1 = arith.constant 1 : index
+      %e = event.alloc(%n) count(%c1) : !event.tensor<?>
+      event.task "a" grid(%n) ... notifies(%e : !event.tensor<?> (d0) -> (d0)) {...}
+      event.task "b" grid(%n) ... waits(%e : !event.tensor<?> (d0) -> (d0)) {...}
+    }
+    ```
+    After (L3), the worker:
+    ```mlir
+    func.func @g_worker(%n: index, %x: memref<?xf32>, %counters: memref<?xi32>)
+        attributes {event.graph = "g", event.schedule = "static", event.workers = 0 : i64} {
+      %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
+      %w = event.worker_id
+      %nw = event.worker_count
+      scf.for %t = %first_a to %n step %nw {
+        ... body of "a" with %t ...
+        event.notify %e[%t] : !event.tensor<?>
+      }
+      scf.for %t = %first_b to %end_b step %nw {
+        %i = arith.subi %t, %n : index
+        event.wait %e[%i] : !event.tensor<?>
+        ... body of "b" with %i ...
+      }
+      return
+    }
+    ```
   }];
   let options = [
     Option<"workers", "workers", "unsigned", /*default=*/"0",
            "Number of persistent workers the program is launched with, "
            "recorded as `event.workers`; 0 lets the runtime decide">,
     Option<"policy", "policy", "std::string", /*default=*/"\"round-robin\"",
-           "How global task indices map to workers (round-robin)">,
+           "How global task indices map to workers; supported: round-robin "
+           "(global task t runs on worker t mod W)">,
   ];
-  let dependentDialects = ["::mlir::arith::ArithDialect",
+  let dependentDialects = ["::mlir::affine::AffineDialect",
+                           "::mlir::arith::ArithDialect",
                            "::mlir::func::FuncDialect",
                            "::mlir::memref::MemRefDialect",
                            "::mlir::scf::SCFDialect"];
