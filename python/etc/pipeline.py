@@ -48,21 +48,30 @@ class Options:
 
 def stages(options: Options) -> dict[str, str]:
     """The canonical pass pipeline of each stage after "graph" (the input)."""
+    return {
+        "event": "builtin.module(event.graph(event-infer-dependencies))",
+        "scheduled": schedule_pipeline(options),
+        "lowered": lowering_pipeline(options),
+    }
+
+
+def schedule_pipeline(options: Options) -> str:
+    """L2 -> L3: check the event graph, then schedule it."""
     if options.schedule != "static":
         raise NotImplementedError(
             f"schedule={options.schedule!r} needs the dynamic scheduler "
             "(event-dynamic-schedule), which is not implemented yet; use schedule='static'")
+    return ("builtin.module(event.graph(event-check-schedule),"
+            f"event-static-schedule{{workers={options.workers} policy={options.policy}}})")
+
+
+def lowering_pipeline(options: Options) -> str:
+    """L3 -> target code."""
     if options.target != "cpu":
         raise NotImplementedError(
             f"target={options.target!r} needs convert-event-to-gpu and etc-lower-to-nvvm, "
             "which are not implemented yet; use target='cpu'")
-    return {
-        "event": "builtin.module(event.graph(event-infer-dependencies))",
-        "scheduled": (
-            "builtin.module(event.graph(event-check-schedule),"
-            f"event-static-schedule{{workers={options.workers} policy={options.policy}}})"),
-        "lowered": "builtin.module(etc-lower-to-cpu)",
-    }
+    return "builtin.module(etc-lower-to-cpu)"
 
 
 def build(options: Options) -> str:
