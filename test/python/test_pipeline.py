@@ -1,0 +1,63 @@
+"""The staged pipeline: canonical strings, and failures that carry a repro."""
+
+import shlex
+import subprocess
+
+import pytest
+from mlir import ir
+from mlir.passmanager import PassManager
+
+import etc
+from etc import pipeline
+
+# A wait on an event that only a *later* task notifies: legal IR, but the
+# static order cannot run it (the schedule check must reject it, not hang).
+LATE_PRODUCER = """
+event.graph @late(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  %e = event.alloc() count(%c1) : !event.tensor<>
+  event.task "consumer" grid(%c1) waits(%e : !event.tensor<> (d0) -> ()) {
+  ^bb0(%i: index):
+  }
+  event.task "producer" grid(%c1) notifies(%e : !event.tensor<> (d0) -> ()) {
+  ^bb0(%i: index):
+  }
+}
+"""
+
+
+def test_build_is_the_concatenation_of_the_stages():
+    options = pipeline.Options(workers=3)
+    full = pipeline.build(options)
+    assert full.startswith("builtin.module(") and "event-static-schedule{workers=3" in full
+    for stage_pipeline in pipeline.stages(options).values():
+        assert stage_pipeline[len("builtin.module("):-1] in full
+    with ir.Context():
+        PassManager.parse(full)
+
+
+def test_failing_stage_raises_with_a_working_repro(tmp_path):
+    with ir.Context():
+        module = ir.Module.parse(LATE_PRODUCER)
+        stage_pipeline = pipeline.schedule_pipeline(pipeline.Options())
+        with pytest.raises(pipeline.PipelineError) as info:
+            pipeline.run_stage(module, "scheduled", stage_pipeline)
+    error = info.value
+    assert error.stage == "scheduled" and error.pipeline == stage_pipeline
+    assert "consumer" in error.diagnostics and "producer" in error.diagnostics
+    assert error.repro.startswith("etc-opt --pass-pipeline=")
+    assert "reproduce with:" in str(error)
+    # The command really reproduces the failure, with the same message.
+    result = subprocess.run(shlex.split(error.repro), capture_output=True, text=True)
+    assert result.returncode != 0
+    first_line = error.diagnostics.splitlines()[0].split(": ", 1)[1]
+    assert first_line in result.stderr
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="schedule='fast' is not supported"):
+        pipeline.Options(schedule="fast")
+    with pytest.raises(ValueError, match="policy='random' is not supported"):
+        pipeline.Options(policy="random")
+    with pytest.raises(ValueError, match="workers=True must be a positive integer"):
+        pipeline.Options(workers=True)
