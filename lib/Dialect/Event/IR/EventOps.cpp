@@ -3,6 +3,7 @@
 #include "Event/IR/EventOps.h"
 
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/Matchers.h"
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/Interfaces/FunctionImplementation.h"
 #include "llvm/ADT/DenseMap.h"
@@ -173,13 +174,19 @@ LogicalResult GraphOp::verifyRegions() {
 // AllocOp
 //===----------------------------------------------------------------------===//
 
-LogicalResult AllocOp::verify() {
-  unsigned expected = getType().getNumDynamicDims();
-  if (getDynamicSizes().size() != expected)
-    return emitOpError("expects ")
-           << expected << " dynamic sizes for the '?' dimensions of "
-           << getType() << ", found " << getDynamicSizes().size();
+/// Checks that `sizes` supplies one value per `?` dimension of `type`.
+static LogicalResult verifyDynamicSizes(Operation *op, EventTensorType type,
+                                        ValueRange sizes) {
+  unsigned expected = type.getNumDynamicDims();
+  if (sizes.size() != expected)
+    return op->emitOpError("expects ")
+           << expected << " dynamic sizes for the '?' dimensions of " << type
+           << ", found " << sizes.size();
   return success();
+}
+
+LogicalResult AllocOp::verify() {
+  return verifyDynamicSizes(*this, getType(), getDynamicSizes());
 }
 
 //===----------------------------------------------------------------------===//
@@ -187,12 +194,7 @@ LogicalResult AllocOp::verify() {
 //===----------------------------------------------------------------------===//
 
 LogicalResult ViewOp::verify() {
-  unsigned expected = getType().getNumDynamicDims();
-  if (getDynamicSizes().size() != expected)
-    return emitOpError("expects ")
-           << expected << " dynamic sizes for the '?' dimensions of "
-           << getType() << ", found " << getDynamicSizes().size();
-  return success();
+  return verifyDynamicSizes(*this, getType(), getDynamicSizes());
 }
 
 //===----------------------------------------------------------------------===//
@@ -478,6 +480,36 @@ LogicalResult WaitOp::verify() {
 
 LogicalResult NotifyOp::verify() {
   return verifyElementAccess(*this, getEvent(), getIndices());
+}
+
+LogicalResult NotifyReadyOp::verify() {
+  return verifyElementAccess(*this, getEvent(), getIndices());
+}
+
+//===----------------------------------------------------------------------===//
+// QueuePushOp / QueuePopOp
+//===----------------------------------------------------------------------===//
+
+/// Checks that a constant queue capacity fits the 32-bit slots, which hold
+/// task ids plus one.
+static LogicalResult verifyQueueCapacity(Operation *op, Value capacity) {
+  APInt value;
+  if (!matchPattern(capacity, m_ConstantInt(&value)))
+    return success();
+  int64_t slots = value.getSExtValue();
+  if (slots < 0 || slots >= std::numeric_limits<int32_t>::max())
+    return op->emitOpError("expects a capacity in [0, 2147483647) so that "
+                           "task ids fit the 32-bit slots, found ")
+           << slots;
+  return success();
+}
+
+LogicalResult QueuePushOp::verify() {
+  return verifyQueueCapacity(*this, getCapacity());
+}
+
+LogicalResult QueuePopOp::verify() {
+  return verifyQueueCapacity(*this, getCapacity());
 }
 
 #define GET_OP_CLASSES
