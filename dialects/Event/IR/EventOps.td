@@ -301,4 +301,96 @@ def Event_LaneBarrierOp : Event_Op<"lane_barrier"> {
   let assemblyFormat = "attr-dict";
 }
 
+//===----------------------------------------------------------------------===//
+// Dynamic scheduling (L3): ready counts and the task queue
+//===----------------------------------------------------------------------===//
+
+def Event_NotifyReadyOp : Event_Op<"notify_ready"> {
+  let summary = "Decrements an event element and says whether it became ready";
+  let description = [{
+    Decrements element `indices` of `event` by one, like `event.notify`, and
+    returns `true` in exactly one of its notifiers: the one whose decrement
+    took the element from 1 to 0. The decrement is acquire-release (one
+    atomic read-modify-write): it publishes the caller's writes like
+    `event.notify`, and the notifier that sees the element reach zero also
+    acquires the writes of every earlier notifier, so that what it does next
+    (typically readying waiters, `event.queue_push`) carries all of them.
+    The dynamic scheduler uses it both on event tensors and on the per-tile
+    pending counts (an event tensor whose element is the number of wait
+    elements a tile still needs).
+
+    CPU: `atomicrmw sub ... acq_rel` and a compare of the old value with 1.
+
+    ```mlir
+    %ready = event.notify_ready %e[%i] : !event.tensor<?>
+    ```
+  }];
+  let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices);
+  let results = (outs I1:$ready);
+  let assemblyFormat = "$event `[` $indices `]` attr-dict `:` qualified(type($event))";
+  let hasVerifier = 1;
+}
+
+def Event_QueuePushOp : Event_Op<"queue_push"> {
+  let summary = "Appends a task id to a task queue in the counter buffer";
+  let description = [{
+    The dynamic scheduler's multi-producer multi-consumer task queue lives in
+    the counter buffer from element `queue` on, as 32-bit words:
+    * `[queue + 0]` head: the number of slots claimed by `event.queue_pop`;
+    * `[queue + 1]` tail: the number of slots reserved by `event.queue_push`;
+    * `[queue + 2]` error flag: non-zero once a push found the queue full;
+    * `[queue + 3 + s]`, `s` in `[0, capacity)`: slot `s`, holding
+      `task + 1` once published and 0 while empty.
+    The owner zeroes all `3 + capacity` words before any push or pop. Slots
+    are used once each (every task is pushed once, so `capacity` = the
+    number of tasks suffices and the queue never wraps).
+
+    `event.queue_push` reserves slot `s` with an atomic increment of the
+    tail, then publishes `task + 1` into it with a release store, so that
+    whatever the pusher had acquired (the writes of the tasks that made
+    `task` ready) is visible to the worker that pops it. If `s >= capacity`
+    it stores nothing and sets the error flag to 1 instead. `task` must be
+    below 2^31 - 1.
+
+    ```mlir
+    event.queue_push %task, %counters[%queue] capacity(%tasks) : memref<?xi32>
+    ```
+  }];
+  let arguments = (ins Index:$task, MemRefRankOf<[I32], [1]>:$counters,
+                       Index:$queue, Index:$capacity);
+  let assemblyFormat = [{
+    $task `,` $counters `[` $queue `]` `capacity` `(` $capacity `)` attr-dict
+    `:` type($counters)
+  }];
+  let hasVerifier = 1;
+}
+
+def Event_QueuePopOp : Event_Op<"queue_pop"> {
+  let summary = "Takes the next task id from a task queue";
+  let description = [{
+    Claims the next slot `s` of the task queue at element `queue` of the
+    counter buffer (layout in `event.queue_push`) with an atomic increment
+    of the head. If `s < capacity`, waits until the slot is published
+    (acquire loads, backing off between polls: `sched_yield` on the CPU)
+    and returns the task id in it; the pusher's writes are then visible.
+    If `s >= capacity`, every slot has been claimed, and it returns
+    `capacity` at once: a worker loop pops until it gets `capacity`.
+
+    On targets where a worker is a group of lanes (a CTA), one lane pops and
+    the result is shared with the others.
+
+    ```mlir
+    %task = event.queue_pop %counters[%queue] capacity(%tasks) : memref<?xi32>
+    ```
+  }];
+  let arguments = (ins MemRefRankOf<[I32], [1]>:$counters, Index:$queue,
+                       Index:$capacity);
+  let results = (outs Index:$task);
+  let assemblyFormat = [{
+    $counters `[` $queue `]` `capacity` `(` $capacity `)` attr-dict
+    `:` type($counters)
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // ETC_EVENT_OPS_TD
