@@ -3,15 +3,34 @@
 #ifndef ETC_PIPELINES_H
 #define ETC_PIPELINES_H
 
-namespace mlir {
-class OpPassManager;
-} // namespace mlir
+#include "mlir/Pass/PassOptions.h"
+
+#include <string>
 
 namespace etc {
 
 /// Adds `etc-lower-to-cpu`: a scheduled event program (L3) down to the LLVM
 /// dialect, ready for the ExecutionEngine.
 void buildLowerToCPUPipeline(mlir::OpPassManager &pm);
+
+/// Options of `etc-lower-to-nvvm`.
+struct LowerToNVVMOptions : public mlir::PassPipelineOptions<LowerToNVVMOptions> {
+  Option<std::string> chip{*this, "chip",
+                           llvm::cl::desc("The GPU architecture, e.g. sm_90a"),
+                           llvm::cl::init("sm_90a")};
+  Option<std::string> features{
+      *this, "features",
+      llvm::cl::desc("PTX features; sm_90a needs +ptx80 or newer"),
+      llvm::cl::init("+ptx80")};
+  Option<int> optLevel{*this, "opt-level",
+                       llvm::cl::desc("LLVM optimisation level (0 to 3)"),
+                       llvm::cl::init(3)};
+};
+
+/// Adds `etc-lower-to-nvvm`: a scheduled event program (L3) down to a
+/// `gpu.binary` whose object is PTX text for `options.chip`.
+void buildLowerToNVVMPipeline(mlir::OpPassManager &pm,
+                              const LowerToNVVMOptions &options);
 
 /// Registers the named pipelines with the global registry.
 void registerPipelines();

@@ -60,4 +60,83 @@ def ConvertEventToCPU : Pass<"convert-event-to-cpu", "::mlir::ModuleOp"> {
                            "::mlir::scf::SCFDialect"];
 }
 
+def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
+  let summary = "Lowers a scheduled event program to GPU kernels";
+  let description = [{
+    Moves the functions of a scheduled program (L3, the `func.func`s that
+    carry `event.graph`) into one `gpu.module @<graph>_kernels` per graph,
+    as `gpu.func ... kernel`s with the same arguments, and lowers the event
+    ops for the CUDA target: one CTA per persistent worker, a tile body on
+    the CTA's threads.
+    * A function with a result (`g_counters -> index`, `g_check -> i32`)
+      becomes a kernel with one more argument, a `memref<1xT>` (`i64` for
+      `index`) that thread 0 of block 0 stores the result to.
+    * A function that uses no worker op (`g_init`) becomes a one-CTA
+      kernel: each top-level `scf.for` that reads no buffer the function
+      writes is spread over the CTA's threads, every other loop or writing
+      op runs on thread 0, and a `gpu.barrier` follows each of them.
+    * In the worker kernel, `event.worker_id` / `event.worker_count` are
+      `gpu.block_id x` / `gpu.grid_dim x`, `event.lane_id` /
+      `event.lane_count` are `gpu.thread_id x` / `gpu.block_dim x`, and
+      `event.lane_barrier` is `gpu.barrier`.
+    * `event.wait`: thread 0 spins on `llvm.load ... atomic syncscope("device")
+      acquire` of the counter until it is no longer positive, sleeping
+      between polls with `nvvm.nanosleep` (32 ns, doubling up to 512 ns);
+      then `gpu.barrier` releases the CTA.
+    * `event.notify`: `gpu.barrier` (every lane has finished the tile), then
+      thread 0 does `llvm.fence syncscope("device") release` and
+      `llvm.atomicrmw sub ... syncscope("device") monotonic` of 1
+      (`fence.acq_rel.gpu; atom.global.add.u32 ..., -1` in PTX: LLVM 22's
+      NVPTX backend drops the ordering of a release `atomicrmw`, so the
+      release is an explicit fence).
+    * `event.view` becomes the address of its first counter, as on the CPU.
+    The module gets `gpu.container_module`. Kernel parameters follow MLIR's
+    memref descriptor expansion (see docs/architecture.md).
+
+    Before:
+    ```mlir
+    func.func @g_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph = "g", ...} {
+      %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
+      %w = event.worker_id
+      ...
+      event.wait %e[%i] : !event.tensor<?>
+      ...
+      event.notify %e[%j] : !event.tensor<?>
+    ```
+    After:
+    ```mlir
+    gpu.module @g_kernels {
+      gpu.func @g_worker(%n: index, %counters: memref<?xi32>) kernel {
+        %w = gpu.block_id x
+        ...
+        %tid = gpu.thread_id x
+        %first = arith.cmpi eq, %tid, %c0 : index
+        scf.if %first {
+          %0 = scf.while (%sleep = %c32_i32) : (i32) -> i32 {
+            %count = llvm.load %p atomic syncscope("device") acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+            %pending = arith.cmpi sgt, %count, %c0_i32 : i32
+            scf.condition(%pending) %sleep : i32
+          } do {
+          ^bb0(%s: i32):
+            nvvm.nanosleep %s
+            ...
+          }
+        }
+        gpu.barrier
+        ...
+        gpu.barrier
+        scf.if %first {
+          llvm.fence syncscope("device") release
+          %old = llvm.atomicrmw sub %q, %c1_i32 syncscope("device") monotonic : !llvm.ptr, i32
+        }
+    ```
+  }];
+  let dependentDialects = ["::mlir::arith::ArithDialect",
+                           "::mlir::gpu::GPUDialect",
+                           "::mlir::LLVM::LLVMDialect",
+                           "::mlir::memref::MemRefDialect",
+                           "::mlir::NVVM::NVVMDialect",
+                           "::mlir::scf::SCFDialect"];
+}
+
 #endif // ETC_CONVERSION_PASSES_TD

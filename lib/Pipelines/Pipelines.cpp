@@ -11,6 +11,7 @@
 
 #include "mlir/Conversion/Passes.h"
 #include "mlir/Dialect/Arith/Transforms/Passes.h"
+#include "mlir/Dialect/GPU/Pipelines/Passes.h"
 #include "mlir/Dialect/MemRef/Transforms/Passes.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Pass/PassRegistry.h"
@@ -39,10 +40,29 @@ void etc::buildLowerToCPUPipeline(mlir::OpPassManager &pm) {
   pm.addPass(mlir::createCanonicalizerPass());
 }
 
+void etc::buildLowerToNVVMPipeline(mlir::OpPassManager &pm,
+                                   const LowerToNVVMOptions &options) {
+  pm.addPass(createConvertEventToGPU());
+  // The upstream GPU pipeline: kernels to NVVM and LLVM, the target
+  // attached, then each gpu.module serialised as PTX text ("isa"), which
+  // needs no CUDA installation; the driver or ptxas assembles it.
+  mlir::gpu::GPUToNVVMPipelineOptions nvvm;
+  nvvm.cubinChip = options.chip;
+  nvvm.cubinFeatures = options.features;
+  nvvm.cubinFormat = "isa";
+  nvvm.optLevel = options.optLevel;
+  mlir::gpu::buildLowerToNVVMPassPipeline(pm, nvvm);
+}
+
 void etc::registerPipelines() {
   mlir::PassPipelineRegistration<>(
       "etc-lower-to-cpu",
       "Lowers a scheduled event program (L3) to the LLVM dialect for the CPU "
       "runtime",
       buildLowerToCPUPipeline);
+  mlir::PassPipelineRegistration<LowerToNVVMOptions>(
+      "etc-lower-to-nvvm",
+      "Lowers a scheduled event program (L3) to GPU kernels and PTX text "
+      "(a gpu.binary) for the CUDA runtime",
+      buildLowerToNVVMPipeline);
 }

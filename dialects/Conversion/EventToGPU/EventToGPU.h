@@ -1,0 +1,32 @@
+//===- EventToGPU.h - Event ops for persistent CTAs -------------*- C++ -*-===//
+
+#ifndef ETC_CONVERSION_EVENTTOGPU_EVENTTOGPU_H
+#define ETC_CONVERSION_EVENTTOGPU_EVENTTOGPU_H
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Transforms/DialectConversion.h"
+
+namespace etc {
+
+/// The first sleep, in nanoseconds, of a CTA waiting on a counter that is not
+/// ready; each further poll doubles it up to `kWaitMaxSleepNs`.
+inline constexpr int32_t kWaitFirstSleepNs = 32;
+inline constexpr int32_t kWaitMaxSleepNs = 512;
+
+/// Converts `!event.tensor` to `!llvm.ptr` (the generic address of its first
+/// counter) and leaves every other type alone.
+void populateEventToGPUTypeConversions(mlir::TypeConverter &typeConverter);
+
+/// Adds the patterns that lower the event ops inside a `gpu.func` for one CTA
+/// per persistent worker and one thread per lane: `event.view`,
+/// `event.wait` (thread 0 spins with an acquire load at GPU scope and
+/// `nvvm.nanosleep`, then a CTA barrier), `event.notify` (a CTA barrier,
+/// then a release atomic decrement at GPU scope by thread 0), the worker and
+/// lane queries (block / thread ids and counts) and `event.lane_barrier`.
+void populateEventToGPUConversionPatterns(
+    const mlir::TypeConverter &typeConverter,
+    mlir::RewritePatternSet &patterns);
+
+} // namespace etc
+
+#endif // ETC_CONVERSION_EVENTTOGPU_EVENTTOGPU_H

@@ -1,0 +1,491 @@
+//===- EventToGPU.cpp - convert-event-to-gpu ------------------------------===//
+//
+// Lowers a scheduled event program (L3) for the CUDA target: the program's
+// functions become kernels of a `gpu.module`, every persistent worker is a
+// CTA, and a tile body runs on the CTA's threads. Counters live in global
+// memory and are synchronised at GPU scope: a waiting CTA has one thread
+// poll with acquire loads, a notifying CTA has one thread decrement with a
+// release atomic, and CTA barriers extend both to the other threads.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Conversion/EventToGPU/EventToGPU.h"
+#include "Conversion/Passes.h"
+
+#include "Event/IR/EventOps.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/SymbolTable.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "llvm/ADT/MapVector.h"
+
+namespace etc {
+#define GEN_PASS_DEF_CONVERTEVENTTOGPU
+#include "Conversion/Passes.h.inc"
+} // namespace etc
+
+using namespace mlir;
+using namespace etc;
+using namespace etc::event;
+
+/// The LLVM synchronisation scope of counter accesses: the whole GPU
+/// (`.gpu` in PTX), since producer and consumer CTAs may be on any SM.
+static constexpr StringLiteral kDeviceScope = "device";
+
+/// `gpu.thread_id x == 0`: the thread that polls and updates counters on
+/// behalf of its CTA.
+static Value isFirstThread(OpBuilder &b, Location loc) {
+  Value thread = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
+  Value zero = arith::ConstantIndexOp::create(b, loc, 0);
+  return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, thread, zero);
+}
+
+/// `scf.if %condition { <body> }`, with the builder left after it.
+static void buildIf(OpBuilder &b, Location loc, Value condition,
+                    function_ref<void(OpBuilder &, Location)> body) {
+  auto ifOp = scf::IfOp::create(b, loc, condition, /*withElseRegion=*/false);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+  body(b, loc);
+}
+
+//===----------------------------------------------------------------------===//
+// Patterns
+//===----------------------------------------------------------------------===//
+
+/// The address of element `indices` of `event` (an `event.view`), given
+/// `base`, the address of its first counter. Row-major, like the counter
+/// buffer the schedule lays out.
+static FailureOr<Value> elementPointer(ConversionPatternRewriter &rewriter,
+                                       Operation *op, Value event, Value base,
+                                       ValueRange indices) {
+  auto view = event.getDefiningOp<ViewOp>();
+  if (!view)
+    return rewriter.notifyMatchFailure(
+        op, "the event tensor is not an 'event.view' of a counter buffer");
+  Location loc = op->getLoc();
+  EventTensorType type = view.getType();
+  Value linear;
+  auto dynamicSize = view.getDynamicSizes().begin();
+  for (auto [dim, index] : llvm::enumerate(indices)) {
+    Value size;
+    if (type.isDynamicDim(dim))
+      size = *dynamicSize++;
+    if (dim == 0) {
+      linear = index;
+      continue;
+    }
+    if (!size)
+      size = arith::ConstantIndexOp::create(rewriter, loc, type.getShape()[dim]);
+    linear = arith::AddIOp::create(
+        rewriter, loc, arith::MulIOp::create(rewriter, loc, linear, size),
+        index);
+  }
+  if (!linear)
+    return base;
+  Value linear64 =
+      arith::IndexCastOp::create(rewriter, loc, rewriter.getI64Type(), linear);
+  return LLVM::GEPOp::create(rewriter, loc, base.getType(),
+                             rewriter.getI32Type(), base, ValueRange{linear64})
+      .getResult();
+}
+
+namespace {
+/// Lowers `event.view %counters[%offset]` to the generic address of the
+/// view's first counter: the buffer's aligned pointer advanced by `offset`
+/// i32s.
+struct ViewOpLowering : public OpConversionPattern<ViewOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(ViewOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    Type pointerType = getTypeConverter()->convertType(op.getType());
+    Value address = memref::ExtractAlignedPointerAsIndexOp::create(
+        rewriter, loc, adaptor.getCounters());
+    Value address64 = arith::IndexCastUIOp::create(
+        rewriter, loc, rewriter.getI64Type(), address);
+    Value base = LLVM::IntToPtrOp::create(rewriter, loc, pointerType, address64);
+    Value offset = arith::IndexCastOp::create(
+        rewriter, loc, rewriter.getI64Type(), adaptor.getOffset());
+    rewriter.replaceOpWithNewOp<LLVM::GEPOp>(
+        op, pointerType, rewriter.getI32Type(), base, ValueRange{offset});
+    return success();
+  }
+};
+
+/// Lowers `event.wait` for a CTA: thread 0 polls the counter with an acquire
+/// load at GPU scope until it is no longer positive, sleeping between polls
+/// with an exponential back-off, then a CTA barrier holds every other thread
+/// until it is done. The acquire load and the barrier together make the
+/// producers' writes visible to all threads of the CTA.
+struct WaitOpLowering : public OpConversionPattern<WaitOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(WaitOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    FailureOr<Value> pointer = elementPointer(
+        rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
+    if (failed(pointer))
+      return failure();
+    Location loc = op.getLoc();
+    Type i32 = rewriter.getI32Type();
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              Value zero = arith::ConstantIntOp::create(b, loc, 0, 32);
+              Value firstSleep =
+                  arith::ConstantIntOp::create(b, loc, kWaitFirstSleepNs, 32);
+              Value maxSleep =
+                  arith::ConstantIntOp::create(b, loc, kWaitMaxSleepNs, 32);
+              scf::WhileOp::create(
+                  b, loc, TypeRange{i32}, ValueRange{firstSleep},
+                  [&](OpBuilder &b, Location loc, ValueRange args) {
+                    Value count = LLVM::LoadOp::create(
+                        b, loc, i32, *pointer, /*alignment=*/4,
+                        /*isVolatile=*/false, /*isNonTemporal=*/false,
+                        /*isInvariant=*/false, /*isInvariantGroup=*/false,
+                        LLVM::AtomicOrdering::acquire, kDeviceScope);
+                    Value pending = arith::CmpIOp::create(
+                        b, loc, arith::CmpIPredicate::sgt, count, zero);
+                    scf::ConditionOp::create(b, loc, pending, args);
+                  },
+                  [&](OpBuilder &b, Location loc, ValueRange args) {
+                    NVVM::NanosleepOp::create(b, loc, args[0]);
+                    Value doubled =
+                        arith::AddIOp::create(b, loc, args[0], args[0]);
+                    Value next =
+                        arith::MinUIOp::create(b, loc, doubled, maxSleep);
+                    scf::YieldOp::create(b, loc, next);
+                  });
+            });
+    rewriter.replaceOpWithNewOp<gpu::BarrierOp>(op);
+    return success();
+  }
+};
+
+/// Lowers `event.notify` for a CTA: a barrier, so that every thread has
+/// finished its part of the tile, then thread 0 decrements the counter by 1
+/// with a release atomic at GPU scope. Release is cumulative: it publishes
+/// the writes the barrier made visible to thread 0, not only its own.
+/// The release is a GPU-scope release fence before a relaxed (`monotonic`)
+/// atomic, the PTX release pattern (`fence.acq_rel.gpu; atom`): the NVPTX
+/// backend of LLVM 22 emits `atomicrmw ... release` as a plain relaxed
+/// `atom`, dropping the ordering.
+struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(NotifyOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    FailureOr<Value> pointer = elementPointer(
+        rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
+    if (failed(pointer))
+      return failure();
+    Location loc = op.getLoc();
+    gpu::BarrierOp::create(rewriter, loc);
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+              LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::release,
+                                    kDeviceScope);
+              LLVM::AtomicRMWOp::create(b, loc, LLVM::AtomicBinOp::sub,
+                                        *pointer, one,
+                                        LLVM::AtomicOrdering::monotonic,
+                                        kDeviceScope, /*alignment=*/4);
+            });
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+/// Lowers a worker or lane query to the GPU index op it means for a
+/// persistent CTA: workers are blocks, lanes are threads (dimension x).
+template <typename QueryOp, typename GPUIndexOp>
+struct IndexQueryLowering : public OpConversionPattern<QueryOp> {
+  using OpConversionPattern<QueryOp>::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(QueryOp op, typename QueryOp::Adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    rewriter.replaceOpWithNewOp<GPUIndexOp>(op, gpu::Dimension::x);
+    return success();
+  }
+};
+
+/// Lowers `event.lane_barrier` to `gpu.barrier`: the lanes of a tile are the
+/// threads of one CTA.
+struct LaneBarrierLowering : public OpConversionPattern<LaneBarrierOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(LaneBarrierOp op, OpAdaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    rewriter.replaceOpWithNewOp<gpu::BarrierOp>(op);
+    return success();
+  }
+};
+} // namespace
+
+void etc::populateEventToGPUTypeConversions(TypeConverter &typeConverter) {
+  typeConverter.addConversion([](Type type) { return type; });
+  typeConverter.addConversion([](EventTensorType type) -> Type {
+    return LLVM::LLVMPointerType::get(type.getContext());
+  });
+}
+
+void etc::populateEventToGPUConversionPatterns(
+    const TypeConverter &typeConverter, RewritePatternSet &patterns) {
+  patterns.add<ViewOpLowering, WaitOpLowering, NotifyOpLowering,
+               IndexQueryLowering<WorkerIdOp, gpu::BlockIdOp>,
+               IndexQueryLowering<WorkerCountOp, gpu::GridDimOp>,
+               IndexQueryLowering<LaneIdOp, gpu::ThreadIdOp>,
+               IndexQueryLowering<LaneCountOp, gpu::BlockDimOp>,
+               LaneBarrierLowering>(typeConverter, patterns.getContext());
+}
+
+//===----------------------------------------------------------------------===//
+// Kernels from the program's functions
+//===----------------------------------------------------------------------===//
+
+/// The ops that make a function the persistent worker: they only mean
+/// something when every CTA runs the function.
+static bool isWorkerOp(Operation *op) {
+  return isa<WorkerIdOp, WorkerCountOp, WaitOp, NotifyOp, LaneIdOp,
+             LaneCountOp, LaneBarrierOp>(op);
+}
+
+/// The buffers `func` may write: operands of write effects anywhere in it.
+/// Returns failure if some op's effects are unknown.
+static FailureOr<llvm::SmallPtrSet<Value, 8>>
+writtenBuffers(gpu::GPUFuncOp func) {
+  llvm::SmallPtrSet<Value, 8> written;
+  WalkResult result = func.getBody().walk([&](Operation *op) {
+    if (op->hasTrait<OpTrait::HasRecursiveMemoryEffects>())
+      return WalkResult::advance();
+    auto effects = dyn_cast<MemoryEffectOpInterface>(op);
+    if (!effects)
+      return WalkResult::interrupt();
+    SmallVector<MemoryEffects::EffectInstance> instances;
+    effects.getEffects(instances);
+    for (const auto &instance : instances)
+      if (isa<MemoryEffects::Write>(instance.getEffect()) && instance.getValue())
+        written.insert(instance.getValue());
+    return WalkResult::advance();
+  });
+  if (result.wasInterrupted())
+    return failure();
+  return written;
+}
+
+/// Whether the iterations of top-level loop `loop` of an initialisation
+/// kernel may run on different threads: it carries no values and reads no
+/// buffer the kernel writes (so iterations only store, and no iteration
+/// observes another's stores).
+static bool isIndependentLoop(scf::ForOp loop,
+                              const llvm::SmallPtrSet<Value, 8> &written) {
+  if (loop.getNumResults() != 0)
+    return false;
+  WalkResult result = loop.getBody()->walk([&](Operation *op) {
+    if (op->hasTrait<OpTrait::HasRecursiveMemoryEffects>())
+      return WalkResult::advance();
+    auto effects = dyn_cast<MemoryEffectOpInterface>(op);
+    if (!effects)
+      return WalkResult::interrupt();
+    SmallVector<MemoryEffects::EffectInstance> instances;
+    effects.getEffects(instances);
+    for (const auto &instance : instances) {
+      if (isa<MemoryEffects::Write>(instance.getEffect()))
+        continue;
+      if (isa<MemoryEffects::Read>(instance.getEffect()) &&
+          instance.getValue() && !written.contains(instance.getValue()))
+        continue;
+      if (isa<MemoryEffects::Allocate, MemoryEffects::Free>(
+              instance.getEffect()) &&
+          !instance.getValue())
+        continue;
+      return WalkResult::interrupt();
+    }
+    return WalkResult::advance();
+  });
+  return !result.wasInterrupted();
+}
+
+/// Turns the body of `func`, which uses no worker op, into code for one CTA:
+/// independent top-level loops are strided over the threads, every other op
+/// with write effects runs on thread 0, and a barrier follows each of them
+/// so that the next one sees their stores. Ops without write effects run on
+/// every thread, which keeps their results available to all.
+static LogicalResult distributeOverCTA(gpu::GPUFuncOp func) {
+  FailureOr<llvm::SmallPtrSet<Value, 8>> written = writtenBuffers(func);
+  if (failed(written))
+    return func.emitOpError("has an op with unknown memory effects; cannot "
+                            "tell which of its loops may run in parallel");
+  Block &body = func.getBody().front();
+  for (Operation &op : llvm::make_early_inc_range(body.without_terminator())) {
+    bool readsOnly = hasEffect<MemoryEffects::Read>(&op) &&
+                     !hasEffect<MemoryEffects::Write>(&op);
+    if (isMemoryEffectFree(&op) || readsOnly)
+      continue;
+    Location loc = op.getLoc();
+    OpBuilder b(&op);
+    Operation *last = &op;
+    auto loop = dyn_cast<scf::ForOp>(op);
+    if (loop && isIndependentLoop(loop, *written)) {
+      Value thread = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
+      Value threads = gpu::BlockDimOp::create(b, loc, gpu::Dimension::x);
+      Value step = loop.getStep();
+      Value start = arith::AddIOp::create(
+          b, loc, loop.getLowerBound(),
+          arith::MulIOp::create(b, loc, thread, step));
+      loop.setLowerBound(start);
+      loop.setStep(arith::MulIOp::create(b, loc, step, threads));
+    } else {
+      if (op.getNumResults() != 0)
+        return op.emitOpError("writes memory and has results, so it cannot run "
+                              "on one thread of the initialisation kernel");
+      auto ifOp = scf::IfOp::create(b, loc, isFirstThread(b, loc),
+                                    /*withElseRegion=*/false);
+      op.moveBefore(ifOp.thenBlock()->getTerminator());
+      last = ifOp;
+    }
+    b.setInsertionPointAfter(last);
+    gpu::BarrierOp::create(b, loc);
+  }
+  return success();
+}
+
+/// Creates `gpu.func @<name>` in `kernels` from `func`, moving its body. A
+/// function with a result gets one more argument, a `memref<1xT>` (`i64`
+/// for `index`), and thread 0 of block 0 stores the returned value to it.
+static FailureOr<gpu::GPUFuncOp> outlineKernel(func::FuncOp func,
+                                               gpu::GPUModuleOp kernels) {
+  FunctionType type = func.getFunctionType();
+  if (type.getNumResults() > 1)
+    return func.emitOpError("returns ")
+           << type.getNumResults()
+           << " values; a kernel can report at most one";
+  MLIRContext *ctx = func.getContext();
+  SmallVector<Type> inputs(type.getInputs());
+  Type resultType;
+  if (type.getNumResults() == 1) {
+    resultType = type.getResult(0);
+    if (resultType.isIndex())
+      resultType = IntegerType::get(ctx, 64);
+    if (!resultType.isIntOrFloat())
+      return func.emitOpError("returns ")
+             << type.getResult(0)
+             << "; a kernel can report an index, integer or float";
+    inputs.push_back(MemRefType::get({1}, resultType));
+  }
+
+  OpBuilder b(kernels.getBodyRegion());
+  b.setInsertionPointToEnd(kernels.getBody());
+  auto kernel = gpu::GPUFuncOp::create(b, func.getLoc(), func.getName(),
+                                       FunctionType::get(ctx, inputs, {}));
+  kernel->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
+  kernel.getBody().front().erase();
+  kernel.getBody().takeBody(func.getBody());
+  Block &entry = kernel.getBody().front();
+  Value resultBuffer;
+  if (resultType)
+    resultBuffer = entry.addArgument(inputs.back(), func.getLoc());
+
+  SmallVector<func::ReturnOp> returns;
+  kernel.walk([&](func::ReturnOp ret) { returns.push_back(ret); });
+  for (func::ReturnOp ret : returns) {
+    Location loc = ret.getLoc();
+    b.setInsertionPoint(ret);
+    if (resultBuffer) {
+      Value value = ret.getOperand(0);
+      if (value.getType().isIndex())
+        value = arith::IndexCastOp::create(b, loc, resultType, value);
+      Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+      Value zero = arith::ConstantIndexOp::create(b, loc, 0);
+      Value firstBlock =
+          arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, block, zero);
+      Value first =
+          arith::AndIOp::create(b, loc, firstBlock, isFirstThread(b, loc));
+      buildIf(b, loc, first, [&](OpBuilder &b, Location loc) {
+        memref::StoreOp::create(b, loc, value, resultBuffer, ValueRange{zero});
+      });
+    }
+    gpu::ReturnOp::create(b, loc);
+    ret.erase();
+  }
+  return kernel;
+}
+
+//===----------------------------------------------------------------------===//
+// Pass
+//===----------------------------------------------------------------------===//
+
+namespace {
+struct ConvertEventToGPUPass
+    : public etc::impl::ConvertEventToGPUBase<ConvertEventToGPUPass> {
+  using ConvertEventToGPUBase::ConvertEventToGPUBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    MLIRContext *ctx = &getContext();
+
+    // The program of each graph: its functions, in order.
+    llvm::MapVector<StringAttr, SmallVector<func::FuncOp>> programs;
+    for (auto func : module.getOps<func::FuncOp>()) {
+      auto graph = func->getAttrOfType<StringAttr>("event.graph");
+      if (!graph || func.isExternal())
+        continue;
+      programs[graph].push_back(func);
+    }
+
+    SymbolTable symbols(module);
+    for (auto &[graph, funcs] : programs) {
+      std::string name = (graph.getValue() + "_kernels").str();
+      if (Operation *existing = symbols.lookup(name)) {
+        existing->emitOpError("uses the symbol '")
+            << name << "' that convert-event-to-gpu needs for the kernels "
+            << "of graph '" << graph.getValue() << "'";
+        return signalPassFailure();
+      }
+      OpBuilder b(ctx);
+      b.setInsertionPointToEnd(module.getBody());
+      auto kernels = gpu::GPUModuleOp::create(b, funcs.front().getLoc(), name);
+      symbols.insert(kernels);
+      for (func::FuncOp func : funcs) {
+        bool worker =
+            func.walk([](Operation *op) {
+                  return isWorkerOp(op) ? WalkResult::interrupt()
+                                        : WalkResult::advance();
+                })
+                .wasInterrupted();
+        bool hasResult = func.getFunctionType().getNumResults() != 0;
+        if (worker && hasResult) {
+          func.emitOpError("uses worker ops and returns a value; the "
+                           "persistent worker kernel cannot return one");
+          return signalPassFailure();
+        }
+        FailureOr<gpu::GPUFuncOp> kernel = outlineKernel(func, kernels);
+        if (failed(kernel))
+          return signalPassFailure();
+        symbols.erase(func);
+        if (!worker && !hasResult && failed(distributeOverCTA(*kernel)))
+          return signalPassFailure();
+      }
+    }
+    if (!programs.empty())
+      module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                      UnitAttr::get(ctx));
+
+    TypeConverter typeConverter;
+    populateEventToGPUTypeConversions(typeConverter);
+    RewritePatternSet patterns(ctx);
+    populateEventToGPUConversionPatterns(typeConverter, patterns);
+    ConversionTarget target(*ctx);
+    target.addIllegalDialect<EventDialect>();
+    target.markUnknownOpDynamicallyLegal([](Operation *) { return true; });
+    if (failed(applyPartialConversion(module, target, std::move(patterns))))
+      return signalPassFailure();
+  }
+};
+} // namespace
