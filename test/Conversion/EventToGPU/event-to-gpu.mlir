@@ -1,0 +1,226 @@
+// RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -convert-event-to-gpu -verify-diagnostics | FileCheck %s
+
+// The worker becomes a kernel: workers are blocks, lanes are threads. A wait
+// has thread 0 poll the counter with a GPU-scope acquire load and an
+// exponential nanosleep back-off, then a CTA barrier; a notify is a CTA
+// barrier, then thread 0's GPU-scope release fence and atomic decrement.
+
+// CHECK-LABEL: module attributes {gpu.container_module}
+// CHECK-NOT:   func.func
+// CHECK:       gpu.module @g_kernels {
+// CHECK-LABEL:   gpu.func @g_worker(
+// CHECK-SAME:        %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>) kernel {
+// CHECK-DAG:       %[[C5:.*]] = arith.constant 5 : index
+// CHECK:           %[[ADDRESS:.*]] = memref.extract_aligned_pointer_as_index %[[COUNTERS]] : memref<?xi32> -> index
+// CHECK:           %[[ADDRESS64:.*]] = arith.index_castui %[[ADDRESS]] : index to i64
+// CHECK:           %[[BASE:.*]] = llvm.inttoptr %[[ADDRESS64]] : i64 to !llvm.ptr
+// CHECK:           %[[OFFSET:.*]] = arith.index_cast %[[C5]] : index to i64
+// CHECK:           %[[VIEW:.*]] = llvm.getelementptr %[[BASE]][%[[OFFSET]]] : (!llvm.ptr, i64) -> !llvm.ptr, i32
+// CHECK:           %[[W:.*]] = gpu.block_id x
+// CHECK:           %[[NW:.*]] = gpu.grid_dim x
+// CHECK:           scf.for %[[T:.*]] = %[[W]] to %[[N]] step %[[NW]] {
+// CHECK:             %[[T64:.*]] = arith.index_cast %[[T]] : index to i64
+// CHECK:             %[[WAITED:.*]] = llvm.getelementptr %[[VIEW]][%[[T64]]] : (!llvm.ptr, i64) -> !llvm.ptr, i32
+// CHECK:             %[[TID:.*]] = gpu.thread_id x
+// CHECK:             %[[C0:.*]] = arith.constant 0 : index
+// CHECK:             %[[FIRST:.*]] = arith.cmpi eq, %[[TID]], %[[C0]] : index
+// CHECK:             scf.if %[[FIRST]] {
+// CHECK-DAG:           %[[ZERO:.*]] = arith.constant 0 : i32
+// CHECK-DAG:           %[[FIRSTSLEEP:.*]] = arith.constant 32 : i32
+// CHECK-DAG:           %[[MAXSLEEP:.*]] = arith.constant 512 : i32
+// CHECK:               scf.while (%[[SLEEP:.*]] = %[[FIRSTSLEEP]]) : (i32) -> i32 {
+// CHECK:                 %[[COUNT:.*]] = llvm.load %[[WAITED]] atomic syncscope("device") acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:                 %[[PENDING:.*]] = arith.cmpi sgt, %[[COUNT]], %[[ZERO]] : i32
+// CHECK:                 scf.condition(%[[PENDING]]) %[[SLEEP]] : i32
+// CHECK:               } do {
+// CHECK:               ^bb0(%[[SLEPT:.*]]: i32):
+// CHECK:                 nvvm.nanosleep %[[SLEPT]]
+// CHECK:                 %[[DOUBLED:.*]] = arith.addi %[[SLEPT]], %[[SLEPT]] : i32
+// CHECK:                 %[[NEXT:.*]] = arith.minui %[[DOUBLED]], %[[MAXSLEEP]] : i32
+// CHECK:                 scf.yield %[[NEXT]] : i32
+// CHECK:               }
+// CHECK:             }
+// CHECK-NEXT:        gpu.barrier
+// CHECK:             %[[LANE:.*]] = gpu.thread_id x
+// CHECK:             %[[LANES:.*]] = gpu.block_dim x
+// CHECK:             "test.body"(%[[T]], %[[LANE]], %[[LANES]])
+// CHECK-NEXT:        gpu.barrier
+// CHECK-NEXT:        "test.body"(%[[T]])
+// CHECK:             %[[NOTIFIED:.*]] = llvm.getelementptr %[[VIEW]][%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i32
+// CHECK-NEXT:        gpu.barrier
+// CHECK-NEXT:        %[[TID:.*]] = gpu.thread_id x
+// CHECK-NEXT:        %[[C0:.*]] = arith.constant 0 : index
+// CHECK-NEXT:        %[[FIRST:.*]] = arith.cmpi eq, %[[TID]], %[[C0]] : index
+// CHECK-NEXT:        scf.if %[[FIRST]] {
+// CHECK-NEXT:          %[[ONE:.*]] = arith.constant 1 : i32
+// CHECK-NEXT:          llvm.fence syncscope("device") release
+// CHECK-NEXT:          llvm.atomicrmw sub %[[NOTIFIED]], %[[ONE]] syncscope("device") monotonic {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK-NEXT:        }
+// CHECK-NEXT:      }
+// CHECK-NEXT:      gpu.return
+// CHECK-NOT:   event.
+func.func @g_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph = "g"} {
+  %c5 = arith.constant 5 : index
+  %e = event.view %counters[%c5](%n) : memref<?xi32> -> !event.tensor<?>
+  %w = event.worker_id
+  %nw = event.worker_count
+  scf.for %t = %w to %n step %nw {
+    event.wait %e[%t] : !event.tensor<?>
+    %lane = event.lane_id
+    %lanes = event.lane_count
+    "test.body"(%t, %lane, %lanes) : (index, index, index) -> ()
+    event.lane_barrier
+    "test.body"(%t) : (index) -> ()
+    event.notify %e[%t] : !event.tensor<?>
+  }
+  return
+}
+
+// -----
+
+// A function with a result reports it through one more argument, written by
+// thread 0 of block 0 (an index as i64). Functions without `event.graph`
+// stay on the host; each graph has its own gpu.module.
+
+// CHECK-LABEL: func.func @host_helper()
+// CHECK:       gpu.module @a_kernels {
+// CHECK-LABEL:   gpu.func @a_counters(
+// CHECK-SAME:        %[[N:[^:]*]]: index, %[[RESULT:[^:]*]]: memref<1xi64>) kernel {
+// CHECK:           %[[TOTAL:.*]] = arith.muli %[[N]], %[[N]] : index
+// CHECK:           %[[TOTAL64:.*]] = arith.index_cast %[[TOTAL]] : index to i64
+// CHECK:           %[[BLOCK:.*]] = gpu.block_id x
+// CHECK:           %[[C0:.*]] = arith.constant 0 : index
+// CHECK:           %[[FIRSTBLOCK:.*]] = arith.cmpi eq, %[[BLOCK]], %[[C0]] : index
+// CHECK:           %[[TID:.*]] = gpu.thread_id x
+// CHECK:           %[[FIRSTTHREAD:.*]] = arith.cmpi eq, %[[TID]], %{{.*}} : index
+// CHECK:           %[[FIRST:.*]] = arith.andi %[[FIRSTBLOCK]], %[[FIRSTTHREAD]] : i1
+// CHECK:           scf.if %[[FIRST]] {
+// CHECK:             memref.store %[[TOTAL64]], %[[RESULT]][%[[C0]]] : memref<1xi64>
+// CHECK:           }
+// CHECK:           gpu.return
+// CHECK:       gpu.module @b_kernels {
+// CHECK-LABEL:   gpu.func @b_check(
+// CHECK-SAME:        %{{.*}}: memref<?xi32>, %[[RESULT:[^:]*]]: memref<1xi32>) kernel {
+// CHECK:             memref.store %{{.*}}, %[[RESULT]][%{{.*}}] : memref<1xi32>
+func.func @host_helper() {
+  return
+}
+func.func @a_counters(%n: index) -> index attributes {event.graph = "a"} {
+  %total = arith.muli %n, %n : index
+  return %total : index
+}
+func.func @b_check(%counters: memref<?xi32>) -> i32 attributes {event.graph = "b"} {
+  %c0 = arith.constant 0 : index
+  %first = memref.load %counters[%c0] : memref<?xi32>
+  return %first : i32
+}
+
+// -----
+
+// The initialisation kernel runs on one CTA: a loop that only stores is
+// strided over the threads, a loop that reads counters it writes (counting
+// notifies at run time) runs on thread 0, and a barrier follows each.
+
+// CHECK-LABEL: gpu.func @g_init(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[ROUTE:[^:]*]]: memref<?xi32>, %[[COUNTERS:[^:]*]]: memref<?xi32>) kernel {
+// CHECK-DAG:     %[[C0:.*]] = arith.constant 0 : index
+// CHECK-DAG:     %[[C1:.*]] = arith.constant 1 : index
+// CHECK:         %[[TID:.*]] = gpu.thread_id x
+// CHECK:         %[[THREADS:.*]] = gpu.block_dim x
+// CHECK:         %[[OFFSET:.*]] = arith.muli %[[TID]], %[[C1]] : index
+// CHECK:         %[[START:.*]] = arith.addi %[[C0]], %[[OFFSET]] : index
+// CHECK:         %[[STEP:.*]] = arith.muli %[[C1]], %[[THREADS]] : index
+// CHECK:         scf.for %[[I:.*]] = %[[START]] to %[[N]] step %[[STEP]] {
+// CHECK-NEXT:      memref.store %{{.*}}, %[[COUNTERS]][%[[I]]] : memref<?xi32>
+// CHECK-NEXT:    }
+// CHECK-NEXT:    gpu.barrier
+// CHECK-NEXT:    %[[TID:.*]] = gpu.thread_id x
+// CHECK-NEXT:    %[[ZERO:.*]] = arith.constant 0 : index
+// CHECK-NEXT:    %[[FIRST:.*]] = arith.cmpi eq, %[[TID]], %[[ZERO]] : index
+// CHECK-NEXT:    scf.if %[[FIRST]] {
+// CHECK-NEXT:      scf.for %[[T:.*]] = %[[C0]] to %[[N]] step %[[C1]] {
+// CHECK:             memref.load %[[COUNTERS]]
+// CHECK:             memref.store %{{.*}}, %[[COUNTERS]]
+// CHECK:           }
+// CHECK-NEXT:    }
+// CHECK-NEXT:    gpu.barrier
+// A store outside loops runs on thread 0 too; a read-only loop on every thread.
+// CHECK-NEXT:    %[[TID:.*]] = gpu.thread_id x
+// CHECK-NEXT:    %[[ZERO:.*]] = arith.constant 0 : index
+// CHECK-NEXT:    %[[FIRST:.*]] = arith.cmpi eq, %[[TID]], %[[ZERO]] : index
+// CHECK-NEXT:    scf.if %[[FIRST]] {
+// CHECK-NEXT:      memref.store %{{.*}}, %[[ROUTE]][%[[C0]]] : memref<?xi32>
+// CHECK-NEXT:    }
+// CHECK-NEXT:    gpu.barrier
+// CHECK-NEXT:    %{{.*}} = memref.load %[[COUNTERS]][%[[C0]]] : memref<?xi32>
+// CHECK-NEXT:    gpu.return
+func.func @g_init(%n: index, %route: memref<?xi32>, %counters: memref<?xi32>) attributes {event.graph = "g"} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %zero = arith.constant 0 : i32
+  %one = arith.constant 1 : i32
+  scf.for %i = %c0 to %n step %c1 {
+    memref.store %zero, %counters[%i] : memref<?xi32>
+  }
+  scf.for %t = %c0 to %n step %c1 {
+    %raw = memref.load %route[%t] : memref<?xi32>
+    %at = arith.index_cast %raw : i32 to index
+    %old = memref.load %counters[%at] : memref<?xi32>
+    %new = arith.addi %old, %one : i32
+    memref.store %new, %counters[%at] : memref<?xi32>
+  }
+  memref.store %zero, %route[%c0] : memref<?xi32>
+  %first = memref.load %counters[%c0] : memref<?xi32>
+  return
+}
+
+// -----
+
+// expected-error @+1 {{'func.func' op uses worker ops and returns a value; the persistent worker kernel cannot return one}}
+func.func @g_worker(%n: index) -> index attributes {event.graph = "g"} {
+  %w = event.worker_id
+  return %w : index
+}
+
+// -----
+
+// expected-error @+1 {{'func.func' op returns 2 values; a kernel can report at most one}}
+func.func @g_counters(%n: index) -> (index, index) attributes {event.graph = "g"} {
+  return %n, %n : index, index
+}
+
+// -----
+
+// expected-error @+1 {{'func.func' op returns 'memref<?xi32>'; a kernel can report an index, integer or float}}
+func.func @g_counters(%counters: memref<?xi32>) -> memref<?xi32> attributes {event.graph = "g"} {
+  return %counters : memref<?xi32>
+}
+
+// -----
+
+// expected-error @+1 {{'func.func' op uses the symbol 'g_kernels' that convert-event-to-gpu needs for the kernels of graph 'g'}}
+func.func @g_kernels() {
+  return
+}
+func.func @g_init() attributes {event.graph = "g"} {
+  return
+}
+
+// -----
+
+func.func private @unknown()
+// expected-error @+1 {{'gpu.func' op has an op with unknown memory effects; cannot tell which of its loops may run in parallel}}
+func.func @g_init() attributes {event.graph = "g"} {
+  func.call @unknown() : () -> ()
+  return
+}
+
+// -----
+
+func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
+  %c0 = arith.constant 0 : index
+  %one = arith.constant 1 : i32
+  // expected-error @+1 {{'memref.atomic_rmw' op writes memory and has results, so it cannot run on one thread of the initialisation kernel}}
+  %old = memref.atomic_rmw addi %one, %counters[%c0] : (i32, memref<?xi32>) -> i32
+  return
+}
