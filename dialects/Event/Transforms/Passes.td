@@ -40,8 +40,14 @@ def EventInferDependencies : Pass<"event-infer-dependencies", "::etc::event::Gra
     (producer, notify map) share one event; of several events from one
     producer to one consumer, those subsumed by a coarser one are dropped.
 
-    Graphs whose tasks already wait or notify are left unchanged, so the
-    pass is idempotent. A footprint whose last tile starts past the end of a
+    Waits and notifies already on the tasks are kept: the front end
+    declares them for accesses no footprint describes (rows chosen by
+    routing data). Inferred waits go before a task's first indirect wait,
+    since an indirect coordinate is loaded right before its wait and the
+    inferred waits order the index buffer's producer. An existing counted
+    event notified by one task only, with the map and shape inference would
+    build, is reused instead of duplicated, so the pass is idempotent.
+    A footprint whose last tile starts past the end of a
     static buffer dimension is an error naming the task and buffer.
 
     Before (L1):
@@ -102,7 +108,16 @@ def EventCheckSchedule : Pass<"event-check-schedule", "::etc::event::GraphOp"> {
     number of notifies each element receives from task 'scale'"), or "add"
     placed before "scale" ("... notified by task 'scale', which is not
     earlier in the static order").
+
+    With `static-order=false` the textual-order rule is skipped: a dynamic
+    schedule runs tasks when they become ready, which any acyclic graph
+    allows (the graph verifier rejects cycles).
   }];
+  let options = [
+    Option<"staticOrder", "static-order", "bool", /*default=*/"true",
+           "Require every task to wait only on events of textually earlier "
+           "tasks (the static schedule's co-residency condition)">,
+  ];
 }
 
 def EventStaticSchedule : Pass<"event-static-schedule", "::mlir::ModuleOp"> {
@@ -166,6 +181,100 @@ def EventStaticSchedule : Pass<"event-static-schedule", "::mlir::ModuleOp"> {
     Option<"policy", "policy", "std::string", /*default=*/"\"round-robin\"",
            "How global task indices map to workers; supported: round-robin "
            "(global task t runs on worker t mod W)">,
+  ];
+  let dependentDialects = ["::mlir::affine::AffineDialect",
+                           "::mlir::arith::ArithDialect",
+                           "::mlir::func::FuncDialect",
+                           "::mlir::memref::MemRefDialect",
+                           "::mlir::scf::SCFDialect"];
+}
+
+def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
+  let summary = "Schedules each event graph into workers that share a task queue";
+  let description = [{
+    Replaces each `event.graph @g(args)` (L2) by the four functions of
+    `event-static-schedule` (same signatures, `event.schedule = "dynamic"`),
+    where workers take ready tile tasks from one global multi-producer
+    multi-consumer queue instead of a fixed order. Tile task ids are global
+    linear tile indices (task k's tiles are o_k + row-major tile index); T is
+    the total tile count, symbolic.
+
+    The counter buffer holds, after the event tensors (laid out as in the
+    static schedule): the queue (`event.queue_push` documents it: head, tail,
+    error flag, T slots); the *pending* counts, an `!event.tensor<?>` of T
+    elements, tile t's being the number of its wait elements not yet ready;
+    and, for each event some of whose waiters use the inverse index (below),
+    that index in CSR form: E+1 offsets, then the waiting tile ids grouped by
+    element.
+    * `@g_counters(args) -> index`: the size of all of this;
+    * `@g_init(args, counters)`: expected counts (as static); zeroes the
+      queue; builds the inverse indices by evaluating every tile's wait maps
+      (count, prefix sum, fill); sets each tile's pending count to the number
+      of its wait entries whose element is not already zero, and pushes the
+      tiles whose count is zero;
+    * `@g_worker(args, counters)`: pops task ids until `event.queue_pop`
+      returns T; runs the tile body of the task the id falls in; notifies
+      each notify element with `event.notify_ready` and, in the notifier
+      that took it to zero, decrements the pending count of every tile
+      waiting on that element, pushing the tile whose count reaches zero.
+      No tile waits: a popped tile is ready. The waiters of an element are
+      found in closed form when the wait map is affine with results `dN`,
+      `dN floordiv M` or constants (a box of tiles: the coordinate, the M
+      tiles `[M*c, M*c+M)`, every tile along grid dimensions absent from the
+      map), and through the inverse index otherwise (indirect maps, other
+      affine expressions) or with `force-index`;
+    * `@g_check(args, counters) -> i32`: 0 after a clean run, 1 when a push
+      overflowed the queue (impossible when the graph is balanced: every
+      tile is pushed once), 2 when an event counter or a pending count is
+      not zero.
+    The graph is checked as by `event-check-schedule{static-order=false}`:
+    any acyclic order of tasks is fine for a queue. With `auto`, graphs
+    without data-dependent events (indirect maps, or events without
+    `count`) are scheduled statically instead, as by `event-static-schedule`.
+
+    After (L3), the worker of a two-task graph "a" -> "b" (`%e` one counter
+    per tile of "a", T = 2n):
+    ```mlir
+    func.func @g_worker(%n: index, %x: memref<?xf32>, %counters: memref<?xi32>)
+        attributes {event.graph = "g", event.schedule = "dynamic", event.workers = 2 : i64} {
+      %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
+      %pending = event.view %counters[%p](%T) : memref<?xi32> -> !event.tensor<?>
+      scf.while : () -> () {
+        %t = event.queue_pop %counters[%q] capacity(%T) : memref<?xi32>
+        %more = arith.cmpi ult, %t, %T : index
+        scf.condition(%more) %t : index
+      } do {
+      ^bb0(%t: index):
+        %isA = arith.cmpi ult, %t, %n : index
+        scf.if %isA {
+          ... body of "a" with %t ...
+          %ready = event.notify_ready %e[%t] : !event.tensor<?>
+          scf.if %ready {
+            %waiter = arith.addi %n, %t : index      // tile %t of "b"
+            %go = event.notify_ready %pending[%waiter] : !event.tensor<?>
+            scf.if %go {
+              event.queue_push %waiter, %counters[%q] capacity(%T) : memref<?xi32>
+            }
+          }
+        } else {
+          ... body of "b" with %t - %n ...
+        }
+        scf.yield
+      }
+      return
+    }
+    ```
+  }];
+  let options = [
+    Option<"workers", "workers", "unsigned", /*default=*/"0",
+           "Number of persistent workers the program is launched with, "
+           "recorded as `event.workers`; 0 lets the runtime decide">,
+    Option<"autoSchedule", "auto", "bool", /*default=*/"false",
+           "Schedule graphs without data-dependent events statically "
+           "(round-robin) and only the others dynamically">,
+    Option<"forceIndex", "force-index", "bool", /*default=*/"false",
+           "Find the waiters of every event element through the inverse "
+           "index built in `@g_init`, also for affine wait maps">,
   ];
   let dependentDialects = ["::mlir::affine::AffineDialect",
                            "::mlir::arith::ArithDialect",

@@ -1,6 +1,9 @@
 // RUN: etc-opt %s -split-input-file -event-infer-dependencies -verify-diagnostics | FileCheck %s
 // Idempotence: a second run leaves every graph as the first run made it.
 // RUN: etc-opt %s -split-input-file -event-infer-dependencies -verify-diagnostics | etc-opt -split-input-file -event-infer-dependencies | FileCheck %s
+// Every inferred graph, explicit events included, is a schedule that
+// event-check-schedule accepts.
+// RUN: etc-opt %s -split-input-file -event-infer-dependencies -verify-diagnostics | etc-opt -split-input-file -event-check-schedule | FileCheck %s --check-prefix=SCHED
 
 // Two operators: each row block of "rowsum" waits for the two column tiles of
 // "scale" in that row block (reduction across tiles: count = column tiles).
@@ -541,7 +544,8 @@ event.graph @in_place(%x: memref<128xf32>, %acc: memref<128xf32> {event.intermed
 
 // -----
 
-// A graph that already carries events is left unchanged.
+// A graph that already carries the events inference would build is left
+// unchanged: the existing event is recognised and reused.
 
 // CHECK-LABEL: event.graph @already_l2(
 // CHECK:         event.alloc
@@ -601,6 +605,119 @@ event.graph @out_of_bounds(%x: memref<64xf32>) {
   // expected-error @+1 {{'big' writes #0 (graph argument #0) out of bounds: its last tile starts at offset 96 of buffer dimension 0, which has size 64}}
   event.task "big" grid(%c4)
       writes(%x : memref<64xf32> (d0) -> (d0 * 32) [32]) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+// Explicit and inferred events on one graph: "a" already notifies %side with
+// a map inference would never build (it is kept, and not reused); the
+// footprints of %h add an inferred event after it, and "b" waits on both.
+
+// CHECK-LABEL: event.graph @explicit_and_inferred(
+// CHECK:         %[[SIDE:.*]] = event.alloc() : !event.tensor<4>
+// CHECK:         %[[H:.*]] = event.alloc() count(%{{.*}}) : !event.tensor<4>
+// CHECK-NEXT:    event.task "a"
+// CHECK-SAME:        notifies(%[[SIDE]] : !event.tensor<4> (d0) -> ((d0 + 1) mod 4), %[[H]] : !event.tensor<4> (d0) -> (d0)) {
+// CHECK:         event.task "b"
+// CHECK-SAME:        waits(%[[SIDE]] : !event.tensor<4> (d0) -> (d0), %[[H]] : !event.tensor<4> (d0) -> (d0)) {
+// SCHED-LABEL: event.graph @explicit_and_inferred(
+event.graph @explicit_and_inferred(%x: memref<128xf32>, %h: memref<128xf32> {event.intermediate}, %y: memref<128xf32>) {
+  %c4 = arith.constant 4 : index
+  %side = event.alloc() : !event.tensor<4>
+  event.task "a" grid(%c4)
+      reads(%x : memref<128xf32> (d0) -> (d0 * 32) [32])
+      writes(%h : memref<128xf32> (d0) -> (d0 * 32) [32])
+      notifies(%side : !event.tensor<4> (d0) -> ((d0 + 1) mod 4)) {
+  ^bb0(%i: index):
+  }
+  event.task "b" grid(%c4)
+      reads(%h : memref<128xf32> (d0) -> (d0 * 32) [32])
+      writes(%y : memref<128xf32> (d0) -> (d0 * 32) [32])
+      waits(%side : !event.tensor<4> (d0) -> (d0)) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+// Routed work (the shape of a Mixture-of-Experts layer): "combine" waits on
+// the expert each token was routed to through an explicit indirect wait
+// reading %ids. The wait is kept; the inferred wait on "router", which
+// writes %ids, goes before it, because an indirect coordinate is loaded
+// right before its wait. "expert" only gets the inferred wait.
+
+// CHECK-LABEL: event.graph @indirect_wait_kept(
+// CHECK:         %[[R:.*]] = event.alloc() count(%{{.*}}) : !event.tensor<>
+// CHECK-NEXT:    event.task "router"
+// CHECK-SAME:        notifies(%[[R]] : !event.tensor<> (d0) -> ()) {
+// CHECK:         %[[DONE:.*]] = event.alloc() count(%{{.*}}) : !event.tensor<8>
+// CHECK-NEXT:    event.task "expert"
+// CHECK-SAME:        waits(%[[R]] : !event.tensor<> (d0, d1) -> ())
+// CHECK-SAME:        notifies(%[[DONE]] : !event.tensor<8> (d0, d1) -> (d0)) {
+// CHECK:         event.task "combine"
+// CHECK-SAME:        waits(%[[R]] : !event.tensor<> (d0) -> (), %[[DONE]] : !event.tensor<8> (d0) -> (d0) indirect [0])
+// CHECK-SAME:        indices(%{{.*}} : memref<128xi32>) {
+// SCHED-LABEL: event.graph @indirect_wait_kept(
+event.graph @indirect_wait_kept(%x: memref<128xf32>, %ids: memref<128xi32> {event.intermediate}, %y: memref<128xf32>) {
+  %c4 = arith.constant 4 : index
+  %c8 = arith.constant 8 : index
+  %c128 = arith.constant 128 : index
+  event.task "router" grid(%c4)
+      reads(%x : memref<128xf32> (d0) -> (d0 * 32) [32])
+      writes(%ids : memref<128xi32> (d0) -> (d0 * 32) [32]) {
+  ^bb0(%i: index):
+  }
+  %done = event.alloc() count(%c4) : !event.tensor<8>
+  event.task "expert" grid(%c8, %c4)
+      reads(%ids : memref<128xi32> (d0, d1) -> (0) [?])
+      notifies(%done : !event.tensor<8> (d0, d1) -> (d0)) {
+  ^bb0(%e: index, %j: index):
+  }
+  event.task "combine" grid(%c128)
+      writes(%y : memref<128xf32> (d0) -> (d0) [1])
+      waits(%done : !event.tensor<8> (d0) -> (d0) indirect [0])
+      indices(%ids : memref<128xi32>) {
+  ^bb0(%t: index):
+  }
+}
+
+// -----
+
+// An explicit event shaped like the one inference derives (one counter per
+// producer tile, notified by that producer alone) is reused rather than
+// duplicated, even when it was declared with other footprints in mind.
+
+// CHECK-LABEL: event.graph @explicit_reused(
+// CHECK:         %[[E:.*]] = event.alloc(%{{.*}}) count(%{{.*}}) : !event.tensor<?>
+// CHECK-NOT:     event.alloc
+// CHECK:         event.task "a"
+// CHECK-SAME:        notifies(%[[E]] : !event.tensor<?> (d0) -> (d0)) {
+// CHECK:         event.task "b"
+// CHECK-SAME:        waits(%[[E]] : !event.tensor<?> (d0) -> (d0)) {
+// CHECK:         event.task "c"
+// CHECK-SAME:        waits(%[[E]] : !event.tensor<?> (d0) -> (d0)) {
+// SCHED-LABEL: event.graph @explicit_reused(
+event.graph @explicit_reused(%B: index, %x: memref<?xf32>, %h: memref<?xf32> {event.intermediate}, %y: memref<?xf32>, %z: memref<?xf32>) {
+  %c1 = arith.constant 1 : index
+  %n = affine.apply affine_map<()[s0] -> (s0 ceildiv 32)>()[%B]
+  %e = event.alloc(%n) count(%c1) : !event.tensor<?>
+  event.task "a" grid(%n)
+      reads(%x : memref<?xf32> (d0) -> (d0 * 32) [32])
+      writes(%h : memref<?xf32> (d0) -> (d0 * 32) [32])
+      notifies(%e : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+  }
+  event.task "b" grid(%n)
+      reads(%x : memref<?xf32> (d0) -> (d0 * 32) [32])
+      writes(%y : memref<?xf32> (d0) -> (d0 * 32) [32])
+      waits(%e : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+  }
+  event.task "c" grid(%n)
+      reads(%h : memref<?xf32> (d0) -> (d0 * 32) [32])
+      writes(%z : memref<?xf32> (d0) -> (d0 * 32) [32]) {
   ^bb0(%i: index):
   }
 }

@@ -9,6 +9,11 @@
 // the consumer's, every other producer grid dimension collapsed into the
 // expected count.
 //
+// Waits and notifies already on the tasks (declared by the front end for
+// accesses no footprint can describe, such as rows chosen by routing data)
+// are kept; an existing event that is exactly what inference would build is
+// reused, which also makes the pass idempotent.
+//
 //===----------------------------------------------------------------------===//
 
 #include "Event/Transforms/Passes.h"
@@ -316,6 +321,32 @@ public:
   EventBuilder(GraphOp graph, ExtentExpressions &extents)
       : graph(graph), extents(extents), builder(graph.getContext()) {}
 
+  /// Records the events of `tasks` that inference would have built itself:
+  /// counted, allocated in the graph, notified by exactly one task through
+  /// an affine map keeping some grid dimensions in increasing order, and
+  /// shaped like those dimensions. Inference then reuses them instead of
+  /// allocating a duplicate (a second run changes nothing). Whether their
+  /// `count` is right is event-check-schedule's to prove.
+  void adoptExistingEvents(ArrayRef<TaskOp> tasks) {
+    llvm::DenseMap<Value, unsigned> notifyCounts;
+    for (TaskOp task : tasks)
+      for (Value event : task.getNotifies())
+        ++notifyCounts[event];
+    for (TaskOp task : tasks) {
+      for (auto [entry, event] : llvm::enumerate(task.getNotifies())) {
+        auto alloc = event.getDefiningOp<AllocOp>();
+        IndexMapAttr indexMap = task.getNotifyMap(entry);
+        if (!alloc || alloc->getParentOp() != graph || !alloc.getCount() ||
+            notifyCounts[event] != 1 || indexMap.hasIndirect())
+          continue;
+        std::optional<SmallVector<unsigned>> kept =
+            getKeptDims(indexMap.getMap());
+        if (kept && hasShapeOf(alloc, task, *kept))
+          events[{task.getOperation(), indexMap.getMap()}] = event;
+      }
+    }
+  }
+
   /// Orders `consumer` after the producer access of each pair in
   /// `dependencies` (both accesses of a pair touch the same buffer). Per producer task,
   /// a plan is dropped when another plan is at least as coarse: waiting on
@@ -333,6 +364,57 @@ public:
   }
 
 private:
+  /// The grid dimensions `map` keeps when its results are distinct tile
+  /// indices in increasing order (the form `addEvent` builds).
+  static std::optional<SmallVector<unsigned>> getKeptDims(AffineMap map) {
+    SmallVector<unsigned> kept;
+    for (AffineExpr expr : map.getResults()) {
+      auto dim = dyn_cast<AffineDimExpr>(expr);
+      if (!dim || (!kept.empty() && dim.getPosition() <= kept.back()))
+        return std::nullopt;
+      kept.push_back(dim.getPosition());
+    }
+    return kept;
+  }
+
+  /// True when the event `alloc` has one dimension per kept grid dimension
+  /// of `producer`, each provably as large as the grid extent.
+  bool hasShapeOf(AllocOp alloc, TaskOp producer, ArrayRef<unsigned> kept) {
+    EventTensorType type = alloc.getType();
+    if (type.getRank() != static_cast<int64_t>(kept.size()))
+      return false;
+    auto dynamicSize = alloc.getDynamicSizes().begin();
+    for (auto [eventDim, gridDim] : llvm::enumerate(kept)) {
+      AffineExpr extent = extents.get(producer.getGrid()[gridDim]);
+      AffineExpr size =
+          type.isDynamicDim(eventDim)
+              ? extents.get(*dynamicSize++)
+              : getAffineConstantExpr(type.getShape()[eventDim],
+                                      graph.getContext());
+      if (!extents.provablyAtMost(size, extent) ||
+          !extents.provablyAtMost(extent, size))
+        return false;
+    }
+    return true;
+  }
+
+  /// Adds a wait to `consumer` before its first indirect wait. Schedulers
+  /// wait in list order and load an indirect coordinate right before its
+  /// wait, so the inferred waits, which include the one on the producer of
+  /// the index buffer, must come first.
+  static void insertWait(TaskOp consumer, Value event, IndexMapAttr map) {
+    SmallVector<Value> waits(consumer.getWaits());
+    SmallVector<Attribute> maps(consumer.getWaitMaps().getValue());
+    auto *firstIndirect = llvm::find_if(maps, [](Attribute attr) {
+      return cast<IndexMapAttr>(attr).hasIndirect();
+    });
+    unsigned position = firstIndirect - maps.begin();
+    waits.insert(waits.begin() + position, event);
+    maps.insert(maps.begin() + position, map);
+    consumer.getWaitsMutable().assign(waits);
+    consumer.setWaitMapsAttr(ArrayAttr::get(consumer.getContext(), maps));
+  }
+
   /// True when plan `index` names a subset of the producer tiles of an
   /// earlier plan, or of a later plan that is strictly coarser.
   static bool isRedundant(ArrayRef<EventPlan> plans, unsigned index) {
@@ -374,9 +456,10 @@ private:
       producer.addNotify(event, IndexMapAttr::get(notifyMap));
     }
     for (auto [index, waited] : llvm::enumerate(consumer.getWaits()))
-      if (waited == event && consumer.getWaitMap(index).getMap() == waitMap)
+      if (waited == event && consumer.getWaitMap(index) ==
+                                 IndexMapAttr::get(waitMap))
         return;
-    consumer.addWait(event, IndexMapAttr::get(waitMap));
+    insertWait(consumer, event, IndexMapAttr::get(waitMap));
   }
 
   /// Allocates, right before `producer`, an event with one dimension per
@@ -486,12 +569,6 @@ struct EventInferDependenciesPass
   void runOnOperation() override {
     GraphOp graph = getOperation();
     SmallVector<TaskOp> tasks(graph.getBody().getOps<TaskOp>());
-    // A graph that already carries events is L2: leave it as it is, so that
-    // running the pass twice is the same as running it once.
-    if (llvm::any_of(tasks, [](TaskOp task) {
-          return !task.getWaits().empty() || !task.getNotifies().empty();
-        }))
-      return;
 
     // Reject inconsistent footprints before changing anything.
     for (TaskOp task : tasks) {
@@ -504,6 +581,7 @@ struct EventInferDependenciesPass
 
     ExtentExpressions extents(graph.getContext());
     EventBuilder events(graph, extents);
+    events.adoptExistingEvents(tasks);
     llvm::MapVector<Value, BufferHistory> history;
     for (TaskOp task : tasks) {
       SmallVector<Access> reads, writes;
