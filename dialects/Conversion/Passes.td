@@ -73,8 +73,10 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
       `index`) that thread 0 of block 0 stores the result to.
     * A function that uses no worker op (`g_init`) becomes a one-CTA
       kernel: each top-level `scf.for` that reads no buffer the function
-      writes is spread over the CTA's threads, every other loop or writing
-      op runs on thread 0, and a `gpu.barrier` follows each of them.
+      may write is spread over the CTA's threads, every other loop or
+      writing op runs on thread 0 (an op of unknown effects, such as
+      `event.queue_push`, counts as writing every buffer), and a
+      `gpu.barrier` follows each of them.
     * In the worker kernel, `event.worker_id` / `event.worker_count` are
       `gpu.block_id x` / `gpu.grid_dim x`, `event.lane_id` /
       `event.lane_count` are `gpu.thread_id x` / `gpu.block_dim x`, and
@@ -89,6 +91,17 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
       (`fence.acq_rel.gpu; atom.global.add.u32 ..., -1` in PTX: LLVM 22's
       NVPTX backend drops the ordering of a release `atomicrmw`, so the
       release is an explicit fence).
+    * `event.notify_ready`: a barrier, then thread 0 decrements with a
+      release fence, a relaxed atomic and an acquire fence, and writes
+      `old == 1` to the kernel's broadcast word (a
+      `memref<1xi32, #gpu.address_space<workgroup>>` attribution added to
+      kernels that need one); a second barrier, then every thread reads it.
+    * `event.queue_pop`: a barrier, then thread 0 claims a slot (atomic add
+      on the head), spins with acquire loads and nanosleep until it is
+      published, and broadcasts the task id (or the capacity) the same way.
+    * `event.queue_push`: thread 0 reserves a slot (atomic add on the tail)
+      and publishes `task + 1` with a GPU-scope release store, or sets the
+      error flag when the queue is full.
     * `event.view` becomes the address of its first counter, as on the CPU.
     The module gets `gpu.container_module`. Kernel parameters follow MLIR's
     memref descriptor expansion (see docs/architecture.md).

@@ -22,7 +22,11 @@ void populateEventToGPUTypeConversions(mlir::TypeConverter &typeConverter);
 /// `event.wait` (thread 0 spins with an acquire load at GPU scope and
 /// `nvvm.nanosleep`, then a CTA barrier), `event.notify` (a CTA barrier,
 /// then a release atomic decrement at GPU scope by thread 0), the worker and
-/// lane queries (block / thread ids and counts) and `event.lane_barrier`.
+/// lane queries (block / thread ids and counts), `event.lane_barrier`, and
+/// the dynamic scheduler's `event.notify_ready`, `event.queue_push` and
+/// `event.queue_pop` (thread 0 acts for the CTA; the results of ready and
+/// pop reach every thread through the enclosing kernel's first workgroup
+/// attribution, a `memref<1xi32>` broadcast word).
 void populateEventToGPUConversionPatterns(
     const mlir::TypeConverter &typeConverter,
     mlir::RewritePatternSet &patterns);

@@ -95,6 +95,63 @@ static FailureOr<Value> elementPointer(ConversionPatternRewriter &rewriter,
       .getResult();
 }
 
+
+/// The generic address of element `index` of the counter buffer `counters`.
+static Value counterPointer(OpBuilder &b, Location loc, Value counters,
+                            Value index) {
+  Type pointerType = LLVM::LLVMPointerType::get(b.getContext());
+  Value address =
+      memref::ExtractAlignedPointerAsIndexOp::create(b, loc, counters);
+  Value address64 =
+      arith::IndexCastUIOp::create(b, loc, b.getI64Type(), address);
+  Value base = LLVM::IntToPtrOp::create(b, loc, pointerType, address64);
+  Value index64 = arith::IndexCastOp::create(b, loc, b.getI64Type(), index);
+  return LLVM::GEPOp::create(b, loc, pointerType, b.getI32Type(), base,
+                             ValueRange{index64});
+}
+
+/// The CTA's broadcast word: the `memref<1xi32, workgroup>` attribution that
+/// convert-event-to-gpu gives each kernel with a collective op whose result
+/// thread 0 computes for every thread.
+static FailureOr<Value> broadcastWord(ConversionPatternRewriter &rewriter,
+                                      Operation *op) {
+  auto func = op->getParentOfType<gpu::GPUFuncOp>();
+  if (!func || func.getWorkgroupAttributions().empty())
+    return rewriter.notifyMatchFailure(
+        op, "not in a gpu.func with a workgroup broadcast word");
+  return func.getWorkgroupAttributions().front();
+}
+
+/// Spins on thread 0 until the i32 at `pointer` satisfies `isDone` (acquire
+/// loads at GPU scope, nanosleep back-off) and returns the last value loaded.
+static Value spinUntil(OpBuilder &b, Location loc, Value pointer,
+                       function_ref<Value(OpBuilder &, Location, Value)> isDone) {
+  Type i32 = b.getI32Type();
+  Value firstSleep = arith::ConstantIntOp::create(b, loc, kWaitFirstSleepNs, 32);
+  Value maxSleep = arith::ConstantIntOp::create(b, loc, kWaitMaxSleepNs, 32);
+  Value undefined = arith::ConstantIntOp::create(b, loc, 0, 32);
+  auto loop = scf::WhileOp::create(
+      b, loc, TypeRange{i32, i32}, ValueRange{firstSleep, undefined},
+      [&](OpBuilder &b, Location loc, ValueRange args) {
+        Value value = LLVM::LoadOp::create(
+            b, loc, i32, pointer, /*alignment=*/4, /*isVolatile=*/false,
+            /*isNonTemporal=*/false, /*isInvariant=*/false,
+            /*isInvariantGroup=*/false, LLVM::AtomicOrdering::acquire,
+            kDeviceScope);
+        Value pending = arith::XOrIOp::create(
+            b, loc, isDone(b, loc, value),
+            arith::ConstantIntOp::create(b, loc, 1, 1));
+        scf::ConditionOp::create(b, loc, pending, ValueRange{args[0], value});
+      },
+      [&](OpBuilder &b, Location loc, ValueRange args) {
+        NVVM::NanosleepOp::create(b, loc, args[0]);
+        Value doubled = arith::AddIOp::create(b, loc, args[0], args[0]);
+        Value next = arith::MinUIOp::create(b, loc, doubled, maxSleep);
+        scf::YieldOp::create(b, loc, ValueRange{next, args[1]});
+      });
+  return loop.getResult(1);
+}
+
 namespace {
 /// Lowers `event.view %counters[%offset]` to the generic address of the
 /// view's first counter: the buffer's aligned pointer advanced by `offset`
@@ -226,6 +283,185 @@ struct LaneBarrierLowering : public OpConversionPattern<LaneBarrierOp> {
     return success();
   }
 };
+
+/// Lowers `event.notify_ready` for a CTA: a barrier (the tile is finished
+/// and the broadcast word free), then thread 0 decrements the element with
+/// an acquire-release atomic at GPU scope (release fence, relaxed atomic,
+/// acquire fence) and writes whether it took the element from 1 to 0 to the
+/// broadcast word; a second barrier hands that to every thread.
+struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(NotifyReadyOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    FailureOr<Value> word = broadcastWord(rewriter, op);
+    if (failed(word))
+      return failure();
+    FailureOr<Value> pointer = elementPointer(
+        rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
+    if (failed(pointer))
+      return failure();
+    Location loc = op.getLoc();
+    Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
+    gpu::BarrierOp::create(rewriter, loc);
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+              LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::release,
+                                    kDeviceScope);
+              Value old = LLVM::AtomicRMWOp::create(
+                  b, loc, LLVM::AtomicBinOp::sub, *pointer, one,
+                  LLVM::AtomicOrdering::monotonic, kDeviceScope,
+                  /*alignment=*/4);
+              LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire,
+                                    kDeviceScope);
+              Value last = arith::CmpIOp::create(
+                  b, loc, arith::CmpIPredicate::eq, old, one);
+              Value flag = arith::ExtUIOp::create(b, loc, b.getI32Type(), last);
+              memref::StoreOp::create(b, loc, flag, *word, ValueRange{zero});
+            });
+    gpu::BarrierOp::create(rewriter, loc);
+    Value flag = memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
+    Value none = arith::ConstantIntOp::create(rewriter, loc, 0, 32);
+    rewriter.replaceOpWithNewOp<arith::CmpIOp>(op, arith::CmpIPredicate::ne,
+                                               flag, none);
+    return success();
+  }
+};
+
+/// Lowers `event.queue_push` for a CTA: thread 0 reserves a slot with an
+/// atomic increment of the tail and publishes `task + 1` into it with a
+/// release store at GPU scope, or sets the error flag when the queue is full.
+/// The release is cumulative, so it carries what thread 0 acquired (the
+/// notifies that readied the task) and, through the preceding barrier, the
+/// CTA's own writes. In the one-CTA initialisation kernel the op is already
+/// on thread 0.
+struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(QueuePushOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    Value counters = adaptor.getCounters();
+    Value queue = adaptor.getQueue();
+    Value capacity = adaptor.getCapacity();
+    Value task = adaptor.getTask();
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              Type i32 = b.getI32Type();
+              Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+              Value tail = counterPointer(
+                  b, loc, counters,
+                  arith::AddIOp::create(
+                      b, loc, queue, arith::ConstantIndexOp::create(b, loc, 1)));
+              Value slot32 = LLVM::AtomicRMWOp::create(
+                  b, loc, LLVM::AtomicBinOp::add, tail, one,
+                  LLVM::AtomicOrdering::monotonic, kDeviceScope,
+                  /*alignment=*/4);
+              Value slot = arith::IndexCastUIOp::create(b, loc, b.getIndexType(),
+                                                        slot32);
+              Value fits = arith::CmpIOp::create(
+                  b, loc, arith::CmpIPredicate::ult, slot, capacity);
+              scf::IfOp::create(
+                  b, loc, fits,
+                  [&](OpBuilder &b, Location loc) {
+                    Value at = arith::AddIOp::create(
+                        b, loc, queue,
+                        arith::AddIOp::create(
+                            b, loc, slot,
+                            arith::ConstantIndexOp::create(b, loc, 3)));
+                    Value task32 = arith::IndexCastUIOp::create(b, loc, i32,
+                                                                task);
+                    Value published = arith::AddIOp::create(b, loc, task32, one);
+                    LLVM::StoreOp::create(
+                        b, loc, published, counterPointer(b, loc, counters, at),
+                        /*alignment=*/4, /*isVolatile=*/false,
+                        /*isNonTemporal=*/false, /*isInvariantGroup=*/false,
+                        LLVM::AtomicOrdering::release, kDeviceScope);
+                    scf::YieldOp::create(b, loc);
+                  },
+                  [&](OpBuilder &b, Location loc) {
+                    Value at = arith::AddIOp::create(
+                        b, loc, queue, arith::ConstantIndexOp::create(b, loc, 2));
+                    LLVM::StoreOp::create(
+                        b, loc, one, counterPointer(b, loc, counters, at),
+                        /*alignment=*/4, /*isVolatile=*/false,
+                        /*isNonTemporal=*/false, /*isInvariantGroup=*/false,
+                        LLVM::AtomicOrdering::monotonic, kDeviceScope);
+                    scf::YieldOp::create(b, loc);
+                  });
+            });
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+/// Lowers `event.queue_pop` for a CTA: after a barrier (the broadcast word
+/// is free), thread 0 claims a slot with an atomic increment of the head,
+/// and if it is below the capacity spins with acquire loads until the slot
+/// is published, then writes the task id (or the capacity, when every slot
+/// is claimed) to the broadcast word; a second barrier hands it to every
+/// thread, so the whole CTA runs the same task.
+struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(QueuePopOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    FailureOr<Value> word = broadcastWord(rewriter, op);
+    if (failed(word))
+      return failure();
+    Location loc = op.getLoc();
+    Value counters = adaptor.getCounters();
+    Value queue = adaptor.getQueue();
+    Value capacity = adaptor.getCapacity();
+    Type i32 = rewriter.getI32Type();
+    Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
+    gpu::BarrierOp::create(rewriter, loc);
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+              Value head = counterPointer(b, loc, counters, queue);
+              Value slot32 = LLVM::AtomicRMWOp::create(
+                  b, loc, LLVM::AtomicBinOp::add, head, one,
+                  LLVM::AtomicOrdering::monotonic, kDeviceScope,
+                  /*alignment=*/4);
+              Value slot = arith::IndexCastUIOp::create(b, loc, b.getIndexType(),
+                                                        slot32);
+              Value fits = arith::CmpIOp::create(
+                  b, loc, arith::CmpIPredicate::ult, slot, capacity);
+              auto ifOp = scf::IfOp::create(
+                  b, loc, fits,
+                  [&](OpBuilder &b, Location loc) {
+                    Value at = arith::AddIOp::create(
+                        b, loc, queue,
+                        arith::AddIOp::create(
+                            b, loc, slot,
+                            arith::ConstantIndexOp::create(b, loc, 3)));
+                    Value zero32 = arith::ConstantIntOp::create(b, loc, 0, 32);
+                    Value published = spinUntil(
+                        b, loc, counterPointer(b, loc, counters, at),
+                        [&](OpBuilder &b, Location loc, Value value) -> Value {
+                          return arith::CmpIOp::create(
+                              b, loc, arith::CmpIPredicate::ne, value, zero32);
+                        });
+                    Value task = arith::SubIOp::create(b, loc, published, one);
+                    scf::YieldOp::create(b, loc, task);
+                  },
+                  [&](OpBuilder &b, Location loc) {
+                    Value exhausted =
+                        arith::IndexCastUIOp::create(b, loc, i32, capacity);
+                    scf::YieldOp::create(b, loc, exhausted);
+                  });
+              memref::StoreOp::create(b, loc, ifOp.getResult(0), *word,
+                                      ValueRange{zero});
+            });
+    gpu::BarrierOp::create(rewriter, loc);
+    Value task = memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
+    rewriter.replaceOpWithNewOp<arith::IndexCastUIOp>(
+        op, rewriter.getIndexType(), task);
+    return success();
+  }
+};
 } // namespace
 
 void etc::populateEventToGPUTypeConversions(TypeConverter &typeConverter) {
@@ -242,7 +478,8 @@ void etc::populateEventToGPUConversionPatterns(
                IndexQueryLowering<WorkerCountOp, gpu::GridDimOp>,
                IndexQueryLowering<LaneIdOp, gpu::ThreadIdOp>,
                IndexQueryLowering<LaneCountOp, gpu::BlockDimOp>,
-               LaneBarrierLowering>(typeConverter, patterns.getContext());
+               LaneBarrierLowering, NotifyReadyOpLowering, QueuePushOpLowering,
+               QueuePopOpLowering>(typeConverter, patterns.getContext());
 }
 
 //===----------------------------------------------------------------------===//
@@ -252,39 +489,47 @@ void etc::populateEventToGPUConversionPatterns(
 /// The ops that make a function the persistent worker: they only mean
 /// something when every CTA runs the function.
 static bool isWorkerOp(Operation *op) {
-  return isa<WorkerIdOp, WorkerCountOp, WaitOp, NotifyOp, LaneIdOp,
-             LaneCountOp, LaneBarrierOp>(op);
+  return isa<WorkerIdOp, WorkerCountOp, WaitOp, NotifyOp, NotifyReadyOp,
+             QueuePopOp, LaneIdOp, LaneCountOp, LaneBarrierOp>(op);
 }
 
-/// The buffers `func` may write: operands of write effects anywhere in it.
-/// Returns failure if some op's effects are unknown.
-static FailureOr<llvm::SmallPtrSet<Value, 8>>
-writtenBuffers(gpu::GPUFuncOp func) {
-  llvm::SmallPtrSet<Value, 8> written;
-  WalkResult result = func.getBody().walk([&](Operation *op) {
+namespace {
+/// The buffers a function may write: operands of write effects anywhere in
+/// it, or every buffer when some op's effects are unknown.
+struct WrittenBuffers {
+  llvm::SmallPtrSet<Value, 8> buffers;
+  bool unknown = false;
+
+  bool mayWrite(Value buffer) const {
+    return unknown || buffers.contains(buffer);
+  }
+};
+} // namespace
+
+static WrittenBuffers writtenBuffers(gpu::GPUFuncOp func) {
+  WrittenBuffers written;
+  func.getBody().walk([&](Operation *op) {
     if (op->hasTrait<OpTrait::HasRecursiveMemoryEffects>())
-      return WalkResult::advance();
+      return;
     auto effects = dyn_cast<MemoryEffectOpInterface>(op);
-    if (!effects)
-      return WalkResult::interrupt();
+    if (!effects) {
+      written.unknown = true;
+      return;
+    }
     SmallVector<MemoryEffects::EffectInstance> instances;
     effects.getEffects(instances);
     for (const auto &instance : instances)
       if (isa<MemoryEffects::Write>(instance.getEffect()) && instance.getValue())
-        written.insert(instance.getValue());
-    return WalkResult::advance();
+        written.buffers.insert(instance.getValue());
   });
-  if (result.wasInterrupted())
-    return failure();
   return written;
 }
 
 /// Whether the iterations of top-level loop `loop` of an initialisation
-/// kernel may run on different threads: it carries no values and reads no
-/// buffer the kernel writes (so iterations only store, and no iteration
-/// observes another's stores).
-static bool isIndependentLoop(scf::ForOp loop,
-                              const llvm::SmallPtrSet<Value, 8> &written) {
+/// kernel may run on different threads: it carries no values, every op in it
+/// has known effects, and it reads no buffer the kernel may write (so
+/// iterations only store, and no iteration observes another's stores).
+static bool isIndependentLoop(scf::ForOp loop, const WrittenBuffers &written) {
   if (loop.getNumResults() != 0)
     return false;
   WalkResult result = loop.getBody()->walk([&](Operation *op) {
@@ -299,7 +544,7 @@ static bool isIndependentLoop(scf::ForOp loop,
       if (isa<MemoryEffects::Write>(instance.getEffect()))
         continue;
       if (isa<MemoryEffects::Read>(instance.getEffect()) &&
-          instance.getValue() && !written.contains(instance.getValue()))
+          instance.getValue() && !written.mayWrite(instance.getValue()))
         continue;
       if (isa<MemoryEffects::Allocate, MemoryEffects::Free>(
               instance.getEffect()) &&
@@ -318,10 +563,7 @@ static bool isIndependentLoop(scf::ForOp loop,
 /// so that the next one sees their stores. Ops without write effects run on
 /// every thread, which keeps their results available to all.
 static LogicalResult distributeOverCTA(gpu::GPUFuncOp func) {
-  FailureOr<llvm::SmallPtrSet<Value, 8>> written = writtenBuffers(func);
-  if (failed(written))
-    return func.emitOpError("has an op with unknown memory effects; cannot "
-                            "tell which of its loops may run in parallel");
+  WrittenBuffers written = writtenBuffers(func);
   Block &body = func.getBody().front();
   for (Operation &op : llvm::make_early_inc_range(body.without_terminator())) {
     bool readsOnly = hasEffect<MemoryEffects::Read>(&op) &&
@@ -332,7 +574,7 @@ static LogicalResult distributeOverCTA(gpu::GPUFuncOp func) {
     OpBuilder b(&op);
     Operation *last = &op;
     auto loop = dyn_cast<scf::ForOp>(op);
-    if (loop && isIndependentLoop(loop, *written)) {
+    if (loop && isIndependentLoop(loop, written)) {
       Value thread = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
       Value threads = gpu::BlockDimOp::create(b, loc, gpu::Dimension::x);
       Value step = loop.getStep();
@@ -354,6 +596,17 @@ static LogicalResult distributeOverCTA(gpu::GPUFuncOp func) {
     gpu::BarrierOp::create(b, loc);
   }
   return success();
+}
+
+/// Whether `kernel` has a collective op whose result thread 0 computes for
+/// the whole CTA, and so needs a broadcast word in shared memory.
+static bool needsBroadcastWord(gpu::GPUFuncOp kernel) {
+  return kernel
+      .walk([](Operation *op) {
+        return isa<NotifyReadyOp, QueuePopOp>(op) ? WalkResult::interrupt()
+                                                  : WalkResult::advance();
+      })
+      .wasInterrupted();
 }
 
 /// Creates `gpu.func @<name>` in `kernels` from `func`, moving its body. A
@@ -471,6 +724,12 @@ struct ConvertEventToGPUPass
         symbols.erase(func);
         if (!worker && !hasResult && failed(distributeOverCTA(*kernel)))
           return signalPassFailure();
+        if (needsBroadcastWord(*kernel))
+          kernel->addWorkgroupAttribution(
+              MemRefType::get({1}, b.getI32Type(), AffineMap(),
+                              gpu::AddressSpaceAttr::get(
+                                  ctx, gpu::AddressSpace::Workgroup)),
+              func.getLoc());
       }
     }
     if (!programs.empty())

@@ -208,10 +208,31 @@ func.func @g_init() attributes {event.graph = "g"} {
 
 // -----
 
-func.func private @unknown()
-// expected-error @+1 {{'gpu.func' op has an op with unknown memory effects; cannot tell which of its loops may run in parallel}}
-func.func @g_init() attributes {event.graph = "g"} {
-  func.call @unknown() : () -> ()
+// An op with unknown effects runs on thread 0, and makes every loop that
+// reads a buffer run on thread 0 too: it might write that buffer.
+
+// CHECK-LABEL: gpu.func @g_init(
+// CHECK-SAME:      %[[INPUT:[^:]*]]: memref<?xi32>, %[[COUNTERS:[^:]*]]: memref<?xi32>) kernel {
+// CHECK:         scf.if %{{.*}} {
+// CHECK-NEXT:      "test.opaque"() : () -> ()
+// CHECK-NEXT:    }
+// CHECK-NEXT:    gpu.barrier
+// CHECK:         scf.if %{{.*}} {
+// CHECK-NEXT:      scf.for
+// CHECK-NEXT:        memref.load %[[INPUT]]
+// CHECK-NEXT:        memref.store
+// CHECK-NEXT:      }
+// CHECK-NEXT:    }
+// CHECK-NEXT:    gpu.barrier
+func.func @g_init(%input: memref<?xi32>, %counters: memref<?xi32>) attributes {event.graph = "g"} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  "test.opaque"() : () -> ()
+  scf.for %i = %c0 to %c8 step %c1 {
+    %v = memref.load %input[%i] : memref<?xi32>
+    memref.store %v, %counters[%i] : memref<?xi32>
+  }
   return
 }
 
@@ -222,5 +243,86 @@ func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
   %one = arith.constant 1 : i32
   // expected-error @+1 {{'memref.atomic_rmw' op writes memory and has results, so it cannot run on one thread of the initialisation kernel}}
   %old = memref.atomic_rmw addi %one, %counters[%c0] : (i32, memref<?xi32>) -> i32
+  return
+}
+
+// -----
+
+// Dynamic scheduling: a worker kernel with a collective op gets a broadcast
+// word in shared memory. A pop has thread 0 claim a slot and spin until it is
+// published; a notify_ready has thread 0 decrement with acquire-release
+// semantics; both hand thread 0's result to the CTA between two barriers. A
+// push is thread 0 reserving a slot and publishing `task + 1` with a release
+// store, or raising the error flag.
+
+// CHECK-LABEL: gpu.func @d_worker(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>)
+// CHECK-SAME:      workgroup(%[[WORD:.*]] : memref<1xi32, #gpu.address_space<workgroup>>)
+// CHECK-SAME:      kernel {
+// CHECK:         %[[Q:.*]] = arith.constant 4 : index
+// CHECK:         scf.while
+// CHECK:           %[[C0:.*]] = arith.constant 0 : index
+// CHECK-NEXT:      gpu.barrier
+// CHECK:           scf.if %{{.*}} {
+// CHECK:             %[[HEAD:.*]] = llvm.getelementptr %{{.*}}[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i32
+// CHECK:             %[[SLOT:.*]] = llvm.atomicrmw add %[[HEAD]], %{{.*}} syncscope("device") monotonic
+// CHECK:             %[[SLOTINDEX:.*]] = arith.index_castui %[[SLOT]] : i32 to index
+// CHECK:             %[[FITS:.*]] = arith.cmpi ult, %[[SLOTINDEX]], %[[N]] : index
+// CHECK:             %[[TASK:.*]] = scf.if %[[FITS]] -> (i32) {
+// CHECK:               scf.while
+// CHECK:                 llvm.load %{{.*}} atomic syncscope("device") acquire
+// CHECK:                 arith.cmpi ne
+// CHECK:               } do {
+// CHECK:                 nvvm.nanosleep
+// CHECK:               arith.subi
+// CHECK:             } else {
+// CHECK:               %[[EXHAUSTED:.*]] = arith.index_castui %[[N]] : index to i32
+// CHECK:               scf.yield %[[EXHAUSTED]] : i32
+// CHECK:             }
+// CHECK:             memref.store %[[TASK]], %[[WORD]][%[[C0]]] : memref<1xi32, #gpu.address_space<workgroup>>
+// CHECK:           }
+// CHECK-NEXT:      gpu.barrier
+// CHECK-NEXT:      %[[POPPED:.*]] = memref.load %[[WORD]][%[[C0]]]
+// CHECK-NEXT:      %[[ID:.*]] = arith.index_castui %[[POPPED]] : i32 to index
+// CHECK:         } do {
+// CHECK:           gpu.barrier
+// CHECK:           scf.if %{{.*}} {
+// CHECK:             llvm.fence syncscope("device") release
+// CHECK-NEXT:        %[[OLD:.*]] = llvm.atomicrmw sub %{{.*}}, %[[ONE:.*]] syncscope("device") monotonic
+// CHECK-NEXT:        llvm.fence syncscope("device") acquire
+// CHECK-NEXT:        %[[LAST:.*]] = arith.cmpi eq, %[[OLD]], %[[ONE]] : i32
+// CHECK-NEXT:        %[[FLAG:.*]] = arith.extui %[[LAST]] : i1 to i32
+// CHECK-NEXT:        memref.store %[[FLAG]], %[[WORD]]
+// CHECK-NEXT:      }
+// CHECK-NEXT:      gpu.barrier
+// CHECK-NEXT:      %[[READYFLAG:.*]] = memref.load %[[WORD]]
+// CHECK:           %[[READY:.*]] = arith.cmpi ne, %[[READYFLAG]], %{{.*}} : i32
+// CHECK:           scf.if %[[READY]] {
+// CHECK:             scf.if %{{.*}} {
+// CHECK:               %[[TAIL:.*]] = llvm.getelementptr
+// CHECK:               %[[RESERVED:.*]] = llvm.atomicrmw add %[[TAIL]], %{{.*}} syncscope("device") monotonic
+// CHECK:               scf.if %{{.*}} {
+// CHECK:                 llvm.store %{{.*}}, %{{.*}} atomic syncscope("device") release {alignment = 4 : i64} : i32, !llvm.ptr
+// CHECK:               } else {
+// CHECK:                 llvm.store %{{.*}}, %{{.*}} atomic syncscope("device") monotonic {alignment = 4 : i64} : i32, !llvm.ptr
+// CHECK:               }
+// CHECK:             }
+// CHECK:           }
+func.func @d_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph = "d"} {
+  %c0 = arith.constant 0 : index
+  %q = arith.constant 4 : index
+  %pending = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
+  %last = scf.while : () -> index {
+    %id = event.queue_pop %counters[%q] capacity(%n) : memref<?xi32>
+    %more = arith.cmpi ult, %id, %n : index
+    scf.condition(%more) %id : index
+  } do {
+  ^bb0(%id: index):
+    %ready = event.notify_ready %pending[%id] : !event.tensor<?>
+    scf.if %ready {
+      event.queue_push %id, %counters[%q] capacity(%n) : memref<?xi32>
+    }
+    scf.yield
+  }
   return
 }
