@@ -56,13 +56,22 @@ def stages(options: Options) -> dict[str, str]:
 
 
 def schedule_pipeline(options: Options) -> str:
-    """L2 -> L3: check the event graph, then schedule it."""
-    if options.schedule != "static":
-        raise NotImplementedError(
-            f"schedule={options.schedule!r} needs the dynamic scheduler "
-            "(event-dynamic-schedule), which is not implemented yet; use schedule='static'")
-    return ("builtin.module(event.graph(event-check-schedule),"
-            f"event-static-schedule{{workers={options.workers} policy={options.policy}}})")
+    """L2 -> L3: check the event graph, then schedule it.
+
+    "static" needs the textual task order to be a valid static order;
+    "dynamic" only needs an acyclic, balanced graph (tasks run as they become
+    ready); "auto" schedules each graph dynamically when its events depend on
+    runtime data (indirect maps, events counted on the device) and statically
+    otherwise, deciding in `event-dynamic-schedule{auto=true}`, which checks
+    each graph as its schedule needs.
+    """
+    if options.schedule == "static":
+        return ("builtin.module(event.graph(event-check-schedule),"
+                f"event-static-schedule{{workers={options.workers} policy={options.policy}}})")
+    if options.schedule == "dynamic":
+        return ("builtin.module(event.graph(event-check-schedule{static-order=false}),"
+                f"event-dynamic-schedule{{workers={options.workers}}})")
+    return f"builtin.module(event-dynamic-schedule{{workers={options.workers} auto=true}})"
 
 
 def lowering_pipeline(options: Options) -> str:

@@ -19,9 +19,10 @@ mlir::LogicalResult declareSchedYield(mlir::ModuleOp module);
 /// counter) and leaves every other type alone.
 void populateEventToCPUTypeConversions(mlir::TypeConverter &typeConverter);
 
-/// Adds the patterns that lower `event.view`, `event.wait`, `event.notify`
-/// and the lane ops for CPU worker threads. `event.wait` calls
-/// `@sched_yield`, which `declareSchedYield` must have declared.
+/// Adds the patterns that lower `event.view`, `event.wait`, `event.notify`,
+/// `event.notify_ready`, the queue ops and the lane ops for CPU worker
+/// threads. `event.wait` and `event.queue_pop` call `@sched_yield`, which
+/// `declareSchedYield` must have declared.
 /// `event.worker_id` / `event.worker_count` are not covered: they become
 /// function arguments (see `convert-event-to-cpu`).
 void populateEventToCPUConversionPatterns(

@@ -146,6 +146,170 @@ struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
   }
 };
 
+/// Lowers `event.notify_ready` to an acq_rel `atomicrmw sub` of 1 on the
+/// counter and a compare of the old value with 1: the notifier that takes the
+/// counter to zero gets `true`.
+struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(NotifyReadyOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    FailureOr<Value> pointer = elementPointer(
+        rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
+    if (failed(pointer))
+      return failure();
+    Location loc = op.getLoc();
+    Value one = arith::ConstantIntOp::create(rewriter, loc, 1, 32);
+    Value previous = LLVM::AtomicRMWOp::create(
+        rewriter, loc, LLVM::AtomicBinOp::sub, *pointer, one,
+        LLVM::AtomicOrdering::acq_rel, /*syncscope=*/StringRef(),
+        /*alignment=*/4);
+    rewriter.replaceOpWithNewOp<arith::CmpIOp>(op, arith::CmpIPredicate::eq,
+                                               previous, one);
+    return success();
+  }
+};
+
+/// The address of word `position` of the counter buffer `counters`.
+static Value counterPointer(OpBuilder &b, Location loc, Value counters,
+                            Value position) {
+  Value address =
+      memref::ExtractAlignedPointerAsIndexOp::create(b, loc, counters);
+  Value address64 =
+      arith::IndexCastUIOp::create(b, loc, b.getI64Type(), address);
+  Type pointerType = LLVM::LLVMPointerType::get(b.getContext());
+  Value base = LLVM::IntToPtrOp::create(b, loc, pointerType, address64);
+  Value position64 =
+      arith::IndexCastOp::create(b, loc, b.getI64Type(), position);
+  return LLVM::GEPOp::create(b, loc, pointerType, b.getI32Type(), base,
+                             ValueRange{position64});
+}
+
+/// Word `word` of the queue header at `queue`, or slot `word - 3`.
+static Value queueWord(OpBuilder &b, Location loc, Value counters, Value queue,
+                       Value word) {
+  return counterPointer(
+      b, loc, counters, arith::AddIOp::create(b, loc, queue, word).getResult());
+}
+
+/// Atomically adds 1 to the i32 at `pointer` (no ordering: the slot's
+/// release/acquire pair synchronises) and returns its old value as an index.
+static Value claim(OpBuilder &b, Location loc, Value pointer) {
+  Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+  Value previous = LLVM::AtomicRMWOp::create(
+      b, loc, LLVM::AtomicBinOp::add, pointer, one,
+      LLVM::AtomicOrdering::monotonic, /*syncscope=*/StringRef(),
+      /*alignment=*/4);
+  return arith::IndexCastUIOp::create(b, loc, b.getIndexType(), previous);
+}
+
+/// Lowers `event.queue_push` to a relaxed `atomicrmw add` on the tail that
+/// reserves a slot, then a release store of `task + 1` into the slot, or,
+/// when the slot is past the capacity, a store of 1 into the error flag.
+struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(QueuePushOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    Value counters = adaptor.getCounters();
+    Value queue = adaptor.getQueue();
+    auto word = [&](OpBuilder &b, int64_t index) {
+      return arith::ConstantIndexOp::create(b, loc, index).getResult();
+    };
+    Value slot = claim(rewriter, loc,
+                       queueWord(rewriter, loc, counters, queue,
+                                 word(rewriter, 1)));
+    Value fits = arith::CmpIOp::create(rewriter, loc, arith::CmpIPredicate::ult,
+                                       slot, adaptor.getCapacity());
+    scf::IfOp::create(
+        rewriter, loc, fits,
+        [&](OpBuilder &b, Location loc) {
+          Value position = arith::AddIOp::create(b, loc, slot, word(b, 3));
+          Value pointer = queueWord(b, loc, counters, queue, position);
+          Value published = arith::IndexCastOp::create(
+              b, loc, b.getI32Type(),
+              arith::AddIOp::create(b, loc, adaptor.getTask(), word(b, 1)));
+          LLVM::StoreOp::create(b, loc, published, pointer, /*alignment=*/4,
+                                /*isVolatile=*/false, /*isNonTemporal=*/false,
+                                /*isInvariantGroup=*/false,
+                                LLVM::AtomicOrdering::release);
+          scf::YieldOp::create(b, loc);
+        },
+        [&](OpBuilder &b, Location loc) {
+          Value pointer = queueWord(b, loc, counters, queue, word(b, 2));
+          Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+          LLVM::StoreOp::create(b, loc, one, pointer, /*alignment=*/4,
+                                /*isVolatile=*/false, /*isNonTemporal=*/false,
+                                /*isInvariantGroup=*/false,
+                                LLVM::AtomicOrdering::monotonic);
+          scf::YieldOp::create(b, loc);
+        });
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+/// Lowers `event.queue_pop` to a relaxed `atomicrmw add` on the head that
+/// claims a slot; below the capacity, a spin on an acquire load of the slot
+/// until it is published (calling `sched_yield` between polls) and the task
+/// id it holds; otherwise the capacity.
+struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(QueuePopOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    Value counters = adaptor.getCounters();
+    Value queue = adaptor.getQueue();
+    Value capacity = adaptor.getCapacity();
+    Type i32 = rewriter.getI32Type();
+    Type index = rewriter.getIndexType();
+    Value slot = claim(rewriter, loc,
+                       queueWord(rewriter, loc, counters, queue,
+                                 arith::ConstantIndexOp::create(rewriter, loc,
+                                                                0)));
+    Value valid = arith::CmpIOp::create(rewriter, loc,
+                                        arith::CmpIPredicate::ult, slot,
+                                        capacity);
+    auto result = scf::IfOp::create(
+        rewriter, loc, valid,
+        [&](OpBuilder &b, Location loc) {
+          Value position = arith::AddIOp::create(
+              b, loc, slot, arith::ConstantIndexOp::create(b, loc, 3));
+          Value pointer = queueWord(b, loc, counters, queue, position);
+          Value zero = arith::ConstantIntOp::create(b, loc, 0, 32);
+          auto spin = scf::WhileOp::create(
+              b, loc, TypeRange{i32}, ValueRange{},
+              [&](OpBuilder &before, Location loc, ValueRange) {
+                Value published = LLVM::LoadOp::create(
+                    before, loc, i32, pointer, /*alignment=*/4,
+                    /*isVolatile=*/false, /*isNonTemporal=*/false,
+                    /*isInvariant=*/false, /*isInvariantGroup=*/false,
+                    LLVM::AtomicOrdering::acquire);
+                Value empty = arith::CmpIOp::create(
+                    before, loc, arith::CmpIPredicate::eq, published, zero);
+                scf::ConditionOp::create(before, loc, empty, published);
+              },
+              [&](OpBuilder &after, Location loc, ValueRange) {
+                func::CallOp::create(after, loc, kSchedYieldName,
+                                     TypeRange{i32});
+                scf::YieldOp::create(after, loc);
+              });
+          Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+          Value task = arith::IndexCastUIOp::create(
+              b, loc, index,
+              arith::SubIOp::create(b, loc, spin.getResult(0), one));
+          scf::YieldOp::create(b, loc, task);
+        },
+        [&](OpBuilder &b, Location loc) {
+          scf::YieldOp::create(b, loc, capacity);
+        });
+    rewriter.replaceOp(op, result.getResults());
+    return success();
+  }
+};
+
 /// Lowers a lane query to its CPU value: a tile body runs on one lane, so
 /// `event.lane_id` is 0 and `event.lane_count` is 1.
 template <typename QueryOp, int64_t value>
@@ -181,6 +345,7 @@ void etc::populateEventToCPUTypeConversions(TypeConverter &typeConverter) {
 void etc::populateEventToCPUConversionPatterns(
     const TypeConverter &typeConverter, RewritePatternSet &patterns) {
   patterns.add<ViewOpLowering, WaitOpLowering, NotifyOpLowering,
+               NotifyReadyOpLowering, QueuePushOpLowering, QueuePopOpLowering,
                LaneQueryLowering<LaneIdOp, 0>, LaneQueryLowering<LaneCountOp, 1>,
                LaneBarrierLowering>(typeConverter, patterns.getContext());
 }
@@ -251,7 +416,12 @@ struct ConvertEventToCPUPass
     for (auto func : module.getOps<func::FuncOp>())
       if (failed(materializeWorkerArguments(func)))
         return signalPassFailure();
-    bool waits = module.walk([](WaitOp) { return WalkResult::interrupt(); })
+    bool waits = module
+                     .walk([](Operation *op) {
+                       return isa<WaitOp, QueuePopOp>(op)
+                                  ? WalkResult::interrupt()
+                                  : WalkResult::advance();
+                     })
                      .wasInterrupted();
     if (waits && failed(declareSchedYield(module)))
       return signalPassFailure();

@@ -9,7 +9,12 @@ ABI of the lowered program for graph `g` (see `event-static-schedule` and
   g_counters(args...) -> index        number of 32-bit event counters
   g_init(args..., counters)           writes each counter's expected count
   g_worker(args..., counters, worker_id, worker_count)
+  g_check(args..., counters) -> i32   after the run: 0 clean, 1 task queue
+                                      overflow, 2 unbalanced (a counter not 0)
 where `args` are the graph's arguments: symbols as `index`, buffers as memrefs.
+The same ABI serves the static and the dynamic schedule: for the dynamic one
+the counter buffer also holds the task queue, pending counts and inverse
+indices, all sized by g_counters and filled by g_init.
 """
 
 from __future__ import annotations
@@ -69,6 +74,15 @@ def from_storage(array: np.ndarray, dtype: str) -> np.ndarray:
     return (array.astype(np.uint32) << 16).view(np.float32)
 
 
+#: What each non-zero status of g_check means.
+_CHECK_ERRORS = {
+    1: "task queue overflow: more tasks were pushed than the queue holds "
+       "(the program pushed some task twice)",
+    2: "unbalanced events: some event counters did not reach zero; the program's "
+       "notifies do not match its expected counts",
+}
+
+
 class CPURuntime:
     """Runs one lowered module with a fixed number of host worker threads."""
 
@@ -80,6 +94,7 @@ class CPURuntime:
         self._counters_fn = f"{name}_counters"
         self._init_fn = f"{name}_init"
         self._worker_fn = f"{name}_worker"
+        self._check_fn = f"{name}_check"
         self.engine = ExecutionEngine(module, opt_level=2)
 
     # -- argument binding -------------------------------------------------
@@ -188,11 +203,10 @@ class CPURuntime:
             thread.join()
         if errors:
             raise errors[0]
-        if np.any(counters[: count.value] != 0):
-            left = int(np.count_nonzero(counters[: count.value]))
-            raise RuntimeError(
-                f"{self.graph.name}: {left} event counters did not reach zero; "
-                "the program's notifies do not match its expected counts")
+        status = ctypes.c_int32(-1)
+        self.engine.invoke(self._check_fn, *args, counters_arg, ctypes.pointer(status))
+        if status.value != 0:
+            raise RuntimeError(f"{self.graph.name}: {_CHECK_ERRORS.get(status.value, f'status {status.value}')}")
         return [from_storage(buffers[name], self._dtype(name)) for name in self.graph.outputs]
 
     def _dtype(self, name: str) -> str:
