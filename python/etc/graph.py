@@ -13,7 +13,11 @@ Conventions the rest of the compiler relies on:
   (operator results that are not outputs, and `tensor()` scratch buffers) in
   creation order, marked with the unit attribute `event.intermediate`;
 * one task per operator, named `<op>_<k>` (`matmul_0`, `add_1`, ...), in call
-  order;
+  order, except `moe`, which lowers to five tasks `moe_<k>_router`, `_route`,
+  `_up`, `_down` and `_combine` plus explicit events for the accesses whose
+  rows depend on routing data (see docs/moe.md);
+* `topk` indices and the routing buffers of `moe` are `i32` tensors; users
+  cannot declare integer inputs, and operators reject integer operands;
 * tile bodies spread their elements (or rows, for row-wise operators) over
   lanes with `scf.for %e = event.lane_id to %n step event.lane_count`; each
   lane owns what it stores, so no lane barrier is needed;
@@ -34,8 +38,10 @@ from .dialects import event
 
 __all__ = ["Argument", "Graph", "Symbol", "Tensor", "Operation", "DTYPES"]
 
-#: The element types a tensor may have.
+#: The element types a user tensor may have.
 DTYPES = ("f32", "f16", "bf16")
+#: The element type of index results (`topk` indices, `moe` routing buffers).
+INDEX_DTYPE = "i32"
 
 _ELEMENTWISE_UNARY = ("silu", "gelu", "exp", "scale")
 _ELEMENTWISE_BINARY = ("add", "mul")
@@ -123,6 +129,10 @@ class Operation:
     result: Tensor
     tile: tuple
     params: dict = field(default_factory=dict)
+    #: Further results after `result` (the indices of `topk`).
+    extra_results: tuple = ()
+    #: Internal buffers the operator lowers through, by role (`moe`).
+    buffers: dict = field(default_factory=dict)
 
 
 def _fmt_shape(shape) -> str:
@@ -130,6 +140,13 @@ def _fmt_shape(shape) -> str:
     if len(shape) == 1:
         inner += ","
     return f"({inner})"
+
+
+def _same_dim(a: Dim, b: Dim) -> bool:
+    """Dimensions are equal when they are the same symbol or equal ints."""
+    if isinstance(a, Symbol) or isinstance(b, Symbol):
+        return a is b
+    return a == b
 
 
 def _describe(role: str, t: Tensor) -> str:
@@ -192,8 +209,8 @@ class Graph:
             dims = tuple(shape)
         except TypeError:
             raise ValueError(f"{what}: shape must be a tuple of ints and symbols, got {shape!r}")
-        if len(dims) not in (1, 2):
-            raise ValueError(f"{what}: shape {dims!r} has rank {len(dims)}; rank 1 or 2 is supported")
+        if len(dims) not in (1, 2, 3):
+            raise ValueError(f"{what}: shape {dims!r} has rank {len(dims)}; ranks 1 to 3 are supported")
         out = []
         for d in dims:
             if isinstance(d, Symbol):
@@ -304,7 +321,7 @@ class Graph:
         self._kind_counts[kind] = k + 1
         return f"{kind}_{k}"
 
-    def _check_operand(self, kind: str, role: str, t) -> Tensor:
+    def _check_operand(self, kind: str, role: str, t, ranks: tuple = (1, 2)) -> Tensor:
         if not isinstance(t, Tensor):
             raise ValueError(f"{kind}: operand '{role}' must be a Tensor, got {t!r}")
         if t.graph is not self:
@@ -314,7 +331,20 @@ class Graph:
             raise ValueError(
                 f"{kind}: operand '{role}' reads tensor '{t.name}' before anything writes it "
                 f"(a cycle or an unproduced read)")
+        if t.dtype not in DTYPES:
+            raise ValueError(f"{kind}: {_describe(role, t)} is an integer tensor; the operator "
+                             f"takes {', '.join(DTYPES)} tensors")
+        if t.rank not in ranks:
+            expected = " or ".join(f"{r}-D" for r in ranks)
+            raise ValueError(f"{kind}: {_describe(role, t)} has rank {t.rank}; expected a "
+                             f"{expected} tensor")
         return t
+
+    def _fresh_name(self, base: str) -> str:
+        """Claims `base`, or `base` with `_r` suffixes if it is taken."""
+        while base in self._names:
+            base += "_r"
+        return self._claim_name("internal buffer", base)
 
     def _same_dtype(self, kind: str, operands: Sequence[tuple[str, Tensor]]) -> str:
         dtype = operands[0][1].dtype
@@ -480,6 +510,102 @@ class Graph:
         """Sum over the last dimension: (M, N) -> (M,)."""
         return self._rowwise("sum", x, None, tile, out, name, {})
 
+    def topk(self, x: Tensor, k: int, *, tile=None,
+             name: Optional[str] = None) -> tuple[Tensor, Tensor]:
+        """The `k` largest values of each row of `x` (M, N) and their column
+        indices, both (M, k), in decreasing order; equal values are ordered
+        by lower index first. Values keep x's dtype, indices are i32 (named
+        `<name>_indices`). N must be static. `tile=(m,)` sets the rows per
+        tile (default 32)."""
+        kind = "topk"
+        self._check_operand(kind, "x", x)
+        if x.rank != 2:
+            raise ValueError(f"{kind}: expects a 2-D operand (rows x candidates), got "
+                             f"{_describe('x', x)}")
+        n = x.shape[1]
+        if not isinstance(n, int):
+            raise ValueError(f"{kind}: the last dimension of {_describe('x', x)} must be static "
+                             f"so that 'k' can be checked against it")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
+            raise ValueError(f"{kind}: 'k' = {k!r} is out of range for {_describe('x', x)}: "
+                             f"expected an int with 1 <= k <= {n}")
+        tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
+        shape = (x.shape[0], k)
+        values = self._finish(kind, [("x", x)], shape, x.dtype, tile, {"k": k}, None, name)
+        indices = self._new_tensor(self._fresh_name(f"{values.name}_indices"), shape,
+                                   INDEX_DTYPE, "value")
+        self._ops[-1].extra_results = (indices,)
+        return values, indices
+
+    def moe(self, x: Tensor, router_w: Tensor, w1: Tensor, w2: Tensor, top_k: int, *,
+            tile=None, out: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
+        """A Mixture-of-Experts layer with SiLU experts.
+
+        x is (T, H), router_w (H, E), w1 (E, H, F), w2 (E, F, H), E static.
+        Per token: p = softmax(x @ router_w); the `top_k` experts with the
+        largest p (equal p: lower expert index first); their p renormalised
+        to sum 1 as weights; y = sum_j weight_j * (silu(x @ w1[e_j]) @ w2[e_j]).
+        Result (T, H). `tile=m` sets the routed (token, expert) slots per
+        expert tile (default 32). See docs/moe.md for the lowering.
+        """
+        kind = "moe"
+        self._check_operand(kind, "x", x, ranks=(2,))
+        self._check_operand(kind, "router_w", router_w, ranks=(2,))
+        self._check_operand(kind, "w1", w1, ranks=(3,))
+        self._check_operand(kind, "w2", w2, ranks=(3,))
+        operands = [("x", x), ("router_w", router_w), ("w1", w1), ("w2", w2)]
+        dtype = self._same_dtype(kind, operands)
+        tokens, hidden = x.shape
+        experts = router_w.shape[1]
+
+        def expect(role: str, t: Tensor, expected: tuple, why: str) -> None:
+            if len(expected) != t.rank or not all(
+                    _same_dim(a, b) for a, b in zip(t.shape, expected)):
+                raise ValueError(f"{kind}: {_describe(role, t)} must have shape "
+                                 f"{_fmt_shape(expected)} ({why})")
+
+        expect("router_w", router_w, (hidden, experts),
+               f"(H, E) with H = {hidden} from {_describe('x', x)}")
+        if not isinstance(experts, int):
+            raise ValueError(f"{kind}: the expert count E (dimension 1 of "
+                             f"{_describe('router_w', router_w)}) must be static")
+        ffn = w1.shape[2]
+        expect("w1", w1, (experts, hidden, ffn),
+               f"(E, H, F) with E = {experts} from {_describe('router_w', router_w)} and "
+               f"H = {hidden} from {_describe('x', x)}")
+        expect("w2", w2, (experts, ffn, hidden),
+               f"(E, F, H) with F = {ffn} from {_describe('w1', w1)} and H = {hidden}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= experts:
+            raise ValueError(f"{kind}: top_k = {top_k!r} is out of range: "
+                             f"{_describe('router_w', router_w)} has E = {experts} experts; "
+                             f"expected an int with 1 <= top_k <= {experts}")
+        if tile is None:
+            tile = DEFAULT_ROWS
+        if isinstance(tile, (tuple, list)) and len(tile) == 1:
+            tile = tile[0]
+        if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
+            raise ValueError(f"{kind}: tile {tile!r} must be a positive int (slots per "
+                             f"expert tile)")
+        result = self._finish(kind, operands, (tokens, hidden), dtype, (tile,),
+                              {"top_k": top_k, "experts": experts}, out, name)
+
+        def internal(role: str, shape: tuple, internal_dtype: str) -> Tensor:
+            return self._new_tensor(self._fresh_name(f"{result.name}_{role}"), shape,
+                                    internal_dtype, "value")
+
+        op = self._ops[-1]
+        op.buffers = {
+            "probs": internal("probs", (tokens, experts), "f32"),
+            "experts": tuple(internal(f"expert{j}", (tokens,), INDEX_DTYPE)
+                             for j in range(top_k)),
+            "weights": internal("weights", (tokens, top_k), "f32"),
+            "offsets": internal("offsets", (experts + 1,), INDEX_DTYPE),
+            "slots": internal("slots", (tokens, top_k), INDEX_DTYPE),
+            "hidden": internal("hidden", (tokens, top_k, ffn), "f32"),
+            "partial": internal("partial", (tokens, top_k, hidden), "f32"),
+        }
+        return result
+
     # ------------------------------------------------------------------
     # IR
     # ------------------------------------------------------------------
@@ -512,7 +638,18 @@ class Graph:
 
 
 def _element_type(dtype: str) -> ir.Type:
+    if dtype == INDEX_DTYPE:
+        return ir.IntegerType.get_signless(32)
     return {"f32": ir.F32Type.get, "f16": ir.F16Type.get, "bf16": ir.BF16Type.get}[dtype]()
+
+
+def _whole(grid_rank: int, t: Tensor) -> ir.Attribute:
+    """The footprint of every tile reading or writing all of `t`."""
+    return _box(grid_rank, ["0"] * t.rank, [None] * t.rank)
+
+
+def _index_map(text: str) -> ir.Attribute:
+    return ir.Attribute.parse(f"#event.map<{text}>")
 
 
 def _box(grid_rank: int, offsets: Sequence[str], sizes: Sequence) -> ir.Attribute:
@@ -588,9 +725,19 @@ class _Builder:
     # -- tasks ---------------------------------------------------------
 
     def build_task(self, op: Operation) -> None:
+        if op.kind == "moe":
+            self.build_moe(op)
+            return
         res = op.result
         tile = op.tile
-        if op.kind in _ROWWISE:
+        if op.kind == "topk":
+            x = op.operands[0]
+            (tm,) = tile
+            grid_dims = [(x.shape[0], tm)]
+            rows = _box(1, [_tile_offset(0, tm), "0"], [tm, None])
+            reads = [(x, rows)]
+            writes = [(res, rows), (op.extra_results[0], rows)]
+        elif op.kind in _ROWWISE:
             x = op.operands[0]
             grid_dims = [(x.shape[0], tile[0])]
             reads = [(x, _box(1, [_tile_offset(0, tile[0]), "0"], [tile[0], None]))]
@@ -628,27 +775,101 @@ class _Builder:
             if not any(u is t and str(f) == str(fp) for u, f in unique_reads):
                 unique_reads.append((t, fp))
         grid = [self.grid_extent(d, t) for d, t in grid_dims]
+        self.emit_task(op, op.name, grid, unique_reads, writes)
+
+    def emit_task(self, op: Operation, name: str, grid: list, reads: list, writes: list,
+                  part: Optional[str] = None, waits: Sequence = (), notifies: Sequence = (),
+                  indices: Sequence[Tensor] = ()) -> None:
+        """One `event.task`: footprints as (tensor, box) pairs, explicit events
+        as (event value, map attribute) pairs; `part` names the piece of a
+        multi-task operator whose body to emit."""
         task = event.TaskOp(
-            op.name, grid,
-            [self.buffers[id(t)] for t, _ in unique_reads],
-            [self.buffers[id(t)] for t, _ in writes], [], [], [],
-            ir.ArrayAttr.get([fp for _, fp in unique_reads]),
+            name, grid,
+            [self.buffers[id(t)] for t, _ in reads],
+            [self.buffers[id(t)] for t, _ in writes],
+            [e for e, _ in waits], [e for e, _ in notifies],
+            [self.buffers[id(t)] for t in indices],
+            ir.ArrayAttr.get([fp for _, fp in reads]),
             ir.ArrayAttr.get([fp for _, fp in writes]),
-            ir.ArrayAttr.get([]), ir.ArrayAttr.get([]))
+            ir.ArrayAttr.get([m for _, m in waits]),
+            ir.ArrayAttr.get([m for _, m in notifies]))
         names = ["i", "j"][:len(grid)]
         body = task.body.blocks.append(*([self.index] * len(grid)),
                                        arg_locs=[ir.Location.name(n) for n in names])
         with ir.InsertionPoint(body):
-            _TileBody(self, op, body).emit()
+            _TileBody(self, op, body, part).emit()
             event.YieldOp()
+
+    def build_moe(self, op: Operation) -> None:
+        """The five tasks of a Mixture-of-Experts layer (docs/moe.md).
+
+        Footprints that tiles can state (row blocks, whole buffers, one
+        expert's weights) are left to event-infer-dependencies. The slots an
+        expert tile handles, and so the rows of `hidden` and `partial` it
+        touches, depend on the routing; those two buffers get no footprints,
+        and their ordering is declared here with two events:
+        `ready[e, j]` (up tile (e, j) -> down tile (e, j), count 1) and
+        `done[e]` (every down tile of expert e -> each token routed to e,
+        through an indirect wait per routing choice reading `expert<j>`).
+        Every tile of the padded (E, ceil(T / m)) grid notifies, empty ones
+        included, so both counts are known without reading routing data.
+        """
+        x, router_w, w1, w2 = op.operands
+        buffers = op.buffers
+        tokens = x.shape[0]
+        experts = op.params["experts"]
+        (slots_per_tile,) = op.tile
+        choices = buffers["experts"]
+        row_block = lambda t: _box(1, [_tile_offset(0, DEFAULT_ROWS)] + ["0"] * (t.rank - 1),
+                                   [DEFAULT_ROWS] + [None] * (t.rank - 1))
+        one_expert = lambda t: _box(2, ["d0", "0", "0"], [1, None, None])
+
+        routed = [buffers["probs"], *choices, buffers["weights"]]
+        self.emit_task(op, f"{op.name}_router", [self.grid_extent(tokens, DEFAULT_ROWS)],
+                       [(x, row_block(x)), (router_w, _whole(1, router_w))],
+                       [(t, row_block(t)) for t in routed], part="router")
+        self.emit_task(op, f"{op.name}_route", [self.grid_extent(1, 1)],
+                       [(t, _whole(1, t)) for t in choices],
+                       [(buffers["offsets"], _whole(1, buffers["offsets"])),
+                        (buffers["slots"], _whole(1, buffers["slots"]))], part="route")
+
+        grid = [self.grid_extent(experts, 1), self.grid_extent(tokens, slots_per_tile)]
+        one = self.grid_extent(1, 1)
+        if isinstance(tokens, int):
+            tiles = -(-tokens // slots_per_tile)
+            tiles_type, dynamic = ir.Type.parse(f"!event.tensor<{experts}x{tiles}>"), []
+        else:
+            tiles_type, dynamic = ir.Type.parse(f"!event.tensor<{experts}x?>"), [grid[1]]
+        ready = event.AllocOp(tiles_type, dynamic, count=one).result
+        routing = [(t, _whole(2, t)) for t in (buffers["offsets"], buffers["slots"])]
+        tile_map = _index_map("(d0, d1) -> (d0, d1)")
+        # x rows are read wherever routing sends them: the whole of x, so
+        # that a later writer of x still waits for every expert tile.
+        self.emit_task(op, f"{op.name}_up", grid,
+                       [(x, _whole(2, x)), (w1, one_expert(w1)), *routing], [],
+                       part="up", notifies=[(ready, tile_map)])
+        done = event.AllocOp(ir.Type.parse(f"!event.tensor<{experts}>"), [],
+                             count=grid[1]).result
+        self.emit_task(op, f"{op.name}_down", grid,
+                       [(w2, one_expert(w2)), *routing,
+                        (buffers["weights"], _whole(2, buffers["weights"]))], [],
+                       part="down", waits=[(ready, tile_map)],
+                       notifies=[(done, _index_map("(d0, d1) -> (d0)"))])
+        self.emit_task(op, f"{op.name}_combine", [self.grid_extent(tokens, 1)], [],
+                       [(op.result, _box(1, ["d0", "0"], [1, None]))], part="combine",
+                       waits=[(done, _index_map(f"(d0) -> (d0) indirect [{j}]"))
+                              for j in range(len(choices))],
+                       indices=choices)
 
 
 class _TileBody:
     """Emits the target-neutral body of one tile task."""
 
-    def __init__(self, builder: _Builder, op: Operation, block: ir.Block):
+    def __init__(self, builder: _Builder, op: Operation, block: ir.Block,
+                 part: Optional[str] = None):
         self.b = builder
         self.op = op
+        self.part = part
         self.block = block
         self.ti = list(block.arguments)
         self.index = builder.index
@@ -689,10 +910,18 @@ class _TileBody:
 
     def load(self, t: Tensor, idx: list) -> ir.Value:
         v = memref.load(self.buf(t), idx)
-        return v if t.dtype == "f32" else arith.extf(self.f32, v)
+        return v if t.dtype in ("f32", INDEX_DTYPE) else arith.extf(self.f32, v)
+
+    def load_index(self, t: Tensor, idx: list) -> ir.Value:
+        """An i32 element of `t` as an index."""
+        return arith.index_cast(self.index, self.load(t, idx))
+
+    def store_index(self, value: ir.Value, t: Tensor, idx: list) -> None:
+        """Stores an index value into i32 tensor `t`."""
+        memref.store(arith.index_cast(ir.IntegerType.get_signless(32), value), self.buf(t), idx)
 
     def store(self, value: ir.Value, t: Tensor, idx: list) -> None:
-        if t.dtype != "f32":
+        if t.dtype not in ("f32", INDEX_DTYPE):
             value = arith.truncf(_element_type(t.dtype), value)
         memref.store(value, self.buf(t), idx)
 
@@ -728,7 +957,11 @@ class _TileBody:
 
     def emit(self) -> None:
         kind = self.op.kind
-        if kind == "matmul":
+        if kind == "moe":
+            getattr(self, f"emit_moe_{self.part}")()
+        elif kind == "topk":
+            self.emit_topk()
+        elif kind == "matmul":
             self.emit_matmul()
         elif kind in _ROWWISE:
             self.emit_rowwise()
@@ -850,4 +1083,206 @@ class _TileBody:
                     v = arith.mulf(self.load(x, [row, k]), inv)
                     self.store(arith.mulf(v, self.load(weight, [k])), out, [row, k])
                 self.for_each_col(n, write)
+            scf.yield_([])
+
+    # -- top-k and Mixture-of-Experts -------------------------------------
+
+    def select_next(self, n: ir.Value, value_at, previous: tuple) -> tuple:
+        """The next pick of a descending top-k over positions [0, n): the
+        largest value after `previous` = (value, position) in the order
+        "larger value first, then lower position". Returns (value, position).
+        Comparisons are strict, so the first position wins among equals."""
+        prev_value, prev_position = previous
+        init = [self.cf32(float("-inf")), self.cidx(0),
+                arith.constant(ir.IntegerType.get_signless(1), 0)]
+        loop = scf.ForOp(self.cidx(0), n, self.cidx(1), init)
+        with ir.InsertionPoint(loop.body):
+            position = loop.induction_variable
+            best_value, best_position, found = loop.inner_iter_args
+            v = value_at(position)
+            after = arith.ori(
+                arith.cmpf(arith.CmpFPredicate.OLT, v, prev_value),
+                arith.andi(arith.cmpf(arith.CmpFPredicate.OEQ, v, prev_value),
+                           arith.cmpi(arith.CmpIPredicate.sgt, position, prev_position)))
+            not_found = arith.xori(found, arith.constant(ir.IntegerType.get_signless(1), 1))
+            better = arith.ori(not_found, arith.cmpf(arith.CmpFPredicate.OGT, v, best_value))
+            take = arith.andi(after, better)
+            scf.yield_([arith.select(take, v, best_value),
+                        arith.select(take, position, best_position),
+                        arith.ori(found, take)])
+        return loop.results[0], loop.results[1]
+
+    def first_pick(self) -> tuple:
+        """The `previous` of the first pick: after (+inf, -1) comes everything."""
+        return self.cf32(float("inf")), arith.constant(self.index, -1)
+
+    def emit_topk(self) -> None:
+        op = self.op
+        x, values, indices = op.operands[0], op.result, op.extra_results[0]
+        (tm,) = op.tile
+        row0 = arith.muli(self.ti[0], self.cidx(tm))
+        rows = self.extent(x, 0, row0, tm)
+        n = self.dim(x, 1)
+        loop = self.lane_loop(rows)
+        with ir.InsertionPoint(loop.body):
+            row = arith.addi(row0, loop.induction_variable)
+            picks = scf.ForOp(self.cidx(0), self.cidx(op.params["k"]), self.cidx(1),
+                              list(self.first_pick()))
+            with ir.InsertionPoint(picks.body):
+                j = picks.induction_variable
+                value, position = self.select_next(
+                    n, lambda c: self.load(x, [row, c]), tuple(picks.inner_iter_args))
+                self.store(value, values, [row, j])
+                self.store_index(position, indices, [row, j])
+                scf.yield_([value, position])
+            scf.yield_([])
+
+    def emit_moe_router(self) -> None:
+        """Tile i: tokens [32 i, 32 i + 32): probabilities, top-k experts and
+        renormalised weights."""
+        op, buffers = self.op, self.op.buffers
+        x, router_w = op.operands[:2]
+        probs, weights = buffers["probs"], buffers["weights"]
+        experts = self.cidx(op.params["experts"])
+        row0 = arith.muli(self.ti[0], self.cidx(DEFAULT_ROWS))
+        rows = self.extent(x, 0, row0, DEFAULT_ROWS)
+        hidden = self.dim(x, 1)
+        loop = self.lane_loop(rows)
+        with ir.InsertionPoint(loop.body):
+            t = arith.addi(row0, loop.induction_variable)
+
+            def logit(e):
+                total = self.reduce_row(hidden, self.cf32(0.0), lambda acc, h: arith.addf(
+                    acc, arith.mulf(self.load(x, [t, h]), self.load(router_w, [h, e]))))
+                self.store(total, probs, [t, e])
+            self.for_each_col(experts, logit)
+            mx = self.reduce_row(experts, self.cf32(float("-inf")), lambda acc, e: arith.maxnumf(
+                acc, self.load(probs, [t, e])))
+            denom = self.reduce_row(experts, self.cf32(0.0), lambda acc, e: arith.addf(
+                acc, math.exp(arith.subf(self.load(probs, [t, e]), mx))))
+            self.for_each_col(experts, lambda e: self.store(
+                arith.divf(math.exp(arith.subf(self.load(probs, [t, e]), mx)), denom),
+                probs, [t, e]))
+            previous = self.first_pick()
+            chosen = []
+            for j, choice in enumerate(buffers["experts"]):
+                previous = self.select_next(experts, lambda e: self.load(probs, [t, e]), previous)
+                self.store_index(previous[1], choice, [t])
+                chosen.append(previous[0])
+            total = chosen[0]
+            for value in chosen[1:]:
+                total = arith.addf(total, value)
+            for j, value in enumerate(chosen):
+                self.store(arith.divf(value, total), weights, [t, self.cidx(j)])
+            scf.yield_([])
+
+    def emit_moe_route(self) -> None:
+        """One tile (run by lane 0): counts tokens per expert into
+        offsets[e + 1], prefix-sums them, then lists every (token, choice)
+        pair t * k + j in slots[] grouped by expert, in token order, using
+        offsets[e] as the fill cursor and shifting it back afterwards."""
+        op, buffers = self.op, self.op.buffers
+        offsets, slots, choices = buffers["offsets"], buffers["slots"], buffers["experts"]
+        k = len(choices)
+        experts = op.params["experts"]
+        i32 = ir.IntegerType.get_signless(32)
+        tokens = self.dim(op.operands[0], 0)
+        loop = self.lane_loop(self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            self.for_each_col(self.cidx(experts + 1), lambda e: memref.store(
+                arith.constant(i32, 0), self.buf(offsets), [e]))
+
+            def count(t):
+                for choice in choices:
+                    slot = arith.addi(self.load_index(choice, [t]), self.cidx(1))
+                    memref.store(arith.addi(self.load(offsets, [slot]), arith.constant(i32, 1)),
+                                 self.buf(offsets), [slot])
+            self.for_each_col(tokens, count)
+
+            def prefix(e):
+                after = arith.addi(e, self.cidx(1))
+                memref.store(arith.addi(self.load(offsets, [after]), self.load(offsets, [e])),
+                             self.buf(offsets), [after])
+            self.for_each_col(self.cidx(experts), prefix)
+
+            def fill(t):
+                for j, choice in enumerate(choices):
+                    e = self.load_index(choice, [t])
+                    position = self.load_index(offsets, [e])
+                    pair = arith.addi(arith.muli(t, self.cidx(k)), self.cidx(j))
+                    self.store_index(pair, slots, [arith.divui(position, self.cidx(k)),
+                                                   arith.remui(position, self.cidx(k))])
+                    self.store_index(arith.addi(position, self.cidx(1)), offsets, [e])
+            self.for_each_col(tokens, fill)
+
+            def shift(r):
+                e = arith.subi(self.cidx(experts), r)
+                memref.store(self.load(offsets, [arith.subi(e, self.cidx(1))]),
+                             self.buf(offsets), [e])
+            self.for_each_col(self.cidx(experts), shift)
+            memref.store(arith.constant(i32, 0), self.buf(offsets), [self.cidx(0)])
+            scf.yield_([])
+
+    def expert_slots(self, width: ir.Value):
+        """The lane loop over (slot, column) of expert tile (e, j): slots
+        offsets[e] + [j m, min((j + 1) m, count)); an empty tile runs no
+        iteration. Yields (loop, token, choice, column) inside the loop."""
+        op, buffers = self.op, self.op.buffers
+        k = len(buffers["experts"])
+        (per_tile,) = op.tile
+        e, j = self.ti
+        begin = self.load_index(buffers["offsets"], [e])
+        end = self.load_index(buffers["offsets"], [arith.addi(e, self.cidx(1))])
+        first = arith.addi(begin, arith.muli(j, self.cidx(per_tile)))
+        last = arith.minsi(end, arith.addi(first, self.cidx(per_tile)))
+        count = arith.maxsi(arith.subi(last, first), self.cidx(0))
+        loop = self.lane_loop(arith.muli(count, width))
+        with ir.InsertionPoint(loop.body):
+            element = loop.induction_variable
+            slot = arith.addi(first, arith.divui(element, width))
+            column = arith.remui(element, width)
+            pair = self.load_index(buffers["slots"], [arith.divui(slot, self.cidx(k)),
+                                                      arith.remui(slot, self.cidx(k))])
+            token = arith.divui(pair, self.cidx(k))
+            choice = arith.remui(pair, self.cidx(k))
+        return loop, token, choice, column
+
+    def emit_moe_up(self) -> None:
+        """hidden[t, c, :] = silu(x[t] @ w1[e]) for the pairs of this tile."""
+        x, _, w1, _ = self.op.operands
+        hidden = self.op.buffers["hidden"]
+        loop, t, c, f = self.expert_slots(self.dim(w1, 2))
+        e = self.ti[0]
+        with ir.InsertionPoint(loop.body):
+            total = self.reduce_row(self.dim(x, 1), self.cf32(0.0), lambda acc, h: arith.addf(
+                acc, arith.mulf(self.load(x, [t, h]), self.load(w1, [e, h, f]))))
+            self.store(self.unary("silu", total), hidden, [t, c, f])
+            scf.yield_([])
+
+    def emit_moe_down(self) -> None:
+        """partial[t, c, :] = weight[t, c] * (hidden[t, c] @ w2[e])."""
+        w1, w2 = self.op.operands[2:]
+        buffers = self.op.buffers
+        hidden, partial = buffers["hidden"], buffers["partial"]
+        loop, t, c, col = self.expert_slots(self.dim(w2, 2))
+        e = self.ti[0]
+        with ir.InsertionPoint(loop.body):
+            total = self.reduce_row(self.dim(w1, 2), self.cf32(0.0), lambda acc, f: arith.addf(
+                acc, arith.mulf(self.load(hidden, [t, c, f]), self.load(w2, [e, f, col]))))
+            weight = self.load(buffers["weights"], [t, c])
+            self.store(arith.mulf(weight, total), partial, [t, c, col])
+            scf.yield_([])
+
+    def emit_moe_combine(self) -> None:
+        """y[t, :] = sum over the token's k choices of partial[t, c, :]."""
+        op = self.op
+        partial = op.buffers["partial"]
+        t = self.ti[0]
+        k = len(op.buffers["experts"])
+        loop = self.lane_loop(self.dim(op.operands[0], 1))
+        with ir.InsertionPoint(loop.body):
+            col = loop.induction_variable
+            total = self.reduce_row(self.cidx(k), self.cf32(0.0), lambda acc, c: arith.addf(
+                acc, self.load(partial, [t, c, col])))
+            self.store(total, op.result, [t, col])
             scf.yield_([])

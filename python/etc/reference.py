@@ -15,6 +15,9 @@ Dtypes:
   bfloat16 (round to nearest even) after every operator and outputs are
   returned as ``np.float32`` arrays holding bfloat16 values.
 
+``topk`` indices are ``np.int32``. ``moe`` computes its experts in float32
+and rounds only its result; its internal routing buffers are not outputs.
+
 Symbolic dimensions are bound from the input shapes; an inconsistent
 binding raises `ValueError` naming both inputs and the dimension.
 """
@@ -25,7 +28,7 @@ import numpy as np
 
 from .graph import Graph, Symbol, Tensor
 
-__all__ = ["evaluate", "round_bf16", "bind_symbols", "NUMPY_DTYPES"]
+__all__ = ["evaluate", "round_bf16", "bind_symbols", "topk", "moe", "NUMPY_DTYPES"]
 
 #: The NumPy dtype that carries each graph dtype.
 NUMPY_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
@@ -119,8 +122,43 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(k * (x + np.float32(0.044715) * x ** 3)))
 
 
+def topk(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest values of each row of `x` and their indices (int32), in
+    decreasing order; equal values are ordered by lower index first."""
+    x = np.asarray(x, dtype=np.float32)
+    # A stable sort of -x keeps equal values in index order.
+    order = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    return np.take_along_axis(x, order, axis=-1), order.astype(np.int32)
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
+        top_k: int) -> np.ndarray:
+    """Mixture-of-Experts: p = softmax(x @ router_w) per token, the top_k
+    experts by p (ties: lower expert first), their p renormalised to sum 1,
+    y[t] = sum_j weight_j * (silu(x[t] @ w1[e_j]) @ w2[e_j]); float32."""
+    x, router_w, w1, w2 = (np.asarray(a, dtype=np.float32) for a in (x, router_w, w1, w2))
+    logits = x @ router_w
+    e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
+    p = e / np.sum(e, axis=-1, keepdims=True, dtype=np.float32)
+    chosen_p, chosen = topk(p, top_k)
+    weights = chosen_p / np.sum(chosen_p, axis=-1, keepdims=True, dtype=np.float32)
+    y = np.zeros(x.shape, np.float32)
+    for j in range(top_k):
+        for expert in np.unique(chosen[:, j]):
+            tokens = np.nonzero(chosen[:, j] == expert)[0]
+            out = _silu(x[tokens] @ w1[expert]) @ w2[expert]
+            y[tokens] += weights[tokens, j:j + 1] * out
+    return y
+
+
 def _apply(op, vals: list) -> np.ndarray:
     kind = op.kind
+    if kind == "moe":
+        return moe(*vals, op.params["top_k"])
     if kind == "matmul":
         a, b = vals
         return a @ (b.T if op.params["transpose_b"] else b)
@@ -163,7 +201,11 @@ def evaluate(g: Graph, **inputs) -> list[np.ndarray]:
     with np.errstate(over="ignore", under="ignore"):
         for op in g._ops:
             vals = [env[id(t)] for t in op.operands]
-            result = _apply(op, vals).astype(np.float32, copy=False)
+            if op.kind == "topk":
+                result, indices = topk(vals[0], op.params["k"])
+                env[id(op.extra_results[0])] = indices
+            else:
+                result = _apply(op, vals).astype(np.float32, copy=False)
             shape = _concrete_shape(op.result, symbols)
             assert result.shape == shape, (op.name, result.shape, shape)
             env[id(op.result)] = _to_storage(result, op.result.dtype)
