@@ -33,9 +33,25 @@ class CompiledKernel:
             raise ValueError(f"unknown stage {stage!r}; expected one of {tuple(self._stage_ir)}")
         return self._stage_ir[stage]
 
+    @property
+    def ptx(self) -> str:
+        """The PTX text of the program's kernels (target="cuda" only)."""
+        if self.options.target != "cuda":
+            raise AttributeError(f"kernel.ptx exists for target='cuda', not {self.options.target!r}")
+        return self._runtime.ptx
+
+    @property
+    def runtime(self):
+        """The target's runtime (e.g. `CUDARuntime`: `lanes`, `max_workers`,
+        `bind(...)` for repeated device launches)."""
+        return self._runtime
+
     def run(self, **inputs):
         """Runs the kernel on NumPy arrays named like the graph's inputs and
-        returns the outputs, in `g.output` order, as a list of NumPy arrays."""
+        returns the outputs, in `g.output` order, as a list of NumPy arrays.
+        On CUDA, inputs may also be device arrays (`__cuda_array_interface__`,
+        used without a copy); without a CUDA device or driver this raises
+        `etc.runtime.cuda.CUDAUnavailableError` (a RuntimeError)."""
         return self._runtime.run(inputs)
 
     def __repr__(self) -> str:
@@ -69,9 +85,31 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
         timings[stage] = time.perf_counter() - start
         stage_ir[stage] = str(module)
 
-    from .runtime.cpu import CPURuntime
-
     start = time.perf_counter()
-    runtime = CPURuntime(graph, module, options.workers)
+    if options.target == "cuda":
+        from .runtime.cuda import CUDARuntime
+
+        # The driver JIT-compiles the PTX on the first run; nothing here
+        # needs a GPU.
+        runtime = CUDARuntime(graph, _ptx(module))
+    else:
+        from .runtime.cpu import CPURuntime
+
+        runtime = CPURuntime(graph, module, options.workers)
     timings["jit"] = time.perf_counter() - start
     return CompiledKernel(graph, options, stage_ir, timings, runtime)
+
+
+def _ptx(module: ir.Module) -> str:
+    """The PTX text of the one `gpu.binary` that etc-lower-to-nvvm leaves."""
+    from mlir.dialects import gpu
+
+    texts = []
+    for op in module.body.operations:
+        if op.operation.name != "gpu.binary":
+            continue
+        for attr in op.attributes["objects"]:
+            texts.append(gpu.ObjectAttr(attr).object.decode())
+    if len(texts) != 1:
+        raise RuntimeError(f"expected one gpu.binary object with PTX after lowering, found {len(texts)}")
+    return texts[0]

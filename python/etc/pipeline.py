@@ -75,12 +75,24 @@ def schedule_pipeline(options: Options) -> str:
 
 
 def lowering_pipeline(options: Options) -> str:
-    """L3 -> target code."""
-    if options.target != "cpu":
-        raise NotImplementedError(
-            f"target={options.target!r} needs convert-event-to-gpu and etc-lower-to-nvvm, "
-            "which are not implemented yet; use target='cpu'")
-    return "builtin.module(etc-lower-to-cpu)"
+    """L3 -> target code: LLVM dialect for the CPU runtime, or a gpu.binary
+    holding PTX text for `options.chip` on CUDA.
+
+    The PTX ISA version is the oldest that LLVM's NVPTX backend accepts for
+    the chip (sm_90a needs PTX 8.0; the default 6.0 aborts for it); older
+    PTX assembles on more drivers."""
+    if options.target == "cpu":
+        return "builtin.module(etc-lower-to-cpu)"
+    # chip -> oldest PTX ISA LLVM emits for it (as in NVPTX's processor table).
+    min_ptx = {"sm_70": 60, "sm_72": 61, "sm_75": 63, "sm_80": 70, "sm_86": 71,
+               "sm_87": 74, "sm_89": 78, "sm_90": 78, "sm_90a": 80, "sm_100": 86,
+               "sm_100a": 86, "sm_101": 86, "sm_101a": 86, "sm_120": 87, "sm_120a": 87}
+    if options.chip not in min_ptx:
+        raise ValueError(
+            f"chip={options.chip!r} is not supported on target='cuda'; expected one of "
+            f"{tuple(min_ptx)} (waits need nanosleep, sm_70 or newer)")
+    features = f"+ptx{min_ptx[options.chip]}"
+    return f"builtin.module(etc-lower-to-nvvm{{chip={options.chip} features={features}}})"
 
 
 def build(options: Options) -> str:
