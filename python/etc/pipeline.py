@@ -83,8 +83,8 @@ def lowering_pipeline(options: Options) -> str:
     PTX assembles on more drivers."""
     if options.target == "cpu":
         return "builtin.module(etc-lower-to-cpu)"
-    # chip -> oldest PTX ISA LLVM emits for it (as in NVPTX's processor table).
-    min_ptx = {"sm_70": 60, "sm_72": 61, "sm_75": 63, "sm_80": 70, "sm_86": 71,
+    # chip -> oldest PTX ISA that LLVM emits for it and that has nanosleep (6.3).
+    min_ptx = {"sm_70": 63, "sm_72": 63, "sm_75": 63, "sm_80": 70, "sm_86": 71,
                "sm_87": 74, "sm_89": 78, "sm_90": 78, "sm_90a": 80, "sm_100": 86,
                "sm_100a": 86, "sm_101": 86, "sm_101a": 86, "sm_120": 87, "sm_120a": 87}
     if options.chip not in min_ptx:
