@@ -209,7 +209,8 @@ class Launch:
         """Enqueues counter initialisation and the persistent worker grid."""
         rt = self.runtime
         counters = (self.counters.pointer, self.counters.shape)
-        rt._launch(rt._init, (1, INIT_THREADS), self._params(counters), stream)
+        if self.count > 0:  # a graph without events has nothing to initialise
+            rt._launch(rt._init, (1, INIT_THREADS), self._params(counters), stream)
         rt._launch(rt._worker, (rt.workers, rt.lanes), self._params(counters), stream)
 
     def check(self) -> None:
