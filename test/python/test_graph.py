@@ -466,8 +466,8 @@ def test_names_and_shapes_are_checked():
         g.input("bad name", (4, 4))
     with pytest.raises(ValueError, match=r"unknown symbol 'N'"):
         g.input("y", ("N", 4))
-    with pytest.raises(ValueError, match=r"rank 3"):
-        g.input("z", (2, 2, 2))
+    with pytest.raises(ValueError, match=r"rank 4; ranks 1 to 3"):
+        g.input("z", (2, 2, 2, 2))
     with pytest.raises(ValueError, match=r"must be positive"):
         g.input("z", (0, 2))
     other = etc.Graph("o").symbol("B")
