@@ -77,3 +77,118 @@ def test_device_arrays_are_used_in_place():
     assert isinstance(device_x, DeviceArray)
     outputs = kernel.run(x=device_x, z=inputs["z"])
     np.testing.assert_allclose(outputs[0], inputs["x"] + inputs["z"], rtol=1e-6)
+
+
+class _FakeDriver:
+    """Just enough of `cuda.bindings.driver` to drive the runtime without a GPU:
+    memory is host memory, and each launch checks that the runtime passed as
+    many parameters as the PTX entry declares, then plays the kernel's part
+    that the host can observe (the counter count, a clean g_check)."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    class CUdevice_attribute:
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = "sms"
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = "major"
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = "minor"
+
+    def __init__(self, ptx: str, counters: int):
+        import re
+
+        self.params = {name: len(re.findall(r"\.param ", body))
+                       for name, body in re.findall(r"\.entry (\w+)\((.*?)\)", ptx, re.S)}
+        self.counters = counters
+        self.memory: dict[int, np.ndarray] = {}
+        self.launches: list[tuple[str, int, int]] = []
+
+    def cuDeviceGet(self, ordinal):
+        return 0, 0
+
+    def cuDevicePrimaryCtxRetain(self, device):
+        return 0, "context"
+
+    def cuCtxSetCurrent(self, context):
+        return (0,)
+
+    def cuModuleLoadData(self, image):
+        return 0, "module"
+
+    def cuModuleGetFunction(self, module, name):
+        return (0, name.decode()) if name.decode() in self.params else (500, None)
+
+    def cuDeviceGetAttribute(self, attribute, device):
+        return 0, {"sms": 4, "major": 9, "minor": 0}[attribute]
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, function, lanes, shared):
+        return 0, 2
+
+    def cuMemAlloc(self, nbytes):
+        block = np.zeros(nbytes, np.uint8)
+        self.memory[block.ctypes.data] = block
+        return 0, block.ctypes.data
+
+    def cuMemsetD8(self, pointer, value, nbytes):
+        self.memory[pointer][:nbytes] = value
+        return (0,)
+
+    def cuMemFree(self, pointer):
+        self.memory.pop(pointer, None)
+        return (0,)
+
+    def cuMemcpyHtoD(self, device, host, nbytes):
+        import ctypes
+
+        ctypes.memmove(device, host, nbytes)
+        return (0,)
+
+    def cuMemcpyDtoH(self, host, device, nbytes):
+        import ctypes
+
+        ctypes.memmove(host, device, nbytes)
+        return (0,)
+
+    def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        import ctypes
+
+        count = self.params[function]
+        pointers = (ctypes.c_void_p * count).from_address(params)
+        values = [ctypes.c_uint64.from_address(p).value for p in pointers]
+        self.launches.append((function, gx, bx))
+        # The last parameter group is a runtime-allocated memref (counters or
+        # the result word): its aligned pointer lands where the PTX expects.
+        assert values[-4] in self.memory, (function, values)
+        assert values[-5] == values[-4] and values[-3] == 0  # allocated, aligned, offset
+        if function.endswith("_counters"):  # the result memref's aligned pointer
+            ctypes.c_int64.from_address(values[-4]).value = self.counters
+        if function.endswith("_check"):
+            ctypes.c_int32.from_address(values[-4]).value = 0
+        return (0,)
+
+    def cuCtxSynchronize(self):
+        return (0,)
+
+    def cuGetErrorName(self, err):
+        return 0, b"CUDA_ERROR_NOT_FOUND"
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_runtime_passes_the_parameters_the_ptx_declares(schedule, monkeypatch):
+    from etc.runtime import cuda
+
+    g = _mlp()
+    kernel = etc.compile(g, target="cuda", schedule=schedule)
+    fake = _FakeDriver(kernel.ptx, counters=7)
+    monkeypatch.setattr(cuda, "_driver", lambda: fake)
+    kernel.runtime.max_workers = 5
+    rng = np.random.default_rng(0)
+    inputs = {"x": _rand(rng, (9, 128)), "nw": _rand(rng, (128,)),
+              "w1": _rand(rng, (128, 192)), "w2": _rand(rng, (192, 128))}
+    outputs = kernel.run(**inputs)
+    # Counters sized once per binding of the symbols, then init on one CTA,
+    # the worker grid capped at max_workers (of 4 SMs x 2 resident), g_check.
+    assert fake.launches == [("mlp_counters", 1, 1), ("mlp_init", 1, cuda.INIT_THREADS),
+                             ("mlp_worker", 5, cuda.DEFAULT_LANES), ("mlp_check", 1, 1)]
+    assert [o.shape for o in outputs] == [(9, 128), (9, 128)]
+    kernel.runtime.max_workers = None
+    assert kernel.runtime.workers == 8

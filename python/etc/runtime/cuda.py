@@ -247,6 +247,30 @@ class CUDARuntime:
         self._driver = None
         self._count_cache: dict[tuple, int] = {}
 
+    @property
+    def workers(self) -> int:
+        """Worker CTAs per launch: all that can be resident at once (SMs times
+        occupancy at `lanes` threads), capped by `max_workers`."""
+        self._load()
+        resident = self.sm_count * self.ctas_per_sm
+        return min(resident, self.max_workers) if self.max_workers else resident
+
+    @property
+    def ctas_per_sm(self) -> int:
+        """Worker CTAs of `lanes` threads that fit on one SM at once, from the
+        driver's occupancy calculator."""
+        self._load()
+        if self.lanes not in self._occupancy:
+            driver = self._driver
+            per_sm = _check(driver, "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                            driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                                self._worker.function, self.lanes, 0))
+            if per_sm < 1:
+                raise RuntimeError(f"{self._worker.name} cannot run with {self.lanes} threads "
+                                   "per CTA (occupancy 0); use fewer lanes")
+            self._occupancy[self.lanes] = int(per_sm)
+        return self._occupancy[self.lanes]
+
     # -- device setup -------------------------------------------------------
 
     def _load(self) -> None:
@@ -256,10 +280,10 @@ class CUDARuntime:
         device = _check(driver, "cuDeviceGet", driver.cuDeviceGet(0))
         context = _check(driver, "cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(device))
         _check(driver, "cuCtxSetCurrent", driver.cuCtxSetCurrent(context))
-        image = self.ptx.encode() + b"\0"
+        image = ctypes.create_string_buffer(self.ptx.encode())  # NUL-terminated
         try:
             module = _check(driver, "cuModuleLoadData (driver JIT of the PTX)",
-                            driver.cuModuleLoadData(image))
+                            driver.cuModuleLoadData(ctypes.addressof(image)))
         except RuntimeError as error:
             major = _check(driver, "cuDeviceGetAttribute", driver.cuDeviceGetAttribute(
                 driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device))
@@ -284,16 +308,9 @@ class CUDARuntime:
         self._check_kernel = function("check", required=False)
         sms = _check(driver, "cuDeviceGetAttribute", driver.cuDeviceGetAttribute(
             driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device))
-        per_sm = _check(driver, "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-                        driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                            self._worker.function, self.lanes, 0))
-        if per_sm < 1:
-            raise RuntimeError(f"{name}_worker cannot run with {self.lanes} threads per CTA "
-                               "(occupancy 0); use fewer lanes")
-        #: SMs of the device and worker CTAs that fit on one at once.
-        self.sm_count, self.ctas_per_sm = int(sms), int(per_sm)
-        resident = self.sm_count * self.ctas_per_sm
-        self.workers = min(resident, self.max_workers) if self.max_workers else resident
+        #: SMs of the device.
+        self.sm_count = int(sms)
+        self._occupancy: dict[int, int] = {}
         self._driver = driver
         self._scratch_buffer = None
 
