@@ -230,7 +230,8 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
     The graph is checked as by `event-check-schedule{static-order=false}`:
     any acyclic order of tasks is fine for a queue. With `auto`, graphs
     without data-dependent events (indirect maps, or events without
-    `count`) are scheduled statically instead, as by `event-static-schedule`.
+    `count`) whose textual task order is a valid static order are scheduled
+    statically instead, as by `event-static-schedule`.
 
     After (L3), the worker of a two-task graph "a" -> "b" (`%e` one counter
     per tile of "a", T = 2n):
@@ -271,7 +272,8 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
            "recorded as `event.workers`; 0 lets the runtime decide">,
     Option<"autoSchedule", "auto", "bool", /*default=*/"false",
            "Schedule graphs without data-dependent events statically "
-           "(round-robin) and only the others dynamically">,
+           "(round-robin) when their task order allows it, and only the "
+           "others dynamically">,
     Option<"forceIndex", "force-index", "bool", /*default=*/"false",
            "Find the waiters of every event element through the inverse "
            "index built in `@g_init`, also for affine wait maps">,

@@ -120,3 +120,69 @@ func.func @not_a_view(%e: !event.tensor<?>, %i: index) {
   event.notify %e[%i] : !event.tensor<?>
   return
 }
+
+// -----
+
+// The dynamic scheduler's queue. Word q is the head, q+1 the tail, q+2 the
+// error flag, q+3+s slot s (task + 1, 0 while empty). A pop claims a slot
+// with a relaxed increment of the head and, below the capacity, spins on an
+// acquire load of the slot, yielding between polls; a push reserves a slot
+// with a relaxed increment of the tail and publishes the task with a release
+// store, or raises the error flag past the capacity. notify_ready is an
+// acq_rel decrement that reports whether it took the counter to zero.
+
+// CHECK-LABEL: func.func @queue_worker(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>)
+// CHECK:         %[[VIEW:.*]] = llvm.getelementptr %{{.*}}[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i32
+// Pop: claim a slot.
+// CHECK:         %[[HEAD:.*]] = llvm.getelementptr %{{.*}}[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i32
+// CHECK:         %[[CLAIMED32:.*]] = llvm.atomicrmw add %[[HEAD]], %{{.*}} monotonic {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK:         %[[CLAIMED:.*]] = arith.index_castui %[[CLAIMED32]] : i32 to index
+// CHECK:         %[[VALID:.*]] = arith.cmpi ult, %[[CLAIMED]], %[[N]] : index
+// CHECK:         %[[TASK:.*]] = scf.if %[[VALID]] -> (index) {
+// CHECK:           %[[SLOT:.*]] = llvm.getelementptr
+// CHECK:           %[[PUBLISHED:.*]] = scf.while : () -> i32 {
+// CHECK:             %[[WORD:.*]] = llvm.load %[[SLOT]] atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:             %[[EMPTY:.*]] = arith.cmpi eq, %[[WORD]], %{{.*}} : i32
+// CHECK:             scf.condition(%[[EMPTY]]) %[[WORD]] : i32
+// CHECK:           } do {
+// CHECK:             func.call @sched_yield() : () -> i32
+// CHECK:           %[[ID32:.*]] = arith.subi %[[PUBLISHED]], %{{.*}} : i32
+// CHECK:           %[[ID:.*]] = arith.index_castui %[[ID32]] : i32 to index
+// CHECK:           scf.yield %[[ID]] : index
+// CHECK:         } else {
+// CHECK:           scf.yield %[[N]] : index
+// CHECK:         }
+// notify_ready on the pending count of the popped task.
+// CHECK:         %[[PENDING:.*]] = llvm.getelementptr %[[VIEW]][%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i32
+// CHECK:         %[[ONE:.*]] = arith.constant 1 : i32
+// CHECK:         %[[OLD:.*]] = llvm.atomicrmw sub %[[PENDING]], %[[ONE]] acq_rel {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK:         %[[LAST:.*]] = arith.cmpi eq, %[[OLD]], %[[ONE]] : i32
+// CHECK:         scf.if %[[LAST]] {
+// Push: reserve a slot at the tail, publish or flag the overflow.
+// CHECK:           %[[TAIL:.*]] = llvm.getelementptr
+// CHECK:           %[[RESERVED32:.*]] = llvm.atomicrmw add %[[TAIL]], %{{.*}} monotonic {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK:           %[[RESERVED:.*]] = arith.index_castui %[[RESERVED32]] : i32 to index
+// CHECK:           %[[FITS:.*]] = arith.cmpi ult, %[[RESERVED]], %[[N]] : index
+// CHECK:           scf.if %[[FITS]] {
+// CHECK:             %[[TARGET:.*]] = llvm.getelementptr
+// CHECK:             %[[PLUS:.*]] = arith.addi %[[TASK]], %{{.*}} : index
+// CHECK:             %[[VALUE:.*]] = arith.index_cast %[[PLUS]] : index to i32
+// CHECK:             llvm.store %[[VALUE]], %[[TARGET]] atomic release {alignment = 4 : i64} : i32, !llvm.ptr
+// CHECK:           } else {
+// CHECK:             %[[ERROR:.*]] = llvm.getelementptr
+// CHECK:             llvm.store %{{.*}}, %[[ERROR]] atomic monotonic {alignment = 4 : i64} : i32, !llvm.ptr
+// CHECK:           }
+// CHECK:         }
+// CHECK-NOT:     event.
+func.func @queue_worker(%n: index, %counters: memref<?xi32>) {
+  %c0 = arith.constant 0 : index
+  %c4 = arith.constant 4 : index
+  %pending = event.view %counters[%c4](%n) : memref<?xi32> -> !event.tensor<?>
+  %t = event.queue_pop %counters[%c0] capacity(%n) : memref<?xi32>
+  %last = event.notify_ready %pending[%t] : !event.tensor<?>
+  scf.if %last {
+    event.queue_push %t, %counters[%c0] capacity(%n) : memref<?xi32>
+  }
+  return
+}

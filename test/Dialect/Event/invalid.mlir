@@ -324,3 +324,30 @@ func.func @f(%c: memref<?xi32>, %o: index, %i: index) {
   event.notify %e[%i, %i] : !event.tensor<4>
   return
 }
+
+// -----
+
+func.func @f(%c: memref<?xi32>, %o: index, %i: index) {
+  %e = event.view %c[%o]() : memref<?xi32> -> !event.tensor<4x4>
+  // expected-error @+1 {{'event.notify_ready' op expects 2 indices for '!event.tensor<4x4>', found 1}}
+  %r = event.notify_ready %e[%i] : !event.tensor<4x4>
+  return
+}
+
+// -----
+
+func.func @f(%c: memref<?xi32>, %q: index, %t: index) {
+  %capacity = arith.constant 2147483647 : index
+  // expected-error @+1 {{'event.queue_push' op expects a capacity in [0, 2147483647) so that task ids fit the 32-bit slots, found 2147483647}}
+  event.queue_push %t, %c[%q] capacity(%capacity) : memref<?xi32>
+  return
+}
+
+// -----
+
+func.func @f(%c: memref<?xi32>, %q: index) -> index {
+  %capacity = arith.constant -1 : index
+  // expected-error @+1 {{'event.queue_pop' op expects a capacity in [0, 2147483647) so that task ids fit the 32-bit slots, found -1}}
+  %t = event.queue_pop %c[%q] capacity(%capacity) : memref<?xi32>
+  return %t : index
+}

@@ -82,3 +82,19 @@ func.func @attributes() attributes {
     map = #event.map<(d0, d1) -> (d1, d0) indirect [-1, 0]>} {
   return
 }
+
+// -----
+
+// The dynamic scheduler's ready counts and task queue.
+// CHECK-LABEL: func.func @queue
+// CHECK:         %[[READY:.*]] = event.notify_ready %{{.*}}[%{{.*}}] : !event.tensor<?>
+// CHECK:         event.queue_push %{{.*}}, %{{.*}}[%{{.*}}] capacity(%{{.*}}) : memref<?xi32>
+// CHECK:         %{{.*}} = event.queue_pop %{{.*}}[%{{.*}}] capacity(%{{.*}}) : memref<?xi32>
+func.func @queue(%counters: memref<?xi32>, %n: index, %q: index, %t: index) -> (i1, index) {
+  %c0 = arith.constant 0 : index
+  %pending = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
+  %ready = event.notify_ready %pending[%t] : !event.tensor<?>
+  event.queue_push %t, %counters[%q] capacity(%n) : memref<?xi32>
+  %popped = event.queue_pop %counters[%q] capacity(%n) : memref<?xi32>
+  return %ready, %popped : i1, index
+}

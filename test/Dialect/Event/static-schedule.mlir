@@ -55,7 +55,20 @@
 // CHECK:           memref.store %{{.*}}, %[[H]][%[[ROW]], %{{.*}}]
 // CHECK:         }
 // CHECK:         return
-// CHECK-NOT:     event.graph
+// After the run every counter must be back to zero: 2 (unbalanced) if not.
+// CHECK-LABEL: func.func @pipe_check(
+// CHECK-SAME:      %[[COUNTERS:[^:]*]]: memref<?xi32>) -> i32
+// CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "static", event.workers = 4 : i64}
+// CHECK:         %[[ANY:.*]] = scf.for %[[I:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[FOUND:.*]] = %false) -> (i1) {
+// CHECK:           %[[COUNT:.*]] = memref.load %[[COUNTERS]][%[[I]]] : memref<?xi32>
+// CHECK:           %[[NZ:.*]] = arith.cmpi ne, %[[COUNT]], %{{.*}} : i32
+// CHECK:           %[[OR:.*]] = arith.ori %[[FOUND]], %[[NZ]] : i1
+// CHECK:           scf.yield %[[OR]] : i1
+// CHECK-DAG:     %[[CLEAN:.*]] = arith.constant 0 : i32
+// CHECK-DAG:     %[[UNBALANCED:.*]] = arith.constant 2 : i32
+// CHECK:         %[[STATUS:.*]] = arith.select %[[ANY]], %[[UNBALANCED]], %[[CLEAN]] : i32
+// CHECK:         return %[[STATUS]] : i32
+// CHECK-NOT:     event.graph @
 event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.intermediate}) {
   %c2 = arith.constant 2 : index
   %e = event.alloc(%n) count(%c2) : !event.tensor<?>

@@ -19,6 +19,7 @@
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/Diagnostics.h"
 
 namespace etc::event {
 #define GEN_PASS_DEF_EVENTDYNAMICSCHEDULE
@@ -316,8 +317,7 @@ void DynamicScheduler::buildInverseIndex(OpBuilder &b,
   Value numElements = function.events[alloc].numElements;
   Value one = constantIndex(b, loc, 1);
   Value zero = constantIndex(b, loc, 0);
-  zeroCounters(b, loc, counters, index.offsets,
-               addIndex(b, loc, index.entries, zero));
+  zeroCounters(b, loc, counters, index.offsets, index.entries);
 
   forEachIndexedWait(
       b, function, layout, alloc,
@@ -617,19 +617,19 @@ void DynamicScheduler::buildCheck(OpBuilder &builder) {
   Value overflow = arith::CmpIOp::create(
       b, loc, arith::CmpIPredicate::ne, errorFlag,
       arith::ConstantIntOp::create(b, loc, 0, 32));
-  Value unbalanced = arith::OrIOp::create(
-      b, loc,
-      anyNonZero(b, loc, function, constantIndex(b, loc, 0),
-                 function.eventCounters),
+  Value eventsLeft = anyNonZero(b, loc, function, constantIndex(b, loc, 0),
+                               function.eventCounters);
+  Value pendingLeft =
       anyNonZero(b, loc, function, layout.pending,
-                 addIndex(b, loc, layout.pending, layout.totalTiles)));
-  auto constant = [&](int32_t value) {
-    return arith::ConstantIntOp::create(b, loc, value, 32).getResult();
-  };
-  Value status = arith::SelectOp::create(
-      b, loc, overflow, constant(kQueueOverflow),
-      arith::SelectOp::create(b, loc, unbalanced, constant(kUnbalanced),
-                              constant(kClean)));
+                 addIndex(b, loc, layout.pending, layout.totalTiles));
+  Value unbalanced = arith::OrIOp::create(b, loc, eventsLeft, pendingLeft);
+  Value clean = arith::ConstantIntOp::create(b, loc, kClean, 32);
+  Value overflowed = arith::ConstantIntOp::create(b, loc, kQueueOverflow, 32);
+  Value notBalanced = arith::ConstantIntOp::create(b, loc, kUnbalanced, 32);
+  Value balance =
+      arith::SelectOp::create(b, loc, unbalanced, notBalanced, clean);
+  Value status =
+      arith::SelectOp::create(b, loc, overflow, overflowed, balance);
   func::ReturnOp::create(b, loc, status);
 }
 
@@ -671,9 +671,16 @@ struct EventDynamicSchedulePass
     ModuleOp module = getOperation();
     SmallVector<std::pair<GraphOp, bool>> graphs;
     for (GraphOp graph : module.getOps<GraphOp>()) {
-      bool dynamic = !autoSchedule || isDataDependent(graph);
-      if (failed(checkSchedule(graph, /*requireStaticOrder=*/!dynamic)))
+      if (failed(checkSchedule(graph, /*requireStaticOrder=*/false)))
         return signalPassFailure();
+      bool dynamic = !autoSchedule || isDataDependent(graph);
+      if (!dynamic) {
+        // A regular graph whose textual order is no valid static order
+        // still runs from the queue; the reason is not an error here.
+        ScopedDiagnosticHandler silence(&getContext(),
+                                        [](Diagnostic &) { return success(); });
+        dynamic = failed(checkSchedule(graph, /*requireStaticOrder=*/true));
+      }
       graphs.emplace_back(graph, dynamic);
     }
     if (failed(checkScheduleSymbolsFree(module, "event-dynamic-schedule")))

@@ -137,9 +137,10 @@ void StaticScheduler::buildCheck(OpBuilder &builder) {
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
   Value unbalanced = anyNonZero(b, loc, function, constantIndex(b, loc, 0),
                                 function.eventCounters);
-  Value status = arith::SelectOp::create(
-      b, loc, unbalanced, arith::ConstantIntOp::create(b, loc, kUnbalanced, 32),
-      arith::ConstantIntOp::create(b, loc, kClean, 32));
+  Value clean = arith::ConstantIntOp::create(b, loc, kClean, 32);
+  Value notBalanced = arith::ConstantIntOp::create(b, loc, kUnbalanced, 32);
+  Value status =
+      arith::SelectOp::create(b, loc, unbalanced, notBalanced, clean);
   func::ReturnOp::create(b, loc, status);
 }
 

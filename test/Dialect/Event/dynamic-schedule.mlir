@@ -1,0 +1,332 @@
+// RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-dynamic-schedule=workers=2 -verify-diagnostics | FileCheck %s
+// RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-dynamic-schedule="workers=2 force-index=true" -verify-diagnostics | FileCheck %s --check-prefix=INDEX
+// RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-dynamic-schedule="workers=2 auto=true" -verify-diagnostics | FileCheck %s --check-prefix=AUTO
+
+// Two tasks joined by one counted event per row: T = 2n + n tiles. The
+// counter buffer holds the n event counters, the queue (head, tail, error,
+// T slots) at n, the T pending counts at n + 3 + T. g_init pushes the tiles
+// with nothing to wait for; a worker pops until it gets T, and the notifier
+// that takes a row's counter to zero readies the one "use" tile waiting on
+// it (closed form: the box [row, row + 1) of its grid).
+
+// CHECK-LABEL: func.func @pipe_counters(
+// CHECK-SAME:      %[[N:[^:]*]]: index, {{.*}}) -> index
+// CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "dynamic", event.workers = 2 : i64}
+// CHECK:         %[[FILL:.*]] = arith.muli %[[N]], %{{.*}} : index
+// CHECK:         %[[T:.*]] = arith.addi %[[FILL]], %[[N]] : index
+// CHECK:         %[[SLOTS:.*]] = arith.addi %[[T]], %{{.*}} : index
+// CHECK:         %[[PENDING:.*]] = arith.addi %[[N]], %[[SLOTS]] : index
+// CHECK:         %[[END:.*]] = arith.addi %[[PENDING]], %[[T]] : index
+// CHECK:         return %[[END]] : index
+
+// CHECK-LABEL: func.func @pipe_init(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %{{.*}}: memref<?x8xf32>, %{{.*}}: memref<?x8xf32> {event.intermediate}, %[[COUNTERS:.*]]: memref<?xi32>)
+// CHECK:         %[[FILL:.*]] = arith.muli %[[N]], %{{.*}} : index
+// CHECK:         %[[T:.*]] = arith.addi %[[FILL]], %[[N]] : index
+// CHECK:         %[[SLOTS:.*]] = arith.addi %[[T]], %{{.*}} : index
+// CHECK:         %[[PENDING:.*]] = arith.addi %[[N]], %[[SLOTS]] : index
+// Expected counts, then an empty queue.
+// CHECK:         scf.for %[[I:.*]] = %{{.*}} to %[[N]] step
+// CHECK-NEXT:      memref.store %{{.*}}, %[[COUNTERS]][%[[I]]] : memref<?xi32>
+// CHECK:         scf.for %[[I:.*]] = %[[N]] to %[[PENDING]] step
+// CHECK-NEXT:      memref.store %{{.*}}, %[[COUNTERS]][%[[I]]] : memref<?xi32>
+// "fill" waits on nothing: every tile is pushed.
+// CHECK:         scf.for %[[TILE:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:           %[[AT:.*]] = arith.addi %[[PENDING]], %[[TILE]] : index
+// CHECK:           memref.store %{{.*}}, %[[COUNTERS]][%[[AT]]] : memref<?xi32>
+// CHECK:           scf.if
+// CHECK-NEXT:        event.queue_push %[[TILE]], %[[COUNTERS]][%[[N]]] capacity(%[[T]]) : memref<?xi32>
+// "use" tile i waits on row i unless its count is already zero.
+// CHECK:         scf.for %[[TILE:.*]] = %{{.*}} to %[[N]] step
+// CHECK:           %[[COUNT:.*]] = memref.load %[[COUNTERS]][%[[TILE]]] : memref<?xi32>
+// CHECK:           %[[WAITING:.*]] = arith.cmpi sgt, %[[COUNT]], %{{.*}} : i32
+// CHECK:           %[[ONE:.*]] = arith.select %[[WAITING]]
+// CHECK:           %[[COUNTS:.*]] = arith.addi %{{.*}}, %[[ONE]] : i32
+// CHECK:           %[[ID:.*]] = arith.addi %[[FILL]], %[[TILE]] : index
+// CHECK:           %[[AT:.*]] = arith.addi %[[PENDING]], %[[ID]] : index
+// CHECK:           memref.store %[[COUNTS]], %[[COUNTERS]][%[[AT]]] : memref<?xi32>
+// CHECK:           %[[READY:.*]] = arith.cmpi eq, %[[COUNTS]], %{{.*}} : i32
+// CHECK:           scf.if %[[READY]] {
+// CHECK-NEXT:        event.queue_push %[[ID]], %[[COUNTERS]][%[[N]]] capacity(%[[T]]) : memref<?xi32>
+
+// CHECK-LABEL: func.func @pipe_worker(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[X:[^:]*]]: memref<?x8xf32>, %{{.*}}: memref<?x8xf32> {event.intermediate}, %[[COUNTERS:.*]]: memref<?xi32>)
+// CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "dynamic", event.workers = 2 : i64}
+// CHECK:         %[[E:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[N]]) : memref<?xi32> -> !event.tensor<?>
+// CHECK:         %[[FILL:.*]] = arith.muli %[[N]], %{{.*}} : index
+// CHECK:         %[[T:.*]] = arith.addi %[[FILL]], %[[N]] : index
+// CHECK:         %[[PENDING:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[T]]) : memref<?xi32> -> !event.tensor<?>
+// CHECK:         scf.while : () -> index {
+// CHECK-NEXT:      %[[POPPED:.*]] = event.queue_pop %[[COUNTERS]][%[[N]]] capacity(%[[T]]) : memref<?xi32>
+// CHECK-NEXT:      %[[MORE:.*]] = arith.cmpi ult, %[[POPPED]], %[[T]] : index
+// CHECK-NEXT:      scf.condition(%[[MORE]]) %[[POPPED]] : index
+// CHECK-NEXT:    } do {
+// CHECK-NEXT:    ^bb0(%[[ID:.*]]: index):
+// CHECK-NEXT:      %[[IS_FILL:.*]] = arith.cmpi ult, %[[ID]], %[[FILL]] : index
+// CHECK-NEXT:      scf.if %[[IS_FILL]] {
+// CHECK:             %[[I:.*]] = arith.divui %[[ID]], %{{.*}} : index
+// CHECK:             memref.store %{{.*}}, %[[X]][%[[I]], %{{.*}}]
+// CHECK-NEXT:        %[[ZERO:.*]] = event.notify_ready %[[E]][%[[I]]] : !event.tensor<?>
+// CHECK-NEXT:        scf.if %[[ZERO]] {
+// CHECK:               %[[LO:.*]] = arith.minui %[[I]], %[[N]] : index
+// CHECK:               %[[NEXT:.*]] = arith.addi %[[I]], %{{.*}} : index
+// CHECK:               %[[HI:.*]] = arith.minui %[[NEXT]], %[[N]] : index
+// CHECK:               scf.for %[[WAITER:.*]] = %[[LO]] to %[[HI]] step
+// CHECK-NEXT:            %[[WID:.*]] = arith.addi %[[FILL]], %[[WAITER]] : index
+// CHECK-NEXT:            %[[LAST:.*]] = event.notify_ready %[[PENDING]][%[[WID]]] : !event.tensor<?>
+// CHECK-NEXT:            scf.if %[[LAST]] {
+// CHECK-NEXT:              event.queue_push %[[WID]], %[[COUNTERS]][%[[N]]] capacity(%[[T]]) : memref<?xi32>
+// CHECK:           } else {
+// CHECK-NEXT:        %[[ROW:.*]] = arith.subi %[[ID]], %[[FILL]] : index
+// CHECK-NOT:         event.wait
+// CHECK:             memref.load %[[X]][%[[ROW]], %{{.*}}]
+// CHECK-NOT:         event.notify
+// CHECK:           }
+// CHECK-NEXT:      scf.yield
+
+// 1 when a push overflowed, else 2 when an event or pending count is not
+// zero, else 0.
+// CHECK-LABEL: func.func @pipe_check(
+// CHECK-SAME:      %[[N:[^:]*]]: index, {{.*}}, %[[COUNTERS:[^:]*]]: memref<?xi32>) -> i32
+// CHECK:         event.view %[[COUNTERS]][%{{.*}}](%[[N]]) : memref<?xi32> -> !event.tensor<?>
+// CHECK:         %[[PENDING:.*]] = event.view %[[COUNTERS]][%[[PENDING_AT:.*]]](%[[T:.*]]) : memref<?xi32> -> !event.tensor<?>
+// CHECK:         %[[ERROR:.*]] = memref.load %[[COUNTERS]][%{{.*}}] : memref<?xi32>
+// CHECK:         %[[OVERFLOW:.*]] = arith.cmpi ne, %[[ERROR]], %{{.*}} : i32
+// CHECK:         %[[EVENTS_LEFT:.*]] = scf.for %{{.*}} = %{{.*}} to %[[N]]
+// CHECK:         %[[PENDING_END:.*]] = arith.addi %[[PENDING_AT]], %[[T]] : index
+// CHECK:         %[[PENDING_LEFT:.*]] = scf.for %{{.*}} = %[[PENDING_AT]] to %[[PENDING_END]]
+// CHECK:         %[[LEFT:.*]] = arith.ori %[[EVENTS_LEFT]], %[[PENDING_LEFT]] : i1
+// CHECK-DAG:     %[[C0:.*]] = arith.constant 0 : i32
+// CHECK-DAG:     %[[C1:.*]] = arith.constant 1 : i32
+// CHECK-DAG:     %[[C2:.*]] = arith.constant 2 : i32
+// CHECK:         %[[BALANCE:.*]] = arith.select %[[LEFT]], %[[C2]], %[[C0]] : i32
+// CHECK:         %[[STATUS:.*]] = arith.select %[[OVERFLOW]], %[[C1]], %[[BALANCE]] : i32
+// CHECK:         return %[[STATUS]] : i32
+// CHECK-NOT:     event.graph @
+
+// With force-index the waiters come from the inverse index instead.
+// INDEX-LABEL: func.func @pipe_worker(
+// INDEX:         event.notify_ready
+// INDEX-NOT:     arith.minui
+// INDEX:         scf.for
+// INDEX:           event.notify_ready
+// INDEX:           event.queue_push
+
+// The graph is regular, so auto schedules it statically.
+// AUTO-LABEL: func.func @pipe_worker(
+// AUTO-SAME:      event.schedule = "static"
+// AUTO:         event.wait
+// AUTO-NOT:     event.queue_pop
+event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.intermediate}) {
+  %c2 = arith.constant 2 : index
+  %e = event.alloc(%n) count(%c2) : !event.tensor<?>
+  event.task "fill" grid(%n, %c2)
+      writes(%x : memref<?x8xf32> (d0, d1) -> (d0, d1 * 4) [1, 4])
+      notifies(%e : !event.tensor<?> (d0, d1) -> (d0)) {
+  ^bb0(%i: index, %j: index):
+    %one = arith.constant 1.0 : f32
+    memref.store %one, %x[%i, %j] : memref<?x8xf32>
+  }
+  event.task "use" grid(%n)
+      reads(%x : memref<?x8xf32> (d0) -> (d0, 0) [1, ?])
+      writes(%h : memref<?x8xf32> (d0) -> (d0, 0) [1, ?])
+      waits(%e : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    %c0 = arith.constant 0 : index
+    %v = memref.load %x[%i, %c0] : memref<?x8xf32>
+    memref.store %v, %h[%i, %c0] : memref<?x8xf32>
+  }
+}
+
+// -----
+
+// Closed-form waiters of a 2-D element (r, c): tiles (i, j) of "c" with
+// i floordiv 2 == r (the box [2r, 2r + 2), clamped to the grid), j any of
+// the 4 (absent from the map), and only when c is the constant 1.
+
+// CHECK-LABEL: func.func @box_worker(
+// CHECK-SAME:      %[[N:[^:]*]]: index
+// CHECK:         %[[READY:.*]] = event.notify_ready %{{.*}}[%[[R:.*]], %[[C:.*]]] : !event.tensor<?x2>
+// CHECK-NEXT:    scf.if %[[READY]] {
+// CHECK:           %[[FIRST:.*]] = arith.muli %[[R]], %[[TWO:.*]] : index
+// CHECK:           %[[LO:.*]] = arith.minui %[[FIRST]], %[[N]] : index
+// CHECK:           %[[PAST:.*]] = arith.addi %[[FIRST]], %[[TWO]] : index
+// CHECK:           %[[HI:.*]] = arith.minui %[[PAST]], %[[N]] : index
+// CHECK:           %[[IS_ONE:.*]] = arith.cmpi eq, %[[C]], %{{.*}} : index
+// CHECK:           scf.if %[[IS_ONE]] {
+// CHECK:             scf.for %[[I:.*]] = %[[LO]] to %[[HI]] step
+// CHECK:               scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:                 event.notify_ready
+// CHECK:                 event.queue_push
+event.graph @box(%n: index) {
+  %c4 = arith.constant 4 : index
+  %c2 = arith.constant 2 : index
+  %rows = affine.apply affine_map<()[s0] -> (s0 ceildiv 2)>()[%n]
+  %e = event.alloc(%rows) count(%c4) : !event.tensor<?x2>
+  event.task "p" grid(%rows, %c2, %c4)
+      notifies(%e : !event.tensor<?x2> (d0, d1, d2) -> (d0, d1)) {
+  ^bb0(%i: index, %j: index, %k: index):
+    "test.produce"(%i, %j, %k) : (index, index, index) -> ()
+  }
+  event.task "c" grid(%n, %c4)
+      waits(%e : !event.tensor<?x2> (d0, d1) -> (d0 floordiv 2, 1)) {
+  ^bb0(%i: index, %j: index):
+    "test.consume"(%i, %j) : (index, index) -> ()
+  }
+}
+
+// -----
+
+// Data-dependent routing: "tokens" notifies the expert its route names
+// (counted in g_init); "experts" waits affinely (closed form); "combine"
+// waits through the route, so g_init builds the inverse index of %done
+// (counting sort of the combine tiles by the element they wait on) and the
+// last notifier of an expert walks its CSR row.
+
+// CHECK-LABEL: func.func @routed_counters(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[EXPERTS:[^:]*]]: index
+// CHECK:         %[[T:.*]] = arith.addi %{{.*}}, %[[N]] : index
+// CHECK:         %[[PENDING:.*]] = arith.addi %[[EXPERTS]], %{{.*}} : index
+// CHECK:         %[[OFFSETS:.*]] = arith.addi %[[PENDING]], %[[T]] : index
+// CHECK:         %[[ROWS:.*]] = arith.addi %[[EXPERTS]], %{{.*}} : index
+// CHECK:         %[[ENTRIES:.*]] = arith.addi %[[OFFSETS]], %[[ROWS]] : index
+// CHECK:         %[[END:.*]] = arith.addi %[[ENTRIES]], %[[N]] : index
+// CHECK:         return %[[END]] : index
+
+// CHECK-LABEL: func.func @routed_init(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[EXPERTS:[^:]*]]: index, %[[ROUTE:[^:]*]]: memref<?xi32>, %[[COUNTERS:.*]]: memref<?xi32>)
+// Expected counts of %done, counted from the routes.
+// CHECK:         scf.for %[[TOKEN:.*]] = %{{.*}} to %[[N]] step
+// CHECK:           %[[TO:.*]] = memref.load %[[ROUTE]][%[[TOKEN]]] : memref<?xi32>
+// CHECK:           %[[EXPERT:.*]] = arith.index_cast %[[TO]] : i32 to index
+// CHECK:           memref.load %[[COUNTERS]][%[[EXPERT]]]
+// CHECK:           arith.addi
+// CHECK:           memref.store
+// Counting sort: count per element into offsets[e + 1] ...
+// CHECK:         scf.for %[[TOKEN:.*]] = %{{.*}} to %[[N]] step
+// CHECK:           memref.load %[[ROUTE]][%[[TOKEN]]]
+// CHECK:           memref.store
+// ... prefix sum ...
+// CHECK:         scf.for %[[E:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:           %[[PREVIOUS:.*]] = memref.load
+// CHECK:           %[[CURRENT:.*]] = memref.load
+// CHECK:           arith.addi
+// CHECK:           memref.store
+// ... fill with the combine tile ids (offset N + experts) ...
+// CHECK:         scf.for %[[TOKEN:.*]] = %{{.*}} to %[[N]] step
+// CHECK:           memref.load %[[ROUTE]][%[[TOKEN]]]
+// CHECK:           %[[ID:.*]] = arith.addi %{{.*}}, %[[TOKEN]] : index
+// CHECK:           %[[ID32:.*]] = arith.index_cast %[[ID]] : index to i32
+// CHECK:           memref.store %[[ID32]], %[[COUNTERS]]
+// ... and shift the offsets back.
+// CHECK:         scf.for
+// CHECK:         memref.store %{{.*}}, %[[COUNTERS]][%{{.*}}] : memref<?xi32>
+// Pending counts: every tokens tile is ready, then experts and combine.
+// CHECK:         scf.for
+// CHECK:           event.queue_push
+// CHECK:         scf.for
+// CHECK:           event.queue_push
+// CHECK:         scf.for
+// CHECK:           memref.load %[[ROUTE]]
+// CHECK:           event.queue_push
+
+// CHECK-LABEL: func.func @routed_worker(
+// CHECK:           "test.token"(%[[TOKEN:.*]]) : (index) -> ()
+// CHECK-NEXT:      %[[TO:.*]] = memref.load %{{.*}}[%[[TOKEN]]] : memref<?xi32>
+// CHECK-NEXT:      %[[EXPERT:.*]] = arith.index_cast %[[TO]] : i32 to index
+// CHECK-NEXT:      %[[LAST:.*]] = event.notify_ready %{{.*}}[%[[EXPERT]]] : !event.tensor<?>
+// CHECK-NEXT:      scf.if %[[LAST]] {
+// The "experts" waiter in closed form ...
+// CHECK:             scf.for
+// CHECK:               event.notify_ready
+// CHECK:               event.queue_push
+// ... the "combine" waiters from the CSR row of the expert.
+// CHECK:             %[[ROW:.*]] = arith.addi %{{.*}}, %[[EXPERT]] : index
+// CHECK:             %[[BEGIN32:.*]] = memref.load %{{.*}}[%[[ROW]]] : memref<?xi32>
+// CHECK:             %[[BEGIN:.*]] = arith.index_cast %[[BEGIN32]] : i32 to index
+// CHECK:             %[[NEXT:.*]] = arith.addi %[[ROW]], %{{.*}} : index
+// CHECK:             %[[END32:.*]] = memref.load %{{.*}}[%[[NEXT]]] : memref<?xi32>
+// CHECK:             %[[END:.*]] = arith.index_cast %[[END32]] : i32 to index
+// CHECK:             scf.for %[[ENTRY:.*]] = %[[BEGIN]] to %[[END]] step
+// CHECK:               %[[WAITER32:.*]] = memref.load
+// CHECK:               %[[WAITER:.*]] = arith.index_cast %[[WAITER32]] : i32 to index
+// CHECK:               %[[GO:.*]] = event.notify_ready %{{.*}}[%[[WAITER]]] : !event.tensor<?>
+// CHECK:               scf.if %[[GO]] {
+// CHECK-NEXT:            event.queue_push %[[WAITER]]
+
+// Data-dependent, so auto schedules it dynamically.
+// AUTO-LABEL: func.func @routed_worker(
+// AUTO-SAME:      event.schedule = "dynamic"
+// AUTO:         event.queue_pop
+event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
+  %done = event.alloc(%experts) : !event.tensor<?>
+  event.task "tokens" grid(%n)
+      notifies(%done : !event.tensor<?> (d0) -> (d0) indirect [0])
+      indices(%route : memref<?xi32>) {
+  ^bb0(%t: index):
+    "test.token"(%t) : (index) -> ()
+  }
+  event.task "experts" grid(%experts)
+      waits(%done : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%x: index):
+    "test.expert"(%x) : (index) -> ()
+  }
+  event.task "combine" grid(%n)
+      waits(%done : !event.tensor<?> (d0) -> (d0) indirect [0])
+      indices(%route : memref<?xi32>) {
+  ^bb0(%t: index):
+    "test.combine"(%t) : (index) -> ()
+  }
+}
+
+// -----
+
+// A queue runs tasks as they become ready, so the consumer may come first
+// in the text (the static schedule rejects this order, so auto does not
+// pick it).
+
+// CHECK-LABEL: func.func @reversed_worker(
+// CHECK:         event.queue_pop
+// CHECK:           "test.consume"
+// CHECK:           "test.produce"
+// CHECK:           event.notify_ready
+// AUTO-LABEL: func.func @reversed_worker(
+// AUTO-SAME:      event.schedule = "dynamic"
+event.graph @reversed(%n: index) {
+  %c1 = arith.constant 1 : index
+  %e = event.alloc(%n) count(%c1) : !event.tensor<?>
+  event.task "consume" grid(%n) waits(%e : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    "test.consume"(%i) : (index) -> ()
+  }
+  event.task "produce" grid(%n) notifies(%e : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    "test.produce"(%i) : (index) -> ()
+  }
+}
+
+// -----
+
+// The balance proof still applies.
+event.graph @unbalanced(%n: index) {
+  %c3 = arith.constant 3 : index
+  // expected-error @+1 {{'count' cannot be proved equal to the number of notifies each element receives from task 'p'}}
+  %e = event.alloc(%n) count(%c3) : !event.tensor<?>
+  event.task "p" grid(%n) notifies(%e : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    "test.produce"(%i) : (index) -> ()
+  }
+  event.task "c" grid(%n) waits(%e : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    "test.consume"(%i) : (index) -> ()
+  }
+}
+
+// -----
+
+// expected-error @+1 {{symbol 'taken_check' is taken; event-dynamic-schedule needs it for graph @taken}}
+func.func @taken_check() {
+  return
+}
+event.graph @taken(%n: index) {
+}
