@@ -34,7 +34,7 @@ def summarize(stage: str, text: str) -> None:
         "graph": ("event.graph", "event.task"),
         "event": ("event.alloc", "event.task"),
         "scheduled": ("func.func", "event.view"),
-        "lowered": ("llvm.func @mlp",),
+        "lowered": ("llvm.func @mlp", "gpu.binary", "gpu.module"),
     }[stage]
     lines = [line.strip() for line in text.splitlines() if line.strip().startswith(keys)
              or any(f" {k}" in line and "=" in line for k in keys if k.startswith("event.a"))]
@@ -45,9 +45,15 @@ def summarize(stage: str, text: str) -> None:
 
 def main() -> int:
     g = build_mlp()
-    target = "cpu"
-    print(f"target: {target} (no GPU backend yet; the CPU runs the same persistent program "
-          "on host worker threads)")
+    from etc.runtime.cuda import cuda_available
+
+    if cuda_available():
+        target = "cuda"
+        print("target: cuda (a CUDA device is present: one persistent CTA per worker)")
+    else:
+        target = "cpu"
+        print("target: cpu (no CUDA device here; the CPU runs the same persistent program "
+              "on 4 host worker threads)")
     start = time.perf_counter()
     kernel = etc.compile(g, target=target, schedule="static", workers=4)
     compile_s = time.perf_counter() - start
