@@ -1,0 +1,56 @@
+"""Stress of the dynamic schedule: many runs with random worker counts and
+sizes, each checked against the NumPy reference. Races in the queue (a slot
+read before it is published, a task pushed twice or never) show up as wrong
+numbers, a hang, or g_check's overflow/unbalanced error. Bounded in time: the
+loop stops after BUDGET_S seconds and prints how many runs it did."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import etc
+from test_cpu_runtime import _mlp, _rand
+
+BUDGET_S = 20.0
+WORKER_CHOICES = (1, 2, 3, 4, 5, 8, 13)
+
+
+def _chain() -> etc.Graph:
+    """Elementwise and row operators chained so that most tiles wait."""
+    g = etc.Graph("chain")
+    B = g.symbol("B")
+    x = g.input("x", (B, 64), "f32")
+    w = g.input("w", (64, 64), "f32")
+    h = g.silu(g.matmul(x, w))
+    g.output(g.softmax(g.add(h, x)))
+    return g
+
+
+def test_dynamic_stress():
+    rng = np.random.default_rng(2026)
+    graphs = {"mlp": _mlp(), "chain": _chain()}
+    kernels: dict[tuple[str, int], object] = {}
+    runs = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < BUDGET_S:
+        name = ("mlp", "chain")[runs % 2]
+        workers = int(rng.choice(WORKER_CHOICES))
+        g = graphs[name]
+        if (name, workers) not in kernels:
+            kernels[name, workers] = etc.compile(g, schedule="dynamic", workers=workers)
+        batch = int(rng.integers(1, 97))
+        if name == "mlp":
+            inputs = {"x": _rand(rng, (batch, 128)), "nw": _rand(rng, (128,)),
+                      "w1": _rand(rng, (128, 192), 0.1), "w2": _rand(rng, (192, 128), 0.1)}
+        else:
+            inputs = {"x": _rand(rng, (batch, 64)), "w": _rand(rng, (64, 64), 0.1)}
+        outputs = kernels[name, workers].run(**inputs)
+        for got, want in zip(outputs, etc.reference.evaluate(g, **inputs)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{name} workers={workers} batch={batch}")
+        runs += 1
+    print(f"\ndynamic stress: {runs} runs in {time.perf_counter() - start:.1f} s "
+          f"({len(kernels)} kernels)")
+    assert runs >= 10
