@@ -222,7 +222,10 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
       `dN floordiv M` or constants (a box of tiles: the coordinate, the M
       tiles `[M*c, M*c+M)`, every tile along grid dimensions absent from the
       map), and through the inverse index otherwise (indirect maps, other
-      affine expressions) or with `force-index`;
+      affine expressions) or with `force-index`. An indirect wait whose
+      index buffer some task of the graph writes cannot be evaluated in
+      `@g_init`: the tile then waits on every coordinate of its indirect
+      results (conservative; no new task-level dependency, so no deadlock);
     * `@g_check(args, counters) -> i32`: 0 after a clean run, 1 when a push
       overflowed the queue (impossible when the graph is balanced: every
       tile is pushed once), 2 when an event counter or a pending count is

@@ -281,6 +281,56 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 
 // -----
 
+// The route is written by a task of the graph, so g_init cannot read it: the
+// indirect wait of "combine" is taken over every expert (conservative, still
+// deadlock-free: it adds no task-level edge). Its pending count is the
+// number of not yet ready experts plus the router event, and every last
+// notifier of an expert readies all combine tiles.
+
+// CHECK-LABEL: func.func @routed_at_run_time_init(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[ROUTE:[^:]*]]: memref<?xi32>, %[[COUNTERS:.*]]: memref<?xi32>)
+// CHECK:         scf.for %{{.*}} = %{{.*}} to %[[N]] step
+// CHECK-NOT:       memref.load %[[ROUTE]]
+// CHECK:           %[[ANY:.*]] = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %{{.*}}) -> (i32) {
+// CHECK-NOT:         memref.load %[[ROUTE]]
+// CHECK:             arith.cmpi sgt
+// CHECK:             scf.yield %{{.*}} : i32
+// CHECK:           arith.addi %{{.*}}, %[[ANY]] : i32
+// CHECK:           event.queue_push
+// CHECK-LABEL: func.func @routed_at_run_time_worker(
+// CHECK:           "test.expert"(%[[EXPERT:[^,]*]], %{{.*}})
+// CHECK:           %[[LAST:.*]] = event.notify_ready %{{.*}}[%[[EXPERT]]] : !event.tensor<4>
+// CHECK:           scf.if %[[LAST]] {
+// CHECK:             scf.for %{{.*}} = %{{.*}} to %{{.*}} step
+// CHECK:               event.notify_ready
+// CHECK:               event.queue_push
+event.graph @routed_at_run_time(%n: index, %route: memref<?xi32>) {
+  %c4 = arith.constant 4 : index
+  %routed = event.alloc() count(%n) : !event.tensor<>
+  %done = event.alloc() count(%n) : !event.tensor<4>
+  event.task "router" grid(%n)
+      writes(%route : memref<?xi32> (d0) -> (d0) [1])
+      notifies(%routed : !event.tensor<> (d0) -> ()) {
+  ^bb0(%t: index):
+    "test.route"(%t) : (index) -> ()
+  }
+  event.task "experts" grid(%c4, %n)
+      waits(%routed : !event.tensor<> (d0, d1) -> ())
+      notifies(%done : !event.tensor<4> (d0, d1) -> (d0)) {
+  ^bb0(%x: index, %s: index):
+    "test.expert"(%x, %s) : (index, index) -> ()
+  }
+  event.task "combine" grid(%n)
+      waits(%routed : !event.tensor<> (d0) -> (),
+            %done : !event.tensor<4> (d0) -> (d0) indirect [0])
+      indices(%route : memref<?xi32>) {
+  ^bb0(%t: index):
+    "test.combine"(%t) : (index) -> ()
+  }
+}
+
+// -----
+
 // A queue runs tasks as they become ready, so the consumer may come first
 // in the text (the static schedule rejects this order, so auto does not
 // pick it).

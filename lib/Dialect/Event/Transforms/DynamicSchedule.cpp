@@ -38,11 +38,12 @@ static constexpr int64_t kQueueErrorWord = 2;
 //===----------------------------------------------------------------------===//
 
 namespace {
-/// How one result of an affine wait map selects tiles: `tile[dim] == c`,
-/// `tile[dim] floordiv divisor == c`, or, for a constant result, every tile
-/// when `c == constant`.
+/// How one result of a wait map selects tiles: `tile[dim] == c`,
+/// `tile[dim] floordiv divisor == c`, for a constant result every tile when
+/// `c == constant`, and for `Any` (an indirect result whose index buffer is
+/// written during the run) every tile for every `c`.
 struct BoxResult {
-  enum Kind { Dim, FloorDiv, Constant } kind;
+  enum Kind { Dim, FloorDiv, Constant, Any } kind;
   unsigned dim = 0;
   int64_t value = 0; // The divisor or the constant.
 };
@@ -56,14 +57,21 @@ struct WaitUse {
 };
 
 /// The closed form of `indexMap` as a box of tiles, if it has one: every
-/// result is a distinct tile index `dN`, `dN floordiv M` (M > 0) or a
-/// constant.
-std::optional<SmallVector<BoxResult>> closedForm(IndexMapAttr indexMap) {
-  if (indexMap.hasIndirect())
+/// result is a distinct tile index `dN`, `dN floordiv M` (M > 0), a constant,
+/// or, with `anyIndirect`, indirect (`Any`: the tile waits on every
+/// coordinate there). Otherwise, without `anyIndirect`, indirect maps have
+/// none.
+std::optional<SmallVector<BoxResult>> closedForm(IndexMapAttr indexMap,
+                                                 bool anyIndirect) {
+  if (indexMap.hasIndirect() && !anyIndirect)
     return std::nullopt;
   SmallVector<BoxResult> results;
   llvm::SmallDenseSet<unsigned> used;
-  for (AffineExpr expr : indexMap.getMap().getResults()) {
+  for (auto [result, expr] : llvm::enumerate(indexMap.getMap().getResults())) {
+    if (indexMap.isIndirect(result)) {
+      results.push_back({BoxResult::Any, 0, 0});
+      continue;
+    }
     if (auto constant = dyn_cast<AffineConstantExpr>(expr)) {
       results.push_back({BoxResult::Constant, 0, constant.getValue()});
       continue;
@@ -144,6 +152,19 @@ private:
       OpBuilder &b, ScheduledFunction &function, QueueLayout &layout,
       AllocOp alloc,
       function_ref<void(OpBuilder &, Location, Value, Value)> body);
+  /// The number of not yet ready elements a tile waits on through a wait
+  /// entry with `Any` results: every coordinate there, the others evaluated.
+  Value countWaitingOnAny(OpBuilder &b, Location loc,
+                          ScheduledFunction &function,
+                          const EventLayout &eventLayout, IndexMapAttr map,
+                          ArrayRef<BoxResult> box, ValueRange tile);
+  const WaitUse &waitUse(unsigned task, unsigned entry) {
+    Value event = tasks[task].getWaits()[entry];
+    for (const WaitUse &use : waiters[event.getDefiningOp()])
+      if (use.task == task && use.entry == entry)
+        return use;
+    llvm_unreachable("every wait entry has a use");
+  }
   /// Sets every tile's pending count and pushes the ready tiles (`@g_init`).
   void initPending(OpBuilder &b, ScheduledFunction &function,
                    QueueLayout &layout);
@@ -172,12 +193,23 @@ private:
 DynamicScheduler::DynamicScheduler(GraphOp graph, int64_t workers,
                                    bool forceIndex)
     : GraphProgramBuilder(graph, "dynamic", workers) {
+  // Index buffers some task writes hold their values only once that task
+  // ran, so `@g_init` cannot evaluate indirect waits through them.
+  llvm::SmallDenseSet<Value> written;
+  for (TaskOp task : tasks)
+    written.insert(task.getWrites().begin(), task.getWrites().end());
   for (auto [taskIndex, task] : llvm::enumerate(tasks))
     for (auto [entry, event] : llvm::enumerate(task.getWaits())) {
       WaitUse use{static_cast<unsigned>(taskIndex),
                   static_cast<unsigned>(entry), std::nullopt};
-      if (!forceIndex)
-        use.box = closedForm(task.getWaitMap(entry));
+      IndexMapAttr map = task.getWaitMap(entry);
+      bool runtimeIndices = llvm::any_of(map.getIndirect(), [&](int64_t k) {
+        return k >= 0 && written.contains(task.getIndices()[k]);
+      });
+      if (runtimeIndices)
+        use.box = closedForm(map, /*anyIndirect=*/true);
+      else if (!forceIndex)
+        use.box = closedForm(map, /*anyIndirect=*/false);
       // checkSchedule guarantees the event is an `event.alloc`.
       waiters[event.getDefiningOp()].push_back(use);
     }
@@ -369,6 +401,54 @@ void DynamicScheduler::buildInverseIndex(OpBuilder &b,
                           counters, index.offsets);
 }
 
+Value DynamicScheduler::countWaitingOnAny(OpBuilder &b, Location loc,
+                                         ScheduledFunction &function,
+                                         const EventLayout &eventLayout,
+                                         IndexMapAttr map,
+                                         ArrayRef<BoxResult> box,
+                                         ValueRange tile) {
+  SmallVector<Value> lower, upper, steps;
+  SmallVector<unsigned> anyResults;
+  for (auto [result, part] : llvm::enumerate(box)) {
+    if (part.kind != BoxResult::Any)
+      continue;
+    anyResults.push_back(result);
+    lower.push_back(constantIndex(b, loc, 0));
+    upper.push_back(eventLayout.sizes[result]);
+    steps.push_back(constantIndex(b, loc, 1));
+  }
+  Value zero = arith::ConstantIntOp::create(b, loc, 0, 32);
+  scf::LoopNest nest = scf::buildLoopNest(
+      b, loc, lower, upper, steps, ValueRange{zero},
+      [&](OpBuilder &nested, Location loc, ValueRange anyCoordinates,
+          ValueRange counted) -> scf::ValueVector {
+        SmallVector<Value> coordinates;
+        AffineMap affine = map.getMap();
+        auto nextAny = anyCoordinates.begin();
+        for (unsigned result = 0; result < affine.getNumResults(); ++result) {
+          if (box[result].kind == BoxResult::Any) {
+            coordinates.push_back(*nextAny++);
+            continue;
+          }
+          coordinates.push_back(affine::AffineApplyOp::create(
+              nested, loc, affine.getSubMap(result), tile));
+        }
+        Value element = addIndex(
+            nested, loc, eventLayout.offset,
+            linearize(nested, loc, coordinates, eventLayout.sizes));
+        Value count =
+            memref::LoadOp::create(nested, loc, function.counters, element);
+        Value zero = arith::ConstantIntOp::create(nested, loc, 0, 32);
+        Value one = arith::ConstantIntOp::create(nested, loc, 1, 32);
+        Value notReady = arith::CmpIOp::create(
+            nested, loc, arith::CmpIPredicate::sgt, count, zero);
+        Value increment =
+            arith::SelectOp::create(nested, loc, notReady, one, zero);
+        return {arith::AddIOp::create(nested, loc, counted[0], increment)};
+      });
+  return nest.results.front();
+}
+
 void DynamicScheduler::initPending(OpBuilder &b, ScheduledFunction &function,
                                    QueueLayout &layout) {
   for (auto [taskIndex, task] : llvm::enumerate(tasks)) {
@@ -390,8 +470,19 @@ void DynamicScheduler::initPending(OpBuilder &b, ScheduledFunction &function,
           for (auto [entry, event] : llvm::enumerate(task.getWaits())) {
             const EventLayout &eventLayout =
                 function.events[event.getDefiningOp()];
-            SmallVector<Value> coordinates = evaluateIndexMap(
-                nested, loc, task.getWaitMap(entry), tile, indexBuffers);
+            const WaitUse &use = waitUse(taskIndex, entry);
+            IndexMapAttr map = task.getWaitMap(entry);
+            if (use.box && llvm::any_of(*use.box, [](const BoxResult &box) {
+                  return box.kind == BoxResult::Any;
+                })) {
+              pending = arith::AddIOp::create(
+                  nested, loc, pending,
+                  countWaitingOnAny(nested, loc, function, eventLayout, map,
+                                    *use.box, tile));
+              continue;
+            }
+            SmallVector<Value> coordinates =
+                evaluateIndexMap(nested, loc, map, tile, indexBuffers);
             Value element = addIndex(
                 nested, loc, eventLayout.offset,
                 linearize(nested, loc, coordinates, eventLayout.sizes));
@@ -467,6 +558,8 @@ void DynamicScheduler::readyWaiters(OpBuilder &b, Location loc,
     Value matches;
     for (auto [result, box] : llvm::enumerate(*use.box)) {
       Value coordinate = coordinates[result];
+      if (box.kind == BoxResult::Any)
+        continue;
       if (box.kind == BoxResult::Constant) {
         Value equal = arith::CmpIOp::create(
             b, loc, arith::CmpIPredicate::eq, coordinate,
