@@ -135,9 +135,10 @@ protected:
   llvm::SmallVector<TaskOp> tasks;
 };
 
-/// Replaces nothing: inserts the static schedule of `graph` (the functions
-/// `event-static-schedule` documents, round-robin policy) at `builder`.
-/// The graph must have passed `checkSchedule`.
+/// Inserts the static schedule of `graph` (the functions
+/// `event-static-schedule` documents, round-robin policy) at `builder`,
+/// leaving the graph itself in place. The graph must have passed
+/// `checkSchedule`.
 void buildStaticSchedule(mlir::OpBuilder &builder, GraphOp graph,
                          int64_t workers);
 

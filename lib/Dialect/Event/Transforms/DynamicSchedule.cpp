@@ -123,6 +123,12 @@ struct QueueLayout {
   Value end;
 };
 
+/// Erases the pending-count view of a function that does not use it.
+void dropUnusedPendingView(QueueLayout &layout) {
+  if (layout.pendingView && layout.pendingView.use_empty())
+    layout.pendingView.getDefiningOp()->erase();
+}
+
 /// Builds the four functions of one graph's dynamic schedule.
 class DynamicScheduler : public GraphProgramBuilder {
 public:
@@ -525,6 +531,7 @@ void DynamicScheduler::buildInit(OpBuilder &builder) {
     buildInverseIndex(b, function, layout, alloc);
   initPending(b, function, layout);
   func::ReturnOp::create(b, loc);
+  dropUnusedPendingView(layout);
 }
 
 //===----------------------------------------------------------------------===//
@@ -724,6 +731,7 @@ void DynamicScheduler::buildCheck(OpBuilder &builder) {
   Value status =
       arith::SelectOp::create(b, loc, overflow, overflowed, balance);
   func::ReturnOp::create(b, loc, status);
+  dropUnusedPendingView(layout);
 }
 
 void DynamicScheduler::build(OpBuilder &builder) {
@@ -732,6 +740,7 @@ void DynamicScheduler::build(OpBuilder &builder) {
   buildWorker(builder);
   buildCheck(builder);
 }
+
 
 //===----------------------------------------------------------------------===//
 // Pass
