@@ -90,6 +90,9 @@ def EventCheckSchedule : Pass<"event-check-schedule", "::etc::event::GraphOp"> {
     * range: each affine wait coordinate is a tile index `dN` whose grid
       extent is the event size, `dN floordiv M` with event size
       `extent ceildiv M`, or a constant inside a static size.
+    * countability, for events without `count`: their expected counts are
+      counted from the notify maps before any task runs, so no index buffer
+      an indirect notify map reads may be written by a task of the graph;
     Sizes and counts are compared symbolically: constants are folded, and
     `index` values computed with arith and `affine.apply` are normalised to
     polynomials and affine expressions of the graph's arguments. Events

@@ -372,6 +372,26 @@ event.graph @unbalanced(%n: index) {
 
 // -----
 
+// Counting the notifies of an event without `count` happens in g_init,
+// before the router has written the routes: rejected (for both schedules).
+event.graph @counted_too_early(%n: index, %experts: index, %route: memref<?xi32>) {
+  // expected-error @+1 {{'event.alloc' op has no 'count', so its expected counts are counted before any task runs, but notify #0 of task 'tokens' loads its coordinates from index buffer #0, which task 'router' writes during the run}}
+  %done = event.alloc(%experts) : !event.tensor<?>
+  event.task "router" grid(%n) writes(%route : memref<?xi32> (d0) -> (d0) [1]) {
+  ^bb0(%t: index):
+  }
+  event.task "tokens" grid(%n)
+      notifies(%done : !event.tensor<?> (d0) -> (d0) indirect [0])
+      indices(%route : memref<?xi32>) {
+  ^bb0(%t: index):
+  }
+  event.task "experts" grid(%experts) waits(%done : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%x: index):
+  }
+}
+
+// -----
+
 // expected-error @+1 {{symbol 'taken_check' is taken; event-dynamic-schedule needs it for graph @taken}}
 func.func @taken_check() {
   return

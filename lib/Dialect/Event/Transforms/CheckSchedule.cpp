@@ -308,6 +308,7 @@ private:
   LogicalResult collectEventUses();
   LogicalResult checkOrder(AllocOp alloc);
   LogicalResult checkBalance(AllocOp alloc);
+  LogicalResult checkCountable(AllocOp alloc);
   LogicalResult checkWaitRange(AllocOp alloc, EventUse wait);
 
   /// Size of dimension `dim` of the event tensor `alloc` allocates.
@@ -433,6 +434,31 @@ LogicalResult ScheduleChecker::checkBalance(AllocOp alloc) {
   return success();
 }
 
+LogicalResult ScheduleChecker::checkCountable(AllocOp alloc) {
+  // The expected counts of an event without `count` are counted from its
+  // notify maps before any task runs, so their index buffers must hold their
+  // values from the start.
+  for (EventUse use : notifiers.lookup(alloc)) {
+    TaskOp task = tasks[use.task];
+    IndexMapAttr indexMap = task.getNotifyMap(use.entry);
+    for (int64_t buffer : indexMap.getIndirect()) {
+      if (buffer < 0)
+        continue;
+      Value indices = task.getIndices()[buffer];
+      for (TaskOp writer : tasks)
+        if (llvm::is_contained(writer.getWrites(), indices))
+          return alloc.emitOpError("has no 'count', so its expected counts "
+                                   "are counted before any task runs, but "
+                                   "notify #")
+                 << use.entry << " of task '" << task.getName()
+                 << "' loads its coordinates from index buffer #" << buffer
+                 << ", which task '" << writer.getName()
+                 << "' writes during the run";
+    }
+  }
+  return success();
+}
+
 LogicalResult ScheduleChecker::checkWaitRange(AllocOp alloc, EventUse wait) {
   TaskOp task = tasks[wait.task];
   IndexMapAttr indexMap = task.getWaitMap(wait.entry);
@@ -490,6 +516,8 @@ LogicalResult ScheduleChecker::check() {
     if (failed(checkOrder(alloc)))
       return failure();
     if (alloc.getCount() && failed(checkBalance(alloc)))
+      return failure();
+    if (!alloc.getCount() && failed(checkCountable(alloc)))
       return failure();
     for (EventUse wait : waiters.lookup(alloc))
       if (failed(checkWaitRange(alloc, wait)))
