@@ -97,6 +97,11 @@ class CPURuntime:
         self._worker_fn = f"{name}_worker"
         self._check_fn = f"{name}_check"
         self.engine = ExecutionEngine(module, opt_level=2)
+        # Looking the entry points up now makes the JIT generate their code
+        # here, at compile time, instead of inside the first `run`, and turns
+        # a program without the expected ABI into an error before any call.
+        for function in (self._counters_fn, self._init_fn, self._worker_fn, self._check_fn):
+            self.engine.lookup(function)
 
     # -- argument binding -------------------------------------------------
 
