@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Conversion/EventToCPU/EventToCPU.h"
+#include "Conversion/EventCommon/EventAddressing.h"
 #include "Conversion/Passes.h"
 
 #include "Event/IR/EventOps.h"
@@ -31,68 +32,7 @@ using namespace etc::event;
 // Patterns
 //===----------------------------------------------------------------------===//
 
-/// The address of element `indices` of `event` (an `event.view`), given
-/// `base`, the address of its first counter.
-static FailureOr<Value> elementPointer(ConversionPatternRewriter &rewriter,
-                                       Operation *op, Value event, Value base,
-                                       ValueRange indices) {
-  auto view = event.getDefiningOp<ViewOp>();
-  if (!view)
-    return rewriter.notifyMatchFailure(
-        op, "the event tensor is not an 'event.view' of a counter buffer");
-  Location loc = op->getLoc();
-  EventTensorType type = view.getType();
-  Value linear;
-  auto dynamicSize = view.getDynamicSizes().begin();
-  for (auto [dim, index] : llvm::enumerate(indices)) {
-    // The extent of the leading dimension does not matter for row-major
-    // addressing, but its dynamic size still comes first in the operands.
-    Value size;
-    if (type.isDynamicDim(dim))
-      size = *dynamicSize++;
-    if (dim == 0) {
-      linear = index;
-      continue;
-    }
-    if (!size)
-      size = arith::ConstantIndexOp::create(rewriter, loc, type.getShape()[dim]);
-    linear = arith::AddIOp::create(
-        rewriter, loc, arith::MulIOp::create(rewriter, loc, linear, size),
-        index);
-  }
-  if (!linear)
-    return base;
-  Value linear64 =
-      arith::IndexCastOp::create(rewriter, loc, rewriter.getI64Type(), linear);
-  return LLVM::GEPOp::create(rewriter, loc, base.getType(),
-                             rewriter.getI32Type(), base, ValueRange{linear64})
-      .getResult();
-}
-
 namespace {
-/// Lowers `event.view %counters[%offset]` to the address of the view's first
-/// counter: the buffer's aligned pointer advanced by `offset` i32s. The
-/// counter buffer type (`memref<?xi32>`, identity layout) has offset 0.
-struct ViewOpLowering : public OpConversionPattern<ViewOp> {
-  using OpConversionPattern::OpConversionPattern;
-  LogicalResult
-  matchAndRewrite(ViewOp op, OpAdaptor adaptor,
-                  ConversionPatternRewriter &rewriter) const override {
-    Location loc = op.getLoc();
-    Type pointerType = getTypeConverter()->convertType(op.getType());
-    Value address = memref::ExtractAlignedPointerAsIndexOp::create(
-        rewriter, loc, adaptor.getCounters());
-    Value address64 = arith::IndexCastUIOp::create(
-        rewriter, loc, rewriter.getI64Type(), address);
-    Value base = LLVM::IntToPtrOp::create(rewriter, loc, pointerType, address64);
-    Value offset = arith::IndexCastOp::create(
-        rewriter, loc, rewriter.getI64Type(), adaptor.getOffset());
-    rewriter.replaceOpWithNewOp<LLVM::GEPOp>(
-        op, pointerType, rewriter.getI32Type(), base, ValueRange{offset});
-    return success();
-  }
-};
-
 /// Lowers `event.wait` to a spin loop: an acquire load of the counter until
 /// it is no longer positive, calling `sched_yield` between polls so that
 /// more workers than cores still make progress.
@@ -101,7 +41,7 @@ struct WaitOpLowering : public OpConversionPattern<WaitOp> {
   LogicalResult
   matchAndRewrite(WaitOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    FailureOr<Value> pointer = elementPointer(
+    FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
     if (failed(pointer))
       return failure();
@@ -133,7 +73,7 @@ struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
   LogicalResult
   matchAndRewrite(NotifyOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    FailureOr<Value> pointer = elementPointer(
+    FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
     if (failed(pointer))
       return failure();
@@ -154,7 +94,7 @@ struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
   LogicalResult
   matchAndRewrite(NotifyReadyOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    FailureOr<Value> pointer = elementPointer(
+    FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
     if (failed(pointer))
       return failure();
@@ -170,25 +110,10 @@ struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
   }
 };
 
-/// The address of word `position` of the counter buffer `counters`.
-static Value counterPointer(OpBuilder &b, Location loc, Value counters,
-                            Value position) {
-  Value address =
-      memref::ExtractAlignedPointerAsIndexOp::create(b, loc, counters);
-  Value address64 =
-      arith::IndexCastUIOp::create(b, loc, b.getI64Type(), address);
-  Type pointerType = LLVM::LLVMPointerType::get(b.getContext());
-  Value base = LLVM::IntToPtrOp::create(b, loc, pointerType, address64);
-  Value position64 =
-      arith::IndexCastOp::create(b, loc, b.getI64Type(), position);
-  return LLVM::GEPOp::create(b, loc, pointerType, b.getI32Type(), base,
-                             ValueRange{position64});
-}
-
 /// Word `word` of the queue header at `queue`, or slot `word - 3`.
 static Value queueWord(OpBuilder &b, Location loc, Value counters, Value queue,
                        Value word) {
-  return counterPointer(
+  return getCounterPointer(
       b, loc, counters, arith::AddIOp::create(b, loc, queue, word).getResult());
 }
 
@@ -336,15 +261,13 @@ struct LaneBarrierLowering : public OpConversionPattern<LaneBarrierOp> {
 } // namespace
 
 void etc::populateEventToCPUTypeConversions(TypeConverter &typeConverter) {
-  typeConverter.addConversion([](Type type) { return type; });
-  typeConverter.addConversion([](EventTensorType type) -> Type {
-    return LLVM::LLVMPointerType::get(type.getContext());
-  });
+  populateEventTensorTypeConversion(typeConverter);
 }
 
 void etc::populateEventToCPUConversionPatterns(
     const TypeConverter &typeConverter, RewritePatternSet &patterns) {
-  patterns.add<ViewOpLowering, WaitOpLowering, NotifyOpLowering,
+  populateEventViewLoweringPattern(typeConverter, patterns);
+  patterns.add<WaitOpLowering, NotifyOpLowering,
                NotifyReadyOpLowering, QueuePushOpLowering, QueuePopOpLowering,
                LaneQueryLowering<LaneIdOp, 0>, LaneQueryLowering<LaneCountOp, 1>,
                LaneBarrierLowering>(typeConverter, patterns.getContext());

@@ -11,6 +11,7 @@
 
 #include "Conversion/EventToGPU/EventToGPU.h"
 #include "Conversion/Passes.h"
+#include "Conversion/EventCommon/EventAddressing.h"
 
 #include "Event/IR/EventOps.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -58,57 +59,8 @@ static void buildIf(OpBuilder &b, Location loc, Value condition,
 // Patterns
 //===----------------------------------------------------------------------===//
 
-/// The address of element `indices` of `event` (an `event.view`), given
-/// `base`, the address of its first counter. Row-major, like the counter
-/// buffer the schedule lays out.
-static FailureOr<Value> elementPointer(ConversionPatternRewriter &rewriter,
-                                       Operation *op, Value event, Value base,
-                                       ValueRange indices) {
-  auto view = event.getDefiningOp<ViewOp>();
-  if (!view)
-    return rewriter.notifyMatchFailure(
-        op, "the event tensor is not an 'event.view' of a counter buffer");
-  Location loc = op->getLoc();
-  EventTensorType type = view.getType();
-  Value linear;
-  auto dynamicSize = view.getDynamicSizes().begin();
-  for (auto [dim, index] : llvm::enumerate(indices)) {
-    Value size;
-    if (type.isDynamicDim(dim))
-      size = *dynamicSize++;
-    if (dim == 0) {
-      linear = index;
-      continue;
-    }
-    if (!size)
-      size = arith::ConstantIndexOp::create(rewriter, loc, type.getShape()[dim]);
-    linear = arith::AddIOp::create(
-        rewriter, loc, arith::MulIOp::create(rewriter, loc, linear, size),
-        index);
-  }
-  if (!linear)
-    return base;
-  Value linear64 =
-      arith::IndexCastOp::create(rewriter, loc, rewriter.getI64Type(), linear);
-  return LLVM::GEPOp::create(rewriter, loc, base.getType(),
-                             rewriter.getI32Type(), base, ValueRange{linear64})
-      .getResult();
-}
 
 
-/// The generic address of element `index` of the counter buffer `counters`.
-static Value counterPointer(OpBuilder &b, Location loc, Value counters,
-                            Value index) {
-  Type pointerType = LLVM::LLVMPointerType::get(b.getContext());
-  Value address =
-      memref::ExtractAlignedPointerAsIndexOp::create(b, loc, counters);
-  Value address64 =
-      arith::IndexCastUIOp::create(b, loc, b.getI64Type(), address);
-  Value base = LLVM::IntToPtrOp::create(b, loc, pointerType, address64);
-  Value index64 = arith::IndexCastOp::create(b, loc, b.getI64Type(), index);
-  return LLVM::GEPOp::create(b, loc, pointerType, b.getI32Type(), base,
-                             ValueRange{index64});
-}
 
 /// The CTA's broadcast word: the `memref<1xi32, workgroup>` attribution that
 /// convert-event-to-gpu gives each kernel with a collective op whose result
@@ -153,29 +105,6 @@ static Value spinUntil(OpBuilder &b, Location loc, Value pointer,
 }
 
 namespace {
-/// Lowers `event.view %counters[%offset]` to the generic address of the
-/// view's first counter: the buffer's aligned pointer advanced by `offset`
-/// i32s.
-struct ViewOpLowering : public OpConversionPattern<ViewOp> {
-  using OpConversionPattern::OpConversionPattern;
-  LogicalResult
-  matchAndRewrite(ViewOp op, OpAdaptor adaptor,
-                  ConversionPatternRewriter &rewriter) const override {
-    Location loc = op.getLoc();
-    Type pointerType = getTypeConverter()->convertType(op.getType());
-    Value address = memref::ExtractAlignedPointerAsIndexOp::create(
-        rewriter, loc, adaptor.getCounters());
-    Value address64 = arith::IndexCastUIOp::create(
-        rewriter, loc, rewriter.getI64Type(), address);
-    Value base = LLVM::IntToPtrOp::create(rewriter, loc, pointerType, address64);
-    Value offset = arith::IndexCastOp::create(
-        rewriter, loc, rewriter.getI64Type(), adaptor.getOffset());
-    rewriter.replaceOpWithNewOp<LLVM::GEPOp>(
-        op, pointerType, rewriter.getI32Type(), base, ValueRange{offset});
-    return success();
-  }
-};
-
 /// Lowers `event.wait` for a CTA: thread 0 polls the counter with an acquire
 /// load at GPU scope until it is no longer positive, sleeping between polls
 /// with an exponential back-off, then a CTA barrier holds every other thread
@@ -186,7 +115,7 @@ struct WaitOpLowering : public OpConversionPattern<WaitOp> {
   LogicalResult
   matchAndRewrite(WaitOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    FailureOr<Value> pointer = elementPointer(
+    FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
     if (failed(pointer))
       return failure();
@@ -238,7 +167,7 @@ struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
   LogicalResult
   matchAndRewrite(NotifyOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    FailureOr<Value> pointer = elementPointer(
+    FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
     if (failed(pointer))
       return failure();
@@ -297,7 +226,7 @@ struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
     FailureOr<Value> word = broadcastWord(rewriter, op);
     if (failed(word))
       return failure();
-    FailureOr<Value> pointer = elementPointer(
+    FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
     if (failed(pointer))
       return failure();
@@ -350,7 +279,7 @@ struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
             [&](OpBuilder &b, Location loc) {
               Type i32 = b.getI32Type();
               Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
-              Value tail = counterPointer(
+              Value tail = getCounterPointer(
                   b, loc, counters,
                   arith::AddIOp::create(
                       b, loc, queue, arith::ConstantIndexOp::create(b, loc, 1)));
@@ -374,7 +303,7 @@ struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
                                                                 task);
                     Value published = arith::AddIOp::create(b, loc, task32, one);
                     LLVM::StoreOp::create(
-                        b, loc, published, counterPointer(b, loc, counters, at),
+                        b, loc, published, getCounterPointer(b, loc, counters, at),
                         /*alignment=*/4, /*isVolatile=*/false,
                         /*isNonTemporal=*/false, /*isInvariantGroup=*/false,
                         LLVM::AtomicOrdering::release, kDeviceScope);
@@ -384,7 +313,7 @@ struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
                     Value at = arith::AddIOp::create(
                         b, loc, queue, arith::ConstantIndexOp::create(b, loc, 2));
                     LLVM::StoreOp::create(
-                        b, loc, one, counterPointer(b, loc, counters, at),
+                        b, loc, one, getCounterPointer(b, loc, counters, at),
                         /*alignment=*/4, /*isVolatile=*/false,
                         /*isNonTemporal=*/false, /*isInvariantGroup=*/false,
                         LLVM::AtomicOrdering::monotonic, kDeviceScope);
@@ -420,7 +349,7 @@ struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
     buildIf(rewriter, loc, isFirstThread(rewriter, loc),
             [&](OpBuilder &b, Location loc) {
               Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
-              Value head = counterPointer(b, loc, counters, queue);
+              Value head = getCounterPointer(b, loc, counters, queue);
               Value slot32 = LLVM::AtomicRMWOp::create(
                   b, loc, LLVM::AtomicBinOp::add, head, one,
                   LLVM::AtomicOrdering::monotonic, kDeviceScope,
@@ -439,7 +368,7 @@ struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
                             arith::ConstantIndexOp::create(b, loc, 3)));
                     Value zero32 = arith::ConstantIntOp::create(b, loc, 0, 32);
                     Value published = spinUntil(
-                        b, loc, counterPointer(b, loc, counters, at),
+                        b, loc, getCounterPointer(b, loc, counters, at),
                         [&](OpBuilder &b, Location loc, Value value) -> Value {
                           return arith::CmpIOp::create(
                               b, loc, arith::CmpIPredicate::ne, value, zero32);
@@ -465,15 +394,13 @@ struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
 } // namespace
 
 void etc::populateEventToGPUTypeConversions(TypeConverter &typeConverter) {
-  typeConverter.addConversion([](Type type) { return type; });
-  typeConverter.addConversion([](EventTensorType type) -> Type {
-    return LLVM::LLVMPointerType::get(type.getContext());
-  });
+  populateEventTensorTypeConversion(typeConverter);
 }
 
 void etc::populateEventToGPUConversionPatterns(
     const TypeConverter &typeConverter, RewritePatternSet &patterns) {
-  patterns.add<ViewOpLowering, WaitOpLowering, NotifyOpLowering,
+  populateEventViewLoweringPattern(typeConverter, patterns);
+  patterns.add<WaitOpLowering, NotifyOpLowering,
                IndexQueryLowering<WorkerIdOp, gpu::BlockIdOp>,
                IndexQueryLowering<WorkerCountOp, gpu::GridDimOp>,
                IndexQueryLowering<LaneIdOp, gpu::ThreadIdOp>,

@@ -1,0 +1,42 @@
+//===- EventAddressing.h - Counter addresses shared by the targets -*- C++ -*-===//
+//
+// Both targets keep event counters as i32s in the runtime's flat counter
+// buffer and reach them through LLVM pointers; only the atomics and the
+// waiting differ. This is the addressing they share.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ETC_CONVERSION_EVENTCOMMON_EVENTADDRESSING_H
+#define ETC_CONVERSION_EVENTCOMMON_EVENTADDRESSING_H
+
+#include "mlir/IR/Builders.h"
+#include "mlir/Transforms/DialectConversion.h"
+
+namespace etc {
+
+/// The address of i32 word `position` of the counter buffer `counters`
+/// (a `memref<?xi32>` with the identity layout).
+mlir::Value getCounterPointer(mlir::OpBuilder &builder, mlir::Location loc,
+                              mlir::Value counters, mlir::Value position);
+
+/// The address of element `indices` of `event`, an `event.view`, given
+/// `base`, the (converted) address of its first counter. Elements are laid
+/// out row-major, as the schedulers lay out the counter buffer. Fails (a
+/// match failure on `op`) when `event` is not an `event.view`.
+mlir::FailureOr<mlir::Value>
+getEventElementPointer(mlir::ConversionPatternRewriter &rewriter,
+                       mlir::Operation *op, mlir::Value event, mlir::Value base,
+                       mlir::ValueRange indices);
+
+/// Converts `!event.tensor` to `!llvm.ptr` (its first counter) and leaves
+/// every other type as it is.
+void populateEventTensorTypeConversion(mlir::TypeConverter &typeConverter);
+
+/// Adds the pattern that lowers `event.view` to the address of its first
+/// counter.
+void populateEventViewLoweringPattern(const mlir::TypeConverter &typeConverter,
+                                      mlir::RewritePatternSet &patterns);
+
+} // namespace etc
+
+#endif // ETC_CONVERSION_EVENTCOMMON_EVENTADDRESSING_H
