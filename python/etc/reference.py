@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .graph import Graph, Symbol, Tensor
+from .binding import bind_symbols as _bind_shapes, check_input_names
 
 __all__ = ["evaluate", "round_bf16", "bind_symbols", "topk", "moe", "NUMPY_DTYPES"]
 
@@ -61,47 +62,28 @@ def _to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
 
 def bind_symbols(g: Graph, inputs: dict) -> dict:
     """Checks `inputs` against the graph's inputs (names, ranks, dtypes, static
-    dims) and returns {symbol name: value} bound from their shapes."""
-    declared = [t for t in g._tensors if t.kind == "input"]
-    names = {t.name for t in declared}
-    for name in inputs:
-        if name not in names:
-            raise ValueError(f"unexpected input {name!r}; graph '{g.name}' has inputs "
-                             f"{sorted(names)}")
-    bound: dict[str, tuple[int, str, int]] = {}  # symbol -> (value, input, axis)
-    for t in declared:
-        if t.name not in inputs:
-            raise ValueError(f"missing input {t.name!r} of graph '{g.name}'")
+    dims) and returns {symbol name: value} bound from their shapes. The errors
+    are those of the runtimes (etc.binding)."""
+    check_input_names(g.name, g.arguments, inputs)
+    for t in (t for t in g._tensors if t.kind == "input"):
         array = inputs[t.name]
         if not isinstance(array, np.ndarray):
-            raise ValueError(f"input {t.name!r} must be a numpy array, got "
-                             f"{type(array).__name__}")
-        if array.ndim != t.rank:
-            raise ValueError(f"input {t.name!r} has rank {array.ndim}, expected rank "
-                             f"{t.rank} (shape {t.symbolic_shape})")
+            raise TypeError(f"input {t.name!r} must be a numpy.ndarray, got "
+                            f"{type(array).__name__}")
         want = NUMPY_DTYPES[t.dtype]
         if array.dtype != want:
-            raise ValueError(f"input {t.name!r} has dtype {array.dtype}, expected {want} "
-                             f"(graph dtype {t.dtype})")
+            raise TypeError(f"input {t.name!r} has dtype {array.dtype}, expected {want} "
+                            f"for {t.dtype} (inputs are not cast implicitly)")
         if t.dtype == "bf16":
             bits = np.ascontiguousarray(array).view(np.uint32)
             if np.any(bits & 0xFFFF):
                 raise ValueError(
                     f"input {t.name!r} (bf16) holds float32 values that are not "
                     f"bfloat16-representable; round them with etc.reference.round_bf16")
-        for axis, (dim, size) in enumerate(zip(t.shape, array.shape)):
-            if isinstance(dim, Symbol):
-                if dim.name in bound and bound[dim.name][0] != size:
-                    value, other, other_axis = bound[dim.name]
-                    raise ValueError(
-                        f"symbol '{dim.name}' is bound inconsistently: input '{other}' "
-                        f"dim {other_axis} has {value} but input '{t.name}' dim {axis} has "
-                        f"{size}")
-                bound.setdefault(dim.name, (size, t.name, axis))
-            elif dim != size:
-                raise ValueError(f"input {t.name!r} dim {axis} has size {size}, expected "
-                                 f"{dim} (shape {t.symbolic_shape})")
-    return {name: value for name, (value, _, _) in bound.items()}
+    # The reference evaluates only what the outputs need, so a symbol that only
+    # an unused scratch tensor mentions may stay unbound.
+    return _bind_shapes(g.arguments, {name: array.shape for name, array in inputs.items()},
+                        allow_unbound=True)
 
 
 def _concrete_shape(t: Tensor, symbols: dict) -> tuple:

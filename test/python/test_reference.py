@@ -117,17 +117,18 @@ def test_input_checks():
     x = g.input("x", (B, 8))
     y = g.input("y", (B, 8))
     g.output(g.add(x, y))
-    with pytest.raises(ValueError, match=r"symbol 'B' is bound inconsistently: input 'x' dim 0 has 3 but input 'y' dim 0 has 4"):
+    # The same mistakes raise the same errors as the runtimes (etc.binding).
+    with pytest.raises(ValueError, match=r"symbol 'B' is bound to 3 by input 'x' but input 'y' dim 0 is 4"):
         evaluate(g, x=rand(3, 8), y=rand(4, 8))
-    with pytest.raises(ValueError, match=r"missing input 'y'"):
+    with pytest.raises(TypeError, match=r"missing inputs \['y'\]"):
         evaluate(g, x=rand(3, 8))
-    with pytest.raises(ValueError, match=r"unexpected input 'q'"):
+    with pytest.raises(TypeError, match=r"unexpected inputs \['q'\]"):
         evaluate(g, x=rand(3, 8), y=rand(3, 8), q=rand(3, 8))
-    with pytest.raises(ValueError, match=r"input 'x' has rank 1, expected rank 2"):
+    with pytest.raises(ValueError, match=r"input 'x' has rank 1 \(shape \(8,\)\), expected rank 2"):
         evaluate(g, x=rand(8), y=rand(3, 8))
-    with pytest.raises(ValueError, match=r"input 'x' has dtype float64, expected float32"):
+    with pytest.raises(TypeError, match=r"input 'x' has dtype float64, expected float32"):
         evaluate(g, x=rand(3, 8).astype(np.float64), y=rand(3, 8))
-    with pytest.raises(ValueError, match=r"input 'y' dim 1 has size 9, expected 8"):
+    with pytest.raises(ValueError, match=r"input 'y' dim 1 is 9, expected 8"):
         evaluate(g, x=rand(3, 8), y=rand(3, 9))
 
 

@@ -27,6 +27,8 @@ import numpy as np
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
+from ..binding import bind_symbols, check_input_names, concrete_shape
+
 #: NumPy storage of each ETC dtype. bf16 has no NumPy type: it is stored as the
 #: upper 16 bits of float32 (see `to_storage` / `from_storage`).
 _STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16),
@@ -106,17 +108,7 @@ class CPURuntime:
     # -- argument binding -------------------------------------------------
 
     def _bind(self, inputs: dict) -> tuple[dict[str, int], dict[str, np.ndarray]]:
-        expected = [a.name for a in self.arguments if a.kind == "input"]
-        missing = [n for n in expected if n not in inputs]
-        unknown = [n for n in inputs if n not in expected]
-        if missing:
-            raise TypeError(f"{self.graph.name}: missing inputs {missing}; expected {expected}")
-        if unknown:
-            raise TypeError(f"{self.graph.name}: unexpected inputs {unknown}; expected {expected}")
-
-        symbols: dict[str, int] = {}
-        bound_by: dict[str, str] = {}
-        buffers: dict[str, np.ndarray] = {}
+        check_input_names(self.graph.name, self.arguments, inputs)
         for arg in self.arguments:
             if arg.kind != "input":
                 continue
@@ -128,32 +120,13 @@ class CPURuntime:
                 raise TypeError(
                     f"input {arg.name!r} has dtype {array.dtype}, expected {want} for {arg.dtype} "
                     "(inputs are not cast implicitly)")
-            if array.ndim != len(arg.shape):
-                raise ValueError(
-                    f"input {arg.name!r} has rank {array.ndim} (shape {array.shape}), "
-                    f"expected rank {len(arg.shape)} for shape {arg.shape}")
-            for dim, (size, want_size) in enumerate(zip(array.shape, arg.shape)):
-                if isinstance(want_size, int):
-                    if size != want_size:
-                        raise ValueError(
-                            f"input {arg.name!r} dim {dim} is {size}, expected {want_size} "
-                            f"(shape {arg.shape})")
-                elif want_size in symbols and symbols[want_size] != size:
-                    raise ValueError(
-                        f"symbol {want_size!r} is bound to {symbols[want_size]} by input "
-                        f"{bound_by[want_size]!r} but input {arg.name!r} dim {dim} is {size}")
-                else:
-                    symbols[want_size] = size
-                    bound_by[want_size] = arg.name
-            buffers[arg.name] = to_storage(array, arg.dtype)
-
-        unbound = [a.name for a in self.arguments if a.kind == "symbol" and a.name not in symbols]
-        if unbound:
-            raise ValueError(f"symbols {unbound} are not used by any input, so cannot be bound")
+        symbols = bind_symbols(self.arguments, {n: a.shape for n, a in inputs.items()})
+        buffers: dict[str, np.ndarray] = {}
         for arg in self.arguments:
-            if arg.kind in ("output", "intermediate"):
-                shape = tuple(d if isinstance(d, int) else symbols[d] for d in arg.shape)
-                buffers[arg.name] = np.zeros(shape, _STORAGE[arg.dtype])
+            if arg.kind == "input":
+                buffers[arg.name] = to_storage(inputs[arg.name], arg.dtype)
+            elif arg.kind in ("output", "intermediate"):
+                buffers[arg.name] = np.zeros(concrete_shape(arg.shape, symbols), _STORAGE[arg.dtype])
         return symbols, buffers
 
     # -- calls --------------------------------------------------------------

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..binding import bind_symbols, check_input_names, concrete_shape
 from .cpu import _STORAGE, _USER_DTYPE, from_storage, to_storage
 
 #: Threads of the one-CTA initialisation kernel.
@@ -339,15 +340,7 @@ class CUDARuntime:
     # -- binding ------------------------------------------------------------
 
     def _bind(self, inputs: dict) -> tuple[dict[str, int], dict[str, DeviceArray]]:
-        expected = [a.name for a in self.arguments if a.kind == "input"]
-        missing = [n for n in expected if n not in inputs]
-        unknown = [n for n in inputs if n not in expected]
-        if missing:
-            raise TypeError(f"{self.graph.name}: missing inputs {missing}; expected {expected}")
-        if unknown:
-            raise TypeError(f"{self.graph.name}: unexpected inputs {unknown}; expected {expected}")
-        symbols: dict[str, int] = {}
-        bound_by: dict[str, str] = {}
+        check_input_names(self.graph.name, self.arguments, inputs)
         shapes: dict[str, tuple] = {}
         for arg in self.arguments:
             if arg.kind != "input":
@@ -380,25 +373,8 @@ class CUDARuntime:
             else:
                 raise TypeError(f"input {arg.name!r} must be a numpy.ndarray or have "
                                 f"__cuda_array_interface__, got {type(value).__name__}")
-            if len(shape) != len(arg.shape):
-                raise ValueError(f"input {arg.name!r} has rank {len(shape)} (shape {shape}), "
-                                 f"expected rank {len(arg.shape)} for shape {arg.shape}")
-            for dim, (size, want_size) in enumerate(zip(shape, arg.shape)):
-                if isinstance(want_size, int):
-                    if size != want_size:
-                        raise ValueError(f"input {arg.name!r} dim {dim} is {size}, expected "
-                                         f"{want_size} (shape {arg.shape})")
-                elif want_size in symbols and symbols[want_size] != size:
-                    raise ValueError(
-                        f"symbol {want_size!r} is bound to {symbols[want_size]} by input "
-                        f"{bound_by[want_size]!r} but input {arg.name!r} dim {dim} is {size}")
-                else:
-                    symbols[want_size] = size
-                    bound_by[want_size] = arg.name
-            shapes[arg.name] = shape
-        unbound = [a.name for a in self.arguments if a.kind == "symbol" and a.name not in symbols]
-        if unbound:
-            raise ValueError(f"symbols {unbound} are not used by any input, so cannot be bound")
+            shapes[arg.name] = tuple(shape)
+        symbols = bind_symbols(self.arguments, shapes)
 
         self._load()
         buffers: dict[str, DeviceArray] = {}
@@ -418,8 +394,8 @@ class CUDARuntime:
                            self._driver.cuMemcpyHtoD(device.pointer, host.ctypes.data, host.nbytes))
                 buffers[arg.name] = device
             else:
-                shape = tuple(d if isinstance(d, int) else symbols[d] for d in arg.shape)
-                buffers[arg.name] = self._alloc(shape, _STORAGE[arg.dtype])
+                buffers[arg.name] = self._alloc(concrete_shape(arg.shape, symbols),
+                                                _STORAGE[arg.dtype])
         return symbols, buffers
 
     def _counter_count(self, symbols: dict[str, int], buffers: dict[str, DeviceArray]) -> int:

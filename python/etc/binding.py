@@ -1,0 +1,68 @@
+"""Binding a call's arrays to a graph's arguments: names, ranks, static
+dimensions and symbolic dimensions.
+
+Shared by the NumPy reference and every runtime, so that the same mistake
+gets the same error everywhere. Element types are checked by the callers:
+what a host array, a device array and the reference accept differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+
+def check_input_names(graph_name: str, arguments: Sequence, names: Iterable[str]) -> None:
+    """Raises TypeError, like a call with a wrong keyword, when `names` is not
+    exactly the graph's inputs."""
+    names = list(names)
+    expected = [a.name for a in arguments if a.kind == "input"]
+    missing = [n for n in expected if n not in names]
+    unknown = [n for n in names if n not in expected]
+    if missing:
+        raise TypeError(f"{graph_name}: missing inputs {missing}; expected {expected}")
+    if unknown:
+        raise TypeError(f"{graph_name}: unexpected inputs {unknown}; expected {expected}")
+
+
+def bind_symbols(arguments: Sequence, shapes: Mapping[str, tuple], *,
+                 allow_unbound: bool = False) -> dict[str, int]:
+    """Checks each input's shape in `shapes` against its declared shape and
+    returns the value of every symbol, bound from the first input that uses it.
+
+    Raises ValueError naming the input and dimension for a wrong rank or
+    static size, both inputs for an inconsistent symbol, and (unless
+    `allow_unbound`, for callers that allocate nothing) the symbols that no
+    input determines.
+    """
+    symbols: dict[str, int] = {}
+    bound_by: dict[str, str] = {}
+    for arg in arguments:
+        if arg.kind != "input":
+            continue
+        shape = tuple(shapes[arg.name])
+        if len(shape) != len(arg.shape):
+            raise ValueError(
+                f"input {arg.name!r} has rank {len(shape)} (shape {shape}), "
+                f"expected rank {len(arg.shape)} for shape {arg.shape}")
+        for dim, (size, declared) in enumerate(zip(shape, arg.shape)):
+            if isinstance(declared, int):
+                if size != declared:
+                    raise ValueError(
+                        f"input {arg.name!r} dim {dim} is {size}, expected {declared} "
+                        f"(shape {arg.shape})")
+            elif declared in symbols and symbols[declared] != size:
+                raise ValueError(
+                    f"symbol {declared!r} is bound to {symbols[declared]} by input "
+                    f"{bound_by[declared]!r} but input {arg.name!r} dim {dim} is {size}")
+            else:
+                symbols[declared] = size
+                bound_by[declared] = arg.name
+    unbound = [a.name for a in arguments if a.kind == "symbol" and a.name not in symbols]
+    if unbound and not allow_unbound:
+        raise ValueError(f"symbols {unbound} are not used by any input, so cannot be bound")
+    return symbols
+
+
+def concrete_shape(shape: Sequence, symbols: Mapping[str, int]) -> tuple[int, ...]:
+    """`shape` with every symbol name replaced by its value."""
+    return tuple(d if isinstance(d, int) else symbols[d] for d in shape)
