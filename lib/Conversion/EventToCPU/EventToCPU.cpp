@@ -9,6 +9,7 @@
 
 #include "Conversion/EventToCPU/EventToCPU.h"
 #include "Conversion/EventCommon/EventAddressing.h"
+#include "Conversion/EventCommon/EventQueue.h"
 #include "Conversion/Passes.h"
 
 #include "Event/IR/EventOps.h"
@@ -110,127 +111,58 @@ struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
   }
 };
 
-/// Word `word` of the queue header at `queue`, or slot `word - 3`.
-static Value queueWord(OpBuilder &b, Location loc, Value counters, Value queue,
-                       Value word) {
-  return getCounterPointer(
-      b, loc, counters, arith::AddIOp::create(b, loc, queue, word).getResult());
-}
-
-/// Atomically adds 1 to the i32 at `pointer` (no ordering: the slot's
-/// release/acquire pair synchronises) and returns its old value as an index.
-static Value claim(OpBuilder &b, Location loc, Value pointer) {
-  Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
-  Value previous = LLVM::AtomicRMWOp::create(
-      b, loc, LLVM::AtomicBinOp::add, pointer, one,
-      LLVM::AtomicOrdering::monotonic, /*syncscope=*/StringRef(),
-      /*alignment=*/4);
-  return arith::IndexCastUIOp::create(b, loc, b.getIndexType(), previous);
-}
-
-/// Lowers `event.queue_push` to a relaxed `atomicrmw add` on the tail that
-/// reserves a slot, then a release store of `task + 1` into the slot, or,
-/// when the slot is past the capacity, a store of 1 into the error flag.
+/// Lowers `event.queue_push` to the shared queue protocol with system-scope
+/// atomics: a relaxed `atomicrmw add` on the tail reserves a slot, then a
+/// release store publishes `task + 1`, or the error word is set when full.
 struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
   matchAndRewrite(QueuePushOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    Location loc = op.getLoc();
-    Value counters = adaptor.getCounters();
-    Value queue = adaptor.getQueue();
-    auto word = [&](OpBuilder &b, int64_t index) {
-      return arith::ConstantIndexOp::create(b, loc, index).getResult();
-    };
-    Value slot = claim(rewriter, loc,
-                       queueWord(rewriter, loc, counters, queue,
-                                 word(rewriter, 1)));
-    Value fits = arith::CmpIOp::create(rewriter, loc, arith::CmpIPredicate::ult,
-                                       slot, adaptor.getCapacity());
-    scf::IfOp::create(
-        rewriter, loc, fits,
-        [&](OpBuilder &b, Location loc) {
-          Value position = arith::AddIOp::create(b, loc, slot, word(b, 3));
-          Value pointer = queueWord(b, loc, counters, queue, position);
-          Value published = arith::IndexCastOp::create(
-              b, loc, b.getI32Type(),
-              arith::AddIOp::create(b, loc, adaptor.getTask(), word(b, 1)));
-          LLVM::StoreOp::create(b, loc, published, pointer, /*alignment=*/4,
-                                /*isVolatile=*/false, /*isNonTemporal=*/false,
-                                /*isInvariantGroup=*/false,
-                                LLVM::AtomicOrdering::release);
-          scf::YieldOp::create(b, loc);
-        },
-        [&](OpBuilder &b, Location loc) {
-          Value pointer = queueWord(b, loc, counters, queue, word(b, 2));
-          Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
-          LLVM::StoreOp::create(b, loc, one, pointer, /*alignment=*/4,
-                                /*isVolatile=*/false, /*isNonTemporal=*/false,
-                                /*isInvariantGroup=*/false,
-                                LLVM::AtomicOrdering::monotonic);
-          scf::YieldOp::create(b, loc);
-        });
+    buildQueuePush(rewriter, op.getLoc(), adaptor.getCounters(),
+                   adaptor.getQueue(), adaptor.getCapacity(), adaptor.getTask(),
+                   /*syncScope=*/StringRef());
     rewriter.eraseOp(op);
     return success();
   }
 };
 
-/// Lowers `event.queue_pop` to a relaxed `atomicrmw add` on the head that
-/// claims a slot; below the capacity, a spin on an acquire load of the slot
-/// until it is published (calling `sched_yield` between polls) and the task
-/// id it holds; otherwise the capacity.
+/// Lowers `event.queue_pop` to the shared queue protocol: a relaxed
+/// `atomicrmw add` on the head claims a slot; below the capacity the worker
+/// spins on an acquire load of the slot until it is published, calling
+/// `sched_yield` between polls, and gets the task id it holds; otherwise the
+/// capacity.
 struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
   matchAndRewrite(QueuePopOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    Location loc = op.getLoc();
-    Value counters = adaptor.getCounters();
-    Value queue = adaptor.getQueue();
-    Value capacity = adaptor.getCapacity();
-    Type i32 = rewriter.getI32Type();
-    Type index = rewriter.getIndexType();
-    Value slot = claim(rewriter, loc,
-                       queueWord(rewriter, loc, counters, queue,
-                                 arith::ConstantIndexOp::create(rewriter, loc,
-                                                                0)));
-    Value valid = arith::CmpIOp::create(rewriter, loc,
-                                        arith::CmpIPredicate::ult, slot,
-                                        capacity);
-    auto result = scf::IfOp::create(
-        rewriter, loc, valid,
-        [&](OpBuilder &b, Location loc) {
-          Value position = arith::AddIOp::create(
-              b, loc, slot, arith::ConstantIndexOp::create(b, loc, 3));
-          Value pointer = queueWord(b, loc, counters, queue, position);
-          Value zero = arith::ConstantIntOp::create(b, loc, 0, 32);
-          auto spin = scf::WhileOp::create(
-              b, loc, TypeRange{i32}, ValueRange{},
-              [&](OpBuilder &before, Location loc, ValueRange) {
-                Value published = LLVM::LoadOp::create(
-                    before, loc, i32, pointer, /*alignment=*/4,
-                    /*isVolatile=*/false, /*isNonTemporal=*/false,
-                    /*isInvariant=*/false, /*isInvariantGroup=*/false,
-                    LLVM::AtomicOrdering::acquire);
-                Value empty = arith::CmpIOp::create(
-                    before, loc, arith::CmpIPredicate::eq, published, zero);
-                scf::ConditionOp::create(before, loc, empty, published);
-              },
-              [&](OpBuilder &after, Location loc, ValueRange) {
-                func::CallOp::create(after, loc, kSchedYieldName,
-                                     TypeRange{i32});
-                scf::YieldOp::create(after, loc);
-              });
-          Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
-          Value task = arith::IndexCastUIOp::create(
-              b, loc, index,
-              arith::SubIOp::create(b, loc, spin.getResult(0), one));
-          scf::YieldOp::create(b, loc, task);
-        },
-        [&](OpBuilder &b, Location loc) {
-          scf::YieldOp::create(b, loc, capacity);
-        });
-    rewriter.replaceOp(op, result.getResults());
+    auto waitForSlot = [](OpBuilder &b, Location loc, Value pointer) -> Value {
+      Type i32 = b.getI32Type();
+      Value zero = arith::ConstantIntOp::create(b, loc, 0, 32);
+      auto spin = scf::WhileOp::create(
+          b, loc, TypeRange{i32}, ValueRange{},
+          [&](OpBuilder &before, Location loc, ValueRange) {
+            Value published = LLVM::LoadOp::create(
+                before, loc, i32, pointer, /*alignment=*/4,
+                /*isVolatile=*/false, /*isNonTemporal=*/false,
+                /*isInvariant=*/false, /*isInvariantGroup=*/false,
+                LLVM::AtomicOrdering::acquire);
+            Value empty = arith::CmpIOp::create(
+                before, loc, arith::CmpIPredicate::eq, published, zero);
+            scf::ConditionOp::create(before, loc, empty, published);
+          },
+          [&](OpBuilder &after, Location loc, ValueRange) {
+            func::CallOp::create(after, loc, kSchedYieldName, TypeRange{i32});
+            scf::YieldOp::create(after, loc);
+          });
+      return spin.getResult(0);
+    };
+    Value task = buildQueuePop(rewriter, op.getLoc(), adaptor.getCounters(),
+                               adaptor.getQueue(), adaptor.getCapacity(),
+                               /*syncScope=*/StringRef(), waitForSlot);
+    rewriter.replaceOpWithNewOp<arith::IndexCastUIOp>(
+        op, rewriter.getIndexType(), task);
     return success();
   }
 };

@@ -12,6 +12,7 @@
 #include "Conversion/EventToGPU/EventToGPU.h"
 #include "Conversion/Passes.h"
 #include "Conversion/EventCommon/EventAddressing.h"
+#include "Conversion/EventCommon/EventQueue.h"
 
 #include "Event/IR/EventOps.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -58,9 +59,6 @@ static void buildIf(OpBuilder &b, Location loc, Value condition,
 //===----------------------------------------------------------------------===//
 // Patterns
 //===----------------------------------------------------------------------===//
-
-
-
 
 /// The CTA's broadcast word: the `memref<1xi32, workgroup>` attribution that
 /// convert-event-to-gpu gives each kernel with a collective op whose result
@@ -271,54 +269,11 @@ struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
   matchAndRewrite(QueuePushOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
     Location loc = op.getLoc();
-    Value counters = adaptor.getCounters();
-    Value queue = adaptor.getQueue();
-    Value capacity = adaptor.getCapacity();
-    Value task = adaptor.getTask();
     buildIf(rewriter, loc, isFirstThread(rewriter, loc),
             [&](OpBuilder &b, Location loc) {
-              Type i32 = b.getI32Type();
-              Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
-              Value tail = getCounterPointer(
-                  b, loc, counters,
-                  arith::AddIOp::create(
-                      b, loc, queue, arith::ConstantIndexOp::create(b, loc, 1)));
-              Value slot32 = LLVM::AtomicRMWOp::create(
-                  b, loc, LLVM::AtomicBinOp::add, tail, one,
-                  LLVM::AtomicOrdering::monotonic, kDeviceScope,
-                  /*alignment=*/4);
-              Value slot = arith::IndexCastUIOp::create(b, loc, b.getIndexType(),
-                                                        slot32);
-              Value fits = arith::CmpIOp::create(
-                  b, loc, arith::CmpIPredicate::ult, slot, capacity);
-              scf::IfOp::create(
-                  b, loc, fits,
-                  [&](OpBuilder &b, Location loc) {
-                    Value at = arith::AddIOp::create(
-                        b, loc, queue,
-                        arith::AddIOp::create(
-                            b, loc, slot,
-                            arith::ConstantIndexOp::create(b, loc, 3)));
-                    Value task32 = arith::IndexCastUIOp::create(b, loc, i32,
-                                                                task);
-                    Value published = arith::AddIOp::create(b, loc, task32, one);
-                    LLVM::StoreOp::create(
-                        b, loc, published, getCounterPointer(b, loc, counters, at),
-                        /*alignment=*/4, /*isVolatile=*/false,
-                        /*isNonTemporal=*/false, /*isInvariantGroup=*/false,
-                        LLVM::AtomicOrdering::release, kDeviceScope);
-                    scf::YieldOp::create(b, loc);
-                  },
-                  [&](OpBuilder &b, Location loc) {
-                    Value at = arith::AddIOp::create(
-                        b, loc, queue, arith::ConstantIndexOp::create(b, loc, 2));
-                    LLVM::StoreOp::create(
-                        b, loc, one, getCounterPointer(b, loc, counters, at),
-                        /*alignment=*/4, /*isVolatile=*/false,
-                        /*isNonTemporal=*/false, /*isInvariantGroup=*/false,
-                        LLVM::AtomicOrdering::monotonic, kDeviceScope);
-                    scf::YieldOp::create(b, loc);
-                  });
+              buildQueuePush(b, loc, adaptor.getCounters(), adaptor.getQueue(),
+                             adaptor.getCapacity(), adaptor.getTask(),
+                             kDeviceScope);
             });
     rewriter.eraseOp(op);
     return success();
@@ -340,49 +295,25 @@ struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
     if (failed(word))
       return failure();
     Location loc = op.getLoc();
-    Value counters = adaptor.getCounters();
-    Value queue = adaptor.getQueue();
-    Value capacity = adaptor.getCapacity();
-    Type i32 = rewriter.getI32Type();
     Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
     gpu::BarrierOp::create(rewriter, loc);
     buildIf(rewriter, loc, isFirstThread(rewriter, loc),
             [&](OpBuilder &b, Location loc) {
-              Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
-              Value head = getCounterPointer(b, loc, counters, queue);
-              Value slot32 = LLVM::AtomicRMWOp::create(
-                  b, loc, LLVM::AtomicBinOp::add, head, one,
-                  LLVM::AtomicOrdering::monotonic, kDeviceScope,
-                  /*alignment=*/4);
-              Value slot = arith::IndexCastUIOp::create(b, loc, b.getIndexType(),
-                                                        slot32);
-              Value fits = arith::CmpIOp::create(
-                  b, loc, arith::CmpIPredicate::ult, slot, capacity);
-              auto ifOp = scf::IfOp::create(
-                  b, loc, fits,
-                  [&](OpBuilder &b, Location loc) {
-                    Value at = arith::AddIOp::create(
-                        b, loc, queue,
-                        arith::AddIOp::create(
-                            b, loc, slot,
-                            arith::ConstantIndexOp::create(b, loc, 3)));
-                    Value zero32 = arith::ConstantIntOp::create(b, loc, 0, 32);
-                    Value published = spinUntil(
-                        b, loc, getCounterPointer(b, loc, counters, at),
-                        [&](OpBuilder &b, Location loc, Value value) -> Value {
-                          return arith::CmpIOp::create(
-                              b, loc, arith::CmpIPredicate::ne, value, zero32);
-                        });
-                    Value task = arith::SubIOp::create(b, loc, published, one);
-                    scf::YieldOp::create(b, loc, task);
-                  },
-                  [&](OpBuilder &b, Location loc) {
-                    Value exhausted =
-                        arith::IndexCastUIOp::create(b, loc, i32, capacity);
-                    scf::YieldOp::create(b, loc, exhausted);
-                  });
-              memref::StoreOp::create(b, loc, ifOp.getResult(0), *word,
-                                      ValueRange{zero});
+              auto waitForSlot = [](OpBuilder &b, Location loc,
+                                    Value pointer) -> Value {
+                Value zero32 = arith::ConstantIntOp::create(b, loc, 0, 32);
+                return spinUntil(
+                    b, loc, pointer,
+                    [&](OpBuilder &b, Location loc, Value value) -> Value {
+                      return arith::CmpIOp::create(
+                          b, loc, arith::CmpIPredicate::ne, value, zero32);
+                    });
+              };
+              Value task = buildQueuePop(b, loc, adaptor.getCounters(),
+                                         adaptor.getQueue(),
+                                         adaptor.getCapacity(), kDeviceScope,
+                                         waitForSlot);
+              memref::StoreOp::create(b, loc, task, *word, ValueRange{zero});
             });
     gpu::BarrierOp::create(rewriter, loc);
     Value task = memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});

@@ -139,7 +139,7 @@ func.func @not_a_view(%e: !event.tensor<?>, %i: index) {
 // CHECK:         %[[CLAIMED32:.*]] = llvm.atomicrmw add %[[HEAD]], %{{.*}} monotonic {alignment = 4 : i64} : !llvm.ptr, i32
 // CHECK:         %[[CLAIMED:.*]] = arith.index_castui %[[CLAIMED32]] : i32 to index
 // CHECK:         %[[VALID:.*]] = arith.cmpi ult, %[[CLAIMED]], %[[N]] : index
-// CHECK:         %[[TASK:.*]] = scf.if %[[VALID]] -> (index) {
+// CHECK:         %[[TASK32:.*]] = scf.if %[[VALID]] -> (i32) {
 // CHECK:           %[[SLOT:.*]] = llvm.getelementptr
 // CHECK:           %[[PUBLISHED:.*]] = scf.while : () -> i32 {
 // CHECK:             %[[WORD:.*]] = llvm.load %[[SLOT]] atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
@@ -148,11 +148,12 @@ func.func @not_a_view(%e: !event.tensor<?>, %i: index) {
 // CHECK:           } do {
 // CHECK:             func.call @sched_yield() : () -> i32
 // CHECK:           %[[ID32:.*]] = arith.subi %[[PUBLISHED]], %{{.*}} : i32
-// CHECK:           %[[ID:.*]] = arith.index_castui %[[ID32]] : i32 to index
-// CHECK:           scf.yield %[[ID]] : index
+// CHECK:           scf.yield %[[ID32]] : i32
 // CHECK:         } else {
-// CHECK:           scf.yield %[[N]] : index
+// CHECK:           %[[EXHAUSTED:.*]] = arith.index_castui %[[N]] : index to i32
+// CHECK:           scf.yield %[[EXHAUSTED]] : i32
 // CHECK:         }
+// CHECK:         %[[TASK:.*]] = arith.index_castui %[[TASK32]] : i32 to index
 // notify_ready on the pending count of the popped task.
 // CHECK:         %[[PENDING:.*]] = llvm.getelementptr %[[VIEW]][%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i32
 // CHECK:         %[[ONE:.*]] = arith.constant 1 : i32
@@ -165,9 +166,9 @@ func.func @not_a_view(%e: !event.tensor<?>, %i: index) {
 // CHECK:           %[[RESERVED:.*]] = arith.index_castui %[[RESERVED32]] : i32 to index
 // CHECK:           %[[FITS:.*]] = arith.cmpi ult, %[[RESERVED]], %[[N]] : index
 // CHECK:           scf.if %[[FITS]] {
-// CHECK:             %[[TARGET:.*]] = llvm.getelementptr
 // CHECK:             %[[PLUS:.*]] = arith.addi %[[TASK]], %{{.*}} : index
-// CHECK:             %[[VALUE:.*]] = arith.index_cast %[[PLUS]] : index to i32
+// CHECK:             %[[VALUE:.*]] = arith.index_castui %[[PLUS]] : index to i32
+// CHECK:             %[[TARGET:.*]] = llvm.getelementptr
 // CHECK:             llvm.store %[[VALUE]], %[[TARGET]] atomic release {alignment = 4 : i64} : i32, !llvm.ptr
 // CHECK:           } else {
 // CHECK:             %[[ERROR:.*]] = llvm.getelementptr

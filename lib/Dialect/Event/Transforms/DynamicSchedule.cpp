@@ -11,6 +11,7 @@
 #include "Event/Transforms/CheckSchedule.h"
 #include "Event/Transforms/Passes.h"
 #include "Event/Transforms/ScheduleUtils.h"
+#include "Event/IR/QueueLayout.h"
 
 #include "Event/IR/EventOps.h"
 #include "mlir/Dialect/Affine/IR/AffineOps.h"
@@ -29,9 +30,6 @@ namespace etc::event {
 using namespace mlir;
 using namespace etc::event;
 
-/// Words of the queue header before the slots: head, tail, error flag.
-static constexpr int64_t kQueueHeaderWords = 3;
-static constexpr int64_t kQueueErrorWord = 2;
 
 //===----------------------------------------------------------------------===//
 // Waiters of an event element
@@ -246,7 +244,7 @@ ScheduledFunction DynamicScheduler::createFunction(OpBuilder &builder,
   layout.queue = function.eventCounters;
   layout.pending = addIndex(
       b, loc, layout.queue,
-      addIndex(b, loc, constantIndex(b, loc, kQueueHeaderWords),
+      addIndex(b, loc, constantIndex(b, loc, queue::kHeaderWords),
                layout.totalTiles));
   if (withCounters)
     layout.pendingView =
@@ -713,7 +711,7 @@ void DynamicScheduler::buildCheck(OpBuilder &builder) {
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
   Value errorFlag = memref::LoadOp::create(
       b, loc, function.counters,
-      addIndex(b, loc, layout.queue, constantIndex(b, loc, kQueueErrorWord)));
+      addIndex(b, loc, layout.queue, constantIndex(b, loc, queue::kErrorWord)));
   Value overflow = arith::CmpIOp::create(
       b, loc, arith::CmpIPredicate::ne, errorFlag,
       arith::ConstantIntOp::create(b, loc, 0, 32));

@@ -1,0 +1,39 @@
+//===- EventQueue.h - The task queue protocol shared by the targets -*- C++ -*-===//
+//
+// `event.queue_push` and `event.queue_pop` follow one protocol on every
+// target; only the atomics' synchronisation scope and the way a thread waits
+// for a slot to be published differ (the GPU also runs it on one thread per
+// CTA and broadcasts the result).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ETC_CONVERSION_EVENTCOMMON_EVENTQUEUE_H
+#define ETC_CONVERSION_EVENTCOMMON_EVENTQUEUE_H
+
+#include "mlir/IR/Builders.h"
+
+namespace etc {
+
+/// Builds a push of `task` into the queue at word `queue` of `counters`:
+/// a relaxed atomic increment of the tail reserves slot `s`; if
+/// `s < capacity`, a release store publishes `task + 1` into it, otherwise
+/// the error word is set. Atomics use `syncScope` ("" for the system).
+void buildQueuePush(mlir::OpBuilder &builder, mlir::Location loc,
+                    mlir::Value counters, mlir::Value queue,
+                    mlir::Value capacity, mlir::Value task,
+                    llvm::StringRef syncScope);
+
+/// Builds a pop: a relaxed atomic increment of the head claims slot `s`; if
+/// `s < capacity`, `waitForSlot(slot pointer)` must return the slot's value
+/// once it is non-zero (loaded with acquire), and the result is that value
+/// minus one; otherwise the result is `capacity`. Returns an i32.
+mlir::Value buildQueuePop(
+    mlir::OpBuilder &builder, mlir::Location loc, mlir::Value counters,
+    mlir::Value queue, mlir::Value capacity, llvm::StringRef syncScope,
+    llvm::function_ref<mlir::Value(mlir::OpBuilder &, mlir::Location,
+                                   mlir::Value)>
+        waitForSlot);
+
+} // namespace etc
+
+#endif // ETC_CONVERSION_EVENTCOMMON_EVENTQUEUE_H

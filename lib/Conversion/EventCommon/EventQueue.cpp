@@ -1,0 +1,107 @@
+//===- EventQueue.cpp - The task queue protocol shared by the targets -----===//
+
+#include "Conversion/EventCommon/EventQueue.h"
+
+#include "Conversion/EventCommon/EventAddressing.h"
+#include "Event/IR/QueueLayout.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+
+using namespace mlir;
+using namespace etc;
+namespace queue = etc::event::queue;
+
+/// The address of word `word` (an index) of the queue at `queueStart`.
+static Value queueWord(OpBuilder &b, Location loc, Value counters,
+                       Value queueStart, Value word) {
+  return getCounterPointer(
+      b, loc, counters,
+      arith::AddIOp::create(b, loc, queueStart, word).getResult());
+}
+
+static Value constantIndex(OpBuilder &b, Location loc, int64_t value) {
+  return arith::ConstantIndexOp::create(b, loc, value);
+}
+
+/// Atomically adds 1 to the i32 header word `word` and returns its old value
+/// as an index. Relaxed: the slot's release/acquire pair synchronises.
+static Value claim(OpBuilder &b, Location loc, Value counters, Value queueStart,
+                   int64_t word, StringRef syncScope) {
+  Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+  Value previous = LLVM::AtomicRMWOp::create(
+      b, loc, LLVM::AtomicBinOp::add,
+      queueWord(b, loc, counters, queueStart, constantIndex(b, loc, word)), one,
+      LLVM::AtomicOrdering::monotonic, syncScope, /*alignment=*/4);
+  return arith::IndexCastUIOp::create(b, loc, b.getIndexType(), previous);
+}
+
+/// The address of slot `slot` (an index).
+static Value slotPointer(OpBuilder &b, Location loc, Value counters,
+                         Value queueStart, Value slot) {
+  Value word = arith::AddIOp::create(
+      b, loc, slot, constantIndex(b, loc, queue::kHeaderWords));
+  return queueWord(b, loc, counters, queueStart, word);
+}
+
+static void storeI32(OpBuilder &b, Location loc, Value value, Value pointer,
+                     LLVM::AtomicOrdering ordering, StringRef syncScope) {
+  LLVM::StoreOp::create(b, loc, value, pointer, /*alignment=*/4,
+                        /*isVolatile=*/false, /*isNonTemporal=*/false,
+                        /*isInvariantGroup=*/false, ordering, syncScope);
+}
+
+void etc::buildQueuePush(OpBuilder &builder, Location loc, Value counters,
+                         Value queueStart, Value capacity, Value task,
+                         StringRef syncScope) {
+  Value slot = claim(builder, loc, counters, queueStart, queue::kTailWord,
+                     syncScope);
+  Value fits = arith::CmpIOp::create(builder, loc, arith::CmpIPredicate::ult,
+                                     slot, capacity);
+  scf::IfOp::create(
+      builder, loc, fits,
+      [&](OpBuilder &b, Location loc) {
+        Value published = arith::IndexCastUIOp::create(
+            b, loc, b.getI32Type(),
+            arith::AddIOp::create(b, loc, task, constantIndex(b, loc, 1)));
+        storeI32(b, loc, published,
+                 slotPointer(b, loc, counters, queueStart, slot),
+                 LLVM::AtomicOrdering::release, syncScope);
+        scf::YieldOp::create(b, loc);
+      },
+      [&](OpBuilder &b, Location loc) {
+        Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+        Value error = queueWord(b, loc, counters, queueStart,
+                                constantIndex(b, loc, queue::kErrorWord));
+        storeI32(b, loc, one, error, LLVM::AtomicOrdering::monotonic,
+                 syncScope);
+        scf::YieldOp::create(b, loc);
+      });
+}
+
+Value etc::buildQueuePop(
+    OpBuilder &builder, Location loc, Value counters, Value queueStart,
+    Value capacity, StringRef syncScope,
+    function_ref<Value(OpBuilder &, Location, Value)> waitForSlot) {
+  Value slot = claim(builder, loc, counters, queueStart, queue::kHeadWord,
+                     syncScope);
+  Value fits = arith::CmpIOp::create(builder, loc, arith::CmpIPredicate::ult,
+                                     slot, capacity);
+  auto result = scf::IfOp::create(
+      builder, loc, fits,
+      [&](OpBuilder &b, Location loc) {
+        Value published =
+            waitForSlot(b, loc, slotPointer(b, loc, counters, queueStart, slot));
+        Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+        scf::YieldOp::create(b, loc,
+                             ValueRange{arith::SubIOp::create(b, loc, published,
+                                                              one)});
+      },
+      [&](OpBuilder &b, Location loc) {
+        scf::YieldOp::create(
+            b, loc,
+            ValueRange{arith::IndexCastUIOp::create(b, loc, b.getI32Type(),
+                                                    capacity)});
+      });
+  return result.getResult(0);
+}
