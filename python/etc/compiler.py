@@ -73,11 +73,8 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    l1 = graph.to_mlir()
+    module = graph.build(ir.Context())
     timings["graph"] = time.perf_counter() - start
-
-    context = ir.Context()
-    module = ir.Module.parse(l1, context=context)
     stage_ir = {"graph": str(module)}
     for stage, stage_pipeline in stage_pipelines.items():
         start = time.perf_counter()
