@@ -2,9 +2,10 @@
 
 A `Graph` records symbolic dimensions, input buffers, operators and outputs,
 checking shapes and dtypes as each call is made. `Graph.build()` turns the
-record into an L1 `event.graph` (one `event.task` per operator, with access
-footprints and a target-neutral tile body) through the upstream `mlir`
-bindings and the generated `event` op classes; `Graph.to_mlir()` prints it.
+record into an L1 `event.graph` through the upstream `mlir` bindings and the
+generated `event` op classes; `Graph.to_mlir()` prints it. What each
+operator's tasks touch (footprints, explicit events) and how a tile computes
+live in the operator families of `etc.ops`.
 
 Conventions the rest of the compiler relies on:
 
@@ -18,39 +19,29 @@ Conventions the rest of the compiler relies on:
   rows depend on routing data (see docs/moe.md);
 * `topk` indices and the routing buffers of `moe` are `i32` tensors; users
   cannot declare integer inputs, and operators reject integer operands;
-* tile bodies spread their elements (or rows, for row-wise operators) over
-  lanes with `scf.for %e = event.lane_id to %n step event.lane_count`; each
-  lane owns what it stores, so no lane barrier is needed;
-* f16/bf16 values are extended to f32 after loading, computed and accumulated
-  in f32, and truncated before storing.
+* every distinct tile computation is one private `func.func` with the unit
+  attribute `event.tile`, named `<graph>_tile_<kernel>_<n>`, taking the
+  buffers it touches and then the tile indices; a task body is one
+  `func.call` of it, so identical layers share their tile functions (see
+  `etc.ops.base` for how tile bodies use lanes and dtypes).
 """
 
 from __future__ import annotations
 
-import math as _pymath
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 from mlir import ir
-from mlir.dialects import affine, arith, math, memref, scf
+from mlir.dialects import affine, arith, func
 
+from . import ops
 from .dialects import event
+from .ops.base import DEFAULT_COLS, DEFAULT_ROWS, INDEX_DTYPE, element_type
 
 __all__ = ["Argument", "Graph", "Symbol", "Tensor", "Operation", "DTYPES"]
 
 #: The element types a user tensor may have.
 DTYPES = ("f32", "f16", "bf16")
-#: The element type of index results (`topk` indices, `moe` routing buffers).
-INDEX_DTYPE = "i32"
-
-_ELEMENTWISE_UNARY = ("silu", "gelu", "exp", "scale")
-_ELEMENTWISE_BINARY = ("add", "mul")
-_ROWWISE = ("rmsnorm", "softmax", "sum")
-
-#: Default tile extents: rows of every 2-D tile, columns of matmul and
-#: elementwise tiles.
-DEFAULT_ROWS = 32
-DEFAULT_COLS = 64
 
 
 @dataclass(frozen=True)
@@ -637,50 +628,31 @@ class Graph:
 # ----------------------------------------------------------------------
 
 
-def _element_type(dtype: str) -> ir.Type:
-    if dtype == INDEX_DTYPE:
-        return ir.IntegerType.get_signless(32)
-    return {"f32": ir.F32Type.get, "f16": ir.F16Type.get, "bf16": ir.BF16Type.get}[dtype]()
-
-
-def _whole(grid_rank: int, t: Tensor) -> ir.Attribute:
-    """The footprint of every tile reading or writing all of `t`."""
-    return _box(grid_rank, ["0"] * t.rank, [None] * t.rank)
-
-
-def _index_map(text: str) -> ir.Attribute:
-    return ir.Attribute.parse(f"#event.map<{text}>")
-
-
-def _box(grid_rank: int, offsets: Sequence[str], sizes: Sequence) -> ir.Attribute:
-    dims = ", ".join(f"d{i}" for i in range(grid_rank))
-    size_text = ", ".join("?" if s is None else str(s) for s in sizes)
-    return ir.Attribute.parse(f"#event.box<({dims}) -> ({', '.join(offsets)}) [{size_text}]>")
-
-
-def _tile_offset(d: int, t: int) -> str:
-    return f"d{d} * {t}"
-
-
 class _Builder:
-    """Builds the L1 module of one graph in the current context."""
+    """Builds the L1 module of one graph in the current context: the graph's
+    tasks, and each distinct tile kernel once as a private function that
+    the task bodies call."""
 
     def __init__(self, graph: Graph):
         self.g = graph
         self.index = ir.IndexType.get()
-        self.f32 = ir.F32Type.get()
         self.buffers: dict[int, ir.Value] = {}  # id(Tensor) -> block argument
         self.symbols: dict[int, ir.Value] = {}  # id(Symbol) -> block argument
         self.grid_cache: dict = {}
+        self.module: Optional[ir.Module] = None
+        self.graph_op = None
+        # Kernel key -> its function, and how many functions each stem has.
+        self.kernels: dict[tuple, func.FuncOp] = {}
+        self.stems: dict[str, int] = {}
 
     def memref_type(self, t: Tensor) -> ir.MemRefType:
         dyn = ir.ShapedType.get_dynamic_size()
         return ir.MemRefType.get([d if isinstance(d, int) else dyn for d in t.shape],
-                                 _element_type(t.dtype))
+                                 element_type(t.dtype))
 
     def build(self) -> ir.Module:
         g = self.g
-        module = ir.Module.create()
+        self.module = module = ir.Module.create()
         types, attrs, locs, owners = [], [], [], []
         for s in g._symbols:
             types.append(self.index)
@@ -694,14 +666,14 @@ class _Builder:
             locs.append(ir.Location.name(t.name))
             owners.append(("tensor", t))
         with ir.InsertionPoint(module.body):
-            graph_op = event.GraphOp(g.name, ir.TypeAttr.get(ir.FunctionType.get(types, [])),
-                                     arg_attrs=ir.ArrayAttr.get(attrs))
-        block = graph_op.body.blocks.append(*types, arg_locs=locs)
+            self.graph_op = event.GraphOp(g.name, ir.TypeAttr.get(ir.FunctionType.get(types, [])),
+                                          arg_attrs=ir.ArrayAttr.get(attrs))
+        block = self.graph_op.body.blocks.append(*types, arg_locs=locs)
         for (what, obj), arg in zip(owners, block.arguments):
             (self.symbols if what == "symbol" else self.buffers)[id(obj)] = arg
         with ir.InsertionPoint(block):
             for op in g._ops:
-                self.build_task(op)
+                ops.family(op.kind).build_tasks(self, op)
             event.YieldOp()
         return module
 
@@ -724,565 +696,59 @@ class _Builder:
 
     # -- tasks ---------------------------------------------------------
 
-    def build_task(self, op: Operation) -> None:
-        if op.kind == "moe":
-            self.build_moe(op)
-            return
-        res = op.result
-        tile = op.tile
-        if op.kind == "topk":
-            x = op.operands[0]
-            (tm,) = tile
-            grid_dims = [(x.shape[0], tm)]
-            rows = _box(1, [_tile_offset(0, tm), "0"], [tm, None])
-            reads = [(x, rows)]
-            writes = [(res, rows), (op.extra_results[0], rows)]
-        elif op.kind in _ROWWISE:
-            x = op.operands[0]
-            grid_dims = [(x.shape[0], tile[0])]
-            reads = [(x, _box(1, [_tile_offset(0, tile[0]), "0"], [tile[0], None]))]
-            if op.kind == "rmsnorm":
-                reads.append((op.operands[1], _box(1, ["0"], [None])))
-            if op.kind == "sum":
-                writes = [(res, _box(1, [_tile_offset(0, tile[0])], [tile[0]]))]
-            else:
-                writes = [(res, _box(1, [_tile_offset(0, tile[0]), "0"], [tile[0], None]))]
-        elif op.kind == "matmul":
-            a, b = op.operands
-            tm, tn = tile
-            grid_dims = [(res.shape[0], tm), (res.shape[1], tn)]
-            reads = [(a, _box(2, [_tile_offset(0, tm), "0"], [tm, None]))]
-            if op.params["transpose_b"]:
-                reads.append((b, _box(2, [_tile_offset(1, tn), "0"], [tn, None])))
-            else:
-                reads.append((b, _box(2, ["0", _tile_offset(1, tn)], [None, tn])))
-            writes = [(res, _box(2, [_tile_offset(0, tm), _tile_offset(1, tn)], [tm, tn]))]
-        else:
-            rank = res.rank
-            grid_dims = list(zip(res.shape, tile))
-            offs = [_tile_offset(d, t) for d, t in enumerate(tile)]
-            own = _box(rank, offs, list(tile))
-            reads = []
-            for t in op.operands:
-                if t.rank == rank:
-                    reads.append((t, own))
-                else:  # a 1-D operand broadcast over rows: its column block
-                    reads.append((t, _box(rank, [offs[-1]], [tile[-1]])))
-            writes = [(res, own)]
+    def emit_task(self, op: Operation, name: str, grid: list, reads: list, writes: list,
+                  kernel: type, waits: Sequence = (), notifies: Sequence = (),
+                  indices: Sequence[Tensor] = ()) -> None:
+        """One `event.task` whose body calls `kernel`'s function: footprints as
+        (tensor, box) pairs, explicit events as (event value, map) pairs."""
         # Drop repeated identical reads (e.g. add(x, x)).
         unique_reads = []
         for t, fp in reads:
             if not any(u is t and str(f) == str(fp) for u, f in unique_reads):
                 unique_reads.append((t, fp))
-        grid = [self.grid_extent(d, t) for d, t in grid_dims]
-        self.emit_task(op, op.name, grid, unique_reads, writes)
-
-    def emit_task(self, op: Operation, name: str, grid: list, reads: list, writes: list,
-                  part: Optional[str] = None, waits: Sequence = (), notifies: Sequence = (),
-                  indices: Sequence[Tensor] = ()) -> None:
-        """One `event.task`: footprints as (tensor, box) pairs, explicit events
-        as (event value, map attribute) pairs; `part` names the piece of a
-        multi-task operator whose body to emit."""
         task = event.TaskOp(
             name, grid,
-            [self.buffers[id(t)] for t, _ in reads],
+            [self.buffers[id(t)] for t, _ in unique_reads],
             [self.buffers[id(t)] for t, _ in writes],
             [e for e, _ in waits], [e for e, _ in notifies],
             [self.buffers[id(t)] for t in indices],
-            ir.ArrayAttr.get([fp for _, fp in reads]),
+            ir.ArrayAttr.get([fp for _, fp in unique_reads]),
             ir.ArrayAttr.get([fp for _, fp in writes]),
             ir.ArrayAttr.get([m for _, m in waits]),
             ir.ArrayAttr.get([m for _, m in notifies]))
-        names = ["i", "j"][:len(grid)]
+        names = ["i", "j", "k"][:len(grid)]
         body = task.body.blocks.append(*([self.index] * len(grid)),
                                        arg_locs=[ir.Location.name(n) for n in names])
+        tensors = kernel.tensors(op)
+        callee = self.kernel_function(op, kernel, tensors)
         with ir.InsertionPoint(body):
-            _TileBody(self, op, body, part).emit()
+            func.CallOp(callee, [self.buffers[id(t)] for t in tensors] + list(body.arguments))
             event.YieldOp()
 
-    def build_moe(self, op: Operation) -> None:
-        """The five tasks of a Mixture-of-Experts layer (docs/moe.md).
+    def kernel_function(self, op: Operation, kernel: type, tensors: list) -> func.FuncOp:
+        """The function of `kernel` for `op`'s tile, created on first use.
 
-        Footprints that tiles can state (row blocks, whole buffers, one
-        expert's weights) are left to event-infer-dependencies. The slots an
-        expert tile handles, and so the rows of `hidden` and `partial` it
-        touches, depend on the routing; those two buffers get no footprints,
-        and their ordering is declared here with two events:
-        `ready[e, j]` (up tile (e, j) -> down tile (e, j), count 1) and
-        `done[e]` (every down tile of expert e -> each token routed to e,
-        through an indirect wait per routing choice reading `expert<j>`).
-        Every tile of the padded (E, ceil(T / m)) grid notifies, empty ones
-        included, so both counts are known without reading routing data.
-        """
-        x, router_w, w1, w2 = op.operands
-        buffers = op.buffers
-        tokens = x.shape[0]
-        experts = op.params["experts"]
-        (slots_per_tile,) = op.tile
-        choices = buffers["experts"]
-        row_block = lambda t: _box(1, [_tile_offset(0, DEFAULT_ROWS)] + ["0"] * (t.rank - 1),
-                                   [DEFAULT_ROWS] + [None] * (t.rank - 1))
-        one_expert = lambda t: _box(2, ["d0", "0", "0"], [1, None, None])
-
-        routed = [buffers["probs"], *choices, buffers["weights"]]
-        self.emit_task(op, f"{op.name}_router", [self.grid_extent(tokens, DEFAULT_ROWS)],
-                       [(x, row_block(x)), (router_w, _whole(1, router_w))],
-                       [(t, row_block(t)) for t in routed], part="router")
-        self.emit_task(op, f"{op.name}_route", [self.grid_extent(1, 1)],
-                       [(t, _whole(1, t)) for t in choices],
-                       [(buffers["offsets"], _whole(1, buffers["offsets"])),
-                        (buffers["slots"], _whole(1, buffers["slots"]))], part="route")
-
-        grid = [self.grid_extent(experts, 1), self.grid_extent(tokens, slots_per_tile)]
-        one = self.grid_extent(1, 1)
-        if isinstance(tokens, int):
-            tiles = -(-tokens // slots_per_tile)
-            tiles_type, dynamic = ir.Type.parse(f"!event.tensor<{experts}x{tiles}>"), []
-        else:
-            tiles_type, dynamic = ir.Type.parse(f"!event.tensor<{experts}x?>"), [grid[1]]
-        ready = event.AllocOp(tiles_type, dynamic, count=one).result
-        routing = [(t, _whole(2, t)) for t in (buffers["offsets"], buffers["slots"])]
-        tile_map = _index_map("(d0, d1) -> (d0, d1)")
-        # x rows are read wherever routing sends them: the whole of x, so
-        # that a later writer of x still waits for every expert tile.
-        self.emit_task(op, f"{op.name}_up", grid,
-                       [(x, _whole(2, x)), (w1, one_expert(w1)), *routing], [],
-                       part="up", notifies=[(ready, tile_map)])
-        done = event.AllocOp(ir.Type.parse(f"!event.tensor<{experts}>"), [],
-                             count=grid[1]).result
-        self.emit_task(op, f"{op.name}_down", grid,
-                       [(w2, one_expert(w2)), *routing,
-                        (buffers["weights"], _whole(2, buffers["weights"]))], [],
-                       part="down", waits=[(ready, tile_map)],
-                       notifies=[(done, _index_map("(d0, d1) -> (d0)"))])
-        self.emit_task(op, f"{op.name}_combine", [self.grid_extent(tokens, 1)], [],
-                       [(op.result, _box(1, ["d0", "0"], [1, None]))], part="combine",
-                       waits=[(done, _index_map(f"(d0) -> (d0) indirect [{j}]"))
-                              for j in range(len(choices))],
-                       indices=choices)
-
-
-class _TileBody:
-    """Emits the target-neutral body of one tile task."""
-
-    def __init__(self, builder: _Builder, op: Operation, block: ir.Block,
-                 part: Optional[str] = None):
-        self.b = builder
-        self.op = op
-        self.part = part
-        self.block = block
-        self.ti = list(block.arguments)
-        self.index = builder.index
-        self.f32 = builder.f32
-        self.consts: dict = {}
-
-    # -- helpers -------------------------------------------------------
-
-    def cidx(self, v: int) -> ir.Value:
-        # Index constants live at the top of the tile body, so that they
-        # dominate every use wherever they are first needed.
-        if v not in self.consts:
-            with ir.InsertionPoint.at_block_begin(self.block):
-                self.consts[v] = arith.constant(self.index, v)
-        return self.consts[v]
-
-    def cf32(self, v: float) -> ir.Value:
-        # Constants are created where first needed; inside loops they are
-        # recreated so that they always dominate their uses.
-        return arith.constant(self.f32, ir.FloatAttr.get(self.f32, v))
-
-    def buf(self, t: Tensor) -> ir.Value:
-        return self.b.buffers[id(t)]
-
-    def dim(self, t: Tensor, d: int) -> ir.Value:
-        size = t.shape[d]
-        if isinstance(size, int):
-            return self.cidx(size)
-        return memref.dim(self.buf(t), self.cidx(d))
-
-    def extent(self, t: Tensor, d: int, offset: ir.Value, tile: int) -> ir.Value:
-        """min(tile, dim - offset): the clipped extent of an edge tile."""
-        size = t.shape[d]
-        if isinstance(size, int) and size % tile == 0:
-            return self.cidx(tile)
-        rest = arith.subi(self.dim(t, d), offset)
-        return arith.minsi(self.cidx(tile), rest)
-
-    def load(self, t: Tensor, idx: list) -> ir.Value:
-        v = memref.load(self.buf(t), idx)
-        return v if t.dtype in ("f32", INDEX_DTYPE) else arith.extf(self.f32, v)
-
-    def load_index(self, t: Tensor, idx: list) -> ir.Value:
-        """An i32 element of `t` as an index."""
-        return arith.index_cast(self.index, self.load(t, idx))
-
-    def store_index(self, value: ir.Value, t: Tensor, idx: list) -> None:
-        """Stores an index value into i32 tensor `t`."""
-        memref.store(arith.index_cast(ir.IntegerType.get_signless(32), value), self.buf(t), idx)
-
-    def store(self, value: ir.Value, t: Tensor, idx: list) -> None:
-        if t.dtype not in ("f32", INDEX_DTYPE):
-            value = arith.truncf(_element_type(t.dtype), value)
-        memref.store(value, self.buf(t), idx)
-
-    def lane_loop(self, count: ir.Value) -> scf.ForOp:
-        lane = event.lane_id()
-        lanes = event.lane_count()
-        return scf.ForOp(lane, count, lanes)
-
-    # -- scalar math (f32) ----------------------------------------------
-
-    def unary(self, kind: str, x: ir.Value) -> ir.Value:
-        if kind == "exp":
-            return math.exp(x)
-        if kind == "scale":
-            return arith.mulf(x, self.cf32(self.op.params["c"]))
-        if kind == "silu":
-            # x / (1 + exp(-x))
-            e = math.exp(arith.negf(x))
-            return arith.divf(x, arith.addf(self.cf32(1.0), e))
-        if kind == "gelu":
-            # 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3),
-            # tanh(z) = 1 - 2 / (exp(2z) + 1).
-            x3 = arith.mulf(arith.mulf(x, x), x)
-            inner = arith.addf(x, arith.mulf(self.cf32(0.044715), x3))
-            two_z = arith.mulf(self.cf32(2.0 * _pymath.sqrt(2.0 / _pymath.pi)), inner)
-            denom = arith.addf(math.exp(two_z), self.cf32(1.0))
-            tanh = arith.subf(self.cf32(1.0), arith.divf(self.cf32(2.0), denom))
-            half_x = arith.mulf(self.cf32(0.5), x)
-            return arith.mulf(half_x, arith.addf(self.cf32(1.0), tanh))
-        raise AssertionError(kind)
-
-    # -- bodies --------------------------------------------------------
-
-    def emit(self) -> None:
-        kind = self.op.kind
-        if kind == "moe":
-            getattr(self, f"emit_moe_{self.part}")()
-        elif kind == "topk":
-            self.emit_topk()
-        elif kind == "matmul":
-            self.emit_matmul()
-        elif kind in _ROWWISE:
-            self.emit_rowwise()
-        else:
-            self.emit_elementwise()
-
-    def tile_elements(self, out: Tensor, tile: tuple):
-        """Offsets and clipped extents of this tile of `out`; the element count."""
-        offsets, extents = [], []
-        for d, t in enumerate(tile):
-            off = arith.muli(self.ti[d], self.cidx(t))
-            offsets.append(off)
-            extents.append(self.extent(out, d, off, t))
-        count = extents[0] if len(extents) == 1 else arith.muli(extents[0], extents[1])
-        return offsets, extents, count
-
-    def element_coords(self, e: ir.Value, offsets, extents) -> list:
-        """Position of linear element `e` of the tile in the buffer."""
-        if len(offsets) == 1:
-            return [arith.addi(offsets[0], e)]
-        r = arith.divui(e, extents[1])
-        c = arith.remui(e, extents[1])
-        return [arith.addi(offsets[0], r), arith.addi(offsets[1], c)]
-
-    def emit_elementwise(self) -> None:
-        op, out = self.op, self.op.result
-        offsets, extents, count = self.tile_elements(out, op.tile)
-        loop = self.lane_loop(count)
-        with ir.InsertionPoint(loop.body):
-            pos = self.element_coords(loop.induction_variable, offsets, extents)
-            vals = [self.load(t, pos if t.rank == out.rank else pos[-1:]) for t in op.operands]
-            if op.kind == "add":
-                r = arith.addf(vals[0], vals[1])
-            elif op.kind == "mul":
-                r = arith.mulf(vals[0], vals[1])
-            else:
-                r = self.unary(op.kind, vals[0])
-            self.store(r, out, pos)
-            scf.yield_([])
-
-    def emit_matmul(self) -> None:
-        op, out = self.op, self.op.result
-        a, b = op.operands
-        transpose_b = op.params["transpose_b"]
-        offsets, extents, count = self.tile_elements(out, op.tile)
-        k_extent = self.dim(a, 1)
-        zero_idx, one_idx = self.cidx(0), self.cidx(1)
-        loop = self.lane_loop(count)
-        with ir.InsertionPoint(loop.body):
-            row, col = self.element_coords(loop.induction_variable, offsets, extents)
-            zero = self.cf32(0.0)
-            kloop = scf.ForOp(zero_idx, k_extent, one_idx, [zero])
-            with ir.InsertionPoint(kloop.body):
-                k = kloop.induction_variable
-                av = self.load(a, [row, k])
-                bv = self.load(b, [col, k] if transpose_b else [k, col])
-                acc = arith.addf(kloop.inner_iter_args[0], arith.mulf(av, bv))
-                scf.yield_([acc])
-            self.store(kloop.results[0], out, [row, col])
-            scf.yield_([])
-
-    def reduce_row(self, n: ir.Value, init: ir.Value, step) -> ir.Value:
-        """Folds `step(acc, k)` over k in [0, n) starting from `init`."""
-        loop = scf.ForOp(self.cidx(0), n, self.cidx(1), [init])
-        with ir.InsertionPoint(loop.body):
-            scf.yield_([step(loop.inner_iter_args[0], loop.induction_variable)])
-        return loop.results[0]
-
-    def for_each_col(self, n: ir.Value, body) -> None:
-        loop = scf.ForOp(self.cidx(0), n, self.cidx(1))
-        with ir.InsertionPoint(loop.body):
-            body(loop.induction_variable)
-            scf.yield_([])
-
-    def emit_rowwise(self) -> None:
-        op, out = self.op, self.op.result
-        x = op.operands[0]
-        (tm,) = op.tile
-        row0 = arith.muli(self.ti[0], self.cidx(tm))
-        rows = self.extent(x, 0, row0, tm)
-        n = self.dim(x, 1)
-        if op.kind == "rmsnorm":
-            if isinstance(x.shape[1], int):
-                n_f32 = self.cf32(float(x.shape[1]))
-            else:
-                n_f32 = arith.sitofp(self.f32, arith.index_cast(ir.IntegerType.get_signless(64), n))
-        loop = self.lane_loop(rows)
-        with ir.InsertionPoint(loop.body):
-            row = arith.addi(row0, loop.induction_variable)
-            if op.kind == "sum":
-                total = self.reduce_row(
-                    n, self.cf32(0.0),
-                    lambda acc, k: arith.addf(acc, self.load(x, [row, k])))
-                self.store(total, out, [row])
-            elif op.kind == "softmax":
-                neg_inf = self.cf32(float("-inf"))
-                mx = self.reduce_row(
-                    n, neg_inf, lambda acc, k: arith.maxnumf(acc, self.load(x, [row, k])))
-                denom = self.reduce_row(
-                    n, self.cf32(0.0),
-                    lambda acc, k: arith.addf(acc, math.exp(arith.subf(self.load(x, [row, k]), mx))))
-                inv = arith.divf(self.cf32(1.0), denom)
-
-                def write(k):
-                    e = math.exp(arith.subf(self.load(x, [row, k]), mx))
-                    self.store(arith.mulf(e, inv), out, [row, k])
-                self.for_each_col(n, write)
-            else:  # rmsnorm
-                weight = op.operands[1]
-
-                def square(acc, k):
-                    v = self.load(x, [row, k])
-                    return arith.addf(acc, arith.mulf(v, v))
-                ss = self.reduce_row(n, self.cf32(0.0), square)
-                mean = arith.divf(ss, n_f32)
-                inv = math.rsqrt(arith.addf(mean, self.cf32(op.params["eps"])))
-
-                def write(k):
-                    v = arith.mulf(self.load(x, [row, k]), inv)
-                    self.store(arith.mulf(v, self.load(weight, [k])), out, [row, k])
-                self.for_each_col(n, write)
-            scf.yield_([])
-
-    # -- top-k and Mixture-of-Experts -------------------------------------
-
-    def select_next(self, n: ir.Value, value_at, previous: tuple) -> tuple:
-        """The next pick of a descending top-k over positions [0, n): the
-        largest value after `previous` = (value, position) in the order
-        "larger value first, then lower position". Returns (value, position).
-        Comparisons are strict, so the first position wins among equals."""
-        prev_value, prev_position = previous
-        init = [self.cf32(float("-inf")), self.cidx(0),
-                arith.constant(ir.IntegerType.get_signless(1), 0)]
-        loop = scf.ForOp(self.cidx(0), n, self.cidx(1), init)
-        with ir.InsertionPoint(loop.body):
-            position = loop.induction_variable
-            best_value, best_position, found = loop.inner_iter_args
-            v = value_at(position)
-            after = arith.ori(
-                arith.cmpf(arith.CmpFPredicate.OLT, v, prev_value),
-                arith.andi(arith.cmpf(arith.CmpFPredicate.OEQ, v, prev_value),
-                           arith.cmpi(arith.CmpIPredicate.sgt, position, prev_position)))
-            not_found = arith.xori(found, arith.constant(ir.IntegerType.get_signless(1), 1))
-            better = arith.ori(not_found, arith.cmpf(arith.CmpFPredicate.OGT, v, best_value))
-            take = arith.andi(after, better)
-            scf.yield_([arith.select(take, v, best_value),
-                        arith.select(take, position, best_position),
-                        arith.ori(found, take)])
-        return loop.results[0], loop.results[1]
-
-    def first_pick(self) -> tuple:
-        """The `previous` of the first pick: after (+inf, -1) comes everything."""
-        return self.cf32(float("inf")), arith.constant(self.index, -1)
-
-    def emit_topk(self) -> None:
-        op = self.op
-        x, values, indices = op.operands[0], op.result, op.extra_results[0]
-        (tm,) = op.tile
-        row0 = arith.muli(self.ti[0], self.cidx(tm))
-        rows = self.extent(x, 0, row0, tm)
-        n = self.dim(x, 1)
-        loop = self.lane_loop(rows)
-        with ir.InsertionPoint(loop.body):
-            row = arith.addi(row0, loop.induction_variable)
-            picks = scf.ForOp(self.cidx(0), self.cidx(op.params["k"]), self.cidx(1),
-                              list(self.first_pick()))
-            with ir.InsertionPoint(picks.body):
-                j = picks.induction_variable
-                value, position = self.select_next(
-                    n, lambda c: self.load(x, [row, c]), tuple(picks.inner_iter_args))
-                self.store(value, values, [row, j])
-                self.store_index(position, indices, [row, j])
-                scf.yield_([value, position])
-            scf.yield_([])
-
-    def emit_moe_router(self) -> None:
-        """Tile i: tokens [32 i, 32 i + 32): probabilities, top-k experts and
-        renormalised weights."""
-        op, buffers = self.op, self.op.buffers
-        x, router_w = op.operands[:2]
-        probs, weights = buffers["probs"], buffers["weights"]
-        experts = self.cidx(op.params["experts"])
-        row0 = arith.muli(self.ti[0], self.cidx(DEFAULT_ROWS))
-        rows = self.extent(x, 0, row0, DEFAULT_ROWS)
-        hidden = self.dim(x, 1)
-        loop = self.lane_loop(rows)
-        with ir.InsertionPoint(loop.body):
-            t = arith.addi(row0, loop.induction_variable)
-
-            def logit(e):
-                total = self.reduce_row(hidden, self.cf32(0.0), lambda acc, h: arith.addf(
-                    acc, arith.mulf(self.load(x, [t, h]), self.load(router_w, [h, e]))))
-                self.store(total, probs, [t, e])
-            self.for_each_col(experts, logit)
-            mx = self.reduce_row(experts, self.cf32(float("-inf")), lambda acc, e: arith.maxnumf(
-                acc, self.load(probs, [t, e])))
-            denom = self.reduce_row(experts, self.cf32(0.0), lambda acc, e: arith.addf(
-                acc, math.exp(arith.subf(self.load(probs, [t, e]), mx))))
-            self.for_each_col(experts, lambda e: self.store(
-                arith.divf(math.exp(arith.subf(self.load(probs, [t, e]), mx)), denom),
-                probs, [t, e]))
-            previous = self.first_pick()
-            chosen = []
-            for j, choice in enumerate(buffers["experts"]):
-                previous = self.select_next(experts, lambda e: self.load(probs, [t, e]), previous)
-                self.store_index(previous[1], choice, [t])
-                chosen.append(previous[0])
-            total = chosen[0]
-            for value in chosen[1:]:
-                total = arith.addf(total, value)
-            for j, value in enumerate(chosen):
-                self.store(arith.divf(value, total), weights, [t, self.cidx(j)])
-            scf.yield_([])
-
-    def emit_moe_route(self) -> None:
-        """One tile (run by lane 0): counts tokens per expert into
-        offsets[e + 1], prefix-sums them, then lists every (token, choice)
-        pair t * k + j in slots[] grouped by expert, in token order, using
-        offsets[e] as the fill cursor and shifting it back afterwards."""
-        op, buffers = self.op, self.op.buffers
-        offsets, slots, choices = buffers["offsets"], buffers["slots"], buffers["experts"]
-        k = len(choices)
-        experts = op.params["experts"]
-        i32 = ir.IntegerType.get_signless(32)
-        tokens = self.dim(op.operands[0], 0)
-        loop = self.lane_loop(self.cidx(1))
-        with ir.InsertionPoint(loop.body):
-            self.for_each_col(self.cidx(experts + 1), lambda e: memref.store(
-                arith.constant(i32, 0), self.buf(offsets), [e]))
-
-            def count(t):
-                for choice in choices:
-                    slot = arith.addi(self.load_index(choice, [t]), self.cidx(1))
-                    memref.store(arith.addi(self.load(offsets, [slot]), arith.constant(i32, 1)),
-                                 self.buf(offsets), [slot])
-            self.for_each_col(tokens, count)
-
-            def prefix(e):
-                after = arith.addi(e, self.cidx(1))
-                memref.store(arith.addi(self.load(offsets, [after]), self.load(offsets, [e])),
-                             self.buf(offsets), [after])
-            self.for_each_col(self.cidx(experts), prefix)
-
-            def fill(t):
-                for j, choice in enumerate(choices):
-                    e = self.load_index(choice, [t])
-                    position = self.load_index(offsets, [e])
-                    pair = arith.addi(arith.muli(t, self.cidx(k)), self.cidx(j))
-                    self.store_index(pair, slots, [arith.divui(position, self.cidx(k)),
-                                                   arith.remui(position, self.cidx(k))])
-                    self.store_index(arith.addi(position, self.cidx(1)), offsets, [e])
-            self.for_each_col(tokens, fill)
-
-            def shift(r):
-                e = arith.subi(self.cidx(experts), r)
-                memref.store(self.load(offsets, [arith.subi(e, self.cidx(1))]),
-                             self.buf(offsets), [e])
-            self.for_each_col(self.cidx(experts), shift)
-            memref.store(arith.constant(i32, 0), self.buf(offsets), [self.cidx(0)])
-            scf.yield_([])
-
-    def expert_slots(self, width: ir.Value):
-        """The lane loop over (slot, column) of expert tile (e, j): slots
-        offsets[e] + [j m, min((j + 1) m, count)); an empty tile runs no
-        iteration. Yields (loop, token, choice, column) inside the loop."""
-        op, buffers = self.op, self.op.buffers
-        k = len(buffers["experts"])
-        (per_tile,) = op.tile
-        e, j = self.ti
-        begin = self.load_index(buffers["offsets"], [e])
-        end = self.load_index(buffers["offsets"], [arith.addi(e, self.cidx(1))])
-        first = arith.addi(begin, arith.muli(j, self.cidx(per_tile)))
-        last = arith.minsi(end, arith.addi(first, self.cidx(per_tile)))
-        count = arith.maxsi(arith.subi(last, first), self.cidx(0))
-        loop = self.lane_loop(arith.muli(count, width))
-        with ir.InsertionPoint(loop.body):
-            element = loop.induction_variable
-            slot = arith.addi(first, arith.divui(element, width))
-            column = arith.remui(element, width)
-            pair = self.load_index(buffers["slots"], [arith.divui(slot, self.cidx(k)),
-                                                      arith.remui(slot, self.cidx(k))])
-            token = arith.divui(pair, self.cidx(k))
-            choice = arith.remui(pair, self.cidx(k))
-        return loop, token, choice, column
-
-    def emit_moe_up(self) -> None:
-        """hidden[t, c, :] = silu(x[t] @ w1[e]) for the pairs of this tile."""
-        x, _, w1, _ = self.op.operands
-        hidden = self.op.buffers["hidden"]
-        loop, t, c, f = self.expert_slots(self.dim(w1, 2))
-        e = self.ti[0]
-        with ir.InsertionPoint(loop.body):
-            total = self.reduce_row(self.dim(x, 1), self.cf32(0.0), lambda acc, h: arith.addf(
-                acc, arith.mulf(self.load(x, [t, h]), self.load(w1, [e, h, f]))))
-            self.store(self.unary("silu", total), hidden, [t, c, f])
-            scf.yield_([])
-
-    def emit_moe_down(self) -> None:
-        """partial[t, c, :] = weight[t, c] * (hidden[t, c] @ w2[e])."""
-        w1, w2 = self.op.operands[2:]
-        buffers = self.op.buffers
-        hidden, partial = buffers["hidden"], buffers["partial"]
-        loop, t, c, col = self.expert_slots(self.dim(w2, 2))
-        e = self.ti[0]
-        with ir.InsertionPoint(loop.body):
-            total = self.reduce_row(self.dim(w1, 2), self.cf32(0.0), lambda acc, f: arith.addf(
-                acc, arith.mulf(self.load(hidden, [t, c, f]), self.load(w2, [e, f, col]))))
-            weight = self.load(buffers["weights"], [t, c])
-            self.store(arith.mulf(weight, total), partial, [t, c, col])
-            scf.yield_([])
-
-    def emit_moe_combine(self) -> None:
-        """y[t, :] = sum over the token's k choices of partial[t, c, :]."""
-        op = self.op
-        partial = op.buffers["partial"]
-        t = self.ti[0]
-        k = len(op.buffers["experts"])
-        loop = self.lane_loop(self.dim(op.operands[0], 1))
-        with ir.InsertionPoint(loop.body):
-            col = loop.induction_variable
-            total = self.reduce_row(self.cidx(k), self.cf32(0.0), lambda acc, c: arith.addf(
-                acc, self.load(partial, [t, c, col])))
-            self.store(total, op.result, [t, col])
-            scf.yield_([])
+        Two tasks share a function when they have the same kernel, operator
+        kind, parameters and tile, and buffers of the same types: the
+        function depends on nothing else (it takes its buffers and tile
+        indices as arguments), so identical layers share one."""
+        types = [self.memref_type(t) for t in tensors]
+        key = (kernel, op.kind, tuple(sorted(op.params.items())), op.tile,
+               tuple(str(t) for t in types))
+        if key in self.kernels:
+            return self.kernels[key]
+        stem = f"{self.g.name}_tile_{kernel.name(op)}"
+        number = self.stems.get(stem, 0)
+        self.stems[stem] = number + 1
+        inputs = types + [self.index] * kernel.grid_rank
+        # After the graph, so that the graph stays the module's first op.
+        with ir.InsertionPoint(self.module.body):
+            function = func.FuncOp(f"{stem}_{number}", ir.FunctionType.get(inputs, []),
+                                   visibility="private")
+        function.attributes["event.tile"] = ir.UnitAttr.get()
+        entry = function.add_entry_block()
+        with ir.InsertionPoint(entry):
+            kernel(op, tensors, list(entry.arguments), entry).emit()
+            func.ReturnOp([])
+        self.kernels[key] = function
+        return function

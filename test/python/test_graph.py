@@ -97,7 +97,7 @@ def test_every_operator_builds_and_verifies(op, dtype):
     # Only target-neutral ops in the tile bodies.
     dialects = set(re.findall(r"= ([a-z_]+)\.[a-z_]+", text)) | set(
         re.findall(r"^\s+([a-z_]+)\.[a-z_]+ ", text, re.M))
-    assert dialects <= {"arith", "math", "memref", "scf", "event", "affine"}, dialects
+    assert dialects <= {"arith", "math", "memref", "scf", "event", "affine", "func"}, dialects
     math_ops = set(re.findall(r"math\.([a-z]+)", text))
     assert math_ops <= {"exp", "sqrt", "rsqrt"}
 
@@ -184,7 +184,7 @@ def test_mlp_tasks_grids_and_footprints():
 
 def test_edge_tiles_clipped_with_memref_dim_and_minsi():
     text = mlp().to_mlir()
-    body = text.split('event.task "silu_0"')[1].split("event.task")[0]
+    body = text.split("func.func private @mlp_tile_silu_0")[1].split("func.func")[0]
     assert "memref.dim" in body and "arith.minsi" in body
     assert re.search(r"scf\.for %\w+ = %\d+ to %\d+ step %\d+", body)
 
@@ -279,7 +279,8 @@ def test_grid_values_are_shared():
     g.output(b, c)
     text = g.to_mlir()
     assert text.count("affine.apply") == 2  # one per (symbol, tile)
-    graph_level = [l for l in text.splitlines() if l.startswith("    %")]
+    graph = text.split("event.graph")[1].split("\n  }\n")[0]
+    graph_level = [l for l in graph.splitlines() if l.startswith("    %")]
     assert len([l for l in graph_level if "arith.constant" in l]) == 1  # the shared %c1
 
 
@@ -493,8 +494,10 @@ def to_func(text):
     order with one lane (lane id 0, lane count 1)."""
     out = []
     rank_stack = None
+    in_graph = False
     for line in text.splitlines():
         if "event.graph @" in line:
+            in_graph = True
             line = re.sub(r" \{event\.intermediate\}", "", line)
             line = line.replace("event.graph @", "func.func @").rstrip(" {") + " attributes {llvm.emit_c_interface} {"
             out.append(line)
@@ -517,8 +520,9 @@ def to_func(text):
             out.append("    " + "} " * rank_stack)
             rank_stack = None
             continue
-        if line == "  }":
+        if line == "  }" and in_graph:
             out.append("    return")
+            in_graph = False
         line = line.replace("event.lane_id", "arith.constant 0 : index").replace("event.lane_count", "arith.constant 1 : index")
         out.append(line)
     return "\n".join(out)

@@ -291,9 +291,10 @@ struct ConvertEventToCPUPass
     if (failed(applyPartialConversion(module, target, std::move(patterns))))
       return signalPassFailure();
 
-    // The runtime calls every entry point through its C interface.
+    // The runtime calls every entry point of a program through its C
+    // interface; tile functions are only called from the worker.
     for (auto func : module.getOps<func::FuncOp>())
-      if (!func.isExternal())
+      if (!func.isExternal() && !func->hasAttr("event.tile"))
         func->setAttr(LLVM::LLVMDialect::getEmitCWrapperAttrName(),
                       UnitAttr::get(&getContext()));
   }

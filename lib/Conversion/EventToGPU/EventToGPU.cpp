@@ -528,6 +528,45 @@ static FailureOr<gpu::GPUFuncOp> outlineKernel(func::FuncOp func,
   return kernel;
 }
 
+/// Clones into `kernels` every function its kernels call, directly or
+/// through other functions (tile functions and whatever they call), so that
+/// the `gpu.module` is self-contained: device code cannot call the host.
+/// A function several programs call gets one copy in each.
+static LogicalResult cloneCallees(gpu::GPUModuleOp kernels,
+                                  SymbolTable &hostSymbols,
+                                  llvm::SmallPtrSetImpl<Operation *> &cloned) {
+  SymbolTable deviceSymbols(kernels);
+  SmallVector<Operation *> worklist;
+  for (Operation &op : kernels.getBody()->getOperations())
+    worklist.push_back(&op);
+  while (!worklist.empty()) {
+    Operation *root = worklist.pop_back_val();
+    WalkResult result = root->walk([&](func::CallOp call) {
+      StringAttr name = call.getCalleeAttr().getAttr();
+      if (deviceSymbols.lookup(name))
+        return WalkResult::advance();
+      auto callee = hostSymbols.lookup<func::FuncOp>(name);
+      if (!callee || callee.isExternal()) {
+        call.emitOpError("calls '")
+            << name.getValue()
+            << "', which is not a function defined in the module; device "
+               "code can only call functions convert-event-to-gpu can copy "
+               "into the gpu.module";
+        return WalkResult::interrupt();
+      }
+      cloned.insert(callee);
+      auto copy = cast<func::FuncOp>(callee->clone());
+      copy.setPrivate();
+      deviceSymbols.insert(copy);
+      worklist.push_back(copy);
+      return WalkResult::advance();
+    });
+    if (result.wasInterrupted())
+      return failure();
+  }
+  return success();
+}
+
 //===----------------------------------------------------------------------===//
 // Pass
 //===----------------------------------------------------------------------===//
@@ -551,6 +590,7 @@ struct ConvertEventToGPUPass
     }
 
     SymbolTable symbols(module);
+    llvm::SmallPtrSet<Operation *, 16> cloned;
     for (auto &[graph, funcs] : programs) {
       std::string name = (graph.getValue() + "_kernels").str();
       if (Operation *existing = symbols.lookup(name)) {
@@ -589,7 +629,13 @@ struct ConvertEventToGPUPass
                                   ctx, gpu::AddressSpace::Workgroup)),
               func.getLoc());
       }
+      if (failed(cloneCallees(kernels, symbols, cloned)))
+        return signalPassFailure();
     }
+    // The host copies of functions that only kernels called are dead now.
+    for (Operation *func : cloned)
+      if (SymbolTable::symbolKnownUseEmpty(func, module))
+        symbols.erase(func);
     if (!programs.empty())
       module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
                       UnitAttr::get(ctx));

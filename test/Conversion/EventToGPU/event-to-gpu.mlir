@@ -326,3 +326,50 @@ func.func @d_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph
   }
   return
 }
+
+// -----
+
+// Tile functions (and what they call) are copied into the gpu.module, where
+// their lane ops become thread queries; the host copies are then dead and
+// erased.
+
+// CHECK-LABEL: module attributes {gpu.container_module}
+// CHECK-NOT:   func.func private @t_tile
+// CHECK:       gpu.module @t_kernels {
+// CHECK:         gpu.func @t_worker(
+// CHECK:           func.call @t_tile_0(%{{.*}}, %{{.*}}) : (memref<?xf32>, index) -> ()
+// CHECK-DAG:     func.func private @t_tile_0(%{{.*}}: memref<?xf32>, %{{.*}}: index) attributes {event.tile} {
+// CHECK-DAG:       gpu.thread_id x
+// CHECK-DAG:       gpu.block_dim x
+// CHECK-DAG:       func.call @t_helper(
+// CHECK-DAG:     func.func private @t_helper(
+func.func private @t_helper(%x: memref<?xf32>, %i: index) {
+  %v = arith.constant 1.0 : f32
+  memref.store %v, %x[%i] : memref<?xf32>
+  return
+}
+func.func private @t_tile_0(%x: memref<?xf32>, %i: index) attributes {event.tile} {
+  %lane = event.lane_id
+  %lanes = event.lane_count
+  scf.for %e = %lane to %i step %lanes {
+    func.call @t_helper(%x, %e) : (memref<?xf32>, index) -> ()
+  }
+  return
+}
+func.func @t_worker(%x: memref<?xf32>, %n: index) attributes {event.graph = "t"} {
+  %w = event.worker_id
+  func.call @t_tile_0(%x, %w) : (memref<?xf32>, index) -> ()
+  return
+}
+
+// -----
+
+// A call of a function the module does not define cannot run on the device.
+
+func.func private @host_only(%i: index)
+func.func @u_worker(%n: index) attributes {event.graph = "u"} {
+  %w = event.worker_id
+  // expected-error @+1 {{'func.call' op calls 'host_only', which is not a function defined in the module}}
+  func.call @host_only(%w) : (index) -> ()
+  return
+}

@@ -1,0 +1,252 @@
+"""What every operator family builds on: footprint helpers, the task-building
+interface and `TileKernel`, the base of every tile kernel.
+
+A *tile kernel* is one tile of one operator as a function: its parameters are
+the buffers it touches (in a fixed order per kernel) followed by the tile
+indices. The graph builder emits each distinct kernel once per module (same
+class, operator parameters, tile sizes and buffer types) and every task whose
+tiles compute it calls that one function, so identical layers share code.
+
+Kernel bodies are target-neutral: arith, math, memref and scf ops plus the
+`event` lane ops. Elements (or rows, for row-wise operators) are spread over
+lanes with `scf.for %e = event.lane_id to %n step event.lane_count`; each
+lane owns what it stores, so no lane barrier is needed. f16/bf16 values are
+extended to f32 after loading, computed and accumulated in f32, and truncated
+before storing.
+"""
+
+from __future__ import annotations
+
+import math as _pymath
+from typing import TYPE_CHECKING, Optional, Protocol, Sequence
+
+from mlir import ir
+from mlir.dialects import arith, math, memref, scf
+
+from ..dialects import event
+
+if TYPE_CHECKING:
+    from ..graph import Operation, Tensor
+
+#: The element type of index results (`topk` indices, `moe` routing buffers).
+INDEX_DTYPE = "i32"
+
+#: Default tile extents: rows of every 2-D tile, columns of matmul and
+#: elementwise tiles. Every operator uses the same row tile, so that row
+#: dependencies line up exactly and an operator can start on a row block as
+#: soon as that block is ready.
+DEFAULT_ROWS = 32
+DEFAULT_COLS = 64
+
+
+def element_type(dtype: str) -> ir.Type:
+    """The MLIR element type of an ETC dtype."""
+    if dtype == INDEX_DTYPE:
+        return ir.IntegerType.get_signless(32)
+    return {"f32": ir.F32Type.get, "f16": ir.F16Type.get, "bf16": ir.BF16Type.get}[dtype]()
+
+
+# ----------------------------------------------------------------------
+# Footprints and index maps
+# ----------------------------------------------------------------------
+
+
+def tile_offset(dim: int, tile: int) -> str:
+    """The footprint offset of grid dimension `dim` tiled by `tile`."""
+    return f"d{dim} * {tile}"
+
+
+def box(grid_rank: int, offsets: Sequence[str], sizes: Sequence) -> ir.Attribute:
+    """`#event.box`: offsets as affine expressions of the tile indices, sizes
+    as ints or None for the whole dimension."""
+    dims = ", ".join(f"d{i}" for i in range(grid_rank))
+    size_text = ", ".join("?" if s is None else str(s) for s in sizes)
+    return ir.Attribute.parse(f"#event.box<({dims}) -> ({', '.join(offsets)}) [{size_text}]>")
+
+
+def whole(grid_rank: int, t: "Tensor") -> ir.Attribute:
+    """The footprint of every tile reading or writing all of `t`."""
+    return box(grid_rank, ["0"] * t.rank, [None] * t.rank)
+
+
+def row_block(grid_rank: int, t: "Tensor", rows: int = DEFAULT_ROWS) -> ir.Attribute:
+    """Rows [d0 * rows, d0 * rows + rows) of `t`, every other dimension whole."""
+    return box(grid_rank, [tile_offset(0, rows)] + ["0"] * (t.rank - 1),
+               [rows] + [None] * (t.rank - 1))
+
+
+def index_map(text: str) -> ir.Attribute:
+    """`#event.map<text>`."""
+    return ir.Attribute.parse(f"#event.map<{text}>")
+
+
+class TaskBuilder(Protocol):
+    """What an operator family needs from the graph builder to emit its tasks."""
+
+    def grid_extent(self, dim, tile: int) -> ir.Value:
+        """ceil(dim / tile) as an index value (a constant or over a symbol)."""
+
+    def emit_task(self, op: "Operation", name: str, grid: list, reads: list, writes: list,
+                  kernel: type, waits: Sequence = (), notifies: Sequence = (),
+                  indices: Sequence = ()) -> None:
+        """One `event.task` whose tiles call `kernel`; footprints are
+        (tensor, box) pairs, explicit events (event value, map) pairs."""
+
+
+# ----------------------------------------------------------------------
+# Tile kernels
+# ----------------------------------------------------------------------
+
+
+class TileKernel:
+    """The body of one tile of an operator, emitted as a function.
+
+    Subclasses set `grid_rank` (the number of tile indices), list the
+    buffers the function takes with `tensors(op)` and write `emit()`. The
+    helpers give the buffers (`buf`), their sizes (`dim`, `extent`), loads
+    and stores that convert to and from f32, lane loops and scalar math.
+    """
+
+    #: Tile indices the function takes after its buffers.
+    grid_rank = 1
+
+    @classmethod
+    def tensors(cls, op: "Operation") -> list:
+        """The buffers the kernel takes, in parameter order. Default: the
+        operands, the result, then any further results."""
+        return [*op.operands, op.result, *op.extra_results]
+
+    @classmethod
+    def name(cls, op: "Operation") -> str:
+        """The stem of the kernel's function names (default: the operator
+        kind, e.g. `matmul`)."""
+        return op.kind
+
+    def __init__(self, op: "Operation", tensors: Sequence["Tensor"],
+                 arguments: Sequence[ir.Value], entry: ir.Block):
+        self.op = op
+        self.block = entry
+        # A buffer passed twice (add(x, x)) is read through its first parameter.
+        self._buffers: dict[int, ir.Value] = {}
+        for t, arg in zip(tensors, arguments):
+            self._buffers.setdefault(id(t), arg)
+        self.ti = list(arguments[len(tensors):])
+        self.index = ir.IndexType.get()
+        self.f32 = ir.F32Type.get()
+        self._consts: dict[int, ir.Value] = {}
+
+    def emit(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.emit")
+
+    # -- values ----------------------------------------------------------
+
+    def cidx(self, v: int) -> ir.Value:
+        """An index constant. Index constants live at the top of the function,
+        so that they dominate every use wherever they are first needed."""
+        if v not in self._consts:
+            with ir.InsertionPoint.at_block_begin(self.block):
+                self._consts[v] = arith.constant(self.index, v)
+        return self._consts[v]
+
+    def cf32(self, v: float) -> ir.Value:
+        """An f32 constant where it is needed (inside loops it is recreated, so
+        that it always dominates its uses)."""
+        return arith.constant(self.f32, ir.FloatAttr.get(self.f32, v))
+
+    def buf(self, t: "Tensor") -> ir.Value:
+        return self._buffers[id(t)]
+
+    def dim(self, t: "Tensor", d: int) -> ir.Value:
+        size = t.shape[d]
+        if isinstance(size, int):
+            return self.cidx(size)
+        return memref.dim(self.buf(t), self.cidx(d))
+
+    def extent(self, t: "Tensor", d: int, offset: ir.Value, tile: int) -> ir.Value:
+        """min(tile, dim - offset): the clipped extent of an edge tile."""
+        size = t.shape[d]
+        if isinstance(size, int) and size % tile == 0:
+            return self.cidx(tile)
+        rest = arith.subi(self.dim(t, d), offset)
+        return arith.minsi(self.cidx(tile), rest)
+
+    # -- memory ----------------------------------------------------------
+
+    def load(self, t: "Tensor", idx: list) -> ir.Value:
+        v = memref.load(self.buf(t), idx)
+        return v if t.dtype in ("f32", INDEX_DTYPE) else arith.extf(self.f32, v)
+
+    def load_index(self, t: "Tensor", idx: list) -> ir.Value:
+        """An i32 element of `t` as an index."""
+        return arith.index_cast(self.index, self.load(t, idx))
+
+    def store_index(self, value: ir.Value, t: "Tensor", idx: list) -> None:
+        """Stores an index value into i32 tensor `t`."""
+        memref.store(arith.index_cast(ir.IntegerType.get_signless(32), value), self.buf(t), idx)
+
+    def store(self, value: ir.Value, t: "Tensor", idx: list) -> None:
+        if t.dtype not in ("f32", INDEX_DTYPE):
+            value = arith.truncf(element_type(t.dtype), value)
+        memref.store(value, self.buf(t), idx)
+
+    # -- loops -----------------------------------------------------------
+
+    def lane_loop(self, count: ir.Value) -> scf.ForOp:
+        """for e in [lane_id, count) step lane_count."""
+        return scf.ForOp(event.lane_id(), count, event.lane_count())
+
+    def reduce_row(self, n: ir.Value, init: ir.Value, step) -> ir.Value:
+        """Folds `step(acc, k)` over k in [0, n) starting from `init`."""
+        loop = scf.ForOp(self.cidx(0), n, self.cidx(1), [init])
+        with ir.InsertionPoint(loop.body):
+            scf.yield_([step(loop.inner_iter_args[0], loop.induction_variable)])
+        return loop.results[0]
+
+    def for_each_col(self, n: ir.Value, body) -> None:
+        """Calls `body(k)` for k in [0, n)."""
+        loop = scf.ForOp(self.cidx(0), n, self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            body(loop.induction_variable)
+            scf.yield_([])
+
+    def tile_elements(self, out: "Tensor", tile: tuple):
+        """Offsets and clipped extents of this tile of `out`; the element count."""
+        offsets, extents = [], []
+        for d, t in enumerate(tile):
+            off = arith.muli(self.ti[d], self.cidx(t))
+            offsets.append(off)
+            extents.append(self.extent(out, d, off, t))
+        count = extents[0] if len(extents) == 1 else arith.muli(extents[0], extents[1])
+        return offsets, extents, count
+
+    def element_coords(self, e: ir.Value, offsets, extents) -> list:
+        """Position of linear element `e` of the tile in the buffer."""
+        if len(offsets) == 1:
+            return [arith.addi(offsets[0], e)]
+        r = arith.divui(e, extents[1])
+        c = arith.remui(e, extents[1])
+        return [arith.addi(offsets[0], r), arith.addi(offsets[1], c)]
+
+    # -- scalar math (f32) ------------------------------------------------
+
+    def unary(self, kind: str, x: ir.Value, c: Optional[float] = None) -> ir.Value:
+        """An elementwise function of `x`: exp, scale (by `c`), silu, gelu."""
+        if kind == "exp":
+            return math.exp(x)
+        if kind == "scale":
+            return arith.mulf(x, self.cf32(c))
+        if kind == "silu":
+            # x / (1 + exp(-x))
+            e = math.exp(arith.negf(x))
+            return arith.divf(x, arith.addf(self.cf32(1.0), e))
+        if kind == "gelu":
+            # 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3),
+            # tanh(z) = 1 - 2 / (exp(2z) + 1).
+            x3 = arith.mulf(arith.mulf(x, x), x)
+            inner = arith.addf(x, arith.mulf(self.cf32(0.044715), x3))
+            two_z = arith.mulf(self.cf32(2.0 * _pymath.sqrt(2.0 / _pymath.pi)), inner)
+            denom = arith.addf(math.exp(two_z), self.cf32(1.0))
+            tanh = arith.subf(self.cf32(1.0), arith.divf(self.cf32(2.0), denom))
+            half_x = arith.mulf(self.cf32(0.5), x)
+            return arith.mulf(half_x, arith.addf(self.cf32(1.0), tanh))
+        raise ValueError(f"unknown elementwise function {kind!r}")

@@ -1,0 +1,301 @@
+"""Mixture-of-Experts with SiLU experts: five tasks and two explicit events.
+
+    router   tile i: tokens [32 i, 32 i + 32): softmax(x @ router_w), the
+             top-k experts and their renormalised weights
+    route    one tile: counts tokens per expert, prefix-sums them into
+             `offsets` and lists the (token, choice) pairs by expert in `slots`
+    up       tile (e, j): hidden = silu(x @ w1[e]) for the j-th block of
+             expert e's slots
+    down     tile (e, j): partial = weight * (hidden @ w2[e]) for the same
+             slots
+    combine  tile t: y[t] = sum over token t's k choices of partial[t, c]
+
+Footprints that tiles can state (row blocks, whole buffers, one expert's
+weights) are left to event-infer-dependencies. The slots an expert tile
+handles, and so the rows of `hidden` and `partial` it touches, depend on the
+routing; those two buffers get no footprints, and their ordering is declared
+with two events: `ready[e, j]` (up tile (e, j) -> down tile (e, j), count 1)
+and `done[e]` (every down tile of expert e -> each token routed to e,
+through an indirect wait per routing choice reading `expert<j>`). Every tile
+of the padded (E, ceil(T / m)) grid notifies, empty ones included, so both
+counts are known without reading routing data. See docs/moe.md.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith, math, memref, scf
+
+from ..dialects import event
+from .base import (DEFAULT_ROWS, TaskBuilder, TileKernel, box, index_map, row_block,
+                   whole)
+from .topk import first_pick, select_next
+
+KINDS = ("moe",)
+
+
+class _MoeKernel(TileKernel):
+    """A kernel of one of the five MoE tasks; `part` names it."""
+
+    part = ""
+
+    @classmethod
+    def name(cls, op) -> str:
+        return f"moe_{cls.part}"
+
+
+class MoeRouter(_MoeKernel):
+    """Probabilities, top-k experts and renormalised weights of a row block
+    of tokens, one token per lane iteration."""
+
+    grid_rank = 1
+    part = "router"
+
+    @classmethod
+    def tensors(cls, op) -> list:
+        x, router_w = op.operands[:2]
+        buffers = op.buffers
+        return [x, router_w, buffers["probs"], *buffers["experts"], buffers["weights"]]
+
+    def emit(self) -> None:
+        op, buffers = self.op, self.op.buffers
+        x, router_w = op.operands[:2]
+        probs, weights = buffers["probs"], buffers["weights"]
+        experts = self.cidx(op.params["experts"])
+        row0 = arith.muli(self.ti[0], self.cidx(DEFAULT_ROWS))
+        rows = self.extent(x, 0, row0, DEFAULT_ROWS)
+        hidden = self.dim(x, 1)
+        loop = self.lane_loop(rows)
+        with ir.InsertionPoint(loop.body):
+            t = arith.addi(row0, loop.induction_variable)
+
+            def logit(e):
+                total = self.reduce_row(hidden, self.cf32(0.0), lambda acc, h: arith.addf(
+                    acc, arith.mulf(self.load(x, [t, h]), self.load(router_w, [h, e]))))
+                self.store(total, probs, [t, e])
+            self.for_each_col(experts, logit)
+            mx = self.reduce_row(experts, self.cf32(float("-inf")), lambda acc, e: arith.maxnumf(
+                acc, self.load(probs, [t, e])))
+            denom = self.reduce_row(experts, self.cf32(0.0), lambda acc, e: arith.addf(
+                acc, math.exp(arith.subf(self.load(probs, [t, e]), mx))))
+            self.for_each_col(experts, lambda e: self.store(
+                arith.divf(math.exp(arith.subf(self.load(probs, [t, e]), mx)), denom),
+                probs, [t, e]))
+            previous = first_pick(self)
+            chosen = []
+            for choice in buffers["experts"]:
+                previous = select_next(self, experts, lambda e: self.load(probs, [t, e]), previous)
+                self.store_index(previous[1], choice, [t])
+                chosen.append(previous[0])
+            total = chosen[0]
+            for value in chosen[1:]:
+                total = arith.addf(total, value)
+            for j, value in enumerate(chosen):
+                self.store(arith.divf(value, total), weights, [t, self.cidx(j)])
+            scf.yield_([])
+
+
+class MoeRoute(_MoeKernel):
+    """One tile (run by lane 0): counts tokens per expert into
+    offsets[e + 1], prefix-sums them, then lists every (token, choice) pair
+    t * k + j in slots[] grouped by expert, in token order, using offsets[e]
+    as the fill cursor and shifting it back afterwards."""
+
+    grid_rank = 1
+    part = "route"
+
+    @classmethod
+    def tensors(cls, op) -> list:
+        buffers = op.buffers
+        return [op.operands[0], buffers["offsets"], buffers["slots"], *buffers["experts"]]
+
+    def emit(self) -> None:
+        op, buffers = self.op, self.op.buffers
+        offsets, slots, choices = buffers["offsets"], buffers["slots"], buffers["experts"]
+        k = len(choices)
+        experts = op.params["experts"]
+        i32 = ir.IntegerType.get_signless(32)
+        tokens = self.dim(op.operands[0], 0)
+        loop = self.lane_loop(self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            self.for_each_col(self.cidx(experts + 1), lambda e: memref.store(
+                arith.constant(i32, 0), self.buf(offsets), [e]))
+
+            def count(t):
+                for choice in choices:
+                    slot = arith.addi(self.load_index(choice, [t]), self.cidx(1))
+                    memref.store(arith.addi(self.load(offsets, [slot]), arith.constant(i32, 1)),
+                                 self.buf(offsets), [slot])
+            self.for_each_col(tokens, count)
+
+            def prefix(e):
+                after = arith.addi(e, self.cidx(1))
+                memref.store(arith.addi(self.load(offsets, [after]), self.load(offsets, [e])),
+                             self.buf(offsets), [after])
+            self.for_each_col(self.cidx(experts), prefix)
+
+            def fill(t):
+                for j, choice in enumerate(choices):
+                    e = self.load_index(choice, [t])
+                    position = self.load_index(offsets, [e])
+                    pair = arith.addi(arith.muli(t, self.cidx(k)), self.cidx(j))
+                    self.store_index(pair, slots, [arith.divui(position, self.cidx(k)),
+                                                   arith.remui(position, self.cidx(k))])
+                    self.store_index(arith.addi(position, self.cidx(1)), offsets, [e])
+            self.for_each_col(tokens, fill)
+
+            def shift(r):
+                e = arith.subi(self.cidx(experts), r)
+                memref.store(self.load(offsets, [arith.subi(e, self.cidx(1))]),
+                             self.buf(offsets), [e])
+            self.for_each_col(self.cidx(experts), shift)
+            memref.store(arith.constant(i32, 0), self.buf(offsets), [self.cidx(0)])
+            scf.yield_([])
+
+
+class _ExpertTile(_MoeKernel):
+    """A tile (e, j) of the padded expert grid."""
+
+    grid_rank = 2
+
+    def expert_slots(self, width: ir.Value):
+        """The lane loop over (slot, column) of expert tile (e, j): slots
+        offsets[e] + [j m, min((j + 1) m, count)); an empty tile runs no
+        iteration. Returns (loop, token, choice, column) inside the loop."""
+        op, buffers = self.op, self.op.buffers
+        k = op.params["top_k"]
+        (per_tile,) = op.tile
+        e, j = self.ti
+        begin = self.load_index(buffers["offsets"], [e])
+        end = self.load_index(buffers["offsets"], [arith.addi(e, self.cidx(1))])
+        first = arith.addi(begin, arith.muli(j, self.cidx(per_tile)))
+        last = arith.minsi(end, arith.addi(first, self.cidx(per_tile)))
+        count = arith.maxsi(arith.subi(last, first), self.cidx(0))
+        loop = self.lane_loop(arith.muli(count, width))
+        with ir.InsertionPoint(loop.body):
+            element = loop.induction_variable
+            slot = arith.addi(first, arith.divui(element, width))
+            column = arith.remui(element, width)
+            pair = self.load_index(buffers["slots"], [arith.divui(slot, self.cidx(k)),
+                                                      arith.remui(slot, self.cidx(k))])
+            token = arith.divui(pair, self.cidx(k))
+            choice = arith.remui(pair, self.cidx(k))
+        return loop, token, choice, column
+
+
+class MoeUp(_ExpertTile):
+    """hidden[t, c, :] = silu(x[t] @ w1[e]) for the pairs of this tile."""
+
+    part = "up"
+
+    @classmethod
+    def tensors(cls, op) -> list:
+        x, _, w1, _ = op.operands
+        buffers = op.buffers
+        return [x, w1, buffers["offsets"], buffers["slots"], buffers["hidden"]]
+
+    def emit(self) -> None:
+        x, _, w1, _ = self.op.operands
+        hidden = self.op.buffers["hidden"]
+        loop, t, c, f = self.expert_slots(self.dim(w1, 2))
+        e = self.ti[0]
+        with ir.InsertionPoint(loop.body):
+            total = self.reduce_row(self.dim(x, 1), self.cf32(0.0), lambda acc, h: arith.addf(
+                acc, arith.mulf(self.load(x, [t, h]), self.load(w1, [e, h, f]))))
+            self.store(self.unary("silu", total), hidden, [t, c, f])
+            scf.yield_([])
+
+
+class MoeDown(_ExpertTile):
+    """partial[t, c, :] = weight[t, c] * (hidden[t, c] @ w2[e])."""
+
+    part = "down"
+
+    @classmethod
+    def tensors(cls, op) -> list:
+        w1, w2 = op.operands[2:]
+        buffers = op.buffers
+        return [w1, w2, buffers["offsets"], buffers["slots"], buffers["hidden"],
+                buffers["partial"], buffers["weights"]]
+
+    def emit(self) -> None:
+        w1, w2 = self.op.operands[2:]
+        buffers = self.op.buffers
+        hidden, partial = buffers["hidden"], buffers["partial"]
+        loop, t, c, col = self.expert_slots(self.dim(w2, 2))
+        e = self.ti[0]
+        with ir.InsertionPoint(loop.body):
+            total = self.reduce_row(self.dim(w1, 2), self.cf32(0.0), lambda acc, f: arith.addf(
+                acc, arith.mulf(self.load(hidden, [t, c, f]), self.load(w2, [e, f, col]))))
+            weight = self.load(buffers["weights"], [t, c])
+            self.store(arith.mulf(weight, total), partial, [t, c, col])
+            scf.yield_([])
+
+
+class MoeCombine(_MoeKernel):
+    """y[t, :] = sum over the token's k choices of partial[t, c, :]."""
+
+    grid_rank = 1
+    part = "combine"
+
+    @classmethod
+    def tensors(cls, op) -> list:
+        return [op.operands[0], op.buffers["partial"], op.result]
+
+    def emit(self) -> None:
+        op = self.op
+        partial = op.buffers["partial"]
+        t = self.ti[0]
+        k = op.params["top_k"]
+        loop = self.lane_loop(self.dim(op.operands[0], 1))
+        with ir.InsertionPoint(loop.body):
+            col = loop.induction_variable
+            total = self.reduce_row(self.cidx(k), self.cf32(0.0), lambda acc, c: arith.addf(
+                acc, self.load(partial, [t, c, col])))
+            self.store(total, op.result, [t, col])
+            scf.yield_([])
+
+
+def build_tasks(b: TaskBuilder, op) -> None:
+    x, router_w, w1, w2 = op.operands
+    buffers = op.buffers
+    tokens = x.shape[0]
+    experts = op.params["experts"]
+    (slots_per_tile,) = op.tile
+    choices = buffers["experts"]
+    one_expert = box(2, ["d0", "0", "0"], [1, None, None])
+
+    routed = [buffers["probs"], *choices, buffers["weights"]]
+    b.emit_task(op, f"{op.name}_router", [b.grid_extent(tokens, DEFAULT_ROWS)],
+                [(x, row_block(1, x)), (router_w, whole(1, router_w))],
+                [(t, row_block(1, t)) for t in routed], MoeRouter)
+    b.emit_task(op, f"{op.name}_route", [b.grid_extent(1, 1)],
+                [(t, whole(1, t)) for t in choices],
+                [(buffers["offsets"], whole(1, buffers["offsets"])),
+                 (buffers["slots"], whole(1, buffers["slots"]))], MoeRoute)
+
+    grid = [b.grid_extent(experts, 1), b.grid_extent(tokens, slots_per_tile)]
+    one = b.grid_extent(1, 1)
+    if isinstance(tokens, int):
+        tiles = -(-tokens // slots_per_tile)
+        tiles_type, dynamic = ir.Type.parse(f"!event.tensor<{experts}x{tiles}>"), []
+    else:
+        tiles_type, dynamic = ir.Type.parse(f"!event.tensor<{experts}x?>"), [grid[1]]
+    ready = event.AllocOp(tiles_type, dynamic, count=one).result
+    routing = [(t, whole(2, t)) for t in (buffers["offsets"], buffers["slots"])]
+    tile_map = index_map("(d0, d1) -> (d0, d1)")
+    # x rows are read wherever routing sends them: the whole of x, so that a
+    # later writer of x still waits for every expert tile.
+    b.emit_task(op, f"{op.name}_up", grid,
+                [(x, whole(2, x)), (w1, one_expert), *routing], [], MoeUp,
+                notifies=[(ready, tile_map)])
+    done = event.AllocOp(ir.Type.parse(f"!event.tensor<{experts}>"), [], count=grid[1]).result
+    b.emit_task(op, f"{op.name}_down", grid,
+                [(w2, one_expert), *routing, (buffers["weights"], whole(2, buffers["weights"]))],
+                [], MoeDown, waits=[(ready, tile_map)],
+                notifies=[(done, index_map("(d0, d1) -> (d0)"))])
+    b.emit_task(op, f"{op.name}_combine", [b.grid_extent(tokens, 1)], [],
+                [(op.result, box(1, ["d0", "0"], [1, None]))], MoeCombine,
+                waits=[(done, index_map(f"(d0) -> (d0) indirect [{j}]"))
+                       for j in range(len(choices))],
+                indices=choices)
