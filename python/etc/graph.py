@@ -47,6 +47,9 @@ _ELEMENTWISE_UNARY = ("silu", "gelu", "exp", "scale")
 _ELEMENTWISE_BINARY = ("add", "mul")
 _ROWWISE = ("rmsnorm", "softmax", "sum")
 
+#: The largest static dimension: memref sizes and indices are signed 64-bit.
+_MAX_INDEX = 2**63 - 1
+
 #: Default tile extents: rows of every 2-D tile, columns of matmul and
 #: elementwise tiles.
 DEFAULT_ROWS = 32
@@ -227,6 +230,9 @@ class Graph:
             elif isinstance(d, int) and not isinstance(d, bool):
                 if d < 1:
                     raise ValueError(f"{what}: dimension {d} in shape {dims!r} must be positive")
+                if d > _MAX_INDEX:
+                    raise ValueError(f"{what}: dimension {d} in shape {dims!r} does not fit a "
+                                     f"64-bit index (at most 2**63 - 1)")
                 out.append(d)
             else:
                 raise ValueError(f"{what}: dimension {d!r} in shape {dims!r} is not an int or a symbol")
