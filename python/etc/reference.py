@@ -170,9 +170,10 @@ def _apply(op, vals: list) -> np.ndarray:
     raise AssertionError(f"unknown operator kind {kind!r}")
 
 
-def evaluate(g: Graph, **inputs) -> list[np.ndarray]:
+def evaluate(g: Graph, /, **inputs) -> list[np.ndarray]:
     """Computes every output of `g` from the named input arrays (see the
-    module docstring for dtypes); returns them in output order."""
+    module docstring for dtypes); returns them in output order. `g` is
+    positional-only, so an input may be called "g"."""
     if not g._outputs:
         raise ValueError(f"Graph '{g.name}' has no outputs")
     symbols = bind_symbols(g, inputs)

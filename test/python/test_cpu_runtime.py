@@ -178,3 +178,30 @@ def test_bad_options_are_rejected():
         etc.compile(g, workers=0)
     with pytest.raises(ValueError, match=r"target='tpu' is not supported"):
         etc.compile(g, target="tpu")
+
+
+def test_kernel_runs_what_was_compiled_after_the_graph_changes():
+    g = etc.Graph("edited")
+    x = g.input("x", (8, 16), "f32")
+    y = g.exp(x)
+    doubled = g.scale(x, 2.0)
+    g.output(y)
+    kernel = etc.compile(g, workers=2)
+    # `doubled` was an intermediate when compiled; now it is an output too.
+    g.output(doubled)
+    xv = np.random.default_rng(3).standard_normal((8, 16)).astype(np.float32)
+    outputs = kernel.run(x=xv)
+    assert len(outputs) == 1 and kernel.signature.outputs == ("exp_0",)
+    np.testing.assert_allclose(outputs[0], np.exp(xv), rtol=1e-6)
+    assert [a.kind for a in kernel.signature.arguments] == ["input", "output", "intermediate"]
+
+
+def test_an_input_may_be_called_self():
+    g = etc.Graph("selfish")
+    x = g.input("self", (4, 8), "f32")
+    g.output(g.exp(x))
+    xv = np.ones((4, 8), np.float32)
+    (y,) = etc.compile(g, workers=1).run(**{"self": xv})
+    np.testing.assert_allclose(y, np.exp(xv), rtol=1e-6)
+    (ref,) = etc.reference.evaluate(g, **{"self": xv})
+    np.testing.assert_allclose(y, ref, rtol=1e-6)

@@ -140,3 +140,12 @@ def test_unused_scratch_with_a_free_symbol_is_fine():
     g.output(g.exp(x))
     (y,) = evaluate(g, x=rand(4, 4))
     assert y.shape == (4, 4) and np.all(y > 0)
+
+
+def test_an_input_may_be_called_g():
+    g = etc.Graph("named_g")
+    x = g.input("g", (2, 4))
+    g.output(g.exp(x))
+    xv = rand(2, 4)
+    (y,) = evaluate(g, g=xv)
+    np.testing.assert_allclose(y, np.exp(xv), rtol=1e-6)

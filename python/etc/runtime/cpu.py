@@ -27,7 +27,7 @@ import numpy as np
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
-from ..binding import bind_symbols, check_input_names, concrete_shape
+from ..binding import Signature, bind_symbols, check_input_names, concrete_shape
 
 #: NumPy storage of each ETC dtype. bf16 has no NumPy type: it is stored as the
 #: upper 16 bits of float32 (see `to_storage` / `from_storage`).
@@ -87,13 +87,17 @@ _CHECK_ERRORS = {
 
 
 class CPURuntime:
-    """Runs one lowered module with a fixed number of host worker threads."""
+    """Runs one lowered module with a fixed number of host worker threads.
+
+    `graph` is the compiled graph, or anything with its `name`, `arguments`
+    and `outputs`; its signature is copied now (see `etc.binding.Signature`).
+    """
 
     def __init__(self, graph, module: ir.Module, workers: int):
-        self.graph = graph
+        self.signature = Signature.of(graph)
         self.workers = workers
-        self.arguments = list(graph.arguments)
-        name = graph.name
+        self.arguments = self.signature.arguments
+        name = self.signature.name
         self._counters_fn = f"{name}_counters"
         self._init_fn = f"{name}_init"
         self._worker_fn = f"{name}_worker"
@@ -108,7 +112,7 @@ class CPURuntime:
     # -- argument binding -------------------------------------------------
 
     def _bind(self, inputs: dict) -> tuple[dict[str, int], dict[str, np.ndarray]]:
-        check_input_names(self.graph.name, self.arguments, inputs)
+        check_input_names(self.signature.name, self.arguments, inputs)
         for arg in self.arguments:
             if arg.kind != "input":
                 continue
@@ -185,8 +189,8 @@ class CPURuntime:
         status = ctypes.c_int32(-1)
         self.engine.invoke(self._check_fn, *args, counters_arg, ctypes.pointer(status))
         if status.value != 0:
-            raise RuntimeError(f"{self.graph.name}: {_CHECK_ERRORS.get(status.value, f'status {status.value}')}")
-        return [from_storage(buffers[name], self._dtype(name)) for name in self.graph.outputs]
+            raise RuntimeError(f"{self.signature.name}: {_CHECK_ERRORS.get(status.value, f'status {status.value}')}")
+        return [from_storage(buffers[name], self._dtype(name)) for name in self.signature.outputs]
 
     def _dtype(self, name: str) -> str:
         return next(a.dtype for a in self.arguments if a.name == name)
