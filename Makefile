@@ -53,7 +53,8 @@ install: $(STAMP)
 	@mkdir -p build
 	@set -o pipefail; $(PIP) install --no-build-isolation --no-deps -v -e . 2>&1 | tee $(BUILD_LOG) \
 	  | grep --line-buffered -E '\*\*\* |\[[0-9]+/[0-9]+\] (Building|Linking)' | sed -u 's/^ *//' \
-	  || { echo "error: building ETC failed; the last lines of $(BUILD_LOG):" >&2; tail -n 40 $(BUILD_LOG) >&2; exit 1; }
+	  || { echo "error: building ETC failed; the first errors in $(BUILD_LOG):" >&2; \
+	       grep -m 10 -A 3 -E 'error:|Error' $(BUILD_LOG) >&2 || tail -n 40 $(BUILD_LOG) >&2; exit 1; }
 
 demo: install
 	$(RUN) $(PY) examples/demo.py
