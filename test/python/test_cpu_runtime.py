@@ -6,6 +6,9 @@ symbolic dimension; worker counts above the core count must still finish.
 
 from __future__ import annotations
 
+import ctypes
+import re
+
 import numpy as np
 import pytest
 
@@ -205,3 +208,86 @@ def test_an_input_may_be_called_self():
     np.testing.assert_allclose(y, np.exp(xv), rtol=1e-6)
     (ref,) = etc.reference.evaluate(g, **{"self": xv})
     np.testing.assert_allclose(y, ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_half_precision_graphs_run_through_etc_compile(dtype):
+    """Every operator on f16 and bf16 through the public path, against the
+    reference. bf16 conversions must not be left to LLVM: it would call
+    compiler-rt's __truncsfbf2, which the JIT cannot resolve on hosts without
+    native bf16 conversions."""
+    rng = np.random.default_rng(11)
+    g = etc.Graph(f"half_{dtype}")
+    B = g.symbol("B")
+    x = g.input("x", (B, 70), dtype)
+    w = g.input("w", (70, 40), dtype)
+    b = g.input("b", (70,), dtype)
+    outs = [g.matmul(x, w), g.add(x, x), g.mul(b, x), g.silu(x), g.gelu(x), g.exp(x),
+            g.scale(x, 0.25), g.rmsnorm(x, b, 1e-5), g.softmax(x), g.sum(x)]
+    values, _ = g.topk(x, 3)
+    g.output(*outs, values)
+    kernel = etc.compile(g, target="cpu", workers=3)
+    assert not re.search(r"llvm\.fptrunc .* to bf16", kernel.ir("lowered"))
+    storage = np.float16 if dtype == "f16" else np.float32
+    for rows in (1, 33):
+        inputs = {name: rng.standard_normal(shape).astype(storage)
+                  for name, shape in [("x", (rows, 70)), ("w", (70, 40)), ("b", (70,))]}
+        if dtype == "bf16":
+            inputs = {name: etc.reference.round_bf16(v) for name, v in inputs.items()}
+        got = kernel.run(**inputs)
+        ref = etc.reference.evaluate(g, **inputs)
+        for name, a, r in zip(g.outputs, got, ref):
+            assert a.dtype == r.dtype and a.shape == r.shape, name
+            a32, r32 = a.astype(np.float32), r.astype(np.float32)
+            err = float(np.max(np.abs(a32 - r32) / (1 + np.abs(r32))))
+            assert err < 8e-2, f"{name} at B={rows}: relative error {err}"
+
+
+#: `convert(x: f32) -> f16` calling `callee`, with the C interface name
+#: that `ExecutionEngine.invoke("convert", ...)` looks for.
+_CALLS = """
+llvm.func @{callee}(f32) -> f16
+llvm.func @_mlir_ciface_convert(%x: f32) -> f16 {{
+  %0 = llvm.call @{callee}(%x) : (f32) -> f16
+  llvm.return %0 : f16
+}}
+"""
+
+
+def test_jit_gets_the_f16_builtins():
+    """Hosts without F16C convert f16 through __truncsfhf2, which no library
+    exports to the JIT's search; the CPU runtime gives it libgcc_s's."""
+    from mlir import ir
+
+    from etc.runtime import jit
+
+    module = ir.Module.parse(_CALLS.format(callee="__truncsfhf2"), context=ir.Context())
+    engine = jit.create(module, "convert")
+    jit.lookup(engine, "convert", "convert")
+    result = ctypes.c_uint16(0)
+    engine.invoke("convert", ctypes.pointer(ctypes.c_float(1.5)), ctypes.pointer(result))
+    assert result.value == np.array(1.5, np.float16).view(np.uint16)
+
+
+def test_jit_failure_names_the_missing_symbol():
+    from mlir import ir
+
+    from etc.runtime import jit
+
+    module = ir.Module.parse(_CALLS.format(callee="etc_no_such_symbol"), context=ir.Context())
+    engine = jit.create(module, "g")
+    with pytest.raises(jit.JITError, match=r"g: the CPU JIT could not compile and link 'convert': "
+                                           r"the compiled code calls etc_no_such_symbol, which no "
+                                           r"library loaded in this process exports"):
+        jit.lookup(engine, "convert", "g")
+
+
+def test_jit_translation_failure_shows_mlir_diagnostics():
+    from mlir import ir
+
+    from etc.runtime import jit
+
+    module = ir.Module.parse("func.func @f() { return }", context=ir.Context())
+    with pytest.raises(jit.JITError, match=r"could not translate the lowered module to LLVM IR:\n"
+                                           r".*cannot be converted to LLVM IR"):
+        jit.create(module, "g")

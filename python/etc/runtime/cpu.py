@@ -25,8 +25,8 @@ from functools import lru_cache
 
 import numpy as np
 from mlir import ir
-from mlir.execution_engine import ExecutionEngine
 
+from . import jit
 from ..binding import Signature, bind_symbols, check_input_names, concrete_shape
 
 #: NumPy storage of each ETC dtype. bf16 has no NumPy type: it is stored as the
@@ -102,12 +102,12 @@ class CPURuntime:
         self._init_fn = f"{name}_init"
         self._worker_fn = f"{name}_worker"
         self._check_fn = f"{name}_check"
-        self.engine = ExecutionEngine(module, opt_level=2)
+        self.engine = jit.create(module, name)
         # Looking the entry points up now makes the JIT generate their code
         # here, at compile time, instead of inside the first `run`, and turns
         # a program without the expected ABI into an error before any call.
         for function in (self._counters_fn, self._init_fn, self._worker_fn, self._check_fn):
-            self.engine.lookup(function)
+            jit.lookup(self.engine, function, name)
 
     # -- argument binding -------------------------------------------------
 
