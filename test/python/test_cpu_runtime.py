@@ -291,3 +291,38 @@ def test_jit_translation_failure_shows_mlir_diagnostics():
     with pytest.raises(jit.JITError, match=r"could not translate the lowered module to LLVM IR:\n"
                                            r".*cannot be converted to LLVM IR"):
         jit.create(module, "g")
+
+
+def test_zero_sized_symbolic_dims_agree_with_the_reference():
+    """Zero rows or zero-width rows: kernel and reference both return the
+    empty (for sum over empty rows: zero) results, and neither raises."""
+    g = etc.Graph("zero_sized")
+    B, N = g.symbol("B"), g.symbol("N")
+    x = g.input("x", (B, N))
+    w = g.input("w", (N,))
+    g.output(g.softmax(x), g.rmsnorm(x, w), g.sum(x), g.exp(x))
+    kernel = etc.compile(g, workers=2)
+    for rows, width in [(3, 0), (0, 5), (0, 0)]:
+        inputs = {"x": np.ones((rows, width), np.float32), "w": np.ones(width, np.float32)}
+        got = kernel.run(**inputs)
+        ref = etc.reference.evaluate(g, **inputs)
+        for name, a, r in zip(g.outputs, got, ref):
+            assert a.shape == r.shape, (name, rows, width)
+            np.testing.assert_array_equal(a, r)
+
+
+def test_bf16_inputs_are_rounded_alike_by_kernel_and_reference():
+    """float32 values that bf16 cannot hold (ties, overflow to infinity, NaN
+    payloads) are rounded to nearest even on both sides."""
+    g = etc.Graph("bf16_round")
+    x = g.input("x", (2, 8), "bf16")
+    g.output(g.scale(x, 1.0))
+    bits = np.array([0x3F808000, 0x3F818000, 0x3F80C000, 0x7F7FFFFF, 0xFF7FFFFF,
+                     0x7FFFFFFF, 0x7F800001, 0x00000001] * 2, np.uint32)
+    xv = bits.view(np.float32).reshape(2, 8)
+    (got,) = etc.compile(g, workers=1).run(x=xv)
+    (ref,) = etc.reference.evaluate(g, x=xv)
+    np.testing.assert_array_equal(got, ref)
+    expected = np.array([0x3F80, 0x3F82, 0x3F81, 0x7F80, 0xFF80], np.uint32) << 16
+    np.testing.assert_array_equal(got[0, :5].view(np.uint32), expected)
+    assert np.isnan(got[0, 5:7]).all()

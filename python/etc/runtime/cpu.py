@@ -27,6 +27,7 @@ import numpy as np
 from mlir import ir
 
 from . import jit
+from .. import bfloat16
 from ..binding import Signature, bind_symbols, check_input_names, concrete_shape
 
 #: NumPy storage of each ETC dtype. bf16 has no NumPy type: it is stored as the
@@ -63,18 +64,18 @@ def _descriptor(array: np.ndarray):
 
 
 def to_storage(array: np.ndarray, dtype: str) -> np.ndarray:
-    """Converts a user array to the buffer ETC reads (bf16: round to nearest even)."""
+    """Converts a user array to the buffer ETC reads (bf16: rounded to
+    nearest even, as `etc.reference` rounds bf16 inputs)."""
     if dtype != "bf16":
         return np.ascontiguousarray(array)
-    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
-    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
-    return (rounded >> 16).astype(np.uint16)
+    return bfloat16.to_bits(array)
 
 
 def from_storage(array: np.ndarray, dtype: str) -> np.ndarray:
+    """The user array of an output buffer (bf16: widened to float32)."""
     if dtype != "bf16":
         return array
-    return (array.astype(np.uint32) << 16).view(np.float32)
+    return bfloat16.from_bits(array)
 
 
 #: What each non-zero status of g_check means.
