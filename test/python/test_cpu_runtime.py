@@ -326,3 +326,59 @@ def test_bf16_inputs_are_rounded_alike_by_kernel_and_reference():
     expected = np.array([0x3F80, 0x3F82, 0x3F81, 0x7F80, 0xFF80], np.uint32) << 16
     np.testing.assert_array_equal(got[0, :5].view(np.uint32), expected)
     assert np.isnan(got[0, 5:7]).all()
+
+
+#: Runs a program that never finishes (its worker cannot make progress), sends
+#: itself SIGINT while `run` waits, and reports what is left afterwards.
+_INTERRUPTED_RUN = r"""
+import os, re, signal, sys, threading, time
+import numpy as np
+from mlir import ir
+import etc
+from etc import pipeline
+from etc.runtime.cpu import CPURuntime
+
+schedule = sys.argv[1]
+g = etc.Graph("stuck")
+B = g.symbol("B")
+x = g.input("x", (B, 64))
+g.output(g.exp(g.exp(x)))
+options = pipeline.Options(schedule=schedule, workers=3)
+module = ir.Module.parse(g.to_mlir(), context=ir.Context())
+for stage in ("event", "scheduled"):
+    pipeline.run_stage(module, stage, pipeline.stages(options)[stage])
+text = str(module)
+worker = text.index("func.func @stuck_worker")
+end = text.index("func.func", worker + 1)
+# static: no notifies, so every wait spins forever; dynamic: no pushes from
+# the worker, so pops spin forever on slots nobody publishes.
+removed = r"^\s*event\.(notify|queue_push) .*$"
+text = text[:worker] + re.sub(removed, "", text[worker:end], flags=re.M) + text[end:]
+module = ir.Module.parse(text, context=module.context)
+pipeline.run_stage(module, "lowered", pipeline.lowering_pipeline(options))
+runtime = CPURuntime(g, module, 3)
+threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+start = time.monotonic()
+try:
+    runtime.run({"x": np.ones((256, 64), np.float32)})
+    print("finished")
+except KeyboardInterrupt:
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("etc-worker")]
+    print(f"interrupted after {time.monotonic() - start:.1f} s; workers alive: {alive}")
+"""
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_ctrl_c_stops_and_joins_the_workers(schedule):
+    """Ctrl-C during `run` stops the workers (their spins see the stop flag)
+    and joins them before the buffers they write are freed; then the
+    KeyboardInterrupt propagates. Before, the workers went on spinning (and
+    writing into freed buffers): the process hung or died of SIGSEGV."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _INTERRUPTED_RUN, schedule],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert re.fullmatch(r"interrupted after \d+\.\d s; workers alive: \[\]\n", proc.stdout), \
+        proc.stdout + proc.stderr

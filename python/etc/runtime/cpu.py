@@ -8,7 +8,9 @@ ABI of the lowered program for graph `g` (see `event-static-schedule` and
 `convert-event-to-cpu`), every function with a C interface:
   g_counters(args...) -> index        number of 32-bit event counters
   g_init(args..., counters)           writes each counter's expected count
-  g_worker(args..., counters, worker_id, worker_count)
+  g_worker(args..., counters, worker_id, worker_count, stop)
+                                      stop: address of an i32; setting it
+                                      makes every worker return early
   g_check(args..., counters) -> i32   after the run: 0 clean, 1 task queue
                                       overflow, 2 unbalanced (a counter not 0)
 where `args` are the graph's arguments: symbols as `index`, buffers as memrefs.
@@ -85,6 +87,17 @@ _CHECK_ERRORS = {
     2: "unbalanced events: some event counters did not reach zero; the program's "
        "notifies do not match its expected counts",
 }
+
+
+def _join_all(threads: list[threading.Thread]) -> None:
+    """Joins every thread, even through further Ctrl-Cs: the caller must not
+    return while a worker still runs."""
+    for thread in threads:
+        while thread.is_alive():
+            try:
+                thread.join()
+            except KeyboardInterrupt:
+                continue
 
 
 class CPURuntime:
@@ -168,11 +181,16 @@ class CPURuntime:
         errors: list[BaseException] = []
         worker = self.engine.lookup(self._worker_fn)
         total = ctypes.c_longlong(self.workers)
+        # The stop flag: non-zero makes every spinning worker give up and
+        # return (see convert-event-to-cpu).
+        stop = ctypes.c_int32(0)
+        stop_address = ctypes.c_void_p(ctypes.addressof(stop))
 
         def work(worker_id: int) -> None:
             try:
                 wid = ctypes.c_longlong(worker_id)
-                call = args + [counters_arg, ctypes.pointer(wid), ctypes.pointer(total)]
+                call = args + [counters_arg, ctypes.pointer(wid), ctypes.pointer(total),
+                               ctypes.pointer(stop_address)]
                 packed = (ctypes.c_void_p * len(call))(
                     *[ctypes.cast(p, ctypes.c_void_p) for p in call])
                 worker(packed)
@@ -183,8 +201,16 @@ class CPURuntime:
                    for w in range(self.workers)]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
+        try:
+            for thread in threads:
+                thread.join()
+        except BaseException:
+            # Ctrl-C (or any exception) while the workers run: they write
+            # into `buffers` and `counters` until they return, so stop them
+            # and wait before this frame lets go of those buffers.
+            stop.value = 1
+            _join_all(threads)
+            raise
         if errors:
             raise errors[0]
         status = ctypes.c_int32(-1)
