@@ -98,10 +98,16 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 
 def topk(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k largest values of each row of `x` and their indices (int32), in
-    decreasing order; equal values are ordered by lower index first."""
+    decreasing order; equal values are ordered by lower index first.
+
+    NaN ranks above every number, +inf included (NaNs are picked first, in
+    index order), so every index is picked at most once; the kernels use the
+    same order."""
     x = np.asarray(x, dtype=np.float32)
-    # A stable sort of -x keeps equal values in index order.
-    order = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    nan = np.isnan(x)
+    # lexsort is stable and sorts by its last key first: NaNs, then larger
+    # values, then (stability) lower indices.
+    order = np.lexsort((-np.where(nan, 0, x), ~nan), axis=-1)[..., :k]
     return np.take_along_axis(x, order, axis=-1), order.astype(np.int32)
 
 

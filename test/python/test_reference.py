@@ -171,3 +171,13 @@ def test_zero_width_rows():
         soft, norm, total = evaluate(g, x=rand(3, 0), w=rand(0))
     assert soft.shape == norm.shape == (3, 0)
     np.testing.assert_array_equal(total, np.zeros(3, np.float32))
+
+
+def test_topk_ranks_nan_above_every_number():
+    x = np.array([[1.0, np.nan, np.inf, 3.0, np.nan, -np.inf, 3.0]], np.float32)
+    values, indices = etc.reference.topk(x, 7)
+    assert indices.tolist() == [[1, 4, 2, 3, 6, 0, 5]]
+    np.testing.assert_array_equal(values, x[:, [1, 4, 2, 3, 6, 0, 5]])
+    # Without NaN it is the plain descending order, ties by lower index.
+    values, indices = etc.reference.topk(np.array([[2, 5, 5, 1]], np.float32), 3)
+    assert indices.tolist() == [[1, 2, 0]] and values.tolist() == [[5, 5, 2]]
