@@ -95,10 +95,11 @@ static void guardRestOfBlock(ConversionPatternRewriter &rewriter,
   for (Value value : escaping)
     poison.push_back(ub::PoisonOp::create(rewriter, loc, value.getType()));
   scf::YieldOp::create(rewriter, loc, poison);
-  for (auto [value, result] : llvm::zip(escaping, guard.getResults()))
-    rewriter.replaceUsesWithIf(value, result, [&](OpOperand &use) {
-      return use.getOwner() == terminator;
-    });
+  rewriter.modifyOpInPlace(terminator, [&] {
+    for (OpOperand &operand : terminator->getOpOperands())
+      if (auto it = llvm::find(escaping, operand.get()); it != escaping.end())
+        operand.set(guard.getResult(it - escaping.begin()));
+  });
 }
 
 namespace {

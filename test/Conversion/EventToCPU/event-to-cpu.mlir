@@ -57,6 +57,32 @@ func.func @g_worker(%n: index, %counters: memref<?xi32>) {
 
 // -----
 
+// Values computed after a wait that the block's terminator uses come out of
+// the guarding scf.if; a stopped worker returns poison for them.
+
+// CHECK-LABEL: func.func @wait_then_return(
+// CHECK:         %[[READY:.*]] = scf.while : () -> i1 {
+// CHECK:         %[[VALUES:.*]]:2 = scf.if %[[READY]] -> (index, i32) {
+// CHECK:           %[[LANE:.*]] = arith.constant 0 : index
+// CHECK:           %[[SUM:.*]] = "test.compute"() : () -> i32
+// CHECK:           scf.yield %[[LANE]], %[[SUM]] : index, i32
+// CHECK:         } else {
+// CHECK:           %[[P0:.*]] = ub.poison : index
+// CHECK:           %[[P1:.*]] = ub.poison : i32
+// CHECK:           scf.yield %[[P0]], %[[P1]] : index, i32
+// CHECK:         }
+// CHECK:         return %[[VALUES]]#0, %[[VALUES]]#1 : index, i32
+func.func @wait_then_return(%counters: memref<?xi32>, %i: index) -> (index, i32) {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0]() : memref<?xi32> -> !event.tensor<4>
+  event.wait %e[%i] : !event.tensor<4>
+  %lane = event.lane_id
+  %sum = "test.compute"() : () -> i32
+  return %lane, %sum : index, i32
+}
+
+// -----
+
 // Elements of an N-d view are addressed row-major with its sizes.
 
 // CHECK-LABEL: func.func @nd_view(
