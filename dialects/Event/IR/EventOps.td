@@ -20,8 +20,12 @@ def Event_Tensor : Type<CPred<"::llvm::isa<::etc::event::EventTensorType>($_self
 // Containers
 //===----------------------------------------------------------------------===//
 
+// AffineScope: the graph's index arguments and the values computed from them
+// at its top level (grid sizes) are affine symbols, as in a func.func. Without
+// it, the affine verifier searched beyond the graph for the scope and
+// recursed without end on a self-referencing affine.apply.
 def Event_GraphOp : Event_Op<"graph", [
-    AutomaticAllocationScope, IsolatedFromAbove, FunctionOpInterface,
+    AffineScope, AutomaticAllocationScope, IsolatedFromAbove, FunctionOpInterface,
     SingleBlockImplicitTerminator<"YieldOp">]> {
   let summary = "A graph of tile tasks over buffers and symbolic dimensions";
   let description = [{
@@ -121,8 +125,10 @@ def Event_AllocOp : Event_Op<"alloc", [AttrSizedOperandSegments]> {
 // Tasks
 //===----------------------------------------------------------------------===//
 
+// AffineScope: within one tile task, the tile indices are fixed, so they and
+// the values the body computes from them at its top level are symbols.
 def Event_TaskOp : Event_Op<"task", [
-    AttrSizedOperandSegments, HasParent<"GraphOp">,
+    AffineScope, AttrSizedOperandSegments, HasParent<"GraphOp">,
     SingleBlockImplicitTerminator<"YieldOp">]> {
   let summary = "A grid of tile tasks with declared accesses and events";
   let description = [{

@@ -149,6 +149,28 @@ event.graph @g(%x: memref<8xf32>) {
 
 // -----
 
+// Graphs and task bodies are affine scopes: a self-referencing affine.apply
+// at their top level is a dominance error (the affine verifier used to look
+// past them for a scope and recurse without end).
+event.graph @g(%n: index) {
+  // expected-error @+2 {{operand #0 does not dominate this use}}
+  // expected-note @+1 {{operand defined here}}
+  %r = affine.apply affine_map<()[s0] -> (s0 ceildiv 32)>()[%r]
+}
+
+// -----
+
+event.graph @g(%n: index) {
+  event.task "t" grid(%n) {
+  ^bb0(%i: index):
+    // expected-error @+2 {{operand #1 does not dominate this use}}
+    // expected-note @+1 {{operand defined here}}
+    %r = affine.apply affine_map<(d0)[s0] -> (d0 + s0)>(%i)[%r]
+  }
+}
+
+// -----
+
 //===----------------------------------------------------------------------===//
 // event.alloc / event.view
 //===----------------------------------------------------------------------===//
