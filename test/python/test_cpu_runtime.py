@@ -382,3 +382,23 @@ def test_ctrl_c_stops_and_joins_the_workers(schedule):
     assert proc.returncode == 0, proc.stderr
     assert re.fullmatch(r"interrupted after \d+\.\d s; workers alive: \[\]\n", proc.stdout), \
         proc.stdout + proc.stderr
+
+
+def test_topk_with_nan_matches_the_reference():
+    """NaN ranks above every number in kernel and reference alike, so rows
+    with NaNs give NaN values first and distinct indices (the kernel used to
+    return -inf values and repeat an index)."""
+    g = etc.Graph("topk_nan")
+    x = g.input("x", (4, 6))
+    values, indices = g.topk(x, 4)
+    g.output(values, indices)
+    xv = np.array([[1, np.nan, 3, np.nan, np.inf, 2],
+                   [np.nan] * 6,
+                   [-np.inf, -np.inf, np.nan, -np.inf, -1, -np.inf],
+                   [5, 5, 0, 5, -0.0, 5]], np.float32)
+    got_values, got_indices = etc.compile(g, workers=2).run(x=xv)
+    ref_values, ref_indices = etc.reference.evaluate(g, x=xv)
+    np.testing.assert_array_equal(got_indices, ref_indices)
+    np.testing.assert_array_equal(got_values, ref_values)
+    assert got_indices.tolist()[:3] == [[1, 3, 4, 2], [0, 1, 2, 3], [2, 4, 0, 1]]
+    assert all(len(set(row)) == 4 for row in got_indices.tolist())
