@@ -357,13 +357,24 @@ text = text[:worker] + re.sub(removed, "", text[worker:end], flags=re.M) + text[
 module = ir.Module.parse(text, context=module.context)
 pipeline.run_stage(module, "lowered", pipeline.lowering_pipeline(options))
 runtime = CPURuntime(g, module, 3)
-threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+
+def interrupt_once_the_workers_spin():
+    while sum(t.name.startswith("etc-worker") for t in threading.enumerate()) < 3:
+        time.sleep(0.01)
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+threading.Thread(target=interrupt_once_the_workers_spin, daemon=True).start()
 start = time.monotonic()
 try:
     runtime.run({"x": np.ones((256, 64), np.float32)})
     print("finished")
 except KeyboardInterrupt:
-    alive = [t.name for t in threading.enumerate() if t.name.startswith("etc-worker")]
+    # is_alive: a joined thread may still be listed while it unwinds.
+    alive = [t.name for t in threading.enumerate()
+             if t.name.startswith("etc-worker") and t.is_alive()]
     print(f"interrupted after {time.monotonic() - start:.1f} s; workers alive: {alive}")
 """
 

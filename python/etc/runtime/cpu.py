@@ -90,8 +90,8 @@ _CHECK_ERRORS = {
 
 
 def _join_all(threads: list[threading.Thread]) -> None:
-    """Joins every thread, even through further Ctrl-Cs: the caller must not
-    return while a worker still runs."""
+    """Joins every started thread, even through further Ctrl-Cs: the caller
+    must not return while a worker still runs."""
     for thread in threads:
         while thread.is_alive():
             try:
@@ -199,15 +199,15 @@ class CPURuntime:
 
         threads = [threading.Thread(target=work, args=(w,), name=f"etc-worker-{w}")
                    for w in range(self.workers)]
-        for thread in threads:
-            thread.start()
         try:
+            for thread in threads:
+                thread.start()
             for thread in threads:
                 thread.join()
         except BaseException:
-            # Ctrl-C (or any exception) while the workers run: they write
-            # into `buffers` and `counters` until they return, so stop them
-            # and wait before this frame lets go of those buffers.
+            # Ctrl-C (or any exception) while the workers start or run: they
+            # write into `buffers` and `counters` until they return, so stop
+            # them and wait before this frame lets go of those buffers.
             stop.value = 1
             _join_all(threads)
             raise
