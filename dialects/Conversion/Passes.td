@@ -10,9 +10,14 @@ def ConvertEventToCPU : Pass<"convert-event-to-cpu", "::mlir::ModuleOp"> {
   let description = [{
     Lowers the event ops of a scheduled program (L3) for the CPU target,
     where each worker is a host thread and a tile body runs on one lane:
-    * in every `func.func` using `event.worker_id` / `event.worker_count`,
-      they become two trailing `index` arguments `%worker_id, %worker_count`
-      that each host thread passes;
+    * every `func.func` that uses `event.worker_id` / `event.worker_count`
+      or spins (`event.wait`, `event.queue_pop`) gets three trailing
+      arguments `%worker_id: index, %worker_count: index, %stop: !llvm.ptr`;
+      each host thread passes its own id, and all share the stop flag, an
+      i32 that the runtime sets non-zero to make every worker return early
+      (Ctrl-C): a spinning wait then gives up and skips the rest of its
+      block (the tile body and its notifies), and a spinning pop returns the
+      capacity, so the worker loops run out;
     * `event.view %counters[%offset]` becomes the address of its first
       counter (`memref.extract_aligned_pointer_as_index`, `llvm.inttoptr`,
       `llvm.getelementptr`); elements are addressed row-major from it;
@@ -37,19 +42,27 @@ def ConvertEventToCPU : Pass<"convert-event-to-cpu", "::mlir::ModuleOp"> {
     After:
     ```mlir
     func.func @g_worker(%n: index, %counters: memref<?xi32>, %worker_id: index,
-                        %worker_count: index) attributes {llvm.emit_c_interface} {
+                        %worker_count: index, %stop: !llvm.ptr)
+        attributes {llvm.emit_c_interface} {
       %address = memref.extract_aligned_pointer_as_index %counters : memref<?xi32> -> index
       ...
       %e = llvm.getelementptr %base[%offset] : (!llvm.ptr, i64) -> !llvm.ptr, i32
       ...
       %p = llvm.getelementptr %e[%i64] : (!llvm.ptr, i64) -> !llvm.ptr, i32
-      scf.while : () -> () {
+      %running = scf.while : () -> i1 {
         %count = llvm.load %p atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
         %pending = arith.cmpi sgt, %count, %c0_i32 : i32
-        scf.condition(%pending)
+        %flag = llvm.load %stop atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
+        %stopped = arith.cmpi ne, %flag, %c0_i32 : i32
+        %go = arith.xori %stopped, %true : i1
+        %spin = arith.andi %pending, %go : i1
+        scf.condition(%spin) %go : i1
       } do {
         %0 = func.call @sched_yield() : () -> i32
         scf.yield
+      }
+      scf.if %running {
+        ... the rest of the block: tile body, notifies ...
       }
     ```
   }];
@@ -57,7 +70,8 @@ def ConvertEventToCPU : Pass<"convert-event-to-cpu", "::mlir::ModuleOp"> {
                            "::mlir::func::FuncDialect",
                            "::mlir::LLVM::LLVMDialect",
                            "::mlir::memref::MemRefDialect",
-                           "::mlir::scf::SCFDialect"];
+                           "::mlir::scf::SCFDialect",
+                           "::mlir::ub::UBDialect"];
 }
 
 def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {

@@ -27,7 +27,14 @@ void etc::buildLowerToCPUPipeline(mlir::OpPassManager &pm) {
   // arithmetic, which itself uses affine.apply.
   pm.addPass(mlir::memref::createExpandStridedMetadataPass());
   pm.addPass(mlir::createLowerAffinePass());
-  pm.addPass(mlir::arith::createArithExpandOpsPass());
+  // bf16 conversions become integer arithmetic here: LLVM would call
+  // compiler-rt's __truncsfbf2, which the JIT cannot resolve (no process
+  // defines it) unless the host has native bf16 conversions (AVX512-BF16).
+  // f16 needs nothing: x86-64 with F16C and AArch64 convert natively, and
+  // libgcc_s (GCC >= 12) defines the f16 builtins otherwise.
+  mlir::arith::ArithExpandOpsPassOptions expand;
+  expand.includeBf16 = true;
+  pm.addPass(mlir::arith::createArithExpandOpsPass(expand));
   pm.addPass(mlir::createConvertVectorToLLVMPass());
   pm.addPass(mlir::createConvertMathToLLVMPass());
   pm.addPass(mlir::createFinalizeMemRefToLLVMConversionPass());

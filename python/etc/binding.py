@@ -9,6 +9,29 @@ what a host array, a device array and the reference accept differs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a compiled program takes and returns: the graph's `name`, its
+    `arguments` (`etc.Argument`s, in argument order) and the names of its
+    `outputs` in `g.output` order.
+
+    Runtimes hold a snapshot taken when the graph was compiled, so that a
+    graph changed afterwards (say, one more output) cannot make a kernel
+    bind arguments it was not compiled with.
+    """
+
+    name: str
+    arguments: tuple
+    outputs: tuple
+
+    @classmethod
+    def of(cls, graph) -> "Signature":
+        """The current signature of `graph` (an `etc.Graph`, or anything with
+        `name`, `arguments` and `outputs`)."""
+        return cls(graph.name, tuple(graph.arguments), tuple(graph.outputs))
 
 
 def check_input_names(graph_name: str, arguments: Sequence, names: Iterable[str]) -> None:

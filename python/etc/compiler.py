@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from mlir import ir
 
 from . import pipeline as _pipeline
+from .binding import Signature
 from .pipeline import Options
 
 if TYPE_CHECKING:
@@ -16,7 +17,11 @@ if TYPE_CHECKING:
 
 class CompiledKernel:
     """A graph compiled for one target. One kernel serves every value of every
-    symbolic dimension: `run` binds them from the input shapes."""
+    symbolic dimension: `run` binds them from the input shapes.
+
+    The kernel runs what was compiled: its `signature` (inputs, outputs and
+    their order) is a snapshot taken by `etc.compile`, and later changes to
+    `graph` do not affect it; compile again to pick them up."""
 
     def __init__(self, graph: "Graph", options: Options, stage_ir: dict[str, str],
                  timings: dict[str, float], runtime):
@@ -46,9 +51,16 @@ class CompiledKernel:
         `bind(...)` for repeated device launches)."""
         return self._runtime
 
-    def run(self, **inputs):
+    @property
+    def signature(self) -> Signature:
+        """The graph's name, arguments and outputs as they were compiled."""
+        return self._runtime.signature
+
+    # `self` is positional-only so that an input may be called "self".
+    def run(self, /, **inputs):
         """Runs the kernel on NumPy arrays named like the graph's inputs and
-        returns the outputs, in `g.output` order, as a list of NumPy arrays.
+        returns the outputs, in the compiled `g.output` order, as a list of
+        NumPy arrays.
         On CUDA, inputs may also be device arrays (`__cuda_array_interface__`,
         used without a copy); without a CUDA device or driver this raises
         `etc.runtime.cuda.CUDAUnavailableError` (a RuntimeError)."""
@@ -73,6 +85,8 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
+    # The runtime gets the signature of exactly the graph built here.
+    signature = Signature.of(graph)
     module = graph.build(ir.Context())
     timings["graph"] = time.perf_counter() - start
     stage_ir = {"graph": str(module)}
@@ -88,11 +102,11 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
 
         # The driver JIT-compiles the PTX on the first run; nothing here
         # needs a GPU.
-        runtime = CUDARuntime(graph, _ptx(module))
+        runtime = CUDARuntime(signature, _ptx(module))
     else:
         from .runtime.cpu import CPURuntime
 
-        runtime = CPURuntime(graph, module, options.workers)
+        runtime = CPURuntime(signature, module, options.workers)
     timings["jit"] = time.perf_counter() - start
     return CompiledKernel(graph, options, stage_ir, timings, runtime)
 

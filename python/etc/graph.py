@@ -42,6 +42,8 @@ __all__ = ["Argument", "Graph", "Symbol", "Tensor", "Operation", "DTYPES"]
 
 #: The element types a user tensor may have.
 DTYPES = ("f32", "f16", "bf16")
+#: The largest static dimension: memref sizes and indices are signed 64-bit.
+_MAX_INDEX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,9 @@ class Graph:
             elif isinstance(d, int) and not isinstance(d, bool):
                 if d < 1:
                     raise ValueError(f"{what}: dimension {d} in shape {dims!r} must be positive")
+                if d > _MAX_INDEX:
+                    raise ValueError(f"{what}: dimension {d} in shape {dims!r} does not fit a "
+                                     f"64-bit index (at most 2**63 - 1)")
                 out.append(d)
             else:
                 raise ValueError(f"{what}: dimension {d!r} in shape {dims!r} is not an int or a symbol")

@@ -9,23 +9,26 @@ Dtypes:
 * ``f16``: inputs are ``np.float16`` arrays, computed in float32; every
   operator result is rounded to float16 (as the compiled kernel stores it)
   and outputs are returned as ``np.float16``.
-* ``bf16``: NumPy has no bfloat16, so inputs are ``np.float32`` arrays whose
-  values are bfloat16-representable (the low 16 bits of each float32 are
-  zero; use `round_bf16` to make such arrays). Results are rounded to
-  bfloat16 (round to nearest even) after every operator and outputs are
-  returned as ``np.float32`` arrays holding bfloat16 values.
+* ``bf16``: NumPy has no bfloat16, so inputs are ``np.float32`` arrays,
+  rounded to bfloat16 (`round_bf16`: to nearest, ties to even) as the
+  runtimes round them when they copy them into bf16 buffers. Results are
+  rounded to bfloat16 after every operator and outputs are returned as
+  ``np.float32`` arrays holding bfloat16 values.
 
 ``topk`` indices are ``np.int32``. ``moe`` computes its experts in float32
 and rounds only its result; its internal routing buffers are not outputs.
 
 Symbolic dimensions are bound from the input shapes; an inconsistent
-binding raises `ValueError` naming both inputs and the dimension.
+binding raises `ValueError` naming both inputs and the dimension. A
+symbolic dimension may be 0, as in the kernels: every operator then returns
+the empty (or, for ``sum`` over an empty row, zero) result its shape says.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from . import bfloat16
 from .graph import Graph, Symbol, Tensor
 from .binding import bind_symbols as _bind_shapes, check_input_names
 
@@ -41,13 +44,8 @@ def round_bf16(x) -> np.ndarray:
 
     NaN stays NaN; values beyond the bfloat16 range become infinities.
     """
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    bits = x.view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    out = rounded.astype(np.uint32).view(np.float32).copy()
-    nan = np.isnan(x)
-    out[nan] = np.nan
-    return out.reshape(x.shape)
+    x = np.asarray(x, dtype=np.float32)
+    return bfloat16.from_bits(bfloat16.to_bits(x)).reshape(x.shape)
 
 
 def _to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -74,12 +72,6 @@ def bind_symbols(g: Graph, inputs: dict) -> dict:
         if array.dtype != want:
             raise TypeError(f"input {t.name!r} has dtype {array.dtype}, expected {want} "
                             f"for {t.dtype} (inputs are not cast implicitly)")
-        if t.dtype == "bf16":
-            bits = np.ascontiguousarray(array).view(np.uint32)
-            if np.any(bits & 0xFFFF):
-                raise ValueError(
-                    f"input {t.name!r} (bf16) holds float32 values that are not "
-                    f"bfloat16-representable; round them with etc.reference.round_bf16")
     # The reference evaluates only what the outputs need, so a symbol that only
     # an unused scratch tensor mentions may stay unbound.
     return _bind_shapes(g.arguments, {name: array.shape for name, array in inputs.items()},
@@ -106,10 +98,16 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 
 def topk(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k largest values of each row of `x` and their indices (int32), in
-    decreasing order; equal values are ordered by lower index first."""
+    decreasing order; equal values are ordered by lower index first.
+
+    NaN ranks above every number, +inf included (NaNs are picked first, in
+    index order), so every index is picked at most once; the kernels use the
+    same order."""
     x = np.asarray(x, dtype=np.float32)
-    # A stable sort of -x keeps equal values in index order.
-    order = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    nan = np.isnan(x)
+    # lexsort is stable and sorts by its last key first: NaNs, then larger
+    # values, then (stability) lower indices.
+    order = np.lexsort((-np.where(nan, 0, x), ~nan), axis=-1)[..., :k]
     return np.take_along_axis(x, order, axis=-1), order.astype(np.int32)
 
 
@@ -157,6 +155,10 @@ def _apply(op, vals: list) -> np.ndarray:
         return _gelu(vals[0])
     if kind == "scale":
         return vals[0] * np.float32(op.params["c"])
+    if kind in ("rmsnorm", "softmax") and vals[0].shape[-1] == 0:
+        # Rows of width 0 (a symbolic dimension bound to 0) normalise to
+        # rows of width 0; NumPy's reductions would raise or warn.
+        return vals[0].copy()
     if kind == "rmsnorm":
         x, w = vals
         ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
@@ -170,16 +172,17 @@ def _apply(op, vals: list) -> np.ndarray:
     raise AssertionError(f"unknown operator kind {kind!r}")
 
 
-def evaluate(g: Graph, **inputs) -> list[np.ndarray]:
+def evaluate(g: Graph, /, **inputs) -> list[np.ndarray]:
     """Computes every output of `g` from the named input arrays (see the
-    module docstring for dtypes); returns them in output order."""
+    module docstring for dtypes); returns them in output order. `g` is
+    positional-only, so an input may be called "g"."""
     if not g._outputs:
         raise ValueError(f"Graph '{g.name}' has no outputs")
     symbols = bind_symbols(g, inputs)
     env: dict[int, np.ndarray] = {}
     for t in g._tensors:
         if t.kind == "input":
-            env[id(t)] = np.asarray(inputs[t.name], dtype=np.float32)
+            env[id(t)] = _to_storage(inputs[t.name], t.dtype)
     with np.errstate(over="ignore", under="ignore"):
         for op in g._ops:
             vals = [env[id(t)] for t in op.operands]

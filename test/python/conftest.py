@@ -21,11 +21,18 @@ def _find_etc_opt():
 
 
 @pytest.fixture(scope="session")
-def etc_opt():
-    """Runs `etc-opt <args>` on stdin text and returns stdout; fails on a non-zero exit."""
+def etc_opt_path():
+    """The path of the etc-opt to test."""
     path = _find_etc_opt()
     if path is None:
         pytest.skip("etc-opt is not installed (set ETC_OPT)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def etc_opt(etc_opt_path):
+    """Runs `etc-opt <args>` on stdin text and returns stdout; fails on a non-zero exit."""
+    path = etc_opt_path
 
     def run(text: str, *args: str) -> str:
         proc = subprocess.run([path, *args], input=text, capture_output=True, text=True)

@@ -174,10 +174,13 @@ class Program:
         self.entries["init"](ctypes.cast(pointers, ctypes.c_void_p))
 
         errors = []
+        # The stop flag (an i32 the worker polls), passed by address.
+        stop = ctypes.c_int32(0)
 
         def work(worker: int) -> None:
             try:
-                call_pointers, keep_call = self._pack(args + [counters, worker, workers])
+                call_pointers, keep_call = self._pack(
+                    args + [counters, worker, workers, ctypes.addressof(stop)])
                 self.entries["worker"](ctypes.cast(call_pointers, ctypes.c_void_p))
             except Exception as error:  # pragma: no cover - reported below
                 errors.append(error)

@@ -6,6 +6,9 @@ symbolic dimension; worker counts above the core count must still finish.
 
 from __future__ import annotations
 
+import ctypes
+import re
+
 import numpy as np
 import pytest
 
@@ -178,3 +181,235 @@ def test_bad_options_are_rejected():
         etc.compile(g, workers=0)
     with pytest.raises(ValueError, match=r"target='tpu' is not supported"):
         etc.compile(g, target="tpu")
+
+
+def test_kernel_runs_what_was_compiled_after_the_graph_changes():
+    g = etc.Graph("edited")
+    x = g.input("x", (8, 16), "f32")
+    y = g.exp(x)
+    doubled = g.scale(x, 2.0)
+    g.output(y)
+    kernel = etc.compile(g, workers=2)
+    # `doubled` was an intermediate when compiled; now it is an output too.
+    g.output(doubled)
+    xv = np.random.default_rng(3).standard_normal((8, 16)).astype(np.float32)
+    outputs = kernel.run(x=xv)
+    assert len(outputs) == 1 and kernel.signature.outputs == ("exp_0",)
+    np.testing.assert_allclose(outputs[0], np.exp(xv), rtol=1e-6)
+    assert [a.kind for a in kernel.signature.arguments] == ["input", "output", "intermediate"]
+
+
+def test_an_input_may_be_called_self():
+    g = etc.Graph("selfish")
+    x = g.input("self", (4, 8), "f32")
+    g.output(g.exp(x))
+    xv = np.ones((4, 8), np.float32)
+    (y,) = etc.compile(g, workers=1).run(**{"self": xv})
+    np.testing.assert_allclose(y, np.exp(xv), rtol=1e-6)
+    (ref,) = etc.reference.evaluate(g, **{"self": xv})
+    np.testing.assert_allclose(y, ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_half_precision_graphs_run_through_etc_compile(dtype):
+    """Every operator on f16 and bf16 through the public path, against the
+    reference. bf16 conversions must not be left to LLVM: it would call
+    compiler-rt's __truncsfbf2, which the JIT cannot resolve on hosts without
+    native bf16 conversions."""
+    rng = np.random.default_rng(11)
+    g = etc.Graph(f"half_{dtype}")
+    B = g.symbol("B")
+    x = g.input("x", (B, 70), dtype)
+    w = g.input("w", (70, 40), dtype)
+    b = g.input("b", (70,), dtype)
+    outs = [g.matmul(x, w), g.add(x, x), g.mul(b, x), g.silu(x), g.gelu(x), g.exp(x),
+            g.scale(x, 0.25), g.rmsnorm(x, b, 1e-5), g.softmax(x), g.sum(x)]
+    values, _ = g.topk(x, 3)
+    g.output(*outs, values)
+    kernel = etc.compile(g, target="cpu", workers=3)
+    assert not re.search(r"llvm\.fptrunc .* to bf16", kernel.ir("lowered"))
+    storage = np.float16 if dtype == "f16" else np.float32
+    for rows in (1, 33):
+        inputs = {name: rng.standard_normal(shape).astype(storage)
+                  for name, shape in [("x", (rows, 70)), ("w", (70, 40)), ("b", (70,))]}
+        if dtype == "bf16":
+            inputs = {name: etc.reference.round_bf16(v) for name, v in inputs.items()}
+        got = kernel.run(**inputs)
+        ref = etc.reference.evaluate(g, **inputs)
+        for name, a, r in zip(g.outputs, got, ref):
+            assert a.dtype == r.dtype and a.shape == r.shape, name
+            a32, r32 = a.astype(np.float32), r.astype(np.float32)
+            err = float(np.max(np.abs(a32 - r32) / (1 + np.abs(r32))))
+            assert err < 8e-2, f"{name} at B={rows}: relative error {err}"
+
+
+#: `convert(x: f32) -> f16` calling `callee`, with the C interface name
+#: that `ExecutionEngine.invoke("convert", ...)` looks for.
+_CALLS = """
+llvm.func @{callee}(f32) -> f16
+llvm.func @_mlir_ciface_convert(%x: f32) -> f16 {{
+  %0 = llvm.call @{callee}(%x) : (f32) -> f16
+  llvm.return %0 : f16
+}}
+"""
+
+
+def test_jit_gets_the_f16_builtins():
+    """Hosts without F16C convert f16 through __truncsfhf2, which no library
+    exports to the JIT's search; the CPU runtime gives it libgcc_s's."""
+    from mlir import ir
+
+    from etc.runtime import jit
+
+    module = ir.Module.parse(_CALLS.format(callee="__truncsfhf2"), context=ir.Context())
+    engine = jit.create(module, "convert")
+    jit.lookup(engine, "convert", "convert")
+    result = ctypes.c_uint16(0)
+    engine.invoke("convert", ctypes.pointer(ctypes.c_float(1.5)), ctypes.pointer(result))
+    assert result.value == np.array(1.5, np.float16).view(np.uint16)
+
+
+def test_jit_failure_names_the_missing_symbol():
+    from mlir import ir
+
+    from etc.runtime import jit
+
+    module = ir.Module.parse(_CALLS.format(callee="etc_no_such_symbol"), context=ir.Context())
+    engine = jit.create(module, "g")
+    with pytest.raises(jit.JITError, match=r"g: the CPU JIT could not compile and link 'convert': "
+                                           r"the compiled code calls etc_no_such_symbol, which no "
+                                           r"library loaded in this process exports"):
+        jit.lookup(engine, "convert", "g")
+
+
+def test_jit_translation_failure_shows_mlir_diagnostics():
+    from mlir import ir
+
+    from etc.runtime import jit
+
+    module = ir.Module.parse("func.func @f() { return }", context=ir.Context())
+    with pytest.raises(jit.JITError, match=r"could not translate the lowered module to LLVM IR:\n"
+                                           r".*cannot be converted to LLVM IR"):
+        jit.create(module, "g")
+
+
+def test_zero_sized_symbolic_dims_agree_with_the_reference():
+    """Zero rows or zero-width rows: kernel and reference both return the
+    empty (for sum over empty rows: zero) results, and neither raises."""
+    g = etc.Graph("zero_sized")
+    B, N = g.symbol("B"), g.symbol("N")
+    x = g.input("x", (B, N))
+    w = g.input("w", (N,))
+    g.output(g.softmax(x), g.rmsnorm(x, w), g.sum(x), g.exp(x))
+    kernel = etc.compile(g, workers=2)
+    for rows, width in [(3, 0), (0, 5), (0, 0)]:
+        inputs = {"x": np.ones((rows, width), np.float32), "w": np.ones(width, np.float32)}
+        got = kernel.run(**inputs)
+        ref = etc.reference.evaluate(g, **inputs)
+        for name, a, r in zip(g.outputs, got, ref):
+            assert a.shape == r.shape, (name, rows, width)
+            np.testing.assert_array_equal(a, r)
+
+
+def test_bf16_inputs_are_rounded_alike_by_kernel_and_reference():
+    """float32 values that bf16 cannot hold (ties, overflow to infinity, NaN
+    payloads) are rounded to nearest even on both sides."""
+    g = etc.Graph("bf16_round")
+    x = g.input("x", (2, 8), "bf16")
+    g.output(g.scale(x, 1.0))
+    bits = np.array([0x3F808000, 0x3F818000, 0x3F80C000, 0x7F7FFFFF, 0xFF7FFFFF,
+                     0x7FFFFFFF, 0x7F800001, 0x00000001] * 2, np.uint32)
+    xv = bits.view(np.float32).reshape(2, 8)
+    (got,) = etc.compile(g, workers=1).run(x=xv)
+    (ref,) = etc.reference.evaluate(g, x=xv)
+    np.testing.assert_array_equal(got, ref)
+    expected = np.array([0x3F80, 0x3F82, 0x3F81, 0x7F80, 0xFF80], np.uint32) << 16
+    np.testing.assert_array_equal(got[0, :5].view(np.uint32), expected)
+    assert np.isnan(got[0, 5:7]).all()
+
+
+#: Runs a program that never finishes (its worker cannot make progress), sends
+#: itself SIGINT while `run` waits, and reports what is left afterwards.
+_INTERRUPTED_RUN = r"""
+import os, re, signal, sys, threading, time
+import numpy as np
+from mlir import ir
+import etc
+from etc import pipeline
+from etc.runtime.cpu import CPURuntime
+
+schedule = sys.argv[1]
+g = etc.Graph("stuck")
+B = g.symbol("B")
+x = g.input("x", (B, 64))
+g.output(g.exp(g.exp(x)))
+options = pipeline.Options(schedule=schedule, workers=3)
+module = ir.Module.parse(g.to_mlir(), context=ir.Context())
+for stage in ("event", "scheduled"):
+    pipeline.run_stage(module, stage, pipeline.stages(options)[stage])
+text = str(module)
+worker = text.index("func.func @stuck_worker")
+end = text.index("func.func", worker + 1)
+# static: no notifies, so every wait spins forever; dynamic: no pushes from
+# the worker, so pops spin forever on slots nobody publishes.
+removed = r"^\s*event\.(notify|queue_push) .*$"
+text = text[:worker] + re.sub(removed, "", text[worker:end], flags=re.M) + text[end:]
+module = ir.Module.parse(text, context=module.context)
+pipeline.run_stage(module, "lowered", pipeline.lowering_pipeline(options))
+runtime = CPURuntime(g, module, 3)
+
+
+def interrupt_once_the_workers_spin():
+    while sum(t.name.startswith("etc-worker") for t in threading.enumerate()) < 3:
+        time.sleep(0.01)
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+threading.Thread(target=interrupt_once_the_workers_spin, daemon=True).start()
+start = time.monotonic()
+try:
+    runtime.run({"x": np.ones((256, 64), np.float32)})
+    print("finished")
+except KeyboardInterrupt:
+    # is_alive: a joined thread may still be listed while it unwinds.
+    alive = [t.name for t in threading.enumerate()
+             if t.name.startswith("etc-worker") and t.is_alive()]
+    print(f"interrupted after {time.monotonic() - start:.1f} s; workers alive: {alive}")
+"""
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_ctrl_c_stops_and_joins_the_workers(schedule):
+    """Ctrl-C during `run` stops the workers (their spins see the stop flag)
+    and joins them before the buffers they write are freed; then the
+    KeyboardInterrupt propagates. Before, the workers went on spinning (and
+    writing into freed buffers): the process hung or died of SIGSEGV."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _INTERRUPTED_RUN, schedule],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert re.fullmatch(r"interrupted after \d+\.\d s; workers alive: \[\]\n", proc.stdout), \
+        proc.stdout + proc.stderr
+
+
+def test_topk_with_nan_matches_the_reference():
+    """NaN ranks above every number in kernel and reference alike, so rows
+    with NaNs give NaN values first and distinct indices (the kernel used to
+    return -inf values and repeat an index)."""
+    g = etc.Graph("topk_nan")
+    x = g.input("x", (4, 6))
+    values, indices = g.topk(x, 4)
+    g.output(values, indices)
+    xv = np.array([[1, np.nan, 3, np.nan, np.inf, 2],
+                   [np.nan] * 6,
+                   [-np.inf, -np.inf, np.nan, -np.inf, -1, -np.inf],
+                   [5, 5, 0, 5, -0.0, 5]], np.float32)
+    got_values, got_indices = etc.compile(g, workers=2).run(x=xv)
+    ref_values, ref_indices = etc.reference.evaluate(g, x=xv)
+    np.testing.assert_array_equal(got_indices, ref_indices)
+    np.testing.assert_array_equal(got_values, ref_values)
+    assert got_indices.tolist()[:3] == [[1, 3, 4, 2], [0, 1, 2, 3], [2, 4, 0, 1]]
+    assert all(len(set(row)) == 4 for row in got_indices.tolist())

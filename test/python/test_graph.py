@@ -471,6 +471,12 @@ def test_names_and_shapes_are_checked():
         g.input("z", (2, 2, 2, 2))
     with pytest.raises(ValueError, match=r"must be positive"):
         g.input("z", (0, 2))
+    with pytest.raises(ValueError, match=r"input 'z': dimension 9223372036854775808 in shape "
+                                         r"\(2, 9223372036854775808\) does not fit a 64-bit index"):
+        g.input("z", (2, 2**63))
+    with pytest.raises(ValueError, match=r"tensor 't': dimension 18446744073709551616 .* 64-bit"):
+        g.tensor("t", (2**64,))
+    assert g.input("big", (2**63 - 1,)).shape == (2**63 - 1,)
     other = etc.Graph("o").symbol("B")
     with pytest.raises(ValueError, match=r"symbol 'B' belongs to graph 'o'"):
         g.input("z", (other, 2))

@@ -22,9 +22,11 @@ void populateEventToCPUTypeConversions(mlir::TypeConverter &typeConverter);
 /// Adds the patterns that lower `event.view`, `event.wait`, `event.notify`,
 /// `event.notify_ready`, the queue ops and the lane ops for CPU worker
 /// threads. `event.wait` and `event.queue_pop` call `@sched_yield`, which
-/// `declareSchedYield` must have declared.
+/// `declareSchedYield` must have declared; they also poll the stop flag, the
+/// last argument of their function, and give up when it is set.
 /// `event.worker_id` / `event.worker_count` are not covered: they become
-/// function arguments (see `convert-event-to-cpu`).
+/// function arguments, with the stop flag after them (see
+/// `convert-event-to-cpu`).
 void populateEventToCPUConversionPatterns(
     const mlir::TypeConverter &typeConverter,
     mlir::RewritePatternSet &patterns);

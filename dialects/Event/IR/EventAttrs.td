@@ -14,7 +14,8 @@ def Event_FootprintAttr : AttrDef<Event_Dialect, "Footprint"> {
     indices to the first element of the box in each buffer dimension; `sizes`
     gives the extent of the box in each dimension, `?` meaning the whole
     dimension (then the offset must be 0). Boxes are clipped to the buffer,
-    so edge tiles of a symbolic dimension are partial.
+    so edge tiles of a symbolic dimension are partial. Every `mod`,
+    `floordiv` and `ceildiv` divides by a positive constant.
 
     ```mlir
     // Tile (i, j) of a 32x64 tiling of a ?x512 buffer.
@@ -29,8 +30,11 @@ def Event_FootprintAttr : AttrDef<Event_Dialect, "Footprint"> {
   let genVerifyDecl = 1;
   let extraClassDeclaration = [{
     /// Parses and prints `map [sizes]` without the `#event.box<>` wrapper,
-    /// as the `event.task` clauses spell it.
-    static ::mlir::Attribute parseBody(::mlir::AsmParser &parser);
+    /// as the `event.task` clauses spell it. The task parser passes
+    /// `verify = false`: its verifier checks each footprint and can say
+    /// which op and clause holds it.
+    static ::mlir::Attribute parseBody(::mlir::AsmParser &parser,
+                                       bool verify = true);
     void printBody(::mlir::AsmPrinter &printer) const;
     bool isFullDim(unsigned dim) const {
       return ::mlir::ShapedType::isDynamic(getSizes()[dim]);
@@ -48,7 +52,8 @@ def Event_IndexMapAttr : AttrDef<Event_Dialect, "IndexMap"> {
     result, the coordinate is loaded from that 1-D runtime buffer at the
     position the result computes (data-dependent dynamism, e.g. the expert a
     token is routed to). `-1` in `indirect` marks an affine result; an empty
-    `indirect` list means the whole map is affine.
+    `indirect` list means the whole map is affine. Every `mod`, `floordiv`
+    and `ceildiv` divides by a positive constant.
 
     ```mlir
     #event.map<(d0, d1) -> (d0)>                          // affine
@@ -67,8 +72,10 @@ def Event_IndexMapAttr : AttrDef<Event_Dialect, "IndexMap"> {
   ];
   let extraClassDeclaration = [{
     /// Parses and prints `map indirect [...]` without the `#event.map<>`
-    /// wrapper, as the `event.task` clauses spell it.
-    static ::mlir::Attribute parseBody(::mlir::AsmParser &parser);
+    /// wrapper, as the `event.task` clauses spell it (`verify` as for
+    /// `FootprintAttr::parseBody`).
+    static ::mlir::Attribute parseBody(::mlir::AsmParser &parser,
+                                       bool verify = true);
     void printBody(::mlir::AsmPrinter &printer) const;
     /// True when result `result` is loaded from an index buffer.
     bool isIndirect(unsigned result) const {

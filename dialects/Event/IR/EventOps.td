@@ -20,8 +20,12 @@ def Event_Tensor : Type<CPred<"::llvm::isa<::etc::event::EventTensorType>($_self
 // Containers
 //===----------------------------------------------------------------------===//
 
+// AffineScope: the graph's index arguments and the values computed from them
+// at its top level (grid sizes) are affine symbols, as in a func.func. Without
+// it, the affine verifier searched beyond the graph for the scope and
+// recursed without end on a self-referencing affine.apply.
 def Event_GraphOp : Event_Op<"graph", [
-    AutomaticAllocationScope, IsolatedFromAbove, FunctionOpInterface,
+    AffineScope, AutomaticAllocationScope, IsolatedFromAbove, FunctionOpInterface,
     SingleBlockImplicitTerminator<"YieldOp">]> {
   let summary = "A graph of tile tasks over buffers and symbolic dimensions";
   let description = [{
@@ -121,14 +125,17 @@ def Event_AllocOp : Event_Op<"alloc", [AttrSizedOperandSegments]> {
 // Tasks
 //===----------------------------------------------------------------------===//
 
+// AffineScope: within one tile task, the tile indices are fixed, so they and
+// the values the body computes from them at its top level are symbols.
 def Event_TaskOp : Event_Op<"task", [
-    AttrSizedOperandSegments, HasParent<"GraphOp">,
+    AffineScope, AttrSizedOperandSegments, HasParent<"GraphOp">,
     SingleBlockImplicitTerminator<"YieldOp">]> {
   let summary = "A grid of tile tasks with declared accesses and events";
   let description = [{
     A device function: the body runs once for every point of `grid`, with
     the tile indices as its block arguments. Grid sizes are `index` values,
-    so they may be symbolic (computed from the graph's dimension arguments).
+    so they may be symbolic (computed from the graph's dimension arguments);
+    a constant grid size must be positive.
 
     The clauses are declarative annotations of every tile task:
     * `reads` / `writes` (L1): the footprint of each buffer it accesses, as
@@ -240,7 +247,8 @@ def Event_ViewOp : Event_Op<"view", [Pure]> {
     In a scheduled program (L3) the event tensors of a graph live in one
     flat buffer of 32-bit counters that the runtime allocates. `event.view`
     names the event tensor stored row-major from element `offset` on, with
-    one `dynamic_sizes` entry per `?` dimension of the result type.
+    one `dynamic_sizes` entry per `?` dimension of the result type. Constant
+    offsets and sizes must not be negative.
 
     ```mlir
     %e = event.view %counters[%offset](%rows) : memref<?xi32> -> !event.tensor<?x8>
@@ -350,7 +358,8 @@ def Event_QueuePushOp : Event_Op<"queue_push"> {
     whatever the pusher had acquired (the writes of the tasks that made
     `task` ready) is visible to the worker that pops it. If `s >= capacity`
     it stores nothing and sets the error flag to 1 instead. `task` must be
-    below 2^31 - 1.
+    below 2^31 - 1, and a constant `capacity` at least 1 (a push into a
+    queue of capacity 0 always overflows).
 
     ```mlir
     event.queue_push %task, %counters[%queue] capacity(%tasks) : memref<?xi32>
@@ -375,6 +384,7 @@ def Event_QueuePopOp : Event_Op<"queue_pop"> {
     and returns the task id in it; the pusher's writes are then visible.
     If `s >= capacity`, every slot has been claimed, and it returns
     `capacity` at once: a worker loop pops until it gets `capacity`.
+    Capacity 0 is the queue of a program without tiles.
 
     On targets where a worker is a group of lanes (a CTA), one lane pops and
     the result is shared with the others.

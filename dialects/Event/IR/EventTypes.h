@@ -14,4 +14,13 @@
 #define GET_ATTRDEF_CLASSES
 #include "Event/IR/EventAttrs.h.inc"
 
+namespace etc::event {
+
+/// The first `mod`, `floordiv` or `ceildiv` in `map` whose divisor is not a
+/// positive constant, or a null expression. Index maps and footprints must
+/// have none: the affine lowering cannot expand them (upstream it asserts).
+mlir::AffineExpr findNonPositiveDivisor(mlir::AffineMap map);
+
+} // namespace etc::event
+
 #endif // ETC_EVENT_IR_EVENTTYPES_H

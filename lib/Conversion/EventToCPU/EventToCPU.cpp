@@ -18,6 +18,7 @@
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/UB/IR/UBOps.h"
 #include "mlir/IR/SymbolTable.h"
 
 namespace etc {
@@ -33,23 +34,98 @@ using namespace etc::event;
 // Patterns
 //===----------------------------------------------------------------------===//
 
+/// The stop flag of the function that holds `op`: its last argument, which
+/// `convert-event-to-cpu` appends to every function that spins.
+static FailureOr<Value> getStopFlag(Operation *op) {
+  auto func = op->getParentOfType<func::FuncOp>();
+  if (!func || func.getNumArguments() == 0 ||
+      !isa<LLVM::LLVMPointerType>(func.getArguments().back().getType()))
+    return op->emitOpError("must be in a func.func that takes the worker "
+                           "arguments (see convert-event-to-cpu)");
+  return func.getArguments().back();
+}
+
+/// Whether the stop flag at `flag` is set. Relaxed: the flag carries no
+/// data, and a poll that misses it sees it on the next round.
+static Value isStopped(OpBuilder &b, Location loc, Value flag) {
+  Value word = LLVM::LoadOp::create(
+      b, loc, b.getI32Type(), flag, /*alignment=*/4, /*isVolatile=*/false,
+      /*isNonTemporal=*/false, /*isInvariant=*/false,
+      /*isInvariantGroup=*/false, LLVM::AtomicOrdering::monotonic);
+  Value zero = arith::ConstantIntOp::create(b, loc, 0, 32);
+  return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne, word, zero);
+}
+
+/// Moves the operations after `op` in its block, up to the terminator, into
+/// `scf.if %run`. Values they define that the terminator uses come out of
+/// the `scf.if`, as `ub.poison` when it does not run.
+static void guardRestOfBlock(ConversionPatternRewriter &rewriter,
+                             Operation *op, Value run) {
+  Block *block = op->getBlock();
+  Operation *terminator =
+      block->mightHaveTerminator() ? block->getTerminator() : nullptr;
+  SmallVector<Operation *> rest;
+  for (Operation *next = op->getNextNode(); next && next != terminator;
+       next = next->getNextNode())
+    rest.push_back(next);
+  if (rest.empty())
+    return;
+  SmallVector<Value> escaping;
+  for (Operation *moved : rest)
+    for (Value result : moved->getResults())
+      if (llvm::any_of(result.getUsers(), [&](Operation *user) {
+            return user == terminator;
+          }))
+        escaping.push_back(result);
+  Location loc = op->getLoc();
+  rewriter.setInsertionPointAfter(op);
+  auto guard = scf::IfOp::create(rewriter, loc, TypeRange(ValueRange(escaping)),
+                                 run, /*withElseRegion=*/!escaping.empty());
+  if (escaping.empty()) {
+    for (Operation *moved : rest)
+      rewriter.moveOpBefore(moved, guard.thenBlock()->getTerminator());
+    return;
+  }
+  rewriter.setInsertionPointToEnd(guard.thenBlock());
+  auto yield = scf::YieldOp::create(rewriter, loc, escaping);
+  for (Operation *moved : rest)
+    rewriter.moveOpBefore(moved, yield);
+  rewriter.setInsertionPointToEnd(guard.elseBlock());
+  SmallVector<Value> poison;
+  for (Value value : escaping)
+    poison.push_back(ub::PoisonOp::create(rewriter, loc, value.getType()));
+  scf::YieldOp::create(rewriter, loc, poison);
+  rewriter.modifyOpInPlace(terminator, [&] {
+    for (OpOperand &operand : terminator->getOpOperands())
+      if (auto it = llvm::find(escaping, operand.get()); it != escaping.end())
+        operand.set(guard.getResult(it - escaping.begin()));
+  });
+}
+
 namespace {
 /// Lowers `event.wait` to a spin loop: an acquire load of the counter until
 /// it is no longer positive, calling `sched_yield` between polls so that
-/// more workers than cores still make progress.
+/// more workers than cores still make progress. The loop also ends when the
+/// stop flag is set; the rest of the block (the tile body, its notifies)
+/// then does not run, so a stopped worker skips each remaining task and
+/// returns.
 struct WaitOpLowering : public OpConversionPattern<WaitOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
   matchAndRewrite(WaitOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
+    FailureOr<Value> stopFlag = getStopFlag(op);
+    if (failed(stopFlag))
+      return failure();
     FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
     if (failed(pointer))
       return failure();
     Type i32 = rewriter.getI32Type();
+    Type i1 = rewriter.getI1Type();
     Value zero = arith::ConstantIntOp::create(rewriter, op.getLoc(), 0, 32);
-    scf::WhileOp::create(
-        rewriter, op.getLoc(), TypeRange{}, ValueRange{},
+    auto spin = scf::WhileOp::create(
+        rewriter, op.getLoc(), TypeRange{i1}, ValueRange{},
         [&](OpBuilder &b, Location loc, ValueRange) {
           Value count = LLVM::LoadOp::create(
               b, loc, i32, *pointer, /*alignment=*/4, /*isVolatile=*/false,
@@ -57,12 +133,17 @@ struct WaitOpLowering : public OpConversionPattern<WaitOp> {
               /*isInvariantGroup=*/false, LLVM::AtomicOrdering::acquire);
           Value pending = arith::CmpIOp::create(
               b, loc, arith::CmpIPredicate::sgt, count, zero);
-          scf::ConditionOp::create(b, loc, pending, ValueRange{});
+          Value stopped = isStopped(b, loc, *stopFlag);
+          Value running = arith::XOrIOp::create(
+              b, loc, stopped, arith::ConstantIntOp::create(b, loc, 1, 1));
+          Value keepWaiting = arith::AndIOp::create(b, loc, pending, running);
+          scf::ConditionOp::create(b, loc, keepWaiting, ValueRange{running});
         },
         [&](OpBuilder &b, Location loc, ValueRange) {
           func::CallOp::create(b, loc, kSchedYieldName, TypeRange{i32});
           scf::YieldOp::create(b, loc);
         });
+    guardRestOfBlock(rewriter, op, spin.getResult(0));
     rewriter.eraseOp(op);
     return success();
   }
@@ -131,17 +212,22 @@ struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
 /// `atomicrmw add` on the head claims a slot; below the capacity the worker
 /// spins on an acquire load of the slot until it is published, calling
 /// `sched_yield` between polls, and gets the task id it holds; otherwise the
-/// capacity.
+/// capacity. A pop that sees the stop flag while it spins also returns the
+/// capacity, so the worker loop ends.
 struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
   matchAndRewrite(QueuePopOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    auto waitForSlot = [](OpBuilder &b, Location loc, Value pointer) -> Value {
+    FailureOr<Value> stopFlag = getStopFlag(op);
+    if (failed(stopFlag))
+      return failure();
+    Value capacity = adaptor.getCapacity();
+    auto waitForSlot = [&](OpBuilder &b, Location loc, Value pointer) -> Value {
       Type i32 = b.getI32Type();
       Value zero = arith::ConstantIntOp::create(b, loc, 0, 32);
       auto spin = scf::WhileOp::create(
-          b, loc, TypeRange{i32}, ValueRange{},
+          b, loc, TypeRange{i32, b.getI1Type()}, ValueRange{},
           [&](OpBuilder &before, Location loc, ValueRange) {
             Value published = LLVM::LoadOp::create(
                 before, loc, i32, pointer, /*alignment=*/4,
@@ -150,13 +236,27 @@ struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
                 LLVM::AtomicOrdering::acquire);
             Value empty = arith::CmpIOp::create(
                 before, loc, arith::CmpIPredicate::eq, published, zero);
-            scf::ConditionOp::create(before, loc, empty, published);
+            Value stopped = isStopped(before, loc, *stopFlag);
+            Value running = arith::XOrIOp::create(
+                before, loc, stopped,
+                arith::ConstantIntOp::create(before, loc, 1, 1));
+            Value keepWaiting =
+                arith::AndIOp::create(before, loc, empty, running);
+            scf::ConditionOp::create(before, loc, keepWaiting,
+                                     ValueRange{published, stopped});
           },
           [&](OpBuilder &after, Location loc, ValueRange) {
             func::CallOp::create(after, loc, kSchedYieldName, TypeRange{i32});
             scf::YieldOp::create(after, loc);
           });
-      return spin.getResult(0);
+      // The protocol subtracts one from the slot's value: capacity + 1
+      // makes a stopped pop return the capacity.
+      Value exhausted = arith::IndexCastUIOp::create(
+          b, loc, i32,
+          arith::AddIOp::create(b, loc, capacity,
+                                arith::ConstantIndexOp::create(b, loc, 1)));
+      return arith::SelectOp::create(b, loc, spin.getResult(1), exhausted,
+                                     spin.getResult(0));
     };
     Value task = buildQueuePop(rewriter, op.getLoc(), adaptor.getCounters(),
                                adaptor.getQueue(), adaptor.getCapacity(),
@@ -228,26 +328,32 @@ LogicalResult etc::declareSchedYield(ModuleOp module) {
 // Pass
 //===----------------------------------------------------------------------===//
 
-/// Appends `%worker_id: index, %worker_count: index` to `func` and
+/// Appends the worker arguments `%worker_id: index, %worker_count: index,
+/// %stop: !llvm.ptr` to `func` when it asks for its worker or spins, and
 /// replaces `event.worker_id` / `event.worker_count` by them: each host
-/// thread passes its own id.
+/// thread passes its own id, and all share the stop flag.
 static LogicalResult materializeWorkerArguments(func::FuncOp func) {
   SmallVector<Operation *> ids, counts;
+  bool spins = false;
   func.walk([&](Operation *op) {
     if (isa<WorkerIdOp>(op))
       ids.push_back(op);
     else if (isa<WorkerCountOp>(op))
       counts.push_back(op);
+    else if (isa<WaitOp, QueuePopOp>(op))
+      spins = true;
   });
-  if (ids.empty() && counts.empty())
+  if (ids.empty() && counts.empty() && !spins)
     return success();
   unsigned numArgs = func.getNumArguments();
   Type index = IndexType::get(func.getContext());
-  if (failed(func.insertArguments({numArgs, numArgs}, {index, index},
-                                  {DictionaryAttr(), DictionaryAttr()},
-                                  {func.getLoc(), func.getLoc()})))
-    return func.emitOpError("cannot take the worker id and count as "
-                            "arguments");
+  Type pointer = LLVM::LLVMPointerType::get(func.getContext());
+  if (failed(func.insertArguments(
+          {numArgs, numArgs, numArgs}, {index, index, pointer},
+          {DictionaryAttr(), DictionaryAttr(), DictionaryAttr()},
+          {func.getLoc(), func.getLoc(), func.getLoc()})))
+    return func.emitOpError("cannot take the worker id, count and stop flag "
+                            "as arguments");
   Value workerId = func.getArgument(numArgs);
   Value workerCount = func.getArgument(numArgs + 1);
   for (Operation *op : ids) {

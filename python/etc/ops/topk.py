@@ -14,11 +14,28 @@ from .base import TaskBuilder, TileKernel, box, tile_offset
 KINDS = ("topk",)
 
 
+def ranks_above(a: ir.Value, b: ir.Value) -> ir.Value:
+    """Whether value `a` comes before value `b` in top-k order: NaN above
+    every number (+inf included), then larger numbers first. The order of
+    `etc.reference.topk`; plain comparisons are false for NaN, which would
+    make NaN rows pick -inf and the same position twice."""
+    a_nan = arith.cmpf(arith.CmpFPredicate.UNO, a, a)
+    b_number = arith.cmpf(arith.CmpFPredicate.ORD, b, b)
+    return arith.ori(arith.andi(a_nan, b_number), arith.cmpf(arith.CmpFPredicate.OGT, a, b))
+
+
+def ranks_equal(a: ir.Value, b: ir.Value) -> ir.Value:
+    """Whether values `a` and `b` tie in top-k order (two NaNs tie)."""
+    both_nan = arith.andi(arith.cmpf(arith.CmpFPredicate.UNO, a, a),
+                          arith.cmpf(arith.CmpFPredicate.UNO, b, b))
+    return arith.ori(arith.cmpf(arith.CmpFPredicate.OEQ, a, b), both_nan)
+
+
 def select_next(kernel: TileKernel, n: ir.Value, value_at, previous: tuple) -> tuple:
-    """The next pick of a descending top-k over positions [0, n): the largest
-    value after `previous` = (value, position) in the order "larger value
-    first, then lower position". Returns (value, position). Comparisons are
-    strict, so the first position wins among equals."""
+    """The next pick of a descending top-k over positions [0, n): the first
+    value after `previous` = (value, position) in the order `ranks_above`,
+    then lower position. Returns (value, position). Comparisons are strict,
+    so the first position wins among equals."""
     prev_value, prev_position = previous
     i1 = ir.IntegerType.get_signless(1)
     init = [kernel.cf32(float("-inf")), kernel.cidx(0), arith.constant(i1, 0)]
@@ -28,11 +45,11 @@ def select_next(kernel: TileKernel, n: ir.Value, value_at, previous: tuple) -> t
         best_value, best_position, found = loop.inner_iter_args
         v = value_at(position)
         after = arith.ori(
-            arith.cmpf(arith.CmpFPredicate.OLT, v, prev_value),
-            arith.andi(arith.cmpf(arith.CmpFPredicate.OEQ, v, prev_value),
+            ranks_above(prev_value, v),
+            arith.andi(ranks_equal(v, prev_value),
                        arith.cmpi(arith.CmpIPredicate.sgt, position, prev_position)))
         not_found = arith.xori(found, arith.constant(i1, 1))
-        better = arith.ori(not_found, arith.cmpf(arith.CmpFPredicate.OGT, v, best_value))
+        better = arith.ori(not_found, ranks_above(v, best_value))
         take = arith.andi(after, better)
         scf.yield_([arith.select(take, v, best_value),
                     arith.select(take, position, best_position),
@@ -41,8 +58,9 @@ def select_next(kernel: TileKernel, n: ir.Value, value_at, previous: tuple) -> t
 
 
 def first_pick(kernel: TileKernel) -> tuple:
-    """The `previous` of the first pick: after (+inf, -1) comes everything."""
-    return kernel.cf32(float("inf")), arith.constant(kernel.index, -1)
+    """The `previous` of the first pick: after (NaN, -1), the top of the
+    order at a position before every other, comes everything."""
+    return kernel.cf32(float("nan")), arith.constant(kernel.index, -1)
 
 
 class TopK(TileKernel):

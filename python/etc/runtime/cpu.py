@@ -8,7 +8,9 @@ ABI of the lowered program for graph `g` (see `event-static-schedule` and
 `convert-event-to-cpu`), every function with a C interface:
   g_counters(args...) -> index        number of 32-bit event counters
   g_init(args..., counters)           writes each counter's expected count
-  g_worker(args..., counters, worker_id, worker_count)
+  g_worker(args..., counters, worker_id, worker_count, stop)
+                                      stop: address of an i32; setting it
+                                      makes every worker return early
   g_check(args..., counters) -> i32   after the run: 0 clean, 1 task queue
                                       overflow, 2 unbalanced (a counter not 0)
 where `args` are the graph's arguments: symbols as `index`, buffers as memrefs.
@@ -25,9 +27,10 @@ from functools import lru_cache
 
 import numpy as np
 from mlir import ir
-from mlir.execution_engine import ExecutionEngine
 
-from ..binding import bind_symbols, check_input_names, concrete_shape
+from . import jit
+from .. import bfloat16
+from ..binding import Signature, bind_symbols, check_input_names, concrete_shape
 
 #: NumPy storage of each ETC dtype. bf16 has no NumPy type: it is stored as the
 #: upper 16 bits of float32 (see `to_storage` / `from_storage`).
@@ -63,18 +66,18 @@ def _descriptor(array: np.ndarray):
 
 
 def to_storage(array: np.ndarray, dtype: str) -> np.ndarray:
-    """Converts a user array to the buffer ETC reads (bf16: round to nearest even)."""
+    """Converts a user array to the buffer ETC reads (bf16: rounded to
+    nearest even, as `etc.reference` rounds bf16 inputs)."""
     if dtype != "bf16":
         return np.ascontiguousarray(array)
-    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
-    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
-    return (rounded >> 16).astype(np.uint16)
+    return bfloat16.to_bits(array)
 
 
 def from_storage(array: np.ndarray, dtype: str) -> np.ndarray:
+    """The user array of an output buffer (bf16: widened to float32)."""
     if dtype != "bf16":
         return array
-    return (array.astype(np.uint32) << 16).view(np.float32)
+    return bfloat16.from_bits(array)
 
 
 #: What each non-zero status of g_check means.
@@ -86,29 +89,44 @@ _CHECK_ERRORS = {
 }
 
 
+def _join_all(threads: list[threading.Thread]) -> None:
+    """Joins every started thread, even through further Ctrl-Cs: the caller
+    must not return while a worker still runs."""
+    for thread in threads:
+        while thread.is_alive():
+            try:
+                thread.join()
+            except KeyboardInterrupt:
+                continue
+
+
 class CPURuntime:
-    """Runs one lowered module with a fixed number of host worker threads."""
+    """Runs one lowered module with a fixed number of host worker threads.
+
+    `graph` is the compiled graph, or anything with its `name`, `arguments`
+    and `outputs`; its signature is copied now (see `etc.binding.Signature`).
+    """
 
     def __init__(self, graph, module: ir.Module, workers: int):
-        self.graph = graph
+        self.signature = Signature.of(graph)
         self.workers = workers
-        self.arguments = list(graph.arguments)
-        name = graph.name
+        self.arguments = self.signature.arguments
+        name = self.signature.name
         self._counters_fn = f"{name}_counters"
         self._init_fn = f"{name}_init"
         self._worker_fn = f"{name}_worker"
         self._check_fn = f"{name}_check"
-        self.engine = ExecutionEngine(module, opt_level=2)
+        self.engine = jit.create(module, name)
         # Looking the entry points up now makes the JIT generate their code
         # here, at compile time, instead of inside the first `run`, and turns
         # a program without the expected ABI into an error before any call.
         for function in (self._counters_fn, self._init_fn, self._worker_fn, self._check_fn):
-            self.engine.lookup(function)
+            jit.lookup(self.engine, function, name)
 
     # -- argument binding -------------------------------------------------
 
     def _bind(self, inputs: dict) -> tuple[dict[str, int], dict[str, np.ndarray]]:
-        check_input_names(self.graph.name, self.arguments, inputs)
+        check_input_names(self.signature.name, self.arguments, inputs)
         for arg in self.arguments:
             if arg.kind != "input":
                 continue
@@ -163,11 +181,16 @@ class CPURuntime:
         errors: list[BaseException] = []
         worker = self.engine.lookup(self._worker_fn)
         total = ctypes.c_longlong(self.workers)
+        # The stop flag: non-zero makes every spinning worker give up and
+        # return (see convert-event-to-cpu).
+        stop = ctypes.c_int32(0)
+        stop_address = ctypes.c_void_p(ctypes.addressof(stop))
 
         def work(worker_id: int) -> None:
             try:
                 wid = ctypes.c_longlong(worker_id)
-                call = args + [counters_arg, ctypes.pointer(wid), ctypes.pointer(total)]
+                call = args + [counters_arg, ctypes.pointer(wid), ctypes.pointer(total),
+                               ctypes.pointer(stop_address)]
                 packed = (ctypes.c_void_p * len(call))(
                     *[ctypes.cast(p, ctypes.c_void_p) for p in call])
                 worker(packed)
@@ -176,17 +199,25 @@ class CPURuntime:
 
         threads = [threading.Thread(target=work, args=(w,), name=f"etc-worker-{w}")
                    for w in range(self.workers)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        except BaseException:
+            # Ctrl-C (or any exception) while the workers start or run: they
+            # write into `buffers` and `counters` until they return, so stop
+            # them and wait before this frame lets go of those buffers.
+            stop.value = 1
+            _join_all(threads)
+            raise
         if errors:
             raise errors[0]
         status = ctypes.c_int32(-1)
         self.engine.invoke(self._check_fn, *args, counters_arg, ctypes.pointer(status))
         if status.value != 0:
-            raise RuntimeError(f"{self.graph.name}: {_CHECK_ERRORS.get(status.value, f'status {status.value}')}")
-        return [from_storage(buffers[name], self._dtype(name)) for name in self.graph.outputs]
+            raise RuntimeError(f"{self.signature.name}: {_CHECK_ERRORS.get(status.value, f'status {status.value}')}")
+        return [from_storage(buffers[name], self._dtype(name)) for name in self.signature.outputs]
 
     def _dtype(self, name: str) -> str:
         return next(a.dtype for a in self.arguments if a.name == name)

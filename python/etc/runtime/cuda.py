@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..binding import bind_symbols, check_input_names, concrete_shape
+from ..binding import Signature, bind_symbols, check_input_names, concrete_shape
 from .cpu import _STORAGE, _USER_DTYPE, from_storage, to_storage
 
 #: Threads of the one-CTA initialisation kernel.
@@ -224,13 +224,13 @@ class Launch:
         value = np.zeros(1, np.int32)
         _check(driver, "cuMemcpyDtoH", driver.cuMemcpyDtoH(value.ctypes.data, status, 4))
         if value[0] != 0:
-            raise RuntimeError(f"{rt.graph.name}: "
+            raise RuntimeError(f"{rt.signature.name}: "
                                f"{_CHECK_ERRORS.get(int(value[0]), f'status {int(value[0])}')}")
 
     def outputs(self) -> list[np.ndarray]:
         """Host copies of the graph's outputs, in `g.output` order."""
         return [from_storage(self.buffers[name].numpy(), self.runtime._dtype(name))
-                for name in self.runtime.graph.outputs]
+                for name in self.runtime.signature.outputs]
 
 
 class CUDARuntime:
@@ -238,9 +238,10 @@ class CUDARuntime:
     driver until the first `run` / `bind`, so compiling needs no GPU."""
 
     def __init__(self, graph, ptx: str, *, lanes: int = DEFAULT_LANES, max_workers: int | None = None):
-        self.graph = graph
+        # A snapshot: later edits of the graph do not change what runs.
+        self.signature = Signature.of(graph)
         self.ptx = ptx
-        self.arguments = list(graph.arguments)
+        self.arguments = self.signature.arguments
         #: Threads per worker CTA.
         self.lanes = lanes
         #: Upper bound on the worker grid (None: as many as can be resident).
@@ -292,7 +293,7 @@ class CUDARuntime:
                 driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device))
             raise RuntimeError(f"{error}; this device is sm_{major}{minor}: compile with "
                                f"chip='sm_{major}{minor}' (or older) for it") from None
-        name = self.graph.name
+        name = self.signature.name
 
         def function(suffix: str, required: bool = True):
             err, fn = driver.cuModuleGetFunction(module, f"{name}_{suffix}".encode())
@@ -340,7 +341,7 @@ class CUDARuntime:
     # -- binding ------------------------------------------------------------
 
     def _bind(self, inputs: dict) -> tuple[dict[str, int], dict[str, DeviceArray]]:
-        check_input_names(self.graph.name, self.arguments, inputs)
+        check_input_names(self.signature.name, self.arguments, inputs)
         shapes: dict[str, tuple] = {}
         for arg in self.arguments:
             if arg.kind != "input":
@@ -427,7 +428,7 @@ class CUDARuntime:
         else:
             left = np.count_nonzero(launch.counters.numpy()[: launch.count])
             if left:
-                raise RuntimeError(f"{self.graph.name}: {left} event counters did not reach zero")
+                raise RuntimeError(f"{self.signature.name}: {left} event counters did not reach zero")
         return launch.outputs()
 
     def _dtype(self, name: str) -> str:

@@ -1,13 +1,15 @@
 // RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -convert-event-to-cpu -verify-diagnostics | FileCheck %s
 
-// The worker id and count become trailing arguments; views are addresses
-// into the counter buffer; a wait spins on an acquire load, yielding the
-// core between polls; a notify is a release atomic decrement.
+// The worker id, count and stop flag become trailing arguments; views are
+// addresses into the counter buffer; a wait spins on an acquire load,
+// yielding the core between polls, until the counter is ready or the stop
+// flag is set, and runs the rest of its block only in the first case; a
+// notify is a release atomic decrement.
 
 // CHECK-LABEL: func.func private @sched_yield() -> i32
 
 // CHECK-LABEL: func.func @g_worker(
-// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>, %[[WID:[^:]*]]: index, %[[WCOUNT:[^:]*]]: index)
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>, %[[WID:[^:]*]]: index, %[[WCOUNT:[^:]*]]: index, %[[STOP:[^:]*]]: !llvm.ptr)
 // CHECK-SAME:      attributes {llvm.emit_c_interface}
 // CHECK-DAG:     %[[C5:.*]] = arith.constant 5 : index
 // CHECK:         %[[ADDRESS:.*]] = memref.extract_aligned_pointer_as_index %[[COUNTERS]] : memref<?xi32> -> index
@@ -19,19 +21,25 @@
 // CHECK:           %[[T64:.*]] = arith.index_cast %[[T]] : index to i64
 // CHECK:           %[[WAITED:.*]] = llvm.getelementptr %[[VIEW]][%[[T64]]] : (!llvm.ptr, i64) -> !llvm.ptr, i32
 // CHECK:           %[[ZERO:.*]] = arith.constant 0 : i32
-// CHECK:           scf.while : () -> () {
+// CHECK:           %[[READY:.*]] = scf.while : () -> i1 {
 // CHECK:             %[[COUNT:.*]] = llvm.load %[[WAITED]] atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
 // CHECK:             %[[PENDING:.*]] = arith.cmpi sgt, %[[COUNT]], %[[ZERO]] : i32
-// CHECK:             scf.condition(%[[PENDING]])
+// CHECK:             %[[FLAG:.*]] = llvm.load %[[STOP]] atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:             %[[STOPPED:.*]] = arith.cmpi ne, %[[FLAG]], %{{.*}} : i32
+// CHECK:             %[[GO:.*]] = arith.xori %[[STOPPED]], %{{.*}} : i1
+// CHECK:             %[[SPIN:.*]] = arith.andi %[[PENDING]], %[[GO]] : i1
+// CHECK:             scf.condition(%[[SPIN]]) %[[GO]] : i1
 // CHECK:           } do {
 // CHECK:             func.call @sched_yield() : () -> i32
 // CHECK:             scf.yield
 // CHECK:           }
-// CHECK:           "test.body"(%[[T]])
-// CHECK:           %[[T64:.*]] = arith.index_cast %[[T]] : index to i64
-// CHECK:           %[[NOTIFIED:.*]] = llvm.getelementptr %[[VIEW]][%[[T64]]] : (!llvm.ptr, i64) -> !llvm.ptr, i32
-// CHECK:           %[[ONE:.*]] = arith.constant 1 : i32
-// CHECK:           llvm.atomicrmw sub %[[NOTIFIED]], %[[ONE]] release {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK:           scf.if %[[READY]] {
+// CHECK:             "test.body"(%[[T]])
+// CHECK:             %[[T64:.*]] = arith.index_cast %[[T]] : index to i64
+// CHECK:             %[[NOTIFIED:.*]] = llvm.getelementptr %[[VIEW]][%[[T64]]] : (!llvm.ptr, i64) -> !llvm.ptr, i32
+// CHECK:             %[[ONE:.*]] = arith.constant 1 : i32
+// CHECK:             llvm.atomicrmw sub %[[NOTIFIED]], %[[ONE]] release {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK:           }
 // CHECK:         }
 // CHECK-NOT:     event.
 func.func @g_worker(%n: index, %counters: memref<?xi32>) {
@@ -45,6 +53,32 @@ func.func @g_worker(%n: index, %counters: memref<?xi32>) {
     event.notify %e[%t] : !event.tensor<?>
   }
   return
+}
+
+// -----
+
+// Values computed after a wait that the block's terminator uses come out of
+// the guarding scf.if; a stopped worker returns poison for them.
+
+// CHECK-LABEL: func.func @wait_then_return(
+// CHECK:         %[[READY:.*]] = scf.while : () -> i1 {
+// CHECK:         %[[VALUES:.*]]:2 = scf.if %[[READY]] -> (index, i32) {
+// CHECK:           %[[LANE:.*]] = arith.constant 0 : index
+// CHECK:           %[[SUM:.*]] = "test.compute"() : () -> i32
+// CHECK:           scf.yield %[[LANE]], %[[SUM]] : index, i32
+// CHECK:         } else {
+// CHECK:           %[[P0:.*]] = ub.poison : index
+// CHECK:           %[[P1:.*]] = ub.poison : i32
+// CHECK:           scf.yield %[[P0]], %[[P1]] : index, i32
+// CHECK:         }
+// CHECK:         return %[[VALUES]]#0, %[[VALUES]]#1 : index, i32
+func.func @wait_then_return(%counters: memref<?xi32>, %i: index) -> (index, i32) {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0]() : memref<?xi32> -> !event.tensor<4>
+  event.wait %e[%i] : !event.tensor<4>
+  %lane = event.lane_id
+  %sum = "test.compute"() : () -> i32
+  return %lane, %sum : index, i32
 }
 
 // -----
@@ -132,7 +166,7 @@ func.func @not_a_view(%e: !event.tensor<?>, %i: index) {
 // acq_rel decrement that reports whether it took the counter to zero.
 
 // CHECK-LABEL: func.func @queue_worker(
-// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>)
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>, %{{[^:]*}}: index, %{{[^:]*}}: index, %[[STOP:[^:]*]]: !llvm.ptr)
 // CHECK:         %[[VIEW:.*]] = llvm.getelementptr %{{.*}}[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i32
 // Pop: claim a slot.
 // CHECK:         %[[HEAD:.*]] = llvm.getelementptr %{{.*}}[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i32
@@ -141,13 +175,21 @@ func.func @not_a_view(%e: !event.tensor<?>, %i: index) {
 // CHECK:         %[[VALID:.*]] = arith.cmpi ult, %[[CLAIMED]], %[[N]] : index
 // CHECK:         %[[TASK32:.*]] = scf.if %[[VALID]] -> (i32) {
 // CHECK:           %[[SLOT:.*]] = llvm.getelementptr
-// CHECK:           %[[PUBLISHED:.*]] = scf.while : () -> i32 {
+// CHECK:           %[[PUBLISHED:.*]]:2 = scf.while : () -> (i32, i1) {
 // CHECK:             %[[WORD:.*]] = llvm.load %[[SLOT]] atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
 // CHECK:             %[[EMPTY:.*]] = arith.cmpi eq, %[[WORD]], %{{.*}} : i32
-// CHECK:             scf.condition(%[[EMPTY]]) %[[WORD]] : i32
+// CHECK:             %[[FLAG:.*]] = llvm.load %[[STOP]] atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:             %[[STOPPED:.*]] = arith.cmpi ne, %[[FLAG]], %{{.*}} : i32
+// CHECK:             %[[GO:.*]] = arith.xori %[[STOPPED]], %{{.*}} : i1
+// CHECK:             %[[SPIN:.*]] = arith.andi %[[EMPTY]], %[[GO]] : i1
+// CHECK:             scf.condition(%[[SPIN]]) %[[WORD]], %[[STOPPED]] : i32, i1
 // CHECK:           } do {
 // CHECK:             func.call @sched_yield() : () -> i32
-// CHECK:           %[[ID32:.*]] = arith.subi %[[PUBLISHED]], %{{.*}} : i32
+// A stopped pop reports the queue as exhausted: capacity + 1, minus one.
+// CHECK:           %[[PAST:.*]] = arith.addi %[[N]], %{{.*}} : index
+// CHECK:           %[[PAST32:.*]] = arith.index_castui %[[PAST]] : index to i32
+// CHECK:           %[[VALUE:.*]] = arith.select %[[PUBLISHED]]#1, %[[PAST32]], %[[PUBLISHED]]#0 : i32
+// CHECK:           %[[ID32:.*]] = arith.subi %[[VALUE]], %{{.*}} : i32
 // CHECK:           scf.yield %[[ID32]] : i32
 // CHECK:         } else {
 // CHECK:           %[[EXHAUSTED:.*]] = arith.index_castui %[[N]] : index to i32

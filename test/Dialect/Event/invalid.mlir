@@ -41,6 +41,16 @@ func.func private @f() attributes {m = #event.map<(d0) -> (d0) indirect [-2]>}
 
 // -----
 
+// expected-error @+1 {{event index map divides by '0' in 'd0 mod 0'; mod, floordiv and ceildiv need a positive constant divisor}}
+func.func private @f() attributes {m = #event.map<(d0) -> ((d0 mod 0) mod 4)>}
+
+// -----
+
+// expected-error @+1 {{footprint offset map divides by '-32' in 'd0 floordiv -32'; mod, floordiv and ceildiv need a positive constant divisor}}
+func.func private @f() attributes {b = #event.box<(d0) -> (d0 floordiv -32) [4]>}
+
+// -----
+
 //===----------------------------------------------------------------------===//
 // event.graph
 //===----------------------------------------------------------------------===//
@@ -139,6 +149,28 @@ event.graph @g(%x: memref<8xf32>) {
 
 // -----
 
+// Graphs and task bodies are affine scopes: a self-referencing affine.apply
+// at their top level is a dominance error (the affine verifier used to look
+// past them for a scope and recurse without end).
+event.graph @g(%n: index) {
+  // expected-error @+2 {{operand #0 does not dominate this use}}
+  // expected-note @+1 {{operand defined here}}
+  %r = affine.apply affine_map<()[s0] -> (s0 ceildiv 32)>()[%r]
+}
+
+// -----
+
+event.graph @g(%n: index) {
+  event.task "t" grid(%n) {
+  ^bb0(%i: index):
+    // expected-error @+2 {{operand #1 does not dominate this use}}
+    // expected-note @+1 {{operand defined here}}
+    %r = affine.apply affine_map<(d0)[s0] -> (d0 + s0)>(%i)[%r]
+  }
+}
+
+// -----
+
 //===----------------------------------------------------------------------===//
 // event.alloc / event.view
 //===----------------------------------------------------------------------===//
@@ -146,6 +178,31 @@ event.graph @g(%x: memref<8xf32>) {
 event.graph @g(%n: index) {
   // expected-error @+1 {{'event.alloc' op expects 1 dynamic sizes for the '?' dimensions of '!event.tensor<?x4>', found 0}}
   %e = event.alloc() : !event.tensor<?x4>
+}
+
+// -----
+
+event.graph @g(%n: index) {
+  %c-1 = arith.constant -1 : index
+  // expected-error @+1 {{'event.alloc' op expects a non-negative expected count, found -1}}
+  %e = event.alloc(%n) count(%c-1) : !event.tensor<?>
+}
+
+// -----
+
+event.graph @g() {
+  %c-4 = arith.constant -4 : index
+  // expected-error @+1 {{'event.alloc' op expects a non-negative dynamic size, found -4}}
+  %e = event.alloc(%c-4) : !event.tensor<?>
+}
+
+// -----
+
+func.func @f(%c: memref<?xi32>) {
+  %o = arith.constant -8 : index
+  // expected-error @+1 {{'event.view' op expects a non-negative offset into the counters, found -8}}
+  %e = event.view %c[%o]() : memref<?xi32> -> !event.tensor<4>
+  return
 }
 
 // -----
@@ -175,6 +232,17 @@ event.graph @g(%x: memref<8xf32>) {
   // expected-error @+1 {{'event.task' op needs a non-empty name}}
   event.task "" grid(%c1) {
   ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c4 = arith.constant 4 : index
+  %c0 = arith.constant 0 : index
+  // expected-error @+1 {{'event.task' op grid dimension #1 is the constant 0; a task needs at least one tile}}
+  event.task "t" grid(%c4, %c0) {
+  ^bb0(%i: index, %j: index):
   }
 }
 
@@ -211,6 +279,18 @@ event.graph @g(%x: memref<8xf32>) {
 
 // -----
 
+// Footprints and index maps inside a task are checked by the task, which
+// names the clause and the map.
+event.graph @g(%x: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  // expected-error @+1 {{'event.task' op footprint of reads #0 '(d0) -> (d0 ceildiv 0)': footprint offset map divides by '0' in 'd0 ceildiv 0'}}
+  event.task "t" grid(%c1) reads(%x : memref<8xf32> (d0) -> (d0 ceildiv 0) [4]) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
 event.graph @g(%x: memref<8xf32>) {
   %c1 = arith.constant 1 : index
   %e = event.alloc() count(%c1) : !event.tensor<>
@@ -239,6 +319,31 @@ event.graph @g(%x: memref<8xf32>) {
   %e = event.alloc() count(%c1) : !event.tensor<4>
   // expected-error @+1 {{'event.task' op index map of notifies #0 has 2 results but the event tensor has rank 1}}
   event.task "t" grid(%c1) notifies(%e : !event.tensor<4> (d0) -> (d0, d0)) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c4 = arith.constant 4 : index
+  %e = event.alloc() : !event.tensor<4>
+  // expected-error @+1 {{'event.task' op index map of notifies #0 '(d0) -> ((d0 mod 0) mod 4)': event index map divides by '0' in 'd0 mod 0'; mod, floordiv and ceildiv need a positive constant divisor}}
+  event.task "t" grid(%c4) notifies(%e : !event.tensor<4> (d0) -> ((d0 mod 0) mod 4)) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%x: memref<8xf32>) {
+  %c4 = arith.constant 4 : index
+  %e = event.alloc() : !event.tensor<4>
+  event.task "a" grid(%c4) notifies(%e : !event.tensor<4> (d0) -> (d0)) {
+  ^bb0(%i: index):
+  }
+  // expected-error @+1 {{'event.task' op index map of waits #0 '(d0) -> (d0 floordiv -1)': event index map divides by '-1' in 'd0 floordiv -1'}}
+  event.task "b" grid(%c4) waits(%e : !event.tensor<4> (d0) -> (d0 floordiv -1)) {
   ^bb0(%i: index):
   }
 }
@@ -338,7 +443,7 @@ func.func @f(%c: memref<?xi32>, %o: index, %i: index) {
 
 func.func @f(%c: memref<?xi32>, %q: index, %t: index) {
   %capacity = arith.constant 2147483647 : index
-  // expected-error @+1 {{'event.queue_push' op expects a capacity in [0, 2147483647) so that task ids fit the 32-bit slots, found 2147483647}}
+  // expected-error @+1 {{'event.queue_push' op expects a capacity in [1, 2147483647) so that task ids fit the 32-bit slots and a push can succeed, found 2147483647}}
   event.queue_push %t, %c[%q] capacity(%capacity) : memref<?xi32>
   return
 }
@@ -350,4 +455,13 @@ func.func @f(%c: memref<?xi32>, %q: index) -> index {
   // expected-error @+1 {{'event.queue_pop' op expects a capacity in [0, 2147483647) so that task ids fit the 32-bit slots, found -1}}
   %t = event.queue_pop %c[%q] capacity(%capacity) : memref<?xi32>
   return %t : index
+}
+
+// -----
+
+func.func @f(%c: memref<?xi32>, %q: index, %t: index) {
+  %capacity = arith.constant 0 : index
+  // expected-error @+1 {{'event.queue_push' op expects a capacity in [1, 2147483647) so that task ids fit the 32-bit slots and a push can succeed, found 0}}
+  event.queue_push %t, %c[%q] capacity(%capacity) : memref<?xi32>
+  return
 }

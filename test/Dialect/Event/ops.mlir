@@ -98,3 +98,15 @@ func.func @queue(%counters: memref<?xi32>, %n: index, %q: index, %t: index) -> (
   %popped = event.queue_pop %counters[%q] capacity(%n) : memref<?xi32>
   return %ready, %popped : i1, index
 }
+
+// -----
+
+// A pop from a queue of capacity 0 is the worker loop of a program without
+// tiles: it returns 0 at once. (A push into it is rejected: see invalid.mlir.)
+// CHECK-LABEL: func.func @empty_queue
+// CHECK:         %{{.*}} = event.queue_pop %{{.*}}[%{{.*}}] capacity(%{{.*}}) : memref<?xi32>
+func.func @empty_queue(%counters: memref<?xi32>, %q: index) -> index {
+  %c0 = arith.constant 0 : index
+  %popped = event.queue_pop %counters[%q] capacity(%c0) : memref<?xi32>
+  return %popped : index
+}

@@ -174,7 +174,20 @@ LogicalResult GraphOp::verifyRegions() {
 // AllocOp
 //===----------------------------------------------------------------------===//
 
-/// Checks that `sizes` supplies one value per `?` dimension of `type`.
+/// Checks that `value`, when it is a constant, is not negative: `what` is
+/// the operand's role in the message.
+static LogicalResult verifyNotNegative(Operation *op, Value value,
+                                       StringRef what) {
+  APInt constant;
+  if (!value || !matchPattern(value, m_ConstantInt(&constant)) ||
+      !constant.isNegative())
+    return success();
+  return op->emitOpError("expects a non-negative ")
+         << what << ", found " << constant.getSExtValue();
+}
+
+/// Checks that `sizes` supplies one value per `?` dimension of `type`, none
+/// of them a negative constant.
 static LogicalResult verifyDynamicSizes(Operation *op, EventTensorType type,
                                         ValueRange sizes) {
   unsigned expected = type.getNumDynamicDims();
@@ -182,10 +195,15 @@ static LogicalResult verifyDynamicSizes(Operation *op, EventTensorType type,
     return op->emitOpError("expects ")
            << expected << " dynamic sizes for the '?' dimensions of " << type
            << ", found " << sizes.size();
+  for (Value size : sizes)
+    if (failed(verifyNotNegative(op, size, "dynamic size")))
+      return failure();
   return success();
 }
 
 LogicalResult AllocOp::verify() {
+  if (failed(verifyNotNegative(*this, getCount(), "expected count")))
+    return failure();
   return verifyDynamicSizes(*this, getType(), getDynamicSizes());
 }
 
@@ -194,6 +212,8 @@ LogicalResult AllocOp::verify() {
 //===----------------------------------------------------------------------===//
 
 LogicalResult ViewOp::verify() {
+  if (failed(verifyNotNegative(*this, getOffset(), "offset into the counters")))
+    return failure();
   return verifyDynamicSizes(*this, getType(), getDynamicSizes());
 }
 
@@ -256,9 +276,10 @@ parseClause(OpAsmParser &parser, StringRef keyword, ClauseKind kind,
         types.push_back(type);
         if (kind == ClauseKind::Plain)
           return success();
+        // Verified by TaskOp::verify, whose messages name the clause.
         Attribute attr = kind == ClauseKind::Footprint
-                             ? FootprintAttr::parseBody(parser)
-                             : IndexMapAttr::parseBody(parser);
+                             ? FootprintAttr::parseBody(parser, /*verify=*/false)
+                             : IndexMapAttr::parseBody(parser, /*verify=*/false);
         if (!attr)
           return failure();
         attrs.push_back(attr);
@@ -367,6 +388,13 @@ void TaskOp::print(OpAsmPrinter &printer) {
                       /*printBlockTerminators=*/false);
 }
 
+/// `map` as text, e.g. `(d0) -> (d0 * 32)`, for diagnostics.
+static std::string print(AffineMap map) {
+  std::string text;
+  llvm::raw_string_ostream(text) << map;
+  return text;
+}
+
 /// Checks that there is one footprint per buffer and that each matches the
 /// grid rank and the buffer rank.
 static LogicalResult verifyFootprints(TaskOp task, StringRef clause,
@@ -382,6 +410,15 @@ static LogicalResult verifyFootprints(TaskOp task, StringRef clause,
     auto footprint = cast<FootprintAttr>(attr);
     auto type = cast<MemRefType>(buffer.getType());
     AffineMap offsets = footprint.getOffsets();
+    // The clause parser leaves the attribute's own checks to here.
+    if (failed(FootprintAttr::verify(
+            [&] {
+              return task.emitOpError("footprint of ")
+                     << clause << " #" << index << " '" << print(offsets)
+                     << "': ";
+            },
+            offsets, footprint.getSizes())))
+      return failure();
     if (offsets.getNumDims() != gridRank)
       return task.emitOpError("footprint of ")
              << clause << " #" << index << " has " << offsets.getNumDims()
@@ -407,6 +444,14 @@ static LogicalResult verifyIndexMaps(TaskOp task, StringRef clause,
     auto indexMap = cast<IndexMapAttr>(attr);
     auto type = cast<EventTensorType>(event.getType());
     AffineMap map = indexMap.getMap();
+    // The clause parser leaves the attribute's own checks to here.
+    if (failed(IndexMapAttr::verify(
+            [&] {
+              return task.emitOpError("index map of ")
+                     << clause << " #" << index << " '" << print(map) << "': ";
+            },
+            map, indexMap.getIndirect())))
+      return failure();
     if (map.getNumDims() != gridRank)
       return task.emitOpError("index map of ")
              << clause << " #" << index << " has " << map.getNumDims()
@@ -428,6 +473,15 @@ static LogicalResult verifyIndexMaps(TaskOp task, StringRef clause,
 LogicalResult TaskOp::verify() {
   if (getName().empty())
     return emitOpError("needs a non-empty name");
+  // A grid extent may be 0 at run time (a symbol), but a task that can never
+  // run is a mistake, and its tiles would size a task queue of capacity 0.
+  for (auto [dim, extent] : llvm::enumerate(getGrid())) {
+    APInt value;
+    if (matchPattern(extent, m_ConstantInt(&value)) && !value.isStrictlyPositive())
+      return emitOpError("grid dimension #")
+             << dim << " is the constant " << value.getSExtValue()
+             << "; a task needs at least one tile";
+  }
   if (failed(verifyFootprints(*this, "reads", getReads(), getReadFootprints())) ||
       failed(verifyFootprints(*this, "writes", getWrites(),
                               getWriteFootprints())) ||
@@ -491,25 +545,31 @@ LogicalResult NotifyReadyOp::verify() {
 //===----------------------------------------------------------------------===//
 
 /// Checks that a constant queue capacity fits the 32-bit slots, which hold
-/// task ids plus one.
-static LogicalResult verifyQueueCapacity(Operation *op, Value capacity) {
+/// task ids plus one, and is at least `minimum`.
+static LogicalResult verifyQueueCapacity(Operation *op, Value capacity,
+                                         int64_t minimum) {
   APInt value;
   if (!matchPattern(capacity, m_ConstantInt(&value)))
     return success();
   int64_t slots = value.getSExtValue();
-  if (slots < 0 || slots >= std::numeric_limits<int32_t>::max())
-    return op->emitOpError("expects a capacity in [0, 2147483647) so that "
-                           "task ids fit the 32-bit slots, found ")
+  if (slots < minimum || slots >= std::numeric_limits<int32_t>::max())
+    return op->emitOpError("expects a capacity in [")
+           << minimum
+           << ", 2147483647) so that task ids fit the 32-bit slots"
+           << (minimum > 0 ? " and a push can succeed" : "") << ", found "
            << slots;
   return success();
 }
 
 LogicalResult QueuePushOp::verify() {
-  return verifyQueueCapacity(*this, getCapacity());
+  // A push into a queue of capacity 0 always overflows.
+  return verifyQueueCapacity(*this, getCapacity(), /*minimum=*/1);
 }
 
 LogicalResult QueuePopOp::verify() {
-  return verifyQueueCapacity(*this, getCapacity());
+  // Capacity 0 is the queue of a program without tiles: the pop returns 0
+  // at once, and the worker loop ends.
+  return verifyQueueCapacity(*this, getCapacity(), /*minimum=*/0);
 }
 
 #define GET_OP_CLASSES

@@ -98,14 +98,53 @@ std::optional<int64_t> EventTensorType::getNumElements() const {
 }
 
 //===----------------------------------------------------------------------===//
+// Divisors
+//===----------------------------------------------------------------------===//
+
+AffineExpr etc::event::findNonPositiveDivisor(AffineMap map) {
+  AffineExpr found;
+  for (AffineExpr result : map.getResults()) {
+    result.walk([&](AffineExpr expr) {
+      auto binary = dyn_cast<AffineBinaryOpExpr>(expr);
+      if (found || !binary || binary.getKind() == AffineExprKind::Add ||
+          binary.getKind() == AffineExprKind::Mul)
+        return;
+      auto divisor = dyn_cast<AffineConstantExpr>(binary.getRHS());
+      if (!divisor || divisor.getValue() <= 0)
+        found = expr;
+    });
+    if (found)
+      return found;
+  }
+  return {};
+}
+
+/// Emits "<what> divides by <divisor> in '<expr>'" for the first divisor of
+/// `map` that is not a positive constant.
+static LogicalResult verifyDivisors(function_ref<InFlightDiagnostic()> emitError,
+                                    AffineMap map, StringRef what) {
+  AffineExpr bad = findNonPositiveDivisor(map);
+  if (!bad)
+    return success();
+  std::string divisor, expr;
+  llvm::raw_string_ostream(divisor) << cast<AffineBinaryOpExpr>(bad).getRHS();
+  llvm::raw_string_ostream(expr) << bad;
+  return emitError() << what << " divides by '" << divisor << "' in '" << expr
+                     << "'; mod, floordiv and ceildiv need a positive "
+                        "constant divisor";
+}
+
+//===----------------------------------------------------------------------===//
 // FootprintAttr
 //===----------------------------------------------------------------------===//
 
-Attribute FootprintAttr::parseBody(AsmParser &parser) {
+Attribute FootprintAttr::parseBody(AsmParser &parser, bool verify) {
   AffineMap offsets;
   SmallVector<int64_t> sizes;
   if (parser.parseAffineMap(offsets) || parseSizeList(parser, sizes))
     return {};
+  if (!verify)
+    return FootprintAttr::get(parser.getContext(), offsets, sizes);
   return parser.getChecked<FootprintAttr>(parser.getContext(), offsets, sizes);
 }
 
@@ -152,7 +191,7 @@ FootprintAttr::verify(function_ref<InFlightDiagnostic()> emitError,
       return emitError() << "footprint size of dimension " << dim
                          << " must be positive or '?', found " << size;
   }
-  return success();
+  return verifyDivisors(emitError, offsets, "footprint offset map");
 }
 
 //===----------------------------------------------------------------------===//
@@ -182,11 +221,13 @@ static void printIndirectList(AsmPrinter &printer, ArrayRef<int64_t> indirect) {
   printer << ']';
 }
 
-Attribute IndexMapAttr::parseBody(AsmParser &parser) {
+Attribute IndexMapAttr::parseBody(AsmParser &parser, bool verify) {
   AffineMap map;
   SmallVector<int64_t> indirect;
   if (parser.parseAffineMap(map) || parseIndirectList(parser, indirect))
     return {};
+  if (!verify)
+    return IndexMapAttr::get(parser.getContext(), map, indirect);
   return parser.getChecked<IndexMapAttr>(parser.getContext(), map, indirect);
 }
 
@@ -224,7 +265,7 @@ LogicalResult IndexMapAttr::verify(function_ref<InFlightDiagnostic()> emitError,
       return emitError() << "indirect entry of result " << result
                          << " must be an index buffer number or -1, found "
                          << buffer;
-  return success();
+  return verifyDivisors(emitError, map, "event index map");
 }
 
 bool IndexMapAttr::hasIndirect() const {
