@@ -734,12 +734,15 @@ class _Builder:
         """The function of `kernel` for `op`'s tile, created on first use.
 
         Two tasks share a function when they have the same kernel, operator
-        kind, parameters and tile, and buffers of the same types: the
-        function depends on nothing else (it takes its buffers and tile
-        indices as arguments), so identical layers share one."""
+        kind, parameters and tile, and buffers of the same types aliased
+        alike: the function depends on nothing else (it takes its buffers
+        and tile indices as arguments), so identical layers share one."""
         types = [self.memref_type(t) for t in tensors]
+        # A kernel reads a buffer passed twice (add(x, x)) through its first
+        # parameter, so which parameters alias is part of what it computes.
+        aliases = tuple(next(j for j, u in enumerate(tensors) if u is t) for t in tensors)
         key = (kernel, op.kind, tuple(sorted(op.params.items())), op.tile,
-               tuple(str(t) for t in types))
+               tuple(str(t) for t in types), aliases)
         if key in self.kernels:
             return self.kernels[key]
         stem = f"{self.g.name}_tile_{kernel.name(op)}"

@@ -162,7 +162,21 @@ class Program:
         pointers = (ctypes.c_void_p * len(slots))(*[ctypes.addressof(slot) for slot in slots])
         return pointers, storage
 
+    @staticmethod
+    def _table_args(args: list) -> list:
+        """The scheduled program's arguments for graph arguments `args`: the
+        symbols (ints), then the buffer table: each array's address and sizes
+        (see `event.buffer`)."""
+        words = []
+        for arg in args:
+            if isinstance(arg, np.ndarray):
+                words += [arg.ctypes.data, *arg.shape]
+        table = np.array(words, dtype=np.uint64).view(np.int64)
+        return [arg for arg in args if not isinstance(arg, np.ndarray)] + [table]
+
     def run(self, args: list, workers: int) -> None:
+        arrays = args
+        args = self._table_args(args)
         counters_result = ctypes.c_int64(-1)
         pointers, keep = self._pack(args)
         packed = (ctypes.c_void_p * (len(args) + 1))(*pointers, ctypes.addressof(counters_result))
@@ -194,7 +208,7 @@ class Program:
         assert not errors, errors
         # Every notify consumed exactly the expected count.
         assert (counters[: counters_result.value] == 0).all(), counters
-        del keep, keep_init
+        del keep, keep_init, arrays
 
 
 def _compile(etc_opt, text: str, graph: str) -> Program:

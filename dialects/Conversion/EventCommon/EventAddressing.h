@@ -37,6 +37,11 @@ void populateEventTensorTypeConversion(mlir::TypeConverter &typeConverter);
 void populateEventViewLoweringPattern(const mlir::TypeConverter &typeConverter,
                                       mlir::RewritePatternSet &patterns);
 
+/// Adds the pattern that lowers `event.buffer` to a memref descriptor built
+/// from the buffer table's words (address, then sizes; row-major strides).
+void populateEventBufferLoweringPattern(const mlir::TypeConverter &typeConverter,
+                                        mlir::RewritePatternSet &patterns);
+
 } // namespace etc
 
 #endif // ETC_CONVERSION_EVENTCOMMON_EVENTADDRESSING_H

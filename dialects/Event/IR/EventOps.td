@@ -269,6 +269,34 @@ def Event_ViewOp : Event_Op<"view", [Pure]> {
   }];
 }
 
+def Event_BufferOp : Event_Op<"buffer", [Pure]> {
+  let summary = "Reads a graph buffer from the buffer table";
+  let description = [{
+    In a scheduled program (L3) the graph's buffers reach the program through
+    one `memref<?xi64>` *buffer table* that the runtime fills, so that a
+    kernel takes a handful of parameters whatever the number of buffers.
+    Buffer argument `i` of the graph (memref arguments counted in order) has
+    `1 + rank` words from word `o_i = sum over j < i of (1 + rank_j)`: its
+    aligned address, then the size of each dimension. Buffers are contiguous
+    and row-major.
+
+    `event.buffer` names the buffer whose descriptor starts at word
+    `offset`; the result type gives its element type, rank and static sizes
+    (a static size wins over the table's). The table is read-only while the
+    program runs, so the op is pure.
+
+    ```mlir
+    %w = event.buffer %table[%c3] : memref<?xi64> -> memref<?x64xf32>
+    ```
+  }];
+  let arguments = (ins MemRefRankOf<[I64], [1]>:$table, Index:$offset);
+  let results = (outs AnyMemRef:$result);
+  let assemblyFormat = [{
+    $table `[` $offset `]` attr-dict `:` type($table) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Execution resources, lowered differently by each target
 //===----------------------------------------------------------------------===//

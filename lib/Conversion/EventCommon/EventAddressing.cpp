@@ -6,6 +6,7 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/IR/BuiltinOps.h"
 
 using namespace mlir;
 using namespace etc;
@@ -87,4 +88,73 @@ struct ViewOpLowering : public OpConversionPattern<ViewOp> {
 void etc::populateEventViewLoweringPattern(const TypeConverter &typeConverter,
                                            RewritePatternSet &patterns) {
   patterns.add<ViewOpLowering>(typeConverter, patterns.getContext());
+}
+
+namespace {
+/// Lowers `event.buffer %table[%offset]` to the memref descriptor of the
+/// buffer the table describes there: the address word becomes both the
+/// allocated and the aligned pointer, the offset is 0, dynamic sizes come
+/// from the following words, and strides are row-major. The descriptor is
+/// handed to the memref world through an `unrealized_conversion_cast`,
+/// which `finalize-memref-to-llvm` and `reconcile-unrealized-casts` fold.
+struct BufferOpLowering : public OpConversionPattern<BufferOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(BufferOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    MLIRContext *context = op.getContext();
+    auto type = cast<MemRefType>(op.getResult().getType());
+    int64_t rank = type.getRank();
+    Type i64 = rewriter.getI64Type();
+    Type pointerType = LLVM::LLVMPointerType::get(context);
+    auto word = [&](int64_t index) -> Value {
+      Value position = arith::AddIOp::create(
+          rewriter, loc, adaptor.getOffset(),
+          arith::ConstantIndexOp::create(rewriter, loc, index));
+      return memref::LoadOp::create(rewriter, loc, adaptor.getTable(),
+                                    ValueRange{position});
+    };
+    Value pointer =
+        LLVM::IntToPtrOp::create(rewriter, loc, pointerType, word(0));
+    SmallVector<Type> fields = {pointerType, pointerType, i64};
+    if (rank > 0) {
+      fields.push_back(LLVM::LLVMArrayType::get(i64, rank));
+      fields.push_back(LLVM::LLVMArrayType::get(i64, rank));
+    }
+    auto structType = LLVM::LLVMStructType::getLiteral(context, fields);
+    Value descriptor = LLVM::PoisonOp::create(rewriter, loc, structType);
+    descriptor = LLVM::InsertValueOp::create(rewriter, loc, descriptor,
+                                             pointer, ArrayRef<int64_t>{0});
+    descriptor = LLVM::InsertValueOp::create(rewriter, loc, descriptor,
+                                             pointer, ArrayRef<int64_t>{1});
+    Value zero = LLVM::ConstantOp::create(rewriter, loc, i64, 0);
+    descriptor = LLVM::InsertValueOp::create(rewriter, loc, descriptor, zero,
+                                             ArrayRef<int64_t>{2});
+    SmallVector<Value> sizes;
+    for (int64_t dim = 0; dim < rank; ++dim)
+      sizes.push_back(type.isDynamicDim(dim)
+                          ? word(1 + dim)
+                          : LLVM::ConstantOp::create(rewriter, loc, i64,
+                                                     type.getDimSize(dim))
+                                .getResult());
+    Value stride = LLVM::ConstantOp::create(rewriter, loc, i64, 1);
+    for (int64_t dim = rank - 1; dim >= 0; --dim) {
+      descriptor = LLVM::InsertValueOp::create(
+          rewriter, loc, descriptor, sizes[dim], ArrayRef<int64_t>{3, dim});
+      descriptor = LLVM::InsertValueOp::create(
+          rewriter, loc, descriptor, stride, ArrayRef<int64_t>{4, dim});
+      if (dim > 0)
+        stride = LLVM::MulOp::create(rewriter, loc, stride, sizes[dim]);
+    }
+    rewriter.replaceOpWithNewOp<UnrealizedConversionCastOp>(op, type,
+                                                            descriptor);
+    return success();
+  }
+};
+} // namespace
+
+void etc::populateEventBufferLoweringPattern(const TypeConverter &typeConverter,
+                                             RewritePatternSet &patterns) {
+  patterns.add<BufferOpLowering>(typeConverter, patterns.getContext());
 }

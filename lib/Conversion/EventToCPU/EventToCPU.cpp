@@ -299,6 +299,7 @@ void etc::populateEventToCPUTypeConversions(TypeConverter &typeConverter) {
 void etc::populateEventToCPUConversionPatterns(
     const TypeConverter &typeConverter, RewritePatternSet &patterns) {
   populateEventViewLoweringPattern(typeConverter, patterns);
+  populateEventBufferLoweringPattern(typeConverter, patterns);
   patterns.add<WaitOpLowering, NotifyOpLowering,
                NotifyReadyOpLowering, QueuePushOpLowering, QueuePopOpLowering,
                LaneQueryLowering<LaneIdOp, 0>, LaneQueryLowering<LaneCountOp, 1>,

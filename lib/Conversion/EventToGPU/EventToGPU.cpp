@@ -331,6 +331,7 @@ void etc::populateEventToGPUTypeConversions(TypeConverter &typeConverter) {
 void etc::populateEventToGPUConversionPatterns(
     const TypeConverter &typeConverter, RewritePatternSet &patterns) {
   populateEventViewLoweringPattern(typeConverter, patterns);
+  populateEventBufferLoweringPattern(typeConverter, patterns);
   patterns.add<WaitOpLowering, NotifyOpLowering,
                IndexQueryLowering<WorkerIdOp, gpu::BlockIdOp>,
                IndexQueryLowering<WorkerCountOp, gpu::GridDimOp>,
@@ -528,10 +529,12 @@ static FailureOr<gpu::GPUFuncOp> outlineKernel(func::FuncOp func,
   return kernel;
 }
 
-/// Clones into `kernels` every function its kernels call, directly or
-/// through other functions (tile functions and whatever they call), so that
-/// the `gpu.module` is self-contained: device code cannot call the host.
-/// A function several programs call gets one copy in each.
+/// Clones into `kernels` every function its kernels call and every
+/// `memref.global` they read (directly or through the functions they call:
+/// tile functions, the schedule's constant tables), so that the
+/// `gpu.module` is self-contained: device code cannot reach the host's
+/// symbols. A symbol several programs use gets one copy in each; `cloned`
+/// collects the host originals.
 static LogicalResult cloneCallees(gpu::GPUModuleOp kernels,
                                   SymbolTable &hostSymbols,
                                   llvm::SmallPtrSetImpl<Operation *> &cloned) {
@@ -539,26 +542,35 @@ static LogicalResult cloneCallees(gpu::GPUModuleOp kernels,
   SmallVector<Operation *> worklist;
   for (Operation &op : kernels.getBody()->getOperations())
     worklist.push_back(&op);
+  auto copy = [&](Operation *use, StringAttr name) -> LogicalResult {
+    if (deviceSymbols.lookup(name))
+      return success();
+    Operation *original = hostSymbols.lookup(name);
+    auto function = dyn_cast_or_null<func::FuncOp>(original);
+    if (!(function && !function.isExternal()) &&
+        !isa_and_nonnull<memref::GlobalOp>(original))
+      return use->emitOpError("uses '")
+             << name.getValue()
+             << "', which is not a function or memref.global defined in the "
+                "module; device code can only use symbols convert-event-to-gpu "
+                "can copy into the gpu.module";
+    cloned.insert(original);
+    Operation *clone = original->clone();
+    SymbolTable::setSymbolVisibility(clone, SymbolTable::Visibility::Private);
+    deviceSymbols.insert(clone);
+    worklist.push_back(clone);
+    return success();
+  };
   while (!worklist.empty()) {
     Operation *root = worklist.pop_back_val();
-    WalkResult result = root->walk([&](func::CallOp call) {
-      StringAttr name = call.getCalleeAttr().getAttr();
-      if (deviceSymbols.lookup(name))
-        return WalkResult::advance();
-      auto callee = hostSymbols.lookup<func::FuncOp>(name);
-      if (!callee || callee.isExternal()) {
-        call.emitOpError("calls '")
-            << name.getValue()
-            << "', which is not a function defined in the module; device "
-               "code can only call functions convert-event-to-gpu can copy "
-               "into the gpu.module";
+    WalkResult result = root->walk([&](Operation *op) {
+      StringAttr name;
+      if (auto call = dyn_cast<func::CallOp>(op))
+        name = call.getCalleeAttr().getAttr();
+      else if (auto global = dyn_cast<memref::GetGlobalOp>(op))
+        name = global.getNameAttr().getAttr();
+      if (name && failed(copy(op, name)))
         return WalkResult::interrupt();
-      }
-      cloned.insert(callee);
-      auto copy = cast<func::FuncOp>(callee->clone());
-      copy.setPrivate();
-      deviceSymbols.insert(copy);
-      worklist.push_back(copy);
       return WalkResult::advance();
     });
     if (result.wasInterrupted())

@@ -6,14 +6,15 @@ run concurrently and their waits, notifies and atomics race for real.
 
 ABI of the lowered program for graph `g` (see `event-static-schedule` and
 `convert-event-to-cpu`), every function with a C interface:
-  g_counters(args...) -> index        number of 32-bit event counters
-  g_init(args..., counters)           writes each counter's expected count
-  g_worker(args..., counters, worker_id, worker_count, stop)
-                                      stop: address of an i32; setting it
-                                      makes every worker return early
-  g_check(args..., counters) -> i32   after the run: 0 clean, 1 task queue
-                                      overflow, 2 unbalanced (a counter not 0)
-where `args` are the graph's arguments: symbols as `index`, buffers as memrefs.
+  g_counters(symbols..., table) -> index       size of the counter buffer
+  g_init(symbols..., table, counters)          writes each counter's expected count
+  g_worker(symbols..., table, counters, worker_id, worker_count, stop)
+                                               stop: address of an i32; setting it
+                                               makes every worker return early
+  g_check(symbols..., table, counters) -> i32  after the run: 0 clean, 1 task
+                                               queue overflow, 2 unbalanced
+where `symbols` are the graph's symbolic dimensions (`index`) and `table` is
+the buffer table, a `memref<?xi64>` (see `buffer_table`).
 The same ABI serves the static and the dynamic schedule: for the dynamic one
 the counter buffer also holds the task queue, pending counts and inverse
 indices, all sized by g_counters and filled by g_init.
@@ -63,6 +64,21 @@ def _descriptor(array: np.ndarray):
     desc.shape[:] = array.shape
     desc.strides[:] = [s // array.itemsize for s in array.strides]
     return desc
+
+
+def buffer_table(arguments, buffers: dict, address=lambda array: array.ctypes.data) -> np.ndarray:
+    """The buffer table of a call: for each buffer argument in order, its
+    address and then the size of each dimension (`event.buffer` documents
+    the layout). `address(array)` gives an array's address (a device
+    pointer for device arrays)."""
+    words: list[int] = []
+    for arg in arguments:
+        if arg.kind == "symbol":
+            continue
+        array = buffers[arg.name]
+        words.append(address(array))
+        words.extend(array.shape)
+    return np.array(words or [0], dtype=np.uint64).view(np.int64)
 
 
 def to_storage(array: np.ndarray, dtype: str) -> np.ndarray:
@@ -150,19 +166,19 @@ class CPURuntime:
     # -- calls --------------------------------------------------------------
 
     def _packed_args(self, symbols, buffers, keep):
-        """ctypes pointers for the graph arguments, in order; `keep` holds the
-        objects they point to alive."""
+        """ctypes pointers for the symbols and the buffer table, in order;
+        `keep` holds the objects they point to alive."""
         pointers = []
         for arg in self.arguments:
             if arg.kind == "symbol":
                 value = ctypes.c_longlong(symbols[arg.name])
                 keep.append(value)
                 pointers.append(ctypes.pointer(value))
-            else:
-                desc = _descriptor(buffers[arg.name])
-                pointer = ctypes.pointer(desc)
-                keep.extend([desc, pointer])
-                pointers.append(ctypes.pointer(pointer))
+        table = buffer_table(self.arguments, buffers)
+        desc = _descriptor(table)
+        pointer = ctypes.pointer(desc)
+        keep.extend([table, desc, pointer])
+        pointers.append(ctypes.pointer(pointer))
         return pointers
 
     def run(self, inputs: dict) -> list[np.ndarray]:

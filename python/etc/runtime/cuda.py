@@ -2,16 +2,18 @@
 with cuda-python (`cuda.bindings.driver`).
 
 ABI of the kernels of graph `g` (see `convert-event-to-gpu`), one PTX module:
-  g_counters(args..., result: memref<1xi64>)   grid 1, block 1
-  g_init(args..., counters)                    grid 1, block INIT_THREADS
-  g_worker(args..., counters)                  grid = workers, block = lanes
-  g_check(args..., counters, result: memref<1xi32>)   grid 1, block 1
-where `args` are the graph's arguments in `g.arguments` order. Kernel
-parameters follow MLIR's expansion of `gpu.func` arguments: an index is one
-64-bit integer; a rank-r memref is 3 + 2r parameters, all 64-bit: allocated
-pointer, aligned pointer, offset (in elements), the r sizes, the r strides
-(in elements). The runtime passes C-contiguous buffers with offset 0 and
-the same pointer twice.
+  g_counters(symbols..., table, result: memref<1xi64>)   grid 1, block 1
+  g_init(symbols..., table, counters)          grid 1, block INIT_THREADS
+  g_worker(symbols..., table, counters)        grid = workers, block = lanes
+  g_check(symbols..., table, counters, result: memref<1xi32>)   grid 1, block 1
+where `symbols` are the graph's symbolic dimensions and `table` the buffer
+table (`etc.runtime.cpu.buffer_table`: each buffer's device address and
+sizes), so the parameter count does not grow with the number of buffers.
+Kernel parameters follow MLIR's expansion of `gpu.func` arguments: an index
+is one 64-bit integer; a rank-r memref is 3 + 2r parameters, all 64-bit:
+allocated pointer, aligned pointer, offset (in elements), the r sizes, the r
+strides (in elements). The runtime passes C-contiguous buffers with offset 0
+and the same pointer twice.
 
 Every worker CTA must be resident at once (a CTA waiting on a counter that
 only a not-yet-scheduled CTA notifies would wait forever), so the worker grid
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..binding import Signature, bind_symbols, check_input_names, concrete_shape
-from .cpu import _STORAGE, _USER_DTYPE, from_storage, to_storage
+from .cpu import _STORAGE, _USER_DTYPE, buffer_table, from_storage, to_storage
 
 #: Threads of the one-CTA initialisation kernel.
 INIT_THREADS = 256
@@ -187,10 +189,12 @@ class Launch:
     any number of times on a stream, also under CUDA-graph capture."""
 
     def __init__(self, runtime: "CUDARuntime", symbols: dict[str, int],
-                 buffers: dict[str, DeviceArray], counters: DeviceArray, count: int):
+                 buffers: dict[str, DeviceArray], table: DeviceArray,
+                 counters: DeviceArray | None, count: int):
         self.runtime = runtime
         self.symbols = symbols
         self.buffers = buffers
+        self.table = table
         self.counters = counters
         self.count = count
 
@@ -199,9 +203,7 @@ class Launch:
         for arg in self.runtime.arguments:
             if arg.kind == "symbol":
                 params.index(self.symbols[arg.name])
-            else:
-                buffer = self.buffers[arg.name]
-                params.memref(buffer.pointer, buffer.shape)
+        params.memref(self.table.pointer, self.table.shape)
         for pointer, shape in extra:
             params.memref(pointer, shape)
         return params
@@ -399,10 +401,18 @@ class CUDARuntime:
                                                 _STORAGE[arg.dtype])
         return symbols, buffers
 
-    def _counter_count(self, symbols: dict[str, int], buffers: dict[str, DeviceArray]) -> int:
+    def _table(self, buffers: dict[str, DeviceArray]) -> DeviceArray:
+        """The buffer table of `buffers`, on the device."""
+        host = buffer_table(self.arguments, buffers, address=lambda array: array.pointer)
+        device = self._alloc(host.shape, host.dtype)
+        _check(self._driver, "cuMemcpyHtoD",
+               self._driver.cuMemcpyHtoD(device.pointer, host.ctypes.data, host.nbytes))
+        return device
+
+    def _counter_count(self, symbols: dict[str, int], table: DeviceArray) -> int:
         key = tuple(sorted(symbols.items()))
         if key not in self._count_cache:
-            launch = Launch(self, symbols, buffers, None, 0)
+            launch = Launch(self, symbols, {}, table, None, 0)
             result = self._scratch(8)
             self._launch(self._counters, (1, 1), launch._params((result, (1,))), 0)
             value = np.zeros(1, np.int64)
@@ -415,9 +425,10 @@ class CUDARuntime:
         """Binds NumPy arrays (copied to the device) or device arrays (used in
         place) to the graph's inputs and allocates everything else."""
         symbols, buffers = self._bind(inputs)
-        count = self._counter_count(symbols, buffers)
+        table = self._table(buffers)
+        count = self._counter_count(symbols, table)
         counters = self._alloc((max(count, 1),), np.int32)
-        return Launch(self, symbols, buffers, counters, count)
+        return Launch(self, symbols, buffers, table, counters, count)
 
     def run(self, inputs: dict) -> list[np.ndarray]:
         launch = self.bind(inputs)

@@ -1,24 +1,26 @@
 // RUN: etc-opt %s -event-static-schedule -etc-lower-to-cpu | FileCheck %s --implicit-check-not='{{^ *(%[^ ]+ = )?"?(arith|affine|cf|event|func|index|math|memref|scf|ub|vector)\.}}'
 
 // A scheduled graph goes all the way to the LLVM dialect: the runtime's
-// three entry points with C interfaces, the worker taking its id, the
-// worker count and the stop flag after the counter buffer, atomics and the
-// yielding spin, which a set stop flag ends without running the tile.
+// entry points with C interfaces taking the symbols, the buffer table and
+// the counter buffer, the worker taking its id, the worker count and the
+// stop flag after them, the schedule's constant tables as LLVM globals,
+// atomics and the yielding spin, which a set stop flag ends without running
+// the tile.
 
 // CHECK-LABEL: llvm.func @sched_yield() -> i32
+// CHECK-DAG:   llvm.mlir.global private constant @pipe_task_family(dense<[0, 1]> : tensor<2xi32>)
+// CHECK-DAG:   llvm.mlir.global private constant @pipe_task_record(dense<[0, 1]> : tensor<2xi32>)
 
 // CHECK-LABEL: llvm.func @pipe_counters(
-// CHECK:       llvm.func @_mlir_ciface_pipe_counters(%{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr) -> i64
+// CHECK:       llvm.func @_mlir_ciface_pipe_counters(%{{.*}}: i64, %{{.*}}: !llvm.ptr) -> i64
 
 // CHECK-LABEL: llvm.func @pipe_init(
-// CHECK:       llvm.func @_mlir_ciface_pipe_init(%{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr)
+// CHECK:       llvm.func @_mlir_ciface_pipe_init(%{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr)
 
 // CHECK-LABEL: llvm.func @pipe_worker(
 // CHECK-SAME:      %[[WID:[^:]*]]: i64, %[[WCOUNT:[^:]*]]: i64, %[[STOP:[^:]*]]: !llvm.ptr) attributes {{{.*}}llvm.emit_c_interface}
 // CHECK:         llvm.atomicrmw sub %{{.*}}, %{{.*}} release
-// CHECK:         llvm.br ^[[SPIN:bb[0-9]+]]{{$}}
-// CHECK-NEXT:  ^[[SPIN]]:
-// CHECK-NEXT:    %[[COUNT:.*]] = llvm.load %{{.*}} atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:         %[[COUNT:.*]] = llvm.load %{{.*}} atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
 // CHECK-NEXT:    %[[PENDING:.*]] = llvm.icmp "sgt" %[[COUNT]], %{{.*}} : i32
 // CHECK-NEXT:    %[[FLAG:.*]] = llvm.load %[[STOP]] atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
 // CHECK-NEXT:    %[[STOPPED:.*]] = llvm.icmp "ne" %[[FLAG]], %{{.*}} : i32
@@ -27,14 +29,14 @@
 // CHECK-NEXT:    llvm.cond_br %[[KEEP]], ^[[YIELD:bb[0-9]+]], ^[[DONE:bb[0-9]+]]
 // CHECK-NEXT:  ^[[YIELD]]:
 // CHECK-NEXT:    llvm.call @sched_yield() : () -> i32
-// CHECK-NEXT:    llvm.br ^[[SPIN]]
+// CHECK-NEXT:    llvm.br ^bb{{[0-9]+}}
 // CHECK-NEXT:  ^[[DONE]]:
 // CHECK-NEXT:    llvm.cond_br %[[GO]], ^[[BODY:bb[0-9]+]], ^[[NEXT:bb[0-9]+]]
 // CHECK-NEXT:  ^[[BODY]]:
 // CHECK:         llvm.intr.sqrt
 // CHECK:         llvm.br ^[[NEXT]]
 // CHECK:         llvm.return
-// CHECK:       llvm.func @_mlir_ciface_pipe_worker(%{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: i64, %{{.*}}: i64, %{{.*}}: !llvm.ptr)
+// CHECK:       llvm.func @_mlir_ciface_pipe_worker(%{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: i64, %{{.*}}: i64, %{{.*}}: !llvm.ptr)
 event.graph @pipe(%n: index, %x: memref<?xf32>, %y: memref<?xf32>) {
   %c1 = arith.constant 1 : index
   %e = event.alloc(%n) count(%c1) : !event.tensor<?>

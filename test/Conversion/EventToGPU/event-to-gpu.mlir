@@ -369,7 +369,7 @@ func.func @t_worker(%x: memref<?xf32>, %n: index) attributes {event.graph = "t"}
 func.func private @host_only(%i: index)
 func.func @u_worker(%n: index) attributes {event.graph = "u"} {
   %w = event.worker_id
-  // expected-error @+1 {{'func.call' op calls 'host_only', which is not a function defined in the module}}
+  // expected-error @+1 {{'func.call' op uses 'host_only', which is not a function or memref.global defined in the module}}
   func.call @host_only(%w) : (index) -> ()
   return
 }

@@ -2,9 +2,11 @@
 // RUN: etc-opt %s -event-static-schedule -etc-lower-to-nvvm="chip=sm_80 features=+ptx70" | FileCheck %s --check-prefixes=CHECK,SM80
 
 // A scheduled graph goes all the way to PTX text in a gpu.binary: one entry
-// per program function, each memref argument expanded to 5 parameters
-// (allocated and aligned pointers, offset, size, stride), the result of
-// @pipe_counters through a trailing memref<1xi64>. The worker polls with acquire loads at GPU scope and nanosleep,
+// per program function taking the symbol and the buffer table (a memref
+// expanded to 5 parameters: allocated and aligned pointers, offset, size,
+// stride), whatever the number of buffers, the result of @pipe_counters
+// through a trailing memref<1xi64>. (The schedule's constant tables fold
+// away here: two tasks, loops LLVM unrolls.) The worker polls with acquire loads at GPU scope and nanosleep,
 // and notifies with a GPU-scope fence and an atomic decrement, both on
 // thread 0 between CTA barriers.
 
@@ -20,7 +22,7 @@
 // CHECK-SAME:    .param .u64 pipe_counters_param_3,
 // CHECK-SAME:    .param .u64 pipe_counters_param_4,
 // CHECK-SAME:    .param .u64 pipe_counters_param_5,
-// CHECK-SAME:    .param .u64 pipe_counters_param_15\0A)
+// CHECK-SAME:    .param .u64 pipe_counters_param_10\0A)
 // CHECK-SAME:    .entry pipe_init(
 // CHECK-SAME:    bar.sync
 // CHECK-SAME:    .entry pipe_worker(

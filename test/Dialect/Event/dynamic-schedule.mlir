@@ -1,83 +1,134 @@
-// RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-dynamic-schedule=workers=2 -verify-diagnostics | FileCheck %s
+// RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-dynamic-schedule=workers=2 -verify-diagnostics | FileCheck %s --enable-var-scope
 // RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-dynamic-schedule="workers=2 force-index=true" -verify-diagnostics | FileCheck %s --check-prefix=INDEX
 // RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-dynamic-schedule="workers=2 auto=true" -verify-diagnostics | FileCheck %s --check-prefix=AUTO
 
 // Two tasks joined by one counted event per row: T = 2n + n tiles. The
-// counter buffer holds the n event counters, the queue (head, tail, error,
-// T slots) at n, the T pending counts at n + 3 + T. g_init pushes the tiles
-// with nothing to wait for; a worker pops until it gets T, and the notifier
-// that takes a row's counter to zero readies the one "use" tile waiting on
-// it (closed form: the box [row, row + 1) of its grid).
+// counter buffer holds the event (n counters), then the queue (3 header
+// words, T slots) at n, the T pending counts at n + 3 + T, and the first
+// global tile of each task (2 tasks + 1) after them. g_init fills the tile
+// offsets, then sets the pending counts, pushing the tiles that wait on
+// nothing. A worker pops a tile id, finds its task by binary search over the
+// tile offsets, and runs it in its family's case; the last notifier of an
+// element walks the element's waiters from the constant waiter tables
+// (event number -> (task, closed-form kind)) and readies the tiles of the
+// box: tile i of "use" for row i.
+
+// CHECK-LABEL: memref.global "private" constant @pipe_waiter_offsets : memref<2xi32> = dense<[0, 1]>
+// CHECK:       memref.global "private" constant @pipe_waiter_tasks : memref<1xi32> = dense<1>
+// CHECK:       memref.global "private" constant @pipe_waiter_kinds : memref<1xi32> = dense<0>
 
 // CHECK-LABEL: func.func @pipe_counters(
-// CHECK-SAME:      %[[N:[^:]*]]: index, {{.*}}) -> index
+// CHECK-SAME:      %[[N:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>) -> index
 // CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "dynamic", event.workers = 2 : i64}
 // CHECK:         %[[FILL:.*]] = arith.muli %[[N]], %{{.*}} : index
 // CHECK:         %[[T:.*]] = arith.addi %[[FILL]], %[[N]] : index
 // CHECK:         %[[SLOTS:.*]] = arith.addi %[[T]], %{{.*}} : index
 // CHECK:         %[[PENDING:.*]] = arith.addi %[[N]], %[[SLOTS]] : index
-// CHECK:         %[[END:.*]] = arith.addi %[[PENDING]], %[[T]] : index
+// CHECK:         %[[OFFSETS:.*]] = arith.addi %[[PENDING]], %[[T]] : index
+// CHECK:         %[[END:.*]] = arith.addi %[[OFFSETS]], %{{.*}} : index
 // CHECK:         return %[[END]] : index
 
 // CHECK-LABEL: func.func @pipe_init(
-// CHECK-SAME:      %[[N:[^:]*]]: index, %{{.*}}: memref<?x8xf32>, %{{.*}}: memref<?x8xf32> {event.intermediate}, %[[COUNTERS:.*]]: memref<?xi32>)
-// CHECK:         %[[FILL:.*]] = arith.muli %[[N]], %{{.*}} : index
-// CHECK:         %[[T:.*]] = arith.addi %[[FILL]], %[[N]] : index
-// CHECK:         %[[SLOTS:.*]] = arith.addi %[[T]], %{{.*}} : index
-// CHECK:         %[[PENDING:.*]] = arith.addi %[[N]], %[[SLOTS]] : index
-// Expected counts, then an empty queue.
+// CHECK-SAME:      %[[N:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
+// CHECK:         %[[PENDING:.*]] = arith.addi %[[N]], %{{.*}} : index
+// CHECK:         %[[OFFSETS:.*]] = arith.addi %[[PENDING]], %{{.*}} : index
+// Expected counts, then an empty queue, then the tile offsets.
 // CHECK:         scf.for %[[I:.*]] = %{{.*}} to %[[N]] step
 // CHECK-NEXT:      memref.store %{{.*}}, %[[COUNTERS]][%[[I]]] : memref<?xi32>
 // CHECK:         scf.for %[[I:.*]] = %[[N]] to %[[PENDING]] step
 // CHECK-NEXT:      memref.store %{{.*}}, %[[COUNTERS]][%[[I]]] : memref<?xi32>
-// "fill" waits on nothing: every tile is pushed.
-// CHECK:         scf.for %[[TILE:.*]] = %{{.*}} to %{{.*}} step
-// CHECK:           %[[AT:.*]] = arith.addi %[[PENDING]], %[[TILE]] : index
-// CHECK:           memref.store %{{.*}}, %[[COUNTERS]][%[[AT]]] : memref<?xi32>
-// CHECK:           scf.if
-// CHECK-NEXT:        event.queue_push %[[TILE]], %[[COUNTERS]][%[[N]]] capacity(%[[T]]) : memref<?xi32>
-// "use" tile i waits on row i unless its count is already zero.
-// CHECK:         scf.for %[[TILE:.*]] = %{{.*}} to %[[N]] step
-// CHECK:           %[[COUNT:.*]] = memref.load %[[COUNTERS]][%[[TILE]]] : memref<?xi32>
-// CHECK:           %[[WAITING:.*]] = arith.cmpi sgt, %[[COUNT]], %{{.*}} : i32
-// CHECK:           %[[ONE:.*]] = arith.select %[[WAITING]]
-// CHECK:           %[[COUNTS:.*]] = arith.addi %{{.*}}, %[[ONE]] : i32
-// CHECK:           %[[ID:.*]] = arith.addi %[[FILL]], %[[TILE]] : index
-// CHECK:           %[[AT:.*]] = arith.addi %[[PENDING]], %[[ID]] : index
-// CHECK:           memref.store %[[COUNTS]], %[[COUNTERS]][%[[AT]]] : memref<?xi32>
-// CHECK:           %[[READY:.*]] = arith.cmpi eq, %[[COUNTS]], %{{.*}} : i32
-// CHECK:           scf.if %[[READY]] {
-// CHECK-NEXT:        event.queue_push %[[ID]], %[[COUNTERS]][%[[N]]] capacity(%[[T]]) : memref<?xi32>
+// CHECK:         memref.store %{{.*}}, %[[COUNTERS]][%[[OFFSETS]]] : memref<?xi32>
+// CHECK:         scf.for %[[K:.*]] =
+// CHECK:           %[[TILES:.*]] = scf.index_switch
+// CHECK:           %[[AT:.*]] = arith.addi %[[OFFSETS]], %[[K]] : index
+// CHECK:           %[[FIRST32:.*]] = memref.load %[[COUNTERS]][%[[AT]]] : memref<?xi32>
+// CHECK:           %[[FIRST:.*]] = arith.index_cast %[[FIRST32]] : i32 to index
+// CHECK:           %[[NEXT:.*]] = arith.addi %[[FIRST]], %[[TILES]] : index
+// CHECK:           %[[NEXT32:.*]] = arith.index_cast %[[NEXT]] : index to i32
+// CHECK:           memref.store %[[NEXT32]], %[[COUNTERS]]
+// Pending counts: every "fill" tile is ready, a "use" tile waits on its row.
+// CHECK:         scf.for %[[K:.*]] =
+// CHECK:           %[[AT:.*]] = arith.addi %[[OFFSETS]], %[[K]] : index
+// CHECK:           %[[FIRST32:.*]] = memref.load %[[COUNTERS]][%[[AT]]] : memref<?xi32>
+// CHECK:           %[[FIRST:.*]] = arith.index_cast %[[FIRST32]] : i32 to index
+// CHECK:           case 0 {
+// CHECK:             scf.for %[[TILE:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:               %[[ID:.*]] = arith.addi %[[FIRST]], %[[TILE]] : index
+// CHECK:               %[[PAT:.*]] = arith.addi %[[PENDING]], %[[ID]] : index
+// CHECK:               memref.store %{{.*}}, %[[COUNTERS]][%[[PAT]]] : memref<?xi32>
+// CHECK:               scf.if
+// CHECK-NEXT:            event.queue_push %[[ID]], %[[COUNTERS]][%[[N]]] capacity(%{{.*}}) : memref<?xi32>
+// CHECK:           default {
+// CHECK:             scf.for %[[TILE:.*]] = %{{.*}} to %[[N]] step
+// CHECK:               %[[ID:.*]] = arith.addi %[[FIRST]], %[[TILE]] : index
+// CHECK:               %[[COUNT:.*]] = memref.load %[[COUNTERS]][%{{.*}}] : memref<?xi32>
+// CHECK:               %[[WAITING:.*]] = arith.cmpi sgt, %[[COUNT]], %{{.*}} : i32
+// CHECK:               %[[ONE:.*]] = arith.select %[[WAITING]]
+// CHECK:               %[[COUNTS:.*]] = arith.addi %{{.*}}, %[[ONE]] : i32
+// CHECK:               %[[PAT:.*]] = arith.addi %[[PENDING]], %[[ID]] : index
+// CHECK:               memref.store %[[COUNTS]], %[[COUNTERS]][%[[PAT]]] : memref<?xi32>
+// CHECK:               %[[READY:.*]] = arith.cmpi eq, %[[COUNTS]], %{{.*}} : i32
+// CHECK:               scf.if %[[READY]] {
+// CHECK-NEXT:            event.queue_push %[[ID]], %[[COUNTERS]][%[[N]]] capacity(%{{.*}}) : memref<?xi32>
 
 // CHECK-LABEL: func.func @pipe_worker(
-// CHECK-SAME:      %[[N:[^:]*]]: index, %[[X:[^:]*]]: memref<?x8xf32>, %{{.*}}: memref<?x8xf32> {event.intermediate}, %[[COUNTERS:.*]]: memref<?xi32>)
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
 // CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "dynamic", event.workers = 2 : i64}
-// CHECK:         %[[E:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[N]]) : memref<?xi32> -> !event.tensor<?>
-// CHECK:         %[[FILL:.*]] = arith.muli %[[N]], %{{.*}} : index
-// CHECK:         %[[T:.*]] = arith.addi %[[FILL]], %[[N]] : index
-// CHECK:         %[[PENDING:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[T]]) : memref<?xi32> -> !event.tensor<?>
+// CHECK-DAG:     %[[X:.*]] = event.buffer %[[TABLE]][%c0{{(_[0-9]+)?}}] : memref<?xi64> -> memref<?x8xf32>
+// CHECK-DAG:     %[[WAITER_TASKS:.*]] = memref.get_global @pipe_waiter_tasks : memref<1xi32>
+// CHECK-DAG:     %[[WAITER_OFFSETS:.*]] = memref.get_global @pipe_waiter_offsets : memref<2xi32>
+// CHECK:         %[[PENDING:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[T2:.*]]) : memref<?xi32> -> !event.tensor<?>
+// CHECK:         %[[OFFSETS:.*]] = arith.addi %{{.*}}, %[[T2]] : index
 // CHECK:         scf.while : () -> index {
-// CHECK-NEXT:      %[[POPPED:.*]] = event.queue_pop %[[COUNTERS]][%[[N]]] capacity(%[[T]]) : memref<?xi32>
-// CHECK-NEXT:      %[[MORE:.*]] = arith.cmpi ult, %[[POPPED]], %[[T]] : index
+// CHECK-NEXT:      %[[POPPED:.*]] = event.queue_pop %[[COUNTERS]][%[[N]]] capacity(%[[T2]]) : memref<?xi32>
+// CHECK-NEXT:      %[[MORE:.*]] = arith.cmpi ult, %[[POPPED]], %[[T2]] : index
 // CHECK-NEXT:      scf.condition(%[[MORE]]) %[[POPPED]] : index
 // CHECK-NEXT:    } do {
 // CHECK-NEXT:    ^bb0(%[[ID:.*]]: index):
-// CHECK-NEXT:      %[[IS_FILL:.*]] = arith.cmpi ult, %[[ID]], %[[FILL]] : index
-// CHECK-NEXT:      scf.if %[[IS_FILL]] {
-// CHECK:             %[[I:.*]] = arith.divui %[[ID]], %{{.*}} : index
+// The last task k with offsets[k] <= id.
+// CHECK:           %[[SEARCH:.*]]:2 = scf.while (%[[LO:.*]] = %{{.*}}, %[[HI:.*]] = %{{.*}}) : (index, index) -> (index, index) {
+// CHECK:             %[[MID:.*]] = arith.divui
+// CHECK:             %[[MIDAT:.*]] = arith.addi %[[OFFSETS]], %[[MID]] : index
+// CHECK:             %[[START32:.*]] = memref.load %[[COUNTERS]][%[[MIDAT]]] : memref<?xi32>
+// CHECK:             %[[START:.*]] = arith.index_cast %[[START32]] : i32 to index
+// CHECK:             %[[ATORAFTER:.*]] = arith.cmpi ule, %[[START]], %[[ID]] : index
+// CHECK:             arith.select %[[ATORAFTER]], %[[MID]], %[[LO]] : index
+// CHECK:             arith.select %[[ATORAFTER]], %[[HI]], %[[MID]] : index
+// CHECK:           %[[TASKAT:.*]] = arith.addi %[[OFFSETS]], %[[SEARCH]]#0 : index
+// CHECK:           %[[FIRST32:.*]] = memref.load %[[COUNTERS]][%[[TASKAT]]] : memref<?xi32>
+// CHECK:           %[[FIRST:.*]] = arith.index_cast %[[FIRST32]] : i32 to index
+// CHECK:           scf.index_switch
+// CHECK:           case 0 {
+// CHECK:             %[[LOCAL:.*]] = arith.subi %[[ID]], %[[FIRST]] : index
+// CHECK:             %[[I:.*]] = arith.divui %[[LOCAL]], %{{.*}} : index
 // CHECK:             memref.store %{{.*}}, %[[X]][%[[I]], %{{.*}}]
-// CHECK-NEXT:        %[[ZERO:.*]] = event.notify_ready %[[E]][%[[I]]] : !event.tensor<?>
-// CHECK-NEXT:        scf.if %[[ZERO]] {
-// CHECK:               %[[LO:.*]] = arith.minui %[[I]], %[[N]] : index
-// CHECK:               %[[NEXT:.*]] = arith.addi %[[I]], %{{.*}} : index
-// CHECK:               %[[HI:.*]] = arith.minui %[[NEXT]], %[[N]] : index
-// CHECK:               scf.for %[[WAITER:.*]] = %[[LO]] to %[[HI]] step
-// CHECK-NEXT:            %[[WID:.*]] = arith.addi %[[FILL]], %[[WAITER]] : index
-// CHECK-NEXT:            %[[LAST:.*]] = event.notify_ready %[[PENDING]][%[[WID]]] : !event.tensor<?>
-// CHECK-NEXT:            scf.if %[[LAST]] {
-// CHECK-NEXT:              event.queue_push %[[WID]], %[[COUNTERS]][%[[N]]] capacity(%[[T]]) : memref<?xi32>
-// CHECK:           } else {
-// CHECK-NEXT:        %[[ROW:.*]] = arith.subi %[[ID]], %[[FILL]] : index
+// CHECK:             %[[NUMBER32:.*]] = memref.load %{{.*}}[%{{.*}}] : memref<2xi32>
+// CHECK:             %[[NUMBER:.*]] = arith.index_cast %[[NUMBER32]] : i32 to index
+// CHECK:             %[[E:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[N]]) : memref<?xi32> -> !event.tensor<?>
+// CHECK:             %[[ZERO:.*]] = event.notify_ready %[[E]][%[[I]]] : !event.tensor<?>
+// CHECK:             scf.if %[[ZERO]] {
+// CHECK:               %[[BEGIN32:.*]] = memref.load %[[WAITER_OFFSETS]][%[[NUMBER]]] : memref<2xi32>
+// CHECK:               scf.for %[[WAITER:.*]] =
+// CHECK:                 %[[WTASK32:.*]] = memref.load %[[WAITER_TASKS]][%[[WAITER]]] : memref<1xi32>
+// CHECK:                 %[[WTASK:.*]] = arith.index_cast %[[WTASK32]] : i32 to index
+// CHECK:                 %[[WAT:.*]] = arith.addi %[[OFFSETS]], %[[WTASK]] : index
+// CHECK:                 %[[WFIRST32:.*]] = memref.load %[[COUNTERS]][%[[WAT]]] : memref<?xi32>
+// CHECK:                 %[[WFIRST:.*]] = arith.index_cast %[[WFIRST32]] : i32 to index
+// CHECK:                 scf.index_switch
+// CHECK:                 case 0 {
+// CHECK:                   %[[LO:.*]] = arith.minui %[[I]], %[[N]] : index
+// CHECK:                   %[[NEXT:.*]] = arith.addi %[[I]], %{{.*}} : index
+// CHECK:                   %[[HI:.*]] = arith.minui %[[NEXT]], %[[N]] : index
+// CHECK:                   scf.for %[[W:.*]] = %[[LO]] to %[[HI]] step
+// CHECK-NEXT:                %[[WID:.*]] = arith.addi %[[WFIRST]], %[[W]] : index
+// CHECK-NEXT:                %[[LAST:.*]] = event.notify_ready %[[PENDING]][%[[WID]]] : !event.tensor<?>
+// CHECK-NEXT:                scf.if %[[LAST]] {
+// CHECK-NEXT:                  event.queue_push %[[WID]], %[[COUNTERS]][%[[N]]] capacity(%[[T2]]) : memref<?xi32>
+// CHECK:                 default {
+// CHECK-NEXT:            }
+// A popped tile is ready: no wait.
+// CHECK:           default {
+// CHECK-NEXT:        %[[ROW:.*]] = arith.subi %[[ID]], %[[FIRST]] : index
 // CHECK-NOT:         event.wait
 // CHECK:             memref.load %[[X]][%[[ROW]], %{{.*}}]
 // CHECK-NOT:         event.notify
@@ -102,7 +153,9 @@
 // CHECK:         return %[[STATUS]] : i32
 // CHECK-NOT:     event.graph @
 
-// With force-index the waiters come from the inverse index instead.
+// With force-index the waiters come from the inverse index instead: no
+// closed-form waiters, an index over every event counter.
+// INDEX-LABEL: memref.global "private" constant @pipe_waiter_offsets : memref<2xi32> = dense<0>
 // INDEX-LABEL: func.func @pipe_worker(
 // INDEX:         event.notify_ready
 // INDEX-NOT:     arith.minui
@@ -137,7 +190,6 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 }
 
 // -----
-
 // Closed-form waiters of a 2-D element (r, c): tiles (i, j) of "c" with
 // i floordiv 2 == r (the box [2r, 2r + 2), clamped to the grid), j any of
 // the 4 (absent from the map), and only when c is the constant 1.
@@ -146,16 +198,18 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 // CHECK-SAME:      %[[N:[^:]*]]: index
 // CHECK:         %[[READY:.*]] = event.notify_ready %{{.*}}[%[[R:.*]], %[[C:.*]]] : !event.tensor<?x2>
 // CHECK-NEXT:    scf.if %[[READY]] {
-// CHECK:           %[[FIRST:.*]] = arith.muli %[[R]], %[[TWO:.*]] : index
-// CHECK:           %[[LO:.*]] = arith.minui %[[FIRST]], %[[N]] : index
-// CHECK:           %[[PAST:.*]] = arith.addi %[[FIRST]], %[[TWO]] : index
-// CHECK:           %[[HI:.*]] = arith.minui %[[PAST]], %[[N]] : index
-// CHECK:           %[[IS_ONE:.*]] = arith.cmpi eq, %[[C]], %{{.*}} : index
-// CHECK:           scf.if %[[IS_ONE]] {
-// CHECK:             scf.for %[[I:.*]] = %[[LO]] to %[[HI]] step
-// CHECK:               scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step
-// CHECK:                 event.notify_ready
-// CHECK:                 event.queue_push
+// CHECK:           scf.for
+// CHECK:             case 0 {
+// CHECK:               %[[FIRST:.*]] = arith.muli %[[R]], %[[TWO:.*]] : index
+// CHECK:               %[[LO:.*]] = arith.minui %[[FIRST]], %[[N]] : index
+// CHECK:               %[[PAST:.*]] = arith.addi %[[FIRST]], %[[TWO]] : index
+// CHECK:               %[[HI:.*]] = arith.minui %[[PAST]], %[[N]] : index
+// CHECK:               %[[IS_ONE:.*]] = arith.cmpi eq, %[[C]], %{{.*}} : index
+// CHECK:               scf.if %[[IS_ONE]] {
+// CHECK:                 scf.for %[[I:.*]] = %[[LO]] to %[[HI]] step
+// CHECK:                   scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:                     event.notify_ready
+// CHECK:                     event.queue_push
 event.graph @box(%n: index) {
   %c4 = arith.constant 4 : index
   %c2 = arith.constant 2 : index
@@ -174,35 +228,36 @@ event.graph @box(%n: index) {
 }
 
 // -----
-
 // Data-dependent routing: "tokens" notifies the expert its route names
 // (counted in g_init); "experts" waits affinely (closed form); "combine"
-// waits through the route, so g_init builds the inverse index of %done
-// (counting sort of the combine tiles by the element they wait on) and the
-// last notifier of an expert walks its CSR row.
+// waits through the route, so g_init builds the inverse index (counting
+// sort of the combine tiles by the counter they wait on) and the last
+// notifier of an expert walks its CSR row.
 
 // CHECK-LABEL: func.func @routed_counters(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[EXPERTS:[^:]*]]: index
 // CHECK:         %[[T:.*]] = arith.addi %{{.*}}, %[[N]] : index
 // CHECK:         %[[PENDING:.*]] = arith.addi %[[EXPERTS]], %{{.*}} : index
 // CHECK:         %[[OFFSETS:.*]] = arith.addi %[[PENDING]], %[[T]] : index
+// CHECK:         %[[INVERSE:.*]] = arith.addi %[[OFFSETS]], %{{.*}} : index
 // CHECK:         %[[ROWS:.*]] = arith.addi %[[EXPERTS]], %{{.*}} : index
-// CHECK:         %[[ENTRIES:.*]] = arith.addi %[[OFFSETS]], %[[ROWS]] : index
+// CHECK:         %[[ENTRIES:.*]] = arith.addi %[[INVERSE]], %[[ROWS]] : index
 // CHECK:         %[[END:.*]] = arith.addi %[[ENTRIES]], %[[N]] : index
 // CHECK:         return %[[END]] : index
 
 // CHECK-LABEL: func.func @routed_init(
-// CHECK-SAME:      %[[N:[^:]*]]: index, %[[EXPERTS:[^:]*]]: index, %[[ROUTE:[^:]*]]: memref<?xi32>, %[[COUNTERS:.*]]: memref<?xi32>)
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[EXPERTS:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
 // Expected counts of %done, counted from the routes.
 // CHECK:         scf.for %[[TOKEN:.*]] = %{{.*}} to %[[N]] step
+// CHECK:           %[[ROUTE:.*]] = event.buffer %[[TABLE]][%{{.*}}] : memref<?xi64> -> memref<?xi32>
 // CHECK:           %[[TO:.*]] = memref.load %[[ROUTE]][%[[TOKEN]]] : memref<?xi32>
 // CHECK:           %[[EXPERT:.*]] = arith.index_cast %[[TO]] : i32 to index
-// CHECK:           memref.load %[[COUNTERS]][%[[EXPERT]]]
+// CHECK:           memref.load %[[COUNTERS]][%{{.*}}]
 // CHECK:           arith.addi
 // CHECK:           memref.store
 // Counting sort: count per element into offsets[e + 1] ...
 // CHECK:         scf.for %[[TOKEN:.*]] = %{{.*}} to %[[N]] step
-// CHECK:           memref.load %[[ROUTE]][%[[TOKEN]]]
+// CHECK:           memref.load %{{.*}}[%[[TOKEN]]] : memref<?xi32>
 // CHECK:           memref.store
 // ... prefix sum ...
 // CHECK:         scf.for %[[E:.*]] = %{{.*}} to %{{.*}} step
@@ -210,10 +265,10 @@ event.graph @box(%n: index) {
 // CHECK:           %[[CURRENT:.*]] = memref.load
 // CHECK:           arith.addi
 // CHECK:           memref.store
-// ... fill with the combine tile ids (offset N + experts) ...
+// ... fill with the combine tile ids ...
 // CHECK:         scf.for %[[TOKEN:.*]] = %{{.*}} to %[[N]] step
-// CHECK:           memref.load %[[ROUTE]][%[[TOKEN]]]
 // CHECK:           %[[ID:.*]] = arith.addi %{{.*}}, %[[TOKEN]] : index
+// CHECK:           memref.load %{{.*}}[%[[TOKEN]]] : memref<?xi32>
 // CHECK:           %[[ID32:.*]] = arith.index_cast %[[ID]] : index to i32
 // CHECK:           memref.store %[[ID32]], %[[COUNTERS]]
 // ... and shift the offsets back.
@@ -221,36 +276,40 @@ event.graph @box(%n: index) {
 // CHECK:         memref.store %{{.*}}, %[[COUNTERS]][%{{.*}}] : memref<?xi32>
 // Pending counts: every tokens tile is ready, then experts and combine.
 // CHECK:         scf.for
-// CHECK:           event.queue_push
-// CHECK:         scf.for
-// CHECK:           event.queue_push
-// CHECK:         scf.for
-// CHECK:           memref.load %[[ROUTE]]
-// CHECK:           event.queue_push
+// CHECK:           case 0 {
+// CHECK:             event.queue_push
+// CHECK:           case 1 {
+// CHECK:             event.queue_push
+// CHECK:           default {
+// CHECK:             memref.load %{{.*}} : memref<?xi32>
+// CHECK:             event.queue_push
 
 // CHECK-LABEL: func.func @routed_worker(
-// CHECK:           "test.token"(%[[TOKEN:.*]]) : (index) -> ()
-// CHECK-NEXT:      %[[TO:.*]] = memref.load %{{.*}}[%[[TOKEN]]] : memref<?xi32>
-// CHECK-NEXT:      %[[EXPERT:.*]] = arith.index_cast %[[TO]] : i32 to index
-// CHECK-NEXT:      %[[LAST:.*]] = event.notify_ready %{{.*}}[%[[EXPERT]]] : !event.tensor<?>
-// CHECK-NEXT:      scf.if %[[LAST]] {
+// CHECK:           case 0 {
+// CHECK:             "test.token"(%[[TOKEN:.*]]) : (index) -> ()
+// CHECK:             %[[TO:.*]] = memref.load %{{.*}}[%[[TOKEN]]] : memref<?xi32>
+// CHECK:             %[[EXPERT:.*]] = arith.index_cast %[[TO]] : i32 to index
+// CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%[[EXPERT]]] : !event.tensor<?>
+// CHECK:             scf.if %[[LAST]] {
 // The "experts" waiter in closed form ...
-// CHECK:             scf.for
-// CHECK:               event.notify_ready
-// CHECK:               event.queue_push
-// ... the "combine" waiters from the CSR row of the expert.
-// CHECK:             %[[ROW:.*]] = arith.addi %{{.*}}, %[[EXPERT]] : index
-// CHECK:             %[[BEGIN32:.*]] = memref.load %{{.*}}[%[[ROW]]] : memref<?xi32>
-// CHECK:             %[[BEGIN:.*]] = arith.index_cast %[[BEGIN32]] : i32 to index
-// CHECK:             %[[NEXT:.*]] = arith.addi %[[ROW]], %{{.*}} : index
-// CHECK:             %[[END32:.*]] = memref.load %{{.*}}[%[[NEXT]]] : memref<?xi32>
-// CHECK:             %[[END:.*]] = arith.index_cast %[[END32]] : i32 to index
-// CHECK:             scf.for %[[ENTRY:.*]] = %[[BEGIN]] to %[[END]] step
-// CHECK:               %[[WAITER32:.*]] = memref.load
-// CHECK:               %[[WAITER:.*]] = arith.index_cast %[[WAITER32]] : i32 to index
-// CHECK:               %[[GO:.*]] = event.notify_ready %{{.*}}[%[[WAITER]]] : !event.tensor<?>
-// CHECK:               scf.if %[[GO]] {
-// CHECK-NEXT:            event.queue_push %[[WAITER]]
+// CHECK:               scf.for
+// CHECK:                 scf.for
+// CHECK:                   event.notify_ready
+// CHECK:                   event.queue_push
+// ... the "combine" waiters from the CSR row of the expert's counter.
+// CHECK:               %[[ELEMENT:.*]] = arith.addi %{{.*}}, %[[EXPERT]] : index
+// CHECK:               %[[ROW:.*]] = arith.addi %{{.*}}, %[[ELEMENT]] : index
+// CHECK:               %[[BEGIN32:.*]] = memref.load %{{.*}}[%[[ROW]]] : memref<?xi32>
+// CHECK:               %[[BEGIN:.*]] = arith.index_cast %[[BEGIN32]] : i32 to index
+// CHECK:               %[[NEXT:.*]] = arith.addi %[[ROW]], %{{.*}} : index
+// CHECK:               %[[END32:.*]] = memref.load %{{.*}}[%[[NEXT]]] : memref<?xi32>
+// CHECK:               %[[END:.*]] = arith.index_cast %[[END32]] : i32 to index
+// CHECK:               scf.for %[[ENTRY:.*]] = %[[BEGIN]] to %[[END]] step
+// CHECK:                 %[[WAITER32:.*]] = memref.load
+// CHECK:                 %[[WAITER:.*]] = arith.index_cast %[[WAITER32]] : i32 to index
+// CHECK:                 %[[GO:.*]] = event.notify_ready %{{.*}}[%[[WAITER]]] : !event.tensor<?>
+// CHECK:                 scf.if %[[GO]] {
+// CHECK-NEXT:              event.queue_push %[[WAITER]]
 
 // Data-dependent, so auto schedules it dynamically.
 // AUTO-LABEL: func.func @routed_worker(
@@ -278,7 +337,6 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 }
 
 // -----
-
 // The route is written by a task of the graph, so g_init cannot read it: the
 // indirect wait of "combine" is taken over every expert (conservative, still
 // deadlock-free: it adds no task-level edge). Its pending count is the
@@ -286,22 +344,25 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 // notifier of an expert readies all combine tiles.
 
 // CHECK-LABEL: func.func @routed_at_run_time_init(
-// CHECK-SAME:      %[[N:[^:]*]]: index, %[[ROUTE:[^:]*]]: memref<?xi32>, %[[COUNTERS:.*]]: memref<?xi32>)
-// CHECK:         scf.for %{{.*}} = %{{.*}} to %[[N]] step
-// CHECK-NOT:       memref.load %[[ROUTE]]
-// CHECK:           %[[ANY:.*]] = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %{{.*}}) -> (i32) {
-// CHECK-NOT:         memref.load %[[ROUTE]]
-// CHECK:             arith.cmpi sgt
-// CHECK:             scf.yield %{{.*}} : i32
-// CHECK:           arith.addi %{{.*}}, %[[ANY]] : i32
-// CHECK:           event.queue_push
-// CHECK-LABEL: func.func @routed_at_run_time_worker(
-// CHECK:           "test.expert"(%[[EXPERT:[^,]*]], %{{.*}})
-// CHECK:           %[[LAST:.*]] = event.notify_ready %{{.*}}[%[[EXPERT]]] : !event.tensor<4>
-// CHECK:           scf.if %[[LAST]] {
-// CHECK:             scf.for %{{.*}} = %{{.*}} to %{{.*}} step
-// CHECK:               event.notify_ready
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
+// CHECK:           default {
+// CHECK:             scf.for %{{.*}} = %{{.*}} to %[[N]] step
+// CHECK-NOT:           event.buffer
+// CHECK:               %[[ANY:.*]] = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %{{.*}}) -> (i32) {
+// CHECK-NOT:             event.buffer
+// CHECK:                 arith.cmpi sgt
+// CHECK:                 scf.yield %{{.*}} : i32
+// CHECK:               arith.addi %{{.*}}, %[[ANY]] : i32
 // CHECK:               event.queue_push
+// CHECK-LABEL: func.func @routed_at_run_time_worker(
+// CHECK:             "test.expert"(%[[EXPERT:[^,]*]], %{{.*}})
+// CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%[[EXPERT]]] : !event.tensor<4>
+// CHECK:             scf.if %[[LAST]] {
+// CHECK:               scf.for
+// CHECK:                 case {{[0-9]+}} {
+// CHECK:                   scf.for %{{.*}} = %{{.*}} to %{{.*}} step
+// CHECK:                     event.notify_ready
+// CHECK:                     event.queue_push
 event.graph @routed_at_run_time(%n: index, %route: memref<?xi32>) {
   %c4 = arith.constant 4 : index
   %routed = event.alloc() count(%n) : !event.tensor<>

@@ -1,19 +1,28 @@
-// RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-static-schedule=workers=4 -verify-diagnostics | FileCheck %s
+// RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-static-schedule=workers=4 -verify-diagnostics | FileCheck %s --enable-var-scope
 // RUN: not etc-opt %s -allow-unregistered-dialect -split-input-file -event-static-schedule=policy=greedy 2>&1 | FileCheck %s --check-prefix=POLICY
 
 // POLICY: error: event-static-schedule: unsupported policy 'greedy'; supported policies: round-robin
 
-// Two tasks joined by one counted event per row block: the counter buffer
-// holds `rows` counters, g_init writes the count into each, and every worker
-// walks both tasks' tiles from its first global index with step W.
+// Two tasks joined by one counted event per row block. The program takes
+// the symbol, the buffer table and the counter buffer; the task tables say
+// which family runs each task (one each here: the bodies are not tile
+// calls, so they are cloned, reading their buffers from the table at
+// constant offsets: %x from word 0, %h from word 3). g_init writes the count
+// into the `rows` counters; every worker walks the tasks in order, carrying
+// the first global tile of each, and runs its tiles from its first global
+// index with step W.
+
+// CHECK-LABEL: memref.global "private" constant @pipe_task_family : memref<2xi32> = dense<[0, 1]>
+// CHECK:       memref.global "private" constant @pipe_task_record : memref<2xi32> = dense<[0, 1]>
+// CHECK:       memref.global "private" constant @pipe_task_records : memref<2xi32> = dense<0>
 
 // CHECK-LABEL: func.func @pipe_counters(
-// CHECK-SAME:      %[[N:.*]]: index, %{{.*}}: memref<?x8xf32>, %{{.*}}: memref<?x8xf32> {event.intermediate}) -> index
+// CHECK-SAME:      %[[N:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>) -> index
 // CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "static", event.workers = 4 : i64}
 // CHECK:         return %[[N]] : index
 
 // CHECK-LABEL: func.func @pipe_init(
-// CHECK-SAME:      %[[N:[^:]*]]: index, %{{.*}}: memref<?x8xf32>, %{{.*}}: memref<?x8xf32> {event.intermediate}, %[[COUNTERS:.*]]: memref<?xi32>)
+// CHECK-SAME:      %[[N:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
 // CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "static", event.workers = 4 : i64}
 // CHECK:         %[[C2:.*]] = arith.constant 2 : index
 // CHECK:         %[[COUNT:.*]] = arith.index_cast %[[C2]] : index to i32
@@ -21,39 +30,55 @@
 // CHECK-NEXT:      memref.store %[[COUNT]], %[[COUNTERS]][%[[I]]] : memref<?xi32>
 
 // CHECK-LABEL: func.func @pipe_worker(
-// CHECK-SAME:      %[[N:[^:]*]]: index, %[[X:[^:]*]]: memref<?x8xf32>, %[[H:[^:]*]]: memref<?x8xf32> {event.intermediate}, %[[COUNTERS:.*]]: memref<?xi32>)
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
 // CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "static", event.workers = 4 : i64}
+// CHECK-DAG:     %[[C3:.*]] = arith.constant 3 : index
+// CHECK-DAG:     %[[H:.*]] = event.buffer %[[TABLE]][%[[C3]]] : memref<?xi64> -> memref<?x8xf32>
 // CHECK-DAG:     %[[C0:.*]] = arith.constant 0 : index
-// CHECK-DAG:     %[[C2:.*]] = arith.constant 2 : index
-// CHECK:         %[[E:.*]] = event.view %[[COUNTERS]][%[[C0]]](%[[N]]) : memref<?xi32> -> !event.tensor<?>
+// CHECK-DAG:     %[[X:.*]] = event.buffer %[[TABLE]][%[[C0]]] : memref<?xi64> -> memref<?x8xf32>
+// CHECK-DAG:     %[[FAMILIES:.*]] = memref.get_global @pipe_task_family : memref<2xi32>
+// CHECK-DAG:     %[[RECORDS:.*]] = memref.get_global @pipe_task_records : memref<2xi32>
 // CHECK:         %[[W:.*]] = event.worker_id
 // CHECK:         %[[NW:.*]] = event.worker_count
-// Task "fill": global indices [0, 2n).
-// CHECK:         %[[END0:.*]] = arith.muli %[[N]], %[[C2]] : index
-// CHECK:         %[[R0:.*]] = arith.remui %{{.*}}, %[[NW]] : index
-// CHECK:         %[[S0:.*]] = arith.addi %[[W]], %[[NW]] : index
-// CHECK:         %[[S1:.*]] = arith.subi %[[S0]], %[[R0]] : index
-// CHECK:         %[[START0:.*]] = arith.remui %[[S1]], %[[NW]] : index
-// CHECK:         scf.for %[[T:.*]] = %[[START0]] to %[[END0]] step %[[NW]] {
-// CHECK:           %[[J:.*]] = arith.remui %[[T]], %[[C2]] : index
-// CHECK:           %[[I:.*]] = arith.divui %[[T]], %[[C2]] : index
-// CHECK:           memref.store %{{.*}}, %[[X]][%[[I]], %[[J]]]
-// CHECK:           event.notify %[[E]][%[[I]]] : !event.tensor<?>
-// CHECK:         }
-// Task "use": global indices [2n, 3n).
-// CHECK:         %[[END1:.*]] = arith.addi %[[END0]], %[[N]] : index
-// CHECK:         %[[R1:.*]] = arith.remui %[[END0]], %[[NW]] : index
-// CHECK:         %[[S2:.*]] = arith.addi %[[W]], %[[NW]] : index
-// CHECK:         %[[S3:.*]] = arith.subi %[[S2]], %[[R1]] : index
-// CHECK:         %[[S4:.*]] = arith.remui %[[S3]], %[[NW]] : index
-// CHECK:         %[[START1:.*]] = arith.addi %[[END0]], %[[S4]] : index
-// CHECK:         scf.for %[[T:.*]] = %[[START1]] to %[[END1]] step %[[NW]] {
-// CHECK:           %[[ROW:.*]] = arith.subi %[[T]], %[[END0]] : index
-// CHECK:           event.wait %[[E]][%[[ROW]]] : !event.tensor<?>
-// CHECK:           memref.load %[[X]][%[[ROW]], %{{.*}}]
-// CHECK:           event.lane_barrier
-// CHECK:           memref.store %{{.*}}, %[[H]][%[[ROW]], %{{.*}}]
-// CHECK:         }
+// CHECK:         scf.for %[[K:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[O:.*]] = %{{.*}}) -> (index) {
+// CHECK:           %[[F32:.*]] = memref.load %[[FAMILIES]][%[[K]]] : memref<2xi32>
+// CHECK:           %[[F:.*]] = arith.index_cast %[[F32]] : i32 to index
+// CHECK:           %[[TILES:.*]] = scf.index_switch %[[F]] -> index
+// Task "fill": tiles [o, o + 2n), the first of this worker o + ((w - o) mod W).
+// CHECK:           case 0 {
+// CHECK:             %[[COUNT0:.*]] = arith.muli %[[N]], %{{.*}} : index
+// CHECK:             %[[END0:.*]] = arith.addi %[[O]], %[[COUNT0]] : index
+// CHECK:             %[[R0:.*]] = arith.remui %[[O]], %[[NW]] : index
+// CHECK:             %[[S0:.*]] = arith.addi %[[W]], %[[NW]] : index
+// CHECK:             %[[S1:.*]] = arith.subi %[[S0]], %[[R0]] : index
+// CHECK:             %[[S2:.*]] = arith.remui %[[S1]], %[[NW]] : index
+// CHECK:             %[[START0:.*]] = arith.addi %[[O]], %[[S2]] : index
+// CHECK:             scf.for %[[T:.*]] = %[[START0]] to %[[END0]] step %[[NW]] {
+// CHECK:               %[[LOCAL:.*]] = arith.subi %[[T]], %[[O]] : index
+// CHECK:               %[[J:.*]] = arith.remui %[[LOCAL]], %{{.*}} : index
+// CHECK:               %[[I:.*]] = arith.divui %[[LOCAL]], %{{.*}} : index
+// CHECK:               memref.store %{{.*}}, %[[X]][%[[I]], %[[J]]]
+// The event: number 0 of its class (from the record), n counters each.
+// CHECK:               %[[NUMBER:.*]] = memref.load %[[RECORDS]][%{{.*}}] : memref<2xi32>
+// CHECK:               %[[INSTANCE:.*]] = arith.index_cast %[[NUMBER]] : i32 to index
+// CHECK:               %[[BASE:.*]] = arith.muli %[[INSTANCE]], %[[N]] : index
+// CHECK:               %[[E:.*]] = event.view %[[COUNTERS]][%[[BASE]]](%[[N]]) : memref<?xi32> -> !event.tensor<?>
+// CHECK:               event.notify %[[E]][%[[I]]] : !event.tensor<?>
+// CHECK:             }
+// CHECK:             scf.yield %[[COUNT0]] : index
+// Task "use": the wait, then the cloned body.
+// CHECK:           default {
+// CHECK:             scf.for %[[T:.*]] = %{{.*}} to %{{.*}} step %[[NW]] {
+// CHECK:               %[[ROW:.*]] = arith.subi %[[T]], %[[O]] : index
+// CHECK:               %[[E:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[N]]) : memref<?xi32> -> !event.tensor<?>
+// CHECK:               event.wait %[[E]][%[[ROW]]] : !event.tensor<?>
+// CHECK:               memref.load %[[X]][%[[ROW]], %{{.*}}]
+// CHECK:               event.lane_barrier
+// CHECK:               memref.store %{{.*}}, %[[H]][%[[ROW]], %{{.*}}]
+// CHECK:             }
+// CHECK:             scf.yield %[[N]] : index
+// CHECK:           %[[NEXT:.*]] = arith.addi %[[O]], %[[TILES]] : index
+// CHECK:           scf.yield %[[NEXT]] : index
 // CHECK:         return
 // After the run every counter must be back to zero: 2 (unbalanced) if not.
 // CHECK-LABEL: func.func @pipe_check(
@@ -93,9 +118,95 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 
 // -----
 
+// Identical layers share one family: the middle two tasks call the same tile
+// function with the same grid and the same kind of wait and notify, so one
+// piece of code runs both from their records ([in, out, wait event, notify
+// event]: [2, 4, 0, 1] and [4, 6, 1, 2]): buffers come from the table at the
+// record's offsets, and the three events, of one class (the two `count`
+// constants are merged first), lie at event number times n.
+
+// CHECK-LABEL: memref.global "private" constant @layers_task_family : memref<4xi32> = dense<[0, 1, 1, 2]>
+// CHECK:       memref.global "private" constant @layers_task_record : memref<4xi32> = dense<[0, 3, 7, 11]>
+// CHECK:       memref.global "private" constant @layers_task_records : memref<14xi32> =
+// CHECK-SAME:      dense<[0, 2, 0, 2, 4, 0, 1, 4, 6, 1, 2, 6, 0, 2]>
+// CHECK-LABEL: func.func @layers_counters(
+// CHECK-SAME:      %[[N:[^:]*]]: index
+// CHECK:         %[[THREE:.*]] = arith.constant 3 : index
+// CHECK:         %[[TOTAL:.*]] = arith.muli %[[N]], %[[THREE]] : index
+// CHECK:         return %[[TOTAL]] : index
+// CHECK-LABEL: func.func @layers_worker(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
+// CHECK:         %[[RECORDS:.*]] = memref.get_global @layers_task_records : memref<14xi32>
+// CHECK:         %[[RECORD_OFFSETS:.*]] = memref.get_global @layers_task_record : memref<4xi32>
+// CHECK:         scf.for %[[K:.*]] = {{.*}} iter_args(%[[O:.*]] = %{{.*}}) -> (index) {
+// CHECK:           %[[R32:.*]] = memref.load %[[RECORD_OFFSETS]][%[[K]]] : memref<4xi32>
+// CHECK:           %[[R:.*]] = arith.index_cast %[[R32]] : i32 to index
+// CHECK:           case 1 {
+// CHECK:             scf.for %[[T:.*]] =
+// CHECK:               %[[I:.*]] = arith.subi %[[T]], %[[O]] : index
+// CHECK:               %[[WAITFIELD:.*]] = arith.addi %[[R]], %{{.*}} : index
+// CHECK:               %[[WAITED32:.*]] = memref.load %[[RECORDS]][%[[WAITFIELD]]] : memref<14xi32>
+// CHECK:               %[[WAITED:.*]] = arith.index_cast %[[WAITED32]] : i32 to index
+// CHECK:               %[[WAITBASE:.*]] = arith.muli %[[WAITED]], %[[N]] : index
+// CHECK:               %[[WAIT:.*]] = event.view %[[COUNTERS]][%[[WAITBASE]]](%[[N]])
+// CHECK:               event.wait %[[WAIT]][%[[I]]] : !event.tensor<?>
+// CHECK:               %[[IN32:.*]] = memref.load %[[RECORDS]][%[[R]]] : memref<14xi32>
+// CHECK:               %[[IN:.*]] = arith.index_cast %[[IN32]] : i32 to index
+// CHECK:               %[[INBUF:.*]] = event.buffer %[[TABLE]][%[[IN]]] : memref<?xi64> -> memref<?xf32>
+// CHECK:               %[[OUT:.*]] = event.buffer %[[TABLE]][%{{.*}}] : memref<?xi64> -> memref<?xf32>
+// CHECK:               func.call @scale_tile(%[[INBUF]], %[[OUT]], %[[I]]) : (memref<?xf32>, memref<?xf32>, index) -> ()
+// CHECK:               %[[NOTIFY:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[N]])
+// CHECK:               event.notify %[[NOTIFY]][%[[I]]] : !event.tensor<?>
+func.func private @scale_tile(%in: memref<?xf32>, %out: memref<?xf32>, %i: index) attributes {event.tile} {
+  %v = memref.load %in[%i] : memref<?xf32>
+  %w = arith.addf %v, %v : f32
+  memref.store %w, %out[%i] : memref<?xf32>
+  return
+}
+event.graph @layers(%n: index, %x: memref<?xf32>, %y: memref<?xf32>, %z: memref<?xf32>, %w: memref<?xf32>) {
+  %c1 = arith.constant 1 : index
+  %e0 = event.alloc(%n) count(%c1) : !event.tensor<?>
+  event.task "layer0" grid(%n)
+      reads(%x : memref<?xf32> (d0) -> (d0) [1])
+      writes(%y : memref<?xf32> (d0) -> (d0) [1])
+      notifies(%e0 : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    func.call @scale_tile(%x, %y, %i) : (memref<?xf32>, memref<?xf32>, index) -> ()
+  }
+  %c1_again = arith.constant 1 : index
+  %e1 = event.alloc(%n) count(%c1_again) : !event.tensor<?>
+  event.task "layer1" grid(%n)
+      reads(%y : memref<?xf32> (d0) -> (d0) [1])
+      writes(%z : memref<?xf32> (d0) -> (d0) [1])
+      waits(%e0 : !event.tensor<?> (d0) -> (d0))
+      notifies(%e1 : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    func.call @scale_tile(%y, %z, %i) : (memref<?xf32>, memref<?xf32>, index) -> ()
+  }
+  %e2 = event.alloc(%n) count(%c1) : !event.tensor<?>
+  event.task "layer2" grid(%n)
+      reads(%z : memref<?xf32> (d0) -> (d0) [1])
+      writes(%w : memref<?xf32> (d0) -> (d0) [1])
+      waits(%e1 : !event.tensor<?> (d0) -> (d0))
+      notifies(%e2 : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    func.call @scale_tile(%z, %w, %i) : (memref<?xf32>, memref<?xf32>, index) -> ()
+  }
+  event.task "last" grid(%n)
+      reads(%w : memref<?xf32> (d0) -> (d0) [1])
+      writes(%x : memref<?xf32> (d0) -> (d0) [1])
+      waits(%e2 : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    func.call @scale_tile(%w, %x, %i) : (memref<?xf32>, memref<?xf32>, index) -> ()
+  }
+}
+
+// -----
+
 // Two event tensors lie one after the other; a 2-D one is row-major. Without
 // `count`, g_init zeroes the counters and counts the notifies of every tile,
-// loading indirect coordinates from the index buffer.
+// loading indirect coordinates from the index buffer, read from the table
+// at the offset in the task's record.
 
 // CHECK-LABEL: func.func @routed_counters(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[E:[^:]*]]: index
@@ -104,44 +215,47 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 // CHECK:         return %[[TOTAL]] : index
 
 // CHECK-LABEL: func.func @routed_init(
-// CHECK-SAME:      %[[N:[^:]*]]: index, %[[E:[^:]*]]: index, %[[ROUTE:[^:]*]]: memref<?xi32>, %[[COUNTERS:.*]]: memref<?xi32>)
-// CHECK:         %[[SIZE1:.*]] = arith.muli %[[E]], %{{.*}} : index
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[E:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
+// CHECK-DAG:     %[[RECORDS:.*]] = memref.get_global @routed_task_records : memref<5xi32>
+// CHECK-DAG:     %[[SIZE1:.*]] = arith.muli %[[E]], %{{.*}} : index
 // CHECK:         %[[ZERO:.*]] = arith.constant 0 : i32
 // CHECK:         scf.for %[[I:.*]] = %{{.*}} to %[[E]] step
 // CHECK-NEXT:      memref.store %[[ZERO]], %[[COUNTERS]][%[[I]]]
-// CHECK:         scf.for %[[T:.*]] = %{{.*}} to %[[N]] step
-// CHECK-NEXT:      %[[RAW:.*]] = memref.load %[[ROUTE]][%[[T]]] : memref<?xi32>
-// CHECK-NEXT:      %[[EXPERT:.*]] = arith.index_cast %[[RAW]] : i32 to index
-// CHECK-NEXT:      %[[OLD:.*]] = memref.load %[[COUNTERS]][%[[EXPERT]]]
-// CHECK-NEXT:      %[[ONE:.*]] = arith.constant 1 : i32
-// CHECK-NEXT:      %[[NEW:.*]] = arith.addi %[[OLD]], %[[ONE]] : i32
-// CHECK-NEXT:      memref.store %[[NEW]], %[[COUNTERS]][%[[EXPERT]]]
 // The 2-D event starts at offset E.
-// CHECK:         scf.for %[[I:.*]] = %{{.*}} to %[[SIZE1]] step
-// CHECK-NEXT:      %[[AT:.*]] = arith.addi %[[E]], %[[I]] : index
-// CHECK-NEXT:      memref.store %{{.*}}, %[[COUNTERS]][%[[AT]]]
-// CHECK:         scf.for %[[T:.*]] = %{{.*}} to %[[N]] step
-// CHECK-NEXT:      %[[RAW:.*]] = memref.load %[[ROUTE]][%[[T]]] : memref<?xi32>
-// CHECK-NEXT:      %[[EXPERT:.*]] = arith.index_cast %[[RAW]] : i32 to index
-// CHECK-NEXT:      %[[SLOT:.*]] = affine.apply #{{.*}}(%[[T]])
-// CHECK-NEXT:      %[[ROWSTART:.*]] = arith.muli %[[EXPERT]], %{{.*}} : index
-// CHECK-NEXT:      %[[LINEAR:.*]] = arith.addi %[[ROWSTART]], %[[SLOT]] : index
-// CHECK-NEXT:      %[[AT:.*]] = arith.addi %[[E]], %[[LINEAR]] : index
-// CHECK-NEXT:      memref.load %[[COUNTERS]][%[[AT]]]
+// CHECK:         %[[END:.*]] = arith.addi %[[E]], %[[SIZE1]] : index
+// CHECK:         scf.for %[[I:.*]] = %[[E]] to %[[END]] step
+// CHECK-NEXT:      memref.store %{{.*}}, %[[COUNTERS]][%[[I]]]
+// CHECK:         scf.for %[[K:.*]] =
+// CHECK:           scf.index_switch
+// CHECK:           case 0 {
+// CHECK:             scf.for %[[T:.*]] = %{{.*}} to %[[N]] step
+// CHECK:               %[[ROUTE:.*]] = event.buffer %[[TABLE]][%{{.*}}] : memref<?xi64> -> memref<?xi32>
+// CHECK:               %[[RAW:.*]] = memref.load %[[ROUTE]][%[[T]]] : memref<?xi32>
+// CHECK:               %[[EXPERT:.*]] = arith.index_cast %[[RAW]] : i32 to index
+// CHECK:               %[[AT:.*]] = arith.addi %{{.*}}, %[[EXPERT]] : index
+// CHECK:               %[[OLD:.*]] = memref.load %[[COUNTERS]][%[[AT]]]
+// CHECK:               %[[NEW:.*]] = arith.addi %[[OLD]], %{{.*}} : i32
+// CHECK:               memref.store %[[NEW]], %[[COUNTERS]][%[[AT]]]
+// CHECK:             scf.for %[[T:.*]] = %{{.*}} to %[[N]] step
+// CHECK:               memref.load %{{.*}}[%[[T]]] : memref<?xi32>
+// CHECK:               %[[SLOT:.*]] = affine.apply #{{.*}}(%[[T]])
+// CHECK:               memref.store %{{.*}}, %[[COUNTERS]]
 
 // CHECK-LABEL: func.func @routed_worker(
-// CHECK-SAME:      %[[N:[^:]*]]: index, %[[E:[^:]*]]: index, %[[ROUTE:[^:]*]]: memref<?xi32>, %[[COUNTERS:.*]]: memref<?xi32>)
-// CHECK:         %[[DONE:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[E]]) : memref<?xi32> -> !event.tensor<?>
-// CHECK:         %[[SLOTS:.*]] = event.view %[[COUNTERS]][%[[E]]](%[[E]]) : memref<?xi32> -> !event.tensor<?x3>
-// CHECK:         scf.for %[[T:.*]] =
-// CHECK:           %[[RAW:.*]] = memref.load %[[ROUTE]][%[[T]]] : memref<?xi32>
-// CHECK:           %[[EXPERT:.*]] = arith.index_cast %[[RAW]] : i32 to index
-// CHECK:           event.notify %[[DONE]][%[[EXPERT]]] : !event.tensor<?>
-// CHECK:           %[[SLOT:.*]] = affine.apply #{{.*}}(%[[T]])
-// CHECK:           event.notify %[[SLOTS]][%{{.*}}, %[[SLOT]]] : !event.tensor<?x3>
-// CHECK:         scf.for
-// CHECK:           event.wait %[[DONE]][%{{.*}}] : !event.tensor<?>
-// CHECK:           event.wait %[[SLOTS]][%{{.*}}, %{{.*}}] : !event.tensor<?x3>
+// CHECK:           case 0 {
+// CHECK:             scf.for
+// CHECK:               %[[T:.*]] = arith.subi
+// CHECK:               %[[DONE:.*]] = event.view %{{.*}} -> !event.tensor<?>
+// CHECK:               %[[RAW:.*]] = memref.load %{{.*}}[%[[T]]] : memref<?xi32>
+// CHECK:               %[[EXPERT:.*]] = arith.index_cast %[[RAW]] : i32 to index
+// CHECK:               event.notify %[[DONE]][%[[EXPERT]]] : !event.tensor<?>
+// CHECK:               %[[SLOTS:.*]] = event.view %{{.*}} -> !event.tensor<?x3>
+// CHECK:               %[[SLOT:.*]] = affine.apply #{{.*}}(%[[T]])
+// CHECK:               event.notify %[[SLOTS]][%{{.*}}, %[[SLOT]]] : !event.tensor<?x3>
+// CHECK:           default {
+// CHECK:             scf.for
+// CHECK:               event.wait %{{.*}}[%{{.*}}] : !event.tensor<?>
+// CHECK:               event.wait %{{.*}}[%{{.*}}, %{{.*}}] : !event.tensor<?x3>
 event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
   %c3 = arith.constant 3 : index
   %done = event.alloc(%experts) : !event.tensor<?>
@@ -162,7 +276,8 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 // -----
 
 // Graph-level computations are cloned into each function; tasks without
-// events run unsynchronised, and a grid of rank 0 runs once.
+// events run unsynchronised, a grid of rank 0 runs once, and a program
+// without events needs no counters.
 
 // CHECK-LABEL: func.func @plain_counters(
 // CHECK:         %[[Z:.*]] = arith.constant 0 : index
@@ -173,11 +288,17 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 // CHECK-LABEL: func.func @plain_worker(
 // CHECK-SAME:      %[[B:[^:]*]]: index
 // CHECK:         %[[ROWS:.*]] = affine.apply #{{.*}}()[%[[B]]]
-// CHECK:         scf.for %[[T:.*]] = %{{.*}} to %[[ROWS]] step
-// CHECK:           "test.tile"(%[[T]], %[[ROWS]])
-// CHECK:         %[[ONCE:.*]] = arith.addi %[[ROWS]], %{{.*}} : index
-// CHECK:         scf.for %{{.*}} = %{{.*}} to %[[ONCE]] step
-// CHECK:           "test.once"()
+// CHECK:         scf.for {{.*}} iter_args(%[[O:.*]] = %{{.*}}) -> (index) {
+// CHECK:           case 0 {
+// CHECK:             %[[END:.*]] = arith.addi %[[O]], %[[ROWS]] : index
+// CHECK:             scf.for %[[T:.*]] = %{{.*}} to %[[END]] step
+// CHECK:               %[[I:.*]] = arith.subi %[[T]], %[[O]] : index
+// CHECK:               "test.tile"(%[[I]], %[[ROWS]])
+// CHECK:           default {
+// CHECK:             %[[ONE:.*]] = arith.constant 1 : index
+// CHECK:             %[[ONCE:.*]] = arith.addi %[[O]], %[[ONE]] : index
+// CHECK:             scf.for %{{.*}} = %{{.*}} to %[[ONCE]] step
+// CHECK:               "test.once"()
 event.graph @plain(%B: index) {
   %rows = affine.apply affine_map<()[s0] -> (s0 ceildiv 16)>()[%B]
   event.task "tiles" grid(%rows) {
@@ -210,4 +331,10 @@ func.func @taken_worker() {
   return
 }
 event.graph @taken(%n: index) {
+}
+
+// -----
+
+// expected-error @+1 {{'event.graph' op buffer argument #1 has type 'memref<4xf32, strided<[2]>>'; scheduled programs read buffers from the buffer table, which describes contiguous row-major buffers in the default memory space}}
+event.graph @strided(%n: index, %x: memref<4xf32, strided<[2]>>) {
 }

@@ -514,6 +514,22 @@ LogicalResult TaskOp::verifyRegions() {
 }
 
 //===----------------------------------------------------------------------===//
+// BufferOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult BufferOp::verify() {
+  MemRefType type = getType();
+  if (!type.getLayout().isIdentity())
+    return emitOpError("result type ")
+           << type << " must have the identity layout: the buffer table "
+           << "describes contiguous row-major buffers";
+  if (type.getMemorySpace())
+    return emitOpError("result type ")
+           << type << " must be in the default memory space";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // WaitOp / NotifyOp
 //===----------------------------------------------------------------------===//
 

@@ -94,29 +94,29 @@ std::optional<SmallVector<BoxResult>> closedForm(IndexMapAttr indexMap,
   return results;
 }
 
-/// The inverse index of one event: for each element, the ids of the tiles
-/// waiting on it, in CSR form in the counter buffer.
-struct InverseIndex {
-  /// `numElements + 1` offsets into the entries, from this counter on.
-  Value offsets;
-  /// The entries (tile ids), from this counter on.
-  Value entries;
-  /// How many entries there are.
-  Value numEntries;
+/// How the waiters of wait entry `entry` of a family are found: in closed
+/// form (`box`), or through the inverse index built in `@g_init`.
+struct WaitKind {
+  unsigned family;
+  unsigned entry;
+  std::optional<SmallVector<BoxResult>> box;
 };
 
 /// Where the scheduling state lives in the counter buffer, as values of the
 /// function being built.
 struct QueueLayout {
-  /// First global tile id of each task, plus the total tile count at the end.
-  SmallVector<Value> taskOffsets;
   Value totalTiles;
   /// The first word of the queue (header, then slots).
   Value queue;
   /// The first pending count, and the pending counts as an event tensor.
   Value pending;
   Value pendingView;
-  DenseMap<Operation *, InverseIndex> inverse;
+  /// The first global tile of each task, then the total (numTasks + 1).
+  Value tileOffsets;
+  /// The inverse index, when some wait needs it: `eventCounters + 1`
+  /// offsets (by counter position), then the waiting tile ids.
+  Value indexOffsets;
+  Value indexEntries;
   /// The size of the whole counter buffer.
   Value end;
 };
@@ -127,13 +127,13 @@ void dropUnusedPendingView(QueueLayout &layout) {
     layout.pendingView.getDefiningOp()->erase();
 }
 
-/// Builds the four functions of one graph's dynamic schedule.
+/// Builds the tables and functions of one graph's dynamic schedule.
 class DynamicScheduler : public GraphProgramBuilder {
 public:
-  DynamicScheduler(GraphOp graph, int64_t workers, bool forceIndex);
+  DynamicScheduler(const GraphPlan &plan, int64_t workers, bool forceIndex);
 
-  /// Inserts `@g_counters`, `@g_init`, `@g_worker` and `@g_check` at
-  /// `builder`.
+  /// Inserts the constant tables, `@g_counters`, `@g_init`, `@g_worker` and
+  /// `@g_check` at `builder`.
   void build(OpBuilder &builder);
 
 private:
@@ -146,81 +146,134 @@ private:
   void buildWorker(OpBuilder &builder);
   void buildCheck(OpBuilder &builder);
 
-  /// Builds the inverse index of `alloc` in `@g_init`.
+  /// The first global tile of task `task`.
+  Value tileOffset(OpBuilder &b, Location loc, ScheduledFunction &function,
+                   QueueLayout &layout, Value task);
+  /// Calls `body(b, family, record, id, tile)` for every tile of every task,
+  /// `id` its global tile id.
+  void forEachTile(OpBuilder &b, Location loc, ScheduledFunction &function,
+                   QueueLayout &layout,
+                   function_ref<void(OpBuilder &, const TaskFamily &, Value,
+                                     Value, ValueRange)>
+                       body);
+  /// Builds the inverse index in `@g_init`.
   void buildInverseIndex(OpBuilder &b, ScheduledFunction &function,
-                         QueueLayout &layout, AllocOp alloc);
-  /// Calls `body(tile id, element)` for every tile of every wait entry of
-  /// `alloc` that uses the inverse index; `element` is the row-major
-  /// position of its wait element.
-  void forEachIndexedWait(
-      OpBuilder &b, ScheduledFunction &function, QueueLayout &layout,
-      AllocOp alloc,
-      function_ref<void(OpBuilder &, Location, Value, Value)> body);
+                         QueueLayout &layout);
+  /// Calls `body(b, id, element)` for every tile and every wait entry that
+  /// uses the inverse index; `element` is the counter position of its wait
+  /// element.
+  void forEachIndexedWait(OpBuilder &b, ScheduledFunction &function,
+                          QueueLayout &layout,
+                          function_ref<void(OpBuilder &, Location, Value, Value)>
+                              body);
   /// The number of not yet ready elements a tile waits on through a wait
   /// entry with `Any` results: every coordinate there, the others evaluated.
   Value countWaitingOnAny(OpBuilder &b, Location loc,
-                          ScheduledFunction &function,
-                          const EventLayout &eventLayout, IndexMapAttr map,
+                          ScheduledFunction &function, unsigned classIndex,
+                          Value eventBase, IndexMapAttr map,
                           ArrayRef<BoxResult> box, ValueRange tile);
-  const WaitUse &waitUse(unsigned task, unsigned entry) {
-    Value event = tasks[task].getWaits()[entry];
-    for (const WaitUse &use : waiters[event.getDefiningOp()])
-      if (use.task == task && use.entry == entry)
-        return use;
-    llvm_unreachable("every wait entry has a use");
-  }
   /// Sets every tile's pending count and pushes the ready tiles (`@g_init`).
   void initPending(OpBuilder &b, ScheduledFunction &function,
                    QueueLayout &layout);
 
-  /// Emits tile `id` of task `taskIndex`: the body, then the notifies.
-  void runTile(OpBuilder &b, ScheduledFunction &function, QueueLayout &layout,
-               unsigned taskIndex, Value id);
+  /// Emits the tile with global id `id` of task `task`: the body, then the
+  /// notifies.
+  void runTile(OpBuilder &b, Location loc, ScheduledFunction &function,
+               QueueLayout &layout, Value task, Value id);
   /// Emits the code that readies the waiters of element `coordinates` of
-  /// `alloc`, run by the notifier that took it to zero.
+  /// the event numbered `number` (class `classIndex`, first counter
+  /// `eventBase`), run by the notifier that took it to zero.
   void readyWaiters(OpBuilder &b, Location loc, ScheduledFunction &function,
-                    QueueLayout &layout, AllocOp alloc,
-                    ValueRange coordinates);
+                    QueueLayout &layout, unsigned classIndex, Value number,
+                    Value eventBase, ValueRange coordinates);
   /// Decrements the pending count of tile `id`, pushing it when it is the
   /// last.
   void readyTile(OpBuilder &b, Location loc, ScheduledFunction &function,
                  QueueLayout &layout, Value id);
 
-  /// Wait entries of each event tensor.
-  DenseMap<Operation *, SmallVector<WaitUse>> waiters;
-  /// Events with at least one waiter that needs the inverse index, in
-  /// allocation order.
-  SmallVector<AllocOp> indexedEvents;
+  const WaitKind &kindOf(unsigned family, unsigned entry) const {
+    return kinds[firstKind[family] + entry];
+  }
+  unsigned waitClassOf(const WaitKind &kind) const {
+    return plan.families[kind.family].waitClasses[kind.entry];
+  }
+
+  /// The wait kinds, family by family, entry by entry.
+  SmallVector<WaitKind> kinds;
+  SmallVector<unsigned> firstKind;
+  /// The closed-form kinds, numbered for the waiter tables.
+  SmallVector<unsigned> boxKinds;
+  /// For each event number, its waiting (task, box kind) pairs, CSR.
+  SmallVector<int32_t> waiterOffsets, waiterTasks, waiterKinds;
+  /// Per class: whether some wait entry waits on it in closed form, through
+  /// the inverse index.
+  SmallVector<bool> classHasBoxWaiters, classHasIndexedWaiters;
+  /// Whether any wait uses the inverse index.
+  bool anyIndexed = false;
 };
 } // namespace
 
-DynamicScheduler::DynamicScheduler(GraphOp graph, int64_t workers,
+DynamicScheduler::DynamicScheduler(const GraphPlan &plan, int64_t workers,
                                    bool forceIndex)
-    : GraphProgramBuilder(graph, "dynamic", workers) {
+    : GraphProgramBuilder(plan, "dynamic", workers) {
   // Index buffers some task writes hold their values only once that task
   // ran, so `@g_init` cannot evaluate indirect waits through them.
   llvm::SmallDenseSet<Value> written;
   for (TaskOp task : tasks)
     written.insert(task.getWrites().begin(), task.getWrites().end());
-  for (auto [taskIndex, task] : llvm::enumerate(tasks))
-    for (auto [entry, event] : llvm::enumerate(task.getWaits())) {
-      WaitUse use{static_cast<unsigned>(taskIndex),
-                  static_cast<unsigned>(entry), std::nullopt};
+  classHasBoxWaiters.assign(plan.classes.size(), false);
+  classHasIndexedWaiters.assign(plan.classes.size(), false);
+  SmallVector<int> boxNumber;
+  for (auto [familyIndex, family] : llvm::enumerate(plan.families)) {
+    firstKind.push_back(kinds.size());
+    TaskOp task = family.representative;
+    for (unsigned entry = 0; entry < family.waitClasses.size(); ++entry) {
+      WaitKind kind{static_cast<unsigned>(familyIndex), entry, std::nullopt};
       IndexMapAttr map = task.getWaitMap(entry);
       bool runtimeIndices = llvm::any_of(map.getIndirect(), [&](int64_t k) {
         return k >= 0 && written.contains(task.getIndices()[k]);
       });
       if (runtimeIndices)
-        use.box = closedForm(map, /*anyIndirect=*/true);
+        kind.box = closedForm(map, /*anyIndirect=*/true);
       else if (!forceIndex)
-        use.box = closedForm(map, /*anyIndirect=*/false);
-      // checkSchedule guarantees the event is an `event.alloc`.
-      waiters[event.getDefiningOp()].push_back(use);
+        kind.box = closedForm(map, /*anyIndirect=*/false);
+      unsigned classIndex = family.waitClasses[entry];
+      if (kind.box) {
+        classHasBoxWaiters[classIndex] = true;
+        boxNumber.push_back(boxKinds.size());
+        boxKinds.push_back(kinds.size());
+      } else {
+        classHasIndexedWaiters[classIndex] = true;
+        anyIndexed = true;
+        boxNumber.push_back(-1);
+      }
+      kinds.push_back(std::move(kind));
     }
-  for (AllocOp alloc : graph.getBody().getOps<AllocOp>())
-    if (llvm::any_of(waiters.lookup(alloc),
-                     [](const WaitUse &use) { return !use.box; }))
-      indexedEvents.push_back(alloc);
+  }
+
+  // The waiter tables: for each event, the (task, box kind) pairs waiting on
+  // it in closed form, in task order.
+  SmallVector<SmallVector<std::pair<int32_t, int32_t>>> byEvent(
+      plan.numEvents());
+  for (unsigned taskIndex = 0; taskIndex < tasks.size(); ++taskIndex) {
+    unsigned familyIndex = plan.taskFamily[taskIndex];
+    TaskOp task = tasks[taskIndex];
+    for (auto [entry, event] : llvm::enumerate(task.getWaits())) {
+      int number = boxNumber[firstKind[familyIndex] + entry];
+      if (number < 0)
+        continue;
+      byEvent[plan.eventNumber(cast<AllocOp>(event.getDefiningOp()))]
+          .push_back({static_cast<int32_t>(taskIndex), number});
+    }
+  }
+  waiterOffsets.push_back(0);
+  for (const auto &waiters : byEvent) {
+    for (auto [task, kind] : waiters) {
+      waiterTasks.push_back(task);
+      waiterKinds.push_back(kind);
+    }
+    waiterOffsets.push_back(waiterTasks.size());
+  }
 }
 
 ScheduledFunction DynamicScheduler::createFunction(OpBuilder &builder,
@@ -232,15 +285,7 @@ ScheduledFunction DynamicScheduler::createFunction(OpBuilder &builder,
       builder, suffix, withCounters, results);
   Location loc = graph.getLoc();
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
-  layout.totalTiles = constantIndex(b, loc, 0);
-  SmallVector<Value> tilesPerTask;
-  for (TaskOp task : tasks) {
-    layout.taskOffsets.push_back(layout.totalTiles);
-    Value tiles = productIndex(b, task.getLoc(), function.mapped(task.getGrid()));
-    tilesPerTask.push_back(tiles);
-    layout.totalTiles = addIndex(b, task.getLoc(), layout.totalTiles, tiles);
-  }
-  layout.taskOffsets.push_back(layout.totalTiles);
+  layout.totalTiles = totalTiles(b, loc, function);
   layout.queue = function.eventCounters;
   layout.pending = addIndex(
       b, loc, layout.queue,
@@ -252,23 +297,30 @@ ScheduledFunction DynamicScheduler::createFunction(OpBuilder &builder,
                                                     {ShapedType::kDynamic}),
                        function.counters, layout.pending,
                        ValueRange{layout.totalTiles});
-  Value next = addIndex(b, loc, layout.pending, layout.totalTiles);
-  for (AllocOp alloc : indexedEvents) {
-    InverseIndex index;
-    index.offsets = next;
-    index.entries =
-        addIndex(b, loc, next,
-                 addIndex(b, loc, function.events[alloc].numElements,
+  layout.tileOffsets = addIndex(b, loc, layout.pending, layout.totalTiles);
+  layout.end = addIndex(b, loc, layout.tileOffsets,
+                        constantIndex(b, loc, tasks.size() + 1));
+  if (anyIndexed) {
+    layout.indexOffsets = layout.end;
+    layout.indexEntries =
+        addIndex(b, loc, layout.indexOffsets,
+                 addIndex(b, loc, function.eventCounters,
                           constantIndex(b, loc, 1)));
-    index.numEntries = constantIndex(b, loc, 0);
-    for (const WaitUse &use : waiters.lookup(alloc))
-      if (!use.box)
-        index.numEntries =
-            addIndex(b, loc, index.numEntries, tilesPerTask[use.task]);
-    next = addIndex(b, loc, index.entries, index.numEntries);
-    layout.inverse[alloc] = index;
+    Value entries = constantIndex(b, loc, 0);
+    for (auto [familyIndex, family] : llvm::enumerate(plan.families)) {
+      int64_t indexed = 0;
+      for (unsigned entry = 0; entry < family.waitClasses.size(); ++entry)
+        indexed += !kindOf(familyIndex, entry).box;
+      if (!indexed)
+        continue;
+      entries = addIndex(
+          b, loc, entries,
+          mulIndex(b, loc,
+                   constantIndex(b, loc, indexed * family.members.size()),
+                   tilesOf(b, loc, function, family)));
+    }
+    layout.end = addIndex(b, loc, layout.indexEntries, entries);
   }
-  layout.end = next;
   return function;
 }
 
@@ -276,7 +328,7 @@ ScheduledFunction DynamicScheduler::createFunction(OpBuilder &builder,
 // @g_counters and @g_init
 //===----------------------------------------------------------------------===//
 
-/// `@g_counters(args) -> index`: the size of the counter buffer.
+/// `@g_counters(symbols, table) -> index`: the size of the counter buffer.
 void DynamicScheduler::buildCounters(OpBuilder &builder) {
   QueueLayout layout;
   ScheduledFunction function =
@@ -313,63 +365,93 @@ static void zeroCounters(OpBuilder &b, Location loc, Value counters,
                      });
 }
 
-void DynamicScheduler::forEachIndexedWait(
-    OpBuilder &b, ScheduledFunction &function, QueueLayout &layout,
-    AllocOp alloc,
-    function_ref<void(OpBuilder &, Location, Value, Value)> body) {
-  const EventLayout &event = function.events[alloc];
-  for (const WaitUse &use : waiters.lookup(alloc)) {
-    if (use.box)
-      continue;
-    TaskOp task = tasks[use.task];
-    Location loc = task.getLoc();
-    SmallVector<Value> extents = function.mapped(task.getGrid());
-    SmallVector<Value> indexBuffers = function.mapped(task.getIndices());
-    Value tiles = productIndex(b, loc, extents);
-    scf::ForOp::create(
-        b, loc, constantIndex(b, loc, 0), tiles, constantIndex(b, loc, 1),
-        ValueRange{},
-        [&](OpBuilder &nested, Location loc, Value local, ValueRange) {
-          SmallVector<Value> tile = delinearize(nested, loc, local, extents);
-          SmallVector<Value> coordinates = evaluateIndexMap(
-              nested, loc, task.getWaitMap(use.entry), tile, indexBuffers);
-          Value element = linearize(nested, loc, coordinates, event.sizes);
-          Value id = addIndex(nested, loc, layout.taskOffsets[use.task], local);
-          body(nested, loc, id, element);
-          scf::YieldOp::create(nested, loc);
-        });
-  }
+Value DynamicScheduler::tileOffset(OpBuilder &b, Location loc,
+                                   ScheduledFunction &function,
+                                   QueueLayout &layout, Value task) {
+  return loadIndex(b, loc, function.counters,
+                   addIndex(b, loc, layout.tileOffsets, task));
 }
 
-/// Counting sort of the indexed waiting tiles by element: count into
-/// `offsets[e + 1]`, prefix sum, fill while advancing `offsets[e]` (which
-/// then holds the end of e's entries), and shift the offsets back.
+void DynamicScheduler::forEachTile(
+    OpBuilder &b, Location loc, ScheduledFunction &function,
+    QueueLayout &layout,
+    function_ref<void(OpBuilder &, const TaskFamily &, Value, Value, ValueRange)>
+        body) {
+  forEachTask(b, loc, [&](OpBuilder &nested, Value task) {
+    Value offset = tileOffset(nested, loc, function, layout, task);
+    switchOnFamily(
+        nested, loc, function, task, TypeRange{},
+        [&](OpBuilder &cb, const TaskFamily &family,
+            Value record) -> SmallVector<Value> {
+          SmallVector<Value> extents = gridOf(function, family);
+          scf::ForOp::create(
+              cb, loc, constantIndex(cb, loc, 0),
+              productIndex(cb, loc, extents), constantIndex(cb, loc, 1),
+              ValueRange{},
+              [&](OpBuilder &lb, Location loc, Value local, ValueRange) {
+                body(lb, family, record, addIndex(lb, loc, offset, local),
+                     delinearize(lb, loc, local, extents));
+                scf::YieldOp::create(lb, loc);
+              });
+          return {};
+        });
+  });
+}
+
+void DynamicScheduler::forEachIndexedWait(
+    OpBuilder &b, ScheduledFunction &function, QueueLayout &layout,
+    function_ref<void(OpBuilder &, Location, Value, Value)> body) {
+  Location loc = graph.getLoc();
+  forEachTile(b, loc, function, layout,
+              [&](OpBuilder &nested, const TaskFamily &family, Value record,
+                  Value id, ValueRange tile) {
+                unsigned familyIndex = &family - plan.families.data();
+                for (unsigned entry = 0; entry < family.waitClasses.size();
+                     ++entry) {
+                  if (kindOf(familyIndex, entry).box)
+                    continue;
+                  EntryEvent event = entryEvent(nested, loc, function, family,
+                                                record, entry, /*notify=*/false);
+                  SmallVector<Value> coordinates = entryCoordinates(
+                      nested, loc, function, family, record, entry,
+                      /*notify=*/false, tile);
+                  Value element = addIndex(
+                      nested, loc, event.base,
+                      linearize(nested, loc, coordinates,
+                                function.classes[event.classIndex].sizes));
+                  body(nested, loc, id, element);
+                }
+              });
+}
+
+/// Counting sort of the indexed waiting tiles by counter position: count
+/// into `offsets[p + 1]`, prefix sum, fill while advancing `offsets[p]`
+/// (which then holds the end of p's entries), and shift the offsets back.
 void DynamicScheduler::buildInverseIndex(OpBuilder &b,
                                          ScheduledFunction &function,
-                                         QueueLayout &layout, AllocOp alloc) {
-  Location loc = alloc.getLoc();
+                                         QueueLayout &layout) {
+  Location loc = graph.getLoc();
   Value counters = function.counters;
-  const InverseIndex &index = layout.inverse[alloc];
-  Value numElements = function.events[alloc].numElements;
+  Value numElements = function.eventCounters;
   Value one = constantIndex(b, loc, 1);
   Value zero = constantIndex(b, loc, 0);
-  zeroCounters(b, loc, counters, index.offsets, index.entries);
+  zeroCounters(b, loc, counters, layout.indexOffsets, layout.indexEntries);
 
   forEachIndexedWait(
-      b, function, layout, alloc,
+      b, function, layout,
       [&](OpBuilder &nested, Location loc, Value, Value element) {
-        Value position = addIndex(nested, loc, index.offsets,
+        Value position = addIndex(nested, loc, layout.indexOffsets,
                                   addIndex(nested, loc, element, one));
         Value count = loadIndex(nested, loc, counters, position);
         storeIndex(nested, loc, addIndex(nested, loc, count, one), counters,
                    position);
       });
 
-  // offsets[e] += offsets[e - 1] for e in [1, numElements].
+  // offsets[p] += offsets[p - 1] for p in [1, numElements].
   scf::ForOp::create(
       b, loc, one, addIndex(b, loc, numElements, one), one, ValueRange{},
       [&](OpBuilder &nested, Location loc, Value element, ValueRange) {
-        Value position = addIndex(nested, loc, index.offsets, element);
+        Value position = addIndex(nested, loc, layout.indexOffsets, element);
         Value previous = loadIndex(nested, loc, counters,
                                    subIndex(nested, loc, position, one));
         Value current = loadIndex(nested, loc, counters, position);
@@ -379,44 +461,43 @@ void DynamicScheduler::buildInverseIndex(OpBuilder &b,
       });
 
   forEachIndexedWait(
-      b, function, layout, alloc,
+      b, function, layout,
       [&](OpBuilder &nested, Location loc, Value id, Value element) {
-        Value cursor = addIndex(nested, loc, index.offsets, element);
+        Value cursor = addIndex(nested, loc, layout.indexOffsets, element);
         Value slot = loadIndex(nested, loc, counters, cursor);
         storeIndex(nested, loc, id, counters,
-                   addIndex(nested, loc, index.entries, slot));
+                   addIndex(nested, loc, layout.indexEntries, slot));
         storeIndex(nested, loc, addIndex(nested, loc, slot, one), counters,
                    cursor);
       });
 
-  // offsets[e] = offsets[e - 1] for e from numElements down to 1; then
+  // offsets[p] = offsets[p - 1] for p from numElements down to 1; then
   // offsets[0] = 0.
   scf::ForOp::create(
       b, loc, zero, numElements, one, ValueRange{},
       [&](OpBuilder &nested, Location loc, Value step, ValueRange) {
         Value element = subIndex(nested, loc, numElements, step);
-        Value position = addIndex(nested, loc, index.offsets, element);
+        Value position = addIndex(nested, loc, layout.indexOffsets, element);
         Value previous = memref::LoadOp::create(
             nested, loc, counters, subIndex(nested, loc, position, one));
         memref::StoreOp::create(nested, loc, previous, counters, position);
         scf::YieldOp::create(nested, loc);
       });
   memref::StoreOp::create(b, loc, arith::ConstantIntOp::create(b, loc, 0, 32),
-                          counters, index.offsets);
+                          counters, layout.indexOffsets);
 }
 
 Value DynamicScheduler::countWaitingOnAny(OpBuilder &b, Location loc,
                                          ScheduledFunction &function,
-                                         const EventLayout &eventLayout,
+                                         unsigned classIndex, Value eventBase,
                                          IndexMapAttr map,
                                          ArrayRef<BoxResult> box,
                                          ValueRange tile) {
+  const ClassLayout &eventLayout = function.classes[classIndex];
   SmallVector<Value> lower, upper, steps;
-  SmallVector<unsigned> anyResults;
   for (auto [result, part] : llvm::enumerate(box)) {
     if (part.kind != BoxResult::Any)
       continue;
-    anyResults.push_back(result);
     lower.push_back(constantIndex(b, loc, 0));
     upper.push_back(eventLayout.sizes[result]);
     steps.push_back(constantIndex(b, loc, 1));
@@ -437,9 +518,9 @@ Value DynamicScheduler::countWaitingOnAny(OpBuilder &b, Location loc,
           coordinates.push_back(affine::AffineApplyOp::create(
               nested, loc, affine.getSubMap(result), tile));
         }
-        Value element = addIndex(
-            nested, loc, eventLayout.offset,
-            linearize(nested, loc, coordinates, eventLayout.sizes));
+        Value element =
+            addIndex(nested, loc, eventBase,
+                     linearize(nested, loc, coordinates, eventLayout.sizes));
         Value count =
             memref::LoadOp::create(nested, loc, function.counters, element);
         Value zero = arith::ConstantIntOp::create(nested, loc, 0, 32);
@@ -455,68 +536,62 @@ Value DynamicScheduler::countWaitingOnAny(OpBuilder &b, Location loc,
 
 void DynamicScheduler::initPending(OpBuilder &b, ScheduledFunction &function,
                                    QueueLayout &layout) {
-  for (auto [taskIndex, task] : llvm::enumerate(tasks)) {
-    Location loc = task.getLoc();
-    SmallVector<Value> extents = function.mapped(task.getGrid());
-    SmallVector<Value> indexBuffers = function.mapped(task.getIndices());
-    Value tiles = productIndex(b, loc, extents);
-    Value offset = layout.taskOffsets[taskIndex];
-    scf::ForOp::create(
-        b, loc, constantIndex(b, loc, 0), tiles, constantIndex(b, loc, 1),
-        ValueRange{},
-        [&](OpBuilder &nested, Location loc, Value local, ValueRange) {
-          SmallVector<Value> tile = delinearize(nested, loc, local, extents);
-          Value zero = arith::ConstantIntOp::create(nested, loc, 0, 32);
-          Value one = arith::ConstantIntOp::create(nested, loc, 1, 32);
-          Value pending = zero;
-          // An element whose expected count is zero is ready already and
-          // never notified: it does not count.
-          for (auto [entry, event] : llvm::enumerate(task.getWaits())) {
-            const EventLayout &eventLayout =
-                function.events[event.getDefiningOp()];
-            const WaitUse &use = waitUse(taskIndex, entry);
-            IndexMapAttr map = task.getWaitMap(entry);
-            if (use.box && llvm::any_of(*use.box, [](const BoxResult &box) {
-                  return box.kind == BoxResult::Any;
-                })) {
-              pending = arith::AddIOp::create(
-                  nested, loc, pending,
-                  countWaitingOnAny(nested, loc, function, eventLayout, map,
-                                    *use.box, tile));
-              continue;
-            }
-            SmallVector<Value> coordinates =
-                evaluateIndexMap(nested, loc, map, tile, indexBuffers);
-            Value element = addIndex(
-                nested, loc, eventLayout.offset,
-                linearize(nested, loc, coordinates, eventLayout.sizes));
-            Value count = memref::LoadOp::create(nested, loc,
-                                                 function.counters, element);
-            Value notReady = arith::CmpIOp::create(
-                nested, loc, arith::CmpIPredicate::sgt, count, zero);
+  Location loc = graph.getLoc();
+  forEachTile(
+      b, loc, function, layout,
+      [&](OpBuilder &nested, const TaskFamily &family, Value record, Value id,
+          ValueRange tile) {
+        unsigned familyIndex = &family - plan.families.data();
+        Value zero = arith::ConstantIntOp::create(nested, loc, 0, 32);
+        Value one = arith::ConstantIntOp::create(nested, loc, 1, 32);
+        Value pending = zero;
+        // An element whose expected count is zero is ready already and
+        // never notified: it does not count.
+        for (unsigned entry = 0; entry < family.waitClasses.size(); ++entry) {
+          const WaitKind &kind = kindOf(familyIndex, entry);
+          EntryEvent event = entryEvent(nested, loc, function, family, record,
+                                        entry, /*notify=*/false);
+          IndexMapAttr map = family.representative.getWaitMap(entry);
+          if (kind.box && llvm::any_of(*kind.box, [](const BoxResult &box) {
+                return box.kind == BoxResult::Any;
+              })) {
             pending = arith::AddIOp::create(
                 nested, loc, pending,
-                arith::SelectOp::create(nested, loc, notReady, one, zero));
+                countWaitingOnAny(nested, loc, function, event.classIndex,
+                                  event.base, map, *kind.box, tile));
+            continue;
           }
-          Value id = addIndex(nested, loc, offset, local);
-          memref::StoreOp::create(nested, loc, pending, function.counters,
-                                  addIndex(nested, loc, layout.pending, id));
-          Value ready = arith::CmpIOp::create(
-              nested, loc, arith::CmpIPredicate::eq, pending, zero);
-          scf::IfOp::create(nested, loc, ready, [&](OpBuilder &then,
-                                                    Location loc) {
-            QueuePushOp::create(then, loc, id, function.counters, layout.queue,
-                                layout.totalTiles);
-            scf::YieldOp::create(then, loc);
-          });
-          scf::YieldOp::create(nested, loc);
+          SmallVector<Value> coordinates = entryCoordinates(
+              nested, loc, function, family, record, entry, /*notify=*/false,
+              tile);
+          Value element = addIndex(
+              nested, loc, event.base,
+              linearize(nested, loc, coordinates,
+                        function.classes[event.classIndex].sizes));
+          Value count =
+              memref::LoadOp::create(nested, loc, function.counters, element);
+          Value notReady = arith::CmpIOp::create(
+              nested, loc, arith::CmpIPredicate::sgt, count, zero);
+          pending = arith::AddIOp::create(
+              nested, loc, pending,
+              arith::SelectOp::create(nested, loc, notReady, one, zero));
+        }
+        memref::StoreOp::create(nested, loc, pending, function.counters,
+                                addIndex(nested, loc, layout.pending, id));
+        Value ready = arith::CmpIOp::create(
+            nested, loc, arith::CmpIPredicate::eq, pending, zero);
+        scf::IfOp::create(nested, loc, ready, [&](OpBuilder &then,
+                                                  Location loc) {
+          QueuePushOp::create(then, loc, id, function.counters, layout.queue,
+                              layout.totalTiles);
+          scf::YieldOp::create(then, loc);
         });
-  }
+      });
 }
 
-/// `@g_init(args, counters)`: expected counts, an empty queue, the inverse
-/// indices, the pending counts, and the ready tiles pushed. Runs once,
-/// single-threaded, before any worker starts.
+/// `@g_init(symbols, table, counters)`: expected counts, an empty queue, the
+/// tile offsets, the inverse index, the pending counts, and the ready tiles
+/// pushed. Runs once, single-threaded, before any worker starts.
 void DynamicScheduler::buildInit(OpBuilder &builder) {
   QueueLayout layout;
   ScheduledFunction function = createFunction(
@@ -525,8 +600,24 @@ void DynamicScheduler::buildInit(OpBuilder &builder) {
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
   initEventCounters(b, function);
   zeroCounters(b, loc, function.counters, layout.queue, layout.pending);
-  for (AllocOp alloc : indexedEvents)
-    buildInverseIndex(b, function, layout, alloc);
+  // tileOffsets[0] = 0, tileOffsets[k + 1] = tileOffsets[k] + tiles of k.
+  storeIndex(b, loc, constantIndex(b, loc, 0), function.counters,
+             layout.tileOffsets);
+  forEachTask(b, loc, [&](OpBuilder &nested, Value task) {
+    ValueRange tiles = switchOnFamily(
+        nested, loc, function, task, TypeRange{nested.getIndexType()},
+        [&](OpBuilder &cb, const TaskFamily &family,
+            Value) -> SmallVector<Value> {
+          return {tilesOf(cb, loc, function, family)};
+        });
+    Value offset = tileOffset(nested, loc, function, layout, task);
+    storeIndex(nested, loc, addIndex(nested, loc, offset, tiles[0]),
+               function.counters,
+               addIndex(nested, loc, layout.tileOffsets,
+                        addIndex(nested, loc, task, constantIndex(nested, loc, 1))));
+  });
+  if (anyIndexed)
+    buildInverseIndex(b, function, layout);
   initPending(b, function, layout);
   func::ReturnOp::create(b, loc);
   dropUnusedPendingView(layout);
@@ -549,65 +640,103 @@ void DynamicScheduler::readyTile(OpBuilder &b, Location loc,
 
 void DynamicScheduler::readyWaiters(OpBuilder &b, Location loc,
                                     ScheduledFunction &function,
-                                    QueueLayout &layout, AllocOp alloc,
+                                    QueueLayout &layout, unsigned classIndex,
+                                    Value number, Value eventBase,
                                     ValueRange coordinates) {
   Value one = constantIndex(b, loc, 1);
   Value zero = constantIndex(b, loc, 0);
-  for (const WaitUse &use : waiters.lookup(alloc)) {
-    if (!use.box)
-      continue;
-    TaskOp task = tasks[use.task];
-    SmallVector<Value> extents = function.mapped(task.getGrid());
-    SmallVector<Value> lower(task.getGridRank(), zero);
-    SmallVector<Value> upper(extents);
-    Value matches;
-    for (auto [result, box] : llvm::enumerate(*use.box)) {
-      Value coordinate = coordinates[result];
-      if (box.kind == BoxResult::Any)
-        continue;
-      if (box.kind == BoxResult::Constant) {
-        Value equal = arith::CmpIOp::create(
-            b, loc, arith::CmpIPredicate::eq, coordinate,
-            constantIndex(b, loc, box.value));
-        matches = matches ? arith::AndIOp::create(b, loc, matches, equal)
-                                .getResult()
-                          : equal;
-        continue;
-      }
-      // The tiles [c * M, c * M + M) along `dim`, inside the grid.
-      Value extent = extents[box.dim];
-      Value divisor = constantIndex(b, loc, box.value);
-      Value first = mulIndex(b, loc, coordinate, divisor);
-      lower[box.dim] = minIndex(b, loc, first, extent);
-      upper[box.dim] =
-          minIndex(b, loc, addIndex(b, loc, first, divisor), extent);
-    }
-    auto emitLoops = [&](OpBuilder &nested, Location loc) {
-      SmallVector<Value> steps(task.getGridRank(), one);
-      scf::buildLoopNest(
-          nested, loc, lower, upper, steps,
-          [&](OpBuilder &inner, Location loc, ValueRange tile) {
-            Value id = addIndex(inner, loc, layout.taskOffsets[use.task],
-                                linearize(inner, loc, tile, extents));
-            readyTile(inner, loc, function, layout, id);
-          });
-    };
-    if (!matches) {
-      emitLoops(b, loc);
-      continue;
-    }
-    scf::IfOp::create(b, loc, matches, [&](OpBuilder &then, Location loc) {
-      emitLoops(then, loc);
-      scf::YieldOp::create(then, loc);
-    });
+  if (classHasBoxWaiters[classIndex]) {
+    Value offsets =
+        constantTable(function, "_waiter_offsets", waiterOffsets.size());
+    Value waiterTaskTable =
+        constantTable(function, "_waiter_tasks", waiterTasks.size());
+    Value waiterKindTable =
+        constantTable(function, "_waiter_kinds", waiterKinds.size());
+    Value begin = loadConstant(b, loc, offsets, number);
+    Value end = loadConstant(b, loc, offsets, addIndex(b, loc, number, one));
+    scf::ForOp::create(
+        b, loc, begin, end, one, ValueRange{},
+        [&](OpBuilder &nested, Location loc, Value waiter, ValueRange) {
+          Value task = loadConstant(nested, loc, waiterTaskTable, waiter);
+          Value kindNumber = loadConstant(nested, loc, waiterKindTable, waiter);
+          Value taskOffset = tileOffset(nested, loc, function, layout, task);
+          // One case per closed-form kind that waits on this class; the
+          // default is unreachable.
+          SmallVector<int64_t> cases;
+          for (auto [number, kindIndex] : llvm::enumerate(boxKinds))
+            if (waitClassOf(kinds[kindIndex]) == classIndex)
+              cases.push_back(number);
+          auto switchOp = scf::IndexSwitchOp::create(
+              nested, loc, TypeRange{}, kindNumber, cases, cases.size());
+          auto fill = [&](Region &region, const WaitKind &kind) {
+            OpBuilder::InsertionGuard guard(nested);
+            nested.createBlock(&region);
+            const TaskFamily &family = plan.families[kind.family];
+            SmallVector<Value> extents = gridOf(function, family);
+            SmallVector<Value> lower(extents.size(), zero);
+            SmallVector<Value> upper(extents);
+            Value matches;
+            for (auto [result, box] : llvm::enumerate(*kind.box)) {
+              Value coordinate = coordinates[result];
+              if (box.kind == BoxResult::Any)
+                continue;
+              if (box.kind == BoxResult::Constant) {
+                Value equal = arith::CmpIOp::create(
+                    nested, loc, arith::CmpIPredicate::eq, coordinate,
+                    constantIndex(nested, loc, box.value));
+                matches = matches ? arith::AndIOp::create(nested, loc, matches,
+                                                          equal)
+                                        .getResult()
+                                  : equal;
+                continue;
+              }
+              // The tiles [c * M, c * M + M) along `dim`, inside the grid.
+              Value extent = extents[box.dim];
+              Value divisor = constantIndex(nested, loc, box.value);
+              Value first = mulIndex(nested, loc, coordinate, divisor);
+              lower[box.dim] = minIndex(nested, loc, first, extent);
+              upper[box.dim] = minIndex(
+                  nested, loc, addIndex(nested, loc, first, divisor), extent);
+            }
+            auto emitLoops = [&](OpBuilder &lb, Location loc) {
+              SmallVector<Value> steps(extents.size(), one);
+              scf::buildLoopNest(
+                  lb, loc, lower, upper, steps,
+                  [&](OpBuilder &inner, Location loc, ValueRange tile) {
+                    Value id = addIndex(inner, loc, taskOffset,
+                                        linearize(inner, loc, tile, extents));
+                    readyTile(inner, loc, function, layout, id);
+                  });
+            };
+            if (!matches) {
+              emitLoops(nested, loc);
+            } else {
+              scf::IfOp::create(nested, loc, matches,
+                                [&](OpBuilder &then, Location loc) {
+                                  emitLoops(then, loc);
+                                  scf::YieldOp::create(then, loc);
+                                });
+            }
+            scf::YieldOp::create(nested, loc);
+          };
+          for (auto [region, number] :
+               llvm::zip(switchOp.getCaseRegions(), cases))
+            fill(region, kinds[boxKinds[number]]);
+          {
+            OpBuilder::InsertionGuard guard(nested);
+            nested.createBlock(&switchOp.getDefaultRegion());
+            scf::YieldOp::create(nested, loc);
+          }
+          scf::YieldOp::create(nested, loc);
+        });
   }
 
-  auto it = layout.inverse.find(alloc);
-  if (it == layout.inverse.end())
+  if (!classHasIndexedWaiters[classIndex])
     return;
-  const InverseIndex &index = it->second;
-  Value element = linearize(b, loc, coordinates, function.events[alloc].sizes);
-  Value position = addIndex(b, loc, index.offsets, element);
+  Value element = addIndex(
+      b, loc, eventBase,
+      linearize(b, loc, coordinates, function.classes[classIndex].sizes));
+  Value position = addIndex(b, loc, layout.indexOffsets, element);
   Value begin = loadIndex(b, loc, function.counters, position);
   Value end = loadIndex(b, loc, function.counters,
                         addIndex(b, loc, position, one));
@@ -615,41 +744,48 @@ void DynamicScheduler::readyWaiters(OpBuilder &b, Location loc,
       b, loc, begin, end, one, ValueRange{},
       [&](OpBuilder &nested, Location loc, Value entry, ValueRange) {
         Value id = loadIndex(nested, loc, function.counters,
-                             addIndex(nested, loc, index.entries, entry));
+                             addIndex(nested, loc, layout.indexEntries, entry));
         readyTile(nested, loc, function, layout, id);
         scf::YieldOp::create(nested, loc);
       });
 }
 
-void DynamicScheduler::runTile(OpBuilder &b, ScheduledFunction &function,
-                               QueueLayout &layout, unsigned taskIndex,
-                               Value id) {
-  TaskOp task = tasks[taskIndex];
-  Location loc = task.getLoc();
-  SmallVector<Value> extents = function.mapped(task.getGrid());
-  Value local = subIndex(b, loc, id, layout.taskOffsets[taskIndex]);
-  SmallVector<Value> tile = delinearize(b, loc, local, extents);
-  cloneBody(b, function, task, tile);
-  SmallVector<Value> indexBuffers = function.mapped(task.getIndices());
-  for (auto [entry, event] : llvm::enumerate(task.getNotifies())) {
-    SmallVector<Value> coordinates = evaluateIndexMap(
-        b, loc, task.getNotifyMap(entry), tile, indexBuffers);
-    Value view = function.mapping.lookup(event);
-    auto alloc = cast<AllocOp>(event.getDefiningOp());
-    if (waiters.lookup(alloc).empty()) {
-      NotifyOp::create(b, loc, view, coordinates);
-      continue;
-    }
-    Value ready = NotifyReadyOp::create(b, loc, view, coordinates);
-    scf::IfOp::create(b, loc, ready, [&](OpBuilder &then, Location loc) {
-      readyWaiters(then, loc, function, layout, alloc, coordinates);
-      scf::YieldOp::create(then, loc);
-    });
-  }
+void DynamicScheduler::runTile(OpBuilder &b, Location loc,
+                               ScheduledFunction &function,
+                               QueueLayout &layout, Value task, Value id) {
+  Value taskOffset = tileOffset(b, loc, function, layout, task);
+  switchOnFamily(
+      b, loc, function, task, TypeRange{},
+      [&](OpBuilder &cb, const TaskFamily &family,
+          Value record) -> SmallVector<Value> {
+        SmallVector<Value> extents = gridOf(function, family);
+        Value local = subIndex(cb, loc, id, taskOffset);
+        SmallVector<Value> tile = delinearize(cb, loc, local, extents);
+        runTileBody(cb, loc, function, family, record, tile);
+        for (unsigned entry = 0; entry < family.notifyClasses.size(); ++entry) {
+          EntryEvent event = entryEvent(cb, loc, function, family, record,
+                                        entry, /*notify=*/true);
+          SmallVector<Value> coordinates = entryCoordinates(
+              cb, loc, function, family, record, entry, /*notify=*/true, tile);
+          if (!classHasBoxWaiters[event.classIndex] &&
+              !classHasIndexedWaiters[event.classIndex]) {
+            NotifyOp::create(cb, loc, event.view, coordinates);
+            continue;
+          }
+          Value ready = NotifyReadyOp::create(cb, loc, event.view, coordinates);
+          scf::IfOp::create(cb, loc, ready, [&](OpBuilder &then, Location loc) {
+            readyWaiters(then, loc, function, layout, event.classIndex,
+                         event.number, event.base, coordinates);
+            scf::YieldOp::create(then, loc);
+          });
+        }
+        return {};
+      });
 }
 
-/// `@g_worker(args, counters)`: pops task ids until the queue is exhausted
-/// and runs each in the task whose id range holds it.
+/// `@g_worker(symbols, table, counters)`: pops task ids until the queue is
+/// exhausted and runs each in the task whose tile range holds it, found by
+/// binary search over the tile offsets.
 void DynamicScheduler::buildWorker(OpBuilder &builder) {
   QueueLayout layout;
   ScheduledFunction function = createFunction(
@@ -657,52 +793,58 @@ void DynamicScheduler::buildWorker(OpBuilder &builder) {
   Location loc = graph.getLoc();
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
   Type index = b.getIndexType();
-  scf::WhileOp::create(
-      b, loc, TypeRange{index}, ValueRange{},
-      [&](OpBuilder &before, Location loc, ValueRange) {
-        Value id = QueuePopOp::create(before, loc, function.counters,
-                                      layout.queue, layout.totalTiles);
-        Value more = arith::CmpIOp::create(before, loc, arith::CmpIPredicate::ult,
-                                           id, layout.totalTiles);
-        scf::ConditionOp::create(before, loc, more, id);
-      },
-      [&](OpBuilder &after, Location loc, ValueRange arguments) {
-        Value id = arguments[0];
-        // if id < o_1 { task 0 } else if id < o_2 { task 1 } ... else
-        // { last task }.
-        std::function<void(OpBuilder &, unsigned)> dispatch =
-            [&](OpBuilder &nested, unsigned taskIndex) {
-              if (taskIndex + 1 == tasks.size()) {
-                runTile(nested, function, layout, taskIndex, id);
-                return;
-              }
-              Value inTask = arith::CmpIOp::create(
-                  nested, loc, arith::CmpIPredicate::ult, id,
-                  layout.taskOffsets[taskIndex + 1]);
-              scf::IfOp::create(
-                  nested, loc, inTask,
-                  [&](OpBuilder &then, Location) {
-                    runTile(then, function, layout, taskIndex, id);
-                    scf::YieldOp::create(then, loc);
-                  },
-                  [&](OpBuilder &otherwise, Location) {
-                    dispatch(otherwise, taskIndex + 1);
-                    scf::YieldOp::create(otherwise, loc);
-                  });
-            };
-        if (!tasks.empty())
-          dispatch(after, 0);
-        scf::YieldOp::create(after, loc);
-      });
+  if (!tasks.empty()) {
+    scf::WhileOp::create(
+        b, loc, TypeRange{index}, ValueRange{},
+        [&](OpBuilder &before, Location loc, ValueRange) {
+          Value id = QueuePopOp::create(before, loc, function.counters,
+                                        layout.queue, layout.totalTiles);
+          Value more = arith::CmpIOp::create(
+              before, loc, arith::CmpIPredicate::ult, id, layout.totalTiles);
+          scf::ConditionOp::create(before, loc, more, id);
+        },
+        [&](OpBuilder &after, Location loc, ValueRange arguments) {
+          Value id = arguments[0];
+          // The last task k with tileOffsets[k] <= id: keep lo <= k < hi.
+          auto search = scf::WhileOp::create(
+              after, loc, TypeRange{index, index},
+              ValueRange{constantIndex(after, loc, 0),
+                         constantIndex(after, loc, tasks.size())},
+              [&](OpBuilder &before, Location loc, ValueRange bounds) {
+                Value width = subIndex(before, loc, bounds[1], bounds[0]);
+                Value more = arith::CmpIOp::create(
+                    before, loc, arith::CmpIPredicate::ugt, width,
+                    constantIndex(before, loc, 1));
+                scf::ConditionOp::create(before, loc, more, bounds);
+              },
+              [&](OpBuilder &body, Location loc, ValueRange bounds) {
+                Value middle = divIndex(
+                    body, loc, addIndex(body, loc, bounds[0], bounds[1]),
+                    constantIndex(body, loc, 2));
+                Value start = tileOffset(body, loc, function, layout, middle);
+                Value atOrAfter = arith::CmpIOp::create(
+                    body, loc, arith::CmpIPredicate::ule, start, id);
+                Value lo = arith::SelectOp::create(body, loc, atOrAfter, middle,
+                                                   bounds[0]);
+                Value hi = arith::SelectOp::create(body, loc, atOrAfter,
+                                                   bounds[1], middle);
+                scf::YieldOp::create(body, loc, ValueRange{lo, hi});
+              });
+          runTile(after, loc, function, layout, search.getResult(0), id);
+          scf::YieldOp::create(after, loc);
+        });
+  }
   func::ReturnOp::create(b, loc);
+  dropUnusedPendingView(layout);
 }
 
 //===----------------------------------------------------------------------===//
 // @g_check
 //===----------------------------------------------------------------------===//
 
-/// `@g_check(args, counters) -> i32`: 1 when the queue overflowed, else 2
-/// when an event counter or a pending count is not zero, else 0.
+/// `@g_check(symbols, table, counters) -> i32`: 1 when the queue
+/// overflowed, else 2 when an event counter or a pending count is not zero,
+/// else 0.
 void DynamicScheduler::buildCheck(OpBuilder &builder) {
   QueueLayout layout;
   ScheduledFunction function = createFunction(
@@ -733,6 +875,10 @@ void DynamicScheduler::buildCheck(OpBuilder &builder) {
 }
 
 void DynamicScheduler::build(OpBuilder &builder) {
+  createTables(builder);
+  createConstantTable(builder, "_waiter_offsets", waiterOffsets);
+  createConstantTable(builder, "_waiter_tasks", waiterTasks);
+  createConstantTable(builder, "_waiter_kinds", waiterKinds);
   buildCounters(builder);
   buildInit(builder);
   buildWorker(builder);
@@ -785,13 +931,23 @@ struct EventDynamicSchedulePass
     }
     if (failed(checkScheduleSymbolsFree(module, "event-dynamic-schedule")))
       return signalPassFailure();
+    // Plan every graph before rewriting any, so that an error leaves the
+    // module as it was.
+    SmallVector<GraphPlan, 1> plans;
     for (auto [graph, dynamic] : graphs) {
-      OpBuilder builder(graph);
-      if (dynamic)
-        DynamicScheduler(graph, workers, forceIndex).build(builder);
+      simplifyGraph(graph);
+      FailureOr<GraphPlan> plan = GraphPlan::build(graph);
+      if (failed(plan))
+        return signalPassFailure();
+      plans.push_back(std::move(*plan));
+    }
+    for (auto [plan, scheduled] : llvm::zip(plans, graphs)) {
+      OpBuilder builder(plan.graph);
+      if (scheduled.second)
+        DynamicScheduler(plan, workers, forceIndex).build(builder);
       else
-        buildStaticSchedule(builder, graph, workers);
-      graph.erase();
+        buildStaticSchedule(builder, plan, workers);
+      plan.graph->erase();
     }
   }
 };

@@ -1,9 +1,10 @@
 //===- ScheduleUtils.cpp - Pieces shared by the schedulers ----------------===//
 //
 // The parts of a scheduled program that do not depend on the schedule: the
-// functions' signatures and attributes, the layout of the event tensors in
-// the counter buffer, their expected counts, index maps, tile bodies and the
-// end-of-run check.
+// plan of a graph (buffer table, event classes, task families and their
+// records), the functions' signatures and attributes, the layout of the
+// event classes in the counter buffer, their expected counts, index maps,
+// tile bodies and the end-of-run check.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,7 +14,10 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/Dominance.h"
+#include "mlir/IR/PatternMatch.h"
 #include "mlir/IR/SymbolTable.h"
+#include "mlir/Transforms/CSE.h"
 
 using namespace mlir;
 using namespace etc::event;
@@ -108,24 +112,233 @@ SmallVector<Value> etc::event::evaluateIndexMap(OpBuilder &b, Location loc,
 }
 
 //===----------------------------------------------------------------------===//
+// GraphPlan
+//===----------------------------------------------------------------------===//
+
+LogicalResult GraphPlan::planBuffers() {
+  int64_t offset = 0;
+  for (auto [index, type] : llvm::enumerate(graph.getArgumentTypes())) {
+    auto memref = dyn_cast<MemRefType>(type);
+    if (!memref) {
+      tableOffsets.push_back(-1);
+      continue;
+    }
+    if (!memref.getLayout().isIdentity() || memref.getMemorySpace())
+      return graph.emitOpError("buffer argument #")
+             << index << " has type " << memref
+             << "; scheduled programs read buffers from the buffer table, "
+             << "which describes contiguous row-major buffers in the default "
+             << "memory space";
+    tableOffsets.push_back(offset);
+    offset += 1 + memref.getRank();
+  }
+  return success();
+}
+
+void GraphPlan::planEvents() {
+  for (AllocOp alloc : graph.getBody().getOps<AllocOp>()) {
+    SmallVector<Value> sizes(alloc.getDynamicSizes());
+    Value count = alloc.getCount();
+    auto it = llvm::find_if(classes, [&](const EventClass &eventClass) {
+      return eventClass.type == alloc.getType() && eventClass.count == count &&
+             llvm::equal(eventClass.dynamicSizes, sizes);
+    });
+    if (it == classes.end()) {
+      classes.push_back({alloc.getType(), sizes, count, {}, 0});
+      it = std::prev(classes.end());
+    }
+    eventOf[alloc] = {static_cast<unsigned>(it - classes.begin()),
+                      static_cast<unsigned>(it->instances.size())};
+    it->instances.push_back(alloc);
+  }
+  int64_t next = 0;
+  for (EventClass &eventClass : classes) {
+    eventClass.firstEvent = next;
+    next += eventClass.instances.size();
+  }
+}
+
+namespace {
+/// What makes two tasks run by the same code: everything but which buffers
+/// and which events of their classes they use.
+struct FamilyKey {
+  Operation *callee = nullptr; // null: the body is cloned, no sharing
+  StringAttr calleeName;
+  SmallVector<CallOperand> operands;
+  SmallVector<Value> grid;
+  SmallVector<std::pair<unsigned, Attribute>> waits, notifies;
+  SmallVector<std::pair<Type, bool>> indices; // type, written during the run
+
+  bool operator==(const FamilyKey &other) const {
+    auto sameOperand = [](const CallOperand &a, const CallOperand &b) {
+      return a.kind == b.kind && a.field == b.field && a.fixed == b.fixed;
+    };
+    return callee && other.callee && calleeName == other.calleeName &&
+           llvm::equal(operands, other.operands, sameOperand) &&
+           llvm::equal(grid, other.grid) && waits == other.waits &&
+           notifies == other.notifies && indices == other.indices;
+  }
+};
+} // namespace
+
+/// The tile call of `task`: its body's only op, a `func.call` whose
+/// operands are tile indices or values from outside the task.
+static func::CallOp tileCall(TaskOp task) {
+  Block &body = task.getBodyBlock();
+  if (!llvm::hasSingleElement(body.without_terminator()))
+    return nullptr;
+  auto call = dyn_cast<func::CallOp>(body.front());
+  if (!call || call.getNumResults() != 0)
+    return nullptr;
+  for (Value operand : call.getOperands())
+    if (Operation *def = operand.getDefiningOp(); def && task->isAncestor(def))
+      return nullptr;
+  return call;
+}
+
+void GraphPlan::planFamilies() {
+  llvm::SmallDenseSet<Value> written;
+  for (TaskOp task : tasks)
+    written.insert(task.getWrites().begin(), task.getWrites().end());
+
+  SmallVector<FamilyKey, 4> keys;
+  for (auto [taskIndex, task] : llvm::enumerate(tasks)) {
+    FamilyKey key;
+    SmallVector<int32_t> bufferFields;
+    if (func::CallOp call = tileCall(task)) {
+      key.callee = call;
+      key.calleeName = call.getCalleeAttr().getAttr();
+      for (Value operand : call.getOperands()) {
+        auto arg = dyn_cast<BlockArgument>(operand);
+        if (arg && arg.getOwner() == &task.getBodyBlock()) {
+          key.operands.push_back({CallOperand::Tile, arg.getArgNumber(), {}});
+        } else if (arg && arg.getOwner() == &graph.getBody().front() &&
+                   isa<MemRefType>(arg.getType())) {
+          key.operands.push_back(
+              {CallOperand::Buffer,
+               static_cast<unsigned>(bufferFields.size()), {}});
+          bufferFields.push_back(tableOffsets[arg.getArgNumber()]);
+        } else {
+          key.operands.push_back({CallOperand::Fixed, 0, operand});
+        }
+      }
+    }
+    key.grid.assign(task.getGrid().begin(), task.getGrid().end());
+    for (auto [entry, event] : llvm::enumerate(task.getWaits()))
+      key.waits.push_back({eventOf.lookup(event.getDefiningOp()).first,
+                           task.getWaitMap(entry)});
+    for (auto [entry, event] : llvm::enumerate(task.getNotifies()))
+      key.notifies.push_back({eventOf.lookup(event.getDefiningOp()).first,
+                              task.getNotifyMap(entry)});
+    for (Value index : task.getIndices())
+      key.indices.push_back({index.getType(), written.contains(index)});
+
+    auto it = llvm::find(keys, key);
+    unsigned familyIndex = it - keys.begin();
+    if (it == keys.end()) {
+      TaskFamily family;
+      family.representative = task;
+      family.call = key.callee ? cast<func::CallOp>(key.callee) : nullptr;
+      family.operands = key.operands;
+      family.numBufferFields = bufferFields.size();
+      family.numIndexBuffers = task.getIndices().size();
+      for (auto &[classIndex, map] : key.waits)
+        family.waitClasses.push_back(classIndex);
+      for (auto &[classIndex, map] : key.notifies)
+        family.notifyClasses.push_back(classIndex);
+      families.push_back(std::move(family));
+      keys.push_back(std::move(key));
+    }
+    TaskFamily &family = families[familyIndex];
+    family.members.push_back(taskIndex);
+
+    // The record: buffers of the call, index buffers, wait and notify events.
+    taskFamily.push_back(familyIndex);
+    taskRecord.push_back(records.size());
+    records.append(bufferFields.begin(), bufferFields.end());
+    for (Value index : task.getIndices())
+      records.push_back(
+          tableOffsets[cast<BlockArgument>(index).getArgNumber()]);
+    for (Value event : task.getWaits())
+      records.push_back(eventOf.lookup(event.getDefiningOp()).second);
+    for (Value event : task.getNotifies())
+      records.push_back(eventOf.lookup(event.getDefiningOp()).second);
+  }
+}
+
+FailureOr<GraphPlan> GraphPlan::build(GraphOp graph) {
+  GraphPlan plan;
+  plan.graph = graph;
+  plan.tasks.assign(graph.getBody().getOps<TaskOp>().begin(),
+                    graph.getBody().getOps<TaskOp>().end());
+  if (failed(plan.planBuffers()))
+    return failure();
+  for (TaskOp task : plan.tasks)
+    for (Value index : task.getIndices())
+      if (!isa<BlockArgument>(index) ||
+          cast<BlockArgument>(index).getOwner() != &graph.getBody().front())
+        return task.emitOpError("index buffer ")
+               << index << " must be a buffer argument of the graph, so that "
+               << "the scheduled program can read it from the buffer table";
+  plan.planEvents();
+  plan.planFamilies();
+  return plan;
+}
+
+void etc::event::simplifyGraph(GraphOp graph) {
+  IRRewriter rewriter(graph.getContext());
+  DominanceInfo dominance(graph);
+  eliminateCommonSubExpressions(rewriter, dominance, graph);
+}
+
+//===----------------------------------------------------------------------===//
 // GraphProgramBuilder
 //===----------------------------------------------------------------------===//
 
-SmallVector<Value> ScheduledFunction::mapped(ValueRange values) const {
-  return llvm::map_to_vector(values,
-                             [&](Value value) { return mapping.lookup(value); });
-}
+GraphProgramBuilder::GraphProgramBuilder(const GraphPlan &plan,
+                                         StringRef schedule, int64_t workers)
+    : plan(plan), graph(plan.graph), schedule(schedule.str()),
+      workers(workers), tasks(plan.tasks.begin(), plan.tasks.end()) {}
 
-GraphProgramBuilder::GraphProgramBuilder(GraphOp graph, StringRef schedule,
-                                         int64_t workers)
-    : graph(graph), schedule(schedule.str()), workers(workers),
-      tasks(graph.getBody().getOps<TaskOp>()) {}
-
-SmallVector<std::string> GraphProgramBuilder::functionNames(GraphOp graph) {
+SmallVector<std::string> GraphProgramBuilder::symbolNames(GraphOp graph) {
   SmallVector<std::string> names;
-  for (StringRef suffix : {"_counters", "_init", "_worker", "_check"})
+  for (StringRef suffix :
+       {"_counters", "_init", "_worker", "_check", "_task_family",
+        "_task_record", "_task_records", "_waiter_offsets", "_waiter_tasks",
+        "_waiter_kinds"})
     names.push_back((graph.getSymName() + suffix).str());
   return names;
+}
+
+void GraphProgramBuilder::createConstantTable(OpBuilder &builder,
+                                              StringRef suffix,
+                                              ArrayRef<int32_t> values) {
+  Location loc = graph.getLoc();
+  std::string name = (graph.getSymName() + suffix).str();
+  SmallVector<int32_t> data(values);
+  if (data.empty())
+    data.push_back(0);
+  auto type = MemRefType::get({static_cast<int64_t>(data.size())},
+                              builder.getI32Type());
+  auto tensorType = RankedTensorType::get(type.getShape(), builder.getI32Type());
+  memref::GlobalOp::create(builder, loc, name, builder.getStringAttr("private"),
+                           type,
+                           DenseElementsAttr::get(tensorType, ArrayRef(data)),
+                           /*constant=*/true, /*alignment=*/IntegerAttr());
+}
+
+void GraphProgramBuilder::createTables(OpBuilder &builder) {
+  createConstantTable(builder, "_task_family", plan.taskFamily);
+  createConstantTable(builder, "_task_record", plan.taskRecord);
+  createConstantTable(builder, "_task_records", plan.records);
+}
+
+Value GraphProgramBuilder::constantTable(ScheduledFunction &function,
+                                         StringRef suffix, int64_t size) {
+  OpBuilder b = OpBuilder::atBlockBegin(&function.op.getBody().front());
+  auto type = MemRefType::get({std::max<int64_t>(size, 1)}, b.getI32Type());
+  return memref::GetGlobalOp::create(b, function.op.getLoc(), type,
+                                     (graph.getSymName() + suffix).str());
 }
 
 ScheduledFunction GraphProgramBuilder::createFunction(OpBuilder &builder,
@@ -134,7 +347,11 @@ ScheduledFunction GraphProgramBuilder::createFunction(OpBuilder &builder,
                                                       TypeRange results) {
   Location loc = graph.getLoc();
   MLIRContext *context = graph.getContext();
-  SmallVector<Type> inputs(graph.getArgumentTypes());
+  SmallVector<Type> inputs;
+  for (Type type : graph.getArgumentTypes())
+    if (!isa<MemRefType>(type))
+      inputs.push_back(type);
+  inputs.push_back(MemRefType::get({ShapedType::kDynamic}, builder.getI64Type()));
   if (withCounters)
     inputs.push_back(
         MemRefType::get({ShapedType::kDynamic}, builder.getI32Type()));
@@ -142,115 +359,309 @@ ScheduledFunction GraphProgramBuilder::createFunction(OpBuilder &builder,
   function.op = func::FuncOp::create(
       builder, loc, (graph.getSymName() + suffix).str(),
       builder.getFunctionType(inputs, results));
-  for (unsigned arg = 0; arg < graph.getNumArguments(); ++arg)
-    if (DictionaryAttr attrs = graph.getArgAttrDict(arg))
-      function.op.setArgAttrs(arg, attrs);
   function.op->setAttr("event.graph", graph.getSymNameAttr());
   function.op->setAttr("event.schedule", StringAttr::get(context, schedule));
   function.op->setAttr("event.workers", builder.getI64IntegerAttr(workers));
 
   Block *entry = function.op.addEntryBlock();
-  OpBuilder b = OpBuilder::atBlockBegin(entry);
-  for (auto [graphArg, funcArg] :
-       llvm::zip(graph.getArguments(), entry->getArguments()))
-    function.mapping.map(graphArg, funcArg);
+  auto next = entry->args_begin();
+  for (BlockArgument graphArg : graph.getArguments())
+    if (!isa<MemRefType>(graphArg.getType()))
+      function.mapping.map(graphArg, *next++);
+  function.table = *next++;
   if (withCounters)
-    function.counters = entry->getArguments().back();
+    function.counters = *next++;
+
+  OpBuilder b = OpBuilder::atBlockEnd(entry);
+  for (Operation &op : graph.getBody().front().without_terminator()) {
+    if (isa<TaskOp, AllocOp>(op))
+      continue;
+    for (Value operand : op.getOperands())
+      if (isa<MemRefType>(operand.getType()))
+        graphBuffer(function, operand);
+    b.clone(op, function.mapping);
+  }
 
   Value offset = constantIndex(b, loc, 0);
-  for (Operation &op : graph.getBody().front().without_terminator()) {
-    if (isa<TaskOp>(op))
-      continue;
-    auto alloc = dyn_cast<AllocOp>(op);
-    if (!alloc) {
-      b.clone(op, function.mapping);
-      continue;
-    }
-    EventLayout layout;
-    layout.offset = offset;
-    EventTensorType type = alloc.getType();
-    SmallVector<Value> dynamicSizes = function.mapped(alloc.getDynamicSizes());
-    auto nextDynamic = dynamicSizes.begin();
-    for (unsigned dim = 0; dim < type.getRank(); ++dim)
-      layout.sizes.push_back(type.isDynamicDim(dim)
-                                 ? *nextDynamic++
-                                 : constantIndex(b, alloc.getLoc(),
-                                                 type.getShape()[dim]));
-    layout.numElements = productIndex(b, alloc.getLoc(), layout.sizes);
-    if (withCounters) {
-      layout.view = ViewOp::create(b, alloc.getLoc(), type, function.counters,
-                                   offset, dynamicSizes);
-      function.mapping.map(alloc.getResult(), layout.view);
-    }
-    offset = addIndex(b, alloc.getLoc(), offset, layout.numElements);
-    function.events[alloc] = layout;
+  for (const EventClass &eventClass : plan.classes) {
+    ClassLayout layout;
+    layout.base = offset;
+    layout.dynamicSizes = llvm::map_to_vector(
+        eventClass.dynamicSizes,
+        [&](Value size) { return function.mapping.lookup(size); });
+    auto nextDynamic = layout.dynamicSizes.begin();
+    for (unsigned dim = 0; dim < eventClass.type.getRank(); ++dim)
+      layout.sizes.push_back(
+          eventClass.type.isDynamicDim(dim)
+              ? *nextDynamic++
+              : constantIndex(b, loc, eventClass.type.getShape()[dim]));
+    layout.numElements = productIndex(b, loc, layout.sizes);
+    Value instances = constantIndex(b, loc, eventClass.instances.size());
+    offset = addIndex(b, loc, offset, mulIndex(b, loc, instances,
+                                               layout.numElements));
+    function.classes.push_back(std::move(layout));
   }
   function.eventCounters = offset;
+
   return function;
 }
 
-/// Adds one to every counter of `layout` that notify `entry` of `task`
-/// targets, once per tile.
-static void countNotifies(OpBuilder &b, ScheduledFunction &function,
-                          TaskOp task, unsigned entry,
-                          const EventLayout &layout) {
-  Location loc = task.getLoc();
-  SmallVector<Value> lowerBounds(task.getGridRank(), constantIndex(b, loc, 0));
-  SmallVector<Value> steps(task.getGridRank(), constantIndex(b, loc, 1));
-  SmallVector<Value> extents = function.mapped(task.getGrid());
-  SmallVector<Value> indexBuffers = function.mapped(task.getIndices());
-  scf::buildLoopNest(
-      b, loc, lowerBounds, extents, steps,
-      [&](OpBuilder &nested, Location loc, ValueRange tile) {
-        SmallVector<Value> coordinates = evaluateIndexMap(
-            nested, loc, task.getNotifyMap(entry), tile, indexBuffers);
-        Value element =
-            addIndex(nested, loc, layout.offset,
-                     linearize(nested, loc, coordinates, layout.sizes));
-        Value count =
-            memref::LoadOp::create(nested, loc, function.counters, element);
-        Value one = arith::ConstantIntOp::create(nested, loc, 1, 32);
-        Value incremented = arith::AddIOp::create(nested, loc, count, one);
-        memref::StoreOp::create(nested, loc, incremented, function.counters,
-                                element);
-      });
+Value GraphProgramBuilder::graphBuffer(ScheduledFunction &function,
+                                       Value value) {
+  if (Value mapped = function.mapping.lookupOrNull(value))
+    return mapped;
+  auto arg = cast<BlockArgument>(value);
+  OpBuilder b = OpBuilder::atBlockBegin(&function.op.getBody().front());
+  Location loc = graph.getLoc();
+  Value offset = constantIndex(b, loc, plan.tableOffsets[arg.getArgNumber()]);
+  Value buffer = BufferOp::create(b, loc, arg.getType(), function.table, offset);
+  function.mapping.map(value, buffer);
+  return buffer;
 }
 
-void GraphProgramBuilder::initEventCounters(OpBuilder &b,
-                                            ScheduledFunction &function) {
-  for (AllocOp alloc : graph.getBody().getOps<AllocOp>()) {
-    Location loc = alloc.getLoc();
-    const EventLayout &layout = function.events[alloc];
-    Value initial =
-        alloc.getCount()
-            ? arith::IndexCastOp::create(
-                  b, loc, b.getI32Type(),
-                  function.mapping.lookup(alloc.getCount()))
-            : arith::ConstantIntOp::create(b, loc, 0, 32).getResult();
-    scf::ForOp fill = scf::ForOp::create(b, loc, constantIndex(b, loc, 0),
-                                         layout.numElements,
-                                         constantIndex(b, loc, 1));
-    {
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPointToStart(fill.getBody());
-      Value element = addIndex(b, loc, layout.offset, fill.getInductionVar());
-      memref::StoreOp::create(b, loc, initial, function.counters, element);
-    }
-    if (alloc.getCount())
-      continue;
-    for (TaskOp task : tasks)
-      for (auto [entry, event] : llvm::enumerate(task.getNotifies()))
-        if (event == alloc.getResult())
-          countNotifies(b, function, task, entry, layout);
+Value GraphProgramBuilder::loadConstant(OpBuilder &b, Location loc,
+                                        Value table, Value index) {
+  Value word = memref::LoadOp::create(b, loc, table, ValueRange{index});
+  return arith::IndexCastOp::create(b, loc, b.getIndexType(), word);
+}
+
+void GraphProgramBuilder::useTaskTables(ScheduledFunction &function) {
+  if (function.taskFamily)
+    return;
+  function.taskFamily =
+      constantTable(function, "_task_family", plan.taskFamily.size());
+  function.taskRecord =
+      constantTable(function, "_task_record", plan.taskRecord.size());
+  function.records =
+      constantTable(function, "_task_records", plan.records.size());
+}
+
+Value GraphProgramBuilder::loadField(OpBuilder &b, Location loc,
+                                     ScheduledFunction &function, Value record,
+                                     unsigned field) {
+  useTaskTables(function);
+  return loadConstant(b, loc, function.records,
+                      addIndex(b, loc, record, constantIndex(b, loc, field)));
+}
+
+ValueRange GraphProgramBuilder::switchOnFamily(
+    OpBuilder &b, Location loc, ScheduledFunction &function, Value task,
+    TypeRange results,
+    function_ref<SmallVector<Value>(OpBuilder &, const TaskFamily &, Value)>
+        body) {
+  useTaskTables(function);
+  Value family = loadConstant(b, loc, function.taskFamily, task);
+  Value record = loadConstant(b, loc, function.taskRecord, task);
+  // Families 0 .. F-2 are cases and the last is the default, which is
+  // what a task of the last family reaches.
+  unsigned numFamilies = plan.families.size();
+  SmallVector<int64_t> cases;
+  for (unsigned index = 0; index + 1 < numFamilies; ++index)
+    cases.push_back(index);
+  auto switchOp = scf::IndexSwitchOp::create(b, loc, results, family, cases,
+                                             cases.size());
+  auto fill = [&](Region &region, const TaskFamily &taskFamily) {
+    OpBuilder::InsertionGuard guard(b);
+    b.createBlock(&region);
+    SmallVector<Value> values = body(b, taskFamily, record);
+    scf::YieldOp::create(b, loc, values);
+  };
+  for (unsigned index = 0; index + 1 < numFamilies; ++index)
+    fill(switchOp.getCaseRegions()[index], plan.families[index]);
+  fill(switchOp.getDefaultRegion(), plan.families.back());
+  return switchOp.getResults();
+}
+
+void GraphProgramBuilder::forEachTask(
+    OpBuilder &b, Location loc, function_ref<void(OpBuilder &, Value)> body) {
+  if (tasks.empty())
+    return;
+  scf::ForOp::create(b, loc, constantIndex(b, loc, 0),
+                     constantIndex(b, loc, tasks.size()),
+                     constantIndex(b, loc, 1), ValueRange{},
+                     [&](OpBuilder &nested, Location, Value task, ValueRange) {
+                       body(nested, task);
+                       scf::YieldOp::create(nested, loc);
+                     });
+}
+
+SmallVector<Value> GraphProgramBuilder::gridOf(ScheduledFunction &function,
+                                               const TaskFamily &family) {
+  return llvm::map_to_vector(family.representative.getGrid(), [&](Value v) {
+    return function.mapping.lookup(v);
+  });
+}
+
+Value GraphProgramBuilder::tilesOf(OpBuilder &b, Location loc,
+                                   ScheduledFunction &function,
+                                   const TaskFamily &family) {
+  return productIndex(b, loc, gridOf(function, family));
+}
+
+Value GraphProgramBuilder::totalTiles(OpBuilder &b, Location loc,
+                                      ScheduledFunction &function) {
+  // Each family's tasks have the same tile count.
+  Value total = constantIndex(b, loc, 0);
+  for (const TaskFamily &family : plan.families)
+    total = addIndex(
+        b, loc, total,
+        mulIndex(b, loc, constantIndex(b, loc, family.members.size()),
+                 tilesOf(b, loc, function, family)));
+  return total;
+}
+
+GraphProgramBuilder::EntryEvent
+GraphProgramBuilder::entryEvent(OpBuilder &b, Location loc,
+                                ScheduledFunction &function,
+                                const TaskFamily &family, Value record,
+                                unsigned entry, bool notify) {
+  EntryEvent event;
+  event.classIndex =
+      notify ? family.notifyClasses[entry] : family.waitClasses[entry];
+  const EventClass &eventClass = plan.classes[event.classIndex];
+  const ClassLayout &layout = function.classes[event.classIndex];
+  Value instance = loadField(
+      b, loc, function, record,
+      notify ? family.notifyField(entry) : family.waitField(entry));
+  event.number =
+      addIndex(b, loc, constantIndex(b, loc, eventClass.firstEvent), instance);
+  event.base = addIndex(b, loc, layout.base,
+                        mulIndex(b, loc, instance, layout.numElements));
+  if (function.counters)
+    event.view = ViewOp::create(b, loc, eventClass.type, function.counters,
+                                event.base, layout.dynamicSizes);
+  return event;
+}
+
+SmallVector<Value> GraphProgramBuilder::indexBuffers(
+    OpBuilder &b, Location loc, ScheduledFunction &function,
+    const TaskFamily &family, Value record) {
+  SmallVector<Value> buffers;
+  for (auto [index, value] :
+       llvm::enumerate(family.representative.getIndices())) {
+    Value offset = loadField(b, loc, function, record, family.indexField(index));
+    buffers.push_back(
+        BufferOp::create(b, loc, value.getType(), function.table, offset));
   }
+  return buffers;
 }
 
-void GraphProgramBuilder::cloneBody(OpBuilder &b, ScheduledFunction &function,
-                                    TaskOp task, ValueRange tile) {
+SmallVector<Value> GraphProgramBuilder::entryCoordinates(
+    OpBuilder &b, Location loc, ScheduledFunction &function,
+    const TaskFamily &family, Value record, unsigned entry, bool notify,
+    ValueRange tile) {
+  TaskOp task = family.representative;
+  IndexMapAttr map = notify ? task.getNotifyMap(entry) : task.getWaitMap(entry);
+  SmallVector<Value> buffers;
+  if (map.hasIndirect())
+    buffers = indexBuffers(b, loc, function, family, record);
+  return evaluateIndexMap(b, loc, map, tile, buffers);
+}
+
+void GraphProgramBuilder::runTileBody(OpBuilder &b, Location loc,
+                                      ScheduledFunction &function,
+                                      const TaskFamily &family, Value record,
+                                      ValueRange tile) {
+  if (func::CallOp call = family.call) {
+    SmallVector<Value> operands;
+    for (auto [operand, how] : llvm::zip(call.getOperands(), family.operands)) {
+      switch (how.kind) {
+      case CallOperand::Tile:
+        operands.push_back(tile[how.field]);
+        break;
+      case CallOperand::Fixed:
+        operands.push_back(function.mapping.lookup(how.fixed));
+        break;
+      case CallOperand::Buffer:
+        operands.push_back(BufferOp::create(
+            b, loc, operand.getType(), function.table,
+            loadField(b, loc, function, record, how.field)));
+        break;
+      }
+    }
+    func::CallOp::create(b, loc, call.getCalleeAttr(), TypeRange{}, operands);
+    return;
+  }
+  // A body that is not one call: a family of one task, cloned.
+  TaskOp task = family.representative;
+  task.getBody().walk([&](Operation *op) {
+    for (Value operand : op->getOperands())
+      if (auto arg = dyn_cast<BlockArgument>(operand);
+          arg && arg.getOwner() == &graph.getBody().front() &&
+          isa<MemRefType>(arg.getType()))
+        graphBuffer(function, arg);
+  });
   for (auto [tileIndex, value] : llvm::zip(task.getTileIndices(), tile))
     function.mapping.map(tileIndex, value);
   for (Operation &op : task.getBodyBlock().without_terminator())
     b.clone(op, function.mapping);
+}
+
+void GraphProgramBuilder::initEventCounters(OpBuilder &b,
+                                            ScheduledFunction &function) {
+  Location loc = graph.getLoc();
+  bool anyCounted = false;
+  for (auto [eventClass, layout] : llvm::zip(plan.classes, function.classes)) {
+    Value initial =
+        eventClass.count
+            ? arith::IndexCastOp::create(b, loc, b.getI32Type(),
+                                         function.mapping.lookup(
+                                             eventClass.count))
+                  .getResult()
+            : arith::ConstantIntOp::create(b, loc, 0, 32).getResult();
+    anyCounted |= !eventClass.count;
+    Value end = addIndex(
+        b, loc, layout.base,
+        mulIndex(b, loc, constantIndex(b, loc, eventClass.instances.size()),
+                 layout.numElements));
+    scf::ForOp::create(b, loc, layout.base, end, constantIndex(b, loc, 1),
+                       ValueRange{},
+                       [&](OpBuilder &nested, Location loc, Value position,
+                           ValueRange) {
+                         memref::StoreOp::create(nested, loc, initial,
+                                                 function.counters, position);
+                         scf::YieldOp::create(nested, loc);
+                       });
+  }
+  if (!anyCounted)
+    return;
+  // Events without `count`: one per notifying tile, counted by evaluating
+  // every notify map that targets them.
+  forEachTask(b, loc, [&](OpBuilder &nested, Value task) {
+    switchOnFamily(
+        nested, loc, function, task, TypeRange{},
+        [&](OpBuilder &cb, const TaskFamily &family,
+            Value record) -> SmallVector<Value> {
+          for (auto [entry, classIndex] :
+               llvm::enumerate(family.notifyClasses)) {
+            if (plan.classes[classIndex].count)
+              continue;
+            SmallVector<Value> extents = gridOf(function, family);
+            SmallVector<Value> zeros(extents.size(), constantIndex(cb, loc, 0));
+            SmallVector<Value> ones(extents.size(), constantIndex(cb, loc, 1));
+            scf::buildLoopNest(
+                cb, loc, zeros, extents, ones,
+                [&](OpBuilder &lb, Location loc, ValueRange tile) {
+                  EntryEvent event = entryEvent(lb, loc, function, family,
+                                                record, entry, /*notify=*/true);
+                  SmallVector<Value> coordinates = entryCoordinates(
+                      lb, loc, function, family, record, entry,
+                      /*notify=*/true, tile);
+                  Value element = addIndex(
+                      lb, loc, event.base,
+                      linearize(lb, loc, coordinates,
+                                function.classes[classIndex].sizes));
+                  Value count = memref::LoadOp::create(
+                      lb, loc, function.counters, element);
+                  Value one = arith::ConstantIntOp::create(lb, loc, 1, 32);
+                  memref::StoreOp::create(
+                      lb, loc, arith::AddIOp::create(lb, loc, count, one),
+                      function.counters, element);
+                });
+          }
+          return {};
+        });
+  });
 }
 
 Value GraphProgramBuilder::anyNonZero(OpBuilder &b, Location loc,
@@ -275,7 +686,7 @@ LogicalResult etc::event::checkScheduleSymbolsFree(ModuleOp module,
                                                    StringRef pass) {
   SymbolTable symbols(module);
   for (GraphOp graph : module.getOps<GraphOp>()) {
-    for (const std::string &name : GraphProgramBuilder::functionNames(graph)) {
+    for (const std::string &name : GraphProgramBuilder::symbolNames(graph)) {
       if (Operation *existing = symbols.lookup(name))
         return existing->emitError("symbol '")
                << name << "' is taken; " << pass << " needs it for graph @"

@@ -40,11 +40,11 @@ namespace {
 /// Builds the four functions of one graph's static schedule.
 class StaticScheduler : public GraphProgramBuilder {
 public:
-  StaticScheduler(GraphOp graph, int64_t workers)
-      : GraphProgramBuilder(graph, "static", workers) {}
+  StaticScheduler(const GraphPlan &plan, int64_t workers)
+      : GraphProgramBuilder(plan, "static", workers) {}
 
-  /// Inserts `@g_counters`, `@g_init`, `@g_worker` and `@g_check` at
-  /// `builder`.
+  /// Inserts the constant tables, `@g_counters`, `@g_init`, `@g_worker` and
+  /// `@g_check` at `builder`.
   void build(OpBuilder &builder);
 
 private:
@@ -52,12 +52,12 @@ private:
   void buildInit(OpBuilder &builder);
   void buildWorker(OpBuilder &builder);
   void buildCheck(OpBuilder &builder);
-  void runTile(OpBuilder &b, ScheduledFunction &function, TaskOp task,
-               ValueRange tile);
+  void runTile(OpBuilder &b, Location loc, ScheduledFunction &function,
+               const TaskFamily &family, Value record, ValueRange tile);
 };
 } // namespace
 
-/// `@g_counters(args) -> index`: the size of the counter buffer.
+/// `@g_counters(symbols, table) -> index`: the size of the counter buffer.
 void StaticScheduler::buildCounters(OpBuilder &builder) {
   ScheduledFunction function =
       createFunction(builder, "_counters", /*withCounters=*/false,
@@ -66,7 +66,8 @@ void StaticScheduler::buildCounters(OpBuilder &builder) {
   func::ReturnOp::create(b, graph.getLoc(), function.eventCounters);
 }
 
-/// `@g_init(args, counters)`: every counter set to its expected count.
+/// `@g_init(symbols, table, counters)`: every counter set to its expected
+/// count.
 void StaticScheduler::buildInit(OpBuilder &builder) {
   ScheduledFunction function = createFunction(
       builder, "_init", /*withCounters=*/true, /*results=*/{});
@@ -75,28 +76,34 @@ void StaticScheduler::buildInit(OpBuilder &builder) {
   func::ReturnOp::create(b, graph.getLoc());
 }
 
-/// Emits one tile of `task`: waits, the cloned body, notifies.
-void StaticScheduler::runTile(OpBuilder &b, ScheduledFunction &function,
-                              TaskOp task, ValueRange tile) {
-  Location loc = task.getLoc();
-  SmallVector<Value> indexBuffers = function.mapped(task.getIndices());
-  for (auto [entry, event] : llvm::enumerate(task.getWaits())) {
-    SmallVector<Value> coordinates = evaluateIndexMap(
-        b, loc, task.getWaitMap(entry), tile, indexBuffers);
-    WaitOp::create(b, loc, function.mapping.lookup(event), coordinates);
+/// Emits one tile of the task whose record starts at `record`: waits, the
+/// tile body, notifies.
+void StaticScheduler::runTile(OpBuilder &b, Location loc,
+                              ScheduledFunction &function,
+                              const TaskFamily &family, Value record,
+                              ValueRange tile) {
+  for (unsigned entry = 0; entry < family.waitClasses.size(); ++entry) {
+    EntryEvent event =
+        entryEvent(b, loc, function, family, record, entry, /*notify=*/false);
+    WaitOp::create(b, loc, event.view,
+                   entryCoordinates(b, loc, function, family, record, entry,
+                                    /*notify=*/false, tile));
   }
-  cloneBody(b, function, task, tile);
-  for (auto [entry, event] : llvm::enumerate(task.getNotifies())) {
-    SmallVector<Value> coordinates = evaluateIndexMap(
-        b, loc, task.getNotifyMap(entry), tile, indexBuffers);
-    NotifyOp::create(b, loc, function.mapping.lookup(event), coordinates);
+  runTileBody(b, loc, function, family, record, tile);
+  for (unsigned entry = 0; entry < family.notifyClasses.size(); ++entry) {
+    EntryEvent event =
+        entryEvent(b, loc, function, family, record, entry, /*notify=*/true);
+    NotifyOp::create(b, loc, event.view,
+                     entryCoordinates(b, loc, function, family, record, entry,
+                                      /*notify=*/true, tile));
   }
 }
 
-/// `@g_worker(args, counters)`: worker w runs the global tasks t with
-/// t mod W == w in increasing t. Task k owns global indices
-/// [o_k, o_k + tiles_k); its loop starts at the first of them that is
-/// congruent to w, o_k + ((w - o_k) mod W), and steps by W.
+/// `@g_worker(symbols, table, counters)`: worker w runs the global tiles t
+/// with t mod W == w in increasing t. The loop walks the tasks in order,
+/// carrying o_k, the first global tile of task k; within task k (tiles
+/// [o_k, o_k + tiles_k)) it starts at the first tile congruent to w,
+/// o_k + ((w - o_k) mod W), and steps by W.
 void StaticScheduler::buildWorker(OpBuilder &builder) {
   ScheduledFunction function = createFunction(
       builder, "_worker", /*withCounters=*/true, /*results=*/{});
@@ -104,32 +111,46 @@ void StaticScheduler::buildWorker(OpBuilder &builder) {
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
   Value worker = WorkerIdOp::create(b, loc);
   Value workerCount = WorkerCountOp::create(b, loc);
-  Value taskOffset = constantIndex(b, loc, 0);
-  for (TaskOp task : tasks) {
-    Location taskLoc = task.getLoc();
-    SmallVector<Value> extents = function.mapped(task.getGrid());
-    Value tiles = productIndex(b, taskLoc, extents);
-    Value end = addIndex(b, taskLoc, taskOffset, tiles);
-    // (w - o) mod W, kept non-negative: w + W - (o mod W) lies in (0, 2W).
-    Value offsetResidue = remIndex(b, taskLoc, taskOffset, workerCount);
-    Value shifted = subIndex(b, taskLoc, addIndex(b, taskLoc, worker, workerCount),
-                             offsetResidue);
-    Value start = addIndex(b, taskLoc, taskOffset,
-                           remIndex(b, taskLoc, shifted, workerCount));
-    auto loop = scf::ForOp::create(b, taskLoc, start, end, workerCount);
-    {
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPointToStart(loop.getBody());
-      Value local = subIndex(b, taskLoc, loop.getInductionVar(), taskOffset);
-      runTile(b, function, task, delinearize(b, taskLoc, local, extents));
-    }
-    taskOffset = end;
+  if (!tasks.empty()) {
+    Type index = b.getIndexType();
+    scf::ForOp::create(
+        b, loc, constantIndex(b, loc, 0), constantIndex(b, loc, tasks.size()),
+        constantIndex(b, loc, 1), ValueRange{constantIndex(b, loc, 0)},
+        [&](OpBuilder &nested, Location loc, Value task, ValueRange carried) {
+          Value taskOffset = carried[0];
+          ValueRange tiles = switchOnFamily(
+              nested, loc, function, task, TypeRange{index},
+              [&](OpBuilder &cb, const TaskFamily &family,
+                  Value record) -> SmallVector<Value> {
+                SmallVector<Value> extents = gridOf(function, family);
+                Value count = productIndex(cb, loc, extents);
+                Value end = addIndex(cb, loc, taskOffset, count);
+                // (w - o) mod W, kept non-negative: w + W - (o mod W) lies
+                // in (0, 2W).
+                Value residue = remIndex(cb, loc, taskOffset, workerCount);
+                Value shifted = subIndex(
+                    cb, loc, addIndex(cb, loc, worker, workerCount), residue);
+                Value start = addIndex(cb, loc, taskOffset,
+                                       remIndex(cb, loc, shifted, workerCount));
+                scf::ForOp::create(
+                    cb, loc, start, end, workerCount, ValueRange{},
+                    [&](OpBuilder &lb, Location loc, Value global, ValueRange) {
+                      Value local = subIndex(lb, loc, global, taskOffset);
+                      runTile(lb, loc, function, family, record,
+                              delinearize(lb, loc, local, extents));
+                      scf::YieldOp::create(lb, loc);
+                    });
+                return {count};
+              });
+          scf::YieldOp::create(nested, loc,
+                               addIndex(nested, loc, taskOffset, tiles[0]));
+        });
   }
   func::ReturnOp::create(b, loc);
 }
 
-/// `@g_check(args, counters) -> i32`: 0 when every counter is back to zero
-/// after the run, 2 (unbalanced) otherwise.
+/// `@g_check(symbols, table, counters) -> i32`: 0 when every counter is back
+/// to zero after the run, 2 (unbalanced) otherwise.
 void StaticScheduler::buildCheck(OpBuilder &builder) {
   ScheduledFunction function = createFunction(
       builder, "_check", /*withCounters=*/true, builder.getI32Type());
@@ -145,15 +166,16 @@ void StaticScheduler::buildCheck(OpBuilder &builder) {
 }
 
 void StaticScheduler::build(OpBuilder &builder) {
+  createTables(builder);
   buildCounters(builder);
   buildInit(builder);
   buildWorker(builder);
   buildCheck(builder);
 }
 
-void etc::event::buildStaticSchedule(OpBuilder &builder, GraphOp graph,
+void etc::event::buildStaticSchedule(OpBuilder &builder, const GraphPlan &plan,
                                      int64_t workers) {
-  StaticScheduler(graph, workers).build(builder);
+  StaticScheduler(plan, workers).build(builder);
 }
 
 //===----------------------------------------------------------------------===//
@@ -179,10 +201,20 @@ struct EventStaticSchedulePass
         return signalPassFailure();
     if (failed(checkScheduleSymbolsFree(module, "event-static-schedule")))
       return signalPassFailure();
+    // Plan every graph before rewriting any, so that an error leaves the
+    // module as it was.
+    SmallVector<GraphPlan, 1> plans;
     for (GraphOp graph : graphs) {
-      OpBuilder builder(graph);
-      buildStaticSchedule(builder, graph, workers);
-      graph.erase();
+      simplifyGraph(graph);
+      FailureOr<GraphPlan> plan = GraphPlan::build(graph);
+      if (failed(plan))
+        return signalPassFailure();
+      plans.push_back(std::move(*plan));
+    }
+    for (const GraphPlan &plan : plans) {
+      OpBuilder builder(plan.graph);
+      buildStaticSchedule(builder, plan, workers);
+      plan.graph->erase();
     }
   }
 };
