@@ -126,52 +126,90 @@ def EventCheckSchedule : Pass<"event-check-schedule", "::etc::event::GraphOp"> {
 def EventStaticSchedule : Pass<"event-static-schedule", "::mlir::ModuleOp"> {
   let summary = "Schedules each event graph into a persistent worker program";
   let description = [{
-    Replaces each `event.graph @g(args)` (L2) by three public functions (L3)
-    that take its arguments plus, except the first, a trailing
-    `memref<?xi32>` buffer of event counters. The event tensors lie in that
-    buffer one after another, row-major, each named by an `event.view`.
-    * `@g_counters(args) -> index`: how many counters the program needs;
-    * `@g_init(args, counters)`: writes each counter's expected count, run
-      once, single-threaded, before any worker starts: the event's `count`,
-      or, without one, the number of notifies counted by evaluating every
-      notifying tile's map (indirect coordinates loaded from the task's
-      index buffer);
-    * `@g_worker(args, counters)`: the persistent loop. All tile tasks are in
-      one global order: task k's tiles are o_k + (row-major tile index),
-      o_k the tile count of the tasks before it. Under `policy=round-robin`
-      worker `w` of `W` (`event.worker_id` / `event.worker_count`, runtime
-      values) runs the tiles t with t mod W == w in increasing t: one
-      `scf.for` per task from o_k + ((w - o_k) mod W) with step W, each
-      iteration waiting on the tile's wait elements, running a clone of the
-      task body, then notifying its notify elements.
-    All three carry `event.graph = "g"`, `event.schedule = "static"` and
-    `event.workers = N`. The graph is checked as by `event-check-schedule`
-    first, and nothing is rewritten if any graph fails.
+    Replaces each `event.graph @g(args)` (L2) by a table-driven program (L3):
+    constant tables and four public functions that take the graph's index
+    arguments (its symbols), the buffer table (`memref<?xi64>`, see
+    `event.buffer`) and, except the first, a `memref<?xi32>` buffer of event
+    counters. The program's code grows with the number of distinct kinds of
+    task, not with the number of tasks, so identical layers cost no code:
+    * tasks that call the same tile function (a body that is one
+      `func.call` of tile indices and graph values) with the same grid and
+      the same wait and notify maps on events of the same class form a
+      *family*; a body that is not such a call makes a family of its own
+      and is cloned. What differs between the tasks of a family is a
+      *record* of i32 fields: the buffer-table offset of each buffer the
+      call takes and of each index buffer, then the number within its class
+      of the event of each wait and notify entry;
+    * events with the same type, dynamic sizes and `count` form a *class*;
+      the counters of a class's events lie one after another, row-major,
+      the classes one after another from counter 0;
+    * `@g_task_family`, `@g_task_record` and `@g_task_records` are private
+      `memref.global` constants: each task's family, the first field of its
+      record, the records.
+    The functions:
+    * `@g_counters(symbols, table) -> index`: how many counters the program
+      needs;
+    * `@g_init(symbols, table, counters)`: writes each counter's expected
+      count, run once, single-threaded, before any worker starts: the
+      class's `count`, or, without one, the number of notifies counted by
+      evaluating every notifying tile's map (indirect coordinates loaded
+      from the task's index buffer);
+    * `@g_worker(symbols, table, counters)`: the persistent loop. All tile
+      tasks are in one global order: task k's tiles are o_k + (row-major
+      tile index), o_k the tile count of the tasks before it. Under
+      `policy=round-robin` worker `w` of `W` (`event.worker_id` /
+      `event.worker_count`, runtime values) runs the tiles t with
+      t mod W == w in increasing t: a loop over the tasks carrying o_k, an
+      `scf.index_switch` on the task's family, and in each case one
+      `scf.for` from o_k + ((w - o_k) mod W) with step W, each iteration
+      waiting on the tile's wait elements, running the tile, then notifying
+      its notify elements;
+    * `@g_check(symbols, table, counters) -> i32`: 0 when every counter is
+      back to zero after the run, 2 (unbalanced) otherwise.
+    All four carry `event.graph = "g"`, `event.schedule = "static"` and
+    `event.workers = N`. The graph's identical pure computations are merged
+    first (so equal counts and sizes share classes), every graph is checked
+    as by `event-check-schedule`, and nothing is rewritten if any graph
+    fails. A buffer argument that is not contiguous and row-major in the
+    default memory space is an error (the table cannot describe it).
 
     Before (L2):
     ```mlir
-    event.graph @g(%n: index, %x: memref<?xf32>) {
+    event.graph @g(%n: index, %x: memref<?xf32>, %y: memref<?xf32>) {
       %c1 = arith.constant 1 : index
       %e = event.alloc(%n) count(%c1) : !event.tensor<?>
-      event.task "a" grid(%n) ... notifies(%e : !event.tensor<?> (d0) -> (d0)) {...}
+      event.task "a" grid(%n) ... notifies(%e : !event.tensor<?> (d0) -> (d0)) {
+      ^bb0(%i: index):
+        func.call @tile_a(%x, %y, %i) : (memref<?xf32>, memref<?xf32>, index) -> ()
+      }
       event.task "b" grid(%n) ... waits(%e : !event.tensor<?> (d0) -> (d0)) {...}
     }
     ```
-    After (L3), the worker:
+    After (L3), the worker (records: "a" = [0, 2, 0]: %x at word 0, %y at
+    word 2, event 0 of its class):
     ```mlir
-    func.func @g_worker(%n: index, %x: memref<?xf32>, %counters: memref<?xi32>)
+    memref.global "private" constant @g_task_family : memref<2xi32> = dense<[0, 1]>
+    func.func @g_worker(%n: index, %table: memref<?xi64>, %counters: memref<?xi32>)
         attributes {event.graph = "g", event.schedule = "static", event.workers = 0 : i64} {
-      %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
       %w = event.worker_id
       %nw = event.worker_count
-      scf.for %t = %first_a to %n step %nw {
-        ... body of "a" with %t ...
-        event.notify %e[%t] : !event.tensor<?>
-      }
-      scf.for %t = %first_b to %end_b step %nw {
-        %i = arith.subi %t, %n : index
-        event.wait %e[%i] : !event.tensor<?>
-        ... body of "b" with %i ...
+      %end = scf.for %k = %c0 to %c2 step %c1 iter_args(%o = %c0) -> (index) {
+        %family = ... load @g_task_family[%k] ...
+        %tiles = scf.index_switch %family -> index
+        case 0 {
+          scf.for %t = %first to %last step %nw {
+            %i = arith.subi %t, %o : index
+            %x = event.buffer %table[%x_offset] : memref<?xi64> -> memref<?xf32>
+            %y = event.buffer %table[%y_offset] : memref<?xi64> -> memref<?xf32>
+            func.call @tile_a(%x, %y, %i) : (memref<?xf32>, memref<?xf32>, index) -> ()
+            %e = event.view %counters[%base](%n) : memref<?xi32> -> !event.tensor<?>
+            event.notify %e[%i] : !event.tensor<?>
+          }
+          scf.yield %n : index
+        }
+        default { ... event.wait ..., the tile of "b" ... }
+        %next = arith.addi %o, %tiles : index
+        scf.yield %next : index
       }
       return
     }
@@ -195,44 +233,51 @@ def EventStaticSchedule : Pass<"event-static-schedule", "::mlir::ModuleOp"> {
 def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
   let summary = "Schedules each event graph into workers that share a task queue";
   let description = [{
-    Replaces each `event.graph @g(args)` (L2) by the four functions of
-    `event-static-schedule` (same signatures, `event.schedule = "dynamic"`),
-    where workers take ready tile tasks from one global multi-producer
-    multi-consumer queue instead of a fixed order. Tile task ids are global
-    linear tile indices (task k's tiles are o_k + row-major tile index); T is
-    the total tile count, symbolic.
+    Replaces each `event.graph @g(args)` (L2) by the tables and four
+    functions of `event-static-schedule` (same signatures, task families,
+    records and event classes, `event.schedule = "dynamic"`), where workers
+    take ready tile tasks from one global multi-producer multi-consumer
+    queue instead of a fixed order. Tile task ids are global linear tile
+    indices (task k's tiles are o_k + row-major tile index); T is the total
+    tile count, symbolic.
 
     The counter buffer holds, after the event tensors (laid out as in the
     static schedule): the queue (`event.queue_push` documents it: head, tail,
     error flag, T slots); the *pending* counts, an `!event.tensor<?>` of T
     elements, tile t's being the number of its wait elements not yet ready;
-    and, for each event some of whose waiters use the inverse index (below),
-    that index in CSR form: E+1 offsets, then the waiting tile ids grouped by
-    element.
-    * `@g_counters(args) -> index`: the size of all of this;
-    * `@g_init(args, counters)`: expected counts (as static); zeroes the
-      queue; builds the inverse indices by evaluating every tile's wait maps
-      (count, prefix sum, fill); sets each tile's pending count to the number
-      of its wait entries whose element is not already zero, and pushes the
-      tiles whose count is zero;
-    * `@g_worker(args, counters)`: pops task ids until `event.queue_pop`
-      returns T; runs the tile body of the task the id falls in; notifies
-      each notify element with `event.notify_ready` and, in the notifier
-      that took it to zero, decrements the pending count of every tile
-      waiting on that element, pushing the tile whose count reaches zero.
-      No tile waits: a popped tile is ready. The waiters of an element are
-      found in closed form when the wait map is affine with results `dN`,
-      `dN floordiv M` or constants (a box of tiles: the coordinate, the M
-      tiles `[M*c, M*c+M)`, every tile along grid dimensions absent from the
-      map), and through the inverse index otherwise (indirect maps, other
-      affine expressions) or with `force-index`. An indirect wait whose
-      index buffer some task of the graph writes cannot be evaluated in
+    the first tile id of each task (numTasks + 1 words, o_k); and, when some
+    wait uses it, the *inverse index* in CSR form over every event counter:
+    eventCounters + 1 offsets, then the waiting tile ids grouped by counter.
+    Three more constant tables list, for each event (numbered class by
+    class), its waiters in closed form: `@g_waiter_offsets` (CSR rows),
+    `@g_waiter_tasks` and `@g_waiter_kinds` (the waiting task and which of
+    its family's wait entries).
+    * `@g_counters(symbols, table) -> index`: the size of all of this;
+    * `@g_init(symbols, table, counters)`: expected counts (as static); zeroes
+      the queue; writes the tile offsets; builds the inverse index by
+      evaluating every tile's indexed wait maps (count, prefix sum, fill);
+      sets each tile's pending count to the number of its wait entries whose
+      element is not already zero, and pushes the tiles whose count is zero;
+    * `@g_worker(symbols, table, counters)`: pops task ids until
+      `event.queue_pop` returns T; finds the task the id falls in by binary
+      search over the tile offsets and runs the tile in its family's case;
+      notifies each notify element with `event.notify_ready` and, in the
+      notifier that took it to zero, decrements the pending count of every
+      tile waiting on that element, pushing the tile whose count reaches
+      zero. No tile waits: a popped tile is ready. The waiters of an element
+      are found in closed form when the wait map is affine with results
+      `dN`, `dN floordiv M` or constants (a box of tiles: the coordinate,
+      the M tiles `[M*c, M*c+M)`, every tile along grid dimensions absent
+      from the map), from the waiter tables and a switch over those kinds,
+      and through the inverse index otherwise (indirect maps, other affine
+      expressions) or with `force-index`. An indirect wait whose index
+      buffer some task of the graph writes cannot be evaluated in
       `@g_init`: the tile then waits on every coordinate of its indirect
       results (conservative; no new task-level dependency, so no deadlock);
-    * `@g_check(args, counters) -> i32`: 0 after a clean run, 1 when a push
-      overflowed the queue (impossible when the graph is balanced: every
-      tile is pushed once), 2 when an event counter or a pending count is
-      not zero.
+    * `@g_check(symbols, table, counters) -> i32`: 0 after a clean run, 1
+      when a push overflowed the queue (impossible when the graph is
+      balanced: every tile is pushed once), 2 when an event counter or a
+      pending count is not zero.
     The graph is checked as by `event-check-schedule{static-order=false}`:
     any acyclic order of tasks is fine for a queue. With `auto`, graphs
     without data-dependent events (indirect maps, or events without
@@ -242,9 +287,8 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
     After (L3), the worker of a two-task graph "a" -> "b" (`%e` one counter
     per tile of "a", T = 2n):
     ```mlir
-    func.func @g_worker(%n: index, %x: memref<?xf32>, %counters: memref<?xi32>)
+    func.func @g_worker(%n: index, %table: memref<?xi64>, %counters: memref<?xi32>)
         attributes {event.graph = "g", event.schedule = "dynamic", event.workers = 2 : i64} {
-      %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
       %pending = event.view %counters[%p](%T) : memref<?xi32> -> !event.tensor<?>
       scf.while : () -> () {
         %t = event.queue_pop %counters[%q] capacity(%T) : memref<?xi32>
@@ -252,20 +296,22 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
         scf.condition(%more) %t : index
       } do {
       ^bb0(%t: index):
-        %isA = arith.cmpi ult, %t, %n : index
-        scf.if %isA {
-          ... body of "a" with %t ...
-          %ready = event.notify_ready %e[%t] : !event.tensor<?>
+        %k = ... binary search of %t over the tile offsets ...
+        scf.index_switch %family
+        case 0 {
+          ... the tile of "a" (tile %t - o_k) ...
+          %ready = event.notify_ready %e[%i] : !event.tensor<?>
           scf.if %ready {
-            %waiter = arith.addi %n, %t : index      // tile %t of "b"
-            %go = event.notify_ready %pending[%waiter] : !event.tensor<?>
-            scf.if %go {
-              event.queue_push %waiter, %counters[%q] capacity(%T) : memref<?xi32>
+            scf.for %w = %first_waiter to %last_waiter step %c1 {
+              ... waiting task and kind from the waiter tables ...
+              %go = event.notify_ready %pending[%waiter] : !event.tensor<?>
+              scf.if %go {
+                event.queue_push %waiter, %counters[%q] capacity(%T) : memref<?xi32>
+              }
             }
           }
-        } else {
-          ... body of "b" with %t - %n ...
         }
+        default { ... the tile of "b" ... }
         scf.yield
       }
       return

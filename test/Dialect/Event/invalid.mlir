@@ -465,3 +465,19 @@ func.func @f(%c: memref<?xi32>, %q: index, %t: index) {
   event.queue_push %t, %c[%q] capacity(%capacity) : memref<?xi32>
   return
 }
+
+// -----
+
+func.func @f(%table: memref<?xi64>, %at: index) {
+  // expected-error @+1 {{'event.buffer' op result type 'memref<4x4xf32, strided<[8, 1]>>' must have the identity layout: the buffer table describes contiguous row-major buffers}}
+  %b = event.buffer %table[%at] : memref<?xi64> -> memref<4x4xf32, strided<[8, 1]>>
+  return
+}
+
+// -----
+
+func.func @f(%table: memref<?xi64>, %at: index) {
+  // expected-error @+1 {{'event.buffer' op result type 'memref<4xf32, 3>' must be in the default memory space}}
+  %b = event.buffer %table[%at] : memref<?xi64> -> memref<4xf32, 3>
+  return
+}

@@ -110,3 +110,12 @@ func.func @empty_queue(%counters: memref<?xi32>, %q: index) -> index {
   %popped = event.queue_pop %counters[%q] capacity(%c0) : memref<?xi32>
   return %popped : index
 }
+
+// -----
+
+// CHECK-LABEL: func.func @buffer(
+// CHECK: event.buffer %{{[0-9a-z_]+}}[%{{[0-9a-z_]+}}] : memref<?xi64> -> memref<?x64xbf16>
+func.func @buffer(%table: memref<?xi64>, %at: index) -> memref<?x64xbf16> {
+  %b = event.buffer %table[%at] : memref<?xi64> -> memref<?x64xbf16>
+  return %b : memref<?x64xbf16>
+}
