@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from mlir import ir
 
+from . import ops
 from . import pipeline as _pipeline
 from .binding import Signature
 from .pipeline import Options
@@ -87,7 +88,7 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
     start = time.perf_counter()
     # The runtime gets the signature of exactly the graph built here.
     signature = Signature.of(graph)
-    module = graph.build(ir.Context())
+    module = graph.build(ir.Context(), target=ops.Target(options.target, options.chip))
     timings["graph"] = time.perf_counter() - start
     stage_ir = {"graph": str(module)}
     for stage, stage_pipeline in stage_pipelines.items():

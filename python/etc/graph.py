@@ -606,14 +606,17 @@ class Graph:
     # IR
     # ------------------------------------------------------------------
 
-    def build(self, context: Optional[ir.Context] = None) -> ir.Module:
-        """Builds and verifies the L1 module (in `context`, or a new one)."""
+    def build(self, context: Optional[ir.Context] = None,
+              target: Optional[ops.Target] = None) -> ir.Module:
+        """Builds and verifies the L1 module (in `context`, or a new one),
+        with the tile kernels chosen for `target` (default: the portable
+        scalar kernels; `etc.compile` passes its target)."""
         if not self._outputs:
             raise ValueError(f"Graph '{self.name}' has no outputs: call output() before "
                              f"building it")
         ctx = context if context is not None else ir.Context()
         with ctx, ir.Location.unknown():
-            module = _Builder(self).build()
+            module = _Builder(self, target or ops.GENERIC).build()
             if not module.operation.verify():
                 raise RuntimeError(f"Graph '{self.name}': the built L1 module does not verify")
         return module
@@ -638,8 +641,9 @@ class _Builder:
     tasks, and each distinct tile kernel once as a private function that
     the task bodies call."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, target: ops.Target):
         self.g = graph
+        self.target = target
         self.index = ir.IndexType.get()
         self.buffers: dict[int, ir.Value] = {}  # id(Tensor) -> block argument
         self.symbols: dict[int, ir.Value] = {}  # id(Symbol) -> block argument

@@ -15,6 +15,9 @@ from __future__ import annotations
 from types import ModuleType
 
 from . import elementwise, matmul, moe, rowwise, topk
+from .base import GENERIC, Target
+
+__all__ = ["GENERIC", "Target", "family", "kinds"]
 
 #: The registered families, in no particular order.
 _FAMILIES: tuple[ModuleType, ...] = (elementwise, matmul, rowwise, topk, moe)

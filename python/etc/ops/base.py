@@ -18,10 +18,11 @@ before storing.
 from __future__ import annotations
 
 import math as _pymath
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Protocol, Sequence
 
 from mlir import ir
-from mlir.dialects import arith, math, memref, scf
+from mlir.dialects import arith, math, memref, scf, vector
 
 from ..dialects import event
 
@@ -37,6 +38,21 @@ INDEX_DTYPE = "i32"
 #: soon as that block is ready.
 DEFAULT_ROWS = 32
 DEFAULT_COLS = 64
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the tile kernels are built for: `kind` is "cpu", "cuda" or
+    "generic" (portable scalar kernels, what `Graph.to_mlir()` shows), and
+    `chip` the GPU (e.g. "sm_90a") on CUDA. Families choose a kernel variant
+    per target and shape."""
+
+    kind: str = "generic"
+    chip: Optional[str] = None
+
+
+#: The portable target: scalar loops over lanes, no vector or GPU ops.
+GENERIC = Target()
 
 
 def element_type(dtype: str) -> ir.Type:
@@ -82,6 +98,9 @@ def index_map(text: str) -> ir.Attribute:
 
 class TaskBuilder(Protocol):
     """What an operator family needs from the graph builder to emit its tasks."""
+
+    #: The target the kernels are built for.
+    target: Target
 
     def grid_extent(self, dim, tile: int) -> ir.Value:
         """ceil(dim / tile) as an index value (a constant or over a symbol)."""
@@ -189,6 +208,36 @@ class TileKernel:
             value = arith.truncf(element_type(t.dtype), value)
         memref.store(value, self.buf(t), idx)
 
+    # -- vectors (f32 arithmetic, storage dtype in memory) ----------------
+
+    def vtype(self, width: int) -> ir.VectorType:
+        return ir.VectorType.get([width], self.f32)
+
+    def vload(self, t: "Tensor", idx: list, width: int) -> ir.Value:
+        """`width` consecutive elements of `t` from `idx` (along the last
+        dimension), widened to f32."""
+        storage = ir.VectorType.get([width], element_type(t.dtype))
+        v = vector.load(storage, self.buf(t), idx)
+        return v if t.dtype == "f32" else arith.extf(self.vtype(width), v)
+
+    def vstore(self, value: ir.Value, t: "Tensor", idx: list) -> None:
+        """Stores an f32 vector into `t` from `idx`, narrowed to its dtype."""
+        if t.dtype != "f32":
+            width = ir.VectorType(value.type).shape[0]
+            value = arith.truncf(ir.VectorType.get([width], element_type(t.dtype)), value)
+        vector.store(value, self.buf(t), idx)
+
+    def vsplat(self, scalar: ir.Value, width: int) -> ir.Value:
+        return vector.broadcast(self.vtype(width), scalar)
+
+    def vzero(self, width: int) -> ir.Value:
+        return arith.constant(self.vtype(width), ir.DenseElementsAttr.get_splat(
+            self.vtype(width), ir.FloatAttr.get(self.f32, 0.0)))
+
+    def vsum(self, v: ir.Value) -> ir.Value:
+        """The sum of the lanes of an f32 vector."""
+        return vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<add>"), v)
+
     # -- loops -----------------------------------------------------------
 
     def lane_loop(self, count: ir.Value) -> scf.ForOp:
@@ -227,26 +276,35 @@ class TileKernel:
         c = arith.remui(e, extents[1])
         return [arith.addi(offsets[0], r), arith.addi(offsets[1], c)]
 
-    # -- scalar math (f32) ------------------------------------------------
+    # -- math (f32 scalars or f32 vectors) -------------------------------
+
+    def const_like(self, value: ir.Value, constant: float) -> ir.Value:
+        """An f32 constant of `value`'s type (a splat for a vector)."""
+        if isinstance(value.type, ir.VectorType):
+            return arith.constant(value.type, ir.DenseElementsAttr.get_splat(
+                value.type, ir.FloatAttr.get(self.f32, constant)))
+        return self.cf32(constant)
 
     def unary(self, kind: str, x: ir.Value, c: Optional[float] = None) -> ir.Value:
-        """An elementwise function of `x`: exp, scale (by `c`), silu, gelu."""
+        """An elementwise function of `x` (an f32 or an f32 vector): exp,
+        scale (by `c`), silu, gelu."""
+        k = lambda constant: self.const_like(x, constant)
         if kind == "exp":
             return math.exp(x)
         if kind == "scale":
-            return arith.mulf(x, self.cf32(c))
+            return arith.mulf(x, k(c))
         if kind == "silu":
             # x / (1 + exp(-x))
             e = math.exp(arith.negf(x))
-            return arith.divf(x, arith.addf(self.cf32(1.0), e))
+            return arith.divf(x, arith.addf(k(1.0), e))
         if kind == "gelu":
             # 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3),
             # tanh(z) = 1 - 2 / (exp(2z) + 1).
             x3 = arith.mulf(arith.mulf(x, x), x)
-            inner = arith.addf(x, arith.mulf(self.cf32(0.044715), x3))
-            two_z = arith.mulf(self.cf32(2.0 * _pymath.sqrt(2.0 / _pymath.pi)), inner)
-            denom = arith.addf(math.exp(two_z), self.cf32(1.0))
-            tanh = arith.subf(self.cf32(1.0), arith.divf(self.cf32(2.0), denom))
-            half_x = arith.mulf(self.cf32(0.5), x)
-            return arith.mulf(half_x, arith.addf(self.cf32(1.0), tanh))
+            inner = arith.addf(x, arith.mulf(k(0.044715), x3))
+            two_z = arith.mulf(k(2.0 * _pymath.sqrt(2.0 / _pymath.pi)), inner)
+            denom = arith.addf(math.exp(two_z), k(1.0))
+            tanh = arith.subf(k(1.0), arith.divf(k(2.0), denom))
+            half_x = arith.mulf(k(0.5), x)
+            return arith.mulf(half_x, arith.addf(k(1.0), tanh))
         raise ValueError(f"unknown elementwise function {kind!r}")

@@ -4,6 +4,10 @@ silu, gelu, exp and scale.
 Tasks: one tile task per output tile (1-D or 2-D); each reads the same tile
 of every operand of the result's rank, and the column block of a broadcast
 1-D operand.
+
+Kernels: generic, one element per lane iteration; cpu (`ElementwiseCPU`),
+each row of a full-width tile as f32 vectors, the rows spread over the
+lanes, partial edge tiles element by element.
 """
 
 from __future__ import annotations
@@ -47,6 +51,58 @@ class Elementwise2D(Elementwise):
     grid_rank = 2
 
 
+class ElementwiseCPU(Elementwise):
+    """Rows of full-width tiles as f32 vectors of WIDTH lanes."""
+
+    WIDTH = 16
+
+    @classmethod
+    def name(cls, op) -> str:
+        return f"{op.kind}_cpu"
+
+    @classmethod
+    def applies(cls, op) -> bool:
+        return op.tile[-1] % cls.WIDTH == 0
+
+    def emit(self) -> None:
+        op, out = self.op, self.op.result
+        tn = op.tile[-1]
+        offsets, extents, _ = self.tile_elements(out, op.tile)
+        full = arith.cmpi(arith.CmpIPredicate.eq, extents[-1], self.cidx(tn))
+        branch = scf.IfOp(full, has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            rows = extents[0] if out.rank == 2 else self.cidx(1)
+            loop = self.lane_loop(rows)
+            with ir.InsertionPoint(loop.body):
+                prefix = [arith.addi(offsets[0], loop.induction_variable)] if out.rank == 2 else []
+                for v in range(tn // self.WIDTH):
+                    col = arith.addi(offsets[-1], self.cidx(v * self.WIDTH))
+                    vals = [self.vload(t, prefix + [col] if t.rank == out.rank else [col],
+                                       self.WIDTH) for t in op.operands]
+                    self.vstore(self.combine(vals), out, prefix + [col])
+                scf.yield_([])
+            scf.yield_([])
+        with ir.InsertionPoint(branch.else_block):
+            super().emit()
+            scf.yield_([])
+
+    def combine(self, vals: list) -> ir.Value:
+        kind = self.op.kind
+        if kind == "add":
+            return arith.addf(vals[0], vals[1])
+        if kind == "mul":
+            return arith.mulf(vals[0], vals[1])
+        return self.unary(kind, vals[0], self.op.params.get("c"))
+
+
+class ElementwiseCPU1D(ElementwiseCPU):
+    grid_rank = 1
+
+
+class ElementwiseCPU2D(ElementwiseCPU):
+    grid_rank = 2
+
+
 def build_tasks(b: TaskBuilder, op) -> None:
     res = op.result
     rank = res.rank
@@ -56,5 +112,8 @@ def build_tasks(b: TaskBuilder, op) -> None:
     reads = [(t, own if t.rank == rank else box(rank, [offsets[-1]], [op.tile[-1]]))
              for t in op.operands]
     grid = [b.grid_extent(d, t) for d, t in zip(res.shape, op.tile)]
-    kernel = Elementwise2D if rank == 2 else Elementwise1D
+    if b.target.kind == "cpu" and ElementwiseCPU.applies(op):
+        kernel = ElementwiseCPU2D if rank == 2 else ElementwiseCPU1D
+    else:
+        kernel = Elementwise2D if rank == 2 else Elementwise1D
     b.emit_task(op, op.name, grid, reads, [(res, own)], kernel)

@@ -2,12 +2,16 @@
 
 Tasks: one tile task per block of rows; each reads its rows whole (and all
 of rmsnorm's weight) and writes its rows (one value per row for `sum`).
+
+Kernels: generic, one row per lane iteration with scalar loops; cpu
+(`RowwiseCPU`), the same with each pass over a row in f32 vectors (partial
+sums or maxima per vector lane, one horizontal reduction, a scalar tail).
 """
 
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, math, scf
+from mlir.dialects import arith, math, scf, vector
 
 from .base import TaskBuilder, TileKernel, box, tile_offset
 
@@ -70,6 +74,107 @@ class Rowwise(TileKernel):
             scf.yield_([])
 
 
+class RowwiseCPU(Rowwise):
+    """Row passes over f32 vectors of WIDTH lanes."""
+
+    WIDTH = 16
+
+    @classmethod
+    def name(cls, op) -> str:
+        return f"{op.kind}_cpu"
+
+    def fold_row(self, row, n, vector_n, init: float, vstep, sstep, combine) -> ir.Value:
+        """Folds a row: vector partials over [0, vector_n) with `vstep(acc,
+        k)`, combined across lanes with `combine`, then the scalar tail
+        [vector_n, n) with `sstep(acc, k)`."""
+        width = self.WIDTH
+        start = arith.constant(self.vtype(width), ir.DenseElementsAttr.get_splat(
+            self.vtype(width), ir.FloatAttr.get(self.f32, init)))
+        loop = scf.ForOp(self.cidx(0), vector_n, self.cidx(width), [start])
+        with ir.InsertionPoint(loop.body):
+            scf.yield_([vstep(loop.inner_iter_args[0], loop.induction_variable)])
+        total = combine(loop.results[0])
+        tail = scf.ForOp(vector_n, n, self.cidx(1), [total])
+        with ir.InsertionPoint(tail.body):
+            scf.yield_([sstep(tail.inner_iter_args[0], tail.induction_variable)])
+        return tail.results[0]
+
+    def map_row(self, n, vector_n, vbody, sbody) -> None:
+        """`vbody(k)` for the vectors of a row, `sbody(k)` for its tail."""
+        loop = scf.ForOp(self.cidx(0), vector_n, self.cidx(self.WIDTH))
+        with ir.InsertionPoint(loop.body):
+            vbody(loop.induction_variable)
+            scf.yield_([])
+        self.for_each_col_from(vector_n, n, sbody)
+
+    def for_each_col_from(self, begin, end, body) -> None:
+        loop = scf.ForOp(begin, end, self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            body(loop.induction_variable)
+            scf.yield_([])
+
+    def emit(self) -> None:
+        op, out = self.op, self.op.result
+        x = op.operands[0]
+        width = self.WIDTH
+        (tm,) = op.tile
+        row0 = arith.muli(self.ti[0], self.cidx(tm))
+        rows = self.extent(x, 0, row0, tm)
+        n = self.dim(x, 1)
+        vector_n = arith.muli(arith.divui(n, self.cidx(width)), self.cidx(width))
+        add_kind = ir.Attribute.parse("#vector.kind<add>")
+        max_kind = ir.Attribute.parse("#vector.kind<maxnumf>")
+        vsum = lambda v: vector.reduction(self.f32, add_kind, v)
+        vmax = lambda v: vector.reduction(self.f32, max_kind, v)
+        loop = self.lane_loop(rows)
+        with ir.InsertionPoint(loop.body):
+            row = arith.addi(row0, loop.induction_variable)
+            vx = lambda k: self.vload(x, [row, k], width)
+            sx = lambda k: self.load(x, [row, k])
+            if op.kind == "sum":
+                total = self.fold_row(row, n, vector_n, 0.0,
+                                      lambda acc, k: arith.addf(acc, vx(k)),
+                                      lambda acc, k: arith.addf(acc, sx(k)), vsum)
+                self.store(total, out, [row])
+            elif op.kind == "softmax":
+                mx = self.fold_row(row, n, vector_n, float("-inf"),
+                                   lambda acc, k: arith.maxnumf(acc, vx(k)),
+                                   lambda acc, k: arith.maxnumf(acc, sx(k)), vmax)
+                vmx = self.vsplat(mx, width)
+                denom = self.fold_row(
+                    row, n, vector_n, 0.0,
+                    lambda acc, k: arith.addf(acc, math.exp(arith.subf(vx(k), vmx))),
+                    lambda acc, k: arith.addf(acc, math.exp(arith.subf(sx(k), mx))), vsum)
+                inv = arith.divf(self.cf32(1.0), denom)
+                vinv = self.vsplat(inv, width)
+                self.map_row(
+                    n, vector_n,
+                    lambda k: self.vstore(arith.mulf(math.exp(arith.subf(vx(k), vmx)), vinv),
+                                          out, [row, k]),
+                    lambda k: self.store(arith.mulf(math.exp(arith.subf(sx(k), mx)), inv),
+                                         out, [row, k]))
+            else:  # rmsnorm
+                weight = op.operands[1]
+                if isinstance(x.shape[1], int):
+                    n_f32 = self.cf32(float(x.shape[1]))
+                else:
+                    n_f32 = arith.sitofp(self.f32, arith.index_cast(
+                        ir.IntegerType.get_signless(64), n))
+                ss = self.fold_row(
+                    row, n, vector_n, 0.0,
+                    lambda acc, k: vector.fma(vx(k), vx(k), acc),
+                    lambda acc, k: arith.addf(acc, arith.mulf(sx(k), sx(k))), vsum)
+                inv = math.rsqrt(arith.addf(arith.divf(ss, n_f32), self.cf32(op.params["eps"])))
+                vinv = self.vsplat(inv, width)
+                self.map_row(
+                    n, vector_n,
+                    lambda k: self.vstore(arith.mulf(arith.mulf(vx(k), vinv),
+                                                     self.vload(weight, [k], width)), out, [row, k]),
+                    lambda k: self.store(arith.mulf(arith.mulf(sx(k), inv),
+                                                    self.load(weight, [k])), out, [row, k]))
+            scf.yield_([])
+
+
 def build_tasks(b: TaskBuilder, op) -> None:
     x = op.operands[0]
     (tm,) = op.tile
@@ -81,4 +186,5 @@ def build_tasks(b: TaskBuilder, op) -> None:
         writes = [(op.result, box(1, [tile_offset(0, tm)], [tm]))]
     else:
         writes = [(op.result, rows)]
-    b.emit_task(op, op.name, [b.grid_extent(x.shape[0], tm)], reads, writes, Rowwise)
+    kernel = RowwiseCPU if b.target.kind == "cpu" else Rowwise
+    b.emit_task(op, op.name, [b.grid_extent(x.shape[0], tm)], reads, writes, kernel)
