@@ -166,4 +166,27 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
                            "::mlir::scf::SCFDialect"];
 }
 
+def ConvertMathToPolynomials : Pass<"convert-math-to-polynomials"> {
+  let summary = "Expands transcendental math ops into vectorisable polynomials";
+  let description = [{
+    Rewrites f32 `math.exp`, `math.tanh`, `math.log`, `math.erf` and the like
+    (scalars and vectors) into range reduction and polynomial arithmetic
+    (MLIR's polynomial approximations, within a few ULP), so that the CPU
+    target computes a vector of them in vector registers instead of calling
+    the C library's `expf` once per lane, which LLVM does for
+    `llvm.intr.exp` on a vector. `etc-lower-to-cpu` runs it before
+    converting math to LLVM.
+
+    Before:
+    ```mlir
+    %e = math.exp %x : vector<16xf32>
+    ```
+    After: `arith` and `math.fma` ops on `vector<16xf32>` (a power of two
+    from the exponent bits, times a polynomial of the reduced argument).
+  }];
+  let dependentDialects = ["::mlir::arith::ArithDialect",
+                           "::mlir::math::MathDialect",
+                           "::mlir::vector::VectorDialect"];
+}
+
 #endif // ETC_CONVERSION_PASSES_TD

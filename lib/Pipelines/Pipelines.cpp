@@ -19,6 +19,8 @@
 
 void etc::buildLowerToCPUPipeline(mlir::OpPassManager &pm) {
   pm.addPass(createConvertEventToCPU());
+  // Vector exp and friends as polynomials, not one libm call per lane.
+  pm.addPass(createConvertMathToPolynomials());
   // Structured control flow and affine index arithmetic first, so that the
   // remaining conversions see only arith, cf, memref, math and func.
   pm.addPass(mlir::createLowerAffinePass());
