@@ -337,6 +337,47 @@ def Event_LaneBarrierOp : Event_Op<"lane_barrier"> {
   let assemblyFormat = "attr-dict";
 }
 
+def Event_LaneReduceOp : Event_Op<"lane_reduce", [SameOperandsAndResultType]> {
+  let summary = "Combines a value across a group of lanes";
+  let description = [{
+    Combines `value` (`add` or `maxnumf`) across each aligned group of
+    `group` consecutive lanes of the tile task, `group` a power of two from
+    1 to 32; every lane of the group gets the result. All lanes of a group
+    must reach the op together, like a barrier for the group (on CUDA a
+    group lies within one warp). On CUDA: a butterfly of `shfl.sync.bfly`
+    exchanges (log2 group steps); on the CPU target with one lane: the value
+    itself.
+
+    ```mlir
+    %row_sum = event.lane_reduce add %partial {group = 32} : f32
+    ```
+  }];
+  let arguments = (ins F32:$value, StrAttr:$kind, I64Attr:$group);
+  let results = (outs F32:$result);
+  let assemblyFormat = "$kind $value attr-dict `:` type($value)";
+  let hasVerifier = 1;
+}
+
+def Event_ScratchOp : Event_Op<"scratch"> {
+  let summary = "Memory shared by the lanes of a tile task";
+  let description = [{
+    A statically shaped buffer that every lane of the calling tile task
+    sees, for exchanging partial results between lanes (with
+    `event.lane_barrier` between the writes and the reads). Its contents are
+    undefined when the tile starts and are lost when it returns; each op is
+    its own buffer. On CUDA: a `__shared__` array of the kernel (workgroup
+    memory, reached through generic addresses); on the CPU target with one
+    lane: a stack allocation.
+
+    ```mlir
+    %partials = event.scratch : memref<4x32xf32>
+    ```
+  }];
+  let results = (outs AnyStaticShapeMemRef:$result);
+  let assemblyFormat = "attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Dynamic scheduling (L3): ready counts and the task queue
 //===----------------------------------------------------------------------===//

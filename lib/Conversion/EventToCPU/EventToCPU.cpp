@@ -290,6 +290,36 @@ struct LaneBarrierLowering : public OpConversionPattern<LaneBarrierOp> {
     return success();
   }
 };
+/// Lowers `event.lane_reduce` to its operand: with one lane per tile there
+/// is nobody to combine with.
+struct LaneReduceLowering : public OpConversionPattern<LaneReduceOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(LaneReduceOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    rewriter.replaceOp(op, adaptor.getValue());
+    return success();
+  }
+};
+
+/// Lowers `event.scratch` to a `memref.alloca` at the start of the enclosing
+/// function, so that a scratch buffer inside a loop does not grow the stack
+/// at every iteration; with one lane the buffer is private to it anyway.
+struct ScratchLowering : public OpConversionPattern<ScratchOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(ScratchOp op, OpAdaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    auto function = op->getParentOfType<FunctionOpInterface>();
+    if (!function)
+      return rewriter.notifyMatchFailure(op, "not inside a function");
+    OpBuilder::InsertionGuard guard(rewriter);
+    rewriter.setInsertionPointToStart(&function.getFunctionBody().front());
+    Value buffer = memref::AllocaOp::create(rewriter, op.getLoc(), op.getType());
+    rewriter.replaceOp(op, buffer);
+    return success();
+  }
+};
 } // namespace
 
 void etc::populateEventToCPUTypeConversions(TypeConverter &typeConverter) {
@@ -303,7 +333,7 @@ void etc::populateEventToCPUConversionPatterns(
   patterns.add<WaitOpLowering, NotifyOpLowering,
                NotifyReadyOpLowering, QueuePushOpLowering, QueuePopOpLowering,
                LaneQueryLowering<LaneIdOp, 0>, LaneQueryLowering<LaneCountOp, 1>,
-               LaneBarrierLowering>(typeConverter, patterns.getContext());
+               LaneBarrierLowering, LaneReduceLowering, ScratchLowering>(typeConverter, patterns.getContext());
 }
 
 LogicalResult etc::declareSchedYield(ModuleOp module) {

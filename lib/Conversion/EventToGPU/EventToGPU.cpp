@@ -211,6 +211,74 @@ struct LaneBarrierLowering : public OpConversionPattern<LaneBarrierOp> {
   }
 };
 
+/// Lowers `event.lane_reduce` to a butterfly of `gpu.shuffle xor` over the
+/// group's lanes (offsets group/2, ..., 2, 1 within width 32), combining
+/// with `arith.addf` or `arith.maxnumf` at each step, so every lane of the
+/// group ends with the result.
+struct LaneReduceLowering : public OpConversionPattern<LaneReduceOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(LaneReduceOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    Value value = adaptor.getValue();
+    Value width = arith::ConstantIntOp::create(rewriter, loc, 32, 32);
+    bool add = op.getKind() == "add";
+    for (int64_t offset = op.getGroup() / 2; offset >= 1; offset /= 2) {
+      Value distance = arith::ConstantIntOp::create(rewriter, loc, offset, 32);
+      Value other = gpu::ShuffleOp::create(rewriter, loc, value, distance,
+                                           width, gpu::ShuffleMode::XOR)
+                        .getShuffleResult();
+      value = add ? arith::AddFOp::create(rewriter, loc, value, other)
+                        .getResult()
+                  : arith::MaxNumFOp::create(rewriter, loc, value, other)
+                        .getResult();
+    }
+    rewriter.replaceOp(op, value);
+    return success();
+  }
+};
+
+/// Lowers `event.scratch` to a `__shared__` array: a `memref.global` in
+/// workgroup memory in the enclosing `gpu.module`, read with
+/// `memref.get_global` and cast to the default memory space, which the
+/// tile's code uses.
+struct ScratchLowering : public OpConversionPattern<ScratchOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(ScratchOp op, OpAdaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    auto kernels = op->getParentOfType<gpu::GPUModuleOp>();
+    if (!kernels)
+      return rewriter.notifyMatchFailure(op, "not inside a gpu.module");
+    MLIRContext *context = op.getContext();
+    MemRefType type = op.getType();
+    auto shared = MemRefType::get(
+        type.getShape(), type.getElementType(), AffineMap(),
+        gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
+    SymbolTable symbols(kernels);
+    std::string name;
+    for (unsigned number = 0;; ++number) {
+      name = "__etc_scratch_" + std::to_string(number);
+      if (!symbols.lookup(name))
+        break;
+    }
+    {
+      OpBuilder::InsertionGuard guard(rewriter);
+      rewriter.setInsertionPointToStart(kernels.getBody());
+      memref::GlobalOp::create(rewriter, op.getLoc(), name,
+                               rewriter.getStringAttr("private"), shared,
+                               /*initial_value=*/Attribute(),
+                               /*constant=*/false,
+                               rewriter.getI64IntegerAttr(16));
+    }
+    Value buffer =
+        memref::GetGlobalOp::create(rewriter, op.getLoc(), shared, name);
+    rewriter.replaceOpWithNewOp<memref::MemorySpaceCastOp>(op, type, buffer);
+    return success();
+  }
+};
+
 /// Lowers `event.notify_ready` for a CTA: a barrier (the tile is finished
 /// and the broadcast word free), then thread 0 decrements the element with
 /// an acquire-release atomic at GPU scope (release fence, relaxed atomic,
@@ -337,8 +405,8 @@ void etc::populateEventToGPUConversionPatterns(
                IndexQueryLowering<WorkerCountOp, gpu::GridDimOp>,
                IndexQueryLowering<LaneIdOp, gpu::ThreadIdOp>,
                IndexQueryLowering<LaneCountOp, gpu::BlockDimOp>,
-               LaneBarrierLowering, NotifyReadyOpLowering, QueuePushOpLowering,
-               QueuePopOpLowering>(typeConverter, patterns.getContext());
+               LaneBarrierLowering, LaneReduceLowering, ScratchLowering,
+               NotifyReadyOpLowering, QueuePushOpLowering, QueuePopOpLowering>(typeConverter, patterns.getContext());
 }
 
 //===----------------------------------------------------------------------===//

@@ -229,3 +229,24 @@ func.func @queue_worker(%n: index, %counters: memref<?xi32>) {
   }
   return
 }
+
+// -----
+
+// With one lane per tile, a lane reduction is the value itself, and scratch
+// memory is a stack buffer allocated once at the start of the function.
+
+// CHECK-LABEL: func.func @one_lane(
+// CHECK-SAME:      %[[X:[^:]*]]: f32, %[[N:[^:]*]]: index)
+// CHECK-NEXT:    %[[S:.*]] = memref.alloca() : memref<32xf32>
+// CHECK:         scf.for
+// CHECK-NEXT:      memref.store %[[X]], %[[S]][%{{.*}}] : memref<32xf32>
+func.func @one_lane(%x: f32, %n: index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  scf.for %i = %c0 to %n step %c1 {
+    %r = event.lane_reduce "add" %x {group = 32} : f32
+    %s = event.scratch : memref<32xf32>
+    memref.store %r, %s[%c0] : memref<32xf32>
+  }
+  return
+}

@@ -373,3 +373,31 @@ func.func @u_worker(%n: index) attributes {event.graph = "u"} {
   func.call @host_only(%w) : (index) -> ()
   return
 }
+
+// -----
+
+// A lane reduction is a shuffle butterfly within the warp; scratch memory is
+// a workgroup global of the gpu.module, used through generic addresses.
+
+// CHECK-LABEL: gpu.module @r_kernels
+// CHECK:         memref.global "private" @__etc_scratch_0 : memref<4x32xf32, #gpu.address_space<workgroup>> {alignment = 16 : i64}
+// CHECK:         gpu.func @r_worker(
+// CHECK:           %[[W16:.*]] = arith.constant 16 : i32
+// CHECK:           %[[S16:.*]], %{{.*}} = gpu.shuffle  xor %{{.*}}, %[[W16]], %{{.*}} : f32
+// CHECK:           %[[A16:.*]] = arith.addf %{{.*}}, %[[S16]] : f32
+// CHECK:           gpu.shuffle  xor %[[A16]], %{{.*}} : f32
+// CHECK:           gpu.shuffle  xor
+// CHECK:           gpu.shuffle  xor
+// CHECK:           %[[S1:.*]], %{{.*}} = gpu.shuffle  xor
+// CHECK:           %[[SUM:.*]] = arith.addf %{{.*}}, %[[S1]] : f32
+// CHECK:           %[[G:.*]] = memref.get_global @__etc_scratch_0 : memref<4x32xf32, #gpu.address_space<workgroup>>
+// CHECK:           %[[P:.*]] = memref.memory_space_cast %[[G]] : memref<4x32xf32, #gpu.address_space<workgroup>> to memref<4x32xf32>
+// CHECK:           memref.store %[[SUM]], %[[P]]
+func.func @r_worker(%x: f32) attributes {event.graph = "r"} {
+  %w = event.worker_id
+  %c0 = arith.constant 0 : index
+  %sum = event.lane_reduce "add" %x {group = 32} : f32
+  %partials = event.scratch : memref<4x32xf32>
+  memref.store %sum, %partials[%c0, %c0] : memref<4x32xf32>
+  return
+}

@@ -481,3 +481,27 @@ func.func @f(%table: memref<?xi64>, %at: index) {
   %b = event.buffer %table[%at] : memref<?xi64> -> memref<4xf32, 3>
   return
 }
+
+// -----
+
+func.func @f(%x: f32) -> f32 {
+  // expected-error @+1 {{'event.lane_reduce' op group must be a power of two from 1 to 32 (lanes of one warp on CUDA), found 48}}
+  %r = event.lane_reduce "add" %x {group = 48} : f32
+  return %r : f32
+}
+
+// -----
+
+func.func @f(%x: f32) -> f32 {
+  // expected-error @+1 {{'event.lane_reduce' op kind must be 'add' or 'maxnumf', found 'mul'}}
+  %r = event.lane_reduce "mul" %x {group = 4} : f32
+  return %r : f32
+}
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{'event.scratch' op result type 'memref<8xf32, 3>' must have the identity layout and the default memory space; the target places the buffer}}
+  %s = event.scratch : memref<8xf32, 3>
+  return
+}

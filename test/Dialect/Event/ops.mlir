@@ -119,3 +119,14 @@ func.func @buffer(%table: memref<?xi64>, %at: index) -> memref<?x64xbf16> {
   %b = event.buffer %table[%at] : memref<?xi64> -> memref<?x64xbf16>
   return %b : memref<?x64xbf16>
 }
+
+// -----
+
+// CHECK-LABEL: func.func @lanes(
+// CHECK: %{{[0-9a-z_]+}} = event.lane_reduce "add" %{{[0-9a-z_]+}} {group = 32 : i64} : f32
+// CHECK: %{{[0-9a-z_]+}} = event.scratch : memref<4x32xf32>
+func.func @lanes(%x: f32) -> (f32, memref<4x32xf32>) {
+  %sum = event.lane_reduce "add" %x {group = 32} : f32
+  %partials = event.scratch : memref<4x32xf32>
+  return %sum, %partials : f32, memref<4x32xf32>
+}

@@ -530,6 +530,31 @@ LogicalResult BufferOp::verify() {
 }
 
 //===----------------------------------------------------------------------===//
+// LaneReduceOp / ScratchOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult LaneReduceOp::verify() {
+  if (getKind() != "add" && getKind() != "maxnumf")
+    return emitOpError("kind must be 'add' or 'maxnumf', found '")
+           << getKind() << "'";
+  int64_t group = getGroup();
+  if (group < 1 || group > 32 || (group & (group - 1)) != 0)
+    return emitOpError("group must be a power of two from 1 to 32 (lanes of "
+                       "one warp on CUDA), found ")
+           << group;
+  return success();
+}
+
+LogicalResult ScratchOp::verify() {
+  MemRefType type = getType();
+  if (!type.getLayout().isIdentity() || type.getMemorySpace())
+    return emitOpError("result type ")
+           << type << " must have the identity layout and the default memory "
+           << "space; the target places the buffer";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // WaitOp / NotifyOp
 //===----------------------------------------------------------------------===//
 
