@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from mlir import ir
 
-from . import ops
 from . import pipeline as _pipeline
 from .binding import Signature
 from .pipeline import Options
@@ -73,22 +72,28 @@ class CompiledKernel:
 
 
 def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
-            workers: int = 4, policy: str = "round-robin", chip: str = "sm_90a") -> CompiledKernel:
+            workers: int = 4, policy: str = "round-robin", chip: str = "sm_90a",
+            kernels: str = "native") -> CompiledKernel:
     """Compiles `graph` into one persistent program for `target`.
 
     Stages: "graph" (L1 tasks) -> "event" (dependencies inferred) ->
     "scheduled" (persistent worker program) -> "lowered" (target code).
     A failing stage raises `etc.pipeline.PipelineError` with an `etc-opt`
     command that reproduces it.
+
+    `kernels="cuda"` (target="cpu" only) builds the CUDA tile kernels and
+    runs them on the CPU with their lanes simulated one after another: a
+    check of the GPU kernels' indexing and reductions without a GPU.
     """
-    options = Options(target=target, schedule=schedule, workers=workers, policy=policy, chip=chip)
+    options = Options(target=target, schedule=schedule, workers=workers, policy=policy, chip=chip,
+                      kernels=kernels)
     stage_pipelines = _pipeline.stages(options)
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
     # The runtime gets the signature of exactly the graph built here.
     signature = Signature.of(graph)
-    module = graph.build(ir.Context(), target=ops.Target(options.target, options.chip))
+    module = graph.build(ir.Context(), target=options.kernel_target())
     timings["graph"] = time.perf_counter() - start
     stage_ir = {"graph": str(module)}
     for stage, stage_pipeline in stage_pipelines.items():
@@ -107,7 +112,10 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
     else:
         from .runtime.cpu import CPURuntime
 
-        runtime = CPURuntime(signature, module, options.workers)
+        # Simulated GPU kernels are for checking results, and LLVM 22's loop
+        # vectorizer can take minutes on their lane loops: optimise less.
+        runtime = CPURuntime(signature, module, options.workers,
+                             opt_level=0 if options.kernels == "cuda" else 2)
     timings["jit"] = time.perf_counter() - start
     return CompiledKernel(graph, options, stage_ir, timings, runtime)
 

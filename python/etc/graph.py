@@ -126,6 +126,9 @@ class Operation:
     extra_results: tuple = ()
     #: Internal buffers the operator lowers through, by role (`moe`).
     buffers: dict = field(default_factory=dict)
+    #: Whether the user chose the tile (`tile=`); otherwise a family may
+    #: pick one per target (e.g. more, narrower matmul tiles on a GPU).
+    user_tile: bool = False
 
 
 def _fmt_shape(shape) -> str:
@@ -417,9 +420,12 @@ class Graph:
                 f"{kind}: inner dimensions differ: {_describe('a', a)} has K = {k} but "
                 f"{_describe('b', b)} has {which} dimension {kb}")
         shape = (m, n)
+        user_tile = tile is not None
         tile = self._check_tile(kind, tile, 2, (DEFAULT_ROWS, DEFAULT_COLS), shape)
-        return self._finish(kind, [("a", a), ("b", b)], shape, dtype, tile,
-                            {"transpose_b": bool(transpose_b)}, out, name)
+        result = self._finish(kind, [("a", a), ("b", b)], shape, dtype, tile,
+                              {"transpose_b": bool(transpose_b)}, out, name)
+        self._ops[-1].user_tile = user_tile
+        return result
 
     def _unary(self, kind, x, tile, out, name, params=None) -> Tensor:
         self._check_operand(kind, "x", x)
@@ -760,7 +766,7 @@ class _Builder:
         function.attributes["event.tile"] = ir.UnitAttr.get()
         entry = function.add_entry_block()
         with ir.InsertionPoint(entry):
-            kernel(op, tensors, list(entry.arguments), entry).emit()
+            kernel(op, tensors, list(entry.arguments), entry, self.target).emit()
             func.ReturnOp([])
         self.kernels[key] = function
         return function

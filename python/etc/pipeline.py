@@ -20,6 +20,7 @@ from mlir.passmanager import PassManager
 TARGETS = ("cpu", "cuda")
 SCHEDULES = ("static", "dynamic", "auto")
 POLICIES = ("round-robin",)
+KERNELS = ("native", "cuda")
 #: The stages of the pipeline, in order, as `CompiledKernel.ir(stage)` names them.
 STAGES = ("graph", "event", "scheduled", "lowered")
 
@@ -33,6 +34,10 @@ class Options:
     workers: int = 4
     policy: str = "round-robin"
     chip: str = "sm_90a"
+    #: Which tile kernels: "native" (the target's own) or, on the CPU target,
+    #: "cuda" (the CUDA kernels with their lanes simulated one after another,
+    #: to test their indexing and reductions without a GPU).
+    kernels: str = "native"
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -44,6 +49,18 @@ class Options:
             raise ValueError(f"policy={self.policy!r} is not supported; expected one of {POLICIES}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ValueError(f"workers={self.workers!r} must be a positive integer")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"kernels={self.kernels!r} is not supported; expected one of {KERNELS}")
+        if self.kernels == "cuda" and self.target != "cpu":
+            raise ValueError("kernels='cuda' simulates the CUDA kernels on target='cpu'; "
+                             f"target={self.target!r} builds its own kernels")
+
+    def kernel_target(self):
+        """The `etc.ops.Target` the tile kernels are built for."""
+        from .ops import Target
+        if self.kernels == "cuda":
+            return Target("cuda", self.chip, simulate_lanes=True)
+        return Target(self.target, self.chip)
 
 
 def stages(options: Options) -> dict[str, str]:

@@ -45,10 +45,31 @@ class Target:
     """What the tile kernels are built for: `kind` is "cpu", "cuda" or
     "generic" (portable scalar kernels, what `Graph.to_mlir()` shows), and
     `chip` the GPU (e.g. "sm_90a") on CUDA. Families choose a kernel variant
-    per target and shape."""
+    per target and shape.
+
+    CUDA kernels are written for `lanes` threads per CTA (the runtime
+    launches that many) in warps of `warp`. With `simulate_lanes`, the CUDA
+    kernels are built to run on the CPU target: their lanes run one after
+    another in loops split at the points where lanes exchange data (see
+    `Lanes`), so a test on the CPU checks their indexing and reductions."""
 
     kind: str = "generic"
     chip: Optional[str] = None
+    lanes: int = 128
+    warp: int = 32
+    simulate_lanes: bool = False
+
+    @property
+    def gpu_kernels(self) -> bool:
+        """Whether the GPU variants of the kernels are wanted."""
+        return self.kind == "cuda"
+
+    @property
+    def sm_count(self) -> int:
+        """A typical SM count of the chip, for choosing tile counts (the
+        runtime sizes the grid from the real device)."""
+        return {"sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132,
+                "sm_90a": 132}.get(self.chip or "", 108)
 
 
 #: The portable target: scalar loops over lanes, no vector or GPU ops.
@@ -142,9 +163,11 @@ class TileKernel:
         return op.kind
 
     def __init__(self, op: "Operation", tensors: Sequence["Tensor"],
-                 arguments: Sequence[ir.Value], entry: ir.Block):
+                 arguments: Sequence[ir.Value], entry: ir.Block,
+                 target: Optional[Target] = None):
         self.op = op
         self.block = entry
+        self.target = target or GENERIC
         # A buffer passed twice (add(x, x)) is read through its first parameter.
         self._buffers: dict[int, ir.Value] = {}
         for t, arg in zip(tensors, arguments):
@@ -208,24 +231,53 @@ class TileKernel:
             value = arith.truncf(element_type(t.dtype), value)
         memref.store(value, self.buf(t), idx)
 
+    # -- lanes and scratch ------------------------------------------------
+
+    def lanes(self) -> "Lanes":
+        """The lanes this kernel's tile runs on (`target.lanes` on CUDA)."""
+        t = self.target
+        return Lanes(self, t.lanes, t.warp, t.simulate_lanes)
+
+    def entry_alloca(self, type: ir.MemRefType) -> ir.Value:
+        """A stack buffer allocated at the start of the function (not inside a
+        loop, where it would grow the stack at every iteration)."""
+        with ir.InsertionPoint.at_block_begin(self.block):
+            return memref.alloca(type, [], [])
+
+    def scratch(self, shape: Sequence[int]) -> ir.Value:
+        """An f32 `event.scratch` buffer shared by the tile's lanes, made at
+        the start of the function."""
+        with ir.InsertionPoint.at_block_begin(self.block):
+            return event.scratch(ir.MemRefType.get(list(shape), self.f32))
+
     # -- vectors (f32 arithmetic, storage dtype in memory) ----------------
 
     def vtype(self, width: int) -> ir.VectorType:
         return ir.VectorType.get([width], self.f32)
 
-    def vload(self, t: "Tensor", idx: list, width: int) -> ir.Value:
+    def vload(self, t: "Tensor", idx: list, width: int, aligned: bool = False) -> ir.Value:
         """`width` consecutive elements of `t` from `idx` (along the last
-        dimension), widened to f32."""
+        dimension), widened to f32. `aligned`: the address is a multiple of
+        the vector's size (GPU kernels rely on it for 16-byte loads)."""
         storage = ir.VectorType.get([width], element_type(t.dtype))
-        v = vector.load(storage, self.buf(t), idx)
+        alignment = None
+        if aligned:
+            nbytes = width * (4 if t.dtype in ("f32", INDEX_DTYPE) else 2)
+            alignment = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), nbytes)
+        v = vector.load(storage, self.buf(t), idx, alignment=alignment)
         return v if t.dtype == "f32" else arith.extf(self.vtype(width), v)
 
-    def vstore(self, value: ir.Value, t: "Tensor", idx: list) -> None:
-        """Stores an f32 vector into `t` from `idx`, narrowed to its dtype."""
+    def vstore(self, value: ir.Value, t: "Tensor", idx: list, aligned: bool = False) -> None:
+        """Stores an f32 vector into `t` from `idx`, narrowed to its dtype
+        (`aligned` as for `vload`)."""
+        width = ir.VectorType(value.type).shape[0]
         if t.dtype != "f32":
-            width = ir.VectorType(value.type).shape[0]
             value = arith.truncf(ir.VectorType.get([width], element_type(t.dtype)), value)
-        vector.store(value, self.buf(t), idx)
+        alignment = None
+        if aligned:
+            nbytes = width * (4 if t.dtype in ("f32", INDEX_DTYPE) else 2)
+            alignment = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), nbytes)
+        vector.store(value, self.buf(t), idx, alignment=alignment)
 
     def vsplat(self, scalar: ir.Value, width: int) -> ir.Value:
         return vector.broadcast(self.vtype(width), scalar)
@@ -308,3 +360,126 @@ class TileKernel:
             half_x = arith.mulf(k(0.5), x)
             return arith.mulf(half_x, arith.addf(k(1.0), tanh))
         raise ValueError(f"unknown elementwise function {kind!r}")
+
+
+# ----------------------------------------------------------------------
+# Lane-parallel code
+# ----------------------------------------------------------------------
+
+
+class LaneValues:
+    """Per-lane values produced by `Lanes.each`: SSA values of the running
+    thread on a GPU, or an array indexed by lane when lanes are simulated."""
+
+    def __init__(self, values: Sequence[ir.Value] = (), array=None, layout=()):
+        self.values = list(values)
+        self.array = array
+        self.layout = list(layout)  # (offset, width or 0 for a scalar) per value
+
+
+class Lanes:
+    """The lanes of a tile task, `count` of them in warps of `warp`.
+
+    Kernels that split work between lanes are written as phases:
+    `each(body)` runs `body(lane)` for every lane and returns the per-lane
+    values it yields; `reduce(values, kind, group, stride)` combines them
+    across groups of lanes (see `event.lane_reduce`); `get(values, lane)`
+    reads them back in a later phase; `barrier()` separates phases that
+    exchange data through `event.scratch`.
+
+    On a GPU every lane is a thread: `each` runs its body once with
+    `lane = event.lane_id`, values stay in registers and `reduce` is
+    `event.lane_reduce`. Simulated (`Target.simulate_lanes`, the CUDA
+    kernels on the CPU target), the lanes run one after another in a loop,
+    per-lane values live in arrays, and `reduce` reads the group's entries,
+    so the same indexing and reductions run and can be checked on the CPU.
+    """
+
+    def __init__(self, kernel: "TileKernel", count: int, warp: int, simulate: bool):
+        if count % warp:
+            raise ValueError(f"lanes: {count} lanes are not whole warps of {warp}")
+        self.k = kernel
+        self.count = count
+        self.warp = warp
+        self.simulate = simulate
+
+    def each(self, body) -> LaneValues:
+        if not self.simulate:
+            return LaneValues(body(event.lane_id()) or [])
+        produced: list = []
+        holder: dict = {}
+        loop = scf.ForOp(self.k.cidx(0), self.k.cidx(self.count), self.k.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            produced = body(loop.induction_variable) or []
+            if produced:
+                holder["array"], holder["layout"] = self._store(loop.induction_variable,
+                                                                produced)
+            scf.yield_([])
+        return LaneValues(array=holder.get("array"), layout=holder.get("layout", []))
+
+    def get(self, values: LaneValues, lane: ir.Value) -> list:
+        if not self.simulate:
+            return values.values
+        return self._load(values, lane)
+
+    def reduce(self, values: LaneValues, kind: str, group: int, stride: int = 1) -> LaneValues:
+        """`kind` ("add" or "maxnumf") of each per-lane f32 value over the lanes
+        that differ only in bits stride .. stride * group / 2 of the lane id."""
+        if not self.simulate:
+            return LaneValues([self._lane_reduce(v, kind, group, stride) for v in values.values])
+        k = self.k
+
+        def combine(lane):
+            low_mask = stride * group - stride  # the group's bits
+            base = arith.andi(lane, arith.constant(k.index, ~low_mask))
+            sources = [arith.ori(base, k.cidx(j * stride)) for j in range(group)]
+            rows = [self._load(values, source) for source in sources]
+            out = []
+            for i in range(len(rows[0])):
+                acc = rows[0][i]
+                for row in rows[1:]:
+                    acc = arith.addf(acc, row[i]) if kind == "add" else arith.maxnumf(acc, row[i])
+                out.append(acc)
+            return out
+        return self.each(combine)
+
+    def barrier(self) -> None:
+        if not self.simulate:
+            event.lane_barrier()
+
+    # -- helpers -----------------------------------------------------------
+
+    def _lane_reduce(self, value: ir.Value, kind: str, group: int, stride: int) -> ir.Value:
+        if isinstance(value.type, ir.VectorType):
+            width = value.type.shape[0]
+            parts = [vector.extract(value, [], [i]) for i in range(width)]
+            reduced = [self._lane_reduce(p, kind, group, stride) for p in parts]
+            return vector.from_elements(value.type, reduced)
+        if group == 1:
+            return value
+        return event.lane_reduce(value, ir.StringAttr.get(kind),
+                                 ir.IntegerAttr.get(ir.IntegerType.get_signless(64), group),
+                                 stride=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), stride))
+
+    def _store(self, lane: ir.Value, values: list):
+        layout, offset = [], 0
+        for v in values:
+            width = v.type.shape[0] if isinstance(v.type, ir.VectorType) else 0
+            layout.append((offset, width))
+            offset += max(width, 1)
+        array = self.k.entry_alloca(ir.MemRefType.get([self.count, offset], self.k.f32))
+        for v, (at, width) in zip(values, layout):
+            if width:
+                vector.store(v, array, [lane, self.k.cidx(at)])
+            else:
+                memref.store(v, array, [lane, self.k.cidx(at)])
+        return array, layout
+
+    def _load(self, values: LaneValues, lane: ir.Value) -> list:
+        out = []
+        for at, width in values.layout:
+            if width:
+                out.append(vector.load(self.k.vtype(width), values.array, [lane, self.k.cidx(at)]))
+            else:
+                out.append(memref.load(values.array, [lane, self.k.cidx(at)]))
+        return out

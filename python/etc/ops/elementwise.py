@@ -7,7 +7,9 @@ of every operand of the result's rank, and the column block of a broadcast
 
 Kernels: generic, one element per lane iteration; cpu (`ElementwiseCPU`),
 each row of a full-width tile as f32 vectors, the rows spread over the
-lanes, partial edge tiles element by element.
+lanes, partial edge tiles element by element; cuda (`ElementwiseGPU`), the
+16-byte slices of a full tile spread over the lanes, partial edge tiles
+element by element.
 """
 
 from __future__ import annotations
@@ -103,6 +105,66 @@ class ElementwiseCPU2D(ElementwiseCPU):
     grid_rank = 2
 
 
+class ElementwiseGPU(ElementwiseCPU):
+    """A full tile as 16-byte slices (VEC elements), slice e on lane e mod
+    lanes: consecutive lanes touch consecutive 16 bytes (coalesced)."""
+
+    @classmethod
+    def name(cls, op) -> str:
+        return f"{op.kind}_gpu"
+
+    @staticmethod
+    def vec(op) -> int:
+        return 16 // (4 if op.result.dtype == "f32" else 2)
+
+    @classmethod
+    def applies(cls, op) -> bool:
+        # Aligned slices: the tile width and every row's start are whole
+        # slices (a static last dimension divisible by VEC).
+        vec = cls.vec(op)
+        last = op.result.shape[-1]
+        return op.tile[-1] % vec == 0 and isinstance(last, int) and last % vec == 0
+
+    def emit(self) -> None:
+        op, out = self.op, self.op.result
+        tn = op.tile[-1]
+        vec = self.vec(op)
+        offsets, extents, _ = self.tile_elements(out, op.tile)
+        full = arith.cmpi(arith.CmpIPredicate.eq, extents[-1], self.cidx(tn))
+        branch = scf.IfOp(full, has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            per_row = tn // vec
+            rows = extents[0] if out.rank == 2 else self.cidx(1)
+            lanes = self.lanes()
+
+            def body(lane):
+                loop = scf.ForOp(lane, arith.muli(rows, self.cidx(per_row)),
+                                 self.cidx(lanes.count))
+                with ir.InsertionPoint(loop.body):
+                    e = loop.induction_variable
+                    col = arith.addi(offsets[-1], arith.muli(arith.remui(e, self.cidx(per_row)),
+                                                             self.cidx(vec)))
+                    prefix = ([arith.addi(offsets[0], arith.divui(e, self.cidx(per_row)))]
+                              if out.rank == 2 else [])
+                    vals = [self.vload(t, prefix + [col] if t.rank == out.rank else [col], vec,
+                                       aligned=True) for t in op.operands]
+                    self.vstore(self.combine(vals), out, prefix + [col], aligned=True)
+                    scf.yield_([])
+            lanes.each(body)
+            scf.yield_([])
+        with ir.InsertionPoint(branch.else_block):
+            Elementwise.emit(self)
+            scf.yield_([])
+
+
+class ElementwiseGPU1D(ElementwiseGPU):
+    grid_rank = 1
+
+
+class ElementwiseGPU2D(ElementwiseGPU):
+    grid_rank = 2
+
+
 def build_tasks(b: TaskBuilder, op) -> None:
     res = op.result
     rank = res.rank
@@ -114,6 +176,8 @@ def build_tasks(b: TaskBuilder, op) -> None:
     grid = [b.grid_extent(d, t) for d, t in zip(res.shape, op.tile)]
     if b.target.kind == "cpu" and ElementwiseCPU.applies(op):
         kernel = ElementwiseCPU2D if rank == 2 else ElementwiseCPU1D
+    elif b.target.gpu_kernels and ElementwiseGPU.applies(op):
+        kernel = ElementwiseGPU2D if rank == 2 else ElementwiseGPU1D
     else:
         kernel = Elementwise2D if rank == 2 else Elementwise1D
     b.emit_task(op, op.name, grid, reads, [(res, own)], kernel)

@@ -15,8 +15,10 @@ Kernels, by target:
 
 from __future__ import annotations
 
+import dataclasses
+
 from mlir import ir
-from mlir.dialects import arith, scf, vector
+from mlir.dialects import arith, memref, scf, vector
 
 from .base import TaskBuilder, TileKernel, box, tile_offset
 
@@ -191,14 +193,156 @@ class MatmulCPU(Matmul):
                            [arith.addi(row, self.cidx(r)), arith.addi(col, self.cidx(c))])
 
 
+class MatmulSkinny(Matmul):
+    """GPU matmul tile for few rows (decode): C = A @ B with B (K, N).
+
+    Lanes: a row segment of the tile's `tn` columns is P = tn / VEC lanes,
+    each loading VEC columns (16 bytes) of a row of B at a time; the other
+    lanes split K: G = lanes / P groups, group g taking the chunks of VEC
+    rows g, g + G, ... (each weight byte is read once per tile, by one lane,
+    with VEC 16-byte loads in flight per chunk). A pass handles up to RB rows
+    of A, one vector accumulator per row; a tile of more rows takes several
+    passes (the second reads B from L2). After the K loop the GW groups of a
+    warp are combined with shuffles (`lane_reduce`, stride P), the warps'
+    partials through scratch memory, and the lanes then store C.
+    """
+
+    #: Rows of A per pass (vector accumulators per lane).
+    RB = 4
+
+    @classmethod
+    def name(cls, op) -> str:
+        return "matmul_gemv"
+
+    @staticmethod
+    def vec(op) -> int:
+        """Elements of A and B in 16 bytes."""
+        return 16 // (4 if op.operands[0].dtype == "f32" else 2)
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        a, b = op.operands
+        vec = cls.vec(op)
+        k, n = b.shape
+        tn = op.tile[1]
+        threads = tn // vec
+        return (target.gpu_kernels and not op.params["transpose_b"]
+                and isinstance(k, int) and isinstance(n, int)
+                and k % vec == 0 and n % tn == 0 and tn % vec == 0
+                and 1 <= threads <= target.warp and target.warp % threads == 0)
+
+    @classmethod
+    def tile_for(cls, op, target) -> tuple:
+        """Rows as the front end tiles them; columns so that the column
+        tiles alone give every SM work at one row block (B = 1), at least
+        two lanes per row segment (a 32-byte sector) and at most 128."""
+        a, b = op.operands
+        n = b.shape[1]
+        vec = cls.vec(op)
+        if not isinstance(n, int):
+            return op.tile
+        candidates = [tn for tn in (128, 64, 32, 16, 8)
+                      if tn >= 2 * vec and n % tn == 0 and tn // vec <= target.warp]
+        if not candidates:
+            return op.tile
+        enough = [tn for tn in candidates if n // tn >= target.sm_count]
+        return (op.tile[0], enough[0] if enough else candidates[-1])
+
+    def emit(self) -> None:
+        op, out = self.op, self.op.result
+        a, b = op.operands
+        tm, tn = op.tile
+        vec = self.vec(op)
+        lanes = self.lanes()
+        threads = tn // vec                 # P: lanes per row segment
+        groups = lanes.count // threads     # G: K groups
+        per_warp = lanes.warp // threads    # GW: K groups of one warp
+        warps = lanes.count // lanes.warp
+        k_chunks = b.shape[0] // vec
+        rb = self.RB
+        r0 = arith.muli(self.ti[0], self.cidx(tm))
+        c0 = arith.muli(self.ti[1], self.cidx(tn))
+        rows = self.extent(out, 0, r0, tm)
+        last_row = arith.subi(self.dim(a, 0), self.cidx(1))
+        partials = self.scratch([warps, rb, tn])
+        passes = arith.divui(arith.addi(rows, self.cidx(rb - 1)), self.cidx(rb))
+        loop = scf.ForOp(self.cidx(0), passes, self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            first = arith.addi(r0, arith.muli(loop.induction_variable, self.cidx(rb)))
+            in_pass = arith.minsi(self.cidx(rb), arith.subi(arith.addi(r0, rows), first))
+            # Rows past the tile compute copies of the last row; only real
+            # rows are stored.
+            row_of = [arith.minsi(arith.addi(first, self.cidx(r)), last_row) for r in range(rb)]
+
+            def accumulate(lane):
+                p = arith.remui(lane, self.cidx(threads))
+                g = arith.divui(lane, self.cidx(threads))
+                col = arith.addi(c0, arith.muli(p, self.cidx(vec)))
+                accs = [self.vzero(vec) for _ in range(rb)]
+                kloop = scf.ForOp(g, self.cidx(k_chunks), self.cidx(groups), accs)
+                with ir.InsertionPoint(kloop.body):
+                    k0 = arith.muli(kloop.induction_variable, self.cidx(vec))
+                    panel = [self.vload(b, [arith.addi(k0, self.cidx(i)), col], vec,
+                                        aligned=True) for i in range(vec)]
+                    carried = list(kloop.inner_iter_args)
+                    updated = []
+                    for r in range(rb):
+                        xs = self.vload(a, [row_of[r], k0], vec, aligned=True)
+                        acc = carried[r]
+                        for i in range(vec):
+                            x_i = self.vsplat(vector.extract(xs, [], [i]), vec)
+                            acc = vector.fma(x_i, panel[i], acc)
+                        updated.append(acc)
+                    scf.yield_(updated)
+                return list(kloop.results)
+
+            summed = lanes.reduce(lanes.each(accumulate), "add", per_warp, threads)
+
+            def publish(lane):
+                # The first K group of each warp holds its warp's sums.
+                g = arith.divui(lane, self.cidx(threads))
+                first_of_warp = arith.cmpi(arith.CmpIPredicate.eq,
+                                           arith.remui(g, self.cidx(per_warp)), self.cidx(0))
+                branch = scf.IfOp(first_of_warp)
+                with ir.InsertionPoint(branch.then_block):
+                    w = arith.divui(lane, self.cidx(lanes.warp))
+                    col = arith.muli(arith.remui(lane, self.cidx(threads)), self.cidx(vec))
+                    for r, acc in enumerate(lanes.get(summed, lane)):
+                        vector.store(acc, partials, [w, self.cidx(r), col])
+                    scf.yield_([])
+            lanes.each(publish)
+            lanes.barrier()
+
+            def store(lane):
+                count = arith.muli(in_pass, self.cidx(tn))
+                outputs = scf.ForOp(lane, count, self.cidx(lanes.count))
+                with ir.InsertionPoint(outputs.body):
+                    e = outputs.induction_variable
+                    r = arith.divui(e, self.cidx(tn))
+                    c = arith.remui(e, self.cidx(tn))
+                    total = memref.load(partials, [self.cidx(0), r, c])
+                    for w in range(1, warps):
+                        total = arith.addf(total, memref.load(partials, [self.cidx(w), r, c]))
+                    self.store(total, out, [arith.addi(first, r), arith.addi(c0, c)])
+                    scf.yield_([])
+            lanes.each(store)
+            # The next pass writes the partials again.
+            lanes.barrier()
+            scf.yield_([])
+
+
 def choose_kernel(op, target) -> type:
     """The matmul kernel for `op` on `target`."""
     if target.kind == "cpu" and MatmulCPU.applies(op):
         return MatmulCPU
+    if MatmulSkinny.applies(op, target):
+        return MatmulSkinny
     return Matmul
 
 
 def build_tasks(b: TaskBuilder, op) -> None:
+    if b.target.gpu_kernels and not op.user_tile:
+        op = dataclasses.replace(op, tile=MatmulSkinny.tile_for(op, b.target))
     a, w = op.operands
     res = op.result
     tm, tn = op.tile

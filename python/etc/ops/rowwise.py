@@ -5,7 +5,10 @@ of rmsnorm's weight) and writes its rows (one value per row for `sum`).
 
 Kernels: generic, one row per lane iteration with scalar loops; cpu
 (`RowwiseCPU`), the same with each pass over a row in f32 vectors (partial
-sums or maxima per vector lane, one horizontal reduction, a scalar tail).
+sums or maxima per vector lane, one horizontal reduction, a scalar tail);
+cuda (`RowwiseGPU`), one warp per row: each lane reads 16-byte slices of the
+row, the warp combines the lanes' partials with shuffles
+(`event.lane_reduce`), and the warps take the tile's rows in turn.
 """
 
 from __future__ import annotations
@@ -175,6 +178,127 @@ class RowwiseCPU(Rowwise):
             scf.yield_([])
 
 
+class RowwiseGPU(Rowwise):
+    """A warp per row, 16-byte slices per lane, shuffle reductions."""
+
+    @classmethod
+    def name(cls, op) -> str:
+        return f"{op.kind}_gpu"
+
+    @staticmethod
+    def vec(op) -> int:
+        return 16 // (4 if op.operands[0].dtype == "f32" else 2)
+
+    @classmethod
+    def applies(cls, op) -> bool:
+        n = op.operands[0].shape[1]
+        return isinstance(n, int) and n % cls.vec(op) == 0
+
+    def emit(self) -> None:
+        op, out = self.op, self.op.result
+        x = op.operands[0]
+        vec = self.vec(op)
+        lanes = self.lanes()
+        warps = lanes.count // lanes.warp
+        n = x.shape[1]
+        slices = n // vec
+        (tm,) = op.tile
+        row0 = arith.muli(self.ti[0], self.cidx(tm))
+        rows = self.extent(x, 0, row0, tm)
+        rounds = arith.divui(arith.addi(rows, self.cidx(warps - 1)), self.cidx(warps))
+        add = lambda a, b: arith.addf(a, b)
+        loop = scf.ForOp(self.cidx(0), rounds, self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            base = arith.addi(row0, arith.muli(loop.induction_variable, self.cidx(warps)))
+
+            def row_of(lane):
+                # This lane's row this round, clamped into the tile: a warp
+                # without a row of its own recomputes the last one and does
+                # not store.
+                warp = arith.divui(lane, self.cidx(lanes.warp))
+                row = arith.addi(base, warp)
+                last = arith.subi(arith.addi(row0, rows), self.cidx(1))
+                live = arith.cmpi(arith.CmpIPredicate.ult, row, arith.addi(row0, rows))
+                return arith.minsi(row, last), live
+
+            def fold(lane, init: float, step):
+                """`step(acc, slice)` over this lane's slices of its row,
+                lane l of a warp taking slices l, l + warp, ...; one f32
+                partial per lane."""
+                row, _ = row_of(lane)
+                start = arith.remui(lane, self.cidx(lanes.warp))
+                acc0 = self.const_like(self.vzero(vec), init) if init else self.vzero(vec)
+                slices_loop = scf.ForOp(start, self.cidx(slices), self.cidx(lanes.warp), [acc0])
+                with ir.InsertionPoint(slices_loop.body):
+                    col = arith.muli(slices_loop.induction_variable, self.cidx(vec))
+                    v = self.vload(x, [row, col], vec, aligned=True)
+                    scf.yield_([step(slices_loop.inner_iter_args[0], v, col)])
+                return slices_loop.results[0]
+
+            def across(kind, total):
+                combine = (lambda v: vector.reduction(
+                    self.f32, ir.Attribute.parse(f"#vector.kind<{kind}>"), v))
+                return combine(total)
+
+            def write(lane, value_of):
+                """Stores `value_of(v, col)` for this lane's slices of its row,
+                if the row is real."""
+                row, live = row_of(lane)
+                branch = scf.IfOp(live)
+                with ir.InsertionPoint(branch.then_block):
+                    start = arith.remui(lane, self.cidx(lanes.warp))
+                    w = scf.ForOp(start, self.cidx(slices), self.cidx(lanes.warp))
+                    with ir.InsertionPoint(w.body):
+                        col = arith.muli(w.induction_variable, self.cidx(vec))
+                        v = self.vload(x, [row, col], vec, aligned=True)
+                        self.vstore(value_of(v, col), out, [row, col], aligned=True)
+                        scf.yield_([])
+                    scf.yield_([])
+
+            if op.kind == "sum":
+                partial = lanes.each(lambda lane: [across("add", fold(lane, 0.0, lambda a, v, c: arith.addf(a, v)))])
+                total = lanes.reduce(partial, "add", lanes.warp)
+
+                def store_sum(lane):
+                    row, live = row_of(lane)
+                    first = arith.cmpi(arith.CmpIPredicate.eq,
+                                       arith.remui(lane, self.cidx(lanes.warp)), self.cidx(0))
+                    branch = scf.IfOp(arith.andi(live, first))
+                    with ir.InsertionPoint(branch.then_block):
+                        self.store(lanes.get(total, lane)[0], out, [row])
+                        scf.yield_([])
+                lanes.each(store_sum)
+            elif op.kind == "softmax":
+                partial = lanes.each(lambda lane: [across("maxnumf", fold(
+                    lane, float("-inf"), lambda a, v, c: arith.maxnumf(a, v)))])
+                maxima = lanes.reduce(partial, "maxnumf", lanes.warp)
+
+                def exp_sum(lane):
+                    mx = self.vsplat(lanes.get(maxima, lane)[0], vec)
+                    return [across("add", fold(lane, 0.0, lambda a, v, c: arith.addf(
+                        a, math.exp(arith.subf(v, mx)))))]
+                sums = lanes.reduce(lanes.each(exp_sum), "add", lanes.warp)
+
+                def normalise(lane):
+                    mx = self.vsplat(lanes.get(maxima, lane)[0], vec)
+                    inv = self.vsplat(arith.divf(self.cf32(1.0), lanes.get(sums, lane)[0]), vec)
+                    write(lane, lambda v, c: arith.mulf(math.exp(arith.subf(v, mx)), inv))
+                lanes.each(normalise)
+            else:  # rmsnorm
+                weight = op.operands[1]
+                squares = lanes.each(lambda lane: [across("add", fold(
+                    lane, 0.0, lambda a, v, c: vector.fma(v, v, a)))])
+                total = lanes.reduce(squares, "add", lanes.warp)
+
+                def scale(lane):
+                    mean = arith.divf(lanes.get(total, lane)[0], self.cf32(float(n)))
+                    inv = self.vsplat(math.rsqrt(arith.addf(mean, self.cf32(op.params["eps"]))), vec)
+                    write(lane, lambda v, c: arith.mulf(arith.mulf(v, inv),
+                                                        self.vload(weight, [c], vec, aligned=True)))
+                lanes.each(scale)
+            scf.yield_([])
+
+
 def build_tasks(b: TaskBuilder, op) -> None:
     x = op.operands[0]
     (tm,) = op.tile
@@ -186,5 +310,10 @@ def build_tasks(b: TaskBuilder, op) -> None:
         writes = [(op.result, box(1, [tile_offset(0, tm)], [tm]))]
     else:
         writes = [(op.result, rows)]
-    kernel = RowwiseCPU if b.target.kind == "cpu" else Rowwise
+    if b.target.kind == "cpu":
+        kernel = RowwiseCPU
+    elif b.target.gpu_kernels and RowwiseGPU.applies(op):
+        kernel = RowwiseGPU
+    else:
+        kernel = Rowwise
     b.emit_task(op, op.name, [b.grid_extent(x.shape[0], tm)], reads, writes, kernel)

@@ -123,7 +123,7 @@ class CPURuntime:
     and `outputs`; its signature is copied now (see `etc.binding.Signature`).
     """
 
-    def __init__(self, graph, module: ir.Module, workers: int):
+    def __init__(self, graph, module: ir.Module, workers: int, opt_level: int = 2):
         self.signature = Signature.of(graph)
         self.workers = workers
         self.arguments = self.signature.arguments
@@ -132,7 +132,7 @@ class CPURuntime:
         self._init_fn = f"{name}_init"
         self._worker_fn = f"{name}_worker"
         self._check_fn = f"{name}_check"
-        self.engine = jit.create(module, name)
+        self.engine = jit.create(module, name, opt_level)
         # Looking the entry points up now makes the JIT generate their code
         # here, at compile time, instead of inside the first `run`, and turns
         # a program without the expected ABI into an error before any call.

@@ -35,7 +35,7 @@ def _libgcc():
         return None
 
 
-def create(module: ir.Module, what: str) -> ExecutionEngine:
+def create(module: ir.Module, what: str, opt_level: int = 2) -> ExecutionEngine:
     """JIT-compiles `module` (`what` names it in errors), with the builtins of
     `SOFT_FLOAT_BUILTINS` that this process has. Raises JITError with MLIR's
     diagnostics when the module cannot be translated to LLVM IR."""
@@ -48,7 +48,7 @@ def create(module: ir.Module, what: str) -> ExecutionEngine:
     handler = module.context.attach_diagnostic_handler(collect)
     try:
         # The object dump lets `lookup` list the symbols a failed link missed.
-        engine = ExecutionEngine(module, opt_level=2, enable_object_dump=True)
+        engine = ExecutionEngine(module, opt_level=opt_level, enable_object_dump=True)
     except RuntimeError:
         cause = "\n  ".join(diagnostics) or "no diagnostic was reported"
         raise JITError(f"{what}: the CPU JIT could not translate the lowered module to "

@@ -505,3 +505,11 @@ func.func @f() {
   %s = event.scratch : memref<8xf32, 3>
   return
 }
+
+// -----
+
+func.func @f(%x: f32) -> f32 {
+  // expected-error @+1 {{'event.lane_reduce' op stride must be a power of two with group * stride <= 32 (one warp on CUDA), found stride 8 with group 8}}
+  %r = event.lane_reduce "add" %x {group = 8, stride = 8} : f32
+  return %r : f32
+}
