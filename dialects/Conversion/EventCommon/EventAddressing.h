@@ -39,8 +39,11 @@ void populateEventViewLoweringPattern(const mlir::TypeConverter &typeConverter,
 
 /// Adds the pattern that lowers `event.buffer` to a memref descriptor built
 /// from the buffer table's words (address, then sizes; row-major strides).
+/// The addresses point into LLVM address space `addressSpace` (1, global
+/// memory, on NVPTX) and are used through generic pointers.
 void populateEventBufferLoweringPattern(const mlir::TypeConverter &typeConverter,
-                                        mlir::RewritePatternSet &patterns);
+                                        mlir::RewritePatternSet &patterns,
+                                        unsigned addressSpace = 0);
 
 } // namespace etc
 

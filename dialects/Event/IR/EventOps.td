@@ -340,19 +340,23 @@ def Event_LaneBarrierOp : Event_Op<"lane_barrier"> {
 def Event_LaneReduceOp : Event_Op<"lane_reduce", [SameOperandsAndResultType]> {
   let summary = "Combines a value across a group of lanes";
   let description = [{
-    Combines `value` (`add` or `maxnumf`) across each aligned group of
-    `group` consecutive lanes of the tile task, `group` a power of two from
-    1 to 32; every lane of the group gets the result. All lanes of a group
-    must reach the op together, like a barrier for the group (on CUDA a
-    group lies within one warp). On CUDA: a butterfly of `shfl.sync.bfly`
-    exchanges (log2 group steps); on the CPU target with one lane: the value
-    itself.
+    Combines `value` (`add` or `maxnumf`) across groups of `group` lanes of
+    the tile task and gives every lane of a group the result. The lanes of
+    a group differ only in the bits `stride`, `2 stride`, ...,
+    `group/2 stride` of their lane id: with `stride = 1` a group is `group`
+    consecutive lanes; with `stride = 4`, `group = 8` the lanes `l`, `l + 4`,
+    ..., `l + 28` of each 32 form a group. `group` and `stride` are powers
+    of two with `group * stride <= 32`: on CUDA a group lies within one warp.
+    All lanes of a group must reach the op together, like a barrier for the
+    group. On CUDA: a butterfly of `shfl.sync.bfly` exchanges (log2 group
+    steps); on the CPU target with one lane: the value itself.
 
     ```mlir
-    %row_sum = event.lane_reduce add %partial {group = 32} : f32
+    %row_sum = event.lane_reduce "add" %partial {group = 32, stride = 1} : f32
     ```
   }];
-  let arguments = (ins F32:$value, StrAttr:$kind, I64Attr:$group);
+  let arguments = (ins F32:$value, StrAttr:$kind, I64Attr:$group,
+                       DefaultValuedAttr<I64Attr, "1">:$stride);
   let results = (outs F32:$result);
   let assemblyFormat = "$kind $value attr-dict `:` type($value)";
   let hasVerifier = 1;

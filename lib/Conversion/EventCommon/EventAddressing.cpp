@@ -98,7 +98,13 @@ namespace {
 /// handed to the memref world through an `unrealized_conversion_cast`,
 /// which `finalize-memref-to-llvm` and `reconcile-unrealized-casts` fold.
 struct BufferOpLowering : public OpConversionPattern<BufferOp> {
-  using OpConversionPattern::OpConversionPattern;
+  BufferOpLowering(const TypeConverter &typeConverter, MLIRContext *context,
+                   unsigned addressSpace)
+      : OpConversionPattern(typeConverter, context),
+        addressSpace(addressSpace) {}
+  /// The address space the table's addresses point into.
+  unsigned addressSpace;
+
   LogicalResult
   matchAndRewrite(BufferOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
@@ -115,8 +121,19 @@ struct BufferOpLowering : public OpConversionPattern<BufferOp> {
       return memref::LoadOp::create(rewriter, loc, adaptor.getTable(),
                                     ValueRange{position});
     };
-    Value pointer =
-        LLVM::IntToPtrOp::create(rewriter, loc, pointerType, word(0));
+    Value pointer;
+    if (addressSpace == 0) {
+      pointer = LLVM::IntToPtrOp::create(rewriter, loc, pointerType, word(0));
+    } else {
+      // A pointer into that space, seen through a generic one: LLVM's
+      // address-space inference then gives the accesses that space's
+      // instructions (on NVPTX: ld.global / st.global).
+      Value specific = LLVM::IntToPtrOp::create(
+          rewriter, loc, LLVM::LLVMPointerType::get(context, addressSpace),
+          word(0));
+      pointer = LLVM::AddrSpaceCastOp::create(rewriter, loc, pointerType,
+                                              specific);
+    }
     SmallVector<Type> fields = {pointerType, pointerType, i64};
     if (rank > 0) {
       fields.push_back(LLVM::LLVMArrayType::get(i64, rank));
@@ -155,6 +172,8 @@ struct BufferOpLowering : public OpConversionPattern<BufferOp> {
 } // namespace
 
 void etc::populateEventBufferLoweringPattern(const TypeConverter &typeConverter,
-                                             RewritePatternSet &patterns) {
-  patterns.add<BufferOpLowering>(typeConverter, patterns.getContext());
+                                             RewritePatternSet &patterns,
+                                             unsigned addressSpace) {
+  patterns.add<BufferOpLowering>(typeConverter, patterns.getContext(),
+                                 addressSpace);
 }

@@ -212,7 +212,8 @@ struct LaneBarrierLowering : public OpConversionPattern<LaneBarrierOp> {
 };
 
 /// Lowers `event.lane_reduce` to a butterfly of `gpu.shuffle xor` over the
-/// group's lanes (offsets group/2, ..., 2, 1 within width 32), combining
+/// group's lanes (offsets (group/2) stride, ..., stride within width 32),
+/// combining
 /// with `arith.addf` or `arith.maxnumf` at each step, so every lane of the
 /// group ends with the result.
 struct LaneReduceLowering : public OpConversionPattern<LaneReduceOp> {
@@ -224,7 +225,9 @@ struct LaneReduceLowering : public OpConversionPattern<LaneReduceOp> {
     Value value = adaptor.getValue();
     Value width = arith::ConstantIntOp::create(rewriter, loc, 32, 32);
     bool add = op.getKind() == "add";
-    for (int64_t offset = op.getGroup() / 2; offset >= 1; offset /= 2) {
+    int64_t stride = op.getStride();
+    for (int64_t offset = op.getGroup() / 2 * stride; offset >= stride;
+         offset /= 2) {
       Value distance = arith::ConstantIntOp::create(rewriter, loc, offset, 32);
       Value other = gpu::ShuffleOp::create(rewriter, loc, value, distance,
                                            width, gpu::ShuffleMode::XOR)
@@ -399,7 +402,9 @@ void etc::populateEventToGPUTypeConversions(TypeConverter &typeConverter) {
 void etc::populateEventToGPUConversionPatterns(
     const TypeConverter &typeConverter, RewritePatternSet &patterns) {
   populateEventViewLoweringPattern(typeConverter, patterns);
-  populateEventBufferLoweringPattern(typeConverter, patterns);
+  // Buffers live in global memory (NVPTX address space 1).
+  populateEventBufferLoweringPattern(typeConverter, patterns,
+                                     /*addressSpace=*/1);
   patterns.add<WaitOpLowering, NotifyOpLowering,
                IndexQueryLowering<WorkerIdOp, gpu::BlockIdOp>,
                IndexQueryLowering<WorkerCountOp, gpu::GridDimOp>,

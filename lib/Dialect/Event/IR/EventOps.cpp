@@ -542,6 +542,11 @@ LogicalResult LaneReduceOp::verify() {
     return emitOpError("group must be a power of two from 1 to 32 (lanes of "
                        "one warp on CUDA), found ")
            << group;
+  int64_t stride = getStride();
+  if (stride < 1 || (stride & (stride - 1)) != 0 || group * stride > 32)
+    return emitOpError("stride must be a power of two with group * stride <= "
+                       "32 (one warp on CUDA), found stride ")
+           << stride << " with group " << group;
   return success();
 }
 
