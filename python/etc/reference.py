@@ -15,8 +15,15 @@ Dtypes:
   rounded to bfloat16 after every operator and outputs are returned as
   ``np.float32`` arrays holding bfloat16 values.
 
-``topk`` indices are ``np.int32``. ``moe`` computes its experts in float32
-and rounds only its result; its internal routing buffers are not outputs.
+``topk`` indices, ``argmax`` results and ``i32`` inputs are ``np.int32``.
+``moe`` computes its experts in float32 and rounds only its result; its
+internal routing buffers are not outputs. The LLM operators (embedding,
+rope, head_rmsnorm, kv_append, attention, argmax) are computed by
+`etc.reference_llm`.
+
+State buffers (`Graph.state`) are passed like inputs and, as in the
+compiled kernels, updated in place: after `evaluate`, the caller's state
+arrays hold what the graph wrote into them.
 
 Symbolic dimensions are bound from the input shapes; an inconsistent
 binding raises `ValueError` naming both inputs and the dimension. A
@@ -28,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import bfloat16
+from . import bfloat16, reference_llm
 from .graph import Graph, Symbol, Tensor
 from .binding import bind_symbols as _bind_shapes, check_input_names
 
@@ -36,7 +43,7 @@ __all__ = ["evaluate", "round_bf16", "bind_symbols", "topk", "moe", "NUMPY_DTYPE
 
 #: The NumPy dtype that carries each graph dtype.
 NUMPY_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
-                "bf16": np.dtype(np.float32)}
+                "bf16": np.dtype(np.float32), "i32": np.dtype(np.int32)}
 
 
 def round_bf16(x) -> np.ndarray:
@@ -49,7 +56,10 @@ def round_bf16(x) -> np.ndarray:
 
 
 def _to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Rounds a float32 result to what a buffer of `dtype` holds (as float32)."""
+    """Rounds a float32 result to what a buffer of `dtype` holds (as float32;
+    int32 for i32)."""
+    if dtype == "i32":
+        return np.asarray(x, dtype=np.int32)
     x = np.asarray(x, dtype=np.float32)
     if dtype == "f16":
         return x.astype(np.float16).astype(np.float32)
@@ -63,7 +73,7 @@ def bind_symbols(g: Graph, inputs: dict) -> dict:
     dims) and returns {symbol name: value} bound from their shapes. The errors
     are those of the runtimes (etc.binding)."""
     check_input_names(g.name, g.arguments, inputs)
-    for t in (t for t in g._tensors if t.kind == "input"):
+    for t in (t for t in g._tensors if t.kind in ("input", "state")):
         array = inputs[t.name]
         if not isinstance(array, np.ndarray):
             raise TypeError(f"input {t.name!r} must be a numpy.ndarray, got "
@@ -137,6 +147,8 @@ def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
 
 def _apply(op, vals: list) -> np.ndarray:
     kind = op.kind
+    if kind in reference_llm.KINDS:
+        return reference_llm.apply(op, vals)
     if kind == "moe":
         return moe(*vals, op.params["top_k"])
     if kind == "matmul":
@@ -181,8 +193,10 @@ def evaluate(g: Graph, /, **inputs) -> list[np.ndarray]:
     symbols = bind_symbols(g, inputs)
     env: dict[int, np.ndarray] = {}
     for t in g._tensors:
-        if t.kind == "input":
-            env[id(t)] = _to_storage(inputs[t.name], t.dtype)
+        if t.kind in ("input", "state"):
+            # A copy for states: operators replace their value, which is
+            # written back into the caller's array at the end.
+            env[id(t)] = np.array(_to_storage(inputs[t.name], t.dtype), copy=t.kind == "state")
     with np.errstate(over="ignore", under="ignore"):
         for op in g._ops:
             vals = [env[id(t)] for t in op.operands]
@@ -190,10 +204,15 @@ def evaluate(g: Graph, /, **inputs) -> list[np.ndarray]:
                 result, indices = topk(vals[0], op.params["k"])
                 env[id(op.extra_results[0])] = indices
             else:
-                result = _apply(op, vals).astype(np.float32, copy=False)
+                result = _apply(op, vals)
+                if result.dtype != np.int32:
+                    result = result.astype(np.float32, copy=False)
             shape = _concrete_shape(op.result, symbols)
             assert result.shape == shape, (op.name, result.shape, shape)
             env[id(op.result)] = _to_storage(result, op.result.dtype)
+    for t in g._tensors:
+        if t.kind == "state":
+            inputs[t.name][...] = env[id(t)]
     outs = []
     for t in g._outputs:
         v = env[id(t)]

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import elementwise, matmul, moe, rowwise, topk
+from . import elementwise, embedding, headnorm, kvcache, matmul, moe, rope, rowwise, sampling, topk
 from .base import GENERIC, Target
 
 __all__ = ["GENERIC", "Target", "family", "kinds"]
 
 #: The registered families, in no particular order.
-_FAMILIES: tuple[ModuleType, ...] = (elementwise, matmul, rowwise, topk, moe)
+_FAMILIES: tuple[ModuleType, ...] = (elementwise, matmul, rowwise, topk, moe, embedding, rope,
+                                     headnorm, kvcache, sampling)
 
 _BY_KIND: dict[str, ModuleType] = {}
 for _family in _FAMILIES:
