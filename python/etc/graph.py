@@ -757,9 +757,10 @@ class _Builder:
 
     def emit_task(self, op: Operation, name: str, grid: list, reads: list, writes: list,
                   kernel: type, waits: Sequence = (), notifies: Sequence = (),
-                  indices: Sequence[Tensor] = ()) -> None:
+                  indices: Sequence[Tensor] = (), live: Sequence = ()) -> None:
         """One `event.task` whose body calls `kernel`'s function: footprints as
-        (tensor, box) pairs, explicit events as (event value, map) pairs."""
+        (tensor, box) pairs, explicit events as (event value, map) pairs,
+        live bounds as `#event.live` attributes over `indices`."""
         # Drop repeated identical reads (e.g. add(x, x)).
         unique_reads = []
         for t, fp in reads:
@@ -774,7 +775,8 @@ class _Builder:
             ir.ArrayAttr.get([fp for _, fp in unique_reads]),
             ir.ArrayAttr.get([fp for _, fp in writes]),
             ir.ArrayAttr.get([m for _, m in waits]),
-            ir.ArrayAttr.get([m for _, m in notifies]))
+            ir.ArrayAttr.get([m for _, m in notifies]),
+            live_bounds=ir.ArrayAttr.get(list(live)) if live else None)
         names = ["i", "j", "k"][:len(grid)]
         body = task.body.blocks.append(*([self.index] * len(grid)),
                                        arg_locs=[ir.Location.name(n) for n in names])

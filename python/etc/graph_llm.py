@@ -214,6 +214,72 @@ class LLMOperators:
         return self._record(kind, (cache, values, batch.positions, batch.token_request,
                                    batch.request_slot), cache, tile, {})
 
+    def attention(self, q, k_cache, v_cache, batch: RaggedBatch, *, head_dim: int,
+                  chunk: int = DEFAULT_CHUNK, max_length=None, scale: Optional[float] = None,
+                  name: Optional[str] = None):
+        """Causal grouped-query attention of each token of the batch over its
+        request's KV cache slot (flash-decoding: see `etc.ops.attention`).
+
+        q is (T, H * head_dim); k_cache and v_cache are (slots, length,
+        H_kv * head_dim) with H a multiple of H_kv (query head h reads KV
+        head h // (H / H_kv)), already appended to for this step. Token t
+        attends to positions 0 .. positions[t] of slot
+        request_slot[token_request[t]], with softmax(scale * q . k), scale
+        1 / sqrt(head_dim) by default. The KV sequence is split into chunks
+        of `chunk` positions: request r runs ceildiv(request_length[r],
+        chunk) chunk tasks, decided at run time. The number of chunks the
+        grid holds comes from the cache length, or from `max_length` when
+        that is symbolic: requests must not be longer. Result (T, H *
+        head_dim) in q's dtype."""
+        kind = "attention"
+        self._check_operand(kind, "q", q, ranks=(2,))
+        for role, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            self._check_operand(kind, role, cache, ranks=(3,))
+        batch = self._check_batch(kind, batch)
+        self._check_head_dim(kind, head_dim, q.shape[1], "q")
+        self._check_head_dim(kind, head_dim, k_cache.shape[2], "k_cache")
+        if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+            raise ValueError(f"{kind}: {_graph._describe('k_cache', k_cache)} and "
+                             f"{_graph._describe('v_cache', v_cache)} must have the same "
+                             f"shape and dtype")
+        heads, kv_heads = q.shape[1] // head_dim, k_cache.shape[2] // head_dim
+        if heads % kv_heads:
+            raise ValueError(f"{kind}: {heads} query heads cannot be grouped over {kv_heads} "
+                             f"KV heads (the query head count must be a multiple)")
+        if not _graph._same_dim(q.shape[0], batch.tokens):
+            raise ValueError(f"{kind}: {_graph._describe('q', q)} must have one row per token "
+                             f"of the batch ({batch.tokens} rows)")
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"{kind}: 'chunk' must be a positive int, got {chunk!r}")
+        length = k_cache.shape[1]
+        if max_length is None:
+            if not isinstance(length, int):
+                raise ValueError(f"{kind}: the cache length of "
+                                 f"{_graph._describe('k_cache', k_cache)} is symbolic; pass "
+                                 f"max_length= (the longest a request may be), which sizes "
+                                 f"the chunk grid")
+            max_length = length
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise ValueError(f"{kind}: 'max_length' must be a positive int, got {max_length!r}")
+        if scale is None:
+            scale = 1.0 / math.sqrt(head_dim)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise ValueError(f"{kind}: 'scale' must be a float, got {scale!r}")
+        chunks = -(-max_length // chunk)
+        operands = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                    ("positions", batch.positions), ("token_request", batch.token_request),
+                    ("request_slot", batch.request_slot),
+                    ("request_length", batch.request_length),
+                    ("request_first", batch.request_first)]
+        params = {"head_dim": head_dim, "heads": heads, "kv_heads": kv_heads, "chunk": chunk,
+                  "chunks": chunks, "scale": float(scale)}
+        result = self._finish(kind, operands, q.shape, q.dtype, (1,), params, None, name)
+        partial = self._new_tensor(self._fresh_name(f"{result.name}_partial"),
+                                   (q.shape[0], chunks, heads * (head_dim + 2)), "f32",
+                                   "value")
+        self._ops[-1].buffers = {"partial": partial}
+        return result
+
     def argmax(self, x, *, tile=None, name: Optional[str] = None):
         """Greedy sampling: the i32 index of the largest value of each row
         of x (M, N), the first of equal values (NaN ranks above every

@@ -96,6 +96,13 @@ def index_map(text: str) -> ir.Attribute:
     return ir.Attribute.parse(f"#event.map<{text}>")
 
 
+def live_bound(dim: int, bound: str, position: str) -> ir.Attribute:
+    """`#event.live`: tile index `d<dim>` below `bound` (an affine map of the
+    loaded value) of the value that `position` (an index map with one
+    indirect result) loads: only those tiles run."""
+    return ir.Attribute.parse(f"#event.live<d{dim} below {bound} of {position}>")
+
+
 class TaskBuilder(Protocol):
     """What an operator family needs from the graph builder to emit its tasks."""
 
@@ -107,9 +114,11 @@ class TaskBuilder(Protocol):
 
     def emit_task(self, op: "Operation", name: str, grid: list, reads: list, writes: list,
                   kernel: type, waits: Sequence = (), notifies: Sequence = (),
-                  indices: Sequence = ()) -> None:
+                  indices: Sequence = (), live: Sequence = ()) -> None:
         """One `event.task` whose tiles call `kernel`; footprints are
-        (tensor, box) pairs, explicit events (event value, map) pairs."""
+        (tensor, box) pairs, explicit events (event value, map) pairs, and
+        `live` the task's live bounds (`live_bound`), whose values are
+        loaded from `indices`."""
 
 
 # ----------------------------------------------------------------------

@@ -459,3 +459,93 @@ func.func @taken_check() {
 }
 event.graph @taken(%n: index) {
 }
+
+// -----
+
+// Live bounds: chunk tile (i, j) runs while j < ceildiv(len[i], 4), combine
+// tile i while on[i] > 0. Tile ids and the queue keep the closed-form grid
+// total T = 9 r; g_init counts the live tiles into the word after the tile
+// offsets, publishes the end marker T + 1 in the queue slots [live, T) that
+// no push will fill (a pop there returns T and ends the worker), and gives
+// pending counts and pushes only to live tiles. A notifier readies a waiting
+// tile only if it is live; g_check also requires exactly `live` pushes.
+
+// CHECK-LABEL: func.func @live_counters(
+// CHECK-SAME:      %[[R:[^:]*]]: index
+// CHECK:         %[[GRID:.*]] = arith.muli %[[R]], %{{.*}} : index
+// CHECK:         %[[T:.*]] = arith.addi %[[GRID]], %[[R]] : index
+// CHECK:         %[[OFFSETS:.*]] = arith.addi %{{.*}}, %[[T]] : index
+// CHECK:         %[[LIVE:.*]] = arith.addi %[[OFFSETS]], %{{.*}} : index
+// CHECK:         %[[END:.*]] = arith.addi %[[LIVE]], %{{.*}} : index
+// CHECK:         return %[[END]] : index
+
+// CHECK-LABEL: func.func @live_init(
+// CHECK-SAME:      %[[R:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
+// CHECK:         %[[T:.*]] = arith.addi %{{.*}}, %[[R]] : index
+// CHECK:         %[[PENDING:.*]] = arith.addi %[[R]], %{{.*}} : index
+// CHECK:         %[[OFFSETS:.*]] = arith.addi %[[PENDING]], %[[T]] : index
+// CHECK:         %[[LIVEWORD:.*]] = arith.addi %{{.*}}, %{{.*}} : index
+// Dead tiles' pending counts are zero.
+// CHECK:         scf.for %[[P:.*]] = %[[PENDING]] to %[[OFFSETS]] step
+// CHECK-NEXT:      memref.store %{{.*}}, %[[COUNTERS]][%[[P]]]
+// CHECK:         %[[COUNT:.*]] = scf.for {{.*}} iter_args({{.*}}) -> (index) {
+// CHECK:           scf.index_switch
+// CHECK:           case 0 {
+// CHECK:             arith.cmpi slt
+// CHECK:             arith.select
+// CHECK:         %[[COUNT32:.*]] = arith.index_cast %[[COUNT]] : index to i32
+// CHECK:         memref.store %[[COUNT32]], %[[COUNTERS]][%[[LIVEWORD]]] : memref<?xi32>
+// CHECK:         %[[SLOTS:.*]] = arith.addi %[[R]], %{{.*}} : index
+// CHECK:         %[[TP1:.*]] = arith.addi %[[T]], %{{.*}} : index
+// CHECK:         %[[MARKER:.*]] = arith.index_cast %[[TP1]] : index to i32
+// CHECK:         %[[LAST:.*]] = arith.addi %[[SLOTS]], %[[T]] : index
+// CHECK:         %[[FIRST:.*]] = arith.addi %[[SLOTS]], %[[COUNT]] : index
+// CHECK:         scf.for %[[S:.*]] = %[[FIRST]] to %[[LAST]] step
+// CHECK-NEXT:      memref.store %[[MARKER]], %[[COUNTERS]][%[[S]]] : memref<?xi32>
+// Pending counts and pushes, live tiles only.
+// CHECK:         case 0 {
+// CHECK:           %[[ALIVE:.*]] = arith.cmpi slt
+// CHECK:           scf.if %[[ALIVE]] {
+// CHECK:             event.queue_push %{{.*}}, %[[COUNTERS]][%[[R]]] capacity(%[[T]])
+
+// CHECK-LABEL: func.func @live_worker(
+// CHECK:         event.queue_pop
+// CHECK:         "test.chunk"
+// CHECK:         %[[READY:.*]] = event.notify_ready
+// CHECK:         scf.if %[[READY]] {
+// CHECK:           scf.for
+// CHECK:             scf.index_switch
+// CHECK:             case 0 {
+// CHECK:               scf.for %[[TILE:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:             %[[ALIVE:.*]] = arith.cmpi slt, %[[TILE]], %{{.*}} : index
+// CHECK:             scf.if %[[ALIVE]] {
+// CHECK:               event.notify_ready
+// CHECK:               event.queue_push
+
+// CHECK-LABEL: func.func @live_check(
+// CHECK-SAME:      %[[R:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
+// The events-or-pending flag ORs two loop results (not loop-carried values).
+// CHECK:         arith.ori %{{[0-9]+}}, %{{[0-9]+}} : i1
+// CHECK-NEXT:    %[[ONE:.*]] = arith.constant 1 : index
+// CHECK-NEXT:    %[[TAILAT:.*]] = arith.addi %[[R]], %[[ONE]] : index
+// CHECK-NEXT:    %[[TAIL:.*]] = memref.load %[[COUNTERS]][%[[TAILAT]]]
+// CHECK-NEXT:    %[[LIVE:.*]] = memref.load %[[COUNTERS]][%{{.*}}]
+// CHECK-NEXT:    %[[OTHER:.*]] = arith.cmpi ne, %[[TAIL]], %[[LIVE]] : i32
+// CHECK-NEXT:    arith.ori %{{.*}}, %[[OTHER]] : i1
+event.graph @live(%r: index, %len: memref<?xi32>, %on: memref<?xi32>) {
+  %c8 = arith.constant 8 : index
+  %done = event.alloc(%r) : !event.tensor<?>
+  event.task "chunk" grid(%r, %c8)
+      notifies(%done : !event.tensor<?> (d0, d1) -> (d0))
+      indices(%len : memref<?xi32>)
+      live(d1 below (d0) -> (d0 ceildiv 4) of (d0, d1) -> (d0) indirect [0]) {
+  ^bb0(%i: index, %j: index):
+    "test.chunk"(%i, %j) : (index, index) -> ()
+  }
+  event.task "combine" grid(%r) waits(%done : !event.tensor<?> (d0) -> (d0))
+      indices(%on : memref<?xi32>)
+      live(d0 below (d0) -> (d0 * 1000) of (d0) -> (d0) indirect [0]) {
+  ^bb0(%i: index):
+    "test.combine"(%i) : (index) -> ()
+  }
+}

@@ -113,6 +113,9 @@ struct QueueLayout {
   Value pendingView;
   /// The first global tile of each task, then the total (numTasks + 1).
   Value tileOffsets;
+  /// When some task has live bounds: the word holding the number of live
+  /// tiles, which `@g_init` counts.
+  Value liveTiles;
   /// The inverse index, when some wait needs it: `eventCounters + 1`
   /// offsets (by counter position), then the waiting tile ids.
   Value indexOffsets;
@@ -175,6 +178,12 @@ private:
   /// Sets every tile's pending count and pushes the ready tiles (`@g_init`).
   void initPending(OpBuilder &b, ScheduledFunction &function,
                    QueueLayout &layout);
+  /// The number of live tiles of all tasks (`@g_init`).
+  Value countLiveTiles(OpBuilder &b, Location loc, ScheduledFunction &function);
+  /// Counts the live tiles into `layout.liveTiles` and publishes the end
+  /// marker in every queue slot no live tile will use (`@g_init`).
+  void initLiveTiles(OpBuilder &b, ScheduledFunction &function,
+                     QueueLayout &layout);
 
   /// Emits the tile with global id `id` of task `task`: the body, then the
   /// notifies.
@@ -210,12 +219,18 @@ private:
   SmallVector<bool> classHasBoxWaiters, classHasIndexedWaiters;
   /// Whether any wait uses the inverse index.
   bool anyIndexed = false;
+  /// Whether some task has live bounds, so that fewer tiles than the grids
+  /// hold run.
+  bool anyLive = false;
 };
 } // namespace
 
 DynamicScheduler::DynamicScheduler(const GraphPlan &plan, int64_t workers,
                                    bool forceIndex)
     : GraphProgramBuilder(plan, "dynamic", workers) {
+  anyLive = llvm::any_of(plan.families, [](const TaskFamily &family) {
+    return family.isPredicated();
+  });
   // Index buffers some task writes hold their values only once that task
   // ran, so `@g_init` cannot evaluate indirect waits through them.
   llvm::SmallDenseSet<Value> written;
@@ -300,6 +315,10 @@ ScheduledFunction DynamicScheduler::createFunction(OpBuilder &builder,
   layout.tileOffsets = addIndex(b, loc, layout.pending, layout.totalTiles);
   layout.end = addIndex(b, loc, layout.tileOffsets,
                         constantIndex(b, loc, tasks.size() + 1));
+  if (anyLive) {
+    layout.liveTiles = layout.end;
+    layout.end = addIndex(b, loc, layout.end, constantIndex(b, loc, 1));
+  }
   if (anyIndexed) {
     layout.indexOffsets = layout.end;
     layout.indexEntries =
@@ -389,8 +408,13 @@ void DynamicScheduler::forEachTile(
               productIndex(cb, loc, extents), constantIndex(cb, loc, 1),
               ValueRange{},
               [&](OpBuilder &lb, Location loc, Value local, ValueRange) {
-                body(lb, family, record, addIndex(lb, loc, offset, local),
-                     delinearize(lb, loc, local, extents));
+                SmallVector<Value> tile = delinearize(lb, loc, local, extents);
+                // Dead tiles are never queued, waited for or indexed.
+                ifLive(lb, loc, function, family, record, tile,
+                       [&](OpBuilder &live) {
+                         body(live, family, record,
+                              addIndex(live, loc, offset, local), tile);
+                       });
                 scf::YieldOp::create(lb, loc);
               });
           return {};
@@ -589,9 +613,75 @@ void DynamicScheduler::initPending(OpBuilder &b, ScheduledFunction &function,
       });
 }
 
+Value DynamicScheduler::countLiveTiles(OpBuilder &b, Location loc,
+                                      ScheduledFunction &function) {
+  Type index = b.getIndexType();
+  Value zero = constantIndex(b, loc, 0);
+  Value one = constantIndex(b, loc, 1);
+  auto loop = scf::ForOp::create(
+      b, loc, zero, constantIndex(b, loc, tasks.size()), one,
+      ValueRange{zero},
+      [&](OpBuilder &nested, Location loc, Value task, ValueRange counted) {
+        ValueRange tiles = switchOnFamily(
+            nested, loc, function, task, TypeRange{index},
+            [&](OpBuilder &cb, const TaskFamily &family,
+                Value record) -> SmallVector<Value> {
+              if (!family.isPredicated())
+                return {tilesOf(cb, loc, function, family)};
+              SmallVector<Value> extents = gridOf(function, family);
+              SmallVector<Value> zeros(extents.size(), zero);
+              SmallVector<Value> ones(extents.size(), one);
+              scf::LoopNest nest = scf::buildLoopNest(
+                  cb, loc, zeros, extents, ones, ValueRange{zero},
+                  [&](OpBuilder &lb, Location loc, ValueRange tile,
+                      ValueRange live) -> scf::ValueVector {
+                    Value runs = liveCondition(lb, loc, function, family,
+                                               record, tile);
+                    Value increment = arith::SelectOp::create(
+                        lb, loc, runs, constantIndex(lb, loc, 1),
+                        constantIndex(lb, loc, 0));
+                    return {addIndex(lb, loc, live[0], increment)};
+                  });
+              return {nest.results.front()};
+            });
+        scf::YieldOp::create(nested, loc,
+                             addIndex(nested, loc, counted[0], tiles[0]));
+      });
+  return loop.getResult(0);
+}
+
+/// Queue slots are claimed in order, one per pushed tile, and only live
+/// tiles are pushed, so slots [live, total) are never filled by a push: a
+/// worker that claims one would wait forever. Each holds `total + 1` from
+/// the start instead, which a pop returns as tile id `total`, the id that
+/// ends the worker loop, exactly as a pop past the capacity does. The
+/// queue keeps its closed-form capacity and protocol.
+void DynamicScheduler::initLiveTiles(OpBuilder &b, ScheduledFunction &function,
+                                     QueueLayout &layout) {
+  Location loc = graph.getLoc();
+  Value live = countLiveTiles(b, loc, function);
+  storeIndex(b, loc, live, function.counters, layout.liveTiles);
+  Value slots = addIndex(b, loc, layout.queue,
+                         constantIndex(b, loc, queue::kHeaderWords));
+  Value endMarker = arith::IndexCastOp::create(
+      b, loc, b.getI32Type(),
+      addIndex(b, loc, layout.totalTiles, constantIndex(b, loc, 1)));
+  scf::ForOp::create(
+      b, loc, addIndex(b, loc, slots, live),
+      addIndex(b, loc, slots, layout.totalTiles), constantIndex(b, loc, 1),
+      ValueRange{},
+      [&](OpBuilder &nested, Location loc, Value position, ValueRange) {
+        memref::StoreOp::create(nested, loc, endMarker, function.counters,
+                                position);
+        scf::YieldOp::create(nested, loc);
+      });
+}
+
 /// `@g_init(symbols, table, counters)`: expected counts, an empty queue, the
 /// tile offsets, the inverse index, the pending counts, and the ready tiles
-/// pushed. Runs once, single-threaded, before any worker starts.
+/// pushed. With live bounds, also the live tile count and the end markers
+/// of the slots dead tiles leave unused. Runs once, single-threaded, before
+/// any worker starts.
 void DynamicScheduler::buildInit(OpBuilder &builder) {
   QueueLayout layout;
   ScheduledFunction function = createFunction(
@@ -600,6 +690,12 @@ void DynamicScheduler::buildInit(OpBuilder &builder) {
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
   initEventCounters(b, function);
   zeroCounters(b, loc, function.counters, layout.queue, layout.pending);
+  if (anyLive) {
+    // Dead tiles get no pending count of their own; `@g_check` reads them.
+    zeroCounters(b, loc, function.counters, layout.pending,
+                 layout.tileOffsets);
+    initLiveTiles(b, function, layout);
+  }
   // tileOffsets[0] = 0, tileOffsets[k + 1] = tileOffsets[k] + tiles of k.
   storeIndex(b, loc, constantIndex(b, loc, 0), function.counters,
              layout.tileOffsets);
@@ -700,12 +796,22 @@ void DynamicScheduler::readyWaiters(OpBuilder &b, Location loc,
             }
             auto emitLoops = [&](OpBuilder &lb, Location loc) {
               SmallVector<Value> steps(extents.size(), one);
+              Value record;
+              if (family.isPredicated()) {
+                useTaskTables(function);
+                record = loadConstant(lb, loc, function.taskRecord, task);
+              }
               scf::buildLoopNest(
                   lb, loc, lower, upper, steps,
                   [&](OpBuilder &inner, Location loc, ValueRange tile) {
-                    Value id = addIndex(inner, loc, taskOffset,
-                                        linearize(inner, loc, tile, extents));
-                    readyTile(inner, loc, function, layout, id);
+                    // A dead waiting tile has no pending count to take.
+                    ifLive(inner, loc, function, family, record, tile,
+                           [&](OpBuilder &live) {
+                             Value id = addIndex(
+                                 live, loc, taskOffset,
+                                 linearize(live, loc, tile, extents));
+                             readyTile(live, loc, function, layout, id);
+                           });
                   });
             };
             if (!matches) {
@@ -863,6 +969,18 @@ void DynamicScheduler::buildCheck(OpBuilder &builder) {
       anyNonZero(b, loc, function, layout.pending,
                  addIndex(b, loc, layout.pending, layout.totalTiles));
   Value unbalanced = arith::OrIOp::create(b, loc, eventsLeft, pendingLeft);
+  if (anyLive) {
+    // Every live tile is pushed exactly once: one more push took an end
+    // marker's slot (overflow), one fewer left a worker waiting.
+    Value tail = memref::LoadOp::create(
+        b, loc, function.counters,
+        addIndex(b, loc, layout.queue, constantIndex(b, loc, queue::kTailWord)));
+    Value live =
+        memref::LoadOp::create(b, loc, function.counters, layout.liveTiles);
+    Value pushedOther =
+        arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne, tail, live);
+    overflow = arith::OrIOp::create(b, loc, overflow, pushedOther);
+  }
   Value clean = arith::ConstantIntOp::create(b, loc, kClean, 32);
   Value overflowed = arith::ConstantIntOp::create(b, loc, kQueueOverflow, 32);
   Value notBalanced = arith::ConstantIntOp::create(b, loc, kUnbalanced, 32);
@@ -891,12 +1009,15 @@ void DynamicScheduler::build(OpBuilder &builder) {
 //===----------------------------------------------------------------------===//
 
 /// True when `graph`'s dependencies depend on runtime data: an event counted
-/// on the device (no `count`) or an indirect wait or notify map.
+/// on the device (no `count`), an indirect wait or notify map, or a task
+/// whose live tiles are decided by data.
 static bool isDataDependent(GraphOp graph) {
   for (AllocOp alloc : graph.getBody().getOps<AllocOp>())
     if (!alloc.getCount())
       return true;
   for (TaskOp task : graph.getBody().getOps<TaskOp>()) {
+    if (task.isPredicated())
+      return true;
     for (unsigned entry = 0; entry < task.getWaits().size(); ++entry)
       if (task.getWaitMap(entry).hasIndirect())
         return true;
