@@ -178,8 +178,9 @@ private:
   /// Sets every tile's pending count and pushes the ready tiles (`@g_init`).
   void initPending(OpBuilder &b, ScheduledFunction &function,
                    QueueLayout &layout);
-  /// The number of live tiles of all tasks (`@g_init`).
-  Value countLiveTiles(OpBuilder &b, Location loc, ScheduledFunction &function);
+  /// Counts the live tiles of all tasks into counter `word` (`@g_init`).
+  void countLiveTiles(OpBuilder &b, Location loc, ScheduledFunction &function,
+                      Value word);
   /// Counts the live tiles into `layout.liveTiles` and publishes the end
   /// marker in every queue slot no live tile will use (`@g_init`).
   void initLiveTiles(OpBuilder &b, ScheduledFunction &function,
@@ -613,41 +614,41 @@ void DynamicScheduler::initPending(OpBuilder &b, ScheduledFunction &function,
       });
 }
 
-Value DynamicScheduler::countLiveTiles(OpBuilder &b, Location loc,
-                                      ScheduledFunction &function) {
-  Type index = b.getIndexType();
-  Value zero = constantIndex(b, loc, 0);
-  Value one = constantIndex(b, loc, 1);
-  auto loop = scf::ForOp::create(
-      b, loc, zero, constantIndex(b, loc, tasks.size()), one,
-      ValueRange{zero},
-      [&](OpBuilder &nested, Location loc, Value task, ValueRange counted) {
-        ValueRange tiles = switchOnFamily(
-            nested, loc, function, task, TypeRange{index},
-            [&](OpBuilder &cb, const TaskFamily &family,
-                Value record) -> SmallVector<Value> {
-              if (!family.isPredicated())
-                return {tilesOf(cb, loc, function, family)};
-              SmallVector<Value> extents = gridOf(function, family);
-              SmallVector<Value> zeros(extents.size(), zero);
-              SmallVector<Value> ones(extents.size(), one);
-              scf::LoopNest nest = scf::buildLoopNest(
-                  cb, loc, zeros, extents, ones, ValueRange{zero},
-                  [&](OpBuilder &lb, Location loc, ValueRange tile,
-                      ValueRange live) -> scf::ValueVector {
-                    Value runs = liveCondition(lb, loc, function, family,
-                                               record, tile);
-                    Value increment = arith::SelectOp::create(
-                        lb, loc, runs, constantIndex(lb, loc, 1),
-                        constantIndex(lb, loc, 0));
-                    return {addIndex(lb, loc, live[0], increment)};
-                  });
-              return {nest.results.front()};
-            });
-        scf::YieldOp::create(nested, loc,
-                             addIndex(nested, loc, counted[0], tiles[0]));
-      });
-  return loop.getResult(0);
+void DynamicScheduler::countLiveTiles(OpBuilder &b, Location loc,
+                                     ScheduledFunction &function,
+                                     Value word) {
+  // Counted in place rather than carried through loop results: the GPU
+  // initialisation kernel runs every write on one thread, and a loop that
+  // writes and has results could not.
+  storeIndex(b, loc, constantIndex(b, loc, 0), function.counters, word);
+  auto add = [&](OpBuilder &nested, Value amount) {
+    Value total = loadIndex(nested, loc, function.counters, word);
+    storeIndex(nested, loc, addIndex(nested, loc, total, amount),
+               function.counters, word);
+  };
+  forEachTask(b, loc, [&](OpBuilder &nested, Value task) {
+    switchOnFamily(
+        nested, loc, function, task, TypeRange{},
+        [&](OpBuilder &cb, const TaskFamily &family,
+            Value record) -> SmallVector<Value> {
+          if (!family.isPredicated()) {
+            add(cb, tilesOf(cb, loc, function, family));
+            return {};
+          }
+          SmallVector<Value> extents = gridOf(function, family);
+          SmallVector<Value> zeros(extents.size(), constantIndex(cb, loc, 0));
+          SmallVector<Value> ones(extents.size(), constantIndex(cb, loc, 1));
+          scf::buildLoopNest(
+              cb, loc, zeros, extents, ones,
+              [&](OpBuilder &lb, Location, ValueRange tile) {
+                ifLive(lb, loc, function, family, record, tile,
+                       [&](OpBuilder &live) {
+                         add(live, constantIndex(live, loc, 1));
+                       });
+              });
+          return {};
+        });
+  });
 }
 
 /// Queue slots are claimed in order, one per pushed tile, and only live
@@ -659,8 +660,8 @@ Value DynamicScheduler::countLiveTiles(OpBuilder &b, Location loc,
 void DynamicScheduler::initLiveTiles(OpBuilder &b, ScheduledFunction &function,
                                      QueueLayout &layout) {
   Location loc = graph.getLoc();
-  Value live = countLiveTiles(b, loc, function);
-  storeIndex(b, loc, live, function.counters, layout.liveTiles);
+  countLiveTiles(b, loc, function, layout.liveTiles);
+  Value live = loadIndex(b, loc, function.counters, layout.liveTiles);
   Value slots = addIndex(b, loc, layout.queue,
                          constantIndex(b, loc, queue::kHeaderWords));
   Value endMarker = arith::IndexCastOp::create(
