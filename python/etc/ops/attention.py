@@ -32,16 +32,16 @@ static (from the cache's largest length), which bounds the grid.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, math, memref, scf, vector
+from mlir.dialects import arith, math, memref, scf
 
 from ..dialects import event
-from .base import TaskBuilder, TileKernel, box, element_type, index_map, live_bound, whole
+from .base import TaskBuilder, TileKernel, box, index_map, live_bound, whole
 
 KINDS = ("attention",)
 
 
 class _AttentionKernel(TileKernel):
-    """Vector helpers for rows of `head_dim` values, computed in float32."""
+    """Rows of `head_dim` values as f32 vectors (`TileKernel.vload`)."""
 
     part = ""
 
@@ -49,23 +49,12 @@ class _AttentionKernel(TileKernel):
     def name(cls, op) -> str:
         return f"attention_{cls.part}"
 
-    def vector_type(self) -> ir.VectorType:
-        return ir.VectorType.get([self.op.params["head_dim"]], self.f32)
-
     def load_row(self, t, idx: list) -> ir.Value:
         """head_dim consecutive values of `t` from `idx` on, as float32."""
-        stored = ir.VectorType.get([self.op.params["head_dim"]], element_type(t.dtype))
-        v = vector.load(stored, self.buf(t), idx)
-        return v if t.dtype == "f32" else arith.extf(self.vector_type(), v)
-
-    def store_row(self, value: ir.Value, t, idx: list) -> None:
-        if t.dtype != "f32":
-            stored = ir.VectorType.get([self.op.params["head_dim"]], element_type(t.dtype))
-            value = arith.truncf(stored, value)
-        vector.store(value, self.buf(t), idx)
+        return self.vload(t, idx, self.op.params["head_dim"])
 
     def splat(self, value: ir.Value) -> ir.Value:
-        return vector.broadcast(self.vector_type(), value)
+        return self.vsplat(value, self.op.params["head_dim"])
 
 
 class AttentionChunk(_AttentionKernel):
@@ -118,8 +107,7 @@ class AttentionChunk(_AttentionKernel):
                     k = keys.induction_variable
                     m, l, acc = keys.inner_iter_args
                     key = self.load_row(k_cache, [slot, k, kv_column])
-                    dot = vector.reduction(self.f32, vector.CombiningKind.ADD,
-                                           arith.mulf(query, key))
+                    dot = self.vsum(arith.mulf(query, key))
                     score = arith.mulf(dot, scale)
                     m_new = arith.maximumf(m, score)
                     alpha = math.exp(arith.subf(m, m_new))
@@ -130,7 +118,7 @@ class AttentionChunk(_AttentionKernel):
                     scf.yield_([m_new, arith.addf(arith.mulf(l, alpha), weight), acc])
                 m, l, acc = keys.results
                 base = arith.muli(h, self.cidx(head_dim + 2))
-                self.store_row(acc, partial, [t, j, base])
+                self.vstore(acc, partial, [t, j, base])
                 memref.store(m, self.buf(partial), [t, j, arith.addi(base, self.cidx(head_dim))])
                 memref.store(l, self.buf(partial),
                              [t, j, arith.addi(base, self.cidx(head_dim + 1))])
@@ -175,7 +163,7 @@ class AttentionCombine(_AttentionKernel):
                                                  self.splat(weight)))
                 scf.yield_([l, acc])
             l, acc = merge.results
-            self.store_row(arith.divf(acc, self.splat(l)), out,
+            self.vstore(arith.divf(acc, self.splat(l)), out,
                            [t, arith.muli(h, self.cidx(head_dim))])
             scf.yield_([])
 

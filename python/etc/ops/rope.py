@@ -18,6 +18,8 @@ positions (and all of inv_freq) and writes its rows.
 
 from __future__ import annotations
 
+import math as _pymath
+
 from mlir import ir
 from mlir.dialects import arith, math, scf
 
@@ -31,6 +33,22 @@ class Rope(TileKernel):
     the pair are stored by the lane that computes them."""
 
     grid_rank = 1
+
+    def reduce_angle(self, angle: ir.Value) -> ir.Value:
+        """The f32 `angle` minus the nearest multiple of 2 pi, computed in
+        f64 (exact enough for any angle a position can make), so that cos
+        and sin see an argument in [-pi, pi]: the polynomial expansions of
+        the CPU lowering (and fast GPU paths) lose accuracy far from 0,
+        while Hugging Face takes cos and sin of the f32 angle exactly."""
+        f64 = ir.F64Type.get()
+        wide = arith.extf(f64, angle)
+        two_pi = 2.0 * _pymath.pi
+        turns = math.floor(arith.addf(
+            arith.mulf(wide, arith.constant(f64, ir.FloatAttr.get(f64, 1.0 / two_pi))),
+            arith.constant(f64, ir.FloatAttr.get(f64, 0.5))))
+        reduced = arith.subf(wide, arith.mulf(turns, arith.constant(
+            f64, ir.FloatAttr.get(f64, two_pi))))
+        return arith.truncf(self.f32, reduced)
 
     def emit(self) -> None:
         op = self.op
@@ -63,7 +81,7 @@ class Rope(TileKernel):
                 freq = arith.divf(self.cf32(1.0),
                                   math.powf(self.cf32(op.params["theta"]), exponent))
             position = arith.sitofp(self.f32, self.load(positions, [row]))
-            angle = arith.mulf(position, freq)
+            angle = self.reduce_angle(arith.mulf(position, freq))
             cos, sin = math.cos(angle), math.sin(angle)
             x0 = self.load(x, [row, first])
             x1 = self.load(x, [row, second])
