@@ -584,15 +584,19 @@ class Graph(LLMOperators):
         return values, indices
 
     def moe(self, x: Tensor, router_w: Tensor, w1: Tensor, w2: Tensor, top_k: int, *,
-            tile=None, out: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
-        """A Mixture-of-Experts layer with SiLU experts.
+            w_up: Optional[Tensor] = None, normalize: bool = True, tile=None,
+            out: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
+        """A Mixture-of-Experts layer with SiLU (or, with `w_up`, SwiGLU) experts.
 
         x is (T, H), router_w (H, E), w1 (E, H, F), w2 (E, F, H), E static.
         Per token: p = softmax(x @ router_w); the `top_k` experts with the
-        largest p (equal p: lower expert index first); their p renormalised
-        to sum 1 as weights; y = sum_j weight_j * (silu(x @ w1[e_j]) @ w2[e_j]).
-        Result (T, H). `tile=m` sets the routed (token, expert) slots per
-        expert tile (default 32). See docs/moe.md for the lowering.
+        largest p (equal p: lower expert index first); their p, renormalised
+        to sum 1 unless `normalize=False`, as weights;
+        y = sum_j weight_j * (act_j @ w2[e_j]) with act_j = silu(x @ w1[e_j]),
+        or silu(x @ w1[e_j]) * (x @ w_up[e_j]) with `w_up` (E, H, F) (the
+        gated experts of Qwen3-MoE and Mixtral). Result (T, H). `tile=m`
+        sets the routed (token, expert) slots per expert tile (default 32).
+        See docs/moe.md for the lowering.
         """
         kind = "moe"
         self._check_operand(kind, "x", x, ranks=(2,))
@@ -600,6 +604,9 @@ class Graph(LLMOperators):
         self._check_operand(kind, "w1", w1, ranks=(3,))
         self._check_operand(kind, "w2", w2, ranks=(3,))
         operands = [("x", x), ("router_w", router_w), ("w1", w1), ("w2", w2)]
+        if w_up is not None:
+            self._check_operand(kind, "w_up", w_up, ranks=(3,))
+            operands.append(("w_up", w_up))
         dtype = self._same_dtype(kind, operands)
         tokens, hidden = x.shape
         experts = router_w.shape[1]
@@ -621,6 +628,8 @@ class Graph(LLMOperators):
                f"H = {hidden} from {_describe('x', x)}")
         expect("w2", w2, (experts, ffn, hidden),
                f"(E, F, H) with F = {ffn} from {_describe('w1', w1)} and H = {hidden}")
+        if w_up is not None:
+            expect("w_up", w_up, (experts, hidden, ffn), f"(E, H, F), as {_describe('w1', w1)}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= experts:
             raise ValueError(f"{kind}: top_k = {top_k!r} is out of range: "
                              f"{_describe('router_w', router_w)} has E = {experts} experts; "
@@ -633,7 +642,8 @@ class Graph(LLMOperators):
             raise ValueError(f"{kind}: tile {tile!r} must be a positive int (slots per "
                              f"expert tile)")
         result = self._finish(kind, operands, (tokens, hidden), dtype, (tile,),
-                              {"top_k": top_k, "experts": experts}, out, name)
+                              {"top_k": top_k, "experts": experts, "gated": w_up is not None,
+                               "normalize": bool(normalize)}, out, name)
 
         def internal(role: str, shape: tuple, internal_dtype: str) -> Tensor:
             return self._new_tensor(self._fresh_name(f"{result.name}_{role}"), shape,

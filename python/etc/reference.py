@@ -126,21 +126,27 @@ def _silu(x: np.ndarray) -> np.ndarray:
 
 
 def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
-        top_k: int) -> np.ndarray:
+        top_k: int, w_up=None, normalize: bool = True) -> np.ndarray:
     """Mixture-of-Experts: p = softmax(x @ router_w) per token, the top_k
-    experts by p (ties: lower expert first), their p renormalised to sum 1,
-    y[t] = sum_j weight_j * (silu(x[t] @ w1[e_j]) @ w2[e_j]); float32."""
+    experts by p (ties: lower expert first), their p renormalised to sum 1
+    (unless `normalize` is false) as weights,
+    y[t] = sum_j weight_j * (act_j @ w2[e_j]), act_j = silu(x[t] @ w1[e_j]),
+    times x[t] @ w_up[e_j] with `w_up` (gated experts); float32."""
     x, router_w, w1, w2 = (np.asarray(a, dtype=np.float32) for a in (x, router_w, w1, w2))
     logits = x @ router_w
     e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
     p = e / np.sum(e, axis=-1, keepdims=True, dtype=np.float32)
     chosen_p, chosen = topk(p, top_k)
-    weights = chosen_p / np.sum(chosen_p, axis=-1, keepdims=True, dtype=np.float32)
+    weights = chosen_p / np.sum(chosen_p, axis=-1, keepdims=True, dtype=np.float32) \
+        if normalize else chosen_p
     y = np.zeros(x.shape, np.float32)
     for j in range(top_k):
         for expert in np.unique(chosen[:, j]):
             tokens = np.nonzero(chosen[:, j] == expert)[0]
-            out = _silu(x[tokens] @ w1[expert]) @ w2[expert]
+            act = _silu(x[tokens] @ w1[expert])
+            if w_up is not None:
+                act = act * (x[tokens] @ np.asarray(w_up[expert], np.float32))
+            out = act @ w2[expert]
             y[tokens] += weights[tokens, j:j + 1] * out
     return y
 
@@ -150,7 +156,8 @@ def _apply(op, vals: list) -> np.ndarray:
     if kind in reference_llm.KINDS:
         return reference_llm.apply(op, vals)
     if kind == "moe":
-        return moe(*vals, op.params["top_k"])
+        w_up = vals[4] if op.params.get("gated") else None
+        return moe(*vals[:4], op.params["top_k"], w_up, op.params.get("normalize", True))
     if kind == "matmul":
         a, b = vals
         return a @ (b.T if op.params["transpose_b"] else b)
