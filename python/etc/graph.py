@@ -713,6 +713,9 @@ class _Builder:
         # Kernel key -> its function, and how many functions each stem has.
         self.kernels: dict[tuple, func.FuncOp] = {}
         self.stems: dict[str, int] = {}
+        # Explicit events an operator's tasks leave for a later operator's
+        # (e.g. when attention layers share a scratch buffer), by key.
+        self.events: dict = {}
 
     def memref_type(self, t: Tensor) -> ir.MemRefType:
         dyn = ir.ShapedType.get_dynamic_size()

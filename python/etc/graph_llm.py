@@ -216,7 +216,7 @@ class LLMOperators:
 
     def attention(self, q, k_cache, v_cache, batch: RaggedBatch, *, head_dim: int,
                   chunk: int = DEFAULT_CHUNK, max_length=None, scale: Optional[float] = None,
-                  name: Optional[str] = None):
+                  scratch_from=None, name: Optional[str] = None):
         """Causal grouped-query attention of each token of the batch over its
         request's KV cache slot (flash-decoding: see `etc.ops.attention`).
 
@@ -230,7 +230,13 @@ class LLMOperators:
         chunk) chunk tasks, decided at run time. The number of chunks the
         grid holds comes from the cache length, or from `max_length` when
         that is symbolic: requests must not be longer. Result (T, H *
-        head_dim) in q's dtype."""
+        head_dim) in q's dtype.
+
+        The chunks' partial results go to a float32 scratch buffer of
+        T * chunks * H * (head_dim + 2) values. `scratch_from=` an earlier
+        attention's result reuses that attention's scratch (the layers of a
+        model share one): an explicit event orders this attention's chunk
+        tiles after every combine tile of the earlier one."""
         kind = "attention"
         self._check_operand(kind, "q", q, ranks=(2,))
         for role, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -273,10 +279,29 @@ class LLMOperators:
                     ("request_first", batch.request_first)]
         params = {"head_dim": head_dim, "heads": heads, "kv_heads": kv_heads, "chunk": chunk,
                   "chunks": chunks, "scale": float(scale)}
+        shape = (q.shape[0], chunks, heads * (head_dim + 2))
+        partial = None
+        if scratch_from is not None:
+            earlier = next((op for op in self._ops if op.kind == kind and
+                            op.result is scratch_from), None)
+            if earlier is None:
+                raise ValueError(f"{kind}: 'scratch_from' must be the result of an earlier "
+                                 f"attention of graph '{self.name}', got {scratch_from!r}")
+            partial = earlier.buffers["partial"]
+            if len(partial.shape) != 3 or not all(
+                    _graph._same_dim(a, b) for a, b in zip(partial.shape, shape)):
+                raise ValueError(f"{kind}: the scratch of '{scratch_from.name}' has shape "
+                                 f"{partial.shape}, but this attention needs {shape}")
+        if partial is not None:
+            # Every attention of a sharing group notifies the release event,
+            # so that the layers' tile functions and families stay identical
+            # (the last one's is notified and never waited on).
+            earlier.params["shared_scratch"] = True
+            params["shared_scratch"] = True
         result = self._finish(kind, operands, q.shape, q.dtype, (1,), params, None, name)
-        partial = self._new_tensor(self._fresh_name(f"{result.name}_partial"),
-                                   (q.shape[0], chunks, heads * (head_dim + 2)), "f32",
-                                   "value")
+        if partial is None:
+            partial = self._new_tensor(self._fresh_name(f"{result.name}_partial"), shape, "f32",
+                                       "value")
         self._ops[-1].buffers = {"partial": partial}
         return result
 

@@ -128,3 +128,44 @@ def test_attention_errors():
     vh = g.state("vh", (S, L, 16), "f16")
     with pytest.raises(ValueError, match=r"'kc'.* and .*'vh'.* must have the same shape and dtype"):
         g.attention(q32, kc, vh, batch, head_dim=8, max_length=16)
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_layers_share_one_scratch(schedule):
+    """Two attention layers over their own caches share one scratch buffer:
+    the second layer's chunk tiles wait until the first layer's combine
+    tiles are done with it (an explicit event), and the layers keep sharing
+    their tile functions."""
+    g = etc.Graph("two_layers")
+    T, R, S, L = (g.symbol(n) for n in "TRSL")
+    x = g.input("x", (T, 16), "f32")
+    batch = g.ragged_batch(T, R)
+    out, previous = x, None
+    for layer in range(2):
+        kc = g.kv_append(g.state(f"kc{layer}", (S, L, 16)), out, batch)
+        vc = g.kv_append(g.state(f"vc{layer}", (S, L, 16)), out, batch)
+        attended = g.attention(out, kc, vc, batch, head_dim=8, chunk=4, max_length=16,
+                               scratch_from=previous)
+        previous = attended
+        out = g.add(attended, out)
+    g.output(out)
+    assert sum(a.name.endswith("_partial") for a in g.arguments) == 1
+    kernel = etc.compile(g, target="cpu", schedule=schedule, workers=4)
+    text = kernel.ir("event")
+    released = re.search(r'(%\S+) = event\.alloc\(\) count\(\S+\) : !event\.tensor<>\n\s*'
+                         r'event\.task "attention_0_combine"', text)
+    assert released, text
+    chunk1 = re.search(r'event\.task "attention_1_chunk"[^\n]*', text).group(0)
+    assert f"{released.group(1)} : !event.tensor<> (d0, d1) -> ()" in chunk1.split("notifies")[0]
+    assert len(re.findall(r"func\.func private @two_layers_tile_attention_chunk", text)) == 1
+    rng = np.random.default_rng(5)
+    caches = {f"{k}{l}": np.zeros((2, 16, 16), np.float32) for k in ("kc", "vc") for l in (0, 1)}
+    mirror = {k: v.copy() for k, v in caches.items()}
+    lengths = [0, 0]
+    for new in ([7, 3], [1, 1], [4, 1]):
+        b = _batch(lengths, new, [1, 0])
+        xs = rng.standard_normal((sum(new), 16)).astype(np.float32)
+        (got,) = kernel.run(x=xs, **b, **caches)
+        (want,) = etc.reference.evaluate(g, x=xs, **b, **mirror)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        lengths = [a + n for a, n in zip(lengths, new)]

@@ -26,7 +26,10 @@ tiles never run, and no list of tiles is built on the host.
 
 `partial` (T, NC, H (D + 2)) float32 has no footprints: which rows a chunk
 tile writes is runtime data, and `done` orders it. The chunk count NC is
-static (from the cache's largest length), which bounds the grid.
+static (from the cache's largest length), which bounds the grid. Several
+attentions may share one `partial` (the layers of a model): every combine
+tile then notifies a `released` event (count T), and the next attention
+using the scratch waits on it in every chunk tile before overwriting it.
 """
 
 from __future__ import annotations
@@ -182,14 +185,25 @@ def build_tasks(b: TaskBuilder, op) -> None:
     # No `count`: each request's element expects one notify per live chunk
     # tile, ceildiv(length, C), which the scheduled program counts.
     done = event.AllocOp(done_type, sizes).result
+    # A scratch shared with an earlier attention: wait until all of its
+    # combine tiles have read it.
+    key = ("attention_scratch", id(partial))
+    released = b.events.get(key)
     b.emit_task(op, f"{op.name}_chunk", grid,
                 [(q, whole(2, q)), (k_cache, whole(2, k_cache)), (v_cache, whole(2, v_cache))],
                 [], AttentionChunk,
+                waits=[(released, index_map("(d0, d1) -> ()"))] if released is not None else [],
                 notifies=[(done, index_map("(d0, d1) -> (d0)"))],
                 indices=[request_length],
                 live=[live_bound(1, f"(d0) -> (d0 ceildiv {chunk})",
                                  "(d0, d1) -> (d0) indirect [0]")])
-    b.emit_task(op, f"{op.name}_combine", [b.grid_extent(q.shape[0], 1)], [],
+    tokens = b.grid_extent(q.shape[0], 1)
+    notifies = []
+    if op.params.get("shared_scratch"):
+        released = event.AllocOp(ir.Type.parse("!event.tensor<>"), [], count=tokens).result
+        b.events[key] = released
+        notifies.append((released, index_map("(d0) -> ()")))
+    b.emit_task(op, f"{op.name}_combine", [tokens], [],
                 [(op.result, box(1, ["d0", "0"], [1, None]))], AttentionCombine,
                 waits=[(done, index_map("(d0) -> (d0) indirect [0]"))],
-                indices=[token_request])
+                notifies=notifies, indices=[token_request])

@@ -108,6 +108,9 @@ class TaskBuilder(Protocol):
 
     #: The target the kernels are built for.
     target: Target
+    #: Explicit events an operator's tasks leave for a later operator's,
+    #: by a key the families choose.
+    events: dict
 
     def grid_extent(self, dim, tile: int) -> ir.Value:
         """ceil(dim / tile) as an index value (a constant or over a symbol)."""
