@@ -275,10 +275,13 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
     * `@g_worker(symbols, table, counters)`: pops task ids until
       `event.queue_pop` returns T; finds the task the id falls in by binary
       search over the tile offsets and runs the tile in its family's case;
-      notifies each notify element with `event.notify_ready` and, in the
-      notifier that took it to zero, decrements the pending count of every
-      tile waiting on that element, pushing the tile whose count reaches
-      zero. No tile waits: a popped tile is ready. The waiters of an element
+      then, one notify entry per iteration of a loop, notifies the entry's
+      element with `event.notify_ready` (in the family's case, which
+      reports the element) and, in the notifier that took it to zero,
+      decrements the pending count of every tile waiting on that element,
+      pushing the tile whose count reaches zero. The readying code exists
+      once per event class (a switch on the reported class), not once per
+      notify site, which keeps the worker small. No tile waits: a popped tile is ready. The waiters of an element
       are found in closed form when the wait map is affine with results
       `dN`, `dN floordiv M` or constants (a box of tiles: the coordinate,
       the M tiles `[M*c, M*c+M)`, every tile along grid dimensions absent
@@ -320,20 +323,28 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
       ^bb0(%t: index):
         %k = ... binary search of %t over the tile offsets ...
         scf.index_switch %family
-        case 0 {
-          ... the tile of "a" (tile %t - o_k) ...
-          %ready = event.notify_ready %e[%i] : !event.tensor<?>
-          scf.if %ready {
-            scf.for %w = %first_waiter to %last_waiter step %c1 {
-              ... waiting task and kind from the waiter tables ...
-              %go = event.notify_ready %pending[%waiter] : !event.tensor<?>
-              scf.if %go {
-                event.queue_push %waiter, %counters[%q] capacity(%T) : memref<?xi32>
+        case 0 { ... the tile of "a" (tile %t - o_k) ... }
+        default { ... the tile of "b" ... }
+        scf.for %entry = %c0 to %max_entries step %c1 {
+          %r:5 = scf.index_switch %family -> i1, index, index, index, index
+          case 0 {   // "a", entry 0
+            %ready = event.notify_ready %e[%i] : !event.tensor<?>
+            scf.yield %ready, %class, %number, %base, %i : ...
+          }
+          default { ... "b" notifies nothing: false ... }
+          scf.if %r#0 {
+            scf.index_switch %r#1
+            case 0 {   // event class 0
+              scf.for %w = %first_waiter to %last_waiter step %c1 {
+                ... waiting task and kind from the waiter tables ...
+                %go = event.notify_ready %pending[%waiter] : !event.tensor<?>
+                scf.if %go {
+                  event.queue_push %waiter, %counters[%q] capacity(%T) : memref<?xi32>
+                }
               }
             }
           }
         }
-        default { ... the tile of "b" ... }
         scf.yield
       }
       return

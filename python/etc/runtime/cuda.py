@@ -424,6 +424,23 @@ class CUDARuntime:
             self._count_cache[key] = int(value[0])
         return self._count_cache[key]
 
+    def device_array(self, host: np.ndarray) -> DeviceArray:
+        """A device copy of the C-contiguous `host` array (in its storage
+        dtype), to pass to later runs in place of `host`: weights uploaded
+        once, or a state buffer that stays on the device."""
+        self._load()
+        host = np.ascontiguousarray(host)
+        device = self._alloc(host.shape, host.dtype)
+        if host.nbytes:
+            _check(self._driver, "cuMemcpyHtoD",
+                   self._driver.cuMemcpyHtoD(device.pointer, host.ctypes.data, host.nbytes))
+        return device
+
+    def device_zeros(self, shape: tuple, dtype) -> DeviceArray:
+        """A zeroed device array (e.g. a KV cache kept on the device)."""
+        self._load()
+        return self._alloc(tuple(shape), np.dtype(dtype))
+
     def bind(self, inputs: dict) -> Launch:
         """Binds NumPy arrays (copied to the device) or device arrays (used in
         place) to the graph's inputs and allocates everything else."""

@@ -97,43 +97,52 @@
 // CHECK:           %[[TASKAT:.*]] = arith.addi %[[OFFSETS]], %[[SEARCH]]#0 : index
 // CHECK:           %[[FIRST32:.*]] = memref.load %[[COUNTERS]][%[[TASKAT]]] : memref<?xi32>
 // CHECK:           %[[FIRST:.*]] = arith.index_cast %[[FIRST32]] : i32 to index
+// CHECK:           %[[LOCAL:.*]] = arith.subi %[[ID]], %[[FIRST]] : index
+// The tile body in its family's case. A popped tile is ready: no wait.
 // CHECK:           scf.index_switch
 // CHECK:           case 0 {
-// CHECK:             %[[LOCAL:.*]] = arith.subi %[[ID]], %[[FIRST]] : index
 // CHECK:             %[[I:.*]] = arith.divui %[[LOCAL]], %{{.*}} : index
 // CHECK:             memref.store %{{.*}}, %[[X]][%[[I]], %{{.*}}]
-// CHECK:             %[[NUMBER32:.*]] = memref.load %{{.*}}[%{{.*}}] : memref<2xi32>
-// CHECK:             %[[NUMBER:.*]] = arith.index_cast %[[NUMBER32]] : i32 to index
-// CHECK:             %[[E:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[N]]) : memref<?xi32> -> !event.tensor<?>
-// CHECK:             %[[ZERO:.*]] = event.notify_ready %[[E]][%[[I]]] : !event.tensor<?>
-// CHECK:             scf.if %[[ZERO]] {
-// CHECK:               %[[BEGIN32:.*]] = memref.load %[[WAITER_OFFSETS]][%[[NUMBER]]] : memref<2xi32>
-// CHECK:               scf.for %[[WAITER:.*]] =
-// CHECK:                 %[[WTASK32:.*]] = memref.load %[[WAITER_TASKS]][%[[WAITER]]] : memref<1xi32>
-// CHECK:                 %[[WTASK:.*]] = arith.index_cast %[[WTASK32]] : i32 to index
-// CHECK:                 %[[WAT:.*]] = arith.addi %[[OFFSETS]], %[[WTASK]] : index
-// CHECK:                 %[[WFIRST32:.*]] = memref.load %[[COUNTERS]][%[[WAT]]] : memref<?xi32>
-// CHECK:                 %[[WFIRST:.*]] = arith.index_cast %[[WFIRST32]] : i32 to index
-// CHECK:                 scf.index_switch
-// CHECK:                 case 0 {
-// CHECK:                   %[[LO:.*]] = arith.minui %[[I]], %[[N]] : index
-// CHECK:                   %[[NEXT:.*]] = arith.addi %[[I]], %{{.*}} : index
-// CHECK:                   %[[HI:.*]] = arith.minui %[[NEXT]], %[[N]] : index
-// CHECK:                   scf.for %[[W:.*]] = %[[LO]] to %[[HI]] step
-// CHECK-NEXT:                %[[WID:.*]] = arith.addi %[[WFIRST]], %[[W]] : index
-// CHECK-NEXT:                %[[LAST:.*]] = event.notify_ready %[[PENDING]][%[[WID]]] : !event.tensor<?>
-// CHECK-NEXT:                scf.if %[[LAST]] {
-// CHECK-NEXT:                  event.queue_push %[[WID]], %[[COUNTERS]][%[[N]]] capacity(%[[T2]]) : memref<?xi32>
-// CHECK:                 default {
-// CHECK-NEXT:            }
-// A popped tile is ready: no wait.
+// CHECK-NOT:         event.notify
 // CHECK:           default {
-// CHECK-NEXT:        %[[ROW:.*]] = arith.subi %[[ID]], %[[FIRST]] : index
 // CHECK-NOT:         event.wait
-// CHECK:             memref.load %[[X]][%[[ROW]], %{{.*}}]
+// CHECK:             memref.load %[[X]][%[[LOCAL]], %{{.*}}]
 // CHECK-NOT:         event.notify
 // CHECK:           }
-// CHECK-NEXT:      scf.yield
+// Then the notifies, one entry per iteration: the family's case notifies
+// its entry and reports (ready, class, event number, first counter, element).
+// CHECK:           scf.for %[[ENTRY:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:             %[[R:.*]]:5 = scf.index_switch %{{.*}} -> i1, index, index, index, index
+// CHECK:             case 0 {
+// CHECK:               scf.index_switch %[[ENTRY]] -> i1, index, index, index, index
+// CHECK:               case 0 {
+// CHECK:                 %[[I:.*]] = arith.divui %[[LOCAL]], %{{.*}} : index
+// CHECK:                 %[[NUMBER32:.*]] = memref.load %{{.*}}[%{{.*}}] : memref<2xi32>
+// CHECK:                 %[[NUMBER:.*]] = arith.index_cast %[[NUMBER32]] : i32 to index
+// CHECK:                 %[[E:.*]] = event.view %[[COUNTERS]][%[[BASE:.*]]](%[[N]]) : memref<?xi32> -> !event.tensor<?>
+// CHECK:                 %[[ZERO:.*]] = event.notify_ready %[[E]][%[[I]]] : !event.tensor<?>
+// CHECK:                 scf.yield %[[ZERO]], %{{.*}}, %[[NUMBER]], %[[BASE]], %[[I]] : i1, index, index, index, index
+// The waiters of a ready element, readied once per event class.
+// CHECK:             scf.if %[[R]]#0 {
+// CHECK-NEXT:          scf.index_switch %[[R]]#1
+// CHECK-NEXT:          case 0 {
+// CHECK:                 %[[BEGIN32:.*]] = memref.load %[[WAITER_OFFSETS]][%[[R]]#2] : memref<2xi32>
+// CHECK:                 scf.for %[[WAITER:.*]] =
+// CHECK:                   %[[WTASK32:.*]] = memref.load %[[WAITER_TASKS]][%[[WAITER]]] : memref<1xi32>
+// CHECK:                   %[[WTASK:.*]] = arith.index_cast %[[WTASK32]] : i32 to index
+// CHECK:                   %[[WAT:.*]] = arith.addi %[[OFFSETS]], %[[WTASK]] : index
+// CHECK:                   %[[WFIRST32:.*]] = memref.load %[[COUNTERS]][%[[WAT]]] : memref<?xi32>
+// CHECK:                   %[[WFIRST:.*]] = arith.index_cast %[[WFIRST32]] : i32 to index
+// CHECK:                   scf.index_switch
+// CHECK:                   case 0 {
+// CHECK:                     %[[LO:.*]] = arith.minui %[[R]]#4, %[[N]] : index
+// CHECK:                     %[[NEXT:.*]] = arith.addi %[[R]]#4, %{{.*}} : index
+// CHECK:                     %[[HI:.*]] = arith.minui %[[NEXT]], %[[N]] : index
+// CHECK:                     scf.for %[[W:.*]] = %[[LO]] to %[[HI]] step
+// CHECK-NEXT:                  %[[WID:.*]] = arith.addi %[[WFIRST]], %[[W]] : index
+// CHECK-NEXT:                  %[[LAST:.*]] = event.notify_ready %[[PENDING]][%[[WID]]] : !event.tensor<?>
+// CHECK-NEXT:                  scf.if %[[LAST]] {
+// CHECK-NEXT:                    event.queue_push %[[WID]], %[[COUNTERS]][%[[N]]] capacity(%[[T2]]) : memref<?xi32>
 
 // 1 when a push overflowed, else 2 when an event or pending count is not
 // zero, else 0.
@@ -196,8 +205,11 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 
 // CHECK-LABEL: func.func @box_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index
-// CHECK:         %[[READY:.*]] = event.notify_ready %{{.*}}[%[[R:.*]], %[[C:.*]]] : !event.tensor<?x2>
-// CHECK-NEXT:    scf.if %[[READY]] {
+// CHECK:         %[[READY:.*]] = event.notify_ready %{{.*}}[%{{.*}}, %{{.*}}] : !event.tensor<?x2>
+// The element (r, c), from its row-major position in the event.
+// CHECK:         scf.if %[[RES:.*]]#0 {
+// CHECK:           %[[C:.*]] = arith.remui %[[RES]]#4, %{{.*}} : index
+// CHECK:           %[[R:.*]] = arith.divui %[[RES]]#4, %{{.*}} : index
 // CHECK:           scf.for
 // CHECK:             case 0 {
 // CHECK:               %[[FIRST:.*]] = arith.muli %[[R]], %[[TWO:.*]] : index
@@ -290,14 +302,15 @@ event.graph @box(%n: index) {
 // CHECK:             %[[TO:.*]] = memref.load %{{.*}}[%[[TOKEN]]] : memref<?xi32>
 // CHECK:             %[[EXPERT:.*]] = arith.index_cast %[[TO]] : i32 to index
 // CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%[[EXPERT]]] : !event.tensor<?>
-// CHECK:             scf.if %[[LAST]] {
+// CHECK:             scf.yield %[[LAST]], %{{.*}}, %{{.*}}, %{{.*}}, %[[EXPERT]] : i1, index, index, index, index
+// CHECK:           scf.if %[[RES:.*]]#0 {
 // The "experts" waiter in closed form ...
 // CHECK:               scf.for
 // CHECK:                 scf.for
 // CHECK:                   event.notify_ready
 // CHECK:                   event.queue_push
 // ... the "combine" waiters from the CSR row of the expert's counter.
-// CHECK:               %[[ELEMENT:.*]] = arith.addi %{{.*}}, %[[EXPERT]] : index
+// CHECK:               %[[ELEMENT:.*]] = arith.addi %{{.*}}, %[[RES]]#4 : index
 // CHECK:               %[[ROW:.*]] = arith.addi %{{.*}}, %[[ELEMENT]] : index
 // CHECK:               %[[BEGIN32:.*]] = memref.load %{{.*}}[%[[ROW]]] : memref<?xi32>
 // CHECK:               %[[BEGIN:.*]] = arith.index_cast %[[BEGIN32]] : i32 to index
@@ -356,8 +369,8 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 // CHECK:               event.queue_push
 // CHECK-LABEL: func.func @routed_at_run_time_worker(
 // CHECK:             "test.expert"(%[[EXPERT:[^,]*]], %{{.*}})
-// CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%[[EXPERT]]] : !event.tensor<4>
-// CHECK:             scf.if %[[LAST]] {
+// CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%{{.*}}] : !event.tensor<4>
+// CHECK:           scf.if %{{.*}}#0 {
 // CHECK:               scf.for
 // CHECK:                 case {{[0-9]+}} {
 // CHECK:                   scf.for %{{.*}} = %{{.*}} to %{{.*}} step
@@ -517,8 +530,8 @@ event.graph @taken(%n: index) {
 // CHECK-LABEL: func.func @live_worker(
 // CHECK:         event.queue_pop
 // CHECK:         "test.chunk"
-// CHECK:         %[[READY:.*]] = event.notify_ready
-// CHECK:         scf.if %[[READY]] {
+// CHECK:         event.notify_ready
+// CHECK:         scf.if %{{.*}}#0 {
 // CHECK:           scf.for
 // CHECK:             scf.index_switch
 // CHECK:             case 0 {

@@ -860,33 +860,110 @@ void DynamicScheduler::readyWaiters(OpBuilder &b, Location loc,
 void DynamicScheduler::runTile(OpBuilder &b, Location loc,
                                ScheduledFunction &function,
                                QueueLayout &layout, Value task, Value id) {
-  Value taskOffset = tileOffset(b, loc, function, layout, task);
-  switchOnFamily(
-      b, loc, function, task, TypeRange{},
-      [&](OpBuilder &cb, const TaskFamily &family,
-          Value record) -> SmallVector<Value> {
-        SmallVector<Value> extents = gridOf(function, family);
-        Value local = subIndex(cb, loc, id, taskOffset);
-        SmallVector<Value> tile = delinearize(cb, loc, local, extents);
-        runTileBody(cb, loc, function, family, record, tile);
-        for (unsigned entry = 0; entry < family.notifyClasses.size(); ++entry) {
-          EntryEvent event = entryEvent(cb, loc, function, family, record,
-                                        entry, /*notify=*/true);
-          SmallVector<Value> coordinates = entryCoordinates(
-              cb, loc, function, family, record, entry, /*notify=*/true, tile);
-          if (!classHasBoxWaiters[event.classIndex] &&
-              !classHasIndexedWaiters[event.classIndex]) {
-            NotifyOp::create(cb, loc, event.view, coordinates);
-            continue;
-          }
-          Value ready = NotifyReadyOp::create(cb, loc, event.view, coordinates);
-          scf::IfOp::create(cb, loc, ready, [&](OpBuilder &then, Location loc) {
-            readyWaiters(then, loc, function, layout, event.classIndex,
-                         event.number, event.base, coordinates);
+  Value local = subIndex(b, loc, id, tileOffset(b, loc, function, layout, task));
+  auto tileOf = [&](OpBuilder &nested, const TaskFamily &family) {
+    return delinearize(nested, loc, local, gridOf(function, family));
+  };
+  switchOnFamily(b, loc, function, task, TypeRange{},
+                 [&](OpBuilder &cb, const TaskFamily &family,
+                     Value record) -> SmallVector<Value> {
+                   runTileBody(cb, loc, function, family, record,
+                               tileOf(cb, family));
+                   return {};
+                 });
+
+  // The notifies, one entry per iteration. A family's case notifies its
+  // entry and reports the element when it became ready; the code that
+  // readies an element's waiters then exists once per event class, not
+  // once per notify site of every family (which made the worker, and
+  // LLVM's time on it, several times larger).
+  size_t maxEntries = 0;
+  for (const TaskFamily &family : plan.families)
+    maxEntries = std::max(maxEntries, family.notifyClasses.size());
+  if (maxEntries == 0)
+    return;
+  Type i1 = b.getI1Type(), index = b.getIndexType();
+  SmallVector<Type> reported = {i1, index, index, index, index};
+  scf::ForOp::create(
+      b, loc, constantIndex(b, loc, 0), constantIndex(b, loc, maxEntries),
+      constantIndex(b, loc, 1), ValueRange{},
+      [&](OpBuilder &lb, Location loc, Value entry, ValueRange) {
+        auto nothing = [&](OpBuilder &nb) -> SmallVector<Value> {
+          Value zero = constantIndex(nb, loc, 0);
+          return {arith::ConstantIntOp::create(nb, loc, 0, 1), zero, zero, zero,
+                  zero};
+        };
+        ValueRange ready = switchOnFamily(
+            lb, loc, function, task, reported,
+            [&](OpBuilder &cb, const TaskFamily &family,
+                Value record) -> SmallVector<Value> {
+              unsigned entries = family.notifyClasses.size();
+              SmallVector<int64_t> cases;
+              for (unsigned e = 0; e < entries; ++e)
+                cases.push_back(e);
+              auto entrySwitch = scf::IndexSwitchOp::create(
+                  cb, loc, reported, entry, cases, cases.size());
+              for (unsigned e = 0; e < entries; ++e) {
+                OpBuilder::InsertionGuard guard(cb);
+                cb.createBlock(&entrySwitch.getCaseRegions()[e]);
+                SmallVector<Value> tile = tileOf(cb, family);
+                EntryEvent event = entryEvent(cb, loc, function, family,
+                                              record, e, /*notify=*/true);
+                SmallVector<Value> coordinates = entryCoordinates(
+                    cb, loc, function, family, record, e, /*notify=*/true, tile);
+                if (!classHasBoxWaiters[event.classIndex] &&
+                    !classHasIndexedWaiters[event.classIndex]) {
+                  NotifyOp::create(cb, loc, event.view, coordinates);
+                  scf::YieldOp::create(cb, loc, nothing(cb));
+                  continue;
+                }
+                Value became =
+                    NotifyReadyOp::create(cb, loc, event.view, coordinates);
+                Value linear = linearize(
+                    cb, loc, coordinates,
+                    function.classes[event.classIndex].sizes);
+                scf::YieldOp::create(
+                    cb, loc,
+                    ValueRange{became,
+                               constantIndex(cb, loc, event.classIndex),
+                               event.number, event.base, linear});
+              }
+              {
+                OpBuilder::InsertionGuard guard(cb);
+                cb.createBlock(&entrySwitch.getDefaultRegion());
+                scf::YieldOp::create(cb, loc, nothing(cb));
+              }
+              return SmallVector<Value>(entrySwitch.getResults());
+            });
+        SmallVector<int64_t> waited;
+        for (unsigned c = 0; c < plan.classes.size(); ++c)
+          if (classHasBoxWaiters[c] || classHasIndexedWaiters[c])
+            waited.push_back(c);
+        if (!waited.empty()) {
+          scf::IfOp::create(lb, loc, ready[0], [&](OpBuilder &then,
+                                                   Location loc) {
+            auto classSwitch = scf::IndexSwitchOp::create(
+                then, loc, TypeRange{}, ready[1], waited, waited.size());
+            for (auto [region, classIndex] :
+                 llvm::zip(classSwitch.getCaseRegions(), waited)) {
+              OpBuilder::InsertionGuard guard(then);
+              then.createBlock(&region);
+              SmallVector<Value> coordinates =
+                  delinearize(then, loc, ready[4],
+                              function.classes[classIndex].sizes);
+              readyWaiters(then, loc, function, layout, classIndex, ready[2],
+                           ready[3], coordinates);
+              scf::YieldOp::create(then, loc);
+            }
+            {
+              OpBuilder::InsertionGuard guard(then);
+              then.createBlock(&classSwitch.getDefaultRegion());
+              scf::YieldOp::create(then, loc);
+            }
             scf::YieldOp::create(then, loc);
           });
         }
-        return {};
+        scf::YieldOp::create(lb, loc);
       });
 }
 
