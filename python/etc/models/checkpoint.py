@@ -52,6 +52,9 @@ class Checkpoint:
         for file in files:
             tensors = SafetensorsFile(file)
             for name in tensors:
+                if name in self._where:
+                    raise CheckpointError(f"{self.path}: tensor {name!r} is in both "
+                                          f"{self._where[name].path.name} and {file.name}")
                 self._where[name] = tensors
 
     def names(self) -> list[str]:
