@@ -113,8 +113,16 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
     tensors = {k: v for k, v in _tensors(config, np.random.default_rng(seed)).items()
                if k not in drop}
     names = list(tensors)
+    if shards == 1:
+        save_file(path / "model.safetensors", tensors, dtype, metadata={"format": "pt"})
+        return path
+    # Shards and their index, named as Hugging Face names them.
+    weight_map = {}
     for shard in range(shards):
+        file = f"model-{shard + 1:05d}-of-{shards:05d}.safetensors"
         part = {n: tensors[n] for n in names[shard::shards]}
-        save_file(path / f"model-{shard + 1:05d}-of-{shards:05d}.safetensors", part, dtype,
-                  metadata={"format": "pt"})
+        save_file(path / file, part, dtype, metadata={"format": "pt"})
+        weight_map.update({n: file for n in part})
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     return path
