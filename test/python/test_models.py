@@ -326,3 +326,42 @@ def test_matches_hugging_face_transformers(name, loaded, checkpoints):
         logits = torch.stack(result.logits)[:, 0].numpy()
         np.testing.assert_allclose(ours.logits[r], logits, rtol=2e-4, atol=2e-4)
         assert ours.tokens[r] == tokens
+
+
+# ----------------------------------------------------------------------
+# CUDA: PTX of every model graph, and runs where a GPU is lent
+# ----------------------------------------------------------------------
+
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+
+from etc.models.builder import build_step_graph  # noqa: E402
+from etc.runtime.cuda import cuda_available  # noqa: E402
+
+PTXAS = shutil.which("ptxas")
+
+
+@pytest.mark.skipif(PTXAS is None, reason="ptxas (CUDA toolkit) is not on PATH")
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("chip, schedule", [("sm_80", "auto"), ("sm_90a", "auto"),
+                                            ("sm_90a", "static")])
+def test_model_ptx_assembles(name, chip, schedule, tmp_path):
+    config = models.ModelConfig.from_dict(CONFIGS[name])
+    graph = build_step_graph(config, max_seq_len=64, chunk=16)
+    ptx = etc.compile(graph, target="cuda", chip=chip, schedule=schedule).ptx
+    assert ".extern" not in ptx  # every function is in the module (libdevice linked)
+    source = tmp_path / "step.ptx"
+    source.write_text(ptx)
+    result = subprocess.run([PTXAS, f"-arch={chip}", str(source), "-o", str(tmp_path / "s.cubin")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, f"ptxas -arch={chip} rejected the PTX:\n{result.stderr}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="needs an NVIDIA GPU, its driver and cuda-python")
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_cuda_generate_matches_cpu(name, loaded, checkpoints):
+    cuda = models.load(checkpoints[name], target="cuda", max_seq_len=32, attention_chunk=4)
+    ours = cuda.generate(PROMPTS, NEW, return_logits=True)
+    _teacher_forcing(checkpoints[name], PROMPTS, ours, tol=1e-3)
+    assert ours.tokens == loaded[name].generate(PROMPTS, NEW).tokens

@@ -64,7 +64,7 @@ def _tensors(config: dict, rng: np.random.Generator) -> dict:
     def norm(n):
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
-    t = {"model.embed_tokens.weight": normal(vocab, h, fan_in=4)}
+    t = {"model.embed_tokens.weight": normal(vocab, h, fan_in=16 * h)}
     sparse = set()
     if moe:
         step = config.get("decoder_sparse_step", 1) or 1
