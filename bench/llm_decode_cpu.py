@@ -2,8 +2,9 @@
 Face transformers (PyTorch, CPU) on the same checkpoint when installed.
 
 The model is a random Qwen3-shaped checkpoint written on the fly (hidden
-512, 4 layers, 8 query / 4 KV heads of 64, FFN 1536, vocabulary 4096; about
-21 M parameters, 84 MB of float32 weights), or `--checkpoint DIR`. For each
+512, 4 layers, 8 query / 4 KV heads of 64, FFN 1536, vocabulary 4096, tied
+embeddings: 14.7 M parameters, 59 MB of float32 weights), or
+`--checkpoint DIR`. For each
 batch size B, B prompts of `--prompt` tokens are prefilled, then decode
 steps (one new token per request) are timed: median ms per step and tokens
 per second (B / step time). ETC runs the step kernel through `Model.step`
