@@ -46,11 +46,8 @@ def etc_decode(model, timer, batch: int, prompt: int) -> float:
     vocab = model.config.vocab_size
     _, next_ids = model.step(cache, [models.Request(r, 0, rng.integers(0, vocab, prompt).tolist())
                                      for r in range(batch)])
-    i32 = lambda values: np.asarray(values, np.int32)
-    inputs = dict(ids=i32(next_ids), positions=i32([prompt] * batch),
-                  token_request=i32(range(batch)), request_slot=i32(range(batch)),
-                  request_length=i32([prompt + 1] * batch), request_first=i32(range(batch)),
-                  request_last=i32(range(batch)), **model._weights, **cache.arrays)
+    inputs = model.step_inputs(cache, [models.Request(r, prompt, [int(next_ids[r])])
+                                       for r in range(batch)])
     # Every step rewrites the same cache row: the work of a decode step at
     # position `prompt`, repeated.
     launch = model.kernels[0].runtime.bind(inputs)

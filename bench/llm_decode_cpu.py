@@ -109,9 +109,7 @@ def main() -> None:
         start = time.perf_counter()
         model = models.load(path, workers=args.workers, schedule=args.schedule,
                             max_seq_len=args.prompt + args.repeats + 8)
-        c = model.config
-        params = sum(int(np.prod(w.shape)) for w in model._weights.values())
-        print(f"{model}: {params / 1e6:.1f} M parameters, compiled in "
+        print(f"{model}: {model.num_parameters / 1e6:.1f} M parameters, compiled in "
               f"{time.perf_counter() - start:.2f} s\n")
         print("| B | ETC ms/step | ETC tokens/s | transformers ms/step | transformers tokens/s "
               "| ETC speed-up |")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -120,7 +120,9 @@ class Model:
             raise ValueError(f"load: max_step_tokens={max_step_tokens!r} must be a positive int")
         self.max_step_tokens = max_step_tokens
         if workers is None:
-            workers = os.cpu_count() or 1 if target == "cpu" else 1
+            # On CUDA the runtime sizes the grid from the device; the
+            # option only records the intent.
+            workers = (os.cpu_count() or 1) if target == "cpu" else 1
         self.graph = build_step_graph(config, dtype=dtype, max_seq_len=max_seq_len,
                                       chunk=attention_chunk)
         weights = checkpoint.weights()
@@ -153,6 +155,12 @@ class Model:
         return (f"<Model {c.architecture} layers={c.num_layers} hidden={c.hidden_size} "
                 f"vocab={c.vocab_size} dtype={self.dtype} target={self.target}>")
 
+    @property
+    def num_parameters(self) -> int:
+        """The number of weights (the RoPE frequencies excluded)."""
+        return sum(int(np.prod(w.shape)) for name, w in self._weights.items()
+                   if name != "inv_freq")
+
     def new_cache(self, slots: int, length: int) -> KVCache:
         """Empty KV caches for `slots` sequences of up to `length` positions
         (at most `max_seq_len`)."""
@@ -173,6 +181,13 @@ class Model:
         the logits (R, vocab) float32 and greedy next ids (R,) int32 of each
         request's last new token come back. Requests may bring any number
         of tokens (prefill, decode, or a mix in one step)."""
+        logits, next_ids = self._kernels[0].run(**self.step_inputs(cache, requests))
+        return np.asarray(logits, dtype=np.float32), next_ids
+
+    def step_inputs(self, cache: KVCache, requests: Sequence[Request]) -> dict:
+        """The step kernel's inputs for `requests` (checked): token ids, the
+        ragged batch's index arrays, the weights and the caches, by name.
+        `step` runs the kernel on them; benchmarks bind them once."""
         if not requests:
             raise ValueError("step: no requests")
         ids, positions, token_request = [], [], []
@@ -206,11 +221,9 @@ class Model:
             slot.append(request.slot)
             length.append(end)
         i32 = lambda values: np.asarray(values, dtype=np.int32)
-        logits, next_ids = self._kernels[0].run(
-            ids=i32(ids), positions=i32(positions), token_request=i32(token_request),
-            request_slot=i32(slot), request_length=i32(length), request_first=i32(first),
-            request_last=i32(last), **self._weights, **cache.arrays)
-        return np.asarray(logits, dtype=np.float32), next_ids
+        return dict(ids=i32(ids), positions=i32(positions), token_request=i32(token_request),
+                    request_slot=i32(slot), request_length=i32(length), request_first=i32(first),
+                    request_last=i32(last), **self._weights, **cache.arrays)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  return_logits: bool = False) -> Generation:
