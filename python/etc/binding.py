@@ -34,11 +34,16 @@ class Signature:
         return cls(graph.name, tuple(graph.arguments), tuple(graph.outputs))
 
 
+#: The argument kinds a call supplies: inputs, and state buffers (passed
+#: like inputs and updated in place).
+SUPPLIED = ("input", "state")
+
+
 def check_input_names(graph_name: str, arguments: Sequence, names: Iterable[str]) -> None:
     """Raises TypeError, like a call with a wrong keyword, when `names` is not
-    exactly the graph's inputs."""
+    exactly the graph's inputs and state buffers."""
     names = list(names)
-    expected = [a.name for a in arguments if a.kind == "input"]
+    expected = [a.name for a in arguments if a.kind in SUPPLIED]
     missing = [n for n in expected if n not in names]
     unknown = [n for n in names if n not in expected]
     if missing:
@@ -60,23 +65,23 @@ def bind_symbols(arguments: Sequence, shapes: Mapping[str, tuple], *,
     symbols: dict[str, int] = {}
     bound_by: dict[str, str] = {}
     for arg in arguments:
-        if arg.kind != "input":
+        if arg.kind not in SUPPLIED:
             continue
         shape = tuple(shapes[arg.name])
         if len(shape) != len(arg.shape):
             raise ValueError(
-                f"input {arg.name!r} has rank {len(shape)} (shape {shape}), "
+                f"{arg.kind} {arg.name!r} has rank {len(shape)} (shape {shape}), "
                 f"expected rank {len(arg.shape)} for shape {arg.shape}")
         for dim, (size, declared) in enumerate(zip(shape, arg.shape)):
             if isinstance(declared, int):
                 if size != declared:
                     raise ValueError(
-                        f"input {arg.name!r} dim {dim} is {size}, expected {declared} "
+                        f"{arg.kind} {arg.name!r} dim {dim} is {size}, expected {declared} "
                         f"(shape {arg.shape})")
             elif declared in symbols and symbols[declared] != size:
                 raise ValueError(
                     f"symbol {declared!r} is bound to {symbols[declared]} by input "
-                    f"{bound_by[declared]!r} but input {arg.name!r} dim {dim} is {size}")
+                    f"{bound_by[declared]!r} but {arg.kind} {arg.name!r} dim {dim} is {size}")
             else:
                 symbols[declared] = size
                 bound_by[declared] = arg.name

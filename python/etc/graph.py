@@ -10,15 +10,22 @@ live in the operator families of `etc.ops`.
 Conventions the rest of the compiler relies on:
 
 * graph arguments: one `index` per symbol (creation order), the inputs
-  (creation order), the outputs (`output()` order), then every other buffer
-  (operator results that are not outputs, and `tensor()` scratch buffers) in
-  creation order, marked with the unit attribute `event.intermediate`;
+  (creation order), the state buffers (`state()`, creation order), the
+  outputs (`output()` order), then every other buffer (operator results that
+  are not outputs, and `tensor()` scratch buffers) in creation order, marked
+  with the unit attribute `event.intermediate`;
 * one task per operator, named `<op>_<k>` (`matmul_0`, `add_1`, ...), in call
   order, except `moe`, which lowers to five tasks `moe_<k>_router`, `_route`,
   `_up`, `_down` and `_combine` plus explicit events for the accesses whose
   rows depend on routing data (see docs/moe.md);
-* `topk` indices and the routing buffers of `moe` are `i32` tensors; users
-  cannot declare integer inputs, and operators reject integer operands;
+* `topk` indices, `argmax` results and the routing buffers of `moe` are
+  `i32` tensors; users may declare `i32` inputs (token ids, positions,
+  lengths), which only the operators that take indices accept: every other
+  operator rejects integer operands;
+* a *state* buffer (`state()`, e.g. a KV cache) is passed like an input but
+  holds data that outlives one run: the caller's array is the buffer, and
+  operators that update it (`kv_append`) write it in place, ordered with
+  its reads by dependency inference like any other buffer;
 * every distinct tile computation is one private `func.func` with the unit
   attribute `event.tile`, named `<graph>_tile_<kernel>_<n>`, taking the
   buffers it touches and then the tile indices; a task body is one
@@ -36,12 +43,20 @@ from mlir.dialects import affine, arith, func
 
 from . import ops
 from .dialects import event
+from .graph_llm import LLMOperators, RaggedBatch
 from .ops.base import DEFAULT_COLS, DEFAULT_ROWS, INDEX_DTYPE, element_type
 
-__all__ = ["Argument", "Graph", "Symbol", "Tensor", "Operation", "DTYPES"]
+__all__ = ["Argument", "Graph", "Symbol", "Tensor", "Operation", "RaggedBatch", "DTYPES"]
 
-#: The element types a user tensor may have.
+#: The element types of the tensors floating-point operators take.
 DTYPES = ("f32", "f16", "bf16")
+#: The element types an input may have: the float types and `i32` for
+#: indices (token ids, positions, lengths).
+INPUT_DTYPES = DTYPES + (INDEX_DTYPE,)
+#: The element types a state buffer may have: those NumPy can hold, so that
+#: the caller's array is the buffer (bf16 would need a conversion and a
+#: copy, which would not update the caller's array in place).
+STATE_DTYPES = ("f32", "f16", INDEX_DTYPE)
 #: The largest static dimension: memref sizes and indices are signed 64-bit.
 _MAX_INDEX = 2**63 - 1
 
@@ -50,9 +65,9 @@ _MAX_INDEX = 2**63 - 1
 class Argument:
     """One argument of the built `event.graph`, in argument order.
 
-    `kind` is "symbol", "input", "output" or "intermediate"; `shape` holds
-    ints and symbol names (`()` for a symbol); `dtype` is "f32", "f16",
-    "bf16", or "index" for a symbol.
+    `kind` is "symbol", "input", "state", "output" or "intermediate";
+    `shape` holds ints and symbol names (`()` for a symbol); `dtype` is
+    "f32", "f16", "bf16", "i32", or "index" for a symbol.
     """
 
     kind: str
@@ -81,10 +96,12 @@ Dim = Union[int, Symbol]
 
 
 class Tensor:
-    """A buffer of a graph: an input, an operator result or a scratch tensor.
+    """A buffer of a graph: an input, a state buffer, an operator result or a
+    scratch tensor.
 
-    `kind` is "input" (from `Graph.input`), "value" (an operator's result) or
-    "scratch" (from `Graph.tensor`, written through `out=`).
+    `kind` is "input" (from `Graph.input`), "state" (from `Graph.state`,
+    updated in place), "value" (an operator's result) or "scratch" (from
+    `Graph.tensor`, written through `out=`).
     """
 
     __slots__ = ("graph", "name", "shape", "dtype", "kind", "_written", "_order")
@@ -149,7 +166,7 @@ def _describe(role: str, t: Tensor) -> str:
     return f"operand '{role}' ('{t.name}', shape {_fmt_shape(t.shape)}, {t.dtype})"
 
 
-class Graph:
+class Graph(LLMOperators):
     """A graph of tiled operators with symbolic dimensions.
 
     ```python
@@ -160,6 +177,10 @@ class Graph:
     g.output(g.silu(g.matmul(x, w)))
     print(g.to_mlir())
     ```
+
+    The operators of LLM inference (embedding, rope, head_rmsnorm,
+    kv_append, attention, argmax, ragged_batch) come from
+    `etc.graph_llm.LLMOperators`.
     """
 
     def __init__(self, name: str):
@@ -191,11 +212,11 @@ class Graph:
         self._symbols.append(sym)
         return sym
 
-    def _check_dtype(self, what: str, dtype) -> str:
-        if not isinstance(dtype, str) or dtype not in DTYPES:
+    def _check_dtype(self, what: str, dtype, allowed: tuple = DTYPES) -> str:
+        if not isinstance(dtype, str) or dtype not in allowed:
             raise ValueError(
                 f"{what}: unknown dtype {dtype!r} (argument 'dtype'; expected one of "
-                f"{', '.join(DTYPES)})")
+                f"{', '.join(allowed)})")
         return dtype
 
     def _check_shape(self, what: str, shape) -> tuple:
@@ -237,11 +258,30 @@ class Graph:
         return t
 
     def input(self, name: str, shape: Sequence[Dim], dtype: str = "f32") -> Tensor:
-        """Declares an input buffer. Dims are ints, `Symbol`s or symbol names."""
+        """Declares an input buffer. Dims are ints, `Symbol`s or symbol names.
+        `dtype` is "f32", "f16", "bf16", or "i32" for indices (token ids,
+        positions, lengths), which only index-taking operators accept."""
         what = f"input '{name}'"
-        self._check_dtype(what, dtype)
+        self._check_dtype(what, dtype, INPUT_DTYPES)
         shape = self._check_shape(what, shape)
         return self._new_tensor(self._claim_name("input", name), shape, dtype, "input")
+
+    def state(self, name: str, shape: Sequence[Dim], dtype: str = "f32") -> Tensor:
+        """Declares a state buffer: data that persists across runs, such as a
+        KV cache. It is passed to `run` like an input, and the caller's
+        array *is* the buffer: operators that update it (`kv_append`) write
+        into that array in place, so the next run sees what this one
+        wrote. Reads and writes of a state are ordered within a run by
+        dependency inference, in call order. `dtype` is "f32", "f16" or
+        "i32" (NumPy must hold it without conversion)."""
+        what = f"state '{name}'"
+        if dtype == "bf16":
+            raise ValueError(f"{what}: dtype 'bf16' is not supported for state buffers: NumPy "
+                             f"has no bfloat16, so the caller's array could not be the buffer "
+                             f"(use 'f32' or 'f16')")
+        self._check_dtype(what, dtype, STATE_DTYPES)
+        shape = self._check_shape(what, shape)
+        return self._new_tensor(self._claim_name("state", name), shape, dtype, "state")
 
     def tensor(self, name: str, shape: Sequence[Dim], dtype: str = "f32") -> Tensor:
         """Declares a scratch buffer that operators write with `out=` (buffer reuse)."""
@@ -262,6 +302,10 @@ class Graph:
             if t.kind == "input":
                 raise ValueError(f"output: tensor '{t.name}' is an input of graph "
                                  f"'{self.name}'; outputs must be produced by an operator")
+            if t.kind == "state":
+                raise ValueError(f"output: tensor '{t.name}' is a state buffer of graph "
+                                 f"'{self.name}'; it is updated in the caller's array, "
+                                 f"so it cannot also be an output")
             if not t._written:
                 raise ValueError(f"output: tensor '{t.name}' is never produced by graph "
                                  f"'{self.name}' (no operator writes it)")
@@ -286,16 +330,22 @@ class Graph:
         return [t.name for t in self._tensors if t.kind == "input"]
 
     @property
+    def states(self) -> list[str]:
+        """The state buffers, in creation order."""
+        return [t.name for t in self._tensors if t.kind == "state"]
+
+    @property
     def operations(self) -> tuple:
         """The recorded operator calls, in call order."""
         return tuple(self._ops)
 
     def _arg_tensors(self) -> list[tuple[str, Tensor]]:
         ins = [("input", t) for t in self._tensors if t.kind == "input"]
+        states = [("state", t) for t in self._tensors if t.kind == "state"]
         outs = [("output", t) for t in self._outputs]
         inter = [("intermediate", t) for t in self._tensors
-                 if t.kind != "input" and not any(o is t for o in self._outputs)]
-        return ins + outs + inter
+                 if t.kind not in ("input", "state") and not any(o is t for o in self._outputs)]
+        return ins + states + outs + inter
 
     @property
     def arguments(self) -> list[Argument]:
@@ -540,15 +590,19 @@ class Graph:
         return values, indices
 
     def moe(self, x: Tensor, router_w: Tensor, w1: Tensor, w2: Tensor, top_k: int, *,
-            tile=None, out: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
-        """A Mixture-of-Experts layer with SiLU experts.
+            w_up: Optional[Tensor] = None, normalize: bool = True, tile=None,
+            out: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
+        """A Mixture-of-Experts layer with SiLU (or, with `w_up`, SwiGLU) experts.
 
         x is (T, H), router_w (H, E), w1 (E, H, F), w2 (E, F, H), E static.
         Per token: p = softmax(x @ router_w); the `top_k` experts with the
-        largest p (equal p: lower expert index first); their p renormalised
-        to sum 1 as weights; y = sum_j weight_j * (silu(x @ w1[e_j]) @ w2[e_j]).
-        Result (T, H). `tile=m` sets the routed (token, expert) slots per
-        expert tile (default 32). See docs/moe.md for the lowering.
+        largest p (equal p: lower expert index first); their p, renormalised
+        to sum 1 unless `normalize=False`, as weights;
+        y = sum_j weight_j * (act_j @ w2[e_j]) with act_j = silu(x @ w1[e_j]),
+        or silu(x @ w1[e_j]) * (x @ w_up[e_j]) with `w_up` (E, H, F) (the
+        gated experts of Qwen3-MoE and Mixtral). Result (T, H). `tile=m`
+        sets the routed (token, expert) slots per expert tile (default 32).
+        See docs/moe.md for the lowering.
         """
         kind = "moe"
         self._check_operand(kind, "x", x, ranks=(2,))
@@ -556,6 +610,9 @@ class Graph:
         self._check_operand(kind, "w1", w1, ranks=(3,))
         self._check_operand(kind, "w2", w2, ranks=(3,))
         operands = [("x", x), ("router_w", router_w), ("w1", w1), ("w2", w2)]
+        if w_up is not None:
+            self._check_operand(kind, "w_up", w_up, ranks=(3,))
+            operands.append(("w_up", w_up))
         dtype = self._same_dtype(kind, operands)
         tokens, hidden = x.shape
         experts = router_w.shape[1]
@@ -577,6 +634,8 @@ class Graph:
                f"H = {hidden} from {_describe('x', x)}")
         expect("w2", w2, (experts, ffn, hidden),
                f"(E, F, H) with F = {ffn} from {_describe('w1', w1)} and H = {hidden}")
+        if w_up is not None:
+            expect("w_up", w_up, (experts, hidden, ffn), f"(E, H, F), as {_describe('w1', w1)}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= experts:
             raise ValueError(f"{kind}: top_k = {top_k!r} is out of range: "
                              f"{_describe('router_w', router_w)} has E = {experts} experts; "
@@ -589,7 +648,8 @@ class Graph:
             raise ValueError(f"{kind}: tile {tile!r} must be a positive int (slots per "
                              f"expert tile)")
         result = self._finish(kind, operands, (tokens, hidden), dtype, (tile,),
-                              {"top_k": top_k, "experts": experts}, out, name)
+                              {"top_k": top_k, "experts": experts, "gated": w_up is not None,
+                               "normalize": bool(normalize)}, out, name)
 
         def internal(role: str, shape: tuple, internal_dtype: str) -> Tensor:
             return self._new_tensor(self._fresh_name(f"{result.name}_{role}"), shape,
@@ -659,6 +719,9 @@ class _Builder:
         # Kernel key -> its function, and how many functions each stem has.
         self.kernels: dict[tuple, func.FuncOp] = {}
         self.stems: dict[str, int] = {}
+        # Explicit events an operator's tasks leave for a later operator's
+        # (e.g. when attention layers share a scratch buffer), by key.
+        self.events: dict = {}
 
     def memref_type(self, t: Tensor) -> ir.MemRefType:
         dyn = ir.ShapedType.get_dynamic_size()
@@ -713,9 +776,10 @@ class _Builder:
 
     def emit_task(self, op: Operation, name: str, grid: list, reads: list, writes: list,
                   kernel: type, waits: Sequence = (), notifies: Sequence = (),
-                  indices: Sequence[Tensor] = ()) -> None:
+                  indices: Sequence[Tensor] = (), live: Sequence = ()) -> None:
         """One `event.task` whose body calls `kernel`'s function: footprints as
-        (tensor, box) pairs, explicit events as (event value, map) pairs."""
+        (tensor, box) pairs, explicit events as (event value, map) pairs,
+        live bounds as `#event.live` attributes over `indices`."""
         # Drop repeated identical reads (e.g. add(x, x)).
         unique_reads = []
         for t, fp in reads:
@@ -730,7 +794,8 @@ class _Builder:
             ir.ArrayAttr.get([fp for _, fp in unique_reads]),
             ir.ArrayAttr.get([fp for _, fp in writes]),
             ir.ArrayAttr.get([m for _, m in waits]),
-            ir.ArrayAttr.get([m for _, m in notifies]))
+            ir.ArrayAttr.get([m for _, m in notifies]),
+            live_bounds=ir.ArrayAttr.get(list(live)) if live else None)
         names = ["i", "j", "k"][:len(grid)]
         body = task.body.blocks.append(*([self.index] * len(grid)),
                                        arg_locs=[ir.Location.name(n) for n in names])

@@ -15,8 +15,15 @@ Dtypes:
   rounded to bfloat16 after every operator and outputs are returned as
   ``np.float32`` arrays holding bfloat16 values.
 
-``topk`` indices are ``np.int32``. ``moe`` computes its experts in float32
-and rounds only its result; its internal routing buffers are not outputs.
+``topk`` indices, ``argmax`` results and ``i32`` inputs are ``np.int32``.
+``moe`` computes its experts in float32 and rounds only its result; its
+internal routing buffers are not outputs. The LLM operators (embedding,
+rope, head_rmsnorm, kv_append, attention, argmax) are computed by
+`etc.reference_llm`.
+
+State buffers (`Graph.state`) are passed like inputs and, as in the
+compiled kernels, updated in place: after `evaluate`, the caller's state
+arrays hold what the graph wrote into them.
 
 Symbolic dimensions are bound from the input shapes; an inconsistent
 binding raises `ValueError` naming both inputs and the dimension. A
@@ -28,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import bfloat16
+from . import bfloat16, reference_llm
 from .graph import Graph, Symbol, Tensor
 from .binding import bind_symbols as _bind_shapes, check_input_names
 
@@ -36,7 +43,7 @@ __all__ = ["evaluate", "round_bf16", "bind_symbols", "topk", "moe", "NUMPY_DTYPE
 
 #: The NumPy dtype that carries each graph dtype.
 NUMPY_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
-                "bf16": np.dtype(np.float32)}
+                "bf16": np.dtype(np.float32), "i32": np.dtype(np.int32)}
 
 
 def round_bf16(x) -> np.ndarray:
@@ -49,7 +56,10 @@ def round_bf16(x) -> np.ndarray:
 
 
 def _to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Rounds a float32 result to what a buffer of `dtype` holds (as float32)."""
+    """Rounds a float32 result to what a buffer of `dtype` holds (as float32;
+    int32 for i32)."""
+    if dtype == "i32":
+        return np.asarray(x, dtype=np.int32)
     x = np.asarray(x, dtype=np.float32)
     if dtype == "f16":
         return x.astype(np.float16).astype(np.float32)
@@ -63,7 +73,7 @@ def bind_symbols(g: Graph, inputs: dict) -> dict:
     dims) and returns {symbol name: value} bound from their shapes. The errors
     are those of the runtimes (etc.binding)."""
     check_input_names(g.name, g.arguments, inputs)
-    for t in (t for t in g._tensors if t.kind == "input"):
+    for t in (t for t in g._tensors if t.kind in ("input", "state")):
         array = inputs[t.name]
         if not isinstance(array, np.ndarray):
             raise TypeError(f"input {t.name!r} must be a numpy.ndarray, got "
@@ -116,29 +126,38 @@ def _silu(x: np.ndarray) -> np.ndarray:
 
 
 def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
-        top_k: int) -> np.ndarray:
+        top_k: int, w_up=None, normalize: bool = True) -> np.ndarray:
     """Mixture-of-Experts: p = softmax(x @ router_w) per token, the top_k
-    experts by p (ties: lower expert first), their p renormalised to sum 1,
-    y[t] = sum_j weight_j * (silu(x[t] @ w1[e_j]) @ w2[e_j]); float32."""
+    experts by p (ties: lower expert first), their p renormalised to sum 1
+    (unless `normalize` is false) as weights,
+    y[t] = sum_j weight_j * (act_j @ w2[e_j]), act_j = silu(x[t] @ w1[e_j]),
+    times x[t] @ w_up[e_j] with `w_up` (gated experts); float32."""
     x, router_w, w1, w2 = (np.asarray(a, dtype=np.float32) for a in (x, router_w, w1, w2))
     logits = x @ router_w
     e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
     p = e / np.sum(e, axis=-1, keepdims=True, dtype=np.float32)
     chosen_p, chosen = topk(p, top_k)
-    weights = chosen_p / np.sum(chosen_p, axis=-1, keepdims=True, dtype=np.float32)
+    weights = chosen_p / np.sum(chosen_p, axis=-1, keepdims=True, dtype=np.float32) \
+        if normalize else chosen_p
     y = np.zeros(x.shape, np.float32)
     for j in range(top_k):
         for expert in np.unique(chosen[:, j]):
             tokens = np.nonzero(chosen[:, j] == expert)[0]
-            out = _silu(x[tokens] @ w1[expert]) @ w2[expert]
+            act = _silu(x[tokens] @ w1[expert])
+            if w_up is not None:
+                act = act * (x[tokens] @ np.asarray(w_up[expert], np.float32))
+            out = act @ w2[expert]
             y[tokens] += weights[tokens, j:j + 1] * out
     return y
 
 
 def _apply(op, vals: list) -> np.ndarray:
     kind = op.kind
+    if kind in reference_llm.KINDS:
+        return reference_llm.apply(op, vals)
     if kind == "moe":
-        return moe(*vals, op.params["top_k"])
+        w_up = vals[4] if op.params.get("gated") else None
+        return moe(*vals[:4], op.params["top_k"], w_up, op.params.get("normalize", True))
     if kind == "matmul":
         a, b = vals
         return a @ (b.T if op.params["transpose_b"] else b)
@@ -181,8 +200,10 @@ def evaluate(g: Graph, /, **inputs) -> list[np.ndarray]:
     symbols = bind_symbols(g, inputs)
     env: dict[int, np.ndarray] = {}
     for t in g._tensors:
-        if t.kind == "input":
-            env[id(t)] = _to_storage(inputs[t.name], t.dtype)
+        if t.kind in ("input", "state"):
+            # A copy for states: operators replace their value, which is
+            # written back into the caller's array at the end.
+            env[id(t)] = np.array(_to_storage(inputs[t.name], t.dtype), copy=t.kind == "state")
     with np.errstate(over="ignore", under="ignore"):
         for op in g._ops:
             vals = [env[id(t)] for t in op.operands]
@@ -190,10 +211,15 @@ def evaluate(g: Graph, /, **inputs) -> list[np.ndarray]:
                 result, indices = topk(vals[0], op.params["k"])
                 env[id(op.extra_results[0])] = indices
             else:
-                result = _apply(op, vals).astype(np.float32, copy=False)
+                result = _apply(op, vals)
+                if result.dtype != np.int32:
+                    result = result.astype(np.float32, copy=False)
             shape = _concrete_shape(op.result, symbols)
             assert result.shape == shape, (op.name, result.shape, shape)
             env[id(op.result)] = _to_storage(result, op.result.dtype)
+    for t in g._tensors:
+        if t.kind == "state":
+            inputs[t.name][...] = env[id(t)]
     outs = []
     for t in g._outputs:
         v = env[id(t)]

@@ -412,3 +412,44 @@ def test_topk_operand_errors():
         g.scale(indices, 2.0)
     with pytest.raises(ValueError, match=r"topk: operand 'x' \('topk_0_indices'.*integer tensor"):
         g.topk(indices, 1)
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_moe_gated_experts(schedule, normalize):
+    """SwiGLU experts (Qwen3-MoE): act = silu(x @ w1[e]) * (x @ w_up[e]);
+    with normalize=False the top-k probabilities are the weights as they are."""
+    g = etc.Graph("moe_gated")
+    T = g.symbol("T")
+    x = g.input("x", (T, H))
+    router_w = g.input("router_w", (H, E))
+    w1 = g.input("w1", (E, H, F))
+    w2 = g.input("w2", (E, F, H))
+    w_up = g.input("w_up", (E, H, F))
+    g.output(g.moe(x, router_w, w1, w2, 2, w_up=w_up, normalize=normalize, tile=4))
+    kernel = etc.compile(g, target="cpu", schedule=schedule, workers=3)
+    rng = np.random.default_rng(int(normalize))
+    for tokens in (1, 9, 33):
+        ins = _inputs(rng, tokens, 2)
+        ins["w_up"] = (rng.standard_normal((E, H, F)) / np.sqrt(H)).astype(np.float32)
+        _check(kernel, g, ins)
+        # The NumPy meaning, written out for one token.
+        xt = ins["x"][0]
+        p = np.exp(xt @ ins["router_w"] - (xt @ ins["router_w"]).max())
+        p /= p.sum()
+        chosen = np.argsort(-p, kind="stable")[:2]
+        weights = p[chosen] / p[chosen].sum() if normalize else p[chosen]
+        want = sum(w * ((xt @ ins["w1"][e]) / (1 + np.exp(-(xt @ ins["w1"][e])))
+                        * (xt @ ins["w_up"][e])) @ ins["w2"][e] for w, e in zip(weights, chosen))
+        np.testing.assert_allclose(kernel.run(**ins)[0][0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_moe_gated_expert_shape_error():
+    g = etc.Graph("moe_bad")
+    T = g.symbol("T")
+    x = g.input("x", (T, H))
+    router_w = g.input("router_w", (H, E))
+    w1 = g.input("w1", (E, H, F))
+    w2 = g.input("w2", (E, F, H))
+    with pytest.raises(ValueError, match=r"moe: operand 'w_up'.*must have shape \(8, 16, 24\)"):
+        g.moe(x, router_w, w1, w2, 2, w_up=g.input("w_up", (E, F, H)))

@@ -86,4 +86,53 @@ def Event_IndexMapAttr : AttrDef<Event_Dialect, "IndexMap"> {
   }];
 }
 
+def Event_LiveAttr : AttrDef<Event_Dialect, "Live"> {
+  let mnemonic = "live";
+  let summary = "Which tiles of a task run: a bound on one tile index read from data";
+  let description = [{
+    A *live bound* of a task: tile `(d0, ..., dn)` runs only when its index
+    `d<dim>` is below a bound computed from runtime data,
+
+        d<dim> < bound(indices[k][position(d0, ..., dn)])
+
+    where `position` (an index map with one indirect result, `indirect [k]`)
+    says which element of the task's index buffer `k` to load, and `bound`
+    (an affine map of one dimension, the loaded value) turns it into the
+    bound. A task may have several live bounds; a tile runs when it is
+    below all of them. A tile that does not run (a *dead* tile) waits on
+    nothing, computes nothing and notifies nothing.
+
+    This is how the number of tiles a task runs depends on data without
+    recompiling: attention over a KV cache runs `ceildiv(length, C)` chunk
+    tiles per request out of a grid sized for the longest request:
+
+    ```mlir
+    // tile (r, j) runs when j < ceildiv(lengths[r], 64)
+    #event.live<d1 below (d0) -> (d0 ceildiv 64) of (d0, d1) -> (d0) indirect [0]>
+    ```
+
+    The index buffer must hold its values before the run (no task writes
+    it), so that the scheduled program decides which tiles run before any
+    does: `@g_init` counts only live tiles into the expected counts of the
+    events they notify (which therefore have no `count`), the static worker
+    skips dead tiles, and the dynamic scheduler never queues them.
+    Every `mod`, `floordiv` and `ceildiv` divides by a positive constant.
+  }];
+  let parameters = (ins "unsigned":$dim,
+                        "::mlir::AffineMap":$bound,
+                        "::etc::event::IndexMapAttr":$position);
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// Parses and prints `dN below <bound> of <position>` without the
+    /// `#event.live<>` wrapper, as the `event.task` `live(...)` clause
+    /// spells it (`verify` as for `FootprintAttr::parseBody`).
+    static ::mlir::Attribute parseBody(::mlir::AsmParser &parser,
+                                       bool verify = true);
+    void printBody(::mlir::AsmPrinter &printer) const;
+    /// The index buffer the bound's value is loaded from.
+    int64_t getIndexBuffer() const { return getPosition().getIndirect()[0]; }
+  }];
+}
+
 #endif // ETC_EVENT_ATTRS_TD

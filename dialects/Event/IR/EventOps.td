@@ -145,7 +145,14 @@ def Event_TaskOp : Event_Op<"task", [
       element of each event tensor it waits on before it runs and notifies
       after it finishes, as an affine map of the tile indices, optionally
       with results loaded from the 1-D runtime buffers of `indices`;
-    * `indices`: the index buffers that indirect maps read.
+    * `indices`: the index buffers that indirect maps and live bounds read;
+    * `live` (optional): live bounds (`#event.live`) that make only some
+      tiles run, decided from index buffers that hold their values before
+      the run (e.g. `d1 below (d0) -> (d0 ceildiv 64) of (d0, d1) -> (d0)
+      indirect [0]`: chunk tile (r, j) of attention runs when j is below
+      the chunk count of request r's length). A dead tile waits on nothing,
+      runs nothing and notifies nothing; events it would notify have no
+      `count` and are counted on the device over live tiles only.
 
     The body refers to the graph's buffers directly and computes the tile
     with target-neutral ops (arith, math, memref, scf, vector) and the lane
@@ -172,7 +179,8 @@ def Event_TaskOp : Event_Op<"task", [
                        TypedArrayAttrBase<Event_FootprintAttr, "read footprints">:$read_footprints,
                        TypedArrayAttrBase<Event_FootprintAttr, "write footprints">:$write_footprints,
                        TypedArrayAttrBase<Event_IndexMapAttr, "wait maps">:$wait_maps,
-                       TypedArrayAttrBase<Event_IndexMapAttr, "notify maps">:$notify_maps);
+                       TypedArrayAttrBase<Event_IndexMapAttr, "notify maps">:$notify_maps,
+                       OptionalAttr<TypedArrayAttrBase<Event_LiveAttr, "live bounds">>:$live_bounds);
   let regions = (region SizedRegion<1>:$body);
   let hasCustomAssemblyFormat = 1;
   let hasVerifier = 1;
@@ -198,6 +206,18 @@ def Event_TaskOp : Event_Op<"task", [
     }
     ::etc::event::IndexMapAttr getNotifyMap(unsigned i) {
       return ::llvm::cast<::etc::event::IndexMapAttr>(getNotifyMaps()[i]);
+    }
+    /// The live bounds (none: every tile runs).
+    ::llvm::SmallVector<::etc::event::LiveAttr> getLiveBoundList() {
+      ::llvm::SmallVector<::etc::event::LiveAttr> bounds;
+      if (::mlir::ArrayAttr attr = getLiveBoundsAttr())
+        for (::mlir::Attribute bound : attr)
+          bounds.push_back(::llvm::cast<::etc::event::LiveAttr>(bound));
+      return bounds;
+    }
+    /// True when only some tiles run (the task has live bounds).
+    bool isPredicated() {
+      return getLiveBoundsAttr() && !getLiveBoundsAttr().empty();
     }
     /// Appends `event` to the waits (or notifies) with `map`.
     void addWait(::mlir::Value event, ::etc::event::IndexMapAttr map);

@@ -47,6 +47,10 @@ def EventInferDependencies : Pass<"event-infer-dependencies", "::etc::event::Gra
     inferred waits order the index buffer's producer. An existing counted
     event notified by one task only, with the map and shape inference would
     build, is reused instead of duplicated, so the pass is idempotent.
+    A producer with live bounds (`event.task ... live(...)`) writes only on
+    its live tiles, so how many notifies an element receives is runtime
+    data: the events built for it have no `count`, and the scheduled
+    program counts the live notifiers before the run.
     A footprint whose last tile starts past the end of a
     static buffer dimension is an error naming the task and buffer.
 
@@ -93,6 +97,11 @@ def EventCheckSchedule : Pass<"event-check-schedule", "::etc::event::GraphOp"> {
     * countability, for events without `count`: their expected counts are
       counted from the notify maps before any task runs, so no index buffer
       an indirect notify map reads may be written by a task of the graph;
+    * live bounds: which tiles run is decided before any task runs, so no
+      index buffer a live bound reads may be written by a task of the
+      graph; and an event notified by a task with live bounds has no
+      `count` (the number of its notifies is runtime data, counted on the
+      device over the live tiles), while waits on it are proved as usual;
     Sizes and counts are compared symbolically: constants are folded, and
     `index` values computed with arith and `affine.apply` are normalised to
     polynomials and affine expressions of the graph's arguments. Events
@@ -133,8 +142,9 @@ def EventStaticSchedule : Pass<"event-static-schedule", "::mlir::ModuleOp"> {
     counters. The program's code grows with the number of distinct kinds of
     task, not with the number of tasks, so identical layers cost no code:
     * tasks that call the same tile function (a body that is one
-      `func.call` of tile indices and graph values) with the same grid and
-      the same wait and notify maps on events of the same class form a
+      `func.call` of tile indices and graph values) with the same grid, the
+      same live bounds and the same wait and notify maps on events of the
+      same class form a
       *family*; a body that is not such a call makes a family of its own
       and is cloned. What differs between the tasks of a family is a
       *record* of i32 fields: the buffer-table offset of each buffer the
@@ -153,7 +163,8 @@ def EventStaticSchedule : Pass<"event-static-schedule", "::mlir::ModuleOp"> {
       count, run once, single-threaded, before any worker starts: the
       class's `count`, or, without one, the number of notifies counted by
       evaluating every notifying tile's map (indirect coordinates loaded
-      from the task's index buffer);
+      from the task's index buffer), only for the live tiles of a task with
+      live bounds;
     * `@g_worker(symbols, table, counters)`: the persistent loop. All tile
       tasks are in one global order: task k's tiles are o_k + (row-major
       tile index), o_k the tile count of the tasks before it. Under
@@ -163,7 +174,10 @@ def EventStaticSchedule : Pass<"event-static-schedule", "::mlir::ModuleOp"> {
       `scf.index_switch` on the task's family, and in each case one
       `scf.for` from o_k + ((w - o_k) mod W) with step W, each iteration
       waiting on the tile's wait elements, running the tile, then notifying
-      its notify elements;
+      its notify elements. A tile of a task with live bounds does all this
+      only when it is live (`scf.if` on the bounds, read through the
+      record's index buffers); a dead tile keeps its place in the order,
+      so the deadlock argument is unchanged;
     * `@g_check(symbols, table, counters) -> i32`: 0 when every counter is
       back to zero after the run, 2 (unbalanced) otherwise.
     All four carry `event.graph = "g"`, `event.schedule = "static"` and
@@ -261,10 +275,13 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
     * `@g_worker(symbols, table, counters)`: pops task ids until
       `event.queue_pop` returns T; finds the task the id falls in by binary
       search over the tile offsets and runs the tile in its family's case;
-      notifies each notify element with `event.notify_ready` and, in the
-      notifier that took it to zero, decrements the pending count of every
-      tile waiting on that element, pushing the tile whose count reaches
-      zero. No tile waits: a popped tile is ready. The waiters of an element
+      then, one notify entry per iteration of a loop, notifies the entry's
+      element with `event.notify_ready` (in the family's case, which
+      reports the element) and, in the notifier that took it to zero,
+      decrements the pending count of every tile waiting on that element,
+      pushing the tile whose count reaches zero. The readying code exists
+      once per event class (a switch on the reported class), not once per
+      notify site, which keeps the worker small. No tile waits: a popped tile is ready. The waiters of an element
       are found in closed form when the wait map is affine with results
       `dN`, `dN floordiv M` or constants (a box of tiles: the coordinate,
       the M tiles `[M*c, M*c+M)`, every tile along grid dimensions absent
@@ -278,11 +295,19 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
       when a push overflowed the queue (impossible when the graph is
       balanced: every tile is pushed once), 2 when an event counter or a
       pending count is not zero.
+    Tasks with live bounds run only their live tiles. Tile ids, the queue's
+    capacity and the pending counts keep the closed-form grid total T;
+    `@g_init` also counts the live tiles into one word after the tile
+    offsets, gives pending counts and pushes only to live tiles, and stores
+    the end marker T + 1 into the queue slots [live, T) that no push will
+    fill, so that a worker claiming one gets tile id T and stops, as past
+    the capacity. A notifier readies only live waiting tiles, and
+    `@g_check` reports 1 unless exactly `live` tiles were pushed.
     The graph is checked as by `event-check-schedule{static-order=false}`:
     any acyclic order of tasks is fine for a queue. With `auto`, graphs
     without data-dependent events (indirect maps, or events without
-    `count`) whose textual task order is a valid static order are scheduled
-    statically instead, as by `event-static-schedule`.
+    `count`, live bounds) whose textual task order is a valid static order
+    are scheduled statically instead, as by `event-static-schedule`.
 
     After (L3), the worker of a two-task graph "a" -> "b" (`%e` one counter
     per tile of "a", T = 2n):
@@ -298,20 +323,28 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
       ^bb0(%t: index):
         %k = ... binary search of %t over the tile offsets ...
         scf.index_switch %family
-        case 0 {
-          ... the tile of "a" (tile %t - o_k) ...
-          %ready = event.notify_ready %e[%i] : !event.tensor<?>
-          scf.if %ready {
-            scf.for %w = %first_waiter to %last_waiter step %c1 {
-              ... waiting task and kind from the waiter tables ...
-              %go = event.notify_ready %pending[%waiter] : !event.tensor<?>
-              scf.if %go {
-                event.queue_push %waiter, %counters[%q] capacity(%T) : memref<?xi32>
+        case 0 { ... the tile of "a" (tile %t - o_k) ... }
+        default { ... the tile of "b" ... }
+        scf.for %entry = %c0 to %max_entries step %c1 {
+          %r:5 = scf.index_switch %family -> i1, index, index, index, index
+          case 0 {   // "a", entry 0
+            %ready = event.notify_ready %e[%i] : !event.tensor<?>
+            scf.yield %ready, %class, %number, %base, %i : ...
+          }
+          default { ... "b" notifies nothing: false ... }
+          scf.if %r#0 {
+            scf.index_switch %r#1
+            case 0 {   // event class 0
+              scf.for %w = %first_waiter to %last_waiter step %c1 {
+                ... waiting task and kind from the waiter tables ...
+                %go = event.notify_ready %pending[%waiter] : !event.tensor<?>
+                scf.if %go {
+                  event.queue_push %waiter, %counters[%q] capacity(%T) : memref<?xi32>
+                }
               }
             }
           }
         }
-        default { ... the tile of "b" ... }
         scf.yield
       }
       return

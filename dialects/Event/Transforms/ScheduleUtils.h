@@ -126,6 +126,10 @@ struct TaskFamily {
   /// The event class of each wait and notify entry.
   llvm::SmallVector<unsigned> waitClasses;
   llvm::SmallVector<unsigned> notifyClasses;
+  /// The live bounds of the family's tasks (empty: every tile runs).
+  llvm::SmallVector<LiveAttr> liveBounds;
+
+  bool isPredicated() const { return !liveBounds.empty(); }
 
   unsigned indexField(unsigned index) const { return numBufferFields + index; }
   unsigned waitField(unsigned entry) const {
@@ -312,6 +316,21 @@ public:
                    mlir::Value record, unsigned entry, bool notify,
                    mlir::ValueRange tile);
 
+  /// Whether tile `tile` of the task whose record starts at `record` runs
+  /// (an `i1`: below every live bound), or null when the family has no
+  /// live bounds and every tile runs.
+  mlir::Value liveCondition(mlir::OpBuilder &b, mlir::Location loc,
+                            ScheduledFunction &function,
+                            const TaskFamily &family, mlir::Value record,
+                            mlir::ValueRange tile);
+
+  /// Calls `body(b)` where tile `tile` runs: inside `scf.if` on its live
+  /// condition, or directly when every tile of the family runs.
+  void ifLive(mlir::OpBuilder &b, mlir::Location loc,
+              ScheduledFunction &function, const TaskFamily &family,
+              mlir::Value record, mlir::ValueRange tile,
+              llvm::function_ref<void(mlir::OpBuilder &)> body);
+
   /// Emits the tile `tile` of the task whose record starts at `record`:
   /// the call of the family's tile function, or a clone of its body.
   void runTileBody(mlir::OpBuilder &b, mlir::Location loc,
@@ -319,7 +338,8 @@ public:
                    mlir::Value record, mlir::ValueRange tile);
 
   /// Writes every event counter's expected count: the class's `count`, or
-  /// the number of notifies counted by evaluating every notifying tile's map.
+  /// the number of notifies counted by evaluating the map of every notifying
+  /// tile that runs (dead tiles of predicated tasks do not notify).
   void initEventCounters(mlir::OpBuilder &b, ScheduledFunction &function);
 
   /// True when some counter in `[begin, end)` is not zero (plain loads: the

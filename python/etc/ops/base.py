@@ -117,20 +117,32 @@ def index_map(text: str) -> ir.Attribute:
     return ir.Attribute.parse(f"#event.map<{text}>")
 
 
+def live_bound(dim: int, bound: str, position: str) -> ir.Attribute:
+    """`#event.live`: tile index `d<dim>` below `bound` (an affine map of the
+    loaded value) of the value that `position` (an index map with one
+    indirect result) loads: only those tiles run."""
+    return ir.Attribute.parse(f"#event.live<d{dim} below {bound} of {position}>")
+
+
 class TaskBuilder(Protocol):
     """What an operator family needs from the graph builder to emit its tasks."""
 
     #: The target the kernels are built for.
     target: Target
+    #: Explicit events an operator's tasks leave for a later operator's,
+    #: by a key the families choose.
+    events: dict
 
     def grid_extent(self, dim, tile: int) -> ir.Value:
         """ceil(dim / tile) as an index value (a constant or over a symbol)."""
 
     def emit_task(self, op: "Operation", name: str, grid: list, reads: list, writes: list,
                   kernel: type, waits: Sequence = (), notifies: Sequence = (),
-                  indices: Sequence = ()) -> None:
+                  indices: Sequence = (), live: Sequence = ()) -> None:
         """One `event.task` whose tiles call `kernel`; footprints are
-        (tensor, box) pairs, explicit events (event value, map) pairs."""
+        (tensor, box) pairs, explicit events (event value, map) pairs, and
+        `live` the task's live bounds (`live_bound`), whose values are
+        loaded from `indices`."""
 
 
 # ----------------------------------------------------------------------

@@ -91,7 +91,8 @@ class MoeRouter(_MoeKernel):
             for value in chosen[1:]:
                 total = arith.addf(total, value)
             for j, value in enumerate(chosen):
-                self.store(arith.divf(value, total), weights, [t, self.cidx(j)])
+                weight = arith.divf(value, total) if op.params.get("normalize", True) else value
+                self.store(weight, weights, [t, self.cidx(j)])
             scf.yield_([])
 
 
@@ -184,25 +185,33 @@ class _ExpertTile(_MoeKernel):
 
 
 class MoeUp(_ExpertTile):
-    """hidden[t, c, :] = silu(x[t] @ w1[e]) for the pairs of this tile."""
+    """hidden[t, c, :] = silu(x[t] @ w1[e]) for the pairs of this tile, or
+    silu(x[t] @ w1[e]) * (x[t] @ w_up[e]) for gated experts."""
 
     part = "up"
 
     @classmethod
     def tensors(cls, op) -> list:
-        x, _, w1, _ = op.operands
+        x, w1 = op.operands[0], op.operands[2]
         buffers = op.buffers
-        return [x, w1, buffers["offsets"], buffers["slots"], buffers["hidden"]]
+        return [x, w1, buffers["offsets"], buffers["slots"], buffers["hidden"],
+                *op.operands[4:]]
 
     def emit(self) -> None:
-        x, _, w1, _ = self.op.operands
+        x, w1 = self.op.operands[0], self.op.operands[2]
+        w_up = self.op.operands[4] if self.op.params.get("gated") else None
         hidden = self.op.buffers["hidden"]
         loop, t, c, f = self.expert_slots(self.dim(w1, 2))
         e = self.ti[0]
         with ir.InsertionPoint(loop.body):
             total = self.reduce_row(self.dim(x, 1), self.cf32(0.0), lambda acc, h: arith.addf(
                 acc, arith.mulf(self.load(x, [t, h]), self.load(w1, [e, h, f]))))
-            self.store(self.unary("silu", total), hidden, [t, c, f])
+            value = self.unary("silu", total)
+            if w_up is not None:
+                up = self.reduce_row(self.dim(x, 1), self.cf32(0.0), lambda acc, h: arith.addf(
+                    acc, arith.mulf(self.load(x, [t, h]), self.load(w_up, [e, h, f]))))
+                value = arith.mulf(value, up)
+            self.store(value, hidden, [t, c, f])
             scf.yield_([])
 
 
@@ -213,13 +222,13 @@ class MoeDown(_ExpertTile):
 
     @classmethod
     def tensors(cls, op) -> list:
-        w1, w2 = op.operands[2:]
+        w1, w2 = op.operands[2:4]
         buffers = op.buffers
         return [w1, w2, buffers["offsets"], buffers["slots"], buffers["hidden"],
                 buffers["partial"], buffers["weights"]]
 
     def emit(self) -> None:
-        w1, w2 = self.op.operands[2:]
+        w1, w2 = self.op.operands[2:4]
         buffers = self.op.buffers
         hidden, partial = buffers["hidden"], buffers["partial"]
         loop, t, c, col = self.expert_slots(self.dim(w2, 2))
@@ -257,7 +266,7 @@ class MoeCombine(_MoeKernel):
 
 
 def build_tasks(b: TaskBuilder, op) -> None:
-    x, router_w, w1, w2 = op.operands
+    x, router_w, w1, w2 = op.operands[:4]
     buffers = op.buffers
     tokens = x.shape[0]
     experts = op.params["experts"]
@@ -287,7 +296,8 @@ def build_tasks(b: TaskBuilder, op) -> None:
     # x rows are read wherever routing sends them: the whole of x, so that a
     # later writer of x still waits for every expert tile.
     b.emit_task(op, f"{op.name}_up", grid,
-                [(x, whole(2, x)), (w1, one_expert), *routing], [], MoeUp,
+                [(x, whole(2, x)), (w1, one_expert), *[(w, one_expert) for w in op.operands[4:]],
+                 *routing], [], MoeUp,
                 notifies=[(ready, tile_map)])
     done = event.AllocOp(ir.Type.parse(f"!event.tensor<{experts}>"), [], count=grid[1]).result
     b.emit_task(op, f"{op.name}_down", grid,

@@ -37,7 +37,24 @@ from ..binding import Signature, bind_symbols, check_input_names, concrete_shape
 #: upper 16 bits of float32 (see `to_storage` / `from_storage`).
 _STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16),
             "i32": np.dtype(np.int32)}
-_USER_DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.float32)}
+_USER_DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.float32),
+               "i32": np.dtype(np.int32)}
+
+
+def check_state(arg, array) -> np.ndarray:
+    """The caller's array of state buffer `arg`, which the kernel updates in
+    place: it must be a writeable C-contiguous ndarray of the state's exact
+    dtype (a converted copy would not be updated)."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"state {arg.name!r} must be a numpy.ndarray, got {type(array).__name__}")
+    want = _STORAGE[arg.dtype]
+    if array.dtype != want:
+        raise TypeError(f"state {arg.name!r} has dtype {array.dtype}, expected {want} for "
+                        f"{arg.dtype} (it is updated in place, so it is not converted)")
+    if not array.flags.c_contiguous or not array.flags.writeable:
+        raise ValueError(f"state {arg.name!r} must be a writeable C-contiguous array: the "
+                         f"kernel updates it in place")
+    return array
 
 
 @lru_cache(maxsize=None)
@@ -154,10 +171,15 @@ class CPURuntime:
                 raise TypeError(
                     f"input {arg.name!r} has dtype {array.dtype}, expected {want} for {arg.dtype} "
                     "(inputs are not cast implicitly)")
+        for arg in self.arguments:
+            if arg.kind == "state":
+                check_state(arg, inputs[arg.name])
         symbols = bind_symbols(self.arguments, {n: a.shape for n, a in inputs.items()})
         buffers: dict[str, np.ndarray] = {}
         for arg in self.arguments:
-            if arg.kind == "input":
+            if arg.kind == "state":
+                buffers[arg.name] = inputs[arg.name]
+            elif arg.kind == "input":
                 buffers[arg.name] = to_storage(inputs[arg.name], arg.dtype)
             elif arg.kind in ("output", "intermediate"):
                 buffers[arg.name] = np.zeros(concrete_shape(arg.shape, symbols), _STORAGE[arg.dtype])

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..binding import Signature, bind_symbols, check_input_names, concrete_shape
-from .cpu import _STORAGE, _USER_DTYPE, buffer_table, from_storage, to_storage
+from .cpu import _STORAGE, _USER_DTYPE, buffer_table, check_state, from_storage, to_storage
 
 #: Threads of the one-CTA initialisation kernel.
 INIT_THREADS = 256
@@ -346,10 +346,13 @@ class CUDARuntime:
         check_input_names(self.signature.name, self.arguments, inputs)
         shapes: dict[str, tuple] = {}
         for arg in self.arguments:
-            if arg.kind != "input":
+            if arg.kind not in ("input", "state"):
                 continue
             value = inputs[arg.name]
-            if hasattr(value, "__cuda_array_interface__"):
+            if arg.kind == "state" and isinstance(value, np.ndarray):
+                # Copied to the device and back after the run (see `run`).
+                shape = check_state(arg, value).shape
+            elif hasattr(value, "__cuda_array_interface__"):
                 interface = value.__cuda_array_interface__
                 shape = tuple(interface["shape"])
                 dtype = np.dtype(interface["typestr"])
@@ -384,7 +387,7 @@ class CUDARuntime:
         for arg in self.arguments:
             if arg.kind == "symbol":
                 continue
-            if arg.kind == "input":
+            if arg.kind in ("input", "state"):
                 value = inputs[arg.name]
                 if hasattr(value, "__cuda_array_interface__"):
                     pointer = value.__cuda_array_interface__["data"][0]
@@ -421,6 +424,23 @@ class CUDARuntime:
             self._count_cache[key] = int(value[0])
         return self._count_cache[key]
 
+    def device_array(self, host: np.ndarray) -> DeviceArray:
+        """A device copy of the C-contiguous `host` array (in its storage
+        dtype), to pass to later runs in place of `host`: weights uploaded
+        once, or a state buffer that stays on the device."""
+        self._load()
+        host = np.ascontiguousarray(host)
+        device = self._alloc(host.shape, host.dtype)
+        if host.nbytes:
+            _check(self._driver, "cuMemcpyHtoD",
+                   self._driver.cuMemcpyHtoD(device.pointer, host.ctypes.data, host.nbytes))
+        return device
+
+    def device_zeros(self, shape: tuple, dtype) -> DeviceArray:
+        """A zeroed device array (e.g. a KV cache kept on the device)."""
+        self._load()
+        return self._alloc(tuple(shape), np.dtype(dtype))
+
     def bind(self, inputs: dict) -> Launch:
         """Binds NumPy arrays (copied to the device) or device arrays (used in
         place) to the graph's inputs and allocates everything else."""
@@ -440,6 +460,13 @@ class CUDARuntime:
             left = np.count_nonzero(launch.counters.numpy()[: launch.count])
             if left:
                 raise RuntimeError(f"{self.signature.name}: {left} event counters did not reach zero")
+        # A state given as a NumPy array is updated in place: copy it back.
+        for arg in self.arguments:
+            value = inputs.get(arg.name)
+            if arg.kind == "state" and isinstance(value, np.ndarray) and value.nbytes:
+                _check(self._driver, "cuMemcpyDtoH",
+                       self._driver.cuMemcpyDtoH(value.ctypes.data,
+                                                 launch.buffers[arg.name].pointer, value.nbytes))
         return launch.outputs()
 
     def _dtype(self, name: str) -> str:

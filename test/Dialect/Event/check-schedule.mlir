@@ -286,3 +286,57 @@ event.graph @never_notified(%n: index) {
   // expected-error @+1 {{'event.alloc' op has no 'count', so its expected counts are counted from its notifies, but no task notifies it}}
   %e = event.alloc(%n) : !event.tensor<?>
 }
+
+// -----
+
+// Live bounds: an event notified by a predicated task has no `count` (the
+// program counts its live notifiers); waiting on it is proved like any wait.
+// CHECK-LABEL: event.graph @live_notifier
+// CHECK: event.alloc(%{{.*}}) : !event.tensor<?>
+// CHECK: live(d1 below (d0) -> (d0 ceildiv 64) of (d0, d1) -> (d0) indirect [0])
+event.graph @live_notifier(%r: index, %len: memref<?xi32>) {
+  %c8 = arith.constant 8 : index
+  %done = event.alloc(%r) : !event.tensor<?>
+  event.task "chunk" grid(%r, %c8)
+      notifies(%done : !event.tensor<?> (d0, d1) -> (d0))
+      indices(%len : memref<?xi32>)
+      live(d1 below (d0) -> (d0 ceildiv 64) of (d0, d1) -> (d0) indirect [0]) {
+  ^bb0(%i: index, %j: index):
+  }
+  event.task "combine" grid(%r) waits(%done : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @live_counted(%r: index, %len: memref<?xi32>) {
+  %c8 = arith.constant 8 : index
+  // expected-error @+1 {{'event.alloc' op has a 'count' but notify #0 of task 'chunk' runs only on the tiles its live bounds allow, so how many notifies an element receives is runtime data; only events without 'count' (counted on the device over live tiles) may be notified by it}}
+  %done = event.alloc(%r) count(%c8) : !event.tensor<?>
+  event.task "chunk" grid(%r, %c8)
+      notifies(%done : !event.tensor<?> (d0, d1) -> (d0))
+      indices(%len : memref<?xi32>)
+      live(d1 below (d0) -> (d0 ceildiv 64) of (d0, d1) -> (d0) indirect [0]) {
+  ^bb0(%i: index, %j: index):
+  }
+  event.task "combine" grid(%r) waits(%done : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @live_written_during_run(%r: index, %len: memref<?xi32>) {
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  event.task "lengths" grid(%c1) writes(%len : memref<?xi32> (d0) -> (0) [?]) {
+  ^bb0(%i: index):
+  }
+  // expected-error @+1 {{'event.task' op live bound #0 loads its value from index buffer #0, which task 'lengths' writes during the run; which tiles run is decided before any task runs}}
+  event.task "chunk" grid(%r, %c8)
+      indices(%len : memref<?xi32>)
+      live(d1 below (d0) -> (d0 ceildiv 64) of (d0, d1) -> (d0) indirect [0]) {
+  ^bb0(%i: index, %j: index):
+  }
+}

@@ -97,43 +97,52 @@
 // CHECK:           %[[TASKAT:.*]] = arith.addi %[[OFFSETS]], %[[SEARCH]]#0 : index
 // CHECK:           %[[FIRST32:.*]] = memref.load %[[COUNTERS]][%[[TASKAT]]] : memref<?xi32>
 // CHECK:           %[[FIRST:.*]] = arith.index_cast %[[FIRST32]] : i32 to index
+// CHECK:           %[[LOCAL:.*]] = arith.subi %[[ID]], %[[FIRST]] : index
+// The tile body in its family's case. A popped tile is ready: no wait.
 // CHECK:           scf.index_switch
 // CHECK:           case 0 {
-// CHECK:             %[[LOCAL:.*]] = arith.subi %[[ID]], %[[FIRST]] : index
 // CHECK:             %[[I:.*]] = arith.divui %[[LOCAL]], %{{.*}} : index
 // CHECK:             memref.store %{{.*}}, %[[X]][%[[I]], %{{.*}}]
-// CHECK:             %[[NUMBER32:.*]] = memref.load %{{.*}}[%{{.*}}] : memref<2xi32>
-// CHECK:             %[[NUMBER:.*]] = arith.index_cast %[[NUMBER32]] : i32 to index
-// CHECK:             %[[E:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[N]]) : memref<?xi32> -> !event.tensor<?>
-// CHECK:             %[[ZERO:.*]] = event.notify_ready %[[E]][%[[I]]] : !event.tensor<?>
-// CHECK:             scf.if %[[ZERO]] {
-// CHECK:               %[[BEGIN32:.*]] = memref.load %[[WAITER_OFFSETS]][%[[NUMBER]]] : memref<2xi32>
-// CHECK:               scf.for %[[WAITER:.*]] =
-// CHECK:                 %[[WTASK32:.*]] = memref.load %[[WAITER_TASKS]][%[[WAITER]]] : memref<1xi32>
-// CHECK:                 %[[WTASK:.*]] = arith.index_cast %[[WTASK32]] : i32 to index
-// CHECK:                 %[[WAT:.*]] = arith.addi %[[OFFSETS]], %[[WTASK]] : index
-// CHECK:                 %[[WFIRST32:.*]] = memref.load %[[COUNTERS]][%[[WAT]]] : memref<?xi32>
-// CHECK:                 %[[WFIRST:.*]] = arith.index_cast %[[WFIRST32]] : i32 to index
-// CHECK:                 scf.index_switch
-// CHECK:                 case 0 {
-// CHECK:                   %[[LO:.*]] = arith.minui %[[I]], %[[N]] : index
-// CHECK:                   %[[NEXT:.*]] = arith.addi %[[I]], %{{.*}} : index
-// CHECK:                   %[[HI:.*]] = arith.minui %[[NEXT]], %[[N]] : index
-// CHECK:                   scf.for %[[W:.*]] = %[[LO]] to %[[HI]] step
-// CHECK-NEXT:                %[[WID:.*]] = arith.addi %[[WFIRST]], %[[W]] : index
-// CHECK-NEXT:                %[[LAST:.*]] = event.notify_ready %[[PENDING]][%[[WID]]] : !event.tensor<?>
-// CHECK-NEXT:                scf.if %[[LAST]] {
-// CHECK-NEXT:                  event.queue_push %[[WID]], %[[COUNTERS]][%[[N]]] capacity(%[[T2]]) : memref<?xi32>
-// CHECK:                 default {
-// CHECK-NEXT:            }
-// A popped tile is ready: no wait.
+// CHECK-NOT:         event.notify
 // CHECK:           default {
-// CHECK-NEXT:        %[[ROW:.*]] = arith.subi %[[ID]], %[[FIRST]] : index
 // CHECK-NOT:         event.wait
-// CHECK:             memref.load %[[X]][%[[ROW]], %{{.*}}]
+// CHECK:             memref.load %[[X]][%[[LOCAL]], %{{.*}}]
 // CHECK-NOT:         event.notify
 // CHECK:           }
-// CHECK-NEXT:      scf.yield
+// Then the notifies, one entry per iteration: the family's case notifies
+// its entry and reports (ready, class, event number, first counter, element).
+// CHECK:           scf.for %[[ENTRY:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:             %[[R:.*]]:5 = scf.index_switch %{{.*}} -> i1, index, index, index, index
+// CHECK:             case 0 {
+// CHECK:               scf.index_switch %[[ENTRY]] -> i1, index, index, index, index
+// CHECK:               case 0 {
+// CHECK:                 %[[I:.*]] = arith.divui %[[LOCAL]], %{{.*}} : index
+// CHECK:                 %[[NUMBER32:.*]] = memref.load %{{.*}}[%{{.*}}] : memref<2xi32>
+// CHECK:                 %[[NUMBER:.*]] = arith.index_cast %[[NUMBER32]] : i32 to index
+// CHECK:                 %[[E:.*]] = event.view %[[COUNTERS]][%[[BASE:.*]]](%[[N]]) : memref<?xi32> -> !event.tensor<?>
+// CHECK:                 %[[ZERO:.*]] = event.notify_ready %[[E]][%[[I]]] : !event.tensor<?>
+// CHECK:                 scf.yield %[[ZERO]], %{{.*}}, %[[NUMBER]], %[[BASE]], %[[I]] : i1, index, index, index, index
+// The waiters of a ready element, readied once per event class.
+// CHECK:             scf.if %[[R]]#0 {
+// CHECK-NEXT:          scf.index_switch %[[R]]#1
+// CHECK-NEXT:          case 0 {
+// CHECK:                 %[[BEGIN32:.*]] = memref.load %[[WAITER_OFFSETS]][%[[R]]#2] : memref<2xi32>
+// CHECK:                 scf.for %[[WAITER:.*]] =
+// CHECK:                   %[[WTASK32:.*]] = memref.load %[[WAITER_TASKS]][%[[WAITER]]] : memref<1xi32>
+// CHECK:                   %[[WTASK:.*]] = arith.index_cast %[[WTASK32]] : i32 to index
+// CHECK:                   %[[WAT:.*]] = arith.addi %[[OFFSETS]], %[[WTASK]] : index
+// CHECK:                   %[[WFIRST32:.*]] = memref.load %[[COUNTERS]][%[[WAT]]] : memref<?xi32>
+// CHECK:                   %[[WFIRST:.*]] = arith.index_cast %[[WFIRST32]] : i32 to index
+// CHECK:                   scf.index_switch
+// CHECK:                   case 0 {
+// CHECK:                     %[[LO:.*]] = arith.minui %[[R]]#4, %[[N]] : index
+// CHECK:                     %[[NEXT:.*]] = arith.addi %[[R]]#4, %{{.*}} : index
+// CHECK:                     %[[HI:.*]] = arith.minui %[[NEXT]], %[[N]] : index
+// CHECK:                     scf.for %[[W:.*]] = %[[LO]] to %[[HI]] step
+// CHECK-NEXT:                  %[[WID:.*]] = arith.addi %[[WFIRST]], %[[W]] : index
+// CHECK-NEXT:                  %[[LAST:.*]] = event.notify_ready %[[PENDING]][%[[WID]]] : !event.tensor<?>
+// CHECK-NEXT:                  scf.if %[[LAST]] {
+// CHECK-NEXT:                    event.queue_push %[[WID]], %[[COUNTERS]][%[[N]]] capacity(%[[T2]]) : memref<?xi32>
 
 // 1 when a push overflowed, else 2 when an event or pending count is not
 // zero, else 0.
@@ -196,8 +205,11 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 
 // CHECK-LABEL: func.func @box_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index
-// CHECK:         %[[READY:.*]] = event.notify_ready %{{.*}}[%[[R:.*]], %[[C:.*]]] : !event.tensor<?x2>
-// CHECK-NEXT:    scf.if %[[READY]] {
+// CHECK:         %[[READY:.*]] = event.notify_ready %{{.*}}[%{{.*}}, %{{.*}}] : !event.tensor<?x2>
+// The element (r, c), from its row-major position in the event.
+// CHECK:         scf.if %[[RES:.*]]#0 {
+// CHECK:           %[[C:.*]] = arith.remui %[[RES]]#4, %{{.*}} : index
+// CHECK:           %[[R:.*]] = arith.divui %[[RES]]#4, %{{.*}} : index
 // CHECK:           scf.for
 // CHECK:             case 0 {
 // CHECK:               %[[FIRST:.*]] = arith.muli %[[R]], %[[TWO:.*]] : index
@@ -290,14 +302,15 @@ event.graph @box(%n: index) {
 // CHECK:             %[[TO:.*]] = memref.load %{{.*}}[%[[TOKEN]]] : memref<?xi32>
 // CHECK:             %[[EXPERT:.*]] = arith.index_cast %[[TO]] : i32 to index
 // CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%[[EXPERT]]] : !event.tensor<?>
-// CHECK:             scf.if %[[LAST]] {
+// CHECK:             scf.yield %[[LAST]], %{{.*}}, %{{.*}}, %{{.*}}, %[[EXPERT]] : i1, index, index, index, index
+// CHECK:           scf.if %[[RES:.*]]#0 {
 // The "experts" waiter in closed form ...
 // CHECK:               scf.for
 // CHECK:                 scf.for
 // CHECK:                   event.notify_ready
 // CHECK:                   event.queue_push
 // ... the "combine" waiters from the CSR row of the expert's counter.
-// CHECK:               %[[ELEMENT:.*]] = arith.addi %{{.*}}, %[[EXPERT]] : index
+// CHECK:               %[[ELEMENT:.*]] = arith.addi %{{.*}}, %[[RES]]#4 : index
 // CHECK:               %[[ROW:.*]] = arith.addi %{{.*}}, %[[ELEMENT]] : index
 // CHECK:               %[[BEGIN32:.*]] = memref.load %{{.*}}[%[[ROW]]] : memref<?xi32>
 // CHECK:               %[[BEGIN:.*]] = arith.index_cast %[[BEGIN32]] : i32 to index
@@ -356,8 +369,8 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 // CHECK:               event.queue_push
 // CHECK-LABEL: func.func @routed_at_run_time_worker(
 // CHECK:             "test.expert"(%[[EXPERT:[^,]*]], %{{.*}})
-// CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%[[EXPERT]]] : !event.tensor<4>
-// CHECK:             scf.if %[[LAST]] {
+// CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%{{.*}}] : !event.tensor<4>
+// CHECK:           scf.if %{{.*}}#0 {
 // CHECK:               scf.for
 // CHECK:                 case {{[0-9]+}} {
 // CHECK:                   scf.for %{{.*}} = %{{.*}} to %{{.*}} step
@@ -458,4 +471,100 @@ func.func @taken_check() {
   return
 }
 event.graph @taken(%n: index) {
+}
+
+// -----
+
+// Live bounds: chunk tile (i, j) runs while j < ceildiv(len[i], 4), combine
+// tile i while on[i] > 0. Tile ids and the queue keep the closed-form grid
+// total T = 9 r; g_init counts the live tiles into the word after the tile
+// offsets, publishes the end marker T + 1 in the queue slots [live, T) that
+// no push will fill (a pop there returns T and ends the worker), and gives
+// pending counts and pushes only to live tiles. A notifier readies a waiting
+// tile only if it is live; g_check also requires exactly `live` pushes.
+
+// CHECK-LABEL: func.func @live_counters(
+// CHECK-SAME:      %[[R:[^:]*]]: index
+// CHECK:         %[[GRID:.*]] = arith.muli %[[R]], %{{.*}} : index
+// CHECK:         %[[T:.*]] = arith.addi %[[GRID]], %[[R]] : index
+// CHECK:         %[[OFFSETS:.*]] = arith.addi %{{.*}}, %[[T]] : index
+// CHECK:         %[[LIVE:.*]] = arith.addi %[[OFFSETS]], %{{.*}} : index
+// CHECK:         %[[END:.*]] = arith.addi %[[LIVE]], %{{.*}} : index
+// CHECK:         return %[[END]] : index
+
+// CHECK-LABEL: func.func @live_init(
+// CHECK-SAME:      %[[R:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
+// CHECK:         %[[T:.*]] = arith.addi %{{.*}}, %[[R]] : index
+// CHECK:         %[[PENDING:.*]] = arith.addi %[[R]], %{{.*}} : index
+// CHECK:         %[[OFFSETS:.*]] = arith.addi %[[PENDING]], %[[T]] : index
+// CHECK:         %[[LIVEWORD:.*]] = arith.addi %{{.*}}, %{{.*}} : index
+// Dead tiles' pending counts are zero.
+// CHECK:         scf.for %[[P:.*]] = %[[PENDING]] to %[[OFFSETS]] step
+// CHECK-NEXT:      memref.store %{{.*}}, %[[COUNTERS]][%[[P]]]
+// The live tiles are counted into their word.
+// CHECK:         memref.store %{{.*}}, %[[COUNTERS]][%[[LIVEWORD]]] : memref<?xi32>
+// CHECK:         scf.index_switch
+// CHECK:         case 0 {
+// CHECK:           %[[ALIVE:.*]] = arith.cmpi slt
+// CHECK:           scf.if %[[ALIVE]] {
+// CHECK:             memref.load %[[COUNTERS]][%[[LIVEWORD]]]
+// CHECK:             memref.store %{{.*}}, %[[COUNTERS]][%[[LIVEWORD]]]
+// CHECK:         default {
+// CHECK:           memref.load %[[COUNTERS]][%[[LIVEWORD]]]
+// CHECK:           memref.store %{{.*}}, %[[COUNTERS]][%[[LIVEWORD]]]
+// CHECK:         %[[COUNT32:.*]] = memref.load %[[COUNTERS]][%[[LIVEWORD]]] : memref<?xi32>
+// CHECK:         %[[COUNT:.*]] = arith.index_cast %[[COUNT32]] : i32 to index
+// CHECK:         %[[SLOTS:.*]] = arith.addi %[[R]], %{{.*}} : index
+// CHECK:         %[[TP1:.*]] = arith.addi %[[T]], %{{.*}} : index
+// CHECK:         %[[MARKER:.*]] = arith.index_cast %[[TP1]] : index to i32
+// CHECK:         %[[LAST:.*]] = arith.addi %[[SLOTS]], %[[T]] : index
+// CHECK:         %[[FIRST:.*]] = arith.addi %[[SLOTS]], %[[COUNT]] : index
+// CHECK:         scf.for %[[S:.*]] = %[[FIRST]] to %[[LAST]] step
+// CHECK-NEXT:      memref.store %[[MARKER]], %[[COUNTERS]][%[[S]]] : memref<?xi32>
+// Pending counts and pushes, live tiles only.
+// CHECK:         case 0 {
+// CHECK:           %[[ALIVE:.*]] = arith.cmpi slt
+// CHECK:           scf.if %[[ALIVE]] {
+// CHECK:             event.queue_push %{{.*}}, %[[COUNTERS]][%[[R]]] capacity(%[[T]])
+
+// CHECK-LABEL: func.func @live_worker(
+// CHECK:         event.queue_pop
+// CHECK:         "test.chunk"
+// CHECK:         event.notify_ready
+// CHECK:         scf.if %{{.*}}#0 {
+// CHECK:           scf.for
+// CHECK:             scf.index_switch
+// CHECK:             case 0 {
+// CHECK:               scf.for %[[TILE:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:             %[[ALIVE:.*]] = arith.cmpi slt, %[[TILE]], %{{.*}} : index
+// CHECK:             scf.if %[[ALIVE]] {
+// CHECK:               event.notify_ready
+// CHECK:               event.queue_push
+
+// CHECK-LABEL: func.func @live_check(
+// CHECK-SAME:      %[[R:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
+// The events-or-pending flag ORs two loop results (not loop-carried values).
+// CHECK:         arith.ori %{{[0-9]+}}, %{{[0-9]+}} : i1
+// CHECK-NEXT:    %[[ONE:.*]] = arith.constant 1 : index
+// CHECK-NEXT:    %[[TAILAT:.*]] = arith.addi %[[R]], %[[ONE]] : index
+// CHECK-NEXT:    %[[TAIL:.*]] = memref.load %[[COUNTERS]][%[[TAILAT]]]
+// CHECK-NEXT:    %[[LIVE:.*]] = memref.load %[[COUNTERS]][%{{.*}}]
+// CHECK-NEXT:    %[[OTHER:.*]] = arith.cmpi ne, %[[TAIL]], %[[LIVE]] : i32
+// CHECK-NEXT:    arith.ori %{{.*}}, %[[OTHER]] : i1
+event.graph @live(%r: index, %len: memref<?xi32>, %on: memref<?xi32>) {
+  %c8 = arith.constant 8 : index
+  %done = event.alloc(%r) : !event.tensor<?>
+  event.task "chunk" grid(%r, %c8)
+      notifies(%done : !event.tensor<?> (d0, d1) -> (d0))
+      indices(%len : memref<?xi32>)
+      live(d1 below (d0) -> (d0 ceildiv 4) of (d0, d1) -> (d0) indirect [0]) {
+  ^bb0(%i: index, %j: index):
+    "test.chunk"(%i, %j) : (index, index) -> ()
+  }
+  event.task "combine" grid(%r) waits(%done : !event.tensor<?> (d0) -> (d0))
+      indices(%on : memref<?xi32>)
+      live(d0 below (d0) -> (d0 * 1000) of (d0) -> (d0) indirect [0]) {
+  ^bb0(%i: index):
+    "test.combine"(%i) : (index) -> ()
+  }
 }

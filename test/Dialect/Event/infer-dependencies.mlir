@@ -721,3 +721,33 @@ event.graph @explicit_reused(%B: index, %x: memref<?xf32>, %h: memref<?xf32> {ev
   ^bb0(%i: index):
   }
 }
+
+// -----
+
+// A producer with live bounds writes only on its live tiles, so the event
+// inference builds for it has no `count`: the scheduled program counts the
+// live notifiers of each element (a second run reuses it).
+
+// CHECK-LABEL: event.graph @live_producer(
+// CHECK:         %[[E:.*]] = event.alloc(%{{.*}}) : !event.tensor<?>
+// CHECK-NEXT:    event.task "chunk"
+// CHECK-SAME:        notifies(%[[E]] : !event.tensor<?> (d0, d1) -> (d0))
+// CHECK-SAME:        live(d1 below (d0) -> (d0 ceildiv 4) of (d0, d1) -> (d0) indirect [0])
+// CHECK:         event.task "rows"
+// CHECK-SAME:        waits(%[[E]] : !event.tensor<?> (d0) -> (d0))
+// CHECK-NOT:     event.alloc
+// SCHED-LABEL: event.graph @live_producer(
+event.graph @live_producer(%r: index, %len: memref<?xi32>, %h: memref<?x8xf32> {event.intermediate}, %y: memref<?xf32>) {
+  %c8 = arith.constant 8 : index
+  event.task "chunk" grid(%r, %c8)
+      writes(%h : memref<?x8xf32> (d0, d1) -> (d0, d1) [1, 1])
+      indices(%len : memref<?xi32>)
+      live(d1 below (d0) -> (d0 ceildiv 4) of (d0, d1) -> (d0) indirect [0]) {
+  ^bb0(%i: index, %j: index):
+  }
+  event.task "rows" grid(%r)
+      reads(%h : memref<?x8xf32> (d0) -> (d0, 0) [1, ?])
+      writes(%y : memref<?xf32> (d0) -> (d0) [1]) {
+  ^bb0(%i: index):
+  }
+}

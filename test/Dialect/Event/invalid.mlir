@@ -513,3 +513,73 @@ func.func @f(%x: f32) -> f32 {
   %r = event.lane_reduce "add" %x {group = 8, stride = 8} : f32
   return %r : f32
 }
+
+// -----
+
+event.graph @g(%r: index, %len: memref<?xi32>) {
+  // expected-error @+1 {{'event.task' op live bound #0 bounds tile index d2 but the grid has rank 2}}
+  event.task "t" grid(%r, %r) indices(%len : memref<?xi32>)
+      live(d2 below (d0) -> (d0) of (d0, d1) -> (d0) indirect [0]) {
+  ^bb0(%i: index, %j: index):
+  }
+}
+
+// -----
+
+event.graph @g(%r: index, %len: memref<?xi32>) {
+  // expected-error @+1 {{'event.task' op live bound #0 has a position map with 1 tile indices but the grid has rank 2}}
+  event.task "t" grid(%r, %r) indices(%len : memref<?xi32>)
+      live(d1 below (d0) -> (d0) of (d0) -> (d0) indirect [0]) {
+  ^bb0(%i: index, %j: index):
+  }
+}
+
+// -----
+
+event.graph @g(%r: index, %len: memref<?xi32>) {
+  // expected-error @+1 {{'event.task' op live bound #0 loads its value from index buffer 1 but the task has 1 index buffers}}
+  event.task "t" grid(%r) indices(%len : memref<?xi32>)
+      live(d0 below (d0) -> (d0) of (d0) -> (d0) indirect [1]) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%r: index, %len: memref<?xi32>) {
+  // expected-error @+1 {{'event.task' op live bound #0 'd0 below (d0) -> (d0) of (d0) -> (d0)': live bound position map must load one value from an index buffer ('indirect [k]' on its one result)}}
+  event.task "t" grid(%r) indices(%len : memref<?xi32>)
+      live(d0 below (d0) -> (d0) of (d0) -> (d0)) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%r: index, %len: memref<?xi32>) {
+  // expected-error @+1 {{'event.task' op live bound #0 'd0 below (d0, d1) -> (d0) of (d0) -> (d0)': live bound map must take the loaded value as its one dimension and give one result, found (d0, d1) -> (d0)}}
+  event.task "t" grid(%r) indices(%len : memref<?xi32>)
+      live(d0 below (d0, d1) -> (d0) of (d0) -> (d0) indirect [0]) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%r: index, %len: memref<?xi32>) {
+  // expected-error @+1 {{'event.task' op live bound #0 'd0 below (d0) -> (d0 ceildiv 0) of (d0) -> (d0)': live bound map divides by '0' in 'd0 ceildiv 0'; mod, floordiv and ceildiv need a positive constant divisor}}
+  event.task "t" grid(%r) indices(%len : memref<?xi32>)
+      live(d0 below (d0) -> (d0 ceildiv 0) of (d0) -> (d0) indirect [0]) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%r: index, %len: memref<?xi32>) {
+  // expected-error @+2 {{expected the bounded tile index as 'd<N>'}}
+  event.task "t" grid(%r) indices(%len : memref<?xi32>)
+      live(x0 below (d0) -> (d0) of (d0) -> (d0) indirect [0]) {
+  ^bb0(%i: index):
+  }
+}

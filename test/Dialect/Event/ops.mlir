@@ -130,3 +130,37 @@ func.func @lanes(%x: f32) -> (f32, memref<4x32xf32>) {
   %partials = event.scratch : memref<4x32xf32>
   return %sum, %partials : f32, memref<4x32xf32>
 }
+
+// -----
+
+// Live bounds: a clause after `indices`, and the standalone attribute.
+// CHECK-LABEL: event.graph @live_bounds
+event.graph @live_bounds(%r: index, %len: memref<?xi32>, %first: memref<?xi32>) {
+  %c8 = arith.constant 8 : index
+  %done = event.alloc(%r) : !event.tensor<?>
+  // CHECK: event.task "chunk" grid(%{{[0-9a-z_]+}}, %{{[0-9a-z_]+}})
+  // CHECK-SAME: notifies(%{{[0-9a-z_]+}} : !event.tensor<?> (d0, d1) -> (d0))
+  // CHECK-SAME: indices(%{{[0-9a-z_]+}} : memref<?xi32>, %{{[0-9a-z_]+}} : memref<?xi32>)
+  // CHECK-SAME: live(d1 below (d0) -> (d0 ceildiv 64) of (d0, d1) -> (d0) indirect [0], d0 below (d0) -> (d0 + 1) of (d0, d1) -> (d1) indirect [1])
+  // CHECK-SAME: attributes {note = "kept"}
+  event.task "chunk" grid(%r, %c8)
+      notifies(%done : !event.tensor<?> (d0, d1) -> (d0))
+      indices(%len : memref<?xi32>, %first : memref<?xi32>)
+      live(d1 below (d0) -> (d0 ceildiv 64) of (d0, d1) -> (d0) indirect [0],
+           d0 below (d0) -> (d0 + 1) of (d0, d1) -> (d1) indirect [1])
+      attributes {note = "kept"} {
+  ^bb0(%i: index, %j: index):
+  }
+  // CHECK: event.task "all" grid
+  // CHECK-NOT: live(
+  event.task "all" grid(%r) waits(%done : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+  }
+}
+
+// CHECK-LABEL: func.func @live_attribute
+// CHECK: bound = #event.live<d1 below (d0) -> (d0 ceildiv 8) of (d0, d1) -> (d0) indirect [0]>
+func.func @live_attribute() attributes {
+    bound = #event.live<d1 below (d0) -> (d0 ceildiv 8) of (d0, d1) -> (d0) indirect [0]>} {
+  return
+}

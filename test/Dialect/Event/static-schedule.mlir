@@ -338,3 +338,61 @@ event.graph @taken(%n: index) {
 // expected-error @+1 {{'event.graph' op buffer argument #1 has type 'memref<4xf32, strided<[2]>>'; scheduled programs read buffers from the buffer table, which describes contiguous row-major buffers in the default memory space}}
 event.graph @strided(%n: index, %x: memref<4xf32, strided<[2]>>) {
 }
+
+// -----
+
+// Live bounds: chunk tile (i, j) runs only while j < ceildiv(len[i], 4).
+// g_init counts into done[i] only the live tiles' notifies; the worker keeps
+// every tile in the global order (so the order proof holds) but runs the
+// body and notify of a tile only under its live condition, read through the
+// index buffer of the task's record.
+
+// CHECK-LABEL: func.func @live_init(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
+// CHECK:         %[[ZERO:.*]] = arith.constant 0 : i32
+// CHECK:         scf.for %[[E:.*]] = %{{.*}} to %[[N]] step %{{.*}} {
+// CHECK-NEXT:      memref.store %[[ZERO]], %[[COUNTERS]][%[[E]]] : memref<?xi32>
+// CHECK:         case 0 {
+// CHECK:           scf.for %[[I:.*]] = %{{.*}} to %[[N]] step
+// CHECK:             scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:               %[[LEN:.*]] = event.buffer %[[TABLE]][%{{.*}}] : memref<?xi64> -> memref<?xi32>
+// CHECK:               %[[L32:.*]] = memref.load %[[LEN]][%[[I]]] : memref<?xi32>
+// CHECK:               %[[L:.*]] = arith.index_cast %[[L32]] : i32 to index
+// CHECK:               %[[BOUND:.*]] = affine.apply #{{.*}}(%[[L]])
+// CHECK:               %[[LIVE:.*]] = arith.cmpi slt, %[[J]], %[[BOUND]] : index
+// CHECK:               scf.if %[[LIVE]] {
+// CHECK:                 %[[OLD:.*]] = memref.load %[[COUNTERS]][%[[AT:.*]]] : memref<?xi32>
+// CHECK:                 %[[NEW:.*]] = arith.addi %[[OLD]], %{{.*}} : i32
+// CHECK:                 memref.store %[[NEW]], %[[COUNTERS]][%[[AT]]] : memref<?xi32>
+
+// CHECK-LABEL: func.func @live_worker(
+// CHECK:         case 0 {
+// CHECK:           scf.for %[[T:.*]] = %{{.*}} to %{{.*}} step %{{.*}} {
+// CHECK:             %[[J:.*]] = arith.remui
+// CHECK:             %[[I:.*]] = arith.divui
+// CHECK:             %[[L32:.*]] = memref.load %{{.*}}[%[[I]]] : memref<?xi32>
+// CHECK:             %[[L:.*]] = arith.index_cast %[[L32]] : i32 to index
+// CHECK:             %[[BOUND:.*]] = affine.apply #{{.*}}(%[[L]])
+// CHECK:             %[[LIVE:.*]] = arith.cmpi slt, %[[J]], %[[BOUND]] : index
+// CHECK:             scf.if %[[LIVE]] {
+// CHECK-NEXT:          "test.chunk"(%[[I]], %[[J]])
+// CHECK:               event.notify %{{.*}}[%[[I]]] : !event.tensor<?>
+// CHECK-NEXT:        }
+// CHECK:         default {
+// CHECK:           event.wait
+// CHECK-NEXT:      "test.combine"
+event.graph @live(%r: index, %len: memref<?xi32>, %x: memref<?x8xf32>) {
+  %c8 = arith.constant 8 : index
+  %done = event.alloc(%r) : !event.tensor<?>
+  event.task "chunk" grid(%r, %c8)
+      notifies(%done : !event.tensor<?> (d0, d1) -> (d0))
+      indices(%len : memref<?xi32>)
+      live(d1 below (d0) -> (d0 ceildiv 4) of (d0, d1) -> (d0) indirect [0]) {
+  ^bb0(%i: index, %j: index):
+    "test.chunk"(%i, %j) : (index, index) -> ()
+  }
+  event.task "combine" grid(%r) waits(%done : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    "test.combine"(%i) : (index) -> ()
+  }
+}

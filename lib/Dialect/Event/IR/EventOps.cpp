@@ -312,6 +312,18 @@ ParseResult TaskOp::parse(OpAsmParser &parser, OperationState &result) {
       parseClause(parser, "indices", ClauseKind::Plain, indices, indexTypes,
                   unused))
     return failure();
+  SmallVector<Attribute> liveBounds;
+  if (succeeded(parser.parseOptionalKeyword("live")) &&
+      parser.parseCommaSeparatedList(
+          OpAsmParser::Delimiter::Paren, [&]() -> ParseResult {
+            // Verified by TaskOp::verify, whose messages name the bound.
+            Attribute bound = LiveAttr::parseBody(parser, /*verify=*/false);
+            if (!bound)
+              return failure();
+            liveBounds.push_back(bound);
+            return success();
+          }))
+    return failure();
 
   if (parser.resolveOperands(grid, builder.getIndexType(), result.operands) ||
       parser.resolveOperands(reads, readTypes, operandsLoc, result.operands) ||
@@ -330,6 +342,8 @@ ParseResult TaskOp::parse(OpAsmParser &parser, OperationState &result) {
   props.write_footprints = builder.getArrayAttr(writeFootprints);
   props.wait_maps = builder.getArrayAttr(waitMaps);
   props.notify_maps = builder.getArrayAttr(notifyMaps);
+  if (!liveBounds.empty())
+    props.live_bounds = builder.getArrayAttr(liveBounds);
   props.operandSegmentSizes = {
       static_cast<int32_t>(grid.size()),     static_cast<int32_t>(reads.size()),
       static_cast<int32_t>(writes.size()),   static_cast<int32_t>(waits.size()),
@@ -378,11 +392,18 @@ void TaskOp::print(OpAsmPrinter &printer) {
   printClause(printer, "waits", getWaits(), getWaitMaps());
   printClause(printer, "notifies", getNotifies(), getNotifyMaps());
   printClause(printer, "indices", getIndices(), /*attrs=*/nullptr);
+  if (isPredicated()) {
+    printer << " live(";
+    llvm::interleaveComma(getLiveBoundList(), printer,
+                          [&](LiveAttr bound) { bound.printBody(printer); });
+    printer << ')';
+  }
   printer.printOptionalAttrDictWithKeyword(
       (*this)->getAttrs(),
       {getNameAttrName(), getReadFootprintsAttrName(),
        getWriteFootprintsAttrName(), getWaitMapsAttrName(),
-       getNotifyMapsAttrName(), getOperandSegmentSizesAttrName()});
+       getNotifyMapsAttrName(), getLiveBoundsAttrName(),
+       getOperandSegmentSizesAttrName()});
   printer << ' ';
   printer.printRegion(getBody(), /*printEntryBlockArgs=*/true,
                       /*printBlockTerminators=*/false);
@@ -470,6 +491,44 @@ static LogicalResult verifyIndexMaps(TaskOp task, StringRef clause,
   return success();
 }
 
+/// Checks each live bound: its maps, that it bounds a tile index of the
+/// grid, and that it loads from one of the task's index buffers.
+static LogicalResult verifyLiveBounds(TaskOp task) {
+  unsigned gridRank = task.getGridRank();
+  for (auto [index, bound] : llvm::enumerate(task.getLiveBoundList())) {
+    std::string text;
+    {
+      llvm::raw_string_ostream os(text);
+      os << 'd' << bound.getDim() << " below " << bound.getBound() << " of "
+         << bound.getPosition().getMap();
+    }
+    // The clause parser leaves the attribute's own checks to here.
+    if (failed(LiveAttr::verify(
+            [&] {
+              return task.emitOpError("live bound #")
+                     << index << " '" << text << "': ";
+            },
+            bound.getDim(), bound.getBound(), bound.getPosition())))
+      return failure();
+    if (bound.getDim() >= gridRank)
+      return task.emitOpError("live bound #")
+             << index << " bounds tile index d" << bound.getDim()
+             << " but the grid has rank " << gridRank;
+    if (bound.getPosition().getMap().getNumDims() != gridRank)
+      return task.emitOpError("live bound #")
+             << index << " has a position map with "
+             << bound.getPosition().getMap().getNumDims()
+             << " tile indices but the grid has rank " << gridRank;
+    if (bound.getIndexBuffer() >=
+        static_cast<int64_t>(task.getIndices().size()))
+      return task.emitOpError("live bound #")
+             << index << " loads its value from index buffer "
+             << bound.getIndexBuffer() << " but the task has "
+             << task.getIndices().size() << " index buffers";
+  }
+  return success();
+}
+
 LogicalResult TaskOp::verify() {
   if (getName().empty())
     return emitOpError("needs a non-empty name");
@@ -487,7 +546,8 @@ LogicalResult TaskOp::verify() {
                               getWriteFootprints())) ||
       failed(verifyIndexMaps(*this, "waits", getWaits(), getWaitMaps())) ||
       failed(verifyIndexMaps(*this, "notifies", getNotifies(),
-                             getNotifyMaps())))
+                             getNotifyMaps())) ||
+      failed(verifyLiveBounds(*this)))
     return failure();
   for (auto [index, buffer] : llvm::enumerate(getIndices())) {
     auto type = cast<MemRefType>(buffer.getType());

@@ -271,3 +271,77 @@ LogicalResult IndexMapAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 bool IndexMapAttr::hasIndirect() const {
   return llvm::any_of(getIndirect(), [](int64_t buffer) { return buffer >= 0; });
 }
+
+//===----------------------------------------------------------------------===//
+// LiveAttr
+//===----------------------------------------------------------------------===//
+
+Attribute LiveAttr::parseBody(AsmParser &parser, bool verify) {
+  // `dN`: a bare identifier, so that the bounded index reads like a map's.
+  SMLoc dimLoc = parser.getCurrentLocation();
+  StringRef keyword;
+  if (parser.parseKeyword(&keyword))
+    return {};
+  unsigned dim;
+  if (!keyword.consume_front("d") || keyword.empty() ||
+      keyword.getAsInteger(10, dim)) {
+    parser.emitError(dimLoc, "expected the bounded tile index as 'd<N>'");
+    return {};
+  }
+  AffineMap bound;
+  if (parser.parseKeyword("below") || parser.parseAffineMap(bound) ||
+      parser.parseKeyword("of"))
+    return {};
+  auto position = dyn_cast_if_present<IndexMapAttr>(
+      IndexMapAttr::parseBody(parser, /*verify=*/false));
+  if (!position)
+    return {};
+  if (!verify)
+    return LiveAttr::get(parser.getContext(), dim, bound, position);
+  return parser.getChecked<LiveAttr>(parser.getContext(), dim, bound,
+                                     position);
+}
+
+void LiveAttr::printBody(AsmPrinter &printer) const {
+  printer << 'd' << getDim() << " below ";
+  getBound().print(printer.getStream());
+  printer << " of ";
+  getPosition().printBody(printer);
+}
+
+Attribute LiveAttr::parse(AsmParser &parser, Type) {
+  if (parser.parseLess())
+    return {};
+  Attribute attr = parseBody(parser);
+  if (!attr || parser.parseGreater())
+    return {};
+  return attr;
+}
+
+void LiveAttr::print(AsmPrinter &printer) const {
+  printer << '<';
+  printBody(printer);
+  printer << '>';
+}
+
+LogicalResult LiveAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                               unsigned dim, AffineMap bound,
+                               IndexMapAttr position) {
+  if (bound.getNumDims() != 1 || bound.getNumSymbols() != 0 ||
+      bound.getNumResults() != 1) {
+    std::string text;
+    llvm::raw_string_ostream(text) << bound;
+    return emitError() << "live bound map must take the loaded value as its "
+                          "one dimension and give one result, found "
+                       << text;
+  }
+  if (failed(verifyDivisors(emitError, bound, "live bound map")))
+    return failure();
+  if (failed(IndexMapAttr::verify(emitError, position.getMap(),
+                                  position.getIndirect())))
+    return failure();
+  if (position.getMap().getNumResults() != 1 || !position.isIndirect(0))
+    return emitError() << "live bound position map must load one value from "
+                          "an index buffer ('indirect [k]' on its one result)";
+  return success();
+}

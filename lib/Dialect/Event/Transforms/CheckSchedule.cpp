@@ -310,6 +310,7 @@ private:
   LogicalResult checkBalance(AllocOp alloc);
   LogicalResult checkCountable(AllocOp alloc);
   LogicalResult checkWaitRange(AllocOp alloc, EventUse wait);
+  LogicalResult checkLiveBounds(unsigned task);
 
   /// Size of dimension `dim` of the event tensor `alloc` allocates.
   OpFoldResult eventSize(AllocOp alloc, unsigned dim);
@@ -396,6 +397,11 @@ LogicalResult ScheduleChecker::checkBalance(AllocOp alloc) {
     if (indexMap.hasIndirect())
       return diag() << "loads its coordinates from an index buffer; only "
                        "events without 'count' may be notified indirectly";
+    if (task.isPredicated())
+      return diag() << "runs only on the tiles its live bounds allow, so how "
+                       "many notifies an element receives is runtime data; "
+                       "only events without 'count' (counted on the device "
+                       "over live tiles) may be notified by it";
     llvm::SmallBitVector kept(task.getGridRank());
     for (auto [result, expr] : llvm::enumerate(map.getResults())) {
       auto dim = dyn_cast<AffineDimExpr>(expr);
@@ -509,9 +515,31 @@ LogicalResult ScheduleChecker::checkWaitRange(AllocOp alloc, EventUse wait) {
   return success();
 }
 
+LogicalResult ScheduleChecker::checkLiveBounds(unsigned taskIndex) {
+  // Which tiles run is decided before any task runs (the dynamic scheduler
+  // queues live tiles in `@g_init`; expected counts count them), so the
+  // values the bounds load must be there from the start.
+  TaskOp task = tasks[taskIndex];
+  for (auto [index, bound] : llvm::enumerate(task.getLiveBoundList())) {
+    Value indices = task.getIndices()[bound.getIndexBuffer()];
+    for (TaskOp writer : tasks)
+      if (llvm::is_contained(writer.getWrites(), indices))
+        return task.emitOpError("live bound #")
+               << index << " loads its value from index buffer #"
+               << bound.getIndexBuffer() << ", which task '"
+               << writer.getName()
+               << "' writes during the run; which tiles run is decided "
+                  "before any task runs";
+  }
+  return success();
+}
+
 LogicalResult ScheduleChecker::check() {
   if (failed(collectEventUses()))
     return failure();
+  for (unsigned task = 0; task < tasks.size(); ++task)
+    if (failed(checkLiveBounds(task)))
+      return failure();
   for (AllocOp alloc : graph.getBody().getOps<AllocOp>()) {
     if (failed(checkOrder(alloc)))
       return failure();

@@ -113,6 +113,9 @@ struct QueueLayout {
   Value pendingView;
   /// The first global tile of each task, then the total (numTasks + 1).
   Value tileOffsets;
+  /// When some task has live bounds: the word holding the number of live
+  /// tiles, which `@g_init` counts.
+  Value liveTiles;
   /// The inverse index, when some wait needs it: `eventCounters + 1`
   /// offsets (by counter position), then the waiting tile ids.
   Value indexOffsets;
@@ -175,6 +178,13 @@ private:
   /// Sets every tile's pending count and pushes the ready tiles (`@g_init`).
   void initPending(OpBuilder &b, ScheduledFunction &function,
                    QueueLayout &layout);
+  /// Counts the live tiles of all tasks into counter `word` (`@g_init`).
+  void countLiveTiles(OpBuilder &b, Location loc, ScheduledFunction &function,
+                      Value word);
+  /// Counts the live tiles into `layout.liveTiles` and publishes the end
+  /// marker in every queue slot no live tile will use (`@g_init`).
+  void initLiveTiles(OpBuilder &b, ScheduledFunction &function,
+                     QueueLayout &layout);
 
   /// Emits the tile with global id `id` of task `task`: the body, then the
   /// notifies.
@@ -210,12 +220,18 @@ private:
   SmallVector<bool> classHasBoxWaiters, classHasIndexedWaiters;
   /// Whether any wait uses the inverse index.
   bool anyIndexed = false;
+  /// Whether some task has live bounds, so that fewer tiles than the grids
+  /// hold run.
+  bool anyLive = false;
 };
 } // namespace
 
 DynamicScheduler::DynamicScheduler(const GraphPlan &plan, int64_t workers,
                                    bool forceIndex)
     : GraphProgramBuilder(plan, "dynamic", workers) {
+  anyLive = llvm::any_of(plan.families, [](const TaskFamily &family) {
+    return family.isPredicated();
+  });
   // Index buffers some task writes hold their values only once that task
   // ran, so `@g_init` cannot evaluate indirect waits through them.
   llvm::SmallDenseSet<Value> written;
@@ -300,6 +316,10 @@ ScheduledFunction DynamicScheduler::createFunction(OpBuilder &builder,
   layout.tileOffsets = addIndex(b, loc, layout.pending, layout.totalTiles);
   layout.end = addIndex(b, loc, layout.tileOffsets,
                         constantIndex(b, loc, tasks.size() + 1));
+  if (anyLive) {
+    layout.liveTiles = layout.end;
+    layout.end = addIndex(b, loc, layout.end, constantIndex(b, loc, 1));
+  }
   if (anyIndexed) {
     layout.indexOffsets = layout.end;
     layout.indexEntries =
@@ -389,8 +409,13 @@ void DynamicScheduler::forEachTile(
               productIndex(cb, loc, extents), constantIndex(cb, loc, 1),
               ValueRange{},
               [&](OpBuilder &lb, Location loc, Value local, ValueRange) {
-                body(lb, family, record, addIndex(lb, loc, offset, local),
-                     delinearize(lb, loc, local, extents));
+                SmallVector<Value> tile = delinearize(lb, loc, local, extents);
+                // Dead tiles are never queued, waited for or indexed.
+                ifLive(lb, loc, function, family, record, tile,
+                       [&](OpBuilder &live) {
+                         body(live, family, record,
+                              addIndex(live, loc, offset, local), tile);
+                       });
                 scf::YieldOp::create(lb, loc);
               });
           return {};
@@ -589,9 +614,75 @@ void DynamicScheduler::initPending(OpBuilder &b, ScheduledFunction &function,
       });
 }
 
+void DynamicScheduler::countLiveTiles(OpBuilder &b, Location loc,
+                                     ScheduledFunction &function,
+                                     Value word) {
+  // Counted in place rather than carried through loop results: the GPU
+  // initialisation kernel runs every write on one thread, and a loop that
+  // writes and has results could not.
+  storeIndex(b, loc, constantIndex(b, loc, 0), function.counters, word);
+  auto add = [&](OpBuilder &nested, Value amount) {
+    Value total = loadIndex(nested, loc, function.counters, word);
+    storeIndex(nested, loc, addIndex(nested, loc, total, amount),
+               function.counters, word);
+  };
+  forEachTask(b, loc, [&](OpBuilder &nested, Value task) {
+    switchOnFamily(
+        nested, loc, function, task, TypeRange{},
+        [&](OpBuilder &cb, const TaskFamily &family,
+            Value record) -> SmallVector<Value> {
+          if (!family.isPredicated()) {
+            add(cb, tilesOf(cb, loc, function, family));
+            return {};
+          }
+          SmallVector<Value> extents = gridOf(function, family);
+          SmallVector<Value> zeros(extents.size(), constantIndex(cb, loc, 0));
+          SmallVector<Value> ones(extents.size(), constantIndex(cb, loc, 1));
+          scf::buildLoopNest(
+              cb, loc, zeros, extents, ones,
+              [&](OpBuilder &lb, Location, ValueRange tile) {
+                ifLive(lb, loc, function, family, record, tile,
+                       [&](OpBuilder &live) {
+                         add(live, constantIndex(live, loc, 1));
+                       });
+              });
+          return {};
+        });
+  });
+}
+
+/// Queue slots are claimed in order, one per pushed tile, and only live
+/// tiles are pushed, so slots [live, total) are never filled by a push: a
+/// worker that claims one would wait forever. Each holds `total + 1` from
+/// the start instead, which a pop returns as tile id `total`, the id that
+/// ends the worker loop, exactly as a pop past the capacity does. The
+/// queue keeps its closed-form capacity and protocol.
+void DynamicScheduler::initLiveTiles(OpBuilder &b, ScheduledFunction &function,
+                                     QueueLayout &layout) {
+  Location loc = graph.getLoc();
+  countLiveTiles(b, loc, function, layout.liveTiles);
+  Value live = loadIndex(b, loc, function.counters, layout.liveTiles);
+  Value slots = addIndex(b, loc, layout.queue,
+                         constantIndex(b, loc, queue::kHeaderWords));
+  Value endMarker = arith::IndexCastOp::create(
+      b, loc, b.getI32Type(),
+      addIndex(b, loc, layout.totalTiles, constantIndex(b, loc, 1)));
+  scf::ForOp::create(
+      b, loc, addIndex(b, loc, slots, live),
+      addIndex(b, loc, slots, layout.totalTiles), constantIndex(b, loc, 1),
+      ValueRange{},
+      [&](OpBuilder &nested, Location loc, Value position, ValueRange) {
+        memref::StoreOp::create(nested, loc, endMarker, function.counters,
+                                position);
+        scf::YieldOp::create(nested, loc);
+      });
+}
+
 /// `@g_init(symbols, table, counters)`: expected counts, an empty queue, the
 /// tile offsets, the inverse index, the pending counts, and the ready tiles
-/// pushed. Runs once, single-threaded, before any worker starts.
+/// pushed. With live bounds, also the live tile count and the end markers
+/// of the slots dead tiles leave unused. Runs once, single-threaded, before
+/// any worker starts.
 void DynamicScheduler::buildInit(OpBuilder &builder) {
   QueueLayout layout;
   ScheduledFunction function = createFunction(
@@ -600,6 +691,12 @@ void DynamicScheduler::buildInit(OpBuilder &builder) {
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
   initEventCounters(b, function);
   zeroCounters(b, loc, function.counters, layout.queue, layout.pending);
+  if (anyLive) {
+    // Dead tiles get no pending count of their own; `@g_check` reads them.
+    zeroCounters(b, loc, function.counters, layout.pending,
+                 layout.tileOffsets);
+    initLiveTiles(b, function, layout);
+  }
   // tileOffsets[0] = 0, tileOffsets[k + 1] = tileOffsets[k] + tiles of k.
   storeIndex(b, loc, constantIndex(b, loc, 0), function.counters,
              layout.tileOffsets);
@@ -700,12 +797,22 @@ void DynamicScheduler::readyWaiters(OpBuilder &b, Location loc,
             }
             auto emitLoops = [&](OpBuilder &lb, Location loc) {
               SmallVector<Value> steps(extents.size(), one);
+              Value record;
+              if (family.isPredicated()) {
+                useTaskTables(function);
+                record = loadConstant(lb, loc, function.taskRecord, task);
+              }
               scf::buildLoopNest(
                   lb, loc, lower, upper, steps,
                   [&](OpBuilder &inner, Location loc, ValueRange tile) {
-                    Value id = addIndex(inner, loc, taskOffset,
-                                        linearize(inner, loc, tile, extents));
-                    readyTile(inner, loc, function, layout, id);
+                    // A dead waiting tile has no pending count to take.
+                    ifLive(inner, loc, function, family, record, tile,
+                           [&](OpBuilder &live) {
+                             Value id = addIndex(
+                                 live, loc, taskOffset,
+                                 linearize(live, loc, tile, extents));
+                             readyTile(live, loc, function, layout, id);
+                           });
                   });
             };
             if (!matches) {
@@ -753,33 +860,110 @@ void DynamicScheduler::readyWaiters(OpBuilder &b, Location loc,
 void DynamicScheduler::runTile(OpBuilder &b, Location loc,
                                ScheduledFunction &function,
                                QueueLayout &layout, Value task, Value id) {
-  Value taskOffset = tileOffset(b, loc, function, layout, task);
-  switchOnFamily(
-      b, loc, function, task, TypeRange{},
-      [&](OpBuilder &cb, const TaskFamily &family,
-          Value record) -> SmallVector<Value> {
-        SmallVector<Value> extents = gridOf(function, family);
-        Value local = subIndex(cb, loc, id, taskOffset);
-        SmallVector<Value> tile = delinearize(cb, loc, local, extents);
-        runTileBody(cb, loc, function, family, record, tile);
-        for (unsigned entry = 0; entry < family.notifyClasses.size(); ++entry) {
-          EntryEvent event = entryEvent(cb, loc, function, family, record,
-                                        entry, /*notify=*/true);
-          SmallVector<Value> coordinates = entryCoordinates(
-              cb, loc, function, family, record, entry, /*notify=*/true, tile);
-          if (!classHasBoxWaiters[event.classIndex] &&
-              !classHasIndexedWaiters[event.classIndex]) {
-            NotifyOp::create(cb, loc, event.view, coordinates);
-            continue;
-          }
-          Value ready = NotifyReadyOp::create(cb, loc, event.view, coordinates);
-          scf::IfOp::create(cb, loc, ready, [&](OpBuilder &then, Location loc) {
-            readyWaiters(then, loc, function, layout, event.classIndex,
-                         event.number, event.base, coordinates);
+  Value local = subIndex(b, loc, id, tileOffset(b, loc, function, layout, task));
+  auto tileOf = [&](OpBuilder &nested, const TaskFamily &family) {
+    return delinearize(nested, loc, local, gridOf(function, family));
+  };
+  switchOnFamily(b, loc, function, task, TypeRange{},
+                 [&](OpBuilder &cb, const TaskFamily &family,
+                     Value record) -> SmallVector<Value> {
+                   runTileBody(cb, loc, function, family, record,
+                               tileOf(cb, family));
+                   return {};
+                 });
+
+  // The notifies, one entry per iteration. A family's case notifies its
+  // entry and reports the element when it became ready; the code that
+  // readies an element's waiters then exists once per event class, not
+  // once per notify site of every family (which made the worker, and
+  // LLVM's time on it, several times larger).
+  size_t maxEntries = 0;
+  for (const TaskFamily &family : plan.families)
+    maxEntries = std::max(maxEntries, family.notifyClasses.size());
+  if (maxEntries == 0)
+    return;
+  Type i1 = b.getI1Type(), index = b.getIndexType();
+  SmallVector<Type> reported = {i1, index, index, index, index};
+  scf::ForOp::create(
+      b, loc, constantIndex(b, loc, 0), constantIndex(b, loc, maxEntries),
+      constantIndex(b, loc, 1), ValueRange{},
+      [&](OpBuilder &lb, Location loc, Value entry, ValueRange) {
+        auto nothing = [&](OpBuilder &nb) -> SmallVector<Value> {
+          Value zero = constantIndex(nb, loc, 0);
+          return {arith::ConstantIntOp::create(nb, loc, 0, 1), zero, zero, zero,
+                  zero};
+        };
+        ValueRange ready = switchOnFamily(
+            lb, loc, function, task, reported,
+            [&](OpBuilder &cb, const TaskFamily &family,
+                Value record) -> SmallVector<Value> {
+              unsigned entries = family.notifyClasses.size();
+              SmallVector<int64_t> cases;
+              for (unsigned e = 0; e < entries; ++e)
+                cases.push_back(e);
+              auto entrySwitch = scf::IndexSwitchOp::create(
+                  cb, loc, reported, entry, cases, cases.size());
+              for (unsigned e = 0; e < entries; ++e) {
+                OpBuilder::InsertionGuard guard(cb);
+                cb.createBlock(&entrySwitch.getCaseRegions()[e]);
+                SmallVector<Value> tile = tileOf(cb, family);
+                EntryEvent event = entryEvent(cb, loc, function, family,
+                                              record, e, /*notify=*/true);
+                SmallVector<Value> coordinates = entryCoordinates(
+                    cb, loc, function, family, record, e, /*notify=*/true, tile);
+                if (!classHasBoxWaiters[event.classIndex] &&
+                    !classHasIndexedWaiters[event.classIndex]) {
+                  NotifyOp::create(cb, loc, event.view, coordinates);
+                  scf::YieldOp::create(cb, loc, nothing(cb));
+                  continue;
+                }
+                Value became =
+                    NotifyReadyOp::create(cb, loc, event.view, coordinates);
+                Value linear = linearize(
+                    cb, loc, coordinates,
+                    function.classes[event.classIndex].sizes);
+                scf::YieldOp::create(
+                    cb, loc,
+                    ValueRange{became,
+                               constantIndex(cb, loc, event.classIndex),
+                               event.number, event.base, linear});
+              }
+              {
+                OpBuilder::InsertionGuard guard(cb);
+                cb.createBlock(&entrySwitch.getDefaultRegion());
+                scf::YieldOp::create(cb, loc, nothing(cb));
+              }
+              return SmallVector<Value>(entrySwitch.getResults());
+            });
+        SmallVector<int64_t> waited;
+        for (unsigned c = 0; c < plan.classes.size(); ++c)
+          if (classHasBoxWaiters[c] || classHasIndexedWaiters[c])
+            waited.push_back(c);
+        if (!waited.empty()) {
+          scf::IfOp::create(lb, loc, ready[0], [&](OpBuilder &then,
+                                                   Location loc) {
+            auto classSwitch = scf::IndexSwitchOp::create(
+                then, loc, TypeRange{}, ready[1], waited, waited.size());
+            for (auto [region, classIndex] :
+                 llvm::zip(classSwitch.getCaseRegions(), waited)) {
+              OpBuilder::InsertionGuard guard(then);
+              then.createBlock(&region);
+              SmallVector<Value> coordinates =
+                  delinearize(then, loc, ready[4],
+                              function.classes[classIndex].sizes);
+              readyWaiters(then, loc, function, layout, classIndex, ready[2],
+                           ready[3], coordinates);
+              scf::YieldOp::create(then, loc);
+            }
+            {
+              OpBuilder::InsertionGuard guard(then);
+              then.createBlock(&classSwitch.getDefaultRegion());
+              scf::YieldOp::create(then, loc);
+            }
             scf::YieldOp::create(then, loc);
           });
         }
-        return {};
+        scf::YieldOp::create(lb, loc);
       });
 }
 
@@ -863,6 +1047,18 @@ void DynamicScheduler::buildCheck(OpBuilder &builder) {
       anyNonZero(b, loc, function, layout.pending,
                  addIndex(b, loc, layout.pending, layout.totalTiles));
   Value unbalanced = arith::OrIOp::create(b, loc, eventsLeft, pendingLeft);
+  if (anyLive) {
+    // Every live tile is pushed exactly once: one more push took an end
+    // marker's slot (overflow), one fewer left a worker waiting.
+    Value tail = memref::LoadOp::create(
+        b, loc, function.counters,
+        addIndex(b, loc, layout.queue, constantIndex(b, loc, queue::kTailWord)));
+    Value live =
+        memref::LoadOp::create(b, loc, function.counters, layout.liveTiles);
+    Value pushedOther =
+        arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne, tail, live);
+    overflow = arith::OrIOp::create(b, loc, overflow, pushedOther);
+  }
   Value clean = arith::ConstantIntOp::create(b, loc, kClean, 32);
   Value overflowed = arith::ConstantIntOp::create(b, loc, kQueueOverflow, 32);
   Value notBalanced = arith::ConstantIntOp::create(b, loc, kUnbalanced, 32);
@@ -891,12 +1087,15 @@ void DynamicScheduler::build(OpBuilder &builder) {
 //===----------------------------------------------------------------------===//
 
 /// True when `graph`'s dependencies depend on runtime data: an event counted
-/// on the device (no `count`) or an indirect wait or notify map.
+/// on the device (no `count`), an indirect wait or notify map, or a task
+/// whose live tiles are decided by data.
 static bool isDataDependent(GraphOp graph) {
   for (AllocOp alloc : graph.getBody().getOps<AllocOp>())
     if (!alloc.getCount())
       return true;
   for (TaskOp task : graph.getBody().getOps<TaskOp>()) {
+    if (task.isPredicated())
+      return true;
     for (unsigned entry = 0; entry < task.getWaits().size(); ++entry)
       if (task.getWaitMap(entry).hasIndirect())
         return true;

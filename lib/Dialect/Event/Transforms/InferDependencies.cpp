@@ -322,7 +322,8 @@ public:
       : graph(graph), extents(extents), builder(graph.getContext()) {}
 
   /// Records the events of `tasks` that inference would have built itself:
-  /// counted, allocated in the graph, notified by exactly one task through
+  /// counted (without `count` when the notifier has live bounds), allocated
+  /// in the graph, notified by exactly one task through
   /// an affine map keeping some grid dimensions in increasing order, and
   /// shaped like those dimensions. Inference then reuses them instead of
   /// allocating a duplicate (a second run changes nothing). Whether their
@@ -336,7 +337,8 @@ public:
       for (auto [entry, event] : llvm::enumerate(task.getNotifies())) {
         auto alloc = event.getDefiningOp<AllocOp>();
         IndexMapAttr indexMap = task.getNotifyMap(entry);
-        if (!alloc || alloc->getParentOp() != graph || !alloc.getCount() ||
+        if (!alloc || alloc->getParentOp() != graph ||
+            !alloc.getCount() != task.isPredicated() ||
             notifyCounts[event] != 1 || indexMap.hasIndirect())
           continue;
         std::optional<SmallVector<unsigned>> kept =
@@ -464,7 +466,10 @@ private:
 
   /// Allocates, right before `producer`, an event with one dimension per
   /// kept grid dimension and every element expecting the product of the
-  /// extents of the collapsed ones.
+  /// extents of the collapsed ones. When only some of the producer's tiles
+  /// run (live bounds), how many notify each element is runtime data: the
+  /// event has no `count`, and the scheduled program counts its live
+  /// notifiers before the run.
   Value createEvent(TaskOp producer, ArrayRef<unsigned> keptDims) {
     builder.setInsertionPoint(producer);
     Location loc = producer.getLoc();
@@ -484,7 +489,9 @@ private:
         dynamicFactors.push_back(extent);
       }
     }
-    Value count = buildCount(producer, staticCount, dynamicFactors);
+    Value count = producer.isPredicated()
+                      ? Value()
+                      : buildCount(producer, staticCount, dynamicFactors);
     auto type = EventTensorType::get(graph.getContext(), shape);
     return AllocOp::create(builder, loc, type, dynamicSizes, count);
   }

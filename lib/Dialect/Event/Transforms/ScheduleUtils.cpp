@@ -168,6 +168,7 @@ struct FamilyKey {
   SmallVector<Value> grid;
   SmallVector<std::pair<unsigned, Attribute>> waits, notifies;
   SmallVector<std::pair<Type, bool>> indices; // type, written during the run
+  Attribute liveBounds;                          // null: every tile runs
 
   bool operator==(const FamilyKey &other) const {
     auto sameOperand = [](const CallOperand &a, const CallOperand &b) {
@@ -176,7 +177,8 @@ struct FamilyKey {
     return callee && other.callee && calleeName == other.calleeName &&
            llvm::equal(operands, other.operands, sameOperand) &&
            llvm::equal(grid, other.grid) && waits == other.waits &&
-           notifies == other.notifies && indices == other.indices;
+           notifies == other.notifies && indices == other.indices &&
+           liveBounds == other.liveBounds;
   }
 };
 } // namespace
@@ -232,6 +234,8 @@ void GraphPlan::planFamilies() {
                               task.getNotifyMap(entry)});
     for (Value index : task.getIndices())
       key.indices.push_back({index.getType(), written.contains(index)});
+    if (task.isPredicated())
+      key.liveBounds = task.getLiveBoundsAttr();
 
     auto it = llvm::find(keys, key);
     unsigned familyIndex = it - keys.begin();
@@ -246,6 +250,7 @@ void GraphPlan::planFamilies() {
         family.waitClasses.push_back(classIndex);
       for (auto &[classIndex, map] : key.notifies)
         family.notifyClasses.push_back(classIndex);
+      family.liveBounds = task.getLiveBoundList();
       families.push_back(std::move(family));
       keys.push_back(std::move(key));
     }
@@ -558,6 +563,45 @@ SmallVector<Value> GraphProgramBuilder::entryCoordinates(
   return evaluateIndexMap(b, loc, map, tile, buffers);
 }
 
+Value GraphProgramBuilder::liveCondition(OpBuilder &b, Location loc,
+                                         ScheduledFunction &function,
+                                         const TaskFamily &family, Value record,
+                                         ValueRange tile) {
+  if (!family.isPredicated())
+    return {};
+  SmallVector<Value> buffers = indexBuffers(b, loc, function, family, record);
+  Value live;
+  for (LiveAttr bound : family.liveBounds) {
+    Value value =
+        evaluateIndexMap(b, loc, bound.getPosition(), tile, buffers).front();
+    Value limit = affine::AffineApplyOp::create(b, loc, bound.getBound(),
+                                                ValueRange{value});
+    // Signed: a negative value (a length of 0 minus something) leaves no
+    // tile live rather than wrapping around.
+    Value below = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::slt,
+                                        tile[bound.getDim()], limit);
+    live = live ? arith::AndIOp::create(b, loc, live, below).getResult()
+                : below;
+  }
+  return live;
+}
+
+void GraphProgramBuilder::ifLive(OpBuilder &b, Location loc,
+                                 ScheduledFunction &function,
+                                 const TaskFamily &family, Value record,
+                                 ValueRange tile,
+                                 function_ref<void(OpBuilder &)> body) {
+  Value live = liveCondition(b, loc, function, family, record, tile);
+  if (!live) {
+    body(b);
+    return;
+  }
+  scf::IfOp::create(b, loc, live, [&](OpBuilder &then, Location) {
+    body(then);
+    scf::YieldOp::create(then, loc);
+  });
+}
+
 void GraphProgramBuilder::runTileBody(OpBuilder &b, Location loc,
                                       ScheduledFunction &function,
                                       const TaskFamily &family, Value record,
@@ -639,24 +683,29 @@ void GraphProgramBuilder::initEventCounters(OpBuilder &b,
             SmallVector<Value> extents = gridOf(function, family);
             SmallVector<Value> zeros(extents.size(), constantIndex(cb, loc, 0));
             SmallVector<Value> ones(extents.size(), constantIndex(cb, loc, 1));
+            // Dead tiles of a predicated task do not notify.
+            auto countNotify = [&](OpBuilder &lb, ValueRange tile) {
+              EntryEvent event = entryEvent(lb, loc, function, family, record,
+                                            entry, /*notify=*/true);
+              SmallVector<Value> coordinates =
+                  entryCoordinates(lb, loc, function, family, record, entry,
+                                   /*notify=*/true, tile);
+              Value element =
+                  addIndex(lb, loc, event.base,
+                           linearize(lb, loc, coordinates,
+                                     function.classes[classIndex].sizes));
+              Value count =
+                  memref::LoadOp::create(lb, loc, function.counters, element);
+              Value one = arith::ConstantIntOp::create(lb, loc, 1, 32);
+              memref::StoreOp::create(
+                  lb, loc, arith::AddIOp::create(lb, loc, count, one),
+                  function.counters, element);
+            };
             scf::buildLoopNest(
                 cb, loc, zeros, extents, ones,
-                [&](OpBuilder &lb, Location loc, ValueRange tile) {
-                  EntryEvent event = entryEvent(lb, loc, function, family,
-                                                record, entry, /*notify=*/true);
-                  SmallVector<Value> coordinates = entryCoordinates(
-                      lb, loc, function, family, record, entry,
-                      /*notify=*/true, tile);
-                  Value element = addIndex(
-                      lb, loc, event.base,
-                      linearize(lb, loc, coordinates,
-                                function.classes[classIndex].sizes));
-                  Value count = memref::LoadOp::create(
-                      lb, loc, function.counters, element);
-                  Value one = arith::ConstantIntOp::create(lb, loc, 1, 32);
-                  memref::StoreOp::create(
-                      lb, loc, arith::AddIOp::create(lb, loc, count, one),
-                      function.counters, element);
+                [&](OpBuilder &nest, Location, ValueRange tile) {
+                  ifLive(nest, loc, function, family, record, tile,
+                         [&](OpBuilder &lb) { countNotify(lb, tile); });
                 });
           }
           return {};

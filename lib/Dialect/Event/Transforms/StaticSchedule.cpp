@@ -77,26 +77,30 @@ void StaticScheduler::buildInit(OpBuilder &builder) {
 }
 
 /// Emits one tile of the task whose record starts at `record`: waits, the
-/// tile body, notifies.
-void StaticScheduler::runTile(OpBuilder &b, Location loc,
+/// tile body, notifies; only for live tiles when the task has live bounds.
+/// A dead tile keeps its place in the global order and its worker moves
+/// on, so the order argument against deadlock is unchanged.
+void StaticScheduler::runTile(OpBuilder &builder, Location loc,
                               ScheduledFunction &function,
                               const TaskFamily &family, Value record,
                               ValueRange tile) {
-  for (unsigned entry = 0; entry < family.waitClasses.size(); ++entry) {
-    EntryEvent event =
-        entryEvent(b, loc, function, family, record, entry, /*notify=*/false);
-    WaitOp::create(b, loc, event.view,
-                   entryCoordinates(b, loc, function, family, record, entry,
-                                    /*notify=*/false, tile));
-  }
-  runTileBody(b, loc, function, family, record, tile);
-  for (unsigned entry = 0; entry < family.notifyClasses.size(); ++entry) {
-    EntryEvent event =
-        entryEvent(b, loc, function, family, record, entry, /*notify=*/true);
-    NotifyOp::create(b, loc, event.view,
+  ifLive(builder, loc, function, family, record, tile, [&](OpBuilder &b) {
+    for (unsigned entry = 0; entry < family.waitClasses.size(); ++entry) {
+      EntryEvent event =
+          entryEvent(b, loc, function, family, record, entry, /*notify=*/false);
+      WaitOp::create(b, loc, event.view,
                      entryCoordinates(b, loc, function, family, record, entry,
-                                      /*notify=*/true, tile));
-  }
+                                      /*notify=*/false, tile));
+    }
+    runTileBody(b, loc, function, family, record, tile);
+    for (unsigned entry = 0; entry < family.notifyClasses.size(); ++entry) {
+      EntryEvent event =
+          entryEvent(b, loc, function, family, record, entry, /*notify=*/true);
+      NotifyOp::create(b, loc, event.view,
+                       entryCoordinates(b, loc, function, family, record,
+                                        entry, /*notify=*/true, tile));
+    }
+  });
 }
 
 /// `@g_worker(symbols, table, counters)`: worker w runs the global tiles t

@@ -1,0 +1,92 @@
+"""Greedy generation with a Hugging Face checkpoint compiled by ETC.
+
+    python examples/generate.py CHECKPOINT --prompt-ids 1 2 3 --prompt-ids 7 8
+    python examples/generate.py CHECKPOINT --prompt "The capital of France is"
+    python examples/generate.py /tmp/tiny --tiny qwen3 --prompt-ids 1 2 3
+
+CHECKPOINT is a directory with config.json and *.safetensors (Llama, Qwen3
+or Qwen3-MoE). Text prompts need its tokenizer.json and the `tokenizers`
+package. `--tiny ARCH` first writes a small random checkpoint of that
+architecture (llama, qwen3, qwen3_moe) to CHECKPOINT, so the script runs
+without downloading anything. Prints the new tokens of each prompt and the
+tokens per second (overall, and of the decode-only steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import etc.models
+
+TINY = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+        "qwen3_moe": "Qwen3MoeForCausalLM"}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", type=Path, help="Hugging Face checkpoint directory")
+    parser.add_argument("--prompt-ids", type=int, nargs="+", action="append", default=[],
+                        metavar="ID", help="a prompt as token ids (repeat for a batch)")
+    parser.add_argument("--prompt", action="append", default=[],
+                        help="a text prompt (needs tokenizer.json; repeat for a batch)")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--chip", default="sm_90a")
+    parser.add_argument("--schedule", default="auto", choices=("auto", "static", "dynamic"))
+    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--dtype", default="f32", choices=("f32", "f16", "bf16"))
+    parser.add_argument("--max-seq-len", type=int, default=None,
+                        help="longest prompt + new tokens (default: the config's maximum)")
+    parser.add_argument("--tiny", choices=sorted(TINY),
+                        help="first write a small random checkpoint of this architecture")
+    args = parser.parse_args(argv)
+
+    if args.tiny:
+        from etc.models.testing import tiny_config, write_checkpoint
+
+        write_checkpoint(args.checkpoint, tiny_config(TINY[args.tiny], hidden_size=256,
+                                                      intermediate_size=512,
+                                                      num_attention_heads=8,
+                                                      num_key_value_heads=4, head_dim=32,
+                                                      num_hidden_layers=4, vocab_size=1024,
+                                                      max_position_embeddings=1024))
+        print(f"wrote a random {TINY[args.tiny]} checkpoint to {args.checkpoint}")
+
+    tokenizer = None
+    if args.prompt:
+        tokenizer_file = args.checkpoint / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            parser.error(f"--prompt needs {tokenizer_file}; give --prompt-ids instead")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            parser.error("--prompt needs the 'tokenizers' package (pip install tokenizers)")
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    prompts = [list(p) for p in args.prompt_ids]
+    prompts += [tokenizer.encode(text).ids for text in args.prompt]
+    if not prompts:
+        parser.error("give at least one --prompt-ids or --prompt")
+
+    start = time.perf_counter()
+    model = etc.models.load(args.checkpoint, target=args.target, schedule=args.schedule,
+                            workers=args.workers, dtype=args.dtype, max_seq_len=args.max_seq_len,
+                            chip=args.chip)
+    print(f"{model}: compiled in {time.perf_counter() - start:.2f} s "
+          f"({len(model.kernels)} kernel)")
+    out = model.generate(prompts, args.max_new_tokens)
+    for prompt, tokens in zip(prompts, out.tokens):
+        print(f"prompt {prompt} -> {tokens}")
+        if tokenizer is not None:
+            print(f"  {tokenizer.decode(prompt)!r} -> {tokenizer.decode(tokens)!r}")
+    new = sum(len(t) for t in out.tokens)
+    print(f"{new} new tokens in {out.steps} steps, {out.seconds:.3f} s: "
+          f"{out.tokens_per_second:.1f} tokens/s; decode-only steps: "
+          f"{out.decode_tokens_per_second:.1f} tokens/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

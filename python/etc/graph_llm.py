@@ -1,0 +1,316 @@
+"""The operators of LLM inference, as methods of `etc.Graph`.
+
+`Graph` inherits them from `LLMOperators`; they live here to keep graph.py
+about the graph itself. Each method checks its operands (shapes, dtypes,
+index tensors) with errors that name them and records one `Operation`; the
+tasks and tile kernels are in the operator families of `etc.ops`
+(embedding, rope, headnorm, kvcache, attention, sampling), the NumPy
+meaning in `etc.reference`.
+
+A step of a model takes a *ragged batch*: R requests, each bringing one or
+more new tokens (a prompt to prefill, or one token to decode), T tokens in
+all. `Graph.ragged_batch` declares the i32 index inputs that describe it
+(`RaggedBatch`); `kv_append` and `attention` take them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from . import graph as _graph
+from .ops.base import DEFAULT_ROWS, INDEX_DTYPE
+
+#: Default KV positions per attention chunk task.
+DEFAULT_CHUNK = 64
+
+
+@dataclass(frozen=True)
+class RaggedBatch:
+    """The index inputs (all i32) that describe a step's ragged batch of
+    T tokens from R requests. Tokens of one request are consecutive, in
+    position order.
+
+    * `positions` (T,): each token's position in its sequence;
+    * `token_request` (T,): each token's request, in [0, R);
+    * `request_slot` (R,): each request's slot in the KV caches;
+    * `request_length` (R,): each request's sequence length after the step
+      (its last new token's position + 1);
+    * `request_first` (R,), `request_last` (R,): the indices of each
+      request's first and last new token in the step.
+    """
+
+    tokens: "_graph.Symbol"
+    requests: "_graph.Symbol"
+    positions: "_graph.Tensor"
+    token_request: "_graph.Tensor"
+    request_slot: "_graph.Tensor"
+    request_length: "_graph.Tensor"
+    request_first: "_graph.Tensor"
+    request_last: "_graph.Tensor"
+
+    #: The per-token fields, then the per-request ones.
+    TOKEN_FIELDS = ("positions", "token_request")
+    REQUEST_FIELDS = ("request_slot", "request_length", "request_first", "request_last")
+
+
+class LLMOperators:
+    """Embedding, RoPE, per-head RMSNorm, KV-cache append, attention over
+    the cache and greedy sampling (mixed into `etc.Graph`)."""
+
+    # -- shared checks ---------------------------------------------------
+
+    def _check_index(self, kind: str, role: str, t, length=None, length_of: str = "") -> None:
+        """`t` must be a 1-D i32 tensor of this graph (of `length` rows)."""
+        if not isinstance(t, _graph.Tensor):
+            raise ValueError(f"{kind}: operand '{role}' must be a Tensor, got {t!r}")
+        if t.graph is not self:
+            raise ValueError(f"{kind}: operand '{role}' ('{t.name}') belongs to graph "
+                             f"'{t.graph.name}', not '{self.name}'")
+        if t.dtype != INDEX_DTYPE or t.rank != 1:
+            raise ValueError(f"{kind}: {_graph._describe(role, t)} must be a 1-D i32 tensor "
+                             f"of indices")
+        if length is not None and not _graph._same_dim(t.shape[0], length):
+            raise ValueError(f"{kind}: {_graph._describe(role, t)} must have {length} rows "
+                             f"({length_of})")
+
+    def _check_batch(self, kind: str, batch) -> RaggedBatch:
+        if not isinstance(batch, RaggedBatch):
+            raise ValueError(f"{kind}: 'batch' must be a RaggedBatch (from "
+                             f"Graph.ragged_batch), got {batch!r}")
+        for field in RaggedBatch.TOKEN_FIELDS:
+            self._check_index(kind, f"batch.{field}", getattr(batch, field), batch.tokens,
+                              "one per token of the batch")
+        for field in RaggedBatch.REQUEST_FIELDS:
+            self._check_index(kind, f"batch.{field}", getattr(batch, field), batch.requests,
+                              "one per request of the batch")
+        return batch
+
+    @staticmethod
+    def _check_head_dim(kind: str, head_dim, width, role: str, even: bool = False) -> int:
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+            raise ValueError(f"{kind}: 'head_dim' must be a positive int, got {head_dim!r}")
+        if even and head_dim % 2:
+            raise ValueError(f"{kind}: 'head_dim' = {head_dim} must be even (RoPE rotates "
+                             f"pairs of columns)")
+        if not isinstance(width, int) or width % head_dim:
+            raise ValueError(f"{kind}: the last dimension of '{role}' ({width}) must be a "
+                             f"static multiple of head_dim = {head_dim}")
+        return head_dim
+
+    def _record(self, kind: str, operands, result, tile, params, buffers=None):
+        """Records an operator whose result is an existing tensor (a state
+        updated in place) and returns it."""
+        opname = self._next_name(kind)
+        self._ops.append(_graph.Operation(kind, opname, tuple(operands), result, tile,
+                                          dict(params), buffers=dict(buffers or {})))
+        return result
+
+    # -- declarations ----------------------------------------------------
+
+    def ragged_batch(self, tokens, requests, prefix: str = "") -> RaggedBatch:
+        """Declares the i32 index inputs of a ragged batch of `tokens` (T)
+        new tokens from `requests` (R) requests, named `<prefix>positions`,
+        `<prefix>token_request`, `<prefix>request_slot`,
+        `<prefix>request_length`, `<prefix>request_first` and
+        `<prefix>request_last` (see `RaggedBatch`)."""
+        for role, dim in (("tokens", tokens), ("requests", requests)):
+            if not isinstance(dim, _graph.Symbol) or dim.graph is not self:
+                raise ValueError(f"ragged_batch: '{role}' must be a symbol of graph "
+                                 f"'{self.name}', got {dim!r}")
+        fields = {}
+        for field in RaggedBatch.TOKEN_FIELDS:
+            fields[field] = self.input(prefix + field, (tokens,), INDEX_DTYPE)
+        for field in RaggedBatch.REQUEST_FIELDS:
+            fields[field] = self.input(prefix + field, (requests,), INDEX_DTYPE)
+        return RaggedBatch(tokens, requests, **fields)
+
+    # -- operators -------------------------------------------------------
+
+    def embedding(self, table, ids, *, tile=None, name: Optional[str] = None):
+        """out[i] = table[ids[i]]: rows of `table` (V, H) gathered by the i32
+        `ids` (N,); result (N, H) in the table's dtype. Ids outside [0, V)
+        give zero rows. Gathers token embeddings, and the last token's
+        hidden state of each request (ids = `batch.request_last`).
+        `tile=(m,)` sets the ids per tile (default 32)."""
+        kind = "embedding"
+        self._check_operand(kind, "table", table, ranks=(2,))
+        self._check_index(kind, "ids", ids)
+        tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), ids.shape)
+        shape = (ids.shape[0], table.shape[1])
+        return self._finish(kind, [("table", table), ("ids", ids)], shape, table.dtype, tile,
+                            {}, None, name)
+
+    def rope(self, x, positions, *, head_dim: int, theta: float = 10000.0, inv_freq=None,
+             tile=None, name: Optional[str] = None):
+        """Rotary position embedding of each head of x (T, n * head_dim) at
+        the i32 `positions` (T,), in Hugging Face's `rotate_half`
+        convention: frequencies 1 / theta^(2i / head_dim), or the float32
+        `inv_freq` (head_dim / 2,) when given (scaled RoPE variants).
+        `tile=(m,)` sets the tokens per tile (default 32)."""
+        kind = "rope"
+        self._check_operand(kind, "x", x, ranks=(2,))
+        self._check_head_dim(kind, head_dim, x.shape[1], "x", even=True)
+        self._check_index(kind, "positions", positions, x.shape[0], "one per row of 'x'")
+        operands = [("x", x), ("positions", positions)]
+        params = {"head_dim": head_dim}
+        if inv_freq is not None:
+            self._check_operand(kind, "inv_freq", inv_freq, ranks=(1,))
+            if inv_freq.dtype != "f32" or inv_freq.shape != (head_dim // 2,):
+                raise ValueError(f"{kind}: {_graph._describe('inv_freq', inv_freq)} must be "
+                                 f"an f32 tensor of shape ({head_dim // 2},) (head_dim / 2)")
+            operands.append(("inv_freq", inv_freq))
+        else:
+            if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 1:
+                raise ValueError(f"{kind}: 'theta' must be a float above 1, got {theta!r}")
+            params["theta"] = float(theta)
+        tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
+        return self._finish(kind, operands, x.shape, x.dtype, tile, params, None, name)
+
+    def head_rmsnorm(self, x, weight, *, head_dim: int, eps: float = 1e-6, tile=None,
+                     name: Optional[str] = None):
+        """RMSNorm of each head of x (T, n * head_dim) on its own, with the
+        shared `weight` (head_dim,) (Qwen3's q_norm / k_norm).
+        `tile=(m,)` sets the rows per tile (default 32)."""
+        kind = "head_rmsnorm"
+        self._check_operand(kind, "x", x, ranks=(2,))
+        self._check_operand(kind, "weight", weight, ranks=(1,))
+        self._check_head_dim(kind, head_dim, x.shape[1], "x")
+        if weight.shape != (head_dim,):
+            raise ValueError(f"{kind}: {_graph._describe('weight', weight)} must have shape "
+                             f"({head_dim},) (head_dim)")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
+            raise ValueError(f"{kind}: 'eps' must be a non-negative float, got {eps!r}")
+        dtype = self._same_dtype(kind, [("x", x), ("weight", weight)])
+        tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
+        return self._finish(kind, [("x", x), ("weight", weight)], x.shape, dtype, tile,
+                            {"head_dim": head_dim, "eps": float(eps)}, None, name)
+
+    def kv_append(self, cache, values, batch: RaggedBatch, *, tile=None):
+        """Writes the new rows `values` (T, W) into the state `cache`
+        (slots, length, W) in place: row t at
+        cache[request_slot[token_request[t]], positions[t]]. Returns the
+        cache, so that attention reads it after the write. Tokens outside
+        the cache (slot or position) write nothing.
+        `tile=(m,)` sets the tokens per tile (default 32)."""
+        kind = "kv_append"
+        if not isinstance(cache, _graph.Tensor) or cache.graph is not self or \
+                cache.kind != "state":
+            raise ValueError(f"{kind}: operand 'cache' must be a state buffer of graph "
+                             f"'{self.name}' (Graph.state), got {cache!r}")
+        if cache.rank != 3 or cache.dtype not in ("f32", "f16"):
+            raise ValueError(f"{kind}: {_graph._describe('cache', cache)} must be a 3-D f32 "
+                             f"or f16 state (slots, length, width)")
+        self._check_operand(kind, "values", values, ranks=(2,))
+        batch = self._check_batch(kind, batch)
+        if not _graph._same_dim(values.shape[0], batch.tokens):
+            raise ValueError(f"{kind}: {_graph._describe('values', values)} must have one row "
+                             f"per token of the batch ({batch.tokens} rows)")
+        if not _graph._same_dim(values.shape[1], cache.shape[2]):
+            raise ValueError(f"{kind}: {_graph._describe('values', values)} and "
+                             f"{_graph._describe('cache', cache)} differ in width")
+        tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), values.shape[:1])
+        return self._record(kind, (cache, values, batch.positions, batch.token_request,
+                                   batch.request_slot), cache, tile, {})
+
+    def attention(self, q, k_cache, v_cache, batch: RaggedBatch, *, head_dim: int,
+                  chunk: int = DEFAULT_CHUNK, max_length=None, scale: Optional[float] = None,
+                  scratch_from=None, name: Optional[str] = None):
+        """Causal grouped-query attention of each token of the batch over its
+        request's KV cache slot (flash-decoding: see `etc.ops.attention`).
+
+        q is (T, H * head_dim); k_cache and v_cache are (slots, length,
+        H_kv * head_dim) with H a multiple of H_kv (query head h reads KV
+        head h // (H / H_kv)), already appended to for this step. Token t
+        attends to positions 0 .. positions[t] of slot
+        request_slot[token_request[t]], with softmax(scale * q . k), scale
+        1 / sqrt(head_dim) by default. The KV sequence is split into chunks
+        of `chunk` positions: request r runs ceildiv(request_length[r],
+        chunk) chunk tasks, decided at run time. The number of chunks the
+        grid holds comes from the cache length, or from `max_length` when
+        that is symbolic: requests must not be longer. Result (T, H *
+        head_dim) in q's dtype.
+
+        The chunks' partial results go to a float32 scratch buffer of
+        T * chunks * H * (head_dim + 2) values. `scratch_from=` an earlier
+        attention's result reuses that attention's scratch (the layers of a
+        model share one): an explicit event orders this attention's chunk
+        tiles after every combine tile of the earlier one."""
+        kind = "attention"
+        self._check_operand(kind, "q", q, ranks=(2,))
+        for role, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            self._check_operand(kind, role, cache, ranks=(3,))
+        batch = self._check_batch(kind, batch)
+        self._check_head_dim(kind, head_dim, q.shape[1], "q")
+        self._check_head_dim(kind, head_dim, k_cache.shape[2], "k_cache")
+        if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+            raise ValueError(f"{kind}: {_graph._describe('k_cache', k_cache)} and "
+                             f"{_graph._describe('v_cache', v_cache)} must have the same "
+                             f"shape and dtype")
+        heads, kv_heads = q.shape[1] // head_dim, k_cache.shape[2] // head_dim
+        if heads % kv_heads:
+            raise ValueError(f"{kind}: {heads} query heads cannot be grouped over {kv_heads} "
+                             f"KV heads (the query head count must be a multiple)")
+        if not _graph._same_dim(q.shape[0], batch.tokens):
+            raise ValueError(f"{kind}: {_graph._describe('q', q)} must have one row per token "
+                             f"of the batch ({batch.tokens} rows)")
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"{kind}: 'chunk' must be a positive int, got {chunk!r}")
+        length = k_cache.shape[1]
+        if max_length is None:
+            if not isinstance(length, int):
+                raise ValueError(f"{kind}: the cache length of "
+                                 f"{_graph._describe('k_cache', k_cache)} is symbolic; pass "
+                                 f"max_length= (the longest a request may be), which sizes "
+                                 f"the chunk grid")
+            max_length = length
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise ValueError(f"{kind}: 'max_length' must be a positive int, got {max_length!r}")
+        if scale is None:
+            scale = 1.0 / math.sqrt(head_dim)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise ValueError(f"{kind}: 'scale' must be a float, got {scale!r}")
+        chunks = -(-max_length // chunk)
+        operands = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                    ("positions", batch.positions), ("token_request", batch.token_request),
+                    ("request_slot", batch.request_slot),
+                    ("request_length", batch.request_length),
+                    ("request_first", batch.request_first)]
+        params = {"head_dim": head_dim, "heads": heads, "kv_heads": kv_heads, "chunk": chunk,
+                  "chunks": chunks, "scale": float(scale)}
+        shape = (q.shape[0], chunks, heads * (head_dim + 2))
+        partial = None
+        if scratch_from is not None:
+            earlier = next((op for op in self._ops if op.kind == kind and
+                            op.result is scratch_from), None)
+            if earlier is None:
+                raise ValueError(f"{kind}: 'scratch_from' must be the result of an earlier "
+                                 f"attention of graph '{self.name}', got {scratch_from!r}")
+            partial = earlier.buffers["partial"]
+            if len(partial.shape) != 3 or not all(
+                    _graph._same_dim(a, b) for a, b in zip(partial.shape, shape)):
+                raise ValueError(f"{kind}: the scratch of '{scratch_from.name}' has shape "
+                                 f"{partial.shape}, but this attention needs {shape}")
+        if partial is not None:
+            # Every attention of a sharing group notifies the release event,
+            # so that the layers' tile functions and families stay identical
+            # (the last one's is notified and never waited on).
+            earlier.params["shared_scratch"] = True
+            params["shared_scratch"] = True
+        result = self._finish(kind, operands, q.shape, q.dtype, (1,), params, None, name)
+        if partial is None:
+            partial = self._new_tensor(self._fresh_name(f"{result.name}_partial"), shape, "f32",
+                                       "value")
+        self._ops[-1].buffers = {"partial": partial}
+        return result
+
+    def argmax(self, x, *, tile=None, name: Optional[str] = None):
+        """Greedy sampling: the i32 index of the largest value of each row
+        of x (M, N), the first of equal values (NaN ranks above every
+        number); result (M,). `tile=(m,)` sets the rows per tile (default 32)."""
+        kind = "argmax"
+        self._check_operand(kind, "x", x, ranks=(2,))
+        tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
+        return self._finish(kind, [("x", x)], (x.shape[0],), INDEX_DTYPE, tile, {}, None,
+                            name)

@@ -1,0 +1,88 @@
+"""The step graph of a decoder-only model: one graph that runs a ragged
+batch (each request brings 1 ... n new tokens), so one compiled kernel
+serves prefill, decode and any mix of them.
+
+Symbols: T (new tokens in the step), R (requests in the step), S (cache
+slots) and L (cache length). Inputs: the token ids (T,), the ragged batch's
+index inputs (`etc.graph_llm.RaggedBatch`), the weights (named as
+`Checkpoint.weights` names them) and the RoPE frequencies `inv_freq`. State:
+each layer's K and V caches, `l<i>_k_cache` / `l<i>_v_cache` (S, L,
+H_kv * head_dim). Outputs: `logits` (R, V) of each request's last new token,
+and `next_ids` (R,), their argmax (greedy sampling).
+"""
+
+from __future__ import annotations
+
+from ..graph import Graph
+from .config import ModelConfig
+
+__all__ = ["build_step_graph", "STATE_DTYPE"]
+
+#: The KV caches are float32 whatever the weights: NumPy holds them, so the
+#: caller's arrays are the caches (bf16 would need a copy each step).
+STATE_DTYPE = "f32"
+
+
+def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: int,
+                     chunk: int, name: str = "step") -> Graph:
+    """The step graph of `config`, weights and activations in `dtype`,
+    attention chunks of `chunk` positions over caches of at most
+    `max_seq_len` positions."""
+    c = config
+    g = Graph(name)
+    T, R, S, L = (g.symbol(n) for n in ("T", "R", "S", "L"))
+    h, d = c.hidden_size, c.head_dim
+    ids = g.input("ids", (T,), "i32")
+    batch = g.ragged_batch(T, R)
+
+    def weight(key: str, shape: tuple):
+        return g.input(key, shape, dtype)
+
+    embed = weight("embed", (c.vocab_size, h))
+    inv_freq = g.input("inv_freq", (d // 2,), "f32")
+    eps = c.rms_norm_eps
+    x = g.embedding(embed, ids)
+    previous_attention = None
+    for i in range(c.num_layers):
+        # Attention block.
+        normed = g.rmsnorm(x, weight(f"l{i}_attn_norm", (h,)), eps)
+        q = g.matmul(normed, weight(f"l{i}_wq", (c.num_heads * d, h)), transpose_b=True)
+        k = g.matmul(normed, weight(f"l{i}_wk", (c.num_kv_heads * d, h)), transpose_b=True)
+        v = g.matmul(normed, weight(f"l{i}_wv", (c.num_kv_heads * d, h)), transpose_b=True)
+        if c.qk_norm:
+            q = g.head_rmsnorm(q, weight(f"l{i}_q_norm", (d,)), head_dim=d, eps=eps)
+            k = g.head_rmsnorm(k, weight(f"l{i}_k_norm", (d,)), head_dim=d, eps=eps)
+        q = g.rope(q, batch.positions, head_dim=d, inv_freq=inv_freq)
+        k = g.rope(k, batch.positions, head_dim=d, inv_freq=inv_freq)
+        k_cache = g.kv_append(g.state(f"l{i}_k_cache", (S, L, c.num_kv_heads * d), STATE_DTYPE),
+                              k, batch)
+        v_cache = g.kv_append(g.state(f"l{i}_v_cache", (S, L, c.num_kv_heads * d), STATE_DTYPE),
+                              v, batch)
+        attended = g.attention(q, k_cache, v_cache, batch, head_dim=d, chunk=chunk,
+                               max_length=max_seq_len, scratch_from=previous_attention)
+        previous_attention = attended
+        x = g.add(x, g.matmul(attended, weight(f"l{i}_wo", (h, c.num_heads * d)),
+                              transpose_b=True))
+        # MLP block: dense SwiGLU, or experts.
+        normed = g.rmsnorm(x, weight(f"l{i}_mlp_norm", (h,)), eps)
+        if c.is_sparse(i):
+            e, f = c.num_experts, c.moe_intermediate_size
+            mlp = g.moe(normed, weight(f"l{i}_router", (h, e)),
+                        weight(f"l{i}_experts_gate", (e, h, f)),
+                        weight(f"l{i}_experts_down", (e, f, h)), c.num_experts_per_tok,
+                        w_up=weight(f"l{i}_experts_up", (e, h, f)),
+                        normalize=c.norm_topk_prob)
+        else:
+            f = c.intermediate_size
+            gate = g.matmul(normed, weight(f"l{i}_w_gate", (f, h)), transpose_b=True)
+            up = g.matmul(normed, weight(f"l{i}_w_up", (f, h)), transpose_b=True)
+            mlp = g.matmul(g.mul(g.silu(gate), up), weight(f"l{i}_w_down", (h, f)),
+                           transpose_b=True)
+        x = g.add(x, mlp)
+    # The last new token of each request: norm, LM head, greedy sampling.
+    last = g.embedding(x, batch.request_last)
+    normed = g.rmsnorm(last, weight("final_norm", (h,)), eps)
+    head = embed if c.tie_word_embeddings else weight("lm_head", (c.vocab_size, h))
+    logits = g.matmul(normed, head, transpose_b=True, name="logits")
+    g.output(logits, g.argmax(logits, name="next_ids"))
+    return g

@@ -1,0 +1,133 @@
+"""A Hugging Face checkpoint directory: config.json and the weights of its
+*.safetensors files, under the usual tensor names, checked and arranged the
+way the step graph takes them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .config import ModelConfig, UnsupportedConfigError
+from .safetensors import SafetensorsError, SafetensorsFile
+
+__all__ = ["Checkpoint", "MissingTensorError", "CheckpointError"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory ETC cannot read."""
+
+
+class MissingTensorError(CheckpointError, KeyError):
+    """A tensor the architecture needs is in none of the checkpoint's files."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return self.args[0]
+
+
+class Checkpoint:
+    """The config and tensors of one checkpoint directory."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise CheckpointError(f"{self.path}: not a directory (expected a Hugging Face "
+                                  f"checkpoint: config.json and *.safetensors)")
+        config_path = self.path / "config.json"
+        if not config_path.is_file():
+            raise CheckpointError(f"{self.path}: no config.json")
+        try:
+            raw = json.loads(config_path.read_text())
+        except json.JSONDecodeError as error:
+            raise CheckpointError(f"{config_path}: not JSON ({error})") from None
+        self.raw_config = raw
+        self.config = ModelConfig.from_dict(raw, str(config_path))
+        files = sorted(self.path.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"{self.path}: no *.safetensors files (ETC reads safetensors "
+                                  f"checkpoints only)")
+        self._where: dict[str, SafetensorsFile] = {}
+        for file in files:
+            tensors = SafetensorsFile(file)
+            for name in tensors:
+                if name in self._where:
+                    raise CheckpointError(f"{self.path}: tensor {name!r} is in both "
+                                          f"{self._where[name].path.name} and {file.name}")
+                self._where[name] = tensors
+
+    def names(self) -> list[str]:
+        return sorted(self._where)
+
+    def dtypes(self) -> set[str]:
+        """The safetensors dtypes of the checkpoint's tensors."""
+        return {f.dtype(n) for n, f in self._where.items()}
+
+    def tensor(self, name: str, shape: tuple, what: str) -> np.ndarray:
+        """Tensor `name` as a float32 array of `shape`; errors name the
+        tensor and `what` it is for."""
+        file = self._where.get(name)
+        if file is None:
+            raise MissingTensorError(f"{self.path}: tensor {name!r} ({what}) is missing from "
+                                     f"the checkpoint")
+        if file.shape(name) != tuple(shape):
+            raise CheckpointError(f"{file.path}: tensor {name!r} ({what}) has shape "
+                                  f"{file.shape(name)}, expected {tuple(shape)} from config.json")
+        return file.get(name)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """Every weight the step graph takes, by graph input name (see
+        `etc.models.builder`), float32, contiguous and owned (not views of
+        the files). Projections keep Hugging Face's (out, in) layout (the
+        graph multiplies by their transposes); MoE experts are stacked as
+        `g.moe` takes them."""
+        c = self.config
+        h, d = c.hidden_size, c.head_dim
+        out: dict[str, np.ndarray] = {}
+
+        def take(key: str, name: str, shape: tuple, what: str) -> None:
+            out[key] = np.ascontiguousarray(self.tensor(name, shape, what), dtype=np.float32)
+
+        take("embed", "model.embed_tokens.weight", (c.vocab_size, h), "token embeddings")
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            take(f"l{i}_attn_norm", p + "input_layernorm.weight", (h,), f"layer {i} norm")
+            take(f"l{i}_wq", p + "self_attn.q_proj.weight", (c.num_heads * d, h),
+                 f"layer {i} query projection")
+            take(f"l{i}_wk", p + "self_attn.k_proj.weight", (c.num_kv_heads * d, h),
+                 f"layer {i} key projection")
+            take(f"l{i}_wv", p + "self_attn.v_proj.weight", (c.num_kv_heads * d, h),
+                 f"layer {i} value projection")
+            take(f"l{i}_wo", p + "self_attn.o_proj.weight", (h, c.num_heads * d),
+                 f"layer {i} output projection")
+            if c.qk_norm:
+                take(f"l{i}_q_norm", p + "self_attn.q_norm.weight", (d,), f"layer {i} q_norm")
+                take(f"l{i}_k_norm", p + "self_attn.k_norm.weight", (d,), f"layer {i} k_norm")
+            take(f"l{i}_mlp_norm", p + "post_attention_layernorm.weight", (h,),
+                 f"layer {i} post-attention norm")
+            if c.is_sparse(i):
+                e, f = c.num_experts, c.moe_intermediate_size
+                router = self.tensor(p + "mlp.gate.weight", (e, h), f"layer {i} router")
+                out[f"l{i}_router"] = np.ascontiguousarray(router.T)
+
+                def experts(proj: str, shape: tuple, transpose: bool) -> np.ndarray:
+                    stacked = np.empty((e,) + (shape[::-1] if transpose else shape), np.float32)
+                    for j in range(e):
+                        w = self.tensor(f"{p}mlp.experts.{j}.{proj}.weight", shape,
+                                        f"layer {i} expert {j} {proj}")
+                        stacked[j] = w.T if transpose else w
+                    return stacked
+                # g.moe takes (E, H, F) up and gate, (E, F, H) down.
+                out[f"l{i}_experts_gate"] = experts("gate_proj", (f, h), True)
+                out[f"l{i}_experts_up"] = experts("up_proj", (f, h), True)
+                out[f"l{i}_experts_down"] = experts("down_proj", (h, f), True)
+            else:
+                f = c.intermediate_size
+                take(f"l{i}_w_gate", p + "mlp.gate_proj.weight", (f, h), f"layer {i} MLP gate")
+                take(f"l{i}_w_up", p + "mlp.up_proj.weight", (f, h), f"layer {i} MLP up")
+                take(f"l{i}_w_down", p + "mlp.down_proj.weight", (h, f), f"layer {i} MLP down")
+        take("final_norm", "model.norm.weight", (h,), "final norm")
+        if not c.tie_word_embeddings:
+            take("lm_head", "lm_head.weight", (c.vocab_size, h), "LM head")
+        return out

@@ -1,0 +1,130 @@
+"""The NumPy meaning of the LLM inference operators (see `etc.graph_llm`).
+
+Each function takes and returns NumPy arrays (float32 for float data, int32
+for indices) and is what the compiled kernels must compute; `etc.reference`
+dispatches to them through `apply`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["embedding", "rope", "rope_inv_freq", "head_rmsnorm", "kv_append", "attention",
+           "argmax", "KINDS", "apply"]
+
+#: The operator kinds this module computes.
+KINDS = ("embedding", "rope", "head_rmsnorm", "kv_append", "attention", "argmax")
+
+
+def embedding(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """table[ids], with zero rows for ids outside [0, len(table))."""
+    ids = np.asarray(ids, dtype=np.int64)
+    inside = (ids >= 0) & (ids < table.shape[0])
+    out = np.zeros((ids.shape[0], table.shape[1]), np.float32)
+    out[inside] = table[ids[inside]]
+    return out
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
+    """1 / theta^(2i / head_dim) for i < head_dim / 2, in float32 as Hugging
+    Face computes it."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    return (np.float32(1.0) / (np.float32(theta) ** exponents)).astype(np.float32)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, head_dim: int, theta: float = 10000.0,
+         inv_freq=None) -> np.ndarray:
+    """`x * cos + rotate_half(x) * sin` per head of `head_dim` columns, the
+    angles positions * inv_freq in float32 (Hugging Face's convention)."""
+    if inv_freq is None:
+        inv_freq = rope_inv_freq(head_dim, theta)
+    angles = np.asarray(positions, np.float32)[:, None] * np.asarray(inv_freq, np.float32)[None]
+    cos = np.cos(angles).astype(np.float32)
+    sin = np.sin(angles).astype(np.float32)
+    rows = x.shape[0]
+    heads = x.reshape(rows, -1, head_dim)
+    half = head_dim // 2
+    first, second = heads[..., :half], heads[..., half:]
+    out = np.empty_like(heads)
+    out[..., :half] = first * cos[:, None] - second * sin[:, None]
+    out[..., half:] = second * cos[:, None] + first * sin[:, None]
+    return out.reshape(x.shape)
+
+
+def head_rmsnorm(x: np.ndarray, weight: np.ndarray, head_dim: int, eps: float) -> np.ndarray:
+    """RMSNorm over each head of `head_dim` columns, with the shared weight."""
+    rows = x.shape[0]
+    heads = x.reshape(rows, -1, head_dim)
+    ms = np.mean(heads * heads, axis=-1, keepdims=True, dtype=np.float32)
+    return (heads / np.sqrt(ms + np.float32(eps)) * weight).reshape(x.shape)
+
+
+def kv_append(cache: np.ndarray, values: np.ndarray, positions: np.ndarray,
+              token_request: np.ndarray, request_slot: np.ndarray) -> np.ndarray:
+    """A copy of `cache` with values[t] at
+    [request_slot[token_request[t]], positions[t]] (tokens outside the
+    cache write nothing)."""
+    out = np.array(cache, dtype=np.float32, copy=True)
+    slots = np.asarray(request_slot, np.int64)[np.asarray(token_request, np.int64)]
+    positions = np.asarray(positions, np.int64)
+    for t in range(values.shape[0]):
+        if 0 <= slots[t] < cache.shape[0] and 0 <= positions[t] < cache.shape[1]:
+            out[slots[t], positions[t]] = values[t]
+    return out
+
+
+def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray,
+              token_request: np.ndarray, request_slot: np.ndarray, head_dim: int,
+              scale: float) -> np.ndarray:
+    """Causal grouped-query attention of each token over its request's cache
+    slot: token t (query heads q[t], H of them) attends to the cached keys
+    and values at positions 0 .. positions[t] of slot
+    request_slot[token_request[t]], query head h to KV head
+    h // (H / H_kv); softmax(scale * q . k) weighted sum of v."""
+    tokens = q.shape[0]
+    heads = q.shape[1] // head_dim
+    kv_heads = k_cache.shape[2] // head_dim
+    group = heads // kv_heads
+    out = np.zeros((tokens, heads * head_dim), np.float32)
+    slots = np.asarray(request_slot, np.int64)[np.asarray(token_request, np.int64)]
+    for t in range(tokens):
+        keys = k_cache[slots[t], :positions[t] + 1].reshape(-1, kv_heads, head_dim)
+        values = v_cache[slots[t], :positions[t] + 1].reshape(-1, kv_heads, head_dim)
+        for h in range(heads):
+            query = q[t, h * head_dim:(h + 1) * head_dim]
+            scores = (keys[:, h // group] @ query) * np.float32(scale)
+            weights = np.exp(scores - scores.max())
+            weights /= weights.sum(dtype=np.float32)
+            out[t, h * head_dim:(h + 1) * head_dim] = weights @ values[:, h // group]
+    return out
+
+
+def argmax(x: np.ndarray) -> np.ndarray:
+    """The int32 index of the largest value of each row, the first of equal
+    values, NaN above every number (the order of `etc.reference.topk`)."""
+    x = np.asarray(x, np.float32)
+    nan = np.isnan(x)
+    order = np.lexsort((-np.where(nan, 0, x), ~nan), axis=-1)
+    return order[..., 0].astype(np.int32)
+
+
+def apply(op, vals: list) -> np.ndarray:
+    """The result of operator `op` (kind, params) on operand arrays `vals`."""
+    kind, params = op.kind, op.params
+    if kind == "embedding":
+        return embedding(*vals)
+    if kind == "rope":
+        inv_freq = vals[2] if len(vals) > 2 else None
+        return rope(vals[0], vals[1], params["head_dim"], params.get("theta", 10000.0),
+                    inv_freq)
+    if kind == "head_rmsnorm":
+        return head_rmsnorm(vals[0], vals[1], params["head_dim"], params["eps"])
+    if kind == "kv_append":
+        return kv_append(*vals)
+    if kind == "attention":
+        q, k_cache, v_cache, positions, token_request, request_slot = vals[:6]
+        return attention(q, k_cache, v_cache, positions, token_request, request_slot,
+                         params["head_dim"], params["scale"])
+    if kind == "argmax":
+        return argmax(vals[0])
+    raise AssertionError(f"unknown operator kind {kind!r}")
