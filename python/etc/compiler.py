@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
 import time
 from typing import TYPE_CHECKING
 
@@ -9,8 +13,11 @@ from mlir import ir
 
 from . import ops
 from . import pipeline as _pipeline
+from . import reference as _reference
 from .binding import Signature
 from .pipeline import Options
+from .runtime import artifact as _artifact
+from .runtime.abi import Argument, Event, KernelABI, Task
 
 if TYPE_CHECKING:
     from .graph import Graph
@@ -21,17 +28,20 @@ class CompiledKernel:
     symbolic dimension: `run` binds them from the input shapes.
 
     The kernel runs what was compiled: its `signature` (inputs, outputs and
-    their order) is a snapshot taken by `etc.compile`, and later changes to
-    `graph` do not affect it; compile again to pick them up."""
+    their order) and `abi` are a snapshot taken by `etc.compile`, and later
+    changes to `graph` do not affect it; compile again to pick them up."""
 
-    def __init__(self, graph: "Graph", options: Options, stage_ir: dict[str, str],
-                 timings: dict[str, float], runtime):
+    def __init__(self, graph: "Graph | None", options: Options, abi: KernelABI,
+                 stage_ir: dict[str, str], timings: dict[str, float], runtime, engine=None):
         self.graph = graph
         self.options = options
+        #: What the program takes and how it runs (see `etc.runtime.abi`).
+        self.abi = abi
         self._stage_ir = stage_ir
         #: Seconds spent in each compilation stage.
         self.timings = timings
         self._runtime = runtime
+        self._engine = engine
 
     def ir(self, stage: str) -> str:
         """The IR after `stage`: one of "graph", "event", "scheduled", "lowered"."""
@@ -47,15 +57,20 @@ class CompiledKernel:
         return self._runtime.ptx
 
     @property
-    def runtime(self):
-        """The target's runtime (e.g. `CUDARuntime`: `lanes`, `max_workers`,
-        `bind(...)` for repeated device launches)."""
-        return self._runtime
+    def arguments(self) -> tuple:
+        """The program's arguments in order (`etc.runtime.Argument`s)."""
+        return self.abi.arguments
 
     @property
     def signature(self) -> Signature:
         """The graph's name, arguments and outputs as they were compiled."""
         return self._runtime.signature
+
+    @property
+    def runtime(self):
+        """The target's runtime (e.g. `CUDARuntime`: `lanes`, `max_workers`,
+        `bind(...)` for repeated device launches)."""
+        return self._runtime
 
     # `self` is positional-only so that an input may be called "self".
     def run(self, /, **inputs):
@@ -67,9 +82,22 @@ class CompiledKernel:
         `etc.runtime.cuda.CUDAUnavailableError` (a RuntimeError)."""
         return self._runtime.run(inputs)
 
+    def save(self, path) -> None:
+        """Writes the kernel to `path` as one self-describing artifact that
+        `etc.runtime.load` runs without MLIR (see `etc.runtime.artifact`).
+
+        CUDA artifacts hold the PTX. CPU artifacts hold a shared library linked
+        from the JIT's object code by the system C compiler (`cc`, or `$CC`),
+        for this machine's platform."""
+        if self.options.target == "cuda":
+            code = self._runtime.ptx.encode()
+        else:
+            code = _shared_library(self._engine)
+        _artifact.write(path, self.abi, code)
+
     def __repr__(self) -> str:
-        return (f"<CompiledKernel {self.graph.name} target={self.options.target} "
-                f"schedule={self.options.schedule} workers={self.options.workers}>")
+        return (f"<CompiledKernel {self.abi.name} target={self.options.target} "
+                f"schedule={self.abi.schedule} workers={self.options.workers}>")
 
 
 def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
@@ -82,34 +110,112 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
     command that reproduces it.
     """
     options = Options(target=target, schedule=schedule, workers=workers, policy=policy, chip=chip)
-    stage_pipelines = _pipeline.stages(options)
-
-    timings: dict[str, float] = {}
     start = time.perf_counter()
-    # The runtime gets the signature of exactly the graph built here.
+    # The kernel gets the signature of exactly the graph built here.
     signature = Signature.of(graph)
+    reference = _reference.describe(graph)
     module = graph.build(ir.Context(), target=ops.Target(options.target, options.chip))
-    timings["graph"] = time.perf_counter() - start
-    stage_ir = {"graph": str(module)}
-    for stage, stage_pipeline in stage_pipelines.items():
-        start = time.perf_counter()
-        _pipeline.run_stage(module, stage, stage_pipeline)
-        timings[stage] = time.perf_counter() - start
-        stage_ir[stage] = str(module)
+    elapsed = time.perf_counter() - start
+    kernel = compile_module(module, signature, options, stage="graph", reference=reference)
+    kernel.timings = {"graph": elapsed, **kernel.timings}
+    kernel.graph = graph
+    return kernel
 
+
+def compile_module(module: ir.Module, signature, options: Options, *,
+                   stage: str = "graph", reference: dict | None = None) -> CompiledKernel:
+    """Compiles `module`, whose IR is at `stage` (it runs the stages after
+    it, in place), into a kernel with the arguments of `signature`: an
+    `etc.Graph`, or anything with its `name`, `arguments` (`etc.Argument`s in
+    argument order) and `outputs`. For tests and tools that start from IR
+    (hand-written or edited); `etc.compile` is this from "graph"."""
+    names = _pipeline.STAGES
+    if stage not in names:
+        raise ValueError(f"unknown stage {stage!r}; expected one of {names}")
+    stage_pipelines = _pipeline.stages(options)
+    timings: dict[str, float] = {}
+    stage_ir = {stage: str(module)}
+    for name in names[names.index(stage) + 1:]:
+        start = time.perf_counter()
+        _pipeline.run_stage(module, name, stage_pipelines[name])
+        timings[name] = time.perf_counter() - start
+        stage_ir[name] = str(module)
+
+    abi = _abi(signature, options, stage_ir.get("scheduled"), reference)
     start = time.perf_counter()
+    engine = None
     if options.target == "cuda":
         from .runtime.cuda import CUDARuntime
 
         # The driver JIT-compiles the PTX on the first run; nothing here
         # needs a GPU.
-        runtime = CUDARuntime(signature, _ptx(module))
+        runtime = CUDARuntime(abi, _ptx(module))
     else:
         from .runtime.cpu import CPURuntime
 
-        runtime = CPURuntime(signature, module, options.workers)
+        engine, entry_points = _jit(module, abi)
+        runtime = CPURuntime(abi, entry_points, options.workers)
     timings["jit"] = time.perf_counter() - start
-    return CompiledKernel(graph, options, stage_ir, timings, runtime)
+    return CompiledKernel(signature if hasattr(signature, "operations") else None, options, abi,
+                          stage_ir, timings, runtime, engine)
+
+
+def _abi(signature, options: Options, scheduled: str | None,
+         reference: dict | None) -> KernelABI:
+    """The kernel ABI of `signature` compiled with `options`."""
+    arguments = tuple(Argument(a.kind, a.name, tuple(a.shape), a.dtype)
+                      for a in signature.arguments)
+    # The schedule the program got ("auto" resolved, or whatever a hand-picked
+    # pipeline chose), as the scheduler recorded it.
+    schedule = options.schedule
+    if scheduled is not None:
+        schedule = "dynamic" if 'event.schedule = "dynamic"' in scheduled else "static"
+    if reference is None and hasattr(signature, "operations"):
+        reference = _reference.describe(signature)
+    chip = options.chip if options.target == "cuda" else _artifact.host_platform()
+    return KernelABI(name=signature.name, target=options.target, chip=chip, schedule=schedule,
+                     workers=options.workers, arguments=arguments,
+                     outputs=tuple(signature.outputs), reference=reference)
+
+
+def _jit(module: ir.Module, abi: KernelABI):
+    """JIT-compiles the lowered module (position-independent, so that `save`
+    can link the same object code into a shared library) and returns the
+    engine and the program's entry points."""
+    from .runtime import jit
+    from .runtime.cpu import ROLES, EntryPoints
+
+    engine = jit.create(module, abi.name)
+    addresses = {}
+    for role in ROLES:
+        # Looking the entry points up now makes the JIT generate their code
+        # here, at compile time, instead of inside the first `run`, and turns
+        # a program that cannot link into a JITError naming what is missing.
+        jit.lookup(engine, abi.function(role), abi.name)
+        # raw_lookup(name) finds the symbol `_mlir_<name>`, so "ciface_<f>"
+        # is the C-interface function `_mlir_ciface_<f>` itself.
+        addresses[role] = engine.raw_lookup(f"ciface_{abi.function(role)}")
+    return engine, EntryPoints(addresses, engine)
+
+
+def _shared_library(engine) -> bytes:
+    """The JIT's object code linked into a shared library by the system C
+    compiler."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") \
+        or shutil.which("clang")
+    if compiler is None:
+        raise RuntimeError("saving a CPU kernel links a shared library and needs a C compiler: "
+                           "install cc (gcc or clang) or set $CC")
+    with tempfile.TemporaryDirectory(prefix="etc-save-") as directory:
+        obj = os.path.join(directory, "kernel.o")
+        lib = os.path.join(directory, "kernel.so")
+        engine.dump_to_object_file(obj)
+        result = subprocess.run([compiler, "-shared", "-o", lib, obj, "-lm"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"linking the CPU kernel failed ({compiler}):\n{result.stderr}")
+        with open(lib, "rb") as f:
+            return f.read()
 
 
 def _ptx(module: ir.Module) -> str:

@@ -239,9 +239,10 @@ class CUDARuntime:
     """Runs one program's PTX on the current CUDA device. Nothing touches the
     driver until the first `run` / `bind`, so compiling needs no GPU."""
 
-    def __init__(self, graph, ptx: str, *, lanes: int = DEFAULT_LANES, max_workers: int | None = None):
-        # A snapshot: later edits of the graph do not change what runs.
-        self.signature = Signature.of(graph)
+    def __init__(self, abi, ptx: str, *, lanes: int = DEFAULT_LANES, max_workers: int | None = None):
+        self.abi = abi
+        #: The compiled graph's name, arguments and outputs.
+        self.signature = Signature(abi.name, abi.arguments, abi.outputs)
         self.ptx = ptx
         self.arguments = self.signature.arguments
         #: Threads per worker CTA.
