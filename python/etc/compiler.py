@@ -73,14 +73,19 @@ class CompiledKernel:
         return self._runtime
 
     # `self` is positional-only so that an input may be called "self".
-    def run(self, /, **inputs):
-        """Runs the kernel on NumPy arrays named like the graph's inputs and
-        returns the outputs, in the compiled `g.output` order, as a list of
-        NumPy arrays.
-        On CUDA, inputs may also be device arrays (`__cuda_array_interface__`,
-        used without a copy); without a CUDA device or driver this raises
-        `etc.runtime.cuda.CUDAUnavailableError` (a RuntimeError)."""
-        return self._runtime.run(inputs)
+    def run(self, /, *, out=None, stream=None, **inputs):
+        """Runs the kernel on arrays named like the graph's inputs and returns
+        the outputs, in `g.output` order, as a list of NumPy arrays.
+
+        On CUDA, inputs may also be device arrays (`__cuda_array_interface__`
+        or `__dlpack__`: PyTorch, CuPy, JAX), used without a copy; `out=` (a
+        list in output order, or a dict by name) receives the outputs instead
+        (device arrays in place), and `stream=` picks the CUDA stream. The run
+        is complete, and device-side errors raised, when `run` returns.
+        Without a CUDA device or driver this raises
+        `etc.runtime.cuda.CUDAUnavailableError` (a RuntimeError). Inputs
+        named `out` or `stream` go through `kernel.runtime.run(dict)`."""
+        return self._runtime.run(inputs, out=out, stream=stream)
 
     def save(self, path) -> None:
         """Writes the kernel to `path` as one self-describing artifact that

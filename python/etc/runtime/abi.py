@@ -76,10 +76,8 @@ class KernelABI:
     `schedule` is the schedule the program got ("static" or "dynamic"; "auto"
     is resolved at compile time). `workers` is the CPU thread count.
     `watchdog_ms` bounds every spin of the program; `trace` says whether the
-    workers record trace events. `parameters` is how CUDA kernels take their
-    arguments: "direct" (as kernel parameters) or "table" (one pointer to a
-    table in device memory). `reference` is the graph's operators for the
-    NumPy reference (`etc.reference.evaluate`), when known.
+    workers record trace events. `reference` is the graph's operators for
+    the NumPy reference (`etc.reference.evaluate`), when known.
     """
 
     name: str
@@ -93,7 +91,6 @@ class KernelABI:
     events: tuple = ()
     watchdog_ms: int = 0
     trace: bool = False
-    parameters: str = "direct"
     reference: dict | None = None
     extra: dict = field(default_factory=dict)
 
@@ -126,7 +123,7 @@ class KernelABI:
             "events": [{"name": e.name, "rank": e.rank, "notified_by": list(e.notified_by),
                         "waited_by": list(e.waited_by)} for e in self.events],
             "watchdog_ms": self.watchdog_ms, "trace": self.trace,
-            "parameters": self.parameters, "reference": self.reference,
+            "reference": self.reference,
             "extra": self.extra,
         }
 
@@ -142,7 +139,7 @@ class KernelABI:
                 events=tuple(Event(str(e["name"]), int(e["rank"]), tuple(e["notified_by"]),
                                    tuple(e["waited_by"])) for e in data["events"]),
                 watchdog_ms=int(data["watchdog_ms"]), trace=bool(data["trace"]),
-                parameters=str(data["parameters"]), reference=data.get("reference"),
+                reference=data.get("reference"),
                 extra=dict(data.get("extra") or {}))
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"malformed kernel ABI: {type(error).__name__}: {error}") from None
@@ -150,6 +147,4 @@ class KernelABI:
         missing = [o for o in abi.outputs if o not in names]
         if missing:
             raise ValueError(f"malformed kernel ABI: outputs {missing} are not arguments")
-        if abi.parameters not in ("direct", "table"):
-            raise ValueError(f"malformed kernel ABI: parameters={abi.parameters!r}")
         return abi

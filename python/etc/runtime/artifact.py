@@ -159,9 +159,9 @@ class LoadedKernel:
     def trace(self):
         return self._runtime.trace
 
-    def run(self, /, **inputs):
+    def run(self, /, *, out=None, stream=None, **inputs):
         """Runs the kernel (see `etc.CompiledKernel.run`)."""
-        return self._runtime.run(inputs)
+        return self._runtime.run(inputs, out=out, stream=stream)
 
     def save(self, path) -> None:
         """Writes the artifact again, unchanged, to `path`."""

@@ -123,6 +123,35 @@ def _join_all(threads: list[threading.Thread]) -> None:
                 continue
 
 
+def fill_out(abi: KernelABI, out, results: dict) -> list:
+    """Copies `results` (by output name) into the NumPy arrays of `out` (a
+    list in output order or a dict by name) and returns them in that order."""
+    names = list(abi.outputs)
+    if isinstance(out, dict):
+        unknown = [n for n in out if n not in names]
+        if unknown:
+            raise TypeError(f"{abi.name}: out= names {unknown} are not outputs {names}")
+        items = list(out.items())
+    else:
+        out = list(out)
+        if len(out) != len(names):
+            raise TypeError(f"{abi.name}: out= has {len(out)} arrays for the {len(names)} "
+                            f"outputs {names}")
+        items = list(zip(names, out))
+    filled = []
+    for name, array in items:
+        value = results[name]
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"out[{name!r}] must be a numpy.ndarray on the CPU target, got "
+                            f"{type(array).__name__}")
+        if array.shape != value.shape or array.dtype != value.dtype:
+            raise ValueError(f"out[{name!r}] is {array.dtype}{list(array.shape)}, expected "
+                             f"{value.dtype}{list(value.shape)}")
+        np.copyto(array, value)
+        filled.append(array)
+    return filled
+
+
 @dataclass(frozen=True)
 class EntryPoints:
     """The addresses of the program's four C-interface functions, by role,
@@ -210,7 +239,12 @@ class CPURuntime:
         values.append(ctypes.addressof(desc))
         return values
 
-    def run(self, inputs: dict) -> list[np.ndarray]:
+    def run(self, inputs: dict, *, out=None, stream=None) -> list[np.ndarray]:
+        """Runs the program on NumPy `inputs`; returns the outputs, or with
+        `out=` (NumPy arrays, a list in output order or a dict by name) fills
+        and returns those. `stream` is for the CUDA target only."""
+        if stream is not None:
+            raise TypeError("stream= is for target='cuda'; CPU runs are synchronous")
         symbols, buffers = self._bind(inputs)
         keep: list = []
         args = self._arguments(symbols, buffers, keep)
@@ -253,7 +287,10 @@ class CPURuntime:
         status = functions["check"](*args, counters_arg)
         if status != 0:
             raise RuntimeError(f"{self.abi.name}: {_CHECK_ERRORS.get(status, f'status {status}')}")
-        return [from_storage(buffers[name], self._dtype(name)) for name in self.abi.outputs]
+        results = [from_storage(buffers[name], self._dtype(name)) for name in self.abi.outputs]
+        if out is None:
+            return results
+        return fill_out(self.abi, out, dict(zip(self.abi.outputs, results)))
 
     def _dtype(self, name: str) -> str:
         return self.abi.argument(name).dtype
