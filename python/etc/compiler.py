@@ -67,6 +67,12 @@ class CompiledKernel:
         return self._runtime.signature
 
     @property
+    def trace(self):
+        """The trace of the last run (`etc.runtime.trace.Trace`; kernels
+        compiled with trace=True)."""
+        return self._runtime.trace
+
+    @property
     def runtime(self):
         """The target's runtime (e.g. `CUDARuntime`: `lanes`, `max_workers`,
         `bind(...)` for repeated device launches)."""
@@ -106,15 +112,23 @@ class CompiledKernel:
 
 
 def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
-            workers: int = 4, policy: str = "round-robin", chip: str = "sm_90a") -> CompiledKernel:
+            workers: int = 4, policy: str = "round-robin", chip: str = "sm_90a",
+            trace: bool = False, watchdog: float = 5.0) -> CompiledKernel:
     """Compiles `graph` into one persistent program for `target`.
 
     Stages: "graph" (L1 tasks) -> "event" (dependencies inferred) ->
     "scheduled" (persistent worker program) -> "lowered" (target code).
     A failing stage raises `etc.pipeline.PipelineError` with an `etc-opt`
     command that reproduces it.
+
+    `trace=True` makes every run record each tile task's worker, task, tile,
+    start and end (`kernel.trace`); untraced kernels have no such code.
+    Every wait of the program gives up after `watchdog` seconds: the run
+    stops and raises `etc.runtime.WatchdogError` naming the stuck task, tile,
+    event and element.
     """
-    options = Options(target=target, schedule=schedule, workers=workers, policy=policy, chip=chip)
+    options = Options(target=target, schedule=schedule, workers=workers, policy=policy, chip=chip,
+                      trace=trace, watchdog=watchdog)
     start = time.perf_counter()
     # The kernel gets the signature of exactly the graph built here.
     signature = Signature.of(graph)
@@ -140,13 +154,19 @@ def compile_module(module: ir.Module, signature, options: Options, *,
     stage_pipelines = _pipeline.stages(options)
     timings: dict[str, float] = {}
     stage_ir = {stage: str(module)}
+    tables = _program_tables(module, signature.name) if stage == "scheduled" else None
     for name in names[names.index(stage) + 1:]:
         start = time.perf_counter()
         _pipeline.run_stage(module, name, stage_pipelines[name])
         timings[name] = time.perf_counter() - start
         stage_ir[name] = str(module)
+        if name == "scheduled":
+            tables = _program_tables(module, signature.name)
+    if tables is None:
+        raise ValueError(f"compile_module needs the IR at stage 'scheduled' or before, "
+                         f"not {stage!r}: the kernel's task and event tables come from it")
 
-    abi = _abi(signature, options, stage_ir.get("scheduled"), reference)
+    abi = _abi(signature, options, tables, reference)
     start = time.perf_counter()
     engine = None
     if options.target == "cuda":
@@ -165,22 +185,45 @@ def compile_module(module: ir.Module, signature, options: Options, *,
                           stage_ir, timings, runtime, engine)
 
 
-def _abi(signature, options: Options, scheduled: str | None,
-         reference: dict | None) -> KernelABI:
-    """The kernel ABI of `signature` compiled with `options`."""
+def _program_tables(module: ir.Module, name: str) -> dict:
+    """What the scheduler recorded on `@<name>_worker`: the schedule it
+    chose, the task and event tables, and whether the program traces."""
+    for op in module.body.operations:
+        if op.operation.name != "func.func":
+            continue
+        if ir.StringAttr(op.attributes["sym_name"]).value != f"{name}_worker":
+            continue
+        attributes = op.attributes
+
+        def names(entry, key):
+            return tuple(ir.StringAttr(n).value for n in ir.ArrayAttr(ir.DictAttr(entry)[key]))
+
+        tasks = tuple(Task(ir.StringAttr(ir.DictAttr(t)["name"]).value,
+                           ir.IntegerAttr(ir.DictAttr(t)["grid_rank"]).value)
+                      for t in ir.ArrayAttr(attributes["event.tasks"]))
+        events = tuple(Event(ir.StringAttr(ir.DictAttr(e)["name"]).value,
+                             names(e, "notified_by"), names(e, "waited_by"))
+                       for e in ir.ArrayAttr(attributes["event.events"]))
+        return {"schedule": ir.StringAttr(attributes["event.schedule"]).value,
+                "tasks": tasks, "events": events, "trace": "event.trace" in attributes}
+    raise ValueError(f"the scheduled module has no worker function @{name}_worker")
+
+
+def _abi(signature, options: Options, tables: dict, reference: dict | None) -> KernelABI:
+    """The kernel ABI of `signature` compiled with `options`; `tables` from
+    `_program_tables`."""
     arguments = tuple(Argument(a.kind, a.name, tuple(a.shape), a.dtype)
                       for a in signature.arguments)
-    # The schedule the program got ("auto" resolved, or whatever a hand-picked
-    # pipeline chose), as the scheduler recorded it.
-    schedule = options.schedule
-    if scheduled is not None:
-        schedule = "dynamic" if 'event.schedule = "dynamic"' in scheduled else "static"
     if reference is None and hasattr(signature, "operations"):
         reference = _reference.describe(signature)
     chip = options.chip if options.target == "cuda" else _artifact.host_platform()
-    return KernelABI(name=signature.name, target=options.target, chip=chip, schedule=schedule,
-                     workers=options.workers, arguments=arguments,
-                     outputs=tuple(signature.outputs), reference=reference)
+    # The schedule is the one the program got ("auto" resolved, or whatever a
+    # hand-picked pipeline chose), as the scheduler recorded it.
+    return KernelABI(name=signature.name, target=options.target, chip=chip,
+                     schedule=tables["schedule"], workers=options.workers, arguments=arguments,
+                     outputs=tuple(signature.outputs), tasks=tables["tasks"],
+                     events=tables["events"], watchdog_ms=options.watchdog_ms,
+                     trace=tables["trace"], reference=reference)
 
 
 def _jit(module: ir.Module, abi: KernelABI):

@@ -208,7 +208,7 @@ class _FakeDriver:
         return 0, b"CUDA_ERROR_NOT_FOUND"
 
 
-def _fake(monkeypatch, kernel, counters=7, resident=8):
+def _fake(monkeypatch, kernel, counters=27, resident=8):
     from etc.runtime import cuda
 
     fake = _FakeDriver(kernel.ptx, kernel.abi, counters=counters, resident=resident)

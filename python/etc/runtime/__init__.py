@@ -7,5 +7,8 @@ in a process without MLIR.
 
 from .abi import Argument, KernelABI
 from .artifact import FORMAT_VERSION, ArtifactError, LoadedKernel, load
+from .layout import WatchdogError
+from .trace import Trace, TraceEvent
 
-__all__ = ["load", "LoadedKernel", "ArtifactError", "FORMAT_VERSION", "KernelABI", "Argument"]
+__all__ = ["load", "LoadedKernel", "ArtifactError", "FORMAT_VERSION", "KernelABI", "Argument",
+           "WatchdogError", "Trace", "TraceEvent"]

@@ -60,11 +60,10 @@ class Task:
 
 @dataclass(frozen=True)
 class Event:
-    """One event tensor: its name (`e2`, in allocation order), its rank, and
-    the tasks that notify it and wait on it."""
+    """One event tensor: its name (`e<number>`) and the tasks that notify it
+    and wait on it."""
 
     name: str
-    rank: int
     notified_by: tuple = ()
     waited_by: tuple = ()
 
@@ -120,7 +119,7 @@ class KernelABI:
             "arguments": [a.to_json() for a in self.arguments],
             "outputs": list(self.outputs),
             "tasks": [{"name": t.name, "grid_rank": t.grid_rank} for t in self.tasks],
-            "events": [{"name": e.name, "rank": e.rank, "notified_by": list(e.notified_by),
+            "events": [{"name": e.name, "notified_by": list(e.notified_by),
                         "waited_by": list(e.waited_by)} for e in self.events],
             "watchdog_ms": self.watchdog_ms, "trace": self.trace,
             "reference": self.reference,
@@ -136,7 +135,7 @@ class KernelABI:
                 arguments=tuple(Argument.from_json(a) for a in data["arguments"]),
                 outputs=tuple(str(o) for o in data["outputs"]),
                 tasks=tuple(Task(str(t["name"]), int(t["grid_rank"])) for t in data["tasks"]),
-                events=tuple(Event(str(e["name"]), int(e["rank"]), tuple(e["notified_by"]),
+                events=tuple(Event(str(e["name"]), tuple(e["notified_by"]),
                                    tuple(e["waited_by"])) for e in data["events"]),
                 watchdog_ms=int(data["watchdog_ms"]), trace=bool(data["trace"]),
                 reference=data.get("reference"),

@@ -9,9 +9,7 @@ the C-interface functions `_mlir_ciface_<g>_<role>` of the lowered program
 for graph `g` (see `event-static-schedule` and `convert-event-to-cpu`):
   g_counters(symbols..., table) -> index       size of the counter buffer
   g_init(symbols..., table, counters)          writes each counter's expected count
-  g_worker(symbols..., table, counters, worker_id, worker_count, stop)
-                                               stop: address of an i32; setting it
-                                               makes every worker return early
+  g_worker(symbols..., table, counters, worker_id, worker_count)
   g_check(symbols..., table, counters) -> i32  after the run: 0 clean, 1 task
                                                queue overflow, 2 unbalanced
 where `symbols` are the graph's symbolic dimensions (`int64_t`), `table` is
@@ -20,6 +18,9 @@ the buffer table (a pointer to the descriptor of a `memref<?xi64>`, see
 `memref<?xi32>`. The same ABI serves the static and the dynamic schedule:
 for the dynamic one the counter buffer also holds the task queue, pending
 counts and inverse indices, all sized by g_counters and filled by g_init.
+The buffer ends with the run header (`etc.runtime.layout`): the runtime reads
+it after every run (the watchdog's record, the trace records) and sets its
+status to stop the workers on Ctrl-C.
 
 This module needs only NumPy: it imports nothing from MLIR.
 """
@@ -35,7 +36,9 @@ import numpy as np
 
 from .. import bfloat16
 from ..binding import Signature, bind_symbols, check_input_names, concrete_shape
+from . import layout
 from .abi import KernelABI
+from .trace import Trace
 
 #: NumPy storage of each ETC dtype. bf16 has no NumPy type: it is stored as the
 #: upper 16 bits of float32 (see `to_storage` / `from_storage`).
@@ -182,8 +185,7 @@ def _prototype(abi: KernelABI, role: str):
     if role != "counters":
         argtypes.append(ctypes.c_void_p)  # the counter buffer
     if role == "worker":
-        # worker id, worker count, the stop flag's address
-        argtypes += [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+        argtypes += [ctypes.c_int64, ctypes.c_int64]  # worker id, worker count
     restype = {"counters": ctypes.c_int64, "check": ctypes.c_int32}.get(role)
     return ctypes.CFUNCTYPE(restype, *argtypes)
 
@@ -202,6 +204,17 @@ class CPURuntime:
         self._entry_points = entry_points
         self._functions = {role: _prototype(abi, role)(entry_points.addresses[role])
                            for role in ROLES}
+        self._trace: Trace | None = None
+
+    @property
+    def trace(self) -> Trace:
+        """The trace of the last run (kernels compiled with trace=True)."""
+        if not self.abi.trace:
+            raise RuntimeError(f"{self.abi.name} was compiled without traces: compile with "
+                               "etc.compile(..., trace=True)")
+        if self._trace is None:
+            raise RuntimeError(f"{self.abi.name} has not run yet, so there is no trace")
+        return self._trace
 
     # -- argument binding -------------------------------------------------
 
@@ -256,15 +269,17 @@ class CPURuntime:
         counters_arg = ctypes.addressof(counters_desc)
         functions["init"](*args, counters_arg)
 
+        if count < layout.HEADER_WORDS:
+            raise RuntimeError(f"{self.abi.name}: the program asks for {count} counters, fewer "
+                               f"than its run header needs ({layout.HEADER_WORDS}); it was not "
+                               "built by this ETC")
+        header = layout.header(counters)
         errors: list[BaseException] = []
         worker = functions["worker"]
-        # The stop flag: non-zero makes every spinning worker give up and
-        # return (see convert-event-to-cpu).
-        stop = ctypes.c_int32(0)
 
         def work(worker_id: int) -> None:
             try:
-                worker(*args, counters_arg, worker_id, self.workers, ctypes.addressof(stop))
+                worker(*args, counters_arg, worker_id, self.workers)
             except BaseException as error:  # reported on the calling thread
                 errors.append(error)
 
@@ -277,13 +292,18 @@ class CPURuntime:
                 thread.join()
         except BaseException:
             # Ctrl-C (or any exception) while the workers start or run: they
-            # write into `buffers` and `counters` until they return, so stop
-            # them and wait before this frame lets go of those buffers.
-            stop.value = 1
+            # write into `buffers` and `counters` until they return. The
+            # interrupted status makes every spin give up and every worker
+            # skip the tiles it has not started; wait for them before this
+            # frame lets go of those buffers.
+            header[layout.STATUS_WORD] = layout.INTERRUPTED
             _join_all(threads)
             raise
         if errors:
             raise errors[0]
+        layout.check_header(self.abi, header)
+        if self.abi.trace:
+            self._trace = Trace.decode(self.abi, counters, self.workers)
         status = functions["check"](*args, counters_arg)
         if status != 0:
             raise RuntimeError(f"{self.abi.name}: {_CHECK_ERRORS.get(status, f'status {status}')}")

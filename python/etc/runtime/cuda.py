@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..binding import Signature, bind_symbols, check_input_names, concrete_shape
+from . import layout
 from .abi import KernelABI
 from .cpu import _CHECK_ERRORS, _STORAGE, _USER_DTYPE, buffer_table, from_storage, to_storage
 
@@ -342,7 +343,11 @@ class _Workspace:
         # buffers; filled for each launch.
         self.table = runtime._alloc(runtime._table(self.shapes()).shape, np.int64)
         self.count = runtime._counter_count(self)
-        self.counters = runtime._alloc((max(self.count, 1),), np.int32)
+        if self.count < layout.HEADER_WORDS:
+            raise RuntimeError(f"{runtime.abi.name}: the program asks for {self.count} counters, "
+                               f"fewer than its run header needs ({layout.HEADER_WORDS}); it was "
+                               "not built by this ETC")
+        self.counters = runtime._alloc((self.count,), np.int32)
 
     def shapes(self) -> dict:
         """Stand-ins for every buffer: its shape at these sizes, address 0."""
@@ -417,12 +422,22 @@ class Launch:
         rt._launch(rt._check_kernel, (1, 1), self._parameters["check"], stream)
 
     def check(self, stream=0) -> None:
-        """Waits for `stream` and raises on a device-side error of the run
-        (task queue overflow, unbalanced events)."""
+        """Waits for `stream` and raises on a device-side error of the run:
+        `WatchdogError` (a spin timed out), task queue overflow, unbalanced
+        events. Decodes the trace of a traced program."""
         rt = self.runtime
         driver = rt._driver
         stream = stream_handle(stream)
         _check(driver, "kernel execution (cuStreamSynchronize)", driver.cuStreamSynchronize(stream))
+        header = np.zeros(layout.HEADER_WORDS, np.int32)
+        first = (self.count - layout.HEADER_WORDS) * 4
+        _check(driver, "cuMemcpyDtoH", driver.cuMemcpyDtoH(
+            header.ctypes.data, self.counters.pointer + first, header.nbytes))
+        layout.check_header(rt.abi, header)
+        if rt.abi.trace:
+            from .trace import Trace
+
+            rt._trace = Trace.decode(rt.abi, self.counters.numpy(), rt.workers)
         value = np.zeros(1, np.int32)
         _check(driver, "cuMemcpyDtoH", driver.cuMemcpyDtoH(
             value.ctypes.data, self.workspace.results.pointer + 8, 4))
@@ -453,6 +468,17 @@ class CUDARuntime:
         self.max_workers = max_workers
         self._driver = None
         self._workspaces: OrderedDict[tuple, _Workspace] = OrderedDict()
+        self._trace = None
+
+    @property
+    def trace(self):
+        """The trace of the last run (kernels compiled with trace=True)."""
+        if not self.abi.trace:
+            raise RuntimeError(f"{self.abi.name} was compiled without traces: compile with "
+                               "etc.compile(..., trace=True)")
+        if self._trace is None:
+            raise RuntimeError(f"{self.abi.name} has not run yet, so there is no trace")
+        return self._trace
 
     @property
     def workers(self) -> int:

@@ -476,6 +476,14 @@ func.func @f(%table: memref<?xi64>, %at: index) {
 
 // -----
 
+func.func @wait_site(%e: !event.tensor<4>, %i: index) {
+  // expected-error @+1 {{'event.wait' op expects a site of a task, an event and the tile's coordinates, found 1 value}}
+  event.wait %e[%i] site(%i) : !event.tensor<4>
+  return
+}
+
+// -----
+
 func.func @f(%table: memref<?xi64>, %at: index) {
   // expected-error @+1 {{'event.buffer' op result type 'memref<4xf32, 3>' must be in the default memory space}}
   %b = event.buffer %table[%at] : memref<?xi64> -> memref<4xf32, 3>
@@ -503,5 +511,13 @@ func.func @f(%x: f32) -> f32 {
 func.func @f() {
   // expected-error @+1 {{'event.scratch' op result type 'memref<8xf32, 3>' must have the identity layout and the default memory space; the target places the buffer}}
   %s = event.scratch : memref<8xf32, 3>
+  return
+}
+
+// -----
+
+func.func @trace_rank(%counters: memref<?xi32>, %i: index) {
+  // expected-error @+1 {{'event.trace_begin' op records at most 4 tile coordinates, found 5}}
+  event.trace_begin %counters[%i] task(%i) tile(%i, %i, %i, %i, %i) : memref<?xi32>
   return
 }

@@ -130,7 +130,8 @@ void dropUnusedPendingView(QueueLayout &layout) {
 /// Builds the tables and functions of one graph's dynamic schedule.
 class DynamicScheduler : public GraphProgramBuilder {
 public:
-  DynamicScheduler(const GraphPlan &plan, int64_t workers, bool forceIndex);
+  DynamicScheduler(const GraphPlan &plan, int64_t workers, bool forceIndex,
+                   bool trace);
 
   /// Inserts the constant tables, `@g_counters`, `@g_init`, `@g_worker` and
   /// `@g_check` at `builder`.
@@ -214,8 +215,8 @@ private:
 } // namespace
 
 DynamicScheduler::DynamicScheduler(const GraphPlan &plan, int64_t workers,
-                                   bool forceIndex)
-    : GraphProgramBuilder(plan, "dynamic", workers) {
+                                   bool forceIndex, bool trace)
+    : GraphProgramBuilder(plan, "dynamic", workers, trace) {
   // Index buffers some task writes hold their values only once that task
   // ran, so `@g_init` cannot evaluate indirect waits through them.
   llvm::SmallDenseSet<Value> written;
@@ -334,8 +335,9 @@ void DynamicScheduler::buildCounters(OpBuilder &builder) {
   ScheduledFunction function =
       createFunction(builder, "_counters", /*withCounters=*/false,
                      builder.getIndexType(), layout);
+  Location loc = graph.getLoc();
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
-  func::ReturnOp::create(b, graph.getLoc(), layout.end);
+  func::ReturnOp::create(b, loc, bufferSize(b, loc, function, layout.end));
 }
 
 /// Loads counter `position` as an index.
@@ -598,6 +600,7 @@ void DynamicScheduler::buildInit(OpBuilder &builder) {
       builder, "_init", /*withCounters=*/true, /*results=*/{}, layout);
   Location loc = graph.getLoc();
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
+  initRunHeader(b, loc, function, layout.end);
   initEventCounters(b, function);
   zeroCounters(b, loc, function.counters, layout.queue, layout.pending);
   // tileOffsets[0] = 0, tileOffsets[k + 1] = tileOffsets[k] + tiles of k.
@@ -761,24 +764,32 @@ void DynamicScheduler::runTile(OpBuilder &b, Location loc,
         SmallVector<Value> extents = gridOf(function, family);
         Value local = subIndex(cb, loc, id, taskOffset);
         SmallVector<Value> tile = delinearize(cb, loc, local, extents);
-        runTileBody(cb, loc, function, family, record, tile);
-        for (unsigned entry = 0; entry < family.notifyClasses.size(); ++entry) {
-          EntryEvent event = entryEvent(cb, loc, function, family, record,
-                                        entry, /*notify=*/true);
-          SmallVector<Value> coordinates = entryCoordinates(
-              cb, loc, function, family, record, entry, /*notify=*/true, tile);
-          if (!classHasBoxWaiters[event.classIndex] &&
-              !classHasIndexedWaiters[event.classIndex]) {
-            NotifyOp::create(cb, loc, event.view, coordinates);
-            continue;
+        // A popped tile is ready: it has no waits, so nothing to skip.
+        emitTileWork(cb, loc, function, family, record, task, tile, id,
+                     layout.end, /*afterWaits=*/false, [&](OpBuilder &cb) {
+          for (unsigned entry = 0; entry < family.notifyClasses.size();
+               ++entry) {
+            EntryEvent event = entryEvent(cb, loc, function, family, record,
+                                          entry, /*notify=*/true);
+            SmallVector<Value> coordinates =
+                entryCoordinates(cb, loc, function, family, record, entry,
+                                 /*notify=*/true, tile);
+            if (!classHasBoxWaiters[event.classIndex] &&
+                !classHasIndexedWaiters[event.classIndex]) {
+              NotifyOp::create(cb, loc, event.view, coordinates);
+              continue;
+            }
+            Value ready =
+                NotifyReadyOp::create(cb, loc, event.view, coordinates);
+            scf::IfOp::create(cb, loc, ready,
+                              [&](OpBuilder &then, Location loc) {
+                                readyWaiters(then, loc, function, layout,
+                                             event.classIndex, event.number,
+                                             event.base, coordinates);
+                                scf::YieldOp::create(then, loc);
+                              });
           }
-          Value ready = NotifyReadyOp::create(cb, loc, event.view, coordinates);
-          scf::IfOp::create(cb, loc, ready, [&](OpBuilder &then, Location loc) {
-            readyWaiters(then, loc, function, layout, event.classIndex,
-                         event.number, event.base, coordinates);
-            scf::YieldOp::create(then, loc);
-          });
-        }
+        });
         return {};
       });
 }
@@ -917,7 +928,7 @@ struct EventDynamicSchedulePass
     ModuleOp module = getOperation();
     SmallVector<std::pair<GraphOp, bool>> graphs;
     for (GraphOp graph : module.getOps<GraphOp>()) {
-      if (failed(checkSchedule(graph, /*requireStaticOrder=*/false)))
+      if (check && failed(checkSchedule(graph, /*requireStaticOrder=*/false)))
         return signalPassFailure();
       bool dynamic = !autoSchedule || isDataDependent(graph);
       if (!dynamic) {
@@ -937,16 +948,17 @@ struct EventDynamicSchedulePass
     for (auto [graph, dynamic] : graphs) {
       simplifyGraph(graph);
       FailureOr<GraphPlan> plan = GraphPlan::build(graph);
-      if (failed(plan))
+      if (failed(plan) ||
+          failed(GraphProgramBuilder(*plan, "", workers, trace).checkTraceable()))
         return signalPassFailure();
       plans.push_back(std::move(*plan));
     }
     for (auto [plan, scheduled] : llvm::zip(plans, graphs)) {
       OpBuilder builder(plan.graph);
       if (scheduled.second)
-        DynamicScheduler(plan, workers, forceIndex).build(builder);
+        DynamicScheduler(plan, workers, forceIndex, trace).build(builder);
       else
-        buildStaticSchedule(builder, plan, workers);
+        buildStaticSchedule(builder, plan, workers, trace);
       plan.graph->erase();
     }
   }
