@@ -46,7 +46,9 @@ def ConvertEventToCPU : Pass<"convert-event-to-cpu", "::mlir::ModuleOp"> {
       disappears.
     Every public function with a body other than tile functions gets
     `llvm.emit_c_interface`, so the runtime calls `_mlir_ciface_<name>` with
-    memref descriptors.
+    memref descriptors. The worker's `event.tasks` and `event.events` tables
+    (for the front end, which reads them from the scheduled program) are
+    dropped.
 
     Before:
     ```mlir
@@ -142,7 +144,9 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
       error flag when the queue is full.
     * `event.view` becomes the address of its first counter, as on the CPU.
     The module gets `gpu.container_module`. Kernel parameters follow MLIR's
-    memref descriptor expansion (see docs/architecture.md).
+    memref descriptor expansion (see docs/architecture.md). The worker's
+    `event.tasks` and `event.events` tables (for the front end, which reads
+    them from the scheduled program) are dropped.
 
     Before:
     ```mlir

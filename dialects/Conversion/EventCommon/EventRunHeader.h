@@ -20,6 +20,12 @@
 
 namespace etc {
 
+/// Removes the schedulers' `event.tasks` and `event.events` tables from
+/// every function in `module`: they describe the program for the front end,
+/// which reads them from the scheduled program; the lowered code refers to
+/// tasks and events by number only.
+void dropProgramTables(mlir::Operation *module);
+
 /// The functions the lowerings of waits and pops define and call.
 inline constexpr llvm::StringLiteral kWatchdogReportName =
     "__etc_watchdog_report";

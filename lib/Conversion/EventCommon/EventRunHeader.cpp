@@ -379,3 +379,12 @@ void etc::buildTraceEnd(OpBuilder &b, Location loc, Value counters,
   storeTime(b, loc, counters, recordWord(b, loc, record, run::kTraceEndWord),
             nowNs);
 }
+
+void etc::dropProgramTables(Operation *module) {
+  module->walk([](Operation *op) {
+    if (!isa<FunctionOpInterface>(op))
+      return;
+    op->removeAttr("event.tasks");
+    op->removeAttr("event.events");
+  });
+}

@@ -421,6 +421,7 @@ struct ConvertEventToCPUPass
           << static_cast<int64_t>(watchdogMs);
       return signalPassFailure();
     }
+    dropProgramTables(module);
     bool waits = module
                      .walk([](Operation *op) {
                        return isa<WaitOp, QueuePopOp>(op)

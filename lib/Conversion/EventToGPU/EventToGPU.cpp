@@ -741,6 +741,7 @@ struct ConvertEventToGPUPass
       return signalPassFailure();
     }
 
+    dropProgramTables(module);
     // The program of each graph: its functions, in order.
     llvm::MapVector<StringAttr, SmallVector<func::FuncOp>> programs;
     for (auto func : module.getOps<func::FuncOp>()) {

@@ -295,3 +295,14 @@ func.func @one_lane(%x: f32, %n: index) {
   }
   return
 }
+
+// -----
+
+// The schedulers' task and event tables are for the front end, which reads
+// them from the scheduled program; the lowering drops them.
+
+// CHECK-LABEL: func.func @tables(
+// CHECK-SAME:      attributes {event.graph = "t", llvm.emit_c_interface}
+func.func @tables() attributes {event.graph = "t", event.tasks = [{grid_rank = 1 : i64, name = "copy_0"}], event.events = [{name = "e0", notified_by = ["copy_0"], waited_by = []}]} {
+  return
+}

@@ -466,3 +466,15 @@ func.func @h_worker(%counters: memref<?xi32>, %record: index) attributes {event.
   event.trace_end %counters[%record] : memref<?xi32>
   return
 }
+
+// -----
+
+// The schedulers' task and event tables are for the front end, which reads
+// them from the scheduled program; the lowering drops them.
+
+// CHECK-LABEL: gpu.module @t_kernels
+// CHECK:         gpu.func @t_worker() kernel {
+func.func @t_worker() attributes {event.graph = "t", event.tasks = [{grid_rank = 1 : i64, name = "copy_0"}], event.events = [{name = "e0", notified_by = ["copy_0"], waited_by = []}]} {
+  %w = event.worker_id
+  return
+}
