@@ -27,7 +27,7 @@ from mlir import ir
 import etc
 from etc import pipeline
 from etc.graph import Argument
-from etc.runtime.cpu import CPURuntime
+from etc.compiler import compile_module
 
 
 def layered_mlp(layers: int) -> etc.Graph:
@@ -77,18 +77,16 @@ def empty_chain_ir(tasks: int, tiles: int) -> str:
     return "\n".join(lines)
 
 
-def empty_chain_runtime(tasks: int, tiles: int, workers: int) -> CPURuntime:
+def empty_chain_runtime(tasks: int, tiles: int, workers: int):
     module = ir.Module.parse(empty_chain_ir(tasks, tiles), context=ir.Context())
     options = pipeline.Options(workers=workers)
-    for stage, text in pipeline.stages(options).items():
-        pipeline.run_stage(module, stage, text)
     spec = SimpleNamespace(
         name="chain",
         arguments=[Argument("input" if k == 0 else "output", f"b{k}", (tiles,), "f32")
                    for k in range(tasks + 1)],
         outputs=[f"b{k}" for k in range(1, tasks + 1)],
     )
-    return CPURuntime(spec, module, workers)
+    return compile_module(module, spec, options, stage="graph").runtime
 
 
 def bench_overhead(repeats: int) -> None:

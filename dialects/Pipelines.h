@@ -9,10 +9,6 @@
 
 namespace etc {
 
-/// Adds `etc-lower-to-cpu`: a scheduled event program (L3) down to the LLVM
-/// dialect, ready for the ExecutionEngine.
-void buildLowerToCPUPipeline(mlir::OpPassManager &pm);
-
 /// Options of `etc-lower-to-nvvm`.
 struct LowerToNVVMOptions : public mlir::PassPipelineOptions<LowerToNVVMOptions> {
   Option<std::string> chip{*this, "chip",
@@ -25,7 +21,26 @@ struct LowerToNVVMOptions : public mlir::PassPipelineOptions<LowerToNVVMOptions>
   Option<int> optLevel{*this, "opt-level",
                        llvm::cl::desc("LLVM optimisation level (0 to 3)"),
                        llvm::cl::init(3)};
+  Option<int64_t> watchdogMs{
+      *this, "watchdog-ms",
+      llvm::cl::desc("How long a wait or queue pop may spin, in "
+                     "milliseconds, before the watchdog stops the run"),
+      llvm::cl::init(5000)};
 };
+
+/// Options of `etc-lower-to-cpu`.
+struct LowerToCPUOptions : public mlir::PassPipelineOptions<LowerToCPUOptions> {
+  Option<int64_t> watchdogMs{
+      *this, "watchdog-ms",
+      llvm::cl::desc("How long a wait or queue pop may spin, in "
+                     "milliseconds, before the watchdog stops the run"),
+      llvm::cl::init(5000)};
+};
+
+/// Adds `etc-lower-to-cpu`: a scheduled event program (L3) down to the LLVM
+/// dialect, ready for the ExecutionEngine.
+void buildLowerToCPUPipeline(mlir::OpPassManager &pm,
+                             const LowerToCPUOptions &options);
 
 /// Adds `etc-lower-to-nvvm`: a scheduled event program (L3) down to a
 /// `gpu.binary` whose object is PTX text for `options.chip`.

@@ -10,26 +10,45 @@ def ConvertEventToCPU : Pass<"convert-event-to-cpu", "::mlir::ModuleOp"> {
   let description = [{
     Lowers the event ops of a scheduled program (L3) for the CPU target,
     where each worker is a host thread and a tile body runs on one lane:
-    * every `func.func` that uses `event.worker_id` / `event.worker_count`
-      or spins (`event.wait`, `event.queue_pop`) gets three trailing
-      arguments `%worker_id: index, %worker_count: index, %stop: !llvm.ptr`;
-      each host thread passes its own id, and all share the stop flag, an
-      i32 that the runtime sets non-zero to make every worker return early
-      (Ctrl-C): a spinning wait then gives up and skips the rest of its
-      block (the tile body and its notifies), and a spinning pop returns the
-      capacity, so the worker loops run out;
+    * every `func.func` that uses `event.worker_id` / `event.worker_count`,
+      spins (`event.wait`, `event.queue_pop`) or traces gets two trailing
+      `index` arguments `%worker_id, %worker_count` that each host thread
+      passes (the watchdog's and the trace's records name the worker);
+    * `event.buffer` becomes the memref descriptor the buffer table
+      describes;
     * `event.view %counters[%offset]` becomes the address of its first
       counter (`memref.extract_aligned_pointer_as_index`, `llvm.inttoptr`,
       `llvm.getelementptr`); elements are addressed row-major from it;
-    * `event.wait` spins on `llvm.load ... atomic acquire` of the counter
-      until it is no longer positive, calling the C library's
+    * `event.wait` loads the counter (`llvm.load ... atomic acquire`) and,
+      unless it is no longer positive, calls `@__etc_spin_counter` (a
+      private, never-inlined function the pass defines, so that the worker
+      stays small), which polls with acquire loads, calling the C library's
       `sched_yield` (declared as `func.func private @sched_yield() -> i32`)
-      between polls, so that more workers than cores still make progress;
+      between polls so that more workers than cores still make progress.
+      The spin is bounded by the watchdog: between polls it reads the run's
+      status word (relaxed; the run header is the last 20 words of the
+      counter buffer, found from its size) and the clock
+      (`@__etc_monotonic_ns`, defined with `clock_gettime(CLOCK_MONOTONIC)`);
+      it stops when the run is stopped, or after `watchdog-ms`, when it
+      calls `@__etc_watchdog_report`: the first spin to time out (an atomic
+      increment of the claim word that finds 0) writes the error record
+      (worker, site, task, tile, event, element, the counter's value,
+      milliseconds waited) and then stores the status `kWatchdog` with
+      release (`Event/IR/RunLayout.h`);
+    * `event.queue_pop` waits for its slot the same way
+      (`@__etc_spin_slot`) and returns the capacity (no task) when the spin
+      stops without one;
+    * `event.run_aborted` is a relaxed load of the status word `!= 0`;
+    * `event.trace_begin` / `event.trace_end` store the worker, task, tile
+      and the clock into the trace record;
     * `event.notify` is `llvm.atomicrmw sub ... release` of 1;
     * `event.lane_id` is 0, `event.lane_count` is 1, `event.lane_barrier`
       disappears.
-    Every function with a body gets `llvm.emit_c_interface`, so the runtime
-    calls `_mlir_ciface_<name>` with memref descriptors.
+    Every public function with a body other than tile functions gets
+    `llvm.emit_c_interface`, so the runtime calls `_mlir_ciface_<name>` with
+    memref descriptors. The worker's `event.tasks` and `event.events` tables
+    (for the front end, which reads them from the scheduled program) are
+    dropped.
 
     Before:
     ```mlir
@@ -42,36 +61,32 @@ def ConvertEventToCPU : Pass<"convert-event-to-cpu", "::mlir::ModuleOp"> {
     After:
     ```mlir
     func.func @g_worker(%n: index, %counters: memref<?xi32>, %worker_id: index,
-                        %worker_count: index, %stop: !llvm.ptr)
-        attributes {llvm.emit_c_interface} {
+                        %worker_count: index) attributes {llvm.emit_c_interface} {
       %address = memref.extract_aligned_pointer_as_index %counters : memref<?xi32> -> index
       ...
       %e = llvm.getelementptr %base[%offset] : (!llvm.ptr, i64) -> !llvm.ptr, i32
       ...
       %p = llvm.getelementptr %e[%i64] : (!llvm.ptr, i64) -> !llvm.ptr, i32
-      %running = scf.while : () -> i1 {
-        %count = llvm.load %p atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
-        %pending = arith.cmpi sgt, %count, %c0_i32 : i32
-        %flag = llvm.load %stop atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
-        %stopped = arith.cmpi ne, %flag, %c0_i32 : i32
-        %go = arith.xori %stopped, %true : i1
-        %spin = arith.andi %pending, %go : i1
-        scf.condition(%spin) %go : i1
-      } do {
-        %0 = func.call @sched_yield() : () -> i32
-        scf.yield
-      }
-      scf.if %running {
-        ... the rest of the block: tile body, notifies ...
+      %count = llvm.load %p atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+      %ready = arith.cmpi sle, %count, %c0_i32 : i32
+      %last = scf.if %ready -> (i32) {
+        scf.yield %count : i32
+      } else {
+        %spun = func.call @__etc_spin_counter(%counters, %p, <site words>) : (...) -> i32
+        scf.yield %spun : i32
       }
     ```
   }];
+  let options = [
+    Option<"watchdogMs", "watchdog-ms", "int64_t", /*default=*/"5000",
+           "How long a wait or queue pop may spin, in milliseconds, before "
+           "the watchdog stops the run and reports where it was stuck">,
+  ];
   let dependentDialects = ["::mlir::arith::ArithDialect",
                            "::mlir::func::FuncDialect",
                            "::mlir::LLVM::LLVMDialect",
                            "::mlir::memref::MemRefDialect",
-                           "::mlir::scf::SCFDialect",
-                           "::mlir::ub::UBDialect"];
+                           "::mlir::scf::SCFDialect"];
 }
 
 def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
@@ -98,7 +113,17 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
     * `event.wait`: thread 0 spins on `llvm.load ... atomic syncscope("device")
       acquire` of the counter until it is no longer positive, sleeping
       between polls with `nvvm.nanosleep` (32 ns, doubling up to 512 ns);
-      then `gpu.barrier` releases the CTA.
+      then `gpu.barrier` releases the CTA. Like on the CPU, the spin is
+      bounded by the watchdog (`watchdog-ms`, measured with
+      `nvvm.read.ptx.sreg.globaltimer`): it stops when the run's status
+      word is set, or on expiry, when the first wait to time out writes the
+      run header's error record and sets the status (fence, then a relaxed
+      store, at GPU scope);
+    * `event.run_aborted`: a barrier, thread 0 loads the status word into
+      the broadcast word, a barrier, every thread compares it with 0;
+    * `event.trace_begin`: thread 0 stores the block id, task, tile and
+      `%globaltimer`; `event.trace_end`: a barrier, then thread 0 stores
+      `%globaltimer`.
     * `event.notify`: `gpu.barrier` (every lane has finished the tile), then
       thread 0 does `llvm.fence syncscope("device") release` and
       `llvm.atomicrmw sub ... syncscope("device") monotonic` of 1
@@ -112,13 +137,16 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
       kernels that need one); a second barrier, then every thread reads it.
     * `event.queue_pop`: a barrier, then thread 0 claims a slot (atomic add
       on the head), spins with acquire loads and nanosleep until it is
-      published, and broadcasts the task id (or the capacity) the same way.
+      published (bounded like a wait), and broadcasts the task id (or the
+      capacity, also when the run is stopped) the same way.
     * `event.queue_push`: thread 0 reserves a slot (atomic add on the tail)
       and publishes `task + 1` with a GPU-scope release store, or sets the
       error flag when the queue is full.
     * `event.view` becomes the address of its first counter, as on the CPU.
     The module gets `gpu.container_module`. Kernel parameters follow MLIR's
-    memref descriptor expansion (see docs/architecture.md).
+    memref descriptor expansion (see docs/architecture.md). The worker's
+    `event.tasks` and `event.events` tables (for the front end, which reads
+    them from the scheduled program) are dropped.
 
     Before:
     ```mlir
@@ -158,6 +186,11 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
         }
     ```
   }];
+  let options = [
+    Option<"watchdogMs", "watchdog-ms", "int64_t", /*default=*/"5000",
+           "How long a wait or queue pop may spin, in milliseconds, before "
+           "the watchdog stops the run and reports where it was stuck">,
+  ];
   let dependentDialects = ["::mlir::arith::ArithDialect",
                            "::mlir::gpu::GPUDialect",
                            "::mlir::LLVM::LLVMDialect",

@@ -17,8 +17,11 @@
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
 
-void etc::buildLowerToCPUPipeline(mlir::OpPassManager &pm) {
-  pm.addPass(createConvertEventToCPU());
+void etc::buildLowerToCPUPipeline(mlir::OpPassManager &pm,
+                                  const LowerToCPUOptions &options) {
+  ConvertEventToCPUOptions event;
+  event.watchdogMs = options.watchdogMs;
+  pm.addPass(createConvertEventToCPU(event));
   // Vector exp and friends as polynomials, not one libm call per lane.
   pm.addPass(createConvertMathToPolynomials());
   // Structured control flow and affine index arithmetic first, so that the
@@ -51,7 +54,9 @@ void etc::buildLowerToCPUPipeline(mlir::OpPassManager &pm) {
 
 void etc::buildLowerToNVVMPipeline(mlir::OpPassManager &pm,
                                    const LowerToNVVMOptions &options) {
-  pm.addPass(createConvertEventToGPU());
+  ConvertEventToGPUOptions event;
+  event.watchdogMs = options.watchdogMs;
+  pm.addPass(createConvertEventToGPU(event));
   // The upstream GPU pipeline: kernels to NVVM and LLVM, the target
   // attached, then each gpu.module serialised as PTX text ("isa"), which
   // needs no CUDA installation; the driver or ptxas assembles it.
@@ -64,7 +69,7 @@ void etc::buildLowerToNVVMPipeline(mlir::OpPassManager &pm,
 }
 
 void etc::registerPipelines() {
-  mlir::PassPipelineRegistration<>(
+  mlir::PassPipelineRegistration<LowerToCPUOptions>(
       "etc-lower-to-cpu",
       "Lowers a scheduled event program (L3) to the LLVM dialect for the CPU "
       "runtime",

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
 import time
 from typing import TYPE_CHECKING
 
 from mlir import ir
 
+from . import ops
 from . import pipeline as _pipeline
+from . import reference as _reference
 from .binding import Signature
 from .pipeline import Options
+from .runtime import artifact as _artifact
+from .runtime.abi import Argument, Event, KernelABI, Task
 
 if TYPE_CHECKING:
     from .graph import Graph
@@ -20,17 +28,20 @@ class CompiledKernel:
     symbolic dimension: `run` binds them from the input shapes.
 
     The kernel runs what was compiled: its `signature` (inputs, outputs and
-    their order) is a snapshot taken by `etc.compile`, and later changes to
-    `graph` do not affect it; compile again to pick them up."""
+    their order) and `abi` are a snapshot taken by `etc.compile`, and later
+    changes to `graph` do not affect it; compile again to pick them up."""
 
-    def __init__(self, graph: "Graph", options: Options, stage_ir: dict[str, str],
-                 timings: dict[str, float], runtime):
+    def __init__(self, graph: "Graph | None", options: Options, abi: KernelABI,
+                 stage_ir: dict[str, str], timings: dict[str, float], runtime, engine=None):
         self.graph = graph
         self.options = options
+        #: What the program takes and how it runs (see `etc.runtime.abi`).
+        self.abi = abi
         self._stage_ir = stage_ir
         #: Seconds spent in each compilation stage.
         self.timings = timings
         self._runtime = runtime
+        self._engine = engine
 
     def ir(self, stage: str) -> str:
         """The IR after `stage`: one of "graph", "event", "scheduled", "lowered"."""
@@ -46,33 +57,63 @@ class CompiledKernel:
         return self._runtime.ptx
 
     @property
-    def runtime(self):
-        """The target's runtime (e.g. `CUDARuntime`: `lanes`, `max_workers`,
-        `bind(...)` for repeated device launches)."""
-        return self._runtime
+    def arguments(self) -> tuple:
+        """The program's arguments in order (`etc.runtime.Argument`s)."""
+        return self.abi.arguments
 
     @property
     def signature(self) -> Signature:
         """The graph's name, arguments and outputs as they were compiled."""
         return self._runtime.signature
 
+    @property
+    def trace(self):
+        """The trace of the last run (`etc.runtime.trace.Trace`; kernels
+        compiled with trace=True)."""
+        return self._runtime.trace
+
+    @property
+    def runtime(self):
+        """The target's runtime (e.g. `CUDARuntime`: `lanes`, `max_workers`,
+        `bind(...)` for repeated device launches)."""
+        return self._runtime
+
     # `self` is positional-only so that an input may be called "self".
-    def run(self, /, **inputs):
-        """Runs the kernel on NumPy arrays named like the graph's inputs and
-        returns the outputs, in the compiled `g.output` order, as a list of
-        NumPy arrays.
-        On CUDA, inputs may also be device arrays (`__cuda_array_interface__`,
-        used without a copy); without a CUDA device or driver this raises
-        `etc.runtime.cuda.CUDAUnavailableError` (a RuntimeError)."""
-        return self._runtime.run(inputs)
+    def run(self, /, *, out=None, stream=None, **inputs):
+        """Runs the kernel on arrays named like the graph's inputs and returns
+        the outputs, in `g.output` order, as a list of NumPy arrays.
+
+        On CUDA, inputs may also be device arrays (`__cuda_array_interface__`
+        or `__dlpack__`: PyTorch, CuPy, JAX), used without a copy; `out=` (a
+        list in output order, or a dict by name) receives the outputs instead
+        (device arrays in place), and `stream=` picks the CUDA stream. The run
+        is complete, and device-side errors raised, when `run` returns.
+        Without a CUDA device or driver this raises
+        `etc.runtime.cuda.CUDAUnavailableError` (a RuntimeError). Inputs
+        named `out` or `stream` go through `kernel.runtime.run(dict)`."""
+        return self._runtime.run(inputs, out=out, stream=stream)
+
+    def save(self, path) -> None:
+        """Writes the kernel to `path` as one self-describing artifact that
+        `etc.runtime.load` runs without MLIR (see `etc.runtime.artifact`).
+
+        CUDA artifacts hold the PTX. CPU artifacts hold a shared library linked
+        from the JIT's object code by the system C compiler (`cc`, or `$CC`),
+        for this machine's platform."""
+        if self.options.target == "cuda":
+            code = self._runtime.ptx.encode()
+        else:
+            code = _shared_library(self._engine)
+        _artifact.write(path, self.abi, code)
 
     def __repr__(self) -> str:
-        return (f"<CompiledKernel {self.graph.name} target={self.options.target} "
-                f"schedule={self.options.schedule} workers={self.options.workers}>")
+        return (f"<CompiledKernel {self.abi.name} target={self.options.target} "
+                f"schedule={self.abi.schedule} workers={self.options.workers}>")
 
 
 def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
             workers: int = 4, policy: str = "round-robin", chip: str = "sm_90a",
+            trace: bool = False, watchdog: float = 5.0,
             kernels: str = "native") -> CompiledKernel:
     """Compiles `graph` into one persistent program for `target`.
 
@@ -81,43 +122,156 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
     A failing stage raises `etc.pipeline.PipelineError` with an `etc-opt`
     command that reproduces it.
 
+    `trace=True` makes every run record each tile task's worker, task, tile,
+    start and end (`kernel.trace`); untraced kernels have no such code.
+    Every wait of the program gives up after `watchdog` seconds: the run
+    stops and raises `etc.runtime.WatchdogError` naming the stuck task, tile,
+    event and element.
+
     `kernels="cuda"` (target="cpu" only) builds the CUDA tile kernels and
     runs them on the CPU with their lanes simulated one after another: a
     check of the GPU kernels' indexing and reductions without a GPU.
     """
     options = Options(target=target, schedule=schedule, workers=workers, policy=policy, chip=chip,
-                      kernels=kernels)
-    stage_pipelines = _pipeline.stages(options)
-
-    timings: dict[str, float] = {}
+                      trace=trace, watchdog=watchdog, kernels=kernels)
     start = time.perf_counter()
-    # The runtime gets the signature of exactly the graph built here.
+    # The kernel gets the signature of exactly the graph built here.
     signature = Signature.of(graph)
+    reference = _reference.describe(graph)
     module = graph.build(ir.Context(), target=options.kernel_target())
-    timings["graph"] = time.perf_counter() - start
-    stage_ir = {"graph": str(module)}
-    for stage, stage_pipeline in stage_pipelines.items():
-        start = time.perf_counter()
-        _pipeline.run_stage(module, stage, stage_pipeline)
-        timings[stage] = time.perf_counter() - start
-        stage_ir[stage] = str(module)
+    elapsed = time.perf_counter() - start
+    kernel = compile_module(module, signature, options, stage="graph", reference=reference)
+    kernel.timings = {"graph": elapsed, **kernel.timings}
+    kernel.graph = graph
+    return kernel
 
+
+def compile_module(module: ir.Module, signature, options: Options, *,
+                   stage: str = "graph", reference: dict | None = None) -> CompiledKernel:
+    """Compiles `module`, whose IR is at `stage` (it runs the stages after
+    it, in place), into a kernel with the arguments of `signature`: an
+    `etc.Graph`, or anything with its `name`, `arguments` (`etc.Argument`s in
+    argument order) and `outputs`. For tests and tools that start from IR
+    (hand-written or edited); `etc.compile` is this from "graph"."""
+    names = _pipeline.STAGES
+    if stage not in names:
+        raise ValueError(f"unknown stage {stage!r}; expected one of {names}")
+    stage_pipelines = _pipeline.stages(options)
+    timings: dict[str, float] = {}
+    stage_ir = {stage: str(module)}
+    tables = _program_tables(module, signature.name) if stage == "scheduled" else None
+    for name in names[names.index(stage) + 1:]:
+        start = time.perf_counter()
+        _pipeline.run_stage(module, name, stage_pipelines[name])
+        timings[name] = time.perf_counter() - start
+        stage_ir[name] = str(module)
+        if name == "scheduled":
+            tables = _program_tables(module, signature.name)
+    if tables is None:
+        raise ValueError(f"compile_module needs the IR at stage 'scheduled' or before, "
+                         f"not {stage!r}: the kernel's task and event tables come from it")
+
+    abi = _abi(signature, options, tables, reference)
     start = time.perf_counter()
+    engine = None
     if options.target == "cuda":
         from .runtime.cuda import CUDARuntime
 
         # The driver JIT-compiles the PTX on the first run; nothing here
         # needs a GPU.
-        runtime = CUDARuntime(signature, _ptx(module))
+        runtime = CUDARuntime(abi, _ptx(module))
     else:
         from .runtime.cpu import CPURuntime
 
         # Simulated GPU kernels are for checking results, and LLVM 22's loop
-        # vectorizer can take minutes on their lane loops: optimise less.
-        runtime = CPURuntime(signature, module, options.workers,
-                             opt_level=0 if options.kernels == "cuda" else 2)
+        # vectorizer can take minutes on their lane loops: no optimisation.
+        engine, entry_points = _jit(module, abi,
+                                    opt_level=0 if options.kernels == "cuda" else 2)
+        runtime = CPURuntime(abi, entry_points, options.workers)
     timings["jit"] = time.perf_counter() - start
-    return CompiledKernel(graph, options, stage_ir, timings, runtime)
+    return CompiledKernel(signature if hasattr(signature, "operations") else None, options, abi,
+                          stage_ir, timings, runtime, engine)
+
+
+def _program_tables(module: ir.Module, name: str) -> dict:
+    """What the scheduler recorded on `@<name>_worker`: the schedule it
+    chose, the task and event tables, and whether the program traces."""
+    for op in module.body.operations:
+        if op.operation.name != "func.func":
+            continue
+        if ir.StringAttr(op.attributes["sym_name"]).value != f"{name}_worker":
+            continue
+        attributes = op.attributes
+
+        def names(entry, key):
+            return tuple(ir.StringAttr(n).value for n in ir.ArrayAttr(ir.DictAttr(entry)[key]))
+
+        tasks = tuple(Task(ir.StringAttr(ir.DictAttr(t)["name"]).value,
+                           ir.IntegerAttr(ir.DictAttr(t)["grid_rank"]).value)
+                      for t in ir.ArrayAttr(attributes["event.tasks"]))
+        events = tuple(Event(ir.StringAttr(ir.DictAttr(e)["name"]).value,
+                             names(e, "notified_by"), names(e, "waited_by"))
+                       for e in ir.ArrayAttr(attributes["event.events"]))
+        return {"schedule": ir.StringAttr(attributes["event.schedule"]).value,
+                "tasks": tasks, "events": events, "trace": "event.trace" in attributes}
+    raise ValueError(f"the scheduled module has no worker function @{name}_worker")
+
+
+def _abi(signature, options: Options, tables: dict, reference: dict | None) -> KernelABI:
+    """The kernel ABI of `signature` compiled with `options`; `tables` from
+    `_program_tables`."""
+    arguments = tuple(Argument(a.kind, a.name, tuple(a.shape), a.dtype)
+                      for a in signature.arguments)
+    if reference is None and hasattr(signature, "operations"):
+        reference = _reference.describe(signature)
+    chip = options.chip if options.target == "cuda" else _artifact.host_platform()
+    # The schedule is the one the program got ("auto" resolved, or whatever a
+    # hand-picked pipeline chose), as the scheduler recorded it.
+    return KernelABI(name=signature.name, target=options.target, chip=chip,
+                     schedule=tables["schedule"], workers=options.workers, arguments=arguments,
+                     outputs=tuple(signature.outputs), tasks=tables["tasks"],
+                     events=tables["events"], watchdog_ms=options.watchdog_ms,
+                     trace=tables["trace"], reference=reference)
+
+
+def _jit(module: ir.Module, abi: KernelABI, opt_level: int = 2):
+    """JIT-compiles the lowered module (position-independent, so that `save`
+    can link the same object code into a shared library) and returns the
+    engine and the program's entry points."""
+    from .runtime import jit
+    from .runtime.cpu import ROLES, EntryPoints
+
+    engine = jit.create(module, abi.name, opt_level)
+    addresses = {}
+    for role in ROLES:
+        # Looking the entry points up now makes the JIT generate their code
+        # here, at compile time, instead of inside the first `run`, and turns
+        # a program that cannot link into a JITError naming what is missing.
+        jit.lookup(engine, abi.function(role), abi.name)
+        # raw_lookup(name) finds the symbol `_mlir_<name>`, so "ciface_<f>"
+        # is the C-interface function `_mlir_ciface_<f>` itself.
+        addresses[role] = engine.raw_lookup(f"ciface_{abi.function(role)}")
+    return engine, EntryPoints(addresses, engine)
+
+
+def _shared_library(engine) -> bytes:
+    """The JIT's object code linked into a shared library by the system C
+    compiler."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") \
+        or shutil.which("clang")
+    if compiler is None:
+        raise RuntimeError("saving a CPU kernel links a shared library and needs a C compiler: "
+                           "install cc (gcc or clang) or set $CC")
+    with tempfile.TemporaryDirectory(prefix="etc-save-") as directory:
+        obj = os.path.join(directory, "kernel.o")
+        lib = os.path.join(directory, "kernel.so")
+        engine.dump_to_object_file(obj)
+        result = subprocess.run([compiler, "-shared", "-o", lib, obj, "-lm"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"linking the CPU kernel failed ({compiler}):\n{result.stderr}")
+        with open(lib, "rb") as f:
+            return f.read()
 
 
 def _ptx(module: ir.Module) -> str:

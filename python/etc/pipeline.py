@@ -34,6 +34,11 @@ class Options:
     workers: int = 4
     policy: str = "round-robin"
     chip: str = "sm_90a"
+    #: Record a trace of every run (`kernel.trace`).
+    trace: bool = False
+    #: Seconds a wait or queue pop may spin before the run is stopped and
+    #: `run` raises `etc.runtime.WatchdogError`.
+    watchdog: float = 5.0
     #: Which tile kernels: "native" (the target's own) or, on the CPU target,
     #: "cuda" (the CUDA kernels with their lanes simulated one after another,
     #: to test their indexing and reductions without a GPU).
@@ -49,11 +54,21 @@ class Options:
             raise ValueError(f"policy={self.policy!r} is not supported; expected one of {POLICIES}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ValueError(f"workers={self.workers!r} must be a positive integer")
+        if not isinstance(self.trace, bool):
+            raise ValueError(f"trace={self.trace!r} must be True or False")
+        if (isinstance(self.watchdog, bool) or not isinstance(self.watchdog, (int, float))
+                or not 0.001 <= self.watchdog <= 2_000_000):
+            raise ValueError(f"watchdog={self.watchdog!r} must be a number of seconds in "
+                             "[0.001, 2000000]")
         if self.kernels not in KERNELS:
             raise ValueError(f"kernels={self.kernels!r} is not supported; expected one of {KERNELS}")
         if self.kernels == "cuda" and self.target != "cpu":
             raise ValueError("kernels='cuda' simulates the CUDA kernels on target='cpu'; "
                              f"target={self.target!r} builds its own kernels")
+
+    @property
+    def watchdog_ms(self) -> int:
+        return max(1, round(self.watchdog * 1000))
 
     def kernel_target(self):
         """The `etc.ops.Target` the tile kernels are built for."""
@@ -82,13 +97,15 @@ def schedule_pipeline(options: Options) -> str:
     otherwise, deciding in `event-dynamic-schedule{auto=true}`, which checks
     each graph as its schedule needs.
     """
+    trace = " trace=true" if options.trace else ""
     if options.schedule == "static":
         return ("builtin.module(event.graph(event-check-schedule),"
-                f"event-static-schedule{{workers={options.workers} policy={options.policy}}})")
+                f"event-static-schedule{{workers={options.workers} policy={options.policy}"
+                f"{trace}}})")
     if options.schedule == "dynamic":
         return ("builtin.module(event.graph(event-check-schedule{static-order=false}),"
-                f"event-dynamic-schedule{{workers={options.workers}}})")
-    return f"builtin.module(event-dynamic-schedule{{workers={options.workers} auto=true}})"
+                f"event-dynamic-schedule{{workers={options.workers}{trace}}})")
+    return f"builtin.module(event-dynamic-schedule{{workers={options.workers} auto=true{trace}}})"
 
 
 def lowering_pipeline(options: Options) -> str:
@@ -99,7 +116,7 @@ def lowering_pipeline(options: Options) -> str:
     the chip (sm_90a needs PTX 8.0; the default 6.0 aborts for it); older
     PTX assembles on more drivers."""
     if options.target == "cpu":
-        return "builtin.module(etc-lower-to-cpu)"
+        return f"builtin.module(etc-lower-to-cpu{{watchdog-ms={options.watchdog_ms}}})"
     # chip -> oldest PTX ISA that LLVM emits for it and that has nanosleep (6.3).
     min_ptx = {"sm_70": 63, "sm_72": 63, "sm_75": 63, "sm_80": 70, "sm_86": 71,
                "sm_87": 74, "sm_89": 78, "sm_90": 78, "sm_90a": 80, "sm_100": 86,
@@ -109,7 +126,8 @@ def lowering_pipeline(options: Options) -> str:
             f"chip={options.chip!r} is not supported on target='cuda'; expected one of "
             f"{tuple(min_ptx)} (waits need nanosleep, sm_70 or newer)")
     features = f"+ptx{min_ptx[options.chip]}"
-    return f"builtin.module(etc-lower-to-nvvm{{chip={options.chip} features={features}}})"
+    return (f"builtin.module(etc-lower-to-nvvm{{chip={options.chip} features={features} "
+            f"watchdog-ms={options.watchdog_ms}}})")
 
 
 def build(options: Options) -> str:

@@ -29,17 +29,22 @@ Symbolic dimensions are bound from the input shapes; an inconsistent
 binding raises `ValueError` naming both inputs and the dimension. A
 symbolic dimension may be 0, as in the kernels: every operator then returns
 the empty (or, for ``sum`` over an empty row, zero) result its shape says.
+
+The reference works on a JSON-able description of the graph (`describe`),
+which saved kernels carry, so it needs only NumPy: `evaluate` takes an
+`etc.Graph`, such a description, or a kernel loaded with `etc.runtime.load`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from types import SimpleNamespace
+
 from . import bfloat16, reference_llm
-from .graph import Graph, Symbol, Tensor
 from .binding import bind_symbols as _bind_shapes, check_input_names
 
-__all__ = ["evaluate", "round_bf16", "bind_symbols", "topk", "moe", "NUMPY_DTYPES"]
+__all__ = ["evaluate", "describe", "round_bf16", "bind_symbols", "topk", "moe", "NUMPY_DTYPES"]
 
 #: The NumPy dtype that carries each graph dtype.
 NUMPY_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
@@ -68,12 +73,58 @@ def _to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
     return x
 
 
-def bind_symbols(g: Graph, inputs: dict) -> dict:
+def describe(g) -> dict:
+    """A JSON-able description of graph `g` that `evaluate` accepts: its
+    name, arguments (as `etc.Graph.arguments`), outputs, and operators in
+    call order (kind, task name, operand and result tensor names, params)."""
+    def tensor(t) -> str:
+        return t.name
+
+    arguments = [{"kind": a.kind, "name": a.name, "shape": list(a.shape), "dtype": a.dtype}
+                 for a in g.arguments]
+    shapes = {}
+    operations = []
+    for op in g.operations:
+        for t in (*op.operands, op.result, *op.extra_results):
+            shapes[t.name] = {"shape": list(t.symbolic_shape), "dtype": t.dtype}
+        operations.append({"kind": op.kind, "name": op.name,
+                           "operands": [tensor(t) for t in op.operands],
+                           "result": tensor(op.result),
+                           "extra_results": [tensor(t) for t in op.extra_results],
+                           "params": dict(op.params)})
+    return {"name": g.name, "arguments": arguments, "outputs": list(g.outputs),
+            "tensors": shapes, "operations": operations}
+
+
+def _description(g) -> dict:
+    """`g` as a description: a Graph, a description, or anything with the
+    description in `.reference` or `.abi.reference` (a kernel's ABI, a loaded
+    kernel)."""
+    if isinstance(g, dict):
+        return g
+    for holder in (g, getattr(g, "abi", None)):
+        reference = getattr(holder, "reference", None)
+        if isinstance(reference, dict):
+            return reference
+    if hasattr(g, "operations") and hasattr(g, "arguments"):
+        return describe(g)
+    raise TypeError(f"cannot evaluate {type(g).__name__}: expected an etc.Graph, a graph "
+                    "description (etc.reference.describe) or a kernel that carries one")
+
+
+def _arguments(spec: dict) -> list:
+    return [SimpleNamespace(kind=a["kind"], name=a["name"], shape=tuple(a["shape"]),
+                            dtype=a["dtype"]) for a in spec["arguments"]]
+
+
+def bind_symbols(g, inputs: dict) -> dict:
     """Checks `inputs` against the graph's inputs (names, ranks, dtypes, static
     dims) and returns {symbol name: value} bound from their shapes. The errors
     are those of the runtimes (etc.binding)."""
-    check_input_names(g.name, g.arguments, inputs)
-    for t in (t for t in g._tensors if t.kind in ("input", "state")):
+    spec = _description(g)
+    arguments = _arguments(spec)
+    check_input_names(spec["name"], arguments, inputs)
+    for t in (a for a in arguments if a.kind in ("input", "state")):
         array = inputs[t.name]
         if not isinstance(array, np.ndarray):
             raise TypeError(f"input {t.name!r} must be a numpy.ndarray, got "
@@ -84,21 +135,21 @@ def bind_symbols(g: Graph, inputs: dict) -> dict:
                             f"for {t.dtype} (inputs are not cast implicitly)")
     # The reference evaluates only what the outputs need, so a symbol that only
     # an unused scratch tensor mentions may stay unbound.
-    return _bind_shapes(g.arguments, {name: array.shape for name, array in inputs.items()},
+    return _bind_shapes(arguments, {name: array.shape for name, array in inputs.items()},
                         allow_unbound=True)
 
 
-def _concrete_shape(t: Tensor, symbols: dict) -> tuple:
-    shape = []
-    for d in t.shape:
-        if isinstance(d, Symbol):
-            if d.name not in symbols:
-                raise ValueError(f"symbol '{d.name}' (in the shape of '{t.name}') appears in "
+def _concrete_shape(name: str, shape, symbols: dict) -> tuple:
+    concrete = []
+    for d in shape:
+        if isinstance(d, str):
+            if d not in symbols:
+                raise ValueError(f"symbol '{d}' (in the shape of '{name}') appears in "
                                  f"no input shape, so it cannot be bound")
-            shape.append(symbols[d.name])
+            concrete.append(symbols[d])
         else:
-            shape.append(d)
-    return tuple(shape)
+            concrete.append(d)
+    return tuple(concrete)
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -191,37 +242,44 @@ def _apply(op, vals: list) -> np.ndarray:
     raise AssertionError(f"unknown operator kind {kind!r}")
 
 
-def evaluate(g: Graph, /, **inputs) -> list[np.ndarray]:
-    """Computes every output of `g` from the named input arrays (see the
-    module docstring for dtypes); returns them in output order. `g` is
-    positional-only, so an input may be called "g"."""
-    if not g._outputs:
-        raise ValueError(f"Graph '{g.name}' has no outputs")
-    symbols = bind_symbols(g, inputs)
-    env: dict[int, np.ndarray] = {}
-    for t in g._tensors:
-        if t.kind in ("input", "state"):
+def evaluate(g, /, **inputs) -> list[np.ndarray]:
+    """Computes every output of `g` (an `etc.Graph`, a description from
+    `describe`, or a kernel that carries one) from the named input arrays
+    (see the module docstring for dtypes); returns them in output order.
+    `g` is positional-only, so an input may be called "g"."""
+    spec = _description(g)
+    if not spec["outputs"]:
+        raise ValueError(f"Graph '{spec['name']}' has no outputs")
+    symbols = bind_symbols(spec, inputs)
+    tensors = spec["tensors"]
+    env: dict[str, np.ndarray] = {}
+    for arg in spec["arguments"]:
+        if arg["kind"] in ("input", "state"):
             # A copy for states: operators replace their value, which is
             # written back into the caller's array at the end.
-            env[id(t)] = np.array(_to_storage(inputs[t.name], t.dtype), copy=t.kind == "state")
+            env[arg["name"]] = np.array(_to_storage(inputs[arg["name"]], arg["dtype"]),
+                                        copy=arg["kind"] == "state")
     with np.errstate(over="ignore", under="ignore"):
-        for op in g._ops:
-            vals = [env[id(t)] for t in op.operands]
+        for op in spec["operations"]:
+            op = SimpleNamespace(**op)
+            vals = [env[name] for name in op.operands]
             if op.kind == "topk":
                 result, indices = topk(vals[0], op.params["k"])
-                env[id(op.extra_results[0])] = indices
+                env[op.extra_results[0]] = indices
             else:
                 result = _apply(op, vals)
                 if result.dtype != np.int32:
                     result = result.astype(np.float32, copy=False)
-            shape = _concrete_shape(op.result, symbols)
+            declared = tensors[op.result]
+            shape = _concrete_shape(op.result, declared["shape"], symbols)
             assert result.shape == shape, (op.name, result.shape, shape)
-            env[id(op.result)] = _to_storage(result, op.result.dtype)
-    for t in g._tensors:
-        if t.kind == "state":
-            inputs[t.name][...] = env[id(t)]
+            env[op.result] = _to_storage(result, declared["dtype"])
+    for arg in spec["arguments"]:
+        if arg["kind"] == "state":
+            inputs[arg["name"]][...] = env[arg["name"]]
     outs = []
-    for t in g._outputs:
-        v = env[id(t)]
-        outs.append(v.astype(np.float16) if t.dtype == "f16" else v.copy())
+    dtypes = {a["name"]: a["dtype"] for a in spec["arguments"]}
+    for name in spec["outputs"]:
+        v = env[name]
+        outs.append(v.astype(np.float16) if dtypes[name] == "f16" else v.copy())
     return outs

@@ -336,7 +336,7 @@ import numpy as np
 from mlir import ir
 import etc
 from etc import pipeline
-from etc.runtime.cpu import CPURuntime
+from etc.compiler import compile_module
 
 schedule = sys.argv[1]
 g = etc.Graph("stuck")
@@ -355,8 +355,7 @@ end = text.index("func.func", worker + 1)
 removed = r"^\s*event\.(notify|queue_push) .*$"
 text = text[:worker] + re.sub(removed, "", text[worker:end], flags=re.M) + text[end:]
 module = ir.Module.parse(text, context=module.context)
-pipeline.run_stage(module, "lowered", pipeline.lowering_pipeline(options))
-runtime = CPURuntime(g, module, 3)
+runtime = compile_module(module, g, options, stage="scheduled").runtime
 
 
 def interrupt_once_the_workers_spin():

@@ -33,14 +33,29 @@ def _entry(ptx: str, name: str) -> str:
     return ptx[start:] if end < 0 else ptx[start:end]
 
 
+def _function(ptx: str, name: str) -> str:
+    """The text of the definition of device function `name` (not its
+    forward declaration)."""
+    for match in re.finditer(rf"\.func\s+(?:\([^)]*\)\s*)?{name}\(", ptx):
+        close = ptx.index(")", match.end())
+        if ptx[close + 1:].lstrip().startswith("{"):
+            return ptx[match.start():ptx.index("\n}\n", close)]
+    raise AssertionError(f"the PTX defines no function {name}")
+
+
 def _check_worker_synchronisation(ptx: str, name: str, schedule: str) -> None:
     worker = _entry(ptx, f"{name}_worker")
     assert "bar.sync" in worker
     # Notify: a GPU-scope release fence right before the decrement.
     assert re.search(r"fence\.acq_rel\.gpu;\s*atom\.global\.add\.u32\s+%r\d+, \[%rd\d+\], -1;", worker), worker
-    # Wait: acquire loads at GPU scope, sleeping between polls.
+    # Wait: an acquire load at GPU scope inline; when the element is not
+    # ready, the out-of-line spin polls, sleeping between polls, bounded by
+    # the watchdog (%globaltimer).
     assert "ld.acquire.gpu" in worker
-    assert "nanosleep.u32" in worker
+    spin = "__etc_spin_slot" if schedule == "dynamic" else "__etc_spin_counter"
+    assert re.search(rf"call\.uni \(retval0\),\s*{spin},", worker), worker
+    body = _function(ptx, spin)
+    assert "ld.acquire.gpu" in body and "nanosleep.u32" in body and "%globaltimer" in body
     # The tile bodies (device functions, or inlined) run on the CTA's
     # threads; static workers are the blocks (dynamic ones take tasks from
     # the queue instead).
@@ -104,9 +119,9 @@ def test_kernel_parameters_follow_the_memref_descriptor_expansion():
 
 def test_chip_selects_the_ptx_isa_version():
     pipeline = etc.pipeline.lowering_pipeline(etc.pipeline.Options(target="cuda", chip="sm_80"))
-    assert pipeline == "builtin.module(etc-lower-to-nvvm{chip=sm_80 features=+ptx70})"
+    assert pipeline == "builtin.module(etc-lower-to-nvvm{chip=sm_80 features=+ptx70 watchdog-ms=5000})"
     pipeline = etc.pipeline.lowering_pipeline(etc.pipeline.Options(target="cuda", chip="sm_90a"))
-    assert pipeline == "builtin.module(etc-lower-to-nvvm{chip=sm_90a features=+ptx80})"
+    assert pipeline == "builtin.module(etc-lower-to-nvvm{chip=sm_90a features=+ptx80 watchdog-ms=5000})"
     with pytest.raises(ValueError, match=r"chip='sm_60' is not supported on target='cuda'"):
         etc.pipeline.lowering_pipeline(etc.pipeline.Options(target="cuda", chip="sm_60"))
 
@@ -116,3 +131,41 @@ def test_ptx_is_only_for_cuda():
     kernel = etc.compile(g, target="cpu", workers=1)
     with pytest.raises(AttributeError, match=r"kernel.ptx exists for target='cuda'"):
         kernel.ptx
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_watchdog_and_traces_assemble(chip, schedule, tmp_path):
+    g = _mlp()
+    kernel = etc.compile(g, target="cuda", chip=chip, schedule=schedule, trace=True)
+    ptx = kernel.ptx
+    worker = _entry(ptx, f"{g.name}_worker")
+    # Trace records: %globaltimer in the worker itself.
+    assert "%globaltimer" in worker
+    # The first spin to time out claims the record (an atomic increment of
+    # the claim word) and publishes it with a release (fence, relaxed store).
+    report = _function(ptx, "__etc_watchdog_report")
+    assert re.search(r"atom(\.global)?\.add\.u32\s+%r\d+, \[%rd\d+\+4\], 1;", report), report
+    assert re.search(r"fence\.acq_rel\.gpu;\s*st\.relaxed\.gpu(\.global)?\.b32\s+\[%rd\d+\], 1;",
+                     report), report
+    _assemble(ptx, chip, tmp_path)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_hundreds_of_buffers_assemble(chip, tmp_path):
+    """No parameter ceiling: 321 buffers reach the kernels through the buffer
+    table, so each kernel takes a handful of parameters."""
+    g = etc.Graph("many")
+    B = g.symbol("B")
+    y = g.input("x", (B, 32), "f32")
+    for i in range(160):
+        y = g.add(y, g.input(f"w{i}", (B, 32), "f32"))
+    g.output(y)
+    assert sum(a.kind != "symbol" for a in g.arguments) == 321
+    kernel = etc.compile(g, target="cuda", chip=chip)
+    for entry in ("counters", "init", "worker", "check"):
+        text = _entry(kernel.ptx, f"many_{entry}")
+        assert text[:text.index(")")].count(".param ") <= 16
+    _assemble(kernel.ptx, chip, tmp_path)

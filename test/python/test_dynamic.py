@@ -17,7 +17,7 @@ from mlir import ir
 
 import etc
 from etc import pipeline
-from etc.runtime.cpu import CPURuntime
+from etc.compiler import compile_module
 from test_cpu_runtime import BATCHES, OPERATORS, WORKERS, _graph, _inputs, _mlp, _rand
 
 _STATIC: dict[str, object] = {}
@@ -85,7 +85,7 @@ def test_two_symbols_dynamic():
 
 
 def _compile_with(g: etc.Graph, schedule_pipeline: str, workers: int,
-                  edit=None) -> CPURuntime:
+                  edit=None):
     """Compiles `g` with a hand-picked scheduling pipeline; `edit` may rewrite
     the scheduled IR text before it is lowered."""
     options = pipeline.Options(workers=workers)
@@ -97,8 +97,7 @@ def _compile_with(g: etc.Graph, schedule_pipeline: str, workers: int,
     pipeline.run_stage(module, "scheduled", schedule_pipeline)
     if edit is not None:
         module = ir.Module.parse(edit(str(module)), context=context)
-    pipeline.run_stage(module, "lowered", pipeline.lowering_pipeline(options))
-    return CPURuntime(g, module, workers)
+    return compile_module(module, g, options, stage="scheduled").runtime
 
 
 @pytest.mark.parametrize("workers", [1, 3, 8])

@@ -24,15 +24,21 @@ void buildQueuePush(mlir::OpBuilder &builder, mlir::Location loc,
                     llvm::StringRef syncScope);
 
 /// Builds a pop: a relaxed atomic increment of the head claims slot `s`; if
-/// `s < capacity`, `waitForSlot(slot pointer)` must return the slot's value
-/// once it is non-zero (loaded with acquire), and the result is that value
-/// minus one; otherwise the result is `capacity`. Returns an i32.
+/// `s < capacity`, `waitForSlot(slot pointer, s)` must return the slot's
+/// value once it is non-zero (loaded with acquire), and the result is that
+/// value minus one; otherwise the result is `capacity`. Returns an i32.
 mlir::Value buildQueuePop(
     mlir::OpBuilder &builder, mlir::Location loc, mlir::Value counters,
     mlir::Value queue, mlir::Value capacity, llvm::StringRef syncScope,
     llvm::function_ref<mlir::Value(mlir::OpBuilder &, mlir::Location,
-                                   mlir::Value)>
+                                   mlir::Value, mlir::Value)>
         waitForSlot);
+
+/// `capacity + 1` (as i32) when `published`, a slot's value, is 0 (the spin
+/// gave up: the run was stopped), else `published`: a `waitForSlot` that
+/// returns this makes the pop return the capacity, so worker loops end.
+mlir::Value exhaustedIfEmpty(mlir::OpBuilder &builder, mlir::Location loc,
+                             mlir::Value published, mlir::Value capacity);
 
 } // namespace etc
 

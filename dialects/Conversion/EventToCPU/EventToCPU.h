@@ -15,18 +15,27 @@ inline constexpr llvm::StringLiteral kSchedYieldName = "sched_yield";
 /// is there; fails with an error if the symbol has another meaning.
 mlir::LogicalResult declareSchedYield(mlir::ModuleOp module);
 
+/// The function the watchdog and traces read the clock with.
+inline constexpr llvm::StringLiteral kMonotonicClockName = "__etc_monotonic_ns";
+
+/// Defines `llvm.func internal @__etc_monotonic_ns() -> i64`, which returns
+/// `CLOCK_MONOTONIC` in nanoseconds through the C library's
+/// `clock_gettime`, unless it is there; fails if the symbol has another
+/// meaning.
+mlir::LogicalResult defineMonotonicClock(mlir::ModuleOp module);
+
 /// Converts `!event.tensor` to `!llvm.ptr` (the address of its first
 /// counter) and leaves every other type alone.
 void populateEventToCPUTypeConversions(mlir::TypeConverter &typeConverter);
 
 /// Adds the patterns that lower `event.view`, `event.wait`, `event.notify`,
-/// `event.notify_ready`, the queue ops and the lane ops for CPU worker
-/// threads. `event.wait` and `event.queue_pop` call `@sched_yield`, which
-/// `declareSchedYield` must have declared; they also poll the stop flag, the
-/// last argument of their function, and give up when it is set.
-/// `event.worker_id` / `event.worker_count` are not covered: they become
-/// function arguments, with the stop flag after them (see
-/// `convert-event-to-cpu`).
+/// `event.notify_ready`, the queue ops, the run-header ops and the lane ops
+/// for CPU worker threads. `event.wait` and `event.queue_pop` call the spin
+/// functions that `defineSpinFunctions` defines (which call
+/// `@sched_yield`, declared by `declareSchedYield`, and the clock of
+/// `defineMonotonicClock`); the trace ops read that clock too. The patterns
+/// create `event.worker_id` for the records: like the program's own, they
+/// become function arguments (see `convert-event-to-cpu`).
 void populateEventToCPUConversionPatterns(
     const mlir::TypeConverter &typeConverter,
     mlir::RewritePatternSet &patterns);

@@ -229,19 +229,40 @@ def Event_TaskOp : Event_Op<"task", [
 // Imperative synchronisation (L3)
 //===----------------------------------------------------------------------===//
 
-def Event_WaitOp : Event_Op<"wait"> {
+def Event_WaitOp : Event_Op<"wait", [AttrSizedOperandSegments]> {
   let summary = "Waits until an event element reaches zero (acquire)";
   let description = [{
     Blocks until element `indices` of `event` has received all its expected
     notifies. Memory written before those notifies is visible after the wait
     (acquire semantics).
 
+    The wait is bounded by the run's watchdog: if the element is not ready
+    in time, the first such wait writes the run header's error record
+    (`Event/IR/RunLayout.h`) and stops the run, and every wait (and queue
+    pop) returns as soon as the run is stopped. `site` says where the wait
+    is, for that record: the index of the waiting task and the number of
+    the event tensor in the program's `event.tasks` / `event.events` tables,
+    then the coordinates of the waiting tile. Without it the record says -1.
+
     ```mlir
     event.wait %e[%i] : !event.tensor<?>
+    event.wait %e[%i] site(%task, %event, %i, %j) : !event.tensor<?>
     ```
   }];
-  let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices);
-  let assemblyFormat = "$event `[` $indices `]` attr-dict `:` qualified(type($event))";
+  let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices,
+                       Variadic<Index>:$site);
+  let assemblyFormat = [{
+    $event `[` $indices `]` (`site` `(` $site^ `)`)? attr-dict `:` qualified(type($event))
+  }];
+  let builders = [
+    OpBuilder<(ins "::mlir::Value":$event, "::mlir::ValueRange":$indices), [{
+      build($_builder, $_state, event, indices, ::mlir::ValueRange{});
+    }]>,
+  ];
+  let extraClassDeclaration = [{
+    /// The waiting tile's coordinates in `site`.
+    ::mlir::OperandRange getSiteTile() { return getSite().drop_front(2); }
+  }];
   let hasVerifier = 1;
 }
 
@@ -494,6 +515,69 @@ def Event_QueuePopOp : Event_Op<"queue_pop"> {
     `:` type($counters)
   }];
   let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// The run header: watchdog and traces (L3)
+//===----------------------------------------------------------------------===//
+
+def Event_RunAbortedOp : Event_Op<"run_aborted"> {
+  let summary = "Whether the run has been stopped";
+  let description = [{
+    Reads the status word of the run header at the end of the counter
+    buffer (`Event/IR/RunLayout.h`): `true` once a spin timed out (the
+    watchdog) or the host interrupted the run. A worker checks it after its
+    waits and skips the tile when it is set, because a wait that returned
+    for that reason does not make the tile's inputs ready.
+
+    On targets where a worker is a group of lanes (a CTA), one lane reads
+    it and every lane gets the same answer.
+
+    ```mlir
+    %stopped = event.run_aborted %counters : memref<?xi32>
+    ```
+  }];
+  let arguments = (ins MemRefRankOf<[I32], [1]>:$counters);
+  let results = (outs I1:$aborted);
+  let assemblyFormat = "$counters attr-dict `:` type($counters)";
+}
+
+def Event_TraceBeginOp : Event_Op<"trace_begin"> {
+  let summary = "Starts the trace record of a tile task";
+  let description = [{
+    Writes the first part of the trace record at word `record` of the
+    counter buffer (layout in `Event/IR/RunLayout.h`): the calling worker,
+    `task` (its index in the program's `event.tasks`), the tile coordinates
+    `tile` (at most 4) and the start time, in nanoseconds of a clock shared
+    by all workers (CPU: `CLOCK_MONOTONIC`; GPU: `%globaltimer`). The
+    schedulers emit it after the tile's waits when tracing.
+
+    ```mlir
+    event.trace_begin %counters[%record] task(%task) tile(%i, %j) : memref<?xi32>
+    ```
+  }];
+  let arguments = (ins MemRefRankOf<[I32], [1]>:$counters, Index:$record,
+                       Index:$task, Variadic<Index>:$tile);
+  let assemblyFormat = [{
+    $counters `[` $record `]` `task` `(` $task `)` `tile` `(` $tile `)` attr-dict `:` type($counters)
+  }];
+  let hasVerifier = 1;
+}
+
+def Event_TraceEndOp : Event_Op<"trace_end"> {
+  let summary = "Ends the trace record of a tile task";
+  let description = [{
+    Writes the end time into the trace record at word `record` of the
+    counter buffer, once every lane has finished the tile (on the GPU, after
+    a barrier). The schedulers emit it before the tile's notifies when
+    tracing.
+
+    ```mlir
+    event.trace_end %counters[%record] : memref<?xi32>
+    ```
+  }];
+  let arguments = (ins MemRefRankOf<[I32], [1]>:$counters, Index:$record);
+  let assemblyFormat = "$counters `[` $record `]` attr-dict `:` type($counters)";
 }
 
 #endif // ETC_EVENT_OPS_TD

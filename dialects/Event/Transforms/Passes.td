@@ -183,9 +183,24 @@ def EventStaticSchedule : Pass<"event-static-schedule", "::mlir::ModuleOp"> {
     All four carry `event.graph = "g"`, `event.schedule = "static"` and
     `event.workers = N`. The graph's identical pure computations are merged
     first (so equal counts and sizes share classes), every graph is checked
-    as by `event-check-schedule`, and nothing is rewritten if any graph
+    as by `event-check-schedule`
+    (unless `check=false`), and nothing is rewritten if any graph
     fails. A buffer argument that is not contiguous and row-major in the
     default memory space is an error (the table cannot describe it).
+
+    The counter buffer ends with the run header (`Event/IR/RunLayout.h`:
+    the run's status, the watchdog's error record, where the trace records
+    are), which `@g_init` resets. Each `event.wait` carries its site (the
+    global task index, the event's number, the tile) for the watchdog's
+    record, and a tile with waits runs its body and notifies only if
+    `event.run_aborted` says the run was not stopped during them. The
+    worker carries the tables those numbers refer to: `event.tasks` (each
+    task's name and grid rank, in order) and `event.events` (for event
+    `e<k>`, the tasks that notify it and wait on it). With `trace`, the
+    trace records (10 words per tile, by global tile index) lie between the
+    event counters and the header, and each tile writes its record with
+    `event.trace_begin` after its waits and `event.trace_end` before its
+    notifies; the worker then also has `event.trace`.
 
     Before (L2):
     ```mlir
@@ -236,6 +251,12 @@ def EventStaticSchedule : Pass<"event-static-schedule", "::mlir::ModuleOp"> {
     Option<"policy", "policy", "std::string", /*default=*/"\"round-robin\"",
            "How global task indices map to workers; supported: round-robin "
            "(global task t runs on worker t mod W)">,
+    Option<"trace", "trace", "bool", /*default=*/"false",
+           "Record, for every tile task, its worker, task, tile and the times "
+           "after its waits and before its notifies in trace records">,
+    Option<"check", "check", "bool", /*default=*/"true",
+           "Prove the schedule safe first (as event-check-schedule); false "
+           "only to test how the runtime's watchdog reports unsafe programs">,
   ];
   let dependentDialects = ["::mlir::affine::AffineDialect",
                            "::mlir::arith::ArithDialect",
@@ -350,6 +371,11 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
       return
     }
     ```
+
+    The counter buffer ends with the run header and, with `trace`, the
+    trace records before it, as in `event-static-schedule`; a popped tile
+    has no waits, so it needs no `event.run_aborted`, and a worker stops
+    when `event.queue_pop` gives it no task (the run was stopped).
   }];
   let options = [
     Option<"workers", "workers", "unsigned", /*default=*/"0",
@@ -362,6 +388,13 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
     Option<"forceIndex", "force-index", "bool", /*default=*/"false",
            "Find the waiters of every event element through the inverse "
            "index built in `@g_init`, also for affine wait maps">,
+    Option<"trace", "trace", "bool", /*default=*/"false",
+           "Record, for every tile task, its worker, task, tile and the times "
+           "before its body and before its notifies in trace records (as "
+           "event-static-schedule)">,
+    Option<"check", "check", "bool", /*default=*/"true",
+           "Prove the graph acyclic and balanced first; false only to test "
+           "how the runtime's watchdog reports unsafe programs">,
   ];
   let dependentDialects = ["::mlir::affine::AffineDialect",
                            "::mlir::arith::ArithDialect",

@@ -221,13 +221,15 @@ struct ScheduledFunction {
 class GraphProgramBuilder {
 public:
   GraphProgramBuilder(const GraphPlan &plan, llvm::StringRef schedule,
-                      int64_t workers);
+                      int64_t workers, bool trace = false);
 
   /// Creates `@<graph><suffix>(symbols..., table[, counters])` with the
-  /// attributes `event.graph`, `event.schedule` and `event.workers`, clones
-  /// the graph's index computations into it (reading buffers they use from
-  /// the table), and lays out the event classes one after another from
-  /// counter 0.
+  /// attributes `event.graph`, `event.schedule` and `event.workers` (the
+  /// worker also gets the tables its waits and trace records refer to,
+  /// `event.tasks` and `event.events`, and `event.trace` when tracing),
+  /// clones the graph's index computations into it (reading buffers they
+  /// use from the table), and lays out the event classes one after another
+  /// from counter 0.
   ScheduledFunction createFunction(mlir::OpBuilder &builder,
                                    llvm::StringRef suffix, bool withCounters,
                                    mlir::TypeRange results);
@@ -355,11 +357,51 @@ public:
   /// Status codes `@g_check` returns.
   enum CheckStatus : int32_t { kClean = 0, kQueueOverflow = 1, kUnbalanced = 2 };
 
+  //===--------------------------------------------------------------------===//
+  // The run header, the watchdog's sites and trace records
+  //===--------------------------------------------------------------------===//
+
+  /// The size of a counter buffer whose event counters and scheduler state
+  /// end at `end`: the trace records (when tracing) follow, then the run
+  /// header (`Event/IR/RunLayout.h`) ends the buffer.
+  mlir::Value bufferSize(mlir::OpBuilder &b, mlir::Location loc,
+                         ScheduledFunction &function, mlir::Value end);
+
+  /// Resets the run header of a buffer whose state ends at `end` (status,
+  /// claim, trace location) and, when tracing, zeroes the trace records
+  /// from `end` on (`@g_init`).
+  void initRunHeader(mlir::OpBuilder &b, mlir::Location loc,
+                     ScheduledFunction &function, mlir::Value end);
+
+  /// Emits the waits of tile `tile` of task `task` (of `family`, record
+  /// `record`), each with its site (task, event number, tile) for the
+  /// watchdog's record.
+  void emitWaits(mlir::OpBuilder &b, mlir::Location loc,
+                 ScheduledFunction &function, const TaskFamily &family,
+                 mlir::Value record, mlir::Value task, mlir::ValueRange tile);
+
+  /// Emits the work of tile `tile` (global tile id `id`) of task `task`: the
+  /// trace start (records from `records` on), the tile body, the trace end,
+  /// then `notify`. With `afterWaits`, all of it runs only if the run was
+  /// not stopped (`event.run_aborted`), since a stopped wait leaves the
+  /// inputs unready.
+  void emitTileWork(mlir::OpBuilder &b, mlir::Location loc,
+                    ScheduledFunction &function, const TaskFamily &family,
+                    mlir::Value record, mlir::Value task, mlir::ValueRange tile,
+                    mlir::Value id, mlir::Value records, bool afterWaits,
+                    llvm::function_ref<void(mlir::OpBuilder &)> notify);
+
+  /// Fails when tracing is asked for a task whose grid has more dimensions
+  /// than a trace record holds.
+  mlir::LogicalResult checkTraceable();
+
 protected:
   const GraphPlan &plan;
   GraphOp graph;
   std::string schedule;
   int64_t workers;
+  /// Whether the workers write trace records.
+  bool trace;
   llvm::SmallVector<TaskOp> tasks;
 };
 
@@ -368,7 +410,7 @@ protected:
 /// `builder`, leaving the graph itself in place. The graph must have passed
 /// `checkSchedule`.
 void buildStaticSchedule(mlir::OpBuilder &builder, const GraphPlan &plan,
-                         int64_t workers);
+                         int64_t workers, bool trace = false);
 
 /// Fails with an error when a symbol the schedulers need for a graph of
 /// `module` is taken; `pass` names the pass in the message.

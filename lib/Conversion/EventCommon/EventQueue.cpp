@@ -82,7 +82,7 @@ void etc::buildQueuePush(OpBuilder &builder, Location loc, Value counters,
 Value etc::buildQueuePop(
     OpBuilder &builder, Location loc, Value counters, Value queueStart,
     Value capacity, StringRef syncScope,
-    function_ref<Value(OpBuilder &, Location, Value)> waitForSlot) {
+    function_ref<Value(OpBuilder &, Location, Value, Value)> waitForSlot) {
   Value slot = claim(builder, loc, counters, queueStart, queue::kHeadWord,
                      syncScope);
   Value fits = arith::CmpIOp::create(builder, loc, arith::CmpIPredicate::ult,
@@ -90,8 +90,8 @@ Value etc::buildQueuePop(
   auto result = scf::IfOp::create(
       builder, loc, fits,
       [&](OpBuilder &b, Location loc) {
-        Value published =
-            waitForSlot(b, loc, slotPointer(b, loc, counters, queueStart, slot));
+        Value published = waitForSlot(
+            b, loc, slotPointer(b, loc, counters, queueStart, slot), slot);
         Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
         scf::YieldOp::create(b, loc,
                              ValueRange{arith::SubIOp::create(b, loc, published,
@@ -104,4 +104,16 @@ Value etc::buildQueuePop(
                                                     capacity)});
       });
   return result.getResult(0);
+}
+
+Value etc::exhaustedIfEmpty(OpBuilder &builder, Location loc, Value published,
+                            Value capacity) {
+  Value zero = arith::ConstantIntOp::create(builder, loc, 0, 32);
+  Value empty = arith::CmpIOp::create(builder, loc, arith::CmpIPredicate::eq,
+                                      published, zero);
+  Value past = arith::IndexCastUIOp::create(
+      builder, loc, builder.getI32Type(),
+      arith::AddIOp::create(builder, loc, capacity,
+                            constantIndex(builder, loc, 1)));
+  return arith::SelectOp::create(builder, loc, empty, past, published);
 }

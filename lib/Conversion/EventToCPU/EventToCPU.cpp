@@ -10,15 +10,16 @@
 #include "Conversion/EventToCPU/EventToCPU.h"
 #include "Conversion/EventCommon/EventAddressing.h"
 #include "Conversion/EventCommon/EventQueue.h"
+#include "Conversion/EventCommon/EventRunHeader.h"
 #include "Conversion/Passes.h"
 
 #include "Event/IR/EventOps.h"
+#include "Event/IR/RunLayout.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
-#include "mlir/Dialect/UB/IR/UBOps.h"
 #include "mlir/IR/SymbolTable.h"
 
 namespace etc {
@@ -34,116 +35,63 @@ using namespace etc::event;
 // Patterns
 //===----------------------------------------------------------------------===//
 
-/// The stop flag of the function that holds `op`: its last argument, which
-/// `convert-event-to-cpu` appends to every function that spins.
-static FailureOr<Value> getStopFlag(Operation *op) {
-  auto func = op->getParentOfType<func::FuncOp>();
-  if (!func || func.getNumArguments() == 0 ||
-      !isa<LLVM::LLVMPointerType>(func.getArguments().back().getType()))
-    return op->emitOpError("must be in a func.func that takes the worker "
-                           "arguments (see convert-event-to-cpu)");
-  return func.getArguments().back();
+/// The CPU's clock for the watchdog and traces: `CLOCK_MONOTONIC` in
+/// nanoseconds, through `@__etc_monotonic_ns` (see `defineMonotonicClock`).
+static Value monotonicNanoseconds(OpBuilder &b, Location loc) {
+  return LLVM::CallOp::create(b, loc, TypeRange{b.getI64Type()},
+                              kMonotonicClockName, ValueRange{})
+      .getResult();
 }
 
-/// Whether the stop flag at `flag` is set. Relaxed: the flag carries no
-/// data, and a poll that misses it sees it on the next round.
-static Value isStopped(OpBuilder &b, Location loc, Value flag) {
-  Value word = LLVM::LoadOp::create(
-      b, loc, b.getI32Type(), flag, /*alignment=*/4, /*isVolatile=*/false,
-      /*isNonTemporal=*/false, /*isInvariant=*/false,
-      /*isInvariantGroup=*/false, LLVM::AtomicOrdering::monotonic);
-  Value zero = arith::ConstantIntOp::create(b, loc, 0, 32);
-  return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne, word, zero);
+/// The spin of a CPU worker: `sched_yield` between polls, system-scope
+/// atomics, the monotonic clock.
+static SpinTarget cpuSpin(int64_t timeoutMs) {
+  return SpinTarget{monotonicNanoseconds,
+                    [](OpBuilder &b, Location loc, Value state) -> Value {
+                      func::CallOp::create(b, loc, kSchedYieldName,
+                                           TypeRange{b.getI32Type()});
+                      return state;
+                    },
+                    /*firstBackOff=*/0, /*syncScope=*/StringRef(), timeoutMs};
 }
 
-/// Moves the operations after `op` in its block, up to the terminator, into
-/// `scf.if %run`. Values they define that the terminator uses come out of
-/// the `scf.if`, as `ub.poison` when it does not run.
-static void guardRestOfBlock(ConversionPatternRewriter &rewriter,
-                             Operation *op, Value run) {
-  Block *block = op->getBlock();
-  Operation *terminator =
-      block->mightHaveTerminator() ? block->getTerminator() : nullptr;
-  SmallVector<Operation *> rest;
-  for (Operation *next = op->getNextNode(); next && next != terminator;
-       next = next->getNextNode())
-    rest.push_back(next);
-  if (rest.empty())
-    return;
-  SmallVector<Value> escaping;
-  for (Operation *moved : rest)
-    for (Value result : moved->getResults())
-      if (llvm::any_of(result.getUsers(), [&](Operation *user) {
-            return user == terminator;
-          }))
-        escaping.push_back(result);
-  Location loc = op->getLoc();
-  rewriter.setInsertionPointAfter(op);
-  auto guard = scf::IfOp::create(rewriter, loc, TypeRange(ValueRange(escaping)),
-                                 run, /*withElseRegion=*/!escaping.empty());
-  if (escaping.empty()) {
-    for (Operation *moved : rest)
-      rewriter.moveOpBefore(moved, guard.thenBlock()->getTerminator());
-    return;
-  }
-  rewriter.setInsertionPointToEnd(guard.thenBlock());
-  auto yield = scf::YieldOp::create(rewriter, loc, escaping);
-  for (Operation *moved : rest)
-    rewriter.moveOpBefore(moved, yield);
-  rewriter.setInsertionPointToEnd(guard.elseBlock());
-  SmallVector<Value> poison;
-  for (Value value : escaping)
-    poison.push_back(ub::PoisonOp::create(rewriter, loc, value.getType()));
-  scf::YieldOp::create(rewriter, loc, poison);
-  rewriter.modifyOpInPlace(terminator, [&] {
-    for (OpOperand &operand : terminator->getOpOperands())
-      if (auto it = llvm::find(escaping, operand.get()); it != escaping.end())
-        operand.set(guard.getResult(it - escaping.begin()));
-  });
+/// The counter buffer an `event.view` (the event operand of `op`) carves
+/// its tensor out of.
+static FailureOr<Value> viewCounters(ConversionPatternRewriter &rewriter,
+                                     Operation *op, Value event) {
+  auto view = event.getDefiningOp<ViewOp>();
+  if (!view)
+    return rewriter.notifyMatchFailure(
+        op, "the event tensor is not an 'event.view' of a counter buffer");
+  return view.getCounters();
 }
 
 namespace {
-/// Lowers `event.wait` to a spin loop: an acquire load of the counter until
-/// it is no longer positive, calling `sched_yield` between polls so that
-/// more workers than cores still make progress. The loop also ends when the
-/// stop flag is set; the rest of the block (the tile body, its notifies)
-/// then does not run, so a stopped worker skips each remaining task and
-/// returns.
+/// Lowers `event.wait` to a watchdog-bounded spin loop: an acquire load of
+/// the counter until it is no longer positive, calling `sched_yield`
+/// between polls so that more workers than cores still make progress. The
+/// loop also ends when the run is stopped, or after the timeout, when the
+/// first such wait writes the error record of the run header (its worker,
+/// tile, task, event, element and the counter's value).
 struct WaitOpLowering : public OpConversionPattern<WaitOp> {
   using OpConversionPattern::OpConversionPattern;
+
   LogicalResult
   matchAndRewrite(WaitOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    FailureOr<Value> stopFlag = getStopFlag(op);
-    if (failed(stopFlag))
-      return failure();
     FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
-    if (failed(pointer))
+    FailureOr<Value> counters = viewCounters(rewriter, op, op.getEvent());
+    if (failed(pointer) || failed(counters))
       return failure();
-    Type i32 = rewriter.getI32Type();
-    Type i1 = rewriter.getI1Type();
-    Value zero = arith::ConstantIntOp::create(rewriter, op.getLoc(), 0, 32);
-    auto spin = scf::WhileOp::create(
-        rewriter, op.getLoc(), TypeRange{i1}, ValueRange{},
-        [&](OpBuilder &b, Location loc, ValueRange) {
-          Value count = LLVM::LoadOp::create(
-              b, loc, i32, *pointer, /*alignment=*/4, /*isVolatile=*/false,
-              /*isNonTemporal=*/false, /*isInvariant=*/false,
-              /*isInvariantGroup=*/false, LLVM::AtomicOrdering::acquire);
-          Value pending = arith::CmpIOp::create(
-              b, loc, arith::CmpIPredicate::sgt, count, zero);
-          Value stopped = isStopped(b, loc, *stopFlag);
-          Value running = arith::XOrIOp::create(
-              b, loc, stopped, arith::ConstantIntOp::create(b, loc, 1, 1));
-          Value keepWaiting = arith::AndIOp::create(b, loc, pending, running);
-          scf::ConditionOp::create(b, loc, keepWaiting, ValueRange{running});
-        },
-        [&](OpBuilder &b, Location loc, ValueRange) {
-          func::CallOp::create(b, loc, kSchedYieldName, TypeRange{i32});
-          scf::YieldOp::create(b, loc);
-        });
-    guardRestOfBlock(rewriter, op, spin.getResult(0));
+    Location loc = op.getLoc();
+    ValueRange site = adaptor.getSite();
+    WatchdogSite record = WatchdogSite::get(
+        rewriter, loc, run::kSiteWait, WorkerIdOp::create(rewriter, loc),
+        site.empty() ? Value() : site[0], site.drop_front(std::min<size_t>(2, site.size())),
+        site.empty() ? Value() : site[1], adaptor.getIndices());
+    buildSpin(rewriter, loc, *counters, *pointer, /*syncScope=*/StringRef(),
+              SpinUntil::CounterReady, record);
     rewriter.eraseOp(op);
     return success();
   }
@@ -212,57 +160,81 @@ struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
 /// `atomicrmw add` on the head claims a slot; below the capacity the worker
 /// spins on an acquire load of the slot until it is published, calling
 /// `sched_yield` between polls, and gets the task id it holds; otherwise the
-/// capacity. A pop that sees the stop flag while it spins also returns the
-/// capacity, so the worker loop ends.
+/// capacity. The spin is bounded like `event.wait`'s; one that stops without
+/// a task (the run was stopped) makes the pop return the capacity, so the
+/// worker loop ends.
 struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
   using OpConversionPattern::OpConversionPattern;
+
   LogicalResult
   matchAndRewrite(QueuePopOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    FailureOr<Value> stopFlag = getStopFlag(op);
-    if (failed(stopFlag))
-      return failure();
-    Value capacity = adaptor.getCapacity();
-    auto waitForSlot = [&](OpBuilder &b, Location loc, Value pointer) -> Value {
-      Type i32 = b.getI32Type();
-      Value zero = arith::ConstantIntOp::create(b, loc, 0, 32);
-      auto spin = scf::WhileOp::create(
-          b, loc, TypeRange{i32, b.getI1Type()}, ValueRange{},
-          [&](OpBuilder &before, Location loc, ValueRange) {
-            Value published = LLVM::LoadOp::create(
-                before, loc, i32, pointer, /*alignment=*/4,
-                /*isVolatile=*/false, /*isNonTemporal=*/false,
-                /*isInvariant=*/false, /*isInvariantGroup=*/false,
-                LLVM::AtomicOrdering::acquire);
-            Value empty = arith::CmpIOp::create(
-                before, loc, arith::CmpIPredicate::eq, published, zero);
-            Value stopped = isStopped(before, loc, *stopFlag);
-            Value running = arith::XOrIOp::create(
-                before, loc, stopped,
-                arith::ConstantIntOp::create(before, loc, 1, 1));
-            Value keepWaiting =
-                arith::AndIOp::create(before, loc, empty, running);
-            scf::ConditionOp::create(before, loc, keepWaiting,
-                                     ValueRange{published, stopped});
-          },
-          [&](OpBuilder &after, Location loc, ValueRange) {
-            func::CallOp::create(after, loc, kSchedYieldName, TypeRange{i32});
-            scf::YieldOp::create(after, loc);
-          });
-      // The protocol subtracts one from the slot's value: capacity + 1
-      // makes a stopped pop return the capacity.
-      Value exhausted = arith::IndexCastUIOp::create(
-          b, loc, i32,
-          arith::AddIOp::create(b, loc, capacity,
-                                arith::ConstantIndexOp::create(b, loc, 1)));
-      return arith::SelectOp::create(b, loc, spin.getResult(1), exhausted,
-                                     spin.getResult(0));
+    Value counters = adaptor.getCounters();
+    Value worker = WorkerIdOp::create(rewriter, op.getLoc());
+    auto waitForSlot = [&](OpBuilder &b, Location loc, Value pointer,
+                           Value slot) -> Value {
+      WatchdogSite site = WatchdogSite::get(b, loc, run::kSitePop, worker,
+                                            Value(), ValueRange{}, Value(),
+                                            ValueRange{slot});
+      Value published = buildSpin(b, loc, counters, pointer,
+                                  /*syncScope=*/StringRef(),
+                                  SpinUntil::SlotPublished, site);
+      return exhaustedIfEmpty(b, loc, published, adaptor.getCapacity());
     };
-    Value task = buildQueuePop(rewriter, op.getLoc(), adaptor.getCounters(),
+    Value task = buildQueuePop(rewriter, op.getLoc(), counters,
                                adaptor.getQueue(), adaptor.getCapacity(),
                                /*syncScope=*/StringRef(), waitForSlot);
     rewriter.replaceOpWithNewOp<arith::IndexCastUIOp>(
         op, rewriter.getIndexType(), task);
+    return success();
+  }
+};
+
+/// Lowers `event.run_aborted` to a relaxed load of the run's status word
+/// compared with `run::kRunning`.
+struct RunAbortedOpLowering : public OpConversionPattern<RunAbortedOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(RunAbortedOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    Value status = loadRunStatus(rewriter, loc, adaptor.getCounters(),
+                                 /*syncScope=*/StringRef());
+    Value running =
+        arith::ConstantIntOp::create(rewriter, loc, run::kRunning, 32);
+    rewriter.replaceOpWithNewOp<arith::CmpIOp>(op, arith::CmpIPredicate::ne,
+                                               status, running);
+    return success();
+  }
+};
+
+/// Lowers `event.trace_begin` to plain stores of the worker, task, tile and
+/// the monotonic clock into the trace record.
+struct TraceBeginOpLowering : public OpConversionPattern<TraceBeginOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(TraceBeginOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    buildTraceBegin(rewriter, loc, adaptor.getCounters(), adaptor.getRecord(),
+                    WorkerIdOp::create(rewriter, loc), adaptor.getTask(),
+                    adaptor.getTile(), monotonicNanoseconds(rewriter, loc));
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+/// Lowers `event.trace_end` to a store of the monotonic clock into the
+/// trace record.
+struct TraceEndOpLowering : public OpConversionPattern<TraceEndOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(TraceEndOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    buildTraceEnd(rewriter, loc, adaptor.getCounters(), adaptor.getRecord(),
+                  monotonicNanoseconds(rewriter, loc));
+    rewriter.eraseOp(op);
     return success();
   }
 };
@@ -330,10 +302,54 @@ void etc::populateEventToCPUConversionPatterns(
     const TypeConverter &typeConverter, RewritePatternSet &patterns) {
   populateEventViewLoweringPattern(typeConverter, patterns);
   populateEventBufferLoweringPattern(typeConverter, patterns);
-  patterns.add<WaitOpLowering, NotifyOpLowering,
-               NotifyReadyOpLowering, QueuePushOpLowering, QueuePopOpLowering,
+  patterns.add<WaitOpLowering, QueuePopOpLowering, NotifyOpLowering, NotifyReadyOpLowering, QueuePushOpLowering,
+               RunAbortedOpLowering, TraceBeginOpLowering, TraceEndOpLowering,
                LaneQueryLowering<LaneIdOp, 0>, LaneQueryLowering<LaneCountOp, 1>,
                LaneBarrierLowering, LaneReduceLowering, ScratchLowering>(typeConverter, patterns.getContext());
+}
+
+LogicalResult etc::defineMonotonicClock(ModuleOp module) {
+  MLIRContext *ctx = module.getContext();
+  if (Operation *existing =
+          SymbolTable::lookupSymbolIn(module, kMonotonicClockName)) {
+    if (isa<LLVM::LLVMFuncOp>(existing))
+      return success();
+    return existing->emitOpError("uses the symbol '")
+           << kMonotonicClockName
+           << "', which the CPU lowering needs for its clock";
+  }
+  OpBuilder b(ctx);
+  b.setInsertionPointToStart(module.getBody());
+  Location loc = module.getLoc();
+  Type i32 = b.getI32Type(), i64 = b.getI64Type();
+  auto pointer = LLVM::LLVMPointerType::get(ctx);
+  if (!SymbolTable::lookupSymbolIn(module, "clock_gettime"))
+    LLVM::LLVMFuncOp::create(
+        b, loc, "clock_gettime",
+        LLVM::LLVMFunctionType::get(i32, {i32, pointer}));
+  auto clock = LLVM::LLVMFuncOp::create(b, loc, kMonotonicClockName,
+                                        LLVM::LLVMFunctionType::get(i64, {}),
+                                        LLVM::Linkage::Internal);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(clock.addEntryBlock(b));
+  auto timespec = LLVM::LLVMStructType::getLiteral(ctx, {i64, i64});
+  Value one = LLVM::ConstantOp::create(b, loc, i64, 1);
+  Value time = LLVM::AllocaOp::create(b, loc, pointer, timespec, one);
+  // CLOCK_MONOTONIC is 1 on Linux.
+  Value monotonic = LLVM::ConstantOp::create(b, loc, i32, 1);
+  LLVM::CallOp::create(b, loc, TypeRange{i32}, "clock_gettime",
+                       ValueRange{monotonic, time});
+  auto field = [&](int32_t index) -> Value {
+    Value address = LLVM::GEPOp::create(b, loc, pointer, timespec, time,
+                                        ArrayRef<LLVM::GEPArg>{0, index});
+    return LLVM::LoadOp::create(b, loc, i64, address);
+  };
+  Value seconds = field(0), nanoseconds = field(1);
+  Value billion = LLVM::ConstantOp::create(b, loc, i64, 1000000000);
+  Value total = LLVM::AddOp::create(
+      b, loc, LLVM::MulOp::create(b, loc, seconds, billion), nanoseconds);
+  LLVM::ReturnOp::create(b, loc, total);
+  return success();
 }
 
 LogicalResult etc::declareSchedYield(ModuleOp module) {
@@ -359,32 +375,26 @@ LogicalResult etc::declareSchedYield(ModuleOp module) {
 // Pass
 //===----------------------------------------------------------------------===//
 
-/// Appends the worker arguments `%worker_id: index, %worker_count: index,
-/// %stop: !llvm.ptr` to `func` when it asks for its worker or spins, and
+/// Appends `%worker_id: index, %worker_count: index` to `func` and
 /// replaces `event.worker_id` / `event.worker_count` by them: each host
-/// thread passes its own id, and all share the stop flag.
+/// thread passes its own id.
 static LogicalResult materializeWorkerArguments(func::FuncOp func) {
   SmallVector<Operation *> ids, counts;
-  bool spins = false;
   func.walk([&](Operation *op) {
     if (isa<WorkerIdOp>(op))
       ids.push_back(op);
     else if (isa<WorkerCountOp>(op))
       counts.push_back(op);
-    else if (isa<WaitOp, QueuePopOp>(op))
-      spins = true;
   });
-  if (ids.empty() && counts.empty() && !spins)
+  if (ids.empty() && counts.empty())
     return success();
   unsigned numArgs = func.getNumArguments();
   Type index = IndexType::get(func.getContext());
-  Type pointer = LLVM::LLVMPointerType::get(func.getContext());
-  if (failed(func.insertArguments(
-          {numArgs, numArgs, numArgs}, {index, index, pointer},
-          {DictionaryAttr(), DictionaryAttr(), DictionaryAttr()},
-          {func.getLoc(), func.getLoc(), func.getLoc()})))
-    return func.emitOpError("cannot take the worker id, count and stop flag "
-                            "as arguments");
+  if (failed(func.insertArguments({numArgs, numArgs}, {index, index},
+                                  {DictionaryAttr(), DictionaryAttr()},
+                                  {func.getLoc(), func.getLoc()})))
+    return func.emitOpError("cannot take the worker id and count as "
+                            "arguments");
   Value workerId = func.getArgument(numArgs);
   Value workerCount = func.getArgument(numArgs + 1);
   for (Operation *op : ids) {
@@ -405,9 +415,13 @@ struct ConvertEventToCPUPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    for (auto func : module.getOps<func::FuncOp>())
-      if (failed(materializeWorkerArguments(func)))
-        return signalPassFailure();
+    if (watchdogMs <= 0) {
+      module.emitError("convert-event-to-cpu: watchdog-ms must be positive, "
+                       "found ")
+          << static_cast<int64_t>(watchdogMs);
+      return signalPassFailure();
+    }
+    dropProgramTables(module);
     bool waits = module
                      .walk([](Operation *op) {
                        return isa<WaitOp, QueuePopOp>(op)
@@ -417,6 +431,18 @@ struct ConvertEventToCPUPass
                      .wasInterrupted();
     if (waits && failed(declareSchedYield(module)))
       return signalPassFailure();
+    bool clock = module
+                     .walk([](Operation *op) {
+                       return isa<WaitOp, QueuePopOp, TraceBeginOp,
+                                  TraceEndOp>(op)
+                                  ? WalkResult::interrupt()
+                                  : WalkResult::advance();
+                     })
+                     .wasInterrupted();
+    if (clock && failed(defineMonotonicClock(module)))
+      return signalPassFailure();
+    if (waits && failed(defineSpinFunctions(module, cpuSpin(watchdogMs))))
+      return signalPassFailure();
 
     TypeConverter typeConverter;
     populateEventToCPUTypeConversions(typeConverter);
@@ -424,14 +450,19 @@ struct ConvertEventToCPUPass
     populateEventToCPUConversionPatterns(typeConverter, patterns);
     ConversionTarget target(getContext());
     target.addIllegalDialect<EventDialect>();
+    // The watchdog's records name the worker; the ids become arguments below.
+    target.addLegalOp<WorkerIdOp, WorkerCountOp>();
     target.markUnknownOpDynamicallyLegal([](Operation *) { return true; });
     if (failed(applyPartialConversion(module, target, std::move(patterns))))
       return signalPassFailure();
+    for (auto func : module.getOps<func::FuncOp>())
+      if (failed(materializeWorkerArguments(func)))
+        return signalPassFailure();
 
     // The runtime calls every entry point of a program through its C
-    // interface; tile functions are only called from the worker.
+    // interface; tile functions and the spins are only called from inside.
     for (auto func : module.getOps<func::FuncOp>())
-      if (!func.isExternal() && !func->hasAttr("event.tile"))
+      if (!func.isExternal() && func.isPublic() && !func->hasAttr("event.tile"))
         func->setAttr(LLVM::LLVMDialect::getEmitCWrapperAttrName(),
                       UnitAttr::get(&getContext()));
   }

@@ -13,8 +13,10 @@
 #include "Conversion/Passes.h"
 #include "Conversion/EventCommon/EventAddressing.h"
 #include "Conversion/EventCommon/EventQueue.h"
+#include "Conversion/EventCommon/EventRunHeader.h"
 
 #include "Event/IR/EventOps.h"
+#include "Event/IR/RunLayout.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
@@ -72,34 +74,41 @@ static FailureOr<Value> broadcastWord(ConversionPatternRewriter &rewriter,
   return func.getWorkgroupAttributions().front();
 }
 
-/// Spins on thread 0 until the i32 at `pointer` satisfies `isDone` (acquire
-/// loads at GPU scope, nanosleep back-off) and returns the last value loaded.
-static Value spinUntil(OpBuilder &b, Location loc, Value pointer,
-                       function_ref<Value(OpBuilder &, Location, Value)> isDone) {
-  Type i32 = b.getI32Type();
-  Value firstSleep = arith::ConstantIntOp::create(b, loc, kWaitFirstSleepNs, 32);
-  Value maxSleep = arith::ConstantIntOp::create(b, loc, kWaitMaxSleepNs, 32);
-  Value undefined = arith::ConstantIntOp::create(b, loc, 0, 32);
-  auto loop = scf::WhileOp::create(
-      b, loc, TypeRange{i32, i32}, ValueRange{firstSleep, undefined},
-      [&](OpBuilder &b, Location loc, ValueRange args) {
-        Value value = LLVM::LoadOp::create(
-            b, loc, i32, pointer, /*alignment=*/4, /*isVolatile=*/false,
-            /*isNonTemporal=*/false, /*isInvariant=*/false,
-            /*isInvariantGroup=*/false, LLVM::AtomicOrdering::acquire,
-            kDeviceScope);
-        Value pending = arith::XOrIOp::create(
-            b, loc, isDone(b, loc, value),
-            arith::ConstantIntOp::create(b, loc, 1, 1));
-        scf::ConditionOp::create(b, loc, pending, ValueRange{args[0], value});
+/// The GPU's clock for the watchdog and traces: `%globaltimer`, in
+/// nanoseconds, the same on every SM.
+static Value globalTimer(OpBuilder &b, Location loc) {
+  return NVVM::GlobalTimerOp::create(b, loc, b.getI64Type());
+}
+
+/// The spin of thread 0 of a CTA: `nanosleep` between polls (32 ns,
+/// doubling up to 512 ns), GPU-scope atomics, `%globaltimer`.
+static SpinTarget gpuSpin(int64_t timeoutMs) {
+  return SpinTarget{
+      globalTimer,
+      [](OpBuilder &b, Location loc, Value sleep) -> Value {
+        NVVM::NanosleepOp::create(b, loc, sleep);
+        Value doubled = arith::AddIOp::create(b, loc, sleep, sleep);
+        Value maxSleep =
+            arith::ConstantIntOp::create(b, loc, kWaitMaxSleepNs, 32);
+        return arith::MinUIOp::create(b, loc, doubled, maxSleep);
       },
-      [&](OpBuilder &b, Location loc, ValueRange args) {
-        NVVM::NanosleepOp::create(b, loc, args[0]);
-        Value doubled = arith::AddIOp::create(b, loc, args[0], args[0]);
-        Value next = arith::MinUIOp::create(b, loc, doubled, maxSleep);
-        scf::YieldOp::create(b, loc, ValueRange{next, args[1]});
-      });
-  return loop.getResult(1);
+      kWaitFirstSleepNs, kDeviceScope, timeoutMs};
+}
+
+/// The counter buffer an `event.view` (the event operand of `op`) carves
+/// its tensor out of.
+static FailureOr<Value> viewCounters(ConversionPatternRewriter &rewriter,
+                                     Operation *op, Value event) {
+  auto view = event.getDefiningOp<ViewOp>();
+  if (!view)
+    return rewriter.notifyMatchFailure(
+        op, "the event tensor is not an 'event.view' of a counter buffer");
+  return view.getCounters();
+}
+
+/// The worker (block) id as an index.
+static Value blockId(OpBuilder &b, Location loc) {
+  return gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
 }
 
 namespace {
@@ -107,45 +116,32 @@ namespace {
 /// load at GPU scope until it is no longer positive, sleeping between polls
 /// with an exponential back-off, then a CTA barrier holds every other thread
 /// until it is done. The acquire load and the barrier together make the
-/// producers' writes visible to all threads of the CTA.
+/// producers' writes visible to all threads of the CTA. The spin is bounded
+/// by the watchdog: it also ends when the run is stopped, or after the
+/// timeout (`%globaltimer`), when the first wait to time out writes the
+/// run header's error record.
 struct WaitOpLowering : public OpConversionPattern<WaitOp> {
   using OpConversionPattern::OpConversionPattern;
+
   LogicalResult
   matchAndRewrite(WaitOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
     FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
-    if (failed(pointer))
+    FailureOr<Value> counters = viewCounters(rewriter, op, op.getEvent());
+    if (failed(pointer) || failed(counters))
       return failure();
     Location loc = op.getLoc();
-    Type i32 = rewriter.getI32Type();
     buildIf(rewriter, loc, isFirstThread(rewriter, loc),
             [&](OpBuilder &b, Location loc) {
-              Value zero = arith::ConstantIntOp::create(b, loc, 0, 32);
-              Value firstSleep =
-                  arith::ConstantIntOp::create(b, loc, kWaitFirstSleepNs, 32);
-              Value maxSleep =
-                  arith::ConstantIntOp::create(b, loc, kWaitMaxSleepNs, 32);
-              scf::WhileOp::create(
-                  b, loc, TypeRange{i32}, ValueRange{firstSleep},
-                  [&](OpBuilder &b, Location loc, ValueRange args) {
-                    Value count = LLVM::LoadOp::create(
-                        b, loc, i32, *pointer, /*alignment=*/4,
-                        /*isVolatile=*/false, /*isNonTemporal=*/false,
-                        /*isInvariant=*/false, /*isInvariantGroup=*/false,
-                        LLVM::AtomicOrdering::acquire, kDeviceScope);
-                    Value pending = arith::CmpIOp::create(
-                        b, loc, arith::CmpIPredicate::sgt, count, zero);
-                    scf::ConditionOp::create(b, loc, pending, args);
-                  },
-                  [&](OpBuilder &b, Location loc, ValueRange args) {
-                    NVVM::NanosleepOp::create(b, loc, args[0]);
-                    Value doubled =
-                        arith::AddIOp::create(b, loc, args[0], args[0]);
-                    Value next =
-                        arith::MinUIOp::create(b, loc, doubled, maxSleep);
-                    scf::YieldOp::create(b, loc, next);
-                  });
+              ValueRange place = adaptor.getSite();
+              WatchdogSite site = WatchdogSite::get(
+                  b, loc, run::kSiteWait, blockId(b, loc),
+                  place.empty() ? Value() : place[0],
+                  place.drop_front(std::min<size_t>(2, place.size())),
+                  place.empty() ? Value() : place[1], adaptor.getIndices());
+              buildSpin(b, loc, *counters, *pointer, kDeviceScope,
+                        SpinUntil::CounterReady, site);
             });
     rewriter.replaceOpWithNewOp<gpu::BarrierOp>(op);
     return success();
@@ -356,11 +352,56 @@ struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
 /// and if it is below the capacity spins with acquire loads until the slot
 /// is published, then writes the task id (or the capacity, when every slot
 /// is claimed) to the broadcast word; a second barrier hands it to every
-/// thread, so the whole CTA runs the same task.
+/// thread, so the whole CTA runs the same task. The spin is bounded like
+/// `event.wait`'s; one that stops without a task (the run was stopped)
+/// yields the capacity.
 struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
   using OpConversionPattern::OpConversionPattern;
+
   LogicalResult
   matchAndRewrite(QueuePopOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    FailureOr<Value> word = broadcastWord(rewriter, op);
+    if (failed(word))
+      return failure();
+    Location loc = op.getLoc();
+    Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
+    Value counters = adaptor.getCounters();
+    gpu::BarrierOp::create(rewriter, loc);
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              auto waitForSlot = [&](OpBuilder &b, Location loc, Value pointer,
+                                     Value slot) -> Value {
+                WatchdogSite site = WatchdogSite::get(
+                    b, loc, run::kSitePop, blockId(b, loc), Value(),
+                    ValueRange{}, Value(), ValueRange{slot});
+                Value published =
+                    buildSpin(b, loc, counters, pointer, kDeviceScope,
+                              SpinUntil::SlotPublished, site);
+                return exhaustedIfEmpty(b, loc, published,
+                                        adaptor.getCapacity());
+              };
+              Value task = buildQueuePop(b, loc, counters, adaptor.getQueue(),
+                                         adaptor.getCapacity(), kDeviceScope,
+                                         waitForSlot);
+              memref::StoreOp::create(b, loc, task, *word, ValueRange{zero});
+            });
+    gpu::BarrierOp::create(rewriter, loc);
+    Value task = memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
+    rewriter.replaceOpWithNewOp<arith::IndexCastUIOp>(
+        op, rewriter.getIndexType(), task);
+    return success();
+  }
+};
+
+/// Lowers `event.run_aborted` for a CTA: after a barrier (the broadcast word
+/// is free), thread 0 loads the run's status word (relaxed, GPU scope) into
+/// the broadcast word; a second barrier hands it to every thread, so the
+/// whole CTA takes the same branch.
+struct RunAbortedOpLowering : public OpConversionPattern<RunAbortedOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(RunAbortedOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
     FailureOr<Value> word = broadcastWord(rewriter, op);
     if (failed(word))
@@ -370,26 +411,57 @@ struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
     gpu::BarrierOp::create(rewriter, loc);
     buildIf(rewriter, loc, isFirstThread(rewriter, loc),
             [&](OpBuilder &b, Location loc) {
-              auto waitForSlot = [](OpBuilder &b, Location loc,
-                                    Value pointer) -> Value {
-                Value zero32 = arith::ConstantIntOp::create(b, loc, 0, 32);
-                return spinUntil(
-                    b, loc, pointer,
-                    [&](OpBuilder &b, Location loc, Value value) -> Value {
-                      return arith::CmpIOp::create(
-                          b, loc, arith::CmpIPredicate::ne, value, zero32);
-                    });
-              };
-              Value task = buildQueuePop(b, loc, adaptor.getCounters(),
-                                         adaptor.getQueue(),
-                                         adaptor.getCapacity(), kDeviceScope,
-                                         waitForSlot);
-              memref::StoreOp::create(b, loc, task, *word, ValueRange{zero});
+              Value status =
+                  loadRunStatus(b, loc, adaptor.getCounters(), kDeviceScope);
+              memref::StoreOp::create(b, loc, status, *word, ValueRange{zero});
             });
     gpu::BarrierOp::create(rewriter, loc);
-    Value task = memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
-    rewriter.replaceOpWithNewOp<arith::IndexCastUIOp>(
-        op, rewriter.getIndexType(), task);
+    Value status =
+        memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
+    Value running =
+        arith::ConstantIntOp::create(rewriter, loc, run::kRunning, 32);
+    rewriter.replaceOpWithNewOp<arith::CmpIOp>(op, arith::CmpIPredicate::ne,
+                                               status, running);
+    return success();
+  }
+};
+
+/// Lowers `event.trace_begin` for a CTA: thread 0 stores the block id, the
+/// task, the tile and `%globaltimer` into the trace record. It follows the
+/// tile's waits (which end with a barrier) or a pop, so the CTA is past them.
+struct TraceBeginOpLowering : public OpConversionPattern<TraceBeginOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(TraceBeginOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              buildTraceBegin(b, loc, adaptor.getCounters(),
+                              adaptor.getRecord(), blockId(b, loc),
+                              adaptor.getTask(), adaptor.getTile(),
+                              globalTimer(b, loc));
+            });
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+/// Lowers `event.trace_end` for a CTA: a barrier, so that every thread has
+/// finished the tile, then thread 0 stores `%globaltimer` as the end.
+struct TraceEndOpLowering : public OpConversionPattern<TraceEndOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(TraceEndOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    gpu::BarrierOp::create(rewriter, loc);
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              buildTraceEnd(b, loc, adaptor.getCounters(), adaptor.getRecord(),
+                            globalTimer(b, loc));
+            });
+    rewriter.eraseOp(op);
     return success();
   }
 };
@@ -405,13 +477,14 @@ void etc::populateEventToGPUConversionPatterns(
   // Buffers live in global memory (NVPTX address space 1).
   populateEventBufferLoweringPattern(typeConverter, patterns,
                                      /*addressSpace=*/1);
-  patterns.add<WaitOpLowering, NotifyOpLowering,
+  patterns.add<WaitOpLowering, QueuePopOpLowering, NotifyOpLowering,
+               RunAbortedOpLowering, TraceBeginOpLowering, TraceEndOpLowering,
                IndexQueryLowering<WorkerIdOp, gpu::BlockIdOp>,
                IndexQueryLowering<WorkerCountOp, gpu::GridDimOp>,
                IndexQueryLowering<LaneIdOp, gpu::ThreadIdOp>,
                IndexQueryLowering<LaneCountOp, gpu::BlockDimOp>,
                LaneBarrierLowering, LaneReduceLowering, ScratchLowering,
-               NotifyReadyOpLowering, QueuePushOpLowering, QueuePopOpLowering>(typeConverter, patterns.getContext());
+               NotifyReadyOpLowering, QueuePushOpLowering>(typeConverter, patterns.getContext());
 }
 
 //===----------------------------------------------------------------------===//
@@ -422,7 +495,8 @@ void etc::populateEventToGPUConversionPatterns(
 /// something when every CTA runs the function.
 static bool isWorkerOp(Operation *op) {
   return isa<WorkerIdOp, WorkerCountOp, WaitOp, NotifyOp, NotifyReadyOp,
-             QueuePopOp, LaneIdOp, LaneCountOp, LaneBarrierOp>(op);
+             QueuePopOp, LaneIdOp, LaneCountOp, LaneBarrierOp, RunAbortedOp,
+             TraceBeginOp, TraceEndOp>(op);
 }
 
 namespace {
@@ -535,8 +609,9 @@ static LogicalResult distributeOverCTA(gpu::GPUFuncOp func) {
 static bool needsBroadcastWord(gpu::GPUFuncOp kernel) {
   return kernel
       .walk([](Operation *op) {
-        return isa<NotifyReadyOp, QueuePopOp>(op) ? WalkResult::interrupt()
-                                                  : WalkResult::advance();
+        return isa<NotifyReadyOp, QueuePopOp, RunAbortedOp>(op)
+                   ? WalkResult::interrupt()
+                   : WalkResult::advance();
       })
       .wasInterrupted();
 }
@@ -664,7 +739,14 @@ struct ConvertEventToGPUPass
   void runOnOperation() override {
     ModuleOp module = getOperation();
     MLIRContext *ctx = &getContext();
+    if (watchdogMs <= 0) {
+      module.emitError("convert-event-to-gpu: watchdog-ms must be positive, "
+                       "found ")
+          << static_cast<int64_t>(watchdogMs);
+      return signalPassFailure();
+    }
 
+    dropProgramTables(module);
     // The program of each graph: its functions, in order.
     llvm::MapVector<StringAttr, SmallVector<func::FuncOp>> programs;
     for (auto func : module.getOps<func::FuncOp>()) {
@@ -724,6 +806,17 @@ struct ConvertEventToGPUPass
     if (!programs.empty())
       module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
                       UnitAttr::get(ctx));
+    for (auto kernels : module.getOps<gpu::GPUModuleOp>()) {
+      bool spins = kernels
+                       .walk([](Operation *op) {
+                         return isa<WaitOp, QueuePopOp>(op)
+                                    ? WalkResult::interrupt()
+                                    : WalkResult::advance();
+                       })
+                       .wasInterrupted();
+      if (spins && failed(defineSpinFunctions(kernels, gpuSpin(watchdogMs))))
+        return signalPassFailure();
+    }
 
     TypeConverter typeConverter;
     populateEventToGPUTypeConversions(typeConverter);

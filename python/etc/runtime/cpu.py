@@ -1,37 +1,44 @@
-"""The CPU runtime: the worker function JIT-compiled by MLIR's ExecutionEngine
-and called from N host threads at once.
+"""The CPU runtime: the program's native code called from N host threads at once.
 
 ctypes releases the GIL for the duration of each foreign call, so the workers
 run concurrently and their waits, notifies and atomics race for real.
 
-ABI of the lowered program for graph `g` (see `event-static-schedule` and
-`convert-event-to-cpu`), every function with a C interface:
+The code comes either from MLIR's JIT (`etc.compile`) or from a shared
+library (a saved artifact, `etc.runtime.load`); either way the runtime calls
+the C-interface functions `_mlir_ciface_<g>_<role>` of the lowered program
+for graph `g` (see `event-static-schedule` and `convert-event-to-cpu`):
   g_counters(symbols..., table) -> index       size of the counter buffer
   g_init(symbols..., table, counters)          writes each counter's expected count
-  g_worker(symbols..., table, counters, worker_id, worker_count, stop)
-                                               stop: address of an i32; setting it
-                                               makes every worker return early
+  g_worker(symbols..., table, counters, worker_id, worker_count)
   g_check(symbols..., table, counters) -> i32  after the run: 0 clean, 1 task
                                                queue overflow, 2 unbalanced
-where `symbols` are the graph's symbolic dimensions (`index`) and `table` is
-the buffer table, a `memref<?xi64>` (see `buffer_table`).
-The same ABI serves the static and the dynamic schedule: for the dynamic one
-the counter buffer also holds the task queue, pending counts and inverse
-indices, all sized by g_counters and filled by g_init.
+where `symbols` are the graph's symbolic dimensions (`int64_t`), `table` is
+the buffer table (a pointer to the descriptor of a `memref<?xi64>`, see
+`buffer_table`) and `counters` a pointer to the descriptor of a
+`memref<?xi32>`. The same ABI serves the static and the dynamic schedule:
+for the dynamic one the counter buffer also holds the task queue, pending
+counts and inverse indices, all sized by g_counters and filled by g_init.
+The buffer ends with the run header (`etc.runtime.layout`): the runtime reads
+it after every run (the watchdog's record, the trace records) and sets its
+status to stop the workers on Ctrl-C.
+
+This module needs only NumPy: it imports nothing from MLIR.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from mlir import ir
 
-from . import jit
 from .. import bfloat16
 from ..binding import Signature, bind_symbols, check_input_names, concrete_shape
+from . import layout
+from .abi import KernelABI
+from .trace import Trace
 
 #: NumPy storage of each ETC dtype. bf16 has no NumPy type: it is stored as the
 #: upper 16 bits of float32 (see `to_storage` / `from_storage`).
@@ -55,6 +62,9 @@ def check_state(arg, array) -> np.ndarray:
         raise ValueError(f"state {arg.name!r} must be a writeable C-contiguous array: the "
                          f"kernel updates it in place")
     return array
+
+#: The roles of the program's functions, as `KernelABI.function` names them.
+ROLES = ("counters", "init", "worker", "check")
 
 
 @lru_cache(maxsize=None)
@@ -133,33 +143,100 @@ def _join_all(threads: list[threading.Thread]) -> None:
                 continue
 
 
+def fill_out(abi: KernelABI, out, results: dict) -> list:
+    """Copies `results` (by output name) into the NumPy arrays of `out` (a
+    list in output order or a dict by name) and returns them in that order."""
+    names = list(abi.outputs)
+    if isinstance(out, dict):
+        unknown = [n for n in out if n not in names]
+        if unknown:
+            raise TypeError(f"{abi.name}: out= names {unknown} are not outputs {names}")
+        items = list(out.items())
+    else:
+        out = list(out)
+        if len(out) != len(names):
+            raise TypeError(f"{abi.name}: out= has {len(out)} arrays for the {len(names)} "
+                            f"outputs {names}")
+        items = list(zip(names, out))
+    filled = []
+    for name, array in items:
+        value = results[name]
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"out[{name!r}] must be a numpy.ndarray on the CPU target, got "
+                            f"{type(array).__name__}")
+        if array.shape != value.shape or array.dtype != value.dtype:
+            raise ValueError(f"out[{name!r}] is {array.dtype}{list(array.shape)}, expected "
+                             f"{value.dtype}{list(value.shape)}")
+        np.copyto(array, value)
+        filled.append(array)
+    return filled
+
+
+@dataclass(frozen=True)
+class EntryPoints:
+    """The addresses of the program's four C-interface functions, by role,
+    and `owner`, which keeps the code they point into alive (the JIT engine
+    or the loaded library)."""
+
+    addresses: dict
+    owner: object
+
+    @classmethod
+    def from_library(cls, library: ctypes.CDLL, abi: KernelABI) -> "EntryPoints":
+        """The entry points of a shared library built from the lowered module."""
+        addresses = {}
+        for role in ROLES:
+            symbol = f"_mlir_ciface_{abi.function(role)}"
+            try:
+                addresses[role] = ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value
+            except AttributeError:
+                raise ValueError(f"the library has no function {symbol}; it was not built "
+                                 f"from the program of graph {abi.name!r}") from None
+        return cls(addresses, library)
+
+
+def _prototype(abi: KernelABI, role: str):
+    """The ctypes prototype of `_mlir_ciface_<g>_<role>`."""
+    argtypes = [ctypes.c_int64 for a in abi.arguments if a.kind == "symbol"]
+    argtypes.append(ctypes.c_void_p)  # the buffer table
+    if role != "counters":
+        argtypes.append(ctypes.c_void_p)  # the counter buffer
+    if role == "worker":
+        argtypes += [ctypes.c_int64, ctypes.c_int64]  # worker id, worker count
+    restype = {"counters": ctypes.c_int64, "check": ctypes.c_int32}.get(role)
+    return ctypes.CFUNCTYPE(restype, *argtypes)
+
+
 class CPURuntime:
-    """Runs one lowered module with a fixed number of host worker threads.
+    """Runs one program with a fixed number of host worker threads."""
 
-    `graph` is the compiled graph, or anything with its `name`, `arguments`
-    and `outputs`; its signature is copied now (see `etc.binding.Signature`).
-    """
+    def __init__(self, abi: KernelABI, entry_points: EntryPoints, workers: int | None = None):
+        self.abi = abi
+        #: The compiled graph's name, arguments and outputs.
+        self.signature = Signature(abi.name, abi.arguments, abi.outputs)
+        self.workers = abi.workers if workers is None else workers
+        if self.workers < 1:
+            raise ValueError(f"workers={self.workers} must be positive")
+        self.arguments = list(abi.arguments)
+        self._entry_points = entry_points
+        self._functions = {role: _prototype(abi, role)(entry_points.addresses[role])
+                           for role in ROLES}
+        self._trace: Trace | None = None
 
-    def __init__(self, graph, module: ir.Module, workers: int, opt_level: int = 2):
-        self.signature = Signature.of(graph)
-        self.workers = workers
-        self.arguments = self.signature.arguments
-        name = self.signature.name
-        self._counters_fn = f"{name}_counters"
-        self._init_fn = f"{name}_init"
-        self._worker_fn = f"{name}_worker"
-        self._check_fn = f"{name}_check"
-        self.engine = jit.create(module, name, opt_level)
-        # Looking the entry points up now makes the JIT generate their code
-        # here, at compile time, instead of inside the first `run`, and turns
-        # a program without the expected ABI into an error before any call.
-        for function in (self._counters_fn, self._init_fn, self._worker_fn, self._check_fn):
-            jit.lookup(self.engine, function, name)
+    @property
+    def trace(self) -> Trace:
+        """The trace of the last run (kernels compiled with trace=True)."""
+        if not self.abi.trace:
+            raise RuntimeError(f"{self.abi.name} was compiled without traces: compile with "
+                               "etc.compile(..., trace=True)")
+        if self._trace is None:
+            raise RuntimeError(f"{self.abi.name} has not run yet, so there is no trace")
+        return self._trace
 
     # -- argument binding -------------------------------------------------
 
     def _bind(self, inputs: dict) -> tuple[dict[str, int], dict[str, np.ndarray]]:
-        check_input_names(self.signature.name, self.arguments, inputs)
+        check_input_names(self.abi.name, self.arguments, inputs)
         for arg in self.arguments:
             if arg.kind != "input":
                 continue
@@ -187,51 +264,44 @@ class CPURuntime:
 
     # -- calls --------------------------------------------------------------
 
-    def _packed_args(self, symbols, buffers, keep):
-        """ctypes pointers for the symbols and the buffer table, in order;
+    def _arguments(self, symbols, buffers, keep) -> list:
+        """The C arguments for the symbols and the buffer table, in order;
         `keep` holds the objects they point to alive."""
-        pointers = []
-        for arg in self.arguments:
-            if arg.kind == "symbol":
-                value = ctypes.c_longlong(symbols[arg.name])
-                keep.append(value)
-                pointers.append(ctypes.pointer(value))
+        values = [symbols[arg.name] for arg in self.arguments if arg.kind == "symbol"]
         table = buffer_table(self.arguments, buffers)
         desc = _descriptor(table)
-        pointer = ctypes.pointer(desc)
-        keep.extend([table, desc, pointer])
-        pointers.append(ctypes.pointer(pointer))
-        return pointers
+        keep.extend([table, desc])
+        values.append(ctypes.addressof(desc))
+        return values
 
-    def run(self, inputs: dict) -> list[np.ndarray]:
+    def run(self, inputs: dict, *, out=None, stream=None) -> list[np.ndarray]:
+        """Runs the program on NumPy `inputs`; returns the outputs, or with
+        `out=` (NumPy arrays, a list in output order or a dict by name) fills
+        and returns those. `stream` is for the CUDA target only."""
+        if stream is not None:
+            raise TypeError("stream= is for target='cuda'; CPU runs are synchronous")
         symbols, buffers = self._bind(inputs)
         keep: list = []
-        args = self._packed_args(symbols, buffers, keep)
+        args = self._arguments(symbols, buffers, keep)
+        functions = self._functions
 
-        count = ctypes.c_longlong(0)
-        self.engine.invoke(self._counters_fn, *args, ctypes.pointer(count))
-        counters = np.zeros(max(count.value, 1), np.int32)
+        count = functions["counters"](*args)
+        counters = np.zeros(max(count, 1), np.int32)
         counters_desc = _descriptor(counters)
-        counters_ptr = ctypes.pointer(counters_desc)
-        counters_arg = ctypes.pointer(counters_ptr)
-        self.engine.invoke(self._init_fn, *args, counters_arg)
+        counters_arg = ctypes.addressof(counters_desc)
+        functions["init"](*args, counters_arg)
 
+        if count < layout.HEADER_WORDS:
+            raise RuntimeError(f"{self.abi.name}: the program asks for {count} counters, fewer "
+                               f"than its run header needs ({layout.HEADER_WORDS}); it was not "
+                               "built by this ETC")
+        header = layout.header(counters)
         errors: list[BaseException] = []
-        worker = self.engine.lookup(self._worker_fn)
-        total = ctypes.c_longlong(self.workers)
-        # The stop flag: non-zero makes every spinning worker give up and
-        # return (see convert-event-to-cpu).
-        stop = ctypes.c_int32(0)
-        stop_address = ctypes.c_void_p(ctypes.addressof(stop))
+        worker = functions["worker"]
 
         def work(worker_id: int) -> None:
             try:
-                wid = ctypes.c_longlong(worker_id)
-                call = args + [counters_arg, ctypes.pointer(wid), ctypes.pointer(total),
-                               ctypes.pointer(stop_address)]
-                packed = (ctypes.c_void_p * len(call))(
-                    *[ctypes.cast(p, ctypes.c_void_p) for p in call])
-                worker(packed)
+                worker(*args, counters_arg, worker_id, self.workers)
             except BaseException as error:  # reported on the calling thread
                 errors.append(error)
 
@@ -244,18 +314,25 @@ class CPURuntime:
                 thread.join()
         except BaseException:
             # Ctrl-C (or any exception) while the workers start or run: they
-            # write into `buffers` and `counters` until they return, so stop
-            # them and wait before this frame lets go of those buffers.
-            stop.value = 1
+            # write into `buffers` and `counters` until they return. The
+            # interrupted status makes every spin give up and every worker
+            # skip the tiles it has not started; wait for them before this
+            # frame lets go of those buffers.
+            header[layout.STATUS_WORD] = layout.INTERRUPTED
             _join_all(threads)
             raise
         if errors:
             raise errors[0]
-        status = ctypes.c_int32(-1)
-        self.engine.invoke(self._check_fn, *args, counters_arg, ctypes.pointer(status))
-        if status.value != 0:
-            raise RuntimeError(f"{self.signature.name}: {_CHECK_ERRORS.get(status.value, f'status {status.value}')}")
-        return [from_storage(buffers[name], self._dtype(name)) for name in self.signature.outputs]
+        layout.check_header(self.abi, header)
+        if self.abi.trace:
+            self._trace = Trace.decode(self.abi, counters, self.workers)
+        status = functions["check"](*args, counters_arg)
+        if status != 0:
+            raise RuntimeError(f"{self.abi.name}: {_CHECK_ERRORS.get(status, f'status {status}')}")
+        results = [from_storage(buffers[name], self._dtype(name)) for name in self.abi.outputs]
+        if out is None:
+            return results
+        return fill_out(self.abi, out, dict(zip(self.abi.outputs, results)))
 
     def _dtype(self, name: str) -> str:
-        return next(a.dtype for a in self.arguments if a.name == name)
+        return self.abi.argument(name).dtype

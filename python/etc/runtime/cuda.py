@@ -1,5 +1,5 @@
 """The CUDA runtime: the program's PTX JIT-compiled by the driver and launched
-with cuda-python (`cuda.bindings.driver`).
+with cuda-python (`cuda.bindings.driver`). Needs only NumPy and cuda-bindings.
 
 ABI of the kernels of graph `g` (see `convert-event-to-gpu`), one PTX module:
   g_counters(symbols..., table, result: memref<1xi64>)   grid 1, block 1
@@ -15,37 +15,56 @@ allocated pointer, aligned pointer, offset (in elements), the r sizes, the r
 strides (in elements). The runtime passes C-contiguous buffers with offset 0
 and the same pointer twice.
 
-Every worker CTA must be resident at once (a CTA waiting on a counter that
-only a not-yet-scheduled CTA notifies would wait forever), so the worker grid
-is the SM count times the occupancy the driver reports for the worker kernel
-at the chosen block size, or fewer.
+Every worker CTA of the static schedule must be resident at once (a CTA
+waiting on a counter that only a not-yet-scheduled CTA notifies would wait
+forever). Its worker is therefore launched cooperatively
+(`cuLaunchCooperativeKernel`): the driver guarantees co-residency or refuses
+the launch, and the refusal is raised as `CoResidencyError`. The dynamic
+schedule needs no co-residency (a CTA only waits for tasks that running CTAs
+push) and gets a plain launch. The grid is the SM count times the occupancy
+the driver reports for the worker kernel at the chosen block size, or fewer.
+
+Arrays: NumPy inputs are copied to the device; objects with
+`__cuda_array_interface__` (CuPy, PyTorch, Numba) or `__dlpack__` (PyTorch,
+CuPy, JAX) are used in place. Device buffers for a binding of the symbols
+(intermediates, outputs, copies of NumPy inputs, the counter buffer and
+the buffer table) are kept and reused, so that once a size has run, running
+it again allocates no device memory.
+
+Driver range: the PTX needs a driver of CUDA 11.0 or newer for sm_80 and 12.0
+or newer for sm_90a; cuda-bindings 12.x runs on CUDA 12 and 13 drivers,
+cuda-bindings 13.x on CUDA 13 drivers (see docs/gpu.md).
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..binding import Signature, bind_symbols, check_input_names, concrete_shape
-from .cpu import _STORAGE, _USER_DTYPE, buffer_table, check_state, from_storage, to_storage
+from . import layout
+from .abi import KernelABI
+from .cpu import (_CHECK_ERRORS, _STORAGE, _USER_DTYPE, buffer_table, check_state, from_storage,
+                  to_storage)
 
 #: Threads of the one-CTA initialisation kernel.
 INIT_THREADS = 256
 #: Threads per worker CTA (the lanes of a tile body) unless told otherwise.
 DEFAULT_LANES = 128
-
-#: What each non-zero status of g_check means.
-_CHECK_ERRORS = {
-    1: "task queue overflow: more tasks were pushed than the queue holds",
-    2: "unbalanced events: some event counters did not reach zero; the program's "
-       "notifies do not match its expected counts",
-}
+#: Bindings of the symbols (sizes) whose device buffers are kept for reuse.
+CACHED_SIZES = 4
 
 
 class CUDAUnavailableError(RuntimeError):
     """No usable CUDA driver, device or cuda-python in this process."""
+
+
+class CoResidencyError(RuntimeError):
+    """The static schedule's worker CTAs cannot all be resident at once, so
+    the cooperative launch was refused (instead of hanging)."""
 
 
 def _driver():
@@ -105,16 +124,45 @@ def _check(driver, what: str, result):
     return values[0] if len(values) == 1 else values
 
 
+def stream_handle(stream) -> int:
+    """The CUstream handle of `stream`: None or 0 (the legacy default stream),
+    an int, a `cuda.bindings` CUstream, or an object exposing one
+    (`__cuda_stream__()` of cuda.core, PyTorch's `.cuda_stream`, CuPy's
+    `.ptr`)."""
+    if stream is None:
+        return 0
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    for attribute in ("cuda_stream", "ptr"):
+        value = getattr(stream, attribute, None)
+        if isinstance(value, int):
+            return value
+    if hasattr(stream, "getPtr"):
+        return int(stream.getPtr())
+    try:
+        return int(stream)
+    except (TypeError, ValueError):
+        raise TypeError(f"stream={stream!r} is not a CUDA stream (expected an int handle, "
+                        "a CUstream, or an object with __cuda_stream__, cuda_stream or ptr)") \
+            from None
+
+
+# ---------------------------------------------------------------------------
+# Device arrays
+# ---------------------------------------------------------------------------
+
 class DeviceArray:
     """A C-contiguous buffer in device memory, shared without copies through
-    `__cuda_array_interface__`. Frees its memory when `owner` is set and it is
-    collected or `free`d."""
+    `__cuda_array_interface__`. Frees its memory when it owns it (`driver`
+    given) and it is collected or `free`d."""
 
-    def __init__(self, pointer: int, shape: tuple[int, ...], dtype: np.dtype, driver=None):
+    def __init__(self, pointer: int, shape: tuple[int, ...], dtype: np.dtype, driver=None,
+                 keep=None):
         self.pointer = int(pointer)
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self._driver = driver
+        self._keep = keep  # what keeps borrowed memory alive (a DLPack capsule)
 
     @property
     def nbytes(self) -> int:
@@ -146,41 +194,173 @@ class DeviceArray:
             pass
 
 
-@dataclass
-class _Kernel:
-    name: str
-    function: object
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+#: DLPack device types whose memory a CUDA kernel can use.
+_DL_CUDA, _DL_CUDA_MANAGED = 2, 13
+#: DLPack (code, bits) -> the ETC dtypes whose device storage it can be.
+_DL_DTYPES = {(2, 32): ("f32",), (2, 16): ("f16",), (4, 16): ("bf16",), (0, 32): ("i32",),
+              (1, 16): ("bf16",), (0, 16): ("bf16",)}
+#: NumPy typestr of device storage -> the ETC dtypes it can hold.
+_TYPESTR_DTYPES = {np.dtype(np.float32): ("f32",), np.dtype(np.float16): ("f16",),
+                   np.dtype(np.uint16): ("bf16",), np.dtype(np.int16): ("bf16",),
+                   np.dtype(np.int32): ("i32",)}
+
+
+def _c_contiguous(shape, strides_in_elements) -> bool:
+    expect = 1
+    for size, stride in zip(reversed(shape), reversed(strides_in_elements)):
+        if size != 1 and stride != expect:
+            return False
+        expect *= size
+    return True
+
+
+def _from_dlpack(value, what: str, stream: int):
+    """(pointer, shape, dtype candidates, capsule) of a `__dlpack__` object."""
+    # DLPack: None/1 mean the legacy default stream, 0 is not allowed.
+    try:
+        capsule = value.__dlpack__(stream=stream if stream else 1)
+    except TypeError:
+        capsule = value.__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    address = get(capsule, b"dltensor")
+    # DLManagedTensor starts with its DLTensor.
+    tensor = _DLTensor.from_address(address)
+    if tensor.device.device_type not in (_DL_CUDA, _DL_CUDA_MANAGED):
+        raise TypeError(f"{what} is a DLPack tensor on device type {tensor.device.device_type}, "
+                        "not in CUDA memory")
+    shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
+    if tensor.strides:
+        strides = tuple(tensor.strides[i] for i in range(tensor.ndim))
+        if not _c_contiguous(shape, strides):
+            raise ValueError(f"{what} must be C-contiguous, has strides {strides} (elements)")
+    dtypes = _DL_DTYPES.get((tensor.dtype.code, tensor.dtype.bits), ())
+    if tensor.dtype.lanes != 1:
+        dtypes = ()
+    return (tensor.data or 0) + tensor.byte_offset, shape, dtypes, capsule, \
+        f"DLPack dtype code {tensor.dtype.code} bits {tensor.dtype.bits}"
+
+
+def _from_interface(value, what: str):
+    """(pointer, shape, dtype candidates, None) of a `__cuda_array_interface__` object."""
+    interface = value.__cuda_array_interface__
+    shape = tuple(int(s) for s in interface["shape"])
+    dtype = np.dtype(interface["typestr"])
+    strides = interface.get("strides")
+    if strides is not None:
+        elements = tuple(s // dtype.itemsize for s in strides)
+        if any(s % dtype.itemsize for s in strides) or not _c_contiguous(shape, elements):
+            raise ValueError(f"{what} must be C-contiguous, has strides {tuple(strides)}")
+    return int(interface["data"][0]), shape, _TYPESTR_DTYPES.get(dtype, ()), None, str(dtype)
+
+
+def as_device_array(value, what: str, dtype: str, stream: int = 0):
+    """`value` as a DeviceArray viewing its memory (no copy), if it is a
+    device array (`__cuda_array_interface__` or `__dlpack__`); None for a
+    NumPy array. Raises TypeError/ValueError for a wrong dtype, a
+    non-contiguous layout or memory not on a CUDA device."""
+    if isinstance(value, np.ndarray):
+        return None
+    if hasattr(value, "__cuda_array_interface__"):
+        pointer, shape, dtypes, keep, described = _from_interface(value, what)
+    elif hasattr(value, "__dlpack__"):
+        pointer, shape, dtypes, keep, described = _from_dlpack(value, what, stream)
+    else:
+        raise TypeError(f"{what} must be a numpy.ndarray or a device array "
+                        f"(__cuda_array_interface__ or __dlpack__), got {type(value).__name__}")
+    if dtype not in dtypes:
+        raise TypeError(f"device {what} has dtype {described}, expected "
+                        f"{_STORAGE[dtype]} (the device storage of {dtype})")
+    return DeviceArray(pointer, shape, _STORAGE[dtype], keep=(value, keep))
+
+
+# ---------------------------------------------------------------------------
+# Kernel arguments
+# ---------------------------------------------------------------------------
+
+def _memref_words(pointer: int, shape: tuple) -> list[int]:
+    """The words of a C-contiguous memref: allocated and aligned pointer,
+    offset 0, sizes, strides."""
+    strides = []
+    stride = 1
+    for size in reversed(shape):
+        strides.append(stride)
+        stride *= max(int(size), 1)
+    return [pointer, pointer, 0, *[int(s) for s in shape], *reversed(strides)]
 
 
 class _Parameters:
     """ctypes storage for one launch's parameters and the `void**` array the
     driver reads them through."""
 
-    def __init__(self):
-        self._values: list = []
-
-    def index(self, value: int) -> None:
-        self._values.append(ctypes.c_int64(int(value)))
-
-    def memref(self, pointer: int, shape: tuple[int, ...]) -> None:
-        self._values.append(ctypes.c_uint64(pointer))  # allocated
-        self._values.append(ctypes.c_uint64(pointer))  # aligned
-        self.index(0)  # offset
-        for size in shape:
-            self.index(size)
-        stride = 1
-        strides = []
-        for size in reversed(shape):
-            strides.append(stride)
-            stride *= max(int(size), 1)
-        for s in reversed(strides):
-            self.index(s)
-
-    def pointer_array(self):
-        array = (ctypes.c_void_p * len(self._values))(
+    def __init__(self, words: list[int]):
+        self._values = [ctypes.c_uint64(w & 0xFFFFFFFFFFFFFFFF) for w in words]
+        self._array = (ctypes.c_void_p * len(self._values))(
             *[ctypes.addressof(v) for v in self._values])
-        self._array = array
-        return ctypes.addressof(array)
+
+    def pointer_array(self) -> int:
+        return ctypes.addressof(self._array)
+
+
+@dataclass
+class _Kernel:
+    name: str
+    function: object
+
+
+class _Workspace:
+    """The device buffers of one binding of the symbols, kept for reuse:
+    outputs and intermediates, copies of NumPy inputs, the counter buffer,
+    the result words and the buffer table."""
+
+    def __init__(self, runtime: "CUDARuntime", symbols: dict[str, int]):
+        self.symbols = symbols
+        self.buffer_shapes = {arg.name: concrete_shape(arg.shape, symbols)
+                              for arg in runtime.arguments if arg.kind != "symbol"}
+        self.buffers: dict[str, DeviceArray] = {}
+        for arg in runtime.arguments:
+            if arg.kind in ("output", "intermediate"):
+                self.buffers[arg.name] = runtime._alloc(concrete_shape(arg.shape, symbols),
+                                                        _STORAGE[arg.dtype])
+        self.staging: dict[str, DeviceArray] = {}
+        # Word 0: g_counters' result (i64); word 1: g_check's status (i32).
+        self.results = runtime._alloc((2,), np.int64)
+        # The buffer table: one word per address and size, whatever the
+        # buffers; filled for each launch.
+        self.table = runtime._alloc(runtime._table(self.shapes()).shape, np.int64)
+        self.count = runtime._counter_count(self)
+        if self.count < layout.HEADER_WORDS:
+            raise RuntimeError(f"{runtime.abi.name}: the program asks for {self.count} counters, "
+                               f"fewer than its run header needs ({layout.HEADER_WORDS}); it was "
+                               "not built by this ETC")
+        self.counters = runtime._alloc((self.count,), np.int32)
+
+    def shapes(self) -> dict:
+        """Stand-ins for every buffer: its shape at these sizes, address 0."""
+        return {name: DeviceArray(0, shape, np.uint8)
+                for name, shape in self.buffer_shapes.items()}
+
+    def staged(self, runtime, name: str, shape, dtype) -> DeviceArray:
+        """The device copy buffer of NumPy input `name`."""
+        buffer = self.staging.get(name)
+        if buffer is None or buffer.shape != tuple(shape) or buffer.dtype != dtype:
+            buffer = self.staging[name] = runtime._alloc(shape, dtype)
+        return buffer
 
 
 class Launch:
@@ -188,68 +368,118 @@ class Launch:
     intermediates and counters allocated (or borrowed), ready to be enqueued
     any number of times on a stream, also under CUDA-graph capture."""
 
-    def __init__(self, runtime: "CUDARuntime", symbols: dict[str, int],
-                 buffers: dict[str, DeviceArray], table: DeviceArray,
-                 counters: DeviceArray | None, count: int):
+    def __init__(self, runtime: "CUDARuntime", workspace: _Workspace,
+                 buffers: dict[str, DeviceArray], copies: list):
         self.runtime = runtime
-        self.symbols = symbols
+        self.workspace = workspace
+        self.symbols = workspace.symbols
         self.buffers = buffers
-        self.table = table
-        self.counters = counters
-        self.count = count
+        self.counters = workspace.counters
+        self.count = workspace.count
+        self._copies = copies  # (device buffer, host array): NumPy inputs
+        self._parameters: dict[str, _Parameters] = {}
 
-    def _params(self, *extra: tuple[int, tuple[int, ...]]) -> _Parameters:
-        params = _Parameters()
-        for arg in self.runtime.arguments:
-            if arg.kind == "symbol":
-                params.index(self.symbols[arg.name])
-        params.memref(self.table.pointer, self.table.shape)
+    def _words(self, *extra: tuple[int, tuple]) -> list[int]:
+        words = [self.symbols[arg.name] for arg in self.runtime.arguments
+                 if arg.kind == "symbol"]
+        table = self.workspace.table
+        words += _memref_words(table.pointer, table.shape)
         for pointer, shape in extra:
-            params.memref(pointer, shape)
-        return params
+            words += _memref_words(pointer, shape)
+        return words
 
-    def enqueue(self, stream=0) -> None:
-        """Enqueues counter initialisation and the persistent worker grid."""
-        rt = self.runtime
-        counters = (self.counters.pointer, self.counters.shape)
-        if self.count > 0:  # a graph without events has nothing to initialise
-            rt._launch(rt._init, (1, INIT_THREADS), self._params(counters), stream)
-        rt._launch(rt._worker, (rt.workers, rt.lanes), self._params(counters), stream)
-
-    def check(self) -> None:
-        """Runs g_check (after a synchronised run) and raises on a bad status."""
+    def upload(self, stream=0) -> None:
+        """Enqueues the copies of the NumPy inputs and of the buffer table on
+        `stream`, and prepares the launch parameters. `bind` does this; call
+        it again after changing a bound NumPy input in place."""
         rt = self.runtime
         driver = rt._driver
-        status = rt._scratch(4)
-        params = self._params((self.counters.pointer, self.counters.shape), (status, (1,)))
-        rt._launch(rt._check_kernel, (1, 1), params, 0)
+        stream = stream_handle(stream)
+        for device, host in self._copies:
+            if host.nbytes:
+                _check(driver, "cuMemcpyHtoDAsync",
+                       driver.cuMemcpyHtoDAsync(device.pointer, host.ctypes.data, host.nbytes,
+                                                stream))
+        self._table_host = rt._table(self.buffers)
+        # Pageable host memory: the copy has read it when the call returns.
+        _check(driver, "cuMemcpyHtoDAsync (buffer table)",
+               driver.cuMemcpyHtoDAsync(self.workspace.table.pointer,
+                                        self._table_host.ctypes.data, self._table_host.nbytes,
+                                        stream))
+        results = self.workspace.results.pointer
+        counters = (self.counters.pointer, self.counters.shape)
+        self._parameters = {"init": _Parameters(self._words(counters)),
+                            "worker": _Parameters(self._words(counters)),
+                            "check": _Parameters(self._words(counters, (results + 8, (1,))))}
+
+    def enqueue(self, stream=0) -> None:
+        """Enqueues counter initialisation, the persistent worker grid and the
+        end-of-run check on `stream` (no copies: capturable as a CUDA graph)."""
+        rt = self.runtime
+        stream = stream_handle(stream)
+        rt._launch(rt._init, (1, INIT_THREADS), self._parameters["init"], stream)
+        rt._launch(rt._worker, (rt.workers, rt.lanes), self._parameters["worker"], stream,
+                   cooperative=rt.abi.schedule == "static")
+        rt._launch(rt._check_kernel, (1, 1), self._parameters["check"], stream)
+
+    def check(self, stream=0) -> None:
+        """Waits for `stream` and raises on a device-side error of the run:
+        `WatchdogError` (a spin timed out), task queue overflow, unbalanced
+        events. Decodes the trace of a traced program."""
+        rt = self.runtime
+        driver = rt._driver
+        stream = stream_handle(stream)
+        _check(driver, "kernel execution (cuStreamSynchronize)", driver.cuStreamSynchronize(stream))
+        header = np.zeros(layout.HEADER_WORDS, np.int32)
+        first = (self.count - layout.HEADER_WORDS) * 4
+        _check(driver, "cuMemcpyDtoH", driver.cuMemcpyDtoH(
+            header.ctypes.data, self.counters.pointer + first, header.nbytes))
+        layout.check_header(rt.abi, header)
+        if rt.abi.trace:
+            from .trace import Trace
+
+            rt._trace = Trace.decode(rt.abi, self.counters.numpy(), rt.workers)
         value = np.zeros(1, np.int32)
-        _check(driver, "cuMemcpyDtoH", driver.cuMemcpyDtoH(value.ctypes.data, status, 4))
+        _check(driver, "cuMemcpyDtoH", driver.cuMemcpyDtoH(
+            value.ctypes.data, self.workspace.results.pointer + 8, 4))
         if value[0] != 0:
-            raise RuntimeError(f"{rt.signature.name}: "
+            raise RuntimeError(f"{rt.abi.name}: "
                                f"{_CHECK_ERRORS.get(int(value[0]), f'status {int(value[0])}')}")
 
     def outputs(self) -> list[np.ndarray]:
         """Host copies of the graph's outputs, in `g.output` order."""
         return [from_storage(self.buffers[name].numpy(), self.runtime._dtype(name))
-                for name in self.runtime.signature.outputs]
+                for name in self.runtime.abi.outputs]
 
 
 class CUDARuntime:
     """Runs one program's PTX on the current CUDA device. Nothing touches the
     driver until the first `run` / `bind`, so compiling needs no GPU."""
 
-    def __init__(self, graph, ptx: str, *, lanes: int = DEFAULT_LANES, max_workers: int | None = None):
-        # A snapshot: later edits of the graph do not change what runs.
-        self.signature = Signature.of(graph)
+    def __init__(self, abi: KernelABI, ptx: str, *, lanes: int = DEFAULT_LANES,
+                 max_workers: int | None = None):
+        self.abi = abi
+        #: The compiled graph's name, arguments and outputs.
+        self.signature = Signature(abi.name, abi.arguments, abi.outputs)
         self.ptx = ptx
-        self.arguments = self.signature.arguments
+        self.arguments = list(abi.arguments)
         #: Threads per worker CTA.
         self.lanes = lanes
         #: Upper bound on the worker grid (None: as many as can be resident).
         self.max_workers = max_workers
         self._driver = None
-        self._count_cache: dict[tuple, int] = {}
+        self._workspaces: OrderedDict[tuple, _Workspace] = OrderedDict()
+        self._trace = None
+
+    @property
+    def trace(self):
+        """The trace of the last run (kernels compiled with trace=True)."""
+        if not self.abi.trace:
+            raise RuntimeError(f"{self.abi.name} was compiled without traces: compile with "
+                               "etc.compile(..., trace=True)")
+        if self._trace is None:
+            raise RuntimeError(f"{self.abi.name} has not run yet, so there is no trace")
+        return self._trace
 
     @property
     def workers(self) -> int:
@@ -284,54 +514,67 @@ class CUDARuntime:
         device = _check(driver, "cuDeviceGet", driver.cuDeviceGet(0))
         context = _check(driver, "cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(device))
         _check(driver, "cuCtxSetCurrent", driver.cuCtxSetCurrent(context))
+        attribute = driver.CUdevice_attribute
+
+        def device_attribute(name: str) -> int:
+            return int(_check(driver, "cuDeviceGetAttribute",
+                              driver.cuDeviceGetAttribute(getattr(attribute, name), device)))
+
         image = ctypes.create_string_buffer(self.ptx.encode())  # NUL-terminated
         try:
             module = _check(driver, "cuModuleLoadData (driver JIT of the PTX)",
                             driver.cuModuleLoadData(ctypes.addressof(image)))
         except RuntimeError as error:
-            major = _check(driver, "cuDeviceGetAttribute", driver.cuDeviceGetAttribute(
-                driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device))
-            minor = _check(driver, "cuDeviceGetAttribute", driver.cuDeviceGetAttribute(
-                driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device))
+            major = device_attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR")
+            minor = device_attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR")
             raise RuntimeError(f"{error}; this device is sm_{major}{minor}: compile with "
-                               f"chip='sm_{major}{minor}' (or older) for it") from None
-        name = self.signature.name
+                               f"chip='sm_{major}{minor}' (or older) for it, and check that the "
+                               "driver is new enough for the PTX version (docs/gpu.md)") from None
+        name = self.abi.name
 
-        def function(suffix: str, required: bool = True):
+        def function(suffix: str):
             err, fn = driver.cuModuleGetFunction(module, f"{name}_{suffix}".encode())
             if err != driver.CUresult.CUDA_SUCCESS:
-                if required:
-                    raise RuntimeError(f"the PTX has no kernel {name}_{suffix}: {_error_name(driver, err)}")
-                return None
+                raise RuntimeError(f"the PTX has no kernel {name}_{suffix}: {_error_name(driver, err)}")
             return _Kernel(f"{name}_{suffix}", fn)
 
         self._module = module
         self._counters = function("counters")
         self._init = function("init")
         self._worker = function("worker")
-        self._check_kernel = function("check", required=False)
-        sms = _check(driver, "cuDeviceGetAttribute", driver.cuDeviceGetAttribute(
-            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device))
+        self._check_kernel = function("check")
         #: SMs of the device.
-        self.sm_count = int(sms)
+        self.sm_count = device_attribute("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
+        if self.abi.schedule == "static" and not device_attribute(
+                "CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH"):
+            raise CoResidencyError(
+                f"{name}: the static schedule needs a cooperative launch to guarantee that "
+                "its worker CTAs are co-resident, and this device does not support one; "
+                "compile with schedule='dynamic'")
         self._occupancy: dict[int, int] = {}
         self._driver = driver
-        self._scratch_buffer = None
 
-    def _scratch(self, nbytes: int) -> int:
-        if self._scratch_buffer is None:
-            self._scratch_buffer = DeviceArray(
-                _check(self._driver, "cuMemAlloc", self._driver.cuMemAlloc(8)), (8,), np.uint8,
-                self._driver)
-        assert nbytes <= 8
-        return self._scratch_buffer.pointer
-
-    def _launch(self, kernel: _Kernel, shape: tuple[int, int], params: _Parameters, stream) -> None:
+    def _launch(self, kernel: _Kernel, shape: tuple[int, int], params: _Parameters, stream: int,
+                cooperative: bool = False) -> None:
         driver = self._driver
         grid, block = shape
-        _check(driver, f"cuLaunchKernel({kernel.name}, grid={grid}, block={block})",
-               driver.cuLaunchKernel(kernel.function, grid, 1, 1, block, 1, 1, 0, stream,
-                                     params.pointer_array(), 0))
+        what = f"{kernel.name}, grid={grid}, block={block}"
+        if not cooperative:
+            _check(driver, f"cuLaunchKernel({what})",
+                   driver.cuLaunchKernel(kernel.function, grid, 1, 1, block, 1, 1, 0, stream,
+                                         params.pointer_array(), 0))
+            return
+        err = driver.cuLaunchCooperativeKernel(kernel.function, grid, 1, 1, block, 1, 1, 0, stream,
+                                               params.pointer_array())[0]
+        if err != driver.CUresult.CUDA_SUCCESS:
+            name = _error_name(driver, err)
+            if "COOPERATIVE_LAUNCH_TOO_LARGE" in name:
+                raise CoResidencyError(
+                    f"{self.abi.name}: the static schedule needs all {grid} worker CTAs of "
+                    f"{block} threads resident at once, and the device refused the cooperative "
+                    f"launch ({name}; other kernels or MPS limits may hold SMs): lower "
+                    "runtime.max_workers, or compile with schedule='dynamic'")
+            raise RuntimeError(f"cuLaunchCooperativeKernel({what}) failed: {name}")
 
     def _alloc(self, shape, dtype) -> DeviceArray:
         array = DeviceArray(0, shape, dtype)
@@ -340,89 +583,145 @@ class CUDARuntime:
         _check(self._driver, "cuMemsetD8", self._driver.cuMemsetD8(pointer, 0, nbytes))
         return DeviceArray(pointer, shape, dtype, self._driver)
 
+    def _table(self, buffers: dict) -> np.ndarray:
+        """The host buffer table of `buffers` (DeviceArrays)."""
+        return buffer_table(self.arguments, buffers, address=lambda array: array.pointer)
+
+    def _counter_count(self, workspace: _Workspace) -> int:
+        """The counter buffer's size for the workspace's symbols (g_counters on
+        the device, given a table of the buffers' sizes)."""
+        host = self._table(workspace.shapes())
+        _check(self._driver, "cuMemcpyHtoD",
+               self._driver.cuMemcpyHtoD(workspace.table.pointer, host.ctypes.data, host.nbytes))
+        words = [workspace.symbols[arg.name] for arg in self.arguments if arg.kind == "symbol"]
+        words += _memref_words(workspace.table.pointer, workspace.table.shape)
+        words += _memref_words(workspace.results.pointer, (1,))
+        self._launch(self._counters, (1, 1), _Parameters(words), 0)
+        value = np.zeros(1, np.int64)
+        _check(self._driver, "cuMemcpyDtoH",
+               self._driver.cuMemcpyDtoH(value.ctypes.data, workspace.results.pointer, 8))
+        return int(value[0])
+
     # -- binding ------------------------------------------------------------
 
-    def _bind(self, inputs: dict) -> tuple[dict[str, int], dict[str, DeviceArray]]:
-        check_input_names(self.signature.name, self.arguments, inputs)
+    def _workspace(self, symbols: dict[str, int]) -> _Workspace:
+        key = tuple(sorted(symbols.items()))
+        workspace = self._workspaces.get(key)
+        if workspace is None:
+            workspace = _Workspace(self, dict(symbols))
+            self._workspaces[key] = workspace
+            while len(self._workspaces) > CACHED_SIZES:
+                self._workspaces.popitem(last=False)
+        self._workspaces.move_to_end(key)
+        return workspace
+
+    def bind(self, inputs: dict, out=None, stream=0) -> Launch:
+        """Binds NumPy arrays (copied to the device on each enqueue) or device
+        arrays (used in place) to the graph's inputs, and `out` (device arrays
+        receive the outputs in place) to its outputs; everything else comes
+        from the workspace of these sizes."""
+        check_input_names(self.abi.name, self.arguments, inputs)
+        stream = stream_handle(stream)
+        device: dict[str, DeviceArray] = {}
         shapes: dict[str, tuple] = {}
         for arg in self.arguments:
             if arg.kind not in ("input", "state"):
                 continue
             value = inputs[arg.name]
-            if arg.kind == "state" and isinstance(value, np.ndarray):
+            view = as_device_array(value, f"{arg.kind} {arg.name!r}", arg.dtype, stream)
+            if view is None and arg.kind == "state":
                 # Copied to the device and back after the run (see `run`).
-                shape = check_state(arg, value).shape
-            elif hasattr(value, "__cuda_array_interface__"):
-                interface = value.__cuda_array_interface__
-                shape = tuple(interface["shape"])
-                dtype = np.dtype(interface["typestr"])
-                if dtype != _STORAGE[arg.dtype]:
-                    raise TypeError(f"device input {arg.name!r} has dtype {dtype}, expected "
-                                    f"{_STORAGE[arg.dtype]} (the device storage of {arg.dtype})")
-                strides = interface.get("strides")
-                if strides is not None:
-                    expect = []
-                    step = dtype.itemsize
-                    for size in reversed(shape):
-                        expect.append(step)
-                        step *= size
-                    if tuple(strides) != tuple(reversed(expect)):
-                        raise ValueError(f"device input {arg.name!r} must be C-contiguous, "
-                                         f"has strides {tuple(strides)}")
-            elif isinstance(value, np.ndarray):
-                shape = value.shape
+                shapes[arg.name] = check_state(arg, value).shape
+            elif view is None:
                 want = _USER_DTYPE[arg.dtype]
                 if value.dtype != want:
                     raise TypeError(
                         f"input {arg.name!r} has dtype {value.dtype}, expected {want} for "
                         f"{arg.dtype} (inputs are not cast implicitly)")
+                shapes[arg.name] = tuple(value.shape)
             else:
-                raise TypeError(f"input {arg.name!r} must be a numpy.ndarray or have "
-                                f"__cuda_array_interface__, got {type(value).__name__}")
-            shapes[arg.name] = tuple(shape)
+                device[arg.name] = view
+                shapes[arg.name] = view.shape
         symbols = bind_symbols(self.arguments, shapes)
+        outputs = self._bind_out(out, symbols, stream)
 
         self._load()
-        buffers: dict[str, DeviceArray] = {}
+        workspace = self._workspace(symbols)
+        buffers = dict(workspace.buffers)
+        buffers.update({name: array for name, array in outputs.items() if array is not None})
+        copies = []
         for arg in self.arguments:
-            if arg.kind == "symbol":
+            if arg.kind not in ("input", "state"):
                 continue
-            if arg.kind in ("input", "state"):
-                value = inputs[arg.name]
-                if hasattr(value, "__cuda_array_interface__"):
-                    pointer = value.__cuda_array_interface__["data"][0]
-                    buffers[arg.name] = DeviceArray(pointer, shapes[arg.name], _STORAGE[arg.dtype])
-                    continue
-                host = np.ascontiguousarray(to_storage(value, arg.dtype))
-                device = self._alloc(host.shape, host.dtype)
-                if host.nbytes:
-                    _check(self._driver, "cuMemcpyHtoD",
-                           self._driver.cuMemcpyHtoD(device.pointer, host.ctypes.data, host.nbytes))
-                buffers[arg.name] = device
-            else:
-                buffers[arg.name] = self._alloc(concrete_shape(arg.shape, symbols),
-                                                _STORAGE[arg.dtype])
-        return symbols, buffers
+            if arg.name in device:
+                buffers[arg.name] = device[arg.name]
+                continue
+            host = inputs[arg.name] if arg.kind == "state" else \
+                np.ascontiguousarray(to_storage(inputs[arg.name], arg.dtype))
+            staged = workspace.staged(self, arg.name, host.shape, host.dtype)
+            copies.append((staged, host))
+            buffers[arg.name] = staged
+        launch = Launch(self, workspace, buffers, copies)
+        launch.upload(stream)
+        return launch
 
-    def _table(self, buffers: dict[str, DeviceArray]) -> DeviceArray:
-        """The buffer table of `buffers`, on the device."""
-        host = buffer_table(self.arguments, buffers, address=lambda array: array.pointer)
-        device = self._alloc(host.shape, host.dtype)
-        _check(self._driver, "cuMemcpyHtoD",
-               self._driver.cuMemcpyHtoD(device.pointer, host.ctypes.data, host.nbytes))
-        return device
+    def _bind_out(self, out, symbols, stream) -> dict:
+        """The device arrays of `out` by output name (None where `out` holds
+        a NumPy array, which receives a copy)."""
+        if out is None:
+            return {}
+        names = list(self.abi.outputs)
+        if isinstance(out, dict):
+            unknown = [n for n in out if n not in names]
+            if unknown:
+                raise TypeError(f"{self.abi.name}: out= names {unknown} are not outputs {names}")
+            items = list(out.items())
+        else:
+            out = list(out)
+            if len(out) != len(names):
+                raise TypeError(f"{self.abi.name}: out= has {len(out)} arrays for the "
+                                f"{len(names)} outputs {names}")
+            items = list(zip(names, out))
+        result = {}
+        for name, value in items:
+            arg = self.abi.argument(name)
+            shape = concrete_shape(arg.shape, symbols)
+            view = as_device_array(value, f"out[{name!r}]", arg.dtype, stream)
+            got = view.shape if view is not None else tuple(value.shape)
+            if got != shape:
+                raise ValueError(f"out[{name!r}] has shape {got}, expected {shape}")
+            if view is None and value.dtype != _USER_DTYPE.get(arg.dtype, _STORAGE[arg.dtype]):
+                raise TypeError(f"out[{name!r}] has dtype {value.dtype}, expected "
+                                f"{_USER_DTYPE.get(arg.dtype, _STORAGE[arg.dtype])}")
+            if view is None and not value.flags.c_contiguous:
+                raise ValueError(f"out[{name!r}] must be C-contiguous")
+            result[name] = view
+        return result
 
-    def _counter_count(self, symbols: dict[str, int], table: DeviceArray) -> int:
-        key = tuple(sorted(symbols.items()))
-        if key not in self._count_cache:
-            launch = Launch(self, symbols, {}, table, None, 0)
-            result = self._scratch(8)
-            self._launch(self._counters, (1, 1), launch._params((result, (1,))), 0)
-            value = np.zeros(1, np.int64)
-            _check(self._driver, "cuMemcpyDtoH",
-                   self._driver.cuMemcpyDtoH(value.ctypes.data, result, 8))
-            self._count_cache[key] = int(value[0])
-        return self._count_cache[key]
+    def run(self, inputs: dict, *, out=None, stream=None) -> list:
+        """Runs the program once on `stream` (default: the legacy default
+        stream) and waits for it; raises on a device-side error. Returns the
+        outputs as NumPy arrays, or, with `out=`, the `out` arrays filled."""
+        launch = self.bind(inputs, out=out, stream=stream)
+        launch.enqueue(stream)
+        launch.check(stream)
+        # A state given as a NumPy array is updated in place: copy it back.
+        for arg in self.arguments:
+            value = inputs.get(arg.name)
+            if arg.kind == "state" and isinstance(value, np.ndarray) and value.nbytes:
+                _check(self._driver, "cuMemcpyDtoH",
+                       self._driver.cuMemcpyDtoH(value.ctypes.data,
+                                                 launch.buffers[arg.name].pointer, value.nbytes))
+        if out is None:
+            return launch.outputs()
+        items = out.items() if isinstance(out, dict) else zip(self.abi.outputs, out)
+        filled = []
+        for name, value in items:
+            if isinstance(value, np.ndarray):
+                host = from_storage(launch.buffers[name].numpy(), self._dtype(name))
+                np.copyto(value, host)
+            filled.append(value)
+        return filled
 
     def device_array(self, host: np.ndarray) -> DeviceArray:
         """A device copy of the C-contiguous `host` array (in its storage
@@ -441,33 +740,5 @@ class CUDARuntime:
         self._load()
         return self._alloc(tuple(shape), np.dtype(dtype))
 
-    def bind(self, inputs: dict) -> Launch:
-        """Binds NumPy arrays (copied to the device) or device arrays (used in
-        place) to the graph's inputs and allocates everything else."""
-        symbols, buffers = self._bind(inputs)
-        table = self._table(buffers)
-        count = self._counter_count(symbols, table)
-        counters = self._alloc((max(count, 1),), np.int32)
-        return Launch(self, symbols, buffers, table, counters, count)
-
-    def run(self, inputs: dict) -> list[np.ndarray]:
-        launch = self.bind(inputs)
-        launch.enqueue(0)
-        _check(self._driver, "kernel execution (cuCtxSynchronize)", self._driver.cuCtxSynchronize())
-        if self._check_kernel is not None:
-            launch.check()
-        else:
-            left = np.count_nonzero(launch.counters.numpy()[: launch.count])
-            if left:
-                raise RuntimeError(f"{self.signature.name}: {left} event counters did not reach zero")
-        # A state given as a NumPy array is updated in place: copy it back.
-        for arg in self.arguments:
-            value = inputs.get(arg.name)
-            if arg.kind == "state" and isinstance(value, np.ndarray) and value.nbytes:
-                _check(self._driver, "cuMemcpyDtoH",
-                       self._driver.cuMemcpyDtoH(value.ctypes.data,
-                                                 launch.buffers[arg.name].pointer, value.nbytes))
-        return launch.outputs()
-
     def _dtype(self, name: str) -> str:
-        return next(a.dtype for a in self.arguments if a.name == name)
+        return self.abi.argument(name).dtype

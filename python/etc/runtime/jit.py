@@ -24,6 +24,11 @@ from mlir.execution_engine import ExecutionEngine
 SOFT_FLOAT_BUILTINS = ("__truncsfhf2", "__extendhfsf2")
 
 
+#: Symbols that position-independent object code references and the linker
+#: (here the JIT's) defines itself.
+LINKER_SYMBOLS = ("_GLOBAL_OFFSET_TABLE_",)
+
+
 class JITError(RuntimeError):
     """The CPU JIT could not compile or link the lowered program."""
 
@@ -48,7 +53,9 @@ def create(module: ir.Module, what: str, opt_level: int = 2) -> ExecutionEngine:
     handler = module.context.attach_diagnostic_handler(collect)
     try:
         # The object dump lets `lookup` list the symbols a failed link missed.
-        engine = ExecutionEngine(module, opt_level=opt_level, enable_object_dump=True)
+        # Position-independent, so that `CompiledKernel.save` can link the
+        # same object code into a shared library.
+        engine = ExecutionEngine(module, opt_level=opt_level, enable_object_dump=True, enable_pic=True)
     except RuntimeError:
         cause = "\n  ".join(diagnostics) or "no diagnostic was reported"
         raise JITError(f"{what}: the CPU JIT could not translate the lowered module to "
@@ -68,7 +75,8 @@ def lookup(engine: ExecutionEngine, name: str, what: str) -> None:
     the symbols it could not resolve."""
     if engine.raw_lookup(f"_mlir_ciface_{name}"):
         return
-    missing = [symbol for symbol in _undefined_symbols(engine) if not _in_process(symbol)]
+    missing = [symbol for symbol in _undefined_symbols(engine)
+               if symbol not in LINKER_SYMBOLS and not _in_process(symbol)]
     if missing:
         cause = (f"the compiled code calls {', '.join(missing)}, which no library loaded in this "
                  "process exports")

@@ -1,15 +1,56 @@
 // RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -convert-event-to-cpu -verify-diagnostics | FileCheck %s
+// RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -convert-event-to-cpu=watchdog-ms=250 -verify-diagnostics | FileCheck %s --check-prefix=LIMIT
+// RUN: not etc-opt %s -allow-unregistered-dialect -convert-event-to-cpu=watchdog-ms=0 2>&1 | FileCheck %s --check-prefix=NO-LIMIT
 
-// The worker id, count and stop flag become trailing arguments; views are
-// addresses into the counter buffer; a wait spins on an acquire load,
-// yielding the core between polls, until the counter is ready or the stop
-// flag is set, and runs the rest of its block only in the first case; a
-// notify is a release atomic decrement.
+// NO-LIMIT: error: convert-event-to-cpu: watchdog-ms must be positive, found 0
+// LIMIT-LABEL: func.func private @__etc_spin_counter(
+// LIMIT:         arith.constant 250000000 : i64
 
+// The worker id and count become trailing arguments; views are addresses
+// into the counter buffer; a wait loads the counter (acquire) and, unless it
+// is ready, calls the out-of-line spin with its site (worker, task, tile,
+// event, element). The spin polls, yielding the core between polls, reads
+// the run's status (the run header is the last 20 words of the buffer) and
+// the monotonic clock, and after the timeout reports the site through
+// @__etc_watchdog_report, which the first spin to time out claims (an atomic
+// increment of the claim word), fills and publishes with release. A notify
+// is a release atomic decrement.
+
+// CHECK-LABEL: func.func private @__etc_spin_counter(
+// CHECK-SAME:      %[[BUFFER:[^:]*]]: memref<?xi32>, %[[ELEMENT:[^:]*]]: !llvm.ptr, %[[KIND:[^:]*]]: i32,
+// CHECK-SAME:      attributes {passthrough = ["noinline"]}
+// CHECK:         scf.while
+// CHECK:           %[[COUNT:.*]] = llvm.load %[[ELEMENT]] atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:           arith.cmpi sle, %[[COUNT]], %{{.*}} : i32
+// CHECK:         } do {
+// CHECK:           func.call @sched_yield() : () -> i32
+// CHECK:           %[[SIZE:.*]] = memref.dim %[[BUFFER]], %{{.*}} : memref<?xi32>
+// CHECK:           %[[HEADER:.*]] = arith.subi %[[SIZE]], %c20 : index
+// CHECK:           %[[STATUS:.*]] = llvm.load %{{.*}} atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:           %[[NOW:.*]] = llvm.call @__etc_monotonic_ns() : () -> i64
+// CHECK:           %[[BOUND:.*]] = arith.constant 5000000000 : i64
+// CHECK:           %[[EXPIRED:.*]] = arith.cmpi sgt, %{{.*}}, %[[BOUND]] : i64
+// CHECK:           scf.if %{{.*}} {
+// CHECK:             llvm.call @__etc_watchdog_report(%{{.*}}, %[[KIND]], {{.*}}) : (!llvm.ptr, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32) -> ()
+// CHECK:           }
+// CHECK-LABEL: llvm.func internal @__etc_watchdog_report(
+// CHECK-SAME:      %[[RECORD:[^:]*]]: !llvm.ptr
+// CHECK-SAME:      attributes {no_inline}
+// CHECK:         %[[CLAIM:.*]] = llvm.getelementptr %[[RECORD]][1] : (!llvm.ptr) -> !llvm.ptr, i32
+// CHECK:         %[[OLD:.*]] = llvm.atomicrmw add %[[CLAIM]], %{{.*}} monotonic {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK:         %[[FIRST:.*]] = llvm.icmp "eq" %[[OLD]], %{{.*}} : i32
+// CHECK:         llvm.cond_br %[[FIRST]], ^[[WRITE:bb[0-9]+]], ^[[DONE:bb[0-9]+]]
+// CHECK:       ^[[WRITE]]:
+// CHECK:         llvm.fence release
+// CHECK:         llvm.store %{{.*}}, %[[RECORD]] atomic monotonic {alignment = 4 : i64} : i32, !llvm.ptr
+// CHECK-LABEL: llvm.func internal @__etc_monotonic_ns() -> i64 {
+// CHECK:         %[[TIME:.*]] = llvm.alloca %{{.*}} x !llvm.struct<(i64, i64)>
+// CHECK:         %[[MONOTONIC:.*]] = llvm.mlir.constant(1 : i32) : i32
+// CHECK:         llvm.call @clock_gettime(%[[MONOTONIC]], %[[TIME]]) : (i32, !llvm.ptr) -> i32
 // CHECK-LABEL: func.func private @sched_yield() -> i32
 
 // CHECK-LABEL: func.func @g_worker(
-// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>, %[[WID:[^:]*]]: index, %[[WCOUNT:[^:]*]]: index, %[[STOP:[^:]*]]: !llvm.ptr)
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>, %[[WID:[^:]*]]: index, %[[WCOUNT:[^:]*]]: index)
 // CHECK-SAME:      attributes {llvm.emit_c_interface}
 // CHECK-DAG:     %[[C5:.*]] = arith.constant 5 : index
 // CHECK:         %[[ADDRESS:.*]] = memref.extract_aligned_pointer_as_index %[[COUNTERS]] : memref<?xi32> -> index
@@ -20,26 +61,23 @@
 // CHECK:         scf.for %[[T:.*]] = %[[WID]] to %[[N]] step %[[WCOUNT]] {
 // CHECK:           %[[T64:.*]] = arith.index_cast %[[T]] : index to i64
 // CHECK:           %[[WAITED:.*]] = llvm.getelementptr %[[VIEW]][%[[T64]]] : (!llvm.ptr, i64) -> !llvm.ptr, i32
-// CHECK:           %[[ZERO:.*]] = arith.constant 0 : i32
-// CHECK:           %[[READY:.*]] = scf.while : () -> i1 {
-// CHECK:             %[[COUNT:.*]] = llvm.load %[[WAITED]] atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
-// CHECK:             %[[PENDING:.*]] = arith.cmpi sgt, %[[COUNT]], %[[ZERO]] : i32
-// CHECK:             %[[FLAG:.*]] = llvm.load %[[STOP]] atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
-// CHECK:             %[[STOPPED:.*]] = arith.cmpi ne, %[[FLAG]], %{{.*}} : i32
-// CHECK:             %[[GO:.*]] = arith.xori %[[STOPPED]], %{{.*}} : i1
-// CHECK:             %[[SPIN:.*]] = arith.andi %[[PENDING]], %[[GO]] : i1
-// CHECK:             scf.condition(%[[SPIN]]) %[[GO]] : i1
-// CHECK:           } do {
-// CHECK:             func.call @sched_yield() : () -> i32
-// CHECK:             scf.yield
+// The site: a wait (1), this worker, task T, a tile of rank 1, event 5, an
+// element of rank 1.
+// CHECK:           %[[WAIT:.*]] = arith.constant 1 : i32
+// CHECK:           %[[WORKER:.*]] = arith.index_cast %[[WID]] : index to i32
+// CHECK:           %[[TASK:.*]] = arith.index_cast %[[T]] : index to i32
+// CHECK:           %[[COUNT:.*]] = llvm.load %[[WAITED]] atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:           %[[READY:.*]] = arith.cmpi sle, %[[COUNT]], %{{.*}} : i32
+// CHECK:           scf.if %[[READY]] -> (i32) {
+// CHECK:             scf.yield %[[COUNT]] : i32
+// CHECK:           } else {
+// CHECK:             func.call @__etc_spin_counter(%[[COUNTERS]], %[[WAITED]], %[[WAIT]], %[[WORKER]], %[[TASK]], {{.*}}) : (memref<?xi32>, !llvm.ptr, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32) -> i32
 // CHECK:           }
-// CHECK:           scf.if %[[READY]] {
-// CHECK:             "test.body"(%[[T]])
-// CHECK:             %[[T64:.*]] = arith.index_cast %[[T]] : index to i64
-// CHECK:             %[[NOTIFIED:.*]] = llvm.getelementptr %[[VIEW]][%[[T64]]] : (!llvm.ptr, i64) -> !llvm.ptr, i32
-// CHECK:             %[[ONE:.*]] = arith.constant 1 : i32
-// CHECK:             llvm.atomicrmw sub %[[NOTIFIED]], %[[ONE]] release {alignment = 4 : i64} : !llvm.ptr, i32
-// CHECK:           }
+// CHECK:           "test.body"(%[[T]])
+// CHECK:           %[[T64:.*]] = arith.index_cast %[[T]] : index to i64
+// CHECK:           %[[NOTIFIED:.*]] = llvm.getelementptr %[[VIEW]][%[[T64]]] : (!llvm.ptr, i64) -> !llvm.ptr, i32
+// CHECK:           %[[ONE:.*]] = arith.constant 1 : i32
+// CHECK:           llvm.atomicrmw sub %[[NOTIFIED]], %[[ONE]] release {alignment = 4 : i64} : !llvm.ptr, i32
 // CHECK:         }
 // CHECK-NOT:     event.
 func.func @g_worker(%n: index, %counters: memref<?xi32>) {
@@ -48,37 +86,11 @@ func.func @g_worker(%n: index, %counters: memref<?xi32>) {
   %w = event.worker_id
   %nw = event.worker_count
   scf.for %t = %w to %n step %nw {
-    event.wait %e[%t] : !event.tensor<?>
+    event.wait %e[%t] site(%t, %c5, %t) : !event.tensor<?>
     "test.body"(%t) : (index) -> ()
     event.notify %e[%t] : !event.tensor<?>
   }
   return
-}
-
-// -----
-
-// Values computed after a wait that the block's terminator uses come out of
-// the guarding scf.if; a stopped worker returns poison for them.
-
-// CHECK-LABEL: func.func @wait_then_return(
-// CHECK:         %[[READY:.*]] = scf.while : () -> i1 {
-// CHECK:         %[[VALUES:.*]]:2 = scf.if %[[READY]] -> (index, i32) {
-// CHECK:           %[[LANE:.*]] = arith.constant 0 : index
-// CHECK:           %[[SUM:.*]] = "test.compute"() : () -> i32
-// CHECK:           scf.yield %[[LANE]], %[[SUM]] : index, i32
-// CHECK:         } else {
-// CHECK:           %[[P0:.*]] = ub.poison : index
-// CHECK:           %[[P1:.*]] = ub.poison : i32
-// CHECK:           scf.yield %[[P0]], %[[P1]] : index, i32
-// CHECK:         }
-// CHECK:         return %[[VALUES]]#0, %[[VALUES]]#1 : index, i32
-func.func @wait_then_return(%counters: memref<?xi32>, %i: index) -> (index, i32) {
-  %c0 = arith.constant 0 : index
-  %e = event.view %counters[%c0]() : memref<?xi32> -> !event.tensor<4>
-  event.wait %e[%i] : !event.tensor<4>
-  %lane = event.lane_id
-  %sum = "test.compute"() : () -> i32
-  return %lane, %sum : index, i32
 }
 
 // -----
@@ -157,16 +169,53 @@ func.func @not_a_view(%e: !event.tensor<?>, %i: index) {
 
 // -----
 
+// `event.run_aborted` reads the run's status from the run header; the trace
+// ops write the worker (an argument, like the program's own worker id), the
+// task, the tile and the monotonic clock into the trace record.
+
+// CHECK-LABEL: func.func @traced(
+// CHECK-SAME:      %[[COUNTERS:[^:]*]]: memref<?xi32>, %[[RECORD:[^:]*]]: index, %[[I:[^:]*]]: index, %[[WID:[^:]*]]: index, %{{.*}}: index)
+// CHECK:         %[[SIZE:.*]] = memref.dim %[[COUNTERS]], %{{.*}} : memref<?xi32>
+// CHECK:         arith.subi %[[SIZE]], %c20 : index
+// CHECK:         %[[STATUS:.*]] = llvm.load %{{.*}} atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:         %[[STOPPED:.*]] = arith.cmpi ne, %[[STATUS]], %{{.*}} : i32
+// CHECK:         "test.use"(%[[STOPPED]])
+// CHECK:         %[[START:.*]] = llvm.call @__etc_monotonic_ns() : () -> i64
+// CHECK:         %[[WORKER:.*]] = arith.index_cast %[[WID]] : index to i32
+// CHECK:         llvm.store %[[WORKER]]
+// CHECK:         %[[TASK:.*]] = arith.index_cast %[[I]] : index to i32
+// CHECK:         llvm.store %[[TASK]]
+// CHECK:         %[[TILE:.*]] = arith.index_cast %[[I]] : index to i32
+// CHECK:         llvm.store %[[TILE]]
+// CHECK:         %[[LOW:.*]] = arith.trunci %[[START]] : i64 to i32
+// CHECK:         %[[HIGH64:.*]] = arith.shrui %[[START]], %{{.*}} : i64
+// CHECK:         %[[HIGH:.*]] = arith.trunci %[[HIGH64]] : i64 to i32
+// CHECK:         llvm.store %[[LOW]]
+// CHECK:         llvm.store %[[HIGH]]
+// CHECK:         %[[END:.*]] = llvm.call @__etc_monotonic_ns() : () -> i64
+// CHECK:         arith.trunci %[[END]] : i64 to i32
+// CHECK-NOT:     event.
+func.func @traced(%counters: memref<?xi32>, %record: index, %i: index) {
+  %stopped = event.run_aborted %counters : memref<?xi32>
+  "test.use"(%stopped) : (i1) -> ()
+  event.trace_begin %counters[%record] task(%i) tile(%i) : memref<?xi32>
+  event.trace_end %counters[%record] : memref<?xi32>
+  return
+}
+
+// -----
+
 // The dynamic scheduler's queue. Word q is the head, q+1 the tail, q+2 the
 // error flag, q+3+s slot s (task + 1, 0 while empty). A pop claims a slot
-// with a relaxed increment of the head and, below the capacity, spins on an
-// acquire load of the slot, yielding between polls; a push reserves a slot
+// with a relaxed increment of the head and, below the capacity, waits for the
+// slot to be published (an acquire load, then the bounded out-of-line spin,
+// as a wait); a push reserves a slot
 // with a relaxed increment of the tail and publishes the task with a release
 // store, or raises the error flag past the capacity. notify_ready is an
 // acq_rel decrement that reports whether it took the counter to zero.
 
 // CHECK-LABEL: func.func @queue_worker(
-// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>, %{{[^:]*}}: index, %{{[^:]*}}: index, %[[STOP:[^:]*]]: !llvm.ptr)
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>, %{{[^:]*}}: index, %{{[^:]*}}: index)
 // CHECK:         %[[VIEW:.*]] = llvm.getelementptr %{{.*}}[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i32
 // Pop: claim a slot.
 // CHECK:         %[[HEAD:.*]] = llvm.getelementptr %{{.*}}[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i32
@@ -175,20 +224,16 @@ func.func @not_a_view(%e: !event.tensor<?>, %i: index) {
 // CHECK:         %[[VALID:.*]] = arith.cmpi ult, %[[CLAIMED]], %[[N]] : index
 // CHECK:         %[[TASK32:.*]] = scf.if %[[VALID]] -> (i32) {
 // CHECK:           %[[SLOT:.*]] = llvm.getelementptr
-// CHECK:           %[[PUBLISHED:.*]]:2 = scf.while : () -> (i32, i1) {
-// CHECK:             %[[WORD:.*]] = llvm.load %[[SLOT]] atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
-// CHECK:             %[[EMPTY:.*]] = arith.cmpi eq, %[[WORD]], %{{.*}} : i32
-// CHECK:             %[[FLAG:.*]] = llvm.load %[[STOP]] atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
-// CHECK:             %[[STOPPED:.*]] = arith.cmpi ne, %[[FLAG]], %{{.*}} : i32
-// CHECK:             %[[GO:.*]] = arith.xori %[[STOPPED]], %{{.*}} : i1
-// CHECK:             %[[SPIN:.*]] = arith.andi %[[EMPTY]], %[[GO]] : i1
-// CHECK:             scf.condition(%[[SPIN]]) %[[WORD]], %[[STOPPED]] : i32, i1
-// CHECK:           } do {
-// CHECK:             func.call @sched_yield() : () -> i32
-// A stopped pop reports the queue as exhausted: capacity + 1, minus one.
+// CHECK:           %[[WORD:.*]] = llvm.load %[[SLOT]] atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:           %[[FULL:.*]] = arith.cmpi ne, %[[WORD]], %{{.*}} : i32
+// CHECK:           %[[PUBLISHED:.*]] = scf.if %[[FULL]] -> (i32) {
+// CHECK:             func.call @__etc_spin_slot(%[[COUNTERS]], %[[SLOT]], {{.*}}) : (memref<?xi32>, !llvm.ptr, {{.*}}) -> i32
+// A stopped pop (the spin gives up with 0) reports the queue as exhausted:
+// capacity + 1, minus one.
+// CHECK:           %[[EMPTY:.*]] = arith.cmpi eq, %[[PUBLISHED]], %{{.*}} : i32
 // CHECK:           %[[PAST:.*]] = arith.addi %[[N]], %{{.*}} : index
 // CHECK:           %[[PAST32:.*]] = arith.index_castui %[[PAST]] : index to i32
-// CHECK:           %[[VALUE:.*]] = arith.select %[[PUBLISHED]]#1, %[[PAST32]], %[[PUBLISHED]]#0 : i32
+// CHECK:           %[[VALUE:.*]] = arith.select %[[EMPTY]], %[[PAST32]], %[[PUBLISHED]] : i32
 // CHECK:           %[[ID32:.*]] = arith.subi %[[VALUE]], %{{.*}} : i32
 // CHECK:           scf.yield %[[ID32]] : i32
 // CHECK:         } else {
@@ -248,5 +293,16 @@ func.func @one_lane(%x: f32, %n: index) {
     %s = event.scratch : memref<32xf32>
     memref.store %r, %s[%c0] : memref<32xf32>
   }
+  return
+}
+
+// -----
+
+// The schedulers' task and event tables are for the front end, which reads
+// them from the scheduled program; the lowering drops them.
+
+// CHECK-LABEL: func.func @tables(
+// CHECK-SAME:      attributes {event.graph = "t", llvm.emit_c_interface}
+func.func @tables() attributes {event.graph = "t", event.tasks = [{grid_rank = 1 : i64, name = "copy_0"}], event.events = [{name = "e0", notified_by = ["copy_0"], waited_by = []}]} {
   return
 }

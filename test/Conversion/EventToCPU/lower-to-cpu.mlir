@@ -2,11 +2,22 @@
 
 // A scheduled graph goes all the way to the LLVM dialect: the runtime's
 // entry points with C interfaces taking the symbols, the buffer table and
-// the counter buffer, the worker taking its id, the worker count and the
-// stop flag after them, the schedule's constant tables as LLVM globals,
-// atomics and the yielding spin, which a set stop flag ends without running
-// the tile.
+// the counter buffer, the worker taking its id and the worker count after
+// them, the schedule's constant tables as LLVM globals, atomics, and waits
+// that load inline and call the out-of-line yielding spin, bounded by the
+// watchdog, only when the counter is not ready; the tile runs only if the
+// run was not stopped meanwhile.
 
+// CHECK-LABEL: llvm.func @__etc_spin_counter(
+// CHECK-SAME:      attributes {passthrough = ["noinline"]
+// CHECK:         llvm.call @sched_yield() : () -> i32
+// CHECK:         llvm.call @__etc_monotonic_ns() : () -> i64
+// CHECK:         llvm.call @__etc_watchdog_report(
+// CHECK-LABEL: llvm.func internal @__etc_watchdog_report(
+// CHECK:         llvm.atomicrmw add %{{.*}}, %{{.*}} monotonic
+// CHECK:         llvm.fence release
+// CHECK-LABEL: llvm.func @clock_gettime(i32, !llvm.ptr) -> i32
+// CHECK-LABEL: llvm.func internal @__etc_monotonic_ns() -> i64
 // CHECK-LABEL: llvm.func @sched_yield() -> i32
 // CHECK-DAG:   llvm.mlir.global private constant @pipe_task_family(dense<[0, 1]> : tensor<2xi32>)
 // CHECK-DAG:   llvm.mlir.global private constant @pipe_task_record(dense<[0, 1]> : tensor<2xi32>)
@@ -18,25 +29,22 @@
 // CHECK:       llvm.func @_mlir_ciface_pipe_init(%{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr)
 
 // CHECK-LABEL: llvm.func @pipe_worker(
-// CHECK-SAME:      %[[WID:[^:]*]]: i64, %[[WCOUNT:[^:]*]]: i64, %[[STOP:[^:]*]]: !llvm.ptr) attributes {{{.*}}llvm.emit_c_interface}
+// CHECK-SAME:      %[[WID:[^:]*]]: i64, %[[WCOUNT:[^:]*]]: i64) attributes {{{.*}}llvm.emit_c_interface}
 // CHECK:         llvm.atomicrmw sub %{{.*}}, %{{.*}} release
-// CHECK:         %[[COUNT:.*]] = llvm.load %{{.*}} atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
-// CHECK-NEXT:    %[[PENDING:.*]] = llvm.icmp "sgt" %[[COUNT]], %{{.*}} : i32
-// CHECK-NEXT:    %[[FLAG:.*]] = llvm.load %[[STOP]] atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
-// CHECK-NEXT:    %[[STOPPED:.*]] = llvm.icmp "ne" %[[FLAG]], %{{.*}} : i32
-// CHECK-NEXT:    %[[GO:.*]] = llvm.xor %[[STOPPED]], %{{.*}} : i1
-// CHECK-NEXT:    %[[KEEP:.*]] = llvm.and %[[PENDING]], %[[GO]] : i1
-// CHECK-NEXT:    llvm.cond_br %[[KEEP]], ^[[YIELD:bb[0-9]+]], ^[[DONE:bb[0-9]+]]
-// CHECK-NEXT:  ^[[YIELD]]:
-// CHECK-NEXT:    llvm.call @sched_yield() : () -> i32
-// CHECK-NEXT:    llvm.br ^bb{{[0-9]+}}
-// CHECK-NEXT:  ^[[DONE]]:
-// CHECK-NEXT:    llvm.cond_br %[[GO]], ^[[BODY:bb[0-9]+]], ^[[NEXT:bb[0-9]+]]
+// CHECK:         %[[COUNT:.*]] = llvm.load %[[WAITED:.*]] atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK-NEXT:    %[[READY:.*]] = llvm.icmp "sle" %[[COUNT]], %{{.*}} : i32
+// CHECK-NEXT:    llvm.cond_br %[[READY]], ^{{bb[0-9]+}}, ^[[SPIN:bb[0-9]+]]
+// CHECK:       ^[[SPIN]]:
+// CHECK-NEXT:    llvm.call @__etc_spin_counter(%{{.*}}, %[[WAITED]], {{.*}}) : ({{.*}}) -> i32
+// CHECK:         %[[STATUS:.*]] = llvm.load %{{.*}} atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK-NEXT:    %[[STOPPED:.*]] = llvm.icmp "ne" %[[STATUS]], %{{.*}} : i32
+// CHECK-NEXT:    %[[RUNNING:.*]] = llvm.xor %[[STOPPED]], %{{.*}} : i1
+// CHECK-NEXT:    llvm.cond_br %[[RUNNING]], ^[[BODY:bb[0-9]+]], ^[[NEXT:bb[0-9]+]]
 // CHECK-NEXT:  ^[[BODY]]:
 // CHECK:         llvm.intr.sqrt
 // CHECK:         llvm.br ^[[NEXT]]
 // CHECK:         llvm.return
-// CHECK:       llvm.func @_mlir_ciface_pipe_worker(%{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: i64, %{{.*}}: i64, %{{.*}}: !llvm.ptr)
+// CHECK:       llvm.func @_mlir_ciface_pipe_worker(%{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: i64, %{{.*}}: i64)
 event.graph @pipe(%n: index, %x: memref<?xf32>, %y: memref<?xf32>) {
   %c1 = arith.constant 1 : index
   %e = event.alloc(%n) count(%c1) : !event.tensor<?>

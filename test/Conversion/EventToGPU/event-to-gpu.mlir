@@ -1,13 +1,45 @@
 // RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -convert-event-to-gpu -verify-diagnostics | FileCheck %s
+// RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -convert-event-to-gpu=watchdog-ms=250 -verify-diagnostics | FileCheck %s --check-prefix=LIMIT
+
+// LIMIT-LABEL: func.func private @__etc_spin_counter(
+// LIMIT:         arith.constant 250000000 : i64
 
 // The worker becomes a kernel: workers are blocks, lanes are threads. A wait
-// has thread 0 poll the counter with a GPU-scope acquire load and an
-// exponential nanosleep back-off, then a CTA barrier; a notify is a CTA
-// barrier, then thread 0's GPU-scope release fence and atomic decrement.
+// has thread 0 load the counter with a GPU-scope acquire load and, unless it
+// is ready, call the out-of-line spin (defined in the gpu.module), which
+// polls with an exponential nanosleep back-off, bounded by the watchdog (the
+// run's status, %globaltimer; the first to time out reports its site, which
+// names the block); then a CTA barrier. A notify is a CTA barrier, then
+// thread 0's GPU-scope release fence and atomic decrement.
 
 // CHECK-LABEL: module attributes {gpu.container_module}
-// CHECK-NOT:   func.func
+// CHECK-NOT:   func.func @
 // CHECK:       gpu.module @g_kernels {
+// CHECK-LABEL:   func.func private @__etc_spin_counter(
+// CHECK-SAME:        %{{[^:]*}}: memref<?xi32>, %[[ELEMENT:[^:]*]]: !llvm.ptr,
+// CHECK-SAME:        attributes {passthrough = ["noinline"]}
+// CHECK:           %[[FIRSTSLEEP:.*]] = arith.constant 32 : i32
+// CHECK:           scf.while (%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}, %{{.*}} = %[[FIRSTSLEEP]]) : (i64, i1, i32) -> (i64, i1, i32, i32) {
+// CHECK:             %[[COUNT:.*]] = llvm.load %[[ELEMENT]] atomic syncscope("device") acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:             %[[READY:.*]] = arith.cmpi sle, %[[COUNT]], %{{.*}} : i32
+// CHECK:           } do {
+// CHECK:           ^bb0(%{{.*}}: i64, %{{.*}}: i1, %[[SLEPT:.*]]: i32, %{{.*}}: i32):
+// CHECK:             nvvm.nanosleep %[[SLEPT]]
+// CHECK:             %[[DOUBLED:.*]] = arith.addi %[[SLEPT]], %[[SLEPT]] : i32
+// CHECK:             %[[MAXSLEEP:.*]] = arith.constant 512 : i32
+// CHECK:             %[[NEXT:.*]] = arith.minui %[[DOUBLED]], %[[MAXSLEEP]] : i32
+// CHECK:             llvm.load %{{.*}} atomic syncscope("device") monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:             %[[NOW:.*]] = nvvm.read.ptx.sreg.globaltimer : i64
+// CHECK:             arith.constant 5000000000 : i64
+// CHECK:             scf.if %{{.*}} {
+// CHECK:               llvm.call @__etc_watchdog_report(
+// CHECK:             }
+// CHECK:             scf.yield %{{.*}}, %{{.*}}, %[[NEXT]] : i64, i1, i32
+// CHECK:           }
+// CHECK-LABEL:   llvm.func internal @__etc_watchdog_report(
+// CHECK:           llvm.atomicrmw add %{{.*}}, %{{.*}} syncscope("device") monotonic
+// CHECK:           llvm.fence syncscope("device") release
+// CHECK:           llvm.store %{{.*}}, %{{.*}} atomic syncscope("device") monotonic
 // CHECK-LABEL:   gpu.func @g_worker(
 // CHECK-SAME:        %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>) kernel {
 // CHECK-DAG:       %[[C5:.*]] = arith.constant 5 : index
@@ -25,19 +57,13 @@
 // CHECK:             %[[C0:.*]] = arith.constant 0 : index
 // CHECK:             %[[FIRST:.*]] = arith.cmpi eq, %[[TID]], %[[C0]] : index
 // CHECK:             scf.if %[[FIRST]] {
-// CHECK-DAG:           %[[ZERO:.*]] = arith.constant 0 : i32
-// CHECK-DAG:           %[[FIRSTSLEEP:.*]] = arith.constant 32 : i32
-// CHECK-DAG:           %[[MAXSLEEP:.*]] = arith.constant 512 : i32
-// CHECK:               scf.while (%[[SLEEP:.*]] = %[[FIRSTSLEEP]]) : (i32) -> i32 {
-// CHECK:                 %[[COUNT:.*]] = llvm.load %[[WAITED]] atomic syncscope("device") acquire {alignment = 4 : i64} : !llvm.ptr -> i32
-// CHECK:                 %[[PENDING:.*]] = arith.cmpi sgt, %[[COUNT]], %[[ZERO]] : i32
-// CHECK:                 scf.condition(%[[PENDING]]) %[[SLEEP]] : i32
-// CHECK:               } do {
-// CHECK:               ^bb0(%[[SLEPT:.*]]: i32):
-// CHECK:                 nvvm.nanosleep %[[SLEPT]]
-// CHECK:                 %[[DOUBLED:.*]] = arith.addi %[[SLEPT]], %[[SLEPT]] : i32
-// CHECK:                 %[[NEXT:.*]] = arith.minui %[[DOUBLED]], %[[MAXSLEEP]] : i32
-// CHECK:                 scf.yield %[[NEXT]] : i32
+// CHECK:               %[[BLOCK:.*]] = gpu.block_id x
+// CHECK:               %[[WORKER:.*]] = arith.index_cast %[[BLOCK]] : index to i32
+// CHECK:               %[[COUNT:.*]] = llvm.load %[[WAITED]] atomic syncscope("device") acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:               %[[READY:.*]] = arith.cmpi sle, %[[COUNT]], %{{.*}} : i32
+// CHECK:               scf.if %[[READY]] -> (i32) {
+// CHECK:               } else {
+// CHECK:                 func.call @__etc_spin_counter(%[[COUNTERS]], %[[WAITED]], %{{.*}}, %[[WORKER]], {{.*}}) : (memref<?xi32>, !llvm.ptr, {{.*}}) -> i32
 // CHECK:               }
 // CHECK:             }
 // CHECK-NEXT:        gpu.barrier
@@ -249,8 +275,9 @@ func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
 // -----
 
 // Dynamic scheduling: a worker kernel with a collective op gets a broadcast
-// word in shared memory. A pop has thread 0 claim a slot and spin until it is
-// published; a notify_ready has thread 0 decrement with acquire-release
+// word in shared memory. A pop has thread 0 claim a slot and wait until it is
+// published (an acquire load, then the out-of-line spin; a spin that gives
+// up, the run being stopped, yields the capacity); a notify_ready has thread 0 decrement with acquire-release
 // semantics; both hand thread 0's result to the CTA between two barriers. A
 // push is thread 0 reserving a slot and publishing `task + 1` with a release
 // store, or raising the error flag.
@@ -269,11 +296,10 @@ func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
 // CHECK:             %[[SLOTINDEX:.*]] = arith.index_castui %[[SLOT]] : i32 to index
 // CHECK:             %[[FITS:.*]] = arith.cmpi ult, %[[SLOTINDEX]], %[[N]] : index
 // CHECK:             %[[TASK:.*]] = scf.if %[[FITS]] -> (i32) {
-// CHECK:               scf.while
-// CHECK:                 llvm.load %{{.*}} atomic syncscope("device") acquire
-// CHECK:                 arith.cmpi ne
-// CHECK:               } do {
-// CHECK:                 nvvm.nanosleep
+// CHECK:               llvm.load %{{.*}} atomic syncscope("device") acquire
+// CHECK:               arith.cmpi ne
+// CHECK:               func.call @__etc_spin_slot(
+// CHECK:               arith.select
 // CHECK:               arith.subi
 // CHECK:             } else {
 // CHECK:               %[[EXHAUSTED:.*]] = arith.index_castui %[[N]] : index to i32
@@ -399,5 +425,56 @@ func.func @r_worker(%x: f32) attributes {event.graph = "r"} {
   %sum = event.lane_reduce "add" %x {group = 32} : f32
   %partials = event.scratch : memref<4x32xf32>
   memref.store %sum, %partials[%c0, %c0] : memref<4x32xf32>
+  return
+}
+
+// -----
+
+// `event.run_aborted` gives every thread of the CTA thread 0's reading of
+// the run's status (the run header ends the counter buffer) through the
+// broadcast word; `event.trace_begin` has thread 0 store the block, task,
+// tile and %globaltimer; `event.trace_end` waits for every thread, then
+// thread 0 stores %globaltimer.
+
+// CHECK-LABEL: gpu.func @h_worker(
+// CHECK-SAME:      workgroup(%[[WORD:.*]] : memref<1xi32, #gpu.address_space<workgroup>>)
+// CHECK:         gpu.barrier
+// CHECK:         scf.if %{{.*}} {
+// CHECK:           memref.dim
+// CHECK:           %[[STATUS:.*]] = llvm.load %{{.*}} atomic syncscope("device") monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:           memref.store %[[STATUS]], %[[WORD]][%{{.*}}]
+// CHECK:         }
+// CHECK-NEXT:    gpu.barrier
+// CHECK-NEXT:    %[[SEEN:.*]] = memref.load %[[WORD]][%{{.*}}]
+// CHECK:         %[[STOPPED:.*]] = arith.cmpi ne, %[[SEEN]], %{{.*}} : i32
+// CHECK:         "test.use"(%[[STOPPED]])
+// CHECK:         scf.if %{{.*}} {
+// CHECK-DAG:       %[[BLOCK:.*]] = gpu.block_id x
+// CHECK-DAG:       %[[START:.*]] = nvvm.read.ptx.sreg.globaltimer : i64
+// CHECK:           arith.index_cast %[[BLOCK]] : index to i32
+// CHECK:           arith.trunci %[[START]] : i64 to i32
+// CHECK:         gpu.barrier
+// CHECK:         scf.if %{{.*}} {
+// CHECK:           %[[END:.*]] = nvvm.read.ptx.sreg.globaltimer : i64
+// CHECK:           arith.trunci %[[END]] : i64 to i32
+// CHECK:         gpu.return
+func.func @h_worker(%counters: memref<?xi32>, %record: index) attributes {event.graph = "h"} {
+  %w = event.worker_id
+  %stopped = event.run_aborted %counters : memref<?xi32>
+  "test.use"(%stopped) : (i1) -> ()
+  event.trace_begin %counters[%record] task(%w) tile(%w) : memref<?xi32>
+  event.trace_end %counters[%record] : memref<?xi32>
+  return
+}
+
+// -----
+
+// The schedulers' task and event tables are for the front end, which reads
+// them from the scheduled program; the lowering drops them.
+
+// CHECK-LABEL: gpu.module @t_kernels
+// CHECK:         gpu.func @t_worker() kernel {
+func.func @t_worker() attributes {event.graph = "t", event.tasks = [{grid_rank = 1 : i64, name = "copy_0"}], event.events = [{name = "e0", notified_by = ["copy_0"], waited_by = []}]} {
+  %w = event.worker_id
   return
 }

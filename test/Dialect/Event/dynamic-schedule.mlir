@@ -1,11 +1,13 @@
 // RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-dynamic-schedule=workers=2 -verify-diagnostics | FileCheck %s --enable-var-scope
 // RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-dynamic-schedule="workers=2 force-index=true" -verify-diagnostics | FileCheck %s --check-prefix=INDEX
 // RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-dynamic-schedule="workers=2 auto=true" -verify-diagnostics | FileCheck %s --check-prefix=AUTO
+// RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-dynamic-schedule="workers=2 trace=true" -verify-diagnostics | FileCheck %s --check-prefix=TRACE
 
 // Two tasks joined by one counted event per row: T = 2n + n tiles. The
 // counter buffer holds the event (n counters), then the queue (3 header
 // words, T slots) at n, the T pending counts at n + 3 + T, and the first
-// global tile of each task (2 tasks + 1) after them. g_init fills the tile
+// global tile of each task (2 tasks + 1) after them, and the 20-word run
+// header last (g_init resets it first). g_init fills the tile
 // offsets, then sets the pending counts, pushing the tiles that wait on
 // nothing. A worker pops a tile id, finds its task by binary search over the
 // tile offsets, and runs it in its family's case; the last notifier of an
@@ -26,7 +28,8 @@
 // CHECK:         %[[PENDING:.*]] = arith.addi %[[N]], %[[SLOTS]] : index
 // CHECK:         %[[OFFSETS:.*]] = arith.addi %[[PENDING]], %[[T]] : index
 // CHECK:         %[[END:.*]] = arith.addi %[[OFFSETS]], %{{.*}} : index
-// CHECK:         return %[[END]] : index
+// CHECK:         %[[SIZE:.*]] = arith.addi %[[END]], %c20 : index
+// CHECK:         return %[[SIZE]] : index
 
 // CHECK-LABEL: func.func @pipe_init(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
@@ -73,7 +76,8 @@
 
 // CHECK-LABEL: func.func @pipe_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
-// CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "dynamic", event.workers = 2 : i64}
+// CHECK-SAME:      attributes {event.events = [{name = "e0", notified_by = ["fill"], waited_by = ["use"]}], event.graph = "pipe", event.schedule = "dynamic",
+// CHECK-SAME:      event.tasks = [{grid_rank = 2 : i64, name = "fill"}, {grid_rank = 1 : i64, name = "use"}], event.workers = 2 : i64}
 // CHECK-DAG:     %[[X:.*]] = event.buffer %[[TABLE]][%c0{{(_[0-9]+)?}}] : memref<?xi64> -> memref<?x8xf32>
 // CHECK-DAG:     %[[WAITER_TASKS:.*]] = memref.get_global @pipe_waiter_tasks : memref<1xi32>
 // CHECK-DAG:     %[[WAITER_OFFSETS:.*]] = memref.get_global @pipe_waiter_offsets : memref<2xi32>
@@ -172,6 +176,24 @@
 // INDEX:           event.notify_ready
 // INDEX:           event.queue_push
 
+// With trace=true the trace records follow the scheduler's state (before
+// the run header); a popped tile has no waits, so it writes its record's
+// start before the body and its end before the notifies (the per-entry
+// notify loop that follows the body switch), naming the task the binary
+// search found.
+// TRACE-LABEL: func.func @pipe_worker(
+// TRACE-SAME:      %[[COUNTERS:[^:]*]]: memref<?xi32>)
+// TRACE-SAME:      event.trace
+// TRACE:         event.queue_pop
+// TRACE:         %[[FOUND:.*]]:2 = scf.while
+// TRACE:         case 0 {
+// TRACE:           event.trace_begin %[[COUNTERS]][%[[RECORD:.*]]] task(%[[FOUND]]#0) tile(%{{.*}}, %{{.*}}) : memref<?xi32>
+// TRACE:           memref.store
+// TRACE-NEXT:      event.trace_end %[[COUNTERS]][%[[RECORD]]] : memref<?xi32>
+// TRACE:         default {
+// TRACE:           event.trace_begin %[[COUNTERS]][%{{.*}}] task(%[[FOUND]]#0) tile(%{{.*}}) : memref<?xi32>
+// TRACE:         event.notify_ready
+
 // The graph is regular, so auto schedules it statically.
 // AUTO-LABEL: func.func @pipe_worker(
 // AUTO-SAME:      event.schedule = "static"
@@ -255,7 +277,8 @@ event.graph @box(%n: index) {
 // CHECK:         %[[ROWS:.*]] = arith.addi %[[EXPERTS]], %{{.*}} : index
 // CHECK:         %[[ENTRIES:.*]] = arith.addi %[[INVERSE]], %[[ROWS]] : index
 // CHECK:         %[[END:.*]] = arith.addi %[[ENTRIES]], %[[N]] : index
-// CHECK:         return %[[END]] : index
+// CHECK:         %[[SIZE:.*]] = arith.addi %[[END]], %c20 : index
+// CHECK:         return %[[SIZE]] : index
 
 // CHECK-LABEL: func.func @routed_init(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[EXPERTS:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
@@ -490,7 +513,8 @@ event.graph @taken(%n: index) {
 // CHECK:         %[[OFFSETS:.*]] = arith.addi %{{.*}}, %[[T]] : index
 // CHECK:         %[[LIVE:.*]] = arith.addi %[[OFFSETS]], %{{.*}} : index
 // CHECK:         %[[END:.*]] = arith.addi %[[LIVE]], %{{.*}} : index
-// CHECK:         return %[[END]] : index
+// CHECK:         %[[WITH_HEADER:.*]] = arith.addi %[[END]], %{{.*}} : index
+// CHECK:         return %[[WITH_HEADER]] : index
 
 // CHECK-LABEL: func.func @live_init(
 // CHECK-SAME:      %[[R:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)

@@ -476,6 +476,14 @@ func.func @f(%table: memref<?xi64>, %at: index) {
 
 // -----
 
+func.func @wait_site(%e: !event.tensor<4>, %i: index) {
+  // expected-error @+1 {{'event.wait' op expects a site of a task, an event and the tile's coordinates, found 1 value}}
+  event.wait %e[%i] site(%i) : !event.tensor<4>
+  return
+}
+
+// -----
+
 func.func @f(%table: memref<?xi64>, %at: index) {
   // expected-error @+1 {{'event.buffer' op result type 'memref<4xf32, 3>' must be in the default memory space}}
   %b = event.buffer %table[%at] : memref<?xi64> -> memref<4xf32, 3>
@@ -582,4 +590,12 @@ event.graph @g(%r: index, %len: memref<?xi32>) {
       live(x0 below (d0) -> (d0) of (d0) -> (d0) indirect [0]) {
   ^bb0(%i: index):
   }
+}
+
+// -----
+
+func.func @trace_rank(%counters: memref<?xi32>, %i: index) {
+  // expected-error @+1 {{'event.trace_begin' op records at most 4 tile coordinates, found 5}}
+  event.trace_begin %counters[%i] task(%i) tile(%i, %i, %i, %i, %i) : memref<?xi32>
+  return
 }

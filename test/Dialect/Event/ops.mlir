@@ -164,3 +164,22 @@ func.func @live_attribute() attributes {
     bound = #event.live<d1 below (d0) -> (d0 ceildiv 8) of (d0, d1) -> (d0) indirect [0]>} {
   return
 }
+
+// -----
+
+// The watchdog's view of a wait (its site: task, event number, tile), the
+// run's status and the trace records.
+// CHECK-LABEL: func.func @run_header
+// CHECK:         event.wait %{{.*}}[%[[T:.*]]] site(%[[T]], %[[T]], %[[T]], %[[T]]) : !event.tensor<?>
+// CHECK:         %{{.*}} = event.run_aborted %{{.*}} : memref<?xi32>
+// CHECK:         event.trace_begin %{{.*}}[%{{.*}}] task(%[[T]]) tile(%[[T]], %[[T]]) : memref<?xi32>
+// CHECK:         event.trace_end %{{.*}}[%{{.*}}] : memref<?xi32>
+func.func @run_header(%counters: memref<?xi32>, %n: index, %t: index) -> i1 {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
+  event.wait %e[%t] site(%t, %t, %t, %t) : !event.tensor<?>
+  %stopped = event.run_aborted %counters : memref<?xi32>
+  event.trace_begin %counters[%n] task(%t) tile(%t, %t) : memref<?xi32>
+  event.trace_end %counters[%n] : memref<?xi32>
+  return %stopped : i1
+}

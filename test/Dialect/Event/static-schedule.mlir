@@ -1,5 +1,6 @@
 // RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-static-schedule=workers=4 -verify-diagnostics | FileCheck %s --enable-var-scope
 // RUN: not etc-opt %s -allow-unregistered-dialect -split-input-file -event-static-schedule=policy=greedy 2>&1 | FileCheck %s --check-prefix=POLICY
+// RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-static-schedule="workers=4 trace=true" -verify-diagnostics | FileCheck %s --check-prefix=TRACE --enable-var-scope
 
 // POLICY: error: event-static-schedule: unsupported policy 'greedy'; supported policies: round-robin
 
@@ -7,10 +8,13 @@
 // the symbol, the buffer table and the counter buffer; the task tables say
 // which family runs each task (one each here: the bodies are not tile
 // calls, so they are cloned, reading their buffers from the table at
-// constant offsets: %x from word 0, %h from word 3). g_init writes the count
-// into the `rows` counters; every worker walks the tasks in order, carrying
-// the first global tile of each, and runs its tiles from its first global
-// index with step W.
+// constant offsets: %x from word 0, %h from word 3). The counter buffer ends
+// with the 20-word run header, which g_init resets before it writes the
+// count into the `rows` counters; every worker walks the tasks in order,
+// carrying the first global tile of each, and runs its tiles from its first
+// global index with step W. The worker carries the task and event tables; a
+// wait names its site (task, event, tile) for the watchdog, and the tile runs
+// only if the run was not stopped meanwhile.
 
 // CHECK-LABEL: memref.global "private" constant @pipe_task_family : memref<2xi32> = dense<[0, 1]>
 // CHECK:       memref.global "private" constant @pipe_task_record : memref<2xi32> = dense<[0, 1]>
@@ -19,19 +23,33 @@
 // CHECK-LABEL: func.func @pipe_counters(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>) -> index
 // CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "static", event.workers = 4 : i64}
-// CHECK:         return %[[N]] : index
+// CHECK:         %[[SIZE:.*]] = arith.addi %[[N]], %c20 : index
+// CHECK:         return %[[SIZE]] : index
 
 // CHECK-LABEL: func.func @pipe_init(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
 // CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "static", event.workers = 4 : i64}
 // CHECK:         %[[C2:.*]] = arith.constant 2 : index
+// The run header at size - 20: status and claim 0, no trace records.
+// CHECK:         %[[SIZE:.*]] = arith.addi %[[N]], %{{.*}} : index
+// CHECK:         %[[HEADER:.*]] = arith.subi %[[SIZE]], %{{.*}} : index
+// CHECK:         memref.store %{{.*}}, %[[COUNTERS]][%[[HEADER]]] : memref<?xi32>
+// CHECK:         %[[CLAIM:.*]] = arith.addi %[[HEADER]], %{{.*}} : index
+// CHECK-NEXT:    memref.store %{{.*}}, %[[COUNTERS]][%[[CLAIM]]] : memref<?xi32>
+// CHECK:         %[[C18:.*]] = arith.constant 18 : index
+// CHECK-NEXT:    %[[OFFSET:.*]] = arith.addi %[[HEADER]], %[[C18]] : index
+// CHECK-NEXT:    memref.store %{{.*}}, %[[COUNTERS]][%[[OFFSET]]] : memref<?xi32>
+// CHECK:         %[[C19:.*]] = arith.constant 19 : index
+// CHECK-NEXT:    %[[TRACED:.*]] = arith.addi %[[HEADER]], %[[C19]] : index
+// CHECK-NEXT:    memref.store %{{.*}}, %[[COUNTERS]][%[[TRACED]]] : memref<?xi32>
 // CHECK:         %[[COUNT:.*]] = arith.index_cast %[[C2]] : index to i32
 // CHECK:         scf.for %[[I:.*]] = %{{.*}} to %[[N]] step
 // CHECK-NEXT:      memref.store %[[COUNT]], %[[COUNTERS]][%[[I]]] : memref<?xi32>
 
 // CHECK-LABEL: func.func @pipe_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
-// CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "static", event.workers = 4 : i64}
+// CHECK-SAME:      attributes {event.events = [{name = "e0", notified_by = ["fill"], waited_by = ["use"]}], event.graph = "pipe", event.schedule = "static",
+// CHECK-SAME:      event.tasks = [{grid_rank = 2 : i64, name = "fill"}, {grid_rank = 1 : i64, name = "use"}], event.workers = 4 : i64}
 // CHECK-DAG:     %[[C3:.*]] = arith.constant 3 : index
 // CHECK-DAG:     %[[H:.*]] = event.buffer %[[TABLE]][%[[C3]]] : memref<?xi64> -> memref<?x8xf32>
 // CHECK-DAG:     %[[C0:.*]] = arith.constant 0 : index
@@ -66,21 +84,28 @@
 // CHECK:               event.notify %[[E]][%[[I]]] : !event.tensor<?>
 // CHECK:             }
 // CHECK:             scf.yield %[[COUNT0]] : index
-// Task "use": the wait, then the cloned body.
+// Task "use": the wait (site: task K, event number, tile), then the cloned
+// body unless the run was stopped.
 // CHECK:           default {
 // CHECK:             scf.for %[[T:.*]] = %{{.*}} to %{{.*}} step %[[NW]] {
 // CHECK:               %[[ROW:.*]] = arith.subi %[[T]], %[[O]] : index
+// CHECK:               %[[EVENT:.*]] = arith.index_cast %{{.*}} : i32 to index
 // CHECK:               %[[E:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[N]]) : memref<?xi32> -> !event.tensor<?>
-// CHECK:               event.wait %[[E]][%[[ROW]]] : !event.tensor<?>
-// CHECK:               memref.load %[[X]][%[[ROW]], %{{.*}}]
-// CHECK:               event.lane_barrier
-// CHECK:               memref.store %{{.*}}, %[[H]][%[[ROW]], %{{.*}}]
+// CHECK:               event.wait %[[E]][%[[ROW]]] site(%[[K]], %[[EVENT]], %[[ROW]]) : !event.tensor<?>
+// CHECK:               %[[STOPPED:.*]] = event.run_aborted %[[COUNTERS]] : memref<?xi32>
+// CHECK:               %[[RUNNING:.*]] = arith.xori %[[STOPPED]], %{{.*}} : i1
+// CHECK:               scf.if %[[RUNNING]] {
+// CHECK:                 memref.load %[[X]][%[[ROW]], %{{.*}}]
+// CHECK:                 event.lane_barrier
+// CHECK:                 memref.store %{{.*}}, %[[H]][%[[ROW]], %{{.*}}]
+// CHECK:               }
 // CHECK:             }
 // CHECK:             scf.yield %[[N]] : index
 // CHECK:           %[[NEXT:.*]] = arith.addi %[[O]], %[[TILES]] : index
 // CHECK:           scf.yield %[[NEXT]] : index
 // CHECK:         return
-// After the run every counter must be back to zero: 2 (unbalanced) if not.
+// After the run every event counter must be back to zero: 2 (unbalanced)
+// if not.
 // CHECK-LABEL: func.func @pipe_check(
 // CHECK-SAME:      %[[COUNTERS:[^:]*]]: memref<?xi32>) -> i32
 // CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "static", event.workers = 4 : i64}
@@ -94,6 +119,51 @@
 // CHECK:         %[[STATUS:.*]] = arith.select %[[ANY]], %[[UNBALANCED]], %[[CLEAN]] : i32
 // CHECK:         return %[[STATUS]] : i32
 // CHECK-NOT:     event.graph @
+
+// With trace=true, one 10-word trace record per tile task (T = 2n + n, by
+// global tile index) lies between the event counters and the run header;
+// g_init says where (header words 18, 19) and zeroes them; each tile writes
+// its record after its waits and before its notifies.
+// TRACE-LABEL: func.func @pipe_counters(
+// TRACE-SAME:      %[[N:[^:]*]]: index
+// TRACE:         %[[T:.*]] = arith.addi %{{.*}}, %[[N]] : index
+// TRACE:         %[[WORDS:.*]] = arith.muli %[[T]], %c10 : index
+// TRACE:         %[[RECORDS_END:.*]] = arith.addi %[[N]], %[[WORDS]] : index
+// TRACE:         %[[SIZE:.*]] = arith.addi %[[RECORDS_END]], %c20 : index
+// TRACE:         return %[[SIZE]] : index
+// TRACE-LABEL: func.func @pipe_init(
+// TRACE-SAME:      %[[N:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>, %[[COUNTERS:[^:]*]]: memref<?xi32>)
+// TRACE:         %[[HEADER:.*]] = arith.subi %{{.*}}, %c20 : index
+// TRACE:         %[[OFFSET:.*]] = arith.index_cast %[[N]] : index to i32
+// TRACE-NEXT:    %[[C18:.*]] = arith.constant 18 : index
+// TRACE-NEXT:    %[[AT18:.*]] = arith.addi %[[HEADER]], %[[C18]] : index
+// TRACE-NEXT:    memref.store %[[OFFSET]], %[[COUNTERS]][%[[AT18]]] : memref<?xi32>
+// TRACE:         %[[COUNT:.*]] = arith.index_cast %{{.*}} : index to i32
+// TRACE-NEXT:    %[[C19:.*]] = arith.constant 19 : index
+// TRACE-NEXT:    %[[AT19:.*]] = arith.addi %[[HEADER]], %[[C19]] : index
+// TRACE-NEXT:    memref.store %[[COUNT]], %[[COUNTERS]][%[[AT19]]] : memref<?xi32>
+// TRACE:         scf.for %[[I:.*]] = %[[N]] to %[[HEADER]] step
+// TRACE-NEXT:      memref.store %{{.*}}, %[[COUNTERS]][%[[I]]] : memref<?xi32>
+// TRACE-LABEL: func.func @pipe_worker(
+// TRACE-SAME:      %[[N:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>, %[[COUNTERS:[^:]*]]: memref<?xi32>)
+// TRACE-SAME:      event.trace
+// TRACE:         scf.for %[[K:.*]] = %{{.*}} to %{{.*}} step
+// TRACE:           case 0 {
+// TRACE:             scf.for %[[T:.*]] = %{{.*}} to %{{.*}} step
+// TRACE:               %[[J:.*]] = arith.remui %{{.*}}, %{{.*}} : index
+// TRACE:               %[[I:.*]] = arith.divui %{{.*}}, %{{.*}} : index
+// TRACE:               %[[AT:.*]] = arith.muli %[[T]], %c10 : index
+// TRACE:               %[[RECORD:.*]] = arith.addi %[[N]], %[[AT]] : index
+// TRACE:               event.trace_begin %[[COUNTERS]][%[[RECORD]]] task(%[[K]]) tile(%[[I]], %[[J]]) : memref<?xi32>
+// TRACE:               memref.store
+// TRACE-NEXT:          event.trace_end %[[COUNTERS]][%[[RECORD]]] : memref<?xi32>
+// TRACE:               event.notify
+// TRACE:           default {
+// TRACE:               event.wait
+// TRACE:               event.run_aborted
+// TRACE:               scf.if
+// TRACE:                 event.trace_begin %[[COUNTERS]][%{{.*}}] task(%[[K]]) tile(%{{.*}}) : memref<?xi32>
+// TRACE:                 event.trace_end
 event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.intermediate}) {
   %c2 = arith.constant 2 : index
   %e = event.alloc(%n) count(%c2) : !event.tensor<?>
@@ -133,7 +203,8 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 // CHECK-SAME:      %[[N:[^:]*]]: index
 // CHECK:         %[[THREE:.*]] = arith.constant 3 : index
 // CHECK:         %[[TOTAL:.*]] = arith.muli %[[N]], %[[THREE]] : index
-// CHECK:         return %[[TOTAL]] : index
+// CHECK:         %[[SIZE:.*]] = arith.addi %[[TOTAL]], %c20 : index
+// CHECK:         return %[[SIZE]] : index
 // CHECK-LABEL: func.func @layers_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
 // CHECK:         %[[RECORDS:.*]] = memref.get_global @layers_task_records : memref<14xi32>
@@ -149,7 +220,7 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 // CHECK:               %[[WAITED:.*]] = arith.index_cast %[[WAITED32]] : i32 to index
 // CHECK:               %[[WAITBASE:.*]] = arith.muli %[[WAITED]], %[[N]] : index
 // CHECK:               %[[WAIT:.*]] = event.view %[[COUNTERS]][%[[WAITBASE]]](%[[N]])
-// CHECK:               event.wait %[[WAIT]][%[[I]]] : !event.tensor<?>
+// CHECK:               event.wait %[[WAIT]][%[[I]]] site(%[[K]], %[[WAITED]], %[[I]]) : !event.tensor<?>
 // CHECK:               %[[IN32:.*]] = memref.load %[[RECORDS]][%[[R]]] : memref<14xi32>
 // CHECK:               %[[IN:.*]] = arith.index_cast %[[IN32]] : i32 to index
 // CHECK:               %[[INBUF:.*]] = event.buffer %[[TABLE]][%[[IN]]] : memref<?xi64> -> memref<?xf32>
@@ -212,12 +283,14 @@ event.graph @layers(%n: index, %x: memref<?xf32>, %y: memref<?xf32>, %z: memref<
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[E:[^:]*]]: index
 // CHECK:         %[[SIZE1:.*]] = arith.muli %[[E]], %{{.*}} : index
 // CHECK:         %[[TOTAL:.*]] = arith.addi %[[E]], %[[SIZE1]] : index
-// CHECK:         return %[[TOTAL]] : index
+// CHECK:         %[[SIZE:.*]] = arith.addi %[[TOTAL]], %c20 : index
+// CHECK:         return %[[SIZE]] : index
 
 // CHECK-LABEL: func.func @routed_init(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[E:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
 // CHECK-DAG:     %[[RECORDS:.*]] = memref.get_global @routed_task_records : memref<5xi32>
 // CHECK-DAG:     %[[SIZE1:.*]] = arith.muli %[[E]], %{{.*}} : index
+// CHECK:         arith.constant 19 : index
 // CHECK:         %[[ZERO:.*]] = arith.constant 0 : i32
 // CHECK:         scf.for %[[I:.*]] = %{{.*}} to %[[E]] step
 // CHECK-NEXT:      memref.store %[[ZERO]], %[[COUNTERS]][%[[I]]]
@@ -254,8 +327,8 @@ event.graph @layers(%n: index, %x: memref<?xf32>, %y: memref<?xf32>, %z: memref<
 // CHECK:               event.notify %[[SLOTS]][%{{.*}}, %[[SLOT]]] : !event.tensor<?x3>
 // CHECK:           default {
 // CHECK:             scf.for
-// CHECK:               event.wait %{{.*}}[%{{.*}}] : !event.tensor<?>
-// CHECK:               event.wait %{{.*}}[%{{.*}}, %{{.*}}] : !event.tensor<?x3>
+// CHECK:               event.wait %{{.*}}[%{{.*}}] site(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : !event.tensor<?>
+// CHECK:               event.wait %{{.*}}[%{{.*}}, %{{.*}}] site(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : !event.tensor<?x3>
 event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
   %c3 = arith.constant 3 : index
   %done = event.alloc(%experts) : !event.tensor<?>
@@ -277,11 +350,10 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 
 // Graph-level computations are cloned into each function; tasks without
 // events run unsynchronised, a grid of rank 0 runs once, and a program
-// without events needs no counters.
+// without events needs only the run header.
 
 // CHECK-LABEL: func.func @plain_counters(
-// CHECK:         %[[Z:.*]] = arith.constant 0 : index
-// CHECK:         return %[[Z]] : index
+// CHECK:         return %c20{{(_[0-9]+)?}} : index
 // CHECK-LABEL: func.func @plain_init(
 // CHECK-NOT:     scf.for
 // CHECK:         return
@@ -349,9 +421,8 @@ event.graph @strided(%n: index, %x: memref<4xf32, strided<[2]>>) {
 
 // CHECK-LABEL: func.func @live_init(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
-// CHECK:         %[[ZERO:.*]] = arith.constant 0 : i32
 // CHECK:         scf.for %[[E:.*]] = %{{.*}} to %[[N]] step %{{.*}} {
-// CHECK-NEXT:      memref.store %[[ZERO]], %[[COUNTERS]][%[[E]]] : memref<?xi32>
+// CHECK-NEXT:      memref.store %{{.*}}, %[[COUNTERS]][%[[E]]] : memref<?xi32>
 // CHECK:         case 0 {
 // CHECK:           scf.for %[[I:.*]] = %{{.*}} to %[[N]] step
 // CHECK:             scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step
@@ -380,7 +451,8 @@ event.graph @strided(%n: index, %x: memref<4xf32, strided<[2]>>) {
 // CHECK-NEXT:        }
 // CHECK:         default {
 // CHECK:           event.wait
-// CHECK-NEXT:      "test.combine"
+// CHECK:           event.run_aborted
+// CHECK:           "test.combine"
 event.graph @live(%r: index, %len: memref<?xi32>, %x: memref<?x8xf32>) {
   %c8 = arith.constant 8 : index
   %done = event.alloc(%r) : !event.tensor<?>

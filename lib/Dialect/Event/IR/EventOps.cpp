@@ -1,6 +1,7 @@
 //===- EventOps.cpp - Operations of the event dialect -----------*- C++ -*-===//
 
 #include "Event/IR/EventOps.h"
+#include "Event/IR/RunLayout.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/Matchers.h"
@@ -635,7 +636,18 @@ static LogicalResult verifyElementAccess(Operation *op, Value event,
 }
 
 LogicalResult WaitOp::verify() {
+  if (getSite().size() == 1)
+    return emitOpError("expects a site of a task, an event and the tile's "
+                       "coordinates, found 1 value");
   return verifyElementAccess(*this, getEvent(), getIndices());
+}
+
+LogicalResult TraceBeginOp::verify() {
+  if (static_cast<int64_t>(getTile().size()) > run::kMaxRecordRank)
+    return emitOpError("records at most ")
+           << run::kMaxRecordRank << " tile coordinates, found "
+           << getTile().size();
+  return success();
 }
 
 LogicalResult NotifyOp::verify() {

@@ -133,7 +133,8 @@ void dropUnusedPendingView(QueueLayout &layout) {
 /// Builds the tables and functions of one graph's dynamic schedule.
 class DynamicScheduler : public GraphProgramBuilder {
 public:
-  DynamicScheduler(const GraphPlan &plan, int64_t workers, bool forceIndex);
+  DynamicScheduler(const GraphPlan &plan, int64_t workers, bool forceIndex,
+                   bool trace);
 
   /// Inserts the constant tables, `@g_counters`, `@g_init`, `@g_worker` and
   /// `@g_check` at `builder`.
@@ -227,8 +228,8 @@ private:
 } // namespace
 
 DynamicScheduler::DynamicScheduler(const GraphPlan &plan, int64_t workers,
-                                   bool forceIndex)
-    : GraphProgramBuilder(plan, "dynamic", workers) {
+                                   bool forceIndex, bool trace)
+    : GraphProgramBuilder(plan, "dynamic", workers, trace) {
   anyLive = llvm::any_of(plan.families, [](const TaskFamily &family) {
     return family.isPredicated();
   });
@@ -354,8 +355,9 @@ void DynamicScheduler::buildCounters(OpBuilder &builder) {
   ScheduledFunction function =
       createFunction(builder, "_counters", /*withCounters=*/false,
                      builder.getIndexType(), layout);
+  Location loc = graph.getLoc();
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
-  func::ReturnOp::create(b, graph.getLoc(), layout.end);
+  func::ReturnOp::create(b, loc, bufferSize(b, loc, function, layout.end));
 }
 
 /// Loads counter `position` as an index.
@@ -689,6 +691,7 @@ void DynamicScheduler::buildInit(OpBuilder &builder) {
       builder, "_init", /*withCounters=*/true, /*results=*/{}, layout);
   Location loc = graph.getLoc();
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
+  initRunHeader(b, loc, function, layout.end);
   initEventCounters(b, function);
   zeroCounters(b, loc, function.counters, layout.queue, layout.pending);
   if (anyLive) {
@@ -867,8 +870,11 @@ void DynamicScheduler::runTile(OpBuilder &b, Location loc,
   switchOnFamily(b, loc, function, task, TypeRange{},
                  [&](OpBuilder &cb, const TaskFamily &family,
                      Value record) -> SmallVector<Value> {
-                   runTileBody(cb, loc, function, family, record,
-                               tileOf(cb, family));
+                   // A popped tile is ready: it has no waits, so nothing to
+                   // skip; its notifies follow, once per event class.
+                   emitTileWork(cb, loc, function, family, record, task,
+                                tileOf(cb, family), id, layout.end,
+                                /*afterWaits=*/false, [](OpBuilder &) {});
                    return {};
                  });
 
@@ -1116,7 +1122,7 @@ struct EventDynamicSchedulePass
     ModuleOp module = getOperation();
     SmallVector<std::pair<GraphOp, bool>> graphs;
     for (GraphOp graph : module.getOps<GraphOp>()) {
-      if (failed(checkSchedule(graph, /*requireStaticOrder=*/false)))
+      if (check && failed(checkSchedule(graph, /*requireStaticOrder=*/false)))
         return signalPassFailure();
       bool dynamic = !autoSchedule || isDataDependent(graph);
       if (!dynamic) {
@@ -1136,16 +1142,17 @@ struct EventDynamicSchedulePass
     for (auto [graph, dynamic] : graphs) {
       simplifyGraph(graph);
       FailureOr<GraphPlan> plan = GraphPlan::build(graph);
-      if (failed(plan))
+      if (failed(plan) ||
+          failed(GraphProgramBuilder(*plan, "", workers, trace).checkTraceable()))
         return signalPassFailure();
       plans.push_back(std::move(*plan));
     }
     for (auto [plan, scheduled] : llvm::zip(plans, graphs)) {
       OpBuilder builder(plan.graph);
       if (scheduled.second)
-        DynamicScheduler(plan, workers, forceIndex).build(builder);
+        DynamicScheduler(plan, workers, forceIndex, trace).build(builder);
       else
-        buildStaticSchedule(builder, plan, workers);
+        buildStaticSchedule(builder, plan, workers, trace);
       plan.graph->erase();
     }
   }

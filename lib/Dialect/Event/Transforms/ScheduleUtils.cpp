@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Event/Transforms/ScheduleUtils.h"
+#include "Event/IR/RunLayout.h"
 
 #include "mlir/Dialect/Affine/IR/AffineOps.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -301,9 +302,45 @@ void etc::event::simplifyGraph(GraphOp graph) {
 //===----------------------------------------------------------------------===//
 
 GraphProgramBuilder::GraphProgramBuilder(const GraphPlan &plan,
-                                         StringRef schedule, int64_t workers)
+                                         StringRef schedule, int64_t workers,
+                                         bool trace)
     : plan(plan), graph(plan.graph), schedule(schedule.str()),
-      workers(workers), tasks(plan.tasks.begin(), plan.tasks.end()) {}
+      workers(workers), trace(trace),
+      tasks(plan.tasks.begin(), plan.tasks.end()) {}
+
+/// The `event.tasks` table: each task's name and grid rank, in order.
+static ArrayAttr taskTable(OpBuilder &b, ArrayRef<TaskOp> tasks) {
+  return b.getArrayAttr(llvm::map_to_vector(tasks, [&](TaskOp task) -> Attribute {
+    return b.getDictionaryAttr({
+        b.getNamedAttr("name", task.getNameAttr()),
+        b.getNamedAttr("grid_rank", b.getI64IntegerAttr(task.getGridRank())),
+    });
+  }));
+}
+
+/// The `event.events` table: for each event in the order of its global
+/// number (`e<number>`), the tasks that notify it and wait on it.
+static ArrayAttr eventTable(OpBuilder &b, const GraphPlan &plan) {
+  SmallVector<Attribute> events;
+  for (const EventClass &eventClass : plan.classes)
+    for (AllocOp constAlloc : eventClass.instances) {
+      AllocOp alloc = constAlloc;
+      SmallVector<Attribute> notifiers, waiters;
+      for (TaskOp task : plan.tasks) {
+        if (llvm::is_contained(task.getNotifies(), alloc.getResult()))
+          notifiers.push_back(task.getNameAttr());
+        if (llvm::is_contained(task.getWaits(), alloc.getResult()))
+          waiters.push_back(task.getNameAttr());
+      }
+      events.push_back(b.getDictionaryAttr({
+          b.getNamedAttr("name", b.getStringAttr(
+                                     "e" + std::to_string(plan.eventNumber(alloc)))),
+          b.getNamedAttr("notified_by", b.getArrayAttr(notifiers)),
+          b.getNamedAttr("waited_by", b.getArrayAttr(waiters)),
+      }));
+    }
+  return b.getArrayAttr(events);
+}
 
 SmallVector<std::string> GraphProgramBuilder::symbolNames(GraphOp graph) {
   SmallVector<std::string> names;
@@ -367,6 +404,13 @@ ScheduledFunction GraphProgramBuilder::createFunction(OpBuilder &builder,
   function.op->setAttr("event.graph", graph.getSymNameAttr());
   function.op->setAttr("event.schedule", StringAttr::get(context, schedule));
   function.op->setAttr("event.workers", builder.getI64IntegerAttr(workers));
+  if (suffix == "_worker") {
+    // What the indices in the worker's waits and trace records refer to.
+    function.op->setAttr("event.tasks", taskTable(builder, tasks));
+    function.op->setAttr("event.events", eventTable(builder, plan));
+    if (trace)
+      function.op->setAttr("event.trace", builder.getUnitAttr());
+  }
 
   Block *entry = function.op.addEntryBlock();
   auto next = entry->args_begin();
@@ -729,6 +773,116 @@ Value GraphProgramBuilder::anyNonZero(OpBuilder &b, Location loc,
         scf::YieldOp::create(nested, loc, any);
       });
   return scan.getResult(0);
+}
+
+//===----------------------------------------------------------------------===//
+// The run header, the watchdog's sites and trace records
+//===----------------------------------------------------------------------===//
+
+Value GraphProgramBuilder::bufferSize(OpBuilder &b, Location loc,
+                                      ScheduledFunction &function, Value end) {
+  if (trace)
+    end = addIndex(b, loc, end,
+                   mulIndex(b, loc, totalTiles(b, loc, function),
+                            constantIndex(b, loc, run::kTraceRecordWords)));
+  return addIndex(b, loc, end, constantIndex(b, loc, run::kHeaderWords));
+}
+
+/// Stores the i32 (or index) `value` into word `word` of the run header at
+/// `header`.
+static void storeHeaderWord(OpBuilder &b, Location loc, Value counters,
+                            Value header, int64_t word, Value value) {
+  if (value.getType().isIndex())
+    value = arith::IndexCastOp::create(b, loc, b.getI32Type(), value);
+  memref::StoreOp::create(b, loc, value, counters,
+                          addIndex(b, loc, header, constantIndex(b, loc, word)));
+}
+
+void GraphProgramBuilder::initRunHeader(OpBuilder &b, Location loc,
+                                        ScheduledFunction &function,
+                                        Value end) {
+  Value counters = function.counters;
+  Value header = subIndex(b, loc, bufferSize(b, loc, function, end),
+                          constantIndex(b, loc, run::kHeaderWords));
+  auto zero = [&]() { return arith::ConstantIntOp::create(b, loc, 0, 32); };
+  storeHeaderWord(b, loc, counters, header, run::kStatusWord,
+                  arith::ConstantIntOp::create(b, loc, run::kRunning, 32));
+  storeHeaderWord(b, loc, counters, header, run::kClaimWord, zero());
+  if (!trace) {
+    storeHeaderWord(b, loc, counters, header, run::kTraceOffsetWord, zero());
+    storeHeaderWord(b, loc, counters, header, run::kTraceCountWord, zero());
+    return;
+  }
+  storeHeaderWord(b, loc, counters, header, run::kTraceOffsetWord, end);
+  storeHeaderWord(b, loc, counters, header, run::kTraceCountWord,
+                  totalTiles(b, loc, function));
+  // A record a stopped run leaves unwritten must not show the last run's.
+  Value zeroWord = zero();
+  scf::ForOp::create(
+      b, loc, end, header, constantIndex(b, loc, 1), ValueRange{},
+      [&](OpBuilder &nested, Location loc, Value position, ValueRange) {
+        memref::StoreOp::create(nested, loc, zeroWord, counters, position);
+        scf::YieldOp::create(nested, loc);
+      });
+}
+
+void GraphProgramBuilder::emitWaits(OpBuilder &b, Location loc,
+                                    ScheduledFunction &function,
+                                    const TaskFamily &family, Value record,
+                                    Value task, ValueRange tile) {
+  for (unsigned entry = 0; entry < family.waitClasses.size(); ++entry) {
+    EntryEvent event =
+        entryEvent(b, loc, function, family, record, entry, /*notify=*/false);
+    SmallVector<Value> site{task, event.number};
+    site.append(tile.begin(), tile.end());
+    WaitOp::create(b, loc, event.view,
+                   entryCoordinates(b, loc, function, family, record, entry,
+                                    /*notify=*/false, tile),
+                   site);
+  }
+}
+
+void GraphProgramBuilder::emitTileWork(OpBuilder &b, Location loc,
+                                       ScheduledFunction &function,
+                                       const TaskFamily &family, Value record,
+                                       Value task, ValueRange tile, Value id,
+                                       Value records, bool afterWaits,
+                                       function_ref<void(OpBuilder &)> notify) {
+  auto work = [&](OpBuilder &b) {
+    Value at;
+    if (trace) {
+      at = addIndex(b, loc, records,
+                    mulIndex(b, loc, id,
+                             constantIndex(b, loc, run::kTraceRecordWords)));
+      TraceBeginOp::create(b, loc, function.counters, at, task, tile);
+    }
+    runTileBody(b, loc, function, family, record, tile);
+    if (trace)
+      TraceEndOp::create(b, loc, function.counters, at);
+    notify(b);
+  };
+  if (!afterWaits || family.waitClasses.empty()) {
+    work(b);
+    return;
+  }
+  Value stopped = RunAbortedOp::create(b, loc, function.counters);
+  Value running = arith::XOrIOp::create(
+      b, loc, stopped, arith::ConstantIntOp::create(b, loc, 1, 1));
+  scf::IfOp::create(b, loc, running, [&](OpBuilder &then, Location loc) {
+    work(then);
+    scf::YieldOp::create(then, loc);
+  });
+}
+
+LogicalResult GraphProgramBuilder::checkTraceable() {
+  if (!trace)
+    return success();
+  for (TaskOp task : tasks)
+    if (static_cast<int64_t>(task.getGridRank()) > run::kMaxRecordRank)
+      return task.emitOpError("has a grid of rank ")
+             << task.getGridRank() << "; trace records hold at most "
+             << run::kMaxRecordRank << " tile coordinates";
+  return success();
 }
 
 LogicalResult etc::event::checkScheduleSymbolsFree(ModuleOp module,

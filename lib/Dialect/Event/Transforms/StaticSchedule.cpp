@@ -40,8 +40,8 @@ namespace {
 /// Builds the four functions of one graph's static schedule.
 class StaticScheduler : public GraphProgramBuilder {
 public:
-  StaticScheduler(const GraphPlan &plan, int64_t workers)
-      : GraphProgramBuilder(plan, "static", workers) {}
+  StaticScheduler(const GraphPlan &plan, int64_t workers, bool trace)
+      : GraphProgramBuilder(plan, "static", workers, trace) {}
 
   /// Inserts the constant tables, `@g_counters`, `@g_init`, `@g_worker` and
   /// `@g_check` at `builder`.
@@ -53,53 +53,60 @@ private:
   void buildWorker(OpBuilder &builder);
   void buildCheck(OpBuilder &builder);
   void runTile(OpBuilder &b, Location loc, ScheduledFunction &function,
-               const TaskFamily &family, Value record, ValueRange tile);
+               const TaskFamily &family, Value record, Value task,
+               ValueRange tile, Value id);
 };
 } // namespace
 
-/// `@g_counters(symbols, table) -> index`: the size of the counter buffer.
+/// `@g_counters(symbols, table) -> index`: the size of the counter buffer:
+/// the event counters, the trace records when tracing, the run header.
 void StaticScheduler::buildCounters(OpBuilder &builder) {
   ScheduledFunction function =
       createFunction(builder, "_counters", /*withCounters=*/false,
                      builder.getIndexType());
+  Location loc = graph.getLoc();
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
-  func::ReturnOp::create(b, graph.getLoc(), function.eventCounters);
+  func::ReturnOp::create(b, loc,
+                         bufferSize(b, loc, function, function.eventCounters));
 }
 
-/// `@g_init(symbols, table, counters)`: every counter set to its expected
-/// count.
+/// `@g_init(symbols, table, counters)`: the run header reset and every
+/// counter set to its expected count.
 void StaticScheduler::buildInit(OpBuilder &builder) {
   ScheduledFunction function = createFunction(
       builder, "_init", /*withCounters=*/true, /*results=*/{});
+  Location loc = graph.getLoc();
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
+  initRunHeader(b, loc, function, function.eventCounters);
   initEventCounters(b, function);
-  func::ReturnOp::create(b, graph.getLoc());
+  func::ReturnOp::create(b, loc);
 }
 
-/// Emits one tile of the task whose record starts at `record`: waits, the
-/// tile body, notifies; only for live tiles when the task has live bounds.
-/// A dead tile keeps its place in the global order and its worker moves
-/// on, so the order argument against deadlock is unchanged.
+/// Emits one tile (global tile `id`) of task `task`, whose record starts at
+/// `record`: waits, then, unless the run was stopped meanwhile, the tile
+/// body and the notifies; only for live tiles when the task has live
+/// bounds. A dead tile keeps its place in the global order and its worker
+/// moves on, so the order argument against deadlock is unchanged.
 void StaticScheduler::runTile(OpBuilder &builder, Location loc,
                               ScheduledFunction &function,
                               const TaskFamily &family, Value record,
-                              ValueRange tile) {
+                              Value task, ValueRange tile, Value id) {
   ifLive(builder, loc, function, family, record, tile, [&](OpBuilder &b) {
-    for (unsigned entry = 0; entry < family.waitClasses.size(); ++entry) {
-      EntryEvent event =
-          entryEvent(b, loc, function, family, record, entry, /*notify=*/false);
-      WaitOp::create(b, loc, event.view,
-                     entryCoordinates(b, loc, function, family, record, entry,
-                                      /*notify=*/false, tile));
-    }
-    runTileBody(b, loc, function, family, record, tile);
-    for (unsigned entry = 0; entry < family.notifyClasses.size(); ++entry) {
-      EntryEvent event =
-          entryEvent(b, loc, function, family, record, entry, /*notify=*/true);
-      NotifyOp::create(b, loc, event.view,
-                       entryCoordinates(b, loc, function, family, record,
-                                        entry, /*notify=*/true, tile));
-    }
+    emitWaits(b, loc, function, family, record, task, tile);
+    emitTileWork(b, loc, function, family, record, task, tile, id,
+                 function.eventCounters, /*afterWaits=*/true,
+                 [&](OpBuilder &b) {
+                   for (unsigned entry = 0;
+                        entry < family.notifyClasses.size(); ++entry) {
+                     EntryEvent event = entryEvent(b, loc, function, family,
+                                                   record, entry,
+                                                   /*notify=*/true);
+                     NotifyOp::create(
+                         b, loc, event.view,
+                         entryCoordinates(b, loc, function, family, record,
+                                          entry, /*notify=*/true, tile));
+                   }
+                 });
   });
 }
 
@@ -140,8 +147,8 @@ void StaticScheduler::buildWorker(OpBuilder &builder) {
                     cb, loc, start, end, workerCount, ValueRange{},
                     [&](OpBuilder &lb, Location loc, Value global, ValueRange) {
                       Value local = subIndex(lb, loc, global, taskOffset);
-                      runTile(lb, loc, function, family, record,
-                              delinearize(lb, loc, local, extents));
+                      runTile(lb, loc, function, family, record, task,
+                              delinearize(lb, loc, local, extents), global);
                       scf::YieldOp::create(lb, loc);
                     });
                 return {count};
@@ -153,8 +160,8 @@ void StaticScheduler::buildWorker(OpBuilder &builder) {
   func::ReturnOp::create(b, loc);
 }
 
-/// `@g_check(symbols, table, counters) -> i32`: 0 when every counter is back
-/// to zero after the run, 2 (unbalanced) otherwise.
+/// `@g_check(symbols, table, counters) -> i32`: 0 when every event counter
+/// is back to zero after the run, 2 (unbalanced) otherwise.
 void StaticScheduler::buildCheck(OpBuilder &builder) {
   ScheduledFunction function = createFunction(
       builder, "_check", /*withCounters=*/true, builder.getI32Type());
@@ -178,8 +185,8 @@ void StaticScheduler::build(OpBuilder &builder) {
 }
 
 void etc::event::buildStaticSchedule(OpBuilder &builder, const GraphPlan &plan,
-                                     int64_t workers) {
-  StaticScheduler(plan, workers).build(builder);
+                                     int64_t workers, bool trace) {
+  StaticScheduler(plan, workers, trace).build(builder);
 }
 
 //===----------------------------------------------------------------------===//
@@ -201,7 +208,7 @@ struct EventStaticSchedulePass
     }
     SmallVector<GraphOp> graphs(module.getOps<GraphOp>());
     for (GraphOp graph : graphs)
-      if (failed(checkSchedule(graph)))
+      if (check && failed(checkSchedule(graph)))
         return signalPassFailure();
     if (failed(checkScheduleSymbolsFree(module, "event-static-schedule")))
       return signalPassFailure();
@@ -211,13 +218,14 @@ struct EventStaticSchedulePass
     for (GraphOp graph : graphs) {
       simplifyGraph(graph);
       FailureOr<GraphPlan> plan = GraphPlan::build(graph);
-      if (failed(plan))
+      if (failed(plan) ||
+          failed(StaticScheduler(*plan, workers, trace).checkTraceable()))
         return signalPassFailure();
       plans.push_back(std::move(*plan));
     }
     for (const GraphPlan &plan : plans) {
       OpBuilder builder(plan.graph);
-      buildStaticSchedule(builder, plan, workers);
+      buildStaticSchedule(builder, plan, workers, trace);
       plan.graph->erase();
     }
   }

@@ -1,0 +1,116 @@
+//===- EventRunHeader.h - Watchdog and trace records for the targets -*- C++ -*-===//
+//
+// Both targets bound every spin with the watchdog, report the first spin
+// that times out in the run header's error record, and write trace records
+// the same way (layout in `Event/IR/RunLayout.h`); only the clock, the
+// back-off, the atomics' scope and who in a worker does it differ.
+//
+// A spin is a load inline (the element is usually ready) and, when it is
+// not, a call of an out-of-line function that polls: keeping the loop, the
+// clock and the record out of the worker keeps the worker small, which
+// matters because the NVPTX backend slows down sharply on many inlined
+// copies.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ETC_CONVERSION_EVENTCOMMON_EVENTRUNHEADER_H
+#define ETC_CONVERSION_EVENTCOMMON_EVENTRUNHEADER_H
+
+#include "mlir/IR/Builders.h"
+
+namespace etc {
+
+/// Removes the schedulers' `event.tasks` and `event.events` tables from
+/// every function in `module`: they describe the program for the front end,
+/// which reads them from the scheduled program; the lowered code refers to
+/// tasks and events by number only.
+void dropProgramTables(mlir::Operation *module);
+
+/// The functions the lowerings of waits and pops define and call.
+inline constexpr llvm::StringLiteral kWatchdogReportName =
+    "__etc_watchdog_report";
+inline constexpr llvm::StringLiteral kSpinCounterName = "__etc_spin_counter";
+inline constexpr llvm::StringLiteral kSpinSlotName = "__etc_spin_slot";
+
+/// Where a spin is, for the error record: every field an i32 value; `tile`
+/// and `element` padded to `run::kMaxRecordRank` coordinates.
+struct WatchdogSite {
+  mlir::Value kind; ///< run::kSiteWait or run::kSitePop.
+  mlir::Value worker;
+  mlir::Value task; ///< Task index, or -1.
+  mlir::Value tileRank;
+  llvm::SmallVector<mlir::Value, 4> tile;
+  mlir::Value event; ///< Event index, or -1.
+  mlir::Value elementRank;
+  llvm::SmallVector<mlir::Value, 4> element;
+
+  /// The site of a spin at `kind`, by `worker`, in tile `tile` of task
+  /// `task` on element `element` of event number `event` (index values;
+  /// a null task or event is recorded as -1).
+  static WatchdogSite get(mlir::OpBuilder &b, mlir::Location loc, int32_t kind,
+                          mlir::Value worker, mlir::Value task,
+                          mlir::ValueRange tile, mlir::Value event,
+                          mlir::ValueRange element);
+};
+
+/// How a target waits with the watchdog: the clock (i64 nanoseconds), the
+/// back-off between polls, and the synchronisation scope of its atomics
+/// ("" for the system). The back-off gets an i32 state (starting at
+/// `firstBackOff`) and returns the next one, e.g. a growing sleep.
+struct SpinTarget {
+  llvm::function_ref<mlir::Value(mlir::OpBuilder &, mlir::Location)> now;
+  llvm::function_ref<mlir::Value(mlir::OpBuilder &, mlir::Location,
+                                 mlir::Value)>
+      backOff;
+  int32_t firstBackOff;
+  llvm::StringRef syncScope;
+  /// The spin gives up after this long.
+  int64_t timeoutMs;
+};
+
+/// What a spin waits for: a counter to be no longer positive (`event.wait`)
+/// or a queue slot to be non-zero (`event.queue_pop`).
+enum class SpinUntil { CounterReady, SlotPublished };
+
+/// Defines, in the symbol table `symbolTable` (a module or a `gpu.module`),
+/// unless they are there: `@__etc_watchdog_report` (claims the error record
+/// with an atomic increment of the claim word and, if first, writes it and
+/// publishes the status `run::kWatchdog` with a release fence and a relaxed
+/// store), and the never-inlined spins `@__etc_spin_counter` and
+/// `@__etc_spin_slot(counters, element pointer, the site's 14 words) -> i32`:
+/// acquire loads with `target`'s back-off until the element is ready, the
+/// run's status is no longer `run::kRunning`, or `target.timeoutMs` passed
+/// (then the report); they return the last value loaded. Fails if a symbol
+/// has another meaning.
+mlir::LogicalResult defineSpinFunctions(mlir::Operation *symbolTable,
+                                        const SpinTarget &target);
+
+/// Builds a watchdog-bounded spin on the i32 at `pointer` (an element of
+/// `counters`): an acquire load inline and, unless it is ready, a call of
+/// the spin function `defineSpinFunctions` defined. Returns the last value
+/// loaded (i32); for a slot, 0 means the spin stopped without a task.
+mlir::Value buildSpin(mlir::OpBuilder &b, mlir::Location loc,
+                      mlir::Value counters, mlir::Value pointer,
+                      llvm::StringRef syncScope, SpinUntil until,
+                      const WatchdogSite &site);
+
+/// The run's status word (`run::kStatusWord` of `counters`), loaded relaxed:
+/// non-zero once the run is stopped. Returns an i32.
+mlir::Value loadRunStatus(mlir::OpBuilder &b, mlir::Location loc,
+                          mlir::Value counters, llvm::StringRef syncScope);
+
+/// Writes the first part of the trace record at word `record` of `counters`
+/// (worker, task, tile, start `nowNs`).
+void buildTraceBegin(mlir::OpBuilder &b, mlir::Location loc,
+                     mlir::Value counters, mlir::Value record,
+                     mlir::Value worker, mlir::Value task,
+                     mlir::ValueRange tile, mlir::Value nowNs);
+
+/// Writes the end time `nowNs` into the trace record at word `record`.
+void buildTraceEnd(mlir::OpBuilder &b, mlir::Location loc,
+                   mlir::Value counters, mlir::Value record,
+                   mlir::Value nowNs);
+
+} // namespace etc
+
+#endif // ETC_CONVERSION_EVENTCOMMON_EVENTRUNHEADER_H

@@ -1,0 +1,224 @@
+"""The graph families the GPU check kit and the artifact tests compile.
+
+Each family is a graph (built with `etc.Graph`, so building needs MLIR) and a
+recipe for its inputs that needs only NumPy (`Recipe`), so that the kit can
+draw fresh inputs for every run on a machine without MLIR. Together they
+cover every operator of the front end, the examples, the three dtypes and
+the data-dependent MoE layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: The operators of `etc.Graph` with a one-operator family each.
+OPERATORS = ("matmul", "matmul_t", "add", "mul", "add_row", "mul_row", "silu", "gelu",
+             "exp", "scale", "rmsnorm", "softmax", "sum", "topk")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to draw inputs: N(0, 1) times `scales[name]` (default 1), bf16
+    inputs rounded to bf16, f16 ones cast; `sizes` are the values of the
+    symbol to check at; `tolerance` the largest relative error
+    ‖out − ref‖ / ‖ref‖ per output; `routing` names (x, router_w, top_k)
+    when the inputs must route tokens unambiguously (MoE)."""
+
+    sizes: tuple = (1, 5, 33, 64)
+    scales: dict = field(default_factory=dict)
+    tolerance: float = 1e-4
+    routing: tuple | None = None
+
+    def to_json(self) -> dict:
+        return {"sizes": list(self.sizes), "scales": dict(self.scales),
+                "tolerance": self.tolerance,
+                "routing": list(self.routing) if self.routing else None}
+
+
+def recipe_from_json(data: dict) -> Recipe:
+    return Recipe(tuple(data["sizes"]), dict(data["scales"]), float(data["tolerance"]),
+                  tuple(data["routing"]) if data.get("routing") else None)
+
+
+# ---------------------------------------------------------------------------
+# Graphs (need MLIR)
+# ---------------------------------------------------------------------------
+
+def operator_graph(kind: str):
+    import etc
+
+    g = etc.Graph(f"op_{kind}")
+    B = g.symbol("B")
+    x = g.input("x", (B, 96), "f32")
+    if kind == "matmul":
+        y = g.matmul(x, g.input("w", (96, 80), "f32"))
+    elif kind == "matmul_t":
+        y = g.matmul(x, g.input("w", (80, 96), "f32"), transpose_b=True)
+    elif kind in ("add", "mul"):
+        y = getattr(g, kind)(x, g.input("z", (B, 96), "f32"))
+    elif kind in ("add_row", "mul_row"):
+        y = getattr(g, kind[:3])(x, g.input("r", (96,), "f32"))
+    elif kind in ("silu", "gelu", "exp", "softmax", "sum"):
+        y = getattr(g, kind)(x)
+    elif kind == "scale":
+        y = g.scale(x, -0.5)
+    elif kind == "rmsnorm":
+        y = g.rmsnorm(x, g.input("w", (96,), "f32"), 1e-5)
+    elif kind == "topk":
+        values, indices = g.topk(x, 4)
+        g.output(values, indices)
+        return g
+    else:
+        raise ValueError(kind)
+    g.output(y)
+    return g
+
+
+def mlp_block(name: str = "mlp_block", hidden: int = 128, ffn: int = 192, dtype: str = "f32"):
+    """The 5-operator block of the benchmarks: rmsnorm, matmul, silu, matmul,
+    residual add."""
+    import etc
+
+    g = etc.Graph(name)
+    B = g.symbol("B")
+    x = g.input("x", (B, hidden), dtype)
+    nw = g.input("nw", (hidden,), dtype)
+    w1 = g.input("w1", (hidden, ffn), dtype)
+    w2 = g.input("w2", (ffn, hidden), dtype)
+    h = g.rmsnorm(x, nw, 1e-6)
+    y = g.add(g.matmul(g.silu(g.matmul(h, w1)), w2), x)
+    g.output(y)
+    return g
+
+
+def dense_graph():
+    """Several operators that feed each other, two outputs."""
+    import etc
+
+    g = etc.Graph("dense")
+    B = g.symbol("B")
+    x = g.input("x", (B, 128), "f32")
+    nw = g.input("nw", (128,), "f32")
+    w1 = g.input("w1", (128, 192), "f32")
+    w2 = g.input("w2", (192, 128), "f32")
+    h = g.rmsnorm(x, nw, 1e-6)
+    a = g.gelu(g.matmul(h, w1))
+    y = g.add(g.matmul(a, w2), x)
+    g.output(y, g.softmax(y))
+    return g
+
+
+def moe_graph(dtype: str = "f32", name: str = "moe_layer"):
+    import etc
+
+    g = etc.Graph(name)
+    T = g.symbol("T")
+    x = g.input("x", (T, 16), dtype)
+    router_w = g.input("router_w", (16, 8), dtype)
+    w1 = g.input("w1", (8, 16, 24), dtype)
+    w2 = g.input("w2", (8, 24, 16), dtype)
+    g.output(g.moe(x, router_w, w1, w2, 2, tile=8))
+    return g
+
+
+def example_mlp():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "mlp.py"
+    spec = importlib.util.spec_from_file_location("etc_example_mlp", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_mlp()
+
+
+def example_moe():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "moe.py"
+    spec = importlib.util.spec_from_file_location("etc_example_moe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_moe()
+
+
+def families() -> dict:
+    """Family name -> (graph builder, recipe)."""
+    small = {"w": 0.3, "z": 0.3, "r": 0.3}
+    table = {f"op_{kind}": ((lambda kind=kind: operator_graph(kind)), Recipe(scales=small))
+             for kind in OPERATORS}
+    weights = {"w1": 0.1, "w2": 0.1}
+    table["dense"] = (dense_graph, Recipe(scales=weights))
+    table["mlp_block"] = (mlp_block, Recipe(scales=weights))
+    table["mlp_f16"] = (lambda: mlp_block("mlp_f16", dtype="f16"),
+                        Recipe(scales=weights, tolerance=2e-3))
+    table["mlp_bf16"] = (lambda: mlp_block("mlp_bf16", dtype="bf16"),
+                         Recipe(scales=weights, tolerance=2e-2))
+    moe_scales = {"w1": 0.25, "w2": 0.2}
+    table["moe"] = (moe_graph, Recipe(sizes=(1, 7, 40, 100), scales=moe_scales,
+                                      routing=("x", "router_w", 2)))
+    table["moe_f16"] = (lambda: moe_graph("f16", "moe_f16"),
+                        Recipe(sizes=(3, 40), scales=moe_scales, tolerance=3e-3,
+                               routing=("x", "router_w", 2)))
+    table["example_mlp"] = (example_mlp, Recipe(sizes=(1, 7, 64), scales={"w1": 0.06, "w2": 0.05}))
+    # Routes rmsnorm(x), so the margin check on x does not apply; ties
+    # closer than rounding are improbable at these sizes.
+    table["example_moe"] = (example_moe, Recipe(sizes=(1, 9, 70), scales={"w1": 0.1, "w2": 0.1}))
+    return table
+
+
+# ---------------------------------------------------------------------------
+# Inputs (NumPy only)
+# ---------------------------------------------------------------------------
+
+def _routing_margin(x, router_w, top_k: int) -> float:
+    logits = x.astype(np.float32) @ router_w.astype(np.float32)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    if top_k >= p.shape[1]:
+        return 1.0
+    ordered = -np.sort(-p, axis=-1)
+    return float(np.min(ordered[:, top_k - 1] - ordered[:, top_k])) if len(p) else 1.0
+
+
+def make_inputs(arguments, symbols: dict, recipe: Recipe, rng) -> dict:
+    """Fresh inputs for `arguments` (a kernel's, in order) with the symbols
+    bound to `symbols`: see `Recipe`."""
+    from etc.reference import round_bf16
+
+    for _ in range(100):
+        inputs = {}
+        for arg in arguments:
+            if arg.kind != "input":
+                continue
+            shape = tuple(symbols[d] if isinstance(d, str) else d for d in arg.shape)
+            values = rng.standard_normal(shape).astype(np.float32) * np.float32(
+                recipe.scales.get(arg.name, 1.0))
+            if arg.dtype == "bf16":
+                values = round_bf16(values)
+            elif arg.dtype == "f16":
+                values = values.astype(np.float16)
+            inputs[arg.name] = values
+        if recipe.routing is None:
+            return inputs
+        x, router_w, top_k = recipe.routing
+        if _routing_margin(inputs[x], inputs[router_w], top_k) > 1e-4:
+            return inputs
+    raise RuntimeError("could not draw inputs with an unambiguous routing")
+
+
+def relative_error(got, want) -> float:
+    """‖got − want‖ / ‖want‖ in float64 (exact 0 for two empty arrays); NaN
+    anywhere counts as an infinite error."""
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return float("inf")
+    if not (np.all(np.isfinite(got)) and np.all(np.isfinite(want))):
+        return float("inf")
+    norm = np.linalg.norm(want)
+    diff = np.linalg.norm(got - want)
+    return float(diff / norm) if norm > 0 else float(diff)

@@ -1,0 +1,149 @@
+"""What a compiled program takes and how to run it, without MLIR.
+
+A `KernelABI` is everything a runtime needs besides the code: the graph's
+arguments in order (names, kinds, dtypes, symbolic shapes), its outputs, the
+target and schedule, and the tables that turn the device's error and trace
+records into names (tasks and their tile grids, event tensors). `etc.compile`
+builds it from the graph and the scheduled IR; an artifact stores it as JSON.
+
+Sizes that depend on symbols are not formulas here: intermediates and
+outputs take their declared shapes with the symbols bound from the inputs
+(`etc.binding`), and the counter buffer (event counters, task queue, error
+record, trace records) is as large as the program's own `<g>_counters`
+function says for the bound symbols.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Kinds of graph argument, in the order they appear.
+ARGUMENT_KINDS = ("symbol", "input", "output", "intermediate")
+#: Element types of buffers ("index" for symbols).
+DTYPES = ("f32", "f16", "bf16", "i32", "index")
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One argument of the program, in argument order: `kind` is one of
+    ARGUMENT_KINDS; `shape` holds ints and symbol names (`()` for a symbol)."""
+
+    kind: str
+    name: str
+    shape: tuple
+    dtype: str
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "name": self.name, "shape": list(self.shape),
+                "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Argument":
+        kind, dtype = data["kind"], data["dtype"]
+        if kind not in ARGUMENT_KINDS:
+            raise ValueError(f"argument {data.get('name')!r}: unknown kind {kind!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"argument {data.get('name')!r}: unknown dtype {dtype!r}")
+        shape = tuple(d if isinstance(d, str) else int(d) for d in data["shape"])
+        return cls(kind, str(data["name"]), shape, dtype)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task (operator) of the program: its name (`matmul_1`) and the rank
+    of its tile grid."""
+
+    name: str
+    grid_rank: int
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event tensor: its name (`e<number>`) and the tasks that notify it
+    and wait on it."""
+
+    name: str
+    notified_by: tuple = ()
+    waited_by: tuple = ()
+
+
+@dataclass(frozen=True)
+class KernelABI:
+    """The interface of one compiled program (see the module docstring).
+
+    `schedule` is the schedule the program got ("static" or "dynamic"; "auto"
+    is resolved at compile time). `workers` is the CPU thread count.
+    `watchdog_ms` bounds every spin of the program; `trace` says whether the
+    workers record trace events. `reference` is the graph's operators for
+    the NumPy reference (`etc.reference.evaluate`), when known.
+    """
+
+    name: str
+    target: str
+    chip: str
+    schedule: str
+    workers: int
+    arguments: tuple
+    outputs: tuple
+    tasks: tuple = ()
+    events: tuple = ()
+    watchdog_ms: int = 0
+    trace: bool = False
+    reference: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    # -- names of the program's functions ----------------------------------
+
+    def function(self, role: str) -> str:
+        """The symbol of the program's `role` function: counters, init, worker
+        or check."""
+        return f"{self.name}_{role}"
+
+    @property
+    def inputs(self) -> list[str]:
+        return [a.name for a in self.arguments if a.kind == "input"]
+
+    def argument(self, name: str) -> Argument:
+        for arg in self.arguments:
+            if arg.name == name:
+                return arg
+        raise KeyError(name)
+
+    # -- JSON ------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "target": self.target, "chip": self.chip,
+            "schedule": self.schedule, "workers": self.workers,
+            "arguments": [a.to_json() for a in self.arguments],
+            "outputs": list(self.outputs),
+            "tasks": [{"name": t.name, "grid_rank": t.grid_rank} for t in self.tasks],
+            "events": [{"name": e.name, "notified_by": list(e.notified_by),
+                        "waited_by": list(e.waited_by)} for e in self.events],
+            "watchdog_ms": self.watchdog_ms, "trace": self.trace,
+            "reference": self.reference,
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "KernelABI":
+        try:
+            abi = cls(
+                name=str(data["name"]), target=str(data["target"]), chip=str(data["chip"]),
+                schedule=str(data["schedule"]), workers=int(data["workers"]),
+                arguments=tuple(Argument.from_json(a) for a in data["arguments"]),
+                outputs=tuple(str(o) for o in data["outputs"]),
+                tasks=tuple(Task(str(t["name"]), int(t["grid_rank"])) for t in data["tasks"]),
+                events=tuple(Event(str(e["name"]), tuple(e["notified_by"]),
+                                   tuple(e["waited_by"])) for e in data["events"]),
+                watchdog_ms=int(data["watchdog_ms"]), trace=bool(data["trace"]),
+                reference=data.get("reference"),
+                extra=dict(data.get("extra") or {}))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"malformed kernel ABI: {type(error).__name__}: {error}") from None
+        names = {a.name for a in abi.arguments}
+        missing = [o for o in abi.outputs if o not in names]
+        if missing:
+            raise ValueError(f"malformed kernel ABI: outputs {missing} are not arguments")
+        return abi

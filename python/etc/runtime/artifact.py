@@ -1,0 +1,205 @@
+"""Saved kernels: one self-describing file that runs without MLIR.
+
+An artifact is a zip archive (stored, not compressed, so that it can be read
+with any zip tool) holding:
+
+* `etc-artifact.json`: the format name and version, the target, the chip,
+  the schedule, the kernel ABI (`KernelABI`: arguments in order with names,
+  kinds, dtypes and symbolic shapes, outputs, task and event tables) and the
+  SHA-256 of the code;
+* the code: `kernel.ptx` (PTX text) for CUDA, or `kernel.so` for the CPU (a
+  shared library linked from the lowered LLVM module by the system C
+  compiler, for the `platform` the manifest names).
+
+`load(path)` checks all of that and returns a `LoadedKernel`: the same `run`
+as a freshly compiled kernel, plus `arguments`, `abi` and, for CUDA, `ptx`.
+A file that is not an artifact, is damaged, or has another format version
+raises `ArtifactError` saying which.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import platform
+import tempfile
+import zipfile
+from pathlib import Path
+
+from .abi import KernelABI
+
+#: The `format` field of every artifact manifest.
+FORMAT = "etc-artifact"
+#: The version of the layout this runtime reads and writes. Bump it whenever
+#: the manifest, the ABI or the meaning of the code's entry points changes
+#: (e.g. the counter-buffer layout the runtime decodes).
+FORMAT_VERSION = 1
+MANIFEST = "etc-artifact.json"
+_CODE = {"cuda": "kernel.ptx", "cpu": "kernel.so"}
+
+
+class ArtifactError(ValueError):
+    """A file that this runtime cannot load as an ETC artifact, and why."""
+
+
+def host_platform() -> str:
+    """The platform a CPU artifact built here runs on, e.g. "linux-x86_64"."""
+    return f"{platform.system().lower()}-{platform.machine().lower()}"
+
+
+def write(path, abi: KernelABI, code: bytes) -> None:
+    """Writes an artifact of `abi` with `code` (PTX text or a shared library)
+    to `path`."""
+    if abi.target not in _CODE:
+        raise ValueError(f"cannot save a kernel for target {abi.target!r}")
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "target": abi.target,
+        "chip": abi.chip,
+        "schedule": abi.schedule,
+        "platform": host_platform() if abi.target == "cpu" else None,
+        "code": {"name": _CODE[abi.target], "sha256": hashlib.sha256(code).hexdigest(),
+                 "bytes": len(code)},
+        "abi": abi.to_json(),
+    }
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        archive.writestr(_CODE[abi.target], code)
+    path = Path(path)
+    # Written whole, then renamed: a reader never sees half a file.
+    temporary = path.with_name(path.name + ".part")
+    temporary.write_bytes(buffer.getvalue())
+    os.replace(temporary, path)
+
+
+def read(path) -> tuple[dict, KernelABI, bytes]:
+    """The manifest, ABI and code of the artifact at `path`, checked."""
+    path = Path(path)
+    try:
+        archive = zipfile.ZipFile(path)
+    except FileNotFoundError:
+        raise
+    except (zipfile.BadZipFile, OSError) as error:
+        raise ArtifactError(f"{path} is not an ETC artifact (not a readable zip archive: "
+                            f"{error})") from None
+    with archive:
+        try:
+            manifest = json.loads(archive.read(MANIFEST))
+        except KeyError:
+            raise ArtifactError(f"{path} is not an ETC artifact (no {MANIFEST})") from None
+        except (zipfile.BadZipFile, ValueError, OSError) as error:
+            raise ArtifactError(f"{path}: the manifest is damaged ({error})") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise ArtifactError(f"{path} is not an ETC artifact (format "
+                                f"{manifest.get('format') if isinstance(manifest, dict) else None!r})")
+        version = manifest.get("version")
+        if version != FORMAT_VERSION:
+            raise ArtifactError(
+                f"{path} has artifact format version {version}, but this runtime reads version "
+                f"{FORMAT_VERSION}: load it with the ETC release that saved it, or compile and "
+                "save the kernel again")
+        target = manifest.get("target")
+        if target not in _CODE:
+            raise ArtifactError(f"{path}: unknown target {target!r}")
+        code_info = manifest.get("code") or {}
+        try:
+            code = archive.read(code_info.get("name", _CODE[target]))
+        except KeyError:
+            raise ArtifactError(f"{path} is damaged: the code {code_info.get('name')!r} is "
+                                "missing") from None
+        except (zipfile.BadZipFile, OSError) as error:  # e.g. a CRC mismatch
+            raise ArtifactError(f"{path} is damaged: {error}") from None
+    if hashlib.sha256(code).hexdigest() != code_info.get("sha256"):
+        raise ArtifactError(f"{path} is damaged: the code does not match its checksum")
+    try:
+        abi = KernelABI.from_json(manifest["abi"])
+    except (KeyError, ValueError) as error:
+        raise ArtifactError(f"{path}: {error}") from None
+    if abi.target != target:
+        raise ArtifactError(f"{path}: the manifest says target {target!r} but its ABI says "
+                            f"{abi.target!r}")
+    if target == "cpu" and manifest.get("platform") != host_platform():
+        raise ArtifactError(
+            f"{path} holds CPU code for {manifest.get('platform')}, and this machine is "
+            f"{host_platform()}: save the kernel on a machine like this one")
+    return manifest, abi, code
+
+
+class LoadedKernel:
+    """A kernel loaded from an artifact: `run(**arrays)` like a compiled
+    kernel, `arguments` (the ABI's, in order), `abi`, `trace` (traced
+    kernels), and `ptx` for CUDA."""
+
+    def __init__(self, path, manifest: dict, abi: KernelABI, runtime, code: bytes):
+        self.path = str(path)
+        self.manifest = manifest
+        self.abi = abi
+        self._runtime = runtime
+        self._code = code
+
+    @property
+    def arguments(self) -> tuple:
+        return self.abi.arguments
+
+    @property
+    def runtime(self):
+        return self._runtime
+
+    @property
+    def ptx(self) -> str:
+        if self.abi.target != "cuda":
+            raise AttributeError(f"kernel.ptx exists for target='cuda', not {self.abi.target!r}")
+        return self._code.decode()
+
+    @property
+    def trace(self):
+        return self._runtime.trace
+
+    def run(self, /, *, out=None, stream=None, **inputs):
+        """Runs the kernel (see `etc.CompiledKernel.run`)."""
+        return self._runtime.run(inputs, out=out, stream=stream)
+
+    def save(self, path) -> None:
+        """Writes the artifact again, unchanged, to `path`."""
+        write(path, self.abi, self._code)
+
+    def __repr__(self) -> str:
+        return (f"<LoadedKernel {self.abi.name} target={self.abi.target} chip={self.abi.chip} "
+                f"schedule={self.abi.schedule} from {self.path}>")
+
+
+def load(path, *, workers: int | None = None) -> LoadedKernel:
+    """Loads the artifact at `path` (see the module docstring). `workers`
+    overrides the CPU thread count it was compiled for."""
+    manifest, abi, code = read(path)
+    if abi.target == "cpu":
+        from .cpu import CPURuntime, EntryPoints
+
+        library = _load_library(code)
+        runtime = CPURuntime(abi, EntryPoints.from_library(library, abi), workers)
+    else:
+        from .cuda import CUDARuntime
+
+        runtime = CUDARuntime(abi, code.decode())
+    return LoadedKernel(path, manifest, abi, runtime, code)
+
+
+def _load_library(code: bytes):
+    """Loads shared-library bytes with ctypes (through a private temporary
+    file, removed once loaded)."""
+    import ctypes
+
+    handle, name = tempfile.mkstemp(prefix="etc-kernel-", suffix=".so")
+    try:
+        with os.fdopen(handle, "wb") as f:
+            f.write(code)
+        try:
+            return ctypes.CDLL(name)
+        except OSError as error:
+            raise ArtifactError(f"the CPU code of the artifact cannot be loaded: {error}") from None
+    finally:
+        os.unlink(name)

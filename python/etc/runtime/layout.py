@@ -1,0 +1,117 @@
+"""The run header and trace records of the counter buffer, as the runtimes
+read them after a run (without MLIR). The header is the last HEADER_WORDS
+words of the buffer; word numbers are relative to its start.
+
+These numbers mirror `dialects/Event/IR/RunLayout.h`, which documents them;
+`test_watchdog.py` checks that they agree. Changing them changes the
+artifact format (`artifact.FORMAT_VERSION`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+STATUS_WORD = 0
+CLAIM_WORD = 1
+WORKER_WORD = 2
+SITE_WORD = 3
+TASK_WORD = 4
+TILE_RANK_WORD = 5
+TILE_WORDS = 6
+EVENT_WORD = 10
+ELEMENT_RANK_WORD = 11
+ELEMENT_WORDS = 12
+VALUE_WORD = 16
+WAITED_MS_WORD = 17
+TRACE_OFFSET_WORD = 18
+TRACE_COUNT_WORD = 19
+HEADER_WORDS = 20
+MAX_RECORD_RANK = 4
+
+RUNNING, WATCHDOG, INTERRUPTED = 0, 1, 2
+SITE_WAIT, SITE_POP = 1, 2
+
+TRACE_WORKER_WORD = 0
+TRACE_TASK_WORD = 1
+TRACE_TILE_WORDS = 2
+TRACE_START_WORD = 6
+TRACE_END_WORD = 8
+TRACE_RECORD_WORDS = 10
+
+
+class WatchdogError(RuntimeError):
+    """A wait or queue pop spun longer than the watchdog allows, so the run
+    was stopped. Attributes: `kernel`, `worker`, `task` (name or None),
+    `tile` (coordinates), `event` (name or None), `element` (coordinates;
+    for a queue pop, `(slot,)`), `value` (the counter's last value),
+    `waited` (seconds), `site` ("wait" or "pop")."""
+
+    def __init__(self, message: str, **fields):
+        super().__init__(message)
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+
+def _coordinates(header: np.ndarray, rank_word: int, first: int) -> tuple:
+    rank = int(header[rank_word])
+    kept = min(rank, MAX_RECORD_RANK)
+    values = tuple(int(v) for v in header[first:first + kept])
+    return values + (("...",) if rank > kept else ())
+
+
+def _format(coordinates: tuple) -> str:
+    return ", ".join(str(c) for c in coordinates)
+
+
+def header(counters: np.ndarray) -> np.ndarray:
+    """The run header of a counter buffer (a view of its last words)."""
+    return counters[len(counters) - HEADER_WORDS:]
+
+
+def watchdog_error(abi, header: np.ndarray) -> WatchdogError:
+    """The error the record in `header` (the run header of a counter buffer
+    after a run with status WATCHDOG) describes."""
+    header = np.asarray(header, np.int32)
+    worker = int(header[WORKER_WORD])
+    waited = int(header[WAITED_MS_WORD]) / 1000
+    value = int(header[VALUE_WORD])
+    stop = ("; the run was stopped (raise the limit with etc.compile(..., watchdog=seconds) "
+            "if the work is merely slow)")
+    if int(header[SITE_WORD]) == SITE_POP:
+        (slot, *_) = _coordinates(header, ELEMENT_RANK_WORD, ELEMENT_WORDS) or (None,)
+        message = (f"{abi.name}: watchdog: worker {worker} waited {waited:.1f} s for a task "
+                   f"from the queue (slot {slot}) that no finished task made ready: "
+                   "an unbalanced program, or a task that never finished" + stop)
+        return WatchdogError(message, kernel=abi.name, worker=worker, task=None, tile=(),
+                             event=None, element=(slot,), value=value, waited=waited,
+                             site="pop")
+    task_index = int(header[TASK_WORD])
+    event_index = int(header[EVENT_WORD])
+    task = abi.tasks[task_index].name if 0 <= task_index < len(abi.tasks) else None
+    event = abi.events[event_index] if 0 <= event_index < len(abi.events) else None
+    tile = _coordinates(header, TILE_RANK_WORD, TILE_WORDS)
+    element = _coordinates(header, ELEMENT_RANK_WORD, ELEMENT_WORDS)
+    where = f"task {task} tile ({_format(tile)})" if task else f"worker {worker}"
+    if event is not None:
+        producers = ", ".join(event.notified_by) or "no task"
+        what = f"event %{event.name} (notified by {producers})"
+    else:
+        what = "an event"
+    message = (f"{abi.name}: watchdog: {where} waited {waited:.1f} s on {what} element "
+               f"[{_format(element)}] = {value}; worker {worker}: a notify never came "
+               "(an unbalanced program) or its producer is stuck" + stop)
+    return WatchdogError(message, kernel=abi.name, worker=worker, task=task, tile=tile,
+                         event=event.name if event else None, element=element, value=value,
+                         waited=waited, site="wait")
+
+
+def check_header(abi, header: np.ndarray) -> None:
+    """Raises what the run header says went wrong: WatchdogError, or
+    KeyboardInterrupt for a run the host interrupted."""
+    status = int(header[STATUS_WORD])
+    if status == WATCHDOG:
+        raise watchdog_error(abi, header)
+    if status == INTERRUPTED:
+        raise KeyboardInterrupt
+    if status != RUNNING:
+        raise RuntimeError(f"{abi.name}: the run header has an unknown status {status}")

@@ -1,0 +1,204 @@
+"""Saved kernels: the artifact format, its errors, and CPU artifacts run in a
+process where `import mlir` fails, against the NumPy reference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import etc
+from etc.runtime import ArtifactError, artifact
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "kit"))
+import families  # noqa: E402
+
+#: Families that cover every operator (dense + one-operator topk/scale/exp/...
+#: folded into `everything`), dtypes and the data-dependent MoE layer.
+CPU_FAMILIES = ("everything", "mlp_f16", "mlp_bf16", "moe")
+
+
+def _everything():
+    """One graph with every operator family of the front end."""
+    g = etc.Graph("everything")
+    B = g.symbol("B")
+    x = g.input("x", (B, 96), "f32")
+    nw = g.input("nw", (96,), "f32")
+    w = g.input("w", (96, 64), "f32")
+    wt = g.input("wt", (96, 64), "f32")
+    r = g.input("r", (64,), "f32")
+    h = g.rmsnorm(x, nw, 1e-5)
+    a = g.silu(g.matmul(h, w))
+    b = g.gelu(g.mul(a, g.add(a, r)))
+    c = g.matmul(g.exp(g.scale(b, -0.5)), wt, transpose_b=True)
+    values, indices = g.topk(c, 3)
+    g.output(g.softmax(c), g.sum(b), values, indices)
+    return g
+
+
+def _family(name):
+    if name == "everything":
+        return _everything(), families.Recipe(scales={"w": 0.3, "wt": 0.3, "r": 0.3})
+    build, recipe = families.families()[name]
+    return build(), recipe
+
+
+_SUBPROCESS = textwrap.dedent("""
+    import json, sys
+    sys.modules["mlir"] = None  # `import mlir` raises ImportError from here on
+    try:
+        import mlir  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise SystemExit("mlir is still importable")
+    import numpy as np
+    sys.path.insert(0, sys.argv[2])
+    import etc.runtime, etc.reference
+    import families
+    assert not any(m == "etc._etc" or m.startswith("mlir.") for m in sys.modules)
+    checks = 0
+    for path, recipe in json.loads(open(sys.argv[1]).read()):
+        kernel = etc.runtime.load(path)
+        recipe = families.recipe_from_json(recipe)
+        symbol = next(a.name for a in kernel.arguments if a.kind == "symbol")
+        rng = np.random.default_rng(0)
+        for size in recipe.sizes:
+            inputs = families.make_inputs(kernel.arguments, {symbol: size}, recipe, rng)
+            outputs = kernel.run(**inputs)
+            expected = etc.reference.evaluate(kernel, **inputs)
+            for got, want in zip(outputs, expected, strict=True):
+                error = families.relative_error(got, want)
+                assert error <= recipe.tolerance, (path, size, error)
+                checks += 1
+    try:
+        etc.Graph
+    except ImportError as error:
+        assert "etc.runtime.load" in str(error)
+    else:
+        raise SystemExit("etc.Graph exists without MLIR")
+    print("checked", checks)
+""")
+
+
+def test_cpu_artifacts_run_without_mlir(tmp_path):
+    """Every operator family, static and dynamic, saved here and run in a
+    process where `import mlir` fails, against the NumPy reference computed
+    there from the description the artifact carries."""
+    jobs = []
+    for name in CPU_FAMILIES:
+        graph, recipe = _family(name)
+        for schedule in ("static", "dynamic"):
+            path = tmp_path / f"{name}_{schedule}.etc"
+            etc.compile(graph, target="cpu", schedule=schedule, workers=3).save(path)
+            jobs.append((str(path), recipe.to_json()))
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    script = tmp_path / "run.py"
+    script.write_text(_SUBPROCESS)
+    result = subprocess.run([sys.executable, str(script), str(tmp_path / "jobs.json"),
+                             str(ROOT / "kit")], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split()[-1] == str(
+        sum(len(_family(n)[1].sizes) * len(_family(n)[0].outputs) * 2 for n in CPU_FAMILIES))
+
+
+def _saved(tmp_path, target="cpu", schedule="static"):
+    g = families.operator_graph("add")
+    kernel = etc.compile(g, target=target, schedule=schedule, workers=2)
+    path = tmp_path / f"add_{target}.etc"
+    kernel.save(path)
+    return kernel, path
+
+
+def test_loaded_kernel_has_the_abi_and_runs_like_the_compiled_one(tmp_path):
+    kernel, path = _saved(tmp_path)
+    loaded = etc.runtime.load(path)
+    assert [(a.kind, a.name, a.shape, a.dtype) for a in loaded.arguments] == [
+        ("symbol", "B", (), "index"), ("input", "x", ("B", 96), "f32"),
+        ("input", "z", ("B", 96), "f32"), ("output", "add_0", ("B", 96), "f32")]
+    assert loaded.abi.schedule == "static" and loaded.abi.target == "cpu"
+    rng = np.random.default_rng(1)
+    inputs = {"x": rng.standard_normal((37, 96), np.float32),
+              "z": rng.standard_normal((37, 96), np.float32)}
+    np.testing.assert_array_equal(loaded.run(**inputs)[0], kernel.run(**inputs)[0])
+    with pytest.raises(TypeError, match="missing inputs"):
+        loaded.run(x=inputs["x"])
+
+
+def test_cuda_artifact_holds_the_ptx(tmp_path):
+    kernel, path = _saved(tmp_path, "cuda", "dynamic")
+    loaded = etc.runtime.load(path)
+    assert loaded.ptx == kernel.ptx
+    assert loaded.abi.chip == "sm_90a" and loaded.abi.schedule == "dynamic"
+    with pytest.raises(AttributeError, match="target='cuda'"):
+        etc.runtime.load(_saved(tmp_path)[1]).ptx
+
+
+def test_auto_schedule_is_resolved_in_the_abi(tmp_path):
+    g = families.moe_graph()
+    path = tmp_path / "moe.etc"
+    etc.compile(g, schedule="auto", workers=2).save(path)
+    assert etc.runtime.load(path).abi.schedule == "dynamic"
+
+
+def _rewrite(path, manifest=None, code=None):
+    """Rewrites the artifact at `path` with a changed manifest or code."""
+    with zipfile.ZipFile(path) as archive:
+        members = {n: archive.read(n) for n in archive.namelist()}
+    if manifest is not None:
+        data = json.loads(members[artifact.MANIFEST])
+        manifest(data)
+        members[artifact.MANIFEST] = json.dumps(data).encode()
+    if code is not None:
+        name = next(n for n in members if n != artifact.MANIFEST)
+        members[name] = code(members[name])
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+def test_another_format_version_is_a_clear_error(tmp_path):
+    _, path = _saved(tmp_path)
+    _rewrite(path, manifest=lambda m: m.update(version=artifact.FORMAT_VERSION + 1))
+    with pytest.raises(ArtifactError, match=r"format version 2, but this runtime reads version 1"):
+        etc.runtime.load(path)
+
+
+def test_damaged_files_are_clear_errors(tmp_path):
+    _, path = _saved(tmp_path)
+    data = bytearray(path.read_bytes())
+    # Flip a byte in the middle of the stored code: the zip CRC catches it.
+    data[len(data) // 2] ^= 0xFF
+    broken = tmp_path / "flipped.etc"
+    broken.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="damaged"):
+        etc.runtime.load(broken)
+
+    truncated = tmp_path / "truncated.etc"
+    truncated.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ArtifactError, match="not an ETC artifact"):
+        etc.runtime.load(truncated)
+
+    other = tmp_path / "other.zip"
+    with zipfile.ZipFile(other, "w") as archive:
+        archive.writestr("readme.txt", "hello")
+    with pytest.raises(ArtifactError, match="no etc-artifact.json"):
+        etc.runtime.load(other)
+
+    _rewrite(path, code=lambda code: code + b"\0")
+    with pytest.raises(ArtifactError, match="checksum"):
+        etc.runtime.load(path)
+
+
+def test_cpu_code_for_another_platform_is_refused(tmp_path):
+    _, path = _saved(tmp_path)
+    _rewrite(path, manifest=lambda m: m.update(platform="linux-riscv64"))
+    with pytest.raises(ArtifactError, match="CPU code for linux-riscv64"):
+        etc.runtime.load(path)

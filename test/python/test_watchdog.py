@@ -1,0 +1,138 @@
+"""The watchdog: every spin of a program is bounded, and a stuck run stops
+and raises an error naming the task, tile, event tensor, element and its
+counter instead of hanging. The programs here are hand-written event graphs
+that notify too little, compiled with the schedule check skipped."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from mlir import ir
+
+import etc
+from etc import pipeline
+from etc.compiler import compile_module
+from etc.runtime import layout
+from etc.runtime.abi import Argument
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: "produce" notifies each element of %e once, but its count says 2: every
+#: tile of "consume" waits for a notify that never comes.
+HANG = """
+event.graph @hang(%n: index, %x: memref<?xf32>, %y: memref<?xf32>,
+                  %t: memref<?xf32> {event.intermediate}) {
+  %c2 = arith.constant 2 : index
+  %e = event.alloc(%n) count(%c2) : !event.tensor<?>
+  event.task "produce" grid(%n)
+      reads(%x : memref<?xf32> (d0) -> (d0) [1])
+      writes(%t : memref<?xf32> (d0) -> (d0) [1])
+      notifies(%e : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    %v = memref.load %x[%i] : memref<?xf32>
+    memref.store %v, %t[%i] : memref<?xf32>
+  }
+  event.task "consume" grid(%n)
+      reads(%t : memref<?xf32> (d0) -> (d0) [1])
+      writes(%y : memref<?xf32> (d0) -> (d0) [1])
+      waits(%e : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    %v = memref.load %t[%i] : memref<?xf32>
+    memref.store %v, %y[%i] : memref<?xf32>
+  }
+}
+"""
+
+SIGNATURE = SimpleNamespace(
+    name="hang",
+    arguments=[Argument("symbol", "n", (), "index"), Argument("input", "x", ("n",), "f32"),
+               Argument("output", "y", ("n",), "f32"),
+               Argument("intermediate", "t", ("n",), "f32")],
+    outputs=["y"])
+
+
+def hanging_kernel(schedule: str, watchdog: float, target: str = "cpu", workers: int = 2):
+    """The HANG program, scheduled without the schedule check."""
+    options = pipeline.Options(target=target, workers=workers, watchdog=watchdog)
+    module = ir.Module.parse(HANG, ir.Context())
+    scheduler = {"static": "event-static-schedule", "dynamic": "event-dynamic-schedule"}[schedule]
+    pipeline.run_stage(module, "scheduled",
+                       f"builtin.module({scheduler}{{workers={workers} check=false}})")
+    return compile_module(module, SIGNATURE, options, stage="scheduled")
+
+
+def test_the_check_rejects_the_program_unless_skipped():
+    module = ir.Module.parse(HANG, ir.Context())
+    with pytest.raises(pipeline.PipelineError, match="cannot be proved equal to the number of notifies"):
+        pipeline.run_stage(module, "scheduled",
+                           "builtin.module(event-static-schedule{workers=2})")
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_missing_notify_raises_within_the_timeout(workers):
+    kernel = hanging_kernel("static", watchdog=0.4, workers=workers)
+    start = time.monotonic()
+    with pytest.raises(layout.WatchdogError) as caught:
+        kernel.run(x=np.arange(6, dtype=np.float32))
+    elapsed = time.monotonic() - start
+    assert 0.4 <= elapsed < 0.4 + 3.0, elapsed
+    error = caught.value
+    message = str(error)
+    assert re.search(r"hang: watchdog: task consume tile \(\d\) waited 0\.\d s on event %e0 "
+                     r"\(notified by produce\) element \[\d\] = 1; worker \d", message), message
+    assert error.task == "consume" and error.event == "e0" and error.value == 1
+    assert error.tile == error.element and 0 <= error.tile[0] < 6
+    assert 0.4 <= error.waited < 3.4 and 0 <= error.worker < workers
+    # The kernel is not broken by it: the same kernel stops the same way again.
+    with pytest.raises(layout.WatchdogError):
+        kernel.run(x=np.arange(2, dtype=np.float32))
+
+
+def test_a_queue_that_never_fills_raises_within_the_timeout():
+    kernel = hanging_kernel("dynamic", watchdog=0.3)
+    start = time.monotonic()
+    with pytest.raises(layout.WatchdogError,
+                       match=r"hang: watchdog: worker \d waited 0\.\d s for a task from the queue "
+                             r"\(slot \d\)") as caught:
+        kernel.run(x=np.arange(4, dtype=np.float32))
+    assert time.monotonic() - start < 0.3 + 3.0
+    assert caught.value.site == "pop" and caught.value.task is None
+
+
+def test_saved_artifacts_keep_the_watchdog(tmp_path):
+    kernel = hanging_kernel("static", watchdog=0.2)
+    kernel.save(tmp_path / "hang.etc")
+    loaded = etc.runtime.load(tmp_path / "hang.etc")
+    assert loaded.abi.watchdog_ms == 200
+    assert [t.name for t in loaded.abi.tasks] == ["produce", "consume"]
+    with pytest.raises(layout.WatchdogError, match="task consume"):
+        loaded.run(x=np.ones(3, np.float32))
+
+
+def test_balanced_programs_are_not_stopped():
+    g = etc.Graph("fine")
+    B = g.symbol("B")
+    g.output(g.silu(g.scale(g.input("x", (B, 64)), 2.0)))
+    kernel = etc.compile(g, workers=8, watchdog=0.5)
+    x = np.random.default_rng(0).standard_normal((200, 64)).astype(np.float32)
+    np.testing.assert_allclose(kernel.run(x=x)[0], etc.reference.evaluate(g, x=x)[0], rtol=1e-5)
+
+
+def test_watchdog_option_is_checked():
+    with pytest.raises(ValueError, match="watchdog=0 must be a number of seconds"):
+        etc.compile(etc.Graph("g"), watchdog=0)
+
+
+def test_the_python_layout_mirrors_the_header():
+    """etc.runtime.layout must agree with dialects/Event/IR/RunLayout.h."""
+    header = (ROOT / "dialects" / "Event" / "IR" / "RunLayout.h").read_text()
+    constants = dict(re.findall(r"constexpr int(?:64|32)_t k(\w+) = (-?\d+);", header))
+    assert constants, "no constants found in RunLayout.h"
+    for name, value in constants.items():
+        python = re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper()
+        assert getattr(layout, python) == int(value), name
