@@ -256,11 +256,11 @@ class TileKernel:
         with ir.InsertionPoint.at_block_begin(self.block):
             return memref.alloca(type, [], [])
 
-    def scratch(self, shape: Sequence[int]) -> ir.Value:
-        """An f32 `event.scratch` buffer shared by the tile's lanes, made at
-        the start of the function."""
+    def scratch(self, shape: Sequence[int], dtype: str = "f32") -> ir.Value:
+        """An `event.scratch` buffer of `dtype` shared by the tile's lanes,
+        made at the start of the function."""
         with ir.InsertionPoint.at_block_begin(self.block):
-            return event.scratch(ir.MemRefType.get(list(shape), self.f32))
+            return event.scratch(ir.MemRefType.get(list(shape), element_type(dtype)))
 
     # -- vectors (f32 arithmetic, storage dtype in memory) ----------------
 

@@ -16,11 +16,14 @@ Kernels, by target:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from mlir import ir
-from mlir.dialects import arith, memref, scf, vector
+from mlir.dialects import arith, memref, nvgpu, scf, vector
 
-from .base import TaskBuilder, TileKernel, box, tile_offset
+from ..dialects import event
+from . import mma
+from .base import TaskBuilder, TileKernel, box, element_type, tile_offset
 
 KINDS = ("matmul",)
 
@@ -331,10 +334,334 @@ class MatmulSkinny(Matmul):
             scf.yield_([])
 
 
+class MatmulMMA(MatmulSkinny):
+    """Tensor-core matmul tile for the CUDA target: C = A @ B or A @ B^T,
+    f16 or bf16 operands, f32 accumulators (`mma.sync` m16n8k16, sm_80+).
+
+    Warps: the CTA's W = lanes / 32 warps form a WM x WN grid over the
+    tm x tn tile (WM = gcd(W, tm / 16)); each warp owns MI x NI blocks of
+    16 x 8 outputs (MI = tm / 16 WM, NI = tn / 8 WN), 4 MI NI f32 registers
+    per lane laid out as `mma` says.
+
+    Staging: K goes in steps of BK (32, or 16 where K is not a multiple of
+    32). The A rows of the tile and the B columns of a step are copied to
+    shared memory in 16-byte chunks spread over all lanes, with `cp.async`
+    on the GPU (a plain copy when simulated), into one of two buffers: the
+    copy of step s + 1 is in flight while the warps multiply step s. A's
+    rows past the matrix read its last row (computed, never stored); rows of
+    shared memory are padded by PAD elements so that the lanes of a warp
+    reading a fragment fall in different banks. Each warp then loads its A
+    and B fragments from shared memory for each 16-wide slice of the step
+    and issues MI NI multiplies.
+
+    Rows are symbolic in LLM graphs (the batch): a tile with fewer than
+    MIN_ROWS rows then takes `MatmulSkinny`'s split-K path (or the scalar
+    one for B^T), decided per tile at run time, so one kernel serves decode
+    and prefill. Needs K a multiple of 16 and N of the tile's columns.
+    """
+
+    #: Elements after each row of a shared-memory tile (16 bytes).
+    PAD = 8
+    #: Fewest rows of a tile for which the tensor-core path runs.
+    MIN_ROWS = 16
+
+    @classmethod
+    def name(cls, op) -> str:
+        return "matmul_mma"
+
+    @staticmethod
+    def k_step(op) -> int:
+        """BK: K of A and B staged per step."""
+        return 32 if op.operands[0].shape[1] % 32 == 0 else mma.K
+
+    @staticmethod
+    def warp_grid(tm: int, target) -> tuple:
+        """(WM, WN): how the CTA's warps split the tile's rows and columns."""
+        warps = target.lanes // target.warp
+        rows = math.gcd(warps, max(tm // mma.M, 1))
+        return rows, warps // rows
+
+    @staticmethod
+    def columns(op) -> object:
+        b = op.operands[1]
+        return b.shape[0] if op.params["transpose_b"] else b.shape[1]
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        a = op.operands[0]
+        m, k = a.shape
+        n = cls.columns(op)
+        tm, tn = op.tile
+        if not (target.gpu_kernels and target.warp == mma.WARP
+                and target.lanes % target.warp == 0 and a.dtype in ("f16", "bf16")):
+            return False
+        if not (isinstance(k, int) and isinstance(n, int) and k % mma.K == 0
+                and n % tn == 0 and tm % mma.M == 0):
+            return False
+        if isinstance(m, int) and m < cls.MIN_ROWS:
+            return False
+        return tn % (mma.N * cls.warp_grid(tm, target)[1]) == 0
+
+    @classmethod
+    def tile_for(cls, op, target) -> tuple:
+        """Rows as the front end tiles them; the widest columns (at most 128,
+        16 bytes per lane of a warp in the skinny path) that still give every
+        SM a tile: over the row tiles when rows are known, else at one row
+        block (decode, where the skinny path runs)."""
+        m = op.operands[0].shape[0]
+        n = cls.columns(op)
+        tm = op.tile[0]
+        if not isinstance(n, int) or tm % mma.M:
+            return op.tile
+        step = mma.N * cls.warp_grid(tm, target)[1]
+        vec = cls.vec(op)
+        candidates = [tn for tn in (128, 64, 32, 16)
+                      if n % tn == 0 and tn % step == 0 and tn // vec <= target.warp]
+        if not candidates:
+            return op.tile
+        row_tiles = -(-m // tm) if isinstance(m, int) else 1
+        enough = [tn for tn in candidates if row_tiles * (n // tn) >= target.sm_count]
+        return (tm, enough[0] if enough else candidates[-1])
+
+    def emit(self) -> None:
+        op = self.op
+        if isinstance(op.operands[0].shape[0], int):
+            self.emit_mma()
+            return
+        r0 = arith.muli(self.ti[0], self.cidx(op.tile[0]))
+        rows = self.extent(op.result, 0, r0, op.tile[0])
+        wide = arith.cmpi(arith.CmpIPredicate.uge, rows, self.cidx(self.MIN_ROWS))
+        branch = scf.IfOp(wide, has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            self.emit_mma()
+            scf.yield_([])
+        with ir.InsertionPoint(branch.else_block):
+            if MatmulSkinny.applies(op, self.target):
+                MatmulSkinny.emit(self)
+            else:
+                Matmul.emit(self)
+            scf.yield_([])
+
+    def emit_mma(self) -> None:
+        op, out = self.op, self.op.result
+        a, b = op.operands
+        tm, tn = op.tile
+        bk = self.k_step(op)
+        lanes = self.lanes()
+        self.wm, self.wn = self.warp_grid(tm, self.target)
+        self.mi, self.ni = tm // (mma.M * self.wm), tn // (mma.N * self.wn)
+        steps = a.shape[1] // bk
+        self.r0 = arith.muli(self.ti[0], self.cidx(tm))
+        self.c0 = arith.muli(self.ti[1], self.cidx(tn))
+        rows = self.extent(out, 0, self.r0, tm)
+        self.a_tile = self.scratch([2, tm, bk + self.PAD], a.dtype)
+        self.b_tile = self.scratch([2, tn, bk + self.PAD] if op.params["transpose_b"]
+                                   else [2, bk, tn + self.PAD], b.dtype)
+        if not lanes.simulate:
+            self.a_shared, self.b_shared = (_workgroup(t) for t in (self.a_tile, self.b_tile))
+        blocks = self.mi * self.ni
+        if lanes.simulate:
+            # Per-lane registers live in arrays: accumulators, and the A and
+            # B fragments of the slice being multiplied (widened to f32).
+            self.acc = self.entry_alloca(ir.MemRefType.get(
+                [lanes.count, blocks * mma.C_VALUES], self.f32))
+            self.registers = self.entry_alloca(ir.MemRefType.get(
+                [lanes.count, 2 * (self.mi * mma.A_REGS + self.ni * mma.B_REGS)], self.f32))
+
+            def clear(lane):
+                for slot in range(blocks * mma.C_VALUES):
+                    memref.store(self.cf32(0.0), self.acc, [lane, self.cidx(slot)])
+            lanes.each(clear)
+            init = []
+        else:
+            init = [self.cf32(0.0)] * (blocks * mma.C_VALUES)
+        self.stage(lanes, self.cidx(0), self.cidx(0), bk)
+        loop = scf.ForOp(self.cidx(0), self.cidx(steps), self.cidx(1), init)
+        with ir.InsertionPoint(loop.body):
+            s = loop.induction_variable
+            following = arith.addi(s, self.cidx(1))
+            prefetch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, following, self.cidx(steps)))
+            with ir.InsertionPoint(prefetch.then_block):
+                self.stage(lanes, arith.remui(following, self.cidx(2)),
+                           arith.muli(following, self.cidx(bk)), bk)
+                scf.yield_([])
+            if not lanes.simulate:
+                # One group per step (empty after the last), so that waiting
+                # for all but the newest group waits for step s.
+                group = nvgpu.device_async_create_group([])
+                nvgpu.device_async_wait(group, num_groups=1)
+            lanes.barrier()
+            buffer = arith.remui(s, self.cidx(2))
+            accs = list(loop.inner_iter_args)
+            for slice_ in range(bk // mma.K):
+                accs = self.multiply(lanes, buffer, slice_ * mma.K, accs)
+            # The next step's copy overwrites this buffer.
+            lanes.barrier()
+            scf.yield_(accs)
+        self.write_back(lanes, list(loop.results), arith.addi(self.r0, rows))
+
+    def stage(self, lanes, buffer, k0, bk: int) -> None:
+        """Copies A[rows of the tile, k0 : k0 + bk] and B's columns of the
+        tile over the same K into shared buffer `buffer`, 16 bytes per copy,
+        the copies spread over the lanes."""
+        a, b = self.op.operands
+        tm, tn = self.op.tile
+        last_row = arith.subi(self.dim(a, 0), self.cidx(1))
+        per_row = bk // 8
+
+        def a_chunk(c):
+            row = arith.divui(c, self.cidx(per_row))
+            col = arith.muli(arith.remui(c, self.cidx(per_row)), self.cidx(8))
+            src = [arith.minsi(arith.addi(self.r0, row), last_row), arith.addi(k0, col)]
+            return src, [buffer, row, col]
+
+        def b_chunk(c):
+            if self.op.params["transpose_b"]:
+                n = arith.divui(c, self.cidx(per_row))
+                col = arith.muli(arith.remui(c, self.cidx(per_row)), self.cidx(8))
+                return [arith.addi(self.c0, n), arith.addi(k0, col)], [buffer, n, col]
+            k = arith.divui(c, self.cidx(tn // 8))
+            col = arith.muli(arith.remui(c, self.cidx(tn // 8)), self.cidx(8))
+            return [arith.addi(k0, k), arith.addi(self.c0, col)], [buffer, k, col]
+
+        copies = [(a, self.a_tile, tm * per_row, a_chunk),
+                  (b, self.b_tile, tn * per_row, b_chunk)]
+
+        def body(lane):
+            for tensor, tile, chunks, where in copies:
+                for j in range(-(-chunks // lanes.count)):
+                    c = arith.addi(lane, self.cidx(j * lanes.count))
+                    if (j + 1) * lanes.count <= chunks:
+                        self.copy16(lanes, tensor, tile, *where(c))
+                        continue
+                    guard = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, c, self.cidx(chunks)))
+                    with ir.InsertionPoint(guard.then_block):
+                        self.copy16(lanes, tensor, tile, *where(c))
+                        scf.yield_([])
+        lanes.each(body)
+
+    def copy16(self, lanes, tensor, tile, src: list, dst: list) -> None:
+        """8 elements (16 bytes) from `tensor` at `src` to shared `tile` at `dst`."""
+        if lanes.simulate:
+            storage = ir.VectorType.get([8], element_type(tensor.dtype))
+            vector.store(vector.load(storage, self.buf(tensor), src), tile, dst)
+            return
+        shared = self.a_shared if tile is self.a_tile else self.b_shared
+        nvgpu.device_async_copy(shared, dst, self.buf(tensor), src,
+                                ir.IntegerAttr.get(self.index, 8), bypass_l1=True)
+
+    def fragments(self, lane, buffer, k0: int) -> tuple:
+        """A lane's A registers (per MI block) and B registers (per NI block)
+        of the slice k0 : k0 + 16 of the shared buffers, as vector<2xT>."""
+        a, b = self.op.operands
+        warp, group, thread = mma.lane_in_warp(self, lane)
+        first_row = arith.muli(arith.divui(warp, self.cidx(self.wn)),
+                               self.cidx(self.mi * mma.M))
+        first_col = arith.muli(arith.remui(warp, self.cidx(self.wn)),
+                               self.cidx(self.ni * mma.N))
+        pair = ir.VectorType.get([2], element_type(a.dtype))
+        four = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 4)
+        a_regs = []
+        for i in range(self.mi):
+            regs = []
+            for r in range(mma.A_REGS):
+                row, col = mma.fragment_a(self, group, thread, r)
+                row = arith.addi(first_row, arith.addi(row, self.cidx(i * mma.M)))
+                col = arith.addi(col, self.cidx(k0))
+                regs.append(vector.load(pair, self.a_tile, [buffer, row, col], alignment=four))
+            a_regs.append(regs)
+        b_regs = []
+        for j in range(self.ni):
+            regs = []
+            for r in range(mma.B_REGS):
+                k, col = mma.fragment_b(self, group, thread, r)
+                k = arith.addi(k, self.cidx(k0))
+                col = arith.addi(first_col, arith.addi(col, self.cidx(j * mma.N)))
+                if self.op.params["transpose_b"]:
+                    regs.append(vector.load(pair, self.b_tile, [buffer, col, k], alignment=four))
+                else:
+                    # B is (K, N) in shared memory: the pair is two rows apart.
+                    low = memref.load(self.b_tile, [buffer, k, col])
+                    high = memref.load(self.b_tile, [buffer, arith.addi(k, self.cidx(1)), col])
+                    regs.append(vector.from_elements(pair, [low, high]))
+            b_regs.append(regs)
+        return a_regs, b_regs
+
+    def multiply(self, lanes, buffer, k0: int, accs: list) -> list:
+        """Every warp's MI x NI multiplies of one 16-wide slice of K."""
+        if not lanes.simulate:
+            a_regs, b_regs = self.fragments(event.lane_id(), buffer, k0)
+            out = []
+            for i in range(self.mi):
+                for j in range(self.ni):
+                    at = (i * self.ni + j) * mma.C_VALUES
+                    out += mma.mma(a_regs[i], b_regs[j], accs[at:at + mma.C_VALUES])
+            return out
+        b_base = 2 * self.mi * mma.A_REGS
+
+        def load(lane):
+            a_regs, b_regs = self.fragments(lane, buffer, k0)
+            flat = [r for regs in a_regs for r in regs] + [r for regs in b_regs for r in regs]
+            for n, register in enumerate(flat):
+                wide = arith.extf(self.vtype(2), register)
+                vector.store(wide, self.registers, [lane, self.cidx(2 * n)])
+        lanes.each(load)
+
+        def multiply(lane):
+            for i in range(self.mi):
+                for j in range(self.ni):
+                    mma.emulate(self, lane, self.registers, 2 * i * mma.A_REGS,
+                                b_base + 2 * j * mma.B_REGS, self.acc,
+                                (i * self.ni + j) * mma.C_VALUES)
+        lanes.each(multiply)
+        return []
+
+    def write_back(self, lanes, accs: list, row_end) -> None:
+        """Each lane stores its C elements (two adjacent columns at a time),
+        rows past the matrix skipped."""
+        out = self.op.result
+
+        def body(lane):
+            warp, group, thread = mma.lane_in_warp(self, lane)
+            first_row = arith.addi(self.r0, arith.muli(arith.divui(warp, self.cidx(self.wn)),
+                                                       self.cidx(self.mi * mma.M)))
+            first_col = arith.addi(self.c0, arith.muli(arith.remui(warp, self.cidx(self.wn)),
+                                                       self.cidx(self.ni * mma.N)))
+            for i in range(self.mi):
+                for j in range(self.ni):
+                    block = i * self.ni + j
+                    for half in range(2):
+                        row, col = mma.fragment_c(self, group, thread, half)
+                        row = arith.addi(first_row, arith.addi(row, self.cidx(i * mma.M)))
+                        col = arith.addi(first_col, arith.addi(col, self.cidx(j * mma.N)))
+                        if lanes.simulate:
+                            value = vector.load(self.vtype(2), self.acc,
+                                                [lane, self.cidx(block * mma.C_VALUES + 2 * half)])
+                        else:
+                            at = block * mma.C_VALUES + 2 * half
+                            value = vector.from_elements(self.vtype(2), accs[at:at + 2])
+                        inside = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row, row_end))
+                        with ir.InsertionPoint(inside.then_block):
+                            self.vstore(value, out, [row, col], aligned=True)
+                            scf.yield_([])
+        lanes.each(body)
+
+
+def _workgroup(buffer: ir.Value) -> ir.Value:
+    """`buffer` (an `event.scratch`) in the GPU's shared address space, where
+    `cp.async` writes."""
+    type = ir.MemRefType(buffer.type)
+    shared = ir.MemRefType.get(type.shape, type.element_type,
+                               memory_space=ir.Attribute.parse("#gpu.address_space<workgroup>"))
+    return memref.memory_space_cast(shared, buffer)
+
+
 def choose_kernel(op, target) -> type:
     """The matmul kernel for `op` on `target`."""
     if target.kind == "cpu" and MatmulCPU.applies(op):
         return MatmulCPU
+    if MatmulMMA.applies(op, target):
+        return MatmulMMA
     if MatmulSkinny.applies(op, target):
         return MatmulSkinny
     return Matmul
@@ -342,7 +669,11 @@ def choose_kernel(op, target) -> type:
 
 def build_tasks(b: TaskBuilder, op) -> None:
     if b.target.gpu_kernels and not op.user_tile:
-        op = dataclasses.replace(op, tile=MatmulSkinny.tile_for(op, b.target))
+        wide = dataclasses.replace(op, tile=MatmulMMA.tile_for(op, b.target))
+        if MatmulMMA.applies(wide, b.target):
+            op = wide
+        else:
+            op = dataclasses.replace(op, tile=MatmulSkinny.tile_for(op, b.target))
     a, w = op.operands
     res = op.result
     tm, tn = op.tile
