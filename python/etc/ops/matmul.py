@@ -375,11 +375,15 @@ class MatmulMMA(MatmulSkinny):
         return 32 if op.operands[0].shape[1] % 32 == 0 else mma.K
 
     @staticmethod
-    def warp_grid(tm: int, target) -> tuple:
-        """(WM, WN): how the CTA's warps split the tile's rows and columns."""
+    def warp_grid(tile: tuple, target) -> tuple:
+        """(WM, WN): how the CTA's warps split the tile's rows and columns.
+        A tile too small for every warp leaves some without blocks of their
+        own: they repeat the multiplies of warp w mod WM WN and store
+        nothing."""
+        tm, tn = tile
         warps = target.lanes // target.warp
         rows = math.gcd(warps, max(tm // mma.M, 1))
-        return rows, warps // rows
+        return rows, math.gcd(warps // rows, max(tn // mma.N, 1))
 
     @staticmethod
     def columns(op) -> object:
@@ -396,27 +400,25 @@ class MatmulMMA(MatmulSkinny):
                 and target.lanes % target.warp == 0 and a.dtype in ("f16", "bf16")):
             return False
         if not (isinstance(k, int) and isinstance(n, int) and k % mma.K == 0
-                and n % tn == 0 and tm % mma.M == 0):
+                and n % tn == 0 and tn % mma.N == 0 and tm % mma.M == 0):
             return False
-        if isinstance(m, int) and m < cls.MIN_ROWS:
-            return False
-        return tn % (mma.N * cls.warp_grid(tm, target)[1]) == 0
+        return not (isinstance(m, int) and m < cls.MIN_ROWS)
 
     @classmethod
     def tile_for(cls, op, target) -> tuple:
-        """Rows as the front end tiles them; the widest columns (at most 128,
+        """Rows as the front end tiles them (a multiple of 16); the widest columns (at most 128,
         16 bytes per lane of a warp in the skinny path) that still give every
         SM a tile: over the row tiles when rows are known, else at one row
         block (decode, where the skinny path runs)."""
         m = op.operands[0].shape[0]
         n = cls.columns(op)
-        tm = op.tile[0]
-        if not isinstance(n, int) or tm % mma.M:
+        # Whole warp multiplies: a row tile clamped to a small matrix (23
+        # rows) grows back to 32, still one tile.
+        tm = -(-op.tile[0] // mma.M) * mma.M
+        if not isinstance(n, int):
             return op.tile
-        step = mma.N * cls.warp_grid(tm, target)[1]
         vec = cls.vec(op)
-        candidates = [tn for tn in (128, 64, 32, 16)
-                      if n % tn == 0 and tn % step == 0 and tn // vec <= target.warp]
+        candidates = [tn for tn in (128, 64, 32, 16) if n % tn == 0 and tn // vec <= target.warp]
         if not candidates:
             return op.tile
         row_tiles = -(-m // tm) if isinstance(m, int) else 1
@@ -448,7 +450,7 @@ class MatmulMMA(MatmulSkinny):
         tm, tn = op.tile
         bk = self.k_step(op)
         lanes = self.lanes()
-        self.wm, self.wn = self.warp_grid(tm, self.target)
+        self.wm, self.wn = self.warp_grid(op.tile, self.target)
         self.mi, self.ni = tm // (mma.M * self.wm), tn // (mma.N * self.wn)
         steps = a.shape[1] // bk
         self.r0 = arith.muli(self.ti[0], self.cidx(tm))
@@ -550,15 +552,26 @@ class MatmulMMA(MatmulSkinny):
         nvgpu.device_async_copy(shared, dst, self.buf(tensor), src,
                                 ir.IntegerAttr.get(self.index, 8), bypass_l1=True)
 
-    def fragments(self, lane, buffer, k0: int) -> tuple:
-        """A lane's A registers (per MI block) and B registers (per NI block)
-        of the slice k0 : k0 + 16 of the shared buffers, as vector<2xT>."""
-        a, b = self.op.operands
+    def warp_block(self, lane) -> tuple:
+        """(groupID, threadID_in_group, first row, first column in the tile,
+        whether the warp stores) of a lane's warp."""
         warp, group, thread = mma.lane_in_warp(self, lane)
+        active = self.wm * self.wn
+        stores = None
+        if active < self.lanes().count // mma.WARP:
+            stores = arith.cmpi(arith.CmpIPredicate.ult, warp, self.cidx(active))
+            warp = arith.remui(warp, self.cidx(active))
         first_row = arith.muli(arith.divui(warp, self.cidx(self.wn)),
                                self.cidx(self.mi * mma.M))
         first_col = arith.muli(arith.remui(warp, self.cidx(self.wn)),
                                self.cidx(self.ni * mma.N))
+        return group, thread, first_row, first_col, stores
+
+    def fragments(self, lane, buffer, k0: int) -> tuple:
+        """A lane's A registers (per MI block) and B registers (per NI block)
+        of the slice k0 : k0 + 16 of the shared buffers, as vector<2xT>."""
+        a, b = self.op.operands
+        group, thread, first_row, first_col, _ = self.warp_block(lane)
         pair = ir.VectorType.get([2], element_type(a.dtype))
         four = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 4)
         a_regs = []
@@ -622,11 +635,9 @@ class MatmulMMA(MatmulSkinny):
         out = self.op.result
 
         def body(lane):
-            warp, group, thread = mma.lane_in_warp(self, lane)
-            first_row = arith.addi(self.r0, arith.muli(arith.divui(warp, self.cidx(self.wn)),
-                                                       self.cidx(self.mi * mma.M)))
-            first_col = arith.addi(self.c0, arith.muli(arith.remui(warp, self.cidx(self.wn)),
-                                                       self.cidx(self.ni * mma.N)))
+            group, thread, first_row, first_col, stores = self.warp_block(lane)
+            first_row = arith.addi(self.r0, first_row)
+            first_col = arith.addi(self.c0, first_col)
             for i in range(self.mi):
                 for j in range(self.ni):
                     block = i * self.ni + j
@@ -640,7 +651,10 @@ class MatmulMMA(MatmulSkinny):
                         else:
                             at = block * mma.C_VALUES + 2 * half
                             value = vector.from_elements(self.vtype(2), accs[at:at + 2])
-                        inside = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row, row_end))
+                        inside = arith.cmpi(arith.CmpIPredicate.ult, row, row_end)
+                        if stores is not None:
+                            inside = arith.andi(inside, stores)
+                        inside = scf.IfOp(inside)
                         with ir.InsertionPoint(inside.then_block):
                             self.vstore(value, out, [row, col], aligned=True)
                             scf.yield_([])
