@@ -10,7 +10,13 @@ Kernels, by target:
   while B streams through once per micro-tile: for B (K, N) each k loads
   contiguous vectors of B's row k and broadcasts A[r, k]; for B^T (N, K)
   both operands are contiguous along k and the dot products reduce at the
-  end. Partial edge tiles (columns past N) take the scalar path.
+  end. Partial edge tiles (columns past N) take the scalar path;
+* cuda, f16 and bf16 with K a multiple of 16 and at least 16 rows (or
+  symbolic rows): tensor cores (`MatmulMMA`: cp.async staging in shared
+  memory, mma.sync m16n8k16), whose tiles of fewer than 16 rows run the
+  split-K path of
+* cuda, other few-row matmuls of B (K, N): split-K GEMV (`MatmulSkinny`);
+* cuda, the rest: the generic kernel.
 """
 
 from __future__ import annotations
@@ -406,10 +412,10 @@ class MatmulMMA(MatmulSkinny):
 
     @classmethod
     def tile_for(cls, op, target) -> tuple:
-        """Rows as the front end tiles them (a multiple of 16); the widest columns (at most 128,
-        16 bytes per lane of a warp in the skinny path) that still give every
-        SM a tile: over the row tiles when rows are known, else at one row
-        block (decode, where the skinny path runs)."""
+        """Rows as the front end tiles them (a multiple of 16); the widest
+        columns (at most 128, 16 bytes per lane of a warp in the skinny path)
+        that still give every SM a tile: over the row tiles when rows are
+        known, else at one row block (decode, where the skinny path runs)."""
         m = op.operands[0].shape[0]
         n = cls.columns(op)
         # Whole warp multiplies: a row tile clamped to a small matrix (23
