@@ -125,18 +125,19 @@ def test_mma_mlp():
 
 
 def test_mma_fragment_bug_fails_on_cpu(monkeypatch):
-    """The emulation reads B from the lanes the PTX layout names: a kernel
-    that loads the wrong column of B into its fragment computes a wrong
-    product under simulation."""
+    """The emulations read each register from the lanes and rows the PTX
+    layouts of `ldmatrix` and `mma` name: a kernel whose lanes give
+    `ldmatrix` the wrong rows computes a wrong product under simulation."""
     from mlir.dialects import arith
-    right = mma.fragment_b
+    right = mma.ldmatrix_lane
 
-    def wrong(k, group, thread, register):
-        row, col = right(k, group, thread, register)
-        return row, arith.remui(arith.addi(col, k.cidx(1)), k.cidx(mma.N))
-    monkeypatch.setattr(mma, "fragment_b", wrong)
-    with pytest.raises(AssertionError):
-        _check(_matmul(32, 32, 64, "f16", False), "f16", (32,))
+    def wrong(k, lane):
+        matrix, row = right(k, lane)
+        return matrix, arith.remui(arith.addi(row, k.cidx(1)), k.cidx(8))
+    monkeypatch.setattr(mma, "ldmatrix_lane", wrong)
+    for transpose_b in (False, True):
+        with pytest.raises(AssertionError):
+            _check(_matmul(32, 32, 64, "f16", transpose_b), "f16", (32,))
 
 
 def _function(ptx: str, name: str) -> str:
@@ -166,7 +167,7 @@ def test_mma_ptx(chip, tmp_path):
         assert sum(instruction in f for f in functions) == 2, instruction
     for body in functions:
         assert "cp.async.cg.shared.global" in body and re.search(r"cp\.async\.wait_group\s+1;", body)
-        assert re.search(r"ld\.shared", body) and "bar.sync" in body
+        assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in body and "bar.sync" in body
     path = tmp_path / "gemm.ptx"
     path.write_text(ptx)
     result = subprocess.run(["ptxas", f"-arch={chip}", "-v", str(path), "-o", "/dev/null"],

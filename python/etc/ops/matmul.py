@@ -356,9 +356,12 @@ class MatmulMMA(MatmulSkinny):
     copy of step s + 1 is in flight while the warps multiply step s. A's
     rows past the matrix read its last row (computed, never stored); rows of
     shared memory are padded by PAD elements so that the lanes of a warp
-    reading a fragment fall in different banks. Each warp then loads its A
-    and B fragments from shared memory for each 16-wide slice of the step
-    and issues MI NI multiplies.
+    reading a fragment fall in different banks (80-byte rows for BK = 32:
+    the eight rows of an `ldmatrix` matrix start on eight different 4-bank
+    groups). Each warp then loads its A and B fragments from shared memory
+    with `ldmatrix` (x4 per A block, x4 per two B blocks, transposed for
+    B (K, N)) for each 16-wide slice of the step and issues MI NI
+    multiplies.
 
     Rows are symbolic in LLM graphs (the batch): a tile with fewer than
     MIN_ROWS rows then takes `MatmulSkinny`'s split-K path (or the scalar
@@ -475,6 +478,9 @@ class MatmulMMA(MatmulSkinny):
                 [lanes.count, blocks * mma.C_VALUES], self.f32))
             self.registers = self.entry_alloca(ir.MemRefType.get(
                 [lanes.count, 2 * (self.mi * mma.A_REGS + self.ni * mma.B_REGS)], self.f32))
+            # Each lane's row address (row, column) of each ldmatrix.
+            self.addresses = self.entry_alloca(ir.MemRefType.get(
+                [lanes.count, self.mi + (self.ni + 1) // 2, 2], self.index))
 
             def clear(lane):
                 for slot in range(blocks * mma.C_VALUES):
@@ -573,57 +579,74 @@ class MatmulMMA(MatmulSkinny):
                                self.cidx(self.ni * mma.N))
         return group, thread, first_row, first_col, stores
 
-    def fragments(self, lane, buffer, k0: int) -> tuple:
-        """A lane's A registers (per MI block) and B registers (per NI block)
-        of the slice k0 : k0 + 16 of the shared buffers, as vector<2xT>."""
-        a, b = self.op.operands
-        group, thread, first_row, first_col, _ = self.warp_block(lane)
-        pair = ir.VectorType.get([2], element_type(a.dtype))
-        four = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 4)
-        a_regs = []
+    def matrix_loads(self, lane, k0: int) -> list:
+        """The `ldmatrix` loads that give a lane's warp its fragments of the
+        slice k0 : k0 + 16: (shared tile, matrices, transposed, the lane's
+        row address in the tile without the buffer index, register slots).
+
+        A block of MI is four 8 x 8 matrices, register r = the matrix at
+        rows 8 (r % 2), columns 8 (r / 2). Two blocks of NI are four matrices
+        (one, the last, when NI is odd: two), register r of block j + m / 2
+        = matrix m: K rows 8 (m % 2); B (K, N) is stored K-major, so its
+        matrices are loaded transposed. Register slots number A's registers
+        from 0 and B's after them, two values each (see `mma.emulate`)."""
+        _, _, first_row, first_col, _ = self.warp_block(lane)
+        matrix, row = mma.ldmatrix_lane(self, lane)
+        high = arith.remui(matrix, self.cidx(2))   # the second 8 rows (A) or K (B)
+        right = arith.divui(matrix, self.cidx(2))  # the second 8 columns (A) or block (B)
+        loads = []
         for i in range(self.mi):
-            regs = []
-            for r in range(mma.A_REGS):
-                row, col = mma.fragment_a(self, group, thread, r)
-                row = arith.addi(first_row, arith.addi(row, self.cidx(i * mma.M)))
-                col = arith.addi(col, self.cidx(k0))
-                regs.append(vector.load(pair, self.a_tile, [buffer, row, col], alignment=four))
-            a_regs.append(regs)
-        b_regs = []
-        for j in range(self.ni):
-            regs = []
-            for r in range(mma.B_REGS):
-                k, col = mma.fragment_b(self, group, thread, r)
-                k = arith.addi(k, self.cidx(k0))
-                col = arith.addi(first_col, arith.addi(col, self.cidx(j * mma.N)))
-                if self.op.params["transpose_b"]:
-                    regs.append(vector.load(pair, self.b_tile, [buffer, col, k], alignment=four))
-                else:
-                    # B is (K, N) in shared memory: the pair is two rows apart.
-                    low = memref.load(self.b_tile, [buffer, k, col])
-                    high = memref.load(self.b_tile, [buffer, arith.addi(k, self.cidx(1)), col])
-                    regs.append(vector.from_elements(pair, [low, high]))
-            b_regs.append(regs)
-        return a_regs, b_regs
+            address = [arith.addi(first_row, arith.addi(
+                           arith.muli(high, self.cidx(8)), arith.addi(row, self.cidx(i * mma.M)))),
+                       arith.addi(arith.muli(right, self.cidx(8)), self.cidx(k0))]
+            slots = [2 * (i * mma.A_REGS + r) for r in range(mma.A_REGS)]
+            loads.append((self.a_tile, mma.A_REGS, False, address, slots))
+        b_base = 2 * self.mi * mma.A_REGS
+        transposed = self.op.params["transpose_b"]
+        for j in range(0, self.ni, 2):
+            count = 4 if j + 1 < self.ni else 2
+            column = arith.addi(first_col, arith.muli(arith.addi(right, self.cidx(j)),
+                                                      self.cidx(mma.N)))
+            k = arith.addi(arith.muli(high, self.cidx(8)), self.cidx(k0))
+            address = ([arith.addi(column, row), k] if transposed
+                       else [arith.addi(k, row), column])
+            slots = [b_base + 2 * ((j + m // 2) * mma.B_REGS + m % 2) for m in range(count)]
+            loads.append((self.b_tile, count, not transposed, address, slots))
+        return loads
 
     def multiply(self, lanes, buffer, k0: int, accs: list) -> list:
         """Every warp's MI x NI multiplies of one 16-wide slice of K."""
+        b_base = 2 * self.mi * mma.A_REGS
         if not lanes.simulate:
-            a_regs, b_regs = self.fragments(event.lane_id(), buffer, k0)
+            lane = event.lane_id()
+            registers = {}
+            for tile, count, transpose, address, slots in self.matrix_loads(lane, k0):
+                shared = self.a_shared if tile is self.a_tile else self.b_shared
+                values = mma.ldmatrix(shared, [buffer, *address], count, transpose)
+                registers.update(zip(slots, values))
             out = []
             for i in range(self.mi):
+                a_regs = [registers[2 * (i * mma.A_REGS + r)] for r in range(mma.A_REGS)]
                 for j in range(self.ni):
+                    b_regs = [registers[b_base + 2 * (j * mma.B_REGS + r)]
+                              for r in range(mma.B_REGS)]
                     at = (i * self.ni + j) * mma.C_VALUES
-                    out += mma.mma(a_regs[i], b_regs[j], accs[at:at + mma.C_VALUES])
+                    out += mma.mma(a_regs, b_regs, accs[at:at + mma.C_VALUES])
             return out
-        b_base = 2 * self.mi * mma.A_REGS
+
+        # Simulated: every lane's row addresses, then every lane's registers
+        # from the rows of the lanes `ldmatrix` takes them from, then the
+        # multiplies.
+        def addresses(lane):
+            for n, (_, _, _, address, _) in enumerate(self.matrix_loads(lane, k0)):
+                for d, value in enumerate(address):
+                    memref.store(value, self.addresses, [lane, self.cidx(n), self.cidx(d)])
+        lanes.each(addresses)
 
         def load(lane):
-            a_regs, b_regs = self.fragments(lane, buffer, k0)
-            flat = [r for regs in a_regs for r in regs] + [r for regs in b_regs for r in regs]
-            for n, register in enumerate(flat):
-                wide = arith.extf(self.vtype(2), register)
-                vector.store(wide, self.registers, [lane, self.cidx(2 * n)])
+            for n, (tile, count, transpose, _, slots) in enumerate(self.matrix_loads(lane, k0)):
+                mma.emulate_ldmatrix(self, lane, tile, buffer, self.addresses, n, count,
+                                     transpose, self.registers, slots)
         lanes.each(load)
 
         def multiply(lane):

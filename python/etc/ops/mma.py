@@ -13,20 +13,29 @@ the PTX ISA lays them out ("Matrix Fragments for mma.m16n8k16" with .f16 and
 * C and D: four f32; element i is row groupID + 8 (i / 2), column
   2 threadID_in_group + i % 2.
 
-`fragment_*` give a lane's coordinates (what a kernel loads and stores);
-`owner_*` give, the other way round, which lane, register and half hold an
-element of A or B. On the GPU the multiply is one `nvvm.mma.sync`. Under
-simulation (`Target.simulate_lanes`) the lanes run one after another, so
-each lane's registers are stored to an array first, and `emulate` computes a
-lane's D from the registers of the lanes of its warp through the `owner_*`
-maps: a kernel that loads its fragments with the wrong coordinates computes
-the wrong product on the CPU too.
+Fragments come from shared memory with `ldmatrix` (8 x 8 matrices of
+16-bit elements, each lane giving the address of one row and receiving two
+elements of each matrix, optionally transposed), which a kernel arranges so
+that the registers it returns are the fragments above. `fragment_c` gives a
+lane's coordinates in C (what a kernel stores); `owner_a` / `owner_b` give,
+the other way round, which lane, register and half hold an element of A or
+B.
+
+On the GPU the loads are `nvgpu.ldmatrix` and the multiply one
+`nvvm.mma.sync`. Under simulation (`Target.simulate_lanes`) the lanes run
+one after another, so both collective instructions are emulated exactly
+through arrays of every lane's values: `emulate_ldmatrix` fills a lane's
+registers from the rows whose addresses the other lanes of its warp gave,
+and `emulate` computes a lane's D from the registers of the lanes of its
+warp through the `owner_*` maps. A kernel that gives `ldmatrix` the wrong
+rows, or arranges its matrices in the wrong order, computes the wrong
+product on the CPU too.
 """
 
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, llvm, memref, nvvm, scf, vector
+from mlir.dialects import arith, llvm, memref, nvgpu, nvvm, scf, vector
 
 #: The m, n and k of one warp multiply.
 M, N, K = 16, 8, 16
@@ -41,19 +50,6 @@ def lane_in_warp(k, lane: ir.Value) -> tuple:
     warp = arith.divui(lane, k.cidx(WARP))
     within = arith.remui(lane, k.cidx(WARP))
     return warp, arith.divui(within, k.cidx(4)), arith.remui(within, k.cidx(4))
-
-
-def fragment_a(k, group: ir.Value, thread: ir.Value, register: int) -> tuple:
-    """(row, first column) in the 16 x 16 A tile of `register`'s two elements."""
-    row = arith.addi(group, k.cidx(8 * (register % 2)))
-    col = arith.addi(arith.muli(thread, k.cidx(2)), k.cidx(8 * (register // 2)))
-    return row, col
-
-
-def fragment_b(k, group: ir.Value, thread: ir.Value, register: int) -> tuple:
-    """(first row, column) in the 16 x 8 B tile of `register`'s two elements."""
-    row = arith.addi(arith.muli(thread, k.cidx(2)), k.cidx(8 * register))
-    return row, group
 
 
 def fragment_c(k, group: ir.Value, thread: ir.Value, pair: int) -> tuple:
@@ -76,6 +72,49 @@ def owner_b(k, row: ir.Value, col: ir.Value) -> tuple:
     lane = arith.addi(arith.muli(col, k.cidx(4)),
                       arith.divui(arith.remui(row, k.cidx(8)), k.cidx(2)))
     return lane, arith.divui(row, k.cidx(8)), arith.remui(row, k.cidx(2))
+
+
+def ldmatrix_lane(k, lane: ir.Value) -> tuple:
+    """(matrix, row) whose shared-memory address a lane gives `ldmatrix`:
+    lanes 8 j to 8 j + 7 give the rows of 8 x 8 matrix j."""
+    within = arith.remui(lane, k.cidx(WARP))
+    return arith.divui(within, k.cidx(8)), arith.remui(within, k.cidx(8))
+
+
+def ldmatrix(shared: ir.Value, indices: list, count: int, transpose: bool) -> list:
+    """`count` 8 x 8 matrices of 16-bit elements from shared memory, on the
+    GPU: one register (vector<2xT>) per matrix. Without `transpose` a lane
+    gets row lane / 4, columns 2 (lane % 4) + {0, 1} of each; with it, the
+    same of the transposed matrix."""
+    element = ir.MemRefType(shared.type).element_type
+    result = nvgpu.ldmatrix(ir.VectorType.get([count, 2], element), shared, indices,
+                            transpose, count)
+    return [vector.extract(result, [], [j]) for j in range(count)]
+
+
+def emulate_ldmatrix(k, lane: ir.Value, tile: ir.Value, buffer: ir.Value,
+                     addresses: ir.Value, load: int, count: int, transpose: bool,
+                     registers: ir.Value, slots: list) -> None:
+    """One simulated lane's registers of an `ldmatrix` (widened to f32, into
+    `registers[lane, slots[j] + half]`), read from `tile[buffer, row,
+    column]` through the row addresses that every lane of the warp stored
+    in `addresses[lane, load]`."""
+    warp, group, thread = lane_in_warp(k, lane)
+    first = arith.muli(warp, k.cidx(WARP))
+    for j in range(count):
+        for half in range(2):
+            if transpose:
+                source = arith.addi(arith.muli(thread, k.cidx(2)), k.cidx(8 * j + half))
+                offset = group
+            else:
+                source = arith.addi(group, k.cidx(8 * j))
+                offset = arith.addi(arith.muli(thread, k.cidx(2)), k.cidx(half))
+            source = arith.addi(first, source)
+            row = memref.load(addresses, [source, k.cidx(load), k.cidx(0)])
+            col = memref.load(addresses, [source, k.cidx(load), k.cidx(1)])
+            value = memref.load(tile, [buffer, row, arith.addi(col, offset)])
+            memref.store(arith.extf(ir.F32Type.get(), value), registers,
+                         [lane, k.cidx(slots[j] + half)])
 
 
 def mma(a_registers: list, b_registers: list, acc: list) -> list:
