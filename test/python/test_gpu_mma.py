@@ -110,6 +110,16 @@ def test_mma_not_chosen(shape):
     _check(_matmul(m, k, n, "bf16", False), "bf16", (m,), chosen=False)
 
 
+def test_mma_needs_sm80():
+    """Volta has no m16n8k16, cp.async or ldmatrix: sm_70 keeps the other
+    kernels."""
+    g = _matmul(64, 64, 64, "f16", False)
+    kernel = etc.compile(g, target="cpu", kernels="cuda", chip="sm_70", workers=2)
+    assert "matmul_mma" not in kernel.ir("graph")
+    assert "matmul_mma" in etc.compile(g, target="cpu", kernels="cuda", chip="sm_80",
+                                       workers=2).ir("graph")
+
+
 def test_mma_mlp():
     """A SwiGLU MLP: two projections, silu, product, a down projection whose
     K is the hidden width; bf16, decode and prefill batches."""

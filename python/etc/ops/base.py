@@ -65,6 +65,13 @@ class Target:
         return self.kind == "cuda"
 
     @property
+    def compute_capability(self) -> int:
+        """The chip's compute capability as a number (sm_90a: 90; 0 when
+        no chip is named), for instructions that need a newer GPU."""
+        digits = "".join(c for c in (self.chip or "").removeprefix("sm_") if c.isdigit())
+        return int(digits) if digits else 0
+
+    @property
     def sm_count(self) -> int:
         """A typical SM count of the chip, for choosing tile counts (the
         runtime sizes the grid from the real device)."""

@@ -405,8 +405,10 @@ class MatmulMMA(MatmulSkinny):
         m, k = a.shape
         n = cls.columns(op)
         tm, tn = op.tile
-        if not (target.gpu_kernels and target.warp == mma.WARP
-                and target.lanes % target.warp == 0 and a.dtype in ("f16", "bf16")):
+        # mma.sync m16n8k16 with bf16, cp.async and ldmatrix need sm_80.
+        if not (target.gpu_kernels and target.compute_capability >= 80
+                and target.warp == mma.WARP and target.lanes % target.warp == 0
+                and a.dtype in ("f16", "bf16")):
             return False
         if not (isinstance(k, int) and isinstance(n, int) and k % mma.K == 0
                 and n % tn == 0 and tn % mma.N == 0 and tm % mma.M == 0):
