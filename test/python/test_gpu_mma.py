@@ -90,6 +90,22 @@ def test_mma_static_shapes(shape, dtype, transpose_b):
     _check(_matmul(m, k, n, dtype, transpose_b), dtype, (m,), seed=m + k + n)
 
 
+TILES = [(32, 48), (64, 32), (48, 64), (16, 128)]
+
+
+@pytest.mark.parametrize("transpose_b", [False, True], ids=["b", "bT"])
+@pytest.mark.parametrize("tile", TILES, ids=["x".join(map(str, t)) for t in TILES])
+def test_mma_user_tiles(tile, transpose_b):
+    """Other warp grids: an odd number of 8-column blocks per warp (the
+    last B block loaded alone), four warps along the rows, three row blocks
+    per warp, one warp row across 128 columns."""
+    g = etc.Graph("mm")
+    x = g.input("x", (100, 64), "f16")
+    w = g.input("w", (384, 64) if transpose_b else (64, 384), "f16")
+    g.output(g.matmul(x, w, transpose_b=transpose_b, tile=tile))
+    _check(g, "f16", (100,))
+
+
 @pytest.mark.parametrize("transpose_b", [False, True], ids=["b", "bT"])
 def test_mma_random_shapes(transpose_b):
     """Random shapes the kernel takes: rows 16..130, K and N multiples of 16."""
@@ -150,10 +166,15 @@ def test_mma_fragment_bug_fails_on_cpu(monkeypatch):
             _check(_matmul(32, 32, 64, "f16", transpose_b), "f16", (32,))
 
 
-def _function(ptx: str, name: str) -> str:
-    match = re.search(r"\.func \w*" + name + r"\w*\(.*?\n\}", ptx, re.S)
-    assert match, f"no device function {name} in the PTX"
-    return match.group(0)
+def test_mma_copy_groups():
+    """Double buffering: step 0's copies are a group of their own before
+    the loop; each step then commits the next step's copies and waits for
+    all but that newest group. (The simulation copies synchronously, so
+    only the IR shows this.)"""
+    kernel = etc.compile(_matmul(None, 256, 256, "bf16", True), target="cuda", chip="sm_80")
+    order = re.findall(r"nvgpu\.device_async_(create_group|wait)[^\n]*", kernel.ir("graph"))
+    assert order == ["create_group", "create_group", "wait"], order
+    assert re.search(r"nvgpu\.device_async_wait %\w+ \{numGroups = 1 : i32\}", kernel.ir("graph"))
 
 
 @needs_ptxas

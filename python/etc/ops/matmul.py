@@ -492,6 +492,10 @@ class MatmulMMA(MatmulSkinny):
         else:
             init = [self.cf32(0.0)] * (blocks * mma.C_VALUES)
         self.stage(lanes, self.cidx(0), self.cidx(0), bk)
+        if not lanes.simulate:
+            # Step 0 in a group of its own: were step 1's copies in it too,
+            # the first `wait_group 1` would wait for neither.
+            nvgpu.device_async_create_group([])
         loop = scf.ForOp(self.cidx(0), self.cidx(steps), self.cidx(1), init)
         with ir.InsertionPoint(loop.body):
             s = loop.induction_variable
