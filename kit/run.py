@@ -57,6 +57,8 @@ from etc.runtime import WatchdogError  # noqa: E402
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
 #: The artifact compute-sanitizer runs (small, with lane reductions).
 SANITIZER_FAMILY = "op_rmsnorm"
+#: Seconds per compute-sanitizer tool (racecheck of a spinning megakernel is slow).
+SANITIZER_TIMEOUT = 90
 BATCHES = (1, 2, 4, 8, 16)
 DECODE_BATCHES = (1, 4, 16, 64)
 
@@ -231,7 +233,15 @@ def run_checks(manifest: dict, args, device: Device | None) -> list[dict]:
     log(f"## Checks: {len(entries)} artifacts x sizes x {args.runs} poisoned runs"
         + (f" ({len(skipped)} skipped: their chip is not this GPU's)" if skipped else ""))
     results = []
-    for entry in entries:
+    deadline = time.perf_counter() + args.check_budget
+    for index, entry in enumerate(entries):
+        if time.perf_counter() > deadline:
+            log(f"  the --check-budget of {args.check_budget:.0f} s is spent: "
+                f"{len(entries) - index} artifacts NOT checked")
+            results.append({"artifact": f"{len(entries) - index} artifacts", "checks": 0,
+                            "worst": 0.0, "seconds": 0.0,
+                            "failures": ["not checked: over the --check-budget"]})
+            break
         result = check_artifact(entry, args.runs, device)
         status = "ok" if not result["failures"] else "FAILED"
         log(f"  {status:6} {entry['path']}: {result['checks']} checks, worst relative error "
@@ -315,13 +325,13 @@ def run_sanitizer(manifest: dict, device: Device) -> list[str]:
             child = subprocess.run([tool, "--tool", name, "--error-exitcode", "7",
                                     sys.executable, __file__, "--internal-once",
                                     str(KIT / entry["path"])], capture_output=True, text=True,
-                                   timeout=240, env=env)
+                                   timeout=SANITIZER_TIMEOUT, env=env)
             summary = [line for line in (child.stdout + child.stderr).splitlines()
                        if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line]
             verdict = ("ok" if child.returncode == 0 else f"FAILED (exit {child.returncode})")
             detail = summary[-1].strip() if summary else (child.stdout + child.stderr)[-300:]
         except subprocess.TimeoutExpired:
-            verdict, detail = "TIMEOUT", "no answer in 240 s"
+            verdict, detail = "TIMEOUT", f"no answer in {SANITIZER_TIMEOUT} s"
         line = f"{name}: {verdict}: {detail} ({time.perf_counter() - start:.0f} s)"
         log("  " + line)
         lines.append(line)
@@ -692,12 +702,15 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=20,
                         help="poisoned runs per artifact and size (default 20)")
     parser.add_argument("--only", default="*", help="check only families matching this glob")
+    parser.add_argument("--check-budget", type=float, default=330,
+                        help="seconds after which the remaining artifacts are not checked "
+                             "(reported as failures)")
     parser.add_argument("--skip-checks", action="store_true")
     parser.add_argument("--skip-watchdog", action="store_true")
     parser.add_argument("--skip-sanitizer", action="store_true")
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--repeats", type=int, default=50, help="timed runs per benchmark")
-    parser.add_argument("--bench-budget", type=float, default=240,
+    parser.add_argument("--bench-budget", type=float, default=200,
                         help="seconds after which the remaining benchmarks are skipped")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write the report (Markdown) to this file")
