@@ -11,6 +11,12 @@ Kernels, by target:
   contiguous vectors of B's row k and broadcasts A[r, k]; for B^T (N, K)
   both operands are contiguous along k and the dot products reduce at the
   end. Partial edge tiles (columns past N) take the scalar path.
+* cuda, few rows (decode): `MatmulSkinny` for B (K, N) (lanes along N,
+  split-K across lane groups, scratch reduction across warps) and
+  `MatmulSkinnyT` for B^T (N, K), the layout of Hugging Face weights (a
+  warp per group of B^T rows, lanes along K, warp-shuffle reduction); both
+  read each weight byte once per tile with 16-byte loads, and their column
+  tiles are sized so that B = 1 gives every SM a tile.
 """
 
 from __future__ import annotations
@@ -331,18 +337,144 @@ class MatmulSkinny(Matmul):
             scf.yield_([])
 
 
+class MatmulSkinnyT(Matmul):
+    """GPU matmul tile for few rows with B transposed (decode GEMV over
+    Hugging Face weights, stored (N, K)): C = A @ B^T.
+
+    Both operands are contiguous along K, so a warp owns RW rows of B^T at
+    a time and its 32 lanes split K in 16-byte chunks (lane l takes chunks
+    l, l + 32, ...): every weight byte is read once per tile, by one lane,
+    with RW loads of 16 bytes in flight per lane and chunk. A pass handles
+    up to RB rows of A (RW x RB vector accumulators per lane). After the K
+    loop each accumulator is summed across its vector and then across the
+    warp (`lane_reduce`, 32 lanes, stride 1), and lane 0 of the warp stores
+    the RW x RB results. The warps take the tile's row groups round-robin;
+    no scratch memory and no CTA barrier are needed.
+    """
+
+    #: Rows of A per pass.
+    RB = 4
+    #: Rows of B^T (columns of C) per warp iteration.
+    RW = 2
+
+    @classmethod
+    def name(cls, op) -> str:
+        return "matmul_gemv_t"
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        n, k = op.operands[1].shape
+        vec = MatmulSkinny.vec(op)
+        tn = op.tile[1]
+        warps = target.lanes // target.warp if target.warp else 0
+        return (target.gpu_kernels and op.params["transpose_b"]
+                and isinstance(k, int) and isinstance(n, int) and warps >= 1
+                and k % vec == 0 and n % tn == 0 and tn % (warps * cls.RW) == 0)
+
+    @classmethod
+    def tile_for(cls, op, target) -> tuple:
+        """Columns per tile: a multiple of (warps x RW), the largest that
+        still gives every SM a tile at one row block (B = 1)."""
+        n = op.operands[1].shape[0]
+        if not isinstance(n, int) or not target.warp:
+            return op.tile
+        step = (target.lanes // target.warp) * cls.RW
+        candidates = [tn for tn in (64, 32, 16, 8) if tn % step == 0 and n % tn == 0]
+        if not candidates:
+            return op.tile
+        enough = [tn for tn in candidates if n // tn >= target.sm_count]
+        return (op.tile[0], enough[0] if enough else candidates[-1])
+
+    def emit(self) -> None:
+        op, out = self.op, self.op.result
+        a, b = op.operands
+        tm, tn = op.tile
+        vec = MatmulSkinny.vec(op)
+        lanes = self.lanes()
+        warps = lanes.count // lanes.warp
+        rw, rb = self.RW, self.RB
+        groups = tn // (warps * rw)          # row groups of B^T per warp
+        k_chunks = b.shape[1] // vec
+        r0 = arith.muli(self.ti[0], self.cidx(tm))
+        c0 = arith.muli(self.ti[1], self.cidx(tn))
+        rows = self.extent(out, 0, r0, tm)
+        last_row = arith.subi(self.dim(a, 0), self.cidx(1))
+        passes = arith.divui(arith.addi(rows, self.cidx(rb - 1)), self.cidx(rb))
+        loop = scf.ForOp(self.cidx(0), passes, self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            first = arith.addi(r0, arith.muli(loop.induction_variable, self.cidx(rb)))
+            in_pass = arith.minsi(self.cidx(rb), arith.subi(arith.addi(r0, rows), first))
+            # Rows past the tile compute copies of the last row; only real
+            # rows are stored.
+            row_of = [arith.minsi(arith.addi(first, self.cidx(r)), last_row) for r in range(rb)]
+            group_loop = scf.ForOp(self.cidx(0), self.cidx(groups), self.cidx(1))
+            with ir.InsertionPoint(group_loop.body):
+                group = group_loop.induction_variable
+
+                def columns(lane):
+                    # Warp w takes rows [c0 + (group * warps + w) * RW, + RW) of B^T.
+                    w = arith.divui(lane, self.cidx(lanes.warp))
+                    base = arith.addi(c0, arith.muli(
+                        arith.addi(arith.muli(group, self.cidx(warps)), w), self.cidx(rw)))
+                    return [arith.addi(base, self.cidx(j)) for j in range(rw)]
+
+                def accumulate(lane):
+                    cols = columns(lane)
+                    part = arith.remui(lane, self.cidx(lanes.warp))
+                    accs = [self.vzero(vec) for _ in range(rw * rb)]
+                    kloop = scf.ForOp(part, self.cidx(k_chunks), self.cidx(lanes.warp), accs)
+                    with ir.InsertionPoint(kloop.body):
+                        k0 = arith.muli(kloop.induction_variable, self.cidx(vec))
+                        weights = [self.vload(b, [col, k0], vec, aligned=True) for col in cols]
+                        carried = list(kloop.inner_iter_args)
+                        updated = list(carried)
+                        for r in range(rb):
+                            xs = self.vload(a, [row_of[r], k0], vec, aligned=True)
+                            for j in range(rw):
+                                updated[j * rb + r] = vector.fma(xs, weights[j],
+                                                                 carried[j * rb + r])
+                        scf.yield_(updated)
+                    return [vector.reduction(self.f32, vector.CombiningKind.ADD, acc)
+                            for acc in kloop.results]
+
+                summed = lanes.reduce(lanes.each(accumulate), "add", lanes.warp, 1)
+
+                def store(lane):
+                    leader = arith.cmpi(arith.CmpIPredicate.eq,
+                                        arith.remui(lane, self.cidx(lanes.warp)), self.cidx(0))
+                    branch = scf.IfOp(leader)
+                    with ir.InsertionPoint(branch.then_block):
+                        cols = columns(lane)
+                        totals = lanes.get(summed, lane)
+                        for r in range(rb):
+                            real = arith.cmpi(arith.CmpIPredicate.slt, self.cidx(r), in_pass)
+                            inner = scf.IfOp(real)
+                            with ir.InsertionPoint(inner.then_block):
+                                for j in range(rw):
+                                    self.store(totals[j * rb + r], out,
+                                               [arith.addi(first, self.cidx(r)), cols[j]])
+                                scf.yield_([])
+                        scf.yield_([])
+                lanes.each(store)
+                scf.yield_([])
+            scf.yield_([])
+
+
 def choose_kernel(op, target) -> type:
     """The matmul kernel for `op` on `target`."""
     if target.kind == "cpu" and MatmulCPU.applies(op):
         return MatmulCPU
     if MatmulSkinny.applies(op, target):
         return MatmulSkinny
+    if MatmulSkinnyT.applies(op, target):
+        return MatmulSkinnyT
     return Matmul
 
 
 def build_tasks(b: TaskBuilder, op) -> None:
     if b.target.gpu_kernels and not op.user_tile:
-        op = dataclasses.replace(op, tile=MatmulSkinny.tile_for(op, b.target))
+        chooser = MatmulSkinnyT if op.params["transpose_b"] else MatmulSkinny
+        op = dataclasses.replace(op, tile=chooser.tile_for(op, b.target))
     a, w = op.operands
     res = op.result
     tm, tn = op.tile
