@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     print(f"gpu-kit: {args.target} artifacts of {len(names)} families x {len(SCHEDULES)} "
           f"schedules x {len(builder.chips_for(False))} chips ...", flush=True)
     builder.checks(names)
-    print(f"gpu-kit: watchdog and benchmark artifacts ...", flush=True)
+    print("gpu-kit: watchdog and benchmark artifacts ...", flush=True)
     builder.watchdog()
     builder.benchmarks(args.quick)
     manifest = {"format": 1, "target": args.target, "built": time.strftime("%Y-%m-%d %H:%M:%S"),

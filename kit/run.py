@@ -492,8 +492,8 @@ def bench_mlp(manifest, device, timer, torch) -> list[str]:
     kernels = {s: etc.runtime.load(KIT / e["path"]) for s, e in entries.items()}
     device_weights = {s: {name: k.runtime.device_array(etc.bfloat16.to_bits(w))
                           for name, w in weights.items()} for s, k in kernels.items()}
-    rows = [f"| B | ETC static µs | ETC dynamic µs | PyTorch eager µs | PyTorch CUDA graph µs "
-            f"| static vs graph |", "|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| B | ETC static µs | ETC dynamic µs | PyTorch eager µs | PyTorch CUDA graph µs "
+            "| static vs graph |", "|---:|---:|---:|---:|---:|---:|"]
     if torch:
         tw = {n: torch.from_numpy(w).to("cuda", torch.bfloat16) for n, w in weights.items()}
 
@@ -677,7 +677,7 @@ def run_benchmarks(manifest, args, device) -> list[str]:
                 ("bf16 GEMM", bench_gemm, (torch,))]
     for title, bench, extra in sections:
         if time.perf_counter() > deadline:
-            lines += [f"### {title}", "", f"skipped: over the --bench-budget of "
+            lines += [f"### {title}", "", "skipped: over the --bench-budget of "
                       f"{args.bench_budget:.0f} s", ""]
             continue
         log(f"  benchmark: {title} ...")
