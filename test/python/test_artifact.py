@@ -202,3 +202,47 @@ def test_cpu_code_for_another_platform_is_refused(tmp_path):
     _rewrite(path, manifest=lambda m: m.update(platform="linux-riscv64"))
     with pytest.raises(ArtifactError, match="CPU code for linux-riscv64"):
         etc.runtime.load(path)
+
+
+_STEP_SUBPROCESS = textwrap.dedent("""
+    import sys
+    sys.modules["mlir"] = None
+    import numpy as np
+    import etc.runtime
+    data = np.load(sys.argv[2])
+    inputs = {name: data[name] for name in data.files}
+    logits, next_ids = etc.runtime.load(sys.argv[1]).run(**inputs)
+    np.save(sys.argv[3], logits)
+    np.save(sys.argv[4], inputs["l0_k_cache"])
+""")
+
+
+def test_a_model_step_kernel_with_state_runs_from_its_artifact(tmp_path):
+    """An LLM step kernel (KV caches are state arguments) saved, loaded
+    without MLIR and run: the logits and the updated cache match the
+    compiled kernel's."""
+    from etc import models
+    from etc.models.testing import write_checkpoint
+
+    model = models.load(write_checkpoint(tmp_path / "ckpt"), workers=2, max_seq_len=16)
+    kernel = model.kernels[0]
+    path = tmp_path / "step.etc"
+    kernel.save(path)
+    assert [a.kind for a in etc.runtime.load(path).arguments].count("state") == 4
+    cache = model.new_cache(2, 16)
+    requests = [models.Request(0, 0, [3, 5, 7]), models.Request(1, 0, [11])]
+    inputs = model.step_inputs(cache, requests)
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    expected_logits, _ = kernel.run(**inputs)
+    script = tmp_path / "step.py"
+    script.write_text(_STEP_SUBPROCESS)
+    result = subprocess.run([sys.executable, str(script), str(path), str(tmp_path / "inputs.npz"),
+                             str(tmp_path / "logits.npy"), str(tmp_path / "cache.npy")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), expected_logits, rtol=1e-5,
+                               atol=1e-5)
+    # The subprocess's cache started at zero too and got the same rows.
+    np.testing.assert_allclose(np.load(tmp_path / "cache.npy"), inputs["l0_k_cache"], rtol=1e-5,
+                               atol=1e-6)
+    assert np.any(inputs["l0_k_cache"][0, :3])

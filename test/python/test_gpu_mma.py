@@ -25,6 +25,10 @@ from etc.reference import round_bf16
 
 needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not on PATH")
 
+#: A tensor-core tile function: `matmul_mma` (known rows) or, for symbolic
+#: rows, `matmul_gemv_mma` / `matmul_gemv_t_mma` (with the GEMV for few rows).
+TENSOR_CORE = re.compile(r"_tile_matmul(_gemv(_t)?)?_mma_")
+
 TOLERANCE = {"f16": 5e-3, "bf16": 2e-2}
 
 
@@ -56,7 +60,7 @@ def _run(g: etc.Graph, kernel, dtype: str, inputs: dict, label: str) -> None:
 
 def _check(g: etc.Graph, dtype: str, rows_values, *, chosen: bool = True, seed: int = 3) -> None:
     kernel = etc.compile(g, target="cpu", kernels="cuda", workers=2)
-    assert ("matmul_mma" in kernel.ir("graph")) == chosen
+    assert bool(TENSOR_CORE.search(kernel.ir("graph"))) == chosen
     rng = np.random.default_rng(seed)
     for rows in rows_values:
         inputs = {}
@@ -131,9 +135,9 @@ def test_mma_needs_sm80():
     kernels."""
     g = _matmul(64, 64, 64, "f16", False)
     kernel = etc.compile(g, target="cpu", kernels="cuda", chip="sm_70", workers=2)
-    assert "matmul_mma" not in kernel.ir("graph")
-    assert "matmul_mma" in etc.compile(g, target="cpu", kernels="cuda", chip="sm_80",
-                                       workers=2).ir("graph")
+    assert not TENSOR_CORE.search(kernel.ir("graph"))
+    kernel = etc.compile(g, target="cpu", kernels="cuda", chip="sm_80", workers=2)
+    assert TENSOR_CORE.search(kernel.ir("graph"))
 
 
 def test_mma_mlp():
@@ -182,7 +186,8 @@ def test_mma_copy_groups():
 def test_mma_ptx(chip, tmp_path):
     """Each dtype and layout of B: `mma.sync.aligned.m16n8k16` with f32
     accumulators, operands staged by `cp.async` and read from shared
-    memory; ptxas assembles everything with no spills and no stack."""
+    memory, and the GEMV path (shuffles) for tiles of few rows; ptxas
+    assembles everything with no spills and no stack."""
     g = etc.Graph("gemm")
     B = g.symbol("B")
     for dtype in ("f16", "bf16"):
@@ -191,7 +196,7 @@ def test_mma_ptx(chip, tmp_path):
         wt = g.input(f"wt_{dtype}", (1024, 512), dtype)
         g.output(g.matmul(x, w), g.matmul(x, wt, transpose_b=True))
     ptx = etc.compile(g, target="cuda", chip=chip).ptx
-    functions = re.findall(r"\.func \w*matmul_mma\w*\(.*?\n\}", ptx, re.S)
+    functions = re.findall(r"\.func \w*matmul_gemv(?:_t)?_mma\w*\(.*?\n\}", ptx, re.S)
     assert len(functions) == 4, "one tensor-core kernel per dtype and layout of B"
     for dtype in ("f16", "bf16"):
         instruction = f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32"
@@ -199,6 +204,7 @@ def test_mma_ptx(chip, tmp_path):
     for body in functions:
         assert "cp.async.cg.shared.global" in body and re.search(r"cp\.async\.wait_group\s+1;", body)
         assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in body and "bar.sync" in body
+        assert "shfl.sync.bfly" in body and re.search(r"ld(\.global)?\.v4\.b32", body)
     path = tmp_path / "gemm.ptx"
     path.write_text(ptx)
     result = subprocess.run(["ptxas", f"-arch={chip}", "-v", str(path), "-o", "/dev/null"],

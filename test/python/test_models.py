@@ -67,6 +67,17 @@ def _teacher_forcing(path, prompts, out, tol=2e-4):
 # ----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
+def test_cuda_tile_kernels_match_numpy_with_simulated_lanes(name, checkpoints):
+    """The step graph built with the CUDA tile kernels (transposed GEMV,
+    warp-per-row norms, vector elementwise) and run on the CPU with their
+    lanes simulated: the same teacher-forced logits."""
+    model = models.load(checkpoints[name], kernels="cuda", **LOAD)
+    assert "matmul_gemv_t" in model.kernels[0].ir("graph")
+    out = model.generate(PROMPTS, 2, return_logits=True)
+    _teacher_forcing(checkpoints[name], PROMPTS, out)
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_generate_matches_numpy_by_teacher_forcing(name, loaded, checkpoints):
     model = loaded[name]

@@ -12,6 +12,8 @@ their code, so a program does not grow with model depth.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -166,3 +168,24 @@ def test_ptx_of_a_deep_stack_has_few_parameters():
     ptx = etc.compile(g, target="cuda").ptx
     entry = re.search(r"\.entry stack40_worker\((.*?)\)", ptx, re.S).group(1)
     assert entry.count(".param") == 1 + 5 + 5  # B, the table, the counters
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not on PATH")
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_hundreds_of_buffers_assemble_with_ptxas(chip, schedule, tmp_path):
+    """An 80-layer stack has 321 weight inputs and 561 intermediates, more
+    than 4 times the ~77 buffers a kernel's 4 KB of parameters once held:
+    its PTX assembles for the chip, and the worker's parameters stay few."""
+    g = stack(80)
+    inputs = [a for a in g.arguments if a.kind == "input"]
+    buffers = [a for a in g.arguments if a.kind != "symbol"]
+    assert len(inputs) == 321 and len(buffers) > 800
+    kernel = etc.compile(g, target="cuda", chip=chip, schedule=schedule)
+    entry = re.search(r"\.entry stack80_worker\((.*?)\)", kernel.ptx, re.S).group(1)
+    assert entry.count(".param") == 1 + 5 + 5
+    path = tmp_path / "stack80.ptx"
+    path.write_text(kernel.ptx)
+    result = subprocess.run(["ptxas", f"-arch={chip}", str(path), "-o", str(tmp_path / "out.o")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr

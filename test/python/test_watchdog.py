@@ -6,9 +6,9 @@ that notify too little, compiled with the schedule check skipped."""
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,42 +18,12 @@ import etc
 from etc import pipeline
 from etc.compiler import compile_module
 from etc.runtime import layout
-from etc.runtime.abi import Argument
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "kit"))
+from families import HANG, hang_signature  # noqa: E402
 
-#: "produce" notifies each element of %e once, but its count says 2: every
-#: tile of "consume" waits for a notify that never comes.
-HANG = """
-event.graph @hang(%n: index, %x: memref<?xf32>, %y: memref<?xf32>,
-                  %t: memref<?xf32> {event.intermediate}) {
-  %c2 = arith.constant 2 : index
-  %e = event.alloc(%n) count(%c2) : !event.tensor<?>
-  event.task "produce" grid(%n)
-      reads(%x : memref<?xf32> (d0) -> (d0) [1])
-      writes(%t : memref<?xf32> (d0) -> (d0) [1])
-      notifies(%e : !event.tensor<?> (d0) -> (d0)) {
-  ^bb0(%i: index):
-    %v = memref.load %x[%i] : memref<?xf32>
-    memref.store %v, %t[%i] : memref<?xf32>
-  }
-  event.task "consume" grid(%n)
-      reads(%t : memref<?xf32> (d0) -> (d0) [1])
-      writes(%y : memref<?xf32> (d0) -> (d0) [1])
-      waits(%e : !event.tensor<?> (d0) -> (d0)) {
-  ^bb0(%i: index):
-    %v = memref.load %t[%i] : memref<?xf32>
-    memref.store %v, %y[%i] : memref<?xf32>
-  }
-}
-"""
-
-SIGNATURE = SimpleNamespace(
-    name="hang",
-    arguments=[Argument("symbol", "n", (), "index"), Argument("input", "x", ("n",), "f32"),
-               Argument("output", "y", ("n",), "f32"),
-               Argument("intermediate", "t", ("n",), "f32")],
-    outputs=["y"])
+SIGNATURE = hang_signature()
 
 
 def hanging_kernel(schedule: str, watchdog: float, target: str = "cpu", workers: int = 2):

@@ -30,11 +30,13 @@ __all__ = ["load", "Model", "Generation", "KVCache", "Request", "ModelConfig", "
 def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[int] = None, *,
          dtype: str = "f32", max_seq_len: Optional[int] = None,
          attention_chunk: Optional[int] = None, max_step_tokens: int = 256,
-         chip: str = "sm_90a") -> Model:
+         chip: str = "sm_90a", kernels: str = "native") -> Model:
     """Reads the Hugging Face checkpoint directory `path` (config.json and
     *.safetensors), builds its step graph and compiles it once.
 
-    `target`, `schedule`, `workers` and `chip` are those of `etc.compile`
+    `target`, `schedule`, `workers`, `chip` and `kernels` are those of
+    `etc.compile` (`kernels="cuda"` on the CPU runs the CUDA tile kernels
+    with simulated lanes, a check of the GPU code without a GPU)
     (`workers=None`: one per CPU core on the CPU). Weights and activations
     are computed in `dtype` ("f32", "f16" or "bf16"; the KV caches are
     float32). `max_seq_len` (default: the config's max_position_embeddings)
@@ -46,4 +48,4 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     the field, tensor or file at fault."""
     return Model(Checkpoint(path), target=target, schedule=schedule, workers=workers,
                  dtype=dtype, max_seq_len=max_seq_len, attention_chunk=attention_chunk,
-                 max_step_tokens=max_step_tokens, chip=chip)
+                 max_step_tokens=max_step_tokens, chip=chip, kernels=kernels)

@@ -93,7 +93,8 @@ class Model:
     def __init__(self, checkpoint: Checkpoint, *, target: str = "cpu", schedule: str = "auto",
                  workers: Optional[int] = None, dtype: str = "f32",
                  max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
-                 max_step_tokens: int = DEFAULT_MAX_STEP_TOKENS, chip: str = "sm_90a"):
+                 max_step_tokens: int = DEFAULT_MAX_STEP_TOKENS, chip: str = "sm_90a",
+                 kernels: str = "native"):
         if dtype not in MODEL_DTYPES:
             raise ValueError(f"load: dtype={dtype!r} is not supported; expected one of "
                              f"{MODEL_DTYPES}")
@@ -129,7 +130,7 @@ class Model:
         weights["inv_freq"] = config.rope_inv_freq()
         self._weights = {name: self._as_dtype(name, array) for name, array in weights.items()}
         kernel = _compile(self.graph, target=target, schedule=schedule, workers=workers,
-                          chip=chip)
+                          chip=chip, kernels=kernels)
         self._kernels = (kernel,)
         if target == "cuda":
             self._weights = {name: _to_device(kernel, name, array)

@@ -277,10 +277,14 @@ class TileKernel:
     def vload(self, t: "Tensor", idx: list, width: int, aligned: bool = False) -> ir.Value:
         """`width` consecutive elements of `t` from `idx` (along the last
         dimension), widened to f32. `aligned`: the address is a multiple of
-        the vector's size (GPU kernels rely on it for 16-byte loads)."""
+        the vector's size (GPU kernels rely on it for 16-byte loads: device
+        buffers are 256-byte aligned and their rows a multiple of 16 bytes).
+        Not claimed when the lanes are simulated on the CPU, where the
+        caller's NumPy arrays (e.g. safetensors weights mapped from a file)
+        may start anywhere."""
         storage = ir.VectorType.get([width], element_type(t.dtype))
         alignment = None
-        if aligned:
+        if aligned and not self.target.simulate_lanes:
             nbytes = width * (4 if t.dtype in ("f32", INDEX_DTYPE) else 2)
             alignment = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), nbytes)
         v = vector.load(storage, self.buf(t), idx, alignment=alignment)
@@ -293,7 +297,7 @@ class TileKernel:
         if t.dtype != "f32":
             value = arith.truncf(ir.VectorType.get([width], element_type(t.dtype)), value)
         alignment = None
-        if aligned:
+        if aligned and not self.target.simulate_lanes:
             nbytes = width * (4 if t.dtype in ("f32", INDEX_DTYPE) else 2)
             alignment = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), nbytes)
         vector.store(value, self.buf(t), idx, alignment=alignment)

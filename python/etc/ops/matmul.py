@@ -10,26 +10,30 @@ Kernels, by target:
   while B streams through once per micro-tile: for B (K, N) each k loads
   contiguous vectors of B's row k and broadcasts A[r, k]; for B^T (N, K)
   both operands are contiguous along k and the dot products reduce at the
-  end. Partial edge tiles (columns past N) take the scalar path;
-* cuda, f16 and bf16 with K a multiple of 16 and at least 16 rows (or
-  symbolic rows): tensor cores (`MatmulMMA`: cp.async staging in shared
-  memory, mma.sync m16n8k16), whose tiles of fewer than 16 rows run the
-  split-K path of
-* cuda, other few-row matmuls of B (K, N): split-K GEMV (`MatmulSkinny`);
-* cuda, the rest: the generic kernel.
+  end. Partial edge tiles (columns past N) take the scalar path.
+* cuda, few rows (decode): `MatmulSkinny` for B (K, N) (lanes along N,
+  split-K across lane groups, scratch reduction across warps) and
+  `MatmulSkinnyT` for B^T (N, K), the layout of Hugging Face weights (a
+  warp per group of B^T rows, lanes along K, warp-shuffle reduction); both
+  read each weight byte once per tile with 16-byte loads, and their column
+  tiles are sized so that B = 1 gives every SM a tile;
+* cuda, sm_80 and newer, f16 and bf16 with K a multiple of 16: tensor cores
+  (`matmul_mma.MatmulMMA`: cp.async staging in shared memory, ldmatrix,
+  mma.sync m16n8k16) for 16 rows or more; with symbolic rows (the batch) a
+  kernel that also derives from the GEMV picks per tile at run time:
+  `MatmulMMASkinny` and `MatmulMMASkinnyT` (tensor cores from 16 rows, the
+  GEMV below), on the GEMV's column tiles.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from mlir import ir
-from mlir.dialects import arith, memref, nvgpu, scf, vector
+from mlir.dialects import arith, memref, scf, vector
 
-from ..dialects import event
-from . import mma
-from .base import TaskBuilder, TileKernel, box, element_type, tile_offset
+from .base import TaskBuilder, TileKernel, box, tile_offset
+from .matmul_mma import MatmulMMA
 
 KINDS = ("matmul",)
 
@@ -340,369 +344,151 @@ class MatmulSkinny(Matmul):
             scf.yield_([])
 
 
-class MatmulMMA(MatmulSkinny):
-    """Tensor-core matmul tile for the CUDA target: C = A @ B or A @ B^T,
-    f16 or bf16 operands, f32 accumulators (`mma.sync` m16n8k16, sm_80+).
+class MatmulSkinnyT(Matmul):
+    """GPU matmul tile for few rows with B transposed (decode GEMV over
+    Hugging Face weights, stored (N, K)): C = A @ B^T.
 
-    Warps: the CTA's W = lanes / 32 warps form a WM x WN grid over the
-    tm x tn tile (WM = gcd(W, tm / 16)); each warp owns MI x NI blocks of
-    16 x 8 outputs (MI = tm / 16 WM, NI = tn / 8 WN), 4 MI NI f32 registers
-    per lane laid out as `mma` says.
-
-    Staging: K goes in steps of BK (32, or 16 where K is not a multiple of
-    32). The A rows of the tile and the B columns of a step are copied to
-    shared memory in 16-byte chunks spread over all lanes, with `cp.async`
-    on the GPU (a plain copy when simulated), into one of two buffers: the
-    copy of step s + 1 is in flight while the warps multiply step s. A's
-    rows past the matrix read its last row (computed, never stored); rows of
-    shared memory are padded by PAD elements so that the lanes of a warp
-    reading a fragment fall in different banks (80-byte rows for BK = 32:
-    the eight rows of an `ldmatrix` matrix start on eight different 4-bank
-    groups). Each warp then loads its A and B fragments from shared memory
-    with `ldmatrix` (x4 per A block, x4 per two B blocks, transposed for
-    B (K, N)) for each 16-wide slice of the step and issues MI NI
-    multiplies.
-
-    Rows are symbolic in LLM graphs (the batch): a tile with fewer than
-    MIN_ROWS rows then takes `MatmulSkinny`'s split-K path (or the scalar
-    one for B^T), decided per tile at run time, so one kernel serves decode
-    and prefill. Needs K a multiple of 16 and N of the tile's columns.
+    Both operands are contiguous along K, so a warp owns RW rows of B^T at
+    a time and its 32 lanes split K in 16-byte chunks (lane l takes chunks
+    l, l + 32, ...): every weight byte is read once per tile, by one lane,
+    with RW loads of 16 bytes in flight per lane and chunk. A pass handles
+    up to RB rows of A (RW x RB vector accumulators per lane). After the K
+    loop each accumulator is summed across its vector and then across the
+    warp (`lane_reduce`, 32 lanes, stride 1), and lane 0 of the warp stores
+    the RW x RB results. The warps take the tile's row groups round-robin;
+    no scratch memory and no CTA barrier are needed.
     """
 
-    #: Elements after each row of a shared-memory tile (16 bytes).
-    PAD = 8
-    #: Fewest rows of a tile for which the tensor-core path runs.
-    MIN_ROWS = 16
+    #: Rows of A per pass.
+    RB = 4
+    #: Rows of B^T (columns of C) per warp iteration.
+    RW = 2
 
     @classmethod
     def name(cls, op) -> str:
-        return "matmul_mma"
-
-    @staticmethod
-    def k_step(op) -> int:
-        """BK: K of A and B staged per step."""
-        return 32 if op.operands[0].shape[1] % 32 == 0 else mma.K
-
-    @staticmethod
-    def warp_grid(tile: tuple, target) -> tuple:
-        """(WM, WN): how the CTA's warps split the tile's rows and columns.
-        A tile too small for every warp leaves some without blocks of their
-        own: they repeat the multiplies of warp w mod WM WN and store
-        nothing."""
-        tm, tn = tile
-        warps = target.lanes // target.warp
-        rows = math.gcd(warps, max(tm // mma.M, 1))
-        return rows, math.gcd(warps // rows, max(tn // mma.N, 1))
-
-    @staticmethod
-    def columns(op) -> object:
-        b = op.operands[1]
-        return b.shape[0] if op.params["transpose_b"] else b.shape[1]
+        return "matmul_gemv_t"
 
     @classmethod
     def applies(cls, op, target) -> bool:
-        a = op.operands[0]
-        m, k = a.shape
-        n = cls.columns(op)
-        tm, tn = op.tile
-        # mma.sync m16n8k16 with bf16, cp.async and ldmatrix need sm_80.
-        if not (target.gpu_kernels and target.compute_capability >= 80
-                and target.warp == mma.WARP and target.lanes % target.warp == 0
-                and a.dtype in ("f16", "bf16")):
-            return False
-        if not (isinstance(k, int) and isinstance(n, int) and k % mma.K == 0
-                and n % tn == 0 and tn % mma.N == 0 and tm % mma.M == 0):
-            return False
-        return not (isinstance(m, int) and m < cls.MIN_ROWS)
+        n, k = op.operands[1].shape
+        vec = MatmulSkinny.vec(op)
+        tn = op.tile[1]
+        warps = target.lanes // target.warp if target.warp else 0
+        return (target.gpu_kernels and op.params["transpose_b"]
+                and isinstance(k, int) and isinstance(n, int) and warps >= 1
+                and k % vec == 0 and n % tn == 0 and tn % (warps * cls.RW) == 0)
 
     @classmethod
     def tile_for(cls, op, target) -> tuple:
-        """Rows as the front end tiles them (a multiple of 16); the widest
-        columns (at most 128, 16 bytes per lane of a warp in the skinny path)
-        that still give every SM a tile: over the row tiles when rows are
-        known, else at one row block (decode, where the skinny path runs)."""
-        m = op.operands[0].shape[0]
-        n = cls.columns(op)
-        # Whole warp multiplies: a row tile clamped to a small matrix (23
-        # rows) grows back to 32, still one tile.
-        tm = -(-op.tile[0] // mma.M) * mma.M
-        if not isinstance(n, int):
+        """Columns per tile: a multiple of (warps x RW), the largest that
+        still gives every SM a tile at one row block (B = 1)."""
+        n = op.operands[1].shape[0]
+        if not isinstance(n, int) or not target.warp:
             return op.tile
-        vec = cls.vec(op)
-        candidates = [tn for tn in (128, 64, 32, 16) if n % tn == 0 and tn // vec <= target.warp]
+        step = (target.lanes // target.warp) * cls.RW
+        candidates = [tn for tn in (64, 32, 16, 8) if tn % step == 0 and n % tn == 0]
         if not candidates:
             return op.tile
-        row_tiles = -(-m // tm) if isinstance(m, int) else 1
-        enough = [tn for tn in candidates if row_tiles * (n // tn) >= target.sm_count]
-        return (tm, enough[0] if enough else candidates[-1])
+        enough = [tn for tn in candidates if n // tn >= target.sm_count]
+        return (op.tile[0], enough[0] if enough else candidates[-1])
 
     def emit(self) -> None:
-        op = self.op
-        if isinstance(op.operands[0].shape[0], int):
-            self.emit_mma()
-            return
-        r0 = arith.muli(self.ti[0], self.cidx(op.tile[0]))
-        rows = self.extent(op.result, 0, r0, op.tile[0])
-        wide = arith.cmpi(arith.CmpIPredicate.uge, rows, self.cidx(self.MIN_ROWS))
-        branch = scf.IfOp(wide, has_else=True)
-        with ir.InsertionPoint(branch.then_block):
-            self.emit_mma()
-            scf.yield_([])
-        with ir.InsertionPoint(branch.else_block):
-            if MatmulSkinny.applies(op, self.target):
-                MatmulSkinny.emit(self)
-            else:
-                Matmul.emit(self)
-            scf.yield_([])
-
-    def emit_mma(self) -> None:
         op, out = self.op, self.op.result
         a, b = op.operands
         tm, tn = op.tile
-        bk = self.k_step(op)
+        vec = MatmulSkinny.vec(op)
         lanes = self.lanes()
-        self.wm, self.wn = self.warp_grid(op.tile, self.target)
-        self.mi, self.ni = tm // (mma.M * self.wm), tn // (mma.N * self.wn)
-        steps = a.shape[1] // bk
-        self.r0 = arith.muli(self.ti[0], self.cidx(tm))
-        self.c0 = arith.muli(self.ti[1], self.cidx(tn))
-        rows = self.extent(out, 0, self.r0, tm)
-        self.a_tile = self.scratch([2, tm, bk + self.PAD], a.dtype)
-        self.b_tile = self.scratch([2, tn, bk + self.PAD] if op.params["transpose_b"]
-                                   else [2, bk, tn + self.PAD], b.dtype)
-        if not lanes.simulate:
-            self.a_shared, self.b_shared = (_workgroup(t) for t in (self.a_tile, self.b_tile))
-        blocks = self.mi * self.ni
-        if lanes.simulate:
-            # Per-lane registers live in arrays: accumulators, and the A and
-            # B fragments of the slice being multiplied (widened to f32).
-            self.acc = self.entry_alloca(ir.MemRefType.get(
-                [lanes.count, blocks * mma.C_VALUES], self.f32))
-            self.registers = self.entry_alloca(ir.MemRefType.get(
-                [lanes.count, 2 * (self.mi * mma.A_REGS + self.ni * mma.B_REGS)], self.f32))
-            # Each lane's row address (row, column) of each ldmatrix.
-            self.addresses = self.entry_alloca(ir.MemRefType.get(
-                [lanes.count, self.mi + (self.ni + 1) // 2, 2], self.index))
-
-            def clear(lane):
-                for slot in range(blocks * mma.C_VALUES):
-                    memref.store(self.cf32(0.0), self.acc, [lane, self.cidx(slot)])
-            lanes.each(clear)
-            init = []
-        else:
-            init = [self.cf32(0.0)] * (blocks * mma.C_VALUES)
-        self.stage(lanes, self.cidx(0), self.cidx(0), bk)
-        if not lanes.simulate:
-            # Step 0 in a group of its own: were step 1's copies in it too,
-            # the first `wait_group 1` would wait for neither.
-            nvgpu.device_async_create_group([])
-        loop = scf.ForOp(self.cidx(0), self.cidx(steps), self.cidx(1), init)
-        with ir.InsertionPoint(loop.body):
-            s = loop.induction_variable
-            following = arith.addi(s, self.cidx(1))
-            prefetch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, following, self.cidx(steps)))
-            with ir.InsertionPoint(prefetch.then_block):
-                self.stage(lanes, arith.remui(following, self.cidx(2)),
-                           arith.muli(following, self.cidx(bk)), bk)
-                scf.yield_([])
-            if not lanes.simulate:
-                # One group per step (empty after the last), so that waiting
-                # for all but the newest group waits for step s.
-                group = nvgpu.device_async_create_group([])
-                nvgpu.device_async_wait(group, num_groups=1)
-            lanes.barrier()
-            buffer = arith.remui(s, self.cidx(2))
-            accs = list(loop.inner_iter_args)
-            for slice_ in range(bk // mma.K):
-                accs = self.multiply(lanes, buffer, slice_ * mma.K, accs)
-            # The next step's copy overwrites this buffer.
-            lanes.barrier()
-            scf.yield_(accs)
-        self.write_back(lanes, list(loop.results), arith.addi(self.r0, rows))
-
-    def stage(self, lanes, buffer, k0, bk: int) -> None:
-        """Copies A[rows of the tile, k0 : k0 + bk] and B's columns of the
-        tile over the same K into shared buffer `buffer`, 16 bytes per copy,
-        the copies spread over the lanes."""
-        a, b = self.op.operands
-        tm, tn = self.op.tile
+        warps = lanes.count // lanes.warp
+        rw, rb = self.RW, self.RB
+        groups = tn // (warps * rw)          # row groups of B^T per warp
+        k_chunks = b.shape[1] // vec
+        r0 = arith.muli(self.ti[0], self.cidx(tm))
+        c0 = arith.muli(self.ti[1], self.cidx(tn))
+        rows = self.extent(out, 0, r0, tm)
         last_row = arith.subi(self.dim(a, 0), self.cidx(1))
-        per_row = bk // 8
+        passes = arith.divui(arith.addi(rows, self.cidx(rb - 1)), self.cidx(rb))
+        loop = scf.ForOp(self.cidx(0), passes, self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            first = arith.addi(r0, arith.muli(loop.induction_variable, self.cidx(rb)))
+            in_pass = arith.minsi(self.cidx(rb), arith.subi(arith.addi(r0, rows), first))
+            # Rows past the tile compute copies of the last row; only real
+            # rows are stored.
+            row_of = [arith.minsi(arith.addi(first, self.cidx(r)), last_row) for r in range(rb)]
+            group_loop = scf.ForOp(self.cidx(0), self.cidx(groups), self.cidx(1))
+            with ir.InsertionPoint(group_loop.body):
+                group = group_loop.induction_variable
 
-        def a_chunk(c):
-            row = arith.divui(c, self.cidx(per_row))
-            col = arith.muli(arith.remui(c, self.cidx(per_row)), self.cidx(8))
-            src = [arith.minsi(arith.addi(self.r0, row), last_row), arith.addi(k0, col)]
-            return src, [buffer, row, col]
+                def columns(lane):
+                    # Warp w takes rows [c0 + (group * warps + w) * RW, + RW) of B^T.
+                    w = arith.divui(lane, self.cidx(lanes.warp))
+                    base = arith.addi(c0, arith.muli(
+                        arith.addi(arith.muli(group, self.cidx(warps)), w), self.cidx(rw)))
+                    return [arith.addi(base, self.cidx(j)) for j in range(rw)]
 
-        def b_chunk(c):
-            if self.op.params["transpose_b"]:
-                n = arith.divui(c, self.cidx(per_row))
-                col = arith.muli(arith.remui(c, self.cidx(per_row)), self.cidx(8))
-                return [arith.addi(self.c0, n), arith.addi(k0, col)], [buffer, n, col]
-            k = arith.divui(c, self.cidx(tn // 8))
-            col = arith.muli(arith.remui(c, self.cidx(tn // 8)), self.cidx(8))
-            return [arith.addi(k0, k), arith.addi(self.c0, col)], [buffer, k, col]
+                def accumulate(lane):
+                    cols = columns(lane)
+                    part = arith.remui(lane, self.cidx(lanes.warp))
+                    accs = [self.vzero(vec) for _ in range(rw * rb)]
+                    kloop = scf.ForOp(part, self.cidx(k_chunks), self.cidx(lanes.warp), accs)
+                    with ir.InsertionPoint(kloop.body):
+                        k0 = arith.muli(kloop.induction_variable, self.cidx(vec))
+                        weights = [self.vload(b, [col, k0], vec, aligned=True) for col in cols]
+                        carried = list(kloop.inner_iter_args)
+                        updated = list(carried)
+                        for r in range(rb):
+                            xs = self.vload(a, [row_of[r], k0], vec, aligned=True)
+                            for j in range(rw):
+                                updated[j * rb + r] = vector.fma(xs, weights[j],
+                                                                 carried[j * rb + r])
+                        scf.yield_(updated)
+                    return [vector.reduction(self.f32, vector.CombiningKind.ADD, acc)
+                            for acc in kloop.results]
 
-        copies = [(a, self.a_tile, tm * per_row, a_chunk),
-                  (b, self.b_tile, tn * per_row, b_chunk)]
+                summed = lanes.reduce(lanes.each(accumulate), "add", lanes.warp, 1)
 
-        def body(lane):
-            for tensor, tile, chunks, where in copies:
-                for j in range(-(-chunks // lanes.count)):
-                    c = arith.addi(lane, self.cidx(j * lanes.count))
-                    if (j + 1) * lanes.count <= chunks:
-                        self.copy16(lanes, tensor, tile, *where(c))
-                        continue
-                    guard = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, c, self.cidx(chunks)))
-                    with ir.InsertionPoint(guard.then_block):
-                        self.copy16(lanes, tensor, tile, *where(c))
+                def store(lane):
+                    leader = arith.cmpi(arith.CmpIPredicate.eq,
+                                        arith.remui(lane, self.cidx(lanes.warp)), self.cidx(0))
+                    branch = scf.IfOp(leader)
+                    with ir.InsertionPoint(branch.then_block):
+                        cols = columns(lane)
+                        totals = lanes.get(summed, lane)
+                        for r in range(rb):
+                            real = arith.cmpi(arith.CmpIPredicate.slt, self.cidx(r), in_pass)
+                            inner = scf.IfOp(real)
+                            with ir.InsertionPoint(inner.then_block):
+                                for j in range(rw):
+                                    self.store(totals[j * rb + r], out,
+                                               [arith.addi(first, self.cidx(r)), cols[j]])
+                                scf.yield_([])
                         scf.yield_([])
-        lanes.each(body)
-
-    def copy16(self, lanes, tensor, tile, src: list, dst: list) -> None:
-        """8 elements (16 bytes) from `tensor` at `src` to shared `tile` at `dst`."""
-        if lanes.simulate:
-            storage = ir.VectorType.get([8], element_type(tensor.dtype))
-            vector.store(vector.load(storage, self.buf(tensor), src), tile, dst)
-            return
-        shared = self.a_shared if tile is self.a_tile else self.b_shared
-        nvgpu.device_async_copy(shared, dst, self.buf(tensor), src,
-                                ir.IntegerAttr.get(self.index, 8), bypass_l1=True)
-
-    def warp_block(self, lane) -> tuple:
-        """(groupID, threadID_in_group, first row, first column in the tile,
-        whether the warp stores) of a lane's warp."""
-        warp, group, thread = mma.lane_in_warp(self, lane)
-        active = self.wm * self.wn
-        stores = None
-        if active < self.lanes().count // mma.WARP:
-            stores = arith.cmpi(arith.CmpIPredicate.ult, warp, self.cidx(active))
-            warp = arith.remui(warp, self.cidx(active))
-        first_row = arith.muli(arith.divui(warp, self.cidx(self.wn)),
-                               self.cidx(self.mi * mma.M))
-        first_col = arith.muli(arith.remui(warp, self.cidx(self.wn)),
-                               self.cidx(self.ni * mma.N))
-        return group, thread, first_row, first_col, stores
-
-    def matrix_loads(self, lane, k0: int) -> list:
-        """The `ldmatrix` loads that give a lane's warp its fragments of the
-        slice k0 : k0 + 16: (shared tile, matrices, transposed, the lane's
-        row address in the tile without the buffer index, register slots).
-
-        A block of MI is four 8 x 8 matrices, register r = the matrix at
-        rows 8 (r % 2), columns 8 (r / 2). Two blocks of NI are four matrices
-        (one, the last, when NI is odd: two), register r of block j + m / 2
-        = matrix m: K rows 8 (m % 2); B (K, N) is stored K-major, so its
-        matrices are loaded transposed. Register slots number A's registers
-        from 0 and B's after them, two values each (see `mma.emulate`)."""
-        _, _, first_row, first_col, _ = self.warp_block(lane)
-        matrix, row = mma.ldmatrix_lane(self, lane)
-        high = arith.remui(matrix, self.cidx(2))   # the second 8 rows (A) or K (B)
-        right = arith.divui(matrix, self.cidx(2))  # the second 8 columns (A) or block (B)
-        loads = []
-        for i in range(self.mi):
-            address = [arith.addi(first_row, arith.addi(
-                           arith.muli(high, self.cidx(8)), arith.addi(row, self.cidx(i * mma.M)))),
-                       arith.addi(arith.muli(right, self.cidx(8)), self.cidx(k0))]
-            slots = [2 * (i * mma.A_REGS + r) for r in range(mma.A_REGS)]
-            loads.append((self.a_tile, mma.A_REGS, False, address, slots))
-        b_base = 2 * self.mi * mma.A_REGS
-        transposed = self.op.params["transpose_b"]
-        for j in range(0, self.ni, 2):
-            count = 4 if j + 1 < self.ni else 2
-            column = arith.addi(first_col, arith.muli(arith.addi(right, self.cidx(j)),
-                                                      self.cidx(mma.N)))
-            k = arith.addi(arith.muli(high, self.cidx(8)), self.cidx(k0))
-            address = ([arith.addi(column, row), k] if transposed
-                       else [arith.addi(k, row), column])
-            slots = [b_base + 2 * ((j + m // 2) * mma.B_REGS + m % 2) for m in range(count)]
-            loads.append((self.b_tile, count, not transposed, address, slots))
-        return loads
-
-    def multiply(self, lanes, buffer, k0: int, accs: list) -> list:
-        """Every warp's MI x NI multiplies of one 16-wide slice of K."""
-        b_base = 2 * self.mi * mma.A_REGS
-        if not lanes.simulate:
-            lane = event.lane_id()
-            registers = {}
-            for tile, count, transpose, address, slots in self.matrix_loads(lane, k0):
-                shared = self.a_shared if tile is self.a_tile else self.b_shared
-                values = mma.ldmatrix(shared, [buffer, *address], count, transpose)
-                registers.update(zip(slots, values))
-            out = []
-            for i in range(self.mi):
-                a_regs = [registers[2 * (i * mma.A_REGS + r)] for r in range(mma.A_REGS)]
-                for j in range(self.ni):
-                    b_regs = [registers[b_base + 2 * (j * mma.B_REGS + r)]
-                              for r in range(mma.B_REGS)]
-                    at = (i * self.ni + j) * mma.C_VALUES
-                    out += mma.mma(a_regs, b_regs, accs[at:at + mma.C_VALUES])
-            return out
-
-        # Simulated: every lane's row addresses, then every lane's registers
-        # from the rows of the lanes `ldmatrix` takes them from, then the
-        # multiplies.
-        def addresses(lane):
-            for n, (_, _, _, address, _) in enumerate(self.matrix_loads(lane, k0)):
-                for d, value in enumerate(address):
-                    memref.store(value, self.addresses, [lane, self.cidx(n), self.cidx(d)])
-        lanes.each(addresses)
-
-        def load(lane):
-            for n, (tile, count, transpose, _, slots) in enumerate(self.matrix_loads(lane, k0)):
-                mma.emulate_ldmatrix(self, lane, tile, buffer, self.addresses, n, count,
-                                     transpose, self.registers, slots)
-        lanes.each(load)
-
-        def multiply(lane):
-            for i in range(self.mi):
-                for j in range(self.ni):
-                    mma.emulate(self, lane, self.registers, 2 * i * mma.A_REGS,
-                                b_base + 2 * j * mma.B_REGS, self.acc,
-                                (i * self.ni + j) * mma.C_VALUES)
-        lanes.each(multiply)
-        return []
-
-    def write_back(self, lanes, accs: list, row_end) -> None:
-        """Each lane stores its C elements (two adjacent columns at a time),
-        rows past the matrix skipped."""
-        out = self.op.result
-
-        def body(lane):
-            group, thread, first_row, first_col, stores = self.warp_block(lane)
-            first_row = arith.addi(self.r0, first_row)
-            first_col = arith.addi(self.c0, first_col)
-            for i in range(self.mi):
-                for j in range(self.ni):
-                    block = i * self.ni + j
-                    for half in range(2):
-                        row, col = mma.fragment_c(self, group, thread, half)
-                        row = arith.addi(first_row, arith.addi(row, self.cidx(i * mma.M)))
-                        col = arith.addi(first_col, arith.addi(col, self.cidx(j * mma.N)))
-                        if lanes.simulate:
-                            value = vector.load(self.vtype(2), self.acc,
-                                                [lane, self.cidx(block * mma.C_VALUES + 2 * half)])
-                        else:
-                            at = block * mma.C_VALUES + 2 * half
-                            value = vector.from_elements(self.vtype(2), accs[at:at + 2])
-                        inside = arith.cmpi(arith.CmpIPredicate.ult, row, row_end)
-                        if stores is not None:
-                            inside = arith.andi(inside, stores)
-                        inside = scf.IfOp(inside)
-                        with ir.InsertionPoint(inside.then_block):
-                            self.vstore(value, out, [row, col], aligned=True)
-                            scf.yield_([])
-        lanes.each(body)
+                lanes.each(store)
+                scf.yield_([])
+            scf.yield_([])
 
 
-def _workgroup(buffer: ir.Value) -> ir.Value:
-    """`buffer` (an `event.scratch`) in the GPU's shared address space, where
-    `cp.async` writes."""
-    type = ir.MemRefType(buffer.type)
-    shared = ir.MemRefType.get(type.shape, type.element_type,
-                               memory_space=ir.Attribute.parse("#gpu.address_space<workgroup>"))
-    return memref.memory_space_cast(shared, buffer)
+class MatmulMMASkinny(MatmulMMA, MatmulSkinny):
+    """Symbolic rows, B (K, N): tensor cores for tiles of 16 rows or more,
+    `MatmulSkinny`'s split-K GEMV for fewer."""
+
+    @classmethod
+    def name(cls, op) -> str:
+        return "matmul_gemv_mma"
+
+    def narrow(self) -> None:
+        MatmulSkinny.emit(self)
+
+
+class MatmulMMASkinnyT(MatmulMMA, MatmulSkinnyT):
+    """Symbolic rows, B^T (N, K): tensor cores for tiles of 16 rows or more,
+    `MatmulSkinnyT`'s GEMV for fewer."""
+
+    @classmethod
+    def name(cls, op) -> str:
+        return "matmul_gemv_t_mma"
+
+    def narrow(self) -> None:
+        MatmulSkinnyT.emit(self)
 
 
 def choose_kernel(op, target) -> type:
@@ -710,19 +496,31 @@ def choose_kernel(op, target) -> type:
     if target.kind == "cpu" and MatmulCPU.applies(op):
         return MatmulCPU
     if MatmulMMA.applies(op, target):
-        return MatmulMMA
+        if isinstance(op.operands[0].shape[0], int):
+            return MatmulMMA
+        # Symbolic rows: only with a GEMV for the tiles of few rows.
+        if op.params["transpose_b"]:
+            if MatmulSkinnyT.applies(op, target):
+                return MatmulMMASkinnyT
+        elif MatmulSkinny.applies(op, target):
+            return MatmulMMASkinny
     if MatmulSkinny.applies(op, target):
         return MatmulSkinny
+    if MatmulSkinnyT.applies(op, target):
+        return MatmulSkinnyT
     return Matmul
 
 
 def build_tasks(b: TaskBuilder, op) -> None:
     if b.target.gpu_kernels and not op.user_tile:
+        # Known rows of 16 or more: tiles for the tensor cores. Otherwise
+        # the GEMV's (decode first), which the tensor cores also take.
         wide = dataclasses.replace(op, tile=MatmulMMA.tile_for(op, b.target))
-        if MatmulMMA.applies(wide, b.target):
+        if isinstance(op.operands[0].shape[0], int) and MatmulMMA.applies(wide, b.target):
             op = wide
         else:
-            op = dataclasses.replace(op, tile=MatmulSkinny.tile_for(op, b.target))
+            chooser = MatmulSkinnyT if op.params["transpose_b"] else MatmulSkinny
+            op = dataclasses.replace(op, tile=chooser.tile_for(op, b.target))
     a, w = op.operands
     res = op.result
     tm, tn = op.tile

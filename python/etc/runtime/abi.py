@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Kinds of graph argument, in the order they appear.
-ARGUMENT_KINDS = ("symbol", "input", "output", "intermediate")
+ARGUMENT_KINDS = ("symbol", "input", "state", "output", "intermediate")
 #: Element types of buffers ("index" for symbols).
 DTYPES = ("f32", "f16", "bf16", "i32", "index")
 

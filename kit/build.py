@@ -1,0 +1,262 @@
+"""Builds the GPU check kit (`make gpu-kit`): everything a GPU machine without
+MLIR needs to check and measure ETC's CUDA kernels.
+
+    python kit/build.py [--out build/gpu-kit] [--chips sm_80 sm_90a] [--quick]
+                        [--target cuda|cpu]
+
+Writes OUT/ with
+  run.py              the checker and benchmark driver (numpy + cuda-bindings)
+  families.py         the input recipes (numpy only)
+  etc/                the MLIR-free part of the etc package: etc.runtime and
+                      the NumPy reference (etc.reference)
+  artifacts/*.etc     saved kernels: every family of kit/families.py for the
+                      static, dynamic and auto schedules and every chip; the
+                      watchdog's broken program; the benchmark kernels
+  manifest.json       what each artifact is and how to check or time it
+
+`--target cpu` builds the same kit with CPU artifacts (the tests run the
+kit's checks on the CPU with it); `--quick` keeps a few families (for tests).
+The kit must stay under 32 MiB; the build says its size and fails beyond.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import families  # noqa: E402
+
+#: The kit's size limit (issue #9).
+MAX_BYTES = 32 << 20
+#: The etc modules that need no MLIR (the runtime and the NumPy reference).
+RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "reference.py", "reference_llm.py",
+                 "runtime/__init__.py", "runtime/abi.py", "runtime/artifact.py",
+                 "runtime/cpu.py", "runtime/cuda.py", "runtime/layout.py", "runtime/trace.py")
+SCHEDULES = ("static", "dynamic", "auto")
+QUICK_FAMILIES = ("op_add", "op_rmsnorm", "mlp_bf16", "moe")
+
+#: Benchmark shapes (issue #9): bf16 GEMV weights (K, N); the MLP block's
+#: hidden and FFN sizes (Llama-3.2-1B's MLP without its gate); the GEMM's
+#: square size; the decode-step model (bench/llm_decode_cpu.py's SMALL).
+GEMV_SHAPES = ((4096, 4096), (2048, 8192))
+MLP_HIDDEN, MLP_FFN = 2048, 8192
+GEMM_SIZE = 4096
+CHAIN_LENGTHS = (1, 64, 256)
+DECODE_CONFIG = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                     num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                     vocab_size=4096, max_position_embeddings=512)
+DECODE_PROMPT = 128
+
+
+# ---------------------------------------------------------------------------
+# Benchmark graphs
+# ---------------------------------------------------------------------------
+
+def chain_graph(length: int):
+    """K dependent one-tile `scale` tasks: each hop crosses CTAs (SMs)."""
+    import etc
+
+    g = etc.Graph(f"chain{length}")
+    B = g.symbol("B")
+    x = g.input("x", (B, 96), "f32")
+    for _ in range(length):
+        x = g.scale(x, 1.0)
+    g.output(x)
+    return g
+
+
+def wide_graph():
+    """One `scale` over B independent one-row tiles: per-task overhead."""
+    import etc
+
+    g = etc.Graph("wide")
+    B = g.symbol("B")
+    g.output(g.scale(g.input("x", (B, 96), "f32"), 2.0, tile=(1, 96)))
+    return g
+
+
+def gemv_graph(k: int, n: int):
+    import etc
+
+    g = etc.Graph(f"gemv_{k}x{n}")
+    B = g.symbol("B")
+    g.output(g.matmul(g.input("x", (B, k), "bf16"), g.input("w", (k, n), "bf16")))
+    return g
+
+
+def gemm_graph(size: int):
+    import etc
+
+    g = etc.Graph(f"gemm_{size}")
+    M = g.symbol("M")
+    g.output(g.matmul(g.input("a", (M, size), "bf16"), g.input("b", (size, size), "bf16")))
+    return g
+
+
+def decode_step_graph():
+    from etc.models.builder import build_step_graph
+    from etc.models.config import ModelConfig
+
+    config = ModelConfig.from_dict(decode_hf_config(), "kit")
+    graph = build_step_graph(config, dtype="bf16", max_seq_len=DECODE_PROMPT + 8,
+                             chunk=64, name="decode_step")
+    return graph, config
+
+
+def decode_hf_config() -> dict:
+    """The decode model's Hugging Face config.json (Qwen3, random weights)."""
+    from etc.models.testing import tiny_config
+
+    return tiny_config("Qwen3ForCausalLM", **DECODE_CONFIG)
+
+
+# ---------------------------------------------------------------------------
+# The kit
+# ---------------------------------------------------------------------------
+
+def copy_runtime(out: Path) -> None:
+    source = ROOT / "python" / "etc"
+    for name in RUNTIME_FILES:
+        target = out / "etc" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / name, target)
+    shutil.copyfile(HERE / "families.py", out / "families.py")
+    shutil.copyfile(HERE / "run.py", out / "run.py")
+
+
+class Builder:
+    def __init__(self, out: Path, target: str, chips: list[str]):
+        self.out, self.target, self.chips = out, target, chips
+        self.entries: list[dict] = []
+        (out / "artifacts").mkdir(parents=True, exist_ok=True)
+
+    def save(self, kernel, stem: str, **entry) -> dict:
+        path = Path("artifacts") / f"{stem}.etc"
+        kernel.save(self.out / path)
+        record = {"path": str(path), "name": kernel.abi.name, "schedule": kernel.abi.schedule,
+                  "chip": kernel.abi.chip, **entry}
+        self.entries.append(record)
+        return record
+
+    def compile(self, graph, schedule: str, chip: str, **options):
+        import etc
+
+        if self.target == "cpu":
+            return etc.compile(graph, target="cpu", schedule=schedule, workers=2, **options)
+        return etc.compile(graph, target="cuda", schedule=schedule, chip=chip, **options)
+
+    def chips_for(self, benchmark: bool) -> list[str]:
+        # CPU artifacts have no chip; a CPU kit builds each once.
+        return self.chips if self.target == "cuda" else ["host"]
+
+    def checks(self, names) -> None:
+        table = families.families()
+        for name in names:
+            build, recipe = table[name]
+            for chip in self.chips_for(False):
+                for schedule in SCHEDULES:
+                    kernel = self.compile(build(), schedule, chip)
+                    self.save(kernel, f"{name}-{schedule}-{chip}", kind="check", family=name,
+                              requested_schedule=schedule, recipe=recipe.to_json())
+
+    def watchdog(self) -> None:
+        """The program with a missing notify (see test/python/test_watchdog.py)
+        compiled with the schedule check skipped: a run must raise the
+        watchdog error within its timeout."""
+        from mlir import ir
+
+        from etc import pipeline
+        from etc.compiler import compile_module
+
+        for chip in self.chips_for(False):
+            for schedule in ("static", "dynamic"):
+                options = pipeline.Options(target=self.target, workers=2, watchdog=1.0,
+                                           chip=chip if self.target == "cuda" else "sm_90a")
+                module = ir.Module.parse(families.HANG, ir.Context())
+                scheduler = f"event-{schedule}-schedule"
+                pipeline.run_stage(module, "scheduled",
+                                   f"builtin.module({scheduler}{{workers=2 check=false}})")
+                kernel = compile_module(module, families.hang_signature(), options,
+                                        stage="scheduled")
+                self.save(kernel, f"hang-{schedule}-{chip}", kind="watchdog", timeout_s=1.0)
+
+    def benchmarks(self, quick: bool) -> None:
+        chips = self.chips_for(True)
+        for chip in chips:
+            for length in CHAIN_LENGTHS[:2] if quick else CHAIN_LENGTHS:
+                self.save(self.compile(chain_graph(length), "static", chip),
+                          f"chain{length}-{chip}", kind="latency", length=length)
+            for schedule in ("static", "dynamic"):
+                self.save(self.compile(wide_graph(), schedule, chip), f"wide-{schedule}-{chip}",
+                          kind="overhead")
+            if quick:
+                continue
+            for k, n in GEMV_SHAPES:
+                self.save(self.compile(gemv_graph(k, n), "static", chip), f"gemv_{k}x{n}-{chip}",
+                          kind="gemv", k=k, n=n)
+            mlp = families.mlp_block("mlp_bench", hidden=MLP_HIDDEN, ffn=MLP_FFN, dtype="bf16")
+            for schedule in ("static", "dynamic"):
+                self.save(self.compile(mlp, schedule, chip), f"mlp_bench-{schedule}-{chip}",
+                          kind="mlp", hidden=MLP_HIDDEN, ffn=MLP_FFN)
+            self.save(self.compile(gemm_graph(GEMM_SIZE), "static", chip),
+                      f"gemm_{GEMM_SIZE}-{chip}", kind="gemm", size=GEMM_SIZE)
+            graph, config = decode_step_graph()
+            for schedule in ("static", "dynamic"):
+                self.save(self.compile(graph, schedule, chip), f"decode_step-{schedule}-{chip}",
+                          kind="decode", prompt=DECODE_PROMPT, hf_config=decode_hf_config(),
+                          inv_freq=[float(v) for v in config.rope_inv_freq()])
+
+
+def kit_size(out: Path) -> int:
+    return sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "gpu-kit")
+    parser.add_argument("--chips", nargs="+", default=["sm_80", "sm_90a"])
+    parser.add_argument("--target", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"only the families {', '.join(QUICK_FAMILIES)} and small benchmarks")
+    parser.add_argument("--families", nargs="+", default=None, help="check only these families")
+    args = parser.parse_args(argv)
+
+    start = time.perf_counter()
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    args.out.mkdir(parents=True)
+    copy_runtime(args.out)
+    builder = Builder(args.out, args.target, args.chips)
+    names = args.families or (QUICK_FAMILIES if args.quick else list(families.families()))
+    unknown = [n for n in names if n not in families.families()]
+    if unknown:
+        parser.error(f"unknown families {unknown}; known: {list(families.families())}")
+    print(f"gpu-kit: {args.target} artifacts of {len(names)} families x {len(SCHEDULES)} "
+          f"schedules x {len(builder.chips_for(False))} chips ...", flush=True)
+    builder.checks(names)
+    print("gpu-kit: watchdog and benchmark artifacts ...", flush=True)
+    builder.watchdog()
+    builder.benchmarks(args.quick)
+    manifest = {"format": 1, "target": args.target, "built": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "artifacts": builder.entries}
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    size = kit_size(args.out)
+    print(f"gpu-kit: {len(builder.entries)} artifacts, {size / 2**20:.1f} MiB in {args.out} "
+          f"({time.perf_counter() - start:.0f} s)")
+    if size > MAX_BYTES:
+        print(f"error: the kit is larger than {MAX_BYTES >> 20} MiB", file=sys.stderr)
+        return 1
+    print(f"take it to a GPU machine and run: python3 {args.out.name}/run.py  (docs/gpu.md)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""The CUDA GEMV for B transposed (`matmul_gemv_t`: A @ B^T with B stored
+(N, K), the layout of Hugging Face linear weights): numerics with its lanes
+simulated on the CPU, and its PTX."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import etc
+from etc.reference import round_bf16
+
+needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not on PATH")
+
+
+def _graph(dtype: str, n: int, k: int, tile=None) -> etc.Graph:
+    g = etc.Graph("gemv_t")
+    B = g.symbol("B")
+    x = g.input("x", (B, k), dtype)
+    w = g.input("w", (n, k), dtype)
+    g.output(g.matmul(x, w, transpose_b=True, **({"tile": tile} if tile else {})))
+    return g
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("n,k", [(512, 256), (64, 1000), (2048, 64)])
+def test_transposed_gemv_lanes(dtype, n, k):
+    """Warps over row groups of B^T, 32 lanes splitting K (K not a multiple
+    of 32 chunks, or fewer chunks than lanes), passes of 4 rows with a
+    partial last pass, rows not a multiple of the row tile."""
+    g = _graph(dtype, n, k)
+    kernel = etc.compile(g, target="cpu", kernels="cuda", workers=2)
+    assert "matmul_gemv_t" in kernel.ir("graph")
+    rng = np.random.default_rng(3)
+    tol = 1e-4 if dtype == "f32" else 2e-2
+    for batch in (1, 3, 16, 21):
+        x = rng.standard_normal((batch, k)).astype(np.float32)
+        w = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
+        if dtype == "bf16":
+            x, w = round_bf16(x), round_bf16(w)
+        (got,) = kernel.run(x=x, w=w)
+        (want,) = etc.reference.evaluate(g, x=x, w=w)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"B={batch}")
+
+
+def test_transposed_gemv_is_chosen_only_where_it_applies():
+    # K not a multiple of the 16-byte vector: the portable kernel.
+    kernel = etc.compile(_graph("f32", 512, 250), target="cuda")
+    assert "matmul_gemv_t" not in kernel.ir("graph")
+    # Tiles sized from the chip: 4096 columns give >= 132 tiles on sm_90a.
+    g = _graph("bf16", 4096, 1024)
+    text = etc.compile(g, target="cuda").ir("graph")
+    assert "matmul_gemv_t" in text
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_transposed_gemv_ptx(chip, tmp_path):
+    # f32: f16 and bf16 take `matmul_gemv_t_mma`, the tensor-core kernel
+    # whose tiles of few rows run this GEMV (test_gpu_mma.py checks it).
+    ptx = etc.compile(_graph("f32", 2048, 1024), target="cuda", chip=chip).ptx
+    match = re.search(r"\.func \w*matmul_gemv_t\w*\(.*?\n\}", ptx, re.S)
+    assert match, "no matmul_gemv_t device function"
+    body = match.group(0)
+    assert len(re.findall(r"ld(\.global)?\.v4\.(b32|f32)", body)) >= 6  # 2 weight rows + 4 rows of A
+    assert "shfl.sync.bfly" in body and "fma.rn.f32" in body
+    assert "bar.sync" not in body  # warps never meet
+    path = tmp_path / "gemv_t.ptx"
+    path.write_text(ptx)
+    result = subprocess.run(["ptxas", f"-arch={chip}", "-v", str(path), "-o", "/dev/null"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
+    assert spills and all(s == ("0", "0") for s in spills), result.stderr
+
+
+def test_simulated_gpu_kernels_accept_unaligned_arrays():
+    """On the GPU the runtime's buffers are 256-byte aligned; on the CPU the
+    caller's arrays may start anywhere (safetensors weights mapped from a
+    file): the simulated 16-byte loads must not assume alignment."""
+    g = _graph("f32", 64, 128)
+    kernel = etc.compile(g, target="cpu", kernels="cuda", workers=2)
+    rng = np.random.default_rng(5)
+    raw = np.zeros(64 * 128 * 4 + 16, np.uint8)
+    w = np.ndarray((64, 128), np.float32, buffer=raw, offset=4)
+    assert w.ctypes.data % 16 != 0
+    w[...] = rng.standard_normal((64, 128)).astype(np.float32) * 0.1
+    x = rng.standard_normal((5, 128)).astype(np.float32)
+    (got,) = kernel.run(x=x, w=w)
+    np.testing.assert_allclose(got, x @ w.T, rtol=1e-4, atol=1e-4)

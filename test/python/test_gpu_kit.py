@@ -1,0 +1,103 @@
+"""The GPU check kit (kit/build.py, kit/run.py): it builds, its run.py needs
+no MLIR, and its checks (poisoned runs against the NumPy reference, the
+watchdog's broken programs) pass on a kit of CPU artifacts and fail when an
+artifact is wrong."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from etc.runtime.cuda import cuda_available
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Runs the kit's run.py in a process where `import mlir` fails.
+WITHOUT_MLIR = ("import runpy, sys; sys.modules['mlir'] = None; "
+                "sys.argv = [sys.argv[1]] + sys.argv[2:]; "
+                "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def build(out: Path, *extra: str) -> str:
+    result = subprocess.run([sys.executable, str(ROOT / "kit" / "build.py"), "--out", str(out),
+                             "--quick", *extra], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def run_kit(kit: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", WITHOUT_MLIR, str(kit / "run.py"), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cpu_kit(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("kit") / "cpu-kit"
+    build(out, "--target", "cpu")
+    return out
+
+
+def test_cuda_kit_builds_and_runs_without_mlir(tmp_path):
+    out = tmp_path / "gpu-kit"
+    log = build(out, "--chips", "sm_80", "sm_90a")
+    manifest = json.loads((out / "manifest.json").read_text())
+    kinds = {e["kind"] for e in manifest["artifacts"]}
+    assert {"check", "watchdog", "latency", "overhead"} <= kinds
+    assert {e["chip"] for e in manifest["artifacts"]} == {"sm_80", "sm_90a"}
+    assert {e["requested_schedule"] for e in manifest["artifacts"] if e["kind"] == "check"} == {
+        "static", "dynamic", "auto"}
+    assert not (out / "etc" / "compiler.py").exists() and not list(out.rglob("_etc*.so"))
+    assert "MiB" in log
+    help_text = run_kit(out, "--help")
+    assert help_text.returncode == 0, help_text.stderr
+    assert "--runs" in help_text.stdout
+    if not cuda_available():
+        result = run_kit(out)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "no CUDA GPU here" in result.stdout
+
+
+def test_kit_checks_and_watchdog_pass_on_cpu_artifacts(cpu_kit):
+    result = run_kit(cpu_kit, "--runs", "2", "--out", str(cpu_kit / "report.md"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = (cpu_kit / "report.md").read_text()
+    assert "Checks: 12/12 artifacts passed" in report
+    assert "Watchdog: 2/2 broken artifacts raised WatchdogError" in report
+    assert "all passed" in report
+
+
+def test_kit_reports_a_wrong_artifact(cpu_kit):
+    """An artifact whose code computes something else than its graph says
+    fails the kit: the code of x * z saved with the ABI (and so the NumPy
+    reference) of x + z."""
+    import etc
+    from etc.runtime import artifact
+
+    def kernel(op: str):
+        g = etc.Graph("swapped")
+        B = g.symbol("B")
+        g.output(getattr(g, op)(g.input("x", (B, 96), "f32"), g.input("z", (B, 96), "f32")))
+        path = cpu_kit / f"swapped_{op}.etc"
+        etc.compile(g, target="cpu", workers=2).save(path)
+        return artifact.read(path)
+
+    _, add_abi, _ = kernel("add")
+    _, _, mul_code = kernel("mul")
+    artifact.write(cpu_kit / "artifacts" / "swapped.etc", add_abi, mul_code)
+    manifest_path = cpu_kit / "manifest.json"
+    original = manifest_path.read_text()
+    manifest = json.loads(original)
+    good = next(e for e in manifest["artifacts"] if e["path"].endswith("op_add-static-host.etc"))
+    manifest["artifacts"].append(dict(good, path="artifacts/swapped.etc"))
+    manifest_path.write_text(json.dumps(manifest))
+    try:
+        result = run_kit(cpu_kit, "--runs", "1", "--only", "op_add", "--skip-watchdog")
+    finally:
+        manifest_path.write_text(original)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED artifacts/swapped.etc: B=1 run 0 output 0: relative error" in result.stdout
+    assert "Checks: 3/4 artifacts passed" in result.stdout
