@@ -172,24 +172,25 @@ class MatmulMMA(TileKernel):
             init = []
         else:
             init = [self.cf32(0.0)] * (blocks * mma.C_VALUES)
-        self.stage(lanes, self.cidx(0), self.cidx(0), bk)
+        tokens = self.stage(lanes, self.cidx(0), self.cidx(0), bk)
         if not lanes.simulate:
             # Step 0 in a group of its own: were step 1's copies in it too,
             # the first `wait_group 1` would wait for neither.
-            nvgpu.device_async_create_group([])
+            first_group = nvgpu.device_async_create_group(tokens)
         loop = scf.ForOp(self.cidx(0), self.cidx(steps), self.cidx(1), init)
         with ir.InsertionPoint(loop.body):
             s = loop.induction_variable
             following = arith.addi(s, self.cidx(1))
-            prefetch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, following, self.cidx(steps)))
-            with ir.InsertionPoint(prefetch.then_block):
-                self.stage(lanes, arith.remui(following, self.cidx(2)),
-                           arith.muli(following, self.cidx(bk)), bk)
-                scf.yield_([])
+            # The last step prefetches nothing: its copies read nothing and
+            # zero the other buffer, which no later step reads. Copies
+            # without conditions keep each step's group in one block.
+            more = arith.cmpi(arith.CmpIPredicate.ult, following, self.cidx(steps))
+            k_next = arith.muli(arith.minui(following, self.cidx(steps - 1)), self.cidx(bk))
+            tokens = self.stage(lanes, arith.remui(following, self.cidx(2)), k_next, bk, more)
             if not lanes.simulate:
-                # One group per step (empty after the last), so that waiting
-                # for all but the newest group waits for step s.
-                group = nvgpu.device_async_create_group([])
+                # One group per step, so that waiting for all but the newest
+                # group waits for step s.
+                group = nvgpu.device_async_create_group(tokens)
                 nvgpu.device_async_wait(group, num_groups=1)
             lanes.barrier()
             buffer = arith.remui(s, self.cidx(2))
@@ -199,12 +200,17 @@ class MatmulMMA(TileKernel):
             # The next step's copy overwrites this buffer.
             lanes.barrier()
             scf.yield_(accs)
+        if not lanes.simulate:
+            # The last step's zero fill may still be in flight: drain it
+            # before the next tile's copies reuse the buffers.
+            nvgpu.device_async_wait(first_group, num_groups=0)
         self.write_back(lanes, list(loop.results), arith.addi(self.r0, rows))
 
-    def stage(self, lanes, buffer, k0, bk: int) -> None:
+    def stage(self, lanes, buffer, k0, bk: int, fill=None) -> list:
         """Copies A[rows of the tile, k0 : k0 + bk] and B's columns of the
         tile over the same K into shared buffer `buffer`, 16 bytes per copy,
-        the copies spread over the lanes."""
+        the copies spread over the lanes; with `fill` false they write zeros
+        and read nothing. Returns the copies' tokens (GPU)."""
         a, b = self.op.operands
         tm, tn = self.op.tile
         last_row = arith.subi(self.dim(a, 0), self.cidx(1))
@@ -227,29 +233,38 @@ class MatmulMMA(TileKernel):
 
         copies = [(a, self.a_tile, tm * per_row, a_chunk),
                   (b, self.b_tile, tn * per_row, b_chunk)]
+        tokens = []
 
         def body(lane):
             for tensor, tile, chunks, where in copies:
                 for j in range(-(-chunks // lanes.count)):
                     c = arith.addi(lane, self.cidx(j * lanes.count))
-                    if (j + 1) * lanes.count <= chunks:
-                        self.copy16(lanes, tensor, tile, *where(c))
-                        continue
-                    guard = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, c, self.cidx(chunks)))
-                    with ir.InsertionPoint(guard.then_block):
-                        self.copy16(lanes, tensor, tile, *where(c))
-                        scf.yield_([])
+                    if (j + 1) * lanes.count > chunks:
+                        # Lanes past the last chunk copy it again (the same
+                        # bytes to the same place).
+                        c = arith.minui(c, self.cidx(chunks - 1))
+                    tokens.extend(self.copy16(lanes, tensor, tile, *where(c), fill))
         lanes.each(body)
+        return tokens
 
-    def copy16(self, lanes, tensor, tile, src: list, dst: list) -> None:
-        """8 elements (16 bytes) from `tensor` at `src` to shared `tile` at `dst`."""
+    def copy16(self, lanes, tensor, tile, src: list, dst: list, fill) -> list:
+        """8 elements (16 bytes) from `tensor` at `src` to shared `tile` at
+        `dst` (zeros where `fill` is false, as `cp.async` with a source size
+        of 0 writes them); the copy's token on the GPU."""
         if lanes.simulate:
             storage = ir.VectorType.get([8], element_type(tensor.dtype))
-            vector.store(vector.load(storage, self.buf(tensor), src), tile, dst)
-            return
+            value = vector.load(storage, self.buf(tensor), src)
+            if fill is not None:
+                zero = arith.constant(storage, ir.DenseElementsAttr.get_splat(
+                    storage, ir.FloatAttr.get(storage.element_type, 0.0)))
+                value = arith.select(fill, value, zero)
+            vector.store(value, tile, dst)
+            return []
         shared = self.a_shared if tile is self.a_tile else self.b_shared
-        nvgpu.device_async_copy(shared, dst, self.buf(tensor), src,
-                                ir.IntegerAttr.get(self.index, 8), bypass_l1=True)
+        size = None if fill is None else arith.select(fill, self.cidx(8), self.cidx(0))
+        return [nvgpu.device_async_copy(shared, dst, self.buf(tensor), src,
+                                        ir.IntegerAttr.get(self.index, 8), src_elements=size,
+                                        bypass_l1=True)]
 
     def warp_block(self, lane) -> tuple:
         """(groupID, threadID_in_group, first row, first column in the tile,
