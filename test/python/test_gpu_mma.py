@@ -219,3 +219,31 @@ def test_mma_ptx(chip, tmp_path):
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
                         result.stderr)
     assert frames and all(f == ("0", "0", "0") for f in frames), result.stderr
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_mma_in_a_bf16_model_step(chip, tmp_path):
+    """A bf16 Llama-shaped step graph: every linear layer (weights (N, K))
+    takes the tensor-core kernel paired with the transposed GEMV, and the
+    whole worker, where the tile bodies are inlined, assembles without
+    spilling."""
+    from etc import models
+    from etc.models.builder import build_step_graph
+    config = models.ModelConfig.from_dict(dict(
+        architectures=["LlamaForCausalLM"], hidden_size=1024, intermediate_size=2816,
+        num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+        vocab_size=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
+        max_position_embeddings=2048, tie_word_embeddings=False))
+    graph = build_step_graph(config, dtype="bf16", max_seq_len=256, chunk=16)
+    kernel = etc.compile(graph, target="cuda", chip=chip, schedule="static")
+    kinds = set(re.findall(r"_tile_(matmul\w*?)_\d+\(", kernel.ir("graph")))
+    assert kinds == {"matmul_gemv_t_mma"}, kinds
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in kernel.ptx
+    path = tmp_path / "step.ptx"
+    path.write_text(kernel.ptx)
+    result = subprocess.run(["ptxas", f"-arch={chip}", "-v", str(path), "-o", "/dev/null"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
+    assert spills and all(s == ("0", "0") for s in spills), result.stderr
