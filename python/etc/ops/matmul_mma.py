@@ -33,7 +33,8 @@ class MatmulMMA(TileKernel):
     32). The A rows of the tile and the B columns of a step are copied to
     shared memory in 16-byte chunks spread over all lanes, with `cp.async`
     on the GPU (a plain copy when simulated), into one of two buffers: the
-    copy of step s + 1 is in flight while the warps multiply step s. A's
+    copy of step s + 1 is in flight while the warps multiply step s (one
+    `cp.async` group per step; the last step's prefetch zero-fills). A's
     rows past the matrix read its last row (computed, never stored); rows of
     shared memory are padded by PAD elements so that the lanes of a warp
     reading a fragment fall in different banks (80-byte rows for BK = 32:
