@@ -557,6 +557,35 @@ def bench_gemm(manifest, device, timer, torch) -> list[str]:
     return rows
 
 
+def bench_roofline(manifest, device, timer, copy_gbs, torch) -> list[str]:
+    """One line per CUDA tile kernel: bytes (inputs and outputs, each moved
+    once) and FLOPs over the time, next to the copy bandwidth."""
+    rows = ["| kernel | rows | µs | GB/s | % of copy | TFLOP/s |",
+            "|---|---:|---:|---:|---:|---:|"]
+    sizes = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4}
+    for entry in bench_entries(manifest, device, "roofline"):
+        kernel = etc.runtime.load(KIT / entry["path"])
+        symbol = symbol_of(kernel)
+        rng = np.random.default_rng(4)
+        recipe = families.Recipe(scales={"w": 0.02, "z": 1.0})
+        inputs = families.make_inputs(kernel.arguments, {symbol: entry["size"]}, recipe, rng)
+        launch = kernel.runtime.bind(inputs)
+        expected = etc.reference.evaluate(kernel, **inputs)[0]
+        verified(launch, expected, 3e-2, entry["title"])
+        first = timer(launch.enqueue, repeats=1)
+        ms = timer(launch.enqueue, repeats=max(3, min(timer.repeats, int(2000 / max(first, 1e-3)))))
+        nbytes = 0
+        for arg in kernel.arguments:
+            if arg.kind in ("input", "output"):
+                shape = [entry["size"] if isinstance(d, str) else d for d in arg.shape]
+                nbytes += int(np.prod(shape)) * sizes[arg.dtype]
+        gbs = nbytes / ms / 1e6
+        tflops = f"{entry['flops'] / ms / 1e9:.2f}" if entry.get("flops") else "—"
+        rows.append(f"| {entry['title']} | {entry['size']} | {ms * 1000:.1f} | {gbs:.0f} | "
+                    f"{100 * gbs / copy_gbs:.0f}% | {tflops} |")
+    return rows
+
+
 def decode_inputs(kernel, entry, batch: int, rng) -> dict:
     """Inputs of one decode step: `batch` requests, one new token each at
     position `prompt` (the cache rows before it hold zeros: the work, not
@@ -664,14 +693,16 @@ def run_benchmarks(manifest, args, device) -> list[str]:
     torch = torch_or_none()
     timer = Timer(device, args.repeats)
     deadline = time.perf_counter() + args.bench_budget
-    copy_gbs = copy_bandwidth(device, timer)
+    copy_gbs = copy_bandwidth(device, timer, args.copy_mib << 20)
     lines = [f"Median of {args.repeats} timed runs after 5 warm-ups (CUDA events); artifacts "
              f"for {best_chip(manifest, device)}; PyTorch "
              f"{torch.__version__ if torch else 'not available'}.", "",
-             f"Device-to-device copy (1 GiB, bytes read + written): **{copy_gbs:.0f} GB/s**", ""]
+             f"Device-to-device copy ({args.copy_mib} MiB, bytes read + written): "
+             f"**{copy_gbs:.0f} GB/s**", ""]
     sections = [("Notify → wake latency (static chain, one hop per CTA)", bench_latency, ()),
                 ("Per-task overhead (independent 1-row tiles)", bench_overhead, ()),
                 ("bf16 GEMV (bytes: weights + x + y)", bench_gemv, (copy_gbs, torch)),
+                ("Roofline: one line per tile kernel", bench_roofline, (copy_gbs, torch)),
                 ("5-operator MLP block, bf16", bench_mlp, (torch,)),
                 ("Decode step", bench_decode, (torch,)),
                 ("bf16 GEMM", bench_gemm, (torch,))]
@@ -712,6 +743,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=50, help="timed runs per benchmark")
     parser.add_argument("--bench-budget", type=float, default=200,
                         help="seconds after which the remaining benchmarks are skipped")
+    parser.add_argument("--copy-mib", type=int, default=1024,
+                        help="size of the device-to-device copy that measures bandwidth")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write the report (Markdown) to this file")
     parser.add_argument("--internal-watchdog", help=argparse.SUPPRESS)
