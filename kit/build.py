@@ -97,12 +97,15 @@ def wide_graph():
     return g
 
 
-def gemv_graph(k: int, n: int):
+def gemv_graph(k: int, n: int, transposed: bool = False):
+    """x (B, K) times bf16 weights W (K, N), or W^T with W stored (N, K) as
+    Hugging Face linear layers store it."""
     import etc
 
-    g = etc.Graph(f"gemv_{k}x{n}")
+    g = etc.Graph(f"gemv{'_t' if transposed else ''}_{k}x{n}")
     B = g.symbol("B")
-    g.output(g.matmul(g.input("x", (B, k), "bf16"), g.input("w", (k, n), "bf16")))
+    w = g.input("w", (n, k) if transposed else (k, n), "bf16")
+    g.output(g.matmul(g.input("x", (B, k), "bf16"), w, transpose_b=transposed))
     return g
 
 
@@ -253,8 +256,10 @@ class Builder:
                 self.save(self.compile(wide_graph(), schedule, chip), f"wide-{schedule}-{chip}",
                           kind="overhead")
             for k, n in shapes.gemv:
-                self.save(self.compile(gemv_graph(k, n), "static", chip), f"gemv_{k}x{n}-{chip}",
-                          kind="gemv", k=k, n=n)
+                for transposed in (False, True):
+                    stem = f"gemv{'_t' if transposed else ''}_{k}x{n}-{chip}"
+                    self.save(self.compile(gemv_graph(k, n, transposed), "static", chip), stem,
+                              kind="gemv", k=k, n=n, transposed=transposed)
             hidden, ffn = shapes.mlp
             mlp = families.mlp_block("mlp_bench", hidden=hidden, ffn=ffn, dtype="bf16")
             for schedule in ("static", "dynamic"):

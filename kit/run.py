@@ -452,27 +452,28 @@ def bench_overhead(manifest, device, timer, tasks=(1024, 16384)) -> list[str]:
 
 
 def bench_gemv(manifest, device, timer, copy_gbs, torch) -> list[str]:
-    rows = ["| weights K×N | B | ETC µs | ETC GB/s | % of copy | PyTorch µs | PyTorch GB/s |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| y = x·W | W stored | B | ETC µs | ETC GB/s | % of copy | PyTorch µs | PyTorch GB/s |",
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
     rng = np.random.default_rng(0)
     for entry in bench_entries(manifest, device, "gemv"):
-        k, n = entry["k"], entry["n"]
+        k, n, transposed = entry["k"], entry["n"], entry.get("transposed", False)
         kernel = etc.runtime.load(KIT / entry["path"])
-        w = round_bf16(rng.standard_normal((k, n), np.float32) * 0.02)
+        w = round_bf16(rng.standard_normal((n, k) if transposed else (k, n), np.float32) * 0.02)
         w_device = kernel.runtime.device_array(etc.bfloat16.to_bits(w))
         tw = torch.from_numpy(w).to("cuda", torch.bfloat16) if torch else None
         for batch in BATCHES:
             x = round_bf16(rng.standard_normal((batch, k), np.float32))
             launch = kernel.runtime.bind({"x": x, "w": w_device})
-            verified(launch, x @ w, 2e-2, f"gemv {k}x{n} B={batch}")
+            verified(launch, x @ (w.T if transposed else w), 2e-2, f"{entry['path']} B={batch}")
             ms = timer(launch.enqueue)
             nbytes = 2 * (k * n + batch * k + batch * n)
             gbs = nbytes / ms / 1e6
-            cells = [f"{k}×{n}", str(batch), f"{ms * 1000:.1f}", f"{gbs:.0f}",
-                     f"{100 * gbs / copy_gbs:.0f}%"]
+            cells = [f"K={k}, N={n}", "(N, K): x·Wᵀ" if transposed else "(K, N)", str(batch),
+                     f"{ms * 1000:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.0f}%"]
             if torch:
                 tx = torch.from_numpy(x).to("cuda", torch.bfloat16)
-                tms = torch_time(torch, lambda: torch.matmul(tx, tw), timer.repeats)
+                tms = torch_time(torch, (lambda: torch.nn.functional.linear(tx, tw)) if transposed
+                                 else (lambda: torch.matmul(tx, tw)), timer.repeats)
                 cells += [f"{tms * 1000:.1f}", f"{nbytes / tms / 1e6:.0f}"]
             else:
                 cells += ["n/a", "n/a"]
