@@ -26,6 +26,7 @@ import json
 import shutil
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -43,17 +44,30 @@ RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "reference.py", "re
 SCHEDULES = ("static", "dynamic", "auto")
 QUICK_FAMILIES = ("op_add", "op_rmsnorm", "mlp_bf16", "moe")
 
-#: Benchmark shapes (issue #9): bf16 GEMV weights (K, N); the MLP block's
-#: hidden and FFN sizes (Llama-3.2-1B's MLP without its gate); the GEMM's
-#: square size; the decode-step model (bench/llm_decode_cpu.py's SMALL).
-GEMV_SHAPES = ((4096, 4096), (2048, 8192))
-MLP_HIDDEN, MLP_FFN = 2048, 8192
-GEMM_SIZE = 4096
-CHAIN_LENGTHS = (1, 64, 256)
-DECODE_CONFIG = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                     num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-                     vocab_size=4096, max_position_embeddings=512)
-DECODE_PROMPT = 128
+@dataclass(frozen=True)
+class BenchShapes:
+    """Benchmark shapes (issue #9): bf16 GEMV weights (K, N); the MLP block's
+    hidden and FFN sizes (Llama-3.2-1B's MLP without its gate); the GEMM's
+    square size; the rows of the row-wise roofline kernels and their widths;
+    the decode-step model (bench/llm_decode_cpu.py's SMALL) and its cached
+    positions. `SMALL` keeps every benchmark kind at toy sizes, so that the
+    tests run the kit's benchmark code on the CPU."""
+
+    gemv: tuple = ((4096, 4096), (2048, 8192))
+    mlp: tuple = (2048, 8192)
+    gemm: int = 4096
+    rows: int = 4096
+    width: int = 8192
+    chain: tuple = (1, 64, 256)
+    decode: dict = field(default_factory=lambda: dict(
+        hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=64, vocab_size=4096, max_position_embeddings=512))
+    prompt: int = 128
+
+
+FULL = BenchShapes()
+SMALL = BenchShapes(gemv=((256, 512),), mlp=(64, 128), gemm=64, rows=64, width=256,
+                    chain=(1, 64), decode=dict(), prompt=12)
 
 
 # ---------------------------------------------------------------------------
@@ -83,12 +97,15 @@ def wide_graph():
     return g
 
 
-def gemv_graph(k: int, n: int):
+def gemv_graph(k: int, n: int, transposed: bool = False):
+    """x (B, K) times bf16 weights W (K, N), or W^T with W stored (N, K) as
+    Hugging Face linear layers store it."""
     import etc
 
-    g = etc.Graph(f"gemv_{k}x{n}")
+    g = etc.Graph(f"gemv{'_t' if transposed else ''}_{k}x{n}")
     B = g.symbol("B")
-    g.output(g.matmul(g.input("x", (B, k), "bf16"), g.input("w", (k, n), "bf16")))
+    w = g.input("w", (n, k) if transposed else (k, n), "bf16")
+    g.output(g.matmul(g.input("x", (B, k), "bf16"), w, transpose_b=transposed))
     return g
 
 
@@ -101,21 +118,63 @@ def gemm_graph(size: int):
     return g
 
 
-def decode_step_graph():
+#: One graph per CUDA tile kernel for the roofline table: (name, builder,
+#: symbol value, FLOPs at that value or None). Bytes are those of the
+#: inputs and outputs (each read or written once: the floor).
+def roofline_graphs(shapes: BenchShapes):
+    import etc
+
+    def one(name, build, size, flops=None):
+        return name, build, size, flops
+
+    def unary(kind, width, dtype):
+        def build():
+            g = etc.Graph(f"roof_{kind}_{dtype}")
+            B = g.symbol("B")
+            x = g.input("x", (B, width), dtype)
+            if kind == "rmsnorm":
+                g.output(g.rmsnorm(x, g.input("w", (width,), dtype)))
+            elif kind == "add":
+                g.output(g.add(x, g.input("z", (B, width), dtype)))
+            else:
+                g.output(getattr(g, kind)(x))
+            return g
+        return build
+
+    def gemv_t(n, k):
+        def build():
+            g = etc.Graph(f"roof_gemv_t_{n}x{k}")
+            B = g.symbol("B")
+            g.output(g.matmul(g.input("x", (B, k), "bf16"), g.input("w", (n, k), "bf16"),
+                              transpose_b=True))
+            return g
+        return build
+
+    w, half, n, m = shapes.width, shapes.width // 2, shapes.gemv[0][0], shapes.gemm
+    return [one(f"silu bf16 (B×{w})", unary("silu", w, "bf16"), shapes.rows),
+            one(f"add bf16 (B×{w})", unary("add", w, "bf16"), shapes.rows),
+            one(f"rmsnorm bf16 (B×{half})", unary("rmsnorm", half, "bf16"), shapes.rows),
+            one(f"softmax f32 (B×{half})", unary("softmax", half, "f32"), shapes.rows),
+            one(f"GEMV bf16 x·W, W {n}×{n}", lambda: gemv_graph(n, n), 1, 2 * n * n),
+            one(f"GEMV bf16 x·Wᵀ, W {n}×{n}", gemv_t(n, n), 1, 2 * n * n),
+            one(f"GEMM bf16 {m}³", lambda: gemm_graph(m), m, 2 * m ** 3)]
+
+
+def decode_step_graph(shapes: BenchShapes):
     from etc.models.builder import build_step_graph
     from etc.models.config import ModelConfig
 
-    config = ModelConfig.from_dict(decode_hf_config(), "kit")
-    graph = build_step_graph(config, dtype="bf16", max_seq_len=DECODE_PROMPT + 8,
-                             chunk=64, name="decode_step")
+    config = ModelConfig.from_dict(decode_hf_config(shapes), "kit")
+    graph = build_step_graph(config, dtype="bf16", max_seq_len=shapes.prompt + 8,
+                             chunk=max(4, shapes.prompt // 2), name="decode_step")
     return graph, config
 
 
-def decode_hf_config() -> dict:
+def decode_hf_config(shapes: BenchShapes) -> dict:
     """The decode model's Hugging Face config.json (Qwen3, random weights)."""
     from etc.models.testing import tiny_config
 
-    return tiny_config("Qwen3ForCausalLM", **DECODE_CONFIG)
+    return tiny_config("Qwen3ForCausalLM", **shapes.decode)
 
 
 # ---------------------------------------------------------------------------
@@ -188,30 +247,33 @@ class Builder:
                                         stage="scheduled")
                 self.save(kernel, f"hang-{schedule}-{chip}", kind="watchdog", timeout_s=1.0)
 
-    def benchmarks(self, quick: bool) -> None:
-        chips = self.chips_for(True)
-        for chip in chips:
-            for length in CHAIN_LENGTHS[:2] if quick else CHAIN_LENGTHS:
+    def benchmarks(self, shapes: BenchShapes) -> None:
+        for chip in self.chips_for(True):
+            for length in shapes.chain:
                 self.save(self.compile(chain_graph(length), "static", chip),
                           f"chain{length}-{chip}", kind="latency", length=length)
             for schedule in ("static", "dynamic"):
                 self.save(self.compile(wide_graph(), schedule, chip), f"wide-{schedule}-{chip}",
                           kind="overhead")
-            if quick:
-                continue
-            for k, n in GEMV_SHAPES:
-                self.save(self.compile(gemv_graph(k, n), "static", chip), f"gemv_{k}x{n}-{chip}",
-                          kind="gemv", k=k, n=n)
-            mlp = families.mlp_block("mlp_bench", hidden=MLP_HIDDEN, ffn=MLP_FFN, dtype="bf16")
+            for k, n in shapes.gemv:
+                for transposed in (False, True):
+                    stem = f"gemv{'_t' if transposed else ''}_{k}x{n}-{chip}"
+                    self.save(self.compile(gemv_graph(k, n, transposed), "static", chip), stem,
+                              kind="gemv", k=k, n=n, transposed=transposed)
+            hidden, ffn = shapes.mlp
+            mlp = families.mlp_block("mlp_bench", hidden=hidden, ffn=ffn, dtype="bf16")
             for schedule in ("static", "dynamic"):
                 self.save(self.compile(mlp, schedule, chip), f"mlp_bench-{schedule}-{chip}",
-                          kind="mlp", hidden=MLP_HIDDEN, ffn=MLP_FFN)
-            self.save(self.compile(gemm_graph(GEMM_SIZE), "static", chip),
-                      f"gemm_{GEMM_SIZE}-{chip}", kind="gemm", size=GEMM_SIZE)
-            graph, config = decode_step_graph()
+                          kind="mlp", hidden=hidden, ffn=ffn)
+            self.save(self.compile(gemm_graph(shapes.gemm), "static", chip),
+                      f"gemm_{shapes.gemm}-{chip}", kind="gemm", size=shapes.gemm)
+            for index, (title, build, size, flops) in enumerate(roofline_graphs(shapes)):
+                self.save(self.compile(build(), "static", chip), f"roofline{index}-{chip}",
+                          kind="roofline", title=title, size=size, flops=flops)
+            graph, config = decode_step_graph(shapes)
             for schedule in ("static", "dynamic"):
                 self.save(self.compile(graph, schedule, chip), f"decode_step-{schedule}-{chip}",
-                          kind="decode", prompt=DECODE_PROMPT, hf_config=decode_hf_config(),
+                          kind="decode", prompt=shapes.prompt, hf_config=decode_hf_config(shapes),
                           inv_freq=[float(v) for v in config.rope_inv_freq()])
 
 
@@ -225,7 +287,8 @@ def main(argv=None) -> int:
     parser.add_argument("--chips", nargs="+", default=["sm_80", "sm_90a"])
     parser.add_argument("--target", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true",
-                        help=f"only the families {', '.join(QUICK_FAMILIES)} and small benchmarks")
+                        help=f"only the families {', '.join(QUICK_FAMILIES)}, and the benchmarks "
+                             "at toy sizes (for tests)")
     parser.add_argument("--families", nargs="+", default=None, help="check only these families")
     args = parser.parse_args(argv)
 
@@ -244,7 +307,7 @@ def main(argv=None) -> int:
     builder.checks(names)
     print("gpu-kit: watchdog and benchmark artifacts ...", flush=True)
     builder.watchdog()
-    builder.benchmarks(args.quick)
+    builder.benchmarks(SMALL if args.quick else FULL)
     manifest = {"format": 1, "target": args.target, "built": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "artifacts": builder.entries}
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))

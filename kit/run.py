@@ -452,27 +452,28 @@ def bench_overhead(manifest, device, timer, tasks=(1024, 16384)) -> list[str]:
 
 
 def bench_gemv(manifest, device, timer, copy_gbs, torch) -> list[str]:
-    rows = ["| weights K×N | B | ETC µs | ETC GB/s | % of copy | PyTorch µs | PyTorch GB/s |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| y = x·W | W stored | B | ETC µs | ETC GB/s | % of copy | PyTorch µs | PyTorch GB/s |",
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
     rng = np.random.default_rng(0)
     for entry in bench_entries(manifest, device, "gemv"):
-        k, n = entry["k"], entry["n"]
+        k, n, transposed = entry["k"], entry["n"], entry.get("transposed", False)
         kernel = etc.runtime.load(KIT / entry["path"])
-        w = round_bf16(rng.standard_normal((k, n), np.float32) * 0.02)
+        w = round_bf16(rng.standard_normal((n, k) if transposed else (k, n), np.float32) * 0.02)
         w_device = kernel.runtime.device_array(etc.bfloat16.to_bits(w))
         tw = torch.from_numpy(w).to("cuda", torch.bfloat16) if torch else None
         for batch in BATCHES:
             x = round_bf16(rng.standard_normal((batch, k), np.float32))
             launch = kernel.runtime.bind({"x": x, "w": w_device})
-            verified(launch, x @ w, 2e-2, f"gemv {k}x{n} B={batch}")
+            verified(launch, x @ (w.T if transposed else w), 2e-2, f"{entry['path']} B={batch}")
             ms = timer(launch.enqueue)
             nbytes = 2 * (k * n + batch * k + batch * n)
             gbs = nbytes / ms / 1e6
-            cells = [f"{k}×{n}", str(batch), f"{ms * 1000:.1f}", f"{gbs:.0f}",
-                     f"{100 * gbs / copy_gbs:.0f}%"]
+            cells = [f"K={k}, N={n}", "(N, K): x·Wᵀ" if transposed else "(K, N)", str(batch),
+                     f"{ms * 1000:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.0f}%"]
             if torch:
                 tx = torch.from_numpy(x).to("cuda", torch.bfloat16)
-                tms = torch_time(torch, lambda: torch.matmul(tx, tw), timer.repeats)
+                tms = torch_time(torch, (lambda: torch.nn.functional.linear(tx, tw)) if transposed
+                                 else (lambda: torch.matmul(tx, tw)), timer.repeats)
                 cells += [f"{tms * 1000:.1f}", f"{nbytes / tms / 1e6:.0f}"]
             else:
                 cells += ["n/a", "n/a"]
@@ -554,6 +555,35 @@ def bench_gemm(manifest, device, timer, torch) -> list[str]:
         else:
             cells += ["n/a", "n/a", "n/a"]
         rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def bench_roofline(manifest, device, timer, copy_gbs, torch) -> list[str]:
+    """One line per CUDA tile kernel: bytes (inputs and outputs, each moved
+    once) and FLOPs over the time, next to the copy bandwidth."""
+    rows = ["| kernel | rows | µs | GB/s | % of copy | TFLOP/s |",
+            "|---|---:|---:|---:|---:|---:|"]
+    sizes = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4}
+    for entry in bench_entries(manifest, device, "roofline"):
+        kernel = etc.runtime.load(KIT / entry["path"])
+        symbol = symbol_of(kernel)
+        rng = np.random.default_rng(4)
+        recipe = families.Recipe(scales={"w": 0.02, "z": 1.0})
+        inputs = families.make_inputs(kernel.arguments, {symbol: entry["size"]}, recipe, rng)
+        launch = kernel.runtime.bind(inputs)
+        expected = etc.reference.evaluate(kernel, **inputs)[0]
+        verified(launch, expected, 3e-2, entry["title"])
+        first = timer(launch.enqueue, repeats=1)
+        ms = timer(launch.enqueue, repeats=max(3, min(timer.repeats, int(2000 / max(first, 1e-3)))))
+        nbytes = 0
+        for arg in kernel.arguments:
+            if arg.kind in ("input", "output"):
+                shape = [entry["size"] if isinstance(d, str) else d for d in arg.shape]
+                nbytes += int(np.prod(shape)) * sizes[arg.dtype]
+        gbs = nbytes / ms / 1e6
+        tflops = f"{entry['flops'] / ms / 1e9:.2f}" if entry.get("flops") else "—"
+        rows.append(f"| {entry['title']} | {entry['size']} | {ms * 1000:.1f} | {gbs:.0f} | "
+                    f"{100 * gbs / copy_gbs:.0f}% | {tflops} |")
     return rows
 
 
@@ -664,14 +694,16 @@ def run_benchmarks(manifest, args, device) -> list[str]:
     torch = torch_or_none()
     timer = Timer(device, args.repeats)
     deadline = time.perf_counter() + args.bench_budget
-    copy_gbs = copy_bandwidth(device, timer)
+    copy_gbs = copy_bandwidth(device, timer, args.copy_mib << 20)
     lines = [f"Median of {args.repeats} timed runs after 5 warm-ups (CUDA events); artifacts "
              f"for {best_chip(manifest, device)}; PyTorch "
              f"{torch.__version__ if torch else 'not available'}.", "",
-             f"Device-to-device copy (1 GiB, bytes read + written): **{copy_gbs:.0f} GB/s**", ""]
+             f"Device-to-device copy ({args.copy_mib} MiB, bytes read + written): "
+             f"**{copy_gbs:.0f} GB/s**", ""]
     sections = [("Notify → wake latency (static chain, one hop per CTA)", bench_latency, ()),
                 ("Per-task overhead (independent 1-row tiles)", bench_overhead, ()),
                 ("bf16 GEMV (bytes: weights + x + y)", bench_gemv, (copy_gbs, torch)),
+                ("Roofline: one line per tile kernel", bench_roofline, (copy_gbs, torch)),
                 ("5-operator MLP block, bf16", bench_mlp, (torch,)),
                 ("Decode step", bench_decode, (torch,)),
                 ("bf16 GEMM", bench_gemm, (torch,))]
@@ -712,6 +744,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=50, help="timed runs per benchmark")
     parser.add_argument("--bench-budget", type=float, default=200,
                         help="seconds after which the remaining benchmarks are skipped")
+    parser.add_argument("--copy-mib", type=int, default=1024,
+                        help="size of the device-to-device copy that measures bandwidth")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write the report (Markdown) to this file")
     parser.add_argument("--internal-watchdog", help=argparse.SUPPRESS)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -37,6 +39,24 @@ class Signature:
 #: The argument kinds a call supplies: inputs, and state buffers (passed
 #: like inputs and updated in place).
 SUPPLIED = ("input", "state")
+
+
+#: The NumPy dtype of an input of each ETC dtype (bf16: float32 values,
+#: rounded when copied; see `check_input_dtype` for its bit patterns).
+INPUT_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
+                "bf16": np.dtype(np.float32), "i32": np.dtype(np.int32)}
+
+
+def check_input_dtype(name: str, arg, array: np.ndarray) -> None:
+    """Input `arg` takes arrays of its user dtype (float32 for bf16, rounded
+    when copied) or, for bf16, uint16 arrays of bf16 bit patterns, used as
+    they are (weights converted once, not at every run)."""
+    want = INPUT_DTYPES[arg.dtype]
+    if array.dtype == want or (arg.dtype == "bf16" and array.dtype == np.uint16):
+        return
+    also = " or uint16 bf16 bit patterns" if arg.dtype == "bf16" else ""
+    raise TypeError(f"input {name!r} has dtype {array.dtype}, expected {want}{also} for "
+                    f"{arg.dtype} (inputs are not cast implicitly)")
 
 
 def check_input_names(graph_name: str, arguments: Sequence, names: Iterable[str]) -> None:

@@ -11,7 +11,8 @@ Dtypes:
   and outputs are returned as ``np.float16``.
 * ``bf16``: NumPy has no bfloat16, so inputs are ``np.float32`` arrays,
   rounded to bfloat16 (`round_bf16`: to nearest, ties to even) as the
-  runtimes round them when they copy them into bf16 buffers. Results are
+  runtimes round them when they copy them into bf16 buffers, or
+  ``np.uint16`` arrays of bf16 bit patterns, taken as they are. Results are
   rounded to bfloat16 after every operator and outputs are returned as
   ``np.float32`` arrays holding bfloat16 values.
 
@@ -42,7 +43,7 @@ import numpy as np
 from types import SimpleNamespace
 
 from . import bfloat16, reference_llm
-from .binding import bind_symbols as _bind_shapes, check_input_names
+from .binding import bind_symbols as _bind_shapes, check_input_dtype, check_input_names
 
 __all__ = ["evaluate", "describe", "round_bf16", "bind_symbols", "topk", "moe", "NUMPY_DTYPES"]
 
@@ -65,6 +66,8 @@ def _to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
     int32 for i32)."""
     if dtype == "i32":
         return np.asarray(x, dtype=np.int32)
+    if dtype == "bf16" and np.asarray(x).dtype == np.uint16:  # bf16 bit patterns
+        return bfloat16.from_bits(x)
     x = np.asarray(x, dtype=np.float32)
     if dtype == "f16":
         return x.astype(np.float16).astype(np.float32)
@@ -129,6 +132,9 @@ def bind_symbols(g, inputs: dict) -> dict:
         if not isinstance(array, np.ndarray):
             raise TypeError(f"input {t.name!r} must be a numpy.ndarray, got "
                             f"{type(array).__name__}")
+        if t.kind == "input":
+            check_input_dtype(t.name, t, array)
+            continue
         want = NUMPY_DTYPES[t.dtype]
         if array.dtype != want:
             raise TypeError(f"input {t.name!r} has dtype {array.dtype}, expected {want} "

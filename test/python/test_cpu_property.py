@@ -45,3 +45,26 @@ def test_random_graphs_match_numpy(data):
         for name, got, want in zip(g.outputs, outputs, expected):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
     RUNS["graphs"] += 1
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_random_graphs_with_cuda_kernels_match_numpy(data):
+    """The same random graphs built with the CUDA tile kernels (GEMVs,
+    warp-per-row and vector elementwise kernels where shapes allow them;
+    tiles chosen for the chip) and run with their 128 lanes simulated."""
+    g, symbols = random_graph(data)
+    kernel = etc.compile(g, target="cpu", kernels="cuda",
+                         schedule=data.draw(st.sampled_from(["static", "dynamic"]), label="s"),
+                         workers=data.draw(st.sampled_from([1, 3]), label="workers"))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1), label="seed"))
+    bindings = [symbols]
+    if symbols:
+        bindings.append({"M": data.draw(st.sampled_from([1, 2, 17, 33]), label="second M")})
+    for binding in bindings:
+        inputs = _inputs(g, binding, rng)
+        outputs = kernel.run(**inputs)
+        expected = etc.reference.evaluate(g, **inputs)
+        for name, got, want in zip(g.outputs, outputs, expected):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)

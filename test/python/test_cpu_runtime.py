@@ -328,6 +328,30 @@ def test_bf16_inputs_are_rounded_alike_by_kernel_and_reference():
     assert np.isnan(got[0, 5:7]).all()
 
 
+
+def test_bf16_inputs_may_be_given_as_bit_patterns():
+    """A uint16 array is taken as bf16 bit patterns, without conversion (a
+    model converts its weights once, not at every step); the reference
+    reads them alike, and other integer dtypes are still refused."""
+    g = etc.Graph("bf16_bits")
+    B = g.symbol("B")
+    x = g.input("x", (B, 16), "bf16")
+    w = g.input("w", (16, 32), "bf16")
+    g.output(g.matmul(x, w))
+    kernel = etc.compile(g, workers=2)
+    rng = np.random.default_rng(2)
+    xv = rng.standard_normal((3, 16)).astype(np.float32)
+    wv = rng.standard_normal((16, 32)).astype(np.float32)
+    bits = etc.bfloat16.to_bits(wv)
+    (from_floats,) = kernel.run(x=xv, w=wv)
+    (from_bits,) = kernel.run(x=xv, w=bits)
+    np.testing.assert_array_equal(from_bits, from_floats)
+    np.testing.assert_array_equal(etc.reference.evaluate(g, x=xv, w=bits)[0],
+                                  etc.reference.evaluate(g, x=xv, w=wv)[0])
+    with pytest.raises(TypeError, match=r"input 'w' has dtype int16, expected float32 or uint16 "
+                                        r"bf16 bit patterns for bf16"):
+        kernel.run(x=xv, w=bits.view(np.int16))
+
 #: Runs a program that never finishes (its worker cannot make progress), sends
 #: itself SIGINT while `run` waits, and reports what is left afterwards.
 _INTERRUPTED_RUN = r"""

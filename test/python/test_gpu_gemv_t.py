@@ -10,6 +10,8 @@ import subprocess
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import etc
 from etc.reference import round_bf16
@@ -92,3 +94,34 @@ def test_simulated_gpu_kernels_accept_unaligned_arrays():
     x = rng.standard_normal((5, 128)).astype(np.float32)
     (got,) = kernel.run(x=x, w=w)
     np.testing.assert_allclose(got, x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_random_gemv_shapes_with_simulated_lanes(data):
+    """Random decode-shaped matmuls (both layouts of B, f32 and bf16, K a
+    multiple of the 16-byte vector, N of 16 (a column tile holds two
+    16-byte vectors), any B): the GEMV kernels are chosen and match NumPy
+    with their lanes simulated."""
+    dtype = data.draw(st.sampled_from(["f32", "bf16"]), label="dtype")
+    vec = 4 if dtype == "f32" else 8
+    k = vec * data.draw(st.integers(1, 64), label="k chunks")
+    n = 16 * data.draw(st.integers(1, 24), label="n / 16")
+    transposed = data.draw(st.booleans(), label="transpose_b")
+    g = etc.Graph("rand_gemv")
+    B = g.symbol("B")
+    x = g.input("x", (B, k), dtype)
+    w = g.input("w", (n, k) if transposed else (k, n), dtype)
+    g.output(g.matmul(x, w, transpose_b=transposed))
+    kernel = etc.compile(g, target="cpu", kernels="cuda", workers=2)
+    assert ("matmul_gemv_t" if transposed else "matmul_gemv_0") in kernel.ir("graph")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1), label="seed"))
+    batch = data.draw(st.integers(1, 40), label="B")
+    xs = rng.standard_normal((batch, k)).astype(np.float32)
+    ws = (rng.standard_normal((n, k) if transposed else (k, n)) * 0.1).astype(np.float32)
+    if dtype == "bf16":
+        xs, ws = round_bf16(xs), round_bf16(ws)
+    (got,) = kernel.run(x=xs, w=ws)
+    (want,) = etc.reference.evaluate(g, x=xs, w=ws)
+    tol = 1e-4 if dtype == "f32" else 2e-2
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)

@@ -5,7 +5,10 @@ artifact is wrong."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +49,8 @@ def test_cuda_kit_builds_and_runs_without_mlir(tmp_path):
     log = build(out, "--chips", "sm_80", "sm_90a")
     manifest = json.loads((out / "manifest.json").read_text())
     kinds = {e["kind"] for e in manifest["artifacts"]}
-    assert {"check", "watchdog", "latency", "overhead"} <= kinds
+    assert {"check", "watchdog", "latency", "overhead", "gemv", "mlp", "gemm", "roofline",
+            "decode"} <= kinds
     assert {e["chip"] for e in manifest["artifacts"]} == {"sm_80", "sm_90a"}
     assert {e["requested_schedule"] for e in manifest["artifacts"] if e["kind"] == "check"} == {
         "static", "dynamic", "auto"}
@@ -101,3 +105,46 @@ def test_kit_reports_a_wrong_artifact(cpu_kit):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FAILED artifacts/swapped.etc: B=1 run 0 output 0: relative error" in result.stdout
     assert "Checks: 3/4 artifacts passed" in result.stdout
+
+
+def test_kit_runs_its_cuda_path_on_a_fake_driver(tmp_path, cpu_kit):
+    """The CUDA runtime and the kit's CUDA code paths, end to end, on a
+    stand-in for cuda.bindings.driver whose launches run the CPU build of
+    the same program (test/python/fake_cuda): binding, staging copies,
+    poisoned device buffers, cooperative launches, the run header and
+    g_check, the watchdog in a child process, the benchmark tables."""
+    from etc.runtime import load
+
+    gpu_kit = tmp_path / "gpu-kit"
+    build(gpu_kit, "--chips", "sm_90a")
+    manifest = json.loads((gpu_kit / "manifest.json").read_text())
+    cpu_paths = {e["path"].replace("-host.etc", ""): cpu_kit / e["path"]
+                 for e in json.loads((cpu_kit / "manifest.json").read_text())["artifacts"]}
+    mapping = {}
+    for entry in manifest["artifacts"]:
+        ptx = load(gpu_kit / entry["path"]).ptx
+        mapping[hashlib.sha256(ptx.encode()).hexdigest()] = str(
+            cpu_paths[entry["path"].replace("-sm_90a.etc", "")])
+    (tmp_path / "map.json").write_text(json.dumps(mapping))
+    env = dict(os.environ, ETC_FAKE_CUDA_MAP=str(tmp_path / "map.json"),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "test" / "python" / "fake_cuda"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_MLIR, str(gpu_kit / "run.py"), "--runs", "2",
+         "--skip-sanitizer", "--repeats", "3", "--copy-mib", "4", "--out",
+         str(tmp_path / "report.md")], capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = (tmp_path / "report.md").read_text()
+    assert "Fake CUDA device (CPU), sm_90, 2 SMs" in report
+    assert "Checks: 12/12 artifacts passed" in report
+    assert "Watchdog: 2/2 broken artifacts raised WatchdogError" in report
+    latency = report.split("### Notify")[1].split("###")[0]
+    assert re.search(r"\| 1 \| 2 \| [\d.]+ \| — \|", latency), latency
+    overhead = report.split("### Per-task overhead")[1].split("###")[0]
+    assert re.search(r"\| 16384 \| [\d.]+ \| \d+ \| [\d.]+ \| \d+ \|", overhead), overhead
+    for title, rows in (("### bf16 GEMV", 10), ("### Roofline", 7), ("### 5-operator MLP", 5),
+                        ("### Decode step", 4), ("### bf16 GEMM", 1)):
+        table = [line for line in report.split(title)[1].split("###")[0].splitlines()
+                 if re.match(r"\| \d|\| \w.*\| [\d.]+ \|", line)]
+        assert len(table) == rows, (title, table)
+    assert "FAILED" not in report

@@ -138,9 +138,14 @@ class Model:
 
     def _as_dtype(self, name: str, array: np.ndarray) -> np.ndarray:
         """Weights as the graph's inputs take them: float16 arrays for f16;
-        float32 for f32 and bf16 (the runtime rounds bf16 inputs)."""
-        if name == "inv_freq" or self.dtype != "f16":
+        bf16 bit patterns (uint16) for bf16, converted once here rather than
+        by the runtime at every step; float32 for f32."""
+        if name == "inv_freq" or self.dtype == "f32":
             return array
+        if self.dtype == "bf16":
+            from .. import bfloat16
+
+            return bfloat16.to_bits(array)
         return array.astype(np.float16)
 
     # -- public API --------------------------------------------------------
@@ -308,5 +313,5 @@ def _to_device(kernel: CompiledKernel, name: str, array: np.ndarray):
     from .. import bfloat16
 
     dtype = next(a.dtype for a in kernel.signature.arguments if a.name == name)
-    host = bfloat16.to_bits(array) if dtype == "bf16" else array
+    host = bfloat16.to_bits(array) if dtype == "bf16" and array.dtype != np.uint16 else array
     return kernel.runtime.device_array(host)

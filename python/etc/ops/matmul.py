@@ -14,7 +14,8 @@ Kernels, by target:
 * cuda, few rows (decode): `MatmulSkinny` for B (K, N) (lanes along N,
   split-K across lane groups, scratch reduction across warps) and
   `MatmulSkinnyT` for B^T (N, K), the layout of Hugging Face weights (a
-  warp per group of B^T rows, lanes along K, warp-shuffle reduction); both
+  warp per group of 4 B^T rows, lanes along K with 512-byte warp loads,
+  warp-shuffle reduction); both
   read each weight byte once per tile with 16-byte loads, and their column
   tiles are sized so that B = 1 gives every SM a tile;
 * cuda, sm_80 and newer, f16 and bf16 with K a multiple of 16: tensor cores
@@ -31,6 +32,7 @@ import dataclasses
 
 from mlir import ir
 from mlir.dialects import arith, memref, scf, vector
+from mlir.dialects import math as math_dialect
 
 from .base import TaskBuilder, TileKernel, box, tile_offset
 from .matmul_mma import MatmulMMA
@@ -349,20 +351,27 @@ class MatmulSkinnyT(Matmul):
     Hugging Face weights, stored (N, K)): C = A @ B^T.
 
     Both operands are contiguous along K, so a warp owns RW rows of B^T at
-    a time and its 32 lanes split K in 16-byte chunks (lane l takes chunks
-    l, l + 32, ...): every weight byte is read once per tile, by one lane,
-    with RW loads of 16 bytes in flight per lane and chunk. A pass handles
-    up to RB rows of A (RW x RB vector accumulators per lane). After the K
-    loop each accumulator is summed across its vector and then across the
-    warp (`lane_reduce`, 32 lanes, stride 1), and lane 0 of the warp stores
-    the RW x RB results. The warps take the tile's row groups round-robin;
-    no scratch memory and no CTA barrier are needed.
+    a time and its 32 lanes split K in 16-byte chunks: an iteration takes U
+    chunks per lane (lane l: chunks l, l + 32, ..., U apart by 32), so each
+    warp load instruction reads 512 contiguous bytes of a weight row and a
+    lane has RW x U such loads in flight (4 KB per warp). Every weight byte
+    is read once per tile, by one lane. A pass handles up to RB rows of A;
+    each (row of B^T, row of A) pair accumulates into one f32 per lane with
+    fused multiply-adds, which the warp then sums (`lane_reduce`, 32 lanes,
+    stride 1); lane 0 stores. The warps take the tile's row groups
+    round-robin; no scratch memory and no CTA barrier.
+
+    A chunk past K (the last iteration when K / 16 bytes is not a multiple
+    of 32 U) re-reads the last chunk and its products are discarded: the
+    loads stay unconditional, so they can all be in flight together.
     """
 
     #: Rows of A per pass.
     RB = 4
     #: Rows of B^T (columns of C) per warp iteration.
-    RW = 2
+    RW = 4
+    #: 16-byte chunks per lane and iteration.
+    U = 2
 
     @classmethod
     def name(cls, op) -> str:
@@ -386,7 +395,7 @@ class MatmulSkinnyT(Matmul):
         if not isinstance(n, int) or not target.warp:
             return op.tile
         step = (target.lanes // target.warp) * cls.RW
-        candidates = [tn for tn in (64, 32, 16, 8) if tn % step == 0 and n % tn == 0]
+        candidates = [tn for tn in (128, 64, 32, 16) if tn % step == 0 and n % tn == 0]
         if not candidates:
             return op.tile
         enough = [tn for tn in candidates if n // tn >= target.sm_count]
@@ -399,9 +408,10 @@ class MatmulSkinnyT(Matmul):
         vec = MatmulSkinny.vec(op)
         lanes = self.lanes()
         warps = lanes.count // lanes.warp
-        rw, rb = self.RW, self.RB
+        rw, rb, unroll = self.RW, self.RB, self.U
         groups = tn // (warps * rw)          # row groups of B^T per warp
         k_chunks = b.shape[1] // vec
+        last_chunk = self.cidx(k_chunks - 1)
         r0 = arith.muli(self.ti[0], self.cidx(tm))
         c0 = arith.muli(self.ti[1], self.cidx(tn))
         rows = self.extent(out, 0, r0, tm)
@@ -428,21 +438,41 @@ class MatmulSkinnyT(Matmul):
                 def accumulate(lane):
                     cols = columns(lane)
                     part = arith.remui(lane, self.cidx(lanes.warp))
-                    accs = [self.vzero(vec) for _ in range(rw * rb)]
-                    kloop = scf.ForOp(part, self.cidx(k_chunks), self.cidx(lanes.warp), accs)
+                    accs = [self.cf32(0.0) for _ in range(rw * rb)]
+                    kloop = scf.ForOp(part, self.cidx(k_chunks),
+                                      self.cidx(lanes.warp * unroll), accs)
                     with ir.InsertionPoint(kloop.body):
-                        k0 = arith.muli(kloop.induction_variable, self.cidx(vec))
-                        weights = [self.vload(b, [col, k0], vec, aligned=True) for col in cols]
-                        carried = list(kloop.inner_iter_args)
-                        updated = list(carried)
-                        for r in range(rb):
-                            xs = self.vload(a, [row_of[r], k0], vec, aligned=True)
+                        chunk = kloop.induction_variable
+                        # Every load of the iteration first, then the FMAs.
+                        loaded = []
+                        for u in range(unroll):
+                            c = arith.addi(chunk, self.cidx(u * lanes.warp))
+                            valid = None
+                            if u:
+                                valid = arith.cmpi(arith.CmpIPredicate.slt, c,
+                                                   self.cidx(k_chunks))
+                                c = arith.minsi(c, last_chunk)
+                            k0 = arith.muli(c, self.cidx(vec))
+                            weights = [self.vload(b, [col, k0], vec, aligned=True)
+                                       for col in cols]
+                            xs = [self.vload(a, [row_of[r], k0], vec, aligned=True)
+                                  for r in range(rb)]
+                            loaded.append((valid, weights, xs))
+                        updated = list(kloop.inner_iter_args)
+                        for valid, weights, xs in loaded:
                             for j in range(rw):
-                                updated[j * rb + r] = vector.fma(xs, weights[j],
-                                                                 carried[j * rb + r])
+                                for r in range(rb):
+                                    acc = updated[j * rb + r]
+                                    summed = acc
+                                    for i in range(vec):
+                                        summed = math_dialect.fma(
+                                            vector.extract(xs[r], [], [i]),
+                                            vector.extract(weights[j], [], [i]), summed)
+                                    updated[j * rb + r] = (
+                                        summed if valid is None
+                                        else arith.select(valid, summed, acc))
                         scf.yield_(updated)
-                    return [vector.reduction(self.f32, vector.CombiningKind.ADD, acc)
-                            for acc in kloop.results]
+                    return list(kloop.results)
 
                 summed = lanes.reduce(lanes.each(accumulate), "add", lanes.warp, 1)
 

@@ -35,7 +35,8 @@ from functools import lru_cache
 import numpy as np
 
 from .. import bfloat16
-from ..binding import Signature, bind_symbols, check_input_names, concrete_shape
+from ..binding import (Signature, bind_symbols, check_input_dtype, check_input_names,
+                       concrete_shape)
 from . import layout
 from .abi import KernelABI
 from .trace import Trace
@@ -109,9 +110,10 @@ def buffer_table(arguments, buffers: dict, address=lambda array: array.ctypes.da
 
 
 def to_storage(array: np.ndarray, dtype: str) -> np.ndarray:
-    """Converts a user array to the buffer ETC reads (bf16: rounded to
-    nearest even, as `etc.reference` rounds bf16 inputs)."""
-    if dtype != "bf16":
+    """Converts a user array to the buffer ETC reads (bf16: float32 rounded
+    to nearest even, as `etc.reference` rounds bf16 inputs; uint16 arrays
+    are bf16 bit patterns already)."""
+    if dtype != "bf16" or array.dtype == np.uint16:  # uint16: bf16 bits already
         return np.ascontiguousarray(array)
     return bfloat16.to_bits(array)
 
@@ -243,11 +245,7 @@ class CPURuntime:
             array = inputs[arg.name]
             if not isinstance(array, np.ndarray):
                 raise TypeError(f"input {arg.name!r} must be a numpy.ndarray, got {type(array).__name__}")
-            want = _USER_DTYPE[arg.dtype]
-            if array.dtype != want:
-                raise TypeError(
-                    f"input {arg.name!r} has dtype {array.dtype}, expected {want} for {arg.dtype} "
-                    "(inputs are not cast implicitly)")
+            check_input_dtype(arg.name, arg, array)
         for arg in self.arguments:
             if arg.kind == "state":
                 check_state(arg, inputs[arg.name])

@@ -44,7 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..binding import Signature, bind_symbols, check_input_names, concrete_shape
+from ..binding import (Signature, bind_symbols, check_input_dtype, check_input_names,
+                       concrete_shape)
 from . import layout
 from .abi import KernelABI
 from .cpu import (_CHECK_ERRORS, _STORAGE, _USER_DTYPE, buffer_table, check_state, from_storage,
@@ -633,11 +634,7 @@ class CUDARuntime:
                 # Copied to the device and back after the run (see `run`).
                 shapes[arg.name] = check_state(arg, value).shape
             elif view is None:
-                want = _USER_DTYPE[arg.dtype]
-                if value.dtype != want:
-                    raise TypeError(
-                        f"input {arg.name!r} has dtype {value.dtype}, expected {want} for "
-                        f"{arg.dtype} (inputs are not cast implicitly)")
+                check_input_dtype(arg.name, arg, value)
                 shapes[arg.name] = tuple(value.shape)
             else:
                 device[arg.name] = view
