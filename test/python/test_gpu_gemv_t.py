@@ -62,11 +62,13 @@ def test_transposed_gemv_is_chosen_only_where_it_applies():
 @needs_ptxas
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
 def test_transposed_gemv_ptx(chip, tmp_path):
-    ptx = etc.compile(_graph("bf16", 2048, 1024), target="cuda", chip=chip).ptx
+    # f32: f16 and bf16 take `matmul_gemv_t_mma`, the tensor-core kernel
+    # whose tiles of few rows run this GEMV (test_gpu_mma.py checks it).
+    ptx = etc.compile(_graph("f32", 2048, 1024), target="cuda", chip=chip).ptx
     match = re.search(r"\.func \w*matmul_gemv_t\w*\(.*?\n\}", ptx, re.S)
     assert match, "no matmul_gemv_t device function"
     body = match.group(0)
-    assert len(re.findall(r"ld(\.global)?\.v4\.b32", body)) >= 6  # 2 weight rows + 4 rows of A
+    assert len(re.findall(r"ld(\.global)?\.v4\.(b32|f32)", body)) >= 6  # 2 weight rows + 4 rows of A
     assert "shfl.sync.bfly" in body and "fma.rn.f32" in body
     assert "bar.sync" not in body  # warps never meet
     path = tmp_path / "gemv_t.ptx"
@@ -112,7 +114,11 @@ def test_random_gemv_shapes_with_simulated_lanes(data):
     w = g.input("w", (n, k) if transposed else (k, n), dtype)
     g.output(g.matmul(x, w, transpose_b=transposed))
     kernel = etc.compile(g, target="cpu", kernels="cuda", workers=2)
-    assert ("matmul_gemv_t" if transposed else "matmul_gemv_0") in kernel.ir("graph")
+    # bf16 with K a multiple of 16 pairs the GEMV with the tensor cores
+    # (`matmul_gemv_mma`, `matmul_gemv_t_mma`), which take the tiles of 16
+    # rows or more.
+    gemv = "matmul_gemv_t" if transposed else "matmul_gemv"
+    assert re.search(rf"_tile_{gemv}(_mma)?_0\(", kernel.ir("graph"))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1), label="seed"))
     batch = data.draw(st.integers(1, 40), label="B")
     xs = rng.standard_normal((batch, k)).astype(np.float32)

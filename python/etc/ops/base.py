@@ -65,6 +65,13 @@ class Target:
         return self.kind == "cuda"
 
     @property
+    def compute_capability(self) -> int:
+        """The chip's compute capability as a number (sm_90a: 90; 0 when
+        no chip is named), for instructions that need a newer GPU."""
+        digits = "".join(c for c in (self.chip or "").removeprefix("sm_") if c.isdigit())
+        return int(digits) if digits else 0
+
+    @property
     def sm_count(self) -> int:
         """A typical SM count of the chip, for choosing tile counts (the
         runtime sizes the grid from the real device)."""
@@ -256,11 +263,11 @@ class TileKernel:
         with ir.InsertionPoint.at_block_begin(self.block):
             return memref.alloca(type, [], [])
 
-    def scratch(self, shape: Sequence[int]) -> ir.Value:
-        """An f32 `event.scratch` buffer shared by the tile's lanes, made at
-        the start of the function."""
+    def scratch(self, shape: Sequence[int], dtype: str = "f32") -> ir.Value:
+        """An `event.scratch` buffer of `dtype` shared by the tile's lanes,
+        made at the start of the function."""
         with ir.InsertionPoint.at_block_begin(self.block):
-            return event.scratch(ir.MemRefType.get(list(shape), self.f32))
+            return event.scratch(ir.MemRefType.get(list(shape), element_type(dtype)))
 
     # -- vectors (f32 arithmetic, storage dtype in memory) ----------------
 

@@ -17,7 +17,13 @@ Kernels, by target:
   warp per group of 4 B^T rows, lanes along K with 512-byte warp loads,
   warp-shuffle reduction); both
   read each weight byte once per tile with 16-byte loads, and their column
-  tiles are sized so that B = 1 gives every SM a tile.
+  tiles are sized so that B = 1 gives every SM a tile;
+* cuda, sm_80 and newer, f16 and bf16 with K a multiple of 16: tensor cores
+  (`matmul_mma.MatmulMMA`: cp.async staging in shared memory, ldmatrix,
+  mma.sync m16n8k16) for 16 rows or more; with symbolic rows (the batch) a
+  kernel that also derives from the GEMV picks per tile at run time:
+  `MatmulMMASkinny` and `MatmulMMASkinnyT` (tensor cores from 16 rows, the
+  GEMV below), on the GEMV's column tiles.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from mlir.dialects import arith, memref, scf, vector
 from mlir.dialects import math as math_dialect
 
 from .base import TaskBuilder, TileKernel, box, tile_offset
+from .matmul_mma import MatmulMMA
 
 KINDS = ("matmul",)
 
@@ -490,10 +497,43 @@ class MatmulSkinnyT(Matmul):
             scf.yield_([])
 
 
+class MatmulMMASkinny(MatmulMMA, MatmulSkinny):
+    """Symbolic rows, B (K, N): tensor cores for tiles of 16 rows or more,
+    `MatmulSkinny`'s split-K GEMV for fewer."""
+
+    @classmethod
+    def name(cls, op) -> str:
+        return "matmul_gemv_mma"
+
+    def narrow(self) -> None:
+        MatmulSkinny.emit(self)
+
+
+class MatmulMMASkinnyT(MatmulMMA, MatmulSkinnyT):
+    """Symbolic rows, B^T (N, K): tensor cores for tiles of 16 rows or more,
+    `MatmulSkinnyT`'s GEMV for fewer."""
+
+    @classmethod
+    def name(cls, op) -> str:
+        return "matmul_gemv_t_mma"
+
+    def narrow(self) -> None:
+        MatmulSkinnyT.emit(self)
+
+
 def choose_kernel(op, target) -> type:
     """The matmul kernel for `op` on `target`."""
     if target.kind == "cpu" and MatmulCPU.applies(op):
         return MatmulCPU
+    if MatmulMMA.applies(op, target):
+        if isinstance(op.operands[0].shape[0], int):
+            return MatmulMMA
+        # Symbolic rows: only with a GEMV for the tiles of few rows.
+        if op.params["transpose_b"]:
+            if MatmulSkinnyT.applies(op, target):
+                return MatmulMMASkinnyT
+        elif MatmulSkinny.applies(op, target):
+            return MatmulMMASkinny
     if MatmulSkinny.applies(op, target):
         return MatmulSkinny
     if MatmulSkinnyT.applies(op, target):
@@ -503,8 +543,14 @@ def choose_kernel(op, target) -> type:
 
 def build_tasks(b: TaskBuilder, op) -> None:
     if b.target.gpu_kernels and not op.user_tile:
-        chooser = MatmulSkinnyT if op.params["transpose_b"] else MatmulSkinny
-        op = dataclasses.replace(op, tile=chooser.tile_for(op, b.target))
+        # Known rows of 16 or more: tiles for the tensor cores. Otherwise
+        # the GEMV's (decode first), which the tensor cores also take.
+        wide = dataclasses.replace(op, tile=MatmulMMA.tile_for(op, b.target))
+        if isinstance(op.operands[0].shape[0], int) and MatmulMMA.applies(wide, b.target):
+            op = wide
+        else:
+            chooser = MatmulSkinnyT if op.params["transpose_b"] else MatmulSkinny
+            op = dataclasses.replace(op, tile=chooser.tile_for(op, b.target))
     a, w = op.operands
     res = op.result
     tm, tn = op.tile
