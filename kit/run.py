@@ -566,10 +566,10 @@ def bench_roofline(manifest, device, timer, copy_gbs, torch) -> list[str]:
     sizes = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4}
     for entry in bench_entries(manifest, device, "roofline"):
         kernel = etc.runtime.load(KIT / entry["path"])
-        symbol = symbol_of(kernel)
+        symbols = {a.name: entry["size"] for a in kernel.arguments if a.kind == "symbol"}
         rng = np.random.default_rng(4)
-        recipe = families.Recipe(scales={"w": 0.02, "z": 1.0})
-        inputs = families.make_inputs(kernel.arguments, {symbol: entry["size"]}, recipe, rng)
+        recipe = families.Recipe(scales={"w": 0.02, "b": 0.02, "z": 1.0})
+        inputs = families.make_inputs(kernel.arguments, symbols, recipe, rng)
         launch = kernel.runtime.bind(inputs)
         expected = etc.reference.evaluate(kernel, **inputs)[0]
         verified(launch, expected, 3e-2, entry["title"])

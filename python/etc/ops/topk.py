@@ -90,9 +90,143 @@ class TopK(TileKernel):
             scf.yield_([])
 
 
+class TopKGPU(TopK):
+    """A warp per row: each pick scans the row with the warp's lanes taking
+    positions l, l + 32, ..., and the warp agrees on the winner with three
+    shuffle reductions: whether any lane holds a NaN candidate, the largest
+    candidate value, then the lowest position holding it (positions as f32,
+    exact below 2**24). Lane 0 stores the pick; the next pick reads it back
+    after a CTA barrier, so every lane continues from the same previous pick
+    (on the GPU and with simulated lanes alike). The order is `ranks_above`:
+    NaN first, then larger values, ties by lower position."""
+
+    @classmethod
+    def name(cls, op) -> str:
+        return "topk_gpu"
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        n = op.operands[0].shape[1]
+        return target.gpu_kernels and isinstance(n, int) and n < (1 << 24)
+
+    def emit(self) -> None:
+        op = self.op
+        x, values, indices = op.operands[0], op.result, op.extra_results[0]
+        lanes = self.lanes()
+        warps = lanes.count // lanes.warp
+        n = x.shape[1]
+        (tm,) = op.tile
+        i1 = ir.IntegerType.get_signless(1)
+        row0 = arith.muli(self.ti[0], self.cidx(tm))
+        rows = self.extent(x, 0, row0, tm)
+        rounds = arith.divui(arith.addi(rows, self.cidx(warps - 1)), self.cidx(warps))
+        loop = scf.ForOp(self.cidx(0), rounds, self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            base = arith.addi(row0, arith.muli(loop.induction_variable, self.cidx(warps)))
+
+            def row_of(lane):
+                # A warp without a row of its own this round recomputes the
+                # tile's last row and stores nothing.
+                row = arith.addi(base, arith.divui(lane, self.cidx(lanes.warp)))
+                end = arith.addi(row0, rows)
+                live = arith.cmpi(arith.CmpIPredicate.ult, row, end)
+                return arith.minsi(row, arith.subi(end, self.cidx(1))), live
+
+            def to_f32(flag):
+                return arith.select(flag, self.cf32(1.0), self.cf32(0.0))
+
+            picks = scf.ForOp(self.cidx(0), self.cidx(op.params["k"]), self.cidx(1))
+            with ir.InsertionPoint(picks.body):
+                j = picks.induction_variable
+
+                def scan(lane):
+                    row, _ = row_of(lane)
+                    first = arith.cmpi(arith.CmpIPredicate.eq, j, self.cidx(0))
+                    before = arith.maxsi(arith.subi(j, self.cidx(1)), self.cidx(0))
+                    stored_value = self.load(values, [row, before])
+                    stored_position = self.load_index(indices, [row, before])
+                    start_value, start_position = first_pick(self)
+                    previous = (arith.select(first, start_value, stored_value),
+                                arith.select(first, start_position, stored_position))
+                    init = [self.cf32(float("-inf")), self.cidx(0), arith.constant(i1, 0)]
+                    scan_loop = scf.ForOp(arith.remui(lane, self.cidx(lanes.warp)),
+                                          self.cidx(n), self.cidx(lanes.warp), init)
+                    with ir.InsertionPoint(scan_loop.body):
+                        position = scan_loop.induction_variable
+                        best_value, best_position, found = scan_loop.inner_iter_args
+                        v = self.load(x, [row, position])
+                        after = arith.ori(
+                            ranks_above(previous[0], v),
+                            arith.andi(ranks_equal(v, previous[0]),
+                                       arith.cmpi(arith.CmpIPredicate.sgt, position,
+                                                  previous[1])))
+                        better = arith.ori(arith.xori(found, arith.constant(i1, 1)),
+                                           ranks_above(v, best_value))
+                        take = arith.andi(after, better)
+                        scf.yield_([arith.select(take, v, best_value),
+                                    arith.select(take, position, best_position),
+                                    arith.ori(found, take)])
+                    value, position, found = scan_loop.results
+                    is_nan = arith.andi(found, arith.cmpf(arith.CmpFPredicate.UNO, value, value))
+                    position_f = arith.uitofp(self.f32, arith.index_cast(
+                        ir.IntegerType.get_signless(32), position))
+                    return [value, position_f, to_f32(found), to_f32(is_nan)]
+
+                candidates = lanes.each(scan)
+
+                def nan_flag(lane):
+                    return [lanes.get(candidates, lane)[3]]
+                any_nan = lanes.reduce(lanes.each(nan_flag), "maxnumf", lanes.warp)
+
+                def value_key(lane):
+                    value, _, found, _ = lanes.get(candidates, lane)
+                    real = arith.andi(
+                        arith.cmpf(arith.CmpFPredicate.OGT, found, self.cf32(0.0)),
+                        arith.cmpf(arith.CmpFPredicate.ORD, value, value))
+                    return [arith.select(real, value, self.cf32(float("-inf")))]
+                best = lanes.reduce(lanes.each(value_key), "maxnumf", lanes.warp)
+
+                def winner(lane):
+                    value, position_f, found, is_nan = lanes.get(candidates, lane)
+                    nan_round = arith.cmpf(arith.CmpFPredicate.OGT, lanes.get(any_nan, lane)[0],
+                                           self.cf32(0.0))
+                    matches = arith.select(
+                        nan_round, arith.cmpf(arith.CmpFPredicate.OGT, is_nan, self.cf32(0.0)),
+                        arith.cmpf(arith.CmpFPredicate.OEQ, value, lanes.get(best, lane)[0]))
+                    wins = arith.andi(arith.cmpf(arith.CmpFPredicate.OGT, found, self.cf32(0.0)),
+                                      matches)
+                    return [arith.select(wins, arith.negf(position_f), self.cf32(float("-inf")))]
+                lowest = lanes.reduce(lanes.each(winner), "maxnumf", lanes.warp)
+
+                def store(lane):
+                    row, live = row_of(lane)
+                    leader = arith.cmpi(arith.CmpIPredicate.eq,
+                                        arith.remui(lane, self.cidx(lanes.warp)), self.cidx(0))
+                    branch = scf.IfOp(arith.andi(live, leader))
+                    with ir.InsertionPoint(branch.then_block):
+                        nan_round = arith.cmpf(arith.CmpFPredicate.OGT,
+                                               lanes.get(any_nan, lane)[0], self.cf32(0.0))
+                        value = arith.select(nan_round, self.cf32(float("nan")),
+                                             lanes.get(best, lane)[0])
+                        position = arith.index_cast(self.index, arith.fptoui(
+                            ir.IntegerType.get_signless(32),
+                            arith.negf(lanes.get(lowest, lane)[0])))
+                        # The NaN itself (its payload) is the row's element.
+                        value = arith.select(nan_round, self.load(x, [row, position]), value)
+                        self.store(value, values, [row, j])
+                        self.store_index(position, indices, [row, j])
+                        scf.yield_([])
+                lanes.each(store)
+                # The next pick reads this one back.
+                lanes.barrier()
+                scf.yield_([])
+            scf.yield_([])
+
+
 def build_tasks(b: TaskBuilder, op) -> None:
     x = op.operands[0]
     (tm,) = op.tile
     rows = box(1, [tile_offset(0, tm), "0"], [tm, None])
+    kernel = TopKGPU if TopKGPU.applies(op, b.target) else TopK
     b.emit_task(op, op.name, [b.grid_extent(x.shape[0], tm)], [(x, rows)],
-                [(op.result, rows), (op.extra_results[0], rows)], TopK)
+                [(op.result, rows), (op.extra_results[0], rows)], kernel)
