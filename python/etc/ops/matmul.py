@@ -172,13 +172,28 @@ class MatmulCPU(Matmul):
                 self.emit_dots(row, self.ROWS, col, self.COLS, vector_k, k_extent)
                 scf.yield_([])
             with ir.InsertionPoint(branch.else_block):
-                # A partial micro-tile: one output at a time.
-                edge = scf.ForOp(self.cidx(0), arith.muli(row_count, col_count), self.cidx(1))
-                with ir.InsertionPoint(edge.body):
-                    e = edge.induction_variable
-                    self.emit_dots(arith.addi(row, arith.divui(e, col_count)), 1,
-                                   arith.addi(col, arith.remui(e, col_count)), 1,
-                                   vector_k, k_extent)
+                # Fewer than ROWS rows (decode) but all COLS columns: a row at
+                # a time, its COLS dot products sharing each load of A (COLS
+                # independent accumulators keep the FMA pipes busy).
+                all_cols = arith.cmpi(arith.CmpIPredicate.eq, col_count, self.cidx(self.COLS))
+                rows_only = scf.IfOp(all_cols, has_else=True)
+                with ir.InsertionPoint(rows_only.then_block):
+                    each_row = scf.ForOp(self.cidx(0), row_count, self.cidx(1))
+                    with ir.InsertionPoint(each_row.body):
+                        self.emit_dots(arith.addi(row, each_row.induction_variable), 1, col,
+                                       self.COLS, vector_k, k_extent)
+                        scf.yield_([])
+                    scf.yield_([])
+                with ir.InsertionPoint(rows_only.else_block):
+                    # An edge of columns too: one output at a time.
+                    edge = scf.ForOp(self.cidx(0), arith.muli(row_count, col_count),
+                                     self.cidx(1))
+                    with ir.InsertionPoint(edge.body):
+                        e = edge.induction_variable
+                        self.emit_dots(arith.addi(row, arith.divui(e, col_count)), 1,
+                                       arith.addi(col, arith.remui(e, col_count)), 1,
+                                       vector_k, k_extent)
+                        scf.yield_([])
                     scf.yield_([])
                 scf.yield_([])
             scf.yield_([])
