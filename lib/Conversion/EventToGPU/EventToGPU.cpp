@@ -81,7 +81,10 @@ static Value globalTimer(OpBuilder &b, Location loc) {
 }
 
 /// The spin of thread 0 of a CTA: `nanosleep` between polls (32 ns,
-/// doubling up to 512 ns), GPU-scope atomics, `%globaltimer`.
+/// doubling up to 512 ns), GPU-scope atomics, `%globaltimer`. Polls are
+/// relaxed loads (`ld.relaxed.gpu`) and one acquire fence follows the spin:
+/// an acquire load or fence invalidates the SM's L1 (`CCTL.IVALL` in SASS),
+/// which a loop of acquire loads would pay at every poll.
 static SpinTarget gpuSpin(int64_t timeoutMs) {
   return SpinTarget{
       globalTimer,
@@ -92,7 +95,7 @@ static SpinTarget gpuSpin(int64_t timeoutMs) {
             arith::ConstantIntOp::create(b, loc, kWaitMaxSleepNs, 32);
         return arith::MinUIOp::create(b, loc, doubled, maxSleep);
       },
-      kWaitFirstSleepNs, kDeviceScope, timeoutMs};
+      kWaitFirstSleepNs, kDeviceScope, timeoutMs, SpinAcquire::OnceDone};
 }
 
 /// The counter buffer an `event.view` (the event operand of `op`) carves
@@ -112,11 +115,13 @@ static Value blockId(OpBuilder &b, Location loc) {
 }
 
 namespace {
-/// Lowers `event.wait` for a CTA: thread 0 polls the counter with an acquire
-/// load at GPU scope until it is no longer positive, sleeping between polls
-/// with an exponential back-off, then a CTA barrier holds every other thread
-/// until it is done. The acquire load and the barrier together make the
-/// producers' writes visible to all threads of the CTA. The spin is bounded
+/// Lowers `event.wait` for a CTA: thread 0 polls the counter with relaxed
+/// loads at GPU scope until it is no longer positive, sleeping between polls
+/// with an exponential back-off, then issues one GPU-scope acquire fence
+/// (which makes the poll that saw the counter ready an acquire of the
+/// notifiers' releases), and a CTA barrier holds every other thread until
+/// it is done. The fence and the barrier together make the producers'
+/// writes visible to all threads of the CTA. The spin is bounded
 /// by the watchdog: it also ends when the run is stopped, or after the
 /// timeout (`%globaltimer`), when the first wait to time out writes the
 /// run header's error record.
@@ -141,9 +146,65 @@ struct WaitOpLowering : public OpConversionPattern<WaitOp> {
                   place.drop_front(std::min<size_t>(2, place.size())),
                   place.empty() ? Value() : place[1], adaptor.getIndices());
               buildSpin(b, loc, *counters, *pointer, kDeviceScope,
-                        SpinUntil::CounterReady, site);
+                        SpinUntil::CounterReady, site, SpinAcquire::OnceDone);
             });
     rewriter.replaceOpWithNewOp<gpu::BarrierOp>(op);
+    return success();
+  }
+};
+
+/// Decrements the counter at `pointer` by 1 at GPU scope from the calling
+/// thread, with release semantics unless `released` (an `event.release`
+/// fenced already): a release fence before a relaxed (`monotonic`) atomic,
+/// the PTX release pattern (`fence.acq_rel.gpu; atom`). The NVPTX backend of
+/// LLVM 22 emits `atomicrmw ... release` as a plain relaxed `atom`, dropping
+/// the ordering. Returns the old value.
+static Value decrementCounter(OpBuilder &b, Location loc, Value pointer,
+                              bool released) {
+  Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+  if (!released)
+    LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::release, kDeviceScope);
+  return LLVM::AtomicRMWOp::create(b, loc, LLVM::AtomicBinOp::sub, pointer, one,
+                                   LLVM::AtomicOrdering::monotonic,
+                                   kDeviceScope, /*alignment=*/4);
+}
+
+/// Decrements like `decrementCounter` and returns whether this decrement
+/// took the counter from 1 to 0, acquiring (a GPU-scope acquire fence) only
+/// then: only the notifier that readies the element goes on to act on what
+/// the earlier notifiers published.
+static Value decrementAndAcquireIfLast(OpBuilder &b, Location loc,
+                                       Value pointer, bool released) {
+  Value old = decrementCounter(b, loc, pointer, released);
+  Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+  Value last = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, old, one);
+  buildIf(b, loc, last, [](OpBuilder &b, Location loc) {
+    LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire, kDeviceScope);
+  });
+  return last;
+}
+
+/// Lowers `event.release` for a CTA: a barrier, so that every thread has
+/// finished its part of the tile, then a GPU-scope release fence by thread
+/// 0, the thread that does the `released` notifies that follow. A release
+/// fence is cumulative: it orders before thread 0's later atomics the
+/// writes that the barrier made visible to thread 0, not only its own, so
+/// every thread's writes of the tile are visible at GPU scope before any
+/// counter increment. One barrier and one fence thus serve all the tile's
+/// notifies.
+struct ReleaseOpLowering : public OpConversionPattern<ReleaseOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(ReleaseOp op, OpAdaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    gpu::BarrierOp::create(rewriter, loc);
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::release,
+                                    kDeviceScope);
+            });
+    rewriter.eraseOp(op);
     return success();
   }
 };
@@ -151,11 +212,9 @@ struct WaitOpLowering : public OpConversionPattern<WaitOp> {
 /// Lowers `event.notify` for a CTA: a barrier, so that every thread has
 /// finished its part of the tile, then thread 0 decrements the counter by 1
 /// with a release atomic at GPU scope. Release is cumulative: it publishes
-/// the writes the barrier made visible to thread 0, not only its own.
-/// The release is a GPU-scope release fence before a relaxed (`monotonic`)
-/// atomic, the PTX release pattern (`fence.acq_rel.gpu; atom`): the NVPTX
-/// backend of LLVM 22 emits `atomicrmw ... release` as a plain relaxed
-/// `atom`, dropping the ordering.
+/// the writes the barrier made visible to thread 0, not only its own. A
+/// `released` notify follows an `event.release`, which did the barrier and
+/// the fence: thread 0 only decrements (relaxed).
 struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
@@ -166,16 +225,12 @@ struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
     if (failed(pointer))
       return failure();
     Location loc = op.getLoc();
-    gpu::BarrierOp::create(rewriter, loc);
+    bool released = op.getReleased();
+    if (!released)
+      gpu::BarrierOp::create(rewriter, loc);
     buildIf(rewriter, loc, isFirstThread(rewriter, loc),
             [&](OpBuilder &b, Location loc) {
-              Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
-              LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::release,
-                                    kDeviceScope);
-              LLVM::AtomicRMWOp::create(b, loc, LLVM::AtomicBinOp::sub,
-                                        *pointer, one,
-                                        LLVM::AtomicOrdering::monotonic,
-                                        kDeviceScope, /*alignment=*/4);
+              decrementCounter(b, loc, *pointer, released);
             });
     rewriter.eraseOp(op);
     return success();
@@ -280,37 +335,36 @@ struct ScratchLowering : public OpConversionPattern<ScratchOp> {
 
 /// Lowers `event.notify_ready` for a CTA: a barrier (the tile is finished
 /// and the broadcast word free), then thread 0 decrements the element with
-/// an acquire-release atomic at GPU scope (release fence, relaxed atomic,
-/// acquire fence) and writes whether it took the element from 1 to 0 to the
-/// broadcast word; a second barrier hands that to every thread.
+/// an acquire-release atomic at GPU scope (release fence unless `released`,
+/// relaxed atomic, acquire fence when it took the element to zero) and
+/// writes whether it did to the broadcast word; a second barrier hands that
+/// to every thread. A `per_lane` op is each thread's own: it decrements its
+/// element the same way and gets its own result, with no barrier.
 struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
   matchAndRewrite(NotifyReadyOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    FailureOr<Value> word = broadcastWord(rewriter, op);
-    if (failed(word))
-      return failure();
     FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
     if (failed(pointer))
       return failure();
     Location loc = op.getLoc();
+    bool released = op.getReleased();
+    if (op.getPerLane()) {
+      rewriter.replaceOp(
+          op, decrementAndAcquireIfLast(rewriter, loc, *pointer, released));
+      return success();
+    }
+    FailureOr<Value> word = broadcastWord(rewriter, op);
+    if (failed(word))
+      return failure();
     Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
     gpu::BarrierOp::create(rewriter, loc);
     buildIf(rewriter, loc, isFirstThread(rewriter, loc),
             [&](OpBuilder &b, Location loc) {
-              Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
-              LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::release,
-                                    kDeviceScope);
-              Value old = LLVM::AtomicRMWOp::create(
-                  b, loc, LLVM::AtomicBinOp::sub, *pointer, one,
-                  LLVM::AtomicOrdering::monotonic, kDeviceScope,
-                  /*alignment=*/4);
-              LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire,
-                                    kDeviceScope);
-              Value last = arith::CmpIOp::create(
-                  b, loc, arith::CmpIPredicate::eq, old, one);
+              Value last =
+                  decrementAndAcquireIfLast(b, loc, *pointer, released);
               Value flag = arith::ExtUIOp::create(b, loc, b.getI32Type(), last);
               memref::StoreOp::create(b, loc, flag, *word, ValueRange{zero});
             });
@@ -329,19 +383,23 @@ struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
 /// The release is cumulative, so it carries what thread 0 acquired (the
 /// notifies that readied the task) and, through the preceding barrier, the
 /// CTA's own writes. In the one-CTA initialisation kernel the op is already
-/// on thread 0.
+/// on thread 0. A `per_lane` push is the calling thread's own: it pushes
+/// with the same protocol, and its release carries what that thread
+/// acquired (its `per_lane` `event.notify_ready`).
 struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
   matchAndRewrite(QueuePushOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
     Location loc = op.getLoc();
-    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
-            [&](OpBuilder &b, Location loc) {
-              buildQueuePush(b, loc, adaptor.getCounters(), adaptor.getQueue(),
-                             adaptor.getCapacity(), adaptor.getTask(),
-                             kDeviceScope);
-            });
+    auto push = [&](OpBuilder &b, Location loc) {
+      buildQueuePush(b, loc, adaptor.getCounters(), adaptor.getQueue(),
+                     adaptor.getCapacity(), adaptor.getTask(), kDeviceScope);
+    };
+    if (op.getPerLane())
+      push(rewriter, loc);
+    else
+      buildIf(rewriter, loc, isFirstThread(rewriter, loc), push);
     rewriter.eraseOp(op);
     return success();
   }
@@ -349,8 +407,8 @@ struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
 
 /// Lowers `event.queue_pop` for a CTA: after a barrier (the broadcast word
 /// is free), thread 0 claims a slot with an atomic increment of the head,
-/// and if it is below the capacity spins with acquire loads until the slot
-/// is published, then writes the task id (or the capacity, when every slot
+/// and if it is below the capacity spins with relaxed loads until the slot
+/// is published and acquires it with one fence, then writes the task id (or the capacity, when every slot
 /// is claimed) to the broadcast word; a second barrier hands it to every
 /// thread, so the whole CTA runs the same task. The spin is bounded like
 /// `event.wait`'s; one that stops without a task (the run was stopped)
@@ -377,7 +435,8 @@ struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
                     ValueRange{}, Value(), ValueRange{slot});
                 Value published =
                     buildSpin(b, loc, counters, pointer, kDeviceScope,
-                              SpinUntil::SlotPublished, site);
+                              SpinUntil::SlotPublished, site,
+                              SpinAcquire::OnceDone);
                 return exhaustedIfEmpty(b, loc, published,
                                         adaptor.getCapacity());
               };
@@ -478,7 +537,7 @@ void etc::populateEventToGPUConversionPatterns(
   populateEventBufferLoweringPattern(typeConverter, patterns,
                                      /*addressSpace=*/1);
   patterns.add<WaitOpLowering, QueuePopOpLowering, NotifyOpLowering,
-               RunAbortedOpLowering, TraceBeginOpLowering, TraceEndOpLowering,
+               ReleaseOpLowering, RunAbortedOpLowering, TraceBeginOpLowering, TraceEndOpLowering,
                IndexQueryLowering<WorkerIdOp, gpu::BlockIdOp>,
                IndexQueryLowering<WorkerCountOp, gpu::GridDimOp>,
                IndexQueryLowering<LaneIdOp, gpu::ThreadIdOp>,
@@ -494,8 +553,8 @@ void etc::populateEventToGPUConversionPatterns(
 /// The ops that make a function the persistent worker: they only mean
 /// something when every CTA runs the function.
 static bool isWorkerOp(Operation *op) {
-  return isa<WorkerIdOp, WorkerCountOp, WaitOp, NotifyOp, NotifyReadyOp,
-             QueuePopOp, LaneIdOp, LaneCountOp, LaneBarrierOp, RunAbortedOp,
+  return isa<WorkerIdOp, WorkerCountOp, WaitOp, NotifyOp, ReleaseOp,
+             NotifyReadyOp, QueuePopOp, LaneIdOp, LaneCountOp, LaneBarrierOp, RunAbortedOp,
              TraceBeginOp, TraceEndOp>(op);
 }
 

@@ -5,11 +5,12 @@
 // LIMIT:         arith.constant 250000000 : i64
 
 // The worker becomes a kernel: workers are blocks, lanes are threads. A wait
-// has thread 0 load the counter with a GPU-scope acquire load and, unless it
+// has thread 0 load the counter with a GPU-scope relaxed load and, unless it
 // is ready, call the out-of-line spin (defined in the gpu.module), which
-// polls with an exponential nanosleep back-off, bounded by the watchdog (the
-// run's status, %globaltimer; the first to time out reports its site, which
-// names the block); then a CTA barrier. A notify is a CTA barrier, then
+// polls with relaxed loads and an exponential nanosleep back-off, bounded by
+// the watchdog (the run's status, %globaltimer; the first to time out
+// reports its site, which names the block); then one GPU-scope acquire
+// fence and a CTA barrier. A notify is a CTA barrier, then
 // thread 0's GPU-scope release fence and atomic decrement.
 
 // CHECK-LABEL: module attributes {gpu.container_module}
@@ -20,7 +21,7 @@
 // CHECK-SAME:        attributes {passthrough = ["noinline"]}
 // CHECK:           %[[FIRSTSLEEP:.*]] = arith.constant 32 : i32
 // CHECK:           scf.while (%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}, %{{.*}} = %[[FIRSTSLEEP]]) : (i64, i1, i32) -> (i64, i1, i32, i32) {
-// CHECK:             %[[COUNT:.*]] = llvm.load %[[ELEMENT]] atomic syncscope("device") acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:             %[[COUNT:.*]] = llvm.load %[[ELEMENT]] atomic syncscope("device") monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
 // CHECK:             %[[READY:.*]] = arith.cmpi sle, %[[COUNT]], %{{.*}} : i32
 // CHECK:           } do {
 // CHECK:           ^bb0(%{{.*}}: i64, %{{.*}}: i1, %[[SLEPT:.*]]: i32, %{{.*}}: i32):
@@ -59,13 +60,14 @@
 // CHECK:             scf.if %[[FIRST]] {
 // CHECK:               %[[BLOCK:.*]] = gpu.block_id x
 // CHECK:               %[[WORKER:.*]] = arith.index_cast %[[BLOCK]] : index to i32
-// CHECK:               %[[COUNT:.*]] = llvm.load %[[WAITED]] atomic syncscope("device") acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:               %[[COUNT:.*]] = llvm.load %[[WAITED]] atomic syncscope("device") monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
 // CHECK:               %[[READY:.*]] = arith.cmpi sle, %[[COUNT]], %{{.*}} : i32
 // CHECK:               scf.if %[[READY]] -> (i32) {
 // CHECK:               } else {
 // CHECK:                 func.call @__etc_spin_counter(%[[COUNTERS]], %[[WAITED]], %{{.*}}, %[[WORKER]], {{.*}}) : (memref<?xi32>, !llvm.ptr, {{.*}}) -> i32
 // CHECK:               }
-// CHECK:             }
+// CHECK-NEXT:          llvm.fence syncscope("device") acquire
+// CHECK-NEXT:        }
 // CHECK-NEXT:        gpu.barrier
 // CHECK:             %[[LANE:.*]] = gpu.thread_id x
 // CHECK:             %[[LANES:.*]] = gpu.block_dim x
@@ -276,8 +278,8 @@ func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
 
 // Dynamic scheduling: a worker kernel with a collective op gets a broadcast
 // word in shared memory. A pop has thread 0 claim a slot and wait until it is
-// published (an acquire load, then the out-of-line spin; a spin that gives
-// up, the run being stopped, yields the capacity); a notify_ready has thread 0 decrement with acquire-release
+// published (a relaxed load, then the out-of-line spin, then one acquire
+// fence; a spin that gives up, the run being stopped, yields the capacity); a notify_ready has thread 0 decrement with acquire-release
 // semantics; both hand thread 0's result to the CTA between two barriers. A
 // push is thread 0 reserving a slot and publishing `task + 1` with a release
 // store, or raising the error flag.
@@ -296,9 +298,11 @@ func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
 // CHECK:             %[[SLOTINDEX:.*]] = arith.index_castui %[[SLOT]] : i32 to index
 // CHECK:             %[[FITS:.*]] = arith.cmpi ult, %[[SLOTINDEX]], %[[N]] : index
 // CHECK:             %[[TASK:.*]] = scf.if %[[FITS]] -> (i32) {
-// CHECK:               llvm.load %{{.*}} atomic syncscope("device") acquire
+// CHECK:               llvm.load %{{.*}} atomic syncscope("device") monotonic
 // CHECK:               arith.cmpi ne
 // CHECK:               func.call @__etc_spin_slot(
+// CHECK:               }
+// CHECK-NEXT:          llvm.fence syncscope("device") acquire
 // CHECK:               arith.select
 // CHECK:               arith.subi
 // CHECK:             } else {
@@ -314,9 +318,12 @@ func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
 // CHECK:           gpu.barrier
 // CHECK:           scf.if %{{.*}} {
 // CHECK:             llvm.fence syncscope("device") release
-// CHECK-NEXT:        %[[OLD:.*]] = llvm.atomicrmw sub %{{.*}}, %[[ONE:.*]] syncscope("device") monotonic
-// CHECK-NEXT:        llvm.fence syncscope("device") acquire
+// CHECK-NEXT:        %[[OLD:.*]] = llvm.atomicrmw sub %{{.*}}, %{{.*}} syncscope("device") monotonic
+// CHECK-NEXT:        %[[ONE:.*]] = arith.constant 1 : i32
 // CHECK-NEXT:        %[[LAST:.*]] = arith.cmpi eq, %[[OLD]], %[[ONE]] : i32
+// CHECK-NEXT:        scf.if %[[LAST]] {
+// CHECK-NEXT:          llvm.fence syncscope("device") acquire
+// CHECK-NEXT:        }
 // CHECK-NEXT:        %[[FLAG:.*]] = arith.extui %[[LAST]] : i1 to i32
 // CHECK-NEXT:        memref.store %[[FLAG]], %[[WORD]]
 // CHECK-NEXT:      }
@@ -349,6 +356,84 @@ func.func @d_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph
       event.queue_push %id, %counters[%q] capacity(%n) : memref<?xi32>
     }
     scf.yield
+  }
+  return
+}
+
+// -----
+
+// A tile with several notifies publishes its writes once: `event.release` is
+// a CTA barrier and thread 0's GPU-scope release fence, and each `released`
+// notify is thread 0's relaxed decrement, without barrier or fence. A
+// `released` notify_ready keeps its barriers (the broadcast word) but has no
+// release fence. `per_lane` ops are each thread's own: a push without the
+// thread-0 guard, a notify_ready without barriers, with a release fence and
+// an acquire fence when it took the element to zero.
+
+// CHECK-LABEL: gpu.func @n_worker(
+// CHECK:         "test.body"
+// CHECK-NEXT:    gpu.barrier
+// CHECK-NEXT:    %[[TID:.*]] = gpu.thread_id x
+// CHECK-NEXT:    %[[C0:.*]] = arith.constant 0 : index
+// CHECK-NEXT:    %[[FIRST:.*]] = arith.cmpi eq, %[[TID]], %[[C0]] : index
+// CHECK-NEXT:    scf.if %[[FIRST]] {
+// CHECK-NEXT:      llvm.fence syncscope("device") release
+// CHECK-NEXT:    {{^ *}}}{{$}}
+// CHECK-NOT:     gpu.barrier
+// CHECK-NOT:     llvm.fence
+// CHECK:         scf.if %{{.*}} {
+// CHECK-NEXT:      arith.constant 1 : i32
+// CHECK-NEXT:      llvm.atomicrmw sub %{{.*}}, %{{.*}} syncscope("device") monotonic
+// CHECK-NEXT:    {{^ *}}}{{$}}
+// CHECK-NOT:     gpu.barrier
+// CHECK-NOT:     llvm.fence
+// CHECK:         scf.if %{{.*}} {
+// CHECK-NEXT:      arith.constant 1 : i32
+// CHECK-NEXT:      llvm.atomicrmw sub %{{.*}}, %{{.*}} syncscope("device") monotonic
+// CHECK-NEXT:    {{^ *}}}{{$}}
+// CHECK:         gpu.barrier
+// CHECK-NEXT:    gpu.thread_id x
+// CHECK-NEXT:    arith.constant 0 : index
+// CHECK-NEXT:    arith.cmpi eq
+// CHECK-NEXT:    scf.if %{{.*}} {
+// CHECK-NEXT:      arith.constant 1 : i32
+// CHECK-NEXT:      llvm.atomicrmw sub %{{.*}}, %{{.*}} syncscope("device") monotonic
+// CHECK-NEXT:      arith.constant 1 : i32
+// CHECK-NEXT:      %[[LAST:.*]] = arith.cmpi eq
+// CHECK-NEXT:      scf.if %[[LAST]] {
+// CHECK-NEXT:        llvm.fence syncscope("device") acquire
+// CHECK-NEXT:      {{^ *}}}{{$}}
+// CHECK:         {{^ *}}}{{$}}
+// CHECK-NEXT:    gpu.barrier
+// CHECK:         %[[PENDING:.*]] = llvm.getelementptr
+// CHECK-NEXT:    arith.constant 1 : i32
+// CHECK-NEXT:    llvm.fence syncscope("device") release
+// CHECK-NEXT:    llvm.atomicrmw sub %[[PENDING]], %{{.*}} syncscope("device") monotonic
+// CHECK-NEXT:    arith.constant 1 : i32
+// CHECK-NEXT:    %[[MINE:.*]] = arith.cmpi eq
+// CHECK-NEXT:    scf.if %[[MINE]] {
+// CHECK-NEXT:      llvm.fence syncscope("device") acquire
+// CHECK-NEXT:    {{^ *}}}{{$}}
+// CHECK-NEXT:    scf.if %[[MINE]] {
+// CHECK-NEXT:      arith.constant 1 : i32
+// CHECK:           llvm.atomicrmw add
+// CHECK:           llvm.store %{{.*}}, %{{.*}} atomic syncscope("device") release
+// CHECK:         gpu.return
+func.func @n_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph = "n"} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %q = arith.constant 8 : index
+  %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
+  %w = event.worker_id
+  "test.body"(%w) : (index) -> ()
+  event.release
+  event.notify %e[%w] released : !event.tensor<?>
+  event.notify %e[%c1] released : !event.tensor<?>
+  %ready = event.notify_ready %e[%c0] released : !event.tensor<?>
+  %lane = event.lane_id
+  %last = event.notify_ready %e[%lane] per_lane : !event.tensor<?>
+  scf.if %last {
+    event.queue_push %lane, %counters[%q] capacity(%n) per_lane : memref<?xi32>
   }
   return
 }

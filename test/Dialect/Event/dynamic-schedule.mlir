@@ -107,6 +107,8 @@
 // CHECK:           case 0 {
 // CHECK:             %[[I:.*]] = arith.divui %[[LOCAL]], %{{.*}} : index
 // CHECK:             memref.store %{{.*}}, %[[X]][%[[I]], %{{.*}}]
+// A family with notifies publishes its writes once, with one release.
+// CHECK-NEXT:        event.release
 // CHECK-NOT:         event.notify
 // CHECK:           default {
 // CHECK-NOT:         event.wait
@@ -124,7 +126,7 @@
 // CHECK:                 %[[NUMBER32:.*]] = memref.load %{{.*}}[%{{.*}}] : memref<2xi32>
 // CHECK:                 %[[NUMBER:.*]] = arith.index_cast %[[NUMBER32]] : i32 to index
 // CHECK:                 %[[E:.*]] = event.view %[[COUNTERS]][%[[BASE:.*]]](%[[N]]) : memref<?xi32> -> !event.tensor<?>
-// CHECK:                 %[[ZERO:.*]] = event.notify_ready %[[E]][%[[I]]] : !event.tensor<?>
+// CHECK:                 %[[ZERO:.*]] = event.notify_ready %[[E]][%[[I]]] released : !event.tensor<?>
 // CHECK:                 scf.yield %[[ZERO]], %{{.*}}, %[[NUMBER]], %[[BASE]], %[[I]] : i1, index, index, index, index
 // The waiters of a ready element, readied once per event class.
 // CHECK:             scf.if %[[R]]#0 {
@@ -139,14 +141,20 @@
 // CHECK:                   %[[WFIRST:.*]] = arith.index_cast %[[WFIRST32]] : i32 to index
 // CHECK:                   scf.index_switch
 // CHECK:                   case 0 {
+// The box of waiting tiles is spread over the lanes: lane l takes its
+// tiles l, l + lanes, ..., each lane decrementing and pushing on its own.
 // CHECK:                     %[[LO:.*]] = arith.minui %[[R]]#4, %[[N]] : index
 // CHECK:                     %[[NEXT:.*]] = arith.addi %[[R]]#4, %{{.*}} : index
 // CHECK:                     %[[HI:.*]] = arith.minui %[[NEXT]], %[[N]] : index
-// CHECK:                     scf.for %[[W:.*]] = %[[LO]] to %[[HI]] step
+// CHECK:                     %[[SIZE:.*]] = arith.subi %[[HI]], %[[LO]] : index
+// CHECK:                     %[[LANE:.*]] = event.lane_id
+// CHECK:                     %[[LANES:.*]] = event.lane_count
+// CHECK:                     scf.for %[[P:.*]] = %[[LANE]] to %[[SIZE]] step %[[LANES]]
+// CHECK-NEXT:                  %[[W:.*]] = arith.addi %[[LO]], %[[P]] : index
 // CHECK-NEXT:                  %[[WID:.*]] = arith.addi %[[WFIRST]], %[[W]] : index
-// CHECK-NEXT:                  %[[LAST:.*]] = event.notify_ready %[[PENDING]][%[[WID]]] : !event.tensor<?>
+// CHECK-NEXT:                  %[[LAST:.*]] = event.notify_ready %[[PENDING]][%[[WID]]] per_lane : !event.tensor<?>
 // CHECK-NEXT:                  scf.if %[[LAST]] {
-// CHECK-NEXT:                    event.queue_push %[[WID]], %[[COUNTERS]][%[[N]]] capacity(%[[T2]]) : memref<?xi32>
+// CHECK-NEXT:                    event.queue_push %[[WID]], %[[COUNTERS]][%[[N]]] capacity(%[[T2]]) per_lane : memref<?xi32>
 
 // 1 when a push overflowed, else 2 when an event or pending count is not
 // zero, else 0.
@@ -227,7 +235,7 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 
 // CHECK-LABEL: func.func @box_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index
-// CHECK:         %[[READY:.*]] = event.notify_ready %{{.*}}[%{{.*}}, %{{.*}}] : !event.tensor<?x2>
+// CHECK:         %[[READY:.*]] = event.notify_ready %{{.*}}[%{{.*}}, %{{.*}}] released : !event.tensor<?x2>
 // The element (r, c), from its row-major position in the event.
 // CHECK:         scf.if %[[RES:.*]]#0 {
 // CHECK:           %[[C:.*]] = arith.remui %[[RES]]#4, %{{.*}} : index
@@ -240,10 +248,17 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 // CHECK:               %[[HI:.*]] = arith.minui %[[PAST]], %[[N]] : index
 // CHECK:               %[[IS_ONE:.*]] = arith.cmpi eq, %[[C]], %{{.*}} : index
 // CHECK:               scf.if %[[IS_ONE]] {
-// CHECK:                 scf.for %[[I:.*]] = %[[LO]] to %[[HI]] step
-// CHECK:                   scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step
-// CHECK:                     event.notify_ready
-// CHECK:                     event.queue_push
+// The box (HI - LO) x 4, row-major, spread over the lanes.
+// CHECK:                 %[[ROWS:.*]] = arith.subi %[[HI]], %[[LO]] : index
+// CHECK:                 %[[COUNT:.*]] = arith.muli %[[ROWS]], %{{.*}} : index
+// CHECK:                 %[[LANE:.*]] = event.lane_id
+// CHECK:                 %[[LANES:.*]] = event.lane_count
+// CHECK:                 scf.for %[[P:.*]] = %[[LANE]] to %[[COUNT]] step %[[LANES]] {
+// CHECK:                   %[[J:.*]] = arith.remui %[[P]], %{{.*}} : index
+// CHECK:                   %[[ROW:.*]] = arith.divui %[[P]], %{{.*}} : index
+// CHECK:                   %[[I:.*]] = arith.addi %[[LO]], %[[ROW]] : index
+// CHECK:                   event.notify_ready %{{.*}} per_lane
+// CHECK:                   event.queue_push %{{.*}} per_lane
 event.graph @box(%n: index) {
   %c4 = arith.constant 4 : index
   %c2 = arith.constant 2 : index
@@ -324,7 +339,7 @@ event.graph @box(%n: index) {
 // CHECK:             "test.token"(%[[TOKEN:.*]]) : (index) -> ()
 // CHECK:             %[[TO:.*]] = memref.load %{{.*}}[%[[TOKEN]]] : memref<?xi32>
 // CHECK:             %[[EXPERT:.*]] = arith.index_cast %[[TO]] : i32 to index
-// CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%[[EXPERT]]] : !event.tensor<?>
+// CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%[[EXPERT]]] released : !event.tensor<?>
 // CHECK:             scf.yield %[[LAST]], %{{.*}}, %{{.*}}, %{{.*}}, %[[EXPERT]] : i1, index, index, index, index
 // CHECK:           scf.if %[[RES:.*]]#0 {
 // The "experts" waiter in closed form ...
@@ -340,12 +355,15 @@ event.graph @box(%n: index) {
 // CHECK:               %[[NEXT:.*]] = arith.addi %[[ROW]], %{{.*}} : index
 // CHECK:               %[[END32:.*]] = memref.load %{{.*}}[%[[NEXT]]] : memref<?xi32>
 // CHECK:               %[[END:.*]] = arith.index_cast %[[END32]] : i32 to index
-// CHECK:               scf.for %[[ENTRY:.*]] = %[[BEGIN]] to %[[END]] step
+// CHECK:               %[[LANE:.*]] = event.lane_id
+// CHECK:               %[[LANES:.*]] = event.lane_count
+// CHECK:               %[[FROM:.*]] = arith.addi %[[BEGIN]], %[[LANE]] : index
+// CHECK:               scf.for %[[ENTRY:.*]] = %[[FROM]] to %[[END]] step %[[LANES]]
 // CHECK:                 %[[WAITER32:.*]] = memref.load
 // CHECK:                 %[[WAITER:.*]] = arith.index_cast %[[WAITER32]] : i32 to index
-// CHECK:                 %[[GO:.*]] = event.notify_ready %{{.*}}[%[[WAITER]]] : !event.tensor<?>
+// CHECK:                 %[[GO:.*]] = event.notify_ready %{{.*}}[%[[WAITER]]] per_lane : !event.tensor<?>
 // CHECK:                 scf.if %[[GO]] {
-// CHECK-NEXT:              event.queue_push %[[WAITER]]
+// CHECK-NEXT:              event.queue_push %[[WAITER]], %{{.*}} per_lane
 
 // Data-dependent, so auto schedules it dynamically.
 // AUTO-LABEL: func.func @routed_worker(
@@ -392,7 +410,7 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 // CHECK:               event.queue_push
 // CHECK-LABEL: func.func @routed_at_run_time_worker(
 // CHECK:             "test.expert"(%[[EXPERT:[^,]*]], %{{.*}})
-// CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%{{.*}}] : !event.tensor<4>
+// CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%{{.*}}] released : !event.tensor<4>
 // CHECK:           scf.if %{{.*}}#0 {
 // CHECK:               scf.for
 // CHECK:                 case {{[0-9]+}} {
@@ -559,7 +577,8 @@ event.graph @taken(%n: index) {
 // CHECK:           scf.for
 // CHECK:             scf.index_switch
 // CHECK:             case 0 {
-// CHECK:               scf.for %[[TILE:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:               scf.for %[[POSITION:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:                 %[[TILE:.*]] = arith.addi %{{.*}}, %[[POSITION]] : index
 // CHECK:             %[[ALIVE:.*]] = arith.cmpi slt, %[[TILE]], %{{.*}} : index
 // CHECK:             scf.if %[[ALIVE]] {
 // CHECK:               event.notify_ready

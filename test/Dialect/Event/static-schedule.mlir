@@ -76,12 +76,15 @@
 // CHECK:               %[[J:.*]] = arith.remui %[[LOCAL]], %{{.*}} : index
 // CHECK:               %[[I:.*]] = arith.divui %[[LOCAL]], %{{.*}} : index
 // CHECK:               memref.store %{{.*}}, %[[X]][%[[I]], %[[J]]]
+// One release publishes the tile's writes for all its notifies, which are
+// `released`.
+// CHECK-NEXT:          event.release
 // The event: number 0 of its class (from the record), n counters each.
 // CHECK:               %[[NUMBER:.*]] = memref.load %[[RECORDS]][%{{.*}}] : memref<2xi32>
 // CHECK:               %[[INSTANCE:.*]] = arith.index_cast %[[NUMBER]] : i32 to index
 // CHECK:               %[[BASE:.*]] = arith.muli %[[INSTANCE]], %[[N]] : index
 // CHECK:               %[[E:.*]] = event.view %[[COUNTERS]][%[[BASE]]](%[[N]]) : memref<?xi32> -> !event.tensor<?>
-// CHECK:               event.notify %[[E]][%[[I]]] : !event.tensor<?>
+// CHECK:               event.notify %[[E]][%[[I]]] released : !event.tensor<?>
 // CHECK:             }
 // CHECK:             scf.yield %[[COUNT0]] : index
 // Task "use": the wait (site: task K, event number, tile), then the cloned
@@ -157,6 +160,7 @@
 // TRACE:               event.trace_begin %[[COUNTERS]][%[[RECORD]]] task(%[[K]]) tile(%[[I]], %[[J]]) : memref<?xi32>
 // TRACE:               memref.store
 // TRACE-NEXT:          event.trace_end %[[COUNTERS]][%[[RECORD]]] : memref<?xi32>
+// TRACE-NEXT:          event.release
 // TRACE:               event.notify
 // TRACE:           default {
 // TRACE:               event.wait
@@ -226,8 +230,9 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 // CHECK:               %[[INBUF:.*]] = event.buffer %[[TABLE]][%[[IN]]] : memref<?xi64> -> memref<?xf32>
 // CHECK:               %[[OUT:.*]] = event.buffer %[[TABLE]][%{{.*}}] : memref<?xi64> -> memref<?xf32>
 // CHECK:               func.call @scale_tile(%[[INBUF]], %[[OUT]], %[[I]]) : (memref<?xf32>, memref<?xf32>, index) -> ()
+// CHECK-NEXT:          event.release
 // CHECK:               %[[NOTIFY:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[N]])
-// CHECK:               event.notify %[[NOTIFY]][%[[I]]] : !event.tensor<?>
+// CHECK:               event.notify %[[NOTIFY]][%[[I]]] released : !event.tensor<?>
 func.func private @scale_tile(%in: memref<?xf32>, %out: memref<?xf32>, %i: index) attributes {event.tile} {
   %v = memref.load %in[%i] : memref<?xf32>
   %w = arith.addf %v, %v : f32
@@ -318,13 +323,17 @@ event.graph @layers(%n: index, %x: memref<?xf32>, %y: memref<?xf32>, %z: memref<
 // CHECK:           case 0 {
 // CHECK:             scf.for
 // CHECK:               %[[T:.*]] = arith.subi
+// A tile with two notifies has one release.
+// CHECK:               event.release
+// CHECK-NOT:           event.release
 // CHECK:               %[[DONE:.*]] = event.view %{{.*}} -> !event.tensor<?>
 // CHECK:               %[[RAW:.*]] = memref.load %{{.*}}[%[[T]]] : memref<?xi32>
 // CHECK:               %[[EXPERT:.*]] = arith.index_cast %[[RAW]] : i32 to index
-// CHECK:               event.notify %[[DONE]][%[[EXPERT]]] : !event.tensor<?>
+// CHECK:               event.notify %[[DONE]][%[[EXPERT]]] released : !event.tensor<?>
+// CHECK-NOT:           event.release
 // CHECK:               %[[SLOTS:.*]] = event.view %{{.*}} -> !event.tensor<?x3>
 // CHECK:               %[[SLOT:.*]] = affine.apply #{{.*}}(%[[T]])
-// CHECK:               event.notify %[[SLOTS]][%{{.*}}, %[[SLOT]]] : !event.tensor<?x3>
+// CHECK:               event.notify %[[SLOTS]][%{{.*}}, %[[SLOT]]] released : !event.tensor<?x3>
 // CHECK:           default {
 // CHECK:             scf.for
 // CHECK:               event.wait %{{.*}}[%{{.*}}] site(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : !event.tensor<?>
@@ -447,7 +456,8 @@ event.graph @strided(%n: index, %x: memref<4xf32, strided<[2]>>) {
 // CHECK:             %[[LIVE:.*]] = arith.cmpi slt, %[[J]], %[[BOUND]] : index
 // CHECK:             scf.if %[[LIVE]] {
 // CHECK-NEXT:          "test.chunk"(%[[I]], %[[J]])
-// CHECK:               event.notify %{{.*}}[%[[I]]] : !event.tensor<?>
+// CHECK-NEXT:          event.release
+// CHECK:               event.notify %{{.*}}[%[[I]]] released : !event.tensor<?>
 // CHECK-NEXT:        }
 // CHECK:         default {
 // CHECK:           event.wait

@@ -193,12 +193,15 @@ private:
                QueueLayout &layout, Value task, Value id);
   /// Emits the code that readies the waiters of element `coordinates` of
   /// the event numbered `number` (class `classIndex`, first counter
-  /// `eventBase`), run by the notifier that took it to zero.
+  /// `eventBase`), run by the notifier that took it to zero. Every lane of
+  /// the worker runs it, and the waiting tiles are spread over the lanes:
+  /// lane l readies waiters l, l + lanes, ... of each closed-form box and
+  /// of the element's inverse-index row.
   void readyWaiters(OpBuilder &b, Location loc, ScheduledFunction &function,
                     QueueLayout &layout, unsigned classIndex, Value number,
                     Value eventBase, ValueRange coordinates);
   /// Decrements the pending count of tile `id`, pushing it when it is the
-  /// last.
+  /// last: the calling lane's own (`per_lane`) decrement and push.
   void readyTile(OpBuilder &b, Location loc, ScheduledFunction &function,
                  QueueLayout &layout, Value id);
 
@@ -730,10 +733,13 @@ void DynamicScheduler::buildInit(OpBuilder &builder) {
 void DynamicScheduler::readyTile(OpBuilder &b, Location loc,
                                  ScheduledFunction &function,
                                  QueueLayout &layout, Value id) {
-  Value last = NotifyReadyOp::create(b, loc, layout.pendingView, id);
-  scf::IfOp::create(b, loc, last, [&](OpBuilder &then, Location loc) {
-    QueuePushOp::create(then, loc, id, function.counters, layout.queue,
-                        layout.totalTiles);
+  auto notify = NotifyReadyOp::create(b, loc, layout.pendingView, id);
+  notify.setPerLane(true);
+  scf::IfOp::create(b, loc, notify.getReady(), [&](OpBuilder &then,
+                                                   Location loc) {
+    auto push = QueuePushOp::create(then, loc, id, function.counters,
+                                    layout.queue, layout.totalTiles);
+    push.setPerLane(true);
     scf::YieldOp::create(then, loc);
   });
 }
@@ -799,15 +805,26 @@ void DynamicScheduler::readyWaiters(OpBuilder &b, Location loc,
                   nested, loc, addIndex(nested, loc, first, divisor), extent);
             }
             auto emitLoops = [&](OpBuilder &lb, Location loc) {
-              SmallVector<Value> steps(extents.size(), one);
               Value record;
               if (family.isPredicated()) {
                 useTaskTables(function);
                 record = loadConstant(lb, loc, function.taskRecord, task);
               }
-              scf::buildLoopNest(
-                  lb, loc, lower, upper, steps,
-                  [&](OpBuilder &inner, Location loc, ValueRange tile) {
+              // The box, row-major, spread over the lanes.
+              SmallVector<Value> sizes;
+              for (auto [low, high] : llvm::zip(lower, upper))
+                sizes.push_back(subIndex(lb, loc, high, low));
+              Value count = productIndex(lb, loc, sizes);
+              Value lane = LaneIdOp::create(lb, loc);
+              Value lanes = LaneCountOp::create(lb, loc);
+              scf::ForOp::create(
+                  lb, loc, lane, count, lanes, ValueRange{},
+                  [&](OpBuilder &inner, Location loc, Value position,
+                      ValueRange) {
+                    SmallVector<Value> tile;
+                    for (auto [low, offset] : llvm::zip(
+                             lower, delinearize(inner, loc, position, sizes)))
+                      tile.push_back(addIndex(inner, loc, low, offset));
                     // A dead waiting tile has no pending count to take.
                     ifLive(inner, loc, function, family, record, tile,
                            [&](OpBuilder &live) {
@@ -816,6 +833,7 @@ void DynamicScheduler::readyWaiters(OpBuilder &b, Location loc,
                                  linearize(live, loc, tile, extents));
                              readyTile(live, loc, function, layout, id);
                            });
+                    scf::YieldOp::create(inner, loc);
                   });
             };
             if (!matches) {
@@ -850,8 +868,10 @@ void DynamicScheduler::readyWaiters(OpBuilder &b, Location loc,
   Value begin = loadIndex(b, loc, function.counters, position);
   Value end = loadIndex(b, loc, function.counters,
                         addIndex(b, loc, position, one));
+  Value lane = LaneIdOp::create(b, loc);
+  Value lanes = LaneCountOp::create(b, loc);
   scf::ForOp::create(
-      b, loc, begin, end, one, ValueRange{},
+      b, loc, addIndex(b, loc, begin, lane), end, lanes, ValueRange{},
       [&](OpBuilder &nested, Location loc, Value entry, ValueRange) {
         Value id = loadIndex(nested, loc, function.counters,
                              addIndex(nested, loc, layout.indexEntries, entry));
@@ -874,7 +894,10 @@ void DynamicScheduler::runTile(OpBuilder &b, Location loc,
                    // skip; its notifies follow, once per event class.
                    emitTileWork(cb, loc, function, family, record, task,
                                 tileOf(cb, family), id, layout.end,
-                                /*afterWaits=*/false, [](OpBuilder &) {});
+                                /*afterWaits=*/false, [&](OpBuilder &nb) {
+                                  if (!family.notifyClasses.empty())
+                                    ReleaseOp::create(nb, loc);
+                                });
                    return {};
                  });
 
@@ -919,12 +942,15 @@ void DynamicScheduler::runTile(OpBuilder &b, Location loc,
                     cb, loc, function, family, record, e, /*notify=*/true, tile);
                 if (!classHasBoxWaiters[event.classIndex] &&
                     !classHasIndexedWaiters[event.classIndex]) {
-                  NotifyOp::create(cb, loc, event.view, coordinates);
+                  NotifyOp::create(cb, loc, event.view, coordinates)
+                      .setReleased(true);
                   scf::YieldOp::create(cb, loc, nothing(cb));
                   continue;
                 }
-                Value became =
+                auto notify =
                     NotifyReadyOp::create(cb, loc, event.view, coordinates);
+                notify.setReleased(true);
+                Value became = notify.getReady();
                 Value linear = linearize(
                     cb, loc, coordinates,
                     function.classes[event.classIndex].sizes);
