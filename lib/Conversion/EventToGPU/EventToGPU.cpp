@@ -623,7 +623,9 @@ static bool isIndependentLoop(scf::ForOp loop, const WrittenBuffers &written) {
 }
 
 /// Turns the body of `func`, which uses no worker op, into code for one CTA:
-/// independent top-level loops are strided over the threads, every other op
+/// independent top-level loops (found by `isIndependentLoop`, or marked so by
+/// the scheduler with `kIndependentIterationsAttrName`) are strided over the
+/// threads, every other op
 /// with write effects runs on thread 0, and a barrier follows each of them
 /// so that the next one sees their stores. Ops without write effects run on
 /// every thread, which keeps their results available to all.
@@ -639,7 +641,8 @@ static LogicalResult distributeOverCTA(gpu::GPUFuncOp func) {
     OpBuilder b(&op);
     Operation *last = &op;
     auto loop = dyn_cast<scf::ForOp>(op);
-    if (loop && isIndependentLoop(loop, written)) {
+    if (loop && (loop->hasAttr(kIndependentIterationsAttrName) ||
+                 isIndependentLoop(loop, written))) {
       Value thread = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
       Value threads = gpu::BlockDimOp::create(b, loc, gpu::Dimension::x);
       Value step = loop.getStep();

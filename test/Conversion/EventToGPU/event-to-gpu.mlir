@@ -266,6 +266,45 @@ func.func @g_init(%input: memref<?xi32>, %counters: memref<?xi32>) attributes {e
 
 // -----
 
+// A loop the scheduler marks `event.independent` is strided over the
+// threads although it reads what the kernel wrote before it; its per-lane
+// pushes are each thread's own.
+
+// CHECK-LABEL: gpu.func @g_init(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>) kernel {
+// CHECK:         scf.if
+// CHECK:           memref.store
+// CHECK:         gpu.barrier
+// CHECK:         %[[TID:.*]] = gpu.thread_id x
+// CHECK:         %[[THREADS:.*]] = gpu.block_dim x
+// CHECK:         %[[OFFSET:.*]] = arith.muli %[[TID]], %{{.*}} : index
+// CHECK:         %[[START:.*]] = arith.addi %{{.*}}, %[[OFFSET]] : index
+// CHECK:         %[[STEP:.*]] = arith.muli %{{.*}}, %[[THREADS]] : index
+// CHECK:         scf.for %[[I:.*]] = %[[START]] to %[[N]] step %[[STEP]] {
+// CHECK:           memref.load %[[COUNTERS]]
+// CHECK-NOT:       gpu.thread_id
+// CHECK:           llvm.atomicrmw add
+// CHECK:           llvm.store %{{.*}}, %{{.*}} atomic syncscope("device") release
+// CHECK:         } {event.independent}
+// CHECK-NEXT:    gpu.barrier
+func.func @g_init(%n: index, %counters: memref<?xi32>) attributes {event.graph = "g"} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  %zero = arith.constant 0 : i32
+  memref.store %zero, %counters[%c0] : memref<?xi32>
+  scf.for %i = %c0 to %n step %c1 {
+    %v = memref.load %counters[%c0] : memref<?xi32>
+    %ready = arith.cmpi eq, %v, %zero : i32
+    scf.if %ready {
+      event.queue_push %i, %counters[%c8] capacity(%n) per_lane : memref<?xi32>
+    }
+  } {event.independent}
+  return
+}
+
+// -----
+
 func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
   %c0 = arith.constant 0 : index
   %one = arith.constant 1 : i32

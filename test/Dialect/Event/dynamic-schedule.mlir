@@ -50,29 +50,31 @@
 // CHECK:           %[[NEXT32:.*]] = arith.index_cast %[[NEXT]] : index to i32
 // CHECK:           memref.store %[[NEXT32]], %[[COUNTERS]]
 // Pending counts: every "fill" tile is ready, a "use" tile waits on its row.
-// CHECK:         scf.for %[[K:.*]] =
-// CHECK:           %[[AT:.*]] = arith.addi %[[OFFSETS]], %[[K]] : index
+// One loop over the global tile ids, each finding its task (a binary search
+// over the tile offsets); its iterations are independent, and each pushes
+// its own tile.
+// CHECK:         scf.for %[[ID:.*]] = %{{.*}} to %[[T:.*]] step %{{.*}} {
+// CHECK:           scf.while
+// CHECK:           %[[AT:.*]] = arith.addi %[[OFFSETS]], %[[K:.*]]#0 : index
 // CHECK:           %[[FIRST32:.*]] = memref.load %[[COUNTERS]][%[[AT]]] : memref<?xi32>
 // CHECK:           %[[FIRST:.*]] = arith.index_cast %[[FIRST32]] : i32 to index
+// CHECK:           %[[LOCAL:.*]] = arith.subi %[[ID]], %[[FIRST]] : index
 // CHECK:           case 0 {
-// CHECK:             scf.for %[[TILE:.*]] = %{{.*}} to %{{.*}} step
-// CHECK:               %[[ID:.*]] = arith.addi %[[FIRST]], %[[TILE]] : index
-// CHECK:               %[[PAT:.*]] = arith.addi %[[PENDING]], %[[ID]] : index
-// CHECK:               memref.store %{{.*}}, %[[COUNTERS]][%[[PAT]]] : memref<?xi32>
-// CHECK:               scf.if
-// CHECK-NEXT:            event.queue_push %[[ID]], %[[COUNTERS]][%[[N]]] capacity(%{{.*}}) : memref<?xi32>
+// CHECK:             %[[PAT:.*]] = arith.addi %[[PENDING]], %[[ID]] : index
+// CHECK:             memref.store %{{.*}}, %[[COUNTERS]][%[[PAT]]] : memref<?xi32>
+// CHECK:             scf.if
+// CHECK-NEXT:          event.queue_push %[[ID]], %[[COUNTERS]][%[[N]]] capacity(%{{.*}}) per_lane : memref<?xi32>
 // CHECK:           default {
-// CHECK:             scf.for %[[TILE:.*]] = %{{.*}} to %[[N]] step
-// CHECK:               %[[ID:.*]] = arith.addi %[[FIRST]], %[[TILE]] : index
-// CHECK:               %[[COUNT:.*]] = memref.load %[[COUNTERS]][%{{.*}}] : memref<?xi32>
-// CHECK:               %[[WAITING:.*]] = arith.cmpi sgt, %[[COUNT]], %{{.*}} : i32
-// CHECK:               %[[ONE:.*]] = arith.select %[[WAITING]]
-// CHECK:               %[[COUNTS:.*]] = arith.addi %{{.*}}, %[[ONE]] : i32
-// CHECK:               %[[PAT:.*]] = arith.addi %[[PENDING]], %[[ID]] : index
-// CHECK:               memref.store %[[COUNTS]], %[[COUNTERS]][%[[PAT]]] : memref<?xi32>
-// CHECK:               %[[READY:.*]] = arith.cmpi eq, %[[COUNTS]], %{{.*}} : i32
-// CHECK:               scf.if %[[READY]] {
-// CHECK-NEXT:            event.queue_push %[[ID]], %[[COUNTERS]][%[[N]]] capacity(%{{.*}}) : memref<?xi32>
+// CHECK:             %[[COUNT:.*]] = memref.load %[[COUNTERS]][%{{.*}}] : memref<?xi32>
+// CHECK:             %[[WAITING:.*]] = arith.cmpi sgt, %[[COUNT]], %{{.*}} : i32
+// CHECK:             %[[ONE:.*]] = arith.select %[[WAITING]]
+// CHECK:             %[[COUNTS:.*]] = arith.addi %{{.*}}, %[[ONE]] : i32
+// CHECK:             %[[PAT:.*]] = arith.addi %[[PENDING]], %[[ID]] : index
+// CHECK:             memref.store %[[COUNTS]], %[[COUNTERS]][%[[PAT]]] : memref<?xi32>
+// CHECK:             %[[READY:.*]] = arith.cmpi eq, %[[COUNTS]], %{{.*}} : i32
+// CHECK:             scf.if %[[READY]] {
+// CHECK-NEXT:          event.queue_push %[[ID]], %[[COUNTERS]][%[[N]]] capacity(%{{.*}}) per_lane : memref<?xi32>
+// CHECK:         } {event.independent}
 
 // CHECK-LABEL: func.func @pipe_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
@@ -400,7 +402,6 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 // CHECK-LABEL: func.func @routed_at_run_time_init(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
 // CHECK:           default {
-// CHECK:             scf.for %{{.*}} = %{{.*}} to %[[N]] step
 // CHECK-NOT:           event.buffer
 // CHECK:               %[[ANY:.*]] = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %{{.*}}) -> (i32) {
 // CHECK-NOT:             event.buffer
@@ -408,6 +409,7 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 // CHECK:                 scf.yield %{{.*}} : i32
 // CHECK:               arith.addi %{{.*}}, %[[ANY]] : i32
 // CHECK:               event.queue_push
+// CHECK:         } {event.independent}
 // CHECK-LABEL: func.func @routed_at_run_time_worker(
 // CHECK:             "test.expert"(%[[EXPERT:[^,]*]], %{{.*}})
 // CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%{{.*}}] released : !event.tensor<4>

@@ -155,6 +155,10 @@ private:
                    QueueLayout &layout, Value task);
   /// Calls `body(b, family, record, id, tile)` for every tile of every task,
   /// `id` its global tile id.
+  /// The task whose tile range holds global tile `id`: a binary search
+  /// over the tile offsets.
+  Value findTask(OpBuilder &b, Location loc, ScheduledFunction &function,
+                 QueueLayout &layout, Value id);
   void forEachTile(OpBuilder &b, Location loc, ScheduledFunction &function,
                    QueueLayout &layout,
                    function_ref<void(OpBuilder &, const TaskFamily &, Value,
@@ -179,6 +183,11 @@ private:
   /// Sets every tile's pending count and pushes the ready tiles (`@g_init`).
   void initPending(OpBuilder &b, ScheduledFunction &function,
                    QueueLayout &layout);
+  /// Sets the pending count of live tile `tile` (global id `id`) of a task
+  /// of `family` and pushes it when it is ready.
+  void initTilePending(OpBuilder &b, ScheduledFunction &function,
+                       QueueLayout &layout, const TaskFamily &family,
+                       Value record, Value id, ValueRange tile);
   /// Counts the live tiles of all tasks into counter `word` (`@g_init`).
   void countLiveTiles(OpBuilder &b, Location loc, ScheduledFunction &function,
                       Value word);
@@ -397,6 +406,37 @@ Value DynamicScheduler::tileOffset(OpBuilder &b, Location loc,
                    addIndex(b, loc, layout.tileOffsets, task));
 }
 
+Value DynamicScheduler::findTask(OpBuilder &b, Location loc,
+                                 ScheduledFunction &function,
+                                 QueueLayout &layout, Value id) {
+  Type index = b.getIndexType();
+  // The last task k with tileOffsets[k] <= id: keep lo <= k < hi.
+  auto search = scf::WhileOp::create(
+      b, loc, TypeRange{index, index},
+      ValueRange{constantIndex(b, loc, 0), constantIndex(b, loc, tasks.size())},
+      [&](OpBuilder &before, Location loc, ValueRange bounds) {
+        Value width = subIndex(before, loc, bounds[1], bounds[0]);
+        Value more =
+            arith::CmpIOp::create(before, loc, arith::CmpIPredicate::ugt,
+                                  width, constantIndex(before, loc, 1));
+        scf::ConditionOp::create(before, loc, more, bounds);
+      },
+      [&](OpBuilder &body, Location loc, ValueRange bounds) {
+        Value middle =
+            divIndex(body, loc, addIndex(body, loc, bounds[0], bounds[1]),
+                     constantIndex(body, loc, 2));
+        Value start = tileOffset(body, loc, function, layout, middle);
+        Value atOrAfter = arith::CmpIOp::create(
+            body, loc, arith::CmpIPredicate::ule, start, id);
+        Value lo =
+            arith::SelectOp::create(body, loc, atOrAfter, middle, bounds[0]);
+        Value hi =
+            arith::SelectOp::create(body, loc, atOrAfter, bounds[1], middle);
+        scf::YieldOp::create(body, loc, ValueRange{lo, hi});
+      });
+  return search.getResult(0);
+}
+
 void DynamicScheduler::forEachTile(
     OpBuilder &b, Location loc, ScheduledFunction &function,
     QueueLayout &layout,
@@ -567,56 +607,89 @@ Value DynamicScheduler::countWaitingOnAny(OpBuilder &b, Location loc,
 void DynamicScheduler::initPending(OpBuilder &b, ScheduledFunction &function,
                                    QueueLayout &layout) {
   Location loc = graph.getLoc();
-  forEachTile(
-      b, loc, function, layout,
-      [&](OpBuilder &nested, const TaskFamily &family, Value record, Value id,
-          ValueRange tile) {
-        unsigned familyIndex = &family - plan.families.data();
-        Value zero = arith::ConstantIntOp::create(nested, loc, 0, 32);
-        Value one = arith::ConstantIntOp::create(nested, loc, 1, 32);
-        Value pending = zero;
-        // An element whose expected count is zero is ready already and
-        // never notified: it does not count.
-        for (unsigned entry = 0; entry < family.waitClasses.size(); ++entry) {
-          const WaitKind &kind = kindOf(familyIndex, entry);
-          EntryEvent event = entryEvent(nested, loc, function, family, record,
-                                        entry, /*notify=*/false);
-          IndexMapAttr map = family.representative.getWaitMap(entry);
-          if (kind.box && llvm::any_of(*kind.box, [](const BoxResult &box) {
-                return box.kind == BoxResult::Any;
-              })) {
-            pending = arith::AddIOp::create(
-                nested, loc, pending,
-                countWaitingOnAny(nested, loc, function, event.classIndex,
-                                  event.base, map, *kind.box, tile));
-            continue;
-          }
-          SmallVector<Value> coordinates = entryCoordinates(
-              nested, loc, function, family, record, entry, /*notify=*/false,
-              tile);
-          Value element = addIndex(
-              nested, loc, event.base,
-              linearize(nested, loc, coordinates,
-                        function.classes[event.classIndex].sizes));
-          Value count =
-              memref::LoadOp::create(nested, loc, function.counters, element);
-          Value notReady = arith::CmpIOp::create(
-              nested, loc, arith::CmpIPredicate::sgt, count, zero);
-          pending = arith::AddIOp::create(
-              nested, loc, pending,
-              arith::SelectOp::create(nested, loc, notReady, one, zero));
-        }
-        memref::StoreOp::create(nested, loc, pending, function.counters,
-                                addIndex(nested, loc, layout.pending, id));
-        Value ready = arith::CmpIOp::create(
-            nested, loc, arith::CmpIPredicate::eq, pending, zero);
-        scf::IfOp::create(nested, loc, ready, [&](OpBuilder &then,
-                                                  Location loc) {
-          QueuePushOp::create(then, loc, id, function.counters, layout.queue,
-                              layout.totalTiles);
-          scf::YieldOp::create(then, loc);
-        });
+  if (tasks.empty())
+    return;
+  // One loop over the global tile ids, each finding its task: its
+  // iterations are independent (each writes its own pending count and
+  // pushes its own tile), so the GPU spreads them over a CTA's threads.
+  auto loop = scf::ForOp::create(
+      b, loc, constantIndex(b, loc, 0), layout.totalTiles,
+      constantIndex(b, loc, 1), ValueRange{},
+      [&](OpBuilder &lb, Location loc, Value id, ValueRange) {
+        Value task = findTask(lb, loc, function, layout, id);
+        Value local =
+            subIndex(lb, loc, id, tileOffset(lb, loc, function, layout, task));
+        switchOnFamily(
+            lb, loc, function, task, TypeRange{},
+            [&](OpBuilder &cb, const TaskFamily &family,
+                Value record) -> SmallVector<Value> {
+              SmallVector<Value> tile =
+                  delinearize(cb, loc, local, gridOf(function, family));
+              // Dead tiles are never queued.
+              ifLive(cb, loc, function, family, record, tile,
+                     [&](OpBuilder &live) {
+                       initTilePending(live, function, layout, family, record,
+                                       id, tile);
+                     });
+              return {};
+            });
+        scf::YieldOp::create(lb, loc);
       });
+  loop->setAttr(kIndependentIterationsAttrName, b.getUnitAttr());
+}
+
+void DynamicScheduler::initTilePending(OpBuilder &nested,
+                                       ScheduledFunction &function,
+                                       QueueLayout &layout,
+                                       const TaskFamily &family, Value record,
+                                       Value id, ValueRange tile) {
+  Location loc = graph.getLoc();
+  unsigned familyIndex = &family - plan.families.data();
+  Value zero = arith::ConstantIntOp::create(nested, loc, 0, 32);
+  Value one = arith::ConstantIntOp::create(nested, loc, 1, 32);
+  Value pending = zero;
+  // An element whose expected count is zero is ready already and
+  // never notified: it does not count.
+  for (unsigned entry = 0; entry < family.waitClasses.size(); ++entry) {
+    const WaitKind &kind = kindOf(familyIndex, entry);
+    EntryEvent event = entryEvent(nested, loc, function, family, record,
+                                  entry, /*notify=*/false);
+    IndexMapAttr map = family.representative.getWaitMap(entry);
+    if (kind.box && llvm::any_of(*kind.box, [](const BoxResult &box) {
+          return box.kind == BoxResult::Any;
+        })) {
+      pending = arith::AddIOp::create(
+          nested, loc, pending,
+          countWaitingOnAny(nested, loc, function, event.classIndex,
+                            event.base, map, *kind.box, tile));
+      continue;
+    }
+    SmallVector<Value> coordinates = entryCoordinates(
+        nested, loc, function, family, record, entry, /*notify=*/false,
+        tile);
+    Value element = addIndex(
+        nested, loc, event.base,
+        linearize(nested, loc, coordinates,
+                  function.classes[event.classIndex].sizes));
+    Value count =
+        memref::LoadOp::create(nested, loc, function.counters, element);
+    Value notReady = arith::CmpIOp::create(
+        nested, loc, arith::CmpIPredicate::sgt, count, zero);
+    pending = arith::AddIOp::create(
+        nested, loc, pending,
+        arith::SelectOp::create(nested, loc, notReady, one, zero));
+  }
+  memref::StoreOp::create(nested, loc, pending, function.counters,
+                          addIndex(nested, loc, layout.pending, id));
+  Value ready = arith::CmpIOp::create(
+      nested, loc, arith::CmpIPredicate::eq, pending, zero);
+  scf::IfOp::create(nested, loc, ready, [&](OpBuilder &then,
+                                            Location loc) {
+    QueuePushOp::create(then, loc, id, function.counters, layout.queue,
+                        layout.totalTiles)
+        .setPerLane(true);
+    scf::YieldOp::create(then, loc);
+  });
 }
 
 void DynamicScheduler::countLiveTiles(OpBuilder &b, Location loc,
@@ -686,8 +759,9 @@ void DynamicScheduler::initLiveTiles(OpBuilder &b, ScheduledFunction &function,
 /// `@g_init(symbols, table, counters)`: expected counts, an empty queue, the
 /// tile offsets, the inverse index, the pending counts, and the ready tiles
 /// pushed. With live bounds, also the live tile count and the end markers
-/// of the slots dead tiles leave unused. Runs once, single-threaded, before
-/// any worker starts.
+/// of the slots dead tiles leave unused. Runs once before any worker
+/// starts; only the pending-count loop may run on several lanes (it is
+/// `event.independent`).
 void DynamicScheduler::buildInit(OpBuilder &builder) {
   QueueLayout layout;
   ScheduledFunction function = createFunction(
@@ -1021,32 +1095,8 @@ void DynamicScheduler::buildWorker(OpBuilder &builder) {
         },
         [&](OpBuilder &after, Location loc, ValueRange arguments) {
           Value id = arguments[0];
-          // The last task k with tileOffsets[k] <= id: keep lo <= k < hi.
-          auto search = scf::WhileOp::create(
-              after, loc, TypeRange{index, index},
-              ValueRange{constantIndex(after, loc, 0),
-                         constantIndex(after, loc, tasks.size())},
-              [&](OpBuilder &before, Location loc, ValueRange bounds) {
-                Value width = subIndex(before, loc, bounds[1], bounds[0]);
-                Value more = arith::CmpIOp::create(
-                    before, loc, arith::CmpIPredicate::ugt, width,
-                    constantIndex(before, loc, 1));
-                scf::ConditionOp::create(before, loc, more, bounds);
-              },
-              [&](OpBuilder &body, Location loc, ValueRange bounds) {
-                Value middle = divIndex(
-                    body, loc, addIndex(body, loc, bounds[0], bounds[1]),
-                    constantIndex(body, loc, 2));
-                Value start = tileOffset(body, loc, function, layout, middle);
-                Value atOrAfter = arith::CmpIOp::create(
-                    body, loc, arith::CmpIPredicate::ule, start, id);
-                Value lo = arith::SelectOp::create(body, loc, atOrAfter, middle,
-                                                   bounds[0]);
-                Value hi = arith::SelectOp::create(body, loc, atOrAfter,
-                                                   bounds[1], middle);
-                scf::YieldOp::create(body, loc, ValueRange{lo, hi});
-              });
-          runTile(after, loc, function, layout, search.getResult(0), id);
+          runTile(after, loc, function, layout,
+                  findTask(after, loc, function, layout, id), id);
           scf::YieldOp::create(after, loc);
         });
   }
