@@ -341,7 +341,8 @@ public:
 
   /// Writes every event counter's expected count: the class's `count`, or
   /// the number of notifies counted by evaluating the map of every notifying
-  /// tile that runs (dead tiles of predicated tasks do not notify).
+  /// tile that runs (dead tiles of predicated tasks do not notify), with
+  /// atomic adds in `event.independent` loops over each task's tiles.
   void initEventCounters(mlir::OpBuilder &b, ScheduledFunction &function);
 
   /// True when some counter in `[begin, end)` is not zero (plain loads: the

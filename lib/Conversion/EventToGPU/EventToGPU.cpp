@@ -622,46 +622,109 @@ static bool isIndependentLoop(scf::ForOp loop, const WrittenBuffers &written) {
   return !result.wasInterrupted();
 }
 
+/// Whether `op` (not a region holder) writes memory or has unknown effects.
+static bool mayWrite(Operation *op) {
+  bool readsOnly =
+      hasEffect<MemoryEffects::Read>(op) && !hasEffect<MemoryEffects::Write>(op);
+  return !isMemoryEffectFree(op) && !readsOnly;
+}
+
+/// Collects in `loops` the outermost `event.independent` loops nested in
+/// `op`, and returns whether there are some and every write in `op` is
+/// inside one of them: then `op` can run on every thread with only those
+/// loops spread over the threads.
+static bool onlyWritesInIndependentLoops(Operation *op,
+                                         SmallVectorImpl<scf::ForOp> &loops) {
+  bool writesOutside = false;
+  op->walk<WalkOrder::PreOrder>([&](Operation *nested) {
+    auto loop = dyn_cast<scf::ForOp>(nested);
+    if (nested != op && loop && loop.getNumResults() == 0 &&
+        loop->hasAttr(kIndependentIterationsAttrName)) {
+      loops.push_back(loop);
+      return WalkResult::skip();
+    }
+    if (!nested->hasTrait<OpTrait::HasRecursiveMemoryEffects>() &&
+        mayWrite(nested))
+      writesOutside = true;
+    return WalkResult::advance();
+  });
+  return !loops.empty() && !writesOutside;
+}
+
+/// Spreads the iterations of `loop` over the CTA's threads: thread t runs
+/// iterations t, t + threads, ... of it.
+static void strideOverThreads(scf::ForOp loop) {
+  OpBuilder b(loop);
+  Location loc = loop.getLoc();
+  Value thread = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
+  Value threads = gpu::BlockDimOp::create(b, loc, gpu::Dimension::x);
+  Value step = loop.getStep();
+  Value start = arith::AddIOp::create(
+      b, loc, loop.getLowerBound(), arith::MulIOp::create(b, loc, thread, step));
+  loop.setLowerBound(start);
+  loop.setStep(arith::MulIOp::create(b, loc, step, threads));
+}
+
 /// Turns the body of `func`, which uses no worker op, into code for one CTA:
 /// independent top-level loops (found by `isIndependentLoop`, or marked so by
 /// the scheduler with `kIndependentIterationsAttrName`) are strided over the
-/// threads, every other op
-/// with write effects runs on thread 0, and a barrier follows each of them
-/// so that the next one sees their stores. Ops without write effects run on
-/// every thread, which keeps their results available to all.
+/// threads, as are marked loops nested in a top-level op that writes nothing
+/// outside them (which then runs on every thread); every other op with
+/// write effects runs on thread 0, and a barrier follows each of them so
+/// that the next one sees their stores. Consecutive thread-0 ops (with only
+/// ops free of memory effects between them) share one `scf.if` and one
+/// barrier. Ops without write effects run on every thread, which keeps
+/// their results available to all.
 static LogicalResult distributeOverCTA(gpu::GPUFuncOp func) {
   WrittenBuffers written = writtenBuffers(func);
   Block &body = func.getBody().front();
+  // The open thread-0 block and its barrier, while the next thread-0 op
+  // may join it.
+  scf::IfOp threadZero;
+  gpu::BarrierOp threadZeroBarrier;
   for (Operation &op : llvm::make_early_inc_range(body.without_terminator())) {
-    bool readsOnly = hasEffect<MemoryEffects::Read>(&op) &&
-                     !hasEffect<MemoryEffects::Write>(&op);
-    if (isMemoryEffectFree(&op) || readsOnly)
+    if (isMemoryEffectFree(&op))
       continue;
+    if (hasEffect<MemoryEffects::Read>(&op) &&
+        !hasEffect<MemoryEffects::Write>(&op)) {
+      // It runs on every thread and reads what thread 0 wrote.
+      threadZero = nullptr;
+      continue;
+    }
     Location loc = op.getLoc();
     OpBuilder b(&op);
     Operation *last = &op;
     auto loop = dyn_cast<scf::ForOp>(op);
+    SmallVector<scf::ForOp> nested;
     if (loop && (loop->hasAttr(kIndependentIterationsAttrName) ||
                  isIndependentLoop(loop, written))) {
-      Value thread = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
-      Value threads = gpu::BlockDimOp::create(b, loc, gpu::Dimension::x);
-      Value step = loop.getStep();
-      Value start = arith::AddIOp::create(
-          b, loc, loop.getLowerBound(),
-          arith::MulIOp::create(b, loc, thread, step));
-      loop.setLowerBound(start);
-      loop.setStep(arith::MulIOp::create(b, loc, step, threads));
+      strideOverThreads(loop);
+      threadZero = nullptr;
+    } else if (onlyWritesInIndependentLoops(&op, nested)) {
+      for (scf::ForOp independent : nested)
+        strideOverThreads(independent);
+      threadZero = nullptr;
     } else {
       if (op.getNumResults() != 0)
         return op.emitOpError("writes memory and has results, so it cannot run "
                               "on one thread of the initialisation kernel");
-      auto ifOp = scf::IfOp::create(b, loc, isFirstThread(b, loc),
-                                    /*withElseRegion=*/false);
-      op.moveBefore(ifOp.thenBlock()->getTerminator());
-      last = ifOp;
+      if (threadZero) {
+        // Nothing between the open block and `op` touches memory, and ops
+        // in the block have no results, so the block can move down to `op`.
+        threadZero->moveBefore(&op);
+        op.moveBefore(threadZero.thenBlock()->getTerminator());
+        threadZeroBarrier->moveAfter(threadZero);
+        continue;
+      }
+      threadZero = scf::IfOp::create(b, loc, isFirstThread(b, loc),
+                                     /*withElseRegion=*/false);
+      op.moveBefore(threadZero.thenBlock()->getTerminator());
+      last = threadZero;
     }
     b.setInsertionPointAfter(last);
-    gpu::BarrierOp::create(b, loc);
+    auto barrier = gpu::BarrierOp::create(b, loc);
+    if (threadZero)
+      threadZeroBarrier = barrier;
   }
   return success();
 }

@@ -147,7 +147,8 @@ func.func @b_check(%counters: memref<?xi32>) -> i32 attributes {event.graph = "b
 
 // The initialisation kernel runs on one CTA: a loop that only stores is
 // strided over the threads, a loop that reads counters it writes (counting
-// notifies at run time) runs on thread 0, and a barrier follows each.
+// notifies at run time) runs on thread 0, and a barrier follows each (one
+// per run of consecutive thread-0 ops).
 
 // CHECK-LABEL: gpu.func @g_init(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[ROUTE:[^:]*]]: memref<?xi32>, %[[COUNTERS:[^:]*]]: memref<?xi32>) kernel {
@@ -170,13 +171,9 @@ func.func @b_check(%counters: memref<?xi32>) -> i32 attributes {event.graph = "b
 // CHECK:             memref.load %[[COUNTERS]]
 // CHECK:             memref.store %{{.*}}, %[[COUNTERS]]
 // CHECK:           }
-// CHECK-NEXT:    }
-// CHECK-NEXT:    gpu.barrier
-// A store outside loops runs on thread 0 too; a read-only loop on every thread.
-// CHECK-NEXT:    %[[TID:.*]] = gpu.thread_id x
-// CHECK-NEXT:    %[[ZERO:.*]] = arith.constant 0 : index
-// CHECK-NEXT:    %[[FIRST:.*]] = arith.cmpi eq, %[[TID]], %[[ZERO]] : index
-// CHECK-NEXT:    scf.if %[[FIRST]] {
+// A store outside loops runs on thread 0 too, in the same block as the
+// thread-0 op before it (only ops without memory effects between them);
+// a read-only op runs on every thread, after the barrier.
 // CHECK-NEXT:      memref.store %{{.*}}, %[[ROUTE]][%[[C0]]] : memref<?xi32>
 // CHECK-NEXT:    }
 // CHECK-NEXT:    gpu.barrier
@@ -243,15 +240,13 @@ func.func @g_init() attributes {event.graph = "g"} {
 // CHECK-SAME:      %[[INPUT:[^:]*]]: memref<?xi32>, %[[COUNTERS:[^:]*]]: memref<?xi32>) kernel {
 // CHECK:         scf.if %{{.*}} {
 // CHECK-NEXT:      "test.opaque"() : () -> ()
-// CHECK-NEXT:    }
-// CHECK-NEXT:    gpu.barrier
-// CHECK:         scf.if %{{.*}} {
 // CHECK-NEXT:      scf.for
 // CHECK-NEXT:        memref.load %[[INPUT]]
 // CHECK-NEXT:        memref.store
 // CHECK-NEXT:      }
 // CHECK-NEXT:    }
 // CHECK-NEXT:    gpu.barrier
+// CHECK-NEXT:    gpu.return
 func.func @g_init(%input: memref<?xi32>, %counters: memref<?xi32>) attributes {event.graph = "g"} {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
@@ -300,6 +295,41 @@ func.func @g_init(%n: index, %counters: memref<?xi32>) attributes {event.graph =
       event.queue_push %i, %counters[%c8] capacity(%n) per_lane : memref<?xi32>
     }
   } {event.independent}
+  return
+}
+
+// -----
+
+// A marked loop nested in a top-level op that writes nothing else (a loop
+// over tasks counting their tiles' notifies with atomics): the op runs on
+// every thread and only the marked loop is strided.
+
+// CHECK-LABEL: gpu.func @g_init(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>) kernel {
+// CHECK-NOT:     scf.if
+// CHECK:         scf.for %[[K:.*]] = %{{.*}} to %{{.*}} step %{{.*}} {
+// CHECK-NEXT:      %[[TILES:.*]] = memref.load %[[COUNTERS]][%[[K]]]
+// CHECK:           %[[TID:.*]] = gpu.thread_id x
+// CHECK:           %[[THREADS:.*]] = gpu.block_dim x
+// CHECK:           %[[OFFSET:.*]] = arith.muli %[[TID]], %{{.*}} : index
+// CHECK:           %[[START:.*]] = arith.addi %{{.*}}, %[[OFFSET]] : index
+// CHECK:           %[[STEP:.*]] = arith.muli %{{.*}}, %[[THREADS]] : index
+// CHECK:           scf.for %{{.*}} = %[[START]] to %{{.*}} step %[[STEP]] {
+// CHECK:             memref.atomic_rmw addi
+// CHECK:           } {event.independent}
+// CHECK:         }
+// CHECK-NEXT:    gpu.barrier
+func.func @g_init(%n: index, %counters: memref<?xi32>) attributes {event.graph = "g"} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %one = arith.constant 1 : i32
+  scf.for %k = %c0 to %n step %c1 {
+    %raw = memref.load %counters[%k] : memref<?xi32>
+    %tiles = arith.index_cast %raw : i32 to index
+    scf.for %t = %c0 to %tiles step %c1 {
+      %old = memref.atomic_rmw addi %one, %counters[%t] : (i32, memref<?xi32>) -> i32
+    } {event.independent}
+  }
   return
 }
 

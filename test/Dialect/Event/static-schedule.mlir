@@ -310,14 +310,16 @@ event.graph @layers(%n: index, %x: memref<?xf32>, %y: memref<?xf32>, %z: memref<
 // CHECK:               %[[ROUTE:.*]] = event.buffer %[[TABLE]][%{{.*}}] : memref<?xi64> -> memref<?xi32>
 // CHECK:               %[[RAW:.*]] = memref.load %[[ROUTE]][%[[T]]] : memref<?xi32>
 // CHECK:               %[[EXPERT:.*]] = arith.index_cast %[[RAW]] : i32 to index
+// Counting a notify is an atomic add, and the loop over the tiles is
+// `event.independent`: the GPU spreads it over the threads.
 // CHECK:               %[[AT:.*]] = arith.addi %{{.*}}, %[[EXPERT]] : index
-// CHECK:               %[[OLD:.*]] = memref.load %[[COUNTERS]][%[[AT]]]
-// CHECK:               %[[NEW:.*]] = arith.addi %[[OLD]], %{{.*}} : i32
-// CHECK:               memref.store %[[NEW]], %[[COUNTERS]][%[[AT]]]
+// CHECK:               memref.atomic_rmw addi %{{.*}}, %[[COUNTERS]][%[[AT]]] : (i32, memref<?xi32>) -> i32
+// CHECK:             } {event.independent}
 // CHECK:             scf.for %[[T:.*]] = %{{.*}} to %[[N]] step
 // CHECK:               memref.load %{{.*}}[%[[T]]] : memref<?xi32>
 // CHECK:               %[[SLOT:.*]] = affine.apply #{{.*}}(%[[T]])
-// CHECK:               memref.store %{{.*}}, %[[COUNTERS]]
+// CHECK:               memref.atomic_rmw addi %{{.*}}, %[[COUNTERS]]
+// CHECK:             } {event.independent}
 
 // CHECK-LABEL: func.func @routed_worker(
 // CHECK:           case 0 {
@@ -433,17 +435,17 @@ event.graph @strided(%n: index, %x: memref<4xf32, strided<[2]>>) {
 // CHECK:         scf.for %[[E:.*]] = %{{.*}} to %[[N]] step %{{.*}} {
 // CHECK-NEXT:      memref.store %{{.*}}, %[[COUNTERS]][%[[E]]] : memref<?xi32>
 // CHECK:         case 0 {
-// CHECK:           scf.for %[[I:.*]] = %{{.*}} to %[[N]] step
-// CHECK:             scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step
-// CHECK:               %[[LEN:.*]] = event.buffer %[[TABLE]][%{{.*}}] : memref<?xi64> -> memref<?xi32>
-// CHECK:               %[[L32:.*]] = memref.load %[[LEN]][%[[I]]] : memref<?xi32>
-// CHECK:               %[[L:.*]] = arith.index_cast %[[L32]] : i32 to index
-// CHECK:               %[[BOUND:.*]] = affine.apply #{{.*}}(%[[L]])
-// CHECK:               %[[LIVE:.*]] = arith.cmpi slt, %[[J]], %[[BOUND]] : index
-// CHECK:               scf.if %[[LIVE]] {
-// CHECK:                 %[[OLD:.*]] = memref.load %[[COUNTERS]][%[[AT:.*]]] : memref<?xi32>
-// CHECK:                 %[[NEW:.*]] = arith.addi %[[OLD]], %{{.*}} : i32
-// CHECK:                 memref.store %[[NEW]], %[[COUNTERS]][%[[AT]]] : memref<?xi32>
+// CHECK:           scf.for %[[T:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:             %[[J:.*]] = arith.remui %[[T]], %{{.*}} : index
+// CHECK:             %[[I:.*]] = arith.divui %[[T]], %{{.*}} : index
+// CHECK:             %[[LEN:.*]] = event.buffer %[[TABLE]][%{{.*}}] : memref<?xi64> -> memref<?xi32>
+// CHECK:             %[[L32:.*]] = memref.load %[[LEN]][%[[I]]] : memref<?xi32>
+// CHECK:             %[[L:.*]] = arith.index_cast %[[L32]] : i32 to index
+// CHECK:             %[[BOUND:.*]] = affine.apply #{{.*}}(%[[L]])
+// CHECK:             %[[LIVE:.*]] = arith.cmpi slt, %[[J]], %[[BOUND]] : index
+// CHECK:             scf.if %[[LIVE]] {
+// CHECK:               memref.atomic_rmw addi %{{.*}}, %[[COUNTERS]][%{{.*}}] : (i32, memref<?xi32>) -> i32
+// CHECK:           } {event.independent}
 
 // CHECK-LABEL: func.func @live_worker(
 // CHECK:         case 0 {
