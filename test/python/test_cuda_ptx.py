@@ -258,4 +258,7 @@ def test_dynamic_waiters_are_readied_by_each_lane_without_barriers(chip, tmp_pat
                           r"atom\.global\.add\.u32\s+%r\d+, \[%rd\d+\+4\], 1;")
     assert own_push.search(worker), worker
     assert "st.release.gpu" in worker
+    # Whether the tile's notify readied the element reaches every thread
+    # with one reducing barrier, not a shared word between two barriers.
+    assert re.search(r"bar\.red\.or\.pred", worker), worker
     _assemble(ptx, chip, tmp_path)

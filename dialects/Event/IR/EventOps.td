@@ -488,10 +488,11 @@ def Event_NotifyReadyOp : Event_Op<"notify_ready"> {
     waiters l, l + lanes, ...).
 
     CPU: `atomicrmw sub ... acq_rel` and a compare of the old value with 1.
-    CUDA: thread 0 decrements and broadcasts the result through shared
-    memory, or, `per_lane`, each thread decrements; the ordering is a
-    release fence (none when `released`), a relaxed atomic, and an acquire
-    fence only in the notifier that sees the element reach zero.
+    CUDA: thread 0 decrements and a reducing barrier (`bar.red.or`) hands
+    the result to every thread, or, `per_lane`, each thread decrements; the
+    ordering is a release fence (none when `released`), a relaxed atomic,
+    and an acquire fence only in the notifier that sees the element reach
+    zero.
 
     ```mlir
     %ready = event.notify_ready %e[%i] : !event.tensor<?>

@@ -63,8 +63,8 @@ static void buildIf(OpBuilder &b, Location loc, Value condition,
 //===----------------------------------------------------------------------===//
 
 /// The CTA's broadcast word: the `memref<1xi32, workgroup>` attribution that
-/// convert-event-to-gpu gives each kernel with a collective op whose result
-/// thread 0 computes for every thread.
+/// convert-event-to-gpu gives each kernel that pops tasks, through which
+/// thread 0 hands the popped task id to every thread.
 static FailureOr<Value> broadcastWord(ConversionPatternRewriter &rewriter,
                                       Operation *op) {
   auto func = op->getParentOfType<gpu::GPUFuncOp>();
@@ -182,6 +182,40 @@ static Value decrementAndAcquireIfLast(OpBuilder &b, Location loc,
     LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire, kDeviceScope);
   });
   return last;
+}
+
+/// `bar.red.or.pred`: a CTA barrier that also returns, to every thread,
+/// whether `predicate` (an i1) held in any thread. It orders memory like
+/// `bar.sync`, so a value thread 0 computed after acquiring reaches the CTA
+/// with the same guarantees as through shared memory and two barriers.
+static Value barrierAny(OpBuilder &b, Location loc, Value predicate) {
+  Value word = arith::ExtUIOp::create(b, loc, b.getI32Type(), predicate);
+  Value any = NVVM::BarrierOp::create(
+                  b, loc, TypeRange{b.getI32Type()}, /*barrierId=*/Value(),
+                  /*numberOfThreads=*/Value(),
+                  NVVM::BarrierReductionAttr::get(b.getContext(),
+                                                  NVVM::BarrierReduction::OR),
+                  word)
+                  .getRes();
+  Value none = arith::ConstantIntOp::create(b, loc, 0, 32);
+  return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne, any, none);
+}
+
+/// On thread 0 only, `body` (which yields an i1); false on every other
+/// thread.
+static Value onFirstThread(OpBuilder &b, Location loc,
+                           function_ref<Value(OpBuilder &, Location)> body) {
+  auto ifOp = scf::IfOp::create(
+      b, loc, isFirstThread(b, loc),
+      [&](OpBuilder &then, Location loc) {
+        scf::YieldOp::create(then, loc, body(then, loc));
+      },
+      [&](OpBuilder &otherwise, Location loc) {
+        scf::YieldOp::create(otherwise, loc,
+                             ValueRange{arith::ConstantIntOp::create(
+                                 otherwise, loc, 0, 1)});
+      });
+  return ifOp.getResult(0);
 }
 
 /// Lowers `event.release` for a CTA: a barrier, so that every thread has
@@ -333,13 +367,13 @@ struct ScratchLowering : public OpConversionPattern<ScratchOp> {
   }
 };
 
-/// Lowers `event.notify_ready` for a CTA: a barrier (the tile is finished
-/// and the broadcast word free), then thread 0 decrements the element with
-/// an acquire-release atomic at GPU scope (release fence unless `released`,
-/// relaxed atomic, acquire fence when it took the element to zero) and
-/// writes whether it did to the broadcast word; a second barrier hands that
-/// to every thread. A `per_lane` op is each thread's own: it decrements its
-/// element the same way and gets its own result, with no barrier.
+/// Lowers `event.notify_ready` for a CTA: unless `released` (an
+/// `event.release` did it), a barrier, so that the tile is finished, then
+/// thread 0 decrements the element with an acquire-release atomic at GPU
+/// scope (release fence unless `released`, relaxed atomic, acquire fence
+/// when it took the element to zero), and one `bar.red.or` hands whether it
+/// did to every thread. A `per_lane` op is each thread's own: it decrements
+/// its element the same way and gets its own result, with no barrier.
 struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
@@ -356,23 +390,12 @@ struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
           op, decrementAndAcquireIfLast(rewriter, loc, *pointer, released));
       return success();
     }
-    FailureOr<Value> word = broadcastWord(rewriter, op);
-    if (failed(word))
-      return failure();
-    Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
-    gpu::BarrierOp::create(rewriter, loc);
-    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
-            [&](OpBuilder &b, Location loc) {
-              Value last =
-                  decrementAndAcquireIfLast(b, loc, *pointer, released);
-              Value flag = arith::ExtUIOp::create(b, loc, b.getI32Type(), last);
-              memref::StoreOp::create(b, loc, flag, *word, ValueRange{zero});
-            });
-    gpu::BarrierOp::create(rewriter, loc);
-    Value flag = memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
-    Value none = arith::ConstantIntOp::create(rewriter, loc, 0, 32);
-    rewriter.replaceOpWithNewOp<arith::CmpIOp>(op, arith::CmpIPredicate::ne,
-                                               flag, none);
+    if (!released)
+      gpu::BarrierOp::create(rewriter, loc);
+    Value last = onFirstThread(rewriter, loc, [&](OpBuilder &b, Location loc) {
+      return decrementAndAcquireIfLast(b, loc, *pointer, released);
+    });
+    rewriter.replaceOp(op, barrierAny(rewriter, loc, last));
     return success();
   }
 };
@@ -453,34 +476,24 @@ struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
   }
 };
 
-/// Lowers `event.run_aborted` for a CTA: after a barrier (the broadcast word
-/// is free), thread 0 loads the run's status word (relaxed, GPU scope) into
-/// the broadcast word; a second barrier hands it to every thread, so the
-/// whole CTA takes the same branch.
+/// Lowers `event.run_aborted` for a CTA: thread 0 loads the run's status
+/// word (relaxed, GPU scope), and one `bar.red.or` hands whether the run
+/// stopped to every thread, so the whole CTA takes the same branch.
 struct RunAbortedOpLowering : public OpConversionPattern<RunAbortedOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
   matchAndRewrite(RunAbortedOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    FailureOr<Value> word = broadcastWord(rewriter, op);
-    if (failed(word))
-      return failure();
     Location loc = op.getLoc();
-    Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
-    gpu::BarrierOp::create(rewriter, loc);
-    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
-            [&](OpBuilder &b, Location loc) {
-              Value status =
-                  loadRunStatus(b, loc, adaptor.getCounters(), kDeviceScope);
-              memref::StoreOp::create(b, loc, status, *word, ValueRange{zero});
-            });
-    gpu::BarrierOp::create(rewriter, loc);
-    Value status =
-        memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
-    Value running =
-        arith::ConstantIntOp::create(rewriter, loc, run::kRunning, 32);
-    rewriter.replaceOpWithNewOp<arith::CmpIOp>(op, arith::CmpIPredicate::ne,
-                                               status, running);
+    Value stopped =
+        onFirstThread(rewriter, loc, [&](OpBuilder &b, Location loc) -> Value {
+          Value status =
+              loadRunStatus(b, loc, adaptor.getCounters(), kDeviceScope);
+          Value running = arith::ConstantIntOp::create(b, loc, run::kRunning, 32);
+          return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne, status,
+                                       running);
+        });
+    rewriter.replaceOp(op, barrierAny(rewriter, loc, stopped));
     return success();
   }
 };
@@ -729,14 +742,14 @@ static LogicalResult distributeOverCTA(gpu::GPUFuncOp func) {
   return success();
 }
 
-/// Whether `kernel` has a collective op whose result thread 0 computes for
-/// the whole CTA, and so needs a broadcast word in shared memory.
+/// Whether `kernel` pops tasks: thread 0 computes the popped task id for the
+/// whole CTA and hands it over through a broadcast word in shared memory
+/// (collective ops with a yes/no result use `bar.red.or` instead).
 static bool needsBroadcastWord(gpu::GPUFuncOp kernel) {
   return kernel
       .walk([](Operation *op) {
-        return isa<NotifyReadyOp, QueuePopOp, RunAbortedOp>(op)
-                   ? WalkResult::interrupt()
-                   : WalkResult::advance();
+        return isa<QueuePopOp>(op) ? WalkResult::interrupt()
+                                   : WalkResult::advance();
       })
       .wasInterrupted();
 }

@@ -345,13 +345,16 @@ func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
 
 // -----
 
-// Dynamic scheduling: a worker kernel with a collective op gets a broadcast
-// word in shared memory. A pop has thread 0 claim a slot and wait until it is
+// Dynamic scheduling: a worker kernel that pops tasks gets a broadcast word
+// in shared memory. A pop has thread 0 claim a slot and wait until it is
 // published (a relaxed load, then the out-of-line spin, then one acquire
-// fence; a spin that gives up, the run being stopped, yields the capacity); a notify_ready has thread 0 decrement with acquire-release
-// semantics; both hand thread 0's result to the CTA between two barriers. A
-// push is thread 0 reserving a slot and publishing `task + 1` with a release
-// store, or raising the error flag.
+// fence; a spin that gives up, the run being stopped, yields the capacity)
+// and hands it to the CTA through the broadcast word between two barriers.
+// A notify_ready has thread 0 decrement with a release fence and acquire (a
+// fence) only when it took the element to zero, and hands the result to the
+// CTA with one barrier that reduces it (`bar.red.or`). A push is thread 0
+// reserving a slot and publishing `task + 1` with a release store, or
+// raising the error flag.
 
 // CHECK-LABEL: gpu.func @d_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>)
@@ -385,7 +388,7 @@ func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
 // CHECK-NEXT:      %[[ID:.*]] = arith.index_castui %[[POPPED]] : i32 to index
 // CHECK:         } do {
 // CHECK:           gpu.barrier
-// CHECK:           scf.if %{{.*}} {
+// CHECK:           %[[MINE:.*]] = scf.if %{{.*}} -> (i1) {
 // CHECK:             llvm.fence syncscope("device") release
 // CHECK-NEXT:        %[[OLD:.*]] = llvm.atomicrmw sub %{{.*}}, %{{.*}} syncscope("device") monotonic
 // CHECK-NEXT:        %[[ONE:.*]] = arith.constant 1 : i32
@@ -393,12 +396,15 @@ func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
 // CHECK-NEXT:        scf.if %[[LAST]] {
 // CHECK-NEXT:          llvm.fence syncscope("device") acquire
 // CHECK-NEXT:        }
-// CHECK-NEXT:        %[[FLAG:.*]] = arith.extui %[[LAST]] : i1 to i32
-// CHECK-NEXT:        memref.store %[[FLAG]], %[[WORD]]
+// CHECK-NEXT:        scf.yield %[[LAST]] : i1
+// CHECK-NEXT:      } else {
+// CHECK-NEXT:        %[[FALSE:.*]] = arith.constant false
+// CHECK-NEXT:        scf.yield %[[FALSE]] : i1
 // CHECK-NEXT:      }
-// CHECK-NEXT:      gpu.barrier
-// CHECK-NEXT:      %[[READYFLAG:.*]] = memref.load %[[WORD]]
-// CHECK:           %[[READY:.*]] = arith.cmpi ne, %[[READYFLAG]], %{{.*}} : i32
+// CHECK-NEXT:      %[[FLAG:.*]] = arith.extui %[[MINE]] : i1 to i32
+// CHECK-NEXT:      %[[ANY:.*]] = nvvm.barrier #nvvm.reduction<or> %[[FLAG]] -> i32
+// CHECK-NEXT:      %[[NONE:.*]] = arith.constant 0 : i32
+// CHECK-NEXT:      %[[READY:.*]] = arith.cmpi ne, %[[ANY]], %[[NONE]] : i32
 // CHECK:           scf.if %[[READY]] {
 // CHECK:             scf.if %{{.*}} {
 // CHECK:               %[[TAIL:.*]] = llvm.getelementptr
@@ -434,8 +440,8 @@ func.func @d_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph
 // A tile with several notifies publishes its writes once: `event.release` is
 // a CTA barrier and thread 0's GPU-scope release fence, and each `released`
 // notify is thread 0's relaxed decrement, without barrier or fence. A
-// `released` notify_ready keeps its barriers (the broadcast word) but has no
-// release fence. `per_lane` ops are each thread's own: a push without the
+// `released` notify_ready has no release fence and no barrier but the
+// `bar.red.or` that hands its result to the CTA. `per_lane` ops are each thread's own: a push without the
 // thread-0 guard, a notify_ready without barriers, with a release fence and
 // an acquire fence when it took the element to zero.
 
@@ -460,11 +466,11 @@ func.func @d_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph
 // CHECK-NEXT:      arith.constant 1 : i32
 // CHECK-NEXT:      llvm.atomicrmw sub %{{.*}}, %{{.*}} syncscope("device") monotonic
 // CHECK-NEXT:    {{^ *}}}{{$}}
-// CHECK:         gpu.barrier
-// CHECK-NEXT:    gpu.thread_id x
+// CHECK-NOT:     gpu.barrier
+// CHECK:         gpu.thread_id x
 // CHECK-NEXT:    arith.constant 0 : index
 // CHECK-NEXT:    arith.cmpi eq
-// CHECK-NEXT:    scf.if %{{.*}} {
+// CHECK-NEXT:    scf.if %{{.*}} -> (i1) {
 // CHECK-NEXT:      arith.constant 1 : i32
 // CHECK-NEXT:      llvm.atomicrmw sub %{{.*}}, %{{.*}} syncscope("device") monotonic
 // CHECK-NEXT:      arith.constant 1 : i32
@@ -472,8 +478,8 @@ func.func @d_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph
 // CHECK-NEXT:      scf.if %[[LAST]] {
 // CHECK-NEXT:        llvm.fence syncscope("device") acquire
 // CHECK-NEXT:      {{^ *}}}{{$}}
-// CHECK:         {{^ *}}}{{$}}
-// CHECK-NEXT:    gpu.barrier
+// CHECK:         nvvm.barrier #nvvm.reduction<or>
+// CHECK-NOT:     gpu.barrier
 // CHECK:         %[[PENDING:.*]] = llvm.getelementptr
 // CHECK-NEXT:    arith.constant 1 : i32
 // CHECK-NEXT:    llvm.fence syncscope("device") release
@@ -585,22 +591,25 @@ func.func @r_worker(%x: f32) attributes {event.graph = "r"} {
 // -----
 
 // `event.run_aborted` gives every thread of the CTA thread 0's reading of
-// the run's status (the run header ends the counter buffer) through the
-// broadcast word; `event.trace_begin` has thread 0 store the block, task,
+// the run's status (the run header ends the counter buffer) with one
+// barrier that reduces it (`bar.red.or`); `event.trace_begin` has thread 0 store the block, task,
 // tile and %globaltimer; `event.trace_end` waits for every thread, then
 // thread 0 stores %globaltimer.
 
 // CHECK-LABEL: gpu.func @h_worker(
-// CHECK-SAME:      workgroup(%[[WORD:.*]] : memref<1xi32, #gpu.address_space<workgroup>>)
-// CHECK:         gpu.barrier
-// CHECK:         scf.if %{{.*}} {
+// CHECK-SAME:      ) kernel {
+// CHECK-NOT:     gpu.barrier
+// CHECK:         %[[MINE:.*]] = scf.if %{{.*}} -> (i1) {
 // CHECK:           memref.dim
 // CHECK:           %[[STATUS:.*]] = llvm.load %{{.*}} atomic syncscope("device") monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
-// CHECK:           memref.store %[[STATUS]], %[[WORD]][%{{.*}}]
+// CHECK:           %[[NOTRUNNING:.*]] = arith.cmpi ne, %[[STATUS]], %{{.*}} : i32
+// CHECK:           scf.yield %[[NOTRUNNING]] : i1
+// CHECK-NEXT:    } else {
 // CHECK:         }
-// CHECK-NEXT:    gpu.barrier
-// CHECK-NEXT:    %[[SEEN:.*]] = memref.load %[[WORD]][%{{.*}}]
-// CHECK:         %[[STOPPED:.*]] = arith.cmpi ne, %[[SEEN]], %{{.*}} : i32
+// CHECK-NEXT:    %[[FLAG:.*]] = arith.extui %[[MINE]] : i1 to i32
+// CHECK-NEXT:    %[[ANY:.*]] = nvvm.barrier #nvvm.reduction<or> %[[FLAG]] -> i32
+// CHECK-NEXT:    %[[NONE:.*]] = arith.constant 0 : i32
+// CHECK-NEXT:    %[[STOPPED:.*]] = arith.cmpi ne, %[[ANY]], %[[NONE]] : i32
 // CHECK:         "test.use"(%[[STOPPED]])
 // CHECK:         scf.if %{{.*}} {
 // CHECK-DAG:       %[[BLOCK:.*]] = gpu.block_id x
