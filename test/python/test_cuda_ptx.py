@@ -191,9 +191,11 @@ def test_hundreds_of_buffers_assemble(chip, tmp_path):
     _assemble(kernel.ptx, chip, tmp_path)
 
 
-#: A task that notifies three events, each waited on by its own consumer.
+#: A task that notifies three events, each waited on by its own consumer,
+#: and a task that waits on two of them.
 _FAN_OUT = """
-event.graph @fan(%n: index, %x: memref<?xf32>, %y: memref<?xf32>, %z: memref<?xf32>, %u: memref<?xf32>) {
+event.graph @fan(%n: index, %x: memref<?xf32>, %y: memref<?xf32>, %z: memref<?xf32>, %u: memref<?xf32>,
+                 %w: memref<?xf32>) {
   %e1 = event.alloc(%n) : !event.tensor<?>
   %e2 = event.alloc(%n) : !event.tensor<?>
   %e3 = event.alloc(%n) : !event.tensor<?>
@@ -213,7 +215,18 @@ event.graph @fan(%n: index, %x: memref<?xf32>, %y: memref<?xf32>, %z: memref<?xf
   ^bb0(%i: index):
     %v = memref.load %x[%i] : memref<?xf32>
     memref.store %v, %{out}[%i] : memref<?xf32>
-  }}""" for k, out in ((1, "y"), (2, "z"), (3, "u"))) + "\n}\n"
+  }}""" for k, out in ((1, "y"), (2, "z"), (3, "u"))) + """
+  event.task "join" grid(%n)
+      reads(%x : memref<?xf32> (d0) -> (d0) [1])
+      writes(%w : memref<?xf32> (d0) -> (d0) [1])
+      waits(%e1 : !event.tensor<?> (d0) -> (d0), %e2 : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    %a = memref.load %x[%i] : memref<?xf32>
+    %v = arith.addf %a, %a : f32
+    memref.store %v, %w[%i] : memref<?xf32>
+  }
+}
+"""
 
 
 def _fan_out_ptx(schedule: str, chip: str) -> str:
@@ -261,4 +274,18 @@ def test_dynamic_waiters_are_readied_by_each_lane_without_barriers(chip, tmp_pat
     # Whether the tile's notify readied the element reaches every thread
     # with one reducing barrier, not a shared word between two barriers.
     assert re.search(r"bar\.red\.or\.pred", worker), worker
+    _assemble(ptx, chip, tmp_path)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_a_tile_with_several_waits_pays_one_fence_and_one_barrier(chip, tmp_path):
+    ptx = _fan_out_ptx("static", chip)
+    worker = _entry(ptx, "fan_worker")
+    # Thread 0 polls both counters with relaxed loads (calling the spin when
+    # one is not ready), then one acquire fence and one barrier.
+    pattern = re.compile(r"ld\.relaxed\.gpu\.global\.b32(?:(?!fence\.|bar\.)[\s\S])*?"
+                         r"ld\.relaxed\.gpu\.global\.b32(?:(?!fence\.|bar\.)[\s\S])*?"
+                         r"fence\.acq_rel\.gpu;(?:(?!fence\.|bar\.)[\s\S])*?bar\.sync")
+    assert pattern.search(worker), worker
     _assemble(ptx, chip, tmp_path)

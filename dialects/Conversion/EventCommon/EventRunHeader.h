@@ -58,7 +58,9 @@ struct WatchdogSite {
 /// (relaxed polls, then one acquire fence; the GPU target, where every
 /// acquire load and fence invalidates the SM's L1 cache, so that a poll
 /// loop of acquire loads would invalidate it at every iteration).
-enum class SpinAcquire { EachPoll, OnceDone };
+/// `Deferred` polls relaxed like `OnceDone` and leaves the acquire fence to
+/// the caller, which issues one after several spins.
+enum class SpinAcquire { EachPoll, OnceDone, Deferred };
 
 /// How a target waits with the watchdog: the clock (i64 nanoseconds), the
 /// back-off between polls, and the synchronisation scope of its atomics

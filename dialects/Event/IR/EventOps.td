@@ -244,15 +244,25 @@ def Event_WaitOp : Event_Op<"wait", [AttrSizedOperandSegments]> {
     the event tensor in the program's `event.tasks` / `event.events` tables,
     then the coordinates of the waiting tile. Without it the record says -1.
 
+    A `deferred` wait only waits: the `event.acquire` that must follow it
+    (after the tile's other waits) makes the notifiers' writes visible to
+    every lane, so that a tile with several waits synchronises its lanes
+    and acquires once (on CUDA one fence and one barrier per tile instead
+    of one per wait). On the CPU target the attribute changes nothing.
+
     ```mlir
     event.wait %e[%i] : !event.tensor<?>
     event.wait %e[%i] site(%task, %event, %i, %j) : !event.tensor<?>
+    event.wait %e[%i] deferred : !event.tensor<?>
+    event.wait %f[%i] deferred : !event.tensor<?>
+    event.acquire
     ```
   }];
   let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices,
-                       Variadic<Index>:$site);
+                       Variadic<Index>:$site, UnitAttr:$deferred);
   let assemblyFormat = [{
-    $event `[` $indices `]` (`site` `(` $site^ `)`)? attr-dict `:` qualified(type($event))
+    $event `[` $indices `]` (`site` `(` $site^ `)`)? (`deferred` $deferred^)?
+    attr-dict `:` qualified(type($event))
   }];
   let builders = [
     OpBuilder<(ins "::mlir::Value":$event, "::mlir::ValueRange":$indices), [{
@@ -293,6 +303,27 @@ def Event_NotifyOp : Event_Op<"notify"> {
     $event `[` $indices `]` (`released` $released^)? attr-dict `:` qualified(type($event))
   }];
   let hasVerifier = 1;
+}
+
+def Event_AcquireOp : Event_Op<"acquire"> {
+  let summary = "Completes a tile's `deferred` waits";
+  let description = [{
+    After the `deferred` `event.wait`s before it have returned, every write
+    their notifiers published is visible to every lane of the worker. The
+    static scheduler emits one after each tile's waits, which it marks
+    `deferred`. Every lane of the worker must reach it, like a barrier.
+
+    CUDA: a GPU-scope acquire fence by thread 0, the thread that polled the
+    counters (it makes each relaxed poll that saw a counter ready an
+    acquire of that counter's notifiers), then a CTA barrier, which extends
+    what thread 0 acquired to the other threads. CPU: nothing (each wait
+    polls with acquire loads).
+
+    ```mlir
+    event.acquire
+    ```
+  }];
+  let assemblyFormat = "attr-dict";
 }
 
 def Event_ReleaseOp : Event_Op<"release"> {

@@ -376,7 +376,7 @@ public:
 
   /// Emits the waits of tile `tile` of task `task` (of `family`, record
   /// `record`), each with its site (task, event number, tile) for the
-  /// watchdog's record.
+  /// watchdog's record, `deferred`, then one `event.acquire`.
   void emitWaits(mlir::OpBuilder &b, mlir::Location loc,
                  ScheduledFunction &function, const TaskFamily &family,
                  mlir::Value record, mlir::Value task, mlir::ValueRange tile);

@@ -117,6 +117,18 @@ struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
   }
 };
 
+/// Erases `event.acquire`: every CPU wait polls with acquire loads (the
+/// attribute `deferred` changes nothing), and a worker is one lane.
+struct AcquireOpLowering : public OpConversionPattern<AcquireOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(AcquireOp op, OpAdaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
 /// Erases `event.release`: every CPU notify is a release atomic of its own
 /// (the attribute `released` changes nothing), and a worker is one lane.
 struct ReleaseOpLowering : public OpConversionPattern<ReleaseOp> {
@@ -317,7 +329,8 @@ void etc::populateEventToCPUConversionPatterns(
   populateEventViewLoweringPattern(typeConverter, patterns);
   populateEventBufferLoweringPattern(typeConverter, patterns);
   patterns.add<WaitOpLowering, QueuePopOpLowering, NotifyOpLowering,
-               ReleaseOpLowering, NotifyReadyOpLowering, QueuePushOpLowering,
+               ReleaseOpLowering, AcquireOpLowering, NotifyReadyOpLowering,
+               QueuePushOpLowering,
                RunAbortedOpLowering, TraceBeginOpLowering, TraceEndOpLowering,
                LaneQueryLowering<LaneIdOp, 0>, LaneQueryLowering<LaneCountOp, 1>,
                LaneBarrierLowering, LaneReduceLowering, ScratchLowering>(typeConverter, patterns.getContext());

@@ -125,7 +125,8 @@ namespace {
 /// writes visible to all threads of the CTA. The spin is bounded
 /// by the watchdog: it also ends when the run is stopped, or after the
 /// timeout (`%globaltimer`), when the first wait to time out writes the
-/// run header's error record.
+/// run header's error record. A `deferred` wait is thread 0's spin only:
+/// the `event.acquire` after the tile's waits fences and synchronises once.
 struct WaitOpLowering : public OpConversionPattern<WaitOp> {
   using OpConversionPattern::OpConversionPattern;
 
@@ -147,9 +148,14 @@ struct WaitOpLowering : public OpConversionPattern<WaitOp> {
                   place.drop_front(std::min<size_t>(2, place.size())),
                   place.empty() ? Value() : place[1], adaptor.getIndices());
               buildSpin(b, loc, *counters, *pointer, kDeviceScope,
-                        SpinUntil::CounterReady, site, SpinAcquire::OnceDone);
+                        SpinUntil::CounterReady, site,
+                        op.getDeferred() ? SpinAcquire::Deferred
+                                         : SpinAcquire::OnceDone);
             });
-    rewriter.replaceOpWithNewOp<gpu::BarrierOp>(op);
+    if (op.getDeferred())
+      rewriter.eraseOp(op);
+    else
+      rewriter.replaceOpWithNewOp<gpu::BarrierOp>(op);
     return success();
   }
 };
@@ -218,6 +224,28 @@ static Value onFirstThread(OpBuilder &b, Location loc,
       });
   return ifOp.getResult(0);
 }
+
+/// Lowers `event.acquire` for a CTA: thread 0, which polled the counters of
+/// the `deferred` waits before it with relaxed loads, issues one GPU-scope
+/// acquire fence, which turns each of those polls that saw its counter
+/// ready into an acquire of that counter's notifiers; then a CTA barrier
+/// extends what thread 0 acquired to every thread. One fence and one
+/// barrier thus serve all the tile's waits.
+struct AcquireOpLowering : public OpConversionPattern<AcquireOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(AcquireOp op, OpAdaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire,
+                                    kDeviceScope);
+            });
+    rewriter.replaceOpWithNewOp<gpu::BarrierOp>(op);
+    return success();
+  }
+};
 
 /// Lowers `event.release` for a CTA: a barrier, so that every thread has
 /// finished its part of the tile, then a GPU-scope release fence by thread
@@ -551,7 +579,7 @@ void etc::populateEventToGPUConversionPatterns(
   populateEventBufferLoweringPattern(typeConverter, patterns,
                                      /*addressSpace=*/1);
   patterns.add<WaitOpLowering, QueuePopOpLowering, NotifyOpLowering,
-               ReleaseOpLowering, RunAbortedOpLowering, TraceBeginOpLowering, TraceEndOpLowering,
+               ReleaseOpLowering, AcquireOpLowering, RunAbortedOpLowering, TraceBeginOpLowering, TraceEndOpLowering,
                IndexQueryLowering<WorkerIdOp, gpu::BlockIdOp>,
                IndexQueryLowering<WorkerCountOp, gpu::GridDimOp>,
                IndexQueryLowering<LaneIdOp, gpu::ThreadIdOp>,
@@ -567,7 +595,7 @@ void etc::populateEventToGPUConversionPatterns(
 /// The ops that make a function the persistent worker: they only mean
 /// something when every CTA runs the function.
 static bool isWorkerOp(Operation *op) {
-  return isa<WorkerIdOp, WorkerCountOp, WaitOp, NotifyOp, ReleaseOp,
+  return isa<WorkerIdOp, WorkerCountOp, WaitOp, AcquireOp, NotifyOp, ReleaseOp,
              NotifyReadyOp, QueuePopOp, LaneIdOp, LaneCountOp, LaneBarrierOp,
              RunAbortedOp, TraceBeginOp, TraceEndOp>(op);
 }

@@ -106,6 +106,40 @@ func.func @g_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph
 
 // -----
 
+// A tile with several waits acquires once: each `deferred` wait is thread
+// 0's relaxed poll (and spin) only, and `event.acquire` is thread 0's
+// GPU-scope acquire fence, then one CTA barrier.
+
+// CHECK-LABEL: gpu.func @a_worker(
+// CHECK:         scf.if %{{.*}} {
+// CHECK:           llvm.load %{{.*}} atomic syncscope("device") monotonic
+// CHECK:           func.call @__etc_spin_counter(
+// CHECK:         {{^ *}}}{{$}}
+// CHECK-NOT:     llvm.fence
+// CHECK-NOT:     gpu.barrier
+// CHECK:         scf.if %{{.*}} {
+// CHECK:           llvm.load %{{.*}} atomic syncscope("device") monotonic
+// CHECK:           func.call @__etc_spin_counter(
+// CHECK:         {{^ *}}}{{$}}
+// CHECK-NOT:     gpu.barrier
+// CHECK:         scf.if %{{.*}} {
+// CHECK-NEXT:      llvm.fence syncscope("device") acquire
+// CHECK-NEXT:    }
+// CHECK-NEXT:    gpu.barrier
+// CHECK-NEXT:    "test.body"
+func.func @a_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph = "a"} {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
+  %w = event.worker_id
+  event.wait %e[%w] deferred : !event.tensor<?>
+  event.wait %e[%c0] deferred : !event.tensor<?>
+  event.acquire
+  "test.body"(%w) : (index) -> ()
+  return
+}
+
+// -----
+
 // A function with a result reports it through one more argument, written by
 // thread 0 of block 0 (an index as i64). Functions without `event.graph`
 // stay on the host; each graph has its own gpu.module.

@@ -186,10 +186,13 @@ func.func @run_header(%counters: memref<?xi32>, %n: index, %t: index) -> i1 {
 
 // -----
 
-// One release for several notifies, and the per-lane forms of the dynamic
-// scheduler's readying.
+// One acquire for several waits, one release for several notifies, and the
+// per-lane forms of the dynamic scheduler's readying.
 // CHECK-LABEL: func.func @released_notifies
-// CHECK:         event.release
+// CHECK:         event.wait %{{.*}}[%{{.*}}] deferred : !event.tensor<?>
+// CHECK-NEXT:    event.wait %{{.*}}[%{{.*}}] site(%{{.*}}, %{{.*}}, %{{.*}}) deferred : !event.tensor<?>
+// CHECK-NEXT:    event.acquire
+// CHECK-NEXT:    event.release
 // CHECK-NEXT:    event.notify %[[E:.*]][%[[T:.*]]] released : !event.tensor<?>
 // CHECK-NEXT:    %{{.*}} = event.notify_ready %[[E]][%[[T]]] released : !event.tensor<?>
 // CHECK-NEXT:    %[[LAST:.*]] = event.notify_ready %[[E]][%[[T]]] per_lane : !event.tensor<?>
@@ -198,6 +201,9 @@ func.func @run_header(%counters: memref<?xi32>, %n: index, %t: index) -> i1 {
 func.func @released_notifies(%counters: memref<?xi32>, %n: index, %t: index) {
   %c0 = arith.constant 0 : index
   %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
+  event.wait %e[%t] deferred : !event.tensor<?>
+  event.wait %e[%t] site(%t, %t, %t) deferred : !event.tensor<?>
+  event.acquire
   event.release
   event.notify %e[%t] released : !event.tensor<?>
   %ready = event.notify_ready %e[%t] released : !event.tensor<?>

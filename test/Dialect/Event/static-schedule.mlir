@@ -94,7 +94,9 @@
 // CHECK:               %[[ROW:.*]] = arith.subi %[[T]], %[[O]] : index
 // CHECK:               %[[EVENT:.*]] = arith.index_cast %{{.*}} : i32 to index
 // CHECK:               %[[E:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[N]]) : memref<?xi32> -> !event.tensor<?>
-// CHECK:               event.wait %[[E]][%[[ROW]]] site(%[[K]], %[[EVENT]], %[[ROW]]) : !event.tensor<?>
+// CHECK:               event.wait %[[E]][%[[ROW]]] site(%[[K]], %[[EVENT]], %[[ROW]]) deferred : !event.tensor<?>
+// One acquire completes the tile's waits.
+// CHECK-NEXT:          event.acquire
 // CHECK:               %[[STOPPED:.*]] = event.run_aborted %[[COUNTERS]] : memref<?xi32>
 // CHECK:               %[[RUNNING:.*]] = arith.xori %[[STOPPED]], %{{.*}} : i1
 // CHECK:               scf.if %[[RUNNING]] {
@@ -224,7 +226,8 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 // CHECK:               %[[WAITED:.*]] = arith.index_cast %[[WAITED32]] : i32 to index
 // CHECK:               %[[WAITBASE:.*]] = arith.muli %[[WAITED]], %[[N]] : index
 // CHECK:               %[[WAIT:.*]] = event.view %[[COUNTERS]][%[[WAITBASE]]](%[[N]])
-// CHECK:               event.wait %[[WAIT]][%[[I]]] site(%[[K]], %[[WAITED]], %[[I]]) : !event.tensor<?>
+// CHECK:               event.wait %[[WAIT]][%[[I]]] site(%[[K]], %[[WAITED]], %[[I]]) deferred : !event.tensor<?>
+// CHECK-NEXT:          event.acquire
 // CHECK:               %[[IN32:.*]] = memref.load %[[RECORDS]][%[[R]]] : memref<14xi32>
 // CHECK:               %[[IN:.*]] = arith.index_cast %[[IN32]] : i32 to index
 // CHECK:               %[[INBUF:.*]] = event.buffer %[[TABLE]][%[[IN]]] : memref<?xi64> -> memref<?xf32>
@@ -338,8 +341,11 @@ event.graph @layers(%n: index, %x: memref<?xf32>, %y: memref<?xf32>, %z: memref<
 // CHECK:               event.notify %[[SLOTS]][%{{.*}}, %[[SLOT]]] released : !event.tensor<?x3>
 // CHECK:           default {
 // CHECK:             scf.for
-// CHECK:               event.wait %{{.*}}[%{{.*}}] site(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : !event.tensor<?>
-// CHECK:               event.wait %{{.*}}[%{{.*}}, %{{.*}}] site(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : !event.tensor<?x3>
+// A tile with two waits acquires once, after both.
+// CHECK:               event.wait %{{.*}}[%{{.*}}] site(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) deferred : !event.tensor<?>
+// CHECK-NOT:           event.acquire
+// CHECK:               event.wait %{{.*}}[%{{.*}}, %{{.*}}] site(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) deferred : !event.tensor<?x3>
+// CHECK-NEXT:          event.acquire
 event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
   %c3 = arith.constant 3 : index
   %done = event.alloc(%experts) : !event.tensor<?>

@@ -840,8 +840,12 @@ void GraphProgramBuilder::emitWaits(OpBuilder &b, Location loc,
     WaitOp::create(b, loc, event.view,
                    entryCoordinates(b, loc, function, family, record, entry,
                                     /*notify=*/false, tile),
-                   site);
+                   site)
+        .setDeferred(true);
   }
+  // One acquire completes all the tile's waits.
+  if (!family.waitClasses.empty())
+    AcquireOp::create(b, loc);
 }
 
 void GraphProgramBuilder::emitTileWork(OpBuilder &b, Location loc,
