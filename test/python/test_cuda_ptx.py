@@ -283,9 +283,10 @@ def test_a_tile_with_several_waits_pays_one_fence_and_one_barrier(chip, tmp_path
     ptx = _fan_out_ptx("static", chip)
     worker = _entry(ptx, "fan_worker")
     # Thread 0 polls both counters with relaxed loads (calling the spin when
-    # one is not ready), then one acquire fence and one barrier.
+    # one is not ready), then one acquire fence and one barrier (the
+    # reducing one that also tells every thread whether the run stopped).
     pattern = re.compile(r"ld\.relaxed\.gpu\.global\.b32(?:(?!fence\.|bar\.)[\s\S])*?"
                          r"ld\.relaxed\.gpu\.global\.b32(?:(?!fence\.|bar\.)[\s\S])*?"
-                         r"fence\.acq_rel\.gpu;(?:(?!fence\.|bar\.)[\s\S])*?bar\.sync")
+                         r"fence\.acq_rel\.gpu;(?:(?!fence\.|bar\.)[\s\S])*?bar\.red\.or\.pred")
     assert pattern.search(worker), worker
     _assemble(ptx, chip, tmp_path)

@@ -316,8 +316,9 @@ def Event_AcquireOp : Event_Op<"acquire"> {
     CUDA: a GPU-scope acquire fence by thread 0, the thread that polled the
     counters (it makes each relaxed poll that saw a counter ready an
     acquire of that counter's notifiers), then a CTA barrier, which extends
-    what thread 0 acquired to the other threads. CPU: nothing (each wait
-    polls with acquire loads).
+    what thread 0 acquired to the other threads (when an
+    `event.run_aborted` follows, its reducing barrier is that barrier).
+    CPU: nothing (each wait polls with acquire loads).
 
     ```mlir
     event.acquire

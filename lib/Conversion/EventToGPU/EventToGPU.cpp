@@ -230,7 +230,9 @@ static Value onFirstThread(OpBuilder &b, Location loc,
 /// acquire fence, which turns each of those polls that saw its counter
 /// ready into an acquire of that counter's notifiers; then a CTA barrier
 /// extends what thread 0 acquired to every thread. One fence and one
-/// barrier thus serve all the tile's waits.
+/// barrier thus serve all the tile's waits. When an `event.run_aborted`
+/// follows (the static schedule checks the run after a tile's waits), its
+/// reducing barrier, which orders memory like `bar.sync`, is that barrier.
 struct AcquireOpLowering : public OpConversionPattern<AcquireOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
@@ -242,7 +244,10 @@ struct AcquireOpLowering : public OpConversionPattern<AcquireOp> {
               LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire,
                                     kDeviceScope);
             });
-    rewriter.replaceOpWithNewOp<gpu::BarrierOp>(op);
+    if (isa_and_nonnull<RunAbortedOp>(op->getNextNode()))
+      rewriter.eraseOp(op);
+    else
+      rewriter.replaceOpWithNewOp<gpu::BarrierOp>(op);
     return success();
   }
 };

@@ -140,6 +140,29 @@ func.func @a_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph
 
 // -----
 
+// An acquire right before a run_aborted leaves the barrier to the latter's
+// reducing barrier.
+
+// CHECK-LABEL: gpu.func @r_worker(
+// CHECK:           func.call @__etc_spin_counter(
+// CHECK-NOT:     gpu.barrier
+// CHECK:           llvm.fence syncscope("device") acquire
+// CHECK-NEXT:    }
+// CHECK-NOT:     gpu.barrier
+// CHECK:         nvvm.barrier #nvvm.reduction<or>
+func.func @r_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph = "r"} {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
+  %w = event.worker_id
+  event.wait %e[%w] deferred : !event.tensor<?>
+  event.acquire
+  %stopped = event.run_aborted %counters : memref<?xi32>
+  "test.use"(%stopped) : (i1) -> ()
+  return
+}
+
+// -----
+
 // A function with a result reports it through one more argument, written by
 // thread 0 of block 0 (an index as i64). Functions without `event.graph`
 // stay on the host; each graph has its own gpu.module.
