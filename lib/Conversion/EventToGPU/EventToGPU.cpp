@@ -26,7 +26,6 @@
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/SymbolTable.h"
-#include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "llvm/ADT/MapVector.h"
 
 namespace etc {
@@ -184,7 +183,8 @@ static Value decrementAndAcquireIfLast(OpBuilder &b, Location loc,
                                        Value pointer, bool released) {
   Value old = decrementCounter(b, loc, pointer, released);
   Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
-  Value last = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, old, one);
+  Value last =
+      arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, old, one);
   buildIf(b, loc, last, [](OpBuilder &b, Location loc) {
     LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire, kDeviceScope);
   });
@@ -465,11 +465,11 @@ struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
 /// Lowers `event.queue_pop` for a CTA: after a barrier (the broadcast word
 /// is free), thread 0 claims a slot with an atomic increment of the head,
 /// and if it is below the capacity spins with relaxed loads until the slot
-/// is published and acquires it with one fence, then writes the task id (or the capacity, when every slot
-/// is claimed) to the broadcast word; a second barrier hands it to every
-/// thread, so the whole CTA runs the same task. The spin is bounded like
-/// `event.wait`'s; one that stops without a task (the run was stopped)
-/// yields the capacity.
+/// is published and acquires it with one fence, then writes the task id
+/// (or the capacity, when every slot is claimed) to the broadcast word; a
+/// second barrier hands it to every thread, so the whole CTA runs the same
+/// task. The spin is bounded like `event.wait`'s; one that stops without a
+/// task (the run was stopped) yields the capacity.
 struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
   using OpConversionPattern::OpConversionPattern;
 
@@ -523,7 +523,8 @@ struct RunAbortedOpLowering : public OpConversionPattern<RunAbortedOp> {
         onFirstThread(rewriter, loc, [&](OpBuilder &b, Location loc) -> Value {
           Value status =
               loadRunStatus(b, loc, adaptor.getCounters(), kDeviceScope);
-          Value running = arith::ConstantIntOp::create(b, loc, run::kRunning, 32);
+          Value running =
+              arith::ConstantIntOp::create(b, loc, run::kRunning, 32);
           return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne, status,
                                        running);
         });
@@ -584,13 +585,15 @@ void etc::populateEventToGPUConversionPatterns(
   populateEventBufferLoweringPattern(typeConverter, patterns,
                                      /*addressSpace=*/1);
   patterns.add<WaitOpLowering, QueuePopOpLowering, NotifyOpLowering,
-               ReleaseOpLowering, AcquireOpLowering, RunAbortedOpLowering, TraceBeginOpLowering, TraceEndOpLowering,
+               ReleaseOpLowering, AcquireOpLowering, RunAbortedOpLowering,
+               TraceBeginOpLowering, TraceEndOpLowering,
                IndexQueryLowering<WorkerIdOp, gpu::BlockIdOp>,
                IndexQueryLowering<WorkerCountOp, gpu::GridDimOp>,
                IndexQueryLowering<LaneIdOp, gpu::ThreadIdOp>,
                IndexQueryLowering<LaneCountOp, gpu::BlockDimOp>,
                LaneBarrierLowering, LaneReduceLowering, ScratchLowering,
-               NotifyReadyOpLowering, QueuePushOpLowering>(typeConverter, patterns.getContext());
+               NotifyReadyOpLowering, QueuePushOpLowering>(
+      typeConverter, patterns.getContext());
 }
 
 //===----------------------------------------------------------------------===//

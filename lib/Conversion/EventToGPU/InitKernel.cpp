@@ -91,8 +91,8 @@ static bool isIndependentLoop(scf::ForOp loop, const WrittenBuffers &written) {
 
 /// Whether `op` (not a region holder) writes memory or has unknown effects.
 static bool mayWrite(Operation *op) {
-  bool readsOnly =
-      hasEffect<MemoryEffects::Read>(op) && !hasEffect<MemoryEffects::Write>(op);
+  bool readsOnly = hasEffect<MemoryEffects::Read>(op) &&
+                   !hasEffect<MemoryEffects::Write>(op);
   return !isMemoryEffectFree(op) && !readsOnly;
 }
 
@@ -126,8 +126,8 @@ static void strideOverThreads(scf::ForOp loop) {
   Value thread = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
   Value threads = gpu::BlockDimOp::create(b, loc, gpu::Dimension::x);
   Value step = loop.getStep();
-  Value start = arith::AddIOp::create(
-      b, loc, loop.getLowerBound(), arith::MulIOp::create(b, loc, thread, step));
+  Value offset = arith::MulIOp::create(b, loc, thread, step);
+  Value start = arith::AddIOp::create(b, loc, loop.getLowerBound(), offset);
   loop.setLowerBound(start);
   loop.setStep(arith::MulIOp::create(b, loc, step, threads));
 }

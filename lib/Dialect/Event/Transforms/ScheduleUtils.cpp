@@ -747,7 +747,8 @@ void GraphProgramBuilder::initEventCounters(OpBuilder &b,
                 productIndex(cb, loc, extents), constantIndex(cb, loc, 1),
                 ValueRange{},
                 [&](OpBuilder &lb, Location, Value local, ValueRange) {
-                  SmallVector<Value> tile = delinearize(lb, loc, local, extents);
+                  SmallVector<Value> tile =
+                      delinearize(lb, loc, local, extents);
                   ifLive(lb, loc, function, family, record, tile,
                          [&](OpBuilder &live) { countNotify(live, tile); });
                   scf::YieldOp::create(lb, loc);
