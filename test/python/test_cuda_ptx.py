@@ -1,7 +1,8 @@
 """PTX from the CUDA pipeline, checked without a GPU: every operator graph
 lowers to PTX that `ptxas` assembles, the synchronisation is what the design
-says (GPU-scope release before the counter decrement, acquire polling with
-nanosleep, CTA barriers), and the kernels take MLIR's memref parameters."""
+says (GPU-scope release before the counter decrement, relaxed polling with
+nanosleep and one acquire fence, one barrier and fence per tile however many
+notifies, CTA barriers), and the kernels take MLIR's memref parameters."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import shutil
 import subprocess
 
 import pytest
+from mlir import ir
+from mlir.passmanager import PassManager
 
 import etc
+from etc.compiler import _ptx
 from test_cpu_runtime import OPERATORS, _graph, _mlp
 
 PTXAS = shutil.which("ptxas")
@@ -43,19 +47,35 @@ def _function(ptx: str, name: str) -> str:
     raise AssertionError(f"the PTX defines no function {name}")
 
 
+#: A GPU-scope release fence, then (no other fence between) a counter
+#: decrement: the release pattern of a notify. A static worker's notifies
+#: follow the fence without a barrier; a dynamic worker's `notify_ready`
+#: has one more barrier, for its broadcast word.
+_RELEASED_DECREMENT = re.compile(
+    r"fence\.acq_rel\.gpu;(?:(?!fence\.)[\s\S])*?atom\.global\.add\.u32\s+%r\d+, \[%rd\d+\], -1;")
+_RELEASED_DECREMENT_NO_BARRIER = re.compile(
+    r"fence\.acq_rel\.gpu;(?:(?!fence\.|bar\.sync)[\s\S])*?atom\.global\.add\.u32\s+%r\d+, \[%rd\d+\], -1;")
+
+
 def _check_worker_synchronisation(ptx: str, name: str, schedule: str) -> None:
     worker = _entry(ptx, f"{name}_worker")
     assert "bar.sync" in worker
-    # Notify: a GPU-scope release fence right before the decrement.
-    assert re.search(r"fence\.acq_rel\.gpu;\s*atom\.global\.add\.u32\s+%r\d+, \[%rd\d+\], -1;", worker), worker
-    # Wait: an acquire load at GPU scope inline; when the element is not
-    # ready, the out-of-line spin polls, sleeping between polls, bounded by
-    # the watchdog (%globaltimer).
-    assert "ld.acquire.gpu" in worker
+    # Notify: a GPU-scope release fence before the decrement.
+    pattern = _RELEASED_DECREMENT if schedule == "dynamic" else _RELEASED_DECREMENT_NO_BARRIER
+    assert pattern.search(worker), worker
+    # Wait: a relaxed load at GPU scope inline; when the element is not
+    # ready, the out-of-line spin polls with relaxed loads, sleeping between
+    # polls, bounded by the watchdog (%globaltimer); then one acquire fence
+    # before the CTA barrier. No acquire load anywhere: each would
+    # invalidate the SM's L1 at every poll.
+    assert "ld.relaxed.gpu" in worker
+    assert "ld.acquire" not in ptx
     spin = "__etc_spin_slot" if schedule == "dynamic" else "__etc_spin_counter"
-    assert re.search(rf"call\.uni \(retval0\),\s*{spin},", worker), worker
+    assert re.search(rf"call\.uni \(retval0\),\s*{spin},(?:(?!bar\.sync|fence\.)[\s\S])*fence\.acq_rel\.gpu;",
+                     worker), worker
     body = _function(ptx, spin)
-    assert "ld.acquire.gpu" in body and "nanosleep.u32" in body and "%globaltimer" in body
+    assert "ld.relaxed.gpu" in body and "nanosleep.u32" in body and "%globaltimer" in body
+    assert "fence." not in body
     # The tile bodies (device functions, or inlined) run on the CTA's
     # threads; static workers are the blocks (dynamic ones take tasks from
     # the queue instead).
@@ -169,3 +189,104 @@ def test_hundreds_of_buffers_assemble(chip, tmp_path):
         text = _entry(kernel.ptx, f"many_{entry}")
         assert text[:text.index(")")].count(".param ") <= 16
     _assemble(kernel.ptx, chip, tmp_path)
+
+
+#: A task that notifies three events, each waited on by its own consumer,
+#: and a task that waits on two of them.
+_FAN_OUT = """
+event.graph @fan(%n: index, %x: memref<?xf32>, %y: memref<?xf32>, %z: memref<?xf32>, %u: memref<?xf32>,
+                 %w: memref<?xf32>) {
+  %e1 = event.alloc(%n) : !event.tensor<?>
+  %e2 = event.alloc(%n) : !event.tensor<?>
+  %e3 = event.alloc(%n) : !event.tensor<?>
+  event.task "produce" grid(%n)
+      writes(%x : memref<?xf32> (d0) -> (d0) [1])
+      notifies(%e1 : !event.tensor<?> (d0) -> (d0), %e2 : !event.tensor<?> (d0) -> (d0),
+               %e3 : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    %v = arith.constant 2.0 : f32
+    memref.store %v, %x[%i] : memref<?xf32>
+  }
+""" + "".join(f"""
+  event.task "use{k}" grid(%n)
+      reads(%x : memref<?xf32> (d0) -> (d0) [1])
+      writes(%{out} : memref<?xf32> (d0) -> (d0) [1])
+      waits(%e{k} : !event.tensor<?> (d0) -> (d0)) {{
+  ^bb0(%i: index):
+    %v = memref.load %x[%i] : memref<?xf32>
+    memref.store %v, %{out}[%i] : memref<?xf32>
+  }}""" for k, out in ((1, "y"), (2, "z"), (3, "u"))) + """
+  event.task "join" grid(%n)
+      reads(%x : memref<?xf32> (d0) -> (d0) [1])
+      writes(%w : memref<?xf32> (d0) -> (d0) [1])
+      waits(%e1 : !event.tensor<?> (d0) -> (d0), %e2 : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%i: index):
+    %a = memref.load %x[%i] : memref<?xf32>
+    %v = arith.addf %a, %a : f32
+    memref.store %v, %w[%i] : memref<?xf32>
+  }
+}
+"""
+
+
+def _fan_out_ptx(schedule: str, chip: str) -> str:
+    features = {"sm_80": "+ptx70", "sm_90a": "+ptx80"}[chip]
+    with ir.Context() as context:
+        etc.register_dialects(context)
+        module = ir.Module.parse(_FAN_OUT)
+        PassManager.parse(f"builtin.module(event-{schedule}-schedule,"
+                          f"etc-lower-to-nvvm{{chip={chip} features={features}}})").run(module.operation)
+        return _ptx(module)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_a_tile_with_several_notifies_pays_one_barrier_and_one_fence(chip, tmp_path):
+    ptx = _fan_out_ptx("static", chip)
+    worker = _entry(ptx, "fan_worker")
+    decrements = [m.start() for m in re.finditer(r"atom\.global\.add\.u32\s+%r\d+, \[%rd\d+\], -1;", worker)]
+    assert len(decrements) == 3, worker
+    # The three decrements of "produce" follow one barrier and one release
+    # fence, with no barrier or fence between them.
+    before = worker[:decrements[0]]
+    last_barrier = before.rindex("bar.sync")
+    assert before[last_barrier:].count("fence.acq_rel.gpu") == 1, before[last_barrier:]
+    between = worker[decrements[0]:decrements[-1]]
+    assert "bar.sync" not in between and "fence." not in between, between
+    _assemble(ptx, chip, tmp_path)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_dynamic_waiters_are_readied_by_each_lane_without_barriers(chip, tmp_path):
+    ptx = _fan_out_ptx("dynamic", chip)
+    worker = _entry(ptx, "fan_worker")
+    # The readying of waiters is spread over the lanes: each lane's pending
+    # decrement (release fence, atomic) and, when it is the last, its
+    # acquire fence and push (tail claim, then release store of the slot),
+    # with no CTA barrier in between (thread 0 used to do them one by one,
+    # two barriers each).
+    own_push = re.compile(r"fence\.acq_rel\.gpu;\s*atom\.global\.add\.u32\s+%r\d+, \[%rd\d+\], -1;"
+                          r"(?:(?!bar\.sync|fence\.)[\s\S])*fence\.acq_rel\.gpu;\s*"
+                          r"atom\.global\.add\.u32\s+%r\d+, \[%rd\d+\+4\], 1;")
+    assert own_push.search(worker), worker
+    assert "st.release.gpu" in worker
+    # Whether the tile's notify readied the element reaches every thread
+    # with one reducing barrier, not a shared word between two barriers.
+    assert re.search(r"bar\.red\.or\.pred", worker), worker
+    _assemble(ptx, chip, tmp_path)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_a_tile_with_several_waits_pays_one_fence_and_one_barrier(chip, tmp_path):
+    ptx = _fan_out_ptx("static", chip)
+    worker = _entry(ptx, "fan_worker")
+    # Thread 0 polls both counters with relaxed loads (calling the spin when
+    # one is not ready), then one acquire fence and one barrier (the
+    # reducing one that also tells every thread whether the run stopped).
+    pattern = re.compile(r"ld\.relaxed\.gpu\.global\.b32(?:(?!fence\.|bar\.)[\s\S])*?"
+                         r"ld\.relaxed\.gpu\.global\.b32(?:(?!fence\.|bar\.)[\s\S])*?"
+                         r"fence\.acq_rel\.gpu;(?:(?!fence\.|bar\.)[\s\S])*?bar\.red\.or\.pred")
+    assert pattern.search(worker), worker
+    _assemble(ptx, chip, tmp_path)

@@ -53,6 +53,15 @@ struct WatchdogSite {
                           mlir::ValueRange element);
 };
 
+/// How a spin acquires the writes published to the element it waits for:
+/// with every poll (acquire loads; the CPU target), or once, when it is done
+/// (relaxed polls, then one acquire fence; the GPU target, where every
+/// acquire load and fence invalidates the SM's L1 cache, so that a poll
+/// loop of acquire loads would invalidate it at every iteration).
+/// `Deferred` polls relaxed like `OnceDone` and leaves the acquire fence to
+/// the caller, which issues one after several spins.
+enum class SpinAcquire { EachPoll, OnceDone, Deferred };
+
 /// How a target waits with the watchdog: the clock (i64 nanoseconds), the
 /// back-off between polls, and the synchronisation scope of its atomics
 /// ("" for the system). The back-off gets an i32 state (starting at
@@ -66,6 +75,8 @@ struct SpinTarget {
   llvm::StringRef syncScope;
   /// The spin gives up after this long.
   int64_t timeoutMs;
+  /// How the polls of the spin functions load the element.
+  SpinAcquire acquire = SpinAcquire::EachPoll;
 };
 
 /// What a spin waits for: a counter to be no longer positive (`event.wait`)
@@ -78,7 +89,7 @@ enum class SpinUntil { CounterReady, SlotPublished };
 /// publishes the status `run::kWatchdog` with a release fence and a relaxed
 /// store), and the never-inlined spins `@__etc_spin_counter` and
 /// `@__etc_spin_slot(counters, element pointer, the site's 14 words) -> i32`:
-/// acquire loads with `target`'s back-off until the element is ready, the
+/// loads (acquire, or relaxed with `SpinAcquire::OnceDone`) with `target`'s back-off until the element is ready, the
 /// run's status is no longer `run::kRunning`, or `target.timeoutMs` passed
 /// (then the report); they return the last value loaded. Fails if a symbol
 /// has another meaning.
@@ -86,13 +97,17 @@ mlir::LogicalResult defineSpinFunctions(mlir::Operation *symbolTable,
                                         const SpinTarget &target);
 
 /// Builds a watchdog-bounded spin on the i32 at `pointer` (an element of
-/// `counters`): an acquire load inline and, unless it is ready, a call of
-/// the spin function `defineSpinFunctions` defined. Returns the last value
-/// loaded (i32); for a slot, 0 means the spin stopped without a task.
+/// `counters`): a load inline and, unless it is ready, a call of the spin
+/// function `defineSpinFunctions` defined. With `SpinAcquire::EachPoll`
+/// the loads acquire; with `SpinAcquire::OnceDone` (which must match the
+/// spin functions' `SpinTarget`) they are relaxed and one acquire fence
+/// follows the spin. Returns the last value loaded (i32); for a slot, 0
+/// means the spin stopped without a task.
 mlir::Value buildSpin(mlir::OpBuilder &b, mlir::Location loc,
                       mlir::Value counters, mlir::Value pointer,
                       llvm::StringRef syncScope, SpinUntil until,
-                      const WatchdogSite &site);
+                      const WatchdogSite &site,
+                      SpinAcquire acquire = SpinAcquire::EachPoll);
 
 /// The run's status word (`run::kStatusWord` of `counters`), loaded relaxed:
 /// non-zero once the run is stopped. Returns an i32.

@@ -19,14 +19,17 @@ void populateEventToGPUTypeConversions(mlir::TypeConverter &typeConverter);
 
 /// Adds the patterns that lower the event ops inside a `gpu.func` for one CTA
 /// per persistent worker and one thread per lane: `event.view`,
-/// `event.wait` (thread 0 spins with an acquire load at GPU scope and
-/// `nvvm.nanosleep`, then a CTA barrier), `event.notify` (a CTA barrier,
-/// then a release atomic decrement at GPU scope by thread 0), the worker and
-/// lane queries (block / thread ids and counts), `event.lane_barrier`, and
-/// the dynamic scheduler's `event.notify_ready`, `event.queue_push` and
-/// `event.queue_pop` (thread 0 acts for the CTA; the results of ready and
-/// pop reach every thread through the enclosing kernel's first workgroup
-/// attribution, a `memref<1xi32>` broadcast word).
+/// `event.wait` (thread 0 spins with relaxed loads at GPU scope and
+/// `nvvm.nanosleep`, then one acquire fence and a CTA barrier),
+/// `event.release` (a CTA barrier, then thread 0's GPU-scope release fence),
+/// `event.notify` (thread 0's atomic decrement at GPU scope, after its own
+/// barrier and release fence unless `released`), the worker and lane
+/// queries (block / thread ids and counts), `event.lane_barrier`, and the
+/// dynamic scheduler's `event.notify_ready`, `event.queue_push` and
+/// `event.queue_pop` (thread 0 acts for the CTA, or each thread for itself
+/// with `per_lane`; a ready flag reaches every thread with `bar.red.or`, a
+/// popped task through the enclosing kernel's first workgroup attribution,
+/// a `memref<1xi32>` broadcast word).
 void populateEventToGPUConversionPatterns(
     const mlir::TypeConverter &typeConverter,
     mlir::RewritePatternSet &patterns);

@@ -10,4 +10,16 @@
 
 #include "Event/IR/EventDialect.h.inc"
 
+namespace etc::event {
+/// The unit attribute the schedulers put on a loop of an initialisation
+/// function (`@g_init`) whose iterations are independent although they read
+/// counters the function wrote before the loop: each iteration writes only
+/// its own words or adds with atomics, and its queue pushes are `per_lane`.
+/// The CUDA lowering spreads such a loop over the CTA's threads, like a loop
+/// that only stores (also when it is nested in ops that write nothing
+/// else); on the CPU it changes nothing.
+inline constexpr llvm::StringLiteral kIndependentIterationsAttrName =
+    "event.independent";
+} // namespace etc::event
+
 #endif // ETC_EVENT_IR_EVENTDIALECT_H

@@ -244,15 +244,25 @@ def Event_WaitOp : Event_Op<"wait", [AttrSizedOperandSegments]> {
     the event tensor in the program's `event.tasks` / `event.events` tables,
     then the coordinates of the waiting tile. Without it the record says -1.
 
+    A `deferred` wait only waits: the `event.acquire` that must follow it
+    (after the tile's other waits) makes the notifiers' writes visible to
+    every lane, so that a tile with several waits synchronises its lanes
+    and acquires once (on CUDA one fence and one barrier per tile instead
+    of one per wait). On the CPU target the attribute changes nothing.
+
     ```mlir
     event.wait %e[%i] : !event.tensor<?>
     event.wait %e[%i] site(%task, %event, %i, %j) : !event.tensor<?>
+    event.wait %e[%i] deferred : !event.tensor<?>
+    event.wait %f[%i] deferred : !event.tensor<?>
+    event.acquire
     ```
   }];
   let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices,
-                       Variadic<Index>:$site);
+                       Variadic<Index>:$site, UnitAttr:$deferred);
   let assemblyFormat = [{
-    $event `[` $indices `]` (`site` `(` $site^ `)`)? attr-dict `:` qualified(type($event))
+    $event `[` $indices `]` (`site` `(` $site^ `)`)? (`deferred` $deferred^)?
+    attr-dict `:` qualified(type($event))
   }];
   let builders = [
     OpBuilder<(ins "::mlir::Value":$event, "::mlir::ValueRange":$indices), [{
@@ -273,13 +283,71 @@ def Event_NotifyOp : Event_Op<"notify"> {
     every write made before the notify is visible to a task whose wait on
     that element returns.
 
+    A `released` notify relies on an `event.release` that the worker
+    executed after its last write and before the notify: it only
+    decrements. A tile with several notifies thus synchronises its lanes
+    and publishes its writes once (on CUDA one barrier and one fence per
+    tile instead of one per notify). On the CPU target the attribute
+    changes nothing.
+
     ```mlir
     event.notify %e[%i] : !event.tensor<?>
+    event.release
+    event.notify %e[%i] released : !event.tensor<?>
+    event.notify %f[%i] released : !event.tensor<?>
     ```
   }];
-  let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices);
-  let assemblyFormat = "$event `[` $indices `]` attr-dict `:` qualified(type($event))";
+  let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices,
+                       UnitAttr:$released);
+  let assemblyFormat = [{
+    $event `[` $indices `]` (`released` $released^)? attr-dict `:` qualified(type($event))
+  }];
   let hasVerifier = 1;
+}
+
+def Event_AcquireOp : Event_Op<"acquire"> {
+  let summary = "Completes a tile's `deferred` waits";
+  let description = [{
+    After the `deferred` `event.wait`s before it have returned, every write
+    their notifiers published is visible to every lane of the worker. The
+    static scheduler emits one after each tile's waits, which it marks
+    `deferred`. Every lane of the worker must reach it, like a barrier.
+
+    CUDA: a GPU-scope acquire fence by thread 0, the thread that polled the
+    counters (it makes each relaxed poll that saw a counter ready an
+    acquire of that counter's notifiers), then a CTA barrier, which extends
+    what thread 0 acquired to the other threads (when an
+    `event.run_aborted` follows, its reducing barrier is that barrier).
+    CPU: nothing (each wait polls with acquire loads).
+
+    ```mlir
+    event.acquire
+    ```
+  }];
+  let assemblyFormat = "attr-dict";
+}
+
+def Event_ReleaseOp : Event_Op<"release"> {
+  let summary = "Publishes a tile's writes before its `released` notifies";
+  let description = [{
+    Every write that any lane of the worker made before the op is visible,
+    at the scope of the event counters, to a task that acquires an element
+    which a `released` `event.notify` or `event.notify_ready` of this worker
+    decremented after the op. The schedulers emit one after each tile body
+    that notifies, then mark the tile's notifies `released`. Every lane of
+    the worker must reach it, like a barrier.
+
+    CUDA: a CTA barrier (every thread has finished its part of the tile),
+    then a GPU-scope release fence by thread 0, the thread that does the
+    notifies; release fences are cumulative, so the fence publishes the
+    writes the barrier ordered before it, not only thread 0's. CPU: nothing
+    (each notify is a release atomic of its own).
+
+    ```mlir
+    event.release
+    ```
+  }];
+  let assemblyFormat = "attr-dict";
 }
 
 def Event_ViewOp : Event_Op<"view", [Pure]> {
@@ -441,15 +509,36 @@ def Event_NotifyReadyOp : Event_Op<"notify_ready"> {
     pending counts (an event tensor whose element is the number of wait
     elements a tile still needs).
 
+    By default the op is collective: every lane of the worker reaches it
+    with the same element, one decrement is made for the worker, and every
+    lane gets its result. `released` means, as for `event.notify`, that an
+    `event.release` already published the worker's writes. `per_lane`
+    means each lane that executes it makes its own decrement, of its own
+    element, and gets its own result; the lanes need not execute it
+    together. The dynamic scheduler spreads the readying of an element's
+    waiters over the lanes this way (lane l decrements the pending counts of
+    waiters l, l + lanes, ...).
+
     CPU: `atomicrmw sub ... acq_rel` and a compare of the old value with 1.
+    CUDA: thread 0 decrements and a reducing barrier (`bar.red.or`) hands
+    the result to every thread, or, `per_lane`, each thread decrements; the
+    ordering is a release fence (none when `released`), a relaxed atomic,
+    and an acquire fence only in the notifier that sees the element reach
+    zero.
 
     ```mlir
     %ready = event.notify_ready %e[%i] : !event.tensor<?>
+    %ready = event.notify_ready %e[%i] released : !event.tensor<?>
+    %last = event.notify_ready %pending[%tile] per_lane : !event.tensor<?>
     ```
   }];
-  let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices);
+  let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices,
+                       UnitAttr:$released, UnitAttr:$per_lane);
   let results = (outs I1:$ready);
-  let assemblyFormat = "$event `[` $indices `]` attr-dict `:` qualified(type($event))";
+  let assemblyFormat = [{
+    $event `[` $indices `]` (`released` $released^)? (`per_lane` $per_lane^)?
+    attr-dict `:` qualified(type($event))
+  }];
   let hasVerifier = 1;
 }
 
@@ -475,15 +564,20 @@ def Event_QueuePushOp : Event_Op<"queue_push"> {
     below 2^31 - 1, and a constant `capacity` at least 1 (a push into a
     queue of capacity 0 always overflows).
 
+    By default every lane of the worker reaches the op with the same task
+    and one push is made for the worker (on CUDA by thread 0); `per_lane`,
+    each lane that executes it pushes its own task.
+
     ```mlir
     event.queue_push %task, %counters[%queue] capacity(%tasks) : memref<?xi32>
+    event.queue_push %task, %counters[%queue] capacity(%tasks) per_lane : memref<?xi32>
     ```
   }];
   let arguments = (ins Index:$task, MemRefRankOf<[I32], [1]>:$counters,
-                       Index:$queue, Index:$capacity);
+                       Index:$queue, Index:$capacity, UnitAttr:$per_lane);
   let assemblyFormat = [{
-    $task `,` $counters `[` $queue `]` `capacity` `(` $capacity `)` attr-dict
-    `:` type($counters)
+    $task `,` $counters `[` $queue `]` `capacity` `(` $capacity `)`
+    (`per_lane` $per_lane^)? attr-dict `:` type($counters)
   }];
   let hasVerifier = 1;
 }

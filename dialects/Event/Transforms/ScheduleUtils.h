@@ -341,7 +341,8 @@ public:
 
   /// Writes every event counter's expected count: the class's `count`, or
   /// the number of notifies counted by evaluating the map of every notifying
-  /// tile that runs (dead tiles of predicated tasks do not notify).
+  /// tile that runs (dead tiles of predicated tasks do not notify), with
+  /// atomic adds in `event.independent` loops over each task's tiles.
   void initEventCounters(mlir::OpBuilder &b, ScheduledFunction &function);
 
   /// True when some counter in `[begin, end)` is not zero (plain loads: the
@@ -375,7 +376,7 @@ public:
 
   /// Emits the waits of tile `tile` of task `task` (of `family`, record
   /// `record`), each with its site (task, event number, tile) for the
-  /// watchdog's record.
+  /// watchdog's record, `deferred`, then one `event.acquire`.
   void emitWaits(mlir::OpBuilder &b, mlir::Location loc,
                  ScheduledFunction &function, const TaskFamily &family,
                  mlir::Value record, mlir::Value task, mlir::ValueRange tile);

@@ -184,6 +184,19 @@ static LogicalResult defineWatchdogReport(Operation *symbolTable,
   return success();
 }
 
+/// One poll of a spin's element: an acquire load, or a relaxed one when the
+/// spin acquires once it is done.
+static Value loadPoll(OpBuilder &b, Location loc, Value pointer,
+                      StringRef syncScope, SpinAcquire acquire) {
+  return LLVM::LoadOp::create(
+      b, loc, b.getI32Type(), pointer, /*alignment=*/4, /*isVolatile=*/false,
+      /*isNonTemporal=*/false, /*isInvariant=*/false,
+      /*isInvariantGroup=*/false,
+      acquire == SpinAcquire::EachPoll ? LLVM::AtomicOrdering::acquire
+                                       : LLVM::AtomicOrdering::monotonic,
+      syncScope);
+}
+
 /// Whether `value`, loaded from a spin's element, means it is done.
 static Value isDone(OpBuilder &b, Location loc, SpinUntil until,
                     Value value) {
@@ -209,11 +222,8 @@ static Value buildSpinLoop(OpBuilder &b, Location loc, Value counters,
       b, loc, TypeRange{i64Type, i1Type, i32Type, i32Type},
       ValueRange{noStart, notStopped, firstBackOff},
       [&](OpBuilder &b, Location loc, ValueRange args) {
-        Value value = LLVM::LoadOp::create(
-            b, loc, i32Type, pointer, /*alignment=*/4, /*isVolatile=*/false,
-            /*isNonTemporal=*/false, /*isInvariant=*/false,
-            /*isInvariantGroup=*/false, LLVM::AtomicOrdering::acquire,
-            target.syncScope);
+        Value value = loadPoll(b, loc, pointer, target.syncScope,
+                               target.acquire);
         Value pending = arith::XOrIOp::create(
             b, loc, isDone(b, loc, until, value),
             arith::ConstantIntOp::create(b, loc, 1, 1));
@@ -313,12 +323,9 @@ LogicalResult etc::defineSpinFunctions(Operation *symbolTable,
 
 Value etc::buildSpin(OpBuilder &b, Location loc, Value counters, Value pointer,
                      StringRef syncScope, SpinUntil until,
-                     const WatchdogSite &site) {
+                     const WatchdogSite &site, SpinAcquire acquire) {
   Type i32Type = b.getI32Type();
-  Value value = LLVM::LoadOp::create(
-      b, loc, i32Type, pointer, /*alignment=*/4, /*isVolatile=*/false,
-      /*isNonTemporal=*/false, /*isInvariant=*/false,
-      /*isInvariantGroup=*/false, LLVM::AtomicOrdering::acquire, syncScope);
+  Value value = loadPoll(b, loc, pointer, syncScope, acquire);
   auto ifOp = scf::IfOp::create(
       b, loc, isDone(b, loc, until, value),
       [&](OpBuilder &then, Location loc) {
@@ -335,6 +342,10 @@ Value etc::buildSpin(OpBuilder &b, Location loc, Value counters, Value pointer,
                          .getResult(0);
         scf::YieldOp::create(otherwise, loc, last);
       });
+  // Relaxed polls synchronise with the element's last writer here, once:
+  // the fence makes the load that saw the element done an acquire.
+  if (acquire == SpinAcquire::OnceDone)
+    LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire, syncScope);
   return ifOp.getResult(0);
 }
 

@@ -97,7 +97,8 @@ struct WaitOpLowering : public OpConversionPattern<WaitOp> {
   }
 };
 
-/// Lowers `event.notify` to a release `atomicrmw sub` of 1 on the counter.
+/// Lowers `event.notify` to a release `atomicrmw sub` of 1 on the counter
+/// (also a `released` one: the CPU keeps one release per notify).
 struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
@@ -116,9 +117,34 @@ struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
   }
 };
 
+/// Erases `event.acquire`: every CPU wait polls with acquire loads (the
+/// attribute `deferred` changes nothing), and a worker is one lane.
+struct AcquireOpLowering : public OpConversionPattern<AcquireOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(AcquireOp op, OpAdaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+/// Erases `event.release`: every CPU notify is a release atomic of its own
+/// (the attribute `released` changes nothing), and a worker is one lane.
+struct ReleaseOpLowering : public OpConversionPattern<ReleaseOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(ReleaseOp op, OpAdaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
 /// Lowers `event.notify_ready` to an acq_rel `atomicrmw sub` of 1 on the
 /// counter and a compare of the old value with 1: the notifier that takes the
-/// counter to zero gets `true`.
+/// counter to zero gets `true`. With one lane per worker, a `per_lane` op
+/// is the same.
 struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
@@ -302,7 +328,9 @@ void etc::populateEventToCPUConversionPatterns(
     const TypeConverter &typeConverter, RewritePatternSet &patterns) {
   populateEventViewLoweringPattern(typeConverter, patterns);
   populateEventBufferLoweringPattern(typeConverter, patterns);
-  patterns.add<WaitOpLowering, QueuePopOpLowering, NotifyOpLowering, NotifyReadyOpLowering, QueuePushOpLowering,
+  patterns.add<WaitOpLowering, QueuePopOpLowering, NotifyOpLowering,
+               ReleaseOpLowering, AcquireOpLowering, NotifyReadyOpLowering,
+               QueuePushOpLowering,
                RunAbortedOpLowering, TraceBeginOpLowering, TraceEndOpLowering,
                LaneQueryLowering<LaneIdOp, 0>, LaneQueryLowering<LaneCountOp, 1>,
                LaneBarrierLowering, LaneReduceLowering, ScratchLowering>(typeConverter, patterns.getContext());

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Conversion/EventToGPU/EventToGPU.h"
+#include "Conversion/EventToGPU/InitKernel.h"
 #include "Conversion/Passes.h"
 #include "Conversion/EventCommon/EventAddressing.h"
 #include "Conversion/EventCommon/EventQueue.h"
@@ -25,7 +26,6 @@
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/SymbolTable.h"
-#include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "llvm/ADT/MapVector.h"
 
 namespace etc {
@@ -63,8 +63,8 @@ static void buildIf(OpBuilder &b, Location loc, Value condition,
 //===----------------------------------------------------------------------===//
 
 /// The CTA's broadcast word: the `memref<1xi32, workgroup>` attribution that
-/// convert-event-to-gpu gives each kernel with a collective op whose result
-/// thread 0 computes for every thread.
+/// convert-event-to-gpu gives each kernel that pops tasks, through which
+/// thread 0 hands the popped task id to every thread.
 static FailureOr<Value> broadcastWord(ConversionPatternRewriter &rewriter,
                                       Operation *op) {
   auto func = op->getParentOfType<gpu::GPUFuncOp>();
@@ -81,7 +81,10 @@ static Value globalTimer(OpBuilder &b, Location loc) {
 }
 
 /// The spin of thread 0 of a CTA: `nanosleep` between polls (32 ns,
-/// doubling up to 512 ns), GPU-scope atomics, `%globaltimer`.
+/// doubling up to 512 ns), GPU-scope atomics, `%globaltimer`. Polls are
+/// relaxed loads (`ld.relaxed.gpu`) and one acquire fence follows the spin:
+/// an acquire load or fence invalidates the SM's L1 (`CCTL.IVALL` in SASS),
+/// which a loop of acquire loads would pay at every poll.
 static SpinTarget gpuSpin(int64_t timeoutMs) {
   return SpinTarget{
       globalTimer,
@@ -92,7 +95,7 @@ static SpinTarget gpuSpin(int64_t timeoutMs) {
             arith::ConstantIntOp::create(b, loc, kWaitMaxSleepNs, 32);
         return arith::MinUIOp::create(b, loc, doubled, maxSleep);
       },
-      kWaitFirstSleepNs, kDeviceScope, timeoutMs};
+      kWaitFirstSleepNs, kDeviceScope, timeoutMs, SpinAcquire::OnceDone};
 }
 
 /// The counter buffer an `event.view` (the event operand of `op`) carves
@@ -112,14 +115,17 @@ static Value blockId(OpBuilder &b, Location loc) {
 }
 
 namespace {
-/// Lowers `event.wait` for a CTA: thread 0 polls the counter with an acquire
-/// load at GPU scope until it is no longer positive, sleeping between polls
-/// with an exponential back-off, then a CTA barrier holds every other thread
-/// until it is done. The acquire load and the barrier together make the
-/// producers' writes visible to all threads of the CTA. The spin is bounded
+/// Lowers `event.wait` for a CTA: thread 0 polls the counter with relaxed
+/// loads at GPU scope until it is no longer positive, sleeping between polls
+/// with an exponential back-off, then issues one GPU-scope acquire fence
+/// (which makes the poll that saw the counter ready an acquire of the
+/// notifiers' releases), and a CTA barrier holds every other thread until
+/// it is done. The fence and the barrier together make the producers'
+/// writes visible to all threads of the CTA. The spin is bounded
 /// by the watchdog: it also ends when the run is stopped, or after the
 /// timeout (`%globaltimer`), when the first wait to time out writes the
-/// run header's error record.
+/// run header's error record. A `deferred` wait is thread 0's spin only:
+/// the `event.acquire` after the tile's waits fences and synchronises once.
 struct WaitOpLowering : public OpConversionPattern<WaitOp> {
   using OpConversionPattern::OpConversionPattern;
 
@@ -141,9 +147,132 @@ struct WaitOpLowering : public OpConversionPattern<WaitOp> {
                   place.drop_front(std::min<size_t>(2, place.size())),
                   place.empty() ? Value() : place[1], adaptor.getIndices());
               buildSpin(b, loc, *counters, *pointer, kDeviceScope,
-                        SpinUntil::CounterReady, site);
+                        SpinUntil::CounterReady, site,
+                        op.getDeferred() ? SpinAcquire::Deferred
+                                         : SpinAcquire::OnceDone);
             });
-    rewriter.replaceOpWithNewOp<gpu::BarrierOp>(op);
+    if (op.getDeferred())
+      rewriter.eraseOp(op);
+    else
+      rewriter.replaceOpWithNewOp<gpu::BarrierOp>(op);
+    return success();
+  }
+};
+
+/// Decrements the counter at `pointer` by 1 at GPU scope from the calling
+/// thread, with release semantics unless `released` (an `event.release`
+/// fenced already): a release fence before a relaxed (`monotonic`) atomic,
+/// the PTX release pattern (`fence.acq_rel.gpu; atom`). The NVPTX backend of
+/// LLVM 22 emits `atomicrmw ... release` as a plain relaxed `atom`, dropping
+/// the ordering. Returns the old value.
+static Value decrementCounter(OpBuilder &b, Location loc, Value pointer,
+                              bool released) {
+  Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+  if (!released)
+    LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::release, kDeviceScope);
+  return LLVM::AtomicRMWOp::create(b, loc, LLVM::AtomicBinOp::sub, pointer, one,
+                                   LLVM::AtomicOrdering::monotonic,
+                                   kDeviceScope, /*alignment=*/4);
+}
+
+/// Decrements like `decrementCounter` and returns whether this decrement
+/// took the counter from 1 to 0, acquiring (a GPU-scope acquire fence) only
+/// then: only the notifier that readies the element goes on to act on what
+/// the earlier notifiers published.
+static Value decrementAndAcquireIfLast(OpBuilder &b, Location loc,
+                                       Value pointer, bool released) {
+  Value old = decrementCounter(b, loc, pointer, released);
+  Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+  Value last =
+      arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, old, one);
+  buildIf(b, loc, last, [](OpBuilder &b, Location loc) {
+    LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire, kDeviceScope);
+  });
+  return last;
+}
+
+/// `bar.red.or.pred`: a CTA barrier that also returns, to every thread,
+/// whether `predicate` (an i1) held in any thread. It orders memory like
+/// `bar.sync`, so a value thread 0 computed after acquiring reaches the CTA
+/// with the same guarantees as through shared memory and two barriers.
+static Value barrierAny(OpBuilder &b, Location loc, Value predicate) {
+  Value word = arith::ExtUIOp::create(b, loc, b.getI32Type(), predicate);
+  Value any = NVVM::BarrierOp::create(
+                  b, loc, TypeRange{b.getI32Type()}, /*barrierId=*/Value(),
+                  /*numberOfThreads=*/Value(),
+                  NVVM::BarrierReductionAttr::get(b.getContext(),
+                                                  NVVM::BarrierReduction::OR),
+                  word)
+                  .getRes();
+  Value none = arith::ConstantIntOp::create(b, loc, 0, 32);
+  return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne, any, none);
+}
+
+/// On thread 0 only, `body` (which yields an i1); false on every other
+/// thread.
+static Value onFirstThread(OpBuilder &b, Location loc,
+                           function_ref<Value(OpBuilder &, Location)> body) {
+  auto ifOp = scf::IfOp::create(
+      b, loc, isFirstThread(b, loc),
+      [&](OpBuilder &then, Location loc) {
+        scf::YieldOp::create(then, loc, body(then, loc));
+      },
+      [&](OpBuilder &otherwise, Location loc) {
+        scf::YieldOp::create(otherwise, loc,
+                             ValueRange{arith::ConstantIntOp::create(
+                                 otherwise, loc, 0, 1)});
+      });
+  return ifOp.getResult(0);
+}
+
+/// Lowers `event.acquire` for a CTA: thread 0, which polled the counters of
+/// the `deferred` waits before it with relaxed loads, issues one GPU-scope
+/// acquire fence, which turns each of those polls that saw its counter
+/// ready into an acquire of that counter's notifiers; then a CTA barrier
+/// extends what thread 0 acquired to every thread. One fence and one
+/// barrier thus serve all the tile's waits. When an `event.run_aborted`
+/// follows (the static schedule checks the run after a tile's waits), its
+/// reducing barrier, which orders memory like `bar.sync`, is that barrier.
+struct AcquireOpLowering : public OpConversionPattern<AcquireOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(AcquireOp op, OpAdaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire,
+                                    kDeviceScope);
+            });
+    if (isa_and_nonnull<RunAbortedOp>(op->getNextNode()))
+      rewriter.eraseOp(op);
+    else
+      rewriter.replaceOpWithNewOp<gpu::BarrierOp>(op);
+    return success();
+  }
+};
+
+/// Lowers `event.release` for a CTA: a barrier, so that every thread has
+/// finished its part of the tile, then a GPU-scope release fence by thread
+/// 0, the thread that does the `released` notifies that follow. A release
+/// fence is cumulative: it orders before thread 0's later atomics the
+/// writes that the barrier made visible to thread 0, not only its own, so
+/// every thread's writes of the tile are visible at GPU scope before any
+/// counter increment. One barrier and one fence thus serve all the tile's
+/// notifies.
+struct ReleaseOpLowering : public OpConversionPattern<ReleaseOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(ReleaseOp op, OpAdaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    gpu::BarrierOp::create(rewriter, loc);
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::release,
+                                    kDeviceScope);
+            });
+    rewriter.eraseOp(op);
     return success();
   }
 };
@@ -151,11 +280,9 @@ struct WaitOpLowering : public OpConversionPattern<WaitOp> {
 /// Lowers `event.notify` for a CTA: a barrier, so that every thread has
 /// finished its part of the tile, then thread 0 decrements the counter by 1
 /// with a release atomic at GPU scope. Release is cumulative: it publishes
-/// the writes the barrier made visible to thread 0, not only its own.
-/// The release is a GPU-scope release fence before a relaxed (`monotonic`)
-/// atomic, the PTX release pattern (`fence.acq_rel.gpu; atom`): the NVPTX
-/// backend of LLVM 22 emits `atomicrmw ... release` as a plain relaxed
-/// `atom`, dropping the ordering.
+/// the writes the barrier made visible to thread 0, not only its own. A
+/// `released` notify follows an `event.release`, which did the barrier and
+/// the fence: thread 0 only decrements (relaxed).
 struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
@@ -166,16 +293,12 @@ struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
     if (failed(pointer))
       return failure();
     Location loc = op.getLoc();
-    gpu::BarrierOp::create(rewriter, loc);
+    bool released = op.getReleased();
+    if (!released)
+      gpu::BarrierOp::create(rewriter, loc);
     buildIf(rewriter, loc, isFirstThread(rewriter, loc),
             [&](OpBuilder &b, Location loc) {
-              Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
-              LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::release,
-                                    kDeviceScope);
-              LLVM::AtomicRMWOp::create(b, loc, LLVM::AtomicBinOp::sub,
-                                        *pointer, one,
-                                        LLVM::AtomicOrdering::monotonic,
-                                        kDeviceScope, /*alignment=*/4);
+              decrementCounter(b, loc, *pointer, released);
             });
     rewriter.eraseOp(op);
     return success();
@@ -278,47 +401,35 @@ struct ScratchLowering : public OpConversionPattern<ScratchOp> {
   }
 };
 
-/// Lowers `event.notify_ready` for a CTA: a barrier (the tile is finished
-/// and the broadcast word free), then thread 0 decrements the element with
-/// an acquire-release atomic at GPU scope (release fence, relaxed atomic,
-/// acquire fence) and writes whether it took the element from 1 to 0 to the
-/// broadcast word; a second barrier hands that to every thread.
+/// Lowers `event.notify_ready` for a CTA: unless `released` (an
+/// `event.release` did it), a barrier, so that the tile is finished, then
+/// thread 0 decrements the element with an acquire-release atomic at GPU
+/// scope (release fence unless `released`, relaxed atomic, acquire fence
+/// when it took the element to zero), and one `bar.red.or` hands whether it
+/// did to every thread. A `per_lane` op is each thread's own: it decrements
+/// its element the same way and gets its own result, with no barrier.
 struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
   matchAndRewrite(NotifyReadyOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    FailureOr<Value> word = broadcastWord(rewriter, op);
-    if (failed(word))
-      return failure();
     FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
     if (failed(pointer))
       return failure();
     Location loc = op.getLoc();
-    Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
-    gpu::BarrierOp::create(rewriter, loc);
-    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
-            [&](OpBuilder &b, Location loc) {
-              Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
-              LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::release,
-                                    kDeviceScope);
-              Value old = LLVM::AtomicRMWOp::create(
-                  b, loc, LLVM::AtomicBinOp::sub, *pointer, one,
-                  LLVM::AtomicOrdering::monotonic, kDeviceScope,
-                  /*alignment=*/4);
-              LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire,
-                                    kDeviceScope);
-              Value last = arith::CmpIOp::create(
-                  b, loc, arith::CmpIPredicate::eq, old, one);
-              Value flag = arith::ExtUIOp::create(b, loc, b.getI32Type(), last);
-              memref::StoreOp::create(b, loc, flag, *word, ValueRange{zero});
-            });
-    gpu::BarrierOp::create(rewriter, loc);
-    Value flag = memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
-    Value none = arith::ConstantIntOp::create(rewriter, loc, 0, 32);
-    rewriter.replaceOpWithNewOp<arith::CmpIOp>(op, arith::CmpIPredicate::ne,
-                                               flag, none);
+    bool released = op.getReleased();
+    if (op.getPerLane()) {
+      rewriter.replaceOp(
+          op, decrementAndAcquireIfLast(rewriter, loc, *pointer, released));
+      return success();
+    }
+    if (!released)
+      gpu::BarrierOp::create(rewriter, loc);
+    Value last = onFirstThread(rewriter, loc, [&](OpBuilder &b, Location loc) {
+      return decrementAndAcquireIfLast(b, loc, *pointer, released);
+    });
+    rewriter.replaceOp(op, barrierAny(rewriter, loc, last));
     return success();
   }
 };
@@ -329,19 +440,23 @@ struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
 /// The release is cumulative, so it carries what thread 0 acquired (the
 /// notifies that readied the task) and, through the preceding barrier, the
 /// CTA's own writes. In the one-CTA initialisation kernel the op is already
-/// on thread 0.
+/// on thread 0. A `per_lane` push is the calling thread's own: it pushes
+/// with the same protocol, and its release carries what that thread
+/// acquired (its `per_lane` `event.notify_ready`).
 struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
   matchAndRewrite(QueuePushOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
     Location loc = op.getLoc();
-    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
-            [&](OpBuilder &b, Location loc) {
-              buildQueuePush(b, loc, adaptor.getCounters(), adaptor.getQueue(),
-                             adaptor.getCapacity(), adaptor.getTask(),
-                             kDeviceScope);
-            });
+    auto push = [&](OpBuilder &b, Location loc) {
+      buildQueuePush(b, loc, adaptor.getCounters(), adaptor.getQueue(),
+                     adaptor.getCapacity(), adaptor.getTask(), kDeviceScope);
+    };
+    if (op.getPerLane())
+      push(rewriter, loc);
+    else
+      buildIf(rewriter, loc, isFirstThread(rewriter, loc), push);
     rewriter.eraseOp(op);
     return success();
   }
@@ -349,12 +464,12 @@ struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
 
 /// Lowers `event.queue_pop` for a CTA: after a barrier (the broadcast word
 /// is free), thread 0 claims a slot with an atomic increment of the head,
-/// and if it is below the capacity spins with acquire loads until the slot
-/// is published, then writes the task id (or the capacity, when every slot
-/// is claimed) to the broadcast word; a second barrier hands it to every
-/// thread, so the whole CTA runs the same task. The spin is bounded like
-/// `event.wait`'s; one that stops without a task (the run was stopped)
-/// yields the capacity.
+/// and if it is below the capacity spins with relaxed loads until the slot
+/// is published and acquires it with one fence, then writes the task id
+/// (or the capacity, when every slot is claimed) to the broadcast word; a
+/// second barrier hands it to every thread, so the whole CTA runs the same
+/// task. The spin is bounded like `event.wait`'s; one that stops without a
+/// task (the run was stopped) yields the capacity.
 struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
   using OpConversionPattern::OpConversionPattern;
 
@@ -377,7 +492,8 @@ struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
                     ValueRange{}, Value(), ValueRange{slot});
                 Value published =
                     buildSpin(b, loc, counters, pointer, kDeviceScope,
-                              SpinUntil::SlotPublished, site);
+                              SpinUntil::SlotPublished, site,
+                              SpinAcquire::OnceDone);
                 return exhaustedIfEmpty(b, loc, published,
                                         adaptor.getCapacity());
               };
@@ -394,34 +510,25 @@ struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
   }
 };
 
-/// Lowers `event.run_aborted` for a CTA: after a barrier (the broadcast word
-/// is free), thread 0 loads the run's status word (relaxed, GPU scope) into
-/// the broadcast word; a second barrier hands it to every thread, so the
-/// whole CTA takes the same branch.
+/// Lowers `event.run_aborted` for a CTA: thread 0 loads the run's status
+/// word (relaxed, GPU scope), and one `bar.red.or` hands whether the run
+/// stopped to every thread, so the whole CTA takes the same branch.
 struct RunAbortedOpLowering : public OpConversionPattern<RunAbortedOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
   matchAndRewrite(RunAbortedOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    FailureOr<Value> word = broadcastWord(rewriter, op);
-    if (failed(word))
-      return failure();
     Location loc = op.getLoc();
-    Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
-    gpu::BarrierOp::create(rewriter, loc);
-    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
-            [&](OpBuilder &b, Location loc) {
-              Value status =
-                  loadRunStatus(b, loc, adaptor.getCounters(), kDeviceScope);
-              memref::StoreOp::create(b, loc, status, *word, ValueRange{zero});
-            });
-    gpu::BarrierOp::create(rewriter, loc);
-    Value status =
-        memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
-    Value running =
-        arith::ConstantIntOp::create(rewriter, loc, run::kRunning, 32);
-    rewriter.replaceOpWithNewOp<arith::CmpIOp>(op, arith::CmpIPredicate::ne,
-                                               status, running);
+    Value stopped =
+        onFirstThread(rewriter, loc, [&](OpBuilder &b, Location loc) -> Value {
+          Value status =
+              loadRunStatus(b, loc, adaptor.getCounters(), kDeviceScope);
+          Value running =
+              arith::ConstantIntOp::create(b, loc, run::kRunning, 32);
+          return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne, status,
+                                       running);
+        });
+    rewriter.replaceOp(op, barrierAny(rewriter, loc, stopped));
     return success();
   }
 };
@@ -478,13 +585,15 @@ void etc::populateEventToGPUConversionPatterns(
   populateEventBufferLoweringPattern(typeConverter, patterns,
                                      /*addressSpace=*/1);
   patterns.add<WaitOpLowering, QueuePopOpLowering, NotifyOpLowering,
-               RunAbortedOpLowering, TraceBeginOpLowering, TraceEndOpLowering,
+               ReleaseOpLowering, AcquireOpLowering, RunAbortedOpLowering,
+               TraceBeginOpLowering, TraceEndOpLowering,
                IndexQueryLowering<WorkerIdOp, gpu::BlockIdOp>,
                IndexQueryLowering<WorkerCountOp, gpu::GridDimOp>,
                IndexQueryLowering<LaneIdOp, gpu::ThreadIdOp>,
                IndexQueryLowering<LaneCountOp, gpu::BlockDimOp>,
                LaneBarrierLowering, LaneReduceLowering, ScratchLowering,
-               NotifyReadyOpLowering, QueuePushOpLowering>(typeConverter, patterns.getContext());
+               NotifyReadyOpLowering, QueuePushOpLowering>(
+      typeConverter, patterns.getContext());
 }
 
 //===----------------------------------------------------------------------===//
@@ -494,124 +603,19 @@ void etc::populateEventToGPUConversionPatterns(
 /// The ops that make a function the persistent worker: they only mean
 /// something when every CTA runs the function.
 static bool isWorkerOp(Operation *op) {
-  return isa<WorkerIdOp, WorkerCountOp, WaitOp, NotifyOp, NotifyReadyOp,
-             QueuePopOp, LaneIdOp, LaneCountOp, LaneBarrierOp, RunAbortedOp,
-             TraceBeginOp, TraceEndOp>(op);
+  return isa<WorkerIdOp, WorkerCountOp, WaitOp, AcquireOp, NotifyOp, ReleaseOp,
+             NotifyReadyOp, QueuePopOp, LaneIdOp, LaneCountOp, LaneBarrierOp,
+             RunAbortedOp, TraceBeginOp, TraceEndOp>(op);
 }
 
-namespace {
-/// The buffers a function may write: operands of write effects anywhere in
-/// it, or every buffer when some op's effects are unknown.
-struct WrittenBuffers {
-  llvm::SmallPtrSet<Value, 8> buffers;
-  bool unknown = false;
-
-  bool mayWrite(Value buffer) const {
-    return unknown || buffers.contains(buffer);
-  }
-};
-} // namespace
-
-static WrittenBuffers writtenBuffers(gpu::GPUFuncOp func) {
-  WrittenBuffers written;
-  func.getBody().walk([&](Operation *op) {
-    if (op->hasTrait<OpTrait::HasRecursiveMemoryEffects>())
-      return;
-    auto effects = dyn_cast<MemoryEffectOpInterface>(op);
-    if (!effects) {
-      written.unknown = true;
-      return;
-    }
-    SmallVector<MemoryEffects::EffectInstance> instances;
-    effects.getEffects(instances);
-    for (const auto &instance : instances)
-      if (isa<MemoryEffects::Write>(instance.getEffect()) && instance.getValue())
-        written.buffers.insert(instance.getValue());
-  });
-  return written;
-}
-
-/// Whether the iterations of top-level loop `loop` of an initialisation
-/// kernel may run on different threads: it carries no values, every op in it
-/// has known effects, and it reads no buffer the kernel may write (so
-/// iterations only store, and no iteration observes another's stores).
-static bool isIndependentLoop(scf::ForOp loop, const WrittenBuffers &written) {
-  if (loop.getNumResults() != 0)
-    return false;
-  WalkResult result = loop.getBody()->walk([&](Operation *op) {
-    if (op->hasTrait<OpTrait::HasRecursiveMemoryEffects>())
-      return WalkResult::advance();
-    auto effects = dyn_cast<MemoryEffectOpInterface>(op);
-    if (!effects)
-      return WalkResult::interrupt();
-    SmallVector<MemoryEffects::EffectInstance> instances;
-    effects.getEffects(instances);
-    for (const auto &instance : instances) {
-      if (isa<MemoryEffects::Write>(instance.getEffect()))
-        continue;
-      if (isa<MemoryEffects::Read>(instance.getEffect()) &&
-          instance.getValue() && !written.mayWrite(instance.getValue()))
-        continue;
-      if (isa<MemoryEffects::Allocate, MemoryEffects::Free>(
-              instance.getEffect()) &&
-          !instance.getValue())
-        continue;
-      return WalkResult::interrupt();
-    }
-    return WalkResult::advance();
-  });
-  return !result.wasInterrupted();
-}
-
-/// Turns the body of `func`, which uses no worker op, into code for one CTA:
-/// independent top-level loops are strided over the threads, every other op
-/// with write effects runs on thread 0, and a barrier follows each of them
-/// so that the next one sees their stores. Ops without write effects run on
-/// every thread, which keeps their results available to all.
-static LogicalResult distributeOverCTA(gpu::GPUFuncOp func) {
-  WrittenBuffers written = writtenBuffers(func);
-  Block &body = func.getBody().front();
-  for (Operation &op : llvm::make_early_inc_range(body.without_terminator())) {
-    bool readsOnly = hasEffect<MemoryEffects::Read>(&op) &&
-                     !hasEffect<MemoryEffects::Write>(&op);
-    if (isMemoryEffectFree(&op) || readsOnly)
-      continue;
-    Location loc = op.getLoc();
-    OpBuilder b(&op);
-    Operation *last = &op;
-    auto loop = dyn_cast<scf::ForOp>(op);
-    if (loop && isIndependentLoop(loop, written)) {
-      Value thread = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
-      Value threads = gpu::BlockDimOp::create(b, loc, gpu::Dimension::x);
-      Value step = loop.getStep();
-      Value start = arith::AddIOp::create(
-          b, loc, loop.getLowerBound(),
-          arith::MulIOp::create(b, loc, thread, step));
-      loop.setLowerBound(start);
-      loop.setStep(arith::MulIOp::create(b, loc, step, threads));
-    } else {
-      if (op.getNumResults() != 0)
-        return op.emitOpError("writes memory and has results, so it cannot run "
-                              "on one thread of the initialisation kernel");
-      auto ifOp = scf::IfOp::create(b, loc, isFirstThread(b, loc),
-                                    /*withElseRegion=*/false);
-      op.moveBefore(ifOp.thenBlock()->getTerminator());
-      last = ifOp;
-    }
-    b.setInsertionPointAfter(last);
-    gpu::BarrierOp::create(b, loc);
-  }
-  return success();
-}
-
-/// Whether `kernel` has a collective op whose result thread 0 computes for
-/// the whole CTA, and so needs a broadcast word in shared memory.
+/// Whether `kernel` pops tasks: thread 0 computes the popped task id for the
+/// whole CTA and hands it over through a broadcast word in shared memory
+/// (collective ops with a yes/no result use `bar.red.or` instead).
 static bool needsBroadcastWord(gpu::GPUFuncOp kernel) {
   return kernel
       .walk([](Operation *op) {
-        return isa<NotifyReadyOp, QueuePopOp, RunAbortedOp>(op)
-                   ? WalkResult::interrupt()
-                   : WalkResult::advance();
+        return isa<QueuePopOp>(op) ? WalkResult::interrupt()
+                                   : WalkResult::advance();
       })
       .wasInterrupted();
 }

@@ -5,11 +5,12 @@
 // LIMIT:         arith.constant 250000000 : i64
 
 // The worker becomes a kernel: workers are blocks, lanes are threads. A wait
-// has thread 0 load the counter with a GPU-scope acquire load and, unless it
+// has thread 0 load the counter with a GPU-scope relaxed load and, unless it
 // is ready, call the out-of-line spin (defined in the gpu.module), which
-// polls with an exponential nanosleep back-off, bounded by the watchdog (the
-// run's status, %globaltimer; the first to time out reports its site, which
-// names the block); then a CTA barrier. A notify is a CTA barrier, then
+// polls with relaxed loads and an exponential nanosleep back-off, bounded by
+// the watchdog (the run's status, %globaltimer; the first to time out
+// reports its site, which names the block); then one GPU-scope acquire
+// fence and a CTA barrier. A notify is a CTA barrier, then
 // thread 0's GPU-scope release fence and atomic decrement.
 
 // CHECK-LABEL: module attributes {gpu.container_module}
@@ -20,7 +21,7 @@
 // CHECK-SAME:        attributes {passthrough = ["noinline"]}
 // CHECK:           %[[FIRSTSLEEP:.*]] = arith.constant 32 : i32
 // CHECK:           scf.while (%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}, %{{.*}} = %[[FIRSTSLEEP]]) : (i64, i1, i32) -> (i64, i1, i32, i32) {
-// CHECK:             %[[COUNT:.*]] = llvm.load %[[ELEMENT]] atomic syncscope("device") acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:             %[[COUNT:.*]] = llvm.load %[[ELEMENT]] atomic syncscope("device") monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
 // CHECK:             %[[READY:.*]] = arith.cmpi sle, %[[COUNT]], %{{.*}} : i32
 // CHECK:           } do {
 // CHECK:           ^bb0(%{{.*}}: i64, %{{.*}}: i1, %[[SLEPT:.*]]: i32, %{{.*}}: i32):
@@ -59,13 +60,14 @@
 // CHECK:             scf.if %[[FIRST]] {
 // CHECK:               %[[BLOCK:.*]] = gpu.block_id x
 // CHECK:               %[[WORKER:.*]] = arith.index_cast %[[BLOCK]] : index to i32
-// CHECK:               %[[COUNT:.*]] = llvm.load %[[WAITED]] atomic syncscope("device") acquire {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:               %[[COUNT:.*]] = llvm.load %[[WAITED]] atomic syncscope("device") monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
 // CHECK:               %[[READY:.*]] = arith.cmpi sle, %[[COUNT]], %{{.*}} : i32
 // CHECK:               scf.if %[[READY]] -> (i32) {
 // CHECK:               } else {
 // CHECK:                 func.call @__etc_spin_counter(%[[COUNTERS]], %[[WAITED]], %{{.*}}, %[[WORKER]], {{.*}}) : (memref<?xi32>, !llvm.ptr, {{.*}}) -> i32
 // CHECK:               }
-// CHECK:             }
+// CHECK-NEXT:          llvm.fence syncscope("device") acquire
+// CHECK-NEXT:        }
 // CHECK-NEXT:        gpu.barrier
 // CHECK:             %[[LANE:.*]] = gpu.thread_id x
 // CHECK:             %[[LANES:.*]] = gpu.block_dim x
@@ -99,6 +101,63 @@ func.func @g_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph
     "test.body"(%t) : (index) -> ()
     event.notify %e[%t] : !event.tensor<?>
   }
+  return
+}
+
+// -----
+
+// A tile with several waits acquires once: each `deferred` wait is thread
+// 0's relaxed poll (and spin) only, and `event.acquire` is thread 0's
+// GPU-scope acquire fence, then one CTA barrier.
+
+// CHECK-LABEL: gpu.func @a_worker(
+// CHECK:         scf.if %{{.*}} {
+// CHECK:           llvm.load %{{.*}} atomic syncscope("device") monotonic
+// CHECK:           func.call @__etc_spin_counter(
+// CHECK:         {{^ *}}}{{$}}
+// CHECK-NOT:     llvm.fence
+// CHECK-NOT:     gpu.barrier
+// CHECK:         scf.if %{{.*}} {
+// CHECK:           llvm.load %{{.*}} atomic syncscope("device") monotonic
+// CHECK:           func.call @__etc_spin_counter(
+// CHECK:         {{^ *}}}{{$}}
+// CHECK-NOT:     gpu.barrier
+// CHECK:         scf.if %{{.*}} {
+// CHECK-NEXT:      llvm.fence syncscope("device") acquire
+// CHECK-NEXT:    }
+// CHECK-NEXT:    gpu.barrier
+// CHECK-NEXT:    "test.body"
+func.func @a_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph = "a"} {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
+  %w = event.worker_id
+  event.wait %e[%w] deferred : !event.tensor<?>
+  event.wait %e[%c0] deferred : !event.tensor<?>
+  event.acquire
+  "test.body"(%w) : (index) -> ()
+  return
+}
+
+// -----
+
+// An acquire right before a run_aborted leaves the barrier to the latter's
+// reducing barrier.
+
+// CHECK-LABEL: gpu.func @r_worker(
+// CHECK:           func.call @__etc_spin_counter(
+// CHECK-NOT:     gpu.barrier
+// CHECK:           llvm.fence syncscope("device") acquire
+// CHECK-NEXT:    }
+// CHECK-NOT:     gpu.barrier
+// CHECK:         nvvm.barrier #nvvm.reduction<or>
+func.func @r_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph = "r"} {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
+  %w = event.worker_id
+  event.wait %e[%w] deferred : !event.tensor<?>
+  event.acquire
+  %stopped = event.run_aborted %counters : memref<?xi32>
+  "test.use"(%stopped) : (i1) -> ()
   return
 }
 
@@ -145,7 +204,8 @@ func.func @b_check(%counters: memref<?xi32>) -> i32 attributes {event.graph = "b
 
 // The initialisation kernel runs on one CTA: a loop that only stores is
 // strided over the threads, a loop that reads counters it writes (counting
-// notifies at run time) runs on thread 0, and a barrier follows each.
+// notifies at run time) runs on thread 0, and a barrier follows each (one
+// per run of consecutive thread-0 ops).
 
 // CHECK-LABEL: gpu.func @g_init(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[ROUTE:[^:]*]]: memref<?xi32>, %[[COUNTERS:[^:]*]]: memref<?xi32>) kernel {
@@ -168,13 +228,9 @@ func.func @b_check(%counters: memref<?xi32>) -> i32 attributes {event.graph = "b
 // CHECK:             memref.load %[[COUNTERS]]
 // CHECK:             memref.store %{{.*}}, %[[COUNTERS]]
 // CHECK:           }
-// CHECK-NEXT:    }
-// CHECK-NEXT:    gpu.barrier
-// A store outside loops runs on thread 0 too; a read-only loop on every thread.
-// CHECK-NEXT:    %[[TID:.*]] = gpu.thread_id x
-// CHECK-NEXT:    %[[ZERO:.*]] = arith.constant 0 : index
-// CHECK-NEXT:    %[[FIRST:.*]] = arith.cmpi eq, %[[TID]], %[[ZERO]] : index
-// CHECK-NEXT:    scf.if %[[FIRST]] {
+// A store outside loops runs on thread 0 too, in the same block as the
+// thread-0 op before it (only ops without memory effects between them);
+// a read-only op runs on every thread, after the barrier.
 // CHECK-NEXT:      memref.store %{{.*}}, %[[ROUTE]][%[[C0]]] : memref<?xi32>
 // CHECK-NEXT:    }
 // CHECK-NEXT:    gpu.barrier
@@ -241,15 +297,13 @@ func.func @g_init() attributes {event.graph = "g"} {
 // CHECK-SAME:      %[[INPUT:[^:]*]]: memref<?xi32>, %[[COUNTERS:[^:]*]]: memref<?xi32>) kernel {
 // CHECK:         scf.if %{{.*}} {
 // CHECK-NEXT:      "test.opaque"() : () -> ()
-// CHECK-NEXT:    }
-// CHECK-NEXT:    gpu.barrier
-// CHECK:         scf.if %{{.*}} {
 // CHECK-NEXT:      scf.for
 // CHECK-NEXT:        memref.load %[[INPUT]]
 // CHECK-NEXT:        memref.store
 // CHECK-NEXT:      }
 // CHECK-NEXT:    }
 // CHECK-NEXT:    gpu.barrier
+// CHECK-NEXT:    gpu.return
 func.func @g_init(%input: memref<?xi32>, %counters: memref<?xi32>) attributes {event.graph = "g"} {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
@@ -258,6 +312,80 @@ func.func @g_init(%input: memref<?xi32>, %counters: memref<?xi32>) attributes {e
   scf.for %i = %c0 to %c8 step %c1 {
     %v = memref.load %input[%i] : memref<?xi32>
     memref.store %v, %counters[%i] : memref<?xi32>
+  }
+  return
+}
+
+// -----
+
+// A loop the scheduler marks `event.independent` is strided over the
+// threads although it reads what the kernel wrote before it; its per-lane
+// pushes are each thread's own.
+
+// CHECK-LABEL: gpu.func @g_init(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>) kernel {
+// CHECK:         scf.if
+// CHECK:           memref.store
+// CHECK:         gpu.barrier
+// CHECK:         %[[TID:.*]] = gpu.thread_id x
+// CHECK:         %[[THREADS:.*]] = gpu.block_dim x
+// CHECK:         %[[OFFSET:.*]] = arith.muli %[[TID]], %{{.*}} : index
+// CHECK:         %[[START:.*]] = arith.addi %{{.*}}, %[[OFFSET]] : index
+// CHECK:         %[[STEP:.*]] = arith.muli %{{.*}}, %[[THREADS]] : index
+// CHECK:         scf.for %[[I:.*]] = %[[START]] to %[[N]] step %[[STEP]] {
+// CHECK:           memref.load %[[COUNTERS]]
+// CHECK-NOT:       gpu.thread_id
+// CHECK:           llvm.atomicrmw add
+// CHECK:           llvm.store %{{.*}}, %{{.*}} atomic syncscope("device") release
+// CHECK:         } {event.independent}
+// CHECK-NEXT:    gpu.barrier
+func.func @g_init(%n: index, %counters: memref<?xi32>) attributes {event.graph = "g"} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  %zero = arith.constant 0 : i32
+  memref.store %zero, %counters[%c0] : memref<?xi32>
+  scf.for %i = %c0 to %n step %c1 {
+    %v = memref.load %counters[%c0] : memref<?xi32>
+    %ready = arith.cmpi eq, %v, %zero : i32
+    scf.if %ready {
+      event.queue_push %i, %counters[%c8] capacity(%n) per_lane : memref<?xi32>
+    }
+  } {event.independent}
+  return
+}
+
+// -----
+
+// A marked loop nested in a top-level op that writes nothing else (a loop
+// over tasks counting their tiles' notifies with atomics): the op runs on
+// every thread and only the marked loop is strided.
+
+// CHECK-LABEL: gpu.func @g_init(
+// CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>) kernel {
+// CHECK-NOT:     scf.if
+// CHECK:         scf.for %[[K:.*]] = %{{.*}} to %{{.*}} step %{{.*}} {
+// CHECK-NEXT:      %[[TILES:.*]] = memref.load %[[COUNTERS]][%[[K]]]
+// CHECK:           %[[TID:.*]] = gpu.thread_id x
+// CHECK:           %[[THREADS:.*]] = gpu.block_dim x
+// CHECK:           %[[OFFSET:.*]] = arith.muli %[[TID]], %{{.*}} : index
+// CHECK:           %[[START:.*]] = arith.addi %{{.*}}, %[[OFFSET]] : index
+// CHECK:           %[[STEP:.*]] = arith.muli %{{.*}}, %[[THREADS]] : index
+// CHECK:           scf.for %{{.*}} = %[[START]] to %{{.*}} step %[[STEP]] {
+// CHECK:             memref.atomic_rmw addi
+// CHECK:           } {event.independent}
+// CHECK:         }
+// CHECK-NEXT:    gpu.barrier
+func.func @g_init(%n: index, %counters: memref<?xi32>) attributes {event.graph = "g"} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %one = arith.constant 1 : i32
+  scf.for %k = %c0 to %n step %c1 {
+    %raw = memref.load %counters[%k] : memref<?xi32>
+    %tiles = arith.index_cast %raw : i32 to index
+    scf.for %t = %c0 to %tiles step %c1 {
+      %old = memref.atomic_rmw addi %one, %counters[%t] : (i32, memref<?xi32>) -> i32
+    } {event.independent}
   }
   return
 }
@@ -274,13 +402,16 @@ func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
 
 // -----
 
-// Dynamic scheduling: a worker kernel with a collective op gets a broadcast
-// word in shared memory. A pop has thread 0 claim a slot and wait until it is
-// published (an acquire load, then the out-of-line spin; a spin that gives
-// up, the run being stopped, yields the capacity); a notify_ready has thread 0 decrement with acquire-release
-// semantics; both hand thread 0's result to the CTA between two barriers. A
-// push is thread 0 reserving a slot and publishing `task + 1` with a release
-// store, or raising the error flag.
+// Dynamic scheduling: a worker kernel that pops tasks gets a broadcast word
+// in shared memory. A pop has thread 0 claim a slot and wait until it is
+// published (a relaxed load, then the out-of-line spin, then one acquire
+// fence; a spin that gives up, the run being stopped, yields the capacity)
+// and hands it to the CTA through the broadcast word between two barriers.
+// A notify_ready has thread 0 decrement with a release fence and acquire (a
+// fence) only when it took the element to zero, and hands the result to the
+// CTA with one barrier that reduces it (`bar.red.or`). A push is thread 0
+// reserving a slot and publishing `task + 1` with a release store, or
+// raising the error flag.
 
 // CHECK-LABEL: gpu.func @d_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>)
@@ -296,9 +427,11 @@ func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
 // CHECK:             %[[SLOTINDEX:.*]] = arith.index_castui %[[SLOT]] : i32 to index
 // CHECK:             %[[FITS:.*]] = arith.cmpi ult, %[[SLOTINDEX]], %[[N]] : index
 // CHECK:             %[[TASK:.*]] = scf.if %[[FITS]] -> (i32) {
-// CHECK:               llvm.load %{{.*}} atomic syncscope("device") acquire
+// CHECK:               llvm.load %{{.*}} atomic syncscope("device") monotonic
 // CHECK:               arith.cmpi ne
 // CHECK:               func.call @__etc_spin_slot(
+// CHECK:               }
+// CHECK-NEXT:          llvm.fence syncscope("device") acquire
 // CHECK:               arith.select
 // CHECK:               arith.subi
 // CHECK:             } else {
@@ -312,17 +445,23 @@ func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
 // CHECK-NEXT:      %[[ID:.*]] = arith.index_castui %[[POPPED]] : i32 to index
 // CHECK:         } do {
 // CHECK:           gpu.barrier
-// CHECK:           scf.if %{{.*}} {
+// CHECK:           %[[MINE:.*]] = scf.if %{{.*}} -> (i1) {
 // CHECK:             llvm.fence syncscope("device") release
-// CHECK-NEXT:        %[[OLD:.*]] = llvm.atomicrmw sub %{{.*}}, %[[ONE:.*]] syncscope("device") monotonic
-// CHECK-NEXT:        llvm.fence syncscope("device") acquire
+// CHECK-NEXT:        %[[OLD:.*]] = llvm.atomicrmw sub %{{.*}}, %{{.*}} syncscope("device") monotonic
+// CHECK-NEXT:        %[[ONE:.*]] = arith.constant 1 : i32
 // CHECK-NEXT:        %[[LAST:.*]] = arith.cmpi eq, %[[OLD]], %[[ONE]] : i32
-// CHECK-NEXT:        %[[FLAG:.*]] = arith.extui %[[LAST]] : i1 to i32
-// CHECK-NEXT:        memref.store %[[FLAG]], %[[WORD]]
+// CHECK-NEXT:        scf.if %[[LAST]] {
+// CHECK-NEXT:          llvm.fence syncscope("device") acquire
+// CHECK-NEXT:        }
+// CHECK-NEXT:        scf.yield %[[LAST]] : i1
+// CHECK-NEXT:      } else {
+// CHECK-NEXT:        %[[FALSE:.*]] = arith.constant false
+// CHECK-NEXT:        scf.yield %[[FALSE]] : i1
 // CHECK-NEXT:      }
-// CHECK-NEXT:      gpu.barrier
-// CHECK-NEXT:      %[[READYFLAG:.*]] = memref.load %[[WORD]]
-// CHECK:           %[[READY:.*]] = arith.cmpi ne, %[[READYFLAG]], %{{.*}} : i32
+// CHECK-NEXT:      %[[FLAG:.*]] = arith.extui %[[MINE]] : i1 to i32
+// CHECK-NEXT:      %[[ANY:.*]] = nvvm.barrier #nvvm.reduction<or> %[[FLAG]] -> i32
+// CHECK-NEXT:      %[[NONE:.*]] = arith.constant 0 : i32
+// CHECK-NEXT:      %[[READY:.*]] = arith.cmpi ne, %[[ANY]], %[[NONE]] : i32
 // CHECK:           scf.if %[[READY]] {
 // CHECK:             scf.if %{{.*}} {
 // CHECK:               %[[TAIL:.*]] = llvm.getelementptr
@@ -349,6 +488,84 @@ func.func @d_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph
       event.queue_push %id, %counters[%q] capacity(%n) : memref<?xi32>
     }
     scf.yield
+  }
+  return
+}
+
+// -----
+
+// A tile with several notifies publishes its writes once: `event.release` is
+// a CTA barrier and thread 0's GPU-scope release fence, and each `released`
+// notify is thread 0's relaxed decrement, without barrier or fence. A
+// `released` notify_ready has no release fence and no barrier but the
+// `bar.red.or` that hands its result to the CTA. `per_lane` ops are each thread's own: a push without the
+// thread-0 guard, a notify_ready without barriers, with a release fence and
+// an acquire fence when it took the element to zero.
+
+// CHECK-LABEL: gpu.func @n_worker(
+// CHECK:         "test.body"
+// CHECK-NEXT:    gpu.barrier
+// CHECK-NEXT:    %[[TID:.*]] = gpu.thread_id x
+// CHECK-NEXT:    %[[C0:.*]] = arith.constant 0 : index
+// CHECK-NEXT:    %[[FIRST:.*]] = arith.cmpi eq, %[[TID]], %[[C0]] : index
+// CHECK-NEXT:    scf.if %[[FIRST]] {
+// CHECK-NEXT:      llvm.fence syncscope("device") release
+// CHECK-NEXT:    {{^ *}}}{{$}}
+// CHECK-NOT:     gpu.barrier
+// CHECK-NOT:     llvm.fence
+// CHECK:         scf.if %{{.*}} {
+// CHECK-NEXT:      arith.constant 1 : i32
+// CHECK-NEXT:      llvm.atomicrmw sub %{{.*}}, %{{.*}} syncscope("device") monotonic
+// CHECK-NEXT:    {{^ *}}}{{$}}
+// CHECK-NOT:     gpu.barrier
+// CHECK-NOT:     llvm.fence
+// CHECK:         scf.if %{{.*}} {
+// CHECK-NEXT:      arith.constant 1 : i32
+// CHECK-NEXT:      llvm.atomicrmw sub %{{.*}}, %{{.*}} syncscope("device") monotonic
+// CHECK-NEXT:    {{^ *}}}{{$}}
+// CHECK-NOT:     gpu.barrier
+// CHECK:         gpu.thread_id x
+// CHECK-NEXT:    arith.constant 0 : index
+// CHECK-NEXT:    arith.cmpi eq
+// CHECK-NEXT:    scf.if %{{.*}} -> (i1) {
+// CHECK-NEXT:      arith.constant 1 : i32
+// CHECK-NEXT:      llvm.atomicrmw sub %{{.*}}, %{{.*}} syncscope("device") monotonic
+// CHECK-NEXT:      arith.constant 1 : i32
+// CHECK-NEXT:      %[[LAST:.*]] = arith.cmpi eq
+// CHECK-NEXT:      scf.if %[[LAST]] {
+// CHECK-NEXT:        llvm.fence syncscope("device") acquire
+// CHECK-NEXT:      {{^ *}}}{{$}}
+// CHECK:         nvvm.barrier #nvvm.reduction<or>
+// CHECK-NOT:     gpu.barrier
+// CHECK:         %[[PENDING:.*]] = llvm.getelementptr
+// CHECK-NEXT:    arith.constant 1 : i32
+// CHECK-NEXT:    llvm.fence syncscope("device") release
+// CHECK-NEXT:    llvm.atomicrmw sub %[[PENDING]], %{{.*}} syncscope("device") monotonic
+// CHECK-NEXT:    arith.constant 1 : i32
+// CHECK-NEXT:    %[[MINE:.*]] = arith.cmpi eq
+// CHECK-NEXT:    scf.if %[[MINE]] {
+// CHECK-NEXT:      llvm.fence syncscope("device") acquire
+// CHECK-NEXT:    {{^ *}}}{{$}}
+// CHECK-NEXT:    scf.if %[[MINE]] {
+// CHECK-NEXT:      arith.constant 1 : i32
+// CHECK:           llvm.atomicrmw add
+// CHECK:           llvm.store %{{.*}}, %{{.*}} atomic syncscope("device") release
+// CHECK:         gpu.return
+func.func @n_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph = "n"} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %q = arith.constant 8 : index
+  %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
+  %w = event.worker_id
+  "test.body"(%w) : (index) -> ()
+  event.release
+  event.notify %e[%w] released : !event.tensor<?>
+  event.notify %e[%c1] released : !event.tensor<?>
+  %ready = event.notify_ready %e[%c0] released : !event.tensor<?>
+  %lane = event.lane_id
+  %last = event.notify_ready %e[%lane] per_lane : !event.tensor<?>
+  scf.if %last {
+    event.queue_push %lane, %counters[%q] capacity(%n) per_lane : memref<?xi32>
   }
   return
 }
@@ -431,22 +648,25 @@ func.func @r_worker(%x: f32) attributes {event.graph = "r"} {
 // -----
 
 // `event.run_aborted` gives every thread of the CTA thread 0's reading of
-// the run's status (the run header ends the counter buffer) through the
-// broadcast word; `event.trace_begin` has thread 0 store the block, task,
+// the run's status (the run header ends the counter buffer) with one
+// barrier that reduces it (`bar.red.or`); `event.trace_begin` has thread 0 store the block, task,
 // tile and %globaltimer; `event.trace_end` waits for every thread, then
 // thread 0 stores %globaltimer.
 
 // CHECK-LABEL: gpu.func @h_worker(
-// CHECK-SAME:      workgroup(%[[WORD:.*]] : memref<1xi32, #gpu.address_space<workgroup>>)
-// CHECK:         gpu.barrier
-// CHECK:         scf.if %{{.*}} {
+// CHECK-SAME:      ) kernel {
+// CHECK-NOT:     gpu.barrier
+// CHECK:         %[[MINE:.*]] = scf.if %{{.*}} -> (i1) {
 // CHECK:           memref.dim
 // CHECK:           %[[STATUS:.*]] = llvm.load %{{.*}} atomic syncscope("device") monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
-// CHECK:           memref.store %[[STATUS]], %[[WORD]][%{{.*}}]
+// CHECK:           %[[NOTRUNNING:.*]] = arith.cmpi ne, %[[STATUS]], %{{.*}} : i32
+// CHECK:           scf.yield %[[NOTRUNNING]] : i1
+// CHECK-NEXT:    } else {
 // CHECK:         }
-// CHECK-NEXT:    gpu.barrier
-// CHECK-NEXT:    %[[SEEN:.*]] = memref.load %[[WORD]][%{{.*}}]
-// CHECK:         %[[STOPPED:.*]] = arith.cmpi ne, %[[SEEN]], %{{.*}} : i32
+// CHECK-NEXT:    %[[FLAG:.*]] = arith.extui %[[MINE]] : i1 to i32
+// CHECK-NEXT:    %[[ANY:.*]] = nvvm.barrier #nvvm.reduction<or> %[[FLAG]] -> i32
+// CHECK-NEXT:    %[[NONE:.*]] = arith.constant 0 : i32
+// CHECK-NEXT:    %[[STOPPED:.*]] = arith.cmpi ne, %[[ANY]], %[[NONE]] : i32
 // CHECK:         "test.use"(%[[STOPPED]])
 // CHECK:         scf.if %{{.*}} {
 // CHECK-DAG:       %[[BLOCK:.*]] = gpu.block_id x

@@ -7,11 +7,15 @@
 // stride), whatever the number of buffers, the result of @pipe_counters
 // through a trailing memref<1xi64>. (The schedule's constant tables fold
 // away here: two tasks, loops LLVM unrolls.) The worker notifies with a
-// GPU-scope fence and an atomic decrement and waits with one acquire load at
-// GPU scope, both on thread 0 between CTA barriers; only when that load finds
-// the event not ready does it call the out-of-line spin function, which backs
-// off with nanosleep, reads %globaltimer for the watchdog and, on expiry,
-// calls the watchdog report. Spin functions come first in the PTX.
+// CTA barrier, then thread 0's GPU-scope fence and atomic decrement. It
+// waits with thread 0's relaxed load at GPU scope; only when that load finds
+// the event not ready does thread 0 call the out-of-line spin function,
+// which polls with relaxed loads, backs off with nanosleep, reads
+// %globaltimer for the watchdog and, on expiry, calls the watchdog report.
+// Then one GPU-scope fence (the acquire) and thread 0's load of the run's
+// status, whose reducing barrier (bar.red) hands the CTA both what thread 0
+// acquired and whether the run stopped. Spin functions come first in the
+// PTX.
 
 // CHECK-LABEL: gpu.binary @pipe_kernels
 // SM90-SAME:     #nvvm.target<O = 3, chip = "sm_90a", features = "+ptx80">
@@ -20,7 +24,7 @@
 // SM80-SAME:     .version 7.0\0A.target sm_80
 // CHECK-SAME:    .func __etc_watchdog_report
 // CHECK-SAME:    .func (.param .b32 func_retval0) __etc_spin_counter(
-// CHECK-SAME:    ld.acquire.gpu.b32
+// CHECK-SAME:    ld.relaxed.gpu.b32
 // CHECK-SAME:    nanosleep.u32
 // CHECK-SAME:    %globaltimer
 // CHECK-SAME:    call.uni __etc_watchdog_report,
@@ -37,8 +41,9 @@
 // CHECK-SAME:    .entry pipe_worker(
 // CHECK-SAME:    bar.sync
 // CHECK-SAME:    fence.acq_rel.gpu;\0A\09atom.global.add.u32 {{[^,]*}}, [{{[^]]*}}], -1;
-// CHECK-SAME:    ld.acquire.gpu.global.b32
+// CHECK-SAME:    ld.relaxed.gpu.global.b32
 // CHECK-SAME:    call.uni (retval0), __etc_spin_counter,
+// CHECK-SAME:    fence.acq_rel.gpu;\0A\09ld.relaxed.gpu.global.b32 {{[^;]*}};\0A\09setp.ne.b32 {{[^;]*}};\0A$L__BB{{[0-9_]+}}:\0A\09bar.red.or.pred
 // CHECK-NOT:     .extern
 event.graph @pipe(%n: index, %x: memref<?xf32>, %y: memref<?xf32>) {
   %e = event.alloc(%n) : !event.tensor<?>

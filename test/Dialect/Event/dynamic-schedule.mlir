@@ -50,29 +50,31 @@
 // CHECK:           %[[NEXT32:.*]] = arith.index_cast %[[NEXT]] : index to i32
 // CHECK:           memref.store %[[NEXT32]], %[[COUNTERS]]
 // Pending counts: every "fill" tile is ready, a "use" tile waits on its row.
-// CHECK:         scf.for %[[K:.*]] =
-// CHECK:           %[[AT:.*]] = arith.addi %[[OFFSETS]], %[[K]] : index
+// One loop over the global tile ids, each finding its task (a binary search
+// over the tile offsets); its iterations are independent, and each pushes
+// its own tile.
+// CHECK:         scf.for %[[ID:.*]] = %{{.*}} to %[[T:.*]] step %{{.*}} {
+// CHECK:           scf.while
+// CHECK:           %[[AT:.*]] = arith.addi %[[OFFSETS]], %[[K:.*]]#0 : index
 // CHECK:           %[[FIRST32:.*]] = memref.load %[[COUNTERS]][%[[AT]]] : memref<?xi32>
 // CHECK:           %[[FIRST:.*]] = arith.index_cast %[[FIRST32]] : i32 to index
+// CHECK:           %[[LOCAL:.*]] = arith.subi %[[ID]], %[[FIRST]] : index
 // CHECK:           case 0 {
-// CHECK:             scf.for %[[TILE:.*]] = %{{.*}} to %{{.*}} step
-// CHECK:               %[[ID:.*]] = arith.addi %[[FIRST]], %[[TILE]] : index
-// CHECK:               %[[PAT:.*]] = arith.addi %[[PENDING]], %[[ID]] : index
-// CHECK:               memref.store %{{.*}}, %[[COUNTERS]][%[[PAT]]] : memref<?xi32>
-// CHECK:               scf.if
-// CHECK-NEXT:            event.queue_push %[[ID]], %[[COUNTERS]][%[[N]]] capacity(%{{.*}}) : memref<?xi32>
+// CHECK:             %[[PAT:.*]] = arith.addi %[[PENDING]], %[[ID]] : index
+// CHECK:             memref.store %{{.*}}, %[[COUNTERS]][%[[PAT]]] : memref<?xi32>
+// CHECK:             scf.if
+// CHECK-NEXT:          event.queue_push %[[ID]], %[[COUNTERS]][%[[N]]] capacity(%{{.*}}) per_lane : memref<?xi32>
 // CHECK:           default {
-// CHECK:             scf.for %[[TILE:.*]] = %{{.*}} to %[[N]] step
-// CHECK:               %[[ID:.*]] = arith.addi %[[FIRST]], %[[TILE]] : index
-// CHECK:               %[[COUNT:.*]] = memref.load %[[COUNTERS]][%{{.*}}] : memref<?xi32>
-// CHECK:               %[[WAITING:.*]] = arith.cmpi sgt, %[[COUNT]], %{{.*}} : i32
-// CHECK:               %[[ONE:.*]] = arith.select %[[WAITING]]
-// CHECK:               %[[COUNTS:.*]] = arith.addi %{{.*}}, %[[ONE]] : i32
-// CHECK:               %[[PAT:.*]] = arith.addi %[[PENDING]], %[[ID]] : index
-// CHECK:               memref.store %[[COUNTS]], %[[COUNTERS]][%[[PAT]]] : memref<?xi32>
-// CHECK:               %[[READY:.*]] = arith.cmpi eq, %[[COUNTS]], %{{.*}} : i32
-// CHECK:               scf.if %[[READY]] {
-// CHECK-NEXT:            event.queue_push %[[ID]], %[[COUNTERS]][%[[N]]] capacity(%{{.*}}) : memref<?xi32>
+// CHECK:             %[[COUNT:.*]] = memref.load %[[COUNTERS]][%{{.*}}] : memref<?xi32>
+// CHECK:             %[[WAITING:.*]] = arith.cmpi sgt, %[[COUNT]], %{{.*}} : i32
+// CHECK:             %[[ONE:.*]] = arith.select %[[WAITING]]
+// CHECK:             %[[COUNTS:.*]] = arith.addi %{{.*}}, %[[ONE]] : i32
+// CHECK:             %[[PAT:.*]] = arith.addi %[[PENDING]], %[[ID]] : index
+// CHECK:             memref.store %[[COUNTS]], %[[COUNTERS]][%[[PAT]]] : memref<?xi32>
+// CHECK:             %[[READY:.*]] = arith.cmpi eq, %[[COUNTS]], %{{.*}} : i32
+// CHECK:             scf.if %[[READY]] {
+// CHECK-NEXT:          event.queue_push %[[ID]], %[[COUNTERS]][%[[N]]] capacity(%{{.*}}) per_lane : memref<?xi32>
+// CHECK:         } {event.independent}
 
 // CHECK-LABEL: func.func @pipe_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
@@ -107,6 +109,8 @@
 // CHECK:           case 0 {
 // CHECK:             %[[I:.*]] = arith.divui %[[LOCAL]], %{{.*}} : index
 // CHECK:             memref.store %{{.*}}, %[[X]][%[[I]], %{{.*}}]
+// A family with notifies publishes its writes once, with one release.
+// CHECK-NEXT:        event.release
 // CHECK-NOT:         event.notify
 // CHECK:           default {
 // CHECK-NOT:         event.wait
@@ -124,7 +128,7 @@
 // CHECK:                 %[[NUMBER32:.*]] = memref.load %{{.*}}[%{{.*}}] : memref<2xi32>
 // CHECK:                 %[[NUMBER:.*]] = arith.index_cast %[[NUMBER32]] : i32 to index
 // CHECK:                 %[[E:.*]] = event.view %[[COUNTERS]][%[[BASE:.*]]](%[[N]]) : memref<?xi32> -> !event.tensor<?>
-// CHECK:                 %[[ZERO:.*]] = event.notify_ready %[[E]][%[[I]]] : !event.tensor<?>
+// CHECK:                 %[[ZERO:.*]] = event.notify_ready %[[E]][%[[I]]] released : !event.tensor<?>
 // CHECK:                 scf.yield %[[ZERO]], %{{.*}}, %[[NUMBER]], %[[BASE]], %[[I]] : i1, index, index, index, index
 // The waiters of a ready element, readied once per event class.
 // CHECK:             scf.if %[[R]]#0 {
@@ -139,14 +143,20 @@
 // CHECK:                   %[[WFIRST:.*]] = arith.index_cast %[[WFIRST32]] : i32 to index
 // CHECK:                   scf.index_switch
 // CHECK:                   case 0 {
+// The box of waiting tiles is spread over the lanes: lane l takes its
+// tiles l, l + lanes, ..., each lane decrementing and pushing on its own.
 // CHECK:                     %[[LO:.*]] = arith.minui %[[R]]#4, %[[N]] : index
 // CHECK:                     %[[NEXT:.*]] = arith.addi %[[R]]#4, %{{.*}} : index
 // CHECK:                     %[[HI:.*]] = arith.minui %[[NEXT]], %[[N]] : index
-// CHECK:                     scf.for %[[W:.*]] = %[[LO]] to %[[HI]] step
+// CHECK:                     %[[SIZE:.*]] = arith.subi %[[HI]], %[[LO]] : index
+// CHECK:                     %[[LANE:.*]] = event.lane_id
+// CHECK:                     %[[LANES:.*]] = event.lane_count
+// CHECK:                     scf.for %[[P:.*]] = %[[LANE]] to %[[SIZE]] step %[[LANES]]
+// CHECK-NEXT:                  %[[W:.*]] = arith.addi %[[LO]], %[[P]] : index
 // CHECK-NEXT:                  %[[WID:.*]] = arith.addi %[[WFIRST]], %[[W]] : index
-// CHECK-NEXT:                  %[[LAST:.*]] = event.notify_ready %[[PENDING]][%[[WID]]] : !event.tensor<?>
+// CHECK-NEXT:                  %[[LAST:.*]] = event.notify_ready %[[PENDING]][%[[WID]]] per_lane : !event.tensor<?>
 // CHECK-NEXT:                  scf.if %[[LAST]] {
-// CHECK-NEXT:                    event.queue_push %[[WID]], %[[COUNTERS]][%[[N]]] capacity(%[[T2]]) : memref<?xi32>
+// CHECK-NEXT:                    event.queue_push %[[WID]], %[[COUNTERS]][%[[N]]] capacity(%[[T2]]) per_lane : memref<?xi32>
 
 // 1 when a push overflowed, else 2 when an event or pending count is not
 // zero, else 0.
@@ -227,7 +237,7 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 
 // CHECK-LABEL: func.func @box_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index
-// CHECK:         %[[READY:.*]] = event.notify_ready %{{.*}}[%{{.*}}, %{{.*}}] : !event.tensor<?x2>
+// CHECK:         %[[READY:.*]] = event.notify_ready %{{.*}}[%{{.*}}, %{{.*}}] released : !event.tensor<?x2>
 // The element (r, c), from its row-major position in the event.
 // CHECK:         scf.if %[[RES:.*]]#0 {
 // CHECK:           %[[C:.*]] = arith.remui %[[RES]]#4, %{{.*}} : index
@@ -240,10 +250,17 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 // CHECK:               %[[HI:.*]] = arith.minui %[[PAST]], %[[N]] : index
 // CHECK:               %[[IS_ONE:.*]] = arith.cmpi eq, %[[C]], %{{.*}} : index
 // CHECK:               scf.if %[[IS_ONE]] {
-// CHECK:                 scf.for %[[I:.*]] = %[[LO]] to %[[HI]] step
-// CHECK:                   scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step
-// CHECK:                     event.notify_ready
-// CHECK:                     event.queue_push
+// The box (HI - LO) x 4, row-major, spread over the lanes.
+// CHECK:                 %[[ROWS:.*]] = arith.subi %[[HI]], %[[LO]] : index
+// CHECK:                 %[[COUNT:.*]] = arith.muli %[[ROWS]], %{{.*}} : index
+// CHECK:                 %[[LANE:.*]] = event.lane_id
+// CHECK:                 %[[LANES:.*]] = event.lane_count
+// CHECK:                 scf.for %[[P:.*]] = %[[LANE]] to %[[COUNT]] step %[[LANES]] {
+// CHECK:                   %[[J:.*]] = arith.remui %[[P]], %{{.*}} : index
+// CHECK:                   %[[ROW:.*]] = arith.divui %[[P]], %{{.*}} : index
+// CHECK:                   %[[I:.*]] = arith.addi %[[LO]], %[[ROW]] : index
+// CHECK:                   event.notify_ready %{{.*}} per_lane
+// CHECK:                   event.queue_push %{{.*}} per_lane
 event.graph @box(%n: index) {
   %c4 = arith.constant 4 : index
   %c2 = arith.constant 2 : index
@@ -324,7 +341,7 @@ event.graph @box(%n: index) {
 // CHECK:             "test.token"(%[[TOKEN:.*]]) : (index) -> ()
 // CHECK:             %[[TO:.*]] = memref.load %{{.*}}[%[[TOKEN]]] : memref<?xi32>
 // CHECK:             %[[EXPERT:.*]] = arith.index_cast %[[TO]] : i32 to index
-// CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%[[EXPERT]]] : !event.tensor<?>
+// CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%[[EXPERT]]] released : !event.tensor<?>
 // CHECK:             scf.yield %[[LAST]], %{{.*}}, %{{.*}}, %{{.*}}, %[[EXPERT]] : i1, index, index, index, index
 // CHECK:           scf.if %[[RES:.*]]#0 {
 // The "experts" waiter in closed form ...
@@ -340,12 +357,15 @@ event.graph @box(%n: index) {
 // CHECK:               %[[NEXT:.*]] = arith.addi %[[ROW]], %{{.*}} : index
 // CHECK:               %[[END32:.*]] = memref.load %{{.*}}[%[[NEXT]]] : memref<?xi32>
 // CHECK:               %[[END:.*]] = arith.index_cast %[[END32]] : i32 to index
-// CHECK:               scf.for %[[ENTRY:.*]] = %[[BEGIN]] to %[[END]] step
+// CHECK:               %[[LANE:.*]] = event.lane_id
+// CHECK:               %[[LANES:.*]] = event.lane_count
+// CHECK:               %[[FROM:.*]] = arith.addi %[[BEGIN]], %[[LANE]] : index
+// CHECK:               scf.for %[[ENTRY:.*]] = %[[FROM]] to %[[END]] step %[[LANES]]
 // CHECK:                 %[[WAITER32:.*]] = memref.load
 // CHECK:                 %[[WAITER:.*]] = arith.index_cast %[[WAITER32]] : i32 to index
-// CHECK:                 %[[GO:.*]] = event.notify_ready %{{.*}}[%[[WAITER]]] : !event.tensor<?>
+// CHECK:                 %[[GO:.*]] = event.notify_ready %{{.*}}[%[[WAITER]]] per_lane : !event.tensor<?>
 // CHECK:                 scf.if %[[GO]] {
-// CHECK-NEXT:              event.queue_push %[[WAITER]]
+// CHECK-NEXT:              event.queue_push %[[WAITER]], %{{.*}} per_lane
 
 // Data-dependent, so auto schedules it dynamically.
 // AUTO-LABEL: func.func @routed_worker(
@@ -382,7 +402,6 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 // CHECK-LABEL: func.func @routed_at_run_time_init(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
 // CHECK:           default {
-// CHECK:             scf.for %{{.*}} = %{{.*}} to %[[N]] step
 // CHECK-NOT:           event.buffer
 // CHECK:               %[[ANY:.*]] = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %{{.*}}) -> (i32) {
 // CHECK-NOT:             event.buffer
@@ -390,9 +409,10 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 // CHECK:                 scf.yield %{{.*}} : i32
 // CHECK:               arith.addi %{{.*}}, %[[ANY]] : i32
 // CHECK:               event.queue_push
+// CHECK:         } {event.independent}
 // CHECK-LABEL: func.func @routed_at_run_time_worker(
 // CHECK:             "test.expert"(%[[EXPERT:[^,]*]], %{{.*}})
-// CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%{{.*}}] : !event.tensor<4>
+// CHECK:             %[[LAST:.*]] = event.notify_ready %{{.*}}[%{{.*}}] released : !event.tensor<4>
 // CHECK:           scf.if %{{.*}}#0 {
 // CHECK:               scf.for
 // CHECK:                 case {{[0-9]+}} {
@@ -559,7 +579,8 @@ event.graph @taken(%n: index) {
 // CHECK:           scf.for
 // CHECK:             scf.index_switch
 // CHECK:             case 0 {
-// CHECK:               scf.for %[[TILE:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:               scf.for %[[POSITION:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:                 %[[TILE:.*]] = arith.addi %{{.*}}, %[[POSITION]] : index
 // CHECK:             %[[ALIVE:.*]] = arith.cmpi slt, %[[TILE]], %{{.*}} : index
 // CHECK:             scf.if %[[ALIVE]] {
 // CHECK:               event.notify_ready

@@ -183,3 +183,32 @@ func.func @run_header(%counters: memref<?xi32>, %n: index, %t: index) -> i1 {
   event.trace_end %counters[%n] : memref<?xi32>
   return %stopped : i1
 }
+
+// -----
+
+// One acquire for several waits, one release for several notifies, and the
+// per-lane forms of the dynamic scheduler's readying.
+// CHECK-LABEL: func.func @released_notifies
+// CHECK:         event.wait %{{.*}}[%{{.*}}] deferred : !event.tensor<?>
+// CHECK-NEXT:    event.wait %{{.*}}[%{{.*}}] site(%{{.*}}, %{{.*}}, %{{.*}}) deferred : !event.tensor<?>
+// CHECK-NEXT:    event.acquire
+// CHECK-NEXT:    event.release
+// CHECK-NEXT:    event.notify %[[E:.*]][%[[T:.*]]] released : !event.tensor<?>
+// CHECK-NEXT:    %{{.*}} = event.notify_ready %[[E]][%[[T]]] released : !event.tensor<?>
+// CHECK-NEXT:    %[[LAST:.*]] = event.notify_ready %[[E]][%[[T]]] per_lane : !event.tensor<?>
+// CHECK-NEXT:    %{{.*}} = event.notify_ready %[[E]][%[[T]]] released per_lane : !event.tensor<?>
+// CHECK-NEXT:    event.queue_push %[[T]], %{{.*}}[%{{.*}}] capacity(%{{.*}}) per_lane : memref<?xi32>
+func.func @released_notifies(%counters: memref<?xi32>, %n: index, %t: index) {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?>
+  event.wait %e[%t] deferred : !event.tensor<?>
+  event.wait %e[%t] site(%t, %t, %t) deferred : !event.tensor<?>
+  event.acquire
+  event.release
+  event.notify %e[%t] released : !event.tensor<?>
+  %ready = event.notify_ready %e[%t] released : !event.tensor<?>
+  %last = event.notify_ready %e[%t] per_lane : !event.tensor<?>
+  %both = event.notify_ready %e[%t] released per_lane : !event.tensor<?>
+  event.queue_push %t, %counters[%n] capacity(%n) per_lane : memref<?xi32>
+  return
+}

@@ -14,7 +14,7 @@
 // STATIC-LABEL: func.func @hang_worker(
 // STATIC-SAME:      event.events = [{name = "e0", notified_by = ["produce"], waited_by = ["consume"]}]
 // STATIC:         event.notify
-// STATIC:         event.wait %{{.*}}[%[[I:.*]]] site(%{{.*}}, %{{.*}}, %[[I]]) : !event.tensor<?>
+// STATIC:         event.wait %{{.*}}[%[[I:.*]]] site(%{{.*}}, %{{.*}}, %[[I]]) deferred : !event.tensor<?>
 
 // DYNAMIC-LABEL: func.func @hang_worker(
 // DYNAMIC:         event.queue_pop

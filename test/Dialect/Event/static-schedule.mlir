@@ -76,12 +76,15 @@
 // CHECK:               %[[J:.*]] = arith.remui %[[LOCAL]], %{{.*}} : index
 // CHECK:               %[[I:.*]] = arith.divui %[[LOCAL]], %{{.*}} : index
 // CHECK:               memref.store %{{.*}}, %[[X]][%[[I]], %[[J]]]
+// One release publishes the tile's writes for all its notifies, which are
+// `released`.
+// CHECK-NEXT:          event.release
 // The event: number 0 of its class (from the record), n counters each.
 // CHECK:               %[[NUMBER:.*]] = memref.load %[[RECORDS]][%{{.*}}] : memref<2xi32>
 // CHECK:               %[[INSTANCE:.*]] = arith.index_cast %[[NUMBER]] : i32 to index
 // CHECK:               %[[BASE:.*]] = arith.muli %[[INSTANCE]], %[[N]] : index
 // CHECK:               %[[E:.*]] = event.view %[[COUNTERS]][%[[BASE]]](%[[N]]) : memref<?xi32> -> !event.tensor<?>
-// CHECK:               event.notify %[[E]][%[[I]]] : !event.tensor<?>
+// CHECK:               event.notify %[[E]][%[[I]]] released : !event.tensor<?>
 // CHECK:             }
 // CHECK:             scf.yield %[[COUNT0]] : index
 // Task "use": the wait (site: task K, event number, tile), then the cloned
@@ -91,7 +94,9 @@
 // CHECK:               %[[ROW:.*]] = arith.subi %[[T]], %[[O]] : index
 // CHECK:               %[[EVENT:.*]] = arith.index_cast %{{.*}} : i32 to index
 // CHECK:               %[[E:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[N]]) : memref<?xi32> -> !event.tensor<?>
-// CHECK:               event.wait %[[E]][%[[ROW]]] site(%[[K]], %[[EVENT]], %[[ROW]]) : !event.tensor<?>
+// CHECK:               event.wait %[[E]][%[[ROW]]] site(%[[K]], %[[EVENT]], %[[ROW]]) deferred : !event.tensor<?>
+// One acquire completes the tile's waits.
+// CHECK-NEXT:          event.acquire
 // CHECK:               %[[STOPPED:.*]] = event.run_aborted %[[COUNTERS]] : memref<?xi32>
 // CHECK:               %[[RUNNING:.*]] = arith.xori %[[STOPPED]], %{{.*}} : i1
 // CHECK:               scf.if %[[RUNNING]] {
@@ -157,6 +162,7 @@
 // TRACE:               event.trace_begin %[[COUNTERS]][%[[RECORD]]] task(%[[K]]) tile(%[[I]], %[[J]]) : memref<?xi32>
 // TRACE:               memref.store
 // TRACE-NEXT:          event.trace_end %[[COUNTERS]][%[[RECORD]]] : memref<?xi32>
+// TRACE-NEXT:          event.release
 // TRACE:               event.notify
 // TRACE:           default {
 // TRACE:               event.wait
@@ -220,14 +226,16 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 // CHECK:               %[[WAITED:.*]] = arith.index_cast %[[WAITED32]] : i32 to index
 // CHECK:               %[[WAITBASE:.*]] = arith.muli %[[WAITED]], %[[N]] : index
 // CHECK:               %[[WAIT:.*]] = event.view %[[COUNTERS]][%[[WAITBASE]]](%[[N]])
-// CHECK:               event.wait %[[WAIT]][%[[I]]] site(%[[K]], %[[WAITED]], %[[I]]) : !event.tensor<?>
+// CHECK:               event.wait %[[WAIT]][%[[I]]] site(%[[K]], %[[WAITED]], %[[I]]) deferred : !event.tensor<?>
+// CHECK-NEXT:          event.acquire
 // CHECK:               %[[IN32:.*]] = memref.load %[[RECORDS]][%[[R]]] : memref<14xi32>
 // CHECK:               %[[IN:.*]] = arith.index_cast %[[IN32]] : i32 to index
 // CHECK:               %[[INBUF:.*]] = event.buffer %[[TABLE]][%[[IN]]] : memref<?xi64> -> memref<?xf32>
 // CHECK:               %[[OUT:.*]] = event.buffer %[[TABLE]][%{{.*}}] : memref<?xi64> -> memref<?xf32>
 // CHECK:               func.call @scale_tile(%[[INBUF]], %[[OUT]], %[[I]]) : (memref<?xf32>, memref<?xf32>, index) -> ()
+// CHECK-NEXT:          event.release
 // CHECK:               %[[NOTIFY:.*]] = event.view %[[COUNTERS]][%{{.*}}](%[[N]])
-// CHECK:               event.notify %[[NOTIFY]][%[[I]]] : !event.tensor<?>
+// CHECK:               event.notify %[[NOTIFY]][%[[I]]] released : !event.tensor<?>
 func.func private @scale_tile(%in: memref<?xf32>, %out: memref<?xf32>, %i: index) attributes {event.tile} {
   %v = memref.load %in[%i] : memref<?xf32>
   %w = arith.addf %v, %v : f32
@@ -305,30 +313,39 @@ event.graph @layers(%n: index, %x: memref<?xf32>, %y: memref<?xf32>, %z: memref<
 // CHECK:               %[[ROUTE:.*]] = event.buffer %[[TABLE]][%{{.*}}] : memref<?xi64> -> memref<?xi32>
 // CHECK:               %[[RAW:.*]] = memref.load %[[ROUTE]][%[[T]]] : memref<?xi32>
 // CHECK:               %[[EXPERT:.*]] = arith.index_cast %[[RAW]] : i32 to index
+// Counting a notify is an atomic add, and the loop over the tiles is
+// `event.independent`: the GPU spreads it over the threads.
 // CHECK:               %[[AT:.*]] = arith.addi %{{.*}}, %[[EXPERT]] : index
-// CHECK:               %[[OLD:.*]] = memref.load %[[COUNTERS]][%[[AT]]]
-// CHECK:               %[[NEW:.*]] = arith.addi %[[OLD]], %{{.*}} : i32
-// CHECK:               memref.store %[[NEW]], %[[COUNTERS]][%[[AT]]]
+// CHECK:               memref.atomic_rmw addi %{{.*}}, %[[COUNTERS]][%[[AT]]] : (i32, memref<?xi32>) -> i32
+// CHECK:             } {event.independent}
 // CHECK:             scf.for %[[T:.*]] = %{{.*}} to %[[N]] step
 // CHECK:               memref.load %{{.*}}[%[[T]]] : memref<?xi32>
 // CHECK:               %[[SLOT:.*]] = affine.apply #{{.*}}(%[[T]])
-// CHECK:               memref.store %{{.*}}, %[[COUNTERS]]
+// CHECK:               memref.atomic_rmw addi %{{.*}}, %[[COUNTERS]]
+// CHECK:             } {event.independent}
 
 // CHECK-LABEL: func.func @routed_worker(
 // CHECK:           case 0 {
 // CHECK:             scf.for
 // CHECK:               %[[T:.*]] = arith.subi
+// A tile with two notifies has one release.
+// CHECK:               event.release
+// CHECK-NOT:           event.release
 // CHECK:               %[[DONE:.*]] = event.view %{{.*}} -> !event.tensor<?>
 // CHECK:               %[[RAW:.*]] = memref.load %{{.*}}[%[[T]]] : memref<?xi32>
 // CHECK:               %[[EXPERT:.*]] = arith.index_cast %[[RAW]] : i32 to index
-// CHECK:               event.notify %[[DONE]][%[[EXPERT]]] : !event.tensor<?>
+// CHECK:               event.notify %[[DONE]][%[[EXPERT]]] released : !event.tensor<?>
+// CHECK-NOT:           event.release
 // CHECK:               %[[SLOTS:.*]] = event.view %{{.*}} -> !event.tensor<?x3>
 // CHECK:               %[[SLOT:.*]] = affine.apply #{{.*}}(%[[T]])
-// CHECK:               event.notify %[[SLOTS]][%{{.*}}, %[[SLOT]]] : !event.tensor<?x3>
+// CHECK:               event.notify %[[SLOTS]][%{{.*}}, %[[SLOT]]] released : !event.tensor<?x3>
 // CHECK:           default {
 // CHECK:             scf.for
-// CHECK:               event.wait %{{.*}}[%{{.*}}] site(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : !event.tensor<?>
-// CHECK:               event.wait %{{.*}}[%{{.*}}, %{{.*}}] site(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : !event.tensor<?x3>
+// A tile with two waits acquires once, after both.
+// CHECK:               event.wait %{{.*}}[%{{.*}}] site(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) deferred : !event.tensor<?>
+// CHECK-NOT:           event.acquire
+// CHECK:               event.wait %{{.*}}[%{{.*}}, %{{.*}}] site(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) deferred : !event.tensor<?x3>
+// CHECK-NEXT:          event.acquire
 event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
   %c3 = arith.constant 3 : index
   %done = event.alloc(%experts) : !event.tensor<?>
@@ -424,17 +441,17 @@ event.graph @strided(%n: index, %x: memref<4xf32, strided<[2]>>) {
 // CHECK:         scf.for %[[E:.*]] = %{{.*}} to %[[N]] step %{{.*}} {
 // CHECK-NEXT:      memref.store %{{.*}}, %[[COUNTERS]][%[[E]]] : memref<?xi32>
 // CHECK:         case 0 {
-// CHECK:           scf.for %[[I:.*]] = %{{.*}} to %[[N]] step
-// CHECK:             scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step
-// CHECK:               %[[LEN:.*]] = event.buffer %[[TABLE]][%{{.*}}] : memref<?xi64> -> memref<?xi32>
-// CHECK:               %[[L32:.*]] = memref.load %[[LEN]][%[[I]]] : memref<?xi32>
-// CHECK:               %[[L:.*]] = arith.index_cast %[[L32]] : i32 to index
-// CHECK:               %[[BOUND:.*]] = affine.apply #{{.*}}(%[[L]])
-// CHECK:               %[[LIVE:.*]] = arith.cmpi slt, %[[J]], %[[BOUND]] : index
-// CHECK:               scf.if %[[LIVE]] {
-// CHECK:                 %[[OLD:.*]] = memref.load %[[COUNTERS]][%[[AT:.*]]] : memref<?xi32>
-// CHECK:                 %[[NEW:.*]] = arith.addi %[[OLD]], %{{.*}} : i32
-// CHECK:                 memref.store %[[NEW]], %[[COUNTERS]][%[[AT]]] : memref<?xi32>
+// CHECK:           scf.for %[[T:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:             %[[J:.*]] = arith.remui %[[T]], %{{.*}} : index
+// CHECK:             %[[I:.*]] = arith.divui %[[T]], %{{.*}} : index
+// CHECK:             %[[LEN:.*]] = event.buffer %[[TABLE]][%{{.*}}] : memref<?xi64> -> memref<?xi32>
+// CHECK:             %[[L32:.*]] = memref.load %[[LEN]][%[[I]]] : memref<?xi32>
+// CHECK:             %[[L:.*]] = arith.index_cast %[[L32]] : i32 to index
+// CHECK:             %[[BOUND:.*]] = affine.apply #{{.*}}(%[[L]])
+// CHECK:             %[[LIVE:.*]] = arith.cmpi slt, %[[J]], %[[BOUND]] : index
+// CHECK:             scf.if %[[LIVE]] {
+// CHECK:               memref.atomic_rmw addi %{{.*}}, %[[COUNTERS]][%{{.*}}] : (i32, memref<?xi32>) -> i32
+// CHECK:           } {event.independent}
 
 // CHECK-LABEL: func.func @live_worker(
 // CHECK:         case 0 {
@@ -447,7 +464,8 @@ event.graph @strided(%n: index, %x: memref<4xf32, strided<[2]>>) {
 // CHECK:             %[[LIVE:.*]] = arith.cmpi slt, %[[J]], %[[BOUND]] : index
 // CHECK:             scf.if %[[LIVE]] {
 // CHECK-NEXT:          "test.chunk"(%[[I]], %[[J]])
-// CHECK:               event.notify %{{.*}}[%[[I]]] : !event.tensor<?>
+// CHECK-NEXT:          event.release
+// CHECK:               event.notify %{{.*}}[%[[I]]] released : !event.tensor<?>
 // CHECK-NEXT:        }
 // CHECK:         default {
 // CHECK:           event.wait

@@ -155,6 +155,10 @@ private:
                    QueueLayout &layout, Value task);
   /// Calls `body(b, family, record, id, tile)` for every tile of every task,
   /// `id` its global tile id.
+  /// The task whose tile range holds global tile `id`: a binary search
+  /// over the tile offsets.
+  Value findTask(OpBuilder &b, Location loc, ScheduledFunction &function,
+                 QueueLayout &layout, Value id);
   void forEachTile(OpBuilder &b, Location loc, ScheduledFunction &function,
                    QueueLayout &layout,
                    function_ref<void(OpBuilder &, const TaskFamily &, Value,
@@ -179,6 +183,11 @@ private:
   /// Sets every tile's pending count and pushes the ready tiles (`@g_init`).
   void initPending(OpBuilder &b, ScheduledFunction &function,
                    QueueLayout &layout);
+  /// Sets the pending count of live tile `tile` (global id `id`) of a task
+  /// of `family` and pushes it when it is ready.
+  void initTilePending(OpBuilder &b, ScheduledFunction &function,
+                       QueueLayout &layout, const TaskFamily &family,
+                       Value record, Value id, ValueRange tile);
   /// Counts the live tiles of all tasks into counter `word` (`@g_init`).
   void countLiveTiles(OpBuilder &b, Location loc, ScheduledFunction &function,
                       Value word);
@@ -193,12 +202,15 @@ private:
                QueueLayout &layout, Value task, Value id);
   /// Emits the code that readies the waiters of element `coordinates` of
   /// the event numbered `number` (class `classIndex`, first counter
-  /// `eventBase`), run by the notifier that took it to zero.
+  /// `eventBase`), run by the notifier that took it to zero. Every lane of
+  /// the worker runs it, and the waiting tiles are spread over the lanes:
+  /// lane l readies waiters l, l + lanes, ... of each closed-form box and
+  /// of the element's inverse-index row.
   void readyWaiters(OpBuilder &b, Location loc, ScheduledFunction &function,
                     QueueLayout &layout, unsigned classIndex, Value number,
                     Value eventBase, ValueRange coordinates);
   /// Decrements the pending count of tile `id`, pushing it when it is the
-  /// last.
+  /// last: the calling lane's own (`per_lane`) decrement and push.
   void readyTile(OpBuilder &b, Location loc, ScheduledFunction &function,
                  QueueLayout &layout, Value id);
 
@@ -394,6 +406,37 @@ Value DynamicScheduler::tileOffset(OpBuilder &b, Location loc,
                    addIndex(b, loc, layout.tileOffsets, task));
 }
 
+Value DynamicScheduler::findTask(OpBuilder &b, Location loc,
+                                 ScheduledFunction &function,
+                                 QueueLayout &layout, Value id) {
+  Type index = b.getIndexType();
+  // The last task k with tileOffsets[k] <= id: keep lo <= k < hi.
+  auto search = scf::WhileOp::create(
+      b, loc, TypeRange{index, index},
+      ValueRange{constantIndex(b, loc, 0), constantIndex(b, loc, tasks.size())},
+      [&](OpBuilder &before, Location loc, ValueRange bounds) {
+        Value width = subIndex(before, loc, bounds[1], bounds[0]);
+        Value more =
+            arith::CmpIOp::create(before, loc, arith::CmpIPredicate::ugt,
+                                  width, constantIndex(before, loc, 1));
+        scf::ConditionOp::create(before, loc, more, bounds);
+      },
+      [&](OpBuilder &body, Location loc, ValueRange bounds) {
+        Value middle =
+            divIndex(body, loc, addIndex(body, loc, bounds[0], bounds[1]),
+                     constantIndex(body, loc, 2));
+        Value start = tileOffset(body, loc, function, layout, middle);
+        Value atOrAfter = arith::CmpIOp::create(
+            body, loc, arith::CmpIPredicate::ule, start, id);
+        Value lo =
+            arith::SelectOp::create(body, loc, atOrAfter, middle, bounds[0]);
+        Value hi =
+            arith::SelectOp::create(body, loc, atOrAfter, bounds[1], middle);
+        scf::YieldOp::create(body, loc, ValueRange{lo, hi});
+      });
+  return search.getResult(0);
+}
+
 void DynamicScheduler::forEachTile(
     OpBuilder &b, Location loc, ScheduledFunction &function,
     QueueLayout &layout,
@@ -564,56 +607,89 @@ Value DynamicScheduler::countWaitingOnAny(OpBuilder &b, Location loc,
 void DynamicScheduler::initPending(OpBuilder &b, ScheduledFunction &function,
                                    QueueLayout &layout) {
   Location loc = graph.getLoc();
-  forEachTile(
-      b, loc, function, layout,
-      [&](OpBuilder &nested, const TaskFamily &family, Value record, Value id,
-          ValueRange tile) {
-        unsigned familyIndex = &family - plan.families.data();
-        Value zero = arith::ConstantIntOp::create(nested, loc, 0, 32);
-        Value one = arith::ConstantIntOp::create(nested, loc, 1, 32);
-        Value pending = zero;
-        // An element whose expected count is zero is ready already and
-        // never notified: it does not count.
-        for (unsigned entry = 0; entry < family.waitClasses.size(); ++entry) {
-          const WaitKind &kind = kindOf(familyIndex, entry);
-          EntryEvent event = entryEvent(nested, loc, function, family, record,
-                                        entry, /*notify=*/false);
-          IndexMapAttr map = family.representative.getWaitMap(entry);
-          if (kind.box && llvm::any_of(*kind.box, [](const BoxResult &box) {
-                return box.kind == BoxResult::Any;
-              })) {
-            pending = arith::AddIOp::create(
-                nested, loc, pending,
-                countWaitingOnAny(nested, loc, function, event.classIndex,
-                                  event.base, map, *kind.box, tile));
-            continue;
-          }
-          SmallVector<Value> coordinates = entryCoordinates(
-              nested, loc, function, family, record, entry, /*notify=*/false,
-              tile);
-          Value element = addIndex(
-              nested, loc, event.base,
-              linearize(nested, loc, coordinates,
-                        function.classes[event.classIndex].sizes));
-          Value count =
-              memref::LoadOp::create(nested, loc, function.counters, element);
-          Value notReady = arith::CmpIOp::create(
-              nested, loc, arith::CmpIPredicate::sgt, count, zero);
-          pending = arith::AddIOp::create(
-              nested, loc, pending,
-              arith::SelectOp::create(nested, loc, notReady, one, zero));
-        }
-        memref::StoreOp::create(nested, loc, pending, function.counters,
-                                addIndex(nested, loc, layout.pending, id));
-        Value ready = arith::CmpIOp::create(
-            nested, loc, arith::CmpIPredicate::eq, pending, zero);
-        scf::IfOp::create(nested, loc, ready, [&](OpBuilder &then,
-                                                  Location loc) {
-          QueuePushOp::create(then, loc, id, function.counters, layout.queue,
-                              layout.totalTiles);
-          scf::YieldOp::create(then, loc);
-        });
+  if (tasks.empty())
+    return;
+  // One loop over the global tile ids, each finding its task: its
+  // iterations are independent (each writes its own pending count and
+  // pushes its own tile), so the GPU spreads them over a CTA's threads.
+  auto loop = scf::ForOp::create(
+      b, loc, constantIndex(b, loc, 0), layout.totalTiles,
+      constantIndex(b, loc, 1), ValueRange{},
+      [&](OpBuilder &lb, Location loc, Value id, ValueRange) {
+        Value task = findTask(lb, loc, function, layout, id);
+        Value local =
+            subIndex(lb, loc, id, tileOffset(lb, loc, function, layout, task));
+        switchOnFamily(
+            lb, loc, function, task, TypeRange{},
+            [&](OpBuilder &cb, const TaskFamily &family,
+                Value record) -> SmallVector<Value> {
+              SmallVector<Value> tile =
+                  delinearize(cb, loc, local, gridOf(function, family));
+              // Dead tiles are never queued.
+              ifLive(cb, loc, function, family, record, tile,
+                     [&](OpBuilder &live) {
+                       initTilePending(live, function, layout, family, record,
+                                       id, tile);
+                     });
+              return {};
+            });
+        scf::YieldOp::create(lb, loc);
       });
+  loop->setAttr(kIndependentIterationsAttrName, b.getUnitAttr());
+}
+
+void DynamicScheduler::initTilePending(OpBuilder &nested,
+                                       ScheduledFunction &function,
+                                       QueueLayout &layout,
+                                       const TaskFamily &family, Value record,
+                                       Value id, ValueRange tile) {
+  Location loc = graph.getLoc();
+  unsigned familyIndex = &family - plan.families.data();
+  Value zero = arith::ConstantIntOp::create(nested, loc, 0, 32);
+  Value one = arith::ConstantIntOp::create(nested, loc, 1, 32);
+  Value pending = zero;
+  // An element whose expected count is zero is ready already and
+  // never notified: it does not count.
+  for (unsigned entry = 0; entry < family.waitClasses.size(); ++entry) {
+    const WaitKind &kind = kindOf(familyIndex, entry);
+    EntryEvent event = entryEvent(nested, loc, function, family, record,
+                                  entry, /*notify=*/false);
+    IndexMapAttr map = family.representative.getWaitMap(entry);
+    if (kind.box && llvm::any_of(*kind.box, [](const BoxResult &box) {
+          return box.kind == BoxResult::Any;
+        })) {
+      pending = arith::AddIOp::create(
+          nested, loc, pending,
+          countWaitingOnAny(nested, loc, function, event.classIndex,
+                            event.base, map, *kind.box, tile));
+      continue;
+    }
+    SmallVector<Value> coordinates = entryCoordinates(
+        nested, loc, function, family, record, entry, /*notify=*/false,
+        tile);
+    Value element = addIndex(
+        nested, loc, event.base,
+        linearize(nested, loc, coordinates,
+                  function.classes[event.classIndex].sizes));
+    Value count =
+        memref::LoadOp::create(nested, loc, function.counters, element);
+    Value notReady = arith::CmpIOp::create(
+        nested, loc, arith::CmpIPredicate::sgt, count, zero);
+    pending = arith::AddIOp::create(
+        nested, loc, pending,
+        arith::SelectOp::create(nested, loc, notReady, one, zero));
+  }
+  memref::StoreOp::create(nested, loc, pending, function.counters,
+                          addIndex(nested, loc, layout.pending, id));
+  Value ready = arith::CmpIOp::create(
+      nested, loc, arith::CmpIPredicate::eq, pending, zero);
+  scf::IfOp::create(nested, loc, ready, [&](OpBuilder &then,
+                                            Location loc) {
+    QueuePushOp::create(then, loc, id, function.counters, layout.queue,
+                        layout.totalTiles)
+        .setPerLane(true);
+    scf::YieldOp::create(then, loc);
+  });
 }
 
 void DynamicScheduler::countLiveTiles(OpBuilder &b, Location loc,
@@ -683,8 +759,9 @@ void DynamicScheduler::initLiveTiles(OpBuilder &b, ScheduledFunction &function,
 /// `@g_init(symbols, table, counters)`: expected counts, an empty queue, the
 /// tile offsets, the inverse index, the pending counts, and the ready tiles
 /// pushed. With live bounds, also the live tile count and the end markers
-/// of the slots dead tiles leave unused. Runs once, single-threaded, before
-/// any worker starts.
+/// of the slots dead tiles leave unused. Runs once before any worker
+/// starts; only the pending-count loop may run on several lanes (it is
+/// `event.independent`).
 void DynamicScheduler::buildInit(OpBuilder &builder) {
   QueueLayout layout;
   ScheduledFunction function = createFunction(
@@ -730,10 +807,13 @@ void DynamicScheduler::buildInit(OpBuilder &builder) {
 void DynamicScheduler::readyTile(OpBuilder &b, Location loc,
                                  ScheduledFunction &function,
                                  QueueLayout &layout, Value id) {
-  Value last = NotifyReadyOp::create(b, loc, layout.pendingView, id);
-  scf::IfOp::create(b, loc, last, [&](OpBuilder &then, Location loc) {
-    QueuePushOp::create(then, loc, id, function.counters, layout.queue,
-                        layout.totalTiles);
+  auto notify = NotifyReadyOp::create(b, loc, layout.pendingView, id);
+  notify.setPerLane(true);
+  scf::IfOp::create(b, loc, notify.getReady(), [&](OpBuilder &then,
+                                                   Location loc) {
+    auto push = QueuePushOp::create(then, loc, id, function.counters,
+                                    layout.queue, layout.totalTiles);
+    push.setPerLane(true);
     scf::YieldOp::create(then, loc);
   });
 }
@@ -799,15 +879,26 @@ void DynamicScheduler::readyWaiters(OpBuilder &b, Location loc,
                   nested, loc, addIndex(nested, loc, first, divisor), extent);
             }
             auto emitLoops = [&](OpBuilder &lb, Location loc) {
-              SmallVector<Value> steps(extents.size(), one);
               Value record;
               if (family.isPredicated()) {
                 useTaskTables(function);
                 record = loadConstant(lb, loc, function.taskRecord, task);
               }
-              scf::buildLoopNest(
-                  lb, loc, lower, upper, steps,
-                  [&](OpBuilder &inner, Location loc, ValueRange tile) {
+              // The box, row-major, spread over the lanes.
+              SmallVector<Value> sizes;
+              for (auto [low, high] : llvm::zip(lower, upper))
+                sizes.push_back(subIndex(lb, loc, high, low));
+              Value count = productIndex(lb, loc, sizes);
+              Value lane = LaneIdOp::create(lb, loc);
+              Value lanes = LaneCountOp::create(lb, loc);
+              scf::ForOp::create(
+                  lb, loc, lane, count, lanes, ValueRange{},
+                  [&](OpBuilder &inner, Location loc, Value position,
+                      ValueRange) {
+                    SmallVector<Value> tile;
+                    for (auto [low, offset] : llvm::zip(
+                             lower, delinearize(inner, loc, position, sizes)))
+                      tile.push_back(addIndex(inner, loc, low, offset));
                     // A dead waiting tile has no pending count to take.
                     ifLive(inner, loc, function, family, record, tile,
                            [&](OpBuilder &live) {
@@ -816,6 +907,7 @@ void DynamicScheduler::readyWaiters(OpBuilder &b, Location loc,
                                  linearize(live, loc, tile, extents));
                              readyTile(live, loc, function, layout, id);
                            });
+                    scf::YieldOp::create(inner, loc);
                   });
             };
             if (!matches) {
@@ -850,8 +942,10 @@ void DynamicScheduler::readyWaiters(OpBuilder &b, Location loc,
   Value begin = loadIndex(b, loc, function.counters, position);
   Value end = loadIndex(b, loc, function.counters,
                         addIndex(b, loc, position, one));
+  Value lane = LaneIdOp::create(b, loc);
+  Value lanes = LaneCountOp::create(b, loc);
   scf::ForOp::create(
-      b, loc, begin, end, one, ValueRange{},
+      b, loc, addIndex(b, loc, begin, lane), end, lanes, ValueRange{},
       [&](OpBuilder &nested, Location loc, Value entry, ValueRange) {
         Value id = loadIndex(nested, loc, function.counters,
                              addIndex(nested, loc, layout.indexEntries, entry));
@@ -874,7 +968,10 @@ void DynamicScheduler::runTile(OpBuilder &b, Location loc,
                    // skip; its notifies follow, once per event class.
                    emitTileWork(cb, loc, function, family, record, task,
                                 tileOf(cb, family), id, layout.end,
-                                /*afterWaits=*/false, [](OpBuilder &) {});
+                                /*afterWaits=*/false, [&](OpBuilder &nb) {
+                                  if (!family.notifyClasses.empty())
+                                    ReleaseOp::create(nb, loc);
+                                });
                    return {};
                  });
 
@@ -919,12 +1016,15 @@ void DynamicScheduler::runTile(OpBuilder &b, Location loc,
                     cb, loc, function, family, record, e, /*notify=*/true, tile);
                 if (!classHasBoxWaiters[event.classIndex] &&
                     !classHasIndexedWaiters[event.classIndex]) {
-                  NotifyOp::create(cb, loc, event.view, coordinates);
+                  NotifyOp::create(cb, loc, event.view, coordinates)
+                      .setReleased(true);
                   scf::YieldOp::create(cb, loc, nothing(cb));
                   continue;
                 }
-                Value became =
+                auto notify =
                     NotifyReadyOp::create(cb, loc, event.view, coordinates);
+                notify.setReleased(true);
+                Value became = notify.getReady();
                 Value linear = linearize(
                     cb, loc, coordinates,
                     function.classes[event.classIndex].sizes);
@@ -995,32 +1095,8 @@ void DynamicScheduler::buildWorker(OpBuilder &builder) {
         },
         [&](OpBuilder &after, Location loc, ValueRange arguments) {
           Value id = arguments[0];
-          // The last task k with tileOffsets[k] <= id: keep lo <= k < hi.
-          auto search = scf::WhileOp::create(
-              after, loc, TypeRange{index, index},
-              ValueRange{constantIndex(after, loc, 0),
-                         constantIndex(after, loc, tasks.size())},
-              [&](OpBuilder &before, Location loc, ValueRange bounds) {
-                Value width = subIndex(before, loc, bounds[1], bounds[0]);
-                Value more = arith::CmpIOp::create(
-                    before, loc, arith::CmpIPredicate::ugt, width,
-                    constantIndex(before, loc, 1));
-                scf::ConditionOp::create(before, loc, more, bounds);
-              },
-              [&](OpBuilder &body, Location loc, ValueRange bounds) {
-                Value middle = divIndex(
-                    body, loc, addIndex(body, loc, bounds[0], bounds[1]),
-                    constantIndex(body, loc, 2));
-                Value start = tileOffset(body, loc, function, layout, middle);
-                Value atOrAfter = arith::CmpIOp::create(
-                    body, loc, arith::CmpIPredicate::ule, start, id);
-                Value lo = arith::SelectOp::create(body, loc, atOrAfter, middle,
-                                                   bounds[0]);
-                Value hi = arith::SelectOp::create(body, loc, atOrAfter,
-                                                   bounds[1], middle);
-                scf::YieldOp::create(body, loc, ValueRange{lo, hi});
-              });
-          runTile(after, loc, function, layout, search.getResult(0), id);
+          runTile(after, loc, function, layout,
+                  findTask(after, loc, function, layout, id), id);
           scf::YieldOp::create(after, loc);
         });
   }

@@ -725,8 +725,6 @@ void GraphProgramBuilder::initEventCounters(OpBuilder &b,
             if (plan.classes[classIndex].count)
               continue;
             SmallVector<Value> extents = gridOf(function, family);
-            SmallVector<Value> zeros(extents.size(), constantIndex(cb, loc, 0));
-            SmallVector<Value> ones(extents.size(), constantIndex(cb, loc, 1));
             // Dead tiles of a predicated task do not notify.
             auto countNotify = [&](OpBuilder &lb, ValueRange tile) {
               EntryEvent event = entryEvent(lb, loc, function, family, record,
@@ -738,19 +736,24 @@ void GraphProgramBuilder::initEventCounters(OpBuilder &b,
                   addIndex(lb, loc, event.base,
                            linearize(lb, loc, coordinates,
                                      function.classes[classIndex].sizes));
-              Value count =
-                  memref::LoadOp::create(lb, loc, function.counters, element);
+              // Atomic: the tiles may be counted on several lanes at once.
               Value one = arith::ConstantIntOp::create(lb, loc, 1, 32);
-              memref::StoreOp::create(
-                  lb, loc, arith::AddIOp::create(lb, loc, count, one),
-                  function.counters, element);
+              memref::AtomicRMWOp::create(lb, loc, arith::AtomicRMWKind::addi,
+                                          one, function.counters, element);
             };
-            scf::buildLoopNest(
-                cb, loc, zeros, extents, ones,
-                [&](OpBuilder &nest, Location, ValueRange tile) {
-                  ifLive(nest, loc, function, family, record, tile,
-                         [&](OpBuilder &lb) { countNotify(lb, tile); });
+            // The tiles in one loop, whose iterations only add to counters.
+            auto tiles = scf::ForOp::create(
+                cb, loc, constantIndex(cb, loc, 0),
+                productIndex(cb, loc, extents), constantIndex(cb, loc, 1),
+                ValueRange{},
+                [&](OpBuilder &lb, Location, Value local, ValueRange) {
+                  SmallVector<Value> tile =
+                      delinearize(lb, loc, local, extents);
+                  ifLive(lb, loc, function, family, record, tile,
+                         [&](OpBuilder &live) { countNotify(live, tile); });
+                  scf::YieldOp::create(lb, loc);
                 });
+            tiles->setAttr(kIndependentIterationsAttrName, cb.getUnitAttr());
           }
           return {};
         });
@@ -838,8 +841,12 @@ void GraphProgramBuilder::emitWaits(OpBuilder &b, Location loc,
     WaitOp::create(b, loc, event.view,
                    entryCoordinates(b, loc, function, family, record, entry,
                                     /*notify=*/false, tile),
-                   site);
+                   site)
+        .setDeferred(true);
   }
+  // One acquire completes all the tile's waits.
+  if (!family.waitClasses.empty())
+    AcquireOp::create(b, loc);
 }
 
 void GraphProgramBuilder::emitTileWork(OpBuilder &b, Location loc,

@@ -84,7 +84,7 @@ void StaticScheduler::buildInit(OpBuilder &builder) {
 
 /// Emits one tile (global tile `id`) of task `task`, whose record starts at
 /// `record`: waits, then, unless the run was stopped meanwhile, the tile
-/// body and the notifies; only for live tiles when the task has live
+/// body, one `event.release` and the (`released`) notifies; only for live tiles when the task has live
 /// bounds. A dead tile keeps its place in the global order and its worker
 /// moves on, so the order argument against deadlock is unchanged.
 void StaticScheduler::runTile(OpBuilder &builder, Location loc,
@@ -96,15 +96,19 @@ void StaticScheduler::runTile(OpBuilder &builder, Location loc,
     emitTileWork(b, loc, function, family, record, task, tile, id,
                  function.eventCounters, /*afterWaits=*/true,
                  [&](OpBuilder &b) {
+                   // One release publishes the tile for all its notifies.
+                   if (!family.notifyClasses.empty())
+                     ReleaseOp::create(b, loc);
                    for (unsigned entry = 0;
                         entry < family.notifyClasses.size(); ++entry) {
                      EntryEvent event = entryEvent(b, loc, function, family,
                                                    record, entry,
                                                    /*notify=*/true);
-                     NotifyOp::create(
+                     auto notify = NotifyOp::create(
                          b, loc, event.view,
                          entryCoordinates(b, loc, function, family, record,
                                           entry, /*notify=*/true, tile));
+                     notify.setReleased(true);
                    }
                  });
   });
