@@ -223,6 +223,16 @@ class MatmulCPU(Matmul):
                            [arith.addi(row, self.cidx(r)), arith.addi(col, self.cidx(c))])
 
 
+def filling_tile(op, target, n: int, widths: list) -> tuple:
+    """The tile with the widest of `widths` (widest first) whose N / width
+    column tiles still give every SM of the chip one at B = 1, else the
+    narrowest; the front end's tile when no width fits."""
+    if not widths:
+        return op.tile
+    enough = [tn for tn in widths if n // tn >= target.sm_count]
+    return (op.tile[0], enough[0] if enough else widths[-1])
+
+
 class MatmulSkinny(Matmul):
     """GPU matmul tile for few rows (decode): C = A @ B with B (K, N).
 
@@ -271,12 +281,8 @@ class MatmulSkinny(Matmul):
         vec = cls.vec(op)
         if not isinstance(n, int):
             return op.tile
-        candidates = [tn for tn in (128, 64, 32, 16, 8)
-                      if tn >= 2 * vec and n % tn == 0 and tn // vec <= target.warp]
-        if not candidates:
-            return op.tile
-        enough = [tn for tn in candidates if n // tn >= target.sm_count]
-        return (op.tile[0], enough[0] if enough else candidates[-1])
+        return filling_tile(op, target, n, [tn for tn in (128, 64, 32, 16, 8) if tn >= 2 * vec
+                                            and n % tn == 0 and tn // vec <= target.warp])
 
     def emit(self) -> None:
         op, out = self.op, self.op.result
@@ -410,11 +416,8 @@ class MatmulSkinnyT(Matmul):
         if not isinstance(n, int) or not target.warp:
             return op.tile
         step = (target.lanes // target.warp) * cls.RW
-        candidates = [tn for tn in (128, 64, 32, 16) if tn % step == 0 and n % tn == 0]
-        if not candidates:
-            return op.tile
-        enough = [tn for tn in candidates if n // tn >= target.sm_count]
-        return (op.tile[0], enough[0] if enough else candidates[-1])
+        return filling_tile(op, target, n, [tn for tn in (128, 64, 32, 16)
+                                            if tn % step == 0 and n % tn == 0])
 
     def emit(self) -> None:
         op, out = self.op, self.op.result
