@@ -20,13 +20,13 @@ Prints Markdown tables (paste into docs/benchmarks.md with date and GPU).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import numpy as np
 
 import etc
-from etc.runtime.cuda import _check, _driver, cuda_available
+from etc.runtime.cuda import EventTimer as Timer
+from etc.runtime.cuda import _driver, cuda_available
 
 
 def device_chip(driver) -> tuple[str, str]:
@@ -37,40 +37,6 @@ def device_chip(driver) -> tuple[str, str]:
     _, name = driver.cuDeviceGetName(256, device)
     chip = f"sm_{major}{minor}"
     return ("sm_90a" if chip == "sm_90" else chip), name.split(b"\0")[0].decode()
-
-
-class Timer:
-    """Median milliseconds of `enqueue(stream)` between two CUDA events."""
-
-    def __init__(self, driver, repeats: int, warmup: int = 5):
-        self.driver, self.repeats, self.warmup = driver, repeats, warmup
-        self.stream = _check(driver, "cuStreamCreate", driver.cuStreamCreate(0))
-        self.start = _check(driver, "cuEventCreate", driver.cuEventCreate(0))
-        self.end = _check(driver, "cuEventCreate", driver.cuEventCreate(0))
-
-    def __call__(self, enqueue) -> float:
-        d = self.driver
-        for _ in range(self.warmup):
-            enqueue(self.stream)
-        _check(d, "cuStreamSynchronize", d.cuStreamSynchronize(self.stream))
-        times = []
-        for _ in range(self.repeats):
-            _check(d, "cuEventRecord", d.cuEventRecord(self.start, self.stream))
-            enqueue(self.stream)
-            _check(d, "cuEventRecord", d.cuEventRecord(self.end, self.stream))
-            _check(d, "cuEventSynchronize", d.cuEventSynchronize(self.end))
-            times.append(_check(d, "cuEventElapsedTime", d.cuEventElapsedTime(self.start, self.end)))
-        return statistics.median(times)
-
-    def graph(self, enqueue):
-        """`enqueue` captured once as a CUDA graph; returns a launcher."""
-        d = self.driver
-        mode = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
-        _check(d, "cuStreamBeginCapture", d.cuStreamBeginCapture(self.stream, mode))
-        enqueue(self.stream)
-        graph = _check(d, "cuStreamEndCapture", d.cuStreamEndCapture(self.stream))
-        executable = _check(d, "cuGraphInstantiate", d.cuGraphInstantiate(graph, 0))
-        return lambda stream: _check(d, "cuGraphLaunch", d.cuGraphLaunch(executable, stream))
 
 
 def compile_cuda(g, chip, schedule, lanes):

@@ -52,7 +52,9 @@ import etc.bfloat16  # noqa: E402  (the kit's own copy: runtime + reference, no 
 import etc.reference  # noqa: E402
 import etc.runtime  # noqa: E402
 import families  # noqa: E402
+from etc.reference import round_bf16  # noqa: E402
 from etc.runtime import WatchdogError  # noqa: E402
+from etc.runtime.cuda import EventTimer as Timer  # noqa: E402
 
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
 #: The artifact compute-sanitizer runs (small, with lane reductions).
@@ -117,34 +119,6 @@ class Device:
         if array.nbytes:
             self.check(self.driver, "cuMemsetD8Async",
                        self.driver.cuMemsetD8Async(array.pointer, 0xFF, array.nbytes, stream))
-
-
-class Timer:
-    """Median milliseconds of `enqueue(stream)` between two CUDA events,
-    after warm-up."""
-
-    def __init__(self, device: Device, repeats: int, warmup: int = 5):
-        d = self.driver = device.driver
-        self.check = device.check
-        self.repeats, self.warmup = repeats, warmup
-        self.stream = self.check(d, "cuStreamCreate", d.cuStreamCreate(0))
-        self.start = self.check(d, "cuEventCreate", d.cuEventCreate(0))
-        self.end = self.check(d, "cuEventCreate", d.cuEventCreate(0))
-
-    def __call__(self, enqueue, repeats: int | None = None) -> float:
-        d, check = self.driver, self.check
-        for _ in range(self.warmup):
-            enqueue(self.stream)
-        check(d, "cuStreamSynchronize", d.cuStreamSynchronize(self.stream))
-        times = []
-        for _ in range(repeats or self.repeats):
-            check(d, "cuEventRecord", d.cuEventRecord(self.start, self.stream))
-            enqueue(self.stream)
-            check(d, "cuEventRecord", d.cuEventRecord(self.end, self.stream))
-            check(d, "cuEventSynchronize", d.cuEventSynchronize(self.end))
-            times.append(check(d, "cuEventElapsedTime", d.cuEventElapsedTime(self.start,
-                                                                              self.end)))
-        return statistics.median(times)
 
 
 # ---------------------------------------------------------------------------
@@ -354,11 +328,7 @@ def best_chip(manifest: dict, device: Device) -> str:
     return next((c for c in chips if c.endswith("a")), chips[-1] if chips else "")
 
 
-def round_bf16(values: np.ndarray) -> np.ndarray:
-    return etc.reference.round_bf16(np.asarray(values, np.float32))
-
-
-def copy_bandwidth(device: Device, timer: Timer, nbytes: int = 1 << 30) -> float:
+def copy_bandwidth(device: Device, timer, nbytes: int = 1 << 30) -> float:
     """Device-to-device copy, GB/s counting bytes read and written."""
     d, check = device.driver, device.check
     src = check(d, "cuMemAlloc", d.cuMemAlloc(nbytes))
@@ -542,9 +512,7 @@ def bench_gemm(manifest, device, timer, torch) -> list[str]:
         error = families.relative_error(launch.outputs()[0][rows_checked], a[rows_checked] @ b)
         if not error <= 2e-2:
             raise RuntimeError(f"gemm {size}: relative error {error:.3g} before timing")
-        # A slow kernel gets few repeats: one timed run says how long one takes.
-        first = timer(launch.enqueue, repeats=1)
-        ms = timer(launch.enqueue, repeats=max(3, min(timer.repeats, int(2000 / first))))
+        ms = timer.within(launch.enqueue)
         flops = 2 * size ** 3
         cells = [f"{size}³", f"{ms:.2f}", f"{flops / ms / 1e9:.1f}"]
         if torch:
@@ -558,7 +526,7 @@ def bench_gemm(manifest, device, timer, torch) -> list[str]:
     return rows
 
 
-def bench_roofline(manifest, device, timer, copy_gbs, torch) -> list[str]:
+def bench_roofline(manifest, device, timer, copy_gbs) -> list[str]:
     """One line per CUDA tile kernel: bytes (inputs and outputs, each moved
     once) and FLOPs over the time, next to the copy bandwidth."""
     rows = ["| kernel | rows | µs | GB/s | % of copy | TFLOP/s |",
@@ -573,8 +541,7 @@ def bench_roofline(manifest, device, timer, copy_gbs, torch) -> list[str]:
         launch = kernel.runtime.bind(inputs)
         expected = etc.reference.evaluate(kernel, **inputs)[0]
         verified(launch, expected, 3e-2, entry["title"])
-        first = timer(launch.enqueue, repeats=1)
-        ms = timer(launch.enqueue, repeats=max(3, min(timer.repeats, int(2000 / max(first, 1e-3)))))
+        ms = timer.within(launch.enqueue)
         nbytes = 0
         for arg in kernel.arguments:
             if arg.kind in ("input", "output"):
@@ -692,7 +659,7 @@ def bench_decode(manifest, device, timer, torch) -> list[str]:
 
 def run_benchmarks(manifest, args, device) -> list[str]:
     torch = torch_or_none()
-    timer = Timer(device, args.repeats)
+    timer = Timer(device.driver, args.repeats)
     deadline = time.perf_counter() + args.bench_budget
     copy_gbs = copy_bandwidth(device, timer, args.copy_mib << 20)
     lines = [f"Median of {args.repeats} timed runs after 5 warm-ups (CUDA events); artifacts "
@@ -703,7 +670,7 @@ def run_benchmarks(manifest, args, device) -> list[str]:
     sections = [("Notify → wake latency (static chain, one hop per CTA)", bench_latency, ()),
                 ("Per-task overhead (independent 1-row tiles)", bench_overhead, ()),
                 ("bf16 GEMV (bytes: weights + x + y)", bench_gemv, (copy_gbs, torch)),
-                ("Roofline: one line per tile kernel", bench_roofline, (copy_gbs, torch)),
+                ("Roofline: one line per tile kernel", bench_roofline, (copy_gbs,)),
                 ("5-operator MLP block, bf16", bench_mlp, (torch,)),
                 ("Decode step", bench_decode, (torch,)),
                 ("bf16 GEMM", bench_gemm, (torch,))]

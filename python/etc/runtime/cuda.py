@@ -39,6 +39,7 @@ cuda-bindings 13.x on CUDA 13 drivers (see docs/gpu.md).
 from __future__ import annotations
 
 import ctypes
+import statistics
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -739,3 +740,46 @@ class CUDARuntime:
 
     def _dtype(self, name: str) -> str:
         return self.abi.argument(name).dtype
+
+
+class EventTimer:
+    """Median milliseconds of `enqueue(stream)` between two CUDA events on
+    a stream of its own, after `warmup` untimed calls (the benchmarks of
+    bench/ and the GPU kit)."""
+
+    def __init__(self, driver, repeats: int, warmup: int = 5):
+        self.driver, self.repeats, self.warmup = driver, repeats, warmup
+        self.stream = _check(driver, "cuStreamCreate", driver.cuStreamCreate(0))
+        self.start = _check(driver, "cuEventCreate", driver.cuEventCreate(0))
+        self.end = _check(driver, "cuEventCreate", driver.cuEventCreate(0))
+
+    def __call__(self, enqueue, repeats: int | None = None) -> float:
+        d = self.driver
+        for _ in range(self.warmup):
+            enqueue(self.stream)
+        _check(d, "cuStreamSynchronize", d.cuStreamSynchronize(self.stream))
+        times = []
+        for _ in range(repeats or self.repeats):
+            _check(d, "cuEventRecord", d.cuEventRecord(self.start, self.stream))
+            enqueue(self.stream)
+            _check(d, "cuEventRecord", d.cuEventRecord(self.end, self.stream))
+            _check(d, "cuEventSynchronize", d.cuEventSynchronize(self.end))
+            times.append(_check(d, "cuEventElapsedTime",
+                                d.cuEventElapsedTime(self.start, self.end)))
+        return statistics.median(times)
+
+    def within(self, enqueue, budget_ms: float = 2000.0) -> float:
+        """Like calling the timer, with as many repeats (3 to `repeats`) as
+        fit in `budget_ms`, judged from one timed call: for slow kernels."""
+        first = max(self(enqueue, repeats=1), 1e-3)
+        return self(enqueue, repeats=max(3, min(self.repeats, int(budget_ms / first))))
+
+    def graph(self, enqueue):
+        """`enqueue` captured once as a CUDA graph; returns a launcher."""
+        d = self.driver
+        mode = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+        _check(d, "cuStreamBeginCapture", d.cuStreamBeginCapture(self.stream, mode))
+        enqueue(self.stream)
+        graph = _check(d, "cuStreamEndCapture", d.cuStreamEndCapture(self.stream))
+        executable = _check(d, "cuGraphInstantiate", d.cuGraphInstantiate(graph, 0))
+        return lambda stream: _check(d, "cuGraphLaunch", d.cuGraphLaunch(executable, stream))
