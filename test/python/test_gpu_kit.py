@@ -127,6 +127,7 @@ def test_kit_runs_its_cuda_path_on_a_fake_driver(tmp_path, cpu_kit):
             cpu_paths[entry["path"].replace("-sm_90a.etc", "")])
     (tmp_path / "map.json").write_text(json.dumps(mapping))
     env = dict(os.environ, ETC_FAKE_CUDA_MAP=str(tmp_path / "map.json"),
+               ETC_FAKE_CUDA_LOG=str(tmp_path / "launches.log"),
                PYTHONPATH=os.pathsep.join([str(ROOT / "test" / "python" / "fake_cuda"),
                                            os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run(
@@ -148,3 +149,9 @@ def test_kit_runs_its_cuda_path_on_a_fake_driver(tmp_path, cpu_kit):
                  if re.match(r"\| \d|\| \w.*\| [\d.]+ \|", line)]
         assert len(table) == rows, (title, table)
     assert "FAILED" not in report
+    # Static workers need every CTA resident: always a cooperative launch;
+    # everything else (dynamic workers, _init, _check, _counters) is plain.
+    launches = [line.split() for line in (tmp_path / "launches.log").read_text().splitlines()]
+    workers = {(how, schedule) for how, name, schedule in launches if name.endswith("_worker")}
+    assert workers == {("cooperative", "static"), ("plain", "dynamic")}, workers
+    assert all(how == "plain" for how, name, _ in launches if not name.endswith("_worker"))

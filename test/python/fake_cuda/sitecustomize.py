@@ -8,7 +8,9 @@ buffer table holds host addresses, so the CPU code reads and writes the
 Installed through this `sitecustomize.py` (put its folder on PYTHONPATH), so
 that every Python process of a test, the GPU kit's child processes too, gets
 it. ETC_FAKE_CUDA_MAP names a JSON file mapping the SHA-256 of each PTX
-module to the CPU artifact of the same program.
+module to the CPU artifact of the same program; ETC_FAKE_CUDA_LOG, if set,
+a file that gets one line per launch (plain or cooperative, kernel,
+schedule).
 
 What it checks by running: the runtime's parameter packing (memref words,
 symbols), buffer table, staging copies, workspaces, cooperative launches,
@@ -48,7 +50,15 @@ if os.environ.get("ETC_FAKE_CUDA_MAP"):
     _events: dict[int, float] = {}
     _handles = iter(range(1, 1 << 30))
     _map = json.loads(open(os.environ["ETC_FAKE_CUDA_MAP"]).read())
-    launches = {"cooperative": 0, "plain": 0}
+    _log = os.environ.get("ETC_FAKE_CUDA_LOG")
+
+    def _record(how: str, function) -> None:
+        """Appends "<how> <kernel> <schedule>" to ETC_FAKE_CUDA_LOG (if set),
+        so that a test can see how each kernel was launched."""
+        if _log:
+            kernel, role = function
+            with open(_log, "a") as f:
+                f.write(f"{how} {kernel.abi.name}_{role} {kernel.abi.schedule}\n")
 
     def cuInit(flags):
         return (OK,)
@@ -180,18 +190,18 @@ if os.environ.get("ETC_FAKE_CUDA_MAP"):
         return (OK,)
 
     def cuLaunchKernel(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        launches["plain"] += 1
+        _record("plain", function)
         return _launch(function, gx, params)
 
     def cuLaunchCooperativeKernel(function, gx, gy, gz, bx, by, bz, shared, stream, params):
-        launches["cooperative"] += 1
+        _record("cooperative", function)
         if gx > SMS:
             return (CUresult.CUDA_ERROR_INVALID_VALUE,)
         return _launch(function, gx, params)
 
     driver = types.ModuleType("cuda.bindings.driver")
     for _name, _value in list(globals().items()):
-        if _name.startswith("cu") or _name.startswith("CU") or _name == "launches":
+        if _name.startswith("cu") or _name.startswith("CU"):
             setattr(driver, _name, _value)
     cuda = types.ModuleType("cuda")
     bindings = types.ModuleType("cuda.bindings")
