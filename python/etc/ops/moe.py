@@ -84,7 +84,7 @@ class MoeRouter(_MoeKernel):
             previous = first_pick(self)
             chosen = []
             for choice in buffers["experts"]:
-                previous = select_next(self, experts, lambda e: self.load(probs, [t, e]), previous)
+                previous = select_next(self, experts, lambda e: self.load(probs, [t, e]), previous)[:2]
                 self.store_index(previous[1], choice, [t])
                 chosen.append(previous[0])
             total = chosen[0]

@@ -31,15 +31,18 @@ def ranks_equal(a: ir.Value, b: ir.Value) -> ir.Value:
     return arith.ori(arith.cmpf(arith.CmpFPredicate.OEQ, a, b), both_nan)
 
 
-def select_next(kernel: TileKernel, n: ir.Value, value_at, previous: tuple) -> tuple:
-    """The next pick of a descending top-k over positions [0, n): the first
-    value after `previous` = (value, position) in the order `ranks_above`,
-    then lower position. Returns (value, position). Comparisons are strict,
-    so the first position wins among equals."""
+def select_next(kernel: TileKernel, n: ir.Value, value_at, previous: tuple,
+                start: ir.Value | None = None, step: ir.Value | None = None) -> tuple:
+    """The next pick of a descending top-k over positions [start, n) by
+    `step` (default: all of [0, n)): the first value after `previous` =
+    (value, position) in the order `ranks_above`, then lower position.
+    Returns (value, position, found). Comparisons are strict, so the first
+    position wins among equals."""
     prev_value, prev_position = previous
     i1 = ir.IntegerType.get_signless(1)
     init = [kernel.cf32(float("-inf")), kernel.cidx(0), arith.constant(i1, 0)]
-    loop = scf.ForOp(kernel.cidx(0), n, kernel.cidx(1), init)
+    loop = scf.ForOp(start if start is not None else kernel.cidx(0), n,
+                     step if step is not None else kernel.cidx(1), init)
     with ir.InsertionPoint(loop.body):
         position = loop.induction_variable
         best_value, best_position, found = loop.inner_iter_args
@@ -54,7 +57,7 @@ def select_next(kernel: TileKernel, n: ir.Value, value_at, previous: tuple) -> t
         scf.yield_([arith.select(take, v, best_value),
                     arith.select(take, position, best_position),
                     arith.ori(found, take)])
-    return loop.results[0], loop.results[1]
+    return tuple(loop.results)
 
 
 def first_pick(kernel: TileKernel) -> tuple:
@@ -82,7 +85,7 @@ class TopK(TileKernel):
                               list(first_pick(self)))
             with ir.InsertionPoint(picks.body):
                 j = picks.induction_variable
-                value, position = select_next(
+                value, position, _ = select_next(
                     self, n, lambda c: self.load(x, [row, c]), tuple(picks.inner_iter_args))
                 self.store(value, values, [row, j])
                 self.store_index(position, indices, [row, j])
@@ -116,7 +119,6 @@ class TopKGPU(TopK):
         warps = lanes.count // lanes.warp
         n = x.shape[1]
         (tm,) = op.tile
-        i1 = ir.IntegerType.get_signless(1)
         row0 = arith.muli(self.ti[0], self.cidx(tm))
         rows = self.extent(x, 0, row0, tm)
         rounds = arith.divui(arith.addi(rows, self.cidx(warps - 1)), self.cidx(warps))
@@ -148,25 +150,11 @@ class TopKGPU(TopK):
                     start_value, start_position = first_pick(self)
                     previous = (arith.select(first, start_value, stored_value),
                                 arith.select(first, start_position, stored_position))
-                    init = [self.cf32(float("-inf")), self.cidx(0), arith.constant(i1, 0)]
-                    scan_loop = scf.ForOp(arith.remui(lane, self.cidx(lanes.warp)),
-                                          self.cidx(n), self.cidx(lanes.warp), init)
-                    with ir.InsertionPoint(scan_loop.body):
-                        position = scan_loop.induction_variable
-                        best_value, best_position, found = scan_loop.inner_iter_args
-                        v = self.load(x, [row, position])
-                        after = arith.ori(
-                            ranks_above(previous[0], v),
-                            arith.andi(ranks_equal(v, previous[0]),
-                                       arith.cmpi(arith.CmpIPredicate.sgt, position,
-                                                  previous[1])))
-                        better = arith.ori(arith.xori(found, arith.constant(i1, 1)),
-                                           ranks_above(v, best_value))
-                        take = arith.andi(after, better)
-                        scf.yield_([arith.select(take, v, best_value),
-                                    arith.select(take, position, best_position),
-                                    arith.ori(found, take)])
-                    value, position, found = scan_loop.results
+                    # This lane's positions: l, l + 32, ... of the row.
+                    value, position, found = select_next(
+                        self, self.cidx(n), lambda p: self.load(x, [row, p]), previous,
+                        start=arith.remui(lane, self.cidx(lanes.warp)),
+                        step=self.cidx(lanes.warp))
                     is_nan = arith.andi(found, arith.cmpf(arith.CmpFPredicate.UNO, value, value))
                     position_f = arith.uitofp(self.f32, arith.index_cast(
                         ir.IntegerType.get_signless(32), position))
