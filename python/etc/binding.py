@@ -114,3 +114,20 @@ def bind_symbols(arguments: Sequence, shapes: Mapping[str, tuple], *,
 def concrete_shape(shape: Sequence, symbols: Mapping[str, int]) -> tuple[int, ...]:
     """`shape` with every symbol name replaced by its value."""
     return tuple(d if isinstance(d, int) else symbols[d] for d in shape)
+
+
+def out_items(graph_name: str, outputs: Sequence[str], out) -> list:
+    """The (output name, array) pairs of an `out=` argument: a dict by
+    output name or a sequence (any iterable) in output order. Unknown names
+    and a wrong count are TypeErrors naming the outputs."""
+    names = list(outputs)
+    if isinstance(out, dict):
+        unknown = [n for n in out if n not in names]
+        if unknown:
+            raise TypeError(f"{graph_name}: out= names {unknown} are not outputs {names}")
+        return list(out.items())
+    out = list(out)
+    if len(out) != len(names):
+        raise TypeError(f"{graph_name}: out= has {len(out)} arrays for the {len(names)} "
+                        f"outputs {names}")
+    return list(zip(names, out))

@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import bfloat16
 from ..binding import (Signature, bind_symbols, check_input_dtype, check_input_names,
-                       concrete_shape)
+                       concrete_shape, out_items)
 from . import layout
 from .abi import KernelABI
 from .trace import Trace
@@ -148,18 +148,7 @@ def _join_all(threads: list[threading.Thread]) -> None:
 def fill_out(abi: KernelABI, out, results: dict) -> list:
     """Copies `results` (by output name) into the NumPy arrays of `out` (a
     list in output order or a dict by name) and returns them in that order."""
-    names = list(abi.outputs)
-    if isinstance(out, dict):
-        unknown = [n for n in out if n not in names]
-        if unknown:
-            raise TypeError(f"{abi.name}: out= names {unknown} are not outputs {names}")
-        items = list(out.items())
-    else:
-        out = list(out)
-        if len(out) != len(names):
-            raise TypeError(f"{abi.name}: out= has {len(out)} arrays for the {len(names)} "
-                            f"outputs {names}")
-        items = list(zip(names, out))
+    items = out_items(abi.name, abi.outputs, out)
     filled = []
     for name, array in items:
         value = results[name]

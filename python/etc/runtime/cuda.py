@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..binding import (Signature, bind_symbols, check_input_dtype, check_input_names,
-                       concrete_shape)
+                       concrete_shape, out_items)
 from . import layout
 from .abi import KernelABI
 from .cpu import (_CHECK_ERRORS, _STORAGE, _USER_DTYPE, buffer_table, check_state, from_storage,
@@ -668,18 +668,7 @@ class CUDARuntime:
         a NumPy array, which receives a copy)."""
         if out is None:
             return {}
-        names = list(self.abi.outputs)
-        if isinstance(out, dict):
-            unknown = [n for n in out if n not in names]
-            if unknown:
-                raise TypeError(f"{self.abi.name}: out= names {unknown} are not outputs {names}")
-            items = list(out.items())
-        else:
-            out = list(out)
-            if len(out) != len(names):
-                raise TypeError(f"{self.abi.name}: out= has {len(out)} arrays for the "
-                                f"{len(names)} outputs {names}")
-            items = list(zip(names, out))
+        items = out_items(self.abi.name, self.abi.outputs, out)
         result = {}
         for name, value in items:
             arg = self.abi.argument(name)
@@ -700,6 +689,8 @@ class CUDARuntime:
         """Runs the program once on `stream` (default: the legacy default
         stream) and waits for it; raises on a device-side error. Returns the
         outputs as NumPy arrays, or, with `out=`, the `out` arrays filled."""
+        # Paired once, by name: `out` may be an iterator.
+        out = None if out is None else dict(out_items(self.abi.name, self.abi.outputs, out))
         launch = self.bind(inputs, out=out, stream=stream)
         launch.enqueue(stream)
         launch.check(stream)
@@ -712,9 +703,8 @@ class CUDARuntime:
                                                  launch.buffers[arg.name].pointer, value.nbytes))
         if out is None:
             return launch.outputs()
-        items = out.items() if isinstance(out, dict) else zip(self.abi.outputs, out)
         filled = []
-        for name, value in items:
+        for name, value in out.items():
             if isinstance(value, np.ndarray):
                 host = from_storage(launch.buffers[name].numpy(), self._dtype(name))
                 np.copyto(value, host)
