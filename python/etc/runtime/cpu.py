@@ -125,15 +125,6 @@ def from_storage(array: np.ndarray, dtype: str) -> np.ndarray:
     return bfloat16.from_bits(array)
 
 
-#: What each non-zero status of g_check means.
-_CHECK_ERRORS = {
-    1: "task queue overflow: more tasks were pushed than the queue holds "
-       "(the program pushed some task twice)",
-    2: "unbalanced events: some event counters did not reach zero; the program's "
-       "notifies do not match its expected counts",
-}
-
-
 def _join_all(threads: list[threading.Thread]) -> None:
     """Joins every started thread, even through further Ctrl-Cs: the caller
     must not return while a worker still runs."""
@@ -276,12 +267,8 @@ class CPURuntime:
         counters = np.zeros(max(count, 1), np.int32)
         counters_desc = _descriptor(counters)
         counters_arg = ctypes.addressof(counters_desc)
+        layout.check_count(self.abi, count)
         functions["init"](*args, counters_arg)
-
-        if count < layout.HEADER_WORDS:
-            raise RuntimeError(f"{self.abi.name}: the program asks for {count} counters, fewer "
-                               f"than its run header needs ({layout.HEADER_WORDS}); it was not "
-                               "built by this ETC")
         header = layout.header(counters)
         errors: list[BaseException] = []
         worker = functions["worker"]
@@ -313,9 +300,7 @@ class CPURuntime:
         layout.check_header(self.abi, header)
         if self.abi.trace:
             self._trace = Trace.decode(self.abi, counters, self.workers)
-        status = functions["check"](*args, counters_arg)
-        if status != 0:
-            raise RuntimeError(f"{self.abi.name}: {_CHECK_ERRORS.get(status, f'status {status}')}")
+        layout.check_status(self.abi, functions["check"](*args, counters_arg))
         results = [from_storage(buffers[name], self._dtype(name)) for name in self.abi.outputs]
         if out is None:
             return results

@@ -49,8 +49,7 @@ from ..binding import (Signature, bind_symbols, check_input_dtype, check_input_n
                        concrete_shape, out_items)
 from . import layout
 from .abi import KernelABI
-from .cpu import (_CHECK_ERRORS, _STORAGE, _USER_DTYPE, buffer_table, check_state, from_storage,
-                  to_storage)
+from .cpu import _STORAGE, _USER_DTYPE, buffer_table, check_state, from_storage, to_storage
 
 #: Threads of the one-CTA initialisation kernel.
 INIT_THREADS = 256
@@ -346,10 +345,7 @@ class _Workspace:
         # buffers; filled for each launch.
         self.table = runtime._alloc(runtime._table(self.shapes()).shape, np.int64)
         self.count = runtime._counter_count(self)
-        if self.count < layout.HEADER_WORDS:
-            raise RuntimeError(f"{runtime.abi.name}: the program asks for {self.count} counters, "
-                               f"fewer than its run header needs ({layout.HEADER_WORDS}); it was "
-                               "not built by this ETC")
+        layout.check_count(runtime.abi, self.count)
         self.counters = runtime._alloc((self.count,), np.int32)
 
     def shapes(self) -> dict:
@@ -444,9 +440,7 @@ class Launch:
         value = np.zeros(1, np.int32)
         _check(driver, "cuMemcpyDtoH", driver.cuMemcpyDtoH(
             value.ctypes.data, self.workspace.results.pointer + 8, 4))
-        if value[0] != 0:
-            raise RuntimeError(f"{rt.abi.name}: "
-                               f"{_CHECK_ERRORS.get(int(value[0]), f'status {int(value[0])}')}")
+        layout.check_status(rt.abi, int(value[0]))
 
     def outputs(self) -> list[np.ndarray]:
         """Host copies of the graph's outputs, in `g.output` order."""

@@ -115,3 +115,35 @@ def check_header(abi, header: np.ndarray) -> None:
         raise KeyboardInterrupt
     if status != RUNNING:
         raise RuntimeError(f"{abi.name}: the run header has an unknown status {status}")
+
+
+#: What each non-zero status of g_check means.
+CHECK_ERRORS = {
+    1: "task queue overflow: more tasks were pushed than the queue holds "
+       "(the program pushed some task twice)",
+    2: "unbalanced events: some event counters did not reach zero; the program's "
+       "notifies do not match its expected counts",
+}
+#: What the user can do about a g_check error.
+_CHECK_ADVICE = ("; a program that passed ETC's schedule check never does this, so the "
+                 "kernel was compiled with the check skipped or this is a compiler bug "
+                 "(compile with trace=True to see which tasks ran, and report it)")
+
+
+def check_count(abi, count: int) -> None:
+    """Raises unless `count` counters (g_counters' answer) hold the run header."""
+    if count < HEADER_WORDS:
+        raise RuntimeError(f"{abi.name}: the program asks for {count} counters, fewer than its "
+                           f"run header needs ({HEADER_WORDS}): it was not built by this ETC; "
+                           "compile (and save) the kernel again with this version")
+
+
+def check_status(abi, status: int) -> None:
+    """Raises for a non-zero status of g_check (see `CHECK_ERRORS`)."""
+    if status == 0:
+        return
+    if status in CHECK_ERRORS:
+        raise RuntimeError(f"{abi.name}: {CHECK_ERRORS[status]}{_CHECK_ADVICE}")
+    raise RuntimeError(f"{abi.name}: the end-of-run check returned unknown status {status}: the "
+                       "kernel and this runtime disagree on the program format; compile (and "
+                       "save) the kernel again with this version of ETC")
