@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..compiler import CompiledKernel, compile as _compile
-from .builder import STATE_DTYPE, build_step_graph
+from .builder import build_step_graph
 from .checkpoint import Checkpoint
 from .config import ModelConfig
 
@@ -310,8 +310,6 @@ def _to_device(kernel: CompiledKernel, name: str, array: np.ndarray):
     """Weight `name` copied once to the device in the storage its graph
     input has (bf16 as its 16-bit patterns): the CUDA runtime uses device
     arrays in place, so weights are not copied every step."""
-    from .. import bfloat16
+    from ..runtime.cpu import to_storage
 
-    dtype = next(a.dtype for a in kernel.signature.arguments if a.name == name)
-    host = bfloat16.to_bits(array) if dtype == "bf16" and array.dtype != np.uint16 else array
-    return kernel.runtime.device_array(host)
+    return kernel.runtime.device_array(to_storage(array, kernel.abi.argument(name).dtype))

@@ -406,8 +406,10 @@ class Launch:
                                         stream))
         results = self.workspace.results.pointer
         counters = (self.counters.pointer, self.counters.shape)
-        self._parameters = {"init": _Parameters(self._words(counters)),
-                            "worker": _Parameters(self._words(counters)),
+        # _init and the worker take the same parameters (the driver copies
+        # them at each launch, so one array serves both).
+        same = _Parameters(self._words(counters))
+        self._parameters = {"init": same, "worker": same,
                             "check": _Parameters(self._words(counters, (results + 8, (1,))))}
 
     def enqueue(self, stream=0) -> None:
