@@ -28,6 +28,12 @@ getEventElementPointer(mlir::ConversionPatternRewriter &rewriter,
                        mlir::Operation *op, mlir::Value event, mlir::Value base,
                        mlir::ValueRange indices);
 
+/// The counter buffer (a `memref<?xi32>`) that `event`, an `event.view`,
+/// carves its tensor out of. Fails (a match failure on `op`) otherwise.
+mlir::FailureOr<mlir::Value>
+getEventCounters(mlir::ConversionPatternRewriter &rewriter, mlir::Operation *op,
+                 mlir::Value event);
+
 /// Converts `!event.tensor` to `!llvm.ptr` (its first counter) and leaves
 /// every other type as it is.
 void populateEventTensorTypeConversion(mlir::TypeConverter &typeConverter);

@@ -51,6 +51,13 @@ struct WatchdogSite {
                           mlir::Value worker, mlir::Value task,
                           mlir::ValueRange tile, mlir::Value event,
                           mlir::ValueRange element);
+
+  /// The site of an `event.wait` by `worker` on `element`, from the op's
+  /// `site` operands (task, event, tile...; empty when the scheduler gave
+  /// none, which the verifier allows besides two or more values).
+  static WatchdogSite forWait(mlir::OpBuilder &b, mlir::Location loc,
+                              mlir::Value worker, mlir::ValueRange site,
+                              mlir::ValueRange element);
 };
 
 /// How a spin acquires the writes published to the element it waits for:

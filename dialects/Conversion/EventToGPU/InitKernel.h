@@ -7,6 +7,10 @@
 
 namespace etc {
 
+/// `gpu.thread_id x == 0`: the thread that polls and updates counters on
+/// behalf of its CTA, and runs the init kernels' sequential parts.
+mlir::Value isFirstThread(mlir::OpBuilder &b, mlir::Location loc);
+
 /// Turns the body of `func`, which uses no worker op, into code for one CTA:
 /// independent top-level loops (iterations that only store and read no
 /// buffer the kernel writes, or marked so by the scheduler with

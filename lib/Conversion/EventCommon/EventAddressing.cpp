@@ -26,6 +26,15 @@ Value etc::getCounterPointer(OpBuilder &builder, Location loc, Value counters,
                              base, ValueRange{position64});
 }
 
+FailureOr<Value> etc::getEventCounters(ConversionPatternRewriter &rewriter,
+                                       Operation *op, Value event) {
+  auto view = event.getDefiningOp<ViewOp>();
+  if (!view)
+    return rewriter.notifyMatchFailure(
+        op, "the event tensor is not an 'event.view' of a counter buffer");
+  return view.getCounters();
+}
+
 FailureOr<Value> etc::getEventElementPointer(ConversionPatternRewriter &rewriter,
                                              Operation *op, Value event,
                                              Value base, ValueRange indices) {

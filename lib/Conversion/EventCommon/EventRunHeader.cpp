@@ -87,6 +87,15 @@ static SmallVector<Value> siteWords(const WatchdogSite &site) {
 /// The number of i32 words of a site.
 static constexpr int64_t kSiteWords = 6 + 2 * run::kMaxRecordRank;
 
+WatchdogSite WatchdogSite::forWait(OpBuilder &b, Location loc, Value worker,
+                                   ValueRange site, ValueRange element) {
+  if (site.empty())
+    return get(b, loc, run::kSiteWait, worker, Value(), ValueRange{}, Value(),
+               element);
+  return get(b, loc, run::kSiteWait, worker, site[0], site.drop_front(2),
+             site[1], element);
+}
+
 WatchdogSite WatchdogSite::get(OpBuilder &b, Location loc, int32_t kind,
                                Value worker, Value task, ValueRange tile,
                                Value event, ValueRange element) {

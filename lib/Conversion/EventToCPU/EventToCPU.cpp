@@ -55,17 +55,6 @@ static SpinTarget cpuSpin(int64_t timeoutMs) {
                     /*firstBackOff=*/0, /*syncScope=*/StringRef(), timeoutMs};
 }
 
-/// The counter buffer an `event.view` (the event operand of `op`) carves
-/// its tensor out of.
-static FailureOr<Value> viewCounters(ConversionPatternRewriter &rewriter,
-                                     Operation *op, Value event) {
-  auto view = event.getDefiningOp<ViewOp>();
-  if (!view)
-    return rewriter.notifyMatchFailure(
-        op, "the event tensor is not an 'event.view' of a counter buffer");
-  return view.getCounters();
-}
-
 namespace {
 /// Lowers `event.wait` to a watchdog-bounded spin loop: an acquire load of
 /// the counter until it is no longer positive, calling `sched_yield`
@@ -81,15 +70,13 @@ struct WaitOpLowering : public OpConversionPattern<WaitOp> {
                   ConversionPatternRewriter &rewriter) const override {
     FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
-    FailureOr<Value> counters = viewCounters(rewriter, op, op.getEvent());
+    FailureOr<Value> counters = getEventCounters(rewriter, op, op.getEvent());
     if (failed(pointer) || failed(counters))
       return failure();
     Location loc = op.getLoc();
-    ValueRange site = adaptor.getSite();
-    WatchdogSite record = WatchdogSite::get(
-        rewriter, loc, run::kSiteWait, WorkerIdOp::create(rewriter, loc),
-        site.empty() ? Value() : site[0], site.drop_front(std::min<size_t>(2, site.size())),
-        site.empty() ? Value() : site[1], adaptor.getIndices());
+    WatchdogSite record =
+        WatchdogSite::forWait(rewriter, loc, WorkerIdOp::create(rewriter, loc),
+                              adaptor.getSite(), adaptor.getIndices());
     buildSpin(rewriter, loc, *counters, *pointer, /*syncScope=*/StringRef(),
               SpinUntil::CounterReady, record);
     rewriter.eraseOp(op);
@@ -117,24 +104,16 @@ struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
   }
 };
 
-/// Erases `event.acquire`: every CPU wait polls with acquire loads (the
-/// attribute `deferred` changes nothing), and a worker is one lane.
-struct AcquireOpLowering : public OpConversionPattern<AcquireOp> {
-  using OpConversionPattern::OpConversionPattern;
+/// Erases an op that has nothing to do on the CPU, where a worker is one
+/// lane and every wait and notify is an acquire poll or release atomic of
+/// its own: `event.acquire` (the attribute `deferred` changes nothing),
+/// `event.release` (nor does `released`) and `event.lane_barrier` (with one
+/// lane there is nobody to wait for).
+template <typename OpTy>
+struct EraseLowering : public OpConversionPattern<OpTy> {
+  using OpConversionPattern<OpTy>::OpConversionPattern;
   LogicalResult
-  matchAndRewrite(AcquireOp op, OpAdaptor,
-                  ConversionPatternRewriter &rewriter) const override {
-    rewriter.eraseOp(op);
-    return success();
-  }
-};
-
-/// Erases `event.release`: every CPU notify is a release atomic of its own
-/// (the attribute `released` changes nothing), and a worker is one lane.
-struct ReleaseOpLowering : public OpConversionPattern<ReleaseOp> {
-  using OpConversionPattern::OpConversionPattern;
-  LogicalResult
-  matchAndRewrite(ReleaseOp op, OpAdaptor,
+  matchAndRewrite(OpTy op, typename OpTy::Adaptor,
                   ConversionPatternRewriter &rewriter) const override {
     rewriter.eraseOp(op);
     return success();
@@ -278,16 +257,6 @@ struct LaneQueryLowering : public OpConversionPattern<QueryOp> {
   }
 };
 
-/// Erases `event.lane_barrier`: with one lane there is nobody to wait for.
-struct LaneBarrierLowering : public OpConversionPattern<LaneBarrierOp> {
-  using OpConversionPattern::OpConversionPattern;
-  LogicalResult
-  matchAndRewrite(LaneBarrierOp op, OpAdaptor,
-                  ConversionPatternRewriter &rewriter) const override {
-    rewriter.eraseOp(op);
-    return success();
-  }
-};
 /// Lowers `event.lane_reduce` to its operand: with one lane per tile there
 /// is nobody to combine with.
 struct LaneReduceLowering : public OpConversionPattern<LaneReduceOp> {
@@ -329,11 +298,11 @@ void etc::populateEventToCPUConversionPatterns(
   populateEventViewLoweringPattern(typeConverter, patterns);
   populateEventBufferLoweringPattern(typeConverter, patterns);
   patterns.add<WaitOpLowering, QueuePopOpLowering, NotifyOpLowering,
-               ReleaseOpLowering, AcquireOpLowering, NotifyReadyOpLowering,
+               EraseLowering<ReleaseOp>, EraseLowering<AcquireOp>, NotifyReadyOpLowering,
                QueuePushOpLowering,
                RunAbortedOpLowering, TraceBeginOpLowering, TraceEndOpLowering,
                LaneQueryLowering<LaneIdOp, 0>, LaneQueryLowering<LaneCountOp, 1>,
-               LaneBarrierLowering, LaneReduceLowering, ScratchLowering>(typeConverter, patterns.getContext());
+               EraseLowering<LaneBarrierOp>, LaneReduceLowering, ScratchLowering>(typeConverter, patterns.getContext());
 }
 
 LogicalResult etc::defineMonotonicClock(ModuleOp module) {

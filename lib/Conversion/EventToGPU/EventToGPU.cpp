@@ -41,14 +41,6 @@ using namespace etc::event;
 /// (`.gpu` in PTX), since producer and consumer CTAs may be on any SM.
 static constexpr StringLiteral kDeviceScope = "device";
 
-/// `gpu.thread_id x == 0`: the thread that polls and updates counters on
-/// behalf of its CTA.
-static Value isFirstThread(OpBuilder &b, Location loc) {
-  Value thread = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
-  Value zero = arith::ConstantIndexOp::create(b, loc, 0);
-  return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, thread, zero);
-}
-
 /// `scf.if %condition { <body> }`, with the builder left after it.
 static void buildIf(OpBuilder &b, Location loc, Value condition,
                     function_ref<void(OpBuilder &, Location)> body) {
@@ -98,17 +90,6 @@ static SpinTarget gpuSpin(int64_t timeoutMs) {
       kWaitFirstSleepNs, kDeviceScope, timeoutMs, SpinAcquire::OnceDone};
 }
 
-/// The counter buffer an `event.view` (the event operand of `op`) carves
-/// its tensor out of.
-static FailureOr<Value> viewCounters(ConversionPatternRewriter &rewriter,
-                                     Operation *op, Value event) {
-  auto view = event.getDefiningOp<ViewOp>();
-  if (!view)
-    return rewriter.notifyMatchFailure(
-        op, "the event tensor is not an 'event.view' of a counter buffer");
-  return view.getCounters();
-}
-
 /// The worker (block) id as an index.
 static Value blockId(OpBuilder &b, Location loc) {
   return gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
@@ -134,18 +115,14 @@ struct WaitOpLowering : public OpConversionPattern<WaitOp> {
                   ConversionPatternRewriter &rewriter) const override {
     FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
-    FailureOr<Value> counters = viewCounters(rewriter, op, op.getEvent());
+    FailureOr<Value> counters = getEventCounters(rewriter, op, op.getEvent());
     if (failed(pointer) || failed(counters))
       return failure();
     Location loc = op.getLoc();
     buildIf(rewriter, loc, isFirstThread(rewriter, loc),
             [&](OpBuilder &b, Location loc) {
-              ValueRange place = adaptor.getSite();
-              WatchdogSite site = WatchdogSite::get(
-                  b, loc, run::kSiteWait, blockId(b, loc),
-                  place.empty() ? Value() : place[0],
-                  place.drop_front(std::min<size_t>(2, place.size())),
-                  place.empty() ? Value() : place[1], adaptor.getIndices());
+              WatchdogSite site = WatchdogSite::forWait(
+                  b, loc, blockId(b, loc), adaptor.getSite(), adaptor.getIndices());
               buildSpin(b, loc, *counters, *pointer, kDeviceScope,
                         SpinUntil::CounterReady, site,
                         op.getDeferred() ? SpinAcquire::Deferred

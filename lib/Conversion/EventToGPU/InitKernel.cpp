@@ -18,8 +18,7 @@ using namespace mlir;
 using namespace etc;
 using namespace etc::event;
 
-/// `gpu.thread_id x == 0`.
-static Value isFirstThread(OpBuilder &b, Location loc) {
+Value etc::isFirstThread(OpBuilder &b, Location loc) {
   Value thread = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
   Value zero = arith::ConstantIndexOp::create(b, loc, 0);
   return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, thread, zero);

@@ -46,14 +46,6 @@ struct BoxResult {
   int64_t value = 0; // The divisor or the constant.
 };
 
-/// One wait clause entry: task `task` waits on the event with entry `entry`.
-struct WaitUse {
-  unsigned task;
-  unsigned entry;
-  /// Set when the waiting tiles of an element form a box (closed form).
-  std::optional<SmallVector<BoxResult>> box;
-};
-
 /// The closed form of `indexMap` as a box of tiles, if it has one: every
 /// result is a distinct tile index `dN`, `dN floordiv M` (M > 0), a constant,
 /// or, with `anyIndirect`, indirect (`Any`: the tile waits on every
@@ -153,12 +145,12 @@ private:
   /// The first global tile of task `task`.
   Value tileOffset(OpBuilder &b, Location loc, ScheduledFunction &function,
                    QueueLayout &layout, Value task);
-  /// Calls `body(b, family, record, id, tile)` for every tile of every task,
-  /// `id` its global tile id.
   /// The task whose tile range holds global tile `id`: a binary search
   /// over the tile offsets.
   Value findTask(OpBuilder &b, Location loc, ScheduledFunction &function,
                  QueueLayout &layout, Value id);
+  /// Calls `body(b, family, record, id, tile)` for every tile of every task,
+  /// `id` its global tile id.
   void forEachTile(OpBuilder &b, Location loc, ScheduledFunction &function,
                    QueueLayout &layout,
                    function_ref<void(OpBuilder &, const TaskFamily &, Value,
