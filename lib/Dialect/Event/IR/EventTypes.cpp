@@ -148,6 +148,25 @@ Attribute FootprintAttr::parseBody(AsmParser &parser, bool verify) {
   return parser.getChecked<FootprintAttr>(parser.getContext(), offsets, sizes);
 }
 
+/// `<` body `>` for the attributes whose body also appears bare inside
+/// op syntax (`parseBody` / `printBody`).
+template <typename AttrT>
+static Attribute parseAngled(AsmParser &parser) {
+  if (parser.parseLess())
+    return {};
+  Attribute attr = AttrT::parseBody(parser);
+  if (!attr || parser.parseGreater())
+    return {};
+  return attr;
+}
+
+template <typename AttrT>
+static void printAngled(AsmPrinter &printer, AttrT attr) {
+  printer << '<';
+  attr.printBody(printer);
+  printer << '>';
+}
+
 void FootprintAttr::printBody(AsmPrinter &printer) const {
   getOffsets().print(printer.getStream());
   printer << ' ';
@@ -155,19 +174,10 @@ void FootprintAttr::printBody(AsmPrinter &printer) const {
 }
 
 Attribute FootprintAttr::parse(AsmParser &parser, Type) {
-  if (parser.parseLess())
-    return {};
-  Attribute attr = parseBody(parser);
-  if (!attr || parser.parseGreater())
-    return {};
-  return attr;
+  return parseAngled<FootprintAttr>(parser);
 }
 
-void FootprintAttr::print(AsmPrinter &printer) const {
-  printer << '<';
-  printBody(printer);
-  printer << '>';
-}
+void FootprintAttr::print(AsmPrinter &printer) const { printAngled(printer, *this); }
 
 LogicalResult
 FootprintAttr::verify(function_ref<InFlightDiagnostic()> emitError,
@@ -237,19 +247,10 @@ void IndexMapAttr::printBody(AsmPrinter &printer) const {
 }
 
 Attribute IndexMapAttr::parse(AsmParser &parser, Type) {
-  if (parser.parseLess())
-    return {};
-  Attribute attr = parseBody(parser);
-  if (!attr || parser.parseGreater())
-    return {};
-  return attr;
+  return parseAngled<IndexMapAttr>(parser);
 }
 
-void IndexMapAttr::print(AsmPrinter &printer) const {
-  printer << '<';
-  printBody(printer);
-  printer << '>';
-}
+void IndexMapAttr::print(AsmPrinter &printer) const { printAngled(printer, *this); }
 
 LogicalResult IndexMapAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                    AffineMap map, ArrayRef<int64_t> indirect) {
@@ -310,19 +311,10 @@ void LiveAttr::printBody(AsmPrinter &printer) const {
 }
 
 Attribute LiveAttr::parse(AsmParser &parser, Type) {
-  if (parser.parseLess())
-    return {};
-  Attribute attr = parseBody(parser);
-  if (!attr || parser.parseGreater())
-    return {};
-  return attr;
+  return parseAngled<LiveAttr>(parser);
 }
 
-void LiveAttr::print(AsmPrinter &printer) const {
-  printer << '<';
-  printBody(printer);
-  printer << '>';
-}
+void LiveAttr::print(AsmPrinter &printer) const { printAngled(printer, *this); }
 
 LogicalResult LiveAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                unsigned dim, AffineMap bound,
