@@ -116,10 +116,10 @@ mlir::Value buildSpin(mlir::OpBuilder &b, mlir::Location loc,
                       const WatchdogSite &site,
                       SpinAcquire acquire = SpinAcquire::EachPoll);
 
-/// The run's status word (`run::kStatusWord` of `counters`), loaded relaxed:
-/// non-zero once the run is stopped. Returns an i32.
-mlir::Value loadRunStatus(mlir::OpBuilder &b, mlir::Location loc,
-                          mlir::Value counters, llvm::StringRef syncScope);
+/// Whether the run is stopped: its status word (`run::kStatusWord` of
+/// `counters`), loaded relaxed, is no longer `run::kRunning`. Returns an i1.
+mlir::Value buildRunStopped(mlir::OpBuilder &b, mlir::Location loc,
+                            mlir::Value counters, llvm::StringRef syncScope);
 
 /// Writes the first part of the trace record at word `record` of `counters`
 /// (worker, task, tile, start `nowNs`).

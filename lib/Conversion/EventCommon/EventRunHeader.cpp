@@ -64,13 +64,15 @@ static void storeCoordinates(OpBuilder &b, Location loc, Value counters,
   }
 }
 
-Value etc::loadRunStatus(OpBuilder &b, Location loc, Value counters,
-                         StringRef syncScope) {
-  return LLVM::LoadOp::create(
+Value etc::buildRunStopped(OpBuilder &b, Location loc, Value counters,
+                           StringRef syncScope) {
+  Value status = LLVM::LoadOp::create(
       b, loc, b.getI32Type(), headerPointer(b, loc, counters, run::kStatusWord),
       /*alignment=*/4, /*isVolatile=*/false, /*isNonTemporal=*/false,
       /*isInvariant=*/false, /*isInvariantGroup=*/false,
       LLVM::AtomicOrdering::monotonic, syncScope);
+  return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne, status,
+                               i32(b, loc, run::kRunning));
 }
 
 /// The i32 words of a site, in the order the report and spin functions
@@ -244,9 +246,7 @@ static Value buildSpinLoop(OpBuilder &b, Location loc, Value counters,
       },
       [&](OpBuilder &b, Location loc, ValueRange args) {
         Value backOff = target.backOff(b, loc, args[2]);
-        Value status = loadRunStatus(b, loc, counters, target.syncScope);
-        Value stopped = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne,
-                                              status, i32(b, loc, run::kRunning));
+        Value stopped = buildRunStopped(b, loc, counters, target.syncScope);
         Value now = target.now(b, loc);
         Value first = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq,
                                             args[0], noStart);

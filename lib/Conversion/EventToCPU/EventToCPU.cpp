@@ -203,12 +203,8 @@ struct RunAbortedOpLowering : public OpConversionPattern<RunAbortedOp> {
   matchAndRewrite(RunAbortedOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
     Location loc = op.getLoc();
-    Value status = loadRunStatus(rewriter, loc, adaptor.getCounters(),
-                                 /*syncScope=*/StringRef());
-    Value running =
-        arith::ConstantIntOp::create(rewriter, loc, run::kRunning, 32);
-    rewriter.replaceOpWithNewOp<arith::CmpIOp>(op, arith::CmpIPredicate::ne,
-                                               status, running);
+    rewriter.replaceOp(op, buildRunStopped(rewriter, loc, adaptor.getCounters(),
+                                           /*syncScope=*/StringRef()));
     return success();
   }
 };

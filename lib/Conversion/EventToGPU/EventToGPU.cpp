@@ -498,12 +498,7 @@ struct RunAbortedOpLowering : public OpConversionPattern<RunAbortedOp> {
     Location loc = op.getLoc();
     Value stopped =
         onFirstThread(rewriter, loc, [&](OpBuilder &b, Location loc) -> Value {
-          Value status =
-              loadRunStatus(b, loc, adaptor.getCounters(), kDeviceScope);
-          Value running =
-              arith::ConstantIntOp::create(b, loc, run::kRunning, 32);
-          return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne, status,
-                                       running);
+          return buildRunStopped(b, loc, adaptor.getCounters(), kDeviceScope);
         });
     rewriter.replaceOp(op, barrierAny(rewriter, loc, stopped));
     return success();
