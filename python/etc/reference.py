@@ -43,13 +43,13 @@ import numpy as np
 from types import SimpleNamespace
 
 from . import bfloat16, reference_llm
-from .binding import bind_symbols as _bind_shapes, check_input_dtype, check_input_names
+from .binding import INPUT_DTYPES, check_input_dtype, check_input_names
+from .binding import bind_symbols as _bind_shapes
 
 __all__ = ["evaluate", "describe", "round_bf16", "bind_symbols", "topk", "moe", "NUMPY_DTYPES"]
 
-#: The NumPy dtype that carries each graph dtype.
-NUMPY_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
-                "bf16": np.dtype(np.float32), "i32": np.dtype(np.int32)}
+#: The NumPy dtype that carries each graph dtype (etc.binding's table).
+NUMPY_DTYPES = INPUT_DTYPES
 
 
 def round_bf16(x) -> np.ndarray:

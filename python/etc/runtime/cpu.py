@@ -45,8 +45,6 @@ from .trace import Trace
 #: upper 16 bits of float32 (see `to_storage` / `from_storage`).
 _STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16),
             "i32": np.dtype(np.int32)}
-_USER_DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.float32),
-               "i32": np.dtype(np.int32)}
 
 
 def check_state(arg, array) -> np.ndarray:

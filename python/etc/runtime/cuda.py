@@ -45,11 +45,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..binding import (Signature, bind_symbols, check_input_dtype, check_input_names,
-                       concrete_shape, out_items)
+from ..binding import (INPUT_DTYPES, Signature, bind_symbols, check_input_dtype,
+                       check_input_names, concrete_shape, out_items)
 from . import layout
 from .abi import KernelABI
-from .cpu import _STORAGE, _USER_DTYPE, buffer_table, check_state, from_storage, to_storage
+from .cpu import _STORAGE, buffer_table, check_state, from_storage, to_storage
 
 #: Threads of the one-CTA initialisation kernel.
 INIT_THREADS = 256
@@ -673,9 +673,9 @@ class CUDARuntime:
             got = view.shape if view is not None else tuple(value.shape)
             if got != shape:
                 raise ValueError(f"out[{name!r}] has shape {got}, expected {shape}")
-            if view is None and value.dtype != _USER_DTYPE.get(arg.dtype, _STORAGE[arg.dtype]):
+            if view is None and value.dtype != INPUT_DTYPES[arg.dtype]:
                 raise TypeError(f"out[{name!r}] has dtype {value.dtype}, expected "
-                                f"{_USER_DTYPE.get(arg.dtype, _STORAGE[arg.dtype])}")
+                                f"{INPUT_DTYPES[arg.dtype]}")
             if view is None and not value.flags.c_contiguous:
                 raise ValueError(f"out[{name!r}] must be C-contiguous")
             result[name] = view
