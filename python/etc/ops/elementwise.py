@@ -35,14 +35,17 @@ class Elementwise(TileKernel):
         with ir.InsertionPoint(loop.body):
             pos = self.element_coords(loop.induction_variable, offsets, extents)
             vals = [self.load(t, pos if t.rank == out.rank else pos[-1:]) for t in op.operands]
-            if op.kind == "add":
-                r = arith.addf(vals[0], vals[1])
-            elif op.kind == "mul":
-                r = arith.mulf(vals[0], vals[1])
-            else:
-                r = self.unary(op.kind, vals[0], op.params.get("c"))
-            self.store(r, out, pos)
+            self.store(self.combine(vals), out, pos)
             scf.yield_([])
+
+    def combine(self, vals: list) -> ir.Value:
+        """The operator on loaded operands (scalars or vectors alike)."""
+        kind = self.op.kind
+        if kind == "add":
+            return arith.addf(vals[0], vals[1])
+        if kind == "mul":
+            return arith.mulf(vals[0], vals[1])
+        return self.unary(kind, vals[0], self.op.params.get("c"))
 
 
 class Elementwise1D(Elementwise):
@@ -87,14 +90,6 @@ class ElementwiseCPU(Elementwise):
         with ir.InsertionPoint(branch.else_block):
             super().emit()
             scf.yield_([])
-
-    def combine(self, vals: list) -> ir.Value:
-        kind = self.op.kind
-        if kind == "add":
-            return arith.addf(vals[0], vals[1])
-        if kind == "mul":
-            return arith.mulf(vals[0], vals[1])
-        return self.unary(kind, vals[0], self.op.params.get("c"))
 
 
 class ElementwiseCPU1D(ElementwiseCPU):
