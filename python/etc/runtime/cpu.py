@@ -28,16 +28,15 @@ This module needs only NumPy: it imports nothing from MLIR.
 from __future__ import annotations
 
 import ctypes
-import threading
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 
 from .. import bfloat16
 from ..binding import (Signature, bind_symbols, check_input_dtype, check_input_names,
                        concrete_shape, out_items)
-from . import layout
+from . import layout, workers
 from .abi import KernelABI
 from .trace import Trace
 
@@ -121,17 +120,6 @@ def from_storage(array: np.ndarray, dtype: str) -> np.ndarray:
     if dtype != "bf16":
         return array
     return bfloat16.from_bits(array)
-
-
-def _join_all(threads: list[threading.Thread]) -> None:
-    """Joins every started thread, even through further Ctrl-Cs: the caller
-    must not return while a worker still runs."""
-    for thread in threads:
-        while thread.is_alive():
-            try:
-                thread.join()
-            except KeyboardInterrupt:
-                continue
 
 
 def fill_out(abi: KernelABI, out, results: dict) -> list:
@@ -268,33 +256,21 @@ class CPURuntime:
         layout.check_count(self.abi, count)
         functions["init"](*args, counters_arg)
         header = layout.header(counters)
-        errors: list[BaseException] = []
         worker = functions["worker"]
-
-        def work(worker_id: int) -> None:
-            try:
-                worker(*args, counters_arg, worker_id, self.workers)
-            except BaseException as error:  # reported on the calling thread
-                errors.append(error)
-
-        threads = [threading.Thread(target=work, args=(w,), name=f"etc-worker-{w}")
-                   for w in range(self.workers)]
+        calls = [partial(worker, *args, counters_arg, worker_id, self.workers)
+                 for worker_id in range(self.workers)]
+        run = workers.Run(calls)
         try:
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+            run.wait()
         except BaseException:
-            # Ctrl-C (or any exception) while the workers start or run: they
-            # write into `buffers` and `counters` until they return. The
-            # interrupted status makes every spin give up and every worker
-            # skip the tiles it has not started; wait for them before this
-            # frame lets go of those buffers.
+            # Ctrl-C (or another exception from a signal handler) while the
+            # workers run: they write into `buffers` and `counters` until
+            # they return. The interrupted status makes every spin give up
+            # and every worker skip the tiles it has not started; wait for
+            # them before this frame lets go of those buffers.
             header[layout.STATUS_WORD] = layout.INTERRUPTED
-            _join_all(threads)
+            run.finish()
             raise
-        if errors:
-            raise errors[0]
         layout.check_header(self.abi, header)
         if self.abi.trace:
             self._trace = Trace.decode(self.abi, counters, self.workers)
