@@ -25,6 +25,9 @@ import numpy as np
 import etc
 
 HIDDEN, FFN = 1024, 2816
+#: Seconds of rest before timing ETC after NumPy ran, so that OpenBLAS's
+#: threads have stopped spinning (they wait for work busily for a while).
+QUIET_S = 1.0
 
 
 def swiglu(hidden: int = HIDDEN, ffn: int = FFN) -> etc.Graph:
@@ -90,6 +93,9 @@ def main() -> None:
             return ((h / (1 + np.exp(-h))) * (x @ weights["wu"])) @ weights["wd"]
         (got,) = kernel.run(**inputs)
         np.testing.assert_allclose(got, numpy_mlp(), rtol=2e-3, atol=2e-3)
+        # OpenBLAS's threads spin for a while after each call: on a machine
+        # with as many cores as workers they would take the workers' cores.
+        time.sleep(QUIET_S)
         etc_s = median_time(lambda: kernel.run(**inputs), args.repeats)
         numpy_s = median_time(numpy_mlp, args.repeats)
         print(f"| {batch} | {etc_s * 1e3:.2f} | {numpy_s * 1e3:.2f} | {etc_s / numpy_s:.2f} "

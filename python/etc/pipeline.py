@@ -75,7 +75,7 @@ class Options:
         from .ops import Target
         if self.kernels == "cuda":
             return Target("cuda", self.chip, simulate_lanes=True)
-        return Target(self.target, self.chip)
+        return Target(self.target, self.chip, workers=self.workers)
 
 
 def stages(options: Options) -> dict[str, str]:

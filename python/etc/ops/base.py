@@ -51,13 +51,17 @@ class Target:
     launches that many) in warps of `warp`. With `simulate_lanes`, the CUDA
     kernels are built to run on the CPU target: their lanes run one after
     another in loops split at the points where lanes exchange data (see
-    `Lanes`), so a test on the CPU checks their indexing and reductions."""
+    `Lanes`), so a test on the CPU checks their indexing and reductions.
+
+    On the CPU, `workers` is the number of host threads the program is
+    compiled for (families size their tiles so that each gets work)."""
 
     kind: str = "generic"
     chip: Optional[str] = None
     lanes: int = 128
     warp: int = 32
     simulate_lanes: bool = False
+    workers: int = 1
 
     @property
     def gpu_kernels(self) -> bool:

@@ -5,12 +5,15 @@ block of A (all of K) and the column block of B (all of K).
 
 Kernels, by target:
 * generic: one output element per lane iteration with a serial K loop;
-* cpu: register-blocked vector code (`MatmulCPU`): micro-tiles of ROWS rows
-  by the whole tile width accumulate in f32 vectors with fused multiply-adds
-  while B streams through once per micro-tile: for B (K, N) each k loads
-  contiguous vectors of B's row k and broadcasts A[r, k]; for B^T (N, K)
-  both operands are contiguous along k and the dot products reduce at the
-  end. Partial edge tiles (columns past N) take the scalar path.
+* cpu: register-blocked vector code (`MatmulCPU`) on tiles up to 256
+  columns wide (as wide as still gives every worker two column tiles at
+  one row block): micro-tiles of up to 4 rows by a chunk of columns
+  accumulate in f32 vectors with fused multiply-adds while B streams
+  through once per micro-tile: for B (K, N) each k loads contiguous
+  vectors of B's row k (up to 1 KB for a decode row) and broadcasts
+  A[r, k]; for B^T (N, K) both operands are contiguous along k and the
+  dot products reduce at the end. Partial edge tiles (columns past N)
+  take the scalar path.
 * cuda, few rows (decode): `MatmulSkinny` for B (K, N) (lanes along N,
   split-K across lane groups, scratch reduction across warps) and
   `MatmulSkinnyT` for B^T (N, K), the layout of Hugging Face weights (a
@@ -66,7 +69,19 @@ class Matmul(TileKernel):
 
 
 class MatmulCPU(Matmul):
-    """Vectorised, register-blocked matmul tile for the CPU target."""
+    """Vectorised, register-blocked matmul tile for the CPU target.
+
+    C = A @ B (B is (K, N)): micro-tiles of `count` rows by a chunk of
+    columns keep count x chunk / WIDTH f32 vector accumulators (at most
+    ACCUMULATORS) while the K loop streams B's rows: each k loads the
+    chunk's contiguous vectors of row k once for all `count` rows. Full
+    groups of ROWS rows take 64-column chunks; the 1 to ROWS - 1 rows left
+    (all of them at decode) form one micro-tile with the widest chunk its
+    accumulators allow (1 row: 256 columns), so that each k reads a long
+    contiguous run of B: with 64-column chunks a decode GEMV read 256 bytes
+    per row of B and reached about two thirds of the memory bandwidth that
+    1 KB runs reach.
+    """
 
     #: f32 lanes per vector: one AVX-512 register, two AVX2 registers.
     WIDTH = 16
@@ -74,6 +89,10 @@ class MatmulCPU(Matmul):
     ROWS = 4
     #: Columns of B^T that share each load of A.
     COLS = 4
+    #: Vector accumulators of one micro-tile of C = A @ B.
+    ACCUMULATORS = 16
+    #: Tile widths the CPU picks (widest first) when the graph does not say.
+    TILE_WIDTHS = (256, 128, 64)
 
     @classmethod
     def name(cls, op) -> str:
@@ -83,6 +102,29 @@ class MatmulCPU(Matmul):
     def applies(cls, op) -> bool:
         tn = op.tile[1]
         return op.params["transpose_b"] or tn % cls.WIDTH == 0
+
+    @classmethod
+    def tile_for(cls, op, target) -> tuple:
+        """Rows as the front end tiles them; the widest of TILE_WIDTHS that
+        divides N and still gives every worker two column tiles at one row
+        block (decode), else the narrowest that divides N; the front end's
+        tile when none does."""
+        n = op.operands[1].shape[0 if op.params["transpose_b"] else 1]
+        if not isinstance(n, int):
+            return op.tile
+        widths = [tn for tn in cls.TILE_WIDTHS if n % tn == 0]
+        enough = [tn for tn in widths if n // tn >= 2 * target.workers]
+        if enough:
+            return (op.tile[0], enough[0])
+        return (op.tile[0], widths[-1]) if widths else op.tile
+
+    @classmethod
+    def chunk(cls, count: int, tn: int) -> int:
+        """The columns of a micro-tile of `count` rows in a tile `tn` wide:
+        the most vectors that fit the accumulators and divide the tile."""
+        vectors = tn // cls.WIDTH
+        fit = max(1, cls.ACCUMULATORS // count)
+        return cls.WIDTH * max(v for v in range(1, min(fit, vectors) + 1) if vectors % v == 0)
 
     def emit(self) -> None:
         op, out = self.op, self.op.result
@@ -106,26 +148,40 @@ class MatmulCPU(Matmul):
             scf.yield_([])
 
     def emit_rows(self, r0, rows, c0, k_extent) -> None:
-        """Full-width tiles of C = A @ B: ROWS-row micro-tiles, then single
-        rows; the micro-tiles are spread over the lanes."""
+        """Full-width tiles of C = A @ B: micro-tiles of ROWS rows, then one
+        of the rows left; the (row group, chunk) micro-tiles are spread over
+        the lanes."""
         groups = arith.divui(rows, self.cidx(self.ROWS))
-        loop = self.lane_loop(groups)
+        self.emit_chunks(r0, groups, self.ROWS, c0, k_extent)
+        base = arith.addi(r0, arith.muli(groups, self.cidx(self.ROWS)))
+        left = arith.subi(rows, arith.muli(groups, self.cidx(self.ROWS)))
+        for count in range(1, self.ROWS):
+            is_count = arith.cmpi(arith.CmpIPredicate.eq, left, self.cidx(count))
+            branch = scf.IfOp(is_count)
+            with ir.InsertionPoint(branch.then_block):
+                self.emit_chunks(base, self.cidx(1), count, c0, k_extent)
+                scf.yield_([])
+
+    def emit_chunks(self, r0, groups, count: int, c0, k_extent) -> None:
+        """The micro-tiles of `groups` groups of `count` rows from row r0,
+        each over the tile's chunks."""
+        width = self.chunk(count, self.op.tile[1])
+        chunks = self.cidx(self.op.tile[1] // width)
+        # Chunk-major: the row groups of a chunk one after another, while
+        # the chunk of B (K x width) is still in the core's cache.
+        loop = self.lane_loop(arith.muli(groups, chunks))
         with ir.InsertionPoint(loop.body):
-            base = arith.addi(r0, arith.muli(loop.induction_variable, self.cidx(self.ROWS)))
-            self.emit_micro_tile(base, self.ROWS, c0, k_extent)
-            scf.yield_([])
-        done = arith.muli(groups, self.cidx(self.ROWS))
-        tail = self.lane_loop(arith.subi(rows, done))
-        with ir.InsertionPoint(tail.body):
-            row = arith.addi(r0, arith.addi(done, tail.induction_variable))
-            self.emit_micro_tile(row, 1, c0, k_extent)
+            unit = loop.induction_variable
+            row = arith.addi(r0, arith.muli(arith.remui(unit, groups), self.cidx(count)))
+            col = arith.addi(c0, arith.muli(arith.divui(unit, groups), self.cidx(width)))
+            self.emit_micro_tile(row, count, col, width, k_extent)
             scf.yield_([])
 
-    def emit_micro_tile(self, row, count: int, c0, k_extent) -> None:
-        """C[row : row + count, c0 : c0 + tn] = A[rows, :] @ B[:, cols]."""
+    def emit_micro_tile(self, row, count: int, c0, columns: int, k_extent) -> None:
+        """C[row : row + count, c0 : c0 + columns] = A[rows, :] @ B[:, cols]."""
         a, b = self.op.operands
         width = self.WIDTH
-        vectors = self.op.tile[1] // width
+        vectors = columns // width
         accs = [self.vzero(width) for _ in range(count * vectors)]
         kloop = scf.ForOp(self.cidx(0), k_extent, self.cidx(1), accs)
         with ir.InsertionPoint(kloop.body):
@@ -560,7 +616,9 @@ def choose_kernel(op, target) -> type:
 
 
 def build_tasks(b: TaskBuilder, op) -> None:
-    if b.target.gpu_kernels and not op.user_tile:
+    if b.target.kind == "cpu" and not op.user_tile:
+        op = dataclasses.replace(op, tile=MatmulCPU.tile_for(op, b.target))
+    elif b.target.gpu_kernels and not op.user_tile:
         # Known rows of 16 or more: tiles for the tensor cores. Otherwise
         # the GEMV's (decode first), which the tensor cores also take.
         wide = dataclasses.replace(op, tile=MatmulMMA.tile_for(op, b.target))

@@ -1,0 +1,91 @@
+"""The CPU matmul tiles (`etc.ops.matmul.MatmulCPU`): the tile width the
+CPU picks per worker count, and numerics of every micro-tile shape (groups
+of 4 rows on 64-column chunks, then 1, 2 or 3 rows left on 256-, 128- or
+64-column chunks), for both schedules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import etc
+from etc.ops import Target
+from etc.ops.matmul import MatmulCPU
+
+
+def _matmul(k: int, n: int, *, tile=None, transpose_b: bool = False) -> etc.Graph:
+    g = etc.Graph("mm")
+    B = g.symbol("B")
+    x = g.input("x", (B, k), "f32")
+    w = g.input("w", (n, k) if transpose_b else (k, n), "f32")
+    g.output(g.matmul(x, w, tile=tile, transpose_b=transpose_b))
+    return g
+
+
+@pytest.mark.parametrize("n, workers, width", [
+    (2816, 2, 256),   # 11 tiles: >= 2 per worker
+    (1024, 2, 256),   # 4 tiles
+    (1024, 4, 128),   # 256 would give 4 tiles for 4 workers
+    (1024, 8, 64),
+    (1024, 32, 64),   # never narrower than 64 columns
+    (384, 1, 128),    # 256 does not divide 384
+    (192, 2, 64),
+])
+def test_tile_width_gives_every_worker_column_tiles(n, workers, width):
+    g = _matmul(64, n)
+    (op,) = g._ops
+    assert MatmulCPU.tile_for(op, Target("cpu", workers=workers)) == (32, width)
+
+
+def test_tile_is_kept_when_no_width_divides_n_or_the_user_chose_it():
+    (op,) = _matmul(64, 80)._ops
+    assert MatmulCPU.tile_for(op, Target("cpu", workers=2)) == (32, 64)
+    g = _matmul(64, 1024, tile=(8, 32))
+    kernel = etc.compile(g, target="cpu", workers=2, trace=True)
+    kernel.run(x=np.ones((1, 64), np.float32), w=np.ones((64, 1024), np.float32))
+    assert len(kernel.trace.events) == 1024 // 32
+
+
+def test_chosen_tile_sets_the_task_count():
+    g = _matmul(64, 1024)
+    kernel = etc.compile(g, target="cpu", workers=2, trace=True)
+    kernel.run(x=np.ones((3, 64), np.float32), w=np.ones((64, 1024), np.float32))
+    assert len(kernel.trace.events) == 1024 // 256
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("n, workers", [(1024, 1), (1024, 3), (384, 2), (192, 2), (80, 2)])
+def test_every_micro_tile_matches_numpy(n, workers, schedule):
+    """B from 1 to 9 leaves 0 to 3 rows after the 4-row groups; 31 and 33
+    cross the 32-row tile. K = 72 is not a multiple of the vector width."""
+    rng = np.random.default_rng(n + workers)
+    k = 72
+    g = _matmul(k, n)
+    kernel = etc.compile(g, target="cpu", schedule=schedule, workers=workers)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    for batch in [1, 2, 3, 4, 5, 6, 7, 8, 9, 31, 33]:
+        x = rng.standard_normal((batch, k)).astype(np.float32)
+        (got,) = kernel.run(x=x, w=w)
+        np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4,
+                                   err_msg=f"B = {batch}")
+
+
+@pytest.mark.parametrize("n", [1024, 100])
+def test_transposed_tiles_match_numpy(n):
+    rng = np.random.default_rng(n)
+    k = 72
+    g = _matmul(k, n, transpose_b=True)
+    kernel = etc.compile(g, target="cpu", workers=2)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    for batch in [1, 2, 3, 5, 33]:
+        x = rng.standard_normal((batch, k)).astype(np.float32)
+        (got,) = kernel.run(x=x, w=w)
+        np.testing.assert_allclose(got, x.astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4,
+                                   err_msg=f"B = {batch}")
+
+
+@pytest.mark.parametrize("count, tn, chunk", [(1, 256, 256), (2, 256, 128), (3, 256, 64),
+                                               (4, 256, 64), (1, 64, 64), (1, 192, 192),
+                                               (3, 192, 64), (2, 80, 80)])
+def test_chunk_fits_the_accumulators_and_divides_the_tile(count, tn, chunk):
+    assert MatmulCPU.chunk(count, tn) == chunk
