@@ -1,0 +1,115 @@
+"""The CPU runtime's parked worker threads (`etc.runtime.workers`): reuse
+between runs, errors, pinning to cores, runs from several threads, fork."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+import etc
+from etc.runtime import workers
+
+needs_affinity = pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="pinning needs Linux sched_setaffinity and at least 2 usable cores")
+
+
+def _record(out: list, key: int):
+    def call():
+        out[key] = (threading.current_thread().ident, frozenset(os.sched_getaffinity(0)))
+    return call
+
+
+def _run(count: int) -> list:
+    out: list = [None] * count
+    workers.Run([_record(out, i) for i in range(count)]).wait()
+    return out
+
+
+def test_threads_are_reused_and_none_stays_busy():
+    first = [ident for ident, _ in _run(2)]
+    second = [ident for ident, _ in _run(2)]
+    assert len(set(first)) == 2
+    assert first == second
+    assert workers.busy() == 0
+    assert threading.get_ident() not in first
+
+
+def test_a_calls_error_is_raised_after_all_calls_returned():
+    finished = []
+
+    def fails():
+        raise ValueError("tile 3 failed")
+
+    def slow():
+        threading.Event().wait(0.05)
+        finished.append(True)
+
+    run = workers.Run([fails, slow])
+    with pytest.raises(ValueError, match="tile 3 failed"):
+        run.wait()
+    assert finished == [True]
+    assert workers.busy() == 0
+    assert len(_run(2)) == 2  # the threads still work
+
+
+@needs_affinity
+def test_a_run_alone_pins_each_worker_to_its_own_core(monkeypatch):
+    monkeypatch.delenv("ETC_PIN_WORKERS", raising=False)
+    cores = sorted(os.sched_getaffinity(0))
+    masks = [mask for _, mask in _run(2)]
+    assert masks == [frozenset({cores[0]}), frozenset({cores[1]})]
+
+
+@needs_affinity
+def test_pinning_can_be_turned_off(monkeypatch):
+    everywhere = frozenset(os.sched_getaffinity(0))
+    _run(2)  # pinned first, then unpinned below
+    monkeypatch.setenv("ETC_PIN_WORKERS", "0")
+    assert [mask for _, mask in _run(2)] == [everywhere, everywhere]
+
+
+@needs_affinity
+def test_more_workers_than_cores_are_not_pinned():
+    everywhere = frozenset(os.sched_getaffinity(0))
+    _run(2)
+    masks = [mask for _, mask in _run(len(everywhere) + 1)]
+    assert masks == [everywhere] * (len(everywhere) + 1)
+
+
+@needs_affinity
+def test_a_run_beside_another_is_not_pinned():
+    everywhere = frozenset(os.sched_getaffinity(0))
+    _run(1)
+    release = threading.Event()
+    blocker = workers.Run([lambda: release.wait(10)])
+    try:
+        assert [mask for _, mask in _run(1)] == [everywhere]
+    finally:
+        release.set()
+        blocker.wait()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_its_own_workers():
+    g = etc.Graph("fork")
+    B = g.symbol("B")
+    x = g.input("x", (B, 32))
+    g.output(g.exp(x))
+    kernel = etc.compile(g, target="cpu", workers=2)
+    x = np.zeros((3, 32), np.float32)
+    kernel.run(x=x)  # the parent's threads exist now
+    pid = os.fork()
+    if pid == 0:  # the child: its copy of the idle list must not be used
+        signal.alarm(60)  # a wake-up of a thread the child lacks would hang
+        try:
+            (y,) = kernel.run(x=x)
+            os._exit(0 if np.all(y == 1) and workers.busy() == 0 else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
