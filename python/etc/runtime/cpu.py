@@ -28,6 +28,8 @@ This module needs only NumPy: it imports nothing from MLIR.
 from __future__ import annotations
 
 import ctypes
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache, partial
 
@@ -163,6 +165,50 @@ class EntryPoints:
         return cls(addresses, library)
 
 
+#: Bindings of the symbols whose workspaces a runtime keeps.
+CACHED_SIZES = 4
+
+
+class _Workspace:
+    """What a run at one binding of the symbols needs besides the caller's
+    arrays, kept for the next run at these sizes: the intermediates, the
+    counter buffer, the buffer table (its address words for inputs and
+    outputs are filled per run) and the C arguments and worker calls that
+    point at them. Built once, a run only fills the table and zeroes the
+    counters: at decode sizes building these took about as long (60-70 us
+    after a run had flushed the caches) as a tenth of the run."""
+
+    def __init__(self, runtime: "CPURuntime", symbols: dict[str, int]):
+        self.key = runtime._key(symbols)
+        buffers = [arg for arg in runtime.arguments if arg.kind != "symbol"]
+        self.shapes = {arg.name: concrete_shape(arg.shape, symbols) for arg in buffers}
+        self.intermediates = {arg.name: np.zeros(self.shapes[arg.name], _STORAGE[arg.dtype])
+                              for arg in buffers if arg.kind == "intermediate"}
+        # The table's layout is `buffer_table`'s: an address word, then the sizes.
+        words: list[int] = []
+        #: The index of each buffer's address word in the table.
+        self.slots: dict[str, int] = {}
+        for arg in buffers:
+            self.slots[arg.name] = len(words)
+            words.append(0)
+            words.extend(self.shapes[arg.name])
+        self.table = np.array(words or [0], dtype=np.int64)
+        for name, array in self.intermediates.items():
+            self.table[self.slots[name]] = array.ctypes.data
+        self._table_desc = _descriptor(self.table)
+        self.args = [symbols[arg.name] for arg in runtime.arguments if arg.kind == "symbol"]
+        self.args.append(ctypes.addressof(self._table_desc))
+        count = runtime._functions["counters"](*self.args)
+        layout.check_count(runtime.abi, count)
+        self.counters = np.zeros(max(count, 1), np.int32)
+        self._counters_desc = _descriptor(self.counters)
+        self.counters_arg = ctypes.addressof(self._counters_desc)
+        self.header = layout.header(self.counters)
+        worker = runtime._functions["worker"]
+        self.calls = [partial(worker, *self.args, self.counters_arg, worker_id, runtime.workers)
+                      for worker_id in range(runtime.workers)]
+
+
 def _prototype(abi: KernelABI, role: str):
     """The ctypes prototype of `_mlir_ciface_<g>_<role>`."""
     argtypes = [ctypes.c_int64 for a in abi.arguments if a.kind == "symbol"]
@@ -190,6 +236,12 @@ class CPURuntime:
         self._functions = {role: _prototype(abi, role)(entry_points.addresses[role])
                            for role in ROLES}
         self._trace: Trace | None = None
+        self._symbol_names = [arg.name for arg in self.arguments if arg.kind == "symbol"]
+        # Idle workspaces by binding, least recently used first. A run takes
+        # its workspace out and puts it back after, so runs from several
+        # threads at once never share one.
+        self._workspaces: OrderedDict[tuple, _Workspace] = OrderedDict()
+        self._workspaces_lock = threading.Lock()
 
     @property
     def trace(self) -> Trace:
@@ -204,39 +256,39 @@ class CPURuntime:
     # -- argument binding -------------------------------------------------
 
     def _bind(self, inputs: dict) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+        """The symbols' values and the caller's arrays as the program reads
+        them (inputs converted to their storage, state buffers as given)."""
         check_input_names(self.abi.name, self.arguments, inputs)
         for arg in self.arguments:
-            if arg.kind != "input":
-                continue
-            array = inputs[arg.name]
-            if not isinstance(array, np.ndarray):
-                raise TypeError(f"input {arg.name!r} must be a numpy.ndarray, got {type(array).__name__}")
-            check_input_dtype(arg.name, arg, array)
-        for arg in self.arguments:
-            if arg.kind == "state":
+            if arg.kind == "input":
+                array = inputs[arg.name]
+                if not isinstance(array, np.ndarray):
+                    raise TypeError(f"input {arg.name!r} must be a numpy.ndarray, got "
+                                    f"{type(array).__name__}")
+                check_input_dtype(arg.name, arg, array)
+            elif arg.kind == "state":
                 check_state(arg, inputs[arg.name])
         symbols = bind_symbols(self.arguments, {n: a.shape for n, a in inputs.items()})
-        buffers: dict[str, np.ndarray] = {}
-        for arg in self.arguments:
-            if arg.kind == "state":
-                buffers[arg.name] = inputs[arg.name]
-            elif arg.kind == "input":
-                buffers[arg.name] = to_storage(inputs[arg.name], arg.dtype)
-            elif arg.kind in ("output", "intermediate"):
-                buffers[arg.name] = np.zeros(concrete_shape(arg.shape, symbols), _STORAGE[arg.dtype])
-        return symbols, buffers
+        supplied = {arg.name: (inputs[arg.name] if arg.kind == "state"
+                               else to_storage(inputs[arg.name], arg.dtype))
+                    for arg in self.arguments if arg.kind in ("input", "state")}
+        return symbols, supplied
+
+    def _key(self, symbols: dict[str, int]) -> tuple:
+        return tuple(symbols[name] for name in self._symbol_names)
+
+    def _take_workspace(self, symbols: dict[str, int]) -> _Workspace:
+        with self._workspaces_lock:
+            workspace = self._workspaces.pop(self._key(symbols), None)
+        return workspace if workspace is not None else _Workspace(self, symbols)
+
+    def _put_back(self, workspace: _Workspace) -> None:
+        with self._workspaces_lock:
+            self._workspaces[workspace.key] = workspace
+            while len(self._workspaces) > CACHED_SIZES:
+                self._workspaces.popitem(last=False)
 
     # -- calls --------------------------------------------------------------
-
-    def _arguments(self, symbols, buffers, keep) -> list:
-        """The C arguments for the symbols and the buffer table, in order;
-        `keep` holds the objects they point to alive."""
-        values = [symbols[arg.name] for arg in self.arguments if arg.kind == "symbol"]
-        table = buffer_table(self.arguments, buffers)
-        desc = _descriptor(table)
-        keep.extend([table, desc])
-        values.append(ctypes.addressof(desc))
-        return values
 
     def run(self, inputs: dict, *, out=None, stream=None) -> list[np.ndarray]:
         """Runs the program on NumPy `inputs`; returns the outputs, or with
@@ -244,41 +296,45 @@ class CPURuntime:
         and returns those. `stream` is for the CUDA target only."""
         if stream is not None:
             raise TypeError("stream= is for target='cuda'; CPU runs are synchronous")
-        symbols, buffers = self._bind(inputs)
-        keep: list = []
-        args = self._arguments(symbols, buffers, keep)
-        functions = self._functions
+        symbols, supplied = self._bind(inputs)
+        workspace = self._take_workspace(symbols)
+        try:
+            outputs = self._run(workspace, supplied)
+        finally:
+            self._put_back(workspace)
+        results = [from_storage(outputs[name], self._dtype(name)) for name in self.abi.outputs]
+        if out is None:
+            return results
+        return fill_out(self.abi, out, dict(zip(self.abi.outputs, results)))
 
-        count = functions["counters"](*args)
-        counters = np.zeros(max(count, 1), np.int32)
-        counters_desc = _descriptor(counters)
-        counters_arg = ctypes.addressof(counters_desc)
-        layout.check_count(self.abi, count)
-        functions["init"](*args, counters_arg)
-        header = layout.header(counters)
-        worker = functions["worker"]
-        calls = [partial(worker, *args, counters_arg, worker_id, self.workers)
-                 for worker_id in range(self.workers)]
-        run = workers.Run(calls)
+    def _run(self, workspace: _Workspace, supplied: dict) -> dict[str, np.ndarray]:
+        """One run in `workspace` on the caller's arrays; the new outputs."""
+        outputs = {arg.name: np.zeros(workspace.shapes[arg.name], _STORAGE[arg.dtype])
+                   for arg in self.arguments if arg.kind == "output"}
+        table, slots = workspace.table, workspace.slots
+        for arrays in (supplied, outputs):
+            for name, array in arrays.items():
+                table[slots[name]] = array.ctypes.data
+        args, counters = workspace.args, workspace.counters
+        counters.fill(0)
+        self._functions["init"](*args, workspace.counters_arg)
+        run = workers.Run(workspace.calls)
         try:
             run.wait()
         except BaseException:
             # Ctrl-C (or another exception from a signal handler) while the
-            # workers run: they write into `buffers` and `counters` until
-            # they return. The interrupted status makes every spin give up
-            # and every worker skip the tiles it has not started; wait for
-            # them before this frame lets go of those buffers.
-            header[layout.STATUS_WORD] = layout.INTERRUPTED
+            # workers run: they write into the buffers and the counters
+            # until they return. The interrupted status makes every spin
+            # give up and every worker skip the tiles it has not started;
+            # wait for them before the caller may let go of those buffers.
+            workspace.header[layout.STATUS_WORD] = layout.INTERRUPTED
             run.finish()
             raise
-        layout.check_header(self.abi, header)
+        layout.check_header(self.abi, workspace.header)
         if self.abi.trace:
             self._trace = Trace.decode(self.abi, counters, self.workers)
-        layout.check_status(self.abi, functions["check"](*args, counters_arg))
-        results = [from_storage(buffers[name], self._dtype(name)) for name in self.abi.outputs]
-        if out is None:
-            return results
-        return fill_out(self.abi, out, dict(zip(self.abi.outputs, results)))
+        layout.check_status(self.abi, self._functions["check"](*args, workspace.counters_arg))
+        return outputs
 
     def _dtype(self, name: str) -> str:
         return self.abi.argument(name).dtype
