@@ -41,14 +41,18 @@ def swiglu(hidden: int = HIDDEN, ffn: int = FFN) -> etc.Graph:
     return g
 
 
-def median_time(fn, repeats: int) -> float:
+def times(fn, repeats: int) -> list[float]:
     fn()  # warm-up
-    times = []
+    result = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        result.append(time.perf_counter() - start)
+    return result
+
+
+def median_time(fn, repeats: int) -> float:
+    return statistics.median(times(fn, repeats))
 
 
 def main() -> None:
@@ -56,10 +60,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternations of ETC and NumPy per batch (medians over all)")
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, "
           f"Python {platform.python_version()}, NumPy {np.__version__}; "
-          f"workers={args.workers}, repeats={args.repeats}")
+          f"workers={args.workers}, repeats={args.repeats} x {args.rounds} rounds")
 
     rng = np.random.default_rng(0)
     weights = {name: (rng.standard_normal(shape) * 0.03).astype(np.float32)
@@ -93,11 +99,17 @@ def main() -> None:
             return ((h / (1 + np.exp(-h))) * (x @ weights["wu"])) @ weights["wd"]
         (got,) = kernel.run(**inputs)
         np.testing.assert_allclose(got, numpy_mlp(), rtol=2e-3, atol=2e-3)
-        # OpenBLAS's threads spin for a while after each call: on a machine
-        # with as many cores as workers they would take the workers' cores.
-        time.sleep(QUIET_S)
-        etc_s = median_time(lambda: kernel.run(**inputs), args.repeats)
-        numpy_s = median_time(numpy_mlp, args.repeats)
+        # The machine's bandwidth varies from second to second: alternate
+        # the two, and take the medians over all rounds.
+        etc_times, numpy_times = [], []
+        for _ in range(args.rounds):
+            # OpenBLAS's threads spin for a while after each call: on a
+            # machine with as many cores as workers they would take the
+            # workers' cores.
+            time.sleep(QUIET_S)
+            etc_times += times(lambda: kernel.run(**inputs), args.repeats)
+            numpy_times += times(numpy_mlp, args.repeats)
+        etc_s, numpy_s = statistics.median(etc_times), statistics.median(numpy_times)
         print(f"| {batch} | {etc_s * 1e3:.2f} | {numpy_s * 1e3:.2f} | {etc_s / numpy_s:.2f} "
               f"| {nbytes / etc_s / 1e9:.1f} |", flush=True)
 
