@@ -98,14 +98,18 @@ def schedule_pipeline(options: Options) -> str:
     each graph as its schedule needs.
     """
     trace = " trace=true" if options.trace else ""
+    # CUDA kernels (also simulated on the CPU, where the CPU lowering drops
+    # the hints): weights are prefetched into L2 while a tile waits.
+    prefetch = " prefetch=true" if "cuda" in (options.target, options.kernels) else ""
     if options.schedule == "static":
         return ("builtin.module(event.graph(event-check-schedule),"
                 f"event-static-schedule{{workers={options.workers} policy={options.policy}"
-                f"{trace}}})")
+                f"{trace}{prefetch}}})")
     if options.schedule == "dynamic":
         return ("builtin.module(event.graph(event-check-schedule{static-order=false}),"
                 f"event-dynamic-schedule{{workers={options.workers}{trace}}})")
-    return f"builtin.module(event-dynamic-schedule{{workers={options.workers} auto=true{trace}}})"
+    return ("builtin.module(event-dynamic-schedule{"
+            f"workers={options.workers} auto=true{trace}{prefetch}}})")
 
 
 def lowering_pipeline(options: Options) -> str:

@@ -290,3 +290,27 @@ def test_a_tile_with_several_waits_pays_one_fence_and_one_barrier(chip, tmp_path
                          r"fence\.acq_rel\.gpu;(?:(?!fence\.|bar\.)[\s\S])*?bar\.red\.or\.pred")
     assert pattern.search(worker), worker
     _assemble(ptx, chip, tmp_path)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("schedule", ["static", "auto"])
+def test_weights_are_prefetched_into_l2_before_a_tiles_waits(chip, schedule, tmp_path):
+    """The MLP's second matmul waits for the first's rows; before the
+    (relaxed) poll of that wait its tile prefetches its column block of w2,
+    a buffer no task writes, into L2. The dynamic schedule has no waits to
+    overlap and prefetches nothing."""
+    g = _mlp()
+    ptx = etc.compile(g, target="cuda", chip=chip, schedule=schedule).ptx
+    worker = _entry(ptx, f"{g.name}_worker")
+    assert "prefetch.global.L2" in worker
+    # A prefetch, then (no fence or barrier between) the wait's first poll.
+    assert re.search(r"prefetch\.global\.L2 \[%g\];(?:(?!fence\.|bar\.)[\s\S])*?"
+                     r"ld\.relaxed\.gpu\.global\.b32", worker), worker
+    _assemble(ptx, chip, tmp_path)
+    dynamic = etc.compile(g, target="cuda", chip=chip, schedule="dynamic").ptx
+    assert "prefetch" not in dynamic
+    cpu = etc.compile(g, target="cpu", kernels="cuda", schedule=schedule)
+    assert "event.prefetch" in cpu.ir("scheduled")
+    assert "event.prefetch" not in etc.compile(g, target="cpu", schedule=schedule).ir(
+        "scheduled")

@@ -350,6 +350,37 @@ def Event_ReleaseOp : Event_Op<"release"> {
   let assemblyFormat = "attr-dict";
 }
 
+def Event_PrefetchOp : Event_Op<"prefetch", [AttrSizedOperandSegments]> {
+  let summary = "Hints that the tile is about to read a box of a buffer";
+  let description = [{
+    Asks the target to bring the box of `buffer` starting at `offsets`
+    with `sizes` elements per dimension closer to the workers, without
+    waiting for it: a hint with no effect on any value. The static
+    schedule emits it (with `prefetch=true`) before a tile's waits for the
+    boxes the tile reads from buffers no task writes (weights), so that
+    the weights stream in while the tile waits for its activations.
+
+    On CUDA the lanes of the tile issue `prefetch.global.L2` (inline PTX) for the
+    128-byte lines of the box, row by row (the rows are the box's last
+    dimension), lane l taking lines l, l + lanes, ..., and at most the
+    first 2048 lines (256 KiB) of the box, so that the tiles in flight on
+    every SM stay well inside L2. The CPU target drops it.
+
+    The box must lie inside the buffer (offsets and offsets + sizes within
+    each dimension); a size of zero prefetches nothing.
+
+    ```mlir
+    event.prefetch %w[%c0, %j] [%k, %c64] : memref<4096x4096xbf16>
+    ```
+  }];
+  let arguments = (ins AnyMemRef:$buffer, Variadic<Index>:$offsets,
+                       Variadic<Index>:$sizes);
+  let assemblyFormat = [{
+    $buffer `[` $offsets `]` `[` $sizes `]` attr-dict `:` type($buffer)
+  }];
+  let hasVerifier = 1;
+}
+
 def Event_ViewOp : Event_Op<"view", [Pure]> {
   let summary = "Views part of a counter buffer as an event tensor";
   let description = [{

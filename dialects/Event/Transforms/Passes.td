@@ -257,6 +257,10 @@ def EventStaticSchedule : Pass<"event-static-schedule", "::mlir::ModuleOp"> {
     Option<"check", "check", "bool", /*default=*/"true",
            "Prove the schedule safe first (as event-check-schedule); false "
            "only to test how the runtime's watchdog reports unsafe programs">,
+    Option<"prefetch", "prefetch", "bool", /*default=*/"false",
+           "Before the waits of a tile, `event.prefetch` the boxes it reads "
+           "from buffers no task writes (weights), so that they stream in "
+           "while the tile waits (the CUDA pipeline sets it)">,
   ];
   let dependentDialects = ["::mlir::affine::AffineDialect",
                            "::mlir::arith::ArithDialect",
@@ -395,6 +399,10 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
     Option<"check", "check", "bool", /*default=*/"true",
            "Prove the graph acyclic and balanced first; false only to test "
            "how the runtime's watchdog reports unsafe programs">,
+    Option<"prefetch", "prefetch", "bool", /*default=*/"false",
+           "With `auto`, the graphs scheduled statically prefetch their "
+           "tiles' weight boxes before their waits (as "
+           "event-static-schedule)">,
   ];
   let dependentDialects = ["::mlir::affine::AffineDialect",
                            "::mlir::arith::ArithDialect",

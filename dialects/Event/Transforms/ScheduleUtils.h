@@ -128,6 +128,14 @@ struct TaskFamily {
   llvm::SmallVector<unsigned> notifyClasses;
   /// The live bounds of the family's tasks (empty: every tile runs).
   llvm::SmallVector<LiveAttr> liveBounds;
+  /// A box a tile reads from a buffer that no task writes (a weight):
+  /// planned with `prefetch`, so that the static schedule can ask for it
+  /// before the tile's waits. The buffer is the call's operand `operand`.
+  struct Prefetch {
+    unsigned operand;
+    FootprintAttr footprint;
+  };
+  llvm::SmallVector<Prefetch> prefetches;
 
   bool isPredicated() const { return !liveBounds.empty(); }
 
@@ -145,8 +153,10 @@ struct TaskFamily {
 class GraphPlan {
 public:
   /// Plans `graph`, which must have passed `checkSchedule`. Fails with an
-  /// error on a buffer argument the buffer table cannot describe.
-  static mlir::FailureOr<GraphPlan> build(GraphOp graph);
+  /// error on a buffer argument the buffer table cannot describe. With
+  /// `prefetch`, families also record (and agree on) the boxes their tiles
+  /// read from buffers no task writes (`TaskFamily::prefetches`).
+  static mlir::FailureOr<GraphPlan> build(GraphOp graph, bool prefetch = false);
 
   GraphOp graph;
   llvm::SmallVector<TaskOp> tasks;
@@ -177,7 +187,7 @@ public:
 private:
   mlir::LogicalResult planBuffers();
   void planEvents();
-  void planFamilies();
+  void planFamilies(bool prefetch);
 };
 
 //===----------------------------------------------------------------------===//
@@ -326,6 +336,12 @@ public:
                             const TaskFamily &family, mlir::Value record,
                             mlir::ValueRange tile);
 
+  /// `event.prefetch` of each of the family's planned prefetch boxes for
+  /// tile `tile`, clipped to the buffer.
+  void emitPrefetches(mlir::OpBuilder &b, mlir::Location loc,
+                      ScheduledFunction &function, const TaskFamily &family,
+                      mlir::Value record, mlir::ValueRange tile);
+
   /// Calls `body(b)` where tile `tile` runs: inside `scf.if` on its live
   /// condition, or directly when every tile of the family runs.
   void ifLive(mlir::OpBuilder &b, mlir::Location loc,
@@ -412,6 +428,7 @@ protected:
 /// `checkSchedule`.
 void buildStaticSchedule(mlir::OpBuilder &builder, const GraphPlan &plan,
                          int64_t workers, bool trace = false);
+
 
 /// Fails with an error when a symbol the schedulers need for a graph of
 /// `module` is taken; `pass` names the pass in the message.

@@ -107,8 +107,9 @@ struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
 /// Erases an op that has nothing to do on the CPU, where a worker is one
 /// lane and every wait and notify is an acquire poll or release atomic of
 /// its own: `event.acquire` (the attribute `deferred` changes nothing),
-/// `event.release` (nor does `released`) and `event.lane_barrier` (with one
-/// lane there is nobody to wait for).
+/// `event.release` (nor does `released`), `event.lane_barrier` (with one
+/// lane there is nobody to wait for) and `event.prefetch` (software
+/// prefetch made the CPU tiles slower, see docs/benchmarks.md).
 template <typename OpTy>
 struct EraseLowering : public OpConversionPattern<OpTy> {
   using OpConversionPattern<OpTy>::OpConversionPattern;
@@ -298,7 +299,8 @@ void etc::populateEventToCPUConversionPatterns(
                QueuePushOpLowering,
                RunAbortedOpLowering, TraceBeginOpLowering, TraceEndOpLowering,
                LaneQueryLowering<LaneIdOp, 0>, LaneQueryLowering<LaneCountOp, 1>,
-               EraseLowering<LaneBarrierOp>, LaneReduceLowering, ScratchLowering>(typeConverter, patterns.getContext());
+               EraseLowering<LaneBarrierOp>, EraseLowering<PrefetchOp>, LaneReduceLowering,
+               ScratchLowering>(typeConverter, patterns.getContext());
 }
 
 LogicalResult etc::defineMonotonicClock(ModuleOp module) {

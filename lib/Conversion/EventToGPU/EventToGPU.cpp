@@ -295,6 +295,102 @@ struct IndexQueryLowering : public OpConversionPattern<QueryOp> {
   }
 };
 
+/// The most 128-byte lines one `event.prefetch` asks for (256 KiB): a box
+/// per SM in flight then stays well inside an H100's 50 MB of L2.
+static constexpr int64_t kMaxPrefetchLines = 2048;
+static constexpr int64_t kPrefetchLineBytes = 128;
+
+/// Lowers `event.prefetch` to `prefetch.global.L2` (inline PTX) of the box's lines, the
+/// box taken as rows of its last dimension: line i of the (row-major)
+/// rows x lines-per-row grid, for i = thread, thread + threads, ... below
+/// min(rows x lines-per-row, kMaxPrefetchLines).
+struct PrefetchOpLowering : public OpConversionPattern<PrefetchOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(PrefetchOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    Value buffer = adaptor.getBuffer();
+    auto type = cast<MemRefType>(buffer.getType());
+    unsigned bits = type.getElementTypeBitWidth();
+    if (type.getRank() == 0 || bits == 0 || bits % 8 != 0) {
+      // Nothing worth a line, or elements without a byte size.
+      rewriter.eraseOp(op);
+      return success();
+    }
+    int64_t rank = type.getRank();
+    auto index = [&](int64_t value) -> Value {
+      return arith::ConstantIndexOp::create(rewriter, loc, value);
+    };
+    auto meta = memref::ExtractStridedMetadataOp::create(rewriter, loc, buffer);
+    Value base =
+        memref::ExtractAlignedPointerAsIndexOp::create(rewriter, loc, buffer);
+    ValueRange offsets = adaptor.getOffsets(), sizes = adaptor.getSizes();
+    Value rows = index(1);
+    for (int64_t dim = 0; dim + 1 < rank; ++dim)
+      rows = arith::MulIOp::create(rewriter, loc, rows, sizes[dim]);
+    Value rowBytes = arith::MulIOp::create(rewriter, loc, sizes[rank - 1],
+                                           index(bits / 8));
+    Value perRow =
+        arith::CeilDivUIOp::create(rewriter, loc, rowBytes,
+                                   index(kPrefetchLineBytes));
+    Value lines = arith::MinUIOp::create(
+        rewriter, loc, arith::MulIOp::create(rewriter, loc, rows, perRow),
+        index(kMaxPrefetchLines));
+    Value thread = gpu::ThreadIdOp::create(rewriter, loc, gpu::Dimension::x);
+    Value threads = gpu::BlockDimOp::create(rewriter, loc, gpu::Dimension::x);
+    auto loop = scf::ForOp::create(rewriter, loc, thread, lines, threads);
+    OpBuilder::InsertionGuard guard(rewriter);
+    rewriter.setInsertionPointToStart(loop.getBody());
+    Value line = loop.getInductionVar();
+    Value row = arith::DivUIOp::create(rewriter, loc, line, perRow);
+    Value column = arith::RemUIOp::create(rewriter, loc, line, perRow);
+    // The element at the row's start: the row number delinearised over the
+    // box's leading sizes, plus the box's offsets, dotted with the strides.
+    Value element = meta.getOffset();
+    Value rest = row;
+    for (int64_t dim = rank - 1; dim >= 0; --dim) {
+      Value coordinate = offsets[dim];
+      if (dim + 1 < rank) {
+        Value within = dim == 0 ? rest
+                                : arith::RemUIOp::create(rewriter, loc, rest,
+                                                         sizes[dim])
+                                      .getResult();
+        if (dim > 0)
+          rest = arith::DivUIOp::create(rewriter, loc, rest, sizes[dim]);
+        coordinate = arith::AddIOp::create(rewriter, loc, coordinate, within);
+      }
+      element = arith::AddIOp::create(
+          rewriter, loc, element,
+          arith::MulIOp::create(rewriter, loc, coordinate,
+                                meta.getStrides()[dim]));
+    }
+    Value byte = arith::AddIOp::create(
+        rewriter, loc,
+        arith::MulIOp::create(rewriter, loc, element, index(bits / 8)),
+        arith::MulIOp::create(rewriter, loc, column,
+                              index(kPrefetchLineBytes)));
+    Value address = arith::IndexCastUIOp::create(
+        rewriter, loc, rewriter.getI64Type(),
+        arith::AddIOp::create(rewriter, loc, base, byte));
+    // Inline PTX: LLVM selects its prefetch intrinsic only for sm_90 and
+    // PTX 8.0, and sm_80 code is PTX 7.0 (prefetch itself is PTX 2.0).
+    auto dialect = LLVM::AsmDialectAttr::get(rewriter.getContext(),
+                                             LLVM::AsmDialect::AD_ATT);
+    LLVM::InlineAsmOp::create(
+        rewriter, loc, TypeRange{}, ValueRange{address},
+        rewriter.getStringAttr("{\n\t.reg .u64 %g;\n\tcvta.to.global.u64 %g, $0;"
+                               "\n\tprefetch.global.L2 [%g];\n\t}"),
+        rewriter.getStringAttr("l"), rewriter.getUnitAttr(),
+        /*is_align_stack=*/nullptr,
+        LLVM::TailCallKindAttr::get(rewriter.getContext(),
+                                    LLVM::tailcallkind::TailCallKind::None),
+        dialect, /*operand_attrs=*/nullptr);
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
 /// Lowers `event.lane_barrier` to `gpu.barrier`: the lanes of a tile are the
 /// threads of one CTA.
 struct LaneBarrierLowering : public OpConversionPattern<LaneBarrierOp> {
@@ -564,7 +660,7 @@ void etc::populateEventToGPUConversionPatterns(
                IndexQueryLowering<LaneIdOp, gpu::ThreadIdOp>,
                IndexQueryLowering<LaneCountOp, gpu::BlockDimOp>,
                LaneBarrierLowering, LaneReduceLowering, ScratchLowering,
-               NotifyReadyOpLowering, QueuePushOpLowering>(
+               NotifyReadyOpLowering, QueuePushOpLowering, PrefetchOpLowering>(
       typeConverter, patterns.getContext());
 }
 

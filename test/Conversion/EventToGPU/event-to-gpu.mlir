@@ -140,6 +140,53 @@ func.func @a_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph
 
 // -----
 
+// A prefetch is a loop of the CTA's threads over the box's 128-byte lines
+// (rows of the last dimension; at most 2048), each a prefetch.global.L2 of
+// the line's address: the buffer's aligned pointer plus the byte offset of
+// the row's first element (offsets and row coordinates dotted with the
+// strides) plus 128 bytes per line, in inline PTX (LLVM selects its
+// prefetch intrinsic only for sm_90).
+
+// CHECK-LABEL: gpu.func @p_worker(
+// CHECK-SAME:      %[[W:[^:]*]]: memref<64x32xbf16>, %[[I:[^:]*]]: index, %[[J:[^:]*]]: index, %[[ROWS:[^:]*]]: index, %[[COLS:[^:]*]]: index
+// CHECK:           %{{.*}}, %[[OFFSET:.*]], %{{.*}}:2, %[[STRIDES:.*]]:2 = memref.extract_strided_metadata %[[W]]
+// CHECK:           %[[BASE:.*]] = memref.extract_aligned_pointer_as_index %[[W]]
+// CHECK:           %[[C2:.*]] = arith.constant 2 : index
+// CHECK-NEXT:      %[[ROWBYTES:.*]] = arith.muli %[[COLS]], %[[C2]] : index
+// CHECK-NEXT:      %[[C128:.*]] = arith.constant 128 : index
+// CHECK-NEXT:      %[[PERROW:.*]] = arith.ceildivui %[[ROWBYTES]], %[[C128]] : index
+// CHECK-NEXT:      %[[C2048:.*]] = arith.constant 2048 : index
+// CHECK-NEXT:      %[[ALL:.*]] = arith.muli %{{.*}}, %[[PERROW]] : index
+// CHECK-NEXT:      %[[LINES:.*]] = arith.minui %[[ALL]], %[[C2048]] : index
+// CHECK-NEXT:      %[[TID:.*]] = gpu.thread_id  x
+// CHECK-NEXT:      %[[NTID:.*]] = gpu.block_dim  x
+// CHECK-NEXT:      scf.for %[[LINE:.*]] = %[[TID]] to %[[LINES]] step %[[NTID]] {
+// CHECK-NEXT:        %[[ROW:.*]] = arith.divui %[[LINE]], %[[PERROW]] : index
+// CHECK-NEXT:        %[[COL:.*]] = arith.remui %[[LINE]], %[[PERROW]] : index
+// CHECK-NEXT:        %[[E1:.*]] = arith.muli %[[J]], %[[STRIDES]]#1 : index
+// CHECK-NEXT:        %[[S1:.*]] = arith.addi %[[OFFSET]], %[[E1]] : index
+// CHECK-NEXT:        %[[R:.*]] = arith.addi %[[I]], %[[ROW]] : index
+// CHECK-NEXT:        %[[E0:.*]] = arith.muli %[[R]], %[[STRIDES]]#0 : index
+// CHECK-NEXT:        %[[ELEMENT:.*]] = arith.addi %[[S1]], %[[E0]] : index
+// CHECK-NEXT:        %[[LINE128:.*]] = arith.constant 128 : index
+// CHECK-NEXT:        %[[INLINE:.*]] = arith.muli %[[COL]], %[[LINE128]] : index
+// CHECK-NEXT:        %[[BYTES:.*]] = arith.constant 2 : index
+// CHECK-NEXT:        %[[FIRST:.*]] = arith.muli %[[ELEMENT]], %[[BYTES]] : index
+// CHECK-NEXT:        %[[BYTE:.*]] = arith.addi %[[FIRST]], %[[INLINE]] : index
+// CHECK-NEXT:        %[[AT:.*]] = arith.addi %[[BASE]], %[[BYTE]] : index
+// CHECK-NEXT:        %[[AT64:.*]] = arith.index_castui %[[AT]] : index to i64
+// CHECK-NEXT:        llvm.inline_asm has_side_effects asm_dialect = att "{{.*}}cvta.to.global.u64 %g, $0;{{.*}}prefetch.global.L2 [%g];{{.*}}", "l" %[[AT64]] : (i64) -> ()
+// CHECK-NEXT:      }
+func.func @p_worker(%w: memref<64x32xbf16>, %i: index, %j: index, %rows: index, %cols: index, %counters: memref<?xi32>) attributes {event.graph = "p"} {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0](%rows) : memref<?xi32> -> !event.tensor<?>
+  event.prefetch %w[%i, %j] [%rows, %cols] : memref<64x32xbf16>
+  event.wait %e[%i] : !event.tensor<?>
+  return
+}
+
+// -----
+
 // An acquire right before a run_aborted leaves the barrier to the latter's
 // reducing barrier.
 

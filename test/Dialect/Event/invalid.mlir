@@ -599,3 +599,11 @@ func.func @trace_rank(%counters: memref<?xi32>, %i: index) {
   event.trace_begin %counters[%i] task(%i) tile(%i, %i, %i, %i, %i) : memref<?xi32>
   return
 }
+
+// -----
+
+func.func @prefetch_rank(%w: memref<4x8xf32>, %i: index) {
+  // expected-error @+1 {{'event.prefetch' op expects one offset and one size per dimension of the 2-d buffer, found 1 offsets and 2 sizes}}
+  event.prefetch %w[%i] [%i, %i] : memref<4x8xf32>
+  return
+}

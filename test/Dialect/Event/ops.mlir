@@ -212,3 +212,14 @@ func.func @released_notifies(%counters: memref<?xi32>, %n: index, %t: index) {
   event.queue_push %t, %counters[%n] capacity(%n) per_lane : memref<?xi32>
   return
 }
+
+// -----
+
+// CHECK-LABEL: func.func @prefetch(
+// CHECK:         event.prefetch %{{.*}}[%{{.*}}, %{{.*}}] [%{{.*}}, %{{.*}}] : memref<?x64xbf16>
+// CHECK:         event.prefetch %{{.*}}[] [] : memref<f32>
+func.func @prefetch(%w: memref<?x64xbf16>, %s: memref<f32>, %i: index, %n: index) {
+  event.prefetch %w[%i, %i] [%n, %n] : memref<?x64xbf16>
+  event.prefetch %s[] [] : memref<f32>
+  return
+}

@@ -650,6 +650,16 @@ LogicalResult TraceBeginOp::verify() {
   return success();
 }
 
+LogicalResult PrefetchOp::verify() {
+  int64_t rank = getBuffer().getType().getRank();
+  if (static_cast<int64_t>(getOffsets().size()) != rank ||
+      static_cast<int64_t>(getSizes().size()) != rank)
+    return emitOpError("expects one offset and one size per dimension of the ")
+           << rank << "-d buffer, found " << getOffsets().size()
+           << " offsets and " << getSizes().size() << " sizes";
+  return success();
+}
+
 LogicalResult NotifyOp::verify() {
   return verifyElementAccess(*this, getEvent(), getIndices());
 }

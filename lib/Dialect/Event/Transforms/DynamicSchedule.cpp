@@ -1209,7 +1209,8 @@ struct EventDynamicSchedulePass
     SmallVector<GraphPlan, 1> plans;
     for (auto [graph, dynamic] : graphs) {
       simplifyGraph(graph);
-      FailureOr<GraphPlan> plan = GraphPlan::build(graph);
+      // Prefetches: only the static schedule has waits to overlap.
+      FailureOr<GraphPlan> plan = GraphPlan::build(graph, prefetch && !dynamic);
       if (failed(plan) ||
           failed(GraphProgramBuilder(*plan, "", workers, trace).checkTraceable()))
         return signalPassFailure();

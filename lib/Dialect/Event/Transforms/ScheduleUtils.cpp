@@ -170,6 +170,8 @@ struct FamilyKey {
   SmallVector<std::pair<unsigned, Attribute>> waits, notifies;
   SmallVector<std::pair<Type, bool>> indices; // type, written during the run
   Attribute liveBounds;                          // null: every tile runs
+  // With prefetch: (call operand, footprint) of each weight box.
+  SmallVector<std::pair<unsigned, Attribute>> prefetches;
 
   bool operator==(const FamilyKey &other) const {
     auto sameOperand = [](const CallOperand &a, const CallOperand &b) {
@@ -179,7 +181,7 @@ struct FamilyKey {
            llvm::equal(operands, other.operands, sameOperand) &&
            llvm::equal(grid, other.grid) && waits == other.waits &&
            notifies == other.notifies && indices == other.indices &&
-           liveBounds == other.liveBounds;
+           liveBounds == other.liveBounds && prefetches == other.prefetches;
   }
 };
 } // namespace
@@ -199,7 +201,7 @@ static func::CallOp tileCall(TaskOp task) {
   return call;
 }
 
-void GraphPlan::planFamilies() {
+void GraphPlan::planFamilies(bool prefetch) {
   llvm::SmallDenseSet<Value> written;
   for (TaskOp task : tasks)
     written.insert(task.getWrites().begin(), task.getWrites().end());
@@ -237,6 +239,22 @@ void GraphPlan::planFamilies() {
       key.indices.push_back({index.getType(), written.contains(index)});
     if (task.isPredicated())
       key.liveBounds = task.getLiveBoundsAttr();
+    // The boxes of buffers no task writes (weights), read through a buffer
+    // operand of the call: they wait on no event.
+    if (prefetch && key.callee) {
+      auto call = cast<func::CallOp>(key.callee);
+      for (auto [index, buffer] : llvm::enumerate(task.getReads())) {
+        if (written.contains(buffer))
+          continue;
+        for (auto [position, operand] : llvm::enumerate(call.getOperands()))
+          if (operand == buffer &&
+              key.operands[position].kind == CallOperand::Buffer) {
+            key.prefetches.push_back(
+                {static_cast<unsigned>(position), task.getReadFootprint(index)});
+            break;
+          }
+      }
+    }
 
     auto it = llvm::find(keys, key);
     unsigned familyIndex = it - keys.begin();
@@ -252,6 +270,8 @@ void GraphPlan::planFamilies() {
       for (auto &[classIndex, map] : key.notifies)
         family.notifyClasses.push_back(classIndex);
       family.liveBounds = task.getLiveBoundList();
+      for (auto &[operand, footprint] : key.prefetches)
+        family.prefetches.push_back({operand, cast<FootprintAttr>(footprint)});
       families.push_back(std::move(family));
       keys.push_back(std::move(key));
     }
@@ -272,7 +292,7 @@ void GraphPlan::planFamilies() {
   }
 }
 
-FailureOr<GraphPlan> GraphPlan::build(GraphOp graph) {
+FailureOr<GraphPlan> GraphPlan::build(GraphOp graph, bool prefetch) {
   GraphPlan plan;
   plan.graph = graph;
   plan.tasks.assign(graph.getBody().getOps<TaskOp>().begin(),
@@ -287,7 +307,7 @@ FailureOr<GraphPlan> GraphPlan::build(GraphOp graph) {
                << index << " must be a buffer argument of the graph, so that "
                << "the scheduled program can read it from the buffer table";
   plan.planEvents();
-  plan.planFamilies();
+  plan.planFamilies(prefetch);
   return plan;
 }
 
@@ -827,6 +847,38 @@ void GraphProgramBuilder::initRunHeader(OpBuilder &b, Location loc,
         memref::StoreOp::create(nested, loc, zeroWord, counters, position);
         scf::YieldOp::create(nested, loc);
       });
+}
+
+void GraphProgramBuilder::emitPrefetches(OpBuilder &b, Location loc,
+                                         ScheduledFunction &function,
+                                         const TaskFamily &family,
+                                         Value record, ValueRange tile) {
+  for (const TaskFamily::Prefetch &prefetch : family.prefetches) {
+    func::CallOp call = family.call;
+    Value operand = call.getOperand(prefetch.operand);
+    Value buffer = BufferOp::create(
+        b, loc, operand.getType(), function.table,
+        loadField(b, loc, function, record,
+                  family.operands[prefetch.operand].field));
+    AffineMap map = prefetch.footprint.getOffsets();
+    SmallVector<Value> offsets, sizes;
+    for (auto [dim, size] : llvm::enumerate(prefetch.footprint.getSizes())) {
+      Value offset = affine::AffineApplyOp::create(
+          b, loc, map.getSubMap({static_cast<unsigned>(dim)}), tile);
+      Value extent = memref::DimOp::create(b, loc, buffer, dim);
+      // Clipped to the buffer: edge tiles of a symbolic dimension are
+      // partial, and a box past the end is empty.
+      offset = arith::MinSIOp::create(b, loc, offset, extent);
+      Value left = subIndex(b, loc, extent, offset);
+      offsets.push_back(offset);
+      sizes.push_back(ShapedType::isDynamic(size)
+                          ? left
+                          : arith::MinSIOp::create(
+                                b, loc, constantIndex(b, loc, size), left)
+                                .getResult());
+    }
+    PrefetchOp::create(b, loc, buffer, offsets, sizes);
+  }
 }
 
 void GraphProgramBuilder::emitWaits(OpBuilder &b, Location loc,

@@ -83,7 +83,8 @@ void StaticScheduler::buildInit(OpBuilder &builder) {
 }
 
 /// Emits one tile (global tile `id`) of task `task`, whose record starts at
-/// `record`: waits, then, unless the run was stopped meanwhile, the tile
+/// `record`: prefetches of its weight boxes (planned with `prefetch=true`)
+/// when it has waits, the waits, then, unless the run was stopped meanwhile, the tile
 /// body, one `event.release` and the (`released`) notifies; only for live tiles when the task has live
 /// bounds. A dead tile keeps its place in the global order and its worker
 /// moves on, so the order argument against deadlock is unchanged.
@@ -92,6 +93,9 @@ void StaticScheduler::runTile(OpBuilder &builder, Location loc,
                               const TaskFamily &family, Value record,
                               Value task, ValueRange tile, Value id) {
   ifLive(builder, loc, function, family, record, tile, [&](OpBuilder &b) {
+    // The weights wait on no event: ask for them before waiting for the rest.
+    if (!family.waitClasses.empty())
+      emitPrefetches(b, loc, function, family, record, tile);
     emitWaits(b, loc, function, family, record, task, tile);
     emitTileWork(b, loc, function, family, record, task, tile, id,
                  function.eventCounters, /*afterWaits=*/true,
@@ -221,7 +225,7 @@ struct EventStaticSchedulePass
     SmallVector<GraphPlan, 1> plans;
     for (GraphOp graph : graphs) {
       simplifyGraph(graph);
-      FailureOr<GraphPlan> plan = GraphPlan::build(graph);
+      FailureOr<GraphPlan> plan = GraphPlan::build(graph, prefetch);
       if (failed(plan) ||
           failed(StaticScheduler(*plan, workers, trace).checkTraceable()))
         return signalPassFailure();
