@@ -300,10 +300,10 @@ struct IndexQueryLowering : public OpConversionPattern<QueryOp> {
 static constexpr int64_t kMaxPrefetchLines = 2048;
 static constexpr int64_t kPrefetchLineBytes = 128;
 
-/// Lowers `event.prefetch` to `prefetch.global.L2` (inline PTX) of the box's lines, the
-/// box taken as rows of its last dimension: line i of the (row-major)
-/// rows x lines-per-row grid, for i = thread, thread + threads, ... below
-/// min(rows x lines-per-row, kMaxPrefetchLines).
+/// Lowers `event.prefetch` to `prefetch.global.L2` (inline PTX) of the
+/// box's lines, the box taken as rows of its last dimension: line i of the
+/// (row-major) rows x lines-per-row grid, for i = thread, thread + threads,
+/// ... below min(rows x lines-per-row, kMaxPrefetchLines).
 struct PrefetchOpLowering : public OpConversionPattern<PrefetchOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
@@ -379,7 +379,8 @@ struct PrefetchOpLowering : public OpConversionPattern<PrefetchOp> {
                                              LLVM::AsmDialect::AD_ATT);
     LLVM::InlineAsmOp::create(
         rewriter, loc, TypeRange{}, ValueRange{address},
-        rewriter.getStringAttr("{\n\t.reg .u64 %g;\n\tcvta.to.global.u64 %g, $0;"
+        rewriter.getStringAttr("{\n\t.reg .u64 %g;"
+                               "\n\tcvta.to.global.u64 %g, $0;"
                                "\n\tprefetch.global.L2 [%g];\n\t}"),
         rewriter.getStringAttr("l"), rewriter.getUnitAttr(),
         /*is_align_stack=*/nullptr,

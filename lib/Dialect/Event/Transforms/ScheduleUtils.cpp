@@ -249,8 +249,8 @@ void GraphPlan::planFamilies(bool prefetch) {
         for (auto [position, operand] : llvm::enumerate(call.getOperands()))
           if (operand == buffer &&
               key.operands[position].kind == CallOperand::Buffer) {
-            key.prefetches.push_back(
-                {static_cast<unsigned>(position), task.getReadFootprint(index)});
+            key.prefetches.push_back({static_cast<unsigned>(position),
+                                      task.getReadFootprint(index)});
             break;
           }
       }
