@@ -113,3 +113,36 @@ def test_a_forked_child_starts_its_own_workers():
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_runs_of_one_kernel_from_several_threads_do_not_share_buffers():
+    """Each run takes its own workspace (intermediates, counters) and its
+    own worker threads, so concurrent runs of one kernel at the same sizes
+    all give their own results."""
+    g = etc.Graph("concurrent")
+    B = g.symbol("B")
+    x = g.input("x", (B, 64))
+    w = g.input("w", (64, 128))
+    g.output(g.add(g.matmul(g.exp(g.scale(x, 0.1)), w), g.matmul(x, w)))
+    kernel = etc.compile(g, target="cpu", workers=2)
+    rng = np.random.default_rng(5)
+    wv = rng.standard_normal((64, 128)).astype(np.float32)
+    inputs = [rng.standard_normal((33, 64)).astype(np.float32) for _ in range(4)]
+    expected = [etc.reference.evaluate(g, x=xv, w=wv)[0] for xv in inputs]
+    failures: list = []
+
+    def runs(index: int) -> None:
+        try:
+            for _ in range(25):
+                (got,) = kernel.run(x=inputs[index], w=wv)
+                np.testing.assert_allclose(got, expected[index], rtol=1e-4, atol=1e-4)
+        except BaseException as error:  # reported below
+            failures.append(error)
+
+    threads = [threading.Thread(target=runs, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[0]
+    assert workers.busy() == 0
