@@ -26,7 +26,9 @@ def _record(out: list, key: int):
 
 def _run(count: int) -> list:
     out: list = [None] * count
-    workers.Run([_record(out, i) for i in range(count)]).wait()
+    run = workers.Run(count)
+    run.start([_record(out, i) for i in range(count)])
+    run.wait()
     return out
 
 
@@ -49,7 +51,8 @@ def test_a_calls_error_is_raised_after_all_calls_returned():
         threading.Event().wait(0.05)
         finished.append(True)
 
-    run = workers.Run([fails, slow])
+    run = workers.Run(2)
+    run.start([fails, slow])
     with pytest.raises(ValueError, match="tile 3 failed"):
         run.wait()
     assert finished == [True]
@@ -86,7 +89,8 @@ def test_a_run_beside_another_is_not_pinned():
     everywhere = frozenset(os.sched_getaffinity(0))
     _run(1)
     release = threading.Event()
-    blocker = workers.Run([lambda: release.wait(10)])
+    blocker = workers.Run(1)
+    blocker.start([lambda: release.wait(10)])
     try:
         assert [mask for _, mask in _run(1)] == [everywhere]
     finally:

@@ -318,8 +318,9 @@ class CPURuntime:
         args, counters = workspace.args, workspace.counters
         counters.fill(0)
         self._functions["init"](*args, workspace.counters_arg)
-        run = workers.Run(workspace.calls)
+        run = workers.Run(len(workspace.calls))
         try:
+            run.start(workspace.calls)
             run.wait()
         except BaseException:
             # Ctrl-C (or another exception from a signal handler) while the

@@ -151,22 +151,41 @@ def _cores_for(count: int) -> list:
 
 
 class Run:
-    """The calls of one run, one per worker thread, started at once: `wait`
-    for all of them (interruptible), `finish` after an interruption (not
-    interruptible). `wait` re-raises the first error a call raised."""
+    """One run's calls, one per worker thread: `Run(count)` takes the
+    threads, `start(calls)` starts the calls, `wait` waits for all of them
+    (interruptible) and re-raises the first error a call raised, `finish`
+    waits after an interruption (not interruptible). Call `start` inside the
+    `try` whose handler calls `finish`: an interruption while the calls are
+    being started still leaves a run that `finish` can wait for."""
 
-    def __init__(self, calls: Sequence[Callable[[], None]]):
+    def __init__(self, count: int):
         self._pool = _pool
         self._done = threading.Condition(threading.Lock())
         # Counted down by the workers (not by the waiting thread, so that an
-        # interruption cannot lose a count).
-        self._remaining = len(calls)
+        # interruption cannot lose a count); only started calls count.
+        self._remaining = 0
         self._errors: list[BaseException] = []
-        self._workers, alone = self._pool.take(len(calls))
+        self._workers, self._alone = self._pool.take(count)
         self._given_back = False
-        cores = _cores_for(len(calls)) if alone else [None] * len(calls)
-        for worker, call, core in zip(self._workers, calls, cores):
-            worker.start(self._wrap(call), core)
+
+    def start(self, calls: Sequence[Callable[[], None]]) -> None:
+        if len(calls) != len(self._workers):
+            raise ValueError(f"{len(calls)} calls for a run of {len(self._workers)} workers")
+        count = len(calls)
+        cores = _cores_for(count) if self._alone else [None] * count
+        with self._done:
+            self._remaining = count
+        started = 0
+        try:
+            for worker, call, core in zip(self._workers, calls, cores):
+                worker.start(self._wrap(call), core)
+                started += 1
+        except BaseException:
+            # Interrupted between starts: the calls not started never count
+            # down.
+            with self._done:
+                self._remaining -= count - started
+            raise
 
     def _wrap(self, call: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
