@@ -9,7 +9,7 @@ expression in the same process. The floor is the weights read once: 3 x
 `copy` of the weights reaches in the same run. Prints a Markdown table of
 median times (after a warm-up) and the ETC / NumPy ratio.
 
-Usage: .venv/bin/python bench/cpu_tiles.py [--workers 2] [--repeats 21]
+Usage: .venv/bin/python bench/cpu_tiles.py [--workers 2] [--repeats 21] [--layout kn|nk]
 """
 
 from __future__ import annotations
@@ -30,14 +30,20 @@ HIDDEN, FFN = 1024, 2816
 QUIET_S = 1.0
 
 
-def swiglu(hidden: int = HIDDEN, ffn: int = FFN) -> etc.Graph:
+def swiglu(hidden: int = HIDDEN, ffn: int = FFN, transposed: bool = False) -> etc.Graph:
+    """The MLP; `transposed`: weights stored (out, in) as Hugging Face
+    checkpoints store them, multiplied as x @ W^T."""
     g = etc.Graph("swiglu")
     B = g.symbol("B")
     x = g.input("x", (B, hidden), "f32")
-    wg = g.input("wg", (hidden, ffn), "f32")
-    wu = g.input("wu", (hidden, ffn), "f32")
-    wd = g.input("wd", (ffn, hidden), "f32")
-    g.output(g.matmul(g.mul(g.silu(g.matmul(x, wg)), g.matmul(x, wu)), wd))
+
+    def weight(name, k, n):
+        return g.input(name, (n, k) if transposed else (k, n), "f32")
+
+    def mm(a, w):
+        return g.matmul(a, w, transpose_b=transposed)
+    wg, wu, wd = weight("wg", hidden, ffn), weight("wu", hidden, ffn), weight("wd", ffn, hidden)
+    g.output(mm(g.mul(g.silu(mm(x, wg)), mm(x, wu)), wd))
     return g
 
 
@@ -60,20 +66,28 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--layout", choices=("kn", "nk"), default="kn",
+                        help="weights (K, N), x @ W; or (N, K), x @ W^T (Hugging Face)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternations of ETC and NumPy per batch (medians over all)")
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, "
           f"Python {platform.python_version()}, NumPy {np.__version__}; "
-          f"workers={args.workers}, repeats={args.repeats} x {args.rounds} rounds")
+          f"workers={args.workers}, repeats={args.repeats} x {args.rounds} rounds, "
+          f"layout={args.layout}")
+    transposed = args.layout == "nk"
 
     rng = np.random.default_rng(0)
-    weights = {name: (rng.standard_normal(shape) * 0.03).astype(np.float32)
-               for name, shape in [("wg", (HIDDEN, FFN)), ("wu", (HIDDEN, FFN)),
-                                   ("wd", (FFN, HIDDEN))]}
+    shapes = [("wg", (HIDDEN, FFN)), ("wu", (HIDDEN, FFN)), ("wd", (FFN, HIDDEN))]
+    weights = {name: (rng.standard_normal(shape[::-1] if transposed else shape) * 0.03)
+               .astype(np.float32) for name, shape in shapes}
+    # NumPy multiplies by the transposed view (no copy), as PyTorch's
+    # Linear does.
+    used = {name: w.T if transposed else w for name, w in weights.items()}
     nbytes = sum(w.nbytes for w in weights.values())
     start = time.perf_counter()
-    kernel = etc.compile(swiglu(), target="cpu", schedule="static", workers=args.workers)
+    kernel = etc.compile(swiglu(transposed=transposed), target="cpu", schedule="static",
+                         workers=args.workers)
     print(f"compile: {time.perf_counter() - start:.2f} s")
 
     copies = [np.empty_like(w) for w in weights.values()]
@@ -95,8 +109,8 @@ def main() -> None:
         inputs = dict(x=x, **weights)
 
         def numpy_mlp():
-            h = x @ weights["wg"]
-            return ((h / (1 + np.exp(-h))) * (x @ weights["wu"])) @ weights["wd"]
+            h = x @ used["wg"]
+            return ((h / (1 + np.exp(-h))) * (x @ used["wu"])) @ used["wd"]
         (got,) = kernel.run(**inputs)
         np.testing.assert_allclose(got, numpy_mlp(), rtol=2e-3, atol=2e-3)
         # The machine's bandwidth varies from second to second: alternate
