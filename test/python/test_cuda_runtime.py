@@ -268,6 +268,14 @@ def test_repeated_runs_of_one_size_allocate_nothing(monkeypatch):
     kernel.run(**_mlp_inputs(9))
     kernel.run(**_mlp_inputs(40))
     assert fake.allocations == second
+    # Freed workspaces give their memory back; the next run builds anew.
+    held = len(fake.memory)
+    kernel.runtime.free_workspaces()
+    import gc
+    gc.collect()
+    assert len(fake.memory) < held
+    kernel.run(**_mlp_inputs(9))
+    assert fake.allocations > second
 
 
 class _CAIArray:

@@ -150,3 +150,22 @@ def test_runs_of_one_kernel_from_several_threads_do_not_share_buffers():
         thread.join()
     assert not failures, failures[0]
     assert workers.busy() == 0
+
+
+def test_freed_workspaces_are_built_again():
+    g = etc.Graph("free")
+    B = g.symbol("B")
+    x = g.input("x", (B, 16))
+    g.output(g.exp(g.exp(x)))
+    kernel = etc.compile(g, target="cpu", workers=2)
+    xs = np.zeros((3, 16), np.float32)
+    kernel.run(x=xs)
+    runtime = kernel.runtime
+    (kept,) = runtime._workspaces.values()
+    kernel.run(x=xs)
+    assert list(runtime._workspaces.values()) == [kept]  # reused
+    runtime.free_workspaces()
+    assert not runtime._workspaces
+    (y,) = kernel.run(x=xs)
+    np.testing.assert_allclose(y, np.e, rtol=1e-6)
+    assert list(runtime._workspaces.values()) != [kept]

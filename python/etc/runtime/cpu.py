@@ -282,6 +282,13 @@ class CPURuntime:
             workspace = self._workspaces.pop(self._key(symbols), None)
         return workspace if workspace is not None else _Workspace(self, symbols)
 
+    def free_workspaces(self) -> None:
+        """Lets go of the kept workspaces (the intermediates of up to
+        CACHED_SIZES bindings of the symbols: a large prefill's can be
+        hundreds of MB); the next run at any size builds its own again."""
+        with self._workspaces_lock:
+            self._workspaces.clear()
+
     def _put_back(self, workspace: _Workspace) -> None:
         with self._workspaces_lock:
             self._workspaces[workspace.key] = workspace

@@ -602,6 +602,13 @@ class CUDARuntime:
 
     # -- binding ------------------------------------------------------------
 
+    def free_workspaces(self) -> None:
+        """Lets go of the kept device workspaces (intermediates and counters
+        of up to CACHED_SIZES bindings of the symbols); their memory goes
+        back to the driver when nothing else holds them (a `Launch` from
+        `bind` keeps its own)."""
+        self._workspaces.clear()
+
     def _workspace(self, symbols: dict[str, int]) -> _Workspace:
         key = tuple(sorted(symbols.items()))
         workspace = self._workspaces.get(key)
