@@ -43,6 +43,8 @@ RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "reference.py", "re
                  "runtime/cpu.py", "runtime/cuda.py", "runtime/layout.py", "runtime/trace.py",
                  "runtime/workers.py")
 SCHEDULES = ("static", "dynamic", "auto")
+#: The benchmark variant compiled without the weight prefetch (issue #11).
+NO_PREFETCH = "static, no prefetch"
 QUICK_FAMILIES = ("op_add", "op_rmsnorm", "mlp_bf16", "moe")
 
 @dataclass(frozen=True)
@@ -267,17 +269,24 @@ class Builder:
             mlp = families.mlp_block("mlp_bench", hidden=hidden, ffn=ffn, dtype="bf16")
             for schedule in ("static", "dynamic"):
                 self.save(self.compile(mlp, schedule, chip), f"mlp_bench-{schedule}-{chip}",
-                          kind="mlp", hidden=hidden, ffn=ffn)
+                          kind="mlp", hidden=hidden, ffn=ffn, variant=schedule)
+            # The weight prefetch's effect: the static MLP without it.
+            self.save(self.compile(mlp, "static", chip, prefetch=False),
+                      f"mlp_bench-static-noprefetch-{chip}", kind="mlp", hidden=hidden, ffn=ffn,
+                      variant=NO_PREFETCH)
             self.save(self.compile(gemm_graph(shapes.gemm), "static", chip),
                       f"gemm_{shapes.gemm}-{chip}", kind="gemm", size=shapes.gemm)
             for index, (title, build, size, flops) in enumerate(roofline_graphs(shapes)):
                 self.save(self.compile(build(), "static", chip), f"roofline{index}-{chip}",
                           kind="roofline", title=title, size=size, flops=flops)
             graph, config = decode_step_graph(shapes)
-            for schedule in ("static", "dynamic"):
-                self.save(self.compile(graph, schedule, chip), f"decode_step-{schedule}-{chip}",
+            for schedule, prefetch, variant in (("static", None, "static"),
+                                                ("dynamic", None, "dynamic"),
+                                                ("static", False, NO_PREFETCH)):
+                stem = f"decode_step-{schedule}{'' if prefetch is None else '-noprefetch'}-{chip}"
+                self.save(self.compile(graph, schedule, chip, prefetch=prefetch), stem,
                           kind="decode", prompt=shapes.prompt, hf_config=decode_hf_config(shapes),
-                          inv_freq=[float(v) for v in config.rope_inv_freq()])
+                          inv_freq=[float(v) for v in config.rope_inv_freq()], variant=variant)
 
 
 def kit_size(out: Path) -> int:

@@ -18,7 +18,9 @@ What it does, in order (docs/gpu.md):
   4. prints Markdown tables of benchmarks (CUDA events, medians after
      warm-up): device-to-device copy bandwidth, notify->wake latency, per-task
      overhead, bf16 GEMV in GB/s, the MLP block and a decode step against
-     PyTorch eager and CUDA graphs, and a 4096^3 bf16 GEMM against PyTorch.
+     PyTorch eager and CUDA graphs (with a static variant built without the
+     weight prefetch, for its effect), and a 4096^3 bf16 GEMM against
+     PyTorch.
 
 Exit status: 0 when every check passed (or there is no GPU), 1 otherwise.
 """
@@ -451,8 +453,15 @@ def bench_gemv(manifest, device, timer, copy_gbs, torch) -> list[str]:
     return rows
 
 
+def variants(entries) -> dict:
+    """Benchmark entries by variant ("static", "dynamic", "static, no
+    prefetch"; kits built before variants: the schedule), static first."""
+    found = {e.get("variant", e["schedule"]): e for e in entries}
+    return dict(sorted(found.items(), key=lambda item: item[0] != "static"))
+
+
 def bench_mlp(manifest, device, timer, torch) -> list[str]:
-    entries = {e["schedule"]: e for e in bench_entries(manifest, device, "mlp")}
+    entries = variants(bench_entries(manifest, device, "mlp"))
     if not entries:
         return []
     hidden, ffn = entries["static"]["hidden"], entries["static"]["ffn"]
@@ -463,8 +472,9 @@ def bench_mlp(manifest, device, timer, torch) -> list[str]:
     kernels = {s: etc.runtime.load(KIT / e["path"]) for s, e in entries.items()}
     device_weights = {s: {name: k.runtime.device_array(etc.bfloat16.to_bits(w))
                           for name, w in weights.items()} for s, k in kernels.items()}
-    rows = ["| B | ETC static µs | ETC dynamic µs | PyTorch eager µs | PyTorch CUDA graph µs "
-            "| static vs graph |", "|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| B | " + " | ".join(f"ETC {v} µs" for v in entries)
+            + " | PyTorch eager µs | PyTorch CUDA graph µs | static vs graph |",
+            "|---:|" + "---:|" * (len(entries) + 3)]
     if torch:
         tw = {n: torch.from_numpy(w).to("cuda", torch.bfloat16) for n, w in weights.items()}
 
@@ -622,7 +632,7 @@ def torch_decode(torch, entry, batch: int, repeats: int) -> tuple:
 
 
 def bench_decode(manifest, device, timer, torch) -> list[str]:
-    entries = {e["schedule"]: e for e in bench_entries(manifest, device, "decode")}
+    entries = variants(bench_entries(manifest, device, "decode"))
     if not entries:
         return []
     entry = entries["static"]
@@ -630,13 +640,14 @@ def bench_decode(manifest, device, timer, torch) -> list[str]:
     rows = [f"Model: random Qwen3 (hidden {config['hidden_size']}, {config['num_hidden_layers']} "
             f"layers, vocab {config['vocab_size']}), bf16 weights, f32 KV cache, "
             f"{entry['prompt']} positions in the cache.", "",
-            "| B | ETC static ms | ETC dynamic ms | PyTorch eager ms | PyTorch CUDA graph ms |",
-            "|---:|---:|---:|---:|---:|"]
+            "| B | " + " | ".join(f"ETC {v} ms" for v in entries)
+            + " | PyTorch eager ms | PyTorch CUDA graph ms |",
+            "|---:|" + "---:|" * (len(entries) + 2)]
     kernels = {s: etc.runtime.load(KIT / e["path"]) for s, e in entries.items()}
     note = ""
     for batch in DECODE_BATCHES:
         cells = [str(batch)]
-        for schedule in ("static", "dynamic"):
+        for schedule in entries:
             rng = np.random.default_rng(batch)
             inputs = decode_inputs(kernels[schedule], entry, batch, rng)
             launch = kernels[schedule].runtime.bind(inputs)

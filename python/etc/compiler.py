@@ -114,7 +114,7 @@ class CompiledKernel:
 def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
             workers: int = 4, policy: str = "round-robin", chip: str = "sm_90a",
             trace: bool = False, watchdog: float = 5.0,
-            kernels: str = "native") -> CompiledKernel:
+            kernels: str = "native", prefetch: bool | None = None) -> CompiledKernel:
     """Compiles `graph` into one persistent program for `target`.
 
     Stages: "graph" (L1 tasks) -> "event" (dependencies inferred) ->
@@ -131,9 +131,13 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
     `kernels="cuda"` (target="cpu" only) builds the CUDA tile kernels and
     runs them on the CPU with their lanes simulated one after another: a
     check of the GPU kernels' indexing and reductions without a GPU.
+
+    `prefetch` (static schedule): before its waits, each tile asks for the
+    boxes it reads from weights (buffers no task writes) to be brought into
+    L2; None turns it on for CUDA kernels.
     """
     options = Options(target=target, schedule=schedule, workers=workers, policy=policy, chip=chip,
-                      trace=trace, watchdog=watchdog, kernels=kernels)
+                      trace=trace, watchdog=watchdog, kernels=kernels, prefetch=prefetch)
     start = time.perf_counter()
     # The kernel gets the signature of exactly the graph built here.
     signature = Signature.of(graph)

@@ -43,6 +43,10 @@ class Options:
     #: "cuda" (the CUDA kernels with their lanes simulated one after another,
     #: to test their indexing and reductions without a GPU).
     kernels: str = "native"
+    #: Prefetch each tile's weight boxes into L2 before its waits (static
+    #: schedule); None: on for CUDA kernels, off otherwise (the CPU
+    #: lowering drops the hints anyway).
+    prefetch: bool | None = None
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -62,9 +66,18 @@ class Options:
                              "[0.001, 2000000]")
         if self.kernels not in KERNELS:
             raise ValueError(f"kernels={self.kernels!r} is not supported; expected one of {KERNELS}")
+        if self.prefetch is not None and not isinstance(self.prefetch, bool):
+            raise ValueError(f"prefetch={self.prefetch!r} must be True, False or None")
         if self.kernels == "cuda" and self.target != "cpu":
             raise ValueError("kernels='cuda' simulates the CUDA kernels on target='cpu'; "
                              f"target={self.target!r} builds its own kernels")
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether the static schedule prefetches weight boxes."""
+        if self.prefetch is not None:
+            return self.prefetch
+        return "cuda" in (self.target, self.kernels)
 
     @property
     def watchdog_ms(self) -> int:
@@ -98,9 +111,10 @@ def schedule_pipeline(options: Options) -> str:
     each graph as its schedule needs.
     """
     trace = " trace=true" if options.trace else ""
-    # CUDA kernels (also simulated on the CPU, where the CPU lowering drops
-    # the hints): weights are prefetched into L2 while a tile waits.
-    prefetch = " prefetch=true" if "cuda" in (options.target, options.kernels) else ""
+    # By default for CUDA kernels (also simulated on the CPU, where the CPU
+    # lowering drops the hints): weights are prefetched into L2 while a
+    # tile waits.
+    prefetch = " prefetch=true" if options.prefetches else ""
     if options.schedule == "static":
         return ("builtin.module(event.graph(event-check-schedule),"
                 f"event-static-schedule{{workers={options.workers} policy={options.policy}"

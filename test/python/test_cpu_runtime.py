@@ -181,6 +181,8 @@ def test_bad_options_are_rejected():
         etc.compile(g, workers=0)
     with pytest.raises(ValueError, match=r"target='tpu' is not supported"):
         etc.compile(g, target="tpu")
+    with pytest.raises(ValueError, match=r"prefetch='yes' must be True, False or None"):
+        etc.compile(g, prefetch="yes")
 
 
 def test_kernel_runs_what_was_compiled_after_the_graph_changes():

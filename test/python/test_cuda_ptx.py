@@ -310,6 +310,8 @@ def test_weights_are_prefetched_into_l2_before_a_tiles_waits(chip, schedule, tmp
     _assemble(ptx, chip, tmp_path)
     dynamic = etc.compile(g, target="cuda", chip=chip, schedule="dynamic").ptx
     assert "prefetch" not in dynamic
+    off = etc.compile(g, target="cuda", chip=chip, schedule=schedule, prefetch=False).ptx
+    assert "prefetch" not in off
     cpu = etc.compile(g, target="cpu", kernels="cuda", schedule=schedule)
     assert "event.prefetch" in cpu.ir("scheduled")
     assert "event.prefetch" not in etc.compile(g, target="cpu", schedule=schedule).ir(

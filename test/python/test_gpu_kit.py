@@ -148,6 +148,10 @@ def test_kit_runs_its_cuda_path_on_a_fake_driver(tmp_path, cpu_kit):
         table = [line for line in report.split(title)[1].split("###")[0].splitlines()
                  if re.match(r"\| \d|\| \w.*\| [\d.]+ \|", line)]
         assert len(table) == rows, (title, table)
+    # The weight prefetch's A/B: a column for the static kernels without it.
+    for title in ("### 5-operator MLP", "### Decode step"):
+        section = report.split(title)[1].split("###")[0]
+        assert "| ETC static, no prefetch " in section, section
     assert "FAILED" not in report
     # Static workers need every CTA resident: always a cooperative launch;
     # everything else (dynamic workers, _init, _check, _counters) is plain.
