@@ -19,8 +19,8 @@ What it does, in order (docs/gpu.md):
      warm-up): device-to-device copy bandwidth, notify->wake latency, per-task
      overhead, bf16 GEMV in GB/s, the MLP block and a decode step against
      PyTorch eager and CUDA graphs (with a static variant built without the
-     weight prefetch, for its effect), and a 4096^3 bf16 GEMM against
-     PyTorch.
+     weight prefetch, for its effect), a 4096^3 bf16 GEMM against PyTorch,
+     and the x·Wᵀ kernels with symbolic rows at prefill sizes.
 
 Exit status: 0 when every check passed (or there is no GPU), 1 otherwise.
 """
@@ -536,6 +536,49 @@ def bench_gemm(manifest, device, timer, torch) -> list[str]:
     return rows
 
 
+#: Rows of the prefill products (tokens of a prompt, or of a batch of them).
+PREFILL_ROWS = (128, 512, 2048)
+
+
+def bench_prefill(manifest, device, timer, torch) -> list[str]:
+    """The x·Wᵀ GEMV artifacts (symbolic rows) at prefill sizes: each tile
+    of 16 rows or more takes the tensor cores, on the column tiles chosen
+    for decode (few, narrow: issue #11 leaves wider prefill tiles open);
+    TFLOP/s next to PyTorch's linear."""
+    rows = ["| M×N×K | ETC ms | ETC TFLOP/s | PyTorch ms | PyTorch TFLOP/s | ETC / PyTorch |",
+            "|---|---:|---:|---:|---:|---:|"]
+    rng = np.random.default_rng(3)
+    for entry in bench_entries(manifest, device, "gemv"):
+        if not entry.get("transposed"):
+            continue
+        k, n = entry["k"], entry["n"]
+        kernel = etc.runtime.load(KIT / entry["path"])
+        w = round_bf16(rng.standard_normal((n, k), np.float32) * 0.02)
+        w_device = kernel.runtime.device_array(etc.bfloat16.to_bits(w))
+        tw = torch.from_numpy(w).to("cuda", torch.bfloat16) if torch else None
+        for m in PREFILL_ROWS:
+            x = round_bf16(rng.standard_normal((m, k), np.float32))
+            launch = kernel.runtime.bind({"x": x, "w": w_device})
+            launch.enqueue()
+            launch.check()
+            checked = slice(0, 32)
+            error = families.relative_error(launch.outputs()[0][checked], x[checked] @ w.T)
+            if not error <= 2e-2:
+                raise RuntimeError(f"prefill {m}x{n}x{k}: relative error {error:.3g} "
+                                   "before timing")
+            ms = timer.within(launch.enqueue)
+            flops = 2 * m * n * k
+            cells = [f"{m}×{n}×{k}", f"{ms:.3f}", f"{flops / ms / 1e9:.1f}"]
+            if torch:
+                tx = torch.from_numpy(x).to("cuda", torch.bfloat16)
+                tms = torch_time(torch, lambda: torch.nn.functional.linear(tx, tw), 20)
+                cells += [f"{tms:.3f}", f"{flops / tms / 1e9:.1f}", f"{tms / ms:.3f}"]
+            else:
+                cells += ["n/a", "n/a", "n/a"]
+            rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def bench_roofline(manifest, device, timer, copy_gbs) -> list[str]:
     """One line per CUDA tile kernel: bytes (inputs and outputs, each moved
     once) and FLOPs over the time, next to the copy bandwidth."""
@@ -684,7 +727,9 @@ def run_benchmarks(manifest, args, device) -> list[str]:
                 ("Roofline: one line per tile kernel", bench_roofline, (copy_gbs,)),
                 ("5-operator MLP block, bf16", bench_mlp, (torch,)),
                 ("Decode step", bench_decode, (torch,)),
-                ("bf16 GEMM", bench_gemm, (torch,))]
+                ("bf16 GEMM", bench_gemm, (torch,)),
+                ("bf16 prefill x·Wᵀ, symbolic rows (decode-sized column tiles)",
+                 bench_prefill, (torch,))]
     for title, bench, extra in sections:
         if time.perf_counter() > deadline:
             lines += [f"### {title}", "", "skipped: over the --bench-budget of "

@@ -144,7 +144,8 @@ def test_kit_runs_its_cuda_path_on_a_fake_driver(tmp_path, cpu_kit):
     overhead = report.split("### Per-task overhead")[1].split("###")[0]
     assert re.search(r"\| 16384 \| [\d.]+ \| \d+ \| [\d.]+ \| \d+ \|", overhead), overhead
     for title, rows in (("### bf16 GEMV", 10), ("### Roofline", 7), ("### 5-operator MLP", 5),
-                        ("### Decode step", 4), ("### bf16 GEMM", 1)):
+                        ("### Decode step", 4), ("### bf16 GEMM", 1),
+                        ("### bf16 prefill", 3)):
         table = [line for line in report.split(title)[1].split("###")[0].splitlines()
                  if re.match(r"\| \d|\| \w.*\| [\d.]+ \|", line)]
         assert len(table) == rows, (title, table)
