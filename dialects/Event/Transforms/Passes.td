@@ -177,7 +177,11 @@ def EventStaticSchedule : Pass<"event-static-schedule", "::mlir::ModuleOp"> {
       its notify elements. A tile of a task with live bounds does all this
       only when it is live (`scf.if` on the bounds, read through the
       record's index buffers); a dead tile keeps its place in the order,
-      so the deadlock argument is unchanged;
+      so the deadlock argument is unchanged. With `prefetch`, a tile that
+      has waits first emits `event.prefetch` for each box it reads from a
+      buffer no task writes (the weights), clipped to the buffer, so that
+      they stream in while it waits; the tasks of a family then also agree
+      on those boxes;
     * `@g_check(symbols, table, counters) -> i32`: 0 when every counter is
       back to zero after the run, 2 (unbalanced) otherwise.
     All four carry `event.graph = "g"`, `event.schedule = "static"` and
