@@ -61,25 +61,33 @@ def test_a_calls_error_is_raised_after_all_calls_returned():
 
 
 @needs_affinity
-def test_a_run_alone_pins_each_worker_to_its_own_core(monkeypatch):
+def test_a_run_alone_on_every_core_pins_each_worker_to_its_own(monkeypatch):
     monkeypatch.delenv("ETC_PIN_WORKERS", raising=False)
     cores = sorted(os.sched_getaffinity(0))
-    masks = [mask for _, mask in _run(2)]
-    assert masks == [frozenset({cores[0]}), frozenset({cores[1]})]
+    masks = [mask for _, mask in _run(len(cores))]
+    assert masks == [frozenset({core}) for core in cores]
+
+
+@needs_affinity
+def test_fewer_workers_than_cores_are_not_pinned(monkeypatch):
+    monkeypatch.delenv("ETC_PIN_WORKERS", raising=False)
+    everywhere = frozenset(os.sched_getaffinity(0))
+    _run(len(everywhere))  # pinned first, then unpinned below
+    assert [mask for _, mask in _run(len(everywhere) - 1)] == [everywhere] * (len(everywhere) - 1)
 
 
 @needs_affinity
 def test_pinning_can_be_turned_off(monkeypatch):
     everywhere = frozenset(os.sched_getaffinity(0))
-    _run(2)  # pinned first, then unpinned below
+    _run(len(everywhere))  # pinned first, then unpinned below
     monkeypatch.setenv("ETC_PIN_WORKERS", "0")
-    assert [mask for _, mask in _run(2)] == [everywhere, everywhere]
+    assert [mask for _, mask in _run(len(everywhere))] == [everywhere] * len(everywhere)
 
 
 @needs_affinity
 def test_more_workers_than_cores_are_not_pinned():
     everywhere = frozenset(os.sched_getaffinity(0))
-    _run(2)
+    _run(len(everywhere))
     masks = [mask for _, mask in _run(len(everywhere) + 1)]
     assert masks == [everywhere] * (len(everywhere) + 1)
 
@@ -87,12 +95,13 @@ def test_more_workers_than_cores_are_not_pinned():
 @needs_affinity
 def test_a_run_beside_another_is_not_pinned():
     everywhere = frozenset(os.sched_getaffinity(0))
-    _run(1)
+    count = len(everywhere)
+    _run(count)  # pins the first threads
     release = threading.Event()
     blocker = workers.Run(1)
     blocker.start([lambda: release.wait(10)])
     try:
-        assert [mask for _, mask in _run(1)] == [everywhere]
+        assert [mask for _, mask in _run(count)] == [everywhere] * count
     finally:
         release.set()
         blocker.wait()

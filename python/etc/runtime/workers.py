@@ -15,14 +15,17 @@ raises in the caller, which stops the workers' spins (see
 `CPURuntime.run`) and then waits for every worker's call to return with
 `finish`, so no worker writes into buffers its caller has let go of.
 
-Pinning: when a run is the only one and has no more workers than the
-process may use cores, worker i of the run is pinned to the i-th of those
-cores (Linux `sched_setaffinity`), and unpinned again for a run that does
-not qualify. Unpinned, the scheduler often queued the second worker behind
-the first on one core of a 2-core machine while the other core ran the
-waiting caller: the second worker began 140 us late and the decode MLP's
-run took 0.94 ms instead of 0.59-0.72 ms. `ETC_PIN_WORKERS=0` in the
-environment turns pinning off.
+Pinning: when a run is the only one in the process and has exactly as
+many workers as the process may use cores (it claims the machine), worker
+i of the run is pinned to the i-th of those cores (Linux
+`sched_setaffinity`), and unpinned again for a run that does not qualify.
+Unpinned, the scheduler often queued the second worker behind the first on
+one core of a 2-core machine while the other core ran the waiting caller:
+the second worker began 140 us late and the decode MLP's run took 0.94 ms
+instead of 0.59-0.72 ms. With fewer workers than cores the scheduler has
+idle cores to spread them over, and pinning would pile the workers of
+several processes onto the same first cores, so they are not pinned.
+`ETC_PIN_WORKERS=0` in the environment turns pinning off.
 
 A child made by `os.fork` starts with no idle threads (the parent's are not
 copied).
@@ -145,9 +148,9 @@ def _cores_for(count: int) -> list:
         return [None] * count
     # The process's cores (the calling thread's mask may be narrower).
     cores = sorted(os.sched_getaffinity(os.getpid()))
-    if count > len(cores):
+    if count != len(cores):
         return [None] * count
-    return [frozenset((core,)) for core in cores[:count]]
+    return [frozenset((core,)) for core in cores]
 
 
 class Run:
