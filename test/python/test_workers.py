@@ -178,3 +178,10 @@ def test_freed_workspaces_are_built_again():
     (y,) = kernel.run(x=xs)
     np.testing.assert_allclose(y, np.e, rtol=1e-6)
     assert list(runtime._workspaces.values()) != [kept]
+
+
+def test_a_run_dropped_before_its_calls_started_gives_its_threads_back():
+    run = workers.Run(2)
+    assert workers.busy() == 2
+    del run
+    assert workers.busy() == 0

@@ -224,6 +224,12 @@ class Run:
                 continue
         self._give_back()
 
+    def __del__(self) -> None:
+        # A run dropped before its calls started (an interruption between
+        # taking the threads and starting them): its threads are idle.
+        if not getattr(self, "_given_back", True) and not self._remaining:
+            self._give_back()
+
     def _give_back(self) -> None:
         if not self._given_back:
             self._given_back = True
