@@ -32,6 +32,7 @@ Kernels, by target:
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 
 from mlir import ir
 from mlir.dialects import arith, memref, scf, vector
@@ -47,6 +48,25 @@ class Matmul(TileKernel):
     """One output element per lane iteration, with a serial K loop."""
 
     grid_rank = 2
+
+    @contextmanager
+    def row_passes(self, rb: int):
+        """Emits a loop over the tile's rows, `rb` at a time, and yields,
+        inside its body, the pass's first row, its count of real rows and
+        the `rb` rows the pass computes: past the tile (or A) they repeat
+        A's last row, so that loads stay in bounds; store only `in_pass`."""
+        a, tm = self.op.operands[0], self.op.tile[0]
+        r0 = arith.muli(self.ti[0], self.cidx(tm))
+        rows = self.extent(self.op.result, 0, r0, tm)
+        last_row = arith.subi(self.dim(a, 0), self.cidx(1))
+        passes = arith.divui(arith.addi(rows, self.cidx(rb - 1)), self.cidx(rb))
+        loop = scf.ForOp(self.cidx(0), passes, self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            first = arith.addi(r0, arith.muli(loop.induction_variable, self.cidx(rb)))
+            in_pass = arith.minsi(self.cidx(rb), arith.subi(arith.addi(r0, rows), first))
+            yield first, in_pass, [arith.minsi(arith.addi(first, self.cidx(r)), last_row)
+                                   for r in range(rb)]
+            scf.yield_([])
 
     def emit(self) -> None:
         op, out = self.op, self.op.result
@@ -343,7 +363,7 @@ class MatmulSkinny(Matmul):
     def emit(self) -> None:
         op, out = self.op, self.op.result
         a, b = op.operands
-        tm, tn = op.tile
+        tn = op.tile[1]
         vec = self.vec(op)
         lanes = self.lanes()
         threads = tn // vec                 # P: lanes per row segment
@@ -352,19 +372,9 @@ class MatmulSkinny(Matmul):
         warps = lanes.count // lanes.warp
         k_chunks = b.shape[0] // vec
         rb = self.RB
-        r0 = arith.muli(self.ti[0], self.cidx(tm))
         c0 = arith.muli(self.ti[1], self.cidx(tn))
-        rows = self.extent(out, 0, r0, tm)
-        last_row = arith.subi(self.dim(a, 0), self.cidx(1))
         partials = self.scratch([warps, rb, tn])
-        passes = arith.divui(arith.addi(rows, self.cidx(rb - 1)), self.cidx(rb))
-        loop = scf.ForOp(self.cidx(0), passes, self.cidx(1))
-        with ir.InsertionPoint(loop.body):
-            first = arith.addi(r0, arith.muli(loop.induction_variable, self.cidx(rb)))
-            in_pass = arith.minsi(self.cidx(rb), arith.subi(arith.addi(r0, rows), first))
-            # Rows past the tile compute copies of the last row; only real
-            # rows are stored.
-            row_of = [arith.minsi(arith.addi(first, self.cidx(r)), last_row) for r in range(rb)]
+        with self.row_passes(rb) as (first, in_pass, row_of):
 
             def accumulate(lane):
                 p = arith.remui(lane, self.cidx(threads))
@@ -420,7 +430,6 @@ class MatmulSkinny(Matmul):
             lanes.each(store)
             # The next pass writes the partials again.
             lanes.barrier()
-            scf.yield_([])
 
 
 class MatmulSkinnyT(Matmul):
@@ -478,7 +487,7 @@ class MatmulSkinnyT(Matmul):
     def emit(self) -> None:
         op, out = self.op, self.op.result
         a, b = op.operands
-        tm, tn = op.tile
+        tn = op.tile[1]
         vec = MatmulSkinny.vec(op)
         lanes = self.lanes()
         warps = lanes.count // lanes.warp
@@ -486,18 +495,8 @@ class MatmulSkinnyT(Matmul):
         groups = tn // (warps * rw)          # row groups of B^T per warp
         k_chunks = b.shape[1] // vec
         last_chunk = self.cidx(k_chunks - 1)
-        r0 = arith.muli(self.ti[0], self.cidx(tm))
         c0 = arith.muli(self.ti[1], self.cidx(tn))
-        rows = self.extent(out, 0, r0, tm)
-        last_row = arith.subi(self.dim(a, 0), self.cidx(1))
-        passes = arith.divui(arith.addi(rows, self.cidx(rb - 1)), self.cidx(rb))
-        loop = scf.ForOp(self.cidx(0), passes, self.cidx(1))
-        with ir.InsertionPoint(loop.body):
-            first = arith.addi(r0, arith.muli(loop.induction_variable, self.cidx(rb)))
-            in_pass = arith.minsi(self.cidx(rb), arith.subi(arith.addi(r0, rows), first))
-            # Rows past the tile compute copies of the last row; only real
-            # rows are stored.
-            row_of = [arith.minsi(arith.addi(first, self.cidx(r)), last_row) for r in range(rb)]
+        with self.row_passes(rb) as (first, in_pass, row_of):
             group_loop = scf.ForOp(self.cidx(0), self.cidx(groups), self.cidx(1))
             with ir.InsertionPoint(group_loop.body):
                 group = group_loop.induction_variable
@@ -568,7 +567,6 @@ class MatmulSkinnyT(Matmul):
                         scf.yield_([])
                 lanes.each(store)
                 scf.yield_([])
-            scf.yield_([])
 
 
 class MatmulMMASkinny(MatmulMMA, MatmulSkinny):
