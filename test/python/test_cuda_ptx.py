@@ -7,8 +7,6 @@ notifies, CTA barriers), and the kernels take MLIR's memref parameters."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 import pytest
 from mlir import ir
@@ -16,18 +14,9 @@ from mlir.passmanager import PassManager
 
 import etc
 from etc.compiler import _ptx
+from ptxas_check import assemble, needs_ptxas
 from test_cpu_runtime import OPERATORS, _graph, _mlp
 
-PTXAS = shutil.which("ptxas")
-needs_ptxas = pytest.mark.skipif(PTXAS is None, reason="ptxas (CUDA toolkit) is not on PATH")
-
-
-def _assemble(ptx: str, arch: str, tmp_path) -> None:
-    source = tmp_path / f"kernel_{arch}.ptx"
-    source.write_text(ptx)
-    result = subprocess.run([PTXAS, f"-arch={arch}", str(source), "-o", str(tmp_path / f"k_{arch}.cubin")],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, f"ptxas -arch={arch} rejected the PTX:\n{result.stderr}"
 
 
 def _entry(ptx: str, name: str) -> str:
@@ -95,7 +84,7 @@ def test_every_operator_assembles_for_sm_90a(kind, tmp_path):
         assert f".entry {g.name}_{entry}(" in ptx
     # Every function is in the module: no unresolved calls (libdevice).
     assert ".extern" not in ptx
-    _assemble(ptx, "sm_90a", tmp_path)
+    assemble(ptx, "sm_90a", tmp_path)
 
 
 @needs_ptxas
@@ -107,7 +96,7 @@ def test_mlp_assembles_with_the_expected_atomics(chip, version, schedule, tmp_pa
     ptx = kernel.ptx
     assert f".version {version}" in ptx and f".target {chip}" in ptx
     _check_worker_synchronisation(ptx, g.name, schedule)
-    _assemble(ptx, chip, tmp_path)
+    assemble(ptx, chip, tmp_path)
 
 
 def test_dynamic_worker_broadcasts_popped_tasks_through_shared_memory():
@@ -156,7 +145,7 @@ def test_ptx_is_only_for_cuda():
 @needs_ptxas
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
-def test_watchdog_and_traces_assemble(chip, schedule, tmp_path):
+def test_watchdog_and_tracesassemble(chip, schedule, tmp_path):
     g = _mlp()
     kernel = etc.compile(g, target="cuda", chip=chip, schedule=schedule, trace=True)
     ptx = kernel.ptx
@@ -169,12 +158,12 @@ def test_watchdog_and_traces_assemble(chip, schedule, tmp_path):
     assert re.search(r"atom(\.global)?\.add\.u32\s+%r\d+, \[%rd\d+\+4\], 1;", report), report
     assert re.search(r"fence\.acq_rel\.gpu;\s*st\.relaxed\.gpu(\.global)?\.b32\s+\[%rd\d+\], 1;",
                      report), report
-    _assemble(ptx, chip, tmp_path)
+    assemble(ptx, chip, tmp_path)
 
 
 @needs_ptxas
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
-def test_hundreds_of_buffers_assemble(chip, tmp_path):
+def test_hundreds_of_buffersassemble(chip, tmp_path):
     """No parameter ceiling: 321 buffers reach the kernels through the buffer
     table, so each kernel takes a handful of parameters."""
     g = etc.Graph("many")
@@ -188,7 +177,7 @@ def test_hundreds_of_buffers_assemble(chip, tmp_path):
     for entry in ("counters", "init", "worker", "check"):
         text = _entry(kernel.ptx, f"many_{entry}")
         assert text[:text.index(")")].count(".param ") <= 16
-    _assemble(kernel.ptx, chip, tmp_path)
+    assemble(kernel.ptx, chip, tmp_path)
 
 
 #: A task that notifies three events, each waited on by its own consumer,
@@ -253,7 +242,7 @@ def test_a_tile_with_several_notifies_pays_one_barrier_and_one_fence(chip, tmp_p
     assert before[last_barrier:].count("fence.acq_rel.gpu") == 1, before[last_barrier:]
     between = worker[decrements[0]:decrements[-1]]
     assert "bar.sync" not in between and "fence." not in between, between
-    _assemble(ptx, chip, tmp_path)
+    assemble(ptx, chip, tmp_path)
 
 
 @needs_ptxas
@@ -274,7 +263,7 @@ def test_dynamic_waiters_are_readied_by_each_lane_without_barriers(chip, tmp_pat
     # Whether the tile's notify readied the element reaches every thread
     # with one reducing barrier, not a shared word between two barriers.
     assert re.search(r"bar\.red\.or\.pred", worker), worker
-    _assemble(ptx, chip, tmp_path)
+    assemble(ptx, chip, tmp_path)
 
 
 @needs_ptxas
@@ -289,7 +278,7 @@ def test_a_tile_with_several_waits_pays_one_fence_and_one_barrier(chip, tmp_path
                          r"ld\.relaxed\.gpu\.global\.b32(?:(?!fence\.|bar\.)[\s\S])*?"
                          r"fence\.acq_rel\.gpu;(?:(?!fence\.|bar\.)[\s\S])*?bar\.red\.or\.pred")
     assert pattern.search(worker), worker
-    _assemble(ptx, chip, tmp_path)
+    assemble(ptx, chip, tmp_path)
 
 
 @needs_ptxas
@@ -307,7 +296,7 @@ def test_weights_are_prefetched_into_l2_before_a_tiles_waits(chip, schedule, tmp
     # A prefetch, then (no fence or barrier between) the wait's first poll.
     assert re.search(r"prefetch\.global\.L2 \[%g\];(?:(?!fence\.|bar\.)[\s\S])*?"
                      r"ld\.relaxed\.gpu\.global\.b32", worker), worker
-    _assemble(ptx, chip, tmp_path)
+    assemble(ptx, chip, tmp_path)
     dynamic = etc.compile(g, target="cuda", chip=chip, schedule="dynamic").ptx
     assert "prefetch" not in dynamic
     off = etc.compile(g, target="cuda", chip=chip, schedule=schedule, prefetch=False).ptx

@@ -5,8 +5,6 @@ simulated on the CPU, and its PTX."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -15,8 +13,8 @@ from hypothesis import strategies as st
 
 import etc
 from etc.reference import round_bf16
+from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
-needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not on PATH")
 
 
 def _graph(dtype: str, n: int, k: int, tile=None) -> etc.Graph:
@@ -71,13 +69,7 @@ def test_transposed_gemv_ptx(chip, tmp_path):
     assert len(re.findall(r"ld(\.global)?\.v4\.(b32|f32)", body)) >= 6  # 2 weight rows + 4 rows of A
     assert "shfl.sync.bfly" in body and "fma.rn.f32" in body
     assert "bar.sync" not in body  # warps never meet
-    path = tmp_path / "gemv_t.ptx"
-    path.write_text(ptx)
-    result = subprocess.run(["ptxas", f"-arch={chip}", "-v", str(path), "-o", "/dev/null"],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
-    assert spills and all(s == ("0", "0") for s in spills), result.stderr
+    assert_no_spills(assemble(ptx, chip, tmp_path, "gemv_t"))
 
 
 def test_simulated_gpu_kernels_accept_unaligned_arrays():

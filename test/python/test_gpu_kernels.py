@@ -12,16 +12,14 @@ ptxas assembles the kernels without spilling.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
 import etc
 from etc.reference import round_bf16
+from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
-needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not on PATH")
 
 
 def _inputs(g: etc.Graph, batch: int, rng, dtype: str) -> dict:
@@ -114,10 +112,4 @@ def test_gpu_kernels_use_wide_loads_shuffles_and_fma(chip, tmp_path):
     assert "fma.rn.f32" in rms
     silu = _function(ptx, "silu_gpu")
     assert re.search(r"ld(\.global)?\.v4\.b32", silu) and re.search(r"st(\.global)?\.v4\.b32", silu)
-    path = tmp_path / "gpu.ptx"
-    path.write_text(ptx)
-    result = subprocess.run(["ptxas", f"-arch={chip}", "-v", str(path), "-o", "/dev/null"],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
-    assert spills and all(s == ("0", "0") for s in spills), result.stderr
+    assert_no_spills(assemble(ptx, chip, tmp_path, "gpu"))

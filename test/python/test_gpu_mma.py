@@ -13,8 +13,6 @@ ptxas assembles the kernels without spills or stack.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -23,8 +21,8 @@ from mlir import ir
 import etc
 from etc.ops import mma
 from etc.reference import round_bf16
+from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
-needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not on PATH")
 
 #: A tensor-core tile function: `matmul_mma` (known rows) or, for symbolic
 #: rows, `matmul_gemv_mma` / `matmul_gemv_t_mma` (with the GEMV for few rows).
@@ -211,14 +209,7 @@ def test_mma_ptx(chip, tmp_path):
         assert "cp.async.cg.shared.global" in body and re.search(r"cp\.async\.wait_group\s+1;", body)
         assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in body and "bar.sync" in body
         assert "shfl.sync.bfly" in body and re.search(r"ld(\.global)?\.v4\.b32", body)
-    path = tmp_path / "gemm.ptx"
-    path.write_text(ptx)
-    result = subprocess.run(["ptxas", f"-arch={chip}", "-v", str(path), "-o", "/dev/null"],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
-                        result.stderr)
-    assert frames and all(f == ("0", "0", "0") for f in frames), result.stderr
+    assert_no_spills(assemble(ptx, chip, tmp_path, "gemm"), stack=True)
 
 
 @needs_ptxas
@@ -241,11 +232,6 @@ def test_mma_in_a_bf16_model_step(chip, tmp_path):
     kinds = set(re.findall(r"_tile_(matmul\w*?)_\d+\(", kernel.ir("graph")))
     assert kinds == {"matmul_gemv_t_mma"}, kinds
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in kernel.ptx
-    path = tmp_path / "step.ptx"
-    path.write_text(kernel.ptx)
-    result = subprocess.run(["ptxas", f"-arch={chip}", "-v", str(path), "-o", "/dev/null"],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert re.search(r"Function properties for step_tile_matmul_gemv_t_mma_\d+", result.stderr)
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
-    assert spills and all(s == ("0", "0") for s in spills), result.stderr
+    report = assemble(kernel.ptx, chip, tmp_path, "step")
+    assert re.search(r"Function properties for step_tile_matmul_gemv_t_mma_\d+", report)
+    assert_no_spills(report)

@@ -5,15 +5,13 @@ NaN first, then larger values, ties by lower position."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
 import etc
+from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
-needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not on PATH")
 
 
 def _graph(n: int, k: int, dtype: str = "f32") -> etc.Graph:
@@ -63,10 +61,4 @@ def test_topk_ptx(chip, tmp_path):
     ptx = etc.compile(_graph(128, 8, "bf16"), target="cuda", chip=chip).ptx
     body = re.search(r"\.func \w*topk_gpu\w*\(.*?\n\}", ptx, re.S).group(0)
     assert "shfl.sync.bfly" in body and "bar.sync" in body
-    path = tmp_path / "topk.ptx"
-    path.write_text(ptx)
-    result = subprocess.run(["ptxas", f"-arch={chip}", "-v", str(path), "-o", "/dev/null"],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
-    assert spills and all(s == ("0", "0") for s in spills), result.stderr
+    assert_no_spills(assemble(ptx, chip, tmp_path, "topk"))

@@ -343,16 +343,12 @@ def test_matches_hugging_face_transformers(name, loaded, checkpoints):
 # CUDA: PTX of every model graph, and runs where a GPU is lent
 # ----------------------------------------------------------------------
 
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
 
 from etc.models.builder import build_step_graph  # noqa: E402
 from etc.runtime.cuda import cuda_available  # noqa: E402
+from ptxas_check import assemble, needs_ptxas  # noqa: E402
 
-PTXAS = shutil.which("ptxas")
-
-
-@pytest.mark.skipif(PTXAS is None, reason="ptxas (CUDA toolkit) is not on PATH")
+@needs_ptxas
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("chip, schedule", [("sm_80", "auto"), ("sm_90a", "auto"),
                                             ("sm_90a", "static")])
@@ -361,11 +357,7 @@ def test_model_ptx_assembles(name, chip, schedule, tmp_path):
     graph = build_step_graph(config, max_seq_len=64, chunk=16)
     ptx = etc.compile(graph, target="cuda", chip=chip, schedule=schedule).ptx
     assert ".extern" not in ptx  # every function is in the module (libdevice linked)
-    source = tmp_path / "step.ptx"
-    source.write_text(ptx)
-    result = subprocess.run([PTXAS, f"-arch={chip}", str(source), "-o", str(tmp_path / "s.cubin")],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, f"ptxas -arch={chip} rejected the PTX:\n{result.stderr}"
+    assemble(ptx, chip, tmp_path, "step")
 
 
 @pytest.mark.gpu

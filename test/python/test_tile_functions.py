@@ -12,8 +12,6 @@ their code, so a program does not grow with model depth.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -21,6 +19,7 @@ from mlir import ir
 
 import etc
 from etc.reference import round_bf16
+from ptxas_check import assemble, needs_ptxas
 
 
 def stack(layers: int, hidden: int = 64, ffn: int = 96, dtype: str = "f32") -> etc.Graph:
@@ -170,7 +169,7 @@ def test_ptx_of_a_deep_stack_has_few_parameters():
     assert entry.count(".param") == 1 + 5 + 5  # B, the table, the counters
 
 
-@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not on PATH")
+@needs_ptxas
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 def test_hundreds_of_buffers_assemble_with_ptxas(chip, schedule, tmp_path):
@@ -184,8 +183,4 @@ def test_hundreds_of_buffers_assemble_with_ptxas(chip, schedule, tmp_path):
     kernel = etc.compile(g, target="cuda", chip=chip, schedule=schedule)
     entry = re.search(r"\.entry stack80_worker\((.*?)\)", kernel.ptx, re.S).group(1)
     assert entry.count(".param") == 1 + 5 + 5
-    path = tmp_path / "stack80.ptx"
-    path.write_text(kernel.ptx)
-    result = subprocess.run(["ptxas", f"-arch={chip}", str(path), "-o", str(tmp_path / "out.o")],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+    assemble(kernel.ptx, chip, tmp_path, "stack80")
