@@ -1,16 +1,16 @@
-"""GPU benchmarks of ETC's megakernels (needs an NVIDIA GPU, its driver and
-cuda-python; without them it says so and exits 0).
+"""The megakernel against one kernel per operator, on a GPU (needs an
+NVIDIA GPU, its driver, cuda-python and ETC with MLIR; without a GPU it says
+so and exits 0).
 
-1. Notify -> wake latency: a chain of K dependent one-tile tasks (`scale` on
-   a 1x96 row), spread round-robin over the persistent CTAs by the static
-   schedule, so each hop goes from one CTA (SM) to another. Per hop =
-   (time(K) - time(1)) / (K - 1).
-2. Per-task scheduling overhead, static vs dynamic: one `scale` over N
-   independent tiny tiles (1 row each); time per task for both schedules.
-3. A 5-operator MLP block (rmsnorm, matmul, silu, matmul, residual add) at
-   batch 1..16: one megakernel, versus the same operators compiled one per
-   kernel and launched one by one on a stream, and the same launches
-   captured once as a CUDA graph (the honest baseline).
+A 5-operator MLP block (rmsnorm, matmul, silu, matmul, residual add) at
+batch 1..16: one megakernel (static and dynamic schedule), versus the same
+operators compiled one per kernel and launched one by one on a stream, and
+the same launches captured once as a CUDA graph (the honest baseline).
+
+The notify->wake latency, the per-task overhead, the MLP block and a decode
+step against PyTorch are measured by the GPU kit (`make gpu-kit`, then
+`python3 build/gpu-kit/run.py`; docs/gpu.md), which needs no MLIR on the
+GPU machine.
 
 Times are medians of CUDA-event measurements after warm-up. Usage:
   .venv/bin/python bench/gpu_megakernel.py [--repeats N] [--lanes 128]
@@ -45,60 +45,7 @@ def compile_cuda(g, chip, schedule, lanes):
     return kernel
 
 
-# -- 1. notify -> wake latency ------------------------------------------------
-
-def chain(length: int) -> etc.Graph:
-    g = etc.Graph(f"chain{length}")
-    B = g.symbol("B")
-    x = g.input("x", (B, 96), "f32")
-    for _ in range(length):
-        x = g.scale(x, 1.0)
-    g.output(x)
-    return g
-
-
-def bench_latency(driver, timer, chip, lanes, lengths=(1, 64, 256)) -> str:
-    rows = ["| chain length K | workers | megakernel µs | per hop µs |", "|---:|---:|---:|---:|"]
-    base = None
-    x = np.ones((1, 96), np.float32)
-    for k in lengths:
-        kernel = compile_cuda(chain(k), chip, "static", lanes)
-        launch = kernel.runtime.bind({"x": x})
-        ms = timer(launch.enqueue)
-        if base is None:
-            base = ms
-            hop = "—"
-        else:
-            hop = f"{(ms - base) * 1000 / (k - 1):.2f}"
-        rows.append(f"| {k} | {kernel.runtime.workers} | {ms * 1000:.1f} | {hop} |")
-    return "\n".join(rows)
-
-
-# -- 2. per-task scheduling overhead --------------------------------------------
-
-def wide(tasks: int) -> etc.Graph:
-    g = etc.Graph("wide")
-    B = g.symbol("B")
-    x = g.input("x", (B, 96), "f32")
-    g.output(g.scale(x, 2.0, tile=(1, 96)))
-    return g
-
-
-def bench_overhead(driver, timer, chip, lanes, tasks=(1024, 16384)) -> str:
-    rows = ["| tasks | static µs | static ns/task | dynamic µs | dynamic ns/task |",
-            "|---:|---:|---:|---:|---:|"]
-    for n in tasks:
-        cells = [str(n)]
-        for schedule in ("static", "dynamic"):
-            kernel = compile_cuda(wide(n), chip, schedule, lanes)
-            launch = kernel.runtime.bind({"x": np.ones((n, 96), np.float32)})
-            ms = timer(launch.enqueue)
-            cells += [f"{ms * 1000:.1f}", f"{ms * 1e6 / n:.0f}"]
-        rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows)
-
-
-# -- 3. MLP: megakernel vs kernel-per-operator vs CUDA graph ----------------
+# -- MLP: megakernel vs kernel-per-operator vs CUDA graph ----------------
 
 HIDDEN, FFN = 512, 1024
 
@@ -192,10 +139,6 @@ def main() -> int:
     timer = Timer(driver, args.repeats)
     print(f"GPU: {name} ({chip}), {args.lanes} threads per worker CTA, "
           f"median of {args.repeats} runs after warm-up\n")
-    print("### Notify -> wake latency (static chain, one hop per CTA)\n")
-    print(bench_latency(driver, timer, chip, args.lanes) + "\n")
-    print("### Per-task scheduling overhead (independent 1-row tiles)\n")
-    print(bench_overhead(driver, timer, chip, args.lanes) + "\n")
     print(f"### MLP block ({HIDDEN}->{FFN}->{HIDDEN}, 5 operators): megakernel vs kernel per operator\n")
     print(bench_mlp(driver, timer, chip, args.lanes))
     return 0
