@@ -235,6 +235,12 @@ class TileKernel:
         rest = arith.subi(self.dim(t, d), offset)
         return arith.minsi(self.cidx(tile), rest)
 
+    def row_block(self, t: "Tensor", tile: int) -> tuple[ir.Value, ir.Value]:
+        """The first row of this tile's block of `tile` rows of `t` (tile
+        index 0) and its row count, clipped at the edge."""
+        row0 = arith.muli(self.ti[0], self.cidx(tile))
+        return row0, self.extent(t, 0, row0, tile)
+
     # -- memory ----------------------------------------------------------
 
     def load(self, t: "Tensor", idx: list) -> ir.Value:

@@ -31,8 +31,7 @@ class Embedding(TileKernel):
         table, ids = op.operands
         out = op.result
         (tm,) = op.tile
-        row0 = arith.muli(self.ti[0], self.cidx(tm))
-        rows = self.extent(out, 0, row0, tm)
+        row0, rows = self.row_block(out, tm)
         width = self.dim(table, 1)
         vocab = self.dim(table, 0)
         loop = self.lane_loop(arith.muli(rows, width))

@@ -32,8 +32,7 @@ class HeadRMSNorm(TileKernel):
         head_dim = op.params["head_dim"]
         heads = x.shape[1] // head_dim
         (tm,) = op.tile
-        row0 = arith.muli(self.ti[0], self.cidx(tm))
-        rows = self.extent(x, 0, row0, tm)
+        row0, rows = self.row_block(x, tm)
         loop = self.lane_loop(arith.muli(rows, self.cidx(heads)))
         with ir.InsertionPoint(loop.body):
             e = loop.induction_variable

@@ -38,8 +38,7 @@ class KVAppend(TileKernel):
         op = self.op
         cache, values, positions, token_request, request_slot = op.operands
         (tm,) = op.tile
-        row0 = arith.muli(self.ti[0], self.cidx(tm))
-        rows = self.extent(values, 0, row0, tm)
+        row0, rows = self.row_block(values, tm)
         width = self.dim(values, 1)
         slots, length = self.dim(cache, 0), self.dim(cache, 1)
         loop = self.lane_loop(arith.muli(rows, width))

@@ -55,9 +55,8 @@ class Matmul(TileKernel):
         inside its body, the pass's first row, its count of real rows and
         the `rb` rows the pass computes: past the tile (or A) they repeat
         A's last row, so that loads stay in bounds; store only `in_pass`."""
-        a, tm = self.op.operands[0], self.op.tile[0]
-        r0 = arith.muli(self.ti[0], self.cidx(tm))
-        rows = self.extent(self.op.result, 0, r0, tm)
+        a = self.op.operands[0]
+        r0, rows = self.row_block(self.op.result, self.op.tile[0])
         last_row = arith.subi(self.dim(a, 0), self.cidx(1))
         passes = arith.divui(arith.addi(rows, self.cidx(rb - 1)), self.cidx(rb))
         loop = scf.ForOp(self.cidx(0), passes, self.cidx(1))
@@ -150,9 +149,8 @@ class MatmulCPU(Matmul):
         op, out = self.op, self.op.result
         a = op.operands[0]
         tm, tn = op.tile
-        r0 = arith.muli(self.ti[0], self.cidx(tm))
+        r0, rows = self.row_block(out, tm)
         c0 = arith.muli(self.ti[1], self.cidx(tn))
-        rows = self.extent(out, 0, r0, tm)
         cols = self.extent(out, 1, c0, tn)
         k_extent = self.dim(a, 1)
         if op.params["transpose_b"]:

@@ -129,8 +129,7 @@ class MatmulMMA(TileKernel):
         if isinstance(self.op.operands[0].shape[0], int):
             self.emit_mma()
             return
-        r0 = arith.muli(self.ti[0], self.cidx(self.op.tile[0]))
-        rows = self.extent(self.op.result, 0, r0, self.op.tile[0])
+        _, rows = self.row_block(self.op.result, self.op.tile[0])
         wide = arith.cmpi(arith.CmpIPredicate.uge, rows, self.cidx(self.MIN_ROWS))
         branch = scf.IfOp(wide, has_else=True)
         with ir.InsertionPoint(branch.then_block):

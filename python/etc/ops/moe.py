@@ -62,8 +62,7 @@ class MoeRouter(_MoeKernel):
         x, router_w = op.operands[:2]
         probs, weights = buffers["probs"], buffers["weights"]
         experts = self.cidx(op.params["experts"])
-        row0 = arith.muli(self.ti[0], self.cidx(DEFAULT_ROWS))
-        rows = self.extent(x, 0, row0, DEFAULT_ROWS)
+        row0, rows = self.row_block(x, DEFAULT_ROWS)
         hidden = self.dim(x, 1)
         loop = self.lane_loop(rows)
         with ir.InsertionPoint(loop.body):

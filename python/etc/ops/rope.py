@@ -58,8 +58,7 @@ class Rope(TileKernel):
         head_dim = op.params["head_dim"]
         half = head_dim // 2
         (tm,) = op.tile
-        row0 = arith.muli(self.ti[0], self.cidx(tm))
-        rows = self.extent(x, 0, row0, tm)
+        row0, rows = self.row_block(x, tm)
         pairs = x.shape[1] // 2
         loop = self.lane_loop(arith.muli(rows, self.cidx(pairs)))
         with ir.InsertionPoint(loop.body):

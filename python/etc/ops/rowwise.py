@@ -31,8 +31,7 @@ class Rowwise(TileKernel):
         op, out = self.op, self.op.result
         x = op.operands[0]
         (tm,) = op.tile
-        row0 = arith.muli(self.ti[0], self.cidx(tm))
-        rows = self.extent(x, 0, row0, tm)
+        row0, rows = self.row_block(x, tm)
         n = self.dim(x, 1)
         if op.kind == "rmsnorm":
             if isinstance(x.shape[1], int):
@@ -121,8 +120,7 @@ class RowwiseCPU(Rowwise):
         x = op.operands[0]
         width = self.WIDTH
         (tm,) = op.tile
-        row0 = arith.muli(self.ti[0], self.cidx(tm))
-        rows = self.extent(x, 0, row0, tm)
+        row0, rows = self.row_block(x, tm)
         n = self.dim(x, 1)
         vector_n = arith.muli(arith.divui(n, self.cidx(width)), self.cidx(width))
         add_kind = ir.Attribute.parse("#vector.kind<add>")
@@ -203,10 +201,8 @@ class RowwiseGPU(Rowwise):
         n = x.shape[1]
         slices = n // vec
         (tm,) = op.tile
-        row0 = arith.muli(self.ti[0], self.cidx(tm))
-        rows = self.extent(x, 0, row0, tm)
+        row0, rows = self.row_block(x, tm)
         rounds = arith.divui(arith.addi(rows, self.cidx(warps - 1)), self.cidx(warps))
-        add = lambda a, b: arith.addf(a, b)
         loop = scf.ForOp(self.cidx(0), rounds, self.cidx(1))
         with ir.InsertionPoint(loop.body):
             base = arith.addi(row0, arith.muli(loop.induction_variable, self.cidx(warps)))

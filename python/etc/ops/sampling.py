@@ -29,8 +29,7 @@ class Argmax(TileKernel):
         op = self.op
         x, out = op.operands[0], op.result
         (tm,) = op.tile
-        row0 = arith.muli(self.ti[0], self.cidx(tm))
-        rows = self.extent(x, 0, row0, tm)
+        row0, rows = self.row_block(x, tm)
         n = self.dim(x, 1)
         loop = self.lane_loop(rows)
         with ir.InsertionPoint(loop.body):

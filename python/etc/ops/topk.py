@@ -75,8 +75,7 @@ class TopK(TileKernel):
         op = self.op
         x, values, indices = op.operands[0], op.result, op.extra_results[0]
         (tm,) = op.tile
-        row0 = arith.muli(self.ti[0], self.cidx(tm))
-        rows = self.extent(x, 0, row0, tm)
+        row0, rows = self.row_block(x, tm)
         n = self.dim(x, 1)
         loop = self.lane_loop(rows)
         with ir.InsertionPoint(loop.body):
@@ -119,8 +118,7 @@ class TopKGPU(TopK):
         warps = lanes.count // lanes.warp
         n = x.shape[1]
         (tm,) = op.tile
-        row0 = arith.muli(self.ti[0], self.cidx(tm))
-        rows = self.extent(x, 0, row0, tm)
+        row0, rows = self.row_block(x, tm)
         rounds = arith.divui(arith.addi(rows, self.cidx(warps - 1)), self.cidx(warps))
         loop = scf.ForOp(self.cidx(0), rounds, self.cidx(1))
         with ir.InsertionPoint(loop.body):
