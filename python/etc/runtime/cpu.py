@@ -32,6 +32,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -93,19 +94,30 @@ def _descriptor(array: np.ndarray):
     return desc
 
 
+def table_slots(arguments) -> tuple[dict[str, int], int]:
+    """Where each buffer argument's address word lies in the buffer table
+    (its sizes follow it), and the table's length in words."""
+    slots: dict[str, int] = {}
+    words = 0
+    for arg in arguments:
+        if arg.kind != "symbol":
+            slots[arg.name] = words
+            words += 1 + len(arg.shape)
+    return slots, words
+
+
 def buffer_table(arguments, buffers: dict, address=lambda array: array.ctypes.data) -> np.ndarray:
     """The buffer table of a call: for each buffer argument in order, its
     address and then the size of each dimension (`event.buffer` documents
     the layout). `address(array)` gives an array's address (a device
     pointer for device arrays)."""
-    words: list[int] = []
-    for arg in arguments:
-        if arg.kind == "symbol":
-            continue
-        array = buffers[arg.name]
-        words.append(address(array))
-        words.extend(array.shape)
-    return np.array(words or [0], dtype=np.uint64).view(np.int64)
+    slots, size = table_slots(arguments)
+    words = np.zeros(max(size, 1), dtype=np.uint64)
+    for name, slot in slots.items():
+        array = buffers[name]
+        words[slot] = address(array)
+        words[slot + 1:slot + 1 + len(array.shape)] = array.shape
+    return words.view(np.int64)
 
 
 def to_storage(array: np.ndarray, dtype: str) -> np.ndarray:
@@ -184,17 +196,14 @@ class _Workspace:
         self.shapes = {arg.name: concrete_shape(arg.shape, symbols) for arg in buffers}
         self.intermediates = {arg.name: np.zeros(self.shapes[arg.name], _STORAGE[arg.dtype])
                               for arg in buffers if arg.kind == "intermediate"}
-        # The table's layout is `buffer_table`'s: an address word, then the sizes.
-        words: list[int] = []
         #: The index of each buffer's address word in the table.
-        self.slots: dict[str, int] = {}
-        for arg in buffers:
-            self.slots[arg.name] = len(words)
-            words.append(0)
-            words.extend(self.shapes[arg.name])
-        self.table = np.array(words or [0], dtype=np.int64)
-        for name, array in self.intermediates.items():
-            self.table[self.slots[name]] = array.ctypes.data
+        self.slots, _ = table_slots(runtime.arguments)
+        # The intermediates' addresses now, the others' (0 here) per run.
+        self.table = buffer_table(
+            runtime.arguments,
+            {**{name: SimpleNamespace(shape=shape) for name, shape in self.shapes.items()},
+             **self.intermediates},
+            address=lambda array: array.ctypes.data if isinstance(array, np.ndarray) else 0)
         self._table_desc = _descriptor(self.table)
         self.args = [symbols[arg.name] for arg in runtime.arguments if arg.kind == "symbol"]
         self.args.append(ctypes.addressof(self._table_desc))
