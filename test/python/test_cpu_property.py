@@ -27,6 +27,21 @@ def _inputs(g, symbols, rng):
     return inputs
 
 
+def _check(data, g, kernel, symbols, second_m) -> None:
+    """Runs `kernel` at the drawn symbols and, when there are symbols, at a
+    second M from `second_m` (one compile serves both), against NumPy."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1), label="seed"))
+    bindings = [symbols]
+    if symbols:
+        bindings.append({"M": data.draw(second_m, label="second M")})
+    for binding in bindings:
+        inputs = _inputs(g, binding, rng)
+        outputs = kernel.run(**inputs)
+        expected = etc.reference.evaluate(g, **inputs)
+        for name, got, want in zip(g.outputs, outputs, expected):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
 @settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
@@ -34,16 +49,7 @@ def test_random_graphs_match_numpy(data):
     g, symbols = random_graph(data)
     workers = data.draw(st.sampled_from([1, 2, 3, 8]), label="workers")
     kernel = etc.compile(g, target="cpu", schedule="static", workers=workers)
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1), label="seed"))
-    bindings = [symbols]
-    if symbols:  # one compile serves a second value of the symbol too
-        bindings.append({"M": data.draw(st.integers(1, 70), label="second M")})
-    for binding in bindings:
-        inputs = _inputs(g, binding, rng)
-        outputs = kernel.run(**inputs)
-        expected = etc.reference.evaluate(g, **inputs)
-        for name, got, want in zip(g.outputs, outputs, expected):
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
+    _check(data, g, kernel, symbols, st.integers(1, 70))
     RUNS["graphs"] += 1
 
 
@@ -58,13 +64,4 @@ def test_random_graphs_with_cuda_kernels_match_numpy(data):
     kernel = etc.compile(g, target="cpu", kernels="cuda",
                          schedule=data.draw(st.sampled_from(["static", "dynamic"]), label="s"),
                          workers=data.draw(st.sampled_from([1, 3]), label="workers"))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1), label="seed"))
-    bindings = [symbols]
-    if symbols:
-        bindings.append({"M": data.draw(st.sampled_from([1, 2, 17, 33]), label="second M")})
-    for binding in bindings:
-        inputs = _inputs(g, binding, rng)
-        outputs = kernel.run(**inputs)
-        expected = etc.reference.evaluate(g, **inputs)
-        for name, got, want in zip(g.outputs, outputs, expected):
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
+    _check(data, g, kernel, symbols, st.sampled_from([1, 2, 17, 33]))
