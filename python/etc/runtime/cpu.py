@@ -246,6 +246,8 @@ class CPURuntime:
                            for role in ROLES}
         self._trace: Trace | None = None
         self._symbol_names = [arg.name for arg in self.arguments if arg.kind == "symbol"]
+        # Each output's name and dtype, in `g.output` order.
+        self._outputs = [(name, abi.argument(name).dtype) for name in abi.outputs]
         # Idle workspaces by binding, least recently used first. A run takes
         # its workspace out and puts it back after, so runs from several
         # threads at once never share one.
@@ -318,7 +320,7 @@ class CPURuntime:
             outputs = self._run(workspace, supplied)
         finally:
             self._put_back(workspace)
-        results = [from_storage(outputs[name], self._dtype(name)) for name in self.abi.outputs]
+        results = [from_storage(outputs[name], dtype) for name, dtype in self._outputs]
         if out is None:
             return results
         return fill_out(self.abi, out, dict(zip(self.abi.outputs, results)))
@@ -353,5 +355,3 @@ class CPURuntime:
         layout.check_status(self.abi, self._functions["check"](*args, workspace.counters_arg))
         return outputs
 
-    def _dtype(self, name: str) -> str:
-        return self.abi.argument(name).dtype
