@@ -93,9 +93,10 @@ class CompiledKernel:
         named `out` or `stream` go through `kernel.runtime.run(dict)`."""
         return self._runtime.run(inputs, out=out, stream=stream)
 
-    def save(self, path) -> None:
+    def save(self, path, metadata: dict | None = None) -> None:
         """Writes the kernel to `path` as one self-describing artifact that
-        `etc.runtime.load` runs without MLIR (see `etc.runtime.artifact`).
+        `etc.runtime.load` runs without MLIR (see `etc.runtime.artifact`),
+        with `metadata` (JSON-able: what the kernel was compiled from).
 
         CUDA artifacts hold the PTX. CPU artifacts hold a shared library linked
         from the JIT's object code by the system C compiler (`cc`, or `$CC`),
@@ -104,7 +105,7 @@ class CompiledKernel:
             code = self._runtime.ptx.encode()
         else:
             code = _shared_library(self._engine)
-        _artifact.write(path, self.abi, code)
+        _artifact.write(path, self.abi, code, metadata)
 
     def __repr__(self) -> str:
         return (f"<CompiledKernel {self.abi.name} target={self.options.target} "

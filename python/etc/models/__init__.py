@@ -11,28 +11,55 @@ model.kernels     # [the step kernel]: one, for every batch and length
 
 Supported: `LlamaForCausalLM`, `Qwen3ForCausalLM` and `Qwen3MoeForCausalLM`
 checkpoint directories (config.json and *.safetensors with F32, F16 or BF16
-weights under the usual names). See docs/models.md.
+weights under the usual names), and GGUF files of the llama, qwen3 and
+qwen3moe architectures (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K).
+Compiled step kernels are kept in a compile cache (`etc.models.cache`), so a
+second load compiles nothing; this package imports without MLIR and loads
+models from the cache there. See docs/models.md.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+from pathlib import Path
+
+from .cache import KernelCache
 from .checkpoint import Checkpoint, CheckpointError, MissingTensorError
 from .config import ARCHITECTURES, ModelConfig, UnsupportedConfigError
-from .model import Generation, KVCache, Model, Request
+from .gguf import GGUFCheckpoint, GGUFError, is_gguf
+from .model import Generation, KernelNotCachedError, KVCache, Model, Request
 from .safetensors import SafetensorsError
 
-__all__ = ["load", "Model", "Generation", "KVCache", "Request", "ModelConfig", "ARCHITECTURES",
-           "CheckpointError", "MissingTensorError", "UnsupportedConfigError", "SafetensorsError"]
+__all__ = ["load", "open_checkpoint", "Model", "Generation", "KVCache", "Request", "ModelConfig",
+           "ARCHITECTURES", "Checkpoint", "GGUFCheckpoint", "KernelCache", "CheckpointError",
+           "MissingTensorError", "UnsupportedConfigError", "SafetensorsError", "GGUFError",
+           "KernelNotCachedError"]
+
+
+def open_checkpoint(path):
+    """The checkpoint at `path`: a `GGUFCheckpoint` for a GGUF file, a
+    `Checkpoint` for a Hugging Face directory; `CheckpointError` for
+    anything else."""
+    path = Path(path)
+    if path.is_dir():
+        return Checkpoint(path)
+    if is_gguf(path):
+        return GGUFCheckpoint(path)
+    if path.is_file():
+        raise CheckpointError(f"{path}: neither a GGUF file nor a checkpoint directory "
+                              f"(config.json and *.safetensors)")
+    raise CheckpointError(f"{path}: no such file or directory")
 
 
 def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[int] = None, *,
          dtype: str = "f32", max_seq_len: Optional[int] = None,
          attention_chunk: Optional[int] = None, max_step_tokens: int = 256,
-         chip: str = "sm_90a", kernels: str = "native") -> Model:
-    """Reads the Hugging Face checkpoint directory `path` (config.json and
-    *.safetensors), builds its step graph and compiles it once.
+         chip: str = "sm_90a", kernels: str = "native", cache=None, kernel=None,
+         progress=None) -> Model:
+    """Reads the Hugging Face checkpoint directory or GGUF file `path`,
+    builds its step graph and compiles it once, or takes the compiled step
+    kernel from the compile cache.
 
     `target`, `schedule`, `workers`, `chip` and `kernels` are those of
     `etc.compile` (`kernels="cuda"` on the CPU runs the CUDA tile kernels
@@ -43,9 +70,22 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     bounds prompt + new tokens; `attention_chunk` is the KV positions per
     attention chunk task (default: max_seq_len / 16, at least 16);
     `max_step_tokens` bounds the new tokens of one step (longer prefills
-    take several steps). Raises `UnsupportedConfigError`,
-    `MissingTensorError`, `CheckpointError` or `SafetensorsError` naming
-    the field, tensor or file at fault."""
-    return Model(Checkpoint(path), target=target, schedule=schedule, workers=workers,
+    take several steps).
+
+    `cache`: None (default) uses the compile cache (`ETC_CACHE_DIR`, see
+    `etc.models.cache`) unless the environment sets `ETC_CACHE=0`; True
+    uses it, False never; a path uses that directory. `kernel`: the path of
+    a step kernel saved by `etc compile ... -o FILE`, used instead (checked
+    against this model and options). Without the compiler (no MLIR) a
+    model loads only from the cache or `kernel`, else
+    `KernelNotCachedError`. `progress(phase, done, total)` is called as
+    weights load ("weights", per tensor) and the kernel is looked up
+    ("cache") or compiled ("compile").
+
+    Raises `UnsupportedConfigError`, `MissingTensorError`,
+    `CheckpointError`, `GGUFError` or `SafetensorsError` naming the field,
+    tensor or file at fault."""
+    return Model(open_checkpoint(path), target=target, schedule=schedule, workers=workers,
                  dtype=dtype, max_seq_len=max_seq_len, attention_chunk=attention_chunk,
-                 max_step_tokens=max_step_tokens, chip=chip, kernels=kernels)
+                 max_step_tokens=max_step_tokens, chip=chip, kernels=kernels, cache=cache,
+                 kernel=kernel, progress=progress)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -76,18 +76,28 @@ class Checkpoint:
                                   f"{file.shape(name)}, expected {tuple(shape)} from config.json")
         return file.get(name)
 
-    def weights(self) -> dict[str, np.ndarray]:
+    def weights(self, progress: Optional[Callable[[int, int], None]] = None
+                ) -> dict[str, np.ndarray]:
         """Every weight the step graph takes, by graph input name (see
         `etc.models.builder`), float32, contiguous and owned (not views of
         the files). Projections keep Hugging Face's (out, in) layout (the
         graph multiplies by their transposes); MoE experts are stacked as
-        `g.moe` takes them."""
+        `g.moe` takes them. `progress(done, total)` is called after each
+        graph weight."""
         c = self.config
         h, d = c.hidden_size, c.head_dim
         out: dict[str, np.ndarray] = {}
+        per_layer = [4 + (2 if c.qk_norm else 0) + 1 + (4 if c.is_sparse(i) else 3)
+                     for i in range(c.num_layers)]
+        total = 2 + sum(per_layer) + (0 if c.tie_word_embeddings else 1)
+
+        def report() -> None:
+            if progress is not None:
+                progress(len(out), total)
 
         def take(key: str, name: str, shape: tuple, what: str) -> None:
             out[key] = np.ascontiguousarray(self.tensor(name, shape, what), dtype=np.float32)
+            report()
 
         take("embed", "model.embed_tokens.weight", (c.vocab_size, h), "token embeddings")
         for i in range(c.num_layers):
@@ -110,6 +120,7 @@ class Checkpoint:
                 e, f = c.num_experts, c.moe_intermediate_size
                 router = self.tensor(p + "mlp.gate.weight", (e, h), f"layer {i} router")
                 out[f"l{i}_router"] = np.ascontiguousarray(router.T)
+                report()
 
                 def experts(proj: str, shape: tuple, transpose: bool) -> np.ndarray:
                     stacked = np.empty((e,) + (shape[::-1] if transpose else shape), np.float32)
@@ -119,9 +130,10 @@ class Checkpoint:
                         stacked[j] = w.T if transpose else w
                     return stacked
                 # g.moe takes (E, H, F) up and gate, (E, F, H) down.
-                out[f"l{i}_experts_gate"] = experts("gate_proj", (f, h), True)
-                out[f"l{i}_experts_up"] = experts("up_proj", (f, h), True)
-                out[f"l{i}_experts_down"] = experts("down_proj", (h, f), True)
+                for key, proj, shape in (("gate", "gate_proj", (f, h)), ("up", "up_proj", (f, h)),
+                                         ("down", "down_proj", (h, f))):
+                    out[f"l{i}_experts_{key}"] = experts(proj, shape, True)
+                    report()
             else:
                 f = c.intermediate_size
                 take(f"l{i}_w_gate", p + "mlp.gate_proj.weight", (f, h), f"layer {i} MLP gate")

@@ -6,16 +6,17 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
-from ..compiler import CompiledKernel, compile as _compile
-from .builder import build_step_graph
-from .checkpoint import Checkpoint
+from . import cache as _cache
 from .config import ModelConfig
 
-__all__ = ["Model", "KVCache", "Generation", "Request", "MODEL_DTYPES"]
+if TYPE_CHECKING:
+    from ..compiler import CompiledKernel
+
+__all__ = ["Model", "KVCache", "Generation", "Request", "MODEL_DTYPES", "KernelNotCachedError"]
 
 #: The dtypes weights and activations may be computed in.
 MODEL_DTYPES = ("f32", "f16", "bf16")
@@ -23,6 +24,23 @@ MODEL_DTYPES = ("f32", "f16", "bf16")
 #: longer prompts are prefilled over several steps (chunked prefill), which
 #: bounds the activations and the attention scratch a step allocates.
 DEFAULT_MAX_STEP_TOKENS = 256
+
+
+class KernelNotCachedError(RuntimeError):
+    """The step kernel is not in the compile cache, and this installation
+    cannot compile it (the compiler does not import)."""
+
+    def __init__(self, model: "Model", store: "Optional[_cache.KernelCache]"):
+        import etc
+
+        where = (f"the compile cache {store.directory} has no kernel for it"
+                 if store is not None else "the cache is off")
+        super().__init__(
+            f"load: the step kernel of {model.path} is not compiled: {where}, and the compiler "
+            f"cannot be imported here ({etc._COMPILER_MISSING}). Compile it where ETC's "
+            f"compiler is installed, with the same options (etc compile {model.path} --target "
+            f"{model.target} ...), then copy the cache directory here (or set ETC_CACHE_DIR), "
+            f"or pass the file 'etc compile -o' wrote as kernel=")
 
 
 @dataclass(frozen=True)
@@ -90,16 +108,21 @@ class Model:
     """A decoder-only model compiled into one step kernel (see
     `etc.models.load`)."""
 
-    def __init__(self, checkpoint: Checkpoint, *, target: str = "cpu", schedule: str = "auto",
+    def __init__(self, checkpoint, *, target: str = "cpu", schedule: str = "auto",
                  workers: Optional[int] = None, dtype: str = "f32",
                  max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
                  max_step_tokens: int = DEFAULT_MAX_STEP_TOKENS, chip: str = "sm_90a",
-                 kernels: str = "native"):
+                 kernels: str = "native", cache=None, kernel=None,
+                 progress: Optional[Callable[[str, int, int], None]] = None):
         if dtype not in MODEL_DTYPES:
             raise ValueError(f"load: dtype={dtype!r} is not supported; expected one of "
                              f"{MODEL_DTYPES}")
+        if target not in ("cpu", "cuda"):
+            raise ValueError(f"load: target={target!r} is not supported; expected 'cpu' or "
+                             f"'cuda'")
         config = checkpoint.config
         self.config = config
+        self.checkpoint = checkpoint
         self.path = checkpoint.path
         self.dtype = dtype
         self.target = target
@@ -124,17 +147,98 @@ class Model:
             # On CUDA the runtime sizes the grid from the device; the
             # option only records the intent.
             workers = (os.cpu_count() or 1) if target == "cpu" else 1
-        self.graph = build_step_graph(config, dtype=dtype, max_seq_len=max_seq_len,
-                                      chunk=attention_chunk)
-        weights = checkpoint.weights()
-        weights["inv_freq"] = config.rope_inv_freq()
+        #: What the step graph is built from (`build_step_graph`'s options)
+        #: and compiled with (`etc.compile`'s): with the config, the key of
+        #: the compile cache.
+        self.graph_options = dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk)
+        self.compile_options = dict(target=target, schedule=schedule, workers=workers,
+                                    chip=chip, kernels=kernels)
+        self._graph = None
+        #: Seconds spent loading: "weights", and "compile" or "cache".
+        self.timings: dict[str, float] = {}
+        start = time.perf_counter()
+        weights = checkpoint.weights(progress=None if progress is None else
+                                     lambda done, total: progress("weights", done, total))
+        if "inv_freq" not in weights:
+            weights["inv_freq"] = config.rope_inv_freq()
         self._weights = {name: self._as_dtype(name, array) for name, array in weights.items()}
-        kernel = _compile(self.graph, target=target, schedule=schedule, workers=workers,
-                          chip=chip, kernels=kernels)
-        self._kernels = (kernel,)
+        self.timings["weights"] = time.perf_counter() - start
+        step = self._step_kernel(cache, kernel, progress)
+        self._kernels = (step,)
         if target == "cuda":
-            self._weights = {name: _to_device(kernel, name, array)
+            self._weights = {name: _to_device(step, name, array)
                              for name, array in self._weights.items()}
+
+    def describe(self) -> dict:
+        """What the step kernel's code depends on (see
+        `etc.models.cache.describe`): its compile-cache key's material."""
+        return _cache.describe(self.config, self.graph_options, self.compile_options)
+
+    @property
+    def graph(self):
+        """The step graph (`etc.Graph`; built on first use, needs the
+        compiler)."""
+        if self._graph is None:
+            from .builder import build_step_graph
+
+            self._graph = build_step_graph(self.config, **self.graph_options)
+        return self._graph
+
+    def _step_kernel(self, cache, kernel, progress):
+        """The step kernel: loaded from the artifact file `kernel` (checked
+        against this model), from the compile cache, or compiled (and then
+        cached). Sets `kernel_source` to "file", "cache" or "compiled"."""
+        from ..runtime import load as load_artifact
+
+        workers = self.compile_options["workers"] if self.target == "cpu" else None
+        description = self.describe()
+        start = time.perf_counter()
+        if kernel is not None:
+            loaded = load_artifact(kernel, workers=workers)
+            found = loaded.metadata.get(_cache.METADATA_KEY)
+            if found is None:
+                raise ValueError(f"load: kernel={str(kernel)!r} is not a model's step kernel "
+                                 f"(its artifact records no model description); write one with "
+                                 f"'etc compile ... -o FILE'")
+            differ = _cache.differences(found, description)
+            if differ:
+                raise ValueError(f"load: kernel={str(kernel)!r} was compiled for another model "
+                                 f"or options: " + "; ".join(differ))
+            self.kernel_source = "file"
+            self.timings["cache"] = time.perf_counter() - start
+            return loaded
+        if cache is None:
+            cache = _cache.enabled_by_default()
+        store = None
+        if cache is not False:
+            store = _cache.KernelCache(None if cache is True else cache)
+            key = _cache.key_of(description)
+            if progress is not None:
+                progress("cache", 0, 1)
+            found = store.get(key, workers=workers)
+            if found is not None:
+                self.kernel_source = "cache"
+                self.timings["cache"] = time.perf_counter() - start
+                if progress is not None:
+                    progress("cache", 1, 1)
+                return found
+        import etc
+
+        if etc._COMPILER_MISSING is not None:
+            raise KernelNotCachedError(self, store)
+        # The compiler, imported only now: everything above runs without MLIR.
+        from ..compiler import compile as _compile
+
+        if progress is not None:
+            progress("compile", 0, 1)
+        compiled = _compile(self.graph, **self.compile_options)
+        self.timings["compile"] = time.perf_counter() - start
+        if progress is not None:
+            progress("compile", 1, 1)
+        self.kernel_source = "compiled"
+        if store is not None:
+            store.put(key, compiled, description)
+        return compiled
 
     def _as_dtype(self, name: str, array: np.ndarray) -> np.ndarray:
         """Weights as the graph's inputs take them: float16 arrays for f16;
@@ -151,7 +255,7 @@ class Model:
     # -- public API --------------------------------------------------------
 
     @property
-    def kernels(self) -> list[CompiledKernel]:
+    def kernels(self) -> list["CompiledKernel"]:
         """The compiled kernels: one step kernel, whatever the batch size,
         prompt lengths and number of steps."""
         return list(self._kernels)
@@ -306,7 +410,7 @@ class Model:
         return result
 
 
-def _to_device(kernel: CompiledKernel, name: str, array: np.ndarray):
+def _to_device(kernel, name: str, array: np.ndarray):
     """Weight `name` copied once to the device in the storage its graph
     input has (bf16 as its 16-bit patterns): the CUDA runtime uses device
     arrays in place, so weights are not copied every step."""

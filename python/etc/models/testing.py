@@ -11,7 +11,7 @@ import numpy as np
 
 from .safetensors import save_file
 
-__all__ = ["tiny_config", "write_checkpoint"]
+__all__ = ["tiny_config", "write_checkpoint", "write_gguf", "checkpoint_tensors"]
 
 
 def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
@@ -100,6 +100,12 @@ def _tensors(config: dict, rng: np.random.Generator) -> dict:
     return t
 
 
+def checkpoint_tensors(config: dict, seed: int = 0) -> dict:
+    """The random tensors `write_checkpoint(..., seed=seed)` writes, float32,
+    under Hugging Face's names."""
+    return _tensors(config, np.random.default_rng(seed))
+
+
 def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32", seed: int = 0,
                      shards: int = 1, drop: tuple = ()) -> Path:
     """Writes a random checkpoint of `config` (default `tiny_config()`) to
@@ -126,3 +132,181 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
     (path / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     return path
+
+
+#: Hugging Face tensor-name suffixes and the GGUF names llama.cpp's
+#: converter gives them (per layer).
+_GGUF_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+}
+_GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3",
+                       "Qwen3MoeForCausalLM": "qwen3moe"}
+
+
+def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_type: str = "F32",
+               tensors: Optional[dict] = None, tokenizer=None, pre: str = "qwen2",
+               chat_template: Optional[str] = None, eos_token: Optional[str] = None,
+               bos_token: Optional[str] = None, add_bos_token: bool = False,
+               rope_freqs: Optional[np.ndarray] = None, drop: tuple = (),
+               metadata: Optional[dict] = None) -> Path:
+    """Writes the checkpoint `write_checkpoint(config, seed=seed)` writes (or
+    `tensors`, under Hugging Face's names) as one GGUF file at `path`, as
+    llama.cpp's converter lays it out: its metadata keys and tensor names,
+    Llama's Q and K rows permuted, experts stacked (E, out, in).
+
+    `tensor_type` ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1") is that of
+    every matrix whose rows split into whole blocks (the others, and the
+    norms, stay F32, as the converter keeps them). `tokenizer` (a
+    `tokenizers.Tokenizer` with a byte-level BPE model) goes into the
+    metadata as a "gpt2" tokenizer with `pre`-tokenizer name `pre`, its
+    special added tokens as control tokens; `eos_token`, `bos_token` name
+    tokens of it. `rope_freqs` is written as `rope_freqs.weight` (Llama 3's
+    frequency factors). `metadata` adds or replaces keys (None removes
+    one); names in `drop` (GGUF names) are left out."""
+    import gguf
+
+    config = config or tiny_config()
+    architecture = _GGUF_ARCHITECTURES[config["architectures"][0]]
+    tensors = tensors if tensors is not None else checkpoint_tensors(config, seed)
+    h = config["hidden_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or h // heads
+    qtype = gguf.GGMLQuantizationType[tensor_type]
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+
+    def permute(w, n):
+        # llama.cpp's converter: each head's rotary halves interleaved.
+        return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+            w.shape)
+
+    out: dict = {}
+    for name, array in tensors.items():
+        if name == "model.embed_tokens.weight":
+            out["token_embd.weight"] = array
+        elif name == "model.norm.weight":
+            out["output_norm.weight"] = array
+        elif name == "lm_head.weight":
+            out["output.weight"] = array
+        else:
+            layer, rest = name[len("model.layers."):].split(".", 1)
+            if ".experts." in rest:
+                continue  # stacked below
+            if architecture == "llama" and rest == "self_attn.q_proj.weight":
+                array = permute(array, heads)
+            elif architecture == "llama" and rest == "self_attn.k_proj.weight":
+                array = permute(array, kv_heads)
+            out[f"blk.{layer}.{_GGUF_LAYER_NAMES[rest]}"] = array
+    if architecture == "qwen3moe":
+        for i in range(config["num_hidden_layers"]):
+            p = f"model.layers.{i}.mlp.experts."
+            if p + "0.gate_proj.weight" not in tensors:
+                continue
+            for proj, gguf_name in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"),
+                                    ("down_proj", "ffn_down_exps")):
+                out[f"blk.{i}.{gguf_name}.weight"] = np.stack(
+                    [tensors[f"{p}{j}.{proj}.weight"] for j in range(config["num_experts"])])
+    if rope_freqs is not None:
+        out["rope_freqs.weight"] = np.asarray(rope_freqs, np.float32)
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(h)
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+    if architecture == "qwen3moe":
+        writer.add_expert_count(config["num_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        writer.add_expert_weights_norm(bool(config.get("norm_topk_prob", False)))
+    if tokenizer is not None:
+        _add_tokenizer(writer, tokenizer, pre, eos_token, bos_token, add_bos_token)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+    for key, value in (metadata or {}).items():
+        writer.kv_data[0].pop(key, None)
+        if value is not None:
+            _add_value(writer, key, value)
+    for name, array in out.items():
+        if name in drop:
+            continue
+        array = np.asarray(array, np.float32)
+        if tensor_type == "F16" and array.ndim >= 2:
+            writer.add_tensor(name, array.astype(np.float16))
+        elif array.ndim >= 2 and array.shape[-1] % block == 0 and tensor_type != "F32":
+            writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
+
+
+def _add_value(writer, key: str, value) -> None:
+    """Metadata `key` = `value` with the GGUF type Python's type implies."""
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, list):
+        writer.add_array(key, value)
+    else:
+        raise TypeError(f"write_gguf: metadata {key!r} = {value!r}: unsupported type "
+                        f"{type(value).__name__}")
+
+
+def _add_tokenizer(writer, tokenizer, pre: str, eos_token, bos_token, add_bos_token) -> None:
+    """A byte-level BPE `tokenizers.Tokenizer` as llama.cpp's "gpt2"
+    tokenizer metadata: tokens by id, merges as "a b", token types."""
+    import json as _json
+
+    import gguf
+
+    model = _json.loads(tokenizer.to_str())["model"]
+    if model.get("type") != "BPE":
+        raise ValueError(f"write_gguf: the tokenizer's model is {model.get('type')!r}, not BPE")
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    tokens = [""] * (max(vocab.values()) + 1)
+    for token, index in vocab.items():
+        tokens[index] = token
+    added = tokenizer.get_added_tokens_decoder()
+    types = [int(gguf.TokenType.NORMAL)] * len(tokens)
+    for index, token in added.items():
+        types[index] = int(gguf.TokenType.CONTROL if token.special
+                           else gguf.TokenType.USER_DEFINED)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    if eos_token is not None:
+        writer.add_eos_token_id(vocab[eos_token])
+    if bos_token is not None:
+        writer.add_bos_token_id(vocab[bos_token])
+    writer.add_add_bos_token(add_bos_token)

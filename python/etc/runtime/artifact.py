@@ -5,8 +5,9 @@ with any zip tool) holding:
 
 * `etc-artifact.json`: the format name and version, the target, the chip,
   the schedule, the kernel ABI (`KernelABI`: arguments in order with names,
-  kinds, dtypes and symbolic shapes, outputs, task and event tables) and the
-  SHA-256 of the code;
+  kinds, dtypes and symbolic shapes, outputs, task and event tables), the
+  SHA-256 of the code, and the saver's `metadata` (a JSON object, e.g. what
+  `etc.models` compiled the kernel from);
 * the code: `kernel.ptx` (PTX text) for CUDA, or `kernel.so` for the CPU (a
   shared library linked from the lowered LLVM module by the system C
   compiler, for the `platform` the manifest names).
@@ -49,9 +50,9 @@ def host_platform() -> str:
     return f"{platform.system().lower()}-{platform.machine().lower()}"
 
 
-def write(path, abi: KernelABI, code: bytes) -> None:
+def write(path, abi: KernelABI, code: bytes, metadata: dict | None = None) -> None:
     """Writes an artifact of `abi` with `code` (PTX text or a shared library)
-    to `path`."""
+    and `metadata` (JSON-able) to `path`."""
     if abi.target not in _CODE:
         raise ValueError(f"cannot save a kernel for target {abi.target!r}")
     manifest = {
@@ -64,6 +65,7 @@ def write(path, abi: KernelABI, code: bytes) -> None:
         "code": {"name": _CODE[abi.target], "sha256": hashlib.sha256(code).hexdigest(),
                  "bytes": len(code)},
         "abi": abi.to_json(),
+        "metadata": dict(metadata or {}),
     }
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
@@ -74,6 +76,21 @@ def write(path, abi: KernelABI, code: bytes) -> None:
     temporary = path.with_name(path.name + ".part")
     temporary.write_bytes(buffer.getvalue())
     os.replace(temporary, path)
+
+
+def read_manifest(path) -> dict:
+    """The manifest of the artifact at `path`, without reading or checking
+    its code (to list saved kernels quickly)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            manifest = json.loads(archive.read(MANIFEST))
+    except FileNotFoundError:
+        raise
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as error:
+        raise ArtifactError(f"{path} is not a readable ETC artifact ({error})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{path} is not an ETC artifact")
+    return manifest
 
 
 def read(path) -> tuple[dict, KernelABI, bytes]:
@@ -163,9 +180,15 @@ class LoadedKernel:
         """Runs the kernel (see `etc.CompiledKernel.run`)."""
         return self._runtime.run(inputs, out=out, stream=stream)
 
-    def save(self, path) -> None:
-        """Writes the artifact again, unchanged, to `path`."""
-        write(path, self.abi, self._code)
+    @property
+    def metadata(self) -> dict:
+        """What the saver recorded with the kernel (`save(..., metadata=)`)."""
+        return self.manifest.get("metadata") or {}
+
+    def save(self, path, metadata: dict | None = None) -> None:
+        """Writes the artifact again to `path`, with its metadata or
+        `metadata` instead."""
+        write(path, self.abi, self._code, self.metadata if metadata is None else metadata)
 
     def __repr__(self) -> str:
         return (f"<LoadedKernel {self.abi.name} target={self.abi.target} chip={self.abi.chip} "

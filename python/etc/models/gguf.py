@@ -1,0 +1,402 @@
+"""GGUF files (llama.cpp's format) as checkpoints, read with the `gguf`
+package (the llama.cpp project's own reader).
+
+A GGUF file holds, in one file, what a Hugging Face directory spreads over
+config.json, the safetensors shards and tokenizer.json: key/value metadata
+(`general.architecture`, `<arch>.embedding_length`, ...,
+`tokenizer.ggml.tokens`, `tokenizer.chat_template`) and the tensors, under
+llama.cpp's names (`token_embd.weight`, `blk.<i>.attn_q.weight`, ...),
+possibly quantized in blocks.
+
+`GGUFCheckpoint` turns that into what `Model` takes from a `Checkpoint`:
+`.config` (a `ModelConfig`, built from the metadata through the same
+validation as a config.json), `.weights()` (the step graph's weights,
+dequantized to float32, in Hugging Face's layouts, with llama.cpp's row
+permutation of Llama's Q and K projections undone), `.path`, plus the
+tokenizer and end-of-sequence ids of the metadata.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from .checkpoint import CheckpointError, MissingTensorError
+from .config import ModelConfig, UnsupportedConfigError
+
+__all__ = ["GGUFCheckpoint", "GGUFError", "ARCHITECTURES", "TENSOR_TYPES", "PRE_TOKENIZERS",
+           "is_gguf"]
+
+#: GGUF `general.architecture` values, and the Hugging Face architecture
+#: each is checked and built as.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "qwen3moe": "Qwen3MoeForCausalLM"}
+#: The tensor types loaded (dequantized to float32 at load).
+TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+#: `tokenizer.ggml.pre` values of byte-level BPE ("gpt2") tokenizers, and the
+#: split llama.cpp applies before byte-level BPE for each (a regex, or
+#: "gpt2": GPT-2's own regex, or "smollm": digits apart, then GPT-2's).
+_LLAMA3_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"
+                 r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"
+                r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS = {"default": "gpt2", "gpt-2": "gpt2", "gpt2": "gpt2", "smollm": "smollm",
+                  "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
+                  "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+#: llama.cpp's token types (`tokenizer.ggml.token_type`).
+_CONTROL, _USER_DEFINED = 3, 4
+_MAGIC = b"GGUF"
+
+
+class GGUFError(CheckpointError):
+    """A file that is not a GGUF file ETC can read, or that holds something
+    (a tensor type, a tokenizer) ETC does not load."""
+
+
+def is_gguf(path) -> bool:
+    """Whether `path` is a file that starts with GGUF's magic."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == _MAGIC
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError as error:
+        raise ImportError(f"reading GGUF files needs the 'gguf' package (pip install gguf): "
+                          f"{error}") from None
+    return gguf
+
+
+class GGUFCheckpoint:
+    """The metadata and tensors of one GGUF file (see the module docstring)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise GGUFError(f"{self.path}: no such file")
+        if not is_gguf(self.path):
+            raise GGUFError(f"{self.path}: not a GGUF file (it does not start with 'GGUF')")
+        gguf = _gguf()
+        try:
+            self._reader = gguf.GGUFReader(self.path, "r")
+        except (ValueError, IndexError, KeyError) as error:
+            raise GGUFError(f"{self.path}: cannot read the GGUF file ({error})") from None
+        self.metadata: dict = {}
+        for name, field in self._reader.fields.items():
+            if not name.startswith("GGUF."):
+                self.metadata[name] = field.contents()
+        self._tensors = {t.name: t for t in self._reader.tensors}
+        self.architecture = self.metadata.get("general.architecture")
+        if self.architecture not in ARCHITECTURES:
+            raise UnsupportedConfigError(
+                f"{self.path}: GGUF architecture {self.architecture!r} (general.architecture) "
+                f"is not supported; supported: {', '.join(ARCHITECTURES)}")
+        #: The metadata as a Hugging Face config.json would say it.
+        self.raw_config = self._hf_config()
+        self.config = ModelConfig.from_dict(self.raw_config, f"{self.path} (GGUF metadata)")
+        if self.architecture == "llama" and self.config.rope_scaling is None and \
+                "rope_freqs.weight" in self._tensors:
+            self._check_shape("rope_freqs.weight", (self.config.head_dim // 2,),
+                              "RoPE frequency factors")
+
+    # -- metadata ------------------------------------------------------------
+
+    def _key(self, name: str, default=None):
+        """Metadata `<architecture>.<name>`."""
+        return self.metadata.get(f"{self.architecture}.{name}", default)
+
+    def _per_layer(self, name: str, default=None):
+        """A hyper-parameter GGUF may give per layer (an array): one value,
+        or an error naming the key when layers differ."""
+        value = self._key(name, default)
+        if isinstance(value, list):
+            if len(set(value)) != 1:
+                raise UnsupportedConfigError(
+                    f"{self.path}: GGUF metadata {self.architecture}.{name} differs between "
+                    f"layers ({value}); ETC's models use one value for every layer")
+            value = value[0]
+        return value
+
+    def _hf_config(self) -> dict:
+        """The Hugging Face config fields of the metadata; checking them is
+        left to `ModelConfig.from_dict`, so that a GGUF file is refused for
+        exactly what a config.json would be."""
+        a = self.architecture
+        heads = self._per_layer("attention.head_count")
+        hidden = self._key("embedding_length")
+        config = {
+            "architectures": [ARCHITECTURES[a]],
+            "hidden_size": hidden,
+            "num_hidden_layers": self._key("block_count"),
+            "num_attention_heads": heads,
+            "num_key_value_heads": self._per_layer("attention.head_count_kv", heads),
+            "intermediate_size": self._per_layer("feed_forward_length"),
+            "rms_norm_eps": _decimal(self._key("attention.layer_norm_rms_epsilon")),
+            "rope_theta": _decimal(self._key("rope.freq_base", 10000.0)),
+            "max_position_embeddings": self._key("context_length"),
+            "tie_word_embeddings": "output.weight" not in self._tensors,
+            "hidden_act": "silu",
+        }
+        embedding = self._tensors.get("token_embd.weight")
+        vocab = self._key("vocab_size")
+        if vocab is None and "tokenizer.ggml.tokens" in self.metadata:
+            vocab = len(self.metadata["tokenizer.ggml.tokens"])
+        if vocab is None and embedding is not None:
+            vocab = int(embedding.shape[-1])
+        config["vocab_size"] = vocab
+        key_length = self._key("attention.key_length")
+        value_length = self._key("attention.value_length", key_length)
+        if key_length is not None:
+            if value_length != key_length:
+                raise UnsupportedConfigError(
+                    f"{self.path}: GGUF metadata {a}.attention.value_length = {value_length} "
+                    f"differs from {a}.attention.key_length = {key_length}; ETC's attention "
+                    f"uses one head size for keys and values")
+            config["head_dim"] = key_length
+        head_dim = key_length or (hidden // heads if hidden and heads else None)
+        rope_dims = self._key("rope.dimension_count")
+        if rope_dims is not None and head_dim is not None and rope_dims != head_dim:
+            raise UnsupportedConfigError(
+                f"{self.path}: GGUF metadata {a}.rope.dimension_count = {rope_dims} is not the "
+                f"head size {head_dim}: partial rotary embeddings are not supported")
+        scaling = self._key("rope.scaling.type")
+        if scaling not in (None, "none"):
+            config["rope_scaling"] = {"rope_type": scaling,
+                                      "factor": _decimal(self._key("rope.scaling.factor"))}
+        if any(f"blk.0.attn_{p}.bias" in self._tensors for p in ("q", "k", "v", "output")):
+            config["attention_bias"] = True
+        if a == "qwen3moe":
+            layers = config["num_hidden_layers"] or 0
+            config.update({
+                "num_experts": self._key("expert_count"),
+                "num_experts_per_tok": self._key("expert_used_count"),
+                "moe_intermediate_size": self._key("expert_feed_forward_length"),
+                "norm_topk_prob": bool(self._key("expert_weights_norm", True)),
+                "decoder_sparse_step": 1,
+                # The layers without a router are dense.
+                "mlp_only_layers": [i for i in range(layers)
+                                    if f"blk.{i}.ffn_gate_inp.weight" not in self._tensors],
+                "shared_expert_intermediate_size":
+                    self._key("expert_shared_feed_forward_length"),
+            })
+        return config
+
+    # -- tensors -------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        return sorted(self._tensors)
+
+    def dtypes(self) -> set[str]:
+        """The GGML types of the file's tensors ("F32", "Q4_K", ...)."""
+        return {t.tensor_type.name for t in self._tensors.values()}
+
+    def _check_shape(self, name: str, shape: tuple, what: str):
+        entry = self._tensors.get(name)
+        if entry is None:
+            raise MissingTensorError(f"{self.path}: tensor {name!r} ({what}) is missing from "
+                                     f"the GGUF file")
+        # GGUF lists dimensions innermost first; NumPy outermost first.
+        stored = tuple(int(n) for n in reversed(entry.shape.tolist()))
+        if stored != tuple(shape):
+            raise GGUFError(f"{self.path}: tensor {name!r} ({what}) has shape {stored}, "
+                            f"expected {tuple(shape)} from the metadata")
+        return entry
+
+    def tensor(self, name: str, shape: tuple, what: str) -> np.ndarray:
+        """Tensor `name` as a float32 array of `shape` (NumPy order),
+        dequantized; errors name the tensor and `what` it is for."""
+        entry = self._check_shape(name, shape, what)
+        kind = entry.tensor_type.name
+        if kind not in TENSOR_TYPES:
+            raise GGUFError(f"{self.path}: tensor {name!r} ({what}) has type {kind}, which ETC "
+                            f"does not load; supported: {', '.join(TENSOR_TYPES)}")
+        values = _gguf().quants.dequantize(entry.data, entry.tensor_type)
+        return np.ascontiguousarray(values.reshape(shape), dtype=np.float32)
+
+    def weights(self, progress: Optional[Callable[[int, int], None]] = None
+                ) -> dict[str, np.ndarray]:
+        """Every weight the step graph takes, by graph input name (as
+        `Checkpoint.weights` names them), float32 and in Hugging Face's
+        layouts; `inv_freq` too when the file has Llama 3's RoPE frequency
+        factors (`rope_freqs.weight`). `progress(done, total)` is called
+        after each tensor."""
+        c = self.config
+        h, d = c.hidden_size, c.head_dim
+        plan: list[tuple] = [("embed", "token_embd.weight", (c.vocab_size, h),
+                              "token embeddings", None)]
+        unpermute = self.architecture == "llama"
+        for i in range(c.num_layers):
+            b = f"blk.{i}."
+            plan += [
+                (f"l{i}_attn_norm", b + "attn_norm.weight", (h,), f"layer {i} norm", None),
+                (f"l{i}_wq", b + "attn_q.weight", (c.num_heads * d, h),
+                 f"layer {i} query projection", c.num_heads if unpermute else None),
+                (f"l{i}_wk", b + "attn_k.weight", (c.num_kv_heads * d, h),
+                 f"layer {i} key projection", c.num_kv_heads if unpermute else None),
+                (f"l{i}_wv", b + "attn_v.weight", (c.num_kv_heads * d, h),
+                 f"layer {i} value projection", None),
+                (f"l{i}_wo", b + "attn_output.weight", (h, c.num_heads * d),
+                 f"layer {i} output projection", None),
+            ]
+            if c.qk_norm:
+                plan += [(f"l{i}_q_norm", b + "attn_q_norm.weight", (d,), f"layer {i} q_norm",
+                          None),
+                         (f"l{i}_k_norm", b + "attn_k_norm.weight", (d,), f"layer {i} k_norm",
+                          None)]
+            plan.append((f"l{i}_mlp_norm", b + "ffn_norm.weight", (h,),
+                         f"layer {i} post-attention norm", None))
+            if c.is_sparse(i):
+                e, f = c.num_experts, c.moe_intermediate_size
+                # llama.cpp stacks each projection's experts as (E, out, in);
+                # g.moe takes (E, H, F) gate and up, (E, F, H) down.
+                plan += [
+                    (f"l{i}_router", b + "ffn_gate_inp.weight", (e, h), f"layer {i} router",
+                     "T"),
+                    (f"l{i}_experts_gate", b + "ffn_gate_exps.weight", (e, f, h),
+                     f"layer {i} expert gate projections", "T"),
+                    (f"l{i}_experts_up", b + "ffn_up_exps.weight", (e, f, h),
+                     f"layer {i} expert up projections", "T"),
+                    (f"l{i}_experts_down", b + "ffn_down_exps.weight", (e, h, f),
+                     f"layer {i} expert down projections", "T"),
+                ]
+            else:
+                f = c.intermediate_size
+                plan += [(f"l{i}_w_gate", b + "ffn_gate.weight", (f, h), f"layer {i} MLP gate",
+                          None),
+                         (f"l{i}_w_up", b + "ffn_up.weight", (f, h), f"layer {i} MLP up", None),
+                         (f"l{i}_w_down", b + "ffn_down.weight", (h, f), f"layer {i} MLP down",
+                          None)]
+        plan.append(("final_norm", "output_norm.weight", (h,), "final norm", None))
+        if not c.tie_word_embeddings:
+            plan.append(("lm_head", "output.weight", (c.vocab_size, h), "LM head", None))
+        # Check every name and shape before the (slow) dequantization.
+        for _, name, shape, what, _ in plan:
+            self._check_shape(name, shape, what)
+        out: dict[str, np.ndarray] = {}
+        for done, (key, name, shape, what, how) in enumerate(plan, 1):
+            array = self.tensor(name, shape, what)
+            if how == "T":
+                array = np.ascontiguousarray(np.swapaxes(array, -1, -2))
+            elif how is not None:
+                array = _unpermute_rows(array, how)
+            out[key] = array
+            if progress is not None:
+                progress(done, len(plan))
+        if self.architecture == "llama" and c.rope_scaling is None and \
+                "rope_freqs.weight" in self._tensors:
+            # llama.cpp's converter stores Llama 3's frequency scaling as
+            # per-frequency divisors instead of rope_scaling metadata.
+            factors = self.tensor("rope_freqs.weight", (d // 2,), "RoPE frequency factors")
+            out["inv_freq"] = (c.rope_inv_freq() / factors).astype(np.float32)
+        return out
+
+    # -- tokenizer -----------------------------------------------------------
+
+    def _token(self, key: str) -> Optional[str]:
+        """The text of the token whose id metadata `key` holds, or None."""
+        tokens = self.metadata.get("tokenizer.ggml.tokens") or []
+        index = self.metadata.get(key)
+        if index is None or not 0 <= index < len(tokens):
+            return None
+        return tokens[index]
+
+    def eos_token_ids(self) -> list[int]:
+        """The ids that end a sequence: `tokenizer.ggml.eos_token_id`, and
+        the end-of-turn and end-of-message ids where the file names them."""
+        ids = []
+        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                    "tokenizer.ggml.eom_token_id"):
+            value = self.metadata.get(key)
+            if value is not None and value not in ids:
+                ids.append(int(value))
+        return ids
+
+    @property
+    def chat_template(self) -> Optional[str]:
+        """`tokenizer.chat_template`, or None."""
+        return self.metadata.get("tokenizer.chat_template")
+
+    def tokenizer_backend(self):
+        """The file's tokenizer as a `tokenizers.Tokenizer`: byte-level BPE
+        (`tokenizer.ggml.model` = "gpt2") with the split that
+        `tokenizer.ggml.pre` names; control tokens are special tokens and
+        user-defined tokens added tokens, as llama.cpp treats them. Other
+        tokenizer models raise `GGUFError` naming them."""
+        model = self.metadata.get("tokenizer.ggml.model")
+        if model is None:
+            raise GGUFError(f"{self.path}: the GGUF file has no tokenizer "
+                            f"(tokenizer.ggml.model is missing)")
+        if model != "gpt2":
+            raise GGUFError(f"{self.path}: tokenizer.ggml.model = {model!r} is not supported; "
+                            f"supported: 'gpt2' (byte-level BPE)")
+        pre = self.metadata.get("tokenizer.ggml.pre", "default")
+        if pre not in PRE_TOKENIZERS:
+            raise GGUFError(f"{self.path}: tokenizer.ggml.pre = {pre!r} is not supported; "
+                            f"supported: {', '.join(sorted(PRE_TOKENIZERS))}")
+        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+        tokens = self.metadata.get("tokenizer.ggml.tokens") or []
+        merges = self.metadata.get("tokenizer.ggml.merges") or []
+        types = self.metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        if len(types) != len(tokens):
+            raise GGUFError(f"{self.path}: tokenizer.ggml.token_type has {len(types)} entries "
+                            f"for {len(tokens)} tokens")
+        vocab = {}
+        for index, token in enumerate(tokens):
+            vocab.setdefault(token, index)
+        pairs = []
+        for merge in merges:
+            parts = merge.split(" ")
+            if len(parts) != 2:
+                raise GGUFError(f"{self.path}: tokenizer.ggml.merges entry {merge!r} is not two "
+                                f"tokens separated by a space")
+            pairs.append((parts[0], parts[1]))
+        split = PRE_TOKENIZERS[pre]
+        backend = Tokenizer(models.BPE(vocab, pairs, ignore_merges=split == _LLAMA3_SPLIT))
+        if split == "gpt2":
+            backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                             use_regex=True)
+        elif split == "smollm":
+            backend.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+        else:
+            backend.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        backend.decoder = decoders.ByteLevel()
+        special = [AddedToken(t, special=True, normalized=False)
+                   for t, kind in zip(tokens, types) if kind == _CONTROL]
+        added = [AddedToken(t, special=False, normalized=False)
+                 for t, kind in zip(tokens, types) if kind == _USER_DEFINED]
+        if special:
+            backend.add_special_tokens(special)
+        if added:
+            backend.add_tokens(added)
+        return backend
+
+
+def _decimal(value):
+    """A float32 from the metadata as the shortest decimal that rounds to it
+    (1e-06, not 9.99999997e-07): what the config.json it came from said."""
+    if isinstance(value, float):
+        return float(str(np.float32(value)))
+    return value
+
+
+def _unpermute_rows(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Undoes llama.cpp's permutation of a Llama Q or K projection's rows:
+    its converter reorders each head's rows from Hugging Face's
+    (first halves, second halves) rotary layout to interleaved pairs,
+    `w.reshape(heads, 2, d / 2, in).swapaxes(1, 2)`; this is the inverse."""
+    rows = weight.shape[0]
+    restored = weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2)
+    return np.ascontiguousarray(restored.reshape(weight.shape))
