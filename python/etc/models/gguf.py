@@ -130,6 +130,11 @@ class GGUFCheckpoint:
         left to `ModelConfig.from_dict`, so that a GGUF file is refused for
         exactly what a config.json would be."""
         a = self.architecture
+        for name in ("embedding_length", "block_count", "attention.head_count",
+                     "attention.layer_norm_rms_epsilon", "context_length"):
+            if self._key(name) is None:
+                raise UnsupportedConfigError(f"{self.path}: GGUF metadata key '{a}.{name}' is "
+                                             f"missing (required for {a})")
         heads = self._per_layer("attention.head_count")
         hidden = self._key("embedding_length")
         config = {
@@ -323,6 +328,22 @@ class GGUFCheckpoint:
     def chat_template(self) -> Optional[str]:
         """`tokenizer.chat_template`, or None."""
         return self.metadata.get("tokenizer.chat_template")
+
+    def tokenizer(self):
+        """The file's tokenizer and chat template as an
+        `etc.models.tokenizer.Tokenizer` (see `tokenizer_backend`), or None
+        when the file has no tokenizer."""
+        if "tokenizer.ggml.model" not in self.metadata:
+            return None
+        from .tokenizer import Tokenizer
+
+        return Tokenizer(self.tokenizer_backend(), chat_template=self.chat_template,
+                         bos_token=self._token("tokenizer.ggml.bos_token_id"),
+                         eos_token=self._token("tokenizer.ggml.eos_token_id"),
+                         add_bos_token=bool(self.metadata.get("tokenizer.ggml.add_bos_token",
+                                                              False)),
+                         add_eos_token=bool(self.metadata.get("tokenizer.ggml.add_eos_token",
+                                                              False)))
 
     def tokenizer_backend(self):
         """The file's tokenizer as a `tokenizers.Tokenizer`: byte-level BPE

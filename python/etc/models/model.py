@@ -16,7 +16,8 @@ from .config import ModelConfig
 if TYPE_CHECKING:
     from ..compiler import CompiledKernel
 
-__all__ = ["Model", "KVCache", "Generation", "Request", "MODEL_DTYPES", "KernelNotCachedError"]
+__all__ = ["Model", "KVCache", "Generation", "Request", "MODEL_DTYPES", "KernelNotCachedError",
+           "step_options", "step_kernel"]
 
 #: The dtypes weights and activations may be computed in.
 MODEL_DTYPES = ("f32", "f16", "bf16")
@@ -30,17 +31,17 @@ class KernelNotCachedError(RuntimeError):
     """The step kernel is not in the compile cache, and this installation
     cannot compile it (the compiler does not import)."""
 
-    def __init__(self, model: "Model", store: "Optional[_cache.KernelCache]"):
+    def __init__(self, name: str, target: str, store: "Optional[_cache.KernelCache]"):
         import etc
 
         where = (f"the compile cache {store.directory} has no kernel for it"
-                 if store is not None else "the cache is off")
+                 if store is not None else "the compile cache is off")
         super().__init__(
-            f"load: the step kernel of {model.path} is not compiled: {where}, and the compiler "
+            f"load: the step kernel of {name} is not compiled: {where}, and the compiler "
             f"cannot be imported here ({etc._COMPILER_MISSING}). Compile it where ETC's "
-            f"compiler is installed, with the same options (etc compile {model.path} --target "
-            f"{model.target} ...), then copy the cache directory here (or set ETC_CACHE_DIR), "
-            f"or pass the file 'etc compile -o' wrote as kernel=")
+            f"compiler is installed, with the same options (etc compile {name} --target "
+            f"{target} ...), then copy the cache directory here (or set ETC_CACHE_DIR), or "
+            f"pass the file 'etc compile -o FILE' wrote as kernel=FILE")
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,97 @@ class Generation:
         return self.decode_tokens / self.decode_seconds if self.decode_seconds else float("nan")
 
 
+def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "auto",
+                 workers: Optional[int] = None, dtype: str = "f32",
+                 max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
+                 chip: str = "sm_90a", kernels: str = "native") -> tuple[dict, dict]:
+    """`load`'s options checked and completed with their defaults: the
+    options of `build_step_graph` (dtype, max_seq_len, chunk) and of
+    `etc.compile` (target, schedule, workers, chip, kernels). With the
+    config they are all the step kernel's code depends on."""
+    if dtype not in MODEL_DTYPES:
+        raise ValueError(f"load: dtype={dtype!r} is not supported; expected one of "
+                         f"{MODEL_DTYPES}")
+    if target not in ("cpu", "cuda"):
+        raise ValueError(f"load: target={target!r} is not supported; expected 'cpu' or 'cuda'")
+    if max_seq_len is None:
+        max_seq_len = config.max_position_embeddings
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
+        raise ValueError(f"load: max_seq_len={max_seq_len!r} must be a positive int")
+    if attention_chunk is None:
+        # At most 16 chunks: enough split for the GPU's parallelism on
+        # long sequences, a bounded scratch (T x 16 x heads x (D + 2)).
+        attention_chunk = max(16, -(-max_seq_len // 16))
+        attention_chunk = -(-attention_chunk // 16) * 16
+    if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, int) or \
+            attention_chunk < 1:
+        raise ValueError(f"load: attention_chunk={attention_chunk!r} must be a positive int")
+    if workers is None:
+        # On CUDA the runtime sizes the grid from the device; the option
+        # only records the intent.
+        workers = (os.cpu_count() or 1) if target == "cpu" else 1
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"load: workers={workers!r} must be a positive int")
+    return (dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk),
+            dict(target=target, schedule=schedule, workers=workers, chip=chip, kernels=kernels))
+
+
+def step_kernel(config: ModelConfig, graph_options: dict, compile_options: dict, *,
+                cache=None, kernel=None, progress=None, name="the model"):
+    """The step kernel of `config` with `step_options`' options, and where
+    it came from ("file", "cache" or "compiled") and how long that took:
+    the artifact file `kernel` (checked against the options), else the
+    compile cache `cache` (as `load` takes it), else compiled (and then
+    cached). Only compiling imports the compiler."""
+    from ..runtime import load as load_artifact
+
+    workers = compile_options["workers"] if compile_options["target"] == "cpu" else None
+    description = _cache.describe(config, graph_options, compile_options)
+    start = time.perf_counter()
+    if kernel is not None:
+        loaded = load_artifact(kernel, workers=workers)
+        found = loaded.metadata.get(_cache.METADATA_KEY)
+        if found is None:
+            raise ValueError(f"load: kernel={str(kernel)!r} is not a model's step kernel (its "
+                             f"artifact records no model description); write one with "
+                             f"'etc compile CHECKPOINT -o FILE'")
+        differ = _cache.differences(found, description)
+        if differ:
+            raise ValueError(f"load: kernel={str(kernel)!r} was compiled for another model or "
+                             f"other options: " + "; ".join(differ))
+        return loaded, "file", time.perf_counter() - start
+    if cache is None:
+        cache = _cache.enabled_by_default()
+    store = None
+    if cache is not False:
+        store = _cache.KernelCache(None if cache is True else cache)
+        key = _cache.key_of(description)
+        if progress is not None:
+            progress("cache", 0, 1)
+        found = store.get(key, workers=workers)
+        if found is not None:
+            if progress is not None:
+                progress("cache", 1, 1)
+            return found, "cache", time.perf_counter() - start
+    import etc
+
+    if etc._COMPILER_MISSING is not None:
+        raise KernelNotCachedError(name, compile_options["target"], store)
+    # The compiler, imported only now: everything above runs without MLIR.
+    from ..compiler import compile as _compile
+    from .builder import build_step_graph
+
+    if progress is not None:
+        progress("compile", 0, 1)
+    compiled = _compile(build_step_graph(config, **graph_options), **compile_options)
+    seconds = time.perf_counter() - start
+    if progress is not None:
+        progress("compile", 1, 1)
+    if store is not None:
+        store.put(key, compiled, description)
+    return compiled, "compiled", seconds
+
+
 class Model:
     """A decoder-only model compiled into one step kernel (see
     `etc.models.load`)."""
@@ -114,45 +206,27 @@ class Model:
                  max_step_tokens: int = DEFAULT_MAX_STEP_TOKENS, chip: str = "sm_90a",
                  kernels: str = "native", cache=None, kernel=None,
                  progress: Optional[Callable[[str, int, int], None]] = None):
-        if dtype not in MODEL_DTYPES:
-            raise ValueError(f"load: dtype={dtype!r} is not supported; expected one of "
-                             f"{MODEL_DTYPES}")
-        if target not in ("cpu", "cuda"):
-            raise ValueError(f"load: target={target!r} is not supported; expected 'cpu' or "
-                             f"'cuda'")
         config = checkpoint.config
+        #: What the step graph is built from (`build_step_graph`'s options)
+        #: and compiled with (`etc.compile`'s): with the config, the key of
+        #: the compile cache.
+        self.graph_options, self.compile_options = step_options(
+            config, target=target, schedule=schedule, workers=workers, dtype=dtype,
+            max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip,
+            kernels=kernels)
+        if isinstance(max_step_tokens, bool) or not isinstance(max_step_tokens, int) or \
+                max_step_tokens < 1:
+            raise ValueError(f"load: max_step_tokens={max_step_tokens!r} must be a positive int")
         self.config = config
         self.checkpoint = checkpoint
         self.path = checkpoint.path
         self.dtype = dtype
         self.target = target
-        if max_seq_len is None:
-            max_seq_len = config.max_position_embeddings
-        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
-            raise ValueError(f"load: max_seq_len={max_seq_len!r} must be a positive int")
         #: The longest sequence (prompt + new tokens) the model serves.
-        self.max_seq_len = max_seq_len
-        if attention_chunk is None:
-            # At most 16 chunks: enough split for the GPU's parallelism on
-            # long sequences, a bounded scratch (T x 16 x heads x (D + 2)).
-            attention_chunk = max(16, -(-max_seq_len // 16))
-            attention_chunk = -(-attention_chunk // 16) * 16
+        self.max_seq_len = self.graph_options["max_seq_len"]
         #: KV positions per attention chunk task.
-        self.attention_chunk = attention_chunk
-        if isinstance(max_step_tokens, bool) or not isinstance(max_step_tokens, int) or \
-                max_step_tokens < 1:
-            raise ValueError(f"load: max_step_tokens={max_step_tokens!r} must be a positive int")
+        self.attention_chunk = self.graph_options["chunk"]
         self.max_step_tokens = max_step_tokens
-        if workers is None:
-            # On CUDA the runtime sizes the grid from the device; the
-            # option only records the intent.
-            workers = (os.cpu_count() or 1) if target == "cpu" else 1
-        #: What the step graph is built from (`build_step_graph`'s options)
-        #: and compiled with (`etc.compile`'s): with the config, the key of
-        #: the compile cache.
-        self.graph_options = dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk)
-        self.compile_options = dict(target=target, schedule=schedule, workers=workers,
-                                    chip=chip, kernels=kernels)
         self._graph = None
         #: Seconds spent loading: "weights", and "compile" or "cache".
         self.timings: dict[str, float] = {}
@@ -163,7 +237,13 @@ class Model:
             weights["inv_freq"] = config.rope_inv_freq()
         self._weights = {name: self._as_dtype(name, array) for name, array in weights.items()}
         self.timings["weights"] = time.perf_counter() - start
-        step = self._step_kernel(cache, kernel, progress)
+        step, source, seconds = step_kernel(config, self.graph_options, self.compile_options,
+                                            cache=cache, kernel=kernel, progress=progress,
+                                            name=str(self.path))
+        #: Where the step kernel came from: "compiled", "cache" (the
+        #: compile cache) or "file" (`kernel=`).
+        self.kernel_source = source
+        self.timings["compile" if source == "compiled" else "cache"] = seconds
         self._kernels = (step,)
         if target == "cuda":
             self._weights = {name: _to_device(step, name, array)
@@ -183,62 +263,6 @@ class Model:
 
             self._graph = build_step_graph(self.config, **self.graph_options)
         return self._graph
-
-    def _step_kernel(self, cache, kernel, progress):
-        """The step kernel: loaded from the artifact file `kernel` (checked
-        against this model), from the compile cache, or compiled (and then
-        cached). Sets `kernel_source` to "file", "cache" or "compiled"."""
-        from ..runtime import load as load_artifact
-
-        workers = self.compile_options["workers"] if self.target == "cpu" else None
-        description = self.describe()
-        start = time.perf_counter()
-        if kernel is not None:
-            loaded = load_artifact(kernel, workers=workers)
-            found = loaded.metadata.get(_cache.METADATA_KEY)
-            if found is None:
-                raise ValueError(f"load: kernel={str(kernel)!r} is not a model's step kernel "
-                                 f"(its artifact records no model description); write one with "
-                                 f"'etc compile ... -o FILE'")
-            differ = _cache.differences(found, description)
-            if differ:
-                raise ValueError(f"load: kernel={str(kernel)!r} was compiled for another model "
-                                 f"or options: " + "; ".join(differ))
-            self.kernel_source = "file"
-            self.timings["cache"] = time.perf_counter() - start
-            return loaded
-        if cache is None:
-            cache = _cache.enabled_by_default()
-        store = None
-        if cache is not False:
-            store = _cache.KernelCache(None if cache is True else cache)
-            key = _cache.key_of(description)
-            if progress is not None:
-                progress("cache", 0, 1)
-            found = store.get(key, workers=workers)
-            if found is not None:
-                self.kernel_source = "cache"
-                self.timings["cache"] = time.perf_counter() - start
-                if progress is not None:
-                    progress("cache", 1, 1)
-                return found
-        import etc
-
-        if etc._COMPILER_MISSING is not None:
-            raise KernelNotCachedError(self, store)
-        # The compiler, imported only now: everything above runs without MLIR.
-        from ..compiler import compile as _compile
-
-        if progress is not None:
-            progress("compile", 0, 1)
-        compiled = _compile(self.graph, **self.compile_options)
-        self.timings["compile"] = time.perf_counter() - start
-        if progress is not None:
-            progress("compile", 1, 1)
-        self.kernel_source = "compiled"
-        if store is not None:
-            store.put(key, compiled, description)
-        return compiled
 
     def _as_dtype(self, name: str, array: np.ndarray) -> np.ndarray:
         """Weights as the graph's inputs take them: float16 arrays for f16;

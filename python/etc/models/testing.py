@@ -159,7 +159,7 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
                chat_template: Optional[str] = None, eos_token: Optional[str] = None,
                bos_token: Optional[str] = None, add_bos_token: bool = False,
                rope_freqs: Optional[np.ndarray] = None, drop: tuple = (),
-               metadata: Optional[dict] = None) -> Path:
+               metadata: Optional[dict] = None, raw_tensors: Optional[dict] = None) -> Path:
     """Writes the checkpoint `write_checkpoint(config, seed=seed)` writes (or
     `tensors`, under Hugging Face's names) as one GGUF file at `path`, as
     llama.cpp's converter lays it out: its metadata keys and tensor names,
@@ -173,7 +173,9 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     special added tokens as control tokens; `eos_token`, `bos_token` name
     tokens of it. `rope_freqs` is written as `rope_freqs.weight` (Llama 3's
     frequency factors). `metadata` adds or replaces keys (None removes
-    one); names in `drop` (GGUF names) are left out."""
+    one); names in `drop` (GGUF names) are left out. `raw_tensors` adds
+    tensors as stored bytes: GGUF name -> (uint8 array (rows, bytes per
+    row), GGML type name)."""
     import gguf
 
     config = config or tiny_config()
@@ -256,6 +258,9 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
             writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(name, array)
+    for name, (raw, kind) in (raw_tensors or {}).items():
+        writer.add_tensor(name, np.asarray(raw, np.uint8),
+                          raw_dtype=gguf.GGMLQuantizationType[kind])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

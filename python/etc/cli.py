@@ -1,0 +1,483 @@
+"""The `etc` command: generate text, chat, serve the OpenAI API, compile step
+kernels into the compile cache, and manage that cache.
+
+```sh
+etc generate Qwen3-0.6B/ "The capital of France is"      # streams the text
+etc chat model.gguf                                       # interactive, with the chat template
+etc serve Qwen3-0.6B/ --host 127.0.0.1 --port 8000        # OpenAI-compatible server
+etc compile Qwen3-0.6B/ --target cuda --chip sm_90a       # no GPU needed; fills the cache
+etc cache list                                            # what the cache holds
+```
+
+Errors a user can act on (a missing file, an unsupported model, a bad
+option, a kernel missing from the cache on a machine without the compiler)
+print one line, `etc: error: ...`, and exit with status 1; usage errors exit
+with 2 (argparse). `ETC_DEBUG=1` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from typing import Optional, Sequence
+
+__all__ = ["main"]
+
+#: `--max-model-len` when not given: the model's context length, at most
+#: this (a CPU holds the KV cache in memory: 28 layers of Qwen3-0.6B take
+#: 229 KB per position and sequence).
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+# ----------------------------------------------------------------------
+# Progress
+# ----------------------------------------------------------------------
+
+
+class _Progress:
+    """`etc.models.load`'s progress callback drawn as tqdm bars on stderr:
+    a bar over the weights' tensors, then the elapsed time of the step
+    kernel's compilation (or of its load from the cache)."""
+
+    _TITLES = {"cache": "looking up the step kernel in the compile cache",
+               "compile": "compiling the step kernel"}
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._bar = None
+        self._phase = None
+        self._ticker: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        if phase != self._phase:
+            self.close()
+            self._phase = phase
+            if phase == "weights":
+                self._bar = tqdm(total=total, desc="loading weights", unit="tensor",
+                                 file=sys.stderr, leave=False, dynamic_ncols=True)
+            else:
+                self._bar = tqdm(total=total, desc=self._TITLES.get(phase, phase),
+                                 bar_format="{desc}: {elapsed}", file=sys.stderr,
+                                 leave=False)
+                # Compiling has no steps to count: redraw the elapsed time.
+                self._stop.clear()
+                self._ticker = threading.Thread(target=self._tick, daemon=True)
+                self._ticker.start()
+        self._bar.update(done - self._bar.n)
+        if done >= total:
+            self.close()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.25):
+            bar = self._bar
+            if bar is not None:
+                bar.refresh()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+            self._ticker = None
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        self._phase = None
+
+
+# ----------------------------------------------------------------------
+# Loading
+# ----------------------------------------------------------------------
+
+
+def _add_load_options(parser: argparse.ArgumentParser, *, compile_only: bool = False) -> None:
+    group = parser.add_argument_group("model and compile options")
+    group.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                       help="where the step kernel runs (default: cpu)")
+    group.add_argument("--chip", default="sm_90a",
+                       help="the GPU architecture of --target cuda (sm_90a, sm_80; default: "
+                            "sm_90a)")
+    group.add_argument("--dtype", choices=("f32", "f16", "bf16"), default="f32",
+                       help="the weights' and activations' dtype (default: f32)")
+    group.add_argument("--workers", type=_positive, default=None,
+                       help="CPU worker threads (default: one per core)")
+    group.add_argument("--schedule", choices=("auto", "static", "dynamic"), default="auto",
+                       help="the step kernel's schedule (default: auto)")
+    group.add_argument("--max-model-len", type=_positive, default=None,
+                       help=f"the longest sequence, prompt plus new tokens (default: the "
+                            f"model's context length, at most {DEFAULT_MAX_MODEL_LEN})")
+    group.add_argument("--attention-chunk", type=_positive, default=None,
+                       help="KV positions per attention task (default: max-model-len / 16)")
+    group.add_argument("--no-cache", action="store_true",
+                       help="neither read nor fill the compile cache")
+    group.add_argument("--cache-dir", default=None,
+                       help="the compile cache's directory (default: $ETC_CACHE_DIR, else "
+                            "~/.cache/etc)")
+    if not compile_only:
+        group.add_argument("--kernel", default=None, metavar="FILE",
+                           help="a step kernel written by 'etc compile -o FILE', instead of "
+                                "the cache")
+    _add_progress_options(parser)
+
+
+def _add_progress_options(parser: argparse.ArgumentParser) -> None:
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--quiet", "-q", action="store_true",
+                       help="no progress bars")
+    shown.add_argument("--progress", action="store_true",
+                       help="progress bars even when stderr is not a terminal")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def _cache_option(args):
+    if args.no_cache:
+        return False
+    return args.cache_dir if args.cache_dir else True
+
+
+def _max_model_len(args, checkpoint) -> int:
+    if args.max_model_len is not None:
+        return args.max_model_len
+    return min(DEFAULT_MAX_MODEL_LEN, checkpoint.config.max_position_embeddings)
+
+
+def _progress(args) -> _Progress:
+    return _Progress(not args.quiet and (args.progress or sys.stderr.isatty()))
+
+
+def _load(args):
+    """The model of `args.checkpoint` with the load options of `args`."""
+    from .models import Model, open_checkpoint
+
+    checkpoint = open_checkpoint(args.checkpoint)
+    progress = _progress(args)
+    try:
+        model = Model(checkpoint, target=args.target, schedule=args.schedule,
+                      workers=args.workers, dtype=args.dtype,
+                      max_seq_len=_max_model_len(args, checkpoint),
+                      attention_chunk=args.attention_chunk, chip=args.chip,
+                      cache=_cache_option(args), kernel=args.kernel, progress=progress)
+    finally:
+        progress.close()
+    if getattr(args, "verbose", False):
+        timings = ", ".join(f"{k} {v:.2f} s" for k, v in model.timings.items())
+        print(f"etc: loaded {args.checkpoint} ({model.kernel_source} step kernel; {timings})",
+              file=sys.stderr)
+    return model
+
+
+def _sampling(args):
+    """The sampling options of `args` as `SamplingParams`, or None (greedy)."""
+    options = {name: getattr(args, name) for name in ("temperature", "top_k", "top_p", "min_p",
+                                                       "seed")
+               if getattr(args, name, None) is not None}
+    if not options:
+        return None
+    from .models.sampling import SamplingParams
+
+    return SamplingParams(**options)
+
+
+def _add_generation_options(parser: argparse.ArgumentParser, default_new: int) -> None:
+    group = parser.add_argument_group("generation options")
+    group.add_argument("--max-new-tokens", type=_positive, default=default_new,
+                       help=f"new tokens at most (default: {default_new})")
+    group.add_argument("--temperature", type=float, default=None,
+                       help="sampling temperature (default: 0, greedy)")
+    group.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
+    group.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
+    group.add_argument("--min-p", type=float, default=None,
+                       help="drop tokens below min-p times the most likely one")
+    group.add_argument("--seed", type=int, default=None, help="seed of the sampler")
+    group.add_argument("--stop", action="append", default=[],
+                       help="a stop string (repeatable); the text stops before it")
+    group.add_argument("--verbose", "-v", action="store_true",
+                       help="say on stderr how the model loaded and how fast it generated")
+
+
+def _tokenizer(model):
+    if model.tokenizer is None:
+        raise ValueError(f"{model.path} has no tokenizer: text needs tokenizer.json in the "
+                         f"checkpoint directory, or a GGUF file with tokenizer metadata")
+    return model.tokenizer
+
+
+def _stream(engine, ids: list, args, out) -> str:
+    """Runs one request on `engine` and writes its text to `out` as it
+    comes; returns the text. With --verbose, says on stderr when the first
+    token came and how fast the rest did."""
+    budget = engine.max_model_len - len(ids)
+    if budget < 1:
+        raise ValueError(f"the prompt has {len(ids)} tokens, as many as --max-model-len="
+                         f"{engine.max_model_len} allows: nothing is left to generate")
+    handle = engine.submit(ids, max_new_tokens=min(args.max_new_tokens, budget),
+                           stop=args.stop, sampling=_sampling(args))
+    pieces = []
+    start = time.perf_counter()
+    first = None
+    count = 0
+    for output in handle.outputs():
+        if output.error:
+            raise RuntimeError(f"generation failed: {output.error}")
+        if output.token_ids and first is None:
+            first = time.perf_counter() - start
+        count += len(output.token_ids)
+        if output.text:
+            pieces.append(output.text)
+            out.write(output.text)
+            out.flush()
+    if getattr(args, "verbose", False) and first is not None:
+        rest = time.perf_counter() - start - first
+        rate = f", then {(count - 1) / rest:.1f} tokens/s" if count > 1 and rest > 0 else ""
+        print(f"\netc: {len(ids)} prompt tokens, first new token after {first:.3f} s, "
+              f"{count} new tokens{rate}", file=sys.stderr)
+    return "".join(pieces)
+
+
+# ----------------------------------------------------------------------
+# Commands
+# ----------------------------------------------------------------------
+
+
+def _generate(args) -> int:
+    from .models.engine import Engine
+
+    model = _load(args)
+    tokenizer = _tokenizer(model)
+    if args.chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
+                                             add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        ids = tokenizer.encode(args.prompt)
+    engine = Engine(model, max_num_seqs=1)
+    text = _stream(engine, ids, args, sys.stdout)
+    if not text.endswith("\n"):
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+    return 0
+
+
+def _chat(args) -> int:
+    from .models.engine import Engine
+
+    model = _load(args)
+    tokenizer = _tokenizer(model)
+    if tokenizer.chat_template is None:
+        raise ValueError(f"{model.path} has no chat template (chat_template.jinja, "
+                         f"tokenizer_config.json's chat_template, or tokenizer.chat_template "
+                         f"in a GGUF file); use 'etc generate' for plain text")
+    engine = Engine(model, max_num_seqs=1)
+    interactive = sys.stdin.isatty()
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(system)
+    if interactive:
+        print("Type a message; /reset starts over, /exit (or Ctrl-D) leaves.", file=sys.stderr)
+    while True:
+        if interactive:
+            try:
+                line = input("> ")
+            except EOFError:
+                print(file=sys.stderr)
+                break
+        else:
+            line = sys.stdin.readline()
+            if not line:
+                break
+        line = line.strip()
+        if not line:
+            continue
+        if line in ("/exit", "/quit"):
+            break
+        if line == "/reset":
+            messages = list(system)
+            continue
+        messages.append({"role": "user", "content": line})
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        try:
+            reply = _stream(engine, ids, args, sys.stdout)
+        except ValueError as error:
+            # The conversation outgrew the model length: say so, forget the
+            # message, and go on.
+            messages.pop()
+            print(f"etc: {_one_line(error)} (/reset starts over)", file=sys.stderr)
+            continue
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        messages.append({"role": "assistant", "content": reply})
+    return 0
+
+
+def _serve(args) -> int:
+    from . import serve
+
+    model = _load(args)
+    serve.run(model, args.host, args.port, served_model_name=args.served_model_name,
+              max_num_seqs=args.max_num_seqs, max_model_len=model.max_seq_len)
+    return 0
+
+
+def _compile(args) -> int:
+    from .models import compile_checkpoint, open_checkpoint
+
+    cache = _cache_option(args)
+    if cache is False and args.output is None:
+        raise ValueError("--no-cache without -o FILE: the compiled kernel would go nowhere")
+    checkpoint = open_checkpoint(args.checkpoint)
+    progress = _progress(args)
+    try:
+        result = compile_checkpoint(
+            args.checkpoint, target=args.target, schedule=args.schedule, workers=args.workers,
+            dtype=args.dtype, max_seq_len=_max_model_len(args, checkpoint),
+            attention_chunk=args.attention_chunk, chip=args.chip, cache=cache,
+            output=args.output, progress=progress)
+    finally:
+        progress.close()
+    where = f"{args.target} {args.chip}" if args.target == "cuda" else args.target
+    done = "compiled" if result.source == "compiled" else "found in the cache"
+    print(f"{args.checkpoint}: step kernel for {where} {done} ({result.seconds:.1f} s)")
+    if result.cache_path is not None:
+        print(f"  cache: {result.cache_path}")
+    if args.output is not None:
+        print(f"  file: {args.output}")
+    return 0
+
+
+def _cache(args) -> int:
+    from .models.cache import KernelCache
+
+    store = KernelCache(args.cache_dir)
+    if args.action == "dir":
+        print(store.directory)
+    elif args.action == "list":
+        entries = store.entries()
+        if not entries:
+            print(f"the compile cache {store.directory} is empty")
+            return 0
+        total = 0
+        for entry in entries:
+            total += entry.bytes
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.created))
+            print(f"{entry.key}  {entry.bytes / 1e6:7.1f} MB  {when}  {entry.summary}")
+        print(f"{len(entries)} kernels, {total / 1e6:.1f} MB in {store.directory}")
+    else:
+        removed = store.clear()
+        print(f"removed {removed} kernels from {store.directory}")
+    return 0
+
+
+# ----------------------------------------------------------------------
+# The parser and main
+# ----------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="etc", description="ETC, the Event Tensor Compiler: run LLMs compiled into one "
+                                "step kernel (Hugging Face checkpoint directories or GGUF "
+                                "files).")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    generate = commands.add_parser("generate", help="generate text from a prompt (streamed)",
+                                   description="Generates text from PROMPT and streams it.")
+    generate.add_argument("checkpoint", help="a checkpoint directory or GGUF file")
+    generate.add_argument("prompt", help="the prompt text")
+    generate.add_argument("--chat", action="store_true",
+                          help="send the prompt as a user message through the chat template")
+    _add_generation_options(generate, 128)
+    _add_load_options(generate)
+    generate.set_defaults(run=_generate)
+
+    chat = commands.add_parser("chat", help="chat interactively (streamed, chat template)",
+                               description="Reads user messages line by line from stdin and "
+                                           "streams the replies. /reset starts over, /exit "
+                                           "leaves.")
+    chat.add_argument("checkpoint", help="a checkpoint directory or GGUF file")
+    chat.add_argument("--system", default=None, help="a system message")
+    _add_generation_options(chat, 512)
+    _add_load_options(chat)
+    chat.set_defaults(run=_chat)
+
+    serve = commands.add_parser("serve", help="serve the OpenAI API over HTTP",
+                                description="Serves the model with an OpenAI-compatible API "
+                                            "(/v1/models, /v1/chat/completions, "
+                                            "/v1/completions, /health, /metrics).")
+    serve.add_argument("checkpoint", help="a checkpoint directory or GGUF file")
+    serve.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    serve.add_argument("--max-num-seqs", type=_positive, default=8,
+                       help="requests running at once; more wait (default: 8)")
+    serve.add_argument("--served-model-name", default=None,
+                       help="the model name clients use (default: the checkpoint's name)")
+    _add_load_options(serve)
+    serve.set_defaults(run=_serve)
+
+    compile = commands.add_parser(
+        "compile", help="compile a model's step kernel into the cache (no GPU needed)",
+        description="Compiles the step kernel of CHECKPOINT (its config only: no weights are "
+                    "read, no GPU is needed) into the compile cache, or to FILE with -o. "
+                    "Loads with the same options then compile nothing.")
+    compile.add_argument("checkpoint", help="a checkpoint directory or GGUF file")
+    compile.add_argument("-o", "--output", default=None, metavar="FILE",
+                         help="also write the kernel to FILE (load it with --kernel FILE)")
+    _add_load_options(compile, compile_only=True)
+    compile.set_defaults(run=_compile)
+
+    cache = commands.add_parser("cache", help="list or clear the compile cache",
+                                description="The compile cache of step kernels.")
+    cache.add_argument("action", choices=("list", "clear", "dir"),
+                       help="list the kernels, remove them all, or print the directory")
+    cache.add_argument("--cache-dir", default=None,
+                       help="the cache's directory (default: $ETC_CACHE_DIR, else "
+                            "~/.cache/etc)")
+    cache.set_defaults(run=_cache)
+    return parser
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    if isinstance(error, KeyError) and text.startswith("'") and text.endswith("'"):
+        text = text[1:-1]
+    return " ".join(text.split())
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the `etc` command line with `argv` (default: sys.argv[1:])."""
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (etc generate ... | head): not an error.
+        sys.stderr.close()
+        return 0
+    except Exception as error:  # every failure is one line, unless debugging
+        if os.environ.get("ETC_DEBUG"):
+            raise
+        kind = "" if isinstance(error, (ValueError, OSError, RuntimeError, ImportError,
+                                        KeyError)) else f"{type(error).__name__}: "
+        print(f"etc: error: {kind}{_one_line(error)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

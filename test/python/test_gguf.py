@@ -1,0 +1,384 @@
+"""GGUF files (llama.cpp's format) written here with `gguf.GGUFWriter`:
+metadata and tensors checked against the same weights as a safetensors
+checkpoint, every quantized type against a NumPy dequantization of known
+blocks written from ggml's definitions, the tokenizer against the one it was
+written from, whole models against the safetensors models, and the errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+tokenizers = pytest.importorskip("tokenizers")
+
+import etc.models as models  # noqa: E402
+from etc.models import reference  # noqa: E402
+from etc.models.gguf import GGUFCheckpoint, GGUFError, PRE_TOKENIZERS  # noqa: E402
+from etc.models.testing import (checkpoint_tensors, tiny_config, write_checkpoint,  # noqa: E402
+                                write_gguf)
+
+CONFIGS = {
+    "llama": tiny_config("LlamaForCausalLM", rope_theta=500000.0),
+    "qwen3": tiny_config("Qwen3ForCausalLM"),
+    "qwen3_moe": tiny_config("Qwen3MoeForCausalLM", mlp_only_layers=[0]),
+}
+LOAD = dict(workers=2, max_seq_len=32, attention_chunk=8)
+PROMPTS = [[5], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
+
+
+# ----------------------------------------------------------------------
+# Metadata and tensors against safetensors
+# ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_gguf_config_and_weights_equal_the_safetensors_checkpoint(name, tmp_path):
+    """Same random weights written both ways: the same ModelConfig, and the
+    same graph weights bit for bit (Llama's Q/K row permutation undone, MoE
+    experts unstacked and transposed as g.moe takes them)."""
+    config = CONFIGS[name]
+    st = models.Checkpoint(write_checkpoint(tmp_path / "st", config, seed=3))
+    gg = GGUFCheckpoint(write_gguf(tmp_path / "m.gguf", config, seed=3))
+    assert gg.config == st.config
+    want, got = st.weights(), gg.weights()
+    assert set(got) == set(want)
+    for key in want:
+        assert got[key].dtype == np.float32 and got[key].flags.c_contiguous
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_llama_qk_rows_are_permuted_in_the_file(tmp_path):
+    """The file holds the converter's permuted rows (so the test above would
+    fail without the un-permutation)."""
+    config = CONFIGS["llama"]
+    gg = GGUFCheckpoint(write_gguf(tmp_path / "m.gguf", config, seed=3))
+    q = checkpoint_tensors(config, 3)["model.layers.0.self_attn.q_proj.weight"]
+    stored = gg.tensor("blk.0.attn_q.weight", q.shape, "query")
+    assert not np.array_equal(stored, q)
+    assert np.array_equal(np.sort(stored, axis=None), np.sort(q, axis=None))
+
+
+@pytest.mark.parametrize("kind, tolerance", [("F16", 2.0 ** -11), ("BF16", 2.0 ** -8)])
+def test_half_precision_tensors(kind, tolerance, tmp_path):
+    config = CONFIGS["qwen3"]
+    gg = GGUFCheckpoint(write_gguf(tmp_path / "m.gguf", config, seed=1, tensor_type=kind))
+    assert kind in gg.dtypes()
+    want = models.Checkpoint(write_checkpoint(tmp_path / "st", config, seed=1)).weights()
+    got = gg.weights()
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=tolerance, atol=1e-7,
+                                   err_msg=key)
+    assert not np.array_equal(got["l0_wq"], want["l0_wq"])  # rounded, so really stored as kind
+
+
+def test_llama3_rope_frequency_factors(tmp_path):
+    """llama.cpp stores Llama 3's RoPE scaling as per-frequency divisors
+    (`rope_freqs.weight`): they give the frequencies Hugging Face's
+    rope_scaling gives."""
+    scaled = tiny_config("LlamaForCausalLM", rope_theta=500000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16})
+    want = models.ModelConfig.from_dict(scaled)
+    plain = models.ModelConfig.from_dict(CONFIGS["llama"])
+    factors = plain.rope_inv_freq() / want.rope_inv_freq()
+    assert np.any(factors > 1.5)
+    gg = GGUFCheckpoint(write_gguf(tmp_path / "m.gguf", CONFIGS["llama"], rope_freqs=factors))
+    np.testing.assert_allclose(gg.weights()["inv_freq"], want.rope_inv_freq(), rtol=1e-6)
+
+
+# ----------------------------------------------------------------------
+# Quantized types: known blocks against ggml's definitions
+# ----------------------------------------------------------------------
+
+
+def _f16(values) -> np.ndarray:
+    return np.asarray(values, np.float16)
+
+
+def _ref_q8_0(block: bytes) -> np.ndarray:
+    d = np.frombuffer(block[:2], np.float16)[0].astype(np.float32)
+    return d * np.frombuffer(block[2:34], np.int8).astype(np.float32)
+
+
+def _ref_q4_0(block: bytes) -> np.ndarray:
+    d = np.frombuffer(block[:2], np.float16)[0].astype(np.float32)
+    y = np.empty(32, np.float32)
+    for j in range(16):
+        y[j] = ((block[2 + j] & 0xF) - 8) * d
+        y[j + 16] = ((block[2 + j] >> 4) - 8) * d
+    return y
+
+
+def _ref_q4_1(block: bytes) -> np.ndarray:
+    d, m = np.frombuffer(block[:4], np.float16).astype(np.float32)
+    y = np.empty(32, np.float32)
+    for j in range(16):
+        y[j] = (block[4 + j] & 0xF) * d + m
+        y[j + 16] = (block[4 + j] >> 4) * d + m
+    return y
+
+
+def _scale_min_k4(j: int, q: bytes) -> tuple[int, int]:
+    if j < 4:
+        return q[j] & 63, q[j + 4] & 63
+    return (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4)
+
+
+def _ref_q4_k(block: bytes) -> np.ndarray:
+    d, dmin = np.frombuffer(block[:4], np.float16).astype(np.float32)
+    scales, q = block[4:16], block[16:144]
+    y = []
+    for group in range(4):
+        sc1, m1 = _scale_min_k4(2 * group, scales)
+        sc2, m2 = _scale_min_k4(2 * group + 1, scales)
+        chunk = q[32 * group:32 * group + 32]
+        y += [d * sc1 * (b & 0xF) - dmin * m1 for b in chunk]
+        y += [d * sc2 * (b >> 4) - dmin * m2 for b in chunk]
+    return np.asarray(y, np.float32)
+
+
+def _ref_q5_k(block: bytes) -> np.ndarray:
+    d, dmin = np.frombuffer(block[:4], np.float16).astype(np.float32)
+    scales, qh, ql = block[4:16], block[16:48], block[48:176]
+    y = []
+    for group in range(4):
+        sc1, m1 = _scale_min_k4(2 * group, scales)
+        sc2, m2 = _scale_min_k4(2 * group + 1, scales)
+        u1, u2 = 1 << (2 * group), 2 << (2 * group)
+        chunk = ql[32 * group:32 * group + 32]
+        y += [d * sc1 * ((b & 0xF) + (16 if qh[l] & u1 else 0)) - dmin * m1
+              for l, b in enumerate(chunk)]
+        y += [d * sc2 * ((b >> 4) + (16 if qh[l] & u2 else 0)) - dmin * m2
+              for l, b in enumerate(chunk)]
+    return np.asarray(y, np.float32)
+
+
+def _ref_q6_k(block: bytes) -> np.ndarray:
+    ql, qh = block[:128], block[128:192]
+    scales = np.frombuffer(block[192:208], np.int8).astype(np.float32)
+    d = np.frombuffer(block[208:210], np.float16)[0].astype(np.float32)
+    y = np.empty(256, np.float32)
+    for half in range(2):
+        l8, h8, s8, out = ql[64 * half:], qh[32 * half:], scales[8 * half:], 128 * half
+        for l in range(32):
+            s = l // 16
+            q1 = ((l8[l] & 0xF) | (((h8[l] >> 0) & 3) << 4)) - 32
+            q2 = ((l8[l + 32] & 0xF) | (((h8[l] >> 2) & 3) << 4)) - 32
+            q3 = ((l8[l] >> 4) | (((h8[l] >> 4) & 3) << 4)) - 32
+            q4 = ((l8[l + 32] >> 4) | (((h8[l] >> 6) & 3) << 4)) - 32
+            y[out + l] = d * s8[s] * q1
+            y[out + l + 32] = d * s8[s + 2] * q2
+            y[out + l + 64] = d * s8[s + 4] * q3
+            y[out + l + 96] = d * s8[s + 6] * q4
+    return y
+
+
+#: type: (values per block, bytes per block, byte offsets of the f16 fields,
+#: reference dequantization of one block)
+QUANTS = {
+    "Q8_0": (32, 34, (0,), _ref_q8_0),
+    "Q4_0": (32, 18, (0,), _ref_q4_0),
+    "Q4_1": (32, 20, (0, 2), _ref_q4_1),
+    "Q4_K": (256, 144, (0, 2), _ref_q4_k),
+    "Q5_K": (256, 176, (0, 2), _ref_q5_k),
+    "Q6_K": (256, 210, (208,), _ref_q6_k),
+}
+
+
+@pytest.mark.parametrize("kind", list(QUANTS))
+def test_quantized_blocks_dequantize_as_ggml_defines_them(kind, tmp_path):
+    """Random blocks (random bits, finite f16 scales) in a tensor of a GGUF
+    model file: the checkpoint dequantizes them as ggml's C definitions
+    (written out here block by block) do."""
+    per_block, size, halves, dequantize = QUANTS[kind]
+    rows, blocks_per_row = 3, 2
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 256, (rows * blocks_per_row, size), dtype=np.uint8)
+    for offset in halves:
+        scales = _f16(rng.uniform(-0.05, 0.05, rows * blocks_per_row))
+        raw[:, offset:offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+    path = write_gguf(tmp_path / "m.gguf", CONFIGS["qwen3"],
+                      raw_tensors={"extra.weight": (raw.reshape(rows, -1), kind)})
+    checkpoint = GGUFCheckpoint(path)
+    assert kind in checkpoint.dtypes()
+    got = checkpoint.tensor("extra.weight", (rows, blocks_per_row * per_block), "test")
+    want = np.concatenate([dequantize(bytes(block)) for block in raw])
+    np.testing.assert_allclose(got.reshape(-1), want, rtol=1e-6, atol=1e-6)
+    assert np.ptp(want) > 0
+
+
+@pytest.mark.parametrize("kind, step", [("Q8_0", 1 / 127), ("Q4_0", 1 / 7), ("Q4_1", 1 / 15)])
+def test_quantized_model_weights_are_within_a_quantization_step(kind, step, tmp_path):
+    """A whole model quantized by the gguf package's quantizers: every
+    quantized matrix within half a step of the float weights (the step
+    relative to its block's largest value), and really quantized."""
+    config = CONFIGS["qwen3_moe"]
+    want = models.Checkpoint(write_checkpoint(tmp_path / "st", config)).weights()
+    got = GGUFCheckpoint(write_gguf(tmp_path / "m.gguf", config, tensor_type=kind)).weights()
+    for key in ("embed", "l0_wq", "l1_experts_gate", "l1_router"):
+        w = want[key]
+        bound = np.abs(w).max() * step
+        assert np.abs(got[key] - w).max() <= bound, key
+        assert not np.array_equal(got[key], w), key
+
+
+# ----------------------------------------------------------------------
+# Whole models
+# ----------------------------------------------------------------------
+
+
+def test_gguf_llama_generates_what_the_safetensors_model_generates(tmp_path):
+    """Llama (permuted Q/K rows, an untied head, Llama 3 frequency factors)
+    loaded from GGUF and from safetensors: the same tokens and logits."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    config = tiny_config("LlamaForCausalLM", rope_theta=500000.0, rope_scaling=scaling)
+    plain = {k: v for k, v in config.items() if k != "rope_scaling"}
+    factors = (models.ModelConfig.from_dict(plain).rope_inv_freq() /
+               models.ModelConfig.from_dict(config).rope_inv_freq())
+    st = models.load(write_checkpoint(tmp_path / "st", config, seed=5), cache=False, **LOAD)
+    gg = models.load(write_gguf(tmp_path / "m.gguf", plain, seed=5, rope_freqs=factors),
+                     cache=False, **LOAD)
+    want = st.generate(PROMPTS, 4, return_logits=True)
+    got = gg.generate(PROMPTS, 4, return_logits=True)
+    assert got.tokens == want.tokens
+    for a, b in zip(got.logits, want.logits):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_quantized_gguf_moe_model_matches_numpy_on_its_weights(tmp_path):
+    """A Q8_0 Qwen3-MoE file through the compiled model: each step's logits
+    are those of the NumPy forward pass over the dequantized weights."""
+    path = write_gguf(tmp_path / "m.gguf", CONFIGS["qwen3_moe"], tensor_type="Q8_0")
+    model = models.load(path, cache=False, **LOAD)
+    checkpoint = GGUFCheckpoint(path)
+    weights = checkpoint.weights()
+    out = model.generate(PROMPTS, 3, return_logits=True)
+    for r, prompt in enumerate(PROMPTS):
+        sequence = list(prompt) + out.tokens[r]
+        want = reference.forward(checkpoint.config, weights, sequence[:-1])
+        np.testing.assert_allclose(out.logits[r], want[len(prompt) - 1:], rtol=2e-4, atol=2e-4)
+
+
+# ----------------------------------------------------------------------
+# Tokenizer and chat template
+# ----------------------------------------------------------------------
+
+TEXT = ("The quick brown fox jumps over the lazy dog. It's 2026, and we're testing 12345 "
+        "tokens: café, naïve, 日本語, emoji 🙂! Don't stop; I'll see you at 10:30.\n\n"
+        "Lists:\n- one\n- two\n\tindented    spaces")
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _trained(pre: str):
+    """A byte-level BPE tokenizer trained here on TEXT, split the way
+    llama.cpp's pre-tokenizer `pre` splits."""
+    from tokenizers import Regex, Tokenizer, decoders, models as tm, pre_tokenizers, trainers
+
+    split = PRE_TOKENIZERS[pre]
+    tokenizer = Tokenizer(tm.BPE())
+    if split == "gpt2":
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    elif split == "smollm":
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=330, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator([TEXT] * 4, trainer)
+    return tokenizer
+
+
+@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe", "gpt2", "smollm"])
+def test_tokenizer_from_metadata_encodes_like_the_original(pre, tmp_path):
+    original = _trained(pre)
+    config = tiny_config("Qwen3ForCausalLM", vocab_size=original.get_vocab_size())
+    path = write_gguf(tmp_path / "m.gguf", config, tokenizer=original, pre=pre,
+                      chat_template=TEMPLATE, eos_token="<|im_end|>", bos_token="<|endoftext|>")
+    checkpoint = GGUFCheckpoint(path)
+    backend = checkpoint.tokenizer_backend()
+    samples = [TEXT, "Hello world!", "  leading spaces and trailing  ", "数字 123 and 4567",
+               "<|im_start|>user\nhi<|im_end|>\n"]
+    for text in samples:
+        want = original.encode(text).ids
+        assert backend.encode(text).ids == want, text
+        assert backend.decode(want, skip_special_tokens=False) == \
+            original.decode(want, skip_special_tokens=False)
+    ids = backend.encode("<|im_start|>user").ids
+    assert ids[0] == original.token_to_id("<|im_start|>")
+    assert checkpoint.eos_token_ids() == [original.token_to_id("<|im_end|>")]
+    assert checkpoint.chat_template == TEMPLATE
+    assert checkpoint.metadata["tokenizer.ggml.bos_token_id"] == original.token_to_id(
+        "<|endoftext|>")
+
+
+def test_unsupported_tokenizers_are_refused_by_name(tmp_path):
+    original = _trained("qwen2")
+    config = tiny_config("Qwen3ForCausalLM", vocab_size=original.get_vocab_size())
+    path = write_gguf(tmp_path / "spm.gguf", config, tokenizer=original,
+                      metadata={"tokenizer.ggml.model": "llama"})
+    with pytest.raises(GGUFError, match="tokenizer.ggml.model = 'llama' is not supported"):
+        GGUFCheckpoint(path).tokenizer_backend()
+    path = write_gguf(tmp_path / "pre.gguf", config, tokenizer=original, pre="chatglm-bpe")
+    with pytest.raises(GGUFError, match="tokenizer.ggml.pre = 'chatglm-bpe' is not supported"):
+        GGUFCheckpoint(path).tokenizer_backend()
+    path = write_gguf(tmp_path / "none.gguf", config)
+    with pytest.raises(GGUFError, match="no tokenizer"):
+        GGUFCheckpoint(path).tokenizer_backend()
+
+
+# ----------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------
+
+
+def test_errors_name_the_key_tensor_or_type(tmp_path):
+    qwen3 = CONFIGS["qwen3"]
+    with pytest.raises(GGUFError, match="not a GGUF file"):
+        (tmp_path / "x.gguf").write_bytes(b"not gguf")
+        GGUFCheckpoint(tmp_path / "x.gguf")
+    with pytest.raises(models.CheckpointError, match="neither a GGUF file"):
+        models.load(tmp_path / "x.gguf")
+    with pytest.raises(models.CheckpointError, match="no such file"):
+        models.load(tmp_path / "missing.gguf")
+    path = write_gguf(tmp_path / "arch.gguf", qwen3, metadata={"general.architecture": "gemma"})
+    with pytest.raises(models.UnsupportedConfigError, match="architecture 'gemma'"):
+        GGUFCheckpoint(path)
+    path = write_gguf(tmp_path / "drop.gguf", qwen3, drop=("blk.1.attn_k.weight",))
+    with pytest.raises(models.MissingTensorError, match="'blk.1.attn_k.weight' .layer 1 key"):
+        GGUFCheckpoint(path).weights()
+    path = write_gguf(tmp_path / "yarn.gguf", qwen3, metadata={
+        "qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0})
+    with pytest.raises(models.UnsupportedConfigError, match="rope_scaling.*'yarn'"):
+        GGUFCheckpoint(path)
+    path = write_gguf(tmp_path / "heads.gguf", qwen3,
+                      metadata={"qwen3.attention.head_count": [4, 2]})
+    with pytest.raises(models.UnsupportedConfigError, match="head_count differs between layers"):
+        GGUFCheckpoint(path)
+    path = write_gguf(tmp_path / "ctx.gguf", qwen3, metadata={"qwen3.context_length": None})
+    with pytest.raises(models.UnsupportedConfigError, match="'qwen3.context_length' is missing"):
+        GGUFCheckpoint(path)
+    path = write_gguf(tmp_path / "rope.gguf", qwen3,
+                      metadata={"qwen3.rope.dimension_count": 8})
+    with pytest.raises(models.UnsupportedConfigError, match="partial rotary"):
+        GGUFCheckpoint(path)
+    # A type ETC does not load (Q5_0), named with the tensor.
+    path = write_gguf(tmp_path / "q5.gguf", qwen3, tensor_type="Q5_0")
+    with pytest.raises(GGUFError, match="'token_embd.weight' .token embeddings. has type Q5_0"):
+        GGUFCheckpoint(path).weights()
+    # A tensor of the wrong shape, named with the shape the metadata implies.
+    tensors = checkpoint_tensors(qwen3)
+    tensors["model.layers.0.mlp.up_proj.weight"] = np.zeros((40, 32), np.float32)
+    path = write_gguf(tmp_path / "shape.gguf", qwen3, tensors=tensors)
+    with pytest.raises(GGUFError, match=r"'blk.0.ffn_up.weight' .* shape \(40, 32\), expected "
+                                        r"\(48, 32\)"):
+        GGUFCheckpoint(path).weights()
