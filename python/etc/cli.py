@@ -255,9 +255,18 @@ def _stream(engine, ids: list, args, out) -> str:
 # ----------------------------------------------------------------------
 
 
-def _generate(args) -> int:
-    from .models.engine import Engine
+def _engine():
+    """The serving engine's `Engine` class."""
+    try:
+        from .models.engine import Engine
+    except ImportError:
+        raise NotImplementedError("this command needs the serving engine (etc.models.engine), "
+                                  "which this build of ETC does not have yet") from None
+    return Engine
 
+
+def _generate(args) -> int:
+    Engine = _engine()
     model = _load(args)
     tokenizer = _tokenizer(model)
     if args.chat:
@@ -275,8 +284,7 @@ def _generate(args) -> int:
 
 
 def _chat(args) -> int:
-    from .models.engine import Engine
-
+    Engine = _engine()
     model = _load(args)
     tokenizer = _tokenizer(model)
     if tokenizer.chat_template is None:
@@ -326,6 +334,7 @@ def _chat(args) -> int:
 
 
 def _serve(args) -> int:
+    _engine()
     from . import serve
 
     model = _load(args)

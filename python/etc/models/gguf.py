@@ -87,7 +87,7 @@ class GGUFCheckpoint:
         gguf = _gguf()
         try:
             self._reader = gguf.GGUFReader(self.path, "r")
-        except (ValueError, IndexError, KeyError) as error:
+        except (ValueError, IndexError, KeyError, OverflowError, TypeError) as error:
             raise GGUFError(f"{self.path}: cannot read the GGUF file ({error})") from None
         self.metadata: dict = {}
         for name, field in self._reader.fields.items():
