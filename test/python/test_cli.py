@@ -16,6 +16,16 @@ import etc.models as models
 from etc.models.testing import tiny_config, write_checkpoint
 
 ETC = Path(sys.executable).parent / "etc"
+try:
+    import etc.models.engine  # noqa: F401
+except ImportError:
+    HAVE_ENGINE = False
+else:
+    HAVE_ENGINE = True
+#: generate, chat and serve run requests on the serving engine, with the
+#: checkpoint's tokenizer.
+needs_engine = pytest.mark.skipif(not HAVE_ENGINE, reason="needs the serving engine "
+                                  "(etc.models.engine), which this build does not have yet")
 #: Options every command here shares: the small kernel the tests compile.
 SMALL = ["--workers", "2", "--max-model-len", "32", "--attention-chunk", "8"]
 
@@ -117,3 +127,116 @@ def test_user_errors_are_one_line(checkpoint, tmp_path):
     assert usage.returncode == 2 and "not a positive integer" in usage.stderr
     assert etc_command().returncode == 2
     assert "Traceback" not in usage.stderr
+
+
+# ----------------------------------------------------------------------
+# Text: generate and chat (need the tokenizer and the engine)
+# ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_checkpoint(tmp_path_factory):
+    """A tiny Qwen3 with a trained BPE tokenizer and a ChatML template, its
+    kernel compiled once into a cache the tests share."""
+    root = tmp_path_factory.mktemp("cli-chat")
+    path = write_checkpoint(root / "tiny-chat", tiny_config(vocab_size=320), tokenizer=True)
+    cache = root / "cache"
+    model = models.load(path, cache=cache, workers=2, max_seq_len=32, attention_chunk=8)
+    return path, cache, model
+
+
+@needs_engine
+def test_generate_streams_the_models_text(chat_checkpoint):
+    path, cache, model = chat_checkpoint
+    result = etc_command("generate", path, "the quick brown", "--max-new-tokens", "6",
+                         "--cache-dir", cache, *SMALL, "--verbose")
+    assert result.returncode == 0, result.stderr
+    want = model.generate("the quick brown", 6)
+    assert result.stdout == want.text[0] + ("" if want.text[0].endswith("\n") else "\n")
+    assert "cache step kernel" in result.stderr  # --verbose: loaded from the cache
+    assert "first new token after" in result.stderr
+    chat = etc_command("generate", path, "hello", "--chat", "--max-new-tokens", "5",
+                       "--cache-dir", cache, *SMALL)
+    assert chat.returncode == 0, chat.stderr
+    reply = model.generate([{"role": "user", "content": "hello"}], 5).text[0]
+    assert chat.stdout.rstrip("\n") == reply.rstrip("\n")
+
+
+@needs_engine
+def test_chat_reads_messages_from_stdin(chat_checkpoint):
+    path, cache, model = chat_checkpoint
+    result = etc_command("chat", path, "--max-new-tokens", "4", "--cache-dir", cache, *SMALL,
+                         stdin="hi there\n\n/reset\nthe lazy dog\n")
+    assert result.returncode == 0, result.stderr
+    first = model.generate([{"role": "user", "content": "hi there"}], 4).text[0]
+    second = model.generate([{"role": "user", "content": "the lazy dog"}], 4).text[0]
+    assert result.stdout == f"{first}\n{second}\n"
+
+
+@needs_engine
+def test_a_gguf_file_through_the_command_line(chat_checkpoint, tmp_path):
+    """The same model as a GGUF file with its tokenizer in the metadata: the
+    same text, from the same cached kernel."""
+    pytest.importorskip("gguf")
+    from tokenizers import Tokenizer
+
+    from etc.models.testing import CHAT_TEMPLATE, checkpoint_tensors, write_gguf
+
+    path, cache, model = chat_checkpoint
+    config = json.loads((path / "config.json").read_text())
+    gguf_path = write_gguf(tmp_path / "tiny-chat.gguf", config,
+                           tokenizer=Tokenizer.from_file(str(path / "tokenizer.json")),
+                           pre="gpt2", chat_template=CHAT_TEMPLATE, eos_token="<|im_end|>")
+    result = etc_command("chat", gguf_path, "--max-new-tokens", "4", "--cache-dir", cache,
+                         *SMALL, "--verbose", stdin="hi there\n")
+    assert result.returncode == 0, result.stderr
+    first = model.generate([{"role": "user", "content": "hi there"}], 4).text[0]
+    assert result.stdout == f"{first}\n"
+    assert "cache step kernel" in result.stderr
+
+
+@needs_engine
+def test_text_errors_are_one_line(checkpoint, tmp_path):
+    one_line_error(etc_command("generate", tmp_path / "nothing", "hello"),
+                   "no such file or directory")
+    one_line_error(etc_command("generate", checkpoint, "hello", *SMALL, "--no-cache"),
+                   "has no tokenizer")
+    one_line_error(etc_command("generate", checkpoint, "hello", "--kernel",
+                               tmp_path / "missing.etc", *SMALL), "missing.etc")
+
+
+@needs_engine
+def test_serve_answers_the_openai_client(chat_checkpoint):
+    """`etc serve` as a process on a free local port: the openai client's
+    chat completion gets the text the model generates."""
+    openai = pytest.importorskip("openai")
+    import socket
+    import time
+    import urllib.request
+
+    path, cache, model = chat_checkpoint
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([str(ETC), "serve", str(path), "--port", str(port),
+                               "--max-num-seqs", "2", "--cache-dir", str(cache), *SMALL],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, server.stdout.read()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.5)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        reply = client.chat.completions.create(
+            model=client.models.list().data[0].id, max_tokens=4, temperature=0,
+            messages=[{"role": "user", "content": "hi there"}])
+        want = model.generate([{"role": "user", "content": "hi there"}], 4).text[0]
+        assert reply.choices[0].message.content == want
+    finally:
+        server.terminate()
+        server.wait(timeout=60)

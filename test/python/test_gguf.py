@@ -382,3 +382,32 @@ def test_errors_name_the_key_tensor_or_type(tmp_path):
     with pytest.raises(GGUFError, match=r"'blk.0.ffn_up.weight' .* shape \(40, 32\), expected "
                                         r"\(48, 32\)"):
         GGUFCheckpoint(path).weights()
+
+
+@pytest.mark.skipif(not hasattr(models.Checkpoint, "tokenizer"),
+                    reason="needs etc.models.tokenizer (Checkpoint.tokenizer), which this build "
+                           "does not have yet")
+def test_gguf_tokenizer_and_template_match_the_checkpoint_directory(tmp_path):
+    """A directory with tokenizer.json and a chat template, and the GGUF file
+    of the same model and tokenizer: the same `Tokenizer` behaviour (ids,
+    text, chat template) and end-of-sequence ids."""
+    from tokenizers import Tokenizer as Backend
+
+    from etc.models.testing import CHAT_TEMPLATE
+
+    directory = write_checkpoint(tmp_path / "dir", tiny_config(vocab_size=320), tokenizer=True)
+    backend = Backend.from_file(str(directory / "tokenizer.json"))
+    path = write_gguf(tmp_path / "m.gguf", tiny_config(vocab_size=320), tokenizer=backend,
+                      pre="gpt2", chat_template=CHAT_TEMPLATE, eos_token="<|im_end|>",
+                      metadata={"tokenizer.ggml.eot_token_id":
+                                backend.token_to_id("<|endoftext|>")})
+    want, got = models.Checkpoint(directory), GGUFCheckpoint(path)
+    a, b = want.tokenizer(), got.tokenizer()
+    for text in (TEXT, "Hello world!", "<|im_start|>user\nhi<|im_end|>\n"):
+        assert b.encode(text) == a.encode(text)
+        assert b.decode(a.encode(text)) == a.decode(a.encode(text))
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "and then?"}]
+    assert b.apply_chat_template(chat) == a.apply_chat_template(chat)
+    assert sorted(got.eos_token_ids()) == sorted(want.eos_token_ids())
+    assert b.eos_token == "<|im_end|>"
