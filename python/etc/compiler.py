@@ -139,6 +139,11 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
     """
     options = Options(target=target, schedule=schedule, workers=workers, policy=policy, chip=chip,
                       trace=trace, watchdog=watchdog, kernels=kernels, prefetch=prefetch)
+    if getattr(graph, "ranks", 1) > 1 and target != "cpu":
+        raise NotImplementedError(
+            f"graph '{graph.name}' runs on {graph.ranks} ranks: only target='cpu' (one MPI "
+            f"process per rank) runs such graphs yet; the CUDA lowering of remote puts and "
+            f"notifies to NVSHMEM is not implemented (docs/distributed.md)")
     start = time.perf_counter()
     # The kernel gets the signature of exactly the graph built here.
     signature = Signature.of(graph)
@@ -192,7 +197,12 @@ def compile_module(module: ir.Module, signature, options: Options, *,
         # vectorizer can take minutes on their lane loops: no optimisation.
         engine, entry_points = _jit(module, abi,
                                     opt_level=0 if options.kernels == "cuda" else 2)
-        runtime = CPURuntime(abi, entry_points, options.workers)
+        if abi.extra.get("ranks", 1) > 1:
+            from .runtime.distributed import DistributedCPURuntime
+
+            runtime = DistributedCPURuntime(abi, entry_points, options.workers)
+        else:
+            runtime = CPURuntime(abi, entry_points, options.workers)
     timings["jit"] = time.perf_counter() - start
     return CompiledKernel(signature if hasattr(signature, "operations") else None, options, abi,
                           stage_ir, timings, runtime, engine)
@@ -217,8 +227,11 @@ def _program_tables(module: ir.Module, name: str) -> dict:
         events = tuple(Event(ir.StringAttr(ir.DictAttr(e)["name"]).value,
                              names(e, "notified_by"), names(e, "waited_by"))
                        for e in ir.ArrayAttr(attributes["event.events"]))
+        ranks = (ir.IntegerAttr(attributes["event.ranks"]).value
+                 if "event.ranks" in attributes else 1)
         return {"schedule": ir.StringAttr(attributes["event.schedule"]).value,
-                "tasks": tasks, "events": events, "trace": "event.trace" in attributes}
+                "tasks": tasks, "events": events, "trace": "event.trace" in attributes,
+                "ranks": ranks}
     raise ValueError(f"the scheduled module has no worker function @{name}_worker")
 
 
@@ -236,7 +249,8 @@ def _abi(signature, options: Options, tables: dict, reference: dict | None) -> K
                      schedule=tables["schedule"], workers=options.workers, arguments=arguments,
                      outputs=tuple(signature.outputs), tasks=tables["tasks"],
                      events=tables["events"], watchdog_ms=options.watchdog_ms,
-                     trace=tables["trace"], reference=reference)
+                     trace=tables["trace"], reference=reference,
+                     extra={"ranks": tables["ranks"]} if tables["ranks"] > 1 else {})
 
 
 def _jit(module: ir.Module, abi: KernelABI, opt_level: int = 2):

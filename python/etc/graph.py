@@ -44,6 +44,7 @@ from mlir.dialects import affine, arith, func
 from . import ops
 from .dialects import event
 from .graph_llm import LLMOperators, RaggedBatch
+from .ops.collective import CollectiveOperators, arrival_waits
 from .ops.base import DEFAULT_COLS, DEFAULT_ROWS, INDEX_DTYPE, element_type
 
 __all__ = ["Argument", "Graph", "Symbol", "Tensor", "Operation", "RaggedBatch", "DTYPES"]
@@ -166,7 +167,7 @@ def _describe(role: str, t: Tensor) -> str:
     return f"operand '{role}' ('{t.name}', shape {_fmt_shape(t.shape)}, {t.dtype})"
 
 
-class Graph(LLMOperators):
+class Graph(LLMOperators, CollectiveOperators):
     """A graph of tiled operators with symbolic dimensions.
 
     ```python
@@ -180,13 +181,24 @@ class Graph(LLMOperators):
 
     The operators of LLM inference (embedding, rope, head_rmsnorm,
     kv_append, attention, argmax, ragged_batch) come from
-    `etc.graph_llm.LLMOperators`.
+    `etc.graph_llm.LLMOperators`, the collectives (all_gather,
+    reduce_scatter, all_reduce) from `etc.ops.collective`.
+
+    `ranks=N` makes a graph that runs on N devices at once, each its own
+    copy on its own inputs (see docs/distributed.md).
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, *, ranks: int = 1):
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"Graph: name must be an identifier, got {name!r}")
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+            raise ValueError(f"Graph: ranks={ranks!r} must be a positive int (the number of "
+                             f"devices the graph runs on)")
         self.name = name
+        #: The number of devices (ranks) that each run a copy of the graph.
+        self.ranks = ranks
+        # Tensors in the symmetric heap (ids): written by other ranks' puts.
+        self._symmetric_tensors: set[int] = set()
         self._symbols: list[Symbol] = []
         self._tensors: list[Tensor] = []
         self._ops: list[Operation] = []
@@ -306,6 +318,10 @@ class Graph(LLMOperators):
                 raise ValueError(f"output: tensor '{t.name}' is a state buffer of graph "
                                  f"'{self.name}'; it is updated in the caller's array, "
                                  f"so it cannot also be an output")
+            if id(t) in self._symmetric_tensors:
+                raise ValueError(f"output: tensor '{t.name}' lives in the symmetric heap (other "
+                                 f"ranks put into it), so it cannot be an output; read it with "
+                                 f"an operator")
             if not t._written:
                 raise ValueError(f"output: tensor '{t.name}' is never produced by graph "
                                  f"'{self.name}' (no operator writes it)")
@@ -739,13 +755,20 @@ class _Builder:
             owners.append(("symbol", s))
         for kind, t in g._arg_tensors():
             types.append(self.memref_type(t))
-            attrs.append(ir.DictAttr.get({"event.intermediate": ir.UnitAttr.get()})
-                         if kind == "intermediate" else ir.DictAttr.get({}))
+            marks = {}
+            if kind == "intermediate":
+                marks["event.intermediate"] = ir.UnitAttr.get()
+                if id(t) in g._symmetric_tensors:
+                    marks["event.symmetric"] = ir.UnitAttr.get()
+            attrs.append(ir.DictAttr.get(marks))
             locs.append(ir.Location.name(t.name))
             owners.append(("tensor", t))
         with ir.InsertionPoint(module.body):
             self.graph_op = event.GraphOp(g.name, ir.TypeAttr.get(ir.FunctionType.get(types, [])),
                                           arg_attrs=ir.ArrayAttr.get(attrs))
+            if g.ranks > 1:
+                self.graph_op.attributes["event.ranks"] = ir.IntegerAttr.get(
+                    ir.IntegerType.get_signless(64), g.ranks)
         block = self.graph_op.body.blocks.append(*types, arg_locs=locs)
         for (what, obj), arg in zip(owners, block.arguments):
             (self.symbols if what == "symbol" else self.buffers)[id(obj)] = arg
@@ -785,6 +808,8 @@ class _Builder:
         for t, fp in reads:
             if not any(u is t and str(f) == str(fp) for u, f in unique_reads):
                 unique_reads.append((t, fp))
+        # Rows another rank puts here (all_gather) are waited for.
+        waits = [*arrival_waits(self, unique_reads), *waits]
         task = event.TaskOp(
             name, grid,
             [self.buffers[id(t)] for t, _ in unique_reads],

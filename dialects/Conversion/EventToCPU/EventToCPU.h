@@ -40,6 +40,15 @@ void populateEventToCPUConversionPatterns(
     const mlir::TypeConverter &typeConverter,
     mlir::RewritePatternSet &patterns);
 
+/// Adds the patterns that lower the operations of a graph on several ranks
+/// (`event.rank_id`, `event.rank_count`, `event.put`,
+/// `event.remote_notify`) to calls of MPI's one-sided communication through
+/// the transport block of the buffer table (`Event/IR/TransportLayout.h`).
+/// Part of `populateEventToCPUConversionPatterns`.
+void populateRemoteToCPUConversionPatterns(
+    const mlir::TypeConverter &typeConverter,
+    mlir::RewritePatternSet &patterns);
+
 } // namespace etc
 
 #endif // ETC_CONVERSION_EVENTTOCPU_EVENTTOCPU_H

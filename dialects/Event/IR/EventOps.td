@@ -34,7 +34,15 @@ def Event_GraphOp : Event_Op<"graph", [
     `index` values of the symbolic dimensions (e.g. the batch size). A
     buffer argument with the unit attribute `event.intermediate` is scratch
     memory allocated by the runtime: some task must write it before any task
-    reads it. Tasks run in an order consistent with their events; textual
+    reads it.
+
+    A graph with the attribute `event.ranks = N` runs on N devices (ranks)
+    at once, each its own copy of the graph on its own inputs (SPMD). Its
+    intermediates marked `event.symmetric` lie at the same place on every
+    rank, so that a task may `event.put` into another rank's copy; they are
+    written by those puts and ordered by symmetric event tensors
+    (`!event.tensor<..., symmetric>`), whose notify maps name the rank
+    first and may use `s0`, the rank the task runs on. Tasks run in an order consistent with their events; textual
     order is the order dependency inference assumes for buffer reuse.
 
     ```mlir
@@ -62,6 +70,20 @@ def Event_GraphOp : Event_Op<"graph", [
     static ::llvm::StringRef getIntermediateAttrName() { return "event.intermediate"; }
     bool isIntermediate(unsigned argIndex) {
       return getArgAttr(argIndex, getIntermediateAttrName()) != nullptr;
+    }
+    /// The unit argument attribute marking buffers that live on every rank
+    /// at the same place (the symmetric heap), so that other ranks can put
+    /// into them.
+    static ::llvm::StringRef getSymmetricAttrName() { return "event.symmetric"; }
+    bool isSymmetric(unsigned argIndex) {
+      return getArgAttr(argIndex, getSymmetricAttrName()) != nullptr;
+    }
+    /// The attribute holding the number of devices (ranks) that each run
+    /// a copy of the graph (absent: one).
+    static ::llvm::StringRef getRanksAttrName() { return "event.ranks"; }
+    ::mlir::IntegerAttr getRanksAttr() {
+      return ::llvm::dyn_cast_or_null<::mlir::IntegerAttr>(
+          (*this)->getAttr(getRanksAttrName()));
     }
 
     //===------------------------------------------------------------------===//
@@ -305,6 +327,69 @@ def Event_NotifyOp : Event_Op<"notify"> {
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// Several devices: ranks, remote notifies and puts
+//===----------------------------------------------------------------------===//
+
+def Event_RemoteNotifyOp : Event_Op<"remote_notify"> {
+  let summary = "Decrements an element of a symmetric event tensor on a rank";
+  let description = [{
+    Decrements element `indices` of rank `rank`'s copy of the symmetric
+    event tensor `event` (`!event.tensor<..., symmetric>`) by one. Every
+    `event.put` this rank issued to `rank` before the op is complete there
+    before the decrement is visible (put, then fence, then signal), so a
+    task on `rank` whose wait on the element returns reads the data. Used
+    for every notify of a symmetric event, the rank's own copy included, so
+    that all updates of its counters go through the same transport.
+
+    CPU: `MPI_Win_flush` of `rank`, `MPI_Accumulate` of -1 (`MPI_SUM`,
+    atomic against every other accumulate) on the counter's word of the
+    counters window, then `MPI_Win_flush` of `rank` to deliver it.
+
+    ```mlir
+    event.remote_notify %e[%i] rank(%r) : !event.tensor<?, symmetric>
+    ```
+  }];
+  let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices,
+                       Index:$rank);
+  let assemblyFormat = [{
+    $event `[` $indices `]` `rank` `(` $rank `)` attr-dict `:` qualified(type($event))
+  }];
+  let hasVerifier = 1;
+}
+
+def Event_PutOp : Event_Op<"put", [AttrSizedOperandSegments]> {
+  let summary = "Copies a box of a local buffer into a symmetric buffer on a rank";
+  let description = [{
+    Copies the box of `source` at `source_offsets` with `sizes` elements
+    per dimension into rank `rank`'s copy of the symmetric buffer `dest`
+    (a graph buffer marked `event.symmetric`), at `dest_offsets`. `dest`
+    may have more dimensions than `source`: the box then lies in the last
+    dimensions of `dest`, with one element along each leading one (e.g. a
+    tile into the slot of the sending rank of a staging buffer). Both have
+    the same element type and are contiguous and row-major.
+
+    The copy may still be in flight when the op returns; it is complete at
+    `rank` before any later `event.remote_notify` to `rank` from this rank
+    is visible there.
+
+    CPU: one `MPI_Put` per row of the box into the symmetric window.
+
+    ```mlir
+    event.put %y[%r0, %c0] [%rows, %c64] to %s[%me, %r0, %c0] rank(%p)
+        : memref<?x64xf32>, memref<2x?x64xf32>
+    ```
+  }];
+  let arguments = (ins AnyMemRef:$source, Variadic<Index>:$source_offsets,
+                       Variadic<Index>:$sizes, AnyMemRef:$dest,
+                       Variadic<Index>:$dest_offsets, Index:$rank);
+  let assemblyFormat = [{
+    $source `[` $source_offsets `]` `[` $sizes `]` `to` $dest `[` $dest_offsets `]`
+    `rank` `(` $rank `)` attr-dict `:` type($source) `,` type($dest)
+  }];
+  let hasVerifier = 1;
+}
+
 def Event_AcquireOp : Event_Op<"acquire"> {
   let summary = "Completes a tile's `deferred` waits";
   let description = [{
@@ -466,6 +551,16 @@ def Event_WorkerIdOp : Event_IndexQueryOp<"worker_id",
 def Event_WorkerCountOp : Event_IndexQueryOp<"worker_count",
   "The number of persistent workers",
   [{ How many persistent workers run the program. }]>;
+
+def Event_RankIdOp : Event_IndexQueryOp<"rank_id",
+  "The rank (device) that runs the calling code",
+  [{ The index of the calling device in the graph's device group, in
+     `[0, event.rank_count)`: the `s0` of index maps. 0 in a graph that runs
+     on one device. CPU: the MPI rank of the process. }]>;
+
+def Event_RankCountOp : Event_IndexQueryOp<"rank_count",
+  "The number of ranks (devices) the graph runs on",
+  [{ How many devices run the graph, each its own copy (`event.ranks`). }]>;
 
 def Event_LaneBarrierOp : Event_Op<"lane_barrier"> {
   let summary = "Synchronises the lanes of one tile task";

@@ -14,13 +14,26 @@ def Event_TensorType : TypeDef<Event_Dialect, "EventTensor"> {
     static or dynamic (`?`); dynamic sizes are supplied by `event.alloc`.
     A rank-0 event tensor is a single counter.
 
+    A `symmetric` event tensor lives on every rank of a graph that runs on
+    several devices (`event.ranks`), at the same place in each rank's
+    counters, so that a tile on one rank can notify an element of another
+    rank's copy (`event.remote_notify`, a notify map whose first result is
+    the rank). Waits are always on the waiting rank's own copy.
+
     ```mlir
     !event.tensor<?x8>   // one counter per (row block, column block)
     !event.tensor<>      // a single counter
+    !event.tensor<?, symmetric>   // one per row block, on every rank
     ```
   }];
-  let parameters = (ins ArrayRefParameter<"int64_t", "dimension sizes">:$shape);
+  let parameters = (ins ArrayRefParameter<"int64_t", "dimension sizes">:$shape,
+                        DefaultValuedParameter<"bool", "false", "on every rank">:$symmetric);
   let hasCustomAssemblyFormat = 1;
+  let builders = [
+    TypeBuilder<(ins "::llvm::ArrayRef<int64_t>":$shape), [{
+      return $_get($_ctxt, shape, false);
+    }]>,
+  ];
   let extraClassDeclaration = [{
     int64_t getRank() const { return getShape().size(); }
     bool isDynamicDim(unsigned dim) const {

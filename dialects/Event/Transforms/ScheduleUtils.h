@@ -24,6 +24,7 @@
 #define ETC_EVENT_TRANSFORMS_SCHEDULEUTILS_H
 
 #include "Event/IR/EventOps.h"
+#include "Event/IR/TransportLayout.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
@@ -163,6 +164,9 @@ public:
   /// Buffer-table word offset of each memref argument (by argument number);
   /// -1 for index arguments.
   llvm::SmallVector<int64_t> tableOffsets;
+  /// The words the buffers take in the buffer table; a graph on several
+  /// ranks has its transport block from there on.
+  int64_t tableWords = 0;
   std::vector<EventClass> classes;
   /// Each allocation's (class, number within the class).
   llvm::DenseMap<mlir::Operation *, std::pair<unsigned, unsigned>> eventOf;

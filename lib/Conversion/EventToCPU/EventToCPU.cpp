@@ -294,6 +294,7 @@ void etc::populateEventToCPUConversionPatterns(
     const TypeConverter &typeConverter, RewritePatternSet &patterns) {
   populateEventViewLoweringPattern(typeConverter, patterns);
   populateEventBufferLoweringPattern(typeConverter, patterns);
+  populateRemoteToCPUConversionPatterns(typeConverter, patterns);
   patterns.add<WaitOpLowering, QueuePopOpLowering, NotifyOpLowering,
                EraseLowering<ReleaseOp>, EraseLowering<AcquireOp>, NotifyReadyOpLowering,
                QueuePushOpLowering,

@@ -26,8 +26,8 @@ func.func private @f() attributes {b = #event.box<(d0) -> (d0) [0]>}
 
 // -----
 
-// expected-error @+1 {{event index map must not use symbols, found 1}}
-func.func private @f() attributes {m = #event.map<(d0)[s0] -> (d0 + s0)>}
+// expected-error @+1 {{event index map may use one symbol (s0, the rank the task runs on), found 2}}
+func.func private @f() attributes {m = #event.map<(d0)[s0, s1] -> (d0 + s0 + s1)>}
 
 // -----
 
@@ -605,5 +605,156 @@ func.func @trace_rank(%counters: memref<?xi32>, %i: index) {
 func.func @prefetch_rank(%w: memref<4x8xf32>, %i: index) {
   // expected-error @+1 {{'event.prefetch' op expects one offset and one size per dimension of the 2-d buffer, found 1 offsets and 2 sizes}}
   event.prefetch %w[%i] [%i, %i] : memref<4x8xf32>
+  return
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// Several ranks
+//===----------------------------------------------------------------------===//
+
+// expected-error @+1 {{'event.graph' op attribute 'event.ranks' must be a positive integer (the number of devices), found 0 : i64}}
+event.graph @g() attributes {event.ranks = 0 : i64} {
+  %c0 = arith.constant 0 : index
+}
+
+// -----
+
+// expected-error @+1 {{'event.graph' op argument #0 attribute 'event.symmetric' must be a unit attribute}}
+event.graph @g(%x: memref<4xf32> {event.intermediate, event.symmetric = 1}) attributes {event.ranks = 2 : i64} {
+  %c0 = arith.constant 0 : index
+}
+
+// -----
+
+// expected-error @+1 {{'event.graph' op argument #0 is marked 'event.symmetric' but not 'event.intermediate': the runtime allocates symmetric buffers on every rank}}
+event.graph @g(%x: memref<4xf32> {event.symmetric}) attributes {event.ranks = 2 : i64} {
+  %c0 = arith.constant 0 : index
+}
+
+// -----
+
+// expected-error @+1 {{'event.graph' op argument #0 is marked 'event.symmetric' but the graph has no 'event.ranks'}}
+event.graph @g(%x: memref<4xf32> {event.intermediate, event.symmetric}) {
+  %c0 = arith.constant 0 : index
+}
+
+// -----
+
+event.graph @g() {
+  %c1 = arith.constant 1 : index
+  // expected-error @+1 {{'event.alloc' op allocates a symmetric event tensor in a graph without 'event.ranks'}}
+  %e = event.alloc() count(%c1) : !event.tensor<symmetric>
+}
+
+// -----
+
+event.graph @g() attributes {event.ranks = 2 : i64} {
+  // expected-error @+1 {{'event.alloc' op allocates a symmetric event tensor without 'count': notifies from other ranks cannot be counted on this one}}
+  %e = event.alloc() : !event.tensor<4, symmetric>
+}
+
+// -----
+
+event.graph @g() attributes {event.ranks = 2 : i64} {
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %e = event.alloc() count(%c1) : !event.tensor<4, symmetric>
+  // expected-error @+1 {{'event.task' op index map of notifies #0 has 1 results but the event tensor has rank 1 (plus the rank of the notified copy)}}
+  event.task "send" grid(%c2) notifies(%e : !event.tensor<4, symmetric> (d0) -> (d0)) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+event.graph @g(%r: memref<4xi32>) attributes {event.ranks = 2 : i64} {
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %e = event.alloc() count(%c1) : !event.tensor<4, symmetric>
+  // expected-error @+1 {{'event.task' op index map of notifies #0 loads the rank of a symmetric event from an index buffer; the rank must be affine}}
+  event.task "send" grid(%c2) notifies(%e : !event.tensor<4, symmetric> (d0) -> (d0, d0) indirect [0, -1]) indices(%r : memref<4xi32>) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+func.func @f(%counters: memref<?xi32>, %i: index) {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0]() : memref<?xi32> -> !event.tensor<4, symmetric>
+  // expected-error @+1 {{'event.notify' op notifies the symmetric event tensor '!event.tensor<4, symmetric>'; use 'event.remote_notify' with the target rank}}
+  event.notify %e[%i] : !event.tensor<4, symmetric>
+  return
+}
+
+// -----
+
+func.func @f(%counters: memref<?xi32>, %i: index) {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0]() : memref<?xi32> -> !event.tensor<4, symmetric>
+  // expected-error @+1 {{'event.notify_ready' op notifies the symmetric event tensor '!event.tensor<4, symmetric>'; use 'event.remote_notify' with the target rank}}
+  %r = event.notify_ready %e[%i] : !event.tensor<4, symmetric>
+  return
+}
+
+// -----
+
+func.func @f(%counters: memref<?xi32>, %i: index) {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0]() : memref<?xi32> -> !event.tensor<4>
+  // expected-error @+1 {{'event.remote_notify' op expects a symmetric event tensor (one copy per rank), found '!event.tensor<4>'}}
+  event.remote_notify %e[%i] rank(%i) : !event.tensor<4>
+  return
+}
+
+// -----
+
+func.func @f(%counters: memref<?xi32>, %i: index) {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0]() : memref<?xi32> -> !event.tensor<4, symmetric>
+  // expected-error @+1 {{'event.remote_notify' op expects 1 indices for '!event.tensor<4, symmetric>', found 2}}
+  event.remote_notify %e[%i, %i] rank(%i) : !event.tensor<4, symmetric>
+  return
+}
+
+// -----
+
+func.func @f(%a: memref<4xf32>, %b: memref<4xf16>, %i: index) {
+  // expected-error @+1 {{'event.put' op copies 'f32' elements into a buffer of 'f16'}}
+  event.put %a[%i] [%i] to %b[%i] rank(%i) : memref<4xf32>, memref<4xf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: memref<4x4xf32>, %b: memref<16xf32>, %i: index) {
+  // expected-error @+1 {{'event.put' op expects one source offset and one size per dimension of the 2-d source, found 1 offsets and 2 sizes}}
+  event.put %a[%i] [%i, %i] to %b[%i] rank(%i) : memref<4x4xf32>, memref<16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: memref<4x4xf32>, %b: memref<16xf32>, %i: index) {
+  // expected-error @+1 {{'event.put' op puts a 2-d box into a 1-d buffer; the destination needs at least as many dimensions}}
+  event.put %a[%i, %i] [%i, %i] to %b[%i] rank(%i) : memref<4x4xf32>, memref<16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: memref<4xf32>, %b: memref<2x4xf32>, %i: index) {
+  // expected-error @+1 {{'event.put' op expects one destination offset per dimension of the 2-d destination, found 1}}
+  event.put %a[%i] [%i] to %b[%i] rank(%i) : memref<4xf32>, memref<2x4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: memref<4xf32, strided<[2]>>, %b: memref<4xf32>, %i: index) {
+  // expected-error @+1 {{'event.put' op expects contiguous row-major buffers in the default memory space, found 'memref<4xf32, strided<[2]>>'}}
+  event.put %a[%i] [%i] to %b[%i] rank(%i) : memref<4xf32, strided<[2]>>, memref<4xf32>
   return
 }

@@ -223,3 +223,62 @@ func.func @prefetch(%w: memref<?x64xbf16>, %s: memref<f32>, %i: index, %n: index
   event.prefetch %s[] [] : memref<f32>
   return
 }
+
+// -----
+
+// A graph on two ranks: symmetric buffers and event tensors, a task whose
+// notify names the rank (s0 is the rank the task runs on) and whose body
+// puts a tile into another rank's copy.
+
+// CHECK-LABEL: event.graph @ranks
+// CHECK-SAME:    %{{[0-9a-z_]+}}: memref<64x64xf32> {event.intermediate, event.symmetric}
+// CHECK-SAME:    attributes {event.ranks = 2 : i64}
+// CHECK:         event.alloc() count(%{{.*}}) : !event.tensor<4, symmetric>
+// CHECK:         event.alloc() count(%{{.*}}) : !event.tensor<symmetric>
+// CHECK:         notifies(%{{.*}} : !event.tensor<4, symmetric> (d0, d1)[s0] -> (d1, d0 + s0 * 2))
+// CHECK:         %[[ME:.*]] = event.rank_id
+// CHECK:         event.rank_count
+// CHECK:         event.put %{{.*}}[%{{.*}}, %{{.*}}] [%{{.*}}, %{{.*}}] to %{{.*}}[%{{.*}}, %{{.*}}] rank(%{{.*}}) : memref<32x64xf32>, memref<64x64xf32>
+// CHECK:         waits(%{{.*}} : !event.tensor<4, symmetric> (d0) -> (d0))
+event.graph @ranks(%x: memref<32x64xf32>, %y: memref<64x64xf32>,
+                   %g: memref<64x64xf32> {event.intermediate, event.symmetric})
+    attributes {event.ranks = 2 : i64} {
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c4 = arith.constant 4 : index
+  %c16 = arith.constant 16 : index
+  %c64 = arith.constant 64 : index
+  %e = event.alloc() count(%c1) : !event.tensor<4, symmetric>
+  %f = event.alloc() count(%c2) : !event.tensor<symmetric>
+  event.task "send" grid(%c2, %c2)
+      reads(%x : memref<32x64xf32> (d0, d1) -> (d0 * 16, 0) [16, ?])
+      notifies(%e : !event.tensor<4, symmetric> (d0, d1)[s0] -> (d1, s0 * 2 + d0)) {
+  ^bb0(%i: index, %p: index):
+    %me = event.rank_id
+    %n = event.rank_count
+    %row = arith.muli %i, %c16 : index
+    %at = arith.muli %me, %c16 : index
+    %c0 = arith.constant 0 : index
+    event.put %x[%row, %c0] [%c16, %c64] to %g[%at, %c0] rank(%p) : memref<32x64xf32>, memref<64x64xf32>
+  }
+  event.task "use" grid(%c4)
+      reads(%g : memref<64x64xf32> (d0) -> (d0 * 16, 0) [16, ?])
+      writes(%y : memref<64x64xf32> (d0) -> (d0 * 16, 0) [16, ?])
+      waits(%e : !event.tensor<4, symmetric> (d0) -> (d0)) {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func @remote_notify(
+// CHECK:         event.put %{{.*}}[%{{.*}}] [%{{.*}}] to %{{.*}}[%{{.*}}, %{{.*}}] rank(%{{.*}}) : memref<?xf32>, memref<2x?xf32>
+// CHECK:         event.remote_notify %{{.*}}[%{{.*}}] rank(%{{.*}}) : !event.tensor<?, symmetric>
+func.func @remote_notify(%counters: memref<?xi32>, %n: index, %t: index, %r: index,
+                         %a: memref<?xf32>, %b: memref<2x?xf32>) {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0](%n) : memref<?xi32> -> !event.tensor<?, symmetric>
+  event.put %a[%t] [%n] to %b[%r, %t] rank(%r) : memref<?xf32>, memref<2x?xf32>
+  event.remote_notify %e[%t] rank(%r) : !event.tensor<?, symmetric>
+  return
+}

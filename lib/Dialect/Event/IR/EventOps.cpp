@@ -53,6 +53,14 @@ void GraphOp::print(OpAsmPrinter &printer) {
 }
 
 LogicalResult GraphOp::verify() {
+  if (Attribute ranks = (*this)->getAttr(getRanksAttrName())) {
+    auto count = dyn_cast<IntegerAttr>(ranks);
+    if (!count || count.getInt() < 1)
+      return emitOpError("attribute '")
+             << getRanksAttrName()
+             << "' must be a positive integer (the number of devices), found "
+             << ranks;
+  }
   if (!getResultTypes().empty())
     return emitOpError("returns nothing: outputs are written to buffer "
                        "arguments, but found ")
@@ -62,6 +70,21 @@ LogicalResult GraphOp::verify() {
       return emitOpError("argument #")
              << index << " must be a memref buffer or an index dimension, "
              << "found " << type;
+    if (Attribute symmetric = getArgAttr(index, getSymmetricAttrName())) {
+      if (!isa<UnitAttr>(symmetric))
+        return emitOpError("argument #")
+               << index << " attribute '" << getSymmetricAttrName()
+               << "' must be a unit attribute";
+      if (!isIntermediate(index))
+        return emitOpError("argument #")
+               << index << " is marked '" << getSymmetricAttrName()
+               << "' but not '" << getIntermediateAttrName()
+               << "': the runtime allocates symmetric buffers on every rank";
+      if (!getRanksAttr())
+        return emitOpError("argument #")
+               << index << " is marked '" << getSymmetricAttrName()
+               << "' but the graph has no '" << getRanksAttrName() << "'";
+    }
     Attribute intermediate = getArgAttr(index, getIntermediateAttrName());
     if (!intermediate)
       continue;
@@ -145,8 +168,11 @@ LogicalResult GraphOp::verifyRegions() {
   for (TaskOp task : tasks) {
     for (auto [index, buffer] : llvm::enumerate(task.getReads())) {
       auto arg = dyn_cast<BlockArgument>(buffer);
+      // Symmetric buffers are written by other ranks' puts, ordered by the
+      // symmetric events the reading task waits on.
       if (!arg || arg.getOwner() != &getBody().front() ||
-          !isIntermediate(arg.getArgNumber()) || written.contains(buffer))
+          !isIntermediate(arg.getArgNumber()) ||
+          isSymmetric(arg.getArgNumber()) || written.contains(buffer))
         continue;
       return task.emitOpError("reads intermediate buffer argument #")
              << arg.getArgNumber() << " (read #" << index
@@ -205,6 +231,17 @@ static LogicalResult verifyDynamicSizes(Operation *op, EventTensorType type,
 LogicalResult AllocOp::verify() {
   if (failed(verifyNotNegative(*this, getCount(), "expected count")))
     return failure();
+  if (getType().getSymmetric()) {
+    auto graph = (*this)->getParentOfType<GraphOp>();
+    if (graph && !graph.getRanksAttr())
+      return emitOpError("allocates a symmetric event tensor in a graph "
+                         "without '")
+             << GraphOp::getRanksAttrName() << "'";
+    if (!getCount())
+      return emitOpError("allocates a symmetric event tensor without "
+                         "'count': notifies from other ranks cannot be "
+                         "counted on this one");
+  }
   return verifyDynamicSizes(*this, getType(), getDynamicSizes());
 }
 
@@ -478,10 +515,20 @@ static LogicalResult verifyIndexMaps(TaskOp task, StringRef clause,
       return task.emitOpError("index map of ")
              << clause << " #" << index << " has " << map.getNumDims()
              << " tile indices but the grid has rank " << gridRank;
-    if (map.getNumResults() != type.getRank())
+    // A notify of a symmetric event names the rank first; waits are on
+    // the waiting rank's own copy.
+    bool remote = type.getSymmetric() && clause == "notifies";
+    int64_t expected = type.getRank() + (remote ? 1 : 0);
+    if (map.getNumResults() != expected)
       return task.emitOpError("index map of ")
              << clause << " #" << index << " has " << map.getNumResults()
-             << " results but the event tensor has rank " << type.getRank();
+             << " results but the event tensor has rank " << type.getRank()
+             << (remote ? " (plus the rank of the notified copy)" : "");
+    if (remote && indexMap.isIndirect(0))
+      return task.emitOpError("index map of ")
+             << clause << " #" << index
+             << " loads the rank of a symmetric event from an index buffer; "
+                "the rank must be affine";
     for (auto [result, buffer] : llvm::enumerate(indexMap.getIndirect()))
       if (buffer >= static_cast<int64_t>(task.getIndices().size()))
         return task.emitOpError("index map of ")
@@ -660,12 +707,64 @@ LogicalResult PrefetchOp::verify() {
   return success();
 }
 
+/// Rejects a local notify of a symmetric event tensor: all updates of its
+/// counters go through the transport, the own rank's included.
+static LogicalResult verifyLocalEvent(Operation *op, Value event) {
+  auto type = cast<EventTensorType>(event.getType());
+  if (!type.getSymmetric())
+    return success();
+  return op->emitOpError("notifies the symmetric event tensor ")
+         << type << "; use 'event.remote_notify' with the target rank";
+}
+
 LogicalResult NotifyOp::verify() {
+  if (failed(verifyLocalEvent(*this, getEvent())))
+    return failure();
   return verifyElementAccess(*this, getEvent(), getIndices());
 }
 
 LogicalResult NotifyReadyOp::verify() {
+  if (failed(verifyLocalEvent(*this, getEvent())))
+    return failure();
   return verifyElementAccess(*this, getEvent(), getIndices());
+}
+
+LogicalResult RemoteNotifyOp::verify() {
+  auto type = cast<EventTensorType>(getEvent().getType());
+  if (!type.getSymmetric())
+    return emitOpError("expects a symmetric event tensor (one copy per "
+                       "rank), found ")
+           << type;
+  return verifyElementAccess(*this, getEvent(), getIndices());
+}
+
+LogicalResult PutOp::verify() {
+  MemRefType source = getSource().getType(), dest = getDest().getType();
+  if (source.getElementType() != dest.getElementType())
+    return emitOpError("copies ")
+           << source.getElementType() << " elements into a buffer of "
+           << dest.getElementType();
+  int64_t rank = source.getRank();
+  if (static_cast<int64_t>(getSourceOffsets().size()) != rank ||
+      static_cast<int64_t>(getSizes().size()) != rank)
+    return emitOpError("expects one source offset and one size per "
+                       "dimension of the ")
+           << rank << "-d source, found " << getSourceOffsets().size()
+           << " offsets and " << getSizes().size() << " sizes";
+  if (dest.getRank() < rank)
+    return emitOpError("puts a ")
+           << rank << "-d box into a " << dest.getRank()
+           << "-d buffer; the destination needs at least as many dimensions";
+  if (static_cast<int64_t>(getDestOffsets().size()) != dest.getRank())
+    return emitOpError("expects one destination offset per dimension of the ")
+           << dest.getRank() << "-d destination, found "
+           << getDestOffsets().size();
+  for (MemRefType type : {source, dest})
+    if (!type.getLayout().isIdentity() || type.getMemorySpace())
+      return emitOpError("expects contiguous row-major buffers in the "
+                         "default memory space, found ")
+             << type;
+  return success();
 }
 
 //===----------------------------------------------------------------------===//

@@ -66,20 +66,35 @@ static void printSizeList(AsmPrinter &printer, ArrayRef<int64_t> sizes) {
 
 Type EventTensorType::parse(AsmParser &parser) {
   SmallVector<int64_t> shape;
+  bool symmetric = false;
   if (parser.parseLess())
     return {};
-  if (failed(parser.parseOptionalGreater())) {
+  if (succeeded(parser.parseOptionalKeyword("symmetric"))) {
+    symmetric = true;
+  } else if (failed(parser.parseOptionalGreater())) {
     if (parser.parseDimensionList(shape, /*allowDynamic=*/true,
-                                  /*withTrailingX=*/false) ||
-        parser.parseGreater())
+                                  /*withTrailingX=*/false))
       return {};
+    if (succeeded(parser.parseOptionalComma())) {
+      if (parser.parseKeyword("symmetric"))
+        return {};
+      symmetric = true;
+    }
+  } else {
+    return parser.getChecked<EventTensorType>(parser.getContext(), shape,
+                                              symmetric);
   }
-  return parser.getChecked<EventTensorType>(parser.getContext(), shape);
+  if (parser.parseGreater())
+    return {};
+  return parser.getChecked<EventTensorType>(parser.getContext(), shape,
+                                            symmetric);
 }
 
 void EventTensorType::print(AsmPrinter &printer) const {
   printer << '<';
   printer.printDimensionList(getShape());
+  if (getSymmetric())
+    printer << (getShape().empty() ? "symmetric" : ", symmetric");
   printer << '>';
 }
 
@@ -254,8 +269,9 @@ void IndexMapAttr::print(AsmPrinter &printer) const { printAngled(printer, *this
 
 LogicalResult IndexMapAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                    AffineMap map, ArrayRef<int64_t> indirect) {
-  if (map.getNumSymbols() != 0)
-    return emitError() << "event index map must not use symbols, found "
+  if (map.getNumSymbols() > 1)
+    return emitError() << "event index map may use one symbol (s0, the rank "
+                          "the task runs on), found "
                        << map.getNumSymbols();
   if (!indirect.empty() && indirect.size() != map.getNumResults())
     return emitError() << "event index map has " << map.getNumResults()

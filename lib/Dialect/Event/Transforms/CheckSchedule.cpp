@@ -543,7 +543,12 @@ LogicalResult ScheduleChecker::check() {
   for (AllocOp alloc : graph.getBody().getOps<AllocOp>()) {
     if (failed(checkOrder(alloc)))
       return failure();
-    if (alloc.getCount() && failed(checkBalance(alloc)))
+    // A symmetric event's notifies come from every rank's tiles (through
+    // maps of the rank s0), which this rank's graph cannot count: its
+    // balance is checked after the run, when `@g_check` finds every
+    // counter back at zero on every rank.
+    if (alloc.getCount() && !alloc.getType().getSymmetric() &&
+        failed(checkBalance(alloc)))
       return failure();
     if (!alloc.getCount() && failed(checkCountable(alloc)))
       return failure();

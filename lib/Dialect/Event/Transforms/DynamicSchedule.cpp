@@ -1192,6 +1192,22 @@ struct EventDynamicSchedulePass
     for (GraphOp graph : module.getOps<GraphOp>()) {
       if (check && failed(checkSchedule(graph, /*requireStaticOrder=*/false)))
         return signalPassFailure();
+      // Symmetric events are notified by other ranks, whose notifies
+      // cannot ready this rank's waiters: a graph on several ranks is
+      // scheduled statically (the order argument spans the ranks).
+      if (graph.getRanksAttr()) {
+        if (!autoSchedule) {
+          graph.emitOpError("runs on several ranks ('")
+              << GraphOp::getRanksAttrName()
+              << "'): the dynamic schedule cannot ready tasks that other "
+                 "ranks notify; use the static schedule";
+          return signalPassFailure();
+        }
+        if (failed(checkSchedule(graph, /*requireStaticOrder=*/true)))
+          return signalPassFailure();
+        graphs.emplace_back(graph, false);
+        continue;
+      }
       bool dynamic = !autoSchedule || isDataDependent(graph);
       if (!dynamic) {
         // A regular graph whose textual order is no valid static order

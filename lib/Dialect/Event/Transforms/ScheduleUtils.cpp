@@ -90,6 +90,10 @@ SmallVector<Value> etc::event::evaluateIndexMap(OpBuilder &b, Location loc,
                                                 ValueRange indexBuffers) {
   AffineMap map = indexMap.getMap();
   SmallVector<Value> coordinates;
+  // s0 is the rank the task runs on.
+  SmallVector<Value> operands(tile);
+  if (map.getNumSymbols() > 0)
+    operands.push_back(RankIdOp::create(b, loc));
   for (unsigned result = 0; result < map.getNumResults(); ++result) {
     AffineExpr expr = map.getResult(result);
     Value position;
@@ -99,7 +103,7 @@ SmallVector<Value> etc::event::evaluateIndexMap(OpBuilder &b, Location loc,
       position = constantIndex(b, loc, constant.getValue());
     else
       position = affine::AffineApplyOp::create(b, loc, map.getSubMap(result),
-                                               tile);
+                                               operands);
     if (indexMap.isIndirect(result)) {
       Value buffer = indexBuffers[indexMap.getIndirect()[result]];
       position = memref::LoadOp::create(b, loc, buffer, position);
@@ -133,6 +137,7 @@ LogicalResult GraphPlan::planBuffers() {
     tableOffsets.push_back(offset);
     offset += 1 + memref.getRank();
   }
+  tableWords = offset;
   return success();
 }
 
@@ -424,6 +429,13 @@ ScheduledFunction GraphProgramBuilder::createFunction(OpBuilder &builder,
   function.op->setAttr("event.graph", graph.getSymNameAttr());
   function.op->setAttr("event.schedule", StringAttr::get(context, schedule));
   function.op->setAttr("event.workers", builder.getI64IntegerAttr(workers));
+  if (IntegerAttr ranks = graph.getRanksAttr()) {
+    // Remote operations find the transport (`Event/IR/TransportLayout.h`)
+    // in the buffer table, after the buffers.
+    function.op->setAttr(GraphOp::getRanksAttrName(), ranks);
+    function.op->setAttr(transport::kTransportAttrName,
+                         builder.getI64IntegerAttr(plan.tableWords));
+  }
   if (suffix == "_worker") {
     // What the indices in the worker's waits and trace records refer to.
     function.op->setAttr("event.tasks", taskTable(builder, tasks));
@@ -437,7 +449,11 @@ ScheduledFunction GraphProgramBuilder::createFunction(OpBuilder &builder,
   for (BlockArgument graphArg : graph.getArguments())
     if (!isa<MemRefType>(graphArg.getType()))
       function.mapping.map(graphArg, *next++);
-  function.table = *next++;
+  BlockArgument table = *next++;
+  function.table = table;
+  if (graph.getRanksAttr())
+    function.op.setArgAttr(table.getArgNumber(), transport::kTableAttrName,
+                           builder.getUnitAttr());
   if (withCounters)
     function.counters = *next++;
 

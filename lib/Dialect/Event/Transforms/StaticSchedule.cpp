@@ -85,7 +85,8 @@ void StaticScheduler::buildInit(OpBuilder &builder) {
 /// Emits one tile (global tile `id`) of task `task`, whose record starts at
 /// `record`: prefetches of its weight boxes (planned with `prefetch=true`)
 /// when it has waits, the waits, then, unless the run was stopped meanwhile, the tile
-/// body, one `event.release` and the (`released`) notifies; only for live tiles when the task has live
+/// body, one `event.release` and the (`released`) notifies (remote ones,
+/// `event.remote_notify`, for symmetric events); only for live tiles when the task has live
 /// bounds. A dead tile keeps its place in the global order and its worker
 /// moves on, so the order argument against deadlock is unchanged.
 void StaticScheduler::runTile(OpBuilder &builder, Location loc,
@@ -108,10 +109,19 @@ void StaticScheduler::runTile(OpBuilder &builder, Location loc,
                      EntryEvent event = entryEvent(b, loc, function, family,
                                                    record, entry,
                                                    /*notify=*/true);
-                     auto notify = NotifyOp::create(
-                         b, loc, event.view,
+                     SmallVector<Value> coordinates =
                          entryCoordinates(b, loc, function, family, record,
-                                          entry, /*notify=*/true, tile));
+                                          entry, /*notify=*/true, tile);
+                     // A symmetric event's map names the rank first.
+                     if (plan.classes[event.classIndex].type.getSymmetric()) {
+                       RemoteNotifyOp::create(
+                           b, loc, event.view,
+                           ArrayRef<Value>(coordinates).drop_front(),
+                           coordinates.front());
+                       continue;
+                     }
+                     auto notify =
+                         NotifyOp::create(b, loc, event.view, coordinates);
                      notify.setReleased(true);
                    }
                  });

@@ -1,0 +1,103 @@
+"""Graphs on several ranks, run as real MPI processes on this machine.
+
+Each test starts N processes with `python -m etc.runtime.distributed`'s
+launcher (the `mpich` wheel's mpiexec); the per-rank scripts are in
+distributed/. They check the fused patterns against NumPy (all_gather +
+matmul, matmul + reduce_scatter, matmul + all_reduce, both schedules
+requested) and that a rank that dies or hangs is an error on every other
+rank, not a hang."""
+
+import os
+import re
+
+import pytest
+
+pytest.importorskip("mpi4py")
+
+from etc.runtime import distributed  # noqa: E402
+
+HERE = os.path.join(os.path.dirname(__file__), "distributed")
+
+
+def _launch(ranks: int, script: str, *args: str, timeout: float = 240):
+    env = dict(os.environ, ETC_PIN_WORKERS="0")
+    result = distributed.launch(ranks, [os.path.join(HERE, script), *args], timeout=timeout,
+                                env=env)
+    return result, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_fused_collectives_match_numpy(ranks):
+    result, output = _launch(ranks, "fused_patterns.py")
+    assert result.returncode == 0, output
+    for rank in range(ranks):
+        assert re.search(rf"rank {rank}: \d+ checks passed", output), output
+
+
+@pytest.mark.parametrize("mode", ["die", "hang"])
+def test_failing_rank_is_an_error_on_every_rank(mode):
+    """Rank 1 of 3 dies between runs, or hangs inside one (it never sends
+    its rows); ranks 0 and 2 raise within the 1 s watchdog plus a
+    meeting's timeout instead of hanging."""
+    result, output = _launch(3, "failing_rank.py", mode, timeout=120)
+    expected = "DistributedError" if mode == "die" else "WatchdogError"
+    for rank in (0, 2):
+        line = re.search(rf"rank {rank}: (\w+) after ([0-9.]+) s: (.*)", output)
+        assert line, output
+        assert line.group(1) == expected, output
+        assert float(line.group(2)) < 10, output
+        if mode == "hang":
+            # The stuck wait is named: the matmul's wait for gathered rows.
+            assert "task matmul_0" in line.group(3), output
+            assert "all_gather_0" in line.group(3), output
+    if mode == "hang":
+        # The hung rank itself finds the others gone at the end of its run.
+        assert re.search(r"rank 1: DistributedError", output), output
+
+
+# ----------------------------------------------------------------------
+# The front end, in this process (no MPI)
+# ----------------------------------------------------------------------
+
+import etc  # noqa: E402
+
+
+def _gather_graph(ranks=2, rows=32, tile=None):
+    g = etc.Graph("ag", ranks=ranks)
+    x = g.input("x", (rows, 16))
+    gathered = g.all_gather(x)
+    g.output(g.matmul(gathered, g.input("w", (16, 8)), tile=tile))
+    return g, gathered
+
+
+def test_collective_graph_ir():
+    g, _ = _gather_graph()
+    text = g.to_mlir()
+    assert "event.ranks = 2" in text
+    assert "{event.intermediate, event.symmetric}" in text
+    assert "!event.tensor<2, symmetric>" in text
+    assert "(d0, d1)[s0] -> (d1, " in text
+    assert "event.put" in text and "event.rank_id" in text
+    # The matmul waits on its row block of the gathered rows.
+    assert "waits(%" in text and "!event.tensor<2, symmetric> (d0, d1) -> (d0)" in text
+
+
+def test_collective_errors():
+    g = etc.Graph("one")
+    x = g.input("x", (32, 16))
+    with pytest.raises(ValueError, match="collectives need a graph on several ranks"):
+        g.all_gather(x)
+    g, gathered = _gather_graph()
+    with pytest.raises(ValueError, match="lives in the symmetric heap"):
+        g.output(gathered)
+    g = etc.Graph("rs", ranks=3)
+    with pytest.raises(ValueError, match="static multiple of the 3 ranks"):
+        g.reduce_scatter(g.input("y", (32, 16)))
+    with pytest.raises(ValueError, match="ranks=0 must be a positive int"):
+        etc.Graph("bad", ranks=0)
+    g, _ = _gather_graph(tile=(16, 8))
+    with pytest.raises(ValueError, match="row blocks of the 32 rows each rank sends"):
+        g.to_mlir()
+    g, _ = _gather_graph()
+    with pytest.raises(NotImplementedError, match="NVSHMEM is not implemented"):
+        etc.compile(g, target="cuda")
