@@ -4,8 +4,8 @@ Each test starts N processes with `python -m etc.runtime.distributed`'s
 launcher (the `mpich` wheel's mpiexec); the per-rank scripts are in
 distributed/. They check the fused patterns against NumPy (all_gather +
 matmul, matmul + reduce_scatter, matmul + all_reduce, both schedules
-requested) and that a rank that dies or hangs is an error on every other
-rank, not a hang."""
+requested), a tensor-parallel model against the whole model, and that a
+rank that dies or hangs is an error on every other rank, not a hang."""
 
 import os
 import re
@@ -32,6 +32,16 @@ def test_fused_collectives_match_numpy(ranks):
     assert result.returncode == 0, output
     for rank in range(ranks):
         assert re.search(rf"rank {rank}: \d+ checks passed", output), output
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_tensor_parallel_model_matches_one_rank(ranks):
+    """etc.models.load(..., tensor_parallel=N) generates the tokens, and
+    logits within float rounding, of the whole model on one rank."""
+    result, output = _launch(ranks, "tensor_parallel.py")
+    assert result.returncode == 0, output
+    for rank in range(ranks):
+        assert f"rank {rank}: tensor parallel matches" in output, output
 
 
 @pytest.mark.parametrize("mode", ["die", "hang"])

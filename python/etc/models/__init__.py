@@ -57,7 +57,7 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
          dtype: str = "f32", max_seq_len: Optional[int] = None,
          attention_chunk: Optional[int] = None, max_step_tokens: int = 256,
          chip: str = "sm_90a", kernels: str = "native", cache=None, kernel=None,
-         progress=None) -> Model:
+         progress=None, tensor_parallel: int = 1) -> Model:
     """Reads the Hugging Face checkpoint directory or GGUF file `path`,
     builds its step graph and compiles it once, or takes the compiled step
     kernel from the compile cache.
@@ -83,13 +83,21 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     weights load ("weights", per tensor) and the kernel is looked up
     ("cache") or compiled ("compile").
 
+    `tensor_parallel=N` splits the model over N ranks (Megatron-style: each
+    rank its share of the attention heads and MLP columns, the partial sums
+    added by an all-reduce fused into the step kernel): run N processes
+    (`python -m etc.runtime.distributed -n N script.py`), each calling
+    `load` and then `generate` with the same arguments, in the same order
+    (docs/distributed.md). A head count or MLP width that N does not
+    divide is a ValueError naming the field.
+
     Raises `UnsupportedConfigError`, `MissingTensorError`,
     `CheckpointError`, `GGUFError` or `SafetensorsError` naming the field,
     tensor or file at fault."""
     return Model(open_checkpoint(path), target=target, schedule=schedule, workers=workers,
                  dtype=dtype, max_seq_len=max_seq_len, attention_chunk=attention_chunk,
                  max_step_tokens=max_step_tokens, chip=chip, kernels=kernels, cache=cache,
-                 kernel=kernel, progress=progress)
+                 kernel=kernel, progress=progress, tensor_parallel=tensor_parallel)
 
 
 def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",

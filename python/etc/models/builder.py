@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..graph import Graph
 from .config import ModelConfig
 
-__all__ = ["build_step_graph", "STATE_DTYPE"]
+__all__ = ["build_step_graph", "shard_config", "shard_weights", "STATE_DTYPE"]
 
 #: The KV caches are float32 whatever the weights: NumPy holds them, so the
 #: caller's arrays are the caches (bf16 would need a copy each step).
@@ -24,12 +24,21 @@ STATE_DTYPE = "f32"
 
 
 def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: int,
-                     chunk: int, name: str = "step") -> Graph:
+                     chunk: int, name: str = "step", ranks: int = 1) -> Graph:
     """The step graph of `config`, weights and activations in `dtype`,
     attention chunks of `chunk` positions over caches of at most
-    `max_seq_len` positions."""
+    `max_seq_len` positions.
+
+    With `ranks` > 1, `config` is one rank's shard of a tensor-parallel
+    model (`shard_config`: its share of the heads and of the MLP columns),
+    and the partial sums of the attention output and MLP down projections
+    are added over the ranks by an `all_reduce` fused into the step."""
     c = config
-    g = Graph(name)
+    g = Graph(name, ranks=ranks)
+
+    def reduced(partial):
+        return g.all_reduce(partial) if ranks > 1 else partial
+
     T, R, S, L = (g.symbol(n) for n in ("T", "R", "S", "L"))
     h, d = c.hidden_size, c.head_dim
     ids = g.input("ids", (T,), "i32")
@@ -61,11 +70,14 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         attended = g.attention(q, k_cache, v_cache, batch, head_dim=d, chunk=chunk,
                                max_length=max_seq_len, scratch_from=previous_attention)
         previous_attention = attended
-        x = g.add(x, g.matmul(attended, weight(f"l{i}_wo", (h, c.num_heads * d)),
-                              transpose_b=True))
+        x = g.add(x, reduced(g.matmul(attended, weight(f"l{i}_wo", (h, c.num_heads * d)),
+                                      transpose_b=True)))
         # MLP block: dense SwiGLU, or experts.
         normed = g.rmsnorm(x, weight(f"l{i}_mlp_norm", (h,)), eps)
         if c.is_sparse(i):
+            if ranks > 1:
+                raise NotImplementedError("tensor parallelism of Mixture-of-Experts layers is "
+                                          "not implemented (dense layers only)")
             e, f = c.num_experts, c.moe_intermediate_size
             mlp = g.moe(normed, weight(f"l{i}_router", (h, e)),
                         weight(f"l{i}_experts_gate", (e, h, f)),
@@ -76,8 +88,8 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             f = c.intermediate_size
             gate = g.matmul(normed, weight(f"l{i}_w_gate", (f, h)), transpose_b=True)
             up = g.matmul(normed, weight(f"l{i}_w_up", (f, h)), transpose_b=True)
-            mlp = g.matmul(g.mul(g.silu(gate), up), weight(f"l{i}_w_down", (h, f)),
-                           transpose_b=True)
+            mlp = reduced(g.matmul(g.mul(g.silu(gate), up), weight(f"l{i}_w_down", (h, f)),
+                                   transpose_b=True))
         x = g.add(x, mlp)
     # The last new token of each request: norm, LM head, greedy sampling.
     last = g.embedding(x, batch.request_last)
@@ -86,3 +98,52 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     logits = g.matmul(normed, head, transpose_b=True, name="logits")
     g.output(logits, g.argmax(logits, name="next_ids"))
     return g
+
+
+def shard_config(config: ModelConfig, ranks: int) -> ModelConfig:
+    """One rank's share of `config` under Megatron-style tensor parallelism
+    over `ranks`: `num_heads / ranks` query heads and `num_kv_heads / ranks`
+    KV heads (rank r takes the r-th contiguous group, so its query heads
+    use its KV heads), `intermediate_size / ranks` MLP columns. Raises
+    ValueError naming the field that `ranks` does not divide."""
+    import dataclasses
+
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise ValueError(f"tensor_parallel={ranks!r} must be a positive int")
+    for field in ("num_heads", "num_kv_heads", "intermediate_size"):
+        value = getattr(config, field)
+        if value % ranks:
+            raise ValueError(f"tensor_parallel={ranks}: the model's {field} = {value} is not "
+                             f"divisible by {ranks}; each rank needs a whole share")
+    return dataclasses.replace(config, num_heads=config.num_heads // ranks,
+                               num_kv_heads=config.num_kv_heads // ranks,
+                               intermediate_size=config.intermediate_size // ranks)
+
+
+def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int) -> dict:
+    """Rank `rank`'s slices of the checkpoint's `weights` (Hugging Face's
+    (out, in) layout): the rows of the Q, K, V, gate and up projections of
+    its heads and MLP columns, the matching columns of the output and down
+    projections; everything else whole."""
+    import numpy as np
+
+    if ranks == 1:
+        return weights
+    d = config.head_dim
+    q = config.num_heads // ranks * d
+    kv = config.num_kv_heads // ranks * d
+    f = config.intermediate_size // ranks
+    rows = {"wq": q, "wk": kv, "wv": kv, "w_gate": f, "w_up": f}
+    columns = {"wo": q, "w_down": f}
+    shard = {}
+    for name, array in weights.items():
+        kind = name.split("_", 1)[1] if name.startswith("l") and "_" in name else None
+        if kind in rows:
+            size = rows[kind]
+            shard[name] = np.ascontiguousarray(array[rank * size:(rank + 1) * size])
+        elif kind in columns:
+            size = columns[kind]
+            shard[name] = np.ascontiguousarray(array[:, rank * size:(rank + 1) * size])
+        else:
+            shard[name] = array
+    return shard

@@ -205,8 +205,20 @@ class Model:
                  max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
                  max_step_tokens: int = DEFAULT_MAX_STEP_TOKENS, chip: str = "sm_90a",
                  kernels: str = "native", cache=None, kernel=None,
-                 progress: Optional[Callable[[str, int, int], None]] = None):
+                 progress: Optional[Callable[[str, int, int], None]] = None,
+                 tensor_parallel: int = 1):
+        from .builder import shard_config, shard_weights
+
         config = checkpoint.config
+        #: The ranks the model is split over (Megatron-style) and this
+        #: process's rank; `_shard` is its share of the heads and columns.
+        self.tensor_parallel = tensor_parallel
+        self._shard = shard_config(config, tensor_parallel)
+        self.rank = 0
+        if tensor_parallel > 1:
+            from mpi4py import MPI
+
+            self.rank = MPI.COMM_WORLD.Get_rank()
         #: What the step graph is built from (`build_step_graph`'s options)
         #: and compiled with (`etc.compile`'s): with the config, the key of
         #: the compile cache.
@@ -214,6 +226,8 @@ class Model:
             config, target=target, schedule=schedule, workers=workers, dtype=dtype,
             max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip,
             kernels=kernels)
+        if tensor_parallel > 1:
+            self.graph_options["ranks"] = tensor_parallel
         if isinstance(max_step_tokens, bool) or not isinstance(max_step_tokens, int) or \
                 max_step_tokens < 1:
             raise ValueError(f"load: max_step_tokens={max_step_tokens!r} must be a positive int")
@@ -233,11 +247,12 @@ class Model:
         start = time.perf_counter()
         weights = checkpoint.weights(progress=None if progress is None else
                                      lambda done, total: progress("weights", done, total))
+        weights = shard_weights(config, weights, tensor_parallel, self.rank)
         if "inv_freq" not in weights:
             weights["inv_freq"] = config.rope_inv_freq()
         self._weights = {name: self._as_dtype(name, array) for name, array in weights.items()}
         self.timings["weights"] = time.perf_counter() - start
-        step, source, seconds = step_kernel(config, self.graph_options, self.compile_options,
+        step, source, seconds = step_kernel(self._shard, self.graph_options, self.compile_options,
                                             cache=cache, kernel=kernel, progress=progress,
                                             name=str(self.path))
         #: Where the step kernel came from: "compiled", "cache" (the
@@ -261,7 +276,7 @@ class Model:
         if self._graph is None:
             from .builder import build_step_graph
 
-            self._graph = build_step_graph(self.config, **self.graph_options)
+            self._graph = build_step_graph(self._shard, **self.graph_options)
         return self._graph
 
     def _as_dtype(self, name: str, array: np.ndarray) -> np.ndarray:
@@ -308,7 +323,7 @@ class Model:
         if self.target == "cuda":
             kernel = self._kernels[0]
             allocate = lambda shape: kernel.runtime.device_zeros(shape, np.float32)
-        return KVCache(self.config, slots, length, allocate)
+        return KVCache(self._shard, slots, length, allocate)
 
     def step(self, cache: KVCache, requests: Sequence[Request]):
         """Runs one step: every request's new tokens go into the cache, and

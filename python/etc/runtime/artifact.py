@@ -203,6 +203,8 @@ def load(path, *, workers: int | None = None) -> LoadedKernel:
         from .cpu import CPURuntime, EntryPoints
 
         library = _load_library(code)
+        if abi.extra.get("ranks", 1) > 1:
+            from .distributed import DistributedCPURuntime as CPURuntime  # noqa: F811
         runtime = CPURuntime(abi, EntryPoints.from_library(library, abi), workers)
     else:
         from .cuda import CUDARuntime
