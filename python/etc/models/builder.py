@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..graph import Graph
 from .config import ModelConfig
 
-__all__ = ["build_step_graph", "shard_config", "shard_weights", "STATE_DTYPE"]
+__all__ = ["build_step_graph", "STATE_DTYPE"]
 
 #: The KV caches are float32 whatever the weights: NumPy holds them, so the
 #: caller's arrays are the caches (bf16 would need a copy each step).
@@ -32,7 +32,8 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     With `ranks` > 1, `config` is one rank's shard of a tensor-parallel
     model (`shard_config`: its share of the heads and of the MLP columns),
     and the partial sums of the attention output and MLP down projections
-    are added over the ranks by an `all_reduce` fused into the step."""
+    are added over the ranks by an `all_reduce` fused into the step
+    (`etc.models.parallel`)."""
     c = config
     g = Graph(name, ranks=ranks)
 
@@ -99,51 +100,3 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     g.output(logits, g.argmax(logits, name="next_ids"))
     return g
 
-
-def shard_config(config: ModelConfig, ranks: int) -> ModelConfig:
-    """One rank's share of `config` under Megatron-style tensor parallelism
-    over `ranks`: `num_heads / ranks` query heads and `num_kv_heads / ranks`
-    KV heads (rank r takes the r-th contiguous group, so its query heads
-    use its KV heads), `intermediate_size / ranks` MLP columns. Raises
-    ValueError naming the field that `ranks` does not divide."""
-    import dataclasses
-
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-        raise ValueError(f"tensor_parallel={ranks!r} must be a positive int")
-    for field in ("num_heads", "num_kv_heads", "intermediate_size"):
-        value = getattr(config, field)
-        if value % ranks:
-            raise ValueError(f"tensor_parallel={ranks}: the model's {field} = {value} is not "
-                             f"divisible by {ranks}; each rank needs a whole share")
-    return dataclasses.replace(config, num_heads=config.num_heads // ranks,
-                               num_kv_heads=config.num_kv_heads // ranks,
-                               intermediate_size=config.intermediate_size // ranks)
-
-
-def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int) -> dict:
-    """Rank `rank`'s slices of the checkpoint's `weights` (Hugging Face's
-    (out, in) layout): the rows of the Q, K, V, gate and up projections of
-    its heads and MLP columns, the matching columns of the output and down
-    projections; everything else whole."""
-    import numpy as np
-
-    if ranks == 1:
-        return weights
-    d = config.head_dim
-    q = config.num_heads // ranks * d
-    kv = config.num_kv_heads // ranks * d
-    f = config.intermediate_size // ranks
-    rows = {"wq": q, "wk": kv, "wv": kv, "w_gate": f, "w_up": f}
-    columns = {"wo": q, "w_down": f}
-    shard = {}
-    for name, array in weights.items():
-        kind = name.split("_", 1)[1] if name.startswith("l") and "_" in name else None
-        if kind in rows:
-            size = rows[kind]
-            shard[name] = np.ascontiguousarray(array[rank * size:(rank + 1) * size])
-        elif kind in columns:
-            size = columns[kind]
-            shard[name] = np.ascontiguousarray(array[:, rank * size:(rank + 1) * size])
-        else:
-            shard[name] = array
-    return shard

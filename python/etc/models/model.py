@@ -207,7 +207,7 @@ class Model:
                  kernels: str = "native", cache=None, kernel=None,
                  progress: Optional[Callable[[str, int, int], None]] = None,
                  tensor_parallel: int = 1):
-        from .builder import shard_config, shard_weights
+        from .parallel import shard_config, shard_weights
 
         config = checkpoint.config
         #: The ranks the model is split over (Megatron-style) and this
