@@ -1,0 +1,337 @@
+"""The paged KV cache: a pool of blocks of P positions per layer, a block
+table per sequence, and prefix reuse across sequences.
+
+Each layer's K and V caches are one array (blocks, P, kv_heads * head_dim);
+position p of a sequence lives in block table[p // P] at row p % P. The
+step kernel takes the tables of its requests as an i32 input (R, M), so
+which blocks a sequence uses is data of the step, never a recompile.
+
+`BlockManager` is the host side, NumPy-free: which blocks are free, which
+sequence holds which, and which hold a reusable prefix. A block that is
+full and computed is identified by a hash of its token ids and of every
+token before them (the hash of the previous block chained with its own
+ids), so two sequences whose first n blocks have the same ids share those
+n blocks: a new sequence reuses the blocks of its longest cached prefix and
+computes only the rest. Blocks are reference-counted; a cached block no
+sequence holds stays in the pool, reusable, until a new block is needed and
+none is free: then the least recently released cached block is evicted.
+
+Only full blocks are shared, and a sequence writes only positions past
+those it reused, so a shared block is never written: no copy-on-write.
+A prompt that is entirely cached still computes its last token (its logits
+are needed), so reuse stops one token short of the prompt's end.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["BlockManager", "PagedKVCache", "DEFAULT_BLOCK_SIZE", "block_hashes"]
+
+#: Positions per block unless told otherwise: vLLM's default, a 16-row
+#: block of a 128-wide bf16 head is 4 KB, and chunked attention reads whole
+#: blocks when the chunk is a multiple of it.
+DEFAULT_BLOCK_SIZE = 16
+
+
+def block_hashes(tokens: Sequence[int], block_size: int, parent: bytes = b"",
+                 start: int = 0) -> list[bytes]:
+    """The chained hashes of the full blocks of `tokens` from block `start`
+    on: block i's hash is SHA-256 of the previous block's hash (`parent`
+    for block `start`) and its `block_size` token ids, so it identifies the
+    block's ids and everything before them."""
+    out = []
+    ids = np.asarray(tokens, dtype=np.int64)
+    for i in range(start, len(ids) // block_size):
+        parent = hashlib.sha256(parent + ids[i * block_size:(i + 1) * block_size].tobytes()
+                                ).digest()
+        out.append(parent)
+    return out
+
+
+@dataclass
+class _SequenceBlocks:
+    """A sequence's blocks in position order, and the hashes of its first
+    full, computed ones."""
+
+    blocks: list = field(default_factory=list)
+    hashes: list = field(default_factory=list)
+
+
+class BlockManager:
+    """The host-side bookkeeping of a paged KV cache of `num_blocks` blocks
+    of `block_size` positions (see the module's docstring).
+
+    A sequence is a key (any hashable: the engine uses small ints).
+    `admit(key, tokens, positions)` opens it, reusing its longest cached
+    prefix, and returns how many of `tokens` are already in the cache (None
+    when the pool lacks the blocks: nothing changes); `reserve(key,
+    positions)` grows its table to cover `positions` (False when the pool
+    lacks the blocks); `commit(key, tokens)` says its first len(tokens)
+    positions now hold these ids' keys and values, which makes its full
+    blocks reusable; `release(key)` gives its blocks back.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, *,
+                 prefix_caching: bool = True):
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"BlockManager: {name}={value!r} must be a positive int")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.prefix_caching = prefix_caching
+        # Blocks holding nothing reusable, taken from the end (block 0 first).
+        self._free = list(range(num_blocks - 1, -1, -1))
+        # Cached blocks no sequence holds, least recently released first.
+        self._evictable: "collections.OrderedDict[int, None]" = collections.OrderedDict()
+        self._refs = [0] * num_blocks
+        self._hash_of: dict[int, bytes] = {}
+        self._block_of: dict[bytes, int] = {}
+        self._sequences: dict[Hashable, _SequenceBlocks] = {}
+        #: Prompt tokens admitted, and how many of them came from the cache.
+        self.queried_tokens = 0
+        self.cached_tokens = 0
+        #: Cached blocks evicted to make room.
+        self.evictions = 0
+
+    # -- sizes ---------------------------------------------------------------
+
+    def blocks_for(self, positions: int) -> int:
+        """Blocks that hold `positions` positions."""
+        return -(-positions // self.block_size)
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks a sequence may take: the free ones and the cached ones no
+        sequence holds (evicted when taken)."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def used_blocks(self) -> int:
+        """Blocks held by at least one sequence."""
+        return self.num_blocks - self.free_blocks
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks whose contents are registered for reuse (held or not)."""
+        return len(self._block_of)
+
+    def __contains__(self, key) -> bool:
+        return key in self._sequences
+
+    def __len__(self) -> int:
+        return len(self._sequences)
+
+    def table(self, key) -> list[int]:
+        """The blocks of sequence `key`, in position order."""
+        return list(self._sequence(key).blocks)
+
+    def ref_count(self, block: int) -> int:
+        """How many sequences hold `block`."""
+        return self._refs[block]
+
+    # -- sequences -------------------------------------------------------------
+
+    def match(self, tokens: Sequence[int]) -> list[int]:
+        """The blocks of the longest cached prefix of `tokens`, in order:
+        whole blocks only, ending at least one token before the end (the
+        last token is always computed). Changes nothing."""
+        if not self.prefix_caching:
+            return []
+        usable = (len(tokens) - 1) // self.block_size
+        blocks = []
+        for h in block_hashes(tokens[:usable * self.block_size], self.block_size):
+            block = self._block_of.get(h)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def admit(self, key, tokens: Sequence[int], positions: Optional[int] = None
+              ) -> Optional[int]:
+        """Opens sequence `key` for `tokens` with blocks for `positions`
+        positions (default: len(tokens)), reusing the blocks of the longest
+        cached prefix of `tokens`. Returns the number of tokens already in
+        the cache (a multiple of the block size), or None when the pool
+        lacks free blocks for the rest (nothing changes then)."""
+        if key in self._sequences:
+            raise ValueError(f"BlockManager.admit: sequence {key!r} is already admitted")
+        if not tokens:
+            raise ValueError(f"BlockManager.admit: sequence {key!r} has no tokens")
+        positions = len(tokens) if positions is None else positions
+        if positions < len(tokens):
+            raise ValueError(f"BlockManager.admit: positions={positions} is fewer than the "
+                             f"{len(tokens)} tokens of sequence {key!r}")
+        reused = self.match(tokens)
+        needed = self.blocks_for(positions) - len(reused)
+        # Reused blocks that nobody holds are counted as free: they leave
+        # the free count without adding to what is available.
+        idle = sum(1 for b in reused if self._refs[b] == 0)
+        if needed > self.free_blocks - idle:
+            return None
+        for block in reused:
+            if self._refs[block] == 0:
+                del self._evictable[block]
+            self._refs[block] += 1
+        sequence = _SequenceBlocks(list(reused), [self._hash_of[b] for b in reused])
+        sequence.blocks += [self._take() for _ in range(needed)]
+        self._sequences[key] = sequence
+        cached = len(reused) * self.block_size
+        self.queried_tokens += len(tokens)
+        self.cached_tokens += cached
+        return cached
+
+    def reserve(self, key, positions: int) -> bool:
+        """Grows sequence `key`'s table to hold `positions` positions; False
+        (and nothing taken) when the pool lacks the blocks."""
+        sequence = self._sequence(key)
+        needed = self.blocks_for(positions) - len(sequence.blocks)
+        if needed > self.free_blocks:
+            return False
+        sequence.blocks += [self._take() for _ in range(needed)]
+        return True
+
+    def can_reserve(self, key, positions: int) -> bool:
+        """Whether `reserve(key, positions)` would succeed."""
+        return self.blocks_for(positions) - len(self._sequence(key).blocks) <= self.free_blocks
+
+    def commit(self, key, tokens: Sequence[int]) -> None:
+        """Sequence `key`'s first len(tokens) positions now hold the keys and
+        values of `tokens`: its full blocks among them become reusable by
+        later sequences with the same prefix. A block whose contents another
+        block already holds stays private (freed, not cached, at release)."""
+        sequence = self._sequence(key)
+        full = min(len(tokens) // self.block_size, len(sequence.blocks))
+        if not self.prefix_caching or full <= len(sequence.hashes):
+            return
+        parent = sequence.hashes[-1] if sequence.hashes else b""
+        for i, h in enumerate(block_hashes(tokens[:full * self.block_size], self.block_size,
+                                           parent, len(sequence.hashes)),
+                              start=len(sequence.hashes)):
+            sequence.hashes.append(h)
+            block = sequence.blocks[i]
+            if h not in self._block_of and block not in self._hash_of:
+                self._block_of[h] = block
+                self._hash_of[block] = h
+
+    def release(self, key) -> None:
+        """Gives sequence `key`'s blocks back: a block no other sequence
+        holds is free, or, when it is cached, evictable (the sequence's
+        first blocks last, so that a shared prefix outlives its tails)."""
+        sequence = self._sequences.pop(key, None)
+        if sequence is None:
+            raise KeyError(f"BlockManager.release: no sequence {key!r}")
+        for block in reversed(sequence.blocks):
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                if block in self._hash_of:
+                    self._evictable[block] = None
+                else:
+                    self._free.append(block)
+
+    def clear_cached(self) -> int:
+        """Forgets every cached block that no sequence holds (they become
+        free); returns how many."""
+        count = len(self._evictable)
+        for block in self._evictable:
+            del self._block_of[self._hash_of.pop(block)]
+            self._free.append(block)
+        self._evictable.clear()
+        return count
+
+    # -- internals ---------------------------------------------------------------
+
+    def _sequence(self, key) -> _SequenceBlocks:
+        sequence = self._sequences.get(key)
+        if sequence is None:
+            raise KeyError(f"BlockManager: no sequence {key!r} (admit it first)")
+        return sequence
+
+    def _take(self) -> int:
+        """A block for a sequence: a free one, else the least recently
+        released cached one, evicted."""
+        if self._free:
+            block = self._free.pop()
+        else:
+            block, _ = self._evictable.popitem(last=False)
+            del self._block_of[self._hash_of.pop(block)]
+            self.evictions += 1
+        self._refs[block] = 1
+        return block
+
+    def check(self) -> None:
+        """Raises AssertionError when the bookkeeping is inconsistent (for
+        tests): reference counts, the free and evictable sets, the hashes."""
+        held = collections.Counter(b for s in self._sequences.values() for b in s.blocks)
+        for block in range(self.num_blocks):
+            assert self._refs[block] == held[block], (block, self._refs[block], held[block])
+        free, idle = set(self._free), set(self._evictable)
+        assert len(free) == len(self._free) and not free & idle
+        assert free | idle == {b for b in range(self.num_blocks) if not held[b]}
+        assert not free & set(self._hash_of) and idle <= set(self._hash_of)
+        assert {self._block_of[h] for h in self._hash_of.values()} == set(self._hash_of)
+
+
+class PagedKVCache:
+    """The paged K and V caches of every layer: arrays (`num_blocks`,
+    `block_size`, kv_heads * head_dim) of the KV dtype's storage, which the
+    step kernel updates in place, and their `BlockManager`.
+
+    `Model.step` takes a `Request`'s slot as a sequence key of `manager`
+    and passes the kernel the block tables of the step's sequences."""
+
+    def __init__(self, config, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, *,
+                 storage=np.float32, dtype: str = "f32",
+                 allocate: Optional[Callable] = None, prefix_caching: bool = True):
+        self.manager = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.dtype = dtype
+        self.storage = np.dtype(storage)
+        shape = (num_blocks, block_size, config.num_kv_heads * config.head_dim)
+        allocate = allocate or (lambda shape, storage: np.zeros(shape, storage))
+        self.arrays = {f"l{i}_{kind}_cache": allocate(shape, self.storage)
+                       for i in range(config.num_layers) for kind in ("k", "v")}
+
+    @staticmethod
+    def bytes_per_block(config, block_size: int, itemsize: int) -> int:
+        """2 (K and V) x layers x block_size x kv_heads x head_dim x itemsize."""
+        return (2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim *
+                itemsize)
+
+    @property
+    def tokens(self) -> int:
+        """The positions the pool holds."""
+        return self.num_blocks * self.block_size
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(np.prod(a.shape)) * self.storage.itemsize for a in self.arrays.values())
+
+    def block_tables(self, keys: Sequence, positions: Sequence[int]) -> np.ndarray:
+        """The i32 (len(keys), M) block tables of sequences `keys`, each
+        checked to cover its `positions`; M is the longest table rounded
+        up to a power of two (few distinct widths, so few bindings), rows
+        padded with block 0, which no position reads."""
+        tables = []
+        for r, (key, needed) in enumerate(zip(keys, positions)):
+            if key not in self.manager:
+                raise ValueError(f"step: request {r} uses sequence {key!r}, which the paged "
+                                 f"cache has not admitted")
+            table = self.manager.table(key)
+            if len(table) * self.block_size < needed:
+                raise ValueError(f"step: request {r} reaches position {needed - 1}, but its "
+                                 f"block table holds {len(table) * self.block_size} positions "
+                                 f"(reserve blocks first)")
+            tables.append(table)
+        width = 1
+        longest = max((len(t) for t in tables), default=1)
+        while width < longest:
+            width *= 2
+        out = np.zeros((len(tables), width), np.int32)
+        for r, table in enumerate(tables):
+            out[r, :len(table)] = table
+        return out

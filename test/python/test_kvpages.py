@@ -1,0 +1,203 @@
+"""The paged KV cache's host side (`etc.models.kvpages`): block allocation,
+block tables, prefix reuse by chained hashes, reference counts and LRU
+eviction. NumPy only, no kernel."""
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from etc.models.kvpages import BlockManager, PagedKVCache, block_hashes
+
+P = 4
+
+
+def ids(n, start=0):
+    return list(range(start, start + n))
+
+
+def test_admit_reserve_release_tables():
+    m = BlockManager(6, P)
+    assert m.admit("a", ids(5)) == 0
+    assert m.table("a") == [0, 1]
+    assert m.reserve("a", 8) and m.table("a") == [0, 1]
+    assert m.reserve("a", 9) and m.table("a") == [0, 1, 2]
+    assert m.admit("b", ids(3, 100), positions=10) == 0
+    assert m.table("b") == [3, 4, 5]
+    assert m.free_blocks == 0 and m.used_blocks == 6
+    # No room: nothing taken.
+    assert not m.reserve("a", 13)
+    assert m.table("a") == [0, 1, 2]
+    assert m.admit("c", ids(1, 200)) is None and "c" not in m
+    m.release("b")
+    assert m.free_blocks == 3
+    assert m.reserve("a", 13) and len(m.table("a")) == 4
+    m.check()
+    with pytest.raises(ValueError, match="already admitted"):
+        m.admit("a", ids(2))
+    with pytest.raises(KeyError, match="no sequence 'zzz'"):
+        m.reserve("zzz", 1)
+    with pytest.raises(ValueError, match="fewer than the 5 tokens"):
+        m.admit("d", ids(5), positions=3)
+
+
+def test_prefix_reuse_shares_full_blocks():
+    m = BlockManager(10, P)
+    prompt = ids(10)
+    assert m.admit("a", prompt) == 0
+    m.commit("a", prompt)  # two full blocks registered, the third is partial
+    assert m.cached_blocks == 2
+    # Same first 9 ids: both full blocks of them reused.
+    other = prompt[:9] + [99, 98]
+    assert m.admit("b", other) == 8
+    assert m.table("b")[:2] == m.table("a")[:2]
+    assert m.table("b")[2] not in m.table("a")
+    assert [m.ref_count(b) for b in m.table("a")[:2]] == [2, 2]
+    # A differing id in the first block: nothing reused, although the
+    # second block's ids are the same (the hash covers everything before).
+    assert m.admit("c", [7] + prompt[1:]) == 0
+    assert m.queried_tokens == 10 + 11 + 10 and m.cached_tokens == 8
+    m.check()
+
+
+def test_reuse_leaves_the_last_token_to_compute():
+    m = BlockManager(10, P)
+    prompt = ids(8)
+    m.admit("a", prompt)
+    m.commit("a", prompt)
+    assert m.cached_blocks == 2
+    # Two full cached blocks cover the whole prompt: the last is computed
+    # again (its logits are needed), so only the first is reused.
+    assert m.admit("b", prompt) == 4
+    assert m.admit("c", prompt + [50]) == 8
+    assert m.match(prompt[:1]) == []
+
+
+def test_commit_registers_generated_tokens_and_is_incremental():
+    m = BlockManager(10, P)
+    seq = ids(3)
+    m.admit("a", seq, positions=12)
+    for t in range(3, 12):
+        seq.append(t)
+        m.commit("a", seq[:-1])  # the pending token is not in the cache yet
+    assert m.cached_blocks == 2
+    assert [m._block_of[h] for h in block_hashes(seq, P)[:2]] == m.table("a")[:2]
+
+
+def test_released_blocks_stay_reusable_until_evicted_lru():
+    m = BlockManager(6, P)
+    a, b = ids(9), ids(9, 100)
+    m.admit("a", a)
+    m.commit("a", a)
+    m.release("a")           # 2 cached blocks idle, the partial third free
+    m.admit("b", b)
+    m.commit("b", b)
+    m.release("b")
+    assert m.cached_blocks == 4 and m.free_blocks == 6 and m.evictions == 0
+    assert len(m.match(a)) == 2 and len(m.match(b)) == 2
+    # A new unrelated sequence of 4 blocks takes the 2 free ones, then
+    # evicts the least recently released cached ones: a's tail block, then
+    # a's first (a sequence's first blocks are released last, so they
+    # outlive its tail).
+    tail_of_a, first_of_a = m.match(a)[1], m.match(a)[0]
+    m.admit("c", ids(13, 500))
+    assert m.evictions == 2 and m.match(a) == [] and len(m.match(b)) == 2
+    assert m.table("c")[2:] == [tail_of_a, first_of_a]
+    m.check()
+
+
+def test_idle_reused_blocks_are_not_counted_twice():
+    m = BlockManager(3, P)
+    a = ids(9)
+    m.admit("a", a)
+    m.commit("a", a)
+    m.release("a")            # 2 idle cached blocks + 1 free
+    # Reusing both idle blocks leaves one block for the rest: 12 positions fit...
+    assert m.admit("b", a, positions=12) == 8
+    m.release("b")
+    # ...13 do not, and a sequence reusing nothing cannot take 4 blocks.
+    assert m.admit("c", a, positions=13) is None
+    assert m.admit("d", ids(13, 40)) is None
+    m.check()
+
+
+def test_duplicate_contents_stay_private():
+    m = BlockManager(8, P)
+    p = ids(8)
+    m.admit("a", p + [1])
+    m.admit("b", p + [2])     # admitted before a committed: nothing to reuse
+    m.commit("a", p)
+    m.commit("b", p)
+    assert m.cached_blocks == 2 and m.match(p + [3]) == m.table("a")[:2]
+    m.release("b")            # b's copies were never registered: free
+    assert m.free_blocks == 8 - 3
+    m.check()
+
+
+def test_prefix_caching_off():
+    m = BlockManager(8, P, prefix_caching=False)
+    p = ids(9)
+    m.admit("a", p)
+    m.commit("a", p)
+    assert m.cached_blocks == 0 and m.admit("b", p) == 0
+
+
+def test_clear_cached():
+    m = BlockManager(4, P)
+    p = ids(9)
+    m.admit("a", p)
+    m.commit("a", p)
+    m.release("a")
+    assert m.clear_cached() == 2 and m.cached_blocks == 0 and m.free_blocks == 4
+    m.check()
+
+
+def test_random_operations_keep_the_books():
+    rng = random.Random(0)
+    m = BlockManager(12, P)
+    prefixes = [ids(rng.randrange(1, 14), 1000 * i) for i in range(3)]
+    live: dict = {}
+    for step in range(2000):
+        op = rng.random()
+        if op < 0.35 and len(live) < 6:
+            seq = rng.choice(prefixes)[:rng.randrange(1, 14)] + ids(rng.randrange(0, 6), step)
+            if not seq:
+                continue
+            cached = m.admit(step, seq, positions=len(seq) + rng.randrange(0, 4))
+            if cached is not None:
+                assert cached % P == 0 and cached < len(seq)
+                # Reused blocks hold exactly these ids' prefix.
+                assert m.table(step)[:cached // P] == m.match(seq)[:cached // P]
+                live[step] = seq
+        elif op < 0.6 and live:
+            key = rng.choice(list(live))
+            m.commit(key, live[key][:len(m.table(key)) * P])
+        elif op < 0.8 and live:
+            key = rng.choice(list(live))
+            m.reserve(key, len(m.table(key)) * P + rng.randrange(1, 6))
+        elif live:
+            key = rng.choice(list(live))
+            m.release(key)
+            del live[key]
+        m.check()
+    assert m.evictions > 0 and m.cached_tokens > 0
+
+
+def test_paged_cache_arrays_and_block_tables():
+    config = SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=8)
+    cache = PagedKVCache(config, 6, P, storage=np.float16, dtype="f16")
+    assert sorted(cache.arrays) == ["l0_k_cache", "l0_v_cache", "l1_k_cache", "l1_v_cache"]
+    assert cache.arrays["l0_k_cache"].shape == (6, P, 16)
+    assert cache.arrays["l0_k_cache"].dtype == np.float16
+    assert cache.nbytes == PagedKVCache.bytes_per_block(config, P, 2) * 6 == 4 * 6 * P * 16 * 2
+    assert cache.tokens == 24
+    cache.manager.admit(7, ids(9))
+    cache.manager.admit(3, ids(2))
+    tables = cache.block_tables([3, 7], [2, 9])
+    assert tables.dtype == np.int32 and tables.shape == (2, 4)
+    assert tables.tolist() == [[3, 0, 0, 0], [0, 1, 2, 0]]
+    with pytest.raises(ValueError, match="reaches position 12.*holds 12 positions"):
+        cache.block_tables([7], [13])
+    with pytest.raises(ValueError, match="request 1 uses sequence 5"):
+        cache.block_tables([7, 5], [1, 1])
