@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["embedding", "rope", "rope_inv_freq", "head_rmsnorm", "kv_append", "attention",
-           "argmax", "KINDS", "apply"]
+           "paged_rows", "argmax", "KINDS", "apply"]
 
 #: The operator kinds this module computes.
 KINDS = ("embedding", "rope", "head_rmsnorm", "kv_append", "attention", "argmax")
@@ -59,37 +59,78 @@ def head_rmsnorm(x: np.ndarray, weight: np.ndarray, head_dim: int, eps: float) -
     return (heads / np.sqrt(ms + np.float32(eps)) * weight).reshape(x.shape)
 
 
-def kv_append(cache: np.ndarray, values: np.ndarray, positions: np.ndarray,
-              token_request: np.ndarray, request_slot: np.ndarray) -> np.ndarray:
-    """A copy of `cache` with values[t] at
-    [request_slot[token_request[t]], positions[t]] (tokens outside the
-    cache write nothing)."""
-    out = np.array(cache, dtype=np.float32, copy=True)
-    slots = np.asarray(request_slot, np.int64)[np.asarray(token_request, np.int64)]
+def _cache_rows(cache: np.ndarray, positions: np.ndarray, token_request: np.ndarray,
+                addressing: np.ndarray, block_size) -> list:
+    """Where each token's row goes: (block or slot, row) of `cache`, or None
+    outside it. Contiguous (`block_size` None): slot request_slot[r] at row
+    p. Paged: block block_table[r, p // P] at row p % P."""
     positions = np.asarray(positions, np.int64)
-    for t in range(values.shape[0]):
-        if 0 <= slots[t] < cache.shape[0] and 0 <= positions[t] < cache.shape[1]:
-            out[slots[t], positions[t]] = values[t]
+    requests = np.asarray(token_request, np.int64)
+    addressing = np.asarray(addressing, np.int64)
+    rows = []
+    for t in range(len(positions)):
+        p, r = positions[t], requests[t]
+        if block_size is None:
+            at = (addressing[r], p)
+        elif 0 <= p < addressing.shape[1] * block_size:
+            at = (addressing[r, p // block_size], p % block_size)
+        else:
+            at = (-1, 0)
+        inside = 0 <= at[0] < cache.shape[0] and 0 <= at[1] < cache.shape[1]
+        rows.append(at if inside else None)
+    return rows
+
+
+def kv_append(cache: np.ndarray, values: np.ndarray, positions: np.ndarray,
+              token_request: np.ndarray, request_slot: np.ndarray,
+              block_size=None) -> np.ndarray:
+    """A copy of `cache` with values[t] at
+    [request_slot[token_request[t]], positions[t]], or, paged (`block_size`
+    P, `request_slot` then the (R, M) block tables), at
+    [block_table[token_request[t], positions[t] // P], positions[t] % P].
+    Tokens outside the cache write nothing."""
+    out = np.array(cache, dtype=np.float32, copy=True)
+    for t, at in enumerate(_cache_rows(cache, positions, token_request, request_slot,
+                                       block_size)):
+        if at is not None:
+            out[at] = values[t]
     return out
+
+
+def paged_rows(cache: np.ndarray, block_table: np.ndarray, length: int) -> np.ndarray:
+    """The first `length` positions of the sequence whose blocks are the
+    row `block_table` of a paged cache (blocks, P, W), as (length, W)."""
+    block_size = cache.shape[1]
+    blocks = np.asarray(block_table, np.int64)[:-(-length // block_size)]
+    return cache[blocks].reshape(-1, cache.shape[2])[:length]
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray,
               token_request: np.ndarray, request_slot: np.ndarray, head_dim: int,
-              scale: float) -> np.ndarray:
+              scale: float, block_size=None) -> np.ndarray:
     """Causal grouped-query attention of each token over its request's cache
     slot: token t (query heads q[t], H of them) attends to the cached keys
     and values at positions 0 .. positions[t] of slot
-    request_slot[token_request[t]], query head h to KV head
-    h // (H / H_kv); softmax(scale * q . k) weighted sum of v."""
+    request_slot[token_request[t]] (paged, `block_size` P: of the blocks of
+    row token_request[t] of the block tables `request_slot`), query head h
+    to KV head h // (H / H_kv); softmax(scale * q . k) weighted sum of v."""
     tokens = q.shape[0]
     heads = q.shape[1] // head_dim
     kv_heads = k_cache.shape[2] // head_dim
     group = heads // kv_heads
     out = np.zeros((tokens, heads * head_dim), np.float32)
-    slots = np.asarray(request_slot, np.int64)[np.asarray(token_request, np.int64)]
+    requests = np.asarray(token_request, np.int64)
+    addressing = np.asarray(request_slot, np.int64)
     for t in range(tokens):
-        keys = k_cache[slots[t], :positions[t] + 1].reshape(-1, kv_heads, head_dim)
-        values = v_cache[slots[t], :positions[t] + 1].reshape(-1, kv_heads, head_dim)
+        n = positions[t] + 1
+        if block_size is None:
+            slot = addressing[requests[t]]
+            keys, values = k_cache[slot, :n], v_cache[slot, :n]
+        else:
+            table = addressing[requests[t]]
+            keys, values = paged_rows(k_cache, table, n), paged_rows(v_cache, table, n)
+        keys = keys.reshape(-1, kv_heads, head_dim)
+        values = values.reshape(-1, kv_heads, head_dim)
         for h in range(heads):
             query = q[t, h * head_dim:(h + 1) * head_dim]
             scores = (keys[:, h // group] @ query) * np.float32(scale)
@@ -120,11 +161,11 @@ def apply(op, vals: list) -> np.ndarray:
     if kind == "head_rmsnorm":
         return head_rmsnorm(vals[0], vals[1], params["head_dim"], params["eps"])
     if kind == "kv_append":
-        return kv_append(*vals)
+        return kv_append(*vals, block_size=params.get("block_size"))
     if kind == "attention":
         q, k_cache, v_cache, positions, token_request, request_slot = vals[:6]
         return attention(q, k_cache, v_cache, positions, token_request, request_slot,
-                         params["head_dim"], params["scale"])
+                         params["head_dim"], params["scale"], params.get("block_size"))
     if kind == "argmax":
         return argmax(vals[0])
     raise AssertionError(f"unknown operator kind {kind!r}")
