@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from etc.models.kvpages import BlockManager, PagedKVCache, block_hashes
+from etc.models.kvpages import BlockManager, PagedKVCache, PagedSlots, block_hashes
 
 P = 4
 
@@ -201,3 +201,27 @@ def test_paged_cache_arrays_and_block_tables():
         cache.block_tables([7], [13])
     with pytest.raises(ValueError, match="request 1 uses sequence 5"):
         cache.block_tables([7, 5], [1, 1])
+
+
+def test_paged_slots_admission_and_reuse():
+    config = SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=4)
+    slots = PagedSlots(PagedKVCache(config, 5, P), 2)
+    assert slots.capacity == 20 and slots.fits(20) and not slots.fits(21)
+    prompt = ids(9)
+    assert slots.admit(prompt, 10) == (0, 0)
+    slots.commit(0, prompt)
+    assert slots.admit(prompt + [7], 12) == (1, 8)    # shares 2 blocks, takes 1
+    assert slots.used == 2
+    assert slots.admit(ids(2), 2) is None              # no slot left
+    assert slots.reserve(1, 16) and not slots.reserve(1, 21)
+    slots.release(0)
+    assert slots.admit(ids(30, 50), 30) is None         # no blocks (slot 0 is free)
+    assert slots.admit(ids(3, 50), 3) == (0, 0)
+    slots.manager.check()
+
+
+def test_sequences_without_ids_are_allocated_only():
+    m = BlockManager(4, P)
+    assert m.admit(0, (), positions=8) == 0 and m.table(0) == [0, 1]
+    m.commit(0, ())
+    assert m.cached_blocks == 0

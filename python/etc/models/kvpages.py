@@ -31,7 +31,7 @@ from typing import Callable, Hashable, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["BlockManager", "PagedKVCache", "DEFAULT_BLOCK_SIZE", "block_hashes"]
+__all__ = ["BlockManager", "PagedKVCache", "PagedSlots", "DEFAULT_BLOCK_SIZE", "block_hashes"]
 
 #: Positions per block unless told otherwise: vLLM's default, a 16-row
 #: block of a 128-wide bf16 head is 4 KB, and chunked attention reads whole
@@ -142,7 +142,7 @@ class BlockManager:
         last token is always computed). Changes nothing."""
         if not self.prefix_caching:
             return []
-        usable = (len(tokens) - 1) // self.block_size
+        usable = max(0, len(tokens) - 1) // self.block_size
         blocks = []
         for h in block_hashes(tokens[:usable * self.block_size], self.block_size):
             block = self._block_of.get(h)
@@ -155,13 +155,12 @@ class BlockManager:
               ) -> Optional[int]:
         """Opens sequence `key` for `tokens` with blocks for `positions`
         positions (default: len(tokens)), reusing the blocks of the longest
-        cached prefix of `tokens`. Returns the number of tokens already in
+        cached prefix of `tokens` (none may be given: a sequence whose ids
+        the caller keeps to itself). Returns the number of tokens already in
         the cache (a multiple of the block size), or None when the pool
         lacks free blocks for the rest (nothing changes then)."""
         if key in self._sequences:
             raise ValueError(f"BlockManager.admit: sequence {key!r} is already admitted")
-        if not tokens:
-            raise ValueError(f"BlockManager.admit: sequence {key!r} has no tokens")
         positions = len(tokens) if positions is None else positions
         if positions < len(tokens):
             raise ValueError(f"BlockManager.admit: positions={positions} is fewer than the "
@@ -335,3 +334,62 @@ class PagedKVCache:
         for r, table in enumerate(tables):
             out[r, :len(table)] = table
         return out
+
+
+class PagedSlots:
+    """The engine's KV cache manager over a `PagedKVCache`: at most `slots`
+    sequences at once, each a slot number that is its key in the block
+    manager (and the `Request.slot` of its steps).
+
+    `admit(tokens, positions)` opens a sequence for `tokens` (a prompt, or a
+    preempted sequence's prompt and generated ids) when a slot is free and
+    the pool has blocks for `positions` positions past what its cached
+    prefix covers, and returns (slot, cached tokens), else None;
+    `reserve(slot, positions)` grows it (False when the pool lacks blocks:
+    the engine preempts); `commit(slot, tokens)` registers its computed
+    full blocks for reuse; `release(slot)` frees the slot and its blocks."""
+
+    def __init__(self, cache: PagedKVCache, slots: int):
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"PagedSlots: slots={slots!r} must be a positive int")
+        self.cache = cache
+        self.manager = cache.manager
+        self.slots = slots
+        self.block_size = cache.block_size
+        # Keys of the manager's sequences: unused ones, lowest first.
+        self._free = [s for s in range(slots - 1, -1, -1) if s not in self.manager]
+
+    @property
+    def capacity(self) -> int:
+        """The positions the whole pool holds: a longer sequence never fits."""
+        return self.cache.tokens
+
+    def fits(self, positions: int) -> bool:
+        """Whether a sequence of `positions` positions fits in the pool at all."""
+        return self.manager.blocks_for(positions) <= self.manager.num_blocks
+
+    def admit(self, tokens: Sequence[int], positions: int) -> Optional[tuple[int, int]]:
+        if not self._free:
+            return None
+        slot = self._free[-1]
+        cached = self.manager.admit(slot, tokens, positions)
+        if cached is None:
+            return None
+        self._free.pop()
+        return slot, cached
+
+    def reserve(self, slot: int, positions: int) -> bool:
+        return self.manager.reserve(slot, positions)
+
+    def commit(self, slot: int, tokens: Sequence[int]) -> None:
+        self.manager.commit(slot, tokens)
+
+    def release(self, slot: int) -> None:
+        self.manager.release(slot)
+        self._free.append(slot)
+        self._free.sort(reverse=True)
+
+    @property
+    def used(self) -> int:
+        """Slots in use."""
+        return self.slots - len(self._free)
