@@ -34,7 +34,11 @@ class RaggedBatch:
 
     * `positions` (T,): each token's position in its sequence;
     * `token_request` (T,): each token's request, in [0, R);
-    * `request_slot` (R,): each request's slot in the KV caches;
+    * `request_slot` (R,): each request's slot in contiguous KV caches
+      (slots, length, W);
+    * `block_table` (R, M), in place of `request_slot` for paged KV caches
+      (blocks, P, W): row r lists request r's blocks, position p of the
+      request living in block block_table[r, p // P] at row p % P;
     * `request_length` (R,): each request's sequence length after the step
       (its last new token's position + 1);
     * `request_first` (R,), `request_last` (R,): the indices of each
@@ -45,14 +49,25 @@ class RaggedBatch:
     requests: "_graph.Symbol"
     positions: "_graph.Tensor"
     token_request: "_graph.Tensor"
-    request_slot: "_graph.Tensor"
+    request_slot: "Optional[_graph.Tensor]"
     request_length: "_graph.Tensor"
     request_first: "_graph.Tensor"
     request_last: "_graph.Tensor"
+    block_table: "Optional[_graph.Tensor]" = None
 
     #: The per-token fields, then the per-request ones.
     TOKEN_FIELDS = ("positions", "token_request")
     REQUEST_FIELDS = ("request_slot", "request_length", "request_first", "request_last")
+
+    @property
+    def paged(self) -> bool:
+        """Whether the batch addresses paged caches through `block_table`."""
+        return self.block_table is not None
+
+    @property
+    def cache_addressing(self) -> "_graph.Tensor":
+        """What locates a request's cache rows: `block_table` or `request_slot`."""
+        return self.block_table if self.paged else self.request_slot
 
 
 class LLMOperators:
@@ -83,9 +98,27 @@ class LLMOperators:
             self._check_index(kind, f"batch.{field}", getattr(batch, field), batch.tokens,
                               "one per token of the batch")
         for field in RaggedBatch.REQUEST_FIELDS:
+            if field == "request_slot" and batch.paged:
+                continue
             self._check_index(kind, f"batch.{field}", getattr(batch, field), batch.requests,
                               "one per request of the batch")
+        if batch.paged:
+            table = batch.block_table
+            if not isinstance(table, _graph.Tensor) or table.graph is not self or \
+                    table.dtype != INDEX_DTYPE or table.rank != 2 or \
+                    not _graph._same_dim(table.shape[0], batch.requests):
+                raise ValueError(f"{kind}: 'batch.block_table' must be a 2-D i32 tensor of "
+                                 f"this graph with one row per request ({batch.requests} rows), "
+                                 f"got {table!r}")
         return batch
+
+    def _check_cache(self, kind: str, role: str, cache, batch: RaggedBatch) -> None:
+        """A cache the batch can address: (slots, length, W), or for a paged
+        batch (blocks, P, W) with a static block size P."""
+        if batch.paged and not isinstance(cache.shape[1], int):
+            raise ValueError(f"{kind}: {_graph._describe(role, cache)} is addressed through "
+                             f"'batch.block_table', so it is a paged cache (blocks, P, width) "
+                             f"whose block size P must be a static int")
 
     @staticmethod
     def _check_head_dim(kind: str, head_dim, width, role: str, even: bool = False) -> int:
@@ -109,21 +142,36 @@ class LLMOperators:
 
     # -- declarations ----------------------------------------------------
 
-    def ragged_batch(self, tokens, requests, prefix: str = "") -> RaggedBatch:
+    def ragged_batch(self, tokens, requests, prefix: str = "", *,
+                     blocks_per_request=None) -> RaggedBatch:
         """Declares the i32 index inputs of a ragged batch of `tokens` (T)
         new tokens from `requests` (R) requests, named `<prefix>positions`,
         `<prefix>token_request`, `<prefix>request_slot`,
         `<prefix>request_length`, `<prefix>request_first` and
-        `<prefix>request_last` (see `RaggedBatch`)."""
+        `<prefix>request_last` (see `RaggedBatch`). With
+        `blocks_per_request` (M, a symbol or an int) the batch addresses
+        paged KV caches: `<prefix>block_table` (R, M) replaces
+        `request_slot`."""
         for role, dim in (("tokens", tokens), ("requests", requests)):
             if not isinstance(dim, _graph.Symbol) or dim.graph is not self:
                 raise ValueError(f"ragged_batch: '{role}' must be a symbol of graph "
                                  f"'{self.name}', got {dim!r}")
+        width = blocks_per_request
+        if width is not None and not (isinstance(width, _graph.Symbol) and width.graph is self) \
+                and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+            raise ValueError(f"ragged_batch: 'blocks_per_request' must be a positive int or a "
+                             f"symbol of graph '{self.name}', got {width!r}")
         fields = {}
         for field in RaggedBatch.TOKEN_FIELDS:
             fields[field] = self.input(prefix + field, (tokens,), INDEX_DTYPE)
         for field in RaggedBatch.REQUEST_FIELDS:
+            if field == "request_slot" and width is not None:
+                fields[field] = None
+                continue
             fields[field] = self.input(prefix + field, (requests,), INDEX_DTYPE)
+        if width is not None:
+            fields["block_table"] = self.input(prefix + "block_table", (requests, width),
+                                               INDEX_DTYPE)
         return RaggedBatch(tokens, requests, **fields)
 
     # -- operators -------------------------------------------------------
@@ -190,10 +238,12 @@ class LLMOperators:
     def kv_append(self, cache, values, batch: RaggedBatch, *, tile=None):
         """Writes the new rows `values` (T, W) into the state `cache`
         (slots, length, W) in place: row t at
-        cache[request_slot[token_request[t]], positions[t]]. Returns the
-        cache, so that attention reads it after the write. Tokens outside
-        the cache (slot or position) write nothing.
-        `tile=(m,)` sets the tokens per tile (default 32)."""
+        cache[request_slot[token_request[t]], positions[t]]; or, for a paged
+        batch, into the paged cache (blocks, P, W) at
+        cache[block_table[token_request[t], positions[t] // P],
+        positions[t] % P]. Returns the cache, so that attention reads it
+        after the write. Tokens outside the cache (slot, block or position)
+        write nothing. `tile=(m,)` sets the tokens per tile (default 32)."""
         kind = "kv_append"
         if not isinstance(cache, _graph.Tensor) or cache.graph is not self or \
                 cache.kind != "state":
@@ -204,6 +254,7 @@ class LLMOperators:
                              f"or f16 state (slots, length, width)")
         self._check_operand(kind, "values", values, ranks=(2,))
         batch = self._check_batch(kind, batch)
+        self._check_cache(kind, "cache", cache, batch)
         if not _graph._same_dim(values.shape[0], batch.tokens):
             raise ValueError(f"{kind}: {_graph._describe('values', values)} must have one row "
                              f"per token of the batch ({batch.tokens} rows)")
@@ -211,8 +262,9 @@ class LLMOperators:
             raise ValueError(f"{kind}: {_graph._describe('values', values)} and "
                              f"{_graph._describe('cache', cache)} differ in width")
         tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), values.shape[:1])
+        params = {"block_size": cache.shape[1]} if batch.paged else {}
         return self._record(kind, (cache, values, batch.positions, batch.token_request,
-                                   batch.request_slot), cache, tile, {})
+                                   batch.cache_addressing), cache, tile, params)
 
     def attention(self, q, k_cache, v_cache, batch: RaggedBatch, *, head_dim: int,
                   chunk: int = DEFAULT_CHUNK, max_length=None, scale: Optional[float] = None,
@@ -225,12 +277,14 @@ class LLMOperators:
         head h // (H / H_kv)), already appended to for this step. Token t
         attends to positions 0 .. positions[t] of slot
         request_slot[token_request[t]], with softmax(scale * q . k), scale
-        1 / sqrt(head_dim) by default. The KV sequence is split into chunks
-        of `chunk` positions: request r runs ceildiv(request_length[r],
-        chunk) chunk tasks, decided at run time. The number of chunks the
-        grid holds comes from the cache length, or from `max_length` when
-        that is symbolic: requests must not be longer. Result (T, H *
-        head_dim) in q's dtype.
+        1 / sqrt(head_dim) by default. A paged batch (`block_table`) reads
+        paged caches (blocks, P, H_kv * head_dim) instead: position p of
+        request r at block block_table[r, p // P], row p % P. The KV
+        sequence is split into chunks of `chunk` positions: request r runs
+        ceildiv(request_length[r], chunk) chunk tasks, decided at run time.
+        The number of chunks the grid holds comes from the cache length, or
+        from `max_length` when that is symbolic or the caches are paged:
+        requests must not be longer. Result (T, H * head_dim) in q's dtype.
 
         The chunks' partial results go to a float32 scratch buffer of
         T * chunks * H * (head_dim + 2) values. `scratch_from=` an earlier
@@ -242,6 +296,7 @@ class LLMOperators:
         for role, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
             self._check_operand(kind, role, cache, ranks=(3,))
         batch = self._check_batch(kind, batch)
+        self._check_cache(kind, "k_cache", k_cache, batch)
         self._check_head_dim(kind, head_dim, q.shape[1], "q")
         self._check_head_dim(kind, head_dim, k_cache.shape[2], "k_cache")
         if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
@@ -259,6 +314,10 @@ class LLMOperators:
             raise ValueError(f"{kind}: 'chunk' must be a positive int, got {chunk!r}")
         length = k_cache.shape[1]
         if max_length is None:
+            if batch.paged:
+                raise ValueError(f"{kind}: the caches are paged (the batch has a block table); "
+                                 f"pass max_length= (the longest a request may be), which "
+                                 f"sizes the chunk grid")
             if not isinstance(length, int):
                 raise ValueError(f"{kind}: the cache length of "
                                  f"{_graph._describe('k_cache', k_cache)} is symbolic; pass "
@@ -274,11 +333,14 @@ class LLMOperators:
         chunks = -(-max_length // chunk)
         operands = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("positions", batch.positions), ("token_request", batch.token_request),
-                    ("request_slot", batch.request_slot),
+                    ("block_table" if batch.paged else "request_slot",
+                     batch.cache_addressing),
                     ("request_length", batch.request_length),
                     ("request_first", batch.request_first)]
         params = {"head_dim": head_dim, "heads": heads, "kv_heads": kv_heads, "chunk": chunk,
                   "chunks": chunks, "scale": float(scale)}
+        if batch.paged:
+            params["block_size"] = k_cache.shape[1]
         shape = (q.shape[0], chunks, heads * (head_dim + 2))
         partial = None
         if scratch_from is not None:

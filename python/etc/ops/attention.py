@@ -2,9 +2,11 @@
 
 Each token t of a step's ragged batch (request r = token_request[t], at
 position p = positions[t]) attends to the cached keys and values at
-positions 0 .. p of its request's slot; query head h reads KV head
-h // (H / H_kv). The cache has already been appended to (`kv_append`), so
-the step's own earlier tokens are there.
+positions 0 .. p of its request's slot, or, in a paged cache, of the
+blocks its block table lists (key k at block block_table[r, k // P], row
+k % P: the chunk tiles read the table, see `etc.ops.kvcache.CacheRows`);
+query head h reads KV head h // (H / H_kv). The cache has already been
+appended to (`kv_append`), so the step's own earlier tokens are there.
 
 The KV sequence is split into chunks of C positions and computed in two
 tasks, ordered by one event whose counts depend on the request lengths:
@@ -39,6 +41,7 @@ from mlir.dialects import arith, math, memref, scf
 
 from ..dialects import event
 from .base import TaskBuilder, TileKernel, box, index_map, live_bound, whole
+from .kvcache import CacheRows
 
 KINDS = ("attention",)
 
@@ -70,20 +73,20 @@ class AttentionChunk(_AttentionKernel):
 
     @classmethod
     def tensors(cls, op) -> list:
-        q, k_cache, v_cache, positions, _, request_slot, request_length, request_first = \
+        q, k_cache, v_cache, positions, _, addressing, request_length, request_first = \
             op.operands
-        return [q, k_cache, v_cache, positions, request_slot, request_length, request_first,
+        return [q, k_cache, v_cache, positions, addressing, request_length, request_first,
                 op.buffers["partial"]]
 
     def emit(self) -> None:
         op, params = self.op, self.op.params
-        q, k_cache, v_cache, positions, _, request_slot, request_length, request_first = \
+        q, k_cache, v_cache, positions, _, addressing, request_length, request_first = \
             op.operands
         partial = op.buffers["partial"]
         head_dim, chunk = params["head_dim"], params["chunk"]
         heads, group = params["heads"], params["heads"] // params["kv_heads"]
         r, j = self.ti
-        slot = self.load_index(request_slot, [r])
+        where = CacheRows(self, k_cache, addressing, params.get("block_size"), r)
         length = self.load_index(request_length, [r])
         first = self.load_index(request_first, [r])
         new_tokens = arith.subi(length, self.load_index(positions, [first]))
@@ -109,13 +112,14 @@ class AttentionChunk(_AttentionKernel):
                 with ir.InsertionPoint(keys.body):
                     k = keys.induction_variable
                     m, l, acc = keys.inner_iter_args
-                    key = self.load_row(k_cache, [slot, k, kv_column])
+                    at = where.at(k)
+                    key = self.load_row(k_cache, [*at, kv_column])
                     dot = self.vsum(arith.mulf(query, key))
                     score = arith.mulf(dot, scale)
                     m_new = arith.maximumf(m, score)
                     alpha = math.exp(arith.subf(m, m_new))
                     weight = math.exp(arith.subf(score, m_new))
-                    value = self.load_row(v_cache, [slot, k, kv_column])
+                    value = self.load_row(v_cache, [*at, kv_column])
                     acc = arith.addf(arith.mulf(acc, self.splat(alpha)),
                                      arith.mulf(value, self.splat(weight)))
                     scf.yield_([m_new, arith.addf(arith.mulf(l, alpha), weight), acc])
@@ -172,8 +176,8 @@ class AttentionCombine(_AttentionKernel):
 
 
 def build_tasks(b: TaskBuilder, op) -> None:
-    q, k_cache, v_cache, positions, token_request, request_slot, request_length, \
-        request_first = op.operands
+    q, k_cache, v_cache, positions, token_request, _, request_length, request_first = \
+        op.operands
     partial = op.buffers["partial"]
     chunk, chunks = op.params["chunk"], op.params["chunks"]
     requests = request_length.shape[0]

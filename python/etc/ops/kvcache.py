@@ -1,17 +1,25 @@
 """KV-cache append: the new K (or V) rows of a step, written in place into
-a preallocated cache at each token's request slot and position.
+a preallocated cache at each token's request slot and position,
 
     cache[request_slot[token_request[t]], positions[t], :] = values[t, :]
 
+or, for a paged cache (blocks, P, width) and a batch with block tables,
+at the block that holds the position:
+
+    r, p = token_request[t], positions[t]
+    cache[block_table[r, p // P], p % P, :] = values[t, :]
+
 `cache` is a state buffer (slots, length, width) that persists across runs;
 the operator's result is the cache itself, so that later reads (attention)
-are ordered after the write by dependency inference. Tokens whose slot or
-position lies outside the cache write nothing (the models reject such
-batches before a run).
+are ordered after the write by dependency inference. Tokens whose slot,
+block or position lies outside the cache write nothing (the models reject
+such batches before a run).
 
 Tasks: one tile task per block of tokens; each reads its rows of `values`,
-its positions and requests, all of `request_slot`, and writes the cache,
-declared whole: which rows is runtime data.
+its positions and requests, all of `request_slot` (or `block_table`), and
+writes the cache, declared whole: which rows is runtime data. The block
+table is read by the tile bodies (`CacheRows`), not by the task's maps:
+the events that order the tiles are the same for every table.
 """
 
 from __future__ import annotations
@@ -22,6 +30,52 @@ from mlir.dialects import arith, scf
 from .base import TaskBuilder, TileKernel, box, tile_offset, whole
 
 KINDS = ("kv_append",)
+
+
+class CacheRows:
+    """Where request `request`'s positions live in a KV cache, for a tile
+    kernel: [slot, position] of a contiguous cache (slots, length, W), the
+    slot loaded once; [block_table[r, p // P], p % P] of a paged one
+    (blocks, P, W), the table entry loaded per position. `block_size` is
+    P, or None for a contiguous cache."""
+
+    def __init__(self, kernel: TileKernel, cache, addressing, block_size, request: ir.Value):
+        self.kernel, self.cache, self.addressing = kernel, cache, addressing
+        self.block_size, self.request = block_size, request
+        if block_size is None:
+            self.slot = kernel.load_index(addressing, [request])
+        else:
+            # Table entries past the row's end are never read: positions are
+            # clamped into it, and `inside` rejects the positions beyond.
+            self.width = kernel.dim(addressing, 1)
+            self.last_entry = arith.subi(self.width, kernel.cidx(1))
+
+    def at(self, position: ir.Value) -> list:
+        """The cache's first two indices of `position`."""
+        if self.block_size is None:
+            return [self.slot, position]
+        k = self.kernel
+        size = k.cidx(self.block_size)
+        entry = arith.minui(arith.divui(position, size), self.last_entry)
+        return [k.load_index(self.addressing, [self.request, entry]),
+                arith.remui(position, size)]
+
+    def inside(self, position: ir.Value, at: list) -> ir.Value:
+        """Whether `position` (whose indices `at` gave) is in the cache: a
+        slot and position within (slots, length), or a position within the
+        table's blocks and a block within the pool."""
+        k = self.kernel
+        zero = k.cidx(0)
+
+        def within(value, bound):
+            return arith.andi(arith.cmpi(arith.CmpIPredicate.sge, value, zero),
+                              arith.cmpi(arith.CmpIPredicate.slt, value, bound))
+
+        if self.block_size is None:
+            return arith.andi(within(at[0], k.dim(self.cache, 0)),
+                              within(position, k.dim(self.cache, 1)))
+        positions = arith.muli(self.width, k.cidx(self.block_size))
+        return arith.andi(within(position, positions), within(at[0], k.dim(self.cache, 0)))
 
 
 class KVAppend(TileKernel):
@@ -36,36 +90,31 @@ class KVAppend(TileKernel):
 
     def emit(self) -> None:
         op = self.op
-        cache, values, positions, token_request, request_slot = op.operands
+        cache, values, positions, token_request, addressing = op.operands
         (tm,) = op.tile
         row0, rows = self.row_block(values, tm)
         width = self.dim(values, 1)
-        slots, length = self.dim(cache, 0), self.dim(cache, 1)
         loop = self.lane_loop(arith.muli(rows, width))
         with ir.InsertionPoint(loop.body):
             e = loop.induction_variable
             row = arith.addi(row0, arith.divui(e, width))
             col = arith.remui(e, width)
-            slot = self.load_index(request_slot, [self.load_index(token_request, [row])])
+            where = CacheRows(self, cache, addressing, op.params.get("block_size"),
+                              self.load_index(token_request, [row]))
             position = self.load_index(positions, [row])
-            zero = self.cidx(0)
-            inside = arith.andi(
-                arith.andi(arith.cmpi(arith.CmpIPredicate.sge, slot, zero),
-                           arith.cmpi(arith.CmpIPredicate.slt, slot, slots)),
-                arith.andi(arith.cmpi(arith.CmpIPredicate.sge, position, zero),
-                           arith.cmpi(arith.CmpIPredicate.slt, position, length)))
-            guard = scf.IfOp(inside)
+            at = where.at(position)
+            guard = scf.IfOp(where.inside(position, at))
             with ir.InsertionPoint(guard.then_block):
-                self.store(self.load(values, [row, col]), cache, [slot, position, col])
+                self.store(self.load(values, [row, col]), cache, [*at, col])
                 scf.yield_([])
             scf.yield_([])
 
 
 def build_tasks(b: TaskBuilder, op) -> None:
-    cache, values, positions, token_request, request_slot = op.operands
+    cache, values, positions, token_request, addressing = op.operands
     (tm,) = op.tile
     block = box(1, [tile_offset(0, tm)], [tm])
     b.emit_task(op, op.name, [b.grid_extent(values.shape[0], tm)],
                 [(values, box(1, [tile_offset(0, tm), "0"], [tm, None])), (positions, block),
-                 (token_request, block), (request_slot, whole(1, request_slot))],
+                 (token_request, block), (addressing, whole(1, addressing))],
                 [(cache, whole(1, cache))], KVAppend)
