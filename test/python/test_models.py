@@ -162,9 +162,14 @@ def test_half_precision_compute(checkpoints, dtype, tol):
 def test_kv_cache_memory(loaded):
     model = loaded["qwen3"]
     c = model.config
-    cache = model.new_cache(3, 20)
-    assert cache.nbytes == models.KVCache.bytes_for(c, 3, 20) == \
+    assert models.KVCache.bytes_for(c, 3, 20) == \
         2 * c.num_layers * 3 * 20 * c.num_kv_heads * c.head_dim * 4
+    # Paged (the default, blocks of 16): 3 sequences of 20 positions hold
+    # 2 blocks each.
+    cache = model.new_cache(3, 20)
+    assert model.kv_block_size == 16
+    assert cache.nbytes == 6 * model.kv_cache_bytes_per_block == \
+        2 * c.num_layers * 6 * 16 * c.num_kv_heads * c.head_dim * 4
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
@@ -261,11 +266,15 @@ def test_generate_errors(loaded):
         model.generate([[]], 2)
     with pytest.raises(ValueError, match=r"max_new_tokens=0 must be a positive int"):
         model.generate([[1]], 0)
-    cache = model.new_cache(1, 4)
-    with pytest.raises(ValueError, match=r"request 0 covers positions \[2, 5\), a sequence longer "
-                                         r"than the cache \(4 positions\)"):
-        model.step(cache, [models.Request(0, 2, [1, 2, 3])])
-    with pytest.raises(ValueError, match=r"request 0 uses slot 1, but the cache has 1 slots"):
+    cache = model.new_cache(1, 4)  # paged: one block of 16 positions
+    with pytest.raises(ValueError, match=r"request 0 covers positions \[30, 33\), a sequence "
+                                         r"longer than the cache \(32 positions\)"):
+        model.step(cache, [models.Request(0, 30, [1, 2, 3])])
+    with pytest.raises(ValueError, match=r"request 0 reaches position 16, but its block table "
+                                         r"holds 16 positions"):
+        model.step(cache, [models.Request(0, 14, [1, 2, 3])])
+    with pytest.raises(ValueError, match=r"request 0 uses sequence 1, which the paged cache has "
+                                         r"not admitted"):
         model.step(cache, [models.Request(1, 0, [1])])
 
 

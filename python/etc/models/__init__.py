@@ -28,11 +28,13 @@ from .cache import KernelCache
 from .checkpoint import Checkpoint, CheckpointError, MissingTensorError
 from .config import ARCHITECTURES, ModelConfig, UnsupportedConfigError
 from .gguf import GGUFCheckpoint, GGUFError, is_gguf
+from .kvpages import DEFAULT_BLOCK_SIZE, BlockManager, PagedKVCache
 from .model import (Generation, KernelNotCachedError, KVCache, Model, Request, step_kernel,
                     step_options)
 from .safetensors import SafetensorsError
 
-__all__ = ["load", "open_checkpoint", "compile_checkpoint", "Model", "Generation", "KVCache", "Request", "ModelConfig",
+__all__ = ["load", "open_checkpoint", "compile_checkpoint", "Model", "Generation", "KVCache",
+           "PagedKVCache", "BlockManager", "Request", "ModelConfig",
            "ARCHITECTURES", "Checkpoint", "GGUFCheckpoint", "KernelCache", "CheckpointError",
            "MissingTensorError", "UnsupportedConfigError", "SafetensorsError", "GGUFError",
            "KernelNotCachedError"]
@@ -57,7 +59,9 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
          dtype: str = "f32", max_seq_len: Optional[int] = None,
          attention_chunk: Optional[int] = None, max_step_tokens: int = 256,
          chip: str = "sm_90a", kernels: str = "native", cache=None, kernel=None,
-         progress=None, tensor_parallel: int = 1) -> Model:
+         progress=None, tensor_parallel: int = 1,
+         kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE, kv_cache_tokens: Optional[int] = None,
+         kv_cache_memory: Optional[int] = None) -> Model:
     """Reads the Hugging Face checkpoint directory or GGUF file `path`,
     builds its step graph and compiles it once, or takes the compiled step
     kernel from the compile cache.
@@ -72,6 +76,13 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     attention chunk task (default: max_seq_len / 16, at least 16);
     `max_step_tokens` bounds the new tokens of one step (longer prefills
     take several steps).
+
+    The KV cache is paged (docs/models.md, "The paged KV cache"): blocks of
+    `kv_block_size` positions (None: a contiguous slot of the full length
+    per sequence), shared through block tables, with prefix reuse. Its
+    pool (`Model.paged_cache`) holds `kv_cache_tokens` positions or takes
+    `kv_cache_memory` bytes; without either it is sized by its first user
+    (the engine: max_num_seqs x max_model_len).
 
     `cache`: None (default) uses the compile cache (`ETC_CACHE_DIR`, see
     `etc.models.cache`) unless the environment sets `ETC_CACHE=0`; True
@@ -97,14 +108,16 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     return Model(open_checkpoint(path), target=target, schedule=schedule, workers=workers,
                  dtype=dtype, max_seq_len=max_seq_len, attention_chunk=attention_chunk,
                  max_step_tokens=max_step_tokens, chip=chip, kernels=kernels, cache=cache,
-                 kernel=kernel, progress=progress, tensor_parallel=tensor_parallel)
+                 kernel=kernel, progress=progress, tensor_parallel=tensor_parallel,
+                 kv_block_size=kv_block_size, kv_cache_tokens=kv_cache_tokens,
+                 kv_cache_memory=kv_cache_memory)
 
 
 def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
                        workers: Optional[int] = None, *, dtype: str = "f32",
                        max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
                        chip: str = "sm_90a", kernels: str = "native", cache=None, output=None,
-                       progress=None):
+                       progress=None, kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE):
     """Compiles the step kernel of the checkpoint at `path` with `load`'s
     options, without reading its weights or needing a GPU: into the compile
     cache (`cache` as `load` takes it), and to the artifact file `output`
@@ -115,7 +128,8 @@ def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
     checkpoint = open_checkpoint(path)
     graph_options, compile_options = step_options(
         checkpoint.config, target=target, schedule=schedule, workers=workers, dtype=dtype,
-        max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip, kernels=kernels)
+        max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip, kernels=kernels,
+        kv_block_size=kv_block_size)
     kernel, source, seconds = step_kernel(checkpoint.config, graph_options, compile_options,
                                           cache=cache, progress=progress, name=str(path))
     from .cache import METADATA_KEY, describe, enabled_by_default, key_of

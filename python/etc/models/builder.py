@@ -2,16 +2,20 @@
 batch (each request brings 1 ... n new tokens), so one compiled kernel
 serves prefill, decode and any mix of them.
 
-Symbols: T (new tokens in the step), R (requests in the step), S (cache
-slots) and L (cache length). Inputs: the token ids (T,), the ragged batch's
-index inputs (`etc.graph_llm.RaggedBatch`), the weights (named as
-`Checkpoint.weights` names them) and the RoPE frequencies `inv_freq`. State:
-each layer's K and V caches, `l<i>_k_cache` / `l<i>_v_cache` (S, L,
-H_kv * head_dim). Outputs: `logits` (R, V) of each request's last new token,
+Symbols: T (new tokens in the step), R (requests in the step), and for a
+contiguous cache S (cache slots) and L (cache length), for a paged one N
+(blocks in the pool) and M (entries per block table). Inputs: the token
+ids (T,), the ragged batch's index inputs (`etc.graph_llm.RaggedBatch`;
+`block_table` (R, M) in place of `request_slot` when paged), the weights
+(named as `Checkpoint.weights` names them) and the RoPE frequencies
+`inv_freq`. State: each layer's K and V caches, `l<i>_k_cache` /
+`l<i>_v_cache`, (S, L, H_kv * head_dim) or (N, P, H_kv * head_dim). Outputs: `logits` (R, V) of each request's last new token,
 and `next_ids` (R,), their argmax (greedy sampling).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 from ..graph import Graph
 from .config import ModelConfig
@@ -24,10 +28,16 @@ STATE_DTYPE = "f32"
 
 
 def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: int,
-                     chunk: int, name: str = "step", ranks: int = 1) -> Graph:
+                     chunk: int, name: str = "step", ranks: int = 1,
+                     kv_block_size: Optional[int] = None) -> Graph:
     """The step graph of `config`, weights and activations in `dtype`,
     attention chunks of `chunk` positions over caches of at most
     `max_seq_len` positions.
+
+    With `kv_block_size` P the KV caches are paged: pools (N, P, H_kv *
+    head_dim) of N blocks (a symbol) addressed through the `block_table`
+    (R, M) input (M a symbol), in place of slots (S, L, H_kv * head_dim)
+    addressed through `request_slot`.
 
     With `ranks` > 1, `config` is one rank's shard of a tensor-parallel
     model (`shard_config`: its share of the heads and of the MLP columns),
@@ -40,10 +50,17 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     def reduced(partial):
         return g.all_reduce(partial) if ranks > 1 else partial
 
-    T, R, S, L = (g.symbol(n) for n in ("T", "R", "S", "L"))
+    T, R = g.symbol("T"), g.symbol("R")
     h, d = c.hidden_size, c.head_dim
     ids = g.input("ids", (T,), "i32")
-    batch = g.ragged_batch(T, R)
+    if kv_block_size is None:
+        S, L = g.symbol("S"), g.symbol("L")
+        batch = g.ragged_batch(T, R)
+        cache_shape = (S, L, c.num_kv_heads * d)
+    else:
+        N, M = g.symbol("N"), g.symbol("M")
+        batch = g.ragged_batch(T, R, blocks_per_request=M)
+        cache_shape = (N, kv_block_size, c.num_kv_heads * d)
 
     def weight(key: str, shape: tuple):
         return g.input(key, shape, dtype)
@@ -64,10 +81,8 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             k = g.head_rmsnorm(k, weight(f"l{i}_k_norm", (d,)), head_dim=d, eps=eps)
         q = g.rope(q, batch.positions, head_dim=d, inv_freq=inv_freq)
         k = g.rope(k, batch.positions, head_dim=d, inv_freq=inv_freq)
-        k_cache = g.kv_append(g.state(f"l{i}_k_cache", (S, L, c.num_kv_heads * d), STATE_DTYPE),
-                              k, batch)
-        v_cache = g.kv_append(g.state(f"l{i}_v_cache", (S, L, c.num_kv_heads * d), STATE_DTYPE),
-                              v, batch)
+        k_cache = g.kv_append(g.state(f"l{i}_k_cache", cache_shape, STATE_DTYPE), k, batch)
+        v_cache = g.kv_append(g.state(f"l{i}_v_cache", cache_shape, STATE_DTYPE), v, batch)
         attended = g.attention(q, k_cache, v_cache, batch, head_dim=d, chunk=chunk,
                                max_length=max_seq_len, scratch_from=previous_attention)
         previous_attention = attended

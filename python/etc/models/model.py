@@ -12,6 +12,7 @@ import numpy as np
 
 from . import cache as _cache
 from .config import ModelConfig
+from .kvpages import DEFAULT_BLOCK_SIZE, PagedKVCache
 
 if TYPE_CHECKING:
     from ..compiler import CompiledKernel
@@ -108,11 +109,13 @@ class Generation:
 def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "auto",
                  workers: Optional[int] = None, dtype: str = "f32",
                  max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
-                 chip: str = "sm_90a", kernels: str = "native") -> tuple[dict, dict]:
+                 chip: str = "sm_90a", kernels: str = "native",
+                 kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE) -> tuple[dict, dict]:
     """`load`'s options checked and completed with their defaults: the
-    options of `build_step_graph` (dtype, max_seq_len, chunk) and of
-    `etc.compile` (target, schedule, workers, chip, kernels). With the
-    config they are all the step kernel's code depends on."""
+    options of `build_step_graph` (dtype, max_seq_len, chunk,
+    kv_block_size) and of `etc.compile` (target, schedule, workers, chip,
+    kernels). With the config they are all the step kernel's code depends
+    on."""
     if dtype not in MODEL_DTYPES:
         raise ValueError(f"load: dtype={dtype!r} is not supported; expected one of "
                          f"{MODEL_DTYPES}")
@@ -136,7 +139,12 @@ def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "a
         workers = (os.cpu_count() or 1) if target == "cpu" else 1
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"load: workers={workers!r} must be a positive int")
-    return (dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk),
+    if kv_block_size is not None and (isinstance(kv_block_size, bool) or
+                                      not isinstance(kv_block_size, int) or kv_block_size < 1):
+        raise ValueError(f"load: kv_block_size={kv_block_size!r} must be a positive int (the "
+                         f"positions of a KV cache block), or None for a contiguous cache")
+    return (dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk,
+                 kv_block_size=kv_block_size),
             dict(target=target, schedule=schedule, workers=workers, chip=chip, kernels=kernels))
 
 
@@ -206,7 +214,8 @@ class Model:
                  max_step_tokens: int = DEFAULT_MAX_STEP_TOKENS, chip: str = "sm_90a",
                  kernels: str = "native", cache=None, kernel=None,
                  progress: Optional[Callable[[str, int, int], None]] = None,
-                 tensor_parallel: int = 1):
+                 tensor_parallel: int = 1, kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE,
+                 kv_cache_tokens: Optional[int] = None, kv_cache_memory: Optional[int] = None):
         from .parallel import shard_config, shard_weights
 
         config = checkpoint.config
@@ -225,7 +234,7 @@ class Model:
         self.graph_options, self.compile_options = step_options(
             config, target=target, schedule=schedule, workers=workers, dtype=dtype,
             max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip,
-            kernels=kernels)
+            kernels=kernels, kv_block_size=kv_block_size)
         if tensor_parallel > 1:
             self.graph_options["ranks"] = tensor_parallel
         if isinstance(max_step_tokens, bool) or not isinstance(max_step_tokens, int) or \
@@ -240,6 +249,12 @@ class Model:
         self.max_seq_len = self.graph_options["max_seq_len"]
         #: KV positions per attention chunk task.
         self.attention_chunk = self.graph_options["chunk"]
+        #: Positions per block of the paged KV cache (None: contiguous slots).
+        self.kv_block_size = self.graph_options["kv_block_size"]
+        #: Blocks of the model's paged KV cache (`paged_cache`), from
+        #: kv_cache_tokens or kv_cache_memory; None: sized by its first user.
+        self.kv_cache_blocks = self._pool_blocks(kv_cache_tokens, kv_cache_memory)
+        self._paged_cache: Optional[PagedKVCache] = None
         self.max_step_tokens = max_step_tokens
         self._graph = None
         #: Seconds spent loading: "weights", and "compile" or "cache".
@@ -263,6 +278,37 @@ class Model:
         if target == "cuda":
             self._weights = {name: _to_device(step, name, array)
                              for name, array in self._weights.items()}
+
+    def _pool_blocks(self, tokens, memory) -> Optional[int]:
+        """The paged cache's blocks for `load`'s kv_cache_tokens or
+        kv_cache_memory (checked)."""
+        given = {name: value for name, value in (("kv_cache_tokens", tokens),
+                                                 ("kv_cache_memory", memory))
+                 if value is not None}
+        for name, value in given.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"load: {name}={value!r} must be a positive int")
+        if len(given) > 1:
+            raise ValueError("load: give kv_cache_tokens or kv_cache_memory, not both")
+        if not given:
+            return None
+        if self.kv_block_size is None:
+            raise ValueError(f"load: {next(iter(given))} sizes the paged KV cache, but "
+                             f"kv_block_size=None asks for a contiguous one")
+        if tokens is not None:
+            return -(-tokens // self.kv_block_size)
+        block = self.kv_cache_bytes_per_block
+        if memory < block:
+            raise ValueError(f"load: kv_cache_memory={memory} bytes is less than one KV cache "
+                             f"block ({block} bytes: {self.kv_block_size} positions of every "
+                             f"layer's keys and values)")
+        return memory // block
+
+    @property
+    def kv_cache_bytes_per_block(self) -> int:
+        """The memory of one block of the paged cache: 2 (K and V) x layers
+        x kv_block_size x kv_heads x head_dim x bytes per value."""
+        return PagedKVCache.bytes_per_block(self._shard, self.kv_block_size, 4)
 
     def describe(self) -> dict:
         """What the step kernel's code depends on (see
@@ -310,9 +356,12 @@ class Model:
         return sum(int(np.prod(w.shape)) for name, w in self._weights.items()
                    if name != "inv_freq")
 
-    def new_cache(self, slots: int, length: int) -> KVCache:
+    def new_cache(self, slots: int, length: int):
         """Empty KV caches for `slots` sequences of up to `length` positions
-        (at most `max_seq_len`)."""
+        (at most `max_seq_len`): a `KVCache`, or with the paged cache a
+        `PagedKVCache` of slots x ceil(length / kv_block_size) blocks whose
+        sequences 0 .. slots - 1 hold the blocks of `length` positions each
+        (no prefix reuse: `paged_cache` is the model's shared pool)."""
         for what, value in (("slots", slots), ("length", length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"new_cache: {what}={value!r} must be a positive int")
@@ -323,22 +372,71 @@ class Model:
         if self.target == "cuda":
             kernel = self._kernels[0]
             allocate = lambda shape: kernel.runtime.device_zeros(shape, np.float32)
-        return KVCache(self._shard, slots, length, allocate)
+        if self.kv_block_size is None:
+            return KVCache(self._shard, slots, length, allocate)
+        blocks = -(-length // self.kv_block_size)
+        cache = self._new_paged(slots * blocks, prefix_caching=False)
+        for slot in range(slots):
+            cache.manager.admit(slot, (), length)
+        return cache
 
-    def step(self, cache: KVCache, requests: Sequence[Request]):
+    def paged_cache(self, tokens: Optional[int] = None) -> PagedKVCache:
+        """The model's paged KV cache, shared by everything that runs on it
+        (the engine, `generate`), so that prompts share cached prefixes
+        across requests and calls. Its size is load's kv_cache_tokens or
+        kv_cache_memory; without them, its first user's `tokens`, and a
+        later user that needs more replaces it by a larger one while no
+        sequence holds blocks (the cached prefixes are dropped)."""
+        if self.kv_block_size is None:
+            raise ValueError("paged_cache: the model was loaded with kv_block_size=None (a "
+                             "contiguous cache); use new_cache")
+        cache = self._paged_cache
+        if self.kv_cache_blocks is not None:
+            if cache is None:
+                cache = self._paged_cache = self._new_paged(self.kv_cache_blocks)
+            return cache
+        if tokens is None:
+            tokens = self.max_seq_len
+        blocks = -(-tokens // self.kv_block_size)
+        if cache is None or (cache.num_blocks < blocks and not len(cache.manager)):
+            cache = self._paged_cache = None  # the old arrays go before the new ones come
+            cache = self._paged_cache = self._new_paged(blocks)
+        return cache
+
+    def _new_paged(self, blocks: int, prefix_caching: bool = True) -> PagedKVCache:
+        allocate = None
+        if self.target == "cuda":
+            kernel = self._kernels[0]
+            allocate = lambda shape, storage: kernel.runtime.device_zeros(shape, storage)
+        return PagedKVCache(self._shard, blocks, self.kv_block_size, allocate=allocate,
+                            prefix_caching=prefix_caching)
+
+    def step(self, cache, requests: Sequence[Request]):
         """Runs one step: every request's new tokens go into the cache, and
         the logits (R, vocab) float32 and greedy next ids (R,) int32 of each
         request's last new token come back. Requests may bring any number
-        of tokens (prefill, decode, or a mix in one step)."""
+        of tokens (prefill, decode, or a mix in one step). With a
+        `PagedKVCache`, a request's slot is its sequence in the cache's
+        block manager, whose blocks must cover its positions."""
         logits, next_ids = self._kernels[0].run(**self.step_inputs(cache, requests))
         return np.asarray(logits, dtype=np.float32), next_ids
 
-    def step_inputs(self, cache: KVCache, requests: Sequence[Request]) -> dict:
+    def step_inputs(self, cache, requests: Sequence[Request]) -> dict:
         """The step kernel's inputs for `requests` (checked): token ids, the
-        ragged batch's index arrays, the weights and the caches, by name.
-        `step` runs the kernel on them; benchmarks bind them once."""
+        ragged batch's index arrays (the block tables of a paged cache),
+        the weights and the caches, by name. `step` runs the kernel on
+        them; benchmarks bind them once."""
         if not requests:
             raise ValueError("step: no requests")
+        paged = isinstance(cache, PagedKVCache)
+        if paged != (self.kv_block_size is not None):
+            want = "a PagedKVCache" if self.kv_block_size is not None else "a KVCache"
+            raise ValueError(f"step: the model's step kernel takes {want} (kv_block_size="
+                             f"{self.kv_block_size}), got {type(cache).__name__}")
+        if paged and cache.block_size != self.kv_block_size:
+            raise ValueError(f"step: the cache's blocks hold {cache.block_size} positions, the "
+                             f"model's {self.kv_block_size}")
+        capacity = self.max_seq_len if paged else cache.length
         ids, positions, token_request = [], [], []
         slot, length, first, last = [], [], [], []
         vocab = self.config.vocab_size
@@ -347,16 +445,16 @@ class Model:
             tokens = list(request.tokens)
             if not tokens:
                 raise ValueError(f"step: request {r} brings no tokens")
-            if not 0 <= request.slot < cache.slots:
+            if not paged and not 0 <= request.slot < cache.slots:
                 raise ValueError(f"step: request {r} uses slot {request.slot}, but the cache "
                                  f"has {cache.slots} slots")
             if request.slot in seen:
                 raise ValueError(f"step: slot {request.slot} is used by two requests")
             seen.add(request.slot)
             end = request.start + len(tokens)
-            if request.start < 0 or end > cache.length:
+            if request.start < 0 or end > capacity:
                 raise ValueError(f"step: request {r} covers positions [{request.start}, {end}), "
-                                 f"a sequence longer than the cache ({cache.length} positions)")
+                                 f"a sequence longer than the cache ({capacity} positions)")
             for i, token in enumerate(tokens):
                 if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or \
                         not 0 <= token < vocab:
@@ -370,8 +468,10 @@ class Model:
             slot.append(request.slot)
             length.append(end)
         i32 = lambda values: np.asarray(values, dtype=np.int32)
+        addressing = dict(block_table=cache.block_tables(slot, length)) if paged else \
+            dict(request_slot=i32(slot))
         return dict(ids=i32(ids), positions=i32(positions), token_request=i32(token_request),
-                    request_slot=i32(slot), request_length=i32(length), request_first=i32(first),
+                    **addressing, request_length=i32(length), request_first=i32(first),
                     request_last=i32(last), **self._weights, **cache.arrays)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
