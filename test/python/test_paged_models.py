@@ -1,0 +1,174 @@
+"""The paged KV cache of `etc.models` against the contiguous one: the same
+tokens and logits for every architecture, alone and batched, with chunked
+prefill, on both schedules, with block tables whose blocks are shuffled
+over the pool; the pool's size options and the step's errors."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+import etc.models as models
+from etc.models.testing import tiny_config, write_checkpoint
+
+PROMPTS = [[5], [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
+NEW = 5
+# Blocks of 4 positions: the longest sequence spans 4 blocks, attention
+# chunks of 8 span 2.
+LOAD = dict(workers=3, max_seq_len=32, attention_chunk=8)
+P = 4
+
+CONFIGS = {
+    "llama": tiny_config("LlamaForCausalLM", rope_theta=500000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16}),
+    "qwen3": tiny_config("Qwen3ForCausalLM"),
+    "qwen3_moe": tiny_config("Qwen3MoeForCausalLM", mlp_only_layers=[0]),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("paged")
+    return {name: write_checkpoint(root / name, config, seed=i)
+            for i, (name, config) in enumerate(CONFIGS.items())}
+
+
+@pytest.fixture(scope="module")
+def loaded(checkpoints):
+    """Each architecture paged and contiguous (schedule auto: dynamic),
+    and Qwen3 on the static schedule."""
+    out = {}
+    for name, path in checkpoints.items():
+        out[name, "paged"] = models.load(path, kv_block_size=P, **LOAD)
+        out[name, "contiguous"] = models.load(path, kv_block_size=None, **LOAD)
+    for layout, block in (("paged", P), ("contiguous", None)):
+        out["qwen3_static", layout] = models.load(checkpoints["qwen3"], kv_block_size=block,
+                                                  schedule="static", **LOAD)
+    return out
+
+
+def shuffled_cache(model, slots: int, length: int, seed: int):
+    """A paged cache of two spare sequences' worth of blocks more than
+    needed, whose sequences 0 .. slots - 1 hold blocks in a random order."""
+    cache = model.new_cache(slots + 2, length)
+    manager = cache.manager
+    for s in range(slots + 2):
+        manager.release(s)
+    random.Random(seed).shuffle(manager._free)
+    for s in range(slots):
+        manager.admit(s, (), length)
+    return cache
+
+
+def decode(model, prompts, new: int, budget: int = 256, cache=None):
+    """Greedy decoding with `model.step`, at most `budget` tokens a step
+    (decoding first, then prefill chunks), as `generate` schedules: the new
+    tokens and their logits per prompt."""
+    sequences = [list(p) for p in prompts]
+    if cache is None:
+        cache = model.new_cache(len(prompts), max(map(len, prompts)) + new)
+    cached = [0] * len(prompts)
+    tokens = [[] for _ in prompts]
+    logits = [[] for _ in prompts]
+    while any(len(t) < new for t in tokens):
+        active = sorted((r for r in range(len(prompts)) if len(tokens[r]) < new),
+                        key=lambda r: len(sequences[r]) - cached[r])
+        left, requests = budget, []
+        for r in active:
+            take = min(len(sequences[r]) - cached[r], max(1, left))
+            left -= take
+            requests.append(models.Request(r, cached[r], sequences[r][cached[r]:cached[r] + take]))
+        step_logits, ids = model.step(cache, requests)
+        for i, request in enumerate(requests):
+            r = request.slot
+            cached[r] += len(request.tokens)
+            if cached[r] == len(sequences[r]):
+                tokens[r].append(int(ids[i]))
+                sequences[r].append(int(ids[i]))
+                logits[r].append(step_logits[i].copy())
+    return tokens, [np.stack(rows) for rows in logits]
+
+
+def same(a, b, tol=1e-6):
+    assert a[0] == b[0]
+    for x, y in zip(a[1], b[1]):
+        np.testing.assert_allclose(x, y, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "qwen3_static"])
+def test_paged_and_contiguous_give_the_same_tokens_and_logits(name, loaded):
+    paged, contiguous = loaded[name, "paged"], loaded[name, "contiguous"]
+    want = decode(contiguous, PROMPTS, NEW)
+    # Batched, with the blocks in order and shuffled over the pool.
+    same(decode(paged, PROMPTS, NEW), want)
+    same(decode(paged, PROMPTS, NEW, cache=shuffled_cache(paged, 3, 16, seed=1)), want)
+    # Chunked prefill: 3 tokens a step, prefill chunks mixed with decoding.
+    same(decode(paged, PROMPTS, NEW, budget=3, cache=shuffled_cache(paged, 3, 16, seed=2)),
+         decode(contiguous, PROMPTS, NEW, budget=3))
+    # Each prompt alone.
+    for r, prompt in enumerate(PROMPTS):
+        alone = decode(paged, [prompt], NEW, cache=shuffled_cache(paged, 1, 16, seed=3 + r))
+        same(alone, ([want[0][r]], [want[1][r]]), tol=1e-5)
+
+
+def test_paged_generate_is_the_contiguous_one(loaded):
+    paged, contiguous = loaded["qwen3_moe", "paged"], loaded["qwen3_moe", "contiguous"]
+    a = paged.generate(PROMPTS, NEW, return_logits=True)
+    b = contiguous.generate(PROMPTS, NEW, return_logits=True)
+    same((a.tokens, a.logits), (b.tokens, b.logits))
+
+
+def test_the_step_graph_takes_block_tables(loaded):
+    graph = loaded["qwen3", "paged"].graph
+    names = {t.name: t for t in graph._tensors}
+    assert names["block_table"].symbolic_shape == ("R", "M")
+    assert names["l0_k_cache"].symbolic_shape == ("N", P, 2 * 16)
+    assert "request_slot" not in names
+    assert "request_slot" in {t.name for t in loaded["qwen3", "contiguous"].graph._tensors}
+
+
+def test_pool_size_options(checkpoints, loaded):
+    model = loaded["qwen3", "paged"]
+    c = model.config
+    per_block = 2 * c.num_layers * P * c.num_kv_heads * c.head_dim * 4
+    assert model.kv_cache_bytes_per_block == per_block
+    # Unsized: the first user's size; grown while empty.
+    assert model.kv_cache_blocks is None
+    assert model.paged_cache(10).num_blocks == 3
+    assert model.paged_cache(20).num_blocks == 5
+    pool = model.paged_cache(20)
+    pool.manager.admit("x", [1, 2])
+    assert model.paged_cache(40) is pool       # in use: kept
+    pool.manager.release("x")
+    with pytest.raises(ValueError, match="kv_cache_tokens or kv_cache_memory, not both"):
+        models.load(checkpoints["qwen3"], kv_cache_tokens=8, kv_cache_memory=10**6, **LOAD)
+    with pytest.raises(ValueError, match="kv_cache_tokens sizes the paged KV cache, but "
+                                         "kv_block_size=None"):
+        models.load(checkpoints["qwen3"], kv_cache_tokens=8, kv_block_size=None, **LOAD)
+    with pytest.raises(ValueError, match=r"kv_cache_memory=100 bytes is less than one KV cache "
+                                         rf"block \({per_block} bytes"):
+        models.load(checkpoints["qwen3"], kv_cache_memory=100, kv_block_size=P, **LOAD)
+    with pytest.raises(ValueError, match=r"kv_block_size=0 must be a positive int"):
+        models.load(checkpoints["qwen3"], kv_block_size=0, **LOAD)
+
+
+def test_step_errors(loaded):
+    paged, contiguous = loaded["qwen3", "paged"], loaded["qwen3", "contiguous"]
+    with pytest.raises(ValueError, match=r"takes a PagedKVCache \(kv_block_size=4\), got "
+                                         r"KVCache"):
+        paged.step(contiguous.new_cache(1, 4), [models.Request(0, 0, [1])])
+    with pytest.raises(ValueError, match=r"takes a KVCache \(kv_block_size=None\), got "
+                                         r"PagedKVCache"):
+        contiguous.step(paged.new_cache(1, 4), [models.Request(0, 0, [1])])
+    cache = contiguous.new_cache(1, 4)
+    with pytest.raises(ValueError, match=r"request 0 covers positions \[2, 5\), a sequence "
+                                         r"longer than the cache \(4 positions\)"):
+        contiguous.step(cache, [models.Request(0, 2, [1, 2, 3])])
+    with pytest.raises(ValueError, match=r"request 0 uses slot 1, but the cache has 1 slots"):
+        contiguous.step(cache, [models.Request(1, 0, [1])])
+    cache = paged.new_cache(2, 8)
+    with pytest.raises(ValueError, match=r"slot 1 is used by two requests"):
+        paged.step(cache, [models.Request(1, 0, [1]), models.Request(1, 1, [1])])
