@@ -365,7 +365,7 @@ from etc import pipeline
 from etc.compiler import compile_module
 from etc.runtime import workers
 
-schedule = sys.argv[1]
+schedule, spin = sys.argv[1], int(sys.argv[2])
 g = etc.Graph("stuck")
 B = g.symbol("B")
 x = g.input("x", (B, 64))
@@ -383,6 +383,7 @@ removed = r"^\s*event\.(notify|queue_push) .*$"
 text = text[:worker] + re.sub(removed, "", text[worker:end], flags=re.M) + text[end:]
 module = ir.Module.parse(text, context=module.context)
 runtime = compile_module(module, g, options, stage="scheduled").runtime
+runtime.spin_microseconds = spin
 
 
 def interrupt_once_the_workers_spin():
@@ -406,15 +407,17 @@ except KeyboardInterrupt:
 
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
-def test_ctrl_c_stops_and_joins_the_workers(schedule):
-    """Ctrl-C during `run` stops the workers (their spins see the stop flag)
-    and waits for their calls to return before the buffers they write are
-    freed; then the KeyboardInterrupt propagates. Before, the workers went on spinning (and
+@pytest.mark.parametrize("spin", [0, 10_000_000])
+def test_ctrl_c_stops_and_joins_the_workers(schedule, spin):
+    """Ctrl-C during `run` stops the workers (their waits see the stop flag,
+    whether they poll or block: a futex wait lasts 10 ms at most) and waits
+    for their calls to return before the buffers they write are freed; then
+    the KeyboardInterrupt propagates. Before, the workers went on spinning (and
     writing into freed buffers): the process hung or died of SIGSEGV."""
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", _INTERRUPTED_RUN, schedule],
+    proc = subprocess.run([sys.executable, "-c", _INTERRUPTED_RUN, schedule, str(spin)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert re.fullmatch(r"interrupted after \d+\.\d s; workers busy: 0\n", proc.stdout), \

@@ -35,8 +35,9 @@ from .abi import KernelABI
 FORMAT = "etc-artifact"
 #: The version of the layout this runtime reads and writes. Bump it whenever
 #: the manifest, the ABI or the meaning of the code's entry points changes
-#: (e.g. the counter-buffer layout the runtime decodes).
-FORMAT_VERSION = 1
+#: (e.g. the counter-buffer layout the runtime decodes). 2: the run header's
+#: CPU words for blocking waits (sleepers, spin budget).
+FORMAT_VERSION = 2
 MANIFEST = "etc-artifact.json"
 _CODE = {"cuda": "kernel.ptx", "cpu": "kernel.so"}
 

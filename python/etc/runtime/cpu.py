@@ -19,8 +19,11 @@ the buffer table (a pointer to the descriptor of a `memref<?xi64>`, see
 for the dynamic one the counter buffer also holds the task queue, pending
 counts and inverse indices, all sized by g_counters and filled by g_init.
 The buffer ends with the run header (`etc.runtime.layout`): the runtime reads
-it after every run (the watchdog's record, the trace records) and sets its
-status to stop the workers on Ctrl-C.
+it after every run (the watchdog's record, the trace records), sets its
+status to stop the workers on Ctrl-C, and writes the spin budget before each
+run: how long a wait polls its counter before it blocks in the kernel (a
+futex wait, woken by the notify that readies the counter), so that a worker
+waiting for a descheduled producer gives its core to it.
 
 This module needs only NumPy: it imports nothing from MLIR.
 """
@@ -28,6 +31,7 @@ This module needs only NumPy: it imports nothing from MLIR.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -63,6 +67,33 @@ def check_state(arg, array) -> np.ndarray:
         raise ValueError(f"state {arg.name!r} must be a writeable C-contiguous array: the "
                          f"kernel updates it in place")
     return array
+
+#: How long a wait polls before it blocks, in microseconds, unless the
+#: environment's ETC_SPIN_US says otherwise (see `CPURuntime.spin_microseconds`).
+DEFAULT_SPIN_MICROSECONDS = 50
+
+
+def default_spin_microseconds() -> int:
+    """`ETC_SPIN_US` from the environment, else DEFAULT_SPIN_MICROSECONDS."""
+    value = os.environ.get("ETC_SPIN_US")
+    if value is None:
+        return DEFAULT_SPIN_MICROSECONDS
+    try:
+        return _check_spin(int(value))
+    except ValueError:
+        raise ValueError(f"ETC_SPIN_US={value!r} must be a number of microseconds from 0 to "
+                         f"{_MAX_SPIN}") from None
+
+
+#: The largest spin budget the header's i32 word holds.
+_MAX_SPIN = 2**31 - 1
+
+
+def _check_spin(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_SPIN:
+        raise ValueError(f"spin_microseconds={value!r} must be an int from 0 to {_MAX_SPIN}")
+    return value
+
 
 #: The roles of the program's functions, as `KernelABI.function` names them.
 ROLES = ("counters", "init", "worker", "check")
@@ -253,6 +284,21 @@ class CPURuntime:
         # threads at once never share one.
         self._workspaces: OrderedDict[tuple, _Workspace] = OrderedDict()
         self._workspaces_lock = threading.Lock()
+        self._spin = default_spin_microseconds()
+
+    @property
+    def spin_microseconds(self) -> int:
+        """How long a wait of a run polls its counter before it blocks in
+        the kernel until the notify that readies it (0: at once). Polling
+        answers fastest while every worker has a core; blocking gives the
+        core to the producer being waited for when they share one. Set it
+        to tune; the default comes from ETC_SPIN_US or
+        DEFAULT_SPIN_MICROSECONDS."""
+        return self._spin
+
+    @spin_microseconds.setter
+    def spin_microseconds(self, value: int) -> None:
+        self._spin = _check_spin(value)
 
     @property
     def trace(self) -> Trace:
@@ -336,6 +382,7 @@ class CPURuntime:
         args, counters = workspace.args, workspace.counters
         counters.fill(0)
         self._functions["init"](*args, workspace.counters_arg)
+        workspace.header[layout.SPIN_MICROSECONDS_WORD] = self._spin
         run = workers.Run(len(workspace.calls))
         try:
             run.start(workspace.calls)
