@@ -126,8 +126,10 @@ class OtherLoad:
         wanted = {f"cpu{core}".encode() for core in cores}
         busy = 0
         for line in lines:
+            if not line.startswith(b"cpu"):  # the "intr" line alone has thousands of fields
+                continue
             fields = line.split()
-            if fields and fields[0] in wanted:
+            if fields[0] in wanted:
                 # user nice system idle iowait irq softirq steal ...
                 ticks = [int(f) for f in fields[1:9]]
                 busy += sum(ticks) - ticks[3] - ticks[4]
