@@ -188,15 +188,18 @@ class LlamaCpp:
             ids = rng.integers(0, self.n_vocab, (batch, prompt))
             submit([(ids[s, p], p, s, p == prompt - 1) for s in range(batch)
                     for p in range(prompt)])
+            # The batch entries whose logits were asked for, per sequence.
+            rows = [s * prompt + prompt - 1 for s in range(batch)]
             times = []
             for step in range(steps):
+                start = time.perf_counter()
                 # Greedy ids from the logits, as ETC's step returns them.
                 last = [int(np.argmax(np.ctypeslib.as_array(
-                    cpp.llama_get_logits_ith(context, i), (self.n_vocab,))))
-                    for i in range(batch)]
-                start = time.perf_counter()
+                    cpp.llama_get_logits_ith(context, row), (self.n_vocab,))))
+                    for row in rows]
                 submit([(last[s], prompt + step, s, True) for s in range(batch)])
                 times.append((time.perf_counter() - start) * 1e3)
+                rows = list(range(batch))
             return times
         finally:
             cpp.llama_batch_free(tokens)
