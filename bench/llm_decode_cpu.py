@@ -95,11 +95,13 @@ class ETC:
 class Peer:
     """An engine of bench/decode_peers.py in its own process."""
 
-    def __init__(self, engine: str, python: str, path: Path, threads: int):
+    def __init__(self, engine: str, python: str, path: Path, threads: int,
+                 verbose: bool = False):
         self.name = engine
         self.process = subprocess.Popen(
             [python, str(ROOT / "bench" / "decode_peers.py"), engine, str(path), str(threads)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stderr=None if verbose else subprocess.DEVNULL)
         line = self.process.stdout.readline().split(maxsplit=1)
         if not line or line[0] != "ready":
             raise SystemExit(f"the {engine} peer did not start (is it installed for "
@@ -212,6 +214,7 @@ def main() -> None:
                         if default_peer_python.exists() else sys.executable)
     parser.add_argument("--contention", action="store_true",
                         help="also measure beside a busy process, and ETC with one worker")
+    parser.add_argument("--verbose", action="store_true", help="show the peers' logs")
     parser.add_argument("--trace", action="store_true",
                         help="print where a decode step's time goes, per operator family")
     args = parser.parse_args()
@@ -239,7 +242,7 @@ def main() -> None:
             single = ETC(path, 1, args.schedule, args.dtype, max_seq_len)
             single.name = "ETC 1 worker"
             engines.append(single)
-        peers = [Peer(p, args.peer_python, path, args.workers) for p in args.peer]
+        peers = [Peer(p, args.peer_python, path, args.workers, args.verbose) for p in args.peer]
         engines += peers
         for peer in peers:
             print(f"{peer.name}: {peer.version}, {args.workers} threads")
