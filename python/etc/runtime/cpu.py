@@ -324,10 +324,10 @@ class CPURuntime:
 
     # -- argument binding -------------------------------------------------
 
-    def _bind(self, inputs: dict) -> tuple[dict[str, int], dict[str, tuple]]:
+    def _bind(self, inputs: dict) -> tuple[dict[str, int], dict[str, np.ndarray]]:
         """The symbols' values and, by name, each caller's array as the
         program reads it (inputs converted to their storage, state buffers
-        as given) with its address.
+        as given; `_address` gives its address).
 
         An array that is the same object, with the same shape, strides and
         dtype, as at an earlier run and that the program reads as it is
@@ -344,7 +344,7 @@ class CPURuntime:
             if (known is not None and known[0]() is array and known[1] == array.shape
                     and known[2] == array.strides and known[3] == array.dtype
                     and (arg.kind != "state" or array.flags.writeable)):
-                supplied[name] = known[4]
+                supplied[name] = array
                 continue
             fresh.add(name)
             if arg.kind == "state":
@@ -355,10 +355,10 @@ class CPURuntime:
                                     f"{type(array).__name__}")
                 check_input_dtype(name, arg, array)
                 storage = to_storage(array, arg.dtype)
-            supplied[name] = (storage, storage.ctypes.data)
+            supplied[name] = storage
             if storage is array:
                 seen[name] = (weakref.ref(array), array.shape, array.strides, array.dtype,
-                              supplied[name])
+                              array.ctypes.data)
             else:  # a converted copy: the caller's array may change meanwhile
                 seen.pop(name, None)
         # Arguments with symbolic dims bind the symbols every run; static
@@ -368,6 +368,12 @@ class CPURuntime:
         symbols = bind_symbols(checked + self._symbol_args,
                                {arg.name: inputs[arg.name].shape for arg in checked})
         return symbols, supplied
+
+    def _address(self, name: str, array: np.ndarray) -> int:
+        """The address of `array`, supplied for `name` (known since `_bind`
+        saw it, unless it is a converted copy)."""
+        known = self._seen.get(name)
+        return known[4] if known is not None and known[0]() is array else array.ctypes.data
 
     def _key(self, symbols: dict[str, int]) -> tuple:
         return tuple(symbols[name] for name in self._symbol_names)
@@ -414,7 +420,8 @@ class CPURuntime:
         outputs = {arg.name: np.zeros(workspace.shapes[arg.name], _STORAGE[arg.dtype])
                    for arg in self.arguments if arg.kind == "output"}
         table, slots, written = workspace.table, workspace.slots, workspace.addresses
-        for name, (_, address) in supplied.items():
+        for name, array in supplied.items():
+            address = self._address(name, array)
             if written.get(name) != address:
                 table[slots[name]] = written[name] = address
         for name, array in outputs.items():
