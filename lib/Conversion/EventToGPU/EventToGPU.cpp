@@ -653,6 +653,7 @@ void etc::populateEventToGPUConversionPatterns(
   // Buffers live in global memory (NVPTX address space 1).
   populateEventBufferLoweringPattern(typeConverter, patterns,
                                      /*addressSpace=*/1);
+  populateRemoteToGPUConversionPatterns(typeConverter, patterns);
   patterns.add<WaitOpLowering, QueuePopOpLowering, NotifyOpLowering,
                ReleaseOpLowering, AcquireOpLowering, RunAbortedOpLowering,
                TraceBeginOpLowering, TraceEndOpLowering,
