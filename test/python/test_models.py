@@ -196,7 +196,7 @@ def test_unsupported_architecture_and_fields(tmp_path):
     for field, value, why in [("attention_bias", True, "no bias"),
                               ("hidden_act", "gelu", "SiLU"),
                               ("use_sliding_window", True, "windowed"),
-                              ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "'yarn'")]:
+                              ("rope_scaling", {"rope_type": "dynamic", "factor": 4.0}, "'dynamic'")]:
         config = tiny_config("Qwen3ForCausalLM", **{field: value})
         (tmp_path / "q").mkdir(exist_ok=True)
         (tmp_path / "q" / "config.json").write_text(json.dumps(config))

@@ -69,7 +69,8 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         v_cache = g.kv_append(g.state(f"l{i}_v_cache", (S, L, c.num_kv_heads * d), STATE_DTYPE),
                               v, batch)
         attended = g.attention(q, k_cache, v_cache, batch, head_dim=d, chunk=chunk,
-                               max_length=max_seq_len, scratch_from=previous_attention)
+                               max_length=max_seq_len, scale=c.attention_scale,
+                               scratch_from=previous_attention)
         previous_attention = attended
         x = g.add(x, reduced(g.matmul(attended, weight(f"l{i}_wo", (h, c.num_heads * d)),
                                       transpose_b=True)))

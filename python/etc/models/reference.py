@@ -37,7 +37,9 @@ def forward(config: ModelConfig, weights: dict, tokens) -> np.ndarray:
     inv_freq = c.rope_inv_freq()
     freqs = np.arange(n, dtype=np.float32)[:, None] * inv_freq[None, :]
     emb = np.concatenate([freqs, freqs], axis=-1)
-    cos, sin = np.cos(emb)[:, None, :], np.sin(emb)[:, None, :]  # (n, 1, d)
+    # Hugging Face scales cos and sin by the variant's attention factor (yarn).
+    factor = np.float32(c.rope_attention_factor)
+    cos, sin = np.cos(emb)[:, None, :] * factor, np.sin(emb)[:, None, :] * factor  # (n, 1, d)
     causal = np.triu(np.full((n, n), -np.inf, np.float32), k=1)
     group = c.num_heads // c.num_kv_heads
     for i in range(c.num_layers):

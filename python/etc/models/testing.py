@@ -11,7 +11,8 @@ import numpy as np
 
 from .safetensors import save_file
 
-__all__ = ["tiny_config", "write_checkpoint", "write_gguf", "checkpoint_tensors"]
+__all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint", "write_gguf",
+           "checkpoint_tensors"]
 
 
 def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
@@ -46,9 +47,24 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
     return config
 
 
-def _tensors(config: dict, rng: np.random.Generator) -> dict:
-    """Random weights under Hugging Face's names, scaled so that activations
-    stay near unit size and logits are not flat."""
+def as_transformers5(config: dict) -> dict:
+    """`config` as transformers 5 writes config.json: the RoPE base and
+    scaling in `rope_parameters` (no flat `rope_theta` or `rope_scaling`),
+    `layer_types`, `dtype` for `torch_dtype`."""
+    config = dict(config)
+    rope = dict(config.pop("rope_scaling", None) or {})
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    rope["rope_theta"] = config.pop("rope_theta", 10000.0)
+    config["rope_parameters"] = rope
+    config["layer_types"] = ["full_attention"] * config["num_hidden_layers"]
+    config["dtype"] = config.pop("torch_dtype", "float32")
+    config["transformers_version"] = "5.23.0"
+    return config
+
+
+def tensor_shapes(config: dict) -> dict:
+    """The tensors of a checkpoint of `config`, by Hugging Face name, and
+    their shapes, in the order `write_checkpoint` writes them."""
     h = config["hidden_size"]
     heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or \
         config["num_attention_heads"]
@@ -56,15 +72,7 @@ def _tensors(config: dict, rng: np.random.Generator) -> dict:
     vocab = config["vocab_size"]
     qwen3 = config["architectures"][0].startswith("Qwen3")
     moe = config["architectures"][0] == "Qwen3MoeForCausalLM"
-
-    def normal(*shape, fan_in=None):
-        scale = 1.0 / np.sqrt(fan_in if fan_in else shape[-1])
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    def norm(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
-    t = {"model.embed_tokens.weight": normal(vocab, h, fan_in=16 * h)}
+    t = {"model.embed_tokens.weight": (vocab, h)}
     sparse = set()
     if moe:
         step = config.get("decoder_sparse_step", 1) or 1
@@ -73,31 +81,48 @@ def _tensors(config: dict, rng: np.random.Generator) -> dict:
                   if i not in only and (i + 1) % step == 0}
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"] = norm(h)
-        t[p + "self_attn.q_proj.weight"] = normal(heads * d, h)
-        t[p + "self_attn.k_proj.weight"] = normal(kv * d, h)
-        t[p + "self_attn.v_proj.weight"] = normal(kv * d, h)
-        t[p + "self_attn.o_proj.weight"] = normal(h, heads * d)
+        t[p + "input_layernorm.weight"] = (h,)
+        t[p + "self_attn.q_proj.weight"] = (heads * d, h)
+        t[p + "self_attn.k_proj.weight"] = (kv * d, h)
+        t[p + "self_attn.v_proj.weight"] = (kv * d, h)
+        t[p + "self_attn.o_proj.weight"] = (h, heads * d)
         if qwen3:
-            t[p + "self_attn.q_norm.weight"] = norm(d)
-            t[p + "self_attn.k_norm.weight"] = norm(d)
-        t[p + "post_attention_layernorm.weight"] = norm(h)
+            t[p + "self_attn.q_norm.weight"] = (d,)
+            t[p + "self_attn.k_norm.weight"] = (d,)
+        t[p + "post_attention_layernorm.weight"] = (h,)
         if i in sparse:
             e, f = config["num_experts"], config["moe_intermediate_size"]
-            t[p + "mlp.gate.weight"] = normal(e, h, fan_in=h / 8)
+            t[p + "mlp.gate.weight"] = (e, h)
             for j in range(e):
-                t[f"{p}mlp.experts.{j}.gate_proj.weight"] = normal(f, h)
-                t[f"{p}mlp.experts.{j}.up_proj.weight"] = normal(f, h)
-                t[f"{p}mlp.experts.{j}.down_proj.weight"] = normal(h, f)
+                t[f"{p}mlp.experts.{j}.gate_proj.weight"] = (f, h)
+                t[f"{p}mlp.experts.{j}.up_proj.weight"] = (f, h)
+                t[f"{p}mlp.experts.{j}.down_proj.weight"] = (h, f)
         else:
             f = config["intermediate_size"]
-            t[p + "mlp.gate_proj.weight"] = normal(f, h)
-            t[p + "mlp.up_proj.weight"] = normal(f, h)
-            t[p + "mlp.down_proj.weight"] = normal(h, f)
-    t["model.norm.weight"] = norm(h)
+            t[p + "mlp.gate_proj.weight"] = (f, h)
+            t[p + "mlp.up_proj.weight"] = (f, h)
+            t[p + "mlp.down_proj.weight"] = (h, f)
+    t["model.norm.weight"] = (h,)
     if not config.get("tie_word_embeddings", False):
-        t["lm_head.weight"] = normal(vocab, h)
+        t["lm_head.weight"] = (vocab, h)
     return t
+
+
+def _tensors(config: dict, rng: np.random.Generator) -> dict:
+    """Random weights under Hugging Face's names, scaled so that activations
+    stay near unit size and logits are not flat."""
+    h = config["hidden_size"]
+    tensors = {}
+    for name, shape in tensor_shapes(config).items():
+        if name.endswith("norm.weight"):
+            tensors[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+            continue
+        # Embeddings smaller, the router's logits larger.
+        fan_in = {"model.embed_tokens.weight": 16 * h}.get(name, shape[-1])
+        if name.endswith("mlp.gate.weight"):
+            fan_in = h / 8
+        tensors[name] = (rng.standard_normal(shape) * (1.0 / np.sqrt(fan_in))).astype(np.float32)
+    return tensors
 
 
 def checkpoint_tensors(config: dict, seed: int = 0) -> dict:
