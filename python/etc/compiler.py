@@ -112,8 +112,21 @@ class CompiledKernel:
                 f"schedule={self.abi.schedule} workers={self.options.workers}>")
 
 
+def default_workers(target: str) -> int:
+    """The worker count `workers=None` means: one thread per core this
+    process may run on for the CPU (more only contend for the cores: the
+    workers spin-wait for each other); 1 for CUDA, where the runtime sizes
+    the grid from the device and the option only records the intent."""
+    if target != "cpu":
+        return 1
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
-            workers: int = 4, policy: str = "round-robin", chip: str = "sm_90a",
+            workers: int | None = None, policy: str = "round-robin", chip: str = "sm_90a",
             trace: bool = False, watchdog: float = 5.0,
             kernels: str = "native", prefetch: bool | None = None) -> CompiledKernel:
     """Compiles `graph` into one persistent program for `target`.
@@ -136,7 +149,11 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
     `prefetch` (static schedule): before its waits, each tile asks for the
     boxes it reads from weights (buffers no task writes) to be brought into
     L2; None turns it on for CUDA kernels.
+
+    `workers=None` is one CPU thread per usable core (`default_workers`).
     """
+    if workers is None:
+        workers = default_workers(target)
     options = Options(target=target, schedule=schedule, workers=workers, policy=policy, chip=chip,
                       trace=trace, watchdog=watchdog, kernels=kernels, prefetch=prefetch)
     start = time.perf_counter()
@@ -243,13 +260,20 @@ def _abi(signature, options: Options, tables: dict, reference: dict | None) -> K
     if reference is None and hasattr(signature, "operations"):
         reference = _reference.describe(signature)
     chip = options.chip if options.target == "cuda" else _artifact.host_platform()
+    isa = None
+    if options.target == "cpu":
+        from .runtime import isa as _isa
+
+        isa = _isa.chosen()
     # The schedule is the one the program got ("auto" resolved, or whatever a
     # hand-picked pipeline chose), as the scheduler recorded it.
     return KernelABI(name=signature.name, target=options.target, chip=chip,
                      schedule=tables["schedule"], workers=options.workers, arguments=arguments,
                      outputs=tuple(signature.outputs), tasks=tables["tasks"],
                      events=tables["events"], watchdog_ms=options.watchdog_ms,
-                     trace=tables["trace"], reference=reference,
+                     trace=tables["trace"], reference=reference, isa=isa,
+                     index_ranges=dict(getattr(signature, "index_ranges", {}) or {}),
+                     ragged_batches=tuple(getattr(signature, "ragged_batches", ()) or ()),
                      extra={"ranks": tables["ranks"]} if tables["ranks"] > 1 else {})
 
 
@@ -260,7 +284,7 @@ def _jit(module: ir.Module, abi: KernelABI, opt_level: int = 2):
     from .runtime import jit
     from .runtime.cpu import ROLES, EntryPoints
 
-    engine = jit.create(module, abi.name, opt_level)
+    engine = jit.create(module, abi.name, opt_level, isa=abi.isa)
     addresses = {}
     for role in ROLES:
         # Looking the entry points up now makes the JIT generate their code

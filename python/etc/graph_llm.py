@@ -124,6 +124,15 @@ class LLMOperators:
             fields[field] = self.input(prefix + field, (tokens,), INDEX_DTYPE)
         for field in RaggedBatch.REQUEST_FIELDS:
             fields[field] = self.input(prefix + field, (requests,), INDEX_DTYPE)
+        # What every ragged batch is; the operators that index caches with
+        # it add their bounds (`attention`).
+        self.index_range(fields["positions"], low=0)
+        self.index_range(fields["token_request"], below=requests)
+        self.index_range(fields["request_slot"], low=0)
+        self.index_range(fields["request_length"], low=1)
+        self.index_range(fields["request_first"], below=tokens)
+        self.index_range(fields["request_last"], below=tokens)
+        self._ragged_batches.append({field: t.name for field, t in fields.items()})
         return RaggedBatch(tokens, requests, **fields)
 
     # -- operators -------------------------------------------------------
@@ -227,13 +236,15 @@ class LLMOperators:
         request_slot[token_request[t]], with softmax(scale * q . k), scale
         1 / sqrt(head_dim) by default. The KV sequence is split into chunks
         of `chunk` positions: request r runs ceildiv(request_length[r],
-        chunk) chunk tasks, decided at run time. The number of chunks the
-        grid holds comes from the cache length, or from `max_length` when
-        that is symbolic: requests must not be longer. Result (T, H *
+        chunk) chunk tasks, decided at run time. The chunk grid holds
+        ceil(L / chunk) chunks of a cache of length L, symbolic when L is.
+        `max_length` (optional) bounds the requests' lengths further. Each
+        run checks the batch's indices against the cache and `max_length`
+        before the kernel runs (`Graph.index_range`). Result (T, H *
         head_dim) in q's dtype.
 
         The chunks' partial results go to a float32 scratch buffer of
-        T * chunks * H * (head_dim + 2) values. `scratch_from=` an earlier
+        T * ceil(L / chunk) * H * (head_dim + 2) values. `scratch_from=` an earlier
         attention's result reuses that attention's scratch (the layers of a
         model share one): an explicit event orders this attention's chunk
         tiles after every combine tile of the earlier one."""
@@ -258,27 +269,37 @@ class LLMOperators:
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"{kind}: 'chunk' must be a positive int, got {chunk!r}")
         length = k_cache.shape[1]
-        if max_length is None:
-            if not isinstance(length, int):
-                raise ValueError(f"{kind}: the cache length of "
-                                 f"{_graph._describe('k_cache', k_cache)} is symbolic; pass "
-                                 f"max_length= (the longest a request may be), which sizes "
-                                 f"the chunk grid")
-            max_length = length
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        if max_length is not None and (isinstance(max_length, bool) or
+                                       not isinstance(max_length, int) or max_length < 1):
             raise ValueError(f"{kind}: 'max_length' must be a positive int, got {max_length!r}")
         if scale is None:
             scale = 1.0 / math.sqrt(head_dim)
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise ValueError(f"{kind}: 'scale' must be a float, got {scale!r}")
-        chunks = -(-max_length // chunk)
+        # The chunk tiles read the cache at these slots and up to these
+        # lengths: out of range, they would read out of bounds.
+        slots = k_cache.shape[0]
+        for t, bound in ((batch.positions, dict(below=length)),
+                         (batch.positions, dict(below=max_length)),
+                         (batch.request_length, dict(at_most=length)),
+                         (batch.request_length, dict(at_most=max_length)),
+                         (batch.request_slot, dict(below=slots))):
+            if t.kind == "input" and None not in bound.values():
+                self.index_range(t, **bound)
+        # The chunk grid follows the cache's length: a symbolic length gives
+        # ceil(L / C) chunks, so a small chunk (more, shorter tiles: the
+        # parallelism of a long prefill) does not cost a scratch sized for
+        # the longest cache the model allows.
+        chunks = -(-length // chunk) if isinstance(length, int) else \
+            _graph.CeilDiv(length, chunk)
         operands = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("positions", batch.positions), ("token_request", batch.token_request),
                     ("request_slot", batch.request_slot),
                     ("request_length", batch.request_length),
                     ("request_first", batch.request_first)]
         params = {"head_dim": head_dim, "heads": heads, "kv_heads": kv_heads, "chunk": chunk,
-                  "chunks": chunks, "scale": float(scale)}
+                  "chunks": chunks if isinstance(chunks, int) else chunks.name,
+                  "scale": float(scale)}
         shape = (q.shape[0], chunks, heads * (head_dim + 2))
         partial = None
         if scratch_from is not None:

@@ -43,7 +43,7 @@ import numpy as np
 from types import SimpleNamespace
 
 from . import bfloat16, reference_llm
-from .binding import INPUT_DTYPES, check_input_dtype, check_input_names
+from .binding import INPUT_DTYPES, check_input_dtype, check_input_names, dim_value
 from .binding import bind_symbols as _bind_shapes
 
 __all__ = ["evaluate", "describe", "round_bf16", "bind_symbols", "topk", "moe", "NUMPY_DTYPES"]
@@ -149,10 +149,11 @@ def _concrete_shape(name: str, shape, symbols: dict) -> tuple:
     concrete = []
     for d in shape:
         if isinstance(d, str):
-            if d not in symbols:
+            try:
+                concrete.append(dim_value(d, symbols))
+            except KeyError:
                 raise ValueError(f"symbol '{d}' (in the shape of '{name}') appears in "
-                                 f"no input shape, so it cannot be bound")
-            concrete.append(symbols[d])
+                                 f"no input shape, so it cannot be bound") from None
         else:
             concrete.append(d)
     return tuple(concrete)

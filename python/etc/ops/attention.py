@@ -26,7 +26,8 @@ tiles never run, and no list of tiles is built on the host.
 
 `partial` (T, NC, H (D + 2)) float32 has no footprints: which rows a chunk
 tile writes is runtime data, and `done` orders it. The chunk count NC is
-static (from the cache's largest length), which bounds the grid. Several
+ceil(L / C) of the cache length L (symbolic when L is), which bounds the
+grid. Several
 attentions may share one `partial` (the layers of a model): every combine
 tile then notifies a `released` event (count T), and the next attention
 using the scratch waits on it in every chunk tile before overwriting it.
@@ -175,9 +176,9 @@ def build_tasks(b: TaskBuilder, op) -> None:
     q, k_cache, v_cache, positions, token_request, request_slot, request_length, \
         request_first = op.operands
     partial = op.buffers["partial"]
-    chunk, chunks = op.params["chunk"], op.params["chunks"]
+    chunk = op.params["chunk"]
     requests = request_length.shape[0]
-    grid = [b.grid_extent(requests, 1), b.grid_extent(chunks, 1)]
+    grid = [b.grid_extent(requests, 1), b.grid_extent(partial.shape[1], 1)]
     if isinstance(requests, int):
         done_type, sizes = ir.Type.parse(f"!event.tensor<{requests}>"), []
     else:

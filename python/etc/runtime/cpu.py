@@ -44,6 +44,7 @@ import numpy as np
 from .. import bfloat16
 from ..binding import (Signature, bind_symbols, check_input_dtype, check_input_names,
                        concrete_shape, out_items)
+from .ranges import check as check_index_ranges
 from . import layout, workers
 from .abi import KernelABI
 from .trace import Trace
@@ -367,6 +368,8 @@ class CPURuntime:
                    self._symbolic_names]
         symbols = bind_symbols(checked + self._symbol_args,
                                {arg.name: inputs[arg.name].shape for arg in checked})
+        check_index_ranges(self.abi.name, self.abi.index_ranges, inputs, symbols,
+                           self.abi.ragged_batches)
         return symbols, supplied
 
     def _address(self, name: str, array: np.ndarray) -> int:

@@ -47,6 +47,7 @@ import numpy as np
 
 from ..binding import (INPUT_DTYPES, Signature, bind_symbols, check_input_dtype,
                        check_input_names, concrete_shape, out_items)
+from .ranges import check as check_index_ranges
 from . import layout
 from .abi import KernelABI
 from .cpu import _STORAGE, buffer_table, check_state, from_storage, to_storage
@@ -93,6 +94,18 @@ def _driver():
             "no CUDA device is available (cuDeviceGetCount found none); "
             "the PTX is available as kernel.ptx")
     return driver
+
+
+def require_device(what: str) -> None:
+    """Raises CUDAUnavailableError, prefixed with `what` needs a device, when
+    no CUDA device can run kernels here: for callers that would compile for
+    minutes before they first touch the device."""
+    try:
+        _driver()
+    except CUDAUnavailableError as error:
+        reason = str(error).replace("; the PTX is available as kernel.ptx", "").replace(
+            "; the PTX is available without them as kernel.ptx", "")
+        raise CUDAUnavailableError(f"{what} needs a CUDA device: {reason}") from None
 
 
 def cuda_available() -> bool:
@@ -644,6 +657,14 @@ class CUDARuntime:
                 device[arg.name] = view
                 shapes[arg.name] = view.shape
         symbols = bind_symbols(self.arguments, shapes)
+        # Index inputs on the device are copied back to be checked (a few
+        # values each), at bind time.
+        self._load()
+        checked = set(self.abi.index_ranges).union(
+            *(batch.values() for batch in self.abi.ragged_batches))
+        check_index_ranges(self.abi.name, self.abi.index_ranges, {
+            name: (device[name].numpy() if name in device else inputs[name])
+            for name in checked}, symbols, self.abi.ragged_batches)
         outputs = self._bind_out(out, symbols, stream)
 
         self._load()
