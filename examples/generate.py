@@ -7,8 +7,8 @@
 CHECKPOINT is a directory with config.json and *.safetensors (Llama, Qwen3
 or Qwen3-MoE). Text prompts need its tokenizer.json and the `tokenizers`
 package. `--tiny ARCH` first writes a small random checkpoint of that
-architecture (llama, qwen3, qwen3_moe) to CHECKPOINT, so the script runs
-without downloading anything. Prints the new tokens of each prompt and the
+architecture (llama, qwen3, qwen3_moe) to CHECKPOINT, which must be empty
+or not exist yet, so the script runs without downloading anything. Prints the new tokens of each prompt and the
 tokens per second (overall, and of the decode-only steps).
 """
 
@@ -44,9 +44,17 @@ def main(argv=None) -> int:
                         help="first write a small random checkpoint of this architecture")
     args = parser.parse_args(argv)
 
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens {args.max_new_tokens} must be at least 1")
     if args.tiny:
         from etc.models.testing import tiny_config, write_checkpoint
 
+        # Never over a checkpoint: config.json and model.safetensors would
+        # be replaced by random ones.
+        if args.checkpoint.exists() and (not args.checkpoint.is_dir() or
+                                         any(args.checkpoint.iterdir())):
+            parser.error(f"--tiny writes a random checkpoint into {args.checkpoint}, which "
+                         f"is not an empty directory; give a new or empty one")
         write_checkpoint(args.checkpoint, tiny_config(TINY[args.tiny], hidden_size=256,
                                                       intermediate_size=512,
                                                       num_attention_heads=8,
@@ -55,6 +63,12 @@ def main(argv=None) -> int:
                                                       max_position_embeddings=1024))
         print(f"wrote a random {TINY[args.tiny]} checkpoint to {args.checkpoint}")
 
+    # The config and tensor headers first (cheap): the user's mistakes are
+    # reported before minutes of compiling, and as messages, not tracebacks.
+    try:
+        config = etc.models.Checkpoint(args.checkpoint).config
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
     tokenizer = None
     if args.prompt:
         tokenizer_file = args.checkpoint / "tokenizer.json"
@@ -69,14 +83,29 @@ def main(argv=None) -> int:
     prompts += [tokenizer.encode(text).ids for text in args.prompt]
     if not prompts:
         parser.error("give at least one --prompt-ids or --prompt")
+    longest = args.max_seq_len or config.max_position_embeddings
+    for p, prompt in enumerate(prompts):
+        bad = [token for token in prompt if not 0 <= token < config.vocab_size]
+        if bad:
+            parser.error(f"prompt {p}: token id {bad[0]} is outside the vocabulary "
+                         f"[0, {config.vocab_size}) of {args.checkpoint}")
+        if len(prompt) + args.max_new_tokens > longest:
+            parser.error(f"prompt {p} has {len(prompt)} tokens: with --max-new-tokens "
+                         f"{args.max_new_tokens} the sequence is longer than the "
+                         f"{longest} positions the model is compiled for (--max-seq-len)")
 
     start = time.perf_counter()
-    model = etc.models.load(args.checkpoint, target=args.target, schedule=args.schedule,
-                            workers=args.workers, dtype=args.dtype, max_seq_len=args.max_seq_len,
-                            chip=args.chip)
-    print(f"{model}: compiled in {time.perf_counter() - start:.2f} s "
-          f"({len(model.kernels)} kernel)")
-    out = model.generate(prompts, args.max_new_tokens)
+    try:
+        model = etc.models.load(args.checkpoint, target=args.target, schedule=args.schedule,
+                                workers=args.workers, dtype=args.dtype,
+                                max_seq_len=args.max_seq_len, chip=args.chip)
+        print(f"{model}: compiled in {time.perf_counter() - start:.2f} s "
+              f"({len(model.kernels)} kernel)")
+        out = model.generate(prompts, args.max_new_tokens)
+    except (ValueError, RuntimeError) as error:
+        # Bad options (a dtype, a length) and a missing GPU: a message.
+        print(f"{parser.prog}: error: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
     for prompt, tokens in zip(prompts, out.tokens):
         print(f"prompt {prompt} -> {tokens}")
         if tokenizer is not None:

@@ -69,7 +69,8 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     are computed in `dtype` ("f32", "f16" or "bf16"; the KV caches are
     float32). `max_seq_len` (default: the config's max_position_embeddings)
     bounds prompt + new tokens; `attention_chunk` is the KV positions per
-    attention chunk task (default: max_seq_len / 16, at least 16);
+    attention chunk task (default 128; the number of chunks follows the
+    cache's length at run time);
     `max_step_tokens` bounds the new tokens of one step (longer prefills
     take several steps).
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from numbers import Integral
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
 from . import cache as _cache
+from .checkpoint import STORAGE, Checkpoint
 from .config import ModelConfig
 
 if TYPE_CHECKING:
@@ -25,6 +27,12 @@ MODEL_DTYPES = ("f32", "f16", "bf16")
 #: longer prompts are prefilled over several steps (chunked prefill), which
 #: bounds the activations and the attention scratch a step allocates.
 DEFAULT_MAX_STEP_TOKENS = 256
+#: KV positions per attention chunk task, unless told otherwise. Small
+#: chunks split a long prefill's attention into many tiles that run in
+#: parallel; the number of chunks follows the cache's length at run time
+#: (not max_seq_len), so the scratch stays T x ceil(L / C) x heads x
+#: (head_dim + 2) floats. See docs/models.md and docs/benchmarks.md.
+DEFAULT_ATTENTION_CHUNK = 128
 
 
 class KernelNotCachedError(RuntimeError):
@@ -123,17 +131,14 @@ def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "a
     if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
         raise ValueError(f"load: max_seq_len={max_seq_len!r} must be a positive int")
     if attention_chunk is None:
-        # At most 16 chunks: enough split for the GPU's parallelism on
-        # long sequences, a bounded scratch (T x 16 x heads x (D + 2)).
-        attention_chunk = max(16, -(-max_seq_len // 16))
-        attention_chunk = -(-attention_chunk // 16) * 16
+        attention_chunk = DEFAULT_ATTENTION_CHUNK
     if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, int) or \
             attention_chunk < 1:
         raise ValueError(f"load: attention_chunk={attention_chunk!r} must be a positive int")
     if workers is None:
         # On CUDA the runtime sizes the grid from the device; the option
         # only records the intent.
-        workers = (os.cpu_count() or 1) if target == "cpu" else 1
+        workers = _usable_cores() if target == "cpu" else 1
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"load: workers={workers!r} must be a positive int")
     return (dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk),
@@ -209,6 +214,11 @@ class Model:
                  tensor_parallel: int = 1):
         from .parallel import shard_config, shard_weights
 
+        if target == "cuda":
+            # The weights go to the device: fail now, not after compiling.
+            from ..runtime.cuda import require_device
+
+            require_device("load(target='cuda')")
         config = checkpoint.config
         #: The ranks the model is split over (Megatron-style) and this
         #: process's rank; `_shard` is its share of the heads and columns.
@@ -245,8 +255,14 @@ class Model:
         #: Seconds spent loading: "weights", and "compile" or "cache".
         self.timings: dict[str, float] = {}
         start = time.perf_counter()
-        weights = checkpoint.weights(progress=None if progress is None else
-                                     lambda done, total: progress("weights", done, total))
+        report = None if progress is None else \
+            (lambda done, total: progress("weights", done, total))
+        if isinstance(checkpoint, Checkpoint):
+            # Read in the compute dtype's storage: a bf16 or f16 checkpoint
+            # computed in its own dtype is never widened to float32.
+            weights = checkpoint.weights(dtype, progress=report)
+        else:
+            weights = checkpoint.weights(progress=report)
         weights = shard_weights(config, weights, tensor_parallel, self.rank)
         if "inv_freq" not in weights:
             weights["inv_freq"] = config.rope_inv_freq()
@@ -283,7 +299,7 @@ class Model:
         """Weights as the graph's inputs take them: float16 arrays for f16;
         bf16 bit patterns (uint16) for bf16, converted once here rather than
         by the runtime at every step; float32 for f32."""
-        if name == "inv_freq" or self.dtype == "f32":
+        if name == "inv_freq" or array.dtype == STORAGE[self.dtype]:
             return array
         if self.dtype == "bf16":
             from .. import bfloat16
@@ -333,10 +349,35 @@ class Model:
         logits, next_ids = self._kernels[0].run(**self.step_inputs(cache, requests))
         return np.asarray(logits, dtype=np.float32), next_ids
 
+    def _check_cache(self, cache: KVCache) -> None:
+        """`cache` is one this model's kernel can use: its arrays have this
+        model's shapes, and it is no longer than the compiled max_seq_len
+        (the attention's chunk grid and index checks are sized by it)."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"step: 'cache' must be a KVCache (Model.new_cache), got "
+                            f"{type(cache).__name__}")
+        if cache.length > self.max_seq_len:
+            raise ValueError(f"step: the cache holds {cache.length} positions, more than the "
+                             f"max_seq_len={self.max_seq_len} the model is compiled for")
+        c = self.config
+        width = c.num_kv_heads * c.head_dim
+        for i in range(c.num_layers):
+            for kind in ("k", "v"):
+                name = f"l{i}_{kind}_cache"
+                array = cache.arrays.get(name)
+                if array is None:
+                    raise ValueError(f"step: the cache has no {name!r} (a cache of another "
+                                     f"model?)")
+                if tuple(array.shape) != (cache.slots, cache.length, width):
+                    raise ValueError(f"step: cache {name!r} has shape {tuple(array.shape)}, "
+                                     f"expected ({cache.slots}, {cache.length}, {width}) "
+                                     f"(slots, length, kv_heads * head_dim)")
+
     def step_inputs(self, cache: KVCache, requests: Sequence[Request]) -> dict:
         """The step kernel's inputs for `requests` (checked): token ids, the
         ragged batch's index arrays, the weights and the caches, by name.
         `step` runs the kernel on them; benchmarks bind them once."""
+        self._check_cache(cache)
         if not requests:
             raise ValueError("step: no requests")
         ids, positions, token_request = [], [], []
@@ -381,18 +422,17 @@ class Model:
         prefilled together in ragged steps of at most `max_step_tokens`
         tokens, then decoded one token per request and step; a step may
         mix both."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or \
                 max_new_tokens < 1:
             raise ValueError(f"generate: max_new_tokens={max_new_tokens!r} must be a positive "
                              f"int")
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or \
-                not prompts:
+        max_new_tokens = int(max_new_tokens)
+        if not _is_sequence(prompts) or not len(prompts):
             raise ValueError("generate: 'prompts' must be a non-empty list of token-id lists")
         vocab = self.config.vocab_size
         sequences = []
         for p, prompt in enumerate(prompts):
-            if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence) or \
-                    not prompt:
+            if not _is_sequence(prompt) or not len(prompt):
                 raise ValueError(f"generate: prompt {p} must be a non-empty list of token ids")
             for i, token in enumerate(prompt):
                 if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
@@ -423,7 +463,9 @@ class Model:
             budget = self.max_step_tokens
             requests = []
             for r in active:
-                take = min(len(sequences[r]) - cached[r], max(1, budget))
+                if not budget:
+                    break  # the others wait for the next step
+                take = min(len(sequences[r]) - cached[r], budget)
                 budget -= take
                 requests.append(Request(r, cached[r], sequences[r][cached[r]:cached[r] + take]))
             start = time.perf_counter()
@@ -447,6 +489,22 @@ class Model:
         if return_logits:
             result.logits = [np.stack(rows) for rows in logits]
         return result
+
+
+def _is_sequence(value) -> bool:
+    """A list-like of items (a list, a tuple, a 1-D or 2-D NumPy array), not
+    a string."""
+    if isinstance(value, np.ndarray):
+        return value.ndim >= 1
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (`etc.compile`'s default too)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _to_device(kernel, name: str, array: np.ndarray):
