@@ -36,7 +36,7 @@ all: install
 PREREQS := c++ cmake ninja
 
 $(PY):
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11" >&2; exit 1; }
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3 (3.11, 3.12 or 3.13)" >&2; exit 1; }
 	@for tool in $(PREREQS); do command -v $$tool >/dev/null 2>&1 || { \
 	  echo "error: '$$tool' not found; building ETC needs a C++17 compiler, CMake >= 3.20 and ninja (see docs/building.md)" >&2; exit 1; }; done
 	@echo "== creating $(VENV) with $(PYTHON)"
