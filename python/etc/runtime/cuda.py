@@ -76,8 +76,9 @@ def _driver():
     except ImportError as error:
         raise CUDAUnavailableError(
             "running on target='cuda' needs cuda-python's driver bindings, which are not "
-            "installed: pip install 'etc-compiler[cuda]' (cuda-bindings); the PTX is "
-            "available without them as kernel.ptx") from error
+            "installed: pip install 'cuda-bindings>=12.9,<14' (in an ETC checkout, "
+            "pip install -e '.[cuda]'); the PTX is available without them as kernel.ptx") \
+            from error
     try:
         result = driver.cuInit(0)
     except Exception as error:  # the bindings raise when libcuda cannot be loaded
