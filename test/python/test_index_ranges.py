@@ -205,7 +205,7 @@ def test_cuda_load_without_a_device_fails_before_compiling(tmp_path, monkeypatch
     from etc.runtime.cuda import CUDAUnavailableError
 
     path = write_checkpoint(tmp_path / "q", tiny_config("Qwen3ForCausalLM"))
-    monkeypatch.setattr(model_module, "_compile",
+    monkeypatch.setattr(model_module, "step_kernel",
                         lambda *a, **k: pytest.fail("compiled without a device"))
     with pytest.raises(CUDAUnavailableError, match=r"load\(target='cuda'\) needs a CUDA "
                                                    r"device") as error:
