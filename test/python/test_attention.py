@@ -95,9 +95,14 @@ def test_f16_cache_and_bf16_activations():
 def test_attention_lowers_to_live_chunk_tiles_and_a_data_dependent_event():
     g = _graph(chunk=4, max_length=24)
     text = etc.compile(g, target="cpu", schedule="dynamic", workers=1).ir("event")
-    chunk = re.search(r'%(\S+) = event\.alloc\((%\S+)\) : !event\.tensor<\?>\n\s*'
-                      r'event\.task "attention_0_chunk" grid\(\2, %c6\)[^\n]*', text)
+    # The chunk grid follows the cache length: ceil(L / 4) chunks.
+    chunk = re.search(r'%(\S+) = affine\.apply #(\S+)\(\)\[%arg3\]\n\s*'
+                      r'%(\S+) = event\.alloc\((%\S+)\) : !event\.tensor<\?>\n\s*'
+                      r'event\.task "attention_0_chunk" grid\(\4, %\1\)[^\n]*', text)
     assert chunk, text
+    assert f"#{chunk.group(2)} = affine_map<()[s0] -> (s0 ceildiv 4)>" in text
+    chunk = re.search(r'%(\S+) = event\.alloc\((%\S+)\) : !event\.tensor<\?>\n\s*'
+                      r'event\.task "attention_0_chunk"[^\n]*', text)
     line = chunk.group(0)
     # No `count`: one notify per live chunk tile of the request.
     assert f"notifies(%{chunk.group(1)} : !event.tensor<?> (d0, d1) -> (d0))" in line
@@ -117,9 +122,8 @@ def test_attention_errors():
     kc = g.state("kc", (S, L, 16))
     vc = g.state("vc", (S, L, 16))
     q32 = g.input("q32", (T, 32), "f32")
-    with pytest.raises(ValueError, match=r"attention: the cache length of .*'kc'.* is symbolic; "
-                                         r"pass max_length="):
-        g.attention(q32, kc, vc, batch, head_dim=8)
+    with pytest.raises(ValueError, match=r"attention: 'max_length' must be a positive int"):
+        g.attention(q32, kc, vc, batch, head_dim=8, max_length=0)
     with pytest.raises(ValueError, match=r"attention: 3 query heads cannot be grouped over 2 KV"):
         g.attention(q, kc, vc, batch, head_dim=8, max_length=16)
     with pytest.raises(ValueError, match=r"attention: the last dimension of 'q' \(24\) must be a "
