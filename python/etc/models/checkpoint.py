@@ -61,6 +61,41 @@ class Checkpoint:
                                           f"{self._where[name].path.name} and {file.name}")
                 self._where[name] = tensors
 
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The ids that end a generated sequence: config.json's
+        `eos_token_id` (an int or a list) and generation_config.json's,
+        in that order without repeats; if neither has any, the tokenizer's
+        EOS token. Empty when nothing names one."""
+        ids: list[int] = []
+        sources = [("config.json", self.raw_config)]
+        generation = self.path / "generation_config.json"
+        if generation.is_file():
+            try:
+                sources.append(("generation_config.json", json.loads(generation.read_text())))
+            except json.JSONDecodeError as error:
+                raise CheckpointError(f"{generation}: not JSON ({error})") from None
+        for file, raw in sources:
+            value = raw.get("eos_token_id") if isinstance(raw, dict) else None
+            values = value if isinstance(value, list) else [] if value is None else [value]
+            for token in values:
+                if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                    raise CheckpointError(f"{self.path / file}: eos_token_id {value!r} must be "
+                                          f"a non-negative int or a list of them")
+                if token not in ids:
+                    ids.append(token)
+        if not ids:
+            tokenizer = self.tokenizer()
+            if tokenizer is not None and tokenizer.eos_token_id is not None:
+                ids.append(tokenizer.eos_token_id)
+        return tuple(ids)
+
+    def tokenizer(self):
+        """The checkpoint's `Tokenizer` (tokenizer.json, tokenizer_config.json,
+        chat_template.jinja), or None when it has no tokenizer.json."""
+        from .tokenizer import Tokenizer
+
+        return Tokenizer.from_directory(self.path)
+
     def names(self) -> list[str]:
         return sorted(self._where)
 

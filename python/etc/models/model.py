@@ -246,6 +246,10 @@ class Model:
         self.path = checkpoint.path
         self.dtype = dtype
         self.target = target
+        #: The checkpoint's `Tokenizer` (None without one), and the ids that
+        #: end a sequence (config.json, generation_config.json).
+        self.tokenizer = checkpoint.tokenizer()
+        self.eos_token_ids = tuple(checkpoint.eos_token_ids())
         #: The longest sequence (prompt + new tokens) the model serves.
         self.max_seq_len = self.graph_options["max_seq_len"]
         #: KV positions per attention chunk task.

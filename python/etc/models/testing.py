@@ -12,7 +12,30 @@ import numpy as np
 from .safetensors import save_file
 
 __all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint", "write_gguf",
-           "checkpoint_tensors"]
+           "checkpoint_tensors", "write_tokenizer", "CHAT_TEMPLATE", "TEXT"]
+
+#: What `write_tokenizer` trains on: a little English, with accents, CJK
+#: and an emoji, so that some characters take several byte-level tokens.
+TEXT = """\
+The quick brown fox jumps over the lazy dog. A model reads text as tokens and
+writes tokens back; the tokenizer turns one into the other. Hello, world!
+Hello again: how are you today? I am fine, thank you, and you?
+Numbers too: 1 2 3 4 5 6 7 8 9 10, 42, 2048. Café crème, naïve façade, über.
+日本語のテキスト。 Привет, мир! 🙂 Résumé of the day: we serve models over HTTP.
+"""
+
+#: A ChatML chat template (as Qwen's), refusing roles it does not know.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + message['role']) }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+#: The special tokens of `write_tokenizer`, with ids 0, 1, 2.
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
 def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
@@ -131,15 +154,60 @@ def checkpoint_tensors(config: dict, seed: int = 0) -> dict:
     return _tensors(config, np.random.default_rng(seed))
 
 
+def write_tokenizer(path, vocab_size: int, *, chat_template: Optional[str] = CHAT_TEMPLATE,
+                    template_file: bool = False) -> Path:
+    """Trains a byte-level BPE tokenizer of at most `vocab_size` ids (at
+    least 300: the 256 bytes, the special tokens and some merges) on
+    `TEXT` with the `tokenizers` package, and writes it to directory `path`
+    as Hugging Face does: tokenizer.json, and tokenizer_config.json with
+    the special tokens (EOS `<|im_end|>`) and `chat_template`, or the
+    template in chat_template.jinja with `template_file`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 300:
+        raise ValueError(f"write_tokenizer: vocab_size={vocab_size} is too small for a "
+                         f"byte-level BPE (at least 300)")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(TEXT.splitlines(), trainer)
+    tokenizer.save(str(path / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
+              "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+              "add_bos_token": False, "model_max_length": 131072}
+    if chat_template is not None and template_file:
+        (path / "chat_template.jinja").write_text(chat_template)
+    elif chat_template is not None:
+        config["chat_template"] = chat_template
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    return path
+
+
 def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32", seed: int = 0,
-                     shards: int = 1, drop: tuple = ()) -> Path:
+                     shards: int = 1, drop: tuple = (), tokenizer: bool = False,
+                     **tokenizer_options) -> Path:
     """Writes a random checkpoint of `config` (default `tiny_config()`) to
     directory `path`: config.json and `shards` safetensors files of `dtype`
     ("F32", "F16" or "BF16"). Tensors named in `drop` are left out (to test
-    errors). Returns the path."""
+    errors). With `tokenizer`, also a trained BPE tokenizer and chat
+    template (`write_tokenizer`; `tokenizer_options` go to it; the config
+    needs vocab_size >= 300), config.json's `eos_token_id` (`<|im_end|>`,
+    unless the config sets one) and a generation_config.json that adds
+    `<|endoftext|>`. Returns the path."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config = config or tiny_config()
+    config = dict(config or tiny_config())
+    if tokenizer:
+        write_tokenizer(path, config["vocab_size"], **tokenizer_options)
+        end, turn_end = SPECIAL_TOKENS.index("<|endoftext|>"), SPECIAL_TOKENS.index("<|im_end|>")
+        config.setdefault("eos_token_id", turn_end)
+        (path / "generation_config.json").write_text(
+            json.dumps({"eos_token_id": [turn_end, end]}, indent=1))
     (path / "config.json").write_text(json.dumps(config, indent=1))
     tensors = {k: v for k, v in _tensors(config, np.random.default_rng(seed)).items()
                if k not in drop}
