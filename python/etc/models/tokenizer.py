@@ -14,6 +14,7 @@ text = "".join(stream.push(i) for i in new_ids) + stream.flush()
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
@@ -232,13 +233,19 @@ def compile_chat_template(source: str):
         raise ChatTemplateError(f"chat template, line {error.lineno}: {error.message}") from None
 
 
+#: The ids a detokenizer holds back at most waiting for a character to
+#: complete: a UTF-8 character has at most 4 bytes, a token at least one.
+_MAX_HELD = 4
+
+
 class IncrementalDetokenizer:
     """Turns the ids of one sequence into text as they come, one id at a
     time: `push(id)` returns the text that id completes (often "", e.g. for
     the first bytes of a multi-byte character split over byte-level BPE
     tokens, which never come out halved); `flush()` returns what is left
     at the end. The concatenation of every `push` and the `flush` equals
-    `tokenizer.decode(ids)`.
+    `tokenizer.decode(ids)` when the ids decode to valid UTF-8; bytes that
+    never form a character come out as U+FFFD after at most 4 ids.
 
     It decodes a short window of ids rather than the whole sequence: the
     ids from `prefix` on (already emitted) and from `prefix` through the
@@ -270,14 +277,20 @@ class IncrementalDetokenizer:
         self._ids.append(int(token_id))
         before = self._decode(self._ids[self._prefix:self._read])
         after = self._decode(self._ids[self._prefix:])
-        if after.endswith("\ufffd") or len(after) <= len(before) or \
-                not after.startswith(before):
-            # An incomplete character (or a decoder that rewrote the window,
-            # e.g. a leading-space rule): wait for more ids.
+        if len(after) > len(before) and after.startswith(before) and \
+                not after.endswith("\ufffd"):
+            new = after[len(before):]
+        elif len(self._ids) - self._read < _MAX_HELD:
+            # An incomplete character (or a decoder that rewrote the
+            # window, e.g. a leading-space rule): wait for more ids.
             return ""
-        new = after[len(before):]
+        else:
+            # Ids whose bytes never make a character (a model may generate
+            # any bytes): give them up as decode does, so the stream goes on.
+            new = after[len(os.path.commonprefix([before, after])):]
         self._prefix, self._read = self._read, len(self._ids)
-        self._emitted.append(new)
+        if new:
+            self._emitted.append(new)
         return new
 
     def flush(self) -> str:
