@@ -88,12 +88,16 @@ class KVCache:
 
 @dataclass
 class Generation:
-    """What `Model.generate` returns: per prompt, the new token ids and
-    (with `return_logits`) a float32 array (max_new_tokens, vocab) of the
-    logits each new token was chosen from; and how long it took."""
+    """What `Model.generate` returns: per prompt, the new token ids, their
+    text (None without a tokenizer), why generation ended ("stop": an EOS
+    id or a stop string; "length": max_new_tokens) and (with
+    `return_logits`) a float32 array (new tokens, vocab) of the logits each
+    new token was chosen from; and how long it took."""
 
     tokens: list
     logits: Optional[list] = None
+    text: Optional[list] = None
+    finish_reasons: Optional[list] = None
     #: Kernel runs, and seconds spent in them (host preparation included).
     steps: int = 0
     seconds: float = 0.0
@@ -419,80 +423,116 @@ class Model:
                     request_slot=i32(slot), request_length=i32(length), request_first=i32(first),
                     request_last=i32(last), **self._weights, **cache.arrays)
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 return_logits: bool = False) -> Generation:
-        """Greedy decoding of a batch of prompts (lists of token ids, of any
-        lengths): `max_new_tokens` new ids per prompt. Prompts are
-        prefilled together in ragged steps of at most `max_step_tokens`
-        tokens, then decoded one token per request and step; a step may
-        mix both."""
+    def generate(self, prompts, max_new_tokens: int, return_logits: bool = False, *,
+                 stop: Sequence[str] = (), ignore_eos: bool = False, sampling=None,
+                 **template_variables) -> Generation:
+        """Generates from one prompt or a batch of them, of any lengths.
+
+        A prompt is a string (encoded with the tokenizer, its special tokens
+        added), a chat (a list of {"role", "content"} dicts, rendered by the
+        chat template with the generation prompt; `template_variables` such
+        as `enable_thinking=False` go to the template), or a list of token
+        ids; `prompts` is one of these or a list of them. Each prompt gets
+        at most `max_new_tokens` new ids and stops earlier at one of the
+        model's `eos_token_ids` (unless `ignore_eos`) or when its text
+        contains a string of `stop` (the stop string is cut from the text).
+        `sampling` (an `etc.models.sampling.SamplingParams`) applies to
+        every prompt; None is greedy.
+
+        The returned `Generation` has per prompt the new ids (`tokens`,
+        ending with the EOS id when one stopped it), the text (`text`,
+        without special tokens; needs a tokenizer) and why it ended
+        (`finish_reasons`: "stop" or "length"). Prompts run together on
+        an `Engine` with a slot each: prefilled in ragged steps of at most
+        `max_step_tokens` tokens, then decoded one token per request and
+        step, a step mixing both."""
+        from .engine import Engine
+
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or \
                 max_new_tokens < 1:
             raise ValueError(f"generate: max_new_tokens={max_new_tokens!r} must be a positive "
                              f"int")
         max_new_tokens = int(max_new_tokens)
-        if not _is_sequence(prompts) or not len(prompts):
-            raise ValueError("generate: 'prompts' must be a non-empty list of token-id lists")
-        vocab = self.config.vocab_size
-        sequences = []
-        for p, prompt in enumerate(prompts):
-            if not _is_sequence(prompt) or not len(prompt):
-                raise ValueError(f"generate: prompt {p} must be a non-empty list of token ids")
-            for i, token in enumerate(prompt):
-                if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
-                    raise ValueError(f"generate: prompt {p}, position {i}: {token!r} is not "
-                                     f"an int token id")
-                if not 0 <= token < vocab:
-                    raise ValueError(f"generate: prompt {p}, position {i}: token id {token} "
-                                     f"is outside the vocabulary [0, {vocab})")
-            total = len(prompt) + max_new_tokens
-            if total > self.max_seq_len:
-                raise ValueError(f"generate: prompt {p} has {len(prompt)} tokens; with "
-                                 f"max_new_tokens={max_new_tokens} the sequence would be "
-                                 f"{total} tokens, longer than the cache "
-                                 f"(max_seq_len={self.max_seq_len})")
-            sequences.append([int(t) for t in prompt])
-        cache = self.new_cache(len(sequences), max(len(s) for s in sequences) + max_new_tokens)
-        cached = [0] * len(sequences)
-        new: list[list[int]] = [[] for _ in sequences]
-        logits: list[list[np.ndarray]] = [[] for _ in sequences]
-        result = Generation(tokens=new)
-        while True:
-            active = [r for r in range(len(sequences)) if len(new[r]) < max_new_tokens]
-            if not active:
-                break
-            # Decoding requests (one pending token) first, then prefill
-            # chunks from what is left of the step's token budget.
-            active.sort(key=lambda r: len(sequences[r]) - cached[r])
-            budget = self.max_step_tokens
-            requests = []
-            for r in active:
-                if not budget:
-                    break  # the others wait for the next step
-                take = min(len(sequences[r]) - cached[r], budget)
-                budget -= take
-                requests.append(Request(r, cached[r], sequences[r][cached[r]:cached[r] + take]))
-            start = time.perf_counter()
-            step_logits, next_ids = self.step(cache, requests)
-            elapsed = time.perf_counter() - start
-            result.steps += 1
-            result.seconds += elapsed
-            if all(len(q.tokens) == 1 for q in requests):
-                result.decode_tokens += len(requests)
-                result.decode_seconds += elapsed
-            for i, request in enumerate(requests):
-                r = request.slot
-                cached[r] += len(request.tokens)
-                if cached[r] < len(sequences[r]):
-                    continue  # a prefill chunk: the prompt goes on next step
-                token = int(next_ids[i])
-                new[r].append(token)
-                sequences[r].append(token)
-                if return_logits:
-                    logits[r].append(step_logits[i].copy())
+        sequences = [self._prompt_ids(p, prompt, max_new_tokens, template_variables)
+                     for p, prompt in enumerate(_as_prompt_list(prompts))]
+        engine = Engine(self, max_num_seqs=len(sequences),
+                        max_model_len=max(len(s) for s in sequences) + max_new_tokens)
+        handles = [engine.submit(ids, max_new_tokens=max_new_tokens, stop=stop,
+                                 ignore_eos=ignore_eos, sampling=sampling,
+                                 return_logits=return_logits) for ids in sequences]
+        engine.run()
+        results = [handle.result() for handle in handles]
+        for result in results:
+            if result.finish_reason == "error":
+                raise RuntimeError(f"generate: a step failed: {result.error}")
+        result = Generation(tokens=[r.token_ids for r in results],
+                            text=[r.text for r in results] if self.tokenizer else None,
+                            finish_reasons=[r.finish_reason for r in results])
         if return_logits:
-            result.logits = [np.stack(rows) for rows in logits]
+            result.logits = [r.logits for r in results]
+        for step in engine.steps:
+            result.steps += 1
+            result.seconds += step.seconds
+            if step.decode_only:
+                result.decode_tokens += step.requests
+                result.decode_seconds += step.seconds
         return result
+
+    def _prompt_ids(self, p: int, prompt, max_new_tokens: int, template_variables) -> list:
+        """Prompt `p` of `generate` as token ids, checked."""
+        vocab = self.config.vocab_size
+        if isinstance(prompt, str) or _is_chat(prompt):
+            if self.tokenizer is None:
+                raise ValueError(f"generate: prompt {p} is text, but {self.path} has no "
+                                 f"tokenizer.json: give token ids")
+            if isinstance(prompt, str):
+                ids = self.tokenizer.encode(prompt)
+            else:
+                text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True,
+                                                          **template_variables)
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+        elif _is_sequence(prompt):
+            ids = prompt
+        else:
+            raise ValueError(f"generate: prompt {p} must be a string, a chat (a list of "
+                             f"message dicts) or a list of token ids, not "
+                             f"{type(prompt).__name__}")
+        if not len(ids):
+            raise ValueError(f"generate: prompt {p} must be a non-empty list of token ids")
+        for i, token in enumerate(ids):
+            if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
+                raise ValueError(f"generate: prompt {p}, position {i}: {token!r} is not a "
+                                 f"token id")
+            if not 0 <= token < vocab:
+                raise ValueError(f"generate: prompt {p}, position {i}: token id {token} "
+                                 f"is outside the vocabulary [0, {vocab})")
+        total = len(ids) + max_new_tokens
+        if total > self.max_seq_len:
+            raise ValueError(f"generate: prompt {p} has {len(ids)} tokens; with "
+                             f"max_new_tokens={max_new_tokens} the sequence would be "
+                             f"{total} tokens, longer than the cache "
+                             f"(max_seq_len={self.max_seq_len})")
+        return [int(t) for t in ids]
+
+
+def _is_chat(prompt) -> bool:
+    return isinstance(prompt, Sequence) and not isinstance(prompt, (str, bytes)) and \
+        bool(prompt) and all(isinstance(m, dict) for m in prompt)
+
+
+def _as_prompt_list(prompts) -> list:
+    """`generate`'s prompts as a list: one string, chat or id list becomes a
+    list of one."""
+    if isinstance(prompts, str) or _is_chat(prompts):
+        return [prompts]
+    if isinstance(prompts, np.ndarray) and prompts.ndim == 1:
+        return [prompts]
+    if not _is_sequence(prompts) or not len(prompts):
+        raise ValueError("generate: 'prompts' must be a string, a chat, a list of token ids, "
+                         "or a non-empty list of these")
+    if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompts):
+        return [prompts]
+    return list(prompts)
 
 
 def _is_sequence(value) -> bool:
