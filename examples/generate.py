@@ -5,11 +5,12 @@
     python examples/generate.py /tmp/tiny --tiny qwen3 --prompt-ids 1 2 3
 
 CHECKPOINT is a directory with config.json and *.safetensors (Llama, Qwen3
-or Qwen3-MoE). Text prompts need its tokenizer.json and the `tokenizers`
-package. `--tiny ARCH` first writes a small random checkpoint of that
-architecture (llama, qwen3, qwen3_moe) to CHECKPOINT, which must be empty
-or not exist yet, so the script runs without downloading anything. Prints the new tokens of each prompt and the
-tokens per second (overall, and of the decode-only steps).
+or Qwen3-MoE). Text prompts need its tokenizer.json. `--tiny ARCH` first
+writes a small random checkpoint of that architecture (llama, qwen3,
+qwen3_moe) with a trained BPE tokenizer to CHECKPOINT, which must be empty
+or not exist yet, so the script runs without downloading anything. Prints
+the new tokens and text of each prompt, why it stopped, and the tokens per
+second (overall, and of the decode-only steps).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt", action="append", default=[],
                         help="a text prompt (needs tokenizer.json; repeat for a batch)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="generate max-new-tokens even past an end-of-sequence id")
     parser.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--chip", default="sm_90a")
     parser.add_argument("--schedule", default="auto", choices=("auto", "static", "dynamic"))
@@ -60,7 +63,8 @@ def main(argv=None) -> int:
                                                       num_attention_heads=8,
                                                       num_key_value_heads=4, head_dim=32,
                                                       num_hidden_layers=4, vocab_size=1024,
-                                                      max_position_embeddings=1024))
+                                                      max_position_embeddings=1024),
+                         tokenizer=True)
         print(f"wrote a random {TINY[args.tiny]} checkpoint to {args.checkpoint}")
 
     # The config and tensor headers first (cheap): the user's mistakes are
@@ -69,22 +73,15 @@ def main(argv=None) -> int:
         config = etc.models.Checkpoint(args.checkpoint).config
     except (OSError, ValueError) as error:
         parser.error(str(error))
-    tokenizer = None
-    if args.prompt:
-        tokenizer_file = args.checkpoint / "tokenizer.json"
-        if not tokenizer_file.is_file():
-            parser.error(f"--prompt needs {tokenizer_file}; give --prompt-ids instead")
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            parser.error("--prompt needs the 'tokenizers' package (pip install tokenizers)")
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    prompts = [list(p) for p in args.prompt_ids]
-    prompts += [tokenizer.encode(text).ids for text in args.prompt]
+    if args.prompt and not (args.checkpoint / "tokenizer.json").is_file():
+        parser.error(f"--prompt needs {args.checkpoint / 'tokenizer.json'}; give --prompt-ids "
+                     f"instead")
+    id_prompts = [list(p) for p in args.prompt_ids]
+    prompts = id_prompts + list(args.prompt)
     if not prompts:
         parser.error("give at least one --prompt-ids or --prompt")
     longest = args.max_seq_len or config.max_position_embeddings
-    for p, prompt in enumerate(prompts):
+    for p, prompt in enumerate(id_prompts):
         bad = [token for token in prompt if not 0 <= token < config.vocab_size]
         if bad:
             parser.error(f"prompt {p}: token id {bad[0]} is outside the vocabulary "
@@ -101,15 +98,16 @@ def main(argv=None) -> int:
                                 max_seq_len=args.max_seq_len, chip=args.chip)
         print(f"{model}: compiled in {time.perf_counter() - start:.2f} s "
               f"({len(model.kernels)} kernel)")
-        out = model.generate(prompts, args.max_new_tokens)
+        out = model.generate(prompts, args.max_new_tokens, ignore_eos=args.ignore_eos)
     except (ValueError, RuntimeError) as error:
-        # Bad options (a dtype, a length) and a missing GPU: a message.
+        # Bad options (a dtype, a length), a text prompt too long, and a
+        # missing GPU: a message.
         print(f"{parser.prog}: error: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
-    for prompt, tokens in zip(prompts, out.tokens):
-        print(f"prompt {prompt} -> {tokens}")
-        if tokenizer is not None:
-            print(f"  {tokenizer.decode(prompt)!r} -> {tokenizer.decode(tokens)!r}")
+    for p, prompt in enumerate(prompts):
+        print(f"prompt {prompt!r} -> {out.tokens[p]} ({out.finish_reasons[p]})")
+        if out.text is not None:
+            print(f"  {out.text[p]!r}")
     new = sum(len(t) for t in out.tokens)
     print(f"{new} new tokens in {out.steps} steps, {out.seconds:.3f} s: "
           f"{out.tokens_per_second:.1f} tokens/s; decode-only steps: "
