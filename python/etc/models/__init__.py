@@ -7,6 +7,7 @@ out = model.generate([[151644, 872], [9707]], max_new_tokens=16, return_logits=T
 out.tokens        # the new ids, per prompt
 out.logits[0]     # (16, vocab) float32: what each new token was chosen from
 model.kernels     # [the step kernel]: one, for every batch and length
+model.generate([{"role": "user", "content": "Hi"}], 32).text   # with tokenizer.json
 ```
 
 Supported: `LlamaForCausalLM`, `Qwen3ForCausalLM` and `Qwen3MoeForCausalLM`
@@ -30,12 +31,14 @@ from .config import ARCHITECTURES, ModelConfig, UnsupportedConfigError
 from .gguf import GGUFCheckpoint, GGUFError, is_gguf
 from .model import (Generation, KernelNotCachedError, KVCache, Model, Request, step_kernel,
                     step_options)
+from .engine import Engine, RequestError
 from .safetensors import SafetensorsError
+from .tokenizer import ChatTemplateError, Tokenizer
 
 __all__ = ["load", "open_checkpoint", "compile_checkpoint", "Model", "Generation", "KVCache", "Request", "ModelConfig",
            "ARCHITECTURES", "Checkpoint", "GGUFCheckpoint", "KernelCache", "CheckpointError",
            "MissingTensorError", "UnsupportedConfigError", "SafetensorsError", "GGUFError",
-           "KernelNotCachedError"]
+           "KernelNotCachedError", "Engine", "RequestError", "Tokenizer", "ChatTemplateError"]
 
 
 def open_checkpoint(path):
