@@ -461,7 +461,7 @@ class Engine:
             sequence.cached += take
             if sequence.pending:
                 continue  # a prefill chunk: the prompt goes on next step
-            self._advance(sequence, int(next_ids[i]), logits[i], now)
+            self._advance(sequence, int(next_ids[i]), None if logits is None else logits[i], now)
         return True
 
     def _schedule(self) -> list:
