@@ -24,6 +24,7 @@ none is left for) replaces it behind the same four calls: `admit`,
 from __future__ import annotations
 
 import collections
+import inspect
 import itertools
 import logging
 import queue
@@ -311,6 +312,9 @@ class Engine:
         self.max_model_len = max_model_len
         self.max_step_tokens = max_step_tokens or model.max_step_tokens
         self.cache = SlotCache(model, max_num_seqs, max_model_len)
+        # A step that samples on the device returns logits only when asked.
+        self._step_returns_logits_on_request = \
+            "return_logits" in inspect.signature(model.step).parameters
         #: Every step run, in order (cleared by whoever reads it).
         self.steps: list[StepRecord] = []
         #: Called with each `RequestResult` as its request finishes (the
@@ -447,9 +451,13 @@ class Engine:
             return False
         batch = self._schedule()
         requests = [self._request(s, take) for s, take in batch]
+        # Logits leave the device only when a request keeps them.
+        options = {}
+        if self._step_returns_logits_on_request:
+            options["return_logits"] = any(s.logits is not None for s, _ in batch)
         start = time.perf_counter()
         try:
-            logits, next_ids = self.model.step(self.cache.cache, requests)
+            logits, next_ids = self.model.step(self.cache.cache, requests, **options)
         except Exception as error:  # a bug below: fail these requests, keep serving
             for sequence, _ in batch:
                 self._finish(sequence, "error", error=f"{type(error).__name__}: {error}")
