@@ -179,7 +179,7 @@ def test_engine_thread_serves_submitters_from_several_threads(chat_model):
 def test_a_failing_step_fails_its_requests_not_the_engine(chat_model, monkeypatch):
     engine = Engine(chat_model, max_num_seqs=2, max_model_len=16)
     real = chat_model.step
-    monkeypatch.setattr(chat_model, "step", lambda *a: (_ for _ in ()).throw(
+    monkeypatch.setattr(chat_model, "step", lambda *a, **k: (_ for _ in ()).throw(
         RuntimeError("boom")))
     broken = engine.submit([5], max_new_tokens=2)
     engine.run()
@@ -187,7 +187,7 @@ def test_a_failing_step_fails_its_requests_not_the_engine(chat_model, monkeypatc
     monkeypatch.setattr(chat_model, "step", real)
     assert engine.submit([5], max_new_tokens=2).result().finish_reason == "length"
     assert engine.slots_in_use == 0
-    monkeypatch.setattr(chat_model, "step", lambda *a: (_ for _ in ()).throw(
+    monkeypatch.setattr(chat_model, "step", lambda *a, **k: (_ for _ in ()).throw(
         RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="a step failed: RuntimeError: boom"):
         chat_model.generate([5], 2)

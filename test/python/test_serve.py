@@ -192,9 +192,9 @@ def test_a_client_that_disconnects_frees_its_slot(server, chat_model, monkeypatc
     engine = server.app.state.engine
     step = chat_model.step
 
-    def slow_step(*args):  # 20 tokens take a second: time to hang up
+    def slow_step(*args, **options):  # 20 tokens take a second: time to hang up
         time.sleep(0.05)
-        return step(*args)
+        return step(*args, **options)
 
     monkeypatch.setattr(chat_model, "step", slow_step)
     body = {"model": NAME, "messages": CHAT, "max_tokens": 20, "temperature": 0,
