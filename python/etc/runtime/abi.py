@@ -77,6 +77,8 @@ class KernelABI:
     `watchdog_ms` bounds every spin of the program; `trace` says whether the
     workers record trace events. `reference` is the graph's operators for
     the NumPy reference (`etc.reference.evaluate`), when known.
+    `shared_bytes` (CUDA) is the worker's scratch arena: the dynamic shared
+    memory each worker CTA is launched with (`convert-event-to-gpu`).
     """
 
     name: str
@@ -92,6 +94,7 @@ class KernelABI:
     trace: bool = False
     reference: dict | None = None
     extra: dict = field(default_factory=dict)
+    shared_bytes: int = 0
 
     # -- names of the program's functions ----------------------------------
 
@@ -124,6 +127,7 @@ class KernelABI:
             "watchdog_ms": self.watchdog_ms, "trace": self.trace,
             "reference": self.reference,
             "extra": self.extra,
+            "shared_bytes": self.shared_bytes,
         }
 
     @classmethod
@@ -139,7 +143,8 @@ class KernelABI:
                                    tuple(e["waited_by"])) for e in data["events"]),
                 watchdog_ms=int(data["watchdog_ms"]), trace=bool(data["trace"]),
                 reference=data.get("reference"),
-                extra=dict(data.get("extra") or {}))
+                extra=dict(data.get("extra") or {}),
+                shared_bytes=int(data.get("shared_bytes", 0)))
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"malformed kernel ABI: {type(error).__name__}: {error}") from None
         names = {a.name for a in abi.arguments}

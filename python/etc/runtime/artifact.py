@@ -36,7 +36,9 @@ FORMAT = "etc-artifact"
 #: The version of the layout this runtime reads and writes. Bump it whenever
 #: the manifest, the ABI or the meaning of the code's entry points changes
 #: (e.g. the counter-buffer layout the runtime decodes).
-FORMAT_VERSION = 1
+#: Version 2: CUDA workers take their tile scratch as dynamic shared memory
+#: (`KernelABI.shared_bytes`), which a version-1 runtime would not give them.
+FORMAT_VERSION = 2
 MANIFEST = "etc-artifact.json"
 _CODE = {"cuda": "kernel.ptx", "cpu": "kernel.so"}
 
