@@ -16,20 +16,7 @@ from __future__ import annotations
 from ..graph import Graph
 from .config import ModelConfig
 
-__all__ = ["build_step_graph", "KV_DTYPES", "kv_dtype_for"]
-
-#: The dtypes a KV cache may have.
-KV_DTYPES = ("f32", "f16", "bf16")
-
-
-def kv_dtype_for(dtype: str, kv_dtype: str | None = None) -> str:
-    """The KV caches' dtype: `kv_dtype`, or by default the compute `dtype`
-    (a bf16 model keeps bf16 keys and values: half the memory and half the
-    attention's bytes of a float32 cache)."""
-    kv_dtype = dtype if kv_dtype is None else kv_dtype
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"kv_dtype={kv_dtype!r} is not supported; expected one of {KV_DTYPES}")
-    return kv_dtype
+__all__ = ["build_step_graph"]
 
 
 def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: int,
@@ -44,7 +31,7 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     and the partial sums of the attention output and MLP down projections
     are added over the ranks by an `all_reduce` fused into the step
     (`etc.models.parallel`)."""
-    cache_dtype = kv_dtype_for(dtype, kv_dtype)
+    cache_dtype = dtype if kv_dtype is None else kv_dtype
     c = config
     g = Graph(name, ranks=ranks)
 
