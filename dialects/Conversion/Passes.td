@@ -150,10 +150,10 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
       as the largest function's. The module records each `gpu.module`'s
       arena in `event.dynamic_shared_bytes = {<graph>_kernels = bytes}`,
       the dynamic shared memory the runtime launches the worker with.
-    * Memref arguments of the functions the kernels call that every call
-      fills with a program buffer (`event.buffer` or a view of one) are
-      cast to `#gpu.address_space<global>` and back at the function's
-      entry, so that the tile functions load with `ld.global` (and
+    * Memref parameters of the functions the kernels call that every call
+      fills with a program buffer (`event.buffer` or a view of one) become
+      memrefs in NVPTX's global address space, 1 (the calls cast what they
+      pass), so that the tile functions load with `ld.global` (and
       `cp.async` from global memory) rather than generic accesses.
     The module gets `gpu.container_module`. Kernel parameters follow MLIR's
     memref descriptor expansion (see docs/architecture.md). The worker's

@@ -35,10 +35,13 @@ mlir::LogicalResult planScratchArenas(mlir::ModuleOp module);
 
 /// Gives the functions of `kernels` that the kernels call global-memory
 /// pointers where every call passes a buffer of the program (an
-/// `event.buffer`, or a view of one): each such memref argument is cast to
-/// the global address space and back at the function's entry, so that
-/// LLVM's address-space inference emits `ld.global` / `st.global` and
-/// `cp.async` from global memory instead of generic accesses.
+/// `event.buffer`, or a view of one): each such memref parameter becomes a
+/// memref in NVPTX's global address space, 1 (its views too), and the calls
+/// cast what they pass, so that the function's loads and stores are
+/// `ld.global` / `st.global` and its `cp.async` reads global memory. (A
+/// generic pointer cast to global and back at the function's entry does
+/// not do it: LLVM's optimiser folds the pair away before the NVPTX
+/// backend infers address spaces.)
 void markGlobalArguments(mlir::gpu::GPUModuleOp kernels);
 
 } // namespace etc

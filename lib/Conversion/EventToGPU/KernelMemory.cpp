@@ -13,6 +13,8 @@
 #include "Event/IR/EventOps.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Interfaces/FunctionInterfaces.h"
 #include "llvm/ADT/DenseMap.h"
@@ -133,6 +135,44 @@ static bool isGlobalBuffer(Value value,
   }
 }
 
+/// `type` in memory space `space`.
+static MemRefType inSpace(MemRefType type, Attribute space) {
+  return MemRefType::get(type.getShape(), type.getElementType(), type.getLayout(), space);
+}
+
+/// Gives the uses of `value`, now a memref in memory space `space`, what
+/// they need: views of it (subview, cast, reshapes, strided metadata)
+/// become views in that space, recursively; accesses (loads, stores,
+/// `memref.dim`, cp.async, calls) take it as it is; any other use gets a
+/// generic view of it.
+static void retypeUses(Value value, Attribute space) {
+  for (OpOperand &use : llvm::make_early_inc_range(value.getUses())) {
+    Operation *user = use.getOwner();
+    if (isa<memref::SubViewOp, memref::CastOp, memref::ReinterpretCastOp,
+            memref::ExpandShapeOp, memref::CollapseShapeOp>(user)) {
+      Value result = user->getResult(0);
+      result.setType(inSpace(cast<MemRefType>(result.getType()), space));
+      retypeUses(result, space);
+      continue;
+    }
+    if (auto metadata = dyn_cast<memref::ExtractStridedMetadataOp>(user)) {
+      Value base = metadata.getBaseBuffer();
+      base.setType(inSpace(cast<MemRefType>(base.getType()), space));
+      retypeUses(base, space);
+      continue;
+    }
+    if (isa<memref::LoadOp, memref::StoreOp, memref::DimOp, vector::LoadOp, vector::StoreOp,
+            vector::TransferReadOp, vector::TransferWriteOp, vector::MaskedLoadOp,
+            vector::MaskedStoreOp, memref::ExtractAlignedPointerAsIndexOp,
+            memref::MemorySpaceCastOp, nvgpu::DeviceAsyncCopyOp, func::CallOp>(user))
+      continue;
+    OpBuilder b(user);
+    auto type = cast<MemRefType>(value.getType());
+    use.set(memref::MemorySpaceCastOp::create(b, user->getLoc(),
+                                              inSpace(type, Attribute()), value));
+  }
+}
+
 void etc::markGlobalArguments(gpu::GPUModuleOp kernels) {
   SymbolTable symbols(kernels);
   // The call sites of each function of the module.
@@ -175,25 +215,43 @@ void etc::markGlobalArguments(gpu::GPUModuleOp kernels) {
     }
   }
   MLIRContext *context = kernels.getContext();
-  Attribute globalSpace =
-      gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Global);
+  // NVPTX's global address space as a plain integer: the function-to-LLVM
+  // conversion, which lowers the signatures before the GPU one runs, maps
+  // integer memory spaces, not #gpu.address_space.
+  Attribute globalSpace = IntegerAttr::get(IntegerType::get(context, 64), 1);
   // In the module's order, so that the IR is the same on every run.
   SmallVector<BlockArgument> marked;
-  for (auto function : kernels.getOps<func::FuncOp>())
-    if (!function.isExternal())
-      for (BlockArgument argument : function.getArguments())
-        if (global.contains(argument))
-          marked.push_back(argument);
-  for (BlockArgument argument : marked) {
-    auto type = cast<MemRefType>(argument.getType());
-    OpBuilder b = OpBuilder::atBlockBegin(argument.getOwner());
-    Location loc = argument.getLoc();
-    auto inGlobal = memref::MemorySpaceCastOp::create(
-        b, loc,
-        MemRefType::get(type.getShape(), type.getElementType(),
-                        type.getLayout(), globalSpace),
-        argument);
-    auto generic = memref::MemorySpaceCastOp::create(b, loc, type, inGlobal);
-    argument.replaceAllUsesExcept(generic, inGlobal);
+  for (auto function : kernels.getOps<func::FuncOp>()) {
+    if (function.isExternal())
+      continue;
+    bool changed = false;
+    for (BlockArgument argument : function.getArguments()) {
+      if (!global.contains(argument))
+        continue;
+      marked.push_back(argument);
+      argument.setType(inSpace(cast<MemRefType>(argument.getType()), globalSpace));
+      changed = true;
+    }
+    if (changed)
+      function.setType(FunctionType::get(
+          context, function.getBody().getArgumentTypes(),
+          function.getFunctionType().getResults()));
   }
+  for (BlockArgument argument : marked)
+    retypeUses(argument, globalSpace);
+  // Calls now pass generic memrefs to global parameters (the worker's
+  // table buffers) or the reverse (a global argument handed to a function
+  // some other call gives a generic one): cast at the call.
+  kernels.walk([&](func::CallOp call) {
+    auto callee = dyn_cast_or_null<func::FuncOp>(symbols.lookup(call.getCallee()));
+    if (!callee)
+      return;
+    OpBuilder b(call);
+    for (auto [index, type] : llvm::enumerate(callee.getArgumentTypes())) {
+      Value operand = call.getOperand(index);
+      if (operand.getType() != type && isa<MemRefType>(type))
+        call->setOperand(index, memref::MemorySpaceCastOp::create(b, call.getLoc(), type,
+                                                                  operand));
+    }
+  });
 }

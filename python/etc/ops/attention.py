@@ -272,7 +272,7 @@ class AttentionChunkWarps(AttentionChunk):
                 w = where(lane)
                 return [self.vload(q, [w["t"], arith.addi(
                     arith.muli(arith.addi(w["head0"], c(g)), c(head_dim)),
-                    arith.muli(w["part"], c(vec)))], vec)
+                    arith.muli(w["part"], c(vec)))], vec, aligned=True)
                         for g in range(per_item)]
 
             queries = lanes.each(load_queries)

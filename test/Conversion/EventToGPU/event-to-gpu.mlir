@@ -756,21 +756,22 @@ func.func @t_worker() attributes {event.graph = "t", event.tasks = [{grid_rank =
 // each function's start at offset 0, 16-byte aligned one after another, and
 // the arena is the largest function's (12 -> 16, + 1024 bytes). A buffer
 // from the table that reaches a tile function is global memory: the
-// function casts its argument to the global space and back, so that its
+// function takes it as a global memref (the call casts it), so that its
 // loads are global ones.
 
 // CHECK-LABEL: module attributes {event.dynamic_shared_bytes = {s_kernels = 1040 : i64}
 // CHECK:       gpu.func @s_worker(
-// CHECK:       func.func private @s_tile_0(%[[X:.*]]: memref<?xf32>, %{{.*}}: index)
-// CHECK-NEXT:    %[[G:.*]] = memref.memory_space_cast %[[X]] : memref<?xf32> to memref<?xf32, #gpu.address_space<global>>
-// CHECK-NEXT:    %[[B:.*]] = memref.memory_space_cast %[[G]] : memref<?xf32, #gpu.address_space<global>> to memref<?xf32>
+// CHECK:         %[[G:.*]] = memref.memory_space_cast %{{.*}} : memref<?xf32> to memref<?xf32, 1>
+// CHECK-NEXT:    func.call @s_tile_0(%[[G]], %{{.*}}) : (memref<?xf32, 1>, index) -> ()
+// CHECK-NEXT:    func.call @s_tile_1(%{{.*}}, %{{.*}}) : (memref<?xf32>, index) -> ()
+// CHECK:       func.func private @s_tile_0(%[[B:.*]]: memref<?xf32, 1>, %{{.*}}: index)
 // CHECK:         gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>
 // CHECK-NEXT:    %[[O0:.*]] = arith.constant 0 : index
 // CHECK-NEXT:    memref.view %{{.*}}[%[[O0]]][] : memref<?xi8, #gpu.address_space<workgroup>> to memref<3xf32, #gpu.address_space<workgroup>>
 // CHECK:         gpu.dynamic_shared_memory
 // CHECK-NEXT:    %[[O16:.*]] = arith.constant 16 : index
 // CHECK-NEXT:    memref.view %{{.*}}[%[[O16]]][] : memref<?xi8, #gpu.address_space<workgroup>> to memref<256xf32, #gpu.address_space<workgroup>>
-// CHECK:         memref.load %[[B]][
+// CHECK:         memref.load %[[B]][%{{.*}}] : memref<?xf32, 1>
 // CHECK:       func.func private @s_tile_1(%[[Y:.*]]: memref<?xf32>, %{{.*}}: index)
 // CHECK-NOT:     memory_space_cast %[[Y]]
 // CHECK:         gpu.dynamic_shared_memory
