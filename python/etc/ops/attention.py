@@ -195,7 +195,7 @@ class AttentionChunkWarps(AttentionChunk):
 
     part = "chunk_warps"
     #: Keys per row group and iteration.
-    UNROLL = 2
+    UNROLL = 4
     #: Query heads one warp takes at most: a KV head of more query heads
     #: (Qwen3-30B-A3B: 8) is split between warps, which then read its keys
     #: and values once each (the second from L1), so that a lane's softmax
