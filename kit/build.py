@@ -41,6 +41,7 @@ MAX_BYTES = 32 << 20
 RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "reference.py", "reference_llm.py",
                  "runtime/__init__.py", "runtime/abi.py", "runtime/artifact.py",
                  "runtime/cpu.py", "runtime/cuda.py", "runtime/isa.py", "runtime/layout.py",
+                 "runtime/probes.py",
                  "runtime/ranges.py", "runtime/trace.py", "runtime/workers.py")
 SCHEDULES = ("static", "dynamic", "auto")
 #: The benchmark variant compiled without the weight prefetch (issue #11).

@@ -154,6 +154,18 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
       and publishes `task + 1` with a GPU-scope release store, or sets the
       error flag when the queue is full.
     * `event.view` becomes the address of its first counter, as on the CPU.
+    * `event.scratch` becomes a view of the CTA's scratch arena, the
+      kernel's dynamic shared memory (`gpu.dynamic_shared_memory` +
+      `memref.view`): a CTA runs one tile at a time, so each function's
+      buffers start at offset 0 (16-byte aligned) and the arena is as large
+      as the largest function's. The module records each `gpu.module`'s
+      arena in `event.dynamic_shared_bytes = {<graph>_kernels = bytes}`,
+      the dynamic shared memory the runtime launches the worker with.
+    * Memref parameters of the functions the kernels call that every call
+      fills with a program buffer (`event.buffer` or a view of one) become
+      memrefs in NVPTX's global address space, 1 (the calls cast what they
+      pass), so that the tile functions load with `ld.global` (and
+      `cp.async` from global memory) rather than generic accesses.
     The module gets `gpu.container_module`. Kernel parameters follow MLIR's
     memref descriptor expansion (see docs/architecture.md). The worker's
     `event.tasks` and `event.events` tables (for the front end, which reads

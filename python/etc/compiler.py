@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -194,6 +195,8 @@ def compile_module(module: ir.Module, signature, options: Options, *,
                          f"not {stage!r}: the kernel's task and event tables come from it")
 
     abi = _abi(signature, options, tables, reference)
+    if options.target == "cuda":
+        abi = dataclasses.replace(abi, shared_bytes=_shared_bytes(module, signature.name))
     start = time.perf_counter()
     engine = None
     if options.target == "cuda":
@@ -250,6 +253,17 @@ def _program_tables(module: ir.Module, name: str) -> dict:
                 "tasks": tasks, "events": events, "trace": "event.trace" in attributes,
                 "ranks": ranks}
     raise ValueError(f"the scheduled module has no worker function @{name}_worker")
+
+
+def _shared_bytes(module: ir.Module, name: str) -> int:
+    """The scratch arena of graph `name`'s worker: the dynamic shared memory
+    `convert-event-to-gpu` recorded for its kernels (0 when it needs none)."""
+    attributes = module.operation.attributes
+    if "event.dynamic_shared_bytes" not in attributes:
+        return 0
+    sizes = ir.DictAttr(attributes["event.dynamic_shared_bytes"])
+    key = f"{name}_kernels"
+    return ir.IntegerAttr(sizes[key]).value if key in sizes else 0
 
 
 def _abi(signature, options: Options, tables: dict, reference: dict | None) -> KernelABI:

@@ -55,10 +55,10 @@ DTYPES = ("f32", "f16", "bf16")
 #: The element types an input may have: the float types and `i32` for
 #: indices (token ids, positions, lengths).
 INPUT_DTYPES = DTYPES + (INDEX_DTYPE,)
-#: The element types a state buffer may have: those NumPy can hold, so that
-#: the caller's array is the buffer (bf16 would need a conversion and a
-#: copy, which would not update the caller's array in place).
-STATE_DTYPES = ("f32", "f16", INDEX_DTYPE)
+#: The element types a state buffer may have: those whose storage NumPy can
+#: hold, so that the caller's array is the buffer (bf16 as a uint16 array of
+#: bf16 bit patterns, like bf16 weights).
+STATE_DTYPES = ("f32", "f16", "bf16", INDEX_DTYPE)
 #: The largest static dimension: memref sizes and indices are signed 64-bit.
 _MAX_INDEX = 2**63 - 1
 
@@ -318,13 +318,10 @@ class Graph(LLMOperators, CollectiveOperators):
         array *is* the buffer: operators that update it (`kv_append`) write
         into that array in place, so the next run sees what this one
         wrote. Reads and writes of a state are ordered within a run by
-        dependency inference, in call order. `dtype` is "f32", "f16" or
-        "i32" (NumPy must hold it without conversion)."""
+        dependency inference, in call order. `dtype` is "f32", "f16",
+        "bf16" or "i32"; the caller's array has the storage dtype, with no
+        conversion (float32, float16, uint16 bf16 bit patterns, int32)."""
         what = f"state '{name}'"
-        if dtype == "bf16":
-            raise ValueError(f"{what}: dtype 'bf16' is not supported for state buffers: NumPy "
-                             f"has no bfloat16, so the caller's array could not be the buffer "
-                             f"(use 'f32' or 'f16')")
         self._check_dtype(what, dtype, STATE_DTYPES)
         shape = self._check_shape(what, shape)
         return self._new_tensor(self._claim_name("state", name), shape, dtype, "state")

@@ -208,9 +208,9 @@ class LLMOperators:
                 cache.kind != "state":
             raise ValueError(f"{kind}: operand 'cache' must be a state buffer of graph "
                              f"'{self.name}' (Graph.state), got {cache!r}")
-        if cache.rank != 3 or cache.dtype not in ("f32", "f16"):
-            raise ValueError(f"{kind}: {_graph._describe('cache', cache)} must be a 3-D f32 "
-                             f"or f16 state (slots, length, width)")
+        if cache.rank != 3 or cache.dtype not in ("f32", "f16", "bf16"):
+            raise ValueError(f"{kind}: {_graph._describe('cache', cache)} must be a 3-D f32, "
+                             f"f16 or bf16 state (slots, length, width)")
         self._check_operand(kind, "values", values, ranks=(2,))
         batch = self._check_batch(kind, batch)
         if not _graph._same_dim(values.shape[0], batch.tokens):

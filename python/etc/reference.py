@@ -50,6 +50,9 @@ __all__ = ["evaluate", "describe", "round_bf16", "bind_symbols", "topk", "moe", 
 
 #: The NumPy dtype that carries each graph dtype (etc.binding's table).
 NUMPY_DTYPES = INPUT_DTYPES
+#: The NumPy array a state buffer of each dtype is (bf16: uint16 bit patterns).
+STATE_STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
+                 "bf16": np.dtype(np.uint16), "i32": np.dtype(np.int32)}
 
 
 def round_bf16(x) -> np.ndarray:
@@ -135,7 +138,8 @@ def bind_symbols(g, inputs: dict) -> dict:
         if t.kind == "input":
             check_input_dtype(t.name, t, array)
             continue
-        want = NUMPY_DTYPES[t.dtype]
+        # A state is its storage, as the runtimes take it in place.
+        want = STATE_STORAGE[t.dtype]
         if array.dtype != want:
             raise TypeError(f"input {t.name!r} has dtype {array.dtype}, expected {want} "
                             f"for {t.dtype} (inputs are not cast implicitly)")
@@ -283,7 +287,10 @@ def evaluate(g, /, **inputs) -> list[np.ndarray]:
             env[op.result] = _to_storage(result, declared["dtype"])
     for arg in spec["arguments"]:
         if arg["kind"] == "state":
-            inputs[arg["name"]][...] = env[arg["name"]]
+            value = env[arg["name"]]
+            if arg["dtype"] == "bf16":
+                value = bfloat16.to_bits(value)
+            inputs[arg["name"]][...] = value
     outs = []
     dtypes = {a["name"]: a["dtype"] for a in spec["arguments"]}
     for name in spec["outputs"]:

@@ -60,7 +60,7 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
          dtype: str = "f32", max_seq_len: Optional[int] = None,
          attention_chunk: Optional[int] = None, max_step_tokens: int = 256,
          chip: str = "sm_90a", kernels: str = "native", cache=None, kernel=None,
-         progress=None, tensor_parallel: int = 1) -> Model:
+         progress=None, tensor_parallel: int = 1, kv_dtype: Optional[str] = None) -> Model:
     """Reads the Hugging Face checkpoint directory or GGUF file `path`,
     builds its step graph and compiles it once, or takes the compiled step
     kernel from the compile cache.
@@ -69,8 +69,9 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     `etc.compile` (`kernels="cuda"` on the CPU runs the CUDA tile kernels
     with simulated lanes, a check of the GPU code without a GPU)
     (`workers=None`: one per CPU core on the CPU). Weights and activations
-    are computed in `dtype` ("f32", "f16" or "bf16"; the KV caches are
-    float32). `max_seq_len` (default: the config's max_position_embeddings)
+    are computed in `dtype` ("f32", "f16" or "bf16"); the KV caches are
+    in `kv_dtype` (default: `dtype`; "f32" keeps float32 caches for a
+    half-precision model). `max_seq_len` (default: the config's max_position_embeddings)
     bounds prompt + new tokens; `attention_chunk` is the KV positions per
     attention chunk task (default 128; the number of chunks follows the
     cache's length at run time);
@@ -101,14 +102,15 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     return Model(open_checkpoint(path), target=target, schedule=schedule, workers=workers,
                  dtype=dtype, max_seq_len=max_seq_len, attention_chunk=attention_chunk,
                  max_step_tokens=max_step_tokens, chip=chip, kernels=kernels, cache=cache,
-                 kernel=kernel, progress=progress, tensor_parallel=tensor_parallel)
+                 kernel=kernel, progress=progress, tensor_parallel=tensor_parallel,
+                 kv_dtype=kv_dtype)
 
 
 def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
                        workers: Optional[int] = None, *, dtype: str = "f32",
                        max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
                        chip: str = "sm_90a", kernels: str = "native", cache=None, output=None,
-                       progress=None):
+                       progress=None, kv_dtype: Optional[str] = None):
     """Compiles the step kernel of the checkpoint at `path` with `load`'s
     options, without reading its weights or needing a GPU: into the compile
     cache (`cache` as `load` takes it), and to the artifact file `output`
@@ -119,7 +121,8 @@ def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
     checkpoint = open_checkpoint(path)
     graph_options, compile_options = step_options(
         checkpoint.config, target=target, schedule=schedule, workers=workers, dtype=dtype,
-        max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip, kernels=kernels)
+        max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip, kernels=kernels,
+        kv_dtype=kv_dtype)
     kernel, source, seconds = step_kernel(checkpoint.config, graph_options, compile_options,
                                           cache=cache, progress=progress, name=str(path))
     from .cache import METADATA_KEY, describe, enabled_by_default, key_of

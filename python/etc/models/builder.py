@@ -7,7 +7,7 @@ slots) and L (cache length). Inputs: the token ids (T,), the ragged batch's
 index inputs (`etc.graph_llm.RaggedBatch`), the weights (named as
 `Checkpoint.weights` names them) and the RoPE frequencies `inv_freq`. State:
 each layer's K and V caches, `l<i>_k_cache` / `l<i>_v_cache` (S, L,
-H_kv * head_dim). Outputs: `logits` (R, V) of each request's last new token,
+H_kv * head_dim), in the KV dtype (by default the compute dtype). Outputs: `logits` (R, V) of each request's last new token,
 and `next_ids` (R,), their argmax (greedy sampling).
 """
 
@@ -16,24 +16,22 @@ from __future__ import annotations
 from ..graph import Graph
 from .config import ModelConfig
 
-__all__ = ["build_step_graph", "STATE_DTYPE"]
-
-#: The KV caches are float32 whatever the weights: NumPy holds them, so the
-#: caller's arrays are the caches (bf16 would need a copy each step).
-STATE_DTYPE = "f32"
+__all__ = ["build_step_graph"]
 
 
 def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: int,
-                     chunk: int, name: str = "step", ranks: int = 1) -> Graph:
+                     chunk: int, name: str = "step", ranks: int = 1,
+                     kv_dtype: str | None = None) -> Graph:
     """The step graph of `config`, weights and activations in `dtype`,
     attention chunks of `chunk` positions over caches of at most
-    `max_seq_len` positions.
+    `max_seq_len` positions, in `kv_dtype` (default: `dtype`).
 
     With `ranks` > 1, `config` is one rank's shard of a tensor-parallel
     model (`shard_config`: its share of the heads and of the MLP columns),
     and the partial sums of the attention output and MLP down projections
     are added over the ranks by an `all_reduce` fused into the step
     (`etc.models.parallel`)."""
+    cache_dtype = dtype if kv_dtype is None else kv_dtype
     c = config
     g = Graph(name, ranks=ranks)
 
@@ -64,9 +62,9 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             k = g.head_rmsnorm(k, weight(f"l{i}_k_norm", (d,)), head_dim=d, eps=eps)
         q = g.rope(q, batch.positions, head_dim=d, inv_freq=inv_freq)
         k = g.rope(k, batch.positions, head_dim=d, inv_freq=inv_freq)
-        k_cache = g.kv_append(g.state(f"l{i}_k_cache", (S, L, c.num_kv_heads * d), STATE_DTYPE),
+        k_cache = g.kv_append(g.state(f"l{i}_k_cache", (S, L, c.num_kv_heads * d), cache_dtype),
                               k, batch)
-        v_cache = g.kv_append(g.state(f"l{i}_v_cache", (S, L, c.num_kv_heads * d), STATE_DTYPE),
+        v_cache = g.kv_append(g.state(f"l{i}_v_cache", (S, L, c.num_kv_heads * d), cache_dtype),
                               v, batch)
         attended = g.attention(q, k_cache, v_cache, batch, head_dim=d, chunk=chunk,
                                max_length=max_seq_len, scale=c.attention_scale,

@@ -18,11 +18,17 @@ from .config import ModelConfig
 if TYPE_CHECKING:
     from ..compiler import CompiledKernel
 
-__all__ = ["Model", "KVCache", "Generation", "Request", "MODEL_DTYPES", "KernelNotCachedError",
-           "step_options", "step_kernel"]
+__all__ = ["Model", "KVCache", "Generation", "Request", "MODEL_DTYPES", "KV_DTYPES",
+           "KernelNotCachedError", "step_options", "step_kernel"]
 
 #: The dtypes weights and activations may be computed in.
 MODEL_DTYPES = ("f32", "f16", "bf16")
+#: The dtypes a KV cache may have, and the array that holds one (bf16: its
+#: bit patterns, as for bf16 weights; on CUDA a device array of the same
+#: storage).
+KV_DTYPES = ("f32", "f16", "bf16")
+KV_STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
+              "bf16": np.dtype(np.uint16)}
 #: How many new tokens one step takes at most, unless told otherwise:
 #: longer prompts are prefilled over several steps (chunked prefill), which
 #: bounds the activations and the attention scratch a step allocates.
@@ -64,26 +70,32 @@ class Request:
 
 
 class KVCache:
-    """The K and V caches of every layer: float32 arrays (slots, length,
-    kv_heads * head_dim) that the step kernel updates in place."""
+    """The K and V caches of every layer: arrays (slots, length,
+    kv_heads * head_dim) of `dtype` ("f32", "f16", or "bf16" held as uint16
+    bit patterns) that the step kernel updates in place."""
 
-    def __init__(self, config: ModelConfig, slots: int, length: int, allocate=None):
+    def __init__(self, config: ModelConfig, slots: int, length: int, allocate=None,
+                 dtype: str = "f32"):
         self.slots, self.length = slots, length
+        self.dtype = dtype
+        storage = KV_STORAGE[dtype]
         shape = (slots, length, config.num_kv_heads * config.head_dim)
-        allocate = allocate or (lambda shape: np.zeros(shape, np.float32))
-        self.arrays = {f"l{i}_{kind}_cache": allocate(shape)
+        allocate = allocate or (lambda shape, storage: np.zeros(shape, storage))
+        self.arrays = {f"l{i}_{kind}_cache": allocate(shape, storage)
                        for i in range(config.num_layers) for kind in ("k", "v")}
 
     @staticmethod
-    def bytes_for(config: ModelConfig, slots: int, length: int) -> int:
+    def bytes_for(config: ModelConfig, slots: int, length: int, dtype: str = "f32") -> int:
         """The memory the caches of `slots` sequences of `length` positions
-        take: 2 (K and V) x layers x slots x length x kv_heads x head_dim x 4."""
+        take: 2 (K and V) x layers x slots x length x kv_heads x head_dim x
+        bytes per value (4 for f32, 2 for f16 and bf16)."""
         return (2 * config.num_layers * slots * length * config.num_kv_heads *
-                config.head_dim * 4)
+                config.head_dim * KV_STORAGE[dtype].itemsize)
 
     @property
     def nbytes(self) -> int:
-        return sum(int(np.prod(a.shape)) * 4 for a in self.arrays.values())
+        itemsize = KV_STORAGE[self.dtype].itemsize
+        return sum(int(np.prod(a.shape)) * itemsize for a in self.arrays.values())
 
 
 @dataclass
@@ -120,14 +132,21 @@ class Generation:
 def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "auto",
                  workers: Optional[int] = None, dtype: str = "f32",
                  max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
-                 chip: str = "sm_90a", kernels: str = "native") -> tuple[dict, dict]:
+                 chip: str = "sm_90a", kernels: str = "native",
+                 kv_dtype: Optional[str] = None) -> tuple[dict, dict]:
     """`load`'s options checked and completed with their defaults: the
-    options of `build_step_graph` (dtype, max_seq_len, chunk) and of
-    `etc.compile` (target, schedule, workers, chip, kernels). With the
-    config they are all the step kernel's code depends on."""
+    options of `build_step_graph` (dtype, max_seq_len, chunk, kv_dtype) and
+    of `etc.compile` (target, schedule, workers, chip, kernels). With the
+    config they are all the step kernel's code depends on. The KV caches'
+    dtype is by default the compute dtype (a bf16 model keeps bf16 keys and
+    values: half the memory and half the attention's bytes of float32)."""
     if dtype not in MODEL_DTYPES:
         raise ValueError(f"load: dtype={dtype!r} is not supported; expected one of "
                          f"{MODEL_DTYPES}")
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"load: kv_dtype={kv_dtype!r} is not supported; expected one of "
+                         f"{KV_DTYPES}")
     if target not in ("cpu", "cuda"):
         raise ValueError(f"load: target={target!r} is not supported; expected 'cpu' or 'cuda'")
     if max_seq_len is None:
@@ -145,7 +164,7 @@ def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "a
         workers = _usable_cores() if target == "cpu" else 1
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"load: workers={workers!r} must be a positive int")
-    return (dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk),
+    return (dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk, kv_dtype=kv_dtype),
             dict(target=target, schedule=schedule, workers=workers, chip=chip, kernels=kernels))
 
 
@@ -215,7 +234,7 @@ class Model:
                  max_step_tokens: int = DEFAULT_MAX_STEP_TOKENS, chip: str = "sm_90a",
                  kernels: str = "native", cache=None, kernel=None,
                  progress: Optional[Callable[[str, int, int], None]] = None,
-                 tensor_parallel: int = 1):
+                 tensor_parallel: int = 1, kv_dtype: Optional[str] = None):
         from .parallel import shard_config, shard_weights
 
         if target == "cuda":
@@ -239,7 +258,7 @@ class Model:
         self.graph_options, self.compile_options = step_options(
             config, target=target, schedule=schedule, workers=workers, dtype=dtype,
             max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip,
-            kernels=kernels)
+            kernels=kernels, kv_dtype=kv_dtype)
         if tensor_parallel > 1:
             self.graph_options["ranks"] = tensor_parallel
         if isinstance(max_step_tokens, bool) or not isinstance(max_step_tokens, int) or \
@@ -249,6 +268,8 @@ class Model:
         self.checkpoint = checkpoint
         self.path = checkpoint.path
         self.dtype = dtype
+        #: The KV caches' dtype (by default the compute dtype).
+        self.kv_dtype = self.graph_options["kv_dtype"]
         self.target = target
         #: The checkpoint's `Tokenizer` (None without one), and the ids that
         #: end a sequence (config.json, generation_config.json).
@@ -345,9 +366,8 @@ class Model:
                              f"max_seq_len={self.max_seq_len}")
         allocate = None
         if self.target == "cuda":
-            kernel = self._kernels[0]
-            allocate = lambda shape: kernel.runtime.device_zeros(shape, np.float32)
-        return KVCache(self._shard, slots, length, allocate)
+            allocate = self._kernels[0].runtime.device_zeros
+        return KVCache(self._shard, slots, length, allocate, self.kv_dtype)
 
     def step(self, cache: KVCache, requests: Sequence[Request]):
         """Runs one step: every request's new tokens go into the cache, and

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import bfloat16
 from .config import ModelConfig
 
 __all__ = ["forward"]
@@ -27,9 +28,21 @@ def _silu(x):
     return x / (np.float32(1) + np.exp(-x))
 
 
-def forward(config: ModelConfig, weights: dict, tokens) -> np.ndarray:
+def _round_to(x, dtype: str):
+    """`x` (float32) rounded to what a buffer of `dtype` holds."""
+    if dtype == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "bf16":
+        return bfloat16.from_bits(bfloat16.to_bits(x)).reshape(x.shape)
+    return x
+
+
+def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -> np.ndarray:
     """The logits (len(tokens), vocab) float32 of every position of one
-    sequence, with `weights` named as `Checkpoint.weights` names them."""
+    sequence, with `weights` named as `Checkpoint.weights` names them;
+    `kv_dtype` rounds the keys (after RoPE) and values to what a KV cache
+    of that dtype holds, the only rounding of a float32 model with a
+    half-precision cache."""
     c = config
     tokens = np.asarray(tokens, dtype=np.int64)
     n, d = len(tokens), c.head_dim
@@ -52,7 +65,8 @@ def forward(config: ModelConfig, weights: dict, tokens) -> np.ndarray:
             q = _rmsnorm(q, w("q_norm"), c.rms_norm_eps)
             k = _rmsnorm(k, w("k_norm"), c.rms_norm_eps)
         q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        k = _round_to(k * cos + _rotate_half(k) * sin, kv_dtype)
+        v = _round_to(v, kv_dtype)
         k = np.repeat(k, group, axis=1)  # repeat_kv
         v = np.repeat(v, group, axis=1)
         scores = np.einsum("qhd,khd->hqk", q, k) / np.float32(np.sqrt(d)) + causal

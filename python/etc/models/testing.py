@@ -12,7 +12,8 @@ import numpy as np
 from .safetensors import save_file
 
 __all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint", "write_gguf",
-           "checkpoint_tensors", "write_tokenizer", "CHAT_TEMPLATE", "TEXT"]
+           "checkpoint_tensors", "write_tokenizer", "CHAT_TEMPLATE", "TEXT",
+           "shaped_config", "SHAPES"]
 
 #: What `write_tokenizer` trains on: a little English, with accents, CJK
 #: and an emoji, so that some characters take several byte-level tokens.
@@ -36,6 +37,37 @@ CHAT_TEMPLATE = (
 
 #: The special tokens of `write_tokenizer`, with ids 0, 1, 2.
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+#: The widths of real models (from their published config.json), for
+#: checks and benchmarks at real sizes with few layers and random weights.
+SHAPES = {
+    "llama-3.2-1b": dict(
+        architecture="LlamaForCausalLM", vocab_size=128256, hidden_size=2048,
+        intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        tie_word_embeddings=True, rope_scaling={
+            "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "qwen3-0.6b": dict(
+        architecture="Qwen3ForCausalLM", vocab_size=151936, hidden_size=1024,
+        intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True),
+    "qwen3-30b-a3b": dict(
+        architecture="Qwen3MoeForCausalLM", vocab_size=151936, hidden_size=2048,
+        intermediate_size=6144, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8,
+        moe_intermediate_size=768, norm_topk_prob=True),
+}
+
+
+def shaped_config(name: str, layers: int = 2, **overrides) -> dict:
+    """The config.json of model `name` (a key of SHAPES) with `layers`
+    layers; `overrides` replace or add fields."""
+    fields = dict(SHAPES[name])
+    architecture = fields.pop("architecture")
+    return tiny_config(architecture, num_hidden_layers=layers, **{**fields, **overrides})
 
 
 def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:

@@ -81,6 +81,8 @@ class KernelABI:
     the NumPy reference (`etc.reference.evaluate`), when known. `isa` is
     the x86-64 level CPU code is compiled for (`etc.runtime.isa`; None for
     CUDA, and for CPU code built for the host on other architectures).
+    `shared_bytes` (CUDA) is the worker's scratch arena: the dynamic shared
+    memory each worker CTA is launched with (`convert-event-to-gpu`).
     """
 
     name: str
@@ -103,6 +105,7 @@ class KernelABI:
     #: The ragged batches (`Graph.ragged_batch`: role -> input name), whose
     #: consistency runtimes check before every run.
     ragged_batches: tuple = ()
+    shared_bytes: int = 0
 
     # -- names of the program's functions ----------------------------------
 
@@ -138,6 +141,7 @@ class KernelABI:
             "isa": self.isa,
             "index_ranges": {name: r.to_json() for name, r in self.index_ranges.items()},
             "ragged_batches": [dict(batch) for batch in self.ragged_batches],
+            "shared_bytes": self.shared_bytes,
         }
 
     @classmethod
@@ -158,7 +162,8 @@ class KernelABI:
                 index_ranges={str(name): IndexRange.from_json(r)
                               for name, r in (data.get("index_ranges") or {}).items()},
                 ragged_batches=tuple({str(role): str(name) for role, name in batch.items()}
-                                     for batch in data.get("ragged_batches") or ()))
+                                     for batch in data.get("ragged_batches") or ()),
+                shared_bytes=int(data.get("shared_bytes", 0)))
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"malformed kernel ABI: {type(error).__name__}: {error}") from None
         names = {a.name for a in abi.arguments}

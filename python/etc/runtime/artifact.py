@@ -42,7 +42,9 @@ FORMAT = "etc-artifact"
 #: (e.g. the counter-buffer layout the runtime decodes). 2: the run header's
 #: CPU words for blocking waits (sleepers, spin budget). 3: the CPU code's
 #: instruction-set level, and the manifest's digest of itself.
-FORMAT_VERSION = 3
+#: 4: CUDA workers take their tile scratch as dynamic shared memory
+#: (`KernelABI.shared_bytes`), which an older runtime would not give them.
+FORMAT_VERSION = 4
 MANIFEST = "etc-artifact.json"
 _CODE = {"cuda": "kernel.ptx", "cpu": "kernel.so"}
 
