@@ -31,8 +31,10 @@ from .gguf import GGUFCheckpoint, GGUFError, is_gguf
 from .model import (Generation, KernelNotCachedError, KVCache, Model, Request, step_kernel,
                     step_options)
 from .safetensors import SafetensorsError
+from .sampling import SamplingParams
 
-__all__ = ["load", "open_checkpoint", "compile_checkpoint", "Model", "Generation", "KVCache", "Request", "ModelConfig",
+__all__ = ["load", "open_checkpoint", "compile_checkpoint", "Model", "Generation", "KVCache",
+           "Request", "SamplingParams", "ModelConfig",
            "ARCHITECTURES", "Checkpoint", "GGUFCheckpoint", "KernelCache", "CheckpointError",
            "MissingTensorError", "UnsupportedConfigError", "SafetensorsError", "GGUFError",
            "KernelNotCachedError"]

@@ -12,6 +12,7 @@ import numpy as np
 
 from . import cache as _cache
 from .config import ModelConfig
+from .sampling import SamplingParams, sampling_inputs
 
 if TYPE_CHECKING:
     from ..compiler import CompiledKernel
@@ -48,11 +49,14 @@ class KernelNotCachedError(RuntimeError):
 class Request:
     """One request of a step: `tokens` (new token ids) of the sequence in
     cache slot `slot`, at positions `start`, `start + 1`, ...; the
-    positions before `start` must already be in the cache."""
+    positions before `start` must already be in the cache. The token after
+    the last one (at position `start + len(tokens)`) is chosen with
+    `sampling` (None: greedy)."""
 
     slot: int
     start: int
     tokens: Sequence[int]
+    sampling: Optional[SamplingParams] = None
 
 
 class KVCache:
@@ -325,17 +329,27 @@ class Model:
             allocate = lambda shape: kernel.runtime.device_zeros(shape, np.float32)
         return KVCache(self._shard, slots, length, allocate)
 
-    def step(self, cache: KVCache, requests: Sequence[Request]):
+    def step(self, cache: KVCache, requests: Sequence[Request], return_logits: bool = False):
         """Runs one step: every request's new tokens go into the cache, and
-        the logits (R, vocab) float32 and greedy next ids (R,) int32 of each
-        request's last new token come back. Requests may bring any number
-        of tokens (prefill, decode, or a mix in one step)."""
-        logits, next_ids = self._kernels[0].run(**self.step_inputs(cache, requests))
-        return np.asarray(logits, dtype=np.float32), next_ids
+        the next id (R,) int32 of each request comes back, chosen on the
+        device from the logits of its last new token with its `sampling`
+        parameters. Returns (logits, next_ids): the logits (R, vocab)
+        float32 with `return_logits`, else None (on CUDA they then stay on
+        the device: only the ids are copied back). Requests may bring any
+        number of tokens (prefill, decode, or a mix in one step)."""
+        kernel = self._kernels[0]
+        inputs = self.step_inputs(cache, requests)
+        if return_logits:
+            logits, next_ids = kernel.run(**inputs)
+            return np.asarray(logits, dtype=np.float32), next_ids
+        next_ids = np.empty(len(requests), np.int32)
+        kernel.run(**inputs, out={"next_ids": next_ids})
+        return None, next_ids
 
     def step_inputs(self, cache: KVCache, requests: Sequence[Request]) -> dict:
         """The step kernel's inputs for `requests` (checked): token ids, the
-        ragged batch's index arrays, the weights and the caches, by name.
+        ragged batch's index arrays, the sampling parameters
+        (`sampling.sampling_inputs`), the weights and the caches, by name.
         `step` runs the kernel on them; benchmarks bind them once."""
         if not requests:
             raise ValueError("step: no requests")
@@ -372,7 +386,8 @@ class Model:
         i32 = lambda values: np.asarray(values, dtype=np.int32)
         return dict(ids=i32(ids), positions=i32(positions), token_request=i32(token_request),
                     request_slot=i32(slot), request_length=i32(length), request_first=i32(first),
-                    request_last=i32(last), **self._weights, **cache.arrays)
+                    request_last=i32(last), **sampling_inputs([q.sampling for q in requests]),
+                    **self._weights, **cache.arrays)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  return_logits: bool = False) -> Generation:
@@ -427,7 +442,7 @@ class Model:
                 budget -= take
                 requests.append(Request(r, cached[r], sequences[r][cached[r]:cached[r] + take]))
             start = time.perf_counter()
-            step_logits, next_ids = self.step(cache, requests)
+            step_logits, next_ids = self.step(cache, requests, return_logits=return_logits)
             elapsed = time.perf_counter() - start
             result.steps += 1
             result.seconds += elapsed

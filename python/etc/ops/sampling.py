@@ -1,27 +1,82 @@
-"""Greedy sampling: the index of the largest value of each row.
+"""Choosing the next token: greedy (`argmax`) and sampled (`sample`).
 
-    out[m] = the first n with x[m, n] maximal (NaN above every number)
+    argmax: out[m] = the first n with x[m, n] maximal (NaN above every number)
+    sample: out[m] = a draw from softmax(x[m] / T[m]) cut by top-k, top-p
+            and min-p, or the argmax where T[m] = 0
 
-as `etc.reference.argmax` (and `topk` with k = 1) orders values.
+as `etc.reference_llm.argmax` and `etc.reference_sampling.sample` define
+them.
 
-Tasks: one tile task per block of rows; each reads its rows whole and
-writes one i32 per row.
+Tasks: one tile task per block of rows; each reads its rows whole (and
+its rows' sampling parameters) and writes one i32 per row.
+
+`sample` works without sorting the row, in passes over it (a pass is a
+reduction: a maximum, a count or a sum). The set top-k, top-p and min-p
+keep is always "every logit at or above a threshold": top-k's threshold is
+the k-th largest value, found by bisection on the float's bits (a pass
+counts the logits at or above the candidate); top-p's by bisection too (a
+pass sums the weights strictly above it), starting from top-k's; min-p is a
+test of each weight. Bisection over the 2**32 ordered bit patterns takes
+at most 32 passes, and only rows that ask for top-k or top-p run them. The
+draw is one uniform number from Philox-4x32-10 (`philox_uniform`), keyed
+by the row's seed with the token's position as counter, and an inverse-CDF
+walk over the kept weights in index order. A row costs 3 passes with
+temperature alone, up to 35 with top-k, and up to 68 with both.
+
+Kernels: `Argmax`, and `Sample`, a row per lane iteration with sequential
+passes (every target but CUDA); `SampleGPU`, a CTA per row: every pass
+spreads the row over the CTA's lanes and combines their partial results
+with warp shuffles and shared memory, and the walk splits the row into
+one contiguous segment per lane, so that the order of the sum is still
+the index order.
 """
 
 from __future__ import annotations
 
+import struct
+
 from mlir import ir
-from mlir.dialects import arith, scf
+from mlir.dialects import arith, math, memref, scf
 
-from .base import TaskBuilder, TileKernel, box, tile_offset
+from .base import Lanes, TaskBuilder, TileKernel, box, tile_offset
 
-KINDS = ("argmax",)
+KINDS = ("argmax", "sample")
+
+#: Philox-4x32's multipliers and key increments (as `etc.reference_sampling`).
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+PHILOX_ROUNDS = 10
+#: Bisection steps that narrow any range of 32-bit keys to one key.
+BISECTION_STEPS = 32
+
+
+def argmax_scan(kernel: TileKernel, value_at, start: ir.Value, end: ir.Value,
+                step: ir.Value) -> tuple:
+    """The best (value, position) of positions [start, end) by `step` in
+    argmax order: a later value replaces the best only when it ranks
+    strictly above it (so the first of equal values wins), NaN ranking above
+    every number. Returns (value, position, found)."""
+    i1 = ir.IntegerType.get_signless(1)
+    scan = scf.ForOp(start, end, step,
+                     [kernel.cf32(float("-inf")), kernel.cidx(0), arith.constant(i1, 0)])
+    with ir.InsertionPoint(scan.body):
+        column = scan.induction_variable
+        best, best_column, seen = scan.inner_iter_args
+        v = value_at(column)
+        # v ranks above best: v is NaN and best is not, or v > best.
+        v_nan = arith.cmpf(arith.CmpFPredicate.UNO, v, v)
+        best_number = arith.cmpf(arith.CmpFPredicate.ORD, best, best)
+        above = arith.ori(arith.andi(v_nan, best_number),
+                          arith.cmpf(arith.CmpFPredicate.OGT, v, best))
+        # The first position is taken whatever it holds (-inf included).
+        take = arith.ori(arith.xori(seen, arith.constant(i1, 1)), above)
+        scf.yield_([arith.select(take, v, best), arith.select(take, column, best_column),
+                    arith.constant(i1, 1)])
+    return tuple(scan.results)
 
 
 class Argmax(TileKernel):
-    """One row per lane iteration, scanned in order: a later value replaces
-    the best only when it ranks strictly above it (so the first of equal
-    values wins), NaN ranking above every number."""
+    """One row per lane iteration, scanned in order (`argmax_scan`)."""
 
     grid_rank = 1
 
@@ -34,29 +89,461 @@ class Argmax(TileKernel):
         loop = self.lane_loop(rows)
         with ir.InsertionPoint(loop.body):
             row = arith.addi(row0, loop.induction_variable)
-            scan = scf.ForOp(self.cidx(0), n, self.cidx(1),
-                             [self.cf32(float("-inf")), self.cidx(0), self.cidx(0)])
-            with ir.InsertionPoint(scan.body):
-                column = scan.induction_variable
-                best, best_column, seen = scan.inner_iter_args
-                v = self.load(x, [row, column])
-                # v ranks above best: v is NaN and best is not, or v > best.
-                v_nan = arith.cmpf(arith.CmpFPredicate.UNO, v, v)
-                best_number = arith.cmpf(arith.CmpFPredicate.ORD, best, best)
-                above = arith.ori(arith.andi(v_nan, best_number),
-                                  arith.cmpf(arith.CmpFPredicate.OGT, v, best))
-                # The first column is taken whatever it holds (-inf included).
-                first = arith.cmpi(arith.CmpIPredicate.eq, seen, self.cidx(0))
-                take = arith.ori(first, above)
-                scf.yield_([arith.select(take, v, best), arith.select(take, column, best_column),
-                            self.cidx(1)])
-            self.store_index(scan.results[1], out, [row])
+            _, column, _ = argmax_scan(self, lambda c: self.load(x, [row, c]), self.cidx(0), n,
+                                       self.cidx(1))
+            self.store_index(column, out, [row])
+            scf.yield_([])
+
+
+# ----------------------------------------------------------------------
+# Passes over one row
+# ----------------------------------------------------------------------
+
+
+class RowPasses:
+    """The passes `Sample.choose` makes over row `row` of x (n columns), one
+    lane doing all of it: sequential loops in index order."""
+
+    def __init__(self, kernel: TileKernel, x, row: ir.Value, n: ir.Value):
+        self.k, self.x, self.row, self.n = kernel, x, row, n
+
+    def load(self, column: ir.Value) -> ir.Value:
+        return self.k.load(self.x, [self.row, column])
+
+    def fold(self, kind: str, init: float, term) -> ir.Value:
+        """The sum ("add") or maximum ("maxnumf") over the row of
+        `term(value, column)` (an f32), from `init`."""
+        def step(acc, column):
+            t = term(self.load(column), column)
+            return arith.addf(acc, t) if kind == "add" else arith.maxnumf(acc, t)
+        return self.k.reduce_row(self.n, self.k.cf32(init), step)
+
+    def argmax(self) -> ir.Value:
+        k = self.k
+        return argmax_scan(k, self.load, k.cidx(0), self.n, k.cidx(1))[1]
+
+    def draw(self, weight_of, u: ir.Value) -> ir.Value:
+        """The first column where the running sum of `weight_of(value)` in
+        index order exceeds u times the row's total, among columns of
+        positive weight (the last of those if rounding leaves none)."""
+        k = self.k
+        total = self.fold("add", 0.0, lambda v, c: weight_of(v))
+        target = arith.mulf(u, total)
+        i1 = ir.IntegerType.get_signless(1)
+        types = [k.index, k.f32, i1, k.index, k.index]
+        walk = scf.WhileOp(types, [k.cidx(0), k.cf32(0.0), arith.constant(i1, 0), k.cidx(0),
+                                   k.cidx(0)])
+        before = walk.before.blocks.append(*types)
+        with ir.InsertionPoint(before):
+            column, _, found = before.arguments[:3]
+            going = arith.andi(arith.cmpi(arith.CmpIPredicate.slt, column, self.n),
+                               arith.xori(found, arith.constant(i1, 1)))
+            scf.condition(going, list(before.arguments))
+        after = walk.after.blocks.append(*types)
+        with ir.InsertionPoint(after):
+            column, running, _, chosen, last = after.arguments
+            w = weight_of(self.load(column))
+            running = arith.addf(running, w)
+            positive = arith.cmpf(arith.CmpFPredicate.OGT, w, k.cf32(0.0))
+            hit = arith.andi(positive, arith.cmpf(arith.CmpFPredicate.OGT, running, target))
+            scf.yield_([arith.addi(column, k.cidx(1)), running, hit,
+                        arith.select(hit, column, chosen), arith.select(positive, column, last)])
+        _, _, found, chosen, last = walk.results
+        return arith.select(found, chosen, last)
+
+
+class LanePasses(RowPasses):
+    """The same passes with the row spread over the CTA's lanes (the GPU
+    variant; simulated lanes on the CPU): lane l takes columns l, l + L,
+    ... of a reduction, warps combine with shuffles and the CTA through
+    `red` (one f32 per warp, shared). The walk gives lane l the contiguous
+    segment l of the row: lanes sum their segments, exchange them through
+    `prefix` (one f32 per lane), and each walks its own segment from the
+    sum of the segments before it, so the running sum follows the index
+    order as `RowPasses.draw`'s does."""
+
+    def __init__(self, kernel: TileKernel, lanes: Lanes, x, row, n, red, prefix):
+        super().__init__(kernel, x, row, n)
+        self.lanes, self.red, self.prefix = lanes, red, prefix
+
+    def combine(self, kind: str, value_of_lane) -> ir.Value:
+        """`kind` over the lanes of `value_of_lane(lane)` (an f32), as a
+        value every lane holds."""
+        k, lanes = self.k, self.lanes
+        warp = k.cidx(lanes.warp)
+        per_warp = lanes.reduce(lanes.each(lambda lane: [value_of_lane(lane)]), kind,
+                                lanes.warp)
+        lanes.barrier()  # the previous combine's readers are done with `red`
+
+        def put(lane):
+            first = arith.cmpi(arith.CmpIPredicate.eq, arith.remui(lane, warp), k.cidx(0))
+            branch = scf.IfOp(first)
+            with ir.InsertionPoint(branch.then_block):
+                memref.store(lanes.get(per_warp, lane)[0], self.red, [arith.divui(lane, warp)])
+                scf.yield_([])
+        lanes.each(put)
+        lanes.barrier()
+
+        def take(lane):
+            acc = memref.load(self.red, [k.cidx(0)])
+            for w in range(1, lanes.count // lanes.warp):
+                v = memref.load(self.red, [k.cidx(w)])
+                acc = arith.addf(acc, v) if kind == "add" else arith.maxnumf(acc, v)
+            return [acc]
+        return lanes.get(lanes.each(take), k.cidx(0))[0]
+
+    def fold(self, kind: str, init: float, term) -> ir.Value:
+        k = self.k
+
+        def partial(lane):
+            loop = scf.ForOp(lane, self.n, k.cidx(self.lanes.count), [k.cf32(init)])
+            with ir.InsertionPoint(loop.body):
+                column = loop.induction_variable
+                acc = loop.inner_iter_args[0]
+                t = term(self.load(column), column)
+                scf.yield_([arith.addf(acc, t) if kind == "add" else arith.maxnumf(acc, t)])
+            return loop.results[0]
+        return self.combine(kind, partial)
+
+    def _as_f32(self, position: ir.Value) -> ir.Value:
+        """A column as an f32 (exact: rows are narrower than 2**24)."""
+        return arith.uitofp(self.k.f32, arith.index_cast(ir.IntegerType.get_signless(32),
+                                                         position))
+
+    def _as_index(self, value: ir.Value) -> ir.Value:
+        return arith.index_cast(self.k.index, arith.fptoui(ir.IntegerType.get_signless(32), value))
+
+    def argmax(self) -> ir.Value:
+        """Each lane's best of its columns, then the CTA agrees on the
+        winner: whether any lane holds a NaN, the largest number, then the
+        lowest column holding the winner."""
+        k, lanes = self.k, self.lanes
+        zero, ninf = k.cf32(0.0), k.cf32(float("-inf"))
+
+        def scan(lane):
+            value, column, found = argmax_scan(k, self.load, lane, self.n, k.cidx(lanes.count))
+            is_nan = arith.andi(found, arith.cmpf(arith.CmpFPredicate.UNO, value, value))
+            flag = lambda b: arith.select(b, k.cf32(1.0), zero)
+            return [value, self._as_f32(column), flag(found), flag(is_nan)]
+        candidates = lanes.each(scan)
+        get = lambda lane: lanes.get(candidates, lane)
+        positive = lambda v: arith.cmpf(arith.CmpFPredicate.OGT, v, zero)
+        any_nan = self.combine("maxnumf", lambda lane: get(lane)[3])
+
+        def number(lane):
+            value, _, found, is_nan = get(lane)
+            real = arith.andi(positive(found), arith.xori(positive(is_nan), _true()))
+            return arith.select(real, value, ninf)
+        best = self.combine("maxnumf", number)
+
+        def winner(lane):
+            value, column, found, is_nan = get(lane)
+            matches = arith.select(positive(any_nan), positive(is_nan),
+                                   arith.cmpf(arith.CmpFPredicate.OEQ, value, best))
+            return arith.select(arith.andi(positive(found), matches), arith.negf(column), ninf)
+        lowest = self.combine("maxnumf", winner)
+        # An empty row has no winner: column 0, as `RowPasses.argmax`.
+        some = arith.cmpf(arith.CmpFPredicate.OGT, lowest, ninf)
+        return self._as_index(arith.select(some, arith.negf(lowest), zero))
+
+    def draw(self, weight_of, u: ir.Value) -> ir.Value:
+        k, lanes = self.k, self.lanes
+        count = lanes.count
+        zero, ninf = k.cf32(0.0), k.cf32(float("-inf"))
+        segment = arith.divui(arith.addi(self.n, k.cidx(count - 1)), k.cidx(count))
+
+        def bounds(lane):
+            start = arith.minui(arith.muli(lane, segment), self.n)
+            return start, arith.minui(arith.addi(start, segment), self.n)
+
+        def segment_sum(lane):
+            start, end = bounds(lane)
+            loop = scf.ForOp(start, end, k.cidx(1), [zero])
+            with ir.InsertionPoint(loop.body):
+                w = weight_of(self.load(loop.induction_variable))
+                scf.yield_([arith.addf(loop.inner_iter_args[0], w)])
+            return [loop.results[0]]
+        sums = lanes.each(segment_sum)
+        lanes.barrier()  # the previous row's walk is done with `prefix`
+
+        def put(lane):
+            memref.store(lanes.get(sums, lane)[0], self.prefix, [lane])
+        lanes.each(put)
+        lanes.barrier()
+        i1 = ir.IntegerType.get_signless(1)
+
+        def walk(lane):
+            # The sum of the segments before this lane's, and of all of
+            # them, added in lane order (the same in every lane).
+            totals = scf.ForOp(k.cidx(0), k.cidx(count), k.cidx(1), [zero, zero])
+            with ir.InsertionPoint(totals.body):
+                j = totals.induction_variable
+                total, before = totals.inner_iter_args
+                earlier = arith.cmpi(arith.CmpIPredicate.ult, j, lane)
+                total = arith.addf(total, memref.load(self.prefix, [j]))
+                scf.yield_([total, arith.select(earlier, total, before)])
+            total, before = totals.results
+            target = arith.mulf(u, total)
+            start, end = bounds(lane)
+            false = arith.constant(i1, 0)
+            loop = scf.ForOp(start, end, k.cidx(1), [before, false, k.cidx(0), false, k.cidx(0)])
+            with ir.InsertionPoint(loop.body):
+                column = loop.induction_variable
+                running, found, chosen, seen, last = loop.inner_iter_args
+                w = weight_of(self.load(column))
+                running = arith.addf(running, w)
+                positive = arith.cmpf(arith.CmpFPredicate.OGT, w, zero)
+                hit = arith.andi(arith.andi(positive, arith.xori(found, _true())),
+                                 arith.cmpf(arith.CmpFPredicate.OGT, running, target))
+                scf.yield_([running, arith.ori(found, hit), arith.select(hit, column, chosen),
+                            arith.ori(seen, positive), arith.select(positive, column, last)])
+            _, found, chosen, seen, last = loop.results
+            return [arith.select(found, arith.negf(self._as_f32(chosen)), ninf),
+                    arith.select(seen, self._as_f32(last), k.cf32(-1.0))]
+        ends = lanes.each(walk)
+        first = self.combine("maxnumf", lambda lane: lanes.get(ends, lane)[0])
+        last = self.combine("maxnumf", lambda lane: lanes.get(ends, lane)[1])
+        crossed = arith.cmpf(arith.CmpFPredicate.OGT, first, ninf)
+        return self._as_index(arith.select(crossed, arith.negf(first),
+                                           arith.maximumf(last, zero)))
+
+
+def _true() -> ir.Value:
+    return arith.constant(ir.IntegerType.get_signless(1), 1)
+
+
+# ----------------------------------------------------------------------
+# Sampling
+# ----------------------------------------------------------------------
+
+
+def _i32_constant(value: int) -> ir.Value:
+    """An i32 constant from a 32-bit pattern."""
+    value &= 0xFFFFFFFF
+    return arith.constant(ir.IntegerType.get_signless(32),
+                          value - (1 << 32) if value >= 1 << 31 else value)
+
+
+def _float_key(value: float) -> int:
+    """The order key of a float32 (see `Sample.key_of`), computed here."""
+    bits = struct.unpack("<i", struct.pack("<f", value))[0]
+    return bits ^ 0x7FFFFFFF if bits < 0 else bits
+
+
+def philox_uniform(seed_low: ir.Value, seed_high: ir.Value, position: ir.Value) -> ir.Value:
+    """The f32 draw in [0, 1) of `etc.reference_sampling.uniform`: the top 24
+    bits of the first word of Philox-4x32-10 (counter (position, 0, 0, 0),
+    key (seed_low, seed_high), all i32 values), times 2**-24."""
+    zero = _i32_constant(0)
+    c = [position, zero, zero, zero]
+    k0, k1 = seed_low, seed_high
+    m0, m1 = _i32_constant(PHILOX_M[0]), _i32_constant(PHILOX_M[1])
+    for r in range(PHILOX_ROUNDS):
+        if r:
+            k0 = arith.addi(k0, _i32_constant(PHILOX_W[0]))
+            k1 = arith.addi(k1, _i32_constant(PHILOX_W[1]))
+        low0, high0 = arith.mului_extended(m0, c[0])
+        low1, high1 = arith.mului_extended(m1, c[2])
+        c = [arith.xori(arith.xori(high1, c[1]), k0), low1,
+             arith.xori(arith.xori(high0, c[3]), k1), low0]
+    f32 = ir.F32Type.get()
+    top = arith.uitofp(f32, arith.shrui(c[0], _i32_constant(8)))
+    return arith.mulf(top, arith.constant(f32, ir.FloatAttr.get(f32, 2.0 ** -24)))
+
+
+class Sample(TileKernel):
+    """One row per lane iteration, its passes sequential (`RowPasses`)."""
+
+    grid_rank = 1
+
+    def emit(self) -> None:
+        op = self.op
+        x = op.operands[0]
+        (tm,) = op.tile
+        row0, rows = self.row_block(x, tm)
+        n = self.dim(x, 1)
+        loop = self.lane_loop(rows)
+        with ir.InsertionPoint(loop.body):
+            row = arith.addi(row0, loop.induction_variable)
+            self.store_index(self.choose(RowPasses(self, x, row, n), row), op.result, [row])
+            scf.yield_([])
+
+    # -- keys: float32 values as ordered integers -------------------------
+
+    def key_of(self, value: ir.Value) -> ir.Value:
+        """An i64 that orders as the f32 `value` does (for numbers; -0 just
+        below +0): the bits, with those of negative values but the sign
+        flipped."""
+        i32 = ir.IntegerType.get_signless(32)
+        bits = arith.bitcast(i32, value)
+        negative = arith.cmpi(arith.CmpIPredicate.slt, bits, _i32_constant(0))
+        key = arith.select(negative, arith.xori(bits, _i32_constant(0x7FFFFFFF)), bits)
+        return arith.extsi(ir.IntegerType.get_signless(64), key)
+
+    def value_of(self, key: ir.Value) -> ir.Value:
+        """The f32 of an i64 key of `key_of`."""
+        k32 = arith.trunci(ir.IntegerType.get_signless(32), key)
+        negative = arith.cmpi(arith.CmpIPredicate.slt, k32, _i32_constant(0))
+        bits = arith.select(negative, arith.xori(k32, _i32_constant(0x7FFFFFFF)), k32)
+        return arith.bitcast(self.f32, bits)
+
+    def i64(self, value: int) -> ir.Value:
+        return arith.constant(ir.IntegerType.get_signless(64), value)
+
+    def bisect(self, low: ir.Value, high: ir.Value, holds, largest: bool) -> ir.Value:
+        """Bisection over the keys [low, high]: with `largest`, the largest
+        key whose value `holds` (a predicate that fails from some key on;
+        `low` counts as holding); otherwise the smallest (one that holds
+        from some key on; `high` counts as holding)."""
+        i64 = ir.IntegerType.get_signless(64)
+        steps = scf.ForOp(self.cidx(0), self.cidx(BISECTION_STEPS), self.cidx(1), [low, high])
+        with ir.InsertionPoint(steps.body):
+            lo, hi = steps.inner_iter_args
+            open_ = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, lo, hi), [i64, i64],
+                             has_else=True)
+            with ir.InsertionPoint(open_.then_block):
+                half = arith.subi(hi, lo)
+                if largest:
+                    half = arith.addi(half, self.i64(1))
+                mid = arith.addi(lo, arith.shrui(half, self.i64(1)))
+                ok = holds(self.value_of(mid))
+                if largest:
+                    scf.yield_([arith.select(ok, mid, lo),
+                                arith.select(ok, hi, arith.subi(mid, self.i64(1)))])
+                else:
+                    scf.yield_([arith.select(ok, lo, arith.addi(mid, self.i64(1))),
+                                arith.select(ok, mid, hi)])
+            with ir.InsertionPoint(open_.else_block):
+                scf.yield_([lo, hi])
+            scf.yield_(list(open_.results))
+        return steps.results[0] if largest else steps.results[1]
+
+    # -- the choice -------------------------------------------------------
+
+    def choose(self, passes: RowPasses, row: ir.Value) -> ir.Value:
+        """The token of row `row` (an index value)."""
+        op = self.op
+        temperature = self.load(op.operands[1], [row])
+        m = passes.fold("maxnumf", float("-inf"), lambda v, c: v)
+        sampled = arith.andi(
+            arith.cmpf(arith.CmpFPredicate.OGT, temperature, self.cf32(0.0)),
+            arith.cmpf(arith.CmpFPredicate.OGT, m, self.cf32(float("-inf"))))
+        branch = scf.IfOp(sampled, [self.index], has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            scf.yield_([self.draw(passes, row, m, temperature)])
+        with ir.InsertionPoint(branch.else_block):
+            scf.yield_([passes.argmax()])
+        return branch.results[0]
+
+    def draw(self, passes: RowPasses, row: ir.Value, m: ir.Value,
+             temperature: ir.Value) -> ir.Value:
+        op = self.op
+        _, _, top_k, top_p, min_p, seed, position = op.operands
+        f32 = self.f32
+        i64 = ir.IntegerType.get_signless(64)
+        ge = lambda a, b: arith.cmpf(arith.CmpFPredicate.OGE, a, b)
+        gt = lambda a, b: arith.cmpf(arith.CmpFPredicate.OGT, a, b)
+        inverse = arith.divf(self.cf32(1.0), temperature)
+
+        def weight(v):
+            # exp((v - m) / T); exactly 1 at the maximum, also when it is +inf.
+            e = math.exp(arith.mulf(arith.subf(v, m), inverse))
+            return arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, v, m), self.cf32(1.0), e)
+
+        lowest = self.i64(_float_key(float("-inf")))
+        highest = self.key_of(m)
+        # Top-k: the k-th largest value (k = 0 or k >= n: none).
+        k = arith.index_cast(self.index, self.load(op.operands[2], [row]))
+        use_k = arith.andi(arith.cmpi(arith.CmpIPredicate.sgt, k, self.cidx(0)),
+                           arith.cmpi(arith.CmpIPredicate.slt, k, passes.n))
+        k_f32 = arith.sitofp(f32, arith.index_cast(i64, k))
+        by_k = scf.IfOp(use_k, [i64], has_else=True)
+        with ir.InsertionPoint(by_k.then_block):
+            def enough(t):
+                count = passes.fold("add", 0.0, lambda v, c: arith.select(
+                    ge(v, t), self.cf32(1.0), self.cf32(0.0)))
+                return ge(count, k_f32)
+            scf.yield_([self.bisect(lowest, highest, enough, largest=True)])
+        with ir.InsertionPoint(by_k.else_block):
+            scf.yield_([lowest])
+        key_k = by_k.results[0]
+        # Top-p over what top-k kept.
+        p = self.load(top_p, [row])
+        by_p = scf.IfOp(arith.cmpf(arith.CmpFPredicate.OLT, p, self.cf32(1.0)), [i64],
+                        has_else=True)
+        with ir.InsertionPoint(by_p.then_block):
+            t_k = self.value_of(key_k)
+            kept = passes.fold("add", 0.0, lambda v, c: arith.select(
+                ge(v, t_k), weight(v), self.cf32(0.0)))
+            budget = arith.mulf(p, kept)
+
+            def small(t):
+                above = passes.fold("add", 0.0, lambda v, c: arith.select(
+                    gt(v, t), weight(v), self.cf32(0.0)))
+                return arith.cmpf(arith.CmpFPredicate.OLT, above, budget)
+            scf.yield_([self.bisect(key_k, highest, small, largest=False)])
+        with ir.InsertionPoint(by_p.else_block):
+            scf.yield_([key_k])
+        threshold = self.value_of(by_p.results[0])
+        # Min-p: weights of at least min_p (of the maximum's 1).
+        floor = arith.minnumf(self.load(min_p, [row]), self.cf32(1.0))
+
+        def kept_weight(v):
+            w = weight(v)
+            keep = arith.andi(ge(v, threshold), ge(w, floor))
+            return arith.select(keep, w, self.cf32(0.0))
+        u = philox_uniform(self.load(seed, [row, self.cidx(0)]),
+                           self.load(seed, [row, self.cidx(1)]),
+                           self.load(position, [row]))
+        return passes.draw(kept_weight, u)
+
+
+class SampleGPU(Sample):
+    """A CTA per row (`LanePasses`); the tile's rows one after another."""
+
+    @classmethod
+    def name(cls, op) -> str:
+        return f"{op.kind}_gpu"
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        n = op.operands[0].shape[1]
+        return target.gpu_kernels and isinstance(n, int) and n < (1 << 24)
+
+    def emit(self) -> None:
+        op = self.op
+        x = op.operands[0]
+        lanes = self.lanes()
+        red = self.scratch([lanes.count // lanes.warp])
+        prefix = self.scratch([lanes.count])
+        (tm,) = op.tile
+        row0, rows = self.row_block(x, tm)
+        n = self.dim(x, 1)
+        loop = scf.ForOp(self.cidx(0), rows, self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            row = arith.addi(row0, loop.induction_variable)
+            chosen = self.choose(LanePasses(self, lanes, x, row, n, red, prefix), row)
+
+            def store(lane):
+                branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, lane, self.cidx(0)))
+                with ir.InsertionPoint(branch.then_block):
+                    self.store_index(chosen, op.result, [row])
+                    scf.yield_([])
+            lanes.each(store)
             scf.yield_([])
 
 
 def build_tasks(b: TaskBuilder, op) -> None:
     x = op.operands[0]
     (tm,) = op.tile
-    b.emit_task(op, op.name, [b.grid_extent(x.shape[0], tm)],
-                [(x, box(1, [tile_offset(0, tm), "0"], [tm, None]))],
-                [(op.result, box(1, [tile_offset(0, tm)], [tm]))], Argmax)
+    rows = box(1, [tile_offset(0, tm)], [tm])
+    reads = [(x, box(1, [tile_offset(0, tm), "0"], [tm, None]))]
+    if op.kind == "argmax":
+        kernel = Argmax
+    else:
+        kernel = SampleGPU if SampleGPU.applies(op, b.target) else Sample
+        seed = op.operands[5]
+        reads += [(t, rows) for t in op.operands[1:] if t is not seed]
+        reads.append((seed, box(1, [tile_offset(0, tm), "0"], [tm, None])))
+    b.emit_task(op, op.name, [b.grid_extent(x.shape[0], tm)], reads, [(op.result, rows)],
+                kernel)
