@@ -437,6 +437,8 @@ class Sample(TileKernel):
 
     def draw(self, passes: RowPasses, row: ir.Value, m: ir.Value,
              temperature: ir.Value) -> ir.Value:
+        """The sampled token of a row whose largest number is `m` (above
+        -inf) at `temperature` (> 0)."""
         op = self.op
         _, _, top_k, top_p, min_p, seed, position = op.operands
         f32 = self.f32
@@ -453,7 +455,7 @@ class Sample(TileKernel):
         lowest = self.i64(_float_key(float("-inf")))
         highest = self.key_of(m)
         # Top-k: the k-th largest value (k = 0 or k >= n: none).
-        k = arith.index_cast(self.index, self.load(op.operands[2], [row]))
+        k = arith.index_cast(self.index, self.load(top_k, [row]))
         use_k = arith.andi(arith.cmpi(arith.CmpIPredicate.sgt, k, self.cidx(0)),
                            arith.cmpi(arith.CmpIPredicate.slt, k, passes.n))
         k_f32 = arith.sitofp(f32, arith.index_cast(i64, k))
