@@ -36,7 +36,7 @@ from __future__ import annotations
 import struct
 
 from mlir import ir
-from mlir.dialects import arith, math, memref, scf
+from mlir.dialects import arith, math, memref, scf, vector
 
 from .base import Lanes, TaskBuilder, TileKernel, box, tile_offset
 
@@ -127,7 +127,9 @@ class RowPasses:
         index order exceeds u times the row's total, among columns of
         positive weight (the last of those if rounding leaves none)."""
         k = self.k
-        total = self.fold("add", 0.0, lambda v, c: weight_of(v))
+        # The total in the walk's order (sequential, also under
+        # `VectorRowPasses`), so the walk crosses u * total.
+        total = RowPasses.fold(self, "add", 0.0, lambda v, c: weight_of(v))
         target = arith.mulf(u, total)
         i1 = ir.IntegerType.get_signless(1)
         types = [k.index, k.f32, i1, k.index, k.index]
@@ -150,6 +152,33 @@ class RowPasses:
                         arith.select(hit, column, chosen), arith.select(positive, column, last)])
         _, _, found, chosen, last = walk.results
         return arith.select(found, chosen, last)
+
+
+class VectorRowPasses(RowPasses):
+    """`RowPasses` with the reductions over f32 vectors of WIDTH columns
+    (partials per vector lane, one horizontal reduction, a scalar tail):
+    the CPU kernel. The terms are written for scalars and vectors alike."""
+
+    WIDTH = 16
+
+    def fold(self, kind: str, init: float, term) -> ir.Value:
+        k, width = self.k, self.WIDTH
+        vector_n = arith.muli(arith.divui(self.n, k.cidx(width)), k.cidx(width))
+        loop = scf.ForOp(k.cidx(0), vector_n, k.cidx(width), [k.const_like(k.vzero(width), init)])
+        with ir.InsertionPoint(loop.body):
+            column = loop.induction_variable
+            t = term(k.vload(self.x, [self.row, column], width), column)
+            acc = loop.inner_iter_args[0]
+            scf.yield_([arith.addf(acc, t) if kind == "add" else arith.maxnumf(acc, t)])
+        total = vector.reduction(k.f32, ir.Attribute.parse(f"#vector.kind<{kind}>"),
+                                 loop.results[0])
+        tail = scf.ForOp(vector_n, self.n, k.cidx(1), [total])
+        with ir.InsertionPoint(tail.body):
+            column = tail.induction_variable
+            t = term(self.load(column), column)
+            acc = tail.inner_iter_args[0]
+            scf.yield_([arith.addf(acc, t) if kind == "add" else arith.maxnumf(acc, t)])
+        return tail.results[0]
 
 
 class LanePasses(RowPasses):
@@ -355,6 +384,8 @@ class Sample(TileKernel):
     """One row per lane iteration, its passes sequential (`RowPasses`)."""
 
     grid_rank = 1
+    #: How the passes over a row run.
+    passes = RowPasses
 
     def emit(self) -> None:
         op = self.op
@@ -365,7 +396,7 @@ class Sample(TileKernel):
         loop = self.lane_loop(rows)
         with ir.InsertionPoint(loop.body):
             row = arith.addi(row0, loop.induction_variable)
-            self.store_index(self.choose(RowPasses(self, x, row, n), row), op.result, [row])
+            self.store_index(self.choose(self.passes(self, x, row, n), row), op.result, [row])
             scf.yield_([])
 
     # -- keys: float32 values as ordered integers -------------------------
@@ -386,6 +417,15 @@ class Sample(TileKernel):
         negative = arith.cmpi(arith.CmpIPredicate.slt, k32, _i32_constant(0))
         bits = arith.select(negative, arith.xori(k32, _i32_constant(0x7FFFFFFF)), k32)
         return arith.bitcast(self.f32, bits)
+
+    def like(self, v: ir.Value, scalar) -> ir.Value:
+        """`scalar` (an f32 value or a Python float) in the shape of `v` (an
+        f32 or an f32 vector), so that the terms of a pass serve both."""
+        if isinstance(scalar, float):
+            return self.const_like(v, scalar)
+        if isinstance(v.type, ir.VectorType):
+            return vector.broadcast(v.type, scalar)
+        return scalar
 
     def i64(self, value: int) -> ir.Value:
         return arith.constant(ir.IntegerType.get_signless(64), value)
@@ -443,14 +483,16 @@ class Sample(TileKernel):
         _, _, top_k, top_p, min_p, seed, position = op.operands
         f32 = self.f32
         i64 = ir.IntegerType.get_signless(64)
-        ge = lambda a, b: arith.cmpf(arith.CmpFPredicate.OGE, a, b)
-        gt = lambda a, b: arith.cmpf(arith.CmpFPredicate.OGT, a, b)
+        like = self.like
+        ge = lambda a, b: arith.cmpf(arith.CmpFPredicate.OGE, a, like(a, b))
+        gt = lambda a, b: arith.cmpf(arith.CmpFPredicate.OGT, a, like(a, b))
+        pick = lambda keep, a, b: arith.select(keep, a, like(a, b))
         inverse = arith.divf(self.cf32(1.0), temperature)
 
         def weight(v):
             # exp((v - m) / T); exactly 1 at the maximum, also when it is +inf.
-            e = math.exp(arith.mulf(arith.subf(v, m), inverse))
-            return arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, v, m), self.cf32(1.0), e)
+            e = math.exp(arith.mulf(arith.subf(v, like(v, m)), like(v, inverse)))
+            return pick(arith.cmpf(arith.CmpFPredicate.OEQ, v, like(v, m)), like(v, 1.0), e)
 
         lowest = self.i64(_float_key(float("-inf")))
         highest = self.key_of(m)
@@ -462,8 +504,8 @@ class Sample(TileKernel):
         by_k = scf.IfOp(use_k, [i64], has_else=True)
         with ir.InsertionPoint(by_k.then_block):
             def enough(t):
-                count = passes.fold("add", 0.0, lambda v, c: arith.select(
-                    ge(v, t), self.cf32(1.0), self.cf32(0.0)))
+                count = passes.fold("add", 0.0, lambda v, c: pick(ge(v, t), like(v, 1.0),
+                                                                 0.0))
                 return ge(count, k_f32)
             scf.yield_([self.bisect(lowest, highest, enough, largest=True)])
         with ir.InsertionPoint(by_k.else_block):
@@ -475,13 +517,11 @@ class Sample(TileKernel):
                         has_else=True)
         with ir.InsertionPoint(by_p.then_block):
             t_k = self.value_of(key_k)
-            kept = passes.fold("add", 0.0, lambda v, c: arith.select(
-                ge(v, t_k), weight(v), self.cf32(0.0)))
+            kept = passes.fold("add", 0.0, lambda v, c: pick(ge(v, t_k), weight(v), 0.0))
             budget = arith.mulf(p, kept)
 
             def small(t):
-                above = passes.fold("add", 0.0, lambda v, c: arith.select(
-                    gt(v, t), weight(v), self.cf32(0.0)))
+                above = passes.fold("add", 0.0, lambda v, c: pick(gt(v, t), weight(v), 0.0))
                 return arith.cmpf(arith.CmpFPredicate.OLT, above, budget)
             scf.yield_([self.bisect(key_k, highest, small, largest=False)])
         with ir.InsertionPoint(by_p.else_block):
@@ -492,12 +532,21 @@ class Sample(TileKernel):
 
         def kept_weight(v):
             w = weight(v)
-            keep = arith.andi(ge(v, threshold), ge(w, floor))
-            return arith.select(keep, w, self.cf32(0.0))
+            return pick(arith.andi(ge(v, threshold), ge(w, floor)), w, 0.0)
         u = philox_uniform(self.load(seed, [row, self.cidx(0)]),
                            self.load(seed, [row, self.cidx(1)]),
                            self.load(position, [row]))
         return passes.draw(kept_weight, u)
+
+
+class SampleCPU(Sample):
+    """`Sample` with its reductions over vectors (`VectorRowPasses`)."""
+
+    passes = VectorRowPasses
+
+    @classmethod
+    def name(cls, op) -> str:
+        return f"{op.kind}_cpu"
 
 
 class SampleGPU(Sample):
@@ -543,7 +592,12 @@ def build_tasks(b: TaskBuilder, op) -> None:
     if op.kind == "argmax":
         kernel = Argmax
     else:
-        kernel = SampleGPU if SampleGPU.applies(op, b.target) else Sample
+        if SampleGPU.applies(op, b.target):
+            kernel = SampleGPU
+        elif b.target.kind == "cpu":
+            kernel = SampleCPU
+        else:
+            kernel = Sample
         seed = op.operands[5]
         reads += [(t, rows) for t in op.operands[1:] if t is not seed]
         reads.append((seed, box(1, [tile_offset(0, tm), "0"], [tm, None])))
