@@ -183,8 +183,9 @@ class VectorRowPasses(RowPasses):
 
 class LanePasses(RowPasses):
     """The same passes with the row spread over the CTA's lanes (the GPU
-    variant; simulated lanes on the CPU): lane l takes columns l, l + L,
-    ... of a reduction, warps combine with shuffles and the CTA through
+    variant; simulated lanes on the CPU): lane l takes the 16-byte slices
+    (or columns, for rows of other widths) l, l + L, ... of a reduction,
+    warps combine with shuffles and the CTA through
     `red` (one f32 per warp, shared). The walk gives lane l the contiguous
     segment l of the row: lanes sum their segments, exchange them through
     `prefix` (one f32 per lane), and each walks its own segment from the
@@ -222,16 +223,29 @@ class LanePasses(RowPasses):
         return lanes.get(lanes.each(take), k.cidx(0))[0]
 
     def fold(self, kind: str, init: float, term) -> ir.Value:
+        """With rows of whole 16-byte slices, lane l reduces slices l,
+        l + L, ... (16-byte loads); otherwise columns l, l + L, ..."""
         k = self.k
+        width = 16 // (4 if self.x.dtype == "f32" else 2)
+        n = self.x.shape[1]
+        if not (isinstance(n, int) and n % width == 0):
+            width = 1
+        stride = k.cidx(self.lanes.count * width)
 
         def partial(lane):
-            loop = scf.ForOp(lane, self.n, k.cidx(self.lanes.count), [k.cf32(init)])
+            start = k.const_like(k.vzero(width), init) if width > 1 else k.cf32(init)
+            loop = scf.ForOp(arith.muli(lane, k.cidx(width)), self.n, stride, [start])
             with ir.InsertionPoint(loop.body):
                 column = loop.induction_variable
                 acc = loop.inner_iter_args[0]
-                t = term(self.load(column), column)
+                v = k.vload(self.x, [self.row, column], width, aligned=True) if width > 1 \
+                    else self.load(column)
+                t = term(v, column)
                 scf.yield_([arith.addf(acc, t) if kind == "add" else arith.maxnumf(acc, t)])
-            return loop.results[0]
+            if width == 1:
+                return loop.results[0]
+            return vector.reduction(k.f32, ir.Attribute.parse(f"#vector.kind<{kind}>"),
+                                    loop.results[0])
         return self.combine(kind, partial)
 
     def _as_f32(self, position: ir.Value) -> ir.Value:
