@@ -12,7 +12,7 @@ import numpy as np
 
 from . import cache as _cache
 from .config import ModelConfig
-from .sampling import SamplingParams, sampling_inputs
+from .sampling import SamplingParams, fresh_seeds, sampling_inputs
 
 if TYPE_CHECKING:
     from ..compiler import CompiledKernel
@@ -346,6 +346,17 @@ class Model:
         kernel.run(**inputs, out={"next_ids": next_ids})
         return None, next_ids
 
+    def _fresh_seeds(self, count: int) -> list:
+        """Random seeds for the requests without one. Every rank of a
+        tensor-parallel model must draw the same tokens, so rank 0's seeds
+        go to all (the ranks run the same steps)."""
+        seeds = fresh_seeds(count)
+        if self.tensor_parallel > 1 and count:
+            from mpi4py import MPI
+
+            seeds = MPI.COMM_WORLD.bcast(seeds, root=0)
+        return seeds
+
     def step_inputs(self, cache: KVCache, requests: Sequence[Request]) -> dict:
         """The step kernel's inputs for `requests` (checked): token ids, the
         ragged batch's index arrays, the sampling parameters
@@ -386,7 +397,8 @@ class Model:
         i32 = lambda values: np.asarray(values, dtype=np.int32)
         return dict(ids=i32(ids), positions=i32(positions), token_request=i32(token_request),
                     request_slot=i32(slot), request_length=i32(length), request_first=i32(first),
-                    request_last=i32(last), **sampling_inputs([q.sampling for q in requests]),
+                    request_last=i32(last),
+                    **sampling_inputs([q.sampling for q in requests], self._fresh_seeds),
                     **self._weights, **cache.arrays)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,

@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["SamplingParams", "GREEDY", "sampling_inputs"]
+__all__ = ["SamplingParams", "GREEDY", "sampling_inputs", "fresh_seeds"]
 
 
 def _number(field: str, value, low: float, high: float, low_open: bool = False) -> float:
@@ -75,18 +75,24 @@ class SamplingParams:
 GREEDY = SamplingParams()
 
 
-def sampling_inputs(params: Sequence[Optional[SamplingParams]]) -> dict:
+def fresh_seeds(count: int) -> list:
+    """`count` random 64-bit seeds from the operating system's generator."""
+    return [secrets.randbits(64) for _ in range(count)]
+
+
+def sampling_inputs(params: Sequence[Optional[SamplingParams]], fresh=fresh_seeds) -> dict:
     """The step kernel's sampling inputs for requests with `params` (None:
     greedy): `temperature`, `top_p`, `min_p` float32 (R,), `top_k` int32
-    (R,) and `seed` int32 (R, 2) (the 64-bit seed's low and high words; a
-    fresh random one for a seed of None)."""
+    (R,) and `seed` int32 (R, 2) (the 64-bit seed's low and high words;
+    for the seeds that are None, `fresh(count)` gives random ones)."""
     rows = [GREEDY if p is None else p for p in params]
     for r, p in enumerate(rows):
         if not isinstance(p, SamplingParams):
             raise ValueError(f"step: request {r}: sampling={p!r} must be a SamplingParams or "
                              f"None")
-    seeds = np.array([(secrets.randbits(64) if p.seed is None else p.seed) % (1 << 64)
-                      for p in rows], dtype=np.uint64)
+    drawn = iter(fresh(sum(p.seed is None for p in rows)))
+    seeds = np.array([(next(drawn) if p.seed is None else p.seed) % (1 << 64) for p in rows],
+                     dtype=np.uint64)
     words = np.stack([seeds & np.uint64(0xFFFFFFFF), seeds >> np.uint64(32)], axis=1)
     f32 = lambda field: np.array([getattr(p, field) for p in rows], dtype=np.float32)
     # top_k beyond the vocabulary keeps every token, as 0 does.
