@@ -212,7 +212,7 @@ class Graph(LLMOperators, CollectiveOperators):
     ```
 
     The operators of LLM inference (embedding, rope, head_rmsnorm,
-    kv_append, attention, argmax, ragged_batch) come from
+    kv_append, attention, argmax, sample, ragged_batch) come from
     `etc.graph_llm.LLMOperators`, the collectives (all_gather,
     reduce_scatter, all_reduce) from `etc.ops.collective`.
 

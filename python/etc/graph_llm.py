@@ -57,7 +57,7 @@ class RaggedBatch:
 
 class LLMOperators:
     """Embedding, RoPE, per-head RMSNorm, KV-cache append, attention over
-    the cache and greedy sampling (mixed into `etc.Graph`)."""
+    the cache, greedy and sampled token choice (mixed into `etc.Graph`)."""
 
     # -- shared checks ---------------------------------------------------
 
@@ -335,3 +335,49 @@ class LLMOperators:
         tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
         return self._finish(kind, [("x", x)], (x.shape[0],), INDEX_DTYPE, tile, {}, None,
                             name)
+
+    def sample(self, logits, temperature, top_k, top_p, min_p, seed, position, *, tile=None,
+               name: Optional[str] = None):
+        """Samples one token per row of `logits` (R, V) with each row's own
+        parameters, all data of the run (one compiled kernel serves every
+        mix of them): `temperature`, `top_p`, `min_p` f32 (R,), `top_k` i32
+        (R,), `seed` i32 (R, 2) (a 64-bit key as its low and high words)
+        and `position` i32 (R,) (the position of the token being sampled).
+        Result (R,) i32.
+
+        Temperature 0 (or below, or NaN) is `argmax`. Otherwise the row's
+        weights exp((x - max) / T) are cut by top-k (0 < k < V: values
+        below the k-th largest are dropped, ties with it kept), top-p
+        (p < 1: the smallest set of largest values whose weight reaches p
+        of what top-k kept) and min-p (weights below min_p times the
+        largest's), and a token is drawn from what is left by one uniform
+        number in [0, 1) from Philox-4x32-10, keyed by the seed with the
+        position as counter: a row's token depends on its own logits and
+        parameters only, not on the other rows, the schedule, the worker
+        count or the target. `etc.reference_sampling.sample` is the exact
+        definition. `tile=(m,)` sets the rows per tile (default 1: the
+        rows are sampled in parallel)."""
+        kind = "sample"
+        self._check_operand(kind, "logits", logits, ranks=(2,))
+        rows = logits.shape[0]
+        for role, t in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
+            self._check_operand(kind, role, t, ranks=(1,))
+            if t.dtype != "f32" or not _graph._same_dim(t.shape[0], rows):
+                raise ValueError(f"{kind}: {_graph._describe(role, t)} must be an f32 tensor "
+                                 f"of shape ({rows},) (one per row of 'logits')")
+        for role, t in (("top_k", top_k), ("position", position)):
+            self._check_index(kind, role, t, rows, "one per row of 'logits'")
+        if not isinstance(seed, _graph.Tensor):
+            raise ValueError(f"{kind}: operand 'seed' must be a Tensor, got {seed!r}")
+        if seed.graph is not self:
+            raise ValueError(f"{kind}: operand 'seed' ('{seed.name}') belongs to graph "
+                             f"'{seed.graph.name}', not '{self.name}'")
+        if seed.dtype != INDEX_DTYPE or seed.rank != 2 or seed.shape[1] != 2 or \
+                not _graph._same_dim(seed.shape[0], rows):
+            raise ValueError(f"{kind}: {_graph._describe('seed', seed)} must be an i32 tensor "
+                             f"of shape ({rows}, 2) (each row's 64-bit seed as its low and "
+                             f"high words)")
+        tile = self._check_tile(kind, tile, 1, (1,), logits.shape[:1])
+        operands = [("logits", logits), ("temperature", temperature), ("top_k", top_k),
+                    ("top_p", top_p), ("min_p", min_p), ("seed", seed), ("position", position)]
+        return self._finish(kind, operands, (rows,), INDEX_DTYPE, tile, {}, None, name)

@@ -16,11 +16,12 @@ Dtypes:
   rounded to bfloat16 after every operator and outputs are returned as
   ``np.float32`` arrays holding bfloat16 values.
 
-``topk`` indices, ``argmax`` results and ``i32`` inputs are ``np.int32``.
+``topk`` indices, ``argmax`` and ``sample`` results and ``i32`` inputs are
+``np.int32``.
 ``moe`` computes its experts in float32 and rounds only its result; its
 internal routing buffers are not outputs. The LLM operators (embedding,
-rope, head_rmsnorm, kv_append, attention, argmax) are computed by
-`etc.reference_llm`.
+rope, head_rmsnorm, kv_append, attention, argmax, sample) are computed by
+`etc.reference_llm` (and `sample` by `etc.reference_sampling`).
 
 State buffers (`Graph.state`) are passed like inputs and, as in the
 compiled kernels, updated in place: after `evaluate`, the caller's state

@@ -125,9 +125,9 @@ def test_step_serves_requests_that_join_and_leave(loaded):
     decodes, in the same kernel."""
     model = loaded["qwen3"]
     cache = model.new_cache(slots=2, length=16)
-    logits_a, ids_a = model.step(cache, [models.Request(0, 0, [1, 2, 3])])
+    logits_a, ids_a = model.step(cache, [models.Request(0, 0, [1, 2, 3])], return_logits=True)
     second, ids_b = model.step(cache, [models.Request(0, 3, [int(ids_a[0])]),
-                                       models.Request(1, 0, [4, 5])])
+                                       models.Request(1, 0, [4, 5])], return_logits=True)
     want = reference.forward(model.config, Checkpoint(model.path).weights(),
                              [1, 2, 3, int(ids_a[0])])
     np.testing.assert_allclose(logits_a[0], want[2], rtol=2e-4, atol=2e-4)

@@ -34,8 +34,10 @@ from .model import (Generation, KernelNotCachedError, KVCache, Model, Request, s
 from .engine import Engine, RequestError
 from .safetensors import SafetensorsError
 from .tokenizer import ChatTemplateError, Tokenizer
+from .sampling import SamplingParams
 
-__all__ = ["load", "open_checkpoint", "compile_checkpoint", "Model", "Generation", "KVCache", "Request", "ModelConfig",
+__all__ = ["load", "open_checkpoint", "compile_checkpoint", "Model", "Generation", "KVCache",
+           "Request", "SamplingParams", "ModelConfig",
            "ARCHITECTURES", "Checkpoint", "GGUFCheckpoint", "KernelCache", "CheckpointError",
            "MissingTensorError", "UnsupportedConfigError", "SafetensorsError", "GGUFError",
            "KernelNotCachedError", "Engine", "RequestError", "Tokenizer", "ChatTemplateError"]

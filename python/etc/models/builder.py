@@ -7,8 +7,11 @@ slots) and L (cache length). Inputs: the token ids (T,), the ragged batch's
 index inputs (`etc.graph_llm.RaggedBatch`), the weights (named as
 `Checkpoint.weights` names them) and the RoPE frequencies `inv_freq`. State:
 each layer's K and V caches, `l<i>_k_cache` / `l<i>_v_cache` (S, L,
-H_kv * head_dim), in the KV dtype (by default the compute dtype). Outputs: `logits` (R, V) of each request's last new token,
-and `next_ids` (R,), their argmax (greedy sampling).
+H_kv * head_dim), in the KV dtype (by default the compute dtype). Sampling inputs,
+one per request: `temperature`, `top_p`, `min_p` f32 (R,), `top_k` i32 (R,) and
+`seed` i32 (R, 2) (see `etc.Graph.sample`). Outputs: `logits` (R, V) of each
+request's last new token, and `next_ids` (R,), the token sampled from them (the
+argmax where the temperature is 0) at position `request_length`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,12 @@ from __future__ import annotations
 from ..graph import Graph
 from .config import ModelConfig
 
-__all__ = ["build_step_graph"]
+__all__ = ["build_step_graph", "SAMPLING_INPUTS"]
+
+#: The per-request (R,) sampling inputs and their dtypes (the seed, (R, 2)
+#: i32, comes with them).
+SAMPLING_INPUTS = (("temperature", "f32"), ("top_k", "i32"), ("top_p", "f32"),
+                   ("min_p", "f32"))
 
 
 def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: int,
@@ -91,11 +99,16 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             mlp = reduced(g.matmul(g.mul(g.silu(gate), up), weight(f"l{i}_w_down", (h, f)),
                                    transpose_b=True))
         x = g.add(x, mlp)
-    # The last new token of each request: norm, LM head, greedy sampling.
+    # The last new token of each request: norm, LM head, sampling.
     last = g.embedding(x, batch.request_last)
     normed = g.rmsnorm(last, weight("final_norm", (h,)), eps)
     head = embed if c.tie_word_embeddings else weight("lm_head", (c.vocab_size, h))
     logits = g.matmul(normed, head, transpose_b=True, name="logits")
-    g.output(logits, g.argmax(logits, name="next_ids"))
+    # The sampled token's position (the counter of its random number) is
+    # the sequence's length after the step.
+    sampling = {name: g.input(name, (R,), dtype) for name, dtype in SAMPLING_INPUTS}
+    next_ids = g.sample(logits, seed=g.input("seed", (R, 2), "i32"),
+                        position=batch.request_length, name="next_ids", **sampling)
+    g.output(logits, next_ids)
     return g
 

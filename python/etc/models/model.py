@@ -14,6 +14,7 @@ import numpy as np
 from . import cache as _cache
 from .checkpoint import STORAGE, Checkpoint
 from .config import ModelConfig
+from .sampling import SamplingParams, fresh_seeds, sampling_inputs
 
 if TYPE_CHECKING:
     from ..compiler import CompiledKernel
@@ -62,11 +63,14 @@ class KernelNotCachedError(RuntimeError):
 class Request:
     """One request of a step: `tokens` (new token ids) of the sequence in
     cache slot `slot`, at positions `start`, `start + 1`, ...; the
-    positions before `start` must already be in the cache."""
+    positions before `start` must already be in the cache. The token after
+    the last one (at position `start + len(tokens)`) is chosen with
+    `sampling` (None: greedy)."""
 
     slot: int
     start: int
     tokens: Sequence[int]
+    sampling: Optional[SamplingParams] = None
 
 
 class KVCache:
@@ -369,13 +373,33 @@ class Model:
             allocate = self._kernels[0].runtime.device_zeros
         return KVCache(self._shard, slots, length, allocate, self.kv_dtype)
 
-    def step(self, cache: KVCache, requests: Sequence[Request]):
+    def step(self, cache: KVCache, requests: Sequence[Request], return_logits: bool = False):
         """Runs one step: every request's new tokens go into the cache, and
-        the logits (R, vocab) float32 and greedy next ids (R,) int32 of each
-        request's last new token come back. Requests may bring any number
-        of tokens (prefill, decode, or a mix in one step)."""
-        logits, next_ids = self._kernels[0].run(**self.step_inputs(cache, requests))
-        return np.asarray(logits, dtype=np.float32), next_ids
+        the next id (R,) int32 of each request comes back, chosen on the
+        device from the logits of its last new token with its `sampling`
+        parameters. Returns (logits, next_ids): the logits (R, vocab)
+        float32 with `return_logits`, else None (on CUDA they then stay on
+        the device: only the ids are copied back). Requests may bring any
+        number of tokens (prefill, decode, or a mix in one step)."""
+        kernel = self._kernels[0]
+        inputs = self.step_inputs(cache, requests)
+        if return_logits:
+            logits, next_ids = kernel.run(**inputs)
+            return np.asarray(logits, dtype=np.float32), next_ids
+        next_ids = np.empty(len(requests), np.int32)
+        kernel.run(**inputs, out={"next_ids": next_ids})
+        return None, next_ids
+
+    def _fresh_seeds(self, count: int) -> list:
+        """Random seeds for the requests without one. Every rank of a
+        tensor-parallel model must draw the same tokens, so rank 0's seeds
+        go to all (the ranks run the same steps)."""
+        seeds = fresh_seeds(count)
+        if self.tensor_parallel > 1 and count:
+            from mpi4py import MPI
+
+            seeds = MPI.COMM_WORLD.bcast(seeds, root=0)
+        return seeds
 
     def _check_cache(self, cache: KVCache) -> None:
         """`cache` is one this model's kernel can use: its arrays have this
@@ -403,7 +427,8 @@ class Model:
 
     def step_inputs(self, cache: KVCache, requests: Sequence[Request]) -> dict:
         """The step kernel's inputs for `requests` (checked): token ids, the
-        ragged batch's index arrays, the weights and the caches, by name.
+        ragged batch's index arrays, the sampling parameters
+        (`sampling.sampling_inputs`), the weights and the caches, by name.
         `step` runs the kernel on them; benchmarks bind them once."""
         self._check_cache(cache)
         if not requests:
@@ -441,7 +466,9 @@ class Model:
         i32 = lambda values: np.asarray(values, dtype=np.int32)
         return dict(ids=i32(ids), positions=i32(positions), token_request=i32(token_request),
                     request_slot=i32(slot), request_length=i32(length), request_first=i32(first),
-                    request_last=i32(last), **self._weights, **cache.arrays)
+                    request_last=i32(last),
+                    **sampling_inputs([q.sampling for q in requests], self._fresh_seeds),
+                    **self._weights, **cache.arrays)
 
     def generate(self, prompts, max_new_tokens: int, return_logits: bool = False, *,
                  stop: Sequence[str] = (), ignore_eos: bool = False, sampling=None,
