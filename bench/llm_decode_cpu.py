@@ -1,129 +1,295 @@
-"""Decode-step throughput of a small LLM on the CPU target, against Hugging
-Face transformers (PyTorch, CPU) on the same checkpoint when installed.
+"""Decode-step throughput of an LLM on the CPU target, against llama.cpp and
+Hugging Face transformers on the same weights, alone or beside a busy
+process.
 
-The model is a random Qwen3-shaped checkpoint written on the fly (hidden
-512, 4 layers, 8 query / 4 KV heads of 64, FFN 1536, vocabulary 4096, tied
-embeddings: 14.7 M parameters, 59 MB of float32 weights), or
-`--checkpoint DIR`. For each
-batch size B, B prompts of `--prompt` tokens are prefilled, then decode
-steps (one new token per request) are timed: median ms per step and tokens
-per second (B / step time). ETC runs the step kernel through `Model.step`
-(host preparation and the NumPy outputs included); transformers runs one
-forward pass of B tokens with its KV cache under `torch.no_grad()`, with as
-many threads as ETC has workers (`--torch-threads`). Prints a Markdown
-table. On a machine shared with other work, PyTorch's spinning threads
-make its times vary widely; compare medians of quiet runs.
+Models (random checkpoints written on the fly, or `--checkpoint DIR`):
+  small  Qwen3-shaped: hidden 512, 4 layers, 8 query / 4 KV heads of 64, FFN
+         1536, vocabulary 4096, tied embeddings (14.7 M parameters);
+  smol   Llama-shaped like a 135 M chat model: hidden 576, 30 layers, 9
+         query / 3 KV heads of 64, FFN 1536, vocabulary 49152, tied
+         embeddings (134.5 M parameters).
+For each batch size B, B prompts of `--prompt` tokens are prefilled, then
+`--steps` decode steps (one new token per request) are timed: tokens per
+second is B over the median step time. ETC runs `Model.step` (host
+preparation and the NumPy outputs included). Peers (`--peer llama.cpp`,
+`--peer transformers`) run in their own process under `--peer-python`
+(bench/decode_peers.py; they are optional benchmark dependencies, see
+docs/benchmarks.md), with as many threads as ETC has workers; llama.cpp
+reads the same weights written as GGUF. Engines alternate over `--rounds`
+rounds, and each cell is the median over all rounds' steps.
 
-Usage: .venv/bin/python bench/llm_decode_cpu.py [--workers 2] [--batches 1 4 16]
+`--contention` measures every engine alone and beside a busy process (a
+Python loop on one core), and ETC with one worker too, and prints the ratios
+the CPU runtime's goals are stated in.
+
+Usage:
+  .venv/bin/python bench/llm_decode_cpu.py --model smol --dtype bf16 \\
+      --batches 1 --peer llama.cpp [--contention]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+import etc
 import etc.models as models
 from etc.models.testing import tiny_config, write_checkpoint
 
-SMALL = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-             num_attention_heads=8, num_key_value_heads=4, head_dim=64, vocab_size=4096,
-             max_position_embeddings=512)
+ROOT = Path(__file__).resolve().parents[1]
+
+MODELS = {
+    "small": ("Qwen3ForCausalLM",
+              dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=64, vocab_size=4096,
+                   max_position_embeddings=512)),
+    "smol": ("LlamaForCausalLM",
+             dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                  num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
+                  max_position_embeddings=2048, rope_theta=100000.0, rms_norm_eps=1e-5,
+                  tie_word_embeddings=True)),
+}
+
+#: A process that keeps one core busy.
+BUSY = "while True: pass\n"
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
+class ETC:
+    name = "ETC"
+
+    def __init__(self, path: Path, workers: int, schedule: str, dtype: str, max_seq_len: int):
         start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        self.model = models.load(path, workers=workers, schedule=schedule, dtype=dtype,
+                                 max_seq_len=max_seq_len)
+        self.compile_seconds = time.perf_counter() - start
+        self.workers = workers
+
+    def decode_ms(self, batch: int, prompt: int, steps: int) -> list[float]:
+        model = self.model
+        rng = np.random.default_rng(batch)
+        cache = model.new_cache(batch, prompt + steps + 2)
+        requests = [models.Request(r, 0, rng.integers(0, model.config.vocab_size,
+                                                      prompt).tolist())
+                    for r in range(batch)]
+        _, next_ids = model.step(cache, requests)
+        times = []
+        for step in range(steps):
+            requests = [models.Request(r, prompt + step, [int(next_ids[r])])
+                        for r in range(batch)]
+            start = time.perf_counter()
+            _, next_ids = model.step(cache, requests)
+            times.append((time.perf_counter() - start) * 1e3)
+        return times
 
 
-def etc_decode_ms(model, batch: int, prompt: int, repeats: int) -> float:
-    """ms per decode step of `batch` requests after prompts of `prompt` tokens."""
+class Peer:
+    """An engine of bench/decode_peers.py in its own process."""
+
+    def __init__(self, engine: str, python: str, path: Path, threads: int,
+                 verbose: bool = False):
+        self.name = engine
+        self.process = subprocess.Popen(
+            [python, str(ROOT / "bench" / "decode_peers.py"), engine, str(path), str(threads)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stderr=None if verbose else subprocess.DEVNULL)
+        line = self.process.stdout.readline().split(maxsplit=1)
+        if not line or line[0] != "ready":
+            raise SystemExit(f"the {engine} peer did not start (is it installed for "
+                             f"{python}? see docs/benchmarks.md)")
+        self.version = line[1].strip()
+
+    def decode_ms(self, batch: int, prompt: int, steps: int) -> list[float]:
+        self.process.stdin.write(f"decode {batch} {prompt} {steps}\n")
+        self.process.stdin.flush()
+        words = self.process.stdout.readline().split()
+        if not words or words[0] != "ms":
+            raise SystemExit(f"the {self.name} peer failed")
+        return [float(w) for w in words[1:]]
+
+    def close(self) -> None:
+        try:
+            self.process.stdin.write("quit\n")
+            self.process.stdin.flush()
+        except OSError:
+            pass
+        self.process.wait(timeout=60)
+
+
+def measure(engines, batches, prompt, steps, rounds, rest) -> dict:
+    """{(engine name, B): [step ms over all rounds]}, engines alternating."""
+    results: dict = {}
+    for _ in range(rounds):
+        for batch in batches:
+            for engine in engines:
+                time.sleep(rest)  # other engines' threads stop spinning
+                results.setdefault((engine.name, batch), []).extend(
+                    engine.decode_ms(batch, prompt, steps))
+    return results
+
+
+def tokens_per_second(results, name, batch) -> float:
+    return batch / statistics.median(results[(name, batch)]) * 1e3
+
+
+def family(task: str) -> str:
+    """The operator family of a task name ("attention_3_chunk" ->
+    "attention_chunk")."""
+    return re.sub(r"_\d+", "", task)
+
+
+def trace_step(engine: ETC, batch: int, prompt: int, steps: int, schedule: str) -> None:
+    """Compiles the step graph again with trace=True, runs `steps` decode
+    steps and prints where the workers' time goes, per operator family."""
+    model = engine.model
+    kernel = etc.compile(model.graph, target="cpu", schedule=schedule, workers=engine.workers,
+                         trace=True)
     rng = np.random.default_rng(batch)
-    cache = model.new_cache(batch, prompt + repeats + 2)
+    cache = model.new_cache(batch, prompt + steps + 2)
     requests = [models.Request(r, 0, rng.integers(0, model.config.vocab_size, prompt).tolist())
                 for r in range(batch)]
-    _, next_ids = model.step(cache, requests)
-    position = [prompt]
+    _, next_ids = kernel.run(**model.step_inputs(cache, requests))
+    busy: dict = {}
+    spans, tiles = [], []
+    for step in range(steps):
+        requests = [models.Request(r, prompt + step, [int(next_ids[r])]) for r in range(batch)]
+        _, next_ids = kernel.run(**model.step_inputs(cache, requests))
+        events = kernel.runtime.trace.events
+        spans.append(max(e.end for e in events) - min(e.start for e in events))
+        tiles.append(len(events))
+        for e in events:
+            busy[family(e.task)] = busy.get(family(e.task), 0) + e.duration
+    span = statistics.median(spans) / 1e3
+    total = sum(busy.values()) / steps / 1e3
+    print(f"\ntrace of a decode step at B = {batch} ({engine.workers} workers, median of {steps} "
+          f"steps): {span:.0f} us from the first tile's start to the last tile's end, "
+          f"{tiles[0]} tile tasks; workers busy {total:.0f} us of "
+          f"{span * engine.workers:.0f} us\n")
+    print("| operator family | us per step (all workers) | share of busy time |")
+    print("|---|---:|---:|")
+    for name, ns in sorted(busy.items(), key=lambda item: -item[1]):
+        print(f"| {name} | {ns / steps / 1e3:.0f} | {ns / sum(busy.values()):.1%} |")
 
-    def decode():
-        nonlocal next_ids
-        _, next_ids = model.step(cache, [models.Request(r, position[0], [int(next_ids[r])])
-                                         for r in range(batch)])
-        position[0] += 1
-    return median_ms(decode, repeats)
 
-
-def transformers_decode_ms(path: Path, batch: int, prompt: int, repeats: int, threads: int):
-    try:
-        import torch
-        import transformers
-    except ImportError as error:
-        return None, f"not installed ({error.name})"
-    torch.set_num_threads(threads)
-    transformers.logging.set_verbosity_error()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.eval()
-    rng = np.random.default_rng(batch)
-    ids = torch.tensor(rng.integers(0, model.config.vocab_size, (batch, prompt)))
-    with torch.no_grad():
-        out = model(ids, use_cache=True)
-        past = out.past_key_values
-        next_ids = out.logits[:, -1].argmax(-1, keepdim=True)
-
-        def decode():
-            nonlocal past, next_ids
-            step = model(next_ids, past_key_values=past, use_cache=True)
-            past = step.past_key_values
-            next_ids = step.logits[:, -1].argmax(-1, keepdim=True)
-        return median_ms(decode, repeats), f"transformers {transformers.__version__}"
+def load_average() -> str:
+    """The load average and the memory bandwidth a NumPy sum of 256 MB
+    reaches now: a decode step at B = 1 reads every weight once, so its
+    floor is bytes per token over this bandwidth."""
+    data = np.ones(64 * 2**20, np.float32)
+    data.sum()
+    start = time.perf_counter()
+    for _ in range(3):
+        data.sum()
+    bandwidth = 3 * data.nbytes / (time.perf_counter() - start) / 1e9
+    return ("load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+            + f"; NumPy read bandwidth {bandwidth:.1f} GB/s")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="small", choices=sorted(MODELS))
+    parser.add_argument("--dtype", default="f32", choices=("f32", "bf16", "f16"))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--schedule", default="auto", choices=("auto", "static", "dynamic"))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--prompt", type=int, default=32, help="prompt tokens per request")
-    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--steps", type=int, default=16, help="timed decode steps per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rest", type=float, default=0.5,
+                        help="seconds between engines' measurements")
     parser.add_argument("--checkpoint", type=Path, default=None)
-    parser.add_argument("--torch-threads", type=int, default=None,
-                        help="PyTorch's threads (default: --workers)")
+    parser.add_argument("--peer", action="append", default=[],
+                        choices=("llama.cpp", "transformers"))
+    default_peer_python = ROOT / ".venv-peer" / "bin" / "python"
+    parser.add_argument("--peer-python", default=str(default_peer_python)
+                        if default_peer_python.exists() else sys.executable)
+    parser.add_argument("--contention", action="store_true",
+                        help="also measure beside a busy process, and ETC with one worker")
+    parser.add_argument("--verbose", action="store_true", help="show the peers' logs")
+    parser.add_argument("--trace", action="store_true",
+                        help="print where a decode step's time goes, per operator family")
     args = parser.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, "
-          f"Python {platform.python_version()}; workers={args.workers}, "
-          f"schedule={args.schedule}, median of {args.repeats} steps")
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}; machine: {platform.machine()}, "
+          f"{os.cpu_count()} cores, {platform.platform()}, Python {platform.python_version()}; "
+          f"{load_average()}")
+    print(f"command: {' '.join(sys.argv)}")
     with tempfile.TemporaryDirectory() as tmp:
-        path = args.checkpoint or write_checkpoint(
-            Path(tmp) / "small", tiny_config("Qwen3ForCausalLM", **SMALL))
-        start = time.perf_counter()
-        model = models.load(path, workers=args.workers, schedule=args.schedule,
-                            max_seq_len=args.prompt + args.repeats + 8)
-        print(f"{model}: {model.num_parameters / 1e6:.1f} M parameters, compiled in "
-              f"{time.perf_counter() - start:.2f} s\n")
-        print("| B | ETC ms/step | ETC tokens/s | transformers ms/step | transformers tokens/s "
-              "| ETC speed-up |")
-        print("|---:|---:|---:|---:|---:|---:|")
-        note = ""
+        path = args.checkpoint
+        if path is None:
+            architecture, shape = MODELS[args.model]
+            path = write_checkpoint(Path(tmp) / args.model, tiny_config(architecture, **shape),
+                                    dtype="BF16" if args.dtype == "bf16" else "F32")
+        max_seq_len = args.prompt + args.steps + 8
+        etc_engine = ETC(path, args.workers, args.schedule, args.dtype, max_seq_len)
+        weight_bytes = sum(w.nbytes for w in etc_engine.model._weights.values())
+        print(f"{etc_engine.model}: {etc_engine.model.num_parameters / 1e6:.1f} M parameters "
+              f"({weight_bytes / 1e6:.0f} MB read per decode step at B = 1), "
+              f"{args.workers} workers, compiled in {etc_engine.compile_seconds:.1f} s")
+        if args.trace:
+            trace_step(etc_engine, args.batches[0], args.prompt, args.steps, args.schedule)
+        engines = [etc_engine]
+        single = None
+        if args.contention and args.workers > 1:
+            single = ETC(path, 1, args.schedule, args.dtype, max_seq_len)
+            single.name = "ETC 1 worker"
+            engines.append(single)
+        peers = [Peer(p, args.peer_python, path, args.workers, args.verbose) for p in args.peer]
+        engines += peers
+        for peer in peers:
+            print(f"{peer.name}: {peer.version}, {args.workers} threads")
+        try:
+            conditions = [("alone", None)]
+            if args.contention:
+                conditions.append(("busy", BUSY))
+            results = {}
+            for condition, program in conditions:
+                busy = subprocess.Popen([sys.executable, "-c", program]) if program else None
+                try:
+                    if busy:
+                        time.sleep(1.0)
+                    print(f"\n{condition}: {load_average()}", flush=True)
+                    results[condition] = measure(engines, args.batches, args.prompt,
+                                                 args.steps, args.rounds, args.rest)
+                finally:
+                    if busy:
+                        busy.kill()
+                        busy.wait()
+        finally:
+            for peer in peers:
+                peer.close()
+    print()
+    names = [e.name for e in engines]
+    header = " | ".join(f"{n} tok/s" for n in names)
+    ratios = " | ".join(f"ETC / {p.name}" for p in peers)
+    for condition, result in results.items():
+        print(f"{condition}:\n")
+        print(f"| B | {header} |{' ' + ratios + ' |' if ratios else ''}")
+        print("|---:|" + "---:|" * (len(names) + len(peers)))
         for batch in args.batches:
-            etc_ms = etc_decode_ms(model, batch, args.prompt, args.repeats)
-            hf_ms, note = transformers_decode_ms(path, batch, args.prompt, args.repeats,
-                                                 args.torch_threads or args.workers)
-            hf_cells = (f"{hf_ms:.2f} | {batch / hf_ms * 1e3:.0f} | {hf_ms / etc_ms:.2f}x"
-                        if hf_ms else "n/a | n/a | n/a")
-            print(f"| {batch} | {etc_ms:.2f} | {batch / etc_ms * 1e3:.0f} | {hf_cells} |",
-                  flush=True)
-        print(f"\ntransformers: {note}")
+            speeds = {n: tokens_per_second(result, n, batch) for n in names}
+            cells = " | ".join(f"{speeds[n]:.1f}" for n in names)
+            versus = " | ".join(f"{speeds['ETC'] / speeds[p.name]:.2f}" for p in peers)
+            print(f"| {batch} | {cells} |{' ' + versus + ' |' if versus else ''}")
+        print()
+    if args.contention:
+        print("beside a busy process / alone (same engine):\n")
+        print("| B | " + " | ".join(names) + " | ETC busy / ETC 1 worker busy |")
+        print("|---:|" + "---:|" * (len(names) + 1))
+        for batch in args.batches:
+            alone = {n: tokens_per_second(results["alone"], n, batch) for n in names}
+            busy = {n: tokens_per_second(results["busy"], n, batch) for n in names}
+            cells = " | ".join(f"{busy[n] / alone[n]:.2f}" for n in names)
+            one = f"{busy['ETC'] / busy['ETC 1 worker']:.2f}" if single else "n/a"
+            print(f"| {batch} | {cells} | {one} |")
 
 
 if __name__ == "__main__":

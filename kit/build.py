@@ -40,8 +40,9 @@ MAX_BYTES = 32 << 20
 #: The etc modules that need no MLIR (the runtime and the NumPy reference).
 RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "reference.py", "reference_llm.py",
                  "runtime/__init__.py", "runtime/abi.py", "runtime/artifact.py",
-                 "runtime/cpu.py", "runtime/cuda.py", "runtime/layout.py", "runtime/trace.py",
-                 "runtime/workers.py")
+                 "runtime/cpu.py", "runtime/cuda.py", "runtime/isa.py", "runtime/layout.py",
+                 "runtime/probes.py",
+                 "runtime/ranges.py", "runtime/trace.py", "runtime/workers.py")
 SCHEDULES = ("static", "dynamic", "auto")
 #: The benchmark variant compiled without the weight prefetch (issue #11).
 NO_PREFETCH = "static, no prefetch"

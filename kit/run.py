@@ -6,21 +6,35 @@ the decode baseline, optional). No MLIR: the kernels are saved artifacts
 (artifacts/*.etc, listed in manifest.json) and etc/ holds only ETC's runtime
 and its NumPy reference. Without a GPU it says so and exits 0.
 
+Every piece of work runs in a child process of its own, so that a kernel
+that faults (a sticky CUDA error ends its process's context) fails that
+piece only: each check family, each broken watchdog artifact, each
+compute-sanitizer tool, the probe and each benchmark section. The report
+(--out) is appended and flushed after every section, so a command stopped
+at its time limit keeps what it finished.
+
 What it does, in order (docs/gpu.md):
+  0. with --probe: answers what the static schedule assumes of the hardware
+     (which SM each worker CTA lands on and how many are resident at once),
+     whether a cooperative launch can be captured in a CUDA graph, and the
+     resolution of %globaltimer;
   1. checks every artifact that this GPU can run at each size of its recipe,
      --runs times with fresh inputs and outputs poisoned (0xFF bytes, NaN)
-     before each run, against the NumPy reference: an error that appears in
-     some runs only is a race;
-  2. runs the deliberately broken artifacts (a notify missing) in a child
-     process and expects the watchdog's error within its timeout, not a hang;
+     before each run, against the NumPy reference (an error that appears in
+     some runs only is a race), and reports each worker kernel's registers,
+     local (spill) bytes, shared memory and CTAs per SM;
+  2. runs the deliberately broken artifacts (a notify missing) and expects
+     the watchdog's error within its timeout, not a hang;
   3. runs compute-sanitizer (memcheck, racecheck, synccheck) on one small
      artifact, when the tool exists;
-  4. prints Markdown tables of benchmarks (CUDA events, medians after
-     warm-up): device-to-device copy bandwidth, notify->wake latency, per-task
-     overhead, bf16 GEMV in GB/s, the MLP block and a decode step against
-     PyTorch eager and CUDA graphs (with a static variant built without the
-     weight prefetch, for its effect), a 4096^3 bf16 GEMM against PyTorch,
-     and the x·Wᵀ kernels with symbolic rows at prefill sizes.
+  4. prints Markdown tables of benchmarks in GPU time (CUDA events around
+     GPU work only: a spin kernel keeps the GPU busy while the host queues
+     each timed run; "cold" runs follow an L2 flush): device-to-device copy
+     bandwidth, notify->wake latency, per-task overhead, bf16 GEMV in GB/s,
+     one line per tile kernel, the MLP block and a decode step against
+     PyTorch eager and CUDA graphs (ETC also as a CUDA graph where the
+     driver can capture it), a bf16 GEMM and the x·Wᵀ kernels at prefill
+     sizes.
 
 Exit status: 0 when every check passed (or there is no GPU), 1 otherwise.
 """
@@ -36,6 +50,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -56,6 +71,7 @@ import etc.runtime  # noqa: E402
 import families  # noqa: E402
 from etc.reference import round_bf16  # noqa: E402
 from etc.runtime import WatchdogError  # noqa: E402
+from etc.runtime.cpu import _STORAGE as STORAGE  # noqa: E402
 from etc.runtime.cuda import EventTimer as Timer  # noqa: E402
 
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
@@ -71,6 +87,26 @@ def log(*parts) -> None:
     print(*parts, flush=True)
 
 
+class Report:
+    """The Markdown report: printed, and appended to `path` (if any) and
+    flushed to disk section by section."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.failed = 0
+        if path is not None:
+            path.write_text("")
+
+    def add(self, lines: list[str]) -> None:
+        text = "\n".join(lines) + "\n"
+        log(text)
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+
+
 # ---------------------------------------------------------------------------
 # The device
 # ---------------------------------------------------------------------------
@@ -83,21 +119,20 @@ class Device:
 
         self.check = _check
         self.driver = d = _driver()
-        device = _check(d, "cuDeviceGet", d.cuDeviceGet(0))
-        attr = d.CUdevice_attribute
-
-        def attribute(name):
-            return int(_check(d, "cuDeviceGetAttribute",
-                              d.cuDeviceGetAttribute(getattr(attr, name), device)))
-
-        self.cc = (attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
-                   attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
-        self.sms = attribute("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
+        self.handle = device = _check(d, "cuDeviceGet", d.cuDeviceGet(0))
+        self.cc = (self.attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
+                   self.attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
+        self.sms = self.attribute("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
         name = _check(d, "cuDeviceGetName", d.cuDeviceGetName(256, device))
         self.name = name.split(b"\0")[0].decode()
         self.driver_version = int(_check(d, "cuDriverGetVersion", d.cuDriverGetVersion()))
         context = _check(d, "cuDevicePrimaryCtxRetain", d.cuDevicePrimaryCtxRetain(device))
         _check(d, "cuCtxSetCurrent", d.cuCtxSetCurrent(context))
+
+    def attribute(self, name: str) -> int:
+        d = self.driver
+        return int(self.check(d, "cuDeviceGetAttribute", d.cuDeviceGetAttribute(
+            getattr(d.CUdevice_attribute, name), self.handle)))
 
     def runs(self, chip: str) -> bool:
         """Whether PTX for `chip` runs here: sm_XY needs compute capability
@@ -124,6 +159,41 @@ class Device:
 
 
 # ---------------------------------------------------------------------------
+# Child processes
+# ---------------------------------------------------------------------------
+
+def run_child(arguments: list[str], timeout: float, env=None) -> tuple[dict | None, str]:
+    """Runs this script with `arguments` in a child process that writes its
+    result as JSON; returns (result or None, the child's output). A child
+    that crashes, faults or hangs (killed at `timeout` seconds) returns
+    None with what it printed."""
+    handle, path = tempfile.mkstemp(prefix="etc-kit-", suffix=".json")
+    os.close(handle)
+    try:
+        try:
+            child = subprocess.run([sys.executable, __file__, *arguments, "--result", path],
+                                   capture_output=True, text=True, timeout=timeout, env=env)
+            text = (child.stdout + child.stderr).strip()
+            status = f"exit status {child.returncode}"
+        except subprocess.TimeoutExpired as expired:
+            text = ((expired.stdout or b"").decode(errors="replace") if isinstance(
+                expired.stdout, bytes) else (expired.stdout or ""))
+            status = f"no answer in {timeout:.0f} s (killed)"
+        try:
+            with open(path) as f:
+                return json.load(f), text
+        except (OSError, ValueError):
+            return None, f"{status}; {text[-1500:]}"
+    finally:
+        os.unlink(path)
+
+
+def write_result(path: str, result) -> None:
+    with open(path, "w") as f:
+        json.dump(result, f)
+
+
+# ---------------------------------------------------------------------------
 # Artifacts
 # ---------------------------------------------------------------------------
 
@@ -142,7 +212,22 @@ def symbol_of(kernel) -> str:
     return next(a.name for a in kernel.arguments if a.kind == "symbol")
 
 
-def poisoned_run(kernel, inputs: dict, device: Device | None) -> list:
+def plant_misaligned(launch) -> str:
+    """Moves the first staged input of `launch` 4 bytes off its 16-byte
+    alignment behind the runtime's back (its own check refuses such
+    arrays): what a kernel bug would do. The next launch faults with a
+    sticky CUDA_ERROR_MISALIGNED_ADDRESS, which ends the process's context."""
+    from etc.runtime.cuda import DeviceArray
+
+    for name, buffer in launch.buffers.items():
+        if any(buffer is staged for staged, _ in launch._copies):
+            launch.buffers[name] = DeviceArray(buffer.pointer + 4, buffer.shape, buffer.dtype)
+            launch.upload()
+            return name
+    raise RuntimeError("no staged input to misalign")
+
+
+def poisoned_run(kernel, inputs: dict, device: Device | None, plant: bool = False) -> list:
     """One run with every output (and, on the GPU, every intermediate)
     filled with 0xFF bytes first: NaN for floats, -1 for integers."""
     if device is None:
@@ -158,6 +243,8 @@ def poisoned_run(kernel, inputs: dict, device: Device | None) -> list:
     for arg in kernel.arguments:
         if arg.kind in ("output", "intermediate"):
             device.memset(launch.buffers[arg.name])
+    if plant:
+        plant_misaligned(launch)
     launch.enqueue()
     launch.check()
     return launch.outputs()
@@ -172,7 +259,21 @@ def inputs_shape(kernel, inputs: dict, arg) -> list[int]:
     return [symbols[d] if isinstance(d, str) else d for d in arg.shape]
 
 
-def check_artifact(entry: dict, runs: int, device: Device | None) -> dict:
+def resources(kernel, label: str) -> dict:
+    """What the driver says about `kernel`'s worker (after a run), and the
+    JIT's line about it (ptxas registers and spills)."""
+    row = {"artifact": label, **kernel.runtime.resources(), "workers": kernel.runtime.workers}
+    worker = f"{kernel.abi.name}_worker"
+    log_lines = kernel.runtime.jit_log.splitlines()
+    for i, line in enumerate(log_lines):
+        if worker in line and "Function properties" not in line:
+            row["jit"] = " ".join(part.split(":", 1)[-1].strip()
+                                  for part in log_lines[i:i + 2])
+            break
+    return row
+
+
+def check_artifact(entry: dict, runs: int, device: Device | None, plant: bool = False) -> dict:
     """Runs one artifact `runs` times at each size; returns a result row."""
     path = KIT / entry["path"]
     recipe = families.recipe_from_json(entry["recipe"])
@@ -185,7 +286,9 @@ def check_artifact(entry: dict, runs: int, device: Device | None) -> dict:
         for size in recipe.sizes:
             for run in range(runs):
                 inputs = families.make_inputs(kernel.arguments, {symbol: size}, recipe, rng)
-                outputs = poisoned_run(kernel, inputs, device)
+                outputs = poisoned_run(kernel, inputs, device, plant)
+                if device is not None and "resources" not in result:
+                    result["resources"] = resources(kernel, entry["path"])
                 expected = etc.reference.evaluate(kernel, **inputs)
                 for index, (got, want) in enumerate(zip(outputs, expected, strict=True)):
                     error = families.relative_error(got, want)
@@ -201,34 +304,86 @@ def check_artifact(entry: dict, runs: int, device: Device | None) -> dict:
     return result
 
 
-def run_checks(manifest: dict, args, device: Device | None) -> list[dict]:
+def family_child(name: str, args, device: Device | None) -> dict:
+    """In a child process: every runnable check artifact of family `name`."""
+    manifest = load_manifest()
+    entries = [e for e in manifest["artifacts"] if e["kind"] == "check"
+               and e["family"] == name and runnable(e, device)]
+    return {"results": [check_artifact(e, args.runs, device, args.plant_misaligned == name)
+                        for e in entries]}
+
+
+def run_checks(manifest: dict, args, device: Device | None, report: Report) -> None:
     entries = [e for e in manifest["artifacts"] if e["kind"] == "check"
                and fnmatch.fnmatch(e["family"], args.only)]
     skipped = [e["path"] for e in entries if not runnable(e, device)]
-    entries = [e for e in entries if runnable(e, device)]
-    log(f"## Checks: {len(entries)} artifacts x sizes x {args.runs} poisoned runs"
-        + (f" ({len(skipped)} skipped: their chip is not this GPU's)" if skipped else ""))
-    results = []
+    names = list(dict.fromkeys(e["family"] for e in entries if runnable(e, device)))
+    count = sum(1 for e in entries if runnable(e, device))
+    report.add([f"## Checks: {count} artifacts of {len(names)} families x sizes x {args.runs} "
+                "poisoned runs, a child process per family"
+                + (f" ({len(skipped)} skipped: their chip is not this GPU's)" if skipped else ""),
+                ""])
     deadline = time.perf_counter() + args.check_budget
-    for index, entry in enumerate(entries):
+    passed = total = 0
+    rows = []
+    for index, name in enumerate(names):
         if time.perf_counter() > deadline:
-            log(f"  the --check-budget of {args.check_budget:.0f} s is spent: "
-                f"{len(entries) - index} artifacts NOT checked")
-            results.append({"artifact": f"{len(entries) - index} artifacts", "checks": 0,
-                            "worst": 0.0, "seconds": 0.0,
-                            "failures": ["not checked: over the --check-budget"]})
+            report.add([f"- NOT CHECKED: families {', '.join(names[index:])} (the "
+                        f"--check-budget of {args.check_budget:.0f} s is spent)"])
+            report.failed += len(names) - index
             break
-        result = check_artifact(entry, args.runs, device)
-        status = "ok" if not result["failures"] else "FAILED"
-        log(f"  {status:6} {entry['path']}: {result['checks']} checks, worst relative error "
-            f"{result['worst']:.2g}, {result['seconds']:.1f} s")
-        for failure in result["failures"][:5]:
-            log(f"         {failure}")
-        if len(result["failures"]) > 1:
-            log(f"         ({len(result['failures'])} failing checks: an error in some runs only "
-                "is a race)" if len(result["failures"]) < result["checks"] else "")
-        results.append(result)
-    return results
+        start = time.perf_counter()
+        result, text = run_child(["--internal-family", name, *child_options(args)],
+                                 args.family_timeout)
+        lines = []
+        if result is None:
+            family_entries = [e for e in entries if e["family"] == name]
+            total += len(family_entries)
+            report.failed += 1
+            lines.append(f"- FAILED family {name} ({len(family_entries)} artifacts): the child "
+                         f"process died: {text}")
+        else:
+            for r in result["results"]:
+                total += 1
+                ok = not r["failures"]
+                passed += ok
+                report.failed += not ok
+                status = "ok" if ok else "FAILED"
+                lines.append(f"- {status} {r['artifact']}: {r['checks']} checks, worst relative "
+                             f"error {r['worst']:.2g}, {r['seconds']:.1f} s")
+                lines += [f"    - {failure}" for failure in r["failures"][:5]]
+                if 1 < len(r["failures"]) < r["checks"]:
+                    lines.append(f"    - ({len(r['failures'])} failing checks: an error in some "
+                                 "runs only is a race)")
+                if "resources" in r:
+                    rows.append(r["resources"])
+        lines.append(f"  ({name}: {time.perf_counter() - start:.1f} s)")
+        report.add(lines)
+    report.add(["", f"Checks: {passed}/{total} artifacts passed ({args.runs} poisoned runs per "
+                "size).", ""])
+    if rows:
+        report.add(resource_table(rows))
+
+
+def resource_table(rows: list[dict]) -> list[str]:
+    """The worker kernels' resources, one line per artifact."""
+    lines = ["### Worker kernels (driver JIT of the PTX)", "",
+             "| artifact | registers | local B | static shared B | dynamic shared B | lanes | "
+             "CTAs/SM | workers | JIT |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['artifact']} | {r['registers']} | {r['local_bytes']} | "
+                     f"{r['static_shared_bytes']} | {r['dynamic_shared_bytes']} | {r['lanes']} | "
+                     f"{r['ctas_per_sm']} | {r['workers']} | {r.get('jit', '')} |")
+    return lines + [""]
+
+
+def child_options(args) -> list[str]:
+    """The options a child process needs from this one's."""
+    options = ["--runs", str(args.runs), "--repeats", str(args.repeats),
+               "--copy-mib", str(args.copy_mib)]
+    if args.plant_misaligned:
+        options += ["--plant-misaligned", args.plant_misaligned]
+    return options
 
 
 def watchdog_child(path: str) -> int:
@@ -248,11 +403,12 @@ def watchdog_child(path: str) -> int:
     return 2
 
 
-def run_watchdog(manifest: dict, device: Device | None) -> list[dict]:
+def run_watchdog(manifest: dict, device: Device | None, report: Report) -> None:
     entries = [e for e in manifest["artifacts"] if e["kind"] == "watchdog" and
                runnable(e, device)]
-    log(f"## Watchdog: {len(entries)} broken artifacts must raise WatchdogError, not hang")
-    results = []
+    lines = [f"## Watchdog: {len(entries)} broken artifacts must raise WatchdogError, not hang",
+             ""]
+    good = 0
     for entry in entries:
         limit = 30 + 10 * entry["timeout_s"]
         start = time.perf_counter()
@@ -265,13 +421,16 @@ def run_watchdog(manifest: dict, device: Device | None) -> list[dict]:
             ok = child.returncode == 0 and "watchdog" in text
         except subprocess.TimeoutExpired:
             seconds, text, ok = limit, f"HUNG: no answer in {limit:.0f} s (killed)", False
-        log(f"  {'ok' if ok else 'FAILED':6} {entry['path']} ({seconds:.1f} s): "
-            f"{text.splitlines()[-1] if text else ''}")
-        results.append({"artifact": entry["path"], "ok": ok, "text": text})
-    return results
+        good += ok
+        report.failed += not ok
+        last = text.splitlines()[-1] if text else ""
+        lines.append(f"- {'ok' if ok else 'FAILED'} {entry['path']} ({seconds:.1f} s): "
+                     f"{last if ok else text[-300:]}")
+    lines += ["", f"Watchdog: {good}/{len(entries)} broken artifacts raised WatchdogError.", ""]
+    report.add(lines)
 
 
-def once_child(path: str, size: int) -> int:
+def once_child(path: str) -> int:
     """In a child process (under compute-sanitizer): one checked run."""
     entry = {"path": os.path.relpath(path, KIT), "recipe": json.loads(
         os.environ["ETC_KIT_RECIPE"])}
@@ -280,20 +439,20 @@ def once_child(path: str, size: int) -> int:
     return 0 if not result["failures"] else 1
 
 
-def run_sanitizer(manifest: dict, device: Device) -> list[str]:
+def run_sanitizer(manifest: dict, device: Device, report: Report) -> None:
     tool = shutil.which("compute-sanitizer") or next(
         (str(p) for p in (Path("/usr/local/cuda/bin/compute-sanitizer"),) if p.exists()), None)
     if tool is None:
-        log("## compute-sanitizer: not found on PATH or in /usr/local/cuda/bin; skipped")
-        return []
+        report.add(["## compute-sanitizer: not found on PATH or in /usr/local/cuda/bin; "
+                    "skipped", ""])
+        return
     entry = next((e for e in manifest["artifacts"] if e["kind"] == "check"
                   and e["family"] == SANITIZER_FAMILY and e["requested_schedule"] == "static"
                   and runnable(e, device)), None)
     if entry is None:
-        log("## compute-sanitizer: no runnable artifact; skipped")
-        return []
-    log(f"## compute-sanitizer on {entry['path']}")
-    lines = []
+        report.add(["## compute-sanitizer: no runnable artifact; skipped", ""])
+        return
+    lines = [f"## compute-sanitizer on {entry['path']}", ""]
     env = dict(os.environ, ETC_KIT_RECIPE=json.dumps(entry["recipe"]))
     for name in SANITIZER_TOOLS:
         start = time.perf_counter()
@@ -308,15 +467,180 @@ def run_sanitizer(manifest: dict, device: Device) -> list[str]:
             detail = summary[-1].strip() if summary else (child.stdout + child.stderr)[-300:]
         except subprocess.TimeoutExpired:
             verdict, detail = "TIMEOUT", f"no answer in {SANITIZER_TIMEOUT} s"
-        line = f"{name}: {verdict}: {detail} ({time.perf_counter() - start:.0f} s)"
-        log("  " + line)
-        lines.append(line)
-    return lines
+        report.failed += verdict != "ok"
+        lines.append(f"- compute-sanitizer {name}: {verdict}: {detail} "
+                     f"({time.perf_counter() - start:.0f} s)")
+    report.add(lines + [""])
+
+
+# ---------------------------------------------------------------------------
+# The probe: what the static schedule assumes of the hardware
+# ---------------------------------------------------------------------------
+
+def probe_child(args, device: Device) -> dict:
+    """In a child process: the answers of the --probe section (see
+    `etc.runtime.probes`)."""
+    from etc.runtime import probes
+    from etc.runtime.cuda import _check, _Parameters, load_module
+
+    d = device.driver
+    module, _ = load_module(d, probes.PTX)
+
+    def function(name: str):
+        return _check(d, "cuModuleGetFunction", d.cuModuleGetFunction(module, name.encode()))
+
+    def alloc(nbytes: int) -> int:
+        pointer = _check(d, "cuMemAlloc", d.cuMemAlloc(nbytes))
+        _check(d, "cuMemsetD8", d.cuMemsetD8(pointer, 0, nbytes))
+        return pointer
+
+    def read(pointer: int, count: int) -> np.ndarray:
+        host = np.zeros(count, np.uint64)
+        _check(d, "cuMemcpyDtoH", d.cuMemcpyDtoH(host.ctypes.data, pointer, host.nbytes))
+        return host
+
+    lines = []
+    manifest = load_manifest()
+    chip = best_chip(manifest, device)
+    entry = next((e for e in manifest["artifacts"] if e["kind"] == "check" and
+                  e["schedule"] == "static" and e["chip"] == chip), None)
+    kernel = etc.runtime.load(KIT / entry["path"])
+    per_sm, lanes = kernel.runtime.ctas_per_sm, kernel.runtime.lanes
+    probe_sm = function("etc_probe_sm")
+
+    def occupancy(shared: int) -> int:
+        return int(_check(d, "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                          d.cuOccupancyMaxActiveBlocksPerMultiprocessor(probe_sm, lanes, shared)))
+
+    # Dynamic shared memory that lets exactly as many probe CTAs share an
+    # SM as the worker's occupancy does (the smallest that is not more).
+    limit = device.attribute("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
+    shared = 0
+    if occupancy(0) > per_sm:
+        low, high = 0, limit
+        while high - low > 256:
+            middle = (low + high) // 2
+            low, high = (middle, high) if occupancy(middle) > per_sm else (low, middle)
+        shared = high
+        if shared > 48 << 10:
+            _check(d, "cuFuncSetAttribute", d.cuFuncSetAttribute(
+                probe_sm, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared))
+    grid = device.sms * per_sm
+    spin_ns = 200_000
+    out = alloc(32 * grid)
+    parameters = _Parameters([out, spin_ns])
+    lines += [f"Worker of {entry['path']}: {lanes} threads, {per_sm} CTAs per SM by the "
+              f"occupancy calculator; the probe kernel ran {grid} CTAs ({device.sms} SMs x "
+              f"{per_sm}) cooperatively with {shared} bytes of dynamic shared memory "
+              f"(occupancy {occupancy(shared)}), each spinning {spin_ns // 1000} us.", ""]
+    error = d.cuLaunchCooperativeKernel(probe_sm, grid, 1, 1, lanes, 1, 1, shared, 0,
+                                        parameters.pointer_array())[0]
+    if error != d.CUresult.CUDA_SUCCESS:
+        from etc.runtime.cuda import _error_name
+
+        lines.append(f"- The cooperative launch was refused: {_error_name(d, error)}")
+    else:
+        _check(d, "cuCtxSynchronize", d.cuCtxSynchronize())
+        records = read(out, 4 * grid).reshape(grid, 4)
+        sm, start, end = records[:, 0], records[:, 1], records[:, 2]
+        first = sm[:device.sms]
+        per = np.bincount(sm.astype(np.int64), minlength=device.sms)
+        used = per[per > 0]
+        lines += [
+            f"- CTAs 0..{device.sms - 1} land on {len(set(first.tolist()))} distinct SMs "
+            f"(of {device.sms}): {'yes' if len(set(first.tolist())) == device.sms else 'NO'}, "
+            "distinct SMs as the static schedule assumes.",
+            f"- All {grid} CTAs: {len(used)} SMs used, {int(used.min())} to {int(used.max())} "
+            f"CTAs per SM (expected {per_sm} each): "
+            f"{'yes' if used.min() == used.max() == per_sm else 'NO'}.",
+            f"- Resident at once (every CTA started before any finished): "
+            f"{'yes' if start.max() < end.min() else 'NO'} (starts spread over "
+            f"{(start.max() - start.min()) / 1000:.1f} us).",
+            f"- SM of CTA b for b = 0..15: {sm[:16].astype(int).tolist()}; CTA b on SM "
+            f"b mod {device.sms}: {'yes' if np.all(sm == np.arange(grid) % device.sms) else 'no'}"
+            f"; %nsmid {int(records[0, 3])}."]
+    # A cooperative launch captured in a CUDA graph, then replayed.
+    _check(d, "cuMemsetD8", d.cuMemsetD8(out, 0, 32 * grid))
+    stream = _check(d, "cuStreamCreate", d.cuStreamCreate(0))
+    step = "cuStreamBeginCapture"
+    try:
+        _check(d, step, d.cuStreamBeginCapture(
+            stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+        step = "cuLaunchCooperativeKernel (captured)"
+        launched = d.cuLaunchCooperativeKernel(probe_sm, grid, 1, 1, lanes, 1, 1, shared,
+                                               stream, parameters.pointer_array())
+        graph = d.cuStreamEndCapture(stream)
+        _check(d, step, launched)
+        step = "cuStreamEndCapture"
+        graph = _check(d, step, graph)
+        step = "cuGraphInstantiate"
+        executable = _check(d, step, d.cuGraphInstantiate(graph, 0))
+        step = "cuGraphLaunch"
+        _check(d, step, d.cuGraphLaunch(executable, stream))
+        _check(d, "cuStreamSynchronize", d.cuStreamSynchronize(stream))
+        ran = int(np.count_nonzero(read(out, 4 * grid).reshape(grid, 4)[:, 1]))
+        lines.append(f"- A cooperative launch captured in a CUDA graph: captured, instantiated "
+                     f"and replayed; {ran}/{grid} CTAs ran: "
+                     f"{'yes' if ran == grid else 'NO'}.")
+    except RuntimeError as failure:
+        lines.append(f"- A cooperative launch captured in a CUDA graph: NO, {step} failed: "
+                     f"{failure}")
+    # %globaltimer: consecutive reads on one thread.
+    reads = 4096
+    times = alloc(8 * reads)
+    timer_parameters = _Parameters([times, reads])
+    _check(d, "cuLaunchKernel(etc_probe_timer)", d.cuLaunchKernel(
+        function("etc_probe_timer"), 1, 1, 1, 1, 1, 1, 0, 0,
+        timer_parameters.pointer_array(), 0))
+    _check(d, "cuCtxSynchronize", d.cuCtxSynchronize())
+    deltas = np.diff(read(times, reads).astype(np.int64))
+    steps = deltas[deltas > 0]
+    if len(steps):
+        lines.append(f"- %globaltimer over {reads} consecutive reads: it advanced "
+                     f"{len(steps)} times, by {int(steps.min())} ns at least and "
+                     f"{int(np.median(steps))} ns typically (median); "
+                     f"{int((deltas == 0).sum())} reads saw no change: a resolution of about "
+                     f"{int(np.median(steps))} ns.")
+    else:
+        lines.append(f"- %globaltimer did not advance over {reads} reads.")
+    return {"lines": lines}
+
+
+def run_probe(args, report: Report) -> None:
+    result, text = run_child(["--internal-probe", *child_options(args)], args.section_timeout)
+    if result is None:
+        report.failed += 1
+        report.add(["## Probe", "", f"FAILED: the probe's child process died: {text}", ""])
+        return
+    report.add(["## Probe: what the static schedule assumes", "", *result["lines"], ""])
 
 
 # ---------------------------------------------------------------------------
 # Benchmarks
 # ---------------------------------------------------------------------------
+
+class Bench:
+    """What a benchmark section works with (in its child process)."""
+
+    def __init__(self, manifest, device: Device, args):
+        self.manifest, self.device, self.args = manifest, device, args
+        self.torch = torch_or_none()
+        self.timer = Timer(device.driver, args.repeats)
+        self.copy_gbs = args.copy_gbs
+        self.resources: list[dict] = []
+
+    def entries(self, kind, **match):
+        return bench_entries(self.manifest, self.device, kind, **match)
+
+    def note(self, kernel, label: str) -> None:
+        """Records `kernel`'s worker resources (after it has run) once."""
+        if not any(r["artifact"] == label for r in self.resources):
+            self.resources.append(resources(kernel, label))
+
+    def torch_ms(self, fn, graph: bool = False, repeats: int | None = None) -> float:
+        return torch_time(self.torch, self.timer, fn, repeats or self.timer.repeats, graph)
+
 
 def bench_entries(manifest, device, kind, **match):
     return [e for e in manifest["artifacts"] if e["kind"] == kind and runnable(e, device)
@@ -330,21 +654,6 @@ def best_chip(manifest: dict, device: Device) -> str:
     return next((c for c in chips if c.endswith("a")), chips[-1] if chips else "")
 
 
-def copy_bandwidth(device: Device, timer, nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy, GB/s counting bytes read and written."""
-    d, check = device.driver, device.check
-    src = check(d, "cuMemAlloc", d.cuMemAlloc(nbytes))
-    dst = check(d, "cuMemAlloc", d.cuMemAlloc(nbytes))
-    check(d, "cuMemsetD8", d.cuMemsetD8(src, 1, nbytes))
-    try:
-        ms = timer(lambda s: check(d, "cuMemcpyDtoDAsync", d.cuMemcpyDtoDAsync(dst, src, nbytes,
-                                                                                s)))
-    finally:
-        check(d, "cuMemFree", d.cuMemFree(src))
-        check(d, "cuMemFree", d.cuMemFree(dst))
-    return 2 * nbytes / ms / 1e6
-
-
 def torch_or_none():
     try:
         import torch
@@ -353,9 +662,11 @@ def torch_or_none():
     return torch if torch.cuda.is_available() else None
 
 
-def torch_time(torch, fn, repeats: int, graph: bool = False) -> float:
-    """Median ms of `fn` with torch CUDA events (`graph`: captured once as a
-    CUDA graph and replayed)."""
+def torch_time(torch, timer, fn, repeats: int, graph: bool = False) -> float:
+    """Median GPU ms of `fn` (`graph`: captured once as a CUDA graph and
+    replayed) between torch CUDA events, each timed run queued behind the
+    timer's spin kernel, so that the window holds GPU work only (PyTorch
+    eager's host time is not in it)."""
     if graph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -370,15 +681,35 @@ def torch_time(torch, fn, repeats: int, graph: bool = False) -> float:
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    began = time.perf_counter()
+    start.record()
+    fn()
+    end.record()
+    host_ns = (time.perf_counter() - began) * 1e9
+    torch.cuda.synchronize()
+    spin = int(min(max(4 * host_ns, Timer.MIN_SPIN_NS), Timer.MAX_SPIN_NS))
     times = []
     for _ in range(repeats):
+        timer.spin(stream.cuda_stream, spin)
         start.record()
         fn()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def etc_graph_ms(b: Bench, launch) -> tuple[float | None, str]:
+    """GPU ms of `launch` captured as a CUDA graph, or None and why not."""
+    try:
+        replay = b.timer.graph(launch.enqueue)
+        replay(b.timer.stream)
+        launch.check(b.timer.stream)
+    except RuntimeError as error:
+        return None, f"ETC as a CUDA graph: capture failed: {error}"
+    return b.timer(replay), ""
 
 
 def verified(launch, expected, tolerance: float, what: str) -> None:
@@ -391,14 +722,33 @@ def verified(launch, expected, tolerance: float, what: str) -> None:
         raise RuntimeError(f"{what}: relative error {error:.3g} > {tolerance:g} before timing")
 
 
-def bench_latency(manifest, device, timer) -> list[str]:
+def bench_copy(b: Bench) -> list[str]:
+    """Device-to-device copy, GB/s counting bytes read and written."""
+    d, check = b.device.driver, b.device.check
+    nbytes = b.args.copy_mib << 20
+    src = check(d, "cuMemAlloc", d.cuMemAlloc(nbytes))
+    dst = check(d, "cuMemAlloc", d.cuMemAlloc(nbytes))
+    check(d, "cuMemsetD8", d.cuMemsetD8(src, 1, nbytes))
+    try:
+        ms = b.timer(lambda s: check(d, "cuMemcpyDtoDAsync", d.cuMemcpyDtoDAsync(dst, src, nbytes,
+                                                                                  s)))
+    finally:
+        check(d, "cuMemFree", d.cuMemFree(src))
+        check(d, "cuMemFree", d.cuMemFree(dst))
+    b.copy_gbs = 2 * nbytes / ms / 1e6
+    return [f"Device-to-device copy ({b.args.copy_mib} MiB, bytes read + written): "
+            f"**{b.copy_gbs:.0f} GB/s**"]
+
+
+def bench_latency(b: Bench) -> list[str]:
     rows = ["| chain length K | worker CTAs | megakernel µs | per hop µs |",
             "|---:|---:|---:|---:|"]
     base = None
-    for entry in sorted(bench_entries(manifest, device, "latency"), key=lambda e: e["length"]):
+    for entry in sorted(b.entries("latency"), key=lambda e: e["length"]):
         kernel = etc.runtime.load(KIT / entry["path"])
         launch = kernel.runtime.bind({"x": np.ones((1, 96), np.float32)})
-        ms = timer(launch.enqueue)
+        ms = b.timer(launch.enqueue)
+        b.note(kernel, entry["path"])
         k = entry["length"]
         hop = "—" if base is None else f"{(ms - base[1]) * 1000 / (k - base[0]):.2f}"
         base = base or (k, ms)
@@ -406,28 +756,33 @@ def bench_latency(manifest, device, timer) -> list[str]:
     return rows
 
 
-def bench_overhead(manifest, device, timer, tasks=(1024, 16384)) -> list[str]:
+def bench_overhead(b: Bench, tasks=(1024, 16384)) -> list[str]:
     rows = ["| tasks | static µs | static ns/task | dynamic µs | dynamic ns/task |",
             "|---:|---:|---:|---:|---:|"]
-    kernels = {e["schedule"]: etc.runtime.load(KIT / e["path"])
-               for e in bench_entries(manifest, device, "overhead")}
+    kernels = {e["schedule"]: (etc.runtime.load(KIT / e["path"]), e["path"])
+               for e in b.entries("overhead")}
     for n in tasks:
         cells = [str(n)]
         x = np.ones((n, 96), np.float32)
         for schedule in ("static", "dynamic"):
-            launch = kernels[schedule].runtime.bind({"x": x})
+            kernel, path = kernels[schedule]
+            launch = kernel.runtime.bind({"x": x})
             verified(launch, 2 * x, 1e-6, f"wide {schedule}")
-            ms = timer(launch.enqueue)
+            b.note(kernel, path)
+            ms = b.timer(launch.enqueue)
             cells += [f"{ms * 1000:.1f}", f"{ms * 1e6 / n:.0f}"]
         rows.append("| " + " | ".join(cells) + " |")
     return rows
 
 
-def bench_gemv(manifest, device, timer, copy_gbs, torch) -> list[str]:
-    rows = ["| y = x·W | W stored | B | ETC µs | ETC GB/s | % of copy | PyTorch µs | PyTorch GB/s |",
-            "|---|---|---:|---:|---:|---:|---:|---:|"]
+def bench_gemv(b: Bench) -> list[str]:
+    """Cold: the weights come from device memory (L2 flushed before each
+    run); hot: back-to-back runs, the weights partly in L2."""
+    torch = b.torch
+    rows = ["| y = x·W | W stored | B | ETC µs cold | ETC GB/s cold | % of copy | ETC µs hot | "
+            "PyTorch µs cold | PyTorch GB/s cold |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     rng = np.random.default_rng(0)
-    for entry in bench_entries(manifest, device, "gemv"):
+    for entry in b.entries("gemv"):
         k, n, transposed = entry["k"], entry["n"], entry.get("transposed", False)
         kernel = etc.runtime.load(KIT / entry["path"])
         w = round_bf16(rng.standard_normal((n, k) if transposed else (k, n), np.float32) * 0.02)
@@ -437,20 +792,49 @@ def bench_gemv(manifest, device, timer, copy_gbs, torch) -> list[str]:
             x = round_bf16(rng.standard_normal((batch, k), np.float32))
             launch = kernel.runtime.bind({"x": x, "w": w_device})
             verified(launch, x @ (w.T if transposed else w), 2e-2, f"{entry['path']} B={batch}")
-            ms = timer(launch.enqueue)
+            b.note(kernel, entry["path"])
+            cold = b.timer(launch.enqueue, cold=True)
+            hot = b.timer(launch.enqueue)
             nbytes = 2 * (k * n + batch * k + batch * n)
-            gbs = nbytes / ms / 1e6
+            gbs = nbytes / cold / 1e6
             cells = [f"K={k}, N={n}", "(N, K): x·Wᵀ" if transposed else "(K, N)", str(batch),
-                     f"{ms * 1000:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.0f}%"]
+                     f"{cold * 1000:.1f}", f"{gbs:.0f}", f"{100 * gbs / b.copy_gbs:.0f}%",
+                     f"{hot * 1000:.1f}"]
             if torch:
                 tx = torch.from_numpy(x).to("cuda", torch.bfloat16)
-                tms = torch_time(torch, (lambda: torch.nn.functional.linear(tx, tw)) if transposed
-                                 else (lambda: torch.matmul(tx, tw)), timer.repeats)
+                fn = ((lambda: torch.nn.functional.linear(tx, tw)) if transposed
+                      else (lambda: torch.matmul(tx, tw)))
+                tms = torch_time_cold(b, fn)
                 cells += [f"{tms * 1000:.1f}", f"{nbytes / tms / 1e6:.0f}"]
             else:
                 cells += ["n/a", "n/a"]
             rows.append("| " + " | ".join(cells) + " |")
     return rows
+
+
+def torch_time_cold(b: Bench, fn) -> float:
+    """`torch_time` with the L2 flushed before each timed run (the flush
+    queued on PyTorch's stream, before the start event)."""
+    torch = b.torch
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def flushed():
+        b.timer.flush(stream)
+        start.record()
+        fn()
+        end.record()
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(b.timer.repeats):
+        b.timer.spin(stream, Timer.MIN_SPIN_NS)
+        flushed()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def variants(entries) -> dict:
@@ -460,8 +844,9 @@ def variants(entries) -> dict:
     return dict(sorted(found.items(), key=lambda item: item[0] != "static"))
 
 
-def bench_mlp(manifest, device, timer, torch) -> list[str]:
-    entries = variants(bench_entries(manifest, device, "mlp"))
+def bench_mlp(b: Bench) -> list[str]:
+    torch = b.torch
+    entries = variants(b.entries("mlp"))
     if not entries:
         return []
     hidden, ffn = entries["static"]["hidden"], entries["static"]["ffn"]
@@ -473,8 +858,10 @@ def bench_mlp(manifest, device, timer, torch) -> list[str]:
     device_weights = {s: {name: k.runtime.device_array(etc.bfloat16.to_bits(w))
                           for name, w in weights.items()} for s, k in kernels.items()}
     rows = ["| B | " + " | ".join(f"ETC {v} µs" for v in entries)
-            + " | PyTorch eager µs | PyTorch CUDA graph µs | static vs graph |",
-            "|---:|" + "---:|" * (len(entries) + 3)]
+            + " | ETC static, CUDA graph µs | PyTorch eager µs | PyTorch CUDA graph µs | "
+              "static vs PyTorch graph |",
+            "|---:|" + "---:|" * (len(entries) + 4)]
+    notes = set()
     if torch:
         tw = {n: torch.from_numpy(w).to("cuda", torch.bfloat16) for n, w in weights.items()}
 
@@ -489,46 +876,53 @@ def bench_mlp(manifest, device, timer, torch) -> list[str]:
         expected = etc.reference.evaluate(kernels["static"], x=x, **weights)[0]
         cells = [str(batch)]
         times = {}
-        for schedule, kernel in kernels.items():
-            launch = kernel.runtime.bind({"x": x, **device_weights[schedule]})
-            verified(launch, expected, 3e-2, f"mlp {schedule} B={batch}")
-            times[schedule] = timer(launch.enqueue)
-            cells.append(f"{times[schedule] * 1000:.1f}")
+        for variant, kernel in kernels.items():
+            launch = kernel.runtime.bind({"x": x, **device_weights[variant]})
+            verified(launch, expected, 3e-2, f"mlp {variant} B={batch}")
+            b.note(kernel, entries[variant]["path"])
+            times[variant] = b.timer(launch.enqueue)
+            cells.append(f"{times[variant] * 1000:.1f}")
+            if variant == "static":
+                graph_ms, note = etc_graph_ms(b, launch)
+                notes.add(note)
+        cells.append(f"{graph_ms * 1000:.1f}" if graph_ms else "n/a")
         if torch:
             tx = torch.from_numpy(x).to("cuda", torch.bfloat16)
-            eager = torch_time(torch, lambda: torch_block(tx), timer.repeats)
-            graph = torch_time(torch, lambda: torch_block(tx), timer.repeats, graph=True)
+            eager = b.torch_ms(lambda: torch_block(tx))
+            graph = b.torch_ms(lambda: torch_block(tx), graph=True)
             cells += [f"{eager * 1000:.1f}", f"{graph * 1000:.1f}",
                       f"{times['static'] / graph:.2f}×"]
         else:
             cells += ["n/a", "n/a", "n/a"]
         rows.append("| " + " | ".join(cells) + " |")
-    return rows
+    return rows + [f"({note})" for note in sorted(notes) if note]
 
 
-def bench_gemm(manifest, device, timer, torch) -> list[str]:
+def bench_gemm(b: Bench) -> list[str]:
+    torch = b.torch
     rows = ["| M×N×K | ETC ms | ETC TFLOP/s | PyTorch ms | PyTorch TFLOP/s | ETC / PyTorch |",
             "|---|---:|---:|---:|---:|---:|"]
     rng = np.random.default_rng(2)
-    for entry in bench_entries(manifest, device, "gemm"):
+    for entry in b.entries("gemm"):
         size = entry["size"]
         kernel = etc.runtime.load(KIT / entry["path"])
         a = round_bf16(rng.standard_normal((size, size), np.float32))
-        b = round_bf16(rng.standard_normal((size, size), np.float32) * 0.02)
-        launch = kernel.runtime.bind({"a": a, "b": b})
+        w = round_bf16(rng.standard_normal((size, size), np.float32) * 0.02)
+        launch = kernel.runtime.bind({"a": a, "b": w})
         launch.enqueue()
         launch.check()
+        b.note(kernel, entry["path"])
         rows_checked = slice(0, 64)
-        error = families.relative_error(launch.outputs()[0][rows_checked], a[rows_checked] @ b)
+        error = families.relative_error(launch.outputs()[0][rows_checked], a[rows_checked] @ w)
         if not error <= 2e-2:
             raise RuntimeError(f"gemm {size}: relative error {error:.3g} before timing")
-        ms = timer.within(launch.enqueue)
+        ms = b.timer.within(launch.enqueue)
         flops = 2 * size ** 3
         cells = [f"{size}³", f"{ms:.2f}", f"{flops / ms / 1e9:.1f}"]
         if torch:
             ta = torch.from_numpy(a).to("cuda", torch.bfloat16)
-            tb = torch.from_numpy(b).to("cuda", torch.bfloat16)
-            tms = torch_time(torch, lambda: torch.matmul(ta, tb), 20)
+            tb = torch.from_numpy(w).to("cuda", torch.bfloat16)
+            tms = b.torch_ms(lambda: torch.matmul(ta, tb), repeats=20)
             cells += [f"{tms:.2f}", f"{flops / tms / 1e9:.1f}", f"{tms / ms:.3f}"]
         else:
             cells += ["n/a", "n/a", "n/a"]
@@ -540,15 +934,16 @@ def bench_gemm(manifest, device, timer, torch) -> list[str]:
 PREFILL_ROWS = (128, 512, 2048)
 
 
-def bench_prefill(manifest, device, timer, torch) -> list[str]:
+def bench_prefill(b: Bench) -> list[str]:
     """The x·Wᵀ GEMV artifacts (symbolic rows) at prefill sizes: each tile
     of 16 rows or more takes the tensor cores, on the column tiles chosen
     for decode (few, narrow: issue #11 leaves wider prefill tiles open);
     TFLOP/s next to PyTorch's linear."""
+    torch = b.torch
     rows = ["| M×N×K | ETC ms | ETC TFLOP/s | PyTorch ms | PyTorch TFLOP/s | ETC / PyTorch |",
             "|---|---:|---:|---:|---:|---:|"]
     rng = np.random.default_rng(3)
-    for entry in bench_entries(manifest, device, "gemv"):
+    for entry in b.entries("gemv"):
         if not entry.get("transposed"):
             continue
         k, n = entry["k"], entry["n"]
@@ -566,12 +961,12 @@ def bench_prefill(manifest, device, timer, torch) -> list[str]:
             if not error <= 2e-2:
                 raise RuntimeError(f"prefill {m}x{n}x{k}: relative error {error:.3g} "
                                    "before timing")
-            ms = timer.within(launch.enqueue)
+            ms = b.timer.within(launch.enqueue)
             flops = 2 * m * n * k
             cells = [f"{m}×{n}×{k}", f"{ms:.3f}", f"{flops / ms / 1e9:.1f}"]
             if torch:
                 tx = torch.from_numpy(x).to("cuda", torch.bfloat16)
-                tms = torch_time(torch, lambda: torch.nn.functional.linear(tx, tw), 20)
+                tms = b.torch_ms(lambda: torch.nn.functional.linear(tx, tw), repeats=20)
                 cells += [f"{tms:.3f}", f"{flops / tms / 1e9:.1f}", f"{tms / ms:.3f}"]
             else:
                 cells += ["n/a", "n/a", "n/a"]
@@ -579,13 +974,14 @@ def bench_prefill(manifest, device, timer, torch) -> list[str]:
     return rows
 
 
-def bench_roofline(manifest, device, timer, copy_gbs) -> list[str]:
+def bench_roofline(b: Bench) -> list[str]:
     """One line per CUDA tile kernel: bytes (inputs and outputs, each moved
-    once) and FLOPs over the time, next to the copy bandwidth."""
-    rows = ["| kernel | rows | µs | GB/s | % of copy | TFLOP/s |",
-            "|---|---:|---:|---:|---:|---:|"]
+    once) and FLOPs over the cold time (L2 flushed), next to the copy
+    bandwidth."""
+    rows = ["| kernel | rows | µs cold | GB/s | % of copy | TFLOP/s | µs hot |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
     sizes = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4}
-    for entry in bench_entries(manifest, device, "roofline"):
+    for entry in b.entries("roofline"):
         kernel = etc.runtime.load(KIT / entry["path"])
         symbols = {a.name: entry["size"] for a in kernel.arguments if a.kind == "symbol"}
         rng = np.random.default_rng(4)
@@ -594,16 +990,18 @@ def bench_roofline(manifest, device, timer, copy_gbs) -> list[str]:
         launch = kernel.runtime.bind(inputs)
         expected = etc.reference.evaluate(kernel, **inputs)[0]
         verified(launch, expected, 3e-2, entry["title"])
-        ms = timer.within(launch.enqueue)
+        b.note(kernel, entry["path"])
+        cold = b.timer.within(launch.enqueue, cold=True)
+        hot = b.timer.within(launch.enqueue)
         nbytes = 0
         for arg in kernel.arguments:
             if arg.kind in ("input", "output"):
                 shape = [entry["size"] if isinstance(d, str) else d for d in arg.shape]
                 nbytes += int(np.prod(shape)) * sizes[arg.dtype]
-        gbs = nbytes / ms / 1e6
-        tflops = f"{entry['flops'] / ms / 1e9:.2f}" if entry.get("flops") else "—"
-        rows.append(f"| {entry['title']} | {entry['size']} | {ms * 1000:.1f} | {gbs:.0f} | "
-                    f"{100 * gbs / copy_gbs:.0f}% | {tflops} |")
+        gbs = nbytes / cold / 1e6
+        tflops = f"{entry['flops'] / cold / 1e9:.2f}" if entry.get("flops") else "—"
+        rows.append(f"| {entry['title']} | {entry['size']} | {cold * 1000:.1f} | {gbs:.0f} | "
+                    f"{100 * gbs / b.copy_gbs:.0f}% | {tflops} | {hot * 1000:.1f} |")
     return rows
 
 
@@ -623,7 +1021,7 @@ def decode_inputs(kernel, entry, batch: int, rng) -> dict:
     for arg in kernel.arguments:
         if arg.kind == "state":
             shape = [batch if d == "S" else length if d == "L" else d for d in arg.shape]
-            inputs[arg.name] = kernel.runtime.device_zeros(tuple(shape), np.float32)
+            inputs[arg.name] = kernel.runtime.device_zeros(tuple(shape), STORAGE[arg.dtype])
         elif arg.kind == "input" and arg.name not in inputs:
             if arg.name.endswith("norm"):
                 values = np.ones(arg.shape, np.float32)
@@ -634,9 +1032,10 @@ def decode_inputs(kernel, entry, batch: int, rng) -> dict:
     return inputs
 
 
-def torch_decode(torch, entry, batch: int, repeats: int) -> tuple:
+def torch_decode(b: Bench, entry, batch: int) -> tuple:
     """(eager ms, CUDA graph ms, note): one decode step of the same model in
     transformers, bf16, random weights."""
+    torch = b.torch
     try:
         import transformers
     except ImportError:
@@ -659,91 +1058,132 @@ def torch_decode(torch, entry, batch: int, repeats: int) -> tuple:
         def eager():
             past.crop(length)
             model(token, past_key_values=past, use_cache=True)
-        eager_ms = torch_time(torch, eager, repeats)
+        eager_ms = b.torch_ms(eager)
         graph_ms = None
         try:
             static = transformers.StaticCache(config=model.config, max_cache_len=prompt + 1)
             model(ids, past_key_values=static, use_cache=True,
                   cache_position=torch.arange(prompt, device="cuda"))
             position = torch.tensor([prompt], device="cuda")
-            graph_ms = torch_time(
-                torch, lambda: model(token, past_key_values=static, cache_position=position),
-                repeats, graph=True)
+            graph_ms = b.torch_ms(
+                lambda: model(token, past_key_values=static, cache_position=position),
+                graph=True)
         except Exception as error:  # best effort across transformers versions
             note += f"; CUDA graph capture failed: {type(error).__name__}: {error}"
     return eager_ms, graph_ms, note
 
 
-def bench_decode(manifest, device, timer, torch) -> list[str]:
-    entries = variants(bench_entries(manifest, device, "decode"))
+def bench_decode(b: Bench) -> list[str]:
+    entries = variants(b.entries("decode"))
     if not entries:
         return []
     entry = entries["static"]
     config = entry["hf_config"]
+    kernels = {s: etc.runtime.load(KIT / e["path"]) for s, e in entries.items()}
+    cache = next(a.dtype for a in kernels["static"].arguments if a.kind == "state")
     rows = [f"Model: random Qwen3 (hidden {config['hidden_size']}, {config['num_hidden_layers']} "
-            f"layers, vocab {config['vocab_size']}), bf16 weights, f32 KV cache, "
+            f"layers, vocab {config['vocab_size']}), bf16 weights, {cache} KV cache, "
             f"{entry['prompt']} positions in the cache.", "",
             "| B | " + " | ".join(f"ETC {v} ms" for v in entries)
-            + " | PyTorch eager ms | PyTorch CUDA graph ms |",
-            "|---:|" + "---:|" * (len(entries) + 2)]
-    kernels = {s: etc.runtime.load(KIT / e["path"]) for s, e in entries.items()}
-    note = ""
+            + " | ETC static, CUDA graph ms | PyTorch eager ms | PyTorch CUDA graph ms |",
+            "|---:|" + "---:|" * (len(entries) + 3)]
+    notes = set()
     for batch in DECODE_BATCHES:
         cells = [str(batch)]
-        for schedule in entries:
+        graph_ms = None
+        for variant, kernel in kernels.items():
             rng = np.random.default_rng(batch)
-            inputs = decode_inputs(kernels[schedule], entry, batch, rng)
-            launch = kernels[schedule].runtime.bind(inputs)
+            inputs = decode_inputs(kernel, entry, batch, rng)
+            launch = kernel.runtime.bind(inputs)
             launch.enqueue()
             launch.check()
+            b.note(kernel, entries[variant]["path"])
             logits = launch.outputs()[0]
             if not np.all(np.isfinite(logits)) or not np.any(logits):
-                raise RuntimeError(f"decode {schedule} B={batch}: logits are not finite or all 0")
-            cells.append(f"{timer(launch.enqueue):.3f}")
-        if torch:
-            eager, graph, note = torch_decode(torch, entry, batch, timer.repeats)
+                raise RuntimeError(f"decode {variant} B={batch}: logits are not finite or all 0")
+            cells.append(f"{b.timer(launch.enqueue):.3f}")
+            if variant == "static":
+                graph_ms, note = etc_graph_ms(b, launch)
+                notes.add(note)
+        cells.append(f"{graph_ms:.3f}" if graph_ms else "n/a")
+        if b.torch:
+            eager, graph, note = torch_decode(b, entry, batch)
+            notes.add(f"PyTorch: {note}")
             cells += [f"{eager:.3f}" if eager else "n/a", f"{graph:.3f}" if graph else "n/a"]
         else:
             cells += ["n/a", "n/a"]
         rows.append("| " + " | ".join(cells) + " |")
-    if note:
-        rows += ["", f"PyTorch: {note}"]
-    return rows
+    return rows + [""] + [f"({note})" for note in sorted(notes) if note]
 
 
-def run_benchmarks(manifest, args, device) -> list[str]:
+#: The benchmark sections, in the order they run: key, title, function.
+SECTIONS = (
+    ("latency", "Notify → wake latency (static chain, one hop per CTA)", bench_latency),
+    ("overhead", "Per-task overhead (independent 1-row tiles)", bench_overhead),
+    ("gemv", "bf16 GEMV (bytes: weights + x + y)", bench_gemv),
+    ("roofline", "Roofline: one line per tile kernel", bench_roofline),
+    ("mlp", "5-operator MLP block, bf16", bench_mlp),
+    ("decode", "Decode step", bench_decode),
+    ("gemm", "bf16 GEMM", bench_gemm),
+    ("prefill", "bf16 prefill x·Wᵀ, symbolic rows (decode-sized column tiles)", bench_prefill),
+)
+
+
+def bench_child(key: str, args, device: Device) -> dict:
+    """In a child process: one benchmark section (or the copy bandwidth)."""
+    b = Bench(load_manifest(), device, args)
+    if key == "copy":
+        lines = bench_copy(b)
+        return {"lines": lines, "copy_gbs": b.copy_gbs, "resources": []}
+    function = next(f for k, _, f in SECTIONS if k == key)
+    try:
+        lines = function(b)
+    except Exception as error:  # reported; the child's context may be gone
+        lines = [f"FAILED: {type(error).__name__}: {error}"]
+    if b.timer.gap_us > 5:
+        lines.append(f"(the last timing's GPU waited {b.timer.gap_us:.0f} µs for the host "
+                     "after the spin: its window may hold host time)")
+    return {"lines": lines, "resources": b.resources}
+
+
+def run_benchmarks(manifest, args, device: Device, report: Report) -> None:
     torch = torch_or_none()
-    timer = Timer(device.driver, args.repeats)
+    patterns = args.bench.split(",")
+    keys = [k for k, _, _ in SECTIONS if any(fnmatch.fnmatch(k, p) for p in patterns)]
+    report.add(["## Benchmarks", "",
+                f"GPU time: median of {args.repeats} timed runs after 5 warm-ups, between CUDA "
+                "events that hold GPU work only (each run queued behind a spin kernel longer "
+                "than the host takes to queue it); cold runs follow an L2 flush. Artifacts for "
+                f"{best_chip(manifest, device)}; PyTorch "
+                f"{torch.__version__ if torch else 'not available'}; a child process per "
+                "section.", ""])
+    result, text = run_child(["--internal-bench", "copy", *child_options(args)],
+                             args.section_timeout)
+    if result is None:
+        report.add([f"FAILED: the copy bandwidth's child process died: {text}", ""])
+        args.copy_gbs = float("nan")
+    else:
+        args.copy_gbs = result["copy_gbs"]
+        report.add(result["lines"] + [""])
     deadline = time.perf_counter() + args.bench_budget
-    copy_gbs = copy_bandwidth(device, timer, args.copy_mib << 20)
-    lines = [f"Median of {args.repeats} timed runs after 5 warm-ups (CUDA events); artifacts "
-             f"for {best_chip(manifest, device)}; PyTorch "
-             f"{torch.__version__ if torch else 'not available'}.", "",
-             f"Device-to-device copy ({args.copy_mib} MiB, bytes read + written): "
-             f"**{copy_gbs:.0f} GB/s**", ""]
-    sections = [("Notify → wake latency (static chain, one hop per CTA)", bench_latency, ()),
-                ("Per-task overhead (independent 1-row tiles)", bench_overhead, ()),
-                ("bf16 GEMV (bytes: weights + x + y)", bench_gemv, (copy_gbs, torch)),
-                ("Roofline: one line per tile kernel", bench_roofline, (copy_gbs,)),
-                ("5-operator MLP block, bf16", bench_mlp, (torch,)),
-                ("Decode step", bench_decode, (torch,)),
-                ("bf16 GEMM", bench_gemm, (torch,)),
-                ("bf16 prefill x·Wᵀ, symbolic rows (decode-sized column tiles)",
-                 bench_prefill, (torch,))]
-    for title, bench, extra in sections:
+    rows = []
+    for key in keys:
+        title = next(t for k, t, _ in SECTIONS if k == key)
         if time.perf_counter() > deadline:
-            lines += [f"### {title}", "", "skipped: over the --bench-budget of "
-                      f"{args.bench_budget:.0f} s", ""]
+            report.add([f"### {title}", "", "skipped: over the --bench-budget of "
+                        f"{args.bench_budget:.0f} s", ""])
             continue
-        log(f"  benchmark: {title} ...")
         start = time.perf_counter()
-        try:
-            table = bench(manifest, device, timer, *extra)
-        except Exception as error:
-            table = [f"FAILED: {type(error).__name__}: {error}"]
-        lines += [f"### {title}", "", *table, "",
-                  f"({time.perf_counter() - start:.0f} s)", ""]
-    return lines
+        result, text = run_child(["--internal-bench", key, "--copy-gbs", str(args.copy_gbs),
+                                  *child_options(args)], args.section_timeout)
+        if result is None:
+            table = [f"FAILED: the section's child process died: {text}"]
+        else:
+            table = result["lines"]
+            rows += result["resources"]
+        report.add([f"### {title}", "", *table, "", f"({time.perf_counter() - start:.0f} s)", ""])
+    if rows:
+        report.add(resource_table(rows))
 
 
 # ---------------------------------------------------------------------------
@@ -757,27 +1197,47 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=20,
                         help="poisoned runs per artifact and size (default 20)")
     parser.add_argument("--only", default="*", help="check only families matching this glob")
+    parser.add_argument("--probe", action="store_true",
+                        help="first answer what the static schedule assumes of the hardware "
+                             "(CTA placement, residency, graph capture of a cooperative "
+                             "launch, %%globaltimer's resolution)")
     parser.add_argument("--check-budget", type=float, default=330,
-                        help="seconds after which the remaining artifacts are not checked "
+                        help="seconds after which the remaining families are not checked "
                              "(reported as failures)")
+    parser.add_argument("--family-timeout", type=float, default=240,
+                        help="seconds a family's child process may take (then it is killed "
+                             "and the family fails)")
     parser.add_argument("--skip-checks", action="store_true")
     parser.add_argument("--skip-watchdog", action="store_true")
     parser.add_argument("--skip-sanitizer", action="store_true")
     parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--bench", default="*",
+                        help="benchmark sections to run, comma-separated globs of "
+                             f"{', '.join(k for k, _, _ in SECTIONS)} (default: all)")
     parser.add_argument("--repeats", type=int, default=50, help="timed runs per benchmark")
     parser.add_argument("--bench-budget", type=float, default=200,
-                        help="seconds after which the remaining benchmarks are skipped")
+                        help="seconds after which the remaining benchmark sections are skipped")
+    parser.add_argument("--section-timeout", type=float, default=300,
+                        help="seconds a benchmark section's (or the probe's) child may take")
     parser.add_argument("--copy-mib", type=int, default=1024,
                         help="size of the device-to-device copy that measures bandwidth")
     parser.add_argument("--out", type=Path, default=None,
-                        help="also write the report (Markdown) to this file")
+                        help="also write the report (Markdown) to this file, section by "
+                             "section as they finish")
+    parser.add_argument("--plant-misaligned", default=None, metavar="FAMILY",
+                        help=argparse.SUPPRESS)  # tests: a fault in one family's child
+    parser.add_argument("--copy-gbs", type=float, default=float("nan"), help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--internal-family", help=argparse.SUPPRESS)
+    parser.add_argument("--internal-bench", help=argparse.SUPPRESS)
+    parser.add_argument("--internal-probe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--internal-watchdog", help=argparse.SUPPRESS)
     parser.add_argument("--internal-once", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.internal_watchdog:
         return watchdog_child(args.internal_watchdog)
     if args.internal_once:
-        return once_child(args.internal_once, 5)
+        return once_child(args.internal_once)
 
     manifest = load_manifest()
     device = None
@@ -790,43 +1250,35 @@ def main(argv=None) -> int:
                 "GPU machine (docs/gpu.md).")
             return 0
         device = Device()
+    if args.internal_family:
+        write_result(args.result, family_child(args.internal_family, args, device))
+        return 0
+    if args.internal_probe:
+        write_result(args.result, probe_child(args, device))
+        return 0
+    if args.internal_bench:
+        write_result(args.result, bench_child(args.internal_bench, args, device))
+        return 0
+
     start = time.perf_counter()
-    header = [f"# ETC GPU kit report, {time.strftime('%Y-%m-%d %H:%M')}", "",
-              f"Device: {device.describe() if device else 'CPU (a --target cpu kit)'}",
-              f"Kit: {len(manifest['artifacts'])} artifacts built {manifest['built']}", ""]
-    log("\n".join(header))
-    report = list(header)
-    failed = 0
+    report = Report(args.out)
+    report.add([f"# ETC GPU kit report, {time.strftime('%Y-%m-%d %H:%M')}", "",
+                f"Device: {device.describe() if device else 'CPU (a --target cpu kit)'}",
+                f"Kit: {len(manifest['artifacts'])} artifacts built {manifest['built']}; "
+                f"command: run.py {' '.join(argv if argv is not None else sys.argv[1:])}", ""])
+    if args.probe and device is not None:
+        run_probe(args, report)
     if not args.skip_checks:
-        results = run_checks(manifest, args, device)
-        bad = [r for r in results if r["failures"]]
-        failed += len(bad)
-        report += [f"Checks: {len(results) - len(bad)}/{len(results)} artifacts passed "
-                   f"({sum(r['checks'] for r in results)} output checks, {args.runs} poisoned "
-                   f"runs per size)."]
-        report += [f"- FAILED {r['artifact']}: {r['failures'][0]} ({len(r['failures'])} "
-                   "failing checks)" for r in bad]
+        run_checks(manifest, args, device, report)
     if not args.skip_watchdog:
-        results = run_watchdog(manifest, device)
-        bad = [r for r in results if not r["ok"]]
-        failed += len(bad)
-        report += [f"Watchdog: {len(results) - len(bad)}/{len(results)} broken artifacts "
-                   "raised WatchdogError."]
-        report += [f"- FAILED {r['artifact']}: {r['text'][-300:]}" for r in bad]
+        run_watchdog(manifest, device, report)
     if device is not None and not args.skip_sanitizer:
-        lines = run_sanitizer(manifest, device)
-        failed += sum(1 for line in lines if ": ok:" not in line)
-        report += [f"compute-sanitizer {line}" for line in lines]
+        run_sanitizer(manifest, device, report)
     if device is not None and not args.skip_bench:
-        log("## Benchmarks")
-        report += ["", "## Benchmarks", "", *run_benchmarks(manifest, args, device)]
-    report += ["", f"Total {time.perf_counter() - start:.0f} s; "
-               f"{'all passed' if not failed else f'{failed} FAILED'}."]
-    text = "\n".join(report)
-    log("\n" + text)
-    if args.out:
-        args.out.write_text(text + "\n")
-    return 1 if failed else 0
+        run_benchmarks(manifest, args, device, report)
+    report.add([f"Total {time.perf_counter() - start:.0f} s; "
+                f"{'all passed' if not report.failed else f'{report.failed} FAILED'}."])
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":

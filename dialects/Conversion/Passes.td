@@ -22,11 +22,17 @@ def ConvertEventToCPU : Pass<"convert-event-to-cpu", "::mlir::ModuleOp"> {
     * `event.wait` loads the counter (`llvm.load ... atomic acquire`) and,
       unless it is no longer positive, calls `@__etc_spin_counter` (a
       private, never-inlined function the pass defines, so that the worker
-      stays small), which polls with acquire loads, calling the C library's
-      `sched_yield` (declared as `func.func private @sched_yield() -> i32`)
-      between polls so that more workers than cores still make progress.
-      The spin is bounded by the watchdog: between polls it reads the run's
-      status word (relaxed; the run header is the last 20 words of the
+      stays small), which polls with acquire loads for the run's spin
+      budget (microseconds, the run header's `kSpinMicrosecondsWord`, which
+      the runtime writes) and then blocks: `@__etc_sleep` counts the thread
+      in the header's sleepers word (seq_cst) and, if the counter still
+      holds the value polled, makes the Linux futex wait system call on it
+      (through the C library's `syscall`, declared as
+      `llvm.func @syscall(i64, ...) -> i64`) for at most 10 ms or the
+      watchdog's time left, so that more workers than cores, or a worker
+      beside other processes, give their core to the producer they wait for.
+      The wait is bounded by the watchdog: between polls it reads the run's
+      status word (relaxed; the run header is the last 22 words of the
       counter buffer, found from its size) and the clock
       (`@__etc_monotonic_ns`, defined with `clock_gettime(CLOCK_MONOTONIC)`);
       it stops when the run is stopped, or after `watchdog-ms`, when it
@@ -41,7 +47,12 @@ def ConvertEventToCPU : Pass<"convert-event-to-cpu", "::mlir::ModuleOp"> {
     * `event.run_aborted` is a relaxed load of the status word `!= 0`;
     * `event.trace_begin` / `event.trace_end` store the worker, task, tile
       and the clock into the trace record;
-    * `event.notify` is `llvm.atomicrmw sub ... release` of 1;
+    * `event.notify` is `llvm.atomicrmw sub ... seq_cst` of 1; the notify
+      that takes the counter to zero reads the sleepers word (seq_cst) and,
+      if it is not 0, calls `@__etc_wake` (the futex wake of every thread
+      blocked on the counter); `event.notify_ready` does the same and
+      returns whether it took the counter to zero; `event.queue_push`
+      wakes the slot it published (after a seq_cst fence);
     * `event.lane_id` is 0, `event.lane_count` is 1, `event.lane_barrier`
       disappears.
     Every public function with a body other than tile functions gets
@@ -143,6 +154,18 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
       and publishes `task + 1` with a GPU-scope release store, or sets the
       error flag when the queue is full.
     * `event.view` becomes the address of its first counter, as on the CPU.
+    * `event.scratch` becomes a view of the CTA's scratch arena, the
+      kernel's dynamic shared memory (`gpu.dynamic_shared_memory` +
+      `memref.view`): a CTA runs one tile at a time, so each function's
+      buffers start at offset 0 (16-byte aligned) and the arena is as large
+      as the largest function's. The module records each `gpu.module`'s
+      arena in `event.dynamic_shared_bytes = {<graph>_kernels = bytes}`,
+      the dynamic shared memory the runtime launches the worker with.
+    * Memref parameters of the functions the kernels call that every call
+      fills with a program buffer (`event.buffer` or a view of one) become
+      memrefs in NVPTX's global address space, 1 (the calls cast what they
+      pass), so that the tile functions load with `ld.global` (and
+      `cp.async` from global memory) rather than generic accesses.
     The module gets `gpu.container_module`. Kernel parameters follow MLIR's
     memref descriptor expansion (see docs/architecture.md). The worker's
     `event.tasks` and `event.events` tables (for the front end, which reads

@@ -13,13 +13,22 @@ import numpy as np
 
 def to_bits(x) -> np.ndarray:
     """The bf16 bit patterns (uint16) nearest to the float32 values of `x`."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    values = np.ascontiguousarray(x, dtype=np.float32)
+    bits = values.view(np.uint32)
+    # In 32 bits, with one temporary: a finite value or an infinity is at
+    # most 0xFF800000 before rounding, so adding 0x8000 cannot wrap; NaNs,
+    # which might, are set apart below.
+    rounded = (bits >> 16) & 1
+    rounded += bits
+    rounded += 0x7FFF
+    rounded >>= 16
+    out = rounded.astype(np.uint16)
     # Rounding a NaN's mantissa could carry into the exponent (giving an
     # infinity or -0); keep its sign and make it the quiet NaN.
-    nan = np.isnan(np.asarray(x, dtype=np.float32))
-    rounded[nan] = (bits[nan] >> 16).astype(np.uint16) | 0x7FC0
-    return rounded
+    nan = np.isnan(values)
+    if nan.any():
+        out[nan] = (bits[nan] >> 16).astype(np.uint16) | 0x7FC0
+    return out
 
 
 def from_bits(bits) -> np.ndarray:

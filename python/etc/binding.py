@@ -9,7 +9,7 @@ what a host array, a device array and the reference accept differs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,12 +28,19 @@ class Signature:
     name: str
     arguments: tuple
     outputs: tuple
+    #: The declared ranges of index inputs (`etc.runtime.ranges.IndexRange`), by name.
+    index_ranges: dict = field(default_factory=dict)
+    #: The ragged batches' index inputs (role -> input name), one dict each.
+    ragged_batches: tuple = ()
 
     @classmethod
     def of(cls, graph) -> "Signature":
         """The current signature of `graph` (an `etc.Graph`, or anything with
-        `name`, `arguments` and `outputs`)."""
-        return cls(graph.name, tuple(graph.arguments), tuple(graph.outputs))
+        `name`, `arguments`, `outputs` and optionally `index_ranges` and
+        `ragged_batches`)."""
+        return cls(graph.name, tuple(graph.arguments), tuple(graph.outputs),
+                   dict(getattr(graph, "index_ranges", {}) or {}),
+                   tuple(getattr(graph, "ragged_batches", ()) or ()))
 
 
 #: The argument kinds a call supplies: inputs, and state buffers (passed
@@ -111,9 +118,23 @@ def bind_symbols(arguments: Sequence, shapes: Mapping[str, tuple], *,
     return symbols
 
 
+def dim_value(dim, symbols: Mapping[str, int]) -> int:
+    """The value of one dimension of a declared shape: an int, a symbol's
+    name, or a derived dimension "ceildiv(<symbol>, <divisor>)"
+    (`etc.graph.CeilDiv`)."""
+    if isinstance(dim, int):
+        return dim
+    if dim in symbols:
+        return symbols[dim]
+    if dim.startswith("ceildiv(") and dim.endswith(")"):
+        symbol, _, divisor = dim[len("ceildiv("):-1].partition(",")
+        return -(-symbols[symbol.strip()] // int(divisor))
+    raise KeyError(dim)
+
+
 def concrete_shape(shape: Sequence, symbols: Mapping[str, int]) -> tuple[int, ...]:
-    """`shape` with every symbol name replaced by its value."""
-    return tuple(d if isinstance(d, int) else symbols[d] for d in shape)
+    """`shape` with every symbol (or derived dimension) replaced by its value."""
+    return tuple(dim_value(d, symbols) for d in shape)
 
 
 def out_items(graph_name: str, outputs: Sequence[str], out) -> list:

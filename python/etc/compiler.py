@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -112,8 +113,21 @@ class CompiledKernel:
                 f"schedule={self.abi.schedule} workers={self.options.workers}>")
 
 
+def default_workers(target: str) -> int:
+    """The worker count `workers=None` means: one thread per core this
+    process may run on for the CPU (more only contend for the cores: the
+    workers spin-wait for each other); 1 for CUDA, where the runtime sizes
+    the grid from the device and the option only records the intent."""
+    if target != "cpu":
+        return 1
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
-            workers: int = 4, policy: str = "round-robin", chip: str = "sm_90a",
+            workers: int | None = None, policy: str = "round-robin", chip: str = "sm_90a",
             trace: bool = False, watchdog: float = 5.0,
             kernels: str = "native", prefetch: bool | None = None) -> CompiledKernel:
     """Compiles `graph` into one persistent program for `target`.
@@ -136,14 +150,13 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
     `prefetch` (static schedule): before its waits, each tile asks for the
     boxes it reads from weights (buffers no task writes) to be brought into
     L2; None turns it on for CUDA kernels.
+
+    `workers=None` is one CPU thread per usable core (`default_workers`).
     """
+    if workers is None:
+        workers = default_workers(target)
     options = Options(target=target, schedule=schedule, workers=workers, policy=policy, chip=chip,
                       trace=trace, watchdog=watchdog, kernels=kernels, prefetch=prefetch)
-    if getattr(graph, "ranks", 1) > 1 and target != "cpu":
-        raise NotImplementedError(
-            f"graph '{graph.name}' runs on {graph.ranks} ranks: only target='cpu' (one MPI "
-            f"process per rank) runs such graphs yet; the CUDA lowering of remote puts and "
-            f"notifies to NVSHMEM is not implemented (docs/distributed.md)")
     start = time.perf_counter()
     # The kernel gets the signature of exactly the graph built here.
     signature = Signature.of(graph)
@@ -182,6 +195,8 @@ def compile_module(module: ir.Module, signature, options: Options, *,
                          f"not {stage!r}: the kernel's task and event tables come from it")
 
     abi = _abi(signature, options, tables, reference)
+    if options.target == "cuda":
+        abi = dataclasses.replace(abi, shared_bytes=_shared_bytes(module, signature.name))
     start = time.perf_counter()
     engine = None
     if options.target == "cuda":
@@ -189,7 +204,12 @@ def compile_module(module: ir.Module, signature, options: Options, *,
 
         # The driver JIT-compiles the PTX on the first run; nothing here
         # needs a GPU.
-        runtime = CUDARuntime(abi, _ptx(module))
+        if abi.extra.get("ranks", 1) > 1:
+            from .runtime.distributed import NVSHMEMProgram
+
+            runtime = NVSHMEMProgram(abi, _ptx(module))
+        else:
+            runtime = CUDARuntime(abi, _ptx(module))
     else:
         from .runtime.cpu import CPURuntime
 
@@ -235,6 +255,17 @@ def _program_tables(module: ir.Module, name: str) -> dict:
     raise ValueError(f"the scheduled module has no worker function @{name}_worker")
 
 
+def _shared_bytes(module: ir.Module, name: str) -> int:
+    """The scratch arena of graph `name`'s worker: the dynamic shared memory
+    `convert-event-to-gpu` recorded for its kernels (0 when it needs none)."""
+    attributes = module.operation.attributes
+    if "event.dynamic_shared_bytes" not in attributes:
+        return 0
+    sizes = ir.DictAttr(attributes["event.dynamic_shared_bytes"])
+    key = f"{name}_kernels"
+    return ir.IntegerAttr(sizes[key]).value if key in sizes else 0
+
+
 def _abi(signature, options: Options, tables: dict, reference: dict | None) -> KernelABI:
     """The kernel ABI of `signature` compiled with `options`; `tables` from
     `_program_tables`."""
@@ -243,13 +274,20 @@ def _abi(signature, options: Options, tables: dict, reference: dict | None) -> K
     if reference is None and hasattr(signature, "operations"):
         reference = _reference.describe(signature)
     chip = options.chip if options.target == "cuda" else _artifact.host_platform()
+    isa = None
+    if options.target == "cpu":
+        from .runtime import isa as _isa
+
+        isa = _isa.chosen()
     # The schedule is the one the program got ("auto" resolved, or whatever a
     # hand-picked pipeline chose), as the scheduler recorded it.
     return KernelABI(name=signature.name, target=options.target, chip=chip,
                      schedule=tables["schedule"], workers=options.workers, arguments=arguments,
                      outputs=tuple(signature.outputs), tasks=tables["tasks"],
                      events=tables["events"], watchdog_ms=options.watchdog_ms,
-                     trace=tables["trace"], reference=reference,
+                     trace=tables["trace"], reference=reference, isa=isa,
+                     index_ranges=dict(getattr(signature, "index_ranges", {}) or {}),
+                     ragged_batches=tuple(getattr(signature, "ragged_batches", ()) or ()),
                      extra={"ranks": tables["ranks"]} if tables["ranks"] > 1 else {})
 
 
@@ -260,7 +298,7 @@ def _jit(module: ir.Module, abi: KernelABI, opt_level: int = 2):
     from .runtime import jit
     from .runtime.cpu import ROLES, EntryPoints
 
-    engine = jit.create(module, abi.name, opt_level)
+    engine = jit.create(module, abi.name, opt_level, isa=abi.isa)
     addresses = {}
     for role in ROLES:
         # Looking the entry points up now makes the JIT generate their code

@@ -46,6 +46,7 @@ from .dialects import event
 from .graph_llm import LLMOperators, RaggedBatch
 from .ops.collective import CollectiveOperators, arrival_waits
 from .ops.base import DEFAULT_COLS, DEFAULT_ROWS, INDEX_DTYPE, element_type
+from .runtime.ranges import IndexRange
 
 __all__ = ["Argument", "Graph", "Symbol", "Tensor", "Operation", "RaggedBatch", "DTYPES"]
 
@@ -54,10 +55,10 @@ DTYPES = ("f32", "f16", "bf16")
 #: The element types an input may have: the float types and `i32` for
 #: indices (token ids, positions, lengths).
 INPUT_DTYPES = DTYPES + (INDEX_DTYPE,)
-#: The element types a state buffer may have: those NumPy can hold, so that
-#: the caller's array is the buffer (bf16 would need a conversion and a
-#: copy, which would not update the caller's array in place).
-STATE_DTYPES = ("f32", "f16", INDEX_DTYPE)
+#: The element types a state buffer may have: those whose storage NumPy can
+#: hold, so that the caller's array is the buffer (bf16 as a uint16 array of
+#: bf16 bit patterns, like bf16 weights).
+STATE_DTYPES = ("f32", "f16", "bf16", INDEX_DTYPE)
 #: The largest static dimension: memref sizes and indices are signed 64-bit.
 _MAX_INDEX = 2**63 - 1
 
@@ -96,6 +97,37 @@ class Symbol:
 Dim = Union[int, Symbol]
 
 
+class CeilDiv:
+    """ceil(symbol / divisor): a dimension derived from a symbol, for the
+    buffers an operator sizes from another buffer's symbolic dimension
+    (attention's chunk scratch has ceil(L / C) chunks of a cache of L
+    positions). Its name, "ceildiv(L, C)", is how shapes spell it; runtimes
+    evaluate it with the symbol bound (`etc.binding.concrete_shape`). Only
+    operators create these, for their internal buffers: inputs are sized by
+    symbols."""
+
+    __slots__ = ("symbol", "divisor")
+
+    def __init__(self, symbol: Symbol, divisor: int):
+        self.symbol, self.divisor = symbol, divisor
+
+    @property
+    def name(self) -> str:
+        return f"ceildiv({self.symbol.name}, {self.divisor})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, CeilDiv) and other.symbol is self.symbol and \
+            other.divisor == self.divisor
+
+    def __hash__(self) -> int:
+        return hash((id(self.symbol), self.divisor))
+
+    def __repr__(self) -> str:
+        return f"CeilDiv({self.symbol.name!r}, {self.divisor})"
+
+    __str__ = name.fget
+
+
 class Tensor:
     """A buffer of a graph: an input, a state buffer, an operator result or a
     scratch tensor.
@@ -123,7 +155,7 @@ class Tensor:
     @property
     def symbolic_shape(self) -> tuple:
         """The shape with symbols spelled as their names."""
-        return tuple(d.name if isinstance(d, Symbol) else d for d in self.shape)
+        return tuple(d.name if isinstance(d, (Symbol, CeilDiv)) else d for d in self.shape)
 
     def __repr__(self) -> str:
         return f"Tensor({self.name!r}, {_fmt_shape(self.shape)}, {self.dtype!r})"
@@ -180,7 +212,7 @@ class Graph(LLMOperators, CollectiveOperators):
     ```
 
     The operators of LLM inference (embedding, rope, head_rmsnorm,
-    kv_append, attention, argmax, ragged_batch) come from
+    kv_append, attention, argmax, sample, ragged_batch) come from
     `etc.graph_llm.LLMOperators`, the collectives (all_gather,
     reduce_scatter, all_reduce) from `etc.ops.collective`.
 
@@ -205,6 +237,8 @@ class Graph(LLMOperators, CollectiveOperators):
         self._outputs: list[Tensor] = []
         self._names: set[str] = set()
         self._kind_counts: dict[str, int] = {}
+        self._index_ranges: dict[str, IndexRange] = {}
+        self._ragged_batches: list[dict] = []
 
     # ------------------------------------------------------------------
     # Declarations
@@ -284,16 +318,61 @@ class Graph(LLMOperators, CollectiveOperators):
         array *is* the buffer: operators that update it (`kv_append`) write
         into that array in place, so the next run sees what this one
         wrote. Reads and writes of a state are ordered within a run by
-        dependency inference, in call order. `dtype` is "f32", "f16" or
-        "i32" (NumPy must hold it without conversion)."""
+        dependency inference, in call order. `dtype` is "f32", "f16",
+        "bf16" or "i32"; the caller's array has the storage dtype, with no
+        conversion (float32, float16, uint16 bf16 bit patterns, int32)."""
         what = f"state '{name}'"
-        if dtype == "bf16":
-            raise ValueError(f"{what}: dtype 'bf16' is not supported for state buffers: NumPy "
-                             f"has no bfloat16, so the caller's array could not be the buffer "
-                             f"(use 'f32' or 'f16')")
         self._check_dtype(what, dtype, STATE_DTYPES)
         shape = self._check_shape(what, shape)
         return self._new_tensor(self._claim_name("state", name), shape, dtype, "state")
+
+    def index_range(self, index: Tensor, *, low: int = 0, below: Optional[Dim] = None,
+                    at_most: Optional[Dim] = None) -> None:
+        """Declares the values the i32 input `index` must hold: at least
+        `low`, less than `below` and at most `at_most` (ints or symbols of
+        this graph, or (symbol, factor) pairs: the symbol times an int, e.g.
+        the positions a paged batch's block tables hold). Operators that
+        would index out of bounds with other values declare it; every
+        runtime checks the input against the range, with the symbols bound,
+        before a run (`etc.runtime.ranges`). Several calls narrow the
+        range."""
+        what = "index_range"
+        if not isinstance(index, Tensor) or index.graph is not self or index.kind != "input" \
+                or index.dtype != "i32":
+            raise ValueError(f"{what}: 'index' must be an i32 input of graph '{self.name}', "
+                             f"got {index!r}")
+        if isinstance(low, bool) or not isinstance(low, int):
+            raise ValueError(f"{what}: 'low' must be an int, got {low!r}")
+        highs = []
+        for role, dim, offset in (("below", below, -1), ("at_most", at_most, 0)):
+            if dim is None:
+                continue
+            if isinstance(dim, Symbol) and dim.graph is self:
+                highs.append((dim.name, offset))
+            elif isinstance(dim, tuple) and len(dim) == 2 and isinstance(dim[0], Symbol) and \
+                    dim[0].graph is self and isinstance(dim[1], int) and \
+                    not isinstance(dim[1], bool) and dim[1] >= 1:
+                highs.append((f"{dim[0].name}*{dim[1]}", offset))
+            elif isinstance(dim, int) and not isinstance(dim, bool):
+                highs.append((dim + offset, 0))
+            else:
+                raise ValueError(f"{what}: {role!r} must be an int, a symbol of graph "
+                                 f"'{self.name}' or a (symbol, positive int) product, got "
+                                 f"{dim!r}")
+        declared = IndexRange(low, tuple(highs))
+        earlier = self._index_ranges.get(index.name)
+        self._index_ranges[index.name] = earlier.merged(declared) if earlier else declared
+
+    @property
+    def index_ranges(self) -> dict:
+        """The declared ranges of the index inputs, by name (`IndexRange`)."""
+        return dict(self._index_ranges)
+
+    @property
+    def ragged_batches(self) -> tuple:
+        """The index inputs of each `ragged_batch`, by role; runtimes check
+        that they describe a consistent batch (`etc.runtime.ranges.check_ragged`)."""
+        return tuple(dict(batch) for batch in self._ragged_batches)
 
     def tensor(self, name: str, shape: Sequence[Dim], dtype: str = "f32") -> Tensor:
         """Declares a scratch buffer that operators write with `out=` (buffer reuse)."""
@@ -782,6 +861,8 @@ class _Builder:
 
     def grid_extent(self, dim: Dim, tile: int) -> ir.Value:
         """ceil(dim / tile), as a constant or an affine.apply of the symbol."""
+        if isinstance(dim, CeilDiv):  # ceil(ceil(s / d) / t) = ceil(s / (d t))
+            return self.grid_extent(dim.symbol, dim.divisor * tile)
         if isinstance(dim, int):
             key = ("static", -(-dim // tile))
         else:

@@ -72,7 +72,7 @@ class RaggedBatch:
 
 class LLMOperators:
     """Embedding, RoPE, per-head RMSNorm, KV-cache append, attention over
-    the cache and greedy sampling (mixed into `etc.Graph`)."""
+    the cache, greedy and sampled token choice (mixed into `etc.Graph`)."""
 
     # -- shared checks ---------------------------------------------------
 
@@ -172,6 +172,16 @@ class LLMOperators:
         if width is not None:
             fields["block_table"] = self.input(prefix + "block_table", (requests, width),
                                                INDEX_DTYPE)
+        # What every ragged batch is; the operators that index caches with
+        # it add their bounds (`attention`, `kv_append`: the slots or blocks).
+        self.index_range(fields["positions"], low=0)
+        self.index_range(fields["token_request"], below=requests)
+        self.index_range(fields["block_table" if width is not None else "request_slot"], low=0)
+        self.index_range(fields["request_length"], low=1)
+        self.index_range(fields["request_first"], below=tokens)
+        self.index_range(fields["request_last"], below=tokens)
+        self._ragged_batches.append({field: t.name for field, t in fields.items()
+                                     if t is not None})
         return RaggedBatch(tokens, requests, **fields)
 
     # -- operators -------------------------------------------------------
@@ -249,9 +259,9 @@ class LLMOperators:
                 cache.kind != "state":
             raise ValueError(f"{kind}: operand 'cache' must be a state buffer of graph "
                              f"'{self.name}' (Graph.state), got {cache!r}")
-        if cache.rank != 3 or cache.dtype not in ("f32", "f16"):
-            raise ValueError(f"{kind}: {_graph._describe('cache', cache)} must be a 3-D f32 "
-                             f"or f16 state (slots, length, width)")
+        if cache.rank != 3 or cache.dtype not in ("f32", "f16", "bf16"):
+            raise ValueError(f"{kind}: {_graph._describe('cache', cache)} must be a 3-D f32, "
+                             f"f16 or bf16 state (slots, length, width)")
         self._check_operand(kind, "values", values, ranks=(2,))
         batch = self._check_batch(kind, batch)
         self._check_cache(kind, "cache", cache, batch)
@@ -282,12 +292,17 @@ class LLMOperators:
         request r at block block_table[r, p // P], row p % P. The KV
         sequence is split into chunks of `chunk` positions: request r runs
         ceildiv(request_length[r], chunk) chunk tasks, decided at run time.
-        The number of chunks the grid holds comes from the cache length, or
-        from `max_length` when that is symbolic or the caches are paged:
-        requests must not be longer. Result (T, H * head_dim) in q's dtype.
+        The chunk grid holds ceil(L / chunk) chunks of a cache of length L,
+        symbolic when L is: a paged cache's L is M x P, the positions its
+        (R, M) block table holds (with a chunk that is not a multiple of P,
+        ceil(max_length / chunk) chunks: then `max_length` is needed).
+        `max_length` (optional) bounds the requests' lengths further. Each
+        run checks the batch's indices against the cache (the block table's
+        entries against its blocks) and `max_length` before the kernel runs
+        (`Graph.index_range`). Result (T, H * head_dim) in q's dtype.
 
         The chunks' partial results go to a float32 scratch buffer of
-        T * chunks * H * (head_dim + 2) values. `scratch_from=` an earlier
+        T * ceil(L / chunk) * H * (head_dim + 2) values. `scratch_from=` an earlier
         attention's result reuses that attention's scratch (the layers of a
         model share one): an explicit event orders this attention's chunk
         tiles after every combine tile of the earlier one."""
@@ -313,24 +328,51 @@ class LLMOperators:
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"{kind}: 'chunk' must be a positive int, got {chunk!r}")
         length = k_cache.shape[1]
-        if max_length is None:
-            if batch.paged:
-                raise ValueError(f"{kind}: the caches are paged (the batch has a block table); "
-                                 f"pass max_length= (the longest a request may be), which "
-                                 f"sizes the chunk grid")
-            if not isinstance(length, int):
-                raise ValueError(f"{kind}: the cache length of "
-                                 f"{_graph._describe('k_cache', k_cache)} is symbolic; pass "
-                                 f"max_length= (the longest a request may be), which sizes "
-                                 f"the chunk grid")
-            max_length = length
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        if max_length is not None and (isinstance(max_length, bool) or
+                                       not isinstance(max_length, int) or max_length < 1):
             raise ValueError(f"{kind}: 'max_length' must be a positive int, got {max_length!r}")
         if scale is None:
             scale = 1.0 / math.sqrt(head_dim)
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise ValueError(f"{kind}: 'scale' must be a float, got {scale!r}")
-        chunks = -(-max_length // chunk)
+        if batch.paged:
+            # A paged cache's second dimension is its block size; the
+            # positions a request may reach are its table's: M x P.
+            width = batch.block_table.shape[1]
+            if isinstance(width, int):
+                length = width * length
+            elif chunk % length == 0:
+                length = (width, length)
+            elif max_length is None:
+                raise ValueError(f"{kind}: the caches are paged in blocks of {length} "
+                                 f"positions and the chunk ({chunk}) is not a multiple of them: "
+                                 f"pass max_length= (the longest a request may be), which "
+                                 f"sizes the chunk grid")
+            else:
+                length = None
+        # The chunk tiles read the cache at these slots (blocks) and up to
+        # these lengths, and the combine tiles as many chunks as a token's
+        # position spans: out of range, they would read out of bounds.
+        slots = k_cache.shape[0]
+        for t, bound in ((batch.positions, dict(below=length)),
+                         (batch.positions, dict(below=max_length)),
+                         (batch.request_length, dict(at_most=length)),
+                         (batch.request_length, dict(at_most=max_length)),
+                         (batch.cache_addressing, dict(below=slots))):
+            if t.kind == "input" and None not in bound.values():
+                self.index_range(t, **bound)
+        # The chunk grid follows the cache's length: a symbolic length gives
+        # ceil(L / C) chunks, so a small chunk (more, shorter tiles: the
+        # parallelism of a long prefill) does not cost a scratch sized for
+        # the longest cache the model allows. Paged, L is the table's M x P
+        # positions: ceil(M / (C / P)) chunks.
+        if length is None:
+            chunks = -(-max_length // chunk)
+        elif isinstance(length, tuple):
+            chunks = _graph.CeilDiv(length[0], chunk // length[1])
+        else:
+            chunks = -(-length // chunk) if isinstance(length, int) else \
+                _graph.CeilDiv(length, chunk)
         operands = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("positions", batch.positions), ("token_request", batch.token_request),
                     ("block_table" if batch.paged else "request_slot",
@@ -338,7 +380,8 @@ class LLMOperators:
                     ("request_length", batch.request_length),
                     ("request_first", batch.request_first)]
         params = {"head_dim": head_dim, "heads": heads, "kv_heads": kv_heads, "chunk": chunk,
-                  "chunks": chunks, "scale": float(scale)}
+                  "chunks": chunks if isinstance(chunks, int) else chunks.name,
+                  "scale": float(scale)}
         if batch.paged:
             params["block_size"] = k_cache.shape[1]
         shape = (q.shape[0], chunks, heads * (head_dim + 2))
@@ -376,3 +419,49 @@ class LLMOperators:
         tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
         return self._finish(kind, [("x", x)], (x.shape[0],), INDEX_DTYPE, tile, {}, None,
                             name)
+
+    def sample(self, logits, temperature, top_k, top_p, min_p, seed, position, *, tile=None,
+               name: Optional[str] = None):
+        """Samples one token per row of `logits` (R, V) with each row's own
+        parameters, all data of the run (one compiled kernel serves every
+        mix of them): `temperature`, `top_p`, `min_p` f32 (R,), `top_k` i32
+        (R,), `seed` i32 (R, 2) (a 64-bit key as its low and high words)
+        and `position` i32 (R,) (the position of the token being sampled).
+        Result (R,) i32.
+
+        Temperature 0 (or below, or NaN) is `argmax`. Otherwise the row's
+        weights exp((x - max) / T) are cut by top-k (0 < k < V: values
+        below the k-th largest are dropped, ties with it kept), top-p
+        (p < 1: the smallest set of largest values whose weight reaches p
+        of what top-k kept) and min-p (weights below min_p times the
+        largest's), and a token is drawn from what is left by one uniform
+        number in [0, 1) from Philox-4x32-10, keyed by the seed with the
+        position as counter: a row's token depends on its own logits and
+        parameters only, not on the other rows, the schedule, the worker
+        count or the target. `etc.reference_sampling.sample` is the exact
+        definition. `tile=(m,)` sets the rows per tile (default 1: the
+        rows are sampled in parallel)."""
+        kind = "sample"
+        self._check_operand(kind, "logits", logits, ranks=(2,))
+        rows = logits.shape[0]
+        for role, t in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
+            self._check_operand(kind, role, t, ranks=(1,))
+            if t.dtype != "f32" or not _graph._same_dim(t.shape[0], rows):
+                raise ValueError(f"{kind}: {_graph._describe(role, t)} must be an f32 tensor "
+                                 f"of shape ({rows},) (one per row of 'logits')")
+        for role, t in (("top_k", top_k), ("position", position)):
+            self._check_index(kind, role, t, rows, "one per row of 'logits'")
+        if not isinstance(seed, _graph.Tensor):
+            raise ValueError(f"{kind}: operand 'seed' must be a Tensor, got {seed!r}")
+        if seed.graph is not self:
+            raise ValueError(f"{kind}: operand 'seed' ('{seed.name}') belongs to graph "
+                             f"'{seed.graph.name}', not '{self.name}'")
+        if seed.dtype != INDEX_DTYPE or seed.rank != 2 or seed.shape[1] != 2 or \
+                not _graph._same_dim(seed.shape[0], rows):
+            raise ValueError(f"{kind}: {_graph._describe('seed', seed)} must be an i32 tensor "
+                             f"of shape ({rows}, 2) (each row's 64-bit seed as its low and "
+                             f"high words)")
+        tile = self._check_tile(kind, tile, 1, (1,), logits.shape[:1])
+        operands = [("logits", logits), ("temperature", temperature), ("top_k", top_k),
+                    ("top_p", top_p), ("min_p", min_p), ("seed", seed), ("position", position)]
+        return self._finish(kind, operands, (rows,), INDEX_DTYPE, tile, {}, None, name)

@@ -16,11 +16,12 @@ Dtypes:
   rounded to bfloat16 after every operator and outputs are returned as
   ``np.float32`` arrays holding bfloat16 values.
 
-``topk`` indices, ``argmax`` results and ``i32`` inputs are ``np.int32``.
+``topk`` indices, ``argmax`` and ``sample`` results and ``i32`` inputs are
+``np.int32``.
 ``moe`` computes its experts in float32 and rounds only its result; its
 internal routing buffers are not outputs. The LLM operators (embedding,
-rope, head_rmsnorm, kv_append, attention, argmax) are computed by
-`etc.reference_llm`.
+rope, head_rmsnorm, kv_append, attention, argmax, sample) are computed by
+`etc.reference_llm` (and `sample` by `etc.reference_sampling`).
 
 State buffers (`Graph.state`) are passed like inputs and, as in the
 compiled kernels, updated in place: after `evaluate`, the caller's state
@@ -43,13 +44,16 @@ import numpy as np
 from types import SimpleNamespace
 
 from . import bfloat16, reference_llm
-from .binding import INPUT_DTYPES, check_input_dtype, check_input_names
+from .binding import INPUT_DTYPES, check_input_dtype, check_input_names, dim_value
 from .binding import bind_symbols as _bind_shapes
 
 __all__ = ["evaluate", "describe", "round_bf16", "bind_symbols", "topk", "moe", "NUMPY_DTYPES"]
 
 #: The NumPy dtype that carries each graph dtype (etc.binding's table).
 NUMPY_DTYPES = INPUT_DTYPES
+#: The NumPy array a state buffer of each dtype is (bf16: uint16 bit patterns).
+STATE_STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
+                 "bf16": np.dtype(np.uint16), "i32": np.dtype(np.int32)}
 
 
 def round_bf16(x) -> np.ndarray:
@@ -135,7 +139,8 @@ def bind_symbols(g, inputs: dict) -> dict:
         if t.kind == "input":
             check_input_dtype(t.name, t, array)
             continue
-        want = NUMPY_DTYPES[t.dtype]
+        # A state is its storage, as the runtimes take it in place.
+        want = STATE_STORAGE[t.dtype]
         if array.dtype != want:
             raise TypeError(f"input {t.name!r} has dtype {array.dtype}, expected {want} "
                             f"for {t.dtype} (inputs are not cast implicitly)")
@@ -149,10 +154,11 @@ def _concrete_shape(name: str, shape, symbols: dict) -> tuple:
     concrete = []
     for d in shape:
         if isinstance(d, str):
-            if d not in symbols:
+            try:
+                concrete.append(dim_value(d, symbols))
+            except KeyError:
                 raise ValueError(f"symbol '{d}' (in the shape of '{name}') appears in "
-                                 f"no input shape, so it cannot be bound")
-            concrete.append(symbols[d])
+                                 f"no input shape, so it cannot be bound") from None
         else:
             concrete.append(d)
     return tuple(concrete)
@@ -282,7 +288,10 @@ def evaluate(g, /, **inputs) -> list[np.ndarray]:
             env[op.result] = _to_storage(result, declared["dtype"])
     for arg in spec["arguments"]:
         if arg["kind"] == "state":
-            inputs[arg["name"]][...] = env[arg["name"]]
+            value = env[arg["name"]]
+            if arg["dtype"] == "bf16":
+                value = bfloat16.to_bits(value)
+            inputs[arg["name"]][...] = value
     outs = []
     dtypes = {a["name"]: a["dtype"] for a in spec["arguments"]}
     for name in spec["outputs"]:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import reference_sampling
+
 __all__ = ["embedding", "rope", "rope_inv_freq", "head_rmsnorm", "kv_append", "attention",
            "paged_rows", "argmax", "KINDS", "apply"]
 
 #: The operator kinds this module computes.
-KINDS = ("embedding", "rope", "head_rmsnorm", "kv_append", "attention", "argmax")
+KINDS = ("embedding", "rope", "head_rmsnorm", "kv_append", "attention", "argmax", "sample")
 
 
 def embedding(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -168,4 +170,6 @@ def apply(op, vals: list) -> np.ndarray:
                          params["head_dim"], params["scale"], params.get("block_size"))
     if kind == "argmax":
         return argmax(vals[0])
+    if kind == "sample":
+        return reference_sampling.sample(*vals)
     raise AssertionError(f"unknown operator kind {kind!r}")

@@ -47,3 +47,16 @@ def etc_opt(etc_opt_path):
         return proc.stdout
 
     return run
+
+
+@pytest.fixture(scope="session")
+def chat_model(tmp_path_factory):
+    """A tiny Qwen3 with a trained BPE tokenizer and a ChatML template
+    (`write_checkpoint(..., tokenizer=True)`), compiled once for the engine
+    and server tests: vocabulary 320, EOS ids (2, 0), 64 positions."""
+    import etc.models
+    from etc.models.testing import tiny_config, write_checkpoint
+
+    path = write_checkpoint(tmp_path_factory.mktemp("chat") / "tiny-chat",
+                            tiny_config(vocab_size=320), tokenizer=True)
+    return etc.models.load(path, workers=2, max_seq_len=64, attention_chunk=16)

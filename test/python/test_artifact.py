@@ -148,13 +148,16 @@ def test_auto_schedule_is_resolved_in_the_abi(tmp_path):
     assert etc.runtime.load(path).abi.schedule == "dynamic"
 
 
-def _rewrite(path, manifest=None, code=None):
-    """Rewrites the artifact at `path` with a changed manifest or code."""
+def _rewrite(path, manifest=None, code=None, sign=True):
+    """Rewrites the artifact at `path` with a changed manifest (its digest
+    recomputed unless `sign` is false: an artifact saved that way) or code."""
     with zipfile.ZipFile(path) as archive:
         members = {n: archive.read(n) for n in archive.namelist()}
     if manifest is not None:
         data = json.loads(members[artifact.MANIFEST])
         manifest(data)
+        if sign:
+            data["sha256"] = artifact._manifest_digest(data)
         members[artifact.MANIFEST] = json.dumps(data).encode()
     if code is not None:
         name = next(n for n in members if n != artifact.MANIFEST)
@@ -167,7 +170,9 @@ def _rewrite(path, manifest=None, code=None):
 def test_another_format_version_is_a_clear_error(tmp_path):
     _, path = _saved(tmp_path)
     _rewrite(path, manifest=lambda m: m.update(version=artifact.FORMAT_VERSION + 1))
-    with pytest.raises(ArtifactError, match=r"format version 2, but this runtime reads version 1"):
+    version = artifact.FORMAT_VERSION
+    with pytest.raises(ArtifactError, match=rf"format version {version + 1}, but this runtime "
+                                            rf"reads version {version}"):
         etc.runtime.load(path)
 
 
@@ -194,6 +199,55 @@ def test_damaged_files_are_clear_errors(tmp_path):
 
     _rewrite(path, code=lambda code: code + b"\0")
     with pytest.raises(ArtifactError, match="checksum"):
+        etc.runtime.load(path)
+
+
+def _flip_every_byte(path, tmp_path, start: int, end: int) -> dict:
+    """Loads `path` with each byte of [start, end) flipped in turn; the
+    outcomes by exception type (a flip may also leave it loadable)."""
+    data = path.read_bytes()
+    outcomes: dict = {}
+    broken = tmp_path / "broken.etc"
+    for position in range(start, min(end, len(data))):
+        flipped = bytearray(data)
+        flipped[position] ^= 0xFF
+        broken.write_bytes(bytes(flipped))
+        try:
+            etc.runtime.load(broken)
+            kind = "loaded"
+        except ArtifactError:
+            kind = "ArtifactError"
+        outcomes.setdefault(kind, []).append(position)
+    return outcomes
+
+
+def test_every_flipped_header_byte_is_an_artifact_error(tmp_path):
+    """Every byte of the zip structures (local headers, central directory),
+    flipped: ArtifactError or a kernel that loads, never another exception
+    (a flipped compression method made zipfile raise NotImplementedError)."""
+    _, path = _saved(tmp_path)
+    size = path.stat().st_size
+    with zipfile.ZipFile(path) as archive:
+        headers = [(info.header_offset, info.header_offset + 30 + len(info.filename))
+                   for info in archive.infolist()]
+    central = size - 22 - 46 * 2 - sum(len(n) for n in ("etc-artifact.json", "kernel.so"))
+    outcomes = {}
+    for start, end in headers + [(central, size)]:
+        for kind, where in _flip_every_byte(path, tmp_path, start, end).items():
+            outcomes.setdefault(kind, []).extend(where)
+    assert set(outcomes) <= {"ArtifactError", "loaded"}, outcomes
+    assert outcomes["ArtifactError"]
+
+
+def test_an_edited_manifest_is_refused(tmp_path):
+    """The manifest's digest covers the ABI: a shape edited by hand would
+    make the code read past its arrays."""
+    _, path = _saved(tmp_path)
+
+    def widen(manifest):
+        manifest["abi"]["arguments"][1]["shape"][-1] = 4096
+    _rewrite(path, manifest=widen, sign=False)
+    with pytest.raises(ArtifactError, match=r"the manifest does not match its checksum"):
         etc.runtime.load(path)
 
 

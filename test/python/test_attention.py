@@ -95,9 +95,14 @@ def test_f16_cache_and_bf16_activations():
 def test_attention_lowers_to_live_chunk_tiles_and_a_data_dependent_event():
     g = _graph(chunk=4, max_length=24)
     text = etc.compile(g, target="cpu", schedule="dynamic", workers=1).ir("event")
-    chunk = re.search(r'%(\S+) = event\.alloc\((%\S+)\) : !event\.tensor<\?>\n\s*'
-                      r'event\.task "attention_0_chunk" grid\(\2, %c6\)[^\n]*', text)
+    # The chunk grid follows the cache length: ceil(L / 4) chunks.
+    chunk = re.search(r'%(\S+) = affine\.apply #(\S+)\(\)\[%arg3\]\n\s*'
+                      r'%(\S+) = event\.alloc\((%\S+)\) : !event\.tensor<\?>\n\s*'
+                      r'event\.task "attention_0_chunk" grid\(\4, %\1\)[^\n]*', text)
     assert chunk, text
+    assert f"#{chunk.group(2)} = affine_map<()[s0] -> (s0 ceildiv 4)>" in text
+    chunk = re.search(r'%(\S+) = event\.alloc\((%\S+)\) : !event\.tensor<\?>\n\s*'
+                      r'event\.task "attention_0_chunk"[^\n]*', text)
     line = chunk.group(0)
     # No `count`: one notify per live chunk tile of the request.
     assert f"notifies(%{chunk.group(1)} : !event.tensor<?> (d0, d1) -> (d0))" in line
@@ -117,9 +122,8 @@ def test_attention_errors():
     kc = g.state("kc", (S, L, 16))
     vc = g.state("vc", (S, L, 16))
     q32 = g.input("q32", (T, 32), "f32")
-    with pytest.raises(ValueError, match=r"attention: the cache length of .*'kc'.* is symbolic; "
-                                         r"pass max_length="):
-        g.attention(q32, kc, vc, batch, head_dim=8)
+    with pytest.raises(ValueError, match=r"attention: 'max_length' must be a positive int"):
+        g.attention(q32, kc, vc, batch, head_dim=8, max_length=0)
     with pytest.raises(ValueError, match=r"attention: 3 query heads cannot be grouped over 2 KV"):
         g.attention(q, kc, vc, batch, head_dim=8, max_length=16)
     with pytest.raises(ValueError, match=r"attention: the last dimension of 'q' \(24\) must be a "
@@ -169,3 +173,26 @@ def test_layers_share_one_scratch(schedule):
         (want,) = etc.reference.evaluate(g, x=xs, **b, **mirror)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         lengths = [a + n for a, n in zip(lengths, new)]
+
+
+@pytest.mark.parametrize("head_dim, cache_dtype, heads, kv_heads", [
+    (16, "f32", 4, 2),     # 4 lanes per cache row, 8 keys per warp at once
+    (16, "bf16", 6, 2),    # 2 lanes per row, 16 keys at once, 3 heads per KV head
+    (64, "bf16", 4, 1),    # 8 lanes per row (Llama-3.2-1B's head_dim)
+    (128, "f32", 2, 2)])   # a whole warp per row, one key at a time
+def test_gpu_attention_kernels_with_simulated_lanes(head_dim, cache_dtype, heads, kv_heads):
+    """The CUDA kernels (a warp per (token, KV head) with lanes along
+    head_dim, the lane-per-column combine, the 16-byte kv_append) run on
+    the CPU with their lanes simulated: ragged prefill, decode and mixed
+    steps across chunk boundaries match NumPy, and so do the caches."""
+    g = _graph(heads=heads, kv_heads=kv_heads, head_dim=head_dim, chunk=4, max_length=24,
+               cache_dtype=cache_dtype, q_dtype="bf16" if cache_dtype == "bf16" else "f32")
+    kernel = etc.compile(g, target="cpu", kernels="cuda", schedule="dynamic", workers=2)
+    text = kernel.ir("graph")
+    for name in ("attention_chunk_warps", "attention_combine_lanes", "kv_append_vector"):
+        assert name in text, name
+    rng = np.random.default_rng(head_dim + heads)
+    storage = np.uint16 if cache_dtype == "bf16" else np.float32
+    _run_steps(kernel, g, STEPS[:4], [2, 0, 1], rng, heads * head_dim, kv_heads * head_dim,
+               (3, 24, kv_heads * head_dim), storage,
+               tol=2e-2 if cache_dtype == "bf16" else 1e-5)

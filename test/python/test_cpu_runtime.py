@@ -365,7 +365,7 @@ from etc import pipeline
 from etc.compiler import compile_module
 from etc.runtime import workers
 
-schedule = sys.argv[1]
+schedule, spin = sys.argv[1], int(sys.argv[2])
 g = etc.Graph("stuck")
 B = g.symbol("B")
 x = g.input("x", (B, 64))
@@ -383,6 +383,7 @@ removed = r"^\s*event\.(notify|queue_push) .*$"
 text = text[:worker] + re.sub(removed, "", text[worker:end], flags=re.M) + text[end:]
 module = ir.Module.parse(text, context=module.context)
 runtime = compile_module(module, g, options, stage="scheduled").runtime
+runtime.spin_microseconds = spin
 
 
 def interrupt_once_the_workers_spin():
@@ -406,15 +407,17 @@ except KeyboardInterrupt:
 
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
-def test_ctrl_c_stops_and_joins_the_workers(schedule):
-    """Ctrl-C during `run` stops the workers (their spins see the stop flag)
-    and waits for their calls to return before the buffers they write are
-    freed; then the KeyboardInterrupt propagates. Before, the workers went on spinning (and
+@pytest.mark.parametrize("spin", [0, 10_000_000])
+def test_ctrl_c_stops_and_joins_the_workers(schedule, spin):
+    """Ctrl-C during `run` stops the workers (their waits see the stop flag,
+    whether they poll or block: a futex wait lasts 10 ms at most) and waits
+    for their calls to return before the buffers they write are freed; then
+    the KeyboardInterrupt propagates. Before, the workers went on spinning (and
     writing into freed buffers): the process hung or died of SIGSEGV."""
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", _INTERRUPTED_RUN, schedule],
+    proc = subprocess.run([sys.executable, "-c", _INTERRUPTED_RUN, schedule, str(spin)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert re.fullmatch(r"interrupted after \d+\.\d s; workers busy: 0\n", proc.stdout), \
@@ -439,3 +442,58 @@ def test_topk_with_nan_matches_the_reference():
     np.testing.assert_array_equal(got_values, ref_values)
     assert got_indices.tolist()[:3] == [[1, 3, 4, 2], [0, 1, 2, 3], [2, 4, 0, 1]]
     assert all(len(set(row)) == 4 for row in got_indices.tolist())
+
+
+@pytest.fixture(scope="module")
+def bf16_matmul():
+    g = etc.Graph("bf16mm")
+    B = g.symbol("B")
+    g.output(g.matmul(g.input("x", (B, 16), "bf16"), g.input("w", (16, 32), "bf16")))
+    return g, etc.compile(g, workers=2)
+
+
+def test_arrays_seen_before_are_read_again_at_every_run(bf16_matmul):
+    """The runtime skips the checks of an array it saw at an earlier run
+    (same object, shape, strides and dtype, read as it is), but reads its
+    values at every run: changes in place are seen, and so is a new array."""
+    g, kernel = bf16_matmul
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    w = etc.bfloat16.to_bits(rng.standard_normal((16, 32)).astype(np.float32))
+    first = kernel.run(x=x, w=w)[0]
+    w[:] = etc.bfloat16.to_bits(rng.standard_normal((16, 32)).astype(np.float32))
+    x[:] = rng.standard_normal((3, 16))
+    np.testing.assert_array_equal(kernel.run(x=x, w=w)[0],
+                                  etc.reference.evaluate(g, x=x, w=w)[0])
+    assert not np.array_equal(kernel.run(x=x, w=w)[0], first)
+    other = w.copy()
+    other[0] += 1
+    np.testing.assert_array_equal(kernel.run(x=x, w=other)[0],
+                                  etc.reference.evaluate(g, x=x, w=other)[0])
+
+
+def test_converted_inputs_are_converted_at_every_run(bf16_matmul):
+    """A float32 array for a bf16 input is rounded into a copy at each run,
+    so changes to it in place are seen too."""
+    g, kernel = bf16_matmul
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 32)).astype(np.float32)
+    kernel.run(x=x, w=w)
+    w *= 2
+    np.testing.assert_array_equal(kernel.run(x=x, w=w)[0],
+                                  etc.reference.evaluate(g, x=x, w=w)[0])
+
+
+def test_an_array_changed_since_an_earlier_run_is_checked_again(bf16_matmul):
+    _, kernel = bf16_matmul
+    x = np.ones((2, 16), np.float32)
+    w = np.ones((16, 32), np.float32)
+    kernel.run(x=x, w=w)
+    with pytest.raises(TypeError, match=r"input 'w' has dtype float64"):
+        kernel.run(x=x, w=w.astype(np.float64))
+    with pytest.raises(ValueError, match=r"input 'w' dim 0 is 8, expected 16"):
+        kernel.run(x=x, w=np.ones((8, 64), np.float32))
+    with pytest.raises(TypeError, match=r"missing inputs \['w'\]"):
+        kernel.run(x=x)
+

@@ -131,7 +131,14 @@ class _FakeDriver:
     def cuCtxSetCurrent(self, context):
         return (0,)
 
-    def cuModuleLoadData(self, image):
+    class CUjit_option:
+        CU_JIT_INFO_LOG_BUFFER = 3
+        CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES = 4
+        CU_JIT_ERROR_LOG_BUFFER = 5
+        CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6
+        CU_JIT_LOG_VERBOSE = 12
+
+    def cuModuleLoadDataEx(self, image, count, options, values):
         return 0, "module"
 
     def cuModuleGetFunction(self, module, name):
@@ -237,7 +244,7 @@ def test_runtime_passes_the_parameters_the_ptx_declares(schedule, monkeypatch):
     assert fake.launches == [("mlp_counters", 1, 1, 0, False),
                              ("mlp_init", 1, cuda.INIT_THREADS, 0, False),
                              ("mlp_worker", 5, cuda.DEFAULT_LANES, 0, static),
-                             ("mlp_check", 1, 1, 0, False)]
+                             ("mlp_check", 1, cuda.CHECK_THREADS, 0, False)]
     assert [o.shape for o in outputs] == [(9, 128), (9, 128)]
     kernel.runtime.max_workers = None
     assert kernel.runtime.workers == 8

@@ -9,6 +9,7 @@ rank that dies or hangs is an error on every other rank, not a hang."""
 
 import os
 import re
+import shutil
 
 import pytest
 
@@ -108,6 +109,24 @@ def test_collective_errors():
     g, _ = _gather_graph(tile=(16, 8))
     with pytest.raises(ValueError, match="row blocks of the 32 rows each rank sends"):
         g.to_mlir()
+
+
+@pytest.mark.skipif(not (shutil.which("ptxas") and shutil.which("nvlink")),
+                    reason="needs ptxas and nvlink (CUDA toolkit) on PATH")
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_nvshmem_ptx_assembles_and_links(chip, tmp_path):
+    """The CUDA program of a graph on two ranks calls NVSHMEM's device API
+    (row puts, the remote atomic notify after a quiet, the PE), assembles
+    as relocatable code and links with NVSHMEM's device library (its
+    bitcode from the wheel, compiled for the chip) into a cubin; running it
+    says what is missing."""
     g, _ = _gather_graph()
-    with pytest.raises(NotImplementedError, match="NVSHMEM is not implemented"):
-        etc.compile(g, target="cuda")
+    kernel = etc.compile(g, target="cuda", chip=chip)
+    ptx = kernel.ptx
+    for call in ("nvshmem_my_pe", "nvshmem_quiet", "nvshmem_int_atomic_add",
+                 "nvshmemx_putmem_nbi_block"):
+        assert re.search(rf"\.extern \.func .*{call}", ptx), call
+    cubin = distributed.link_nvshmem(ptx, chip, str(tmp_path))
+    assert cubin[:4] == b"\x7fELF"
+    with pytest.raises(NotImplementedError, match="host side"):
+        kernel.run(x=None, w=None)

@@ -73,11 +73,13 @@ def test_elementwise_lanes(dtype):
     _check(g, dtype, (1, 5, 70), "silu_gpu", 1e-5 if dtype == "f32" else 2e-2)
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("width", [96, 1024])
+@pytest.mark.parametrize("dtype, width", [("f32", 96), ("bf16", 96), ("f32", 1024),
+                                          ("bf16", 1024), ("f32", 4096)])
 def test_rowwise_lanes(dtype, width):
     """A warp per row: lanes over 16-byte slices, shuffle reductions of sums
-    and maxima, warps taking rows in turn (rows not a multiple of 4)."""
+    and maxima, warps taking rows in turn (rows not a multiple of 4); rows
+    held in registers (1024: one row per warp in f32, two in bf16) and
+    streamed (96, and 4096 f32 with four slices per iteration)."""
     g = etc.Graph("rows")
     B = g.symbol("B")
     x = g.input("x", (B, width), dtype)

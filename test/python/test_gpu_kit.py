@@ -103,7 +103,8 @@ def test_kit_reports_a_wrong_artifact(cpu_kit):
     finally:
         manifest_path.write_text(original)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "FAILED artifacts/swapped.etc: B=1 run 0 output 0: relative error" in result.stdout
+    assert re.search(r"FAILED artifacts/swapped.etc: .*\n +- B=1 run 0 output 0: relative error",
+                     result.stdout), result.stdout
     assert "Checks: 3/4 artifacts passed" in result.stdout
 
 
@@ -112,7 +113,11 @@ def test_kit_runs_its_cuda_path_on_a_fake_driver(tmp_path, cpu_kit):
     stand-in for cuda.bindings.driver whose launches run the CPU build of
     the same program (test/python/fake_cuda): binding, staging copies,
     poisoned device buffers, cooperative launches, the run header and
-    g_check, the watchdog in a child process, the benchmark tables."""
+    g_check, the watchdog in a child process, the probe, the benchmark
+    tables. One family gets a misaligned array planted behind the runtime's
+    back: its child process faults (a sticky error, as on a GPU) and that
+    family fails, while every other family's results, and the report
+    written so far, are kept."""
     from etc.runtime import load
 
     gpu_kit = tmp_path / "gpu-kit"
@@ -132,12 +137,28 @@ def test_kit_runs_its_cuda_path_on_a_fake_driver(tmp_path, cpu_kit):
                                            os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run(
         [sys.executable, "-c", WITHOUT_MLIR, str(gpu_kit / "run.py"), "--runs", "2",
-         "--skip-sanitizer", "--repeats", "3", "--copy-mib", "4", "--out",
-         str(tmp_path / "report.md")], capture_output=True, text=True, timeout=900, env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
+         "--skip-sanitizer", "--repeats", "3", "--copy-mib", "4", "--probe",
+         "--plant-misaligned", "op_add", "--out", str(tmp_path / "report.md")],
+        capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
     report = (tmp_path / "report.md").read_text()
     assert "Fake CUDA device (CPU), sm_90, 2 SMs" in report
-    assert "Checks: 12/12 artifacts passed" in report
+    # The planted fault fails op_add's three artifacts, nothing else.
+    failed = re.findall(r"- FAILED (\S+): ", report)
+    assert failed == [f"artifacts/op_add-{s}-sm_90a.etc" for s in ("static", "dynamic", "auto")]
+    assert report.count("CUDA_ERROR_MISALIGNED_ADDRESS") >= 3, report
+    assert "Checks: 9/12 artifacts passed" in report
+    assert report.strip().endswith("3 FAILED.")
+    # Each worker's resources, from the driver.
+    workers = report.split("### Worker kernels")[1].split("###")[0]
+    assert re.search(r"\| artifacts/mlp_bf16-static-sm_90a.etc \| 40 \| 0 \| 16 \| \d+ \| 128 \| "
+                     r"1 \| 2 \|", workers), workers
+    # The probe's answers.
+    probe = report.split("## Probe")[1].split("## Checks")[0]
+    assert "land on 2 distinct SMs (of 2): yes" in probe, probe
+    assert "captured in a CUDA graph: captured, instantiated and replayed; 2/2 CTAs ran: yes" \
+        in probe, probe
+    assert "%globaltimer over 4096 consecutive reads" in probe, probe
     assert "Watchdog: 2/2 broken artifacts raised WatchdogError" in report
     latency = report.split("### Notify")[1].split("###")[0]
     assert re.search(r"\| 1 \| 2 \| [\d.]+ \| — \|", latency), latency
@@ -153,7 +174,12 @@ def test_kit_runs_its_cuda_path_on_a_fake_driver(tmp_path, cpu_kit):
     for title in ("### 5-operator MLP", "### Decode step"):
         section = report.split(title)[1].split("###")[0]
         assert "| ETC static, no prefetch " in section, section
-    assert "FAILED" not in report
+    benchmarks = report.split("## Benchmarks")[1].split("\nTotal ")[0]
+    assert "FAILED" not in benchmarks
+    # ETC's static MLP and decode step, also replayed as CUDA graphs.
+    for title in ("### 5-operator MLP", "### Decode step"):
+        section = report.split(title)[1].split("###")[0]
+        assert "| ETC static, CUDA graph" in section and "capture failed" not in section
     # Static workers need every CTA resident: always a cooperative launch;
     # everything else (dynamic workers, _init, _check, _counters) is plain.
     launches = [line.split() for line in (tmp_path / "launches.log").read_text().splitlines()]

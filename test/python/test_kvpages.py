@@ -216,7 +216,13 @@ def test_paged_slots_admission_and_reuse():
     assert slots.reserve(1, 16) and not slots.reserve(1, 21)
     slots.release(0)
     assert slots.admit(ids(30, 50), 30) is None         # no blocks (slot 0 is free)
-    assert slots.admit(ids(3, 50), 3) == (0, 0)
+    slot, cached = slots.admit(ids(3, 50), 3)            # a fresh key
+    assert slot not in (0, 1) and cached == 0
+    assert slots.used == 2 and sorted(slots.manager._sequences) == [1, slot]
+    # A second user of the pool never takes a key the first holds.
+    slots.release(slot)
+    other = PagedSlots(slots.cache, 2)
+    assert other.admit(ids(1, 70), 1)[0] not in (0, 1, slot)
     slots.manager.check()
 
 

@@ -81,7 +81,7 @@ def decode(model, prompts, new: int, budget: int = 256, cache=None):
             take = min(len(sequences[r]) - cached[r], max(1, left))
             left -= take
             requests.append(models.Request(r, cached[r], sequences[r][cached[r]:cached[r] + take]))
-        step_logits, ids = model.step(cache, requests)
+        step_logits, ids = model.step(cache, requests, return_logits=True)
         for i, request in enumerate(requests):
             r = request.slot
             cached[r] += len(request.tokens)

@@ -43,9 +43,22 @@ def test_the_check_rejects_the_program_unless_skipped():
                            "builtin.module(event-static-schedule{workers=2})")
 
 
+#: CPU spin budgets: block at once, the default, poll for the whole wait.
+SPINS = [0, None, 10_000_000]
+
+
+def with_spin(kernel, spin):
+    if spin is not None:
+        kernel.runtime.spin_microseconds = spin
+    return kernel
+
+
 @pytest.mark.parametrize("workers", [1, 3])
-def test_a_missing_notify_raises_within_the_timeout(workers):
-    kernel = hanging_kernel("static", watchdog=0.4, workers=workers)
+@pytest.mark.parametrize("spin", SPINS)
+def test_a_missing_notify_raises_within_the_timeout(workers, spin):
+    """Whether the waits poll or block (futex waits bounded by the time
+    left), the first to time out stops the run."""
+    kernel = with_spin(hanging_kernel("static", watchdog=0.4, workers=workers), spin)
     start = time.monotonic()
     with pytest.raises(layout.WatchdogError) as caught:
         kernel.run(x=np.arange(6, dtype=np.float32))
@@ -63,8 +76,9 @@ def test_a_missing_notify_raises_within_the_timeout(workers):
         kernel.run(x=np.arange(2, dtype=np.float32))
 
 
-def test_a_queue_that_never_fills_raises_within_the_timeout():
-    kernel = hanging_kernel("dynamic", watchdog=0.3)
+@pytest.mark.parametrize("spin", SPINS)
+def test_a_queue_that_never_fills_raises_within_the_timeout(spin):
+    kernel = with_spin(hanging_kernel("dynamic", watchdog=0.3), spin)
     start = time.monotonic()
     with pytest.raises(layout.WatchdogError,
                        match=r"hang: watchdog: worker \d waited 0\.\d s for a task from the queue "

@@ -18,6 +18,13 @@ needs_affinity = pytest.mark.skipif(
     reason="pinning needs Linux sched_setaffinity and at least 2 usable cores")
 
 
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """The pinning tests below judge the rule, not the machine they run on:
+    others' load is what each test says (none unless it says otherwise)."""
+    monkeypatch.setattr(workers._pool.others, "busy", lambda cores: False)
+
+
 def _record(out: list, key: int):
     def call():
         out[key] = (threading.current_thread().ident, frozenset(os.sched_getaffinity(0)))
@@ -105,6 +112,47 @@ def test_a_run_beside_another_is_not_pinned():
     finally:
         release.set()
         blocker.wait()
+
+
+@needs_affinity
+def test_a_run_is_not_pinned_while_others_keep_the_cores_busy(monkeypatch):
+    """A pinned worker cannot move to a free core while another process
+    holds its own: runs are pinned only while others leave the cores idle."""
+    monkeypatch.delenv("ETC_PIN_WORKERS", raising=False)
+    everywhere = frozenset(os.sched_getaffinity(0))
+    count = len(everywhere)
+    assert [mask for _, mask in _run(count)] == [frozenset({c}) for c in sorted(everywhere)]
+    monkeypatch.setattr(workers._pool.others, "busy", lambda cores: True)
+    assert [mask for _, mask in _run(count)] == [everywhere] * count
+    monkeypatch.setattr(workers._pool.others, "busy", lambda cores: False)
+    assert [mask for _, mask in _run(count)] == [frozenset({c}) for c in sorted(everywhere)]
+
+
+def test_others_load_is_the_cores_busy_time_less_the_workers(monkeypatch):
+    clock = [100.0]
+    busy = [50.0]
+    ours = [3.0]
+    monkeypatch.setattr(workers.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(workers.OtherLoad, "busy_seconds", staticmethod(lambda cores: busy[0]))
+    load = workers.OtherLoad(lambda: ours[0])
+    assert not load.busy([0, 1])  # the first sample: nothing to compare with
+    # 1 s later: the cores ran 1.5 s, of which the workers 1.4 s.
+    clock[0], busy[0], ours[0] = 101.0, 51.5, 4.4
+    assert not load.busy([0, 1]) and load.cores == pytest.approx(0.1)
+    # Within the window the last answer holds.
+    clock[0], busy[0] = 101.1, 60.0
+    assert not load.busy([0, 1])
+    # Another process kept a core busy beside the workers.
+    clock[0], busy[0], ours[0] = 102.0, 53.4, 5.3
+    assert load.busy([0, 1]) and load.cores == pytest.approx(1.0)
+
+
+def test_the_cores_busy_time_is_read_from_proc_stat():
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("needs /proc/stat")
+    first = workers.OtherLoad.busy_seconds([0])
+    threading.Event().wait(0.05)
+    assert 0 < first <= workers.OtherLoad.busy_seconds([0])
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -18,10 +18,14 @@ namespace etc {
 /// a relaxed atomic increment of the tail reserves slot `s`; if
 /// `s < capacity`, a release store publishes `task + 1` into it, otherwise
 /// the error word is set. Atomics use `syncScope` ("" for the system).
-void buildQueuePush(mlir::OpBuilder &builder, mlir::Location loc,
-                    mlir::Value counters, mlir::Value queue,
-                    mlir::Value capacity, mlir::Value task,
-                    llvm::StringRef syncScope);
+/// `afterPublish`, when set, is built after the store with the slot's
+/// address (the CPU wakes a worker blocked on the slot there).
+void buildQueuePush(
+    mlir::OpBuilder &builder, mlir::Location loc, mlir::Value counters,
+    mlir::Value queue, mlir::Value capacity, mlir::Value task,
+    llvm::StringRef syncScope,
+    llvm::function_ref<void(mlir::OpBuilder &, mlir::Location, mlir::Value)>
+        afterPublish = nullptr);
 
 /// Builds a pop: a relaxed atomic increment of the head claims slot `s`; if
 /// `s < capacity`, `waitForSlot(slot pointer, s)` must return the slot's

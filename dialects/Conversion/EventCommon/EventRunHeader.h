@@ -69,10 +69,25 @@ struct WatchdogSite {
 /// the caller, which issues one after several spins.
 enum class SpinAcquire { EachPoll, OnceDone, Deferred };
 
+/// Where a spin stands after a poll that did not find its element ready,
+/// for a target that blocks (`SpinTarget::block`).
+struct SpinProgress {
+  mlir::Value counters;  ///< The counter buffer (memref<?xi32>).
+  mlir::Value pointer;   ///< The element (!llvm.ptr).
+  mlir::Value last;      ///< The value the poll loaded (i32).
+  mlir::Value elapsedNs; ///< Since the spin began (i64).
+  mlir::Value timeoutNs; ///< The watchdog's bound (i64).
+  mlir::Value going;     ///< i1: the spin goes on (not stopped, not expired).
+};
+
 /// How a target waits with the watchdog: the clock (i64 nanoseconds), the
 /// back-off between polls, and the synchronisation scope of its atomics
 /// ("" for the system). The back-off gets an i32 state (starting at
-/// `firstBackOff`) and returns the next one, e.g. a growing sleep.
+/// `firstBackOff`) and returns the next one, e.g. a growing sleep; a null
+/// back-off polls again at once. `block`, when set, is built after the
+/// watchdog's check of every poll that did not find the element ready: a
+/// target that can block the thread until the element changes does so
+/// there (the CPU's futex wait).
 struct SpinTarget {
   llvm::function_ref<mlir::Value(mlir::OpBuilder &, mlir::Location)> now;
   llvm::function_ref<mlir::Value(mlir::OpBuilder &, mlir::Location,
@@ -84,6 +99,9 @@ struct SpinTarget {
   int64_t timeoutMs;
   /// How the polls of the spin functions load the element.
   SpinAcquire acquire = SpinAcquire::EachPoll;
+  llvm::function_ref<void(mlir::OpBuilder &, mlir::Location,
+                          const SpinProgress &)>
+      block = nullptr;
 };
 
 /// What a spin waits for: a counter to be no longer positive (`event.wait`)
@@ -115,6 +133,12 @@ mlir::Value buildSpin(mlir::OpBuilder &b, mlir::Location loc,
                       llvm::StringRef syncScope, SpinUntil until,
                       const WatchdogSite &site,
                       SpinAcquire acquire = SpinAcquire::EachPoll);
+
+/// The address (!llvm.ptr) of word `word` of the run header of `counters`
+/// (`run::...Word`): the header is the last `run::kHeaderWords` words of
+/// the buffer, found from its size.
+mlir::Value buildHeaderWordPointer(mlir::OpBuilder &b, mlir::Location loc,
+                                   mlir::Value counters, int64_t word);
 
 /// Whether the run is stopped: its status word (`run::kStatusWord` of
 /// `counters`), loaded relaxed, is no longer `run::kRunning`. Returns an i1.

@@ -8,12 +8,24 @@
 
 namespace etc {
 
-/// The symbol `event.wait` calls between two polls of its counter.
-inline constexpr llvm::StringLiteral kSchedYieldName = "sched_yield";
+/// The C library's system call entry, which blocking waits and their wakes
+/// call for the futex system call.
+inline constexpr llvm::StringLiteral kSyscallName = "syscall";
+/// The functions a wait blocks in and a notify wakes the blocked with.
+inline constexpr llvm::StringLiteral kSleepName = "__etc_sleep";
+inline constexpr llvm::StringLiteral kWakeName = "__etc_wake";
 
-/// Declares `func.func private @sched_yield() -> i32` in `module` unless it
-/// is there; fails with an error if the symbol has another meaning.
-mlir::LogicalResult declareSchedYield(mlir::ModuleOp module);
+/// Declares `llvm.func @syscall(i64, ...) -> i64` in `module` unless it is
+/// there; fails with an error if the symbol has another meaning.
+mlir::LogicalResult declareSyscall(mlir::ModuleOp module);
+
+/// Declares `@syscall` and defines, unless they are there,
+/// `llvm.func internal @__etc_sleep(element, seen, sleepers, nanoseconds)`
+/// (counts the thread in the run header's sleepers word and, if the i32
+/// element still holds `seen`, blocks in a futex wait on it for at most
+/// `nanoseconds`) and `llvm.func internal @__etc_wake(element)` (wakes every
+/// thread blocked on it). Fails if a symbol has another meaning.
+mlir::LogicalResult defineFutexFunctions(mlir::ModuleOp module);
 
 /// The function the watchdog and traces read the clock with.
 inline constexpr llvm::StringLiteral kMonotonicClockName = "__etc_monotonic_ns";
@@ -31,9 +43,10 @@ void populateEventToCPUTypeConversions(mlir::TypeConverter &typeConverter);
 /// Adds the patterns that lower `event.view`, `event.wait`, `event.notify`,
 /// `event.notify_ready`, the queue ops, the run-header ops and the lane ops
 /// for CPU worker threads. `event.wait` and `event.queue_pop` call the spin
-/// functions that `defineSpinFunctions` defines (which call
-/// `@sched_yield`, declared by `declareSchedYield`, and the clock of
-/// `defineMonotonicClock`); the trace ops read that clock too. The patterns
+/// functions that `defineSpinFunctions` defines (which call the clock of
+/// `defineMonotonicClock` and `@__etc_sleep`); `event.notify`,
+/// `event.notify_ready` and `event.queue_push` call `@__etc_wake` (both
+/// defined by `defineFutexFunctions`); the trace ops read the clock too. The patterns
 /// create `event.worker_id` for the records: like the program's own, they
 /// become function arguments (see `convert-event-to-cpu`).
 void populateEventToCPUConversionPatterns(

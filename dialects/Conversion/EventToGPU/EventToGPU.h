@@ -34,6 +34,15 @@ void populateEventToGPUConversionPatterns(
     const mlir::TypeConverter &typeConverter,
     mlir::RewritePatternSet &patterns);
 
+/// Adds the patterns that lower the operations of a graph on several ranks
+/// (`event.rank_id`, `event.rank_count`, `event.put`,
+/// `event.remote_notify`) to calls of NVSHMEM's device API, left external
+/// for the link with NVSHMEM's device library. Part of
+/// `populateEventToGPUConversionPatterns`.
+void populateRemoteToGPUConversionPatterns(
+    const mlir::TypeConverter &typeConverter,
+    mlir::RewritePatternSet &patterns);
+
 } // namespace etc
 
 #endif // ETC_CONVERSION_EVENTTOGPU_EVENTTOGPU_H

@@ -20,6 +20,13 @@ namespace etc::event {
 /// else); on the CPU it changes nothing.
 inline constexpr llvm::StringLiteral kIndependentIterationsAttrName =
     "event.independent";
+
+/// The unit attribute the schedulers put on a loop of an end-of-run check
+/// (`@g_check`) whose one result is the OR (`i1`) of one independent test
+/// per iteration, starting from false (`anyNonZero`). The CUDA lowering
+/// spreads its iterations over the CTA's threads and ORs their results
+/// with one reducing barrier; on the CPU it changes nothing.
+inline constexpr llvm::StringLiteral kAnyReductionAttrName = "event.any";
 } // namespace etc::event
 
 #endif // ETC_EVENT_IR_EVENTDIALECT_H

@@ -714,7 +714,8 @@ def Event_QueuePopOp : Event_Op<"queue_pop"> {
     Claims the next slot `s` of the task queue at element `queue` of the
     counter buffer (layout in `event.queue_push`) with an atomic increment
     of the head. If `s < capacity`, waits until the slot is published
-    (acquire loads, backing off between polls: `sched_yield` on the CPU)
+    (acquire loads; the CPU polls, then blocks in a futex wait; the GPU
+    backs off with `nanosleep`)
     and returns the task id in it; the pusher's writes are then visible.
     If `s >= capacity`, every slot has been claimed, and it returns
     `capacity` at once: a worker loop pops until it gets `capacity`.

@@ -50,8 +50,15 @@ inline constexpr int64_t kWaitedMsWord = 17; ///< Milliseconds spun.
 /// `@g_init`.
 inline constexpr int64_t kTraceOffsetWord = 18;
 inline constexpr int64_t kTraceCountWord = 19;
+/// The CPU target's blocking waits (`convert-event-to-cpu`): the number of
+/// workers blocked in the kernel on an element now (a notify that takes a
+/// counter to zero, or a push, makes the wake system call only when it is
+/// not 0), and how long, in microseconds, a wait polls before it blocks
+/// (written by the runtime after `@g_init`; 0 blocks at once).
+inline constexpr int64_t kSleepersWord = 20;
+inline constexpr int64_t kSpinMicrosecondsWord = 21;
 /// Words of the header: the last kHeaderWords words of the counter buffer.
-inline constexpr int64_t kHeaderWords = 20;
+inline constexpr int64_t kHeaderWords = 22;
 
 /// Coordinates kept in a record; tiles and elements of higher rank keep
 /// their first kMaxRecordRank coordinates (the rank words say so).

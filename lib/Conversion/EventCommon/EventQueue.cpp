@@ -51,9 +51,10 @@ static void storeI32(OpBuilder &b, Location loc, Value value, Value pointer,
                         /*isInvariantGroup=*/false, ordering, syncScope);
 }
 
-void etc::buildQueuePush(OpBuilder &builder, Location loc, Value counters,
-                         Value queueStart, Value capacity, Value task,
-                         StringRef syncScope) {
+void etc::buildQueuePush(
+    OpBuilder &builder, Location loc, Value counters, Value queueStart,
+    Value capacity, Value task, StringRef syncScope,
+    function_ref<void(OpBuilder &, Location, Value)> afterPublish) {
   Value slot = claim(builder, loc, counters, queueStart, queue::kTailWord,
                      syncScope);
   Value fits = arith::CmpIOp::create(builder, loc, arith::CmpIPredicate::ult,
@@ -64,9 +65,11 @@ void etc::buildQueuePush(OpBuilder &builder, Location loc, Value counters,
         Value published = arith::IndexCastUIOp::create(
             b, loc, b.getI32Type(),
             arith::AddIOp::create(b, loc, task, constantIndex(b, loc, 1)));
-        storeI32(b, loc, published,
-                 slotPointer(b, loc, counters, queueStart, slot),
-                 LLVM::AtomicOrdering::release, syncScope);
+        Value pointer = slotPointer(b, loc, counters, queueStart, slot);
+        storeI32(b, loc, published, pointer, LLVM::AtomicOrdering::release,
+                 syncScope);
+        if (afterPublish)
+          afterPublish(b, loc, pointer);
         scf::YieldOp::create(b, loc);
       },
       [&](OpBuilder &b, Location loc) {

@@ -33,6 +33,11 @@ static Value headerPointer(OpBuilder &b, Location loc, Value counters,
   return wordPointer(b, loc, counters, position);
 }
 
+Value etc::buildHeaderWordPointer(OpBuilder &b, Location loc, Value counters,
+                                  int64_t word) {
+  return headerPointer(b, loc, counters, word);
+}
+
 static Value i32(OpBuilder &b, Location loc, int64_t value) {
   return arith::ConstantIntOp::create(b, loc, value, 32);
 }
@@ -245,17 +250,18 @@ static Value buildSpinLoop(OpBuilder &b, Location loc, Value counters,
                                  ValueRange{args[0], args[1], args[2], value});
       },
       [&](OpBuilder &b, Location loc, ValueRange args) {
-        Value backOff = target.backOff(b, loc, args[2]);
+        Value backOff =
+            target.backOff ? target.backOff(b, loc, args[2]) : args[2];
         Value stopped = buildRunStopped(b, loc, counters, target.syncScope);
         Value now = target.now(b, loc);
         Value first = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq,
                                             args[0], noStart);
         Value start = arith::SelectOp::create(b, loc, first, now, args[0]);
         Value elapsed = arith::SubIOp::create(b, loc, now, start);
+        Value timeoutNs =
+            arith::ConstantIntOp::create(b, loc, target.timeoutMs * 1000000, 64);
         Value expired = arith::CmpIOp::create(
-            b, loc, arith::CmpIPredicate::sgt, elapsed,
-            arith::ConstantIntOp::create(b, loc, target.timeoutMs * 1000000,
-                                         64));
+            b, loc, arith::CmpIPredicate::sgt, elapsed, timeoutNs);
         Value report = arith::AndIOp::create(
             b, loc, expired,
             arith::XOrIOp::create(b, loc, stopped,
@@ -273,6 +279,13 @@ static Value buildSpinLoop(OpBuilder &b, Location loc, Value counters,
           scf::YieldOp::create(then, loc);
         });
         Value stop = arith::OrIOp::create(b, loc, stopped, expired);
+        if (target.block) {
+          Value going = arith::XOrIOp::create(
+              b, loc, stop, arith::ConstantIntOp::create(b, loc, 1, 1));
+          target.block(b, loc,
+                       SpinProgress{counters, pointer, args[3], elapsed,
+                                    timeoutNs, going});
+        }
         scf::YieldOp::create(b, loc, ValueRange{start, stop, backOff});
       });
   return loop.getResult(3);

@@ -5,6 +5,12 @@
 // id, and a tile body runs on a single lane. Counters are plain i32s in the
 // runtime's buffer, accessed with LLVM atomics.
 //
+// A wait polls for a while (the run's spin budget) and then blocks in the
+// kernel (a futex wait on the element), so that a worker whose producer has
+// been descheduled gives up its core instead of spinning on it; the
+// notifier that ends a wait wakes the element only when the run header says
+// someone sleeps, so that runs where nobody blocks make no system call.
+//
 //===----------------------------------------------------------------------===//
 
 #include "Conversion/EventToCPU/EventToCPU.h"
@@ -21,6 +27,13 @@
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/SymbolTable.h"
+
+#include <limits>
+
+#ifndef __linux__
+#error "convert-event-to-cpu blocks waits with the Linux futex system call"
+#endif
+#include <sys/syscall.h>
 
 namespace etc {
 #define GEN_PASS_DEF_CONVERTEVENTTOCPU
@@ -43,25 +56,111 @@ static Value monotonicNanoseconds(OpBuilder &b, Location loc) {
       .getResult();
 }
 
-/// The spin of a CPU worker: `sched_yield` between polls, system-scope
-/// atomics, the monotonic clock.
+/// How long one futex wait of a blocked CPU wait lasts at most, so that a
+/// stopped run (Ctrl-C: the host sets the status word, and cannot wake the
+/// sleepers itself) ends its blocked waits within this time.
+static constexpr int64_t kMaxSleepNs = 10 * 1000000;
+
+/// Blocks a CPU spin that has polled for the run's spin budget (the run
+/// header's `kSpinMicrosecondsWord`, written by the runtime): while the run
+/// goes on, `@__etc_sleep` sleeps until the element no longer holds the
+/// value the poll saw, for at most `kMaxSleepNs` or the watchdog's time
+/// left. The spin loop then polls again.
+static void blockAfterBudget(OpBuilder &b, Location loc,
+                             const SpinProgress &spin) {
+  Value budgetUs = LLVM::LoadOp::create(
+      b, loc, b.getI32Type(),
+      buildHeaderWordPointer(b, loc, spin.counters,
+                             run::kSpinMicrosecondsWord),
+      /*alignment=*/4, /*isVolatile=*/false, /*isNonTemporal=*/false,
+      /*isInvariant=*/false, /*isInvariantGroup=*/false,
+      LLVM::AtomicOrdering::monotonic);
+  Value budgetNs = arith::MulIOp::create(
+      b, loc, arith::ExtUIOp::create(b, loc, b.getI64Type(), budgetUs),
+      arith::ConstantIntOp::create(b, loc, 1000, 64));
+  Value spun = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::sge,
+                                     spin.elapsedNs, budgetNs);
+  Value block = arith::AndIOp::create(b, loc, spun, spin.going);
+  scf::IfOp::create(b, loc, block, [&](OpBuilder &then, Location loc) {
+    Value left =
+        arith::SubIOp::create(then, loc, spin.timeoutNs, spin.elapsedNs);
+    Value sleepNs = arith::MinSIOp::create(
+        then, loc, left,
+        arith::ConstantIntOp::create(then, loc, kMaxSleepNs, 64));
+    Value sleepers =
+        buildHeaderWordPointer(then, loc, spin.counters, run::kSleepersWord);
+    LLVM::CallOp::create(then, loc, TypeRange{}, kSleepName,
+                         ValueRange{spin.pointer, spin.last, sleepers, sleepNs});
+    scf::YieldOp::create(then, loc);
+  });
+}
+
+/// The spin of a CPU worker: system-scope atomics, the monotonic clock,
+/// no back-off while it polls, and a futex wait once it has polled for the
+/// run's spin budget (`blockAfterBudget`).
 static SpinTarget cpuSpin(int64_t timeoutMs) {
-  return SpinTarget{monotonicNanoseconds,
-                    [](OpBuilder &b, Location loc, Value state) -> Value {
-                      func::CallOp::create(b, loc, kSchedYieldName,
-                                           TypeRange{b.getI32Type()});
-                      return state;
-                    },
-                    /*firstBackOff=*/0, /*syncScope=*/StringRef(), timeoutMs};
+  SpinTarget target{monotonicNanoseconds,
+                    /*backOff=*/nullptr,
+                    /*firstBackOff=*/0,
+                    /*syncScope=*/StringRef(),
+                    timeoutMs};
+  target.block = blockAfterBudget;
+  return target;
+}
+
+/// Wakes the workers blocked on the i32 at `pointer` if the run header's
+/// sleepers word says anyone sleeps: after a change of that element that
+/// can end their waits. The caller's change of the element must precede
+/// the load of the sleepers word in the total order of seq_cst operations
+/// (a seq_cst read-modify-write, or a store and a seq_cst fence), so that
+/// a waiter that counted itself in before it read the element either sees
+/// the change or is seen here (`@__etc_sleep`). `ordering` is the load's.
+static void wakeIfSleepers(OpBuilder &b, Location loc, Value counters,
+                           Value pointer, LLVM::AtomicOrdering ordering) {
+  Value sleepers = LLVM::LoadOp::create(
+      b, loc, b.getI32Type(),
+      buildHeaderWordPointer(b, loc, counters, run::kSleepersWord),
+      /*alignment=*/4, /*isVolatile=*/false, /*isNonTemporal=*/false,
+      /*isInvariant=*/false, /*isInvariantGroup=*/false, ordering);
+  Value any = arith::CmpIOp::create(
+      b, loc, arith::CmpIPredicate::ne, sleepers,
+      arith::ConstantIntOp::create(b, loc, 0, 32));
+  scf::IfOp::create(b, loc, any, [&](OpBuilder &then, Location loc) {
+    LLVM::CallOp::create(then, loc, TypeRange{}, kWakeName,
+                         ValueRange{pointer});
+    scf::YieldOp::create(then, loc);
+  });
+}
+
+/// A seq_cst `atomicrmw sub` of 1 on the counter at `pointer`, and the wake
+/// of its sleepers when it took the counter to zero (the only change that
+/// ends a wait). Returns whether it did (i1).
+static Value notifyAndWake(OpBuilder &b, Location loc, Value counters,
+                           Value pointer) {
+  Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+  Value previous = LLVM::AtomicRMWOp::create(
+      b, loc, LLVM::AtomicBinOp::sub, pointer, one,
+      LLVM::AtomicOrdering::seq_cst, /*syncscope=*/StringRef(),
+      /*alignment=*/4);
+  Value toZero =
+      arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, previous, one);
+  scf::IfOp::create(b, loc, toZero, [&](OpBuilder &then, Location loc) {
+    wakeIfSleepers(then, loc, counters, pointer,
+                   LLVM::AtomicOrdering::seq_cst);
+    scf::YieldOp::create(then, loc);
+  });
+  return toZero;
 }
 
 namespace {
-/// Lowers `event.wait` to a watchdog-bounded spin loop: an acquire load of
-/// the counter until it is no longer positive, calling `sched_yield`
-/// between polls so that more workers than cores still make progress. The
-/// loop also ends when the run is stopped, or after the timeout, when the
-/// first such wait writes the error record of the run header (its worker,
-/// tile, task, event, element and the counter's value).
+/// Lowers `event.wait` to a watchdog-bounded wait: an acquire load of the
+/// counter and, unless it is no longer positive, a call of the out-of-line
+/// spin, which polls for the run's spin budget and then blocks in futex
+/// waits until a notify wakes it, so that a waiting worker gives its core to
+/// the producer it waits for. The wait also ends when the run is stopped,
+/// or after the timeout, when the first such wait writes the error record
+/// of the run header (its worker, tile, task, event, element and the
+/// counter's value).
 struct WaitOpLowering : public OpConversionPattern<WaitOp> {
   using OpConversionPattern::OpConversionPattern;
 
@@ -84,8 +183,10 @@ struct WaitOpLowering : public OpConversionPattern<WaitOp> {
   }
 };
 
-/// Lowers `event.notify` to a release `atomicrmw sub` of 1 on the counter
-/// (also a `released` one: the CPU keeps one release per notify).
+/// Lowers `event.notify` to a seq_cst `atomicrmw sub` of 1 on the counter
+/// (also a `released` one: the CPU keeps one release per notify) and, when
+/// it takes the counter to zero and the run header counts sleepers, a call
+/// of `@__etc_wake` on it.
 struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
@@ -93,12 +194,10 @@ struct NotifyOpLowering : public OpConversionPattern<NotifyOp> {
                   ConversionPatternRewriter &rewriter) const override {
     FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
-    if (failed(pointer))
+    FailureOr<Value> counters = getEventCounters(rewriter, op, op.getEvent());
+    if (failed(pointer) || failed(counters))
       return failure();
-    Value one = arith::ConstantIntOp::create(rewriter, op.getLoc(), 1, 32);
-    LLVM::AtomicRMWOp::create(rewriter, op.getLoc(), LLVM::AtomicBinOp::sub,
-                              *pointer, one, LLVM::AtomicOrdering::release,
-                              /*syncscope=*/StringRef(), /*alignment=*/4);
+    notifyAndWake(rewriter, op.getLoc(), *counters, *pointer);
     rewriter.eraseOp(op);
     return success();
   }
@@ -121,10 +220,10 @@ struct EraseLowering : public OpConversionPattern<OpTy> {
   }
 };
 
-/// Lowers `event.notify_ready` to an acq_rel `atomicrmw sub` of 1 on the
-/// counter and a compare of the old value with 1: the notifier that takes the
-/// counter to zero gets `true`. With one lane per worker, a `per_lane` op
-/// is the same.
+/// Lowers `event.notify_ready` like `event.notify` (a seq_cst `atomicrmw
+/// sub` of 1, waking the counter's sleepers when it reaches zero), to
+/// whether it took the counter to zero. With one lane per worker, a
+/// `per_lane` op is the same.
 struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
@@ -132,31 +231,33 @@ struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
                   ConversionPatternRewriter &rewriter) const override {
     FailureOr<Value> pointer = getEventElementPointer(
         rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
-    if (failed(pointer))
+    FailureOr<Value> counters = getEventCounters(rewriter, op, op.getEvent());
+    if (failed(pointer) || failed(counters))
       return failure();
-    Location loc = op.getLoc();
-    Value one = arith::ConstantIntOp::create(rewriter, loc, 1, 32);
-    Value previous = LLVM::AtomicRMWOp::create(
-        rewriter, loc, LLVM::AtomicBinOp::sub, *pointer, one,
-        LLVM::AtomicOrdering::acq_rel, /*syncscope=*/StringRef(),
-        /*alignment=*/4);
-    rewriter.replaceOpWithNewOp<arith::CmpIOp>(op, arith::CmpIPredicate::eq,
-                                               previous, one);
+    rewriter.replaceOp(
+        op, notifyAndWake(rewriter, op.getLoc(), *counters, *pointer));
     return success();
   }
 };
 
 /// Lowers `event.queue_push` to the shared queue protocol with system-scope
 /// atomics: a relaxed `atomicrmw add` on the tail reserves a slot, then a
-/// release store publishes `task + 1`, or the error word is set when full.
+/// release store publishes `task + 1` and, after a seq_cst fence, the
+/// slot's sleepers are woken if the run header counts any; or the error
+/// word is set when full.
 struct QueuePushOpLowering : public OpConversionPattern<QueuePushOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
   matchAndRewrite(QueuePushOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    buildQueuePush(rewriter, op.getLoc(), adaptor.getCounters(),
-                   adaptor.getQueue(), adaptor.getCapacity(), adaptor.getTask(),
-                   /*syncScope=*/StringRef());
+    Value counters = adaptor.getCounters();
+    auto wake = [&](OpBuilder &b, Location loc, Value slot) {
+      LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::seq_cst);
+      wakeIfSleepers(b, loc, counters, slot, LLVM::AtomicOrdering::monotonic);
+    };
+    buildQueuePush(rewriter, op.getLoc(), counters, adaptor.getQueue(),
+                   adaptor.getCapacity(), adaptor.getTask(),
+                   /*syncScope=*/StringRef(), wake);
     rewriter.eraseOp(op);
     return success();
   }
@@ -348,22 +449,149 @@ LogicalResult etc::defineMonotonicClock(ModuleOp module) {
   return success();
 }
 
-LogicalResult etc::declareSchedYield(ModuleOp module) {
-  OpBuilder builder(module.getContext());
-  FunctionType type = builder.getFunctionType({}, builder.getI32Type());
-  Operation *existing = SymbolTable::lookupSymbolIn(module, kSchedYieldName);
-  if (auto func = dyn_cast_or_null<func::FuncOp>(existing);
+/// The futex system call's operations (`linux/futex.h`), private to the
+/// process: every worker is a thread of it.
+static constexpr int32_t kFutexWaitPrivate = 0 | 128;
+static constexpr int32_t kFutexWakePrivate = 1 | 128;
+
+LogicalResult etc::declareSyscall(ModuleOp module) {
+  MLIRContext *ctx = module.getContext();
+  Type i64 = IntegerType::get(ctx, 64);
+  auto type = LLVM::LLVMFunctionType::get(i64, {i64}, /*isVarArg=*/true);
+  Operation *existing = SymbolTable::lookupSymbolIn(module, kSyscallName);
+  if (auto func = dyn_cast_or_null<LLVM::LLVMFuncOp>(existing);
       func && func.getFunctionType() == type)
     return success();
   if (existing)
     return existing->emitOpError("uses the symbol '")
-           << kSchedYieldName << "', which the CPU lowering of 'event.wait' "
-           << "needs for 'func.func private @" << kSchedYieldName
-           << "() -> i32'";
+           << kSyscallName << "', which the CPU lowering of waits and "
+           << "notifies needs for 'llvm.func @" << kSyscallName
+           << "(i64, ...) -> i64'";
+  OpBuilder builder(ctx);
   builder.setInsertionPointToStart(module.getBody());
-  auto func = func::FuncOp::create(builder, module.getLoc(), kSchedYieldName,
-                                   type);
-  func.setPrivate();
+  LLVM::LLVMFuncOp::create(builder, module.getLoc(), kSyscallName, type);
+  return success();
+}
+
+/// `syscall(SYS_futex, arguments...)`.
+static void callFutex(OpBuilder &b, Location loc, ValueRange arguments) {
+  MLIRContext *ctx = b.getContext();
+  Type i64 = b.getI64Type();
+  SmallVector<Value> operands{
+      LLVM::ConstantOp::create(b, loc, i64, static_cast<int64_t>(SYS_futex))};
+  operands.append(arguments.begin(), arguments.end());
+  LLVM::CallOp::create(
+      b, loc, LLVM::LLVMFunctionType::get(i64, {i64}, /*isVarArg=*/true),
+      kSyscallName, operands);
+  (void)ctx;
+}
+
+/// Defines `@__etc_wake(element)`: the futex wake of every thread blocked
+/// on the element.
+static LogicalResult defineWake(ModuleOp module) {
+  MLIRContext *ctx = module.getContext();
+  if (Operation *existing = SymbolTable::lookupSymbolIn(module, kWakeName)) {
+    if (isa<LLVM::LLVMFuncOp>(existing))
+      return success();
+    return existing->emitOpError("uses the symbol '")
+           << kWakeName << "', which the CPU lowering of notifies needs";
+  }
+  OpBuilder b(ctx);
+  b.setInsertionPointToStart(module.getBody());
+  Location loc = module.getLoc();
+  Type i32 = b.getI32Type();
+  auto pointer = LLVM::LLVMPointerType::get(ctx);
+  auto wake = LLVM::LLVMFuncOp::create(
+      b, loc, kWakeName,
+      LLVM::LLVMFunctionType::get(LLVM::LLVMVoidType::get(ctx), {pointer}),
+      LLVM::Linkage::Internal);
+  wake.setNoInline(true);
+  b.setInsertionPointToStart(wake.addEntryBlock(b));
+  Value element = wake.getArgument(0);
+  Value operation = LLVM::ConstantOp::create(b, loc, i32, kFutexWakePrivate);
+  Value everyone = LLVM::ConstantOp::create(
+      b, loc, i32, std::numeric_limits<int32_t>::max());
+  callFutex(b, loc, ValueRange{element, operation, everyone});
+  LLVM::ReturnOp::create(b, loc, ValueRange{});
+  return success();
+}
+
+/// Defines `@__etc_sleep(element, seen, sleepers, nanoseconds)`: counts the
+/// thread in the sleepers word (seq_cst), and, if the element still holds
+/// `seen` (seq_cst load), blocks in a futex wait on it for at most
+/// `nanoseconds`; the kernel returns at once if the element changed
+/// meanwhile. A notifier that changes the element and then reads the
+/// sleepers word (both seq_cst) either is seen by the load here or sees the
+/// count, and wakes the element: no wake-up is lost.
+static LogicalResult defineSleep(ModuleOp module) {
+  MLIRContext *ctx = module.getContext();
+  if (Operation *existing = SymbolTable::lookupSymbolIn(module, kSleepName)) {
+    if (isa<LLVM::LLVMFuncOp>(existing))
+      return success();
+    return existing->emitOpError("uses the symbol '")
+           << kSleepName << "', which the CPU lowering of waits needs";
+  }
+  OpBuilder b(ctx);
+  b.setInsertionPointToStart(module.getBody());
+  Location loc = module.getLoc();
+  Type i32 = b.getI32Type(), i64 = b.getI64Type();
+  auto pointer = LLVM::LLVMPointerType::get(ctx);
+  auto sleep = LLVM::LLVMFuncOp::create(
+      b, loc, kSleepName,
+      LLVM::LLVMFunctionType::get(LLVM::LLVMVoidType::get(ctx),
+                                  {pointer, i32, pointer, i64}),
+      LLVM::Linkage::Internal);
+  sleep.setNoInline(true);
+  Block *entry = sleep.addEntryBlock(b);
+  Block *block = sleep.addBlock();
+  Block *awake = sleep.addBlock();
+  Value element = entry->getArgument(0), seen = entry->getArgument(1);
+  Value sleepers = entry->getArgument(2), nanoseconds = entry->getArgument(3);
+
+  b.setInsertionPointToStart(entry);
+  auto timespec = LLVM::LLVMStructType::getLiteral(ctx, {i64, i64});
+  Value time = LLVM::AllocaOp::create(
+      b, loc, pointer, timespec, LLVM::ConstantOp::create(b, loc, i64, 1));
+  Value one = LLVM::ConstantOp::create(b, loc, i32, 1);
+  LLVM::AtomicRMWOp::create(b, loc, LLVM::AtomicBinOp::add, sleepers, one,
+                            LLVM::AtomicOrdering::seq_cst, StringRef(),
+                            /*alignment=*/4);
+  Value now = LLVM::LoadOp::create(
+      b, loc, i32, element, /*alignment=*/4, /*isVolatile=*/false,
+      /*isNonTemporal=*/false, /*isInvariant=*/false,
+      /*isInvariantGroup=*/false, LLVM::AtomicOrdering::seq_cst);
+  Value same = LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::eq, now, seen);
+  LLVM::CondBrOp::create(b, loc, same, block, awake);
+
+  b.setInsertionPointToStart(block);
+  Value billion = LLVM::ConstantOp::create(b, loc, i64, 1000000000);
+  auto field = [&](int32_t index) -> Value {
+    return LLVM::GEPOp::create(b, loc, pointer, timespec, time,
+                               ArrayRef<LLVM::GEPArg>{0, index});
+  };
+  LLVM::StoreOp::create(b, loc,
+                        LLVM::UDivOp::create(b, loc, nanoseconds, billion),
+                        field(0));
+  LLVM::StoreOp::create(b, loc,
+                        LLVM::URemOp::create(b, loc, nanoseconds, billion),
+                        field(1));
+  Value operation = LLVM::ConstantOp::create(b, loc, i32, kFutexWaitPrivate);
+  // Interrupted, timed out or the element changed: the caller polls again.
+  callFutex(b, loc, ValueRange{element, operation, seen, time});
+  LLVM::BrOp::create(b, loc, awake);
+
+  b.setInsertionPointToStart(awake);
+  LLVM::AtomicRMWOp::create(b, loc, LLVM::AtomicBinOp::sub, sleepers, one,
+                            LLVM::AtomicOrdering::monotonic, StringRef(),
+                            /*alignment=*/4);
+  LLVM::ReturnOp::create(b, loc, ValueRange{});
+  return success();
+}
+
+LogicalResult etc::defineFutexFunctions(ModuleOp module) {
+  if (failed(declareSyscall(module)) || failed(defineSleep(module)) ||
+      failed(defineWake(module)))
+    return failure();
   return success();
 }
 
@@ -418,26 +646,26 @@ struct ConvertEventToCPUPass
       return signalPassFailure();
     }
     dropProgramTables(module);
-    bool waits = module
-                     .walk([](Operation *op) {
-                       return isa<WaitOp, QueuePopOp>(op)
-                                  ? WalkResult::interrupt()
-                                  : WalkResult::advance();
-                     })
-                     .wasInterrupted();
-    if (waits && failed(declareSchedYield(module)))
-      return signalPassFailure();
-    bool clock = module
-                     .walk([](Operation *op) {
-                       return isa<WaitOp, QueuePopOp, TraceBeginOp,
-                                  TraceEndOp>(op)
-                                  ? WalkResult::interrupt()
-                                  : WalkResult::advance();
-                     })
-                     .wasInterrupted();
+    auto any = [&](auto isOneOf) {
+      return module
+          .walk([&](Operation *op) {
+            return isOneOf(op) ? WalkResult::interrupt()
+                               : WalkResult::advance();
+          })
+          .wasInterrupted();
+    };
+    bool waits = any([](Operation *op) { return isa<WaitOp, QueuePopOp>(op); });
+    bool wakes = any([](Operation *op) {
+      return isa<NotifyOp, NotifyReadyOp, QueuePushOp>(op);
+    });
+    bool clock = any([](Operation *op) {
+      return isa<WaitOp, QueuePopOp, TraceBeginOp, TraceEndOp>(op);
+    });
     if (clock && failed(defineMonotonicClock(module)))
       return signalPassFailure();
     if (waits && failed(defineSpinFunctions(module, cpuSpin(watchdogMs))))
+      return signalPassFailure();
+    if ((waits || wakes) && failed(defineFutexFunctions(module)))
       return signalPassFailure();
 
     TypeConverter typeConverter;

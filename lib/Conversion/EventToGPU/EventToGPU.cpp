@@ -11,6 +11,7 @@
 
 #include "Conversion/EventToGPU/EventToGPU.h"
 #include "Conversion/EventToGPU/InitKernel.h"
+#include "Conversion/EventToGPU/KernelMemory.h"
 #include "Conversion/Passes.h"
 #include "Conversion/EventCommon/EventAddressing.h"
 #include "Conversion/EventCommon/EventQueue.h"
@@ -435,42 +436,34 @@ struct LaneReduceLowering : public OpConversionPattern<LaneReduceOp> {
   }
 };
 
-/// Lowers `event.scratch` to a `__shared__` array: a `memref.global` in
-/// workgroup memory in the enclosing `gpu.module`, read with
-/// `memref.get_global` and cast to the default memory space, which the
-/// tile's code uses.
+/// Lowers `event.scratch` to a view of the CTA's scratch arena, the
+/// kernel's dynamic shared memory (`gpu.dynamic_shared_memory`), at the
+/// offset `planScratchArenas` gave it (0 without one), cast to the default
+/// memory space, which the tile's code uses. The runtime launches the
+/// worker with the arena's size (`event.dynamic_shared_bytes`).
 struct ScratchLowering : public OpConversionPattern<ScratchOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
   matchAndRewrite(ScratchOp op, OpAdaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    auto kernels = op->getParentOfType<gpu::GPUModuleOp>();
-    if (!kernels)
-      return rewriter.notifyMatchFailure(op, "not inside a gpu.module");
     MLIRContext *context = op.getContext();
+    Location loc = op.getLoc();
     MemRefType type = op.getType();
-    auto shared = MemRefType::get(
-        type.getShape(), type.getElementType(), AffineMap(),
-        gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup));
-    SymbolTable symbols(kernels);
-    std::string name;
-    for (unsigned number = 0;; ++number) {
-      name = "__etc_scratch_" + std::to_string(number);
-      if (!symbols.lookup(name))
-        break;
-    }
-    {
-      OpBuilder::InsertionGuard guard(rewriter);
-      rewriter.setInsertionPointToStart(kernels.getBody());
-      memref::GlobalOp::create(rewriter, op.getLoc(), name,
-                               rewriter.getStringAttr("private"), shared,
-                               /*initial_value=*/Attribute(),
-                               /*constant=*/false,
-                               rewriter.getI64IntegerAttr(16));
-    }
-    Value buffer =
-        memref::GetGlobalOp::create(rewriter, op.getLoc(), shared, name);
-    rewriter.replaceOpWithNewOp<memref::MemorySpaceCastOp>(op, type, buffer);
+    auto workgroup =
+        gpu::AddressSpaceAttr::get(context, gpu::AddressSpace::Workgroup);
+    auto arenaType = MemRefType::get({ShapedType::kDynamic},
+                                     rewriter.getI8Type(), AffineMap(),
+                                     workgroup);
+    Value arena = gpu::DynamicSharedMemoryOp::create(rewriter, loc, arenaType);
+    int64_t offset = 0;
+    if (auto attr = op->getAttrOfType<IntegerAttr>(kArenaOffsetAttrName))
+      offset = attr.getInt();
+    Value byte = arith::ConstantIndexOp::create(rewriter, loc, offset);
+    auto shared = MemRefType::get(type.getShape(), type.getElementType(),
+                                  AffineMap(), workgroup);
+    Value view =
+        memref::ViewOp::create(rewriter, loc, shared, arena, byte, ValueRange{});
+    rewriter.replaceOpWithNewOp<memref::MemorySpaceCastOp>(op, type, view);
     return success();
   }
 };
@@ -653,6 +646,7 @@ void etc::populateEventToGPUConversionPatterns(
   // Buffers live in global memory (NVPTX address space 1).
   populateEventBufferLoweringPattern(typeConverter, patterns,
                                      /*addressSpace=*/1);
+  populateRemoteToGPUConversionPatterns(typeConverter, patterns);
   patterns.add<WaitOpLowering, QueuePopOpLowering, NotifyOpLowering,
                ReleaseOpLowering, AcquireOpLowering, RunAbortedOpLowering,
                TraceBeginOpLowering, TraceEndOpLowering,
@@ -687,6 +681,33 @@ static bool needsBroadcastWord(gpu::GPUFuncOp kernel) {
                                    : WalkResult::advance();
       })
       .wasInterrupted();
+}
+
+/// Spreads each `event.any` loop at the top of `kernel` (a one-CTA kernel
+/// with a result, `g_check`) over the CTA's threads: thread i takes
+/// iterations i, i + threads, ...; one `bar.red.or` then gives every
+/// thread the OR of all of them. With one thread it is the loop as it was.
+static void distributeAnyReductions(gpu::GPUFuncOp kernel) {
+  SmallVector<scf::ForOp> loops;
+  for (Block &block : kernel.getBody())
+    for (Operation &op : block)
+      if (auto loop = dyn_cast<scf::ForOp>(op))
+        if (loop->hasAttr(event::kAnyReductionAttrName) && loop.getNumResults() == 1)
+          loops.push_back(loop);
+  for (scf::ForOp loop : loops) {
+    OpBuilder b(loop);
+    Location loc = loop.getLoc();
+    Value thread = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
+    Value threads = gpu::BlockDimOp::create(b, loc, gpu::Dimension::x);
+    Value step = loop.getStep();
+    loop.setLowerBound(arith::AddIOp::create(
+        b, loc, loop.getLowerBound(), arith::MulIOp::create(b, loc, thread, step)));
+    loop.setStep(arith::MulIOp::create(b, loc, step, threads));
+    b.setInsertionPointAfter(loop);
+    Value any = barrierAny(b, loc, loop.getResult(0));
+    // The first op barrierAny made reads the loop's result: it stays.
+    loop.getResult(0).replaceAllUsesExcept(any, loop->getNextNode());
+  }
 }
 
 /// Creates `gpu.func @<name>` in `kernels` from `func`, moving its body. A
@@ -862,6 +883,8 @@ struct ConvertEventToGPUPass
         symbols.erase(func);
         if (!worker && !hasResult && failed(distributeOverCTA(*kernel)))
           return signalPassFailure();
+        if (!worker && hasResult)
+          distributeAnyReductions(*kernel);
         if (needsBroadcastWord(*kernel))
           kernel->addWorkgroupAttribution(
               MemRefType::get({1}, b.getI32Type(), AffineMap(),
@@ -871,6 +894,7 @@ struct ConvertEventToGPUPass
       }
       if (failed(cloneCallees(kernels, symbols, cloned)))
         return signalPassFailure();
+      markGlobalArguments(kernels);
     }
     // The host copies of functions that only kernels called are dead now.
     for (Operation *func : cloned)
@@ -879,6 +903,8 @@ struct ConvertEventToGPUPass
     if (!programs.empty())
       module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
                       UnitAttr::get(ctx));
+    if (failed(planScratchArenas(module)))
+      return signalPassFailure();
     for (auto kernels : module.getOps<gpu::GPUModuleOp>()) {
       bool spins = kernels
                        .walk([](Operation *op) {

@@ -7,6 +7,7 @@ out = model.generate([[151644, 872], [9707]], max_new_tokens=16, return_logits=T
 out.tokens        # the new ids, per prompt
 out.logits[0]     # (16, vocab) float32: what each new token was chosen from
 model.kernels     # [the step kernel]: one, for every batch and length
+model.generate([{"role": "user", "content": "Hi"}], 32).text   # with tokenizer.json
 ```
 
 Supported: `LlamaForCausalLM`, `Qwen3ForCausalLM` and `Qwen3MoeForCausalLM`
@@ -31,13 +32,16 @@ from .gguf import GGUFCheckpoint, GGUFError, is_gguf
 from .kvpages import DEFAULT_BLOCK_SIZE, BlockManager, PagedKVCache
 from .model import (Generation, KernelNotCachedError, KVCache, Model, Request, step_kernel,
                     step_options)
+from .engine import Engine, RequestError
 from .safetensors import SafetensorsError
+from .tokenizer import ChatTemplateError, Tokenizer
+from .sampling import SamplingParams
 
 __all__ = ["load", "open_checkpoint", "compile_checkpoint", "Model", "Generation", "KVCache",
-           "PagedKVCache", "BlockManager", "Request", "ModelConfig",
+           "PagedKVCache", "BlockManager", "Request", "SamplingParams", "ModelConfig",
            "ARCHITECTURES", "Checkpoint", "GGUFCheckpoint", "KernelCache", "CheckpointError",
            "MissingTensorError", "UnsupportedConfigError", "SafetensorsError", "GGUFError",
-           "KernelNotCachedError"]
+           "KernelNotCachedError", "Engine", "RequestError", "Tokenizer", "ChatTemplateError"]
 
 
 def open_checkpoint(path):
@@ -59,7 +63,7 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
          dtype: str = "f32", max_seq_len: Optional[int] = None,
          attention_chunk: Optional[int] = None, max_step_tokens: int = 256,
          chip: str = "sm_90a", kernels: str = "native", cache=None, kernel=None,
-         progress=None, tensor_parallel: int = 1,
+         progress=None, tensor_parallel: int = 1, kv_dtype: Optional[str] = None,
          kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE, kv_cache_tokens: Optional[int] = None,
          kv_cache_memory: Optional[int] = None) -> Model:
     """Reads the Hugging Face checkpoint directory or GGUF file `path`,
@@ -70,10 +74,12 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     `etc.compile` (`kernels="cuda"` on the CPU runs the CUDA tile kernels
     with simulated lanes, a check of the GPU code without a GPU)
     (`workers=None`: one per CPU core on the CPU). Weights and activations
-    are computed in `dtype` ("f32", "f16" or "bf16"; the KV caches are
-    float32). `max_seq_len` (default: the config's max_position_embeddings)
+    are computed in `dtype` ("f32", "f16" or "bf16"); the KV caches are
+    in `kv_dtype` (default: `dtype`; "f32" keeps float32 caches for a
+    half-precision model). `max_seq_len` (default: the config's max_position_embeddings)
     bounds prompt + new tokens; `attention_chunk` is the KV positions per
-    attention chunk task (default: max_seq_len / 16, at least 16);
+    attention chunk task (default 128; the number of chunks follows the
+    cache's length at run time);
     `max_step_tokens` bounds the new tokens of one step (longer prefills
     take several steps).
 
@@ -109,7 +115,7 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
                  dtype=dtype, max_seq_len=max_seq_len, attention_chunk=attention_chunk,
                  max_step_tokens=max_step_tokens, chip=chip, kernels=kernels, cache=cache,
                  kernel=kernel, progress=progress, tensor_parallel=tensor_parallel,
-                 kv_block_size=kv_block_size, kv_cache_tokens=kv_cache_tokens,
+                 kv_dtype=kv_dtype, kv_block_size=kv_block_size, kv_cache_tokens=kv_cache_tokens,
                  kv_cache_memory=kv_cache_memory)
 
 
@@ -117,7 +123,8 @@ def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
                        workers: Optional[int] = None, *, dtype: str = "f32",
                        max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
                        chip: str = "sm_90a", kernels: str = "native", cache=None, output=None,
-                       progress=None, kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE):
+                       progress=None, kv_dtype: Optional[str] = None,
+                       kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE):
     """Compiles the step kernel of the checkpoint at `path` with `load`'s
     options, without reading its weights or needing a GPU: into the compile
     cache (`cache` as `load` takes it), and to the artifact file `output`
@@ -129,7 +136,7 @@ def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
     graph_options, compile_options = step_options(
         checkpoint.config, target=target, schedule=schedule, workers=workers, dtype=dtype,
         max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip, kernels=kernels,
-        kv_block_size=kv_block_size)
+        kv_dtype=kv_dtype, kv_block_size=kv_block_size)
     kernel, source, seconds = step_kernel(checkpoint.config, graph_options, compile_options,
                                           cache=cache, progress=progress, name=str(path))
     from .cache import METADATA_KEY, describe, enabled_by_default, key_of

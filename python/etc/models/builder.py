@@ -9,8 +9,12 @@ ids (T,), the ragged batch's index inputs (`etc.graph_llm.RaggedBatch`;
 `block_table` (R, M) in place of `request_slot` when paged), the weights
 (named as `Checkpoint.weights` names them) and the RoPE frequencies
 `inv_freq`. State: each layer's K and V caches, `l<i>_k_cache` /
-`l<i>_v_cache`, (S, L, H_kv * head_dim) or (N, P, H_kv * head_dim). Outputs: `logits` (R, V) of each request's last new token,
-and `next_ids` (R,), their argmax (greedy sampling).
+`l<i>_v_cache`, (S, L, H_kv * head_dim) or (N, P, H_kv * head_dim), in the
+KV dtype (by default the compute dtype). Sampling inputs, one per request:
+`temperature`, `top_p`, `min_p` f32 (R,), `top_k` i32 (R,) and `seed` i32
+(R, 2) (see `etc.Graph.sample`). Outputs: `logits` (R, V) of each
+request's last new token, and `next_ids` (R,), the token sampled from them
+(the argmax where the temperature is 0) at position `request_length`.
 """
 
 from __future__ import annotations
@@ -20,19 +24,21 @@ from typing import Optional
 from ..graph import Graph
 from .config import ModelConfig
 
-__all__ = ["build_step_graph", "STATE_DTYPE"]
+__all__ = ["build_step_graph", "SAMPLING_INPUTS"]
 
-#: The KV caches are float32 whatever the weights: NumPy holds them, so the
-#: caller's arrays are the caches (bf16 would need a copy each step).
-STATE_DTYPE = "f32"
+#: The per-request (R,) sampling inputs and their dtypes (the seed, (R, 2)
+#: i32, comes with them).
+SAMPLING_INPUTS = (("temperature", "f32"), ("top_k", "i32"), ("top_p", "f32"),
+                   ("min_p", "f32"))
 
 
 def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: int,
                      chunk: int, name: str = "step", ranks: int = 1,
+                     kv_dtype: str | None = None,
                      kv_block_size: Optional[int] = None) -> Graph:
     """The step graph of `config`, weights and activations in `dtype`,
     attention chunks of `chunk` positions over caches of at most
-    `max_seq_len` positions.
+    `max_seq_len` positions, in `kv_dtype` (default: `dtype`).
 
     With `kv_block_size` P the KV caches are paged: pools (N, P, H_kv *
     head_dim) of N blocks (a symbol) addressed through the `block_table`
@@ -44,6 +50,7 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     and the partial sums of the attention output and MLP down projections
     are added over the ranks by an `all_reduce` fused into the step
     (`etc.models.parallel`)."""
+    cache_dtype = dtype if kv_dtype is None else kv_dtype
     c = config
     g = Graph(name, ranks=ranks)
 
@@ -81,10 +88,11 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             k = g.head_rmsnorm(k, weight(f"l{i}_k_norm", (d,)), head_dim=d, eps=eps)
         q = g.rope(q, batch.positions, head_dim=d, inv_freq=inv_freq)
         k = g.rope(k, batch.positions, head_dim=d, inv_freq=inv_freq)
-        k_cache = g.kv_append(g.state(f"l{i}_k_cache", cache_shape, STATE_DTYPE), k, batch)
-        v_cache = g.kv_append(g.state(f"l{i}_v_cache", cache_shape, STATE_DTYPE), v, batch)
+        k_cache = g.kv_append(g.state(f"l{i}_k_cache", cache_shape, cache_dtype), k, batch)
+        v_cache = g.kv_append(g.state(f"l{i}_v_cache", cache_shape, cache_dtype), v, batch)
         attended = g.attention(q, k_cache, v_cache, batch, head_dim=d, chunk=chunk,
-                               max_length=max_seq_len, scratch_from=previous_attention)
+                               max_length=max_seq_len, scale=c.attention_scale,
+                               scratch_from=previous_attention)
         previous_attention = attended
         x = g.add(x, reduced(g.matmul(attended, weight(f"l{i}_wo", (h, c.num_heads * d)),
                                       transpose_b=True)))
@@ -107,11 +115,16 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             mlp = reduced(g.matmul(g.mul(g.silu(gate), up), weight(f"l{i}_w_down", (h, f)),
                                    transpose_b=True))
         x = g.add(x, mlp)
-    # The last new token of each request: norm, LM head, greedy sampling.
+    # The last new token of each request: norm, LM head, sampling.
     last = g.embedding(x, batch.request_last)
     normed = g.rmsnorm(last, weight("final_norm", (h,)), eps)
     head = embed if c.tie_word_embeddings else weight("lm_head", (c.vocab_size, h))
     logits = g.matmul(normed, head, transpose_b=True, name="logits")
-    g.output(logits, g.argmax(logits, name="next_ids"))
+    # The sampled token's position (the counter of its random number) is
+    # the sequence's length after the step.
+    sampling = {name: g.input(name, (R,), dtype) for name, dtype in SAMPLING_INPUTS}
+    next_ids = g.sample(logits, seed=g.input("seed", (R, 2), "i32"),
+                        position=batch.request_length, name="next_ids", **sampling)
+    g.output(logits, next_ids)
     return g
 

@@ -97,6 +97,10 @@ def describe(config, graph: dict, compile: dict) -> dict:
         # The CPU code is native code for this platform; the chip is unused.
         compile.pop("chip", None)
         compile["platform"] = host_platform()
+        # ... and for an instruction-set level (ETC_CPU_ISA may pick another).
+        from ..runtime.isa import chosen
+
+        compile["isa"] = chosen()
     return {"etc": _version(), "compiler": fingerprint(), "artifact": FORMAT_VERSION,
             "model": json.loads(json.dumps(asdict(config))), "graph": dict(graph),
             "compile": compile}

@@ -13,7 +13,11 @@ import numpy as np
 from .config import ModelConfig, UnsupportedConfigError
 from .safetensors import SafetensorsError, SafetensorsFile
 
-__all__ = ["Checkpoint", "MissingTensorError", "CheckpointError"]
+__all__ = ["Checkpoint", "MissingTensorError", "CheckpointError", "STORAGE"]
+
+#: The NumPy storage of each compute dtype's weights (bf16: bit patterns).
+STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
+           "bf16": np.dtype(np.uint16)}
 
 
 class CheckpointError(ValueError):
@@ -57,6 +61,41 @@ class Checkpoint:
                                           f"{self._where[name].path.name} and {file.name}")
                 self._where[name] = tensors
 
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The ids that end a generated sequence: config.json's
+        `eos_token_id` (an int or a list) and generation_config.json's,
+        in that order without repeats; if neither has any, the tokenizer's
+        EOS token. Empty when nothing names one."""
+        ids: list[int] = []
+        sources = [("config.json", self.raw_config)]
+        generation = self.path / "generation_config.json"
+        if generation.is_file():
+            try:
+                sources.append(("generation_config.json", json.loads(generation.read_text())))
+            except json.JSONDecodeError as error:
+                raise CheckpointError(f"{generation}: not JSON ({error})") from None
+        for file, raw in sources:
+            value = raw.get("eos_token_id") if isinstance(raw, dict) else None
+            values = value if isinstance(value, list) else [] if value is None else [value]
+            for token in values:
+                if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                    raise CheckpointError(f"{self.path / file}: eos_token_id {value!r} must be "
+                                          f"a non-negative int or a list of them")
+                if token not in ids:
+                    ids.append(token)
+        if not ids:
+            tokenizer = self.tokenizer()
+            if tokenizer is not None and tokenizer.eos_token_id is not None:
+                ids.append(tokenizer.eos_token_id)
+        return tuple(ids)
+
+    def tokenizer(self):
+        """The checkpoint's `Tokenizer` (tokenizer.json, tokenizer_config.json,
+        chat_template.jinja), or None when it has no tokenizer.json."""
+        from .tokenizer import Tokenizer
+
+        return Tokenizer.from_directory(self.path)
+
     def names(self) -> list[str]:
         return sorted(self._where)
 
@@ -64,8 +103,9 @@ class Checkpoint:
         """The safetensors dtypes of the checkpoint's tensors."""
         return {f.dtype(n) for n, f in self._where.items()}
 
-    def tensor(self, name: str, shape: tuple, what: str) -> np.ndarray:
-        """Tensor `name` as a float32 array of `shape`; errors name the
+    def tensor(self, name: str, shape: tuple, what: str, dtype: str = "f32") -> np.ndarray:
+        """Tensor `name` as an array of `shape` in the storage of `dtype`
+        (see `SafetensorsFile.read`: float32 by default); errors name the
         tensor and `what` it is for."""
         file = self._where.get(name)
         if file is None:
@@ -74,16 +114,22 @@ class Checkpoint:
         if file.shape(name) != tuple(shape):
             raise CheckpointError(f"{file.path}: tensor {name!r} ({what}) has shape "
                                   f"{file.shape(name)}, expected {tuple(shape)} from config.json")
-        return file.get(name)
+        return file.read(name, dtype)
 
-    def weights(self, progress: Optional[Callable[[int, int], None]] = None
+    def weights(self, dtype: str = "f32", progress: Optional[Callable[[int, int], None]] = None
                 ) -> dict[str, np.ndarray]:
         """Every weight the step graph takes, by graph input name (see
-        `etc.models.builder`), float32, contiguous and owned (not views of
-        the files). Projections keep Hugging Face's (out, in) layout (the
+        `etc.models.builder`), in the storage of the compute `dtype`:
+        float32 for "f32", float16 for "f16", bf16 bit patterns (uint16)
+        for "bf16"; contiguous and owned (not views of the files). A tensor
+        stored in that dtype is read as it is, never widened, so loading
+        takes about the weights' size in memory; others are converted one
+        at a time. Projections keep Hugging Face's (out, in) layout (the
         graph multiplies by their transposes); MoE experts are stacked as
         `g.moe` takes them. `progress(done, total)` is called after each
         graph weight."""
+        if dtype not in STORAGE:
+            raise ValueError(f"weights: dtype {dtype!r} is not one of {', '.join(STORAGE)}")
         c = self.config
         h, d = c.hidden_size, c.head_dim
         out: dict[str, np.ndarray] = {}
@@ -96,7 +142,7 @@ class Checkpoint:
                 progress(len(out), total)
 
         def take(key: str, name: str, shape: tuple, what: str) -> None:
-            out[key] = np.ascontiguousarray(self.tensor(name, shape, what), dtype=np.float32)
+            out[key] = np.ascontiguousarray(self.tensor(name, shape, what, dtype))
             report()
 
         take("embed", "model.embed_tokens.weight", (c.vocab_size, h), "token embeddings")
@@ -118,15 +164,16 @@ class Checkpoint:
                  f"layer {i} post-attention norm")
             if c.is_sparse(i):
                 e, f = c.num_experts, c.moe_intermediate_size
-                router = self.tensor(p + "mlp.gate.weight", (e, h), f"layer {i} router")
+                router = self.tensor(p + "mlp.gate.weight", (e, h), f"layer {i} router", dtype)
                 out[f"l{i}_router"] = np.ascontiguousarray(router.T)
                 report()
 
                 def experts(proj: str, shape: tuple, transpose: bool) -> np.ndarray:
-                    stacked = np.empty((e,) + (shape[::-1] if transpose else shape), np.float32)
+                    stacked = np.empty((e,) + (shape[::-1] if transpose else shape),
+                                       STORAGE[dtype])
                     for j in range(e):
                         w = self.tensor(f"{p}mlp.experts.{j}.{proj}.weight", shape,
-                                        f"layer {i} expert {j} {proj}")
+                                        f"layer {i} expert {j} {proj}", dtype)
                         stacked[j] = w.T if transpose else w
                     return stacked
                 # g.moe takes (E, H, F) up and gate, (E, F, H) down.

@@ -1,9 +1,13 @@
 """Hugging Face `config.json` of the supported architectures, checked.
 
 `ModelConfig.from_dict` accepts `LlamaForCausalLM`, `Qwen3ForCausalLM` and
-`Qwen3MoeForCausalLM` configs and raises `UnsupportedConfigError` naming the
-field for anything the compiled model would compute differently (biases,
-sliding windows, other RoPE scalings, ...), rather than silently ignoring it.
+`Qwen3MoeForCausalLM` configs, written by transformers 4 (flat `rope_theta`,
+`rope_scaling`) or 5 (`rope_parameters`), and raises `UnsupportedConfigError`
+naming the field for anything the compiled model would compute differently
+(biases, sliding windows, RoPE variants it does not implement, ...) and for
+values that are not what the field means (a string where a flag or a number
+belongs, a non-finite or non-positive RoPE base, ...), rather than silently
+ignoring or misreading them.
 """
 
 from __future__ import annotations
@@ -12,15 +16,40 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-__all__ = ["ARCHITECTURES", "ModelConfig", "UnsupportedConfigError"]
+__all__ = ["ARCHITECTURES", "ROPE_TYPES", "ModelConfig", "UnsupportedConfigError"]
 
 #: The architectures `etc.models.load` builds.
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
+#: The RoPE variants (Hugging Face's `rope_type`) implemented: each is a set
+#: of frequencies the host computes once (and, for yarn, a scale of the
+#: attention logits). The parameters each takes besides `rope_type`/`type`,
+#: `rope_theta` and `partial_rotary_factor` (which must be 1), and which of
+#: them are required.
+ROPE_TYPES = {
+    "default": ((), ()),
+    "linear": (("factor",), ("factor",)),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor",
+                "original_max_position_embeddings"),
+               ("factor", "low_freq_factor", "high_freq_factor")),
+    "yarn": (("factor", "original_max_position_embeddings", "attention_factor", "beta_fast",
+              "beta_slow", "mscale", "mscale_all_dim", "truncate"), ("factor",)),
+}
+#: RoPE variants transformers knows and ETC refuses, and why.
+_REFUSED_ROPE_TYPES = {
+    "dynamic": "dynamic NTK scaling changes the frequencies with the sequence length at run "
+               "time, and the step kernel computes with one set",
+    "longrope": "LongRoPE switches between its short and long factors with the sequence "
+                "length at run time, and the step kernel computes with one set",
+    "proportional": "it rotates only part of each head (partial rotary embedding)",
+    "axial": "axial (multi-dimensional) RoPE is for vision models",
+    "mrope": "multimodal RoPE needs positions per modality axis",
+}
+
 
 class UnsupportedConfigError(ValueError):
     """A config.json that names an architecture or sets a field ETC's models
-    do not implement."""
+    do not implement, or a field whose value is not valid."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +70,9 @@ class ModelConfig:
     tie_word_embeddings: bool
     #: Per-head RMSNorm of q and k before RoPE (Qwen3).
     qk_norm: bool
-    #: `rope_scaling` (Llama 3's "llama3" type), or None.
+    #: The parameters of a scaled RoPE variant ("linear", "llama3" or
+    #: "yarn"; its "rope_type" included, defaults filled in), or None for
+    #: plain RoPE.
     rope_scaling: Optional[dict] = None
     #: Mixture-of-Experts (Qwen3-MoE): experts, experts per token, expert
     #: width, renormalised top-k weights, and which layers are sparse.
@@ -58,9 +89,43 @@ class ModelConfig:
     def is_sparse(self, layer: int) -> bool:
         return layer in self.sparse_layers
 
+    @property
+    def rope_type(self) -> str:
+        """Hugging Face's name of the RoPE variant ("default", "linear",
+        "llama3" or "yarn")."""
+        return self.rope_scaling["rope_type"] if self.rope_scaling else "default"
+
+    @property
+    def rope_attention_factor(self) -> float:
+        """The factor Hugging Face multiplies cos and sin by (yarn's
+        `attention_factor`, 1 for the other variants): q . k scales by its
+        square."""
+        if self.rope_type != "yarn":
+            return 1.0
+        s = self.rope_scaling
+        if s.get("attention_factor") is not None:
+            return float(s["attention_factor"])
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        factor = s["factor"]
+        if s.get("mscale") and s.get("mscale_all_dim"):
+            return mscale(factor, s["mscale"]) / mscale(factor, s["mscale_all_dim"])
+        return mscale(factor)
+
+    @property
+    def attention_scale(self) -> float:
+        """The scale of the attention logits: 1 / sqrt(head_dim), times the
+        square of `rope_attention_factor` (rotated q and k both carry it)."""
+        return self.rope_attention_factor ** 2 / math.sqrt(self.head_dim)
+
     @classmethod
     def from_dict(cls, config: dict, where: str = "config.json") -> "ModelConfig":
         """Checks and reads a Hugging Face config (the parsed config.json)."""
+        if not isinstance(config, dict):
+            raise UnsupportedConfigError(f"{where}: expected a JSON object, got "
+                                         f"{type(config).__name__}")
         architectures = config.get("architectures") or []
         if not isinstance(architectures, list) or len(architectures) != 1:
             raise UnsupportedConfigError(
@@ -75,31 +140,38 @@ class ModelConfig:
             if name not in config or config[name] is None:
                 raise UnsupportedConfigError(f"{where}: field {name!r} is missing (required "
                                              f"for {architecture})")
-            value = config[name]
-            if kind is int and (isinstance(value, bool) or not isinstance(value, int) or
-                                value < 1):
-                raise UnsupportedConfigError(f"{where}: field {name!r} = {value!r} must be a "
-                                             f"positive integer")
-            if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not value > 0):
-                raise UnsupportedConfigError(f"{where}: field {name!r} = {value!r} must be a "
-                                             f"positive number")
-            return kind(value)
+            if kind is int:
+                return _positive_int(where, name, config[name])
+            return _positive_number(where, name, config[name])
 
         def refuse(name: str, allowed, why: str):
             value = config.get(name)
-            if value not in allowed:
+            # `1 == True` in Python: compare types too, so that a flag is not
+            # taken for a count.
+            if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
                 raise UnsupportedConfigError(f"{where}: field {name!r} = {value!r} is not "
                                              f"supported ({why})")
 
+        def flag(name: str, default: bool) -> bool:
+            value = config.get(name)
+            if value is None:
+                return default
+            if not isinstance(value, bool):
+                raise UnsupportedConfigError(f"{where}: field {name!r} = {value!r} must be "
+                                             f"true or false (a JSON boolean)")
+            return value
+
         hidden = need("hidden_size")
         heads = need("num_attention_heads")
-        kv_heads = config.get("num_key_value_heads") or heads
+        layers = need("num_hidden_layers")
+        kv_heads = config.get("num_key_value_heads")
+        kv_heads = heads if kv_heads is None else kv_heads
         if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or \
                 heads % kv_heads:
             raise UnsupportedConfigError(f"{where}: field 'num_key_value_heads' = {kv_heads!r} "
                                          f"must divide num_attention_heads = {heads}")
-        head_dim = config.get("head_dim") or hidden // heads
+        head_dim = config.get("head_dim")
+        head_dim = hidden // heads if head_dim is None else head_dim
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or \
                 head_dim % 2:
             raise UnsupportedConfigError(f"{where}: field 'head_dim' = {head_dim!r} must be an "
@@ -110,32 +182,35 @@ class ModelConfig:
         refuse("use_sliding_window", (False, None), "attention is full, not windowed")
         refuse("attention_dropout", (0, 0.0, None), "inference uses no dropout")
         refuse("pretraining_tp", (1, None), "tensor-parallel slicing of the MLP")
-        scaling = config.get("rope_scaling")
-        if scaling is not None:
-            kind = scaling.get("rope_type", scaling.get("type"))
-            if kind not in ("default", "llama3"):
+        layer_types = config.get("layer_types")
+        if layer_types is not None:
+            if not isinstance(layer_types, list) or len(layer_types) != layers:
+                raise UnsupportedConfigError(f"{where}: field 'layer_types' = {layer_types!r} "
+                                             f"must list one type for each of the {layers} "
+                                             f"layers")
+            other = sorted({t for t in layer_types if t != "full_attention"}, key=str)
+            if other:
                 raise UnsupportedConfigError(
-                    f"{where}: field 'rope_scaling' has type {kind!r}; supported: 'default' "
-                    f"and 'llama3'")
-            if kind == "default":
-                scaling = None
-            else:
-                for key in ("factor", "low_freq_factor", "high_freq_factor",
-                            "original_max_position_embeddings"):
-                    if key not in scaling:
-                        raise UnsupportedConfigError(f"{where}: field 'rope_scaling' of type "
-                                                     f"'llama3' lacks {key!r}")
+                    f"{where}: field 'layer_types' lists {', '.join(map(repr, other))} "
+                    f"(layers {[i for i, t in enumerate(layer_types) if t != 'full_attention']}"
+                    f"); only 'full_attention' is supported (attention is full, not windowed)")
+        rope_theta, scaling = _rope(config, where, need("max_position_embeddings"))
         moe = {}
         if architecture == "Qwen3MoeForCausalLM":
-            layers = need("num_hidden_layers")
-            mlp_only = config.get("mlp_only_layers") or []
-            step = config.get("decoder_sparse_step", 1) or 1
+            mlp_only = config.get("mlp_only_layers")
+            mlp_only = [] if mlp_only is None else mlp_only
+            if not isinstance(mlp_only, list) or not all(
+                    isinstance(i, int) and not isinstance(i, bool) for i in mlp_only):
+                raise UnsupportedConfigError(f"{where}: field 'mlp_only_layers' = {mlp_only!r} "
+                                             f"must be a list of layer indices")
+            step = config.get("decoder_sparse_step")
+            step = 1 if step is None else _positive_int(where, "decoder_sparse_step", step)
             experts = need("num_experts")
             moe = {
                 "num_experts": experts,
                 "num_experts_per_tok": need("num_experts_per_tok"),
                 "moe_intermediate_size": need("moe_intermediate_size"),
-                "norm_topk_prob": bool(config.get("norm_topk_prob", False)),
+                "norm_topk_prob": flag("norm_topk_prob", False),
                 # Hugging Face's rule for which layers are sparse.
                 "sparse_layers": tuple(i for i in range(layers) if i not in mlp_only and
                                        (i + 1) % step == 0),
@@ -147,21 +222,26 @@ class ModelConfig:
             if config.get("shared_expert_intermediate_size"):
                 raise UnsupportedConfigError(f"{where}: field 'shared_expert_intermediate_size'"
                                              f" is not supported (no shared experts)")
-        dense_layers = not moe or len(moe["sparse_layers"]) < need("num_hidden_layers")
+        dense_layers = not moe or len(moe["sparse_layers"]) < layers
+        if dense_layers:
+            intermediate = need("intermediate_size")
+        else:
+            intermediate = config.get("intermediate_size")
+            intermediate = 0 if intermediate is None else \
+                _positive_int(where, "intermediate_size", intermediate)
         return cls(
             architecture=architecture,
             vocab_size=need("vocab_size"),
             hidden_size=hidden,
-            num_layers=need("num_hidden_layers"),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            intermediate_size=need("intermediate_size") if dense_layers
-            else int(config.get("intermediate_size") or 0),
+            intermediate_size=intermediate,
             rms_norm_eps=need("rms_norm_eps", float),
-            rope_theta=float(config.get("rope_theta", 10000.0)),
+            rope_theta=rope_theta,
             max_position_embeddings=need("max_position_embeddings"),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            tie_word_embeddings=flag("tie_word_embeddings", False),
             qk_norm=architecture.startswith("Qwen3"),
             rope_scaling=scaling,
             **moe,
@@ -169,21 +249,146 @@ class ModelConfig:
 
     def rope_inv_freq(self):
         """The RoPE frequencies (head_dim / 2 float32), as Hugging Face
-        computes them, with Llama 3's scaling when configured."""
+        computes them for the configured variant."""
         import numpy as np
 
         from ..reference_llm import rope_inv_freq
 
-        inv_freq = rope_inv_freq(self.head_dim, self.rope_theta)
-        if self.rope_scaling is None:
+        d = self.head_dim
+        inv_freq = rope_inv_freq(d, self.rope_theta)
+        kind, s = self.rope_type, self.rope_scaling
+        if kind == "default":
             return inv_freq
-        s = self.rope_scaling
-        factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+        if kind == "linear":
+            return (inv_freq / np.float32(s["factor"])).astype(np.float32)
+        if kind == "llama3":
+            factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+            old_context = s["original_max_position_embeddings"]
+            low_wavelen, high_wavelen = old_context / low, old_context / high
+            wavelen = 2 * math.pi / inv_freq
+            scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+            smooth = (old_context / wavelen - low) / (high - low)
+            smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+            medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+            return np.where(medium, smoothed, scaled).astype(np.float32)
+        # yarn: interpolated (divided by factor) below the correction range,
+        # extrapolated (unchanged) above it, a linear ramp between.
+        factor, base = s["factor"], self.rope_theta
+        fast, slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
         old_context = s["original_max_position_embeddings"]
-        low_wavelen, high_wavelen = old_context / low, old_context / high
-        wavelen = 2 * math.pi / inv_freq
-        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_context / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        return np.where(medium, smoothed, scaled).astype(np.float32)
+
+        def correction_dim(rotations: float) -> float:
+            return d * math.log(old_context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = correction_dim(fast), correction_dim(slow)
+        if s.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, d - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(d // 2, dtype=np.float32) - np.float32(low)) /
+                       np.float32(high - low), 0, 1)
+        extrapolation = 1 - ramp
+        interpolated = inv_freq / np.float32(factor)
+        return (interpolated * (1 - extrapolation) + inv_freq * extrapolation).astype(np.float32)
+
+
+def _positive_int(where: str, name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UnsupportedConfigError(f"{where}: field {name!r} = {value!r} must be a positive "
+                                     f"integer")
+    return value
+
+
+def _positive_number(where: str, name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or not value > 0:
+        raise UnsupportedConfigError(f"{where}: field {name!r} = {value!r} must be a finite "
+                                     f"positive number")
+    return float(value)
+
+
+def _rope(config: dict, where: str, max_positions: int) -> tuple[float, Optional[dict]]:
+    """The RoPE base and the parameters of a scaled variant (or None), read
+    as transformers reads them: `rope_scaling` (transformers 4) or else
+    `rope_parameters` (transformers 5, possibly nested by layer type), with
+    a flat `rope_theta` as the default base."""
+    chosen, params = None, None
+    for name in ("rope_scaling", "rope_parameters"):
+        value = config.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise UnsupportedConfigError(f"{where}: field {name!r} = {value!r} must be an "
+                                         f"object of RoPE parameters")
+        if name == "rope_parameters" and isinstance(value.get("full_attention"), dict):
+            # Nested by layer type; every layer is full attention (checked).
+            name, value = "rope_parameters['full_attention']", value["full_attention"]
+        if params is None and value:
+            chosen, params = name, dict(value)
+    params = params or {}
+    chosen = chosen or "rope_parameters"
+    flat = config.get("rope_theta")
+    if flat is not None:
+        flat = _positive_number(where, "rope_theta", flat)
+    theta = params.get("rope_theta")
+    if theta is not None:
+        theta = _positive_number(where, f"{chosen}.rope_theta", theta)
+        if flat is not None and flat != theta:
+            raise UnsupportedConfigError(
+                f"{where}: field 'rope_theta' = {flat!r} contradicts {chosen}.rope_theta = "
+                f"{theta!r}; keep one")
+    theta = theta if theta is not None else flat if flat is not None else 10000.0
+    for key in ("rope_type", "type"):
+        if key in params and not isinstance(params[key], str):
+            raise UnsupportedConfigError(f"{where}: field '{chosen}.{key}' = {params[key]!r} "
+                                         f"must be a string")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind in _REFUSED_ROPE_TYPES:
+        raise UnsupportedConfigError(f"{where}: field '{chosen}' has rope_type {kind!r}, which "
+                                     f"is not supported: {_REFUSED_ROPE_TYPES[kind]}; supported: "
+                                     f"{', '.join(map(repr, ROPE_TYPES))}")
+    if kind not in ROPE_TYPES:
+        raise UnsupportedConfigError(f"{where}: field '{chosen}' has rope_type {kind!r}; "
+                                     f"supported: {', '.join(map(repr, ROPE_TYPES))}")
+    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    if partial is not None and (isinstance(partial, bool) or partial != 1):
+        raise UnsupportedConfigError(f"{where}: field 'partial_rotary_factor' = {partial!r} is "
+                                     f"not supported (RoPE rotates whole heads)")
+    allowed, required = ROPE_TYPES[kind]
+    general = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+    unknown = sorted(k for k in params if k not in allowed and k not in general)
+    if unknown:
+        raise UnsupportedConfigError(f"{where}: field '{chosen}' of rope_type {kind!r} has "
+                                     f"{', '.join(map(repr, unknown))}, which ETC does not "
+                                     f"implement; {kind!r} takes "
+                                     f"{', '.join(map(repr, allowed)) or 'no parameters'}")
+    for key in required:
+        if params.get(key) is None:
+            raise UnsupportedConfigError(f"{where}: field '{chosen}' of rope_type {kind!r} "
+                                         f"lacks {key!r}")
+    if kind == "default":
+        return theta, None
+    scaling = {"rope_type": kind}
+    for key in allowed:
+        value = params.get(key)
+        if value is None:
+            continue
+        what = f"{chosen}.{key}"
+        if key == "truncate":
+            if not isinstance(value, bool):
+                raise UnsupportedConfigError(f"{where}: field '{what}' = {value!r} must be true "
+                                             f"or false")
+        elif key == "original_max_position_embeddings":
+            value = _positive_int(where, what, value)
+        else:
+            value = _positive_number(where, what, value)
+        scaling[key] = value
+    if kind in ("llama3", "yarn"):
+        # transformers' default, as it standardises the parameters.
+        scaling.setdefault("original_max_position_embeddings", max_positions)
+    if kind == "llama3" and scaling["low_freq_factor"] == scaling["high_freq_factor"]:
+        raise UnsupportedConfigError(f"{where}: field '{chosen}' of rope_type 'llama3' has "
+                                     f"low_freq_factor = high_freq_factor = "
+                                     f"{scaling['low_freq_factor']!r}: they must differ")
+    return theta, scaling

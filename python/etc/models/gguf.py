@@ -173,6 +173,12 @@ class GGUFCheckpoint:
                 f"{self.path}: GGUF metadata {a}.rope.dimension_count = {rope_dims} is not the "
                 f"head size {head_dim}: partial rotary embeddings are not supported")
         scaling = self._key("rope.scaling.type")
+        if scaling not in (None, "none", "linear"):
+            # config.json's yarn (and others) take parameters llama.cpp
+            # spells its own way; only linear maps one to one.
+            raise UnsupportedConfigError(
+                f"{self.path}: GGUF metadata {a}.rope.scaling.type = {scaling!r}: rope_scaling "
+                f"of type {scaling!r} is not supported from GGUF (only 'linear')")
         if scaling not in (None, "none"):
             config["rope_scaling"] = {"rope_type": scaling,
                                       "factor": _decimal(self._key("rope.scaling.factor"))}

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Optional, Sequence
 
@@ -294,6 +296,18 @@ class PagedKVCache:
         allocate = allocate or (lambda shape, storage: np.zeros(shape, storage))
         self.arrays = {f"l{i}_{kind}_cache": allocate(shape, self.storage)
                        for i in range(config.num_layers) for kind in ("k", "v")}
+        self._keys = itertools.count()
+        #: Held by every `PagedSlots` call and `block_tables`: the engines
+        #: that share the pool run in threads of their own.
+        self.lock = threading.RLock()
+
+    def new_key(self) -> int:
+        """A sequence key no sequence of the pool has had: the engines that
+        share the pool never collide."""
+        key = next(self._keys)
+        while key in self.manager:
+            key = next(self._keys)
+        return key
 
     @staticmethod
     def bytes_per_block(config, block_size: int, itemsize: int) -> int:
@@ -315,6 +329,10 @@ class PagedKVCache:
         checked to cover its `positions`; M is the longest table rounded
         up to a power of two (few distinct widths, so few bindings), rows
         padded with block 0, which no position reads."""
+        with self.lock:
+            return self._block_tables(keys, positions)
+
+    def _block_tables(self, keys: Sequence, positions: Sequence[int]) -> np.ndarray:
         tables = []
         for r, (key, needed) in enumerate(zip(keys, positions)):
             if key not in self.manager:
@@ -339,7 +357,9 @@ class PagedKVCache:
 class PagedSlots:
     """The engine's KV cache manager over a `PagedKVCache`: at most `slots`
     sequences at once, each a slot number that is its key in the block
-    manager (and the `Request.slot` of its steps).
+    manager (and the `Request.slot` of its steps), fresh for each sequence
+    (`PagedKVCache.new_key`), so that several engines may share one pool
+    and its cached prefixes.
 
     `admit(tokens, positions)` opens a sequence for `tokens` (a prompt, or a
     preempted sequence's prompt and generated ids) when a slot is free and
@@ -356,8 +376,7 @@ class PagedSlots:
         self.manager = cache.manager
         self.slots = slots
         self.block_size = cache.block_size
-        # Keys of the manager's sequences: unused ones, lowest first.
-        self._free = [s for s in range(slots - 1, -1, -1) if s not in self.manager]
+        self._held: set[int] = set()
 
     @property
     def capacity(self) -> int:
@@ -368,28 +387,36 @@ class PagedSlots:
         """Whether a sequence of `positions` positions fits in the pool at all."""
         return self.manager.blocks_for(positions) <= self.manager.num_blocks
 
+    @property
+    def evictions(self) -> int:
+        """Cached blocks the pool has evicted to make room (all its users)."""
+        return self.manager.evictions
+
     def admit(self, tokens: Sequence[int], positions: int) -> Optional[tuple[int, int]]:
-        if not self._free:
+        if len(self._held) >= self.slots:
             return None
-        slot = self._free[-1]
-        cached = self.manager.admit(slot, tokens, positions)
+        with self.cache.lock:
+            slot = self.cache.new_key()
+            cached = self.manager.admit(slot, tokens, positions)
         if cached is None:
             return None
-        self._free.pop()
+        self._held.add(slot)
         return slot, cached
 
     def reserve(self, slot: int, positions: int) -> bool:
-        return self.manager.reserve(slot, positions)
+        with self.cache.lock:
+            return self.manager.reserve(slot, positions)
 
     def commit(self, slot: int, tokens: Sequence[int]) -> None:
-        self.manager.commit(slot, tokens)
+        with self.cache.lock:
+            self.manager.commit(slot, tokens)
 
     def release(self, slot: int) -> None:
-        self.manager.release(slot)
-        self._free.append(slot)
-        self._free.sort(reverse=True)
+        with self.cache.lock:
+            self.manager.release(slot)
+        self._held.discard(slot)
 
     @property
     def used(self) -> int:
         """Slots in use."""
-        return self.slots - len(self._free)
+        return len(self._held)

@@ -6,26 +6,41 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from numbers import Integral
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
 from . import cache as _cache
+from .checkpoint import STORAGE, Checkpoint
 from .config import ModelConfig
 from .kvpages import DEFAULT_BLOCK_SIZE, PagedKVCache
+from .sampling import SamplingParams, fresh_seeds, sampling_inputs
 
 if TYPE_CHECKING:
     from ..compiler import CompiledKernel
 
-__all__ = ["Model", "KVCache", "Generation", "Request", "MODEL_DTYPES", "KernelNotCachedError",
-           "step_options", "step_kernel"]
+__all__ = ["Model", "KVCache", "Generation", "Request", "MODEL_DTYPES", "KV_DTYPES",
+           "KernelNotCachedError", "step_options", "step_kernel"]
 
 #: The dtypes weights and activations may be computed in.
 MODEL_DTYPES = ("f32", "f16", "bf16")
+#: The dtypes a KV cache may have, and the array that holds one (bf16: its
+#: bit patterns, as for bf16 weights; on CUDA a device array of the same
+#: storage).
+KV_DTYPES = ("f32", "f16", "bf16")
+KV_STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
+              "bf16": np.dtype(np.uint16)}
 #: How many new tokens one step takes at most, unless told otherwise:
 #: longer prompts are prefilled over several steps (chunked prefill), which
 #: bounds the activations and the attention scratch a step allocates.
 DEFAULT_MAX_STEP_TOKENS = 256
+#: KV positions per attention chunk task, unless told otherwise. Small
+#: chunks split a long prefill's attention into many tiles that run in
+#: parallel; the number of chunks follows the cache's length at run time
+#: (not max_seq_len), so the scratch stays T x ceil(L / C) x heads x
+#: (head_dim + 2) floats. See docs/models.md and docs/benchmarks.md.
+DEFAULT_ATTENTION_CHUNK = 128
 
 
 class KernelNotCachedError(RuntimeError):
@@ -49,44 +64,61 @@ class KernelNotCachedError(RuntimeError):
 class Request:
     """One request of a step: `tokens` (new token ids) of the sequence in
     cache slot `slot`, at positions `start`, `start + 1`, ...; the
-    positions before `start` must already be in the cache."""
+    positions before `start` must already be in the cache. The token after
+    the last one (at position `start + len(tokens)`) is chosen with
+    `sampling` (None: greedy)."""
 
     slot: int
     start: int
     tokens: Sequence[int]
+    sampling: Optional[SamplingParams] = None
 
 
 class KVCache:
-    """The K and V caches of every layer: float32 arrays (slots, length,
-    kv_heads * head_dim) that the step kernel updates in place."""
+    """The K and V caches of every layer: arrays (slots, length,
+    kv_heads * head_dim) of `dtype` ("f32", "f16", or "bf16" held as uint16
+    bit patterns) that the step kernel updates in place."""
 
-    def __init__(self, config: ModelConfig, slots: int, length: int, allocate=None):
+    def __init__(self, config: ModelConfig, slots: int, length: int, allocate=None,
+                 dtype: str = "f32"):
         self.slots, self.length = slots, length
+        self.dtype = dtype
+        storage = KV_STORAGE[dtype]
         shape = (slots, length, config.num_kv_heads * config.head_dim)
-        allocate = allocate or (lambda shape: np.zeros(shape, np.float32))
-        self.arrays = {f"l{i}_{kind}_cache": allocate(shape)
+        allocate = allocate or (lambda shape, storage: np.zeros(shape, storage))
+        self.arrays = {f"l{i}_{kind}_cache": allocate(shape, storage)
                        for i in range(config.num_layers) for kind in ("k", "v")}
 
     @staticmethod
-    def bytes_for(config: ModelConfig, slots: int, length: int) -> int:
+    def bytes_for(config: ModelConfig, slots: int, length: int, dtype: str = "f32") -> int:
         """The memory the caches of `slots` sequences of `length` positions
-        take: 2 (K and V) x layers x slots x length x kv_heads x head_dim x 4."""
+        take: 2 (K and V) x layers x slots x length x kv_heads x head_dim x
+        bytes per value (4 for f32, 2 for f16 and bf16)."""
         return (2 * config.num_layers * slots * length * config.num_kv_heads *
-                config.head_dim * 4)
+                config.head_dim * KV_STORAGE[dtype].itemsize)
 
     @property
     def nbytes(self) -> int:
-        return sum(int(np.prod(a.shape)) * 4 for a in self.arrays.values())
+        itemsize = KV_STORAGE[self.dtype].itemsize
+        return sum(int(np.prod(a.shape)) * itemsize for a in self.arrays.values())
 
 
 @dataclass
 class Generation:
-    """What `Model.generate` returns: per prompt, the new token ids and
-    (with `return_logits`) a float32 array (max_new_tokens, vocab) of the
-    logits each new token was chosen from; and how long it took."""
+    """What `Model.generate` returns: per prompt, the new token ids, their
+    text (None without a tokenizer), why generation ended ("stop": an EOS
+    id or a stop string; "length": max_new_tokens) and (with
+    `return_logits`) a float32 array (new tokens, vocab) of the logits each
+    new token was chosen from; and how long it took."""
 
     tokens: list
     logits: Optional[list] = None
+    text: Optional[list] = None
+    finish_reasons: Optional[list] = None
+    #: Per prompt, how many of its tokens' keys and values came from the
+    #: paged cache (a prefix cached by an earlier prompt) instead of being
+    #: computed.
+    cached_tokens: Optional[list] = None
     #: Kernel runs, and seconds spent in them (host preparation included).
     steps: int = 0
     seconds: float = 0.0
@@ -110,15 +142,22 @@ def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "a
                  workers: Optional[int] = None, dtype: str = "f32",
                  max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
                  chip: str = "sm_90a", kernels: str = "native",
+                 kv_dtype: Optional[str] = None,
                  kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE) -> tuple[dict, dict]:
     """`load`'s options checked and completed with their defaults: the
-    options of `build_step_graph` (dtype, max_seq_len, chunk,
+    options of `build_step_graph` (dtype, max_seq_len, chunk, kv_dtype,
     kv_block_size) and of `etc.compile` (target, schedule, workers, chip,
     kernels). With the config they are all the step kernel's code depends
-    on."""
+    on. The KV caches' dtype is by default the compute dtype (a bf16 model
+    keeps bf16 keys and values: half the memory and half the attention's
+    bytes of float32)."""
     if dtype not in MODEL_DTYPES:
         raise ValueError(f"load: dtype={dtype!r} is not supported; expected one of "
                          f"{MODEL_DTYPES}")
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"load: kv_dtype={kv_dtype!r} is not supported; expected one of "
+                         f"{KV_DTYPES}")
     if target not in ("cpu", "cuda"):
         raise ValueError(f"load: target={target!r} is not supported; expected 'cpu' or 'cuda'")
     if max_seq_len is None:
@@ -126,24 +165,21 @@ def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "a
     if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
         raise ValueError(f"load: max_seq_len={max_seq_len!r} must be a positive int")
     if attention_chunk is None:
-        # At most 16 chunks: enough split for the GPU's parallelism on
-        # long sequences, a bounded scratch (T x 16 x heads x (D + 2)).
-        attention_chunk = max(16, -(-max_seq_len // 16))
-        attention_chunk = -(-attention_chunk // 16) * 16
+        attention_chunk = DEFAULT_ATTENTION_CHUNK
     if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, int) or \
             attention_chunk < 1:
         raise ValueError(f"load: attention_chunk={attention_chunk!r} must be a positive int")
     if workers is None:
         # On CUDA the runtime sizes the grid from the device; the option
         # only records the intent.
-        workers = (os.cpu_count() or 1) if target == "cpu" else 1
+        workers = _usable_cores() if target == "cpu" else 1
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"load: workers={workers!r} must be a positive int")
     if kv_block_size is not None and (isinstance(kv_block_size, bool) or
                                       not isinstance(kv_block_size, int) or kv_block_size < 1):
         raise ValueError(f"load: kv_block_size={kv_block_size!r} must be a positive int (the "
                          f"positions of a KV cache block), or None for a contiguous cache")
-    return (dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk,
+    return (dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk, kv_dtype=kv_dtype,
                  kv_block_size=kv_block_size),
             dict(target=target, schedule=schedule, workers=workers, chip=chip, kernels=kernels))
 
@@ -214,10 +250,16 @@ class Model:
                  max_step_tokens: int = DEFAULT_MAX_STEP_TOKENS, chip: str = "sm_90a",
                  kernels: str = "native", cache=None, kernel=None,
                  progress: Optional[Callable[[str, int, int], None]] = None,
-                 tensor_parallel: int = 1, kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE,
+                 tensor_parallel: int = 1, kv_dtype: Optional[str] = None,
+                 kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE,
                  kv_cache_tokens: Optional[int] = None, kv_cache_memory: Optional[int] = None):
         from .parallel import shard_config, shard_weights
 
+        if target == "cuda":
+            # The weights go to the device: fail now, not after compiling.
+            from ..runtime.cuda import require_device
+
+            require_device("load(target='cuda')")
         config = checkpoint.config
         #: The ranks the model is split over (Megatron-style) and this
         #: process's rank; `_shard` is its share of the heads and columns.
@@ -234,7 +276,7 @@ class Model:
         self.graph_options, self.compile_options = step_options(
             config, target=target, schedule=schedule, workers=workers, dtype=dtype,
             max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip,
-            kernels=kernels, kv_block_size=kv_block_size)
+            kernels=kernels, kv_dtype=kv_dtype, kv_block_size=kv_block_size)
         if tensor_parallel > 1:
             self.graph_options["ranks"] = tensor_parallel
         if isinstance(max_step_tokens, bool) or not isinstance(max_step_tokens, int) or \
@@ -244,7 +286,13 @@ class Model:
         self.checkpoint = checkpoint
         self.path = checkpoint.path
         self.dtype = dtype
+        #: The KV caches' dtype (by default the compute dtype).
+        self.kv_dtype = self.graph_options["kv_dtype"]
         self.target = target
+        #: The checkpoint's `Tokenizer` (None without one), and the ids that
+        #: end a sequence (config.json, generation_config.json).
+        self.tokenizer = checkpoint.tokenizer()
+        self.eos_token_ids = tuple(checkpoint.eos_token_ids())
         #: The longest sequence (prompt + new tokens) the model serves.
         self.max_seq_len = self.graph_options["max_seq_len"]
         #: KV positions per attention chunk task.
@@ -260,8 +308,14 @@ class Model:
         #: Seconds spent loading: "weights", and "compile" or "cache".
         self.timings: dict[str, float] = {}
         start = time.perf_counter()
-        weights = checkpoint.weights(progress=None if progress is None else
-                                     lambda done, total: progress("weights", done, total))
+        report = None if progress is None else \
+            (lambda done, total: progress("weights", done, total))
+        if isinstance(checkpoint, Checkpoint):
+            # Read in the compute dtype's storage: a bf16 or f16 checkpoint
+            # computed in its own dtype is never widened to float32.
+            weights = checkpoint.weights(dtype, progress=report)
+        else:
+            weights = checkpoint.weights(progress=report)
         weights = shard_weights(config, weights, tensor_parallel, self.rank)
         if "inv_freq" not in weights:
             weights["inv_freq"] = config.rope_inv_freq()
@@ -308,7 +362,8 @@ class Model:
     def kv_cache_bytes_per_block(self) -> int:
         """The memory of one block of the paged cache: 2 (K and V) x layers
         x kv_block_size x kv_heads x head_dim x bytes per value."""
-        return PagedKVCache.bytes_per_block(self._shard, self.kv_block_size, 4)
+        return PagedKVCache.bytes_per_block(self._shard, self.kv_block_size,
+                                            KV_STORAGE[self.kv_dtype].itemsize)
 
     def describe(self) -> dict:
         """What the step kernel's code depends on (see
@@ -329,7 +384,7 @@ class Model:
         """Weights as the graph's inputs take them: float16 arrays for f16;
         bf16 bit patterns (uint16) for bf16, converted once here rather than
         by the runtime at every step; float32 for f32."""
-        if name == "inv_freq" or self.dtype == "f32":
+        if name == "inv_freq" or array.dtype == STORAGE[self.dtype]:
             return array
         if self.dtype == "bf16":
             from .. import bfloat16
@@ -370,10 +425,9 @@ class Model:
                              f"max_seq_len={self.max_seq_len}")
         allocate = None
         if self.target == "cuda":
-            kernel = self._kernels[0]
-            allocate = lambda shape: kernel.runtime.device_zeros(shape, np.float32)
+            allocate = self._kernels[0].runtime.device_zeros
         if self.kv_block_size is None:
-            return KVCache(self._shard, slots, length, allocate)
+            return KVCache(self._shard, slots, length, allocate, self.kv_dtype)
         blocks = -(-length // self.kv_block_size)
         cache = self._new_paged(slots * blocks, prefix_caching=False)
         for slot in range(slots):
@@ -403,39 +457,101 @@ class Model:
             cache = self._paged_cache = self._new_paged(blocks)
         return cache
 
+    def new_paged_cache(self, tokens: int) -> PagedKVCache:
+        """A paged KV cache of its own (not the model's shared pool) that
+        holds `tokens` positions, rounded up to whole blocks."""
+        if self.kv_block_size is None:
+            raise ValueError("new_paged_cache: the model was loaded with kv_block_size=None "
+                             "(a contiguous cache); use new_cache")
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(f"new_paged_cache: tokens={tokens!r} must be a positive int")
+        return self._new_paged(-(-tokens // self.kv_block_size))
+
     def _new_paged(self, blocks: int, prefix_caching: bool = True) -> PagedKVCache:
         allocate = None
         if self.target == "cuda":
-            kernel = self._kernels[0]
-            allocate = lambda shape, storage: kernel.runtime.device_zeros(shape, storage)
+            allocate = self._kernels[0].runtime.device_zeros
         return PagedKVCache(self._shard, blocks, self.kv_block_size, allocate=allocate,
+                            storage=KV_STORAGE[self.kv_dtype], dtype=self.kv_dtype,
                             prefix_caching=prefix_caching)
 
-    def step(self, cache, requests: Sequence[Request]):
+    def step(self, cache, requests: Sequence[Request], return_logits: bool = False):
         """Runs one step: every request's new tokens go into the cache, and
-        the logits (R, vocab) float32 and greedy next ids (R,) int32 of each
-        request's last new token come back. Requests may bring any number
-        of tokens (prefill, decode, or a mix in one step). With a
+        the next id (R,) int32 of each request comes back, chosen on the
+        device from the logits of its last new token with its `sampling`
+        parameters. Returns (logits, next_ids): the logits (R, vocab)
+        float32 with `return_logits`, else None (on CUDA they then stay on
+        the device: only the ids are copied back). Requests may bring any
+        number of tokens (prefill, decode, or a mix in one step). With a
         `PagedKVCache`, a request's slot is its sequence in the cache's
         block manager, whose blocks must cover its positions."""
-        logits, next_ids = self._kernels[0].run(**self.step_inputs(cache, requests))
-        return np.asarray(logits, dtype=np.float32), next_ids
+        kernel = self._kernels[0]
+        inputs = self.step_inputs(cache, requests)
+        if return_logits:
+            logits, next_ids = kernel.run(**inputs)
+            return np.asarray(logits, dtype=np.float32), next_ids
+        next_ids = np.empty(len(requests), np.int32)
+        kernel.run(**inputs, out={"next_ids": next_ids})
+        return None, next_ids
 
-    def step_inputs(self, cache, requests: Sequence[Request]) -> dict:
-        """The step kernel's inputs for `requests` (checked): token ids, the
-        ragged batch's index arrays (the block tables of a paged cache),
-        the weights and the caches, by name. `step` runs the kernel on
-        them; benchmarks bind them once."""
-        if not requests:
-            raise ValueError("step: no requests")
+    def _fresh_seeds(self, count: int) -> list:
+        """Random seeds for the requests without one. Every rank of a
+        tensor-parallel model must draw the same tokens, so rank 0's seeds
+        go to all (the ranks run the same steps)."""
+        seeds = fresh_seeds(count)
+        if self.tensor_parallel > 1 and count:
+            from mpi4py import MPI
+
+            seeds = MPI.COMM_WORLD.bcast(seeds, root=0)
+        return seeds
+
+    def _check_cache(self, cache) -> None:
+        """`cache` is one this model's kernel can use: a `KVCache` no longer
+        than the compiled max_seq_len (the attention's chunk grid and index
+        checks are sized by it), or with the paged cache a `PagedKVCache` of
+        the model's block size; its arrays have this model's shapes."""
+        if not isinstance(cache, (KVCache, PagedKVCache)):
+            raise TypeError(f"step: 'cache' must be a KVCache or PagedKVCache "
+                            f"(Model.new_cache, Model.paged_cache), got {type(cache).__name__}")
         paged = isinstance(cache, PagedKVCache)
         if paged != (self.kv_block_size is not None):
             want = "a PagedKVCache" if self.kv_block_size is not None else "a KVCache"
             raise ValueError(f"step: the model's step kernel takes {want} (kv_block_size="
                              f"{self.kv_block_size}), got {type(cache).__name__}")
-        if paged and cache.block_size != self.kv_block_size:
-            raise ValueError(f"step: the cache's blocks hold {cache.block_size} positions, the "
-                             f"model's {self.kv_block_size}")
+        if paged:
+            if cache.block_size != self.kv_block_size:
+                raise ValueError(f"step: the cache's blocks hold {cache.block_size} positions, "
+                                 f"the model's {self.kv_block_size}")
+            rows, what = (cache.num_blocks, cache.block_size), "blocks, block_size"
+        else:
+            if cache.length > self.max_seq_len:
+                raise ValueError(f"step: the cache holds {cache.length} positions, more than "
+                                 f"the max_seq_len={self.max_seq_len} the model is compiled for")
+            rows, what = (cache.slots, cache.length), "slots, length"
+        c = self.config
+        width = c.num_kv_heads * c.head_dim
+        expected = (*rows, width)
+        for i in range(c.num_layers):
+            for kind in ("k", "v"):
+                name = f"l{i}_{kind}_cache"
+                array = cache.arrays.get(name)
+                if array is None:
+                    raise ValueError(f"step: the cache has no {name!r} (a cache of another "
+                                     f"model?)")
+                if tuple(array.shape) != expected:
+                    raise ValueError(f"step: cache {name!r} has shape {tuple(array.shape)}, "
+                                     f"expected {expected} ({what}, kv_heads * head_dim)")
+
+    def step_inputs(self, cache, requests: Sequence[Request]) -> dict:
+        """The step kernel's inputs for `requests` (checked): token ids, the
+        ragged batch's index arrays (the block tables of a paged cache), the
+        sampling parameters (`sampling.sampling_inputs`), the weights and
+        the caches, by name. `step` runs the kernel on them; benchmarks bind
+        them once."""
+        self._check_cache(cache)
+        if not requests:
+            raise ValueError("step: no requests")
+        paged = isinstance(cache, PagedKVCache)
         capacity = self.max_seq_len if paged else cache.length
         ids, positions, token_request = [], [], []
         slot, length, first, last = [], [], [], []
@@ -472,81 +588,139 @@ class Model:
             dict(request_slot=i32(slot))
         return dict(ids=i32(ids), positions=i32(positions), token_request=i32(token_request),
                     **addressing, request_length=i32(length), request_first=i32(first),
-                    request_last=i32(last), **self._weights, **cache.arrays)
+                    request_last=i32(last),
+                    **sampling_inputs([q.sampling for q in requests], self._fresh_seeds),
+                    **self._weights, **cache.arrays)
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 return_logits: bool = False) -> Generation:
-        """Greedy decoding of a batch of prompts (lists of token ids, of any
-        lengths): `max_new_tokens` new ids per prompt. Prompts are
-        prefilled together in ragged steps of at most `max_step_tokens`
-        tokens, then decoded one token per request and step; a step may
-        mix both."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
+    def generate(self, prompts, max_new_tokens: int, return_logits: bool = False, *,
+                 stop: Sequence[str] = (), ignore_eos: bool = False, sampling=None,
+                 **template_variables) -> Generation:
+        """Generates from one prompt or a batch of them, of any lengths.
+
+        A prompt is a string (encoded with the tokenizer, its special tokens
+        added), a chat (a list of {"role", "content"} dicts, rendered by the
+        chat template with the generation prompt; `template_variables` such
+        as `enable_thinking=False` go to the template), or a list of token
+        ids; `prompts` is one of these or a list of them. Each prompt gets
+        at most `max_new_tokens` new ids and stops earlier at one of the
+        model's `eos_token_ids` (unless `ignore_eos`) or when its text
+        contains a string of `stop` (the stop string is cut from the text).
+        `sampling` (an `etc.models.sampling.SamplingParams`) applies to
+        every prompt; None is greedy.
+
+        The returned `Generation` has per prompt the new ids (`tokens`,
+        ending with the EOS id when one stopped it), the text (`text`,
+        without special tokens; needs a tokenizer) and why it ended
+        (`finish_reasons`: "stop" or "length"), and how many of its tokens
+        came from the cache (`cached_tokens`). Prompts run together on an
+        `Engine` with a slot each: prefilled in ragged steps of at most
+        `max_step_tokens` tokens, then decoded one token per request and
+        step, a step mixing both. With the paged cache (the default) the
+        engine runs on the model's pool (`paged_cache`), so a prompt reuses
+        the cached blocks of a prefix an earlier prompt or call computed."""
+        from .engine import Engine
+
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or \
                 max_new_tokens < 1:
             raise ValueError(f"generate: max_new_tokens={max_new_tokens!r} must be a positive "
                              f"int")
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or \
-                not prompts:
-            raise ValueError("generate: 'prompts' must be a non-empty list of token-id lists")
-        vocab = self.config.vocab_size
-        sequences = []
-        for p, prompt in enumerate(prompts):
-            if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence) or \
-                    not prompt:
-                raise ValueError(f"generate: prompt {p} must be a non-empty list of token ids")
-            for i, token in enumerate(prompt):
-                if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
-                    raise ValueError(f"generate: prompt {p}, position {i}: {token!r} is not "
-                                     f"an int token id")
-                if not 0 <= token < vocab:
-                    raise ValueError(f"generate: prompt {p}, position {i}: token id {token} "
-                                     f"is outside the vocabulary [0, {vocab})")
-            total = len(prompt) + max_new_tokens
-            if total > self.max_seq_len:
-                raise ValueError(f"generate: prompt {p} has {len(prompt)} tokens; with "
-                                 f"max_new_tokens={max_new_tokens} the sequence would be "
-                                 f"{total} tokens, longer than the cache "
-                                 f"(max_seq_len={self.max_seq_len})")
-            sequences.append([int(t) for t in prompt])
-        cache = self.new_cache(len(sequences), max(len(s) for s in sequences) + max_new_tokens)
-        cached = [0] * len(sequences)
-        new: list[list[int]] = [[] for _ in sequences]
-        logits: list[list[np.ndarray]] = [[] for _ in sequences]
-        result = Generation(tokens=new)
-        while True:
-            active = [r for r in range(len(sequences)) if len(new[r]) < max_new_tokens]
-            if not active:
-                break
-            # Decoding requests (one pending token) first, then prefill
-            # chunks from what is left of the step's token budget.
-            active.sort(key=lambda r: len(sequences[r]) - cached[r])
-            budget = self.max_step_tokens
-            requests = []
-            for r in active:
-                take = min(len(sequences[r]) - cached[r], max(1, budget))
-                budget -= take
-                requests.append(Request(r, cached[r], sequences[r][cached[r]:cached[r] + take]))
-            start = time.perf_counter()
-            step_logits, next_ids = self.step(cache, requests)
-            elapsed = time.perf_counter() - start
-            result.steps += 1
-            result.seconds += elapsed
-            if all(len(q.tokens) == 1 for q in requests):
-                result.decode_tokens += len(requests)
-                result.decode_seconds += elapsed
-            for i, request in enumerate(requests):
-                r = request.slot
-                cached[r] += len(request.tokens)
-                if cached[r] < len(sequences[r]):
-                    continue  # a prefill chunk: the prompt goes on next step
-                token = int(next_ids[i])
-                new[r].append(token)
-                sequences[r].append(token)
-                if return_logits:
-                    logits[r].append(step_logits[i].copy())
+        max_new_tokens = int(max_new_tokens)
+        sequences = [self._prompt_ids(p, prompt, max_new_tokens, template_variables)
+                     for p, prompt in enumerate(_as_prompt_list(prompts))]
+        engine = Engine(self, max_num_seqs=len(sequences),
+                        max_model_len=max(len(s) for s in sequences) + max_new_tokens)
+        handles = [engine.submit(ids, max_new_tokens=max_new_tokens, stop=stop,
+                                 ignore_eos=ignore_eos, sampling=sampling,
+                                 return_logits=return_logits) for ids in sequences]
+        engine.run()
+        results = [handle.result() for handle in handles]
+        for result in results:
+            if result.finish_reason == "error":
+                raise RuntimeError(f"generate: a step failed: {result.error}")
+        result = Generation(tokens=[r.token_ids for r in results],
+                            text=[r.text for r in results] if self.tokenizer else None,
+                            finish_reasons=[r.finish_reason for r in results])
         if return_logits:
-            result.logits = [np.stack(rows) for rows in logits]
+            result.logits = [r.logits for r in results]
+        for step in engine.steps:
+            result.steps += 1
+            result.seconds += step.seconds
+            if step.decode_only:
+                result.decode_tokens += step.requests
+                result.decode_seconds += step.seconds
         return result
+
+    def _prompt_ids(self, p: int, prompt, max_new_tokens: int, template_variables) -> list:
+        """Prompt `p` of `generate` as token ids, checked."""
+        vocab = self.config.vocab_size
+        if isinstance(prompt, str) or _is_chat(prompt):
+            if self.tokenizer is None:
+                raise ValueError(f"generate: prompt {p} is text, but {self.path} has no "
+                                 f"tokenizer.json: give token ids")
+            if isinstance(prompt, str):
+                ids = self.tokenizer.encode(prompt)
+            else:
+                text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True,
+                                                          **template_variables)
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+        elif _is_sequence(prompt):
+            ids = prompt
+        else:
+            raise ValueError(f"generate: prompt {p} must be a string, a chat (a list of "
+                             f"message dicts) or a list of token ids, not "
+                             f"{type(prompt).__name__}")
+        if not len(ids):
+            raise ValueError(f"generate: prompt {p} must be a non-empty list of token ids")
+        for i, token in enumerate(ids):
+            if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
+                raise ValueError(f"generate: prompt {p}, position {i}: {token!r} is not a "
+                                 f"token id")
+            if not 0 <= token < vocab:
+                raise ValueError(f"generate: prompt {p}, position {i}: token id {token} "
+                                 f"is outside the vocabulary [0, {vocab})")
+        total = len(ids) + max_new_tokens
+        if total > self.max_seq_len:
+            raise ValueError(f"generate: prompt {p} has {len(ids)} tokens; with "
+                             f"max_new_tokens={max_new_tokens} the sequence would be "
+                             f"{total} tokens, longer than the cache "
+                             f"(max_seq_len={self.max_seq_len})")
+        return [int(t) for t in ids]
+
+
+def _is_chat(prompt) -> bool:
+    return isinstance(prompt, Sequence) and not isinstance(prompt, (str, bytes)) and \
+        bool(prompt) and all(isinstance(m, dict) for m in prompt)
+
+
+def _as_prompt_list(prompts) -> list:
+    """`generate`'s prompts as a list: one string, chat or id list becomes a
+    list of one."""
+    if isinstance(prompts, str) or _is_chat(prompts):
+        return [prompts]
+    if isinstance(prompts, np.ndarray) and prompts.ndim == 1:
+        return [prompts]
+    if not _is_sequence(prompts) or not len(prompts):
+        raise ValueError("generate: 'prompts' must be a string, a chat, a list of token ids, "
+                         "or a non-empty list of these")
+    if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompts):
+        return [prompts]
+    return list(prompts)
+
+
+def _is_sequence(value) -> bool:
+    """A list-like of items (a list, a tuple, a 1-D or 2-D NumPy array), not
+    a string."""
+    if isinstance(value, np.ndarray):
+        return value.ndim >= 1
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (`etc.compile`'s default too)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _to_device(kernel, name: str, array: np.ndarray):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import bfloat16
 from .config import ModelConfig
 
 __all__ = ["forward"]
@@ -27,9 +28,21 @@ def _silu(x):
     return x / (np.float32(1) + np.exp(-x))
 
 
-def forward(config: ModelConfig, weights: dict, tokens) -> np.ndarray:
+def _round_to(x, dtype: str):
+    """`x` (float32) rounded to what a buffer of `dtype` holds."""
+    if dtype == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "bf16":
+        return bfloat16.from_bits(bfloat16.to_bits(x)).reshape(x.shape)
+    return x
+
+
+def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -> np.ndarray:
     """The logits (len(tokens), vocab) float32 of every position of one
-    sequence, with `weights` named as `Checkpoint.weights` names them."""
+    sequence, with `weights` named as `Checkpoint.weights` names them;
+    `kv_dtype` rounds the keys (after RoPE) and values to what a KV cache
+    of that dtype holds, the only rounding of a float32 model with a
+    half-precision cache."""
     c = config
     tokens = np.asarray(tokens, dtype=np.int64)
     n, d = len(tokens), c.head_dim
@@ -37,7 +50,9 @@ def forward(config: ModelConfig, weights: dict, tokens) -> np.ndarray:
     inv_freq = c.rope_inv_freq()
     freqs = np.arange(n, dtype=np.float32)[:, None] * inv_freq[None, :]
     emb = np.concatenate([freqs, freqs], axis=-1)
-    cos, sin = np.cos(emb)[:, None, :], np.sin(emb)[:, None, :]  # (n, 1, d)
+    # Hugging Face scales cos and sin by the variant's attention factor (yarn).
+    factor = np.float32(c.rope_attention_factor)
+    cos, sin = np.cos(emb)[:, None, :] * factor, np.sin(emb)[:, None, :] * factor  # (n, 1, d)
     causal = np.triu(np.full((n, n), -np.inf, np.float32), k=1)
     group = c.num_heads // c.num_kv_heads
     for i in range(c.num_layers):
@@ -50,7 +65,8 @@ def forward(config: ModelConfig, weights: dict, tokens) -> np.ndarray:
             q = _rmsnorm(q, w("q_norm"), c.rms_norm_eps)
             k = _rmsnorm(k, w("k_norm"), c.rms_norm_eps)
         q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        k = _round_to(k * cos + _rotate_half(k) * sin, kv_dtype)
+        v = _round_to(v, kv_dtype)
         k = np.repeat(k, group, axis=1)  # repeat_kv
         v = np.repeat(v, group, axis=1)
         scores = np.einsum("qhd,khd->hqk", q, k) / np.float32(np.sqrt(d)) + causal

@@ -10,6 +10,7 @@ upper halves of float32 values and are widened on load (`etc.bfloat16`).
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 from typing import Iterator, Mapping, Optional
@@ -22,6 +23,10 @@ __all__ = ["SafetensorsError", "SafetensorsFile", "save_file", "DTYPES"]
 
 #: The dtypes a checkpoint's weights may have, and their NumPy storage.
 DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+#: The safetensors dtype whose storage each ETC dtype is (`SafetensorsFile.read`).
+_STORAGE = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
+#: The largest header the format allows (the reference reader's limit).
+MAX_HEADER_BYTES = 100_000_000
 #: Further dtypes recognised (so that errors can name them) but not loaded.
 _KNOWN = ("F64", "I64", "I32", "I16", "I8", "U8", "BOOL", "F8_E4M3", "F8_E5M2")
 
@@ -46,32 +51,49 @@ class SafetensorsFile:
                 if length > size - 8:
                     raise SafetensorsError(f"{self.path}: header length {length} exceeds the "
                                            f"file size {size}")
+                if length > MAX_HEADER_BYTES:
+                    raise SafetensorsError(f"{self.path}: header length {length} exceeds the "
+                                           f"format's limit of {MAX_HEADER_BYTES} bytes")
                 header = json.loads(f.read(length).decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             raise SafetensorsError(f"{self.path}: the header is not JSON ({error})") from None
+        except RecursionError:
+            raise SafetensorsError(f"{self.path}: the header nests JSON too deeply to be a "
+                                   f"safetensors header") from None
         if not isinstance(header, dict):
             raise SafetensorsError(f"{self.path}: the header is not a JSON object")
-        self.metadata: dict = header.pop("__metadata__", None) or {}
+        metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict):
+            raise SafetensorsError(f"{self.path}: '__metadata__' is not a JSON object")
+        self.metadata: dict = metadata
         self._data_start = 8 + length
         self._data_size = size - self._data_start
         self._entries: dict[str, dict] = {}
         for name, entry in header.items():
-            try:
-                dtype, shape = entry["dtype"], [int(d) for d in entry["shape"]]
-                begin, end = (int(o) for o in entry["data_offsets"])
-            except (KeyError, TypeError, ValueError):
+            dtype, shape, offsets = _parse_entry(entry)
+            if dtype is None:
                 raise SafetensorsError(f"{self.path}: tensor {name!r} has a malformed header "
-                                       f"entry {entry!r}") from None
+                                       f"entry {entry!r} (expected a string 'dtype', a "
+                                       f"'shape' of non-negative integers and two integer "
+                                       f"'data_offsets')")
+            begin, end = offsets
             if not 0 <= begin <= end <= self._data_size:
                 raise SafetensorsError(f"{self.path}: tensor {name!r} has data offsets "
                                        f"[{begin}, {end}) outside the {self._data_size} data "
                                        f"bytes")
-            if dtype in DTYPES and end - begin != DTYPES[dtype].itemsize * int(np.prod(shape)):
+            if dtype in DTYPES and end - begin != DTYPES[dtype].itemsize * math.prod(shape):
                 raise SafetensorsError(f"{self.path}: tensor {name!r} ({dtype}, shape {shape}) "
                                        f"has {end - begin} bytes of data")
-            self._entries[name] = {"dtype": dtype, "shape": tuple(shape),
-                                   "offsets": (begin, end)}
-        self._map: Optional[np.memmap] = None
+            self._entries[name] = {"dtype": dtype, "shape": shape, "offsets": (begin, end)}
+        # Two tensors must not share bytes: a writer that did so is broken,
+        # and a weight would silently be another's data.
+        spans = sorted((e["offsets"], n) for n, e in self._entries.items() if e["offsets"][0] <
+                       e["offsets"][1])
+        for ((_, end), first), ((begin, _), second) in zip(spans, spans[1:]):
+            if begin < end:
+                raise SafetensorsError(f"{self.path}: tensors {first!r} and {second!r} overlap "
+                                       f"(data offsets {self._entries[first]['offsets']} and "
+                                       f"{self._entries[second]['offsets']})")
 
     def keys(self) -> list[str]:
         return list(self._entries)
@@ -91,26 +113,66 @@ class SafetensorsFile:
 
     def get(self, name: str) -> np.ndarray:
         """Tensor `name` as float32 (F32 as stored, F16 and BF16 widened)."""
+        return self.read(name, "f32")
+
+    def read(self, name: str, dtype: str = "f32") -> np.ndarray:
+        """Tensor `name` in the storage of ETC dtype `dtype`: "f32" (a
+        float32 array), "f16" (float16) or "bf16" (uint16 bit patterns).
+        A tensor stored in that form is read straight into the array it is
+        returned in, without a wider copy; others are converted, one tensor
+        at a time."""
         entry = self._entries[name]
-        dtype = entry["dtype"]
-        if dtype not in DTYPES:
-            what = "an unknown dtype" if dtype not in _KNOWN else "a dtype ETC does not load"
-            raise SafetensorsError(f"{self.path}: tensor {name!r} has {what} {dtype!r}; "
+        stored = entry["dtype"]
+        if stored not in DTYPES:
+            what = "an unknown dtype" if stored not in _KNOWN else "a dtype ETC does not load"
+            raise SafetensorsError(f"{self.path}: tensor {name!r} has {what} {stored!r}; "
                                    f"supported: {', '.join(DTYPES)}")
-        if self._map is None:
-            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        if dtype not in _STORAGE:
+            raise ValueError(f"read: dtype {dtype!r} is not one of {', '.join(_STORAGE)}")
+        values = np.empty(entry["shape"], DTYPES[stored])
         begin, end = entry["offsets"]
-        raw = self._map[self._data_start + begin:self._data_start + end]
-        values = raw.view(DTYPES[dtype]).reshape(entry["shape"])
-        if dtype == "BF16":
-            return bfloat16.from_bits(values).reshape(entry["shape"])
-        return np.asarray(values, dtype=np.float32)
+        with open(self.path, "rb") as f:
+            # Read into the array, not through a memory map: the file's pages
+            # are not mapped into the process, so they do not add to its
+            # resident memory next to the copy.
+            f.seek(self._data_start + begin)
+            view = memoryview(values.reshape(-1).view(np.uint8))
+            done = 0
+            while done < end - begin:
+                count = f.readinto(view[done:])
+                if not count:
+                    raise SafetensorsError(f"{self.path}: tensor {name!r} is cut short")
+                done += count
+        if not values.dtype.isnative:
+            values = values.astype(values.dtype.newbyteorder("="))
+        if _STORAGE[dtype] == stored:
+            return values
+        if dtype == "bf16":  # from F32 or F16
+            return bfloat16.to_bits(values.astype(np.float32, copy=False))
+        wide = bfloat16.from_bits(values) if stored == "BF16" else values
+        return wide.astype(np.float16 if dtype == "f16" else np.float32, copy=False)
+
+
+def _parse_entry(entry) -> tuple:
+    """(dtype, shape, (begin, end)) of a header entry, or (None, None, None)
+    when it is malformed: a float or negative dimension is not truncated
+    into a shape."""
+    integer = lambda value: isinstance(value, int) and not isinstance(value, bool)
+    if not isinstance(entry, dict):
+        return None, None, None
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str) or not isinstance(shape, list) or \
+            not all(integer(d) and d >= 0 for d in shape) or not isinstance(offsets, list) or \
+            len(offsets) != 2 or not all(integer(o) for o in offsets):
+        return None, None, None
+    return dtype, tuple(shape), tuple(offsets)
 
 
 def save_file(path, tensors: Mapping[str, np.ndarray], dtype: str = "F32",
               metadata: Optional[Mapping[str, str]] = None) -> None:
     """Writes `tensors` (float arrays) to a safetensors file, every tensor
-    stored as `dtype` ("F32", "F16" or "BF16", rounded to nearest even)."""
+    stored as `dtype` ("F32", "F16" or "BF16", rounded to nearest even;
+    uint16 arrays are taken as bf16 bit patterns already)."""
     if dtype not in DTYPES:
         raise ValueError(f"save_file: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     header: dict = {}
@@ -119,11 +181,12 @@ def save_file(path, tensors: Mapping[str, np.ndarray], dtype: str = "F32",
     blobs = []
     offset = 0
     for name, array in tensors.items():
-        array = np.asarray(array, dtype=np.float32)
+        array = np.asarray(array)
         if dtype == "BF16":
-            data = bfloat16.to_bits(array).astype("<u2").tobytes()
+            bits = array if array.dtype == np.uint16 else bfloat16.to_bits(array)
+            data = bits.astype("<u2", copy=False).tobytes()
         else:
-            data = array.astype(DTYPES[dtype]).tobytes()
+            data = array.astype(DTYPES[dtype], copy=False).tobytes()
         header[name] = {"dtype": dtype, "shape": list(array.shape),
                         "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)

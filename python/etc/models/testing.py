@@ -11,7 +11,63 @@ import numpy as np
 
 from .safetensors import save_file
 
-__all__ = ["tiny_config", "write_checkpoint", "write_gguf", "checkpoint_tensors"]
+__all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint", "write_gguf",
+           "checkpoint_tensors", "write_tokenizer", "CHAT_TEMPLATE", "TEXT",
+           "shaped_config", "SHAPES"]
+
+#: What `write_tokenizer` trains on: a little English, with accents, CJK
+#: and an emoji, so that some characters take several byte-level tokens.
+TEXT = """\
+The quick brown fox jumps over the lazy dog. A model reads text as tokens and
+writes tokens back; the tokenizer turns one into the other. Hello, world!
+Hello again: how are you today? I am fine, thank you, and you?
+Numbers too: 1 2 3 4 5 6 7 8 9 10, 42, 2048. Café crème, naïve façade, über.
+日本語のテキスト。 Привет, мир! 🙂 Résumé of the day: we serve models over HTTP.
+"""
+
+#: A ChatML chat template (as Qwen's), refusing roles it does not know.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + message['role']) }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+#: The special tokens of `write_tokenizer`, with ids 0, 1, 2.
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+#: The widths of real models (from their published config.json), for
+#: checks and benchmarks at real sizes with few layers and random weights.
+SHAPES = {
+    "llama-3.2-1b": dict(
+        architecture="LlamaForCausalLM", vocab_size=128256, hidden_size=2048,
+        intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        tie_word_embeddings=True, rope_scaling={
+            "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "qwen3-0.6b": dict(
+        architecture="Qwen3ForCausalLM", vocab_size=151936, hidden_size=1024,
+        intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True),
+    "qwen3-30b-a3b": dict(
+        architecture="Qwen3MoeForCausalLM", vocab_size=151936, hidden_size=2048,
+        intermediate_size=6144, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8,
+        moe_intermediate_size=768, norm_topk_prob=True),
+}
+
+
+def shaped_config(name: str, layers: int = 2, **overrides) -> dict:
+    """The config.json of model `name` (a key of SHAPES) with `layers`
+    layers; `overrides` replace or add fields."""
+    fields = dict(SHAPES[name])
+    architecture = fields.pop("architecture")
+    return tiny_config(architecture, num_hidden_layers=layers, **{**fields, **overrides})
 
 
 def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
@@ -46,9 +102,24 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
     return config
 
 
-def _tensors(config: dict, rng: np.random.Generator) -> dict:
-    """Random weights under Hugging Face's names, scaled so that activations
-    stay near unit size and logits are not flat."""
+def as_transformers5(config: dict) -> dict:
+    """`config` as transformers 5 writes config.json: the RoPE base and
+    scaling in `rope_parameters` (no flat `rope_theta` or `rope_scaling`),
+    `layer_types`, `dtype` for `torch_dtype`."""
+    config = dict(config)
+    rope = dict(config.pop("rope_scaling", None) or {})
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    rope["rope_theta"] = config.pop("rope_theta", 10000.0)
+    config["rope_parameters"] = rope
+    config["layer_types"] = ["full_attention"] * config["num_hidden_layers"]
+    config["dtype"] = config.pop("torch_dtype", "float32")
+    config["transformers_version"] = "5.23.0"
+    return config
+
+
+def tensor_shapes(config: dict) -> dict:
+    """The tensors of a checkpoint of `config`, by Hugging Face name, and
+    their shapes, in the order `write_checkpoint` writes them."""
     h = config["hidden_size"]
     heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or \
         config["num_attention_heads"]
@@ -56,15 +127,7 @@ def _tensors(config: dict, rng: np.random.Generator) -> dict:
     vocab = config["vocab_size"]
     qwen3 = config["architectures"][0].startswith("Qwen3")
     moe = config["architectures"][0] == "Qwen3MoeForCausalLM"
-
-    def normal(*shape, fan_in=None):
-        scale = 1.0 / np.sqrt(fan_in if fan_in else shape[-1])
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    def norm(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
-    t = {"model.embed_tokens.weight": normal(vocab, h, fan_in=16 * h)}
+    t = {"model.embed_tokens.weight": (vocab, h)}
     sparse = set()
     if moe:
         step = config.get("decoder_sparse_step", 1) or 1
@@ -73,31 +136,48 @@ def _tensors(config: dict, rng: np.random.Generator) -> dict:
                   if i not in only and (i + 1) % step == 0}
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"] = norm(h)
-        t[p + "self_attn.q_proj.weight"] = normal(heads * d, h)
-        t[p + "self_attn.k_proj.weight"] = normal(kv * d, h)
-        t[p + "self_attn.v_proj.weight"] = normal(kv * d, h)
-        t[p + "self_attn.o_proj.weight"] = normal(h, heads * d)
+        t[p + "input_layernorm.weight"] = (h,)
+        t[p + "self_attn.q_proj.weight"] = (heads * d, h)
+        t[p + "self_attn.k_proj.weight"] = (kv * d, h)
+        t[p + "self_attn.v_proj.weight"] = (kv * d, h)
+        t[p + "self_attn.o_proj.weight"] = (h, heads * d)
         if qwen3:
-            t[p + "self_attn.q_norm.weight"] = norm(d)
-            t[p + "self_attn.k_norm.weight"] = norm(d)
-        t[p + "post_attention_layernorm.weight"] = norm(h)
+            t[p + "self_attn.q_norm.weight"] = (d,)
+            t[p + "self_attn.k_norm.weight"] = (d,)
+        t[p + "post_attention_layernorm.weight"] = (h,)
         if i in sparse:
             e, f = config["num_experts"], config["moe_intermediate_size"]
-            t[p + "mlp.gate.weight"] = normal(e, h, fan_in=h / 8)
+            t[p + "mlp.gate.weight"] = (e, h)
             for j in range(e):
-                t[f"{p}mlp.experts.{j}.gate_proj.weight"] = normal(f, h)
-                t[f"{p}mlp.experts.{j}.up_proj.weight"] = normal(f, h)
-                t[f"{p}mlp.experts.{j}.down_proj.weight"] = normal(h, f)
+                t[f"{p}mlp.experts.{j}.gate_proj.weight"] = (f, h)
+                t[f"{p}mlp.experts.{j}.up_proj.weight"] = (f, h)
+                t[f"{p}mlp.experts.{j}.down_proj.weight"] = (h, f)
         else:
             f = config["intermediate_size"]
-            t[p + "mlp.gate_proj.weight"] = normal(f, h)
-            t[p + "mlp.up_proj.weight"] = normal(f, h)
-            t[p + "mlp.down_proj.weight"] = normal(h, f)
-    t["model.norm.weight"] = norm(h)
+            t[p + "mlp.gate_proj.weight"] = (f, h)
+            t[p + "mlp.up_proj.weight"] = (f, h)
+            t[p + "mlp.down_proj.weight"] = (h, f)
+    t["model.norm.weight"] = (h,)
     if not config.get("tie_word_embeddings", False):
-        t["lm_head.weight"] = normal(vocab, h)
+        t["lm_head.weight"] = (vocab, h)
     return t
+
+
+def _tensors(config: dict, rng: np.random.Generator) -> dict:
+    """Random weights under Hugging Face's names, scaled so that activations
+    stay near unit size and logits are not flat."""
+    h = config["hidden_size"]
+    tensors = {}
+    for name, shape in tensor_shapes(config).items():
+        if name.endswith("norm.weight"):
+            tensors[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+            continue
+        # Embeddings smaller, the router's logits larger.
+        fan_in = {"model.embed_tokens.weight": 16 * h}.get(name, shape[-1])
+        if name.endswith("mlp.gate.weight"):
+            fan_in = h / 8
+        tensors[name] = (rng.standard_normal(shape) * (1.0 / np.sqrt(fan_in))).astype(np.float32)
+    return tensors
 
 
 def checkpoint_tensors(config: dict, seed: int = 0) -> dict:
@@ -106,15 +186,60 @@ def checkpoint_tensors(config: dict, seed: int = 0) -> dict:
     return _tensors(config, np.random.default_rng(seed))
 
 
+def write_tokenizer(path, vocab_size: int, *, chat_template: Optional[str] = CHAT_TEMPLATE,
+                    template_file: bool = False) -> Path:
+    """Trains a byte-level BPE tokenizer of at most `vocab_size` ids (at
+    least 300: the 256 bytes, the special tokens and some merges) on
+    `TEXT` with the `tokenizers` package, and writes it to directory `path`
+    as Hugging Face does: tokenizer.json, and tokenizer_config.json with
+    the special tokens (EOS `<|im_end|>`) and `chat_template`, or the
+    template in chat_template.jinja with `template_file`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 300:
+        raise ValueError(f"write_tokenizer: vocab_size={vocab_size} is too small for a "
+                         f"byte-level BPE (at least 300)")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(TEXT.splitlines(), trainer)
+    tokenizer.save(str(path / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
+              "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+              "add_bos_token": False, "model_max_length": 131072}
+    if chat_template is not None and template_file:
+        (path / "chat_template.jinja").write_text(chat_template)
+    elif chat_template is not None:
+        config["chat_template"] = chat_template
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    return path
+
+
 def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32", seed: int = 0,
-                     shards: int = 1, drop: tuple = ()) -> Path:
+                     shards: int = 1, drop: tuple = (), tokenizer: bool = False,
+                     **tokenizer_options) -> Path:
     """Writes a random checkpoint of `config` (default `tiny_config()`) to
     directory `path`: config.json and `shards` safetensors files of `dtype`
     ("F32", "F16" or "BF16"). Tensors named in `drop` are left out (to test
-    errors). Returns the path."""
+    errors). With `tokenizer`, also a trained BPE tokenizer and chat
+    template (`write_tokenizer`; `tokenizer_options` go to it; the config
+    needs vocab_size >= 300), config.json's `eos_token_id` (`<|im_end|>`,
+    unless the config sets one) and a generation_config.json that adds
+    `<|endoftext|>`. Returns the path."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config = config or tiny_config()
+    config = dict(config or tiny_config())
+    if tokenizer:
+        write_tokenizer(path, config["vocab_size"], **tokenizer_options)
+        end, turn_end = SPECIAL_TOKENS.index("<|endoftext|>"), SPECIAL_TOKENS.index("<|im_end|>")
+        config.setdefault("eos_token_id", turn_end)
+        (path / "generation_config.json").write_text(
+            json.dumps({"eos_token_id": [turn_end, end]}, indent=1))
     (path / "config.json").write_text(json.dumps(config, indent=1))
     tensors = {k: v for k, v in _tensors(config, np.random.default_rng(seed)).items()
                if k not in drop}

@@ -28,7 +28,8 @@ tiles never run, and no list of tiles is built on the host.
 
 `partial` (T, NC, H (D + 2)) float32 has no footprints: which rows a chunk
 tile writes is runtime data, and `done` orders it. The chunk count NC is
-static (from the cache's largest length), which bounds the grid. Several
+ceil(L / C) of the cache length L (symbolic when L is), which bounds the
+grid. Several
 attentions may share one `partial` (the layers of a model): every combine
 tile then notifies a `released` event (count T), and the next attention
 using the scratch waits on it in every chunk tile before overwriting it.
@@ -175,13 +176,263 @@ class AttentionCombine(_AttentionKernel):
             scf.yield_([])
 
 
+class AttentionChunkWarps(AttentionChunk):
+    """GPU tile (r, j): a warp per (new token, KV head) of request r, its
+    lanes along head_dim, reading each key and value row of the chunk once
+    for the G = H / H_kv query heads that share it.
+
+    A row of D cache values is P = D / VEC lanes, each loading VEC values
+    (16 bytes: 8 bf16 or f16, 4 f32); the warp's 32 / P row groups take
+    consecutive keys, and each takes UNROLL keys per iteration (loads first),
+    so a warp has 32 x 16 x UNROLL bytes of keys and as many of values in
+    flight. Per key a lane forms its part of the G dot products, the row
+    group sums them (`lane_reduce` over P lanes) and every lane of the group
+    updates the same online softmax (m, l) and its VEC columns of the
+    weighted sum. After the chunk's keys the row groups' states are merged
+    (max of m, then sums rescaled by exp(m_group - m)) and the first row
+    group stores (acc, m, l) into `partial[t, j]`, like `AttentionChunk`.
+
+    Warps take the tile's (token, KV head) items round-robin; every lane
+    runs every round and key iteration (items and keys past the end are
+    masked, with clamped addresses), so the warp's shuffles are never
+    divergent and the simulated lanes see the same loops. In a paged cache
+    each row group reads its key's block from the table (`CacheRows`).
+    """
+
+    part = "chunk_warps"
+    #: Keys per row group and iteration.
+    UNROLL = 4
+    #: Query heads one warp takes at most: a KV head of more query heads
+    #: (Qwen3-30B-A3B: 8) is split between warps, which then read its keys
+    #: and values once each (the second from L1), so that a lane's softmax
+    #: states stay in registers.
+    MAX_HEADS = 4
+
+    @staticmethod
+    def vec(op) -> int:
+        """Cache values in 16 bytes."""
+        return 16 // (4 if op.operands[1].dtype == "f32" else 2)
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        d = op.params["head_dim"]
+        vec = cls.vec(op)
+        threads = d // vec
+        return (target.gpu_kernels and d % vec == 0 and 1 <= threads <= target.warp
+                and target.warp % threads == 0 and target.lanes % target.warp == 0)
+
+    def emit(self) -> None:
+        op, params = self.op, self.op.params
+        q, k_cache, v_cache, positions, _, addressing, request_length, request_first = \
+            op.operands
+        partial = op.buffers["partial"]
+        head_dim, chunk = params["head_dim"], params["chunk"]
+        heads, kv_heads = params["heads"], params["kv_heads"]
+        group = heads // kv_heads
+        per_item = max(h for h in range(1, min(group, self.MAX_HEADS) + 1) if group % h == 0)
+        splits = group // per_item
+        vec = self.vec(op)
+        lanes = self.lanes()
+        threads = head_dim // vec                 # P: lanes per cache row
+        row_groups = lanes.warp // threads        # keys a warp reads at once
+        warps = lanes.count // lanes.warp
+        unroll = self.UNROLL
+        c = self.cidx
+        r, j = self.ti
+        cache_rows = CacheRows(self, k_cache, addressing, params.get("block_size"), r)
+        length = self.load_index(request_length, [r])
+        first = self.load_index(request_first, [r])
+        new_tokens = arith.subi(length, self.load_index(positions, [first]))
+        k0 = arith.muli(j, c(chunk))
+        k_end = arith.minsi(arith.addi(k0, c(chunk)), length)
+        last_key = arith.subi(k_end, c(1))
+        items = arith.muli(new_tokens, c(kv_heads * splits))
+        rounds = arith.ceildivui(items, c(warps))
+        scale = params["scale"]
+        round_loop = scf.ForOp(c(0), rounds, c(1))
+        with ir.InsertionPoint(round_loop.body):
+            round_index = round_loop.induction_variable
+
+            def where(lane):
+                """This lane's item (token t, KV head, its first query head)
+                and place in its warp."""
+                warp = arith.divui(lane, c(lanes.warp))
+                in_warp = arith.remui(lane, c(lanes.warp))
+                item = arith.addi(arith.muli(round_index, c(warps)), warp)
+                valid = arith.cmpi(arith.CmpIPredicate.slt, item, items)
+                item = arith.minsi(item, arith.subi(items, c(1)))
+                t = arith.addi(first, arith.divui(item, c(kv_heads * splits)))
+                rest = arith.remui(item, c(kv_heads * splits))
+                kv_head = arith.divui(rest, c(splits))
+                head0 = arith.addi(arith.muli(kv_head, c(group)),
+                                   arith.muli(arith.remui(rest, c(splits)), c(per_item)))
+                position = self.load_index(positions, [t])
+                k1 = arith.minsi(k_end, arith.addi(position, c(1)))
+                part = arith.remui(in_warp, c(threads))
+                return dict(valid=valid, t=t, head0=head0, k1=k1, part=part,
+                            row_group=arith.divui(in_warp, c(threads)),
+                            column=arith.addi(arith.muli(kv_head, c(head_dim)),
+                                              arith.muli(part, c(vec))))
+
+            def load_queries(lane):
+                w = where(lane)
+                return [self.vload(q, [w["t"], arith.addi(
+                    arith.muli(arith.addi(w["head0"], c(g)), c(head_dim)),
+                    arith.muli(w["part"], c(vec)))], vec, aligned=True)
+                        for g in range(per_item)]
+
+            queries = lanes.each(load_queries)
+            state = lanes.each(lambda lane: [v for _ in range(per_item) for v in (
+                self.cf32(float("-inf")), self.cf32(0.0), self.vzero(vec))])
+
+            def key_of(k, w, u):
+                """The key of unroll step u, and that key clamped into the chunk."""
+                key = arith.addi(k, arith.addi(c(u * row_groups), w["row_group"]))
+                return key, arith.minsi(key, last_key)
+
+            def iteration(k, state):
+                def dots(lane):
+                    w = where(lane)
+                    qs = lanes.get(queries, lane)
+                    out = []
+                    for u in range(unroll):
+                        _, key = key_of(k, w, u)
+                        kv = self.vload(k_cache, [*cache_rows.at(key), w["column"]], vec,
+                                        aligned=True)
+                        out += [self.vsum(arith.mulf(qs[g], kv)) for g in range(per_item)]
+                    return out
+
+                scores = lanes.reduce(lanes.each(dots), "add", threads)
+
+                def update(lane):
+                    w = where(lane)
+                    got = lanes.get(scores, lane)
+                    now = list(lanes.get(state, lane))
+                    for u in range(unroll):
+                        key, clamped = key_of(k, w, u)
+                        sees = arith.andi(w["valid"],
+                                          arith.cmpi(arith.CmpIPredicate.slt, key, w["k1"]))
+                        value = self.vload(v_cache, [*cache_rows.at(clamped), w["column"]],
+                                           vec, aligned=True)
+                        for g in range(per_item):
+                            m, l, acc = now[3 * g:3 * g + 3]
+                            score = arith.mulf(got[u * per_item + g], self.cf32(scale))
+                            m_new = arith.maximumf(m, score)
+                            alpha = math.exp(arith.subf(m, m_new))
+                            weight = math.exp(arith.subf(score, m_new))
+                            l_new = arith.addf(arith.mulf(l, alpha), weight)
+                            acc_new = arith.addf(arith.mulf(acc, self.vsplat(alpha, vec)),
+                                                 arith.mulf(value, self.vsplat(weight, vec)))
+                            now[3 * g:3 * g + 3] = [arith.select(sees, m_new, m),
+                                                    arith.select(sees, l_new, l),
+                                                    arith.select(sees, acc_new, acc)]
+                    return now
+
+                return lanes.each(update)
+
+            state = lanes.loop(k0, k_end, c(row_groups * unroll), state, iteration)
+            # The row groups' softmax states merged: the largest m, then the
+            # sums rescaled to it (a group that saw no key has m = -inf and
+            # counts 0).
+            most = lanes.reduce(lanes.each(lambda lane: lanes.get(state, lane)[0::3]),
+                                "maxnumf", row_groups, threads)
+
+            def rescaled(lane):
+                now = lanes.get(state, lane)
+                top = lanes.get(most, lane)
+                out = []
+                for g in range(per_item):
+                    m, l, acc = now[3 * g:3 * g + 3]
+                    empty = arith.cmpf(arith.CmpFPredicate.OEQ, m, self.cf32(float("-inf")))
+                    factor = arith.select(empty, self.cf32(0.0),
+                                          math.exp(arith.subf(m, top[g])))
+                    out += [arith.mulf(l, factor), arith.mulf(acc, self.vsplat(factor, vec))]
+                return out
+
+            sums = lanes.reduce(lanes.each(rescaled), "add", row_groups, threads)
+
+            def store(lane):
+                w = where(lane)
+                leads = arith.andi(w["valid"], arith.andi(
+                    arith.cmpi(arith.CmpIPredicate.eq, w["row_group"], c(0)),
+                    arith.cmpi(arith.CmpIPredicate.slt, k0, w["k1"])))
+                branch = scf.IfOp(leads)
+                with ir.InsertionPoint(branch.then_block):
+                    top = lanes.get(most, lane)
+                    got = lanes.get(sums, lane)
+                    first_part = arith.cmpi(arith.CmpIPredicate.eq, w["part"], c(0))
+                    for g in range(per_item):
+                        h = arith.addi(w["head0"], c(g))
+                        base = arith.muli(h, c(head_dim + 2))
+                        self.vstore(got[2 * g + 1], partial,
+                                    [w["t"], j, arith.addi(base, arith.muli(w["part"], c(vec)))])
+                        scalars = scf.IfOp(first_part)
+                        with ir.InsertionPoint(scalars.then_block):
+                            memref.store(top[g], self.buf(partial),
+                                         [w["t"], j, arith.addi(base, c(head_dim))])
+                            memref.store(got[2 * g], self.buf(partial),
+                                         [w["t"], j, arith.addi(base, c(head_dim + 1))])
+                            scf.yield_([])
+                    scf.yield_([])
+            lanes.each(store)
+            scf.yield_([])
+
+
+class AttentionCombineLanes(AttentionCombine):
+    """GPU tile t: lanes along head_dim, VEC = 4 float32 columns of one
+    query head each (consecutive lanes, consecutive columns), merging the
+    token's chunks as `AttentionCombine` does; no lane holds more than its
+    own columns."""
+
+    part = "combine_lanes"
+    VEC = 4
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        return target.gpu_kernels and op.params["head_dim"] % cls.VEC == 0
+
+    def emit(self) -> None:
+        op, params = self.op, self.op.params
+        positions, partial, out = op.operands[3], op.buffers["partial"], op.result
+        head_dim, chunk, heads = params["head_dim"], params["chunk"], params["heads"]
+        vec = self.VEC
+        threads = head_dim // vec
+        c = self.cidx
+        t = self.ti[0]
+        chunks = arith.addi(arith.divui(self.load_index(positions, [t]), c(chunk)), c(1))
+        loop = self.lane_loop(c(heads * threads))
+        with ir.InsertionPoint(loop.body):
+            e = loop.induction_variable
+            h = arith.divui(e, c(threads))
+            column = arith.muli(arith.remui(e, c(threads)), c(vec))
+            base = arith.muli(h, c(head_dim + 2))
+            m_at = arith.addi(base, c(head_dim))
+            l_at = arith.addi(base, c(head_dim + 1))
+            m = self.reduce_row(chunks, self.cf32(float("-inf")), lambda acc, j: arith.maximumf(
+                acc, memref.load(self.buf(partial), [t, j, m_at])))
+            merge = scf.ForOp(c(0), chunks, c(1), [self.cf32(0.0), self.vzero(vec)])
+            with ir.InsertionPoint(merge.body):
+                j = merge.induction_variable
+                l, acc = merge.inner_iter_args
+                weight = math.exp(arith.subf(memref.load(self.buf(partial), [t, j, m_at]), m))
+                l = arith.addf(l, arith.mulf(weight, memref.load(self.buf(partial), [t, j, l_at])))
+                acc = arith.addf(acc, arith.mulf(
+                    self.vload(partial, [t, j, arith.addi(base, column)], vec),
+                    self.vsplat(weight, vec)))
+                scf.yield_([l, acc])
+            l, acc = merge.results
+            self.vstore(arith.divf(acc, self.vsplat(l, vec)), out,
+                        [t, arith.addi(arith.muli(h, c(head_dim)), column)])
+            scf.yield_([])
+
+
 def build_tasks(b: TaskBuilder, op) -> None:
     q, k_cache, v_cache, positions, token_request, _, request_length, request_first = \
         op.operands
     partial = op.buffers["partial"]
-    chunk, chunks = op.params["chunk"], op.params["chunks"]
+    chunk = op.params["chunk"]
     requests = request_length.shape[0]
-    grid = [b.grid_extent(requests, 1), b.grid_extent(chunks, 1)]
+    grid = [b.grid_extent(requests, 1), b.grid_extent(partial.shape[1], 1)]
     if isinstance(requests, int):
         done_type, sizes = ir.Type.parse(f"!event.tensor<{requests}>"), []
     else:
@@ -195,7 +446,8 @@ def build_tasks(b: TaskBuilder, op) -> None:
     released = b.events.get(key)
     b.emit_task(op, f"{op.name}_chunk", grid,
                 [(q, whole(2, q)), (k_cache, whole(2, k_cache)), (v_cache, whole(2, v_cache))],
-                [], AttentionChunk,
+                [], AttentionChunkWarps if AttentionChunkWarps.applies(op, b.target)
+                else AttentionChunk,
                 waits=[(released, index_map("(d0, d1) -> ()"))] if released is not None else [],
                 notifies=[(done, index_map("(d0, d1) -> (d0)"))],
                 indices=[request_length],
@@ -208,6 +460,8 @@ def build_tasks(b: TaskBuilder, op) -> None:
         b.events[key] = released
         notifies.append((released, index_map("(d0) -> ()")))
     b.emit_task(op, f"{op.name}_combine", [tokens], [],
-                [(op.result, box(1, ["d0", "0"], [1, None]))], AttentionCombine,
+                [(op.result, box(1, ["d0", "0"], [1, None]))],
+                AttentionCombineLanes if AttentionCombineLanes.applies(op, b.target)
+                else AttentionCombine,
                 waits=[(done, index_map("(d0) -> (d0) indirect [0]"))],
                 notifies=notifies, indices=[token_request])

@@ -284,21 +284,27 @@ class TileKernel:
     def vtype(self, width: int) -> ir.VectorType:
         return ir.VectorType.get([width], self.f32)
 
-    def vload(self, t: "Tensor", idx: list, width: int, aligned: bool = False) -> ir.Value:
+    def vload(self, t: "Tensor", idx: list, width: int, aligned: bool = False,
+              widen: bool = True) -> ir.Value:
         """`width` consecutive elements of `t` from `idx` (along the last
         dimension), widened to f32. `aligned`: the address is a multiple of
         the vector's size (GPU kernels rely on it for 16-byte loads: device
         buffers are 256-byte aligned and their rows a multiple of 16 bytes).
         Not claimed when the lanes are simulated on the CPU, where the
         caller's NumPy arrays (e.g. safetensors weights mapped from a file)
-        may start anywhere."""
+        may start anywhere. `widen=False` keeps the storage type (`widen`
+        converts later), e.g. to carry loads across a loop iteration in
+        half the registers."""
         storage = ir.VectorType.get([width], element_type(t.dtype))
-        alignment = None
-        if aligned and not self.target.simulate_lanes:
-            nbytes = width * (4 if t.dtype in ("f32", INDEX_DTYPE) else 2)
-            alignment = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), nbytes)
-        v = vector.load(storage, self.buf(t), idx, alignment=alignment)
-        return v if t.dtype == "f32" else arith.extf(self.vtype(width), v)
+        v = vector.load(storage, self.buf(t), idx, alignment=self._alignment(t, width, aligned))
+        return self.widen(v, t) if widen else v
+
+    def widen(self, v: ir.Value, t: "Tensor") -> ir.Value:
+        """A vector loaded from `t` in its storage type (`vload(...,
+        widen=False)`) as f32."""
+        if t.dtype == "f32" or ir.VectorType(v.type).element_type == self.f32:
+            return v
+        return arith.extf(self.vtype(ir.VectorType(v.type).shape[0]), v)
 
     def vstore(self, value: ir.Value, t: "Tensor", idx: list, aligned: bool = False) -> None:
         """Stores an f32 vector into `t` from `idx`, narrowed to its dtype
@@ -306,11 +312,21 @@ class TileKernel:
         width = ir.VectorType(value.type).shape[0]
         if t.dtype != "f32":
             value = arith.truncf(ir.VectorType.get([width], element_type(t.dtype)), value)
-        alignment = None
-        if aligned and not self.target.simulate_lanes:
-            nbytes = width * (4 if t.dtype in ("f32", INDEX_DTYPE) else 2)
-            alignment = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), nbytes)
-        vector.store(value, self.buf(t), idx, alignment=alignment)
+        vector.store(value, self.buf(t), idx, alignment=self._alignment(t, width, aligned))
+
+    #: The alignment a vector access may claim at most: the runtime's
+    #: guarantee for every buffer (`etc.runtime.cuda.ALIGNMENT`).
+    MAX_ALIGNMENT = 16
+
+    def _alignment(self, t: "Tensor", width: int, aligned: bool):
+        """The `alignment` attribute of a `width`-element access of `t`:
+        its size up to MAX_ALIGNMENT bytes when `aligned`, else none (the
+        element's)."""
+        if not aligned or self.target.simulate_lanes:
+            return None
+        nbytes = width * (4 if t.dtype in ("f32", INDEX_DTYPE) else 2)
+        return ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
+                                  min(nbytes, self.MAX_ALIGNMENT))
 
     def vsplat(self, scalar: ir.Value, width: int) -> ir.Value:
         return vector.broadcast(self.vtype(width), scalar)
@@ -479,6 +495,34 @@ class Lanes:
     def barrier(self) -> None:
         if not self.simulate:
             event.lane_barrier()
+
+    def loop(self, lower: ir.Value, upper: ir.Value, step: ir.Value, state: LaneValues,
+             body) -> LaneValues:
+        """A loop over [lower, upper) by `step` (the same bounds for every
+        lane) that carries per-lane values: `body(i, state)` runs phases
+        (`each`, `reduce`) and returns the next state, with the layout of
+        `state` (from `each`). On a GPU the state is the loop's carried
+        registers; simulated, it stays in `state`'s per-lane array, which
+        each iteration overwrites. Returns the final state."""
+        if not self.simulate:
+            loop = scf.ForOp(lower, upper, step, state.values)
+            with ir.InsertionPoint(loop.body):
+                new = body(loop.induction_variable, LaneValues(list(loop.inner_iter_args)))
+                scf.yield_(new.values)
+            return LaneValues(list(loop.results))
+        loop = scf.ForOp(lower, upper, step)
+        with ir.InsertionPoint(loop.body):
+            new = body(loop.induction_variable, state)
+
+            def write_back(lane):
+                for value, (at, width) in zip(self._load(new, lane), state.layout):
+                    if width:
+                        vector.store(value, state.array, [lane, self.k.cidx(at)])
+                    else:
+                        memref.store(value, state.array, [lane, self.k.cidx(at)])
+            self.each(write_back)
+            scf.yield_([])
+        return state
 
     # -- helpers -----------------------------------------------------------
 

@@ -272,6 +272,14 @@ class MatmulCPU(Matmul):
                 scf.yield_([])
             scf.yield_([])
 
+    def tree_sum(self, v: ir.Value) -> ir.Value:
+        """The sum of the lanes of an f32 vector, in any order: LLVM adds
+        halves with shuffles (log2 steps) instead of a chain of scalar adds
+        in lane order, which took about a quarter of a decode dot product
+        of 576 (a 24-cycle chain per output after an 18-iteration loop)."""
+        return vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<add>"), v,
+                                fastmath=ir.Attribute.parse("#arith.fastmath<reassoc>"))
+
     def emit_dots(self, row, nrows: int, col, ncols: int, vector_k, k_extent) -> None:
         a, b = self.op.operands
         width = self.WIDTH
@@ -286,7 +294,7 @@ class MatmulCPU(Matmul):
                         for r in range(nrows) for c in range(ncols)])
         for r in range(nrows):
             for c in range(ncols):
-                total = self.vsum(kloop.results[r * ncols + c])
+                total = self.tree_sum(kloop.results[r * ncols + c])
                 tail = scf.ForOp(vector_k, k_extent, self.cidx(1), [total])
                 with ir.InsertionPoint(tail.body):
                     k = tail.induction_variable
@@ -435,31 +443,42 @@ class MatmulSkinnyT(Matmul):
     Hugging Face weights, stored (N, K)): C = A @ B^T.
 
     Both operands are contiguous along K, so a warp owns RW rows of B^T at
-    a time and its 32 lanes split K in 16-byte chunks: an iteration takes U
-    chunks per lane (lane l: chunks l, l + 32, ..., U apart by 32), so each
-    warp load instruction reads 512 contiguous bytes of a weight row and a
-    lane has RW x U such loads in flight (4 KB per warp). Every weight byte
-    is read once per tile, by one lane. A pass handles up to RB rows of A;
-    each (row of B^T, row of A) pair accumulates into one f32 per lane with
-    fused multiply-adds, which the warp then sums (`lane_reduce`, 32 lanes,
-    stride 1); lane 0 stores. The warps take the tile's row groups
-    round-robin; no scratch memory and no CTA barrier.
+    a time (RW = min(MAX_RW, columns per warp)) and its 32 lanes split K in
+    16-byte chunks: an iteration takes U = LOADS / RW chunks per lane (lane
+    l: chunks l, l + 32, ..., U apart by 32), so each warp load instruction
+    reads 512 contiguous bytes of a weight row and a lane has LOADS weight
+    loads (128 bytes; 16 KB per 4-warp CTA) in flight. The K loop is
+    software-pipelined: each iteration issues the next iteration's loads
+    (carried in registers, in their storage type) before this one's
+    multiply-adds, so the loads stay in flight while the FMAs run. Every
+    weight byte is read once per tile, by one lane. A pass handles up to RB
+    rows of A, and a tile of one row (B = 1) takes a one-row pass, which
+    neither loads nor multiplies copies of that row; each (row of B^T, row
+    of A) pair accumulates into one f32 per lane with fused multiply-adds,
+    which the warp then sums (`lane_reduce`, 32 lanes, stride 1); lane 0
+    stores. The warps take the tile's row groups round-robin; no scratch
+    memory and no CTA barrier.
 
-    A chunk past K (the last iteration when K / 16 bytes is not a multiple
+    A chunk past K (the last iterations when K / 16 bytes is not a multiple
     of 32 U) re-reads the last chunk and its products are discarded: the
     loads stay unconditional, so they can all be in flight together.
     """
 
-    #: Rows of A per pass.
+    #: Rows of A per pass (tiles of more than one row).
     RB = 4
-    #: Rows of B^T (columns of C) per warp iteration.
-    RW = 4
-    #: 16-byte chunks per lane and iteration.
-    U = 2
+    #: Rows of B^T (columns of C) per warp iteration, at most.
+    MAX_RW = 4
+    #: 16-byte weight loads per lane and iteration.
+    LOADS = 8
 
     @classmethod
     def name(cls, op) -> str:
         return "matmul_gemv_t"
+
+    @classmethod
+    def rows_per_warp(cls, tn: int, warps: int) -> int:
+        """Rows of B^T a warp takes at a time in a tile `tn` columns wide."""
+        return max(1, min(cls.MAX_RW, tn // warps))
 
     @classmethod
     def applies(cls, op, target) -> bool:
@@ -469,30 +488,45 @@ class MatmulSkinnyT(Matmul):
         warps = target.lanes // target.warp if target.warp else 0
         return (target.gpu_kernels and op.params["transpose_b"]
                 and isinstance(k, int) and isinstance(n, int) and warps >= 1
-                and k % vec == 0 and n % tn == 0 and tn % (warps * cls.RW) == 0)
+                and k % vec == 0 and n % tn == 0
+                and tn % (warps * cls.rows_per_warp(tn, warps)) == 0)
 
     @classmethod
     def tile_for(cls, op, target) -> tuple:
-        """Columns per tile: a multiple of (warps x RW), the largest that
-        still gives every SM a tile at one row block (B = 1)."""
+        """Columns per tile: the largest that still gives every SM a tile at
+        one row block (B = 1), each warp taking at least one row of B^T."""
         n = op.operands[1].shape[0]
         if not isinstance(n, int) or not target.warp:
             return op.tile
-        step = (target.lanes // target.warp) * cls.RW
-        return filling_tile(op, target, n, [tn for tn in (128, 64, 32, 16)
-                                            if tn % step == 0 and n % tn == 0])
+        warps = target.lanes // target.warp
+        return filling_tile(op, target, n, [
+            tn for tn in (128, 64, 32, 16, 8)
+            if tn % (warps * cls.rows_per_warp(tn, warps)) == 0 and n % tn == 0])
 
     def emit(self) -> None:
+        r0, rows = self.row_block(self.op.result, self.op.tile[0])
+        one = arith.cmpi(arith.CmpIPredicate.eq, rows, self.cidx(1))
+        branch = scf.IfOp(one, has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            self.emit_passes(1)
+            scf.yield_([])
+        with ir.InsertionPoint(branch.else_block):
+            self.emit_passes(self.RB)
+            scf.yield_([])
+
+    def emit_passes(self, rb: int) -> None:
         op, out = self.op, self.op.result
         a, b = op.operands
         tn = op.tile[1]
         vec = MatmulSkinny.vec(op)
         lanes = self.lanes()
         warps = lanes.count // lanes.warp
-        rw, rb, unroll = self.RW, self.RB, self.U
+        rw = self.rows_per_warp(tn, warps)
+        unroll = max(1, self.LOADS // rw)
         groups = tn // (warps * rw)          # row groups of B^T per warp
         k_chunks = b.shape[1] // vec
         last_chunk = self.cidx(k_chunks - 1)
+        stride = self.cidx(lanes.warp * unroll)
         c0 = arith.muli(self.ti[1], self.cidx(tn))
         with self.row_passes(rb) as (first, in_pass, row_of):
             group_loop = scf.ForOp(self.cidx(0), self.cidx(groups), self.cidx(1))
@@ -509,28 +543,44 @@ class MatmulSkinnyT(Matmul):
                 def accumulate(lane):
                     cols = columns(lane)
                     part = arith.remui(lane, self.cidx(lanes.warp))
+
+                    # Carried in their storage type on the GPU; as f32
+                    # when simulated (x86 code would round a bf16 value
+                    # carried across iterations through a library call).
+                    raw = not self.target.simulate_lanes
+
+                    def load(chunk) -> list:
+                        """The weight and A vectors of an iteration's chunks
+                        (clamped into K)."""
+                        values = []
+                        for u in range(unroll):
+                            c = arith.minsi(arith.addi(chunk, self.cidx(u * lanes.warp)),
+                                            last_chunk)
+                            k0 = arith.muli(c, self.cidx(vec))
+                            values += [self.vload(b, [col, k0], vec, aligned=True, widen=not raw)
+                                       for col in cols]
+                            values += [self.vload(a, [row_of[r], k0], vec, aligned=True,
+                                                  widen=not raw) for r in range(rb)]
+                        return values
+
                     accs = [self.cf32(0.0) for _ in range(rw * rb)]
-                    kloop = scf.ForOp(part, self.cidx(k_chunks),
-                                      self.cidx(lanes.warp * unroll), accs)
+                    loaded = load(part)
+                    kloop = scf.ForOp(part, self.cidx(k_chunks), stride, accs + loaded)
                     with ir.InsertionPoint(kloop.body):
                         chunk = kloop.induction_variable
-                        # Every load of the iteration first, then the FMAs.
-                        loaded = []
+                        carried = list(kloop.inner_iter_args)
+                        updated, current = carried[:len(accs)], carried[len(accs):]
+                        # The next iteration's loads first (past K they
+                        # re-read the last chunk, unused).
+                        upcoming = load(arith.addi(chunk, stride))
+                        per = rw + rb
                         for u in range(unroll):
-                            c = arith.addi(chunk, self.cidx(u * lanes.warp))
+                            weights = [self.widen(v, b) for v in current[u * per:u * per + rw]]
+                            xs = [self.widen(v, a) for v in current[u * per + rw:(u + 1) * per]]
                             valid = None
                             if u:
-                                valid = arith.cmpi(arith.CmpIPredicate.slt, c,
-                                                   self.cidx(k_chunks))
-                                c = arith.minsi(c, last_chunk)
-                            k0 = arith.muli(c, self.cidx(vec))
-                            weights = [self.vload(b, [col, k0], vec, aligned=True)
-                                       for col in cols]
-                            xs = [self.vload(a, [row_of[r], k0], vec, aligned=True)
-                                  for r in range(rb)]
-                            loaded.append((valid, weights, xs))
-                        updated = list(kloop.inner_iter_args)
-                        for valid, weights, xs in loaded:
+                                valid = arith.cmpi(arith.CmpIPredicate.slt, arith.addi(
+                                    chunk, self.cidx(u * lanes.warp)), self.cidx(k_chunks))
                             for j in range(rw):
                                 for r in range(rb):
                                     acc = updated[j * rb + r]
@@ -542,8 +592,8 @@ class MatmulSkinnyT(Matmul):
                                     updated[j * rb + r] = (
                                         summed if valid is None
                                         else arith.select(valid, summed, acc))
-                        scf.yield_(updated)
-                    return list(kloop.results)
+                        scf.yield_(updated + upcoming)
+                    return list(kloop.results)[:len(accs)]
 
                 summed = lanes.reduce(lanes.each(accumulate), "add", lanes.warp, 1)
 

@@ -177,7 +177,20 @@ class RowwiseCPU(Rowwise):
 
 
 class RowwiseGPU(Rowwise):
-    """A warp per row, 16-byte slices per lane, shuffle reductions."""
+    """A warp per row, 16-byte slices per lane, shuffle reductions.
+
+    Rows of at most HELD slices per lane (32 x HELD x 16 bytes: 4 KB of
+    bf16, 2048 values) are held in registers: a lane issues all its loads
+    of R rows at once (R x slices per lane <= HELD, so up to 128 bytes per
+    lane and 16 KB per 4-warp CTA in flight), reduces, and writes from the
+    registers, so each row is read from memory once. Wider rows stream
+    through the lanes UNROLL slices per iteration (loads first), twice for
+    softmax and rmsnorm (the second pass mostly from L2)."""
+
+    #: 16-byte slices a lane holds in registers at most.
+    HELD = 8
+    #: Slices per lane and iteration when a row is streamed.
+    UNROLL = 4
 
     @classmethod
     def name(cls, op) -> str:
@@ -193,6 +206,130 @@ class RowwiseGPU(Rowwise):
         return isinstance(n, int) and n % cls.vec(op) == 0
 
     def emit(self) -> None:
+        op = self.op
+        lanes = self.lanes()
+        slices = op.operands[0].shape[1] // self.vec(op)
+        if slices % lanes.warp == 0 and slices // lanes.warp <= self.HELD:
+            self.emit_held(slices // lanes.warp)
+        else:
+            self.emit_streamed()
+
+    def rounds(self, rows_per_round: int):
+        """A loop over the tile's rows, `rows_per_round` at a time: yields
+        its body's first row and a function giving a row of this round
+        (clamped into the tile: a warp without a row of its own recomputes
+        the last one) and whether it is real."""
+        (tm,) = self.op.tile
+        row0, rows = self.row_block(self.op.operands[0], tm)
+        rounds = arith.ceildivui(rows, self.cidx(rows_per_round))
+        loop = scf.ForOp(self.cidx(0), rounds, self.cidx(1))
+        base = None
+        with ir.InsertionPoint(loop.body):
+            base = arith.addi(row0, arith.muli(loop.induction_variable,
+                                               self.cidx(rows_per_round)))
+
+            def row(index):
+                end = arith.addi(row0, rows)
+                real = arith.cmpi(arith.CmpIPredicate.ult, index, end)
+                return arith.minsi(index, arith.subi(end, self.cidx(1))), real
+            yield base, row
+            scf.yield_([])
+
+    def emit_held(self, per_lane: int) -> None:
+        """Each warp takes R rows a round, each lane all its slices of them."""
+        op, out = self.op, self.op.result
+        x = op.operands[0]
+        vec = self.vec(op)
+        lanes = self.lanes()
+        warps = lanes.count // lanes.warp
+        n = x.shape[1]
+        held_rows = max(1, min(4, self.HELD // per_lane))
+        for base, row_at in self.rounds(warps * held_rows):
+
+            def where(lane):
+                warp = arith.divui(lane, self.cidx(lanes.warp))
+                first = arith.addi(base, arith.muli(warp, self.cidx(held_rows)))
+                rows = [row_at(arith.addi(first, self.cidx(i))) for i in range(held_rows)]
+                in_warp = arith.remui(lane, self.cidx(lanes.warp))
+                cols = [arith.muli(arith.addi(in_warp, self.cidx(s * lanes.warp)), self.cidx(vec))
+                        for s in range(per_lane)]
+                return rows, cols
+
+            def load(lane):
+                rows, cols = where(lane)
+                return [self.vload(x, [row, col], vec, aligned=True)
+                        for row, _ in rows for col in cols]
+
+            held = lanes.each(load)
+
+            def values(lane, i):
+                return lanes.get(held, lane)[i * per_lane:(i + 1) * per_lane]
+
+            def fold(lane, kind, step):
+                """Per row: step(acc, v, i, lane) over the lane's slices v
+                from the identity of `kind` ("add" or "maxnumf"), then
+                `kind` across the vector."""
+                out = []
+                for i in range(held_rows):
+                    acc = (self.const_like(self.vzero(vec), float("-inf")) if kind == "maxnumf"
+                           else self.vzero(vec))
+                    for v in values(lane, i):
+                        acc = step(acc, v, i, lane)
+                    out.append(vector.reduction(
+                        self.f32, ir.Attribute.parse(f"#vector.kind<{kind}>"), acc))
+                return out
+
+            def write(lane, value_of):
+                rows, cols = where(lane)
+                for i, (row, real) in enumerate(rows):
+                    branch = scf.IfOp(real)
+                    with ir.InsertionPoint(branch.then_block):
+                        for v, col in zip(values(lane, i), cols):
+                            self.vstore(value_of(v, col, i, lane), out, [row, col], aligned=True)
+                        scf.yield_([])
+
+            if op.kind == "sum":
+                totals = lanes.reduce(lanes.each(lambda lane: fold(
+                    lane, "add", lambda a, v, i, l: arith.addf(a, v))), "add", lanes.warp)
+
+                def store_sums(lane):
+                    rows, _ = where(lane)
+                    leads = arith.cmpi(arith.CmpIPredicate.eq,
+                                       arith.remui(lane, self.cidx(lanes.warp)), self.cidx(0))
+                    for i, (row, real) in enumerate(rows):
+                        branch = scf.IfOp(arith.andi(real, leads))
+                        with ir.InsertionPoint(branch.then_block):
+                            self.store(lanes.get(totals, lane)[i], out, [row])
+                            scf.yield_([])
+                lanes.each(store_sums)
+            elif op.kind == "softmax":
+                maxima = lanes.reduce(lanes.each(lambda lane: fold(
+                    lane, "maxnumf", lambda a, v, i, l: arith.maxnumf(a, v))), "maxnumf",
+                    lanes.warp)
+                peak = lambda lane, i: self.vsplat(lanes.get(maxima, lane)[i], vec)
+                sums = lanes.reduce(lanes.each(lambda lane: fold(
+                    lane, "add", lambda a, v, i, l: arith.addf(
+                        a, math.exp(arith.subf(v, peak(l, i)))))), "add", lanes.warp)
+
+                def normalise(v, col, i, lane):
+                    inv = self.vsplat(arith.divf(self.cf32(1.0), lanes.get(sums, lane)[i]), vec)
+                    return arith.mulf(math.exp(arith.subf(v, peak(lane, i))), inv)
+                lanes.each(lambda lane: write(lane, normalise))
+            else:  # rmsnorm
+                weight = op.operands[1]
+                squares = lanes.reduce(lanes.each(lambda lane: fold(
+                    lane, "add", lambda a, v, i, l: vector.fma(v, v, a))), "add", lanes.warp)
+
+                def scale(v, col, i, lane):
+                    mean = arith.divf(lanes.get(squares, lane)[i], self.cf32(float(n)))
+                    inv = self.vsplat(math.rsqrt(arith.addf(mean, self.cf32(op.params["eps"]))),
+                                      vec)
+                    return arith.mulf(arith.mulf(v, inv),
+                                      self.vload(weight, [col], vec, aligned=True))
+                lanes.each(lambda lane: write(lane, scale))
+
+    def emit_streamed(self) -> None:
+        """A warp per row; each lane streams its slices of the row."""
         op, out = self.op, self.op.result
         x = op.operands[0]
         vec = self.vec(op)
@@ -200,41 +337,35 @@ class RowwiseGPU(Rowwise):
         warps = lanes.count // lanes.warp
         n = x.shape[1]
         slices = n // vec
-        (tm,) = op.tile
-        row0, rows = self.row_block(x, tm)
-        rounds = arith.divui(arith.addi(rows, self.cidx(warps - 1)), self.cidx(warps))
-        loop = scf.ForOp(self.cidx(0), rounds, self.cidx(1))
-        with ir.InsertionPoint(loop.body):
-            base = arith.addi(row0, arith.muli(loop.induction_variable, self.cidx(warps)))
+        unroll = self.UNROLL if slices % (lanes.warp * self.UNROLL) == 0 else 1
+        for base, row_at in self.rounds(warps):
 
             def row_of(lane):
-                # This lane's row this round, clamped into the tile: a warp
-                # without a row of its own recomputes the last one and does
-                # not store.
                 warp = arith.divui(lane, self.cidx(lanes.warp))
-                row = arith.addi(base, warp)
-                last = arith.subi(arith.addi(row0, rows), self.cidx(1))
-                live = arith.cmpi(arith.CmpIPredicate.ult, row, arith.addi(row0, rows))
-                return arith.minsi(row, last), live
+                return row_at(arith.addi(base, warp))
 
-            def fold(lane, init: float, step):
-                """`step(acc, slice)` over this lane's slices of its row,
-                lane l of a warp taking slices l, l + warp, ...; one f32
-                partial per lane."""
+            def fold(lane, kind: str, step):
+                """step(acc, v) over this lane's slices of its row from the
+                identity of `kind`, lane l of a warp taking slices l,
+                l + warp, ... (UNROLL per iteration, their loads first),
+                then `kind` across the vector: one f32 per lane."""
                 row, _ = row_of(lane)
                 start = arith.remui(lane, self.cidx(lanes.warp))
+                init = float("-inf") if kind == "maxnumf" else 0.0
                 acc0 = self.const_like(self.vzero(vec), init) if init else self.vzero(vec)
-                slices_loop = scf.ForOp(start, self.cidx(slices), self.cidx(lanes.warp), [acc0])
-                with ir.InsertionPoint(slices_loop.body):
-                    col = arith.muli(slices_loop.induction_variable, self.cidx(vec))
-                    v = self.vload(x, [row, col], vec, aligned=True)
-                    scf.yield_([step(slices_loop.inner_iter_args[0], v, col)])
-                return slices_loop.results[0]
-
-            def across(kind, total):
-                combine = (lambda v: vector.reduction(
-                    self.f32, ir.Attribute.parse(f"#vector.kind<{kind}>"), v))
-                return combine(total)
+                loop = scf.ForOp(start, self.cidx(slices), self.cidx(lanes.warp * unroll),
+                                 [acc0])
+                with ir.InsertionPoint(loop.body):
+                    cols = [arith.muli(arith.addi(loop.induction_variable,
+                                                  self.cidx(u * lanes.warp)), self.cidx(vec))
+                            for u in range(unroll)]
+                    loaded = [self.vload(x, [row, col], vec, aligned=True) for col in cols]
+                    acc = loop.inner_iter_args[0]
+                    for v in loaded:
+                        acc = step(acc, v)
+                    scf.yield_([acc])
+                return vector.reduction(self.f32, ir.Attribute.parse(f"#vector.kind<{kind}>"),
+                                        loop.results[0])
 
             def write(lane, value_of):
                 """Stores `value_of(v, col)` for this lane's slices of its row,
@@ -252,8 +383,8 @@ class RowwiseGPU(Rowwise):
                     scf.yield_([])
 
             if op.kind == "sum":
-                partial = lanes.each(lambda lane: [across("add", fold(lane, 0.0, lambda a, v, c: arith.addf(a, v)))])
-                total = lanes.reduce(partial, "add", lanes.warp)
+                total = lanes.reduce(lanes.each(lambda lane: [fold(
+                    lane, "add", lambda a, v: arith.addf(a, v))]), "add", lanes.warp)
 
                 def store_sum(lane):
                     row, live = row_of(lane)
@@ -265,14 +396,13 @@ class RowwiseGPU(Rowwise):
                         scf.yield_([])
                 lanes.each(store_sum)
             elif op.kind == "softmax":
-                partial = lanes.each(lambda lane: [across("maxnumf", fold(
-                    lane, float("-inf"), lambda a, v, c: arith.maxnumf(a, v)))])
-                maxima = lanes.reduce(partial, "maxnumf", lanes.warp)
+                maxima = lanes.reduce(lanes.each(lambda lane: [fold(
+                    lane, "maxnumf", lambda a, v: arith.maxnumf(a, v))]), "maxnumf", lanes.warp)
 
                 def exp_sum(lane):
                     mx = self.vsplat(lanes.get(maxima, lane)[0], vec)
-                    return [across("add", fold(lane, 0.0, lambda a, v, c: arith.addf(
-                        a, math.exp(arith.subf(v, mx)))))]
+                    return [fold(lane, "add", lambda a, v: arith.addf(
+                        a, math.exp(arith.subf(v, mx))))]
                 sums = lanes.reduce(lanes.each(exp_sum), "add", lanes.warp)
 
                 def normalise(lane):
@@ -282,9 +412,8 @@ class RowwiseGPU(Rowwise):
                 lanes.each(normalise)
             else:  # rmsnorm
                 weight = op.operands[1]
-                squares = lanes.each(lambda lane: [across("add", fold(
-                    lane, 0.0, lambda a, v, c: vector.fma(v, v, a)))])
-                total = lanes.reduce(squares, "add", lanes.warp)
+                total = lanes.reduce(lanes.each(lambda lane: [fold(
+                    lane, "add", lambda a, v: vector.fma(v, v, a))]), "add", lanes.warp)
 
                 def scale(lane):
                     mean = arith.divf(lanes.get(total, lane)[0], self.cf32(float(n)))
@@ -292,7 +421,6 @@ class RowwiseGPU(Rowwise):
                     write(lane, lambda v, c: arith.mulf(arith.mulf(v, inv),
                                                         self.vload(weight, [c], vec, aligned=True)))
                 lanes.each(scale)
-            scf.yield_([])
 
 
 def build_tasks(b: TaskBuilder, op) -> None:

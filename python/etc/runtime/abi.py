@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .ranges import RAGGED_LAYOUTS, IndexRange
+
 #: Kinds of graph argument, in the order they appear.
 ARGUMENT_KINDS = ("symbol", "input", "state", "output", "intermediate")
 #: Element types of buffers ("index" for symbols).
@@ -76,7 +78,11 @@ class KernelABI:
     is resolved at compile time). `workers` is the CPU thread count.
     `watchdog_ms` bounds every spin of the program; `trace` says whether the
     workers record trace events. `reference` is the graph's operators for
-    the NumPy reference (`etc.reference.evaluate`), when known.
+    the NumPy reference (`etc.reference.evaluate`), when known. `isa` is
+    the x86-64 level CPU code is compiled for (`etc.runtime.isa`; None for
+    CUDA, and for CPU code built for the host on other architectures).
+    `shared_bytes` (CUDA) is the worker's scratch arena: the dynamic shared
+    memory each worker CTA is launched with (`convert-event-to-gpu`).
     """
 
     name: str
@@ -92,6 +98,14 @@ class KernelABI:
     trace: bool = False
     reference: dict | None = None
     extra: dict = field(default_factory=dict)
+    isa: str | None = None
+    #: The valid values of index inputs (`etc.runtime.ranges.IndexRange`), by name:
+    #: runtimes check them before every run.
+    index_ranges: dict = field(default_factory=dict)
+    #: The ragged batches (`Graph.ragged_batch`: role -> input name), whose
+    #: consistency runtimes check before every run.
+    ragged_batches: tuple = ()
+    shared_bytes: int = 0
 
     # -- names of the program's functions ----------------------------------
 
@@ -124,6 +138,10 @@ class KernelABI:
             "watchdog_ms": self.watchdog_ms, "trace": self.trace,
             "reference": self.reference,
             "extra": self.extra,
+            "isa": self.isa,
+            "index_ranges": {name: r.to_json() for name, r in self.index_ranges.items()},
+            "ragged_batches": [dict(batch) for batch in self.ragged_batches],
+            "shared_bytes": self.shared_bytes,
         }
 
     @classmethod
@@ -139,11 +157,28 @@ class KernelABI:
                                    tuple(e["waited_by"])) for e in data["events"]),
                 watchdog_ms=int(data["watchdog_ms"]), trace=bool(data["trace"]),
                 reference=data.get("reference"),
-                extra=dict(data.get("extra") or {}))
+                extra=dict(data.get("extra") or {}),
+                isa=None if data.get("isa") is None else str(data["isa"]),
+                index_ranges={str(name): IndexRange.from_json(r)
+                              for name, r in (data.get("index_ranges") or {}).items()},
+                ragged_batches=tuple({str(role): str(name) for role, name in batch.items()}
+                                     for batch in data.get("ragged_batches") or ()),
+                shared_bytes=int(data.get("shared_bytes", 0)))
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"malformed kernel ABI: {type(error).__name__}: {error}") from None
         names = {a.name for a in abi.arguments}
         missing = [o for o in abi.outputs if o not in names]
         if missing:
             raise ValueError(f"malformed kernel ABI: outputs {missing} are not arguments")
+        inputs = {a.name for a in abi.arguments if a.kind == "input" and a.dtype == "i32"}
+        symbols = {a.name for a in abi.arguments if a.kind == "symbol"}
+        wrong = [n for n, r in abi.index_ranges.items() if n not in inputs or any(
+            isinstance(dim, str) and dim.partition("*")[0] not in symbols
+            for dim, _ in r.highs)]
+        if wrong:
+            raise ValueError(f"malformed kernel ABI: the index ranges of {wrong} name inputs "
+                             f"or symbols the kernel does not have")
+        for batch in abi.ragged_batches:
+            if set(batch) not in RAGGED_LAYOUTS or not set(batch.values()) <= inputs:
+                raise ValueError(f"malformed kernel ABI: ragged batch {batch!r}")
         return abi

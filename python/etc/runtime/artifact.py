@@ -6,16 +6,19 @@ with any zip tool) holding:
 * `etc-artifact.json`: the format name and version, the target, the chip,
   the schedule, the kernel ABI (`KernelABI`: arguments in order with names,
   kinds, dtypes and symbolic shapes, outputs, task and event tables), the
-  SHA-256 of the code, and the saver's `metadata` (a JSON object, e.g. what
-  `etc.models` compiled the kernel from);
+  SHA-256 of the code, the saver's `metadata` (a JSON object, e.g. what
+  `etc.models` compiled the kernel from), and a SHA-256 of the manifest
+  itself (an edited ABI would make the code read past its arrays);
 * the code: `kernel.ptx` (PTX text) for CUDA, or `kernel.so` for the CPU (a
   shared library linked from the lowered LLVM module by the system C
-  compiler, for the `platform` the manifest names).
+  compiler, for the `platform` the manifest names and the x86-64 level
+  `isa` it records, `etc.runtime.isa`).
 
-`load(path)` checks all of that and returns a `LoadedKernel`: the same `run`
+`load(path)` checks all of that, and that this machine's CPU has the
+features of the recorded level, and returns a `LoadedKernel`: the same `run`
 as a freshly compiled kernel, plus `arguments`, `abi` and, for CUDA, `ptx`.
-A file that is not an artifact, is damaged, or has another format version
-raises `ArtifactError` saying which.
+A file that is not an artifact, is damaged, has another format version, or
+holds CPU code this machine cannot run raises `ArtifactError` saying which.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import io
 import json
 import os
 import platform
+import struct
 import tempfile
 import zipfile
 from pathlib import Path
@@ -35,8 +39,12 @@ from .abi import KernelABI
 FORMAT = "etc-artifact"
 #: The version of the layout this runtime reads and writes. Bump it whenever
 #: the manifest, the ABI or the meaning of the code's entry points changes
-#: (e.g. the counter-buffer layout the runtime decodes).
-FORMAT_VERSION = 1
+#: (e.g. the counter-buffer layout the runtime decodes). 2: the run header's
+#: CPU words for blocking waits (sleepers, spin budget). 3: the CPU code's
+#: instruction-set level, and the manifest's digest of itself.
+#: 4: CUDA workers take their tile scratch as dynamic shared memory
+#: (`KernelABI.shared_bytes`), which an older runtime would not give them.
+FORMAT_VERSION = 4
 MANIFEST = "etc-artifact.json"
 _CODE = {"cuda": "kernel.ptx", "cpu": "kernel.so"}
 
@@ -64,9 +72,11 @@ def write(path, abi: KernelABI, code: bytes, metadata: dict | None = None) -> No
         "platform": host_platform() if abi.target == "cpu" else None,
         "code": {"name": _CODE[abi.target], "sha256": hashlib.sha256(code).hexdigest(),
                  "bytes": len(code)},
+        "isa": abi.isa,
         "abi": abi.to_json(),
         "metadata": dict(metadata or {}),
     }
+    manifest["sha256"] = _manifest_digest(manifest)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
         archive.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
@@ -78,6 +88,19 @@ def write(path, abi: KernelABI, code: bytes, metadata: dict | None = None) -> No
     os.replace(temporary, path)
 
 
+def _manifest_digest(manifest: dict) -> str:
+    """The SHA-256 of the manifest's content without its own digest."""
+    content = {key: value for key, value in manifest.items() if key != "sha256"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+#: What a damaged archive makes `zipfile` raise: besides BadZipFile, a
+#: flipped compression method is NotImplementedError, a flipped flag bit an
+#: "encrypted" RuntimeError, a cut entry EOFError or struct.error.
+_ZIP_ERRORS = (zipfile.BadZipFile, OSError, NotImplementedError, RuntimeError, EOFError,
+               ValueError, struct.error)
+
+
 def read_manifest(path) -> dict:
     """The manifest of the artifact at `path`, without reading or checking
     its code (to list saved kernels quickly)."""
@@ -86,7 +109,7 @@ def read_manifest(path) -> dict:
             manifest = json.loads(archive.read(MANIFEST))
     except FileNotFoundError:
         raise
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as error:
+    except _ZIP_ERRORS + (KeyError,) as error:
         raise ArtifactError(f"{path} is not a readable ETC artifact ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ArtifactError(f"{path} is not an ETC artifact")
@@ -100,7 +123,7 @@ def read(path) -> tuple[dict, KernelABI, bytes]:
         archive = zipfile.ZipFile(path)
     except FileNotFoundError:
         raise
-    except (zipfile.BadZipFile, OSError) as error:
+    except _ZIP_ERRORS as error:
         raise ArtifactError(f"{path} is not an ETC artifact (not a readable zip archive: "
                             f"{error})") from None
     with archive:
@@ -108,7 +131,7 @@ def read(path) -> tuple[dict, KernelABI, bytes]:
             manifest = json.loads(archive.read(MANIFEST))
         except KeyError:
             raise ArtifactError(f"{path} is not an ETC artifact (no {MANIFEST})") from None
-        except (zipfile.BadZipFile, ValueError, OSError) as error:
+        except _ZIP_ERRORS as error:  # json's errors are ValueErrors
             raise ArtifactError(f"{path}: the manifest is damaged ({error})") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise ArtifactError(f"{path} is not an ETC artifact (format "
@@ -122,19 +145,23 @@ def read(path) -> tuple[dict, KernelABI, bytes]:
         target = manifest.get("target")
         if target not in _CODE:
             raise ArtifactError(f"{path}: unknown target {target!r}")
-        code_info = manifest.get("code") or {}
+        code_info = manifest.get("code")
+        if not isinstance(code_info, dict):
+            raise ArtifactError(f"{path}: the manifest is damaged (no 'code' entry)")
         try:
             code = archive.read(code_info.get("name", _CODE[target]))
         except KeyError:
             raise ArtifactError(f"{path} is damaged: the code {code_info.get('name')!r} is "
                                 "missing") from None
-        except (zipfile.BadZipFile, OSError) as error:  # e.g. a CRC mismatch
+        except _ZIP_ERRORS as error:  # e.g. a CRC mismatch
             raise ArtifactError(f"{path} is damaged: {error}") from None
+    if manifest.get("sha256") != _manifest_digest(manifest):
+        raise ArtifactError(f"{path} is damaged: the manifest does not match its checksum")
     if hashlib.sha256(code).hexdigest() != code_info.get("sha256"):
         raise ArtifactError(f"{path} is damaged: the code does not match its checksum")
     try:
         abi = KernelABI.from_json(manifest["abi"])
-    except (KeyError, ValueError) as error:
+    except (KeyError, ValueError, TypeError) as error:
         raise ArtifactError(f"{path}: {error}") from None
     if abi.target != target:
         raise ArtifactError(f"{path}: the manifest says target {target!r} but its ABI says "
@@ -143,6 +170,13 @@ def read(path) -> tuple[dict, KernelABI, bytes]:
         raise ArtifactError(
             f"{path} holds CPU code for {manifest.get('platform')}, and this machine is "
             f"{host_platform()}: save the kernel on a machine like this one")
+    if target == "cpu":
+        from .isa import ISAError, check
+
+        try:
+            check(abi.isa, str(path))
+        except ISAError as error:
+            raise ArtifactError(str(error)) from None
     return manifest, abi, code
 
 

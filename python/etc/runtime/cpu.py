@@ -19,8 +19,11 @@ the buffer table (a pointer to the descriptor of a `memref<?xi64>`, see
 for the dynamic one the counter buffer also holds the task queue, pending
 counts and inverse indices, all sized by g_counters and filled by g_init.
 The buffer ends with the run header (`etc.runtime.layout`): the runtime reads
-it after every run (the watchdog's record, the trace records) and sets its
-status to stop the workers on Ctrl-C.
+it after every run (the watchdog's record, the trace records), sets its
+status to stop the workers on Ctrl-C, and writes the spin budget before each
+run: how long a wait polls its counter before it blocks in the kernel (a
+futex wait, woken by the notify that readies the counter), so that a worker
+waiting for a descheduled producer gives its core to it.
 
 This module needs only NumPy: it imports nothing from MLIR.
 """
@@ -28,7 +31,9 @@ This module needs only NumPy: it imports nothing from MLIR.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -39,6 +44,7 @@ import numpy as np
 from .. import bfloat16
 from ..binding import (Signature, bind_symbols, check_input_dtype, check_input_names,
                        concrete_shape, out_items)
+from .ranges import check as check_index_ranges
 from . import layout, workers
 from .abi import KernelABI
 from .trace import Trace
@@ -63,6 +69,33 @@ def check_state(arg, array) -> np.ndarray:
         raise ValueError(f"state {arg.name!r} must be a writeable C-contiguous array: the "
                          f"kernel updates it in place")
     return array
+
+#: How long a wait polls before it blocks, in microseconds, unless the
+#: environment's ETC_SPIN_US says otherwise (see `CPURuntime.spin_microseconds`).
+DEFAULT_SPIN_MICROSECONDS = 50
+
+
+def default_spin_microseconds() -> int:
+    """`ETC_SPIN_US` from the environment, else DEFAULT_SPIN_MICROSECONDS."""
+    value = os.environ.get("ETC_SPIN_US")
+    if value is None:
+        return DEFAULT_SPIN_MICROSECONDS
+    try:
+        return _check_spin(int(value))
+    except ValueError:
+        raise ValueError(f"ETC_SPIN_US={value!r} must be a number of microseconds from 0 to "
+                         f"{_MAX_SPIN}") from None
+
+
+#: The largest spin budget the header's i32 word holds.
+_MAX_SPIN = 2**31 - 1
+
+
+def _check_spin(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_SPIN:
+        raise ValueError(f"spin_microseconds={value!r} must be an int from 0 to {_MAX_SPIN}")
+    return value
+
 
 #: The roles of the program's functions, as `KernelABI.function` names them.
 ROLES = ("counters", "init", "worker", "check")
@@ -198,6 +231,8 @@ class _Workspace:
                               for arg in buffers if arg.kind == "intermediate"}
         #: The index of each buffer's address word in the table.
         self.slots, _ = table_slots(runtime.arguments)
+        #: The input and state addresses in the table now, by name.
+        self.addresses: dict[str, int] = {}
         # The intermediates' addresses now, the others' (0 here) per run.
         self.table = buffer_table(
             runtime.arguments,
@@ -253,6 +288,30 @@ class CPURuntime:
         # threads at once never share one.
         self._workspaces: OrderedDict[tuple, _Workspace] = OrderedDict()
         self._workspaces_lock = threading.Lock()
+        self._spin = default_spin_microseconds()
+        # Binding (see `_bind`): the inputs and state buffers, in order;
+        # their names; those with a symbolic dim; the symbols; and what
+        # was learnt about the arrays of earlier runs, by name.
+        self._supplied = [arg for arg in self.arguments if arg.kind in ("input", "state")]
+        self._supplied_names = {arg.name for arg in self._supplied}
+        self._symbolic_names = {arg.name for arg in self._supplied
+                                if any(not isinstance(d, int) for d in arg.shape)}
+        self._symbol_args = [arg for arg in self.arguments if arg.kind == "symbol"]
+        self._seen: dict[str, tuple] = {}
+
+    @property
+    def spin_microseconds(self) -> int:
+        """How long a wait of a run polls its counter before it blocks in
+        the kernel until the notify that readies it (0: at once). Polling
+        answers fastest while every worker has a core; blocking gives the
+        core to the producer being waited for when they share one. Set it
+        to tune; the default comes from ETC_SPIN_US or
+        DEFAULT_SPIN_MICROSECONDS."""
+        return self._spin
+
+    @spin_microseconds.setter
+    def spin_microseconds(self, value: int) -> None:
+        self._spin = _check_spin(value)
 
     @property
     def trace(self) -> Trace:
@@ -267,23 +326,57 @@ class CPURuntime:
     # -- argument binding -------------------------------------------------
 
     def _bind(self, inputs: dict) -> tuple[dict[str, int], dict[str, np.ndarray]]:
-        """The symbols' values and the caller's arrays as the program reads
-        them (inputs converted to their storage, state buffers as given)."""
-        check_input_names(self.abi.name, self.arguments, inputs)
-        for arg in self.arguments:
-            if arg.kind == "input":
-                array = inputs[arg.name]
+        """The symbols' values and, by name, each caller's array as the
+        program reads it (inputs converted to their storage, state buffers
+        as given; `_address` gives its address).
+
+        An array that is the same object, with the same shape, strides and
+        dtype, as at an earlier run and that the program reads as it is
+        (no conversion) is not checked nor looked at again: a decode step
+        passes hundreds of weights that do not change between steps, and
+        checking them took milliseconds per step."""
+        if inputs.keys() != self._supplied_names:
+            check_input_names(self.abi.name, self.arguments, inputs)
+        seen, supplied, fresh = self._seen, {}, set()
+        for arg in self._supplied:
+            name = arg.name
+            array = inputs[name]
+            known = seen.get(name)
+            if (known is not None and known[0]() is array and known[1] == array.shape
+                    and known[2] == array.strides and known[3] == array.dtype
+                    and (arg.kind != "state" or array.flags.writeable)):
+                supplied[name] = array
+                continue
+            fresh.add(name)
+            if arg.kind == "state":
+                storage = check_state(arg, array)
+            else:
                 if not isinstance(array, np.ndarray):
-                    raise TypeError(f"input {arg.name!r} must be a numpy.ndarray, got "
+                    raise TypeError(f"input {name!r} must be a numpy.ndarray, got "
                                     f"{type(array).__name__}")
-                check_input_dtype(arg.name, arg, array)
-            elif arg.kind == "state":
-                check_state(arg, inputs[arg.name])
-        symbols = bind_symbols(self.arguments, {n: a.shape for n, a in inputs.items()})
-        supplied = {arg.name: (inputs[arg.name] if arg.kind == "state"
-                               else to_storage(inputs[arg.name], arg.dtype))
-                    for arg in self.arguments if arg.kind in ("input", "state")}
+                check_input_dtype(name, arg, array)
+                storage = to_storage(array, arg.dtype)
+            supplied[name] = storage
+            if storage is array:
+                seen[name] = (weakref.ref(array), array.shape, array.strides, array.dtype,
+                              array.ctypes.data)
+            else:  # a converted copy: the caller's array may change meanwhile
+                seen.pop(name, None)
+        # Arguments with symbolic dims bind the symbols every run; static
+        # ones are checked when they are new.
+        checked = [arg for arg in self._supplied if arg.name in fresh or arg.name in
+                   self._symbolic_names]
+        symbols = bind_symbols(checked + self._symbol_args,
+                               {arg.name: inputs[arg.name].shape for arg in checked})
+        check_index_ranges(self.abi.name, self.abi.index_ranges, inputs, symbols,
+                           self.abi.ragged_batches)
         return symbols, supplied
+
+    def _address(self, name: str, array: np.ndarray) -> int:
+        """The address of `array`, supplied for `name` (known since `_bind`
+        saw it, unless it is a converted copy)."""
+        known = self._seen.get(name)
+        return known[4] if known is not None and known[0]() is array else array.ctypes.data
 
     def _key(self, symbols: dict[str, int]) -> tuple:
         return tuple(symbols[name] for name in self._symbol_names)
@@ -329,13 +422,17 @@ class CPURuntime:
         """One run in `workspace` on the caller's arrays; the new outputs."""
         outputs = {arg.name: np.zeros(workspace.shapes[arg.name], _STORAGE[arg.dtype])
                    for arg in self.arguments if arg.kind == "output"}
-        table, slots = workspace.table, workspace.slots
-        for arrays in (supplied, outputs):
-            for name, array in arrays.items():
-                table[slots[name]] = array.ctypes.data
+        table, slots, written = workspace.table, workspace.slots, workspace.addresses
+        for name, array in supplied.items():
+            address = self._address(name, array)
+            if written.get(name) != address:
+                table[slots[name]] = written[name] = address
+        for name, array in outputs.items():
+            table[slots[name]] = array.ctypes.data
         args, counters = workspace.args, workspace.counters
         counters.fill(0)
         self._functions["init"](*args, workspace.counters_arg)
+        workspace.header[layout.SPIN_MICROSECONDS_WORD] = self._spin
         run = workers.Run(len(workspace.calls))
         try:
             run.start(workspace.calls)

@@ -5,7 +5,7 @@ ABI of the kernels of graph `g` (see `convert-event-to-gpu`), one PTX module:
   g_counters(symbols..., table, result: memref<1xi64>)   grid 1, block 1
   g_init(symbols..., table, counters)          grid 1, block INIT_THREADS
   g_worker(symbols..., table, counters)        grid = workers, block = lanes
-  g_check(symbols..., table, counters, result: memref<1xi32>)   grid 1, block 1
+  g_check(symbols..., table, counters, result: memref<1xi32>)   grid 1, block CHECK_THREADS
 where `symbols` are the graph's symbolic dimensions and `table` the buffer
 table (`etc.runtime.cpu.buffer_table`: each buffer's device address and
 sizes), so the parameter count does not grow with the number of buffers.
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import statistics
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -47,16 +48,24 @@ import numpy as np
 
 from ..binding import (INPUT_DTYPES, Signature, bind_symbols, check_input_dtype,
                        check_input_names, concrete_shape, out_items)
+from .ranges import check as check_index_ranges
 from . import layout
 from .abi import KernelABI
 from .cpu import _STORAGE, buffer_table, check_state, from_storage, to_storage
 
 #: Threads of the one-CTA initialisation kernel.
 INIT_THREADS = 256
+#: Threads of the one-CTA end-of-run check, which scans every counter.
+CHECK_THREADS = 256
 #: Threads per worker CTA (the lanes of a tile body) unless told otherwise.
 DEFAULT_LANES = 128
 #: Bindings of the symbols (sizes) whose device buffers are kept for reuse.
 CACHED_SIZES = 4
+#: Shared memory a CTA may use without opting in (cuFuncSetAttribute).
+DEFAULT_SHARED_BYTES = 48 << 10
+#: Bytes of each JIT log buffer (errors, and ptxas's info with its
+#: register and spill counts).
+JIT_LOG_BYTES = 1 << 16
 
 
 class CUDAUnavailableError(RuntimeError):
@@ -75,8 +84,9 @@ def _driver():
     except ImportError as error:
         raise CUDAUnavailableError(
             "running on target='cuda' needs cuda-python's driver bindings, which are not "
-            "installed: pip install 'etc-compiler[cuda]' (cuda-bindings); the PTX is "
-            "available without them as kernel.ptx") from error
+            "installed: pip install 'cuda-bindings>=12.9,<14' (in an ETC checkout, "
+            "pip install -e '.[cuda]'); the PTX is available without them as kernel.ptx") \
+            from error
     try:
         result = driver.cuInit(0)
     except Exception as error:  # the bindings raise when libcuda cannot be loaded
@@ -93,6 +103,18 @@ def _driver():
             "no CUDA device is available (cuDeviceGetCount found none); "
             "the PTX is available as kernel.ptx")
     return driver
+
+
+def require_device(what: str) -> None:
+    """Raises CUDAUnavailableError, prefixed with `what` needs a device, when
+    no CUDA device can run kernels here: for callers that would compile for
+    minutes before they first touch the device."""
+    try:
+        _driver()
+    except CUDAUnavailableError as error:
+        reason = str(error).replace("; the PTX is available as kernel.ptx", "").replace(
+            "; the PTX is available without them as kernel.ptx", "")
+        raise CUDAUnavailableError(f"{what} needs a CUDA device: {reason}") from None
 
 
 def cuda_available() -> bool:
@@ -125,11 +147,38 @@ def _check(driver, what: str, result):
     return values[0] if len(values) == 1 else values
 
 
+def load_module(driver, ptx: str):
+    """The module of `ptx`, JIT-compiled by the driver (cuModuleLoadDataEx),
+    and the JIT's info log (ptxas's registers and spills per kernel).
+    Raises RuntimeError with the JIT's error log when the driver refuses."""
+    image = ctypes.create_string_buffer(ptx.encode())  # NUL-terminated
+    info, errors = bytearray(JIT_LOG_BYTES), bytearray(JIT_LOG_BYTES)
+    option = driver.CUjit_option
+    options = {option.CU_JIT_INFO_LOG_BUFFER: info,
+               option.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: JIT_LOG_BYTES,
+               option.CU_JIT_ERROR_LOG_BUFFER: errors,
+               option.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: JIT_LOG_BYTES,
+               option.CU_JIT_LOG_VERBOSE: 1}
+    result = driver.cuModuleLoadDataEx(ctypes.addressof(image), len(options), list(options),
+                                       list(options.values()))
+    text = lambda log: bytes(log).split(b"\0", 1)[0].decode(errors="replace").strip()
+    if result[0] != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuModuleLoadDataEx (driver JIT of the PTX) failed: "
+                           f"{_error_name(driver, result[0])}; the JIT says:\n"
+                           f"{text(errors) or '(nothing)'}")
+    return result[1], text(info)
+
+
 def stream_handle(stream) -> int:
     """The CUstream handle of `stream`: None or 0 (the legacy default stream),
     an int, a `cuda.bindings` CUstream, or an object exposing one
     (`__cuda_stream__()` of cuda.core, PyTorch's `.cuda_stream`, CuPy's
-    `.ptr`)."""
+    `.ptr`).
+
+    A CUstream's handle is `int(stream)` in every cuda-bindings version;
+    only some versions (12.9.x up to 12.9.4 and 13.0.x have none) give it a
+    `__cuda_stream__`, and its `getPtr()` is the address of the Python
+    object's storage, never the handle."""
     if stream is None:
         return 0
     if hasattr(stream, "__cuda_stream__"):
@@ -138,8 +187,8 @@ def stream_handle(stream) -> int:
         value = getattr(stream, attribute, None)
         if isinstance(value, int):
             return value
-    if hasattr(stream, "getPtr"):
-        return int(stream.getPtr())
+    if isinstance(stream, bool):
+        raise TypeError(f"stream={stream!r} is not a CUDA stream")
     try:
         return int(stream)
     except (TypeError, ValueError):
@@ -270,23 +319,73 @@ def _from_interface(value, what: str):
     return int(interface["data"][0]), shape, _TYPESTR_DTYPES.get(dtype, ()), None, str(dtype)
 
 
+#: The alignment every buffer a kernel uses in place must have: tile
+#: kernels read and write 16 bytes at a time (vector loads, `cp.async`), and
+#: a misaligned access is a sticky CUDA_ERROR_MISALIGNED_ADDRESS that ends
+#: the process's CUDA context. Device allocations are 256-byte aligned.
+ALIGNMENT = 16
+
+
+def _interface(value):
+    """`value.__cuda_array_interface__`, None when it has none, or the
+    exception reading it raised (PyTorch raises RuntimeError for a tensor
+    that requires grad)."""
+    try:
+        return value.__cuda_array_interface__
+    except AttributeError:
+        return None
+    except Exception as error:  # a property that refuses: keep why
+        return error
+
+
 def as_device_array(value, what: str, dtype: str, stream: int = 0):
     """`value` as a DeviceArray viewing its memory (no copy), if it is a
     device array (`__cuda_array_interface__` or `__dlpack__`); None for a
     NumPy array. Raises TypeError/ValueError for a wrong dtype, a
-    non-contiguous layout or memory not on a CUDA device."""
+    non-contiguous layout, memory not on a CUDA device, or an address that
+    is not a multiple of ALIGNMENT bytes.
+
+    `__cuda_array_interface__` is tried first; `__dlpack__` when the
+    interface cannot describe the dtype (PyTorch reports bf16 as `<V2`, a
+    2-byte void) or raises."""
     if isinstance(value, np.ndarray):
         return None
-    if hasattr(value, "__cuda_array_interface__"):
-        pointer, shape, dtypes, keep, described = _from_interface(value, what)
-    elif hasattr(value, "__dlpack__"):
-        pointer, shape, dtypes, keep, described = _from_dlpack(value, what, stream)
-    else:
+    interface = _interface(value)
+    found = None
+    if isinstance(interface, dict):
+        found = _from_interface(value, what)
+        if dtype not in found[2] and hasattr(value, "__dlpack__"):
+            found = None  # e.g. <V2 for bf16: DLPack names the type
+    if found is None and hasattr(value, "__dlpack__"):
+        try:
+            found = _from_dlpack(value, what, stream)
+        except (TypeError, ValueError):
+            raise
+        except Exception as error:
+            before = (f"its __cuda_array_interface__ raised {type(interface).__name__}: "
+                      f"{interface}; " if isinstance(interface, Exception) else "")
+            raise TypeError(f"device {what} ({type(value).__name__}) cannot be used in place: "
+                            f"{before}its __dlpack__ raised {type(error).__name__}: {error} "
+                            "(a PyTorch tensor that requires grad: pass tensor.detach())") \
+                from None
+    if found is None:
+        if isinstance(interface, Exception):
+            raise TypeError(f"device {what} ({type(value).__name__}) cannot be used in place: "
+                            f"its __cuda_array_interface__ raised {type(interface).__name__}: "
+                            f"{interface} (a PyTorch tensor that requires grad: pass "
+                            "tensor.detach())")
         raise TypeError(f"{what} must be a numpy.ndarray or a device array "
                         f"(__cuda_array_interface__ or __dlpack__), got {type(value).__name__}")
+    pointer, shape, dtypes, keep, described = found
     if dtype not in dtypes:
         raise TypeError(f"device {what} has dtype {described}, expected "
                         f"{_STORAGE[dtype]} (the device storage of {dtype})")
+    if pointer % ALIGNMENT:
+        raise ValueError(f"device {what} starts at address {pointer:#x}, which is not a multiple "
+                         f"of {ALIGNMENT} bytes: the kernels access buffers {ALIGNMENT} bytes at a "
+                         "time, and a misaligned address would fault the GPU and end this "
+                         "process's CUDA context; pass an aligned array (a whole allocation, or "
+                         "a copy of the view: tensor.clone())")
     return DeviceArray(pointer, shape, _STORAGE[dtype], keep=(value, keep))
 
 
@@ -340,10 +439,10 @@ class _Workspace:
                                                         _STORAGE[arg.dtype])
         self.staging: dict[str, DeviceArray] = {}
         # Word 0: g_counters' result (i64); word 1: g_check's status (i32).
-        self.results = runtime._alloc((2,), np.int64)
         # The buffer table: one word per address and size, whatever the
-        # buffers; filled for each launch.
-        self.table = runtime._alloc(runtime._table(self.shapes()).shape, np.int64)
+        # buffers. `run` fills these for each call; a `Launch` from `bind`
+        # has its own (see `Launch`).
+        self.results, self.table = runtime._table_and_results(self.shapes())
         self.count = runtime._counter_count(self)
         layout.check_count(runtime.abi, self.count)
         self.counters = runtime._alloc((self.count,), np.int32)
@@ -364,24 +463,33 @@ class _Workspace:
 class Launch:
     """One bound run of a program on the device: inputs, outputs,
     intermediates and counters allocated (or borrowed), ready to be enqueued
-    any number of times on a stream, also under CUDA-graph capture."""
+    any number of times on a stream, also under CUDA-graph capture.
+
+    Each launch from `bind` has its own buffer table, result words, copies
+    of NumPy inputs and outputs, so that bindings of the same sizes to
+    different arrays (or a CUDA graph captured from one) each compute on,
+    and into, their own arrays. Bindings of the same sizes share the
+    workspace's intermediates and counter buffer: run them one after
+    another (on one stream), not at the same time."""
 
     def __init__(self, runtime: "CUDARuntime", workspace: _Workspace,
-                 buffers: dict[str, DeviceArray], copies: list):
+                 buffers: dict[str, DeviceArray], copies: list, table: DeviceArray,
+                 results: DeviceArray):
         self.runtime = runtime
         self.workspace = workspace
         self.symbols = workspace.symbols
         self.buffers = buffers
         self.counters = workspace.counters
         self.count = workspace.count
+        #: This binding's buffer table and result words (device memory).
+        self.table, self.results = table, results
         self._copies = copies  # (device buffer, host array): NumPy inputs
         self._parameters: dict[str, _Parameters] = {}
 
     def _words(self, *extra: tuple[int, tuple]) -> list[int]:
         words = [self.symbols[arg.name] for arg in self.runtime.arguments
                  if arg.kind == "symbol"]
-        table = self.workspace.table
-        words += _memref_words(table.pointer, table.shape)
+        words += _memref_words(self.table.pointer, self.table.shape)
         for pointer, shape in extra:
             words += _memref_words(pointer, shape)
         return words
@@ -401,10 +509,10 @@ class Launch:
         self._table_host = rt._table(self.buffers)
         # Pageable host memory: the copy has read it when the call returns.
         _check(driver, "cuMemcpyHtoDAsync (buffer table)",
-               driver.cuMemcpyHtoDAsync(self.workspace.table.pointer,
+               driver.cuMemcpyHtoDAsync(self.table.pointer,
                                         self._table_host.ctypes.data, self._table_host.nbytes,
                                         stream))
-        results = self.workspace.results.pointer
+        results = self.results.pointer
         counters = (self.counters.pointer, self.counters.shape)
         # _init and the worker take the same parameters (the driver copies
         # them at each launch, so one array serves both).
@@ -419,8 +527,8 @@ class Launch:
         stream = stream_handle(stream)
         rt._launch(rt._init, (1, INIT_THREADS), self._parameters["init"], stream)
         rt._launch(rt._worker, (rt.workers, rt.lanes), self._parameters["worker"], stream,
-                   cooperative=rt.abi.schedule == "static")
-        rt._launch(rt._check_kernel, (1, 1), self._parameters["check"], stream)
+                   cooperative=rt.abi.schedule == "static", shared=rt.abi.shared_bytes)
+        rt._launch(rt._check_kernel, (1, CHECK_THREADS), self._parameters["check"], stream)
 
     def check(self, stream=0) -> None:
         """Waits for `stream` and raises on a device-side error of the run:
@@ -441,7 +549,7 @@ class Launch:
             rt._trace = Trace.decode(rt.abi, self.counters.numpy(), rt.workers)
         value = np.zeros(1, np.int32)
         _check(driver, "cuMemcpyDtoH", driver.cuMemcpyDtoH(
-            value.ctypes.data, self.workspace.results.pointer + 8, 4))
+            value.ctypes.data, self.results.pointer + 8, 4))
         layout.check_status(rt.abi, int(value[0]))
 
     def outputs(self) -> list[np.ndarray]:
@@ -468,6 +576,8 @@ class CUDARuntime:
         self._driver = None
         self._workspaces: OrderedDict[tuple, _Workspace] = OrderedDict()
         self._trace = None
+        #: The driver JIT's info log of the PTX (after the first run).
+        self.jit_log = ""
 
     @property
     def trace(self):
@@ -496,7 +606,7 @@ class CUDARuntime:
             driver = self._driver
             per_sm = _check(driver, "cuOccupancyMaxActiveBlocksPerMultiprocessor",
                             driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                                self._worker.function, self.lanes, 0))
+                                self._worker.function, self.lanes, self.abi.shared_bytes))
             if per_sm < 1:
                 raise RuntimeError(f"{self._worker.name} cannot run with {self.lanes} threads "
                                    "per CTA (occupancy 0); use fewer lanes")
@@ -518,14 +628,12 @@ class CUDARuntime:
             return int(_check(driver, "cuDeviceGetAttribute",
                               driver.cuDeviceGetAttribute(getattr(attribute, name), device)))
 
-        image = ctypes.create_string_buffer(self.ptx.encode())  # NUL-terminated
         try:
-            module = _check(driver, "cuModuleLoadData (driver JIT of the PTX)",
-                            driver.cuModuleLoadData(ctypes.addressof(image)))
+            module, self.jit_log = load_module(driver, self.ptx)
         except RuntimeError as error:
             major = device_attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR")
             minor = device_attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR")
-            raise RuntimeError(f"{error}; this device is sm_{major}{minor}: compile with "
+            raise RuntimeError(f"{error}\nThis device is sm_{major}{minor}: compile with "
                                f"chip='sm_{major}{minor}' (or older) for it, and check that the "
                                "driver is new enough for the PTX version (docs/gpu.md)") from None
         name = self.abi.name
@@ -551,19 +659,59 @@ class CUDARuntime:
                 "compile with schedule='dynamic'")
         self._occupancy: dict[int, int] = {}
         self._driver = driver
+        self._allow_shared(device_attribute)
+
+    def _allow_shared(self, device_attribute) -> None:
+        """Lets the worker use its scratch arena (`abi.shared_bytes` of
+        dynamic shared memory): above 48 KB a kernel must opt in
+        (cuFuncSetAttribute), up to the device's per-block limit."""
+        need = self.abi.shared_bytes
+        if need <= DEFAULT_SHARED_BYTES:
+            return
+        driver = self._driver
+        limit = device_attribute("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
+        static = int(_check(driver, "cuFuncGetAttribute", driver.cuFuncGetAttribute(
+            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            self._worker.function)))
+        if need + static > limit:
+            raise RuntimeError(
+                f"{self.abi.name}: the worker needs {need} bytes of shared memory for its tile "
+                f"scratch (and {static} static), more than this device allows a CTA ({limit}): "
+                "compile for this chip, or with smaller tiles")
+        _check(driver, "cuFuncSetAttribute (dynamic shared memory)", driver.cuFuncSetAttribute(
+            self._worker.function,
+            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, need))
+
+    def resources(self) -> dict:
+        """What the driver says about the worker kernel: registers per
+        thread, local (stack and spill) bytes per thread, static and
+        dynamic shared bytes per CTA, and CTAs per SM at `lanes` threads."""
+        self._load()
+        driver = self._driver
+        attribute = driver.CUfunction_attribute
+
+        def get(name: str) -> int:
+            return int(_check(driver, "cuFuncGetAttribute", driver.cuFuncGetAttribute(
+                getattr(attribute, name), self._worker.function)))
+
+        return {"registers": get("CU_FUNC_ATTRIBUTE_NUM_REGS"),
+                "local_bytes": get("CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES"),
+                "static_shared_bytes": get("CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES"),
+                "dynamic_shared_bytes": self.abi.shared_bytes,
+                "lanes": self.lanes, "ctas_per_sm": self.ctas_per_sm, "sms": self.sm_count}
 
     def _launch(self, kernel: _Kernel, shape: tuple[int, int], params: _Parameters, stream: int,
-                cooperative: bool = False) -> None:
+                cooperative: bool = False, shared: int = 0) -> None:
         driver = self._driver
         grid, block = shape
         what = f"{kernel.name}, grid={grid}, block={block}"
         if not cooperative:
             _check(driver, f"cuLaunchKernel({what})",
-                   driver.cuLaunchKernel(kernel.function, grid, 1, 1, block, 1, 1, 0, stream,
+                   driver.cuLaunchKernel(kernel.function, grid, 1, 1, block, 1, 1, shared, stream,
                                          params.pointer_array(), 0))
             return
-        err = driver.cuLaunchCooperativeKernel(kernel.function, grid, 1, 1, block, 1, 1, 0, stream,
-                                               params.pointer_array())[0]
+        err = driver.cuLaunchCooperativeKernel(kernel.function, grid, 1, 1, block, 1, 1, shared,
+                                               stream, params.pointer_array())[0]
         if err != driver.CUresult.CUDA_SUCCESS:
             name = _error_name(driver, err)
             if "COOPERATIVE_LAUNCH_TOO_LARGE" in name:
@@ -584,6 +732,12 @@ class CUDARuntime:
     def _table(self, buffers: dict) -> np.ndarray:
         """The host buffer table of `buffers` (DeviceArrays)."""
         return buffer_table(self.arguments, buffers, address=lambda array: array.pointer)
+
+    def _table_and_results(self, buffers: dict) -> tuple[DeviceArray, DeviceArray]:
+        """Device memory for the result words (g_counters' i64, g_check's
+        i32) and for a buffer table of `buffers`."""
+        return (self._alloc((2,), np.int64),
+                self._alloc(self._table(buffers).shape, np.int64))
 
     def _counter_count(self, workspace: _Workspace) -> int:
         """The counter buffer's size for the workspace's symbols (g_counters on
@@ -624,7 +778,11 @@ class CUDARuntime:
         """Binds NumPy arrays (copied to the device on each enqueue) or device
         arrays (used in place) to the graph's inputs, and `out` (device arrays
         receive the outputs in place) to its outputs; everything else comes
-        from the workspace of these sizes."""
+        from the workspace of these sizes. The launch has a buffer table of
+        its own (see `Launch`)."""
+        return self._bind(inputs, out, stream, own_table=True)
+
+    def _bind(self, inputs: dict, out, stream, own_table: bool) -> Launch:
         check_input_names(self.abi.name, self.arguments, inputs)
         stream = stream_handle(stream)
         device: dict[str, DeviceArray] = {}
@@ -644,11 +802,25 @@ class CUDARuntime:
                 device[arg.name] = view
                 shapes[arg.name] = view.shape
         symbols = bind_symbols(self.arguments, shapes)
+        # Index inputs on the device are copied back to be checked (a few
+        # values each), at bind time.
+        self._load()
+        checked = set(self.abi.index_ranges).union(
+            *(batch.values() for batch in self.abi.ragged_batches))
+        check_index_ranges(self.abi.name, self.abi.index_ranges, {
+            name: (device[name].numpy() if name in device else inputs[name])
+            for name in checked}, symbols, self.abi.ragged_batches)
         outputs = self._bind_out(out, symbols, stream)
 
         self._load()
         workspace = self._workspace(symbols)
         buffers = dict(workspace.buffers)
+        if own_table:
+            # Outputs of its own too, so that one binding's results stay
+            # while another of the same sizes runs.
+            for name in self.abi.outputs:
+                buffers[name] = self._alloc(workspace.buffer_shapes[name],
+                                            _STORAGE[self._dtype(name)])
         buffers.update({name: array for name, array in outputs.items() if array is not None})
         copies = []
         for arg in self.arguments:
@@ -659,10 +831,15 @@ class CUDARuntime:
                 continue
             host = inputs[arg.name] if arg.kind == "state" else \
                 np.ascontiguousarray(to_storage(inputs[arg.name], arg.dtype))
-            staged = workspace.staged(self, arg.name, host.shape, host.dtype)
+            staged = (self._alloc(host.shape, host.dtype) if own_table else
+                      workspace.staged(self, arg.name, host.shape, host.dtype))
             copies.append((staged, host))
             buffers[arg.name] = staged
-        launch = Launch(self, workspace, buffers, copies)
+        if own_table:
+            results, table = self._table_and_results(workspace.shapes())
+        else:  # `run`: done before it returns, so the workspace's serve
+            results, table = workspace.results, workspace.table
+        launch = Launch(self, workspace, buffers, copies, table, results)
         launch.upload(stream)
         return launch
 
@@ -694,7 +871,7 @@ class CUDARuntime:
         outputs as NumPy arrays, or, with `out=`, the `out` arrays filled."""
         # Paired once, by name: `out` may be an iterator.
         out = None if out is None else dict(out_items(self.abi.name, self.abi.outputs, out))
-        launch = self.bind(inputs, out=out, stream=stream)
+        launch = self._bind(inputs, out, stream, own_table=False)
         launch.enqueue(stream)
         launch.check(stream)
         # A state given as a NumPy array is updated in place: copy it back.
@@ -736,43 +913,119 @@ class CUDARuntime:
 
 
 class EventTimer:
-    """Median milliseconds of `enqueue(stream)` between two CUDA events on
-    a stream of its own, after `warmup` untimed calls (the benchmarks of
-    bench/ and the GPU kit)."""
+    """GPU time of `enqueue(stream)`: the median milliseconds of `repeats`
+    timed runs after `warmup` untimed ones, on a stream of its own.
+
+    The window between the two CUDA events holds GPU work only: before
+    each timed run a spin kernel (`etc.runtime.probes`) keeps the GPU busy
+    for longer than the host takes to queue the events and the run, so the
+    host's launch calls (10-20 us of Python for a program's three kernels)
+    are not inside it. `cold=True` also clears the L2 before each run (a
+    memset over twice its size, queued before the start event), so that
+    weights are read from device memory, not from what the previous run
+    left in the cache; `cold=False` (hot) times back-to-back runs over the
+    same buffers. After each call `gap_us` is the median time the GPU
+    waited between the spin's end and the start event beyond the flush
+    (about 0 when the spin covered the host's queueing)."""
+
+    #: The spin's floor and ceiling (nanoseconds).
+    MIN_SPIN_NS, MAX_SPIN_NS = 50_000, 20_000_000
 
     def __init__(self, driver, repeats: int, warmup: int = 5):
         self.driver, self.repeats, self.warmup = driver, repeats, warmup
         self.stream = _check(driver, "cuStreamCreate", driver.cuStreamCreate(0))
         self.start = _check(driver, "cuEventCreate", driver.cuEventCreate(0))
         self.end = _check(driver, "cuEventCreate", driver.cuEventCreate(0))
+        self.ready = _check(driver, "cuEventCreate", driver.cuEventCreate(0))
+        from . import probes
 
-    def __call__(self, enqueue, repeats: int | None = None) -> float:
+        module, _ = load_module(driver, probes.PTX)
+        self._spin = _check(driver, "cuModuleGetFunction",
+                            driver.cuModuleGetFunction(module, b"etc_spin"))
+        self._flush = None
+        self.gap_us = 0.0
+
+    def spin(self, stream, nanoseconds: int) -> None:
+        """Queues the spin kernel (one thread, `nanoseconds` long) on `stream`."""
+        parameters = _Parameters([int(nanoseconds)])
+        _check(self.driver, "cuLaunchKernel(etc_spin)", self.driver.cuLaunchKernel(
+            self._spin, 1, 1, 1, 1, 1, 1, 0, stream_handle(stream),
+            parameters.pointer_array(), 0))
+
+    def flush(self, stream) -> None:
+        """Queues a write of twice the L2's size, which evicts what it held."""
         d = self.driver
+        if self._flush is None:
+            device = _check(d, "cuDeviceGet", d.cuDeviceGet(0))
+            l2 = int(_check(d, "cuDeviceGetAttribute", d.cuDeviceGetAttribute(
+                d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, device)))
+            nbytes = max(2 * l2, 1 << 20)
+            self._flush = (_check(d, "cuMemAlloc", d.cuMemAlloc(nbytes)), nbytes)
+        pointer, nbytes = self._flush
+        _check(d, "cuMemsetD8Async", d.cuMemsetD8Async(pointer, 0, nbytes, stream))
+
+    def _elapsed(self, first, second) -> float:
+        return float(_check(self.driver, "cuEventElapsedTime",
+                            self.driver.cuEventElapsedTime(first, second)))
+
+    def __call__(self, enqueue, repeats: int | None = None, cold: bool = False) -> float:
+        d, stream = self.driver, self.stream
         for _ in range(self.warmup):
-            enqueue(self.stream)
-        _check(d, "cuStreamSynchronize", d.cuStreamSynchronize(self.stream))
-        times = []
+            enqueue(stream)
+        _check(d, "cuStreamSynchronize", d.cuStreamSynchronize(stream))
+        # How long the host takes to queue one timed run: the spin lasts
+        # several times that.
+        began = time.perf_counter()
+        if cold:
+            self.flush(stream)
+        _check(d, "cuEventRecord", d.cuEventRecord(self.start, stream))
+        enqueue(stream)
+        _check(d, "cuEventRecord", d.cuEventRecord(self.end, stream))
+        host_ns = (time.perf_counter() - began) * 1e9
+        _check(d, "cuStreamSynchronize", d.cuStreamSynchronize(stream))
+        spin = int(min(max(4 * host_ns, self.MIN_SPIN_NS), self.MAX_SPIN_NS))
+        flush_ms = 0.0
+        if cold:  # the flush alone, so that the gap excludes it
+            self.spin(stream, spin)
+            _check(d, "cuEventRecord", d.cuEventRecord(self.ready, stream))
+            self.flush(stream)
+            _check(d, "cuEventRecord", d.cuEventRecord(self.start, stream))
+            _check(d, "cuEventSynchronize", d.cuEventSynchronize(self.start))
+            flush_ms = self._elapsed(self.ready, self.start)
+        times, gaps = [], []
         for _ in range(repeats or self.repeats):
-            _check(d, "cuEventRecord", d.cuEventRecord(self.start, self.stream))
-            enqueue(self.stream)
-            _check(d, "cuEventRecord", d.cuEventRecord(self.end, self.stream))
+            self.spin(stream, spin)
+            _check(d, "cuEventRecord", d.cuEventRecord(self.ready, stream))
+            if cold:
+                self.flush(stream)
+            _check(d, "cuEventRecord", d.cuEventRecord(self.start, stream))
+            enqueue(stream)
+            _check(d, "cuEventRecord", d.cuEventRecord(self.end, stream))
             _check(d, "cuEventSynchronize", d.cuEventSynchronize(self.end))
-            times.append(_check(d, "cuEventElapsedTime",
-                                d.cuEventElapsedTime(self.start, self.end)))
+            times.append(self._elapsed(self.start, self.end))
+            gaps.append(max(self._elapsed(self.ready, self.start) - flush_ms, 0.0))
+        self.gap_us = statistics.median(gaps) * 1000
         return statistics.median(times)
 
-    def within(self, enqueue, budget_ms: float = 2000.0) -> float:
+    def within(self, enqueue, budget_ms: float = 2000.0, cold: bool = False) -> float:
         """Like calling the timer, with as many repeats (3 to `repeats`) as
         fit in `budget_ms`, judged from one timed call: for slow kernels."""
-        first = max(self(enqueue, repeats=1), 1e-3)
-        return self(enqueue, repeats=max(3, min(self.repeats, int(budget_ms / first))))
+        first = max(self(enqueue, repeats=1, cold=cold), 1e-3)
+        return self(enqueue, repeats=max(3, min(self.repeats, int(budget_ms / first))),
+                    cold=cold)
 
     def graph(self, enqueue):
-        """`enqueue` captured once as a CUDA graph; returns a launcher."""
+        """`enqueue` captured once as a CUDA graph; returns a launcher.
+        Raises RuntimeError naming the call that failed when the driver
+        cannot capture it (e.g. a cooperative launch)."""
         d = self.driver
         mode = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
         _check(d, "cuStreamBeginCapture", d.cuStreamBeginCapture(self.stream, mode))
-        enqueue(self.stream)
-        graph = _check(d, "cuStreamEndCapture", d.cuStreamEndCapture(self.stream))
+        try:
+            enqueue(self.stream)
+        finally:
+            graph = d.cuStreamEndCapture(self.stream)
+        graph = _check(d, "cuStreamEndCapture", graph)
         executable = _check(d, "cuGraphInstantiate", d.cuGraphInstantiate(graph, 0))
-        return lambda stream: _check(d, "cuGraphLaunch", d.cuGraphLaunch(executable, stream))
+        return lambda stream: _check(d, "cuGraphLaunch", d.cuGraphLaunch(executable,
+                                                                         stream_handle(stream)))

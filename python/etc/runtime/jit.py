@@ -13,6 +13,7 @@ import ctypes
 import os
 import struct
 import tempfile
+from typing import Optional
 
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
@@ -40,10 +41,14 @@ def _libgcc():
         return None
 
 
-def create(module: ir.Module, what: str, opt_level: int = 2) -> ExecutionEngine:
+def create(module: ir.Module, what: str, opt_level: int = 2,
+           isa: Optional[str] = None) -> ExecutionEngine:
     """JIT-compiles `module` (`what` names it in errors), with the builtins of
-    `SOFT_FLOAT_BUILTINS` that this process has. Raises JITError with MLIR's
+    `SOFT_FLOAT_BUILTINS` that this process has, for the x86-64 level `isa`
+    (`etc.runtime.isa`; None: the host's CPU). Raises JITError with MLIR's
     diagnostics when the module cannot be translated to LLVM IR."""
+    if isa is not None:
+        set_target(module, isa)
     diagnostics: list[str] = []
 
     def collect(diagnostic) -> bool:
@@ -67,6 +72,35 @@ def create(module: ir.Module, what: str, opt_level: int = 2) -> ExecutionEngine:
         if libgcc is not None and hasattr(libgcc, name):
             engine.raw_register_runtime(name, ctypes.cast(getattr(libgcc, name), ctypes.c_void_p))
     return engine
+
+
+def set_target(module: ir.Module, level: str) -> None:
+    """Makes all of the lowered (LLVM dialect) `module`'s code x86-64 level
+    `level` code. The ExecutionEngine generates code with a target machine
+    for the host, whose features (AVX-512 on some machines) a function uses
+    unless it names its own: every function gets the level's CPU and
+    features. The engine also adds a wrapper `_mlir_<f>` (no attributes, so
+    host code) for every externally visible function `f`, and would inline
+    `f` into it: only the C-interface entry points the runtimes call stay
+    visible, and they are not inlined, so the wrappers only unpack
+    arguments."""
+    from .isa import llvm_attributes
+
+    cpu, features = llvm_attributes(level)
+    with module.context:
+        cpu_attr = ir.StringAttr.get(cpu)
+        features_attr = ir.Attribute.parse(
+            "#llvm.target_features<[" + ", ".join(f'"{f}"' for f in features.split(",")) + "]>")
+        internal = ir.Attribute.parse("#llvm.linkage<internal>")
+        for op in module.body.operations:
+            if op.operation.name != "llvm.func" or not op.regions[0].blocks:
+                continue  # declarations: libc, libgcc
+            op.attributes["target_cpu"] = cpu_attr
+            op.attributes["target_features"] = features_attr
+            if ir.StringAttr(op.attributes["sym_name"]).value.startswith("_mlir_ciface_"):
+                op.attributes["no_inline"] = ir.UnitAttr.get()
+            else:
+                op.attributes["linkage"] = internal
 
 
 def lookup(engine: ExecutionEngine, name: str, what: str) -> None:

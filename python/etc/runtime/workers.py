@@ -15,17 +15,23 @@ raises in the caller, which stops the workers' spins (see
 `CPURuntime.run`) and then waits for every worker's call to return with
 `finish`, so no worker writes into buffers its caller has let go of.
 
-Pinning: when a run is the only one in the process and has exactly as
-many workers as the process may use cores (it claims the machine), worker
-i of the run is pinned to the i-th of those cores (Linux
-`sched_setaffinity`), and unpinned again for a run that does not qualify.
-Unpinned, the scheduler often queued the second worker behind the first on
-one core of a 2-core machine while the other core ran the waiting caller:
-the second worker began 140 us late and the decode MLP's run took 0.94 ms
-instead of 0.59-0.72 ms. With fewer workers than cores the scheduler has
-idle cores to spread them over, and pinning would pile the workers of
-several processes onto the same first cores, so they are not pinned.
-`ETC_PIN_WORKERS=0` in the environment turns pinning off.
+Pinning: when a run is the only one in the process, has exactly as many
+workers as the process may use cores (it claims the machine), and nothing
+else has kept those cores busy lately, worker i of the run is pinned to the
+i-th of those cores (Linux `sched_setaffinity`), and unpinned again for a
+run that does not qualify. Unpinned, the scheduler often queued the second
+worker behind the first on one core of a 2-core machine while the other
+core ran the waiting caller: the second worker began 140 us late and the
+decode MLP's run took 0.94 ms instead of 0.59-0.72 ms. But a pinned worker
+cannot move to a core that is free while another thread holds its own: with
+one other busy process on a 2-core machine, pinned workers kept 2% of their
+speed. So the pool watches the machine (`OtherLoad`: the busy time of the
+process's cores in /proc/stat minus what its workers ran, sampled at most
+every 0.2 s) and pins only while others keep less than a quarter of a core
+busy. With fewer workers than cores the scheduler has idle cores to spread
+them over, and pinning would pile the workers of several processes onto
+the same first cores, so they are not pinned. `ETC_PIN_WORKERS=0` in the
+environment turns pinning off.
 
 A child made by `os.fork` starts with no idle threads (the parent's are not
 copied).
@@ -38,6 +44,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 #: Thread names: "etc-worker-<n>", n counting the threads this process started.
@@ -59,6 +66,7 @@ class _Worker:
         self._call: Callable[[], None] | None = None
         self._cores: frozenset | None = None
         self.number = number
+        self.cpu_seconds = 0.0
         #: The cores this thread is pinned to (None: not pinned).
         self.pinned: frozenset | None = None
         self.thread = threading.Thread(target=self._loop, name=f"{NAME}-{number}", daemon=True)
@@ -71,6 +79,8 @@ class _Worker:
             if self._cores != self.pinned:
                 self._pin(self._cores)
             call()
+            #: CPU seconds this thread has run (read by `OtherLoad`).
+            self.cpu_seconds = time.thread_time()
 
     def _pin(self, cores: frozenset | None) -> None:
         try:
@@ -86,13 +96,72 @@ class _Worker:
         self._go.release()
 
 
+class OtherLoad:
+    """How many cores' worth of the process's cores other threads (other
+    processes, or this process's threads that are not workers) kept busy
+    lately: the cores' busy time in /proc/stat minus the CPU time of the
+    workers, over windows of at least WINDOW seconds."""
+
+    #: Seconds between two samples.
+    WINDOW = 0.2
+    #: Others' cores above which runs are not pinned.
+    LIMIT = 0.25
+
+    def __init__(self, workers_cpu_seconds: Callable[[], float]):
+        self._workers_cpu_seconds = workers_cpu_seconds
+        self._lock = threading.Lock()
+        self._sample: tuple | None = None
+        #: The last measurement, in cores (0.0 until two samples exist).
+        self.cores = 0.0
+
+    @staticmethod
+    def busy_seconds(cores) -> float | None:
+        """Seconds the given cores were not idle since boot (/proc/stat),
+        or None where that cannot be read."""
+        try:
+            with open("/proc/stat", "rb") as stat:
+                lines = stat.read().split(b"\n")
+        except OSError:
+            return None
+        wanted = {f"cpu{core}".encode() for core in cores}
+        busy = 0
+        for line in lines:
+            if not line.startswith(b"cpu"):  # the "intr" line alone has thousands of fields
+                continue
+            fields = line.split()
+            if fields[0] in wanted:
+                # user nice system idle iowait irq softirq steal ...
+                ticks = [int(f) for f in fields[1:9]]
+                busy += sum(ticks) - ticks[3] - ticks[4]
+        return busy / os.sysconf("SC_CLK_TCK")
+
+    def busy(self, cores) -> bool:
+        """Whether others kept more than LIMIT cores busy in the last window."""
+        now = time.monotonic()
+        with self._lock:
+            if self._sample is not None and now - self._sample[0] < self.WINDOW:
+                return self.cores > self.LIMIT
+            busy = self.busy_seconds(cores)
+            if busy is None:
+                return False
+            sample = (now, busy, self._workers_cpu_seconds())
+            if self._sample is not None:
+                elapsed = now - self._sample[0]
+                others = (busy - self._sample[1]) - (sample[2] - self._sample[2])
+                self.cores = max(others, 0.0) / elapsed
+            self._sample = sample
+            return self.cores > self.LIMIT
+
+
 class _Pool:
     def __init__(self):
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
+        self._all: list[_Worker] = []
         self._numbers = itertools.count()
         #: Workers handed out and not yet given back.
         self.busy = 0
+        self.others = OtherLoad(lambda: sum(w.cpu_seconds for w in list(self._all)))
 
     def take(self, count: int) -> tuple[list[_Worker], bool]:
         """`count` idle workers (started if need be), and whether no other
@@ -107,6 +176,7 @@ class _Pool:
         try:
             for number in numbers:
                 taken.append(_Worker(number))
+                self._all.append(taken[-1])
         except BaseException:
             self.give_back(taken, count)
             raise
@@ -148,7 +218,7 @@ def _cores_for(count: int) -> list:
         return [None] * count
     # The process's cores (the calling thread's mask may be narrower).
     cores = sorted(os.sched_getaffinity(os.getpid()))
-    if count != len(cores):
+    if count != len(cores) or _pool.others.busy(cores):
         return [None] * count
     return [frozenset((core,)) for core in cores]
 

@@ -9,13 +9,43 @@
 // The worker id and count become trailing arguments; views are addresses
 // into the counter buffer; a wait loads the counter (acquire) and, unless it
 // is ready, calls the out-of-line spin with its site (worker, task, tile,
-// event, element). The spin polls, yielding the core between polls, reads
-// the run's status (the run header is the last 20 words of the buffer) and
-// the monotonic clock, and after the timeout reports the site through
+// event, element). The spin polls; between polls it reads the run's status
+// (the run header is the last 22 words of the buffer) and the monotonic
+// clock, and after the timeout reports the site through
 // @__etc_watchdog_report, which the first spin to time out claims (an atomic
-// increment of the claim word), fills and publishes with release. A notify
-// is a release atomic decrement.
+// increment of the claim word), fills and publishes with release. Once it
+// has polled for the run's spin budget (microseconds, header word 21, which
+// the runtime writes) it blocks in @__etc_sleep until the element changes,
+// for at most 10 ms or what is left of the watchdog's time: there it counts
+// itself in the sleepers word (header word 20) and, if the element still
+// holds the value it saw, makes the futex wait system call on it. A notify
+// is a seq_cst atomic decrement; the one that takes the counter to zero
+// reads the sleepers word and, if anyone sleeps, wakes the element's
+// sleepers (@__etc_wake, the futex wake system call).
 
+// CHECK-LABEL: llvm.func internal @__etc_wake(
+// CHECK-SAME:      %[[WOKEN:[^:]*]]: !llvm.ptr)
+// CHECK-SAME:      no_inline
+// CHECK-DAG:     %[[NR:.*]] = llvm.mlir.constant({{[0-9]+}} : i64) : i64
+// CHECK-DAG:     %[[WAKE_OP:.*]] = llvm.mlir.constant(129 : i32) : i32
+// CHECK-DAG:     %[[ALL:.*]] = llvm.mlir.constant(2147483647 : i32) : i32
+// CHECK:         llvm.call @syscall(%[[NR]], %[[WOKEN]], %[[WAKE_OP]], %[[ALL]]) vararg(!llvm.func<i64 (i64, ...)>) : (i64, !llvm.ptr, i32, i32) -> i64
+// CHECK-LABEL: llvm.func internal @__etc_sleep(
+// CHECK-SAME:      %[[SLEPT_ON:[^:]*]]: !llvm.ptr, %[[SEEN:[^:]*]]: i32, %[[SLEEPERS:[^:]*]]: !llvm.ptr, %[[FOR_NS:[^:]*]]: i64)
+// CHECK-SAME:      no_inline
+// CHECK:         %[[TIMESPEC:.*]] = llvm.alloca %{{.*}} x !llvm.struct<(i64, i64)>
+// CHECK:         llvm.atomicrmw add %[[SLEEPERS]], %{{.*}} seq_cst {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK:         %[[NOW_VALUE:.*]] = llvm.load %[[SLEPT_ON]] atomic seq_cst {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:         %[[SAME:.*]] = llvm.icmp "eq" %[[NOW_VALUE]], %[[SEEN]] : i32
+// CHECK:         llvm.cond_br %[[SAME]], ^[[BLOCK:bb[0-9]+]], ^[[AWAKE:bb[0-9]+]]
+// CHECK:       ^[[BLOCK]]:
+// CHECK:         llvm.udiv %[[FOR_NS]]
+// CHECK:         llvm.urem %[[FOR_NS]]
+// CHECK:         %[[WAIT_OP:.*]] = llvm.mlir.constant(128 : i32) : i32
+// CHECK:         llvm.call @syscall(%{{.*}}, %[[SLEPT_ON]], %[[WAIT_OP]], %[[SEEN]], %[[TIMESPEC]]) vararg(!llvm.func<i64 (i64, ...)>) : (i64, !llvm.ptr, i32, i32, !llvm.ptr) -> i64
+// CHECK:       ^[[AWAKE]]:
+// CHECK:         llvm.atomicrmw sub %[[SLEEPERS]], %{{.*}} monotonic {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK-LABEL: llvm.func @syscall(i64, ...) -> i64
 // CHECK-LABEL: func.func private @__etc_spin_counter(
 // CHECK-SAME:      %[[BUFFER:[^:]*]]: memref<?xi32>, %[[ELEMENT:[^:]*]]: !llvm.ptr, %[[KIND:[^:]*]]: i32,
 // CHECK-SAME:      attributes {passthrough = ["noinline"]}
@@ -23,15 +53,31 @@
 // CHECK:           %[[COUNT:.*]] = llvm.load %[[ELEMENT]] atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
 // CHECK:           arith.cmpi sle, %[[COUNT]], %{{.*}} : i32
 // CHECK:         } do {
-// CHECK:           func.call @sched_yield() : () -> i32
+// CHECK:         ^bb0(%{{[^:]*}}: i64, %{{[^:]*}}: i1, %{{[^:]*}}: i32, %[[LAST:[^:]*]]: i32):
+// CHECK-NOT:       sched_yield
 // CHECK:           %[[SIZE:.*]] = memref.dim %[[BUFFER]], %{{.*}} : memref<?xi32>
-// CHECK:           %[[HEADER:.*]] = arith.subi %[[SIZE]], %c20 : index
+// CHECK:           %[[HEADER:.*]] = arith.subi %[[SIZE]], %c22 : index
 // CHECK:           %[[STATUS:.*]] = llvm.load %{{.*}} atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
 // CHECK:           %[[NOW:.*]] = llvm.call @__etc_monotonic_ns() : () -> i64
 // CHECK:           %[[BOUND:.*]] = arith.constant 5000000000 : i64
-// CHECK:           %[[EXPIRED:.*]] = arith.cmpi sgt, %{{.*}}, %[[BOUND]] : i64
+// CHECK:           %[[EXPIRED:.*]] = arith.cmpi sgt, %[[ELAPSED:.*]], %[[BOUND]] : i64
 // CHECK:           scf.if %{{.*}} {
 // CHECK:             llvm.call @__etc_watchdog_report(%{{.*}}, %[[KIND]], {{.*}}) : (!llvm.ptr, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32) -> ()
+// CHECK:           }
+// CHECK:           %[[STOP:.*]] = arith.ori %{{.*}}, %[[EXPIRED]] : i1
+// The spin budget, in microseconds.
+// CHECK:           %[[SIZE2:.*]] = memref.dim %[[BUFFER]], %{{.*}} : memref<?xi32>
+// CHECK:           arith.subi %[[SIZE2]], %c1 : index
+// CHECK:           %[[BUDGET_US:.*]] = llvm.load %{{.*}} atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:           %[[BUDGET_US64:.*]] = arith.extui %[[BUDGET_US]] : i32 to i64
+// CHECK:           %[[BUDGET:.*]] = arith.muli %[[BUDGET_US64]], %{{.*}} : i64
+// CHECK:           %[[SPUN:.*]] = arith.cmpi sge, %[[ELAPSED]], %[[BUDGET]] : i64
+// CHECK:           %[[BLOCK:.*]] = arith.andi %[[SPUN]], %{{.*}} : i1
+// CHECK:           scf.if %[[BLOCK]] {
+// CHECK:             %[[LEFT:.*]] = arith.subi %[[BOUND]], %[[ELAPSED]] : i64
+// CHECK:             %[[FOR:.*]] = arith.minsi %[[LEFT]], %{{.*}} : i64
+// CHECK:             %[[SLEEPERS_AT:.*]] = arith.subi %{{.*}}, %c2 : index
+// CHECK:             llvm.call @__etc_sleep(%[[ELEMENT]], %[[LAST]], %{{.*}}, %[[FOR]]) : (!llvm.ptr, i32, !llvm.ptr, i64) -> ()
 // CHECK:           }
 // CHECK-LABEL: llvm.func internal @__etc_watchdog_report(
 // CHECK-SAME:      %[[RECORD:[^:]*]]: !llvm.ptr
@@ -47,7 +93,6 @@
 // CHECK:         %[[TIME:.*]] = llvm.alloca %{{.*}} x !llvm.struct<(i64, i64)>
 // CHECK:         %[[MONOTONIC:.*]] = llvm.mlir.constant(1 : i32) : i32
 // CHECK:         llvm.call @clock_gettime(%[[MONOTONIC]], %[[TIME]]) : (i32, !llvm.ptr) -> i32
-// CHECK-LABEL: func.func private @sched_yield() -> i32
 
 // CHECK-LABEL: func.func @g_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>, %[[WID:[^:]*]]: index, %[[WCOUNT:[^:]*]]: index)
@@ -77,7 +122,16 @@
 // CHECK:           %[[T64:.*]] = arith.index_cast %[[T]] : index to i64
 // CHECK:           %[[NOTIFIED:.*]] = llvm.getelementptr %[[VIEW]][%[[T64]]] : (!llvm.ptr, i64) -> !llvm.ptr, i32
 // CHECK:           %[[ONE:.*]] = arith.constant 1 : i32
-// CHECK:           llvm.atomicrmw sub %[[NOTIFIED]], %[[ONE]] release {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK:           %[[BEFORE:.*]] = llvm.atomicrmw sub %[[NOTIFIED]], %[[ONE]] seq_cst {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK:           %[[TO_ZERO:.*]] = arith.cmpi eq, %[[BEFORE]], %[[ONE]] : i32
+// CHECK:           scf.if %[[TO_ZERO]] {
+// CHECK:             memref.dim %[[COUNTERS]]
+// CHECK:             %[[ASLEEP:.*]] = llvm.load %{{.*}} atomic seq_cst {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:             %[[ANY:.*]] = arith.cmpi ne, %[[ASLEEP]], %{{.*}} : i32
+// CHECK:             scf.if %[[ANY]] {
+// CHECK:               llvm.call @__etc_wake(%[[NOTIFIED]]) : (!llvm.ptr) -> ()
+// CHECK:             }
+// CHECK:           }
 // CHECK:         }
 // CHECK-NOT:     event.
 func.func @g_worker(%n: index, %counters: memref<?xi32>) {
@@ -107,10 +161,11 @@ func.func @g_worker(%n: index, %counters: memref<?xi32>) {
 // CHECK:         %[[LINEAR:.*]] = arith.addi %[[PLANE]], %[[K]] : index
 // CHECK:         %[[LINEAR64:.*]] = arith.index_cast %[[LINEAR]] : index to i64
 // CHECK:         %[[ELEMENT:.*]] = llvm.getelementptr %[[VIEW]][%[[LINEAR64]]] : (!llvm.ptr, i64) -> !llvm.ptr, i32
-// CHECK:         llvm.atomicrmw sub %[[ELEMENT]], %{{.*}} release
+// CHECK:         llvm.atomicrmw sub %[[ELEMENT]], %{{.*}} seq_cst
+// CHECK:         llvm.call @__etc_wake(%[[ELEMENT]])
 // A rank-0 view is its own element.
 // CHECK:         %[[SCALAR:.*]] = llvm.getelementptr
-// CHECK:         llvm.atomicrmw sub %[[SCALAR]], %{{.*}} release
+// CHECK:         llvm.atomicrmw sub %[[SCALAR]], %{{.*}} seq_cst
 func.func @nd_view(%rows: index, %counters: memref<?xi32>, %i: index, %j: index, %k: index) {
   %c0 = arith.constant 0 : index
   %e = event.view %counters[%c0](%rows, %rows) : memref<?xi32> -> !event.tensor<?x?x4>
@@ -123,9 +178,9 @@ func.func @nd_view(%rows: index, %counters: memref<?xi32>, %i: index, %j: index,
 // -----
 
 // A tile body runs on one lane. Functions without worker queries keep their
-// signature, and no @sched_yield is declared without waits.
+// signature, and no @syscall is declared without waits or notifies.
 
-// CHECK-NOT:   @sched_yield
+// CHECK-NOT:   @syscall
 // CHECK-LABEL: func.func @lanes(
 // CHECK-SAME:      %[[X:[^:]*]]: memref<4xindex>)
 // CHECK-SAME:      attributes {llvm.emit_c_interface}
@@ -148,8 +203,8 @@ func.func private @external()
 
 // -----
 
-// expected-error @+1 {{'func.func' op uses the symbol 'sched_yield', which the CPU lowering of 'event.wait' needs for 'func.func private @sched_yield() -> i32'}}
-func.func private @sched_yield() -> i64
+// expected-error @+1 {{'func.func' op uses the symbol 'syscall', which the CPU lowering of waits and notifies needs for 'llvm.func @syscall(i64, ...) -> i64'}}
+func.func private @syscall() -> i64
 
 func.func @wait(%counters: memref<?xi32>) {
   %c0 = arith.constant 0 : index
@@ -176,7 +231,7 @@ func.func @not_a_view(%e: !event.tensor<?>, %i: index) {
 // CHECK-LABEL: func.func @traced(
 // CHECK-SAME:      %[[COUNTERS:[^:]*]]: memref<?xi32>, %[[RECORD:[^:]*]]: index, %[[I:[^:]*]]: index, %[[WID:[^:]*]]: index, %{{.*}}: index)
 // CHECK:         %[[SIZE:.*]] = memref.dim %[[COUNTERS]], %{{.*}} : memref<?xi32>
-// CHECK:         arith.subi %[[SIZE]], %c20 : index
+// CHECK:         arith.subi %[[SIZE]], %c22 : index
 // CHECK:         %[[STATUS:.*]] = llvm.load %{{.*}} atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
 // CHECK:         %[[STOPPED:.*]] = arith.cmpi ne, %[[STATUS]], %{{.*}} : i32
 // CHECK:         "test.use"(%[[STOPPED]])
@@ -211,8 +266,10 @@ func.func @traced(%counters: memref<?xi32>, %record: index, %i: index) {
 // slot to be published (an acquire load, then the bounded out-of-line spin,
 // as a wait); a push reserves a slot
 // with a relaxed increment of the tail and publishes the task with a release
-// store, or raises the error flag past the capacity. notify_ready is an
-// acq_rel decrement that reports whether it took the counter to zero.
+// store (then, after a seq_cst fence, wakes the slot's sleepers if the
+// sleepers word is not 0), or raises the error flag past the capacity.
+// notify_ready is a seq_cst decrement that reports whether it took the
+// counter to zero, and wakes that counter's sleepers then, like a notify.
 
 // CHECK-LABEL: func.func @queue_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>, %{{[^:]*}}: index, %{{[^:]*}}: index)
@@ -244,8 +301,14 @@ func.func @traced(%counters: memref<?xi32>, %record: index, %i: index) {
 // notify_ready on the pending count of the popped task.
 // CHECK:         %[[PENDING:.*]] = llvm.getelementptr %[[VIEW]][%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i32
 // CHECK:         %[[ONE:.*]] = arith.constant 1 : i32
-// CHECK:         %[[OLD:.*]] = llvm.atomicrmw sub %[[PENDING]], %[[ONE]] acq_rel {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK:         %[[OLD:.*]] = llvm.atomicrmw sub %[[PENDING]], %[[ONE]] seq_cst {alignment = 4 : i64} : !llvm.ptr, i32
 // CHECK:         %[[LAST:.*]] = arith.cmpi eq, %[[OLD]], %[[ONE]] : i32
+// CHECK:         scf.if %[[LAST]] {
+// CHECK:           %[[ASLEEP:.*]] = llvm.load %{{.*}} atomic seq_cst {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:           scf.if %{{.*}} {
+// CHECK:             llvm.call @__etc_wake(%[[PENDING]]) : (!llvm.ptr) -> ()
+// CHECK:           }
+// CHECK:         }
 // CHECK:         scf.if %[[LAST]] {
 // Push: reserve a slot at the tail, publish or flag the overflow.
 // CHECK:           %[[TAIL:.*]] = llvm.getelementptr
@@ -257,6 +320,11 @@ func.func @traced(%counters: memref<?xi32>, %record: index, %i: index) {
 // CHECK:             %[[VALUE:.*]] = arith.index_castui %[[PLUS]] : index to i32
 // CHECK:             %[[TARGET:.*]] = llvm.getelementptr
 // CHECK:             llvm.store %[[VALUE]], %[[TARGET]] atomic release {alignment = 4 : i64} : i32, !llvm.ptr
+// CHECK:             llvm.fence seq_cst
+// CHECK:             %[[ASLEEP:.*]] = llvm.load %{{.*}} atomic monotonic {alignment = 4 : i64} : !llvm.ptr -> i32
+// CHECK:             scf.if %{{.*}} {
+// CHECK:               llvm.call @__etc_wake(%[[TARGET]]) : (!llvm.ptr) -> ()
+// CHECK:             }
 // CHECK:           } else {
 // CHECK:             %[[ERROR:.*]] = llvm.getelementptr
 // CHECK:             llvm.store %{{.*}}, %[[ERROR]] atomic monotonic {alignment = 4 : i64} : i32, !llvm.ptr

@@ -4,21 +4,23 @@
 // entry points with C interfaces taking the symbols, the buffer table and
 // the counter buffer, the worker taking its id and the worker count after
 // them, the schedule's constant tables as LLVM globals, atomics, and waits
-// that load inline and call the out-of-line yielding spin, bounded by the
-// watchdog, only when the counter is not ready; the tile runs only if the
-// run was not stopped meanwhile.
+// that load inline and call the out-of-line spin, which blocks in a futex
+// wait once it has spun for the run's budget and is bounded by the
+// watchdog, only when the counter is not ready; notifies that take a
+// counter to zero wake its sleepers, if any; the tile runs only if the run
+// was not stopped meanwhile.
 
 // CHECK-LABEL: llvm.func @__etc_spin_counter(
 // CHECK-SAME:      attributes {passthrough = ["noinline"]
-// CHECK:         llvm.call @sched_yield() : () -> i32
+// CHECK-NOT:     sched_yield
 // CHECK:         llvm.call @__etc_monotonic_ns() : () -> i64
 // CHECK:         llvm.call @__etc_watchdog_report(
+// CHECK:         llvm.call @__etc_sleep(
 // CHECK-LABEL: llvm.func internal @__etc_watchdog_report(
 // CHECK:         llvm.atomicrmw add %{{.*}}, %{{.*}} monotonic
 // CHECK:         llvm.fence release
 // CHECK-LABEL: llvm.func @clock_gettime(i32, !llvm.ptr) -> i32
 // CHECK-LABEL: llvm.func internal @__etc_monotonic_ns() -> i64
-// CHECK-LABEL: llvm.func @sched_yield() -> i32
 // CHECK-DAG:   llvm.mlir.global private constant @pipe_task_family(dense<[0, 1]> : tensor<2xi32>)
 // CHECK-DAG:   llvm.mlir.global private constant @pipe_task_record(dense<[0, 1]> : tensor<2xi32>)
 
@@ -30,7 +32,10 @@
 
 // CHECK-LABEL: llvm.func @pipe_worker(
 // CHECK-SAME:      %[[WID:[^:]*]]: i64, %[[WCOUNT:[^:]*]]: i64) attributes {{{.*}}llvm.emit_c_interface}
-// CHECK:         llvm.atomicrmw sub %{{.*}}, %{{.*}} release
+// CHECK:         %[[BEFORE:.*]] = llvm.atomicrmw sub %[[NOTIFIED:.*]], %{{.*}} seq_cst
+// CHECK:         llvm.icmp "eq" %[[BEFORE]]
+// CHECK:         llvm.load %{{.*}} atomic seq_cst
+// CHECK:         llvm.call @__etc_wake(%[[NOTIFIED]])
 // CHECK:         %[[COUNT:.*]] = llvm.load %[[WAITED:.*]] atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
 // CHECK-NEXT:    %[[READY:.*]] = llvm.icmp "sle" %[[COUNT]], %{{.*}} : i32
 // CHECK-NEXT:    llvm.cond_br %[[READY]], ^{{bb[0-9]+}}, ^[[SPIN:bb[0-9]+]]

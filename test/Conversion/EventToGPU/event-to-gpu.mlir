@@ -667,10 +667,12 @@ func.func @u_worker(%n: index) attributes {event.graph = "u"} {
 // -----
 
 // A lane reduction is a shuffle butterfly within the warp; scratch memory is
-// a workgroup global of the gpu.module, used through generic addresses.
+// a view of the CTA's arena of dynamic shared memory, used through generic
+// addresses. The module records the arena's size.
 
+// CHECK-LABEL: module attributes {event.dynamic_shared_bytes = {r_kernels = 512 : i64}
 // CHECK-LABEL: gpu.module @r_kernels
-// CHECK:         memref.global "private" @__etc_scratch_0 : memref<4x32xf32, #gpu.address_space<workgroup>> {alignment = 16 : i64}
+// CHECK-NOT:     memref.global
 // CHECK:         gpu.func @r_worker(
 // CHECK:           %[[W16:.*]] = arith.constant 16 : i32
 // CHECK:           %[[S16:.*]], %{{.*}} = gpu.shuffle  xor %{{.*}}, %[[W16]], %{{.*}} : f32
@@ -680,8 +682,10 @@ func.func @u_worker(%n: index) attributes {event.graph = "u"} {
 // CHECK:           gpu.shuffle  xor
 // CHECK:           %[[S1:.*]], %{{.*}} = gpu.shuffle  xor
 // CHECK:           %[[SUM:.*]] = arith.addf %{{.*}}, %[[S1]] : f32
-// CHECK:           %[[G:.*]] = memref.get_global @__etc_scratch_0 : memref<4x32xf32, #gpu.address_space<workgroup>>
-// CHECK:           %[[P:.*]] = memref.memory_space_cast %[[G]] : memref<4x32xf32, #gpu.address_space<workgroup>> to memref<4x32xf32>
+// CHECK:           %[[A:.*]] = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>
+// CHECK:           %[[AT:.*]] = arith.constant 0 : index
+// CHECK:           %[[V:.*]] = memref.view %[[A]][%[[AT]]][] : memref<?xi8, #gpu.address_space<workgroup>> to memref<4x32xf32, #gpu.address_space<workgroup>>
+// CHECK:           %[[P:.*]] = memref.memory_space_cast %[[V]] : memref<4x32xf32, #gpu.address_space<workgroup>> to memref<4x32xf32>
 // CHECK:           memref.store %[[SUM]], %[[P]]
 func.func @r_worker(%x: f32) attributes {event.graph = "r"} {
   %w = event.worker_id
@@ -744,4 +748,118 @@ func.func @h_worker(%counters: memref<?xi32>, %record: index) attributes {event.
 func.func @t_worker() attributes {event.graph = "t", event.tasks = [{grid_rank = 1 : i64, name = "copy_0"}], event.events = [{name = "e0", notified_by = ["copy_0"], waited_by = []}]} {
   %w = event.worker_id
   return
+}
+
+// -----
+
+// Scratch buffers share one arena per CTA (a CTA runs one tile at a time):
+// each function's start at offset 0, 16-byte aligned one after another, and
+// the arena is the largest function's (12 -> 16, + 1024 bytes). A buffer
+// from the table that reaches a tile function is global memory: the
+// function takes it as a global memref (the call casts it), so that its
+// loads are global ones.
+
+// CHECK-LABEL: module attributes {event.dynamic_shared_bytes = {s_kernels = 1040 : i64}
+// CHECK:       gpu.func @s_worker(
+// CHECK:         %[[G:.*]] = memref.memory_space_cast %{{.*}} : memref<?xf32> to memref<?xf32, 1>
+// CHECK-NEXT:    func.call @s_tile_0(%[[G]], %{{.*}}) : (memref<?xf32, 1>, index) -> ()
+// CHECK-NEXT:    func.call @s_tile_1(%{{.*}}, %{{.*}}) : (memref<?xf32>, index) -> ()
+// CHECK:       func.func private @s_tile_0(%[[B:.*]]: memref<?xf32, 1>, %{{.*}}: index)
+// CHECK:         gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>
+// CHECK-NEXT:    %[[O0:.*]] = arith.constant 0 : index
+// CHECK-NEXT:    memref.view %{{.*}}[%[[O0]]][] : memref<?xi8, #gpu.address_space<workgroup>> to memref<3xf32, #gpu.address_space<workgroup>>
+// CHECK:         gpu.dynamic_shared_memory
+// CHECK-NEXT:    %[[O16:.*]] = arith.constant 16 : index
+// CHECK-NEXT:    memref.view %{{.*}}[%[[O16]]][] : memref<?xi8, #gpu.address_space<workgroup>> to memref<256xf32, #gpu.address_space<workgroup>>
+// CHECK:         memref.load %[[B]][%{{.*}}] : memref<?xf32, 1>
+// CHECK:       func.func private @s_tile_1(%[[Y:.*]]: memref<?xf32>, %{{.*}}: index)
+// CHECK-NOT:     memory_space_cast %[[Y]]
+// CHECK:         gpu.dynamic_shared_memory
+// CHECK-NEXT:    %[[Z:.*]] = arith.constant 0 : index
+// CHECK-NEXT:    memref.view %{{.*}}[%[[Z]]][] : memref<?xi8, #gpu.address_space<workgroup>> to memref<64xf32, #gpu.address_space<workgroup>>
+func.func private @s_tile_0(%x: memref<?xf32>, %i: index) attributes {event.tile} {
+  %c0 = arith.constant 0 : index
+  %a = event.scratch : memref<3xf32>
+  %b = event.scratch : memref<256xf32>
+  %v = memref.load %x[%i] : memref<?xf32>
+  memref.store %v, %a[%c0] : memref<3xf32>
+  memref.store %v, %b[%c0] : memref<256xf32>
+  return
+}
+func.func private @s_tile_1(%y: memref<?xf32>, %i: index) attributes {event.tile} {
+  %c0 = arith.constant 0 : index
+  %c = event.scratch : memref<64xf32>
+  %v = memref.load %y[%i] : memref<?xf32>
+  memref.store %v, %c[%c0] : memref<64xf32>
+  return
+}
+func.func @s_worker(%n: index, %table: memref<?xi64>, %other: memref<?xf32>) attributes {event.graph = "s"} {
+  %c0 = arith.constant 0 : index
+  %x = event.buffer %table[%c0] : memref<?xi64> -> memref<?xf32>
+  %w = event.worker_id
+  func.call @s_tile_0(%x, %w) : (memref<?xf32>, index) -> ()
+  // Not every call passes a table buffer: no cast.
+  func.call @s_tile_1(%x, %w) : (memref<?xf32>, index) -> ()
+  func.call @s_tile_1(%other, %w) : (memref<?xf32>, index) -> ()
+  return
+}
+
+// -----
+
+// Two functions that both use scratch memory cannot nest: their buffers
+// would share the arena's first bytes.
+
+func.func private @v_inner(%i: index) {
+  %c0 = arith.constant 0 : index
+  %a = event.scratch : memref<4xf32>
+  %f = arith.constant 1.0 : f32
+  memref.store %f, %a[%c0] : memref<4xf32>
+  return
+}
+// expected-error @+1 {{'func.func' op uses scratch memory and calls 'v_inner', which uses scratch memory too}}
+func.func private @v_outer(%i: index) {
+  %c0 = arith.constant 0 : index
+  %b = event.scratch : memref<4xf32>
+  %f = arith.constant 2.0 : f32
+  memref.store %f, %b[%c0] : memref<4xf32>
+  func.call @v_inner(%i) : (index) -> ()
+  return
+}
+func.func @v_worker(%n: index) attributes {event.graph = "v"} {
+  %w = event.worker_id
+  func.call @v_outer(%w) : (index) -> ()
+  return
+}
+
+// -----
+
+// The end-of-run check's `event.any` scans are spread over the CTA's
+// threads (thread i from i, in steps of the thread count), and one
+// reducing barrier gives every thread the OR of all of them.
+
+// CHECK-LABEL: gpu.func @c_check(
+// CHECK:         %[[T:.*]] = gpu.thread_id  x
+// CHECK:         %[[N:.*]] = gpu.block_dim  x
+// CHECK:         %[[OFF:.*]] = arith.muli %[[T]], %[[ONE:.*]] : index
+// CHECK:         %[[START:.*]] = arith.addi %[[ZERO:.*]], %[[OFF]] : index
+// CHECK:         %[[STEP:.*]] = arith.muli %[[ONE]], %[[N]] : index
+// CHECK:         %[[MINE:.*]] = scf.for %{{.*}} = %[[START]] to %{{.*}} step %[[STEP]] iter_args(%{{.*}} = %{{.*}}) -> (i1) {
+// CHECK:         } {event.any}
+// CHECK:         %[[W:.*]] = arith.extui %[[MINE]] : i1 to i32
+// CHECK:         %[[ALL:.*]] = nvvm.barrier #nvvm.reduction<or> %[[W]] -> i32
+// CHECK:         %[[ANY:.*]] = arith.cmpi ne, %[[ALL]], %{{.*}} : i32
+// CHECK:         arith.extui %[[ANY]] : i1 to i32
+func.func @c_check(%n: index, %counters: memref<?xi32>) -> i32 attributes {event.graph = "c"} {
+  %false = arith.constant false
+  %zero = arith.constant 0 : i32
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %any = scf.for %i = %c0 to %n step %c1 iter_args(%acc = %false) -> (i1) {
+    %v = memref.load %counters[%i] : memref<?xi32>
+    %nz = arith.cmpi ne, %v, %zero : i32
+    %o = arith.ori %acc, %nz : i1
+    scf.yield %o : i1
+  } {event.any}
+  %r = arith.extui %any : i1 to i32
+  return %r : i32
 }

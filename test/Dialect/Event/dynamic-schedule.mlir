@@ -6,7 +6,7 @@
 // Two tasks joined by one counted event per row: T = 2n + n tiles. The
 // counter buffer holds the event (n counters), then the queue (3 header
 // words, T slots) at n, the T pending counts at n + 3 + T, and the first
-// global tile of each task (2 tasks + 1) after them, and the 20-word run
+// global tile of each task (2 tasks + 1) after them, and the 22-word run
 // header last (g_init resets it first). g_init fills the tile
 // offsets, then sets the pending counts, pushing the tiles that wait on
 // nothing. A worker pops a tile id, finds its task by binary search over the
@@ -28,7 +28,7 @@
 // CHECK:         %[[PENDING:.*]] = arith.addi %[[N]], %[[SLOTS]] : index
 // CHECK:         %[[OFFSETS:.*]] = arith.addi %[[PENDING]], %[[T]] : index
 // CHECK:         %[[END:.*]] = arith.addi %[[OFFSETS]], %{{.*}} : index
-// CHECK:         %[[SIZE:.*]] = arith.addi %[[END]], %c20 : index
+// CHECK:         %[[SIZE:.*]] = arith.addi %[[END]], %c22 : index
 // CHECK:         return %[[SIZE]] : index
 
 // CHECK-LABEL: func.func @pipe_init(
@@ -294,7 +294,7 @@ event.graph @box(%n: index) {
 // CHECK:         %[[ROWS:.*]] = arith.addi %[[EXPERTS]], %{{.*}} : index
 // CHECK:         %[[ENTRIES:.*]] = arith.addi %[[INVERSE]], %[[ROWS]] : index
 // CHECK:         %[[END:.*]] = arith.addi %[[ENTRIES]], %[[N]] : index
-// CHECK:         %[[SIZE:.*]] = arith.addi %[[END]], %c20 : index
+// CHECK:         %[[SIZE:.*]] = arith.addi %[[END]], %c22 : index
 // CHECK:         return %[[SIZE]] : index
 
 // CHECK-LABEL: func.func @routed_init(

@@ -9,7 +9,7 @@
 // which family runs each task (one each here: the bodies are not tile
 // calls, so they are cloned, reading their buffers from the table at
 // constant offsets: %x from word 0, %h from word 3). The counter buffer ends
-// with the 20-word run header, which g_init resets before it writes the
+// with the 22-word run header, which g_init resets before it writes the
 // count into the `rows` counters; every worker walks the tasks in order,
 // carrying the first global tile of each, and runs its tiles from its first
 // global index with step W. The worker carries the task and event tables; a
@@ -23,14 +23,14 @@
 // CHECK-LABEL: func.func @pipe_counters(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>) -> index
 // CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "static", event.workers = 4 : i64}
-// CHECK:         %[[SIZE:.*]] = arith.addi %[[N]], %c20 : index
+// CHECK:         %[[SIZE:.*]] = arith.addi %[[N]], %c22 : index
 // CHECK:         return %[[SIZE]] : index
 
 // CHECK-LABEL: func.func @pipe_init(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
 // CHECK-SAME:      attributes {event.graph = "pipe", event.schedule = "static", event.workers = 4 : i64}
 // CHECK:         %[[C2:.*]] = arith.constant 2 : index
-// The run header at size - 20: status and claim 0, no trace records.
+// The run header at size - 22: status and claim 0, no trace records.
 // CHECK:         %[[SIZE:.*]] = arith.addi %[[N]], %{{.*}} : index
 // CHECK:         %[[HEADER:.*]] = arith.subi %[[SIZE]], %{{.*}} : index
 // CHECK:         memref.store %{{.*}}, %[[COUNTERS]][%[[HEADER]]] : memref<?xi32>
@@ -134,11 +134,11 @@
 // TRACE:         %[[T:.*]] = arith.addi %{{.*}}, %[[N]] : index
 // TRACE:         %[[WORDS:.*]] = arith.muli %[[T]], %c10 : index
 // TRACE:         %[[RECORDS_END:.*]] = arith.addi %[[N]], %[[WORDS]] : index
-// TRACE:         %[[SIZE:.*]] = arith.addi %[[RECORDS_END]], %c20 : index
+// TRACE:         %[[SIZE:.*]] = arith.addi %[[RECORDS_END]], %c22 : index
 // TRACE:         return %[[SIZE]] : index
 // TRACE-LABEL: func.func @pipe_init(
 // TRACE-SAME:      %[[N:[^:]*]]: index, %{{[^:]*}}: memref<?xi64>, %[[COUNTERS:[^:]*]]: memref<?xi32>)
-// TRACE:         %[[HEADER:.*]] = arith.subi %{{.*}}, %c20 : index
+// TRACE:         %[[HEADER:.*]] = arith.subi %{{.*}}, %c22 : index
 // TRACE:         %[[OFFSET:.*]] = arith.index_cast %[[N]] : index to i32
 // TRACE-NEXT:    %[[C18:.*]] = arith.constant 18 : index
 // TRACE-NEXT:    %[[AT18:.*]] = arith.addi %[[HEADER]], %[[C18]] : index
@@ -209,7 +209,7 @@ event.graph @pipe(%n: index, %x: memref<?x8xf32>, %h: memref<?x8xf32> {event.int
 // CHECK-SAME:      %[[N:[^:]*]]: index
 // CHECK:         %[[THREE:.*]] = arith.constant 3 : index
 // CHECK:         %[[TOTAL:.*]] = arith.muli %[[N]], %[[THREE]] : index
-// CHECK:         %[[SIZE:.*]] = arith.addi %[[TOTAL]], %c20 : index
+// CHECK:         %[[SIZE:.*]] = arith.addi %[[TOTAL]], %c22 : index
 // CHECK:         return %[[SIZE]] : index
 // CHECK-LABEL: func.func @layers_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[TABLE:[^:]*]]: memref<?xi64>, %[[COUNTERS:.*]]: memref<?xi32>)
@@ -291,7 +291,7 @@ event.graph @layers(%n: index, %x: memref<?xf32>, %y: memref<?xf32>, %z: memref<
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[E:[^:]*]]: index
 // CHECK:         %[[SIZE1:.*]] = arith.muli %[[E]], %{{.*}} : index
 // CHECK:         %[[TOTAL:.*]] = arith.addi %[[E]], %[[SIZE1]] : index
-// CHECK:         %[[SIZE:.*]] = arith.addi %[[TOTAL]], %c20 : index
+// CHECK:         %[[SIZE:.*]] = arith.addi %[[TOTAL]], %c22 : index
 // CHECK:         return %[[SIZE]] : index
 
 // CHECK-LABEL: func.func @routed_init(
@@ -370,7 +370,7 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 // without events needs only the run header.
 
 // CHECK-LABEL: func.func @plain_counters(
-// CHECK:         return %c20{{(_[0-9]+)?}} : index
+// CHECK:         return %c22{{(_[0-9]+)?}} : index
 // CHECK-LABEL: func.func @plain_init(
 // CHECK-NOT:     scf.for
 // CHECK:         return

@@ -2,7 +2,8 @@
 under `python -m etc.runtime.distributed -n N`): a tiny random Qwen3
 checkpoint (heads and MLP columns divisible by N), loaded whole and with
 `tensor_parallel=N`, generates the same tokens, with logits equal within
-float rounding. Prints `rank R: tensor parallel matches` or raises."""
+float rounding, and samples the same tokens (seeded, and unseeded on every
+rank). Prints `rank R: tensor parallel matches` or raises."""
 
 import os
 import sys
@@ -11,6 +12,7 @@ import tempfile
 import numpy as np
 
 import etc.models
+from etc.models import Request, SamplingParams
 from etc.models.testing import tiny_config, write_checkpoint
 
 
@@ -32,6 +34,26 @@ def main() -> None:
         assert got.tokens == want.tokens, (got.tokens, want.tokens)
         for a, b in zip(got.logits, want.logits):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+        # Sampling: a seeded request draws the whole model's tokens, and one
+        # without a seed the same tokens on every rank (rank 0's seeds).
+        for sampling, reference in ((SamplingParams(1.0, seed=11), whole), (SamplingParams(1.0),
+                                                                            None)):
+            tokens = []
+            for model in (split, reference) if reference else (split,):
+                cache = model.new_cache(1, 16)
+                request = Request(0, 0, [3, 1, 4], sampling)
+                drawn = []
+                for _ in range(4):
+                    _, ids = model.step(cache, [request])
+                    drawn.append(int(ids[0]))
+                    request = Request(0, request.start + len(request.tokens), drawn[-1:],
+                                      sampling)
+                tokens.append(drawn)
+            if reference:
+                assert tokens[0] == tokens[1], tokens
+            else:
+                every = MPI.COMM_WORLD.allgather(tokens[0])
+                assert all(t == every[0] for t in every), every
         # Heads that N does not divide are an error naming the field.
         try:
             etc.models.load(path, workers=1, max_seq_len=64, cache=False,

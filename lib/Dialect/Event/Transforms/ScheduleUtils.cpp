@@ -811,6 +811,7 @@ Value GraphProgramBuilder::anyNonZero(OpBuilder &b, Location loc,
         Value any = arith::OrIOp::create(nested, loc, found[0], nonZero);
         scf::YieldOp::create(nested, loc, any);
       });
+  scan->setAttr(kAnyReductionAttrName, b.getUnitAttr());
   return scan.getResult(0);
 }
 

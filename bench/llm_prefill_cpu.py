@@ -1,0 +1,105 @@
+"""A long prompt's prefill on the CPU target, by attention chunk.
+
+The default watchdog (5 s) is raised to 600 s: with a chunk of 2,560, one
+chunk tile of a 256-token step can run for more than 5 s on a busy 2-core
+machine while the other worker waits (a WatchdogError). The model is a
+random Qwen3-0.6B-shaped checkpoint (hidden 1024, 16 query /
+8 KV heads of 128, FFN 3072, vocabulary 151,936, `max_position_embeddings`
+40,960) with `--layers` layers (default 4; attention and the MLP scale
+alike with depth), bf16 weights computed in bf16, written on the fly. The
+model is compiled with the default `max_seq_len` (the config's 40,960) for
+each attention chunk of `--chunks`, and a prompt of `--prompt` tokens is
+prefilled by `generate(prompt, max_new_tokens=1)` in steps of
+`max_step_tokens` = 256: seconds per prefill, best of `--repeats`, the
+chunks alternated round by round. 2,560 is what the chunk was before it
+was chosen for speed (max_seq_len / 16), so its row is the baseline; the
+table gives each chunk's time relative to it.
+
+Usage: .venv/bin/python bench/llm_prefill_cpu.py [--prompt 2500] [--chunks 2560 128 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import etc
+import etc.compiler
+import etc.models as models
+from etc.models.safetensors import save_file
+from etc.models.testing import tensor_shapes, tiny_config
+
+QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                 max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                 tie_word_embeddings=True)
+
+
+def write(path: Path, layers: int) -> None:
+    config = tiny_config("Qwen3ForCausalLM", num_hidden_layers=layers, **QWEN3_06B)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(__import__("json").dumps(config))
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for name, shape in tensor_shapes(config).items():
+        if name.endswith("norm.weight"):
+            tensors[name] = np.ones(shape, np.float32)
+        else:  # small random bf16 values, as bit patterns
+            tensors[name] = rng.integers(0x3A00, 0x3C00, size=shape, dtype=np.uint16) | \
+                (rng.integers(0, 2, size=shape, dtype=np.uint16) << 15)
+    save_file(path / "model.safetensors", tensors, "BF16")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompt", type=int, default=2500)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--chunks", type=int, nargs="+", default=[2560, 128, 64, 256])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--checkpoint", type=Path, default=None)
+    args = parser.parse_args()
+    directory = args.checkpoint or Path(tempfile.mkdtemp(prefix="etc-prefill-"))
+    if not (directory / "config.json").exists():
+        write(directory, args.layers)
+    prompt = np.random.default_rng(1).integers(0, 151936, args.prompt).tolist()
+    # One chunk tile of 2,560 positions runs for seconds on a busy machine,
+    # while the other workers wait for it longer than the default watchdog.
+    etc.compiler.compile = functools.partial(etc.compiler.compile, watchdog=600.0)
+    loaded = {}
+    for chunk in args.chunks:
+        start = time.perf_counter()
+        loaded[chunk] = models.load(directory, dtype="bf16", attention_chunk=chunk,
+                                    workers=args.workers, cache=False)
+        print(f"chunk {chunk}: compiled in {time.perf_counter() - start:.1f} s", flush=True)
+    best = {chunk: float("inf") for chunk in args.chunks}
+    tokens = {}
+    for round_ in range(args.repeats):
+        for chunk, model in loaded.items():
+            out = model.generate([prompt], 1)
+            best[chunk] = min(best[chunk], out.seconds)
+            tokens.setdefault(chunk, out.tokens[0])
+            print(f"round {round_}, chunk {chunk}: {out.seconds:.2f} s", flush=True)
+    base = args.chunks[0]
+    print(f"\n{platform.node()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
+          f"{args.layers}-layer Qwen3-0.6B-shaped bf16, max_seq_len 40960, prompt "
+          f"{args.prompt} tokens, 256 per step\n")
+    print("| attention chunk | chunk tiles per layer (last step) | prefill s | vs chunk "
+          f"{base} |")
+    print("|---|---|---|---|")
+    for chunk in args.chunks:
+        print(f"| {chunk} | {-(-args.prompt // chunk)} | {best[chunk]:.2f} | "
+              f"{best[base] / best[chunk]:.2f}x |")
+    same = len({tuple(t) for t in tokens.values()}) == 1
+    print(f"\nsame first token with every chunk: {same}")
+
+
+if __name__ == "__main__":
+    main()

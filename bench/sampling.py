@@ -1,0 +1,94 @@
+"""What sampling on the device costs: `Graph.sample` against `Graph.argmax`
+on the CPU target, on R rows of a real vocabulary's width.
+
+One kernel per operator (logits (R, V) float32 as an input), compiled once;
+each row of the table runs it with one parameter set on every row and
+prints the median ms per run and the ratio to the argmax kernel measured in
+the same round (rounds alternate the kernels, so load changes hit both).
+The floor of a pass is V x 4 bytes read per row (L2-resident after the
+first pass); a pass of `sample` is a maximum, a count or a sum, and a row
+makes 3 passes with temperature alone, up to 35 with top-k, up to 68 with
+top-k and top-p (see etc/ops/sampling.py).
+
+Usage: .venv/bin/python bench/sampling.py [--vocab 49152] [--rows 1 8] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+
+import etc
+
+MODES = {
+    "greedy (T = 0)": dict(temperature=0.0),
+    "T = 0.8": dict(temperature=0.8),
+    "T = 0.8, top-k 50": dict(temperature=0.8, top_k=50),
+    "T = 0.8, top-p 0.9": dict(temperature=0.8, top_p=0.9),
+    "T = 0.8, top-k 50, top-p 0.9": dict(temperature=0.8, top_k=50, top_p=0.9),
+    "T = 0.8, min-p 0.05": dict(temperature=0.8, min_p=0.05),
+}
+
+
+def graphs(vocab: int) -> tuple[etc.Graph, etc.Graph]:
+    g = etc.Graph("sample")
+    R = g.symbol("R")
+    logits = g.input("logits", (R, vocab), "f32")
+    params = [g.input("temperature", (R,), "f32"), g.input("top_k", (R,), "i32"),
+              g.input("top_p", (R,), "f32"), g.input("min_p", (R,), "f32"),
+              g.input("seed", (R, 2), "i32"), g.input("position", (R,), "i32")]
+    g.output(g.sample(logits, *params))
+    a = etc.Graph("argmax")
+    a.output(a.argmax(a.input("logits", (a.symbol("R"), vocab), "f32"), tile=(1,)))
+    return g, a
+
+
+def inputs(logits: np.ndarray, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0) -> dict:
+    rows = logits.shape[0]
+    full = lambda v, dtype: np.full(rows, v, dtype)
+    return dict(logits=logits, temperature=full(temperature, np.float32),
+                top_k=full(top_k, np.int32), top_p=full(top_p, np.float32),
+                min_p=full(min_p, np.float32), seed=np.zeros((rows, 2), np.int32),
+                position=np.arange(rows, dtype=np.int32))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab", type=int, default=49152)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--rounds", type=int, default=9)
+    args = parser.parse_args()
+    g, a = graphs(args.vocab)
+    sample = etc.compile(g, target="cpu", workers=args.workers)
+    argmax = etc.compile(a, target="cpu", workers=args.workers)
+    rng = np.random.default_rng(0)
+    print(f"vocab {args.vocab}, {args.workers} workers, {platform.processor() or platform.machine()}, "
+          f"load {os.getloadavg()[0]:.1f}")
+    print("| rows | parameters | sample ms | argmax ms | sample / argmax |")
+    print("|---|---|---|---|---|")
+    for rows in args.rows:
+        # Logits shaped like a model's: a few large values over a broad mass.
+        logits = (rng.standard_normal((rows, args.vocab)) * 2.5).astype(np.float32)
+        for label, params in MODES.items():
+            feed = inputs(logits, **params)
+            sample.run(**feed)
+            argmax.run(logits=logits)
+            times: dict[str, list] = {"sample": [], "argmax": []}
+            for _ in range(args.rounds):
+                for name, run in (("sample", lambda: sample.run(**feed)),
+                                  ("argmax", lambda: argmax.run(logits=logits))):
+                    start = time.perf_counter()
+                    run()
+                    times[name].append(time.perf_counter() - start)
+            s, m = (statistics.median(times[k]) * 1e3 for k in ("sample", "argmax"))
+            print(f"| {rows} | {label} | {s:.3f} | {m:.3f} | {s / m:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""The serving benchmark, scaled to this machine: the OpenAI-compatible
+server (`etc.serve`) driven over HTTP by concurrent streaming clients, as
+serving papers measure vLLM and SGLang.
+
+For each concurrency C (default 1, 2, 4, 8, 16), C clients each send
+`--rounds` requests one after the other: a completion of a prompt of P
+random token ids (`--prompt`), N new tokens (`--new`, EOS ignored), greedy,
+streamed. Measured per request on the client: time to first token (TTFT:
+request sent to the first streamed token) and time per output token
+(TPOT: (last token - first token) / (N - 1)); per concurrency: medians and
+90th percentiles, and the output tokens per second of the whole run. The
+baseline, measured in the same run: the same requests put straight on an
+`Engine` in this process (no HTTP, no event loop), all C at once; the
+`vs engine` column is the server's throughput over that.
+
+The model is a random Qwen3-shaped checkpoint written on the fly (that of
+bench/llm_decode_cpu.py: hidden 512, 4 layers, 8 query / 4 KV heads of 64,
+FFN 1536, vocabulary 4096; 14.7 M parameters) or `--checkpoint DIR`. The
+server runs in this process (uvicorn in a thread, on a free port), or
+`--url` names one already running (then no baseline). Prints the load
+(compile) time, then a Markdown table.
+
+Usage: .venv/bin/python bench/serve.py [--prompt 128] [--new 32] [--concurrency 1 2 4 8 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+SMALL = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+             num_attention_heads=8, num_key_value_heads=4, head_dim=64, vocab_size=4096,
+             max_position_embeddings=512)
+
+
+def percentile(values, q):
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+async def one_request(client, url, model, prompt, new):
+    """Streams one completion; returns (ttft, tpot, tokens)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": new, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    async with client.stream("POST", url + "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if chunk["choices"]:
+                now = time.perf_counter()
+                first = first or now
+                last = now
+    if tokens != new:
+        raise RuntimeError(f"a request got {tokens} tokens, not {new}")
+    return first - start, (last - first) / max(1, new - 1), tokens
+
+
+async def drive(url, model, prompts, concurrency, rounds, new):
+    import httpx
+
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        async def user(u):
+            return [await one_request(client, url, model, prompts[(u * rounds + k) % len(prompts)],
+                                      new) for k in range(rounds)]
+        start = time.perf_counter()
+        results = await asyncio.gather(*(user(u) for u in range(concurrency)))
+        seconds = time.perf_counter() - start
+    flat = [r for rs in results for r in rs]
+    return flat, seconds
+
+
+def engine_throughput(model, prompts, concurrency, rounds, new, max_num_seqs):
+    """Output tokens per second of the same requests straight on an Engine."""
+    from etc.models.engine import Engine
+
+    engine = Engine(model, max_num_seqs=max_num_seqs,
+                    max_model_len=len(prompts[0]) + new)
+    handles = [engine.submit(prompts[i % len(prompts)], max_new_tokens=new, ignore_eos=True)
+               for i in range(concurrency * rounds)]
+    start = time.perf_counter()
+    engine.run()
+    seconds = time.perf_counter() - start
+    return sum(len(h.result().token_ids) for h in handles) / seconds
+
+
+def start_server(model, name, max_num_seqs, max_model_len):
+    import uvicorn
+
+    import etc.serve
+
+    app = etc.serve.build_app(model, served_model_name=name, max_num_seqs=max_num_seqs,
+                              max_model_len=max_model_len)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    return server, thread, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", type=Path, help="a checkpoint directory (default: a "
+                        "random Qwen3-shaped one, written to a temporary directory)")
+    parser.add_argument("--url", help="an etc.serve server already running (no baseline)")
+    parser.add_argument("--model-name", default="bench")
+    parser.add_argument("--prompt", type=int, default=128, help="prompt tokens P")
+    parser.add_argument("--new", type=int, default=32, help="new tokens N")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--rounds", type=int, default=2, help="requests per client")
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--schedule", default="auto")
+    args = parser.parse_args()
+
+    import etc.models as models
+    from etc.models.testing import tiny_config, write_checkpoint
+
+    rng = np.random.default_rng(0)
+    model = None
+    if args.url:
+        url, vocab = args.url.rstrip("/"), SMALL["vocab_size"]
+    else:
+        path = args.checkpoint
+        if path is None:
+            path = write_checkpoint(Path(tempfile.mkdtemp()) / "bench", tiny_config(**SMALL))
+        start = time.perf_counter()
+        model = models.load(path, workers=args.workers, schedule=args.schedule,
+                            max_seq_len=args.prompt + args.new)
+        print(f"{model}: loaded and compiled in {time.perf_counter() - start:.2f} s")
+        vocab = model.config.vocab_size
+        server, thread, url = start_server(model, args.model_name, args.max_num_seqs,
+                                           args.prompt + args.new)
+    prompts = [rng.integers(3, vocab, args.prompt).tolist() for _ in range(64)]
+    load = os.getloadavg()
+    print(f"P = {args.prompt}, N = {args.new}, {args.rounds} requests per client, "
+          f"max_num_seqs = {args.max_num_seqs}; load average before: {load[0]:.2f}")
+    print()
+    print("| C | requests | TTFT median ms | TTFT p90 ms | TPOT median ms | TPOT p90 ms | "
+          "tokens/s | engine tokens/s | vs engine |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    # Warm-up: the first step pays page faults and workspace allocation.
+    asyncio.run(drive(url, args.model_name, prompts, 1, 1, args.new))
+    for concurrency in args.concurrency:
+        results, seconds = asyncio.run(drive(url, args.model_name, prompts, concurrency,
+                                             args.rounds, args.new))
+        ttft = [r[0] * 1e3 for r in results]
+        tpot = [r[1] * 1e3 for r in results]
+        throughput = sum(r[2] for r in results) / seconds
+        if model is not None:
+            baseline = engine_throughput(model, prompts, concurrency, args.rounds, args.new,
+                                         min(concurrency, args.max_num_seqs))
+            base, ratio = f"{baseline:.0f}", f"{throughput / baseline:.2f}x"
+        else:
+            base = ratio = "-"
+        print(f"| {concurrency} | {len(results)} | {statistics.median(ttft):.1f} | "
+              f"{percentile(ttft, 90):.1f} | {statistics.median(tpot):.2f} | "
+              f"{percentile(tpot, 90):.2f} | {throughput:.0f} | {base} | {ratio} |", flush=True)
+    print()
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    if model is not None:
+        server.should_exit = True
+        thread.join(30)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

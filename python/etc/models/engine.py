@@ -1,0 +1,604 @@
+"""The engine: many concurrent requests on one compiled step kernel.
+
+A scheduler that calls `model.step` in a loop. Every request is data of a
+step (its slot, positions, new tokens, sampling parameters); requests are
+admitted while the KV cache has room for them, prefilled in chunks mixed
+with the other requests' decoding under a token budget per step, and leave
+between steps when they stop (an end-of-sequence id, a stop string, their
+token limit) or are cancelled. Nothing about a request recompiles anything.
+
+```python
+engine = Engine(model, max_num_seqs=8)
+handle = engine.submit(model.tokenizer.encode("Hello"), max_new_tokens=32, stop=["\\n"])
+engine.run()                  # or engine.start(): a thread runs the steps
+handle.result().text, handle.result().finish_reason
+```
+
+The cache is managed by one small class, `SlotCache`: a slot per running
+sequence, of the full model length. A paged cache (blocks of positions,
+admission by free blocks, preemption when a running sequence needs a block
+none is left for) replaces it behind the same four calls: `admit`,
+`reserve`, `release` and `cache`.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import itertools
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+logger = logging.getLogger("etc.engine")
+
+__all__ = ["Engine", "RequestHandle", "RequestOutput", "RequestResult", "RequestError",
+           "SlotCache", "StepRecord", "StopChecker"]
+
+
+class RequestError(ValueError):
+    """A request the engine cannot run, with `param`: the parameter at fault
+    ("prompt", "max_new_tokens", "stop", "sampling")."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+#: Why a request ended: an end-of-sequence id or a stop string ("stop"),
+#: its token limit or the model length ("length"), `cancel` ("abort"), or a
+#: failed step ("error").
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass
+class RequestOutput:
+    """What one step did for one request: the ids it produced (none while a
+    long prompt is still being prefilled) and the text they completed (held
+    back while it may be the start of a stop string, and never containing
+    the stop string itself). `finish_reason` is set on the request's last
+    output."""
+
+    request_id: int
+    token_ids: list
+    text: str
+    finish_reason: Optional[str] = None
+    #: The ids of the request so far, and the error of a failed step.
+    num_tokens: int = 0
+    error: Optional[str] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestResult:
+    """A finished request: its prompt and new ids, its text, why it ended,
+    and when (perf_counter seconds) it arrived, got its first token and
+    finished. `token_ids` include the end-of-sequence id that stopped it
+    (`finish_reason` "stop" by EOS), `text` never does; after a stop string,
+    `token_ids` end with the id that completed it, and `text` ends before
+    it."""
+
+    request_id: int
+    prompt_ids: list
+    token_ids: list
+    text: str
+    finish_reason: str
+    arrival_time: float
+    first_token_time: Optional[float]
+    finish_time: float
+    logits: Optional[np.ndarray] = None
+    error: Optional[str] = None
+
+    @property
+    def time_to_first_token(self) -> Optional[float]:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def time_per_output_token(self) -> Optional[float]:
+        """Seconds per token after the first (None with fewer than 2)."""
+        if self.first_token_time is None or len(self.token_ids) < 2:
+            return None
+        return (self.finish_time - self.first_token_time) / (len(self.token_ids) - 1)
+
+
+@dataclass
+class StepRecord:
+    """One kernel run: its requests and tokens, whether it only decoded
+    (one token per request), and its seconds (host preparation included)."""
+
+    requests: int
+    tokens: int
+    decode_only: bool
+    seconds: float
+
+
+class StopChecker:
+    """The stop strings of one request, checked on its detokenized text:
+    `feed(text)` returns the text that may be sent (holding back a tail
+    that could begin a stop string) and whether a stop string appeared
+    (the text returned then ends just before it, as in OpenAI's API)."""
+
+    def __init__(self, stop: Sequence[str]):
+        self.stop = tuple(s for s in stop if s)
+        self._longest = max((len(s) for s in self.stop), default=0)
+        self._text = ""   # everything seen
+        self._sent = 0    # characters of it returned
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, bool]:
+        start = max(0, len(self._text) - self._longest + 1)
+        self._text += text
+        if self.stop:
+            found = [i for i in (self._text.find(s, start) for s in self.stop) if i >= 0]
+            if found:
+                end = min(found)
+                out = self._text[self._sent:end] if end > self._sent else ""
+                self._sent = max(self._sent, end)
+                return out, True
+        end = len(self._text)
+        if not final:
+            # Hold back the longest tail that is a proper prefix of a stop.
+            for k in range(min(self._longest - 1, end - self._sent), 0, -1):
+                tail = self._text[end - k:]
+                if any(s.startswith(tail) for s in self.stop):
+                    end -= k
+                    break
+        out = self._text[self._sent:end]
+        self._sent = end
+        return out, False
+
+
+class SlotCache:
+    """The KV cache of the engine: `slots` sequences of `length` positions
+    (`model.new_cache`), a slot per running sequence.
+
+    `admit(n)` takes a free slot for a sequence that will reach `n`
+    positions (None when none is free: it waits); `reserve(slot, n)`
+    says a running sequence is about to reach `n` positions (always true
+    here: a slot holds the whole length; a paged cache allocates blocks
+    here and answers False when it must preempt); `release(slot)` gives
+    the slot back."""
+
+    def __init__(self, model, slots: int, length: int):
+        self.cache = model.new_cache(slots, length)
+        self.slots, self.length = slots, length
+        self._free = list(range(slots - 1, -1, -1))
+
+    def admit(self, positions: int) -> Optional[int]:
+        if positions > self.length:
+            raise RequestError(f"a sequence of {positions} positions is longer than the cache "
+                               f"({self.length})", "prompt")
+        return self._free.pop() if self._free else None
+
+    def reserve(self, slot: int, positions: int) -> bool:
+        return positions <= self.length
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+    @property
+    def used(self) -> int:
+        return self.slots - len(self._free)
+
+
+class _Sequence:
+    """The engine's state of one request (its thread only)."""
+
+    def __init__(self, handle: "RequestHandle", prompt: list, max_new_tokens: int, stop,
+                 eos: frozenset, sampling, detokenizer, return_logits: bool):
+        self.handle = handle
+        self.prompt = prompt
+        self.tokens = list(prompt)  # prompt + generated: what goes into the cache
+        self.generated: list[int] = []
+        self.max_new_tokens = max_new_tokens
+        self.stop = StopChecker(stop)
+        self.eos = eos
+        self.sampling = sampling
+        self.detokenizer = detokenizer
+        self.logits: Optional[list] = [] if return_logits else None
+        self.text: list[str] = []
+        self.slot: Optional[int] = None
+        self.cached = 0  # positions in the cache
+        self.first_token_time: Optional[float] = None
+
+    @property
+    def pending(self) -> int:
+        """Tokens not yet in the cache: the rest of the prompt, or the last
+        generated id."""
+        return len(self.tokens) - self.cached
+
+
+class RequestHandle:
+    """A submitted request: `outputs()` yields its `RequestOutput`s as the
+    steps make them, `result()` waits for the `RequestResult`, `cancel()`
+    ends it between two steps (its slot is freed; finish_reason "abort").
+    With an `on_output` callback given to `Engine.submit`, outputs go to the
+    callback (from the engine's thread) instead."""
+
+    def __init__(self, engine: "Engine", request_id: int, prompt_ids: list,
+                 on_output: Optional[Callable[[RequestOutput], None]]):
+        self.engine = engine
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.arrival_time = time.perf_counter()
+        self._on_output = on_output
+        self._queue: "queue.Queue[RequestOutput]" = queue.Queue()
+        self._done = threading.Event()
+        self._result: Optional[RequestResult] = None
+
+    def _deliver(self, output: RequestOutput) -> None:
+        if self._on_output is not None:
+            try:
+                self._on_output(output)
+            except Exception:  # a consumer gone (a closed event loop): not the engine's end
+                logger.exception("request %d: its output callback failed", self.request_id)
+        else:
+            self._queue.put(output)
+
+    def _finish(self, result: RequestResult) -> None:
+        self._result = result
+        self._done.set()
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        self.engine.cancel(self.request_id)
+
+    def outputs(self, timeout: Optional[float] = None):
+        """The outputs as they come, until the last one. Without a running
+        engine thread, the caller's thread runs the steps."""
+        while True:
+            if not self.engine.running:
+                while self._queue.empty():
+                    if not self.engine.step():
+                        break
+            output = self._queue.get(timeout=timeout)
+            yield output
+            if output.finished:
+                return
+
+    def result(self, timeout: Optional[float] = None) -> RequestResult:
+        """The finished request (running the steps in this thread when the
+        engine has no thread of its own)."""
+        if not self.engine.running:
+            while not self._done.is_set() and self.engine.step():
+                pass
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} did not finish in {timeout} s")
+        return self._result
+
+
+class Engine:
+    """Runs many requests on one model (see the module's docstring).
+
+    `max_num_seqs` bounds the requests running at once (the KV cache has
+    that many slots); `max_model_len` (default: the model's `max_seq_len`)
+    bounds each one's prompt plus new tokens, and is the cache length;
+    `max_step_tokens` (default: the model's) bounds the tokens of one step:
+    decoding requests take one each, prefills share what is left, a long
+    prompt taking several steps. Requests beyond `max_num_seqs` wait, first
+    come first served.
+
+    Thread safety: `submit` and `cancel` may be called from any thread.
+    Steps run in the thread of `start()`, or in the caller's with `step()`,
+    `run()` or a handle's `result()` / `outputs()`."""
+
+    def __init__(self, model, *, max_num_seqs: int = 8, max_model_len: Optional[int] = None,
+                 max_step_tokens: Optional[int] = None):
+        for name, value in (("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len),
+                            ("max_step_tokens", max_step_tokens)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or
+                                      value < 1):
+                raise ValueError(f"Engine: {name}={value!r} must be a positive int")
+        if max_model_len is None:
+            max_model_len = model.max_seq_len
+        if max_model_len > model.max_seq_len:
+            raise ValueError(f"Engine: max_model_len={max_model_len} is longer than the model's "
+                             f"max_seq_len={model.max_seq_len}")
+        self.model = model
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.max_step_tokens = max_step_tokens or model.max_step_tokens
+        self.cache = SlotCache(model, max_num_seqs, max_model_len)
+        # A step that samples on the device returns logits only when asked.
+        self._step_returns_logits_on_request = \
+            "return_logits" in inspect.signature(model.step).parameters
+        #: Every step run, in order (cleared by whoever reads it).
+        self.steps: list[StepRecord] = []
+        #: Called with each `RequestResult` as its request finishes (the
+        #: server's metrics).
+        self.on_finish: Optional[Callable[[RequestResult], None]] = None
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._incoming: list[_Sequence] = []
+        self._cancelled: set[int] = set()
+        self._waiting: "collections.deque[_Sequence]" = collections.deque()
+        self._running: list[_Sequence] = []
+        self._thread: Optional[threading.Thread] = None
+        self._stopping = False
+        self._random = random.Random()
+
+    # -- submitting --------------------------------------------------------
+
+    def submit(self, prompt_ids: Sequence[int], *, max_new_tokens: Optional[int] = None,
+               stop: Sequence[str] = (), ignore_eos: bool = False, sampling=None,
+               eos_token_ids: Optional[Sequence[int]] = None, return_logits: bool = False,
+               on_output: Optional[Callable[[RequestOutput], None]] = None) -> RequestHandle:
+        """Queues a request: `prompt_ids` (token ids), at most
+        `max_new_tokens` new ids (default: up to `max_model_len`), stopping
+        at an id of `eos_token_ids` (default: the model's) unless
+        `ignore_eos`, or at a string of `stop` (needs the model's
+        tokenizer). `sampling` is an `etc.models.sampling.SamplingParams`
+        (None: greedy); one without a seed is given a random seed here.
+        Raises `RequestError` naming the parameter at fault."""
+        prompt = self._check_prompt(prompt_ids)
+        room = self.max_model_len - len(prompt)
+        if room < 1:
+            raise RequestError(f"the prompt has {len(prompt)} tokens; the model length is "
+                               f"{self.max_model_len}, leaving no room for a new token",
+                               "prompt")
+        if max_new_tokens is None:
+            max_new_tokens = room
+        elif isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
+                max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens={max_new_tokens!r} must be a positive int",
+                               "max_new_tokens")
+        elif max_new_tokens > room:
+            raise RequestError(f"the prompt has {len(prompt)} tokens and max_new_tokens is "
+                               f"{max_new_tokens}: {len(prompt) + max_new_tokens} tokens, more "
+                               f"than the model length {self.max_model_len}", "max_new_tokens")
+        if isinstance(stop, str):
+            stop = [stop]
+        if not all(isinstance(s, str) for s in stop):
+            raise RequestError("stop must be a string or a list of strings", "stop")
+        tokenizer = self.model.tokenizer
+        if any(stop) and tokenizer is None:
+            raise RequestError("stop strings need the model's tokenizer (tokenizer.json)", "stop")
+        eos = frozenset() if ignore_eos else frozenset(
+            self.model.eos_token_ids if eos_token_ids is None else eos_token_ids)
+        sampling = self._with_seed(sampling)
+        detokenizer = tokenizer.detokenizer() if tokenizer is not None else None
+        with self._lock:
+            handle = RequestHandle(self, next(self._ids), prompt, on_output)
+            self._incoming.append(_Sequence(handle, prompt, max_new_tokens, stop, eos, sampling,
+                                            detokenizer, return_logits))
+            self._wake.notify()
+        return handle
+
+    def _check_prompt(self, prompt_ids) -> list[int]:
+        if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence) or \
+                not prompt_ids:
+            raise RequestError("the prompt must be a non-empty list of token ids", "prompt")
+        vocab = self.model.config.vocab_size
+        for i, token in enumerate(prompt_ids):
+            if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or \
+                    not 0 <= token < vocab:
+                raise RequestError(f"prompt position {i}: {token!r} is not a token id in "
+                                   f"[0, {vocab})", "prompt")
+        return [int(t) for t in prompt_ids]
+
+    def _with_seed(self, sampling):
+        if sampling is None:
+            return None
+        if getattr(sampling, "temperature", 0.0) and getattr(sampling, "seed", 0) is None:
+            import dataclasses
+
+            sampling = dataclasses.replace(sampling, seed=self._random.getrandbits(31))
+        return sampling
+
+    def cancel(self, request_id: int) -> None:
+        """Ends request `request_id` before the next step (no-op once it has
+        finished)."""
+        with self._lock:
+            self._cancelled.add(request_id)
+            self._wake.notify()
+
+    # -- state -------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting) + len(self._incoming)
+
+    @property
+    def slots_in_use(self) -> int:
+        return self.cache.used
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting or self._incoming)
+
+    # -- running -----------------------------------------------------------
+
+    def step(self) -> bool:
+        """Admits, cancels and runs one step; False when there was nothing
+        to do."""
+        with self._lock:
+            self._waiting.extend(self._incoming)
+            self._incoming.clear()
+            cancelled, self._cancelled = self._cancelled, set()
+        if cancelled:
+            for sequence in [s for s in self._running if s.handle.request_id in cancelled]:
+                self._finish(sequence, "abort")
+            for sequence in [s for s in self._waiting if s.handle.request_id in cancelled]:
+                self._waiting.remove(sequence)
+                self._finish(sequence, "abort")
+        while self._waiting:
+            sequence = self._waiting[0]
+            slot = self.cache.admit(len(sequence.prompt) + sequence.max_new_tokens)
+            if slot is None:
+                break
+            self._waiting.popleft()
+            sequence.slot = slot
+            self._running.append(sequence)
+        if not self._running:
+            return False
+        batch = self._schedule()
+        requests = [self._request(s, take) for s, take in batch]
+        # Logits leave the device only when a request keeps them.
+        options = {}
+        if self._step_returns_logits_on_request:
+            options["return_logits"] = any(s.logits is not None for s, _ in batch)
+        start = time.perf_counter()
+        try:
+            logits, next_ids = self.model.step(self.cache.cache, requests, **options)
+        except Exception as error:  # a bug below: fail these requests, keep serving
+            for sequence, _ in batch:
+                self._finish(sequence, "error", error=f"{type(error).__name__}: {error}")
+            return True
+        now = time.perf_counter()
+        self.steps.append(StepRecord(len(requests), sum(len(r.tokens) for r in requests),
+                                     all(len(r.tokens) == 1 for r in requests), now - start))
+        for i, (sequence, take) in enumerate(batch):
+            sequence.cached += take
+            if sequence.pending:
+                continue  # a prefill chunk: the prompt goes on next step
+            self._advance(sequence, int(next_ids[i]), None if logits is None else logits[i], now)
+        return True
+
+    def _schedule(self) -> list:
+        """This step's (sequence, tokens to take): decoding sequences (one
+        pending token) first, then prefill chunks, first come first served,
+        from what is left of the token budget (at least one chunk a step)."""
+        order = sorted(self._running, key=lambda s: s.pending > 1)
+        budget = self.max_step_tokens
+        batch = []
+        for sequence in order:
+            take = min(sequence.pending, budget)
+            if take < 1:
+                if batch:
+                    continue
+                take = 1
+            if not self.cache.reserve(sequence.slot, sequence.cached + take):
+                raise NotImplementedError("preemption: a cache that refuses to grow a running "
+                                          "sequence needs the paged KV cache (issue #22)")
+            budget -= take
+            batch.append((sequence, take))
+        return batch
+
+    def _request(self, sequence: _Sequence, take: int):
+        from .model import Request
+
+        tokens = sequence.tokens[sequence.cached:sequence.cached + take]
+        if sequence.sampling is None:
+            return Request(sequence.slot, sequence.cached, tokens)
+        return Request(sequence.slot, sequence.cached, tokens, sampling=sequence.sampling)
+
+    def _advance(self, sequence: _Sequence, token: int, logits, now: float) -> None:
+        """Takes one new id: checks the stops, delivers the output."""
+        if sequence.first_token_time is None:
+            sequence.first_token_time = now
+        sequence.generated.append(token)
+        sequence.tokens.append(token)
+        if sequence.logits is not None:
+            sequence.logits.append(np.array(logits, dtype=np.float32))
+        reason = None
+        text = ""
+        if token in sequence.eos:
+            reason = "stop"
+        elif sequence.detokenizer is not None:
+            text = sequence.detokenizer.push(token)
+        if reason is None and len(sequence.generated) >= sequence.max_new_tokens:
+            reason = "length"
+        final = reason is not None
+        if final and sequence.detokenizer is not None:
+            text += sequence.detokenizer.flush()
+        text, stopped = sequence.stop.feed(text, final=final)
+        if stopped:
+            reason = "stop"
+        sequence.text.append(text)
+        output = RequestOutput(sequence.handle.request_id, [token], text, reason,
+                               num_tokens=len(sequence.generated))
+        if reason is not None:
+            self._finish(sequence, reason, output=output)
+        else:
+            sequence.handle._deliver(output)
+
+    def _finish(self, sequence: _Sequence, reason: str, *, output=None,
+                error: Optional[str] = None) -> None:
+        if sequence in self._running:
+            self._running.remove(sequence)
+        if sequence.slot is not None:
+            self.cache.release(sequence.slot)
+            sequence.slot = None
+        handle = sequence.handle
+        result = RequestResult(
+            handle.request_id, sequence.prompt, sequence.generated, "".join(sequence.text),
+            reason, handle.arrival_time, sequence.first_token_time, time.perf_counter(),
+            logits=np.stack(sequence.logits) if sequence.logits else None, error=error)
+        handle._finish(result)
+        if output is None:
+            output = RequestOutput(handle.request_id, [], "", reason,
+                                   num_tokens=len(sequence.generated), error=error)
+        handle._deliver(output)
+        if self.on_finish is not None:
+            self.on_finish(result)
+
+    def run(self) -> None:
+        """Runs steps in this thread until every request has finished."""
+        while self.step():
+            pass
+
+    # -- the engine's thread -------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether a thread of `start()` runs the steps."""
+        return self._thread is not None
+
+    def start(self) -> None:
+        """Runs the steps in a thread of their own (a daemon), waiting for
+        requests when there are none, until `shutdown()`."""
+        if self._thread is not None:
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="etc-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopping and not (self._incoming or self._running or
+                                                  self._waiting or self._cancelled):
+                    self._wake.wait()
+                if self._stopping:
+                    return
+            try:
+                self.step()
+            except Exception as error:  # never a dead engine: fail what ran, go on
+                logger.exception("engine step failed")
+                for sequence in list(self._running):
+                    self._finish(sequence, "error", error=f"{type(error).__name__}: {error}")
+
+    def shutdown(self) -> None:
+        """Stops the thread after its current step; requests still running
+        or waiting end with finish_reason "abort"."""
+        thread = self._thread
+        if thread is not None:
+            with self._lock:
+                self._stopping = True
+                self._wake.notify()
+            thread.join()
+            self._thread = None
+        with self._lock:
+            self._waiting.extend(self._incoming)
+            self._incoming.clear()
+        for sequence in list(self._running) + list(self._waiting):
+            self._finish(sequence, "abort")
+        self._waiting.clear()

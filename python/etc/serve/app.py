@@ -1,0 +1,353 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes over an `Engine`
+whose steps run in a thread of their own, so that the event loop never
+waits for a kernel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from typing import AsyncIterator, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..models.engine import Engine, RequestError, RequestOutput
+from ..models.tokenizer import ChatTemplateError
+from .metrics import ServerMetrics
+from .protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+
+__all__ = ["build_app", "run", "APIError"]
+
+logger = logging.getLogger("etc.serve")
+
+#: What the engine calls a parameter, as the API names it.
+_API_PARAM = {"max_new_tokens": "max_tokens", "sampling": "temperature"}
+
+
+class APIError(Exception):
+    """An error answered as OpenAI answers one: `status`, and a body
+    {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 code: Optional[str] = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = \
+            status, message, param, code, kind
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(status_code=self.status, content={"error": {
+            "message": self.message, "type": self.kind, "param": self.param,
+            "code": self.code}})
+
+
+_UNION_MEMBERS = {"str", "int", "float", "bool", "none"}
+
+
+def _param(location) -> Optional[str]:
+    """A pydantic error location as a dotted field path: ("body", "messages",
+    0, "role") -> "messages[0].role"."""
+    path = ""
+    for part in location:
+        if part == "body" and not path:
+            continue
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not isinstance(part, str) or part in _UNION_MEMBERS or "[" in part or "-" in part:
+            continue  # pydantic's names of union members: str, list[int], ...
+        else:
+            path += f".{part}" if path else part
+    return path or None
+
+
+def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: int = 8,
+              max_model_len: Optional[int] = None, max_step_tokens: Optional[int] = None,
+              engine: Optional[Engine] = None) -> FastAPI:
+    """The server of `model` (an `etc.models.Model`) as a FastAPI app.
+
+    `served_model_name` is the `model` clients name (default: the
+    checkpoint directory's name); `max_num_seqs` requests run at once (the
+    KV cache has a slot each; more wait in a queue), each of at most
+    `max_model_len` tokens, prompt included (default: the model's
+    `max_seq_len`); `max_step_tokens` bounds one step's tokens (default:
+    the model's). `engine` runs an existing `Engine` instead.
+
+    Routes: GET /v1/models, POST /v1/chat/completions and /v1/completions
+    (the OpenAI API: `stream`, `max_tokens`, `temperature`, `top_p`, `seed`,
+    `stop`, `usage`, `finish_reason`; `top_k`, `min_p`, `ignore_eos` as
+    extensions), GET /health, GET /metrics (Prometheus). The engine's
+    thread starts and stops with the app's lifespan (uvicorn runs it)."""
+    if engine is None:
+        engine = Engine(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                        max_step_tokens=max_step_tokens)
+    name = served_model_name or model.path.name
+    metrics = ServerMetrics(engine, name)
+    engine.on_finish = metrics.observe
+    created = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        try:
+            yield
+        finally:
+            engine.shutdown()
+
+    app = FastAPI(title="ETC", lifespan=lifespan)
+    app.state.engine = engine
+    app.state.metrics = metrics
+    app.state.model_name = name
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError):
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError):
+        errors = error.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            return APIError(400, f"the body is not valid JSON: {first.get('msg')}",
+                            None).response()
+        param = _param(first.get("loc", ()))
+        message = first.get("msg", "invalid request")
+        if param:
+            message = f"{param}: {message}"
+        return APIError(400, message, param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException):
+        return APIError(error.status_code, str(error.detail), None,
+                        kind="not_found_error" if error.status_code == 404 else
+                        "invalid_request_error").response()
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, error: Exception):
+        logger.exception("internal error")
+        return APIError(500, f"internal error: {type(error).__name__}: {error}", None,
+                        kind="internal_error").response()
+
+    # -- routes --------------------------------------------------------------
+
+    @app.get("/health")
+    async def health():
+        if not engine.running:
+            raise APIError(503, "the engine is not running", None, kind="service_unavailable")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics_route():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": name, "object": "model", "created": created, "owned_by": "etc",
+            "max_model_len": engine.max_model_len}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        _check(body)
+        tokenizer = _tokenizer("messages")
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except ChatTemplateError as error:
+            raise APIError(400, str(error), "messages") from None
+        prompt = tokenizer.encode(text, add_special_tokens=False)
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        return await _complete(request, body, prompt, max_tokens, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        _check(body)
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise APIError(400, f"prompt: {len(prompt)} prompts in one request; one is "
+                                    f"supported", "prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            if not prompt:
+                raise APIError(400, "prompt: empty", "prompt")
+            prompt = _tokenizer("prompt").encode(prompt)
+        return await _complete(request, body, list(prompt), body.max_tokens, chat=False)
+
+    # -- helpers -------------------------------------------------------------
+
+    def _check(body: _Sampling) -> None:
+        if body.model != name:
+            raise APIError(404, f"the model '{body.model}' does not exist; this server "
+                                f"serves '{name}'", "model", code="model_not_found",
+                           kind="not_found_error")
+        refused = body.unsupported()
+        if refused is not None:
+            raise APIError(400, refused[1], refused[0])
+        if any(body.stop_strings()) and model.tokenizer is None:
+            raise APIError(400, "stop strings need the model's tokenizer", "stop")
+
+    def _tokenizer(param: str):
+        if model.tokenizer is None:
+            raise APIError(400, f"{param}: this model has no tokenizer (tokenizer.json); "
+                                f"give the prompt as token ids to /v1/completions", param)
+        return model.tokenizer
+
+    async def _complete(request: Request, body: _Sampling, prompt: list,
+                        max_tokens: Optional[int], chat: bool):
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+        try:
+            handle = engine.submit(
+                prompt, max_new_tokens=max_tokens, stop=body.stop_strings(),
+                ignore_eos=body.ignore_eos, sampling=_sampling(body),
+                on_output=lambda output: loop.call_soon_threadsafe(outputs.put_nowait, output))
+        except RequestError as error:
+            param = _API_PARAM.get(error.param, error.param)
+            if param == "prompt" and chat:
+                param = "messages"
+            raise APIError(400, f"{param}: {error}", param) from None
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        kind = "chat.completion" if chat else "text_completion"
+        stamp = int(time.time())
+
+        async def results() -> AsyncIterator[RequestOutput]:
+            try:
+                while True:
+                    output = await outputs.get()
+                    yield output
+                    if output.finished:
+                        return
+            finally:
+                # A client gone mid-request: its slot goes to the next one.
+                if not handle.finished:
+                    handle.cancel()
+
+        def usage(completion_tokens: int) -> dict:
+            return {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
+                    "total_tokens": len(prompt) + completion_tokens}
+
+        def error_of(output: RequestOutput) -> Optional[APIError]:
+            if output.finish_reason == "error":
+                return APIError(500, f"the step failed: {output.error}", None,
+                                kind="internal_error")
+            return None
+
+        if body.stream:
+            async def events():
+                first = True
+                tokens = 0
+                async for output in results():
+                    tokens = output.num_tokens
+                    if (error := error_of(output)) is not None:
+                        yield _sse({"error": {"message": error.message, "type": error.kind}})
+                        break
+                    if chat:
+                        delta = {"content": output.text}
+                        if first:
+                            delta["role"] = "assistant"
+                        choice = {"index": 0, "delta": delta, "logprobs": None,
+                                  "finish_reason": output.finish_reason}
+                    else:
+                        choice = {"index": 0, "text": output.text, "logprobs": None,
+                                  "finish_reason": output.finish_reason}
+                    first = False
+                    chunk = {"id": request_id, "object": f"{kind}.chunk" if chat else kind,
+                             "created": stamp, "model": name, "choices": [choice]}
+                    if body.stream_options and body.stream_options.include_usage:
+                        chunk["usage"] = None
+                    yield _sse(chunk)
+                if body.stream_options and body.stream_options.include_usage:
+                    yield _sse({"id": request_id, "object": f"{kind}.chunk" if chat else kind,
+                                "created": stamp, "model": name, "choices": [],
+                                "usage": usage(tokens)})
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+
+        async def collect():
+            text, last = [], None
+            async for output in results():
+                text.append(output.text)
+                last = output
+            return "".join(text), last
+
+        # Wait for the result or for the client to leave, whichever comes
+        # first (a closed connection cancels the request).
+        collecting = asyncio.ensure_future(collect())
+        disconnect = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({collecting, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            disconnect.cancel()
+        if not collecting.done():
+            collecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await collecting
+            return Response(status_code=499)
+        text, last = collecting.result()
+        if (error := error_of(last)) is not None:
+            raise error
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": last.finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None,
+                      "finish_reason": last.finish_reason}
+        return {"id": request_id, "object": kind, "created": stamp, "model": name,
+                "choices": [choice], "usage": usage(last.num_tokens)}
+
+    return app
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the request's body has
+    been read, so the next ASGI message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _sse(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _sampling(body: _Sampling):
+    """The request's sampling parameters: None (greedy) at temperature 0;
+    otherwise an `etc.models.sampling.SamplingParams`. The API's default
+    temperature is 1."""
+    temperature = 1.0 if body.temperature is None else body.temperature
+    if temperature == 0.0:
+        return None
+    try:
+        from ..models.sampling import SamplingParams
+    except ImportError:
+        raise APIError(400, "temperature: only greedy decoding (temperature=0) is available "
+                            "in this build: on-device sampling is not there yet",
+                       "temperature") from None
+    options = dict(temperature=temperature, seed=body.seed)
+    for field in ("top_p", "top_k", "min_p"):
+        value = getattr(body, field)
+        if value is not None:
+            options[field] = value
+    return SamplingParams(**options)
+
+
+def run(model, host: str = "127.0.0.1", port: int = 8000, *,
+        served_model_name: Optional[str] = None, max_num_seqs: int = 8,
+        max_model_len: Optional[int] = None, max_step_tokens: Optional[int] = None,
+        log_level: str = "info") -> None:
+    """Serves `model` over HTTP at `host`:`port` until interrupted (Ctrl-C):
+    `build_app` (same options) run by uvicorn."""
+    import uvicorn
+
+    app = build_app(model, served_model_name=served_model_name, max_num_seqs=max_num_seqs,
+                    max_model_len=max_model_len, max_step_tokens=max_step_tokens)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -1,0 +1,37 @@
+"""Step graphs at real widths (2 layers of Llama-3.2-1B, Qwen3-0.6B and
+Qwen3-30B-A3B, bf16 weights and KV cache) compiled for sm_80 and sm_90a:
+ptxas assembles them with no spills, and the tile functions' scratch is one
+arena of dynamic shared memory small enough for any CTA (the sum of
+per-function static arrays, 64,000 bytes for Llama-3.2-1B, did not
+assemble for sm_80)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import etc
+from etc.models.builder import build_step_graph
+from etc.models.config import ModelConfig
+from etc.models.testing import SHAPES, shaped_config
+from ptxas_check import assemble, assert_no_spills, needs_ptxas
+
+#: What a CTA may use without opting in (sm_80 and sm_90a).
+STATIC_LIMIT = 48 << 10
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_real_width_step_graph_assembles_without_spills(name, chip, tmp_path):
+    config = ModelConfig.from_dict(shaped_config(name, layers=2))
+    graph = build_step_graph(config, dtype="bf16", max_seq_len=4096, chunk=256)
+    kernel = etc.compile(graph, target="cuda", chip=chip, schedule="auto")
+    report = assemble(kernel.ptx, chip, tmp_path, name)
+    assert_no_spills(report)
+    assert "__etc_scratch" not in kernel.ptx  # no static scratch arrays
+    worker = report.split(f"Compiling entry function '{graph.name}_worker'")[1]
+    static = int(re.search(r"(\d+) bytes smem", worker).group(1))
+    assert 0 < kernel.abi.shared_bytes and static + kernel.abi.shared_bytes <= STATIC_LIMIT, \
+        (static, kernel.abi.shared_bytes)

@@ -1,0 +1,286 @@
+"""etc.serve: the OpenAI-compatible server, started here with uvicorn on a
+free localhost port, driven by the real `openai` client (chat and text
+completions, streamed and not, many at once) and by raw HTTP (httpx) for
+the requests it must refuse. One tiny model (conftest's `chat_model`)."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+import etc.serve
+from test_engine import stop_string
+
+NAME = "tiny-chat"
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
+
+
+class Server:
+    """uvicorn serving `app` in a thread, on a port the OS picked."""
+
+    def __init__(self, app):
+        self.app = app
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run,
+                                       kwargs=dict(sockets=[self.socket]), daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "no server"
+            time.sleep(0.02)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.socket.close()
+
+
+@pytest.fixture(scope="module")
+def server(chat_model):
+    server = Server(etc.serve.build_app(chat_model, served_model_name=NAME, max_num_seqs=8))
+    yield server
+    server.stop()
+    assert not server.app.state.engine.running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def greedy(chat_model):
+    return chat_model.generate(CHAT, 12, ignore_eos=True)
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == [NAME]
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+
+
+def test_chat_completion(client, greedy, chat_model):
+    reply = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=12,
+                                           temperature=0, extra_body={"ignore_eos": True})
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content == greedy.text[0]
+    assert choice.finish_reason == "length" and reply.object == "chat.completion"
+    prompt = chat_model.tokenizer.encode(chat_model.tokenizer.apply_chat_template(CHAT),
+                                         add_special_tokens=False)
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens,
+            reply.usage.total_tokens) == (len(prompt), 12, len(prompt) + 12)
+
+
+def test_chat_completion_streamed(client, greedy):
+    stream = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=12,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == greedy.text[0]
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] == "length" and set(reasons[:-1]) == {None}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+
+
+def test_stop_and_eos(client, greedy, chat_model, monkeypatch):
+    text = greedy.text[0]
+    stop = stop_string(text)
+    reply = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=12,
+                                           temperature=0, stop=stop,
+                                           extra_body={"ignore_eos": True})
+    assert reply.choices[0].message.content == text[:text.find(stop)]
+    assert reply.choices[0].finish_reason == "stop"
+    monkeypatch.setattr(chat_model, "eos_token_ids", (greedy.tokens[0][3],))
+    stream = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=12,
+                                            temperature=0, stream=True)
+    chunks = list(stream)
+    n = greedy.tokens[0].index(greedy.tokens[0][3])
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
+        chat_model.tokenizer.decode(greedy.tokens[0][:n])
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_completions(client, chat_model):
+    want = chat_model.generate("The quick brown", 8, ignore_eos=True)
+    reply = client.completions.create(model=NAME, prompt="The quick brown", max_tokens=8,
+                                      temperature=0, extra_body={"ignore_eos": True})
+    assert reply.choices[0].text == want.text[0] and reply.object == "text_completion"
+    assert reply.usage.completion_tokens == 8
+    ids = chat_model.tokenizer.encode("The quick brown")
+    stream = client.completions.create(model=NAME, prompt=ids, max_tokens=8, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == want.text[0]
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_sampling_parameters(client):
+    """temperature, top_p and seed reach the engine: with on-device sampling
+    a seed reproduces its text; without it, temperature > 0 is refused by
+    name (never served greedy in disguise)."""
+    try:
+        import etc.models.sampling  # noqa: F401
+    except ImportError:
+        with pytest.raises(openai.BadRequestError) as error:
+            client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=4,
+                                           temperature=0.8, seed=3)
+        assert error.value.body["param"] == "temperature"
+        return
+    texts = [client.chat.completions.create(
+        model=NAME, messages=CHAT, max_tokens=12, temperature=1.0, top_p=0.9, seed=seed,
+        extra_body={"ignore_eos": True}).choices[0].message.content for seed in (1, 1, 2)]
+    assert texts[0] == texts[1] != texts[2]
+
+
+def test_200_requests_on_8_slots_all_finish(server, chat_model):
+    engine = server.app.state.engine
+    peak = []
+
+    async def main():
+        aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none",
+                                     max_retries=0, timeout=120)
+
+        async def one(i):
+            if i % 2:
+                reply = await aclient.completions.create(
+                    model=NAME, prompt=[3 + i % 50, 7, 9], max_tokens=3, temperature=0,
+                    extra_body={"ignore_eos": True})
+                return reply.choices[0].finish_reason, reply.usage.completion_tokens
+            stream = await aclient.chat.completions.create(
+                model=NAME, messages=[{"role": "user", "content": f"Hi {i}"}], max_tokens=3,
+                temperature=0, stream=True, extra_body={"ignore_eos": True})
+            reasons = [c.choices[0].finish_reason async for c in stream if c.choices]
+            return reasons[-1], len(reasons)
+
+        async def watch():
+            while True:
+                peak.append((engine.num_running, engine.num_waiting, engine.slots_in_use))
+                await asyncio.sleep(0.01)
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            return await asyncio.gather(*(one(i) for i in range(200)))
+        finally:
+            watcher.cancel()
+            await aclient.close()
+
+    results = asyncio.run(main())
+    assert results == [("length", 3)] * 200
+    assert max(r for r, _, _ in peak) == 8 and max(w for _, w, _ in peak) > 0
+    assert all(s <= 8 for _, _, s in peak) and engine.slots_in_use == 0
+
+
+def _wait(condition, seconds=30):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_a_client_that_disconnects_frees_its_slot(server, chat_model, monkeypatch):
+    engine = server.app.state.engine
+    step = chat_model.step
+
+    def slow_step(*args, **options):  # 20 tokens take a second: time to hang up
+        time.sleep(0.05)
+        return step(*args, **options)
+
+    monkeypatch.setattr(chat_model, "step", slow_step)
+    body = {"model": NAME, "messages": CHAT, "max_tokens": 20, "temperature": 0,
+            "ignore_eos": True}
+    # Streamed: read two chunks and hang up.
+    with httpx.stream("POST", server.url + "/v1/chat/completions",
+                      json={**body, "stream": True}, timeout=30) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")
+        _wait(lambda: engine.slots_in_use == 1)
+    _wait(lambda: engine.slots_in_use == 0)
+    # Not streamed: the client gives up before the end.
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions",
+                   json={**body, "prompt": [5, 6], "max_tokens": 40, "messages": None},
+                   timeout=0.3)
+    _wait(lambda: engine.slots_in_use == 0)
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'etc_requests_total{finish_reason="abort",model_name="tiny-chat"} 2.0' in metrics
+
+
+def test_metrics(server, client):
+    client.completions.create(model=NAME, prompt=[4, 5], max_tokens=3, temperature=0)
+    text = httpx.get(server.url + "/metrics").text
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    label = '{model_name="tiny-chat"}'
+    assert values["etc_time_to_first_token_seconds_count" + label] >= 1
+    assert values["etc_time_per_output_token_seconds_count" + label] >= 1
+    assert values["etc_kv_slots_total" + label] == 8
+    for gauge in ("etc_num_requests_running", "etc_num_requests_waiting",
+                  "etc_kv_slots_in_use"):
+        assert values[gauge + label] == 0
+
+
+BAD = [
+    # (route, body, status, param)
+    ("chat/completions", b'{"model": "tiny-chat", "messages": [', 400, None),
+    ("chat/completions", {"model": NAME}, 400, "messages"),
+    ("chat/completions", {"model": NAME, "messages": []}, 400, "messages"),
+    ("chat/completions", {"model": NAME, "messages": "hi"}, 400, "messages"),
+    ("chat/completions", {"model": NAME, "messages": [{"role": "robot", "content": "x"}]},
+     400, "messages[0].role"),
+    ("chat/completions", {"model": NAME, "messages": [{"role": "user", "content": 5}]},
+     400, "messages[0].content"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "max_tokens": "ten"}, 400,
+     "max_tokens"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "max_tokens": 0}, 400,
+     "max_tokens"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "temperature": 3}, 400,
+     "temperature"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "temperature": "hot"}, 400,
+     "temperature"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "stream": "yes"}, 400, "stream"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "stop": [1]}, 400, "stop"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "n": 2}, 400, "n"),
+    ("chat/completions", {"model": "gpt-4", "messages": CHAT}, 404, "model"),
+    ("chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "a " * 80}],
+                          "temperature": 0}, 400, "messages"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "max_tokens": 60, "temperature": 0},
+     400, "max_tokens"),
+    ("completions", {"model": NAME, "prompt": [1, 2, 999], "temperature": 0}, 400, "prompt"),
+    ("completions", {"model": NAME, "prompt": ""}, 400, "prompt"),
+    ("completions", {"model": NAME, "prompt": ["a", "b"]}, 400, "prompt"),
+    ("completions", {"model": NAME, "prompt": 7}, 400, "prompt"),
+    ("completions", {"model": NAME, "prompt": "x", "echo": True}, 400, "echo"),
+]
+
+
+@pytest.mark.parametrize("route, body, status, param", BAD,
+                         ids=[f"{i}-{b[3]}" for i, b in enumerate(BAD)])
+def test_bad_requests_get_4xx_naming_the_field(server, route, body, status, param):
+    url = f"{server.url}/v1/{route}"
+    if isinstance(body, bytes):
+        response = httpx.post(url, content=body, headers={"content-type": "application/json"})
+    else:
+        response = httpx.post(url, json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"] and error["type"]
+    if param:
+        assert param.split("[")[0] in error["message"]
+
+
+def test_unknown_routes_and_methods_are_4xx(server):
+    assert httpx.get(server.url + "/v1/nothing").status_code == 404
+    response = httpx.get(server.url + "/v1/chat/completions")
+    assert response.status_code == 405 and "error" in response.json()
+    assert httpx.get(server.url + "/health").status_code == 200
