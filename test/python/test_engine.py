@@ -5,6 +5,7 @@ the engine's own thread. One tiny model (conftest's `chat_model`)."""
 
 import threading
 
+import numpy as np
 import pytest
 
 from etc.models.engine import Engine, RequestError, StopChecker
@@ -214,3 +215,85 @@ def test_request_errors_name_the_parameter(chat_model, monkeypatch):
     monkeypatch.setattr(chat_model, "tokenizer", None)
     with pytest.raises(ValueError, match="prompt 0 is text, but .* has no tokenizer"):
         chat_model.generate("hi", 2)
+
+
+# -- the paged KV cache (chat_model's: blocks of 16) ---------------------------
+
+SYSTEM = [1] + list(range(40, 80))  # 41 tokens: 2 full blocks, reusable
+
+
+def test_prefix_reuse_gives_the_tokens_of_no_reuse(chat_model):
+    questions = [[200, 201, 202], [210, 211], [220, 221, 222, 223, 224]]
+    prompts = [SYSTEM + q for q in questions]
+    # No reuse: each prompt alone on a fresh pool of its own.
+    alone = []
+    for prompt in prompts:
+        engine = Engine(chat_model, max_num_seqs=1, max_model_len=64, kv_cache_tokens=64)
+        alone.append(engine.submit(prompt, max_new_tokens=8, ignore_eos=True,
+                                   return_logits=True).result())
+        assert alone[-1].cached_tokens == 0 and engine.stats.cached_tokens == 0
+    # Reuse: the first computes the system prompt, the others reuse its
+    # two full blocks and prefill only the rest.
+    engine = Engine(chat_model, max_num_seqs=3, max_model_len=64, kv_cache_tokens=192)
+    first = engine.submit(prompts[0], max_new_tokens=8, ignore_eos=True, return_logits=True)
+    engine.run()
+    handles = [engine.submit(p, max_new_tokens=8, ignore_eos=True, return_logits=True)
+               for p in prompts[1:]]
+    engine.run()
+    reused = [first.result()] + [h.result() for h in handles]
+    assert [r.cached_tokens for r in reused] == [0, 32, 32]
+    assert engine.stats.cached_tokens == 64 and engine.stats.prompt_tokens == \
+        sum(map(len, prompts))
+    # The steps after the first request prefilled only the uncached rest.
+    assert sum(step.tokens for step in engine.steps) == \
+        sum(map(len, prompts)) - 64 + 3 * (8 - 1)
+    for got, want in zip(reused, alone):
+        assert got.token_ids == want.token_ids
+        np.testing.assert_allclose(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_generate_reports_cached_prompt_tokens(chat_model):
+    prompt = [1] + list(range(100, 140))
+    # Two prompts each time: the model's pool keeps its size (it grows, and
+    # drops what it cached, only for a larger request).
+    cold = chat_model.generate([prompt, [5]], 4, ignore_eos=True)
+    warm = chat_model.generate([prompt, prompt[:20] + [7]], 4, ignore_eos=True)
+    assert cold.cached_tokens == [0, 0]   # nothing ran these ids before
+    assert warm.cached_tokens == [32, 16] and warm.tokens[0] == cold.tokens[0]
+
+
+def test_a_pool_too_small_for_all_requests_evicts_and_preempts(chat_model):
+    """Six requests of up to 3 blocks each (two sharing a 2-block prefix)
+    on a pool of 5 blocks: admission waits for blocks, decoding requests
+    preempt the most recent one (recomputed later, its full blocks reused
+    when still cached), cached blocks are evicted for new ones; every
+    request finishes with the tokens it gets alone."""
+    prompts = [SYSTEM[:20], SYSTEM[:33] + [9], list(range(150, 172)), SYSTEM[:33] + [8, 7],
+               list(range(180, 200)), [5, 6, 7]]
+    want = [chat_model.generate([p], 14, ignore_eos=True).tokens[0] for p in prompts]
+    engine = Engine(chat_model, max_num_seqs=4, max_model_len=64, kv_cache_tokens=80)
+    handles = [engine.submit(p, max_new_tokens=14, ignore_eos=True) for p in prompts]
+    manager = engine.cache.manager
+    while engine.step():
+        manager.check()
+        assert manager.used_blocks <= 5
+    results = [h.result() for h in handles]
+    assert [r.token_ids for r in results] == want
+    assert all(r.finish_reason == "length" for r in results)
+    assert engine.stats.preemptions > 0 and engine.stats.evictions > 0
+    assert sum(r.preemptions for r in results) == engine.stats.preemptions
+    assert engine.slots_in_use == 0 and manager.used_blocks == 0
+
+
+def test_a_prompt_that_can_never_fit_is_refused(chat_model):
+    engine = Engine(chat_model, max_num_seqs=2, max_model_len=64, kv_cache_tokens=32)
+    with pytest.raises(RequestError, match=r"the prompt has 40 tokens, more than the whole KV "
+                                           r"cache holds \(32 positions\): it can never run") \
+            as error:
+        engine.submit([1] * 40, max_new_tokens=2)
+    assert error.value.param == "prompt"
+    with pytest.raises(RequestError, match=r"30 tokens and max_new_tokens is 10: 39 positions "
+                                           r"to cache, more than the whole KV cache") as error:
+        engine.submit([1] * 30, max_new_tokens=10)
+    assert error.value.param == "max_new_tokens"
+    assert engine.submit([1] * 30, max_new_tokens=3).result().finish_reason == "length"

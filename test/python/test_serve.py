@@ -125,6 +125,35 @@ def test_completions(client, chat_model):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+def test_usage_reports_cached_prompt_tokens(client, chat_model):
+    """A long system prompt sent twice: the second request's first two
+    blocks (16 positions each) come from the cache, as `usage` says, and the
+    reply is the same."""
+    tok = chat_model.tokenizer
+    words = "You answer in French, briefly, and never say more than asked. Be kind.".split()
+    for n in range(1, len(words) + 1):  # a system prompt of more than 2 blocks
+        system = " ".join(words[:n])
+        chats = [[{"role": "system", "content": system}, {"role": "user", "content": question}]
+                 for question in ("Hi!", "Bonjour?")]
+        prompt = tok.encode(tok.apply_chat_template(chats[0]), add_special_tokens=False)
+        if len(prompt) > 40:
+            break
+    assert 40 < len(prompt) < 58
+    first, again, other = (client.chat.completions.create(
+        model=NAME, messages=chat, max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+        for chat in (chats[0], chats[0], chats[1]))
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached == (len(prompt) - 1) // 16 * 16 >= 32
+    assert again.choices[0].message.content == first.choices[0].message.content
+    # Another question after the same system prompt: its shared blocks.
+    assert 16 <= other.usage.prompt_tokens_details.cached_tokens < len(prompt)
+    stream = client.completions.create(model=NAME, prompt=prompt, max_tokens=2, temperature=0,
+                                       stream=True, stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True})
+    assert list(stream)[-1].usage.prompt_tokens_details.cached_tokens == cached
+
+
 def test_sampling_parameters(client):
     """temperature, top_p and seed reach the engine: with on-device sampling
     a seed reproduces its text; without it, temperature > 0 is refused by

@@ -14,11 +14,18 @@ engine.run()                  # or engine.start(): a thread runs the steps
 handle.result().text, handle.result().finish_reason
 ```
 
-The cache is managed by one small class, `SlotCache`: a slot per running
-sequence, of the full model length. A paged cache (blocks of positions,
-admission by free blocks, preemption when a running sequence needs a block
-none is left for) replaces it behind the same four calls: `admit`,
-`reserve`, `release` and `cache`.
+The KV cache is managed behind five calls (`admit`, `reserve`, `commit`,
+`release` and `cache`) by one of two classes. With the model's paged cache
+(the default, `etc.models.kvpages`), `PagedSlots`: requests are admitted
+while the pool has free blocks for their prompt, a new request reuses the
+blocks of its longest cached prefix (another request's prompt, or an
+earlier one's, kept until evicted least-recently-used) and prefills only the
+rest, and when a running request needs a block and none is free, the most
+recently arrived running request is preempted: its blocks are freed (its
+full blocks stay cached), it goes back to the head of the queue and is
+recomputed from its prompt and the ids it had generated when it is
+admitted again. With a contiguous cache (`kv_block_size=None`),
+`SlotCache`: a slot of the full model length per running sequence.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import numpy as np
 logger = logging.getLogger("etc.engine")
 
 __all__ = ["Engine", "RequestHandle", "RequestOutput", "RequestResult", "RequestError",
-           "SlotCache", "StepRecord", "StopChecker"]
+           "SlotCache", "StepRecord", "StopChecker", "EngineStats"]
 
 
 class RequestError(ValueError):
@@ -72,6 +79,9 @@ class RequestOutput:
     #: The ids of the request so far, and the error of a failed step.
     num_tokens: int = 0
     error: Optional[str] = None
+    #: The prompt tokens whose keys and values came from the cache (a
+    #: cached prefix) rather than being computed for this request.
+    cached_tokens: int = 0
 
     @property
     def finished(self) -> bool:
@@ -97,6 +107,10 @@ class RequestResult:
     finish_time: float
     logits: Optional[np.ndarray] = None
     error: Optional[str] = None
+    #: The prompt tokens that came from the cache (see `RequestOutput`),
+    #: and how many times the request was preempted (and recomputed).
+    cached_tokens: int = 0
+    preemptions: int = 0
 
     @property
     def time_to_first_token(self) -> Optional[float]:
@@ -158,30 +172,55 @@ class StopChecker:
         return out, False
 
 
-class SlotCache:
-    """The KV cache of the engine: `slots` sequences of `length` positions
-    (`model.new_cache`), a slot per running sequence.
+@dataclass
+class EngineStats:
+    """What the engine's cache did since it started: prompt tokens admitted
+    and how many came from cached prefixes, cached blocks evicted to make
+    room, and requests preempted (their blocks freed, recomputed later)."""
 
-    `admit(n)` takes a free slot for a sequence that will reach `n`
-    positions (None when none is free: it waits); `reserve(slot, n)`
-    says a running sequence is about to reach `n` positions (always true
-    here: a slot holds the whole length; a paged cache allocates blocks
-    here and answers False when it must preempt); `release(slot)` gives
-    the slot back."""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    evictions: int = 0
+    preemptions: int = 0
+
+
+class SlotCache:
+    """A contiguous KV cache for the engine: `slots` sequences of `length`
+    positions (`model.new_cache`), a slot per running sequence.
+
+    `admit(tokens, n)` takes a free slot for a sequence of `tokens` that
+    will reach `n` positions and returns (slot, tokens already cached:
+    always 0 here), or None when no slot is free (it waits);
+    `reserve(slot, n)` says a running sequence is about to reach `n`
+    positions (always true here: a slot holds the whole length);
+    `commit(slot, tokens)` says which ids the slot's first positions hold
+    (nothing to do here); `release(slot)` gives the slot back. The paged
+    cache's `etc.models.kvpages.PagedSlots` answers the same calls with
+    blocks."""
+
+    evictions = 0
 
     def __init__(self, model, slots: int, length: int):
         self.cache = model.new_cache(slots, length)
         self.slots, self.length = slots, length
+        self.block_size = None
         self._free = list(range(slots - 1, -1, -1))
 
-    def admit(self, positions: int) -> Optional[int]:
-        if positions > self.length:
-            raise RequestError(f"a sequence of {positions} positions is longer than the cache "
-                               f"({self.length})", "prompt")
-        return self._free.pop() if self._free else None
+    @property
+    def capacity(self) -> int:
+        return self.length
+
+    def fits(self, positions: int) -> bool:
+        return positions <= self.length
+
+    def admit(self, tokens, positions: int) -> Optional[tuple[int, int]]:
+        return (self._free.pop(), 0) if self._free else None
 
     def reserve(self, slot: int, positions: int) -> bool:
         return positions <= self.length
+
+    def commit(self, slot: int, tokens) -> None:
+        pass
 
     def release(self, slot: int) -> None:
         self._free.append(slot)
@@ -209,6 +248,9 @@ class _Sequence:
         self.text: list[str] = []
         self.slot: Optional[int] = None
         self.cached = 0  # positions in the cache
+        self.committed = 0  # of them, full blocks registered for reuse
+        self.cached_prompt: Optional[int] = None  # prompt tokens found cached at admission
+        self.preemptions = 0
         self.first_token_time: Optional[float] = None
 
     @property
@@ -283,22 +325,31 @@ class RequestHandle:
 class Engine:
     """Runs many requests on one model (see the module's docstring).
 
-    `max_num_seqs` bounds the requests running at once (the KV cache has
-    that many slots); `max_model_len` (default: the model's `max_seq_len`)
-    bounds each one's prompt plus new tokens, and is the cache length;
-    `max_step_tokens` (default: the model's) bounds the tokens of one step:
-    decoding requests take one each, prefills share what is left, a long
-    prompt taking several steps. Requests beyond `max_num_seqs` wait, first
-    come first served.
+    `max_num_seqs` bounds the requests running at once; `max_model_len`
+    (default: the model's `max_seq_len`) bounds each one's prompt plus new
+    tokens; `max_step_tokens` (default: the model's) bounds the tokens of
+    one step: decoding requests take one each, prefills share what is left,
+    a long prompt taking several steps. Requests beyond `max_num_seqs`, or
+    beyond what the KV cache holds, wait, first come first served.
+
+    The KV cache is the model's paged pool (`model.paged_cache`: sized by
+    load's kv_cache_tokens / kv_cache_memory, else max_num_seqs x
+    max_model_len positions), shared with every other engine of the model,
+    so cached prefixes outlive the engine (`kv_cache_tokens`: a pool of
+    the engine's own, of that many positions, instead); or, for a model
+    loaded with kv_block_size=None, `max_num_seqs` contiguous slots of
+    max_model_len.
+    `stats` counts cached prompt tokens, evictions and preemptions.
 
     Thread safety: `submit` and `cancel` may be called from any thread.
     Steps run in the thread of `start()`, or in the caller's with `step()`,
     `run()` or a handle's `result()` / `outputs()`."""
 
     def __init__(self, model, *, max_num_seqs: int = 8, max_model_len: Optional[int] = None,
-                 max_step_tokens: Optional[int] = None):
+                 max_step_tokens: Optional[int] = None, kv_cache_tokens: Optional[int] = None):
         for name, value in (("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len),
-                            ("max_step_tokens", max_step_tokens)):
+                            ("max_step_tokens", max_step_tokens),
+                            ("kv_cache_tokens", kv_cache_tokens)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or
                                       value < 1):
                 raise ValueError(f"Engine: {name}={value!r} must be a positive int")
@@ -311,7 +362,19 @@ class Engine:
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.max_step_tokens = max_step_tokens or model.max_step_tokens
-        self.cache = SlotCache(model, max_num_seqs, max_model_len)
+        if getattr(model, "kv_block_size", None) is None:
+            if kv_cache_tokens is not None:
+                raise ValueError("Engine: kv_cache_tokens sizes a paged KV cache, but the model "
+                                 "was loaded with kv_block_size=None (contiguous slots)")
+            self.cache = SlotCache(model, max_num_seqs, max_model_len)
+        else:
+            from .kvpages import PagedSlots
+
+            pool = model.paged_cache(max_num_seqs * max_model_len) if kv_cache_tokens is None \
+                else model.new_paged_cache(kv_cache_tokens)
+            self.cache = PagedSlots(pool, max_num_seqs)
+        self.stats = EngineStats()
+        self._evictions_before = self.cache.evictions
         # A step that samples on the device returns logits only when asked.
         self._step_returns_logits_on_request = \
             "return_logits" in inspect.signature(model.step).parameters
@@ -360,6 +423,20 @@ class Engine:
             raise RequestError(f"the prompt has {len(prompt)} tokens and max_new_tokens is "
                                f"{max_new_tokens}: {len(prompt) + max_new_tokens} tokens, more "
                                f"than the model length {self.max_model_len}", "max_new_tokens")
+        # A sequence the whole cache cannot hold would wait (or be
+        # preempted) forever: refused now. Its last id is never stored.
+        if not self.cache.fits(len(prompt)):
+            raise RequestError(f"the prompt has {len(prompt)} tokens, more than the whole KV "
+                               f"cache holds ({self.cache.capacity} positions): it can never "
+                               f"run; load the model with a larger kv_cache_tokens or "
+                               f"kv_cache_memory", "prompt")
+        if not self.cache.fits(len(prompt) + max_new_tokens - 1):
+            raise RequestError(f"the prompt has {len(prompt)} tokens and max_new_tokens is "
+                               f"{max_new_tokens}: {len(prompt) + max_new_tokens - 1} positions "
+                               f"to cache, more than the whole KV cache holds "
+                               f"({self.cache.capacity} positions); lower max_new_tokens or "
+                               f"load the model with a larger kv_cache_tokens or "
+                               f"kv_cache_memory", "max_new_tokens")
         if isinstance(stop, str):
             stop = [stop]
         if not all(isinstance(s, str) for s in stop):
@@ -439,17 +516,17 @@ class Engine:
             for sequence in [s for s in self._waiting if s.handle.request_id in cancelled]:
                 self._waiting.remove(sequence)
                 self._finish(sequence, "abort")
-        while self._waiting:
-            sequence = self._waiting[0]
-            slot = self.cache.admit(len(sequence.prompt) + sequence.max_new_tokens)
-            if slot is None:
-                break
-            self._waiting.popleft()
-            sequence.slot = slot
-            self._running.append(sequence)
+        self._admit()
         if not self._running:
+            if self._waiting:
+                # Nothing runs, yet the head of the queue does not fit: another
+                # engine of the model holds the shared pool's blocks.
+                time.sleep(0.001)
+                return True
             return False
         batch = self._schedule()
+        if not batch:
+            return True  # every sequence preempted: the pool is held elsewhere
         requests = [self._request(s, take) for s, take in batch]
         # Logits leave the device only when a request keeps them.
         options = {}
@@ -465,32 +542,82 @@ class Engine:
         now = time.perf_counter()
         self.steps.append(StepRecord(len(requests), sum(len(r.tokens) for r in requests),
                                      all(len(r.tokens) == 1 for r in requests), now - start))
+        block = self.cache.block_size
         for i, (sequence, take) in enumerate(batch):
             sequence.cached += take
+            if block is not None and sequence.cached // block > sequence.committed:
+                # Full blocks computed: reusable by later prompts.
+                self.cache.commit(sequence.slot, sequence.tokens[:sequence.cached])
+                sequence.committed = sequence.cached // block
             if sequence.pending:
                 continue  # a prefill chunk: the prompt goes on next step
             self._advance(sequence, int(next_ids[i]), None if logits is None else logits[i], now)
+        self.stats.evictions = self.cache.evictions - self._evictions_before
         return True
+
+    def _admit(self) -> None:
+        """Admits waiting sequences, first come first served, while a slot
+        and blocks for their tokens are free. A sequence's tokens are its
+        prompt, and after a preemption the ids it had generated too (all
+        recomputed, except a cached prefix)."""
+        while self._waiting:
+            sequence = self._waiting[0]
+            admitted = self.cache.admit(sequence.tokens, len(sequence.tokens))
+            if admitted is None:
+                break
+            self._waiting.popleft()
+            sequence.slot, sequence.cached = admitted
+            sequence.committed = sequence.cached // (self.cache.block_size or 1)
+            if sequence.cached_prompt is None:
+                sequence.cached_prompt = min(sequence.cached, len(sequence.prompt))
+                self.stats.prompt_tokens += len(sequence.prompt)
+                self.stats.cached_tokens += sequence.cached_prompt
+            self._running.append(sequence)
 
     def _schedule(self) -> list:
         """This step's (sequence, tokens to take): decoding sequences (one
         pending token) first, then prefill chunks, first come first served,
-        from what is left of the token budget (at least one chunk a step)."""
+        from what is left of the token budget (at least one chunk a step).
+        A sequence whose tokens need a block none is free for preempts the
+        most recently arrived running sequence (itself, if it is that one)."""
         order = sorted(self._running, key=lambda s: s.pending > 1)
         budget = self.max_step_tokens
         batch = []
         for sequence in order:
+            if sequence.slot is None:
+                continue  # preempted by an earlier one of this step
             take = min(sequence.pending, budget)
             if take < 1:
                 if batch:
                     continue
                 take = 1
-            if not self.cache.reserve(sequence.slot, sequence.cached + take):
-                raise NotImplementedError("preemption: a cache that refuses to grow a running "
-                                          "sequence needs the paged KV cache (issue #22)")
-            budget -= take
-            batch.append((sequence, take))
+            while not self.cache.reserve(sequence.slot, sequence.cached + take):
+                victim = max(self._running, key=lambda s: s.handle.request_id)
+                for i, (scheduled, taken) in enumerate(batch):
+                    if scheduled is victim:
+                        del batch[i]
+                        budget += taken
+                        break
+                self._preempt(victim)
+                if victim is sequence:
+                    break
+            else:
+                budget -= take
+                batch.append((sequence, take))
         return batch
+
+    def _preempt(self, sequence: _Sequence) -> None:
+        """Frees a running sequence's blocks (its full ones stay cached) and
+        puts it back at the head of the queue, to be recomputed."""
+        logger.info("request %d preempted: the KV cache has no free block",
+                    sequence.handle.request_id)
+        self._running.remove(sequence)
+        self.cache.release(sequence.slot)
+        sequence.slot = None
+        sequence.cached = sequence.committed = 0
+        sequence.preemptions += 1
+        self.stats.preemptions += 1
+        self._waiting.appendleft(sequence)
 
     def _request(self, sequence: _Sequence, take: int):
         from .model import Request
@@ -524,7 +651,8 @@ class Engine:
             reason = "stop"
         sequence.text.append(text)
         output = RequestOutput(sequence.handle.request_id, [token], text, reason,
-                               num_tokens=len(sequence.generated))
+                               num_tokens=len(sequence.generated),
+                               cached_tokens=sequence.cached_prompt or 0)
         if reason is not None:
             self._finish(sequence, reason, output=output)
         else:
@@ -541,11 +669,13 @@ class Engine:
         result = RequestResult(
             handle.request_id, sequence.prompt, sequence.generated, "".join(sequence.text),
             reason, handle.arrival_time, sequence.first_token_time, time.perf_counter(),
-            logits=np.stack(sequence.logits) if sequence.logits else None, error=error)
+            logits=np.stack(sequence.logits) if sequence.logits else None, error=error,
+            cached_tokens=sequence.cached_prompt or 0, preemptions=sequence.preemptions)
         handle._finish(result)
         if output is None:
             output = RequestOutput(handle.request_id, [], "", reason,
-                                   num_tokens=len(sequence.generated), error=error)
+                                   num_tokens=len(sequence.generated), error=error,
+                                   cached_tokens=sequence.cached_prompt or 0)
         handle._deliver(output)
         if self.on_finish is not None:
             self.on_finish(result)

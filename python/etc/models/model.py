@@ -639,7 +639,8 @@ class Model:
                 raise RuntimeError(f"generate: a step failed: {result.error}")
         result = Generation(tokens=[r.token_ids for r in results],
                             text=[r.text for r in results] if self.tokenizer else None,
-                            finish_reasons=[r.finish_reason for r in results])
+                            finish_reasons=[r.finish_reason for r in results],
+                            cached_tokens=[r.cached_tokens for r in results])
         if return_logits:
             result.logits = [r.logits for r in results]
         for step in engine.steps:

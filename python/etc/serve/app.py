@@ -72,8 +72,8 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     """The server of `model` (an `etc.models.Model`) as a FastAPI app.
 
     `served_model_name` is the `model` clients name (default: the
-    checkpoint directory's name); `max_num_seqs` requests run at once (the
-    KV cache has a slot each; more wait in a queue), each of at most
+    checkpoint directory's name); `max_num_seqs` requests run at once (while
+    the KV cache has blocks for them; more wait in a queue), each of at most
     `max_model_len` tokens, prompt included (default: the model's
     `max_seq_len`); `max_step_tokens` bounds one step's tokens (default:
     the model's). `engine` runs an existing `Engine` instead.
@@ -81,7 +81,8 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     Routes: GET /v1/models, POST /v1/chat/completions and /v1/completions
     (the OpenAI API: `stream`, `max_tokens`, `temperature`, `top_p`, `seed`,
     `stop`, `usage`, `finish_reason`; `top_k`, `min_p`, `ignore_eos` as
-    extensions), GET /health, GET /metrics (Prometheus). The engine's
+    extensions; `usage.prompt_tokens_details.cached_tokens`: the prompt
+    tokens a cached prefix held), GET /health, GET /metrics (Prometheus). The engine's
     thread starts and stops with the app's lifespan (uvicorn runs it)."""
     if engine is None:
         engine = Engine(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
@@ -228,9 +229,12 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                 if not handle.finished:
                     handle.cancel()
 
-        def usage(completion_tokens: int) -> dict:
+        def usage(output: Optional[RequestOutput]) -> dict:
+            completion_tokens = output.num_tokens if output is not None else 0
+            cached = output.cached_tokens if output is not None else 0
             return {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
-                    "total_tokens": len(prompt) + completion_tokens}
+                    "total_tokens": len(prompt) + completion_tokens,
+                    "prompt_tokens_details": {"cached_tokens": cached}}
 
         def error_of(output: RequestOutput) -> Optional[APIError]:
             if output.finish_reason == "error":
@@ -241,9 +245,9 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         if body.stream:
             async def events():
                 first = True
-                tokens = 0
+                last = None
                 async for output in results():
-                    tokens = output.num_tokens
+                    last = output
                     if (error := error_of(output)) is not None:
                         yield _sse({"error": {"message": error.message, "type": error.kind}})
                         break
@@ -265,7 +269,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                 if body.stream_options and body.stream_options.include_usage:
                     yield _sse({"id": request_id, "object": f"{kind}.chunk" if chat else kind,
                                 "created": stamp, "model": name, "choices": [],
-                                "usage": usage(tokens)})
+                                "usage": usage(last)})
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream",
@@ -301,7 +305,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
             choice = {"index": 0, "text": text, "logprobs": None,
                       "finish_reason": last.finish_reason}
         return {"id": request_id, "object": kind, "created": stamp, "model": name,
-                "choices": [choice], "usage": usage(last.num_tokens)}
+                "choices": [choice], "usage": usage(last)}
 
     return app
 

@@ -38,6 +38,9 @@ class ServerMetrics:
         self._model = model_name
         self.prompt_tokens = Counter("etc_prompt_tokens", "Prompt tokens prefilled.", labels,
                                      registry=r).labels(model_name)
+        self.cached_prompt_tokens = Counter(
+            "etc_prompt_tokens_cached", "Prompt tokens whose keys and values came from the "
+            "paged cache's cached prefixes.", labels, registry=r).labels(model_name)
         self.generation_tokens = Counter("etc_generation_tokens", "New tokens generated.",
                                          labels, registry=r).labels(model_name)
         for name, doc, read in (
@@ -48,13 +51,16 @@ class ServerMetrics:
                 ("etc_kv_slots_in_use", "KV cache slots held by requests.",
                  lambda: engine.slots_in_use),
                 ("etc_kv_slots_total", "KV cache slots (max_num_seqs).",
-                 lambda: engine.max_num_seqs)):
+                 lambda: engine.max_num_seqs),
+                ("etc_num_preemptions", "Requests preempted (their KV blocks freed, "
+                 "recomputed later) since the start.", lambda: engine.stats.preemptions)):
             Gauge(name, doc, labels, registry=r).labels(model_name).set_function(read)
 
     def observe(self, result: RequestResult) -> None:
         """Called by the engine (its thread) as each request finishes."""
         self._finished.labels(self._model, result.finish_reason).inc()
         self.prompt_tokens.inc(len(result.prompt_ids))
+        self.cached_prompt_tokens.inc(result.cached_tokens)
         self.generation_tokens.inc(len(result.token_ids))
         if result.time_to_first_token is not None:
             self.time_to_first_token.observe(result.time_to_first_token)
