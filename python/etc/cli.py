@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import threading
 import time
@@ -30,6 +31,9 @@ __all__ = ["main"]
 #: this (a CPU holds the KV cache in memory: 28 layers of Qwen3-0.6B take
 #: 229 KB per position and sequence).
 DEFAULT_MAX_MODEL_LEN = 4096
+#: `--kv-block-size` when not given (`etc.models.kvpages.DEFAULT_BLOCK_SIZE`;
+#: not imported, so that --help needs no NumPy).
+DEFAULT_BLOCK_SIZE = 16
 
 
 # ----------------------------------------------------------------------
@@ -115,6 +119,18 @@ def _add_load_options(parser: argparse.ArgumentParser, *, compile_only: bool = F
                             f"model's context length, at most {DEFAULT_MAX_MODEL_LEN})")
     group.add_argument("--attention-chunk", type=_positive, default=None,
                        help="KV positions per attention task (default: max-model-len / 16)")
+    group.add_argument("--kv-block-size", type=_block_size, default=DEFAULT_BLOCK_SIZE,
+                       metavar="P",
+                       help=f"positions per block of the paged KV cache, or 'none' for a "
+                            f"contiguous slot per sequence (default: {DEFAULT_BLOCK_SIZE})")
+    if not compile_only:
+        sizes = group.add_mutually_exclusive_group()
+        sizes.add_argument("--kv-cache-tokens", type=_positive, default=None, metavar="N",
+                           help="positions the paged KV cache holds, over all requests "
+                                "(default: max-num-seqs x max-model-len)")
+        sizes.add_argument("--kv-cache-memory", type=_bytes, default=None, metavar="BYTES",
+                           help="memory of the paged KV cache, e.g. 2GiB or 500MB (default: "
+                                "what --kv-cache-tokens takes)")
     group.add_argument("--no-cache", action="store_true",
                        help="neither read nor fill the compile cache")
     group.add_argument("--cache-dir", default=None,
@@ -145,6 +161,30 @@ def _positive(text: str) -> int:
     return value
 
 
+def _block_size(text: str) -> Optional[int]:
+    if text.lower() == "none":
+        return None
+    return _positive(text)
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def _bytes(text: str) -> int:
+    """A size in bytes: an integer with an optional unit (KB, MB, GB: powers
+    of 1000; KiB, MiB, GiB: powers of 1024)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _BYTE_UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes (e.g. 2GiB, 500MB, "
+                                         f"1048576)")
+    value = int(float(match.group(1)) * _BYTE_UNITS[unit])
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive size")
+    return value
+
+
 def _cache_option(args):
     if args.no_cache:
         return False
@@ -172,7 +212,9 @@ def _load(args):
                       workers=args.workers, dtype=args.dtype,
                       max_seq_len=_max_model_len(args, checkpoint),
                       attention_chunk=args.attention_chunk, chip=args.chip,
-                      cache=_cache_option(args), kernel=args.kernel, progress=progress)
+                      cache=_cache_option(args), kernel=args.kernel, progress=progress,
+                      kv_block_size=args.kv_block_size, kv_cache_tokens=args.kv_cache_tokens,
+                      kv_cache_memory=args.kv_cache_memory)
     finally:
         progress.close()
     if getattr(args, "verbose", False):
@@ -356,7 +398,7 @@ def _compile(args) -> int:
             args.checkpoint, target=args.target, schedule=args.schedule, workers=args.workers,
             dtype=args.dtype, max_seq_len=_max_model_len(args, checkpoint),
             attention_chunk=args.attention_chunk, chip=args.chip, cache=cache,
-            output=args.output, progress=progress)
+            output=args.output, progress=progress, kv_block_size=args.kv_block_size)
     finally:
         progress.close()
     where = f"{args.target} {args.chip}" if args.target == "cuda" else args.target

@@ -127,6 +127,16 @@ def test_user_errors_are_one_line(checkpoint, tmp_path):
     assert usage.returncode == 2 and "not a positive integer" in usage.stderr
     assert etc_command().returncode == 2
     assert "Traceback" not in usage.stderr
+    # The paged cache's size: in tokens or bytes (with units), not both.
+    for bad, message in ((["--kv-cache-memory", "2XB"], "'2XB' is not a size in bytes"),
+                         (["--kv-cache-tokens", "4", "--kv-cache-memory", "1"],
+                          "not allowed with argument"),
+                         (["--kv-block-size", "0"], "not a positive integer")):
+        usage = etc_command("generate", checkpoint, "hello", *bad)
+        assert usage.returncode == 2 and message in usage.stderr, usage.stderr
+    one_line_error(etc_command("generate", checkpoint, "hello", *SMALL, "--no-cache",
+                               "--kv-cache-memory", "1KB"),
+                   "kv_cache_memory=1000 bytes is less than one KV cache block")
 
 
 # ----------------------------------------------------------------------
@@ -219,7 +229,8 @@ def test_serve_answers_the_openai_client(chat_checkpoint):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen([str(ETC), "serve", str(path), "--port", str(port),
-                               "--max-num-seqs", "2", "--cache-dir", str(cache), *SMALL],
+                               "--max-num-seqs", "2", "--kv-cache-tokens", "64",
+                               "--cache-dir", str(cache), *SMALL],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 300
@@ -237,6 +248,19 @@ def test_serve_answers_the_openai_client(chat_checkpoint):
             messages=[{"role": "user", "content": "hi there"}])
         want = model.generate([{"role": "user", "content": "hi there"}], 4).text[0]
         assert reply.choices[0].message.content == want
+        # A prompt of two blocks and more, twice: the second reuses them.
+        words = "the quick brown fox jumps over the lazy dog and runs far away".split()
+        for n in range(1, len(words) + 1):
+            chat = [{"role": "user", "content": " ".join(words[:n])}]
+            ids = model.tokenizer.encode(model.tokenizer.apply_chat_template(chat),
+                                         add_special_tokens=False)
+            if len(ids) > 16:
+                break
+        assert 16 < len(ids) < 28
+        cached = [client.chat.completions.create(
+            model=client.models.list().data[0].id, max_tokens=4, temperature=0,
+            messages=chat).usage.prompt_tokens_details.cached_tokens for _ in range(2)]
+        assert cached == [0, 16]
     finally:
         server.terminate()
         server.wait(timeout=60)
