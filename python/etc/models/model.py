@@ -528,7 +528,7 @@ class Model:
                 raise ValueError(f"step: the cache holds {cache.length} positions, more than "
                                  f"the max_seq_len={self.max_seq_len} the model is compiled for")
             rows, what = (cache.slots, cache.length), "slots, length"
-        c = self.config
+        c = self._shard  # this rank's heads
         width = c.num_kv_heads * c.head_dim
         expected = (*rows, width)
         for i in range(c.num_layers):
