@@ -411,7 +411,7 @@ class Model:
         if cache.length > self.max_seq_len:
             raise ValueError(f"step: the cache holds {cache.length} positions, more than the "
                              f"max_seq_len={self.max_seq_len} the model is compiled for")
-        c = self.config
+        c = self._shard  # this rank's share of the KV heads under tensor parallelism
         width = c.num_kv_heads * c.head_dim
         for i in range(c.num_layers):
             for kind in ("k", "v"):
