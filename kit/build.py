@@ -39,6 +39,7 @@ import families  # noqa: E402
 MAX_BYTES = 32 << 20
 #: The etc modules that need no MLIR (the runtime and the NumPy reference).
 RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "reference.py", "reference_llm.py",
+                 "reference_sampling.py",
                  "runtime/__init__.py", "runtime/abi.py", "runtime/artifact.py",
                  "runtime/cpu.py", "runtime/cuda.py", "runtime/isa.py", "runtime/layout.py",
                  "runtime/probes.py",

@@ -1017,6 +1017,11 @@ def decode_inputs(kernel, entry, batch: int, rng) -> dict:
               "request_slot": i32(range(batch)), "request_length": i32([prompt + 1] * batch),
               "request_first": i32(range(batch)), "request_last": i32(range(batch)),
               "inv_freq": np.asarray(entry["inv_freq"], np.float32)}
+    # Greedy sampling (temperature 0: the argmax), as a serving engine asks
+    # for most often.
+    f32 = lambda value: np.full(batch, value, np.float32)
+    inputs.update(temperature=f32(0.0), top_p=f32(1.0), min_p=f32(0.0),
+                  top_k=np.zeros(batch, np.int32), seed=np.zeros((batch, 2), np.int32))
     length = prompt + 8
     for arg in kernel.arguments:
         if arg.kind == "state":

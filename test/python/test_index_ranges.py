@@ -233,7 +233,7 @@ def test_generate_takes_numpy_prompts(model):
     assert model.generate([np.array([1, 2, 3]), np.array([4], np.int64)],
                           np.int64(2)).tokens == want
     assert model.generate(np.array([[1, 2, 3]], np.int32), 2).tokens == want[:1]
-    with pytest.raises(ValueError, match=r"prompt 0, position 0: .*1\.0.* is not a token id"):
+    with pytest.raises(ValueError, match=r"prompt 0, position 0: .*1\.0.* is not an int token"):
         model.generate([np.array([1, 2.5])], 2)
     with pytest.raises(ValueError, match=r"prompt 0 must be a non-empty list"):
         model.generate([np.array([], np.int32)], 2)

@@ -35,7 +35,6 @@ import inspect
 import itertools
 import logging
 import queue
-import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -392,7 +391,6 @@ class Engine:
         self._running: list[_Sequence] = []
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
-        self._random = random.Random()
 
     # -- submitting --------------------------------------------------------
 
@@ -405,7 +403,8 @@ class Engine:
         at an id of `eos_token_ids` (default: the model's) unless
         `ignore_eos`, or at a string of `stop` (needs the model's
         tokenizer). `sampling` is an `etc.models.sampling.SamplingParams`
-        (None: greedy); one without a seed is given a random seed here.
+        (None: greedy); without a seed each step draws fresh random seeds (rank
+        0's under tensor parallelism, so every rank draws the same token).
         Raises `RequestError` naming the parameter at fault."""
         prompt = self._check_prompt(prompt_ids)
         room = self.max_model_len - len(prompt)
@@ -446,7 +445,6 @@ class Engine:
             raise RequestError("stop strings need the model's tokenizer (tokenizer.json)", "stop")
         eos = frozenset() if ignore_eos else frozenset(
             self.model.eos_token_ids if eos_token_ids is None else eos_token_ids)
-        sampling = self._with_seed(sampling)
         detokenizer = tokenizer.detokenizer() if tokenizer is not None else None
         with self._lock:
             handle = RequestHandle(self, next(self._ids), prompt, on_output)
@@ -466,15 +464,6 @@ class Engine:
                 raise RequestError(f"prompt position {i}: {token!r} is not a token id in "
                                    f"[0, {vocab})", "prompt")
         return [int(t) for t in prompt_ids]
-
-    def _with_seed(self, sampling):
-        if sampling is None:
-            return None
-        if getattr(sampling, "temperature", 0.0) and getattr(sampling, "seed", 0) is None:
-            import dataclasses
-
-            sampling = dataclasses.replace(sampling, seed=self._random.getrandbits(31))
-        return sampling
 
     def cancel(self, request_id: int) -> None:
         """Ends request `request_id` before the next step (no-op once it has

@@ -674,7 +674,7 @@ class Model:
             raise ValueError(f"generate: prompt {p} must be a non-empty list of token ids")
         for i, token in enumerate(ids):
             if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
-                raise ValueError(f"generate: prompt {p}, position {i}: {token!r} is not a "
+                raise ValueError(f"generate: prompt {p}, position {i}: {token!r} is not an int "
                                  f"token id")
             if not 0 <= token < vocab:
                 raise ValueError(f"generate: prompt {p}, position {i}: token id {token} "

@@ -330,12 +330,8 @@ def _sampling(body: _Sampling):
     temperature = 1.0 if body.temperature is None else body.temperature
     if temperature == 0.0:
         return None
-    try:
-        from ..models.sampling import SamplingParams
-    except ImportError:
-        raise APIError(400, "temperature: only greedy decoding (temperature=0) is available "
-                            "in this build: on-device sampling is not there yet",
-                       "temperature") from None
+    from ..models.sampling import SamplingParams
+
     options = dict(temperature=temperature, seed=body.seed)
     for field in ("top_p", "top_k", "min_p"):
         value = getattr(body, field)
