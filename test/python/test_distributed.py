@@ -62,8 +62,13 @@ def test_failing_rank_is_an_error_on_every_rank(mode):
             assert "task matmul_0" in line.group(3), output
             assert "all_gather_0" in line.group(3), output
     if mode == "hang":
-        # The hung rank itself finds the others gone at the end of its run.
-        assert re.search(r"rank 1: DistributedError", output), output
+        # The silent rank finishes its own (different) program at once and
+        # waits for the others at the end of the run: it either gives up
+        # on them first (its meeting's timeout and their watchdog are both
+        # 1 s, a race) or meets them and finds its counters changed by
+        # their notifies. Either way it is an error, never a hang.
+        assert re.search(r"rank 1: (DistributedError|RuntimeError after [0-9.]+ s: "
+                         r"gather_matmul: unbalanced events)", output), output
 
 
 # ----------------------------------------------------------------------

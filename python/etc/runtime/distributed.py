@@ -45,8 +45,8 @@ from functools import partial
 import numpy as np
 
 from . import layout, workers
-from .cpu import (_STORAGE, CPURuntime, _descriptor, buffer_table, from_storage, fill_out,
-                  table_slots)
+from .cpu import (_MAX_SPIN, _STORAGE, CPURuntime, _descriptor, buffer_table, from_storage,
+                  fill_out, table_slots)
 from .abi import KernelABI
 from ..binding import concrete_shape
 
@@ -312,6 +312,12 @@ class DistributedCPURuntime(CPURuntime):
         args = workspace.args
         workspace.counters.fill(0)
         self._functions["init"](*args, workspace.counters_arg)
+        # Another rank's notify (an MPI accumulate) cannot wake a worker
+        # blocked in a futex wait here, which would sleep its whole slice
+        # (10 ms) before it saw the remote tile: a distributed run's waits
+        # poll for as long as the watchdog allows.
+        workspace.header[layout.SPIN_MICROSECONDS_WORD] = min(
+            self.abi.watchdog_ms * 1000, _MAX_SPIN)
         workspace.window.Sync()
         # Every rank's counters hold their expected counts before any notify.
         self._barrier(f"initialise their counters for a run of {self.abi.name}")
