@@ -168,12 +168,17 @@ def roofline_graphs(shapes: BenchShapes):
 
 
 def decode_step_graph(shapes: BenchShapes):
+    """The decode step as `etc.models.load` builds it by default: bf16, with
+    the paged KV cache (blocks of `kvpages.DEFAULT_BLOCK_SIZE` positions
+    addressed through the step's block table)."""
     from etc.models.builder import build_step_graph
     from etc.models.config import ModelConfig
+    from etc.models.kvpages import DEFAULT_BLOCK_SIZE
 
     config = ModelConfig.from_dict(decode_hf_config(shapes), "kit")
     graph = build_step_graph(config, dtype="bf16", max_seq_len=shapes.prompt + 8,
-                             chunk=max(4, shapes.prompt // 2), name="decode_step")
+                             chunk=max(4, shapes.prompt // 2), name="decode_step",
+                             kv_block_size=DEFAULT_BLOCK_SIZE)
     return graph, config
 
 

@@ -1014,18 +1014,30 @@ def decode_inputs(kernel, entry, batch: int, rng) -> dict:
     i32 = lambda values: np.asarray(values, np.int32)
     inputs = {"ids": i32(rng.integers(0, config["vocab_size"], batch)),
               "positions": i32([prompt] * batch), "token_request": i32(range(batch)),
-              "request_slot": i32(range(batch)), "request_length": i32([prompt + 1] * batch),
+              "request_length": i32([prompt + 1] * batch),
               "request_first": i32(range(batch)), "request_last": i32(range(batch)),
               "inv_freq": np.asarray(entry["inv_freq"], np.float32)}
+    length = prompt + 8
+    # A paged cache (pools (N, P, width)): each request's blocks are spread
+    # over the pool in a shuffled order, as a serving engine's become.
+    pools = [arg for arg in kernel.arguments if arg.kind == "state" and "N" in arg.shape]
+    symbols = {"S": batch, "L": length}
+    if pools:
+        block = pools[0].shape[1]
+        per_request = -(-length // block)
+        symbols["N"] = batch * per_request
+        order = rng.permutation(batch * per_request)
+        inputs["block_table"] = i32(order.reshape(batch, per_request))
+    else:
+        inputs["request_slot"] = i32(range(batch))
     # Greedy sampling (temperature 0: the argmax), as a serving engine asks
     # for most often.
     f32 = lambda value: np.full(batch, value, np.float32)
     inputs.update(temperature=f32(0.0), top_p=f32(1.0), min_p=f32(0.0),
                   top_k=np.zeros(batch, np.int32), seed=np.zeros((batch, 2), np.int32))
-    length = prompt + 8
     for arg in kernel.arguments:
         if arg.kind == "state":
-            shape = [batch if d == "S" else length if d == "L" else d for d in arg.shape]
+            shape = [symbols.get(d, d) for d in arg.shape]
             inputs[arg.name] = kernel.runtime.device_zeros(tuple(shape), STORAGE[arg.dtype])
         elif arg.kind == "input" and arg.name not in inputs:
             if arg.name.endswith("norm"):
