@@ -152,7 +152,11 @@ def main() -> int:
         vocab = model.config.vocab_size
         server, thread, url = start_server(model, args.model_name, args.max_num_seqs,
                                            args.prompt + args.new)
-    prompts = [rng.integers(3, vocab, args.prompt).tolist() for _ in range(64)]
+    def fresh(count):
+        # Prompts never sent before: the paged KV cache's prefix reuse must
+        # not serve one side from what the other (or the warm-up) computed.
+        return [rng.integers(3, vocab, args.prompt).tolist() for _ in range(count)]
+
     load = os.getloadavg()
     print(f"P = {args.prompt}, N = {args.new}, {args.rounds} requests per client, "
           f"max_num_seqs = {args.max_num_seqs}; load average before: {load[0]:.2f}")
@@ -161,15 +165,17 @@ def main() -> int:
           "tokens/s | engine tokens/s | vs engine |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     # Warm-up: the first step pays page faults and workspace allocation.
-    asyncio.run(drive(url, args.model_name, prompts, 1, 1, args.new))
+    asyncio.run(drive(url, args.model_name, fresh(1), 1, 1, args.new))
     for concurrency in args.concurrency:
-        results, seconds = asyncio.run(drive(url, args.model_name, prompts, concurrency,
+        results, seconds = asyncio.run(drive(url, args.model_name,
+                                             fresh(concurrency * args.rounds), concurrency,
                                              args.rounds, args.new))
         ttft = [r[0] * 1e3 for r in results]
         tpot = [r[1] * 1e3 for r in results]
         throughput = sum(r[2] for r in results) / seconds
         if model is not None:
-            baseline = engine_throughput(model, prompts, concurrency, args.rounds, args.new,
+            baseline = engine_throughput(model, fresh(concurrency * args.rounds), concurrency,
+                                         args.rounds, args.new,
                                          min(concurrency, args.max_num_seqs))
             base, ratio = f"{baseline:.0f}", f"{throughput / baseline:.2f}x"
         else:
