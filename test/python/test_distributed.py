@@ -3,8 +3,8 @@
 Each test starts N processes with `python -m etc.runtime.distributed`'s
 launcher (the `mpich` wheel's mpiexec); the per-rank scripts are in
 distributed/. They check the fused patterns against NumPy (all_gather +
-matmul, matmul + reduce_scatter, matmul + all_reduce, both schedules
-requested), a tensor-parallel model against the whole model, and that a
+matmul, matmul + reduce_scatter, matmul + all_reduce, on the static and
+the dynamic schedule, 1 and 2 workers per rank), a tensor-parallel model against the whole model, and that a
 rank that dies or hangs is an error on every other rank, not a hang."""
 
 import os
@@ -32,25 +32,30 @@ def test_fused_collectives_match_numpy(ranks):
     result, output = _launch(ranks, "fused_patterns.py")
     assert result.returncode == 0, output
     for rank in range(ranks):
-        assert re.search(rf"rank {rank}: \d+ checks passed", output), output
+        assert re.search(rf"rank {rank}: \d+ checks passed \(20 dynamic\)", output), output
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_tensor_parallel_model_matches_one_rank(ranks):
+@pytest.mark.parametrize("ranks,schedule", [(2, "auto"), (3, "auto"), (2, "dynamic"),
+                                            (3, "dynamic")])
+def test_tensor_parallel_model_matches_one_rank(ranks, schedule):
     """etc.models.load(..., tensor_parallel=N) generates the tokens, and
-    logits within float rounding, of the whole model on one rank."""
-    result, output = _launch(ranks, "tensor_parallel.py")
+    logits within float rounding, of the whole model on one rank, with the
+    step kernel on the static schedule ("auto") or the dynamic one."""
+    result, output = _launch(ranks, "tensor_parallel.py", schedule)
     assert result.returncode == 0, output
     for rank in range(ranks):
         assert f"rank {rank}: tensor parallel matches" in output, output
 
 
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
 @pytest.mark.parametrize("mode", ["die", "hang"])
-def test_failing_rank_is_an_error_on_every_rank(mode):
+def test_failing_rank_is_an_error_on_every_rank(mode, schedule):
     """Rank 1 of 3 dies between runs, or hangs inside one (it never sends
     its rows); ranks 0 and 2 raise within the 1 s watchdog plus a
-    meeting's timeout instead of hanging."""
-    result, output = _launch(3, "failing_rank.py", mode, timeout=120)
+    meeting's timeout instead of hanging. Under the dynamic schedule the
+    workers of ranks 0 and 2 poll for the rows, and the watchdog of their
+    idle polls names the element still to arrive."""
+    result, output = _launch(3, "failing_rank.py", mode, schedule, timeout=120)
     expected = "DistributedError" if mode == "die" else "WatchdogError"
     for rank in (0, 2):
         line = re.search(rf"rank {rank}: (\w+) after ([0-9.]+) s: (.*)", output)

@@ -38,6 +38,17 @@ mlir::Value buildQueuePop(
                                    mlir::Value, mlir::Value)>
         waitForSlot);
 
+/// Builds a pop that never waits (`event.queue_try_pop`): while the head
+/// `h` is below `capacity` and slot `h` (loaded with acquire) is published,
+/// a compare-and-swap advances the head from `h`, retrying when another
+/// worker took the slot first; the result is the slot's value minus one
+/// (`capacity` for the end marker `capacity + 1`). With the head at the
+/// capacity the result is `capacity`, and with slot `h` not yet published
+/// `capacity + 1`. Returns an i32.
+mlir::Value buildQueueTryPop(mlir::OpBuilder &builder, mlir::Location loc,
+                             mlir::Value counters, mlir::Value queue,
+                             mlir::Value capacity, llvm::StringRef syncScope);
+
 /// `capacity + 1` (as i32) when `published`, a slot's value, is 0 (the spin
 /// gave up: the run was stopped), else `published`: a `waitForSlot` that
 /// returns this makes the pop return the capacity, so worker loops end.

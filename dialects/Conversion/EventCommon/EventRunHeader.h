@@ -60,6 +60,13 @@ struct WatchdogSite {
                               mlir::ValueRange element);
 };
 
+/// Calls `@__etc_watchdog_report` (which `defineSpinFunctions` defines):
+/// unless a spin reported first, the run header of `counters` gets `site`,
+/// `value` (the i32 last read) and `waitedMs` (i32), and the run stops.
+void buildWatchdogReport(mlir::OpBuilder &b, mlir::Location loc,
+                         mlir::Value counters, const WatchdogSite &site,
+                         mlir::Value value, mlir::Value waitedMs);
+
 /// How a spin acquires the writes published to the element it waits for:
 /// with every poll (acquire loads; the CPU target), or once, when it is done
 /// (relaxed polls, then one acquire fence; the GPU target, where every

@@ -48,10 +48,13 @@ void populateEventToCPUTypeConversions(mlir::TypeConverter &typeConverter);
 /// `event.notify_ready` and `event.queue_push` call `@__etc_wake` (both
 /// defined by `defineFutexFunctions`); the trace ops read the clock too. The patterns
 /// create `event.worker_id` for the records: like the program's own, they
-/// become function arguments (see `convert-event-to-cpu`).
+/// become function arguments (see `convert-event-to-cpu`). `event.idle`
+/// reports a worker idle for longer than `watchdogMs` through
+/// `@__etc_watchdog_report` and yields the core with the `sched_yield`
+/// system call (`declareSyscall`).
 void populateEventToCPUConversionPatterns(
     const mlir::TypeConverter &typeConverter,
-    mlir::RewritePatternSet &patterns);
+    mlir::RewritePatternSet &patterns, int64_t watchdogMs);
 
 /// Adds the patterns that lower the operations of a graph on several ranks
 /// (`event.rank_id`, `event.rank_count`, `event.put`,

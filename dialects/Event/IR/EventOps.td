@@ -738,6 +738,96 @@ def Event_QueuePopOp : Event_Op<"queue_pop"> {
   let hasVerifier = 1;
 }
 
+def Event_QueueTryPopOp : Event_Op<"queue_try_pop"> {
+  let summary = "Takes the next task id from a task queue, without waiting";
+  let description = [{
+    The form of `event.queue_pop` for workers that must not wait on the
+    queue (the dynamic schedule of a graph on several ranks, whose idle
+    workers poll for remote notifies instead). It claims the next slot only
+    once it is published: while the head `h` is below `capacity` and slot
+    `h` holds a task, a compare-and-swap advances the head from `h` (and the
+    op retries when another worker took it first); the acquire load of the
+    slot makes the pusher's writes visible. Returns the task id; `capacity`
+    when every slot has been taken or the next holds the end marker
+    `capacity + 1` (the queue is exhausted, as a pop past the capacity); or
+    `capacity + 1` when the next slot is not published yet. Workers of one
+    queue use either `event.queue_pop` or this op, not both.
+
+    On targets where a worker is a group of lanes (a CTA), one lane takes
+    the task and the result is shared with the others.
+
+    ```mlir
+    %task = event.queue_try_pop %counters[%queue] capacity(%tasks) : memref<?xi32>
+    ```
+  }];
+  let arguments = (ins MemRefRankOf<[I32], [1]>:$counters, Index:$queue,
+                       Index:$capacity);
+  let results = (outs Index:$task);
+  let assemblyFormat = [{
+    $counters `[` $queue `]` `capacity` `(` $capacity `)` attr-dict
+    `:` type($counters)
+  }];
+  let hasVerifier = 1;
+}
+
+def Event_TestOp : Event_Op<"test"> {
+  let summary = "Whether an event element is ready, without waiting";
+  let description = [{
+    Returns `true` when element `indices` of `event` has received all its
+    expected notifies (its counter is no longer positive), with acquire
+    semantics like `event.wait`: when it returns `true`, the notifiers'
+    writes (for a symmetric event, the puts of the ranks that notified it)
+    are visible. It never waits. On targets where a worker is a group of
+    lanes, one lane loads and every lane gets the answer.
+
+    ```mlir
+    %ready = event.test %e[%i] : !event.tensor<4, symmetric>
+    ```
+  }];
+  let arguments = (ins Event_Tensor:$event, Variadic<Index>:$indices);
+  let results = (outs I1:$ready);
+  let assemblyFormat = [{
+    $event `[` $indices `]` attr-dict `:` qualified(type($event))
+  }];
+  let hasVerifier = 1;
+}
+
+def Event_IdleOp : Event_Op<"idle", [AttrSizedOperandSegments]> {
+  let summary = "One back-off step of a worker that found nothing to do";
+  let description = [{
+    A worker that polls (it found no task and no arrived element) backs off
+    once (CPU: `sched_yield`) and keeps the watchdog: `since` is the time,
+    in nanoseconds of the target's clock, at which it became idle, or 0 when
+    it was not idle before this step; the result is that time (the clock
+    now when `since` is 0). Once the worker has been idle longer than the
+    watchdog allows, the op writes the run header's error record, if no
+    spin did before, and stops the run (`event.run_aborted` is then true),
+    as a wait that timed out does.
+
+    With `on`, the record names what the worker waits for, as the record of
+    an `event.wait` would: the element `indices` of `event` (its value is
+    the counter's) and `site`, the index of a waiting task and the number
+    of the event, then the waiting tile's coordinates if known. Without it,
+    the record is that of a queue pop.
+
+    ```mlir
+    %start = event.idle %counters since(%since) : memref<?xi32>
+    %start = event.idle %counters since(%since) on %e[%i] site(%task, %event)
+        : memref<?xi32>, !event.tensor<4, symmetric>
+    ```
+  }];
+  let arguments = (ins MemRefRankOf<[I32], [1]>:$counters, I64:$since,
+                       Optional<Event_Tensor>:$event, Variadic<Index>:$indices,
+                       Variadic<Index>:$site);
+  let results = (outs I64:$start);
+  let assemblyFormat = [{
+    $counters `since` `(` $since `)`
+    (`on` $event^ `[` $indices `]` `site` `(` $site `)`)?
+    attr-dict `:` type($counters) (`,` qualified(type($event))^)?
+  }];
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // The run header: watchdog and traces (L3)
 //===----------------------------------------------------------------------===//

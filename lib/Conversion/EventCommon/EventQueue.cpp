@@ -109,6 +109,85 @@ Value etc::buildQueuePop(
   return result.getResult(0);
 }
 
+Value etc::buildQueueTryPop(OpBuilder &builder, Location loc, Value counters,
+                            Value queueStart, Value capacity,
+                            StringRef syncScope) {
+  Type i1 = builder.getI1Type(), i32 = builder.getI32Type();
+  Value capacity32 = arith::IndexCastUIOp::create(builder, loc, i32, capacity);
+  Value one = arith::ConstantIntOp::create(builder, loc, 1, 32);
+  Value nothingYet = arith::AddIOp::create(builder, loc, capacity32, one);
+  Value headPointer = queueWord(builder, loc, counters, queueStart,
+                                constantIndex(builder, loc, queue::kHeadWord));
+  auto loop = scf::WhileOp::create(
+      builder, loc, TypeRange{i32}, ValueRange{},
+      [&](OpBuilder &b, Location loc, ValueRange) {
+        Value head = LLVM::LoadOp::create(
+            b, loc, i32, headPointer, /*alignment=*/4, /*isVolatile=*/false,
+            /*isNonTemporal=*/false, /*isInvariant=*/false,
+            /*isInvariantGroup=*/false, LLVM::AtomicOrdering::monotonic,
+            syncScope);
+        Value exhausted = arith::CmpIOp::create(
+            b, loc, arith::CmpIPredicate::uge, head, capacity32);
+        // (retry, result)
+        auto outcome = scf::IfOp::create(
+            b, loc, exhausted,
+            [&](OpBuilder &then, Location loc) {
+              scf::YieldOp::create(
+                  then, loc,
+                  ValueRange{arith::ConstantIntOp::create(then, loc, 0, 1),
+                             capacity32});
+            },
+            [&](OpBuilder &open, Location loc) {
+              Value slot = arith::IndexCastUIOp::create(
+                  open, loc, open.getIndexType(), head);
+              Value published = LLVM::LoadOp::create(
+                  open, loc, i32,
+                  slotPointer(open, loc, counters, queueStart, slot),
+                  /*alignment=*/4, /*isVolatile=*/false,
+                  /*isNonTemporal=*/false, /*isInvariant=*/false,
+                  /*isInvariantGroup=*/false, LLVM::AtomicOrdering::acquire,
+                  syncScope);
+              Value empty = arith::CmpIOp::create(
+                  open, loc, arith::CmpIPredicate::eq, published,
+                  arith::ConstantIntOp::create(open, loc, 0, 32));
+              auto take = scf::IfOp::create(
+                  open, loc, empty,
+                  [&](OpBuilder &then, Location loc) {
+                    scf::YieldOp::create(
+                        then, loc,
+                        ValueRange{arith::ConstantIntOp::create(then, loc, 0, 1),
+                                   nothingYet});
+                  },
+                  [&](OpBuilder &full, Location loc) {
+                    // The slot is written once: the value loaded is the
+                    // task of whoever advances the head from `head`.
+                    auto exchange = LLVM::AtomicCmpXchgOp::create(
+                        full, loc, headPointer, head,
+                        arith::AddIOp::create(full, loc, head, one),
+                        LLVM::AtomicOrdering::monotonic,
+                        LLVM::AtomicOrdering::monotonic, syncScope);
+                    Value taken = LLVM::ExtractValueOp::create(
+                        full, loc, exchange, ArrayRef<int64_t>{1});
+                    Value retry = arith::XOrIOp::create(
+                        full, loc, taken,
+                        arith::ConstantIntOp::create(full, loc, 1, 1));
+                    scf::YieldOp::create(
+                        full, loc,
+                        ValueRange{retry, arith::SubIOp::create(
+                                              full, loc, published, one)
+                                              .getResult()});
+                  });
+              scf::YieldOp::create(open, loc, take.getResults());
+            });
+        scf::ConditionOp::create(b, loc, outcome.getResult(0),
+                                 ValueRange{outcome.getResult(1)});
+      },
+      [&](OpBuilder &b, Location loc, ValueRange) {
+        scf::YieldOp::create(b, loc);
+      });
+  return loop.getResult(0);
+}
+
 Value etc::exhaustedIfEmpty(OpBuilder &builder, Location loc, Value published,
                             Value capacity) {
   Value zero = arith::ConstantIntOp::create(builder, loc, 0, 32);

@@ -127,6 +127,16 @@ WatchdogSite WatchdogSite::get(OpBuilder &b, Location loc, int32_t kind,
                       padded(element)};
 }
 
+void etc::buildWatchdogReport(OpBuilder &b, Location loc, Value counters,
+                              const WatchdogSite &site, Value value,
+                              Value waitedMs) {
+  SmallVector<Value> arguments{
+      headerPointer(b, loc, counters, run::kStatusWord)};
+  arguments.append(siteWords(site));
+  arguments.append({value, waitedMs});
+  LLVM::CallOp::create(b, loc, TypeRange{}, kWatchdogReportName, arguments);
+}
+
 /// Defines `@__etc_watchdog_report(run header address, site words, value,
 /// milliseconds)` (see `defineSpinFunctions`).
 static LogicalResult defineWatchdogReport(Operation *symbolTable,

@@ -297,6 +297,119 @@ struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
   }
 };
 
+/// Lowers `event.queue_try_pop` to the shared protocol's pop that never
+/// waits (`buildQueueTryPop`) with system-scope atomics.
+struct QueueTryPopOpLowering : public OpConversionPattern<QueueTryPopOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(QueueTryPopOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Value task = buildQueueTryPop(rewriter, op.getLoc(), adaptor.getCounters(),
+                                  adaptor.getQueue(), adaptor.getCapacity(),
+                                  /*syncScope=*/StringRef());
+    rewriter.replaceOpWithNewOp<arith::IndexCastUIOp>(
+        op, rewriter.getIndexType(), task);
+    return success();
+  }
+};
+
+/// Lowers `event.test` to an acquire load of the counter compared with 0.
+struct TestOpLowering : public OpConversionPattern<TestOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(TestOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    FailureOr<Value> pointer = getEventElementPointer(
+        rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
+    if (failed(pointer))
+      return failure();
+    Location loc = op.getLoc();
+    Value count = LLVM::LoadOp::create(
+        rewriter, loc, rewriter.getI32Type(), *pointer, /*alignment=*/4,
+        /*isVolatile=*/false, /*isNonTemporal=*/false, /*isInvariant=*/false,
+        /*isInvariantGroup=*/false, LLVM::AtomicOrdering::acquire);
+    rewriter.replaceOpWithNewOp<arith::CmpIOp>(
+        op, arith::CmpIPredicate::sle, count,
+        arith::ConstantIntOp::create(rewriter, loc, 0, 32));
+    return success();
+  }
+};
+
+/// Lowers `event.idle` inline: the clock, the idle start (now when `since`
+/// is 0), the watchdog's report once the worker has been idle longer than
+/// `watchdogMs` while the run goes on (with the element's value and the
+/// op's site, or a pop's site without `on`), then `sched_yield`, so that
+/// a polling worker gives its core to the producers it waits for.
+struct IdleOpLowering : public OpConversionPattern<IdleOp> {
+  IdleOpLowering(const TypeConverter &typeConverter, MLIRContext *context,
+                 int64_t watchdogMs)
+      : OpConversionPattern(typeConverter, context), watchdogMs(watchdogMs) {}
+
+  LogicalResult
+  matchAndRewrite(IdleOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    Value pointer;
+    if (op.getEvent()) {
+      FailureOr<Value> element = getEventElementPointer(
+          rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
+      if (failed(element))
+        return failure();
+      pointer = *element;
+    }
+    Value counters = adaptor.getCounters();
+    Type i64 = rewriter.getI64Type();
+    Value now = monotonicNanoseconds(rewriter, loc);
+    Value since = adaptor.getSince();
+    Value first = arith::CmpIOp::create(
+        rewriter, loc, arith::CmpIPredicate::eq, since,
+        arith::ConstantIntOp::create(rewriter, loc, 0, 64));
+    Value start = arith::SelectOp::create(rewriter, loc, first, now, since);
+    Value elapsed = arith::SubIOp::create(rewriter, loc, now, start);
+    Value expired = arith::CmpIOp::create(
+        rewriter, loc, arith::CmpIPredicate::sgt, elapsed,
+        arith::ConstantIntOp::create(rewriter, loc, watchdogMs * 1000000, 64));
+    Value going = arith::XOrIOp::create(
+        rewriter, loc,
+        buildRunStopped(rewriter, loc, counters, /*syncScope=*/StringRef()),
+        arith::ConstantIntOp::create(rewriter, loc, 1, 1));
+    Value report = arith::AndIOp::create(rewriter, loc, expired, going);
+    scf::IfOp::create(rewriter, loc, report, [&](OpBuilder &b, Location loc) {
+      Value worker = WorkerIdOp::create(b, loc);
+      WatchdogSite site =
+          pointer ? WatchdogSite::forWait(b, loc, worker, adaptor.getSite(),
+                                          adaptor.getIndices())
+                  : WatchdogSite::get(b, loc, run::kSitePop, worker, Value(),
+                                      ValueRange{}, Value(), ValueRange{});
+      Value value =
+          pointer ? LLVM::LoadOp::create(
+                        b, loc, b.getI32Type(), pointer, /*alignment=*/4,
+                        /*isVolatile=*/false, /*isNonTemporal=*/false,
+                        /*isInvariant=*/false, /*isInvariantGroup=*/false,
+                        LLVM::AtomicOrdering::monotonic)
+                        .getResult()
+                  : arith::ConstantIntOp::create(b, loc, 0, 32).getResult();
+      Value waitedMs = arith::TruncIOp::create(
+          b, loc, b.getI32Type(),
+          arith::DivSIOp::create(
+              b, loc, elapsed,
+              arith::ConstantIntOp::create(b, loc, 1000000, 64)));
+      buildWatchdogReport(b, loc, counters, site, value, waitedMs);
+      scf::YieldOp::create(b, loc);
+    });
+    LLVM::CallOp::create(
+        rewriter, loc, LLVM::LLVMFunctionType::get(i64, {i64}, /*isVarArg=*/true),
+        kSyscallName,
+        ValueRange{LLVM::ConstantOp::create(
+            rewriter, loc, i64, static_cast<int64_t>(SYS_sched_yield))});
+    rewriter.replaceOp(op, start);
+    return success();
+  }
+
+private:
+  int64_t watchdogMs;
+};
+
 /// Lowers `event.run_aborted` to a relaxed load of the run's status word
 /// compared with `run::kRunning`.
 struct RunAbortedOpLowering : public OpConversionPattern<RunAbortedOp> {
@@ -392,7 +505,8 @@ void etc::populateEventToCPUTypeConversions(TypeConverter &typeConverter) {
 }
 
 void etc::populateEventToCPUConversionPatterns(
-    const TypeConverter &typeConverter, RewritePatternSet &patterns) {
+    const TypeConverter &typeConverter, RewritePatternSet &patterns,
+    int64_t watchdogMs) {
   populateEventViewLoweringPattern(typeConverter, patterns);
   populateEventBufferLoweringPattern(typeConverter, patterns);
   populateRemoteToCPUConversionPatterns(typeConverter, patterns);
@@ -402,7 +516,10 @@ void etc::populateEventToCPUConversionPatterns(
                RunAbortedOpLowering, TraceBeginOpLowering, TraceEndOpLowering,
                LaneQueryLowering<LaneIdOp, 0>, LaneQueryLowering<LaneCountOp, 1>,
                EraseLowering<LaneBarrierOp>, EraseLowering<PrefetchOp>, LaneReduceLowering,
-               ScratchLowering>(typeConverter, patterns.getContext());
+               ScratchLowering, QueueTryPopOpLowering, TestOpLowering>(
+      typeConverter, patterns.getContext());
+  patterns.add<IdleOpLowering>(typeConverter, patterns.getContext(),
+                               watchdogMs);
 }
 
 LogicalResult etc::defineMonotonicClock(ModuleOp module) {
@@ -654,12 +771,13 @@ struct ConvertEventToCPUPass
           })
           .wasInterrupted();
     };
-    bool waits = any([](Operation *op) { return isa<WaitOp, QueuePopOp>(op); });
+    bool waits =
+        any([](Operation *op) { return isa<WaitOp, QueuePopOp, IdleOp>(op); });
     bool wakes = any([](Operation *op) {
       return isa<NotifyOp, NotifyReadyOp, QueuePushOp>(op);
     });
     bool clock = any([](Operation *op) {
-      return isa<WaitOp, QueuePopOp, TraceBeginOp, TraceEndOp>(op);
+      return isa<WaitOp, QueuePopOp, IdleOp, TraceBeginOp, TraceEndOp>(op);
     });
     if (clock && failed(defineMonotonicClock(module)))
       return signalPassFailure();
@@ -671,7 +789,7 @@ struct ConvertEventToCPUPass
     TypeConverter typeConverter;
     populateEventToCPUTypeConversions(typeConverter);
     RewritePatternSet patterns(&getContext());
-    populateEventToCPUConversionPatterns(typeConverter, patterns);
+    populateEventToCPUConversionPatterns(typeConverter, patterns, watchdogMs);
     ConversionTarget target(getContext());
     target.addIllegalDialect<EventDialect>();
     // The watchdog's records name the worker; the ids become arguments below.

@@ -840,6 +840,19 @@ struct ConvertEventToGPUPass
       return signalPassFailure();
     }
 
+    // The polling worker of the dynamic schedule on several ranks has no
+    // GPU lowering yet: say so rather than fail to legalize its ops.
+    WalkResult polling = module.walk([](Operation *op) {
+      if (isa<QueueTryPopOp, TestOp, IdleOp>(op)) {
+        op->emitOpError("is not lowered for GPUs yet: the dynamic schedule "
+                        "of a graph on several ranks runs on the CPU target "
+                        "only; use the static schedule");
+        return WalkResult::interrupt();
+      }
+      return WalkResult::advance();
+    });
+    if (polling.wasInterrupted())
+      return signalPassFailure();
     dropProgramTables(module);
     // The program of each graph: its functions, in order.
     llvm::MapVector<StringAttr, SmallVector<func::FuncOp>> programs;

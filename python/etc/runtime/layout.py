@@ -93,7 +93,12 @@ def watchdog_error(abi, header: np.ndarray) -> WatchdogError:
     event = abi.events[event_index] if 0 <= event_index < len(abi.events) else None
     tile = _coordinates(header, TILE_RANK_WORD, TILE_WORDS)
     element = _coordinates(header, ELEMENT_RANK_WORD, ELEMENT_WORDS)
-    where = f"task {task} tile ({_format(tile)})" if task else f"worker {worker}"
+    if task and not tile and abi.tasks[task_index].grid_rank:
+        # An idle worker's poll (the dynamic schedule on several ranks)
+        # names a task that waits on the element, not one of its tiles.
+        where = f"a tile of task {task}"
+    else:
+        where = f"task {task} tile ({_format(tile)})" if task else f"worker {worker}"
     if event is not None:
         producers = ", ".join(event.notified_by) or "no task"
         what = f"event %{event.name} (notified by {producers})"

@@ -3,7 +3,9 @@ under `python -m etc.runtime.distributed -n N`): a tiny random Qwen3
 checkpoint (heads and MLP columns divisible by N), loaded whole and with
 `tensor_parallel=N`, generates the same tokens, with logits equal within
 float rounding, and samples the same tokens (seeded, and unseeded on every
-rank). Prints `rank R: tensor parallel matches` or raises."""
+rank). The split model's step kernel uses the schedule given as the first
+argument ("auto", which is static on several ranks, or "dynamic"). Prints
+`rank R: tensor parallel matches` or raises."""
 
 import os
 import sys
@@ -16,7 +18,7 @@ from etc.models import Request, SamplingParams
 from etc.models.testing import tiny_config, write_checkpoint
 
 
-def main() -> None:
+def main(schedule: str) -> None:
     from mpi4py import MPI
 
     ranks = MPI.COMM_WORLD.Get_size()
@@ -27,7 +29,9 @@ def main() -> None:
         path = write_checkpoint(os.path.join(directory, "tiny"), config, seed=7)
         whole = etc.models.load(path, workers=1, max_seq_len=64, cache=False)
         split = etc.models.load(path, workers=1, max_seq_len=64, cache=False,
-                               tensor_parallel=ranks)
+                               tensor_parallel=ranks, schedule=schedule)
+        expected = "static" if schedule == "auto" else schedule
+        assert split.kernels[0].abi.schedule == expected, split.kernels[0].abi.schedule
         prompts = [[1, 2, 3, 4, 5], [9, 8]]
         want = whole.generate(prompts, max_new_tokens=4, return_logits=True)
         got = split.generate(prompts, max_new_tokens=4, return_logits=True)
@@ -66,5 +70,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "auto")
     sys.stdout.flush()

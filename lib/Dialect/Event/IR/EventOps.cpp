@@ -799,5 +799,31 @@ LogicalResult QueuePopOp::verify() {
   return verifyQueueCapacity(*this, getCapacity(), /*minimum=*/0);
 }
 
+LogicalResult QueueTryPopOp::verify() {
+  return verifyQueueCapacity(*this, getCapacity(), /*minimum=*/0);
+}
+
+LogicalResult TestOp::verify() {
+  return verifyElementAccess(*this, getEvent(), getIndices());
+}
+
+LogicalResult IdleOp::verify() {
+  if (!getEvent()) {
+    if (!getIndices().empty() || !getSite().empty())
+      return emitOpError("names an element and a site only with 'on' an "
+                         "event tensor");
+    return success();
+  }
+  if (getSite().size() < 2)
+    return emitOpError("expects a site of a task, an event and the tile's "
+                       "coordinates, found ")
+           << getSite().size() << " values";
+  if (static_cast<int64_t>(getSite().size()) - 2 > run::kMaxRecordRank)
+    return emitOpError("records at most ")
+           << run::kMaxRecordRank << " tile coordinates, found "
+           << getSite().size() - 2;
+  return verifyElementAccess(*this, getEvent(), getIndices());
+}
+
 #define GET_OP_CLASSES
 #include "Event/IR/EventOps.cpp.inc"

@@ -112,6 +112,10 @@ struct QueueLayout {
   /// offsets (by counter position), then the waiting tile ids.
   Value indexOffsets;
   Value indexEntries;
+  /// On several ranks, when some tile waits on a symmetric event: one
+  /// *handled* flag per event counter, and the flags as an event tensor.
+  Value handled;
+  Value handledView;
   /// The size of the whole counter buffer.
   Value end;
 };
@@ -120,6 +124,8 @@ struct QueueLayout {
 void dropUnusedPendingView(QueueLayout &layout) {
   if (layout.pendingView && layout.pendingView.use_empty())
     layout.pendingView.getDefiningOp()->erase();
+  if (layout.handledView && layout.handledView.use_empty())
+    layout.handledView.getDefiningOp()->erase();
 }
 
 /// Builds the tables and functions of one graph's dynamic schedule.
@@ -141,6 +147,31 @@ private:
   void buildInit(OpBuilder &builder);
   void buildWorker(OpBuilder &builder);
   void buildCheck(OpBuilder &builder);
+
+  /// Whether event class `classIndex` is symmetric and some tile waits on
+  /// it: its elements are readied by polling (`pollSymmetric`).
+  bool isPolled(unsigned classIndex) const;
+  /// Sets the handled flag of every element of the polled classes to
+  /// whether it is still to arrive (`@g_init`).
+  void initHandled(OpBuilder &b, ScheduledFunction &function,
+                   QueueLayout &layout);
+  /// The worker loop of a graph on several ranks: takes tiles with
+  /// `event.queue_try_pop`, and polls the symmetric elements when the queue
+  /// has nothing published.
+  void buildPollingLoop(OpBuilder &b, Location loc,
+                        ScheduledFunction &function, QueueLayout &layout);
+  /// Scans every element of the polled classes; the worker that takes an
+  /// arrived element's handled flag to zero readies its waiters. Returns
+  /// whether it readied any element, then the first element still to
+  /// arrive: its class (`polled.size()` when none), event number and
+  /// linear position.
+  SmallVector<Value> pollSymmetric(OpBuilder &b, Location loc,
+                                   ScheduledFunction &function,
+                                   QueueLayout &layout);
+  /// `event.idle` of a worker that found nothing, naming the element
+  /// `pollSymmetric` reported (when there is one). Returns the idle start.
+  Value idle(OpBuilder &b, Location loc, ScheduledFunction &function,
+             Value since, ValueRange site);
 
   /// The first global tile of task `task`.
   Value tileOffset(OpBuilder &b, Location loc, ScheduledFunction &function,
@@ -228,6 +259,10 @@ private:
   /// Whether some task has live bounds, so that fewer tiles than the grids
   /// hold run.
   bool anyLive = false;
+  /// The symmetric classes some tile waits on (a graph on several ranks).
+  SmallVector<unsigned> polled;
+  /// For each event number, the first task that waits on it, or -1.
+  SmallVector<int32_t> firstWaiter;
 };
 } // namespace
 
@@ -287,6 +322,20 @@ DynamicScheduler::DynamicScheduler(const GraphPlan &plan, int64_t workers,
           .push_back({static_cast<int32_t>(taskIndex), number});
     }
   }
+  firstWaiter.assign(plan.numEvents(), -1);
+  for (unsigned taskIndex = 0; taskIndex < tasks.size(); ++taskIndex)
+    for (Value event : tasks[taskIndex].getWaits()) {
+      int32_t &first =
+          firstWaiter[plan.eventNumber(cast<AllocOp>(event.getDefiningOp()))];
+      if (first < 0)
+        first = taskIndex;
+    }
+  if (graph.getRanksAttr())
+    for (unsigned c = 0; c < plan.classes.size(); ++c)
+      if (plan.classes[c].type.getSymmetric() &&
+          (classHasBoxWaiters[c] || classHasIndexedWaiters[c]))
+        polled.push_back(c);
+
   waiterOffsets.push_back(0);
   for (const auto &waiters : byEvent) {
     for (auto [task, kind] : waiters) {
@@ -345,6 +394,16 @@ ScheduledFunction DynamicScheduler::createFunction(OpBuilder &builder,
                    tilesOf(b, loc, function, family)));
     }
     layout.end = addIndex(b, loc, layout.indexEntries, entries);
+  }
+  if (!polled.empty()) {
+    layout.handled = layout.end;
+    layout.end = addIndex(b, loc, layout.handled, function.eventCounters);
+    if (withCounters)
+      layout.handledView = ViewOp::create(
+          b, loc,
+          EventTensorType::get(graph.getContext(), {ShapedType::kDynamic}),
+          function.counters, layout.handled,
+          ValueRange{function.eventCounters});
   }
   return function;
 }
@@ -787,9 +846,49 @@ void DynamicScheduler::buildInit(OpBuilder &builder) {
   });
   if (anyIndexed)
     buildInverseIndex(b, function, layout);
+  if (!polled.empty())
+    initHandled(b, function, layout);
   initPending(b, function, layout);
   func::ReturnOp::create(b, loc);
   dropUnusedPendingView(layout);
+}
+
+bool DynamicScheduler::isPolled(unsigned classIndex) const {
+  return llvm::is_contained(polled, classIndex);
+}
+
+/// Every rank's counters hold their expected counts before any rank runs a
+/// tile (the runtime meets after `@g_init`), so an element whose counter is
+/// positive here is still to arrive; one that is not (count 0) is ready and
+/// counted so by the pending counts: it is never handled.
+void DynamicScheduler::initHandled(OpBuilder &b, ScheduledFunction &function,
+                                   QueueLayout &layout) {
+  Location loc = graph.getLoc();
+  zeroCounters(b, loc, function.counters, layout.handled,
+               addIndex(b, loc, layout.handled, function.eventCounters));
+  Value zero = arith::ConstantIntOp::create(b, loc, 0, 32);
+  for (unsigned classIndex : polled) {
+    const ClassLayout &classLayout = function.classes[classIndex];
+    Value end = addIndex(
+        b, loc, classLayout.base,
+        mulIndex(b, loc, classLayout.numElements,
+                 constantIndex(b, loc,
+                               plan.classes[classIndex].instances.size())));
+    scf::ForOp::create(
+        b, loc, classLayout.base, end, constantIndex(b, loc, 1), ValueRange{},
+        [&](OpBuilder &nested, Location loc, Value position, ValueRange) {
+          Value count =
+              memref::LoadOp::create(nested, loc, function.counters, position);
+          Value waiting = arith::CmpIOp::create(
+              nested, loc, arith::CmpIPredicate::sgt, count, zero);
+          Value flag = arith::ExtUIOp::create(nested, loc,
+                                              nested.getI32Type(), waiting);
+          memref::StoreOp::create(
+              nested, loc, flag, function.counters,
+              addIndex(nested, loc, layout.handled, position));
+          scf::YieldOp::create(nested, loc);
+        });
+  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -1006,6 +1105,16 @@ void DynamicScheduler::runTile(OpBuilder &b, Location loc,
                                               record, e, /*notify=*/true);
                 SmallVector<Value> coordinates = entryCoordinates(
                     cb, loc, function, family, record, e, /*notify=*/true, tile);
+                // A symmetric event's map names the rank first; its
+                // elements are readied by the polls of their own rank.
+                if (plan.classes[event.classIndex].type.getSymmetric()) {
+                  RemoteNotifyOp::create(
+                      cb, loc, event.view,
+                      ArrayRef<Value>(coordinates).drop_front(),
+                      coordinates.front());
+                  scf::YieldOp::create(cb, loc, nothing(cb));
+                  continue;
+                }
                 if (!classHasBoxWaiters[event.classIndex] &&
                     !classHasIndexedWaiters[event.classIndex]) {
                   NotifyOp::create(cb, loc, event.view, coordinates)
@@ -1035,7 +1144,8 @@ void DynamicScheduler::runTile(OpBuilder &b, Location loc,
             });
         SmallVector<int64_t> waited;
         for (unsigned c = 0; c < plan.classes.size(); ++c)
-          if (classHasBoxWaiters[c] || classHasIndexedWaiters[c])
+          if ((classHasBoxWaiters[c] || classHasIndexedWaiters[c]) &&
+              !plan.classes[c].type.getSymmetric())
             waited.push_back(c);
         if (!waited.empty()) {
           scf::IfOp::create(lb, loc, ready[0], [&](OpBuilder &then,
@@ -1075,7 +1185,9 @@ void DynamicScheduler::buildWorker(OpBuilder &builder) {
   Location loc = graph.getLoc();
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
   Type index = b.getIndexType();
-  if (!tasks.empty()) {
+  if (!tasks.empty() && graph.getRanksAttr()) {
+    buildPollingLoop(b, loc, function, layout);
+  } else if (!tasks.empty()) {
     scf::WhileOp::create(
         b, loc, TypeRange{index}, ValueRange{},
         [&](OpBuilder &before, Location loc, ValueRange) {
@@ -1094,6 +1206,196 @@ void DynamicScheduler::buildWorker(OpBuilder &builder) {
   }
   func::ReturnOp::create(b, loc);
   dropUnusedPendingView(layout);
+}
+
+/// Until the queue is exhausted or the run stopped: a tile from the queue
+/// runs; with none published, the worker polls the symmetric elements, and
+/// backs off (keeping the watchdog) when that readied nothing either. The
+/// loop carries when the worker became idle (0 while it is not).
+void DynamicScheduler::buildPollingLoop(OpBuilder &b, Location loc,
+                                        ScheduledFunction &function,
+                                        QueueLayout &layout) {
+  Type index = b.getIndexType(), i64 = b.getI64Type();
+  Value busy = arith::ConstantIntOp::create(b, loc, 0, 64);
+  scf::WhileOp::create(
+      b, loc, TypeRange{i64, index}, ValueRange{busy},
+      [&](OpBuilder &before, Location loc, ValueRange arguments) {
+        Value id = QueueTryPopOp::create(before, loc, function.counters,
+                                         layout.queue, layout.totalTiles);
+        Value left = arith::CmpIOp::create(before, loc, arith::CmpIPredicate::ne,
+                                           id, layout.totalTiles);
+        Value stopped = RunAbortedOp::create(before, loc, function.counters);
+        Value going = arith::AndIOp::create(
+            before, loc, left,
+            arith::XOrIOp::create(
+                before, loc, stopped,
+                arith::ConstantIntOp::create(before, loc, 1, 1)));
+        scf::ConditionOp::create(before, loc, going,
+                                 ValueRange{arguments[0], id});
+      },
+      [&](OpBuilder &after, Location loc, ValueRange arguments) {
+        Value since = arguments[0], id = arguments[1];
+        Value got = arith::CmpIOp::create(after, loc, arith::CmpIPredicate::ult,
+                                          id, layout.totalTiles);
+        auto branch = scf::IfOp::create(
+            after, loc, got,
+            [&](OpBuilder &then, Location loc) {
+              runTile(then, loc, function, layout,
+                      findTask(then, loc, function, layout, id), id);
+              scf::YieldOp::create(
+                  then, loc, arith::ConstantIntOp::create(then, loc, 0, 64)
+                                 .getResult());
+            },
+            [&](OpBuilder &otherwise, Location loc) {
+              SmallVector<Value> found =
+                  pollSymmetric(otherwise, loc, function, layout);
+              auto next = scf::IfOp::create(
+                  otherwise, loc, found[0],
+                  [&](OpBuilder &then, Location loc) {
+                    scf::YieldOp::create(
+                        then, loc,
+                        arith::ConstantIntOp::create(then, loc, 0, 64)
+                            .getResult());
+                  },
+                  [&](OpBuilder &still, Location loc) {
+                    scf::YieldOp::create(
+                        still, loc,
+                        idle(still, loc, function, since,
+                             ArrayRef<Value>(found).drop_front()));
+                  });
+              scf::YieldOp::create(otherwise, loc, next.getResult(0));
+            });
+        scf::YieldOp::create(after, loc, branch.getResult(0));
+      });
+}
+
+SmallVector<Value> DynamicScheduler::pollSymmetric(OpBuilder &b, Location loc,
+                                                   ScheduledFunction &function,
+                                                   QueueLayout &layout) {
+  Type i1 = b.getI1Type(), index = b.getIndexType();
+  Value one = constantIndex(b, loc, 1);
+  Value zero = constantIndex(b, loc, 0);
+  // progress, site class, site event number, site position.
+  SmallVector<Value> state = {arith::ConstantIntOp::create(b, loc, 0, 1),
+                              constantIndex(b, loc, polled.size()), zero,
+                              zero};
+  for (auto [polledIndex, classIndex] : llvm::enumerate(polled)) {
+    const EventClass &eventClass = plan.classes[classIndex];
+    const ClassLayout &classLayout = function.classes[classIndex];
+    auto instances = scf::ForOp::create(
+        b, loc, zero, constantIndex(b, loc, eventClass.instances.size()), one,
+        state,
+        [&](OpBuilder &ib, Location loc, Value instance, ValueRange carried) {
+          Value number = addIndex(
+              ib, loc, constantIndex(ib, loc, eventClass.firstEvent), instance);
+          Value base = addIndex(ib, loc, classLayout.base,
+                                mulIndex(ib, loc, instance,
+                                         classLayout.numElements));
+          Value view = ViewOp::create(ib, loc, eventClass.type,
+                                      function.counters, base,
+                                      classLayout.dynamicSizes);
+          auto elements = scf::ForOp::create(
+              ib, loc, zero, classLayout.numElements, one, carried,
+              [&](OpBuilder &eb, Location loc, Value linear,
+                  ValueRange current) {
+                Value position = addIndex(eb, loc, base, linear);
+                SmallVector<Value> coordinates =
+                    delinearize(eb, loc, linear, classLayout.sizes);
+                Value done = TestOp::create(eb, loc, layout.handledView,
+                                            ValueRange{position});
+                auto open = scf::IfOp::create(
+                    eb, loc, done,
+                    [&](OpBuilder &then, Location loc) {
+                      scf::YieldOp::create(then, loc, current);
+                    },
+                    [&](OpBuilder &pending, Location loc) {
+                      Value arrived =
+                          TestOp::create(pending, loc, view, coordinates);
+                      auto handle = scf::IfOp::create(
+                          pending, loc, arrived,
+                          [&](OpBuilder &then, Location loc) {
+                            Value mine = NotifyReadyOp::create(
+                                then, loc, layout.handledView,
+                                ValueRange{position});
+                            scf::IfOp::create(
+                                then, loc, mine,
+                                [&](OpBuilder &ready, Location loc) {
+                                  readyWaiters(ready, loc, function, layout,
+                                               classIndex, number, base,
+                                               coordinates);
+                                  scf::YieldOp::create(ready, loc);
+                                });
+                            SmallVector<Value> next(current);
+                            next[0] = arith::OrIOp::create(then, loc,
+                                                           current[0], mine);
+                            scf::YieldOp::create(then, loc, next);
+                          },
+                          [&](OpBuilder &absent, Location loc) {
+                            // The first element still to arrive.
+                            Value first = arith::CmpIOp::create(
+                                absent, loc, arith::CmpIPredicate::eq,
+                                current[1],
+                                constantIndex(absent, loc, polled.size()));
+                            SmallVector<Value> next(current);
+                            SmallVector<Value> mine = {
+                                constantIndex(absent, loc, polledIndex), number,
+                                linear};
+                            for (unsigned k = 0; k < 3; ++k)
+                              next[k + 1] = arith::SelectOp::create(
+                                  absent, loc, first, mine[k], current[k + 1]);
+                            scf::YieldOp::create(absent, loc, next);
+                          });
+                      scf::YieldOp::create(pending, loc, handle.getResults());
+                    });
+                scf::YieldOp::create(eb, loc, open.getResults());
+              });
+          scf::YieldOp::create(ib, loc, elements.getResults());
+        });
+    state.assign(instances.getResults().begin(), instances.getResults().end());
+  }
+  return state;
+}
+
+Value DynamicScheduler::idle(OpBuilder &b, Location loc,
+                             ScheduledFunction &function, Value since,
+                             ValueRange site) {
+  Type i64 = b.getI64Type();
+  SmallVector<int64_t> cases;
+  for (unsigned k = 0; k < polled.size(); ++k)
+    cases.push_back(k);
+  auto switchOp = scf::IndexSwitchOp::create(b, loc, TypeRange{i64}, site[0],
+                                             cases, cases.size());
+  Value waiterTable =
+      polled.empty()
+          ? Value()
+          : constantTable(function, "_first_waiter", firstWaiter.size());
+  for (auto [region, classIndex] :
+       llvm::zip(switchOp.getCaseRegions(), polled)) {
+    OpBuilder::InsertionGuard guard(b);
+    b.createBlock(&region);
+    const EventClass &eventClass = plan.classes[classIndex];
+    const ClassLayout &classLayout = function.classes[classIndex];
+    Value instance =
+        subIndex(b, loc, site[1], constantIndex(b, loc, eventClass.firstEvent));
+    Value base = addIndex(b, loc, classLayout.base,
+                          mulIndex(b, loc, instance, classLayout.numElements));
+    Value view = ViewOp::create(b, loc, eventClass.type, function.counters,
+                                base, classLayout.dynamicSizes);
+    Value task = loadConstant(b, loc, waiterTable, site[1]);
+    Value start = IdleOp::create(
+        b, loc, function.counters, since, view,
+        delinearize(b, loc, site[2], classLayout.sizes),
+        ValueRange{task, site[1]});
+    scf::YieldOp::create(b, loc, start);
+  }
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.createBlock(&switchOp.getDefaultRegion());
+    Value start = IdleOp::create(b, loc, function.counters, since, Value(),
+                                 ValueRange{}, ValueRange{});
+    scf::YieldOp::create(b, loc, start);
+  }
+  return switchOp.getResult(0);
 }
 
 //===----------------------------------------------------------------------===//
@@ -1149,6 +1451,8 @@ void DynamicScheduler::build(OpBuilder &builder) {
   createConstantTable(builder, "_waiter_offsets", waiterOffsets);
   createConstantTable(builder, "_waiter_tasks", waiterTasks);
   createConstantTable(builder, "_waiter_kinds", waiterKinds);
+  if (!polled.empty())
+    createConstantTable(builder, "_first_waiter", firstWaiter);
   buildCounters(builder);
   buildInit(builder);
   buildWorker(builder);
@@ -1192,17 +1496,9 @@ struct EventDynamicSchedulePass
     for (GraphOp graph : module.getOps<GraphOp>()) {
       if (check && failed(checkSchedule(graph, /*requireStaticOrder=*/false)))
         return signalPassFailure();
-      // Symmetric events are notified by other ranks, whose notifies
-      // cannot ready this rank's waiters: a graph on several ranks is
-      // scheduled statically (the order argument spans the ranks).
-      if (graph.getRanksAttr()) {
-        if (!autoSchedule) {
-          graph.emitOpError("runs on several ranks ('")
-              << GraphOp::getRanksAttrName()
-              << "'): the dynamic schedule cannot ready tasks that other "
-                 "ranks notify; use the static schedule";
-          return signalPassFailure();
-        }
+      // With `auto`, a graph on several ranks is scheduled statically:
+      // its workers never poll, and the order argument spans the ranks.
+      if (graph.getRanksAttr() && autoSchedule) {
         if (failed(checkSchedule(graph, /*requireStaticOrder=*/true)))
           return signalPassFailure();
         graphs.emplace_back(graph, false);
