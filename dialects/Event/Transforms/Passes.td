@@ -332,6 +332,25 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
     fill, so that a worker claiming one gets tile id T and stops, as past
     the capacity. A notifier readies only live waiting tiles, and
     `@g_check` reports 1 unless exactly `live` tiles were pushed.
+    A graph on several ranks (`event.ranks`) waits on symmetric events that
+    other ranks notify, whose notifies cannot push into this rank's queue.
+    Its symmetric notifies are `event.remote_notify`s, and its symmetric
+    waits count in the pending counts like the others; after everything
+    above, the counter buffer holds one *handled* flag per event counter,
+    which `@g_init` sets to 1 for every element of a symmetric event that
+    some tile waits on and that is still to arrive (every rank's counters
+    hold their expected counts before any rank runs). The worker takes
+    tiles with `event.queue_try_pop`, which never waits; when the queue has
+    nothing published, it scans those elements (`event.test`), and the
+    worker whose `event.notify_ready` takes an arrived element's flag to
+    zero readies its waiters as a local notifier would. A worker that
+    readied nothing backs off with `event.idle`, whose watchdog names the
+    first element still to arrive, its event and the first task waiting on
+    it (`@g_first_waiter`, by event number). No worker waits on one
+    element, so any number of workers per rank cannot deadlock: a tile is
+    pushed once its local producers have run and its remote elements have
+    arrived, whichever worker sees that first. With `auto`, a graph on
+    several ranks is scheduled statically.
     The graph is checked as by `event-check-schedule{static-order=false}`:
     any acyclic order of tasks is fine for a queue. With `auto`, graphs
     without data-dependent events (indirect maps, or events without

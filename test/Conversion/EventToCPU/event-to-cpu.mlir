@@ -374,3 +374,68 @@ func.func @one_lane(%x: f32, %n: index) {
 func.func @tables() attributes {event.graph = "t", event.tasks = [{grid_rank = 1 : i64, name = "copy_0"}], event.events = [{name = "e0", notified_by = ["copy_0"], waited_by = []}]} {
   return
 }
+
+// -----
+
+// The polling worker's ops (the dynamic schedule on several ranks). A
+// try-pop reads the head; below the capacity it loads the slot (acquire)
+// and, when published, advances the head with a compare-and-swap, retrying
+// when it lost; it yields the capacity + 1 for an empty slot and the
+// capacity for an exhausted queue. A test is an acquire load compared with
+// zero. An idle step reads the clock, keeps the start of the idle time,
+// reports to the watchdog (the site of a wait: kind 1, the worker, task,
+// tile rank 0, event, element and its value) once the worker has been idle
+// longer than the watchdog while the run goes on, and yields the core.
+
+// CHECK-LABEL: func.func @polling(
+// CHECK-SAME:      %[[COUNTERS:[^:]*]]: memref<?xi32>, %[[N:[^:]*]]: index, %[[SINCE:[^:]*]]: i64
+// CHECK:         %[[CAP:.*]] = arith.index_castui %[[N]] : index to i32
+// CHECK:         %[[NOTHING:.*]] = arith.addi %[[CAP]], %{{.*}} : i32
+// CHECK:         %[[TAKEN:.*]] = scf.while : () -> i32 {
+// CHECK:           %[[HEAD:.*]] = llvm.load %[[HEADPTR:.*]] atomic monotonic
+// CHECK:           %[[OUT:.*]] = arith.cmpi uge, %[[HEAD]], %[[CAP]] : i32
+// CHECK:           scf.if %[[OUT]] -> (i1, i32) {
+// CHECK:             scf.yield %{{.*}}, %[[CAP]] : i1, i32
+// CHECK:           } else {
+// CHECK:             %[[SLOT:.*]] = llvm.load %{{.*}} atomic acquire
+// CHECK:             %[[EMPTY:.*]] = arith.cmpi eq, %[[SLOT]], %{{.*}} : i32
+// CHECK:             scf.if %[[EMPTY]] -> (i1, i32) {
+// CHECK:               scf.yield %{{.*}}, %[[NOTHING]] : i1, i32
+// CHECK:             } else {
+// CHECK:               %[[NEXT:.*]] = arith.addi %[[HEAD]], %{{.*}} : i32
+// CHECK:               %[[SWAP:.*]] = llvm.cmpxchg %[[HEADPTR]], %[[HEAD]], %[[NEXT]] monotonic monotonic
+// CHECK:               %[[WON:.*]] = llvm.extractvalue %[[SWAP]][1]
+// CHECK:               %[[RETRY:.*]] = arith.xori %[[WON]], %{{.*}} : i1
+// CHECK:               %[[TASK:.*]] = arith.subi %[[SLOT]], %{{.*}} : i32
+// CHECK:               scf.yield %[[RETRY]], %[[TASK]] : i1, i32
+// CHECK:         arith.index_castui %[[TAKEN]] : i32 to index
+// CHECK:         %[[COUNT:.*]] = llvm.load %{{.*}} atomic acquire
+// CHECK:         arith.cmpi sle, %[[COUNT]], %{{.*}} : i32
+// CHECK:         %[[NOW:.*]] = llvm.call @__etc_monotonic_ns() : () -> i64
+// CHECK:         %[[FIRST:.*]] = arith.cmpi eq, %[[SINCE]], %{{.*}} : i64
+// CHECK:         %[[START:.*]] = arith.select %[[FIRST]], %[[NOW]], %[[SINCE]] : i64
+// CHECK:         %[[IDLE:.*]] = arith.subi %[[NOW]], %[[START]] : i64
+// CHECK:         %[[BOUND:.*]] = arith.constant 5000000000 : i64
+// CHECK:         %[[EXPIRED:.*]] = arith.cmpi sgt, %[[IDLE]], %[[BOUND]] : i64
+// CHECK:         scf.if %{{.*}} {
+// CHECK:           llvm.call @__etc_watchdog_report(
+// CHECK:         }
+// CHECK:         llvm.call @syscall(%{{.*}}) vararg
+// CHECK:         llvm.call @__etc_monotonic_ns()
+// CHECK:         llvm.call @__etc_watchdog_report(
+// CHECK:         llvm.call @syscall(%{{.*}}) vararg
+// CHECK:         return %{{.*}}, %{{.*}}, %[[START]], %{{.*}} : index, i1, i64, i64
+
+// LIMIT-LABEL: func.func @polling(
+// LIMIT:         arith.constant 250000000 : i64
+func.func @polling(%counters: memref<?xi32>, %n: index, %since: i64) -> (index, i1, i64, i64) {
+  %c0 = arith.constant 0 : index
+  %c3 = arith.constant 3 : index
+  %t = event.queue_try_pop %counters[%c3] capacity(%n) : memref<?xi32>
+  %e = event.view %counters[%c0]() : memref<?xi32> -> !event.tensor<3, symmetric>
+  %ready = event.test %e[%c0] : !event.tensor<3, symmetric>
+  %task = arith.constant 1 : index
+  %start = event.idle %counters since(%since) on %e[%c0] site(%task, %c0) : memref<?xi32>, !event.tensor<3, symmetric>
+  %other = event.idle %counters since(%since) : memref<?xi32>
+  return %t, %ready, %start, %other : index, i1, i64, i64
+}

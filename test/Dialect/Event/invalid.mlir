@@ -758,3 +758,52 @@ func.func @f(%a: memref<4xf32, strided<[2]>>, %b: memref<4xf32>, %i: index) {
   event.put %a[%i] [%i] to %b[%i] rank(%i) : memref<4xf32, strided<[2]>>, memref<4xf32>
   return
 }
+
+// -----
+
+func.func @f(%c: memref<?xi32>, %q: index) -> index {
+  %capacity = arith.constant -1 : index
+  // expected-error @+1 {{'event.queue_try_pop' op expects a capacity in [0, 2147483647) so that task ids fit the 32-bit slots, found -1}}
+  %t = event.queue_try_pop %c[%q] capacity(%capacity) : memref<?xi32>
+  return %t : index
+}
+
+// -----
+
+func.func @f(%e: !event.tensor<4x4>, %i: index) -> i1 {
+  // expected-error @+1 {{'event.test' op expects 2 indices for '!event.tensor<4x4>', found 1}}
+  %ready = event.test %e[%i] : !event.tensor<4x4>
+  return %ready : i1
+}
+
+// -----
+
+func.func @idle_site(%c: memref<?xi32>, %since: i64, %e: !event.tensor<4>, %i: index) -> i64 {
+  // expected-error @+1 {{'event.idle' op expects a site of a task, an event and the tile's coordinates, found 1 values}}
+  %start = event.idle %c since(%since) on %e[%i] site(%i) : memref<?xi32>, !event.tensor<4>
+  return %start : i64
+}
+
+// -----
+
+func.func @idle_tile(%c: memref<?xi32>, %since: i64, %e: !event.tensor<4>, %i: index) -> i64 {
+  // expected-error @+1 {{'event.idle' op records at most 4 tile coordinates, found 5}}
+  %start = event.idle %c since(%since) on %e[%i] site(%i, %i, %i, %i, %i, %i, %i) : memref<?xi32>, !event.tensor<4>
+  return %start : i64
+}
+
+// -----
+
+func.func @idle_element(%c: memref<?xi32>, %since: i64, %e: !event.tensor<4x4>, %i: index) -> i64 {
+  // expected-error @+1 {{'event.idle' op expects 2 indices for '!event.tensor<4x4>', found 1}}
+  %start = event.idle %c since(%since) on %e[%i] site(%i, %i) : memref<?xi32>, !event.tensor<4x4>
+  return %start : i64
+}
+
+// -----
+
+func.func @idle_without_event(%c: memref<?xi32>, %since: i64, %i: index) -> i64 {
+  // expected-error @+1 {{'event.idle' op names an element and a site only with 'on' an event tensor}}
+  %start = "event.idle"(%c, %since, %i) {operandSegmentSizes = array<i32: 1, 1, 0, 1, 0>} : (memref<?xi32>, i64, index) -> i64
+  return %start : i64
+}

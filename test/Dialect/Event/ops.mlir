@@ -101,6 +101,25 @@ func.func @queue(%counters: memref<?xi32>, %n: index, %q: index, %t: index) -> (
 
 // -----
 
+// The polling worker of the dynamic schedule on several ranks.
+// CHECK-LABEL: func.func @polling
+// CHECK:         %{{.*}} = event.queue_try_pop %{{.*}}[%{{.*}}] capacity(%{{.*}}) : memref<?xi32>
+// CHECK:         %{{.*}} = event.test %{{.*}}[%{{.*}}] : !event.tensor<4, symmetric>
+// CHECK:         %{{.*}} = event.idle %{{.*}} since(%{{.*}}) on %{{.*}}[%{{.*}}] site(%{{.*}}, %{{.*}}) : memref<?xi32>, !event.tensor<4, symmetric>
+// CHECK:         %{{.*}} = event.idle %{{.*}} since(%{{.*}}) : memref<?xi32>
+func.func @polling(%counters: memref<?xi32>, %n: index, %q: index, %since: i64)
+    -> (index, i1, i64, i64) {
+  %c0 = arith.constant 0 : index
+  %t = event.queue_try_pop %counters[%q] capacity(%n) : memref<?xi32>
+  %e = event.view %counters[%c0]() : memref<?xi32> -> !event.tensor<4, symmetric>
+  %ready = event.test %e[%c0] : !event.tensor<4, symmetric>
+  %start = event.idle %counters since(%since) on %e[%c0] site(%t, %c0) : memref<?xi32>, !event.tensor<4, symmetric>
+  %other = event.idle %counters since(%since) : memref<?xi32>
+  return %t, %ready, %start, %other : index, i1, i64, i64
+}
+
+// -----
+
 // A pop from a queue of capacity 0 is the worker loop of a program without
 // tiles: it returns 0 at once. (A push into it is rejected: see invalid.mlir.)
 // CHECK-LABEL: func.func @empty_queue
