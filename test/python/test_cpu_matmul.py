@@ -70,7 +70,7 @@ def test_every_micro_tile_matches_numpy(n, workers, schedule):
                                    err_msg=f"B = {batch}")
 
 
-@pytest.mark.parametrize("n", [1024, 100])
+@pytest.mark.parametrize("n", [1024, 100, 102])
 def test_transposed_tiles_match_numpy(n):
     rng = np.random.default_rng(n)
     k = 72

@@ -227,13 +227,22 @@ class MatmulCPU(Matmul):
         vector_k = arith.muli(arith.divui(k_extent, self.cidx(width)), self.cidx(width))
         row_groups = arith.divui(arith.addi(rows, self.cidx(self.ROWS - 1)), self.cidx(self.ROWS))
         col_groups = arith.divui(arith.addi(cols, self.cidx(self.COLS - 1)), self.cidx(self.COLS))
+        # A tile whose columns divide into COLS groups gives each dot group
+        # columns `step` apart (c, c + step, ...): the COLS rows of B^T it
+        # reads lie in COLS far-apart parts of the tile, so that each part is
+        # read front to back as the groups go on, as COLS long sequential
+        # streams the hardware prefetcher follows (adjacent columns make
+        # COLS streams of one row each, ended after K elements).
+        strided = arith.cmpi(arith.CmpIPredicate.eq,
+                             arith.remui(cols, self.cidx(self.COLS)), self.cidx(0))
+        step = arith.select(strided, arith.divui(cols, self.cidx(self.COLS)), self.cidx(1))
         loop = self.lane_loop(arith.muli(row_groups, col_groups))
         with ir.InsertionPoint(loop.body):
             g = loop.induction_variable
             rg = arith.divui(g, col_groups)
             cg = arith.remui(g, col_groups)
             row = arith.addi(r0, arith.muli(rg, self.cidx(self.ROWS)))
-            col = arith.addi(c0, arith.muli(cg, self.cidx(self.COLS)))
+            col = arith.addi(c0, arith.select(strided, cg, arith.muli(cg, self.cidx(self.COLS))))
             row_count = arith.minsi(self.cidx(self.ROWS),
                                     arith.subi(arith.addi(r0, rows), row))
             col_count = arith.minsi(self.cidx(self.COLS),
@@ -243,7 +252,7 @@ class MatmulCPU(Matmul):
                 arith.cmpi(arith.CmpIPredicate.eq, col_count, self.cidx(self.COLS)))
             branch = scf.IfOp(full, has_else=True)
             with ir.InsertionPoint(branch.then_block):
-                self.emit_dots(row, self.ROWS, col, self.COLS, vector_k, k_extent)
+                self.emit_dots(row, self.ROWS, col, self.COLS, vector_k, k_extent, step)
                 scf.yield_([])
             with ir.InsertionPoint(branch.else_block):
                 # Fewer than ROWS rows (decode) but all COLS columns: a row at
@@ -255,7 +264,7 @@ class MatmulCPU(Matmul):
                     each_row = scf.ForOp(self.cidx(0), row_count, self.cidx(1))
                     with ir.InsertionPoint(each_row.body):
                         self.emit_dots(arith.addi(row, each_row.induction_variable), 1, col,
-                                       self.COLS, vector_k, k_extent)
+                                       self.COLS, vector_k, k_extent, step)
                         scf.yield_([])
                     scf.yield_([])
                 with ir.InsertionPoint(rows_only.else_block):
@@ -280,15 +289,20 @@ class MatmulCPU(Matmul):
         return vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<add>"), v,
                                 fastmath=ir.Attribute.parse("#arith.fastmath<reassoc>"))
 
-    def emit_dots(self, row, nrows: int, col, ncols: int, vector_k, k_extent) -> None:
+    def emit_dots(self, row, nrows: int, col, ncols: int, vector_k, k_extent,
+                  step=None) -> None:
+        """C[row + r, col + c * step] for r < nrows, c < ncols (step 1 when
+        None): dot products along k of A's rows and B^T's rows."""
         a, b = self.op.operands
         width = self.WIDTH
+        step = self.cidx(1) if step is None else step
+        cols = [arith.addi(col, arith.muli(self.cidx(c), step)) for c in range(ncols)]
         accs = [self.vzero(width) for _ in range(nrows * ncols)]
         kloop = scf.ForOp(self.cidx(0), vector_k, self.cidx(width), accs)
         with ir.InsertionPoint(kloop.body):
             k = kloop.induction_variable
             a_rows = [self.vload(a, [arith.addi(row, self.cidx(r)), k], width) for r in range(nrows)]
-            b_rows = [self.vload(b, [arith.addi(col, self.cidx(c)), k], width) for c in range(ncols)]
+            b_rows = [self.vload(b, [c, k], width) for c in cols]
             carried = list(kloop.inner_iter_args)
             scf.yield_([vector.fma(a_rows[r], b_rows[c], carried[r * ncols + c])
                         for r in range(nrows) for c in range(ncols)])
@@ -299,10 +313,10 @@ class MatmulCPU(Matmul):
                 with ir.InsertionPoint(tail.body):
                     k = tail.induction_variable
                     prod = arith.mulf(self.load(a, [arith.addi(row, self.cidx(r)), k]),
-                                      self.load(b, [arith.addi(col, self.cidx(c)), k]))
+                                      self.load(b, [cols[c], k]))
                     scf.yield_([arith.addf(tail.inner_iter_args[0], prod)])
                 self.store(tail.results[0], self.op.result,
-                           [arith.addi(row, self.cidx(r)), arith.addi(col, self.cidx(c))])
+                           [arith.addi(row, self.cidx(r)), cols[c]])
 
 
 def filling_tile(op, target, n: int, widths: list) -> tuple:
