@@ -159,6 +159,7 @@ def trace_step(engine: ETC, batch: int, prompt: int, steps: int, schedule: str) 
                 for r in range(batch)]
     _, next_ids = kernel.run(**model.step_inputs(cache, requests))
     busy: dict = {}
+    idle: dict = {}
     spans, tiles = [], []
     for step in range(steps):
         requests = [models.Request(r, prompt + step, [int(next_ids[r])]) for r in range(batch)]
@@ -168,16 +169,26 @@ def trace_step(engine: ETC, batch: int, prompt: int, steps: int, schedule: str) 
         tiles.append(len(events))
         for e in events:
             busy[family(e.task)] = busy.get(family(e.task), 0) + e.duration
+        # A worker's idle time before a tile is charged to the tile's family:
+        # it waited there for the tiles that family depends on.
+        last_end: dict = {}
+        for e in events:
+            if e.worker in last_end:
+                gap = max(0, e.start - last_end[e.worker])
+                idle[family(e.task)] = idle.get(family(e.task), 0) + gap
+            last_end[e.worker] = max(last_end.get(e.worker, 0), e.end)
     span = statistics.median(spans) / 1e3
     total = sum(busy.values()) / steps / 1e3
     print(f"\ntrace of a decode step at B = {batch} ({engine.workers} workers, median of {steps} "
           f"steps): {span:.0f} us from the first tile's start to the last tile's end, "
           f"{tiles[0]} tile tasks; workers busy {total:.0f} us of "
           f"{span * engine.workers:.0f} us\n")
-    print("| operator family | us per step (all workers) | share of busy time |")
-    print("|---|---:|---:|")
+    print("| operator family | us per step (all workers) | share of busy time "
+          "| idle us before its tiles |")
+    print("|---|---:|---:|---:|")
     for name, ns in sorted(busy.items(), key=lambda item: -item[1]):
-        print(f"| {name} | {ns / steps / 1e3:.0f} | {ns / sum(busy.values()):.1%} |")
+        print(f"| {name} | {ns / steps / 1e3:.0f} | {ns / sum(busy.values()):.1%} "
+              f"| {idle.get(name, 0) / steps / 1e3:.0f} |")
 
 
 def load_average() -> str:

@@ -22,19 +22,24 @@ def _matmul(k: int, n: int, *, tile=None, transpose_b: bool = False) -> etc.Grap
     return g
 
 
-@pytest.mark.parametrize("n, workers, width", [
-    (2816, 2, 256),   # 11 tiles: >= 2 per worker
-    (1024, 2, 256),   # 4 tiles
-    (1024, 4, 128),   # 256 would give 4 tiles for 4 workers
-    (1024, 8, 64),
-    (1024, 32, 64),   # never narrower than 64 columns
-    (384, 1, 128),    # 256 does not divide 384
-    (192, 2, 64),
+@pytest.mark.parametrize("n, workers, width, width_t", [
+    (2816, 2, 176, 176),  # 256 gives 11 tiles, 176 gives 16: 8 per worker
+    (1024, 2, 256, 256),  # 4 tiles
+    (1024, 4, 128, 128),  # 256 would give 4 tiles for 4 workers
+    (1024, 8, 64, 64),
+    (1024, 32, 64, 16),   # A @ B never narrower than 64 columns; B^T: 64 tiles of 16
+    (1024, 3, 128, 128),  # no width gives 3 workers equal shares: 8 tiles
+    (384, 1, 192, 192),   # 256 does not divide 384
+    (192, 2, 64, 48),     # 64: 3 tiles (2 + 1); B^T: 4 tiles of 48
+    (576, 2, 144, 144),   # 64 would give 9 tiles (5 + 4)
+    (1536, 2, 256, 256),
 ])
-def test_tile_width_gives_every_worker_column_tiles(n, workers, width):
-    g = _matmul(64, n)
-    (op,) = g._ops
-    assert MatmulCPU.tile_for(op, Target("cpu", workers=workers)) == (32, width)
+def test_tile_width_gives_every_worker_column_tiles(n, workers, width, width_t):
+    target = Target("cpu", workers=workers)
+    (op,) = _matmul(64, n)._ops
+    assert MatmulCPU.tile_for(op, target) == (32, width)
+    (op,) = _matmul(64, n, transpose_b=True)._ops
+    assert MatmulCPU.tile_for(op, target) == (32, width_t)
 
 
 def test_tile_is_kept_when_no_width_divides_n_or_the_user_chose_it():

@@ -124,15 +124,28 @@ class MatmulCPU(Matmul):
 
     @classmethod
     def tile_for(cls, op, target) -> tuple:
-        """Rows as the front end tiles them; the widest of TILE_WIDTHS that
-        divides N and still gives every worker two column tiles at one row
-        block (decode), else the narrowest that divides N; the front end's
-        tile when none does."""
-        n = op.operands[1].shape[0 if op.params["transpose_b"] else 1]
+        """Rows as the front end tiles them, and a width that divides N into
+        column tiles every worker gets the same number of, at least two
+        each (the widest such multiple of WIDTH up to 256): a decode step
+        is a chain of matmuls each of which all workers must finish before
+        the next starts, so a stage of 9 tiles on 2 workers takes 5 tiles'
+        time. Failing that, the widest of TILE_WIDTHS that still gives
+        every worker two column tiles, else the narrowest that divides N;
+        the front end's tile when none does. C = A @ B tiles are never
+        narrower than 64 columns (each k reads a run of B's row as wide as
+        the micro-tile); B^T's rows are contiguous whatever the width."""
+        transpose_b = op.params["transpose_b"]
+        n = op.operands[1].shape[0 if transpose_b else 1]
         if not isinstance(n, int):
             return op.tile
+        workers = target.workers
+        narrowest = cls.WIDTH if transpose_b else cls.TILE_WIDTHS[-1]
+        for tn in range(cls.TILE_WIDTHS[0], narrowest - 1, -cls.WIDTH):
+            tiles = n // tn
+            if n % tn == 0 and tiles >= 2 * workers and tiles % workers == 0:
+                return (op.tile[0], tn)
         widths = [tn for tn in cls.TILE_WIDTHS if n % tn == 0]
-        enough = [tn for tn in widths if n // tn >= 2 * target.workers]
+        enough = [tn for tn in widths if n // tn >= 2 * workers]
         if enough:
             return (op.tile[0], enough[0])
         return (op.tile[0], widths[-1]) if widths else op.tile
