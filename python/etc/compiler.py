@@ -15,7 +15,7 @@ from mlir import ir
 from . import ops
 from . import pipeline as _pipeline
 from . import reference as _reference
-from .binding import Signature
+from .binding import PartialKernel, Signature
 from .pipeline import Options
 from .runtime import artifact as _artifact
 from .runtime.abi import Argument, Event, KernelABI, Task
@@ -93,6 +93,13 @@ class CompiledKernel:
         `etc.runtime.cuda.CUDAUnavailableError` (a RuntimeError). Inputs
         named `out` or `stream` go through `kernel.runtime.run(dict)`."""
         return self._runtime.run(inputs, out=out, stream=stream)
+
+    def partial(self, /, **arrays) -> "PartialKernel":
+        """The kernel with `arrays` (inputs or state buffers by name) bound
+        once, to run with the others (`etc.binding.PartialKernel`): on the
+        CPU a run then checks and addresses only those, e.g. a decode step's
+        dozen small arrays instead of also its hundreds of weights."""
+        return PartialKernel(self, self._runtime, arrays)
 
     def save(self, path, metadata: dict | None = None) -> None:
         """Writes the kernel to `path` as one self-describing artifact that

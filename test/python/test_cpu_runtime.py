@@ -497,3 +497,61 @@ def test_an_array_changed_since_an_earlier_run_is_checked_again(bf16_matmul):
     with pytest.raises(TypeError, match=r"missing inputs \['w'\]"):
         kernel.run(x=x)
 
+
+
+def test_partial_binds_inputs_once_and_reads_them_at_every_run(bf16_matmul, tmp_path):
+    """`kernel.partial(w=...)` runs like `kernel.run(w=..., x=...)`, reads the
+    bound array's current values at every run, and keeps its addresses right
+    when runs with and without the bound arrays share a workspace; a saved
+    and loaded kernel has it too."""
+    g, kernel = bf16_matmul
+    rng = np.random.default_rng(7)
+    w = etc.bfloat16.to_bits(rng.standard_normal((16, 32)).astype(np.float32))
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    bound = kernel.partial(w=w)
+    np.testing.assert_array_equal(bound.run(x=x)[0], etc.reference.evaluate(g, x=x, w=w)[0])
+    other = etc.bfloat16.to_bits(rng.standard_normal((16, 32)).astype(np.float32))
+    # A run on another w in the same workspace (B = 3), then the bound one again.
+    np.testing.assert_array_equal(kernel.run(x=x, w=other)[0],
+                                  etc.reference.evaluate(g, x=x, w=other)[0])
+    np.testing.assert_array_equal(bound.run(x=x)[0], etc.reference.evaluate(g, x=x, w=w)[0])
+    w[:] = other
+    out = np.empty((3, 32), np.float32)
+    bound.run(x=x, out=[out])
+    np.testing.assert_array_equal(out, etc.reference.evaluate(g, x=x, w=other)[0])
+    kernel.save(tmp_path / "mm.etc")
+    loaded = etc.runtime.load(tmp_path / "mm.etc").partial(w=w)
+    np.testing.assert_array_equal(loaded.run(x=x[:1])[0],
+                                  etc.reference.evaluate(g, x=x[:1], w=w)[0])
+
+
+def test_partial_rejects_what_it_cannot_bind(bf16_matmul):
+    _, kernel = bf16_matmul
+    w = np.ones((16, 32), np.float32)
+    with pytest.raises(TypeError, match=r"constants \['v'\] are not inputs"):
+        kernel.partial(v=w)
+    with pytest.raises(ValueError, match=r"constant 'x' has the symbolic shape"):
+        kernel.partial(x=np.ones((2, 16), np.float32))
+    with pytest.raises(ValueError, match=r"input 'w' dim 0 is 8, expected 16"):
+        kernel.partial(w=np.ones((8, 32), np.float32))
+    with pytest.raises(TypeError, match=r"input 'w' has dtype float64"):
+        kernel.partial(w=w.astype(np.float64))
+    bound = kernel.partial(w=w)
+    with pytest.raises(TypeError, match=r"inputs \['w'\] are bound as constants"):
+        bound.run(x=np.ones((2, 16), np.float32), w=w)
+    with pytest.raises(TypeError, match=r"missing inputs \['x'\]"):
+        bound.run()
+
+
+def test_partial_refuses_index_inputs():
+    g = etc.Graph("gather")
+    table = g.input("table", (8, 4), "f32")
+    ids = g.input("ids", (4,), "i32")
+    g.index_range(ids, below=8)
+    g.output(g.embedding(table, ids))
+    kernel = etc.compile(g, workers=1)
+    with pytest.raises(ValueError, match=r"constant 'ids' is an index input"):
+        kernel.partial(ids=np.zeros(4, np.int32))
+    bound = kernel.partial(table=np.arange(32, dtype=np.float32).reshape(8, 4))
+    np.testing.assert_array_equal(bound.run(ids=np.array([7, 0, 1, 2], np.int32))[0][0],
+                                  [28, 29, 30, 31])

@@ -329,6 +329,9 @@ class Model:
         self.kernel_source = source
         self.timings["compile" if source == "compiled" else "cache"] = seconds
         self._kernels = (step,)
+        #: The step kernel with the weights bound (`partial`), made at the
+        #: first step.
+        self._step = None
         if target == "cuda":
             self._weights = {name: _to_device(step, name, array)
                              for name, array in self._weights.items()}
@@ -485,13 +488,16 @@ class Model:
         number of tokens (prefill, decode, or a mix in one step). With a
         `PagedKVCache`, a request's slot is its sequence in the cache's
         block manager, whose blocks must cover its positions."""
-        kernel = self._kernels[0]
-        inputs = self.step_inputs(cache, requests)
+        if self._step is None:
+            # The weights are bound once: a step then checks and addresses
+            # only its own dozen arrays and the caches (on the CPU).
+            self._step = self._kernels[0].partial(**self._weights)
+        inputs = self._step_data(cache, requests)
         if return_logits:
-            logits, next_ids = kernel.run(**inputs)
+            logits, next_ids = self._step.run(**inputs)
             return np.asarray(logits, dtype=np.float32), next_ids
         next_ids = np.empty(len(requests), np.int32)
-        kernel.run(**inputs, out={"next_ids": next_ids})
+        self._step.run(**inputs, out={"next_ids": next_ids})
         return None, next_ids
 
     def _fresh_seeds(self, count: int) -> list:
@@ -548,6 +554,10 @@ class Model:
         sampling parameters (`sampling.sampling_inputs`), the weights and
         the caches, by name. `step` runs the kernel on them; benchmarks bind
         them once."""
+        return {**self._step_data(cache, requests), **self._weights}
+
+    def _step_data(self, cache, requests: Sequence[Request]) -> dict:
+        """`step_inputs` without the weights."""
         self._check_cache(cache)
         if not requests:
             raise ValueError("step: no requests")
@@ -590,7 +600,7 @@ class Model:
                     **addressing, request_length=i32(length), request_first=i32(first),
                     request_last=i32(last),
                     **sampling_inputs([q.sampling for q in requests], self._fresh_seeds),
-                    **self._weights, **cache.arrays)
+                    **cache.arrays)
 
     def generate(self, prompts, max_new_tokens: int, return_logits: bool = False, *,
                  stop: Sequence[str] = (), ignore_eos: bool = False, sampling=None,

@@ -33,6 +33,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from ..binding import PartialKernel
 from .abi import KernelABI
 
 #: The `format` field of every artifact manifest.
@@ -213,6 +214,13 @@ class LoadedKernel:
     def run(self, /, *, out=None, stream=None, **inputs):
         """Runs the kernel (see `etc.CompiledKernel.run`)."""
         return self._runtime.run(inputs, out=out, stream=stream)
+
+    def partial(self, /, **arrays) -> "PartialKernel":
+        """The kernel with `arrays` (inputs or state buffers by name) bound
+        once, to run with the others (`etc.binding.PartialKernel`): on the
+        CPU a run then checks and addresses only those, e.g. a decode step's
+        dozen small arrays instead of also its hundreds of weights."""
+        return PartialKernel(self, self._runtime, arrays)
 
     @property
     def metadata(self) -> dict:

@@ -233,6 +233,8 @@ class _Workspace:
         self.slots, _ = table_slots(runtime.arguments)
         #: The input and state addresses in the table now, by name.
         self.addresses: dict[str, int] = {}
+        #: The `Constants` whose addresses the table holds (all of them).
+        self.constants = None
         # The intermediates' addresses now, the others' (0 here) per run.
         self.table = buffer_table(
             runtime.arguments,
@@ -263,6 +265,61 @@ def _prototype(abi: KernelABI, role: str):
         argtypes += [ctypes.c_int64, ctypes.c_int64]  # worker id, worker count
     restype = {"counters": ctypes.c_int64, "check": ctypes.c_int32}.get(role)
     return ctypes.CFUNCTYPE(restype, *argtypes)
+
+
+class Constants:
+    """Inputs bound once for many runs (`CPURuntime.constants`): checked,
+    converted to their storage and addressed here, so that a run with them
+    looks only at the other inputs. A decode step passes a few hundred
+    weights with a dozen small per-step arrays; checking and addressing the
+    weights again at every step cost about a millisecond once a step had
+    streamed the weights through the caches.
+
+    The arrays are kept (referenced) and read at every run: changing their
+    contents in place changes what the next run computes; an array that
+    needed a conversion (float32 for a bf16 input) was copied here, once."""
+
+    def __init__(self, runtime: "CPURuntime", arrays: dict):
+        names = list(arrays)
+        by_name = {arg.name: arg for arg in runtime._supplied}
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise TypeError(f"{runtime.abi.name}: constants {unknown} are not inputs or state "
+                            f"buffers of the graph; expected some of {sorted(by_name)}")
+        checked = set(runtime.abi.index_ranges)
+        for batch in runtime.abi.ragged_batches:
+            checked.update(batch.values())
+        self.storage: dict[str, np.ndarray] = {}
+        for name in names:
+            arg, array = by_name[name], arrays[name]
+            if any(not isinstance(d, int) for d in arg.shape):
+                raise ValueError(f"{runtime.abi.name}: constant {name!r} has the symbolic shape "
+                                 f"{arg.shape}, which binds symbols at every run: pass it to "
+                                 f"run() instead")
+            if name in checked:
+                raise ValueError(f"{runtime.abi.name}: constant {name!r} is an index input, "
+                                 f"whose values are checked at every run: pass it to run() "
+                                 f"instead")
+            if arg.kind == "state":
+                storage = check_state(arg, array)
+            else:
+                if not isinstance(array, np.ndarray):
+                    raise TypeError(f"input {name!r} must be a numpy.ndarray, got "
+                                    f"{type(array).__name__}")
+                check_input_dtype(name, arg, array)
+                storage = to_storage(array, arg.dtype)
+            self.storage[name] = storage
+        args = [by_name[n] for n in names]
+        bind_symbols(args, {n: arrays[n].shape for n in names}, allow_unbound=True)
+        #: Each constant's address, by name.
+        self.addresses = {name: array.ctypes.data for name, array in self.storage.items()}
+        self.runtime = runtime
+        #: The inputs and state buffers a run with these constants takes.
+        self.rest = [arg for arg in runtime._supplied if arg.name not in self.storage]
+        self.rest_names = {arg.name for arg in self.rest}
+
+    def __repr__(self) -> str:
+        return f"<Constants of {self.runtime.abi.name}: {len(self.storage)} arrays>"
 
 
 class CPURuntime:
@@ -325,7 +382,14 @@ class CPURuntime:
 
     # -- argument binding -------------------------------------------------
 
-    def _bind(self, inputs: dict) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+    def constants(self, arrays: dict) -> Constants:
+        """Binds `arrays` (inputs or state buffers by name, with static
+        shapes and no index ranges) once for the runs given them with
+        `run(..., constants=)`: see `Constants`."""
+        return Constants(self, arrays)
+
+    def _bind(self, inputs: dict, constants: Constants | None = None
+              ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
         """The symbols' values and, by name, each caller's array as the
         program reads it (inputs converted to their storage, state buffers
         as given; `_address` gives its address).
@@ -335,10 +399,21 @@ class CPURuntime:
         (no conversion) is not checked nor looked at again: a decode step
         passes hundreds of weights that do not change between steps, and
         checking them took milliseconds per step."""
-        if inputs.keys() != self._supplied_names:
-            check_input_names(self.abi.name, self.arguments, inputs)
+        expected, expected_args = self._supplied_names, self._supplied
+        if constants is not None:
+            if constants.runtime is not self:
+                raise ValueError(f"{self.abi.name}: constants= were bound by another kernel's "
+                                 f"runtime ({constants!r})")
+            expected, expected_args = constants.rest_names, constants.rest
+        if inputs.keys() != expected:
+            bound = set(inputs) & constants.storage.keys() if constants is not None else ()
+            if bound:
+                raise TypeError(f"{self.abi.name}: inputs {sorted(bound)} are bound as "
+                                f"constants and given to run() too")
+            check_input_names(self.abi.name, self.arguments,
+                              [*inputs, *(constants.storage if constants is not None else ())])
         seen, supplied, fresh = self._seen, {}, set()
-        for arg in self._supplied:
+        for arg in expected_args:
             name = arg.name
             array = inputs[name]
             known = seen.get(name)
@@ -364,7 +439,7 @@ class CPURuntime:
                 seen.pop(name, None)
         # Arguments with symbolic dims bind the symbols every run; static
         # ones are checked when they are new.
-        checked = [arg for arg in self._supplied if arg.name in fresh or arg.name in
+        checked = [arg for arg in expected_args if arg.name in fresh or arg.name in
                    self._symbolic_names]
         symbols = bind_symbols(checked + self._symbol_args,
                                {arg.name: inputs[arg.name].shape for arg in checked})
@@ -401,16 +476,18 @@ class CPURuntime:
 
     # -- calls --------------------------------------------------------------
 
-    def run(self, inputs: dict, *, out=None, stream=None) -> list[np.ndarray]:
-        """Runs the program on NumPy `inputs`; returns the outputs, or with
-        `out=` (NumPy arrays, a list in output order or a dict by name) fills
-        and returns those. `stream` is for the CUDA target only."""
+    def run(self, inputs: dict, *, out=None, stream=None,
+            constants: Constants | None = None) -> list[np.ndarray]:
+        """Runs the program on NumPy `inputs` (and the arrays bound as
+        `constants`, see `constants()`); returns the outputs, or with `out=`
+        (NumPy arrays, a list in output order or a dict by name) fills and
+        returns those. `stream` is for the CUDA target only."""
         if stream is not None:
             raise TypeError("stream= is for target='cuda'; CPU runs are synchronous")
-        symbols, supplied = self._bind(inputs)
+        symbols, supplied = self._bind(inputs, constants)
         workspace = self._take_workspace(symbols)
         try:
-            outputs = self._run(workspace, supplied)
+            outputs = self._run(workspace, supplied, constants)
         finally:
             self._put_back(workspace)
         results = [from_storage(outputs[name], dtype) for name, dtype in self._outputs]
@@ -418,11 +495,18 @@ class CPURuntime:
             return results
         return fill_out(self.abi, out, dict(zip(self.abi.outputs, results)))
 
-    def _run(self, workspace: _Workspace, supplied: dict) -> dict[str, np.ndarray]:
+    def _run(self, workspace: _Workspace, supplied: dict,
+             constants: Constants | None = None) -> dict[str, np.ndarray]:
         """One run in `workspace` on the caller's arrays; the new outputs."""
         outputs = {arg.name: np.zeros(workspace.shapes[arg.name], _STORAGE[arg.dtype])
                    for arg in self.arguments if arg.kind == "output"}
         table, slots, written = workspace.table, workspace.slots, workspace.addresses
+        if workspace.constants is not constants:
+            # A run without these constants may have changed their words.
+            if constants is not None:
+                for name, address in constants.addresses.items():
+                    table[slots[name]] = written[name] = address
+            workspace.constants = constants
         for name, array in supplied.items():
             address = self._address(name, array)
             if written.get(name) != address:

@@ -279,15 +279,18 @@ class DistributedCPURuntime(CPURuntime):
 
     # -- runs --------------------------------------------------------------------
 
-    def run(self, inputs: dict, *, out=None, stream=None) -> list[np.ndarray]:
-        """Runs this rank's copy on its `inputs`; every rank must call `run`
-        of the same kernel with the same shapes, in the same order."""
+    def run(self, inputs: dict, *, out=None, stream=None, constants=None) -> list[np.ndarray]:
+        """Runs this rank's copy on its `inputs` (and `constants`, see
+        `CPURuntime.constants`); every rank must call `run` of the same
+        kernel with the same shapes, in the same order."""
         if stream is not None:
             raise TypeError("stream= is for target='cuda'; CPU runs are synchronous")
         if self._failed:
             raise DistributedError(f"rank {self.rank}: {self.abi.name}: an earlier run failed "
                                    f"({self._failed}); the ranks are out of step")
-        symbols, supplied = self._bind(inputs)
+        symbols, supplied = self._bind(inputs, constants)
+        if constants is not None:
+            supplied = {**constants.storage, **supplied}
         self._agree(self._key(symbols))
         workspace = self._take_workspace(symbols)
         try:
