@@ -77,16 +77,40 @@ def test_every_micro_tile_matches_numpy(n, workers, schedule):
 
 @pytest.mark.parametrize("n", [1024, 100, 102])
 def test_transposed_tiles_match_numpy(n):
+    """B >= 4 takes the 4-row panels (33: eight, then 1 row in the next row
+    tile; 7: one, and 3 rows of dot groups); 102 columns make an odd-width
+    edge tile."""
     rng = np.random.default_rng(n)
     k = 72
     g = _matmul(k, n, transpose_b=True)
     kernel = etc.compile(g, target="cpu", workers=2)
     w = rng.standard_normal((n, k)).astype(np.float32)
-    for batch in [1, 2, 3, 5, 33]:
+    for batch in [1, 2, 3, 5, 6, 7, 12, 33]:
         x = rng.standard_normal((batch, k)).astype(np.float32)
         (got,) = kernel.run(x=x, w=w)
         np.testing.assert_allclose(got, x.astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4,
                                    err_msg=f"B = {batch}")
+
+
+@pytest.mark.parametrize("dtype, k", [("bf16", 75), ("f16", 64), ("bf16", 4200)])
+def test_transposed_half_precision_panels_match_the_reference(dtype, k):
+    """bf16 and f16 A is widened into the stack panel, with a K that is not
+    a multiple of the panel's vectors (75); at K = 4200 a panel would pass
+    PANEL_BYTES (6 x 4200 x 4 bytes), so every row takes the dot groups."""
+    rng = np.random.default_rng(k)
+    n = 96
+    g = etc.Graph("mmh")
+    B = g.symbol("B")
+    g.output(g.matmul(g.input("x", (B, k), dtype), g.input("w", (n, k), dtype),
+                      transpose_b=True))
+    kernel = etc.compile(g, target="cpu", workers=2)
+    host = np.float16 if dtype == "f16" else np.float32
+    w = rng.standard_normal((n, k)).astype(host)
+    for batch in [1, 5, 6, 13, 32]:
+        x = rng.standard_normal((batch, k)).astype(host)
+        (got,) = kernel.run(x=x, w=w)
+        np.testing.assert_allclose(got, etc.reference.evaluate(g, x=x, w=w)[0], rtol=2e-2,
+                                   atol=2e-2 * np.sqrt(k) / 8, err_msg=f"B = {batch}")
 
 
 @pytest.mark.parametrize("count, tn, chunk", [(1, 256, 256), (2, 256, 128), (3, 256, 64),

@@ -110,6 +110,11 @@ class MatmulCPU(Matmul):
     COLS = 4
     #: Vector accumulators of one micro-tile of C = A @ B.
     ACCUMULATORS = 16
+    #: The panel micro-kernel of C = A @ B^T (`emit_panels`): rows of A per
+    #: panel, f32 lanes per vector, and the largest panel (a stack buffer).
+    PANEL_ROWS = 4
+    PANEL_WIDTH = 8
+    PANEL_BYTES = 96 * 1024
     #: Tile widths the CPU picks (widest first) when the graph does not say.
     TILE_WIDTHS = (256, 128, 64)
 
@@ -167,7 +172,20 @@ class MatmulCPU(Matmul):
         cols = self.extent(out, 1, c0, tn)
         k_extent = self.dim(a, 1)
         if op.params["transpose_b"]:
-            self.emit_transposed(r0, c0, rows, cols, k_extent)
+            if self.panel_k() is None:
+                self.emit_transposed(r0, c0, rows, cols, k_extent)
+                return
+            # Groups of PANEL_ROWS rows by the panel micro-kernel, the rows
+            # left (all of them at decode) by the dot groups.
+            groups = arith.divui(rows, self.cidx(self.PANEL_ROWS))
+            paneled = arith.muli(groups, self.cidx(self.PANEL_ROWS))
+            self.emit_panels(r0, groups, c0, cols, k_extent)
+            left = arith.subi(rows, paneled)
+            some = arith.cmpi(arith.CmpIPredicate.ugt, left, self.cidx(0))
+            branch = scf.IfOp(some)
+            with ir.InsertionPoint(branch.then_block):
+                self.emit_transposed(arith.addi(r0, paneled), c0, left, cols, k_extent)
+                scf.yield_([])
             return
         full = arith.cmpi(arith.CmpIPredicate.eq, cols, self.cidx(tn))
         branch = scf.IfOp(full, has_else=True)
@@ -230,6 +248,113 @@ class MatmulCPU(Matmul):
             for v in range(vectors):
                 self.vstore(kloop.results[r * vectors + v], self.op.result,
                             [arith.addi(row, self.cidx(r)), arith.addi(c0, self.cidx(v * width))])
+
+    def panel_k(self):
+        """K when C = A @ B^T takes the panel micro-kernel (K static, and a
+        panel of PANEL_ROWS rows of A in f32 at most PANEL_BYTES), else None."""
+        k = self.op.operands[0].shape[1]
+        if isinstance(k, int) and self.PANEL_ROWS * k * 4 <= self.PANEL_BYTES:
+            return k
+        return None
+
+    def emit_panels(self, r0, groups, c0, cols, k_extent) -> None:
+        """C = A @ B^T for `groups` groups of PANEL_ROWS rows from r0: each
+        group's rows of A are widened to f32 once, into a stack panel (bf16
+        and f16 A; f32 A is read in place), then every pair of columns
+        (c, c + cols / 2: two far-apart streams of B^T, as in
+        `emit_transposed`) takes PANEL_ROWS x 2 dot products of PANEL_WIDTH
+        lanes: 8 accumulators, each B^T load widened once for 4 rows and
+        each A load used twice, well within the 16 vector registers of
+        AVX2. (The 4 x 4 dot groups of 16 lanes need 32 registers of
+        accumulators: LLVM spilled them to the stack at every k, and
+        widened A again for every group of columns.) 4 rows beat 6 (12
+        accumulators) at B = 4, 8 and 16: fewer rows are left to the dot
+        groups. An odd number of columns takes the dot groups."""
+        a, b = self.op.operands
+        rows_n, width = self.PANEL_ROWS, self.PANEL_WIDTH
+        k = self.panel_k()
+        vector_k = (k // width) * width
+        even = arith.cmpi(arith.CmpIPredicate.eq, arith.remui(cols, self.cidx(2)), self.cidx(0))
+        branch = scf.IfOp(even, has_else=True)
+        with ir.InsertionPoint(branch.else_block):
+            self.emit_transposed(r0, c0, arith.muli(groups, self.cidx(rows_n)), cols, k_extent)
+            scf.yield_([])
+        with ir.InsertionPoint(branch.then_block):
+            step = arith.divui(cols, self.cidx(2))
+            widen = a.dtype != "f32"
+            panel = self.entry_alloca(ir.MemRefType.get([rows_n, k], self.f32)) if widen \
+                else None
+            vtype = self.vtype(width)
+            loop = self.lane_loop(groups)
+            with ir.InsertionPoint(loop.body):
+                row = arith.addi(r0, arith.muli(loop.induction_variable, self.cidx(rows_n)))
+                a_rows = [arith.addi(row, self.cidx(r)) for r in range(rows_n)]
+                if widen:
+                    fill = scf.ForOp(self.cidx(0), self.cidx(k), self.cidx(width))
+                    with ir.InsertionPoint(fill.body):
+                        kk = fill.induction_variable
+                        # k + width may pass K: widen the last vector element
+                        # by element instead.
+                        whole = arith.cmpi(arith.CmpIPredicate.ule,
+                                           arith.addi(kk, self.cidx(width)), self.cidx(k))
+                        part = scf.IfOp(whole, has_else=True)
+                        with ir.InsertionPoint(part.then_block):
+                            for r in range(rows_n):
+                                vector.store(self.vload(a, [a_rows[r], kk], width), panel,
+                                             [self.cidx(r), kk])
+                            scf.yield_([])
+                        with ir.InsertionPoint(part.else_block):
+                            tail = scf.ForOp(kk, self.cidx(k), self.cidx(1))
+                            with ir.InsertionPoint(tail.body):
+                                t = tail.induction_variable
+                                for r in range(rows_n):
+                                    memref.store(self.load(a, [a_rows[r], t]), panel,
+                                                 [self.cidx(r), t])
+                                scf.yield_([])
+                            scf.yield_([])
+                        scf.yield_([])
+
+                def a_vector(r, kk):
+                    if widen:
+                        return vector.load(vtype, panel, [self.cidx(r), kk])
+                    return vector.load(vtype, self.buf(a), [a_rows[r], kk])
+
+                def a_scalar(r, kk):
+                    if widen:
+                        return memref.load(panel, [self.cidx(r), kk])
+                    return self.load(a, [a_rows[r], kk])
+
+                pairs = scf.ForOp(self.cidx(0), step, self.cidx(1))
+                with ir.InsertionPoint(pairs.body):
+                    col = arith.addi(c0, pairs.induction_variable)
+                    b_cols = [col, arith.addi(col, step)]
+                    accs = [self.vzero(width) for _ in range(rows_n * 2)]
+                    kloop = scf.ForOp(self.cidx(0), self.cidx(vector_k), self.cidx(width), accs)
+                    with ir.InsertionPoint(kloop.body):
+                        kk = kloop.induction_variable
+                        b_vecs = [self.vload(b, [c, kk], width) for c in b_cols]
+                        carried = list(kloop.inner_iter_args)
+                        updated = []
+                        for r in range(rows_n):
+                            av = a_vector(r, kk)
+                            updated += [vector.fma(av, b_vecs[c], carried[r * 2 + c])
+                                        for c in range(2)]
+                        scf.yield_(updated)
+                    for r in range(rows_n):
+                        for c in range(2):
+                            total = self.tree_sum(kloop.results[r * 2 + c])
+                            if vector_k < k:
+                                tail = scf.ForOp(self.cidx(vector_k), self.cidx(k), self.cidx(1),
+                                                 [total])
+                                with ir.InsertionPoint(tail.body):
+                                    t = tail.induction_variable
+                                    prod = arith.mulf(a_scalar(r, t), self.load(b, [b_cols[c], t]))
+                                    scf.yield_([arith.addf(tail.inner_iter_args[0], prod)])
+                                total = tail.results[0]
+                            self.store(total, self.op.result, [a_rows[r], b_cols[c]])
+                    scf.yield_([])
+                scf.yield_([])
+            scf.yield_([])
 
     def emit_transposed(self, r0, c0, rows, cols, k_extent) -> None:
         """C = A @ B^T: each (row, column) is a dot product along k, where
