@@ -14,6 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # on (with a directory of its own): tests compile what they check, and never
 # read or fill the user's cache. Subprocesses inherit both settings.
 os.environ.setdefault("ETC_CACHE", "0")
+# Runs use the workers they were compiled for unless a test says otherwise:
+# on a loaded test machine a run would otherwise use fewer (see
+# etc.runtime.workers.run_workers), and tests of a worker count would not
+# test it.
+os.environ.setdefault("ETC_ADAPT_WORKERS", "0")
 os.environ.setdefault("ETC_CACHE_DIR", os.path.join(
     os.environ.get("TMPDIR", "/tmp"), f"etc-test-cache-{os.getpid()}"))
 

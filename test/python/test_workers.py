@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -233,3 +236,71 @@ def test_a_run_dropped_before_its_calls_started_gives_its_threads_back():
     assert workers.busy() == 2
     del run
     assert workers.busy() == 0
+
+
+def test_a_run_uses_the_cores_others_leave_free(monkeypatch):
+    """`run_workers`: the compiled count, but no more than the cores others
+    leave free, rounded to the nearest core, and at least one."""
+    monkeypatch.setenv("ETC_ADAPT_WORKERS", "1")
+    others = workers._pool.others
+    for cores, load, count, expected in [(2, 0.1, 2, 2), (2, 0.7, 2, 1), (2, 1.0, 2, 1),
+                                         (2, 1.9, 2, 1), (4, 1.2, 4, 3), (4, 1.2, 2, 2),
+                                         (4, 3.6, 4, 1), (2, 0.0, 1, 1)]:
+        monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(cores)))
+        monkeypatch.setattr(others, "cores", load)
+        assert workers.run_workers(count) == expected, (cores, load, count)
+    monkeypatch.setenv("ETC_ADAPT_WORKERS", "0")
+    assert workers.run_workers(2) == 2
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_a_kernel_computes_the_same_on_fewer_workers(monkeypatch, schedule):
+    """The worker count is a run-time argument: a kernel compiled for 3
+    workers gives the same bits on 1, 2 or 3, and its tiles run only on
+    the workers the run used."""
+    g = etc.Graph("mlp")
+    B = g.symbol("B")
+    x = g.input("x", (B, 128), "f32")
+    w1, w2 = g.input("w1", (384, 128), "f32"), g.input("w2", (128, 384), "f32")
+    g.output(g.matmul(g.silu(g.matmul(x, w1, transpose_b=True)), w2, transpose_b=True))
+    rng = np.random.default_rng(3)
+    args = dict(x=rng.standard_normal((5, 128), dtype=np.float32),
+                w1=rng.standard_normal((384, 128), dtype=np.float32) * 0.05,
+                w2=rng.standard_normal((128, 384), dtype=np.float32) * 0.05)
+    kernel = etc.compile(g, workers=3, schedule=schedule, trace=True)
+    kernel.runtime.adapt_workers = True
+    results, tiles = {}, set()
+    for count in (3, 1, 2):
+        monkeypatch.setattr(workers, "run_workers", lambda n, count=count: count)
+        results[count] = kernel.run(**args)[0]
+        assert kernel.runtime.last_workers == count
+        assert {e.worker for e in kernel.trace.events} <= set(range(count))
+        tiles.add(len(kernel.trace.events))
+        assert len({(e.task, e.tile) for e in kernel.trace.events}) == len(kernel.trace.events)
+    assert len(tiles) == 1  # every tile ran once, whatever the count
+    np.testing.assert_array_equal(results[1], results[3])
+    np.testing.assert_array_equal(results[2], results[3])
+    np.testing.assert_allclose(results[3], etc.reference.evaluate(g, **args)[0], rtol=1e-5,
+                               atol=1e-5)
+
+
+@needs_affinity
+def test_beside_a_busy_process_a_run_leaves_it_a_core(monkeypatch):
+    """With a process spinning on the machine, a run that could use every
+    core uses at most all but one (measured from /proc/stat, as runs do)."""
+    monkeypatch.setenv("ETC_ADAPT_WORKERS", "1")
+    others = workers._pool.others
+    monkeypatch.setattr(others, "busy", workers.OtherLoad.busy.__get__(others))
+    cores = len(os.sched_getaffinity(0))
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        deadline = time.monotonic() + 5
+        used = workers.run_workers(cores)
+        while used > cores - 1 and time.monotonic() < deadline:
+            time.sleep(workers.OtherLoad.WINDOW)
+            used = workers.run_workers(cores)
+        assert used <= cores - 1, f"others kept {others.cores:.2f} cores busy"
+    finally:
+        spinner.kill()
+        spinner.wait()

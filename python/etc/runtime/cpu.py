@@ -46,6 +46,7 @@ from ..binding import (Signature, bind_symbols, check_input_dtype, check_input_n
                        concrete_shape, out_items)
 from .ranges import check as check_index_ranges
 from . import layout, workers
+from .workers import adapting_enabled
 from .abi import KernelABI
 from .trace import Trace
 
@@ -250,9 +251,19 @@ class _Workspace:
         self._counters_desc = _descriptor(self.counters)
         self.counters_arg = ctypes.addressof(self._counters_desc)
         self.header = layout.header(self.counters)
-        worker = runtime._functions["worker"]
-        self.calls = [partial(worker, *self.args, self.counters_arg, worker_id, runtime.workers)
-                      for worker_id in range(runtime.workers)]
+        self._worker = runtime._functions["worker"]
+        self._calls: dict[int, list] = {}
+        self.calls = self.calls_for(runtime.workers)
+
+    def calls_for(self, count: int) -> list:
+        """The worker calls of a run on `count` workers (the worker count is
+        a run-time argument of the program)."""
+        calls = self._calls.get(count)
+        if calls is None:
+            calls = self._calls[count] = [
+                partial(self._worker, *self.args, self.counters_arg, worker_id, count)
+                for worker_id in range(count)]
+        return calls
 
 
 def _prototype(abi: KernelABI, role: str):
@@ -346,6 +357,11 @@ class CPURuntime:
         self._workspaces: OrderedDict[tuple, _Workspace] = OrderedDict()
         self._workspaces_lock = threading.Lock()
         self._spin = default_spin_microseconds()
+        #: Whether a run may use fewer workers than `workers` while other
+        #: threads keep cores busy (`workers.run_workers`; default: unless
+        #: ETC_ADAPT_WORKERS=0). The tiles computed are the same.
+        self.adapt_workers = adapting_enabled()
+        self.last_workers = self.workers
         # Binding (see `_bind`): the inputs and state buffers, in order;
         # their names; those with a symbolic dim; the symbols; and what
         # was learnt about the arrays of earlier runs, by name.
@@ -517,9 +533,11 @@ class CPURuntime:
         counters.fill(0)
         self._functions["init"](*args, workspace.counters_arg)
         workspace.header[layout.SPIN_MICROSECONDS_WORD] = self._spin
-        run = workers.Run(len(workspace.calls))
+        calls = workspace.calls_for(workers.run_workers(self.workers) if self.adapt_workers
+                                    else self.workers)
+        run = workers.Run(len(calls))
         try:
-            run.start(workspace.calls)
+            run.start(calls)
             run.wait()
         except BaseException:
             # Ctrl-C (or another exception from a signal handler) while the
@@ -531,8 +549,10 @@ class CPURuntime:
             run.finish()
             raise
         layout.check_header(self.abi, workspace.header)
+        #: The number of workers the last run used (`adapt_workers`).
+        self.last_workers = len(calls)
         if self.abi.trace:
-            self._trace = Trace.decode(self.abi, counters, self.workers)
+            self._trace = Trace.decode(self.abi, counters, len(calls))
         layout.check_status(self.abi, self._functions["check"](*args, workspace.counters_arg))
         return outputs
 
