@@ -214,7 +214,8 @@ def _load(args):
                       attention_chunk=args.attention_chunk, chip=args.chip,
                       cache=_cache_option(args), kernel=args.kernel, progress=progress,
                       kv_block_size=args.kv_block_size, kv_cache_tokens=args.kv_cache_tokens,
-                      kv_cache_memory=args.kv_cache_memory)
+                      kv_cache_memory=args.kv_cache_memory,
+                      tensor_parallel=getattr(args, "tensor_parallel", 1))
     finally:
         progress.close()
     if getattr(args, "verbose", False):
@@ -380,8 +381,22 @@ def _serve(args) -> int:
     from . import serve
 
     model = _load(args)
-    serve.run(model, args.host, args.port, served_model_name=args.served_model_name,
-              max_num_seqs=args.max_num_seqs, max_model_len=model.max_seq_len)
+    if model.tensor_parallel == 1:
+        serve.run(model, args.host, args.port, served_model_name=args.served_model_name,
+                  max_num_seqs=args.max_num_seqs, max_model_len=model.max_seq_len)
+        return 0
+    # Rank 0 serves; the other ranks run each of its steps (docs/distributed.md).
+    from .models.lockstep import Leader, follow
+
+    if model.rank != 0:
+        follow(model)
+        return 0
+    leader = Leader(model)
+    try:
+        serve.run(leader, args.host, args.port, served_model_name=args.served_model_name,
+                  max_num_seqs=args.max_num_seqs, max_model_len=model.max_seq_len)
+    finally:
+        leader.stop()
     return 0
 
 
@@ -477,6 +492,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="requests running at once; more wait (default: 8)")
     serve.add_argument("--served-model-name", default=None,
                        help="the model name clients use (default: the checkpoint's name)")
+    serve.add_argument("--tensor-parallel", type=_positive, default=1, metavar="N",
+                       help="split the model over the N ranks of an MPI job started with "
+                            "'python -m etc.runtime.distributed -n N' or mpiexec: rank 0 "
+                            "serves, the others run its steps (default: 1)")
     _add_load_options(serve)
     serve.set_defaults(run=_serve)
 

@@ -145,3 +145,98 @@ def test_nvshmem_ptx_assembles_and_links(chip, tmp_path):
     assert cubin[:4] == b"\x7fELF"
     with pytest.raises(NotImplementedError, match="host side"):
         kernel.run(x=None, w=None)
+
+
+# ----------------------------------------------------------------------
+# Serving a tensor-parallel model
+# ----------------------------------------------------------------------
+
+
+def test_serve_tensor_parallel_answers_the_openai_client(tmp_path):
+    """`etc serve --tensor-parallel 2` as two MPI processes on a free local
+    port: rank 0 serves, rank 1 runs its steps; the openai client's chat
+    completions (alone, streamed, two at once, one whose prompt blocks come
+    from the prefix cache) get the text the whole model generates on one
+    rank, and SIGTERM ends both ranks."""
+    openai = pytest.importorskip("openai")
+    import socket
+    import subprocess
+    import sys
+    import threading
+    import time
+    import urllib.request
+
+    import etc.models
+    from etc.models.testing import tiny_config, write_checkpoint
+
+    path = write_checkpoint(tmp_path / "tiny-chat", tiny_config(vocab_size=320), tokenizer=True)
+    small = ["--max-model-len", "64", "--attention-chunk", "16"]
+    whole = etc.models.load(path, workers=1, max_seq_len=64, attention_chunk=16, cache=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    etc_script = os.path.join(os.path.dirname(sys.executable), "etc")
+    server = subprocess.Popen(
+        distributed.command(2, [etc_script, "serve", str(path), "--tensor-parallel", "2",
+                                "--port", str(port), "--max-num-seqs", "2",
+                                "--kv-cache-tokens", "192", "--no-cache", "--workers", "1",
+                                *small]),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=distributed.environment(dict(os.environ, ETC_PIN_WORKERS="0")))
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, server.stdout.read()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.5)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                               max_retries=0)
+        name = client.models.list().data[0].id
+
+        def chat(content: str, **options):
+            return client.chat.completions.create(
+                model=name, max_tokens=6, temperature=0, extra_body={"ignore_eos": True},
+                messages=[{"role": "user", "content": content}], **options)
+
+        def want(content: str) -> str:
+            return whole.generate([{"role": "user", "content": content}], 6,
+                                  ignore_eos=True).text[0]
+
+        assert chat("hi there").choices[0].message.content == want("hi there")
+        stream = chat("tell me more", stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == \
+            want("tell me more")
+        # Two at once: steps that batch both sequences.
+        prompts = ["the quick brown fox", "jumps over the lazy dog"]
+        replies = [None, None]
+        threads = [threading.Thread(target=lambda i=i: replies.__setitem__(i, chat(prompts[i])))
+                   for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert [r.choices[0].message.content for r in replies] == [want(p) for p in prompts]
+        # A prompt of several 16-position blocks, twice: the second takes
+        # its full blocks but the last position's from the cache (rank 0's
+        # block tables, rank 1's own KV blocks) and gives the same text.
+        long = "please write several words about rivers and mountains"
+        tokenizer = whole.tokenizer
+        length = len(tokenizer.encode(tokenizer.apply_chat_template(
+            [{"role": "user", "content": long}]), add_special_tokens=False))
+        assert length > 16
+        again = [chat(long) for _ in range(2)]
+        assert [r.usage.prompt_tokens_details.cached_tokens for r in again] == \
+            [0, (length - 1) // 16 * 16]
+        assert {r.choices[0].message.content for r in again} == {want(long)}
+    finally:
+        server.terminate()
+        try:
+            output = server.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            server.kill()
+            output = server.communicate()[0]
+    assert "step failed" not in output, output

@@ -264,6 +264,9 @@ class Model:
         #: The ranks the model is split over (Megatron-style) and this
         #: process's rank; `_shard` is its share of the heads and columns.
         self.tensor_parallel = tensor_parallel
+        #: Whether rank 0's `etc.models.lockstep.Leader` runs the steps of
+        #: every rank (serving), rather than every rank its own.
+        self.led = False
         self._shard = shard_config(config, tensor_parallel)
         self.rank = 0
         if tensor_parallel > 1:
@@ -488,16 +491,21 @@ class Model:
         number of tokens (prefill, decode, or a mix in one step). With a
         `PagedKVCache`, a request's slot is its sequence in the cache's
         block manager, whose blocks must cover its positions."""
+        return self.run_step(self._step_data(cache, requests), len(requests), return_logits)
+
+    def run_step(self, data: dict, count: int, return_logits: bool = False):
+        """Runs the step kernel on `data`, the inputs of `count` requests
+        but the weights (`step_inputs` without them: the weights are bound
+        once); returns what `step` does."""
         if self._step is None:
             # The weights are bound once: a step then checks and addresses
             # only its own dozen arrays and the caches (on the CPU).
             self._step = self._kernels[0].partial(**self._weights)
-        inputs = self._step_data(cache, requests)
         if return_logits:
-            logits, next_ids = self._step.run(**inputs)
+            logits, next_ids = self._step.run(**data)
             return np.asarray(logits, dtype=np.float32), next_ids
-        next_ids = np.empty(len(requests), np.int32)
-        self._step.run(**inputs, out={"next_ids": next_ids})
+        next_ids = np.empty(count, np.int32)
+        self._step.run(**data, out={"next_ids": next_ids})
         return None, next_ids
 
     def _fresh_seeds(self, count: int) -> list:
@@ -505,7 +513,9 @@ class Model:
         tensor-parallel model must draw the same tokens, so rank 0's seeds
         go to all (the ranks run the same steps)."""
         seeds = fresh_seeds(count)
-        if self.tensor_parallel > 1 and count:
+        # Led by rank 0 (`etc.models.lockstep`), the other ranks get the
+        # seeds with the rest of the step's inputs.
+        if self.tensor_parallel > 1 and count and not self.led:
             from mpi4py import MPI
 
             seeds = MPI.COMM_WORLD.bcast(seeds, root=0)
