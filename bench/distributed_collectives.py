@@ -9,14 +9,15 @@ rank) of this machine:
 Fused: one ETC kernel per rank (`g.matmul(g.all_gather(x), w)`,
 `g.reduce_scatter(g.matmul(x, w))`): the collective's tiles wait on the
 GEMM's tiles (or the GEMM's on the gathered rows) through symmetric events,
-and travel with MPI puts while other tiles compute. Unfused: MPI's own
+and travel with MPI puts while other tiles compute; on the static schedule
+and on the dynamic one (whose idle workers poll for the remote tiles). Unfused: MPI's own
 collective (`Allgather` / `Reduce_scatter_block`, mpi4py) and an ETC
 kernel of the GEMM alone, one after the other.
 
 Each row: median wall time over `--repeats` runs after a warm-up, taken on
 rank 0 between two barriers (so it is the slowest rank's time), and the
-ratio fused / unfused (below 1: fused is faster), measured in the same run,
-rounds alternating.
+ratios fused / unfused (below 1: fused is faster) for each schedule,
+measured in the same run, rounds alternating.
 
 Usage: python -m etc.runtime.distributed -n 2 bench/distributed_collectives.py [--repeats N]
 """
@@ -52,7 +53,8 @@ def gather_matmul(ranks: int, rows: int, k: int, n: int, workers: int):
     w = rng.standard_normal((k, n)).astype(np.float32)
     g = etc.Graph("fused", ranks=ranks)
     g.output(g.matmul(g.all_gather(g.input("x", (rows, k))), g.input("w", (k, n))))
-    fused = etc.compile(g, target="cpu", workers=workers)
+    static = etc.compile(g, target="cpu", workers=workers)
+    dynamic = etc.compile(g, target="cpu", schedule="dynamic", workers=workers)
     h = etc.Graph("gemm")
     h.output(h.matmul(h.input("x", (rows * ranks, k)), h.input("w", (k, n))))
     gemm = etc.compile(h, target="cpu", workers=workers)
@@ -62,10 +64,11 @@ def gather_matmul(ranks: int, rows: int, k: int, n: int, workers: int):
         COMM.Allgather(x, gathered)
         return gemm.run(x=gathered, w=w)
 
-    (a,) = fused.run(x=x, w=w)
     (b,) = unfused()
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3)
-    return (lambda: fused.run(x=x, w=w)), unfused
+    for fused in (static, dynamic):
+        (a,) = fused.run(x=x, w=w)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3)
+    return (lambda: static.run(x=x, w=w)), (lambda: dynamic.run(x=x, w=w)), unfused
 
 
 def matmul_scatter(ranks: int, rows: int, k: int, n: int, workers: int):
@@ -74,7 +77,8 @@ def matmul_scatter(ranks: int, rows: int, k: int, n: int, workers: int):
     w = rng.standard_normal((k, n)).astype(np.float32)
     g = etc.Graph("fused", ranks=ranks)
     g.output(g.reduce_scatter(g.matmul(g.input("x", (rows, k)), g.input("w", (k, n)))))
-    fused = etc.compile(g, target="cpu", workers=workers)
+    static = etc.compile(g, target="cpu", workers=workers)
+    dynamic = etc.compile(g, target="cpu", schedule="dynamic", workers=workers)
     h = etc.Graph("gemm")
     h.output(h.matmul(h.input("x", (rows, k)), h.input("w", (k, n))))
     gemm = etc.compile(h, target="cpu", workers=workers)
@@ -85,38 +89,45 @@ def matmul_scatter(ranks: int, rows: int, k: int, n: int, workers: int):
         COMM.Reduce_scatter_block(y, part, op=MPI.SUM)
         return part
 
-    (a,) = fused.run(x=x, w=w)
     b = unfused()
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3)
-    return (lambda: fused.run(x=x, w=w)), unfused
+    for fused in (static, dynamic):
+        (a,) = fused.run(x=x, w=w)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3)
+    return (lambda: static.run(x=x, w=w)), (lambda: dynamic.run(x=x, w=w)), unfused
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--sizes", choices=("all", "small"), default="all",
+                        help="small: the first size of each pattern only")
     options = parser.parse_args()
     ranks, rank = COMM.Get_size(), COMM.Get_rank()
     cases = [("all-gather + GEMM", gather_matmul, rows, k, n)
              for rows, k, n in ((32, 256, 256), (128, 512, 512), (256, 1024, 1024))]
     cases += [("GEMM + reduce-scatter", matmul_scatter, rows, k, n)
               for rows, k, n in ((64, 256, 256), (256, 512, 512), (512, 1024, 1024))]
+    if options.sizes == "small":
+        cases = [cases[0], cases[3]]
     lines = []
     for title, build, rows, k, n in cases:
-        fused, unfused = build(ranks, rows, k, n, options.workers)
-        fused_times, unfused_times = [], []
+        runs = build(ranks, rows, k, n, options.workers)
+        times = [[] for _ in runs]
         for _ in range(options.repeats):
-            fused_times.append(timed(fused))
-            unfused_times.append(timed(unfused))
-        f, u = statistics.median(fused_times), statistics.median(unfused_times)
-        lines.append(f"| {title} | {rows} x {k} x {n} | {f * 1e3:.2f} | {u * 1e3:.2f} | "
-                     f"{f / u:.2f} |")
+            for run, spent in zip(runs, times):
+                spent.append(timed(run))
+        static, dynamic, unfused = (statistics.median(t) for t in times)
+        lines.append(f"| {title} | {rows} x {k} x {n} | {static * 1e3:.2f} | "
+                     f"{dynamic * 1e3:.2f} | {unfused * 1e3:.2f} | {static / unfused:.2f} | "
+                     f"{dynamic / unfused:.2f} |")
     if rank == 0:
         print(f"{datetime.date.today()}, {platform.node()}, {os.cpu_count()} cores, "
               f"load {os.getloadavg()[0]:.1f}, {ranks} ranks x {options.workers} worker(s), "
               f"median of {options.repeats}")
-        print("| pattern | rows x K x N (per rank) | fused ms | unfused ms | fused / unfused |")
-        print("|---|---|---|---|---|")
+        print("| pattern | rows x K x N (per rank) | fused static ms | fused dynamic ms | "
+              "unfused ms | static / unfused | dynamic / unfused |")
+        print("|---|---|---|---|---|---|---|")
         print("\n".join(lines))
 
 

@@ -35,8 +35,7 @@ def test_fused_collectives_match_numpy(ranks):
         assert re.search(rf"rank {rank}: \d+ checks passed \(20 dynamic\)", output), output
 
 
-@pytest.mark.parametrize("ranks,schedule", [(2, "auto"), (3, "auto"), (2, "dynamic"),
-                                            (3, "dynamic")])
+@pytest.mark.parametrize("ranks,schedule", [(2, "auto"), (3, "auto"), (2, "dynamic")])
 def test_tensor_parallel_model_matches_one_rank(ranks, schedule):
     """etc.models.load(..., tensor_parallel=N) generates the tokens, and
     logits within float rounding, of the whole model on one rank, with the
