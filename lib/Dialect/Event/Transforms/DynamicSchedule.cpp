@@ -148,9 +148,6 @@ private:
   void buildWorker(OpBuilder &builder);
   void buildCheck(OpBuilder &builder);
 
-  /// Whether event class `classIndex` is symmetric and some tile waits on
-  /// it: its elements are readied by polling (`pollSymmetric`).
-  bool isPolled(unsigned classIndex) const;
   /// Sets the handled flag of every element of the polled classes to
   /// whether it is still to arrive (`@g_init`).
   void initHandled(OpBuilder &b, ScheduledFunction &function,
@@ -259,7 +256,8 @@ private:
   /// Whether some task has live bounds, so that fewer tiles than the grids
   /// hold run.
   bool anyLive = false;
-  /// The symmetric classes some tile waits on (a graph on several ranks).
+  /// The symmetric classes some tile waits on (a graph on several ranks):
+  /// their elements are readied by polling (`pollSymmetric`).
   SmallVector<unsigned> polled;
   /// For each event number, the first task that waits on it, or -1.
   SmallVector<int32_t> firstWaiter;
@@ -851,10 +849,6 @@ void DynamicScheduler::buildInit(OpBuilder &builder) {
   initPending(b, function, layout);
   func::ReturnOp::create(b, loc);
   dropUnusedPendingView(layout);
-}
-
-bool DynamicScheduler::isPolled(unsigned classIndex) const {
-  return llvm::is_contained(polled, classIndex);
 }
 
 /// Every rank's counters hold their expected counts before any rank runs a
