@@ -63,7 +63,7 @@ def test_failing_rank_is_an_error_on_every_rank(mode, schedule):
         assert float(line.group(2)) < 10, output
         if mode == "hang":
             # The stuck wait is named: the matmul's wait for gathered rows.
-            assert "task matmul_0" in line.group(3), output
+            assert "task matmul_0 tile (" in line.group(3), output
             assert "all_gather_0" in line.group(3), output
     if mode == "hang":
         # The silent rank finishes its own (different) program at once and

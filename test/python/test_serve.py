@@ -304,3 +304,15 @@ def test_unknown_routes_and_methods_are_4xx(server):
     response = httpx.get(server.url + "/v1/chat/completions")
     assert response.status_code == 405 and "error" in response.json()
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_lockstep_needs_a_tensor_parallel_model(chat_model):
+    """The Leader and follow of `etc serve --tensor-parallel` (tested over
+    MPI in test_distributed.py) refuse a model on one rank, saying why."""
+    from etc.models.lockstep import Leader, follow
+
+    with pytest.raises(ValueError, match="needs a tensor-parallel model"):
+        Leader(chat_model)
+    with pytest.raises(ValueError, match="only the ranks other than 0 of a tensor-parallel"):
+        follow(chat_model)
+    assert not chat_model.led

@@ -346,7 +346,9 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
     zero readies its waiters as a local notifier would. A worker that
     readied nothing backs off with `event.idle`, whose watchdog names the
     first element still to arrive, its event and the first task waiting on
-    it (`@g_first_waiter`, by event number). No worker waits on one
+    it (`@g_first_waiter`, by event number), with its first tile on the
+    element when that task's wait is in closed form
+    (`@g_first_waiter_kind`). No worker waits on one
     element, so any number of workers per rank cannot deadlock: a tile is
     pushed once its local producers have run and its remote elements have
     arrived, whichever worker sees that first. With `auto`, a graph on

@@ -81,8 +81,10 @@ def watchdog_error(abi, header: np.ndarray) -> WatchdogError:
             "if the work is merely slow)")
     if int(header[SITE_WORD]) == SITE_POP:
         (slot, *_) = _coordinates(header, ELEMENT_RANK_WORD, ELEMENT_WORDS) or (None,)
+        # An idle worker of the dynamic schedule on several ranks names no slot.
+        where = "" if slot is None else f" (slot {slot})"
         message = (f"{abi.name}: watchdog: worker {worker} waited {waited:.1f} s for a task "
-                   f"from the queue (slot {slot}) that no finished task made ready: "
+                   f"from the queue{where} that no finished task made ready: "
                    "an unbalanced program, or a task that never finished" + stop)
         return WatchdogError(message, kernel=abi.name, worker=worker, task=None, tile=(),
                              event=None, element=(slot,), value=value, waited=waited,
@@ -95,7 +97,7 @@ def watchdog_error(abi, header: np.ndarray) -> WatchdogError:
     element = _coordinates(header, ELEMENT_RANK_WORD, ELEMENT_WORDS)
     if task and not tile and abi.tasks[task_index].grid_rank:
         # An idle worker's poll (the dynamic schedule on several ranks)
-        # names a task that waits on the element, not one of its tiles.
+        # names the task, not its tile, when its wait has no closed form.
         where = f"a tile of task {task}"
     else:
         where = f"task {task} tile ({_format(tile)})" if task else f"worker {worker}"

@@ -11,7 +11,9 @@
 // one whose `event.notify_ready` takes an arrived element's flag to zero
 // readies its waiters as a local notifier would (pending counts, pushes).
 // Finding nothing, it backs off with `event.idle`, whose watchdog names the
-// first element that has not arrived, the event and a task waiting on it.
+// first element that has not arrived, the event and the first tile waiting
+// on it (tile i of "use" waits on element i; without a closed form for the
+// first waiting task's wait, the task only).
 // The send tiles notify with `event.remote_notify` and ready nobody here.
 
 // CHECK-LABEL: func.func @gather_init(
@@ -51,6 +53,7 @@
 // CHECK:               scf.if %[[MINE]] {
 // CHECK:                 event.notify_ready %{{.*}}[%{{.*}}] per_lane : !event.tensor<?>
 // CHECK:                 event.queue_push %{{.*}}, %[[COUNTERS]][%{{.*}}] capacity(%[[TOTAL]]) per_lane : memref<?xi32>
+// CHECK:             event.idle %[[COUNTERS]] since(%[[SINCE2]]) on %{{.*}}[%[[AT:.*]]] site(%{{.*}}, %{{.*}}, %[[AT]]) : memref<?xi32>, !event.tensor<4, symmetric>
 // CHECK:             event.idle %[[COUNTERS]] since(%[[SINCE2]]) on %{{.*}}[%{{.*}}] site(%{{.*}}, %{{.*}}) : memref<?xi32>, !event.tensor<4, symmetric>
 // CHECK:             event.idle %[[COUNTERS]] since(%[[SINCE2]]) : memref<?xi32>
 

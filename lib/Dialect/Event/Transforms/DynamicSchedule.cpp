@@ -12,6 +12,7 @@
 #include "Event/Transforms/Passes.h"
 #include "Event/Transforms/ScheduleUtils.h"
 #include "Event/IR/QueueLayout.h"
+#include "Event/IR/RunLayout.h"
 
 #include "Event/IR/EventOps.h"
 #include "mlir/Dialect/Affine/IR/AffineOps.h"
@@ -259,8 +260,9 @@ private:
   /// The symmetric classes some tile waits on (a graph on several ranks):
   /// their elements are readied by polling (`pollSymmetric`).
   SmallVector<unsigned> polled;
-  /// For each event number, the first task that waits on it, or -1.
-  SmallVector<int32_t> firstWaiter;
+  /// For each event number, the first task that waits on it, or -1, and
+  /// the closed-form kind (numbered as in `boxKinds`) of that wait, or -1.
+  SmallVector<int32_t> firstWaiter, firstWaiterKind;
 };
 } // namespace
 
@@ -321,12 +323,15 @@ DynamicScheduler::DynamicScheduler(const GraphPlan &plan, int64_t workers,
     }
   }
   firstWaiter.assign(plan.numEvents(), -1);
+  firstWaiterKind.assign(plan.numEvents(), -1);
   for (unsigned taskIndex = 0; taskIndex < tasks.size(); ++taskIndex)
-    for (Value event : tasks[taskIndex].getWaits()) {
-      int32_t &first =
-          firstWaiter[plan.eventNumber(cast<AllocOp>(event.getDefiningOp()))];
-      if (first < 0)
-        first = taskIndex;
+    for (auto [entry, event] : llvm::enumerate(tasks[taskIndex].getWaits())) {
+      int64_t number = plan.eventNumber(cast<AllocOp>(event.getDefiningOp()));
+      if (firstWaiter[number] >= 0)
+        continue;
+      firstWaiter[number] = taskIndex;
+      firstWaiterKind[number] =
+          boxNumber[firstKind[plan.taskFamily[taskIndex]] + entry];
     }
   if (graph.getRanksAttr())
     for (unsigned c = 0; c < plan.classes.size(); ++c)
@@ -1350,6 +1355,35 @@ SmallVector<Value> DynamicScheduler::pollSymmetric(OpBuilder &b, Location loc,
   return state;
 }
 
+/// Whether the watchdog's record can name the first tile of closed-form
+/// wait `kind` that waits on an element (`firstWaitingTile`): not when its
+/// map has constant results (its tiles wait on one element only), nor when
+/// its grid has more dimensions than a record holds.
+static bool namesWaitingTile(const WaitKind &kind, unsigned gridRank) {
+  return static_cast<int64_t>(gridRank) <= run::kMaxRecordRank &&
+         llvm::none_of(*kind.box, [](const BoxResult &box) {
+           return box.kind == BoxResult::Constant;
+         });
+}
+
+/// The first tile of closed-form wait `kind`'s box of tiles waiting on
+/// element `coordinates`: the coordinate, or the first of the M tiles of a
+/// `floordiv M`, along the dimensions the map names; 0 along the others.
+static SmallVector<Value> firstWaitingTile(OpBuilder &b, Location loc,
+                                           const WaitKind &kind,
+                                           unsigned gridRank,
+                                           ValueRange coordinates) {
+  SmallVector<Value> tile(gridRank, constantIndex(b, loc, 0));
+  for (auto [result, box] : llvm::enumerate(*kind.box)) {
+    if (box.kind == BoxResult::Dim)
+      tile[box.dim] = coordinates[result];
+    else if (box.kind == BoxResult::FloorDiv)
+      tile[box.dim] = mulIndex(b, loc, coordinates[result],
+                               constantIndex(b, loc, box.value));
+  }
+  return tile;
+}
+
 Value DynamicScheduler::idle(OpBuilder &b, Location loc,
                              ScheduledFunction &function, Value since,
                              ValueRange site) {
@@ -1359,28 +1393,68 @@ Value DynamicScheduler::idle(OpBuilder &b, Location loc,
     cases.push_back(k);
   auto switchOp = scf::IndexSwitchOp::create(b, loc, TypeRange{i64}, site[0],
                                              cases, cases.size());
-  Value waiterTable =
-      polled.empty()
-          ? Value()
-          : constantTable(function, "_first_waiter", firstWaiter.size());
+  Value waiterTable, waiterKindTable;
+  if (!polled.empty()) {
+    waiterTable = constantTable(function, "_first_waiter", firstWaiter.size());
+    waiterKindTable = constantTable(function, "_first_waiter_kind",
+                                    firstWaiterKind.size());
+  }
   for (auto [region, classIndex] :
        llvm::zip(switchOp.getCaseRegions(), polled)) {
     OpBuilder::InsertionGuard guard(b);
     b.createBlock(&region);
     const EventClass &eventClass = plan.classes[classIndex];
     const ClassLayout &classLayout = function.classes[classIndex];
+    Value number = site[1];
     Value instance =
-        subIndex(b, loc, site[1], constantIndex(b, loc, eventClass.firstEvent));
+        subIndex(b, loc, number, constantIndex(b, loc, eventClass.firstEvent));
     Value base = addIndex(b, loc, classLayout.base,
                           mulIndex(b, loc, instance, classLayout.numElements));
     Value view = ViewOp::create(b, loc, eventClass.type, function.counters,
                                 base, classLayout.dynamicSizes);
-    Value task = loadConstant(b, loc, waiterTable, site[1]);
-    Value start = IdleOp::create(
-        b, loc, function.counters, since, view,
-        delinearize(b, loc, site[2], classLayout.sizes),
-        ValueRange{task, site[1]});
-    scf::YieldOp::create(b, loc, start);
+    SmallVector<Value> coordinates =
+        delinearize(b, loc, site[2], classLayout.sizes);
+    Value task = loadConstant(b, loc, waiterTable, number);
+    // With the first waiting task's wait in closed form, its first tile on
+    // the element too: one case per such kind of wait on this class.
+    SmallVector<int64_t> kindCases;
+    for (auto [boxIndex, kindIndex] : llvm::enumerate(boxKinds)) {
+      const WaitKind &kind = kinds[kindIndex];
+      if (waitClassOf(kind) == classIndex &&
+          namesWaitingTile(
+              kind, plan.families[kind.family].representative.getGrid().size()))
+        kindCases.push_back(boxIndex);
+    }
+    auto kindSwitch = scf::IndexSwitchOp::create(
+        b, loc, TypeRange{i64}, loadConstant(b, loc, waiterKindTable, number),
+        kindCases, kindCases.size());
+    for (auto [kindRegion, boxIndex] :
+         llvm::zip(kindSwitch.getCaseRegions(), kindCases)) {
+      OpBuilder::InsertionGuard caseGuard(b);
+      b.createBlock(&kindRegion);
+      const WaitKind &kind = kinds[boxKinds[boxIndex]];
+      SmallVector<Value> words{task, number};
+      llvm::append_range(
+          words,
+          firstWaitingTile(
+              b, loc, kind,
+              plan.families[kind.family].representative.getGrid().size(),
+              coordinates));
+      scf::YieldOp::create(b, loc,
+                           IdleOp::create(b, loc, function.counters, since,
+                                          view, coordinates, words)
+                               .getResult());
+    }
+    {
+      OpBuilder::InsertionGuard caseGuard(b);
+      b.createBlock(&kindSwitch.getDefaultRegion());
+      scf::YieldOp::create(b, loc,
+                           IdleOp::create(b, loc, function.counters, since,
+                                          view, coordinates,
+                                          ValueRange{task, number})
+                               .getResult());
+    }
+    scf::YieldOp::create(b, loc, kindSwitch.getResult(0));
   }
   {
     OpBuilder::InsertionGuard guard(b);
@@ -1445,8 +1519,10 @@ void DynamicScheduler::build(OpBuilder &builder) {
   createConstantTable(builder, "_waiter_offsets", waiterOffsets);
   createConstantTable(builder, "_waiter_tasks", waiterTasks);
   createConstantTable(builder, "_waiter_kinds", waiterKinds);
-  if (!polled.empty())
+  if (!polled.empty()) {
     createConstantTable(builder, "_first_waiter", firstWaiter);
+    createConstantTable(builder, "_first_waiter_kind", firstWaiterKind);
+  }
   buildCounters(builder);
   buildInit(builder);
   buildWorker(builder);

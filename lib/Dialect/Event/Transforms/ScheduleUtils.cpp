@@ -372,7 +372,8 @@ SmallVector<std::string> GraphProgramBuilder::symbolNames(GraphOp graph) {
   for (StringRef suffix :
        {"_counters", "_init", "_worker", "_check", "_task_family",
         "_task_record", "_task_records", "_waiter_offsets", "_waiter_tasks",
-        "_waiter_kinds", "_first_waiter"})
+        "_waiter_kinds", "_first_waiter",
+        "_first_waiter_kind"})
     names.push_back((graph.getSymName() + suffix).str());
   return names;
 }
