@@ -304,3 +304,45 @@ def test_beside_a_busy_process_a_run_leaves_it_a_core(monkeypatch):
     finally:
         spinner.kill()
         spinner.wait()
+
+
+def test_the_threads_that_start_runs_are_not_others(monkeypatch):
+    """A thread that starts runs waits while they run: its own work between
+    runs (a compile, a step's host work) is not load that takes cores from
+    the workers, also after the thread has ended; and a sample older than
+    MAX_AGE starts a new window instead of averaging over the gap."""
+    pool = workers._Pool()
+    busy, clock = [10.0], [100.0]
+    monkeypatch.setattr(workers.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(workers.OtherLoad, "busy_seconds", staticmethod(lambda cores: busy[0]))
+    registered, worked, release = threading.Event(), threading.Event(), threading.Event()
+
+    def caller():
+        pool.caller()
+        registered.set()
+        release.wait()
+        start = time.thread_time()
+        while time.thread_time() - start < 0.05:  # 50 ms of this thread's work
+            pass
+        worked.set()
+        release.wait()
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    registered.wait()
+    assert not pool.others.busy([0, 1])  # first sample
+    release.set()
+    worked.wait()
+    used = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    clock[0], busy[0] = 100.5, 10.0 + used  # the machine was busy with that work only
+    pool.others.busy([0, 1])
+    assert pool.others.cores == pytest.approx(0.0, abs=0.02)
+    thread.join()
+    clock[0], busy[0] = 101.0, 10.0 + used  # the thread has ended: still not others
+    pool.others.busy([0, 1])
+    assert pool.others.cores == pytest.approx(0.0, abs=0.02)
+    clock[0], busy[0] = 101.5, 10.5 + used  # half a core of someone else's work
+    pool.others.busy([0, 1])
+    assert pool.others.cores == pytest.approx(1.0, abs=0.02)
+    clock[0], busy[0] = 110.0, 20.0  # 8.5 s later: a new window, load unknown
+    assert not pool.others.busy([0, 1]) and pool.others.cores == 0.0

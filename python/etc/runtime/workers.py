@@ -124,6 +124,11 @@ class OtherLoad:
     WINDOW = 0.2
     #: Others' cores above which runs are not pinned.
     LIMIT = 0.25
+    #: Seconds after which the last sample says nothing about now: the
+    #: next window starts afresh (others' load unknown: 0) instead of
+    #: averaging over the whole gap (e.g. another program's whole burst of
+    #: work while this process was idle).
+    MAX_AGE = 2.0
 
     def __init__(self, workers_cpu_seconds: Callable[[], float]):
         self._workers_cpu_seconds = workers_cpu_seconds
@@ -163,7 +168,9 @@ class OtherLoad:
             if busy is None:
                 return False
             sample = (now, busy, self._workers_cpu_seconds())
-            if self._sample is not None:
+            if self._sample is not None and now - self._sample[0] > self.MAX_AGE:
+                self.cores = 0.0
+            elif self._sample is not None:
                 elapsed = now - self._sample[0]
                 others = (busy - self._sample[1]) - (sample[2] - self._sample[2])
                 self.cores = max(others, 0.0) / elapsed
@@ -179,7 +186,34 @@ class _Pool:
         self._numbers = itertools.count()
         #: Workers handed out and not yet given back.
         self.busy = 0
-        self.others = OtherLoad(lambda: sum(w.cpu_seconds for w in list(self._all)))
+        #: The CPU-time clocks of the threads that started runs, by ident:
+        #: a caller waits while its run's workers run, so its own work
+        #: between runs (a step's host work, a compile) is not others' load.
+        self._callers: dict[int, int] = {}
+        self._last: dict[int, float] = {}
+        self._retired = 0.0
+        self.others = OtherLoad(lambda: sum(w.cpu_seconds for w in list(self._all))
+                                + self._callers_cpu_seconds())
+
+    def caller(self) -> None:
+        """Counts the calling thread's CPU time as the runs' own."""
+        ident = threading.get_ident()
+        if ident not in self._callers and hasattr(time, "pthread_getcpuclockid"):
+            try:
+                self._callers[ident] = time.pthread_getcpuclockid(ident)
+            except OSError:
+                pass
+
+    def _callers_cpu_seconds(self) -> float:
+        """The callers' CPU seconds, never decreasing: a thread that has
+        ended counts with what it had run when last seen."""
+        for ident, clock in list(self._callers.items()):
+            try:
+                self._last[ident] = time.clock_gettime(clock)
+            except OSError:  # the thread has ended
+                self._callers.pop(ident, None)
+                self._retired += self._last.pop(ident, 0.0)
+        return self._retired + sum(self._last.values())
 
     def take(self, count: int) -> tuple[list[_Worker], bool]:
         """`count` idle workers (started if need be), and whether no other
@@ -240,6 +274,7 @@ def run_workers(count: int) -> int:
         cores = sorted(os.sched_getaffinity(os.getpid()))
     except (AttributeError, OSError):
         return count
+    _pool.caller()
     others = _pool.others
     others.busy(cores)  # samples at most every WINDOW seconds
     free = len(cores) - others.cores
@@ -273,6 +308,7 @@ class Run:
         # interruption cannot lose a count); only started calls count.
         self._remaining = 0
         self._errors: list[BaseException] = []
+        self._pool.caller()
         self._workers, self._alone = self._pool.take(count)
         self._given_back = False
 
