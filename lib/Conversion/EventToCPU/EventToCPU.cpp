@@ -95,15 +95,41 @@ static void blockAfterBudget(OpBuilder &b, Location loc,
   });
 }
 
+/// `sched_yield()`, through the `syscall` function (`declareSyscall`).
+static void yieldCore(OpBuilder &b, Location loc) {
+  Type i64 = b.getI64Type();
+  LLVM::CallOp::create(
+      b, loc, LLVM::LLVMFunctionType::get(i64, {i64}, /*isVarArg=*/true),
+      kSyscallName,
+      ValueRange{LLVM::ConstantOp::create(
+          b, loc, i64, static_cast<int64_t>(SYS_sched_yield))});
+}
+
+/// The back-off of a spin on several ranks: a yield of the core after
+/// every poll. The state is unused.
+static Value yieldBackOff(OpBuilder &b, Location loc, Value state) {
+  yieldCore(b, loc);
+  return state;
+}
+
 /// The spin of a CPU worker: system-scope atomics, the monotonic clock,
-/// no back-off while it polls, and a futex wait once it has polled for the
-/// run's spin budget (`blockAfterBudget`).
-static SpinTarget cpuSpin(int64_t timeoutMs) {
+/// and a futex wait once it has polled for the run's spin budget
+/// (`blockAfterBudget`). On one device it does not back off while it
+/// polls. On several ranks (`ranked`) the runtime's budget is the whole
+/// watchdog, since another rank's notify cannot wake a futex sleeper, so
+/// the spin yields the core after every poll instead: with more workers
+/// than cores, a worker that spins without yielding holds the core that its
+/// producer needs until the scheduler's tick.
+static SpinTarget cpuSpin(int64_t timeoutMs, bool ranked) {
   SpinTarget target{monotonicNanoseconds,
                     /*backOff=*/nullptr,
                     /*firstBackOff=*/0,
                     /*syncScope=*/StringRef(),
                     timeoutMs};
+  // A function_ref refers to its callable: the functions themselves, not a
+  // temporary pointer to them.
+  if (ranked)
+    target.backOff = yieldBackOff;
   target.block = blockAfterBudget;
   return target;
 }
@@ -358,7 +384,6 @@ struct IdleOpLowering : public OpConversionPattern<IdleOp> {
       pointer = *element;
     }
     Value counters = adaptor.getCounters();
-    Type i64 = rewriter.getI64Type();
     Value now = monotonicNanoseconds(rewriter, loc);
     Value since = adaptor.getSince();
     Value first = arith::CmpIOp::create(
@@ -397,11 +422,7 @@ struct IdleOpLowering : public OpConversionPattern<IdleOp> {
       buildWatchdogReport(b, loc, counters, site, value, waitedMs);
       scf::YieldOp::create(b, loc);
     });
-    LLVM::CallOp::create(
-        rewriter, loc, LLVM::LLVMFunctionType::get(i64, {i64}, /*isVarArg=*/true),
-        kSyscallName,
-        ValueRange{LLVM::ConstantOp::create(
-            rewriter, loc, i64, static_cast<int64_t>(SYS_sched_yield))});
+    yieldCore(rewriter, loc);
     rewriter.replaceOp(op, start);
     return success();
   }
@@ -781,7 +802,13 @@ struct ConvertEventToCPUPass
     });
     if (clock && failed(defineMonotonicClock(module)))
       return signalPassFailure();
-    if (waits && failed(defineSpinFunctions(module, cpuSpin(watchdogMs))))
+    // A graph on several ranks: its functions carry the rank count.
+    bool ranked = any([](Operation *op) {
+      return isa<func::FuncOp>(op) &&
+             op->hasAttr(GraphOp::getRanksAttrName());
+    });
+    if (waits &&
+        failed(defineSpinFunctions(module, cpuSpin(watchdogMs, ranked))))
       return signalPassFailure();
     if ((waits || wakes) && failed(defineFutexFunctions(module)))
       return signalPassFailure();

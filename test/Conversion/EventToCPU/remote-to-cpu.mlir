@@ -81,3 +81,24 @@ func.func @put(%table: memref<?xi64> {event.table}, %y: memref<?x64xf32>, %s: me
   event.put %y[%row, %c0] [%rows, %c64] to %s[%me, %row, %c0] rank(%r) : memref<?x64xf32>, memref<2x?x64xf32>
   return
 }
+
+// -----
+
+// On several ranks a wait polls for the whole watchdog (another rank's
+// notify cannot wake a futex sleeper), so its spin yields the core
+// (`sched_yield`) after every poll: with more workers than cores, a
+// spinning worker would otherwise hold the core its producer needs for a
+// whole time slice.
+
+// CHECK-LABEL: func.func private @__etc_spin_counter(
+// CHECK:         scf.while
+// CHECK:         } do {
+// CHECK:           %[[YIELD:.*]] = llvm.mlir.constant({{[0-9]+}} : i64) : i64
+// CHECK-NEXT:      llvm.call @syscall(%[[YIELD]]) vararg
+// CHECK-LABEL: func.func @ranked_wait(
+func.func @ranked_wait(%counters: memref<?xi32>, %i: index) attributes {event.ranks = 2 : i64} {
+  %c0 = arith.constant 0 : index
+  %e = event.view %counters[%c0]() : memref<?xi32> -> !event.tensor<4, symmetric>
+  event.wait %e[%i] : !event.tensor<4, symmetric>
+  return
+}
