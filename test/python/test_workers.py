@@ -316,6 +316,9 @@ def test_the_threads_that_start_runs_are_not_others(monkeypatch):
     monkeypatch.setattr(workers.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(workers.OtherLoad, "busy_seconds", staticmethod(lambda cores: busy[0]))
     registered, worked, release = threading.Event(), threading.Event(), threading.Event()
+    # The thread lives until its CPU clock has been read (a thread that has
+    # ended has no clock: ProcessLookupError).
+    finish = threading.Event()
 
     def caller():
         pool.caller()
@@ -325,7 +328,7 @@ def test_the_threads_that_start_runs_are_not_others(monkeypatch):
         while time.thread_time() - start < 0.05:  # 50 ms of this thread's work
             pass
         worked.set()
-        release.wait()
+        finish.wait()
 
     thread = threading.Thread(target=caller)
     thread.start()
@@ -337,6 +340,7 @@ def test_the_threads_that_start_runs_are_not_others(monkeypatch):
     clock[0], busy[0] = 100.5, 10.0 + used  # the machine was busy with that work only
     pool.others.busy([0, 1])
     assert pool.others.cores == pytest.approx(0.0, abs=0.02)
+    finish.set()
     thread.join()
     clock[0], busy[0] = 101.0, 10.0 + used  # the thread has ended: still not others
     pool.others.busy([0, 1])
