@@ -34,6 +34,20 @@ mlir::FailureOr<mlir::Value>
 getEventCounters(mlir::ConversionPatternRewriter &rewriter, mlir::Operation *op,
                  mlir::Value event);
 
+/// Emits, for each row of the box an `event.put` copies (its last dimension,
+/// contiguous in both buffers), `emitRow(builder, from, to)` with the byte
+/// addresses (index values) of the row's first element in `source` and in
+/// `dest`, inside nested `scf.for` loops over the box's other dimensions.
+/// `source` and `dest` are the converted buffers (identity-layout memrefs),
+/// `sourceOffsets`, `destOffsets` and `sizes` the op's converted operands.
+/// Both targets' put lowerings share it; they differ in the call per row.
+void forEachPutRow(
+    mlir::OpBuilder &builder, mlir::Location loc, mlir::Value source,
+    mlir::ValueRange sourceOffsets, mlir::Value dest,
+    mlir::ValueRange destOffsets, mlir::ValueRange sizes,
+    llvm::function_ref<void(mlir::OpBuilder &, mlir::Value, mlir::Value)>
+        emitRow);
+
 /// Converts `!event.tensor` to `!llvm.ptr` (its first counter) and leaves
 /// every other type as it is.
 void populateEventTensorTypeConversion(mlir::TypeConverter &typeConverter);

@@ -6,6 +6,7 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/BuiltinOps.h"
 
 using namespace mlir;
@@ -185,4 +186,83 @@ void etc::populateEventBufferLoweringPattern(const TypeConverter &typeConverter,
                                              unsigned addressSpace) {
   patterns.add<BufferOpLowering>(typeConverter, patterns.getContext(),
                                  addressSpace);
+}
+
+/// Row-major strides of `buffer` (identity layout), in elements.
+static SmallVector<Value> rowMajorStrides(OpBuilder &b, Location loc,
+                                          Value buffer) {
+  auto type = cast<MemRefType>(buffer.getType());
+  SmallVector<Value> result(type.getRank());
+  Value stride = arith::ConstantIndexOp::create(b, loc, 1);
+  for (int64_t dim = type.getRank() - 1; dim >= 0; --dim) {
+    result[dim] = stride;
+    stride = arith::MulIOp::create(b, loc, stride,
+                                   memref::DimOp::create(b, loc, buffer, dim));
+  }
+  return result;
+}
+
+void etc::forEachPutRow(
+    OpBuilder &builder, Location loc, Value source, ValueRange sourceOffsets,
+    Value dest, ValueRange destOffsets, ValueRange sizes,
+    function_ref<void(OpBuilder &, Value, Value)> emitRow) {
+  unsigned rank = sizes.size();
+  unsigned leading = destOffsets.size() - rank;
+  auto elementType = cast<MemRefType>(source.getType()).getElementType();
+  Value bytes = arith::ConstantIndexOp::create(
+      builder, loc, elementType.getIntOrFloatBitWidth() / 8);
+  SmallVector<Value> sourceStrides = rowMajorStrides(builder, loc, source);
+  SmallVector<Value> destStrides = rowMajorStrides(builder, loc, dest);
+  Value sourceBase =
+      memref::ExtractAlignedPointerAsIndexOp::create(builder, loc, source);
+  Value destBase =
+      memref::ExtractAlignedPointerAsIndexOp::create(builder, loc, dest);
+
+  // The first element of each row: the offsets plus the loop positions in
+  // every dimension but the last; the leading dimensions of `dest` (those
+  // the box does not span) at their offsets.
+  std::function<void(OpBuilder &, unsigned, SmallVector<Value>)> rows =
+      [&](OpBuilder &b, unsigned dim, SmallVector<Value> positions) {
+        if (dim + 1 < rank) {
+          Value zero = arith::ConstantIndexOp::create(b, loc, 0);
+          Value one = arith::ConstantIndexOp::create(b, loc, 1);
+          scf::ForOp::create(
+              b, loc, zero, sizes[dim], one, ValueRange{},
+              [&](OpBuilder &nested, Location, Value position, ValueRange) {
+                SmallVector<Value> inner = positions;
+                inner.push_back(position);
+                rows(nested, dim + 1, inner);
+                scf::YieldOp::create(nested, loc);
+              });
+          return;
+        }
+        Value from = arith::ConstantIndexOp::create(b, loc, 0);
+        Value to = arith::ConstantIndexOp::create(b, loc, 0);
+        for (unsigned d = 0; d < leading; ++d)
+          to = arith::AddIOp::create(
+              b, loc, to,
+              arith::MulIOp::create(b, loc, destOffsets[d], destStrides[d]));
+        for (unsigned d = 0; d < rank; ++d) {
+          Value step = d < positions.size()
+                           ? positions[d]
+                           : arith::ConstantIndexOp::create(b, loc, 0);
+          from = arith::AddIOp::create(
+              b, loc, from,
+              arith::MulIOp::create(
+                  b, loc, arith::AddIOp::create(b, loc, sourceOffsets[d], step),
+                  sourceStrides[d]));
+          to = arith::AddIOp::create(
+              b, loc, to,
+              arith::MulIOp::create(
+                  b, loc,
+                  arith::AddIOp::create(b, loc, destOffsets[leading + d], step),
+                  destStrides[leading + d]));
+        }
+        emitRow(b,
+                arith::AddIOp::create(b, loc, sourceBase,
+                                      arith::MulIOp::create(b, loc, from, bytes)),
+                arith::AddIOp::create(b, loc, destBase,
+                                      arith::MulIOp::create(b, loc, to, bytes)));
+      };
+  rows(builder, 0, {});
 }

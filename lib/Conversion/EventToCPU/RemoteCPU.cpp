@@ -180,19 +180,6 @@ struct RemoteNotifyLowering : public OpConversionPattern<RemoteNotifyOp> {
 struct PutLowering : public OpConversionPattern<PutOp> {
   using OpConversionPattern::OpConversionPattern;
 
-  /// Row-major strides of `buffer` (identity layout), in elements.
-  static SmallVector<Value> strides(OpBuilder &b, Location loc, Value buffer) {
-    auto type = cast<MemRefType>(buffer.getType());
-    SmallVector<Value> result(type.getRank());
-    Value stride = arith::ConstantIndexOp::create(b, loc, 1);
-    for (int64_t dim = type.getRank() - 1; dim >= 0; --dim) {
-      result[dim] = stride;
-      Value size = memref::DimOp::create(b, loc, buffer, dim);
-      stride = arith::MulIOp::create(b, loc, stride, size);
-    }
-    return result;
-  }
-
   LogicalResult
   matchAndRewrite(PutOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
@@ -203,17 +190,8 @@ struct PutLowering : public OpConversionPattern<PutOp> {
     Location loc = op.getLoc();
     Type i32 = rewriter.getI32Type(), i64 = rewriter.getI64Type();
     auto pointerType = LLVM::LLVMPointerType::get(rewriter.getContext());
-    Value source = adaptor.getSource(), dest = adaptor.getDest();
     int64_t elementBytes =
         op.getSource().getType().getElementTypeBitWidth() / 8;
-    unsigned rank = op.getSource().getType().getRank();
-    unsigned leading = op.getDest().getType().getRank() - rank;
-    SmallVector<Value> sourceStrides = strides(rewriter, loc, source);
-    SmallVector<Value> destStrides = strides(rewriter, loc, dest);
-    Value sourceBase = memref::ExtractAlignedPointerAsIndexOp::create(
-        rewriter, loc, source);
-    Value destBase =
-        memref::ExtractAlignedPointerAsIndexOp::create(rewriter, loc, dest);
     Value windowBase = transport->word(rewriter, loc, transport::kBaseWord);
     Value target = toI32(rewriter, loc, adaptor.getRank());
     Value byteSize = arith::ConstantIndexOp::create(rewriter, loc, elementBytes);
@@ -225,52 +203,10 @@ struct PutLowering : public OpConversionPattern<PutOp> {
     Value put = transport->function(rewriter, loc, transport::kPutWord);
     auto putType = LLVM::LLVMFunctionType::get(
         i32, {pointerType, i32, i64, i32, i64, i32, i64, i64});
-
-    // The first element of each row: offsets plus the loop positions in
-    // every dimension but the last.
-    std::function<void(OpBuilder &, unsigned, SmallVector<Value>)> rows =
-        [&](OpBuilder &b, unsigned dim, SmallVector<Value> positions) {
-          if (dim + 1 < rank) {
-            Value zero = arith::ConstantIndexOp::create(b, loc, 0);
-            Value step = arith::ConstantIndexOp::create(b, loc, 1);
-            scf::ForOp::create(
-                b, loc, zero, adaptor.getSizes()[dim], step, ValueRange{},
-                [&](OpBuilder &nested, Location, Value position, ValueRange) {
-                  SmallVector<Value> inner = positions;
-                  inner.push_back(position);
-                  rows(nested, dim + 1, inner);
-                  scf::YieldOp::create(nested, loc);
-                });
-            return;
-          }
-          Value sourceElement = arith::ConstantIndexOp::create(b, loc, 0);
-          Value destElement = arith::ConstantIndexOp::create(b, loc, 0);
-          for (unsigned d = 0; d < leading; ++d)
-            destElement = arith::AddIOp::create(
-                b, loc, destElement,
-                arith::MulIOp::create(b, loc, adaptor.getDestOffsets()[d],
-                                      destStrides[d]));
-          for (unsigned d = 0; d < rank; ++d) {
-            Value step = d < positions.size()
-                             ? positions[d]
-                             : arith::ConstantIndexOp::create(b, loc, 0);
-            Value at = arith::AddIOp::create(b, loc,
-                                             adaptor.getSourceOffsets()[d], step);
-            sourceElement = arith::AddIOp::create(
-                b, loc, sourceElement,
-                arith::MulIOp::create(b, loc, at, sourceStrides[d]));
-            Value to = arith::AddIOp::create(
-                b, loc, adaptor.getDestOffsets()[leading + d], step);
-            destElement = arith::AddIOp::create(
-                b, loc, destElement,
-                arith::MulIOp::create(b, loc, to, destStrides[leading + d]));
-          }
-          Value from = arith::AddIOp::create(
-              b, loc, sourceBase,
-              arith::MulIOp::create(b, loc, sourceElement, byteSize));
-          Value into = arith::AddIOp::create(
-              b, loc, destBase,
-              arith::MulIOp::create(b, loc, destElement, byteSize));
+    forEachPutRow(
+        rewriter, loc, adaptor.getSource(), adaptor.getSourceOffsets(),
+        adaptor.getDest(), adaptor.getDestOffsets(), adaptor.getSizes(),
+        [&](OpBuilder &b, Value from, Value into) {
           Value origin =
               LLVM::IntToPtrOp::create(b, loc, pointerType, toI64(b, loc, from));
           Value displacement =
@@ -279,8 +215,7 @@ struct PutLowering : public OpConversionPattern<PutOp> {
                                ValueRange{put, origin, rowBytes, mpiByte,
                                           target, displacement, rowBytes,
                                           mpiByte, window});
-        };
-    rows(rewriter, 0, {});
+        });
     rewriter.eraseOp(op);
     return success();
   }

@@ -97,84 +97,19 @@ struct PutLowering : public OpConversionPattern<PutOp> {
     auto type = LLVM::LLVMFunctionType::get(
         LLVM::LLVMVoidType::get(context),
         {pointerType, pointerType, rewriter.getI64Type(), rewriter.getI32Type()});
-    Value source = adaptor.getSource(), dest = adaptor.getDest();
-    unsigned rank = op.getSource().getType().getRank();
-    unsigned leading = op.getDest().getType().getRank() - rank;
     int64_t elementBytes = op.getSource().getType().getElementTypeBitWidth() / 8;
-    auto strides = [&](Value buffer) {
-      auto memrefType = cast<MemRefType>(buffer.getType());
-      SmallVector<Value> result(memrefType.getRank());
-      Value stride = arith::ConstantIndexOp::create(rewriter, loc, 1);
-      for (int64_t dim = memrefType.getRank() - 1; dim >= 0; --dim) {
-        result[dim] = stride;
-        stride = arith::MulIOp::create(
-            rewriter, loc, stride, memref::DimOp::create(rewriter, loc, buffer, dim));
-      }
-      return result;
-    };
-    SmallVector<Value> sourceStrides = strides(source), destStrides = strides(dest);
-    Value sourceBase =
-        memref::ExtractAlignedPointerAsIndexOp::create(rewriter, loc, source);
-    Value destBase =
-        memref::ExtractAlignedPointerAsIndexOp::create(rewriter, loc, dest);
     Value bytes = arith::ConstantIndexOp::create(rewriter, loc, elementBytes);
     Value rowBytes = arith::IndexCastOp::create(
         rewriter, loc, rewriter.getI64Type(),
         arith::MulIOp::create(rewriter, loc, adaptor.getSizes().back(), bytes));
     Value pe = toI32(rewriter, loc, adaptor.getRank());
-
-    std::function<void(OpBuilder &, unsigned, SmallVector<Value>)> rows =
-        [&](OpBuilder &b, unsigned dim, SmallVector<Value> positions) {
-          if (dim + 1 < rank) {
-            Value zero = arith::ConstantIndexOp::create(b, loc, 0);
-            Value one = arith::ConstantIndexOp::create(b, loc, 1);
-            scf::ForOp::create(
-                b, loc, zero, adaptor.getSizes()[dim], one, ValueRange{},
-                [&](OpBuilder &nested, Location, Value position, ValueRange) {
-                  SmallVector<Value> inner = positions;
-                  inner.push_back(position);
-                  rows(nested, dim + 1, inner);
-                  scf::YieldOp::create(nested, loc);
-                });
-            return;
-          }
-          Value from = arith::ConstantIndexOp::create(b, loc, 0);
-          Value to = arith::ConstantIndexOp::create(b, loc, 0);
-          for (unsigned d = 0; d < leading; ++d)
-            to = arith::AddIOp::create(
-                b, loc, to,
-                arith::MulIOp::create(b, loc, adaptor.getDestOffsets()[d],
-                                      destStrides[d]));
-          for (unsigned d = 0; d < rank; ++d) {
-            Value step = d < positions.size()
-                             ? positions[d]
-                             : arith::ConstantIndexOp::create(b, loc, 0);
-            from = arith::AddIOp::create(
-                b, loc, from,
-                arith::MulIOp::create(
-                    b, loc,
-                    arith::AddIOp::create(b, loc, adaptor.getSourceOffsets()[d], step),
-                    sourceStrides[d]));
-            to = arith::AddIOp::create(
-                b, loc, to,
-                arith::MulIOp::create(
-                    b, loc,
-                    arith::AddIOp::create(b, loc,
-                                          adaptor.getDestOffsets()[leading + d], step),
-                    destStrides[leading + d]));
-          }
-          Value origin = pointerAt(
-              b, loc,
-              arith::AddIOp::create(b, loc, sourceBase,
-                                    arith::MulIOp::create(b, loc, from, bytes)));
-          Value target = pointerAt(
-              b, loc,
-              arith::AddIOp::create(b, loc, destBase,
-                                    arith::MulIOp::create(b, loc, to, bytes)));
+    forEachPutRow(
+        rewriter, loc, adaptor.getSource(), adaptor.getSourceOffsets(),
+        adaptor.getDest(), adaptor.getDestOffsets(), adaptor.getSizes(),
+        [&](OpBuilder &b, Value from, Value to) {
           callNvshmem(b, loc, op, "nvshmemx_putmem_nbi_block", type,
-                      {target, origin, rowBytes, pe});
-        };
-    rows(rewriter, 0, {});
+                      {pointerAt(b, loc, to), pointerAt(b, loc, from), rowBytes, pe});
+        });
     rewriter.eraseOp(op);
     return success();
   }
