@@ -163,6 +163,19 @@ def to_storage(array: np.ndarray, dtype: str) -> np.ndarray:
     return bfloat16.to_bits(array)
 
 
+def checked_storage(arg, array) -> np.ndarray:
+    """The buffer the program reads for the caller's `array` of input or
+    state `arg`, after checking its type and dtype (a state: its own array,
+    `check_state`; an input: `to_storage`)."""
+    if arg.kind == "state":
+        return check_state(arg, array)
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"input {arg.name!r} must be a numpy.ndarray, got "
+                        f"{type(array).__name__}")
+    check_input_dtype(arg.name, arg, array)
+    return to_storage(array, arg.dtype)
+
+
 def from_storage(array: np.ndarray, dtype: str) -> np.ndarray:
     """The user array of an output buffer (bf16: widened to float32)."""
     if dtype != "bf16":
@@ -311,15 +324,7 @@ class Constants:
                 raise ValueError(f"{runtime.abi.name}: constant {name!r} is an index input, "
                                  f"whose values are checked at every run: pass it to run() "
                                  f"instead")
-            if arg.kind == "state":
-                storage = check_state(arg, array)
-            else:
-                if not isinstance(array, np.ndarray):
-                    raise TypeError(f"input {name!r} must be a numpy.ndarray, got "
-                                    f"{type(array).__name__}")
-                check_input_dtype(name, arg, array)
-                storage = to_storage(array, arg.dtype)
-            self.storage[name] = storage
+            self.storage[name] = checked_storage(arg, array)
         args = [by_name[n] for n in names]
         bind_symbols(args, {n: arrays[n].shape for n in names}, allow_unbound=True)
         #: Each constant's address, by name.
@@ -439,15 +444,7 @@ class CPURuntime:
                 supplied[name] = array
                 continue
             fresh.add(name)
-            if arg.kind == "state":
-                storage = check_state(arg, array)
-            else:
-                if not isinstance(array, np.ndarray):
-                    raise TypeError(f"input {name!r} must be a numpy.ndarray, got "
-                                    f"{type(array).__name__}")
-                check_input_dtype(name, arg, array)
-                storage = to_storage(array, arg.dtype)
-            supplied[name] = storage
+            storage = supplied[name] = checked_storage(arg, array)
             if storage is array:
                 seen[name] = (weakref.ref(array), array.shape, array.strides, array.dtype,
                               array.ctypes.data)
