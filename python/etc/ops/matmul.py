@@ -12,8 +12,12 @@ Kernels, by target:
   through once per micro-tile: for B (K, N) each k loads contiguous
   vectors of B's row k (up to 1 KB for a decode row) and broadcasts
   A[r, k]; for B^T (N, K) both operands are contiguous along k and the
-  dot products reduce at the end. Partial edge tiles (columns past N)
-  take the scalar path.
+  dot products reduce at the end: groups of 4 rows of A take a stack
+  panel of A in f32 and 4 x 2 dot products (`emit_panels`), the rows left
+  (all at decode) dot groups of 4 columns a quarter of the tile apart
+  (`emit_transposed`: 4 long streams of B^T per worker). Tile widths give
+  every worker the same number of column tiles where one divides N so.
+  Partial edge tiles (columns past N) take the scalar path.
 * cuda, few rows (decode): `MatmulSkinny` for B (K, N) (lanes along N,
   split-K across lane groups, scratch reduction across warps) and
   `MatmulSkinnyT` for B^T (N, K), the layout of Hugging Face weights (a
