@@ -153,6 +153,18 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
     * `event.queue_push`: thread 0 reserves a slot (atomic add on the tail)
       and publishes `task + 1` with a GPU-scope release store, or sets the
       error flag when the queue is full.
+    * The polling ops of the dynamic schedule on several ranks:
+      `event.queue_try_pop` is thread 0's pop that never waits (relaxed
+      loads of the slot at GPU scope, one acquire fence when it took a
+      task) between two barriers, through the broadcast word;
+      `event.test` is thread 0's relaxed load of the counter and, when it
+      is no longer positive, an acquire fence, then `bar.red.or` to the
+      CTA, both at system scope for a symmetric event (other GPUs notify
+      it with NVSHMEM atomics after their puts) and at GPU scope
+      otherwise; `event.idle` keeps the watchdog on thread 0
+      (`%globaltimer`, the error record once idle longer than
+      `watchdog-ms`) and backs every thread off with `nvvm.nanosleep` of
+      a sixteenth of the idle time, 32 to 512 ns.
     * `event.view` becomes the address of its first counter, as on the CPU.
     * `event.scratch` becomes a view of the CTA's scratch arena, the
       kernel's dynamic shared memory (`gpu.dynamic_shared_memory` +

@@ -128,18 +128,25 @@ def test_collective_errors():
 @pytest.mark.skipif(not (shutil.which("ptxas") and shutil.which("nvlink")),
                     reason="needs ptxas and nvlink (CUDA toolkit) on PATH")
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
-def test_nvshmem_ptx_assembles_and_links(chip, tmp_path):
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_nvshmem_ptx_assembles_and_links(chip, schedule, tmp_path):
     """The CUDA program of a graph on two ranks calls NVSHMEM's device API
     (row puts, the remote atomic notify after a quiet, the PE), assembles
     as relocatable code and links with NVSHMEM's device library (its
-    bitcode from the wheel, compiled for the chip) into a cubin; running it
-    says what is missing."""
+    bitcode from the wheel, compiled for the chip) into a cubin, under
+    both schedules. The dynamic schedule's polling worker tests the
+    symmetric elements with a relaxed load and an acquire fence at system
+    scope (other GPUs notify them) and backs off with nanosleep."""
     g, _ = _gather_graph()
-    kernel = etc.compile(g, target="cuda", chip=chip)
+    kernel = etc.compile(g, target="cuda", chip=chip, schedule=schedule)
     ptx = kernel.ptx
     for call in ("nvshmem_my_pe", "nvshmem_quiet", "nvshmem_int_atomic_add",
                  "nvshmemx_putmem_nbi_block"):
         assert re.search(rf"\.extern \.func .*{call}", ptx), call
+    if schedule == "dynamic":
+        assert re.search(r"ld\.relaxed\.sys\.(global\.)?[bu]32", ptx)
+        assert "fence.acq_rel.sys" in ptx
+        assert "nanosleep.u32" in ptx
     cubin = distributed.link_nvshmem(ptx, chip, str(tmp_path))
     assert cubin[:4] == b"\x7fELF"
     with pytest.raises(NotImplementedError, match="host side"):

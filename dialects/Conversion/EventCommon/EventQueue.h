@@ -44,10 +44,14 @@ mlir::Value buildQueuePop(
 /// worker took the slot first; the result is the slot's value minus one
 /// (`capacity` for the end marker `capacity + 1`). With the head at the
 /// capacity the result is `capacity`, and with slot `h` not yet published
-/// `capacity + 1`. Returns an i32.
+/// `capacity + 1`. Returns an i32. With `acquireOnTake`, the loads of the
+/// slot are relaxed and one acquire fence follows when a task was taken
+/// (the GPU, where an acquire load invalidates the SM's L1 at every retry);
+/// otherwise each load of the slot acquires.
 mlir::Value buildQueueTryPop(mlir::OpBuilder &builder, mlir::Location loc,
                              mlir::Value counters, mlir::Value queue,
-                             mlir::Value capacity, llvm::StringRef syncScope);
+                             mlir::Value capacity, llvm::StringRef syncScope,
+                             bool acquireOnTake = false);
 
 /// `capacity + 1` (as i32) when `published`, a slot's value, is 0 (the spin
 /// gave up: the run was stopped), else `published`: a `waitForSlot` that

@@ -29,10 +29,23 @@ void populateEventToGPUTypeConversions(mlir::TypeConverter &typeConverter);
 /// `event.queue_pop` (thread 0 acts for the CTA, or each thread for itself
 /// with `per_lane`; a ready flag reaches every thread with `bar.red.or`, a
 /// popped task through the enclosing kernel's first workgroup attribution,
-/// a `memref<1xi32>` broadcast word).
+/// a `memref<1xi32>` broadcast word), and the polling ops of graphs on
+/// several ranks (`populatePollingToGPUConversionPatterns`). Spins and idle
+/// workers give up after `watchdogMs`.
 void populateEventToGPUConversionPatterns(
     const mlir::TypeConverter &typeConverter,
-    mlir::RewritePatternSet &patterns);
+    mlir::RewritePatternSet &patterns, int64_t watchdogMs);
+
+/// Adds the patterns that lower the ops with which the dynamic schedule of
+/// a graph on several ranks polls (`event.queue_try_pop`, `event.test`,
+/// `event.idle`) for one CTA per worker: thread 0 acts, the CTA shares the
+/// answer (broadcast word, `bar.red.or`); a symmetric event's counter is
+/// tested at system scope, since other GPUs notify it; an idle CTA keeps
+/// the watchdog (`watchdogMs`) and backs off with a short `nanosleep`.
+/// Part of `populateEventToGPUConversionPatterns`.
+void populatePollingToGPUConversionPatterns(
+    const mlir::TypeConverter &typeConverter,
+    mlir::RewritePatternSet &patterns, int64_t watchdogMs);
 
 /// Adds the patterns that lower the operations of a graph on several ranks
 /// (`event.rank_id`, `event.rank_count`, `event.put`,

@@ -111,7 +111,7 @@ Value etc::buildQueuePop(
 
 Value etc::buildQueueTryPop(OpBuilder &builder, Location loc, Value counters,
                             Value queueStart, Value capacity,
-                            StringRef syncScope) {
+                            StringRef syncScope, bool acquireOnTake) {
   Type i1 = builder.getI1Type(), i32 = builder.getI32Type();
   Value capacity32 = arith::IndexCastUIOp::create(builder, loc, i32, capacity);
   Value one = arith::ConstantIntOp::create(builder, loc, 1, 32);
@@ -145,7 +145,9 @@ Value etc::buildQueueTryPop(OpBuilder &builder, Location loc, Value counters,
                   slotPointer(open, loc, counters, queueStart, slot),
                   /*alignment=*/4, /*isVolatile=*/false,
                   /*isNonTemporal=*/false, /*isInvariant=*/false,
-                  /*isInvariantGroup=*/false, LLVM::AtomicOrdering::acquire,
+                  /*isInvariantGroup=*/false,
+                  acquireOnTake ? LLVM::AtomicOrdering::monotonic
+                                : LLVM::AtomicOrdering::acquire,
                   syncScope);
               Value empty = arith::CmpIOp::create(
                   open, loc, arith::CmpIPredicate::eq, published,
@@ -185,7 +187,18 @@ Value etc::buildQueueTryPop(OpBuilder &builder, Location loc, Value counters,
       [&](OpBuilder &b, Location loc, ValueRange) {
         scf::YieldOp::create(b, loc);
       });
-  return loop.getResult(0);
+  Value task = loop.getResult(0);
+  if (acquireOnTake) {
+    // The relaxed load that saw the slot published synchronises with its
+    // pusher's release here, once.
+    Value took = arith::CmpIOp::create(builder, loc, arith::CmpIPredicate::ult,
+                                       task, capacity32);
+    scf::IfOp::create(builder, loc, took, [&](OpBuilder &b, Location loc) {
+      LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire, syncScope);
+      scf::YieldOp::create(b, loc);
+    });
+  }
+  return task;
 }
 
 Value etc::exhaustedIfEmpty(OpBuilder &builder, Location loc, Value published,

