@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import subprocess
@@ -106,14 +107,18 @@ class CompiledKernel:
         `etc.runtime.load` runs without MLIR (see `etc.runtime.artifact`),
         with `metadata` (JSON-able: what the kernel was compiled from).
 
-        CUDA artifacts hold the PTX. CPU artifacts hold a shared library linked
+        CUDA artifacts hold the PTX (and, for a graph on several ranks,
+        NVSHMEM's device library as PTX, linked with it at load). CPU artifacts hold a shared library linked
         from the JIT's object code by the system C compiler (`cc`, or `$CC`),
         for this machine's platform."""
+        library = None
         if self.options.target == "cuda":
             code = self._runtime.ptx.encode()
+            if self.abi.extra.get("ranks", 1) > 1:
+                library = self._runtime.library_ptx.encode()
         else:
             code = _shared_library(self._engine)
-        _artifact.write(path, self.abi, code, metadata)
+        _artifact.write(path, self.abi, code, metadata, library=library)
 
     def __repr__(self) -> str:
         return (f"<CompiledKernel {self.abi.name} target={self.options.target} "
@@ -212,9 +217,13 @@ def compile_module(module: ir.Module, signature, options: Options, *,
         # The driver JIT-compiles the PTX on the first run; nothing here
         # needs a GPU.
         if abi.extra.get("ranks", 1) > 1:
-            from .runtime.distributed import NVSHMEMProgram
+            from .runtime.distributed import nvshmem_library_ptx
+            from .runtime.nvshmem import NVSHMEMRuntime
 
-            runtime = NVSHMEMProgram(abi, _ptx(module))
+            # NVSHMEM's device library is compiled for the chip when the
+            # kernel is first run or saved (a cached cut of its bitcode).
+            runtime = NVSHMEMRuntime(abi, _ptx(module),
+                                     functools.partial(nvshmem_library_ptx, abi.chip))
         else:
             runtime = CUDARuntime(abi, _ptx(module))
     else:

@@ -7,6 +7,7 @@ matmul, matmul + reduce_scatter, matmul + all_reduce, on the static and
 the dynamic schedule, 1 and 2 workers per rank), a tensor-parallel model against the whole model, and that a
 rank that dies or hangs is an error on every other rank, not a hang."""
 
+import importlib
 import os
 import re
 import shutil
@@ -20,8 +21,9 @@ from etc.runtime import distributed  # noqa: E402
 HERE = os.path.join(os.path.dirname(__file__), "distributed")
 
 
-def _launch(ranks: int, script: str, *args: str, timeout: float = 240):
-    env = dict(os.environ, ETC_PIN_WORKERS="0")
+def _launch(ranks: int, script: str, *args: str, timeout: float = 240,
+            env_extra: dict | None = None):
+    env = dict(os.environ, ETC_PIN_WORKERS="0", **(env_extra or {}))
     result = distributed.launch(ranks, [os.path.join(HERE, script), *args], timeout=timeout,
                                 env=env)
     return result, result.stdout + result.stderr
@@ -149,8 +151,96 @@ def test_nvshmem_ptx_assembles_and_links(chip, schedule, tmp_path):
         assert "nanosleep.u32" in ptx
     cubin = distributed.link_nvshmem(ptx, chip, str(tmp_path))
     assert cubin[:4] == b"\x7fELF"
-    with pytest.raises(NotImplementedError, match="host side"):
-        kernel.run(x=None, w=None)
+    # What the runtime links with at load (and saves in the artifact).
+    library = kernel.runtime.library_ptx
+    assert re.search(r"\.visible \.const .* nvshmemi_device_state_d\[", library)
+    for call in ("nvshmem_quiet", "nvshmem_int_atomic_add", "nvshmemx_putmem_nbi_block"):
+        assert re.search(rf"\.visible \.func .*\b{call}\(", library), call
+
+
+# ----------------------------------------------------------------------
+# The NVSHMEM host runtime (CUDA on several ranks), without a GPU
+# ----------------------------------------------------------------------
+
+from etc.runtime import artifact, nvshmem  # noqa: E402
+
+
+def test_symmetric_layout():
+    """The counters come first, each intermediate at the next multiple of
+    256 bytes, whatever its size; the layout depends on the sizes only."""
+    offsets, total = nvshmem.symmetric_layout(10, [("g", 4096), ("staging", 1), ("empty", 0)])
+    assert offsets == {"g": 256, "staging": 256 + 4096, "empty": 256 + 4096 + 256}
+    assert total == 256 + 4096 + 256 + 256
+    assert all(offset % nvshmem.SYMMETRIC_ALIGNMENT == 0 for offset in offsets.values())
+    assert nvshmem.symmetric_layout(65, []) == ({}, 512)
+    with pytest.raises(ValueError, match="counter_count=0"):
+        nvshmem.symmetric_layout(0, [])
+
+
+def test_nvshmem_runtime_without_a_device():
+    """A CUDA kernel on several ranks compiles with the NVSHMEM runtime,
+    which touches nothing until it runs; binding it for enqueueing is
+    refused (runs meet the other ranks on the host), and without
+    nvshmem4py the host library's absence is named with what to install."""
+    g, _ = _gather_graph()
+    kernel = etc.compile(g, target="cuda", chip="sm_80", schedule="dynamic")
+    assert isinstance(kernel.runtime, nvshmem.NVSHMEMRuntime)
+    assert kernel.runtime.ranks == 2 and kernel.runtime.comm is None
+    with pytest.raises(NotImplementedError, match="cannot be bound .* call run"):
+        kernel.runtime.bind({})
+    try:
+        importlib.import_module("nvshmem.bindings")
+    except ImportError:
+        with pytest.raises(RuntimeError, match=r"nvshmem4py-cu13==0\.4\.1"):
+            nvshmem._bindings()
+
+
+def test_nvshmem_artifact_carries_the_device_library(tmp_path):
+    """A saved CUDA kernel on several ranks holds NVSHMEM's device library
+    PTX beside its own (checked by its digest) and loads on the NVSHMEM
+    runtime; one without it, or with a damaged one, is refused."""
+    g, _ = _gather_graph()
+    kernel = etc.compile(g, target="cuda", chip="sm_80")
+    library = b"// NVSHMEM's device library stands here\n"
+    path = tmp_path / "ag.etc"
+    artifact.write(path, kernel.abi, kernel.ptx.encode(), library=library)
+    loaded = etc.runtime.load(path)
+    assert isinstance(loaded.runtime, nvshmem.NVSHMEMRuntime)
+    assert loaded.runtime.library_ptx == library.decode()
+    loaded.save(tmp_path / "again.etc")
+    assert etc.runtime.load(tmp_path / "again.etc").runtime.library_ptx == library.decode()
+    with pytest.raises(ValueError, match="needs NVSHMEM's device library"):
+        artifact.write(tmp_path / "none.etc", kernel.abi, kernel.ptx.encode())
+    data = path.read_bytes().replace(b"stands here", b"stands HERE")
+    (tmp_path / "damaged.etc").write_bytes(data)
+    with pytest.raises(artifact.ArtifactError, match=r"is damaged: .*(nvshmem\.ptx|device library)"):
+        etc.runtime.load(tmp_path / "damaged.etc")
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_nvshmem_runtime_on_the_fake_driver(schedule, tmp_path):
+    """Two MPI processes run CUDA programs on several ranks through the
+    NVSHMEM runtime on the fake CUDA driver and fake NVSHMEM: bootstrap,
+    symmetric block, link, module initialisation, meetings and checks as
+    on GPUs, the kernels played by the CPU build of the same program over
+    an MPI window; all_gather + matmul and matmul + reduce_scatter match
+    NumPy, also saved and loaded."""
+    result, output = _launch(2, "nvshmem_fake.py", schedule, env_extra={"ETC_TEST_DIR": str(tmp_path)})
+    assert result.returncode == 0, output
+    for rank in range(2):
+        assert f"rank {rank}: nvshmem fake: 5 checks passed" in output, output
+
+
+def test_nvshmem_runtime_rank_that_stays_away(tmp_path):
+    """Rank 1 of 2 does not come to a run: rank 0's NVSHMEM runtime raises
+    DistributedError at its first meeting within about its 1 s watchdog,
+    instead of launching a worker that would wait for rank 1 forever."""
+    result, output = _launch(2, "nvshmem_fake.py", "static", "hang",
+                             env_extra={"ETC_TEST_DIR": str(tmp_path)})
+    line = re.search(r"rank 0: (\w+) after ([0-9.]+) s: (.*)", output)
+    assert line, output
+    assert line.group(1) == "DistributedError" and float(line.group(2)) < 10, output
+    assert "did not start run of ag_mm" in line.group(3), output
 
 
 # ----------------------------------------------------------------------

@@ -12,7 +12,11 @@ with any zip tool) holding:
 * the code: `kernel.ptx` (PTX text) for CUDA, or `kernel.so` for the CPU (a
   shared library linked from the lowered LLVM module by the system C
   compiler, for the `platform` the manifest names and the x86-64 level
-  `isa` it records, `etc.runtime.isa`).
+  `isa` it records, `etc.runtime.isa`);
+* for a CUDA program on several ranks, `nvshmem.ptx`: NVSHMEM's device
+  library for the chip as PTX (the manifest's `library` entry has its
+  SHA-256), which the runtime links with the kernel's PTX at load
+  (`etc.runtime.nvshmem`).
 
 `load(path)` checks all of that, and that this machine's CPU has the
 features of the recorded level, and returns a `LoadedKernel`: the same `run`
@@ -59,9 +63,19 @@ def host_platform() -> str:
     return f"{platform.system().lower()}-{platform.machine().lower()}"
 
 
-def write(path, abi: KernelABI, code: bytes, metadata: dict | None = None) -> None:
-    """Writes an artifact of `abi` with `code` (PTX text or a shared library)
-    and `metadata` (JSON-able) to `path`."""
+#: The member holding NVSHMEM's device library of a CUDA program on ranks.
+LIBRARY = "nvshmem.ptx"
+
+
+def write(path, abi: KernelABI, code: bytes, metadata: dict | None = None, *,
+          library: bytes | None = None) -> None:
+    """Writes an artifact of `abi` with `code` (PTX text or a shared library),
+    `metadata` (JSON-able) and, for a CUDA program on several ranks,
+    `library` (NVSHMEM's device library as PTX) to `path`."""
+    ranks = abi.extra.get("ranks", 1) > 1
+    if abi.target == "cuda" and ranks and library is None:
+        raise ValueError(f"{abi.name} runs on several GPUs: its artifact needs NVSHMEM's device "
+                         "library (library=)")
     if abi.target not in _CODE:
         raise ValueError(f"cannot save a kernel for target {abi.target!r}")
     manifest = {
@@ -77,11 +91,16 @@ def write(path, abi: KernelABI, code: bytes, metadata: dict | None = None) -> No
         "abi": abi.to_json(),
         "metadata": dict(metadata or {}),
     }
+    if library is not None:
+        manifest["library"] = {"name": LIBRARY, "sha256": hashlib.sha256(library).hexdigest(),
+                               "bytes": len(library)}
     manifest["sha256"] = _manifest_digest(manifest)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
         archive.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
         archive.writestr(_CODE[abi.target], code)
+        if library is not None:
+            archive.writestr(LIBRARY, library)
     path = Path(path)
     # Written whole, then renamed: a reader never sees half a file.
     temporary = path.with_name(path.name + ".part")
@@ -186,12 +205,14 @@ class LoadedKernel:
     kernel, `arguments` (the ABI's, in order), `abi`, `trace` (traced
     kernels), and `ptx` for CUDA."""
 
-    def __init__(self, path, manifest: dict, abi: KernelABI, runtime, code: bytes):
+    def __init__(self, path, manifest: dict, abi: KernelABI, runtime, code: bytes,
+                 library: bytes | None = None):
         self.path = str(path)
         self.manifest = manifest
         self.abi = abi
         self._runtime = runtime
         self._code = code
+        self._library = library
 
     @property
     def arguments(self) -> tuple:
@@ -230,7 +251,8 @@ class LoadedKernel:
     def save(self, path, metadata: dict | None = None) -> None:
         """Writes the artifact again to `path`, with its metadata or
         `metadata` instead."""
-        write(path, self.abi, self._code, self.metadata if metadata is None else metadata)
+        write(path, self.abi, self._code, self.metadata if metadata is None else metadata,
+              library=self._library)
 
     def __repr__(self) -> str:
         return (f"<LoadedKernel {self.abi.name} target={self.abi.target} chip={self.abi.chip} "
@@ -248,11 +270,37 @@ def load(path, *, workers: int | None = None) -> LoadedKernel:
         if abi.extra.get("ranks", 1) > 1:
             from .distributed import DistributedCPURuntime as CPURuntime  # noqa: F811
         runtime = CPURuntime(abi, EntryPoints.from_library(library, abi), workers)
+    elif abi.extra.get("ranks", 1) > 1:
+        from .nvshmem import NVSHMEMRuntime
+
+        library = read_library(path, manifest)
+        runtime = NVSHMEMRuntime(abi, code.decode(), library.decode())
+        return LoadedKernel(path, manifest, abi, runtime, code, library)
     else:
         from .cuda import CUDARuntime
 
         runtime = CUDARuntime(abi, code.decode())
     return LoadedKernel(path, manifest, abi, runtime, code)
+
+
+def read_library(path, manifest: dict) -> bytes:
+    """NVSHMEM's device library PTX of the CUDA artifact at `path` on
+    several ranks (its manifest `manifest`, from `read`), checked."""
+    info = manifest.get("library")
+    if not isinstance(info, dict):
+        raise ArtifactError(f"{path} holds a CUDA program on several ranks but not NVSHMEM's "
+                            "device library it links with: compile and save it again")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            library = archive.read(info.get("name", LIBRARY))
+    except KeyError:
+        raise ArtifactError(f"{path} is damaged: {info.get('name')!r} is missing") from None
+    except _ZIP_ERRORS as error:
+        raise ArtifactError(f"{path} is damaged: {error}") from None
+    if hashlib.sha256(library).hexdigest() != info.get("sha256"):
+        raise ArtifactError(f"{path} is damaged: NVSHMEM's device library does not match its "
+                            "checksum")
+    return library
 
 
 def _load_library(code: bytes):

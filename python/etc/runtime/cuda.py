@@ -619,7 +619,7 @@ class CUDARuntime:
         if self._driver is not None:
             return
         driver = _driver()
-        device = _check(driver, "cuDeviceGet", driver.cuDeviceGet(0))
+        device = _check(driver, "cuDeviceGet", driver.cuDeviceGet(self._device_ordinal(driver)))
         context = _check(driver, "cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(device))
         _check(driver, "cuCtxSetCurrent", driver.cuCtxSetCurrent(context))
         attribute = driver.CUdevice_attribute
@@ -629,7 +629,7 @@ class CUDARuntime:
                               driver.cuDeviceGetAttribute(getattr(attribute, name), device)))
 
         try:
-            module, self.jit_log = load_module(driver, self.ptx)
+            module, self.jit_log = self._load_module(driver)
         except RuntimeError as error:
             major = device_attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR")
             minor = device_attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR")
@@ -660,6 +660,15 @@ class CUDARuntime:
         self._occupancy: dict[int, int] = {}
         self._driver = driver
         self._allow_shared(device_attribute)
+
+    def _device_ordinal(self, driver) -> int:
+        """The device this runtime runs on: the first one."""
+        return 0
+
+    def _load_module(self, driver):
+        """The program's module and the JIT's info log: the PTX, JIT-compiled
+        by the driver on the current context's device."""
+        return load_module(driver, self.ptx)
 
     def _allow_shared(self, device_attribute) -> None:
         """Lets the worker use its scratch arena (`abi.shared_bytes` of

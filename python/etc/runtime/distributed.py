@@ -200,38 +200,25 @@ class _Shaped:
         self.shape = shape
 
 
-class DistributedCPURuntime(CPURuntime):
-    """Runs one rank's copy of a program compiled for `abi.extra["ranks"]`
-    ranks: this process must be one of that many MPI processes."""
-
-    def __init__(self, abi: KernelABI, entry_points, workers_count: int | None = None):
-        super().__init__(abi, entry_points, workers_count)
-        self.mpi = _mpi()
-        self.comm = self.mpi.COMM_WORLD
-        self.ranks = int(abi.extra["ranks"])
-        self.rank = self.comm.Get_rank()
-        self.size = self.comm.Get_size()
-        if self.size != self.ranks:
-            raise DistributedError(
-                f"{abi.name} runs on {self.ranks} ranks, but this process is one of "
-                f"{self.size}: start {self.ranks} processes with "
-                f"`python -m etc.runtime.distributed -n {self.ranks} script.py` (or mpiexec)")
-        self.functions = _mpi_functions()
-        self._failed: str | None = None
-
-    # -- meetings --------------------------------------------------------------
+class Meetings:
+    """The host's meetings of a runtime on several ranks: non-blocking MPI
+    collectives polled against the kernel's watchdog, so that a rank that
+    died or hangs is a `DistributedError` here, not a hang. The runtime has
+    `abi`, `comm`, `rank`, `ranks`, `size`, `_symbol_names` and `_failed`."""
 
     def _timeout(self) -> float:
         return max(self.abi.watchdog_ms, 1000) / 1000.0
 
-    def _wait(self, request, what: str) -> None:
-        deadline = time.monotonic() + self._timeout()
+    def _wait(self, request, what: str, timeout: float | None = None) -> None:
+        """Polls `request` for `timeout` seconds (default: the watchdog's)."""
+        timeout = self._timeout() if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         while not request.Test():
             if time.monotonic() > deadline:
                 self._failed = what
                 raise DistributedError(
                     f"rank {self.rank} of {self.ranks}: {self.abi.name}: the other ranks did "
-                    f"not {what} within {self._timeout():.1f} s (a rank died, hangs, or is "
+                    f"not {what} within {timeout:.1f} s (a rank died, hangs, or is "
                     f"not running the same kernel)")
             time.sleep(0.0002)
 
@@ -250,8 +237,28 @@ class DistributedCPURuntime(CPURuntime):
                 f"but rank {differ[0]} with {dict(zip(self._symbol_names, keys[differ[0]].tolist()))}; "
                 f"every rank must run the same shapes")
 
-    def _barrier(self, what: str) -> None:
-        self._wait(self.comm.Ibarrier(), what)
+    def _barrier(self, what: str, timeout: float | None = None) -> None:
+        self._wait(self.comm.Ibarrier(), what, timeout)
+
+
+class DistributedCPURuntime(Meetings, CPURuntime):
+    """Runs one rank's copy of a program compiled for `abi.extra["ranks"]`
+    ranks: this process must be one of that many MPI processes."""
+
+    def __init__(self, abi: KernelABI, entry_points, workers_count: int | None = None):
+        super().__init__(abi, entry_points, workers_count)
+        self.mpi = _mpi()
+        self.comm = self.mpi.COMM_WORLD
+        self.ranks = int(abi.extra["ranks"])
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        if self.size != self.ranks:
+            raise DistributedError(
+                f"{abi.name} runs on {self.ranks} ranks, but this process is one of "
+                f"{self.size}: start {self.ranks} processes with "
+                f"`python -m etc.runtime.distributed -n {self.ranks} script.py` (or mpiexec)")
+        self.functions = _mpi_functions()
+        self._failed: str | None = None
 
     # -- workspaces ----------------------------------------------------------------
 
@@ -352,29 +359,6 @@ class DistributedCPURuntime(CPURuntime):
         workspace.window.Sync()
         layout.check_status(self.abi, self._functions["check"](*args, workspace.counters_arg))
         return outputs
-
-
-class NVSHMEMProgram:
-    """The CUDA program of a graph on several ranks: PTX whose remote
-    operations call NVSHMEM's device API, external until linked with
-    NVSHMEM's device library (`link_nvshmem`). Running it needs NVSHMEM's
-    host side (bootstrap, the symmetric heap for the counters and symmetric
-    buffers, `nvshmemx_cumodule_init`), which is not written yet: `run`
-    raises."""
-
-    def __init__(self, abi: KernelABI, ptx: str):
-        from ..binding import Signature
-
-        self.abi = abi
-        self.ptx = ptx
-        self.signature = Signature(abi.name, abi.arguments, abi.outputs)
-
-    def run(self, inputs: dict, *, out=None, stream=None):
-        raise NotImplementedError(
-            f"{self.abi.name} runs on {self.abi.extra['ranks']} GPUs: its PTX (kernel.ptx) calls "
-            f"NVSHMEM and links with NVSHMEM's device library (link_nvshmem), but the host side "
-            f"(NVSHMEM bootstrap, symmetric heap, module initialisation) is not implemented; "
-            f"run graphs on several ranks with target='cpu' (docs/distributed.md)")
 
 
 #: The NVSHMEM device functions the CUDA lowering calls.

@@ -25,7 +25,12 @@ Like a GPU, and unlike a plain mock, it
   less than its ABI's `shared_bytes` (its scratch would lie outside);
 * records launches on a capturing stream into a graph that
   cuGraphLaunch replays;
-* plays the kernels of `etc.runtime.probes` on the host.
+* plays the kernels of `etc.runtime.probes` on the host;
+* links PTX with the driver's JIT linker (`cuLink*`) into a "cubin" that
+  names the first PTX added, and, for a program on several ranks, runs the
+  CPU build of the same program with the transport block of the fake
+  NVSHMEM's heap (`fake_nvshmem.py`) after its buffer table, refusing a
+  worker whose module `nvshmemx_cumodule_init` did not see.
 
 What it cannot check: the PTX itself (ptxas tests and a real GPU do that).
 ETC_FAKE_CUDA_LOG (if set) names a file that gets one line per launch
@@ -42,6 +47,8 @@ import threading
 import time
 import types
 
+#: How a fake "cubin" from cuLinkComplete starts (then the first PTX's SHA-256).
+CUBIN_MARKER = "fake-cubin:"
 #: Dynamic shared memory a kernel may use without cuFuncSetAttribute.
 DEFAULT_SHARED = 48 << 10
 #: What the device allows one CTA after opting in (an H100's 227 KB).
@@ -54,6 +61,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_INVALID_PTX = 218
     CUDA_ERROR_INVALID_HANDLE = 400
     CUDA_ERROR_NOT_FOUND = 500
+    CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_ILLEGAL_ADDRESS = 700
     CUDA_ERROR_MISALIGNED_ADDRESS = 716
     CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720
@@ -85,6 +93,11 @@ class CUjit_option(enum.IntEnum):
     CU_JIT_ERROR_LOG_BUFFER = 5
     CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6
     CU_JIT_LOG_VERBOSE = 12
+
+
+class CUjitInputType(enum.IntEnum):
+    CU_JIT_INPUT_CUBIN = 0
+    CU_JIT_INPUT_PTX = 1
 
 
 class CUstreamCaptureMode(enum.IntEnum):
@@ -274,7 +287,9 @@ def build(programs: dict, log: str | None = None) -> types.ModuleType:
 
         if ptx.startswith(probes.MARKER):
             return "probes"
-        entry = programs.get(hashlib.sha256(ptx.encode()).hexdigest())
+        digest = (ptx[len(CUBIN_MARKER):] if ptx.startswith(CUBIN_MARKER)
+                  else hashlib.sha256(ptx.encode()).hexdigest())
+        entry = programs.get(digest)
         if entry is None:
             return None
         if isinstance(entry, str):
@@ -303,6 +318,37 @@ def build(programs: dict, log: str | None = None) -> types.ModuleType:
         handle = next(handles)
         modules[handle] = program
         return (CUresult.CUDA_SUCCESS, handle)
+
+    links: dict[int, list] = {}
+
+    def cuLinkCreate(count, options, values):
+        handle = next(handles)
+        links[handle] = []
+        return (CUresult.CUDA_SUCCESS, handle)
+
+    def cuLinkAddData(state, kind, data, size, name, count, options, values):
+        if int(state) not in links or int(kind) != CUjitInputType.CU_JIT_INPUT_PTX:
+            return (CUresult.CUDA_ERROR_INVALID_VALUE,)
+        links[int(state)].append(ctypes.string_at(int(data)).decode())
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuLinkComplete(state):
+        sources = links.get(int(state))
+        if not sources:
+            return (CUresult.CUDA_ERROR_INVALID_VALUE, None, None)
+        image = ctypes.create_string_buffer(
+            (CUBIN_MARKER + hashlib.sha256(sources[0].encode()).hexdigest()).encode())
+        links[int(state)] = image  # alive until cuLinkDestroy, as the driver's
+        return (CUresult.CUDA_SUCCESS, ctypes.addressof(image), len(image.value))
+
+    def cuLinkDestroy(state):
+        links.pop(int(state), None)
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuStreamQuery(stream):
+        if stream_of(stream) is None:
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        return (CUresult.CUDA_SUCCESS,)
 
     def cuModuleGetFunction(module, name):
         program = modules[int(module)]
@@ -364,6 +410,31 @@ def build(programs: dict, log: str | None = None) -> types.ModuleType:
         args = [ctypes.c_int64(w).value for w in words[:symbols]]
         descriptors = [descriptor(words[symbols + 5 * m: symbols + 5 * m + 5])
                        for m in range(memrefs)]
+        ranks = program.abi.extra.get("ranks", 1)
+        if ranks > 1:
+            # The CPU build reads the transport block after the table.
+            import fake_nvshmem
+            import numpy as np
+
+            if role == "worker" and not any(fake_nvshmem.initialised(handle)
+                                            for handle, loaded in modules.items()
+                                            if loaded is program):
+                state["fault"] = CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+                return (state["fault"],)
+            words = np.ctypeslib.as_array((ctypes.c_int64 * descriptors[0].shape[0])
+                                          .from_address(descriptors[0].aligned))
+            extended = np.concatenate([words, fake_nvshmem.transport_block(ranks)])
+            descriptors[0] = descriptor([extended.ctypes.data, extended.ctypes.data, 0,
+                                         extended.size, 1])
+            descriptors[0].keep = extended
+            if role == "worker":
+                # Remote notifies cannot wake a blocked CPU wait: poll.
+                from etc.runtime import layout
+
+                counters = np.ctypeslib.as_array((ctypes.c_int32 * descriptors[1].shape[0])
+                                                 .from_address(descriptors[1].aligned))
+                layout.header(counters)[layout.SPIN_MICROSECONDS_WORD] = min(
+                    program.abi.watchdog_ms * 1000, 2**31 - 1)
         table = ctypes.addressof(descriptors[0])
         call = runtime._functions[role]
         if role == "counters":
@@ -470,7 +541,8 @@ def build(programs: dict, log: str | None = None) -> types.ModuleType:
             setattr(driver, name, value)
     # Calls that return a value besides the status: what a sticky fault
     # returns in its place.
-    for name in ("cuMemAlloc", "cuStreamCreate", "cuEventCreate", "cuModuleLoadData",
+    driver.cuLinkComplete.results = 3
+    for name in ("cuMemAlloc", "cuStreamCreate", "cuEventCreate", "cuModuleLoadData", "cuLinkCreate",
                  "cuModuleLoadDataEx", "cuModuleGetFunction", "cuDeviceGet",
                  "cuDeviceGetAttribute", "cuOccupancyMaxActiveBlocksPerMultiprocessor",
                  "cuFuncGetAttribute", "cuEventElapsedTime", "cuStreamEndCapture",
