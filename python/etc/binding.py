@@ -80,9 +80,12 @@ def check_input_names(graph_name: str, arguments: Sequence, names: Iterable[str]
 
 
 def bind_symbols(arguments: Sequence, shapes: Mapping[str, tuple], *,
-                 allow_unbound: bool = False) -> dict[str, int]:
+                 allow_unbound: bool = False,
+                 bound: Mapping[str, tuple[int, str]] | None = None) -> dict[str, int]:
     """Checks each input's shape in `shapes` against its declared shape and
     returns the value of every symbol, bound from the first input that uses it.
+    `bound` (symbol -> (value, the input that bound it)) holds symbols bound
+    already, by arrays bound once (`kernel.partial`): the inputs must agree.
 
     Raises ValueError naming the input and dimension for a wrong rank or
     static size, both inputs for an inconsistent symbol, and (unless
@@ -91,6 +94,8 @@ def bind_symbols(arguments: Sequence, shapes: Mapping[str, tuple], *,
     """
     symbols: dict[str, int] = {}
     bound_by: dict[str, str] = {}
+    for symbol, (value, name) in (bound or {}).items():
+        symbols[symbol], bound_by[symbol] = value, name
     for arg in arguments:
         if arg.kind not in SUPPLIED:
             continue

@@ -859,20 +859,24 @@ class _Builder:
 
     # -- grid ----------------------------------------------------------
 
-    def grid_extent(self, dim: Dim, tile: int) -> ir.Value:
-        """ceil(dim / tile), as a constant or an affine.apply of the symbol."""
+    def grid_extent(self, dim: Dim, tile: int, scale: int = 1) -> ir.Value:
+        """ceil(dim / tile) (times `scale`), as a constant or an
+        affine.apply of the symbol."""
         if isinstance(dim, CeilDiv):  # ceil(ceil(s / d) / t) = ceil(s / (d t))
-            return self.grid_extent(dim.symbol, dim.divisor * tile)
+            return self.grid_extent(dim.symbol, dim.divisor * tile, scale)
         if isinstance(dim, int):
-            key = ("static", -(-dim // tile))
+            key = ("static", -(-dim // tile) * scale)
         else:
-            key = ("symbol", id(dim), tile)
+            key = ("symbol", id(dim), tile, scale)
         if key not in self.grid_cache:
             if key[0] == "static":
                 self.grid_cache[key] = arith.constant(self.index, key[1])
             else:
-                amap = ir.AffineMap.get(0, 1, [ir.AffineExpr.get_ceil_div(
-                    ir.AffineSymbolExpr.get(0), ir.AffineConstantExpr.get(tile))])
+                expr = ir.AffineExpr.get_ceil_div(ir.AffineSymbolExpr.get(0),
+                                                  ir.AffineConstantExpr.get(tile))
+                if scale != 1:
+                    expr = ir.AffineExpr.get_mul(expr, ir.AffineConstantExpr.get(scale))
+                amap = ir.AffineMap.get(0, 1, [expr])
                 self.grid_cache[key] = affine.apply(amap, [self.symbols[id(dim)]])
         return self.grid_cache[key]
 

@@ -252,3 +252,38 @@ def test_cuda_load_without_a_device_fails_before_compiling(tmp_path, monkeypatch
                                                    r"device") as error:
         models.load(path, target="cuda")
     assert "kernel.ptx" not in str(error.value) and "etc-compiler" not in str(error.value)
+
+
+def test_small_batches_are_checked_in_python_as_numpy_does(monkeypatch):
+    """Index arrays of at most `ranges.SMALL` elements are checked in Python
+    (a decode step's): random batches, valid and broken in each field, get
+    the same verdict and message as the NumPy path of larger arrays."""
+    from etc.runtime import ranges
+
+    batch = {role: role for role in ("positions", "token_request", "request_first",
+                                     "request_last", "request_length")}
+    rng = np.random.default_rng(7)
+
+    def verdict(arrays, small: int):
+        monkeypatch.setattr(ranges, "SMALL", small)
+        try:
+            ranges.check_ragged("g", batch, arrays)
+            ranges.check("g", {"positions": IndexRange(0, ((12, 0),))}, arrays, {})
+        except (IndexRangeError, IndexError, ValueError) as error:
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    faults = 0
+    for trial in range(300):
+        new = rng.integers(1, 4, rng.integers(1, 5)).tolist()
+        arrays = {k: v for k, v in _batch(rng.integers(0, 8, len(new)).tolist(), new,
+                                          list(range(len(new)))).items() if k in batch}
+        if trial % 3:  # break one value of one field
+            role = sorted(batch)[rng.integers(len(batch))]
+            field = arrays[role].copy()
+            field[rng.integers(field.size)] += int(rng.choice([-2, -1, 1, 2]))
+            arrays[role] = field
+        small, large = verdict(arrays, 64), verdict(arrays, 0)
+        assert small == large, arrays
+        faults += small is not None
+    assert faults > 100  # the broken batches were refused

@@ -91,12 +91,11 @@ def sampling_inputs(params: Sequence[Optional[SamplingParams]], fresh=fresh_seed
             raise ValueError(f"step: request {r}: sampling={p!r} must be a SamplingParams or "
                              f"None")
     drawn = iter(fresh(sum(p.seed is None for p in rows)))
-    seeds = np.array([(next(drawn) if p.seed is None else p.seed) % (1 << 64) for p in rows],
-                     dtype=np.uint64)
-    words = np.stack([seeds & np.uint64(0xFFFFFFFF), seeds >> np.uint64(32)], axis=1)
+    seeds = [(next(drawn) if p.seed is None else p.seed) % (1 << 64) for p in rows]
+    words = np.array([(seed & 0xFFFFFFFF, seed >> 32) for seed in seeds], dtype=np.uint32)
     f32 = lambda field: np.array([getattr(p, field) for p in rows], dtype=np.float32)
     # top_k beyond the vocabulary keeps every token, as 0 does.
     top_k = np.array([min(p.top_k, (1 << 31) - 1) for p in rows], dtype=np.int32)
     return dict(temperature=f32("temperature"), top_k=top_k, top_p=f32("top_p"),
                 min_p=f32("min_p"),
-                seed=words.astype(np.uint32).view(np.int32).reshape(len(rows), 2))
+                seed=words.view(np.int32).reshape(len(rows), 2))

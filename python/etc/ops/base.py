@@ -144,8 +144,9 @@ class TaskBuilder(Protocol):
     #: by a key the families choose.
     events: dict
 
-    def grid_extent(self, dim, tile: int) -> ir.Value:
-        """ceil(dim / tile) as an index value (a constant or over a symbol)."""
+    def grid_extent(self, dim, tile: int, scale: int = 1) -> ir.Value:
+        """ceil(dim / tile) (times `scale`) as an index value (a constant or
+        over a symbol)."""
 
     def emit_task(self, op: "Operation", name: str, grid: list, reads: list, writes: list,
                   kernel: type, waits: Sequence = (), notifies: Sequence = (),
