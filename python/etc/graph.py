@@ -547,9 +547,16 @@ class Graph(LLMOperators, CollectiveOperators):
         return result
 
     def matmul(self, a: Tensor, b: Tensor, *, transpose_b: bool = False, tile=None,
-               out: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
+               residual: Optional[Tensor] = None, out: Optional[Tensor] = None,
+               name: Optional[str] = None) -> Tensor:
         """C = A @ B (or A @ B^T with `transpose_b`); A is (M, K), B (K, N) or (N, K).
-        `tile=(m, n)` sets the output tile (default 32 x 64)."""
+        `tile=(m, n)` sets the output tile (default 32 x 64).
+
+        `residual` (M, N), in C's dtype, is added to the product in the
+        tiles that compute it: the same values as `add(residual, matmul(a,
+        b))` (the product is rounded to C's dtype first), without a task
+        and a synchronisation of its own (a transformer layer's residual
+        connections)."""
         kind = "matmul"
         self._check_operand(kind, "a", a)
         self._check_operand(kind, "b", b)
@@ -565,9 +572,17 @@ class Graph(LLMOperators, CollectiveOperators):
                 f"{kind}: inner dimensions differ: {_describe('a', a)} has K = {k} but "
                 f"{_describe('b', b)} has {which} dimension {kb}")
         shape = (m, n)
+        operands = [("a", a), ("b", b)]
+        if residual is not None:
+            self._check_operand(kind, "residual", residual)
+            if residual.dtype != dtype or residual.rank != 2 or not all(
+                    _same_dim(x, y) for x, y in zip(residual.shape, shape)):
+                raise ValueError(f"{kind}: {_describe('residual', residual)} must have the "
+                                 f"product's shape {_fmt_shape(shape)} and dtype {dtype}")
+            operands.append(("residual", residual))
         user_tile = tile is not None
         tile = self._check_tile(kind, tile, 2, (DEFAULT_ROWS, DEFAULT_COLS), shape)
-        result = self._finish(kind, [("a", a), ("b", b)], shape, dtype, tile,
+        result = self._finish(kind, operands, shape, dtype, tile,
                               {"transpose_b": bool(transpose_b)}, out, name)
         self._ops[-1].user_tile = user_tile
         return result

@@ -222,7 +222,7 @@ def _apply(op, vals: list) -> np.ndarray:
         w_up = vals[4] if op.params.get("gated") else None
         return moe(*vals[:4], op.params["top_k"], w_up, op.params.get("normalize", True))
     if kind == "matmul":
-        a, b = vals
+        a, b = vals[:2]  # a residual operand is added by `evaluate`
         return a @ (b.T if op.params["transpose_b"] else b)
     if kind == "add":
         return vals[0] + vals[1]
@@ -283,6 +283,9 @@ def evaluate(g, /, **inputs) -> list[np.ndarray]:
                 if result.dtype != np.int32:
                     result = result.astype(np.float32, copy=False)
             declared = tensors[op.result]
+            if op.kind == "matmul" and len(vals) == 3:
+                # The product, rounded as a matmul's result, plus the residual.
+                result = _to_storage(result, declared["dtype"]) + vals[2]
             shape = _concrete_shape(op.result, declared["shape"], symbols)
             assert result.shape == shape, (op.name, result.shape, shape)
             env[op.result] = _to_storage(result, declared["dtype"])

@@ -57,6 +57,14 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     def reduced(partial):
         return g.all_reduce(partial) if ranks > 1 else partial
 
+    def residual_matmul(a, w, x):
+        """x + a Wᵀ: on one rank the residual is added in the matmul's tiles
+        (no add task, no synchronisation of its own); on several, after
+        the all-reduce of the ranks' partial products."""
+        if ranks > 1:
+            return g.add(x, g.all_reduce(g.matmul(a, w, transpose_b=True)))
+        return g.matmul(a, w, transpose_b=True, residual=x)
+
     T, R = g.symbol("T"), g.symbol("R")
     h, d = c.hidden_size, c.head_dim
     ids = g.input("ids", (T,), "i32")
@@ -94,8 +102,7 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
                                max_length=max_seq_len, scale=c.attention_scale,
                                scratch_from=previous_attention)
         previous_attention = attended
-        x = g.add(x, reduced(g.matmul(attended, weight(f"l{i}_wo", (h, c.num_heads * d)),
-                                      transpose_b=True)))
+        x = residual_matmul(attended, weight(f"l{i}_wo", (h, c.num_heads * d)), x)
         # MLP block: dense SwiGLU, or experts.
         normed = g.rmsnorm(x, weight(f"l{i}_mlp_norm", (h,)), eps)
         if c.is_sparse(i):
@@ -103,18 +110,16 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
                 raise NotImplementedError("tensor parallelism of Mixture-of-Experts layers is "
                                           "not implemented (dense layers only)")
             e, f = c.num_experts, c.moe_intermediate_size
-            mlp = g.moe(normed, weight(f"l{i}_router", (h, e)),
-                        weight(f"l{i}_experts_gate", (e, h, f)),
-                        weight(f"l{i}_experts_down", (e, f, h)), c.num_experts_per_tok,
-                        w_up=weight(f"l{i}_experts_up", (e, h, f)),
-                        normalize=c.norm_topk_prob)
+            x = g.add(x, g.moe(normed, weight(f"l{i}_router", (h, e)),
+                               weight(f"l{i}_experts_gate", (e, h, f)),
+                               weight(f"l{i}_experts_down", (e, f, h)), c.num_experts_per_tok,
+                               w_up=weight(f"l{i}_experts_up", (e, h, f)),
+                               normalize=c.norm_topk_prob))
         else:
             f = c.intermediate_size
             gate = g.matmul(normed, weight(f"l{i}_w_gate", (f, h)), transpose_b=True)
             up = g.matmul(normed, weight(f"l{i}_w_up", (f, h)), transpose_b=True)
-            mlp = reduced(g.matmul(g.mul(g.silu(gate), up), weight(f"l{i}_w_down", (h, f)),
-                                   transpose_b=True))
-        x = g.add(x, mlp)
+            x = residual_matmul(g.mul(g.silu(gate), up), weight(f"l{i}_w_down", (h, f)), x)
     # The last new token of each request: norm, LM head, sampling.
     last = g.embedding(x, batch.request_last)
     normed = g.rmsnorm(last, weight("final_norm", (h,)), eps)

@@ -417,6 +417,42 @@ class TileKernel:
 # ----------------------------------------------------------------------
 
 
+class ResidualStores(TileKernel):
+    """Stores of a matmul's result that add its residual operand, the third
+    (`Graph.matmul(residual=)`): the product rounded to the result's dtype,
+    plus the residual's element, rounded again, as a separate `add` of the
+    two would compute. Kernels store the result through `store` and
+    `vstore` only."""
+
+    def _residual(self, t):
+        operands = self.op.operands
+        return operands[2] if t is self.op.result and len(operands) == 3 else None
+
+    def store(self, value: ir.Value, t: "Tensor", idx: list) -> None:
+        residual = self._residual(t)
+        if residual is not None:
+            value = arith.addf(self._rounded(value, t.dtype), self.load(residual, idx))
+        super().store(value, t, idx)
+
+    def vstore(self, value: ir.Value, t: "Tensor", idx: list, aligned: bool = False) -> None:
+        residual = self._residual(t)
+        if residual is not None:
+            width = ir.VectorType(value.type).shape[0]
+            value = arith.addf(self._rounded(value, t.dtype),
+                               self.vload(residual, idx, width, aligned=aligned))
+        super().vstore(value, t, idx, aligned)
+
+    @staticmethod
+    def _rounded(value: ir.Value, dtype: str) -> ir.Value:
+        """f32 `value` (scalar or vector) rounded to `dtype` and widened back."""
+        if dtype == "f32":
+            return value
+        narrow = element_type(dtype)
+        if isinstance(value.type, ir.VectorType):
+            narrow = ir.VectorType.get(ir.VectorType(value.type).shape, narrow)
+        return arith.extf(value.type, arith.truncf(narrow, value))
+
+
 class LaneValues:
     """Per-lane values produced by `Lanes.each`: SSA values of the running
     thread on a GPU, or an array indexed by lane when lanes are simulated."""

@@ -42,14 +42,17 @@ from mlir import ir
 from mlir.dialects import arith, memref, scf, vector
 from mlir.dialects import math as math_dialect
 
-from .base import TaskBuilder, TileKernel, box, tile_offset
+from .base import ResidualStores, TaskBuilder, TileKernel, box, tile_offset
 from .matmul_mma import MatmulMMA
 
 KINDS = ("matmul",)
 
 
-class Matmul(TileKernel):
-    """One output element per lane iteration, with a serial K loop."""
+class Matmul(ResidualStores):
+    """One output element per lane iteration, with a serial K loop.
+
+    Every kernel stores C through `store` and `vstore`, which add the
+    residual operand when there is one (`ResidualStores`)."""
 
     grid_rank = 2
 
@@ -73,7 +76,7 @@ class Matmul(TileKernel):
 
     def emit(self) -> None:
         op, out = self.op, self.op.result
-        a, b = op.operands
+        a, b = op.operands[:2]
         transpose_b = op.params["transpose_b"]
         offsets, extents, count = self.tile_elements(out, op.tile)
         k_extent = self.dim(a, 1)
@@ -232,7 +235,7 @@ class MatmulCPU(Matmul):
 
     def emit_micro_tile(self, row, count: int, c0, columns: int, k_extent) -> None:
         """C[row : row + count, c0 : c0 + columns] = A[rows, :] @ B[:, cols]."""
-        a, b = self.op.operands
+        a, b = self.op.operands[:2]
         width = self.WIDTH
         vectors = columns // width
         accs = [self.vzero(width) for _ in range(count * vectors)]
@@ -274,7 +277,7 @@ class MatmulCPU(Matmul):
         widened A again for every group of columns.) 4 rows beat 6 (12
         accumulators) at B = 4, 8 and 16: fewer rows are left to the dot
         groups. An odd number of columns takes the dot groups."""
-        a, b = self.op.operands
+        a, b = self.op.operands[:2]
         rows_n, width = self.PANEL_ROWS, self.PANEL_WIDTH
         k = self.panel_k()
         vector_k = (k // width) * width
@@ -435,7 +438,7 @@ class MatmulCPU(Matmul):
                   step=None) -> None:
         """C[row + r, col + c * step] for r < nrows, c < ncols (step 1 when
         None): dot products along k of A's rows and B^T's rows."""
-        a, b = self.op.operands
+        a, b = self.op.operands[:2]
         width = self.WIDTH
         step = self.cidx(1) if step is None else step
         cols = [arith.addi(col, arith.muli(self.cidx(c), step)) for c in range(ncols)]
@@ -499,7 +502,7 @@ class MatmulSkinny(Matmul):
 
     @classmethod
     def applies(cls, op, target) -> bool:
-        a, b = op.operands
+        a, b = op.operands[:2]
         vec = cls.vec(op)
         k, n = b.shape
         tn = op.tile[1]
@@ -514,7 +517,7 @@ class MatmulSkinny(Matmul):
         """Rows as the front end tiles them; columns so that the column
         tiles alone give every SM work at one row block (B = 1), at least
         two lanes per row segment (a 32-byte sector) and at most 128."""
-        a, b = op.operands
+        a, b = op.operands[:2]
         n = b.shape[1]
         vec = cls.vec(op)
         if not isinstance(n, int):
@@ -524,7 +527,7 @@ class MatmulSkinny(Matmul):
 
     def emit(self) -> None:
         op, out = self.op, self.op.result
-        a, b = op.operands
+        a, b = op.operands[:2]
         tn = op.tile[1]
         vec = self.vec(op)
         lanes = self.lanes()
@@ -672,7 +675,7 @@ class MatmulSkinnyT(Matmul):
 
     def emit_passes(self, rb: int) -> None:
         op, out = self.op, self.op.result
-        a, b = op.operands
+        a, b = op.operands[:2]
         tn = op.tile[1]
         vec = MatmulSkinny.vec(op)
         lanes = self.lanes()
@@ -829,7 +832,7 @@ def build_tasks(b: TaskBuilder, op) -> None:
         else:
             chooser = MatmulSkinnyT if op.params["transpose_b"] else MatmulSkinny
             op = dataclasses.replace(op, tile=chooser.tile_for(op, b.target))
-    a, w = op.operands
+    a, w = op.operands[:2]
     res = op.result
     tm, tn = op.tile
     reads = [(a, box(2, [tile_offset(0, tm), "0"], [tm, None]))]
@@ -838,5 +841,7 @@ def build_tasks(b: TaskBuilder, op) -> None:
     else:
         reads.append((w, box(2, ["0", tile_offset(1, tn)], [None, tn])))
     writes = [(res, box(2, [tile_offset(0, tm), tile_offset(1, tn)], [tm, tn]))]
+    if len(op.operands) == 3:  # the residual: the tile's own elements
+        reads.append((op.operands[2], writes[0][1]))
     grid = [b.grid_extent(res.shape[0], tm), b.grid_extent(res.shape[1], tn)]
     b.emit_task(op, op.name, grid, reads, writes, choose_kernel(op, b.target))

@@ -17,10 +17,10 @@ from mlir.dialects import arith, memref, nvgpu, scf, vector
 
 from ..dialects import event
 from . import mma
-from .base import TileKernel, element_type
+from .base import ResidualStores, TileKernel, element_type
 
 
-class MatmulMMA(TileKernel):
+class MatmulMMA(ResidualStores):
     """Tensor-core matmul tile for the CUDA target: C = A @ B or A @ B^T,
     f16 or bf16 operands, f32 accumulators (`mma.sync` m16n8k16, sm_80+).
 
@@ -145,7 +145,7 @@ class MatmulMMA(TileKernel):
 
     def emit_mma(self) -> None:
         op, out = self.op, self.op.result
-        a, b = op.operands
+        a, b = op.operands[:2]
         tm, tn = op.tile
         bk = self.k_step(op)
         lanes = self.lanes()
@@ -218,7 +218,7 @@ class MatmulMMA(TileKernel):
         tile over the same K into shared buffer `buffer`, 16 bytes per copy,
         the copies spread over the lanes; with `fill` false they write zeros
         and read nothing. Returns the copies' tokens (GPU)."""
-        a, b = self.op.operands
+        a, b = self.op.operands[:2]
         tm, tn = self.op.tile
         last_row = arith.subi(self.dim(a, 0), self.cidx(1))
         per_row = bk // 8
