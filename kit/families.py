@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 #: The operators of `etc.Graph` with a one-operator family each.
-OPERATORS = ("matmul", "matmul_t", "add", "mul", "add_row", "mul_row", "silu", "gelu",
-             "exp", "scale", "rmsnorm", "softmax", "sum", "topk")
+OPERATORS = ("matmul", "matmul_t", "matmul_residual", "add", "mul", "silu_mul", "add_row",
+             "mul_row", "silu", "gelu", "exp", "scale", "rmsnorm", "softmax", "sum", "topk")
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,10 @@ def operator_graph(kind: str):
         y = g.matmul(x, g.input("w", (96, 80), "f32"))
     elif kind == "matmul_t":
         y = g.matmul(x, g.input("w", (80, 96), "f32"), transpose_b=True)
-    elif kind in ("add", "mul"):
+    elif kind == "matmul_residual":
+        y = g.matmul(x, g.input("w", (80, 96), "f32"), transpose_b=True,
+                     residual=g.input("z", (B, 80), "f32"))
+    elif kind in ("add", "mul", "silu_mul"):
         y = getattr(g, kind)(x, g.input("z", (B, 96), "f32"))
     elif kind in ("add_row", "mul_row"):
         y = getattr(g, kind[:3])(x, g.input("r", (96,), "f32"))

@@ -619,6 +619,13 @@ class Graph(LLMOperators, CollectiveOperators):
         """a * b elementwise; a 1-D operand is broadcast over the rows of a 2-D one."""
         return self._binary("mul", a, b, tile, out, name)
 
+    def silu_mul(self, a: Tensor, b: Tensor, *, tile=None, out=None, name=None) -> Tensor:
+        """silu(a) * b elementwise (a SwiGLU MLP's gate times its up
+        projection), with silu(a) rounded to the dtype first: the values
+        of `mul(silu(a), b)` in one task instead of two. A 1-D operand is
+        broadcast over the rows of a 2-D one."""
+        return self._binary("silu_mul", a, b, tile, out, name)
+
     def silu(self, x: Tensor, *, tile=None, out=None, name=None) -> Tensor:
         """x * sigmoid(x) = x / (1 + exp(-x))."""
         return self._unary("silu", x, tile, out, name)

@@ -214,6 +214,10 @@ def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
     return y
 
 
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
 def _apply(op, vals: list) -> np.ndarray:
     kind = op.kind
     if kind in reference_llm.KINDS:
@@ -231,8 +235,9 @@ def _apply(op, vals: list) -> np.ndarray:
     if kind == "exp":
         return np.exp(vals[0])
     if kind == "silu":
-        x = vals[0]
-        return x / (np.float32(1.0) + np.exp(-x))
+        return _silu(vals[0])
+    if kind == "silu_mul":  # finished by `evaluate`, which knows the dtype
+        return vals[0]
     if kind == "gelu":
         return _gelu(vals[0])
     if kind == "scale":
@@ -286,6 +291,9 @@ def evaluate(g, /, **inputs) -> list[np.ndarray]:
             if op.kind == "matmul" and len(vals) == 3:
                 # The product, rounded as a matmul's result, plus the residual.
                 result = _to_storage(result, declared["dtype"]) + vals[2]
+            if op.kind == "silu_mul":
+                # silu(a), rounded as a silu's result, times b.
+                result = _to_storage(_silu(vals[0]), declared["dtype"]) * vals[1]
             shape = _concrete_shape(op.result, declared["shape"], symbols)
             assert result.shape == shape, (op.name, result.shape, shape)
             env[op.result] = _to_storage(result, declared["dtype"])

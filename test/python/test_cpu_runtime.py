@@ -36,7 +36,7 @@ def _graph(kind: str) -> tuple[etc.Graph, dict]:
         w = g.input("w", (80, 96), "f32")
         y = g.matmul(x, w, transpose_b=True)
         extra["w"] = (80, 96)
-    elif kind in ("add", "mul"):
+    elif kind in ("add", "mul", "silu_mul"):
         z = g.input("z", (B, 96), "f32")
         y = getattr(g, kind)(x, z)
         extra["z"] = ("B", 96)
@@ -74,7 +74,7 @@ def _check(kernel, g, inputs):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-OPERATORS = ["matmul", "matmul_t", "add", "mul", "add_row", "mul_row", "silu", "gelu",
+OPERATORS = ["matmul", "matmul_t", "add", "mul", "silu_mul", "add_row", "mul_row", "silu", "gelu",
              "exp", "scale", "rmsnorm", "softmax", "sum"]
 
 

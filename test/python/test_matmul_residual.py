@@ -86,3 +86,29 @@ def test_residual_errors():
 def test_fused_residual_ptx_assembles(tmp_path):
     fused, _ = _graphs("bf16", 576, 576, True)
     assemble(etc.compile(fused, target="cuda", chip="sm_90a").ptx, "sm_90a", tmp_path)
+
+
+@pytest.mark.parametrize("kernels", ["native", "cuda"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_silu_mul_matches_silu_then_mul(kernels, dtype):
+    """`silu_mul(a, b)` (a SwiGLU gate) gives the bits of `mul(silu(a), b)`:
+    silu is rounded to the dtype before the product, as its own task's
+    result was; a 1-D b is broadcast over the rows."""
+    host = np.float16 if dtype == "f16" else np.float32
+    rng = np.random.default_rng(len(dtype))
+    for row in (False, True):
+        kernels_ = []
+        for fused in (True, False):
+            g = etc.Graph("swiglu")
+            m = g.symbol("M")
+            a = g.input("a", (m, 200), dtype)
+            b = g.input("b", (200,) if row else (m, 200), dtype)
+            g.output(g.silu_mul(a, b) if fused else g.mul(g.silu(a), b))
+            kernels_.append((g, etc.compile(g, target="cpu", workers=2, kernels=kernels)))
+        (gf, kf), (gs, ks) = kernels_
+        for m in (1, 3, 17):
+            inputs = dict(a=(rng.standard_normal((m, 200)) * 3).astype(host),
+                          b=rng.standard_normal((200,) if row else (m, 200)).astype(host))
+            np.testing.assert_array_equal(kf.run(**inputs)[0], ks.run(**inputs)[0])
+            np.testing.assert_array_equal(etc.reference.evaluate(gf, **inputs)[0],
+                                          etc.reference.evaluate(gs, **inputs)[0])

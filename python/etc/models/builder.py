@@ -119,7 +119,7 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             f = c.intermediate_size
             gate = g.matmul(normed, weight(f"l{i}_w_gate", (f, h)), transpose_b=True)
             up = g.matmul(normed, weight(f"l{i}_w_up", (f, h)), transpose_b=True)
-            x = residual_matmul(g.mul(g.silu(gate), up), weight(f"l{i}_w_down", (h, f)), x)
+            x = residual_matmul(g.silu_mul(gate, up), weight(f"l{i}_w_down", (h, f)), x)
     # The last new token of each request: norm, LM head, sampling.
     last = g.embedding(x, batch.request_last)
     normed = g.rmsnorm(last, weight("final_norm", (h,)), eps)

@@ -387,6 +387,18 @@ class TileKernel:
                 value.type, ir.FloatAttr.get(self.f32, constant)))
         return self.cf32(constant)
 
+    @staticmethod
+    def rounded(value: ir.Value, dtype: str) -> ir.Value:
+        """f32 `value` (scalar or vector) rounded to `dtype` and widened
+        back: what a buffer of `dtype` would give back (a fused operator's
+        intermediate, rounded as the operator it replaces stored it)."""
+        if dtype == "f32":
+            return value
+        narrow = element_type(dtype)
+        if isinstance(value.type, ir.VectorType):
+            narrow = ir.VectorType.get(ir.VectorType(value.type).shape, narrow)
+        return arith.extf(value.type, arith.truncf(narrow, value))
+
     def unary(self, kind: str, x: ir.Value, c: Optional[float] = None) -> ir.Value:
         """An elementwise function of `x` (an f32 or an f32 vector): exp,
         scale (by `c`), silu, gelu."""
@@ -431,26 +443,16 @@ class ResidualStores(TileKernel):
     def store(self, value: ir.Value, t: "Tensor", idx: list) -> None:
         residual = self._residual(t)
         if residual is not None:
-            value = arith.addf(self._rounded(value, t.dtype), self.load(residual, idx))
+            value = arith.addf(self.rounded(value, t.dtype), self.load(residual, idx))
         super().store(value, t, idx)
 
     def vstore(self, value: ir.Value, t: "Tensor", idx: list, aligned: bool = False) -> None:
         residual = self._residual(t)
         if residual is not None:
             width = ir.VectorType(value.type).shape[0]
-            value = arith.addf(self._rounded(value, t.dtype),
+            value = arith.addf(self.rounded(value, t.dtype),
                                self.vload(residual, idx, width, aligned=aligned))
         super().vstore(value, t, idx, aligned)
-
-    @staticmethod
-    def _rounded(value: ir.Value, dtype: str) -> ir.Value:
-        """f32 `value` (scalar or vector) rounded to `dtype` and widened back."""
-        if dtype == "f32":
-            return value
-        narrow = element_type(dtype)
-        if isinstance(value.type, ir.VectorType):
-            narrow = ir.VectorType.get(ir.VectorType(value.type).shape, narrow)
-        return arith.extf(value.type, arith.truncf(narrow, value))
 
 
 class LaneValues:

@@ -1,5 +1,7 @@
-"""Elementwise operators: add, mul (with a 1-D operand broadcast over rows),
-silu, gelu, exp and scale.
+"""Elementwise operators: add, mul, silu_mul (silu(a) * b, a SwiGLU MLP's
+gate: one task where silu then mul were two; silu rounded to the dtype
+first, so the bits are the same), each with a 1-D operand broadcast over
+rows; silu, gelu, exp and scale.
 
 Tasks: one tile task per output tile (1-D or 2-D); each reads the same tile
 of every operand of the result's rank, and the column block of a broadcast
@@ -20,7 +22,7 @@ from mlir.dialects import arith, scf
 from .base import TaskBuilder, TileKernel, box, tile_offset
 
 UNARY = ("silu", "gelu", "exp", "scale")
-BINARY = ("add", "mul")
+BINARY = ("add", "mul", "silu_mul")
 KINDS = UNARY + BINARY
 
 
@@ -45,6 +47,9 @@ class Elementwise(TileKernel):
             return arith.addf(vals[0], vals[1])
         if kind == "mul":
             return arith.mulf(vals[0], vals[1])
+        if kind == "silu_mul":
+            gate = self.rounded(self.unary("silu", vals[0]), self.op.result.dtype)
+            return arith.mulf(gate, vals[1])
         return self.unary(kind, vals[0], self.op.params.get("c"))
 
 
