@@ -119,12 +119,22 @@ def test_polling_for_the_whole_wait_when_the_budget_says_so(slow_kernel):
     core), which the test above tells apart by its CPU time."""
     runtime = slow_kernel.runtime
     runtime.spin_microseconds = 10_000_000
+    # A polling waiter gets the CPU the machine gives it: beside other busy
+    # processes (a loaded test machine) it may get less than its producer
+    # in one run (0.039 s against 0.081 s once, at load 5 on 2 cores), so
+    # the best of three runs must show it.
+    tries = []
     try:
-        seconds, _ = _worker_cpu(runtime, np.full(2000, 0.5, np.float32))
+        for _ in range(3):
+            seconds, _ = _worker_cpu(runtime, np.full(2000, 0.5, np.float32))
+            producer, *waiters = seconds
+            tries.append(seconds)
+            if max(waiters) > 0.5 * producer:
+                break
+        else:
+            pytest.fail(f"the polling waiter never ran half as long as its producer: {tries}")
     finally:
         runtime.spin_microseconds = DEFAULT_SPIN_MICROSECONDS
-    producer, *waiters = seconds
-    assert max(waiters) > 0.5 * producer, seconds
 
 
 def test_the_result_is_right_for_every_spin_budget(slow_kernel):
