@@ -6,12 +6,15 @@ MLIR needs to check and measure ETC's CUDA kernels.
 
 Writes OUT/ with
   run.py              the checker and benchmark driver (numpy + cuda-bindings)
+  ranks.py            the fused-vs-unfused benchmark on several GPUs (mpi4py +
+                      nvshmem4py besides)
   families.py         the input recipes (numpy only)
   etc/                the MLIR-free part of the etc package: etc.runtime and
                       the NumPy reference (etc.reference)
   artifacts/*.etc     saved kernels: every family of kit/families.py for the
                       static, dynamic and auto schedules and every chip; the
-                      watchdog's broken program; the benchmark kernels
+                      watchdog's broken program; the benchmark kernels;
+                      the fused patterns on 2 ranks (CUDA kits)
   manifest.json       what each artifact is and how to check or time it
 
 `--target cpu` builds the same kit with CPU artifacts (the tests run the
@@ -42,7 +45,7 @@ RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "reference.py", "re
                  "reference_sampling.py",
                  "runtime/__init__.py", "runtime/abi.py", "runtime/artifact.py",
                  "runtime/cpu.py", "runtime/cuda.py", "runtime/isa.py", "runtime/layout.py",
-                 "runtime/probes.py",
+                 "runtime/probes.py", "runtime/distributed.py", "runtime/nvshmem.py",
                  "runtime/ranges.py", "runtime/trace.py", "runtime/workers.py")
 SCHEDULES = ("static", "dynamic", "auto")
 #: The benchmark variant compiled without the weight prefetch (issue #11).
@@ -68,11 +71,19 @@ class BenchShapes:
         hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
         num_key_value_heads=4, head_dim=64, vocab_size=4096, max_position_embeddings=512))
     prompt: int = 128
+    #: The fused patterns on several ranks (ranks.py): (pattern, rows per
+    #: rank, K, N), bf16: all_gather + GEMM gathers `rows` per rank (the
+    #: GEMM is (ranks x rows) x K x N on every rank); GEMM + reduce_scatter
+    #: multiplies `rows` x K x N on every rank and each keeps rows / ranks.
+    ranks: tuple = (("ag_mm", 1024, 4096, 4096), ("mm_rs", 4096, 4096, 4096))
 
 
+#: Ranks of the kit's benchmark on several GPUs (ranks.py).
+RANKS = 2
 FULL = BenchShapes()
 SMALL = BenchShapes(gemv=((256, 512),), mlp=(64, 128), gemm=64, rows=64, width=256,
-                    chain=(1, 64), decode=dict(), prompt=12)
+                    chain=(1, 64), decode=dict(), prompt=12,
+                    ranks=(("ag_mm", 32, 64, 32), ("mm_rs", 64, 32, 32)))
 
 
 # ---------------------------------------------------------------------------
@@ -167,6 +178,22 @@ def roofline_graphs(shapes: BenchShapes):
             one(f"GEMM bf16 {m}³", lambda: gemm_graph(m), m, 2 * m ** 3)]
 
 
+def ranks_graphs(pattern: str, rows: int, k: int, n: int, ranks: int):
+    """The fused pattern on `ranks` ranks, and the GEMM alone that the
+    unfused variant runs after (all_gather) or before (reduce_scatter)
+    NVSHMEM's collective."""
+    import etc
+
+    g = etc.Graph(pattern, ranks=ranks)
+    x, w = g.input("x", (rows, k), "bf16"), g.input("w", (k, n), "bf16")
+    g.output(g.matmul(g.all_gather(x), w) if pattern == "ag_mm"
+             else g.reduce_scatter(g.matmul(x, w)))
+    h = etc.Graph(f"{pattern}_gemm")
+    gemm_rows = rows * ranks if pattern == "ag_mm" else rows
+    h.output(h.matmul(h.input("x", (gemm_rows, k), "bf16"), h.input("w", (k, n), "bf16")))
+    return g, h
+
+
 def decode_step_graph(shapes: BenchShapes):
     """The decode step as `etc.models.load` builds it by default: bf16, with
     the paged KV cache (blocks of `kvpages.DEFAULT_BLOCK_SIZE` positions
@@ -201,6 +228,7 @@ def copy_runtime(out: Path) -> None:
         shutil.copyfile(source / name, target)
     shutil.copyfile(HERE / "families.py", out / "families.py")
     shutil.copyfile(HERE / "run.py", out / "run.py")
+    shutil.copyfile(HERE / "ranks.py", out / "ranks.py")
 
 
 class Builder:
@@ -258,6 +286,24 @@ class Builder:
                 kernel = compile_module(module, families.hang_signature(), options,
                                         stage="scheduled")
                 self.save(kernel, f"hang-{schedule}-{chip}", kind="watchdog", timeout_s=1.0)
+
+    def ranks(self, shapes: BenchShapes) -> None:
+        """The fused patterns on RANKS GPUs and their one-GPU GEMMs
+        (ranks.py). CUDA only: a CPU program on several ranks compiles in
+        an MPI job of that many processes."""
+        if self.target != "cuda":
+            return
+        for chip in self.chips:
+            for pattern, rows, k, n in shapes.ranks:
+                fused, gemm = ranks_graphs(pattern, rows, k, n, RANKS)
+                size = dict(pattern=pattern, rows=rows, k=k, n=n, ranks=RANKS)
+                for schedule in ("static", "dynamic"):
+                    self.save(self.compile(fused, schedule, chip),
+                              f"{pattern}_{rows}x{k}x{n}-{schedule}-{chip}", kind="ranks",
+                              variant=schedule, **size)
+                self.save(self.compile(gemm, "static", chip),
+                          f"{pattern}_{rows}x{k}x{n}-gemm-{chip}", kind="ranks", variant="gemm",
+                          **size)
 
     def benchmarks(self, shapes: BenchShapes) -> None:
         for chip in self.chips_for(True):
@@ -327,6 +373,8 @@ def main(argv=None) -> int:
     print("gpu-kit: watchdog and benchmark artifacts ...", flush=True)
     builder.watchdog()
     builder.benchmarks(SMALL if args.quick else FULL)
+    if not args.quick:  # test_gpu_kit_ranks.py builds them at SMALL shapes itself
+        builder.ranks(FULL)
     manifest = {"format": 1, "target": args.target, "built": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "artifacts": builder.entries}
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))

@@ -573,6 +573,8 @@ class CUDARuntime:
         self.lanes = lanes
         #: Upper bound on the worker grid (None: as many as can be resident).
         self.max_workers = max_workers
+        #: The ordinal of the CUDA device it runs on (set before the first run).
+        self.device = 0
         self._driver = None
         self._workspaces: OrderedDict[tuple, _Workspace] = OrderedDict()
         self._trace = None
@@ -662,8 +664,8 @@ class CUDARuntime:
         self._allow_shared(device_attribute)
 
     def _device_ordinal(self, driver) -> int:
-        """The device this runtime runs on: the first one."""
-        return 0
+        """The device this runtime runs on (`device`)."""
+        return self.device
 
     def _load_module(self, driver):
         """The program's module and the JIT's info log: the PTX, JIT-compiled

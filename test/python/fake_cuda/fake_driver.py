@@ -176,7 +176,7 @@ def build(programs: dict, log: str | None = None) -> types.ModuleType:
         return (CUresult.CUDA_SUCCESS,)
 
     def cuDeviceGetCount():
-        return (CUresult.CUDA_SUCCESS, 1)
+        return (CUresult.CUDA_SUCCESS, int(os.environ.get("ETC_FAKE_CUDA_DEVICES", "1")))
 
     def cuDeviceGet(ordinal):
         return (CUresult.CUDA_SUCCESS, 0)

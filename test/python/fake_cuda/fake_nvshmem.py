@@ -43,6 +43,10 @@ class Flags(enum.IntEnum):
     INIT_WITH_UNIQUEID = 8
 
 
+class Team_id(enum.IntEnum):  # noqa: N801 - nvshmem4py's name
+    TEAM_WORLD = 0
+
+
 class NvshmemError(Exception):
     """What nvshmem4py raises for a failed status."""
 
@@ -154,6 +158,39 @@ def cumodule_init(module: int) -> int:
     _initialised()
     STATE["modules"].add(int(module))
     return 0
+
+
+def _bf16(pointer: int, count: int) -> np.ndarray:
+    return np.ctypeslib.as_array((ctypes.c_uint16 * count).from_address(int(pointer)))
+
+
+def bfloat16_fcollect_on_stream(team: int, dest: int, source: int, count: int,
+                                stream: int) -> None:
+    """NVSHMEM's all-gather of `count` bf16 values from every PE, in PE
+    order (the fake driver's streams are synchronous)."""
+    _initialised()
+    if int(team) != Team_id.TEAM_WORLD:
+        raise NvshmemError(f"fake NVSHMEM knows TEAM_WORLD only, not team {team}")
+    gathered = np.concatenate(_comm().allgather(_bf16(source, count).copy()))
+    _bf16(dest, gathered.size)[:] = gathered
+
+
+def bfloat16_sum_reducescatter_on_stream(team: int, dest: int, source: int, count: int,
+                                         stream: int) -> None:
+    """NVSHMEM's reduce-scatter: PE p gets the sum over PEs of block p
+    (`count` bf16 values) of their sources, summed in float32."""
+    from mpi4py import MPI
+
+    _initialised()
+    if int(team) != Team_id.TEAM_WORLD:
+        raise NvshmemError(f"fake NVSHMEM knows TEAM_WORLD only, not team {team}")
+    comm = _comm()
+    values = (_bf16(source, count * comm.Get_size()).astype(np.uint32) << 16).view(np.float32)
+    mine = np.empty(count, np.float32)
+    comm.Reduce_scatter_block(values, mine, op=MPI.SUM)
+    bits = mine.view(np.uint32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    _bf16(dest, count)[:] = rounded.astype(np.uint16)
 
 
 def initialised(module: int) -> bool:
