@@ -72,6 +72,10 @@ class CUDAUnavailableError(RuntimeError):
     """No usable CUDA driver, device or cuda-python in this process."""
 
 
+class DriverJITError(RuntimeError):
+    """The driver's JIT compiler or linker refused the program's code."""
+
+
 class CoResidencyError(RuntimeError):
     """The static schedule's worker CTAs cannot all be resident at once, so
     the cooperative launch was refused (instead of hanging)."""
@@ -163,7 +167,7 @@ def load_module(driver, ptx: str):
                                        list(options.values()))
     text = lambda log: bytes(log).split(b"\0", 1)[0].decode(errors="replace").strip()
     if result[0] != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuModuleLoadDataEx (driver JIT of the PTX) failed: "
+        raise DriverJITError(f"cuModuleLoadDataEx (driver JIT of the PTX) failed: "
                            f"{_error_name(driver, result[0])}; the JIT says:\n"
                            f"{text(errors) or '(nothing)'}")
     return result[1], text(info)
@@ -632,7 +636,7 @@ class CUDARuntime:
 
         try:
             module, self.jit_log = self._load_module(driver)
-        except RuntimeError as error:
+        except DriverJITError as error:
             major = device_attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR")
             minor = device_attribute("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR")
             raise RuntimeError(f"{error}\nThis device is sm_{major}{minor}: compile with "

@@ -58,7 +58,7 @@ from . import layout
 from .abi import KernelABI
 from .cpu import _STORAGE
 from .cuda import (CACHED_SIZES, CHECK_THREADS, INIT_THREADS, JIT_LOG_BYTES, CUDARuntime,
-                   DeviceArray, _check,
+                   DeviceArray, DriverJITError, _check,
                    _error_name, _Workspace, stream_handle)
 from .distributed import DistributedError, Meetings
 from ..binding import bind_symbols, check_input_names, concrete_shape, out_items
@@ -172,7 +172,7 @@ def _load_image(driver, image: bytes):
 def link_with_driver(driver, ptx: str, library_ptx: str) -> tuple[bytes, str]:
     """The kernel PTX and NVSHMEM's device library PTX linked by the driver's
     JIT linker into a cubin for the current device, and the linker's info
-    log. Raises RuntimeError with its error log when it refuses."""
+    log. Raises DriverJITError with its error log when it refuses."""
     info, errors = bytearray(JIT_LOG_BYTES), bytearray(JIT_LOG_BYTES)
     option = driver.CUjit_option
     options = {option.CU_JIT_INFO_LOG_BUFFER: info,
@@ -189,12 +189,12 @@ def link_with_driver(driver, ptx: str, library_ptx: str) -> tuple[bytes, str]:
             err = driver.cuLinkAddData(state, driver.CUjitInputType.CU_JIT_INPUT_PTX,
                                        ctypes.addressof(image), len(image), name, 0, [], [])[0]
             if err != driver.CUresult.CUDA_SUCCESS:
-                raise RuntimeError(f"cuLinkAddData ({name.decode()}) failed: "
+                raise DriverJITError(f"cuLinkAddData ({name.decode()}) failed: "
                                    f"{_error_name(driver, err)}; the JIT says:\n"
                                    f"{text(errors) or '(nothing)'}")
         result = driver.cuLinkComplete(state)
         if result[0] != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuLinkComplete (linking with NVSHMEM's device library) failed: "
+            raise DriverJITError(f"cuLinkComplete (linking with NVSHMEM's device library) failed: "
                                f"{_error_name(driver, result[0])}; the linker says:\n"
                                f"{text(errors) or '(nothing)'}")
         cubin = ctypes.string_at(int(result[1]), int(result[2]))
