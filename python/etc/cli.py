@@ -5,6 +5,7 @@ kernels into the compile cache, and manage that cache.
 etc generate Qwen3-0.6B/ "The capital of France is"      # streams the text
 etc chat model.gguf                                       # interactive, with the chat template
 etc serve Qwen3-0.6B/ --host 127.0.0.1 --port 8000        # OpenAI-compatible server
+etc generate Qwen3-0.6B/ "Hello" --tensor-parallel 2      # split over 2 MPI ranks
 etc compile Qwen3-0.6B/ --target cuda --chip sm_90a       # no GPU needed; fills the cache
 etc cache list                                            # what the cache holds
 ```
@@ -13,6 +14,13 @@ Errors a user can act on (a missing file, an unsupported model, a bad
 option, a kernel missing from the cache on a machine without the compiler)
 print one line, `etc: error: ...`, and exit with status 1; usage errors exit
 with 2 (argparse). `ETC_DEBUG=1` shows the traceback instead.
+
+`--tensor-parallel N` (generate, chat, serve) splits the model over N MPI
+ranks (docs/distributed.md). Run plainly, the command starts the N ranks
+itself (the `mpich` wheel's mpiexec, running this command again); run under
+`mpiexec -n N` or `python -m etc.runtime.distributed -n N`, each process is
+one rank. Either way rank 0 reads the input and writes the output, and the
+others run its steps (`etc.models.lockstep`).
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -34,6 +44,15 @@ DEFAULT_MAX_MODEL_LEN = 4096
 #: `--kv-block-size` when not given (`etc.models.kvpages.DEFAULT_BLOCK_SIZE`;
 #: not imported, so that --help needs no NumPy).
 DEFAULT_BLOCK_SIZE = 16
+#: `--rank-timeout` when not given (`etc.models.lockstep.TIMEOUT_SECONDS`).
+DEFAULT_RANK_TIMEOUT = 10.0
+#: Set by the command that starts the ranks itself when its stdin is a
+#: terminal: rank 0's stdin is then mpiexec's pipe, and `etc chat` prompts
+#: as it would at the terminal.
+INTERACTIVE_VARIABLE = "ETC_INTERACTIVE"
+#: The variables by which MPI launchers tell a process its rank (MPICH's
+#: Hydra, Open MPI, PMIx).
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
 # ----------------------------------------------------------------------
@@ -143,6 +162,31 @@ def _add_load_options(parser: argparse.ArgumentParser, *, compile_only: bool = F
     _add_progress_options(parser)
 
 
+def _add_parallel_options(parser: argparse.ArgumentParser, role: str) -> None:
+    group = parser.add_argument_group("tensor parallelism")
+    group.add_argument("--tensor-parallel", type=_positive, default=1, metavar="N",
+                       help=f"split the model over N ranks (MPI processes), Megatron-style; "
+                            f"etc starts them itself, or run it under 'mpiexec -n N' (or "
+                            f"'python -m etc.runtime.distributed -n N'); rank 0 {role}, the "
+                            f"others run its steps (default: 1)")
+    group.add_argument("--rank-timeout", type=_seconds, default=DEFAULT_RANK_TIMEOUT,
+                       metavar="SECONDS",
+                       help=f"with --tensor-parallel: a rank that sends no heartbeat for this "
+                            f"long counts as hung, and every rank stops with an error naming "
+                            f"it (a dead rank on this machine is found at once; default: "
+                            f"{DEFAULT_RANK_TIMEOUT:g})")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
 def _add_progress_options(parser: argparse.ArgumentParser) -> None:
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument("--quiet", "-q", action="store_true",
@@ -198,7 +242,8 @@ def _max_model_len(args, checkpoint) -> int:
 
 
 def _progress(args) -> _Progress:
-    return _Progress(not args.quiet and (args.progress or sys.stderr.isatty()))
+    shown = not args.quiet and (args.progress or sys.stderr.isatty())
+    return _Progress(shown and _launched_rank() == 0)
 
 
 def _load(args):
@@ -218,7 +263,7 @@ def _load(args):
                       tensor_parallel=getattr(args, "tensor_parallel", 1))
     finally:
         progress.close()
-    if getattr(args, "verbose", False):
+    if getattr(args, "verbose", False) and model.rank == 0:
         timings = ", ".join(f"{k} {v:.2f} s" for k, v in model.timings.items())
         print(f"etc: loaded {args.checkpoint} ({model.kernel_source} step kernel; {timings})",
               file=sys.stderr)
@@ -308,9 +353,56 @@ def _engine():
     return Engine
 
 
+def _led(model, args, body) -> int:
+    """`body(model)` for a model on one rank. For a tensor-parallel one,
+    `body` runs on rank 0 with a `Leader` for the model, and the other
+    ranks follow it; a rank lost while the leader waits (for input, for
+    requests) ends rank 0's process at once with an error naming it."""
+    if model.tensor_parallel == 1:
+        return body(model)
+    from .models.lockstep import Leader, follow
+
+    # MPICH's launcher tells the survivors of a rank that died with SIGUSR1,
+    # which would end them before they say which rank it was: the
+    # heartbeats find it. (Set after MPI_Init, which sets a handler too.)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    if model.rank != 0:
+        follow(model, timeout=args.rank_timeout)
+        return 0
+    leader = Leader(model, timeout=args.rank_timeout, on_lost=_lost)
+    try:
+        return body(leader)
+    finally:
+        leader.stop()
+
+
+def _lost(error: BaseException) -> None:
+    """Rank 0's end when another rank is lost (called from the heartbeat
+    thread, whatever rank 0 is doing): ends the whole MPI job."""
+    print(f"etc: error: {_one_line(error)}", file=sys.stderr, flush=True)
+    _abort()
+
+
+def _abort() -> None:
+    """Ends every rank of the MPI job: MPI_Abort has the launcher kill them
+    all, a hung one included (MPI cannot finalise with a rank lost)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(1)
+    finally:
+        os._exit(1)
+
+
 def _generate(args) -> int:
     Engine = _engine()
     model = _load(args)
+    return _led(model, args, lambda model: _generate_text(Engine, model, args))
+
+
+def _generate_text(Engine, model, args) -> int:
     tokenizer = _tokenizer(model)
     if args.chat:
         text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
@@ -329,13 +421,17 @@ def _generate(args) -> int:
 def _chat(args) -> int:
     Engine = _engine()
     model = _load(args)
+    return _led(model, args, lambda model: _chat_loop(Engine, model, args))
+
+
+def _chat_loop(Engine, model, args) -> int:
     tokenizer = _tokenizer(model)
     if tokenizer.chat_template is None:
         raise ValueError(f"{model.path} has no chat template (chat_template.jinja, "
                          f"tokenizer_config.json's chat_template, or tokenizer.chat_template "
                          f"in a GGUF file); use 'etc generate' for plain text")
     engine = Engine(model, max_num_seqs=1)
-    interactive = sys.stdin.isatty()
+    interactive = sys.stdin.isatty() or os.environ.get(INTERACTIVE_VARIABLE) == "1"
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
     if interactive:
@@ -381,23 +477,15 @@ def _serve(args) -> int:
     from . import serve
 
     model = _load(args)
-    if model.tensor_parallel == 1:
+
+    def body(model) -> int:
+        # With --tensor-parallel, rank 0 serves and the other ranks run
+        # each of its steps (docs/distributed.md).
         serve.run(model, args.host, args.port, served_model_name=args.served_model_name,
                   max_num_seqs=args.max_num_seqs, max_model_len=model.max_seq_len)
         return 0
-    # Rank 0 serves; the other ranks run each of its steps (docs/distributed.md).
-    from .models.lockstep import Leader, follow
 
-    if model.rank != 0:
-        follow(model)
-        return 0
-    leader = Leader(model)
-    try:
-        serve.run(leader, args.host, args.port, served_model_name=args.served_model_name,
-                  max_num_seqs=args.max_num_seqs, max_model_len=model.max_seq_len)
-    finally:
-        leader.stop()
-    return 0
+    return _led(model, args, body)
 
 
 def _compile(args) -> int:
@@ -468,6 +556,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--chat", action="store_true",
                           help="send the prompt as a user message through the chat template")
     _add_generation_options(generate, 128)
+    _add_parallel_options(generate, "prints the text")
     _add_load_options(generate)
     generate.set_defaults(run=_generate)
 
@@ -478,6 +567,7 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("checkpoint", help="a checkpoint directory or GGUF file")
     chat.add_argument("--system", default=None, help="a system message")
     _add_generation_options(chat, 512)
+    _add_parallel_options(chat, "reads the messages and prints the replies")
     _add_load_options(chat)
     chat.set_defaults(run=_chat)
 
@@ -492,10 +582,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="requests running at once; more wait (default: 8)")
     serve.add_argument("--served-model-name", default=None,
                        help="the model name clients use (default: the checkpoint's name)")
-    serve.add_argument("--tensor-parallel", type=_positive, default=1, metavar="N",
-                       help="split the model over the N ranks of an MPI job started with "
-                            "'python -m etc.runtime.distributed -n N' or mpiexec: rank 0 "
-                            "serves, the others run its steps (default: 1)")
+    _add_parallel_options(serve, "serves")
     _add_load_options(serve)
     serve.set_defaults(run=_serve)
 
@@ -528,10 +615,73 @@ def _one_line(error: BaseException) -> str:
     return " ".join(text.split())
 
 
+def _launched_rank() -> int:
+    """This process's rank in the MPI job an MPI launcher started it in,
+    else 0."""
+    for name in RANK_VARIABLES:
+        if name in os.environ:
+            try:
+                return int(os.environ[name])
+            except ValueError:
+                pass
+    return 0
+
+
+def _check_ranks(args) -> None:
+    """Under an MPI launcher, the job must have --tensor-parallel ranks."""
+    from mpi4py import MPI
+
+    size = MPI.COMM_WORLD.Get_size()
+    if size != args.tensor_parallel:
+        raise ValueError(f"--tensor-parallel {args.tensor_parallel}, but this process is one of "
+                         f"{size} MPI ranks: start {args.tensor_parallel} (or run the command "
+                         f"without mpiexec, and it starts them itself)")
+
+
+def _start_ranks(args, argv: list) -> int:
+    """Runs this command again as --tensor-parallel MPI processes (the
+    `mpich` wheel's mpiexec) and returns their exit status: stdin goes to
+    rank 0, the ranks' output comes here. Ctrl-C reaches the ranks through
+    mpiexec; SIGTERM to this process is passed on to it."""
+    from .runtime import distributed
+
+    argv = list(argv)
+    if not args.quiet and not args.progress and sys.stderr.isatty():
+        argv.insert(1, "--progress")  # the ranks' stderr is mpiexec's pipe
+    env = distributed.environment()
+    if sys.stdin.isatty():
+        env[INTERACTIVE_VARIABLE] = "1"
+    process = subprocess.Popen(
+        distributed.command(args.tensor_parallel, ["-m", "etc.cli", *argv], supervised=True),
+        env=env)
+    previous = signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGTERM))
+    try:
+        while True:
+            try:
+                return process.wait()
+            except KeyboardInterrupt:
+                continue  # mpiexec got the Ctrl-C too and passes it on
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _broken_job(error: BaseException) -> bool:
+    """Whether `error` leaves this rank's MPI job unable to finalise (a
+    rank died or hangs)."""
+    return type(error).__name__ in ("LostRankError", "DistributedError", "WatchdogError")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs the `etc` command line with `argv` (default: sys.argv[1:])."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    parallel = getattr(args, "tensor_parallel", 1) > 1
+    rank = _launched_rank() if parallel else 0
     try:
+        if parallel:
+            if not any(name in os.environ for name in RANK_VARIABLES):
+                return _start_ranks(args, argv)
+            _check_ranks(args)
         return args.run(args)
     except KeyboardInterrupt:
         print(file=sys.stderr)
@@ -545,7 +695,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         kind = "" if isinstance(error, (ValueError, OSError, RuntimeError, ImportError,
                                         KeyError)) else f"{type(error).__name__}: "
-        print(f"etc: error: {kind}{_one_line(error)}", file=sys.stderr)
+        where = f"rank {rank}: " if rank else ""
+        print(f"etc: {where}error: {kind}{_one_line(error)}", file=sys.stderr)
+        if parallel and _broken_job(error):
+            _abort()
         return 1
 
 

@@ -336,3 +336,157 @@ def test_serve_tensor_parallel_answers_the_openai_client(tmp_path):
             server.kill()
             output = server.communicate()[0]
     assert "step failed" not in output, output
+
+
+# ----------------------------------------------------------------------
+# The command line on several ranks: etc generate / chat / serve
+# --tensor-parallel 2, which start the ranks themselves
+# ----------------------------------------------------------------------
+
+#: The small kernel the command-line tests share (compiled once per cache).
+CLI_SMALL = ["--workers", "1", "--max-model-len", "32", "--attention-chunk", "8"]
+
+
+@pytest.fixture(scope="module")
+def cli_checkpoint(tmp_path_factory):
+    """A tiny Qwen3 with a tokenizer and chat template, its one-rank model
+    (the reference), and a compile cache that the first two-rank command
+    fills with the shard's kernel for the others."""
+    pytest.importorskip("tokenizers")
+    import etc.models
+    from etc.models.testing import tiny_config, write_checkpoint
+
+    root = tmp_path_factory.mktemp("tp-cli")
+    path = write_checkpoint(root / "tiny-chat", tiny_config(vocab_size=320), tokenizer=True)
+    cache = root / "cache"
+    whole = etc.models.load(path, workers=1, max_seq_len=32, attention_chunk=8, cache=cache)
+    return path, cache, whole
+
+
+def _etc(*args, stdin=None, timeout=300):
+    """Runs the installed `etc` command as a user does."""
+    import subprocess
+    import sys
+
+    etc_script = os.path.join(os.path.dirname(sys.executable), "etc")
+    return subprocess.run([etc_script, *map(str, args)], input=stdin, capture_output=True,
+                          text=True, timeout=timeout,
+                          env=dict(os.environ, ETC_PIN_WORKERS="0"))
+
+
+def test_generate_and_chat_on_two_ranks_print_one_ranks_text(cli_checkpoint):
+    """`etc generate` and `etc chat` with --tensor-parallel 2, run plainly:
+    they start two MPI ranks themselves, rank 0 alone prints, and the text
+    is the one-rank model's (greedy)."""
+    path, cache, whole = cli_checkpoint
+    result = _etc("generate", path, "the quick brown", "--max-new-tokens", "6",
+                  "--tensor-parallel", "2", "--cache-dir", cache, *CLI_SMALL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    want = whole.generate("the quick brown", 6).text[0]
+    assert result.stdout == want + ("" if want.endswith("\n") else "\n"), result.stderr
+    chat = _etc("chat", path, "--max-new-tokens", "4", "--tensor-parallel", "2",
+                "--cache-dir", cache, *CLI_SMALL, stdin="hi there\n\n/reset\nthe lazy dog\n")
+    assert chat.returncode == 0, chat.stdout + chat.stderr
+    first = whole.generate([{"role": "user", "content": "hi there"}], 4).text[0]
+    second = whole.generate([{"role": "user", "content": "the lazy dog"}], 4).text[0]
+    assert chat.stdout == f"{first}\n{second}\n", chat.stderr
+
+
+def test_tensor_parallel_needs_as_many_mpi_ranks(cli_checkpoint):
+    """Under mpiexec, the job must have --tensor-parallel ranks."""
+    import subprocess
+
+    path, cache, _ = cli_checkpoint
+    result = subprocess.run(
+        distributed.command(1, ["-m", "etc.cli", "generate", str(path), "hi",
+                                "--tensor-parallel", "2", "--cache-dir", str(cache),
+                                *CLI_SMALL]),
+        capture_output=True, text=True, timeout=120, env=distributed.environment())
+    assert result.returncode != 0
+    assert "--tensor-parallel 2, but this process is one of 1 MPI ranks" in result.stderr, \
+        result.stdout + result.stderr
+
+
+def _rank_process(root: int, rank: int):
+    """The pid of the Python process of `rank` among the descendants of
+    process `root` (MPICH's launcher sets PMI_RANK)."""
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as children:
+                kids = [int(k) for k in children.read().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            try:
+                with open(f"/proc/{kid}/environ", "rb") as environ:
+                    env = environ.read().split(b"\0")
+                with open(f"/proc/{kid}/cmdline", "rb") as cmdline:
+                    argv0 = os.path.basename(cmdline.read().split(b"\0")[0])
+            except OSError:
+                continue
+            if f"PMI_RANK={rank}".encode() in env and argv0.startswith(b"python"):
+                return kid
+            todo.append(kid)
+    return None
+
+
+@pytest.mark.parametrize("signal_name,rank", [("SIGKILL", 0), ("SIGSTOP", 0), ("SIGKILL", 1)])
+def test_a_lost_rank_ends_the_server_with_an_error_naming_it(cli_checkpoint, signal_name,
+                                                             rank):
+    """`etc serve --tensor-parallel 2`, idle: rank 0 (the leader) killed,
+    or stopped (a hang), or rank 1 (a follower) killed. The survivor says
+    which rank was lost, and the whole job exits non-zero within seconds
+    (a dead rank on this machine at once; a hung one after --rank-timeout
+    2 s without a heartbeat), instead of waiting for it forever."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    path, cache, _ = cli_checkpoint
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    etc_script = os.path.join(os.path.dirname(sys.executable), "etc")
+    server = subprocess.Popen(
+        [etc_script, "serve", str(path), "--tensor-parallel", "2", "--port", str(port),
+         "--cache-dir", str(cache), "--rank-timeout", "2", *CLI_SMALL],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, ETC_PIN_WORKERS="0"))
+    victim = None
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, server.stdout.read()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.3)
+        victim = _rank_process(server.pid, rank)
+        assert victim is not None
+        start = time.monotonic()
+        os.kill(victim, getattr(signal, signal_name))
+        output = server.communicate(timeout=60)[0]
+        seconds = time.monotonic() - start
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+        if victim is not None and signal_name == "SIGSTOP":
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert server.returncode != 0, output
+    name = "rank 0 (the leader)" if rank == 0 else "rank 1 (a follower)"
+    reporter = "etc: rank 1: error: " if rank == 0 else "etc: error: "
+    lost = "sent no heartbeat for" if signal_name == "SIGSTOP" else \
+        f"died (process {victim} is gone)"
+    assert f"{reporter}{name} {lost}" in output, output
+    assert seconds < (10 if signal_name == "SIGSTOP" else 5), (seconds, output)

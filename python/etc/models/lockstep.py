@@ -29,17 +29,59 @@ else:
 The messages are MPI point-to-point sends from rank 0 (tag `TAG`); a
 follower polls for the next one with a short sleep, so that an idle server
 leaves the cores to others.
+
+**Liveness.** A follower waits for rank 0 for as long as the server is
+idle, so silence alone cannot tell it that rank 0 is gone. Every rank
+therefore runs a `_Pulse`: a thread that sends a heartbeat to its peers
+(the leader to every follower, a follower to the leader) every
+`HEARTBEAT_SECONDS` and watches theirs. A peer on the same host whose
+process is gone (or a zombie) is dead at once; any peer that sent no
+heartbeat for `timeout` seconds (default `TIMEOUT_SECONDS`) is dead or
+hung. Either way the watcher gets a `LostRankError` naming the rank:
+`follow` raises it; the leader's next `step` raises it, and its
+`on_lost` callback (the `etc` command's ends the process, since the MPI
+job is broken) runs at once, so that an idle server or a chat waiting for
+input does not outlive a follower.
+
+Why heartbeats and not MPI's own failure detection: MPI reports a dead
+peer only to an operation on it (and MPICH only with its fault-tolerance
+extensions), never to a rank that is just waiting to be sent something,
+and it cannot see a rank that hangs. A heartbeat thread sees both on any
+host; the process check makes the common case, a rank killed on this
+machine, an error within a fraction of a second.
 """
 
+import os
+import socket
 import sys
+import threading
 import time
 import traceback
 
 #: The MPI tag of the leader's messages.
 TAG = 7201
 
+#: The MPI tag of the heartbeats.
+HEARTBEAT_TAG = 7202
+
 #: How long a follower sleeps between polls for the leader's next message.
 POLL_SECONDS = 0.0005
+
+#: How often a rank sends its heartbeat and checks its peers'.
+HEARTBEAT_SECONDS = 0.2
+
+#: Seconds without a heartbeat after which a peer counts as hung.
+TIMEOUT_SECONDS = 10.0
+
+
+class LostRankError(RuntimeError):
+    """A rank of a tensor-parallel model died or stopped answering; the
+    MPI job cannot go on (end the process: MPI cannot finalise with it)."""
+
+    def __init__(self, message: str, rank: int):
+        super().__init__(message)
+        #: The rank that died or hangs.
+        self.rank = rank
 
 
 def _world():
@@ -48,12 +90,133 @@ def _world():
     return MPI.COMM_WORLD
 
 
+def _process_state(pid: int):
+    """The state letter of process `pid` on this host (/proc/PID/stat), or
+    None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            # "pid (comm) S ...": the name may hold spaces and parentheses.
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+class _Pulse:
+    """This rank's side of the liveness check (module docstring): a
+    daemon thread that sends a heartbeat to each of `peers` every
+    `HEARTBEAT_SECONDS`, takes theirs, and records a `LostRankError` in
+    `error` (and calls `on_lost` with it, once) when one is dead or has been
+    silent for `timeout` seconds. Collective: every rank makes its pulse
+    at the same point (the leader's and followers' starts), which
+    exchanges the ranks' hosts and process ids."""
+
+    def __init__(self, comm, peers: list, timeout: float, on_lost=None, what=str):
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+                not timeout > 0:
+            raise ValueError(f"timeout={timeout!r} must be a positive number of seconds")
+        self._comm = comm
+        self._peers = list(peers)
+        self._timeout = float(timeout)
+        self._on_lost = on_lost
+        self._what = what
+        host = socket.gethostname()
+        # (host, pid) of every rank: a peer on this host is watched directly.
+        places = comm.allgather((host, os.getpid()))
+        self._pids = {peer: places[peer][1] for peer in self._peers
+                      if places[peer][0] == host}
+        now = time.monotonic()
+        self._heard = {peer: now for peer in self._peers}
+        self._sends: list = []
+        # The peers whose last heartbeat (True) came.
+        self._closed: set = set()
+        #: The first peer lost, as a LostRankError (None while all live).
+        self.error = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="etc-pulse", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            error = self._beat()
+            if error is not None:
+                self.error = error
+                if self._on_lost is not None:
+                    self._on_lost(error)
+                return
+
+    def _beat(self):
+        """Sends this rank's heartbeats and takes the peers'; returns the
+        LostRankError of a peer that died or hangs, else None."""
+        comm = self._comm
+        self._sends = [request for request in self._sends if not request.Test()]
+        for peer in self._peers:
+            self._sends.append(comm.isend(False, dest=peer, tag=HEARTBEAT_TAG))
+        now = time.monotonic()
+        for peer in self._peers:
+            while comm.iprobe(source=peer, tag=HEARTBEAT_TAG):
+                if comm.recv(source=peer, tag=HEARTBEAT_TAG):
+                    self._closed.add(peer)  # its last: it is stopping
+                self._heard[peer] = now
+        for peer in self._peers:
+            pid = self._pids.get(peer)
+            state = None if pid is None else _process_state(pid)
+            if pid is not None and state in (None, "Z", "X"):
+                return LostRankError(f"{self._what(peer)} died (process {pid} is gone)", peer)
+            silent = now - self._heard[peer]
+            if silent > self._timeout:
+                stopped = " (its process is stopped)" if state == "T" else ""
+                return LostRankError(f"{self._what(peer)} sent no heartbeat for {silent:.1f} s"
+                                     f"{stopped}: it hangs or died", peer)
+        return None
+
+    def stop(self) -> None:
+        """Ends the heartbeats, at once (a peer is lost: nothing more is
+        exchanged)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def close(self) -> None:
+        """Ends the heartbeats with the peers, which close theirs too: each
+        side sends a last heartbeat and takes the peer's until its last
+        one, so that no message is left unmatched (MPI_Finalize fails on a
+        communicator with one, and a rank that fails to finalise makes
+        the others' finalisation hang). Waits at most the timeout for a
+        peer that does not close."""
+        self.stop()
+        comm = self._comm
+        if self.error is None:
+            for peer in self._peers:
+                self._sends.append(comm.isend(True, dest=peer, tag=HEARTBEAT_TAG))
+        deadline = time.monotonic() + self._timeout
+        while self.error is None and len(self._closed) < len(self._peers) and \
+                time.monotonic() < deadline:
+            for peer in self._peers:
+                while peer not in self._closed and comm.iprobe(source=peer, tag=HEARTBEAT_TAG):
+                    if comm.recv(source=peer, tag=HEARTBEAT_TAG):
+                        self._closed.add(peer)
+            time.sleep(POLL_SECONDS)
+        if len(self._closed) == len(self._peers):
+            for request in self._sends:
+                request.Wait()
+        self._sends = []
+
+
+def _rank_name(rank: int) -> str:
+    return "rank 0 (the leader)" if rank == 0 else f"rank {rank} (a follower)"
+
+
 class Leader:
     """Rank 0's stand-in for a tensor-parallel `Model`: what the engine
     calls (`new_cache`, `paged_cache`, `new_paged_cache`, `step`) also runs
-    on the other ranks, which `follow`; everything else is the model's."""
+    on the other ranks, which `follow`; everything else is the model's.
 
-    def __init__(self, model):
+    Collective with the other ranks' `follow` (the liveness check starts).
+    When a follower dies or hangs (no heartbeat for `timeout` seconds),
+    `step` raises `LostRankError` and `on_lost(error)` is called at once
+    from the heartbeat thread, if given."""
+
+    def __init__(self, model, *, timeout: float = TIMEOUT_SECONDS, on_lost=None):
         if model.tensor_parallel < 2:
             raise ValueError(f"Leader: the model runs on {model.tensor_parallel} rank; a leader "
                              "needs a tensor-parallel model (tensor_parallel >= 2)")
@@ -64,6 +227,8 @@ class Leader:
         # id(cache) -> (its number on every rank, the cache).
         self._caches: dict[int, tuple[int, object]] = {}
         self._stopped = False
+        self._pulse = _Pulse(self._comm, range(1, self._comm.Get_size()), timeout, on_lost,
+                             _rank_name)
         model.led = True
 
     def __getattr__(self, name):
@@ -72,6 +237,8 @@ class Leader:
     def _send(self, message) -> None:
         if self._stopped:
             raise RuntimeError("Leader: stopped; the other ranks no longer follow")
+        if self._pulse.error is not None:
+            raise self._pulse.error
         for rank in range(1, self._comm.Get_size()):
             self._comm.send(message, dest=rank, tag=TAG)
 
@@ -109,26 +276,34 @@ class Leader:
         return self._model.run_step(data, len(requests), return_logits)
 
     def stop(self) -> None:
-        """Ends the other ranks' `follow` (once)."""
+        """Ends the other ranks' `follow` (once). With a follower lost,
+        only stops the heartbeats (the others cannot be reached)."""
         if not self._stopped:
-            self._send(("stop",))
+            if self._pulse.error is None:
+                self._send(("stop",))
+            self._pulse.close()
             self._stopped = True
             self._model.led = False
 
 
-def follow(model) -> None:
+def follow(model, *, timeout: float = TIMEOUT_SECONDS) -> None:
     """Runs, on a rank other than 0, the caches and steps of rank 0's
     `Leader` until it stops. A step that fails here is reported on stderr
-    and the next one runs (rank 0's engine fails the step's requests)."""
+    and the next one runs (rank 0's engine fails the step's requests).
+    Raises `LostRankError` when rank 0 dies (at once on this host) or
+    sends no heartbeat for `timeout` seconds."""
     if model.tensor_parallel < 2 or model.rank == 0:
         raise ValueError(f"follow: rank {model.rank} of {model.tensor_parallel}: only the ranks "
                          "other than 0 of a tensor-parallel model follow")
     comm = _world()
+    pulse = _Pulse(comm, [0], timeout, what=_rank_name)
     model.led = True
     caches = {}
     try:
         while True:
             while not comm.Iprobe(source=0, tag=TAG):
+                if pulse.error is not None:
+                    raise pulse.error
                 time.sleep(POLL_SECONDS)
             message = comm.recv(source=0, tag=TAG)
             if message[0] == "stop":
@@ -145,4 +320,5 @@ def follow(model) -> None:
                 print(f"rank {model.rank}: step failed:\n{traceback.format_exc()}",
                       file=sys.stderr, flush=True)
     finally:
+        pulse.close()
         model.led = False

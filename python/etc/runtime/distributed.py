@@ -494,13 +494,23 @@ def mpiexec() -> str:
     return found
 
 
-def command(ranks: int, argv: list[str]) -> list[str]:
+def command(ranks: int, argv: list[str], *, supervised: bool = False) -> list[str]:
     """The command that starts `argv` (a Python script and its arguments)
     as `ranks` MPI processes. `-disable-auto-cleanup`: when one rank dies
-    the others live on to report it, instead of being killed."""
+    the others live on to report it, instead of being killed.
+
+    That holds for a rank that exits; one killed by a signal still makes
+    MPICH's launcher kill the others at once, before they can say which
+    rank died. `supervised` runs each rank under a shell that waits for it,
+    so that such a death reaches the launcher as an exit status (128 +
+    the signal) and the others live to report it."""
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks={ranks!r} must be a positive int")
-    return [mpiexec(), "-disable-auto-cleanup", "-n", str(ranks), sys.executable, *argv]
+    # The launcher signals SIGUSR1 to the other ranks' process groups
+    # whenever a rank ends (MPICH handles it inside MPI): the shell ignores
+    # it, and so do the ranks it starts.
+    shell = ["sh", "-c", 'trap "" USR1; "$@"; exit $?', "etc-rank"] if supervised else []
+    return [mpiexec(), "-disable-auto-cleanup", "-n", str(ranks), *shell, sys.executable, *argv]
 
 
 def launch(ranks: int, argv: list[str], *, timeout: float | None = None,
