@@ -4,8 +4,10 @@ Each test starts N processes with `python -m etc.runtime.distributed`'s
 launcher (the `mpich` wheel's mpiexec); the per-rank scripts are in
 distributed/. They check the fused patterns against NumPy (all_gather +
 matmul, matmul + reduce_scatter, matmul + all_reduce, on the static and
-the dynamic schedule, 1 and 2 workers per rank), a tensor-parallel model against the whole model, and that a
-rank that dies or hangs is an error on every other rank, not a hang."""
+the dynamic schedule, 1 and 2 workers per rank), a tensor-parallel model
+(dense, and Mixture-of-Experts) against the whole model, that a rank that
+dies or hangs is an error on every other rank, not a hang, and the `etc`
+command on two ranks (generate, chat, a served model losing a rank)."""
 
 import importlib
 import os
@@ -46,6 +48,18 @@ def test_tensor_parallel_model_matches_one_rank(ranks, schedule):
     assert result.returncode == 0, output
     for rank in range(ranks):
         assert f"rank {rank}: tensor parallel matches" in output, output
+
+
+def test_tensor_parallel_moe_matches_one_rank():
+    """A Qwen3-MoE model (a dense layer and a sparse one) split over 2 ranks:
+    every expert's columns shared out, the router whole, one all_reduce per
+    expert layer; it generates the whole model's tokens, with logits within
+    float rounding, and an expert width 2 does not divide is an error
+    naming moe_intermediate_size."""
+    result, output = _launch(2, "tensor_parallel_moe.py")
+    assert result.returncode == 0, output
+    for rank in range(2):
+        assert f"rank {rank}: tensor parallel MoE matches" in output, output
 
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])

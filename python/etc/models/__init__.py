@@ -101,12 +101,13 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     ("cache") or compiled ("compile").
 
     `tensor_parallel=N` splits the model over N ranks (Megatron-style: each
-    rank its share of the attention heads and MLP columns, the partial sums
-    added by an all-reduce fused into the step kernel): run N processes
-    (`python -m etc.runtime.distributed -n N script.py`), each calling
-    `load` and then `generate` with the same arguments, in the same order
-    (docs/distributed.md). A head count or MLP width that N does not
-    divide is a ValueError naming the field.
+    rank its share of the attention heads, MLP columns and every expert's
+    columns, the partial sums added by an all-reduce fused into the step
+    kernel): run N processes (`python -m etc.runtime.distributed -n N
+    script.py`), each calling `load` and then `generate` with the same
+    arguments, in the same order (docs/distributed.md). A head count, MLP
+    width or expert width that N does not divide is a ValueError naming
+    the field.
 
     Raises `UnsupportedConfigError`, `MissingTensorError`,
     `CheckpointError`, `GGUFError` or `SafetensorsError` naming the field,

@@ -46,10 +46,10 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     addressed through `request_slot`.
 
     With `ranks` > 1, `config` is one rank's shard of a tensor-parallel
-    model (`shard_config`: its share of the heads and of the MLP columns),
-    and the partial sums of the attention output and MLP down projections
-    are added over the ranks by an `all_reduce` fused into the step
-    (`etc.models.parallel`)."""
+    model (`shard_config`: its share of the heads and of the MLP and expert
+    columns), and the partial sums of the attention output, MLP down
+    projections and expert layers are added over the ranks by an
+    `all_reduce` fused into the step (`etc.models.parallel`)."""
     cache_dtype = dtype if kv_dtype is None else kv_dtype
     c = config
     g = Graph(name, ranks=ranks)
@@ -106,15 +106,15 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         # MLP block: dense SwiGLU, or experts.
         normed = g.rmsnorm(x, weight(f"l{i}_mlp_norm", (h,)), eps)
         if c.is_sparse(i):
-            if ranks > 1:
-                raise NotImplementedError("tensor parallelism of Mixture-of-Experts layers is "
-                                          "not implemented (dense layers only)")
+            # Every rank routes the same (the router and its input are
+            # whole) and adds its share of each chosen expert's columns.
             e, f = c.num_experts, c.moe_intermediate_size
-            x = g.add(x, g.moe(normed, weight(f"l{i}_router", (h, e)),
-                               weight(f"l{i}_experts_gate", (e, h, f)),
-                               weight(f"l{i}_experts_down", (e, f, h)), c.num_experts_per_tok,
-                               w_up=weight(f"l{i}_experts_up", (e, h, f)),
-                               normalize=c.norm_topk_prob))
+            x = g.add(x, reduced(g.moe(normed, weight(f"l{i}_router", (h, e)),
+                                       weight(f"l{i}_experts_gate", (e, h, f)),
+                                       weight(f"l{i}_experts_down", (e, f, h)),
+                                       c.num_experts_per_tok,
+                                       w_up=weight(f"l{i}_experts_up", (e, h, f)),
+                                       normalize=c.norm_topk_prob)))
         else:
             f = c.intermediate_size
             gate = g.matmul(normed, weight(f"l{i}_w_gate", (f, h)), transpose_b=True)
