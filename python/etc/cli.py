@@ -367,8 +367,15 @@ def _led(model, args, body) -> int:
     # heartbeats find it. (Set after MPI_Init, which sets a handler too.)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if model.rank != 0:
+        # The launcher passes Ctrl-C and SIGTERM to every rank: rank 0 stops
+        # the others when it gets them, or they find it lost.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         follow(model, timeout=args.rank_timeout)
         return 0
+    # SIGTERM ends rank 0 as Ctrl-C does (the server sets its own), so
+    # that it stops the others on its way out.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     leader = Leader(model, timeout=args.rank_timeout, on_lost=_lost)
     try:
         return body(leader)
@@ -642,7 +649,8 @@ def _start_ranks(args, argv: list) -> int:
     """Runs this command again as --tensor-parallel MPI processes (the
     `mpich` wheel's mpiexec) and returns their exit status: stdin goes to
     rank 0, the ranks' output comes here. Ctrl-C reaches the ranks through
-    mpiexec; SIGTERM to this process is passed on to it."""
+    mpiexec (which ends them); SIGTERM to this process goes to rank 0,
+    which stops the others (mpiexec would kill them) and serves no more."""
     from .runtime import distributed
 
     argv = list(argv)
@@ -654,7 +662,10 @@ def _start_ranks(args, argv: list) -> int:
     process = subprocess.Popen(
         distributed.command(args.tensor_parallel, ["-m", "etc.cli", *argv], supervised=True),
         env=env)
-    previous = signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGTERM))
+    def terminate(*_) -> None:
+        os.kill(_rank_zero(process.pid) or process.pid, signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
         while True:
             try:
@@ -663,6 +674,32 @@ def _start_ranks(args, argv: list) -> int:
                 continue  # mpiexec got the Ctrl-C too and passes it on
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _rank_zero(root: int) -> Optional[int]:
+    """The pid of rank 0's `etc` process among the descendants of `root`
+    (mpiexec; Linux's /proc), or None."""
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as children:
+                kids = [int(kid) for kid in children.read().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            todo.append(kid)
+            try:
+                with open(f"/proc/{kid}/environ", "rb") as environ:
+                    variables = environ.read().split(b"\0")
+                with open(f"/proc/{kid}/cmdline", "rb") as cmdline:
+                    argv = cmdline.read().split(b"\0")
+            except OSError:
+                continue
+            if b"PMI_RANK=0" in variables and b"etc.cli" in argv and \
+                    os.path.basename(argv[0]) != b"sh":
+                return kid
+    return None
 
 
 def _broken_job(error: BaseException) -> bool:
