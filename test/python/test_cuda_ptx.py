@@ -59,6 +59,9 @@ def _check_worker_synchronisation(ptx: str, name: str, schedule: str) -> None:
     # invalidate the SM's L1 at every poll.
     assert "ld.relaxed.gpu" in worker
     assert "ld.acquire" not in ptx
+    # One GPU: no wait pays for system scope (symmetric events only).
+    assert "relaxed.sys" not in ptx and "fence.acq_rel.sys" not in ptx
+    assert "__etc_spin_counter_system" not in ptx
     spin = "__etc_spin_slot" if schedule == "dynamic" else "__etc_spin_counter"
     assert re.search(rf"call\.uni \(retval0\),\s*{spin},(?:(?!bar\.sync|fence\.)[\s\S])*fence\.acq_rel\.gpu;",
                      worker), worker

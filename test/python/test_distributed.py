@@ -150,18 +150,22 @@ def test_nvshmem_ptx_assembles_and_links(chip, schedule, tmp_path):
     (row puts, the remote atomic notify after a quiet, the PE), assembles
     as relocatable code and links with NVSHMEM's device library (its
     bitcode from the wheel, compiled for the chip) into a cubin, under
-    both schedules. The dynamic schedule's polling worker tests the
-    symmetric elements with a relaxed load and an acquire fence at system
-    scope (other GPUs notify them) and backs off with nanosleep."""
+    both schedules. Both poll the symmetric elements with relaxed loads
+    and acquire with a fence at system scope (other GPUs notify them): the
+    static schedule's waits (spinning out of line in
+    __etc_spin_counter_system), the dynamic schedule's polling worker,
+    which backs off with nanosleep."""
     g, _ = _gather_graph()
     kernel = etc.compile(g, target="cuda", chip=chip, schedule=schedule)
     ptx = kernel.ptx
     for call in ("nvshmem_my_pe", "nvshmem_quiet", "nvshmem_int_atomic_add",
                  "nvshmemx_putmem_nbi_block"):
         assert re.search(rf"\.extern \.func .*{call}", ptx), call
-    if schedule == "dynamic":
-        assert re.search(r"ld\.relaxed\.sys\.(global\.)?[bu]32", ptx)
-        assert "fence.acq_rel.sys" in ptx
+    assert re.search(r"ld\.relaxed\.sys\.(global\.)?[bu]32", ptx)
+    assert "fence.acq_rel.sys" in ptx
+    if schedule == "static":
+        assert re.search(r"\.func .*__etc_spin_counter_system\(", ptx)
+    else:
         assert "nanosleep.u32" in ptx
     cubin = distributed.link_nvshmem(ptx, chip, str(tmp_path))
     assert cubin[:4] == b"\x7fELF"

@@ -31,6 +31,10 @@ inline constexpr llvm::StringLiteral kWatchdogReportName =
     "__etc_watchdog_report";
 inline constexpr llvm::StringLiteral kSpinCounterName = "__etc_spin_counter";
 inline constexpr llvm::StringLiteral kSpinSlotName = "__etc_spin_slot";
+/// The counter spin that polls at system scope, for a target whose spins
+/// are narrower (`defineSpinFunctions` with `systemCounters`).
+inline constexpr llvm::StringLiteral kSpinCounterSystemName =
+    "__etc_spin_counter_system";
 
 /// Where a spin is, for the error record: every field an i32 value; `tile`
 /// and `element` padded to `run::kMaxRecordRank` coordinates.
@@ -123,23 +127,29 @@ enum class SpinUntil { CounterReady, SlotPublished };
 /// `@__etc_spin_slot(counters, element pointer, the site's 14 words) -> i32`:
 /// loads (acquire, or relaxed with `SpinAcquire::OnceDone`) with `target`'s back-off until the element is ready, the
 /// run's status is no longer `run::kRunning`, or `target.timeoutMs` passed
-/// (then the report); they return the last value loaded. Fails if a symbol
-/// has another meaning.
+/// (then the report); they return the last value loaded. With
+/// `systemCounters`, also `@__etc_spin_counter_system`, the counter spin
+/// whose loads are at system scope (for counters that other devices
+/// write). Fails if a symbol has another meaning.
 mlir::LogicalResult defineSpinFunctions(mlir::Operation *symbolTable,
-                                        const SpinTarget &target);
+                                        const SpinTarget &target,
+                                        bool systemCounters = false);
 
 /// Builds a watchdog-bounded spin on the i32 at `pointer` (an element of
 /// `counters`): a load inline and, unless it is ready, a call of the spin
 /// function `defineSpinFunctions` defined. With `SpinAcquire::EachPoll`
 /// the loads acquire; with `SpinAcquire::OnceDone` (which must match the
 /// spin functions' `SpinTarget`) they are relaxed and one acquire fence
-/// follows the spin. Returns the last value loaded (i32); for a slot, 0
-/// means the spin stopped without a task.
+/// follows the spin. `spinFunction` names the spin function to call when
+/// it is not the one of `until` (`kSpinCounterSystemName`). Returns the
+/// last value loaded (i32); for a slot, 0 means the spin stopped without a
+/// task.
 mlir::Value buildSpin(mlir::OpBuilder &b, mlir::Location loc,
                       mlir::Value counters, mlir::Value pointer,
                       llvm::StringRef syncScope, SpinUntil until,
                       const WatchdogSite &site,
-                      SpinAcquire acquire = SpinAcquire::EachPoll);
+                      SpinAcquire acquire = SpinAcquire::EachPoll,
+                      llvm::StringRef spinFunction = {});
 
 /// The address (!llvm.ptr) of word `word` of the run header of `counters`
 /// (`run::...Word`): the header is the last `run::kHeaderWords` words of

@@ -13,14 +13,23 @@ namespace etc {
 inline constexpr int32_t kWaitFirstSleepNs = 32;
 inline constexpr int32_t kWaitMaxSleepNs = 512;
 
+/// The synchronisation scope at which a CTA waits on or tests the counters
+/// of `event` (an `!event.tensor`): the system ("") for a symmetric event,
+/// which other GPUs notify through NVSHMEM's atomics after putting the data
+/// it guards (the PTX memory model orders another device's writes only at
+/// system scope), the GPU ("device") otherwise.
+llvm::StringRef counterScope(mlir::Value event);
+
 /// Converts `!event.tensor` to `!llvm.ptr` (the generic address of its first
 /// counter) and leaves every other type alone.
 void populateEventToGPUTypeConversions(mlir::TypeConverter &typeConverter);
 
 /// Adds the patterns that lower the event ops inside a `gpu.func` for one CTA
 /// per persistent worker and one thread per lane: `event.view`,
-/// `event.wait` (thread 0 spins with relaxed loads at GPU scope and
-/// `nvvm.nanosleep`, then one acquire fence and a CTA barrier),
+/// `event.wait` (thread 0 spins with relaxed loads at `counterScope` and
+/// `nvvm.nanosleep`, then one acquire fence at that scope and a CTA
+/// barrier; a `deferred` wait leaves both to `event.acquire`, unless its
+/// event is symmetric: then it fences at system scope itself),
 /// `event.release` (a CTA barrier, then thread 0's GPU-scope release fence),
 /// `event.notify` (thread 0's atomic decrement at GPU scope, after its own
 /// barrier and release fence unless `released`), the worker and lane

@@ -402,8 +402,10 @@ def Event_AcquireOp : Event_Op<"acquire"> {
     counters (it makes each relaxed poll that saw a counter ready an
     acquire of that counter's notifiers), then a CTA barrier, which extends
     what thread 0 acquired to the other threads (when an
-    `event.run_aborted` follows, its reducing barrier is that barrier).
-    CPU: nothing (each wait polls with acquire loads).
+    `event.run_aborted` follows, its reducing barrier is that barrier). A
+    deferred wait on a symmetric event, which other GPUs notify, issues its
+    own system-scope acquire fence, the scope at which PTX orders another
+    device's writes. CPU: nothing (each wait polls with acquire loads).
 
     ```mlir
     event.acquire

@@ -343,19 +343,28 @@ static LogicalResult defineSpinFunction(Operation *symbolTable, StringRef name,
 }
 
 LogicalResult etc::defineSpinFunctions(Operation *symbolTable,
-                                       const SpinTarget &target) {
+                                       const SpinTarget &target,
+                                       bool systemCounters) {
   if (failed(defineWatchdogReport(symbolTable, target.syncScope)) ||
       failed(defineSpinFunction(symbolTable, kSpinCounterName, target,
                                 SpinUntil::CounterReady)) ||
       failed(defineSpinFunction(symbolTable, kSpinSlotName, target,
                                 SpinUntil::SlotPublished)))
     return failure();
-  return success();
+  if (!systemCounters)
+    return success();
+  // The same spin at system scope ("" in LLVM's sync scopes): its polls
+  // and its check of the run's status (the cold path) are system-scope.
+  SpinTarget system = target;
+  system.syncScope = "";
+  return defineSpinFunction(symbolTable, kSpinCounterSystemName, system,
+                            SpinUntil::CounterReady);
 }
 
 Value etc::buildSpin(OpBuilder &b, Location loc, Value counters, Value pointer,
                      StringRef syncScope, SpinUntil until,
-                     const WatchdogSite &site, SpinAcquire acquire) {
+                     const WatchdogSite &site, SpinAcquire acquire,
+                     StringRef spinFunction) {
   Type i32Type = b.getI32Type();
   Value value = loadPoll(b, loc, pointer, syncScope, acquire);
   auto ifOp = scf::IfOp::create(
@@ -366,11 +375,12 @@ Value etc::buildSpin(OpBuilder &b, Location loc, Value counters, Value pointer,
       [&](OpBuilder &otherwise, Location loc) {
         SmallVector<Value> arguments{counters, pointer};
         arguments.append(siteWords(site));
-        Value last = func::CallOp::create(
-                         otherwise, loc,
-                         until == SpinUntil::CounterReady ? kSpinCounterName
-                                                          : kSpinSlotName,
-                         TypeRange{i32Type}, arguments)
+        StringRef callee = !spinFunction.empty() ? spinFunction
+                           : until == SpinUntil::CounterReady
+                               ? StringRef(kSpinCounterName)
+                               : StringRef(kSpinSlotName);
+        Value last = func::CallOp::create(otherwise, loc, callee,
+                                          TypeRange{i32Type}, arguments)
                          .getResult(0);
         scf::YieldOp::create(otherwise, loc, last);
       });

@@ -3,9 +3,11 @@
 // Lowers a scheduled event program (L3) for the CUDA target: the program's
 // functions become kernels of a `gpu.module`, every persistent worker is a
 // CTA, and a tile body runs on the CTA's threads. Counters live in global
-// memory and are synchronised at GPU scope: a waiting CTA has one thread
-// poll with acquire loads, a notifying CTA has one thread decrement with a
-// release atomic, and CTA barriers extend both to the other threads.
+// memory and are synchronised at GPU scope (the waits on a symmetric
+// event's counters, which other GPUs notify, at system scope): a waiting
+// CTA has one thread poll and acquire, a notifying CTA has one thread
+// decrement with a release atomic, and CTA barriers extend both to the
+// other threads.
 //
 //===----------------------------------------------------------------------===//
 
@@ -63,16 +65,21 @@ static SpinTarget gpuSpin(int64_t timeoutMs) {
 
 namespace {
 /// Lowers `event.wait` for a CTA: thread 0 polls the counter with relaxed
-/// loads at GPU scope until it is no longer positive, sleeping between polls
-/// with an exponential back-off, then issues one GPU-scope acquire fence
-/// (which makes the poll that saw the counter ready an acquire of the
-/// notifiers' releases), and a CTA barrier holds every other thread until
-/// it is done. The fence and the barrier together make the producers'
-/// writes visible to all threads of the CTA. The spin is bounded
-/// by the watchdog: it also ends when the run is stopped, or after the
-/// timeout (`%globaltimer`), when the first wait to time out writes the
-/// run header's error record. A `deferred` wait is thread 0's spin only:
-/// the `event.acquire` after the tile's waits fences and synchronises once.
+/// loads until it is no longer positive, sleeping between polls with an
+/// exponential back-off, then issues one acquire fence (which makes the
+/// poll that saw the counter ready an acquire of the notifiers' releases),
+/// and a CTA barrier holds every other thread until it is done. The fence
+/// and the barrier together make the producers' writes visible to all
+/// threads of the CTA. The polls and the fence are at `counterScope`: GPU
+/// scope, or system scope for an element of a symmetric event, which other
+/// GPUs notify (NVSHMEM atomics after their puts), since PTX orders another
+/// device's writes only at system scope. The spin is bounded by the
+/// watchdog: it also ends when the run is stopped, or after the timeout
+/// (`%globaltimer`), when the first wait to time out writes the run
+/// header's error record. A `deferred` wait is thread 0's spin only: the
+/// `event.acquire` after the tile's waits fences (at GPU scope) and
+/// synchronises once; a deferred wait on a symmetric event keeps its own
+/// system-scope fence, which that acquire does not give.
 struct WaitOpLowering : public OpConversionPattern<WaitOp> {
   using OpConversionPattern::OpConversionPattern;
 
@@ -89,10 +96,14 @@ struct WaitOpLowering : public OpConversionPattern<WaitOp> {
             [&](OpBuilder &b, Location loc) {
               WatchdogSite site = WatchdogSite::forWait(
                   b, loc, blockId(b, loc), adaptor.getSite(), adaptor.getIndices());
-              buildSpin(b, loc, *counters, *pointer, kDeviceScope,
+              StringRef scope = counterScope(op.getEvent());
+              bool system = scope != kDeviceScope;
+              buildSpin(b, loc, *counters, *pointer, scope,
                         SpinUntil::CounterReady, site,
-                        op.getDeferred() ? SpinAcquire::Deferred
-                                         : SpinAcquire::OnceDone);
+                        op.getDeferred() && !system ? SpinAcquire::Deferred
+                                                    : SpinAcquire::OnceDone,
+                        system ? StringRef(kSpinCounterSystemName)
+                               : StringRef());
             });
     if (op.getDeferred())
       rewriter.eraseOp(op);
@@ -139,7 +150,8 @@ static Value decrementAndAcquireIfLast(OpBuilder &b, Location loc,
 /// acquire fence, which turns each of those polls that saw its counter
 /// ready into an acquire of that counter's notifiers; then a CTA barrier
 /// extends what thread 0 acquired to every thread. One fence and one
-/// barrier thus serve all the tile's waits. When an `event.run_aborted`
+/// barrier thus serve all the tile's waits (a deferred wait on a symmetric
+/// event fenced at system scope itself). When an `event.run_aborted`
 /// follows (the static schedule checks the run after a tile's waits), its
 /// reducing barrier, which orders memory like `bar.sync`, is that barrier.
 struct AcquireOpLowering : public OpConversionPattern<AcquireOp> {
@@ -847,7 +859,17 @@ struct ConvertEventToGPUPass
                                     : WalkResult::advance();
                        })
                        .wasInterrupted();
-      if (spins && failed(defineSpinFunctions(kernels, gpuSpin(watchdogMs))))
+      // Waits on symmetric events spin at system scope.
+      bool systemSpins = kernels
+                             .walk([](WaitOp op) {
+                               return counterScope(op.getEvent()) !=
+                                              kDeviceScope
+                                          ? WalkResult::interrupt()
+                                          : WalkResult::advance();
+                             })
+                             .wasInterrupted();
+      if (spins && failed(defineSpinFunctions(kernels, gpuSpin(watchdogMs),
+                                              systemSpins)))
         return signalPassFailure();
     }
 

@@ -30,10 +30,7 @@ using namespace mlir;
 using namespace etc;
 using namespace etc::event;
 
-/// The scope at which the counters of `event` are synchronised: the system
-/// for a symmetric event (other GPUs notify it through NVSHMEM's atomics,
-/// after putting the data it guards), the GPU otherwise.
-static StringRef counterScope(Value event) {
+StringRef etc::counterScope(Value event) {
   auto type = dyn_cast<EventTensorType>(event.getType());
   return type && type.getSymmetric() ? kSystemScope : kDeviceScope;
 }
