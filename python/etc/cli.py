@@ -662,6 +662,7 @@ def _start_ranks(args, argv: list) -> int:
     process = subprocess.Popen(
         distributed.command(args.tensor_parallel, ["-m", "etc.cli", *argv], supervised=True),
         env=env)
+
     def terminate(*_) -> None:
         os.kill(_rank_zero(process.pid) or process.pid, signal.SIGTERM)
 

@@ -466,11 +466,12 @@ def _descendants(root: int) -> list:
     return found
 
 
-@pytest.mark.parametrize("signal_name,rank", [("SIGKILL", 0), ("SIGSTOP", 0), ("SIGTERM", None)])
+@pytest.mark.parametrize("signal_name,rank", [("SIGKILL", 0), ("SIGSTOP", 0), ("SIGKILL", 1),
+                                              ("SIGTERM", None)])
 def test_a_lost_rank_ends_the_server_with_an_error_naming_it(cli_checkpoint, signal_name,
                                                              rank):
     """`etc serve --tensor-parallel 2`, idle: rank 0 (the leader) killed,
-    or stopped (a hang). The survivor says
+    or stopped (a hang), or rank 1 (a follower) killed. The survivor says
     which rank was lost, and the whole job exits non-zero within seconds
     (a dead rank on this machine at once; a hung one after --rank-timeout
     2 s without a heartbeat), instead of waiting for it forever. SIGTERM

@@ -146,25 +146,35 @@ class _Pulse:
 
     def _beat(self):
         """Sends this rank's heartbeats and takes the peers'; returns the
-        LostRankError of a peer that died or hangs, else None."""
-        comm = self._comm
-        self._sends = [request for request in self._sends if not request.Test()]
-        for peer in self._peers:
-            self._sends.append(comm.isend(False, dest=peer, tag=HEARTBEAT_TAG))
-        now = time.monotonic()
-        for peer in self._peers:
-            while comm.iprobe(source=peer, tag=HEARTBEAT_TAG):
-                if comm.recv(source=peer, tag=HEARTBEAT_TAG):
-                    self._closed.add(peer)  # its last: it is stopping
-                self._heard[peer] = now
+        LostRankError of a peer that died or hangs, else None. A peer on
+        this host is checked first: sending to a dead one can make MPI end
+        this process before it says which rank was lost."""
         for peer in self._peers:
             pid = self._pids.get(peer)
-            state = None if pid is None else _process_state(pid)
-            if pid is not None and state in (None, "Z", "X"):
+            if pid is not None and _process_state(pid) in (None, "Z", "X"):
                 return LostRankError(f"{self._what(peer)} died (process {pid} is gone)", peer)
+        comm = self._comm
+        try:
+            self._sends = [request for request in self._sends if not request.Test()]
+            for peer in self._peers:
+                self._sends.append(comm.isend(False, dest=peer, tag=HEARTBEAT_TAG))
+            now = time.monotonic()
+            for peer in self._peers:
+                while comm.iprobe(source=peer, tag=HEARTBEAT_TAG):
+                    if comm.recv(source=peer, tag=HEARTBEAT_TAG):
+                        self._closed.add(peer)  # its last: it is stopping
+                    self._heard[peer] = now
+        except Exception as error:  # noqa: BLE001 - MPI's report of a lost peer
+            peer = self._peers[0] if len(self._peers) == 1 else None
+            who = self._what(peer) if peer is not None else "a rank"
+            return LostRankError(f"{who} is lost: MPI failed to reach it ({error})",
+                                 -1 if peer is None else peer)
+        for peer in self._peers:
             silent = now - self._heard[peer]
             if silent > self._timeout:
-                stopped = " (its process is stopped)" if state == "T" else ""
+                pid = self._pids.get(peer)
+                stopped = " (its process is stopped)" if pid is not None and \
+                    _process_state(pid) == "T" else ""
                 return LostRankError(f"{self._what(peer)} sent no heartbeat for {silent:.1f} s"
                                      f"{stopped}: it hangs or died", peer)
         return None
