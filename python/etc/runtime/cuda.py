@@ -151,26 +151,41 @@ def _check(driver, what: str, result):
     return values[0] if len(values) == 1 else values
 
 
+class JITLogs:
+    """The driver JIT's info and error log buffers, and the options
+    (`keys`, `values`) that hand them to cuModuleLoadDataEx or cuLinkCreate."""
+
+    def __init__(self, driver):
+        self.info, self.errors = bytearray(JIT_LOG_BYTES), bytearray(JIT_LOG_BYTES)
+        option = driver.CUjit_option
+        options = {option.CU_JIT_INFO_LOG_BUFFER: self.info,
+                   option.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: JIT_LOG_BYTES,
+                   option.CU_JIT_ERROR_LOG_BUFFER: self.errors,
+                   option.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: JIT_LOG_BYTES,
+                   option.CU_JIT_LOG_VERBOSE: 1}
+        self.keys, self.values = list(options), list(options.values())
+
+    @staticmethod
+    def text(log: bytearray) -> str:
+        return bytes(log).split(b"\0", 1)[0].decode(errors="replace").strip()
+
+    def error_text(self) -> str:
+        return self.text(self.errors) or "(nothing)"
+
+
 def load_module(driver, ptx: str):
     """The module of `ptx`, JIT-compiled by the driver (cuModuleLoadDataEx),
     and the JIT's info log (ptxas's registers and spills per kernel).
     Raises RuntimeError with the JIT's error log when the driver refuses."""
     image = ctypes.create_string_buffer(ptx.encode())  # NUL-terminated
-    info, errors = bytearray(JIT_LOG_BYTES), bytearray(JIT_LOG_BYTES)
-    option = driver.CUjit_option
-    options = {option.CU_JIT_INFO_LOG_BUFFER: info,
-               option.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: JIT_LOG_BYTES,
-               option.CU_JIT_ERROR_LOG_BUFFER: errors,
-               option.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: JIT_LOG_BYTES,
-               option.CU_JIT_LOG_VERBOSE: 1}
-    result = driver.cuModuleLoadDataEx(ctypes.addressof(image), len(options), list(options),
-                                       list(options.values()))
-    text = lambda log: bytes(log).split(b"\0", 1)[0].decode(errors="replace").strip()
+    logs = JITLogs(driver)
+    result = driver.cuModuleLoadDataEx(ctypes.addressof(image), len(logs.keys), logs.keys,
+                                       logs.values)
     if result[0] != driver.CUresult.CUDA_SUCCESS:
         raise DriverJITError(f"cuModuleLoadDataEx (driver JIT of the PTX) failed: "
                            f"{_error_name(driver, result[0])}; the JIT says:\n"
-                           f"{text(errors) or '(nothing)'}")
-    return result[1], text(info)
+                           f"{logs.error_text()}")
+    return result[1], logs.text(logs.info)
 
 
 def stream_handle(stream) -> int:

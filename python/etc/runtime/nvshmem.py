@@ -57,7 +57,7 @@ import numpy as np
 from . import layout
 from .abi import KernelABI
 from .cpu import _STORAGE
-from .cuda import (CACHED_SIZES, CHECK_THREADS, INIT_THREADS, JIT_LOG_BYTES, CUDARuntime,
+from .cuda import (CACHED_SIZES, CHECK_THREADS, INIT_THREADS, CUDARuntime, JITLogs,
                    DeviceArray, DriverJITError, _check,
                    _error_name, _Workspace, stream_handle)
 from .distributed import DistributedError, Meetings
@@ -173,16 +173,9 @@ def link_with_driver(driver, ptx: str, library_ptx: str) -> tuple[bytes, str]:
     """The kernel PTX and NVSHMEM's device library PTX linked by the driver's
     JIT linker into a cubin for the current device, and the linker's info
     log. Raises DriverJITError with its error log when it refuses."""
-    info, errors = bytearray(JIT_LOG_BYTES), bytearray(JIT_LOG_BYTES)
-    option = driver.CUjit_option
-    options = {option.CU_JIT_INFO_LOG_BUFFER: info,
-               option.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: JIT_LOG_BYTES,
-               option.CU_JIT_ERROR_LOG_BUFFER: errors,
-               option.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: JIT_LOG_BYTES,
-               option.CU_JIT_LOG_VERBOSE: 1}
-    text = lambda log: bytes(log).split(b"\0", 1)[0].decode(errors="replace").strip()
+    logs = JITLogs(driver)
     state = _check(driver, "cuLinkCreate",
-                   driver.cuLinkCreate(len(options), list(options), list(options.values())))
+                   driver.cuLinkCreate(len(logs.keys), logs.keys, logs.values))
     try:
         for name, source in ((b"kernel.ptx", ptx), (b"nvshmem.ptx", library_ptx)):
             image = ctypes.create_string_buffer(source.encode())  # NUL-terminated
@@ -191,16 +184,16 @@ def link_with_driver(driver, ptx: str, library_ptx: str) -> tuple[bytes, str]:
             if err != driver.CUresult.CUDA_SUCCESS:
                 raise DriverJITError(f"cuLinkAddData ({name.decode()}) failed: "
                                    f"{_error_name(driver, err)}; the JIT says:\n"
-                                   f"{text(errors) or '(nothing)'}")
+                                   f"{logs.error_text()}")
         result = driver.cuLinkComplete(state)
         if result[0] != driver.CUresult.CUDA_SUCCESS:
             raise DriverJITError(f"cuLinkComplete (linking with NVSHMEM's device library) failed: "
                                f"{_error_name(driver, result[0])}; the linker says:\n"
-                               f"{text(errors) or '(nothing)'}")
+                               f"{logs.error_text()}")
         cubin = ctypes.string_at(int(result[1]), int(result[2]))
     finally:
         driver.cuLinkDestroy(state)
-    return cubin, text(info)
+    return cubin, logs.text(logs.info)
 
 
 class _SymmetricWorkspace(_Workspace):
