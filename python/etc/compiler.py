@@ -139,7 +139,7 @@ def default_workers(target: str) -> int:
 
 
 def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
-            workers: int | None = None, policy: str = "round-robin", chip: str = "sm_90a",
+            workers: int | None = None, policy: str | None = None, chip: str = "sm_90a",
             trace: bool = False, watchdog: float = 5.0,
             kernels: str = "native", prefetch: bool | None = None) -> CompiledKernel:
     """Compiles `graph` into one persistent program for `target`.
@@ -164,6 +164,12 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
     L2; None turns it on for CUDA kernels.
 
     `workers=None` is one CPU thread per usable core (`default_workers`).
+
+    `policy` (static schedule, and the graphs "auto" schedules statically):
+    how the workers share the global tile order: "claim" (the next tile
+    from a shared counter: a descheduled worker holds back one tile) or
+    "round-robin" (tile t on worker t mod W); None: "claim" on the CPU,
+    "round-robin" on CUDA.
     """
     if workers is None:
         workers = default_workers(target)

@@ -19,7 +19,7 @@ from mlir.passmanager import PassManager
 
 TARGETS = ("cpu", "cuda")
 SCHEDULES = ("static", "dynamic", "auto")
-POLICIES = ("round-robin",)
+POLICIES = ("round-robin", "claim")
 KERNELS = ("native", "cuda")
 #: The stages of the pipeline, in order, as `CompiledKernel.ir(stage)` names them.
 STAGES = ("graph", "event", "scheduled", "lowered")
@@ -32,7 +32,14 @@ class Options:
     target: str = "cpu"
     schedule: str = "static"
     workers: int = 4
-    policy: str = "round-robin"
+    #: How the static schedule shares the global tile order among the
+    #: workers (`event-static-schedule`'s `policy`): "claim" (each worker
+    #: claims the next tile from a shared counter, so a worker that the
+    #: operating system deschedules holds back one tile) or "round-robin"
+    #: (tile t on worker t mod W). None: "claim" on the CPU, where threads
+    #: share cores with everything else; "round-robin" on CUDA, where a
+    #: claim costs the CTA two barriers per tile.
+    policy: str | None = None
     chip: str = "sm_90a"
     #: Record a trace of every run (`kernel.trace`).
     trace: bool = False
@@ -54,8 +61,11 @@ class Options:
         if self.schedule not in SCHEDULES:
             raise ValueError(
                 f"schedule={self.schedule!r} is not supported; expected one of {SCHEDULES}")
+        if self.policy is None:
+            object.__setattr__(self, "policy", "claim" if self.target == "cpu" else "round-robin")
         if self.policy not in POLICIES:
-            raise ValueError(f"policy={self.policy!r} is not supported; expected one of {POLICIES}")
+            raise ValueError(f"policy={self.policy!r} is not supported; expected one of {POLICIES} "
+                             "or None")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ValueError(f"workers={self.workers!r} must be a positive integer")
         if not isinstance(self.trace, bool):
@@ -123,7 +133,7 @@ def schedule_pipeline(options: Options) -> str:
         return ("builtin.module(event.graph(event-check-schedule{static-order=false}),"
                 f"event-dynamic-schedule{{workers={options.workers}{trace}}})")
     return ("builtin.module(event-dynamic-schedule{"
-            f"workers={options.workers} auto=true{trace}{prefetch}}})")
+            f"workers={options.workers} auto=true policy={options.policy}{trace}{prefetch}}})")
 
 
 def lowering_pipeline(options: Options) -> str:

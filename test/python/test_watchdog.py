@@ -26,13 +26,16 @@ from families import HANG, hang_signature  # noqa: E402
 SIGNATURE = hang_signature()
 
 
-def hanging_kernel(schedule: str, watchdog: float, target: str = "cpu", workers: int = 2):
-    """The HANG program, scheduled without the schedule check."""
-    options = pipeline.Options(target=target, workers=workers, watchdog=watchdog)
+def hanging_kernel(schedule: str, watchdog: float, target: str = "cpu", workers: int = 2,
+                   policy: str | None = None):
+    """The HANG program, scheduled without the schedule check (the static
+    schedule under `policy`, by default the target's)."""
+    options = pipeline.Options(target=target, workers=workers, watchdog=watchdog, policy=policy)
     module = ir.Module.parse(HANG, ir.Context())
     scheduler = {"static": "event-static-schedule", "dynamic": "event-dynamic-schedule"}[schedule]
+    chosen = f" policy={options.policy}" if schedule == "static" else ""
     pipeline.run_stage(module, "scheduled",
-                       f"builtin.module({scheduler}{{workers={workers} check=false}})")
+                       f"builtin.module({scheduler}{{workers={workers} check=false{chosen}}})")
     return compile_module(module, SIGNATURE, options, stage="scheduled")
 
 
@@ -55,10 +58,13 @@ def with_spin(kernel, spin):
 
 @pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize("spin", SPINS)
-def test_a_missing_notify_raises_within_the_timeout(workers, spin):
+@pytest.mark.parametrize("policy", pipeline.POLICIES)
+def test_a_missing_notify_raises_within_the_timeout(workers, spin, policy):
     """Whether the waits poll or block (futex waits bounded by the time
-    left), the first to time out stops the run."""
-    kernel = with_spin(hanging_kernel("static", watchdog=0.4, workers=workers), spin)
+    left), and whether the workers take the tiles round-robin or claim
+    them, the first to time out stops the run."""
+    kernel = with_spin(hanging_kernel("static", watchdog=0.4, workers=workers, policy=policy),
+                       spin)
     start = time.monotonic()
     with pytest.raises(layout.WatchdogError) as caught:
         kernel.run(x=np.arange(6, dtype=np.float32))

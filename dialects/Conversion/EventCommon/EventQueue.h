@@ -14,6 +14,13 @@
 
 namespace etc {
 
+/// Builds `event.claim`: a relaxed atomic increment of i32 element `index`
+/// (an index) of `counters`, returning the value it held before as an index.
+/// Atomics use `syncScope` ("" for the system).
+mlir::Value buildClaim(mlir::OpBuilder &builder, mlir::Location loc,
+                       mlir::Value counters, mlir::Value index,
+                       llvm::StringRef syncScope);
+
 /// Builds a push of `task` into the queue at word `queue` of `counters`:
 /// a relaxed atomic increment of the tail reserves slot `s`; if
 /// `s < capacity`, a release store publishes `task + 1` into it, otherwise

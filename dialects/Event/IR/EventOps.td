@@ -772,6 +772,31 @@ def Event_QueueTryPopOp : Event_Op<"queue_try_pop"> {
   let hasVerifier = 1;
 }
 
+def Event_ClaimOp : Event_Op<"claim"> {
+  let summary = "Claims the next number of a shared counter";
+  let description = [{
+    Adds 1 to element `index` of the counter buffer atomically and returns
+    the value it held before: each call in the program, on any worker, gets
+    a different number, counting up from the value the owner stored there
+    (0 for the static schedule's `policy=claim`, whose workers claim global
+    tile indices in increasing order). The increment orders no other memory
+    access (relaxed): whatever the claimed work needs must be published by
+    events. The value must stay below 2^31 - 1.
+
+    On targets where a worker is a group of lanes (a CTA), one lane claims
+    and the number is shared with the others.
+
+    ```mlir
+    %t = event.claim %counters[%next] : memref<?xi32>
+    ```
+  }];
+  let arguments = (ins MemRefRankOf<[I32], [1]>:$counters, Index:$index);
+  let results = (outs Index:$claimed);
+  let assemblyFormat = [{
+    $counters `[` $index `]` attr-dict `:` type($counters)
+  }];
+}
+
 def Event_TestOp : Event_Op<"test"> {
   let summary = "Whether an event element is ready, without waiting";
   let description = [{

@@ -174,7 +174,15 @@ def EventStaticSchedule : Pass<"event-static-schedule", "::mlir::ModuleOp"> {
       `scf.index_switch` on the task's family, and in each case one
       `scf.for` from o_k + ((w - o_k) mod W) with step W, each iteration
       waiting on the tile's wait elements, running the tile, then notifying
-      its notify elements. A tile of a task with live bounds does all this
+      its notify elements. Under `policy=claim` the workers share one
+      counter, the word right after the event counters (`@g_init` zeroes
+      it): each worker claims the next global tile t with `event.claim`,
+      and the loop over the tasks carries o_k and t, running tile t - o_k
+      and claiming again (an `scf.while`) while t lies in task k. Tiles are
+      claimed in increasing order, so the order argument against deadlock
+      holds as for round-robin, and a worker that the operating system
+      deschedules holds back the one tile it claimed, where under
+      round-robin every W-th tile waits for it. A tile of a task with live bounds does all this
       only when it is live (`scf.if` on the bounds, read through the
       record's index buffers); a dead tile keeps its place in the order,
       so the deadlock argument is unchanged. With `prefetch`, a tile that
@@ -253,8 +261,9 @@ def EventStaticSchedule : Pass<"event-static-schedule", "::mlir::ModuleOp"> {
            "Number of persistent workers the program is launched with, "
            "recorded as `event.workers`; 0 lets the runtime decide">,
     Option<"policy", "policy", "std::string", /*default=*/"\"round-robin\"",
-           "How global task indices map to workers; supported: round-robin "
-           "(global task t runs on worker t mod W)">,
+           "How global tiles map to workers; supported: round-robin "
+           "(global tile t runs on worker t mod W), claim (each worker "
+           "claims the next global tile from a shared counter)">,
     Option<"trace", "trace", "bool", /*default=*/"false",
            "Record, for every tile task, its worker, task, tile and the times "
            "after its waits and before its notifies in trace records">,
@@ -424,6 +433,9 @@ def EventDynamicSchedule : Pass<"event-dynamic-schedule", "::mlir::ModuleOp"> {
     Option<"check", "check", "bool", /*default=*/"true",
            "Prove the graph acyclic and balanced first; false only to test "
            "how the runtime's watchdog reports unsafe programs">,
+    Option<"policy", "policy", "std::string", /*default=*/"\"round-robin\"",
+           "With `auto`, the policy of the graphs scheduled statically (as "
+           "event-static-schedule: round-robin or claim)">,
     Option<"prefetch", "prefetch", "bool", /*default=*/"false",
            "With `auto`, the graphs scheduled statically prefetch their "
            "tiles' weight boxes before their waits (as "

@@ -426,12 +426,26 @@ protected:
   llvm::SmallVector<TaskOp> tasks;
 };
 
+/// How the static schedule's workers share the global tile order.
+enum class StaticPolicy {
+  /// Worker w of W runs the global tiles t with t mod W == w.
+  RoundRobin,
+  /// Each worker claims the next global tile from a shared counter.
+  Claim,
+};
+
+/// The policy that `policy=` option text names, or failure.
+mlir::FailureOr<StaticPolicy> parseStaticPolicy(llvm::StringRef text);
+
+/// The `policy=` values `parseStaticPolicy` accepts, for error messages.
+inline constexpr llvm::StringLiteral kStaticPolicies = "round-robin, claim";
+
 /// Inserts the static schedule of the planned graph (the tables and
-/// functions `event-static-schedule` documents, round-robin policy) at
-/// `builder`, leaving the graph itself in place. The graph must have passed
-/// `checkSchedule`.
+/// functions `event-static-schedule` documents) at `builder`, leaving the
+/// graph itself in place. The graph must have passed `checkSchedule`.
 void buildStaticSchedule(mlir::OpBuilder &builder, const GraphPlan &plan,
-                         int64_t workers, bool trace = false);
+                         int64_t workers, bool trace = false,
+                         StaticPolicy policy = StaticPolicy::RoundRobin);
 
 
 /// Fails with an error when a symbol the schedulers need for a graph of

@@ -24,16 +24,23 @@ static Value constantIndex(OpBuilder &b, Location loc, int64_t value) {
   return arith::ConstantIndexOp::create(b, loc, value);
 }
 
+Value etc::buildClaim(OpBuilder &b, Location loc, Value counters, Value index,
+                      StringRef syncScope) {
+  Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
+  Value previous = LLVM::AtomicRMWOp::create(
+      b, loc, LLVM::AtomicBinOp::add, getCounterPointer(b, loc, counters, index),
+      one, LLVM::AtomicOrdering::monotonic, syncScope, /*alignment=*/4);
+  return arith::IndexCastUIOp::create(b, loc, b.getIndexType(), previous);
+}
+
 /// Atomically adds 1 to the i32 header word `word` and returns its old value
 /// as an index. Relaxed: the slot's release/acquire pair synchronises.
 static Value claim(OpBuilder &b, Location loc, Value counters, Value queueStart,
                    int64_t word, StringRef syncScope) {
-  Value one = arith::ConstantIntOp::create(b, loc, 1, 32);
-  Value previous = LLVM::AtomicRMWOp::create(
-      b, loc, LLVM::AtomicBinOp::add,
-      queueWord(b, loc, counters, queueStart, constantIndex(b, loc, word)), one,
-      LLVM::AtomicOrdering::monotonic, syncScope, /*alignment=*/4);
-  return arith::IndexCastUIOp::create(b, loc, b.getIndexType(), previous);
+  return buildClaim(
+      b, loc, counters,
+      arith::AddIOp::create(b, loc, queueStart, constantIndex(b, loc, word)),
+      syncScope);
 }
 
 /// The address of slot `slot` (an index).

@@ -339,6 +339,19 @@ struct QueueTryPopOpLowering : public OpConversionPattern<QueueTryPopOp> {
   }
 };
 
+/// Lowers `event.claim` to a relaxed `atomicrmw add` of 1 on the element.
+struct ClaimOpLowering : public OpConversionPattern<ClaimOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(ClaimOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    rewriter.replaceOp(op, buildClaim(rewriter, op.getLoc(),
+                                      adaptor.getCounters(), adaptor.getIndex(),
+                                      /*syncScope=*/StringRef()));
+    return success();
+  }
+};
+
 /// Lowers `event.test` to an acquire load of the counter compared with 0.
 struct TestOpLowering : public OpConversionPattern<TestOp> {
   using OpConversionPattern::OpConversionPattern;
@@ -537,7 +550,8 @@ void etc::populateEventToCPUConversionPatterns(
                RunAbortedOpLowering, TraceBeginOpLowering, TraceEndOpLowering,
                LaneQueryLowering<LaneIdOp, 0>, LaneQueryLowering<LaneCountOp, 1>,
                EraseLowering<LaneBarrierOp>, EraseLowering<PrefetchOp>, LaneReduceLowering,
-               ScratchLowering, QueueTryPopOpLowering, TestOpLowering>(
+               ScratchLowering, QueueTryPopOpLowering, TestOpLowering,
+               ClaimOpLowering>(
       typeConverter, patterns.getContext());
   patterns.add<IdleOpLowering>(typeConverter, patterns.getContext(),
                                watchdogMs);

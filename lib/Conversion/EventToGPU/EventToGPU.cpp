@@ -520,6 +520,40 @@ struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
   }
 };
 
+/// Lowers `event.claim` for a CTA: after a barrier (the broadcast word is
+/// free), thread 0 increments the element (relaxed, GPU scope) and writes
+/// the old value to the broadcast word; a second barrier hands it to every
+/// thread, so the whole CTA runs the same claimed tile.
+struct ClaimOpLowering : public OpConversionPattern<ClaimOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult
+  matchAndRewrite(ClaimOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    FailureOr<Value> word = broadcastWord(rewriter, op);
+    if (failed(word))
+      return failure();
+    Location loc = op.getLoc();
+    Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
+    gpu::BarrierOp::create(rewriter, loc);
+    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+            [&](OpBuilder &b, Location loc) {
+              Value claimed =
+                  buildClaim(b, loc, adaptor.getCounters(), adaptor.getIndex(),
+                             kDeviceScope);
+              memref::StoreOp::create(
+                  b, loc,
+                  arith::IndexCastUIOp::create(b, loc, b.getI32Type(), claimed),
+                  *word, ValueRange{zero});
+            });
+    gpu::BarrierOp::create(rewriter, loc);
+    Value claimed =
+        memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
+    rewriter.replaceOpWithNewOp<arith::IndexCastUIOp>(
+        op, rewriter.getIndexType(), claimed);
+    return success();
+  }
+};
+
 /// Lowers `event.run_aborted` for a CTA: thread 0 loads the run's status
 /// word (relaxed, GPU scope), and one `bar.red.or` hands whether the run
 /// stopped to every thread, so the whole CTA takes the same branch.
@@ -600,7 +634,8 @@ void etc::populateEventToGPUConversionPatterns(
                IndexQueryLowering<LaneIdOp, gpu::ThreadIdOp>,
                IndexQueryLowering<LaneCountOp, gpu::BlockDimOp>,
                LaneBarrierLowering, LaneReduceLowering, ScratchLowering,
-               NotifyReadyOpLowering, QueuePushOpLowering, PrefetchOpLowering>(
+               NotifyReadyOpLowering, QueuePushOpLowering, PrefetchOpLowering,
+               ClaimOpLowering>(
       typeConverter, patterns.getContext());
 }
 
@@ -612,7 +647,7 @@ void etc::populateEventToGPUConversionPatterns(
 /// something when every CTA runs the function.
 static bool isWorkerOp(Operation *op) {
   return isa<WorkerIdOp, WorkerCountOp, WaitOp, AcquireOp, NotifyOp, ReleaseOp,
-             NotifyReadyOp, QueuePopOp, QueueTryPopOp, TestOp, IdleOp,
+             NotifyReadyOp, QueuePopOp, QueueTryPopOp, ClaimOp, TestOp, IdleOp,
              LaneIdOp, LaneCountOp, LaneBarrierOp, RunAbortedOp, TraceBeginOp,
              TraceEndOp>(op);
 }
@@ -623,7 +658,8 @@ static bool isWorkerOp(Operation *op) {
 static bool needsBroadcastWord(gpu::GPUFuncOp kernel) {
   return kernel
       .walk([](Operation *op) {
-        return isa<QueuePopOp, QueueTryPopOp>(op) ? WalkResult::interrupt()
+        return isa<QueuePopOp, QueueTryPopOp, ClaimOp>(op)
+                   ? WalkResult::interrupt()
                                                   : WalkResult::advance();
       })
       .wasInterrupted();

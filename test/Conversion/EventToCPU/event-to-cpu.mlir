@@ -439,3 +439,18 @@ func.func @polling(%counters: memref<?xi32>, %n: index, %since: i64) -> (index, 
   %other = event.idle %counters since(%since) : memref<?xi32>
   return %t, %ready, %start, %other : index, i1, i64, i64
 }
+
+// -----
+
+// event.claim: a relaxed atomic increment of the element; its old value is
+// the claimed number.
+// CHECK-LABEL: func.func @claim(
+// CHECK:         %[[ONE:.*]] = arith.constant 1 : i32
+// CHECK:         %[[PTR:.*]] = llvm.getelementptr
+// CHECK:         %[[OLD:.*]] = llvm.atomicrmw add %[[PTR]], %[[ONE]] monotonic {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK:         %[[T:.*]] = arith.index_castui %[[OLD]] : i32 to index
+// CHECK:         return %[[T]] : index
+func.func @claim(%counters: memref<?xi32>, %next: index) -> index {
+  %t = event.claim %counters[%next] : memref<?xi32>
+  return %t : index
+}

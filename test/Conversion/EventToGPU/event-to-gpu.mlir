@@ -594,7 +594,7 @@ func.func @d_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph
 // CHECK-NEXT:      llvm.fence syncscope("device") acquire
 // CHECK-NEXT:    {{^ *}}}{{$}}
 // CHECK-NEXT:    scf.if %[[MINE]] {
-// CHECK-NEXT:      arith.constant 1 : i32
+// CHECK:           arith.constant 1 : i32
 // CHECK:           llvm.atomicrmw add
 // CHECK:           llvm.store %{{.*}}, %{{.*}} atomic syncscope("device") release
 // CHECK:         gpu.return

@@ -122,3 +122,32 @@ func.func @g_worker(%counters: memref<?xi32>, %since: i64)
   memref.store %v, %counters[%c0] : memref<?xi32>
   return
 }
+
+// -----
+
+// event.claim (the static schedule's policy=claim): between two barriers,
+// thread 0 increments the element relaxed at GPU scope and hands the old
+// value to every thread through the broadcast word.
+
+// CHECK-LABEL: gpu.func @g_worker(
+// CHECK-SAME:      %[[COUNTERS:[^:]*]]: memref<?xi32>, %[[NEXT:[^:]*]]: index)
+// CHECK-SAME:      workgroup(%[[WORD:.*]] : memref<1xi32, #gpu.address_space<workgroup>>)
+// CHECK:         gpu.barrier
+// CHECK:         scf.if
+// CHECK:           %[[OLD:.*]] = llvm.atomicrmw add %{{.*}}, %{{.*}} syncscope("device") monotonic {alignment = 4 : i64} : !llvm.ptr, i32
+// CHECK:           %[[T:.*]] = arith.index_castui %[[OLD]] : i32 to index
+// CHECK:           %[[T32:.*]] = arith.index_castui %[[T]] : index to i32
+// CHECK:           memref.store %[[T32]], %[[WORD]][%{{.*}}] : memref<1xi32, #gpu.address_space<workgroup>>
+// CHECK:         gpu.barrier
+// CHECK:         %[[GOT:.*]] = memref.load %[[WORD]][%{{.*}}] : memref<1xi32, #gpu.address_space<workgroup>>
+// CHECK:         arith.index_castui %[[GOT]] : i32 to index
+// CHECK-NOT:     event.claim
+
+func.func @g_worker(%counters: memref<?xi32>, %next: index)
+    attributes {event.graph = "g", event.schedule = "static", event.workers = 2 : i64} {
+  %t = event.claim %counters[%next] : memref<?xi32>
+  %c0 = arith.constant 0 : index
+  %v = arith.index_cast %t : index to i32
+  memref.store %v, %counters[%c0] : memref<?xi32>
+  return
+}

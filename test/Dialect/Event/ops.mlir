@@ -301,3 +301,13 @@ func.func @remote_notify(%counters: memref<?xi32>, %n: index, %t: index, %r: ind
   event.remote_notify %e[%t] rank(%r) : !event.tensor<?, symmetric>
   return
 }
+
+// -----
+
+// The static schedule's claim of the next global tile (policy=claim).
+// CHECK-LABEL: func.func @claim
+// CHECK:         %{{.*}} = event.claim %{{.*}}[%{{.*}}] : memref<?xi32>
+func.func @claim(%counters: memref<?xi32>, %next: index) -> index {
+  %t = event.claim %counters[%next] : memref<?xi32>
+  return %t : index
+}

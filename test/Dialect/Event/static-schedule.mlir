@@ -2,7 +2,7 @@
 // RUN: not etc-opt %s -allow-unregistered-dialect -split-input-file -event-static-schedule=policy=greedy 2>&1 | FileCheck %s --check-prefix=POLICY
 // RUN: etc-opt %s -allow-unregistered-dialect -split-input-file -event-static-schedule="workers=4 trace=true" -verify-diagnostics | FileCheck %s --check-prefix=TRACE --enable-var-scope
 
-// POLICY: error: event-static-schedule: unsupported policy 'greedy'; supported policies: round-robin
+// POLICY: error: event-static-schedule: unsupported policy 'greedy'; supported policies: round-robin, claim
 
 // Two tasks joined by one counted event per row block. The program takes
 // the symbol, the buffer table and the counter buffer; the task tables say

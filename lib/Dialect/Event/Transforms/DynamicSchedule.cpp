@@ -1562,6 +1562,13 @@ struct EventDynamicSchedulePass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    FailureOr<StaticPolicy> staticPolicy = parseStaticPolicy(policy);
+    if (failed(staticPolicy)) {
+      module.emitError("event-dynamic-schedule: unsupported policy '")
+          << policy << "' for the statically scheduled graphs; supported "
+          << "policies: " << kStaticPolicies;
+      return signalPassFailure();
+    }
     SmallVector<std::pair<GraphOp, bool>> graphs;
     for (GraphOp graph : module.getOps<GraphOp>()) {
       if (check && failed(checkSchedule(graph, /*requireStaticOrder=*/false)))
@@ -1603,7 +1610,7 @@ struct EventDynamicSchedulePass
       if (scheduled.second)
         DynamicScheduler(plan, workers, forceIndex, trace).build(builder);
       else
-        buildStaticSchedule(builder, plan, workers, trace);
+        buildStaticSchedule(builder, plan, workers, trace, *staticPolicy);
       plan.graph->erase();
     }
   }
