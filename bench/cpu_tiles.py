@@ -11,7 +11,9 @@ median times (after a warm-up) and the ETC / NumPy ratio.
 
 `--after-numpy` also times each ETC run right after a NumPy product, while
 OpenBLAS's threads still spin (the CPU runtime must not lose its speed to
-them).
+them). They spin for about 0.1 s after each product; with
+OPENBLAS_THREAD_TIMEOUT=4 in the environment (read when NumPy loads
+OpenBLAS) they sleep at once, and the header line says which was measured.
 
 Usage: .venv/bin/python bench/cpu_tiles.py [--workers 2] [--repeats 21] [--layout kn|nk]
        [--after-numpy]
@@ -82,7 +84,8 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, "
           f"Python {platform.python_version()}, NumPy {np.__version__}; "
           f"workers={args.workers}, repeats={args.repeats} x {args.rounds} rounds, "
-          f"layout={args.layout}")
+          f"layout={args.layout}, OPENBLAS_THREAD_TIMEOUT="
+          f"{os.environ.get('OPENBLAS_THREAD_TIMEOUT', 'unset')}")
     transposed = args.layout == "nk"
 
     rng = np.random.default_rng(0)
