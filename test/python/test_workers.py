@@ -310,7 +310,8 @@ def test_the_threads_that_start_runs_are_not_others(monkeypatch):
     """A thread that starts runs waits while they run: its own work between
     runs (a compile, a step's host work) is not load that takes cores from
     the workers, also after the thread has ended; and a sample older than
-    MAX_AGE starts a new window instead of averaging over the gap."""
+    MAX_AGE starts a new window instead of averaging over the gap, and the
+    last measurement stands until that window ends."""
     pool = workers._Pool()
     busy, clock = [10.0], [100.0]
     monkeypatch.setattr(workers.time, "monotonic", lambda: clock[0])
@@ -348,5 +349,8 @@ def test_the_threads_that_start_runs_are_not_others(monkeypatch):
     clock[0], busy[0] = 101.5, 10.5 + used  # half a core of someone else's work
     pool.others.busy([0, 1])
     assert pool.others.cores == pytest.approx(1.0, abs=0.02)
-    clock[0], busy[0] = 110.0, 20.0  # 8.5 s later: a new window, load unknown
-    assert not pool.others.busy([0, 1]) and pool.others.cores == 0.0
+    clock[0], busy[0] = 110.0, 20.0  # 8.5 s later: a new window, not averaged over the gap;
+    assert pool.others.busy([0, 1])  # the last measurement stands until it ends
+    assert pool.others.cores == pytest.approx(1.0, abs=0.02)
+    clock[0] = 110.5  # nobody else worked in it
+    assert not pool.others.busy([0, 1]) and pool.others.cores == pytest.approx(0.0, abs=0.02)
