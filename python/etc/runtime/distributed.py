@@ -240,6 +240,26 @@ class Meetings:
     def _barrier(self, what: str, timeout: float | None = None) -> None:
         self._wait(self.comm.Ibarrier(), what, timeout)
 
+    def _finish(self, header: np.ndarray) -> None:
+        """After this rank's workers have finished: checks its run header,
+        then meets the others (every put into this rank is complete once
+        every rank has finished). A watchdog error of this rank is raised
+        rather than the meeting's: it names the stuck task, and it is why
+        the others do not meet."""
+        local_error = None
+        try:
+            layout.check_header(self.abi, header)
+        except layout.WatchdogError as error:
+            local_error = error
+        try:
+            self._barrier(f"finish a run of {self.abi.name}")
+        except DistributedError:
+            if local_error is not None:
+                raise local_error from None
+            raise
+        if local_error is not None:
+            raise local_error
+
 
 class DistributedCPURuntime(Meetings, CPURuntime):
     """Runs one rank's copy of a program compiled for `abi.extra["ranks"]`
@@ -341,21 +361,7 @@ class DistributedCPURuntime(Meetings, CPURuntime):
             workspace.header[layout.STATUS_WORD] = layout.INTERRUPTED
             run.finish()
             raise
-        local_error = None
-        try:
-            layout.check_header(self.abi, workspace.header)
-        except layout.WatchdogError as error:
-            local_error = error
-        # Every put into this rank is complete once every rank has finished.
-        try:
-            self._barrier(f"finish a run of {self.abi.name}")
-        except DistributedError:
-            if local_error is not None:
-                raise local_error from None
-            raise
-        if local_error is not None:
-            self._failed = str(local_error)
-            raise local_error
+        self._finish(workspace.header)
         workspace.window.Sync()
         layout.check_status(self.abi, self._functions["check"](*args, workspace.counters_arg))
         return outputs

@@ -425,20 +425,7 @@ class NVSHMEMRuntime(Meetings, CUDARuntime):
         _check(driver, "cuMemcpyDtoH", driver.cuMemcpyDtoH(
             header.ctypes.data, launch.counters.pointer + (launch.count - layout.HEADER_WORDS) * 4,
             header.nbytes))
-        local_error = None
-        try:
-            layout.check_header(self.abi, header)
-        except layout.WatchdogError as error:
-            local_error = error
-        # Every put into this rank is complete once every rank has finished.
-        try:
-            self._barrier(f"finish a run of {self.abi.name}")
-        except DistributedError:
-            if local_error is not None:
-                raise local_error from None
-            raise
-        if local_error is not None:
-            raise local_error
+        self._finish(header)
         self._launch(self._check_kernel, (1, CHECK_THREADS), parameters["check"], handle)
         launch.check(handle)
         for arg in self.arguments:
