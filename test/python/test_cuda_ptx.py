@@ -113,6 +113,21 @@ def test_dynamic_worker_broadcasts_popped_tasks_through_shared_memory():
     assert "atom.global.add.u32" in worker
 
 
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_a_static_worker_under_policy_claim_assembles(chip, tmp_path):
+    """policy=claim on CUDA (round-robin is its default): thread 0 claims
+    the next tile with a GPU-scope atomic add and hands it to the CTA
+    through shared memory."""
+    g = _mlp()
+    ptx = etc.compile(g, target="cuda", chip=chip, policy="claim").ptx
+    worker = _entry(ptx, f"{g.name}_worker")
+    assert re.search(r"\.shared \.align 4 \.u32 \S+;", ptx)
+    assert "atom.global.add.u32" in worker or "atom.add.u32" in worker
+    assert "st.shared.b32" in worker and "ld.shared.b32" in worker
+    assemble(ptx, chip, tmp_path)
+
+
 def test_kernel_parameters_follow_the_memref_descriptor_expansion():
     # One index symbol, then the buffer table (a rank-1 memref: 5 64-bit
     # parameters); the counter buffer is one more rank-1 memref, the
