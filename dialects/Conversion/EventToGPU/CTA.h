@@ -45,6 +45,14 @@ mlir::Value barrierAny(mlir::OpBuilder &b, mlir::Location loc,
 mlir::FailureOr<mlir::Value>
 broadcastWord(mlir::ConversionPatternRewriter &rewriter, mlir::Operation *op);
 
+/// Thread 0's i32 `body` handed to every thread of the CTA, as an index:
+/// a barrier (the broadcast word is free), thread 0 computes it and stores
+/// it to the broadcast word, a second barrier, every thread loads it.
+/// Fails like `broadcastWord`.
+mlir::FailureOr<mlir::Value> broadcastFromFirstThread(
+    mlir::ConversionPatternRewriter &rewriter, mlir::Operation *op,
+    llvm::function_ref<mlir::Value(mlir::OpBuilder &, mlir::Location)> body);
+
 /// The GPU's clock for the watchdog and traces: `%globaltimer`, in
 /// nanoseconds, the same on every SM.
 mlir::Value globalTimer(mlir::OpBuilder &b, mlir::Location loc);

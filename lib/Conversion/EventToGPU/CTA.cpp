@@ -6,6 +6,7 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 
 using namespace mlir;
@@ -54,6 +55,27 @@ FailureOr<Value> etc::broadcastWord(ConversionPatternRewriter &rewriter,
     return rewriter.notifyMatchFailure(
         op, "not in a gpu.func with a workgroup broadcast word");
   return func.getWorkgroupAttributions().front();
+}
+
+FailureOr<Value> etc::broadcastFromFirstThread(
+    ConversionPatternRewriter &rewriter, Operation *op,
+    function_ref<Value(OpBuilder &, Location)> body) {
+  FailureOr<Value> word = broadcastWord(rewriter, op);
+  if (failed(word))
+    return failure();
+  Location loc = op->getLoc();
+  Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
+  gpu::BarrierOp::create(rewriter, loc);
+  buildIf(rewriter, loc, isFirstThread(rewriter, loc),
+          [&](OpBuilder &b, Location loc) {
+            memref::StoreOp::create(b, loc, body(b, loc), *word,
+                                    ValueRange{zero});
+          });
+  gpu::BarrierOp::create(rewriter, loc);
+  Value value = memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
+  return arith::IndexCastUIOp::create(rewriter, loc, rewriter.getIndexType(),
+                                      value)
+      .getResult();
 }
 
 Value etc::globalTimer(OpBuilder &b, Location loc) {

@@ -486,36 +486,28 @@ struct QueuePopOpLowering : public OpConversionPattern<QueuePopOp> {
   LogicalResult
   matchAndRewrite(QueuePopOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    FailureOr<Value> word = broadcastWord(rewriter, op);
-    if (failed(word))
-      return failure();
-    Location loc = op.getLoc();
-    Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
     Value counters = adaptor.getCounters();
-    gpu::BarrierOp::create(rewriter, loc);
-    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
-            [&](OpBuilder &b, Location loc) {
-              auto waitForSlot = [&](OpBuilder &b, Location loc, Value pointer,
-                                     Value slot) -> Value {
-                WatchdogSite site = WatchdogSite::get(
-                    b, loc, run::kSitePop, blockId(b, loc), Value(),
-                    ValueRange{}, Value(), ValueRange{slot});
-                Value published =
-                    buildSpin(b, loc, counters, pointer, kDeviceScope,
-                              SpinUntil::SlotPublished, site,
-                              SpinAcquire::OnceDone);
-                return exhaustedIfEmpty(b, loc, published,
-                                        adaptor.getCapacity());
-              };
-              Value task = buildQueuePop(b, loc, counters, adaptor.getQueue(),
-                                         adaptor.getCapacity(), kDeviceScope,
-                                         waitForSlot);
-              memref::StoreOp::create(b, loc, task, *word, ValueRange{zero});
-            });
-    gpu::BarrierOp::create(rewriter, loc);
-    Value task = memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
-    rewriter.replaceOpWithNewOp<arith::IndexCastUIOp>(
-        op, rewriter.getIndexType(), task);
+    FailureOr<Value> task = broadcastFromFirstThread(
+        rewriter, op, [&](OpBuilder &b, Location loc) {
+          auto waitForSlot = [&](OpBuilder &b, Location loc, Value pointer,
+                                 Value slot) -> Value {
+            WatchdogSite site =
+                WatchdogSite::get(b, loc, run::kSitePop, blockId(b, loc),
+                                  Value(), ValueRange{}, Value(),
+                                  ValueRange{slot});
+            Value published =
+                buildSpin(b, loc, counters, pointer, kDeviceScope,
+                          SpinUntil::SlotPublished, site,
+                          SpinAcquire::OnceDone);
+            return exhaustedIfEmpty(b, loc, published, adaptor.getCapacity());
+          };
+          return buildQueuePop(b, loc, counters, adaptor.getQueue(),
+                               adaptor.getCapacity(), kDeviceScope,
+                               waitForSlot);
+        });
+    if (failed(task))
+      return failure();
+    rewriter.replaceOp(op, *task);
     return success();
   }
 };
@@ -529,27 +521,15 @@ struct ClaimOpLowering : public OpConversionPattern<ClaimOp> {
   LogicalResult
   matchAndRewrite(ClaimOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    FailureOr<Value> word = broadcastWord(rewriter, op);
-    if (failed(word))
+    FailureOr<Value> claimed = broadcastFromFirstThread(
+        rewriter, op, [&](OpBuilder &b, Location loc) -> Value {
+          Value claimed = buildClaim(b, loc, adaptor.getCounters(),
+                                     adaptor.getIndex(), kDeviceScope);
+          return arith::IndexCastUIOp::create(b, loc, b.getI32Type(), claimed);
+        });
+    if (failed(claimed))
       return failure();
-    Location loc = op.getLoc();
-    Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
-    gpu::BarrierOp::create(rewriter, loc);
-    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
-            [&](OpBuilder &b, Location loc) {
-              Value claimed =
-                  buildClaim(b, loc, adaptor.getCounters(), adaptor.getIndex(),
-                             kDeviceScope);
-              memref::StoreOp::create(
-                  b, loc,
-                  arith::IndexCastUIOp::create(b, loc, b.getI32Type(), claimed),
-                  *word, ValueRange{zero});
-            });
-    gpu::BarrierOp::create(rewriter, loc);
-    Value claimed =
-        memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
-    rewriter.replaceOpWithNewOp<arith::IndexCastUIOp>(
-        op, rewriter.getIndexType(), claimed);
+    rewriter.replaceOp(op, *claimed);
     return success();
   }
 };

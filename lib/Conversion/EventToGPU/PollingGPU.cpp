@@ -58,23 +58,15 @@ struct QueueTryPopOpLowering : public OpConversionPattern<QueueTryPopOp> {
   LogicalResult
   matchAndRewrite(QueueTryPopOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    FailureOr<Value> word = broadcastWord(rewriter, op);
-    if (failed(word))
+    FailureOr<Value> task = broadcastFromFirstThread(
+        rewriter, op, [&](OpBuilder &b, Location loc) {
+          return buildQueueTryPop(b, loc, adaptor.getCounters(),
+                                  adaptor.getQueue(), adaptor.getCapacity(),
+                                  kDeviceScope, /*acquireOnTake=*/true);
+        });
+    if (failed(task))
       return failure();
-    Location loc = op.getLoc();
-    Value zero = arith::ConstantIndexOp::create(rewriter, loc, 0);
-    gpu::BarrierOp::create(rewriter, loc);
-    buildIf(rewriter, loc, isFirstThread(rewriter, loc),
-            [&](OpBuilder &b, Location loc) {
-              Value task = buildQueueTryPop(
-                  b, loc, adaptor.getCounters(), adaptor.getQueue(),
-                  adaptor.getCapacity(), kDeviceScope, /*acquireOnTake=*/true);
-              memref::StoreOp::create(b, loc, task, *word, ValueRange{zero});
-            });
-    gpu::BarrierOp::create(rewriter, loc);
-    Value task = memref::LoadOp::create(rewriter, loc, *word, ValueRange{zero});
-    rewriter.replaceOpWithNewOp<arith::IndexCastUIOp>(
-        op, rewriter.getIndexType(), task);
+    rewriter.replaceOp(op, *task);
     return success();
   }
 };
