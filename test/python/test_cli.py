@@ -14,6 +14,7 @@ import pytest
 
 import etc.models as models
 from etc.models.testing import tiny_config, write_checkpoint
+from http_servers import free_port, wait_until_healthy
 
 ETC = Path(sys.executable).parent / "etc"
 try:
@@ -220,28 +221,15 @@ def test_serve_answers_the_openai_client(chat_checkpoint):
     """`etc serve` as a process on a free local port: the openai client's
     chat completion gets the text the model generates."""
     openai = pytest.importorskip("openai")
-    import socket
-    import time
-    import urllib.request
 
     path, cache, model = chat_checkpoint
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen([str(ETC), "serve", str(path), "--port", str(port),
                                "--max-num-seqs", "2", "--kv-cache-tokens", "64",
                                "--cache-dir", str(cache), *SMALL],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert server.poll() is None, server.stdout.read()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.5)
+        wait_until_healthy(server, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
         reply = client.chat.completions.create(
             model=client.models.list().data[0].id, max_tokens=4, temperature=0,

@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("mpi4py")
 
 from etc.runtime import distributed  # noqa: E402
+from http_servers import free_port, wait_until_healthy  # noqa: E402
 
 HERE = os.path.join(os.path.dirname(__file__), "distributed")
 
@@ -273,12 +274,9 @@ def test_serve_tensor_parallel_answers_the_openai_client(tmp_path):
     from the prefix cache) get the text the whole model generates on one
     rank, and SIGTERM ends both ranks."""
     openai = pytest.importorskip("openai")
-    import socket
     import subprocess
     import sys
     import threading
-    import time
-    import urllib.request
 
     import etc.models
     from etc.models.testing import tiny_config, write_checkpoint
@@ -286,9 +284,7 @@ def test_serve_tensor_parallel_answers_the_openai_client(tmp_path):
     path = write_checkpoint(tmp_path / "tiny-chat", tiny_config(vocab_size=320), tokenizer=True)
     small = ["--max-model-len", "64", "--attention-chunk", "16"]
     whole = etc.models.load(path, workers=1, max_seq_len=64, attention_chunk=16, cache=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     etc_script = os.path.join(os.path.dirname(sys.executable), "etc")
     server = subprocess.Popen(
         distributed.command(2, [etc_script, "serve", str(path), "--tensor-parallel", "2",
@@ -298,15 +294,7 @@ def test_serve_tensor_parallel_answers_the_openai_client(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=distributed.environment(dict(os.environ, ETC_PIN_WORKERS="0")))
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert server.poll() is None, server.stdout.read()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.5)
+        wait_until_healthy(server, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
                                max_retries=0)
         name = client.models.list().data[0].id
@@ -477,16 +465,12 @@ def test_a_lost_rank_ends_the_server_with_an_error_naming_it(cli_checkpoint, sig
     2 s without a heartbeat), instead of waiting for it forever. SIGTERM
     to the command (rank None) stops every rank cleanly instead."""
     import signal
-    import socket
     import subprocess
     import sys
     import time
-    import urllib.request
 
     path, cache, _ = cli_checkpoint
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     etc_script = os.path.join(os.path.dirname(sys.executable), "etc")
     server = subprocess.Popen(
         [etc_script, "serve", str(path), "--tensor-parallel", "2", "--port", str(port),
@@ -496,15 +480,7 @@ def test_a_lost_rank_ends_the_server_with_an_error_naming_it(cli_checkpoint, sig
     victim = None
     ranks = []
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert server.poll() is None, server.stdout.read()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.3)
+        wait_until_healthy(server, port, poll=0.3)
         ranks = _descendants(server.pid)
         victim = server.pid if rank is None else _rank_process(server.pid, rank)
         assert victim is not None
