@@ -413,31 +413,6 @@ def test_tensor_parallel_needs_as_many_mpi_ranks(cli_checkpoint):
         result.stdout + result.stderr
 
 
-def _rank_process(root: int, rank: int):
-    """The pid of the Python process of `rank` among the descendants of
-    process `root` (MPICH's launcher sets PMI_RANK)."""
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children") as children:
-                kids = [int(k) for k in children.read().split()]
-        except OSError:
-            continue
-        for kid in kids:
-            try:
-                with open(f"/proc/{kid}/environ", "rb") as environ:
-                    env = environ.read().split(b"\0")
-                with open(f"/proc/{kid}/cmdline", "rb") as cmdline:
-                    argv0 = os.path.basename(cmdline.read().split(b"\0")[0])
-            except OSError:
-                continue
-            if f"PMI_RANK={rank}".encode() in env and argv0.startswith(b"python"):
-                return kid
-            todo.append(kid)
-    return None
-
-
 def _descendants(root: int) -> list:
     """The pids of the processes below `root` (MPICH's launcher puts the
     ranks in process groups of their own)."""
@@ -452,6 +427,22 @@ def _descendants(root: int) -> list:
         found += kids
         todo += kids
     return found
+
+
+def _rank_process(root: int, rank: int):
+    """The pid of the Python process of `rank` among the descendants of
+    process `root` (MPICH's launcher sets PMI_RANK)."""
+    for pid in _descendants(root):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                env = environ.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                argv0 = os.path.basename(cmdline.read().split(b"\0")[0])
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in env and argv0.startswith(b"python"):
+            return pid
+    return None
 
 
 @pytest.mark.parametrize("signal_name,rank", [("SIGKILL", 0), ("SIGSTOP", 0), ("SIGKILL", 1),

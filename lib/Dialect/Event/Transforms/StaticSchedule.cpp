@@ -161,17 +161,16 @@ void StaticScheduler::buildWorker(OpBuilder &builder) {
       builder, "_worker", /*withCounters=*/true, /*results=*/{});
   Location loc = graph.getLoc();
   OpBuilder b = OpBuilder::atBlockEnd(&function.op.getBody().front());
-  if (!tasks.empty()) {
-    if (policy == StaticPolicy::RoundRobin)
-      buildRoundRobinLoop(b, loc, function);
-    else
-      buildClaimLoop(b, loc, function);
-  }
+  if (policy == StaticPolicy::RoundRobin)
+    buildRoundRobinLoop(b, loc, function);
+  else if (!tasks.empty())
+    buildClaimLoop(b, loc, function);
   func::ReturnOp::create(b, loc);
 }
 
 /// Round-robin: worker w of W runs the global tiles t with t mod W == w in
-/// increasing t. The loop walks the tasks in order, carrying o_k, the first
+/// increasing t (the worker id and count are read also without tiles, as
+/// before the claim policy existed). The loop walks the tasks in order, carrying o_k, the first
 /// global tile of task k; within task k (tiles [o_k, o_k + tiles_k)) it
 /// starts at the first tile congruent to w, o_k + ((w - o_k) mod W), and
 /// steps by W.
@@ -179,6 +178,8 @@ void StaticScheduler::buildRoundRobinLoop(OpBuilder &b, Location loc,
                                           ScheduledFunction &function) {
   Value worker = WorkerIdOp::create(b, loc);
   Value workerCount = WorkerCountOp::create(b, loc);
+  if (tasks.empty())
+    return;
   Type index = b.getIndexType();
   scf::ForOp::create(
       b, loc, constantIndex(b, loc, 0), constantIndex(b, loc, tasks.size()),
