@@ -150,6 +150,59 @@ def test_others_load_is_the_cores_busy_time_less_the_workers(monkeypatch):
     assert load.busy([0, 1]) and load.cores == pytest.approx(1.0)
 
 
+def test_others_load_is_what_they_want_not_what_they_got(monkeypatch):
+    """Others' busy time is divided by the share of a core the workers got
+    while runnable: a thread spinning beside two workers on two cores gets
+    two thirds of a core, as each worker does, and wants a whole one."""
+    clock, busy, ours = [100.0], [50.0], [3.0]
+    queue = [(3.0, 1.0)]  # the workers' (ran, waited) seconds
+    monkeypatch.setattr(workers.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(workers.OtherLoad, "busy_seconds", staticmethod(lambda cores: busy[0]))
+    load = workers.OtherLoad(lambda: ours[0], lambda: queue[0])
+    assert not load.busy([0, 1])
+    # 1 s: the cores ran 2 s, the workers 4/3 s, waiting 2/3 s for a core.
+    clock[0], busy[0], ours[0], queue[0] = 101.0, 52.0, 3.0 + 4 / 3, (3.0 + 4 / 3, 1.0 + 2 / 3)
+    assert load.busy([0, 1]) and load.cores == pytest.approx(1.0)
+    # The workers never waited: others got what they wanted (1.5 - 1.2 s).
+    clock[0], busy[0], ours[0], queue[0] = 102.0, 53.5, 5.5 + 1 / 30, (5.5 + 1 / 30, 1.0 + 2 / 3)
+    load.busy([0, 1])
+    assert load.cores == pytest.approx(0.3)
+    # The workers were runnable for too short a time (1 ms) to judge their
+    # share, though they waited half of it: none is applied.
+    clock[0], busy[0], ours[0], queue[0] = 103.0, 54.0, 5.5 + 1 / 30 + 0.0005, \
+        (5.5 + 1 / 30 + 0.0005, 1.0 + 2 / 3 + 0.0005)
+    assert load.busy([0, 1]) and load.cores == pytest.approx(0.4995)
+    # Unknown run-queue times (no schedstat): the busy time alone.
+    load = workers.OtherLoad(lambda: ours[0], lambda: None)
+    load.busy([0, 1])
+    clock[0], busy[0], ours[0] = 104.0, 55.0, ours[0] + 0.3
+    load.busy([0, 1])
+    assert load.cores == pytest.approx(0.7)
+
+
+def test_a_share_is_bounded_below():
+    load = workers.OtherLoad(lambda: 0.0, lambda: None)
+    assert load.share((0.0, 0.0), (0.01, 0.99)) == workers.OtherLoad.MIN_SHARE
+    assert load.share((0.0, 0.0), (0.3, 0.1)) == pytest.approx(0.75)
+    assert load.share(None, (0.3, 0.1)) == 1.0
+
+
+def test_the_run_queue_times_are_read_from_schedstat():
+    """This thread's schedstat: it has run; a thread that has ended (or never
+    was) counts nothing."""
+    if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"):
+        pytest.skip("needs /proc/<pid>/task/<tid>/schedstat (Linux, CONFIG_SCHED_INFO)")
+    me = threading.get_native_id()
+    ran, waited = workers.OtherLoad.run_queue_seconds([me])
+    assert ran > 0 and waited >= 0
+    assert workers.OtherLoad.run_queue_seconds([]) == (0, 0)
+    ended = threading.Thread(target=lambda: None)
+    ended.start()
+    ended.join()
+    again = workers.OtherLoad.run_queue_seconds([me, ended.native_id])
+    assert again[0] >= ran
+
+
 def test_the_cores_busy_time_is_read_from_proc_stat():
     if not os.path.exists("/proc/stat"):
         pytest.skip("needs /proc/stat")

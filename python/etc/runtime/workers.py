@@ -26,9 +26,9 @@ decode MLP's run took 0.94 ms instead of 0.59-0.72 ms. But a pinned worker
 cannot move to a core that is free while another thread holds its own: with
 one other busy process on a 2-core machine, pinned workers kept 2% of their
 speed. So the pool watches the machine (`OtherLoad`: the busy time of the
-process's cores in /proc/stat minus what its workers ran, sampled at most
-every 0.2 s) and pins only while others keep less than a quarter of a core
-busy. With fewer workers than cores the scheduler has idle cores to spread
+process's cores in /proc/stat minus what its workers ran, over the share of
+a core the workers got while runnable, sampled at most every 0.2 s) and
+pins only while others want less than a quarter of a core. With fewer workers than cores the scheduler has idle cores to spread
 them over, and pinning would pile the workers of several processes onto
 the same first cores, so they are not pinned. `ETC_PIN_WORKERS=0` in the
 environment turns pinning off.
@@ -37,8 +37,8 @@ Worker count: a program's worker count is a run-time value (each worker is
 called with its id and the count; both schedules spread the tiles over the
 workers that run), so a run may use fewer workers than the program was
 compiled for. `run_workers` gives the count a run should use: the
-compiled count, but no more than the cores the others leave free (rounded
-to the nearest whole core). Beside one busy process on a 2-core machine,
+compiled count, but no more than the cores the others do not want
+(rounded to the nearest whole core). Beside one busy process on a 2-core machine,
 two workers share two cores with it: each gets two thirds of a core, and
 whenever the one holding the last tile of a step's stage is descheduled,
 the other waits for it; one worker has a core of its own. Measured on the
@@ -116,9 +116,21 @@ class _Worker:
 
 class OtherLoad:
     """How many cores' worth of the process's cores other threads (other
-    processes, or this process's threads that are not workers) kept busy
-    lately: the cores' busy time in /proc/stat minus the CPU time of the
-    workers, over windows of at least WINDOW seconds."""
+    processes, or this process's threads that are not workers) want lately:
+    the cores' busy time in /proc/stat minus the CPU time of the workers,
+    over windows of at least WINDOW seconds, divided by the share of a core
+    the workers got while they were runnable (their run-queue time, from
+    /proc/self/task/<tid>/schedstat).
+
+    The busy time alone is what others got, not what they wanted: a process
+    that spins beside two workers on two cores gets two thirds of a core
+    (the scheduler shares the cores fairly among the three runnable
+    threads), and a window in which runs took two workers made it look
+    smaller than it is (beside a busy process, 3 and 4 of 102 decode steps
+    at B = 8 ran on two workers; with the share, none). Under a fair
+    scheduler every runnable thread gets the share the workers got, so
+    others' busy time over that share is what they would have run on
+    cores of their own."""
 
     #: Seconds between two samples.
     WINDOW = 0.2
@@ -134,9 +146,16 @@ class OtherLoad:
     #: 12 of 68 decode steps at B = 8 ran on 2 workers, 0.84x the speed of
     #: 1 worker.)
     MAX_AGE = 2.0
+    #: Seconds the workers must have been runnable in a window for their
+    #: share of a core to be judged (below it: a full share).
+    MIN_RUNNABLE = 0.002
+    #: The smallest share used (a bound on how far others' time is scaled).
+    MIN_SHARE = 0.25
 
-    def __init__(self, workers_cpu_seconds: Callable[[], float]):
+    def __init__(self, workers_cpu_seconds: Callable[[], float],
+                 workers_run_queue: Callable[[], tuple | None] = lambda: None):
         self._workers_cpu_seconds = workers_cpu_seconds
+        self._workers_run_queue = workers_run_queue
         self._lock = threading.Lock()
         self._sample: tuple | None = None
         #: The last measurement, in cores (0.0 until two samples exist).
@@ -163,8 +182,36 @@ class OtherLoad:
                 busy += sum(ticks) - ticks[3] - ticks[4]
         return busy / os.sysconf("SC_CLK_TCK")
 
+    @staticmethod
+    def run_queue_seconds(tids) -> tuple | None:
+        """The seconds the threads `tids` of this process have run and
+        have waited runnable for a core, summed (their schedstat), or None
+        where that cannot be read (a thread that has ended counts nothing)."""
+        ran = waited = 0
+        for tid in tids:
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat", "rb") as stat:
+                    fields = stat.read().split()
+                ran += int(fields[0])
+                waited += int(fields[1])
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError, IndexError):
+                return None
+        return ran * 1e-9, waited * 1e-9
+
+    def share(self, before: tuple | None, now: tuple | None) -> float:
+        """The share of a core the workers got while runnable between two
+        run-queue samples (1.0 when unknown or too short to judge)."""
+        if before is None or now is None:
+            return 1.0
+        ran, waited = now[0] - before[0], now[1] - before[1]
+        if ran < 0 or waited <= 0 or ran + waited < self.MIN_RUNNABLE:
+            return 1.0
+        return max(self.MIN_SHARE, ran / (ran + waited))
+
     def busy(self, cores) -> bool:
-        """Whether others kept more than LIMIT cores busy in the last window."""
+        """Whether others wanted more than LIMIT cores in the last window."""
         now = time.monotonic()
         with self._lock:
             if self._sample is not None and now - self._sample[0] < self.WINDOW:
@@ -172,11 +219,12 @@ class OtherLoad:
             busy = self.busy_seconds(cores)
             if busy is None:
                 return False
-            sample = (now, busy, self._workers_cpu_seconds())
+            sample = (now, busy, self._workers_cpu_seconds(), self._workers_run_queue())
             if self._sample is not None and now - self._sample[0] <= self.MAX_AGE:
                 elapsed = now - self._sample[0]
                 others = (busy - self._sample[1]) - (sample[2] - self._sample[2])
-                self.cores = max(others, 0.0) / elapsed
+                share = self.share(self._sample[3], sample[3])
+                self.cores = max(others, 0.0) / elapsed / share
             self._sample = sample
             return self.cores > self.LIMIT
 
@@ -196,7 +244,9 @@ class _Pool:
         self._last: dict[int, float] = {}
         self._retired = 0.0
         self.others = OtherLoad(lambda: sum(w.cpu_seconds for w in list(self._all))
-                                + self._callers_cpu_seconds())
+                                + self._callers_cpu_seconds(),
+                                lambda: OtherLoad.run_queue_seconds(
+                                    [w.thread.native_id for w in list(self._all)]))
 
     def caller(self) -> None:
         """Counts the calling thread's CPU time as the runs' own."""
