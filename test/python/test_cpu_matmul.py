@@ -1,7 +1,7 @@
 """The CPU matmul tiles (`etc.ops.matmul.MatmulCPU`): the tile width the
-CPU picks per worker count, and numerics of every micro-tile shape (groups
-of 4 rows on 64-column chunks, then 1, 2 or 3 rows left on 256-, 128- or
-64-column chunks), for both schedules."""
+CPU picks per worker count, and numerics of every micro-tile shape (up to
+16 rows streamed over the whole tile width in groups of 4 and the 1, 2 or 3
+left; more rows in groups of 4 on 64-column chunks), for both schedules."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _matmul(k: int, n: int, *, tile=None, transpose_b: bool = False) -> etc.Grap
 
 
 @pytest.mark.parametrize("n, workers, width, width_t", [
-    (2816, 2, 176, 176),  # 256 gives 11 tiles, 176 gives 16: 8 per worker
+    (2816, 2, 704, 176),  # A @ B: 4 tiles; B^T: at most 256: 256 gives 11 tiles, 176 16
     (1024, 2, 256, 256),  # 4 tiles
     (1024, 4, 128, 128),  # 256 would give 4 tiles for 4 workers
     (1024, 8, 64, 64),
@@ -32,7 +32,7 @@ def _matmul(k: int, n: int, *, tile=None, transpose_b: bool = False) -> etc.Grap
     (384, 1, 192, 192),   # 256 does not divide 384
     (192, 2, 64, 48),     # 64: 3 tiles (2 + 1); B^T: 4 tiles of 48
     (576, 2, 144, 144),   # 64 would give 9 tiles (5 + 4)
-    (1536, 2, 256, 256),
+    (1536, 2, 384, 256),
 ])
 def test_tile_width_gives_every_worker_column_tiles(n, workers, width, width_t):
     target = Target("cpu", workers=workers)
@@ -60,19 +60,40 @@ def test_chosen_tile_sets_the_task_count():
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 @pytest.mark.parametrize("n, workers", [(1024, 1), (1024, 3), (384, 2), (192, 2), (80, 2)])
-def test_every_micro_tile_matches_numpy(n, workers, schedule):
-    """B from 1 to 9 leaves 0 to 3 rows after the 4-row groups; 31 and 33
-    cross the 32-row tile. K = 72 is not a multiple of the vector width."""
-    rng = np.random.default_rng(n + workers)
-    k = 72
+@pytest.mark.parametrize("k", [72, 75])
+def test_every_micro_tile_matches_numpy(n, workers, schedule, k):
+    """B from 1 to 9 leaves 0 to 3 rows after the 4-row groups, streamed;
+    17, 31 and 33 take the chunks, and 33 crosses the 32-row tile. K = 72 is
+    not a multiple of the vector width; 75 not one of the streamed steps
+    (4 rows of B, 2 for groups of 4 rows of A) either."""
+    rng = np.random.default_rng(n + workers + k)
     g = _matmul(k, n)
     kernel = etc.compile(g, target="cpu", schedule=schedule, workers=workers)
     w = rng.standard_normal((k, n)).astype(np.float32)
-    for batch in [1, 2, 3, 4, 5, 6, 7, 8, 9, 31, 33]:
+    for batch in [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 31, 33]:
         x = rng.standard_normal((batch, k)).astype(np.float32)
         (got,) = kernel.run(x=x, w=w)
         np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4,
                                    err_msg=f"B = {batch}")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_streamed_half_precision_rows_match_the_reference(dtype):
+    """bf16 and f16 A and B on the streamed rows (and the chunks at B = 17)
+    with a wide tile (1408 columns on 2 workers: 4 tiles of 352)."""
+    rng = np.random.default_rng(7)
+    k, n = 75, 1408
+    g = etc.Graph("mmh")
+    B = g.symbol("B")
+    g.output(g.matmul(g.input("x", (B, k), dtype), g.input("w", (k, n), dtype)))
+    kernel = etc.compile(g, target="cpu", workers=2)
+    host = np.float16 if dtype == "f16" else np.float32
+    w = rng.standard_normal((k, n)).astype(host)
+    for batch in [1, 3, 4, 7, 17]:
+        x = rng.standard_normal((batch, k)).astype(host)
+        (got,) = kernel.run(x=x, w=w)
+        np.testing.assert_allclose(got, etc.reference.evaluate(g, x=x, w=w)[0], rtol=2e-2,
+                                   atol=2e-2 * np.sqrt(k) / 8, err_msg=f"B = {batch}")
 
 
 @pytest.mark.parametrize("n", [1024, 100, 102])
@@ -113,8 +134,7 @@ def test_transposed_half_precision_panels_match_the_reference(dtype, k):
                                    atol=2e-2 * np.sqrt(k) / 8, err_msg=f"B = {batch}")
 
 
-@pytest.mark.parametrize("count, tn, chunk", [(1, 256, 256), (2, 256, 128), (3, 256, 64),
-                                               (4, 256, 64), (1, 64, 64), (1, 192, 192),
-                                               (3, 192, 64), (2, 80, 80)])
+@pytest.mark.parametrize("count, tn, chunk", [(4, 256, 64), (4, 704, 64), (4, 80, 16),
+                                               (4, 48, 48)])
 def test_chunk_fits_the_accumulators_and_divides_the_tile(count, tn, chunk):
     assert MatmulCPU.chunk(count, tn) == chunk

@@ -95,18 +95,25 @@ class Matmul(ResidualStores):
 
 
 class MatmulCPU(Matmul):
-    """Vectorised, register-blocked matmul tile for the CPU target.
+    """Vectorised matmul tile for the CPU target.
 
-    C = A @ B (B is (K, N)): micro-tiles of `count` rows by a chunk of
-    columns keep count x chunk / WIDTH f32 vector accumulators (at most
-    ACCUMULATORS) while the K loop streams B's rows: each k loads the
-    chunk's contiguous vectors of row k once for all `count` rows. Full
-    groups of ROWS rows take 64-column chunks; the 1 to ROWS - 1 rows left
-    (all of them at decode) form one micro-tile with the widest chunk its
-    accumulators allow (1 row: 256 columns), so that each k reads a long
-    contiguous run of B: with 64-column chunks a decode GEMV read 256 bytes
-    per row of B and reached about two thirds of the memory bandwidth that
-    1 KB runs reach.
+    C = A @ B (B is (K, N)), up to STREAMED_ROWS rows in the tile (decode
+    batches): `emit_streamed`, k outermost, the partial sums of each group
+    of at most ROWS rows in a stack buffer, each step reading KSTEP rows of
+    B across the whole tile (tiles up to STREAMED_WIDEST columns), so that
+    B is read in runs as long as the tile is wide. More rows: micro-tiles
+    of ROWS rows by a chunk of columns keep count x chunk / WIDTH f32 vector
+    accumulators (at most ACCUMULATORS) while the K loop streams B's rows,
+    each k loading the chunk's contiguous vectors of row k once for all
+    `count` rows. (Decode rows took such micro-tiles, 1 row on 176-256
+    columns: a run of 0.7-1 KB per row of B, and 22 vector registers of
+    accumulators where AVX2 has 16, so LLVM kept half of them on the stack;
+    on the decode MLP of `bench/cpu_tiles.py` the streamed rows took 0.63-
+    0.87x their time at B = 4-16 and 0.82-0.93x at B = 1 with the wider
+    tiles, 2026-11-26.)
+
+    C = A @ B^T: dot products along k (`emit_transposed`), and the panel
+    micro-kernel for groups of PANEL_ROWS rows (`emit_panels`).
     """
 
     #: f32 lanes per vector: one AVX-512 register, two AVX2 registers.
@@ -117,6 +124,16 @@ class MatmulCPU(Matmul):
     COLS = 4
     #: Vector accumulators of one micro-tile of C = A @ B.
     ACCUMULATORS = 16
+    #: Rows of B each step of `emit_streamed` reads across the tile (half
+    #: as many for groups of ROWS rows of A: 8 splats of A in registers).
+    KSTEP = 4
+    #: The widest C = A @ B tile: `emit_streamed` reads runs of B's rows as
+    #: wide as the tile.
+    STREAMED_WIDEST = 1024
+    #: Tiles of C = A @ B with at most this many rows take `emit_streamed`
+    #: (each group of ROWS rows reads the tile of B again: at B = 16 it
+    #: still took 0.87x the micro-tiles' time).
+    STREAMED_ROWS = 16
     #: The panel micro-kernel of C = A @ B^T (`emit_panels`): rows of A per
     #: panel, f32 lanes per vector, and the largest panel (a stack buffer).
     PANEL_ROWS = 4
@@ -152,7 +169,8 @@ class MatmulCPU(Matmul):
             return op.tile
         workers = target.workers
         narrowest = cls.WIDTH if transpose_b else cls.TILE_WIDTHS[-1]
-        for tn in range(cls.TILE_WIDTHS[0], narrowest - 1, -cls.WIDTH):
+        widest = cls.TILE_WIDTHS[0] if transpose_b else cls.STREAMED_WIDEST
+        for tn in range(widest, narrowest - 1, -cls.WIDTH):
             tiles = n // tn
             if n % tn == 0 and tiles >= 2 * workers and tiles % workers == 0:
                 return (op.tile[0], tn)
@@ -204,18 +222,31 @@ class MatmulCPU(Matmul):
             scf.yield_([])
 
     def emit_rows(self, r0, rows, c0, k_extent) -> None:
-        """Full-width tiles of C = A @ B: micro-tiles of ROWS rows, then one
-        of the rows left; the (row group, chunk) micro-tiles are spread over
-        the lanes."""
+        """Full-width tiles of C = A @ B: groups of ROWS rows (streamed when
+        the tile has at most STREAMED_ROWS rows, else (row group, chunk)
+        micro-tiles spread over the lanes), then the rows left, streamed.
+        The streamed rows run on the CPU's one lane."""
         groups = arith.divui(rows, self.cidx(self.ROWS))
-        self.emit_chunks(r0, groups, self.ROWS, c0, k_extent)
+        few = arith.cmpi(arith.CmpIPredicate.ule, rows, self.cidx(self.STREAMED_ROWS))
+        branch = scf.IfOp(few, has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            each = scf.ForOp(self.cidx(0), groups, self.cidx(1))
+            with ir.InsertionPoint(each.body):
+                self.emit_streamed(arith.addi(r0, arith.muli(each.induction_variable,
+                                                             self.cidx(self.ROWS))),
+                                   self.ROWS, c0, k_extent)
+                scf.yield_([])
+            scf.yield_([])
+        with ir.InsertionPoint(branch.else_block):
+            self.emit_chunks(r0, groups, self.ROWS, c0, k_extent)
+            scf.yield_([])
         base = arith.addi(r0, arith.muli(groups, self.cidx(self.ROWS)))
         left = arith.subi(rows, arith.muli(groups, self.cidx(self.ROWS)))
         for count in range(1, self.ROWS):
             is_count = arith.cmpi(arith.CmpIPredicate.eq, left, self.cidx(count))
             branch = scf.IfOp(is_count)
             with ir.InsertionPoint(branch.then_block):
-                self.emit_chunks(base, self.cidx(1), count, c0, k_extent)
+                self.emit_streamed(base, count, c0, k_extent)
                 scf.yield_([])
 
     def emit_chunks(self, r0, groups, count: int, c0, k_extent) -> None:
@@ -255,6 +286,68 @@ class MatmulCPU(Matmul):
             for v in range(vectors):
                 self.vstore(kloop.results[r * vectors + v], self.op.result,
                             [arith.addi(row, self.cidx(r)), arith.addi(c0, self.cidx(v * width))])
+
+    def emit_streamed(self, row, count: int, c0, k_extent) -> None:
+        """C[row : row + count, c0 : c0 + tn] = A[rows, :] @ B[:, cols] for a
+        group of at most ROWS rows, k outermost: the group's partial sums
+        stay in a stack buffer (in L1, one for all groups of the tile), and
+        each step reads `kstep` rows of B across the whole tile, as that
+        many long contiguous runs. The register micro-tile of one row read a
+        chunk of the tile down all of K, one short run per row of B (176
+        columns of f32 on the decode MLP, whose 11 vector accumulators of
+        16 lanes are 22 registers of AVX2: LLVM kept half of them on the
+        stack); a C prototype of both on the 2-core EPYC VM read the MLP's
+        weights on one core at 3.7-6.6 GB/s that way and at 5.9-10.8 GB/s
+        streamed (176 columns), 7.1-11.9 GB/s with 704-column tiles."""
+        a, b = self.op.operands[:2]
+        width, tn = self.WIDTH, self.op.tile[1]
+        kstep = self.KSTEP if count < self.ROWS else self.KSTEP // 2
+        if getattr(self, "_streamed_sums", None) is None:
+            self._streamed_sums = self.entry_alloca(
+                ir.MemRefType.get([self.ROWS, tn], self.f32))
+        acc = self._streamed_sums
+        zero = self.vzero(width)
+        each = scf.ForOp(self.cidx(0), self.cidx(tn), self.cidx(width))
+        with ir.InsertionPoint(each.body):
+            for r in range(count):
+                vector.store(zero, acc, [self.cidx(r), each.induction_variable])
+            scf.yield_([])
+        rows = [arith.addi(row, self.cidx(r)) for r in range(count)]
+        vtype = self.vtype(width)
+
+        def step(k, kinds: int) -> None:
+            """Adds A[rows, k : k + kinds] @ B[k : k + kinds, tile]."""
+            ks = [arith.addi(k, self.cidx(j)) if j else k for j in range(kinds)]
+            splats = [[self.vsplat(self.load(a, [rows[r], ks[j]]), width) for j in range(kinds)]
+                      for r in range(count)]
+            cols = scf.ForOp(self.cidx(0), self.cidx(tn), self.cidx(width))
+            with ir.InsertionPoint(cols.body):
+                c = cols.induction_variable
+                col = arith.addi(c0, c)
+                bv = [self.vload(b, [ks[j], col], width) for j in range(kinds)]
+                for r in range(count):
+                    sums = vector.load(vtype, acc, [self.cidx(r), c])
+                    for j in range(kinds):
+                        sums = vector.fma(splats[r][j], bv[j], sums)
+                    vector.store(sums, acc, [self.cidx(r), c])
+                scf.yield_([])
+
+        whole = arith.muli(arith.divui(k_extent, self.cidx(kstep)), self.cidx(kstep))
+        kloop = scf.ForOp(self.cidx(0), whole, self.cidx(kstep))
+        with ir.InsertionPoint(kloop.body):
+            step(kloop.induction_variable, kstep)
+            scf.yield_([])
+        tail = scf.ForOp(whole, k_extent, self.cidx(1))
+        with ir.InsertionPoint(tail.body):
+            step(tail.induction_variable, 1)
+            scf.yield_([])
+        out = scf.ForOp(self.cidx(0), self.cidx(tn), self.cidx(width))
+        with ir.InsertionPoint(out.body):
+            c = out.induction_variable
+            for r in range(count):
+                self.vstore(vector.load(vtype, acc, [self.cidx(r), c]), self.op.result,
+                            [rows[r], arith.addi(c0, c)])
+            scf.yield_([])
 
     def panel_k(self):
         """K when C = A @ B^T takes the panel micro-kernel (K static, and a
