@@ -77,23 +77,30 @@ def test_every_micro_tile_matches_numpy(n, workers, schedule, k):
                                    err_msg=f"B = {batch}")
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "f16"])
-def test_streamed_half_precision_rows_match_the_reference(dtype):
-    """bf16 and f16 A and B on the streamed rows (and the chunks at B = 17)
-    with a wide tile (1408 columns on 2 workers: 4 tiles of 352)."""
-    rng = np.random.default_rng(7)
-    k, n = 75, 1408
+def _half_precision_matches(dtype: str, k: int, n: int, batches: list, *,
+                            transpose_b: bool = False) -> None:
+    """C = A @ B (or A @ B^T) in `dtype` on 2 workers matches the reference
+    at each batch."""
+    rng = np.random.default_rng(k + n)
     g = etc.Graph("mmh")
     B = g.symbol("B")
-    g.output(g.matmul(g.input("x", (B, k), dtype), g.input("w", (k, n), dtype)))
+    w = g.input("w", (n, k) if transpose_b else (k, n), dtype)
+    g.output(g.matmul(g.input("x", (B, k), dtype), w, transpose_b=transpose_b))
     kernel = etc.compile(g, target="cpu", workers=2)
     host = np.float16 if dtype == "f16" else np.float32
-    w = rng.standard_normal((k, n)).astype(host)
-    for batch in [1, 3, 4, 7, 17]:
+    w = rng.standard_normal(w.shape).astype(host)
+    for batch in batches:
         x = rng.standard_normal((batch, k)).astype(host)
         (got,) = kernel.run(x=x, w=w)
         np.testing.assert_allclose(got, etc.reference.evaluate(g, x=x, w=w)[0], rtol=2e-2,
                                    atol=2e-2 * np.sqrt(k) / 8, err_msg=f"B = {batch}")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_streamed_half_precision_rows_match_the_reference(dtype):
+    """bf16 and f16 A and B on the streamed rows (and the chunks at B = 17)
+    with a wide tile (1408 columns on 2 workers: 4 tiles of 352)."""
+    _half_precision_matches(dtype, 75, 1408, [1, 3, 4, 7, 17])
 
 
 @pytest.mark.parametrize("n", [1024, 100, 102])
@@ -118,20 +125,7 @@ def test_transposed_half_precision_panels_match_the_reference(dtype, k):
     """bf16 and f16 A is widened into the stack panel, with a K that is not
     a multiple of the panel's vectors (75); at K = 4200 a panel would pass
     PANEL_BYTES (6 x 4200 x 4 bytes), so every row takes the dot groups."""
-    rng = np.random.default_rng(k)
-    n = 96
-    g = etc.Graph("mmh")
-    B = g.symbol("B")
-    g.output(g.matmul(g.input("x", (B, k), dtype), g.input("w", (n, k), dtype),
-                      transpose_b=True))
-    kernel = etc.compile(g, target="cpu", workers=2)
-    host = np.float16 if dtype == "f16" else np.float32
-    w = rng.standard_normal((n, k)).astype(host)
-    for batch in [1, 5, 6, 13, 32]:
-        x = rng.standard_normal((batch, k)).astype(host)
-        (got,) = kernel.run(x=x, w=w)
-        np.testing.assert_allclose(got, etc.reference.evaluate(g, x=x, w=w)[0], rtol=2e-2,
-                                   atol=2e-2 * np.sqrt(k) / 8, err_msg=f"B = {batch}")
+    _half_precision_matches(dtype, k, 96, [1, 5, 6, 13, 32], transpose_b=True)
 
 
 @pytest.mark.parametrize("count, tn, chunk", [(4, 256, 64), (4, 704, 64), (4, 80, 16),
