@@ -108,9 +108,9 @@ class MatmulCPU(Matmul):
     `count` rows. (Decode rows took such micro-tiles, 1 row on 176-256
     columns: a run of 0.7-1 KB per row of B, and 22 vector registers of
     accumulators where AVX2 has 16, so LLVM kept half of them on the stack;
-    on the decode MLP of `bench/cpu_tiles.py` the streamed rows took 0.63-
-    0.87x their time at B = 4-16 and 0.82-0.93x at B = 1 with the wider
-    tiles, 2026-11-26.)
+    on the decode MLP of `bench/cpu_tiles.py` the streamed rows, with the
+    wider tiles, took 0.81x their time at B = 1 and 0.65-0.94x at B = 2-16
+    on 2 workers, 2026-11-26.)
 
     C = A @ B^T: dot products along k (`emit_transposed`), and the panel
     micro-kernel for groups of PANEL_ROWS rows (`emit_panels`).
@@ -315,19 +315,19 @@ class MatmulCPU(Matmul):
         rows = [arith.addi(row, self.cidx(r)) for r in range(count)]
         vtype = self.vtype(width)
 
-        def step(k, kinds: int) -> None:
-            """Adds A[rows, k : k + kinds] @ B[k : k + kinds, tile]."""
-            ks = [arith.addi(k, self.cidx(j)) if j else k for j in range(kinds)]
-            splats = [[self.vsplat(self.load(a, [rows[r], ks[j]]), width) for j in range(kinds)]
+        def step(k, depth: int) -> None:
+            """Adds A[rows, k : k + depth] @ B[k : k + depth, tile]."""
+            ks = [arith.addi(k, self.cidx(j)) if j else k for j in range(depth)]
+            splats = [[self.vsplat(self.load(a, [rows[r], ks[j]]), width) for j in range(depth)]
                       for r in range(count)]
             cols = scf.ForOp(self.cidx(0), self.cidx(tn), self.cidx(width))
             with ir.InsertionPoint(cols.body):
                 c = cols.induction_variable
                 col = arith.addi(c0, c)
-                bv = [self.vload(b, [ks[j], col], width) for j in range(kinds)]
+                bv = [self.vload(b, [ks[j], col], width) for j in range(depth)]
                 for r in range(count):
                     sums = vector.load(vtype, acc, [self.cidx(r), c])
-                    for j in range(kinds):
+                    for j in range(depth):
                         sums = vector.fma(splats[r][j], bv[j], sums)
                     vector.store(sums, acc, [self.cidx(r), c])
                 scf.yield_([])

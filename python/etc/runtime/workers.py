@@ -28,9 +28,10 @@ one other busy process on a 2-core machine, pinned workers kept 2% of their
 speed. So the pool watches the machine (`OtherLoad`: the busy time of the
 process's cores in /proc/stat minus what its workers ran, over the share of
 a core the workers got while runnable, sampled at most every 0.2 s) and
-pins only while others want less than a quarter of a core. With fewer workers than cores the scheduler has idle cores to spread
-them over, and pinning would pile the workers of several processes onto
-the same first cores, so they are not pinned. `ETC_PIN_WORKERS=0` in the
+pins only while others want less than a quarter of a core. With fewer
+workers than cores the scheduler has idle cores to spread them over, and
+pinning would pile the workers of several processes onto the same first
+cores, so they are not pinned. `ETC_PIN_WORKERS=0` in the
 environment turns pinning off.
 
 Worker count: a program's worker count is a run-time value (each worker is
@@ -38,10 +39,10 @@ called with its id and the count; both schedules spread the tiles over the
 workers that run), so a run may use fewer workers than the program was
 compiled for. `run_workers` gives the count a run should use: the
 compiled count, but no more than the cores the others do not want
-(rounded to the nearest whole core). Beside one busy process on a 2-core machine,
-two workers share two cores with it: each gets two thirds of a core, and
-whenever the one holding the last tile of a step's stage is descheduled,
-the other waits for it; one worker has a core of its own. Measured on the
+(rounded to the nearest whole core). Beside one busy process on a 2-core
+machine, two workers share two cores with it: each gets two thirds of a
+core, and whenever the one holding the last tile of a step's stage is
+descheduled, the other waits for it; one worker has a core of its own. Measured on the
 135 M model's decode: 2 workers beside a busy process gave 0.96x of 1
 worker's tokens/s. `ETC_ADAPT_WORKERS=0` in the environment turns this off
 (every run uses the compiled count).
@@ -186,7 +187,8 @@ class OtherLoad:
     def run_queue_seconds(tids) -> tuple | None:
         """The seconds the threads `tids` of this process have run and
         have waited runnable for a core, summed (their schedstat), or None
-        where that cannot be read (a thread that has ended counts nothing)."""
+        where that cannot be read. (Worker threads never end; one that has
+        is skipped.)"""
         ran = waited = 0
         for tid in tids:
             try:
