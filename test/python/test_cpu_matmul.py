@@ -42,6 +42,25 @@ def test_tile_width_gives_every_worker_column_tiles(n, workers, width, width_t):
     assert MatmulCPU.tile_for(op, target) == (32, width_t)
 
 
+def test_a_tile_wider_than_the_streamed_rows_take_matches_numpy():
+    """A user's tile wider than STREAMED_WIDEST takes the register
+    micro-tiles at every row count (the stack buffer of the streamed rows is
+    sized for the tiles the CPU picks)."""
+    rng = np.random.default_rng(3)
+    k, n = 75, 2 * MatmulCPU.STREAMED_WIDEST
+    target = Target("cpu", workers=2)
+    assert "memref<4x352xf32>" in _matmul(k, 1408).build(target=target).operation.get_asm()
+    g = _matmul(k, n, tile=(32, n))
+    assert "memref.alloca" not in g.build(target=target).operation.get_asm()
+    kernel = etc.compile(g, target="cpu", workers=2)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    for batch in [1, 3, 4, 7, 17]:
+        x = rng.standard_normal((batch, k)).astype(np.float32)
+        (got,) = kernel.run(x=x, w=w)
+        np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4,
+                                   err_msg=f"B = {batch}")
+
+
 def test_tile_is_kept_when_no_width_divides_n_or_the_user_chose_it():
     (op,) = _matmul(64, 80)._ops
     assert MatmulCPU.tile_for(op, Target("cpu", workers=2)) == (32, 64)

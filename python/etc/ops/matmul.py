@@ -227,6 +227,11 @@ class MatmulCPU(Matmul):
         micro-tiles spread over the lanes), then the rows left, streamed.
         The streamed rows run on the CPU's one lane."""
         groups = arith.divui(rows, self.cidx(self.ROWS))
+        if self.op.tile[1] > self.STREAMED_WIDEST:
+            # A tile the user chose wider than the stack buffer is meant for.
+            self.emit_chunks(r0, groups, self.ROWS, c0, k_extent)
+            self.emit_left(r0, rows, groups, c0, k_extent, self.emit_left_chunks)
+            return
         few = arith.cmpi(arith.CmpIPredicate.ule, rows, self.cidx(self.STREAMED_ROWS))
         branch = scf.IfOp(few, has_else=True)
         with ir.InsertionPoint(branch.then_block):
@@ -240,14 +245,23 @@ class MatmulCPU(Matmul):
         with ir.InsertionPoint(branch.else_block):
             self.emit_chunks(r0, groups, self.ROWS, c0, k_extent)
             scf.yield_([])
+        self.emit_left(r0, rows, groups, c0, k_extent, self.emit_streamed)
+
+    def emit_left(self, r0, rows, groups, c0, k_extent, emit) -> None:
+        """The 1 to ROWS - 1 rows after `groups` groups of ROWS rows, by
+        `emit(row, count, c0, k_extent)`."""
         base = arith.addi(r0, arith.muli(groups, self.cidx(self.ROWS)))
         left = arith.subi(rows, arith.muli(groups, self.cidx(self.ROWS)))
         for count in range(1, self.ROWS):
             is_count = arith.cmpi(arith.CmpIPredicate.eq, left, self.cidx(count))
             branch = scf.IfOp(is_count)
             with ir.InsertionPoint(branch.then_block):
-                self.emit_streamed(base, count, c0, k_extent)
+                emit(base, count, c0, k_extent)
                 scf.yield_([])
+
+    def emit_left_chunks(self, row, count: int, c0, k_extent) -> None:
+        """One micro-tile of `count` rows per chunk of the tile."""
+        self.emit_chunks(row, self.cidx(1), count, c0, k_extent)
 
     def emit_chunks(self, r0, groups, count: int, c0, k_extent) -> None:
         """The micro-tiles of `groups` groups of `count` rows from row r0,
