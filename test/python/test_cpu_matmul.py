@@ -23,16 +23,16 @@ def _matmul(k: int, n: int, *, tile=None, transpose_b: bool = False) -> etc.Grap
 
 
 @pytest.mark.parametrize("n, workers, width, width_t", [
-    (2816, 2, 704, 176),  # A @ B: 4 tiles; B^T: at most 256: 256 gives 11 tiles, 176 16
-    (1024, 2, 256, 256),  # 4 tiles
-    (1024, 4, 128, 128),  # 256 would give 4 tiles for 4 workers
-    (1024, 8, 64, 64),
+    (2816, 2, 1408, 176),  # A @ B: a tile each; B^T: at most 256: 256 gives 11 tiles, 176 16
+    (1024, 2, 512, 256),  # A @ B: 2 tiles; B^T: 4
+    (1024, 4, 256, 128),  # B^T: 256 would give 4 tiles for 4 workers
+    (1024, 8, 128, 64),
     (1024, 32, 64, 16),   # A @ B never narrower than 64 columns; B^T: 64 tiles of 16
     (1024, 3, 128, 128),  # no width gives 3 workers equal shares: 8 tiles
-    (384, 1, 192, 192),   # 256 does not divide 384
-    (192, 2, 64, 48),     # 64: 3 tiles (2 + 1); B^T: 4 tiles of 48
-    (576, 2, 144, 144),   # 64 would give 9 tiles (5 + 4)
-    (1536, 2, 384, 256),
+    (384, 1, 384, 192),   # B^T: 256 does not divide 384
+    (192, 2, 96, 48),     # B^T: 4 tiles of 48
+    (576, 2, 288, 144),   # B^T: 64 would give 9 tiles (5 + 4)
+    (1536, 2, 768, 256),
 ])
 def test_tile_width_gives_every_worker_column_tiles(n, workers, width, width_t):
     target = Target("cpu", workers=workers)
@@ -49,7 +49,7 @@ def test_a_tile_wider_than_the_streamed_rows_take_matches_numpy():
     rng = np.random.default_rng(3)
     k, n = 75, 2 * MatmulCPU.STREAMED_WIDEST
     target = Target("cpu", workers=2)
-    assert "memref<4x352xf32>" in _matmul(k, 1408).build(target=target).operation.get_asm()
+    assert "memref<4x704xf32>" in _matmul(k, 1408).build(target=target).operation.get_asm()
     g = _matmul(k, n, tile=(32, n))
     assert "memref.alloca" not in g.build(target=target).operation.get_asm()
     kernel = etc.compile(g, target="cpu", workers=2)
@@ -74,7 +74,7 @@ def test_chosen_tile_sets_the_task_count():
     g = _matmul(64, 1024)
     kernel = etc.compile(g, target="cpu", workers=2, trace=True)
     kernel.run(x=np.ones((3, 64), np.float32), w=np.ones((64, 1024), np.float32))
-    assert len(kernel.trace.events) == 1024 // 256
+    assert len(kernel.trace.events) == 1024 // 512
 
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
@@ -118,7 +118,7 @@ def _half_precision_matches(dtype: str, k: int, n: int, batches: list, *,
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_streamed_half_precision_rows_match_the_reference(dtype):
     """bf16 and f16 A and B on the streamed rows (and the chunks at B = 17)
-    with a wide tile (1408 columns on 2 workers: 4 tiles of 352)."""
+    with a wide tile (1408 columns on 2 workers: 2 tiles of 704)."""
     _half_precision_matches(dtype, 75, 1408, [1, 3, 4, 7, 17])
 
 

@@ -100,8 +100,9 @@ class MatmulCPU(Matmul):
     C = A @ B (B is (K, N)), up to STREAMED_ROWS rows in the tile (decode
     batches): `emit_streamed`, k outermost, the partial sums of each group
     of at most ROWS rows in a stack buffer, each step reading KSTEP rows of
-    B across the whole tile (tiles up to STREAMED_WIDEST columns), so that
-    B is read in runs as long as the tile is wide. More rows: micro-tiles
+    B across the whole tile (tiles up to STREAMED_WIDEST columns, one per
+    worker at least), so that B is read in runs as long as the tile is
+    wide. More rows: micro-tiles
     of ROWS rows by a chunk of columns keep count x chunk / WIDTH f32 vector
     accumulators (at most ACCUMULATORS) while the K loop streams B's rows,
     each k loading the chunk's contiguous vectors of row k once for all
@@ -128,8 +129,9 @@ class MatmulCPU(Matmul):
     #: as many for groups of ROWS rows of A: 8 splats of A in registers).
     KSTEP = 4
     #: The widest C = A @ B tile: `emit_streamed` reads runs of B's rows as
-    #: wide as the tile.
-    STREAMED_WIDEST = 1024
+    #: wide as the tile, and keeps the partial sums of up to ROWS rows of
+    #: it (24 KB at 1536 columns, within a 32 KB L1).
+    STREAMED_WIDEST = 1536
     #: Tiles of C = A @ B with at most this many rows take `emit_streamed`
     #: (each group of ROWS rows reads the tile of B again: at B = 16 it
     #: still took 0.87x the micro-tiles' time).
@@ -154,15 +156,19 @@ class MatmulCPU(Matmul):
     @classmethod
     def tile_for(cls, op, target) -> tuple:
         """Rows as the front end tiles them, and a width that divides N into
-        column tiles every worker gets the same number of, at least two
-        each (the widest such multiple of WIDTH up to 256): a decode step
-        is a chain of matmuls each of which all workers must finish before
-        the next starts, so a stage of 9 tiles on 2 workers takes 5 tiles'
-        time. Failing that, the widest of TILE_WIDTHS that still gives
-        every worker two column tiles, else the narrowest that divides N;
-        the front end's tile when none does. C = A @ B tiles are never
-        narrower than 64 columns (each k reads a run of B's row as wide as
-        the micro-tile); B^T's rows are contiguous whatever the width."""
+        column tiles every worker gets the same number of: a decode step is
+        a chain of matmuls each of which all workers must finish before the
+        next starts, so a stage of 9 tiles on 2 workers takes 5 tiles' time.
+        C = A @ B^T: at least two tiles each, the widest such multiple of
+        WIDTH up to 256 (B^T's rows are contiguous whatever the width).
+        C = A @ B: at least one each, up to STREAMED_WIDEST, since the
+        streamed rows read runs of B's rows as long as the tile is wide
+        (on the decode MLP of `bench/cpu_tiles.py`, 1408 columns instead of
+        704 took 0.75-0.81x the time at B = 1-4 and 0.94x at B = 8, and
+        0.79x right after a NumPy product). Failing that, the widest of
+        TILE_WIDTHS that still gives every worker two column tiles, else
+        the narrowest that divides N; the front end's tile when none does.
+        C = A @ B tiles are never narrower than 64 columns."""
         transpose_b = op.params["transpose_b"]
         n = op.operands[1].shape[0 if transpose_b else 1]
         if not isinstance(n, int):
@@ -170,9 +176,10 @@ class MatmulCPU(Matmul):
         workers = target.workers
         narrowest = cls.WIDTH if transpose_b else cls.TILE_WIDTHS[-1]
         widest = cls.TILE_WIDTHS[0] if transpose_b else cls.STREAMED_WIDEST
+        each = 2 if transpose_b else 1
         for tn in range(widest, narrowest - 1, -cls.WIDTH):
             tiles = n // tn
-            if n % tn == 0 and tiles >= 2 * workers and tiles % workers == 0:
+            if n % tn == 0 and tiles >= each * workers and tiles % workers == 0:
                 return (op.tile[0], tn)
         widths = [tn for tn in cls.TILE_WIDTHS if n % tn == 0]
         enough = [tn for tn in widths if n // tn >= 2 * workers]
