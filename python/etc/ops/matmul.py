@@ -166,9 +166,9 @@ class MatmulCPU(Matmul):
         (on the decode MLP of `bench/cpu_tiles.py`, 1408 columns instead of
         704 took 0.75-0.81x the time at B = 1-4, 0.94-0.96x at B = 8 and
         0.76-0.79x right after a NumPy product, in two runs). Failing that,
-        the widest of
-        TILE_WIDTHS that still gives every worker two column tiles, else
-        the narrowest that divides N; the front end's tile when none does.
+        the widest of TILE_WIDTHS that still gives every worker two column
+        tiles, else the narrowest that divides N; the front end's tile when
+        none does.
         C = A @ B tiles are never narrower than 64 columns."""
         transpose_b = op.params["transpose_b"]
         n = op.operands[1].shape[0 if transpose_b else 1]
