@@ -42,9 +42,9 @@ compiled count, but no more than the cores the others do not want
 (rounded to the nearest whole core). Beside one busy process on a 2-core
 machine, two workers share two cores with it: each gets two thirds of a
 core, and whenever the one holding the last tile of a step's stage is
-descheduled, the other waits for it; one worker has a core of its own. Measured on the
-135 M model's decode: 2 workers beside a busy process gave 0.96x of 1
-worker's tokens/s. `ETC_ADAPT_WORKERS=0` in the environment turns this off
+descheduled, the other waits for it; one worker has a core of its own.
+Measured on the 135 M model's decode: 2 workers beside a busy process gave
+0.96x of 1 worker's tokens/s. `ETC_ADAPT_WORKERS=0` in the environment turns this off
 (every run uses the compiled count).
 
 A child made by `os.fork` starts with no idle threads (the parent's are not
