@@ -33,7 +33,7 @@ import numpy as np
 import etc
 import etc.compiler
 import etc.models as models
-from etc.models.safetensors import save_file
+from etc.models.loading.safetensors import save_file
 from etc.models.testing import tensor_shapes, tiny_config
 
 QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,

@@ -42,7 +42,7 @@ import numpy as np
 
 import etc.models as models
 from etc.models.engine import Engine
-from etc.models.kvpages import PagedSlots
+from etc.models.engine.slots import PagedSlots
 from etc.models.testing import shaped_config, tiny_config, write_checkpoint
 
 SMALL = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4,

@@ -196,11 +196,11 @@ def ranks_graphs(pattern: str, rows: int, k: int, n: int, ranks: int):
 
 def decode_step_graph(shapes: BenchShapes):
     """The decode step as `etc.models.load` builds it by default: bf16, with
-    the paged KV cache (blocks of `kvpages.DEFAULT_BLOCK_SIZE` positions
+    the paged KV cache (blocks of `etc.models.step.kv_blocks.DEFAULT_BLOCK_SIZE` positions
     addressed through the step's block table)."""
-    from etc.models.builder import build_step_graph
-    from etc.models.config import ModelConfig
-    from etc.models.kvpages import DEFAULT_BLOCK_SIZE
+    from etc.models.step.graph import build_step_graph
+    from etc.models.loading.config import ModelConfig
+    from etc.models.step.kv_blocks import DEFAULT_BLOCK_SIZE
 
     config = ModelConfig.from_dict(decode_hf_config(shapes), "kit")
     graph = build_step_graph(config, dtype="bf16", max_seq_len=shapes.prompt + 8,

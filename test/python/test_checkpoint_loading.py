@@ -17,8 +17,8 @@ import pytest
 
 import etc
 import etc.models as models
-from etc.models.checkpoint import Checkpoint
-from etc.models.safetensors import SafetensorsError, SafetensorsFile, save_file
+from etc.models.loading.checkpoint import Checkpoint
+from etc.models.loading.safetensors import SafetensorsError, SafetensorsFile, save_file
 from etc.models.testing import tensor_shapes, tiny_config, write_checkpoint
 
 # ----------------------------------------------------------------------
@@ -35,7 +35,7 @@ BIG = tiny_config("Qwen3ForCausalLM", hidden_size=1024, intermediate_size=4096,
 # not carry over the parent's from before the exec), and VmRSS, the current.
 _MEASURE = textwrap.dedent("""
     import sys
-    from etc.models.checkpoint import Checkpoint
+    from etc.models.loading.checkpoint import Checkpoint
 
     def status(field):  # bytes
         with open("/proc/self/status") as f:

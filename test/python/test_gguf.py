@@ -13,8 +13,8 @@ gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
 
 import etc.models as models  # noqa: E402
-from etc.models import reference  # noqa: E402
-from etc.models.gguf import GGUFCheckpoint, GGUFError, PRE_TOKENIZERS  # noqa: E402
+from etc.models.step import reference  # noqa: E402
+from etc.models.loading.gguf import GGUFCheckpoint, GGUFError, PRE_TOKENIZERS  # noqa: E402
 from etc.models.testing import (checkpoint_tensors, tiny_config, write_checkpoint,  # noqa: E402
                                 write_gguf)
 
@@ -385,7 +385,7 @@ def test_errors_name_the_key_tensor_or_type(tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(models.Checkpoint, "tokenizer"),
-                    reason="needs etc.models.tokenizer (Checkpoint.tokenizer), which this build "
+                    reason="needs etc.models.loading.tokenizer (Checkpoint.tokenizer), which this build "
                            "does not have yet")
 def test_gguf_tokenizer_and_template_match_the_checkpoint_directory(tmp_path):
     """A directory with tokenizer.json and a chat template, and the GGUF file

@@ -221,7 +221,7 @@ def test_mma_in_a_bf16_model_step(chip, tmp_path):
     registers, so the tensor-core tiles stay functions of their own, and
     nothing spills."""
     from etc import models
-    from etc.models.builder import build_step_graph
+    from etc.models.step.graph import build_step_graph
     config = models.ModelConfig.from_dict(dict(
         architectures=["LlamaForCausalLM"], hidden_size=1024, intermediate_size=2816,
         num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=4, head_dim=64,

@@ -242,7 +242,7 @@ def test_generate_takes_numpy_prompts(model):
 @pytest.mark.skipif(__import__("etc.runtime.cuda", fromlist=["x"]).cuda_available(),
                     reason="a CUDA device is here")
 def test_cuda_load_without_a_device_fails_before_compiling(tmp_path, monkeypatch):
-    import etc.models.model as model_module
+    import etc.models.step.model as model_module
     from etc.runtime.cuda import CUDAUnavailableError
 
     path = write_checkpoint(tmp_path / "q", tiny_config("Qwen3ForCausalLM"))

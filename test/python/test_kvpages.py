@@ -1,6 +1,7 @@
-"""The paged KV cache's host side (`etc.models.kvpages`): block allocation,
-block tables, prefix reuse by chained hashes, reference counts and LRU
-eviction. NumPy only, no kernel."""
+"""The paged KV cache's host side (`etc.models.step.kv_blocks` and
+`kv_cache`, and the engine's `slots`): block allocation, block tables,
+prefix reuse by chained hashes, reference counts and LRU eviction. NumPy
+only, no kernel."""
 
 import random
 from types import SimpleNamespace
@@ -8,7 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from etc.models.kvpages import BlockManager, PagedKVCache, PagedSlots, block_hashes
+from etc.models.engine.slots import PagedSlots
+from etc.models.step.kv_blocks import BlockManager, block_hashes
+from etc.models.step.kv_cache import PagedKVCache
 
 P = 4
 

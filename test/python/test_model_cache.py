@@ -16,8 +16,8 @@ import pytest
 import etc
 import etc.compiler
 import etc.models as models
-from etc.models import cache as model_cache
-from etc.models.cache import KernelCache
+from etc.models.step import kernel_cache as model_cache
+from etc.models.step.kernel_cache import KernelCache
 from etc.models.testing import tiny_config, write_checkpoint
 
 CONFIG = tiny_config("Qwen3ForCausalLM")

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import etc.models as models
-from etc.models import reference
-from etc.models.checkpoint import Checkpoint
-from etc.models.config import ModelConfig
+from etc.models.step import reference
+from etc.models.loading.checkpoint import Checkpoint
+from etc.models.loading.config import ModelConfig
 from etc.models.testing import as_transformers5, tiny_config, write_checkpoint
 
 PROMPTS = [[5, 17, 3, 44, 60, 2, 9, 81, 33, 12, 7], [4, 90]]

@@ -12,8 +12,8 @@ import re
 import pytest
 
 import etc
-from etc.models.builder import build_step_graph
-from etc.models.config import ModelConfig
+from etc.models.step.graph import build_step_graph
+from etc.models.loading.config import ModelConfig
 from etc.models.testing import SHAPES, shaped_config
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
 

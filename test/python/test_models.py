@@ -12,9 +12,9 @@ import pytest
 
 import etc
 import etc.models as models
-from etc.models import reference
-from etc.models.checkpoint import Checkpoint
-from etc.models.safetensors import SafetensorsFile, save_file
+from etc.models.step import reference
+from etc.models.loading.checkpoint import Checkpoint
+from etc.models.loading.safetensors import SafetensorsFile, save_file
 from etc.models.testing import tiny_config, write_checkpoint
 
 # Prompts of different lengths: one token, a prompt across two attention
@@ -201,7 +201,7 @@ def test_bf16_kv_cache_matches_numpy_by_teacher_forcing(checkpoints):
 def test_step_graph_code_does_not_grow_with_depth(name):
     """Per-layer weights are buffers, not kernel parameters: 2 and 6 layers
     have the same tile functions."""
-    from etc.models.builder import build_step_graph
+    from etc.models.step.graph import build_step_graph
 
     def tile_functions(layers: int) -> int:
         config = models.ModelConfig.from_dict(dict(CONFIGS[name], num_hidden_layers=layers))
@@ -378,7 +378,7 @@ def test_matches_hugging_face_transformers(name, loaded, checkpoints):
 # ----------------------------------------------------------------------
 
 
-from etc.models.builder import build_step_graph  # noqa: E402
+from etc.models.step.graph import build_step_graph  # noqa: E402
 from etc.runtime.cuda import cuda_available  # noqa: E402
 from ptxas_check import assemble, needs_ptxas  # noqa: E402
 

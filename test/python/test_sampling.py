@@ -14,7 +14,7 @@ import pytest
 
 import etc
 from etc import reference_sampling
-from etc.models.sampling import SamplingParams, sampling_inputs
+from etc.models.step.sampling import SamplingParams, sampling_inputs
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
 VOCAB = 37  # not a multiple of the 128 lanes, nor of 32

@@ -1,4 +1,4 @@
-"""etc.models.tokenizer: a trained byte-level BPE tokenizer, its chat
+"""etc.models.loading.tokenizer: a trained byte-level BPE tokenizer, its chat
 template rendered as transformers renders it, streaming detokenization,
 and the checkpoint's end-of-sequence ids. No model is compiled here."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from etc.models import Checkpoint, CheckpointError
 from etc.models.testing import CHAT_TEMPLATE, TEXT, tiny_config, write_checkpoint, write_tokenizer
-from etc.models.tokenizer import ChatTemplateError, Tokenizer
+from etc.models.loading.tokenizer import ChatTemplateError, Tokenizer
 
 VOCAB = 320
 

@@ -14,49 +14,39 @@ Supported: `LlamaForCausalLM`, `Qwen3ForCausalLM` and `Qwen3MoeForCausalLM`
 checkpoint directories (config.json and *.safetensors with F32, F16 or BF16
 weights under the usual names), and GGUF files of the llama, qwen3 and
 qwen3moe architectures (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K).
-Compiled step kernels are kept in a compile cache (`etc.models.cache`), so a
-second load compiles nothing; this package imports without MLIR and loads
-models from the cache there. See docs/models.md.
+Compiled step kernels are kept in a compile cache
+(`etc.models.step.kernel_cache`), so a second load compiles nothing; this
+package imports without MLIR and loads models from the cache there. See
+docs/models.md.
+
+The package is layered, each layer importing only those below it:
+`loading` (checkpoint formats, config, tokenizer) < `step` (the step graph,
+its compiled kernel, KV caches, `CompiledModel`) < `engine` (continuous
+batching: scheduler, requests, KV slots, stopping, tensor-parallel
+lockstep) < `generation` (`Model.generate` on the engine). This module is
+the public face: `load`, `compile_checkpoint` and the names users need.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
-from pathlib import Path
-
-from .cache import KernelCache
-from .checkpoint import Checkpoint, CheckpointError, MissingTensorError
-from .config import ARCHITECTURES, ModelConfig, UnsupportedConfigError
-from .gguf import GGUFCheckpoint, GGUFError, is_gguf
-from .kvpages import DEFAULT_BLOCK_SIZE, BlockManager, PagedKVCache
-from .model import (Generation, KernelNotCachedError, KVCache, Model, Request, step_kernel,
-                    step_options)
 from .engine import Engine, RequestError
-from .safetensors import SafetensorsError
-from .tokenizer import ChatTemplateError, Tokenizer
-from .sampling import SamplingParams
+from .generation import Generation, Model
+from .loading import (ARCHITECTURES, Checkpoint, CheckpointError, ChatTemplateError,
+                      GGUFCheckpoint, GGUFError, MissingTensorError, ModelConfig,
+                      SafetensorsError, Tokenizer, UnsupportedConfigError, open_checkpoint)
+from .step import (DEFAULT_BLOCK_SIZE, BlockManager, CompiledModel, KernelNotCachedError,
+                   KVCache, PagedKVCache, Request, SamplingParams, step_kernel, step_options)
+from .step.kernel import CompileResult, compile_checkpoint
+from .step.kernel_cache import KernelCache
 
-__all__ = ["load", "open_checkpoint", "compile_checkpoint", "Model", "Generation", "KVCache",
-           "PagedKVCache", "BlockManager", "Request", "SamplingParams", "ModelConfig",
-           "ARCHITECTURES", "Checkpoint", "GGUFCheckpoint", "KernelCache", "CheckpointError",
-           "MissingTensorError", "UnsupportedConfigError", "SafetensorsError", "GGUFError",
-           "KernelNotCachedError", "Engine", "RequestError", "Tokenizer", "ChatTemplateError"]
-
-
-def open_checkpoint(path):
-    """The checkpoint at `path`: a `GGUFCheckpoint` for a GGUF file, a
-    `Checkpoint` for a Hugging Face directory; `CheckpointError` for
-    anything else."""
-    path = Path(path)
-    if path.is_dir():
-        return Checkpoint(path)
-    if is_gguf(path):
-        return GGUFCheckpoint(path)
-    if path.is_file():
-        raise CheckpointError(f"{path}: neither a GGUF file nor a checkpoint directory "
-                              f"(config.json and *.safetensors)")
-    raise CheckpointError(f"{path}: no such file or directory")
+__all__ = ["load", "open_checkpoint", "compile_checkpoint", "CompileResult", "Model",
+           "CompiledModel", "Generation", "KVCache", "PagedKVCache", "BlockManager", "Request",
+           "SamplingParams", "ModelConfig", "ARCHITECTURES", "Checkpoint", "GGUFCheckpoint",
+           "KernelCache", "CheckpointError", "MissingTensorError", "UnsupportedConfigError",
+           "SafetensorsError", "GGUFError", "KernelNotCachedError", "Engine", "RequestError",
+           "Tokenizer", "ChatTemplateError", "step_kernel", "step_options", "DEFAULT_BLOCK_SIZE"]
 
 
 def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[int] = None, *,
@@ -91,7 +81,7 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     (the engine: max_num_seqs x max_model_len).
 
     `cache`: None (default) uses the compile cache (`ETC_CACHE_DIR`, see
-    `etc.models.cache`) unless the environment sets `ETC_CACHE=0`; True
+    `etc.models.step.kernel_cache`) unless the environment sets `ETC_CACHE=0`; True
     uses it, False never; a path uses that directory. `kernel`: the path of
     a step kernel saved by `etc compile ... -o FILE`, used instead (checked
     against this model and options). Without the compiler (no MLIR) a
@@ -118,47 +108,3 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
                  kernel=kernel, progress=progress, tensor_parallel=tensor_parallel,
                  kv_dtype=kv_dtype, kv_block_size=kv_block_size, kv_cache_tokens=kv_cache_tokens,
                  kv_cache_memory=kv_cache_memory)
-
-
-def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
-                       workers: Optional[int] = None, *, dtype: str = "f32",
-                       max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
-                       chip: str = "sm_90a", kernels: str = "native", cache=None, output=None,
-                       progress=None, kv_dtype: Optional[str] = None,
-                       kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE):
-    """Compiles the step kernel of the checkpoint at `path` with `load`'s
-    options, without reading its weights or needing a GPU: into the compile
-    cache (`cache` as `load` takes it), and to the artifact file `output`
-    when given (what `load(..., kernel=output)` takes). A kernel already in
-    the cache is not compiled again. Returns a `CompileResult`: the kernel,
-    its source ("cache" or "compiled"), the seconds that took, and the
-    cache file (None when the cache is off or could not be written)."""
-    checkpoint = open_checkpoint(path)
-    graph_options, compile_options = step_options(
-        checkpoint.config, target=target, schedule=schedule, workers=workers, dtype=dtype,
-        max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip, kernels=kernels,
-        kv_dtype=kv_dtype, kv_block_size=kv_block_size)
-    kernel, source, seconds = step_kernel(checkpoint.config, graph_options, compile_options,
-                                          cache=cache, progress=progress, name=str(path))
-    from .cache import METADATA_KEY, describe, enabled_by_default, key_of
-
-    description = describe(checkpoint.config, graph_options, compile_options)
-    if output is not None:
-        kernel.save(output, metadata={METADATA_KEY: description})
-    if cache is None:
-        cache = enabled_by_default()
-    cache_path = None
-    if cache is not False:
-        cache_path = KernelCache(None if cache is True else cache).path(key_of(description))
-        if not cache_path.is_file():
-            cache_path = None
-    return CompileResult(kernel, source, seconds, cache_path)
-
-
-class CompileResult(NamedTuple):
-    """What `compile_checkpoint` did."""
-
-    kernel: object
-    source: str
-    seconds: float
-    cache_path: Optional[Path]

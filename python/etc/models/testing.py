@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from .safetensors import save_file
+from .loading.safetensors import save_file
 
 __all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint", "write_gguf",
            "checkpoint_tensors", "write_tokenizer", "CHAT_TEMPLATE", "TEXT",

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..models.engine import Engine, RequestError, RequestOutput
-from ..models.tokenizer import ChatTemplateError
+from ..models.loading.tokenizer import ChatTemplateError
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
@@ -325,12 +325,12 @@ def _sse(data: dict) -> str:
 
 def _sampling(body: _Sampling):
     """The request's sampling parameters: None (greedy) at temperature 0;
-    otherwise an `etc.models.sampling.SamplingParams`. The API's default
+    otherwise an `etc.models.step.sampling.SamplingParams`. The API's default
     temperature is 1."""
     temperature = 1.0 if body.temperature is None else body.temperature
     if temperature == 0.0:
         return None
-    from ..models.sampling import SamplingParams
+    from ..models.step.sampling import SamplingParams
 
     options = dict(temperature=temperature, seed=body.seed)
     for field in ("top_p", "top_k", "min_p"):

@@ -1,249 +1,34 @@
-"""A compiled model: its step kernel, its weights and KV caches, and greedy
-generation over ragged batches."""
+"""A model compiled into one step kernel: its weights (on the device for
+CUDA), its KV caches, and `step`, one kernel run over a ragged batch of
+requests (prefill, decode or both). The engine drives it; `etc.models.Model`
+(generation) adds `generate` on top."""
 
 from __future__ import annotations
 
-import os
 import time
 import weakref
-from dataclasses import dataclass
-from numbers import Integral
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
-from . import cache as _cache
-from .checkpoint import STORAGE, Checkpoint
-from .config import ModelConfig
-from .kvpages import DEFAULT_BLOCK_SIZE, PagedKVCache
-from .sampling import SamplingParams, fresh_seeds, sampling_inputs
+from ..loading.checkpoint import STORAGE, Checkpoint
+from . import kernel_cache as _cache
+from .kernel import DEFAULT_MAX_STEP_TOKENS, step_kernel, step_options
+from .kv_blocks import DEFAULT_BLOCK_SIZE
+from .kv_cache import KV_STORAGE, KVCache, PagedKVCache
+from .request import Request
+from .sampling import fresh_seeds, sampling_inputs
 
 if TYPE_CHECKING:
-    from ..compiler import CompiledKernel
+    from ...compiler import CompiledKernel
 
-__all__ = ["Model", "KVCache", "Generation", "Request", "MODEL_DTYPES", "KV_DTYPES",
-           "KernelNotCachedError", "step_options", "step_kernel"]
-
-#: The dtypes weights and activations may be computed in.
-MODEL_DTYPES = ("f32", "f16", "bf16")
-#: The dtypes a KV cache may have, and the array that holds one (bf16: its
-#: bit patterns, as for bf16 weights; on CUDA a device array of the same
-#: storage).
-KV_DTYPES = ("f32", "f16", "bf16")
-KV_STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
-              "bf16": np.dtype(np.uint16)}
-#: How many new tokens one step takes at most, unless told otherwise:
-#: longer prompts are prefilled over several steps (chunked prefill), which
-#: bounds the activations and the attention scratch a step allocates.
-DEFAULT_MAX_STEP_TOKENS = 256
-#: KV positions per attention chunk task, unless told otherwise. Small
-#: chunks split a long prefill's attention into many tiles that run in
-#: parallel; the number of chunks follows the cache's length at run time
-#: (not max_seq_len), so the scratch stays T x ceil(L / C) x heads x
-#: (head_dim + 2) floats. See docs/models.md and docs/benchmarks.md.
-DEFAULT_ATTENTION_CHUNK = 128
+__all__ = ["CompiledModel"]
 
 
-class KernelNotCachedError(RuntimeError):
-    """The step kernel is not in the compile cache, and this installation
-    cannot compile it (the compiler does not import)."""
-
-    def __init__(self, name: str, target: str, store: "Optional[_cache.KernelCache]"):
-        import etc
-
-        where = (f"the compile cache {store.directory} has no kernel for it"
-                 if store is not None else "the compile cache is off")
-        super().__init__(
-            f"load: the step kernel of {name} is not compiled: {where}, and the compiler "
-            f"cannot be imported here ({etc._COMPILER_MISSING}). Compile it where ETC's "
-            f"compiler is installed, with the same options (etc compile {name} --target "
-            f"{target} ...), then copy the cache directory here (or set ETC_CACHE_DIR), or "
-            f"pass the file 'etc compile -o FILE' wrote as kernel=FILE")
-
-
-@dataclass(frozen=True)
-class Request:
-    """One request of a step: `tokens` (new token ids) of the sequence in
-    cache slot `slot`, at positions `start`, `start + 1`, ...; the
-    positions before `start` must already be in the cache. The token after
-    the last one (at position `start + len(tokens)`) is chosen with
-    `sampling` (None: greedy)."""
-
-    slot: int
-    start: int
-    tokens: Sequence[int]
-    sampling: Optional[SamplingParams] = None
-
-
-class KVCache:
-    """The K and V caches of every layer: arrays (slots, length,
-    kv_heads * head_dim) of `dtype` ("f32", "f16", or "bf16" held as uint16
-    bit patterns) that the step kernel updates in place."""
-
-    def __init__(self, config: ModelConfig, slots: int, length: int, allocate=None,
-                 dtype: str = "f32"):
-        self.slots, self.length = slots, length
-        self.dtype = dtype
-        storage = KV_STORAGE[dtype]
-        shape = (slots, length, config.num_kv_heads * config.head_dim)
-        allocate = allocate or (lambda shape, storage: np.zeros(shape, storage))
-        self.arrays = {f"l{i}_{kind}_cache": allocate(shape, storage)
-                       for i in range(config.num_layers) for kind in ("k", "v")}
-
-    @staticmethod
-    def bytes_for(config: ModelConfig, slots: int, length: int, dtype: str = "f32") -> int:
-        """The memory the caches of `slots` sequences of `length` positions
-        take: 2 (K and V) x layers x slots x length x kv_heads x head_dim x
-        bytes per value (4 for f32, 2 for f16 and bf16)."""
-        return (2 * config.num_layers * slots * length * config.num_kv_heads *
-                config.head_dim * KV_STORAGE[dtype].itemsize)
-
-    @property
-    def nbytes(self) -> int:
-        itemsize = KV_STORAGE[self.dtype].itemsize
-        return sum(int(np.prod(a.shape)) * itemsize for a in self.arrays.values())
-
-
-@dataclass
-class Generation:
-    """What `Model.generate` returns: per prompt, the new token ids, their
-    text (None without a tokenizer), why generation ended ("stop": an EOS
-    id or a stop string; "length": max_new_tokens) and (with
-    `return_logits`) a float32 array (new tokens, vocab) of the logits each
-    new token was chosen from; and how long it took."""
-
-    tokens: list
-    logits: Optional[list] = None
-    text: Optional[list] = None
-    finish_reasons: Optional[list] = None
-    #: Per prompt, how many of its tokens' keys and values came from the
-    #: paged cache (a prefix cached by an earlier prompt) instead of being
-    #: computed.
-    cached_tokens: Optional[list] = None
-    #: Kernel runs, and seconds spent in them (host preparation included).
-    steps: int = 0
-    seconds: float = 0.0
-    #: Tokens generated by steps that decode only (one token per request),
-    #: and their seconds: the decode rate, without the prefill.
-    decode_tokens: int = 0
-    decode_seconds: float = 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        """New tokens per second over the whole generation."""
-        new = sum(len(t) for t in self.tokens)
-        return new / self.seconds if self.seconds else float("nan")
-
-    @property
-    def decode_tokens_per_second(self) -> float:
-        return self.decode_tokens / self.decode_seconds if self.decode_seconds else float("nan")
-
-
-def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "auto",
-                 workers: Optional[int] = None, dtype: str = "f32",
-                 max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
-                 chip: str = "sm_90a", kernels: str = "native",
-                 kv_dtype: Optional[str] = None,
-                 kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE) -> tuple[dict, dict]:
-    """`load`'s options checked and completed with their defaults: the
-    options of `build_step_graph` (dtype, max_seq_len, chunk, kv_dtype,
-    kv_block_size) and of `etc.compile` (target, schedule, workers, chip,
-    kernels). With the config they are all the step kernel's code depends
-    on. The KV caches' dtype is by default the compute dtype (a bf16 model
-    keeps bf16 keys and values: half the memory and half the attention's
-    bytes of float32)."""
-    if dtype not in MODEL_DTYPES:
-        raise ValueError(f"load: dtype={dtype!r} is not supported; expected one of "
-                         f"{MODEL_DTYPES}")
-    kv_dtype = dtype if kv_dtype is None else kv_dtype
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"load: kv_dtype={kv_dtype!r} is not supported; expected one of "
-                         f"{KV_DTYPES}")
-    if target not in ("cpu", "cuda"):
-        raise ValueError(f"load: target={target!r} is not supported; expected 'cpu' or 'cuda'")
-    if max_seq_len is None:
-        max_seq_len = config.max_position_embeddings
-    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
-        raise ValueError(f"load: max_seq_len={max_seq_len!r} must be a positive int")
-    if attention_chunk is None:
-        attention_chunk = DEFAULT_ATTENTION_CHUNK
-    if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, int) or \
-            attention_chunk < 1:
-        raise ValueError(f"load: attention_chunk={attention_chunk!r} must be a positive int")
-    if workers is None:
-        # On CUDA the runtime sizes the grid from the device; the option
-        # only records the intent.
-        workers = _usable_cores() if target == "cpu" else 1
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"load: workers={workers!r} must be a positive int")
-    if kv_block_size is not None and (isinstance(kv_block_size, bool) or
-                                      not isinstance(kv_block_size, int) or kv_block_size < 1):
-        raise ValueError(f"load: kv_block_size={kv_block_size!r} must be a positive int (the "
-                         f"positions of a KV cache block), or None for a contiguous cache")
-    return (dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk, kv_dtype=kv_dtype,
-                 kv_block_size=kv_block_size),
-            dict(target=target, schedule=schedule, workers=workers, chip=chip, kernels=kernels))
-
-
-def step_kernel(config: ModelConfig, graph_options: dict, compile_options: dict, *,
-                cache=None, kernel=None, progress=None, name="the model"):
-    """The step kernel of `config` with `step_options`' options, and where
-    it came from ("file", "cache" or "compiled") and how long that took:
-    the artifact file `kernel` (checked against the options), else the
-    compile cache `cache` (as `load` takes it), else compiled (and then
-    cached). Only compiling imports the compiler."""
-    from ..runtime import load as load_artifact
-
-    workers = compile_options["workers"] if compile_options["target"] == "cpu" else None
-    description = _cache.describe(config, graph_options, compile_options)
-    start = time.perf_counter()
-    if kernel is not None:
-        loaded = load_artifact(kernel, workers=workers)
-        found = loaded.metadata.get(_cache.METADATA_KEY)
-        if found is None:
-            raise ValueError(f"load: kernel={str(kernel)!r} is not a model's step kernel (its "
-                             f"artifact records no model description); write one with "
-                             f"'etc compile CHECKPOINT -o FILE'")
-        differ = _cache.differences(found, description)
-        if differ:
-            raise ValueError(f"load: kernel={str(kernel)!r} was compiled for another model or "
-                             f"other options: " + "; ".join(differ))
-        return loaded, "file", time.perf_counter() - start
-    if cache is None:
-        cache = _cache.enabled_by_default()
-    store = None
-    if cache is not False:
-        store = _cache.KernelCache(None if cache is True else cache)
-        key = _cache.key_of(description)
-        if progress is not None:
-            progress("cache", 0, 1)
-        found = store.get(key, workers=workers)
-        if found is not None:
-            if progress is not None:
-                progress("cache", 1, 1)
-            return found, "cache", time.perf_counter() - start
-    import etc
-
-    if etc._COMPILER_MISSING is not None:
-        raise KernelNotCachedError(name, compile_options["target"], store)
-    # The compiler, imported only now: everything above runs without MLIR.
-    from ..compiler import compile as _compile
-    from .builder import build_step_graph
-
-    if progress is not None:
-        progress("compile", 0, 1)
-    compiled = _compile(build_step_graph(config, **graph_options), **compile_options)
-    seconds = time.perf_counter() - start
-    if progress is not None:
-        progress("compile", 1, 1)
-    if store is not None:
-        store.put(key, compiled, description)
-    return compiled, "compiled", seconds
-
-
-class Model:
-    """A decoder-only model compiled into one step kernel (see
-    `etc.models.load`)."""
+class CompiledModel:
+    """A decoder-only model compiled into one step kernel: its weights, KV
+    caches and `step` (the engine drives it; `etc.models.Model` adds
+    `generate`)."""
 
     def __init__(self, checkpoint, *, target: str = "cpu", schedule: str = "auto",
                  workers: Optional[int] = None, dtype: str = "f32",
@@ -258,14 +43,14 @@ class Model:
 
         if target == "cuda":
             # The weights go to the device: fail now, not after compiling.
-            from ..runtime.cuda import require_device
+            from ...runtime.cuda import require_device
 
             require_device("load(target='cuda')")
         config = checkpoint.config
         #: The ranks the model is split over (Megatron-style) and this
         #: process's rank; `_shard` is its share of the heads and columns.
         self.tensor_parallel = tensor_parallel
-        #: Whether rank 0's `etc.models.lockstep.Leader` runs the steps of
+        #: Whether rank 0's `etc.models.engine.lockstep.Leader` runs the steps of
         #: every rank (serving), rather than every rank its own.
         self.led = False
         self._shard = shard_config(config, tensor_parallel)
@@ -374,7 +159,7 @@ class Model:
 
     def describe(self) -> dict:
         """What the step kernel's code depends on (see
-        `etc.models.cache.describe`): its compile-cache key's material."""
+        `etc.models.step.kernel_cache.describe`): its compile-cache key's material."""
         return _cache.describe(self.config, self.graph_options, self.compile_options)
 
     @property
@@ -382,7 +167,7 @@ class Model:
         """The step graph (`etc.Graph`; built on first use, needs the
         compiler)."""
         if self._graph is None:
-            from .builder import build_step_graph
+            from .graph import build_step_graph
 
             self._graph = build_step_graph(self._shard, **self.graph_options)
         return self._graph
@@ -394,7 +179,7 @@ class Model:
         if name == "inv_freq" or array.dtype == STORAGE[self.dtype]:
             return array
         if self.dtype == "bf16":
-            from .. import bfloat16
+            from ... import bfloat16
 
             return bfloat16.to_bits(array)
         return array.astype(np.float16)
@@ -536,7 +321,7 @@ class Model:
         tensor-parallel model must draw the same tokens, so rank 0's seeds
         go to all (the ranks run the same steps)."""
         seeds = fresh_seeds(count)
-        # Led by rank 0 (`etc.models.lockstep`), the other ranks get the
+        # Led by rank 0 (`etc.models.engine.lockstep`), the other ranks get the
         # seeds with the rest of the step's inputs.
         if self.tensor_parallel > 1 and count and not self.led:
             from mpi4py import MPI
@@ -643,142 +428,11 @@ class Model:
                     **sampling_inputs([q.sampling for q in requests], self._fresh_seeds),
                     **cache.arrays)
 
-    def generate(self, prompts, max_new_tokens: int, return_logits: bool = False, *,
-                 stop: Sequence[str] = (), ignore_eos: bool = False, sampling=None,
-                 **template_variables) -> Generation:
-        """Generates from one prompt or a batch of them, of any lengths.
-
-        A prompt is a string (encoded with the tokenizer, its special tokens
-        added), a chat (a list of {"role", "content"} dicts, rendered by the
-        chat template with the generation prompt; `template_variables` such
-        as `enable_thinking=False` go to the template), or a list of token
-        ids; `prompts` is one of these or a list of them. Each prompt gets
-        at most `max_new_tokens` new ids and stops earlier at one of the
-        model's `eos_token_ids` (unless `ignore_eos`) or when its text
-        contains a string of `stop` (the stop string is cut from the text).
-        `sampling` (an `etc.models.sampling.SamplingParams`) applies to
-        every prompt; None is greedy.
-
-        The returned `Generation` has per prompt the new ids (`tokens`,
-        ending with the EOS id when one stopped it), the text (`text`,
-        without special tokens; needs a tokenizer) and why it ended
-        (`finish_reasons`: "stop" or "length"), and how many of its tokens
-        came from the cache (`cached_tokens`). Prompts run together on an
-        `Engine` with a slot each: prefilled in ragged steps of at most
-        `max_step_tokens` tokens, then decoded one token per request and
-        step, a step mixing both. With the paged cache (the default) the
-        engine runs on the model's pool (`paged_cache`), so a prompt reuses
-        the cached blocks of a prefix an earlier prompt or call computed."""
-        from .engine import Engine
-
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or \
-                max_new_tokens < 1:
-            raise ValueError(f"generate: max_new_tokens={max_new_tokens!r} must be a positive "
-                             f"int")
-        max_new_tokens = int(max_new_tokens)
-        sequences = [self._prompt_ids(p, prompt, max_new_tokens, template_variables)
-                     for p, prompt in enumerate(_as_prompt_list(prompts))]
-        engine = Engine(self, max_num_seqs=len(sequences),
-                        max_model_len=max(len(s) for s in sequences) + max_new_tokens)
-        handles = [engine.submit(ids, max_new_tokens=max_new_tokens, stop=stop,
-                                 ignore_eos=ignore_eos, sampling=sampling,
-                                 return_logits=return_logits) for ids in sequences]
-        engine.run()
-        results = [handle.result() for handle in handles]
-        for result in results:
-            if result.finish_reason == "error":
-                raise RuntimeError(f"generate: a step failed: {result.error}")
-        result = Generation(tokens=[r.token_ids for r in results],
-                            text=[r.text for r in results] if self.tokenizer else None,
-                            finish_reasons=[r.finish_reason for r in results],
-                            cached_tokens=[r.cached_tokens for r in results])
-        if return_logits:
-            result.logits = [r.logits for r in results]
-        for step in engine.steps:
-            result.steps += 1
-            result.seconds += step.seconds
-            if step.decode_only:
-                result.decode_tokens += step.requests
-                result.decode_seconds += step.seconds
-        return result
-
-    def _prompt_ids(self, p: int, prompt, max_new_tokens: int, template_variables) -> list:
-        """Prompt `p` of `generate` as token ids, checked."""
-        vocab = self.config.vocab_size
-        if isinstance(prompt, str) or _is_chat(prompt):
-            if self.tokenizer is None:
-                raise ValueError(f"generate: prompt {p} is text, but {self.path} has no "
-                                 f"tokenizer.json: give token ids")
-            if isinstance(prompt, str):
-                ids = self.tokenizer.encode(prompt)
-            else:
-                text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True,
-                                                          **template_variables)
-                ids = self.tokenizer.encode(text, add_special_tokens=False)
-        elif _is_sequence(prompt):
-            ids = prompt
-        else:
-            raise ValueError(f"generate: prompt {p} must be a string, a chat (a list of "
-                             f"message dicts) or a list of token ids, not "
-                             f"{type(prompt).__name__}")
-        if not len(ids):
-            raise ValueError(f"generate: prompt {p} must be a non-empty list of token ids")
-        for i, token in enumerate(ids):
-            if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
-                raise ValueError(f"generate: prompt {p}, position {i}: {token!r} is not an int "
-                                 f"token id")
-            if not 0 <= token < vocab:
-                raise ValueError(f"generate: prompt {p}, position {i}: token id {token} "
-                                 f"is outside the vocabulary [0, {vocab})")
-        total = len(ids) + max_new_tokens
-        if total > self.max_seq_len:
-            raise ValueError(f"generate: prompt {p} has {len(ids)} tokens; with "
-                             f"max_new_tokens={max_new_tokens} the sequence would be "
-                             f"{total} tokens, longer than the cache "
-                             f"(max_seq_len={self.max_seq_len})")
-        return [int(t) for t in ids]
-
-
-def _is_chat(prompt) -> bool:
-    return isinstance(prompt, Sequence) and not isinstance(prompt, (str, bytes)) and \
-        bool(prompt) and all(isinstance(m, dict) for m in prompt)
-
-
-def _as_prompt_list(prompts) -> list:
-    """`generate`'s prompts as a list: one string, chat or id list becomes a
-    list of one."""
-    if isinstance(prompts, str) or _is_chat(prompts):
-        return [prompts]
-    if isinstance(prompts, np.ndarray) and prompts.ndim == 1:
-        return [prompts]
-    if not _is_sequence(prompts) or not len(prompts):
-        raise ValueError("generate: 'prompts' must be a string, a chat, a list of token ids, "
-                         "or a non-empty list of these")
-    if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompts):
-        return [prompts]
-    return list(prompts)
-
-
-def _is_sequence(value) -> bool:
-    """A list-like of items (a list, a tuple, a 1-D or 2-D NumPy array), not
-    a string."""
-    if isinstance(value, np.ndarray):
-        return value.ndim >= 1
-    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
-
-
-def _usable_cores() -> int:
-    """The cores this process may run on (`etc.compile`'s default too)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
 
 def _to_device(kernel, name: str, array: np.ndarray):
     """Weight `name` copied once to the device in the storage its graph
     input has (bf16 as its 16-bit patterns): the CUDA runtime uses device
     arrays in place, so weights are not copied every step."""
-    from ..runtime.cpu import to_storage
+    from ...runtime.cpu import to_storage
 
     return kernel.runtime.device_array(to_storage(array, kernel.abi.argument(name).dtype))

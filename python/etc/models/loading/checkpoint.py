@@ -119,7 +119,7 @@ class Checkpoint:
     def weights(self, dtype: str = "f32", progress: Optional[Callable[[int, int], None]] = None
                 ) -> dict[str, np.ndarray]:
         """Every weight the step graph takes, by graph input name (see
-        `etc.models.builder`), in the storage of the compute `dtype`:
+        `etc.models.step.graph`), in the storage of the compute `dtype`:
         float32 for "f32", float16 for "f16", bf16 bit patterns (uint16)
         for "bf16"; contiguous and owned (not views of the files). A tensor
         stored in that dtype is read as it is, never widened, so loading

@@ -16,7 +16,7 @@ handle.result().text, handle.result().finish_reason
 
 The KV cache is managed behind five calls (`admit`, `reserve`, `commit`,
 `release` and `cache`) by one of two classes. With the model's paged cache
-(the default, `etc.models.kvpages`), `PagedSlots`: requests are admitted
+(the default, `etc.models.step.kv_cache.PagedKVCache`), `PagedSlots`: requests are admitted
 while the pool has free blocks for their prompt, a new request reuses the
 blocks of its longest cached prefix (another request's prompt, or an
 earlier one's, kept until evicted least-recently-used) and prefills only the
@@ -34,95 +34,21 @@ import collections
 import inspect
 import itertools
 import logging
-import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from ..step.request import Request
+from .requests import RequestError, RequestHandle, RequestOutput, RequestResult
+from .slots import PagedSlots, SlotCache
+from .stopping import StopChecker
+
 logger = logging.getLogger("etc.engine")
 
-__all__ = ["Engine", "RequestHandle", "RequestOutput", "RequestResult", "RequestError",
-           "SlotCache", "StepRecord", "StopChecker", "EngineStats"]
-
-
-class RequestError(ValueError):
-    """A request the engine cannot run, with `param`: the parameter at fault
-    ("prompt", "max_new_tokens", "stop", "sampling")."""
-
-    def __init__(self, message: str, param: str):
-        super().__init__(message)
-        self.param = param
-
-
-#: Why a request ended: an end-of-sequence id or a stop string ("stop"),
-#: its token limit or the model length ("length"), `cancel` ("abort"), or a
-#: failed step ("error").
-FINISH_REASONS = ("stop", "length", "abort", "error")
-
-
-@dataclass
-class RequestOutput:
-    """What one step did for one request: the ids it produced (none while a
-    long prompt is still being prefilled) and the text they completed (held
-    back while it may be the start of a stop string, and never containing
-    the stop string itself). `finish_reason` is set on the request's last
-    output."""
-
-    request_id: int
-    token_ids: list
-    text: str
-    finish_reason: Optional[str] = None
-    #: The ids of the request so far, and the error of a failed step.
-    num_tokens: int = 0
-    error: Optional[str] = None
-    #: The prompt tokens whose keys and values came from the cache (a
-    #: cached prefix) rather than being computed for this request.
-    cached_tokens: int = 0
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class RequestResult:
-    """A finished request: its prompt and new ids, its text, why it ended,
-    and when (perf_counter seconds) it arrived, got its first token and
-    finished. `token_ids` include the end-of-sequence id that stopped it
-    (`finish_reason` "stop" by EOS), `text` never does; after a stop string,
-    `token_ids` end with the id that completed it, and `text` ends before
-    it."""
-
-    request_id: int
-    prompt_ids: list
-    token_ids: list
-    text: str
-    finish_reason: str
-    arrival_time: float
-    first_token_time: Optional[float]
-    finish_time: float
-    logits: Optional[np.ndarray] = None
-    error: Optional[str] = None
-    #: The prompt tokens that came from the cache (see `RequestOutput`),
-    #: and how many times the request was preempted (and recomputed).
-    cached_tokens: int = 0
-    preemptions: int = 0
-
-    @property
-    def time_to_first_token(self) -> Optional[float]:
-        if self.first_token_time is None:
-            return None
-        return self.first_token_time - self.arrival_time
-
-    @property
-    def time_per_output_token(self) -> Optional[float]:
-        """Seconds per token after the first (None with fewer than 2)."""
-        if self.first_token_time is None or len(self.token_ids) < 2:
-            return None
-        return (self.finish_time - self.first_token_time) / (len(self.token_ids) - 1)
+__all__ = ["Engine", "StepRecord", "EngineStats"]
 
 
 @dataclass
@@ -136,41 +62,6 @@ class StepRecord:
     seconds: float
 
 
-class StopChecker:
-    """The stop strings of one request, checked on its detokenized text:
-    `feed(text)` returns the text that may be sent (holding back a tail
-    that could begin a stop string) and whether a stop string appeared
-    (the text returned then ends just before it, as in OpenAI's API)."""
-
-    def __init__(self, stop: Sequence[str]):
-        self.stop = tuple(s for s in stop if s)
-        self._longest = max((len(s) for s in self.stop), default=0)
-        self._text = ""   # everything seen
-        self._sent = 0    # characters of it returned
-
-    def feed(self, text: str, final: bool = False) -> tuple[str, bool]:
-        start = max(0, len(self._text) - self._longest + 1)
-        self._text += text
-        if self.stop:
-            found = [i for i in (self._text.find(s, start) for s in self.stop) if i >= 0]
-            if found:
-                end = min(found)
-                out = self._text[self._sent:end] if end > self._sent else ""
-                self._sent = max(self._sent, end)
-                return out, True
-        end = len(self._text)
-        if not final:
-            # Hold back the longest tail that is a proper prefix of a stop.
-            for k in range(min(self._longest - 1, end - self._sent), 0, -1):
-                tail = self._text[end - k:]
-                if any(s.startswith(tail) for s in self.stop):
-                    end -= k
-                    break
-        out = self._text[self._sent:end]
-        self._sent = end
-        return out, False
-
-
 @dataclass
 class EngineStats:
     """What the engine's cache did since it started: prompt tokens admitted
@@ -181,52 +72,6 @@ class EngineStats:
     cached_tokens: int = 0
     evictions: int = 0
     preemptions: int = 0
-
-
-class SlotCache:
-    """A contiguous KV cache for the engine: `slots` sequences of `length`
-    positions (`model.new_cache`), a slot per running sequence.
-
-    `admit(tokens, n)` takes a free slot for a sequence of `tokens` that
-    will reach `n` positions and returns (slot, tokens already cached:
-    always 0 here), or None when no slot is free (it waits);
-    `reserve(slot, n)` says a running sequence is about to reach `n`
-    positions (always true here: a slot holds the whole length);
-    `commit(slot, tokens)` says which ids the slot's first positions hold
-    (nothing to do here); `release(slot)` gives the slot back. The paged
-    cache's `etc.models.kvpages.PagedSlots` answers the same calls with
-    blocks."""
-
-    evictions = 0
-
-    def __init__(self, model, slots: int, length: int):
-        self.cache = model.new_cache(slots, length)
-        self.slots, self.length = slots, length
-        self.block_size = None
-        self._free = list(range(slots - 1, -1, -1))
-
-    @property
-    def capacity(self) -> int:
-        return self.length
-
-    def fits(self, positions: int) -> bool:
-        return positions <= self.length
-
-    def admit(self, tokens, positions: int) -> Optional[tuple[int, int]]:
-        return (self._free.pop(), 0) if self._free else None
-
-    def reserve(self, slot: int, positions: int) -> bool:
-        return positions <= self.length
-
-    def commit(self, slot: int, tokens) -> None:
-        pass
-
-    def release(self, slot: int) -> None:
-        self._free.append(slot)
-
-    @property
-    def used(self) -> int:
-        return self.slots - len(self._free)
 
 
 class _Sequence:
@@ -257,68 +102,6 @@ class _Sequence:
         """Tokens not yet in the cache: the rest of the prompt, or the last
         generated id."""
         return len(self.tokens) - self.cached
-
-
-class RequestHandle:
-    """A submitted request: `outputs()` yields its `RequestOutput`s as the
-    steps make them, `result()` waits for the `RequestResult`, `cancel()`
-    ends it between two steps (its slot is freed; finish_reason "abort").
-    With an `on_output` callback given to `Engine.submit`, outputs go to the
-    callback (from the engine's thread) instead."""
-
-    def __init__(self, engine: "Engine", request_id: int, prompt_ids: list,
-                 on_output: Optional[Callable[[RequestOutput], None]]):
-        self.engine = engine
-        self.request_id = request_id
-        self.prompt_ids = prompt_ids
-        self.arrival_time = time.perf_counter()
-        self._on_output = on_output
-        self._queue: "queue.Queue[RequestOutput]" = queue.Queue()
-        self._done = threading.Event()
-        self._result: Optional[RequestResult] = None
-
-    def _deliver(self, output: RequestOutput) -> None:
-        if self._on_output is not None:
-            try:
-                self._on_output(output)
-            except Exception:  # a consumer gone (a closed event loop): not the engine's end
-                logger.exception("request %d: its output callback failed", self.request_id)
-        else:
-            self._queue.put(output)
-
-    def _finish(self, result: RequestResult) -> None:
-        self._result = result
-        self._done.set()
-
-    @property
-    def finished(self) -> bool:
-        return self._done.is_set()
-
-    def cancel(self) -> None:
-        self.engine.cancel(self.request_id)
-
-    def outputs(self, timeout: Optional[float] = None):
-        """The outputs as they come, until the last one. Without a running
-        engine thread, the caller's thread runs the steps."""
-        while True:
-            if not self.engine.running:
-                while self._queue.empty():
-                    if not self.engine.step():
-                        break
-            output = self._queue.get(timeout=timeout)
-            yield output
-            if output.finished:
-                return
-
-    def result(self, timeout: Optional[float] = None) -> RequestResult:
-        """The finished request (running the steps in this thread when the
-        engine has no thread of its own)."""
-        if not self.engine.running:
-            while not self._done.is_set() and self.engine.step():
-                pass
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"request {self.request_id} did not finish in {timeout} s")
-        return self._result
 
 
 class Engine:
@@ -367,8 +150,6 @@ class Engine:
                                  "was loaded with kv_block_size=None (contiguous slots)")
             self.cache = SlotCache(model, max_num_seqs, max_model_len)
         else:
-            from .kvpages import PagedSlots
-
             pool = model.paged_cache(max_num_seqs * max_model_len) if kv_cache_tokens is None \
                 else model.new_paged_cache(kv_cache_tokens)
             self.cache = PagedSlots(pool, max_num_seqs)
@@ -402,7 +183,7 @@ class Engine:
         `max_new_tokens` new ids (default: up to `max_model_len`), stopping
         at an id of `eos_token_ids` (default: the model's) unless
         `ignore_eos`, or at a string of `stop` (needs the model's
-        tokenizer). `sampling` is an `etc.models.sampling.SamplingParams`
+        tokenizer). `sampling` is an `etc.models.step.sampling.SamplingParams`
         (None: greedy); without a seed each step draws fresh random seeds (rank
         0's under tensor parallelism, so every rank draws the same token).
         Raises `RequestError` naming the parameter at fault."""
@@ -609,8 +390,6 @@ class Engine:
         self._waiting.appendleft(sequence)
 
     def _request(self, sequence: _Sequence, take: int):
-        from .model import Request
-
         tokens = sequence.tokens[sequence.cached:sequence.cached + take]
         if sequence.sampling is None:
             return Request(sequence.slot, sequence.cached, tokens)

@@ -252,7 +252,7 @@ class ModelConfig:
         computes them for the configured variant."""
         import numpy as np
 
-        from ..reference_llm import rope_inv_freq
+        from ...reference_llm import rope_inv_freq
 
         d = self.head_dim
         inv_freq = rope_inv_freq(d, self.rope_theta)

@@ -17,7 +17,7 @@ from typing import Iterator, Mapping, Optional
 
 import numpy as np
 
-from .. import bfloat16
+from ... import bfloat16
 
 __all__ = ["SafetensorsError", "SafetensorsFile", "save_file", "DTYPES"]
 

@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from .config import ModelConfig
+from ..loading.config import ModelConfig
 
 __all__ = ["shard_config", "shard_weights"]
 

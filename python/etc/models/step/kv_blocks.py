@@ -1,5 +1,6 @@
-"""The paged KV cache: a pool of blocks of P positions per layer, a block
-table per sequence, and prefix reuse across sequences.
+"""The paged KV cache's bookkeeping: a pool of blocks of P positions per
+layer, a block table per sequence, and prefix reuse across sequences (the
+arrays themselves are `kv_cache.PagedKVCache`).
 
 Each layer's K and V caches are one array (blocks, P, kv_heads * head_dim);
 position p of a sequence lives in block table[p // P] at row p % P. The
@@ -26,14 +27,12 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import itertools
-import threading
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Optional, Sequence
+from typing import Hashable, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["BlockManager", "PagedKVCache", "PagedSlots", "DEFAULT_BLOCK_SIZE", "block_hashes"]
+__all__ = ["BlockManager", "DEFAULT_BLOCK_SIZE", "block_hashes"]
 
 #: Positions per block unless told otherwise: vLLM's default, a 16-row
 #: block of a 128-wide bf16 head is 4 KB, and chunked attention reads whole
@@ -275,148 +274,3 @@ class BlockManager:
         assert free | idle == {b for b in range(self.num_blocks) if not held[b]}
         assert not free & set(self._hash_of) and idle <= set(self._hash_of)
         assert {self._block_of[h] for h in self._hash_of.values()} == set(self._hash_of)
-
-
-class PagedKVCache:
-    """The paged K and V caches of every layer: arrays (`num_blocks`,
-    `block_size`, kv_heads * head_dim) of the KV dtype's storage, which the
-    step kernel updates in place, and their `BlockManager`.
-
-    `Model.step` takes a `Request`'s slot as a sequence key of `manager`
-    and passes the kernel the block tables of the step's sequences."""
-
-    def __init__(self, config, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, *,
-                 storage=np.float32, dtype: str = "f32",
-                 allocate: Optional[Callable] = None, prefix_caching: bool = True):
-        self.manager = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching)
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.dtype = dtype
-        self.storage = np.dtype(storage)
-        shape = (num_blocks, block_size, config.num_kv_heads * config.head_dim)
-        allocate = allocate or (lambda shape, storage: np.zeros(shape, storage))
-        self.arrays = {f"l{i}_{kind}_cache": allocate(shape, self.storage)
-                       for i in range(config.num_layers) for kind in ("k", "v")}
-        self._keys = itertools.count()
-        #: Held by every `PagedSlots` call and `block_tables`: the engines
-        #: that share the pool run in threads of their own.
-        self.lock = threading.RLock()
-
-    def new_key(self) -> int:
-        """A sequence key no sequence of the pool has had: the engines that
-        share the pool never collide."""
-        key = next(self._keys)
-        while key in self.manager:
-            key = next(self._keys)
-        return key
-
-    @staticmethod
-    def bytes_per_block(config, block_size: int, itemsize: int) -> int:
-        """2 (K and V) x layers x block_size x kv_heads x head_dim x itemsize."""
-        return (2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim *
-                itemsize)
-
-    @property
-    def tokens(self) -> int:
-        """The positions the pool holds."""
-        return self.num_blocks * self.block_size
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(np.prod(a.shape)) * self.storage.itemsize for a in self.arrays.values())
-
-    def block_tables(self, keys: Sequence, positions: Sequence[int]) -> np.ndarray:
-        """The i32 (len(keys), M) block tables of sequences `keys`, each
-        checked to cover its `positions`; M is the longest table rounded
-        up to a power of two (few distinct widths, so few bindings), rows
-        padded with block 0, which no position reads."""
-        with self.lock:
-            return self._block_tables(keys, positions)
-
-    def _block_tables(self, keys: Sequence, positions: Sequence[int]) -> np.ndarray:
-        tables = []
-        for r, (key, needed) in enumerate(zip(keys, positions)):
-            if key not in self.manager:
-                raise ValueError(f"step: request {r} uses sequence {key!r}, which the paged "
-                                 f"cache has not admitted")
-            table = self.manager.table(key)
-            if len(table) * self.block_size < needed:
-                raise ValueError(f"step: request {r} reaches position {needed - 1}, but its "
-                                 f"block table holds {len(table) * self.block_size} positions "
-                                 f"(reserve blocks first)")
-            tables.append(table)
-        width = 1
-        longest = max((len(t) for t in tables), default=1)
-        while width < longest:
-            width *= 2
-        out = np.zeros((len(tables), width), np.int32)
-        for r, table in enumerate(tables):
-            out[r, :len(table)] = table
-        return out
-
-
-class PagedSlots:
-    """The engine's KV cache manager over a `PagedKVCache`: at most `slots`
-    sequences at once, each a slot number that is its key in the block
-    manager (and the `Request.slot` of its steps), fresh for each sequence
-    (`PagedKVCache.new_key`), so that several engines may share one pool
-    and its cached prefixes.
-
-    `admit(tokens, positions)` opens a sequence for `tokens` (a prompt, or a
-    preempted sequence's prompt and generated ids) when a slot is free and
-    the pool has blocks for `positions` positions past what its cached
-    prefix covers, and returns (slot, cached tokens), else None;
-    `reserve(slot, positions)` grows it (False when the pool lacks blocks:
-    the engine preempts); `commit(slot, tokens)` registers its computed
-    full blocks for reuse; `release(slot)` frees the slot and its blocks."""
-
-    def __init__(self, cache: PagedKVCache, slots: int):
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise ValueError(f"PagedSlots: slots={slots!r} must be a positive int")
-        self.cache = cache
-        self.manager = cache.manager
-        self.slots = slots
-        self.block_size = cache.block_size
-        self._held: set[int] = set()
-
-    @property
-    def capacity(self) -> int:
-        """The positions the whole pool holds: a longer sequence never fits."""
-        return self.cache.tokens
-
-    def fits(self, positions: int) -> bool:
-        """Whether a sequence of `positions` positions fits in the pool at all."""
-        return self.manager.blocks_for(positions) <= self.manager.num_blocks
-
-    @property
-    def evictions(self) -> int:
-        """Cached blocks the pool has evicted to make room (all its users)."""
-        return self.manager.evictions
-
-    def admit(self, tokens: Sequence[int], positions: int) -> Optional[tuple[int, int]]:
-        if len(self._held) >= self.slots:
-            return None
-        with self.cache.lock:
-            slot = self.cache.new_key()
-            cached = self.manager.admit(slot, tokens, positions)
-        if cached is None:
-            return None
-        self._held.add(slot)
-        return slot, cached
-
-    def reserve(self, slot: int, positions: int) -> bool:
-        with self.cache.lock:
-            return self.manager.reserve(slot, positions)
-
-    def commit(self, slot: int, tokens: Sequence[int]) -> None:
-        with self.cache.lock:
-            self.manager.commit(slot, tokens)
-
-    def release(self, slot: int) -> None:
-        with self.cache.lock:
-            self.manager.release(slot)
-        self._held.discard(slot)
-
-    @property
-    def used(self) -> int:
-        """Slots in use."""
-        return len(self._held)

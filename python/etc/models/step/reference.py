@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import bfloat16
-from .config import ModelConfig
+from ... import bfloat16
+from ..loading.config import ModelConfig
 
 __all__ = ["forward"]
 

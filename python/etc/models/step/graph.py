@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..graph import Graph
-from .config import ModelConfig
+from ...graph import Graph
+from ..loading.config import ModelConfig
 
 __all__ = ["build_step_graph", "SAMPLING_INPUTS"]
 
@@ -49,7 +49,7 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     model (`shard_config`: its share of the heads and of the MLP and expert
     columns), and the partial sums of the attention output, MLP down
     projections and expert layers are added over the ranks by an
-    `all_reduce` fused into the step (`etc.models.parallel`)."""
+    `all_reduce` fused into the step (`etc.models.step.parallel`)."""
     cache_dtype = dtype if kv_dtype is None else kv_dtype
     c = config
     g = Graph(name, ranks=ranks)

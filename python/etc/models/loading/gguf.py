@@ -337,7 +337,7 @@ class GGUFCheckpoint:
 
     def tokenizer(self):
         """The file's tokenizer and chat template as an
-        `etc.models.tokenizer.Tokenizer` (see `tokenizer_backend`), or None
+        `etc.models.loading.tokenizer.Tokenizer` (see `tokenizer_backend`), or None
         when the file has no tokenizer."""
         if "tokenizer.ggml.model" not in self.metadata:
             return None

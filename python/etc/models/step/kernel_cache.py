@@ -38,7 +38,7 @@ METADATA_KEY = "etc.model"
 _SUFFIX = ".etc"
 #: Parts of the package that cannot change a kernel's code: editing them
 #: keeps the cache.
-_NOT_COMPILER = ("serve", "cli.py")
+_NOT_COMPILER = ("serve", "cli")
 
 
 def default_directory() -> Path:
@@ -70,7 +70,7 @@ def fingerprint() -> str:
     """SHA-256 of ETC's Python sources (the serving layer and the command
     line aside) and of its built extension, read from disk without
     importing the compiler: two installations of the same build agree."""
-    package = Path(__file__).resolve().parents[1]
+    package = Path(__file__).resolve().parents[2]
     digest = hashlib.sha256()
     files = sorted(p for p in package.rglob("*.py")
                    if p.relative_to(package).parts[0] not in _NOT_COMPILER)
@@ -90,7 +90,7 @@ def describe(config, graph: dict, compile: dict) -> dict:
     `ModelConfig`), the `graph` options of `build_step_graph`, the `compile`
     options of `etc.compile` (target, chip or platform, schedule, ...), the
     artifact format, ETC's version and the compiler's fingerprint."""
-    from ..runtime.artifact import FORMAT_VERSION, host_platform
+    from ...runtime.artifact import FORMAT_VERSION, host_platform
 
     compile = dict(compile)
     if compile.get("target") == "cpu":
@@ -98,7 +98,7 @@ def describe(config, graph: dict, compile: dict) -> dict:
         compile.pop("chip", None)
         compile["platform"] = host_platform()
         # ... and for an instruction-set level (ETC_CPU_ISA may pick another).
-        from ..runtime.isa import chosen
+        from ...runtime.isa import chosen
 
         compile["isa"] = chosen()
     return {"etc": _version(), "compiler": fingerprint(), "artifact": FORMAT_VERSION,
@@ -162,7 +162,7 @@ class KernelCache:
         """The kernel saved under `key`, loaded (`etc.runtime.load`), or
         None when there is none. A damaged or unloadable file is removed,
         with a warning, and counts as missing."""
-        from ..runtime import ArtifactError, load
+        from ...runtime import ArtifactError, load
 
         path = self.path(key)
         if not path.is_file():
@@ -203,8 +203,8 @@ class KernelCache:
     def entries(self) -> list[CacheEntry]:
         """The cached kernels, oldest first (files that are not artifacts
         are left out)."""
-        from ..runtime import ArtifactError
-        from ..runtime.artifact import read_manifest
+        from ...runtime import ArtifactError
+        from ...runtime.artifact import read_manifest
 
         found = []
         if not self.directory.is_dir():

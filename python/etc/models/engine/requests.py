@@ -1,0 +1,160 @@
+"""A request's side of the engine: the error that refuses one, what each step
+gives it (`RequestOutput`), its end (`RequestResult`), and the handle its
+submitter holds (`RequestHandle`: outputs as they come, the result, cancel)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+logger = logging.getLogger("etc.engine")
+
+__all__ = ["RequestError", "RequestOutput", "RequestResult", "RequestHandle", "FINISH_REASONS"]
+
+
+class RequestError(ValueError):
+    """A request the engine cannot run, with `param`: the parameter at fault
+    ("prompt", "max_new_tokens", "stop", "sampling")."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+#: Why a request ended: an end-of-sequence id or a stop string ("stop"),
+#: its token limit or the model length ("length"), `cancel` ("abort"), or a
+#: failed step ("error").
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass
+class RequestOutput:
+    """What one step did for one request: the ids it produced (none while a
+    long prompt is still being prefilled) and the text they completed (held
+    back while it may be the start of a stop string, and never containing
+    the stop string itself). `finish_reason` is set on the request's last
+    output."""
+
+    request_id: int
+    token_ids: list
+    text: str
+    finish_reason: Optional[str] = None
+    #: The ids of the request so far, and the error of a failed step.
+    num_tokens: int = 0
+    error: Optional[str] = None
+    #: The prompt tokens whose keys and values came from the cache (a
+    #: cached prefix) rather than being computed for this request.
+    cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestResult:
+    """A finished request: its prompt and new ids, its text, why it ended,
+    and when (perf_counter seconds) it arrived, got its first token and
+    finished. `token_ids` include the end-of-sequence id that stopped it
+    (`finish_reason` "stop" by EOS), `text` never does; after a stop string,
+    `token_ids` end with the id that completed it, and `text` ends before
+    it."""
+
+    request_id: int
+    prompt_ids: list
+    token_ids: list
+    text: str
+    finish_reason: str
+    arrival_time: float
+    first_token_time: Optional[float]
+    finish_time: float
+    logits: Optional[np.ndarray] = None
+    error: Optional[str] = None
+    #: The prompt tokens that came from the cache (see `RequestOutput`),
+    #: and how many times the request was preempted (and recomputed).
+    cached_tokens: int = 0
+    preemptions: int = 0
+
+    @property
+    def time_to_first_token(self) -> Optional[float]:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def time_per_output_token(self) -> Optional[float]:
+        """Seconds per token after the first (None with fewer than 2)."""
+        if self.first_token_time is None or len(self.token_ids) < 2:
+            return None
+        return (self.finish_time - self.first_token_time) / (len(self.token_ids) - 1)
+
+
+class RequestHandle:
+    """A submitted request: `outputs()` yields its `RequestOutput`s as the
+    steps make them, `result()` waits for the `RequestResult`, `cancel()`
+    ends it between two steps (its slot is freed; finish_reason "abort").
+    With an `on_output` callback given to `Engine.submit`, outputs go to the
+    callback (from the engine's thread) instead."""
+
+    def __init__(self, engine: "Engine", request_id: int, prompt_ids: list,
+                 on_output: Optional[Callable[[RequestOutput], None]]):
+        self.engine = engine
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.arrival_time = time.perf_counter()
+        self._on_output = on_output
+        self._queue: "queue.Queue[RequestOutput]" = queue.Queue()
+        self._done = threading.Event()
+        self._result: Optional[RequestResult] = None
+
+    def _deliver(self, output: RequestOutput) -> None:
+        if self._on_output is not None:
+            try:
+                self._on_output(output)
+            except Exception:  # a consumer gone (a closed event loop): not the engine's end
+                logger.exception("request %d: its output callback failed", self.request_id)
+        else:
+            self._queue.put(output)
+
+    def _finish(self, result: RequestResult) -> None:
+        self._result = result
+        self._done.set()
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        self.engine.cancel(self.request_id)
+
+    def outputs(self, timeout: Optional[float] = None):
+        """The outputs as they come, until the last one. Without a running
+        engine thread, the caller's thread runs the steps."""
+        while True:
+            if not self.engine.running:
+                while self._queue.empty():
+                    if not self.engine.step():
+                        break
+            output = self._queue.get(timeout=timeout)
+            yield output
+            if output.finished:
+                return
+
+    def result(self, timeout: Optional[float] = None) -> RequestResult:
+        """The finished request (running the steps in this thread when the
+        engine has no thread of its own)."""
+        if not self.engine.running:
+            while not self._done.is_set() and self.engine.step():
+                pass
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} did not finish in {timeout} s")
+        return self._result

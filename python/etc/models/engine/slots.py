@@ -1,0 +1,128 @@
+"""The engine's view of the KV cache: which sequence runs in which slot and
+what it may grow to. `SlotCache` gives each running sequence a contiguous
+slot of the model length; `PagedSlots` gives it blocks of the model's paged
+pool (`etc.models.step.kv_cache.PagedKVCache`), reusing cached prefixes.
+Both answer the same five calls (`admit`, `reserve`, `commit`, `release`,
+and `cache`: the arrays the step kernel takes)."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from ..step.kv_cache import PagedKVCache
+
+__all__ = ["SlotCache", "PagedSlots"]
+
+
+class SlotCache:
+    """A contiguous KV cache for the engine: `slots` sequences of `length`
+    positions (`model.new_cache`), a slot per running sequence.
+
+    `admit(tokens, n)` takes a free slot for a sequence of `tokens` that
+    will reach `n` positions and returns (slot, tokens already cached:
+    always 0 here), or None when no slot is free (it waits);
+    `reserve(slot, n)` says a running sequence is about to reach `n`
+    positions (always true here: a slot holds the whole length);
+    `commit(slot, tokens)` says which ids the slot's first positions hold
+    (nothing to do here); `release(slot)` gives the slot back. The paged
+    cache's `PagedSlots` answers the same calls with
+    blocks."""
+
+    evictions = 0
+
+    def __init__(self, model, slots: int, length: int):
+        self.cache = model.new_cache(slots, length)
+        self.slots, self.length = slots, length
+        self.block_size = None
+        self._free = list(range(slots - 1, -1, -1))
+
+    @property
+    def capacity(self) -> int:
+        return self.length
+
+    def fits(self, positions: int) -> bool:
+        return positions <= self.length
+
+    def admit(self, tokens, positions: int) -> Optional[tuple[int, int]]:
+        return (self._free.pop(), 0) if self._free else None
+
+    def reserve(self, slot: int, positions: int) -> bool:
+        return positions <= self.length
+
+    def commit(self, slot: int, tokens) -> None:
+        pass
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+    @property
+    def used(self) -> int:
+        return self.slots - len(self._free)
+
+
+class PagedSlots:
+    """The engine's KV cache manager over a `PagedKVCache`: at most `slots`
+    sequences at once, each a slot number that is its key in the block
+    manager (and the `Request.slot` of its steps), fresh for each sequence
+    (`PagedKVCache.new_key`), so that several engines may share one pool
+    and its cached prefixes.
+
+    `admit(tokens, positions)` opens a sequence for `tokens` (a prompt, or a
+    preempted sequence's prompt and generated ids) when a slot is free and
+    the pool has blocks for `positions` positions past what its cached
+    prefix covers, and returns (slot, cached tokens), else None;
+    `reserve(slot, positions)` grows it (False when the pool lacks blocks:
+    the engine preempts); `commit(slot, tokens)` registers its computed
+    full blocks for reuse; `release(slot)` frees the slot and its blocks."""
+
+    def __init__(self, cache: PagedKVCache, slots: int):
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"PagedSlots: slots={slots!r} must be a positive int")
+        self.cache = cache
+        self.manager = cache.manager
+        self.slots = slots
+        self.block_size = cache.block_size
+        self._held: set[int] = set()
+
+    @property
+    def capacity(self) -> int:
+        """The positions the whole pool holds: a longer sequence never fits."""
+        return self.cache.tokens
+
+    def fits(self, positions: int) -> bool:
+        """Whether a sequence of `positions` positions fits in the pool at all."""
+        return self.manager.blocks_for(positions) <= self.manager.num_blocks
+
+    @property
+    def evictions(self) -> int:
+        """Cached blocks the pool has evicted to make room (all its users)."""
+        return self.manager.evictions
+
+    def admit(self, tokens: Sequence[int], positions: int) -> Optional[tuple[int, int]]:
+        if len(self._held) >= self.slots:
+            return None
+        with self.cache.lock:
+            slot = self.cache.new_key()
+            cached = self.manager.admit(slot, tokens, positions)
+        if cached is None:
+            return None
+        self._held.add(slot)
+        return slot, cached
+
+    def reserve(self, slot: int, positions: int) -> bool:
+        with self.cache.lock:
+            return self.manager.reserve(slot, positions)
+
+    def commit(self, slot: int, tokens: Sequence[int]) -> None:
+        with self.cache.lock:
+            self.manager.commit(slot, tokens)
+
+    def release(self, slot: int) -> None:
+        with self.cache.lock:
+            self.manager.release(slot)
+        self._held.discard(slot)
+
+    @property
+    def used(self) -> int:
+        """Slots in use."""
+        return len(self._held)

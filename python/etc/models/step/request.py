@@ -1,0 +1,25 @@
+"""One request of a step: the value `CompiledModel.step` takes per sequence
+(its slot, first position, new tokens and sampling parameters)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from .sampling import SamplingParams
+
+__all__ = ["Request"]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a step: `tokens` (new token ids) of the sequence in
+    cache slot `slot`, at positions `start`, `start + 1`, ...; the
+    positions before `start` must already be in the cache. The token after
+    the last one (at position `start + len(tokens)`) is chosen with
+    `sampling` (None: greedy)."""
+
+    slot: int
+    start: int
+    tokens: Sequence[int]
+    sampling: Optional[SamplingParams] = None
