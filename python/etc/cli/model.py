@@ -1,0 +1,57 @@
+"""The model a command runs: loaded from the checkpoint argument with the
+load options, with progress bars, and the parts of it the commands need
+(its tokenizer, the serving engine)."""
+
+from __future__ import annotations
+
+import sys
+
+from .options import cache_option, max_model_len
+from .output import Progress
+from .ranks import launched_rank
+
+
+def progress_bars(args) -> Progress:
+    shown = not args.quiet and (args.progress or sys.stderr.isatty())
+    return Progress(shown and launched_rank() == 0)
+
+
+def load_model(args):
+    """The model of `args.checkpoint` with the load options of `args`."""
+    from ..models import Model, open_checkpoint
+
+    checkpoint = open_checkpoint(args.checkpoint)
+    progress = progress_bars(args)
+    try:
+        model = Model(checkpoint, target=args.target, schedule=args.schedule,
+                      workers=args.workers, dtype=args.dtype,
+                      max_seq_len=max_model_len(args, checkpoint),
+                      attention_chunk=args.attention_chunk, chip=args.chip,
+                      cache=cache_option(args), kernel=args.kernel, progress=progress,
+                      kv_block_size=args.kv_block_size, kv_cache_tokens=args.kv_cache_tokens,
+                      kv_cache_memory=args.kv_cache_memory,
+                      tensor_parallel=getattr(args, "tensor_parallel", 1))
+    finally:
+        progress.close()
+    if getattr(args, "verbose", False) and model.rank == 0:
+        timings = ", ".join(f"{k} {v:.2f} s" for k, v in model.timings.items())
+        print(f"etc: loaded {args.checkpoint} ({model.kernel_source} step kernel; {timings})",
+              file=sys.stderr)
+    return model
+
+
+def tokenizer_of(model):
+    if model.tokenizer is None:
+        raise ValueError(f"{model.path} has no tokenizer: text needs tokenizer.json in the "
+                         f"checkpoint directory, or a GGUF file with tokenizer metadata")
+    return model.tokenizer
+
+
+def engine_class():
+    """The serving engine's `Engine` class."""
+    try:
+        from ..models.engine import Engine
+    except ImportError:
+        raise NotImplementedError("this command needs the serving engine (etc.models.engine), "
+                                  "which this build of ETC does not have yet") from None
+    return Engine

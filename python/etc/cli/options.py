@@ -1,0 +1,176 @@
+"""The command line's options: the argument types (positive ints, seconds,
+byte sizes), the option groups the commands share (loading and compiling,
+generation and sampling, tensor parallelism, progress), and what their
+values mean for `etc.models` (the compile cache, the model length, the
+sampling parameters). Nothing here imports NumPy: `etc --help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Optional
+
+
+#: `--max-model-len` when not given: the model's context length, at most
+#: this (a CPU holds the KV cache in memory: 28 layers of Qwen3-0.6B take
+#: 229 KB per position and sequence).
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+#: `--kv-block-size` when not given (`etc.models.step.kv_blocks.DEFAULT_BLOCK_SIZE`;
+#: not imported, so that --help needs no NumPy).
+DEFAULT_BLOCK_SIZE = 16
+
+
+#: `--rank-timeout` when not given (`etc.models.engine.lockstep.TIMEOUT_SECONDS`).
+DEFAULT_RANK_TIMEOUT = 10.0
+
+
+def add_load_options(parser: argparse.ArgumentParser, *, compile_only: bool = False) -> None:
+    group = parser.add_argument_group("model and compile options")
+    group.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                       help="where the step kernel runs (default: cpu)")
+    group.add_argument("--chip", default="sm_90a",
+                       help="the GPU architecture of --target cuda (sm_90a, sm_80; default: "
+                            "sm_90a)")
+    group.add_argument("--dtype", choices=("f32", "f16", "bf16"), default="f32",
+                       help="the weights' and activations' dtype (default: f32)")
+    group.add_argument("--workers", type=positive_int, default=None,
+                       help="CPU worker threads (default: one per core)")
+    group.add_argument("--schedule", choices=("auto", "static", "dynamic"), default="auto",
+                       help="the step kernel's schedule (default: auto)")
+    group.add_argument("--max-model-len", type=positive_int, default=None,
+                       help=f"the longest sequence, prompt plus new tokens (default: the "
+                            f"model's context length, at most {DEFAULT_MAX_MODEL_LEN})")
+    group.add_argument("--attention-chunk", type=positive_int, default=None,
+                       help="KV positions per attention task (default: max-model-len / 16)")
+    group.add_argument("--kv-block-size", type=block_size_or_none, default=DEFAULT_BLOCK_SIZE,
+                       metavar="P",
+                       help=f"positions per block of the paged KV cache, or 'none' for a "
+                            f"contiguous slot per sequence (default: {DEFAULT_BLOCK_SIZE})")
+    if not compile_only:
+        sizes = group.add_mutually_exclusive_group()
+        sizes.add_argument("--kv-cache-tokens", type=positive_int, default=None, metavar="N",
+                           help="positions the paged KV cache holds, over all requests "
+                                "(default: max-num-seqs x max-model-len)")
+        sizes.add_argument("--kv-cache-memory", type=byte_size, default=None, metavar="BYTES",
+                           help="memory of the paged KV cache, e.g. 2GiB or 500MB (default: "
+                                "what --kv-cache-tokens takes)")
+    group.add_argument("--no-cache", action="store_true",
+                       help="neither read nor fill the compile cache")
+    group.add_argument("--cache-dir", default=None,
+                       help="the compile cache's directory (default: $ETC_CACHE_DIR, else "
+                            "~/.cache/etc)")
+    if not compile_only:
+        group.add_argument("--kernel", default=None, metavar="FILE",
+                           help="a step kernel written by 'etc compile -o FILE', instead of "
+                                "the cache")
+    add_progress_options(parser)
+
+
+def add_parallel_options(parser: argparse.ArgumentParser, role: str) -> None:
+    group = parser.add_argument_group("tensor parallelism")
+    group.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
+                       help=f"split the model over N ranks (MPI processes), Megatron-style; "
+                            f"etc starts them itself, or run it under 'mpiexec -n N' (or "
+                            f"'python -m etc.runtime.distributed -n N'); rank 0 {role}, the "
+                            f"others run its steps (default: 1)")
+    group.add_argument("--rank-timeout", type=positive_seconds, default=DEFAULT_RANK_TIMEOUT,
+                       metavar="SECONDS",
+                       help=f"with --tensor-parallel: a rank that sends no heartbeat for this "
+                            f"long counts as hung, and every rank stops with an error naming "
+                            f"it (a dead rank on this machine is found at once; default: "
+                            f"{DEFAULT_RANK_TIMEOUT:g})")
+
+
+def add_progress_options(parser: argparse.ArgumentParser) -> None:
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--quiet", "-q", action="store_true",
+                       help="no progress bars")
+    shown.add_argument("--progress", action="store_true",
+                       help="progress bars even when stderr is not a terminal")
+
+
+def add_generation_options(parser: argparse.ArgumentParser, default_new: int) -> None:
+    group = parser.add_argument_group("generation options")
+    group.add_argument("--max-new-tokens", type=positive_int, default=default_new,
+                       help=f"new tokens at most (default: {default_new})")
+    group.add_argument("--temperature", type=float, default=None,
+                       help="sampling temperature (default: 0, greedy)")
+    group.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
+    group.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
+    group.add_argument("--min-p", type=float, default=None,
+                       help="drop tokens below min-p times the most likely one")
+    group.add_argument("--seed", type=int, default=None, help="seed of the sampler")
+    group.add_argument("--stop", action="append", default=[],
+                       help="a stop string (repeatable); the text stops before it")
+    group.add_argument("--verbose", "-v", action="store_true",
+                       help="say on stderr how the model loaded and how fast it generated")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def block_size_or_none(text: str) -> Optional[int]:
+    if text.lower() == "none":
+        return None
+    return positive_int(text)
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes: an integer with an optional unit (KB, MB, GB: powers
+    of 1000; KiB, MiB, GiB: powers of 1024)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _BYTE_UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes (e.g. 2GiB, 500MB, "
+                                         f"1048576)")
+    value = int(float(match.group(1)) * _BYTE_UNITS[unit])
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive size")
+    return value
+
+
+def cache_option(args):
+    if args.no_cache:
+        return False
+    return args.cache_dir if args.cache_dir else True
+
+
+def max_model_len(args, checkpoint) -> int:
+    if args.max_model_len is not None:
+        return args.max_model_len
+    return min(DEFAULT_MAX_MODEL_LEN, checkpoint.config.max_position_embeddings)
+
+
+def sampling_params(args):
+    """The sampling options of `args` as `SamplingParams`, or None (greedy)."""
+    options = {name: getattr(args, name) for name in ("temperature", "top_k", "top_p", "min_p",
+                                                       "seed")
+               if getattr(args, name, None) is not None}
+    if not options:
+        return None
+    from ..models.step.sampling import SamplingParams
+
+    return SamplingParams(**options)

@@ -1,0 +1,121 @@
+"""`etc generate` and `etc chat`: text streamed as the engine makes it, one
+prompt or an interactive conversation through the chat template."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from .model import engine_class, load_model, tokenizer_of
+from .options import sampling_params
+from .output import one_line
+from .ranks import INTERACTIVE_VARIABLE, led
+
+
+def stream(engine, ids: list, args, out) -> str:
+    """Runs one request on `engine` and writes its text to `out` as it
+    comes; returns the text. With --verbose, says on stderr when the first
+    token came and how fast the rest did."""
+    budget = engine.max_model_len - len(ids)
+    if budget < 1:
+        raise ValueError(f"the prompt has {len(ids)} tokens, as many as --max-model-len="
+                         f"{engine.max_model_len} allows: nothing is left to generate")
+    handle = engine.submit(ids, max_new_tokens=min(args.max_new_tokens, budget),
+                           stop=args.stop, sampling=sampling_params(args))
+    pieces = []
+    start = time.perf_counter()
+    first = None
+    count = 0
+    for output in handle.outputs():
+        if output.error:
+            raise RuntimeError(f"generation failed: {output.error}")
+        if output.token_ids and first is None:
+            first = time.perf_counter() - start
+        count += len(output.token_ids)
+        if output.text:
+            pieces.append(output.text)
+            out.write(output.text)
+            out.flush()
+    if getattr(args, "verbose", False) and first is not None:
+        rest = time.perf_counter() - start - first
+        rate = f", then {(count - 1) / rest:.1f} tokens/s" if count > 1 and rest > 0 else ""
+        print(f"\netc: {len(ids)} prompt tokens, first new token after {first:.3f} s, "
+              f"{count} new tokens{rate}", file=sys.stderr)
+    return "".join(pieces)
+
+
+def run_generate(args) -> int:
+    Engine = engine_class()
+    model = load_model(args)
+    return led(model, args, lambda model: generate_text(Engine, model, args))
+
+
+def generate_text(Engine, model, args) -> int:
+    tokenizer = tokenizer_of(model)
+    if args.chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
+                                             add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        ids = tokenizer.encode(args.prompt)
+    engine = Engine(model, max_num_seqs=1)
+    text = stream(engine, ids, args, sys.stdout)
+    if not text.endswith("\n"):
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+    return 0
+
+
+def run_chat(args) -> int:
+    Engine = engine_class()
+    model = load_model(args)
+    return led(model, args, lambda model: chat_loop(Engine, model, args))
+
+
+def chat_loop(Engine, model, args) -> int:
+    tokenizer = tokenizer_of(model)
+    if tokenizer.chat_template is None:
+        raise ValueError(f"{model.path} has no chat template (chat_template.jinja, "
+                         f"tokenizer_config.json's chat_template, or tokenizer.chat_template "
+                         f"in a GGUF file); use 'etc generate' for plain text")
+    engine = Engine(model, max_num_seqs=1)
+    interactive = sys.stdin.isatty() or os.environ.get(INTERACTIVE_VARIABLE) == "1"
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(system)
+    if interactive:
+        print("Type a message; /reset starts over, /exit (or Ctrl-D) leaves.", file=sys.stderr)
+    while True:
+        if interactive:
+            try:
+                line = input("> ")
+            except EOFError:
+                print(file=sys.stderr)
+                break
+        else:
+            line = sys.stdin.readline()
+            if not line:
+                break
+        line = line.strip()
+        if not line:
+            continue
+        if line in ("/exit", "/quit"):
+            break
+        if line == "/reset":
+            messages = list(system)
+            continue
+        messages.append({"role": "user", "content": line})
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        try:
+            reply = stream(engine, ids, args, sys.stdout)
+        except ValueError as error:
+            # The conversation outgrew the model length: say so, forget the
+            # message, and go on.
+            messages.pop()
+            print(f"etc: {one_line(error)} (/reset starts over)", file=sys.stderr)
+            continue
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        messages.append({"role": "assistant", "content": reply})
+    return 0
