@@ -132,7 +132,7 @@ def main() -> int:
     args = parser.parse_args()
     if not cuda_available():
         print("bench/gpu_megakernel.py needs an NVIDIA GPU, its driver and cuda-python "
-              "(pip install "cuda-bindings>=12.9,<14"); none is available here, nothing to measure.")
+              "(pip install 'cuda-bindings>=12.9,<14'); none is available here, nothing to measure.")
         return 0
     driver = _driver()
     chip, name = device_chip(driver)

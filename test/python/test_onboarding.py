@@ -49,3 +49,16 @@ def test_build_shows_progress():
 def test_pytest_summarises_skip_reasons():
     pytest_lines = [line for line in _recipe("test").splitlines() if "-m pytest" in line]
     assert pytest_lines and all(" -rs " in line for line in pytest_lines)
+
+
+def test_the_etc_commands_of_the_readme_run_as_written():
+    """After the two quick-start commands `etc` is in .venv/bin only: the
+    README puts it on PATH before its first `etc` command, and the
+    activation script it names exists where `make` builds."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Serve a model"):]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands[0] == "source .venv/bin/activate", commands
+    assert all(c.startswith("etc ") for c in commands[1:]), commands
+    assert "VENV   ?= .venv" in (ROOT / "Makefile").read_text()
