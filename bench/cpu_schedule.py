@@ -26,7 +26,7 @@ from mlir import ir
 
 import etc
 from etc import pipeline
-from etc.graph import Argument
+from etc.graph_values import Argument
 from etc.compiler import compile_module
 
 

@@ -34,7 +34,8 @@ _COMPILER_NAMES = ("register_dialects", "compile", "CompiledKernel", "pipeline",
 if _COMPILER_MISSING is None:
     from . import pipeline  # noqa: E402
     from .compiler import CompiledKernel, compile  # noqa: E402
-    from .graph import Argument, Graph, Symbol, Tensor  # noqa: E402
+    from .graph import Graph  # noqa: E402
+    from .graph_values import Argument, Symbol, Tensor  # noqa: E402
 
     def register_dialects(context: "_ir.Context") -> None:
         """Makes ETC's dialects available in a context created before `import etc`."""

@@ -1,11 +1,12 @@
 """The `etc.Graph` front end: tiled operators over symbolic shapes, built as L1 IR.
 
-A `Graph` records symbolic dimensions, input buffers, operators and outputs,
-checking shapes and dtypes as each call is made. `Graph.build()` turns the
-record into an L1 `event.graph` through the upstream `mlir` bindings and the
-generated `event` op classes; `Graph.to_mlir()` prints it. What each
-operator's tasks touch (footprints, explicit events) and how a tile computes
-live in the operator families of `etc.ops`.
+A `Graph` records symbolic dimensions, input buffers, operators and outputs
+(the values of `etc.graph_values`), checking shapes and dtypes as each call
+is made. `Graph.build()` turns the record into an L1 `event.graph` through
+the upstream `mlir` bindings and the generated `event` op classes;
+`Graph.to_mlir()` prints it. What each operator's tasks touch (footprints,
+explicit events) and how a tile computes live in the operator families of
+`etc.ops`.
 
 Conventions the rest of the compiler relies on:
 
@@ -35,8 +36,7 @@ Conventions the rest of the compiler relies on:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 from mlir import ir
 from mlir.dialects import affine, arith, func
@@ -44,11 +44,14 @@ from mlir.dialects import affine, arith, func
 from . import ops
 from .dialects import event
 from .graph_llm import LLMOperators, RaggedBatch
+from .graph_values import (Argument, CeilDiv, Dim, Operation, Symbol, Tensor, describe,
+                           format_shape, same_dim)
 from .ops.collective import CollectiveOperators, arrival_waits
 from .ops.base import DEFAULT_COLS, DEFAULT_ROWS, INDEX_DTYPE, element_type
 from .runtime.ranges import IndexRange
 
-__all__ = ["Argument", "Graph", "Symbol", "Tensor", "Operation", "RaggedBatch", "DTYPES"]
+__all__ = ["Argument", "CeilDiv", "Graph", "Symbol", "Tensor", "Operation", "RaggedBatch",
+           "DTYPES"]
 
 #: The element types of the tensors floating-point operators take.
 DTYPES = ("f32", "f16", "bf16")
@@ -61,142 +64,6 @@ INPUT_DTYPES = DTYPES + (INDEX_DTYPE,)
 STATE_DTYPES = ("f32", "f16", "bf16", INDEX_DTYPE)
 #: The largest static dimension: memref sizes and indices are signed 64-bit.
 _MAX_INDEX = 2**63 - 1
-
-
-@dataclass(frozen=True)
-class Argument:
-    """One argument of the built `event.graph`, in argument order.
-
-    `kind` is "symbol", "input", "state", "output" or "intermediate";
-    `shape` holds ints and symbol names (`()` for a symbol); `dtype` is
-    "f32", "f16", "bf16", "i32", or "index" for a symbol.
-    """
-
-    kind: str
-    name: str
-    shape: tuple
-    dtype: str
-
-
-class Symbol:
-    """A symbolic dimension of a graph (e.g. the batch size)."""
-
-    __slots__ = ("graph", "name")
-
-    def __init__(self, graph: "Graph", name: str):
-        self.graph = graph
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"Symbol({self.name!r})"
-
-    def __str__(self) -> str:
-        return self.name
-
-
-Dim = Union[int, Symbol]
-
-
-class CeilDiv:
-    """ceil(symbol / divisor): a dimension derived from a symbol, for the
-    buffers an operator sizes from another buffer's symbolic dimension
-    (attention's chunk scratch has ceil(L / C) chunks of a cache of L
-    positions). Its name, "ceildiv(L, C)", is how shapes spell it; runtimes
-    evaluate it with the symbol bound (`etc.binding.concrete_shape`). Only
-    operators create these, for their internal buffers: inputs are sized by
-    symbols."""
-
-    __slots__ = ("symbol", "divisor")
-
-    def __init__(self, symbol: Symbol, divisor: int):
-        self.symbol, self.divisor = symbol, divisor
-
-    @property
-    def name(self) -> str:
-        return f"ceildiv({self.symbol.name}, {self.divisor})"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, CeilDiv) and other.symbol is self.symbol and \
-            other.divisor == self.divisor
-
-    def __hash__(self) -> int:
-        return hash((id(self.symbol), self.divisor))
-
-    def __repr__(self) -> str:
-        return f"CeilDiv({self.symbol.name!r}, {self.divisor})"
-
-    __str__ = name.fget
-
-
-class Tensor:
-    """A buffer of a graph: an input, a state buffer, an operator result or a
-    scratch tensor.
-
-    `kind` is "input" (from `Graph.input`), "state" (from `Graph.state`,
-    updated in place), "value" (an operator's result) or "scratch" (from
-    `Graph.tensor`, written through `out=`).
-    """
-
-    __slots__ = ("graph", "name", "shape", "dtype", "kind", "_written", "_order")
-
-    def __init__(self, graph, name, shape, dtype, kind, order):
-        self.graph = graph
-        self.name = name
-        self.shape: tuple = shape
-        self.dtype: str = dtype
-        self.kind: str = kind
-        self._written = kind != "scratch"
-        self._order = order
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-    @property
-    def symbolic_shape(self) -> tuple:
-        """The shape with symbols spelled as their names."""
-        return tuple(d.name if isinstance(d, (Symbol, CeilDiv)) else d for d in self.shape)
-
-    def __repr__(self) -> str:
-        return f"Tensor({self.name!r}, {_fmt_shape(self.shape)}, {self.dtype!r})"
-
-
-@dataclass
-class Operation:
-    """One recorded operator call: the task `name`, its `kind`, operand
-    tensors, result tensor, tile and kind-specific parameters."""
-
-    kind: str
-    name: str
-    operands: tuple
-    result: Tensor
-    tile: tuple
-    params: dict = field(default_factory=dict)
-    #: Further results after `result` (the indices of `topk`).
-    extra_results: tuple = ()
-    #: Internal buffers the operator lowers through, by role (`moe`).
-    buffers: dict = field(default_factory=dict)
-    #: Whether the user chose the tile (`tile=`); otherwise a family may
-    #: pick one per target (e.g. more, narrower matmul tiles on a GPU).
-    user_tile: bool = False
-
-
-def _fmt_shape(shape) -> str:
-    inner = ", ".join(str(d) for d in shape)
-    if len(shape) == 1:
-        inner += ","
-    return f"({inner})"
-
-
-def _same_dim(a: Dim, b: Dim) -> bool:
-    """Dimensions are equal when they are the same symbol or equal ints."""
-    if isinstance(a, Symbol) or isinstance(b, Symbol):
-        return a is b
-    return a == b
-
-
-def _describe(role: str, t: Tensor) -> str:
-    return f"operand '{role}' ('{t.name}', shape {_fmt_shape(t.shape)}, {t.dtype})"
 
 
 class Graph(LLMOperators, CollectiveOperators):
@@ -476,11 +343,11 @@ class Graph(LLMOperators, CollectiveOperators):
                 f"{kind}: operand '{role}' reads tensor '{t.name}' before anything writes it "
                 f"(a cycle or an unproduced read)")
         if t.dtype not in DTYPES:
-            raise ValueError(f"{kind}: {_describe(role, t)} is an integer tensor; the operator "
+            raise ValueError(f"{kind}: {describe(role, t)} is an integer tensor; the operator "
                              f"takes {', '.join(DTYPES)} tensors")
         if t.rank not in ranks:
             expected = " or ".join(f"{r}-D" for r in ranks)
-            raise ValueError(f"{kind}: {_describe(role, t)} has rank {t.rank}; expected a "
+            raise ValueError(f"{kind}: {describe(role, t)} has rank {t.rank}; expected a "
                              f"{expected} tensor")
         return t
 
@@ -495,8 +362,8 @@ class Graph(LLMOperators, CollectiveOperators):
         for role, t in operands[1:]:
             if t.dtype != dtype:
                 raise ValueError(
-                    f"{kind}: mixed dtypes: {_describe(operands[0][0], operands[0][1])} "
-                    f"vs {_describe(role, t)}")
+                    f"{kind}: mixed dtypes: {describe(operands[0][0], operands[0][1])} "
+                    f"vs {describe(role, t)}")
         return dtype
 
     def _check_tile(self, kind: str, tile, rank: int, default: tuple, shape: tuple) -> tuple:
@@ -525,8 +392,8 @@ class Graph(LLMOperators, CollectiveOperators):
                                  f"only tensors made by tensor() can be written with out=")
             if out.shape != shape or out.dtype != dtype:
                 raise ValueError(
-                    f"{kind}: out= tensor '{out.name}' has shape {_fmt_shape(out.shape)} and "
-                    f"dtype {out.dtype}, but the result has shape {_fmt_shape(shape)} and "
+                    f"{kind}: out= tensor '{out.name}' has shape {format_shape(out.shape)} and "
+                    f"dtype {out.dtype}, but the result has shape {format_shape(shape)} and "
                     f"dtype {dtype}")
             for role, t in operands:
                 if t is out:
@@ -561,24 +428,24 @@ class Graph(LLMOperators, CollectiveOperators):
         self._check_operand(kind, "a", a)
         self._check_operand(kind, "b", b)
         if a.rank != 2 or b.rank != 2:
-            raise ValueError(f"{kind}: expects 2-D operands, got {_describe('a', a)} and "
-                             f"{_describe('b', b)}")
+            raise ValueError(f"{kind}: expects 2-D operands, got {describe('a', a)} and "
+                             f"{describe('b', b)}")
         dtype = self._same_dtype(kind, [("a", a), ("b", b)])
         m, k = a.shape
         kb, n = (b.shape[1], b.shape[0]) if transpose_b else b.shape
         if k is not kb and k != kb:
             which = "last" if transpose_b else "first"
             raise ValueError(
-                f"{kind}: inner dimensions differ: {_describe('a', a)} has K = {k} but "
-                f"{_describe('b', b)} has {which} dimension {kb}")
+                f"{kind}: inner dimensions differ: {describe('a', a)} has K = {k} but "
+                f"{describe('b', b)} has {which} dimension {kb}")
         shape = (m, n)
         operands = [("a", a), ("b", b)]
         if residual is not None:
             self._check_operand(kind, "residual", residual)
             if residual.dtype != dtype or residual.rank != 2 or not all(
-                    _same_dim(x, y) for x, y in zip(residual.shape, shape)):
-                raise ValueError(f"{kind}: {_describe('residual', residual)} must have the "
-                                 f"product's shape {_fmt_shape(shape)} and dtype {dtype}")
+                    same_dim(x, y) for x, y in zip(residual.shape, shape)):
+                raise ValueError(f"{kind}: {describe('residual', residual)} must have the "
+                                 f"product's shape {format_shape(shape)} and dtype {dtype}")
             operands.append(("residual", residual))
         user_tile = tile is not None
         tile = self._check_tile(kind, tile, 2, (DEFAULT_ROWS, DEFAULT_COLS), shape)
@@ -605,7 +472,7 @@ class Graph(LLMOperators, CollectiveOperators):
             shape = b.shape
         else:
             raise ValueError(
-                f"{kind}: shapes do not match: {_describe('a', a)} and {_describe('b', b)} "
+                f"{kind}: shapes do not match: {describe('a', a)} and {describe('b', b)} "
                 f"(equal shapes, or a 1-D operand as long as the other's last dimension)")
         default = (DEFAULT_ROWS, DEFAULT_COLS) if len(shape) == 2 else (DEFAULT_COLS,)
         tile = self._check_tile(kind, tile, len(shape), default, shape)
@@ -648,16 +515,16 @@ class Graph(LLMOperators, CollectiveOperators):
         self._check_operand(kind, "x", x)
         if x.rank != 2:
             raise ValueError(f"{kind}: expects a 2-D operand (rows x features), got "
-                             f"{_describe('x', x)}")
+                             f"{describe('x', x)}")
         operands = [("x", x)]
         if weight is not None:
             self._check_operand(kind, "weight", weight)
             operands.append(("weight", weight))
             if weight.shape != (x.shape[1],):
                 raise ValueError(
-                    f"{kind}: {_describe('weight', weight)} must have shape "
-                    f"{_fmt_shape((x.shape[1],))} to match the last dimension of "
-                    f"{_describe('x', x)}")
+                    f"{kind}: {describe('weight', weight)} must have shape "
+                    f"{format_shape((x.shape[1],))} to match the last dimension of "
+                    f"{describe('x', x)}")
         dtype = self._same_dtype(kind, operands)
         shape = (x.shape[0],) if kind == "sum" else x.shape
         tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
@@ -690,13 +557,13 @@ class Graph(LLMOperators, CollectiveOperators):
         self._check_operand(kind, "x", x)
         if x.rank != 2:
             raise ValueError(f"{kind}: expects a 2-D operand (rows x candidates), got "
-                             f"{_describe('x', x)}")
+                             f"{describe('x', x)}")
         n = x.shape[1]
         if not isinstance(n, int):
-            raise ValueError(f"{kind}: the last dimension of {_describe('x', x)} must be static "
+            raise ValueError(f"{kind}: the last dimension of {describe('x', x)} must be static "
                              f"so that 'k' can be checked against it")
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
-            raise ValueError(f"{kind}: 'k' = {k!r} is out of range for {_describe('x', x)}: "
+            raise ValueError(f"{kind}: 'k' = {k!r} is out of range for {describe('x', x)}: "
                              f"expected an int with 1 <= k <= {n}")
         tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
         shape = (x.shape[0], k)
@@ -736,26 +603,26 @@ class Graph(LLMOperators, CollectiveOperators):
 
         def expect(role: str, t: Tensor, expected: tuple, why: str) -> None:
             if len(expected) != t.rank or not all(
-                    _same_dim(a, b) for a, b in zip(t.shape, expected)):
-                raise ValueError(f"{kind}: {_describe(role, t)} must have shape "
-                                 f"{_fmt_shape(expected)} ({why})")
+                    same_dim(a, b) for a, b in zip(t.shape, expected)):
+                raise ValueError(f"{kind}: {describe(role, t)} must have shape "
+                                 f"{format_shape(expected)} ({why})")
 
         expect("router_w", router_w, (hidden, experts),
-               f"(H, E) with H = {hidden} from {_describe('x', x)}")
+               f"(H, E) with H = {hidden} from {describe('x', x)}")
         if not isinstance(experts, int):
             raise ValueError(f"{kind}: the expert count E (dimension 1 of "
-                             f"{_describe('router_w', router_w)}) must be static")
+                             f"{describe('router_w', router_w)}) must be static")
         ffn = w1.shape[2]
         expect("w1", w1, (experts, hidden, ffn),
-               f"(E, H, F) with E = {experts} from {_describe('router_w', router_w)} and "
-               f"H = {hidden} from {_describe('x', x)}")
+               f"(E, H, F) with E = {experts} from {describe('router_w', router_w)} and "
+               f"H = {hidden} from {describe('x', x)}")
         expect("w2", w2, (experts, ffn, hidden),
-               f"(E, F, H) with F = {ffn} from {_describe('w1', w1)} and H = {hidden}")
+               f"(E, F, H) with F = {ffn} from {describe('w1', w1)} and H = {hidden}")
         if w_up is not None:
-            expect("w_up", w_up, (experts, hidden, ffn), f"(E, H, F), as {_describe('w1', w1)}")
+            expect("w_up", w_up, (experts, hidden, ffn), f"(E, H, F), as {describe('w1', w1)}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= experts:
             raise ValueError(f"{kind}: top_k = {top_k!r} is out of range: "
-                             f"{_describe('router_w', router_w)} has E = {experts} experts; "
+                             f"{describe('router_w', router_w)} has E = {experts} experts; "
                              f"expected an int with 1 <= top_k <= {experts}")
         if tile is None:
             tile = DEFAULT_ROWS

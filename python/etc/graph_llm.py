@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from . import graph as _graph
+from .graph_values import CeilDiv, Operation, Symbol, Tensor, describe, same_dim
 from .ops.base import DEFAULT_ROWS, INDEX_DTYPE
 
 #: Default KV positions per attention chunk task.
@@ -45,15 +45,15 @@ class RaggedBatch:
       request's first and last new token in the step.
     """
 
-    tokens: "_graph.Symbol"
-    requests: "_graph.Symbol"
-    positions: "_graph.Tensor"
-    token_request: "_graph.Tensor"
-    request_slot: "Optional[_graph.Tensor]"
-    request_length: "_graph.Tensor"
-    request_first: "_graph.Tensor"
-    request_last: "_graph.Tensor"
-    block_table: "Optional[_graph.Tensor]" = None
+    tokens: Symbol
+    requests: Symbol
+    positions: Tensor
+    token_request: Tensor
+    request_slot: Optional[Tensor]
+    request_length: Tensor
+    request_first: Tensor
+    request_last: Tensor
+    block_table: Optional[Tensor] = None
 
     #: The per-token fields, then the per-request ones.
     TOKEN_FIELDS = ("positions", "token_request")
@@ -65,7 +65,7 @@ class RaggedBatch:
         return self.block_table is not None
 
     @property
-    def cache_addressing(self) -> "_graph.Tensor":
+    def cache_addressing(self) -> Tensor:
         """What locates a request's cache rows: `block_table` or `request_slot`."""
         return self.block_table if self.paged else self.request_slot
 
@@ -78,16 +78,16 @@ class LLMOperators:
 
     def _check_index(self, kind: str, role: str, t, length=None, length_of: str = "") -> None:
         """`t` must be a 1-D i32 tensor of this graph (of `length` rows)."""
-        if not isinstance(t, _graph.Tensor):
+        if not isinstance(t, Tensor):
             raise ValueError(f"{kind}: operand '{role}' must be a Tensor, got {t!r}")
         if t.graph is not self:
             raise ValueError(f"{kind}: operand '{role}' ('{t.name}') belongs to graph "
                              f"'{t.graph.name}', not '{self.name}'")
         if t.dtype != INDEX_DTYPE or t.rank != 1:
-            raise ValueError(f"{kind}: {_graph._describe(role, t)} must be a 1-D i32 tensor "
+            raise ValueError(f"{kind}: {describe(role, t)} must be a 1-D i32 tensor "
                              f"of indices")
-        if length is not None and not _graph._same_dim(t.shape[0], length):
-            raise ValueError(f"{kind}: {_graph._describe(role, t)} must have {length} rows "
+        if length is not None and not same_dim(t.shape[0], length):
+            raise ValueError(f"{kind}: {describe(role, t)} must have {length} rows "
                              f"({length_of})")
 
     def _check_batch(self, kind: str, batch) -> RaggedBatch:
@@ -104,9 +104,9 @@ class LLMOperators:
                               "one per request of the batch")
         if batch.paged:
             table = batch.block_table
-            if not isinstance(table, _graph.Tensor) or table.graph is not self or \
+            if not isinstance(table, Tensor) or table.graph is not self or \
                     table.dtype != INDEX_DTYPE or table.rank != 2 or \
-                    not _graph._same_dim(table.shape[0], batch.requests):
+                    not same_dim(table.shape[0], batch.requests):
                 raise ValueError(f"{kind}: 'batch.block_table' must be a 2-D i32 tensor of "
                                  f"this graph with one row per request ({batch.requests} rows), "
                                  f"got {table!r}")
@@ -116,7 +116,7 @@ class LLMOperators:
         """A cache the batch can address: (slots, length, W), or for a paged
         batch (blocks, P, W) with a static block size P."""
         if batch.paged and not isinstance(cache.shape[1], int):
-            raise ValueError(f"{kind}: {_graph._describe(role, cache)} is addressed through "
+            raise ValueError(f"{kind}: {describe(role, cache)} is addressed through "
                              f"'batch.block_table', so it is a paged cache (blocks, P, width) "
                              f"whose block size P must be a static int")
 
@@ -136,7 +136,7 @@ class LLMOperators:
         """Records an operator whose result is an existing tensor (a state
         updated in place) and returns it."""
         opname = self._next_name(kind)
-        self._ops.append(_graph.Operation(kind, opname, tuple(operands), result, tile,
+        self._ops.append(Operation(kind, opname, tuple(operands), result, tile,
                                           dict(params), buffers=dict(buffers or {})))
         return result
 
@@ -153,11 +153,11 @@ class LLMOperators:
         paged KV caches: `<prefix>block_table` (R, M) replaces
         `request_slot`."""
         for role, dim in (("tokens", tokens), ("requests", requests)):
-            if not isinstance(dim, _graph.Symbol) or dim.graph is not self:
+            if not isinstance(dim, Symbol) or dim.graph is not self:
                 raise ValueError(f"ragged_batch: '{role}' must be a symbol of graph "
                                  f"'{self.name}', got {dim!r}")
         width = blocks_per_request
-        if width is not None and not (isinstance(width, _graph.Symbol) and width.graph is self) \
+        if width is not None and not (isinstance(width, Symbol) and width.graph is self) \
                 and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
             raise ValueError(f"ragged_batch: 'blocks_per_request' must be a positive int or a "
                              f"symbol of graph '{self.name}', got {width!r}")
@@ -216,7 +216,7 @@ class LLMOperators:
         if inv_freq is not None:
             self._check_operand(kind, "inv_freq", inv_freq, ranks=(1,))
             if inv_freq.dtype != "f32" or inv_freq.shape != (head_dim // 2,):
-                raise ValueError(f"{kind}: {_graph._describe('inv_freq', inv_freq)} must be "
+                raise ValueError(f"{kind}: {describe('inv_freq', inv_freq)} must be "
                                  f"an f32 tensor of shape ({head_dim // 2},) (head_dim / 2)")
             operands.append(("inv_freq", inv_freq))
         else:
@@ -236,7 +236,7 @@ class LLMOperators:
         self._check_operand(kind, "weight", weight, ranks=(1,))
         self._check_head_dim(kind, head_dim, x.shape[1], "x")
         if weight.shape != (head_dim,):
-            raise ValueError(f"{kind}: {_graph._describe('weight', weight)} must have shape "
+            raise ValueError(f"{kind}: {describe('weight', weight)} must have shape "
                              f"({head_dim},) (head_dim)")
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
             raise ValueError(f"{kind}: 'eps' must be a non-negative float, got {eps!r}")
@@ -255,22 +255,22 @@ class LLMOperators:
         after the write. Tokens outside the cache (slot, block or position)
         write nothing. `tile=(m,)` sets the tokens per tile (default 32)."""
         kind = "kv_append"
-        if not isinstance(cache, _graph.Tensor) or cache.graph is not self or \
+        if not isinstance(cache, Tensor) or cache.graph is not self or \
                 cache.kind != "state":
             raise ValueError(f"{kind}: operand 'cache' must be a state buffer of graph "
                              f"'{self.name}' (Graph.state), got {cache!r}")
         if cache.rank != 3 or cache.dtype not in ("f32", "f16", "bf16"):
-            raise ValueError(f"{kind}: {_graph._describe('cache', cache)} must be a 3-D f32, "
+            raise ValueError(f"{kind}: {describe('cache', cache)} must be a 3-D f32, "
                              f"f16 or bf16 state (slots, length, width)")
         self._check_operand(kind, "values", values, ranks=(2,))
         batch = self._check_batch(kind, batch)
         self._check_cache(kind, "cache", cache, batch)
-        if not _graph._same_dim(values.shape[0], batch.tokens):
-            raise ValueError(f"{kind}: {_graph._describe('values', values)} must have one row "
+        if not same_dim(values.shape[0], batch.tokens):
+            raise ValueError(f"{kind}: {describe('values', values)} must have one row "
                              f"per token of the batch ({batch.tokens} rows)")
-        if not _graph._same_dim(values.shape[1], cache.shape[2]):
-            raise ValueError(f"{kind}: {_graph._describe('values', values)} and "
-                             f"{_graph._describe('cache', cache)} differ in width")
+        if not same_dim(values.shape[1], cache.shape[2]):
+            raise ValueError(f"{kind}: {describe('values', values)} and "
+                             f"{describe('cache', cache)} differ in width")
         tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), values.shape[:1])
         params = {"block_size": cache.shape[1]} if batch.paged else {}
         return self._record(kind, (cache, values, batch.positions, batch.token_request,
@@ -315,15 +315,15 @@ class LLMOperators:
         self._check_head_dim(kind, head_dim, q.shape[1], "q")
         self._check_head_dim(kind, head_dim, k_cache.shape[2], "k_cache")
         if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
-            raise ValueError(f"{kind}: {_graph._describe('k_cache', k_cache)} and "
-                             f"{_graph._describe('v_cache', v_cache)} must have the same "
+            raise ValueError(f"{kind}: {describe('k_cache', k_cache)} and "
+                             f"{describe('v_cache', v_cache)} must have the same "
                              f"shape and dtype")
         heads, kv_heads = q.shape[1] // head_dim, k_cache.shape[2] // head_dim
         if heads % kv_heads:
             raise ValueError(f"{kind}: {heads} query heads cannot be grouped over {kv_heads} "
                              f"KV heads (the query head count must be a multiple)")
-        if not _graph._same_dim(q.shape[0], batch.tokens):
-            raise ValueError(f"{kind}: {_graph._describe('q', q)} must have one row per token "
+        if not same_dim(q.shape[0], batch.tokens):
+            raise ValueError(f"{kind}: {describe('q', q)} must have one row per token "
                              f"of the batch ({batch.tokens} rows)")
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"{kind}: 'chunk' must be a positive int, got {chunk!r}")
@@ -369,10 +369,10 @@ class LLMOperators:
         if length is None:
             chunks = -(-max_length // chunk)
         elif isinstance(length, tuple):
-            chunks = _graph.CeilDiv(length[0], chunk // length[1])
+            chunks = CeilDiv(length[0], chunk // length[1])
         else:
             chunks = -(-length // chunk) if isinstance(length, int) else \
-                _graph.CeilDiv(length, chunk)
+                CeilDiv(length, chunk)
         operands = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("positions", batch.positions), ("token_request", batch.token_request),
                     ("block_table" if batch.paged else "request_slot",
@@ -394,7 +394,7 @@ class LLMOperators:
                                  f"attention of graph '{self.name}', got {scratch_from!r}")
             partial = earlier.buffers["partial"]
             if len(partial.shape) != 3 or not all(
-                    _graph._same_dim(a, b) for a, b in zip(partial.shape, shape)):
+                    same_dim(a, b) for a, b in zip(partial.shape, shape)):
                 raise ValueError(f"{kind}: the scratch of '{scratch_from.name}' has shape "
                                  f"{partial.shape}, but this attention needs {shape}")
         if partial is not None:
@@ -446,19 +446,19 @@ class LLMOperators:
         rows = logits.shape[0]
         for role, t in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
             self._check_operand(kind, role, t, ranks=(1,))
-            if t.dtype != "f32" or not _graph._same_dim(t.shape[0], rows):
-                raise ValueError(f"{kind}: {_graph._describe(role, t)} must be an f32 tensor "
+            if t.dtype != "f32" or not same_dim(t.shape[0], rows):
+                raise ValueError(f"{kind}: {describe(role, t)} must be an f32 tensor "
                                  f"of shape ({rows},) (one per row of 'logits')")
         for role, t in (("top_k", top_k), ("position", position)):
             self._check_index(kind, role, t, rows, "one per row of 'logits'")
-        if not isinstance(seed, _graph.Tensor):
+        if not isinstance(seed, Tensor):
             raise ValueError(f"{kind}: operand 'seed' must be a Tensor, got {seed!r}")
         if seed.graph is not self:
             raise ValueError(f"{kind}: operand 'seed' ('{seed.name}') belongs to graph "
                              f"'{seed.graph.name}', not '{self.name}'")
         if seed.dtype != INDEX_DTYPE or seed.rank != 2 or seed.shape[1] != 2 or \
-                not _graph._same_dim(seed.shape[0], rows):
-            raise ValueError(f"{kind}: {_graph._describe('seed', seed)} must be an i32 tensor "
+                not same_dim(seed.shape[0], rows):
+            raise ValueError(f"{kind}: {describe('seed', seed)} must be an i32 tensor "
                              f"of shape ({rows}, 2) (each row's 64-bit seed as its low and "
                              f"high words)")
         tile = self._check_tile(kind, tile, 1, (1,), logits.shape[:1])

@@ -11,7 +11,7 @@ from mlir.passmanager import PassManager
 from mlir.runtime import get_ranked_memref_descriptor
 
 import etc
-from etc.graph import Argument
+from etc.graph_values import Argument
 from etc.dialects import event
 from etc.reference import bind_symbols, evaluate, round_bf16
 

@@ -27,7 +27,7 @@ from mlir.dialects import arith, math, memref, scf, vector
 from ..dialects import event
 
 if TYPE_CHECKING:
-    from ..graph import Operation, Tensor
+    from ..graph_values import Operation, Tensor
 
 #: The element type of index results (`topk` indices, `moe` routing buffers).
 INDEX_DTYPE = "i32"

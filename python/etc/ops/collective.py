@@ -43,7 +43,7 @@ from ..dialects import event
 from .base import DEFAULT_COLS, DEFAULT_ROWS, TaskBuilder, TileKernel, box, index_map
 
 if TYPE_CHECKING:
-    from ..graph import Operation, Tensor
+    from ..graph_values import Operation, Tensor
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 
