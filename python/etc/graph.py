@@ -2,23 +2,17 @@
 
 A `Graph` records symbolic dimensions, input buffers, operators and outputs
 (the values of `etc.graph_values`), checking shapes and dtypes as each call
-is made. `Graph.build()` turns the record into an L1 `event.graph` through
-the upstream `mlir` bindings and the generated `event` op classes;
-`Graph.to_mlir()` prints it. What each operator's tasks touch (footprints,
-explicit events) and how a tile computes live in the operator families of
-`etc.ops`.
+is made. This module holds the graph itself: declarations, the record, the
+general operators (matmul, elementwise, row-wise, topk, moe), and `build`.
+The operators of LLM inference come from `etc.graph_llm`, the collectives
+from `etc.ops.collective`. `Graph.build()` turns the record into an L1
+`event.graph` (`etc.graph_to_mlir`, which also states the conventions of
+the built IR); `Graph.to_mlir()` prints it. What each operator's tasks
+touch (footprints, explicit events) and how a tile computes live in the
+operator families of `etc.ops`.
 
-Conventions the rest of the compiler relies on:
+Conventions of the recorded values:
 
-* graph arguments: one `index` per symbol (creation order), the inputs
-  (creation order), the state buffers (`state()`, creation order), the
-  outputs (`output()` order), then every other buffer (operator results that
-  are not outputs, and `tensor()` scratch buffers) in creation order, marked
-  with the unit attribute `event.intermediate`;
-* one task per operator, named `<op>_<k>` (`matmul_0`, `add_1`, ...), in call
-  order, except `moe`, which lowers to five tasks `moe_<k>_router`, `_route`,
-  `_up`, `_down` and `_combine` plus explicit events for the accesses whose
-  rows depend on routing data (see docs/moe.md);
 * `topk` indices, `argmax` results and the routing buffers of `moe` are
   `i32` tensors; users may declare `i32` inputs (token ids, positions,
   lengths), which only the operators that take indices accept: every other
@@ -26,12 +20,7 @@ Conventions the rest of the compiler relies on:
 * a *state* buffer (`state()`, e.g. a KV cache) is passed like an input but
   holds data that outlives one run: the caller's array is the buffer, and
   operators that update it (`kv_append`) write it in place, ordered with
-  its reads by dependency inference like any other buffer;
-* every distinct tile computation is one private `func.func` with the unit
-  attribute `event.tile`, named `<graph>_tile_<kernel>_<n>`, taking the
-  buffers it touches and then the tile indices; a task body is one
-  `func.call` of it, so identical layers share their tile functions (see
-  `etc.ops.base` for how tile bodies use lanes and dtypes).
+  its reads by dependency inference like any other buffer.
 """
 
 from __future__ import annotations
@@ -39,15 +28,14 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from mlir import ir
-from mlir.dialects import affine, arith, func
 
 from . import ops
-from .dialects import event
 from .graph_llm import LLMOperators, RaggedBatch
+from .graph_to_mlir import build_module
 from .graph_values import (Argument, CeilDiv, Dim, Operation, Symbol, Tensor, describe,
                            format_shape, same_dim)
-from .ops.collective import CollectiveOperators, arrival_waits
-from .ops.base import DEFAULT_COLS, DEFAULT_ROWS, INDEX_DTYPE, element_type
+from .ops.base import DEFAULT_COLS, DEFAULT_ROWS, INDEX_DTYPE
+from .ops.collective import CollectiveOperators
 from .runtime.ranges import IndexRange
 
 __all__ = ["Argument", "CeilDiv", "Graph", "Symbol", "Tensor", "Operation", "RaggedBatch",
@@ -264,7 +252,7 @@ class Graph(LLMOperators, CollectiveOperators):
                 raise ValueError(f"output: tensor '{t.name}' is a state buffer of graph "
                                  f"'{self.name}'; it is updated in the caller's array, "
                                  f"so it cannot also be an output")
-            if id(t) in self._symmetric_tensors:
+            if self.is_symmetric(t):
                 raise ValueError(f"output: tensor '{t.name}' lives in the symmetric heap (other "
                                  f"ranks put into it), so it cannot be an output; read it with "
                                  f"an operator")
@@ -301,7 +289,9 @@ class Graph(LLMOperators, CollectiveOperators):
         """The recorded operator calls, in call order."""
         return tuple(self._ops)
 
-    def _arg_tensors(self) -> list[tuple[str, Tensor]]:
+    def argument_tensors(self) -> list[tuple[str, Tensor]]:
+        """The buffer arguments in order, as (kind, Tensor) pairs: the
+        `arguments` after the symbols (see `etc.graph_to_mlir`)."""
         ins = [("input", t) for t in self._tensors if t.kind == "input"]
         states = [("state", t) for t in self._tensors if t.kind == "state"]
         outs = [("output", t) for t in self._outputs]
@@ -311,11 +301,16 @@ class Graph(LLMOperators, CollectiveOperators):
 
     @property
     def arguments(self) -> list[Argument]:
-        """The graph arguments in order (see the module docstring)."""
+        """The graph arguments in order (see `etc.graph_to_mlir`)."""
         args = [Argument("symbol", s.name, (), "index") for s in self._symbols]
-        for kind, t in self._arg_tensors():
+        for kind, t in self.argument_tensors():
             args.append(Argument(kind, t.name, t.symbolic_shape, t.dtype))
         return args
+
+    def is_symmetric(self, t: Tensor) -> bool:
+        """Whether `t` lives in the symmetric heap: other ranks put into it
+        (the results and staging buffers of the collectives)."""
+        return id(t) in self._symmetric_tensors
 
     def tensor_by_name(self, name: str) -> Tensor:
         for t in self._tensors:
@@ -666,7 +661,7 @@ class Graph(LLMOperators, CollectiveOperators):
                              f"building it")
         ctx = context if context is not None else ir.Context()
         with ctx, ir.Location.unknown():
-            module = _Builder(self, target or ops.GENERIC).build()
+            module = build_module(self, target or ops.GENERIC)
             if not module.operation.verify():
                 raise RuntimeError(f"Graph '{self.name}': the built L1 module does not verify")
         return module
@@ -679,158 +674,3 @@ class Graph(LLMOperators, CollectiveOperators):
     def __repr__(self) -> str:
         return (f"Graph({self.name!r}, symbols={self.symbols}, inputs={self.inputs}, "
                 f"ops={[op.name for op in self._ops]}, outputs={self.outputs})")
-
-
-# ----------------------------------------------------------------------
-# IR construction
-# ----------------------------------------------------------------------
-
-
-class _Builder:
-    """Builds the L1 module of one graph in the current context: the graph's
-    tasks, and each distinct tile kernel once as a private function that
-    the task bodies call."""
-
-    def __init__(self, graph: Graph, target: ops.Target):
-        self.g = graph
-        self.target = target
-        self.index = ir.IndexType.get()
-        self.buffers: dict[int, ir.Value] = {}  # id(Tensor) -> block argument
-        self.symbols: dict[int, ir.Value] = {}  # id(Symbol) -> block argument
-        self.grid_cache: dict = {}
-        self.module: Optional[ir.Module] = None
-        self.graph_op = None
-        # Kernel key -> its function, and how many functions each stem has.
-        self.kernels: dict[tuple, func.FuncOp] = {}
-        self.stems: dict[str, int] = {}
-        # Explicit events an operator's tasks leave for a later operator's
-        # (e.g. when attention layers share a scratch buffer), by key.
-        self.events: dict = {}
-
-    def memref_type(self, t: Tensor) -> ir.MemRefType:
-        dyn = ir.ShapedType.get_dynamic_size()
-        return ir.MemRefType.get([d if isinstance(d, int) else dyn for d in t.shape],
-                                 element_type(t.dtype))
-
-    def build(self) -> ir.Module:
-        g = self.g
-        self.module = module = ir.Module.create()
-        types, attrs, locs, owners = [], [], [], []
-        for s in g._symbols:
-            types.append(self.index)
-            attrs.append(ir.DictAttr.get({}))
-            locs.append(ir.Location.name(s.name))
-            owners.append(("symbol", s))
-        for kind, t in g._arg_tensors():
-            types.append(self.memref_type(t))
-            marks = {}
-            if kind == "intermediate":
-                marks["event.intermediate"] = ir.UnitAttr.get()
-                if id(t) in g._symmetric_tensors:
-                    marks["event.symmetric"] = ir.UnitAttr.get()
-            attrs.append(ir.DictAttr.get(marks))
-            locs.append(ir.Location.name(t.name))
-            owners.append(("tensor", t))
-        with ir.InsertionPoint(module.body):
-            self.graph_op = event.GraphOp(g.name, ir.TypeAttr.get(ir.FunctionType.get(types, [])),
-                                          arg_attrs=ir.ArrayAttr.get(attrs))
-            if g.ranks > 1:
-                self.graph_op.attributes["event.ranks"] = ir.IntegerAttr.get(
-                    ir.IntegerType.get_signless(64), g.ranks)
-        block = self.graph_op.body.blocks.append(*types, arg_locs=locs)
-        for (what, obj), arg in zip(owners, block.arguments):
-            (self.symbols if what == "symbol" else self.buffers)[id(obj)] = arg
-        with ir.InsertionPoint(block):
-            for op in g._ops:
-                ops.family(op.kind).build_tasks(self, op)
-            event.YieldOp()
-        return module
-
-    # -- grid ----------------------------------------------------------
-
-    def grid_extent(self, dim: Dim, tile: int, scale: int = 1) -> ir.Value:
-        """ceil(dim / tile) (times `scale`), as a constant or an
-        affine.apply of the symbol."""
-        if isinstance(dim, CeilDiv):  # ceil(ceil(s / d) / t) = ceil(s / (d t))
-            return self.grid_extent(dim.symbol, dim.divisor * tile, scale)
-        if isinstance(dim, int):
-            key = ("static", -(-dim // tile) * scale)
-        else:
-            key = ("symbol", id(dim), tile, scale)
-        if key not in self.grid_cache:
-            if key[0] == "static":
-                self.grid_cache[key] = arith.constant(self.index, key[1])
-            else:
-                expr = ir.AffineExpr.get_ceil_div(ir.AffineSymbolExpr.get(0),
-                                                  ir.AffineConstantExpr.get(tile))
-                if scale != 1:
-                    expr = ir.AffineExpr.get_mul(expr, ir.AffineConstantExpr.get(scale))
-                amap = ir.AffineMap.get(0, 1, [expr])
-                self.grid_cache[key] = affine.apply(amap, [self.symbols[id(dim)]])
-        return self.grid_cache[key]
-
-    # -- tasks ---------------------------------------------------------
-
-    def emit_task(self, op: Operation, name: str, grid: list, reads: list, writes: list,
-                  kernel: type, waits: Sequence = (), notifies: Sequence = (),
-                  indices: Sequence[Tensor] = (), live: Sequence = ()) -> None:
-        """One `event.task` whose body calls `kernel`'s function: footprints as
-        (tensor, box) pairs, explicit events as (event value, map) pairs,
-        live bounds as `#event.live` attributes over `indices`."""
-        # Drop repeated identical reads (e.g. add(x, x)).
-        unique_reads = []
-        for t, fp in reads:
-            if not any(u is t and str(f) == str(fp) for u, f in unique_reads):
-                unique_reads.append((t, fp))
-        # Rows another rank puts here (all_gather) are waited for.
-        waits = [*arrival_waits(self, unique_reads), *waits]
-        task = event.TaskOp(
-            name, grid,
-            [self.buffers[id(t)] for t, _ in unique_reads],
-            [self.buffers[id(t)] for t, _ in writes],
-            [e for e, _ in waits], [e for e, _ in notifies],
-            [self.buffers[id(t)] for t in indices],
-            ir.ArrayAttr.get([fp for _, fp in unique_reads]),
-            ir.ArrayAttr.get([fp for _, fp in writes]),
-            ir.ArrayAttr.get([m for _, m in waits]),
-            ir.ArrayAttr.get([m for _, m in notifies]),
-            live_bounds=ir.ArrayAttr.get(list(live)) if live else None)
-        names = ["i", "j", "k"][:len(grid)]
-        body = task.body.blocks.append(*([self.index] * len(grid)),
-                                       arg_locs=[ir.Location.name(n) for n in names])
-        tensors = kernel.tensors(op)
-        callee = self.kernel_function(op, kernel, tensors)
-        with ir.InsertionPoint(body):
-            func.CallOp(callee, [self.buffers[id(t)] for t in tensors] + list(body.arguments))
-            event.YieldOp()
-
-    def kernel_function(self, op: Operation, kernel: type, tensors: list) -> func.FuncOp:
-        """The function of `kernel` for `op`'s tile, created on first use.
-
-        Two tasks share a function when they have the same kernel, operator
-        kind, parameters and tile, and buffers of the same types aliased
-        alike: the function depends on nothing else (it takes its buffers
-        and tile indices as arguments), so identical layers share one."""
-        types = [self.memref_type(t) for t in tensors]
-        # A kernel reads a buffer passed twice (add(x, x)) through its first
-        # parameter, so which parameters alias is part of what it computes.
-        aliases = tuple(next(j for j, u in enumerate(tensors) if u is t) for t in tensors)
-        key = (kernel, op.kind, tuple(sorted(op.params.items())), op.tile,
-               tuple(str(t) for t in types), aliases)
-        if key in self.kernels:
-            return self.kernels[key]
-        stem = f"{self.g.name}_tile_{kernel.name(op)}"
-        number = self.stems.get(stem, 0)
-        self.stems[stem] = number + 1
-        inputs = types + [self.index] * kernel.grid_rank
-        # After the graph, so that the graph stays the module's first op.
-        with ir.InsertionPoint(self.module.body):
-            function = func.FuncOp(f"{stem}_{number}", ir.FunctionType.get(inputs, []),
-                                   visibility="private")
-        function.attributes["event.tile"] = ir.UnitAttr.get()
-        entry = function.add_entry_block()
-        with ir.InsertionPoint(entry):
-            kernel(op, tensors, list(entry.arguments), entry, self.target).emit()
-            func.ReturnOp([])
-        self.kernels[key] = function
-        return function

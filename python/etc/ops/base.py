@@ -140,6 +140,9 @@ class TaskBuilder(Protocol):
 
     #: The target the kernels are built for.
     target: Target
+    #: The graph's block argument of each buffer, by `id(Tensor)` (for task
+    #: bodies that are not tile functions: the collectives' puts).
+    buffers: dict
     #: Explicit events an operator's tasks leave for a later operator's,
     #: by a key the families choose.
     events: dict
