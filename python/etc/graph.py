@@ -5,7 +5,7 @@ A `Graph` records symbolic dimensions, input buffers, operators and outputs
 is made. This module holds the graph itself: declarations, the record, the
 general operators (matmul, elementwise, row-wise, topk, moe), and `build`.
 The operators of LLM inference come from `etc.graph_llm`, the collectives
-from `etc.ops.collective`. `Graph.build()` turns the record into an L1
+from `etc.graph_collective`. `Graph.build()` turns the record into an L1
 `event.graph` (`etc.graph_to_mlir`, which also states the conventions of
 the built IR); `Graph.to_mlir()` prints it. What each operator's tasks
 touch (footprints, explicit events) and how a tile computes live in the
@@ -30,12 +30,12 @@ from typing import Optional, Sequence
 from mlir import ir
 
 from . import ops
+from .graph_collective import CollectiveOperators
 from .graph_llm import LLMOperators, RaggedBatch
 from .graph_to_mlir import build_module
 from .graph_values import (Argument, CeilDiv, Dim, Operation, Symbol, Tensor, describe,
                            format_shape, same_dim)
 from .ops.base import DEFAULT_COLS, DEFAULT_ROWS, INDEX_DTYPE
-from .ops.collective import CollectiveOperators
 from .runtime.ranges import IndexRange
 
 __all__ = ["Argument", "CeilDiv", "Graph", "Symbol", "Tensor", "Operation", "RaggedBatch",
@@ -69,7 +69,8 @@ class Graph(LLMOperators, CollectiveOperators):
     The operators of LLM inference (embedding, rope, head_rmsnorm,
     kv_append, attention, argmax, sample, ragged_batch) come from
     `etc.graph_llm.LLMOperators`, the collectives (all_gather,
-    reduce_scatter, all_reduce) from `etc.ops.collective`.
+    reduce_scatter, all_reduce) from
+    `etc.graph_collective.CollectiveOperators`.
 
     `ranks=N` makes a graph that runs on N devices at once, each its own
     copy on its own inputs (see docs/distributed.md).

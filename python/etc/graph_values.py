@@ -2,10 +2,10 @@
 operator calls and graph arguments, with the shape helpers that every
 front-end module uses for its checks and error messages.
 
-They are plain data with no dependencies, so that the graph, its LLM
-operators (`etc.graph_llm`), its MLIR builder (`etc.graph_to_mlir`) and the
-operator families (`etc.ops`, for type hints only) can all import them
-without a circle. `Graph` creates them; users get
+They are plain data with no dependencies, so that the graph, its operator
+mixins (`etc.graph_llm`, `etc.graph_collective`), its MLIR builder
+(`etc.graph_to_mlir`) and the operator families (`etc.ops`, for type hints
+only) can all import them without a circle. `Graph` creates them; users get
 them from its methods (`Graph.symbol`, `Graph.input`, `Graph.operations`,
 `Graph.arguments`).
 """
