@@ -1,4 +1,4 @@
-"""The CPU matmul tiles (`etc.ops.matmul.MatmulCPU`): the tile width the
+"""The CPU matmul tiles (`etc.ops.matmul_cpu.MatmulCPU`): the tile width the
 CPU picks per worker count, and numerics of every micro-tile shape (up to
 16 rows streamed over the whole tile width in groups of 4 and the 1, 2 or 3
 left; more rows in groups of 4 on 64-column chunks), for both schedules."""
@@ -10,7 +10,7 @@ import pytest
 
 import etc
 from etc.ops import Target
-from etc.ops.matmul import MatmulCPU
+from etc.ops.matmul_cpu import MatmulCPU
 
 
 def _matmul(k: int, n: int, *, tile=None, transpose_b: bool = False) -> etc.Graph:

@@ -17,7 +17,7 @@ from mlir.dialects import arith, memref, nvgpu, scf, vector
 
 from ..dialects import event
 from . import mma
-from .base import ResidualStores, TileKernel, element_type
+from .base import ResidualStores, element_type
 
 
 class MatmulMMA(ResidualStores):
