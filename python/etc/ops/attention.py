@@ -43,20 +43,15 @@ from mlir import ir
 from mlir.dialects import arith, math, memref, scf
 
 from ..dialects import event
-from .base import TaskBuilder, TileKernel, box, index_map, live_bound, whole
+from .base import TaskBuilder, box, index_map, live_bound, whole
 from .kvcache import CacheRows
+from .variants import PartKernel
 
 KINDS = ("attention",)
 
 
-class _AttentionKernel(TileKernel):
+class _AttentionKernel(PartKernel):
     """Rows of `head_dim` values as f32 vectors (`TileKernel.vload`)."""
-
-    part = ""
-
-    @classmethod
-    def name(cls, op) -> str:
-        return f"attention_{cls.part}"
 
     def load_row(self, t, idx: list) -> ir.Value:
         """head_dim consecutive values of `t` from `idx` on, as float32."""

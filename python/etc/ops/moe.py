@@ -27,24 +27,14 @@ from mlir import ir
 from mlir.dialects import arith, math, memref, scf
 
 from ..dialects import event
-from .base import (DEFAULT_ROWS, TaskBuilder, TileKernel, box, index_map, row_block,
-                   whole)
+from .base import DEFAULT_ROWS, TaskBuilder, box, index_map, row_block, whole
 from .topk import first_pick, select_next
+from .variants import PartKernel
 
 KINDS = ("moe",)
 
 
-class _MoeKernel(TileKernel):
-    """A kernel of one of the five MoE tasks; `part` names it."""
-
-    part = ""
-
-    @classmethod
-    def name(cls, op) -> str:
-        return f"moe_{cls.part}"
-
-
-class MoeRouter(_MoeKernel):
+class MoeRouter(PartKernel):
     """Probabilities, top-k experts and renormalised weights of a row block
     of tokens, one token per lane iteration."""
 
@@ -95,7 +85,7 @@ class MoeRouter(_MoeKernel):
             scf.yield_([])
 
 
-class MoeRoute(_MoeKernel):
+class MoeRoute(PartKernel):
     """One tile (run by lane 0): counts tokens per expert into
     offsets[e + 1], prefix-sums them, then lists every (token, choice) pair
     t * k + j in slots[] grouped by expert, in token order, using offsets[e]
@@ -153,7 +143,7 @@ class MoeRoute(_MoeKernel):
             scf.yield_([])
 
 
-class _ExpertTile(_MoeKernel):
+class _ExpertTile(PartKernel):
     """A tile (e, j) of the padded expert grid."""
 
     grid_rank = 2
@@ -240,7 +230,7 @@ class MoeDown(_ExpertTile):
             scf.yield_([])
 
 
-class MoeCombine(_MoeKernel):
+class MoeCombine(PartKernel):
     """y[t, :] = sum over the token's k choices of partial[t, c, :]."""
 
     grid_rank = 1

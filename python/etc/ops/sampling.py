@@ -44,6 +44,7 @@ from mlir import ir
 from mlir.dialects import arith, math, memref, scf, vector
 
 from .base import Lanes, LaneValues, TaskBuilder, TileKernel, box, tile_offset
+from .variants import RowKernel, RowSelectGPU
 
 KINDS = ("argmax", "sample")
 
@@ -82,24 +83,13 @@ def argmax_scan(kernel: TileKernel, value_at, start: ir.Value, end: ir.Value,
     return tuple(scan.results)
 
 
-class Argmax(TileKernel):
+class Argmax(RowKernel):
     """One row per lane iteration, scanned in order (`argmax_scan`)."""
 
-    grid_rank = 1
-
-    def emit(self) -> None:
-        op = self.op
-        x, out = op.operands[0], op.result
-        (tm,) = op.tile
-        row0, rows = self.row_block(x, tm)
-        n = self.dim(x, 1)
-        loop = self.lane_loop(rows)
-        with ir.InsertionPoint(loop.body):
-            row = arith.addi(row0, loop.induction_variable)
-            _, column, _ = argmax_scan(self, lambda c: self.load(x, [row, c]), self.cidx(0), n,
-                                       self.cidx(1))
-            self.store_index(column, out, [row])
-            scf.yield_([])
+    def emit_row(self, x, row: ir.Value, n: ir.Value) -> None:
+        _, column, _ = argmax_scan(self, lambda c: self.load(x, [row, c]), self.cidx(0), n,
+                                   self.cidx(1))
+        self.store_index(column, self.op.result, [row])
 
 
 # ----------------------------------------------------------------------
@@ -436,24 +426,14 @@ def philox_uniform(seed_low: ir.Value, seed_high: ir.Value, position: ir.Value) 
     return arith.mulf(top, arith.constant(f32, ir.FloatAttr.get(f32, 2.0 ** -24)))
 
 
-class Sample(TileKernel):
+class Sample(RowKernel):
     """One row per lane iteration, its passes sequential (`RowPasses`)."""
 
-    grid_rank = 1
     #: How the passes over a row run.
     passes = RowPasses
 
-    def emit(self) -> None:
-        op = self.op
-        x = op.operands[0]
-        (tm,) = op.tile
-        row0, rows = self.row_block(x, tm)
-        n = self.dim(x, 1)
-        loop = self.lane_loop(rows)
-        with ir.InsertionPoint(loop.body):
-            row = arith.addi(row0, loop.induction_variable)
-            self.store_index(self.choose(self.passes(self, x, row, n), row), op.result, [row])
-            scf.yield_([])
+    def emit_row(self, x, row: ir.Value, n: ir.Value) -> None:
+        self.store_index(self.choose(self.passes(self, x, row, n), row), self.op.result, [row])
 
     # -- keys: float32 values as ordered integers -------------------------
 
@@ -634,17 +614,8 @@ class SampleCPU(Sample):
         return f"{op.kind}_cpu"
 
 
-class SampleGPU(Sample):
+class SampleGPU(RowSelectGPU, Sample):
     """A CTA per row (`LanePasses`); the tile's rows one after another."""
-
-    @classmethod
-    def name(cls, op) -> str:
-        return f"{op.kind}_gpu"
-
-    @classmethod
-    def applies(cls, op, target) -> bool:
-        n = op.operands[0].shape[1]
-        return target.gpu_kernels and isinstance(n, int) and n < (1 << 24)
 
     def emit(self) -> None:
         op = self.op

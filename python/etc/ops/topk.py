@@ -10,6 +10,7 @@ from mlir import ir
 from mlir.dialects import arith, scf
 
 from .base import TaskBuilder, TileKernel, box, tile_offset
+from .variants import RowKernel, RowSelectGPU
 
 KINDS = ("topk",)
 
@@ -66,33 +67,24 @@ def first_pick(kernel: TileKernel) -> tuple:
     return kernel.cf32(float("nan")), arith.constant(kernel.index, -1)
 
 
-class TopK(TileKernel):
+class TopK(RowKernel):
     """One row per lane iteration: k selection passes over the row."""
 
-    grid_rank = 1
-
-    def emit(self) -> None:
+    def emit_row(self, x, row: ir.Value, n: ir.Value) -> None:
         op = self.op
-        x, values, indices = op.operands[0], op.result, op.extra_results[0]
-        (tm,) = op.tile
-        row0, rows = self.row_block(x, tm)
-        n = self.dim(x, 1)
-        loop = self.lane_loop(rows)
-        with ir.InsertionPoint(loop.body):
-            row = arith.addi(row0, loop.induction_variable)
-            picks = scf.ForOp(self.cidx(0), self.cidx(op.params["k"]), self.cidx(1),
-                              list(first_pick(self)))
-            with ir.InsertionPoint(picks.body):
-                j = picks.induction_variable
-                value, position, _ = select_next(
-                    self, n, lambda c: self.load(x, [row, c]), tuple(picks.inner_iter_args))
-                self.store(value, values, [row, j])
-                self.store_index(position, indices, [row, j])
-                scf.yield_([value, position])
-            scf.yield_([])
+        values, indices = op.result, op.extra_results[0]
+        picks = scf.ForOp(self.cidx(0), self.cidx(op.params["k"]), self.cidx(1),
+                          list(first_pick(self)))
+        with ir.InsertionPoint(picks.body):
+            j = picks.induction_variable
+            value, position, _ = select_next(
+                self, n, lambda c: self.load(x, [row, c]), tuple(picks.inner_iter_args))
+            self.store(value, values, [row, j])
+            self.store_index(position, indices, [row, j])
+            scf.yield_([value, position])
 
 
-class TopKGPU(TopK):
+class TopKGPU(RowSelectGPU, TopK):
     """A warp per row: each pick scans the row with the warp's lanes taking
     positions l, l + 32, ..., and the warp agrees on the winner with three
     shuffle reductions: whether any lane holds a NaN candidate, the largest
@@ -101,15 +93,6 @@ class TopKGPU(TopK):
     after a CTA barrier, so every lane continues from the same previous pick
     (on the GPU and with simulated lanes alike). The order is `ranks_above`:
     NaN first, then larger values, ties by lower position."""
-
-    @classmethod
-    def name(cls, op) -> str:
-        return "topk_gpu"
-
-    @classmethod
-    def applies(cls, op, target) -> bool:
-        n = op.operands[0].shape[1]
-        return target.gpu_kernels and isinstance(n, int) and n < (1 << 24)
 
     def emit(self) -> None:
         op = self.op
