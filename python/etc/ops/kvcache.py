@@ -90,7 +90,7 @@ class KVAppend(TileKernel):
 
     def emit(self) -> None:
         op = self.op
-        cache, values, positions, token_request, addressing = op.operands
+        cache, values = op.operands[:2]
         (tm,) = op.tile
         row0, rows = self.row_block(values, tm)
         width = self.dim(values, 1)
@@ -99,14 +99,23 @@ class KVAppend(TileKernel):
             e = loop.induction_variable
             row = arith.addi(row0, arith.divui(e, width))
             col = arith.remui(e, width)
-            where = CacheRows(self, cache, addressing, op.params.get("block_size"),
-                              self.load_index(token_request, [row]))
-            position = self.load_index(positions, [row])
-            at = where.at(position)
-            guard = scf.IfOp(where.inside(position, at))
-            with ir.InsertionPoint(guard.then_block):
-                self.store(self.load(values, [row, col]), cache, [*at, col])
-                scf.yield_([])
+            self.write_row(row, lambda at: self.store(self.load(values, [row, col]), cache,
+                                                      [*at, col]))
+            scf.yield_([])
+
+    def write_row(self, row: ir.Value, write) -> None:
+        """Emits `write(at)` with `at` the cache's first two indices for the
+        token of row `row` of the new values, where that position is inside
+        its request's cache."""
+        op = self.op
+        cache, _, positions, token_request, addressing = op.operands
+        where = CacheRows(self, cache, addressing, op.params.get("block_size"),
+                          self.load_index(token_request, [row]))
+        position = self.load_index(positions, [row])
+        at = where.at(position)
+        guard = scf.IfOp(where.inside(position, at))
+        with ir.InsertionPoint(guard.then_block):
+            write(at)
             scf.yield_([])
 
 
@@ -130,7 +139,7 @@ class KVAppendVector(KVAppend):
 
     def emit(self) -> None:
         op = self.op
-        cache, values, positions, token_request, addressing = op.operands
+        cache, values = op.operands[:2]
         vec = self.vec(op)
         (tm,) = op.tile
         row0, rows = self.row_block(values, tm)
@@ -140,15 +149,9 @@ class KVAppendVector(KVAppend):
             e = loop.induction_variable
             row = arith.addi(row0, arith.divui(e, pieces))
             col = arith.muli(arith.remui(e, pieces), self.cidx(vec))
-            where = CacheRows(self, cache, addressing, op.params.get("block_size"),
-                              self.load_index(token_request, [row]))
-            position = self.load_index(positions, [row])
-            at = where.at(position)
-            guard = scf.IfOp(where.inside(position, at))
-            with ir.InsertionPoint(guard.then_block):
-                self.vstore(self.vload(values, [row, col], vec, aligned=True), cache,
-                            [*at, col], aligned=True)
-                scf.yield_([])
+            self.write_row(row, lambda at: self.vstore(
+                self.vload(values, [row, col], vec, aligned=True), cache, [*at, col],
+                aligned=True))
             scf.yield_([])
 
 
