@@ -5,7 +5,8 @@ MLIR needs to check and measure ETC's CUDA kernels.
                         [--target cuda|cpu]
 
 Writes OUT/ with
-  run.py              the checker and benchmark driver (numpy + cuda-bindings)
+  run.py              the checker and benchmark driver (numpy + cuda-bindings),
+                      with harness.py, checks.py, probe.py and benchmarks.py
   ranks.py            the fused-vs-unfused benchmark on several GPUs (mpi4py +
                       nvshmem4py besides)
   families.py         the input recipes (numpy only)
@@ -47,6 +48,10 @@ RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "reference.py", "re
                  "runtime/cpu.py", "runtime/cuda.py", "runtime/isa.py", "runtime/layout.py",
                  "runtime/probes.py", "runtime/distributed.py", "runtime/nvshmem.py",
                  "runtime/ranges.py", "runtime/trace.py", "runtime/workers.py")
+#: The kit's own files: its two entry points and the modules they import
+#: (numpy and cuda-bindings only).
+KIT_FILES = ("run.py", "harness.py", "checks.py", "probe.py", "benchmarks.py", "ranks.py",
+             "families.py")
 SCHEDULES = ("static", "dynamic", "auto")
 #: The benchmark variant compiled without the weight prefetch (issue #11).
 NO_PREFETCH = "static, no prefetch"
@@ -226,9 +231,8 @@ def copy_runtime(out: Path) -> None:
         target = out / "etc" / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source / name, target)
-    shutil.copyfile(HERE / "families.py", out / "families.py")
-    shutil.copyfile(HERE / "run.py", out / "run.py")
-    shutil.copyfile(HERE / "ranks.py", out / "ranks.py")
+    for name in KIT_FILES:
+        shutil.copyfile(HERE / name, out / name)
 
 
 class Builder:
