@@ -126,26 +126,16 @@ def moe_graph(dtype: str = "f32", name: str = "moe_layer"):
     return g
 
 
-def example_mlp():
+def example(name: str):
+    """The graph of the repository's `examples/<name>.py` (its `build_<name>()`)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "mlp.py"
-    spec = importlib.util.spec_from_file_location("etc_example_mlp", path)
+    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"etc_example_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.build_mlp()
-
-
-def example_moe():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "examples" / "moe.py"
-    spec = importlib.util.spec_from_file_location("etc_example_moe", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_moe()
+    return getattr(module, f"build_{name}")()
 
 
 def families() -> dict:
@@ -166,10 +156,12 @@ def families() -> dict:
     table["moe_f16"] = (lambda: moe_graph("f16", "moe_f16"),
                         Recipe(sizes=(3, 40), scales=moe_scales, tolerance=3e-3,
                                routing=("x", "router_w", 2)))
-    table["example_mlp"] = (example_mlp, Recipe(sizes=(1, 7, 64), scales={"w1": 0.06, "w2": 0.05}))
+    table["example_mlp"] = (lambda: example("mlp"),
+                            Recipe(sizes=(1, 7, 64), scales={"w1": 0.06, "w2": 0.05}))
     # Routes rmsnorm(x), so the margin check on x does not apply; ties
     # closer than rounding are improbable at these sizes.
-    table["example_moe"] = (example_moe, Recipe(sizes=(1, 9, 70), scales={"w1": 0.1, "w2": 0.1}))
+    table["example_moe"] = (lambda: example("moe"),
+                            Recipe(sizes=(1, 9, 70), scales={"w1": 0.1, "w2": 0.1}))
     return table
 
 
