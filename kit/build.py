@@ -45,7 +45,9 @@ MAX_BYTES = 32 << 20
 RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "reference.py", "reference_llm.py",
                  "reference_sampling.py",
                  "runtime/__init__.py", "runtime/abi.py", "runtime/artifact.py",
-                 "runtime/cpu.py", "runtime/cuda.py", "runtime/isa.py", "runtime/layout.py",
+                 "runtime/cpu.py", "runtime/cuda.py", "runtime/cuda_arrays.py",
+                 "runtime/cuda_driver.py", "runtime/cuda_launch.py", "runtime/cuda_timing.py",
+                 "runtime/isa.py", "runtime/layout.py",
                  "runtime/probes.py", "runtime/distributed.py", "runtime/nvshmem.py",
                  "runtime/ranges.py", "runtime/trace.py", "runtime/workers.py")
 #: The kit's own files: its two entry points and the modules they import

@@ -303,7 +303,7 @@ class _DLPackArray:
     def __init__(self, fake, shape, code, bits, device_type=2, strides=None):
         import ctypes
 
-        from etc.runtime.cuda import _DLTensor
+        from etc.runtime.cuda_arrays import _DLTensor
 
         itemsize = bits // 8
         self.pointer = fake.cuMemAlloc(int(np.prod(shape)) * itemsize)[1]

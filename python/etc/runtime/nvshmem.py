@@ -57,9 +57,10 @@ import numpy as np
 from . import layout
 from .abi import KernelABI
 from .cpu import _STORAGE
-from .cuda import (CACHED_SIZES, CHECK_THREADS, INIT_THREADS, CUDARuntime, JITLogs,
-                   DeviceArray, DriverJITError, _check,
-                   _error_name, _Workspace, stream_handle)
+from .cuda import CACHED_SIZES, CUDARuntime
+from .cuda_arrays import DeviceArray
+from .cuda_driver import DriverJITError, JITLogs, _check, _error_name, stream_handle
+from .cuda_launch import CHECK_THREADS, INIT_THREADS, _Workspace
 from .distributed import DistributedError, Meetings
 from ..binding import bind_symbols, check_input_names, concrete_shape, out_items
 
@@ -197,7 +198,7 @@ def link_with_driver(driver, ptx: str, library_ptx: str) -> tuple[bytes, str]:
 
 
 class _SymmetricWorkspace(_Workspace):
-    """A workspace (see `cuda._Workspace`) whose counter buffer and
+    """A workspace (see `cuda_launch._Workspace`) whose counter buffer and
     intermediates lie in one block of NVSHMEM's symmetric heap, at the
     offsets of `symmetric_layout`; outputs and the table are private."""
 
