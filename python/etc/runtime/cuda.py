@@ -52,7 +52,7 @@ import numpy as np
 from ..binding import (INPUT_DTYPES, Signature, bind_symbols, check_input_dtype,
                        check_input_names, concrete_shape, out_items)
 from .abi import KernelABI
-from .cpu import _STORAGE, buffer_table, check_state, from_storage, to_storage
+from .cpu import _STORAGE, buffer_table, check_state, to_storage
 from .cuda_arrays import ALIGNMENT, DeviceArray, as_device_array
 from .cuda_driver import (CUDAUnavailableError, DriverJITError, JITLogs, _check, _driver,
                           _error_name, cuda_available, load_module, require_device,
@@ -81,10 +81,12 @@ class CoResidencyError(RuntimeError):
     the cooperative launch was refused (instead of hanging)."""
 
 
-
 class CUDARuntime:
     """Runs one program's PTX on the current CUDA device. Nothing touches the
     driver until the first `run` / `bind`, so compiling needs no GPU."""
+
+    #: The device buffers of one binding of the symbols.
+    _workspace_type = _Workspace
 
     def __init__(self, abi: KernelABI, ptx: str, *, lanes: int = DEFAULT_LANES,
                  max_workers: int | None = None):
@@ -296,16 +298,19 @@ class CUDARuntime:
         of up to CACHED_SIZES bindings of the symbols); their memory goes
         back to the driver when nothing else holds them (a `Launch` from
         `bind` keeps its own)."""
+        kept = list(self._workspaces.values())
         self._workspaces.clear()
+        for workspace in kept:
+            workspace.free()
 
     def _workspace(self, symbols: dict[str, int]) -> _Workspace:
         key = tuple(sorted(symbols.items()))
         workspace = self._workspaces.get(key)
         if workspace is None:
-            workspace = _Workspace(self, dict(symbols))
+            workspace = self._workspace_type(self, dict(symbols))
             self._workspaces[key] = workspace
             while len(self._workspaces) > CACHED_SIZES:
-                self._workspaces.popitem(last=False)
+                self._workspaces.popitem(last=False)[1].free()
         self._workspaces.move_to_end(key)
         return workspace
 
@@ -409,22 +414,7 @@ class CUDARuntime:
         launch = self._bind(inputs, out, stream, own_table=False)
         launch.enqueue(stream)
         launch.check(stream)
-        # A state given as a NumPy array is updated in place: copy it back.
-        for arg in self.arguments:
-            value = inputs.get(arg.name)
-            if arg.kind == "state" and isinstance(value, np.ndarray) and value.nbytes:
-                _check(self._driver, "cuMemcpyDtoH",
-                       self._driver.cuMemcpyDtoH(value.ctypes.data,
-                                                 launch.buffers[arg.name].pointer, value.nbytes))
-        if out is None:
-            return launch.outputs()
-        filled = []
-        for name, value in out.items():
-            if isinstance(value, np.ndarray):
-                host = from_storage(launch.buffers[name].numpy(), self._dtype(name))
-                np.copyto(value, host)
-            filled.append(value)
-        return filled
+        return launch.collect(inputs, out)
 
     def device_array(self, host: np.ndarray) -> DeviceArray:
         """A device copy of the C-contiguous `host` array (in its storage

@@ -66,14 +66,18 @@ class _Workspace:
     outputs and intermediates, copies of NumPy inputs, the counter buffer,
     the result words and the buffer table."""
 
+    #: The kinds of buffer allocated one by one; a subclass may place the
+    #: others elsewhere (`_allocate_counters`).
+    PRIVATE_KINDS = ("output", "intermediate")
+
     def __init__(self, runtime: "CUDARuntime", symbols: dict[str, int]):
         self.symbols = symbols
         self.buffer_shapes = {arg.name: concrete_shape(arg.shape, symbols)
                               for arg in runtime.arguments if arg.kind != "symbol"}
         self.buffers: dict[str, DeviceArray] = {}
         for arg in runtime.arguments:
-            if arg.kind in ("output", "intermediate"):
-                self.buffers[arg.name] = runtime._alloc(concrete_shape(arg.shape, symbols),
+            if arg.kind in self.PRIVATE_KINDS:
+                self.buffers[arg.name] = runtime._alloc(self.buffer_shapes[arg.name],
                                                         _STORAGE[arg.dtype])
         self.staging: dict[str, DeviceArray] = {}
         # Word 0: g_counters' result (i64); word 1: g_check's status (i32).
@@ -83,7 +87,16 @@ class _Workspace:
         self.results, self.table = runtime._table_and_results(self.shapes())
         self.count = runtime._counter_count(self)
         layout.check_count(runtime.abi, self.count)
+        self._allocate_counters(runtime)
+
+    def _allocate_counters(self, runtime: "CUDARuntime") -> None:
+        """Allocates the counter buffer (`count` words)."""
         self.counters = runtime._alloc((self.count,), np.int32)
+
+    def free(self) -> None:
+        """Called when the runtime lets go of the workspace. Nothing to do
+        here: each buffer frees its memory when collected, which a `Launch`
+        still holding it delays."""
 
     def shapes(self) -> dict:
         """Stand-ins for every buffer: its shape at these sizes, address 0."""
@@ -189,6 +202,28 @@ class Launch:
         _check(driver, "cuMemcpyDtoH", driver.cuMemcpyDtoH(
             value.ctypes.data, self.results.pointer + 8, 4))
         layout.check_status(rt.abi, int(value[0]))
+
+    def collect(self, inputs: dict, out: dict | None) -> list:
+        """After a checked run on `inputs`: copies the state buffers given
+        as NumPy arrays back into them (a state is updated in place), and
+        returns the outputs as NumPy arrays or, with `out` (by name), the
+        `out` arrays, NumPy ones filled from the device."""
+        driver = self.runtime._driver
+        for arg in self.runtime.arguments:
+            value = inputs.get(arg.name)
+            if arg.kind == "state" and isinstance(value, np.ndarray) and value.nbytes:
+                _check(driver, "cuMemcpyDtoH",
+                       driver.cuMemcpyDtoH(value.ctypes.data, self.buffers[arg.name].pointer,
+                                           value.nbytes))
+        if out is None:
+            return self.outputs()
+        filled = []
+        for name, value in out.items():
+            if isinstance(value, np.ndarray):
+                np.copyto(value, from_storage(self.buffers[name].numpy(),
+                                              self.runtime._dtype(name)))
+            filled.append(value)
+        return filled
 
     def outputs(self) -> list[np.ndarray]:
         """Host copies of the graph's outputs, in `g.output` order."""

@@ -67,6 +67,17 @@ class EventTimer:
         return float(_check(self.driver, "cuEventElapsedTime",
                             self.driver.cuEventElapsedTime(first, second)))
 
+    def _start(self, spin_ns: int, cold: bool) -> None:
+        """Queues on the timer's stream what comes before a timed run: the
+        spin, the `ready` event, the L2 flush when `cold`, the `start`
+        event."""
+        d, stream = self.driver, self.stream
+        self.spin(stream, spin_ns)
+        _check(d, "cuEventRecord", d.cuEventRecord(self.ready, stream))
+        if cold:
+            self.flush(stream)
+        _check(d, "cuEventRecord", d.cuEventRecord(self.start, stream))
+
     def __call__(self, enqueue, repeats: int | None = None, cold: bool = False) -> float:
         d, stream = self.driver, self.stream
         for _ in range(self.warmup):
@@ -85,19 +96,12 @@ class EventTimer:
         spin = int(min(max(4 * host_ns, self.MIN_SPIN_NS), self.MAX_SPIN_NS))
         flush_ms = 0.0
         if cold:  # the flush alone, so that the gap excludes it
-            self.spin(stream, spin)
-            _check(d, "cuEventRecord", d.cuEventRecord(self.ready, stream))
-            self.flush(stream)
-            _check(d, "cuEventRecord", d.cuEventRecord(self.start, stream))
+            self._start(spin, True)
             _check(d, "cuEventSynchronize", d.cuEventSynchronize(self.start))
             flush_ms = self._elapsed(self.ready, self.start)
         times, gaps = [], []
         for _ in range(repeats or self.repeats):
-            self.spin(stream, spin)
-            _check(d, "cuEventRecord", d.cuEventRecord(self.ready, stream))
-            if cold:
-                self.flush(stream)
-            _check(d, "cuEventRecord", d.cuEventRecord(self.start, stream))
+            self._start(spin, cold)
             enqueue(stream)
             _check(d, "cuEventRecord", d.cuEventRecord(self.end, stream))
             _check(d, "cuEventSynchronize", d.cuEventSynchronize(self.end))

@@ -50,19 +50,18 @@ from __future__ import annotations
 import atexit
 import ctypes
 import time
-from collections import OrderedDict
 
 import numpy as np
 
 from . import layout
 from .abi import KernelABI
 from .cpu import _STORAGE
-from .cuda import CACHED_SIZES, CUDARuntime
+from .cuda import CUDARuntime
 from .cuda_arrays import DeviceArray
 from .cuda_driver import DriverJITError, JITLogs, _check, _error_name, stream_handle
 from .cuda_launch import CHECK_THREADS, INIT_THREADS, _Workspace
 from .distributed import DistributedError, Meetings
-from ..binding import bind_symbols, check_input_names, concrete_shape, out_items
+from ..binding import bind_symbols, check_input_names, out_items
 
 #: Each part of the symmetric block (the counters, each intermediate) starts
 #: at a multiple of this many bytes (the kernels need 16; 256 keeps every
@@ -202,19 +201,11 @@ class _SymmetricWorkspace(_Workspace):
     intermediates lie in one block of NVSHMEM's symmetric heap, at the
     offsets of `symmetric_layout`; outputs and the table are private."""
 
-    def __init__(self, runtime: "NVSHMEMRuntime", symbols: dict[str, int]):
-        self.symbols = symbols
-        self.buffer_shapes = {arg.name: concrete_shape(arg.shape, symbols)
-                              for arg in runtime.arguments if arg.kind != "symbol"}
-        self.buffers: dict[str, DeviceArray] = {}
-        for arg in runtime.arguments:
-            if arg.kind == "output":
-                self.buffers[arg.name] = runtime._alloc(self.buffer_shapes[arg.name],
-                                                        _STORAGE[arg.dtype])
-        self.staging: dict[str, DeviceArray] = {}
-        self.results, self.table = runtime._table_and_results(self.shapes())
-        self.count = runtime._counter_count(self)
-        layout.check_count(runtime.abi, self.count)
+    PRIVATE_KINDS = ("output",)
+
+    def _allocate_counters(self, runtime: "NVSHMEMRuntime") -> None:
+        """Allocates the symmetric block and places the counters and the
+        intermediates in it."""
         intermediates = [(arg.name, _STORAGE[arg.dtype],
                           self.buffer_shapes[arg.name]) for arg in runtime.arguments
                          if arg.kind == "intermediate"]
@@ -234,7 +225,7 @@ class _SymmetricWorkspace(_Workspace):
 
     def free(self) -> None:
         """Gives the symmetric block back (collective: every rank frees the
-        same workspace at the same point, see `NVSHMEMRuntime._workspace`)."""
+        same workspace at the same point, see `NVSHMEMRuntime`)."""
         if self.heap:
             self._runtime._symmetric_free(self.heap)
             self.heap = 0
@@ -245,7 +236,15 @@ class NVSHMEMRuntime(Meetings, CUDARuntime):
     `abi.extra["ranks"]` ranks on this process's GPU, over NVSHMEM (see the
     module docstring). `library_ptx` is NVSHMEM's device library as PTX, or
     a function that returns it (made on first use: compiling needs none).
-    Nothing touches MPI, the driver or NVSHMEM until the first `run`."""
+    Nothing touches MPI, the driver or NVSHMEM until the first `run`.
+
+    Its workspaces lie in NVSHMEM's symmetric heap, so making and freeing
+    one is collective: a new size allocates a block, and the least recently
+    used workspace beyond CACHED_SIZES is freed then (every rank runs the
+    same sequence of sizes, so all do it at the same point);
+    `free_workspaces` must be called on every rank."""
+
+    _workspace_type = _SymmetricWorkspace
 
     def __init__(self, abi: KernelABI, ptx: str, library_ptx, **options):
         super().__init__(abi, ptx, **options)
@@ -322,31 +321,6 @@ class NVSHMEMRuntime(Meetings, CUDARuntime):
 
     def _symmetric_free(self, pointer: int) -> None:
         self._bindings.free(pointer)
-
-    # -- workspaces --------------------------------------------------------
-
-    def _workspace(self, symbols: dict[str, int]) -> _SymmetricWorkspace:
-        """The workspace of these symbols: made (a collective allocation)
-        when new, and the least recently used one beyond CACHED_SIZES freed
-        then (every rank runs the same sequence of sizes, so all free the
-        same block at the same point)."""
-        key = tuple(sorted(symbols.items()))
-        workspace = self._workspaces.get(key)
-        if workspace is None:
-            workspace = _SymmetricWorkspace(self, dict(symbols))
-            self._workspaces[key] = workspace
-            while len(self._workspaces) > CACHED_SIZES:
-                self._workspaces.popitem(last=False)[1].free()
-        self._workspaces.move_to_end(key)
-        return workspace
-
-    def free_workspaces(self) -> None:
-        """Frees the kept workspaces' symmetric blocks (collective: call it
-        on every rank)."""
-        kept = list(self._workspaces.values())
-        self._workspaces = OrderedDict()
-        for workspace in kept:
-            workspace.free()
 
     def bind(self, inputs: dict, out=None, stream=0):
         raise NotImplementedError(
@@ -429,19 +403,4 @@ class NVSHMEMRuntime(Meetings, CUDARuntime):
         self._finish(header)
         self._launch(self._check_kernel, (1, CHECK_THREADS), parameters["check"], handle)
         launch.check(handle)
-        for arg in self.arguments:
-            value = inputs.get(arg.name)
-            if arg.kind == "state" and isinstance(value, np.ndarray) and value.nbytes:
-                _check(driver, "cuMemcpyDtoH",
-                       driver.cuMemcpyDtoH(value.ctypes.data, launch.buffers[arg.name].pointer,
-                                           value.nbytes))
-        if out is None:
-            return launch.outputs()
-        filled = []
-        for name, value in out.items():
-            if isinstance(value, np.ndarray):
-                from .cpu import from_storage
-
-                np.copyto(value, from_storage(launch.buffers[name].numpy(), self._dtype(name)))
-            filled.append(value)
-        return filled
+        return launch.collect(inputs, out)
