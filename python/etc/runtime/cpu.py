@@ -42,12 +42,13 @@ from types import SimpleNamespace
 import numpy as np
 
 from .. import bfloat16
-from ..binding import (Signature, bind_symbols, check_input_dtype, check_input_names,
-                       concrete_shape, out_items)
+from ..binding import (bind_symbols, check_input_dtype, check_input_names, concrete_shape,
+                       out_items)
 from .ranges import check as check_index_ranges
 from . import layout, workers
 from .workers import adapting_enabled
 from .abi import KernelABI
+from .program import ProgramRuntime
 from .trace import Trace
 
 #: NumPy storage of each ETC dtype. bf16 has no NumPy type: it is stored as the
@@ -340,21 +341,17 @@ class Constants:
         return f"<Constants of {self.runtime.abi.name}: {len(self.storage)} arrays>"
 
 
-class CPURuntime:
+class CPURuntime(ProgramRuntime):
     """Runs one program with a fixed number of host worker threads."""
 
     def __init__(self, abi: KernelABI, entry_points: EntryPoints, workers: int | None = None):
-        self.abi = abi
-        #: The compiled graph's name, arguments and outputs.
-        self.signature = Signature(abi.name, abi.arguments, abi.outputs)
+        super().__init__(abi)
         self.workers = abi.workers if workers is None else workers
         if self.workers < 1:
             raise ValueError(f"workers={self.workers} must be positive")
-        self.arguments = list(abi.arguments)
         self._entry_points = entry_points
         self._functions = {role: _prototype(abi, role)(entry_points.addresses[role])
                            for role in ROLES}
-        self._trace: Trace | None = None
         self._symbol_names = [arg.name for arg in self.arguments if arg.kind == "symbol"]
         # Each output's name and dtype, in `g.output` order.
         self._outputs = [(name, abi.argument(name).dtype) for name in abi.outputs]
@@ -393,16 +390,6 @@ class CPURuntime:
     @spin_microseconds.setter
     def spin_microseconds(self, value: int) -> None:
         self._spin = _check_spin(value)
-
-    @property
-    def trace(self) -> Trace:
-        """The trace of the last run (kernels compiled with trace=True)."""
-        if not self.abi.trace:
-            raise RuntimeError(f"{self.abi.name} was compiled without traces: compile with "
-                               "etc.compile(..., trace=True)")
-        if self._trace is None:
-            raise RuntimeError(f"{self.abi.name} has not run yet, so there is no trace")
-        return self._trace
 
     # -- argument binding -------------------------------------------------
 

@@ -49,8 +49,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..binding import (INPUT_DTYPES, Signature, bind_symbols, check_input_dtype,
-                       check_input_names, concrete_shape, out_items)
+from ..binding import (INPUT_DTYPES, bind_symbols, check_input_dtype, check_input_names,
+                       concrete_shape, out_items)
 from .abi import KernelABI
 from .cpu import _STORAGE, buffer_table, check_state, to_storage
 from .cuda_arrays import ALIGNMENT, DeviceArray, as_device_array
@@ -60,6 +60,7 @@ from .cuda_driver import (CUDAUnavailableError, DriverJITError, JITLogs, _check,
 from .cuda_launch import (CHECK_THREADS, INIT_THREADS, Launch, _Kernel, _memref_words,
                           _Parameters, _Workspace)
 from .cuda_timing import EventTimer
+from .program import ProgramRuntime
 from .ranges import check as check_index_ranges
 
 #: Threads per worker CTA (the lanes of a tile body) unless told otherwise.
@@ -81,7 +82,7 @@ class CoResidencyError(RuntimeError):
     the cooperative launch was refused (instead of hanging)."""
 
 
-class CUDARuntime:
+class CUDARuntime(ProgramRuntime):
     """Runs one program's PTX on the current CUDA device. Nothing touches the
     driver until the first `run` / `bind`, so compiling needs no GPU."""
 
@@ -90,11 +91,8 @@ class CUDARuntime:
 
     def __init__(self, abi: KernelABI, ptx: str, *, lanes: int = DEFAULT_LANES,
                  max_workers: int | None = None):
-        self.abi = abi
-        #: The compiled graph's name, arguments and outputs.
-        self.signature = Signature(abi.name, abi.arguments, abi.outputs)
+        super().__init__(abi)
         self.ptx = ptx
-        self.arguments = list(abi.arguments)
         #: Threads per worker CTA.
         self.lanes = lanes
         #: Upper bound on the worker grid (None: as many as can be resident).
@@ -103,19 +101,8 @@ class CUDARuntime:
         self.device = 0
         self._driver = None
         self._workspaces: OrderedDict[tuple, _Workspace] = OrderedDict()
-        self._trace = None
         #: The driver JIT's info log of the PTX (after the first run).
         self.jit_log = ""
-
-    @property
-    def trace(self):
-        """The trace of the last run (kernels compiled with trace=True)."""
-        if not self.abi.trace:
-            raise RuntimeError(f"{self.abi.name} was compiled without traces: compile with "
-                               "etc.compile(..., trace=True)")
-        if self._trace is None:
-            raise RuntimeError(f"{self.abi.name} has not run yet, so there is no trace")
-        return self._trace
 
     @property
     def workers(self) -> int:
