@@ -47,7 +47,7 @@ RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "reference.py", "re
                  "runtime/__init__.py", "runtime/abi.py", "runtime/artifact.py",
                  "runtime/cpu.py", "runtime/cuda.py", "runtime/cuda_arrays.py",
                  "runtime/cuda_driver.py", "runtime/cuda_launch.py", "runtime/cuda_timing.py",
-                 "runtime/isa.py", "runtime/layout.py",
+                 "runtime/isa.py", "runtime/kernel.py", "runtime/layout.py",
                  "runtime/probes.py", "runtime/program.py", "runtime/distributed.py",
                  "runtime/nvshmem.py",
                  "runtime/ranges.py", "runtime/trace.py", "runtime/workers.py")

@@ -157,34 +157,3 @@ def out_items(graph_name: str, outputs: Sequence[str], out) -> list:
         raise TypeError(f"{graph_name}: out= has {len(out)} arrays for the {len(names)} "
                         f"outputs {names}")
     return list(zip(names, out))
-
-
-class PartialKernel:
-    """A kernel with some of its inputs bound once (`kernel.partial(**arrays)`)
-    and run with the others: `partial.run(out=None, stream=None, **rest)`
-    computes what `kernel.run(**arrays, **rest)` computes. The CPU runtimes
-    check, convert and address the bound arrays once (`CPURuntime.constants`;
-    a decode step binds its hundreds of weights so), others pass them again
-    at every run. The bound arrays are read at every run, not copied (except
-    a conversion, e.g. float32 for a bf16 input, made once)."""
-
-    def __init__(self, kernel, runtime, arrays: dict):
-        self.kernel = kernel
-        self._runtime = runtime
-        self._arrays = dict(arrays)
-        bind = getattr(runtime, "constants", None)
-        self._constants = bind(self._arrays) if callable(bind) else None
-
-    def run(self, /, *, out=None, stream=None, **inputs):
-        """Runs the kernel on `inputs` and the bound arrays (see
-        `etc.CompiledKernel.run`)."""
-        if self._constants is not None:
-            return self._runtime.run(inputs, out=out, stream=stream, constants=self._constants)
-        bound = sorted(set(inputs) & self._arrays.keys())
-        if bound:
-            raise TypeError(f"{self.kernel.signature.name}: inputs {bound} are bound by "
-                            f"partial() and given to run() too")
-        return self._runtime.run({**self._arrays, **inputs}, out=out, stream=stream)
-
-    def __repr__(self) -> str:
-        return f"<PartialKernel of {self.kernel.signature.name}: {len(self._arrays)} bound>"

@@ -16,16 +16,17 @@ from mlir import ir
 from . import ops
 from . import pipeline as _pipeline
 from . import reference as _reference
-from .binding import PartialKernel, Signature
+from .binding import Signature
 from .pipeline import Options
 from .runtime import artifact as _artifact
 from .runtime.abi import Argument, Event, KernelABI, Task
+from .runtime.kernel import Kernel
 
 if TYPE_CHECKING:
     from .graph import Graph
 
 
-class CompiledKernel:
+class CompiledKernel(Kernel):
     """A graph compiled for one target. One kernel serves every value of every
     symbolic dimension: `run` binds them from the input shapes.
 
@@ -35,14 +36,12 @@ class CompiledKernel:
 
     def __init__(self, graph: "Graph | None", options: Options, abi: KernelABI,
                  stage_ir: dict[str, str], timings: dict[str, float], runtime, engine=None):
+        super().__init__(abi, runtime)
         self.graph = graph
         self.options = options
-        #: What the program takes and how it runs (see `etc.runtime.abi`).
-        self.abi = abi
         self._stage_ir = stage_ir
         #: Seconds spent in each compilation stage.
         self.timings = timings
-        self._runtime = runtime
         self._engine = engine
 
     def ir(self, stage: str) -> str:
@@ -50,57 +49,6 @@ class CompiledKernel:
         if stage not in self._stage_ir:
             raise ValueError(f"unknown stage {stage!r}; expected one of {tuple(self._stage_ir)}")
         return self._stage_ir[stage]
-
-    @property
-    def ptx(self) -> str:
-        """The PTX text of the program's kernels (target="cuda" only)."""
-        if self.options.target != "cuda":
-            raise AttributeError(f"kernel.ptx exists for target='cuda', not {self.options.target!r}")
-        return self._runtime.ptx
-
-    @property
-    def arguments(self) -> tuple:
-        """The program's arguments in order (`etc.runtime.Argument`s)."""
-        return self.abi.arguments
-
-    @property
-    def signature(self) -> Signature:
-        """The graph's name, arguments and outputs as they were compiled."""
-        return self._runtime.signature
-
-    @property
-    def trace(self):
-        """The trace of the last run (`etc.runtime.trace.Trace`; kernels
-        compiled with trace=True)."""
-        return self._runtime.trace
-
-    @property
-    def runtime(self):
-        """The target's runtime (e.g. `CUDARuntime`: `lanes`, `max_workers`,
-        `bind(...)` for repeated device launches)."""
-        return self._runtime
-
-    # `self` is positional-only so that an input may be called "self".
-    def run(self, /, *, out=None, stream=None, **inputs):
-        """Runs the kernel on arrays named like the graph's inputs and returns
-        the outputs, in `g.output` order, as a list of NumPy arrays.
-
-        On CUDA, inputs may also be device arrays (`__cuda_array_interface__`
-        or `__dlpack__`: PyTorch, CuPy, JAX), used without a copy; `out=` (a
-        list in output order, or a dict by name) receives the outputs instead
-        (device arrays in place), and `stream=` picks the CUDA stream. The run
-        is complete, and device-side errors raised, when `run` returns.
-        Without a CUDA device or driver this raises
-        `etc.runtime.cuda.CUDAUnavailableError` (a RuntimeError). Inputs
-        named `out` or `stream` go through `kernel.runtime.run(dict)`."""
-        return self._runtime.run(inputs, out=out, stream=stream)
-
-    def partial(self, /, **arrays) -> "PartialKernel":
-        """The kernel with `arrays` (inputs or state buffers by name) bound
-        once, to run with the others (`etc.binding.PartialKernel`): on the
-        CPU a run then checks and addresses only those, e.g. a decode step's
-        dozen small arrays instead of also its hundreds of weights."""
-        return PartialKernel(self, self._runtime, arrays)
 
     def save(self, path, metadata: dict | None = None) -> None:
         """Writes the kernel to `path` as one self-describing artifact that

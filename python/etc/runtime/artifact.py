@@ -37,8 +37,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ..binding import PartialKernel
 from .abi import KernelABI
+from .kernel import Kernel
 
 #: The `format` field of every artifact manifest.
 FORMAT = "etc-artifact"
@@ -200,48 +200,18 @@ def read(path) -> tuple[dict, KernelABI, bytes]:
     return manifest, abi, code
 
 
-class LoadedKernel:
+class LoadedKernel(Kernel):
     """A kernel loaded from an artifact: `run(**arrays)` like a compiled
     kernel, `arguments` (the ABI's, in order), `abi`, `trace` (traced
     kernels), and `ptx` for CUDA."""
 
     def __init__(self, path, manifest: dict, abi: KernelABI, runtime, code: bytes,
                  library: bytes | None = None):
+        super().__init__(abi, runtime)
         self.path = str(path)
         self.manifest = manifest
-        self.abi = abi
-        self._runtime = runtime
         self._code = code
         self._library = library
-
-    @property
-    def arguments(self) -> tuple:
-        return self.abi.arguments
-
-    @property
-    def runtime(self):
-        return self._runtime
-
-    @property
-    def ptx(self) -> str:
-        if self.abi.target != "cuda":
-            raise AttributeError(f"kernel.ptx exists for target='cuda', not {self.abi.target!r}")
-        return self._code.decode()
-
-    @property
-    def trace(self):
-        return self._runtime.trace
-
-    def run(self, /, *, out=None, stream=None, **inputs):
-        """Runs the kernel (see `etc.CompiledKernel.run`)."""
-        return self._runtime.run(inputs, out=out, stream=stream)
-
-    def partial(self, /, **arrays) -> "PartialKernel":
-        """The kernel with `arrays` (inputs or state buffers by name) bound
-        once, to run with the others (`etc.binding.PartialKernel`): on the
-        CPU a run then checks and addresses only those, e.g. a decode step's
-        dozen small arrays instead of also its hundreds of weights."""
-        return PartialKernel(self, self._runtime, arrays)
 
     @property
     def metadata(self) -> dict:
