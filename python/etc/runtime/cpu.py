@@ -280,6 +280,24 @@ class _Workspace:
         return calls
 
 
+def run_interruptible(calls: list, header: np.ndarray) -> None:
+    """Runs `calls` (one a worker) on the worker threads and waits for them.
+
+    Ctrl-C (or another exception from a signal handler) while the workers
+    run: they write into the buffers and the counters until they return.
+    The interrupted status in the run `header` makes every spin give up and
+    every worker skip the tiles it has not started; this waits for them
+    before the caller may let go of those buffers, then raises."""
+    run = workers.Run(len(calls))
+    try:
+        run.start(calls)
+        run.wait()
+    except BaseException:
+        header[layout.STATUS_WORD] = layout.INTERRUPTED
+        run.finish()
+        raise
+
+
 def _prototype(abi: KernelABI, role: str):
     """The ctypes prototype of `_mlir_ciface_<g>_<role>`."""
     argtypes = [ctypes.c_int64 for a in abi.arguments if a.kind == "symbol"]
@@ -527,19 +545,7 @@ class CPURuntime(ProgramRuntime):
         workspace.header[layout.SPIN_MICROSECONDS_WORD] = self._spin
         calls = workspace.calls_for(workers.run_workers(self.workers) if self.adapt_workers
                                     else self.workers)
-        run = workers.Run(len(calls))
-        try:
-            run.start(calls)
-            run.wait()
-        except BaseException:
-            # Ctrl-C (or another exception from a signal handler) while the
-            # workers run: they write into the buffers and the counters
-            # until they return. The interrupted status makes every spin
-            # give up and every worker skip the tiles it has not started;
-            # wait for them before the caller may let go of those buffers.
-            workspace.header[layout.STATUS_WORD] = layout.INTERRUPTED
-            run.finish()
-            raise
+        run_interruptible(calls, workspace.header)
         layout.check_header(self.abi, workspace.header)
         #: The number of workers the last run used (`adapt_workers`).
         self.last_workers = len(calls)

@@ -46,9 +46,9 @@ from functools import partial
 
 import numpy as np
 
-from . import layout, workers
+from . import layout
 from .cpu import (_MAX_SPIN, _STORAGE, CPURuntime, _descriptor, buffer_table, from_storage,
-                  fill_out, table_slots)
+                  fill_out, run_interruptible, table_slots)
 from .abi import KernelABI
 from ..binding import concrete_shape
 
@@ -206,6 +206,16 @@ class Meetings:
     died or hangs is a `DistributedError` here, not a hang. The runtime has
     `abi`, `comm`, `rank`, `ranks`, `size`, `_symbol_names` and `_failed`."""
 
+    def _check_size(self, noun: str) -> None:
+        """Raises DistributedError unless this process is one of `ranks` MPI
+        processes (`size` of them); `noun` is what the message calls the
+        ranks ("ranks", "GPUs")."""
+        if self.size != self.ranks:
+            raise DistributedError(
+                f"{self.abi.name} runs on {self.ranks} {noun}, but this process is one of "
+                f"{self.size}: start {self.ranks} processes with "
+                f"`python -m etc.runtime.distributed -n {self.ranks} script.py` (or mpiexec)")
+
     def _timeout(self) -> float:
         return max(self.abi.watchdog_ms, 1000) / 1000.0
 
@@ -272,11 +282,7 @@ class DistributedCPURuntime(Meetings, CPURuntime):
         self.ranks = int(abi.extra["ranks"])
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        if self.size != self.ranks:
-            raise DistributedError(
-                f"{abi.name} runs on {self.ranks} ranks, but this process is one of "
-                f"{self.size}: start {self.ranks} processes with "
-                f"`python -m etc.runtime.distributed -n {self.ranks} script.py` (or mpiexec)")
+        self._check_size("ranks")
         self.functions = _mpi_functions()
         self._failed: str | None = None
 
@@ -353,14 +359,7 @@ class DistributedCPURuntime(Meetings, CPURuntime):
         workspace.window.Sync()
         # Every rank's counters hold their expected counts before any notify.
         self._barrier(f"initialise their counters for a run of {self.abi.name}")
-        run = workers.Run(len(workspace.calls))
-        try:
-            run.start(workspace.calls)
-            run.wait()
-        except BaseException:
-            workspace.header[layout.STATUS_WORD] = layout.INTERRUPTED
-            run.finish()
-            raise
+        run_interruptible(workspace.calls, workspace.header)
         self._finish(workspace.header)
         workspace.window.Sync()
         layout.check_status(self.abi, self._functions["check"](*args, workspace.counters_arg))

@@ -274,11 +274,7 @@ class NVSHMEMRuntime(Meetings, CUDARuntime):
         mpi = _mpi()
         comm = mpi.COMM_WORLD
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        if self.size != self.ranks:
-            raise DistributedError(
-                f"{self.abi.name} runs on {self.ranks} GPUs, but this process is one of "
-                f"{self.size}: start {self.ranks} processes with "
-                f"`python -m etc.runtime.distributed -n {self.ranks} script.py` (or mpiexec)")
+        self._check_size("GPUs")
         local = comm.Split_type(mpi.COMM_TYPE_SHARED)
         self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
         local.Free()
