@@ -8,9 +8,12 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "GraphProgramBuilder.h"
+#include "IndexArithmetic.h"
+#include "StaticSchedule.h"
+
 #include "Event/Transforms/CheckSchedule.h"
 #include "Event/Transforms/Passes.h"
-#include "Event/Transforms/ScheduleUtils.h"
 #include "Event/IR/QueueLayout.h"
 #include "Event/IR/RunLayout.h"
 

@@ -11,9 +11,12 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "StaticSchedule.h"
+#include "GraphProgramBuilder.h"
+#include "IndexArithmetic.h"
+
 #include "Event/Transforms/CheckSchedule.h"
 #include "Event/Transforms/Passes.h"
-#include "Event/Transforms/ScheduleUtils.h"
 
 #include "Event/IR/EventOps.h"
 #include "mlir/Dialect/Affine/IR/AffineOps.h"

@@ -1,202 +1,25 @@
-//===- ScheduleUtils.h - Pieces shared by the schedulers --------*- C++ -*-===//
+//===- GraphProgramBuilder.h - Functions of a scheduled program -*- C++ -*-===//
 //
-// What `event-static-schedule` and `event-dynamic-schedule` build the same
-// way. A scheduled program is table-driven, so that its code grows with the
-// number of distinct kinds of task, not with the number of tasks:
-//
-// * tasks are grouped into *families*: tasks that call the same tile
-//   function with the same grid and whose waits and notifies use the same
-//   index maps on events of the same *class* (same type, sizes and count).
-//   The tasks of identical layers form one family each;
-// * what differs between the tasks of a family (which buffers, which event
-//   of the class) is constant data: one record per task in a module-level
-//   `memref.global` constant, and the code of a family runs any of its
-//   tasks from its record;
-// * buffers reach the program through the buffer table (`event.buffer`),
-//   so that kernels take a few parameters whatever the number of buffers;
-// * the event tensors of a class lie one after another in the counter
-//   buffer, so that an event's counters are found from its class and its
-//   number in the class.
+// What every scheduler emits the same way for a planned graph: the
+// functions' signatures and attributes, the constant tables, the layout of
+// the event classes in the counter buffer, their expected counts, index
+// maps, tile bodies, the run header, trace records and the end-of-run
+// check. `StaticScheduler` and `DynamicScheduler` derive from
+// `GraphProgramBuilder` and add the per-worker loop.
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef ETC_EVENT_TRANSFORMS_SCHEDULEUTILS_H
-#define ETC_EVENT_TRANSFORMS_SCHEDULEUTILS_H
+#ifndef ETC_LIB_DIALECT_EVENT_TRANSFORMS_GRAPHPROGRAMBUILDER_H
+#define ETC_LIB_DIALECT_EVENT_TRANSFORMS_GRAPHPROGRAMBUILDER_H
+
+#include "GraphPlan.h"
 
 #include "Event/IR/EventOps.h"
-#include "Event/IR/TransportLayout.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
 
 namespace etc::event {
-
-//===----------------------------------------------------------------------===//
-// Index arithmetic that folds as it is built
-//===----------------------------------------------------------------------===//
-
-mlir::Value constantIndex(mlir::OpBuilder &b, mlir::Location loc,
-                          int64_t value);
-mlir::Value addIndex(mlir::OpBuilder &b, mlir::Location loc, mlir::Value lhs,
-                     mlir::Value rhs);
-mlir::Value subIndex(mlir::OpBuilder &b, mlir::Location loc, mlir::Value lhs,
-                     mlir::Value rhs);
-mlir::Value mulIndex(mlir::OpBuilder &b, mlir::Location loc, mlir::Value lhs,
-                     mlir::Value rhs);
-mlir::Value remIndex(mlir::OpBuilder &b, mlir::Location loc, mlir::Value lhs,
-                     mlir::Value rhs);
-mlir::Value divIndex(mlir::OpBuilder &b, mlir::Location loc, mlir::Value lhs,
-                     mlir::Value rhs);
-mlir::Value minIndex(mlir::OpBuilder &b, mlir::Location loc, mlir::Value lhs,
-                     mlir::Value rhs);
-/// The product of `factors` (1 when empty).
-mlir::Value productIndex(mlir::OpBuilder &b, mlir::Location loc,
-                         mlir::ValueRange factors);
-
-/// Row-major position of `coordinates` in a tensor of shape `sizes`.
-mlir::Value linearize(mlir::OpBuilder &b, mlir::Location loc,
-                      mlir::ValueRange coordinates, mlir::ValueRange sizes);
-
-/// Inverse of `linearize`: the coordinates of row-major position `linear`.
-llvm::SmallVector<mlir::Value> delinearize(mlir::OpBuilder &b,
-                                           mlir::Location loc,
-                                           mlir::Value linear,
-                                           mlir::ValueRange sizes);
-
-/// The event coordinates `indexMap` gives tile `tile`: affine results applied
-/// to the tile indices, indirect results loaded from `indexBuffers` (the
-/// task's index buffers, already remapped) and cast to `index`.
-llvm::SmallVector<mlir::Value> evaluateIndexMap(mlir::OpBuilder &b,
-                                                mlir::Location loc,
-                                                IndexMapAttr indexMap,
-                                                mlir::ValueRange tile,
-                                                mlir::ValueRange indexBuffers);
-
-//===----------------------------------------------------------------------===//
-// The plan of a graph: buffer table, event classes, task families, records
-//===----------------------------------------------------------------------===//
-
-/// Event tensors that share a type, dynamic sizes and `count` (or have none):
-/// their counters lie one after another in the counter buffer.
-struct EventClass {
-  EventTensorType type;
-  /// The graph values of the `?` sizes, in order.
-  llvm::SmallVector<mlir::Value> dynamicSizes;
-  /// The graph value of the expected count, or null (counted on the device).
-  mlir::Value count;
-  /// The allocations of the class, in textual order.
-  llvm::SmallVector<AllocOp> instances;
-  /// The global number of the first instance: events are numbered class by
-  /// class, so event `firstEvent + i` is instance `i`.
-  int64_t firstEvent = 0;
-};
-
-/// How a family's tile call gets one of its operands.
-struct CallOperand {
-  enum Kind {
-    /// A graph buffer, from the buffer table at the offset in record field
-    /// `field`.
-    Buffer,
-    /// Tile index `field`.
-    Tile,
-    /// The same graph value for every task of the family.
-    Fixed,
-  } kind;
-  unsigned field = 0;
-  mlir::Value fixed;
-};
-
-/// Tasks that one piece of code runs, each from its record.
-///
-/// A record is a row of i32 fields: the buffer-table offset of each
-/// `Buffer` operand of the tile call, then of each index buffer, then the
-/// number (within its class) of the event of each wait entry, then of each
-/// notify entry.
-struct TaskFamily {
-  /// The first task of the family; its grid, maps and body stand for all.
-  /// (Mutable: op accessors are not const.)
-  mutable TaskOp representative;
-  /// The tasks, as indices into the graph's task list.
-  llvm::SmallVector<unsigned> members;
-  /// The tile call, or null when the body is not one call: the family then
-  /// has one task and its body is cloned.
-  mlir::func::CallOp call;
-  llvm::SmallVector<CallOperand> operands;
-  unsigned numBufferFields = 0;
-  unsigned numIndexBuffers = 0;
-  /// The event class of each wait and notify entry.
-  llvm::SmallVector<unsigned> waitClasses;
-  llvm::SmallVector<unsigned> notifyClasses;
-  /// The live bounds of the family's tasks (empty: every tile runs).
-  llvm::SmallVector<LiveAttr> liveBounds;
-  /// A box a tile reads from a buffer that no task writes (a weight):
-  /// planned with `prefetch`, so that the static schedule can ask for it
-  /// before the tile's waits. The buffer is the call's operand `operand`.
-  struct Prefetch {
-    unsigned operand;
-    FootprintAttr footprint;
-  };
-  llvm::SmallVector<Prefetch> prefetches;
-
-  bool isPredicated() const { return !liveBounds.empty(); }
-
-  unsigned indexField(unsigned index) const { return numBufferFields + index; }
-  unsigned waitField(unsigned entry) const {
-    return indexField(numIndexBuffers) + entry;
-  }
-  unsigned notifyField(unsigned entry) const {
-    return waitField(waitClasses.size()) + entry;
-  }
-  unsigned numFields() const { return notifyField(notifyClasses.size()); }
-};
-
-/// How a scheduled program finds the buffers, events and tasks of a graph.
-class GraphPlan {
-public:
-  /// Plans `graph`, which must have passed `checkSchedule`. Fails with an
-  /// error on a buffer argument the buffer table cannot describe. With
-  /// `prefetch`, families also record (and agree on) the boxes their tiles
-  /// read from buffers no task writes (`TaskFamily::prefetches`).
-  static mlir::FailureOr<GraphPlan> build(GraphOp graph, bool prefetch = false);
-
-  GraphOp graph;
-  llvm::SmallVector<TaskOp> tasks;
-  /// Buffer-table word offset of each memref argument (by argument number);
-  /// -1 for index arguments.
-  llvm::SmallVector<int64_t> tableOffsets;
-  /// The words the buffers take in the buffer table; a graph on several
-  /// ranks has its transport block from there on.
-  int64_t tableWords = 0;
-  std::vector<EventClass> classes;
-  /// Each allocation's (class, number within the class).
-  llvm::DenseMap<mlir::Operation *, std::pair<unsigned, unsigned>> eventOf;
-  std::vector<TaskFamily> families;
-  /// Each task's family and the index of its record's first field in
-  /// `records`.
-  llvm::SmallVector<int32_t> taskFamily;
-  llvm::SmallVector<int32_t> taskRecord;
-  llvm::SmallVector<int32_t> records;
-
-  int64_t numEvents() const {
-    return classes.empty() ? 0
-                           : classes.back().firstEvent +
-                                 classes.back().instances.size();
-  }
-  /// The global number of allocation `alloc`.
-  int64_t eventNumber(AllocOp alloc) const {
-    auto [classIndex, instance] = eventOf.lookup(alloc);
-    return classes[classIndex].firstEvent + instance;
-  }
-
-private:
-  mlir::LogicalResult planBuffers();
-  void planEvents();
-  void planFamilies(bool prefetch);
-};
-
-//===----------------------------------------------------------------------===//
-// Scheduled functions
-//===----------------------------------------------------------------------===//
 
 /// The layout of one event class in the counter buffer, as values of the
 /// function being built.
@@ -426,38 +249,11 @@ protected:
   llvm::SmallVector<TaskOp> tasks;
 };
 
-/// How the static schedule's workers share the global tile order.
-enum class StaticPolicy {
-  /// Worker w of W runs the global tiles t with t mod W == w.
-  RoundRobin,
-  /// Each worker claims the next global tile from a shared counter.
-  Claim,
-};
-
-/// The policy that `policy=` option text names, or failure.
-mlir::FailureOr<StaticPolicy> parseStaticPolicy(llvm::StringRef text);
-
-/// The `policy=` values `parseStaticPolicy` accepts, for error messages.
-inline constexpr llvm::StringLiteral kStaticPolicies = "round-robin, claim";
-
-/// Inserts the static schedule of the planned graph (the tables and
-/// functions `event-static-schedule` documents) at `builder`, leaving the
-/// graph itself in place. The graph must have passed `checkSchedule`.
-void buildStaticSchedule(mlir::OpBuilder &builder, const GraphPlan &plan,
-                         int64_t workers, bool trace = false,
-                         StaticPolicy policy = StaticPolicy::RoundRobin);
-
-
 /// Fails with an error when a symbol the schedulers need for a graph of
 /// `module` is taken; `pass` names the pass in the message.
 mlir::LogicalResult checkScheduleSymbolsFree(mlir::ModuleOp module,
                                              llvm::StringRef pass);
 
-/// Merges the graph's identical pure computations (grid sizes, counts), so
-/// that tasks and events that compute the same values share families and
-/// classes.
-void simplifyGraph(GraphOp graph);
-
 } // namespace etc::event
 
-#endif // ETC_EVENT_TRANSFORMS_SCHEDULEUTILS_H
+#endif // ETC_LIB_DIALECT_EVENT_TRANSFORMS_GRAPHPROGRAMBUILDER_H
