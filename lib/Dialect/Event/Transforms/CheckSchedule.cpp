@@ -10,7 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Event/Transforms/CheckSchedule.h"
+#include "CheckSchedule.h"
 #include "Event/Transforms/Passes.h"
 
 #include "Event/IR/EventOps.h"

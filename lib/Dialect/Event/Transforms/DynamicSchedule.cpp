@@ -8,12 +8,12 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "CheckSchedule.h"
 #include "DynamicScheduler.h"
 #include "StaticSchedule.h"
 
-#include "Event/Transforms/CheckSchedule.h"
-#include "Event/Transforms/Passes.h"
 #include "Event/IR/EventOps.h"
+#include "Event/Transforms/Passes.h"
 #include "mlir/Dialect/Affine/IR/AffineOps.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"

@@ -12,13 +12,12 @@
 //===----------------------------------------------------------------------===//
 
 #include "StaticSchedule.h"
+#include "CheckSchedule.h"
 #include "GraphProgramBuilder.h"
 #include "IndexArithmetic.h"
 
-#include "Event/Transforms/CheckSchedule.h"
-#include "Event/Transforms/Passes.h"
-
 #include "Event/IR/EventOps.h"
+#include "Event/Transforms/Passes.h"
 #include "mlir/Dialect/Affine/IR/AffineOps.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"

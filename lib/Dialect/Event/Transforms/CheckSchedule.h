@@ -5,8 +5,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef ETC_EVENT_TRANSFORMS_CHECKSCHEDULE_H
-#define ETC_EVENT_TRANSFORMS_CHECKSCHEDULE_H
+#ifndef ETC_LIB_DIALECT_EVENT_TRANSFORMS_CHECKSCHEDULE_H
+#define ETC_LIB_DIALECT_EVENT_TRANSFORMS_CHECKSCHEDULE_H
 
 #include "Event/IR/EventOps.h"
 
@@ -27,4 +27,4 @@ mlir::LogicalResult checkSchedule(GraphOp graph,
 
 } // namespace etc::event
 
-#endif // ETC_EVENT_TRANSFORMS_CHECKSCHEDULE_H
+#endif // ETC_LIB_DIALECT_EVENT_TRANSFORMS_CHECKSCHEDULE_H
