@@ -1,7 +1,7 @@
 //===- CTA.cpp - What a CTA's threads do together -------------------------===//
 
-#include "Conversion/EventToGPU/CTA.h"
-#include "Conversion/EventToGPU/InitKernel.h"
+#include "CTA.h"
+#include "InitKernel.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"

@@ -12,9 +12,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "Conversion/EventToGPU/EventToGPU.h"
-#include "Conversion/EventToGPU/CTA.h"
-#include "Conversion/EventToGPU/InitKernel.h"
-#include "Conversion/EventToGPU/KernelMemory.h"
+#include "CTA.h"
+#include "InitKernel.h"
+#include "KernelMemory.h"
 #include "KernelOutlining.h"
 #include "Conversion/Passes.h"
 #include "Conversion/EventCommon/EventAddressing.h"

@@ -7,7 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Conversion/EventToGPU/InitKernel.h"
+#include "InitKernel.h"
 
 #include "Event/IR/EventDialect.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"

@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Conversion/EventToGPU/KernelMemory.h"
+#include "KernelMemory.h"
 
 #include "Event/IR/EventOps.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"

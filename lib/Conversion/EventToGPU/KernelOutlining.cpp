@@ -10,8 +10,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "KernelOutlining.h"
-#include "Conversion/EventToGPU/CTA.h"
-#include "Conversion/EventToGPU/InitKernel.h"
+#include "CTA.h"
+#include "InitKernel.h"
 
 #include "Event/IR/EventOps.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"

@@ -9,9 +9,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Conversion/EventToGPU/CTA.h"
+#include "CTA.h"
+#include "InitKernel.h"
+
 #include "Conversion/EventToGPU/EventToGPU.h"
-#include "Conversion/EventToGPU/InitKernel.h"
 #include "Conversion/EventCommon/EventAddressing.h"
 #include "Conversion/EventCommon/EventQueue.h"
 #include "Conversion/EventCommon/EventRunHeader.h"

@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef ETC_CONVERSION_EVENTTOGPU_CTA_H
-#define ETC_CONVERSION_EVENTTOGPU_CTA_H
+#ifndef ETC_LIB_CONVERSION_EVENTTOGPU_CTA_H
+#define ETC_LIB_CONVERSION_EVENTTOGPU_CTA_H
 
 #include "mlir/IR/Builders.h"
 #include "mlir/Transforms/DialectConversion.h"
@@ -62,4 +62,4 @@ mlir::Value blockId(mlir::OpBuilder &b, mlir::Location loc);
 
 } // namespace etc
 
-#endif // ETC_CONVERSION_EVENTTOGPU_CTA_H
+#endif // ETC_LIB_CONVERSION_EVENTTOGPU_CTA_H

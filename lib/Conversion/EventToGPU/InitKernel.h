@@ -1,7 +1,7 @@
 //===- InitKernel.h - Initialisation kernels on one CTA ---------*- C++ -*-===//
 
-#ifndef ETC_CONVERSION_EVENTTOGPU_INITKERNEL_H
-#define ETC_CONVERSION_EVENTTOGPU_INITKERNEL_H
+#ifndef ETC_LIB_CONVERSION_EVENTTOGPU_INITKERNEL_H
+#define ETC_LIB_CONVERSION_EVENTTOGPU_INITKERNEL_H
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 
@@ -26,4 +26,4 @@ mlir::LogicalResult distributeOverCTA(mlir::gpu::GPUFuncOp func);
 
 } // namespace etc
 
-#endif // ETC_CONVERSION_EVENTTOGPU_INITKERNEL_H
+#endif // ETC_LIB_CONVERSION_EVENTTOGPU_INITKERNEL_H

@@ -1,7 +1,7 @@
 //===- KernelMemory.h - Where a GPU program's memory lives ------*- C++ -*-===//
 
-#ifndef ETC_CONVERSION_EVENTTOGPU_KERNELMEMORY_H
-#define ETC_CONVERSION_EVENTTOGPU_KERNELMEMORY_H
+#ifndef ETC_LIB_CONVERSION_EVENTTOGPU_KERNELMEMORY_H
+#define ETC_LIB_CONVERSION_EVENTTOGPU_KERNELMEMORY_H
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -46,4 +46,4 @@ void markGlobalArguments(mlir::gpu::GPUModuleOp kernels);
 
 } // namespace etc
 
-#endif // ETC_CONVERSION_EVENTTOGPU_KERNELMEMORY_H
+#endif // ETC_LIB_CONVERSION_EVENTTOGPU_KERNELMEMORY_H
