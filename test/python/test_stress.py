@@ -1,8 +1,9 @@
 """Stress of the dynamic schedule: many runs with random worker counts and
 sizes, each checked against the NumPy reference. Races in the queue (a slot
 read before it is published, a task pushed twice or never) show up as wrong
-numbers, a hang, or g_check's overflow/unbalanced error. Bounded in time: the
-loop stops after BUDGET_S seconds and prints how many runs it did."""
+numbers, a hang, or g_check's overflow/unbalanced error. Bounded by count, not
+time (RUNS runs whatever the machine's load, so a loaded machine checks as
+much as a quiet one), and printing how long they took."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import etc
 from test_cpu_runtime import _mlp, _rand
 
-BUDGET_S = 20.0
+RUNS = 60
 WORKER_CHOICES = (1, 2, 3, 4, 5, 8, 13)
 
 
@@ -52,14 +53,11 @@ def _random_inputs(rng, name: str, batch: int) -> dict:
 
 def test_dynamic_stress():
     rng = np.random.default_rng(2026)
-    graphs = {"mlp": _mlp(), "chain": _chain()}
-    if hasattr(etc.Graph, "moe"):
-        graphs["moe"] = _moe()
+    graphs = {"mlp": _mlp(), "chain": _chain(), "moe": _moe()}
     names = tuple(graphs)
     kernels: dict[tuple[str, int], object] = {}
-    runs = 0
     start = time.perf_counter()
-    while time.perf_counter() - start < BUDGET_S:
+    for runs in range(RUNS):
         name = names[runs % len(names)]
         workers = int(rng.choice(WORKER_CHOICES))
         g = graphs[name]
@@ -71,7 +69,5 @@ def test_dynamic_stress():
         for got, want in zip(outputs, etc.reference.evaluate(g, **inputs)):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5,
                                        err_msg=f"{name} workers={workers} batch={batch}")
-        runs += 1
-    print(f"\ndynamic stress: {runs} runs in {time.perf_counter() - start:.1f} s "
+    print(f"\ndynamic stress: {RUNS} runs in {time.perf_counter() - start:.1f} s "
           f"({len(kernels)} kernels)")
-    assert runs >= 10
