@@ -83,7 +83,7 @@ test-lit: install
 # the time of one process. At most 8 processes (each holds the MLIR
 # bindings); TEST_JOBS=0 runs the tests in pytest's own process.
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 8 ? n : 8 )))
-PYTEST := $(RUN) $(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile
+PYTEST := $(RUN) $(PY) -m pytest -q -rs --durations=20 -n $(TEST_JOBS) --dist loadfile
 
 test-python: install
 	$(PYTEST) test/python

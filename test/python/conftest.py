@@ -1,6 +1,8 @@
 """Shared fixtures for the Python tests."""
 
+import collections
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +25,15 @@ os.environ.setdefault("ETC_CACHE_DIR", os.path.join(
     os.environ.get("TMPDIR", "/tmp"), f"etc-test-cache-{os.getpid()}"))
 
 
+# Hypothesis: the same examples every run (CI cannot fail on a draw nobody
+# can reproduce); HYPOTHESIS_PROFILE=explore draws new ones (docs/building.md).
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
 def _find_etc_opt():
     candidates = [os.environ.get("ETC_OPT"), str(Path(sys.executable).parent / "etc-opt"),
                   str(ROOT / ".venv" / "bin" / "etc-opt"), shutil.which("etc-opt")]
@@ -37,7 +48,7 @@ def etc_opt_path():
     """The path of the etc-opt to test."""
     path = _find_etc_opt()
     if path is None:
-        pytest.skip("etc-opt is not installed (set ETC_OPT)")
+        pytest.fail("etc-opt is not installed ('make install' builds it; or set ETC_OPT)")
     return path
 
 
@@ -65,3 +76,66 @@ def chat_model(tmp_path_factory):
     path = write_checkpoint(tmp_path_factory.mktemp("chat") / "tiny-chat",
                             tiny_config(vocab_size=320), tokenizer=True)
     return etc.models.load(path, workers=2, max_seq_len=64, attention_chunk=16)
+
+
+# ----------------------------------------------------------------------
+# Skips: only for what this machine lacks, never to hide a failure
+# ----------------------------------------------------------------------
+
+#: The reasons a test may skip for, by kind: hardware or platform this
+#: machine does not have, and the optional peers (the CUDA toolkit's
+#: assembler, torch and transformers, qemu). Any other skip reason fails the
+#: run: a module of the package that does not import, a missing test
+#: dependency or data that made a test give up are failures.
+ALLOWED_SKIPS = {
+    "GPU": re.compile(r"NVIDIA GPU|CUDA device is here|machine has a GPU"),
+    "CUDA toolkit": re.compile(r"\bptxas\b|\bnvlink\b"),
+    "torch": re.compile(r"\b(torch|transformers) is not installed"),
+    "qemu": re.compile(r"\bqemu"),
+    "platform": re.compile(r"x86-64|Linux|/proc|os\.fork|sched_setaffinity|usable cores"),
+}
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def _skip_kind(reason: str):
+    return next((kind for kind, pattern in ALLOWED_SKIPS.items() if pattern.search(reason)),
+                None)
+
+
+def _skips_by_kind(stats: dict):
+    counts, unexpected = collections.Counter(), collections.Counter()
+    for report in stats.get("skipped", []):
+        reason = _skip_reason(report)
+        kind = _skip_kind(reason)
+        counts[kind or "NOT ALLOWED"] += 1
+        if kind is None:
+            unexpected[reason] += 1
+    return counts, unexpected
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # In the controlling process (xdist's workers send it their reports),
+    # before the summary is printed: a skip for a reason outside
+    # ALLOWED_SKIPS turns a green run red.
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or exitstatus != 0:
+        return
+    if _skips_by_kind(reporter.stats)[1]:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    counts, unexpected = _skips_by_kind(terminalreporter.stats)
+    if not counts:
+        return
+    terminalreporter.section("skips by kind")
+    for kind, count in sorted(counts.items()):
+        terminalreporter.line(f"{count:5d}  {kind}")
+    for reason, count in sorted(unexpected.items()):
+        terminalreporter.line(f"{count:5d}  NOT ALLOWED (fails the run): {reason}", red=True)

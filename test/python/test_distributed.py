@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 
-pytest.importorskip("mpi4py")
+import mpi4py  # noqa: F401,E402  (a test dependency: a broken import fails)
 
 from etc.runtime import distributed  # noqa: E402
 from http_servers import free_port, wait_until_healthy  # noqa: E402
@@ -273,7 +273,7 @@ def test_serve_tensor_parallel_answers_the_openai_client(tmp_path):
     completions (alone, streamed, two at once, one whose prompt blocks come
     from the prefix cache) get the text the whole model generates on one
     rank, and SIGTERM ends both ranks."""
-    openai = pytest.importorskip("openai")
+    import openai
     import subprocess
     import sys
     import threading
@@ -358,7 +358,6 @@ def cli_checkpoint(tmp_path_factory):
     """A tiny Qwen3 with a tokenizer and chat template, its one-rank model
     (the reference), and a compile cache that the first two-rank command
     fills with the shard's kernel for the others."""
-    pytest.importorskip("tokenizers")
     import etc.models
     from etc.models.testing import tiny_config, write_checkpoint
 

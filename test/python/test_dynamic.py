@@ -126,7 +126,6 @@ def test_auto_picks_static_for_dense_graphs():
     _same_as_static(kernel, _static_kernel("mlp", g), g, _mlp_inputs(rng, 33))
 
 
-@pytest.mark.skipif(not hasattr(etc.Graph, "moe"), reason="the MoE operator has not landed")
 @pytest.mark.parametrize("workers", [1, 3, 8])
 def test_auto_picks_dynamic_for_moe(workers):
     g = etc.Graph("moe_auto")

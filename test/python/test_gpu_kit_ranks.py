@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mpi4py")
+import mpi4py  # noqa: F401,E402  (a test dependency: a broken import fails)
 
 from etc.runtime import distributed  # noqa: E402
 

@@ -31,21 +31,14 @@ from mlir.passmanager import PassManager
 import etc
 
 PIPELINE = "builtin.module(event.graph(event-infer-dependencies))"
-NOT_IMPLEMENTED = "'event-infer-dependencies' is not implemented yet"
 
 #: Over-synchronisation totals over every checked graph: [non-intersecting, waited].
 OVERSYNC = [0, 0]
 
 
 def infer(module: ir.Module) -> None:
-    """Runs the dependency inference in process; skips while it is a stub."""
-    pm = PassManager.parse(PIPELINE)
-    try:
-        pm.run(module.operation)
-    except Exception as error:  # MLIRError carries the diagnostics
-        if NOT_IMPLEMENTED in str(error):
-            pytest.skip(NOT_IMPLEMENTED)
-        raise
+    """Runs the dependency inference in process."""
+    PassManager.parse(PIPELINE).run(module.operation)
     assert module.operation.verify()
 
 

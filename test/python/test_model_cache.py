@@ -61,7 +61,6 @@ def test_a_second_load_compiles_nothing(cached, no_compiler):
 
 
 def test_the_same_model_as_gguf_shares_the_kernel(cached, no_compiler, tmp_path):
-    pytest.importorskip("gguf")
     from etc.models.testing import write_gguf
 
     _, directory, _ = cached

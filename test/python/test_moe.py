@@ -157,8 +157,10 @@ def test_moe_f16():
     kernel = etc.compile(g, workers=2)
     rng = np.random.default_rng(9)
     ins = {name: a.astype(np.float16) for name, a in _inputs(rng, 21, top_k=2).items()}
-    if _routing_margin(ins["x"].astype(np.float32), ins["router_w"].astype(np.float32), 2) < 1e-4:
-        pytest.skip("routing too close to a tie for this seed")
+    # f16 rounding must not flip a routing choice for the check to hold: this
+    # seed's margin is far from a tie (fixed data, so this never changes).
+    assert _routing_margin(ins["x"].astype(np.float32), ins["router_w"].astype(np.float32),
+                           2) >= 1e-4
     (y,) = kernel.run(**ins)
     (want,) = etc.reference.evaluate(g, **ins)
     assert y.dtype == np.float16
