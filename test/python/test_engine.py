@@ -285,15 +285,234 @@ def test_a_pool_too_small_for_all_requests_evicts_and_preempts(chat_model):
     assert engine.slots_in_use == 0 and manager.used_blocks == 0
 
 
-def test_a_prompt_that_can_never_fit_is_refused(chat_model):
+def test_a_cache_smaller_than_the_model_length_bounds_the_requests(chat_model):
+    """A pool of 32 positions for a model of 64: the engine serves
+    sequences of 32 (its max_model_len says so), a request without
+    max_new_tokens gets what the cache holds after its prompt, and one
+    that asks for more is refused naming what to change."""
     engine = Engine(chat_model, max_num_seqs=2, max_model_len=64, kv_cache_tokens=32)
-    with pytest.raises(RequestError, match=r"the prompt has 40 tokens, more than the whole KV "
-                                           r"cache holds \(32 positions\): it can never run") \
-            as error:
+    assert engine.max_model_len == 32 and engine.limited_by_cache
+    result = engine.submit([5, 6, 7], ignore_eos=True).result()
+    assert result.finish_reason == "length" and len(result.token_ids) == 29
+    assert result.token_ids == chat_model.generate([[5, 6, 7]], 29, ignore_eos=True).tokens[0]
+    with pytest.raises(RequestError, match=r"the prompt has 40 tokens, leaving no room for a "
+                                           r"new token within the model length \(32: all the "
+                                           r"KV cache holds; load the model with a larger "
+                                           r"kv_cache_tokens or kv_cache_memory") as error:
         engine.submit([1] * 40, max_new_tokens=2)
     assert error.value.param == "prompt"
-    with pytest.raises(RequestError, match=r"30 tokens and max_new_tokens is 10: 39 positions "
-                                           r"to cache, more than the whole KV cache") as error:
+    with pytest.raises(RequestError, match=r"30 tokens and max_new_tokens is 10: 40 tokens, "
+                                           r"more than the model length \(32: all the KV") \
+            as error:
         engine.submit([1] * 30, max_new_tokens=10)
     assert error.value.param == "max_new_tokens"
-    assert engine.submit([1] * 30, max_new_tokens=3).result().finish_reason == "length"
+    assert engine.submit([1] * 30, max_new_tokens=2).result().finish_reason == "length"
+    # Without a max_model_len: the model's, lowered to the pool's.
+    assert Engine(chat_model, kv_cache_tokens=20).max_model_len == 32  # two blocks of 16
+
+
+# -- one request never harms another --------------------------------------------
+
+
+def test_submit_checks_every_parameter(chat_model):
+    """Every parameter is checked when submitted, naming it: nothing that
+    would fail a step (and the requests beside it) is queued. What
+    `generate` accepts, `submit` accepts too."""
+    engine = Engine(chat_model, max_num_seqs=2, max_model_len=16)
+    cases = [(dict(sampling="greedy please"), "sampling", "must be an etc.models.step.sampling"
+                                                          ".SamplingParams or None"),
+             (dict(sampling={"temperature": 0.5}), "sampling", "SamplingParams"),
+             (dict(ignore_eos="yes"), "ignore_eos", "True or False"),
+             (dict(return_logits=1), "return_logits", "True or False"),
+             (dict(eos_token_ids=2), "eos_token_ids", "list of token ids"),
+             (dict(eos_token_ids=[2, "x"]), "eos_token_ids", "list of token ids"),
+             (dict(on_output="print"), "on_output", "callable"),
+             (dict(stop=5), "stop", "a string or a list of strings"),
+             (dict(max_new_tokens=2.0), "max_new_tokens", "positive int"),
+             (dict(prompt_ids=np.array([[5, 6]])), "prompt", "1-D"),
+             (dict(prompt_ids=np.array([5.0, 6.0])), "prompt", "not a token id")]
+    for arguments, param, message in cases:
+        with pytest.raises(RequestError, match=message) as error:
+            engine.submit(**{"prompt_ids": [5, 6], "max_new_tokens": 3, **arguments})
+        assert error.value.param == param, arguments
+    assert engine.num_waiting == 0 and not engine.has_work
+    handle = engine.submit(np.array([5, 6], dtype=np.int64), max_new_tokens=np.int64(3),
+                           stop=None, ignore_eos=np.bool_(True))
+    assert handle.result().token_ids == \
+        chat_model.generate(np.array([5, 6]), np.int64(3), ignore_eos=True, stop=None).tokens[0]
+    with pytest.raises(RequestError, match="SamplingParams") as error:
+        chat_model.generate("Hi", 3, sampling={"temperature": 0.5})
+    assert error.value.param == "sampling"
+
+
+def test_a_poisoned_request_fails_alone(chat_model, monkeypatch):
+    """A step that raises because of one of its requests (here any step
+    holding token 77, as a kernel fault would) ends that request with
+    "error"; the requests beside it finish with the tokens they get
+    without it."""
+    prompts = [[5 + i, 6, 7] for i in range(5)]
+    want = chat_model.generate(prompts, 6, ignore_eos=True).tokens
+    real = chat_model.step
+
+    def step(cache, requests, **options):
+        if any(77 in request.tokens for request in requests):
+            raise RuntimeError("poisoned")
+        return real(cache, requests, **options)
+
+    monkeypatch.setattr(chat_model, "step", step)
+    engine = Engine(chat_model, max_num_seqs=6, max_model_len=16)
+    handles = [engine.submit(p, max_new_tokens=6, ignore_eos=True) for p in prompts[:2]]
+    poisoned = engine.submit([8, 77, 9], max_new_tokens=6, ignore_eos=True)
+    handles += [engine.submit(p, max_new_tokens=6, ignore_eos=True) for p in prompts[2:]]
+    engine.run()
+    assert poisoned.result().finish_reason == "error"
+    assert poisoned.result().error == "RuntimeError: poisoned"
+    assert [h.result().token_ids for h in handles] == want
+    assert all(h.result().finish_reason == "length" for h in handles)
+    assert engine.slots_in_use == 0 and engine.blocks_in_use == 0
+
+
+def test_generate_from_two_threads(chat_model, monkeypatch):
+    """Two threads call generate at once: the first holds the model's pool
+    (sized for it: 32 positions) while the second needs a longer sequence;
+    the second runs on a pool of its own, and both get their tokens."""
+    short, long = [[5, 6]], [list(range(10, 51))]  # 2 and 41 tokens
+    want = [chat_model.generate(short, 20, ignore_eos=True).tokens,
+            chat_model.generate(long, 10, ignore_eos=True).tokens]
+    monkeypatch.setattr(chat_model, "_paged_cache", None)  # a pool sized by the first call
+    real = chat_model.step
+    first_running, second_done = threading.Event(), threading.Event()
+    first = threading.current_thread()
+
+    def step(cache, requests, **options):
+        if threading.current_thread() is first and not first_running.is_set():
+            first_running.set()
+            assert second_done.wait(60), "the second call did not finish"
+        return real(cache, requests, **options)
+
+    monkeypatch.setattr(chat_model, "step", step)
+    got = [None, None]
+
+    def second():
+        assert first_running.wait(60)
+        try:
+            got[1] = chat_model.generate(long, 10, ignore_eos=True).tokens
+        finally:
+            second_done.set()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    try:
+        got[0] = chat_model.generate(short, 20, ignore_eos=True).tokens
+    finally:
+        second_done.set()
+        thread.join(60)
+    assert got == want
+    assert chat_model._paged_cache.tokens == 32  # the shared pool: the first call's
+
+
+def test_generate_names_the_prompt_a_pool_refuses(chat_model, monkeypatch):
+    """A pool sized at load (here 2 blocks) that cannot hold a prompt's
+    sequence: the error names the prompt, its index in the batch."""
+    monkeypatch.setattr(chat_model, "kv_cache_blocks", 2)
+    monkeypatch.setattr(chat_model, "_paged_cache", None)
+    with pytest.raises(RequestError, match=r"generate: prompt 1: the prompt has 40 tokens, "
+                                           r"leaving no room .* all the KV cache holds") as error:
+        chat_model.generate([[5], [6] * 40], 4)
+    assert error.value.param == "prompt"
+    with pytest.raises(RequestError, match=r"generate: prompt 0: the prompt has 20 tokens and "
+                                           r"max_new_tokens is 20: 40 tokens") as error:
+        chat_model.generate([[6] * 20, [5]], 20)
+    assert error.value.param == "max_new_tokens"
+
+
+def test_generate_edges(chat_model):
+    """stop=None is no stop strings; a chat message whose content is None
+    is empty; a lone UTF-16 surrogate (half an emoji) is refused, naming
+    the prompt and message."""
+    want = chat_model.generate("Hi", 3)
+    assert chat_model.generate("Hi", 3, stop=None).tokens == want.tokens
+    empty = chat_model.generate([[{"role": "user", "content": ""}]], 3)
+    none = chat_model.generate([[{"role": "user", "content": None}]], 3)
+    assert none.tokens == empty.tokens
+    with pytest.raises(ValueError, match=r"generate: prompt 0: character 2 is a lone UTF-16 "
+                                         r"surrogate \(U\+D83D\)"):
+        chat_model.generate("Hi\ud83d", 3)
+    with pytest.raises(ValueError, match=r"prompt 1, message 1's content: character 0 is a lone"):
+        chat_model.generate(["Hi", [{"role": "system", "content": "x"},
+                                    {"role": "user", "content": "\udc00!"}]], 3)
+
+
+# -- scheduling ---------------------------------------------------------------------
+
+
+def test_admission_is_fair_under_a_small_token_budget(chat_model):
+    """8 requests on 8 slots with 4 tokens a step: the last four get their
+    first token in the second step, not after the first four finish; each
+    gets the tokens it gets alone."""
+    prompts = [[5 + i] for i in range(8)]
+    want = chat_model.generate(prompts, 10, ignore_eos=True).tokens
+    engine = Engine(chat_model, max_num_seqs=8, max_model_len=32, max_step_tokens=4)
+    step = [0]
+    first, last = {}, {}
+
+    def record(i):
+        def on_output(output):
+            if output.token_ids:
+                first.setdefault(i, step[0])
+            if output.finished:
+                last[i] = step[0]
+        return on_output
+
+    handles = [engine.submit(p, max_new_tokens=10, ignore_eos=True, on_output=record(i))
+               for i, p in enumerate(prompts)]
+    while engine.step():
+        step[0] += 1
+    assert [first[i] for i in range(8)] == [0] * 4 + [1] * 4
+    assert max(first.values()) < min(last.values())
+    assert [h.result().token_ids for h in handles] == want
+    assert max(s.tokens for s in engine.steps) == 4 and len(engine.steps) == 20
+
+
+def test_many_one_token_prompts_take_about_the_fewest_steps(chat_model):
+    """300 one-token prompts, 5 new tokens each, 256 tokens a step: 1,500
+    tokens need at least 6 steps; no request waits for others to finish."""
+    prompts = [[3 + i % 300] for i in range(300)]
+    out = chat_model.generate(prompts, 5, ignore_eos=True)
+    assert all(len(t) == 5 for t in out.tokens)
+    assert out.steps <= 7
+    assert out.tokens[299] == chat_model.generate([prompts[299]], 5, ignore_eos=True).tokens[0]
+
+
+def test_identical_prefixes_submitted_together_are_computed_once(chat_model):
+    """Four prompts sharing a 41-token prefix submitted together: the first
+    computes its two full blocks, the others wait for them and reuse them
+    (cached_tokens), and get the tokens of no reuse."""
+    prefix = [1] + list(range(260, 300))
+    prompts = [prefix + [200 + i, 201] for i in range(4)]
+    alone = []
+    for prompt in prompts:
+        engine = Engine(chat_model, max_num_seqs=1, max_model_len=64, kv_cache_tokens=64)
+        alone.append(engine.submit(prompt, max_new_tokens=4, ignore_eos=True).result())
+    engine = Engine(chat_model, max_num_seqs=4, max_model_len=64, kv_cache_tokens=256)
+    handles = [engine.submit(p, max_new_tokens=4, ignore_eos=True) for p in prompts]
+    engine.run()
+    results = [h.result() for h in handles]
+    assert [r.cached_tokens for r in results] == [0, 32, 32, 32]
+    assert [r.token_ids for r in results] == [r.token_ids for r in alone]
+    # The prefix was prefilled once: 43 tokens, then 11 for each other.
+    assert sum(s.tokens for s in engine.steps) == 43 + 3 * 11 + 4 * 3
+
+
+def test_outputs_after_the_end_and_with_a_callback(chat_model):
+    """outputs() iterated again after the last output returns at once; on a
+    request whose outputs go to on_output it raises, saying so."""
+    engine = Engine(chat_model, max_num_seqs=1, max_model_len=16)
+    handle = engine.submit([5], max_new_tokens=3)
+    assert len(list(handle.outputs(timeout=30))) == 3
+    assert list(handle.outputs(timeout=30)) == []
+    seen = []
+    called = engine.submit([5], max_new_tokens=2, on_output=seen.append)
+    with pytest.raises(RuntimeError, match="submitted with on_output"):
+        next(called.outputs(timeout=30))
+    assert called.result().finish_reason == "length" and len(seen) == 2

@@ -209,10 +209,14 @@ def test_paged_cache_arrays_and_block_tables():
 def test_paged_slots_admission_and_reuse():
     config = SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=4)
     slots = PagedSlots(PagedKVCache(config, 5, P), 2)
-    assert slots.capacity == 20 and slots.fits(20) and not slots.fits(21)
+    assert slots.capacity == 20
     prompt = ids(9)
+    assert slots.block_hashes(prompt) == block_hashes(prompt, P) and \
+        len(slots.block_hashes(prompt)) == 2
     assert slots.admit(prompt, 10) == (0, 0)
+    assert slots.cached_blocks(prompt + [7]) == 0     # computed, not yet committed
     slots.commit(0, prompt)
+    assert slots.cached_blocks(prompt + [7]) == 2 and slots.cached_blocks(prompt[:8]) == 1
     assert slots.admit(prompt + [7], 12) == (1, 8)    # shares 2 blocks, takes 1
     assert slots.used == 2
     assert slots.admit(ids(2), 2) is None              # no slot left

@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .engine.engine import Engine
+from .engine.requests import RequestError
 from .step.model import CompiledModel
 
 __all__ = ["Model", "Generation"]
@@ -56,7 +57,7 @@ class Model(CompiledModel):
     (see `etc.models.load`)."""
 
     def generate(self, prompts, max_new_tokens: int, return_logits: bool = False, *,
-                 stop: Sequence[str] = (), ignore_eos: bool = False, sampling=None,
+                 stop: Optional[Sequence[str]] = (), ignore_eos: bool = False, sampling=None,
                  **template_variables) -> Generation:
         """Generates from one prompt or a batch of them, of any lengths.
 
@@ -67,7 +68,9 @@ class Model(CompiledModel):
         ids; `prompts` is one of these or a list of them. Each prompt gets
         at most `max_new_tokens` new ids and stops earlier at one of the
         model's `eos_token_ids` (unless `ignore_eos`) or when its text
-        contains a string of `stop` (the stop string is cut from the text).
+        contains a string of `stop` (a string or strings, None for none; the
+        stop string is cut from the text). A chat message's content of None
+        is empty.
         `sampling` (an `etc.models.step.sampling.SamplingParams`) applies to
         every prompt; None is greedy.
 
@@ -80,7 +83,14 @@ class Model(CompiledModel):
         `max_step_tokens` tokens, then decoded one token per request and
         step, a step mixing both. With the paged cache (the default) the
         engine runs on the model's pool (`paged_cache`), so a prompt reuses
-        the cached blocks of a prefix an earlier prompt or call computed."""
+        the cached blocks of a prefix an earlier prompt or call computed.
+
+        Calls from several threads run at once, each on an engine of its
+        own: on the shared pool, their requests waiting for its free
+        blocks, or, when another call holds the pool and it is too small
+        for this call's longest sequence (it grows only while unused), on
+        a pool of this call's own. Errors name the prompt at fault
+        (`RequestError` for what the engine refuses)."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or \
                 max_new_tokens < 1:
             raise ValueError(f"generate: max_new_tokens={max_new_tokens!r} must be a positive "
@@ -88,11 +98,18 @@ class Model(CompiledModel):
         max_new_tokens = int(max_new_tokens)
         sequences = [self._prompt_ids(p, prompt, max_new_tokens, template_variables)
                      for p, prompt in enumerate(_as_prompt_list(prompts))]
-        engine = Engine(self, max_num_seqs=len(sequences),
-                        max_model_len=max(len(s) for s in sequences) + max_new_tokens)
-        handles = [engine.submit(ids, max_new_tokens=max_new_tokens, stop=stop,
-                                 ignore_eos=ignore_eos, sampling=sampling,
-                                 return_logits=return_logits) for ids in sequences]
+        length = max(len(s) for s in sequences) + max_new_tokens
+        engine = Engine(self, max_num_seqs=len(sequences), max_model_len=length,
+                        kv_cache_tokens=self._own_pool(len(sequences), length))
+        handles = []
+        for p, ids in enumerate(sequences):
+            try:
+                handles.append(engine.submit(ids, max_new_tokens=max_new_tokens, stop=stop,
+                                             ignore_eos=ignore_eos, sampling=sampling,
+                                             return_logits=return_logits))
+            except RequestError as error:
+                which = f"prompt {p}: " if error.param in ("prompt", "max_new_tokens") else ""
+                raise RequestError(f"generate: {which}{error}", error.param) from None
         engine.run()
         results = [handle.result() for handle in handles]
         for result in results:
@@ -112,6 +129,22 @@ class Model(CompiledModel):
                 result.decode_seconds += step.seconds
         return result
 
+    def _own_pool(self, sequences: int, length: int) -> Optional[int]:
+        """The positions of a paged pool of `generate`'s own, or None to run
+        on the model's shared pool (`paged_cache`, grown to hold
+        `sequences` sequences of `length` tokens when it is free to grow).
+        The shared pool is in use by another call (a thread) and too small
+        for one sequence of `length` tokens: a pool of this call's own
+        then, sized as the shared one would be, dropped when the call
+        returns. A pool sized at load (kv_cache_tokens, kv_cache_memory) is
+        always the one used."""
+        if self.kv_block_size is None or self.kv_cache_blocks is not None:
+            return None
+        tokens = sequences * -(-length // self.kv_block_size) * self.kv_block_size
+        if self.paged_cache(tokens).tokens >= length:
+            return None
+        return tokens
+
     def _prompt_ids(self, p: int, prompt, max_new_tokens: int, template_variables) -> list:
         """Prompt `p` of `generate` as token ids, checked."""
         vocab = self.config.vocab_size
@@ -120,9 +153,11 @@ class Model(CompiledModel):
                 raise ValueError(f"generate: prompt {p} is text, but {self.path} has no "
                                  f"tokenizer.json: give token ids")
             if isinstance(prompt, str):
+                _check_text(prompt, f"generate: prompt {p}")
                 ids = self.tokenizer.encode(prompt)
             else:
-                text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True,
+                text = self.tokenizer.apply_chat_template(_chat(p, prompt),
+                                                          add_generation_prompt=True,
                                                           **template_variables)
                 ids = self.tokenizer.encode(text, add_special_tokens=False)
         elif _is_sequence(prompt):
@@ -147,6 +182,30 @@ class Model(CompiledModel):
                              f"{total} tokens, longer than the cache "
                              f"(max_seq_len={self.max_seq_len})")
         return [int(t) for t in ids]
+
+
+def _check_text(text: str, where: str) -> None:
+    """Refuses a string that is no Unicode text: a lone UTF-16 surrogate
+    (a client that cut an emoji's pair in two) cannot be encoded."""
+    for i, character in enumerate(text):
+        if "\ud800" <= character <= "\udfff":
+            raise ValueError(f"{where}: character {i} is a lone UTF-16 surrogate "
+                             f"(U+{ord(character):04X}), which is no Unicode text")
+
+
+def _chat(p: int, messages: list) -> list:
+    """Chat `p`'s messages for the chat template: a content of None is an
+    empty one (as the server takes it, and as an assistant's message with
+    tool calls has it); text checked."""
+    out = []
+    for m, message in enumerate(messages):
+        content = message.get("content")
+        if content is None:
+            message = {**message, "content": ""}
+        elif isinstance(content, str):
+            _check_text(content, f"generate: prompt {p}, message {m}'s content")
+        out.append(message)
+    return out
 
 
 def _is_chat(prompt) -> bool:

@@ -32,16 +32,17 @@ from __future__ import annotations
 
 import collections
 import inspect
-import itertools
 import logging
 import threading
 import time
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from ..step.request import Request
+from ..step.sampling import SamplingParams
 from .requests import RequestError, RequestHandle, RequestOutput, RequestResult
 from .slots import PagedSlots, SlotCache
 from .stopping import StopChecker
@@ -96,6 +97,12 @@ class _Sequence:
         self.cached_prompt: Optional[int] = None  # prompt tokens found cached at admission
         self.preemptions = 0
         self.first_token_time: Optional[float] = None
+        #: The last step that took tokens of it (at admission: the step
+        #: before), which orders the next step's sequences.
+        self.served = -1
+        #: The hashes of the full blocks of its tokens (see
+        #: `Engine._admit`), computed when first needed.
+        self.hashes: Optional[list] = None
 
     @property
     def pending(self) -> int:
@@ -109,10 +116,19 @@ class Engine:
 
     `max_num_seqs` bounds the requests running at once; `max_model_len`
     (default: the model's `max_seq_len`) bounds each one's prompt plus new
-    tokens; `max_step_tokens` (default: the model's) bounds the tokens of
-    one step: decoding requests take one each, prefills share what is left,
-    a long prompt taking several steps. Requests beyond `max_num_seqs`, or
-    beyond what the KV cache holds, wait, first come first served.
+    tokens, and is at most what the KV cache holds (a larger one is
+    lowered to it, with a warning when it was given); `max_step_tokens`
+    (default: the model's) bounds the tokens of one step.
+
+    Scheduling: requests are admitted first come first served while a slot
+    and the KV cache's blocks are free; each step then takes, within the
+    token budget, one token of every decoding request and chunks of the
+    prompts still being prefilled, the requests that waited longest since
+    their last tokens first (among equals: decoding before prefilling, then
+    fewer tokens generated so far, then by arrival), so that when the
+    budget is short every request still advances in turn, and evenly. A request whose prompt starts with blocks another
+    running request is prefilling waits for them (then reuses them) rather
+    than computing them twice.
 
     The KV cache is the model's paged pool (`model.paged_cache`: sized by
     load's kv_cache_tokens / kv_cache_memory, else max_num_seqs x
@@ -123,9 +139,14 @@ class Engine:
     max_model_len.
     `stats` counts cached prompt tokens, evictions and preemptions.
 
-    Thread safety: `submit` and `cancel` may be called from any thread.
-    Steps run in the thread of `start()`, or in the caller's with `step()`,
-    `run()` or a handle's `result()` / `outputs()`."""
+    Every parameter of a request is checked by `submit` (`RequestError`);
+    a step that raises anyway is rerun on halves of its requests until the
+    ones that make it raise are alone: they end with finish_reason
+    "error", the others go on.
+
+    Thread safety: `submit`, `cancel` and `abort` may be called from any
+    thread. Steps run in the thread of `start()`, or in the caller's with
+    `step()`, `run()` or a handle's `result()` / `outputs()`."""
 
     def __init__(self, model, *, max_num_seqs: int = 8, max_model_len: Optional[int] = None,
                  max_step_tokens: Optional[int] = None, kv_cache_tokens: Optional[int] = None):
@@ -135,6 +156,7 @@ class Engine:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or
                                       value < 1):
                 raise ValueError(f"Engine: {name}={value!r} must be a positive int")
+        given = max_model_len
         if max_model_len is None:
             max_model_len = model.max_seq_len
         if max_model_len > model.max_seq_len:
@@ -142,7 +164,6 @@ class Engine:
                              f"max_seq_len={model.max_seq_len}")
         self.model = model
         self.max_num_seqs = max_num_seqs
-        self.max_model_len = max_model_len
         self.max_step_tokens = max_step_tokens or model.max_step_tokens
         if getattr(model, "kv_block_size", None) is None:
             if kv_cache_tokens is not None:
@@ -150,9 +171,19 @@ class Engine:
                                  "was loaded with kv_block_size=None (contiguous slots)")
             self.cache = SlotCache(model, max_num_seqs, max_model_len)
         else:
-            pool = model.paged_cache(max_num_seqs * max_model_len) if kv_cache_tokens is None \
-                else model.new_paged_cache(kv_cache_tokens)
+            pool = model.paged_cache(max_num_seqs * _whole_blocks(max_model_len, model)) \
+                if kv_cache_tokens is None else model.new_paged_cache(kv_cache_tokens)
             self.cache = PagedSlots(pool, max_num_seqs)
+        #: Whether the KV cache, not the model, sets `max_model_len`.
+        self.limited_by_cache = self.cache.capacity < max_model_len
+        if self.limited_by_cache:
+            if given is not None:
+                logger.warning("max_model_len=%d is more than the KV cache holds (%d "
+                               "positions): sequences are limited to %d", given,
+                               self.cache.capacity, self.cache.capacity)
+            max_model_len = self.cache.capacity
+        #: The longest sequence (prompt and new tokens) a request may reach.
+        self.max_model_len = max_model_len
         self.stats = EngineStats()
         self._evictions_before = self.cache.evictions
         # A step that samples on the device returns logits only when asked.
@@ -163,11 +194,14 @@ class Engine:
         #: Called with each `RequestResult` as its request finishes (the
         #: server's metrics).
         self.on_finish: Optional[Callable[[RequestResult], None]] = None
-        self._ids = itertools.count()
+        self._next_id = 0
+        self._step_count = 0
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._incoming: list[_Sequence] = []
         self._cancelled: set[int] = set()
+        # (requests submitted before, the error they end with): `abort`.
+        self._abort: Optional[tuple[int, str]] = None
         self._waiting: "collections.deque[_Sequence]" = collections.deque()
         self._running: list[_Sequence] = []
         self._thread: Optional[threading.Thread] = None
@@ -176,81 +210,107 @@ class Engine:
     # -- submitting --------------------------------------------------------
 
     def submit(self, prompt_ids: Sequence[int], *, max_new_tokens: Optional[int] = None,
-               stop: Sequence[str] = (), ignore_eos: bool = False, sampling=None,
+               stop: Optional[Sequence[str]] = (), ignore_eos: bool = False, sampling=None,
                eos_token_ids: Optional[Sequence[int]] = None, return_logits: bool = False,
                on_output: Optional[Callable[[RequestOutput], None]] = None) -> RequestHandle:
-        """Queues a request: `prompt_ids` (token ids), at most
-        `max_new_tokens` new ids (default: up to `max_model_len`), stopping
-        at an id of `eos_token_ids` (default: the model's) unless
-        `ignore_eos`, or at a string of `stop` (needs the model's
-        tokenizer). `sampling` is an `etc.models.step.sampling.SamplingParams`
-        (None: greedy); without a seed each step draws fresh random seeds (rank
-        0's under tensor parallelism, so every rank draws the same token).
-        Raises `RequestError` naming the parameter at fault."""
+        """Queues a request: `prompt_ids` (token ids: a list, a tuple or a
+        1-D NumPy integer array), at most `max_new_tokens` new ids (default:
+        up to `max_model_len`, which the KV cache bounds), stopping at an id
+        of `eos_token_ids` (default: the model's) unless `ignore_eos`, or at
+        a string of `stop` (a string or strings; None: none; needs the
+        model's tokenizer). `sampling` is an
+        `etc.models.step.sampling.SamplingParams` (None: greedy); without a
+        seed each step draws fresh random seeds (rank 0's under tensor
+        parallelism, so every rank draws the same token). `on_output` gets
+        the outputs (from the engine's thread) instead of `outputs()`.
+        Raises `RequestError` naming the parameter at fault: nothing that
+        was not checked here reaches a step."""
         prompt = self._check_prompt(prompt_ids)
-        room = self.max_model_len - len(prompt)
-        if room < 1:
-            raise RequestError(f"the prompt has {len(prompt)} tokens; the model length is "
-                               f"{self.max_model_len}, leaving no room for a new token",
-                               "prompt")
-        if max_new_tokens is None:
-            max_new_tokens = room
-        elif isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
-                max_new_tokens < 1:
-            raise RequestError(f"max_new_tokens={max_new_tokens!r} must be a positive int",
-                               "max_new_tokens")
-        elif max_new_tokens > room:
-            raise RequestError(f"the prompt has {len(prompt)} tokens and max_new_tokens is "
-                               f"{max_new_tokens}: {len(prompt) + max_new_tokens} tokens, more "
-                               f"than the model length {self.max_model_len}", "max_new_tokens")
-        # A sequence the whole cache cannot hold would wait (or be
-        # preempted) forever: refused now. Its last id is never stored.
-        if not self.cache.fits(len(prompt)):
-            raise RequestError(f"the prompt has {len(prompt)} tokens, more than the whole KV "
-                               f"cache holds ({self.cache.capacity} positions): it can never "
-                               f"run; load the model with a larger kv_cache_tokens or "
-                               f"kv_cache_memory", "prompt")
-        if not self.cache.fits(len(prompt) + max_new_tokens - 1):
-            raise RequestError(f"the prompt has {len(prompt)} tokens and max_new_tokens is "
-                               f"{max_new_tokens}: {len(prompt) + max_new_tokens - 1} positions "
-                               f"to cache, more than the whole KV cache holds "
-                               f"({self.cache.capacity} positions); lower max_new_tokens or "
-                               f"load the model with a larger kv_cache_tokens or "
-                               f"kv_cache_memory", "max_new_tokens")
-        if isinstance(stop, str):
-            stop = [stop]
-        if not all(isinstance(s, str) for s in stop):
-            raise RequestError("stop must be a string or a list of strings", "stop")
+        max_new_tokens = self._check_max_new_tokens(prompt, max_new_tokens)
+        stop = _check_stop(stop)
         tokenizer = self.model.tokenizer
         if any(stop) and tokenizer is None:
             raise RequestError("stop strings need the model's tokenizer (tokenizer.json)", "stop")
-        eos = frozenset() if ignore_eos else frozenset(
-            self.model.eos_token_ids if eos_token_ids is None else eos_token_ids)
+        for name, value in (("ignore_eos", ignore_eos), ("return_logits", return_logits)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise RequestError(f"{name}={value!r} must be True or False", name)
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise RequestError(f"sampling={sampling!r} must be an "
+                               f"etc.models.step.sampling.SamplingParams or None (greedy)",
+                               "sampling")
+        if on_output is not None and not callable(on_output):
+            raise RequestError(f"on_output={on_output!r} must be a callable or None",
+                               "on_output")
+        if ignore_eos:
+            eos = frozenset()
+        else:
+            eos = frozenset(self.model.eos_token_ids if eos_token_ids is None else
+                            _check_ids(eos_token_ids, "eos_token_ids"))
         detokenizer = tokenizer.detokenizer() if tokenizer is not None else None
         with self._lock:
-            handle = RequestHandle(self, next(self._ids), prompt, on_output)
+            handle = RequestHandle(self, self._next_id, prompt, on_output)
+            self._next_id += 1
             self._incoming.append(_Sequence(handle, prompt, max_new_tokens, stop, eos, sampling,
-                                            detokenizer, return_logits))
+                                            detokenizer, bool(return_logits)))
             self._wake.notify()
         return handle
 
     def _check_prompt(self, prompt_ids) -> list[int]:
-        if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence) or \
-                not prompt_ids:
+        if isinstance(prompt_ids, np.ndarray):
+            if prompt_ids.ndim != 1:
+                raise RequestError(f"the prompt is a NumPy array of shape {prompt_ids.shape}; "
+                                   f"give one sequence of token ids (1-D)", "prompt")
+        elif isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
+            raise RequestError(f"the prompt must be a non-empty list of token ids, not "
+                               f"{type(prompt_ids).__name__}", "prompt")
+        if not len(prompt_ids):
             raise RequestError("the prompt must be a non-empty list of token ids", "prompt")
         vocab = self.model.config.vocab_size
         for i, token in enumerate(prompt_ids):
-            if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or \
+            if isinstance(token, (bool, np.bool_)) or not isinstance(token, Integral) or \
                     not 0 <= token < vocab:
                 raise RequestError(f"prompt position {i}: {token!r} is not a token id in "
                                    f"[0, {vocab})", "prompt")
-        return [int(t) for t in prompt_ids]
+        prompt = [int(t) for t in prompt_ids]
+        if len(prompt) >= self.max_model_len:
+            raise RequestError(f"the prompt has {len(prompt)} tokens, leaving no room for a new "
+                               f"token within {self._length()}", "prompt")
+        return prompt
+
+    def _check_max_new_tokens(self, prompt: list, max_new_tokens) -> int:
+        room = self.max_model_len - len(prompt)
+        if max_new_tokens is None:
+            return room
+        if isinstance(max_new_tokens, (bool, np.bool_)) or \
+                not isinstance(max_new_tokens, Integral) or max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens={max_new_tokens!r} must be a positive int",
+                               "max_new_tokens")
+        if max_new_tokens > room:
+            raise RequestError(f"the prompt has {len(prompt)} tokens and max_new_tokens is "
+                               f"{max_new_tokens}: {len(prompt) + max_new_tokens} tokens, more "
+                               f"than {self._length()}", "max_new_tokens")
+        return int(max_new_tokens)
+
+    def _length(self) -> str:
+        """What bounds a sequence, in words."""
+        if self.limited_by_cache:
+            return (f"the model length ({self.max_model_len}: all the KV cache holds; load the "
+                    f"model with a larger kv_cache_tokens or kv_cache_memory for more)")
+        return f"the model length ({self.max_model_len})"
 
     def cancel(self, request_id: int) -> None:
         """Ends request `request_id` before the next step (no-op once it has
         finished)."""
         with self._lock:
             self._cancelled.add(request_id)
+            self._wake.notify()
+
+    def abort(self, error: str) -> None:
+        """Ends every request submitted so far, running or waiting, before
+        the next step: finish_reason "abort", with `error` saying why (a
+        server shutting down)."""
+        with self._lock:
+            self._abort = (self._next_id, error)
             self._wake.notify()
 
     # -- state -------------------------------------------------------------
@@ -268,6 +328,19 @@ class Engine:
         return self.cache.used
 
     @property
+    def blocks_in_use(self) -> Optional[int]:
+        """Blocks of the paged pool held by sequences (of every engine
+        sharing it); None for contiguous slots."""
+        manager = getattr(self.cache, "manager", None)
+        return None if manager is None else manager.used_blocks
+
+    @property
+    def blocks_total(self) -> Optional[int]:
+        """Blocks of the paged pool; None for contiguous slots."""
+        manager = getattr(self.cache, "manager", None)
+        return None if manager is None else manager.num_blocks
+
+    @property
     def has_work(self) -> bool:
         return bool(self._running or self._waiting or self._incoming)
 
@@ -280,12 +353,9 @@ class Engine:
             self._waiting.extend(self._incoming)
             self._incoming.clear()
             cancelled, self._cancelled = self._cancelled, set()
-        if cancelled:
-            for sequence in [s for s in self._running if s.handle.request_id in cancelled]:
-                self._finish(sequence, "abort")
-            for sequence in [s for s in self._waiting if s.handle.request_id in cancelled]:
-                self._waiting.remove(sequence)
-                self._finish(sequence, "abort")
+            abort, self._abort = self._abort, None
+        if cancelled or abort is not None:
+            self._end_cancelled(cancelled, abort)
         self._admit()
         if not self._running:
             if self._waiting:
@@ -297,6 +367,48 @@ class Engine:
         batch = self._schedule()
         if not batch:
             return True  # every sequence preempted: the pool is held elsewhere
+        done = self._run(batch)
+        self._step_count += 1
+        block = self.cache.block_size
+        for sequence, take, token, logits, now in done:
+            try:
+                sequence.served = self._step_count
+                sequence.cached += take
+                if block is not None and sequence.cached // block > sequence.committed:
+                    # Full blocks computed: reusable by later prompts.
+                    self.cache.commit(sequence.slot, sequence.tokens[:sequence.cached])
+                    sequence.committed = sequence.cached // block
+                if sequence.pending:
+                    continue  # a prefill chunk: the prompt goes on next step
+                self._advance(sequence, token, logits, now)
+            except Exception as error:  # this request's end, not the others'
+                logger.exception("request %d failed", sequence.handle.request_id)
+                self._finish(sequence, "error", error=f"{type(error).__name__}: {error}")
+        self.stats.evictions = self.cache.evictions - self._evictions_before
+        return True
+
+    def _end_cancelled(self, cancelled: set, abort: Optional[tuple[int, str]]) -> None:
+        """Ends the cancelled sequences, and with `abort` every one submitted
+        before it (with its error)."""
+        for sequence in list(self._running) + list(self._waiting):
+            request_id = sequence.handle.request_id
+            if abort is not None and request_id < abort[0]:
+                error = abort[1]
+            elif request_id in cancelled:
+                error = None
+            else:
+                continue
+            if sequence in self._waiting:
+                self._waiting.remove(sequence)
+            self._finish(sequence, "abort", error=error)
+
+    def _run(self, batch: list) -> list:
+        """Runs `batch` ((sequence, tokens to take) pairs) in one step and
+        returns (sequence, take, next id, logits or None, time) per
+        sequence. A step that raises is run again on each half of the
+        batch, down to the sequences that make it raise alone: those end
+        with finish_reason "error", and the others' results stand (a
+        rerun writes the same keys and values at the same positions)."""
         requests = [self._request(s, take) for s, take in batch]
         # Logits leave the device only when a request keeps them.
         options = {}
@@ -305,52 +417,81 @@ class Engine:
         start = time.perf_counter()
         try:
             logits, next_ids = self.model.step(self.cache.cache, requests, **options)
-        except Exception as error:  # a bug below: fail these requests, keep serving
-            for sequence, _ in batch:
+        except Exception as error:  # one request's fault, or all of theirs: find out
+            if len(batch) == 1:
+                sequence = batch[0][0]
+                logger.warning("request %d: its step failed: %s: %s",
+                               sequence.handle.request_id, type(error).__name__, error)
                 self._finish(sequence, "error", error=f"{type(error).__name__}: {error}")
-            return True
+                return []
+            half = len(batch) // 2
+            return self._run(batch[:half]) + self._run(batch[half:])
         now = time.perf_counter()
         self.steps.append(StepRecord(len(requests), sum(len(r.tokens) for r in requests),
                                      all(len(r.tokens) == 1 for r in requests), now - start))
-        block = self.cache.block_size
-        for i, (sequence, take) in enumerate(batch):
-            sequence.cached += take
-            if block is not None and sequence.cached // block > sequence.committed:
-                # Full blocks computed: reusable by later prompts.
-                self.cache.commit(sequence.slot, sequence.tokens[:sequence.cached])
-                sequence.committed = sequence.cached // block
-            if sequence.pending:
-                continue  # a prefill chunk: the prompt goes on next step
-            self._advance(sequence, int(next_ids[i]), None if logits is None else logits[i], now)
-        self.stats.evictions = self.cache.evictions - self._evictions_before
-        return True
+        return [(sequence, take, int(next_ids[i]), None if logits is None else logits[i], now)
+                for i, (sequence, take) in enumerate(batch)]
 
     def _admit(self) -> None:
         """Admits waiting sequences, first come first served, while a slot
         and blocks for their tokens are free. A sequence's tokens are its
         prompt, and after a preemption the ids it had generated too (all
-        recomputed, except a cached prefix)."""
+        recomputed, except a cached prefix).
+
+        A sequence whose next uncached block is one a running sequence is
+        still computing (the same ids after the same prefix: a system
+        prompt submitted by several requests at once) waits, without
+        holding up the sequences behind it, until that block is computed
+        and cached; then it reuses it."""
+        deferred = []
         while self._waiting:
             sequence = self._waiting[0]
+            if self._waits_for_a_prefix(sequence):
+                deferred.append(self._waiting.popleft())
+                continue
             admitted = self.cache.admit(sequence.tokens, len(sequence.tokens))
             if admitted is None:
                 break
             self._waiting.popleft()
             sequence.slot, sequence.cached = admitted
             sequence.committed = sequence.cached // (self.cache.block_size or 1)
+            sequence.served = self._step_count - 1
             if sequence.cached_prompt is None:
                 sequence.cached_prompt = min(sequence.cached, len(sequence.prompt))
                 self.stats.prompt_tokens += len(sequence.prompt)
                 self.stats.cached_tokens += sequence.cached_prompt
+            if sequence.hashes is None:
+                sequence.hashes = self.cache.block_hashes(sequence.tokens)
             self._running.append(sequence)
+        self._waiting.extendleft(reversed(deferred))
+
+    def _waits_for_a_prefix(self, sequence: _Sequence) -> bool:
+        """Whether the next block of `sequence` past its cached prefix is
+        one a running sequence is computing (one it reaches before its last
+        token: that one is always computed)."""
+        block = self.cache.block_size
+        if block is None or len(sequence.tokens) <= block:
+            return False
+        if sequence.hashes is None:
+            sequence.hashes = self.cache.block_hashes(sequence.tokens)
+        usable = min((len(sequence.tokens) - 1) // block, len(sequence.hashes))
+        cached = self.cache.cached_blocks(sequence.tokens)
+        if cached >= usable:
+            return False
+        pending = {h for s in self._running for h in s.hashes[s.committed:]}
+        return sequence.hashes[cached] in pending
 
     def _schedule(self) -> list:
-        """This step's (sequence, tokens to take): decoding sequences (one
-        pending token) first, then prefill chunks, first come first served,
-        from what is left of the token budget (at least one chunk a step).
-        A sequence whose tokens need a block none is free for preempts the
-        most recently arrived running sequence (itself, if it is that one)."""
-        order = sorted(self._running, key=lambda s: s.pending > 1)
+        """This step's (sequence, tokens to take): the sequences that waited
+        longest since their last tokens first (among equals: decoding ones,
+        with one pending token, before prefills, then those with fewer new
+        tokens, then by arrival), each taking what is left of the token
+        budget, up to what it has pending (at least one chunk a step). A sequence whose tokens need a block
+        none is free for preempts the most recently arrived running
+        sequence (itself, if it is that one)."""
+        order = sorted(self._running,
+                       key=lambda s: (s.served, s.pending > 1, len(s.generated),
+                                      s.handle.request_id))
         budget = self.max_step_tokens
         batch = []
         for sequence in order:
@@ -385,6 +526,7 @@ class Engine:
         self.cache.release(sequence.slot)
         sequence.slot = None
         sequence.cached = sequence.committed = 0
+        sequence.hashes = None  # its tokens grew: named again when admitted
         sequence.preemptions += 1
         self.stats.preemptions += 1
         self._waiting.appendleft(sequence)
@@ -446,7 +588,10 @@ class Engine:
                                    cached_tokens=sequence.cached_prompt or 0)
         handle._deliver(output)
         if self.on_finish is not None:
-            self.on_finish(result)
+            try:
+                self.on_finish(result)
+            except Exception:  # the observer's failure, not the request's
+                logger.exception("request %d: on_finish failed", handle.request_id)
 
     def run(self) -> None:
         """Runs steps in this thread until every request has finished."""
@@ -473,7 +618,8 @@ class Engine:
         while True:
             with self._lock:
                 while not self._stopping and not (self._incoming or self._running or
-                                                  self._waiting or self._cancelled):
+                                                  self._waiting or self._cancelled or
+                                                  self._abort is not None):
                     self._wake.wait()
                 if self._stopping:
                     return
@@ -486,7 +632,8 @@ class Engine:
 
     def shutdown(self) -> None:
         """Stops the thread after its current step; requests still running
-        or waiting end with finish_reason "abort"."""
+        or waiting end with finish_reason "abort" (error: "the engine shut
+        down")."""
         thread = self._thread
         if thread is not None:
             with self._lock:
@@ -498,5 +645,34 @@ class Engine:
             self._waiting.extend(self._incoming)
             self._incoming.clear()
         for sequence in list(self._running) + list(self._waiting):
-            self._finish(sequence, "abort")
+            self._finish(sequence, "abort", error="the engine shut down")
         self._waiting.clear()
+
+
+def _whole_blocks(positions: int, model) -> int:
+    """`positions` rounded up to whole blocks of the model's paged cache:
+    what one sequence of that length holds."""
+    block = model.kv_block_size
+    return -(-positions // block) * block
+
+
+def _check_stop(stop) -> list:
+    """`submit`'s stop strings as a list (None: none; one string: itself)."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, (bytes, dict)) or not isinstance(stop, (Sequence, set, frozenset)) or \
+            not all(isinstance(s, str) for s in stop):
+        raise RequestError(f"stop={stop!r} must be a string or a list of strings", "stop")
+    return list(stop)
+
+
+def _check_ids(ids, name: str) -> list:
+    """Token ids given as a list (or any iterable) of ints, checked."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise RequestError(f"{name}={ids!r} must be a list of token ids", name)
+    ids = list(ids)
+    if not all(isinstance(i, Integral) and not isinstance(i, (bool, np.bool_)) for i in ids):
+        raise RequestError(f"{name}={ids!r} must be a list of token ids", name)
+    return [int(i) for i in ids]

@@ -115,6 +115,8 @@ class RequestHandle:
         self._queue: "queue.Queue[RequestOutput]" = queue.Queue()
         self._done = threading.Event()
         self._result: Optional[RequestResult] = None
+        # Whether `outputs()` has yielded the last output.
+        self._ended = False
 
     def _deliver(self, output: RequestOutput) -> None:
         if self._on_output is not None:
@@ -137,17 +139,25 @@ class RequestHandle:
         self.engine.cancel(self.request_id)
 
     def outputs(self, timeout: Optional[float] = None):
-        """The outputs as they come, until the last one. Without a running
-        engine thread, the caller's thread runs the steps."""
-        while True:
+        """The outputs as they come, until the last one (iterated again
+        after that, nothing: it returns at once). Without a running engine
+        thread, the caller's thread runs the steps. A request submitted
+        with `on_output` has none here: RuntimeError. `timeout` bounds the
+        wait for each output (TimeoutError)."""
+        if self._on_output is not None:
+            raise RuntimeError(f"request {self.request_id} was submitted with on_output: its "
+                               f"outputs go to that callback, and outputs() has none")
+        while not self._ended:
             if not self.engine.running:
-                while self._queue.empty():
-                    if not self.engine.step():
-                        break
-            output = self._queue.get(timeout=timeout)
+                while self._queue.empty() and self.engine.step():
+                    pass
+            try:
+                output = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"request {self.request_id}: no output in {timeout} s") \
+                    from None
+            self._ended = output.finished
             yield output
-            if output.finished:
-                return
 
     def result(self, timeout: Optional[float] = None) -> RequestResult:
         """The finished request (running the steps in this thread when the

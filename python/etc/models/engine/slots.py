@@ -3,12 +3,15 @@ what it may grow to. `SlotCache` gives each running sequence a contiguous
 slot of the model length; `PagedSlots` gives it blocks of the model's paged
 pool (`etc.models.step.kv_cache.PagedKVCache`), reusing cached prefixes.
 Both answer the same five calls (`admit`, `reserve`, `commit`, `release`,
-and `cache`: the arrays the step kernel takes)."""
+and `cache`: the arrays the step kernel takes), and say what their prefix
+cache could reuse (`block_hashes`, `cached_blocks`) so that the scheduler
+computes a prefix shared by requests submitted together once."""
 
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from ..step.kv_blocks import block_hashes
 from ..step.kv_cache import PagedKVCache
 
 __all__ = ["SlotCache", "PagedSlots"]
@@ -38,10 +41,15 @@ class SlotCache:
 
     @property
     def capacity(self) -> int:
+        """The positions one sequence may reach."""
         return self.length
 
-    def fits(self, positions: int) -> bool:
-        return positions <= self.length
+    def block_hashes(self, tokens) -> list:
+        """No prefix reuse here: no blocks to name."""
+        return []
+
+    def cached_blocks(self, tokens) -> int:
+        return 0
 
     def admit(self, tokens, positions: int) -> Optional[tuple[int, int]]:
         return (self._free.pop(), 0) if self._free else None
@@ -89,9 +97,18 @@ class PagedSlots:
         """The positions the whole pool holds: a longer sequence never fits."""
         return self.cache.tokens
 
-    def fits(self, positions: int) -> bool:
-        """Whether a sequence of `positions` positions fits in the pool at all."""
-        return self.manager.blocks_for(positions) <= self.manager.num_blocks
+    def block_hashes(self, tokens: Sequence[int]) -> list:
+        """The hashes that name the full blocks of `tokens` in the prefix
+        cache (none when the pool does not cache prefixes)."""
+        if not self.manager.prefix_caching:
+            return []
+        return block_hashes(tokens, self.block_size)
+
+    def cached_blocks(self, tokens: Sequence[int]) -> int:
+        """How many blocks of `tokens`' longest cached prefix a sequence
+        admitted now would reuse."""
+        with self.cache.lock:
+            return len(self.manager.match(tokens))
 
     @property
     def evictions(self) -> int:

@@ -145,6 +145,8 @@ class CacheEntry:
         return (f"{model.get('architecture', '?')} layers={model.get('num_layers')} "
                 f"hidden={model.get('hidden_size')} vocab={model.get('vocab_size')} "
                 f"dtype={graph.get('dtype')} max_seq_len={graph.get('max_seq_len')} "
+                f"chunk={graph.get('chunk')} kv_block_size={graph.get('kv_block_size')} "
+                f"kv_dtype={graph.get('kv_dtype')} "
                 f"target={options.get('target')} {where} schedule={options.get('schedule')} "
                 f"workers={options.get('workers')}")
 

@@ -5,6 +5,7 @@ requests (prefill, decode or both). The engine drives it; `etc.models.Model`
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
@@ -92,6 +93,9 @@ class CompiledModel:
         #: kv_cache_tokens or kv_cache_memory; None: sized by its first user.
         self.kv_cache_blocks = self._pool_blocks(kv_cache_tokens, kv_cache_memory)
         self._paged_cache: Optional[PagedKVCache] = None
+        # Held while `paged_cache` looks at and replaces the shared pool
+        # (generate calls from several threads).
+        self._pool_lock = threading.Lock()
         self.max_step_tokens = max_step_tokens
         self._graph = None
         #: Seconds spent loading: "weights", and "compile" or "cache".
@@ -236,18 +240,19 @@ class CompiledModel:
         if self.kv_block_size is None:
             raise ValueError("paged_cache: the model was loaded with kv_block_size=None (a "
                              "contiguous cache); use new_cache")
-        cache = self._paged_cache
-        if self.kv_cache_blocks is not None:
-            if cache is None:
-                cache = self._paged_cache = self._new_paged(self.kv_cache_blocks)
+        with self._pool_lock:
+            cache = self._paged_cache
+            if self.kv_cache_blocks is not None:
+                if cache is None:
+                    cache = self._paged_cache = self._new_paged(self.kv_cache_blocks)
+                return cache
+            if tokens is None:
+                tokens = self.max_seq_len
+            blocks = -(-tokens // self.kv_block_size)
+            if cache is None or (cache.num_blocks < blocks and not len(cache.manager)):
+                cache = self._paged_cache = None  # the old arrays go before the new ones come
+                cache = self._paged_cache = self._new_paged(blocks)
             return cache
-        if tokens is None:
-            tokens = self.max_seq_len
-        blocks = -(-tokens // self.kv_block_size)
-        if cache is None or (cache.num_blocks < blocks and not len(cache.manager)):
-            cache = self._paged_cache = None  # the old arrays go before the new ones come
-            cache = self._paged_cache = self._new_paged(blocks)
-        return cache
 
     def new_paged_cache(self, tokens: int) -> PagedKVCache:
         """A paged KV cache of its own (not the model's shared pool) that
