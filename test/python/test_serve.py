@@ -5,16 +5,16 @@ the requests it must refuse. One tiny model (conftest's `chat_model`)."""
 
 import asyncio
 import json
-import socket
+import re
 import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 import etc.serve
+from etc.models.engine import Engine
 from test_engine import stop_string
 
 NAME = "tiny-chat"
@@ -22,14 +22,14 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 
 
 class Server:
-    """uvicorn serving `app` in a thread, on a port the OS picked."""
+    """`etc.serve.Server` (uvicorn) serving `app` in a thread, on a port the
+    OS picked."""
 
     def __init__(self, app):
         self.app = app
-        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.socket.bind(("127.0.0.1", 0))
+        self.socket = etc.serve.listen("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.server = etc.serve.Server(app, log_level="warning")
         self.thread = threading.Thread(target=self.server.run,
                                        kwargs=dict(sockets=[self.socket]), daemon=True)
         self.thread.start()
@@ -281,6 +281,17 @@ BAD = [
     ("completions", {"model": NAME, "prompt": ["a", "b"]}, 400, "prompt"),
     ("completions", {"model": NAME, "prompt": 7}, 400, "prompt"),
     ("completions", {"model": NAME, "prompt": "x", "echo": True}, 400, "echo"),
+    # Lone UTF-16 surrogates (legal JSON: half of an emoji's pair) are no text.
+    ("completions", {"model": NAME, "prompt": "Hi \ud83d"}, 400, "prompt"),
+    ("completions", {"model": NAME, "prompt": ["\ude00"]}, 400, "prompt[0]"),
+    ("chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "\ud83d!"}]},
+     400, "messages[0].content"),
+    ("chat/completions", {"model": NAME, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a\udc00"}]}]}, 400,
+     "messages[0].content[0].text"),
+    ("chat/completions", {"model": NAME + "\ud800", "messages": CHAT}, 400, "model"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "stop": ["\ud800"]}, 400,
+     "stop[0]"),
 ]
 
 
@@ -288,12 +299,13 @@ BAD = [
                          ids=[f"{i}-{b[3]}" for i, b in enumerate(BAD)])
 def test_bad_requests_get_4xx_naming_the_field(server, route, body, status, param):
     url = f"{server.url}/v1/{route}"
-    if isinstance(body, bytes):
-        response = httpx.post(url, content=body, headers={"content-type": "application/json"})
-    else:
-        response = httpx.post(url, json=body)
+    # JSON as clients send it: a lone surrogate escaped ("\\ud83d").
+    text = body.decode() if isinstance(body, bytes) else json.dumps(body)
+    response = httpx.post(url, content=text, headers={"content-type": "application/json"})
     assert response.status_code == status, response.text
     error = response.json()["error"]
+    if re.search(r"\\ud[89a-f]", text):
+        assert "is a lone UTF-16 surrogate" in error["message"]
     assert error["param"] == param and error["message"] and error["type"]
     if param:
         assert param.split("[")[0] in error["message"]
@@ -316,3 +328,71 @@ def test_lockstep_needs_a_tensor_parallel_model(chat_model):
     with pytest.raises(ValueError, match="only the ranks other than 0 of a tensor-parallel"):
         follow(chat_model)
     assert not chat_model.led
+
+
+def test_a_cache_smaller_than_the_model_length(chat_model):
+    """A KV cache of 32 positions for a model of 64: /v1/models reports
+    max_model_len 32, and a chat without max_tokens is served what the
+    cache holds after its prompt."""
+    engine = Engine(chat_model, max_num_seqs=2, kv_cache_tokens=32)
+    server = Server(etc.serve.build_app(chat_model, served_model_name=NAME, engine=engine))
+    try:
+        models = httpx.get(server.url + "/v1/models").json()
+        assert models["data"][0]["max_model_len"] == 32
+        body = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}],
+                "temperature": 0, "ignore_eos": True}
+        reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        usage = reply.json()["usage"]
+        assert usage["total_tokens"] == 32 and reply.json()["choices"][0]["finish_reason"] == \
+            "length"
+        too_long = httpx.post(server.url + "/v1/chat/completions",
+                              json={**body, "max_tokens": 40}, timeout=60)
+        assert too_long.status_code == 400
+        assert too_long.json()["error"]["param"] == "max_tokens"
+        assert "all the KV cache holds" in too_long.json()["error"]["message"]
+    finally:
+        server.stop()
+
+
+def test_shutdown_ends_the_requests_in_flight(chat_model, monkeypatch):
+    """The server stopping (what Ctrl-C and SIGTERM do) while a stream and a
+    request not streamed run: the stream ends with an error event and
+    [DONE], the other gets 503, and the server stops at once rather than
+    after their 60 tokens."""
+    step = chat_model.step
+
+    def slow_step(*args, **options):  # 60 tokens take 3 s
+        time.sleep(0.05)
+        return step(*args, **options)
+
+    monkeypatch.setattr(chat_model, "step", slow_step)
+    server = Server(etc.serve.build_app(chat_model, served_model_name=NAME))
+    engine = server.app.state.engine
+    body = {"model": NAME, "prompt": [5, 6], "max_tokens": 60, "temperature": 0,
+            "ignore_eos": True}
+    plain = []
+    thread = threading.Thread(target=lambda: plain.append(
+        httpx.post(server.url + "/v1/completions", json=body, timeout=60)))
+    try:
+        with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True},
+                          timeout=60) as response:
+            lines = response.iter_lines()
+            assert json.loads(next(lines)[6:])["choices"][0]["text"] is not None
+            thread.start()
+            _wait(lambda: engine.num_running == 2)
+            server.server.should_exit = True
+            events = [line for line in lines if line]
+    finally:
+        thread.join(60)
+        server.thread.join(60)
+    assert not server.thread.is_alive() and not engine.running
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2][6:])["error"]
+    assert error == {"message": "the server is shutting down", "type": "service_unavailable"}
+    assert all("error" not in json.loads(e[6:]) for e in events[:-2])
+    assert len(events) < 40  # it did not wait for the 60 tokens
+    assert plain[0].status_code == 503
+    assert plain[0].json()["error"]["message"] == "the server is shutting down"
+    assert engine.slots_in_use == 0 and engine.blocks_in_use == 0
+    server.socket.close()

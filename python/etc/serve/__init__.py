@@ -8,10 +8,12 @@ etc.serve.run(model, "127.0.0.1", 8000, max_num_seqs=8)   # blocks; Ctrl-C stops
 ```
 
 `build_app(model, ...)` returns the FastAPI app (to run under any ASGI
-server, or in tests); `run(model, host, port, ...)` runs it with uvicorn.
-See docs/models.md, "Serving".
+server, or in tests: `app`); `run(model, host, port, ...)` runs it with
+uvicorn (`server`: `listen` opens the socket, `Server` shuts down ending
+the requests in flight). See docs/models.md, "The server".
 """
 
-from .app import APIError, build_app, run
+from .app import APIError, build_app
+from .server import Server, listen, run
 
-__all__ = ["build_app", "run", "APIError"]
+__all__ = ["build_app", "run", "listen", "Server", "APIError"]

@@ -1,6 +1,6 @@
-"""The OpenAI-compatible HTTP server: FastAPI routes over an `Engine`
+"""The OpenAI-compatible HTTP server's app: FastAPI routes over an `Engine`
 whose steps run in a thread of their own, so that the event loop never
-waits for a kernel."""
+waits for a kernel (`server` runs it with uvicorn)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,12 @@ from ..models.loading.tokenizer import ChatTemplateError
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
-__all__ = ["build_app", "run", "APIError"]
+__all__ = ["build_app", "APIError", "SHUTTING_DOWN"]
 
 logger = logging.getLogger("etc.serve")
+
+#: The error of the requests a server's shutdown ends (`app.state.close`).
+SHUTTING_DOWN = "the server is shutting down"
 
 #: What the engine calls a parameter, as the API names it.
 _API_PARAM = {"max_new_tokens": "max_tokens", "sampling": "temperature"}
@@ -37,6 +40,9 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, param: Optional[str] = None,
                  code: Optional[str] = None, kind: str = "invalid_request_error"):
+        # What a request brought back in a message is sent as UTF-8: a lone
+        # surrogate in it would fail the answer itself.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = \
             status, message, param, code, kind
@@ -83,7 +89,10 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     `stop`, `usage`, `finish_reason`; `top_k`, `min_p`, `ignore_eos` as
     extensions; `usage.prompt_tokens_details.cached_tokens`: the prompt
     tokens a cached prefix held), GET /health, GET /metrics (Prometheus). The engine's
-    thread starts and stops with the app's lifespan (uvicorn runs it)."""
+    thread starts and stops with the app's lifespan (uvicorn runs it).
+    `app.state.close()` ends the requests in flight (streams end with an
+    error event and `[DONE]`, others with 503) and refuses new ones (503):
+    `etc.serve.server.Server` calls it when shutting down."""
     if engine is None:
         engine = Engine(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                         max_step_tokens=max_step_tokens)
@@ -104,6 +113,13 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     app.state.engine = engine
     app.state.metrics = metrics
     app.state.model_name = name
+    app.state.closing = False
+
+    def close() -> None:
+        app.state.closing = True
+        engine.abort(SHUTTING_DOWN)
+
+    app.state.close = close
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError):
@@ -112,7 +128,10 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError):
         errors = error.errors()
-        first = errors[0] if errors else {}
+        # A union (a prompt: text, ids, texts, ...) fails once per member:
+        # the error that is not a type mismatch says what is wrong.
+        first = next((e for e in errors if not e.get("type", "").endswith("_type")),
+                     errors[0] if errors else {})
         if first.get("type") == "json_invalid":
             return APIError(400, f"the body is not valid JSON: {first.get('msg')}",
                             None).response()
@@ -138,7 +157,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
 
     @app.get("/health")
     async def health():
-        if not engine.running:
+        if not engine.running or app.state.closing:
             raise APIError(503, "the engine is not running", None, kind="service_unavailable")
         return {"status": "ok"}
 
@@ -201,6 +220,8 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
 
     async def _complete(request: Request, body: _Sampling, prompt: list,
                         max_tokens: Optional[int], chat: bool):
+        if app.state.closing:
+            raise APIError(503, SHUTTING_DOWN, None, kind="service_unavailable")
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         try:
@@ -240,6 +261,8 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
             if output.finish_reason == "error":
                 return APIError(500, f"the step failed: {output.error}", None,
                                 kind="internal_error")
+            if output.finish_reason == "abort" and output.error:  # the server stops
+                return APIError(503, output.error, None, kind="service_unavailable")
             return None
 
         if body.stream:
@@ -338,16 +361,3 @@ def _sampling(body: _Sampling):
         if value is not None:
             options[field] = value
     return SamplingParams(**options)
-
-
-def run(model, host: str = "127.0.0.1", port: int = 8000, *,
-        served_model_name: Optional[str] = None, max_num_seqs: int = 8,
-        max_model_len: Optional[int] = None, max_step_tokens: Optional[int] = None,
-        log_level: str = "info") -> None:
-    """Serves `model` over HTTP at `host`:`port` until interrupted (Ctrl-C):
-    `build_app` (same options) run by uvicorn."""
-    import uvicorn
-
-    app = build_app(model, served_model_name=served_model_name, max_num_seqs=max_num_seqs,
-                    max_model_len=max_model_len, max_step_tokens=max_step_tokens)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)

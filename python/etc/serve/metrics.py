@@ -15,9 +15,9 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.
 
 class ServerMetrics:
     """Time to first token and per output token (histograms, observed as
-    requests finish), requests running and waiting and KV slots in use
-    (gauges read from the engine at scrape time), requests by finish
-    reason and token counts (counters)."""
+    requests finish), requests running and waiting, KV slots and (paged)
+    blocks in use (gauges read from the engine at scrape time), requests by
+    finish reason and token counts (counters)."""
 
     def __init__(self, engine: Engine, model_name: str):
         self.registry = CollectorRegistry()
@@ -55,6 +55,13 @@ class ServerMetrics:
                 ("etc_num_preemptions", "Requests preempted (their KV blocks freed, "
                  "recomputed later) since the start.", lambda: engine.stats.preemptions)):
             Gauge(name, doc, labels, registry=r).labels(model_name).set_function(read)
+        if engine.blocks_total is not None:
+            for name, doc, read in (
+                    ("etc_kv_blocks_in_use", "Blocks of the paged KV cache held by requests.",
+                     lambda: engine.blocks_in_use),
+                    ("etc_kv_blocks_total", "Blocks of the paged KV cache.",
+                     lambda: engine.blocks_total)):
+                Gauge(name, doc, labels, registry=r).labels(model_name).set_function(read)
 
     def observe(self, result: RequestResult) -> None:
         """Called by the engine (its thread) as each request finishes."""

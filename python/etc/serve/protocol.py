@@ -5,12 +5,32 @@ name when set to anything but their default (see `unsupported`)."""
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+import re
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat,
+                      StrictInt, StrictStr)
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "ChatMessage", "TextPart",
            "StreamOptions"]
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unicode(text: str) -> str:
+    """Refuses a lone UTF-16 surrogate: legal in JSON (`"\\ud83d"`, a client
+    that cut an emoji's pair in two), but no Unicode text, so it could be
+    neither tokenized nor sent back."""
+    found = _SURROGATE.search(text)
+    if found is not None:
+        raise ValueError(f"character {found.start()} is a lone UTF-16 surrogate "
+                         f"(U+{ord(found.group()):04X}), which is not Unicode text")
+    return text
+
+
+#: A string of Unicode text (every string field of a request).
+Text = Annotated[StrictStr, AfterValidator(_unicode)]
 
 
 class _Body(BaseModel):
@@ -23,12 +43,12 @@ class TextPart(_Body):
     """A part of a message's content; only text parts are supported."""
 
     type: Literal["text"]
-    text: StrictStr
+    text: Text
 
 
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant"]
-    content: Union[StrictStr, list[TextPart], None] = None
+    content: Union[Text, list[TextPart], None] = None
 
     def text(self) -> str:
         if self.content is None:
@@ -45,7 +65,7 @@ class StreamOptions(_Body):
 class _Sampling(_Body):
     """What chat and text completions share."""
 
-    model: StrictStr
+    model: Text
     max_tokens: Optional[StrictInt] = Field(default=None, ge=1)
     temperature: Optional[StrictFloat] = Field(default=None, ge=0.0, le=2.0)
     top_p: Optional[StrictFloat] = Field(default=None, gt=0.0, le=1.0)
@@ -54,14 +74,14 @@ class _Sampling(_Body):
     min_p: Optional[StrictFloat] = Field(default=None, ge=0.0, le=1.0)
     ignore_eos: StrictBool = False
     seed: Optional[StrictInt] = Field(default=None, ge=0, lt=2 ** 63)
-    stop: Union[StrictStr, list[StrictStr], None] = Field(default=None, max_length=16)
+    stop: Union[Text, list[Text], None] = Field(default=None, max_length=16)
     stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None
     n: StrictInt = Field(default=1, ge=1)
     logprobs: Optional[Union[StrictBool, StrictInt]] = None
     presence_penalty: Optional[StrictFloat] = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[StrictFloat] = Field(default=None, ge=-2.0, le=2.0)
-    user: Optional[StrictStr] = None
+    user: Optional[Text] = None
 
     def unsupported(self) -> Optional[tuple[str, str]]:
         """(field, why) of the first field set to something ETC does not do."""
@@ -96,9 +116,9 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     """POST /v1/completions: one prompt, as text or token ids."""
 
-    prompt: Union[StrictStr, list[StrictInt], list[StrictStr], list[list[StrictInt]]]
+    prompt: Union[Text, list[StrictInt], list[Text], list[list[StrictInt]]]
     echo: StrictBool = False
-    suffix: Optional[StrictStr] = None
+    suffix: Optional[Text] = None
     best_of: Optional[StrictInt] = None
 
     def unsupported(self) -> Optional[tuple[str, str]]:
