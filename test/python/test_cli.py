@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 import etc.models as models
@@ -66,7 +70,17 @@ def test_compile_fills_the_cache_and_cache_lists_and_clears_it(checkpoint, tmp_p
     listed = etc_command("cache", "list", "--cache-dir", cache)
     assert listed.returncode == 0, listed.stderr
     assert "Qwen3ForCausalLM layers=2" in listed.stdout and "1 kernels" in listed.stdout
-    assert "max_seq_len=32 target=cpu" in listed.stdout
+    assert "max_seq_len=32 chunk=8 kv_block_size=16 kv_dtype=f32 target=cpu" in listed.stdout
+    # Kernels that differ only in their attention chunk: two lines that say so.
+    other = etc_command("compile", checkpoint, "--cache-dir", cache, "--workers", "2",
+                        "--max-model-len", "32", "--attention-chunk", "16")
+    assert other.returncode == 0, other.stderr
+    lines = etc_command("cache", "list", "--cache-dir", cache).stdout.splitlines()
+    assert len(lines) == 3 and lines[-1].startswith("2 kernels")
+    assert sorted("chunk=8 " in line for line in lines[:2]) == [False, True]
+    assert sorted("chunk=16 " in line for line in lines[:2]) == [False, True]
+    assert etc_command("cache", "clear", "--cache-dir", cache).returncode == 0
+    assert etc_command("compile", checkpoint, "--cache-dir", cache, *SMALL).returncode == 0
     assert etc_command("cache", "dir", "--cache-dir", cache).stdout.strip() == str(cache)
     cleared = etc_command("cache", "clear", "--cache-dir", cache)
     assert cleared.returncode == 0 and "removed 1 kernels" in cleared.stdout
@@ -138,6 +152,29 @@ def test_user_errors_are_one_line(checkpoint, tmp_path):
     one_line_error(etc_command("generate", checkpoint, "hello", *SMALL, "--no-cache",
                                "--kv-cache-memory", "1KB"),
                    "kv_cache_memory=1000 bytes is less than one KV cache block")
+    # The help says what the defaults are.
+    from etc.cli.options import DEFAULT_ATTENTION_CHUNK
+    from etc.models.step.kernel import DEFAULT_ATTENTION_CHUNK as used
+
+    helped = " ".join(etc_command("generate", "--help").stdout.split())
+    assert DEFAULT_ATTENTION_CHUNK == used
+    assert f"KV positions per attention task (default: {used})" in helped
+
+
+@needs_engine
+def test_serve_checks_its_port_before_loading(checkpoint):
+    """A port out of range or in use: one line, status 1, before the model
+    loads (the checkpoint has no tokenizer: loading it would fail later)."""
+    one_line_error(etc_command("serve", checkpoint, "--port", "99999", *SMALL),
+                   "port 99999 is not a TCP port (0 to 65535)")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        one_line_error(etc_command("serve", checkpoint, "--port", port, *SMALL),
+                       f"cannot listen on 127.0.0.1:{port}: Address already in use")
+    one_line_error(etc_command("serve", checkpoint, "--host", "no.such.host.invalid", *SMALL),
+                   "cannot listen on no.such.host.invalid:8000")
 
 
 # ----------------------------------------------------------------------
@@ -252,3 +289,89 @@ def test_serve_answers_the_openai_client(chat_checkpoint):
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+@needs_engine
+def test_a_kv_cache_smaller_than_the_model_length(chat_checkpoint):
+    """--kv-cache-tokens 24 (three blocks of 8) for a model of 32 positions:
+    generate and chat make what the cache holds after the prompt instead of
+    refusing (generate's default is 128 new tokens, chat's 512); a chat turn
+    that outgrows it is forgotten, saying why."""
+    path, cache, model = chat_checkpoint
+    small = ["--kv-block-size", "8", "--kv-cache-tokens", "24", "--cache-dir", cache, *SMALL]
+    prompt = "the quick brown"
+    result = etc_command("generate", path, prompt, *small)
+    assert result.returncode == 0, result.stderr
+    room = 24 - len(model.tokenizer.encode(prompt))
+    assert result.stdout.rstrip("\n") == model.generate(prompt, room).text[0].rstrip("\n")
+    chat = [{"role": "user", "content": "hi"}]
+    ids = model.tokenizer.encode(model.tokenizer.apply_chat_template(chat),
+                                 add_special_tokens=False)
+    assert len(ids) < 24
+    result = etc_command("chat", path, *small, stdin="hi\nand a longer second message\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[0] == model.generate(chat, 24 - len(ids)).text[0]
+    assert "as many as the KV cache holds (24 positions; see --kv-cache-tokens" in \
+        result.stderr
+
+
+#: `etc serve` in a process whose steps take 0.5 s each (a model slow
+#: enough for a signal to come mid-stream).
+_SLOW_SERVE = textwrap.dedent("""
+    import sys, time
+    from etc.models.step.model import CompiledModel
+    step = CompiledModel.step
+    def slow(self, *args, **options):
+        time.sleep(0.5)
+        return step(self, *args, **options)
+    CompiledModel.step = slow
+    from etc.cli import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+@needs_engine
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM],
+                         ids=["SIGINT", "SIGTERM"])
+def test_serve_stops_at_a_signal(chat_checkpoint, signal_number):
+    """`etc serve` with a KV cache of one block (--kv-cache-memory): it
+    serves sequences of 16, a completion without max_tokens streams what
+    fits.
+    Ctrl-C (SIGINT) or SIGTERM mid-stream: the stream ends with an error
+    event and [DONE], and the process exits (status 0) within 2 s of the
+    signal, no traceback, where the stream had seconds left to run."""
+    path, cache, model = chat_checkpoint
+    port = free_port()
+    block = model.kv_cache_bytes_per_block
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_SERVE, "serve", str(path), "--port", str(port),
+         "--kv-cache-memory", str(block + block // 2), "--cache-dir", str(cache), *SMALL],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until_healthy(server, port)
+        url = f"http://127.0.0.1:{port}"
+        (served,) = httpx.get(url + "/v1/models").json()["data"]
+        assert served["max_model_len"] == 16
+        body = {"model": served["id"], "prompt": "hi", "temperature": 0, "ignore_eos": True,
+                "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body,
+                          timeout=60) as response:
+            lines = (line for line in response.iter_lines() if line)
+            assert json.loads(next(lines)[6:])["choices"][0]["finish_reason"] is None
+            server.send_signal(signal_number)
+            sent = time.monotonic()
+            events = list(lines)
+        status = server.wait(timeout=60)
+        seconds = time.monotonic() - sent
+    finally:
+        if server.poll() is None:
+            server.kill()
+        output = server.stdout.read()
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][6:]) == {"error": {"message": "the server is shutting down",
+                                                    "type": "service_unavailable"}}
+    # Of the stream's 14 tokens (0.5 s each), at most a step's more.
+    assert len(events) < 6 and len(model.tokenizer.encode("hi")) == 2
+    assert seconds < 2, seconds
+    assert "Traceback" not in output and "Error" not in output, output
+    assert status == 0, output

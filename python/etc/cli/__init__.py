@@ -11,9 +11,12 @@ etc cache list                                            # what the cache holds
 ```
 
 Errors a user can act on (a missing file, an unsupported model, a bad
-option, a kernel missing from the cache on a machine without the compiler)
-print one line, `etc: error: ...`, and exit with status 1; usage errors exit
-with 2 (argparse). `ETC_DEBUG=1` shows the traceback instead.
+option, a kernel missing from the cache on a machine without the compiler,
+a port out of range or in use: checked before the model loads) print one
+line, `etc: error: ...`, and exit with status 1; usage errors exit with 2
+(argparse). `ETC_DEBUG=1` shows the traceback instead. Ctrl-C exits with
+130, but `etc serve` stops at Ctrl-C or SIGTERM: it ends the requests in
+flight (their streams with an error event and `[DONE]`) and exits with 0.
 
 `--tensor-parallel N` (generate, chat, serve) splits the model over N MPI
 ranks (docs/distributed.md). Run plainly, the command starts the N ranks
@@ -79,10 +82,14 @@ def parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve the OpenAI API over HTTP",
                                 description="Serves the model with an OpenAI-compatible API "
                                             "(/v1/models, /v1/chat/completions, "
-                                            "/v1/completions, /health, /metrics).")
+                                            "/v1/completions, /health, /metrics). Requests "
+                                            "are at most --max-model-len tokens, and at most "
+                                            "what the KV cache holds. Ctrl-C or SIGTERM ends "
+                                            "the requests in flight and stops.")
     serve.add_argument("checkpoint", help="a checkpoint directory or GGUF file")
     serve.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    serve.add_argument("--port", type=int, default=8000,
+                       help="port (default: 8000; 0: one the system picks)")
     serve.add_argument("--max-num-seqs", type=positive_int, default=8,
                        help="requests running at once; more wait (default: 8)")
     serve.add_argument("--served-model-name", default=None,

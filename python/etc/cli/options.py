@@ -22,6 +22,11 @@ DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_BLOCK_SIZE = 16
 
 
+#: `--attention-chunk` when not given
+#: (`etc.models.step.kernel.DEFAULT_ATTENTION_CHUNK`, not imported either).
+DEFAULT_ATTENTION_CHUNK = 128
+
+
 #: `--rank-timeout` when not given (`etc.models.engine.lockstep.TIMEOUT_SECONDS`).
 DEFAULT_RANK_TIMEOUT = 10.0
 
@@ -43,7 +48,8 @@ def add_load_options(parser: argparse.ArgumentParser, *, compile_only: bool = Fa
                        help=f"the longest sequence, prompt plus new tokens (default: the "
                             f"model's context length, at most {DEFAULT_MAX_MODEL_LEN})")
     group.add_argument("--attention-chunk", type=positive_int, default=None,
-                       help="KV positions per attention task (default: max-model-len / 16)")
+                       help=f"KV positions per attention task (default: "
+                            f"{DEFAULT_ATTENTION_CHUNK})")
     group.add_argument("--kv-block-size", type=block_size_or_none, default=DEFAULT_BLOCK_SIZE,
                        metavar="P",
                        help=f"positions per block of the paged KV cache, or 'none' for a "
@@ -52,7 +58,8 @@ def add_load_options(parser: argparse.ArgumentParser, *, compile_only: bool = Fa
         sizes = group.add_mutually_exclusive_group()
         sizes.add_argument("--kv-cache-tokens", type=positive_int, default=None, metavar="N",
                            help="positions the paged KV cache holds, over all requests "
-                                "(default: max-num-seqs x max-model-len)")
+                                "(default: max-num-seqs x max-model-len); a request's prompt "
+                                "and new tokens are at most this many")
         sizes.add_argument("--kv-cache-memory", type=byte_size, default=None, metavar="BYTES",
                            help="memory of the paged KV cache, e.g. 2GiB or 500MB (default: "
                                 "what --kv-cache-tokens takes)")

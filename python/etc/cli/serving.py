@@ -3,21 +3,38 @@ model's engine."""
 
 from __future__ import annotations
 
+import signal
+
 from .model import engine_class, load_model
-from .ranks import led
+from .ranks import launched_rank, led
 
 
 def run_serve(args) -> int:
     engine_class()
     from .. import serve
 
-    model = load_model(args)
+    # The address is taken before the model loads (minutes, for a large
+    # one): a port in use or out of range is an error at once. Rank 0
+    # serves; with --tensor-parallel the other ranks only follow.
+    sock = serve.listen(args.host, args.port) if launched_rank() == 0 else None
+    # SIGTERM stops the server as Ctrl-C does: the requests in flight end,
+    # and the command exits with status 0 (uvicorn raises it again once it
+    # has shut down: as KeyboardInterrupt, which the server takes).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        model = load_model(args)
 
-    def body(model) -> int:
-        # With --tensor-parallel, rank 0 serves and the other ranks run
-        # each of its steps (docs/distributed.md).
-        serve.run(model, args.host, args.port, served_model_name=args.served_model_name,
-                  max_num_seqs=args.max_num_seqs, max_model_len=model.max_seq_len)
-        return 0
+        def body(model) -> int:
+            # With --tensor-parallel, rank 0 serves and the other ranks run
+            # each of its steps (docs/distributed.md). Sequences are as long
+            # as the model's length (--max-model-len) and the KV cache allow
+            # (a warning when --max-model-len asked for more than it holds).
+            serve.run(model, args.host, args.port, served_model_name=args.served_model_name,
+                      max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                      sock=sock)
+            return 0
 
-    return led(model, args, body)
+        return led(model, args, body)
+    finally:
+        if sock is not None:
+            sock.close()

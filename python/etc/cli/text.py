@@ -19,8 +19,11 @@ def stream(engine, ids: list, args, out) -> str:
     token came and how fast the rest did."""
     budget = engine.max_model_len - len(ids)
     if budget < 1:
-        raise ValueError(f"the prompt has {len(ids)} tokens, as many as --max-model-len="
-                         f"{engine.max_model_len} allows: nothing is left to generate")
+        limit = (f"the KV cache holds ({engine.max_model_len} positions; see --kv-cache-tokens "
+                 f"and --kv-cache-memory)" if engine.limited_by_cache else
+                 f"--max-model-len={engine.max_model_len} allows")
+        raise ValueError(f"the prompt has {len(ids)} tokens, as many as {limit}: nothing is "
+                         f"left to generate")
     handle = engine.submit(ids, max_new_tokens=min(args.max_new_tokens, budget),
                            stop=args.stop, sampling=sampling_params(args))
     pieces = []

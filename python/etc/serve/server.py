@@ -61,8 +61,8 @@ def run(model, host: str = "127.0.0.1", port: int = 8000, *,
         max_model_len: Optional[int] = None, max_step_tokens: Optional[int] = None,
         log_level: str = "info", sock: Optional[socket.socket] = None) -> None:
     """Serves `model` over HTTP at `host`:`port` (or on `sock`, a socket of
-    `listen`) until interrupted (Ctrl-C, SIGTERM): `build_app` (same
-    options) run by a `Server`. `max_model_len` is at most what the KV
+    `listen`) until interrupted (Ctrl-C, SIGTERM), then returns: `build_app`
+    (same options) run by a `Server`. `max_model_len` is at most what the KV
     cache holds (`GET /v1/models` says what it is)."""
     sock = sock if sock is not None else listen(host, port)
     app = build_app(model, served_model_name=served_model_name, max_num_seqs=max_num_seqs,
@@ -71,4 +71,9 @@ def run(model, host: str = "127.0.0.1", port: int = 8000, *,
     logger.info("serving %s: %d requests at once, sequences of up to %d tokens%s",
                 app.state.model_name, engine.max_num_seqs, engine.max_model_len,
                 " (all the KV cache holds)" if engine.limited_by_cache else "")
-    Server(app, log_level=log_level).run(sockets=[sock])
+    try:
+        Server(app, log_level=log_level).run(sockets=[sock])
+    except KeyboardInterrupt:
+        # uvicorn raises the signal that stopped it again once it has shut
+        # down: the shutdown was the point, not an error (uvicorn.run too).
+        pass
