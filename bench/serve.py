@@ -21,6 +21,17 @@ server runs in this process (uvicorn in a thread, on a free port), or
 (compile) time, then a Markdown table.
 
 Usage: .venv/bin/python bench/serve.py [--prompt 128] [--new 32] [--concurrency 1 2 4 8 16]
+
+`--soak` runs the soak instead (bench/serve_soak.py): `etc serve` in a
+process of its own on the small model with a trained tokenizer (vocabulary
+512), `--requests` mixed requests (chat and text, greedy and sampled, stop
+strings, cancellations, disconnects, 5 % malformed) from `--clients`
+clients, arriving over `--seconds`; then every answer is checked (greedy and
+seeded ones against `Model.generate` in this process), the server must hold
+no request and no KV block, and its resident memory must have grown by less
+than 5 %. Prints the report; exits with 1 when something did not hold.
+
+Usage: .venv/bin/python bench/serve.py --soak [--requests 1000] [--clients 16] [--seconds 600]
 """
 
 from __future__ import annotations
@@ -31,9 +42,12 @@ import json
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +133,81 @@ def start_server(model, name, max_num_seqs, max_model_len):
     return server, thread, f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
+def run_soak(args) -> int:
+    """`--soak`: see the module's docstring."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import serve_soak
+
+    import etc.models as models
+    from etc.models.testing import tiny_config, write_checkpoint
+
+    path = args.checkpoint
+    if path is None:
+        path = write_checkpoint(Path(tempfile.mkdtemp()) / "soak",
+                                tiny_config(**{**SMALL, "vocab_size": 512}), tokenizer=True)
+    length = args.soak_model_len
+    options = ["--max-model-len", str(length), "--schedule", args.schedule]
+    if args.workers:
+        options += ["--workers", str(args.workers)]
+    start = time.perf_counter()
+    model = models.load(path, workers=args.workers, schedule=args.schedule, max_seq_len=length)
+    print(f"{model}: loaded in {time.perf_counter() - start:.2f} s")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = open(Path(tempfile.mkdtemp()) / "server.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "etc.cli", "serve", str(path), "--port", str(port), "--quiet",
+         "--served-model-name", args.model_name, "--max-num-seqs", str(args.max_num_seqs),
+         "--kv-cache-tokens", str(args.soak_kv_tokens), *options],
+        stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"the server exited; see {log.name}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.3)
+        with urllib.request.urlopen(url + "/v1/models") as response:
+            max_model_len = json.load(response)["data"][0]["max_model_len"]
+
+        def metrics() -> dict:
+            with urllib.request.urlopen(url + "/metrics") as response:
+                text = response.read().decode()
+            values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+                      for line in text.splitlines() if line and not line.startswith("#")}
+            return {name: int(values[f"etc_{name}"]) for name in (
+                "num_requests_running", "num_requests_waiting", "kv_slots_in_use",
+                "kv_blocks_in_use")}
+
+        def rss() -> int:
+            with open(f"/proc/{server.pid}/status") as status:
+                line = next(line for line in status if line.startswith("VmRSS:"))
+            return int(line.split()[1]) * 1024
+
+        requests = serve_soak.make_requests(
+            args.requests, name=args.model_name, tokenizer=model.tokenizer,
+            vocab=model.config.vocab_size, max_model_len=max_model_len, seconds=args.seconds,
+            seed=args.seed)
+        load = os.getloadavg()
+        print(f"{args.requests} requests, {args.clients} clients, over {args.seconds:g} s; "
+              f"max_num_seqs {args.max_num_seqs}, KV cache {args.soak_kv_tokens} positions, "
+              f"max_model_len {max_model_len}; load average before: {load[0]:.2f}", flush=True)
+        report = serve_soak.soak(url, model, requests, clients=args.clients,
+                                 max_model_len=max_model_len, state=metrics, rss=rss)
+        print("\n".join(report.lines()))
+        print(f"load average after: {os.getloadavg()[0]:.2f} (1 min), "
+              f"{os.getloadavg()[1]:.2f} (5 min)")
+    finally:
+        server.terminate()
+        server.wait(60)
+        log.close()
+    return 1 if report.failures else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint directory (default: a "
@@ -132,7 +221,25 @@ def main() -> int:
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--schedule", default="auto")
+    soak = parser.add_argument_group("the soak")
+    soak.add_argument("--soak", action="store_true", help="run the soak (module docstring)")
+    soak.add_argument("--requests", type=int, default=1000, help="requests in all")
+    soak.add_argument("--clients", type=int, default=16, help="clients at once")
+    soak.add_argument("--seconds", type=float, default=600,
+                      help="the requests arrive over about this long (0: at once)")
+    soak.add_argument("--seed", type=int, default=0, help="of the request mix")
+    soak.add_argument("--soak-model-len", type=int, default=512,
+                      help="the server's --max-model-len")
+    soak.add_argument("--soak-kv-tokens", type=int, default=4096,
+                      help="the server's --kv-cache-tokens (small enough to preempt)")
     args = parser.parse_args()
+    for name in ("requests", "clients", "soak_model_len", "soak_kv_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.seconds < 0 or args.seconds > 24 * 3600:
+        parser.error("--seconds must be between 0 and 86400")
+    if args.soak:
+        return run_soak(args)
 
     import etc.models as models
     from etc.models.testing import tiny_config, write_checkpoint
