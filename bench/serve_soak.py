@@ -52,7 +52,7 @@ MALFORMED = [
      404, "model"),
     ("completions", {"model": "M", "prompt": [1, 2, 10 ** 6]}, 400, "prompt"),
     ("completions", {"model": "M", "prompt": "ok \udc00"}, 400, "prompt"),
-    ("completions", {"model": "M", "prompt": "x", "stop": [1]}, 400, "stop[0]"),
+    ("completions", {"model": "M", "prompt": "x", "stop": [1]}, 400, "stop"),
     ("completions", {"model": "M", "prompt": ["a", "b"]}, 400, "prompt"),
     ("completions", {"model": "M", "prompt": "LONG"}, 400, "prompt"),
     ("completions", {"model": "M", "prompt": [5, 6], "max_tokens": "LENGTH"}, 400,

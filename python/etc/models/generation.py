@@ -4,6 +4,7 @@ it returns (`Generation`)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Optional, Sequence
@@ -184,13 +185,16 @@ class Model(CompiledModel):
         return [int(t) for t in ids]
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _check_text(text: str, where: str) -> None:
     """Refuses a string that is no Unicode text: a lone UTF-16 surrogate
     (a client that cut an emoji's pair in two) cannot be encoded."""
-    for i, character in enumerate(text):
-        if "\ud800" <= character <= "\udfff":
-            raise ValueError(f"{where}: character {i} is a lone UTF-16 surrogate "
-                             f"(U+{ord(character):04X}), which is no Unicode text")
+    found = _SURROGATE.search(text)
+    if found is not None:
+        raise ValueError(f"{where}: character {found.start()} is a lone UTF-16 surrogate "
+                         f"(U+{ord(found.group()):04X}), which is no Unicode text")
 
 
 def _chat(p: int, messages: list) -> list:

@@ -138,7 +138,8 @@ class CacheEntry:
 
     @property
     def summary(self) -> str:
-        """One line: the architecture, sizes and options."""
+        """One line: the architecture, sizes and every option that changes
+        the kernel's code (kernels that differ have different lines)."""
         d = self.description
         model, graph, options = d.get("model", {}), d.get("graph", {}), d.get("compile", {})
         where = options.get("chip") or options.get("platform")
@@ -147,8 +148,9 @@ class CacheEntry:
                 f"dtype={graph.get('dtype')} max_seq_len={graph.get('max_seq_len')} "
                 f"chunk={graph.get('chunk')} kv_block_size={graph.get('kv_block_size')} "
                 f"kv_dtype={graph.get('kv_dtype')} "
-                f"target={options.get('target')} {where} schedule={options.get('schedule')} "
-                f"workers={options.get('workers')}")
+                + (f"ranks={graph['ranks']} " if graph.get("ranks") else "")
+                + f"target={options.get('target')} {where} schedule={options.get('schedule')} "
+                f"workers={options.get('workers')} kernels={options.get('kernels')}")
 
 
 class KernelCache:

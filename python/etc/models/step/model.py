@@ -94,8 +94,9 @@ class CompiledModel:
         self.kv_cache_blocks = self._pool_blocks(kv_cache_tokens, kv_cache_memory)
         self._paged_cache: Optional[PagedKVCache] = None
         # Held while `paged_cache` looks at and replaces the shared pool
-        # (generate calls from several threads).
+        # (generate calls from several threads), and around a kernel run.
         self._pool_lock = threading.Lock()
+        self._run_lock = threading.Lock()
         self.max_step_tokens = max_step_tokens
         self._graph = None
         #: Seconds spent loading: "weights", and "compile" or "cache".
@@ -289,14 +290,19 @@ class CompiledModel:
         """Runs the step kernel on `data`, the inputs of `count` requests
         but the weights (`step_inputs` without them: the weights are bound
         once); returns what `step` does. With `cache`, the KV cache whose
-        arrays `data` holds, those are bound once too (per cache)."""
-        step, data = self._bound_step(data, cache)
-        if return_logits:
-            logits, next_ids = step.run(**data)
-            return np.asarray(logits, dtype=np.float32), next_ids
-        next_ids = np.empty(count, np.int32)
-        step.run(**data, out={"next_ids": next_ids})
-        return None, next_ids
+        arrays `data` holds, those are bound once too (per cache).
+
+        One run at a time per model (engines in several threads, such as
+        concurrent `generate` calls, take turns): a run already uses every
+        worker, and a device's runtime state is the kernel's."""
+        with self._run_lock:
+            step, data = self._bound_step(data, cache)
+            if return_logits:
+                logits, next_ids = step.run(**data)
+                return np.asarray(logits, dtype=np.float32), next_ids
+            next_ids = np.empty(count, np.int32)
+            step.run(**data, out={"next_ids": next_ids})
+            return None, next_ids
 
     def _bound_step(self, data: dict, cache) -> tuple:
         """The step kernel with the weights bound (`partial`), and with
