@@ -250,8 +250,17 @@ class CUDARuntime(ProgramRuntime):
         array = DeviceArray(0, shape, dtype)
         nbytes = max(array.nbytes, 4)
         pointer = _check(self._driver, "cuMemAlloc", self._driver.cuMemAlloc(nbytes))
-        _check(self._driver, "cuMemsetD8", self._driver.cuMemsetD8(pointer, 0, nbytes))
+        self._zero(pointer, nbytes)
         return DeviceArray(pointer, shape, dtype, self._driver)
+
+    def _zero(self, pointer, nbytes: int) -> None:
+        """Zeroes new device memory before any stream uses it: cuMemsetD8 is
+        asynchronous, on the legacy stream, which work on a non-blocking
+        stream (PyTorch's) does not wait for, so it waits for the memset
+        (once per allocation: a new size)."""
+        driver = self._driver
+        _check(driver, "cuMemsetD8", driver.cuMemsetD8(pointer, 0, nbytes))
+        _check(driver, "cuStreamSynchronize (zeroing new memory)", driver.cuStreamSynchronize(0))
 
     def _table(self, buffers: dict) -> np.ndarray:
         """The host buffer table of `buffers` (DeviceArrays)."""
@@ -302,12 +311,18 @@ class CUDARuntime(ProgramRuntime):
         return workspace
 
     def bind(self, inputs: dict, out=None, stream=0) -> Launch:
-        """Binds NumPy arrays (copied to the device on each enqueue) or device
-        arrays (used in place) to the graph's inputs, and `out` (device arrays
-        receive the outputs in place) to its outputs; everything else comes
-        from the workspace of these sizes. The launch has a buffer table of
-        its own (see `Launch`)."""
-        return self._bind(inputs, out, stream, own_table=True)
+        """Binds NumPy arrays (copied to the device now, on `stream`, and
+        again by `Launch.upload`) or device arrays (used in place) to the
+        graph's inputs, and `out` (device arrays receive the outputs in
+        place) to its outputs; everything else comes from the workspace of
+        these sizes. The launch has a buffer table of its own (see
+        `Launch`). It waits for its copies, so that the launch may be
+        enqueued on any stream (a non-blocking one does not wait for the
+        legacy stream's work)."""
+        launch = self._bind(inputs, out, stream, own_table=True)
+        _check(self._driver, "cuStreamSynchronize (the bound copies)",
+               self._driver.cuStreamSynchronize(stream_handle(stream)))
+        return launch
 
     def _bind(self, inputs: dict, out, stream, own_table: bool) -> Launch:
         check_input_names(self.abi.name, self.arguments, inputs)
@@ -330,10 +345,15 @@ class CUDARuntime(ProgramRuntime):
                 shapes[arg.name] = view.shape
         symbols = bind_symbols(self.arguments, shapes)
         # Index inputs on the device are copied back to be checked (a few
-        # values each), at bind time.
+        # values each), at bind time, once `stream` has them: their producer
+        # ordered its writes on `stream` only (the DLPack contract), not
+        # before the legacy stream's copy.
         self._load()
         checked = set(self.abi.index_ranges).union(
             *(batch.values() for batch in self.abi.ragged_batches))
+        if checked & device.keys():
+            _check(self._driver, "cuStreamSynchronize (device index inputs)",
+                   self._driver.cuStreamSynchronize(stream))
         check_index_ranges(self.abi.name, self.abi.index_ranges, {
             name: (device[name].numpy() if name in device else inputs[name])
             for name in checked}, symbols, self.abi.ragged_batches)

@@ -41,10 +41,11 @@ def _memref_words(pointer: int, shape: tuple) -> list[int]:
 
 class _Parameters:
     """ctypes storage for one launch's parameters and the `void**` array the
-    driver reads them through."""
+    driver reads them through. A word is an int or a cuda-bindings handle
+    (a CUdeviceptr from cuMemAlloc: `int()` is its value, it has no `&`)."""
 
-    def __init__(self, words: list[int]):
-        self._values = [ctypes.c_uint64(w & 0xFFFFFFFFFFFFFFFF) for w in words]
+    def __init__(self, words: list):
+        self._values = [ctypes.c_uint64(int(w) & 0xFFFFFFFFFFFFFFFF) for w in words]
         self._array = (ctypes.c_void_p * len(self._values))(
             *[ctypes.addressof(v) for v in self._values])
 
@@ -148,7 +149,8 @@ class Launch:
     def upload(self, stream=0) -> None:
         """Enqueues the copies of the NumPy inputs and of the buffer table on
         `stream`, and prepares the launch parameters. `bind` does this; call
-        it again after changing a bound NumPy input in place."""
+        it again after changing a bound NumPy input in place, and enqueue on
+        `stream` (or on another after waiting for `stream`)."""
         rt = self.runtime
         driver = rt._driver
         stream = stream_handle(stream)

@@ -215,9 +215,7 @@ class _SymmetricWorkspace(_Workspace):
         self._runtime = runtime
         # Collective: every rank allocates the same size here.
         self.heap = runtime._symmetric_malloc(self.nbytes)
-        driver = runtime._driver
-        _check(driver, "cuMemsetD8 (symmetric block)",
-               driver.cuMemsetD8(self.heap, 0, self.nbytes))
+        runtime._zero(self.heap, self.nbytes)
         # Views into the block: freed with it (`free`), never on their own.
         self.counters = DeviceArray(self.heap, (self.count,), np.int32)
         for name, dtype, shape in intermediates:
