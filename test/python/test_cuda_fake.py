@@ -109,6 +109,42 @@ def test_a_created_stream_is_the_one_launched_on(fake):
     np.testing.assert_allclose(y, 2.5)
 
 
+@pytest.mark.parametrize("version", ["12.9.4", "13.0.3"])
+def test_the_fake_hands_out_the_handle_types_of_the_cuda_bindings_found(version, axpy,
+                                                                        tmp_path):
+    """The fake's handles are the cuda-bindings types on the path (13.5.0,
+    installed, has CUstream.__cuda_stream__); with an older release first
+    on the path, its types: 13.0.x's CUstream has no __cuda_stream__, so
+    the runtime takes the handle with int(), and the run is the same."""
+    path = VERSIONS / version
+    if not path.is_dir():
+        pytest.skip(f"cuda-bindings {version} is not in {VERSIONS} (make install puts it there)")
+    _, kernel, cpu = axpy
+    kernel.save(tmp_path / "axpy-cuda.etc")
+    cpu.save(tmp_path / "axpy-cpu.etc")
+    script = ("import hashlib, sys\n"
+              "sys.path.insert(0, sys.argv[3])\n"
+              "import numpy as np, cuda.bindings, etc.runtime, fake_driver\n"
+              "version = cuda.bindings.__version__\n"
+              "kernel = etc.runtime.load(sys.argv[1])\n"
+              "driver = fake_driver.build({hashlib.sha256(kernel.ptx.encode()).hexdigest(): "
+              "sys.argv[2]})\n"
+              "fake_driver.install(driver)\n"
+              "stream = driver.cuStreamCreate(0)[1]\n"
+              "y, = kernel.run(x=np.ones((3, 64), np.float32), "
+              "z=np.full((3, 64), 0.5, np.float32), stream=stream)\n"
+              "print(version, hasattr(stream, '__cuda_stream__'), float(y.min()), "
+              "float(y.max()))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(path), os.environ["PYTHONPATH"]])
+               if os.environ.get("PYTHONPATH") else str(path))
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "axpy-cuda.etc"),
+                             str(tmp_path / "axpy-cpu.etc"), str(ROOT / "test" / "python" /
+                                                                 "fake_cuda")],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [version, "False", "2.5", "2.5"], result.stdout
+
+
 # ---------------------------------------------------------------------------
 # 3. PyTorch-style device arrays
 # ---------------------------------------------------------------------------
@@ -174,13 +210,14 @@ def test_each_binding_computes_on_its_own_arrays(fake):
     cuda._check(driver, "cuStreamBeginCapture", driver.cuStreamBeginCapture(stream, 0))
     first.enqueue(stream)
     graph = cuda._check(driver, "cuStreamEndCapture", driver.cuStreamEndCapture(stream))
+    executable = cuda._check(driver, "cuGraphInstantiate", driver.cuGraphInstantiate(graph, 0))
     first.enqueue()
     first.check()
     np.testing.assert_array_equal(first.outputs()[0], 1.0)
     second.enqueue()
     second.check()
     np.testing.assert_array_equal(second.outputs()[0], 2.0)
-    cuda._check(driver, "cuGraphLaunch", driver.cuGraphLaunch(graph, stream))
+    cuda._check(driver, "cuGraphLaunch", driver.cuGraphLaunch(executable, stream))
     first.check(stream)
     np.testing.assert_array_equal(first.outputs()[0], 1.0)
     assert first.table.pointer != second.table.pointer
@@ -208,14 +245,18 @@ def test_a_misaligned_device_array_is_refused_before_any_launch(fake):
 
 def test_the_fake_driver_faults_on_a_misaligned_buffer_like_a_gpu(fake):
     """What the check above prevents: a worker given a misaligned address
-    faults, and the context is unusable afterwards (sticky error)."""
+    faults when it runs, which the next synchronisation reports (the
+    launch itself succeeds, as on a GPU), and the context is unusable
+    afterwards (sticky error)."""
     kernel, driver = fake
     launch = kernel.runtime.bind({"x": np.ones((3, 64), np.float32),
                                   "z": np.ones((3, 64), np.float32)})
     launch.buffers["x"] = cuda.DeviceArray(launch.buffers["x"].pointer + 4, (3, 64), np.float32)
     launch.upload()
-    with pytest.raises(RuntimeError, match="CUDA_ERROR_MISALIGNED_ADDRESS"):
-        launch.enqueue()
+    launch.enqueue()
+    with pytest.raises(RuntimeError, match="cuStreamSynchronize.*CUDA_ERROR_MISALIGNED_ADDRESS"):
+        launch.check()
+    assert "input 'x' starts at 0x" in driver.why()
     with pytest.raises(RuntimeError, match="CUDA_ERROR_MISALIGNED_ADDRESS"):
         kernel.run(x=np.ones((3, 64), np.float32), z=np.ones((3, 64), np.float32))
 

@@ -291,7 +291,7 @@ class _CAIArray:
     def __init__(self, fake, shape, typestr):
         self.shape = shape
         size = int(np.prod(shape)) * np.dtype(typestr).itemsize
-        self.pointer = fake.cuMemAlloc(size)[1]
+        self.pointer = int(fake.cuMemAlloc(size)[1])  # a CUdeviceptr from cuda-bindings
         self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr,
                                          "data": (self.pointer, False), "version": 3}
 
@@ -306,7 +306,7 @@ class _DLPackArray:
         from etc.runtime.cuda_arrays import _DLTensor
 
         itemsize = bits // 8
-        self.pointer = fake.cuMemAlloc(int(np.prod(shape)) * itemsize)[1]
+        self.pointer = int(fake.cuMemAlloc(int(np.prod(shape)) * itemsize)[1])
         self._shape = (ctypes.c_int64 * len(shape))(*shape)
         self._strides = (ctypes.c_int64 * len(shape))(*strides) if strides else None
 

@@ -10,6 +10,7 @@ dies or hangs is an error on every other rank, not a hang, and the `etc`
 command on two ranks (generate, chat, a served model losing a rank)."""
 
 import importlib
+import json
 import os
 import re
 import shutil
@@ -242,24 +243,54 @@ def test_nvshmem_runtime_on_the_fake_driver(schedule, tmp_path):
     NVSHMEM runtime on the fake CUDA driver and fake NVSHMEM: bootstrap,
     symmetric block, link, module initialisation, meetings and checks as
     on GPUs, the kernels played by the CPU build of the same program over
-    an MPI window; all_gather + matmul and matmul + reduce_scatter match
-    NumPy, also saved and loaded."""
+    an MPI window, every put held until its CTA's flush; all_gather +
+    matmul and matmul + reduce_scatter match NumPy, also saved and loaded,
+    and on a non-blocking stream with a new symmetric block (whose zeroing
+    once raced with the stream's g_init). A program without the quiet
+    before its notifies (flushes that deliver nothing) faults, saying that
+    the notify overtook the puts."""
     result, output = _launch(2, "nvshmem_fake.py", schedule, env_extra={"ETC_TEST_DIR": str(tmp_path)})
     assert result.returncode == 0, output
     for rank in range(2):
-        assert f"rank {rank}: nvshmem fake: 5 checks passed" in output, output
+        assert f"rank {rank}: nvshmem fake: 6 checks passed" in output, output
+        assert f"rank {rank}: without quiet: RuntimeError: kernel execution (ag_mm_worker) " \
+            "failed: CUDA_ERROR_LAUNCH_FAILED" in output, output
+    assert "puts of the same CTA to that rank were not completed (no nvshmem_quiet between " \
+        "them): the notify may overtake the data" in output, output
 
 
-def test_nvshmem_runtime_rank_that_stays_away(tmp_path):
-    """Rank 1 of 2 does not come to a run: rank 0's NVSHMEM runtime raises
-    DistributedError at its first meeting within about its 1 s watchdog,
-    instead of launching a worker that would wait for rank 1 forever."""
-    result, output = _launch(2, "nvshmem_fake.py", "static", "hang",
+def test_fake_nvshmem_holds_the_program_to_nvshmem_rules(tmp_path):
+    """The fake NVSHMEM refuses what NVSHMEM on GPUs would trip over: a
+    collective whose source or destination is private memory or runs past
+    its symmetric block, a second free, a put outside the heap, a notify
+    that overtakes its CTA's puts and puts never completed; and a
+    collective on a non-blocking stream has not run when its result is
+    read without waiting for the stream (the old values come back, and the
+    wait then reports the race)."""
+    result, output = _launch(2, "nvshmem_fake.py", "static", "rules",
                              env_extra={"ETC_TEST_DIR": str(tmp_path)})
-    line = re.search(r"rank 0: (\w+) after ([0-9.]+) s: (.*)", output)
-    assert line, output
-    assert line.group(1) == "DistributedError" and float(line.group(2)) < 10, output
-    assert "did not start run of ag_mm" in line.group(3), output
+    assert result.returncode == 0, output
+    symmetric = "does not lie in one block of the symmetric heap"
+    for rank in range(2):
+        said = json.loads((tmp_path / f"rules-{rank}.json").read_text())
+        for what in ("fcollect from private memory", "fcollect into private memory",
+                     "reduce-scatter past its block"):
+            assert said[what].startswith("NvshmemError: ") and symmetric in said[what], said
+        assert "freed already" in said["a second free"], said
+        assert said["a put outside the heap"] == "status 12", said
+        violations = said["violations"]
+        assert len(violations) == 3, violations
+        assert "a put of 16 bytes" in violations[0] and \
+            "outside every block of the symmetric heap" in violations[0]
+        assert "a notify of rank" in violations[1] and \
+            "not completed (no nvshmem_quiet between them)" in violations[1]
+        assert "the worker ended with 1 puts never completed" in violations[2]
+        ones, twos = [1] * 8, [2] * 8
+        assert said["after the stream"] == ones + twos, said
+        assert said["without waiting"] == ones + twos, said  # not 7s and 14s yet
+        assert said["the wait after the early read"].startswith(
+            "RaceError: fake CUDA driver: a race: cuMemcpyDtoH on the legacy stream and "
+            "nvshmemx_bfloat16_fcollect_on_stream"), said
 
 
 # ----------------------------------------------------------------------
