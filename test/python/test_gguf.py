@@ -371,9 +371,11 @@ def test_errors_name_the_key_tensor_or_type(tmp_path):
                       metadata={"qwen3.rope.dimension_count": 8})
     with pytest.raises(models.UnsupportedConfigError, match="partial rotary"):
         GGUFCheckpoint(path)
-    # A type ETC does not load (Q5_0), named with the tensor.
-    path = write_gguf(tmp_path / "q5.gguf", qwen3, tensor_type="Q5_0")
-    with pytest.raises(GGUFError, match="'token_embd.weight' .token embeddings. has type Q5_0"):
+    # A type ETC does not load (I8), named with the tensor.
+    embedding = np.zeros((qwen3["vocab_size"], qwen3["hidden_size"]), np.uint8)
+    path = write_gguf(tmp_path / "i8.gguf", qwen3, drop=("token_embd.weight",),
+                      raw_tensors={"token_embd.weight": (embedding, "I8")})
+    with pytest.raises(GGUFError, match="'token_embd.weight' .token embeddings. has type I8"):
         GGUFCheckpoint(path).weights()
     # A tensor of the wrong shape, named with the shape the metadata implies.
     tensors = checkpoint_tensors(qwen3)

@@ -19,7 +19,7 @@ KIT = Path(__file__).resolve().parents[2] / "kit"
 #: (the package's __init__) is the compiler's public face, above the
 #: compiler and below everything built on it.
 LAYERS = [
-    ("bindings and NumPy references", ["etc._etc", "etc.dialects", "etc.bfloat16",
+    ("bindings and NumPy references", ["etc._etc", "etc.dialects", "etc.bfloat16", "etc.packed",
                                        "etc.binding", "etc.reference", "etc.reference_llm",
                                        "etc.reference_sampling"]),
     ("runtime", ["etc.runtime"]),

@@ -280,7 +280,8 @@ _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3",
 
 
 def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_type: str = "F32",
-               tensors: Optional[dict] = None, tokenizer=None, pre: str = "qwen2",
+               fallback_type: str = "F32", tensors: Optional[dict] = None, tokenizer=None,
+               pre: str = "qwen2",
                chat_template: Optional[str] = None, eos_token: Optional[str] = None,
                bos_token: Optional[str] = None, add_bos_token: bool = False,
                rope_freqs: Optional[np.ndarray] = None, drop: tuple = (),
@@ -290,9 +291,13 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     llama.cpp's converter lays it out: its metadata keys and tensor names,
     Llama's Q and K rows permuted, experts stacked (E, out, in).
 
-    `tensor_type` ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1") is that of
-    every matrix whose rows split into whole blocks (the others, and the
-    norms, stay F32, as the converter keeps them). `tokenizer` (a
+    `tensor_type` ("F32", "F16", "BF16", or a packed format of
+    `etc.packed`: "Q8_0", "Q4_K", ...) is that of every matrix whose rows
+    split into whole blocks; the others take `fallback_type` where their
+    rows split into its blocks (as llama.cpp's quantizer falls back, e.g.
+    Q4_K to Q5_0), else stay F32, as the norms do. Formats the gguf
+    package cannot write (the K-quants, IQ4_NL) are packed by
+    `etc.packed.quantize`. `tokenizer` (a
     `tokenizers.Tokenizer` with a byte-level BPE model) goes into the
     metadata as a "gpt2" tokenizer with `pre`-tokenizer name `pre`, its
     special added tokens as control tokens; `eos_token`, `bos_token` name
@@ -310,8 +315,20 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or h // heads
-    qtype = gguf.GGMLQuantizationType[tensor_type]
-    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    from .. import packed
+
+    def quantized(array, kind):
+        """`array` as GGUF tensor data of type `kind`, or None when its rows
+        are not whole blocks of it."""
+        qtype = gguf.GGMLQuantizationType[kind]
+        if kind == "F32" or array.ndim < 2 or array.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+            return None
+        if kind == "F16":
+            return array.astype(np.float16), None
+        try:
+            return gguf.quants.quantize(array, qtype), qtype
+        except NotImplementedError:
+            return packed.quantize(array, kind.lower()), qtype
 
     def permute(w, n):
         # llama.cpp's converter: each head's rotary halves interleaved.
@@ -377,12 +394,11 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         if name in drop:
             continue
         array = np.asarray(array, np.float32)
-        if tensor_type == "F16" and array.ndim >= 2:
-            writer.add_tensor(name, array.astype(np.float16))
-        elif array.ndim >= 2 and array.shape[-1] % block == 0 and tensor_type != "F32":
-            writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
-        else:
+        data = quantized(array, tensor_type) or quantized(array, fallback_type)
+        if data is None:
             writer.add_tensor(name, array)
+        else:
+            writer.add_tensor(name, data[0], raw_dtype=data[1])
     for name, (raw, kind) in (raw_tensors or {}).items():
         writer.add_tensor(name, np.asarray(raw, np.uint8),
                           raw_dtype=gguf.GGMLQuantizationType[kind])

@@ -1,5 +1,5 @@
-"""GGUF files (llama.cpp's format) as checkpoints, read with the `gguf`
-package (the llama.cpp project's own reader).
+"""GGUF files (llama.cpp's format) as checkpoints, read by
+`gguf_file.GGUFFile` with the `gguf` package's type numbers.
 
 A GGUF file holds, in one file, what a Hugging Face directory spreads over
 config.json, the safetensors shards and tokenizer.json: key/value metadata
@@ -11,9 +11,9 @@ possibly quantized in blocks.
 `GGUFCheckpoint` turns that into what `Model` takes from a `Checkpoint`:
 `.config` (a `ModelConfig`, built from the metadata through the same
 validation as a config.json), `.weights()` (the step graph's weights,
-dequantized to float32, in Hugging Face's layouts, with llama.cpp's row
-permutation of Llama's Q and K projections undone), `.path`, plus the
-tokenizer and end-of-sequence ids of the metadata.
+dequantized to float32 by `etc.packed`, in Hugging Face's layouts, with
+llama.cpp's row permutation of Llama's Q and K projections undone),
+`.path`, plus the tokenizer and end-of-sequence ids of the metadata.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .checkpoint import CheckpointError, MissingTensorError
+from ... import bfloat16, packed
+from .checkpoint import MissingTensorError
 from .config import ModelConfig, UnsupportedConfigError
+from .gguf_file import MAGIC, GGUFError, GGUFFile
 
 __all__ = ["GGUFCheckpoint", "GGUFError", "ARCHITECTURES", "TENSOR_TYPES", "PRE_TOKENIZERS",
            "is_gguf"]
@@ -33,8 +35,12 @@ __all__ = ["GGUFCheckpoint", "GGUFError", "ARCHITECTURES", "TENSOR_TYPES", "PRE_
 #: each is checked and built as.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "qwen3moe": "Qwen3MoeForCausalLM"}
-#: The tensor types loaded (dequantized to float32 at load).
-TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+#: The tensor types loaded: the float types, and every packed format of
+#: `etc.packed` (llama.cpp's Q4_K_M, Q5_K_M, Q6_K, Q8_0 and Q4_0 files hold
+#: no other).
+TENSOR_TYPES = ("F32", "F16", "BF16", *(f.ggml for f in packed.FORMATS.values()))
+#: The packed format of each quantized GGML type.
+_PACKED = {f.ggml: f.name for f in packed.FORMATS.values()}
 #: `tokenizer.ggml.pre` values of byte-level BPE ("gpt2") tokenizers, and the
 #: split llama.cpp applies before byte-level BPE for each (a regex, or
 #: "gpt2": GPT-2's own regex, or "smollm": digits apart, then GPT-2's).
@@ -49,12 +55,6 @@ PRE_TOKENIZERS = {"default": "gpt2", "gpt-2": "gpt2", "gpt2": "gpt2", "smollm": 
                   "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
 #: llama.cpp's token types (`tokenizer.ggml.token_type`).
 _CONTROL, _USER_DEFINED = 3, 4
-_MAGIC = b"GGUF"
-
-
-class GGUFError(CheckpointError):
-    """A file that is not a GGUF file ETC can read, or that holds something
-    (a tensor type, a tokenizer) ETC does not load."""
 
 
 def is_gguf(path) -> bool:
@@ -63,16 +63,7 @@ def is_gguf(path) -> bool:
     if not path.is_file():
         return False
     with open(path, "rb") as f:
-        return f.read(4) == _MAGIC
-
-
-def _gguf():
-    try:
-        import gguf
-    except ImportError as error:
-        raise ImportError(f"reading GGUF files needs the 'gguf' package (pip install gguf): "
-                          f"{error}") from None
-    return gguf
+        return f.read(4) == MAGIC
 
 
 class GGUFCheckpoint:
@@ -84,16 +75,9 @@ class GGUFCheckpoint:
             raise GGUFError(f"{self.path}: no such file")
         if not is_gguf(self.path):
             raise GGUFError(f"{self.path}: not a GGUF file (it does not start with 'GGUF')")
-        gguf = _gguf()
-        try:
-            self._reader = gguf.GGUFReader(self.path, "r")
-        except (ValueError, IndexError, KeyError, OverflowError, TypeError) as error:
-            raise GGUFError(f"{self.path}: cannot read the GGUF file ({error})") from None
-        self.metadata: dict = {}
-        for name, field in self._reader.fields.items():
-            if not name.startswith("GGUF."):
-                self.metadata[name] = field.contents()
-        self._tensors = {t.name: t for t in self._reader.tensors}
+        self._file = GGUFFile(self.path)
+        self.metadata: dict = self._file.metadata
+        self._tensors = self._file.tensors
         self.architecture = self.metadata.get("general.architecture")
         if self.architecture not in ARCHITECTURES:
             raise UnsupportedConfigError(
@@ -155,7 +139,7 @@ class GGUFCheckpoint:
         if vocab is None and "tokenizer.ggml.tokens" in self.metadata:
             vocab = len(self.metadata["tokenizer.ggml.tokens"])
         if vocab is None and embedding is not None:
-            vocab = int(embedding.shape[-1])
+            vocab = int(embedding.shape[0])
         config["vocab_size"] = vocab
         key_length = self._key("attention.key_length")
         value_length = self._key("attention.value_length", key_length)
@@ -207,15 +191,14 @@ class GGUFCheckpoint:
 
     def dtypes(self) -> set[str]:
         """The GGML types of the file's tensors ("F32", "Q4_K", ...)."""
-        return {t.tensor_type.name for t in self._tensors.values()}
+        return {t.type for t in self._tensors.values()}
 
     def _check_shape(self, name: str, shape: tuple, what: str):
         entry = self._tensors.get(name)
         if entry is None:
             raise MissingTensorError(f"{self.path}: tensor {name!r} ({what}) is missing from "
                                      f"the GGUF file")
-        # GGUF lists dimensions innermost first; NumPy outermost first.
-        stored = tuple(int(n) for n in reversed(entry.shape.tolist()))
+        stored = entry.shape
         if stored != tuple(shape):
             raise GGUFError(f"{self.path}: tensor {name!r} ({what}) has shape {stored}, "
                             f"expected {tuple(shape)} from the metadata")
@@ -225,12 +208,33 @@ class GGUFCheckpoint:
         """Tensor `name` as a float32 array of `shape` (NumPy order),
         dequantized; errors name the tensor and `what` it is for."""
         entry = self._check_shape(name, shape, what)
-        kind = entry.tensor_type.name
+        kind = entry.type
         if kind not in TENSOR_TYPES:
             raise GGUFError(f"{self.path}: tensor {name!r} ({what}) has type {kind}, which ETC "
                             f"does not load; supported: {', '.join(TENSOR_TYPES)}")
-        values = _gguf().quants.dequantize(entry.data, entry.tensor_type)
+        raw = self._file.raw(name)
+        if kind in _PACKED:
+            self._check_blocks(name, what, raw, _PACKED[kind])
+        if kind == "F32":
+            values = raw.view(np.float32)
+        elif kind == "F16":
+            values = raw.view(np.float16).astype(np.float32)
+        elif kind == "BF16":
+            values = bfloat16.from_bits(raw.view(np.uint16))
+        else:
+            values = packed.dequantize(raw, _PACKED[kind])
         return np.ascontiguousarray(values.reshape(shape), dtype=np.float32)
+
+    def _check_blocks(self, name: str, what: str, raw: np.ndarray, dtype: str) -> None:
+        """Raises GGUFError naming the tensor when a block's scale is not
+        finite (a damaged file: the whole block would be NaN)."""
+        bad = packed.first_bad_block(raw, dtype)
+        if bad is not None:
+            f = packed.FORMATS[dtype]
+            per_row = raw.shape[-1] // f.nbytes
+            raise GGUFError(f"{self.path}: tensor {name!r} ({what}, {f.ggml}) has a non-finite "
+                            f"scale in block {bad % per_row} of row {bad // per_row}: the file "
+                            f"is damaged")
 
     def weights(self, progress: Optional[Callable[[int, int], None]] = None
                 ) -> dict[str, np.ndarray]:
