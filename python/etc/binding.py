@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import packed
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -51,17 +53,21 @@ SUPPLIED = ("input", "state")
 #: The NumPy dtype of an input of each ETC dtype (bf16: float32 values,
 #: rounded when copied; see `check_input_dtype` for its bit patterns).
 INPUT_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
-                "bf16": np.dtype(np.float32), "i32": np.dtype(np.int32)}
+                "bf16": np.dtype(np.float32), "i32": np.dtype(np.int32),
+                **{name: np.dtype(np.uint8) for name in packed.FORMATS}}
 
 
 def check_input_dtype(name: str, arg, array: np.ndarray) -> None:
     """Input `arg` takes arrays of its user dtype (float32 for bf16, rounded
     when copied) or, for bf16, uint16 arrays of bf16 bit patterns, used as
-    they are (weights converted once, not at every run)."""
+    they are (weights converted once, not at every run). A packed weight
+    (a format of `etc.packed`) takes its blocks, a uint8 array."""
     want = INPUT_DTYPES[arg.dtype]
     if array.dtype == want or (arg.dtype == "bf16" and array.dtype == np.uint16):
         return
     also = " or uint16 bf16 bit patterns" if arg.dtype == "bf16" else ""
+    if packed.is_packed(arg.dtype):
+        also = f" (the {arg.dtype} blocks, as etc.packed.quantize or a GGUF file gives them)"
     raise TypeError(f"input {name!r} has dtype {array.dtype}, expected {want}{also} for "
                     f"{arg.dtype} (inputs are not cast implicitly)")
 
@@ -100,16 +106,22 @@ def bind_symbols(arguments: Sequence, shapes: Mapping[str, tuple], *,
         if arg.kind not in SUPPLIED:
             continue
         shape = tuple(shapes[arg.name])
-        if len(shape) != len(arg.shape):
+        declared_shape = tuple(arg.shape)
+        stored = ""
+        if packed.is_packed(arg.dtype):
+            # A packed weight's array is its blocks: the last dimension in bytes.
+            declared_shape = packed.storage_shape(declared_shape, arg.dtype)
+            stored = f", stored as {declared_shape} bytes of {arg.dtype} blocks"
+        if len(shape) != len(declared_shape):
             raise ValueError(
                 f"{arg.kind} {arg.name!r} has rank {len(shape)} (shape {shape}), "
-                f"expected rank {len(arg.shape)} for shape {arg.shape}")
-        for dim, (size, declared) in enumerate(zip(shape, arg.shape)):
+                f"expected rank {len(arg.shape)} for shape {arg.shape}{stored}")
+        for dim, (size, declared) in enumerate(zip(shape, declared_shape)):
             if isinstance(declared, int):
                 if size != declared:
                     raise ValueError(
                         f"{arg.kind} {arg.name!r} dim {dim} is {size}, expected {declared} "
-                        f"(shape {arg.shape})")
+                        f"(shape {arg.shape}{stored})")
             elif declared in symbols and symbols[declared] != size:
                 raise ValueError(
                     f"symbol {declared!r} is bound to {symbols[declared]} by input "

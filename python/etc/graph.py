@@ -17,6 +17,10 @@ Conventions of the recorded values:
   `i32` tensors; users may declare `i32` inputs (token ids, positions,
   lengths), which only the operators that take indices accept: every other
   operator rejects integer operands;
+* a *packed* input (dtype a block format of `etc.packed`: "q8_0", "q4_k",
+  ...) is a weight stored in its blocks, of shape (..., K) with K whole
+  blocks: only `matmul`'s `b` (with `transpose_b`) and `embedding`'s
+  table take one, and dequantize it in their tiles;
 * a *state* buffer (`state()`, e.g. a KV cache) is passed like an input but
   holds data that outlives one run: the caller's array is the buffer, and
   operators that update it (`kv_append`) write it in place, ordered with
@@ -29,7 +33,7 @@ from typing import Optional, Sequence
 
 from mlir import ir
 
-from . import ops
+from . import ops, packed
 from .graph_collective import CollectiveOperators
 from .graph_llm import LLMOperators, RaggedBatch
 from .graph_to_mlir import build_module
@@ -43,9 +47,9 @@ __all__ = ["Argument", "CeilDiv", "Graph", "Symbol", "Tensor", "Operation", "Rag
 
 #: The element types of the tensors floating-point operators take.
 DTYPES = ("f32", "f16", "bf16")
-#: The element types an input may have: the float types and `i32` for
-#: indices (token ids, positions, lengths).
-INPUT_DTYPES = DTYPES + (INDEX_DTYPE,)
+#: The element types an input may have: the float types, `i32` for
+#: indices (token ids, positions, lengths) and the packed weight formats.
+INPUT_DTYPES = DTYPES + (INDEX_DTYPE,) + tuple(packed.FORMATS)
 #: The element types a state buffer may have: those whose storage NumPy can
 #: hold, so that the caller's array is the buffer (bf16 as a uint16 array of
 #: bf16 bit patterns, like bf16 weights).
@@ -162,10 +166,21 @@ class Graph(LLMOperators, CollectiveOperators):
     def input(self, name: str, shape: Sequence[Dim], dtype: str = "f32") -> Tensor:
         """Declares an input buffer. Dims are ints, `Symbol`s or symbol names.
         `dtype` is "f32", "f16", "bf16", or "i32" for indices (token ids,
-        positions, lengths), which only index-taking operators accept."""
+        positions, lengths), which only index-taking operators accept, or a
+        packed weight format of `etc.packed` ("q8_0", "q4_k", ...): a 2-D
+        weight (N, K), K a static multiple of the format's block, whose
+        array is the blocks (uint8 (N, bytes of K values), as a GGUF file
+        stores them); `matmul` (as `b`, with `transpose_b`) and
+        `embedding` (as the table) read it."""
         what = f"input '{name}'"
         self._check_dtype(what, dtype, INPUT_DTYPES)
         shape = self._check_shape(what, shape)
+        if packed.is_packed(dtype):
+            block = packed.FORMATS[dtype].block
+            if len(shape) != 2 or not isinstance(shape[1], int) or shape[1] % block:
+                raise ValueError(f"{what}: a {dtype} weight is 2-D (N, K) with K a static "
+                                 f"multiple of its block of {block} values, got shape "
+                                 f"{format_shape(shape)}")
         return self._new_tensor(self._claim_name("input", name), shape, dtype, "input")
 
     def state(self, name: str, shape: Sequence[Dim], dtype: str = "f32") -> Tensor:
@@ -328,7 +343,8 @@ class Graph(LLMOperators, CollectiveOperators):
         self._kind_counts[kind] = k + 1
         return f"{kind}_{k}"
 
-    def _check_operand(self, kind: str, role: str, t, ranks: tuple = (1, 2)) -> Tensor:
+    def _check_operand(self, kind: str, role: str, t, ranks: tuple = (1, 2),
+                       packed_ok: bool = False) -> Tensor:
         if not isinstance(t, Tensor):
             raise ValueError(f"{kind}: operand '{role}' must be a Tensor, got {t!r}")
         if t.graph is not self:
@@ -338,7 +354,11 @@ class Graph(LLMOperators, CollectiveOperators):
             raise ValueError(
                 f"{kind}: operand '{role}' reads tensor '{t.name}' before anything writes it "
                 f"(a cycle or an unproduced read)")
-        if t.dtype not in DTYPES:
+        if packed.is_packed(t.dtype) and not packed_ok:
+            raise ValueError(f"{kind}: {describe(role, t)} is a packed weight; only matmul's "
+                             f"'b' (with transpose_b) and embedding's 'table' read packed "
+                             f"weights")
+        if t.dtype not in DTYPES and not packed.is_packed(t.dtype):
             raise ValueError(f"{kind}: {describe(role, t)} is an integer tensor; the operator "
                              f"takes {', '.join(DTYPES)} tensors")
         if t.rank not in ranks:
@@ -419,14 +439,24 @@ class Graph(LLMOperators, CollectiveOperators):
         tiles that compute it: the same values as `add(residual, matmul(a,
         b))` (the product is rounded to C's dtype first), without a task
         and a synchronisation of its own (a transformer layer's residual
-        connections)."""
+        connections).
+
+        `b` may be a packed weight (N, K) (`input` with a format of
+        `etc.packed`) with `transpose_b`: C takes A's dtype, and the tiles
+        read the blocks (see docs/operators.md, "Packed weights")."""
         kind = "matmul"
         self._check_operand(kind, "a", a)
-        self._check_operand(kind, "b", b)
+        self._check_operand(kind, "b", b, packed_ok=True)
         if a.rank != 2 or b.rank != 2:
             raise ValueError(f"{kind}: expects 2-D operands, got {describe('a', a)} and "
                              f"{describe('b', b)}")
-        dtype = self._same_dtype(kind, [("a", a), ("b", b)])
+        if packed.is_packed(b.dtype):
+            if not transpose_b:
+                raise ValueError(f"{kind}: {describe('b', b)} is a packed weight, stored by "
+                                 f"rows of K values: it is read as B^T (transpose_b=True)")
+            dtype = a.dtype
+        else:
+            dtype = self._same_dtype(kind, [("a", a), ("b", b)])
         m, k = a.shape
         kb, n = (b.shape[1], b.shape[0]) if transpose_b else b.shape
         if k is not kb and k != kb:

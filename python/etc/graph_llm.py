@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from . import packed
 from .graph_values import CeilDiv, Operation, Symbol, Tensor, describe, same_dim
 from .ops.base import DEFAULT_ROWS, INDEX_DTYPE
 
@@ -186,19 +187,30 @@ class LLMOperators:
 
     # -- operators -------------------------------------------------------
 
-    def embedding(self, table, ids, *, tile=None, name: Optional[str] = None):
+    def embedding(self, table, ids, *, tile=None, name: Optional[str] = None,
+                  dtype: Optional[str] = None):
         """out[i] = table[ids[i]]: rows of `table` (V, H) gathered by the i32
         `ids` (N,); result (N, H) in the table's dtype. Ids outside [0, V)
         give zero rows. Gathers token embeddings, and the last token's
         hidden state of each request (ids = `batch.request_last`).
-        `tile=(m,)` sets the ids per tile (default 32)."""
+        `tile=(m,)` sets the ids per tile (default 32). A packed table (a
+        format of `etc.packed`) gives rows dequantized to `dtype` (f32,
+        f16 or bf16; required for a packed table)."""
         kind = "embedding"
-        self._check_operand(kind, "table", table, ranks=(2,))
+        self._check_operand(kind, "table", table, ranks=(2,), packed_ok=True)
         self._check_index(kind, "ids", ids)
         tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), ids.shape)
         shape = (ids.shape[0], table.shape[1])
-        return self._finish(kind, [("table", table), ("ids", ids)], shape, table.dtype, tile,
-                            {}, None, name)
+        if packed.is_packed(table.dtype):
+            if dtype not in ("f32", "f16", "bf16"):
+                raise ValueError(f"{kind}: {describe('table', table)} is a packed weight: "
+                                 f"dtype= must name the rows' dtype (f32, f16 or bf16), got "
+                                 f"{dtype!r}")
+        elif dtype not in (None, table.dtype):
+            raise ValueError(f"{kind}: dtype={dtype!r} differs from the table's "
+                             f"{table.dtype}; only a packed table's rows take another dtype")
+        return self._finish(kind, [("table", table), ("ids", ids)], shape,
+                            dtype or table.dtype, tile, {}, None, name)
 
     def rope(self, x, positions, *, head_dim: int, theta: float = 10000.0, inv_freq=None,
              tile=None, name: Optional[str] = None):

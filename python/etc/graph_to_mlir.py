@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 from mlir import ir
 from mlir.dialects import affine, arith, func
 
-from . import ops
+from . import ops, packed
 from .dialects import event
 from .graph_values import CeilDiv, Dim, Operation, Tensor
 from .ops.base import element_type
@@ -72,7 +72,14 @@ class GraphBuilder:
         self.events: dict = {}
 
     def memref_type(self, t: Tensor) -> ir.MemRefType:
+        """A tensor's buffer type: its shape and element type, or for a
+        packed weight (a format of `etc.packed`) its blocks as bytes,
+        (..., bytes per row) of i8."""
         dyn = ir.ShapedType.get_dynamic_size()
+        if packed.is_packed(t.dtype):
+            shape = packed.storage_shape(t.shape, t.dtype)
+            return ir.MemRefType.get([d if isinstance(d, int) else dyn for d in shape],
+                                     ir.IntegerType.get_signless(8))
         return ir.MemRefType.get([d if isinstance(d, int) else dyn for d in t.shape],
                                  element_type(t.dtype))
 
@@ -175,15 +182,16 @@ class GraphBuilder:
         """The function of `kernel` for `op`'s tile, created on first use.
 
         Two tasks share a function when they have the same kernel, operator
-        kind, parameters and tile, and buffers of the same types aliased
-        alike: the function depends on nothing else (it takes its buffers
+        kind, parameters and tile, and buffers of the same types and dtypes
+        aliased alike: the function depends on nothing else (it takes its buffers
         and tile indices as arguments), so identical layers share one."""
         types = [self.memref_type(t) for t in tensors]
         # A kernel reads a buffer passed twice (add(x, x)) through its first
         # parameter, so which parameters alias is part of what it computes.
         aliases = tuple(next(j for j, u in enumerate(tensors) if u is t) for t in tensors)
+        # The dtypes too: packed formats of equal row bytes share a buffer type.
         key = (kernel, op.kind, tuple(sorted(op.params.items())), op.tile,
-               tuple(str(t) for t in types), aliases)
+               tuple(str(t) for t in types), tuple(t.dtype for t in tensors), aliases)
         if key in self.kernels:
             return self.kernels[key]
         stem = f"{self.g.name}_tile_{kernel.name(op)}"

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Format", "FORMATS", "IQ4_NL_VALUES", "is_packed", "storage_shape", "row_bytes",
-           "dequantize", "quantize", "check_storage", "first_bad_block"]
+           "dequantize", "quantize", "quantize_activations", "check_storage",
+           "first_bad_block"]
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,22 @@ def dequantize(raw, dtype: str, shape=None) -> np.ndarray:
     blocks = np.ascontiguousarray(raw).reshape(-1, f.nbytes)
     values = _dequantize_blocks(blocks, dtype).reshape(out_shape)
     return values if shape is None else values.reshape(shape)
+
+
+def quantize_activations(x) -> np.ndarray:
+    """What the CPU's packed matmul kernels multiply a packed weight with:
+    each block of 32 values of float32 `x` (..., K) rounded to q d, where
+    d = max|x| / 127 and q = roundeven(x * (127 / max|x|)) (-127 .. 127;
+    0 for a block of zeros), as float32. The kernels' product is that of
+    these values and the dequantized weight, up to float32 rounding; the
+    widened product differs by at most sum_k |w_k| d(k) / 2."""
+    x = np.asarray(x, np.float32)
+    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    largest = np.abs(blocks).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(largest > 0, np.float32(127) / largest, np.float32(0))
+    q = np.rint(blocks * inverse.astype(np.float32))
+    return (q * (largest / np.float32(127))).astype(np.float32).reshape(x.shape)
 
 
 # ----------------------------------------------------------------------

@@ -43,7 +43,7 @@ import numpy as np
 
 from types import SimpleNamespace
 
-from . import bfloat16, reference_llm
+from . import bfloat16, packed, reference_llm
 from .binding import INPUT_DTYPES, check_input_dtype, check_input_names, dim_value
 from .binding import bind_symbols as _bind_shapes
 
@@ -274,7 +274,12 @@ def evaluate(g, /, **inputs) -> list[np.ndarray]:
         if arg["kind"] in ("input", "state"):
             # A copy for states: operators replace their value, which is
             # written back into the caller's array at the end.
-            env[arg["name"]] = np.array(_to_storage(inputs[arg["name"]], arg["dtype"]),
+            value = inputs[arg["name"]]
+            if packed.is_packed(arg["dtype"]):
+                # A packed weight means its dequantized values.
+                env[arg["name"]] = packed.dequantize(value, arg["dtype"])
+                continue
+            env[arg["name"]] = np.array(_to_storage(value, arg["dtype"]),
                                         copy=arg["kind"] == "state")
     with np.errstate(over="ignore", under="ignore"):
         for op in spec["operations"]:

@@ -25,6 +25,8 @@ from mlir import ir
 from mlir.dialects import arith, math, memref, scf, vector
 
 from ..dialects import event
+from ..packed import is_packed
+from .packed_loads import load_packed
 
 if TYPE_CHECKING:
     from ..graph_values import Operation, Tensor
@@ -248,6 +250,10 @@ class TileKernel:
     # -- memory ----------------------------------------------------------
 
     def load(self, t: "Tensor", idx: list) -> ir.Value:
+        """Element `idx` of `t` as f32 (or i32 for an index tensor); a
+        packed weight's element dequantized (`packed_loads`)."""
+        if is_packed(t.dtype):
+            return load_packed(self, t, idx)
         v = memref.load(self.buf(t), idx)
         return v if t.dtype in ("f32", INDEX_DTYPE) else arith.extf(self.f32, v)
 

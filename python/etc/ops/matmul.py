@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..packed import is_packed
 from .base import TaskBuilder, box, tile_offset
 from .matmul_cpu import MatmulCPU
 from .matmul_gemv import MatmulSkinny, MatmulSkinnyT
 from .matmul_mma import MatmulMMA
+from .matmul_packed import choose_packed
 from .matmul_scalar import Matmul
 
 KINDS = ("matmul",)
@@ -78,6 +80,8 @@ class MatmulMMASkinnyT(MatmulMMA, MatmulSkinnyT):
 
 def choose_kernel(op, target) -> type:
     """The matmul kernel for `op` on `target`."""
+    if is_packed(op.operands[1].dtype):
+        return choose_packed(op, target)
     if target.kind == "cpu" and MatmulCPU.applies(op):
         return MatmulCPU
     if MatmulMMA.applies(op, target):
@@ -97,9 +101,11 @@ def choose_kernel(op, target) -> type:
 
 
 def build_tasks(b: TaskBuilder, op) -> None:
+    if is_packed(op.operands[1].dtype):
+        choose_packed(op, b.target)  # refuses targets without packed kernels first
     if b.target.kind == "cpu" and not op.user_tile:
         op = dataclasses.replace(op, tile=MatmulCPU.tile_for(op, b.target))
-    elif b.target.gpu_kernels and not op.user_tile:
+    elif b.target.gpu_kernels and not op.user_tile and not is_packed(op.operands[1].dtype):
         # Known rows of 16 or more: tiles for the tensor cores. Otherwise
         # the GEMV's (decode first), which the tensor cores also take.
         wide = dataclasses.replace(op, tile=MatmulMMA.tile_for(op, b.target))

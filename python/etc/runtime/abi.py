@@ -18,12 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..packed import FORMATS
 from .ranges import RAGGED_LAYOUTS, IndexRange
 
 #: Kinds of graph argument, in the order they appear.
 ARGUMENT_KINDS = ("symbol", "input", "state", "output", "intermediate")
-#: Element types of buffers ("index" for symbols).
-DTYPES = ("f32", "f16", "bf16", "i32", "index")
+#: Element types of buffers ("index" for symbols, and the packed weight
+#: formats of `etc.packed`).
+DTYPES = ("f32", "f16", "bf16", "i32", "index", *FORMATS)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ import numpy as np
 from .. import bfloat16
 from ..binding import (bind_symbols, check_input_dtype, check_input_names, concrete_shape,
                        out_items)
+from ..packed import FORMATS
 from .ranges import check as check_index_ranges
 from . import layout, workers
 from .workers import adapting_enabled
@@ -54,7 +55,7 @@ from .trace import Trace
 #: NumPy storage of each ETC dtype. bf16 has no NumPy type: it is stored as the
 #: upper 16 bits of float32 (see `to_storage` / `from_storage`).
 _STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16),
-            "i32": np.dtype(np.int32)}
+            "i32": np.dtype(np.int32), **{name: np.dtype(np.uint8) for name in FORMATS}}
 
 
 def check_state(arg, array) -> np.ndarray:

@@ -1,0 +1,389 @@
+"""Matmul with a packed weight: C = A @ B^T where B (N, K) is stored in a
+block format of `etc.packed` (the matmul family's `b` with an `etc.packed`
+dtype; see docs/operators.md, "Packed weights").
+
+The tasks, tiles, footprints and events are the matmul's (`matmul.py`):
+only the tile reads B's blocks instead of its values.
+
+Kernels:
+* generic, and formats without a vector kernel: the scalar tile
+  (`matmul_scalar.Matmul`), whose loads of B dequantize each value
+  (`packed_loads`) and accumulate in f32: the widened weights' product up
+  to the order of the sums;
+* cpu (`MatmulPackedCPU`): int8 dot products, as llama.cpp computes on
+  the CPU. The tile first quantizes its rows of A into a stack panel:
+  each block of 32 values gets d = max|x| / 127 and q = round(x / d)
+  (-127 .. 127, a float32 scale); then each (row, column) is a sum over
+  blocks of d_a d_b times the block's integer dot product, which AVX2
+  computes 32 products at a time (`vpsignb`, `vpmaddubsw`, `vpmaddwd`:
+  exact, the i16 pair sums stay below 2 x 128 x 127). The activations'
+  rounding is the only difference from the widened product: at most
+  d_a / 2 per value, so |C - C_widened| <= sum_k |w_k| d_a(k) / 2 (plus
+  float32 rounding), the bound the tests check.
+
+Why int8 rather than widening B to f32 FMAs: a C prototype of both on the
+2-core EPYC VM (x86-64-v3 code, 2 threads, a 100 MB Q8_0 weight, K = 576,
+the machine loaded by other work; best of 7) took 3.6-7.8 ms (int8) vs
+9.8-12.0 ms (f32 widening; 6.2 ms with block sums) at B = 1, 6.2-7.4 vs
+14.4-28.0 ms at B = 4 and 29.9-83.1 vs 72.0-102.4 ms at B = 16: widening
+costs 3 instructions per 8 weights and leaves decode short of the memory
+bandwidth (28 GB/s reached by int8). AVX-VNNI `vpdpbusd` on 256-bit
+vectors was no faster than `vpmaddubsw` + `vpmaddwd` there (4.0-6.2 ms at
+B = 1), and x86-64-v3, the default level, lacks it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mlir import ir
+from mlir.dialects import arith, llvm, math, memref, scf, vector
+
+from .. import packed
+from .matmul_scalar import Matmul
+from .packed_loads import _k_scale_min, load_half, signed_byte
+
+
+def _has_avx2() -> bool:
+    """Whether the CPU code is compiled for a level with AVX2 (the
+    kernel's `vpmaddubsw` path; the artifact records the level)."""
+    from ..runtime.isa import chosen
+
+    return chosen() in ("x86-64-v3", "x86-64-v4")
+
+
+def choose_packed(op, target) -> type:
+    """The kernel of matmul `op` whose `b` is packed, on `target`; raises
+    NotImplementedError on CUDA (no GPU kernels, and no device storage for
+    packed weights yet)."""
+    b = op.operands[1]
+    if target.kind == "cuda":
+        raise NotImplementedError(
+            f"matmul {op.name}: packed weight '{b.name}' ({b.dtype}) on the CUDA target: the GPU "
+            f"kernels for packed weights are not written yet (load the model with "
+            f"packed=False, or widen the weight)")
+    if target.kind == "cpu" and MatmulPackedCPU.applies(op):
+        return MatmulPackedCPU
+    return Matmul
+
+
+class MatmulPackedCPU(Matmul):
+    """C = A @ B^T with B packed, by int8 dot products over quantized
+    blocks of A (see the module docstring)."""
+
+    #: The formats this kernel reads.
+    FORMATS = tuple(packed.FORMATS)
+    #: Values per block of quantized activations.
+    BLOCK = 32
+    #: Rows of A and columns of C each micro-kernel step shares loads over.
+    ROWS = 2
+    COLS = 4
+
+    @classmethod
+    def name(cls, op) -> str:
+        return f"matmul_{op.operands[1].dtype}_cpu"
+
+    @classmethod
+    def applies(cls, op) -> bool:
+        return op.operands[1].dtype in cls.FORMATS
+
+    def emit(self) -> None:
+        op, out = self.op, self.op.result
+        a = op.operands[0]
+        tm, tn = op.tile
+        self.k = a.shape[1]
+        self.blocks = self.k // self.BLOCK
+        self.i8 = ir.IntegerType.get_signless(8)
+        self.i16 = ir.IntegerType.get_signless(16)
+        self.i32 = ir.IntegerType.get_signless(32)
+        self.avx2 = _has_avx2()
+        r0, rows = self.row_block(out, tm)
+        c0 = arith.muli(self.ti[1], self.cidx(tn))
+        cols = self.extent(out, 1, c0, tn)
+        self.panel = self.entry_alloca(ir.MemRefType.get([tm, self.k], self.i8))
+        self.scales = self.entry_alloca(ir.MemRefType.get([tm, self.blocks], self.f32))
+        #: Formats whose values have a minimum need each block's sum of q.
+        self.has_minimum = op.operands[1].dtype in ("q4_1", "q5_1", "q4_k", "q5_k")
+        self.sums = self.entry_alloca(ir.MemRefType.get([tm, self.blocks], self.f32)) \
+            if self.has_minimum else None
+        self.quantize_rows(r0, rows)
+        pairs = arith.divui(rows, self.cidx(self.ROWS))
+        loop = scf.ForOp(self.cidx(0), pairs, self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            local = arith.muli(loop.induction_variable, self.cidx(self.ROWS))
+            self.emit_columns(r0, local, self.ROWS, c0, cols)
+            scf.yield_([])
+        for count in range(1, self.ROWS):
+            left = arith.subi(rows, arith.muli(pairs, self.cidx(self.ROWS)))
+            branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, left, self.cidx(count)))
+            with ir.InsertionPoint(branch.then_block):
+                self.emit_columns(r0, arith.muli(pairs, self.cidx(self.ROWS)), count, c0, cols)
+                scf.yield_([])
+
+    # -- activations -------------------------------------------------------
+
+    def quantize_rows(self, r0, rows) -> None:
+        """The tile's rows of A as int8 blocks in the panel, each block's
+        scale d = max|x| / 127 beside them."""
+        a = self.op.operands[0]
+        half = self.BLOCK // 2
+        vtype = self.vtype(half)
+        each = scf.ForOp(self.cidx(0), rows, self.cidx(1))
+        with ir.InsertionPoint(each.body):
+            local = each.induction_variable
+            row = arith.addi(r0, local)
+            blocks = scf.ForOp(self.cidx(0), self.cidx(self.blocks), self.cidx(1))
+            with ir.InsertionPoint(blocks.body):
+                kb = blocks.induction_variable
+                start = arith.muli(kb, self.cidx(self.BLOCK))
+                parts = [self.vload(a, [row, arith.addi(start, self.cidx(h * half))], half)
+                         for h in range(2)]
+                largest = vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<maxnumf>"),
+                                           arith.maxnumf(math.absf(parts[0]),
+                                                         math.absf(parts[1])))
+                scale = arith.divf(largest, self.cf32(127.0))
+                positive = arith.cmpf(arith.CmpFPredicate.OGT, largest, self.cf32(0.0))
+                inverse = arith.select(positive, arith.divf(self.cf32(127.0), largest),
+                                       self.cf32(0.0))
+                memref.store(scale, self.scales, [local, kb])
+                total = None
+                for h, part in enumerate(parts):
+                    rounded = math.roundeven(arith.mulf(part, vector.broadcast(vtype, inverse)))
+                    q = arith.trunci(ir.VectorType.get([half], self.i8),
+                                     arith.fptosi(ir.VectorType.get([half], self.i32), rounded))
+                    vector.store(q, self.panel, [local, arith.addi(start, self.cidx(h * half))])
+                    if self.has_minimum:
+                        part_sum = self.vsum(rounded)  # integers: exact in any order
+                        total = part_sum if total is None else arith.addf(total, part_sum)
+                if self.has_minimum:
+                    memref.store(total, self.sums, [local, kb])
+                scf.yield_([])
+            scf.yield_([])
+
+    # -- products ----------------------------------------------------------
+
+    def emit_columns(self, r0, local, nrows: int, c0, cols) -> None:
+        """Rows `local` .. + nrows of the panel (rows r0 + local ...) times
+        the tile's columns: groups of COLS columns a quarter of the tile
+        apart (COLS long streams of B, as `MatmulCPU.emit_transposed`),
+        one column at a time when the columns do not divide so."""
+        ncols = self.COLS
+        strided = arith.cmpi(arith.CmpIPredicate.eq, arith.remui(cols, self.cidx(ncols)),
+                             self.cidx(0))
+        branch = scf.IfOp(strided, has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            step = arith.divui(cols, self.cidx(ncols))
+            groups = self.lane_loop(step)
+            with ir.InsertionPoint(groups.body):
+                first = arith.addi(c0, groups.induction_variable)
+                self.emit_dots(r0, local, nrows,
+                               [arith.addi(first, arith.muli(self.cidx(c), step))
+                                for c in range(ncols)])
+                scf.yield_([])
+            scf.yield_([])
+        with ir.InsertionPoint(branch.else_block):
+            singles = self.lane_loop(cols)
+            with ir.InsertionPoint(singles.body):
+                self.emit_dots(r0, local, nrows, [arith.addi(c0, singles.induction_variable)])
+                scf.yield_([])
+            scf.yield_([])
+
+    def emit_dots(self, r0, local, nrows: int, columns: list) -> None:
+        """C[r0 + local + r, column] for r < nrows and every column of
+        `columns`: per group of 32 values, the integer dot product of each
+        quantized row with the column's integer weights (`weight_groups`),
+        times both scales; formats with a minimum add its product with the
+        row's block sum."""
+        b = self.op.operands[1]
+        fmt = packed.FORMATS[b.dtype]
+        lanes, ncols = 8, len(columns)
+        rows = [arith.addi(local, self.cidx(r)) for r in range(nrows)]
+        pairs = [(r, c) for r in range(nrows) for c in range(ncols)]
+        accs = [self.vzero(lanes) for _ in pairs]
+        offsets = [self.cf32(0.0) for _ in pairs] if self.has_minimum else []
+        per_block = fmt.block // self.BLOCK
+        loop = scf.ForOp(self.cidx(0), self.cidx(self.k // fmt.block), self.cidx(1),
+                         accs + offsets)
+        with ir.InsertionPoint(loop.body):
+            sb = loop.induction_variable
+            carried = list(loop.inner_iter_args)
+            accs, offsets = carried[:len(pairs)], carried[len(pairs):]
+            base = arith.muli(sb, self.cidx(fmt.nbytes))
+            groups = [self.weight_groups(fmt, column, base) for column in columns]
+            for g in range(per_block):
+                block = arith.addi(arith.muli(sb, self.cidx(per_block)), self.cidx(g))
+                start = arith.muli(block, self.cidx(self.BLOCK))
+                xs = [vector.load(ir.VectorType.get([self.BLOCK], self.i8), self.panel,
+                                  [r, start]) for r in rows]
+                dxs = [memref.load(self.scales, [r, block]) for r in rows]
+                sums = [memref.load(self.sums, [r, block]) for r in rows] \
+                    if self.has_minimum else []
+                for c in range(ncols):
+                    weights, scale, minimum = groups[c][g]
+                    magnitudes = self.sign(weights, weights)
+                    for r in range(nrows):
+                        at = r * ncols + c
+                        dot = self.int8_dot(magnitudes, self.sign(xs[r], weights))
+                        if isinstance(scale.type, ir.VectorType):
+                            both = arith.mulf(scale, vector.broadcast(scale.type, dxs[r]))
+                        else:
+                            both = vector.broadcast(self.vtype(lanes), arith.mulf(scale, dxs[r]))
+                        accs[at] = vector.fma(arith.sitofp(self.vtype(lanes), dot), both,
+                                              accs[at])
+                        if minimum is not None:
+                            offsets[at] = math.fma(minimum, arith.mulf(dxs[r], sums[r]),
+                                                   offsets[at])
+            scf.yield_(accs + offsets)
+        results = list(loop.results)
+        for at, (r, c) in enumerate(pairs):
+            total = vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<add>"),
+                                     results[at],
+                                     fastmath=ir.Attribute.parse("#arith.fastmath<reassoc>"))
+            if self.has_minimum:
+                total = arith.addf(total, results[len(pairs) + at])
+            self.store(total, self.op.result, [arith.addi(r0, rows[r]), columns[c]])
+
+    # -- weights -------------------------------------------------------------
+
+    def weight_groups(self, fmt, column, base) -> list:
+        """The groups of 32 values of column `column`'s block at byte `base`
+        as (integer weights vector<32xi8>, scale, minimum): value j of the
+        group is scale * weights[j] + minimum, where the scale is an f32 or
+        a vector<8xf32> (the scale of each int8_dot lane's 4 values) and
+        the minimum an f32 or None."""
+        b = self.op.operands[1]
+        half = lambda at: load_half(self, b, column, arith.addi(base, self.cidx(at)))  # noqa
+        raw = lambda at, n: vector.load(ir.VectorType.get([n], self.i8), self.buf(b),  # noqa
+                                        [column, arith.addi(base, self.cidx(at))])
+        name = fmt.name
+        if name == "q8_0":
+            return [(raw(2, 32), half(0), None)]
+        if name in ("q4_0", "iq4_nl"):
+            q = self.nibbles(raw(2, 16))
+            if name == "q4_0":
+                return [(arith.subi(q, self.splat_i8(8)), half(0), None)]
+            return [(self.lookup(packed.IQ4_NL_VALUES, q), half(0), None)]
+        if name == "q4_1":
+            return [(self.nibbles(raw(4, 16)), half(0), half(2))]
+        if name in ("q5_0", "q5_1"):
+            at = 2 if name == "q5_0" else 4
+            q = arith.ori(self.nibbles(raw(at + 4, 16)), self.fifth_bits(raw(at, 4)))
+            if name == "q5_0":
+                return [(arith.subi(q, self.splat_i8(16)), half(0), None)]
+            return [(q, half(0), half(2))]
+        if name in ("q4_k", "q5_k"):
+            d, dmin = half(0), half(2)
+            qs = 16 if name == "q4_k" else 48
+            high = raw(16, 32) if name == "q5_k" else None
+            out = []
+            for g in range(8):
+                scale, minimum = _k_scale_min(self, b, column, base, self.cidx(g))
+                packed_bytes = raw(qs + 32 * (g // 2), 32)
+                q = self.low_nibbles(packed_bytes) if g % 2 == 0 else \
+                    self.high_nibbles(packed_bytes)
+                if high is not None:
+                    bit = arith.andi(arith.shrui(high, self.splat_i8(g)), self.splat_i8(1))
+                    q = arith.ori(q, arith.shli(bit, self.splat_i8(4)))
+                out.append((q, arith.mulf(d, arith.sitofp(self.f32, scale)),
+                            arith.negf(arith.mulf(dmin, arith.sitofp(self.f32, minimum)))))
+            return out
+        if name == "q6_k":
+            d = half(208)
+            out = []
+            for h in range(2):
+                high = raw(128 + 32 * h, 32)
+                for run in range(4):
+                    low_bytes = raw(64 * h + 32 * (run % 2), 32)
+                    low = self.low_nibbles(low_bytes) if run < 2 else self.high_nibbles(low_bytes)
+                    top = arith.andi(arith.shrui(high, self.splat_i8(2 * run)), self.splat_i8(3))
+                    q = arith.subi(arith.ori(low, arith.shli(top, self.splat_i8(4))),
+                                   self.splat_i8(32))
+                    first = 8 * h + 2 * run  # the scales of values 0-15 and 16-31
+                    scales = [arith.mulf(d, arith.sitofp(self.f32, signed_byte(
+                        self, b, column, arith.addi(base, self.cidx(192 + first + i)))))
+                        for i in range(2)]
+                    lane_scales = vector.from_elements(self.vtype(8), [scales[0]] * 4 +
+                                                       [scales[1]] * 4)
+                    out.append((q, lane_scales, None))
+            return out
+        raise NotImplementedError(f"MatmulPackedCPU: no vector read of {name}")
+
+    def splat_i8(self, value: int) -> ir.Value:
+        kind = ir.VectorType.get([self.BLOCK], self.i8)
+        return arith.constant(kind, ir.DenseElementsAttr.get_splat(
+            kind, ir.IntegerAttr.get(self.i8, value)))
+
+    def low_nibbles(self, v: ir.Value) -> ir.Value:
+        return arith.andi(v, self.splat_i8(0x0F))
+
+    def high_nibbles(self, v: ir.Value) -> ir.Value:
+        return arith.shrui(v, self.splat_i8(4))
+
+    def nibbles(self, v16: ir.Value) -> ir.Value:
+        """A 32-value block's 16 bytes as 32 values: the low nibbles, then
+        the high ones."""
+        both = vector.shuffle(v16, v16, list(range(16)) + list(range(16)))
+        first = vector.from_elements(ir.VectorType.get([self.BLOCK], self.i8), [
+            arith.constant(self.i8, ir.IntegerAttr.get(self.i8, 0 if j < 16 else 4))
+            for j in range(self.BLOCK)])
+        return arith.andi(arith.shrui(both, first), self.splat_i8(0x0F))
+
+    def fifth_bits(self, qh: ir.Value) -> ir.Value:
+        """Bit j of the little-endian u32 `qh` (vector<4xi8>) times 16, for
+        j < 32."""
+        spread = vector.shuffle(qh, qh, [j // 8 for j in range(self.BLOCK)])
+        kind = ir.VectorType.get([self.BLOCK], self.i8)
+        masks = arith.constant(kind, ir.DenseElementsAttr.get(
+            np.array([1 << (j % 8) for j in range(self.BLOCK)], np.uint8).view(np.int8),
+            type=kind))
+        hit = arith.cmpi(arith.CmpIPredicate.ne, arith.andi(spread, masks), self.splat_i8(0))
+        return arith.select(hit, self.splat_i8(16), self.splat_i8(0))
+
+    def lookup(self, table, index: ir.Value) -> ir.Value:
+        """table[index] lane by lane for a 16-entry int8 table (`vpshufb`
+        with AVX2)."""
+        kind = ir.VectorType.get([self.BLOCK], self.i8)
+        values = np.asarray(table, np.int8)
+        if self.avx2:
+            # vpshufb looks up within each 16-byte half: the table twice.
+            both = arith.constant(kind, ir.DenseElementsAttr.get(np.concatenate([values, values]),
+                                                                 type=kind))
+            return self._intrinsic("llvm.x86.avx2.pshuf.b", kind, both, index)
+        out = self.splat_i8(int(values[0]))
+        for position in range(1, 16):
+            hit = arith.cmpi(arith.CmpIPredicate.eq, index, self.splat_i8(position))
+            out = arith.select(hit, self.splat_i8(int(values[position])), out)
+        return out
+
+    # -- int8 arithmetic (AVX2, or plain vector code computing the same) ----
+
+    def _intrinsic(self, name: str, result: ir.Type, *args) -> ir.Value:
+        return llvm.call_intrinsic(result, name, list(args), [], [])
+
+    def sign(self, x: ir.Value, by: ir.Value) -> ir.Value:
+        """x with the sign of `by` applied lane by lane (0 where `by` is 0):
+        `vpsignb`."""
+        if self.avx2:
+            return self._intrinsic("llvm.x86.avx2.psign.b", x.type, x, by)
+        zero = arith.constant(x.type, ir.DenseElementsAttr.get_splat(
+            x.type, ir.IntegerAttr.get(self.i8, 0)))
+        negative = arith.cmpi(arith.CmpIPredicate.slt, by, zero)
+        zeroed = arith.cmpi(arith.CmpIPredicate.eq, by, zero)
+        return arith.select(zeroed, zero, arith.select(negative, arith.subi(zero, x), x))
+
+    def int8_dot(self, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
+        """The 8 sums of 4 consecutive products unsigned[j] * signed[j]
+        (32 i8 lanes each, `unsigned` read as 0 .. 255) as vector<8xi32>:
+        `vpmaddubsw` then `vpmaddwd` with ones."""
+        if self.avx2:
+            pairs = self._intrinsic("llvm.x86.avx2.pmadd.ub.sw",
+                                    ir.VectorType.get([16], self.i16), unsigned, signed)
+            ones = arith.constant(pairs.type, ir.DenseElementsAttr.get_splat(
+                pairs.type, ir.IntegerAttr.get(self.i16, 1)))
+            return self._intrinsic("llvm.x86.avx2.pmadd.wd", ir.VectorType.get([8], self.i32),
+                                   pairs, ones)
+        wide = ir.VectorType.get([self.BLOCK], self.i32)
+        products = arith.muli(arith.extui(wide, unsigned), arith.extsi(wide, signed))
+        quarters = [vector.shuffle(products, products, list(range(q, self.BLOCK, 4)))
+                    for q in range(4)]
+        return arith.addi(arith.addi(quarters[0], quarters[1]),
+                          arith.addi(quarters[2], quarters[3]))

@@ -1,0 +1,178 @@
+"""Packed weights in the tiles: `matmul` with a `b` in a block format of
+`etc.packed` and `embedding` of a packed table, on the CPU target.
+
+The CPU kernel multiplies int8 blocks of quantized activations with the
+weight's blocks (`ops/matmul_packed.py`). Each result is checked two ways:
+against the product of `etc.packed.quantize_activations(A)` and the
+dequantized weight (what the kernel computes, up to float32 rounding:
+relative 1e-5 of sum |a||w|), and against the widened reference
+(`etc.reference.evaluate`, the dequantized weight times A) within the
+activations' rounding bound sum_k |w_k| d(k) / 2. Shapes are ragged: 37
+weight rows (not a multiple of the kernel's 4 columns or a tile), 1 to 33
+rows of A (not a multiple of its 2), K of 5 blocks of 32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import etc
+from etc import packed
+from etc.reference import evaluate
+
+FORMATS = list(packed.FORMATS)
+N = 37
+
+
+def _weights(fmt: str, k: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return packed.quantize(rng.standard_normal((N, k)).astype(np.float32), fmt)
+
+
+def _check(got, a, raw, fmt, want_widened):
+    """`got` = A @ W^T by the kernel, for W the dequantized `raw`."""
+    w = packed.dequantize(raw, fmt).astype(np.float64)
+    x = packed.quantize_activations(a).astype(np.float64)
+    scale = np.abs(x) @ np.abs(w).T + 1e-30
+    assert (np.abs(got - x @ w.T) / scale).max() < 1e-5
+    steps = np.abs(a.reshape(a.shape[0], -1, 32)).max(-1) / 127  # d per block of A
+    bound = (np.abs(w).reshape(N, -1, 32).sum(-1)[None] * steps[:, None]).sum(-1) / 2
+    assert np.all(np.abs(got - want_widened) <= bound * 1.001 + 1e-4)
+
+
+@pytest.fixture(scope="module")
+def every_format():
+    """One graph: x (T, 512) times a 37 x 512 weight of every format, one
+    with a residual; compiled once."""
+    k = 512
+    g = etc.Graph("packed")
+    T = g.symbol("T")
+    x = g.input("x", (T, k), "f32")
+    r = g.input("r", (T, N), "f32")
+    outs = []
+    for fmt in FORMATS:
+        w = g.input(f"w_{fmt}", (N, k), fmt)
+        outs.append(g.matmul(x, w, transpose_b=True,
+                             residual=r if fmt == "q4_k" else None, name=f"y_{fmt}"))
+    g.output(*outs)
+    weights = {f"w_{fmt}": _weights(fmt, k, seed) for seed, fmt in enumerate(FORMATS)}
+    return g, etc.compile(g, target="cpu", workers=2), weights
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33])
+def test_every_format_against_its_emulation_and_the_widened_product(every_format, rows):
+    g, kernel, weights = every_format
+    rng = np.random.default_rng(rows)
+    a = rng.standard_normal((rows, 512)).astype(np.float32)
+    a[0, :32] = 0  # a block of zeros: scale 0
+    residual = rng.standard_normal((rows, N)).astype(np.float32)
+    got = kernel.partial(**weights).run(x=a, r=residual)
+    want = evaluate(g, x=a, r=residual, **weights)
+    for fmt, out, ref in zip(FORMATS, got, want):
+        if fmt == "q4_k":
+            out, ref = out - residual, ref - residual
+        _check(out, a, weights[f"w_{fmt}"], fmt, ref)
+
+
+def test_q8_0_with_k_of_five_blocks_and_bf16_activations():
+    """K = 160 (5 blocks: not a multiple of 64 or 256), bf16 A and C."""
+    k = 160
+    g = etc.Graph("q8")
+    T = g.symbol("T")
+    x = g.input("x", (T, k), "bf16")
+    w = g.input("w", (N, k), "q8_0")
+    g.output(g.matmul(x, w, transpose_b=True))
+    kernel = etc.compile(g, target="cpu", workers=2)
+    raw = _weights("q8_0", k, 3)
+    for rows in (1, 6, 33):
+        a = etc.reference.round_bf16(np.random.default_rng(rows).standard_normal((rows, k)))
+        (got,) = kernel.run(x=a, w=raw)
+        # C is rounded to bf16 (half a unit: 2^-9 of it) from the emulated product.
+        w_values = packed.dequantize(raw, "q8_0").astype(np.float64)
+        emulated = packed.quantize_activations(a).astype(np.float64) @ w_values.T
+        scale = np.abs(packed.quantize_activations(a)) @ np.abs(w_values).T
+        assert np.all(np.abs(got - emulated) <= np.abs(emulated) * 2**-8 + 1e-5 * scale)
+
+
+def test_the_plain_vector_path_equals_avx2(monkeypatch):
+    """Compiled for x86-64-v2 (no AVX2) the kernel's int8 products are plain
+    vector code: the same integers, so the same results."""
+    from etc.runtime import isa
+
+    if not isa.host_supports("x86-64-v3"):
+        pytest.skip("the host has no AVX2 to compare with")
+    k = 256
+    results = []
+    for level in ("x86-64-v3", "x86-64-v2"):
+        monkeypatch.setenv("ETC_CPU_ISA", level)
+        g = etc.Graph("isa")
+        T = g.symbol("T")
+        x = g.input("x", (T, k), "f32")
+        ws = [g.input(f"w_{fmt}", (N, k), fmt) for fmt in ("q8_0", "iq4_nl", "q6_k")]
+        g.output(*[g.matmul(x, w, transpose_b=True) for w in ws])
+        kernel = etc.compile(g, target="cpu", workers=1)
+        assert kernel.abi.isa == level
+        a = np.random.default_rng(5).standard_normal((3, k)).astype(np.float32)
+        results.append(kernel.run(x=a, **{f"w_{f}": _weights(f, k, 9)
+                                          for f in ("q8_0", "iq4_nl", "q6_k")}))
+    for v3, v2 in zip(*results):
+        np.testing.assert_allclose(v2, v3, rtol=1e-6, atol=1e-5)
+
+
+def test_embedding_of_packed_tables_equals_dequantize():
+    """The embedding gather reads a packed table value by value
+    (`ops/packed_loads.py`): rows equal `etc.packed.dequantize` bit for bit
+    (f32 rows), rounded once for bf16 rows; ids outside the table give
+    zeros."""
+    h = 512
+    g = etc.Graph("gather")
+    T = g.symbol("T")
+    ids = g.input("ids", (T,), "i32")
+    outs = []
+    for fmt in FORMATS:
+        table = g.input(f"t_{fmt}", (N, h), fmt)
+        outs.append(g.embedding(table, ids, dtype="f32", name=f"e_{fmt}"))
+    outs.append(g.embedding(g.input("half", (N, h), "q6_k"), ids, dtype="bf16", name="e_bf16"))
+    g.output(*outs)
+    tables = {f"t_{fmt}": _weights(fmt, h, 20 + i) for i, fmt in enumerate(FORMATS)}
+    tables["half"] = _weights("q6_k", h, 40)
+    kernel = etc.compile(g, target="cpu", workers=2)
+    picked = np.array([0, 36, 5, 5, -1, 37, 17], np.int32)
+    got = kernel.run(ids=picked, **tables)
+    inside = (picked >= 0) & (picked < N)
+    for fmt, rows in zip(FORMATS + ["bf16"], got):
+        raw = tables["half"] if fmt == "bf16" else tables[f"t_{fmt}"]
+        want = np.zeros((len(picked), h), np.float32)
+        want[inside] = packed.dequantize(raw, "q6_k" if fmt == "bf16" else fmt)[picked[inside]]
+        if fmt == "bf16":
+            want = etc.reference.round_bf16(want)
+        np.testing.assert_array_equal(rows.view(np.uint32), want.view(np.uint32))
+
+
+def test_packed_inputs_are_checked():
+    g = etc.Graph("errors")
+    x = g.input("x", (4, 64), "f32")
+    with pytest.raises(ValueError, match="q4_k weight is 2-D .N, K. with K a static multiple "
+                                         "of its block of 256"):
+        g.input("bad", (8, 64), "q4_k")
+    w = g.input("w", (8, 64), "q8_0")
+    with pytest.raises(ValueError, match="packed weight, stored by rows.*transpose_b=True"):
+        g.matmul(x, w)
+    with pytest.raises(ValueError, match="add: operand 'b' .* is a packed weight"):
+        g.add(x, w)
+    with pytest.raises(ValueError, match="dtype= must name the rows' dtype"):
+        g.embedding(w, g.input("ids", (4,), "i32"))
+    g = etc.Graph("errors")
+    x = g.input("x", (4, 64), "f32")
+    w = g.input("w", (8, 64), "q8_0")
+    g.output(g.matmul(x, w, transpose_b=True))
+    kernel = etc.compile(g, target="cpu", workers=1)
+    a = np.ones((4, 64), np.float32)
+    with pytest.raises(TypeError, match="input 'w' has dtype float32, expected uint8 .the q8_0 "
+                                        "blocks"):
+        kernel.run(x=a, w=np.ones((8, 64), np.float32))
+    with pytest.raises(ValueError, match=r"input 'w' dim 1 is 64, expected 68 \(shape \(8, 64\), "
+                                         r"stored as \(8, 68\) bytes of q8_0 blocks\)"):
+        kernel.run(x=a, w=np.zeros((8, 64), np.uint8))
+    with pytest.raises(NotImplementedError, match="packed weight 'w' .q8_0. on the CUDA target"):
+        g.build(target=etc.ops.Target(kind="cuda", chip="sm_90a"))
