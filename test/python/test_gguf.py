@@ -248,10 +248,12 @@ def test_gguf_llama_generates_what_the_safetensors_model_generates(tmp_path):
 
 
 def test_quantized_gguf_moe_model_matches_numpy_on_its_weights(tmp_path):
-    """A Q8_0 Qwen3-MoE file through the compiled model: each step's logits
-    are those of the NumPy forward pass over the dequantized weights."""
+    """A Q8_0 Qwen3-MoE file through the compiled model with its weights
+    widened (packed=False; test_gguf_packed_models.py checks the packed
+    kernels): each step's logits are those of the NumPy forward pass over
+    the dequantized weights."""
     path = write_gguf(tmp_path / "m.gguf", CONFIGS["qwen3_moe"], tensor_type="Q8_0")
-    model = models.load(path, cache=False, **LOAD)
+    model = models.load(path, cache=False, packed=False, **LOAD)
     checkpoint = GGUFCheckpoint(path)
     weights = checkpoint.weights()
     out = model.generate(PROMPTS, 3, return_logits=True)

@@ -23,7 +23,8 @@ def run_compile(args) -> int:
             args.checkpoint, target=args.target, schedule=args.schedule, workers=args.workers,
             dtype=args.dtype, max_seq_len=max_model_len(args, checkpoint),
             attention_chunk=args.attention_chunk, chip=args.chip, cache=cache,
-            output=args.output, progress=progress, kv_block_size=args.kv_block_size)
+            output=args.output, progress=progress, kv_block_size=args.kv_block_size,
+            packed=False if args.widen else None)
     finally:
         progress.close()
     where = f"{args.target} {args.chip}" if args.target == "cuda" else args.target

@@ -30,7 +30,8 @@ def load_model(args):
                       cache=cache_option(args), kernel=args.kernel, progress=progress,
                       kv_block_size=args.kv_block_size, kv_cache_tokens=args.kv_cache_tokens,
                       kv_cache_memory=args.kv_cache_memory,
-                      tensor_parallel=getattr(args, "tensor_parallel", 1))
+                      tensor_parallel=getattr(args, "tensor_parallel", 1),
+                      packed=False if args.widen else None)
     finally:
         progress.close()
     if getattr(args, "verbose", False) and model.rank == 0:

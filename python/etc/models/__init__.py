@@ -55,7 +55,7 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
          chip: str = "sm_90a", kernels: str = "native", cache=None, kernel=None,
          progress=None, tensor_parallel: int = 1, kv_dtype: Optional[str] = None,
          kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE, kv_cache_tokens: Optional[int] = None,
-         kv_cache_memory: Optional[int] = None) -> Model:
+         kv_cache_memory: Optional[int] = None, packed: Optional[bool] = None) -> Model:
     """Reads the Hugging Face checkpoint directory or GGUF file `path`,
     builds its step graph and compiles it once, or takes the compiled step
     kernel from the compile cache.
@@ -99,6 +99,12 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     width or expert width that N does not divide is a ValueError naming
     the field.
 
+    `packed`: a GGUF file's quantized weights stay in their block formats
+    (docs/models.md, "GGUF files"): by default (None) on the CPU target
+    with its native kernels on one rank, where they run; False widens them
+    to `dtype` (the reference); True asks for them and fails where they
+    cannot run.
+
     Raises `UnsupportedConfigError`, `MissingTensorError`,
     `CheckpointError`, `GGUFError` or `SafetensorsError` naming the field,
     tensor or file at fault."""
@@ -107,4 +113,4 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
                  max_step_tokens=max_step_tokens, chip=chip, kernels=kernels, cache=cache,
                  kernel=kernel, progress=progress, tensor_parallel=tensor_parallel,
                  kv_dtype=kv_dtype, kv_block_size=kv_block_size, kv_cache_tokens=kv_cache_tokens,
-                 kv_cache_memory=kv_cache_memory)
+                 kv_cache_memory=kv_cache_memory, packed=packed)

@@ -285,7 +285,8 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
                chat_template: Optional[str] = None, eos_token: Optional[str] = None,
                bos_token: Optional[str] = None, add_bos_token: bool = False,
                rope_freqs: Optional[np.ndarray] = None, drop: tuple = (),
-               metadata: Optional[dict] = None, raw_tensors: Optional[dict] = None) -> Path:
+               metadata: Optional[dict] = None, raw_tensors: Optional[dict] = None,
+               tensor_types: Optional[dict] = None) -> Path:
     """Writes the checkpoint `write_checkpoint(config, seed=seed)` writes (or
     `tensors`, under Hugging Face's names) as one GGUF file at `path`, as
     llama.cpp's converter lays it out: its metadata keys and tensor names,
@@ -297,7 +298,8 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     rows split into its blocks (as llama.cpp's quantizer falls back, e.g.
     Q4_K to Q5_0), else stay F32, as the norms do. Formats the gguf
     package cannot write (the K-quants, IQ4_NL) are packed by
-    `etc.packed.quantize`. `tokenizer` (a
+    `etc.packed.quantize`. `tensor_types` (GGUF name -> type) overrides
+    `tensor_type` for the tensors it names. `tokenizer` (a
     `tokenizers.Tokenizer` with a byte-level BPE model) goes into the
     metadata as a "gpt2" tokenizer with `pre`-tokenizer name `pre`, its
     special added tokens as control tokens; `eos_token`, `bos_token` name
@@ -394,7 +396,8 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         if name in drop:
             continue
         array = np.asarray(array, np.float32)
-        data = quantized(array, tensor_type) or quantized(array, fallback_type)
+        kind = (tensor_types or {}).get(name, tensor_type)
+        data = quantized(array, kind) or quantized(array, fallback_type)
         if data is None:
             writer.add_tensor(name, array)
         else:

@@ -225,6 +225,22 @@ class GGUFCheckpoint:
             values = packed.dequantize(raw, _PACKED[kind])
         return np.ascontiguousarray(values.reshape(shape), dtype=np.float32)
 
+    def _packed(self, name: str, what: str, dtype: str, heads) -> np.ndarray:
+        """Tensor `name`'s blocks (uint8, rows of bytes), checked; with
+        `heads`, Llama's permuted Q or K rows put back in order."""
+        kind = self._tensors[name].type
+        if _PACKED.get(kind) != dtype:
+            raise GGUFError(f"{self.path}: tensor {name!r} ({what}) has type {kind}, not the "
+                            f"{dtype} the step kernel was built for")
+        if heads is None:
+            raw = self._file.raw(name)
+            self._check_blocks(name, what, raw, dtype)
+            return raw
+        # Read, not mapped: the reordered copy is the only one resident.
+        raw = self._file.read(name)
+        self._check_blocks(name, what, raw, dtype)
+        return _unpermute_rows(raw, heads)
+
     def _check_blocks(self, name: str, what: str, raw: np.ndarray, dtype: str) -> None:
         """Raises GGUFError naming the tensor when a block's scale is not
         finite (a damaged file: the whole block would be NaN)."""
@@ -236,13 +252,10 @@ class GGUFCheckpoint:
                             f"scale in block {bad % per_row} of row {bad // per_row}: the file "
                             f"is damaged")
 
-    def weights(self, progress: Optional[Callable[[int, int], None]] = None
-                ) -> dict[str, np.ndarray]:
-        """Every weight the step graph takes, by graph input name (as
-        `Checkpoint.weights` names them), float32 and in Hugging Face's
-        layouts; `inv_freq` too when the file has Llama 3's RoPE frequency
-        factors (`rope_freqs.weight`). `progress(done, total)` is called
-        after each tensor."""
+    def _plan(self) -> list[tuple]:
+        """Every weight of the step graph: (graph input name, GGUF tensor,
+        shape, what it is, layout: None, the head count of Llama's permuted
+        Q and K rows, or "T" for a transposed matrix)."""
         c = self.config
         h, d = c.hidden_size, c.head_dim
         plan: list[tuple] = [("embed", "token_embd.weight", (c.vocab_size, h),
@@ -292,11 +305,43 @@ class GGUFCheckpoint:
         plan.append(("final_norm", "output_norm.weight", (h,), "final norm", None))
         if not c.tie_word_embeddings:
             plan.append(("lm_head", "output.weight", (c.vocab_size, h), "LM head", None))
+        return plan
+
+    def weight_formats(self) -> dict[str, str]:
+        """The weights that can stay packed, graph input name -> format of
+        `etc.packed`: those stored in a block format that the step graph
+        reads by rows (the projections, the embeddings and the LM head; a
+        MoE layer's router and experts are read widened)."""
+        formats = {}
+        for key, name, _, _, how in self._plan():
+            entry = self._tensors.get(name)
+            if entry is not None and entry.type in _PACKED and how != "T":
+                formats[key] = _PACKED[entry.type]
+        return formats
+
+    def weights(self, progress: Optional[Callable[[int, int], None]] = None,
+                formats: Optional[dict] = None) -> dict[str, np.ndarray]:
+        """Every weight the step graph takes, by graph input name (as
+        `Checkpoint.weights` names them), float32 and in Hugging Face's
+        layouts; `inv_freq` too when the file has Llama 3's RoPE frequency
+        factors (`rope_freqs.weight`). The weights named in `formats` (a
+        subset of `weight_formats()`) stay packed: their blocks, read in
+        place from the file's memory map (Llama's Q and K, whose rows are
+        reordered, read into memory). `progress(done, total)` is called
+        after each tensor."""
+        c, d = self.config, self.config.head_dim
+        plan = self._plan()
+        formats = formats or {}
         # Check every name and shape before the (slow) dequantization.
         for _, name, shape, what, _ in plan:
             self._check_shape(name, shape, what)
         out: dict[str, np.ndarray] = {}
         for done, (key, name, shape, what, how) in enumerate(plan, 1):
+            if key in formats:
+                out[key] = self._packed(name, what, formats[key], how)
+                if progress is not None:
+                    progress(done, len(plan))
+                continue
             array = self.tensor(name, shape, what)
             if how == "T":
                 array = np.ascontiguousarray(np.swapaxes(array, -1, -2))

@@ -249,6 +249,17 @@ class GGUFFile:
 
     # -- tensors -----------------------------------------------------------
 
+    def read(self, name: str) -> np.ndarray:
+        """Tensor `name`'s bytes read into a new array (shaped as `raw`),
+        without mapping its pages into the process."""
+        info = self.tensors[name]
+        per_row = info.shape[-1] // info.block * info.block_bytes
+        data = np.fromfile(self.path, dtype=np.uint8, count=info.nbytes, offset=info.offset)
+        if data.size != info.nbytes:
+            raise GGUFError(f"{self.path}: tensor {name!r} could not be read whole (the file "
+                            f"changed while it was open?)")
+        return data.reshape(*info.shape[:-1], per_row)
+
     def raw(self, name: str) -> np.ndarray:
         """Tensor `name`'s bytes as a read-only uint8 view of the file,
         shaped (..., bytes per row)."""

@@ -7,7 +7,8 @@ contiguous cache S (cache slots) and L (cache length), for a paged one N
 (blocks in the pool) and M (entries per block table). Inputs: the token
 ids (T,), the ragged batch's index inputs (`etc.graph_llm.RaggedBatch`;
 `block_table` (R, M) in place of `request_slot` when paged), the weights
-(named as `Checkpoint.weights` names them) and the RoPE frequencies
+(named as `Checkpoint.weights` names them; those in `weight_formats`
+packed, in a block format of `etc.packed`) and the RoPE frequencies
 `inv_freq`. State: each layer's K and V caches, `l<i>_k_cache` /
 `l<i>_v_cache`, (S, L, H_kv * head_dim) or (N, P, H_kv * head_dim), in the
 KV dtype (by default the compute dtype). Sampling inputs, one per request:
@@ -35,7 +36,8 @@ SAMPLING_INPUTS = (("temperature", "f32"), ("top_k", "i32"), ("top_p", "f32"),
 def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: int,
                      chunk: int, name: str = "step", ranks: int = 1,
                      kv_dtype: str | None = None,
-                     kv_block_size: Optional[int] = None) -> Graph:
+                     kv_block_size: Optional[int] = None,
+                     weight_formats: Optional[dict] = None) -> Graph:
     """The step graph of `config`, weights and activations in `dtype`,
     attention chunks of `chunk` positions over caches of at most
     `max_seq_len` positions, in `kv_dtype` (default: `dtype`).
@@ -49,7 +51,13 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     model (`shard_config`: its share of the heads and of the MLP and expert
     columns), and the partial sums of the attention output, MLP down
     projections and expert layers are added over the ranks by an
-    `all_reduce` fused into the step (`etc.models.step.parallel`)."""
+    `all_reduce` fused into the step (`etc.models.step.parallel`).
+
+    `weight_formats` (weight name -> a format of `etc.packed`) names the
+    weights that stay packed: matrices read by rows (the projections, the
+    LM head) and the embeddings (gathered into `dtype` rows); the others
+    are in `dtype`."""
+    formats = weight_formats or {}
     cache_dtype = dtype if kv_dtype is None else kv_dtype
     c = config
     g = Graph(name, ranks=ranks)
@@ -78,12 +86,12 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         cache_shape = (N, kv_block_size, c.num_kv_heads * d)
 
     def weight(key: str, shape: tuple):
-        return g.input(key, shape, dtype)
+        return g.input(key, shape, formats.get(key, dtype))
 
     embed = weight("embed", (c.vocab_size, h))
     inv_freq = g.input("inv_freq", (d // 2,), "f32")
     eps = c.rms_norm_eps
-    x = g.embedding(embed, ids)
+    x = g.embedding(embed, ids, dtype=dtype)
     previous_attention = None
     for i in range(c.num_layers):
         # Attention block.

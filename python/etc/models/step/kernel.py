@@ -15,7 +15,7 @@ from . import kernel_cache as _cache
 from .kv_blocks import DEFAULT_BLOCK_SIZE
 from .kv_cache import KV_DTYPES
 
-__all__ = ["step_options", "step_kernel", "KernelNotCachedError", "MODEL_DTYPES",
+__all__ = ["step_options", "step_kernel", "packed_weights", "KernelNotCachedError", "MODEL_DTYPES",
            "DEFAULT_MAX_STEP_TOKENS", "DEFAULT_ATTENTION_CHUNK", "compile_checkpoint",
            "CompileResult"]
 
@@ -55,11 +55,12 @@ def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "a
                  max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
                  chip: str = "sm_90a", kernels: str = "native",
                  kv_dtype: Optional[str] = None,
-                 kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE) -> tuple[dict, dict]:
+                 kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE,
+                 weight_formats: Optional[dict] = None) -> tuple[dict, dict]:
     """`load`'s options checked and completed with their defaults: the
     options of `build_step_graph` (dtype, max_seq_len, chunk, kv_dtype,
-    kv_block_size) and of `etc.compile` (target, schedule, workers, chip,
-    kernels). With the config they are all the step kernel's code depends
+    kv_block_size, weight_formats: the packed weights, `packed_weights`)
+    and of `etc.compile` (target, schedule, workers, chip, kernels). With the config they are all the step kernel's code depends
     on. The KV caches' dtype is by default the compute dtype (a bf16 model
     keeps bf16 keys and values: half the memory and half the attention's
     bytes of float32)."""
@@ -91,9 +92,35 @@ def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "a
                                       not isinstance(kv_block_size, int) or kv_block_size < 1):
         raise ValueError(f"load: kv_block_size={kv_block_size!r} must be a positive int (the "
                          f"positions of a KV cache block), or None for a contiguous cache")
-    return (dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk, kv_dtype=kv_dtype,
-                 kv_block_size=kv_block_size),
+    graph = dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk, kv_dtype=kv_dtype,
+                 kv_block_size=kv_block_size)
+    if weight_formats:
+        # Only packed models name it: other kernels keep their cache keys.
+        graph["weight_formats"] = dict(sorted(weight_formats.items()))
+    return (graph,
             dict(target=target, schedule=schedule, workers=workers, chip=chip, kernels=kernels))
+
+
+def packed_weights(checkpoint, packed: Optional[bool], *, target: str = "cpu",
+                   kernels: str = "native", tensor_parallel: int = 1) -> dict:
+    """The weights of `checkpoint` that stay packed (name -> format of
+    `etc.packed`; `build_step_graph`'s weight_formats): with `packed`
+    None (the default) or True, every weight a GGUF file stores in a block
+    format and the step reads by rows, on the CPU target with its native
+    kernels on one rank; with False none (all widened to the compute
+    dtype, the reference). packed=True where packed weights cannot run
+    (CUDA, simulated GPU kernels, tensor parallelism) is a ValueError."""
+    if packed not in (None, True, False):
+        raise ValueError(f"load: packed={packed!r} must be True, False or None")
+    possible = target == "cpu" and kernels == "native" and tensor_parallel == 1
+    if packed and not possible:
+        raise ValueError(f"load: packed=True: packed weights run on the CPU target with its "
+                         f"native kernels on one rank (asked: target={target!r}, "
+                         f"kernels={kernels!r}, tensor_parallel={tensor_parallel}); the GPU "
+                         f"kernels for them are not written yet")
+    if packed is False or not possible or not hasattr(checkpoint, "weight_formats"):
+        return {}
+    return checkpoint.weight_formats()
 
 
 def step_kernel(config: ModelConfig, graph_options: dict, compile_options: dict, *,
@@ -165,7 +192,8 @@ def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
                        max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
                        chip: str = "sm_90a", kernels: str = "native", cache=None, output=None,
                        progress=None, kv_dtype: Optional[str] = None,
-                       kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE):
+                       kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE,
+                       packed: Optional[bool] = None):
     """Compiles the step kernel of the checkpoint at `path` with `load`'s
     options, without reading its weights or needing a GPU: into the compile
     cache (`cache` as `load` takes it), and to the artifact file `output`
@@ -177,7 +205,8 @@ def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
     graph_options, compile_options = step_options(
         checkpoint.config, target=target, schedule=schedule, workers=workers, dtype=dtype,
         max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip, kernels=kernels,
-        kv_dtype=kv_dtype, kv_block_size=kv_block_size)
+        kv_dtype=kv_dtype, kv_block_size=kv_block_size,
+        weight_formats=packed_weights(checkpoint, packed, target=target, kernels=kernels))
     kernel, source, seconds = step_kernel(checkpoint.config, graph_options, compile_options,
                                           cache=cache, progress=progress, name=str(path))
     description = _cache.describe(checkpoint.config, graph_options, compile_options)

@@ -143,9 +143,15 @@ class CacheEntry:
         d = self.description
         model, graph, options = d.get("model", {}), d.get("graph", {}), d.get("compile", {})
         where = options.get("chip") or options.get("platform")
+        # Packed weights: how many in each format (the others are in dtype).
+        formats = {}
+        for fmt in (graph.get("weight_formats") or {}).values():
+            formats[fmt] = formats.get(fmt, 0) + 1
+        packed = "".join(f" {fmt}x{count}" for fmt, count in sorted(formats.items()))
         return (f"{model.get('architecture', '?')} layers={model.get('num_layers')} "
                 f"hidden={model.get('hidden_size')} vocab={model.get('vocab_size')} "
-                f"dtype={graph.get('dtype')} max_seq_len={graph.get('max_seq_len')} "
+                f"dtype={graph.get('dtype')}{' packed:' + packed if packed else ''} "
+                f"max_seq_len={graph.get('max_seq_len')} "
                 f"chunk={graph.get('chunk')} kv_block_size={graph.get('kv_block_size')} "
                 f"kv_dtype={graph.get('kv_dtype')} "
                 + (f"ranks={graph['ranks']} " if graph.get("ranks") else "")

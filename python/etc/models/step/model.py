@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
+from ... import packed
 from ..loading.checkpoint import STORAGE, Checkpoint
 from . import kernel_cache as _cache
-from .kernel import DEFAULT_MAX_STEP_TOKENS, step_kernel, step_options
+from .kernel import DEFAULT_MAX_STEP_TOKENS, packed_weights, step_kernel, step_options
 from .kv_blocks import DEFAULT_BLOCK_SIZE
 from .kv_cache import KV_STORAGE, KVCache, PagedKVCache
 from .request import Request
@@ -39,7 +40,8 @@ class CompiledModel:
                  progress: Optional[Callable[[str, int, int], None]] = None,
                  tensor_parallel: int = 1, kv_dtype: Optional[str] = None,
                  kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE,
-                 kv_cache_tokens: Optional[int] = None, kv_cache_memory: Optional[int] = None):
+                 kv_cache_tokens: Optional[int] = None, kv_cache_memory: Optional[int] = None,
+                 packed: Optional[bool] = None):
         from .parallel import shard_config, shard_weights
 
         if target == "cuda":
@@ -63,10 +65,14 @@ class CompiledModel:
         #: What the step graph is built from (`build_step_graph`'s options)
         #: and compiled with (`etc.compile`'s): with the config, the key of
         #: the compile cache.
+        #: The weights that stay packed (name -> format of `etc.packed`).
+        self.weight_formats = packed_weights(checkpoint, packed, target=target, kernels=kernels,
+                                             tensor_parallel=tensor_parallel)
         self.graph_options, self.compile_options = step_options(
             config, target=target, schedule=schedule, workers=workers, dtype=dtype,
             max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip,
-            kernels=kernels, kv_dtype=kv_dtype, kv_block_size=kv_block_size)
+            kernels=kernels, kv_dtype=kv_dtype, kv_block_size=kv_block_size,
+            weight_formats=self.weight_formats)
         if tensor_parallel > 1:
             self.graph_options["ranks"] = tensor_parallel
         if isinstance(max_step_tokens, bool) or not isinstance(max_step_tokens, int) or \
@@ -108,6 +114,8 @@ class CompiledModel:
             # Read in the compute dtype's storage: a bf16 or f16 checkpoint
             # computed in its own dtype is never widened to float32.
             weights = checkpoint.weights(dtype, progress=report)
+        elif self.weight_formats:
+            weights = checkpoint.weights(progress=report, formats=self.weight_formats)
         else:
             weights = checkpoint.weights(progress=report)
         weights = shard_weights(config, weights, tensor_parallel, self.rank)
@@ -181,7 +189,8 @@ class CompiledModel:
         """Weights as the graph's inputs take them: float16 arrays for f16;
         bf16 bit patterns (uint16) for bf16, converted once here rather than
         by the runtime at every step; float32 for f32."""
-        if name == "inv_freq" or array.dtype == STORAGE[self.dtype]:
+        if name == "inv_freq" or array.dtype == STORAGE[self.dtype] or \
+                name in self.weight_formats:
             return array
         if self.dtype == "bf16":
             from ... import bfloat16
@@ -204,9 +213,14 @@ class CompiledModel:
 
     @property
     def num_parameters(self) -> int:
-        """The number of weights (the RoPE frequencies excluded)."""
-        return sum(int(np.prod(w.shape)) for name, w in self._weights.items()
-                   if name != "inv_freq")
+        """The number of weights (the RoPE frequencies excluded; a packed
+        weight's values, not its bytes)."""
+        def count(name, w):
+            fmt = packed.FORMATS.get(self.weight_formats.get(name))
+            if fmt is None:
+                return int(np.prod(w.shape))
+            return int(np.prod(w.shape[:-1])) * (w.shape[-1] // fmt.nbytes * fmt.block)
+        return sum(count(name, w) for name, w in self._weights.items() if name != "inv_freq")
 
     def new_cache(self, slots: int, length: int):
         """Empty KV caches for `slots` sequences of up to `length` positions

@@ -1,0 +1,169 @@
+"""Models from quantized GGUF files run their weights packed (the default
+on the CPU): every architecture, with its matrices in every block format
+of `etc.packed` (assigned round robin over the tensors), generates the
+greedy tokens the same weights widened to float32 generate, up to ties;
+the process that loads and runs a packed file holds about the file in
+memory (a subprocess, measured from /proc).
+
+Tie tolerance. The packed kernels differ from the widened model only by
+rounding each matmul's activations to int8 blocks (scale max|x| / 127):
+errors of at most d/2 per value, uniform, about 0.55% of a Gaussian
+block's rms, which perturb each product by about that fraction of its
+rms and add up over a model's 15 matmuls into logit errors of a few
+percent of the logits' standard deviation (5-9% at the largest of 300
+logits on these models, measured). While both models have produced the
+same tokens they run on the same inputs: there, every step's logits must
+agree within T = 0.15 x the widened logits' standard deviation, and the
+first token that differs must be one where the widened model's two best
+logits are within 2T (a tie the rounding may break either way)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+
+import etc.models as models  # noqa: E402
+from etc import packed  # noqa: E402
+from etc.models.testing import checkpoint_tensors, tiny_config, write_gguf  # noqa: E402
+
+SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64, vocab_size=300)
+CONFIGS = {
+    "llama": tiny_config("LlamaForCausalLM", **SHAPE),
+    "qwen3": tiny_config("Qwen3ForCausalLM", **SHAPE),
+    "qwen3_moe": tiny_config("Qwen3MoeForCausalLM", mlp_only_layers=[0],
+                             moe_intermediate_size=256, **SHAPE),
+}
+TYPES = [f.ggml for f in packed.FORMATS.values()]
+LOAD = dict(workers=2, max_seq_len=64, attention_chunk=16, cache=False)
+PROMPTS = [[5, 6, 7], list(range(1, 20)), [250]]
+TIE = 0.15
+
+
+def _mixed_file(path, config):
+    """`config`'s GGUF file with its matrices in every packed format in
+    turn (a format covers several tensors of each kind)."""
+    names = []
+    probe = write_gguf(path, config, tensor_type="F32")
+    from etc.models.loading.gguf_file import GGUFFile
+
+    for name, info in GGUFFile(probe).tensors.items():
+        if len(info.shape) == 2 and "norm" not in name:
+            names.append(name)
+    types = {name: TYPES[i % len(TYPES)] for i, name in enumerate(sorted(names))}
+    return write_gguf(path, config, tensors=checkpoint_tensors(config), tensor_types=types,
+                      fallback_type="Q8_0")
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_packed_models_generate_the_widened_models_tokens_up_to_ties(name, tmp_path):
+    path = _mixed_file(tmp_path / "m.gguf", CONFIGS[name])
+    fast = models.load(path, **LOAD)
+    assert set(fast.weight_formats.values()) == set(packed.FORMATS)
+    if name == "qwen3_moe":  # the experts are read widened
+        assert "l1_experts_gate" not in fast.weight_formats and "l1_wq" in fast.weight_formats
+    reference = models.load(path, packed=False, **LOAD)
+    assert reference.weight_formats == {}
+    assert fast.num_parameters == reference.num_parameters
+    got = fast.generate(PROMPTS, 10, return_logits=True)
+    want = reference.generate(PROMPTS, 10, return_logits=True)
+    for tokens, wanted, logits, wanted_logits in zip(got.tokens, want.tokens, got.logits,
+                                                     want.logits):
+        for step, (token, expected) in enumerate(zip(tokens, wanted)):
+            here, there = np.asarray(logits[step]), np.asarray(wanted_logits[step])
+            tolerance = TIE * there.std()
+            assert np.abs(here - there).max() <= tolerance, (name, step)
+            if token != expected:
+                best = np.sort(there)[-2:]
+                assert best[1] - best[0] <= 2 * tolerance, (name, step, best)
+                break
+
+
+def test_widened_load_is_the_old_path_and_packed_true_is_checked(tmp_path):
+    path = write_gguf(tmp_path / "m.gguf", CONFIGS["qwen3"], tensor_type="Q8_0")
+    with pytest.raises(ValueError, match="packed=True: packed weights run on the CPU target "
+                                         "with its native kernels"):
+        models.load(path, kernels="cuda", packed=True, **LOAD)
+    with pytest.raises(ValueError, match="packed='yes' must be True, False or None"):
+        models.load(path, packed="yes", **LOAD)
+    # A safetensors checkpoint has nothing packed: packed= changes nothing.
+    from etc.models.testing import write_checkpoint
+
+    directory = write_checkpoint(tmp_path / "st", CONFIGS["qwen3"])
+    assert models.load(directory, **LOAD).weight_formats == {}
+
+
+MEMORY_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import etc.models as models
+
+    def status(key):
+        for line in open("/proc/self/status"):
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+
+    path, cache, packed = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+    before = status("VmRSS:")
+    model = models.load(path, workers=2, max_seq_len=64, attention_chunk=16, cache=cache,
+                        packed=packed)
+    model.generate([[1, 2, 3]], 4)
+    print(json.dumps({"before": before, "peak": status("VmHWM:"),
+                      "source": model.kernel_source}))
+""")
+
+
+def test_a_packed_model_holds_about_its_file_in_memory(tmp_path):
+    """A 42 MB Q8_0 file, loaded (the step kernel from the compile cache)
+    and run in a fresh process: the process's peak resident memory grows
+    by at most 1.25 x the file (the weights are the file's pages, mapped;
+    widened to float32 they took about 4 x)."""
+    config = tiny_config("Qwen3ForCausalLM", hidden_size=1024, intermediate_size=4096,
+                         num_attention_heads=8, num_key_value_heads=4, head_dim=128,
+                         vocab_size=8192)
+    path = write_gguf(tmp_path / "m.gguf", config, tensor_type="Q8_0")
+    size = path.stat().st_size
+    cache = str(tmp_path / "cache")
+    grown = {}
+    for packed_weights in (True, False):
+        runs = []
+        for _ in range(2):  # the first compiles into the cache
+            out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(path), cache,
+                                  "1" if packed_weights else "0"],
+                                 capture_output=True, text=True, timeout=600, check=True)
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        assert runs[1]["source"] == "cache"
+        grown[packed_weights] = runs[1]["peak"] - runs[1]["before"]
+    assert grown[True] <= 1.25 * size, (grown, size)
+    assert grown[False] > 2.5 * size, (grown, size)  # the check can fail
+    # `etc cache` says which kernel runs packed weights, in which formats.
+    summaries = sorted(entry.summary for entry in models.KernelCache(cache).entries())
+    assert len(summaries) == 2
+    assert sum("dtype=f32 packed: q8_0x15 " in line for line in summaries) == 1
+
+
+def test_the_command_line_runs_packed_weights_unless_told_to_widen(tmp_path):
+    """`etc compile` of a Q8_0 file compiles the packed kernel, `--widen`
+    the widened one; `etc cache list` tells them apart."""
+    path = write_gguf(tmp_path / "m.gguf", CONFIGS["qwen3"], tensor_type="Q8_0")
+    cache = tmp_path / "cache"
+
+    def etc(*args):
+        result = subprocess.run([sys.executable, "-m", "etc.cli", *map(str, args)],
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    small = ("--workers", "2", "--max-model-len", "64", "--cache-dir", cache)
+    etc("compile", path, *small)
+    etc("compile", path, "--widen", *small)
+    listing = [line for line in etc("cache", "list", "--cache-dir", cache).splitlines()
+               if "Qwen3ForCausalLM" in line]
+    packed_lines = [line for line in listing if "packed: q8_0x15" in line]
+    assert len(listing) == 2 and len(packed_lines) == 1, listing
