@@ -40,7 +40,7 @@ from mlir.dialects import arith, llvm, math, memref, scf, vector
 
 from .. import packed
 from .matmul_scalar import Matmul
-from .packed_loads import _k_scale_min, load_half, signed_byte
+from .packed_loads import _k_scale_min, signed_byte
 
 
 def _has_avx2() -> bool:
@@ -251,7 +251,7 @@ class MatmulPackedCPU(Matmul):
         a vector<8xf32> (the scale of each int8_dot lane's 4 values) and
         the minimum an f32 or None."""
         b = self.op.operands[1]
-        half = lambda at: load_half(self, b, column, arith.addi(base, self.cidx(at)))  # noqa
+        half = lambda at: self.half(column, arith.addi(base, self.cidx(at)))  # noqa
         raw = lambda at, n: vector.load(ir.VectorType.get([n], self.i8), self.buf(b),  # noqa
                                         [column, arith.addi(base, self.cidx(at))])
         name = fmt.name
@@ -306,6 +306,14 @@ class MatmulPackedCPU(Matmul):
                     out.append((q, lane_scales, None))
             return out
         raise NotImplementedError(f"MatmulPackedCPU: no vector read of {name}")
+
+    def half(self, row, at) -> ir.Value:
+        """The float16 at bytes `at`, `at + 1` of row `row` of B as an f32:
+        one 2-byte load and a conversion (`vcvtph2ps` with F16C)."""
+        b = self.op.operands[1]
+        two = vector.load(ir.VectorType.get([2], self.i8), self.buf(b), [row, at])
+        one = vector.bitcast(ir.VectorType.get([1], ir.F16Type.get()), two)
+        return arith.extf(self.f32, vector.extract(one, [], [0]))
 
     def splat_i8(self, value: int) -> ir.Value:
         kind = ir.VectorType.get([self.BLOCK], self.i8)
