@@ -86,13 +86,28 @@ def test_packed_models_generate_the_widened_models_tokens_up_to_ties(name, tmp_p
                 break
 
 
-def test_widened_load_is_the_old_path_and_packed_true_is_checked(tmp_path):
-    path = write_gguf(tmp_path / "m.gguf", CONFIGS["qwen3"], tensor_type="Q8_0")
-    with pytest.raises(ValueError, match="packed=True: packed weights run on the CPU target "
-                                         "with its native kernels"):
-        models.load(path, kernels="cuda", packed=True, **LOAD)
+def test_packed_options_and_the_simulated_gpu_kernels(tmp_path):
+    """packed=True runs the GPU kernels for packed weights (here with their
+    lanes simulated on the CPU), which accumulate the dequantized values in
+    f32: the widened model's tokens, logits within float rounding; by
+    default those kernels widen (not yet run on a GPU)."""
+    from etc.models.step.kernel import packed_weights
+
+    path = _mixed_file(tmp_path / "m.gguf", CONFIGS["llama"])
+    options = dict(LOAD, kernels="cuda", max_seq_len=32)
+    gpu = models.load(path, packed=True, **options)
+    assert set(gpu.weight_formats.values()) == set(packed.FORMATS)
+    assert models.load(path, **options).weight_formats == {}
+    widened = models.load(path, packed=False, **LOAD)
+    got = gpu.generate(PROMPTS[:2], 4, return_logits=True)
+    want = widened.generate(PROMPTS[:2], 4, return_logits=True)
+    assert got.tokens == want.tokens
+    for a, b in zip(got.logits, want.logits):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
     with pytest.raises(ValueError, match="packed='yes' must be True, False or None"):
         models.load(path, packed="yes", **LOAD)
+    with pytest.raises(ValueError, match="packed weights are not split over ranks"):
+        packed_weights(None, True, tensor_parallel=2)
     # A safetensors checkpoint has nothing packed: packed= changes nothing.
     from etc.models.testing import write_checkpoint
 

@@ -101,9 +101,10 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
 
     `packed`: a GGUF file's quantized weights stay in their block formats
     (docs/models.md, "GGUF files"): by default (None) on the CPU target
-    with its native kernels on one rank, where they run; False widens them
-    to `dtype` (the reference); True asks for them and fails where they
-    cannot run.
+    with its native kernels on one rank; True on CUDA and with simulated
+    GPU kernels too (those kernels have not run on a GPU yet); False
+    widens them to `dtype` (the reference). Tensor parallelism widens
+    them (packed=True with it is a ValueError).
 
     Raises `UnsupportedConfigError`, `MissingTensorError`,
     `CheckpointError`, `GGUFError` or `SafetensorsError` naming the field,

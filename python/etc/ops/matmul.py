@@ -101,11 +101,12 @@ def choose_kernel(op, target) -> type:
 
 
 def build_tasks(b: TaskBuilder, op) -> None:
-    if is_packed(op.operands[1].dtype):
-        choose_packed(op, b.target)  # refuses targets without packed kernels first
     if b.target.kind == "cpu" and not op.user_tile:
         op = dataclasses.replace(op, tile=MatmulCPU.tile_for(op, b.target))
-    elif b.target.gpu_kernels and not op.user_tile and not is_packed(op.operands[1].dtype):
+    elif b.target.gpu_kernels and not op.user_tile and is_packed(op.operands[1].dtype):
+        # A packed B^T: the packed GEMV's column tiles (MatmulSkinnyT's).
+        op = dataclasses.replace(op, tile=MatmulSkinnyT.tile_for(op, b.target))
+    elif b.target.gpu_kernels and not op.user_tile:
         # Known rows of 16 or more: tiles for the tensor cores. Otherwise
         # the GEMV's (decode first), which the tensor cores also take.
         wide = dataclasses.replace(op, tile=MatmulMMA.tile_for(op, b.target))

@@ -228,18 +228,12 @@ class MatmulSkinnyT(Matmul):
             scf.yield_([])
 
     def emit_passes(self, rb: int) -> None:
-        op, out = self.op, self.op.result
-        a, b = op.operands[:2]
-        tn = op.tile[1]
-        vec = MatmulSkinny.vec(op)
+        out = self.op.result
+        tn = self.op.tile[1]
         lanes = self.lanes()
         warps = lanes.count // lanes.warp
         rw = self.rows_per_warp(tn, warps)
-        unroll = max(1, self.LOADS // rw)
         groups = tn // (warps * rw)          # row groups of B^T per warp
-        k_chunks = b.shape[1] // vec
-        last_chunk = self.cidx(k_chunks - 1)
-        stride = self.cidx(lanes.warp * unroll)
         c0 = arith.muli(self.ti[1], self.cidx(tn))
         with self.row_passes(rb) as (first, in_pass, row_of):
             group_loop = scf.ForOp(self.cidx(0), self.cidx(groups), self.cidx(1))
@@ -254,59 +248,8 @@ class MatmulSkinnyT(Matmul):
                     return [arith.addi(base, self.cidx(j)) for j in range(rw)]
 
                 def accumulate(lane):
-                    cols = columns(lane)
-                    part = arith.remui(lane, self.cidx(lanes.warp))
-
-                    # Carried in their storage type on the GPU; as f32
-                    # when simulated (x86 code would round a bf16 value
-                    # carried across iterations through a library call).
-                    raw = not self.target.simulate_lanes
-
-                    def load(chunk) -> list:
-                        """The weight and A vectors of an iteration's chunks
-                        (clamped into K)."""
-                        values = []
-                        for u in range(unroll):
-                            c = arith.minsi(arith.addi(chunk, self.cidx(u * lanes.warp)),
-                                            last_chunk)
-                            k0 = arith.muli(c, self.cidx(vec))
-                            values += [self.vload(b, [col, k0], vec, aligned=True, widen=not raw)
-                                       for col in cols]
-                            values += [self.vload(a, [row_of[r], k0], vec, aligned=True,
-                                                  widen=not raw) for r in range(rb)]
-                        return values
-
-                    accs = [self.cf32(0.0) for _ in range(rw * rb)]
-                    loaded = load(part)
-                    kloop = scf.ForOp(part, self.cidx(k_chunks), stride, accs + loaded)
-                    with ir.InsertionPoint(kloop.body):
-                        chunk = kloop.induction_variable
-                        carried = list(kloop.inner_iter_args)
-                        updated, current = carried[:len(accs)], carried[len(accs):]
-                        # The next iteration's loads first (past K they
-                        # re-read the last chunk, unused).
-                        upcoming = load(arith.addi(chunk, stride))
-                        per = rw + rb
-                        for u in range(unroll):
-                            weights = [self.widen(v, b) for v in current[u * per:u * per + rw]]
-                            xs = [self.widen(v, a) for v in current[u * per + rw:(u + 1) * per]]
-                            valid = None
-                            if u:
-                                valid = arith.cmpi(arith.CmpIPredicate.slt, arith.addi(
-                                    chunk, self.cidx(u * lanes.warp)), self.cidx(k_chunks))
-                            for j in range(rw):
-                                for r in range(rb):
-                                    acc = updated[j * rb + r]
-                                    summed = acc
-                                    for i in range(vec):
-                                        summed = math_dialect.fma(
-                                            vector.extract(xs[r], [], [i]),
-                                            vector.extract(weights[j], [], [i]), summed)
-                                    updated[j * rb + r] = (
-                                        summed if valid is None
-                                        else arith.select(valid, summed, acc))
-                        scf.yield_(updated + upcoming)
-                    return list(kloop.results)[:len(accs)]
+                    return self.lane_sums(lanes, columns(lane),
+                                          arith.remui(lane, self.cidx(lanes.warp)), row_of, rb)
 
                 summed = lanes.reduce(lanes.each(accumulate), "add", lanes.warp, 1)
 
@@ -328,3 +271,67 @@ class MatmulSkinnyT(Matmul):
                         scf.yield_([])
                 lanes.each(store)
                 scf.yield_([])
+
+    def lane_sums(self, lanes, cols: list, part, row_of: list, rb: int) -> list:
+        """The partial dot products one lane adds up: for each row of B^T in
+        `cols` and each of the `rb` rows of A in `row_of` (row of B^T major),
+        the products over the K chunks lane `part` of its warp takes (see
+        the class docstring)."""
+        a, b = self.op.operands[:2]
+        vec = MatmulSkinny.vec(self.op)
+        rw = len(cols)
+        unroll = max(1, self.LOADS // rw)
+        k_chunks = b.shape[1] // vec
+        last_chunk = self.cidx(k_chunks - 1)
+        stride = self.cidx(lanes.warp * unroll)
+
+        # Carried in their storage type on the GPU; as f32
+        # when simulated (x86 code would round a bf16 value
+        # carried across iterations through a library call).
+        raw = not self.target.simulate_lanes
+
+        def load(chunk) -> list:
+            """The weight and A vectors of an iteration's chunks
+            (clamped into K)."""
+            values = []
+            for u in range(unroll):
+                c = arith.minsi(arith.addi(chunk, self.cidx(u * lanes.warp)),
+                                last_chunk)
+                k0 = arith.muli(c, self.cidx(vec))
+                values += [self.vload(b, [col, k0], vec, aligned=True, widen=not raw)
+                           for col in cols]
+                values += [self.vload(a, [row_of[r], k0], vec, aligned=True,
+                                      widen=not raw) for r in range(rb)]
+            return values
+
+        accs = [self.cf32(0.0) for _ in range(rw * rb)]
+        loaded = load(part)
+        kloop = scf.ForOp(part, self.cidx(k_chunks), stride, accs + loaded)
+        with ir.InsertionPoint(kloop.body):
+            chunk = kloop.induction_variable
+            carried = list(kloop.inner_iter_args)
+            updated, current = carried[:len(accs)], carried[len(accs):]
+            # The next iteration's loads first (past K they
+            # re-read the last chunk, unused).
+            upcoming = load(arith.addi(chunk, stride))
+            per = rw + rb
+            for u in range(unroll):
+                weights = [self.widen(v, b) for v in current[u * per:u * per + rw]]
+                xs = [self.widen(v, a) for v in current[u * per + rw:(u + 1) * per]]
+                valid = None
+                if u:
+                    valid = arith.cmpi(arith.CmpIPredicate.slt, arith.addi(
+                        chunk, self.cidx(u * lanes.warp)), self.cidx(k_chunks))
+                for j in range(rw):
+                    for r in range(rb):
+                        acc = updated[j * rb + r]
+                        summed = acc
+                        for i in range(vec):
+                            summed = math_dialect.fma(
+                                vector.extract(xs[r], [], [i]),
+                                vector.extract(weights[j], [], [i]), summed)
+                        updated[j * rb + r] = (
+                            summed if valid is None
+                            else arith.select(valid, summed, acc))
+            scf.yield_(updated + upcoming)
+        return list(kloop.results)[:len(accs)]

@@ -10,6 +10,12 @@ Kernels:
   (`matmul_scalar.Matmul`), whose loads of B dequantize each value
   (`packed_loads`) and accumulate in f32: the widened weights' product up
   to the order of the sums;
+* cuda (`MatmulPackedGPU`, also with simulated lanes): the GEMV of
+  `matmul_gemv.MatmulSkinnyT` (warps own rows of B^T, lanes split K,
+  shuffle reductions) whose lanes take the values k = lane, lane + 32,
+  ... one at a time: a warp's loads of B read a block's consecutive
+  bytes, and each value is dequantized in registers (`packed_loads`)
+  and accumulated in f32 as the widened product is;
 * cpu (`MatmulPackedCPU`): int8 dot products, as llama.cpp computes on
   the CPU. The tile first quantizes its rows of A into a stack panel:
   each block of 32 values gets d = max|x| / 127 and q = round(x / d)
@@ -39,6 +45,7 @@ from mlir import ir
 from mlir.dialects import arith, llvm, math, memref, scf, vector
 
 from .. import packed
+from .matmul_gemv import MatmulSkinnyT
 from .matmul_scalar import Matmul
 from .packed_loads import _k_scale_min, signed_byte
 
@@ -52,18 +59,41 @@ def _has_avx2() -> bool:
 
 
 def choose_packed(op, target) -> type:
-    """The kernel of matmul `op` whose `b` is packed, on `target`; raises
-    NotImplementedError on CUDA (no GPU kernels, and no device storage for
-    packed weights yet)."""
-    b = op.operands[1]
-    if target.kind == "cuda":
-        raise NotImplementedError(
-            f"matmul {op.name}: packed weight '{b.name}' ({b.dtype}) on the CUDA target: the GPU "
-            f"kernels for packed weights are not written yet (load the model with "
-            f"packed=False, or widen the weight)")
+    """The kernel of matmul `op` whose `b` is packed, on `target`."""
     if target.kind == "cpu" and MatmulPackedCPU.applies(op):
         return MatmulPackedCPU
+    if MatmulPackedGPU.applies(op, target):
+        return MatmulPackedGPU
     return Matmul
+
+
+class MatmulPackedGPU(MatmulSkinnyT):
+    """GPU GEMV over a packed B^T: `MatmulSkinnyT`'s warps, passes and
+    reductions, each lane taking one value of K at a time (see the module
+    docstring)."""
+
+    @classmethod
+    def name(cls, op) -> str:
+        return f"matmul_{op.operands[1].dtype}_gemv"
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        return packed.is_packed(op.operands[1].dtype) and super().applies(op, target)
+
+    def lane_sums(self, lanes, cols: list, part, row_of: list, rb: int) -> list:
+        """Each (row of B^T, row of A) pair's products over the values k =
+        part, part + 32, ... of K, the weight dequantized as it is loaded."""
+        a, b = self.op.operands[:2]
+        accs = [self.cf32(0.0) for _ in range(len(cols) * rb)]
+        kloop = scf.ForOp(part, self.cidx(b.shape[1]), self.cidx(lanes.warp), accs)
+        with ir.InsertionPoint(kloop.body):
+            k = kloop.induction_variable
+            weights = [self.load(b, [col, k]) for col in cols]
+            xs = [self.load(a, [row_of[r], k]) for r in range(rb)]
+            carried = list(kloop.inner_iter_args)
+            scf.yield_([math.fma(xs[r], weights[j], carried[j * rb + r])
+                        for j in range(len(cols)) for r in range(rb)])
+        return list(kloop.results)
 
 
 class MatmulPackedCPU(Matmul):

@@ -104,21 +104,22 @@ def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "a
 def packed_weights(checkpoint, packed: Optional[bool], *, target: str = "cpu",
                    kernels: str = "native", tensor_parallel: int = 1) -> dict:
     """The weights of `checkpoint` that stay packed (name -> format of
-    `etc.packed`; `build_step_graph`'s weight_formats): with `packed`
-    None (the default) or True, every weight a GGUF file stores in a block
-    format and the step reads by rows, on the CPU target with its native
-    kernels on one rank; with False none (all widened to the compute
-    dtype, the reference). packed=True where packed weights cannot run
-    (CUDA, simulated GPU kernels, tensor parallelism) is a ValueError."""
+    `etc.packed`; `build_step_graph`'s weight_formats): every weight a GGUF
+    file stores in a block format and the step reads by rows, or none
+    (all widened to the compute dtype, the reference). `packed` None (the
+    default) packs them on the CPU target with its native kernels; True
+    packs them on CUDA and with simulated GPU kernels too (their GPU
+    kernels are checked under the lane simulation and by ptxas, not yet
+    run on a GPU); False never. Tensor parallelism widens them
+    (packed=True with it is a ValueError)."""
     if packed not in (None, True, False):
         raise ValueError(f"load: packed={packed!r} must be True, False or None")
-    possible = target == "cpu" and kernels == "native" and tensor_parallel == 1
-    if packed and not possible:
-        raise ValueError(f"load: packed=True: packed weights run on the CPU target with its "
-                         f"native kernels on one rank (asked: target={target!r}, "
-                         f"kernels={kernels!r}, tensor_parallel={tensor_parallel}); the GPU "
-                         f"kernels for them are not written yet")
-    if packed is False or not possible or not hasattr(checkpoint, "weight_formats"):
+    if packed and tensor_parallel != 1:
+        raise ValueError(f"load: packed=True: packed weights are not split over ranks "
+                         f"(tensor_parallel={tensor_parallel}); load with packed=False")
+    default = target == "cpu" and kernels == "native" and tensor_parallel == 1
+    if packed is False or (packed is None and not default) or \
+            not hasattr(checkpoint, "weight_formats"):
         return {}
     return checkpoint.weight_formats()
 
