@@ -142,16 +142,21 @@ def write_gguf(directory: Path) -> Path:
 
 class LlamaCpp:
     """llama.cpp through llama-cpp-python's C API: one context with a
-    sequence per request, a batch of one token per sequence per step."""
+    sequence per request, a batch of one token per sequence per step.
+    `gguf` names a GGUF file to load as it is instead of the checkpoint
+    directory's weights (bench/quant_peer.py); `repack=False` turns off
+    llama.cpp's extra buffer types (weight repacking, AMX)."""
 
-    def __init__(self, directory: Path, threads: int):
+    def __init__(self, directory: Path, threads: int, gguf: Path | None = None,
+                 repack: bool = True):
         import llama_cpp
 
         self.cpp = llama_cpp
         self.threads = threads
-        self.path = str(write_gguf(directory))
+        self.path = str(gguf if gguf is not None else write_gguf(directory))
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
+        params.use_extra_bufts = repack
         self.model = llama_cpp.llama_model_load_from_file(self.path.encode(), params)
         if not self.model:
             raise SystemExit(f"llama.cpp could not load {self.path}")

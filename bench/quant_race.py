@@ -43,6 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
+from llm_decode_cpu import ETC
+
 ROOT = Path(__file__).resolve().parents[1]
 
 MODELS = {
@@ -193,32 +195,6 @@ class Peer:
         self.process.wait(timeout=60)
 
 
-class ETC:
-    name = "ETC"
-
-    def __init__(self, path: Path, threads: int):
-        import etc.models as models
-
-        self.models = models
-        self.model = models.load(path, workers=threads, max_seq_len=256)
-
-    def decode_ms(self, batch: int, prompt: int, steps: int) -> list:
-        models, model = self.models, self.model
-        rng = np.random.default_rng(batch)
-        cache = model.new_cache(batch, prompt + steps + 2)
-        requests = [models.Request(r, 0, rng.integers(0, model.config.vocab_size,
-                                                      prompt).tolist()) for r in range(batch)]
-        _, next_ids = model.step(cache, requests)
-        times = []
-        for step in range(steps):
-            requests = [models.Request(r, prompt + step, [int(next_ids[r])])
-                        for r in range(batch)]
-            start = time.perf_counter()
-            _, next_ids = model.step(cache, requests)
-            times.append((time.perf_counter() - start) * 1e3)
-        return times
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=list(MODELS), default="smol")
@@ -254,7 +230,8 @@ def main() -> None:
                 first, peak = run_first(command)
                 starts[name].append(first)
                 peaks[name] = max(peaks[name], peak)
-        engines = [ETC(path, args.threads), Peer(args.peer_python, path, args.threads)]
+        engines = [ETC(path, args.threads, "auto", "f32", 256),
+                   Peer(args.peer_python, path, args.threads)]
         results: dict = {}
         for _ in range(args.rounds):
             for batch in batches:
@@ -262,18 +239,15 @@ def main() -> None:
                     time.sleep(0.2)
                     results.setdefault((engine.name, batch), []).extend(
                         engine.decode_ms(batch, args.prompt, args.steps))
-        peaks["llama.cpp"] = max(peaks["llama.cpp"], int(engines[1].ask("rss")[1]))
         engines[1].close()
         print(f"{'B':>3} {'ETC tok/s':>10} {'llama.cpp':>10} {'ratio':>6}")
         for batch in batches:
             ours = batch * 1e3 / statistics.median(results[("ETC", batch)])
             theirs = batch * 1e3 / statistics.median(results[("llama.cpp", batch)])
             print(f"{batch:>3} {ours:>10.1f} {theirs:>10.1f} {ours / theirs:>6.2f}")
-        print(f"peak memory: ETC {peaks['ETC'] / 1e6:.0f} MB, llama.cpp "
-              f"{peaks['llama.cpp'] / 1e6:.0f} MB (ratio "
-              f"{peaks['ETC'] / max(peaks['llama.cpp'], 1):.2f}; ETC's is of a process that "
-              f"loads and decodes 16 tokens, llama.cpp's the larger of that and its decode "
-              f"rounds)")
+        print(f"peak memory of a process that loads the file and decodes 16 tokens: ETC "
+              f"{peaks['ETC'] / 1e6:.0f} MB, llama.cpp {peaks['llama.cpp'] / 1e6:.0f} MB (ratio "
+              f"{peaks['ETC'] / max(peaks['llama.cpp'], 1):.2f})")
         ours, theirs = statistics.median(starts["ETC"]), statistics.median(starts["llama.cpp"])
         print(f"warm start to first token: ETC {ours:.2f} s, llama.cpp {theirs:.2f} s (ratio "
               f"{ours / theirs:.2f})")

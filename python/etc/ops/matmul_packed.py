@@ -358,12 +358,16 @@ class MatmulPackedCPU(Matmul):
 
     def nibbles(self, v16: ir.Value) -> ir.Value:
         """A 32-value block's 16 bytes as 32 values: the low nibbles, then
-        the high ones."""
-        both = vector.shuffle(v16, v16, list(range(16)) + list(range(16)))
-        first = vector.from_elements(ir.VectorType.get([self.BLOCK], self.i8), [
-            arith.constant(self.i8, ir.IntegerAttr.get(self.i8, 0 if j < 16 else 4))
-            for j in range(self.BLOCK)])
-        return arith.andi(arith.shrui(both, first), self.splat_i8(0x0F))
+        the high ones (one shift for all 16 bytes: x86 has no per-byte
+        variable shift)."""
+        kind = v16.type
+        low_mask = arith.constant(kind, ir.DenseElementsAttr.get_splat(
+            kind, ir.IntegerAttr.get(self.i8, 0x0F)))
+        four = arith.constant(kind, ir.DenseElementsAttr.get_splat(
+            kind, ir.IntegerAttr.get(self.i8, 4)))
+        low = arith.andi(v16, low_mask)
+        high = arith.shrui(v16, four)
+        return vector.shuffle(low, high, list(range(self.BLOCK)))
 
     def fifth_bits(self, qh: ir.Value) -> ir.Value:
         """Bit j of the little-endian u32 `qh` (vector<4xi8>) times 16, for
