@@ -27,11 +27,9 @@ import textwrap
 import numpy as np
 import pytest
 
-pytest.importorskip("gguf")
-
-import etc.models as models  # noqa: E402
-from etc import packed  # noqa: E402
-from etc.models.testing import checkpoint_tensors, tiny_config, write_gguf  # noqa: E402
+import etc.models as models
+from etc import packed
+from etc.models.testing import checkpoint_tensors, tiny_config, write_gguf
 
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, vocab_size=300)

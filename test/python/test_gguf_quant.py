@@ -6,15 +6,15 @@ damaged files."""
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
+import tokenizers
 
-gguf = pytest.importorskip("gguf")
-
-from etc import packed  # noqa: E402
-from etc.models.loading import gguf_file  # noqa: E402
-from etc.models.loading.gguf import TENSOR_TYPES, GGUFCheckpoint, GGUFError  # noqa: E402
-from etc.models.testing import tiny_config, write_gguf  # noqa: E402
+from etc import packed
+from etc.models.loading import gguf_file
+from etc.models.loading.gguf import TENSOR_TYPES, GGUFCheckpoint, GGUFError
+from etc.models.testing import tiny_config, write_gguf
 
 QWEN3 = tiny_config("Qwen3ForCausalLM")
 #: The formats the gguf package's quantizer writes (the others: K-quants, IQ4_NL).
@@ -99,7 +99,7 @@ def test_metadata_equals_the_gguf_packages_reader(tmp_path):
     table read as `gguf.GGUFReader` reads them."""
     from etc.models.testing import write_tokenizer
 
-    tokenizer = tokenizers_module().Tokenizer.from_file(
+    tokenizer = tokenizers.Tokenizer.from_file(
         str(write_tokenizer(tmp_path / "tok", 400) / "tokenizer.json"))
     metadata = {"test.u32": 7, "test.f32": 0.1, "test.bool": True, "test.text": "héllo",
                 "test.ints": [1, 2, 3], "test.floats": [0.5, 1.5], "test.words": ["a", "", "ü"]}
@@ -128,10 +128,6 @@ def test_metadata_equals_the_gguf_packages_reader(tmp_path):
                                           tensor.data.view(np.uint8).reshape(-1))
             assert ours.tensors[tensor.name].type == tensor.tensor_type.name
     assert ours.metadata["test.uint64"] == 2**40 and ours.metadata["test.float64"] == 0.1
-
-
-def tokenizers_module():
-    return pytest.importorskip("tokenizers")
 
 
 def test_truncated_and_damaged_files_name_the_tensor_or_field(tmp_path):

@@ -60,8 +60,9 @@ def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "a
     """`load`'s options checked and completed with their defaults: the
     options of `build_step_graph` (dtype, max_seq_len, chunk, kv_dtype,
     kv_block_size, weight_formats: the packed weights, `packed_weights`)
-    and of `etc.compile` (target, schedule, workers, chip, kernels). With the config they are all the step kernel's code depends
-    on. The KV caches' dtype is by default the compute dtype (a bf16 model
+    and of `etc.compile` (target, schedule, workers, chip, kernels). With
+    the config they are all the step kernel's code depends on. The KV
+    caches' dtype is by default the compute dtype (a bf16 model
     keeps bf16 keys and values: half the memory and half the attention's
     bytes of float32)."""
     if dtype not in MODEL_DTYPES:
