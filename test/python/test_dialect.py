@@ -1,7 +1,8 @@
 """The event dialect from Python: upstream `mlir.ir` and `etc` in one process."""
 
-import subprocess
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,28 @@ def test_examples_round_trip_with_etc_opt(example, tmp_path):
     second = subprocess.run([etc_opt, str(tmp_path / "once.mlir")], check=True,
                             capture_output=True, text=True).stdout
     assert first == second
+
+
+_IMPORT_ORDER = """
+import sys
+order = sys.argv[1]
+if order == "mlir-first":
+    import mlir.ir
+import etc, etc.models
+assert ("mlir" in sys.modules) == (order == "mlir-first"), sorted(m for m in sys.modules if m.startswith("mlir"))
+if order == "etc-first":
+    import mlir.ir
+context = mlir.ir.Context()
+assert context.is_registered_operation("event.graph")
+assert etc.compiler_missing() is None and etc.Graph.__name__ == "Graph"
+"""
+
+
+@pytest.mark.parametrize("order", ["etc-first", "mlir-first"])
+def test_import_etc_loads_no_mlir_and_registers_the_dialect_whenever_mlir_comes(order):
+    """`import etc` (and `etc.models`, what serving from the cache needs)
+    maps no MLIR library; a Context made after MLIR is imported, before or
+    after etc, knows the event dialect."""
+    result = subprocess.run([sys.executable, "-c", _IMPORT_ORDER, order], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

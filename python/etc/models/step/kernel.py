@@ -44,7 +44,7 @@ class KernelNotCachedError(RuntimeError):
                  if store is not None else "the compile cache is off")
         super().__init__(
             f"load: the step kernel of {name} is not compiled: {where}, and the compiler "
-            f"cannot be imported here ({etc._COMPILER_MISSING}). Compile it where ETC's "
+            f"cannot be imported here ({etc.compiler_missing()}). Compile it where ETC's "
             f"compiler is installed, with the same options (etc compile {name} --target "
             f"{target} ...), then copy the cache directory here (or set ETC_CACHE_DIR), or "
             f"pass the file 'etc compile -o FILE' wrote as kernel=FILE")
@@ -164,7 +164,7 @@ def step_kernel(config: ModelConfig, graph_options: dict, compile_options: dict,
             return found, "cache", time.perf_counter() - start
     import etc
 
-    if etc._COMPILER_MISSING is not None:
+    if etc.compiler_missing() is not None:
         raise KernelNotCachedError(name, compile_options["target"], store)
     # The compiler, imported only now: everything above runs without MLIR.
     from ...compiler import compile as _compile
