@@ -186,3 +186,24 @@ def test_models_load_from_the_cache_without_mlir(cached):
     assert report["tokens"] == first.generate(PROMPTS, 4).tokens
     assert "the compiler cannot be imported here" in report["message"]
     assert "etc compile" in report["message"]
+
+
+def test_a_model_from_the_cache_maps_no_mlir_where_mlir_is_installed(cached):
+    """Serving from the cache needs no compiler, so it does not load one:
+    `import etc` is lazy about MLIR (about 120 MB of it)."""
+    checkpoint, directory, first = cached
+    script = textwrap.dedent("""
+        import json, sys
+        import etc.models
+        model = etc.models.load(sys.argv[1], cache=sys.argv[2], **json.loads(sys.argv[4]))
+        tokens = model.generate(json.loads(sys.argv[3]), 4).tokens
+        print(json.dumps({"source": model.kernel_source, "tokens": tokens,
+                          "mlir": sorted(m for m in sys.modules if m.split(".")[0] == "mlir")}))
+    """)
+    result = subprocess.run([sys.executable, "-c", script, str(checkpoint), str(directory),
+                             json.dumps(PROMPTS), json.dumps(LOAD)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["source"] == "cache" and report["mlir"] == []
+    assert report["tokens"] == first.generate(PROMPTS, 4).tokens
