@@ -12,7 +12,7 @@ import numpy as np
 from .loading.safetensors import save_file
 
 __all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint", "write_gguf",
-           "checkpoint_tensors", "write_tokenizer", "CHAT_TEMPLATE", "TEXT",
+           "gguf_tensor_name", "checkpoint_tensors", "write_tokenizer", "CHAT_TEMPLATE", "TEXT",
            "shaped_config", "SHAPES"]
 
 #: What `write_tokenizer` trains on: a little English, with accents, CJK
@@ -163,27 +163,36 @@ def tensor_shapes(config: dict) -> dict:
     return t
 
 
-def _tensors(config: dict, rng: np.random.Generator) -> dict:
+def _tensors(config: dict, rng: np.random.Generator, sharp: bool = False) -> dict:
     """Random weights under Hugging Face's names, scaled so that activations
-    stay near unit size and logits are not flat."""
+    stay near unit size and logits are not flat; `sharp`: see
+    `write_checkpoint` (the same draws, so the other tensors are equal)."""
     h = config["hidden_size"]
     tensors = {}
     for name, shape in tensor_shapes(config).items():
         if name.endswith("norm.weight"):
-            tensors[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+            draw = rng.standard_normal(shape)
+            if sharp:
+                gain = 1.4 if name.endswith(("q_norm.weight", "k_norm.weight")) else 1.0
+                weight = gain * np.exp(0.5 * draw)
+            else:
+                weight = 1.0 + 0.1 * draw
+            tensors[name] = weight.astype(np.float32)
             continue
-        # Embeddings smaller, the router's logits larger.
+        # Embeddings smaller, the router's logits larger (unless sharp).
         fan_in = {"model.embed_tokens.weight": 16 * h}.get(name, shape[-1])
-        if name.endswith("mlp.gate.weight"):
+        if name.endswith("mlp.gate.weight") and not sharp:
             fan_in = h / 8
+        if sharp and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            fan_in /= 4
         tensors[name] = (rng.standard_normal(shape) * (1.0 / np.sqrt(fan_in))).astype(np.float32)
     return tensors
 
 
-def checkpoint_tensors(config: dict, seed: int = 0) -> dict:
-    """The random tensors `write_checkpoint(..., seed=seed)` writes, float32,
-    under Hugging Face's names."""
-    return _tensors(config, np.random.default_rng(seed))
+def checkpoint_tensors(config: dict, seed: int = 0, *, sharp: bool = False) -> dict:
+    """The random tensors `write_checkpoint(..., seed=seed, sharp=sharp)`
+    writes, float32, under Hugging Face's names."""
+    return _tensors(config, np.random.default_rng(seed), sharp)
 
 
 def write_tokenizer(path, vocab_size: int, *, chat_template: Optional[str] = CHAT_TEMPLATE,
@@ -222,15 +231,22 @@ def write_tokenizer(path, vocab_size: int, *, chat_template: Optional[str] = CHA
 
 def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32", seed: int = 0,
                      shards: int = 1, drop: tuple = (), tokenizer: bool = False,
-                     **tokenizer_options) -> Path:
+                     sharp: bool = False, **tokenizer_options) -> Path:
     """Writes a random checkpoint of `config` (default `tiny_config()`) to
     directory `path`: config.json and `shards` safetensors files of `dtype`
     ("F32", "F16" or "BF16"). Tensors named in `drop` are left out (to test
-    errors). With `tokenizer`, also a trained BPE tokenizer and chat
-    template (`write_tokenizer`; `tokenizer_options` go to it; the config
-    needs vocab_size >= 300), config.json's `eos_token_id` (`<|im_end|>`,
-    unless the config sets one) and a generation_config.json that adds
-    `<|endoftext|>`. Returns the path."""
+    errors). `sharp`: as in trained models, norm weights spread
+    log-normally (e^(z/2): 0.4 to 2.7; q/k norms 1.4 times that) instead of
+    near 1, query and key projections twice as large, router logits not
+    enlarged: every norm weight matters, attention is sharp enough that
+    positions (RoPE) matter and the top-k renormalisation changes the
+    experts' weights, so that a wrong model stands out of half-precision
+    rounding (the goldens of test/python/hf_goldens.py). With `tokenizer`,
+    also a trained BPE tokenizer and chat template (`write_tokenizer`;
+    `tokenizer_options` go to it; the config needs vocab_size >= 300),
+    config.json's `eos_token_id` (`<|im_end|>`, unless the config sets one)
+    and a generation_config.json that adds `<|endoftext|>`. Returns the
+    path."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = dict(config or tiny_config())
@@ -241,7 +257,7 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
         (path / "generation_config.json").write_text(
             json.dumps({"eos_token_id": [turn_end, end]}, indent=1))
     (path / "config.json").write_text(json.dumps(config, indent=1))
-    tensors = {k: v for k, v in _tensors(config, np.random.default_rng(seed)).items()
+    tensors = {k: v for k, v in _tensors(config, np.random.default_rng(seed), sharp).items()
                if k not in drop}
     names = list(tensors)
     if shards == 1:
@@ -259,24 +275,25 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
     return path
 
 
-#: Hugging Face tensor-name suffixes and the GGUF names llama.cpp's
-#: converter gives them (per layer).
-_GGUF_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-    "mlp.gate.weight": "ffn_gate_inp.weight",
-}
 _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3",
                        "Qwen3MoeForCausalLM": "qwen3moe"}
+
+
+def gguf_tensor_name(architecture: str, name: str, layers: int) -> str:
+    """The GGUF name of Hugging Face tensor `name` (an expert's stacked as
+    `model.layers.<i>.mlp.experts.<proj>.weight`, as llama.cpp's converter
+    merges them) in a file of GGUF `architecture`, from the `gguf`
+    package's own name map (`gguf.tensor_mapping`). llama.cpp's qwen3moe
+    has no dense MLP layers: those of a Qwen3-MoE with `mlp_only_layers`
+    take llama's names, as ETC reads them."""
+    import gguf
+
+    for arch in (architecture, "llama"):
+        kind = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+        found = gguf.get_tensor_name_map(kind, layers).get_name(name, try_suffixes=(".weight",))
+        if found is not None:
+            return found
+    raise KeyError(f"gguf's name map has no GGUF name for {name!r} in {architecture}")
 
 
 def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_type: str = "F32",
@@ -289,8 +306,9 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
                tensor_types: Optional[dict] = None) -> Path:
     """Writes the checkpoint `write_checkpoint(config, seed=seed)` writes (or
     `tensors`, under Hugging Face's names) as one GGUF file at `path`, as
-    llama.cpp's converter lays it out: its metadata keys and tensor names,
-    Llama's Q and K rows permuted, experts stacked (E, out, in).
+    llama.cpp's converter lays it out: the `gguf` package's metadata keys
+    (`GGUFWriter`) and tensor names (`gguf_tensor_name`), Llama's Q and K
+    rows permuted, experts stacked (E, out, in).
 
     `tensor_type` ("F32", "F16", "BF16", or a packed format of
     `etc.packed`: "Q8_0", "Q4_K", ...) is that of every matrix whose rows
@@ -337,31 +355,24 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
             w.shape)
 
+    layers = config["num_hidden_layers"]
     out: dict = {}
     for name, array in tensors.items():
-        if name == "model.embed_tokens.weight":
-            out["token_embd.weight"] = array
-        elif name == "model.norm.weight":
-            out["output_norm.weight"] = array
-        elif name == "lm_head.weight":
-            out["output.weight"] = array
-        else:
-            layer, rest = name[len("model.layers."):].split(".", 1)
-            if ".experts." in rest:
-                continue  # stacked below
-            if architecture == "llama" and rest == "self_attn.q_proj.weight":
-                array = permute(array, heads)
-            elif architecture == "llama" and rest == "self_attn.k_proj.weight":
-                array = permute(array, kv_heads)
-            out[f"blk.{layer}.{_GGUF_LAYER_NAMES[rest]}"] = array
+        if ".experts." in name:
+            continue  # stacked below
+        if architecture == "llama" and name.endswith("self_attn.q_proj.weight"):
+            array = permute(array, heads)
+        elif architecture == "llama" and name.endswith("self_attn.k_proj.weight"):
+            array = permute(array, kv_heads)
+        out[gguf_tensor_name(architecture, name, layers)] = array
     if architecture == "qwen3moe":
-        for i in range(config["num_hidden_layers"]):
+        for i in range(layers):
             p = f"model.layers.{i}.mlp.experts."
             if p + "0.gate_proj.weight" not in tensors:
                 continue
-            for proj, gguf_name in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"),
-                                    ("down_proj", "ffn_down_exps")):
-                out[f"blk.{i}.{gguf_name}.weight"] = np.stack(
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                stacked = gguf_tensor_name(architecture, f"{p}{proj}.weight", layers)
+                out[stacked] = np.stack(
                     [tensors[f"{p}{j}.{proj}.weight"] for j in range(config["num_experts"])])
     if rope_freqs is not None:
         out["rope_freqs.weight"] = np.asarray(rope_freqs, np.float32)
