@@ -99,3 +99,12 @@ clean:
 # and run.py, in build/gpu-kit/, to take to a GPU machine.
 gpu-kit: install
 	$(RUN) $(PY) kit/build.py --out build/gpu-kit
+
+# The outside oracles' test data in test/python/goldens/ (docs/models.md,
+# "Tests"): transformers' logits and greedy tokens (test/python/hf_goldens.py).
+# Needs a Python with torch and transformers: GOLDENS_PYTHON=/path/to/bin/python;
+# the project is read from here.
+GOLDENS_PYTHON ?= $(PY)
+.PHONY: goldens
+goldens:
+	PYTHONPATH="$(CURDIR)/python:$(CURDIR)/test/python" $(GOLDENS_PYTHON) test/python/hf_goldens.py

@@ -3,7 +3,9 @@
 `rope_theta` (transformers 4), every RoPE variant implemented or refused by
 name, and values that are not what their field means refused naming the
 field. Whole models with such configs are checked against the NumPy forward
-pass and, when torch and transformers import, against Hugging Face."""
+pass and against Hugging Face transformers: its goldens (hf_goldens.py:
+frequencies, attention factors, logits and tokens), and live when torch and
+transformers import."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ import numpy as np
 import pytest
 
 import etc.models as models
+import hf_goldens
 from etc.models.step import reference
 from etc.models.loading.checkpoint import Checkpoint
 from etc.models.loading.config import ModelConfig
-from etc.models.testing import as_transformers5, tiny_config, write_checkpoint
+from etc.models.testing import as_transformers5, tiny_config
 
 PROMPTS = [[5, 17, 3, 44, 60, 2, 9, 81, 33, 12, 7], [4, 90]]
 NEW = 4
@@ -27,13 +30,7 @@ LOAD = dict(workers=2, max_seq_len=32, attention_chunk=8)
 #: `rope_theta`): a Qwen3 with a RoPE base of 100000 (a Qwen-style chat
 #: model), and a Llama with yarn scaling (its attention factor scales the
 #: logits).
-V5_CONFIGS = {
-    "qwen3_theta": as_transformers5(tiny_config("Qwen3ForCausalLM", rope_theta=100000.0)),
-    "llama_yarn": as_transformers5(tiny_config(
-        "LlamaForCausalLM", rope_theta=50000.0,
-        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
-                      "beta_fast": 8, "beta_slow": 1})),
-}
+V5_CONFIGS = hf_goldens.V5_CONFIGS
 
 
 def _expected_inv_freq(d: int, theta: float, kind: str, p: dict, max_positions: int):
@@ -72,21 +69,13 @@ def _expected_inv_freq(d: int, theta: float, kind: str, p: dict, max_positions: 
     return np.array(out)
 
 
-@pytest.mark.parametrize("kind, params", [
-    ("default", {}),
-    ("linear", {"factor": 2.5}),
-    ("llama3", {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64}),
-    ("yarn", {"factor": 4.0, "original_max_position_embeddings": 32}),
-    ("yarn", {"factor": 16.0, "original_max_position_embeddings": 64, "beta_fast": 16,
-              "beta_slow": 2, "mscale": 0.8, "mscale_all_dim": 0.5}),
-])
+@pytest.mark.parametrize("case", range(len(hf_goldens.ROPE_CASES)),
+                         ids=[f"{kind}{i}" for i, (kind, _) in enumerate(hf_goldens.ROPE_CASES)])
 @pytest.mark.parametrize("written_by", ["transformers4", "transformers5"])
-def test_every_rope_variant_gives_hugging_faces_frequencies(kind, params, written_by):
-    theta = 250000.0
-    v4 = tiny_config("LlamaForCausalLM", head_dim=32, rope_theta=theta,
-                     rope_scaling={"rope_type": kind, **params} if kind != "default" else None)
-    raw = as_transformers5(v4) if written_by == "transformers5" else v4
+def test_every_rope_variant_gives_hugging_faces_frequencies(case, written_by):
+    kind, params = hf_goldens.ROPE_CASES[case]
+    theta = hf_goldens.ROPE_THETA
+    raw = hf_goldens.rope_config(kind, params, written_by)
     if written_by == "transformers5":
         assert "rope_theta" not in raw and raw["rope_parameters"]["rope_theta"] == theta
     config = ModelConfig.from_dict(raw)
@@ -102,6 +91,11 @@ def test_every_rope_variant_gives_hugging_faces_frequencies(kind, params, writte
     else:
         assert config.rope_attention_factor == 1.0
         assert config.attention_scale == 1 / math.sqrt(32)
+    # transformers' own functions, as the goldens recorded them (and live
+    # when it imports): the frequencies and the attention factor.
+    golden = hf_goldens.load_rope()[f"{case}-{written_by}"]
+    np.testing.assert_allclose(config.rope_inv_freq(), golden[1:], rtol=1e-5)
+    assert config.rope_attention_factor == pytest.approx(golden[0])
     _compare_with_transformers(raw, config)
 
 
@@ -113,7 +107,7 @@ def _compare_with_transformers(raw: dict, config: ModelConfig) -> None:
         import transformers
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     except ImportError:
-        return
+        return  # the goldens stand in for it
     hf = transformers.AutoConfig.for_model(raw["model_type"], **{
         k: v for k, v in raw.items() if k not in ("architectures", "model_type")})
     rope = getattr(hf, "rope_parameters", None) or {"rope_type": "default"}
@@ -135,9 +129,10 @@ def _compare_with_transformers(raw: dict, config: ModelConfig) -> None:
 
 @pytest.fixture(scope="module")
 def v5_checkpoints(tmp_path_factory):
+    """The goldens' checkpoints (their weights checked to be the goldens')."""
     root = tmp_path_factory.mktemp("v5")
-    return {name: write_checkpoint(root / name, config, seed=3 + i)
-            for i, (name, config) in enumerate(V5_CONFIGS.items())}
+    return {name: hf_goldens.Golden.load(f"{name}-transformers5-f32").write_checkpoint(
+        root / name) for name in V5_CONFIGS}
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +173,14 @@ def test_rope_base_changes_the_tokens(v5_models, v5_checkpoints, tmp_path):
     ours = v5_models["qwen3_theta"].generate(PROMPTS[:1], NEW, return_logits=True)
     wrong = reference.forward(c, weights, PROMPTS[0] + ours.tokens[0][:-1])
     assert np.abs(ours.logits[0] - wrong[len(PROMPTS[0]) - 1:]).max() > 1e-2
+
+
+@pytest.mark.parametrize("name", list(V5_CONFIGS))
+def test_transformers5_checkpoints_match_hugging_face_goldens(name, v5_models):
+    """transformers' logits at every position of three prompts and their
+    greedy continuations, within the f32 tolerance (hf_goldens.tolerance),
+    and its greedy tokens."""
+    hf_goldens.check_model(hf_goldens.Golden.load(f"{name}-transformers5-f32"), v5_models[name])
 
 
 @pytest.mark.parametrize("name", list(V5_CONFIGS))

@@ -1,7 +1,9 @@
 """etc.models on the CPU target: tiny random checkpoints written here,
 whole models checked by teacher forcing against a NumPy forward pass,
 ragged batches of mixed lengths, chunked prefill, bf16 checkpoints, the
-errors, and (when torch and transformers are importable) Hugging Face."""
+errors, and Hugging Face transformers: against its goldens (hf_goldens.py)
+for every architecture, config style and dtype, and live when torch and
+transformers are importable."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 
 import etc
 import etc.models as models
+import hf_goldens
 from etc.models.step import reference
 from etc.models.loading.checkpoint import Checkpoint
 from etc.models.loading.safetensors import SafetensorsFile, save_file
@@ -23,15 +26,9 @@ PROMPTS = [[5], [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
 NEW = 4
 LOAD = dict(workers=3, max_seq_len=32, attention_chunk=4)
 
-CONFIGS = {
-    # Llama 3 style: an untied LM head and llama3 RoPE scaling.
-    "llama": tiny_config("LlamaForCausalLM", rope_theta=500000.0, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 16}),
-    "qwen3": tiny_config("Qwen3ForCausalLM"),
-    # One dense layer, then a sparse one.
-    "qwen3_moe": tiny_config("Qwen3MoeForCausalLM", mlp_only_layers=[0]),
-}
+#: Llama 3 style (an untied LM head and llama3 RoPE scaling), Qwen3, and
+#: Qwen3-MoE with one dense layer, then a sparse one: the goldens' configs.
+CONFIGS = hf_goldens.ARCHITECTURES
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +39,16 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def loaded(checkpoints):
-    return {name: models.load(path, **LOAD) for name, path in checkpoints.items()}
+def kernel_cache(tmp_path_factory):
+    """A compile cache of the module's own: the golden models take the step
+    kernels compiled for `loaded` (the same configs, other weights)."""
+    return tmp_path_factory.mktemp("kernels")
+
+
+@pytest.fixture(scope="module")
+def loaded(checkpoints, kernel_cache):
+    return {name: models.load(path, cache=kernel_cache, **LOAD)
+            for name, path in checkpoints.items()}
 
 
 def _teacher_forcing(path, prompts, out, tol=2e-4, kv_dtype="f32"):
@@ -147,22 +152,6 @@ def test_bf16_checkpoint(tmp_path):
     # The widened bf16 weights are exact float32 values: teacher forcing
     # holds as tightly as for float32 checkpoints.
     _teacher_forcing(path, PROMPTS, out)
-
-
-@pytest.mark.parametrize("dtype, tol", [("f16", 3e-2), ("bf16", 1.5e-1)])
-def test_half_precision_compute(checkpoints, dtype, tol):
-    """Weights, activations and (by default) the KV cache in half
-    precision, against the float32 forward pass."""
-    model = models.load(checkpoints["qwen3"], dtype=dtype, schedule="static", **LOAD)
-    assert model.kv_dtype == dtype
-    cache = model.new_cache(2, 8)
-    assert {a.dtype for a in cache.arrays.values()} == {
-        np.dtype(np.uint16 if dtype == "bf16" else np.float16)}
-    out = model.generate(PROMPTS, 1, return_logits=True)
-    checkpoint = Checkpoint(checkpoints["qwen3"])
-    for r, prompt in enumerate(PROMPTS):
-        want = reference.forward(checkpoint.config, checkpoint.weights(), prompt)[-1]
-        np.testing.assert_allclose(out.logits[r][0], want, rtol=tol, atol=tol)
 
 
 def test_kv_cache_memory(loaded):
@@ -348,6 +337,22 @@ def test_moe_sparse_layers_follow_hugging_face():
 # ----------------------------------------------------------------------
 # Hugging Face transformers
 # ----------------------------------------------------------------------
+
+#: The f32 goldens (the half-precision ones are test_goldens.py's).
+GOLDENS = [name for name, case in hf_goldens.cases().items()
+           if case["group"] in CONFIGS and case["dtype"] == "f32"]
+
+
+@pytest.mark.parametrize("name", GOLDENS)
+def test_matches_hugging_face_goldens(name, kernel_cache, tmp_path):
+    """transformers' logits at every position of three prompts and their
+    greedy continuations (teacher forced: each prefix a request) within
+    the f32 tolerance (hf_goldens.tolerance: 1.7e-4 of the logits' rms),
+    and its greedy tokens, for config.json as transformers 4 and 5 write
+    it; the kernels are `loaded`'s (the same configs, other weights)."""
+    golden = hf_goldens.Golden.load(name)
+    model = models.load(golden.write_checkpoint(tmp_path / name), cache=kernel_cache, **LOAD)
+    hf_goldens.check_model(golden, model)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
