@@ -101,10 +101,15 @@ gpu-kit: install
 	$(RUN) $(PY) kit/build.py --out build/gpu-kit
 
 # The outside oracles' test data in test/python/goldens/ (docs/models.md,
-# "Tests"): transformers' logits and greedy tokens (test/python/hf_goldens.py).
-# Needs a Python with torch and transformers: GOLDENS_PYTHON=/path/to/bin/python;
-# the project is read from here.
+# "Tests"): transformers' logits and greedy tokens (test/python/hf_goldens.py)
+# and, with LLAMA_CPP=<a llama.cpp source tree>, GGUF files written by its
+# converter and quantized by llama.cpp (test/python/gguf_goldens.py). Needs a
+# Python with torch and transformers (and llama-cpp-python for the GGUF
+# files): GOLDENS_PYTHON=/path/to/bin/python; the project is read from here.
 GOLDENS_PYTHON ?= $(PY)
+LLAMA_CPP ?=
 .PHONY: goldens
 goldens:
 	PYTHONPATH="$(CURDIR)/python:$(CURDIR)/test/python" $(GOLDENS_PYTHON) test/python/hf_goldens.py
+	$(if $(LLAMA_CPP),PYTHONPATH="$(CURDIR)/python:$(CURDIR)/test/python" $(GOLDENS_PYTHON) \
+	  test/python/gguf_goldens.py --llama-cpp $(LLAMA_CPP))

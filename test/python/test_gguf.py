@@ -1,10 +1,16 @@
 """GGUF files (llama.cpp's format) written here with `gguf.GGUFWriter`:
 metadata and tensors checked against the same weights as a safetensors
-checkpoint, every quantized type against a NumPy dequantization of known
-blocks written from ggml's definitions, the tokenizer against the one it was
-written from, whole models against the safetensors models, and the errors."""
+checkpoint, every tensor name and metadata key against the gguf package's
+own (gguf.tensor_mapping, gguf.constants), every quantized type against a
+NumPy dequantization of known blocks written from ggml's definitions, the
+tokenizer against the one it was written from, whole models against the
+safetensors models, and the errors; and files written and quantized (Q8_0)
+by llama.cpp itself (gguf_goldens.py) against transformers' logits of their
+source weights."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -13,6 +19,8 @@ gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
 
 import etc.models as models  # noqa: E402
+import gguf_goldens  # noqa: E402
+import hf_goldens  # noqa: E402
 from etc.models.step import reference  # noqa: E402
 from etc.models.loading.gguf import GGUFCheckpoint, GGUFError, PRE_TOKENIZERS  # noqa: E402
 from etc.models.testing import (checkpoint_tensors, tiny_config, write_checkpoint,  # noqa: E402
@@ -85,6 +93,87 @@ def test_llama3_rope_frequency_factors(tmp_path):
     assert np.any(factors > 1.5)
     gg = GGUFCheckpoint(write_gguf(tmp_path / "m.gguf", CONFIGS["llama"], rope_freqs=factors))
     np.testing.assert_allclose(gg.weights()["inv_freq"], want.rope_inv_freq(), rtol=1e-6)
+
+
+# ----------------------------------------------------------------------
+# Names and keys: the gguf package's own
+# ----------------------------------------------------------------------
+
+#: Configs llama.cpp's architectures hold: qwen3moe with every layer sparse
+#: (llama.cpp's qwen3moe has no dense MLP), llama tied and untied.
+NAME_CONFIGS = {
+    "llama": CONFIGS["llama"],
+    "llama_tied": tiny_config("LlamaForCausalLM", tie_word_embeddings=True),
+    "qwen3": CONFIGS["qwen3"],
+    "qwen3_moe": tiny_config("Qwen3MoeForCausalLM"),
+}
+
+
+def _gguf_names(config: dict) -> dict:
+    """Hugging Face tensor name -> the GGUF name the gguf package maps it to
+    (experts under the name llama.cpp's converter stacks them as), checked
+    to be one of the architecture's tensors in gguf.constants."""
+    import re
+
+    from etc.models.testing import tensor_shapes
+
+    architecture = {"LlamaForCausalLM": gguf.MODEL_ARCH.LLAMA,
+                    "Qwen3ForCausalLM": gguf.MODEL_ARCH.QWEN3,
+                    "Qwen3MoeForCausalLM": gguf.MODEL_ARCH.QWEN3MOE}[config["architectures"][0]]
+    layers = config["num_hidden_layers"]
+    name_map = gguf.get_tensor_name_map(architecture, layers)
+    allowed = {gguf.TENSOR_NAMES[t].format(bid=i) + ".weight"
+               for t in gguf.MODEL_TENSORS[architecture] for i in range(layers)}
+    out = {}
+    for name in tensor_shapes(config):
+        stacked = re.sub(r"\.experts\.\d+\.", ".experts.", name)
+        found = name_map.get_name(stacked, try_suffixes=(".weight",))
+        assert found in allowed, f"{name}: gguf maps it to {found!r}, not a tensor of " \
+                                 f"{gguf.MODEL_ARCH_NAMES[architecture]}"
+        out[name] = found
+    return out
+
+
+def _metadata_keys(architecture: str) -> set:
+    """Every metadata key gguf.Keys names, for `architecture`."""
+    keys = set()
+    for group in vars(gguf.Keys).values():
+        for value in vars(group).values() if isinstance(group, type) else ():
+            if isinstance(value, str):
+                keys.add(value.replace("{arch}", architecture))
+    return keys
+
+
+@pytest.mark.parametrize("name", list(NAME_CONFIGS))
+def test_tensor_names_and_keys_are_the_gguf_packages(name, tmp_path, monkeypatch):
+    """The GGUF loader reads exactly the tensors the gguf package's name map
+    gives the architecture's Hugging Face tensors, each into the graph
+    weight the safetensors loader reads the Hugging Face tensor into, and
+    only metadata keys gguf.Keys names."""
+    config = NAME_CONFIGS[name]
+    names = _gguf_names(config)
+    read, keys = [], []
+    tensor, key = GGUFCheckpoint.tensor, GGUFCheckpoint._key
+
+    def recording_tensor(self, tensor_name, *args):
+        read.append(tensor_name)
+        return tensor(self, tensor_name, *args)
+
+    def recording_key(self, key_name, *args):
+        keys.append(f"{self.architecture}.{key_name}")
+        return key(self, key_name, *args)
+
+    monkeypatch.setattr(GGUFCheckpoint, "tensor", recording_tensor)
+    monkeypatch.setattr(GGUFCheckpoint, "_key", recording_key)
+    path = write_gguf(tmp_path / "m.gguf", config, seed=2)
+    assert set(GGUFCheckpoint(path).names()) == set(names.values())
+    got = GGUFCheckpoint(path).weights()
+    assert sorted(read) == sorted(set(names.values()))
+    assert set(keys) <= _metadata_keys(GGUFCheckpoint(path).architecture)
+    want = models.Checkpoint(write_checkpoint(tmp_path / "st", config, seed=2)).weights()
+    assert set(got) == set(want)
+    for graph_name in want:
+        np.testing.assert_array_equal(got[graph_name], want[graph_name], err_msg=graph_name)
 
 
 # ----------------------------------------------------------------------
@@ -261,6 +350,184 @@ def test_quantized_gguf_moe_model_matches_numpy_on_its_weights(tmp_path):
         sequence = list(prompt) + out.tokens[r]
         want = reference.forward(checkpoint.config, weights, sequence[:-1])
         np.testing.assert_allclose(out.logits[r], want[len(prompt) - 1:], rtol=2e-4, atol=2e-4)
+
+
+# ----------------------------------------------------------------------
+# Files llama.cpp wrote and quantized
+# ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_files(tmp_path_factory):
+    """Per architecture: the golden, the file read by ETC, and the source
+    checkpoint the file was made from (gguf_goldens.py)."""
+    root = tmp_path_factory.mktemp("llama_cpp")
+    out = {}
+    for arch in gguf_goldens.CONFIGS:
+        golden = gguf_goldens.load(arch)
+        source = models.Checkpoint(gguf_goldens.source_checkpoint(arch, root))
+        out[arch] = (golden, GGUFCheckpoint(golden["gguf"]), source)
+    return out
+
+
+def _quantization_tolerance(config: dict, quantized: dict, source: dict) -> float:
+    """The largest difference allowed between the logits of quantized
+    weights and of their source, relative to the rms of the position's
+    logits.
+
+    Derivation. A quantized matrix W + E multiplies x into W x + E x; with
+    the rounding errors of E independent, E x has rms e ||W x|| / sqrt(n)
+    over the outputs, e = ||E|| / ||W|| (Frobenius; measured here from the
+    file and the source, about 0.006 for Q8_0's step of max|block| / 127):
+    a relative error e of the matrix's output. The errors of the matrices
+    along the path add (at most the sum of their e), carried on with gain
+    at most ERROR_GAIN = 2 as in hf_goldens.tolerance, and the largest of a
+    position's 320 logit errors is within 4 times their rms (a normal
+    deviation beyond 4 sigma has probability 6e-5 each). So
+
+        tol = 4 g sum(e) + tolerance(f32)      (about 0.8 for these files)
+
+    Measured: 0.3 to 0.4 of it."""
+    errors = [np.linalg.norm(quantized[k] - source[k]) / np.linalg.norm(source[k])
+              for k in source if source[k].ndim >= 2]
+    return 4 * hf_goldens.ERROR_GAIN * sum(errors) + hf_goldens.tolerance(config, "f32")
+
+
+def _quantized_errors(golden: dict, config, weights: dict, tol: float) -> np.ndarray:
+    """Per position, the NumPy forward pass on `weights` against the
+    golden's logits, as fractions of `tol` (relative to the rms)."""
+    errors = []
+    for prompt, tokens, want in zip(gguf_goldens.PROMPTS, golden["tokens"], golden["logits"]):
+        got = reference.forward(config, weights, prompt + tokens[:-1])[len(prompt) - 1:]
+        rms = np.sqrt(np.mean(np.square(want.astype(np.float64)), axis=-1))
+        errors.append(np.max(np.abs(got - want), axis=-1) / (tol * rms))
+    return np.concatenate(errors)
+
+
+@pytest.mark.parametrize("arch", list(gguf_goldens.CONFIGS))
+def test_llama_cpp_q8_0_files_hold_their_source_weights(arch, llama_cpp_files):
+    """llama.cpp quantized every matrix but the routers to Q8_0 and kept the
+    norms and routers in F32; ETC reads each weight within Q8_0's step of
+    its source (half a step, d = max|block| / 127, plus the float16
+    rounding of d), and the config the converter's metadata says is the
+    source's."""
+    golden, file, source = llama_cpp_files[arch]
+    assert file.dtypes() == {"F32", "Q8_0"}
+    assert file.config == source.config
+    kept = {name for name, entry in file._tensors.items() if entry.type == "F32"}
+    assert kept == {name for name in file.names() if "norm" in name or "gate_inp" in name}
+    quantized, want = file.weights(), source.weights()
+    assert set(quantized) == set(want)
+    for key, w in want.items():
+        if w.ndim == 1 or key.endswith("_router"):
+            np.testing.assert_array_equal(quantized[key], w, err_msg=key)
+            continue
+        # Blocks of 32 along each row's input dimension, as llama.cpp stores
+        # rows (the experts are (E, in, out) in the graph: transposed).
+        transposed = "_experts_" in key
+        rows = np.swapaxes(w, -1, -2) if transposed else w
+        got = np.swapaxes(quantized[key], -1, -2) if transposed else quantized[key]
+        step = np.repeat(np.abs(rows.reshape(-1, 32)).max(axis=1) / 127, 32).reshape(rows.shape)
+        assert np.all(np.abs(got - rows) <= step * (0.5 + 127 * 2.0 ** -11) + 1e-12), key
+        assert np.any(got != rows), key  # really quantized
+
+
+@pytest.mark.parametrize("arch", list(gguf_goldens.CONFIGS))
+def test_llama_cpp_q8_0_files_match_transformers_on_their_source(arch, llama_cpp_files):
+    """The NumPy forward pass on the weights and config ETC reads from the
+    file llama.cpp wrote is within the quantization tolerance of
+    transformers' logits of the source weights, and picks transformers'
+    greedy tokens where they lead by more than twice it; the loader bugs
+    a GGUF reader can have (Llama's Q/K rows left permuted, k/v swapped,
+    RoPE's base misread, a norm weight missed) miss it by half as much
+    again at least (these are the quantized model itself, its rounding
+    included)."""
+    golden, file, source = llama_cpp_files[arch]
+    config, weights = file.config, file.weights()
+    tol = _quantization_tolerance(golden["config"], weights, source.weights())
+    assert 0.5 < tol < 1.0
+    errors = _quantized_errors(golden, config, weights, tol)
+    assert errors.max() <= 1, f"{arch}: {errors.max():.2f} times the quantization tolerance"
+    for prompt, tokens, want in zip(gguf_goldens.PROMPTS, golden["tokens"], golden["logits"]):
+        # The tokens Q8_0's rounding cannot change (few: its tolerance is
+        # wider than most greedy margins of these tiny models).
+        got = reference.forward(config, weights, prompt + tokens[:-1])[len(prompt) - 1:]
+        rms = np.sqrt(np.mean(np.square(want.astype(np.float64)), axis=-1))
+        top = -np.sort(-want, axis=-1)
+        determined = top[:, 0] - top[:, 1] > 2 * tol * rms
+        assert np.array_equal(np.argmax(got, axis=-1)[determined], np.array(tokens)[determined])
+
+    def permuted(w, heads):  # what llama.cpp stores: ETC reading it as it is
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+    layers = range(config.num_layers)
+    other_base = 10000.0 if config.rope_theta != 10000.0 else 1000000.0
+    wrong = {
+        "k and v swapped": (config, {**weights, **{f"l{i}_wk": weights[f"l{i}_wv"]
+                                                   for i in layers},
+                                     **{f"l{i}_wv": weights[f"l{i}_wk"] for i in layers}}),
+        "RoPE base misread": (dataclasses.replace(config, rope_theta=other_base), weights),
+        "final norm missed": (config, {**weights, "final_norm": np.ones_like(
+            weights["final_norm"])}),
+    }
+    if arch == "llama":
+        wrong["Q/K rows left permuted"] = (config, {
+            **weights, **{f"l{i}_wq": permuted(weights[f"l{i}_wq"], config.num_heads)
+                          for i in layers},
+            **{f"l{i}_wk": permuted(weights[f"l{i}_wk"], config.num_kv_heads) for i in layers}})
+    if config.qk_norm:
+        wrong["k norms missed"] = (config, {**weights, **{
+            f"l{i}_k_norm": np.ones_like(weights[f"l{i}_k_norm"]) for i in layers}})
+    if config.is_moe:
+        wrong["experts' gate and up swapped"] = (config, {**weights, **{
+            f"l{i}_experts_gate": weights[f"l{i}_experts_up"] for i in layers}, **{
+            f"l{i}_experts_up": weights[f"l{i}_experts_gate"] for i in layers}})
+    missed = {name: float(_quantized_errors(golden, c, w, tol).max())
+              for name, (c, w) in wrong.items()}
+    assert all(value > 1.5 for value in missed.values()), missed
+
+
+@pytest.mark.parametrize("arch", list(gguf_goldens.CONFIGS))
+def test_llama_cpp_files_run_packed_as_llama_cpp_and_transformers_compute(arch,
+                                                                          llama_cpp_files):
+    """`etc.models.load` of the file llama.cpp wrote, its Q8_0 weights kept
+    packed (the default for GGUF files), teacher forced over transformers'
+    greedy sequences (each prefix a request): the logits are within the
+    packed tolerance of llama.cpp's own logits of the file and of
+    transformers' of the source weights. Packed, each matmul's activations
+    are rounded to Q8_0 blocks too (as llama.cpp's CPU kernels do):
+    errors the size of the weights' (the same format), so the tolerance
+    counts the weights' measured errors twice."""
+    golden, file, source = llama_cpp_files[arch]
+    model = models.load(golden["gguf"], cache=False, **LOAD)
+    assert set(model.weight_formats.values()) == {"q8_0"}
+    assert set(model.weight_formats) == set(file.weight_formats())
+    tol = 2 * _quantization_tolerance(golden["config"], file.weights(), source.weights())
+    prefixes = [p + t[:j] for p, t in zip(gguf_goldens.PROMPTS, golden["tokens"])
+                for j in range(gguf_goldens.NEW)]
+    out = model.generate(prefixes, 1, return_logits=True)
+    ours = np.stack([row[0] for row in out.logits])
+    for who, want in (("llama.cpp", golden["llama_cpp_logits"]), ("transformers",
+                                                                  golden["logits"])):
+        want = np.concatenate(want).astype(np.float64)
+        rms = np.sqrt(np.mean(np.square(want), axis=-1))
+        errors = np.max(np.abs(ours - want), axis=-1) / (tol * rms)
+        assert errors.max() <= 1, f"{arch}: {errors.max():.2f} times the tolerance of {who}'s"
+
+
+def test_llama_cpp_file_tokenizer_encodes_like_its_source(llama_cpp_files, tmp_path):
+    """The tokenizer llama.cpp's converter wrote into the file (byte-level
+    BPE, pre-tokenizer "gpt-2") encodes and decodes as the source
+    tokenizer.json does."""
+    from etc.models.testing import TEXT as SOURCE_TEXT
+
+    golden, file, source = llama_cpp_files["qwen3"]
+    want, got = source.tokenizer(), file.tokenizer()
+    assert file.metadata["tokenizer.ggml.pre"] == "gpt-2"
+    for text in (SOURCE_TEXT, TEXT, "<|im_start|>user\nhi<|im_end|>\n"):
+        assert got.encode(text) == want.encode(text)
+        assert got.decode(want.encode(text)) == want.decode(want.encode(text))
+    assert file.eos_token_ids() == [2]
 
 
 # ----------------------------------------------------------------------

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import etc.models as models
+import gguf_goldens
 import hf_goldens
 from etc.models.loading.checkpoint import Checkpoint
 from etc.models.loading.safetensors import SafetensorsFile, save_file
@@ -247,3 +248,19 @@ def test_goldens_are_what_transformers_computes():
     pytest.importorskip("transformers", reason="transformers is not installed")
     assert hf_goldens.make(check=True) == []
 
+
+def test_gguf_goldens_are_what_transformers_computes(tmp_path):
+    """With torch: transformers' tokens and logits of the GGUF files' source
+    checkpoints, recomputed now, are gguf_goldens.py's files'."""
+    pytest.importorskip("torch", reason="torch is not installed: the goldens are checked "
+                                        "against transformers where it is")
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    for arch in gguf_goldens.CONFIGS:
+        golden = gguf_goldens.load(arch)
+        tokens, logits = gguf_goldens.reference_logits(
+            gguf_goldens.source_checkpoint(arch, tmp_path))
+        assert tokens == golden["tokens"], arch
+        tol = hf_goldens.tolerance(golden["config"], "f32")
+        for got, want in zip(logits, golden["logits"]):
+            rms = np.sqrt(np.mean(np.square(want.astype(np.float64)), axis=-1))
+            assert np.all(np.max(np.abs(got - want), axis=-1) <= 0.1 * tol * rms), arch

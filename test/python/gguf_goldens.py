@@ -1,0 +1,223 @@
+"""GGUF files written and quantized by llama.cpp itself, for test_gguf.py:
+one tiny checkpoint of each GGUF architecture ETC loads (llama, qwen3,
+qwen3moe), converted by llama.cpp's `convert_hf_to_gguf.py` to F32 GGUF
+and quantized to Q8_0 by llama.cpp's C quantizer
+(`llama_cpp.llama_model_quantize`), with transformers' logits of the
+source weights and llama.cpp's logits of the files to compare them with.
+
+    make goldens LLAMA_CPP=/path/to/llama.cpp      # or:
+    python test/python/gguf_goldens.py --llama-cpp /path/to/llama.cpp
+
+writes test/python/goldens/<arch>-q8_0.gguf and gguf-<arch>.npz. It needs
+torch and transformers (the converter and the logits), llama-cpp-python
+(the quantizer) and a llama.cpp source tree (the converter, with its own
+gguf-py). The committed files were made with llama-cpp-python 0.3.36 (pip,
+built from source) and the llama.cpp it vendors, commit
+0c1e57098bba43ac29e6e3b677cdceebdd22334f (its convert_hf_to_gguf.py,
+conversion/ and gguf-py/), torch 2.13.0 (CPU) and transformers 5.24.0.
+
+How, exactly, for each architecture:
+1. `write_checkpoint(dir, config, seed=seed, sharp=True, tokenizer=True)`:
+   float32 safetensors, config.json, a byte-level BPE tokenizer.json of 320
+   ids (CONFIGS below: hidden 32, 2 layers, MLP widths multiples of 32 so
+   that every row splits into Q8_0's blocks of 32).
+2. `convert_hf_to_gguf.py dir --outtype f32 --outfile <arch>-f32.gguf`,
+   run with one change: its check of the BPE pre-tokenizer (a hash of how
+   the tokenizer splits a test text, known only for published models) is
+   replaced by the answer "gpt-2", which is what the tiny tokenizer does
+   (GPT-2's split, then byte-level BPE).
+3. `llama_model_quantize(<arch>-f32.gguf, <arch>-q8_0.gguf, params)` with
+   `llama_model_quantize_default_params()` and ftype
+   LLAMA_FTYPE_MOSTLY_Q8_0: llama.cpp keeps the norms (1-D) in F32 and
+   writes every matrix as Q8_0.
+4. transformers (float32) on the source checkpoint: the greedy tokens for
+   PROMPTS and the logits they were chosen from, in gguf-<arch>.npz.
+5. llama.cpp itself on the Q8_0 file (`llama_cpp.Llama(..., logits_all=True)`,
+   2 threads): its logits at the same positions, also in gguf-<arch>.npz.
+   The model is loaded with `use_extra_bufts = False` in its model
+   parameters (no weight repacking into extra CPU buffer types, which is
+   reported to crash on quantized files on some machines; on the one these
+   were made on, it ran either way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from etc.models.testing import tiny_config, write_checkpoint
+
+DIRECTORY = Path(__file__).resolve().parent / "goldens"
+#: Each architecture's source checkpoint config; seeds below.
+CONFIGS = {
+    "llama": tiny_config("LlamaForCausalLM", vocab_size=320, intermediate_size=64,
+                         rope_theta=500000.0),
+    "qwen3": tiny_config("Qwen3ForCausalLM", vocab_size=320, intermediate_size=64),
+    # Every layer sparse: llama.cpp's qwen3moe has no dense MLP layers.
+    "qwen3moe": tiny_config("Qwen3MoeForCausalLM", vocab_size=320, intermediate_size=64,
+                            moe_intermediate_size=32),
+}
+SEEDS = {"llama": 7, "qwen3": 8, "qwen3moe": 9}
+PROMPTS = [[17], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]]
+NEW = 4
+
+# Run in a fresh interpreter: llama.cpp's converter, its pre-tokenizer check
+# answered "gpt-2" (see the module docstring).
+_CONVERT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[2:]
+import convert_hf_to_gguf
+from conversion.base import TextModel
+TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+convert_hf_to_gguf.main()
+"""
+
+
+def source_checkpoint(arch: str, directory: Path) -> Path:
+    """Step 1: the float32 checkpoint the GGUF file of `arch` is made from."""
+    return write_checkpoint(directory / arch, CONFIGS[arch], seed=SEEDS[arch], sharp=True,
+                            tokenizer=True)
+
+
+def convert(checkpoint: Path, out: Path, llama_cpp: Path) -> Path:
+    """Step 2: llama.cpp's converter, F32."""
+    subprocess.run([sys.executable, "-c", _CONVERT, str(llama_cpp), str(checkpoint),
+                    "--outtype", "f32", "--outfile", str(out)], check=True,
+                   env={**os.environ, "PYTHONPATH": ""})
+    return out
+
+
+def quantize(source: Path, out: Path) -> Path:
+    """Step 3: llama.cpp's quantizer, Q8_0."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), params)
+    if status != 0:
+        raise RuntimeError(f"llama_model_quantize({source}) returned {status}")
+    return out
+
+
+def reference_logits(checkpoint: Path) -> tuple[list, list]:
+    """Step 4: transformers' greedy tokens for PROMPTS, and the logits
+    (float32) each was chosen from: (NEW, vocab) per prompt."""
+    import hf_goldens
+
+    model = hf_goldens.hf_model(checkpoint, "f32")
+    tokens, logits = [], []
+    for prompt in PROMPTS:
+        new = hf_goldens.hf_greedy(model, prompt, NEW)
+        tokens.append(new)
+        rows = hf_goldens.hf_logits(model, prompt + new[:-1])[len(prompt) - 1:]
+        logits.append(rows.astype(np.float32))
+    return tokens, logits
+
+
+def llama_cpp_logits(gguf_path: Path, tokens: list) -> list:
+    """Step 5: llama.cpp's logits of the file at the positions of
+    `reference_logits`, per prompt (NEW, vocab) float32."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as bindings
+
+    default = bindings.llama_model_default_params
+
+    def without_repacking():
+        params = default()
+        params.use_extra_bufts = False
+        return params
+
+    bindings.llama_model_default_params = without_repacking
+    try:
+        model = llama_cpp.Llama(str(gguf_path), n_ctx=32, n_batch=32, n_threads=2,
+                                logits_all=True, verbose=False)
+    finally:
+        bindings.llama_model_default_params = default
+    out = []
+    for prompt, new in zip(PROMPTS, tokens):
+        sequence = prompt + new[:-1]
+        model.reset()
+        model.eval(sequence)
+        out.append(np.array(model.scores[:len(sequence)], np.float32)[len(prompt) - 1:])
+    return out
+
+
+def load(arch: str, directory: Path = DIRECTORY) -> dict:
+    """The golden of `arch`: {"gguf": path, "config", "seed", "tokens",
+    "logits" (transformers', per prompt (NEW, vocab)), "llama_cpp_logits"
+    (llama.cpp's of the file, the same), "versions"}."""
+    path = directory / f"gguf-{arch}.npz"
+    gguf_path = directory / f"{arch}-q8_0.gguf"
+    for file in (path, gguf_path):
+        if not file.is_file():
+            raise AssertionError(f"{file} is missing: make goldens LLAMA_CPP=... (see "
+                                 f"test/python/gguf_goldens.py)")
+    with np.load(path) as data:
+        case = json.loads(str(data["case"]))
+        if case != json.loads(json.dumps({"config": CONFIGS[arch], "seed": SEEDS[arch],
+                                          "prompts": PROMPTS})):
+            raise AssertionError(f"{path} is of another case than gguf_goldens.py says: "
+                                 f"regenerate it")
+        logits = list(data["logits"].reshape(len(PROMPTS), NEW, -1))
+        llama_cpp = list(data["llama_cpp_logits"].reshape(len(PROMPTS), NEW, -1))
+        return {"gguf": gguf_path, "config": case["config"], "seed": case["seed"],
+                "tokens": data["tokens"].tolist(), "logits": logits,
+                "llama_cpp_logits": llama_cpp, "versions": json.loads(str(data["versions"]))}
+
+
+def make(llama_cpp: Path, directory: Path = DIRECTORY) -> None:
+    import llama_cpp as bindings
+    import torch
+    import transformers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        for arch in CONFIGS:
+            checkpoint = source_checkpoint(arch, scratch)
+            f32 = convert(checkpoint, scratch / f"{arch}-f32.gguf", llama_cpp)
+            out = quantize(f32, directory / f"{arch}-q8_0.gguf")
+            tokens, logits = reference_logits(checkpoint)
+            from_llama_cpp = llama_cpp_logits(out, tokens)
+            versions = {"torch": torch.__version__, "transformers": transformers.__version__,
+                        "llama-cpp-python": bindings.__version__,
+                        "llama.cpp": _commit(llama_cpp)}
+            np.savez_compressed(
+                directory / f"gguf-{arch}.npz",
+                case=json.dumps({"config": CONFIGS[arch], "seed": SEEDS[arch],
+                                 "prompts": PROMPTS}),
+                versions=json.dumps(versions), tokens=np.array(tokens, np.int32),
+                logits=np.concatenate(logits), llama_cpp_logits=np.concatenate(from_llama_cpp))
+            print(f"{out.name}: {out.stat().st_size} bytes; gguf-{arch}.npz: "
+                  f"{(directory / f'gguf-{arch}.npz').stat().st_size} bytes")
+
+
+def _commit(llama_cpp: Path) -> str:
+    """The llama.cpp tree's git commit, or "unknown"."""
+    try:
+        return subprocess.run(["git", "-C", str(llama_cpp), "rev-parse", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("LLAMA_CPP_COMMIT", "unknown")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--llama-cpp", type=Path, required=True,
+                        help="a llama.cpp source tree (its convert_hf_to_gguf.py is run)")
+    parser.add_argument("--directory", type=Path, default=DIRECTORY)
+    args = parser.parse_args(argv)
+    make(args.llama_cpp, args.directory)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
