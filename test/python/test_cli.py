@@ -370,8 +370,11 @@ def test_serve_stops_at_a_signal(chat_checkpoint, signal_number):
     assert events[-1] == "data: [DONE]"
     assert json.loads(events[-2][6:]) == {"error": {"message": "the server is shutting down",
                                                     "type": "service_unavailable"}}
-    # Of the stream's 14 tokens (0.5 s each), at most a step's more.
+    # Of the stream's 14 tokens (0.5 s each), at most a step's more: the
+    # stream was cut, not run out. (The exit took 1.14 s after SIGINT and
+    # 0.63 s after SIGTERM when this was written, 2026-11-27; the bound is a
+    # hang guard, since a loaded machine stretches the server's shutdown.)
     assert len(events) < 6 and len(model.tokenizer.encode("hi")) == 2
-    assert seconds < 2, seconds
+    assert seconds < 15, seconds
     assert "Traceback" not in output and "Error" not in output, output
     assert status == 0, output
