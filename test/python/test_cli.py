@@ -21,16 +21,6 @@ from etc.models.testing import tiny_config, write_checkpoint
 from http_servers import free_port, wait_until_healthy
 
 ETC = Path(sys.executable).parent / "etc"
-try:
-    import etc.models.engine  # noqa: F401
-except ImportError:
-    HAVE_ENGINE = False
-else:
-    HAVE_ENGINE = True
-#: generate, chat and serve run requests on the serving engine, with the
-#: checkpoint's tokenizer.
-needs_engine = pytest.mark.skipif(not HAVE_ENGINE, reason="needs the serving engine "
-                                  "(etc.models.engine), which this build does not have yet")
 #: Options every command here shares: the small kernel the tests compile.
 SMALL = ["--workers", "2", "--max-model-len", "32", "--attention-chunk", "8"]
 
@@ -161,7 +151,6 @@ def test_user_errors_are_one_line(checkpoint, tmp_path):
     assert f"KV positions per attention task (default: {used})" in helped
 
 
-@needs_engine
 def test_serve_checks_its_port_before_loading(checkpoint):
     """A port out of range or in use: one line, status 1, before the model
     loads (the checkpoint has no tokenizer: loading it would fail later)."""
@@ -193,7 +182,6 @@ def chat_checkpoint(tmp_path_factory):
     return path, cache, model
 
 
-@needs_engine
 def test_generate_streams_the_models_text(chat_checkpoint):
     path, cache, model = chat_checkpoint
     result = etc_command("generate", path, "the quick brown", "--max-new-tokens", "6",
@@ -210,7 +198,6 @@ def test_generate_streams_the_models_text(chat_checkpoint):
     assert chat.stdout.rstrip("\n") == reply.rstrip("\n")
 
 
-@needs_engine
 def test_chat_reads_messages_from_stdin(chat_checkpoint):
     path, cache, model = chat_checkpoint
     result = etc_command("chat", path, "--max-new-tokens", "4", "--cache-dir", cache, *SMALL,
@@ -221,11 +208,9 @@ def test_chat_reads_messages_from_stdin(chat_checkpoint):
     assert result.stdout == f"{first}\n{second}\n"
 
 
-@needs_engine
 def test_a_gguf_file_through_the_command_line(chat_checkpoint, tmp_path):
     """The same model as a GGUF file with its tokenizer in the metadata: the
     same text, from the same cached kernel."""
-    pytest.importorskip("gguf")
     from tokenizers import Tokenizer
 
     from etc.models.testing import CHAT_TEMPLATE, checkpoint_tensors, write_gguf
@@ -243,7 +228,6 @@ def test_a_gguf_file_through_the_command_line(chat_checkpoint, tmp_path):
     assert "cache step kernel" in result.stderr
 
 
-@needs_engine
 def test_text_errors_are_one_line(checkpoint, tmp_path):
     one_line_error(etc_command("generate", tmp_path / "nothing", "hello"),
                    "no such file or directory")
@@ -253,11 +237,10 @@ def test_text_errors_are_one_line(checkpoint, tmp_path):
                                tmp_path / "missing.etc", *SMALL), "missing.etc")
 
 
-@needs_engine
 def test_serve_answers_the_openai_client(chat_checkpoint):
     """`etc serve` as a process on a free local port: the openai client's
     chat completion gets the text the model generates."""
-    openai = pytest.importorskip("openai")
+    import openai
 
     path, cache, model = chat_checkpoint
     port = free_port()
@@ -291,7 +274,6 @@ def test_serve_answers_the_openai_client(chat_checkpoint):
         server.wait(timeout=60)
 
 
-@needs_engine
 def test_a_kv_cache_smaller_than_the_model_length(chat_checkpoint):
     """--kv-cache-tokens 24 (three blocks of 8) for a model of 32 positions:
     generate and chat make what the cache holds after the prompt instead of
@@ -330,7 +312,6 @@ _SLOW_SERVE = textwrap.dedent("""
 """)
 
 
-@needs_engine
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM],
                          ids=["SIGINT", "SIGTERM"])
 def test_serve_stops_at_a_signal(chat_checkpoint, signal_number):

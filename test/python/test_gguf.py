@@ -15,8 +15,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
-tokenizers = pytest.importorskip("tokenizers")
+import gguf  # noqa: E402
+import tokenizers  # noqa: E402,F401
 
 import etc.models as models  # noqa: E402
 import gguf_goldens  # noqa: E402
@@ -655,9 +655,6 @@ def test_errors_name_the_key_tensor_or_type(tmp_path):
         GGUFCheckpoint(path).weights()
 
 
-@pytest.mark.skipif(not hasattr(models.Checkpoint, "tokenizer"),
-                    reason="needs etc.models.loading.tokenizer (Checkpoint.tokenizer), which this build "
-                           "does not have yet")
 def test_gguf_tokenizer_and_template_match_the_checkpoint_directory(tmp_path):
     """A directory with tokenizer.json and a chat template, and the GGUF file
     of the same model and tokenizer: the same `Tokenizer` behaviour (ids,

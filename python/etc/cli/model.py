@@ -49,10 +49,8 @@ def tokenizer_of(model):
 
 
 def engine_class():
-    """The serving engine's `Engine` class."""
-    try:
-        from ..models.engine import Engine
-    except ImportError:
-        raise NotImplementedError("this command needs the serving engine (etc.models.engine), "
-                                  "which this build of ETC does not have yet") from None
+    """The serving engine's `Engine` class (imported when a command needs it:
+    `etc --help` stays free of NumPy)."""
+    from ..models.engine import Engine
+
     return Engine
