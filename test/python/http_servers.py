@@ -3,17 +3,36 @@ to it over HTTP on localhost."""
 
 from __future__ import annotations
 
-import socket
+import re
+import select
 import subprocess
 import time
 import urllib.request
 
+_LISTENING = re.compile(r"etc: listening on http://\S+:(\d+)")
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def listening_port(server: subprocess.Popen, *, timeout: float = 300) -> int:
+    """The port an `etc serve --port 0` process bound, read from the line it
+    prints as it listens (before it loads the model): no port is picked
+    before the server binds it, so two tests never race for one. The
+    server's output must be a text pipe; the lines read here are kept in
+    `server.lines_before_port`."""
+    deadline = time.monotonic() + timeout
+    lines = server.lines_before_port = []
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, "the server did not say where it listens:\n" + "".join(lines)
+        ready, _, _ = select.select([server.stdout], [], [], min(left, 1.0))
+        if not ready:
+            assert server.poll() is None, "".join(lines) + server.stdout.read()
+            continue
+        line = server.stdout.readline()
+        assert line, "the server exited before it listened:\n" + "".join(lines)
+        lines.append(line)
+        found = _LISTENING.search(line)
+        if found:
+            return int(found.group(1))
 
 
 def wait_until_healthy(server: subprocess.Popen, port: int, *, timeout: float = 300,

@@ -18,7 +18,7 @@ import pytest
 
 import etc.models as models
 from etc.models.testing import tiny_config, write_checkpoint
-from http_servers import free_port, wait_until_healthy
+from http_servers import listening_port, wait_until_healthy
 
 ETC = Path(sys.executable).parent / "etc"
 #: Options every command here shares: the small kernel the tests compile.
@@ -243,12 +243,12 @@ def test_serve_answers_the_openai_client(chat_checkpoint):
     import openai
 
     path, cache, model = chat_checkpoint
-    port = free_port()
-    server = subprocess.Popen([str(ETC), "serve", str(path), "--port", str(port),
+    server = subprocess.Popen([str(ETC), "serve", str(path), "--port", "0",
                                "--max-num-seqs", "2", "--kv-cache-tokens", "64",
                                "--cache-dir", str(cache), *SMALL],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        port = listening_port(server)
         wait_until_healthy(server, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
         reply = client.chat.completions.create(
@@ -322,13 +322,13 @@ def test_serve_stops_at_a_signal(chat_checkpoint, signal_number):
     event and [DONE], and the process exits (status 0) within 2 s of the
     signal, no traceback, where the stream had seconds left to run."""
     path, cache, model = chat_checkpoint
-    port = free_port()
     block = model.kv_cache_bytes_per_block
     server = subprocess.Popen(
-        [sys.executable, "-c", _SLOW_SERVE, "serve", str(path), "--port", str(port),
+        [sys.executable, "-c", _SLOW_SERVE, "serve", str(path), "--port", "0",
          "--kv-cache-memory", str(block + block // 2), "--cache-dir", str(cache), *SMALL],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        port = listening_port(server)
         wait_until_healthy(server, port)
         url = f"http://127.0.0.1:{port}"
         (served,) = httpx.get(url + "/v1/models").json()["data"]

@@ -20,7 +20,7 @@ import pytest
 import mpi4py  # noqa: F401,E402  (a test dependency: a broken import fails)
 
 from etc.runtime import distributed  # noqa: E402
-from http_servers import free_port, wait_until_healthy  # noqa: E402
+from http_servers import listening_port, wait_until_healthy  # noqa: E402
 
 HERE = os.path.join(os.path.dirname(__file__), "distributed")
 
@@ -315,16 +315,16 @@ def test_serve_tensor_parallel_answers_the_openai_client(tmp_path):
     path = write_checkpoint(tmp_path / "tiny-chat", tiny_config(vocab_size=320), tokenizer=True)
     small = ["--max-model-len", "64", "--attention-chunk", "16"]
     whole = etc.models.load(path, workers=1, max_seq_len=64, attention_chunk=16, cache=False)
-    port = free_port()
     etc_script = os.path.join(os.path.dirname(sys.executable), "etc")
     server = subprocess.Popen(
         distributed.command(2, [etc_script, "serve", str(path), "--tensor-parallel", "2",
-                                "--port", str(port), "--max-num-seqs", "2",
+                                "--port", "0", "--max-num-seqs", "2",
                                 "--kv-cache-tokens", "192", "--no-cache", "--workers", "1",
                                 *small]),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=distributed.environment(dict(os.environ, ETC_PIN_WORKERS="0")))
     try:
+        port = listening_port(server)
         wait_until_healthy(server, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
                                max_retries=0)
@@ -491,16 +491,16 @@ def test_a_lost_rank_ends_the_server_with_an_error_naming_it(cli_checkpoint, sig
     import time
 
     path, cache, _ = cli_checkpoint
-    port = free_port()
     etc_script = os.path.join(os.path.dirname(sys.executable), "etc")
     server = subprocess.Popen(
-        [etc_script, "serve", str(path), "--tensor-parallel", "2", "--port", str(port),
+        [etc_script, "serve", str(path), "--tensor-parallel", "2", "--port", "0",
          "--cache-dir", str(cache), "--rank-timeout", "2", *CLI_SMALL],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, ETC_PIN_WORKERS="0"))
     victim = None
     ranks = []
     try:
+        port = listening_port(server)
         wait_until_healthy(server, port, poll=0.3)
         ranks = _descendants(server.pid)
         victim = server.pid if rank is None else _rank_process(server.pid, rank)

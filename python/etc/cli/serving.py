@@ -4,6 +4,7 @@ model's engine."""
 from __future__ import annotations
 
 import signal
+import sys
 
 from .model import engine_class, load_model
 from .ranks import launched_rank, led
@@ -17,6 +18,12 @@ def run_serve(args) -> int:
     # one): a port in use or out of range is an error at once. Rank 0
     # serves; with --tensor-parallel the other ranks only follow.
     sock = serve.listen(args.host, args.port) if launched_rank() == 0 else None
+    if sock is not None:
+        # The address as bound: with --port 0 the system picked the port,
+        # and this line is how a caller (a test, a supervisor) learns it.
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"etc: listening on http://{shown}:{port}", file=sys.stderr, flush=True)
     # SIGTERM stops the server as Ctrl-C does: the requests in flight end,
     # and the command exits with status 0 (uvicorn raises it again once it
     # has shut down: as KeyboardInterrupt, which the server takes).
