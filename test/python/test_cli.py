@@ -237,6 +237,27 @@ def test_text_errors_are_one_line(checkpoint, tmp_path):
                                tmp_path / "missing.etc", *SMALL), "missing.etc")
 
 
+def test_sampling_options_without_a_temperature_sample(chat_checkpoint, tmp_path):
+    """--top-k, --top-p, --min-p and --seed sample (at temperature 1): they
+    were ignored (greedy) without --temperature. With --temperature 0 they
+    would do nothing: refused, before the model loads."""
+    from etc.models.step.sampling import SamplingParams
+
+    path, cache, model = chat_checkpoint
+    result = etc_command("generate", path, "the quick brown", "--max-new-tokens", "8",
+                         "--cache-dir", cache, *SMALL, "--top-k", "40", "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    want = model.generate("the quick brown", 8,
+                          sampling=SamplingParams(temperature=1.0, top_k=40, seed=3))
+    assert result.stdout.rstrip("\n") == want.text[0].rstrip("\n")
+    assert want.text != model.generate("the quick brown", 8).text
+    one_line_error(etc_command("generate", tmp_path / "nothing", "hi", "--temperature", "0",
+                               "--seed", "3", "--top-p", "0.9"),
+                   "--top-p, --seed do nothing with --temperature 0")
+    one_line_error(etc_command("chat", tmp_path / "nothing", "--top-p", "2"),
+                   "--top-p 2.0 must be in (0, 1]")
+
+
 def test_serve_answers_the_openai_client(chat_checkpoint):
     """`etc serve` as a process on a free local port: the openai client's
     chat completion gets the text the model generates."""

@@ -242,11 +242,11 @@ def test_a_client_that_disconnects_frees_its_slot(server, chat_model, monkeypatc
     # Not streamed: the client gives up before the end.
     hung_up.clear()
     cancelled.clear()
+    completion = {key: value for key, value in body.items() if key != "messages"}
     with pytest.raises(httpx.ReadTimeout):
         try:
             httpx.post(server.url + "/v1/completions",
-                       json={**body, "prompt": [5, 6], "max_tokens": 40, "messages": None},
-                       timeout=0.3)
+                       json={**completion, "prompt": [5, 6], "max_tokens": 40}, timeout=0.3)
         finally:
             hung_up.set()
     _wait(lambda: engine.slots_in_use == 0)

@@ -106,12 +106,18 @@ def add_generation_options(parser: argparse.ArgumentParser, default_new: int) ->
     group.add_argument("--max-new-tokens", type=positive_int, default=default_new,
                        help=f"new tokens at most (default: {default_new})")
     group.add_argument("--temperature", type=float, default=None,
-                       help="sampling temperature (default: 0, greedy)")
-    group.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
-    group.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
+                       help="sampling temperature (default: 0, greedy; 1 when --top-k, "
+                            "--top-p, --min-p or --seed is given)")
+    group.add_argument("--top-k", type=int, default=None,
+                       help="sample from the k most likely tokens (0 or -1: all)")
+    group.add_argument("--top-p", type=float, default=None,
+                       help="sample from the most likely tokens whose probability reaches "
+                            "top-p")
     group.add_argument("--min-p", type=float, default=None,
-                       help="drop tokens below min-p times the most likely one")
-    group.add_argument("--seed", type=int, default=None, help="seed of the sampler")
+                       help="sample without the tokens below min-p times the most likely "
+                            "one")
+    group.add_argument("--seed", type=int, default=None,
+                       help="seed of the sampler (the same tokens every run)")
     group.add_argument("--stop", action="append", default=[],
                        help="a stop string (repeatable); the text stops before it")
     group.add_argument("--verbose", "-v", action="store_true",
@@ -175,12 +181,29 @@ def max_model_len(args, checkpoint) -> int:
 
 
 def sampling_params(args):
-    """The sampling options of `args` as `SamplingParams`, or None (greedy)."""
+    """The sampling options of `args` as `SamplingParams`, or None (greedy).
+    --top-k, --top-p, --min-p and --seed sample, at temperature 1 unless
+    --temperature says otherwise; with --temperature 0 (greedy) they would
+    do nothing, and are refused (ValueError)."""
     options = {name: getattr(args, name) for name in ("temperature", "top_k", "top_p", "min_p",
                                                        "seed")
                if getattr(args, name, None) is not None}
     if not options:
         return None
+    if options.get("temperature") == 0 and len(options) > 1:
+        given = ", ".join(f"--{name.replace('_', '-')}" for name in options
+                          if name != "temperature")
+        raise ValueError(f"{given} do{'es' * (len(options) == 2)} nothing with --temperature 0 "
+                         f"(greedy: the most likely token every time); leave out "
+                         f"--temperature to sample at 1, or give another temperature")
+    options.setdefault("temperature", 1.0)
     from ..models.step.sampling import SamplingParams
 
-    return SamplingParams(**options)
+    try:
+        return SamplingParams(**options)
+    except ValueError as error:
+        # SamplingParams' names, as the options are spelt.
+        message = str(error).removeprefix("SamplingParams: ")
+        for name in options:
+            message = message.replace(f"{name}=", f"--{name.replace('_', '-')} ")
+        raise ValueError(message) from None

@@ -25,7 +25,7 @@ def stream(engine, ids: list, args, out) -> str:
         raise ValueError(f"the prompt has {len(ids)} tokens, as many as {limit}: nothing is "
                          f"left to generate")
     handle = engine.submit(ids, max_new_tokens=min(args.max_new_tokens, budget),
-                           stop=args.stop, sampling=sampling_params(args))
+                           stop=args.stop, sampling=args.sampling)
     pieces = []
     start = time.perf_counter()
     first = None
@@ -49,6 +49,7 @@ def stream(engine, ids: list, args, out) -> str:
 
 
 def run_generate(args) -> int:
+    args.sampling = sampling_params(args)  # checked before the model loads
     Engine = engine_class()
     model = load_model(args)
     return led(model, args, lambda model: generate_text(Engine, model, args))
@@ -71,6 +72,7 @@ def generate_text(Engine, model, args) -> int:
 
 
 def run_chat(args) -> int:
+    args.sampling = sampling_params(args)  # checked before the model loads
     Engine = engine_class()
     model = load_model(args)
     return led(model, args, lambda model: chat_loop(Engine, model, args))

@@ -59,13 +59,14 @@ class Model(CompiledModel):
 
     def generate(self, prompts, max_new_tokens: int, return_logits: bool = False, *,
                  stop: Optional[Sequence[str]] = (), ignore_eos: bool = False, sampling=None,
-                 **template_variables) -> Generation:
+                 chat_template_kwargs: Optional[dict] = None, **unknown) -> Generation:
         """Generates from one prompt or a batch of them, of any lengths.
 
         A prompt is a string (encoded with the tokenizer, its special tokens
         added), a chat (a list of {"role", "content"} dicts, rendered by the
-        chat template with the generation prompt; `template_variables` such
-        as `enable_thinking=False` go to the template), or a list of token
+        chat template with the generation prompt; `chat_template_kwargs`, a
+        dict such as {"enable_thinking": False}, are more variables of the
+        template), or a list of token
         ids; `prompts` is one of these or a list of them. Each prompt gets
         at most `max_new_tokens` new ids and stops earlier at one of the
         model's `eos_token_ids` (unless `ignore_eos`) or when its text
@@ -91,7 +92,12 @@ class Model(CompiledModel):
         blocks, or, when another call holds the pool and it is too small
         for this call's longest sequence (it grows only while unused), on
         a pool of this call's own. Errors name the prompt at fault
-        (`RequestError` for what the engine refuses)."""
+        (`RequestError` for what the engine refuses); a keyword `generate`
+        does not take is a TypeError (a sampling option belongs in
+        `sampling`, a template variable in `chat_template_kwargs`)."""
+        if unknown:
+            raise TypeError(_unknown_keywords(unknown))
+        template_variables = _check_template_kwargs(chat_template_kwargs)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or \
                 max_new_tokens < 1:
             raise ValueError(f"generate: max_new_tokens={max_new_tokens!r} must be a positive "
@@ -183,6 +189,38 @@ class Model(CompiledModel):
                              f"{total} tokens, longer than the cache "
                              f"(max_seq_len={self.max_seq_len})")
         return [int(t) for t in ids]
+
+
+#: The fields of `SamplingParams` (a keyword of `generate` named so is a
+#: sampling option given in the wrong place).
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed")
+
+
+def _unknown_keywords(unknown: dict) -> str:
+    """The message of `generate`'s TypeError for keywords it does not take."""
+    names = ", ".join(repr(name) for name in unknown)
+    message = f"generate() got unexpected keyword argument{'s' * (len(unknown) > 1)} {names}"
+    sampling = [name for name in unknown if name in _SAMPLING_FIELDS]
+    if sampling:
+        options = ", ".join(f"{name}={unknown[name]!r}" for name in sampling)
+        return f"{message}: sampling options go in sampling=SamplingParams({options})"
+    return (f"{message}; a chat template's variables go in chat_template_kwargs="
+            f"{{{', '.join(f'{name!r}: ...' for name in unknown)}}}")
+
+
+def _check_template_kwargs(variables) -> dict:
+    """`generate`'s chat_template_kwargs: a dict of variables with string
+    names, none of those `generate` sets itself."""
+    if variables is None:
+        return {}
+    if not isinstance(variables, dict) or not all(isinstance(k, str) for k in variables):
+        raise TypeError(f"generate: chat_template_kwargs={variables!r} must be a dict of "
+                        f"template variables by name, or None")
+    for name in ("messages", "add_generation_prompt"):
+        if name in variables:
+            raise ValueError(f"generate: chat_template_kwargs: {name!r} is set by generate "
+                             f"itself")
+    return dict(variables)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -85,10 +85,10 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     the model's). `engine` runs an existing `Engine` instead.
 
     Routes: GET /v1/models, POST /v1/chat/completions and /v1/completions
-    (the OpenAI API: `stream`, `max_tokens`, `temperature`, `top_p`, `seed`,
-    `stop`, `usage`, `finish_reason`; `top_k`, `min_p`, `ignore_eos` as
-    extensions; `usage.prompt_tokens_details.cached_tokens`: the prompt
-    tokens a cached prefix held), GET /health, GET /metrics (Prometheus). The engine's
+    (the OpenAI API and vLLM's extensions: every field takes effect or is
+    refused by name, `etc.serve.protocol`; `usage.prompt_tokens_details.
+    cached_tokens`: the prompt tokens a cached prefix held), GET /health,
+    GET /metrics (Prometheus). The engine's
     thread starts and stops with the app's lifespan (uvicorn runs it).
     `app.state.close()` ends the requests in flight (streams end with an
     error event and `[DONE]`, others with 503) and refuses new ones (503):
@@ -137,6 +137,9 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                             None).response()
         param = _param(first.get("loc", ()))
         message = first.get("msg", "invalid request")
+        if first.get("type") == "extra_forbidden":
+            message = ("unknown field: ETC does not know it, and ignores nothing "
+                       "(docs/models.md lists the fields it takes)")
         if param:
             message = f"{param}: {message}"
         return APIError(400, message, param).response()
@@ -175,14 +178,9 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _check(body)
         tokenizer = _tokenizer("messages")
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except ChatTemplateError as error:
-            raise APIError(400, str(error), "messages") from None
-        prompt = tokenizer.encode(text, add_special_tokens=False)
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        return await _complete(request, body, prompt, max_tokens, chat=True)
+        text = _render(tokenizer, body)
+        prompt = tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
+        return await _complete(request, body, prompt, body.new_tokens, chat=True)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -196,8 +194,9 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         if isinstance(prompt, str):
             if not prompt:
                 raise APIError(400, "prompt: empty", "prompt")
-            prompt = _tokenizer("prompt").encode(prompt)
-        return await _complete(request, body, list(prompt), body.max_tokens, chat=False)
+            prompt = _tokenizer("prompt").encode(prompt,
+                                                 add_special_tokens=body.add_special_tokens)
+        return await _complete(request, body, list(prompt), body.new_tokens, chat=False)
 
     # -- helpers -------------------------------------------------------------
 
@@ -206,11 +205,16 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
             raise APIError(404, f"the model '{body.model}' does not exist; this server "
                                 f"serves '{name}'", "model", code="model_not_found",
                            kind="not_found_error")
-        refused = body.unsupported()
+        refused = body.refused()
         if refused is not None:
             raise APIError(400, refused[1], refused[0])
         if any(body.stop_strings()) and model.tokenizer is None:
             raise APIError(400, "stop strings need the model's tokenizer", "stop")
+        vocab = model.config.vocab_size
+        for i, token in enumerate(body.stop_token_ids or ()):
+            if not 0 <= token < vocab:
+                raise APIError(400, f"stop_token_ids[{i}]: {token} is not a token id in "
+                                    f"[0, {vocab})", f"stop_token_ids[{i}]")
 
     def _tokenizer(param: str):
         if model.tokenizer is None:
@@ -228,6 +232,9 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
             handle = engine.submit(
                 prompt, max_new_tokens=max_tokens, stop=body.stop_strings(),
                 ignore_eos=body.ignore_eos, sampling=_sampling(body),
+                stop_token_ids=body.stop_token_ids,
+                include_stop_str_in_output=body.include_stop_str_in_output,
+                skip_special_tokens=body.skip_special_tokens,
                 on_output=lambda output: loop.call_soon_threadsafe(outputs.put_nowait, output))
         except RequestError as error:
             param = _API_PARAM.get(error.param, error.param)
@@ -235,6 +242,9 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                 param = "messages"
             raise APIError(400, f"{param}: {error}", param) from None
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        for field in ("user", "safety_identifier"):
+            if getattr(body, field, None) is not None:
+                logger.info("%s: %s %r", request_id, field, getattr(body, field))
         kind = "chat.completion" if chat else "text_completion"
         stamp = int(time.time())
 
@@ -331,6 +341,41 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                 "choices": [choice], "usage": usage(last)}
 
     return app
+
+
+#: Template variables a request sets through fields of their own.
+_TEMPLATE_FIELDS = ("messages", "add_generation_prompt", "tools", "documents")
+
+
+def _render(tokenizer, body: ChatCompletionRequest) -> str:
+    """The prompt text of a chat request: its messages through the chat
+    template, with `add_generation_prompt`, `documents` and
+    `chat_template_kwargs`; with `continue_final_message`, cut just after
+    the last message's content, so that the reply continues it."""
+    extra = dict(body.chat_template_kwargs or {})
+    for name in _TEMPLATE_FIELDS:
+        if name in extra:
+            raise APIError(400, f"chat_template_kwargs.{name}: set by the request's own "
+                                f"fields, not here", f"chat_template_kwargs.{name}")
+    if body.documents is not None:
+        extra["documents"] = body.documents
+    messages = [m.for_template() for m in body.messages]
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=body.add_generation_prompt, **extra)
+    except ChatTemplateError as error:
+        raise APIError(400, str(error), "messages") from None
+    except TypeError as error:  # a variable the template cannot take as given
+        raise APIError(400, f"chat_template_kwargs: {error}", "chat_template_kwargs") from None
+    if body.continue_final_message:
+        last = messages[-1]["content"]
+        end = text.rfind(last) if last else -1
+        if end < 0:
+            raise APIError(400, "continue_final_message: the last message's content is "
+                                "empty, or the chat template does not render it as given",
+                           "continue_final_message")
+        text = text[:end + len(last)]
+    return text
 
 
 async def _disconnected(request: Request) -> None:

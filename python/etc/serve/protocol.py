@@ -1,18 +1,24 @@
 """The OpenAI API's request bodies, as pydantic models: what `etc.serve`
 accepts, with the types and ranges it checks before a request reaches the
-engine. Fields the API defines but ETC does not implement are refused by
-name when set to anything but their default (see `unsupported`)."""
+engine.
+
+Nothing is ignored. A field no body declares is refused (400 naming it:
+"unknown field"); a declared field either takes effect or, set to a value
+ETC does not implement, is refused by name (`refused`, from the `REFUSED`
+tables below). docs/models.md ("The server") lists every field and what
+ETC does with it.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat,
                       StrictInt, StrictStr)
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "ChatMessage", "TextPart",
-           "StreamOptions"]
+           "StreamOptions", "ResponseFormat"]
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -32,11 +38,31 @@ def _unicode(text: str) -> str:
 #: A string of Unicode text (every string field of a request).
 Text = Annotated[StrictStr, AfterValidator(_unicode)]
 
+#: (field, accepts(value), why it is refused otherwise): a declared field
+#: set to a value `accepts` says False for is refused with `why`.
+Refusals = tuple[tuple[str, Callable[[Any], bool], str], ...]
+
+
+def _unset(value) -> bool:
+    """None, False or an empty container: nothing asked for."""
+    return value is None or value is False or value == [] or value == {}
+
 
 class _Body(BaseModel):
-    # Unknown fields are ignored, as OpenAI-compatible servers do (clients
-    # send vendor extensions); known ones are checked strictly.
-    model_config = ConfigDict(extra="ignore")
+    # A field no body declares is an error, not a silent no-op (a misspelt
+    # option, or one ETC does not know).
+    model_config = ConfigDict(extra="forbid")
+
+    #: The declared fields ETC refuses when set (see `Refusals`).
+    REFUSED: ClassVar[Refusals] = ()
+
+    def refused(self) -> Optional[tuple[str, str]]:
+        """(field, message) of the first field set to something ETC does not
+        do, or None."""
+        for name, accepts, why in self.REFUSED:
+            if not accepts(getattr(self, name)):
+                return name, f"{name}: {why}"
+        return None
 
 
 class TextPart(_Body):
@@ -47,8 +73,26 @@ class TextPart(_Body):
 
 
 class ChatMessage(_Body):
+    """A message of the conversation: its role, content (text, or text
+    parts) and `name` (given to the chat template with the message). The
+    fields an assistant message of OpenAI's answers has are accepted as
+    null (a client that sends an answer back as it got it)."""
+
     role: Literal["system", "developer", "user", "assistant"]
     content: Union[Text, list[TextPart], None] = None
+    name: Optional[Text] = None
+    refusal: Optional[Text] = None
+    tool_calls: Optional[list] = None
+    function_call: Optional[dict] = None
+    audio: Optional[dict] = None
+
+    REFUSED: ClassVar[Refusals] = (
+        ("refusal", _unset, "a refusal is not something ETC's models give; send the text "
+                            "as content"),
+        ("tool_calls", _unset, "tool calls are not supported"),
+        ("function_call", _unset, "function calls are not supported"),
+        ("audio", _unset, "audio is not supported: ETC serves text"),
+    )
 
     def text(self) -> str:
         if self.content is None:
@@ -57,9 +101,45 @@ class ChatMessage(_Body):
             return self.content
         return "".join(part.text for part in self.content)
 
+    def for_template(self) -> dict:
+        """The message as the chat template sees it."""
+        message = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
 
 class StreamOptions(_Body):
     include_usage: StrictBool = False
+    include_obfuscation: Optional[StrictBool] = None
+
+    REFUSED: ClassVar[Refusals] = (
+        ("include_obfuscation", lambda v: not v, "ETC's stream chunks carry no obfuscation "
+                                                 "padding"),
+    )
+
+
+class JSONSchemaFormat(_Body):
+    name: Text
+    description: Optional[Text] = None
+    schema_: Optional[dict] = Field(default=None, alias="schema")
+    strict: Optional[StrictBool] = None
+
+
+class ResponseFormat(_Body):
+    """`response_format`: "text" (free text), "json_object" or
+    "json_schema"."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JSONSchemaFormat] = None
+
+
+def _text_format(value: Optional[ResponseFormat]) -> bool:
+    return value is None or value.type == "text"
+
+
+def _only(*allowed) -> Callable[[Any], bool]:
+    return lambda value: value is None or value in allowed
 
 
 class _Sampling(_Body):
@@ -67,32 +147,71 @@ class _Sampling(_Body):
 
     model: Text
     max_tokens: Optional[StrictInt] = Field(default=None, ge=1)
+    max_completion_tokens: Optional[StrictInt] = Field(default=None, ge=1)
     temperature: Optional[StrictFloat] = Field(default=None, ge=0.0, le=2.0)
     top_p: Optional[StrictFloat] = Field(default=None, gt=0.0, le=1.0)
-    # Extensions vLLM and SGLang accept too (extra_body in the openai client).
-    top_k: Optional[StrictInt] = Field(default=None, ge=0)
-    min_p: Optional[StrictFloat] = Field(default=None, ge=0.0, le=1.0)
-    ignore_eos: StrictBool = False
     seed: Optional[StrictInt] = Field(default=None, ge=0, lt=2 ** 63)
     stop: Union[Text, list[Text], None] = Field(default=None, max_length=16)
     stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None
     n: StrictInt = Field(default=1, ge=1)
-    logprobs: Optional[Union[StrictBool, StrictInt]] = None
     presence_penalty: Optional[StrictFloat] = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[StrictFloat] = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: Optional[dict[str, StrictFloat]] = None
     user: Optional[Text] = None
+    # Extensions vLLM and SGLang accept too (extra_body in the openai client).
+    top_k: Optional[StrictInt] = Field(default=None, ge=-1)
+    min_p: Optional[StrictFloat] = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: Optional[StrictFloat] = Field(default=None, gt=0.0, le=2.0)
+    min_tokens: Optional[StrictInt] = Field(default=None, ge=0)
+    ignore_eos: StrictBool = False
+    stop_token_ids: Optional[list[StrictInt]] = None
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[dict] = None
+    guided_json: Union[dict, Text, None] = None
+    guided_regex: Optional[Text] = None
+    guided_choice: Optional[list[Text]] = None
+    guided_grammar: Optional[Text] = None
 
-    def unsupported(self) -> Optional[tuple[str, str]]:
-        """(field, why) of the first field set to something ETC does not do."""
-        if self.n != 1:
-            return "n", f"n={self.n}: only n=1 (one choice per request) is supported"
-        if self.logprobs:
-            return "logprobs", "logprobs are not supported"
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                return name, f"{name} is not supported"
-        return None
+    REFUSED: ClassVar[Refusals] = (
+        ("n", lambda v: v == 1, "only n=1 (one choice per request) is supported"),
+        ("presence_penalty", lambda v: not v, "presence_penalty is not supported"),
+        ("frequency_penalty", lambda v: not v, "frequency_penalty is not supported"),
+        ("repetition_penalty", _only(1.0), "repetition_penalty is not supported"),
+        ("logit_bias", _unset, "logit_bias is not supported"),
+        ("min_tokens", lambda v: not v, "min_tokens is not supported"),
+        ("response_format", _text_format, "structured output (json_object, json_schema) is "
+                                          "not supported"),
+        ("structured_outputs", _unset, "structured output is not supported"),
+        ("guided_json", _unset, "structured output is not supported"),
+        ("guided_regex", _unset, "structured output is not supported"),
+        ("guided_choice", _unset, "structured output is not supported"),
+        ("guided_grammar", _unset, "structured output is not supported"),
+    )
+
+    def refused(self) -> Optional[tuple[str, str]]:
+        """(field, message) of the first field set to something ETC does not
+        do (the nested ones named by their path), or None."""
+        found = super().refused()
+        if found is None and self.stream_options is not None:
+            found = self.stream_options.refused()
+            if found is not None:
+                found = f"stream_options.{found[0]}", f"stream_options.{found[1]}"
+        if found is None and self.max_tokens is not None and \
+                self.max_completion_tokens is not None and \
+                self.max_tokens != self.max_completion_tokens:
+            found = "max_completion_tokens", (
+                f"max_completion_tokens: {self.max_completion_tokens} differs from "
+                f"max_tokens ({self.max_tokens}); give one (max_completion_tokens is "
+                f"max_tokens' newer name)")
+        return found
+
+    @property
+    def new_tokens(self) -> Optional[int]:
+        """The most new tokens: `max_completion_tokens` or `max_tokens`."""
+        return self.max_completion_tokens or self.max_tokens
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -104,13 +223,78 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[StrictInt] = Field(default=None, ge=1)
+    logprobs: Optional[StrictBool] = None
+    top_logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=20)
     tools: Optional[list] = None
+    tool_choice: Union[Text, dict, None] = None
+    parallel_tool_calls: Optional[StrictBool] = None
+    functions: Optional[list] = None
+    function_call: Union[Text, dict, None] = None
+    modalities: Optional[list[Text]] = None
+    audio: Optional[dict] = None
+    prediction: Optional[dict] = None
+    reasoning_effort: Optional[Text] = None
+    verbosity: Optional[Text] = None
+    web_search_options: Optional[dict] = None
+    store: Optional[StrictBool] = None
+    metadata: Optional[dict] = None
+    service_tier: Optional[Text] = None
+    prompt_cache_key: Optional[Text] = None
+    safety_identifier: Optional[Text] = None
+    # vLLM's chat extensions.
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    add_special_tokens: StrictBool = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    documents: Optional[list[dict]] = None
+    chat_template: Optional[Text] = None
+    echo: StrictBool = False
 
-    def unsupported(self) -> Optional[tuple[str, str]]:
-        if self.tools:
-            return "tools", "tools (function calling) are not supported"
-        return super().unsupported()
+    REFUSED: ClassVar[Refusals] = _Sampling.REFUSED + (
+        ("logprobs", lambda v: not v, "logprobs are not supported"),
+        ("top_logprobs", lambda v: v is None, "top_logprobs are not supported"),
+        ("tools", _unset, "tools (function calling) are not supported"),
+        ("tool_choice", _only("none"), "tools (function calling) are not supported"),
+        ("parallel_tool_calls", lambda v: v is None, "tools (function calling) are not "
+                                                     "supported"),
+        ("functions", _unset, "functions (deprecated function calling) are not supported"),
+        ("function_call", _only("none"), "functions (deprecated function calling) are not "
+                                         "supported"),
+        ("modalities", lambda v: v is None or set(v) <= {"text"},
+         "ETC generates text only (modalities=['text'])"),
+        ("audio", _unset, "audio output is not supported: ETC generates text"),
+        ("prediction", _unset, "predicted outputs are not supported"),
+        ("reasoning_effort", lambda v: v is None,
+         "reasoning_effort is not supported; a template's own switch goes in "
+         "chat_template_kwargs (e.g. {\"enable_thinking\": false})"),
+        ("verbosity", lambda v: v is None, "verbosity is not supported"),
+        ("web_search_options", _unset, "web search is not supported"),
+        ("store", lambda v: not v, "ETC stores no completions (store=false)"),
+        ("metadata", _unset, "metadata tags stored completions, and ETC stores none"),
+        ("service_tier", _only("auto", "default"),
+         "ETC has one service tier ('auto' or 'default')"),
+        ("chat_template", lambda v: v is None,
+         "a chat template of the request's own is not accepted; the model's is used"),
+        ("echo", lambda v: not v, "echo is not supported on chat completions"),
+    )
+
+    def refused(self) -> Optional[tuple[str, str]]:
+        for i, message in enumerate(self.messages):
+            found = message.refused()
+            if found is not None:
+                return f"messages[{i}].{found[0]}", f"messages[{i}].{found[1]}"
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs", "top_logprobs: needs logprobs=true"
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                return "continue_final_message", (
+                    "continue_final_message: give add_generation_prompt=false with it (the "
+                    "reply continues the last message instead of starting a new one)")
+            if self.messages[-1].role != "assistant":
+                return "continue_final_message", (
+                    "continue_final_message: the last message must be the assistant's, "
+                    "the one to continue")
+        return super().refused()
 
 
 class CompletionRequest(_Sampling):
@@ -119,13 +303,13 @@ class CompletionRequest(_Sampling):
     prompt: Union[Text, list[StrictInt], list[Text], list[list[StrictInt]]]
     echo: StrictBool = False
     suffix: Optional[Text] = None
-    best_of: Optional[StrictInt] = None
+    best_of: Optional[StrictInt] = Field(default=None, ge=1)
+    logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=5)
+    add_special_tokens: StrictBool = True
 
-    def unsupported(self) -> Optional[tuple[str, str]]:
-        if self.echo:
-            return "echo", "echo is not supported"
-        if self.suffix:
-            return "suffix", "suffix is not supported"
-        if self.best_of not in (None, 1):
-            return "best_of", "best_of is not supported"
-        return super().unsupported()
+    REFUSED: ClassVar[Refusals] = _Sampling.REFUSED + (
+        ("echo", lambda v: not v, "echo is not supported"),
+        ("suffix", _unset, "suffix is not supported"),
+        ("best_of", _only(1), "best_of is not supported"),
+        ("logprobs", lambda v: v is None, "logprobs are not supported"),
+    )

@@ -78,15 +78,17 @@ class EngineStats:
 class _Sequence:
     """The engine's state of one request (its thread only)."""
 
-    def __init__(self, handle: "RequestHandle", prompt: list, max_new_tokens: int, stop,
-                 eos: frozenset, sampling, detokenizer, return_logits: bool):
+    def __init__(self, handle: "RequestHandle", prompt: list, max_new_tokens: int,
+                 stop: StopChecker, eos: frozenset, stop_ids: frozenset, sampling, detokenizer,
+                 return_logits: bool):
         self.handle = handle
         self.prompt = prompt
         self.tokens = list(prompt)  # prompt + generated: what goes into the cache
         self.generated: list[int] = []
         self.max_new_tokens = max_new_tokens
-        self.stop = StopChecker(stop)
+        self.stop = stop
         self.eos = eos
+        self.stop_ids = stop_ids
         self.sampling = sampling
         self.detokenizer = detokenizer
         self.logits: Optional[list] = [] if return_logits else None
@@ -212,13 +214,20 @@ class Engine:
     def submit(self, prompt_ids: Sequence[int], *, max_new_tokens: Optional[int] = None,
                stop: Optional[Sequence[str]] = (), ignore_eos: bool = False, sampling=None,
                eos_token_ids: Optional[Sequence[int]] = None, return_logits: bool = False,
-               on_output: Optional[Callable[[RequestOutput], None]] = None) -> RequestHandle:
+               on_output: Optional[Callable[[RequestOutput], None]] = None,
+               stop_token_ids: Optional[Sequence[int]] = None,
+               include_stop_str_in_output: bool = False,
+               skip_special_tokens: bool = True) -> RequestHandle:
         """Queues a request: `prompt_ids` (token ids: a list, a tuple or a
         1-D NumPy integer array), at most `max_new_tokens` new ids (default:
         up to `max_model_len`, which the KV cache bounds), stopping at an id
-        of `eos_token_ids` (default: the model's) unless `ignore_eos`, or at
+        of `eos_token_ids` (default: the model's) unless `ignore_eos`, at an
+        id of `stop_token_ids` (also with `ignore_eos`; unlike an EOS id,
+        its text is part of the output, nothing for a special token), or at
         a string of `stop` (a string or strings; None: none; needs the
-        model's tokenizer). `sampling` is an
+        model's tokenizer; the text ends before it, or after it with
+        `include_stop_str_in_output`). The text leaves out special tokens
+        unless `skip_special_tokens` is False. `sampling` is an
         `etc.models.step.sampling.SamplingParams` (None: greedy); without a
         seed each step draws fresh random seeds (rank 0's under tensor
         parallelism, so every rank draws the same token). `on_output` gets
@@ -231,7 +240,9 @@ class Engine:
         tokenizer = self.model.tokenizer
         if any(stop) and tokenizer is None:
             raise RequestError("stop strings need the model's tokenizer (tokenizer.json)", "stop")
-        for name, value in (("ignore_eos", ignore_eos), ("return_logits", return_logits)):
+        for name, value in (("ignore_eos", ignore_eos), ("return_logits", return_logits),
+                            ("include_stop_str_in_output", include_stop_str_in_output),
+                            ("skip_special_tokens", skip_special_tokens)):
             if not isinstance(value, (bool, np.bool_)):
                 raise RequestError(f"{name}={value!r} must be True or False", name)
         if sampling is not None and not isinstance(sampling, SamplingParams):
@@ -246,12 +257,18 @@ class Engine:
         else:
             eos = frozenset(self.model.eos_token_ids if eos_token_ids is None else
                             _check_ids(eos_token_ids, "eos_token_ids"))
-        detokenizer = tokenizer.detokenizer() if tokenizer is not None else None
+        stop_ids = frozenset(() if stop_token_ids is None else
+                             _check_ids(stop_token_ids, "stop_token_ids",
+                                        self.model.config.vocab_size))
+        detokenizer = None if tokenizer is None else \
+            tokenizer.detokenizer(skip_special_tokens=bool(skip_special_tokens))
+        checker = StopChecker(stop, include_stop=bool(include_stop_str_in_output))
         with self._lock:
             handle = RequestHandle(self, self._next_id, prompt, on_output)
             self._next_id += 1
-            self._incoming.append(_Sequence(handle, prompt, max_new_tokens, stop, eos, sampling,
-                                            detokenizer, bool(return_logits)))
+            self._incoming.append(_Sequence(handle, prompt, max_new_tokens, checker, eos,
+                                            stop_ids, sampling, detokenizer,
+                                            bool(return_logits)))
             self._wake.notify()
         return handle
 
@@ -549,8 +566,11 @@ class Engine:
         text = ""
         if token in sequence.eos:
             reason = "stop"
-        elif sequence.detokenizer is not None:
-            text = sequence.detokenizer.push(token)
+        else:
+            if sequence.detokenizer is not None:
+                text = sequence.detokenizer.push(token)
+            if token in sequence.stop_ids:
+                reason = "stop"
         if reason is None and len(sequence.generated) >= sequence.max_new_tokens:
             reason = "length"
         final = reason is not None
@@ -668,11 +688,16 @@ def _check_stop(stop) -> list:
     return list(stop)
 
 
-def _check_ids(ids, name: str) -> list:
-    """Token ids given as a list (or any iterable) of ints, checked."""
+def _check_ids(ids, name: str, vocab: Optional[int] = None) -> list:
+    """Token ids given as a list (or any iterable) of ints (with `vocab`,
+    each in [0, vocab)), checked."""
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
         raise RequestError(f"{name}={ids!r} must be a list of token ids", name)
     ids = list(ids)
     if not all(isinstance(i, Integral) and not isinstance(i, (bool, np.bool_)) for i in ids):
         raise RequestError(f"{name}={ids!r} must be a list of token ids", name)
+    if vocab is not None:
+        for i in ids:
+            if not 0 <= i < vocab:
+                raise RequestError(f"{name}: {i} is not a token id in [0, {vocab})", name)
     return [int(i) for i in ids]

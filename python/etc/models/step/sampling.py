@@ -31,7 +31,7 @@ class SamplingParams:
     * `temperature` >= 0: 0 is greedy (the argmax of the logits, the first
       of equal values); otherwise tokens are drawn from softmax(logits / T);
     * `top_k` >= 0: keep the k most likely tokens (ties with the k-th
-      kept); 0 keeps all;
+      kept); 0 keeps all, and so does -1 (vLLM's "disabled", taken as 0);
     * `top_p` in (0, 1]: then keep the most likely tokens whose probability
       (renormalised over what top-k kept) reaches top_p; 1 keeps all;
     * `min_p` in [0, 1]: then drop tokens less likely than min_p times the
@@ -54,10 +54,10 @@ class SamplingParams:
         set_ = lambda name, value: object.__setattr__(self, name, value)
         set_("temperature", _number("temperature", self.temperature, 0.0, math.inf))
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or \
-                self.top_k < 0:
+                self.top_k < -1:
             raise ValueError(f"SamplingParams: top_k={self.top_k!r} must be an int >= 0 "
-                             f"(0 keeps every token)")
-        set_("top_k", int(self.top_k))
+                             f"(0 or -1 keeps every token)")
+        set_("top_k", max(int(self.top_k), 0))
         set_("top_p", _number("top_p", self.top_p, 0.0, 1.0, low_open=True))
         set_("min_p", _number("min_p", self.min_p, 0.0, 1.0))
         if self.seed is not None:

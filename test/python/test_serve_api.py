@@ -1,0 +1,280 @@
+"""etc.serve's API as applications and agents use it (issue 35): no field
+silently ignored (each takes effect or is refused by name), vLLM's
+extensions that take effect, and `Model.generate`'s keywords. Through the
+real `openai` client over HTTP on localhost, and raw HTTP (httpx) for the
+refusals; one tiny model (conftest's `chat_model`)."""
+
+import json
+import logging
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+import etc.serve
+from etc.models.testing import CHAT_TEMPLATE
+from test_serve import CHAT, NAME, Server
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+@pytest.fixture(scope="module")
+def server(chat_model):
+    server = Server(etc.serve.build_app(chat_model, served_model_name=NAME, max_num_seqs=4))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def greedy(chat_model):
+    return chat_model.generate(CHAT, 12, ignore_eos=True)
+
+
+def chat(client, **options):
+    options.setdefault("max_tokens", 12)
+    options.setdefault("temperature", 0)
+    extra = options.pop("extra_body", {})
+    return client.chat.completions.create(model=NAME, messages=options.pop("messages", CHAT),
+                                          extra_body={"ignore_eos": True, **extra}, **options)
+
+
+# -- refused by name ---------------------------------------------------------
+
+CHAT_BODY = {"model": NAME, "messages": CHAT}
+TEXT_BODY = {"model": NAME, "prompt": "Hi"}
+
+REFUSED = [
+    # (route, fields added to the body, param): each silently ignored before.
+    ("chat/completions", {"logit_bias": {"5": -100}}, "logit_bias"),
+    ("completions", {"logit_bias": {"5": -100}}, "logit_bias"),
+    ("completions", {"logprobs": 0}, "logprobs"),
+    ("chat/completions", {"logprobs": True, "top_logprobs": 2}, "logprobs"),
+    ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+    ("completions", {"max_tokens": 4, "max_completion_tokens": 5}, "max_completion_tokens"),
+    ("chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
+    ("chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ("chat/completions", {"repetition_penalty": 1.2}, "repetition_penalty"),
+    ("completions", {"repetition_penalty": 1.2}, "repetition_penalty"),
+    ("chat/completions", {"min_tokens": 3}, "min_tokens"),
+    ("chat/completions", {"presence_penalty": 0.5}, "presence_penalty"),
+    ("completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
+    ("chat/completions", {"n": 2}, "n"),
+    ("completions", {"best_of": 2}, "best_of"),
+    ("chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "person", "schema": SCHEMA, "strict": True}}}, "response_format"),
+    ("completions", {"guided_json": SCHEMA}, "guided_json"),
+    ("completions", {"guided_regex": "[0-9]+"}, "guided_regex"),
+    ("chat/completions", {"guided_choice": ["yes", "no"]}, "guided_choice"),
+    ("chat/completions", {"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+    ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools"),
+    ("chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("chat/completions", {"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ("chat/completions", {"functions": [{"name": "f"}]}, "functions"),
+    ("chat/completions", {"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ("chat/completions", {"reasoning_effort": "low"}, "reasoning_effort"),
+    ("chat/completions", {"verbosity": "low"}, "verbosity"),
+    ("chat/completions", {"web_search_options": {"search_context_size": "low"}},
+     "web_search_options"),
+    ("chat/completions", {"store": True}, "store"),
+    ("chat/completions", {"metadata": {"k": "v"}}, "metadata"),
+    ("chat/completions", {"service_tier": "flex"}, "service_tier"),
+    ("chat/completions", {"chat_template": "{{ messages }}"}, "chat_template"),
+    ("chat/completions", {"echo": True}, "echo"),
+    ("chat/completions", {"stream": True, "stream_options": {"include_obfuscation": True}},
+     "stream_options.include_obfuscation"),
+    ("chat/completions", {"continue_final_message": True}, "continue_final_message"),
+    ("chat/completions", {"chat_template_kwargs": {"messages": []}},
+     "chat_template_kwargs.messages"),
+    ("chat/completions", {"stop_token_ids": [3, 320]}, "stop_token_ids[1]"),
+    ("chat/completions", {"top_k": -2}, "top_k"),
+    # Fields no body declares: a misspelling, another server's extension.
+    ("chat/completions", {"tempreature": 0.3}, "tempreature"),
+    ("completions", {"use_beam_search": True}, "use_beam_search"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi", "extra": 1}]},
+     "messages[0].extra"),
+    ("chat/completions", {"messages": [{"role": "assistant", "content": "Hi", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+     "messages[0].tool_calls"),
+]
+
+
+@pytest.mark.parametrize("route, fields, param", REFUSED,
+                         ids=[f"{i}-{r[2]}" for i, r in enumerate(REFUSED)])
+def test_each_field_not_implemented_is_refused_by_name(server, route, fields, param):
+    body = {**(CHAT_BODY if route.startswith("chat") else TEXT_BODY), "max_tokens": 2, **fields}
+    response = httpx.post(f"{server.url}/v1/{route}", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and param in error["message"], error
+    assert error["type"] == "invalid_request_error"
+
+
+def test_fields_at_their_defaults_are_accepted(server):
+    """A field set to what it means when absent asks for nothing: accepted
+    (clients send such values, e.g. an answer's null fields sent back)."""
+    body = {**CHAT_BODY, "max_tokens": 2, "temperature": 0, "n": 1, "logprobs": False,
+            "presence_penalty": 0.0, "frequency_penalty": 0, "logit_bias": {},
+            "repetition_penalty": 1.0, "min_tokens": 0, "response_format": {"type": "text"},
+            "tool_choice": "none", "modalities": ["text"], "store": False,
+            "service_tier": "auto", "prompt_cache_key": "k", "user": "u",
+            "safety_identifier": "s", "stream_options": {"include_obfuscation": False},
+            "messages": [*CHAT, {"role": "assistant", "content": "Hi", "refusal": None,
+                                 "tool_calls": None}, {"role": "user", "content": "More"}]}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    body = {**TEXT_BODY, "max_tokens": 2, "temperature": 0, "best_of": 1, "echo": False}
+    assert httpx.post(f"{server.url}/v1/completions", json=body).status_code == 200
+
+
+# -- vLLM's extensions that take effect -----------------------------------------
+
+
+def test_top_k_minus_one_is_disabled(client):
+    """vLLM's top_k=-1 keeps every token, as 0 does: the same seeded text."""
+    texts = [chat(client, temperature=1.0, seed=5, extra_body={"top_k": k})
+             .choices[0].message.content for k in (-1, 0)]
+    assert texts[0] == texts[1]
+
+
+def test_max_completion_tokens_on_completions(client):
+    reply = client.completions.create(model=NAME, prompt="The quick brown", temperature=0,
+                                      extra_body={"max_completion_tokens": 5,
+                                                  "ignore_eos": True})
+    assert reply.usage.completion_tokens == 5 and reply.choices[0].finish_reason == "length"
+
+
+def test_stop_token_ids(client, greedy):
+    """Generation stops at an id of stop_token_ids, also with ignore_eos;
+    the id is counted, and its text (not special here) is part of the
+    answer, as in vLLM."""
+    tokens = greedy.tokens[0]
+    k = next(i for i in range(2, len(tokens)) if tokens[i] not in tokens[:i] and tokens[i] > 2)
+    reply = chat(client, extra_body={"stop_token_ids": [tokens[k]]})
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage.completion_tokens == k + 1
+
+
+def test_include_stop_str_in_output(client, greedy):
+    text = greedy.text[0]
+    stop = text[3:5]
+    reply = chat(client, stop=[stop], extra_body={"include_stop_str_in_output": True})
+    assert reply.choices[0].message.content == text[:text.find(stop) + len(stop)]
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_skip_special_tokens(chat_model, monkeypatch):
+    """A special token generated (forced here: the step returns id 1,
+    <|im_start|>) is in the text only with skip_special_tokens=False."""
+    step = chat_model.step
+
+    def special(*args, **options):
+        logits, ids = step(*args, **options)
+        return logits, np.full_like(ids, 1)
+
+    monkeypatch.setattr(chat_model, "step", special)
+    server = Server(etc.serve.build_app(chat_model, served_model_name=NAME))
+    try:
+        body = {"model": NAME, "prompt": [5, 6], "max_tokens": 2, "temperature": 0}
+        texts = [httpx.post(f"{server.url}/v1/completions", timeout=60,
+                            json={**body, "skip_special_tokens": skip}).json()
+                 ["choices"][0]["text"] for skip in (True, False)]
+    finally:
+        server.stop()
+    assert texts == ["", "<|im_start|><|im_start|>"]
+
+
+def test_chat_template_fields(client, chat_model, monkeypatch):
+    """add_generation_prompt, chat_template_kwargs and documents reach the
+    template; continue_final_message continues the last (assistant)
+    message; add_special_tokens adds the BOS id a tokenizer asks for."""
+    tok = chat_model.tokenizer
+    monkeypatch.setattr(tok, "chat_template", CHAT_TEMPLATE +
+                        "{% if greeting %}{{ greeting }}{% endif %}"
+                        "{% for d in documents or [] %}{{ d['text'] }}{% endfor %}")
+    monkeypatch.setattr(tok, "_template", None)
+
+    def prompt_tokens(**options):
+        return chat(client, max_tokens=1, **options).usage.prompt_tokens
+
+    def count(text):
+        return len(tok.encode(text, add_special_tokens=False))
+
+    rendered = tok.apply_chat_template(CHAT)
+    assert prompt_tokens() == count(rendered)
+    assert prompt_tokens(extra_body={"add_generation_prompt": False}) == \
+        count(tok.apply_chat_template(CHAT, add_generation_prompt=False))
+    assert prompt_tokens(extra_body={"chat_template_kwargs": {"greeting": "Hello there"}}) == \
+        count(rendered + "Hello there")
+    assert prompt_tokens(extra_body={"documents": [{"text": "A doc."}]}) == \
+        count(rendered + "A doc.")
+    # The reply continues "Once upon" instead of starting a new message.
+    start = [*CHAT, {"role": "assistant", "content": "Once upon"}]
+    continued = chat(client, messages=start, max_tokens=4, extra_body={
+        "continue_final_message": True, "add_generation_prompt": False})
+    text = tok.apply_chat_template(start, add_generation_prompt=False)
+    ids = tok.encode(text[:text.rfind("Once upon") + len("Once upon")],
+                     add_special_tokens=False)
+    assert continued.usage.prompt_tokens == len(ids)
+    assert continued.choices[0].message.content == \
+        chat_model.generate(ids, 4, ignore_eos=True).text[0]
+    monkeypatch.setattr(tok, "add_bos_token", True)
+    monkeypatch.setattr(tok, "bos_token_id", 0)
+    with_bos = [client.completions.create(
+        model=NAME, prompt="The quick", max_tokens=1, temperature=0,
+        extra_body={"add_special_tokens": add}).usage.prompt_tokens for add in (True, False)]
+    assert with_bos[0] == with_bos[1] + 1
+    assert prompt_tokens(extra_body={"add_special_tokens": True}) == count(rendered) + 1
+
+
+def test_user_is_logged(client, caplog):
+    caplog.set_level(logging.INFO, logger="etc.serve")
+    reply = chat(client, max_tokens=1, user="alice")
+    assert any(reply.id in r.getMessage() and "alice" in r.getMessage()
+               for r in caplog.records)
+
+
+# -- Python -----------------------------------------------------------------------
+
+
+def test_generate_refuses_unknown_keywords(chat_model):
+    """An option in the wrong place was silently greedy: now a TypeError
+    saying where it belongs."""
+    with pytest.raises(TypeError, match=r"'temperature'.*sampling=SamplingParams\("
+                                        r"temperature=1.5, seed=3\)"):
+        chat_model.generate("Once upon a time", 4, temperature=1.5, seed=3)
+    with pytest.raises(TypeError, match=r"'tempreature'.*chat_template_kwargs="):
+        chat_model.generate("Once upon a time", 4, tempreature=0.3)
+    with pytest.raises(TypeError, match="chat_template_kwargs"):
+        chat_model.generate(CHAT, 4, chat_template_kwargs=["enable_thinking"])
+    with pytest.raises(ValueError, match="'messages' is set by generate"):
+        chat_model.generate(CHAT, 4, chat_template_kwargs={"messages": []})
+
+
+def test_generate_chat_template_kwargs(chat_model, monkeypatch):
+    tok = chat_model.tokenizer
+    monkeypatch.setattr(tok, "chat_template",
+                        CHAT_TEMPLATE + "{% if greeting %}{{ greeting }}{% endif %}")
+    monkeypatch.setattr(tok, "_template", None)
+    out = chat_model.generate(CHAT, 4, ignore_eos=True,
+                              chat_template_kwargs={"greeting": "Hello there"})
+    ids = tok.encode(tok.apply_chat_template(CHAT) + "Hello there", add_special_tokens=False)
+    assert out.tokens == chat_model.generate(ids, 4, ignore_eos=True).tokens
+    assert out.tokens != chat_model.generate(CHAT, 4, ignore_eos=True).tokens
+
+
+def test_engine_stop_token_ids_checked(chat_model):
+    from etc.models.engine import Engine, RequestError
+
+    engine = Engine(chat_model, max_num_seqs=1)
+    with pytest.raises(RequestError, match=r"stop_token_ids: 999 is not a token id"):
+        engine.submit([5, 6], max_new_tokens=2, stop_token_ids=[999])
+    with pytest.raises(RequestError, match="skip_special_tokens"):
+        engine.submit([5, 6], max_new_tokens=2, skip_special_tokens="no")
