@@ -157,13 +157,13 @@ def trace_step(engine: ETC, batch: int, prompt: int, steps: int, schedule: str) 
     cache = model.new_cache(batch, prompt + steps + 2)
     requests = [models.Request(r, 0, rng.integers(0, model.config.vocab_size, prompt).tolist())
                 for r in range(batch)]
-    _, next_ids = kernel.run(**model.step_inputs(cache, requests))
+    _, next_ids, *_ = kernel.run(**model.step_inputs(cache, requests))
     busy: dict = {}
     idle: dict = {}
     spans, tiles = [], []
     for step in range(steps):
         requests = [models.Request(r, prompt + step, [int(next_ids[r])]) for r in range(batch)]
-        _, next_ids = kernel.run(**model.step_inputs(cache, requests))
+        _, next_ids, *_ = kernel.run(**model.step_inputs(cache, requests))
         events = kernel.runtime.trace.events
         spans.append(max(e.end for e in events) - min(e.start for e in events))
         tiles.append(len(events))

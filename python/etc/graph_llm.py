@@ -432,8 +432,8 @@ class LLMOperators:
         return self._finish(kind, [("x", x)], (x.shape[0],), INDEX_DTYPE, tile, {}, None,
                             name)
 
-    def sample(self, logits, temperature, top_k, top_p, min_p, seed, position, *, tile=None,
-               name: Optional[str] = None):
+    def sample(self, logits, temperature, top_k, top_p, min_p, seed, position, *,
+               logprobs=None, max_logprobs: int = 20, tile=None, name: Optional[str] = None):
         """Samples one token per row of `logits` (R, V) with each row's own
         parameters, all data of the run (one compiled kernel serves every
         mix of them): `temperature`, `top_p`, `min_p` f32 (R,), `top_k` i32
@@ -452,7 +452,16 @@ class LLMOperators:
         parameters only, not on the other rows, the schedule, the worker
         count or the target. `etc.reference_sampling.sample` is the exact
         definition. `tile=(m,)` sets the rows per tile (default 1: the
-        rows are sampled in parallel)."""
+        rows are sampled in parallel).
+
+        With `logprobs` (R,) i32, the result is (tokens, values, ids): row
+        r with logprobs[r] >= 0 gets in values (R, 1 + max_logprobs) f32
+        the log-probability of its token, then those of its
+        min(logprobs[r], max_logprobs) most likely tokens, whose ids go to
+        ids (R, max_logprobs) i32, under the distribution the token was
+        drawn from (the filtered, renormalised softmax at the row's
+        temperature; at temperature 0 the softmax of the logits); other
+        entries are left as they were (`etc.reference_sampling.logprobs`)."""
         kind = "sample"
         self._check_operand(kind, "logits", logits, ranks=(2,))
         rows = logits.shape[0]
@@ -476,4 +485,19 @@ class LLMOperators:
         tile = self._check_tile(kind, tile, 1, (1,), logits.shape[:1])
         operands = [("logits", logits), ("temperature", temperature), ("top_k", top_k),
                     ("top_p", top_p), ("min_p", min_p), ("seed", seed), ("position", position)]
-        return self._finish(kind, operands, (rows,), INDEX_DTYPE, tile, {}, None, name)
+        if logprobs is None:
+            return self._finish(kind, operands, (rows,), INDEX_DTYPE, tile, {}, None, name)
+        self._check_index(kind, "logprobs", logprobs, rows, "one per row of 'logits'")
+        if isinstance(max_logprobs, bool) or not isinstance(max_logprobs, int) or \
+                not 1 <= max_logprobs <= 1024:
+            raise ValueError(f"{kind}: max_logprobs={max_logprobs!r} must be an int in "
+                             f"[1, 1024]")
+        operands.append(("logprobs", logprobs))
+        result = self._finish(kind, operands, (rows,), INDEX_DTYPE, tile,
+                              {"max_logprobs": max_logprobs}, None, name)
+        values = self._new_tensor(self._fresh_name(f"{result.name}_logprobs"),
+                                  (rows, 1 + max_logprobs), "f32", "value")
+        ids = self._new_tensor(self._fresh_name(f"{result.name}_logprob_ids"),
+                               (rows, max_logprobs), INDEX_DTYPE, "value")
+        self._ops[-1].extra_results = (values, ids)
+        return result, values, ids

@@ -43,7 +43,7 @@ import numpy as np
 
 from types import SimpleNamespace
 
-from . import bfloat16, packed, reference_llm
+from . import bfloat16, packed, reference_llm, reference_sampling
 from .binding import INPUT_DTYPES, check_input_dtype, check_input_names, dim_value
 from .binding import bind_symbols as _bind_shapes
 
@@ -288,6 +288,13 @@ def evaluate(g, /, **inputs) -> list[np.ndarray]:
             if op.kind == "topk":
                 result, indices = topk(vals[0], op.params["k"])
                 env[op.extra_results[0]] = indices
+            elif op.kind == "sample" and op.extra_results:
+                result = _apply(op, vals)
+                logits, temperature, top_k, top_p, min_p = vals[:5]
+                values, ids = reference_sampling.logprobs(
+                    logits, temperature, top_k, top_p, min_p, result, vals[7],
+                    op.params["max_logprobs"])
+                env[op.extra_results[0]], env[op.extra_results[1]] = values, ids
             else:
                 result = _apply(op, vals)
                 if result.dtype != np.int32:

@@ -171,5 +171,5 @@ def apply(op, vals: list) -> np.ndarray:
     if kind == "argmax":
         return argmax(vals[0])
     if kind == "sample":
-        return reference_sampling.sample(*vals)
+        return reference_sampling.sample(*vals[:7])
     raise AssertionError(f"unknown operator kind {kind!r}")

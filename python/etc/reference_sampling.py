@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["philox4x32", "uniform", "sample", "PHILOX_ROUNDS"]
+__all__ = ["philox4x32", "uniform", "sample", "logprobs", "PHILOX_ROUNDS"]
 
 #: Philox-4x32's multipliers and key increments (Weyl constants).
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
@@ -88,31 +88,97 @@ def sample(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p
     for r in range(x_all.shape[0]):
         x = x_all[r]
         out[r] = _argmax(x)
-        t = np.float32(temperature[r])
-        numbers = x[~np.isnan(x)]
-        m = numbers.max() if numbers.size else np.float32(-np.inf)
-        if not (t > 0) or not (m > -np.inf):
+        kept = _kept(x, temperature[r], top_k[r], top_p[r], min_p[r])
+        if kept is None:
             continue
-        inv = np.float32(1.0) / t
-        with np.errstate(invalid="ignore", over="ignore"):
-            w = np.where(x == m, np.float32(1.0), np.exp((x - m) * inv)).astype(np.float32)
-        w[np.isnan(x)] = 0
-        n = x.shape[0]
-        threshold = np.float32(-np.inf)
-        k = int(top_k[r])
-        if 0 < k < n and k <= numbers.size:
-            threshold = np.sort(numbers)[::-1][k - 1]
-        p = np.float32(top_p[r])
-        if p < 1:
-            total = np.float32(p) * np.float32(np.sum(w[x >= threshold], dtype=np.float32))
-            kept_values = [v for v in np.unique(numbers[numbers >= threshold])
-                           if np.sum(w[x > v], dtype=np.float32) < total]
-            threshold = min(kept_values) if kept_values else m
-        q = min(np.float32(min_p[r]), np.float32(1.0))
-        keep = (x >= threshold) & (w >= q)
-        kept = np.where(keep, w, np.float32(0.0)).astype(np.float32)
         running = np.cumsum(kept, dtype=np.float32)
         target = draws[r] * running[-1]
         crossed = np.nonzero((kept > 0) & (running > target))[0]
         out[r] = crossed[0] if crossed.size else np.nonzero(kept > 0)[0][-1]
     return out
+
+
+def _filtered(x: np.ndarray, t, top_k, top_p, min_p):
+    """Row `x`'s sampling distribution before normalisation: (m, 1 / T,
+    the weights w, whether each value is kept), or None where the row is
+    greedy (see `sample`)."""
+    t = np.float32(t)
+    numbers = x[~np.isnan(x)]
+    m = numbers.max() if numbers.size else np.float32(-np.inf)
+    if not (t > 0) or not (m > -np.inf):
+        return None
+    inv = np.float32(1.0) / t
+    with np.errstate(invalid="ignore", over="ignore"):
+        w = np.where(x == m, np.float32(1.0), np.exp((x - m) * inv)).astype(np.float32)
+    w[np.isnan(x)] = 0
+    n = x.shape[0]
+    threshold = np.float32(-np.inf)
+    k = int(top_k)
+    if 0 < k < n and k <= numbers.size:
+        threshold = np.sort(numbers)[::-1][k - 1]
+    p = np.float32(top_p)
+    if p < 1:
+        total = np.float32(p) * np.float32(np.sum(w[x >= threshold], dtype=np.float32))
+        kept_values = [v for v in np.unique(numbers[numbers >= threshold])
+                       if np.sum(w[x > v], dtype=np.float32) < total]
+        threshold = min(kept_values) if kept_values else m
+    q = min(np.float32(min_p), np.float32(1.0))
+    return m, inv, w, (x >= threshold) & (w >= q)
+
+
+def _kept(x: np.ndarray, t, top_k, top_p, min_p):
+    """The kept weights of row `x` (0 for the tokens the filters drop), or
+    None where the row is greedy."""
+    filtered = _filtered(x, t, top_k, top_p, min_p)
+    if filtered is None:
+        return None
+    _, _, w, keep = filtered
+    return np.where(keep, w, np.float32(0.0)).astype(np.float32)
+
+
+def logprobs(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray,
+             top_p: np.ndarray, min_p: np.ndarray, tokens: np.ndarray, count: np.ndarray,
+             most: int) -> tuple:
+    """The log-probabilities `Graph.sample(..., logprobs=count)` returns:
+    (values (R, 1 + most) float32, ids (R, most) int32). For each row r
+    with count[r] >= 0: values[r, 0] is the log-probability of tokens[r],
+    and ids[r, j], values[r, 1 + j] for j < min(count[r], most) the j-th
+    most likely token (larger logits first, then lower ids) and its
+    log-probability; the other entries of the row are 0 (the kernels leave
+    them as they were).
+
+    The distribution is the one the row's token was drawn from: where the
+    row samples, the weights exp((x - m) / T) of the tokens the filters
+    keep, normalised (-inf for the others); where it is greedy, the
+    softmax of the logits (temperature 1, no filters)."""
+    x_all = np.asarray(logits, np.float32)
+    rows, n = x_all.shape
+    values = np.zeros((rows, 1 + most), np.float32)
+    ids = np.zeros((rows, most), np.int32)
+    for r in range(rows):
+        if count[r] < 0:
+            continue
+        x = x_all[r]
+        filtered = _filtered(x, temperature[r], top_k[r], top_p[r], min_p[r])
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            if filtered is None:
+                m = np.max(x[~np.isnan(x)]) if (~np.isnan(x)).any() else np.float32(-np.inf)
+                scaled = (x - m).astype(np.float32)
+                scaled[x == m] = 0
+                total = np.sum(np.exp(scaled), dtype=np.float32)
+                keep = ~np.isnan(x)
+            else:
+                m, inv, w, keep = filtered
+                scaled = ((x - m) * inv).astype(np.float32)
+                scaled[x == m] = 0
+                total = np.sum(np.where(keep, w, np.float32(0)), dtype=np.float32)
+            log_total = np.float32(np.log(total))
+            row = np.where(keep, scaled - log_total, np.float32(-np.inf)).astype(np.float32)
+        values[r, 0] = row[tokens[r]]
+        take = min(int(count[r]), most, n)
+        # Larger logits first (NaN first of all), then lower ids.
+        nan = np.isnan(x)
+        order = np.lexsort((np.arange(n), -np.where(nan, 0, x), ~nan))[:take]
+        ids[r, :take] = order
+        values[r, 1:1 + take] = row[order]
+    return values, ids

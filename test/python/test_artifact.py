@@ -265,7 +265,7 @@ _STEP_SUBPROCESS = textwrap.dedent("""
     import etc.runtime
     data = np.load(sys.argv[2])
     inputs = {name: data[name] for name in data.files}
-    logits, next_ids = etc.runtime.load(sys.argv[1]).run(**inputs)
+    logits, next_ids, *_ = etc.runtime.load(sys.argv[1]).run(**inputs)
     np.save(sys.argv[3], logits)
     np.save(sys.argv[4], inputs["l0_k_cache"])
 """)
@@ -287,7 +287,7 @@ def test_a_model_step_kernel_with_state_runs_from_its_artifact(tmp_path):
     requests = [models.Request(0, 0, [3, 5, 7]), models.Request(1, 0, [11])]
     inputs = model.step_inputs(cache, requests)
     np.savez(tmp_path / "inputs.npz", **inputs)
-    expected_logits, _ = kernel.run(**inputs)
+    expected_logits, *_ = kernel.run(**inputs)
     script = tmp_path / "step.py"
     script.write_text(_STEP_SUBPROCESS)
     result = subprocess.run([sys.executable, str(script), str(path), str(tmp_path / "inputs.npz"),

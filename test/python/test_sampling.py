@@ -20,14 +20,19 @@ from ptxas_check import assemble, assert_no_spills, needs_ptxas
 VOCAB = 37  # not a multiple of the 128 lanes, nor of 32
 
 
-def _graph(vocab: int = VOCAB, dtype: str = "f32", tile=None) -> etc.Graph:
+def _graph(vocab: int = VOCAB, dtype: str = "f32", tile=None,
+           max_logprobs: int | None = None) -> etc.Graph:
     g = etc.Graph("sampler")
     R = g.symbol("R")
     logits = g.input("logits", (R, vocab), dtype)
     params = [g.input("temperature", (R,), "f32"), g.input("top_k", (R,), "i32"),
               g.input("top_p", (R,), "f32"), g.input("min_p", (R,), "f32"),
               g.input("seed", (R, 2), "i32"), g.input("position", (R,), "i32")]
-    g.output(g.sample(logits, *params, tile=tile))
+    if max_logprobs is None:
+        g.output(g.sample(logits, *params, tile=tile))
+    else:
+        g.output(*g.sample(logits, *params, tile=tile, logprobs=g.input("logprobs", (R,), "i32"),
+                           max_logprobs=max_logprobs))
     return g
 
 
@@ -315,11 +320,66 @@ def test_half_precision_logits_and_tiles_of_several_rows(dtype, tile):
 
 @needs_ptxas
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
-def test_sample_ptx(chip, tmp_path):
-    ptx = etc.compile(_graph(1000, "bf16"), target="cuda", chip=chip).ptx
+@pytest.mark.parametrize("logprobs", [None, 20])
+def test_sample_ptx(chip, logprobs, tmp_path):
+    ptx = etc.compile(_graph(1000, "bf16", max_logprobs=logprobs), target="cuda",
+                      chip=chip).ptx
     body = re.search(r"\.func \w*sample_gpu\w*\(.*?\n\}", ptx, re.S).group(0)
     assert "shfl.sync.bfly" in body and "bar.sync" in body and "mul.hi.u32" in body
+    if logprobs:
+        assert "lg2.approx" in body or "ex2.approx" in body
     assert_no_spills(assemble(ptx, chip, tmp_path, "sample"))
+
+
+# ----------------------------------------------------------------------
+# Log-probabilities
+# ----------------------------------------------------------------------
+
+LOGPROB_GRAPH = _graph(200, max_logprobs=6)
+
+
+@pytest.fixture(scope="module")
+def logprob_kernels():
+    return {kind: etc.compile(LOGPROB_GRAPH, target="cpu", workers=2, kernels=kind)
+            for kind in ("native", "cuda")}
+
+
+@pytest.mark.parametrize("kind", ["native", "cuda"])
+def test_logprobs_are_the_log_softmax_the_token_was_drawn_from(kind, logprob_kernels):
+    """Computed on the device with the draw: at temperature 1 without
+    filters they equal NumPy's log-softmax of the logits within 1e-4; with
+    a temperature and filters, the renormalised log-softmax of what the
+    filters kept (-inf for the rest); greedy rows get the logits'
+    log-softmax. The top ones are the most likely, ties by lower id; rows
+    that ask for none are left alone."""
+    rng = np.random.default_rng(11)
+    logits = (rng.standard_normal((9, 200)) * 4).astype(np.float32)
+    logits[5, 7:11] = logits[5].max() + 1  # four equal largest values
+    inputs = _inputs(logits, temperature=[1.0, 1.0, 0.0, 0.7, 1.3, 1.0, 2.0, 1.0, 0.0],
+                     top_k=[0, 0, 0, 5, 0, 0, 3, 0, 0], top_p=[1, 1, 1, 1, 0.8, 1, 1, 1, 1],
+                     min_p=[0, 0, 0, 0, 0, 0, 0, 0.3, 0])
+    inputs["logprobs"] = np.array([6, 0, 3, 6, 2, 6, 6, 4, -1], np.int32)
+    tokens, values, ids = logprob_kernels[kind].run(**inputs)
+    want_values, want_ids = reference_sampling.logprobs(
+        logits, inputs["temperature"], inputs["top_k"], inputs["top_p"], inputs["min_p"],
+        tokens, inputs["logprobs"], 6)
+    np.testing.assert_array_equal(tokens, etc.reference.evaluate(LOGPROB_GRAPH, **inputs)[0])
+    for r, count in enumerate(inputs["logprobs"]):
+        if count < 0:
+            continue
+        np.testing.assert_allclose(values[r, :1 + count], want_values[r, :1 + count],
+                                   atol=1e-5, rtol=1e-6, err_msg=f"row {r}")
+        np.testing.assert_array_equal(ids[r, :count], want_ids[r, :count], err_msg=f"row {r}")
+    log_softmax = lambda x: x - x.max() - np.log(np.sum(np.exp(x - x.max())))
+    for r in (0, 1, 2):  # temperature 1 unfiltered, and greedy
+        np.testing.assert_allclose(values[r, 0], log_softmax(logits[r].astype(np.float64))
+                                   [tokens[r]], atol=1e-4)
+    np.testing.assert_array_equal(ids[0], np.argsort(-logits[0], kind="stable")[:6])
+    np.testing.assert_array_equal(ids[5, :4], [7, 8, 9, 10])
+    # Top-k 5: the sixth most likely is filtered out.
+    assert np.isfinite(values[3, 1:6]).all() and values[3, 6] == -np.inf
+    kept = np.exp(values[3, 1:6].astype(np.float64))
+    assert abs(kept.sum() - 1) < 1e-4  # the kept tokens' probabilities sum to 1
 
 
 # ----------------------------------------------------------------------
@@ -348,13 +408,15 @@ def test_sample_names_the_operand_at_fault():
 def test_sampling_params_are_checked_by_field():
     assert SamplingParams().greedy and not SamplingParams(temperature=0.5).greedy
     for field, value in (("temperature", -0.1), ("temperature", float("inf")),
-                         ("temperature", "hot"), ("top_k", -1), ("top_k", 2.5),
+                         ("temperature", "hot"), ("top_k", -2), ("top_k", 2.5),
                          ("top_p", 0.0), ("top_p", 1.5), ("min_p", -0.01), ("min_p", 2.0),
-                         ("seed", 1.5), ("seed", True)):
+                         ("seed", 1.5), ("seed", True), ("logprobs", -1), ("logprobs", 21),
+                         ("logprobs", True)):
         with pytest.raises(ValueError, match=f"SamplingParams: {field}="):
             SamplingParams(**{field: value})
     with pytest.raises(AttributeError):
         SamplingParams().temperature = 1.0  # frozen
+    assert SamplingParams(top_k=-1).top_k == 0  # vLLM's "disabled"
 
 
 def test_sampling_inputs_carry_each_request_and_split_seeds():

@@ -53,8 +53,8 @@ REFUSED = [
     # (route, fields added to the body, param): each silently ignored before.
     ("chat/completions", {"logit_bias": {"5": -100}}, "logit_bias"),
     ("completions", {"logit_bias": {"5": -100}}, "logit_bias"),
-    ("completions", {"logprobs": 0}, "logprobs"),
-    ("chat/completions", {"logprobs": True, "top_logprobs": 2}, "logprobs"),
+    ("completions", {"logprobs": 6}, "logprobs"),
+    ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),
     ("completions", {"max_tokens": 4, "max_completion_tokens": 5}, "max_completion_tokens"),
     ("chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
@@ -64,7 +64,7 @@ REFUSED = [
     ("chat/completions", {"min_tokens": 3}, "min_tokens"),
     ("chat/completions", {"presence_penalty": 0.5}, "presence_penalty"),
     ("completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
-    ("chat/completions", {"n": 2}, "n"),
+    ("chat/completions", {"n": 129}, "n"),
     ("completions", {"best_of": 2}, "best_of"),
     ("chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
@@ -239,6 +239,126 @@ def test_user_is_logged(client, caplog):
     reply = chat(client, max_tokens=1, user="alice")
     assert any(reply.id in r.getMessage() and "alice" in r.getMessage()
                for r in caplog.records)
+
+
+# -- log-probabilities ----------------------------------------------------------------
+
+
+def _log_softmax(x):
+    x = np.asarray(x, np.float64)
+    return x - x.max() - np.log(np.sum(np.exp(x - x.max())))
+
+
+def test_chat_logprobs_streamed_and_not(client, chat_model):
+    """Greedy: each token's log-probability and its 3 most likely
+    alternatives are the log-softmax of the logits it was chosen from
+    (within 1e-4), streamed or not; a token's bytes are its text's."""
+    want = chat_model.generate(CHAT, 8, ignore_eos=True, return_logits=True)
+    reply = chat(client, max_tokens=8, logprobs=True, top_logprobs=3)
+    content = reply.choices[0].logprobs.content
+    stream = chat(client, max_tokens=8, logprobs=True, top_logprobs=3, stream=True)
+    streamed = [entry for chunk in stream if chunk.choices and chunk.choices[0].logprobs
+                for entry in chunk.choices[0].logprobs.content]
+    tok = chat_model.tokenizer
+    assert len(content) == len(streamed) == 8
+    for i, (entry, token, logits) in enumerate(zip(content, want.tokens[0], want.logits[0])):
+        reference = _log_softmax(logits)
+        assert entry.token == tok.decode([token], skip_special_tokens=False)
+        assert bytes(entry.bytes) == entry.token.encode()
+        assert abs(entry.logprob - reference[token]) < 1e-4, i
+        top = np.argsort(-logits, kind="stable")[:3]
+        assert [t.token for t in entry.top_logprobs] == \
+            [tok.decode([t], skip_special_tokens=False) for t in top]
+        np.testing.assert_allclose([t.logprob for t in entry.top_logprobs], reference[top],
+                                   atol=1e-4)
+        assert streamed[i].model_dump() == entry.model_dump()
+    assert chat(client, max_tokens=2).choices[0].logprobs is None
+    plain = chat(client, max_tokens=2, logprobs=True).choices[0].logprobs.content
+    assert all(entry.top_logprobs == [] for entry in plain)
+
+
+def test_sampled_logprobs_follow_the_filters(client):
+    """At temperature 0.8 with top_k 2, the distribution drawn from keeps 2
+    tokens: the two alternatives' probabilities sum to 1, the third is
+    -inf (sent as -9999), and the chosen token is one of the two."""
+    reply = chat(client, max_tokens=6, temperature=0.8, seed=4, logprobs=True, top_logprobs=3,
+                 extra_body={"top_k": 2})
+    for entry in reply.choices[0].logprobs.content:
+        top = [t.logprob for t in entry.top_logprobs]
+        assert abs(np.exp(top[0]) + np.exp(top[1]) - 1) < 1e-4 and top[2] == -9999.0
+        assert entry.token in [t.token for t in entry.top_logprobs[:2]]
+
+
+def test_completion_logprobs(client, chat_model):
+    want = chat_model.generate("The quick brown", 5, ignore_eos=True, return_logits=True)
+    reply = client.completions.create(model=NAME, prompt="The quick brown", max_tokens=5,
+                                      temperature=0, logprobs=2,
+                                      extra_body={"ignore_eos": True})
+    logprobs = reply.choices[0].logprobs
+    tok = chat_model.tokenizer
+    assert logprobs.tokens == [tok.decode([t], skip_special_tokens=False)
+                               for t in want.tokens[0]]
+    for i, (token, logits) in enumerate(zip(want.tokens[0], want.logits[0])):
+        reference = _log_softmax(logits)
+        assert abs(logprobs.token_logprobs[i] - reference[token]) < 1e-4
+        top = np.argsort(-logits, kind="stable")[:2]
+        assert list(logprobs.top_logprobs[i]) == [tok.decode([t], skip_special_tokens=False)
+                                                  for t in top]
+    assert logprobs.text_offset == list(np.cumsum([0] + [len(t) for t in logprobs.tokens])[:-1])
+    stream = client.completions.create(model=NAME, prompt="The quick brown", max_tokens=5,
+                                       temperature=0, logprobs=2, stream=True,
+                                       extra_body={"ignore_eos": True})
+    chunks = [c.choices[0].logprobs for c in stream if c.choices[0].logprobs]
+    assert sum((c.tokens for c in chunks), []) == logprobs.tokens
+    assert sum((c.text_offset for c in chunks), []) == logprobs.text_offset
+
+
+# -- n choices -------------------------------------------------------------------------
+
+
+def test_n_choices_share_the_prompts_blocks(server, client, chat_model):
+    """n = 3 seeded choices: choice i is what one request with seed + i
+    gets; the three share the prompt's full KV blocks (computed once, by
+    the first); usage counts every choice's tokens. Streamed, each chunk
+    names its choice, and the texts are the same."""
+    engine = server.app.state.engine
+    words = "You answer in French, briefly, and never say more than asked. Be kind.".split()
+    tok = chat_model.tokenizer
+    for count in range(1, len(words) + 1):  # a prompt of more than 2 blocks
+        messages = [{"role": "system", "content": " ".join(words[:count])},
+                    {"role": "user", "content": "Hi!"}]
+        prompt = tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
+        if len(prompt) > 40:
+            break
+    full_blocks = (len(prompt) - 1) // 16 * 16
+    assert full_blocks >= 32
+    before = engine.stats.cached_tokens
+    reply = chat(client, messages=messages, n=3, temperature=1.0, seed=7, max_tokens=6)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    texts = [c.message.content for c in reply.choices]
+    assert texts == [chat(client, messages=messages, temperature=1.0, seed=7 + i, max_tokens=6)
+                     .choices[0].message.content for i in range(3)]
+    assert len(set(texts)) > 1
+    assert reply.usage.completion_tokens == 18 and reply.usage.prompt_tokens == len(prompt)
+    # The other two choices (at least) reused the first's full blocks.
+    assert engine.stats.cached_tokens - before >= 2 * full_blocks
+    stream = chat(client, messages=messages, n=3, temperature=1.0, seed=7, max_tokens=6,
+                  stream=True, stream_options={"include_usage": True})
+    streamed = ["", "", ""]
+    reasons = {}
+    chunks = list(stream)
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        streamed[choice.index] += choice.delta.content or ""
+        if choice.finish_reason:
+            reasons[choice.index] = choice.finish_reason
+    assert streamed == texts and reasons == {0: "length", 1: "length", 2: "length"}
+    assert chunks[-1].usage.completion_tokens == 18
+    completions = client.completions.create(model=NAME, prompt=prompt, n=2, temperature=1.0,
+                                            seed=3, max_tokens=4,
+                                            extra_body={"ignore_eos": True})
+    assert [c.index for c in completions.choices] == [0, 1]
+    assert completions.usage.completion_tokens == 8
 
 
 # -- Python -----------------------------------------------------------------------

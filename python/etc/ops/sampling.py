@@ -44,6 +44,7 @@ from mlir import ir
 from mlir.dialects import arith, math, memref, scf, vector
 
 from .base import Lanes, LaneValues, TaskBuilder, TileKernel, box, tile_offset
+from .topk import select_next
 from .variants import RowKernel, RowSelectGPU
 
 KINDS = ("argmax", "sample")
@@ -122,6 +123,16 @@ class RowPasses:
     def argmax(self) -> ir.Value:
         k = self.k
         return argmax_scan(k, self.load, k.cidx(0), self.n, k.cidx(1))[1]
+
+    def next_pick(self, previous: tuple) -> ir.Value:
+        """The column of the next value of the row after `previous` (value,
+        column) in top-k order (`etc.ops.topk.select_next`: NaN first, then
+        larger values, then lower columns)."""
+        return select_next(self.k, self.n, self.load, previous)[1]
+
+    def store(self, write) -> None:
+        """Runs `write()` (stores of values every lane holds) once."""
+        write()
 
     def draw(self, weight_of, u: ir.Value) -> ir.Value:
         """The first column where the running sum of `weight_of(value)` in
@@ -260,18 +271,42 @@ class LanePasses(RowPasses):
         return arith.index_cast(self.k.index, arith.fptoui(ir.IntegerType.get_signless(32), value))
 
     def argmax(self) -> ir.Value:
-        """Each lane's best of its columns, then the CTA agrees on the
-        winner: whether any lane holds a NaN, the largest number, then the
-        lowest column holding the winner."""
+        """Each lane's best of its columns (`_agree`)."""
+        k = self.k
+        return self._agree(lambda lane: argmax_scan(k, self.load, lane, self.n,
+                                                    k.cidx(self.lanes.count)))
+
+    def next_pick(self, previous: tuple) -> ir.Value:
+        """Each lane's next pick among its columns (`_agree`)."""
+        k = self.k
+        return self._agree(lambda lane: select_next(k, self.n, self.load, previous, lane,
+                                                    k.cidx(self.lanes.count)))
+
+    def store(self, write) -> None:
+        """Runs `write()` in lane 0 only."""
+        k = self.k
+
+        def first(lane):
+            branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, lane, k.cidx(0)))
+            with ir.InsertionPoint(branch.then_block):
+                write()
+                scf.yield_([])
+        self.lanes.each(first)
+
+    def _agree(self, scan) -> ir.Value:
+        """The column of the CTA's winner among each lane's candidate
+        `scan(lane)` = (value, column, found) (lane l scans columns l,
+        l + L, ...): whether any lane holds a NaN, the largest number,
+        then the lowest column holding the winner."""
         k, lanes = self.k, self.lanes
         zero, ninf = k.cf32(0.0), k.cf32(float("-inf"))
 
-        def scan(lane):
-            value, column, found = argmax_scan(k, self.load, lane, self.n, k.cidx(lanes.count))
+        def candidate(lane):
+            value, column, found = scan(lane)
             is_nan = arith.andi(found, arith.cmpf(arith.CmpFPredicate.UNO, value, value))
             flag = lambda b: arith.select(b, k.cf32(1.0), zero)
             return [value, self._as_f32(column), flag(found), flag(is_nan)]
-        candidates = lanes.each(scan)
+        candidates = lanes.each(candidate)
         get = lambda lane: lanes.get(candidates, lane)
         positive = lambda v: arith.cmpf(arith.CmpFPredicate.OGT, v, zero)
         (any_nan,) = self.combine(["maxnumf"], lambda lane: [get(lane)[3]])
@@ -288,7 +323,7 @@ class LanePasses(RowPasses):
                                    arith.cmpf(arith.CmpFPredicate.OEQ, value, best))
             return [arith.select(arith.andi(positive(found), matches), arith.negf(column), ninf)]
         (lowest,) = self.combine(["maxnumf"], winner)
-        # An empty row has no winner: column 0, as `RowPasses.argmax`.
+        # No candidate: column 0, as `RowPasses.argmax` of an empty row.
         some = arith.cmpf(arith.CmpFPredicate.OGT, lowest, ninf)
         return self._as_index(arith.select(some, arith.negf(lowest), zero))
 
@@ -512,27 +547,111 @@ class Sample(RowKernel):
 
     # -- the choice -------------------------------------------------------
 
+    @property
+    def with_logprobs(self) -> bool:
+        """Whether the op returns log-probabilities (`Graph.sample`'s
+        `logprobs`)."""
+        return bool(self.op.extra_results)
+
     def choose(self, passes: RowPasses, row: ir.Value) -> ir.Value:
-        """The token of row `row` (an index value)."""
+        """The token of row `row` (an index value), and its log-probabilities
+        where the op and the row ask for them (`log_probabilities`)."""
         op = self.op
         temperature = self.load(op.operands[1], [row])
         (m,) = passes.fold(("maxnumf", float("-inf"), lambda v: v))
         sampled = arith.andi(
             arith.cmpf(arith.CmpFPredicate.OGT, temperature, self.cf32(0.0)),
             arith.cmpf(arith.CmpFPredicate.OGT, m, self.cf32(float("-inf"))))
-        branch = scf.IfOp(sampled, [self.index], has_else=True)
+        want = None
+        if self.with_logprobs:
+            want = arith.cmpi(arith.CmpIPredicate.sge, self.load(op.operands[7], [row]),
+                              _i32_constant(0))
+        extra = [self.f32] * 4 if want is not None else []
+        branch = scf.IfOp(sampled, [self.index] + extra, has_else=True)
         with ir.InsertionPoint(branch.then_block):
-            scf.yield_([self.draw(passes, row, m, temperature)])
+            token, kept_weight, distribution = self.draw(passes, row, m, temperature)
+            if want is not None:
+                distribution.append(self._log_total(passes, want, kept_weight))
+            scf.yield_([token] + (distribution if want is not None else []))
         with ir.InsertionPoint(branch.else_block):
-            scf.yield_([passes.argmax()])
+            token = passes.argmax()
+            if want is not None:
+                # Greedy: the softmax of the logits (temperature 1, no filters).
+                exp = lambda v: math.exp(arith.subf(v, self.like(v, m)))
+                token = [token, self.cf32(float("-inf")), self.cf32(0.0), self.cf32(1.0),
+                         self._log_total(passes, want, exp)]
+            scf.yield_(token if want is not None else [token])
+        if want is not None:
+            self.log_probabilities(passes, row, want, branch.results[0], m,
+                                   *branch.results[1:])
         return branch.results[0]
 
-    def draw(self, passes: RowPasses, row: ir.Value, m: ir.Value,
-             temperature: ir.Value) -> ir.Value:
-        """The sampled token of a row whose largest number is `m` (above
-        -inf) at `temperature` (> 0)."""
+    def _log_total(self, passes: RowPasses, want: ir.Value, weight_of) -> ir.Value:
+        """log of the row's sum of `weight_of(value)` where `want`, else 0
+        (a pass only for the rows that ask for log-probabilities)."""
+        branch = scf.IfOp(want, [self.f32], has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            (total,) = passes.fold(("add", 0.0, weight_of))
+            scf.yield_([math.log(total)])
+        with ir.InsertionPoint(branch.else_block):
+            scf.yield_([self.cf32(0.0)])
+        return branch.results[0]
+
+    def log_probabilities(self, passes: RowPasses, row: ir.Value, want: ir.Value,
+                          token: ir.Value, m: ir.Value, threshold: ir.Value, floor: ir.Value,
+                          inverse: ir.Value, log_total: ir.Value) -> None:
+        """Where `want`: the log-probability of `token` and of the row's
+        most likely tokens (as many as the row's `logprobs` asks, at most
+        the op's `max_logprobs`) under the distribution it was drawn from:
+        log w(v) - log_total for the values the filters keep (v >=
+        `threshold` and w(v) >= `floor`, w(v) = exp((v - m) * `inverse`)),
+        -inf for the others. The most likely tokens of that distribution
+        are those of the largest logits (the filters keep an upper set of
+        them), found by one pass each (`next_pick`)."""
         op = self.op
-        _, _, top_k, top_p, min_p, seed, position = op.operands
+        values, ids = op.extra_results
+        most = op.params["max_logprobs"]
+        ninf = self.cf32(float("-inf"))
+
+        def logprob(v):
+            scaled = arith.mulf(arith.subf(v, m), inverse)
+            at_max = arith.cmpf(arith.CmpFPredicate.OEQ, v, m)
+            log_w = arith.select(at_max, self.cf32(0.0), scaled)
+            w = arith.select(at_max, self.cf32(1.0), math.exp(scaled))
+            kept = arith.andi(arith.cmpf(arith.CmpFPredicate.OGE, v, threshold),
+                              arith.cmpf(arith.CmpFPredicate.OGE, w, floor))
+            return arith.select(kept, arith.subf(log_w, log_total), ninf)
+
+        branch = scf.IfOp(want)
+        with ir.InsertionPoint(branch.then_block):
+            chosen = logprob(passes.load(token))
+            passes.store(lambda: self.store(chosen, values, [row, self.cidx(0)]))
+            asked = self.load_index(op.operands[7], [row])
+            count = arith.minsi(arith.minsi(asked, self.cidx(most)), passes.n)
+            # Before the first pick: NaN at column -1, which every value follows.
+            nan = self.cf32(float("nan"))
+            picks = scf.ForOp(self.cidx(0), count, self.cidx(1), [nan, self.cidx(-1)])
+            with ir.InsertionPoint(picks.body):
+                j = picks.induction_variable
+                column = passes.next_pick(tuple(picks.inner_iter_args))
+                v = passes.load(column)
+                lp = logprob(v)
+
+                def write():
+                    self.store_index(column, ids, [row, j])
+                    self.store(lp, values, [row, arith.addi(j, self.cidx(1))])
+                passes.store(write)
+                scf.yield_([v, column])
+            scf.yield_([])
+
+    def draw(self, passes: RowPasses, row: ir.Value, m: ir.Value,
+             temperature: ir.Value) -> tuple:
+        """The sampled token of a row whose largest number is `m` (above
+        -inf) at `temperature` (> 0), the weight of a value after the
+        filters (a function), and the distribution's [threshold, floor,
+        1 / temperature] (see `log_probabilities`)."""
+        op = self.op
+        _, _, top_k, top_p, min_p, seed, position = op.operands[:7]
         f32 = self.f32
         i64 = ir.IntegerType.get_signless(64)
         like = self.like
@@ -601,7 +720,7 @@ class Sample(RowKernel):
         u = philox_uniform(self.load(seed, [row, self.cidx(0)]),
                            self.load(seed, [row, self.cidx(1)]),
                            self.load(position, [row]))
-        return passes.draw(kept_weight, u)
+        return passes.draw(kept_weight, u), kept_weight, [threshold, floor, inverse]
 
 
 class SampleCPU(Sample):
@@ -657,5 +776,6 @@ def build_tasks(b: TaskBuilder, op) -> None:
         seed = op.operands[5]
         reads += [(t, rows) for t in op.operands[1:] if t is not seed]
         reads.append((seed, box(1, [tile_offset(0, tm), "0"], [tm, None])))
-    b.emit_task(op, op.name, [b.grid_extent(x.shape[0], tm)], reads, [(op.result, rows)],
-                kernel)
+    whole_rows = box(1, [tile_offset(0, tm), "0"], [tm, None])
+    writes = [(op.result, rows)] + [(t, whole_rows) for t in op.extra_results]
+    b.emit_task(op, op.name, [b.grid_extent(x.shape[0], tm)], reads, writes, kernel)

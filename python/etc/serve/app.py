@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -20,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..models.engine import Engine, RequestError, RequestOutput
 from ..models.loading.tokenizer import ChatTemplateError
+from .logprobs import TokenText, chat_logprobs, completion_logprobs
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
@@ -99,6 +101,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     name = served_model_name or model.path.name
     metrics = ServerMetrics(engine, name)
     engine.on_finish = metrics.observe
+    token_text = TokenText(model.tokenizer)
     created = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -227,16 +230,22 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         if app.state.closing:
             raise APIError(503, SHUTTING_DOWN, None, kind="service_unavailable")
         loop = asyncio.get_running_loop()
+        # (choice index, output) of every choice, as the engine makes them.
         outputs: asyncio.Queue = asyncio.Queue()
+        handles = []
         try:
-            handle = engine.submit(
-                prompt, max_new_tokens=max_tokens, stop=body.stop_strings(),
-                ignore_eos=body.ignore_eos, sampling=_sampling(body),
-                stop_token_ids=body.stop_token_ids,
-                include_stop_str_in_output=body.include_stop_str_in_output,
-                skip_special_tokens=body.skip_special_tokens,
-                on_output=lambda output: loop.call_soon_threadsafe(outputs.put_nowait, output))
+            for index, sampling in enumerate(_choices(body)):
+                handles.append(engine.submit(
+                    prompt, max_new_tokens=max_tokens, stop=body.stop_strings(),
+                    ignore_eos=body.ignore_eos, sampling=sampling,
+                    stop_token_ids=body.stop_token_ids,
+                    include_stop_str_in_output=body.include_stop_str_in_output,
+                    skip_special_tokens=body.skip_special_tokens,
+                    on_output=lambda output, index=index: loop.call_soon_threadsafe(
+                        outputs.put_nowait, (index, output))))
         except RequestError as error:
+            for handle in handles:
+                handle.cancel()
             param = _API_PARAM.get(error.param, error.param)
             if param == "prompt" and chat:
                 param = "messages"
@@ -247,22 +256,24 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                 logger.info("%s: %s %r", request_id, field, getattr(body, field))
         kind = "chat.completion" if chat else "text_completion"
         stamp = int(time.time())
+        # Each choice's last output (its usage) and the first error.
+        lasts: list = [None] * len(handles)
 
-        async def results() -> AsyncIterator[RequestOutput]:
+        async def results() -> AsyncIterator[tuple]:
             try:
-                while True:
-                    output = await outputs.get()
-                    yield output
-                    if output.finished:
-                        return
+                while any(last is None or not last.finished for last in lasts):
+                    index, output = await outputs.get()
+                    lasts[index] = output
+                    yield index, output
             finally:
-                # A client gone mid-request: its slot goes to the next one.
-                if not handle.finished:
-                    handle.cancel()
+                # A client gone mid-request: the slots go to the next ones.
+                for handle in handles:
+                    if not handle.finished:
+                        handle.cancel()
 
-        def usage(output: Optional[RequestOutput]) -> dict:
-            completion_tokens = output.num_tokens if output is not None else 0
-            cached = output.cached_tokens if output is not None else 0
+        def usage() -> dict:
+            completion_tokens = sum(o.num_tokens for o in lasts if o is not None)
+            cached = lasts[0].cached_tokens if lasts[0] is not None else 0
             return {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
                     "total_tokens": len(prompt) + completion_tokens,
                     "prompt_tokens_details": {"cached_tokens": cached}}
@@ -275,45 +286,53 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                 return APIError(503, output.error, None, kind="service_unavailable")
             return None
 
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
         if body.stream:
             async def events():
-                first = True
-                last = None
-                async for output in results():
-                    last = output
+                first = [True] * len(handles)
+                offsets = [0] * len(handles)
+                async for index, output in results():
                     if (error := error_of(output)) is not None:
                         yield _sse({"error": {"message": error.message, "type": error.kind}})
                         break
                     if chat:
                         delta = {"content": output.text}
-                        if first:
+                        if first[index]:
                             delta["role"] = "assistant"
-                        choice = {"index": 0, "delta": delta, "logprobs": None,
+                        choice = {"index": index, "delta": delta,
+                                  "logprobs": chat_logprobs(token_text, output.logprobs),
                                   "finish_reason": output.finish_reason}
                     else:
-                        choice = {"index": 0, "text": output.text, "logprobs": None,
+                        choice = {"index": index, "text": output.text,
+                                  "logprobs": completion_logprobs(token_text, output.logprobs,
+                                                                  offsets[index]),
                                   "finish_reason": output.finish_reason}
-                    first = False
+                        offsets[index] += sum(len(token_text(t.token_id))
+                                              for t in output.logprobs or ())
+                    first[index] = False
                     chunk = {"id": request_id, "object": f"{kind}.chunk" if chat else kind,
                              "created": stamp, "model": name, "choices": [choice]}
-                    if body.stream_options and body.stream_options.include_usage:
+                    if include_usage:
                         chunk["usage"] = None
                     yield _sse(chunk)
-                if body.stream_options and body.stream_options.include_usage:
+                if include_usage:
                     yield _sse({"id": request_id, "object": f"{kind}.chunk" if chat else kind,
                                 "created": stamp, "model": name, "choices": [],
-                                "usage": usage(last)})
+                                "usage": usage()})
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
 
         async def collect():
-            text, last = [], None
-            async for output in results():
-                text.append(output.text)
-                last = output
-            return "".join(text), last
+            texts = [[] for _ in handles]
+            logprobs = [[] for _ in handles]
+            async for index, output in results():
+                if (error := error_of(output)) is not None:
+                    return error, texts, logprobs
+                texts[index].append(output.text)
+                logprobs[index] += output.logprobs or ()
+            return None, texts, logprobs
 
         # Wait for the result or for the client to leave, whichever comes
         # first (a closed connection cancels the request).
@@ -328,17 +347,23 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
             with contextlib.suppress(asyncio.CancelledError):
                 await collecting
             return Response(status_code=499)
-        text, last = collecting.result()
-        if (error := error_of(last)) is not None:
+        error, texts, logprobs = collecting.result()
+        if error is not None:
             raise error
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": last.finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None,
-                      "finish_reason": last.finish_reason}
+        choices = []
+        for index, last in enumerate(lasts):
+            text = "".join(texts[index])
+            lp = logprobs[index] if body.top_logprob_count is not None else None
+            if chat:
+                choice = {"index": index, "message": {"role": "assistant", "content": text},
+                          "logprobs": chat_logprobs(token_text, lp)}
+            else:
+                choice = {"index": index, "text": text,
+                          "logprobs": completion_logprobs(token_text, lp)}
+            choice["finish_reason"] = last.finish_reason
+            choices.append(choice)
         return {"id": request_id, "object": kind, "created": stamp, "model": name,
-                "choices": [choice], "usage": usage(last)}
+                "choices": choices, "usage": usage()}
 
     return app
 
@@ -391,16 +416,29 @@ def _sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
+def _choices(body: _Sampling) -> list:
+    """The sampling parameters of each of the request's `n` choices: with a
+    seed, choice i draws with seed + i, so that the choices differ and the
+    request is reproducible."""
+    sampling = _sampling(body)
+    if body.n == 1 or sampling is None or sampling.seed is None:
+        return [sampling] * body.n
+    return [dataclasses.replace(sampling, seed=(sampling.seed + i) % (1 << 64))
+            for i in range(body.n)]
+
+
 def _sampling(body: _Sampling):
-    """The request's sampling parameters: None (greedy) at temperature 0;
-    otherwise an `etc.models.step.sampling.SamplingParams`. The API's default
+    """The request's sampling parameters: None (greedy) at temperature 0
+    without log-probabilities; otherwise an
+    `etc.models.step.sampling.SamplingParams`. The API's default
     temperature is 1."""
     temperature = 1.0 if body.temperature is None else body.temperature
-    if temperature == 0.0:
+    logprobs = body.top_logprob_count
+    if temperature == 0.0 and logprobs is None:
         return None
     from ..models.step.sampling import SamplingParams
 
-    options = dict(temperature=temperature, seed=body.seed)
+    options = dict(temperature=temperature, seed=body.seed, logprobs=logprobs)
     for field in ("top_p", "top_k", "min_p"):
         value = getattr(body, field)
         if value is not None:

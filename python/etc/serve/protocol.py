@@ -154,7 +154,7 @@ class _Sampling(_Body):
     stop: Union[Text, list[Text], None] = Field(default=None, max_length=16)
     stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None
-    n: StrictInt = Field(default=1, ge=1)
+    n: StrictInt = Field(default=1, ge=1, le=128)
     presence_penalty: Optional[StrictFloat] = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[StrictFloat] = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: Optional[dict[str, StrictFloat]] = None
@@ -176,7 +176,6 @@ class _Sampling(_Body):
     guided_grammar: Optional[Text] = None
 
     REFUSED: ClassVar[Refusals] = (
-        ("n", lambda v: v == 1, "only n=1 (one choice per request) is supported"),
         ("presence_penalty", lambda v: not v, "presence_penalty is not supported"),
         ("frequency_penalty", lambda v: not v, "frequency_penalty is not supported"),
         ("repetition_penalty", _only(1.0), "repetition_penalty is not supported"),
@@ -251,8 +250,6 @@ class ChatCompletionRequest(_Sampling):
     echo: StrictBool = False
 
     REFUSED: ClassVar[Refusals] = _Sampling.REFUSED + (
-        ("logprobs", lambda v: not v, "logprobs are not supported"),
-        ("top_logprobs", lambda v: v is None, "top_logprobs are not supported"),
         ("tools", _unset, "tools (function calling) are not supported"),
         ("tool_choice", _only("none"), "tools (function calling) are not supported"),
         ("parallel_tool_calls", lambda v: v is None, "tools (function calling) are not "
@@ -296,6 +293,12 @@ class ChatCompletionRequest(_Sampling):
                     "the one to continue")
         return super().refused()
 
+    @property
+    def top_logprob_count(self) -> Optional[int]:
+        """The most likely tokens whose log-probabilities each answer token
+        carries, or None for no log-probabilities."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(_Sampling):
     """POST /v1/completions: one prompt, as text or token ids."""
@@ -311,5 +314,10 @@ class CompletionRequest(_Sampling):
         ("echo", lambda v: not v, "echo is not supported"),
         ("suffix", _unset, "suffix is not supported"),
         ("best_of", _only(1), "best_of is not supported"),
-        ("logprobs", lambda v: v is None, "logprobs are not supported"),
     )
+
+    @property
+    def top_logprob_count(self) -> Optional[int]:
+        """The most likely tokens whose log-probabilities each answer token
+        carries, or None for no log-probabilities."""
+        return self.logprobs

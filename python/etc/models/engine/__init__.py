@@ -7,9 +7,10 @@ a tensor-parallel model through the same steps (`lockstep`)."""
 from __future__ import annotations
 
 from .engine import Engine, EngineStats, StepRecord
-from .requests import RequestError, RequestHandle, RequestOutput, RequestResult
+from .requests import RequestError, RequestHandle, RequestOutput, RequestResult, TokenLogprobs
 from .slots import PagedSlots, SlotCache
 from .stopping import StopChecker
 
 __all__ = ["Engine", "EngineStats", "StepRecord", "RequestError", "RequestHandle",
-           "RequestOutput", "RequestResult", "PagedSlots", "SlotCache", "StopChecker"]
+           "RequestOutput", "RequestResult", "PagedSlots", "SlotCache", "StopChecker",
+           "TokenLogprobs"]

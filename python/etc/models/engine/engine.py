@@ -43,7 +43,7 @@ import numpy as np
 
 from ..step.request import Request
 from ..step.sampling import SamplingParams
-from .requests import RequestError, RequestHandle, RequestOutput, RequestResult
+from .requests import RequestError, RequestHandle, RequestOutput, RequestResult, TokenLogprobs
 from .slots import PagedSlots, SlotCache
 from .stopping import StopChecker
 
@@ -92,6 +92,8 @@ class _Sequence:
         self.sampling = sampling
         self.detokenizer = detokenizer
         self.logits: Optional[list] = [] if return_logits else None
+        self.logprobs: Optional[list] = \
+            None if sampling is None or sampling.logprobs is None else []
         self.text: list[str] = []
         self.slot: Optional[int] = None
         self.cached = 0  # positions in the cache
@@ -387,7 +389,7 @@ class Engine:
         done = self._run(batch)
         self._step_count += 1
         block = self.cache.block_size
-        for sequence, take, token, logits, now in done:
+        for sequence, take, token, logits, now, logprobs in done:
             try:
                 sequence.served = self._step_count
                 sequence.cached += take
@@ -397,7 +399,7 @@ class Engine:
                     sequence.committed = sequence.cached // block
                 if sequence.pending:
                     continue  # a prefill chunk: the prompt goes on next step
-                self._advance(sequence, token, logits, now)
+                self._advance(sequence, token, logits, now, logprobs)
             except Exception as error:  # this request's end, not the others'
                 logger.exception("request %d failed", sequence.handle.request_id)
                 self._finish(sequence, "error", error=f"{type(error).__name__}: {error}")
@@ -431,9 +433,11 @@ class Engine:
         options = {}
         if self._step_returns_logits_on_request:
             options["return_logits"] = any(s.logits is not None for s, _ in batch)
+        if any(s.logprobs is not None for s, _ in batch):
+            options["return_logprobs"] = True
         start = time.perf_counter()
         try:
-            logits, next_ids = self.model.step(self.cache.cache, requests, **options)
+            logits, next_ids, *logprobs = self.model.step(self.cache.cache, requests, **options)
         except Exception as error:  # one request's fault, or all of theirs: find out
             if len(batch) == 1:
                 sequence = batch[0][0]
@@ -446,8 +450,17 @@ class Engine:
         now = time.perf_counter()
         self.steps.append(StepRecord(len(requests), sum(len(r.tokens) for r in requests),
                                      all(len(r.tokens) == 1 for r in requests), now - start))
-        return [(sequence, take, int(next_ids[i]), None if logits is None else logits[i], now)
-                for i, (sequence, take) in enumerate(batch)]
+        values, ids = logprobs[0] if logprobs else (None, None)
+
+        def token_logprobs(i: int, sequence: _Sequence):
+            if sequence.logprobs is None:
+                return None
+            top = int(sequence.sampling.logprobs)
+            return TokenLogprobs(int(next_ids[i]), float(values[i, 0]),
+                                 tuple((int(ids[i, j]), float(values[i, 1 + j]))
+                                       for j in range(top)))
+        return [(sequence, take, int(next_ids[i]), None if logits is None else logits[i], now,
+                 token_logprobs(i, sequence)) for i, (sequence, take) in enumerate(batch)]
 
     def _admit(self) -> None:
         """Admits waiting sequences, first come first served, while a slot
@@ -554,7 +567,8 @@ class Engine:
             return Request(sequence.slot, sequence.cached, tokens)
         return Request(sequence.slot, sequence.cached, tokens, sampling=sequence.sampling)
 
-    def _advance(self, sequence: _Sequence, token: int, logits, now: float) -> None:
+    def _advance(self, sequence: _Sequence, token: int, logits, now: float,
+                 logprobs: Optional[TokenLogprobs] = None) -> None:
         """Takes one new id: checks the stops, delivers the output."""
         if sequence.first_token_time is None:
             sequence.first_token_time = now
@@ -562,6 +576,8 @@ class Engine:
         sequence.tokens.append(token)
         if sequence.logits is not None:
             sequence.logits.append(np.array(logits, dtype=np.float32))
+        if sequence.logprobs is not None:
+            sequence.logprobs.append(logprobs)
         reason = None
         text = ""
         if token in sequence.eos:
@@ -582,7 +598,8 @@ class Engine:
         sequence.text.append(text)
         output = RequestOutput(sequence.handle.request_id, [token], text, reason,
                                num_tokens=len(sequence.generated),
-                               cached_tokens=sequence.cached_prompt or 0)
+                               cached_tokens=sequence.cached_prompt or 0,
+                               logprobs=None if logprobs is None else [logprobs])
         if reason is not None:
             self._finish(sequence, reason, output=output)
         else:
@@ -600,7 +617,8 @@ class Engine:
             handle.request_id, sequence.prompt, sequence.generated, "".join(sequence.text),
             reason, handle.arrival_time, sequence.first_token_time, time.perf_counter(),
             logits=np.stack(sequence.logits) if sequence.logits else None, error=error,
-            cached_tokens=sequence.cached_prompt or 0, preemptions=sequence.preemptions)
+            cached_tokens=sequence.cached_prompt or 0, preemptions=sequence.preemptions,
+            logprobs=sequence.logprobs)
         handle._finish(result)
         if output is None:
             output = RequestOutput(handle.request_id, [], "", reason,

@@ -272,7 +272,8 @@ class Leader:
         cache = self._model.new_paged_cache(tokens)
         return self._known(cache, "new_paged_cache", cache.tokens)
 
-    def step(self, cache, requests, return_logits: bool = False):
+    def step(self, cache, requests, return_logits: bool = False,
+             return_logprobs: bool = False):
         """`Model.step`, run by every rank: the inputs rank 0 computes,
         but for the weights and KV caches each rank has its own of, go to
         the others first."""
@@ -283,7 +284,8 @@ class Leader:
         data = self._model._step_data(cache, requests)  # all but the weights
         shared = {name: value for name, value in data.items() if name not in cache.arrays}
         self._send(("step", number, shared, len(requests), return_logits))
-        return self._model.run_step(data, len(requests), return_logits)
+        return self._model.run_step(data, len(requests), return_logits,
+                                    return_logprobs=return_logprobs)
 
     def stop(self) -> None:
         """Ends the other ranks' `follow` (once). With a follower lost,

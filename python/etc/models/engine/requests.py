@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("etc.engine")
 
-__all__ = ["RequestError", "RequestOutput", "RequestResult", "RequestHandle", "FINISH_REASONS"]
+__all__ = ["RequestError", "RequestOutput", "RequestResult", "RequestHandle", "FINISH_REASONS",
+           "TokenLogprobs"]
 
 
 class RequestError(ValueError):
@@ -34,6 +35,19 @@ class RequestError(ValueError):
 #: its token limit or the model length ("length"), `cancel` ("abort"), or a
 #: failed step ("error").
 FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """A new token's log-probability and the most likely tokens of its step
+    with theirs (as many as the request's `SamplingParams.logprobs` asks,
+    most likely first), computed on the device under the distribution the
+    token was drawn from; -inf for a token the filters (top-k, top-p,
+    min-p) left out."""
+
+    token_id: int
+    logprob: float
+    top: tuple = ()  # ((token id, log-probability), ...)
 
 
 @dataclass
@@ -54,6 +68,9 @@ class RequestOutput:
     #: The prompt tokens whose keys and values came from the cache (a
     #: cached prefix) rather than being computed for this request.
     cached_tokens: int = 0
+    #: One `TokenLogprobs` per id of `token_ids` when the request asked for
+    #: log-probabilities, else None.
+    logprobs: Optional[list] = None
 
     @property
     def finished(self) -> bool:
@@ -83,6 +100,8 @@ class RequestResult:
     #: and how many times the request was preempted (and recomputed).
     cached_tokens: int = 0
     preemptions: int = 0
+    #: One `TokenLogprobs` per new id when the request asked for them.
+    logprobs: Optional[list] = None
 
     @property
     def time_to_first_token(self) -> Optional[float]:

@@ -12,10 +12,13 @@ packed, in a block format of `etc.packed`) and the RoPE frequencies
 `inv_freq`. State: each layer's K and V caches, `l<i>_k_cache` /
 `l<i>_v_cache`, (S, L, H_kv * head_dim) or (N, P, H_kv * head_dim), in the
 KV dtype (by default the compute dtype). Sampling inputs, one per request:
-`temperature`, `top_p`, `min_p` f32 (R,), `top_k` i32 (R,) and `seed` i32
-(R, 2) (see `etc.Graph.sample`). Outputs: `logits` (R, V) of each
-request's last new token, and `next_ids` (R,), the token sampled from them
-(the argmax where the temperature is 0) at position `request_length`.
+`temperature`, `top_p`, `min_p` f32 (R,), `top_k`, `logprobs` i32 (R,) and
+`seed` i32 (R, 2) (see `etc.Graph.sample`). Outputs: `logits` (R, V) of
+each request's last new token, `next_ids` (R,), the token sampled from
+them (the argmax where the temperature is 0) at position `request_length`,
+and for the requests whose `logprobs` is >= 0 the log-probabilities of
+that token and of their `logprobs` most likely ones: `next_ids_logprobs`
+(R, 1 + MAX_LOGPROBS) f32 and `next_ids_logprob_ids` (R, MAX_LOGPROBS).
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ from typing import Optional
 from ...graph import Graph
 from ..loading.config import ModelConfig
 
-__all__ = ["build_step_graph", "SAMPLING_INPUTS"]
+__all__ = ["build_step_graph", "SAMPLING_INPUTS", "MAX_LOGPROBS"]
 
 #: The per-request (R,) sampling inputs and their dtypes (the seed, (R, 2)
 #: i32, comes with them).
 SAMPLING_INPUTS = (("temperature", "f32"), ("top_k", "i32"), ("top_p", "f32"),
-                   ("min_p", "f32"))
+                   ("min_p", "f32"), ("logprobs", "i32"))
+
+#: The most top log-probabilities a request may ask for (OpenAI's bound).
+MAX_LOGPROBS = 20
 
 
 def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: int,
@@ -136,8 +142,9 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     # The sampled token's position (the counter of its random number) is
     # the sequence's length after the step.
     sampling = {name: g.input(name, (R,), dtype) for name, dtype in SAMPLING_INPUTS}
-    next_ids = g.sample(logits, seed=g.input("seed", (R, 2), "i32"),
-                        position=batch.request_length, name="next_ids", **sampling)
-    g.output(logits, next_ids)
+    next_ids, logprobs, logprob_ids = g.sample(
+        logits, seed=g.input("seed", (R, 2), "i32"), position=batch.request_length,
+        name="next_ids", max_logprobs=MAX_LOGPROBS, **sampling)
+    g.output(logits, next_ids, logprobs, logprob_ids)
     return g
 

@@ -19,7 +19,7 @@ from .kernel import DEFAULT_MAX_STEP_TOKENS, packed_weights, step_kernel, step_o
 from .kv_blocks import DEFAULT_BLOCK_SIZE
 from .kv_cache import KV_STORAGE, KVCache, PagedKVCache
 from .request import Request
-from .sampling import fresh_seeds, sampling_inputs
+from .sampling import MAX_LOGPROBS, fresh_seeds, sampling_inputs
 
 if TYPE_CHECKING:
     from ...compiler import CompiledKernel
@@ -287,20 +287,27 @@ class CompiledModel:
                             storage=KV_STORAGE[self.kv_dtype], dtype=self.kv_dtype,
                             prefix_caching=prefix_caching)
 
-    def step(self, cache, requests: Sequence[Request], return_logits: bool = False):
+    def step(self, cache, requests: Sequence[Request], return_logits: bool = False,
+             return_logprobs: bool = False):
         """Runs one step: every request's new tokens go into the cache, and
         the next id (R,) int32 of each request comes back, chosen on the
         device from the logits of its last new token with its `sampling`
         parameters. Returns (logits, next_ids): the logits (R, vocab)
         float32 with `return_logits`, else None (on CUDA they then stay on
-        the device: only the ids are copied back). Requests may bring any
+        the device: only the ids are copied back). With `return_logprobs`,
+        (logits, next_ids, (values, ids)): for each request whose sampling
+        asks for `logprobs`, values[r, 0] the log-probability of its token,
+        ids[r, j] and values[r, 1 + j] its j-th most likely token and that
+        one's (j < logprobs), computed on the device; the other rows'
+        entries are undefined. Requests may bring any
         number of tokens (prefill, decode, or a mix in one step). With a
         `PagedKVCache`, a request's slot is its sequence in the cache's
         block manager, whose blocks must cover its positions."""
         return self.run_step(self._step_data(cache, requests), len(requests), return_logits,
-                             cache=cache)
+                             cache=cache, return_logprobs=return_logprobs)
 
-    def run_step(self, data: dict, count: int, return_logits: bool = False, cache=None):
+    def run_step(self, data: dict, count: int, return_logits: bool = False, cache=None,
+                 return_logprobs: bool = False):
         """Runs the step kernel on `data`, the inputs of `count` requests
         but the weights (`step_inputs` without them: the weights are bound
         once); returns what `step` does. With `cache`, the KV cache whose
@@ -312,11 +319,18 @@ class CompiledModel:
         with self._run_lock:
             step, data = self._bound_step(data, cache)
             if return_logits:
-                logits, next_ids = step.run(**data)
-                return np.asarray(logits, dtype=np.float32), next_ids
-            next_ids = np.empty(count, np.int32)
-            step.run(**data, out={"next_ids": next_ids})
-            return None, next_ids
+                logits, next_ids, values, ids = step.run(**data)
+                result = (np.asarray(logits, dtype=np.float32), next_ids)
+            else:
+                # Only what is asked for leaves the device.
+                out = {"next_ids": np.empty(count, np.int32)}
+                if return_logprobs:
+                    out["next_ids_logprobs"] = np.empty((count, 1 + MAX_LOGPROBS), np.float32)
+                    out["next_ids_logprob_ids"] = np.empty((count, MAX_LOGPROBS), np.int32)
+                step.run(**data, out=out)
+                result = (None, out["next_ids"])
+                values, ids = out.get("next_ids_logprobs"), out.get("next_ids_logprob_ids")
+            return result + ((values, ids),) if return_logprobs else result
 
     def _bound_step(self, data: dict, cache) -> tuple:
         """The step kernel with the weights bound (`partial`), and with

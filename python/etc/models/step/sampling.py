@@ -39,7 +39,11 @@ class SamplingParams:
     * `seed`: an int (any, taken modulo 2**64) makes the draws
       reproducible: the token at position p depends only on the seed, p and
       the logits, whatever else the step holds. None: a fresh random seed
-      every step.
+      every step;
+    * `logprobs`: None, or an int in [0, 20]: the step also returns the
+      log-probability of each chosen token and of that many most likely
+      tokens, computed on the device under the distribution the token was
+      drawn from (at temperature 0: the softmax of the logits).
 
     The filters are those of Hugging Face transformers, applied in that
     order; `etc.reference_sampling.sample` is the exact definition."""
@@ -49,6 +53,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: Optional[int] = None
+    logprobs: Optional[int] = None
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -64,12 +69,23 @@ class SamplingParams:
             if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
                 raise ValueError(f"SamplingParams: seed={self.seed!r} must be an int or None")
             set_("seed", int(self.seed))
+        if self.logprobs is not None:
+            if isinstance(self.logprobs, bool) or \
+                    not isinstance(self.logprobs, (int, np.integer)) or \
+                    not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise ValueError(f"SamplingParams: logprobs={self.logprobs!r} must be None or "
+                                 f"an int in [0, {MAX_LOGPROBS}]")
+            set_("logprobs", int(self.logprobs))
 
     @property
     def greedy(self) -> bool:
         """Whether tokens are the argmax (temperature 0)."""
         return self.temperature == 0.0
 
+
+#: The most top log-probabilities a request may ask for (the step graph's
+#: `MAX_LOGPROBS`, not imported: the graph needs the compiler).
+MAX_LOGPROBS = 20
 
 #: What a request without sampling parameters uses.
 GREEDY = SamplingParams()
@@ -82,8 +98,8 @@ def fresh_seeds(count: int) -> list:
 
 def sampling_inputs(params: Sequence[Optional[SamplingParams]], fresh=fresh_seeds) -> dict:
     """The step kernel's sampling inputs for requests with `params` (None:
-    greedy): `temperature`, `top_p`, `min_p` float32 (R,), `top_k` int32
-    (R,) and `seed` int32 (R, 2) (the 64-bit seed's low and high words;
+    greedy): `temperature`, `top_p`, `min_p` float32 (R,), `top_k` and
+    `logprobs` (-1: none) int32 (R,) and `seed` int32 (R, 2) (the 64-bit seed's low and high words;
     for the seeds that are None, `fresh(count)` gives random ones)."""
     rows = [GREEDY if p is None else p for p in params]
     for r, p in enumerate(rows):
@@ -96,6 +112,7 @@ def sampling_inputs(params: Sequence[Optional[SamplingParams]], fresh=fresh_seed
     f32 = lambda field: np.array([getattr(p, field) for p in rows], dtype=np.float32)
     # top_k beyond the vocabulary keeps every token, as 0 does.
     top_k = np.array([min(p.top_k, (1 << 31) - 1) for p in rows], dtype=np.int32)
+    logprobs = np.array([-1 if p.logprobs is None else p.logprobs for p in rows], np.int32)
     return dict(temperature=f32("temperature"), top_k=top_k, top_p=f32("top_p"),
-                min_p=f32("min_p"),
+                min_p=f32("min_p"), logprobs=logprobs,
                 seed=words.view(np.int32).reshape(len(rows), 2))
