@@ -432,6 +432,32 @@ class LLMOperators:
         return self._finish(kind, [("x", x)], (x.shape[0],), INDEX_DTYPE, tile, {}, None,
                             name)
 
+    def adjust_logits(self, logits, tokens, add, scale, *, name: Optional[str] = None):
+        """A copy of `logits` (R, V) with a few entries of each row changed,
+        all data of the run: for each j, token t = tokens[r, j] (i32 (R, P);
+        entries outside [0, V), -1 for padding, do nothing; a row's tokens
+        distinct) gets x / s if x > 0 else x * s (s = scale[r, j]: a
+        repetition penalty, 1 for none), plus add[r, j] (a bias, minus
+        frequency and presence penalties, -inf to forbid it); `scale`,
+        `add` f32 (R, P). Result (R, V) in logits' dtype. One task per row:
+        the copy, then the row's entries
+        (`etc.reference_sampling.adjust_logits`)."""
+        kind = "adjust_logits"
+        self._check_operand(kind, "logits", logits, ranks=(2,))
+        rows = logits.shape[0]
+        for role, t, dtype in (("tokens", tokens, INDEX_DTYPE), ("add", add, "f32"),
+                               ("scale", scale, "f32")):
+            if not isinstance(t, Tensor) or t.graph is not self:
+                raise ValueError(f"{kind}: operand '{role}' must be a Tensor of graph "
+                                 f"'{self.name}', got {t!r}")
+            if t.rank != 2 or t.dtype != dtype or not same_dim(t.shape[0], rows) or \
+                    not same_dim(t.shape[1], tokens.shape[1]):
+                raise ValueError(f"{kind}: {describe(role, t)} must be a {dtype} tensor of "
+                                 f"shape ({rows}, {tokens.shape[1]}) (entries of each row of "
+                                 f"'logits')")
+        operands = [("logits", logits), ("tokens", tokens), ("add", add), ("scale", scale)]
+        return self._finish(kind, operands, logits.shape, logits.dtype, (1,), {}, None, name)
+
     def sample(self, logits, temperature, top_k, top_p, min_p, seed, position, *,
                logprobs=None, max_logprobs: int = 20, tile=None, name: Optional[str] = None):
         """Samples one token per row of `logits` (R, V) with each row's own

@@ -15,7 +15,8 @@ __all__ = ["embedding", "rope", "rope_inv_freq", "head_rmsnorm", "kv_append", "a
            "paged_rows", "argmax", "KINDS", "apply"]
 
 #: The operator kinds this module computes.
-KINDS = ("embedding", "rope", "head_rmsnorm", "kv_append", "attention", "argmax", "sample")
+KINDS = ("embedding", "rope", "head_rmsnorm", "kv_append", "attention", "argmax", "sample",
+         "adjust_logits")
 
 
 def embedding(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -172,4 +173,6 @@ def apply(op, vals: list) -> np.ndarray:
         return argmax(vals[0])
     if kind == "sample":
         return reference_sampling.sample(*vals[:7])
+    if kind == "adjust_logits":
+        return reference_sampling.adjust_logits(*vals)
     raise AssertionError(f"unknown operator kind {kind!r}")

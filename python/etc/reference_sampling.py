@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["philox4x32", "uniform", "sample", "logprobs", "PHILOX_ROUNDS"]
+__all__ = ["philox4x32", "uniform", "sample", "logprobs", "adjust_logits", "PHILOX_ROUNDS"]
 
 #: Philox-4x32's multipliers and key increments (Weyl constants).
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
@@ -182,3 +182,20 @@ def logprobs(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray,
         ids[r, :take] = order
         values[r, 1:1 + take] = row[order]
     return values, ids
+
+
+def adjust_logits(logits: np.ndarray, tokens: np.ndarray, add: np.ndarray,
+                  scale: np.ndarray) -> np.ndarray:
+    """`Graph.adjust_logits`: a copy of `logits` (R, V) where, for each
+    entry j of row r with 0 <= tokens[r, j] < V, x = logits[r, t] becomes
+    (x / s if x > 0 else x * s) + add[r, j] with s = scale[r, j] (a
+    repetition penalty; 1 leaves x), computed in float32. Entries outside
+    [0, V) (padding: -1) do nothing; a row's tokens are distinct."""
+    out = np.array(logits, np.float32)
+    vocab = out.shape[1]
+    for r, j in zip(*np.nonzero((tokens >= 0) & (tokens < vocab))):
+        t = tokens[r, j]
+        x, s = np.float32(logits[r, t]), np.float32(scale[r, j])
+        with np.errstate(over="ignore", invalid="ignore"):
+            out[r, t] = np.float32((x / s if x > 0 else x * s) + np.float32(add[r, j]))
+    return out

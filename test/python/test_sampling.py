@@ -512,3 +512,51 @@ def test_a_seeded_request_gets_its_tokens_alone_or_batched(model):
 def test_generate_stays_greedy(model):
     out = model.generate([[1, 2, 3]], 3, return_logits=True)
     assert out.tokens[0] == [int(np.argmax(row)) for row in out.logits[0]]
+
+
+# ----------------------------------------------------------------------
+# Penalties and biases: adjust_logits
+# ----------------------------------------------------------------------
+
+
+def _adjust_graph(vocab: int = VOCAB, dtype: str = "f32") -> etc.Graph:
+    g = etc.Graph("adjust")
+    R, A = g.symbol("R"), g.symbol("A")
+    g.output(g.adjust_logits(g.input("logits", (R, vocab), dtype),
+                             g.input("tokens", (R, A), "i32"), g.input("add", (R, A), "f32"),
+                             g.input("scale", (R, A), "f32")))
+    return g
+
+
+@pytest.mark.parametrize("kind", ["native", "cuda"])
+def test_adjust_logits_changes_only_its_entries(kind):
+    """Each row's entries (repetition scale, then the addition; -inf
+    forbids) and nothing else; padding (-1) and ids past the vocabulary
+    do nothing; rows of no entries are copied."""
+    g = _adjust_graph(300)
+    kernel = etc.compile(g, target="cpu", workers=2, kernels=kind)
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal((4, 300)) * 3).astype(np.float32)
+    tokens = np.array([[3, 5, -1, 299], [-1, -1, -1, -1], [0, 7, 300, -1], [9, 10, 11, 12]],
+                      np.int32)
+    add = rng.standard_normal((4, 4)).astype(np.float32)
+    add[3, 1] = -np.inf
+    scale = np.array([[1.5, 2, 1, 1], [1, 1, 1, 1], [1.2, 0.5, 3, 1], [1, 1, 1, 1.3]],
+                     np.float32)
+    inputs = dict(logits=logits, tokens=tokens, add=add, scale=scale)
+    (got,) = kernel.run(**inputs)
+    want = reference_sampling.adjust_logits(logits, tokens, add, scale)
+    np.testing.assert_array_equal(got, want)
+    changed = {(0, 3), (0, 5), (0, 299), (2, 0), (2, 7), (3, 9), (3, 10), (3, 11), (3, 12)}
+    mask = np.zeros_like(logits, bool)
+    mask[tuple(zip(*changed))] = True
+    np.testing.assert_array_equal(got[~mask], logits[~mask])
+    x = logits[0, 3]
+    assert got[0, 3] == np.float32((x / 1.5 if x > 0 else x * 1.5) + add[0, 0])
+    assert got[3, 10] == -np.inf
+
+
+@needs_ptxas
+def test_adjust_logits_ptx(tmp_path):
+    ptx = etc.compile(_adjust_graph(1000, "bf16"), target="cuda", chip="sm_90a").ptx
+    assert_no_spills(assemble(ptx, "sm_90a", tmp_path, "adjust"))

@@ -288,7 +288,7 @@ BAD = [
      "temperature"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "stream": "yes"}, 400, "stream"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "stop": [1]}, 400, "stop"),
-    ("chat/completions", {"model": NAME, "messages": CHAT, "n": 2}, 400, "n"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "n": 0}, 400, "n"),
     ("chat/completions", {"model": "gpt-4", "messages": CHAT}, 404, "model"),
     ("chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "a " * 80}],
                           "temperature": 0}, 400, "messages"),

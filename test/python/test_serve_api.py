@@ -51,19 +51,19 @@ TEXT_BODY = {"model": NAME, "prompt": "Hi"}
 
 REFUSED = [
     # (route, fields added to the body, param): each silently ignored before.
-    ("chat/completions", {"logit_bias": {"5": -100}}, "logit_bias"),
-    ("completions", {"logit_bias": {"5": -100}}, "logit_bias"),
+    ("chat/completions", {"logit_bias": {"abc": -100}}, "logit_bias"),
+    ("completions", {"logit_bias": {"320": -100}}, "logit_bias"),
+    ("completions", {"logit_bias": {"5": -101}}, "logit_bias.5"),
     ("completions", {"logprobs": 6}, "logprobs"),
     ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),
     ("completions", {"max_tokens": 4, "max_completion_tokens": 5}, "max_completion_tokens"),
     ("chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
     ("chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
-    ("chat/completions", {"repetition_penalty": 1.2}, "repetition_penalty"),
-    ("completions", {"repetition_penalty": 1.2}, "repetition_penalty"),
-    ("chat/completions", {"min_tokens": 3}, "min_tokens"),
-    ("chat/completions", {"presence_penalty": 0.5}, "presence_penalty"),
-    ("completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
+    ("chat/completions", {"repetition_penalty": 0}, "repetition_penalty"),
+    ("chat/completions", {"min_tokens": 3}, "min_tokens"),  # more than max_tokens (2)
+    ("chat/completions", {"presence_penalty": 2.5}, "presence_penalty"),
+    ("completions", {"frequency_penalty": -3}, "frequency_penalty"),
     ("chat/completions", {"n": 129}, "n"),
     ("completions", {"best_of": 2}, "best_of"),
     ("chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
@@ -311,6 +311,77 @@ def test_completion_logprobs(client, chat_model):
     chunks = [c.choices[0].logprobs for c in stream if c.choices[0].logprobs]
     assert sum((c.tokens for c in chunks), []) == logprobs.tokens
     assert sum((c.text_offset for c in chunks), []) == logprobs.text_offset
+
+
+# -- penalties, biases, min_tokens ---------------------------------------------------
+
+
+def _expected_greedy(chat_model, prompt, count, params, forbidden_until=0, forbidden=()):
+    """The greedy tokens the reference says: at each step the raw logits
+    (generate's, of the tokens so far), changed by `adjust_logits` with the
+    entries of `logit_adjustments`, then the argmax."""
+    from etc import reference_sampling
+    from etc.models.step.sampling import logit_adjustments
+
+    generated = []
+    for _ in range(count):
+        out = chat_model.generate([prompt + generated], 1, ignore_eos=True, return_logits=True)
+        logits = out.logits[0][:1]
+        entries = logit_adjustments(params, prompt, generated,
+                                    forbidden if len(generated) < forbidden_until else ())
+        if entries is not None:
+            logits = reference_sampling.adjust_logits(logits, entries[0][None], entries[1][None],
+                                                      entries[2][None])
+        generated.append(int(np.argmax(logits[0])))
+    return generated
+
+
+def test_penalties_and_logit_bias_change_the_tokens_as_the_reference_says(client, chat_model,
+                                                                          greedy):
+    """Applied on the device before the choice, also at temperature 0: each
+    greedy token is the argmax of the raw logits changed as the reference
+    changes them (presence/frequency over the generated tokens, repetition
+    over prompt and generated, the biases); a -100 bias on the answer's
+    first token removes it (before, the same token came back)."""
+    from etc.models.step.sampling import SamplingParams
+
+    tok = chat_model.tokenizer
+    prompt = tok.encode(tok.apply_chat_template(CHAT), add_special_tokens=False)
+    first = greedy.tokens[0][0]
+    cases = [dict(logit_bias={str(first): -100.0}),
+             dict(frequency_penalty=1.5, presence_penalty=0.5),
+             dict(repetition_penalty=1.8, logit_bias={"7": 5.0})]
+    for case in cases:
+        reply = client.completions.create(model=NAME, prompt=prompt, max_tokens=8,
+                                          temperature=0, extra_body={"ignore_eos": True, **case})
+        params = SamplingParams(**{**case, "logit_bias": {int(k): v for k, v in
+                                                          case.get("logit_bias", {}).items()}})
+        want = _expected_greedy(chat_model, prompt, 8, params)
+        assert reply.choices[0].text == tok.decode(want), case
+        assert want != greedy.tokens[0][:8], case
+
+
+def test_min_tokens_forbids_eos_until_reached(client, chat_model, greedy, monkeypatch):
+    """With the answer's 2nd token made EOS, the answer stops there; with
+    min_tokens 5 EOS is -inf on the device for the first 5 tokens, so it
+    goes on, and the tokens are the reference's."""
+    tokens = greedy.tokens[0]
+    eos = tokens[1]
+    monkeypatch.setattr(chat_model, "eos_token_ids", (eos,))
+    server_eos = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=8,
+                                                temperature=0)
+    assert server_eos.usage.completion_tokens == 2
+    reply = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=8,
+                                           temperature=0, extra_body={"min_tokens": 5})
+    tok = chat_model.tokenizer
+    prompt = tok.encode(tok.apply_chat_template(CHAT), add_special_tokens=False)
+    want = _expected_greedy(chat_model, prompt, 8, None, 5, (eos,))
+    assert eos not in want[:5]
+    end = next((i for i in range(5, 8) if want[i] == eos), None)
+    if end is not None:
+        want = want[:end + 1]
+    assert reply.usage.completion_tokens == len(want) >= 5
+    assert reply.choices[0].message.content == tok.decode([t for t in want if t != eos])
 
 
 # -- n choices -------------------------------------------------------------------------

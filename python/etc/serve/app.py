@@ -214,6 +214,10 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         if any(body.stop_strings()) and model.tokenizer is None:
             raise APIError(400, "stop strings need the model's tokenizer", "stop")
         vocab = model.config.vocab_size
+        for key in body.logit_bias or {}:
+            if not key.isdigit() or int(key) >= vocab:
+                raise APIError(400, f"logit_bias: {key!r} is not a token id in [0, {vocab})",
+                               "logit_bias")
         for i, token in enumerate(body.stop_token_ids or ()):
             if not 0 <= token < vocab:
                 raise APIError(400, f"stop_token_ids[{i}]: {token} is not a token id in "
@@ -241,6 +245,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                     stop_token_ids=body.stop_token_ids,
                     include_stop_str_in_output=body.include_stop_str_in_output,
                     skip_special_tokens=body.skip_special_tokens,
+                    min_tokens=body.min_tokens or 0,
                     on_output=lambda output, index=index: loop.call_soon_threadsafe(
                         outputs.put_nowait, (index, output))))
         except RequestError as error:
@@ -420,7 +425,12 @@ def _choices(body: _Sampling) -> list:
     """The sampling parameters of each of the request's `n` choices: with a
     seed, choice i draws with seed + i, so that the choices differ and the
     request is reproducible."""
-    sampling = _sampling(body)
+    try:
+        sampling = _sampling(body)
+    except ValueError as error:  # what the body's own checks let through
+        message = str(error).removeprefix("SamplingParams: ")
+        field = message.split("=")[0].split("[")[0].split(":")[0]
+        raise APIError(400, message, field) from None
     if body.n == 1 or sampling is None or sampling.seed is None:
         return [sampling] * body.n
     return [dataclasses.replace(sampling, seed=(sampling.seed + i) % (1 << 64))
@@ -434,13 +444,16 @@ def _sampling(body: _Sampling):
     temperature is 1."""
     temperature = 1.0 if body.temperature is None else body.temperature
     logprobs = body.top_logprob_count
-    if temperature == 0.0 and logprobs is None:
-        return None
     from ..models.step.sampling import SamplingParams
 
-    options = dict(temperature=temperature, seed=body.seed, logprobs=logprobs)
-    for field in ("top_p", "top_k", "min_p"):
-        value = getattr(body, field)
-        if value is not None:
-            options[field] = value
-    return SamplingParams(**options)
+    options = dict(temperature=temperature, seed=body.seed, logprobs=logprobs,
+                   logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()})
+    for field in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+        if getattr(body, field) is not None:
+            options[field] = getattr(body, field)
+    params = SamplingParams(**options)
+    if temperature == 0.0 and logprobs is None and not params.adjusts_logits:
+        return None
+    changes = {field: getattr(body, field) for field in ("top_p", "top_k", "min_p")
+               if getattr(body, field) is not None}
+    return dataclasses.replace(params, **changes) if changes else params

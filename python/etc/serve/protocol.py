@@ -157,12 +157,12 @@ class _Sampling(_Body):
     n: StrictInt = Field(default=1, ge=1, le=128)
     presence_penalty: Optional[StrictFloat] = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[StrictFloat] = Field(default=None, ge=-2.0, le=2.0)
-    logit_bias: Optional[dict[str, StrictFloat]] = None
+    logit_bias: Optional[dict[str, Annotated[StrictFloat, Field(ge=-100.0, le=100.0)]]] = None
     user: Optional[Text] = None
     # Extensions vLLM and SGLang accept too (extra_body in the openai client).
     top_k: Optional[StrictInt] = Field(default=None, ge=-1)
     min_p: Optional[StrictFloat] = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: Optional[StrictFloat] = Field(default=None, gt=0.0, le=2.0)
+    repetition_penalty: Optional[StrictFloat] = Field(default=None, gt=0.0, le=10.0)
     min_tokens: Optional[StrictInt] = Field(default=None, ge=0)
     ignore_eos: StrictBool = False
     stop_token_ids: Optional[list[StrictInt]] = None
@@ -176,11 +176,6 @@ class _Sampling(_Body):
     guided_grammar: Optional[Text] = None
 
     REFUSED: ClassVar[Refusals] = (
-        ("presence_penalty", lambda v: not v, "presence_penalty is not supported"),
-        ("frequency_penalty", lambda v: not v, "frequency_penalty is not supported"),
-        ("repetition_penalty", _only(1.0), "repetition_penalty is not supported"),
-        ("logit_bias", _unset, "logit_bias is not supported"),
-        ("min_tokens", lambda v: not v, "min_tokens is not supported"),
         ("response_format", _text_format, "structured output (json_object, json_schema) is "
                                           "not supported"),
         ("structured_outputs", _unset, "structured output is not supported"),

@@ -42,7 +42,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..step.request import Request
-from ..step.sampling import SamplingParams
+from ..step.sampling import SamplingParams, logit_adjustments
 from .requests import RequestError, RequestHandle, RequestOutput, RequestResult, TokenLogprobs
 from .slots import PagedSlots, SlotCache
 from .stopping import StopChecker
@@ -89,6 +89,8 @@ class _Sequence:
         self.stop = stop
         self.eos = eos
         self.stop_ids = stop_ids
+        #: New tokens before which EOS and stop ids are never chosen.
+        self.min_tokens = 0
         self.sampling = sampling
         self.detokenizer = detokenizer
         self.logits: Optional[list] = [] if return_logits else None
@@ -219,7 +221,7 @@ class Engine:
                on_output: Optional[Callable[[RequestOutput], None]] = None,
                stop_token_ids: Optional[Sequence[int]] = None,
                include_stop_str_in_output: bool = False,
-               skip_special_tokens: bool = True) -> RequestHandle:
+               skip_special_tokens: bool = True, min_tokens: int = 0) -> RequestHandle:
         """Queues a request: `prompt_ids` (token ids: a list, a tuple or a
         1-D NumPy integer array), at most `max_new_tokens` new ids (default:
         up to `max_model_len`, which the KV cache bounds), stopping at an id
@@ -229,7 +231,9 @@ class Engine:
         a string of `stop` (a string or strings; None: none; needs the
         model's tokenizer; the text ends before it, or after it with
         `include_stop_str_in_output`). The text leaves out special tokens
-        unless `skip_special_tokens` is False. `sampling` is an
+        unless `skip_special_tokens` is False. The first `min_tokens` new
+        tokens are never an EOS or stop id (their logits are -inf on the
+        device). `sampling` is an
         `etc.models.step.sampling.SamplingParams` (None: greedy); without a
         seed each step draws fresh random seeds (rank 0's under tensor
         parallelism, so every rank draws the same token). `on_output` gets
@@ -265,12 +269,17 @@ class Engine:
         detokenizer = None if tokenizer is None else \
             tokenizer.detokenizer(skip_special_tokens=bool(skip_special_tokens))
         checker = StopChecker(stop, include_stop=bool(include_stop_str_in_output))
+        if isinstance(min_tokens, (bool, np.bool_)) or not isinstance(min_tokens, Integral) or \
+                not 0 <= min_tokens <= max_new_tokens:
+            raise RequestError(f"min_tokens={min_tokens!r} must be an int in [0, "
+                               f"max_new_tokens={max_new_tokens}]", "min_tokens")
+        sequence = _Sequence(None, prompt, max_new_tokens, checker, eos, stop_ids, sampling,
+                             detokenizer, bool(return_logits))
+        sequence.min_tokens = int(min_tokens)
         with self._lock:
-            handle = RequestHandle(self, self._next_id, prompt, on_output)
+            sequence.handle = handle = RequestHandle(self, self._next_id, prompt, on_output)
             self._next_id += 1
-            self._incoming.append(_Sequence(handle, prompt, max_new_tokens, checker, eos,
-                                            stop_ids, sampling, detokenizer,
-                                            bool(return_logits)))
+            self._incoming.append(sequence)
             self._wake.notify()
         return handle
 
@@ -563,9 +572,17 @@ class Engine:
 
     def _request(self, sequence: _Sequence, take: int):
         tokens = sequence.tokens[sequence.cached:sequence.cached + take]
-        if sequence.sampling is None:
+        adjustments = None
+        if take == sequence.pending:  # the step chooses its next token
+            forbidden = ()
+            if len(sequence.generated) < sequence.min_tokens:
+                forbidden = sorted(sequence.eos | sequence.stop_ids)
+            adjustments = logit_adjustments(sequence.sampling, sequence.prompt,
+                                            sequence.generated, forbidden)
+        if sequence.sampling is None and adjustments is None:
             return Request(sequence.slot, sequence.cached, tokens)
-        return Request(sequence.slot, sequence.cached, tokens, sampling=sequence.sampling)
+        return Request(sequence.slot, sequence.cached, tokens, sampling=sequence.sampling,
+                       adjustments=adjustments)
 
     def _advance(self, sequence: _Sequence, token: int, logits, now: float,
                  logprobs: Optional[TokenLogprobs] = None) -> None:

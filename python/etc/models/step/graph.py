@@ -13,7 +13,10 @@ packed, in a block format of `etc.packed`) and the RoPE frequencies
 `l<i>_v_cache`, (S, L, H_kv * head_dim) or (N, P, H_kv * head_dim), in the
 KV dtype (by default the compute dtype). Sampling inputs, one per request:
 `temperature`, `top_p`, `min_p` f32 (R,), `top_k`, `logprobs` i32 (R,) and
-`seed` i32 (R, 2) (see `etc.Graph.sample`). Outputs: `logits` (R, V) of
+`seed` i32 (R, 2) (see `etc.Graph.sample`), and the entries that change
+the logits before (penalties, biases: `adjust_tokens` i32, `adjust_add`,
+`adjust_scale` f32 (R, A), `etc.Graph.adjust_logits`). Outputs: `logits`
+(R, V), before those changes, of
 each request's last new token, `next_ids` (R,), the token sampled from
 them (the argmax where the temperature is 0) at position `request_length`,
 and for the requests whose `logprobs` is >= 0 the log-probabilities of
@@ -142,8 +145,13 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     # The sampled token's position (the counter of its random number) is
     # the sequence's length after the step.
     sampling = {name: g.input(name, (R,), dtype) for name, dtype in SAMPLING_INPUTS}
+    # Penalties and biases: A entries per request change its logits first.
+    A = g.symbol("A")
+    adjusted = g.adjust_logits(logits, g.input("adjust_tokens", (R, A), "i32"),
+                               g.input("adjust_add", (R, A), "f32"),
+                               g.input("adjust_scale", (R, A), "f32"))
     next_ids, logprobs, logprob_ids = g.sample(
-        logits, seed=g.input("seed", (R, 2), "i32"), position=batch.request_length,
+        adjusted, seed=g.input("seed", (R, 2), "i32"), position=batch.request_length,
         name="next_ids", max_logprobs=MAX_LOGPROBS, **sampling)
     g.output(logits, next_ids, logprobs, logprob_ids)
     return g

@@ -17,9 +17,11 @@ class Request:
     cache slot `slot`, at positions `start`, `start + 1`, ...; the
     positions before `start` must already be in the cache. The token after
     the last one (at position `start + len(tokens)`) is chosen with
-    `sampling` (None: greedy)."""
+    `sampling` (None: greedy), from its logits changed by `adjustments`
+    (`sampling.logit_adjustments`: penalties, biases; None: none)."""
 
     slot: int
     start: int
     tokens: Sequence[int]
     sampling: Optional[SamplingParams] = None
+    adjustments: Optional[tuple] = None

@@ -10,7 +10,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["SamplingParams", "GREEDY", "sampling_inputs", "fresh_seeds"]
+__all__ = ["SamplingParams", "GREEDY", "sampling_inputs", "fresh_seeds", "logit_adjustments",
+           "adjustment_inputs"]
 
 
 def _number(field: str, value, low: float, high: float, low_open: bool = False) -> float:
@@ -43,10 +44,21 @@ class SamplingParams:
     * `logprobs`: None, or an int in [0, 20]: the step also returns the
       log-probability of each chosen token and of that many most likely
       tokens, computed on the device under the distribution the token was
-      drawn from (at temperature 0: the softmax of the logits).
+      drawn from (at temperature 0: the softmax of the logits);
+    * `presence_penalty`, `frequency_penalty` in [-2, 2]: subtracted from
+      the logit of each token generated so far, once / once per
+      occurrence (OpenAI's);
+    * `repetition_penalty` > 0: the logit x of each token of the prompt or
+      generated so far becomes x / r if x > 0 else x * r (Hugging Face's
+      and vLLM's; 1: none);
+    * `logit_bias`: {token id: bias}, added to those logits (OpenAI's,
+      -100 to 100).
 
-    The filters are those of Hugging Face transformers, applied in that
-    order; `etc.reference_sampling.sample` is the exact definition."""
+    The penalties and biases change the logits before the filters, on the
+    device (`Graph.adjust_logits`, entries `logit_adjustments` computes),
+    also for greedy requests. The filters are those of Hugging Face
+    transformers, applied in that order; `etc.reference_sampling.sample`
+    is the exact definition."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -54,6 +66,11 @@ class SamplingParams:
     min_p: float = 0.0
     seed: Optional[int] = None
     logprobs: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    #: ((token id, bias), ...) sorted by id (a dict given is made so).
+    logit_bias: tuple = ()
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -76,6 +93,28 @@ class SamplingParams:
                 raise ValueError(f"SamplingParams: logprobs={self.logprobs!r} must be None or "
                                  f"an int in [0, {MAX_LOGPROBS}]")
             set_("logprobs", int(self.logprobs))
+        for name in ("presence_penalty", "frequency_penalty"):
+            set_(name, _number(name, getattr(self, name), -2.0, 2.0))
+        set_("repetition_penalty", _number("repetition_penalty", self.repetition_penalty, 0.0,
+                                           math.inf, low_open=True))
+        bias = self.logit_bias
+        pairs = bias.items() if isinstance(bias, dict) else bias
+        try:
+            pairs = [(token, value) for token, value in pairs]
+        except (TypeError, ValueError):
+            raise ValueError(f"SamplingParams: logit_bias={bias!r} must be a dict of token id "
+                             f"to bias") from None
+        for token, value in pairs:
+            if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or token < 0:
+                raise ValueError(f"SamplingParams: logit_bias: {token!r} is not a token id")
+            _number(f"logit_bias[{token}]", value, -100.0, 100.0)
+        set_("logit_bias", tuple(sorted((int(t), float(v)) for t, v in dict(pairs).items())))
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether penalties or biases change the logits."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias or
+                    self.repetition_penalty != 1.0)
 
     @property
     def greedy(self) -> bool:
@@ -116,3 +155,51 @@ def sampling_inputs(params: Sequence[Optional[SamplingParams]], fresh=fresh_seed
     return dict(temperature=f32("temperature"), top_k=top_k, top_p=f32("top_p"),
                 min_p=f32("min_p"), logprobs=logprobs,
                 seed=words.view(np.int32).reshape(len(rows), 2))
+
+
+def logit_adjustments(params: Optional[SamplingParams], prompt: Sequence[int],
+                      generated: Sequence[int], forbidden: Sequence[int] = ()):
+    """The entries of `Graph.adjust_logits` for one request, or None when
+    nothing changes: (token ids int32, additions float32, scales float32),
+    one entry per token, from `params`' penalties (presence and frequency
+    over the `generated` tokens, repetition over `prompt` and `generated`)
+    and logit biases, and -inf added to the `forbidden` ids (EOS before
+    `min_tokens`)."""
+    adjusts = params is not None and params.adjusts_logits
+    if not adjusts and not forbidden:
+        return None
+    add: dict = {}
+    scale: dict = {}
+    if adjusts:
+        if params.presence_penalty or params.frequency_penalty:
+            ids, counts = np.unique(np.asarray(generated, np.int64), return_counts=True)
+            for token, count in zip(ids.tolist(), counts.tolist()):
+                add[token] = -params.presence_penalty - params.frequency_penalty * count
+        if params.repetition_penalty != 1.0:
+            for token in set(prompt) | set(generated):
+                scale[token] = params.repetition_penalty
+        for token, bias in params.logit_bias:
+            add[token] = add.get(token, 0.0) + bias
+    for token in forbidden:
+        add[token] = -math.inf
+    tokens = sorted(set(add) | set(scale))
+    return (np.array(tokens, np.int32),
+            np.array([add.get(t, 0.0) for t in tokens], np.float32),
+            np.array([scale.get(t, 1.0) for t in tokens], np.float32))
+
+
+def adjustment_inputs(entries: Sequence) -> dict:
+    """The step kernel's `adjust_tokens` (R, A) int32 (-1: padding),
+    `adjust_add` and `adjust_scale` (R, A) float32 for each request's
+    `logit_adjustments` (None: none); A is the most entries, rounded up to
+    a power of two (at least 1) so that few sizes occur."""
+    most = max((len(e[0]) for e in entries if e is not None), default=0)
+    width = 1 << max(most - 1, 0).bit_length()
+    tokens = np.full((len(entries), width), -1, np.int32)
+    add = np.zeros((len(entries), width), np.float32)
+    scale = np.ones((len(entries), width), np.float32)
+    for r, entry in enumerate(entries):
+        if entry is not None:
+            count = len(entry[0])
+            tokens[r, :count], add[r, :count], scale[r, :count] = entry
+    return dict(adjust_tokens=tokens, adjust_add=add, adjust_scale=scale)
