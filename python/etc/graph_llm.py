@@ -432,7 +432,8 @@ class LLMOperators:
         return self._finish(kind, [("x", x)], (x.shape[0],), INDEX_DTYPE, tile, {}, None,
                             name)
 
-    def adjust_logits(self, logits, tokens, add, scale, *, name: Optional[str] = None):
+    def adjust_logits(self, logits, tokens, add, scale, *, mask=None, masked=None,
+                      name: Optional[str] = None):
         """A copy of `logits` (R, V) with a few entries of each row changed,
         all data of the run: for each j, token t = tokens[r, j] (i32 (R, P);
         entries outside [0, V), -1 for padding, do nothing; a row's tokens
@@ -441,7 +442,14 @@ class LLMOperators:
         frequency and presence penalties, -inf to forbid it); `scale`,
         `add` f32 (R, P). Result (R, V) in logits' dtype. One task per row:
         the copy, then the row's entries
-        (`etc.reference_sampling.adjust_logits`)."""
+        (`etc.reference_sampling.adjust_logits`).
+
+        With `mask` (R, ceil(V / 32)) i32 and `masked` (R,) i32, the rows
+        whose `masked` is not 0 keep only the tokens whose bit is set (bit
+        t % 32 of word t / 32: a structured-output bitmask): the others
+        become -inf, whatever their entries, and the kept ones at least
+        -FLT_MAX, so that a kept token is always chosen before a masked
+        one, greedy or sampled."""
         kind = "adjust_logits"
         self._check_operand(kind, "logits", logits, ranks=(2,))
         rows = logits.shape[0]
@@ -456,6 +464,17 @@ class LLMOperators:
                                  f"shape ({rows}, {tokens.shape[1]}) (entries of each row of "
                                  f"'logits')")
         operands = [("logits", logits), ("tokens", tokens), ("add", add), ("scale", scale)]
+        if (mask is None) != (masked is None):
+            raise ValueError(f"{kind}: give both 'mask' and 'masked', or neither")
+        if mask is not None:
+            words = -(-logits.shape[1] // 32) if isinstance(logits.shape[1], int) else None
+            if not isinstance(mask, Tensor) or mask.graph is not self or mask.rank != 2 or \
+                    mask.dtype != INDEX_DTYPE or not same_dim(mask.shape[0], rows) or \
+                    words is None or mask.shape[1] != words:
+                raise ValueError(f"{kind}: 'mask' must be an i32 tensor of shape ({rows}, "
+                                 f"{words}) (a bit per column of a static 'logits' row)")
+            self._check_index(kind, "masked", masked, rows, "one per row of 'logits'")
+            operands += [("mask", mask), ("masked", masked)]
         return self._finish(kind, operands, logits.shape, logits.dtype, (1,), {}, None, name)
 
     def sample(self, logits, temperature, top_k, top_p, min_p, seed, position, *,

@@ -185,12 +185,16 @@ def logprobs(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray,
 
 
 def adjust_logits(logits: np.ndarray, tokens: np.ndarray, add: np.ndarray,
-                  scale: np.ndarray) -> np.ndarray:
+                  scale: np.ndarray, mask=None, masked=None) -> np.ndarray:
     """`Graph.adjust_logits`: a copy of `logits` (R, V) where, for each
     entry j of row r with 0 <= tokens[r, j] < V, x = logits[r, t] becomes
     (x / s if x > 0 else x * s) + add[r, j] with s = scale[r, j] (a
     repetition penalty; 1 leaves x), computed in float32. Entries outside
-    [0, V) (padding: -1) do nothing; a row's tokens are distinct."""
+    [0, V) (padding: -1) do nothing; a row's tokens are distinct. With
+    `mask` (R, ceil(V / 32)) int32 and `masked` (R,), the rows whose
+    `masked` is not 0 then keep only the tokens whose bit (t % 32 of word
+    t // 32) is set: the others are -inf, the kept ones at least
+    -FLT_MAX."""
     out = np.array(logits, np.float32)
     vocab = out.shape[1]
     for r, j in zip(*np.nonzero((tokens >= 0) & (tokens < vocab))):
@@ -198,4 +202,10 @@ def adjust_logits(logits: np.ndarray, tokens: np.ndarray, add: np.ndarray,
         x, s = np.float32(logits[r, t]), np.float32(scale[r, j])
         with np.errstate(over="ignore", invalid="ignore"):
             out[r, t] = np.float32((x / s if x > 0 else x * s) + np.float32(add[r, j]))
+    if mask is not None:
+        bits = (np.asarray(mask).astype(np.uint32)[:, np.arange(vocab) // 32] >>
+                (np.arange(vocab) % 32).astype(np.uint32)) & 1
+        for r in np.nonzero(np.asarray(masked))[0]:
+            lowest = np.finfo(np.float32).min
+            out[r] = np.where(bits[r] == 1, np.maximum(out[r], lowest), -np.inf)
     return out

@@ -560,3 +560,74 @@ def test_adjust_logits_changes_only_its_entries(kind):
 def test_adjust_logits_ptx(tmp_path):
     ptx = etc.compile(_adjust_graph(1000, "bf16"), target="cuda", chip="sm_90a").ptx
     assert_no_spills(assemble(ptx, "sm_90a", tmp_path, "adjust"))
+
+
+# ----------------------------------------------------------------------
+# Structured output: a token bitmask on the device
+# ----------------------------------------------------------------------
+
+
+def _masked_graph(vocab: int = 300, dtype: str = "f32") -> etc.Graph:
+    g = etc.Graph("masked")
+    R, A = g.symbol("R"), g.symbol("A")
+    logits = g.input("logits", (R, vocab), dtype)
+    adjusted = g.adjust_logits(logits, g.input("tokens", (R, A), "i32"),
+                               g.input("add", (R, A), "f32"), g.input("scale", (R, A), "f32"),
+                               mask=g.input("mask", (R, -(-vocab // 32)), "i32"),
+                               masked=g.input("masked", (R,), "i32"))
+    params = [g.input("temperature", (R,), "f32"), g.input("top_k", (R,), "i32"),
+              g.input("top_p", (R,), "f32"), g.input("min_p", (R,), "f32"),
+              g.input("seed", (R, 2), "i32"), g.input("position", (R,), "i32")]
+    g.output(adjusted, g.sample(adjusted, *params))
+    return g
+
+
+def _bits(allowed: np.ndarray) -> np.ndarray:
+    """Rows of booleans (R, V) as the mask's words (R, ceil(V / 32))."""
+    rows, vocab = allowed.shape
+    padded = np.zeros((rows, -(-vocab // 32) * 32), bool)
+    padded[:, :vocab] = allowed
+    weights = (1 << np.arange(32, dtype=np.uint64))
+    return (padded.reshape(rows, -1, 32) * weights).sum(axis=2).astype(np.uint32).view(np.int32)
+
+
+@pytest.mark.parametrize("kind", ["native", "cuda"])
+def test_a_masked_token_is_never_chosen(kind):
+    """Masked rows: whatever the sampling parameters (greedy, temperature,
+    top-k, top-p, min-p), the logits (the masked tokens the most likely,
+    a bias on them, every allowed token at -inf) and the seed, the token
+    is one the mask allows; unmasked rows in the same run are untouched."""
+    g = _masked_graph()
+    kernel = etc.compile(g, target="cpu", workers=2, kernels=kind)
+    rng = np.random.default_rng(8)
+    rows, vocab = 64, 300
+    logits = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
+    allowed = rng.random((rows, vocab)) < rng.choice([0.003, 0.05, 0.5], (rows, 1))
+    allowed[np.arange(rows), rng.integers(0, vocab, rows)] = True  # at least one
+    logits[~allowed] += 8  # the masked tokens are the most likely
+    logits[5, allowed[5]] = -np.inf  # every allowed token at -inf
+    masked = np.ones(rows, np.int32)
+    masked[-4:] = 0  # unconstrained rows beside them
+    tokens = np.where(rng.random((rows, 2)) < 0.5, rng.integers(0, vocab, (rows, 2)), -1)
+    tokens[:, 1] = np.where(tokens[:, 0] == tokens[:, 1], -1, tokens[:, 1])
+    add = np.where(tokens >= 0, 20.0, 0.0).astype(np.float32)  # biases toward any token
+    inputs = _inputs(logits, temperature=rng.choice([0.0, 0.5, 1.0, 3.0], rows),
+                     top_k=rng.choice([0, 1, 5], rows), top_p=rng.choice([1.0, 0.5], rows),
+                     min_p=rng.choice([0.0, 0.3], rows))
+    inputs.update(tokens=tokens.astype(np.int32), add=add, scale=np.ones((rows, 2), np.float32),
+                  mask=_bits(allowed), masked=masked)
+    for seed in range(3):
+        inputs["seed"] = (inputs["seed"] + rows).astype(np.int32)
+        adjusted, chosen = kernel.run(**inputs)
+        assert allowed[np.arange(rows - 4), chosen[:-4]].all(), seed
+        want = reference_sampling.adjust_logits(logits, inputs["tokens"], add, inputs["scale"],
+                                                inputs["mask"], masked)
+        np.testing.assert_array_equal(adjusted, want)
+        np.testing.assert_array_equal(chosen, etc.reference.evaluate(g, **inputs)[1])
+    assert not allowed[np.arange(rows - 4, rows), chosen[-4:]].all()  # those were free
+
+
+@needs_ptxas
+def test_masked_adjust_logits_ptx(tmp_path):
+    ptx = etc.compile(_masked_graph(151936, "bf16"), target="cuda", chip="sm_90a").ptx
+    assert_no_spills(assemble(ptx, "sm_90a", tmp_path, "masked"))

@@ -66,13 +66,8 @@ REFUSED = [
     ("completions", {"frequency_penalty": -3}, "frequency_penalty"),
     ("chat/completions", {"n": 129}, "n"),
     ("completions", {"best_of": 2}, "best_of"),
-    ("chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
-        "name": "person", "schema": SCHEMA, "strict": True}}}, "response_format"),
-    ("completions", {"guided_json": SCHEMA}, "guided_json"),
-    ("completions", {"guided_regex": "[0-9]+"}, "guided_regex"),
-    ("chat/completions", {"guided_choice": ["yes", "no"]}, "guided_choice"),
-    ("chat/completions", {"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+    ("chat/completions", {"response_format": {"type": "yaml"}}, "response_format.type"),
+    ("completions", {"guided_json": SCHEMA, "guided_regex": "a"}, "guided_regex"),
     ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]},
      "tools"),
     ("chat/completions", {"tool_choice": "required"}, "tool_choice"),
@@ -94,6 +89,8 @@ REFUSED = [
     ("chat/completions", {"chat_template_kwargs": {"messages": []}},
      "chat_template_kwargs.messages"),
     ("chat/completions", {"stop_token_ids": [3, 320]}, "stop_token_ids[1]"),
+    ("completions", {"allowed_token_ids": [3, 320]}, "allowed_token_ids"),
+    ("completions", {"allowed_token_ids": []}, "allowed_token_ids"),
     ("chat/completions", {"top_k": -2}, "top_k"),
     # Fields no body declares: a misspelling, another server's extension.
     ("chat/completions", {"tempreature": 0.3}, "tempreature"),
@@ -382,6 +379,32 @@ def test_min_tokens_forbids_eos_until_reached(client, chat_model, greedy, monkey
         want = want[:end + 1]
     assert reply.usage.completion_tokens == len(want) >= 5
     assert reply.choices[0].message.content == tok.decode([t for t in want if t != eos])
+
+
+def test_allowed_token_ids_mask_every_other_token(client, chat_model):
+    """vLLM's allowed_token_ids: a token bitmask applied on the device, so
+    only those ids come out, sampled or greedy, EOS included only when
+    listed; in Python through Engine.submit."""
+    from etc.models.engine import Engine, RequestError
+
+    tok = chat_model.tokenizer
+    allowed = [tok.token_to_id(c) for c in "ab"]
+    assert None not in allowed
+    for temperature in (0.0, 1.0):
+        reply = client.completions.create(
+            model=NAME, prompt="The quick brown", max_tokens=10, temperature=temperature,
+            seed=1, extra_body={"allowed_token_ids": allowed})
+        text = reply.choices[0].text
+        assert set(text) <= {"a", "b"} and len(text) == 10, text
+    engine = Engine(chat_model, max_num_seqs=2)
+    eos = chat_model.eos_token_ids[0]
+    free = engine.submit([5, 6], max_new_tokens=6, ignore_eos=True)
+    only = engine.submit([5, 6], max_new_tokens=6, allowed_token_ids=[eos, 40])
+    engine.run()
+    assert set(only.result().token_ids) <= {eos, 40}
+    assert set(free.result().token_ids) - {eos, 40}
+    with pytest.raises(RequestError, match="allowed_token_ids"):
+        engine.submit([5, 6], max_new_tokens=2, allowed_token_ids=[320])
 
 
 # -- n choices -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .engine.constraints import Constraint, Grammar
 from .engine.engine import Engine
 from .engine.requests import RequestError
 from .step.model import CompiledModel
@@ -59,7 +60,8 @@ class Model(CompiledModel):
 
     def generate(self, prompts, max_new_tokens: int, return_logits: bool = False, *,
                  stop: Optional[Sequence[str]] = (), ignore_eos: bool = False, sampling=None,
-                 chat_template_kwargs: Optional[dict] = None, **unknown) -> Generation:
+                 chat_template_kwargs: Optional[dict] = None, response_format=None,
+                 **unknown) -> Generation:
         """Generates from one prompt or a batch of them, of any lengths.
 
         A prompt is a string (encoded with the tokenizer, its special tokens
@@ -74,7 +76,12 @@ class Model(CompiledModel):
         stop string is cut from the text). A chat message's content of None
         is empty.
         `sampling` (an `etc.models.step.sampling.SamplingParams`) applies to
-        every prompt; None is greedy.
+        every prompt; None is greedy. `response_format` makes every answer
+        follow a grammar (structured output, on the device): OpenAI's
+        {"type": "json_object"} or {"type": "json_schema", "json_schema":
+        {"schema": ...}}, or an `etc.models.engine.constraints.Grammar`
+        (also regular expressions, choices, Lark grammars); an answer then
+        ends ("stop") when its grammar is complete.
 
         The returned `Generation` has per prompt the new ids (`tokens`,
         ending with the EOS id when one stopped it), the text (`text`,
@@ -106,6 +113,9 @@ class Model(CompiledModel):
         sequences = [self._prompt_ids(p, prompt, max_new_tokens, template_variables)
                      for p, prompt in enumerate(_as_prompt_list(prompts))]
         length = max(len(s) for s in sequences) + max_new_tokens
+        grammar = _grammar(response_format)
+        constraints = [None if grammar is None else Constraint(self, grammar)
+                       for _ in sequences]
         engine = Engine(self, max_num_seqs=len(sequences), max_model_len=length,
                         kv_cache_tokens=self._own_pool(len(sequences), length))
         handles = []
@@ -113,7 +123,8 @@ class Model(CompiledModel):
             try:
                 handles.append(engine.submit(ids, max_new_tokens=max_new_tokens, stop=stop,
                                              ignore_eos=ignore_eos, sampling=sampling,
-                                             return_logits=return_logits))
+                                             return_logits=return_logits,
+                                             constraint=constraints[p]))
             except RequestError as error:
                 which = f"prompt {p}: " if error.param in ("prompt", "max_new_tokens") else ""
                 raise RequestError(f"generate: {which}{error}", error.param) from None
@@ -189,6 +200,24 @@ class Model(CompiledModel):
                              f"{total} tokens, longer than the cache "
                              f"(max_seq_len={self.max_seq_len})")
         return [int(t) for t in ids]
+
+
+def _grammar(response_format) -> Optional[Grammar]:
+    """`generate`'s response_format as a `Grammar` (None: free text)."""
+    if response_format is None or isinstance(response_format, Grammar):
+        return response_format
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Grammar("json_object")
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if isinstance(schema, dict):
+            return Grammar("json_schema", schema)
+    raise ValueError(f"generate: response_format={response_format!r} must be a Grammar, "
+                     f"{{'type': 'json_object'}} or {{'type': 'json_schema', 'json_schema': "
+                     f"{{'schema': {{...}}}}}}")
 
 
 #: The fields of `SamplingParams` (a keyword of `generate` named so is a

@@ -28,7 +28,8 @@ class AdjustLogits(TileKernel):
 
     def emit(self) -> None:
         op = self.op
-        x, tokens, add, scale = op.operands
+        x, tokens, add, scale = op.operands[:4]
+        mask = op.operands[4] if len(op.operands) > 4 else None
         out = op.result
         (tm,) = op.tile
         row0, rows = self.row_block(x, tm)
@@ -52,7 +53,28 @@ class AdjustLogits(TileKernel):
         loop = scf.ForOp(self.cidx(0), rows, self.cidx(1))
         with ir.InsertionPoint(loop.body):
             row = arith.addi(row0, loop.induction_variable)
-            spread(n, lambda c: self.store(self.load(x, [row, c]), out, [row, c]))
+            i1 = ir.IntegerType.get_signless(1)
+            if mask is None:
+                masked = arith.constant(i1, 0)
+            else:
+                masked = arith.cmpi(arith.CmpIPredicate.ne, self.load(op.operands[5], [row]),
+                                    arith.constant(ir.IntegerType.get_signless(32), 0))
+
+            def kept(c, v):
+                """v at column c after the row's mask (if it has one)."""
+                if mask is None:
+                    return v
+                i32 = ir.IntegerType.get_signless(32)
+                word = self.load(mask, [row, arith.shrui(c, self.cidx(5))])
+                shift = arith.index_cast(i32, arith.andi(c, self.cidx(31)))
+                bit = arith.andi(arith.shrui(word, shift), arith.constant(i32, 1))
+                allowed = arith.cmpi(arith.CmpIPredicate.ne, bit, arith.constant(i32, 0))
+                lowest = self.cf32(-3.4028234663852886e38)
+                value = arith.select(allowed, arith.maximumf(v, lowest),
+                                     self.cf32(float("-inf")))
+                return arith.select(masked, value, v)
+
+            spread(n, lambda c: self.store(kept(c, self.load(x, [row, c])), out, [row, c]))
 
             def entry(j):
                 token = self.load_index(tokens, [row, j])
@@ -64,7 +86,8 @@ class AdjustLogits(TileKernel):
                     s = self.load(scale, [row, j])
                     positive = arith.cmpf(arith.CmpFPredicate.OGT, v, self.cf32(0.0))
                     scaled = arith.select(positive, arith.divf(v, s), arith.mulf(v, s))
-                    self.store(arith.addf(scaled, self.load(add, [row, j])), out, [row, token])
+                    self.store(kept(token, arith.addf(scaled, self.load(add, [row, j]))), out,
+                               [row, token])
                     scf.yield_([])
             spread(entries, entry)
             scf.yield_([])
@@ -74,5 +97,7 @@ def build_tasks(b: TaskBuilder, op) -> None:
     x = op.operands[0]
     (tm,) = op.tile
     whole = box(1, [tile_offset(0, tm), "0"], [tm, None])
-    b.emit_task(op, op.name, [b.grid_extent(x.shape[0], tm)],
-                [(t, whole) for t in op.operands], [(op.result, whole)], AdjustLogits)
+    rows = box(1, [tile_offset(0, tm)], [tm])
+    reads = [(t, whole if t.rank == 2 else rows) for t in op.operands]
+    b.emit_task(op, op.name, [b.grid_extent(x.shape[0], tm)], reads, [(op.result, whole)],
+                AdjustLogits)

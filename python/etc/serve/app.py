@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..models.engine import Engine, RequestError, RequestOutput
+from ..models.engine.constraints import Constraint, Grammar, GrammarError
 from ..models.loading.tokenizer import ChatTemplateError
 from .logprobs import TokenText, chat_logprobs, completion_logprobs
 from .metrics import ServerMetrics
@@ -223,6 +224,23 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                 raise APIError(400, f"stop_token_ids[{i}]: {token} is not a token id in "
                                     f"[0, {vocab})", f"stop_token_ids[{i}]")
 
+    async def _constraints(body: _Sampling) -> list:
+        """A grammar matcher per choice (structured output), or Nones;
+        compiled in a thread: a large schema takes a while."""
+        try:
+            found = body.grammar()
+        except ValueError as error:
+            raise APIError(400, error.args[1], error.args[0]) from None
+        if found is None:
+            return [None] * body.n
+        kind, value, field = found
+        grammar = Grammar(kind, value)
+        try:
+            return [await asyncio.to_thread(Constraint, model, grammar, field)
+                    for _ in range(body.n)]
+        except GrammarError as error:
+            raise APIError(400, str(error), error.param) from None
+
     def _tokenizer(param: str):
         if model.tokenizer is None:
             raise APIError(400, f"{param}: this model has no tokenizer (tokenizer.json); "
@@ -237,6 +255,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         # (choice index, output) of every choice, as the engine makes them.
         outputs: asyncio.Queue = asyncio.Queue()
         handles = []
+        constraints = await _constraints(body)
         try:
             for index, sampling in enumerate(_choices(body)):
                 handles.append(engine.submit(
@@ -246,6 +265,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                     include_stop_str_in_output=body.include_stop_str_in_output,
                     skip_special_tokens=body.skip_special_tokens,
                     min_tokens=body.min_tokens or 0,
+                    allowed_token_ids=body.allowed_token_ids, constraint=constraints[index],
                     on_output=lambda output, index=index: loop.call_soon_threadsafe(
                         outputs.put_nowait, (index, output))))
         except RequestError as error:

@@ -11,6 +11,7 @@ ETC does with it.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
 
@@ -166,6 +167,7 @@ class _Sampling(_Body):
     min_tokens: Optional[StrictInt] = Field(default=None, ge=0)
     ignore_eos: StrictBool = False
     stop_token_ids: Optional[list[StrictInt]] = None
+    allowed_token_ids: Optional[list[StrictInt]] = Field(default=None, min_length=1)
     include_stop_str_in_output: StrictBool = False
     skip_special_tokens: StrictBool = True
     response_format: Optional[ResponseFormat] = None
@@ -176,13 +178,6 @@ class _Sampling(_Body):
     guided_grammar: Optional[Text] = None
 
     REFUSED: ClassVar[Refusals] = (
-        ("response_format", _text_format, "structured output (json_object, json_schema) is "
-                                          "not supported"),
-        ("structured_outputs", _unset, "structured output is not supported"),
-        ("guided_json", _unset, "structured output is not supported"),
-        ("guided_regex", _unset, "structured output is not supported"),
-        ("guided_choice", _unset, "structured output is not supported"),
-        ("guided_grammar", _unset, "structured output is not supported"),
     )
 
     def refused(self) -> Optional[tuple[str, str]]:
@@ -201,6 +196,47 @@ class _Sampling(_Body):
                 f"max_tokens ({self.max_tokens}); give one (max_completion_tokens is "
                 f"max_tokens' newer name)")
         return found
+
+    def grammar(self) -> Optional[tuple[str, object, str]]:
+        """(kind, value, field) of the grammar the answer must follow (see
+        `etc.models.engine.constraints.Grammar`), or None; raises
+        ValueError (field, message) for two grammars, or one malformed."""
+        found = []
+        format_ = self.response_format
+        if format_ is not None and format_.type == "json_object":
+            found.append(("json_object", None, "response_format"))
+        if format_ is not None and format_.type == "json_schema":
+            if format_.json_schema is None or format_.json_schema.schema_ is None:
+                raise ValueError("response_format.json_schema.schema",
+                                 "response_format: json_schema needs json_schema.schema")
+            found.append(("json_schema", format_.json_schema.schema_, "response_format"))
+        for field, kind in (("guided_json", "json_schema"), ("guided_regex", "regex"),
+                            ("guided_choice", "choice"), ("guided_grammar", "lark")):
+            value = getattr(self, field)
+            if value is not None:
+                if kind == "json_schema" and isinstance(value, str):
+                    try:
+                        value = json.loads(value)
+                    except ValueError:
+                        raise ValueError(field, f"{field}: not a JSON schema") from None
+                found.append((kind, value, field))
+        for key, value in (self.structured_outputs or {}).items():
+            kind = {"json": "json_schema", "regex": "regex", "choice": "choice",
+                    "grammar": "lark", "json_object": "json_object"}.get(key)
+            if kind is None:
+                raise ValueError(f"structured_outputs.{key}",
+                                 f"structured_outputs.{key}: unknown (json, json_object, "
+                                 f"regex, choice, grammar)")
+            if kind == "json_object":
+                if value:
+                    found.append((kind, None, "structured_outputs"))
+                continue
+            if value is not None:
+                found.append((kind, value, "structured_outputs"))
+        if len(found) > 1:
+            raise ValueError(found[1][2], f"{found[1][2]}: one grammar per request "
+                                          f"({found[0][2]} gives one already)")
+        return found[0] if found else None
 
     @property
     def new_tokens(self) -> Optional[int]:

@@ -42,8 +42,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..step.request import Request
-from ..step.sampling import SamplingParams, logit_adjustments
+from ..step.sampling import SamplingParams, logit_adjustments, token_mask
 from .requests import RequestError, RequestHandle, RequestOutput, RequestResult, TokenLogprobs
+from .constraints import fill_masks
 from .slots import PagedSlots, SlotCache
 from .stopping import StopChecker
 
@@ -91,6 +92,12 @@ class _Sequence:
         self.stop_ids = stop_ids
         #: New tokens before which EOS and stop ids are never chosen.
         self.min_tokens = 0
+        #: The tokens it may choose (`sampling.token_mask`), or None: all.
+        self.token_mask = None
+        #: Its grammar's matcher (`constraints.Constraint`), and the mask
+        #: it gave for the step being prepared.
+        self.constraint = None
+        self.step_mask = None
         self.sampling = sampling
         self.detokenizer = detokenizer
         self.logits: Optional[list] = [] if return_logits else None
@@ -221,7 +228,9 @@ class Engine:
                on_output: Optional[Callable[[RequestOutput], None]] = None,
                stop_token_ids: Optional[Sequence[int]] = None,
                include_stop_str_in_output: bool = False,
-               skip_special_tokens: bool = True, min_tokens: int = 0) -> RequestHandle:
+               skip_special_tokens: bool = True, min_tokens: int = 0,
+               allowed_token_ids: Optional[Sequence[int]] = None,
+               constraint=None) -> RequestHandle:
         """Queues a request: `prompt_ids` (token ids: a list, a tuple or a
         1-D NumPy integer array), at most `max_new_tokens` new ids (default:
         up to `max_model_len`, which the KV cache bounds), stopping at an id
@@ -233,7 +242,13 @@ class Engine:
         `include_stop_str_in_output`). The text leaves out special tokens
         unless `skip_special_tokens` is False. The first `min_tokens` new
         tokens are never an EOS or stop id (their logits are -inf on the
-        device). `sampling` is an
+        device). With `allowed_token_ids`, only those ids are ever chosen
+        (a token bitmask applied on the device; EOS too only if listed).
+        With `constraint` (a `constraints.Constraint`: structured output),
+        every token follows its grammar: its mask, filled on the host
+        before each step for all the step's constrained requests together,
+        is applied on the device, and the request ends ("stop") when the
+        grammar is complete. `sampling` is an
         `etc.models.step.sampling.SamplingParams` (None: greedy); without a
         seed each step draws fresh random seeds (rank 0's under tensor
         parallelism, so every rank draws the same token). `on_output` gets
@@ -276,6 +291,19 @@ class Engine:
         sequence = _Sequence(None, prompt, max_new_tokens, checker, eos, stop_ids, sampling,
                              detokenizer, bool(return_logits))
         sequence.min_tokens = int(min_tokens)
+        if allowed_token_ids is not None:
+            allowed = _check_ids(allowed_token_ids, "allowed_token_ids",
+                                 self.model.config.vocab_size)
+            if not allowed:
+                raise RequestError("allowed_token_ids is empty: no token could be chosen",
+                                   "allowed_token_ids")
+            sequence.token_mask = token_mask(allowed, self.model.config.vocab_size)
+        if constraint is not None:
+            if not hasattr(constraint, "mask") or not hasattr(constraint, "accept"):
+                raise RequestError(f"constraint={constraint!r} must be an "
+                                   f"etc.models.engine.constraints.Constraint or None",
+                                   "constraint")
+            sequence.constraint = constraint
         with self._lock:
             sequence.handle = handle = RequestHandle(self, self._next_id, prompt, on_output)
             self._next_id += 1
@@ -437,6 +465,10 @@ class Engine:
         batch, down to the sequences that make it raise alone: those end
         with finish_reason "error", and the others' results stand (a
         rerun writes the same keys and values at the same positions)."""
+        choosing = [s for s, take in batch if s.constraint is not None and take == s.pending]
+        if choosing:  # the grammars' masks, all together
+            for sequence, mask in zip(choosing, fill_masks([s.constraint for s in choosing])):
+                sequence.step_mask = mask
         requests = [self._request(s, take) for s, take in batch]
         # Logits leave the device only when a request keeps them.
         options = {}
@@ -579,10 +611,15 @@ class Engine:
                 forbidden = sorted(sequence.eos | sequence.stop_ids)
             adjustments = logit_adjustments(sequence.sampling, sequence.prompt,
                                             sequence.generated, forbidden)
-        if sequence.sampling is None and adjustments is None:
+        mask = None
+        if take == sequence.pending:
+            mask = sequence.token_mask
+            if sequence.constraint is not None:
+                mask = sequence.step_mask if mask is None else mask & sequence.step_mask
+        if sequence.sampling is None and adjustments is None and mask is None:
             return Request(sequence.slot, sequence.cached, tokens)
         return Request(sequence.slot, sequence.cached, tokens, sampling=sequence.sampling,
-                       adjustments=adjustments)
+                       adjustments=adjustments, token_mask=mask)
 
     def _advance(self, sequence: _Sequence, token: int, logits, now: float,
                  logprobs: Optional[TokenLogprobs] = None) -> None:
@@ -595,6 +632,8 @@ class Engine:
             sequence.logits.append(np.array(logits, dtype=np.float32))
         if sequence.logprobs is not None:
             sequence.logprobs.append(logprobs)
+        if sequence.constraint is not None:
+            sequence.constraint.accept(token)
         reason = None
         text = ""
         if token in sequence.eos:
@@ -604,6 +643,8 @@ class Engine:
                 text = sequence.detokenizer.push(token)
             if token in sequence.stop_ids:
                 reason = "stop"
+        if reason is None and sequence.constraint is not None and sequence.constraint.finished:
+            reason = "stop"  # the grammar is complete: nothing may follow
         if reason is None and len(sequence.generated) >= sequence.max_new_tokens:
             reason = "length"
         final = reason is not None

@@ -15,7 +15,9 @@ KV dtype (by default the compute dtype). Sampling inputs, one per request:
 `temperature`, `top_p`, `min_p` f32 (R,), `top_k`, `logprobs` i32 (R,) and
 `seed` i32 (R, 2) (see `etc.Graph.sample`), and the entries that change
 the logits before (penalties, biases: `adjust_tokens` i32, `adjust_add`,
-`adjust_scale` f32 (R, A), `etc.Graph.adjust_logits`). Outputs: `logits`
+`adjust_scale` f32 (R, A), `etc.Graph.adjust_logits`) and the tokens each
+request may choose (`token_mask` i32 (R, ceil(V / 32)), a bit per token,
+where `token_masked` (R,) is not 0: structured output). Outputs: `logits`
 (R, V), before those changes, of
 each request's last new token, `next_ids` (R,), the token sampled from
 them (the argmax where the temperature is 0) at position `request_length`,
@@ -147,9 +149,13 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     sampling = {name: g.input(name, (R,), dtype) for name, dtype in SAMPLING_INPUTS}
     # Penalties and biases: A entries per request change its logits first.
     A = g.symbol("A")
+    # And a request's token bitmask (structured output) keeps only the
+    # tokens it allows.
     adjusted = g.adjust_logits(logits, g.input("adjust_tokens", (R, A), "i32"),
                                g.input("adjust_add", (R, A), "f32"),
-                               g.input("adjust_scale", (R, A), "f32"))
+                               g.input("adjust_scale", (R, A), "f32"),
+                               mask=g.input("token_mask", (R, -(-c.vocab_size // 32)), "i32"),
+                               masked=g.input("token_masked", (R,), "i32"))
     next_ids, logprobs, logprob_ids = g.sample(
         adjusted, seed=g.input("seed", (R, 2), "i32"), position=batch.request_length,
         name="next_ids", max_logprobs=MAX_LOGPROBS, **sampling)

@@ -19,7 +19,8 @@ from .kernel import DEFAULT_MAX_STEP_TOKENS, packed_weights, step_kernel, step_o
 from .kv_blocks import DEFAULT_BLOCK_SIZE
 from .kv_cache import KV_STORAGE, KVCache, PagedKVCache
 from .request import Request
-from .sampling import MAX_LOGPROBS, adjustment_inputs, fresh_seeds, sampling_inputs
+from .sampling import (MAX_LOGPROBS, adjustment_inputs, fresh_seeds, mask_inputs,
+                       sampling_inputs)
 
 if TYPE_CHECKING:
     from ...compiler import CompiledKernel
@@ -466,6 +467,7 @@ class CompiledModel:
                     request_last=i32(last),
                     **sampling_inputs([q.sampling for q in requests], self._fresh_seeds),
                     **adjustment_inputs([q.adjustments for q in requests]),
+                    **mask_inputs([q.token_mask for q in requests], vocab),
                     **cache.arrays)
 
 

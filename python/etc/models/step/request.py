@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
+
 from .sampling import SamplingParams
 
 __all__ = ["Request"]
@@ -18,10 +20,13 @@ class Request:
     positions before `start` must already be in the cache. The token after
     the last one (at position `start + len(tokens)`) is chosen with
     `sampling` (None: greedy), from its logits changed by `adjustments`
-    (`sampling.logit_adjustments`: penalties, biases; None: none)."""
+    (`sampling.logit_adjustments`: penalties, biases; None: none), among
+    the tokens `token_mask` allows (int32 (ceil(vocab / 32),): bit t % 32
+    of word t // 32 set for an allowed token t; None: all)."""
 
     slot: int
     start: int
     tokens: Sequence[int]
     sampling: Optional[SamplingParams] = None
     adjustments: Optional[tuple] = None
+    token_mask: Optional[np.ndarray] = None

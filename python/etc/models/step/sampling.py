@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 __all__ = ["SamplingParams", "GREEDY", "sampling_inputs", "fresh_seeds", "logit_adjustments",
-           "adjustment_inputs"]
+           "adjustment_inputs", "mask_inputs", "token_mask"]
 
 
 def _number(field: str, value, low: float, high: float, low_open: bool = False) -> float:
@@ -203,3 +203,31 @@ def adjustment_inputs(entries: Sequence) -> dict:
             count = len(entry[0])
             tokens[r, :count], add[r, :count], scale[r, :count] = entry
     return dict(adjust_tokens=tokens, adjust_add=add, adjust_scale=scale)
+
+
+def token_mask(allowed: Sequence[int], vocab: int) -> np.ndarray:
+    """The bitmask (int32 (ceil(vocab / 32),)) that allows the ids of
+    `allowed` (each in [0, vocab)) and nothing else."""
+    ids = np.asarray(list(allowed), np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise ValueError(f"token_mask: ids must be in [0, {vocab})")
+    words = np.zeros(-(-vocab // 32), np.uint32)
+    np.bitwise_or.at(words, ids // 32, (np.uint32(1) << (ids % 32).astype(np.uint32)))
+    return words.view(np.int32)
+
+
+def mask_inputs(masks: Sequence, vocab: int) -> dict:
+    """The step kernel's `token_mask` (R, ceil(vocab / 32)) int32 and
+    `token_masked` (R,) int32 for each request's mask (None: every token)."""
+    words = -(-vocab // 32)
+    out = np.zeros((len(masks), words), np.int32)
+    masked = np.zeros(len(masks), np.int32)
+    for r, mask in enumerate(masks):
+        if mask is not None:
+            mask = np.asarray(mask)
+            if mask.shape != (words,):
+                raise ValueError(f"step: request {r}: token_mask has shape {mask.shape}, "
+                                 f"expected ({words},) (a bit per token of {vocab})")
+            out[r] = mask.view(np.int32) if mask.dtype.itemsize == 4 else mask
+            masked[r] = 1
+    return dict(token_mask=out, token_masked=masked)

@@ -1,0 +1,159 @@
+"""Structured output: the grammar a request's tokens must follow (a JSON
+schema, any JSON object, a regular expression, a choice of strings, a Lark
+grammar), compiled with llguidance, and each request's matcher, which gives
+the token bitmask of its next step (filled on the host between steps, for
+all the step's constrained requests at once) and takes the token the step
+chose. The bitmask is applied on the device (`Request.token_mask`).
+
+llguidance rather than XGrammar: it depends on nothing (XGrammar 0.2.8
+requires torch, transformers and triton, and ETC's runtime stays free of
+torch), reads the checkpoint's tokenizer.json as it is, and covers the JSON
+schemas, regular expressions and Lark grammars the API asks for.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+__all__ = ["Grammar", "GrammarError", "Constraint", "fill_masks"]
+
+
+class GrammarError(ValueError):
+    """A grammar llguidance cannot compile (or that ETC cannot use), with
+    `param`: the field that gave it."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+def _llguidance():
+    try:
+        import llguidance
+        import llguidance.numpy  # noqa: F401
+    except ImportError as error:  # pragma: no cover - a dependency of etc
+        raise GrammarError(f"structured output needs the llguidance package ({error})",
+                           "response_format") from None
+    return llguidance
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What a request's tokens must follow: `kind` ("json_schema",
+    "json_object", "regex", "choice", "lark") and its `value` (a schema
+    dict, None, a pattern, a list of strings, a grammar's text)."""
+
+    kind: str
+    value: object = None
+
+    def source(self) -> str:
+        """The grammar as llguidance takes it."""
+        matcher = _llguidance().LLMatcher
+        if self.kind == "json_schema":
+            return matcher.grammar_from_json_schema(
+                json.dumps(self.value), defaults={"whitespace_flexible": False})
+        if self.kind == "json_object":
+            return matcher.grammar_from_json_schema(
+                json.dumps({"type": "object"}), defaults={"whitespace_flexible": False})
+        if self.kind == "regex":
+            return matcher.grammar_from_regex(self.value)
+        if self.kind == "choice":
+            alternatives = " | ".join(json.dumps(choice) for choice in self.value)
+            return matcher.grammar_from_lark(f"start: {alternatives}")
+        if self.kind == "lark":
+            return matcher.grammar_from_lark(self.value)
+        raise ValueError(f"Grammar: unknown kind {self.kind!r}")
+
+
+# The llguidance tokenizer of each ETC tokenizer (building one reads the
+# whole vocabulary: about a second for 150,000 tokens).
+_TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def _ll_tokenizer(model):
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise GrammarError("structured output needs the model's tokenizer (tokenizer.json)",
+                           "response_format")
+    with _LOCK:
+        found = _TOKENIZERS.get(tokenizer)
+        if found is None:
+            llg = _llguidance()
+            found = llg.LLTokenizer(tokenizer.backend.to_str(),
+                                    n_vocab=model.config.vocab_size,
+                                    eos_token=list(model.eos_token_ids) or None)
+            _TOKENIZERS[tokenizer] = found
+        return found
+
+
+class Constraint:
+    """One request's matcher of `grammar` over `model`'s tokens: `mask()`
+    the bitmask of the next token (int32 (ceil(vocab / 32),); EOS allowed
+    only where the grammar accepts), `accept(token)` after a step chose it,
+    `finished` once the grammar is complete (EOS taken, or nothing more can
+    follow). Raises GrammarError (naming `param`) for a grammar llguidance
+    cannot compile."""
+
+    def __init__(self, model, grammar: Grammar, param: str = "response_format"):
+        llg = _llguidance()
+        tokenizer = _ll_tokenizer(model)
+        try:
+            source = grammar.source()
+        except ValueError as error:
+            raise GrammarError(f"{param}: {error}", param) from None
+        error = llg.LLMatcher.validate_grammar(source, tokenizer)
+        if error and not error.startswith("WARNING"):
+            raise GrammarError(f"{param}: the grammar cannot be compiled: {error}", param)
+        self.matcher = llg.LLMatcher(tokenizer, source, log_level=0)
+        if self.matcher.is_error():
+            raise GrammarError(f"{param}: the grammar cannot be compiled: "
+                               f"{self.matcher.get_error()}", param)
+        self.words = -(-model.config.vocab_size // 32)
+
+    def mask(self) -> np.ndarray:
+        out = np.empty((1, self.words), np.int32)
+        _llguidance().numpy.fill_next_token_bitmask(self.matcher, out)
+        return out[0]
+
+    def accept(self, token: int) -> None:
+        if not self.matcher.consume_token(int(token)):
+            raise RuntimeError(f"the grammar refused token {token}, which its own mask "
+                               f"allowed: {self.matcher.get_error()}")
+
+    @property
+    def finished(self) -> bool:
+        return self.matcher.is_stopped()
+
+
+_EXECUTOR = None
+
+
+def fill_masks(constraints: Sequence[Constraint]) -> np.ndarray:
+    """The next-token bitmasks of several constraints, (len, words) int32,
+    filled together (llguidance's executor spreads them over threads)."""
+    global _EXECUTOR
+    llg = _llguidance()
+    words = constraints[0].words
+    out = np.empty((len(constraints), words), np.int32)
+    if len(constraints) == 1:
+        llg.numpy.fill_next_token_bitmask(constraints[0].matcher, out)
+        return out
+    if _EXECUTOR is None:
+        _EXECUTOR = llg.LLExecutor()
+    llg.numpy.fill_next_token_bitmask_par(
+        _EXECUTOR, [(c.matcher, i) for i, c in enumerate(constraints)], out)
+    return out
+
+
+def grammar_of(kind: str, value) -> Optional[Grammar]:
+    """A `Grammar` from an API field's value (None when it is unset)."""
+    if value is None:
+        return None
+    return Grammar(kind, value)
