@@ -71,7 +71,6 @@ REFUSED = [
     ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]},
      "tools"),
     ("chat/completions", {"tool_choice": "required"}, "tool_choice"),
-    ("chat/completions", {"parallel_tool_calls": False}, "parallel_tool_calls"),
     ("chat/completions", {"functions": [{"name": "f"}]}, "functions"),
     ("chat/completions", {"prediction": {"type": "content", "content": "x"}}, "prediction"),
     ("chat/completions", {"reasoning_effort": "low"}, "reasoning_effort"),
@@ -98,8 +97,8 @@ REFUSED = [
     ("chat/completions", {"messages": [{"role": "user", "content": "Hi", "extra": 1}]},
      "messages[0].extra"),
     ("chat/completions", {"messages": [{"role": "assistant", "content": "Hi", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
-     "messages[0].tool_calls"),
+        {"id": "c", "type": "function", "function": {"name": "f"}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
 ]
 
 

@@ -94,6 +94,9 @@ def parser() -> argparse.ArgumentParser:
                        help="requests running at once; more wait (default: 8)")
     serve.add_argument("--served-model-name", default=None,
                        help="the model name clients use (default: the checkpoint's name)")
+    serve.add_argument("--tool-call-parser", choices=("hermes", "llama3_json"), default=None,
+                       help="how the model writes tool calls (default: from its chat "
+                            "template: <tool_call> is hermes, ipython llama3_json)")
     add_parallel_options(serve, "serves")
     add_load_options(serve)
     serve.set_defaults(run=run_serve)

@@ -38,7 +38,7 @@ def run_serve(args) -> int:
             # (a warning when --max-model-len asked for more than it holds).
             serve.run(model, args.host, args.port, served_model_name=args.served_model_name,
                       max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                      sock=sock)
+                      sock=sock, tool_call_parser=args.tool_call_parser)
             return 0
 
         return led(model, args, body)

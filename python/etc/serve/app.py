@@ -23,6 +23,7 @@ from ..models.engine import Engine, RequestError, RequestOutput
 from ..models.engine.constraints import Constraint, Grammar, GrammarError
 from ..models.loading.tokenizer import ChatTemplateError
 from .logprobs import TokenText, chat_logprobs, completion_logprobs
+from . import tools as tools_
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
@@ -77,7 +78,8 @@ def _param(location) -> Optional[str]:
 
 def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: int = 8,
               max_model_len: Optional[int] = None, max_step_tokens: Optional[int] = None,
-              engine: Optional[Engine] = None) -> FastAPI:
+              engine: Optional[Engine] = None,
+              tool_call_parser: Optional[str] = None) -> FastAPI:
     """The server of `model` (an `etc.models.Model`) as a FastAPI app.
 
     `served_model_name` is the `model` clients name (default: the
@@ -95,7 +97,14 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     thread starts and stops with the app's lifespan (uvicorn runs it).
     `app.state.close()` ends the requests in flight (streams end with an
     error event and `[DONE]`, others with 503) and refuses new ones (503):
-    `etc.serve.server.Server` calls it when shutting down."""
+    `etc.serve.server.Server` calls it when shutting down.
+    `tool_call_parser` ("hermes", "llama3_json"; default: the chat
+    template's, `tools.parser_for`) reads the model's tool calls."""
+    if tool_call_parser is not None and tool_call_parser not in tools_.PARSERS:
+        raise ValueError(f"build_app: tool_call_parser={tool_call_parser!r} must be one of "
+                         f"{tools_.PARSERS} or None")
+    if tool_call_parser is None and model.tokenizer is not None:
+        tool_call_parser = tools_.parser_for(model.tokenizer.chat_template)
     if engine is None:
         engine = Engine(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                         max_step_tokens=max_step_tokens)
@@ -182,9 +191,14 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _check(body)
         tokenizer = _tokenizer("messages")
+        calling = bool(body.tools) and body.tool_choice != "none"
+        if calling and tool_call_parser is None:
+            raise APIError(400, "tools: this model's chat template writes no tool calls ETC "
+                                "can read (give etc serve --tool-call-parser)", "tools")
         text = _render(tokenizer, body)
         prompt = tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
-        return await _complete(request, body, prompt, body.new_tokens, chat=True)
+        return await _complete(request, body, prompt, body.new_tokens, chat=True,
+                               parser=tool_call_parser if calling else None)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -224,13 +238,22 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                 raise APIError(400, f"stop_token_ids[{i}]: {token} is not a token id in "
                                     f"[0, {vocab})", f"stop_token_ids[{i}]")
 
-    async def _constraints(body: _Sampling) -> list:
-        """A grammar matcher per choice (structured output), or Nones;
-        compiled in a thread: a large schema takes a while."""
+    async def _constraints(body: _Sampling, parser: Optional[str]) -> list:
+        """A grammar matcher per choice (structured output, or the call
+        `tool_choice` forces), or Nones; compiled in a thread: a large
+        schema takes a while."""
         try:
             found = body.grammar()
         except ValueError as error:
             raise APIError(400, error.args[1], error.args[0]) from None
+        choice = getattr(body, "tool_choice", None)
+        if parser is not None and choice not in (None, "auto"):
+            if found is not None:
+                raise APIError(400, f"tool_choice: a forced tool call and {found[2]} both "
+                                    f"constrain the answer; give one", "tool_choice")
+            name = None if choice == "required" else choice.function.name
+            tools = [t.model_dump() for t in body.tools]
+            found = ("lark", tools_.forced_grammar(parser, tools, name), "tool_choice")
         if found is None:
             return [None] * body.n
         kind, value, field = found
@@ -248,14 +271,14 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         return model.tokenizer
 
     async def _complete(request: Request, body: _Sampling, prompt: list,
-                        max_tokens: Optional[int], chat: bool):
+                        max_tokens: Optional[int], chat: bool, parser: Optional[str] = None):
         if app.state.closing:
             raise APIError(503, SHUTTING_DOWN, None, kind="service_unavailable")
         loop = asyncio.get_running_loop()
         # (choice index, output) of every choice, as the engine makes them.
         outputs: asyncio.Queue = asyncio.Queue()
         handles = []
-        constraints = await _constraints(body)
+        constraints = await _constraints(body, parser)
         try:
             for index, sampling in enumerate(_choices(body)):
                 handles.append(engine.submit(
@@ -316,17 +339,26 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
             async def events():
                 first = [True] * len(handles)
                 offsets = [0] * len(handles)
+                held = [[] for _ in handles]
                 async for index, output in results():
                     if (error := error_of(output)) is not None:
                         yield _sse({"error": {"message": error.message, "type": error.kind}})
                         break
                     if chat:
                         delta = {"content": output.text}
+                        reason = output.finish_reason
+                        if parser is not None:
+                            # A call is read whole: the text is held until the end.
+                            held[index].append(output.text)
+                            delta = {"content": ""}
+                            if output.finished:
+                                delta, reason = _tool_delta(parser, "".join(held[index]),
+                                                            reason, body)
                         if first[index]:
                             delta["role"] = "assistant"
                         choice = {"index": index, "delta": delta,
                                   "logprobs": chat_logprobs(token_text, output.logprobs),
-                                  "finish_reason": output.finish_reason}
+                                  "finish_reason": reason}
                     else:
                         choice = {"index": index, "text": output.text,
                                   "logprobs": completion_logprobs(token_text, output.logprobs,
@@ -379,13 +411,20 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         for index, last in enumerate(lasts):
             text = "".join(texts[index])
             lp = logprobs[index] if body.top_logprob_count is not None else None
+            reason = last.finish_reason
             if chat:
-                choice = {"index": index, "message": {"role": "assistant", "content": text},
+                message = {"role": "assistant", "content": text}
+                if parser is not None:
+                    message["content"], calls = _calls(parser, text, body)
+                    if calls:
+                        message["tool_calls"] = calls
+                        reason = "tool_calls" if reason == "stop" else reason
+                choice = {"index": index, "message": message,
                           "logprobs": chat_logprobs(token_text, lp)}
             else:
                 choice = {"index": index, "text": text,
                           "logprobs": completion_logprobs(token_text, lp)}
-            choice["finish_reason"] = last.finish_reason
+            choice["finish_reason"] = reason
             choices.append(choice)
         return {"id": request_id, "object": kind, "created": stamp, "model": name,
                 "choices": choices, "usage": usage()}
@@ -409,6 +448,8 @@ def _render(tokenizer, body: ChatCompletionRequest) -> str:
                                 f"fields, not here", f"chat_template_kwargs.{name}")
     if body.documents is not None:
         extra["documents"] = body.documents
+    if body.tools and body.tool_choice != "none":
+        extra["tools"] = [tool.for_template() for tool in body.tools]
     messages = [m.for_template() for m in body.messages]
     try:
         text = tokenizer.apply_chat_template(
@@ -439,6 +480,28 @@ async def _disconnected(request: Request) -> None:
 
 def _sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _calls(parser: str, text: str, body) -> tuple:
+    """(content, calls) of an answer (`tools.parse`), at most one call with
+    parallel_tool_calls false."""
+    content, calls = tools_.parse(parser, text)
+    if body.parallel_tool_calls is False:
+        calls = calls[:1]
+    return content, calls
+
+
+def _tool_delta(parser: str, text: str, reason: str, body) -> tuple[dict, str]:
+    """The last delta of a streamed answer that may call tools (its text
+    held until then): the content outside the calls, and the calls as
+    OpenAI streams them (index, id, type, the name and the arguments
+    whole); the finish reason "tool_calls" where there are any."""
+    content, calls = _calls(parser, text, body)
+    delta = {"content": content}
+    if calls:
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+        reason = "tool_calls" if reason == "stop" else reason
+    return delta, reason
 
 
 def _choices(body: _Sampling) -> list:

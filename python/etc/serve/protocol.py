@@ -73,25 +73,41 @@ class TextPart(_Body):
     text: Text
 
 
+class FunctionCall(_Body):
+    name: Text
+    arguments: Text
+
+
+class ToolCall(_Body):
+    """A call an assistant message made (as OpenAI's answers hold it)."""
+
+    id: Text
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
     """A message of the conversation: its role, content (text, or text
-    parts) and `name` (given to the chat template with the message). The
-    fields an assistant message of OpenAI's answers has are accepted as
-    null (a client that sends an answer back as it got it)."""
+    parts) and `name` (given to the chat template with the message); an
+    assistant's `tool_calls`, a tool's answer (`role: "tool"`,
+    `tool_call_id`). The fields an assistant message of OpenAI's answers
+    has are accepted as null (a client that sends an answer back as it got
+    it)."""
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[Text, list[TextPart], None] = None
     name: Optional[Text] = None
     refusal: Optional[Text] = None
-    tool_calls: Optional[list] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    tool_call_id: Optional[Text] = None
     function_call: Optional[dict] = None
     audio: Optional[dict] = None
 
     REFUSED: ClassVar[Refusals] = (
         ("refusal", _unset, "a refusal is not something ETC's models give; send the text "
                             "as content"),
-        ("tool_calls", _unset, "tool calls are not supported"),
-        ("function_call", _unset, "function calls are not supported"),
+        ("function_call", _unset, "function calls (deprecated) are not supported; use "
+                                  "tool_calls"),
         ("audio", _unset, "audio is not supported: ETC serves text"),
     )
 
@@ -107,7 +123,23 @@ class ChatMessage(_Body):
         message = {"role": self.role, "content": self.text()}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            # As transformers gives them to templates: arguments as a dict.
+            message["tool_calls"] = [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.function.name,
+                              "arguments": _arguments(call.function.arguments)}}
+                for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
+
+
+def _arguments(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 class StreamOptions(_Body):
@@ -118,6 +150,30 @@ class StreamOptions(_Body):
         ("include_obfuscation", lambda v: not v, "ETC's stream chunks carry no obfuscation "
                                                  "padding"),
     )
+
+
+class Function(_Body):
+    name: Annotated[Text, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    description: Optional[Text] = None
+    parameters: Optional[dict] = None
+    strict: Optional[StrictBool] = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: Function
+
+    def for_template(self) -> dict:
+        return self.model_dump(exclude_none=True)
+
+
+class NamedFunction(_Body):
+    name: Text
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JSONSchemaFormat(_Body):
@@ -255,8 +311,8 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: Optional[StrictBool] = None
     top_logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=20)
-    tools: Optional[list] = None
-    tool_choice: Union[Text, dict, None] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: Optional[StrictBool] = None
     functions: Optional[list] = None
     function_call: Union[Text, dict, None] = None
@@ -281,10 +337,6 @@ class ChatCompletionRequest(_Sampling):
     echo: StrictBool = False
 
     REFUSED: ClassVar[Refusals] = _Sampling.REFUSED + (
-        ("tools", _unset, "tools (function calling) are not supported"),
-        ("tool_choice", _only("none"), "tools (function calling) are not supported"),
-        ("parallel_tool_calls", lambda v: v is None, "tools (function calling) are not "
-                                                     "supported"),
         ("functions", _unset, "functions (deprecated function calling) are not supported"),
         ("function_call", _only("none"), "functions (deprecated function calling) are not "
                                          "supported"),
@@ -313,6 +365,15 @@ class ChatCompletionRequest(_Sampling):
                 return f"messages[{i}].{found[0]}", f"messages[{i}].{found[1]}"
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs", "top_logprobs: needs logprobs=true"
+        names = [tool.function.name for tool in self.tools or ()]
+        if self.tool_choice not in (None, "none", "auto") and not names:
+            return "tool_choice", "tool_choice: needs tools"
+        if isinstance(self.tool_choice, NamedToolChoice) and \
+                self.tool_choice.function.name not in names:
+            return "tool_choice", (f"tool_choice: no tool is named "
+                                   f"{self.tool_choice.function.name!r}")
+        if len(set(names)) != len(names):
+            return "tools", "tools: two tools have the same name"
         if self.continue_final_message:
             if self.add_generation_prompt:
                 return "continue_final_message", (
