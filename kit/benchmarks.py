@@ -442,12 +442,25 @@ def decode_inputs(kernel, entry, batch: int, rng) -> dict:
     # for most often.
     f32 = lambda value: np.full(batch, value, np.float32)
     inputs.update(temperature=f32(0.0), top_p=f32(1.0), min_p=f32(0.0),
-                  top_k=np.zeros(batch, np.int32), seed=np.zeros((batch, 2), np.int32))
+                  top_k=np.zeros(batch, np.int32), seed=np.zeros((batch, 2), np.int32),
+                  logprobs=np.zeros(batch, np.int32))
+    # No penalties, biases or token masks: one padding entry (-1) per
+    # request (A = 1) and every token allowed (the step's mask unused).
+    vocab_words = -(-config["vocab_size"] // 32)
+    inputs.update(adjust_tokens=np.full((batch, 1), -1, np.int32),
+                  adjust_add=np.zeros((batch, 1), np.float32),
+                  adjust_scale=np.ones((batch, 1), np.float32),
+                  token_mask=np.zeros((batch, vocab_words), np.int32),
+                  token_masked=np.zeros(batch, np.int32))
     for arg in kernel.arguments:
         if arg.kind == "state":
             shape = [symbols.get(d, d) for d in arg.shape]
             inputs[arg.name] = kernel.runtime.device_zeros(tuple(shape), STORAGE[arg.dtype])
         elif arg.kind == "input" and arg.name not in inputs:
+            if any(isinstance(d, str) for d in arg.shape):
+                raise ValueError(f"decode step: input {arg.name} {tuple(arg.shape)} has a "
+                                 "symbolic shape the kit does not fill (kit/benchmarks.py "
+                                 "decode_inputs)")
             if arg.name.endswith("norm"):
                 values = np.ones(arg.shape, np.float32)
             else:

@@ -42,7 +42,8 @@ import families  # noqa: E402
 #: The kit's size limit (issue #9).
 MAX_BYTES = 32 << 20
 #: The etc modules that need no MLIR (the runtime and the NumPy reference).
-RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "reference.py", "reference_llm.py",
+RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "packed.py", "reference.py",
+                 "reference_llm.py",
                  "reference_sampling.py",
                  "runtime/__init__.py", "runtime/abi.py", "runtime/artifact.py",
                  "runtime/cpu.py", "runtime/cuda.py", "runtime/cuda_arrays.py",

@@ -190,3 +190,31 @@ def test_every_script_parses(path):
     not have: at least they must be Python (bench/gpu_megakernel.py once
     was not, for a quote inside a string)."""
     compile(path.read_text(), str(path), "exec")
+
+
+def _kit_runtime_modules() -> set:
+    """The etc modules kit/build.py copies into the GPU kit (RUNTIME_FILES)."""
+    tree = ast.parse((KIT / "build.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "RUNTIME_FILES":
+            files = ast.literal_eval(node.value)
+            break
+    else:
+        raise AssertionError("kit/build.py: no RUNTIME_FILES")
+    modules = set()
+    for name in files:
+        parts = ["etc", *name[:-len(".py")].split("/")]
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules.add(".".join(parts))
+    return modules
+
+
+def test_the_gpu_kit_carries_every_module_its_runtime_imports():
+    """The kit runs on a machine without ETC installed: every etc module its
+    runtime files import, at the top or inside a function, must travel with
+    them (etc/packed.py once did not, and every kit test failed on import)."""
+    carried = _kit_runtime_modules()
+    assert carried <= set(MODULES), sorted(carried - set(MODULES))
+    missing = sorted(f"{m} imports {d}" for m in carried for d in GRAPH[m] if d not in carried)
+    assert not missing, missing

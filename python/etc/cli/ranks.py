@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Optional
 
 from .output import one_line
@@ -155,6 +156,12 @@ def abort() -> None:
     all, a hung one included (MPI cannot finalise with a rank lost)."""
     sys.stdout.flush()
     sys.stderr.flush()
+    # The report just written goes to the launcher through its proxy's
+    # pipe; MPI_Abort has the launcher kill everything, proxies included,
+    # and a line still in flight is lost (a follower's "rank 0 sent no
+    # heartbeat" went missing that way on a loaded machine). A moment for
+    # it to pass first: the job ends either way.
+    time.sleep(0.5)
     try:
         from mpi4py import MPI
 

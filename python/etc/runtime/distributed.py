@@ -509,16 +509,19 @@ def command(ranks: int, argv: list[str], *, supervised: bool = False) -> list[st
     rank died. `supervised` runs each rank under a shell that waits for it,
     so that such a death reaches the launcher as an exit status (128 +
     the signal) and the others live to report it; the shell holds that
-    status back 1 s first (five of the survivors' 0.2 s liveness checks):
-    without it the launcher still ended the survivor before it reported a
-    killed follower in 1 of 6 runs of test_distributed's lost-rank test (0
-    of 8 with it)."""
+    status back up to 10 s first, the survivors' heartbeat timeout by
+    default, so that they find the lost rank (a dead one on this host at
+    their next 0.2 s liveness check) and end the job with their report
+    (MPI_Abort ends the held shell too). A hold of 1 s was not enough on a
+    loaded machine: the launcher ended the survivor before it reported a
+    killed follower in 1 of 6 runs of test_distributed's lost-rank test,
+    and twice in one full run at load 7 on 2 cores."""
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks={ranks!r} must be a positive int")
     # The launcher signals SIGUSR1 to the other ranks' process groups
     # whenever a rank ends (MPICH handles it inside MPI): the shell ignores
     # it, and so do the ranks it starts.
-    shell = ["sh", "-c", 'trap "" USR1; "$@"; s=$?; if [ $s -gt 128 ]; then sleep 1; fi; exit $s',
+    shell = ["sh", "-c", 'trap "" USR1; "$@"; s=$?; if [ $s -gt 128 ]; then sleep 10; fi; exit $s',
              "etc-rank"] if supervised else []
     return [mpiexec(), "-disable-auto-cleanup", "-n", str(ranks), *shell, sys.executable, *argv]
 
