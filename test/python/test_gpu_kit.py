@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,9 +45,28 @@ def cpu_kit(tmp_path_factory) -> Path:
     return out
 
 
-def test_cuda_kit_builds_and_runs_without_mlir(tmp_path):
-    out = tmp_path / "gpu-kit"
-    log = build(out, "--chips", "sm_80", "sm_90a")
+@pytest.fixture(scope="module")
+def cuda_kit(tmp_path_factory) -> tuple[Path, str]:
+    """The CUDA kit for sm_80 and sm_90a, built once for this file's tests,
+    and its build's output."""
+    out = tmp_path_factory.mktemp("kit") / "gpu-kit"
+    return out, build(out, "--chips", "sm_80", "sm_90a")
+
+
+def one_chip(kit: Path, chip: str, out: Path) -> Path:
+    """A copy of `kit` with the artifacts of `chip` only, as `kit/build.py
+    --chips CHIP` builds it (each chip's artifacts are compiled on their
+    own: the same artifacts and manifest entries)."""
+    shutil.copytree(kit, out, ignore=lambda _, names: [
+        n for n in names if n.endswith(".etc") and not n.endswith(f"-{chip}.etc")])
+    manifest = json.loads((kit / "manifest.json").read_text())
+    manifest["artifacts"] = [e for e in manifest["artifacts"] if e["chip"] == chip]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def test_cuda_kit_builds_and_runs_without_mlir(cuda_kit):
+    out, log = cuda_kit
     manifest = json.loads((out / "manifest.json").read_text())
     kinds = {e["kind"] for e in manifest["artifacts"]}
     assert {"check", "watchdog", "latency", "overhead", "gemv", "mlp", "gemm", "roofline",
@@ -108,7 +128,8 @@ def test_kit_reports_a_wrong_artifact(cpu_kit):
     assert "Checks: 3/4 artifacts passed" in result.stdout
 
 
-def test_kit_runs_its_cuda_path_on_a_fake_driver(tmp_path, cpu_kit):
+@pytest.fixture(scope="module")
+def fake_driver_run(tmp_path_factory, cpu_kit, cuda_kit):
     """The CUDA runtime and the kit's CUDA code paths, end to end, on a
     stand-in for cuda.bindings.driver whose launches run the CPU build of
     the same program (test/python/fake_cuda): binding, staging copies,
@@ -117,11 +138,12 @@ def test_kit_runs_its_cuda_path_on_a_fake_driver(tmp_path, cpu_kit):
     tables. One family gets a misaligned array planted behind the runtime's
     back: its child process faults (a sticky error, as on a GPU) and that
     family fails, while every other family's results, and the report
-    written so far, are kept."""
+    written so far, are kept. Returns run.py's result, its report and the
+    fake driver's log of launches (`how name schedule` lines)."""
     from etc.runtime import load
 
-    gpu_kit = tmp_path / "gpu-kit"
-    build(gpu_kit, "--chips", "sm_90a")
+    tmp_path = tmp_path_factory.mktemp("fake-driver")
+    gpu_kit = one_chip(cuda_kit[0], "sm_90a", tmp_path / "gpu-kit")
     manifest = json.loads((gpu_kit / "manifest.json").read_text())
     cpu_paths = {e["path"].replace("-host.etc", ""): cpu_kit / e["path"]
                  for e in json.loads((cpu_kit / "manifest.json").read_text())["artifacts"]}
@@ -140,26 +162,49 @@ def test_kit_runs_its_cuda_path_on_a_fake_driver(tmp_path, cpu_kit):
          "--skip-sanitizer", "--repeats", "3", "--copy-mib", "4", "--probe",
          "--plant-misaligned", "op_add", "--out", str(tmp_path / "report.md")],
         capture_output=True, text=True, timeout=900, env=env)
-    assert result.returncode == 1, result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert (tmp_path / "report.md").is_file() and (tmp_path / "launches.log").is_file(), output
     report = (tmp_path / "report.md").read_text()
+    launches = [line.split() for line in (tmp_path / "launches.log").read_text().splitlines()]
+    return result, report, launches
+
+
+def test_kit_on_a_fake_driver_fails_only_the_planted_family(fake_driver_run):
+    """run.py exits 1; the planted fault fails op_add's three artifacts and
+    nothing else; the watchdog's broken artifacts raise."""
+    result, report, _ = fake_driver_run
+    assert result.returncode == 1, result.stdout + result.stderr
     assert "Fake CUDA device (CPU), sm_90, 2 SMs" in report
-    # The planted fault fails op_add's three artifacts, nothing else.
     failed = re.findall(r"- FAILED (\S+): ", report)
     assert failed == [f"artifacts/op_add-{s}-sm_90a.etc" for s in ("static", "dynamic", "auto")]
     assert report.count("CUDA_ERROR_MISALIGNED_ADDRESS") >= 3, report
     assert "Checks: 9/12 artifacts passed" in report
     assert report.strip().endswith("3 FAILED.")
-    # Each worker's resources, from the driver.
+    assert "Watchdog: 2/2 broken artifacts raised WatchdogError" in report
+
+
+def test_kit_on_a_fake_driver_reports_each_workers_resources(fake_driver_run):
+    """The worker kernels' table: registers, stack, shared memory and
+    occupancy as the driver reports them."""
+    _, report, _ = fake_driver_run
     workers = report.split("### Worker kernels")[1].split("###")[0]
     assert re.search(r"\| artifacts/mlp_bf16-static-sm_90a.etc \| 40 \| 0 \| 16 \| \d+ \| 128 \| "
                      r"1 \| 2 \|", workers), workers
-    # The probe's answers.
+
+
+def test_kit_on_a_fake_driver_probes_the_device(fake_driver_run):
+    _, report, _ = fake_driver_run
     probe = report.split("## Probe")[1].split("## Checks")[0]
     assert "land on 2 distinct SMs (of 2): yes" in probe, probe
     assert "captured in a CUDA graph: captured, instantiated and replayed; 2/2 CTAs ran: yes" \
         in probe, probe
     assert "%globaltimer over 4096 consecutive reads" in probe, probe
-    assert "Watchdog: 2/2 broken artifacts raised WatchdogError" in report
+
+
+def test_kit_on_a_fake_driver_fills_every_benchmark_table(fake_driver_run):
+    """Every benchmark table has its rows; the static MLP and decode step
+    also without the weight prefetch (its A/B) and replayed as CUDA graphs."""
+    _, report, _ = fake_driver_run
     latency = report.split("### Notify")[1].split("###")[0]
     assert re.search(r"\| 1 \| 2 \| [\d.]+ \| — \|", latency), latency
     overhead = report.split("### Per-task overhead")[1].split("###")[0]
@@ -170,19 +215,18 @@ def test_kit_runs_its_cuda_path_on_a_fake_driver(tmp_path, cpu_kit):
         table = [line for line in report.split(title)[1].split("###")[0].splitlines()
                  if re.match(r"\| \d|\| \w.*\| [\d.]+ \|", line)]
         assert len(table) == rows, (title, table)
-    # The weight prefetch's A/B: a column for the static kernels without it.
     for title in ("### 5-operator MLP", "### Decode step"):
         section = report.split(title)[1].split("###")[0]
         assert "| ETC static, no prefetch " in section, section
+        assert "| ETC static, CUDA graph" in section and "capture failed" not in section
     benchmarks = report.split("## Benchmarks")[1].split("\nTotal ")[0]
     assert "FAILED" not in benchmarks
-    # ETC's static MLP and decode step, also replayed as CUDA graphs.
-    for title in ("### 5-operator MLP", "### Decode step"):
-        section = report.split(title)[1].split("###")[0]
-        assert "| ETC static, CUDA graph" in section and "capture failed" not in section
-    # Static workers need every CTA resident: always a cooperative launch;
-    # everything else (dynamic workers, _init, _check, _counters) is plain.
-    launches = [line.split() for line in (tmp_path / "launches.log").read_text().splitlines()]
+
+
+def test_kit_on_a_fake_driver_launches_static_workers_cooperatively(fake_driver_run):
+    """Static workers need every CTA resident: always a cooperative launch;
+    everything else (dynamic workers, _init, _check, _counters) is plain."""
+    launches = fake_driver_run[2]
     workers = {(how, schedule) for how, name, schedule in launches if name.endswith("_worker")}
     assert workers == {("cooperative", "static"), ("plain", "dynamic")}, workers
     assert all(how == "plain" for how, name, _ in launches if not name.endswith("_worker"))
