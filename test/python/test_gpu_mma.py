@@ -7,7 +7,8 @@ exact scalar emulation that reads each element of A and B from the lane and
 register the PTX fragment layout puts it in (`etc.ops.mma`): a lane that
 loads the wrong element makes a wrong product here, without a GPU. The PTX
 tests check what the simulation cannot: `mma.sync`, `cp.async`, and that
-ptxas assembles the kernels without spills or stack.
+ptxas assembles the kernels without spills or stack. (In a model's step
+graph: test_model_ptx.py.)
 """
 
 from __future__ import annotations
@@ -210,28 +211,3 @@ def test_mma_ptx(chip, tmp_path):
         assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in body and "bar.sync" in body
         assert "shfl.sync.bfly" in body and re.search(r"ld(\.global)?\.v4\.b32", body)
     assert_no_spills(assemble(ptx, chip, tmp_path, "gemm"), stack=True)
-
-
-@needs_ptxas
-@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
-def test_mma_in_a_bf16_model_step(chip, tmp_path):
-    """A bf16 Llama-shaped step graph: every linear layer (weights (N, K))
-    takes the tensor-core kernel paired with the transposed GEMV. The worker
-    (where the other tile bodies are inlined) already uses all 255
-    registers, so the tensor-core tiles stay functions of their own, and
-    nothing spills."""
-    from etc import models
-    from etc.models.step.graph import build_step_graph
-    config = models.ModelConfig.from_dict(dict(
-        architectures=["LlamaForCausalLM"], hidden_size=1024, intermediate_size=2816,
-        num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
-        vocab_size=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
-        max_position_embeddings=2048, tie_word_embeddings=False))
-    graph = build_step_graph(config, dtype="bf16", max_seq_len=256, chunk=16)
-    kernel = etc.compile(graph, target="cuda", chip=chip, schedule="static")
-    kinds = set(re.findall(r"_tile_(matmul\w*?)_\d+\(", kernel.ir("graph")))
-    assert kinds == {"matmul_gemv_t_mma"}, kinds
-    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in kernel.ptx
-    report = assemble(kernel.ptx, chip, tmp_path, "step")
-    assert re.search(r"Function properties for step_tile_matmul_gemv_t_mma_\d+", report)
-    assert_no_spills(report)
