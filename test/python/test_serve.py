@@ -338,7 +338,7 @@ def test_unknown_routes_and_methods_are_4xx(server):
 
 def test_lockstep_needs_a_tensor_parallel_model(chat_model):
     """The Leader and follow of `etc serve --tensor-parallel` (tested over
-    MPI in test_distributed.py) refuse a model on one rank, saying why."""
+    MPI in test_tensor_parallel.py) refuse a model on one rank, saying why."""
     from etc.models.engine.lockstep import Leader, follow
 
     with pytest.raises(ValueError, match="needs a tensor-parallel model"):

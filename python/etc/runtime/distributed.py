@@ -514,7 +514,7 @@ def command(ranks: int, argv: list[str], *, supervised: bool = False) -> list[st
     their next 0.2 s liveness check) and end the job with their report
     (MPI_Abort ends the held shell too). A hold of 1 s was not enough on a
     loaded machine: the launcher ended the survivor before it reported a
-    killed follower in 1 of 6 runs of test_distributed's lost-rank test,
+    killed follower in 1 of 6 runs of the lost-rank test (test_tensor_parallel),
     and twice in one full run at load 7 on 2 cores."""
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks={ranks!r} must be a positive int")

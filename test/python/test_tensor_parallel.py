@@ -1,0 +1,274 @@
+"""Tensor-parallel models on several ranks, run as real MPI processes on
+this machine: `etc.models.load(..., tensor_parallel=N)` (dense, and
+Mixture-of-Experts) against the whole model on one rank, `etc serve
+--tensor-parallel 2` answering the openai client, the `etc` command on two
+ranks (generate, chat), and a served model losing a rank."""
+
+import os
+
+import pytest
+
+import mpi4py  # noqa: F401,E402  (a test dependency: a broken import fails)
+
+from etc.runtime import distributed  # noqa: E402
+from http_servers import listening_port, wait_until_healthy  # noqa: E402
+from mpi_ranks import launch  # noqa: E402
+
+
+@pytest.mark.parametrize("ranks,schedule", [(2, "auto"), (3, "auto"), (2, "dynamic")])
+def test_tensor_parallel_model_matches_one_rank(ranks, schedule):
+    """etc.models.load(..., tensor_parallel=N) generates the tokens, and
+    logits within float rounding, of the whole model on one rank, with the
+    step kernel on the static schedule ("auto") or the dynamic one."""
+    result, output = launch(ranks, "tensor_parallel.py", schedule)
+    assert result.returncode == 0, output
+    for rank in range(ranks):
+        assert f"rank {rank}: tensor parallel matches" in output, output
+
+
+def test_tensor_parallel_moe_matches_one_rank():
+    """A Qwen3-MoE model (a dense layer and a sparse one) split over 2 ranks:
+    every expert's columns shared out, the router whole, one all_reduce per
+    expert layer; it generates the whole model's tokens, with logits within
+    float rounding, and an expert width 2 does not divide is an error
+    naming moe_intermediate_size."""
+    result, output = launch(2, "tensor_parallel_moe.py")
+    assert result.returncode == 0, output
+    for rank in range(2):
+        assert f"rank {rank}: tensor parallel MoE matches" in output, output
+
+
+# ----------------------------------------------------------------------
+# Serving a tensor-parallel model
+# ----------------------------------------------------------------------
+
+
+def test_serve_tensor_parallel_answers_the_openai_client(tmp_path):
+    """`etc serve --tensor-parallel 2` as two MPI processes on a free local
+    port: rank 0 serves, rank 1 runs its steps; the openai client's chat
+    completions (alone, streamed, two at once, one whose prompt blocks come
+    from the prefix cache) get the text the whole model generates on one
+    rank, and SIGTERM ends both ranks."""
+    import openai
+    import subprocess
+    import sys
+    import threading
+
+    import etc.models
+    from etc.models.testing import tiny_config, write_checkpoint
+
+    path = write_checkpoint(tmp_path / "tiny-chat", tiny_config(vocab_size=320), tokenizer=True)
+    small = ["--max-model-len", "64", "--attention-chunk", "16"]
+    whole = etc.models.load(path, workers=1, max_seq_len=64, attention_chunk=16, cache=False)
+    etc_script = os.path.join(os.path.dirname(sys.executable), "etc")
+    server = subprocess.Popen(
+        distributed.command(2, [etc_script, "serve", str(path), "--tensor-parallel", "2",
+                                "--port", "0", "--max-num-seqs", "2",
+                                "--kv-cache-tokens", "192", "--no-cache", "--workers", "1",
+                                *small]),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=distributed.environment(dict(os.environ, ETC_PIN_WORKERS="0")))
+    try:
+        port = listening_port(server)
+        wait_until_healthy(server, port)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                               max_retries=0)
+        name = client.models.list().data[0].id
+
+        def chat(content: str, **options):
+            return client.chat.completions.create(
+                model=name, max_tokens=6, temperature=0, extra_body={"ignore_eos": True},
+                messages=[{"role": "user", "content": content}], **options)
+
+        def want(content: str) -> str:
+            return whole.generate([{"role": "user", "content": content}], 6,
+                                  ignore_eos=True).text[0]
+
+        assert chat("hi there").choices[0].message.content == want("hi there")
+        stream = chat("tell me more", stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == \
+            want("tell me more")
+        # Two at once: steps that batch both sequences.
+        prompts = ["the quick brown fox", "jumps over the lazy dog"]
+        replies = [None, None]
+        threads = [threading.Thread(target=lambda i=i: replies.__setitem__(i, chat(prompts[i])))
+                   for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert [r.choices[0].message.content for r in replies] == [want(p) for p in prompts]
+        # A prompt of several 16-position blocks, twice: the second takes
+        # its full blocks but the last position's from the cache (rank 0's
+        # block tables, rank 1's own KV blocks) and gives the same text.
+        long = "please write several words about rivers and mountains"
+        tokenizer = whole.tokenizer
+        length = len(tokenizer.encode(tokenizer.apply_chat_template(
+            [{"role": "user", "content": long}]), add_special_tokens=False))
+        assert length > 16
+        again = [chat(long) for _ in range(2)]
+        assert [r.usage.prompt_tokens_details.cached_tokens for r in again] == \
+            [0, (length - 1) // 16 * 16]
+        assert {r.choices[0].message.content for r in again} == {want(long)}
+    finally:
+        server.terminate()
+        try:
+            output = server.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            server.kill()
+            output = server.communicate()[0]
+    assert "step failed" not in output, output
+
+
+# ----------------------------------------------------------------------
+# The command line on several ranks: etc generate / chat / serve
+# --tensor-parallel 2, which start the ranks themselves
+# ----------------------------------------------------------------------
+
+#: The small kernel the command-line tests share (compiled once per cache).
+CLI_SMALL = ["--workers", "1", "--max-model-len", "32", "--attention-chunk", "8"]
+
+
+@pytest.fixture(scope="module")
+def cli_checkpoint(tmp_path_factory):
+    """A tiny Qwen3 with a tokenizer and chat template, its one-rank model
+    (the reference), and a compile cache that the first two-rank command
+    fills with the shard's kernel for the others."""
+    import etc.models
+    from etc.models.testing import tiny_config, write_checkpoint
+
+    root = tmp_path_factory.mktemp("tp-cli")
+    path = write_checkpoint(root / "tiny-chat", tiny_config(vocab_size=320), tokenizer=True)
+    cache = root / "cache"
+    whole = etc.models.load(path, workers=1, max_seq_len=32, attention_chunk=8, cache=cache)
+    return path, cache, whole
+
+
+def _etc(*args, stdin=None, timeout=300):
+    """Runs the installed `etc` command as a user does."""
+    import subprocess
+    import sys
+
+    etc_script = os.path.join(os.path.dirname(sys.executable), "etc")
+    return subprocess.run([etc_script, *map(str, args)], input=stdin, capture_output=True,
+                          text=True, timeout=timeout,
+                          env=dict(os.environ, ETC_PIN_WORKERS="0"))
+
+
+def test_generate_and_chat_on_two_ranks_print_one_ranks_text(cli_checkpoint):
+    """`etc generate` and `etc chat` with --tensor-parallel 2, run plainly:
+    they start two MPI ranks themselves, rank 0 alone prints, and the text
+    is the one-rank model's (greedy)."""
+    path, cache, whole = cli_checkpoint
+    result = _etc("generate", path, "the quick brown", "--max-new-tokens", "6",
+                  "--tensor-parallel", "2", "--cache-dir", cache, *CLI_SMALL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    want = whole.generate("the quick brown", 6).text[0]
+    assert result.stdout == want + ("" if want.endswith("\n") else "\n"), result.stderr
+    chat = _etc("chat", path, "--max-new-tokens", "4", "--tensor-parallel", "2",
+                "--cache-dir", cache, *CLI_SMALL, stdin="hi there\n\n/reset\nthe lazy dog\n")
+    assert chat.returncode == 0, chat.stdout + chat.stderr
+    first = whole.generate([{"role": "user", "content": "hi there"}], 4).text[0]
+    second = whole.generate([{"role": "user", "content": "the lazy dog"}], 4).text[0]
+    assert chat.stdout == f"{first}\n{second}\n", chat.stderr
+
+
+def test_tensor_parallel_needs_as_many_mpi_ranks(cli_checkpoint):
+    """Under mpiexec, the job must have --tensor-parallel ranks."""
+    import subprocess
+
+    path, cache, _ = cli_checkpoint
+    result = subprocess.run(
+        distributed.command(1, ["-m", "etc.cli", "generate", str(path), "hi",
+                                "--tensor-parallel", "2", "--cache-dir", str(cache),
+                                *CLI_SMALL]),
+        capture_output=True, text=True, timeout=120, env=distributed.environment())
+    assert result.returncode != 0
+    assert "--tensor-parallel 2, but this process is one of 1 MPI ranks" in result.stderr, \
+        result.stdout + result.stderr
+
+
+def _descendants(root: int) -> list:
+    """The pids of the processes below `root` (MPICH's launcher puts the
+    ranks in process groups of their own)."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as children:
+                kids = [int(k) for k in children.read().split()]
+        except OSError:
+            continue
+        found += kids
+        todo += kids
+    return found
+
+
+def _rank_process(root: int, rank: int):
+    """The pid of the Python process of `rank` among the descendants of
+    process `root` (MPICH's launcher sets PMI_RANK)."""
+    for pid in _descendants(root):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                env = environ.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                argv0 = os.path.basename(cmdline.read().split(b"\0")[0])
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in env and argv0.startswith(b"python"):
+            return pid
+    return None
+
+
+@pytest.mark.parametrize("signal_name,rank", [("SIGKILL", 0), ("SIGSTOP", 0), ("SIGKILL", 1),
+                                              ("SIGTERM", None)])
+def test_a_lost_rank_ends_the_server_with_an_error_naming_it(cli_checkpoint, signal_name,
+                                                             rank):
+    """`etc serve --tensor-parallel 2`, idle: rank 0 (the leader) killed,
+    or stopped (a hang), or rank 1 (a follower) killed. The survivor says
+    which rank was lost, and the whole job exits non-zero within seconds
+    (a dead rank on this machine at once; a hung one after --rank-timeout
+    2 s without a heartbeat), instead of waiting for it forever. SIGTERM
+    to the command (rank None) stops every rank cleanly instead."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path, cache, _ = cli_checkpoint
+    etc_script = os.path.join(os.path.dirname(sys.executable), "etc")
+    server = subprocess.Popen(
+        [etc_script, "serve", str(path), "--tensor-parallel", "2", "--port", "0",
+         "--cache-dir", str(cache), "--rank-timeout", "2", *CLI_SMALL],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, ETC_PIN_WORKERS="0"))
+    victim = None
+    ranks = []
+    try:
+        port = listening_port(server)
+        wait_until_healthy(server, port, poll=0.3)
+        ranks = _descendants(server.pid)
+        victim = server.pid if rank is None else _rank_process(server.pid, rank)
+        assert victim is not None
+        start = time.monotonic()
+        os.kill(victim, getattr(signal, signal_name))
+        output = server.communicate(timeout=60)[0]
+        seconds = time.monotonic() - start
+    finally:
+        for pid in [server.pid, *ranks]:  # whatever is left, if the test failed
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        server.communicate()
+    if rank is None:
+        assert server.returncode == 0, output
+        assert "error" not in output and seconds < 10, (seconds, output)
+        return
+    assert server.returncode != 0, output
+    name = "rank 0 (the leader)" if rank == 0 else "rank 1 (a follower)"
+    reporter = "etc: rank 1: error: " if rank == 0 else "etc: error: "
+    lost = "sent no heartbeat for" if signal_name == "SIGSTOP" else \
+        f"died (process {victim} is gone)"
+    assert f"{reporter}{name} {lost}" in output, output
+    assert seconds < (10 if signal_name == "SIGSTOP" else 5), (seconds, output)
