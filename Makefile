@@ -80,10 +80,13 @@ test-lit: install
 # pytest runs one process per core (pytest-xdist), a test file per process
 # at a time so that a file's module fixtures (compiled models) are built
 # once: most tests are single-threaded compiles, so 2 cores take about half
-# the time of one process. At most 8 processes (each holds the MLIR
-# bindings); TEST_JOBS=0 runs the tests in pytest's own process.
+# the time of one process. The files go out in the order of the collection,
+# the longest first (LONGEST_FIRST in test/python/conftest.py), not xdist's
+# most-tests-first. At most 8 processes (each holds the MLIR bindings);
+# TEST_JOBS=0 runs the tests in pytest's own process.
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 8 ? n : 8 )))
-PYTEST := $(RUN) $(PY) -m pytest -q -rs --durations=20 -n $(TEST_JOBS) --dist loadfile
+PYTEST := $(RUN) $(PY) -m pytest -q -rs --durations=20 -n $(TEST_JOBS) --dist loadfile \
+	--no-loadscope-reorder
 
 test-python: install
 	$(PYTEST) test/python
