@@ -27,6 +27,10 @@ from ptxas_check import assemble, assert_no_spills, needs_ptxas
 #: What a CTA may use without opting in (sm_80 and sm_90a).
 STATIC_LIMIT = 48 << 10
 
+#: Shapes of SHAPES with other fields: Qwen3-30B-A3B with a dense first
+#: layer (`mlp_only_layers`), so that one graph has both kinds of MLP.
+VARIANTS = {"qwen3-30b-a3b-dense0": ("qwen3-30b-a3b", dict(mlp_only_layers=[0]))}
+
 #: (shape, KV block size or None for a contiguous cache, chip, schedule,
 #: dtype): every shape on both chips (paged, "auto"); the contiguous cache;
 #: the static schedule on both chips and for each architecture; f32 on
@@ -34,7 +38,7 @@ STATIC_LIMIT = 48 << 10
 GRAPHS = ([(name, 16, chip, "auto", "bf16") for name in SHAPES for chip in ("sm_80", "sm_90a")] +
           [("qwen3-0.6b", None, "sm_80", "auto", "bf16"),
            ("llama-3.2-1b", None, "sm_80", "static", "bf16"),
-           ("qwen3-30b-a3b", 16, "sm_90a", "static", "bf16"),
+           ("qwen3-30b-a3b-dense0", 16, "sm_90a", "static", "bf16"),
            ("qwen3-0.6b", None, "sm_90a", "static", "f32"),
            ("llama-3.2-1b", 16, "sm_80", "auto", "f32")])
 
@@ -43,7 +47,10 @@ GRAPHS = ([(name, 16, chip, "auto", "bf16") for name in SHAPES for chip in ("sm_
 @pytest.mark.parametrize("name, kv_block_size, chip, schedule, dtype", GRAPHS)
 def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chip, schedule,
                                                         dtype, tmp_path):
-    config = ModelConfig.from_dict(shaped_config(name, layers=2))
+    shape, overrides = VARIANTS.get(name, (name, {}))
+    config = ModelConfig.from_dict(shaped_config(shape, layers=2, **overrides))
+    if name in VARIANTS:
+        assert not config.is_sparse(0) and config.is_sparse(1)
     graph = build_step_graph(config, dtype=dtype, max_seq_len=4096, chunk=256,
                              kv_block_size=kv_block_size)
     kernel = etc.compile(graph, target="cuda", chip=chip, schedule=schedule)
