@@ -98,6 +98,10 @@ class Options:
         from .ops import Target
         if self.kernels == "cuda":
             return Target("cuda", self.chip, simulate_lanes=True)
+        if self.target == "cpu":
+            from .runtime import isa
+
+            return Target("cpu", self.chip, workers=self.workers, isa=isa.chosen())
         return Target(self.target, self.chip, workers=self.workers)
 
 

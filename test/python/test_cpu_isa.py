@@ -1,10 +1,13 @@
-"""CPU kernels compiled for a named x86-64 level, not for this machine's CPU:
-the level is recorded in the ABI and the artifact, the saved library holds
-no instruction beyond it (read back with objdump), and loading checks the
-host's features (CPUID) and refuses a CPU that lacks one, naming it,
+"""CPU kernels compiled for an x86-64 instruction set: this machine's by
+default (the best level it runs and its extensions, AVX-512 BF16 and AMX
+among them), a named level (with extensions) by `ETC_CPU_ISA`. The
+instruction set is recorded in the ABI and the artifact, the saved library
+holds no instruction beyond it (read back with objdump), and loading checks
+the host's features (CPUID) and refuses a CPU that lacks one, naming it,
 instead of dying of SIGILL on the first run. Under `qemu-x86_64 -cpu
 Nehalem` (an x86-64-v2 CPU), when qemu-user is installed, a v3 artifact is
-refused and a v2 one runs."""
+refused and a v2 one runs. AMX needs the tile state from Linux, which the
+CPU runtime asks for before a kernel with AMX runs."""
 
 from __future__ import annotations
 
@@ -49,10 +52,12 @@ def _inputs(rows=5):
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    """A kernel saved at the default level and at x86-64-v2."""
+    """A kernel saved for this machine (the default), for x86-64-v3 and
+    for x86-64-v2."""
     root = tmp_path_factory.mktemp("isa")
     saved = {}
-    for level in (None, "x86-64-v2"):
+    levels = [None, "x86-64-v2"] + (["x86-64-v3"] if isa.host_supports("x86-64-v3") else [])
+    for level in levels:
         previous = os.environ.pop(isa.ENVIRONMENT, None)
         if level:
             os.environ[isa.ENVIRONMENT] = level
@@ -81,20 +86,47 @@ def _disassembly(path, tmp_path) -> str:
 
 def test_host_features_agree_with_proc_cpuinfo():
     from_cpuid = isa.host_features()
-    from_cpuinfo = isa._features_from_cpuinfo() & set(isa.LEVELS["x86-64-v4"])
+    from_cpuinfo = isa._features_from_cpuinfo() & (set(isa.LEVELS["x86-64-v4"]) |
+                                                   set(isa.EXTENSIONS))
     assert {"sse2", "cx8"} <= from_cpuid
     if os.path.exists("/proc/cpuinfo") and not os.environ.get("QEMU_CPU"):
         assert from_cpuid == from_cpuinfo
 
 
-@needs_v3
-def test_kernels_are_compiled_for_x86_64_v3_and_record_it(artifacts):
-    kernel, path = artifacts["default"]
-    assert kernel.abi.isa == "x86-64-v3"
-    with zipfile.ZipFile(path) as archive:
-        manifest = json.loads(archive.read("etc-artifact.json"))
-    assert manifest["isa"] == "x86-64-v3" and manifest["abi"]["isa"] == "x86-64-v3"
-    assert etc.runtime.load(path).abi.isa == "x86-64-v3"
+def test_kernels_are_compiled_for_this_machine_and_record_it(artifacts):
+    host = isa.host()
+    level, extensions = isa.parse(host)
+    assert isa.host_supports(host) and host == isa.chosen()
+    # The best level this CPU runs, and every extension it has.
+    assert all(not isa.host_supports(newer) for newer in
+               list(isa.LEVELS)[list(isa.LEVELS).index(level) + 1:])
+    assert set(extensions) == {e for e in isa.EXTENSIONS if e in isa.host_features()
+                               and isa.host_supports(isa.EXTENSIONS[e][0])}
+    for name, want in (("default", host), ("x86-64-v2", "x86-64-v2")):
+        kernel, path = artifacts[name]
+        assert kernel.abi.isa == want
+        with zipfile.ZipFile(path) as archive:
+            manifest = json.loads(archive.read("etc-artifact.json"))
+        assert manifest["isa"] == want and manifest["abi"]["isa"] == want
+        assert etc.runtime.load(path).abi.isa == want
+
+
+def test_instruction_sets_name_a_level_and_extensions():
+    assert isa.parse("x86-64-v4") == ("x86-64-v4", ())
+    # Extensions in the order of isa.EXTENSIONS, however they were written.
+    assert isa.canonical("x86-64-v4+amx-bf16+avx512bf16+amx-tile") == \
+        "x86-64-v4+avx512bf16+amx-tile+amx-bf16"
+    assert isa.features("x86-64-v4+avx512bf16")[-1] == "avx512bf16"
+    assert isa.llvm_attributes("x86-64-v4+avx512bf16") == (
+        "x86-64-v4", ",".join("+" + f for f in isa.LEVELS["x86-64-v4"] + ("avx512bf16",)))
+    assert isa.has("x86-64-v4+avx512bf16", "avx512bf16")
+    assert not isa.has("x86-64-v4", "avx512bf16") and not isa.has(None, "avx512bf16")
+    for bad, message in (("haswell", r"does not start with an x86-64 level"),
+                         ("x86-64-v4+sse5", r"'sse5' is not an extension ETC knows"),
+                         ("x86-64-v3+avx512bf16", r"avx512bf16 needs x86-64-v4 or newer"),
+                         ("x86-64-v4+amx-bf16", r"amx-bf16 needs amx-tile too")):
+        with pytest.raises(isa.ISAError, match=message):
+            isa.parse(bad)
 
 
 # AVX-512: any zmm or mask register, or an instruction only AVX-512 has.
@@ -107,7 +139,7 @@ _AVX = re.compile(r"%ymm|\bv[a-z0-9]+\s")
 
 @needs_v3
 def test_the_library_holds_no_instruction_beyond_its_level(artifacts, tmp_path):
-    v3 = _disassembly(artifacts["default"][1], tmp_path)
+    v3 = _disassembly(artifacts["x86-64-v3"][1], tmp_path)
     assert not _AVX512.findall(v3)[:5]
     assert "%ymm" in v3  # the vector code is there, 256 bits wide
     v2 = _disassembly(artifacts["x86-64-v2"][1], tmp_path)
@@ -123,23 +155,28 @@ def test_both_levels_compute_the_same(artifacts):
                                        rtol=2e-3, atol=2e-3, err_msg=name)
 
 
+@needs_v3
 def test_a_cpu_without_the_features_is_refused_by_name(artifacts, monkeypatch):
-    _, path = artifacts["default"]
+    _, path = artifacts["x86-64-v3"]
     # A CPU of x86-64-v2 with no AVX: what CPUID reports on Nehalem.
     monkeypatch.setattr(isa, "host_features", lambda: frozenset(isa.LEVELS["x86-64-v2"]))
     with pytest.raises(ArtifactError, match=r"holds CPU code for x86-64-v3, and this "
                                             r"machine's CPU lacks avx, avx2, bmi, bmi2, f16c, "
                                             r"fma, lzcnt, movbe, xsave: running it would stop "
                                             r"the process with an illegal instruction; compile "
-                                            r"it again with ETC_CPU_ISA=x86-64-v2"):
+                                            r"it again with ETC_CPU_ISA=x86-64-v2 \(what "
+                                            r"this CPU runs\)"):
         etc.runtime.load(path)
     etc.runtime.load(artifacts["x86-64-v2"][1])  # its own level is fine
 
 
 def test_the_environment_variable_is_checked(monkeypatch):
     monkeypatch.setenv(isa.ENVIRONMENT, "haswell")
-    with pytest.raises(isa.ISAError, match=r"ETC_CPU_ISA='haswell' is not an x86-64 level"):
+    with pytest.raises(isa.ISAError, match=r"ETC_CPU_ISA='haswell' is not an x86-64 "
+                                           r"instruction set: 'haswell' does not start with"):
         isa.chosen()
+    monkeypatch.setenv(isa.ENVIRONMENT, "host")
+    assert isa.chosen() == isa.host()
     monkeypatch.setattr(isa, "host_features", lambda: frozenset(isa.LEVELS["x86-64-v2"]))
     monkeypatch.setenv(isa.ENVIRONMENT, "x86-64-v3")
     with pytest.raises(isa.ISAError, match=r"this machine's CPU lacks avx"):
@@ -179,13 +216,13 @@ def test_an_older_cpu_refuses_v3_and_runs_v2_under_qemu(artifacts, tmp_path):
     python = os.path.realpath(sys.executable)
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     outcomes = {}
-    for name in ("default", "x86-64-v2"):
+    for name in ("x86-64-v3", "x86-64-v2"):
         result = subprocess.run([qemu, "-cpu", "Nehalem", python, str(script),
                                  str(artifacts[name][1]), str(tmp_path / "inputs.npz"),
                                  str(tmp_path / f"{name}.npz")],
                                 capture_output=True, text=True, timeout=600, env=environment)
         outcomes[name] = (result.returncode, result.stdout + result.stderr)
-    code, text = outcomes["default"]
+    code, text = outcomes["x86-64-v3"]
     assert code == 3, text  # not -4 (SIGILL)
     assert "holds CPU code for x86-64-v3, and this machine's CPU lacks avx" in text
     code, text = outcomes["x86-64-v2"]
@@ -194,3 +231,50 @@ def test_an_older_cpu_refuses_v3_and_runs_v2_under_qemu(artifacts, tmp_path):
     for i, want in enumerate(etc.reference.evaluate(_graph(), **_inputs())):
         np.testing.assert_allclose(got[f"arr_{i}"].astype(np.float32), want.astype(np.float32),
                                    rtol=2e-3, atol=2e-3)
+
+
+# ----------------------------------------------------------------------
+# AMX state
+# ----------------------------------------------------------------------
+
+
+def test_amx_state_is_asked_for_only_for_code_with_amx(monkeypatch):
+    asked = []
+    monkeypatch.setattr(isa, "request_amx", lambda: asked.append(True))
+    for without in (None, "x86-64-v3", "x86-64-v4+avx512bf16"):
+        isa.prepare(without)
+    assert not asked
+    isa.prepare("x86-64-v4+amx-tile+amx-bf16")
+    assert asked == [True]
+
+
+def test_linux_grants_the_amx_state_or_the_refusal_says_why():
+    if "amx-tile" in isa.host_features():
+        isa.request_amx()  # granted; asking again is free
+        isa.request_amx()
+    else:
+        with pytest.raises(isa.ISAError, match=r"Linux refused the AMX tile state "
+                                               r"\(arch_prctl\(ARCH_REQ_XCOMP_PERM, "
+                                               r"XFEATURE_XTILEDATA\): E[A-Z]+, .*: kernels "
+                                               r"compiled with amx-tile cannot run"):
+            isa.request_amx()
+
+
+def test_the_cpu_runtime_asks_for_the_amx_state_before_a_run(monkeypatch):
+    """A kernel whose instruction set has the tile unit: its runtime asks
+    (here a stand-in that refuses, as Linux does without AMX), and the
+    refusal is the compile's error, before anything runs."""
+    if not isa.host_supports("x86-64-v4"):
+        pytest.skip("the JIT compiles x86-64-v4 code only where it runs")
+
+    def refuse():
+        raise isa.ISAError("refused for the test")
+
+    monkeypatch.setattr(isa, "request_amx", refuse)
+    monkeypatch.setattr(isa, "chosen", lambda: "x86-64-v4+amx-tile")
+    monkeypatch.setattr(isa, "host_features",
+                        lambda: frozenset(isa.LEVELS["x86-64-v4"]) | {"amx-tile"})
+    g = etc.Graph("plain")
+    g.output(g.exp(g.input("x", (4,), "f32")))
+    with pytest.raises(isa.ISAError, match="refused for the test"):
+        etc.compile(g, target="cpu", workers=1)

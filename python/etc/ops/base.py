@@ -56,7 +56,11 @@ class Target:
     `Lanes`), so a test on the CPU checks their indexing and reductions.
 
     On the CPU, `workers` is the number of host threads the program is
-    compiled for (families size their tiles so that each gets work)."""
+    compiled for (families size their tiles so that each gets work), and
+    `isa` the x86-64 instruction set it is compiled for
+    (`etc.runtime.isa`; None: not x86-64, or no CPU code), whose
+    extensions (`has`) choose kernels: AVX-512 BF16 dot products, AMX
+    tiles."""
 
     kind: str = "generic"
     chip: Optional[str] = None
@@ -64,6 +68,14 @@ class Target:
     warp: int = 32
     simulate_lanes: bool = False
     workers: int = 1
+    isa: Optional[str] = None
+
+    def has(self, feature: str) -> bool:
+        """Whether the CPU kernels may use instruction-set `feature` (an
+        LLVM name: "avx512bf16", "amx-bf16")."""
+        from ..runtime import isa as _isa
+
+        return self.kind == "cpu" and _isa.has(self.isa, feature)
 
     @property
     def gpu_kernels(self) -> bool:

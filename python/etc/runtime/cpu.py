@@ -46,7 +46,7 @@ from ..binding import (bind_symbols, check_input_dtype, check_input_names, concr
                        out_items)
 from ..packed import FORMATS
 from .ranges import check as check_index_ranges
-from . import layout, workers
+from . import isa, layout, workers
 from .workers import adapting_enabled
 from .abi import KernelABI
 from .program import ProgramRuntime
@@ -368,6 +368,8 @@ class CPURuntime(ProgramRuntime):
         self.workers = abi.workers if workers is None else workers
         if self.workers < 1:
             raise ValueError(f"workers={self.workers} must be positive")
+        # AMX tile instructions fault until the process has the tile state.
+        isa.prepare(abi.isa)
         self._entry_points = entry_points
         self._functions = {role: _prototype(abi, role)(entry_points.addresses[role])
                            for role in ROLES}
