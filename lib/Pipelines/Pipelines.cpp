@@ -40,12 +40,24 @@ void etc::buildLowerToCPUPipeline(mlir::OpPassManager &pm,
   mlir::arith::ArithExpandOpsPassOptions expand;
   expand.includeBf16 = true;
   pm.addPass(mlir::arith::createArithExpandOpsPass(expand));
-  pm.addPass(mlir::createConvertVectorToLLVMPass());
+  // The matmul tiles' x86 instructions: AVX-512 BF16 dot products
+  // (x86vector) and AMX tile loads, stores and multiplies (amx), as LLVM's
+  // x86 intrinsics; the other vector ops as before.
+  mlir::ConvertVectorToLLVMPassOptions vector;
+  vector.x86Vector = true;
+  vector.amx = true;
+  pm.addPass(mlir::createConvertVectorToLLVMPass(vector));
   pm.addPass(mlir::createConvertMathToLLVMPass());
   pm.addPass(mlir::createFinalizeMemRefToLLVMConversionPass());
   pm.addPass(mlir::createConvertIndexToLLVMPass());
   pm.addPass(mlir::createArithToLLVMConversionPass());
-  pm.addPass(mlir::createConvertControlFlowToLLVMPass());
+  // Control flow through the conversion interfaces of cf and amx together:
+  // AMX accumulators are carried across K-loop iterations as block
+  // arguments of !amx.tile type, which convert-cf-to-llvm's own type
+  // converter does not know (the branch would stay illegal).
+  mlir::ConvertToLLVMPassOptions controlFlow;
+  controlFlow.filterDialects = {"cf", "amx"};
+  pm.addPass(mlir::createConvertToLLVMPass(controlFlow));
   pm.addPass(mlir::createUBToLLVMConversionPass());
   pm.addPass(mlir::createConvertFuncToLLVMPass());
   pm.addPass(mlir::createReconcileUnrealizedCastsPass());
@@ -72,7 +84,7 @@ void etc::registerPipelines() {
   mlir::PassPipelineRegistration<LowerToCPUOptions>(
       "etc-lower-to-cpu",
       "Lowers a scheduled event program (L3) to the LLVM dialect for the CPU "
-      "runtime",
+      "runtime; the tiles' x86vector and AMX ops become x86 intrinsics",
       buildLowerToCPUPipeline);
   mlir::PassPipelineRegistration<LowerToNVVMOptions>(
       "etc-lower-to-nvvm",
