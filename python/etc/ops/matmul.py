@@ -24,6 +24,9 @@ Kernels, by target:
   (`emit_transposed`: 4 long streams of B^T per worker). Tile widths give
   every worker the same number of column tiles where one divides N so.
   Partial edge tiles (columns past N) take the scalar path.
+  bf16 A @ B^T where the instruction set has AVX-512 BF16:
+  `matmul_dpbf16.MatmulDPBF16` (`vdpbf16ps` dot products in blocks of
+  4 x 4 outputs) for tiles of 2 rows or more, `MatmulCPU` below;
 * cuda, few rows (decode, `matmul_gemv`): `MatmulSkinny` for B (K, N) (lanes along N,
   split-K across lane groups, scratch reduction across warps) and
   `MatmulSkinnyT` for B^T (N, K), the layout of Hugging Face weights (a
@@ -46,6 +49,7 @@ import dataclasses
 from ..packed import is_packed
 from .base import TaskBuilder, box, tile_offset
 from .matmul_cpu import MatmulCPU
+from .matmul_dpbf16 import MatmulDPBF16
 from .matmul_gemv import MatmulSkinny, MatmulSkinnyT
 from .matmul_mma import MatmulMMA
 from .matmul_packed import choose_packed
@@ -82,6 +86,8 @@ def choose_kernel(op, target) -> type:
     """The matmul kernel for `op` on `target`."""
     if is_packed(op.operands[1].dtype):
         return choose_packed(op, target)
+    if target.kind == "cpu" and MatmulDPBF16.applies(op, target):
+        return MatmulDPBF16
     if target.kind == "cpu" and MatmulCPU.applies(op):
         return MatmulCPU
     if MatmulMMA.applies(op, target):

@@ -1,0 +1,190 @@
+"""bf16 matmuls on the CPU's dot-product and matrix units: the AVX-512 BF16
+tile (`etc.ops.matmul_dpbf16.MatmulDPBF16`, chosen where the instruction
+set has `avx512bf16`), against the NumPy reference at ragged M, K and N
+(not multiples of the 4 x 4 blocks, of 16 or of 32), with a residual, on
+both schedules; the GEMV below its crossover in the same kernel; and the
+same graphs compiled for x86-64-v3 (no AVX-512), which take `MatmulCPU`.
+
+Tolerance: the kernels sum K products in f32 in another order than NumPy
+(in pairs, then across lanes), so a result may differ from the reference
+by one unit in the last place of bf16 (at most 2^-7 of it: the two sums
+round to neighbours) plus K f32 roundings of the sum of the products'
+magnitudes (K 2^-24 |A| |B|^T).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import etc
+from etc import bfloat16
+from etc.ops import Target
+from etc.ops.matmul import choose_kernel
+from etc.ops.matmul_cpu import MatmulCPU
+from etc.ops.matmul_dpbf16 import MatmulDPBF16
+from etc.runtime import isa
+
+needs_avx512bf16 = pytest.mark.skipif(
+    not isa.is_x86_64() or not isa.host_supports("x86-64-v4+avx512bf16"),
+    reason="this CPU has no AVX-512 BF16")
+needs_v3 = pytest.mark.skipif(not isa.is_x86_64() or not isa.host_supports("x86-64-v3"),
+                              reason="this CPU runs no x86-64-v3 code")
+
+
+def _graph(k: int, n: int, *, residual: bool = False, name: str = "mm") -> etc.Graph:
+    g = etc.Graph(name)
+    m = g.symbol("M")
+    a = g.input("a", (m, k), "bf16")
+    w = g.input("w", (n, k), "bf16")
+    r = g.input("r", (m, n), "bf16") if residual else None
+    g.output(g.matmul(a, w, transpose_b=True, residual=r))
+    return g
+
+
+def _bf16(rng, shape, scale=1.0) -> np.ndarray:
+    return bfloat16.from_bits(bfloat16.to_bits(
+        (rng.standard_normal(shape) * scale).astype(np.float32)))
+
+
+def assert_close_to_reference(got, want, a, w):
+    """`got` within the f32-accumulation tolerance of the module docstring
+    of `want` (the reference, rounded to bf16)."""
+    k = a.shape[1]
+    magnitude = np.abs(a).astype(np.float64) @ np.abs(w).astype(np.float64).T
+    bound = np.abs(want) * 2.0 ** -7 + k * 2.0 ** -24 * magnitude + 1e-30
+    excess = np.abs(got.astype(np.float64) - want) - bound
+    worst = np.unravel_index(np.argmax(excess), excess.shape)
+    assert excess.max() <= 0, (f"at {worst}: got {got[worst]}, want {want[worst]}, "
+                               f"tolerance {bound[worst]}")
+
+
+def _op(k, n, **kwargs):
+    (op,) = _graph(k, n, **kwargs)._ops
+    return op
+
+
+def test_the_dot_product_tile_is_chosen_where_the_instruction_set_has_avx512bf16():
+    op = _op(576, 192)
+    with_bf16 = Target("cpu", workers=2, isa="x86-64-v4+avx512bf16")
+    assert choose_kernel(op, with_bf16) is MatmulDPBF16
+    for other in ("x86-64-v4", "x86-64-v3", None):
+        assert choose_kernel(op, Target("cpu", workers=2, isa=other)) is MatmulCPU
+    # Only bf16 operands, only B^T (N, K), only a static K.
+    g = etc.Graph("f32")
+    m = g.symbol("M")
+    g.matmul(g.input("a", (m, 64), "f32"), g.input("w", (32, 64), "f32"), transpose_b=True)
+    assert choose_kernel(g._ops[0], with_bf16) is MatmulCPU
+    g = etc.Graph("kn")
+    g.matmul(g.input("a", (g.symbol("M"), 64), "bf16"), g.input("w", (64, 32), "bf16"))
+    assert choose_kernel(g._ops[0], with_bf16) is MatmulCPU
+
+
+def test_the_tile_multiplies_with_vdpbf16ps_and_keeps_the_gemv_below_the_crossover():
+    target = Target("cpu", workers=2, isa="x86-64-v4+avx512bf16")
+    text = _graph(100, 40).build(target=target).operation.get_asm()
+    assert "x86vector.avx512.dot" in text
+    assert "matmul_dpbf16" in text
+    # The GEMV of MatmulCPU for tiles of fewer rows, in the same function.
+    assert "vector.fma" in text
+    # Chosen by the tile's row count: the first comparison of the tile.
+    first = next(line for line in text.splitlines() if "arith.cmpi" in line)
+    assert f"arith.cmpi uge, %2, %c{MatmulDPBF16.CROSSOVER} : index" in first
+
+
+@needs_avx512bf16
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("k, n", [(576, 192), (75, 37), (33, 100), (8, 20)])
+def test_ragged_shapes_match_the_reference(schedule, k, n):
+    rng = np.random.default_rng(k * n)
+    g = _graph(k, n)
+    kernel = etc.compile(g, target="cpu", schedule=schedule, workers=2)
+    assert "x86vector.avx512.dot" in kernel.ir("graph")
+    w = _bf16(rng, (n, k))
+    for m in (1, 2, 3, 5, 31, 33, 70):
+        a = _bf16(rng, (m, k))
+        (got,) = kernel.run(a=a, w=w)
+        (want,) = etc.reference.evaluate(g, a=a, w=w)
+        assert_close_to_reference(got, want.astype(np.float64), a, w)
+
+
+@needs_avx512bf16
+def test_the_residual_is_added_to_the_rounded_product():
+    rng = np.random.default_rng(1)
+    k, n = 130, 52
+    g = _graph(k, n, residual=True)
+    kernel = etc.compile(g, target="cpu", workers=2)
+    w = _bf16(rng, (n, k))
+    for m in (3, 4, 37):
+        a, r = _bf16(rng, (m, k)), _bf16(rng, (m, n), 8.0)
+        (got,) = kernel.run(a=a, w=w, r=r)
+        (want,) = etc.reference.evaluate(g, a=a, w=w, r=r)
+        product = etc.reference.evaluate(_graph(k, n), a=a, w=w)[0].astype(np.float64)
+        # The product's tolerance, then r added and rounded once more.
+        bound = (np.abs(product) * 2.0 ** -7 + k * 2.0 ** -24 *
+                 (np.abs(a).astype(np.float64) @ np.abs(w).astype(np.float64).T))
+        assert np.all(np.abs(got - want) <= bound + np.abs(want) * 2.0 ** -7 + 1e-30)
+
+
+@needs_v3
+def test_a_cpu_without_avx512_runs_the_same_graph(monkeypatch):
+    rng = np.random.default_rng(2)
+    k, n = 75, 37
+    monkeypatch.setenv(isa.ENVIRONMENT, "x86-64-v3")
+    kernel = etc.compile(_graph(k, n), target="cpu", workers=2)
+    assert kernel.abi.isa == "x86-64-v3"
+    assert "x86vector" not in kernel.ir("graph")
+    w = _bf16(rng, (n, k))
+    a = _bf16(rng, (33, k))
+    (got,) = kernel.run(a=a, w=w)
+    (want,) = etc.reference.evaluate(_graph(k, n), a=a, w=w)
+    assert_close_to_reference(got, want.astype(np.float64), a, w)
+
+
+def test_lane_sums_give_each_vectors_sum_in_its_lane():
+    """The shuffle tree of `lane_sums` for 1 to 16 vectors, run by the
+    CPU target through a one-row elementwise graph whose tile is replaced:
+    checked directly on the IR it builds, with NumPy's sums."""
+    from mlir import ir
+    from mlir.dialects import func, vector as vector_dialect
+    from mlir.execution_engine import ExecutionEngine
+    from mlir.passmanager import PassManager
+
+    for count in (1, 2, 3, 4, 6, 8, 16):
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.create()
+            f32 = ir.F32Type.get()
+            vtype = ir.VectorType.get([16], f32)
+            memref_in = ir.MemRefType.get([count, 16], f32)
+            lanes = 1
+            while lanes < count:
+                lanes *= 2
+            memref_out = ir.MemRefType.get([lanes], f32)
+            with ir.InsertionPoint(module.body):
+                fn = func.FuncOp("sums", ([memref_in, memref_out], []))
+                fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+                entry = fn.add_entry_block()
+                with ir.InsertionPoint(entry):
+                    kernel = MatmulDPBF16.__new__(MatmulDPBF16)
+                    kernel.block, kernel._consts = entry, {}
+                    kernel.index, kernel.f32 = ir.IndexType.get(), f32
+                    vectors = [vector_dialect.load(vtype, entry.arguments[0],
+                                                   [kernel.cidx(i), kernel.cidx(0)])
+                               for i in range(count)]
+                    sums = kernel.lane_sums(vectors)
+                    vector_dialect.store(sums, entry.arguments[1], [kernel.cidx(0)])
+                    func.ReturnOp([])
+            PassManager.parse("builtin.module(convert-vector-to-llvm,finalize-memref-to-llvm,"
+                              "convert-arith-to-llvm,convert-func-to-llvm,"
+                              "reconcile-unrealized-casts)").run(module.operation)
+            engine = ExecutionEngine(module)
+            import ctypes
+
+            from mlir.runtime import get_ranked_memref_descriptor
+            values = np.random.default_rng(count).standard_normal((count, 16)).astype(np.float32)
+            out = np.zeros(lanes, np.float32)
+            engine.invoke("sums", ctypes.pointer(ctypes.pointer(
+                get_ranked_memref_descriptor(values))), ctypes.pointer(ctypes.pointer(
+                    get_ranked_memref_descriptor(out))))
+            np.testing.assert_allclose(out[:count], values.sum(axis=1), rtol=1e-5, atol=1e-5)
+            assert not out[count:].any()
