@@ -106,6 +106,10 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
     `kernels="cuda"` (target="cpu" only) builds the CUDA tile kernels and
     runs them on the CPU with their lanes simulated one after another: a
     check of the GPU kernels' indexing and reductions without a GPU.
+    `kernels="amx"` (target="cpu" only, an instruction set with AVX-512
+    BF16) builds the AMX matmul tiles for bf16 and, where the instruction
+    set has no AMX, runs their tile instructions as AVX-512 BF16 vector
+    code: a check of their packing and indexing without an AMX CPU.
 
     `prefetch` (static schedule): before its waits, each tile asks for the
     boxes it reads from weights (buffers no task writes) to be brought into

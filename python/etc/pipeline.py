@@ -20,7 +20,7 @@ from mlir.passmanager import PassManager
 TARGETS = ("cpu", "cuda")
 SCHEDULES = ("static", "dynamic", "auto")
 POLICIES = ("round-robin", "claim")
-KERNELS = ("native", "cuda")
+KERNELS = ("native", "cuda", "amx")
 #: The stages of the pipeline, in order, as `CompiledKernel.ir(stage)` names them.
 STAGES = ("graph", "event", "scheduled", "lowered")
 
@@ -48,7 +48,10 @@ class Options:
     watchdog: float = 5.0
     #: Which tile kernels: "native" (the target's own) or, on the CPU target,
     #: "cuda" (the CUDA kernels with their lanes simulated one after another,
-    #: to test their indexing and reductions without a GPU).
+    #: to test their indexing and reductions without a GPU) or "amx" (the
+    #: AMX tile kernels, their tile instructions emulated by AVX-512 BF16
+    #: vector code where the instruction set has no AMX, to test their
+    #: packing and indexing without an AMX CPU).
     kernels: str = "native"
     #: Prefetch each tile's weight boxes into L2 before its waits (static
     #: schedule); None: on for CUDA kernels, off otherwise (the CPU
@@ -78,9 +81,10 @@ class Options:
             raise ValueError(f"kernels={self.kernels!r} is not supported; expected one of {KERNELS}")
         if self.prefetch is not None and not isinstance(self.prefetch, bool):
             raise ValueError(f"prefetch={self.prefetch!r} must be True, False or None")
-        if self.kernels == "cuda" and self.target != "cpu":
-            raise ValueError("kernels='cuda' simulates the CUDA kernels on target='cpu'; "
-                             f"target={self.target!r} builds its own kernels")
+        if self.kernels in ("cuda", "amx") and self.target != "cpu":
+            raise ValueError(f"kernels={self.kernels!r} simulates the {self.kernels.upper()} "
+                             f"kernels on target='cpu'; target={self.target!r} builds its own "
+                             "kernels")
 
     @property
     def prefetches(self) -> bool:
@@ -101,7 +105,12 @@ class Options:
         if self.target == "cpu":
             from .runtime import isa
 
-            return Target("cpu", self.chip, workers=self.workers, isa=isa.chosen())
+            chosen = isa.chosen()
+            if self.kernels == "amx" and not isa.has(chosen, "avx512bf16"):
+                raise ValueError(f"kernels='amx' emulates the AMX tiles with AVX-512 BF16, which "
+                                 f"the instruction set {chosen} lacks")
+            return Target("cpu", self.chip, workers=self.workers, isa=chosen,
+                          emulate_amx=self.kernels == "amx")
         return Target(self.target, self.chip, workers=self.workers)
 
 

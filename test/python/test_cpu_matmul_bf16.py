@@ -1,9 +1,13 @@
 """bf16 matmuls on the CPU's dot-product and matrix units: the AVX-512 BF16
 tile (`etc.ops.matmul_dpbf16.MatmulDPBF16`, chosen where the instruction
-set has `avx512bf16`), against the NumPy reference at ragged M, K and N
-(not multiples of the 4 x 4 blocks, of 16 or of 32), with a residual, on
-both schedules; the GEMV below its crossover in the same kernel; and the
-same graphs compiled for x86-64-v3 (no AVX-512), which take `MatmulCPU`.
+set has `avx512bf16`) and the AMX tile (`etc.ops.matmul_amx.MatmulAMX`,
+where it has `amx-bf16`; on other CPUs with its tile instructions emulated,
+`kernels="amx"`), against the NumPy reference at ragged M, K and N (not
+multiples of the 4 x 4 blocks, of 16 or of 32), with a residual, on both
+schedules; the GEMV below their crossovers in the same kernel; the AMX
+tiles in the lowered IR and LLVM's machine code for them on any CPU; and
+the same graphs compiled for x86-64-v3 (no AVX-512), which take
+`MatmulCPU`.
 
 Tolerance: the kernels sum K products in f32 in another order than NumPy
 (in pairs, then across lanes), so a result may differ from the reference
@@ -21,6 +25,7 @@ import etc
 from etc import bfloat16
 from etc.ops import Target
 from etc.ops.matmul import choose_kernel
+from etc.ops.matmul_amx import MatmulAMX
 from etc.ops.matmul_cpu import MatmulCPU
 from etc.ops.matmul_dpbf16 import MatmulDPBF16
 from etc.runtime import isa
@@ -188,3 +193,115 @@ def test_lane_sums_give_each_vectors_sum_in_its_lane():
                     get_ranked_memref_descriptor(out))))
             np.testing.assert_allclose(out[:count], values.sum(axis=1), rtol=1e-5, atol=1e-5)
             assert not out[count:].any()
+
+
+# ----------------------------------------------------------------------
+# AMX tiles
+# ----------------------------------------------------------------------
+
+AMX = "x86-64-v4+avx512bf16+amx-tile+amx-bf16"
+needs_amx = pytest.mark.skipif(not isa.is_x86_64() or not isa.host_supports(AMX),
+                               reason="this CPU has no AMX")
+
+
+def test_the_amx_tile_is_chosen_where_the_instruction_set_has_amx_or_it_is_emulated():
+    op = _op(576, 192)
+    assert choose_kernel(op, Target("cpu", workers=2, isa=AMX)) is MatmulAMX
+    assert choose_kernel(op, Target("cpu", workers=2, isa="x86-64-v4+avx512bf16",
+                                    emulate_amx=True)) is MatmulAMX
+    assert choose_kernel(op, Target("cpu", workers=2, isa="x86-64-v4+avx512bf16")) \
+        is MatmulDPBF16
+    # Column tiles of whole groups of 32 where N allows.
+    assert MatmulAMX.tile_for(op, Target("cpu", workers=2, isa=AMX)) == (32, 96)
+
+
+def test_amx_kernels_are_refused_without_avx512_bf16_to_emulate_them(monkeypatch):
+    monkeypatch.setenv(isa.ENVIRONMENT, "x86-64-v3")
+    if not isa.host_supports("x86-64-v3"):
+        pytest.skip("this CPU runs no x86-64-v3 code")
+    with pytest.raises(ValueError, match=r"kernels='amx' emulates the AMX tiles with AVX-512 "
+                                         r"BF16, which the instruction set x86-64-v3 lacks"):
+        etc.compile(_graph(64, 32), target="cpu", kernels="amx")
+
+
+def _lowered_for_amx(g):
+    """`g` built for an AMX instruction set and lowered to the LLVM
+    dialect, whatever this CPU has (the stages of `etc.compile`, without
+    its check that the host runs the code)."""
+    from mlir import ir
+
+    from etc import pipeline
+
+    options = pipeline.Options(target="cpu", workers=2)
+    module = g.build(ir.Context(), target=Target("cpu", workers=2, isa=AMX))
+    graph_text = str(module)
+    for stage, text in pipeline.stages(options).items():
+        pipeline.run_stage(module, stage, text)
+    return graph_text, module
+
+
+def test_the_tile_unit_multiplies_in_the_lowered_ir_and_the_machine_code():
+    g = _graph(100, 96, residual=True)
+    graph_text, module = _lowered_for_amx(g)
+    for op in ("amx.tile_load", "amx.tile_mulf", "amx.tile_store", "amx.tile_zero"):
+        assert op in graph_text, op
+    lowered = str(module)
+    for intrinsic in ("llvm.x86.tileloadd64.internal", "llvm.x86.tdpbf16ps.internal",
+                      "llvm.x86.tilestored64.internal", "llvm.x86.avx512bf16.dpbf16ps.512"):
+        assert intrinsic in lowered, intrinsic
+    # LLVM compiles it (tile configuration included) on any x86-64 CPU.
+    import shutil
+    import subprocess
+
+    from etc.runtime import jit
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump (binutils) is not installed")
+    engine = jit.create(module, "mm", 2, isa=AMX)
+    jit.lookup(engine, "mm_worker", "mm")
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".o") as obj:
+        engine.dump_to_object_file(obj.name)
+        code = subprocess.run([objdump, "-d", "--no-show-raw-insn", obj.name],
+                              capture_output=True, text=True, check=True).stdout
+    for instruction in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "tilerelease"):
+        assert instruction in code, instruction
+
+
+@needs_avx512bf16
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("k, n", [(100, 96), (75, 70), (64, 40)])
+def test_amx_tiles_emulated_at_ragged_shapes_match_the_reference(schedule, k, n):
+    """The AMX kernel's packing, groups, K tail, transposed stores and
+    column edges, its tile instructions emulated (kernels="amx"):
+    K = 75 has a tail of 11, N = 70 groups of 32 and 6 columns for the
+    AVX-512 blocks, M up to 70 three 16-row blocks and a partial one."""
+    rng = np.random.default_rng(k + n)
+    g = _graph(k, n, residual=True)
+    kernel = etc.compile(g, target="cpu", schedule=schedule, workers=2, kernels="amx")
+    assert "matmul_amx" in kernel.ir("graph")
+    w = _bf16(rng, (n, k))
+    for m in (1, 3, 4, 17, 33, 70):
+        a, r = _bf16(rng, (m, k)), _bf16(rng, (m, n), 8.0)
+        (got,) = kernel.run(a=a, w=w, r=r)
+        (want,) = etc.reference.evaluate(g, a=a, w=w, r=r)
+        product = etc.reference.evaluate(_graph(k, n), a=a, w=w)[0].astype(np.float64)
+        bound = (np.abs(product) * 2.0 ** -7 + k * 2.0 ** -24 *
+                 (np.abs(a).astype(np.float64) @ np.abs(w).astype(np.float64).T))
+        excess = np.abs(got - want) - (bound + np.abs(want) * 2.0 ** -7 + 1e-30)
+        assert excess.max() <= 0, f"M = {m}: {np.argwhere(excess > 0)[:5]}"
+
+
+@needs_amx
+@pytest.mark.parametrize("k, n", [(576, 192), (75, 70)])
+def test_amx_tiles_match_the_reference(k, n):
+    rng = np.random.default_rng(k * n)
+    g = _graph(k, n)
+    kernel = etc.compile(g, target="cpu", workers=2)
+    assert "matmul_amx" in kernel.ir("graph") and "amx-tile" in kernel.abi.isa
+    w = _bf16(rng, (n, k))
+    for m in (1, 3, 4, 17, 33, 70):
+        a = _bf16(rng, (m, k))
+        (got,) = kernel.run(a=a, w=w)
+        (want,) = etc.reference.evaluate(g, a=a, w=w)
+        assert_close_to_reference(got, want.astype(np.float64), a, w)

@@ -60,7 +60,9 @@ class Target:
     `isa` the x86-64 instruction set it is compiled for
     (`etc.runtime.isa`; None: not x86-64, or no CPU code), whose
     extensions (`has`) choose kernels: AVX-512 BF16 dot products, AMX
-    tiles."""
+    tiles. With `emulate_amx` the AMX kernels are built where the
+    instruction set has no AMX, their tile instructions emulated by
+    AVX-512 BF16 vector code (`etc.compile(..., kernels="amx")`)."""
 
     kind: str = "generic"
     chip: Optional[str] = None
@@ -69,6 +71,7 @@ class Target:
     simulate_lanes: bool = False
     workers: int = 1
     isa: Optional[str] = None
+    emulate_amx: bool = False
 
     def has(self, feature: str) -> bool:
         """Whether the CPU kernels may use instruction-set `feature` (an

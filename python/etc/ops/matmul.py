@@ -48,6 +48,7 @@ import dataclasses
 
 from ..packed import is_packed
 from .base import TaskBuilder, box, tile_offset
+from .matmul_amx import MatmulAMX
 from .matmul_cpu import MatmulCPU
 from .matmul_dpbf16 import MatmulDPBF16
 from .matmul_gemv import MatmulSkinny, MatmulSkinnyT
@@ -86,6 +87,8 @@ def choose_kernel(op, target) -> type:
     """The matmul kernel for `op` on `target`."""
     if is_packed(op.operands[1].dtype):
         return choose_packed(op, target)
+    if target.kind == "cpu" and MatmulAMX.applies(op, target):
+        return MatmulAMX
     if target.kind == "cpu" and MatmulDPBF16.applies(op, target):
         return MatmulDPBF16
     if target.kind == "cpu" and MatmulCPU.applies(op):
@@ -108,7 +111,8 @@ def choose_kernel(op, target) -> type:
 
 def build_tasks(b: TaskBuilder, op) -> None:
     if b.target.kind == "cpu" and not op.user_tile:
-        op = dataclasses.replace(op, tile=MatmulCPU.tile_for(op, b.target))
+        chooser = MatmulAMX if MatmulAMX.applies(op, b.target) else MatmulCPU
+        op = dataclasses.replace(op, tile=chooser.tile_for(op, b.target))
     elif b.target.gpu_kernels and not op.user_tile and is_packed(op.operands[1].dtype):
         # A packed B^T: the packed GEMV's column tiles (MatmulSkinnyT's).
         op = dataclasses.replace(op, tile=MatmulSkinnyT.tile_for(op, b.target))
