@@ -26,7 +26,7 @@ Kernels, by target:
   Partial edge tiles (columns past N) take the scalar path.
   bf16 A @ B^T where the instruction set has AVX-512 BF16:
   `matmul_dpbf16.MatmulDPBF16` (`vdpbf16ps` dot products in blocks of
-  4 x 4 outputs) for tiles of 2 rows or more, `MatmulCPU` below;
+  2 x 8 outputs) for tiles of 2 rows or more, `MatmulCPU` below;
 * cuda, few rows (decode, `matmul_gemv`): `MatmulSkinny` for B (K, N) (lanes along N,
   split-K across lane groups, scratch reduction across warps) and
   `MatmulSkinnyT` for B^T (N, K), the layout of Hugging Face weights (a
