@@ -3,7 +3,7 @@ tile (`etc.ops.matmul_dpbf16.MatmulDPBF16`, chosen where the instruction
 set has `avx512bf16`) and the AMX tile (`etc.ops.matmul_amx.MatmulAMX`,
 where it has `amx-bf16`; on other CPUs with its tile instructions emulated,
 `kernels="amx"`), against the NumPy reference at ragged M, K and N (not
-multiples of the 4 x 4 blocks, of 16 or of 32), with a residual, on both
+multiples of the 2 x 8 blocks, of 16 or of 32), with a residual, on both
 schedules; the GEMV below their crossovers in the same kernel; the AMX
 tiles in the lowered IR and LLVM's machine code for them on any CPU; and
 the same graphs compiled for x86-64-v3 (no AVX-512), which take
@@ -305,3 +305,33 @@ def test_amx_tiles_match_the_reference(k, n):
         (got,) = kernel.run(a=a, w=w)
         (want,) = etc.reference.evaluate(g, a=a, w=w)
         assert_close_to_reference(got, want.astype(np.float64), a, w)
+
+
+def test_the_runtime_and_the_loaders_align_what_they_allocate(tmp_path):
+    """64-byte aligned rows for the tiles' 64-byte loads: the runtime's
+    intermediates and outputs, inputs it converts to bf16, weights read
+    from safetensors."""
+    from etc.models.loading.safetensors import SafetensorsFile, save_file
+    from etc.runtime import aligned
+    from etc.runtime.cpu import to_storage
+
+    for shape in ((3, 5), (7,), (2, 3, 4)):
+        assert aligned.is_aligned(aligned.empty(shape, np.float32))
+        assert aligned.zeros(shape, np.uint16).shape == shape
+    unaligned = np.zeros(17, np.uint16)[1:]
+    assert not aligned.is_aligned(unaligned) and aligned.is_aligned(aligned.aligned(unaligned))
+    for _ in range(8):  # NumPy places each new array anywhere 16 bytes apart
+        assert aligned.is_aligned(to_storage(np.ones((3, 40), np.float32), "bf16"))
+    g = etc.Graph("chain")
+    m = g.symbol("M")
+    a = g.input("a", (m, 64), "bf16")
+    h = g.matmul(a, g.input("w", (32, 64), "bf16"), transpose_b=True)
+    g.output(g.silu(h))
+    kernel = etc.compile(g, target="cpu", workers=1)
+    kernel.run(a=np.ones((5, 64), np.float32), w=np.ones((32, 64), np.float32))
+    (workspace,) = kernel.runtime._workspaces.values()
+    assert workspace.intermediates and all(aligned.is_aligned(x) for x in
+                                           workspace.intermediates.values())
+    save_file(tmp_path / "w.safetensors", {"w": np.ones((3, 40), np.uint16)}, "BF16")
+    for dtype in ("bf16", "f32"):
+        assert aligned.is_aligned(SafetensorsFile(tmp_path / "w.safetensors").read("w", dtype))

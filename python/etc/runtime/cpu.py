@@ -46,7 +46,7 @@ from ..binding import (bind_symbols, check_input_dtype, check_input_names, concr
                        out_items)
 from ..packed import FORMATS
 from .ranges import check as check_index_ranges
-from . import isa, layout, workers
+from . import aligned, isa, layout, workers
 from .workers import adapting_enabled
 from .abi import KernelABI
 from .program import ProgramRuntime
@@ -162,7 +162,7 @@ def to_storage(array: np.ndarray, dtype: str) -> np.ndarray:
     are bf16 bit patterns already)."""
     if dtype != "bf16" or array.dtype == np.uint16:  # uint16: bf16 bits already
         return np.ascontiguousarray(array)
-    return bfloat16.to_bits(array)
+    return aligned.aligned(bfloat16.to_bits(array))
 
 
 def checked_storage(arg, array) -> np.ndarray:
@@ -243,7 +243,7 @@ class _Workspace:
         self.key = runtime._key(symbols)
         buffers = [arg for arg in runtime.arguments if arg.kind != "symbol"]
         self.shapes = {arg.name: concrete_shape(arg.shape, symbols) for arg in buffers}
-        self.intermediates = {arg.name: np.zeros(self.shapes[arg.name], _STORAGE[arg.dtype])
+        self.intermediates = {arg.name: aligned.zeros(self.shapes[arg.name], _STORAGE[arg.dtype])
                               for arg in buffers if arg.kind == "intermediate"}
         #: The index of each buffer's address word in the table.
         self.slots, _ = table_slots(runtime.arguments)
@@ -527,7 +527,7 @@ class CPURuntime(ProgramRuntime):
     def _run(self, workspace: _Workspace, supplied: dict,
              constants: Constants | None = None) -> dict[str, np.ndarray]:
         """One run in `workspace` on the caller's arrays; the new outputs."""
-        outputs = {arg.name: np.zeros(workspace.shapes[arg.name], _STORAGE[arg.dtype])
+        outputs = {arg.name: aligned.zeros(workspace.shapes[arg.name], _STORAGE[arg.dtype])
                    for arg in self._output_args}
         table, slots, written = workspace.table, workspace.slots, workspace.addresses
         if workspace.constants is not constants:

@@ -195,8 +195,9 @@ class CompiledModel:
             return array
         if self.dtype == "bf16":
             from ... import bfloat16
+            from ...runtime import aligned
 
-            return bfloat16.to_bits(array)
+            return aligned.aligned(bfloat16.to_bits(array))
         return array.astype(np.float16)
 
     # -- public API --------------------------------------------------------
