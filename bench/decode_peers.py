@@ -11,6 +11,9 @@ engines (`--peer-python`; see docs/benchmarks.md for the optional venv).
 then, on stdin, one command a line:
     decode B PROMPT STEPS  ->  "ms <t1> <t2> ..."  (ms per decode step of B
                                requests after prompts of PROMPT tokens)
+    prefill B PROMPT RUNS  ->  "ms <t1> <t2> ..."  (ms per prefill of B
+                               prompts of PROMPT tokens, the last token's
+                               logits included; a new context each run)
     quit
 For llama.cpp the checkpoint's safetensors weights are written once as a
 GGUF file beside them (`gguf_path`, with `gguf.GGUFWriter`): the same bf16
@@ -165,6 +168,17 @@ class LlamaCpp:
         self.version = f"llama-cpp-python {llama_cpp.__version__}"
 
     def decode_ms(self, batch: int, prompt: int, steps: int) -> list[float]:
+        return self._run(batch, prompt, steps, prefill_runs=0)
+
+    def prefill_ms(self, batch: int, prompt: int, runs: int) -> list[float]:
+        times = []
+        for _ in range(runs):
+            times += self._run(batch, prompt, 0, prefill_runs=1)
+        return times
+
+    def _run(self, batch: int, prompt: int, steps: int, prefill_runs: int) -> list[float]:
+        """Prefills B prompts in one batch, then `steps` decode steps: their
+        times, or (`prefill_runs`) the prefill's."""
         cpp = self.cpp
         params = cpp.llama_context_default_params()
         params.n_ctx = batch * (prompt + steps + 2)
@@ -191,8 +205,11 @@ class LlamaCpp:
                     raise SystemExit("llama_decode failed")
 
             ids = rng.integers(0, self.n_vocab, (batch, prompt))
+            start = time.perf_counter()
             submit([(ids[s, p], p, s, p == prompt - 1) for s in range(batch)
                     for p in range(prompt)])
+            if prefill_runs:
+                return [(time.perf_counter() - start) * 1e3]
             # The batch entries whose logits were asked for, per sequence.
             rows = [s * prompt + prompt - 1 for s in range(batch)]
             times = []
@@ -228,6 +245,18 @@ class Transformers:
         self.model.eval()
         self.version = f"transformers {transformers.__version__}, torch {torch.__version__}"
 
+    def prefill_ms(self, batch: int, prompt: int, runs: int) -> list[float]:
+        torch = self.torch
+        rng = np.random.default_rng(batch)
+        ids = torch.tensor(rng.integers(0, self.model.config.vocab_size, (batch, prompt)))
+        times = []
+        with torch.no_grad():
+            for _ in range(runs):
+                start = time.perf_counter()
+                self.model(ids, use_cache=True, logits_to_keep=1)
+                times.append((time.perf_counter() - start) * 1e3)
+        return times
+
     def decode_ms(self, batch: int, prompt: int, steps: int) -> list[float]:
         torch = self.torch
         rng = np.random.default_rng(batch)
@@ -255,9 +284,10 @@ def main() -> None:
         words = line.split()
         if not words or words[0] == "quit":
             break
-        if words[0] == "decode":
-            batch, prompt, steps = map(int, words[1:4])
-            times = engine.decode_ms(batch, prompt, steps)
+        if words[0] in ("decode", "prefill"):
+            batch, prompt, count = map(int, words[1:4])
+            measure = engine.decode_ms if words[0] == "decode" else engine.prefill_ms
+            times = measure(batch, prompt, count)
             print("ms " + " ".join(f"{t:.4f}" for t in times), flush=True)
 
 

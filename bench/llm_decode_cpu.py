@@ -22,9 +22,20 @@ rounds, and each cell is the median over all rounds' steps.
 Python loop on one core), and ETC with one worker too, and prints the ratios
 the CPU runtime's goals are stated in.
 
+`--prefill` times the prefill instead: B new random prompts of `--prompt`
+tokens each run (none cached), to the first token (ETC:
+`Model.generate(prompts, 1)`, in steps of at most `--max-step-tokens`,
+after an untimed run that builds its workspace; llama.cpp: one
+`llama_decode` of the prompts in a new context, the last tokens' logits
+asked for; transformers: one forward pass keeping the last logits),
+`--steps` runs per round; the table gives ms per prefill (median) and
+tokens/s.
+
 Usage:
   .venv/bin/python bench/llm_decode_cpu.py --model smol --dtype bf16 \\
       --batches 1 --peer llama.cpp [--contention]
+  .venv/bin/python bench/llm_decode_cpu.py --model smol --dtype bf16 --prefill \\
+      --prompt 486 --batches 1 --steps 3 --peer llama.cpp
 """
 
 from __future__ import annotations
@@ -67,12 +78,28 @@ BUSY = "while True: pass\n"
 class ETC:
     name = "ETC"
 
-    def __init__(self, path: Path, workers: int, schedule: str, dtype: str, max_seq_len: int):
+    def __init__(self, path: Path, workers: int, schedule: str, dtype: str, max_seq_len: int,
+                 max_step_tokens: int = 256):
         start = time.perf_counter()
         self.model = models.load(path, workers=workers, schedule=schedule, dtype=dtype,
-                                 max_seq_len=max_seq_len)
+                                 max_seq_len=max_seq_len, max_step_tokens=max_step_tokens)
         self.compile_seconds = time.perf_counter() - start
         self.workers = workers
+
+    def prefill_ms(self, batch: int, prompt: int, runs: int) -> list[float]:
+        """The first run untimed (it builds the workspace of these sizes);
+        new random prompts every run, so that no prefix is in the paged
+        cache already."""
+        rng = np.random.default_rng()
+        times = []
+        for run in range(runs + 1):
+            prompts = [rng.integers(0, self.model.config.vocab_size, prompt).tolist()
+                       for _ in range(batch)]
+            start = time.perf_counter()
+            self.model.generate(prompts, 1)
+            if run:
+                times.append((time.perf_counter() - start) * 1e3)
+        return times
 
     def decode_ms(self, batch: int, prompt: int, steps: int) -> list[float]:
         model = self.model
@@ -109,7 +136,13 @@ class Peer:
         self.version = line[1].strip()
 
     def decode_ms(self, batch: int, prompt: int, steps: int) -> list[float]:
-        self.process.stdin.write(f"decode {batch} {prompt} {steps}\n")
+        return self._ask("decode", batch, prompt, steps)
+
+    def prefill_ms(self, batch: int, prompt: int, runs: int) -> list[float]:
+        return self._ask("prefill", batch, prompt, runs)
+
+    def _ask(self, command: str, batch: int, prompt: int, count: int) -> list[float]:
+        self.process.stdin.write(f"{command} {batch} {prompt} {count}\n")
         self.process.stdin.flush()
         words = self.process.stdout.readline().split()
         if not words or words[0] != "ms":
@@ -125,15 +158,16 @@ class Peer:
         self.process.wait(timeout=60)
 
 
-def measure(engines, batches, prompt, steps, rounds, rest) -> dict:
-    """{(engine name, B): [step ms over all rounds]}, engines alternating."""
+def measure(engines, batches, prompt, steps, rounds, rest, prefill=False) -> dict:
+    """{(engine name, B): [step (or prefill) ms over all rounds]}, engines
+    alternating."""
     results: dict = {}
     for _ in range(rounds):
         for batch in batches:
             for engine in engines:
                 time.sleep(rest)  # other engines' threads stop spinning
-                results.setdefault((engine.name, batch), []).extend(
-                    engine.decode_ms(batch, prompt, steps))
+                run = engine.prefill_ms if prefill else engine.decode_ms
+                results.setdefault((engine.name, batch), []).extend(run(batch, prompt, steps))
     return results
 
 
@@ -191,6 +225,23 @@ def trace_step(engine: ETC, batch: int, prompt: int, steps: int, schedule: str) 
               f"| {idle.get(name, 0) / steps / 1e3:.0f} |")
 
 
+def print_prefill(results, names, peers, batches, prompt) -> None:
+    """Median ms per prefill of each engine, prompt tokens per second, and
+    ETC's speed over each peer's."""
+    for condition, result in results.items():
+        print(f"{condition}, prefill of B prompts of {prompt} tokens:\n")
+        print("| B | " + " | ".join(f"{n} ms | {n} tok/s" for n in names)
+              + "".join(f" | ETC / {p.name} speed" for p in peers) + " |")
+        print("|---:|" + "---:|---:|" * len(names) + "---:|" * len(peers))
+        for batch in batches:
+            ms = {n: statistics.median(result[(n, batch)]) for n in names}
+            cells = " | ".join(f"{ms[n]:.1f} | {batch * prompt / ms[n] * 1e3:.0f}"
+                               for n in names)
+            versus = "".join(f" | {ms[p.name] / ms['ETC']:.2f}x" for p in peers)
+            print(f"| {batch} | {cells}{versus} |")
+        print()
+
+
 def load_average() -> str:
     """The load average and the memory bandwidth a NumPy sum of 256 MB
     reaches now: a decode step at B = 1 reads every weight once, so its
@@ -228,6 +279,10 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true", help="show the peers' logs")
     parser.add_argument("--trace", action="store_true",
                         help="print where a decode step's time goes, per operator family")
+    parser.add_argument("--prefill", action="store_true",
+                        help="time the prefill of the prompts instead of decode steps")
+    parser.add_argument("--max-step-tokens", type=int, default=256,
+                        help="ETC's tokens per step (a longer prefill takes several)")
     args = parser.parse_args()
     print(f"{time.strftime('%Y-%m-%d %H:%M')}; machine: {platform.machine()}, "
           f"{os.cpu_count()} cores, {platform.platform()}, Python {platform.python_version()}; "
@@ -240,7 +295,8 @@ def main() -> None:
             path = write_checkpoint(Path(tmp) / args.model, tiny_config(architecture, **shape),
                                     dtype="BF16" if args.dtype == "bf16" else "F32")
         max_seq_len = args.prompt + args.steps + 8
-        etc_engine = ETC(path, args.workers, args.schedule, args.dtype, max_seq_len)
+        etc_engine = ETC(path, args.workers, args.schedule, args.dtype, max_seq_len,
+                         args.max_step_tokens)
         weight_bytes = sum(w.nbytes for w in etc_engine.model._weights.values())
         print(f"{etc_engine.model}: {etc_engine.model.num_parameters / 1e6:.1f} M parameters "
               f"({weight_bytes / 1e6:.0f} MB read per decode step at B = 1), "
@@ -250,7 +306,7 @@ def main() -> None:
         engines = [etc_engine]
         single = None
         if args.contention and args.workers > 1:
-            single = ETC(path, 1, args.schedule, args.dtype, max_seq_len)
+            single = ETC(path, 1, args.schedule, args.dtype, max_seq_len, args.max_step_tokens)
             single.name = "ETC 1 worker"
             engines.append(single)
         peers = [Peer(p, args.peer_python, path, args.workers, args.verbose) for p in args.peer]
@@ -269,7 +325,8 @@ def main() -> None:
                         time.sleep(1.0)
                     print(f"\n{condition}: {load_average()}", flush=True)
                     results[condition] = measure(engines, args.batches, args.prompt,
-                                                 args.steps, args.rounds, args.rest)
+                                                 args.steps, args.rounds, args.rest,
+                                                 args.prefill)
                 finally:
                     if busy:
                         busy.kill()
@@ -279,6 +336,9 @@ def main() -> None:
                 peer.close()
     print()
     names = [e.name for e in engines]
+    if args.prefill:
+        print_prefill(results, names, peers, args.batches, args.prompt)
+        return
     header = " | ".join(f"{n} tok/s" for n in names)
     ratios = " | ".join(f"ETC / {p.name}" for p in peers)
     for condition, result in results.items():
