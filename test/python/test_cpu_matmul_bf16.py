@@ -32,7 +32,7 @@ from etc.runtime import isa
 
 needs_avx512bf16 = pytest.mark.skipif(
     not isa.is_x86_64() or not isa.host_supports("x86-64-v4+avx512bf16"),
-    reason="this CPU has no AVX-512 BF16")
+    reason="this x86-64 CPU has no AVX-512 BF16")
 needs_v3 = pytest.mark.skipif(not isa.is_x86_64() or not isa.host_supports("x86-64-v3"),
                               reason="this CPU runs no x86-64-v3 code")
 
@@ -201,7 +201,7 @@ def test_lane_sums_give_each_vectors_sum_in_its_lane():
 
 AMX = "x86-64-v4+avx512bf16+amx-tile+amx-bf16"
 needs_amx = pytest.mark.skipif(not isa.is_x86_64() or not isa.host_supports(AMX),
-                               reason="this CPU has no AMX")
+                               reason="this x86-64 CPU has no AMX tile unit")
 
 
 def test_the_amx_tile_is_chosen_where_the_instruction_set_has_amx_or_it_is_emulated():
