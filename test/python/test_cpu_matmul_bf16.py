@@ -64,6 +64,18 @@ def assert_close_to_reference(got, want, a, w):
                                f"tolerance {bound[worst]}")
 
 
+def assert_close_with_residual(got, g, a, w, r):
+    """`got`, graph `g`'s result (a matmul with residual `r`), within the
+    product's tolerance, then r added and rounded to bf16 once more."""
+    (want,) = etc.reference.evaluate(g, a=a, w=w, r=r)
+    k, n = a.shape[1], w.shape[0]
+    product = etc.reference.evaluate(_graph(k, n), a=a, w=w)[0].astype(np.float64)
+    bound = (np.abs(product) * 2.0 ** -7 + k * 2.0 ** -24 *
+             (np.abs(a).astype(np.float64) @ np.abs(w).astype(np.float64).T))
+    excess = np.abs(got - want) - (bound + np.abs(want) * 2.0 ** -7 + 1e-30)
+    assert excess.max() <= 0, f"M = {a.shape[0]}: {np.argwhere(excess > 0)[:5]}"
+
+
 def _op(k, n, **kwargs):
     (op,) = _graph(k, n, **kwargs)._ops
     return op
@@ -123,12 +135,7 @@ def test_the_residual_is_added_to_the_rounded_product():
     for m in (3, 4, 37):
         a, r = _bf16(rng, (m, k)), _bf16(rng, (m, n), 8.0)
         (got,) = kernel.run(a=a, w=w, r=r)
-        (want,) = etc.reference.evaluate(g, a=a, w=w, r=r)
-        product = etc.reference.evaluate(_graph(k, n), a=a, w=w)[0].astype(np.float64)
-        # The product's tolerance, then r added and rounded once more.
-        bound = (np.abs(product) * 2.0 ** -7 + k * 2.0 ** -24 *
-                 (np.abs(a).astype(np.float64) @ np.abs(w).astype(np.float64).T))
-        assert np.all(np.abs(got - want) <= bound + np.abs(want) * 2.0 ** -7 + 1e-30)
+        assert_close_with_residual(got, g, a, w, r)
 
 
 @needs_v3
@@ -284,12 +291,7 @@ def test_amx_tiles_emulated_at_ragged_shapes_match_the_reference(schedule, k, n)
     for m in (1, 3, 4, 17, 33, 70):
         a, r = _bf16(rng, (m, k)), _bf16(rng, (m, n), 8.0)
         (got,) = kernel.run(a=a, w=w, r=r)
-        (want,) = etc.reference.evaluate(g, a=a, w=w, r=r)
-        product = etc.reference.evaluate(_graph(k, n), a=a, w=w)[0].astype(np.float64)
-        bound = (np.abs(product) * 2.0 ** -7 + k * 2.0 ** -24 *
-                 (np.abs(a).astype(np.float64) @ np.abs(w).astype(np.float64).T))
-        excess = np.abs(got - want) - (bound + np.abs(want) * 2.0 ** -7 + 1e-30)
-        assert excess.max() <= 0, f"M = {m}: {np.argwhere(excess > 0)[:5]}"
+        assert_close_with_residual(got, g, a, w, r)
 
 
 @needs_amx

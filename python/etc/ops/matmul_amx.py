@@ -173,19 +173,7 @@ class MatmulAMX(MatmulDPBF16):
         return super().tile_for(op, target)
 
     def emit(self) -> None:
-        out = self.op.result
-        tm, tn = self.op.tile
-        r0, rows = self.row_block(out, tm)
-        c0 = arith.muli(self.ti[1], self.cidx(tn))
-        cols = self.extent(out, 1, c0, tn)
-        wide = arith.cmpi(arith.CmpIPredicate.uge, rows, self.cidx(self.TILE_CROSSOVER))
-        branch = scf.IfOp(wide, has_else=True)
-        with ir.InsertionPoint(branch.then_block):
-            self.emit_tiles(r0, rows, c0, cols)
-            scf.yield_([])
-        with ir.InsertionPoint(branch.else_block):
-            MatmulDPBF16.emit(self)
-            scf.yield_([])
+        self.by_rows(self.TILE_CROSSOVER, self.emit_tiles, lambda: MatmulDPBF16.emit(self))
 
     def emit_tiles(self, r0, rows, c0, cols) -> None:
         tiles = AMXTiles(self, self.target.emulate_amx and not self.target.has("amx-bf16"))

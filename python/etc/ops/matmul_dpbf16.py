@@ -60,18 +60,23 @@ class MatmulDPBF16(MatmulCPU):
                 and a.dtype == b.dtype == "bf16" and isinstance(a.shape[1], int))
 
     def emit(self) -> None:
-        out = self.op.result
+        self.by_rows(self.CROSSOVER, self.emit_blocks, lambda: MatmulCPU.emit(self))
+
+    def by_rows(self, crossover: int, wide, narrow) -> None:
+        """`wide(r0, rows, c0, cols)` (the tile's first row, live rows,
+        first column and columns) for tiles of `crossover` rows or more,
+        `narrow()` for the others: chosen per tile at run time."""
         tm, tn = self.op.tile
-        r0, rows = self.row_block(out, tm)
+        r0, rows = self.row_block(self.op.result, tm)
         c0 = arith.muli(self.ti[1], self.cidx(tn))
-        cols = self.extent(out, 1, c0, tn)
-        wide = arith.cmpi(arith.CmpIPredicate.uge, rows, self.cidx(self.CROSSOVER))
-        branch = scf.IfOp(wide, has_else=True)
+        cols = self.extent(self.op.result, 1, c0, tn)
+        branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, rows, self.cidx(crossover)),
+                          has_else=True)
         with ir.InsertionPoint(branch.then_block):
-            self.emit_blocks(r0, rows, c0, cols)
+            wide(r0, rows, c0, cols)
             scf.yield_([])
         with ir.InsertionPoint(branch.else_block):
-            super().emit()
+            narrow()
             scf.yield_([])
 
     def emit_blocks(self, r0, rows, c0, cols) -> None:
