@@ -45,7 +45,7 @@ MAX_BYTES = 32 << 20
 RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "packed.py", "reference.py",
                  "reference_llm.py",
                  "reference_sampling.py",
-                 "runtime/__init__.py", "runtime/abi.py", "runtime/artifact.py",
+                 "runtime/__init__.py", "runtime/abi.py", "runtime/aligned.py", "runtime/artifact.py",
                  "runtime/cpu.py", "runtime/cuda.py", "runtime/cuda_arrays.py",
                  "runtime/cuda_driver.py", "runtime/cuda_launch.py", "runtime/cuda_timing.py",
                  "runtime/isa.py", "runtime/kernel.py", "runtime/layout.py",
