@@ -104,9 +104,15 @@ def _problems(etc_opt: str, pipeline_name: str, texts: list[str], names: list[st
         return [f"{name}, {problem}\n--- input ---\n{text}"
                 for name, problem, text in alone if problem]
     for name, text, (succeeded, errors) in zip(names, texts, outcomes):
+        # An output after an error: a pass that reported an error and did
+        # not fail (upstream lower-affine's non-positive divisor). etc-opt
+        # then exits 1 on its own, which is clean; the batch cannot tell,
+        # so the text runs again alone to decide.
         if succeeded and errors:
-            found.append(f"{name}, {pipeline_name}: succeeded after an error at line "
-                         f"{errors[0]} of its batch\n--- input ---\n{text}")
+            problem = _problem(etc_opt, pipeline_name, text)
+            if problem:
+                found.append(f"{name}, {problem} (line {errors[0]} of its batch)"
+                             f"\n--- input ---\n{text}")
     return found
 
 
