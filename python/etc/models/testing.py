@@ -48,6 +48,12 @@ SHAPES = {
         tie_word_embeddings=True, rope_scaling={
             "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "qwen2.5-0.5b": dict(
+        architecture="Qwen2ForCausalLM", vocab_size=151936, hidden_size=896,
+        intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True, use_sliding_window=False, sliding_window=32768,
+        max_window_layers=24),
     "qwen3-0.6b": dict(
         architecture="Qwen3ForCausalLM", vocab_size=151936, hidden_size=1024,
         intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
@@ -70,6 +76,11 @@ def shaped_config(name: str, layers: int = 2, **overrides) -> dict:
     return tiny_config(architecture, num_hidden_layers=layers, **{**fields, **overrides})
 
 
+#: Hugging Face's `model_type` of each architecture.
+_MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
+
+
 def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
     """A config.json of `architecture` with hidden size 32, 2 layers, 4 query
     and 2 KV heads of 16, vocabulary 96 (Qwen3-MoE: 4 experts, 2 per
@@ -90,11 +101,16 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
         "tie_word_embeddings": architecture != "LlamaForCausalLM",
         "attention_bias": False,
         "torch_dtype": "float32",
-        "model_type": {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3",
-                       "Qwen3MoeForCausalLM": "qwen3_moe"}.get(architecture, "unknown"),
+        "model_type": _MODEL_TYPES.get(architecture, "unknown"),
     }
     if architecture == "LlamaForCausalLM":
         config["mlp_bias"] = False
+    if architecture == "Qwen2ForCausalLM":
+        # As Qwen2.5's config.json: q/k/v biases always (no attention_bias
+        # field), a window that use_sliding_window leaves off.
+        del config["attention_bias"]
+        config.update({"use_sliding_window": False, "sliding_window": 128,
+                       "max_window_layers": 1})
     if architecture == "Qwen3MoeForCausalLM":
         config.update({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []})
@@ -126,6 +142,7 @@ def tensor_shapes(config: dict) -> dict:
     d = config.get("head_dim") or h // heads
     vocab = config["vocab_size"]
     qwen3 = config["architectures"][0].startswith("Qwen3")
+    qwen2 = config["architectures"][0] == "Qwen2ForCausalLM"
     moe = config["architectures"][0] == "Qwen3MoeForCausalLM"
     t = {"model.embed_tokens.weight": (vocab, h)}
     sparse = set()
@@ -141,6 +158,10 @@ def tensor_shapes(config: dict) -> dict:
         t[p + "self_attn.k_proj.weight"] = (kv * d, h)
         t[p + "self_attn.v_proj.weight"] = (kv * d, h)
         t[p + "self_attn.o_proj.weight"] = (h, heads * d)
+        if qwen2:
+            t[p + "self_attn.q_proj.bias"] = (heads * d,)
+            t[p + "self_attn.k_proj.bias"] = (kv * d,)
+            t[p + "self_attn.v_proj.bias"] = (kv * d,)
         if qwen3:
             t[p + "self_attn.q_norm.weight"] = (d,)
             t[p + "self_attn.k_norm.weight"] = (d,)
@@ -178,6 +199,9 @@ def _tensors(config: dict, rng: np.random.Generator, sharp: bool = False) -> dic
             else:
                 weight = 1.0 + 0.1 * draw
             tensors[name] = weight.astype(np.float32)
+            continue
+        if name.endswith(".bias"):
+            tensors[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
             continue
         # Embeddings smaller, the router's logits larger (unless sharp).
         fan_in = {"model.embed_tokens.weight": 16 * h}.get(name, shape[-1])
@@ -275,8 +299,8 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
     return path
 
 
-_GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3",
-                       "Qwen3MoeForCausalLM": "qwen3moe"}
+_GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                       "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe"}
 
 
 def gguf_tensor_name(architecture: str, name: str, layers: int) -> str:

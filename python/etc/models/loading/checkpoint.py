@@ -133,7 +133,8 @@ class Checkpoint:
         c = self.config
         h, d = c.hidden_size, c.head_dim
         out: dict[str, np.ndarray] = {}
-        per_layer = [4 + (2 if c.qk_norm else 0) + 1 + (4 if c.is_sparse(i) else 3)
+        per_layer = [4 + (3 if c.qkv_bias else 0) + (2 if c.qk_norm else 0) + 1 +
+                     (4 if c.is_sparse(i) else 3)
                      for i in range(c.num_layers)]
         total = 2 + sum(per_layer) + (0 if c.tie_word_embeddings else 1)
 
@@ -157,6 +158,11 @@ class Checkpoint:
                  f"layer {i} value projection")
             take(f"l{i}_wo", p + "self_attn.o_proj.weight", (h, c.num_heads * d),
                  f"layer {i} output projection")
+            if c.qkv_bias:
+                for key, proj, heads in (("bq", "q", c.num_heads), ("bk", "k", c.num_kv_heads),
+                                         ("bv", "v", c.num_kv_heads)):
+                    take(f"l{i}_{key}", f"{p}self_attn.{proj}_proj.bias", (heads * d,),
+                         f"layer {i} {proj} projection bias")
             if c.qk_norm:
                 take(f"l{i}_q_norm", p + "self_attn.q_norm.weight", (d,), f"layer {i} q_norm")
                 take(f"l{i}_k_norm", p + "self_attn.k_norm.weight", (d,), f"layer {i} k_norm")

@@ -1,7 +1,7 @@
 """Hugging Face `config.json` of the supported architectures, checked.
 
-`ModelConfig.from_dict` accepts `LlamaForCausalLM`, `Qwen3ForCausalLM` and
-`Qwen3MoeForCausalLM` configs, written by transformers 4 (flat `rope_theta`,
+`ModelConfig.from_dict` accepts `LlamaForCausalLM`, `Qwen2ForCausalLM`,
+`Qwen3ForCausalLM` and `Qwen3MoeForCausalLM` configs, written by transformers 4 (flat `rope_theta`,
 `rope_scaling`) or 5 (`rope_parameters`), and raises `UnsupportedConfigError`
 naming the field for anything the compiled model would compute differently
 (biases, sliding windows, RoPE variants it does not implement, ...) and for
@@ -19,7 +19,8 @@ from typing import Optional
 __all__ = ["ARCHITECTURES", "ROPE_TYPES", "ModelConfig", "UnsupportedConfigError"]
 
 #: The architectures `etc.models.load` builds.
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                 "Qwen3MoeForCausalLM")
 
 #: The RoPE variants (Hugging Face's `rope_type`) implemented: each is a set
 #: of frequencies the host computes once (and, for yarn, a scale of the
@@ -70,6 +71,8 @@ class ModelConfig:
     tie_word_embeddings: bool
     #: Per-head RMSNorm of q and k before RoPE (Qwen3).
     qk_norm: bool
+    #: Biases of the q, k and v projections (Qwen2; o has none).
+    qkv_bias: bool = False
     #: The parameters of a scaled RoPE variant ("linear", "llama3" or
     #: "yarn"; its "rope_type" included, defaults filled in), or None for
     #: plain RoPE.
@@ -177,7 +180,10 @@ class ModelConfig:
             raise UnsupportedConfigError(f"{where}: field 'head_dim' = {head_dim!r} must be an "
                                          f"even positive integer")
         refuse("hidden_act", ("silu", None), "only SiLU-gated MLPs are implemented")
-        refuse("attention_bias", (False, None), "q/k/v/o projections have no bias")
+        if architecture != "Qwen2ForCausalLM":
+            # Qwen2's q/k/v projections always have biases and its o
+            # projection never has one: transformers ignores the field.
+            refuse("attention_bias", (False, None), "q/k/v/o projections have no bias")
         refuse("mlp_bias", (False, None), "MLP projections have no bias")
         refuse("use_sliding_window", (False, None), "attention is full, not windowed")
         refuse("attention_dropout", (0, 0.0, None), "inference uses no dropout")
@@ -243,6 +249,7 @@ class ModelConfig:
             max_position_embeddings=need("max_position_embeddings"),
             tie_word_embeddings=flag("tie_word_embeddings", False),
             qk_norm=architecture.startswith("Qwen3"),
+            qkv_bias=architecture == "Qwen2ForCausalLM",
             rope_scaling=scaling,
             **moe,
         )

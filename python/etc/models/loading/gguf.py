@@ -33,8 +33,8 @@ __all__ = ["GGUFCheckpoint", "GGUFError", "ARCHITECTURES", "TENSOR_TYPES", "PRE_
 
 #: GGUF `general.architecture` values, and the Hugging Face architecture
 #: each is checked and built as.
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "qwen3moe": "Qwen3MoeForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
 #: The tensor types loaded: the float types, and every packed format of
 #: `etc.packed` (llama.cpp's Q4_K_M, Q5_K_M, Q6_K, Q8_0 and Q4_0 files hold
 #: no other).
@@ -166,7 +166,14 @@ class GGUFCheckpoint:
         if scaling not in (None, "none"):
             config["rope_scaling"] = {"rope_type": scaling,
                                       "factor": _decimal(self._key("rope.scaling.factor"))}
-        if any(f"blk.0.attn_{p}.bias" in self._tensors for p in ("q", "k", "v", "output")):
+        if a == "qwen2":
+            # Qwen2's q/k/v projections have biases (read with the weights),
+            # its output projection none.
+            if "blk.0.attn_output.bias" in self._tensors:
+                raise UnsupportedConfigError(
+                    f"{self.path}: tensor 'blk.0.attn_output.bias' is not supported (Qwen2's "
+                    f"output projection has no bias)")
+        elif any(f"blk.0.attn_{p}.bias" in self._tensors for p in ("q", "k", "v", "output")):
             config["attention_bias"] = True
         if a == "qwen3moe":
             layers = config["num_hidden_layers"] or 0
@@ -274,6 +281,11 @@ class GGUFCheckpoint:
                 (f"l{i}_wo", b + "attn_output.weight", (h, c.num_heads * d),
                  f"layer {i} output projection", None),
             ]
+            if c.qkv_bias:
+                plan += [(f"l{i}_b{p}", f"{b}attn_{p}.bias", (heads * d,),
+                          f"layer {i} {p} projection bias", None)
+                         for p, heads in (("q", c.num_heads), ("k", c.num_kv_heads),
+                                          ("v", c.num_kv_heads))]
             if c.qk_norm:
                 plan += [(f"l{i}_q_norm", b + "attn_q_norm.weight", (d,), f"layer {i} q_norm",
                           None),

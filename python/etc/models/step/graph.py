@@ -110,6 +110,10 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         q = g.matmul(normed, weight(f"l{i}_wq", (c.num_heads * d, h)), transpose_b=True)
         k = g.matmul(normed, weight(f"l{i}_wk", (c.num_kv_heads * d, h)), transpose_b=True)
         v = g.matmul(normed, weight(f"l{i}_wv", (c.num_kv_heads * d, h)), transpose_b=True)
+        if c.qkv_bias:
+            q = g.add(q, weight(f"l{i}_bq", (c.num_heads * d,)))
+            k = g.add(k, weight(f"l{i}_bk", (c.num_kv_heads * d,)))
+            v = g.add(v, weight(f"l{i}_bv", (c.num_kv_heads * d,)))
         if c.qk_norm:
             q = g.head_rmsnorm(q, weight(f"l{i}_q_norm", (d,)), head_dim=d, eps=eps)
             k = g.head_rmsnorm(k, weight(f"l{i}_k_norm", (d,)), head_dim=d, eps=eps)

@@ -45,8 +45,8 @@ def shard_config(config: ModelConfig, ranks: int) -> ModelConfig:
 
 def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int) -> dict:
     """Rank `rank`'s slices of the checkpoint's `weights` (Hugging Face's
-    (out, in) layout): the rows of the Q, K, V, gate and up projections of
-    its heads and MLP columns, the matching columns of the output and down
+    (out, in) layout): the rows of the Q, K, V, gate and up projections
+    (and of the Q, K and V biases) of its heads and MLP columns, the matching columns of the output and down
     projections; of every expert (stacked as `g.moe` takes them: gate and
     up (E, H, F), down (E, F, H)) its F columns of gate and up and the
     matching rows of down; everything else (the router too) whole."""
@@ -56,7 +56,7 @@ def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int) -> 
     q = config.num_heads // ranks * d
     kv = config.num_kv_heads // ranks * d
     f = config.intermediate_size // ranks
-    rows = {"wq": q, "wk": kv, "wv": kv, "w_gate": f, "w_up": f}
+    rows = {"wq": q, "wk": kv, "wv": kv, "bq": q, "bk": kv, "bv": kv, "w_gate": f, "w_up": f}
     columns = {"wo": q, "w_down": f}
     e = config.moe_intermediate_size // ranks
     # The stacked experts: the axis of their F.

@@ -58,9 +58,12 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
     for i in range(c.num_layers):
         w = lambda key: weights[f"l{i}_{key}"]
         h = _rmsnorm(x, w("attn_norm"), c.rms_norm_eps)
-        q = (h @ w("wq").T).reshape(n, c.num_heads, d)
-        k = (h @ w("wk").T).reshape(n, c.num_kv_heads, d)
-        v = (h @ w("wv").T).reshape(n, c.num_kv_heads, d)
+        q, k, v = h @ w("wq").T, h @ w("wk").T, h @ w("wv").T
+        if c.qkv_bias:
+            q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
+        q = q.reshape(n, c.num_heads, d)
+        k = k.reshape(n, c.num_kv_heads, d)
+        v = v.reshape(n, c.num_kv_heads, d)
         if c.qk_norm:
             q = _rmsnorm(q, w("q_norm"), c.rms_norm_eps)
             k = _rmsnorm(k, w("k_norm"), c.rms_norm_eps)
