@@ -290,7 +290,8 @@ class LLMOperators:
 
     def attention(self, q, k_cache, v_cache, batch: RaggedBatch, *, head_dim: int,
                   chunk: int = DEFAULT_CHUNK, max_length=None, scale: Optional[float] = None,
-                  scratch_from=None, name: Optional[str] = None):
+                  window: Optional[int] = None, scratch_from=None,
+                  name: Optional[str] = None):
         """Causal grouped-query attention of each token of the batch over its
         request's KV cache slot (flash-decoding: see `etc.ops.attention`).
 
@@ -308,7 +309,19 @@ class LLMOperators:
         symbolic when L is: a paged cache's L is M x P, the positions its
         (R, M) block table holds (with a chunk that is not a multiple of P,
         ceil(max_length / chunk) chunks: then `max_length` is needed).
-        `max_length` (optional) bounds the requests' lengths further. Each
+        `max_length` (optional) bounds the requests' lengths further.
+
+        With a `window` W (sliding-window attention, as transformers masks
+        it), token t attends to positions max(0, positions[t] - W + 1) ..
+        positions[t] only, and a request's chunks start at the window of its
+        first new token: s = max(0, p0 - W + 1) for p0 = positions[
+        request_first[r]], chunk j covering [s + j chunk, s + (j + 1)
+        chunk). The chunk grid then holds ceil((T + W - 1) / chunk) chunks
+        (T the step's tokens: what a request's new tokens and their windows
+        span at most), or the cache's chunks if fewer, and request r runs
+        ceildiv(request_length[r], chunk) of them, decided at run time: a
+        decode step of a request longer than the window runs about W /
+        chunk tiles, whatever its length. Each
         run checks the batch's indices against the cache (the block table's
         entries against its blocks) and `max_length` before the kernel runs
         (`Graph.index_range`). Result (T, H * head_dim) in q's dtype.
@@ -343,6 +356,10 @@ class LLMOperators:
         if max_length is not None and (isinstance(max_length, bool) or
                                        not isinstance(max_length, int) or max_length < 1):
             raise ValueError(f"{kind}: 'max_length' must be a positive int, got {max_length!r}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or
+                                   window < 1):
+            raise ValueError(f"{kind}: 'window' must be a positive int (positions a token sees, "
+                             f"its own included) or None, got {window!r}")
         if scale is None:
             scale = 1.0 / math.sqrt(head_dim)
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
@@ -396,6 +413,8 @@ class LLMOperators:
                   "scale": float(scale)}
         if batch.paged:
             params["block_size"] = k_cache.shape[1]
+        if window is not None:
+            params["window"] = window
         shape = (q.shape[0], chunks, heads * (head_dim + 2))
         partial = None
         if scratch_from is not None:

@@ -110,10 +110,11 @@ def paged_rows(cache: np.ndarray, block_table: np.ndarray, length: int) -> np.nd
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray,
               token_request: np.ndarray, request_slot: np.ndarray, head_dim: int,
-              scale: float, block_size=None) -> np.ndarray:
+              scale: float, block_size=None, window=None) -> np.ndarray:
     """Causal grouped-query attention of each token over its request's cache
     slot: token t (query heads q[t], H of them) attends to the cached keys
-    and values at positions 0 .. positions[t] of slot
+    and values at positions 0 .. positions[t] (with a `window` W, positions
+    max(0, positions[t] - W + 1) .. positions[t]) of slot
     request_slot[token_request[t]] (paged, `block_size` P: of the blocks of
     row token_request[t] of the block tables `request_slot`), query head h
     to KV head h // (H / H_kv); softmax(scale * q . k) weighted sum of v."""
@@ -132,8 +133,9 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions
         else:
             table = addressing[requests[t]]
             keys, values = paged_rows(k_cache, table, n), paged_rows(v_cache, table, n)
-        keys = keys.reshape(-1, kv_heads, head_dim)
-        values = values.reshape(-1, kv_heads, head_dim)
+        start = 0 if window is None else max(0, n - window)
+        keys = keys[start:].reshape(-1, kv_heads, head_dim)
+        values = values[start:].reshape(-1, kv_heads, head_dim)
         for h in range(heads):
             query = q[t, h * head_dim:(h + 1) * head_dim]
             scores = (keys[:, h // group] @ query) * np.float32(scale)
@@ -168,7 +170,8 @@ def apply(op, vals: list) -> np.ndarray:
     if kind == "attention":
         q, k_cache, v_cache, positions, token_request, request_slot = vals[:6]
         return attention(q, k_cache, v_cache, positions, token_request, request_slot,
-                         params["head_dim"], params["scale"], params.get("block_size"))
+                         params["head_dim"], params["scale"], params.get("block_size"),
+                         params.get("window"))
     if kind == "argmax":
         return argmax(vals[0])
     if kind == "sample":

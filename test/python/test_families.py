@@ -11,6 +11,9 @@ always against the golden logits transformers produced
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 
@@ -30,7 +33,16 @@ LOAD = dict(workers=3, max_seq_len=32, attention_chunk=4, kv_block_size=4)
 #: One tiny config per family, as transformers 4 writes config.json.
 FAMILIES = {
     "qwen2": tiny_config("Qwen2ForCausalLM"),
+    # Layer 0 full, layer 1 sliding (max_window_layers = 1): the prompts and
+    # their new tokens (up to 15 positions) outgrow the window of 5.
+    "qwen2_window": tiny_config("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=5,
+                                max_window_layers=1),
+    # Every layer sliding, a window of 5.
+    "mistral": tiny_config("MistralForCausalLM"),
 }
+#: The families whose GGUF files keep their architecture (llama.cpp writes
+#: Mistral as llama, and no window into either).
+GGUF_FAMILIES = ["qwen2"]
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +94,52 @@ def test_qwen2_config():
     # attention_bias, and so does ETC.
     assert ModelConfig.from_dict({**FAMILIES["qwen2"], "attention_bias": False}) == config
     # A window that use_sliding_window leaves off is ignored, as transformers
-    # ignores it; one that it turns on is refused, naming the field.
+    # ignores it.
+    assert config.sliding_window is None and config.sliding_layers == ()
+
+
+def test_sliding_layers_follow_transformers():
+    """Which layers slide, and their window, as transformers decides: Qwen2
+    from max_window_layers on when use_sliding_window is set (or as
+    layer_types says), Mistral every layer (a window of 4096 when the field
+    is absent, none when it is null); the refusals name the field."""
+    qwen2 = FAMILIES["qwen2"]
+    read = lambda **fields: ModelConfig.from_dict({**qwen2, **fields})
+    four = dict(num_hidden_layers=4, use_sliding_window=True, sliding_window=7)
+    assert read(**four, max_window_layers=1).sliding_layers == (1, 2, 3)
+    assert read(**four, max_window_layers=4).sliding_layers == ()
+    # Without max_window_layers: transformers' default, 28.
+    default = {k: v for k, v in qwen2.items() if k != "max_window_layers"}
+    assert ModelConfig.from_dict({**default, **four}).sliding_layers == ()
+    assert ModelConfig.from_dict({**default, **four, "num_hidden_layers": 30}).sliding_layers \
+        == (28, 29)
+    config = read(**four, max_window_layers=0, layer_types=[
+        "sliding_attention", "full_attention", "sliding_attention", "full_attention"])
+    assert config.sliding_layers == (0, 2) and config.window(2) == 7 and config.window(1) is None
+    with pytest.raises(UnsupportedConfigError, match=r"field 'layer_types' lists "
+                                                     r"'sliding_attention' \(layers \[1\]\) but "
+                                                     r"no window is set"):
+        read(layer_types=["full_attention", "sliding_attention"])
+    with pytest.raises(UnsupportedConfigError, match=r"field 'layer_types' lists 'chunked' "
+                                                     r"\(layers \[0\]\); Qwen2ForCausalLM "
+                                                     r"supports"):
+        read(layer_types=["chunked", "full_attention"])
+    with pytest.raises(UnsupportedConfigError, match=r"'use_sliding_window' = 'yes' must be "
+                                                     r"true or false"):
+        read(use_sliding_window="yes")
+    with pytest.raises(UnsupportedConfigError, match=r"'sliding_window' = 0 must be a positive"):
+        read(use_sliding_window=True, sliding_window=0)
+    with pytest.raises(UnsupportedConfigError, match=r"'max_window_layers' = -1 must be"):
+        read(use_sliding_window=True, max_window_layers=-1)
+    mistral = {k: v for k, v in FAMILIES["mistral"].items() if k != "sliding_window"}
+    assert ModelConfig.from_dict(mistral).sliding_window == 4096
+    assert ModelConfig.from_dict(mistral).sliding_layers == (0, 1)
+    unwindowed = ModelConfig.from_dict({**mistral, "sliding_window": None})
+    assert unwindowed.sliding_window is None and unwindowed.sliding_layers == ()
+    # Other architectures refuse a window, by name.
     with pytest.raises(UnsupportedConfigError, match=r"field 'use_sliding_window' = True is "
-                                                     r"not supported"):
-        ModelConfig.from_dict({**FAMILIES["qwen2"], "use_sliding_window": True})
+                                                     r"not supported for LlamaForCausalLM"):
+        ModelConfig.from_dict(tiny_config("LlamaForCausalLM", use_sliding_window=True))
 
 
 def test_qwen2_biases_are_read_and_checked(checkpoints, tmp_path):
@@ -177,7 +231,7 @@ def test_bf16_checkpoint_and_half_precision_compute(name, tmp_path):
 # ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", GGUF_FAMILIES)
 def test_gguf_equals_the_checkpoint_and_generates_alike(name, tmp_path):
     """The family written as llama.cpp's converter writes it: the same
     ModelConfig and graph weights bit for bit as the safetensors checkpoint
@@ -239,13 +293,97 @@ def test_tensor_parallel_families_match_one_rank():
 
     from etc.runtime import distributed
 
-    architectures = sorted({config["architectures"][0] for config in FAMILIES.values()})
     script = os.path.join(os.path.dirname(__file__), "distributed",
                           "tensor_parallel_families.py")
-    result = distributed.launch(2, [script, *architectures], timeout=400,
+    families = [f"{name}={json.dumps(config)}" for name, config in FAMILIES.items()]
+    result = distributed.launch(2, [script, *families], timeout=400,
                                 env=dict(os.environ, ETC_PIN_WORKERS="0"))
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     for rank in range(2):
-        for architecture in architectures:
-            assert f"rank {rank}: {architecture} tensor parallel matches" in output, output
+        for name in FAMILIES:
+            assert f"rank {rank}: {name} tensor parallel matches" in output, output
+
+
+# ----------------------------------------------------------------------
+# Sliding windows through the engine, and Mistral's GGUF
+# ----------------------------------------------------------------------
+
+
+def test_prefix_reuse_with_windows_gives_the_tokens_of_no_reuse(loaded, checkpoints):
+    """A cached prefix longer than the window (three blocks of 4 > 5): the
+    requests that reuse it generate what they generate alone, and what the
+    NumPy forward pass says."""
+    from etc.models.engine import Engine
+
+    model = loaded["mistral", "paged"]
+    prefix = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]
+    prompts = [prefix + [20], prefix + [21, 22], prefix + [23, 24, 25]]
+    alone = []
+    for prompt in prompts:
+        engine = Engine(model, max_num_seqs=1, max_model_len=32, kv_cache_tokens=32)
+        alone.append(engine.submit(prompt, max_new_tokens=4, ignore_eos=True,
+                                   return_logits=True).result())
+    engine = Engine(model, max_num_seqs=3, max_model_len=32, kv_cache_tokens=96)
+    first = engine.submit(prompts[0], max_new_tokens=4, ignore_eos=True, return_logits=True)
+    engine.run()
+    handles = [engine.submit(p, max_new_tokens=4, ignore_eos=True, return_logits=True)
+               for p in prompts[1:]]
+    engine.run()
+    reused = [first.result()] + [h.result() for h in handles]
+    assert [r.cached_tokens for r in reused] == [0, 12, 12]
+    checkpoint = Checkpoint(checkpoints["mistral"])
+    weights = checkpoint.weights()
+    for prompt, got, want in zip(prompts, reused, alone):
+        assert got.token_ids == want.token_ids
+        np.testing.assert_allclose(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+        sequence = prompt + got.token_ids
+        np.testing.assert_allclose(got.logits, reference.forward(
+            checkpoint.config, weights, sequence[:-1])[len(prompt) - 1:], rtol=2e-4, atol=2e-4)
+
+
+def test_mistral_gguf_is_a_llama_file(tmp_path):
+    """llama.cpp's converter writes Mistral as `llama` (Q and K rows
+    permuted, no window): a Mistral without a window (v0.2, v0.3) loads
+    from it and generates what its checkpoint generates."""
+    pytest.importorskip("gguf")
+    from etc.models.loading.gguf import GGUFCheckpoint
+
+    config = {**FAMILIES["mistral"], "sliding_window": None}
+    st = models.load(write_checkpoint(tmp_path / "st", config, seed=4), **LOAD)
+    path = write_gguf(tmp_path / "m.gguf", config, seed=4)
+    assert GGUFCheckpoint(path).config.architecture == "LlamaForCausalLM"
+    gg = models.load(path, **LOAD)
+    want = st.generate(PROMPTS, 3, return_logits=True)
+    got = gg.generate(PROMPTS, 3, return_logits=True)
+    assert got.tokens == want.tokens
+    for a, b in zip(got.logits, want.logits):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------
+# CUDA: PTX of windowed real-width step graphs
+# ----------------------------------------------------------------------
+
+from ptxas_check import assemble, assert_no_spills, needs_ptxas  # noqa: E402
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_windowed_real_width_step_graph_assembles_without_spills(chip, tmp_path):
+    """Qwen2.5-0.5B's widths with its window on for the second of two
+    layers (a full layer and a sliding one, as Gemma mixes them), bf16,
+    paged: the GPU attention kernels with and without a window assemble
+    with no spills."""
+    import etc
+    from etc.models.step.graph import build_step_graph
+    from etc.models.testing import shaped_config
+
+    config = ModelConfig.from_dict(shaped_config("qwen2.5-0.5b", use_sliding_window=True,
+                                                 sliding_window=4096, max_window_layers=1))
+    assert config.sliding_layers == (1,)
+    graph = build_step_graph(config, dtype="bf16", max_seq_len=8192, chunk=256,
+                             kv_block_size=16)
+    kernel = etc.compile(graph, target="cuda", chip=chip, schedule="auto")
+    assert len(re.findall(r"\.func .*step_tile_attention_chunk_warps", kernel.ptx)) == 2
+    assert_no_spills(assemble(kernel.ptx, chip, tmp_path, "qwen2_window"))

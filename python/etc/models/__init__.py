@@ -10,8 +10,8 @@ model.kernels     # [the step kernel]: one, for every batch and length
 model.generate([{"role": "user", "content": "Hi"}], 32).text   # with tokenizer.json
 ```
 
-Supported: `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and
-`Qwen3MoeForCausalLM` checkpoint directories (config.json and *.safetensors with F32, F16 or BF16
+Supported: `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`,
+`Qwen3ForCausalLM` and `Qwen3MoeForCausalLM` checkpoint directories (config.json and *.safetensors with F32, F16 or BF16
 weights under the usual names), and GGUF files of the llama, qwen2, qwen3
 and qwen3moe architectures (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K).
 Compiled step kernels are kept in a compile cache

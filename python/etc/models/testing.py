@@ -77,7 +77,8 @@ def shaped_config(name: str, layers: int = 2, **overrides) -> dict:
 
 
 #: Hugging Face's `model_type` of each architecture.
-_MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+_MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+                "Qwen2ForCausalLM": "qwen2",
                 "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
 
 
@@ -98,13 +99,17 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
         "max_position_embeddings": 128,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
-        "tie_word_embeddings": architecture != "LlamaForCausalLM",
+        "tie_word_embeddings": architecture not in ("LlamaForCausalLM", "MistralForCausalLM"),
         "attention_bias": False,
         "torch_dtype": "float32",
         "model_type": _MODEL_TYPES.get(architecture, "unknown"),
     }
     if architecture == "LlamaForCausalLM":
         config["mlp_bias"] = False
+    if architecture == "MistralForCausalLM":
+        # As Mistral-7B-v0.1's config.json: no attention_bias field, a window.
+        del config["attention_bias"]
+        config["sliding_window"] = 5
     if architecture == "Qwen2ForCausalLM":
         # As Qwen2.5's config.json: q/k/v biases always (no attention_bias
         # field), a window that use_sliding_window leaves off.
@@ -127,7 +132,15 @@ def as_transformers5(config: dict) -> dict:
     rope.setdefault("rope_type", rope.pop("type", "default"))
     rope["rope_theta"] = config.pop("rope_theta", 10000.0)
     config["rope_parameters"] = rope
-    config["layer_types"] = ["full_attention"] * config["num_hidden_layers"]
+    layers = config["num_hidden_layers"]
+    architecture = config["architectures"][0]
+    if architecture == "Qwen2ForCausalLM" and config.get("use_sliding_window"):
+        # transformers' rule, written out as it saves it.
+        first = config.get("max_window_layers", 28)
+        config.setdefault("layer_types", ["sliding_attention" if i >= first else
+                                          "full_attention" for i in range(layers)])
+    elif architecture != "MistralForCausalLM":  # Mistral has no layer types
+        config.setdefault("layer_types", ["full_attention"] * layers)
     config["dtype"] = config.pop("torch_dtype", "float32")
     config["transformers_version"] = "5.23.0"
     return config
@@ -299,7 +312,9 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
     return path
 
 
-_GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+# llama.cpp's converter writes Mistral as llama (without its window).
+_GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
+                       "Qwen2ForCausalLM": "qwen2",
                        "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe"}
 
 

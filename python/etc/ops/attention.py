@@ -28,6 +28,15 @@ notifications into it before the run; combine tile t waits on
 done[token_request[t]], an indirect wait. Nothing is padded: dead chunk
 tiles never run, and no list of tiles is built on the host.
 
+A sliding-window attention (`window` W: token t sees positions
+max(0, p - W + 1) .. p) starts request r's chunks at the window of its
+first new token, s = max(0, p0 - W + 1) (p0 = positions[request_first[r]]):
+chunk j covers [s + j C, s + j C + C), and combine tile t merges the chunks
+its own window spans. Its grid holds min(NC, ceil((T + W - 1) / C))
+chunks, what any request's new tokens and their windows can span, with the
+same live bound: a request runs min(that, ceildiv(length[r], C)) chunk
+tiles, so a decode step of a long request reads about W keys, not L.
+
 `partial` (T, NC, H (D + 2)) float32 has no footprints: which rows a chunk
 tile writes is runtime data, and `done` orders it. The chunk count NC is
 ceil(L / C) of the cache length L (symbolic when L is), which bounds the
@@ -40,7 +49,7 @@ using the scratch waits on it in every chunk tile before overwriting it.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, math, memref, scf
+from mlir.dialects import affine, arith, math, memref, scf
 
 from ..dialects import event
 from .base import TaskBuilder, box, index_map, live_bound, whole
@@ -59,6 +68,67 @@ class _AttentionKernel(PartKernel):
 
     def splat(self, value: ir.Value) -> ir.Value:
         return self.vsplat(value, self.op.params["head_dim"])
+
+    def chunk_start(self, j: ir.Value, first_position: ir.Value) -> ir.Value:
+        """The first key of chunk j of a request whose first new token is at
+        `first_position`: j C, or with a window from `window_start` on."""
+        k0 = arith.muli(j, self.cidx(self.op.params["chunk"]))
+        if "window" not in self.op.params:
+            return k0
+        return arith.addi(self.window_start(first_position), k0)
+
+    def window_start(self, first_position: ir.Value) -> ir.Value:
+        """Where a windowed request's chunks start: the first position its
+        first new token (at `first_position`) sees."""
+        window = self.op.params["window"]
+        return arith.maxsi(arith.subi(first_position, self.cidx(window - 1)), self.cidx(0))
+
+    def first_key(self, k0: ir.Value, position: ir.Value) -> ir.Value:
+        """The first key of the chunk from `k0` that the token at `position`
+        sees: k0, or with a window no key before position - W + 1."""
+        window = self.op.params.get("window")
+        if window is None:
+            return k0
+        return arith.maxsi(k0, arith.subi(position, self.cidx(window - 1)))
+
+    def token_chunks(self, t: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """The first chunk of token t's keys and how many chunks they span:
+        None (chunk 0) and p // C + 1, or with a window those of
+        max(0, p - W + 1) .. p in its request's chunks (`window_start`)."""
+        op, params = self.op, self.op.params
+        positions, token_request, request_first = (op.operands[i] for i in (3, 4, 7))
+        chunk, window = params["chunk"], params.get("window")
+        c = self.cidx
+        position = self.load_index(positions, [t])
+        if window is None:
+            return None, arith.addi(arith.divui(position, c(chunk)), c(1))
+        first = self.load_index(request_first, [self.load_index(token_request, [t])])
+        start = self.window_start(self.load_index(positions, [first]))
+        lowest = arith.maxsi(arith.subi(position, c(window - 1)), c(0))
+        first_chunk = arith.divui(arith.subi(lowest, start), c(chunk))
+        last_chunk = arith.divui(arith.subi(position, start), c(chunk))
+        return first_chunk, arith.addi(arith.subi(last_chunk, first_chunk), c(1))
+
+    def merge_chunks(self, t, first_chunk, chunks, m_at, l_at, row, splat, zero):
+        """Token t's (l, acc) for one query head, merged over its chunks
+        (from `first_chunk`, None: chunk 0): the chunks' sums weighted by
+        exp(m_j - max m). `row(j)` loads chunk j's weighted values,
+        `splat` broadcasts a weight over them, `zero` is their start."""
+        partial = self.buf(self.op.buffers["partial"])
+        at = (lambda j: j) if first_chunk is None else (lambda j: arith.addi(first_chunk, j))
+        m = self.reduce_row(chunks, self.cf32(float("-inf")), lambda acc, j: arith.maximumf(
+            acc, memref.load(partial, [t, at(j), m_at])))
+        start, end = (self.cidx(0), chunks) if first_chunk is None else \
+            (first_chunk, arith.addi(first_chunk, chunks))
+        merge = scf.ForOp(start, end, self.cidx(1), [self.cf32(0.0), zero])
+        with ir.InsertionPoint(merge.body):
+            j = merge.induction_variable
+            l, acc = merge.inner_iter_args
+            weight = math.exp(arith.subf(memref.load(partial, [t, j, m_at]), m))
+            l = arith.addf(l, arith.mulf(weight, memref.load(partial, [t, j, l_at])))
+            acc = arith.addf(acc, arith.mulf(row(j), splat(weight)))
+            scf.yield_([l, acc])
+        return merge.results
 
 
 class AttentionChunk(_AttentionKernel):
@@ -102,8 +172,9 @@ class AttentionChunk(_AttentionKernel):
         where = CacheRows(self, k_cache, addressing, params.get("block_size"), r)
         length = self.load_index(request_length, [r])
         first = self.load_index(request_first, [r])
-        new_tokens = arith.subi(length, self.load_index(positions, [first]))
-        k0 = arith.muli(j, self.cidx(chunk))
+        first_position = self.load_index(positions, [first])
+        new_tokens = arith.subi(length, first_position)
+        k0 = self.chunk_start(j, first_position)
         k_end = arith.minsi(arith.addi(k0, self.cidx(chunk)), length)
         loop = self.lane_loop(arith.muli(new_tokens, self.cidx(per_split)))
         with ir.InsertionPoint(loop.body):
@@ -114,12 +185,13 @@ class AttentionChunk(_AttentionKernel):
             # Causal: the token sees keys up to its own position.
             position = self.load_index(positions, [t])
             k1 = arith.minsi(k_end, arith.addi(position, self.cidx(1)))
-            sees = arith.cmpi(arith.CmpIPredicate.slt, k0, k1)
+            k_first = self.first_key(k0, position)
+            sees = arith.cmpi(arith.CmpIPredicate.slt, k_first, k1)
             guard = scf.IfOp(sees)
             with ir.InsertionPoint(guard.then_block):
                 query = self.load_row(q, [t, arith.muli(h, self.cidx(head_dim))])
                 scale = self.cf32(params["scale"])
-                keys = scf.ForOp(k0, k1, self.cidx(1),
+                keys = scf.ForOp(k_first, k1, self.cidx(1),
                                  [self.cf32(float("-inf")), self.cf32(0.0),
                                   self.splat(self.cf32(0.0))])
                 with ir.InsertionPoint(keys.body):
@@ -155,34 +227,26 @@ class AttentionCombine(_AttentionKernel):
 
     @classmethod
     def tensors(cls, op) -> list:
-        return [op.operands[3], op.buffers["partial"], op.result]
+        # A window's chunks start where the request's first token's window
+        # does: the token's request and that token locate them.
+        indices = [op.operands[i] for i in ((3, 4, 7) if "window" in op.params else (3,))]
+        return [*indices, op.buffers["partial"], op.result]
 
     def emit(self) -> None:
         op, params = self.op, self.op.params
-        positions, partial, out = op.operands[3], op.buffers["partial"], op.result
-        head_dim, chunk, heads = params["head_dim"], params["chunk"], params["heads"]
+        partial, out = op.buffers["partial"], op.result
+        head_dim, heads = params["head_dim"], params["heads"]
         t = self.ti[0]
-        chunks = arith.addi(arith.divui(self.load_index(positions, [t]), self.cidx(chunk)),
-                            self.cidx(1))
+        first_chunk, chunks = self.token_chunks(t)
         loop = self.lane_loop(self.cidx(heads))
         with ir.InsertionPoint(loop.body):
             h = loop.induction_variable
             base = arith.muli(h, self.cidx(head_dim + 2))
             m_at = arith.addi(base, self.cidx(head_dim))
             l_at = arith.addi(base, self.cidx(head_dim + 1))
-            m = self.reduce_row(chunks, self.cf32(float("-inf")), lambda acc, j: arith.maximumf(
-                acc, memref.load(self.buf(partial), [t, j, m_at])))
-            merge = scf.ForOp(self.cidx(0), chunks, self.cidx(1),
-                              [self.cf32(0.0), self.splat(self.cf32(0.0))])
-            with ir.InsertionPoint(merge.body):
-                j = merge.induction_variable
-                l, acc = merge.inner_iter_args
-                weight = math.exp(arith.subf(memref.load(self.buf(partial), [t, j, m_at]), m))
-                l = arith.addf(l, arith.mulf(weight, memref.load(self.buf(partial), [t, j, l_at])))
-                acc = arith.addf(acc, arith.mulf(self.load_row(partial, [t, j, base]),
-                                                 self.splat(weight)))
-                scf.yield_([l, acc])
-            l, acc = merge.results
+            l, acc = self.merge_chunks(t, first_chunk, chunks, m_at, l_at,
+                                       lambda j: self.load_row(partial, [t, j, base]),
+                                       self.splat, self.splat(self.cf32(0.0)))
             self.vstore(arith.divf(acc, self.splat(l)), out,
                            [t, arith.muli(h, self.cidx(head_dim))])
             scf.yield_([])
@@ -259,8 +323,9 @@ class AttentionChunkWarps(AttentionChunk):
         cache_rows = CacheRows(self, k_cache, addressing, params.get("block_size"), r)
         length = self.load_index(request_length, [r])
         first = self.load_index(request_first, [r])
-        new_tokens = arith.subi(length, self.load_index(positions, [first]))
-        k0 = arith.muli(j, c(chunk))
+        first_position = self.load_index(positions, [first])
+        new_tokens = arith.subi(length, first_position)
+        k0 = self.chunk_start(j, first_position)
         k_end = arith.minsi(arith.addi(k0, c(chunk)), length)
         last_key = arith.subi(k_end, c(1))
         items = arith.muli(new_tokens, c(kv_heads * splits))
@@ -287,6 +352,7 @@ class AttentionChunkWarps(AttentionChunk):
                 k1 = arith.minsi(k_end, arith.addi(position, c(1)))
                 part = arith.remui(in_warp, c(threads))
                 return dict(valid=valid, t=t, head0=head0, k1=k1, part=part,
+                            k_first=self.first_key(k0, position),
                             row_group=arith.divui(in_warp, c(threads)),
                             column=arith.addi(arith.muli(kv_head, c(head_dim)),
                                               arith.muli(part, c(vec))))
@@ -329,6 +395,9 @@ class AttentionChunkWarps(AttentionChunk):
                         key, clamped = key_of(k, w, u)
                         sees = arith.andi(w["valid"],
                                           arith.cmpi(arith.CmpIPredicate.slt, key, w["k1"]))
+                        if "window" in params:
+                            sees = arith.andi(sees, arith.cmpi(arith.CmpIPredicate.sge, key,
+                                                               w["k_first"]))
                         value = self.vload(v_cache, [*cache_rows.at(clamped), w["column"]],
                                            vec, aligned=True)
                         for g in range(per_item):
@@ -372,7 +441,7 @@ class AttentionChunkWarps(AttentionChunk):
                 w = where(lane)
                 leads = arith.andi(w["valid"], arith.andi(
                     arith.cmpi(arith.CmpIPredicate.eq, w["row_group"], c(0)),
-                    arith.cmpi(arith.CmpIPredicate.slt, k0, w["k1"])))
+                    arith.cmpi(arith.CmpIPredicate.slt, w["k_first"], w["k1"])))
                 branch = scf.IfOp(leads)
                 with ir.InsertionPoint(branch.then_block):
                     top = lanes.get(most, lane)
@@ -410,13 +479,13 @@ class AttentionCombineLanes(AttentionCombine):
 
     def emit(self) -> None:
         op, params = self.op, self.op.params
-        positions, partial, out = op.operands[3], op.buffers["partial"], op.result
-        head_dim, chunk, heads = params["head_dim"], params["chunk"], params["heads"]
+        partial, out = op.buffers["partial"], op.result
+        head_dim, heads = params["head_dim"], params["heads"]
         vec = self.VEC
         threads = head_dim // vec
         c = self.cidx
         t = self.ti[0]
-        chunks = arith.addi(arith.divui(self.load_index(positions, [t]), c(chunk)), c(1))
+        first_chunk, chunks = self.token_chunks(t)
         loop = self.lane_loop(c(heads * threads))
         with ir.InsertionPoint(loop.body):
             e = loop.induction_variable
@@ -425,22 +494,32 @@ class AttentionCombineLanes(AttentionCombine):
             base = arith.muli(h, c(head_dim + 2))
             m_at = arith.addi(base, c(head_dim))
             l_at = arith.addi(base, c(head_dim + 1))
-            m = self.reduce_row(chunks, self.cf32(float("-inf")), lambda acc, j: arith.maximumf(
-                acc, memref.load(self.buf(partial), [t, j, m_at])))
-            merge = scf.ForOp(c(0), chunks, c(1), [self.cf32(0.0), self.vzero(vec)])
-            with ir.InsertionPoint(merge.body):
-                j = merge.induction_variable
-                l, acc = merge.inner_iter_args
-                weight = math.exp(arith.subf(memref.load(self.buf(partial), [t, j, m_at]), m))
-                l = arith.addf(l, arith.mulf(weight, memref.load(self.buf(partial), [t, j, l_at])))
-                acc = arith.addf(acc, arith.mulf(
-                    self.vload(partial, [t, j, arith.addi(base, column)], vec),
-                    self.vsplat(weight, vec)))
-                scf.yield_([l, acc])
-            l, acc = merge.results
+            l, acc = self.merge_chunks(
+                t, first_chunk, chunks, m_at, l_at,
+                lambda j: self.vload(partial, [t, j, arith.addi(base, column)], vec),
+                lambda weight: self.vsplat(weight, vec), self.vzero(vec))
             self.vstore(arith.divf(acc, self.vsplat(l, vec)), out,
                         [t, arith.addi(arith.muli(h, c(head_dim)), column)])
             scf.yield_([])
+
+
+def _window_chunks(b: TaskBuilder, tokens, chunks, window: int, chunk: int,
+                   splits: int) -> ir.Value:
+    """The chunk grid of a sliding-window attention (times `splits`):
+    min(chunks, ceil((T + W - 1) / C)), T the step's tokens. A request's
+    new tokens (at most T) and their windows span at most T + W - 1 keys
+    from its chunks' start."""
+    index = ir.IndexType.get()
+    if isinstance(tokens, int):
+        span = arith.constant(index, -(-(tokens + window - 1) // chunk))
+    else:
+        spanned = ir.AffineMap.get(1, 0, [ir.AffineExpr.get_ceil_div(
+            ir.AffineExpr.get_add(ir.AffineDimExpr.get(0),
+                                  ir.AffineConstantExpr.get(window - 1)),
+            ir.AffineConstantExpr.get(chunk))])
+        span = affine.apply(spanned, [b.grid_extent(tokens, 1)])
+    extent = arith.minui(span, b.grid_extent(chunks, 1))
+    return extent if splits == 1 else arith.muli(extent, arith.constant(index, splits))
 
 
 def build_tasks(b: TaskBuilder, op) -> None:
@@ -452,6 +531,9 @@ def build_tasks(b: TaskBuilder, op) -> None:
     kernel = AttentionChunkWarps if AttentionChunkWarps.applies(op, b.target) else AttentionChunk
     splits = kernel.splits(op)
     grid = [b.grid_extent(requests, 1), b.grid_extent(partial.shape[1], 1, scale=splits)]
+    window = op.params.get("window")
+    if window is not None:
+        grid[1] = _window_chunks(b, q.shape[0], partial.shape[1], window, chunk, splits)
     if isinstance(requests, int):
         done_type, sizes = ir.Type.parse(f"!event.tensor<{requests}>"), []
     else:

@@ -1,10 +1,11 @@
 """Hugging Face `config.json` of the supported architectures, checked.
 
-`ModelConfig.from_dict` accepts `LlamaForCausalLM`, `Qwen2ForCausalLM`,
-`Qwen3ForCausalLM` and `Qwen3MoeForCausalLM` configs, written by transformers 4 (flat `rope_theta`,
+`ModelConfig.from_dict` accepts `LlamaForCausalLM`, `MistralForCausalLM`,
+`Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `Qwen3MoeForCausalLM` configs, written by transformers 4 (flat `rope_theta`,
 `rope_scaling`) or 5 (`rope_parameters`), and raises `UnsupportedConfigError`
 naming the field for anything the compiled model would compute differently
-(biases, sliding windows, RoPE variants it does not implement, ...) and for
+(biases, sliding windows where the architecture has none, RoPE variants it
+does not implement, ...) and for
 values that are not what the field means (a string where a flag or a number
 belongs, a non-finite or non-positive RoPE base, ...), rather than silently
 ignoring or misreading them.
@@ -19,8 +20,8 @@ from typing import Optional
 __all__ = ["ARCHITECTURES", "ROPE_TYPES", "ModelConfig", "UnsupportedConfigError"]
 
 #: The architectures `etc.models.load` builds.
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                 "Qwen3MoeForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                 "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 #: The RoPE variants (Hugging Face's `rope_type`) implemented: each is a set
 #: of frequencies the host computes once (and, for yarn, a scale of the
@@ -84,10 +85,23 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     sparse_layers: tuple = field(default_factory=tuple)
+    #: Sliding-window attention: the positions a token of a sliding layer
+    #: sees (its own included), and which layers slide (the others attend
+    #: to the whole sequence).
+    sliding_window: Optional[int] = None
+    sliding_layers: tuple = field(default_factory=tuple)
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    def is_sliding(self, layer: int) -> bool:
+        return layer in self.sliding_layers
+
+    def window(self, layer: int) -> Optional[int]:
+        """The attention window of `layer`: `sliding_window` for a sliding
+        layer, None (the whole sequence) for the others."""
+        return self.sliding_window if layer in self.sliding_layers else None
 
     def is_sparse(self, layer: int) -> bool:
         return layer in self.sparse_layers
@@ -185,21 +199,9 @@ class ModelConfig:
             # projection never has one: transformers ignores the field.
             refuse("attention_bias", (False, None), "q/k/v/o projections have no bias")
         refuse("mlp_bias", (False, None), "MLP projections have no bias")
-        refuse("use_sliding_window", (False, None), "attention is full, not windowed")
         refuse("attention_dropout", (0, 0.0, None), "inference uses no dropout")
         refuse("pretraining_tp", (1, None), "tensor-parallel slicing of the MLP")
-        layer_types = config.get("layer_types")
-        if layer_types is not None:
-            if not isinstance(layer_types, list) or len(layer_types) != layers:
-                raise UnsupportedConfigError(f"{where}: field 'layer_types' = {layer_types!r} "
-                                             f"must list one type for each of the {layers} "
-                                             f"layers")
-            other = sorted({t for t in layer_types if t != "full_attention"}, key=str)
-            if other:
-                raise UnsupportedConfigError(
-                    f"{where}: field 'layer_types' lists {', '.join(map(repr, other))} "
-                    f"(layers {[i for i, t in enumerate(layer_types) if t != 'full_attention']}"
-                    f"); only 'full_attention' is supported (attention is full, not windowed)")
+        window, sliding = _sliding_layers(config, where, architecture, layers)
         rope_theta, scaling = _rope(config, where, need("max_position_embeddings"))
         moe = {}
         if architecture == "Qwen3MoeForCausalLM":
@@ -251,6 +253,8 @@ class ModelConfig:
             qk_norm=architecture.startswith("Qwen3"),
             qkv_bias=architecture == "Qwen2ForCausalLM",
             rope_scaling=scaling,
+            sliding_window=window,
+            sliding_layers=sliding,
             **moe,
         )
 
@@ -298,6 +302,69 @@ class ModelConfig:
         extrapolation = 1 - ramp
         interpolated = inv_freq / np.float32(factor)
         return (interpolated * (1 - extrapolation) + inv_freq * extrapolation).astype(np.float32)
+
+
+#: The architectures with sliding-window attention, and how their configs
+#: say which layers slide: "qwen2" (`use_sliding_window` turns
+#: `sliding_window` on for the layers from `max_window_layers` on, or those
+#: `layer_types` names), "mistral" (`sliding_window`, 4096 when absent and
+#: none when null, for every layer; transformers ignores `layer_types`).
+_WINDOWED = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
+
+
+def _sliding_layers(config: dict, where: str, architecture: str,
+                    layers: int) -> tuple[Optional[int], tuple]:
+    """The attention window and the sliding layers of `config`, read as
+    transformers reads them for `architecture` (`_WINDOWED`); a window in
+    any other architecture is refused, naming the field."""
+    style = _WINDOWED.get(architecture)
+    use = config.get("use_sliding_window")
+    if use is not None and not isinstance(use, bool):
+        raise UnsupportedConfigError(f"{where}: field 'use_sliding_window' = {use!r} must be "
+                                     f"true or false (a JSON boolean)")
+    if style != "qwen2" and use:
+        raise UnsupportedConfigError(f"{where}: field 'use_sliding_window' = True is not "
+                                     f"supported for {architecture} (attention is full, not "
+                                     f"windowed)")
+    types = config.get("layer_types")
+    if types is not None and style != "mistral":
+        kinds = ("full_attention", "sliding_attention") if style else ("full_attention",)
+        if not isinstance(types, list) or len(types) != layers:
+            raise UnsupportedConfigError(f"{where}: field 'layer_types' = {types!r} must list "
+                                         f"one type for each of the {layers} layers")
+        other = sorted({t for t in types if t not in kinds}, key=str)
+        if other:
+            raise UnsupportedConfigError(
+                f"{where}: field 'layer_types' lists {', '.join(map(repr, other))} (layers "
+                f"{[i for i, t in enumerate(types) if t not in kinds]}); " +
+                (f"{architecture} supports 'full_attention' and 'sliding_attention'" if style
+                 else "only 'full_attention' is supported (attention is full, not windowed)"))
+    if style is None:
+        return None, ()
+    if style == "mistral":
+        window = config.get("sliding_window", 4096)
+        if window is None:
+            return None, ()
+        return _positive_int(where, "sliding_window", window), tuple(range(layers))
+    window = config.get("sliding_window", 4096) if use else None
+    if window is not None:
+        window = _positive_int(where, "sliding_window", window)
+    if types is not None:
+        sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+        if sliding and window is None:
+            raise UnsupportedConfigError(
+                f"{where}: field 'layer_types' lists 'sliding_attention' (layers "
+                f"{list(sliding)}) but no window is set (use_sliding_window is "
+                f"{bool(use)}, sliding_window is {config.get('sliding_window')!r})")
+        return (window if sliding else None), sliding
+    if window is None:
+        return None, ()
+    first = config.get("max_window_layers", 28)
+    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        raise UnsupportedConfigError(f"{where}: field 'max_window_layers' = {first!r} must be "
+                                     f"a non-negative integer")
+    sliding = tuple(range(first, layers))
+    return (window if sliding else None), sliding
 
 
 def _positive_int(where: str, name: str, value) -> int:

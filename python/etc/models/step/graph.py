@@ -123,7 +123,7 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         v_cache = g.kv_append(g.state(f"l{i}_v_cache", cache_shape, cache_dtype), v, batch)
         attended = g.attention(q, k_cache, v_cache, batch, head_dim=d, chunk=chunk,
                                max_length=max_seq_len, scale=c.attention_scale,
-                               scratch_from=previous_attention)
+                               window=c.window(i), scratch_from=previous_attention)
         previous_attention = attended
         x = residual_matmul(attended, weight(f"l{i}_wo", (h, c.num_heads * d)), x)
         # MLP block: dense SwiGLU, or experts.

@@ -54,6 +54,10 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
     factor = np.float32(c.rope_attention_factor)
     cos, sin = np.cos(emb)[:, None, :] * factor, np.sin(emb)[:, None, :] * factor  # (n, 1, d)
     causal = np.triu(np.full((n, n), -np.inf, np.float32), k=1)
+    # A sliding layer's token at p sees keys p - W + 1 .. p (transformers'
+    # `sliding_window_overlay`: kv > q - W).
+    offsets = np.arange(n)[:, None] - np.arange(n)[None, :]
+    windowed = np.where(offsets >= (c.sliding_window or n + 1), np.float32(-np.inf), causal)
     group = c.num_heads // c.num_kv_heads
     for i in range(c.num_layers):
         w = lambda key: weights[f"l{i}_{key}"]
@@ -72,7 +76,8 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         v = _round_to(v, kv_dtype)
         k = np.repeat(k, group, axis=1)  # repeat_kv
         v = np.repeat(v, group, axis=1)
-        scores = np.einsum("qhd,khd->hqk", q, k) / np.float32(np.sqrt(d)) + causal
+        mask = windowed if c.is_sliding(i) else causal
+        scores = np.einsum("qhd,khd->hqk", q, k) / np.float32(np.sqrt(d)) + mask
         scores = np.exp(scores - scores.max(-1, keepdims=True))
         probs = scores / scores.sum(-1, keepdims=True)
         attended = np.einsum("hqk,khd->qhd", probs, v).reshape(n, c.num_heads * d)
