@@ -25,21 +25,16 @@ from etc.models.testing import (as_transformers5, checkpoint_tensors, tiny_confi
                                 write_checkpoint, write_gguf)
 from test_paged_models import decode, same, shuffled_cache
 
+import hf_goldens_families as goldens
+
 PROMPTS = [[5], [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
 NEW = 4
 # Chunks of 4 positions: the prompts span 1, 2 and 3 chunks; blocks of 4.
 LOAD = dict(workers=3, max_seq_len=32, attention_chunk=4, kv_block_size=4)
 
-#: One tiny config per family, as transformers 4 writes config.json.
-FAMILIES = {
-    "qwen2": tiny_config("Qwen2ForCausalLM"),
-    # Layer 0 full, layer 1 sliding (max_window_layers = 1): the prompts and
-    # their new tokens (up to 15 positions) outgrow the window of 5.
-    "qwen2_window": tiny_config("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=5,
-                                max_window_layers=1),
-    # Every layer sliding, a window of 5.
-    "mistral": tiny_config("MistralForCausalLM"),
-}
+#: One tiny config per family (as transformers 4 writes config.json) and
+#: the seed of its weights: those of the goldens.
+FAMILIES, SEEDS = goldens.FAMILIES, goldens.SEEDS
 #: The families whose GGUF files keep their architecture (llama.cpp writes
 #: Mistral as llama, and no window into either).
 GGUF_FAMILIES = ["qwen2"]
@@ -48,8 +43,8 @@ GGUF_FAMILIES = ["qwen2"]
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
-    return {name: write_checkpoint(root / name, config, seed=11 + i)
-            for i, (name, config) in enumerate(FAMILIES.items())}
+    return {name: write_checkpoint(root / name, config, seed=SEEDS[name])
+            for name, config in FAMILIES.items()}
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +162,38 @@ def test_qwen2_biases_change_the_logits(checkpoints):
     tokens = PROMPTS[2]
     assert np.abs(reference.forward(checkpoint.config, weights, tokens) -
                   reference.forward(checkpoint.config, unbiased, tokens)).max() > 1e-2
+
+
+# ----------------------------------------------------------------------
+# Against Hugging Face transformers: goldens, and live where torch imports
+# ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(goldens.cases()))
+def test_matches_the_transformers_goldens(name, tmp_path):
+    """The logits of every position of each golden sequence (every prefix
+    a request of one step: prefill), within the dtype's tolerance of
+    transformers', and the greedy tokens `generate` picks (prefill, then
+    decode through the paged cache) are transformers' (`generate` with its
+    own cache), as far as rounding cannot swap them."""
+    golden = goldens.Golden.load(name)
+    model = models.load(golden.write_checkpoint(tmp_path / name), dtype=golden.dtype, **LOAD)
+    prefixes = golden.prefixes()
+    cache = model.new_cache(len(prefixes), max(map(len, prefixes)))
+    logits, _ = model.step(cache, [models.Request(i, 0, prefix)
+                                   for i, prefix in enumerate(prefixes)], return_logits=True)
+    golden.check_logits(logits)
+    golden.check_tokens(model.generate(golden.prompts, goldens.NEW).tokens)
+
+
+def test_the_goldens_are_what_transformers_computes_now():
+    """Where torch and transformers import: the goldens regenerate bit for
+    bit (else they are stale, or transformers changed)."""
+    pytest.importorskip("torch", reason="torch is not installed: the goldens stand in for "
+                                        "transformers")
+    pytest.importorskip("transformers", reason="transformers is not installed: the goldens "
+                                               "stand in for it")
+    assert goldens.make(check=True) == []
 
 
 # ----------------------------------------------------------------------

@@ -1,0 +1,254 @@
+"""Goldens from Hugging Face transformers for the model families of
+test_families.py (Qwen2, Mistral, ...): what `AutoModelForCausalLM`
+computes for their tiny checkpoints, kept in test/python/goldens/ so that
+the tests compare ETC with an outside implementation where torch is not
+installed.
+
+    python test/python/hf_goldens_families.py [--check]
+
+(where torch and transformers import, with `python/` on PYTHONPATH)
+regenerates the files (`--check` compares instead of writing). Made with
+torch 2.13.0 (CPU) and transformers 5.24.0; the files record the versions.
+
+A case is a family's tiny checkpoint (`write_checkpoint`), config.json as
+transformers 4 or 5 writes it, stored and computed in one dtype. Its file,
+`goldens/<family>-<style>-<dtype>.npz`, holds the case, a SHA-256 of the
+random weights (a changed generator is reported as such, not as a wrong
+model), transformers' greedy tokens for each prompt (`generate`, with its
+KV cache: sliding layers through transformers' sliding-window cache) and
+the logits of every position of the prompt and its tokens (one forward
+pass over the whole sequence): the layout of test/python/hf_goldens.py's
+files. The prompts outgrow the windows (11 + 4 positions, windows of 5).
+
+Tolerances are relative to the root mean square of a position's logits:
+2 g (k u + n u32), u the dtype's unit roundoff, k = 12 roundings of stored
+intermediates per layer (+2), n the terms of the float32 sums along the
+longest path, g = 2 the gain of an error through a layer (the derivation
+of hf_goldens.tolerance): f32 1.7e-4, f16 0.05, bf16 0.4 for these
+configs. Greedy tokens are compared up to the first whose lead over the
+next is within twice the tolerance (rounding could swap them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from etc.models.testing import as_transformers5, checkpoint_tensors, tiny_config, write_checkpoint
+
+DIRECTORY = Path(__file__).resolve().parent / "goldens"
+DTYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
+NEW = 4
+PROMPTS = [[5], [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
+
+#: One tiny config per family, as transformers 4 writes config.json (test_families.py
+#: compiles the same).
+FAMILIES = {
+    "qwen2": tiny_config("Qwen2ForCausalLM"),
+    # Layer 0 full, layer 1 sliding (max_window_layers = 1): the prompts and
+    # their new tokens (up to 15 positions) outgrow the window of 5.
+    "qwen2_window": tiny_config("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=5,
+                                max_window_layers=1),
+    # Every layer sliding, a window of 5.
+    "mistral": tiny_config("MistralForCausalLM"),
+}
+#: The seed of each family's random weights.
+SEEDS = {name: 11 + i for i, name in enumerate(FAMILIES)}
+
+
+def cases() -> dict[str, dict]:
+    """Every golden case by file name: both config styles in float32, and
+    transformers 4's in float16 and bfloat16."""
+    out = {}
+    for name, config in FAMILIES.items():
+        for style, dtypes in (("transformers4", DTYPES), ("transformers5", ("f32",))):
+            raw = as_transformers5(config) if style == "transformers5" else config
+            for dtype in dtypes:
+                out[f"{name}-{style}-{dtype}"] = dict(config=raw, seed=SEEDS[name],
+                                                      dtype=dtype, family=name)
+    return out
+
+
+def tolerance(config: dict, dtype: str) -> float:
+    """The largest difference allowed between two implementations' logits
+    at one position, relative to the rms of that position's logits (see
+    the module docstring)."""
+    unit = {"f32": 2.0 ** -24, "f16": 2.0 ** -11, "bf16": 2.0 ** -8}
+    layers, h = config["num_hidden_layers"], config["hidden_size"]
+    heads = config["num_attention_heads"]
+    d = config.get("head_dim") or h // heads
+    positions = max(map(len, PROMPTS)) + NEW
+    k = 12 * layers + 2
+    n = layers * (4 * h + 2 * d + 2 * positions + heads * d +
+                  config["intermediate_size"]) + 2 * h
+    return 2 * 2.0 * (k * unit[dtype] + n * unit["f32"])
+
+
+def weights_digest(config: dict, seed: int) -> str:
+    """SHA-256 of the float32 tensors `write_checkpoint` draws, with their names."""
+    digest = hashlib.sha256()
+    for name, array in checkpoint_tensors(config, seed).items():
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(array, np.float32).tobytes())
+    return digest.hexdigest()
+
+
+class Golden:
+    """One golden file: the case, the prompts, transformers' greedy tokens
+    and the logits of every position."""
+
+    def __init__(self, name: str, case: dict, prompts: list, tokens: list, logits: list,
+                 versions: dict, digest: str):
+        self.name, self.case = name, case
+        self.config, self.seed, self.dtype = case["config"], case["seed"], case["dtype"]
+        self.prompts, self.tokens, self.logits = prompts, tokens, logits
+        self.versions, self.digest = versions, digest
+
+    def sequences(self) -> list[list[int]]:
+        return [list(p) + list(t) for p, t in zip(self.prompts, self.tokens)]
+
+    def prefixes(self) -> list[list[int]]:
+        """Every prefix whose last position the logits cover, in row order."""
+        return [s[:j + 1] for s in self.sequences() for j in range(len(s) - 1)]
+
+    def write_checkpoint(self, path) -> Path:
+        """The case's checkpoint, after checking that its weights are those
+        the golden was made from."""
+        if weights_digest(self.config, self.seed) != self.digest:
+            raise AssertionError(f"goldens/{self.name}.npz was made from other weights than "
+                                 f"etc.models.testing draws now (seed {self.seed}): "
+                                 f"regenerate it (test/python/hf_goldens_families.py)")
+        return write_checkpoint(path, self.config, dtype=DTYPES[self.dtype], seed=self.seed)
+
+    def check_logits(self, logits: np.ndarray) -> np.ndarray:
+        """Asserts that `logits` (a row per `prefixes()`) are within the
+        tolerance of transformers'; returns the errors as fractions of it."""
+        want = np.concatenate(self.logits).astype(np.float64)
+        assert logits.shape == want.shape, (logits.shape, want.shape)
+        scale = np.sqrt(np.mean(np.square(want), axis=-1))
+        errors = np.max(np.abs(logits - want), axis=-1) / (tolerance(self.config, self.dtype) *
+                                                           scale)
+        worst = int(np.argmax(errors))
+        assert errors[worst] <= 1, (
+            f"{self.name}: ETC's logits after {self.prefixes()[worst]} differ from "
+            f"transformers' by {errors[worst]:.3g} times the tolerance "
+            f"({tolerance(self.config, self.dtype):.3g} of their rms); "
+            f"{int(np.sum(errors > 1))} of {len(errors)} positions are outside it")
+        return errors
+
+    def check_tokens(self, tokens: list) -> None:
+        """Asserts that the greedy `tokens` (per prompt) are transformers',
+        up to the first one rounding could change."""
+        tol = tolerance(self.config, self.dtype)
+        for r, (prompt, want, got, logits) in enumerate(zip(self.prompts, self.tokens, tokens,
+                                                            self.logits)):
+            rows = logits[len(prompt) - 1:].astype(np.float64)
+            top = -np.sort(-rows, axis=-1)
+            close = top[:, 0] - top[:, 1] <= 2 * tol * np.sqrt(np.mean(rows ** 2, axis=-1))
+            count = int(np.argmax(close)) if close.any() else len(want)
+            assert list(got[:count]) == list(want[:count]), (
+                f"{self.name}: prompt {r}: ETC's tokens {list(got)} are not transformers' "
+                f"{list(want)} (the first {count} are determined in {self.dtype})")
+
+    def save(self, directory: Path = DIRECTORY) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{self.name}.npz"
+        np.savez_compressed(
+            path, case=json.dumps(self.case, sort_keys=True), versions=json.dumps(self.versions),
+            digest=self.digest, prompt_lengths=np.array([len(p) for p in self.prompts], np.int32),
+            prompts=np.array([t for p in self.prompts for t in p], np.int32),
+            tokens=np.array(self.tokens, np.int32), logits=np.concatenate(self.logits),
+            router_gaps=np.zeros(0, np.float32))
+        return path
+
+    @classmethod
+    def load(cls, name: str, directory: Path = DIRECTORY) -> "Golden":
+        """The golden `name`, checked to be the case `cases()` names now."""
+        path = directory / f"{name}.npz"
+        if not path.is_file():
+            raise AssertionError(f"{path} is missing: run test/python/hf_goldens_families.py "
+                                 f"where torch and transformers import")
+        with np.load(path) as data:
+            case = json.loads(str(data["case"]))
+            lengths = data["prompt_lengths"].tolist()
+            starts = np.cumsum([0] + lengths)
+            flat = data["prompts"].tolist()
+            prompts = [flat[a:b] for a, b in zip(starts[:-1], starts[1:])]
+            rows = np.cumsum([0] + [n + NEW - 1 for n in lengths])
+            logits = [data["logits"][a:b] for a, b in zip(rows[:-1], rows[1:])]
+            golden = cls(name, case, prompts, data["tokens"].tolist(), logits,
+                         json.loads(str(data["versions"])), str(data["digest"]))
+        if json.loads(json.dumps(cases().get(name), sort_keys=True)) != case:
+            raise AssertionError(f"{path} is of another case than hf_goldens_families.cases() "
+                                 f"says: regenerate it")
+        return golden
+
+
+# ----------------------------------------------------------------------
+# Making them (needs torch and transformers)
+# ----------------------------------------------------------------------
+
+
+def compute(name: str, case: dict, directory: Path) -> Golden:
+    """The golden of case `name`, computed by transformers."""
+    import torch
+    import transformers
+
+    path = write_checkpoint(directory / name, case["config"], dtype=DTYPES[case["dtype"]],
+                            seed=case["seed"])
+    dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[case["dtype"]]
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    tokens, logits = [], []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False,
+                                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 pad_token_id=0)
+            new = out[0, len(prompt):].tolist()
+            tokens.append(new)
+            sequence = torch.tensor([prompt + new[:-1]])
+            logits.append(model(sequence).logits[0].to(torch.float32).numpy())
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    return Golden(name, case, PROMPTS, tokens, logits, versions,
+                  weights_digest(case["config"], case["seed"]))
+
+
+def make(directory: Path = DIRECTORY, check: bool = False) -> list[str]:
+    """Computes every golden; writes them, or with `check` compares them
+    with the files. Returns what differs."""
+    problems = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, case in cases().items():
+            golden = compute(name, case, Path(scratch))
+            if not check:
+                print(golden.save(directory))
+                continue
+            stored = Golden.load(name, directory)
+            if stored.tokens != golden.tokens:
+                problems.append(f"{name}: tokens {stored.tokens} != {golden.tokens}")
+            for a, b in zip(stored.logits, golden.logits):
+                if not np.array_equal(a, b):
+                    problems.append(f"{name}: logits differ by {np.abs(a - b).max():.3g}")
+                    break
+    return problems
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="compare with the files instead of writing them")
+    args = parser.parse_args(argv)
+    problems = make(check=args.check)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
