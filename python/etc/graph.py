@@ -35,7 +35,7 @@ from mlir import ir
 
 from . import ops, packed
 from .graph_collective import CollectiveOperators
-from .graph_llm import LLMOperators, RaggedBatch
+from .graph_llm import LLMOperators, RaggedBatch, norm_offset
 from .graph_to_mlir import build_module
 from .graph_values import (Argument, CeilDiv, Dim, Operation, Symbol, Tensor, describe,
                            format_shape, same_dim)
@@ -519,6 +519,13 @@ class Graph(LLMOperators, CollectiveOperators):
         broadcast over the rows of a 2-D one."""
         return self._binary("silu_mul", a, b, tile, out, name)
 
+    def gelu_mul(self, a: Tensor, b: Tensor, *, tile=None, out=None, name=None) -> Tensor:
+        """gelu(a) * b elementwise (a GeGLU MLP's gate times its up
+        projection; `gelu`'s tanh approximation, transformers'
+        gelu_pytorch_tanh), gelu(a) rounded to the dtype first, as
+        `silu_mul`."""
+        return self._binary("gelu_mul", a, b, tile, out, name)
+
     def silu(self, x: Tensor, *, tile=None, out=None, name=None) -> Tensor:
         """x * sigmoid(x) = x / (1 + exp(-x))."""
         return self._unary("silu", x, tile, out, name)
@@ -536,6 +543,13 @@ class Graph(LLMOperators, CollectiveOperators):
         if isinstance(c, bool) or not isinstance(c, (int, float)):
             raise ValueError(f"scale: constant 'c' must be a Python float, got {c!r}")
         return self._unary("scale", x, tile, out, name, {"c": float(c)})
+
+    def softcap(self, x: Tensor, c: float, *, tile=None, out=None, name=None) -> Tensor:
+        """c tanh(x / c) for a positive Python float c: soft-capping of
+        logits into (-c, c) (Gemma 2's final logits)."""
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not c > 0:
+            raise ValueError(f"softcap: constant 'c' must be a positive Python float, got {c!r}")
+        return self._unary("softcap", x, tile, out, name, {"c": float(c)})
 
     def _rowwise(self, kind, x, weight, tile, out, name, params) -> Tensor:
         self._check_operand(kind, "x", x)
@@ -556,13 +570,16 @@ class Graph(LLMOperators, CollectiveOperators):
         tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
         return self._finish(kind, operands, shape, dtype, tile, params, out, name)
 
-    def rmsnorm(self, x: Tensor, weight: Tensor, eps: float = 1e-6, *, tile=None, out=None,
-                name=None) -> Tensor:
-        """x / sqrt(mean(x^2 over the last dim) + eps) * weight, row by row.
+    def rmsnorm(self, x: Tensor, weight: Tensor, eps: float = 1e-6, *, offset: float = 0.0,
+                tile=None, out=None, name=None) -> Tensor:
+        """x / sqrt(mean(x^2 over the last dim) + eps) * (offset + weight),
+        row by row, in float32 and rounded once (Gemma's norms: offset 1,
+        the weight added to it in float32, not in the weight's dtype).
         `tile=(m,)` sets the rows per tile (default 32)."""
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
             raise ValueError(f"rmsnorm: 'eps' must be a non-negative float, got {eps!r}")
-        return self._rowwise("rmsnorm", x, weight, tile, out, name, {"eps": float(eps)})
+        return self._rowwise("rmsnorm", x, weight, tile, out, name,
+                             {"eps": float(eps), **norm_offset("rmsnorm", offset)})
 
     def softmax(self, x: Tensor, *, tile=None, out=None, name=None) -> Tensor:
         """Softmax over the last dimension (the row maximum is subtracted first)."""

@@ -27,6 +27,15 @@ from .ops.base import DEFAULT_ROWS, INDEX_DTYPE
 DEFAULT_CHUNK = 64
 
 
+def norm_offset(kind: str, offset) -> dict:
+    """The parameters an RMSNorm's `offset` adds (none for 0: the plain
+    norm's kernels and IR), checked."""
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)) or \
+            not math.isfinite(offset):
+        raise ValueError(f"{kind}: 'offset' must be a finite float, got {offset!r}")
+    return {"offset": float(offset)} if offset else {}
+
+
 @dataclass(frozen=True)
 class RaggedBatch:
     """The index inputs (all i32) that describe a step's ragged batch of
@@ -238,10 +247,11 @@ class LLMOperators:
         tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
         return self._finish(kind, operands, x.shape, x.dtype, tile, params, None, name)
 
-    def head_rmsnorm(self, x, weight, *, head_dim: int, eps: float = 1e-6, tile=None,
-                     name: Optional[str] = None):
+    def head_rmsnorm(self, x, weight, *, head_dim: int, eps: float = 1e-6, offset: float = 0.0,
+                     tile=None, name: Optional[str] = None):
         """RMSNorm of each head of x (T, n * head_dim) on its own, with the
-        shared `weight` (head_dim,) (Qwen3's q_norm / k_norm).
+        shared `weight` (head_dim,) (Qwen3's q_norm / k_norm), times
+        (offset + weight) in float32 (Gemma 3's: offset 1).
         `tile=(m,)` sets the rows per tile (default 32)."""
         kind = "head_rmsnorm"
         self._check_operand(kind, "x", x, ranks=(2,))
@@ -255,7 +265,8 @@ class LLMOperators:
         dtype = self._same_dtype(kind, [("x", x), ("weight", weight)])
         tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
         return self._finish(kind, [("x", x), ("weight", weight)], x.shape, dtype, tile,
-                            {"head_dim": head_dim, "eps": float(eps)}, None, name)
+                            {"head_dim": head_dim, "eps": float(eps),
+                             **norm_offset(kind, offset)}, None, name)
 
     def kv_append(self, cache, values, batch: RaggedBatch, *, tile=None):
         """Writes the new rows `values` (T, W) into the state `cache`
@@ -290,8 +301,8 @@ class LLMOperators:
 
     def attention(self, q, k_cache, v_cache, batch: RaggedBatch, *, head_dim: int,
                   chunk: int = DEFAULT_CHUNK, max_length=None, scale: Optional[float] = None,
-                  window: Optional[int] = None, scratch_from=None,
-                  name: Optional[str] = None):
+                  window: Optional[int] = None, softcap: Optional[float] = None,
+                  scratch_from=None, name: Optional[str] = None):
         """Causal grouped-query attention of each token of the batch over its
         request's KV cache slot (flash-decoding: see `etc.ops.attention`).
 
@@ -321,7 +332,10 @@ class LLMOperators:
         span at most), or the cache's chunks if fewer, and request r runs
         ceildiv(request_length[r], chunk) of them, decided at run time: a
         decode step of a request longer than the window runs about W /
-        chunk tiles, whatever its length. Each
+        chunk tiles, whatever its length.
+
+        With `softcap` c, the scaled scores are soft-capped before the
+        softmax: c tanh(scale q . k / c) (Gemma 2). Each
         run checks the batch's indices against the cache (the block table's
         entries against its blocks) and `max_length` before the kernel runs
         (`Graph.index_range`). Result (T, H * head_dim) in q's dtype.
@@ -360,6 +374,10 @@ class LLMOperators:
                                    window < 1):
             raise ValueError(f"{kind}: 'window' must be a positive int (positions a token sees, "
                              f"its own included) or None, got {window!r}")
+        if softcap is not None and (isinstance(softcap, bool) or
+                                    not isinstance(softcap, (int, float)) or not softcap > 0):
+            raise ValueError(f"{kind}: 'softcap' must be a positive float or None, got "
+                             f"{softcap!r}")
         if scale is None:
             scale = 1.0 / math.sqrt(head_dim)
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
@@ -415,6 +433,8 @@ class LLMOperators:
             params["block_size"] = k_cache.shape[1]
         if window is not None:
             params["window"] = window
+        if softcap is not None:
+            params["softcap"] = float(softcap)
         shape = (q.shape[0], chunks, heads * (head_dim + 2))
         partial = None
         if scratch_from is not None:

@@ -236,12 +236,15 @@ def _apply(op, vals: list) -> np.ndarray:
         return np.exp(vals[0])
     if kind == "silu":
         return _silu(vals[0])
-    if kind == "silu_mul":  # finished by `evaluate`, which knows the dtype
+    if kind in ("silu_mul", "gelu_mul"):  # finished by `evaluate`, which knows the dtype
         return vals[0]
     if kind == "gelu":
         return _gelu(vals[0])
     if kind == "scale":
         return vals[0] * np.float32(op.params["c"])
+    if kind == "softcap":
+        c = np.float32(op.params["c"])
+        return c * np.tanh(vals[0] / c)
     if kind in ("rmsnorm", "softmax") and vals[0].shape[-1] == 0:
         # Rows of width 0 (a symbolic dimension bound to 0) normalise to
         # rows of width 0; NumPy's reductions would raise or warn.
@@ -249,7 +252,8 @@ def _apply(op, vals: list) -> np.ndarray:
     if kind == "rmsnorm":
         x, w = vals
         ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
-        return x / np.sqrt(ms + np.float32(op.params["eps"])) * w
+        return x / np.sqrt(ms + np.float32(op.params["eps"])) * \
+            (np.float32(op.params.get("offset", 0.0)) + w)
     if kind == "softmax":
         x = vals[0]
         e = np.exp(x - np.max(x, axis=-1, keepdims=True))
@@ -303,9 +307,10 @@ def evaluate(g, /, **inputs) -> list[np.ndarray]:
             if op.kind == "matmul" and len(vals) == 3:
                 # The product, rounded as a matmul's result, plus the residual.
                 result = _to_storage(result, declared["dtype"]) + vals[2]
-            if op.kind == "silu_mul":
-                # silu(a), rounded as a silu's result, times b.
-                result = _to_storage(_silu(vals[0]), declared["dtype"]) * vals[1]
+            if op.kind in ("silu_mul", "gelu_mul"):
+                # silu(a) or gelu(a), rounded as its result, times b.
+                gate = (_silu if op.kind == "silu_mul" else _gelu)(vals[0])
+                result = _to_storage(gate, declared["dtype"]) * vals[1]
             shape = _concrete_shape(op.result, declared["shape"], symbols)
             assert result.shape == shape, (op.name, result.shape, shape)
             env[op.result] = _to_storage(result, declared["dtype"])

@@ -54,11 +54,14 @@ def rope(x: np.ndarray, positions: np.ndarray, head_dim: int, theta: float = 100
     return out.reshape(x.shape)
 
 
-def head_rmsnorm(x: np.ndarray, weight: np.ndarray, head_dim: int, eps: float) -> np.ndarray:
-    """RMSNorm over each head of `head_dim` columns, with the shared weight."""
+def head_rmsnorm(x: np.ndarray, weight: np.ndarray, head_dim: int, eps: float,
+                 offset: float = 0.0) -> np.ndarray:
+    """RMSNorm over each head of `head_dim` columns, with the shared weight
+    (plus `offset`, in float32)."""
     rows = x.shape[0]
     heads = x.reshape(rows, -1, head_dim)
     ms = np.mean(heads * heads, axis=-1, keepdims=True, dtype=np.float32)
+    weight = np.float32(offset) + weight
     return (heads / np.sqrt(ms + np.float32(eps)) * weight).reshape(x.shape)
 
 
@@ -110,7 +113,7 @@ def paged_rows(cache: np.ndarray, block_table: np.ndarray, length: int) -> np.nd
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray,
               token_request: np.ndarray, request_slot: np.ndarray, head_dim: int,
-              scale: float, block_size=None, window=None) -> np.ndarray:
+              scale: float, block_size=None, window=None, softcap=None) -> np.ndarray:
     """Causal grouped-query attention of each token over its request's cache
     slot: token t (query heads q[t], H of them) attends to the cached keys
     and values at positions 0 .. positions[t] (with a `window` W, positions
@@ -139,6 +142,8 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions
         for h in range(heads):
             query = q[t, h * head_dim:(h + 1) * head_dim]
             scores = (keys[:, h // group] @ query) * np.float32(scale)
+            if softcap is not None:
+                scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
             weights = np.exp(scores - scores.max())
             weights /= weights.sum(dtype=np.float32)
             out[t, h * head_dim:(h + 1) * head_dim] = weights @ values[:, h // group]
@@ -164,14 +169,15 @@ def apply(op, vals: list) -> np.ndarray:
         return rope(vals[0], vals[1], params["head_dim"], params.get("theta", 10000.0),
                     inv_freq)
     if kind == "head_rmsnorm":
-        return head_rmsnorm(vals[0], vals[1], params["head_dim"], params["eps"])
+        return head_rmsnorm(vals[0], vals[1], params["head_dim"], params["eps"],
+                            params.get("offset", 0.0))
     if kind == "kv_append":
         return kv_append(*vals, block_size=params.get("block_size"))
     if kind == "attention":
         q, k_cache, v_cache, positions, token_request, request_slot = vals[:6]
         return attention(q, k_cache, v_cache, positions, token_request, request_slot,
                          params["head_dim"], params["scale"], params.get("block_size"),
-                         params.get("window"))
+                         params.get("window"), params.get("softcap"))
     if kind == "argmax":
         return argmax(vals[0])
     if kind == "sample":

@@ -1,5 +1,5 @@
 """Goldens from Hugging Face transformers for the model families of
-test_families.py (Qwen2, Mistral, ...): what `AutoModelForCausalLM`
+test_families.py (Qwen2, Mistral, Gemma 3, Gemma 2, ...): what `AutoModelForCausalLM`
 computes for their tiny checkpoints, kept in test/python/goldens/ so that
 the tests compare ETC with an outside implementation where torch is not
 installed.
@@ -57,6 +57,15 @@ FAMILIES = {
                                 max_window_layers=1),
     # Every layer sliding, a window of 5.
     "mistral": tiny_config("MistralForCausalLM"),
+    # Layer 0 sliding (window 5, its own RoPE base), layer 1 full (RoPE
+    # base 1e6, linear scaling by 2); q/k norms and the four norms of
+    # 1 + w, GeGLU, embeddings scaled by sqrt(32), query_pre_attn_scalar 24.
+    "gemma3": tiny_config("Gemma3ForCausalLM"),
+    # The same with final-logit soft-capping.
+    "gemma3_capped": tiny_config("Gemma3ForCausalLM", final_logit_softcapping=3.0),
+    # Gemma 2: sliding and full layers alternating, attention scores capped
+    # at 2 and final logits at 4.
+    "gemma2": tiny_config("Gemma2ForCausalLM"),
 }
 #: The seed of each family's random weights.
 SEEDS = {name: 11 + i for i, name in enumerate(FAMILIES)}

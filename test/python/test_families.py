@@ -36,8 +36,18 @@ LOAD = dict(workers=3, max_seq_len=32, attention_chunk=4, kv_block_size=4)
 #: the seed of its weights: those of the goldens.
 FAMILIES, SEEDS = goldens.FAMILIES, goldens.SEEDS
 #: The families whose GGUF files keep their architecture (llama.cpp writes
-#: Mistral as llama, and no window into either).
-GGUF_FAMILIES = ["qwen2"]
+#: Mistral as llama, and no Qwen2 window), as llama.cpp can say them:
+#: Gemma with the layer pattern llama.cpp fixes (6 for Gemma 3) and the
+#: attention scale it derives (1 / sqrt(head_dim)).
+GGUF_FAMILIES = {
+    "qwen2": FAMILIES["qwen2"],
+    "gemma3": tiny_config("Gemma3ForCausalLM", num_hidden_layers=6, sliding_window_pattern=6,
+                          query_pre_attn_scalar=16),
+    "gemma3_capped": tiny_config("Gemma3ForCausalLM", num_hidden_layers=6,
+                                 sliding_window_pattern=6, query_pre_attn_scalar=16,
+                                 final_logit_softcapping=3.0),
+    "gemma2": tiny_config("Gemma2ForCausalLM", query_pre_attn_scalar=16),
+}
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +174,67 @@ def test_qwen2_biases_change_the_logits(checkpoints):
                   reference.forward(checkpoint.config, unbiased, tokens)).max() > 1e-2
 
 
+def test_gemma_configs_follow_transformers():
+    """Gemma's fields as transformers reads them: the layer pattern
+    (Gemma 3's sliding_window_pattern, default 6; Gemma 2 alternating),
+    RoPE per layer type in both config styles, Gemma 2's soft-capping
+    defaults (50 and 30 when the fields are absent), Gemma 3's attention
+    soft-capping ignored (transformers' Gemma 3 never applies it), head_dim
+    256 by default whatever the hidden size; the refusals name the field."""
+    g3 = ModelConfig.from_dict(FAMILIES["gemma3"])
+    assert (g3.sliding_layers, g3.sliding_window, g3.qk_norm, g3.norm_offset) == \
+        ((0,), 5, True, 1.0)
+    assert (g3.rope_theta, g3.rope_scaling) == (1e6, {"rope_type": "linear", "factor": 2.0})
+    assert (g3.local_rope_theta, g3.local_rope_scaling) == (1e4, None)
+    assert g3.local_rope(0) and not g3.local_rope(1)
+    np.testing.assert_allclose(g3.rope_tables()["inv_freq"] * 2, 1 / 1e6 ** (np.arange(8) / 8),
+                               rtol=1e-6)
+    np.testing.assert_allclose(g3.rope_tables()["inv_freq_local"], 1 / 1e4 ** (np.arange(8) / 8),
+                               rtol=1e-6)
+    assert g3.attention_scale_of(0) == g3.attention_scale_of(1) == 1 / np.sqrt(24)
+    assert (g3.embedding_scale, g3.tie_word_embeddings) == (np.sqrt(32), True)
+    read = lambda base, **fields: ModelConfig.from_dict({**FAMILIES[base], **fields})
+    six = {k: v for k, v in FAMILIES["gemma3"].items() if k != "sliding_window_pattern"}
+    assert ModelConfig.from_dict({**six, "num_hidden_layers": 7}).sliding_layers == \
+        (0, 1, 2, 3, 4, 6)
+    assert read("gemma3", attn_logit_softcapping=30.0).attn_logit_softcapping is None
+    assert read("gemma3", head_dim=None).head_dim == 256
+    g2 = {k: v for k, v in FAMILIES["gemma2"].items()
+          if k not in ("attn_logit_softcapping", "final_logit_softcapping")}
+    defaults = ModelConfig.from_dict(g2)
+    assert (defaults.attn_logit_softcapping, defaults.final_logit_softcapping) == (50.0, 30.0)
+    assert ModelConfig.from_dict({**g2, "num_hidden_layers": 4}).sliding_layers == (0, 2)
+    assert read("gemma2", final_logit_softcapping=None).final_logit_softcapping is None
+    for fields, match in [
+            (dict(hidden_activation="gelu"), r"'hidden_activation' = 'gelu' is not supported"),
+            (dict(use_bidirectional_attention=True), r"'use_bidirectional_attention'"),
+            (dict(sliding_window=None), r"'sliding_window' is null, but layers \[0\]"),
+            (dict(attention_bias=True), r"'attention_bias' = True is not supported"),
+            (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), r"'dynamic'")]:
+        with pytest.raises(UnsupportedConfigError, match=match):
+            read("gemma3", **fields)
+    t5 = as_transformers5(FAMILIES["gemma3"])
+    assert set(t5["rope_parameters"]) == {"full_attention", "sliding_attention"}
+    with pytest.raises(UnsupportedConfigError, match=r"rope_parameters\['sliding_attention'\]' "
+                                                     r"has rope_type 'dynamic'"):
+        ModelConfig.from_dict({**t5, "rope_parameters": {**t5["rope_parameters"],
+                               "sliding_attention": {"rope_type": "dynamic", "factor": 2.0}}})
+
+
+def test_gguf_gemma_attention_scale_as_llama_cpp_derives_it(tmp_path):
+    """GGUF has no query_pre_attn_scalar: llama.cpp takes 1 / sqrt(head
+    size), and for the 27B models (Gemma 3: 62 layers, Gemma 2: 46) 1 /
+    sqrt(hidden / heads); ETC reads the files the same way."""
+    pytest.importorskip("gguf")
+    from etc.models.loading.gguf import GGUFCheckpoint
+
+    for name, layers in (("gemma3", 62), ("gemma2", 46)):
+        for count, scalar in ((layers, 32 / 4), (4, 16)):
+            config = {**GGUF_FAMILIES[name], "num_hidden_layers": count}
+            gg = GGUFCheckpoint(write_gguf(tmp_path / f"{name}{count}.gguf", config))
+            assert gg.config.query_pre_attn_scalar == scalar, (name, count)
+
+
 # ----------------------------------------------------------------------
 # Against Hugging Face transformers: goldens, and live where torch imports
 # ----------------------------------------------------------------------
@@ -258,7 +329,7 @@ def test_bf16_checkpoint_and_half_precision_compute(name, tmp_path):
 # ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", GGUF_FAMILIES)
+@pytest.mark.parametrize("name", list(GGUF_FAMILIES))
 def test_gguf_equals_the_checkpoint_and_generates_alike(name, tmp_path):
     """The family written as llama.cpp's converter writes it: the same
     ModelConfig and graph weights bit for bit as the safetensors checkpoint
@@ -267,14 +338,16 @@ def test_gguf_equals_the_checkpoint_and_generates_alike(name, tmp_path):
     pytest.importorskip("gguf")
     from etc.models.loading.gguf import GGUFCheckpoint
 
-    config = FAMILIES[name]
+    config = GGUF_FAMILIES[name]
     st = Checkpoint(write_checkpoint(tmp_path / "st", config, seed=3))
     gg = GGUFCheckpoint(write_gguf(tmp_path / "m.gguf", config, seed=3))
     assert gg.config == st.config
     want, got = st.weights(), gg.weights()
     assert set(got) == set(want)
     for key in want:
-        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+        # Gemma's norms come back from 1 + w in float32.
+        tol = 1e-7 if key.endswith("norm") and gg.config.norm_offset else 0
+        np.testing.assert_allclose(got[key], want[key], rtol=0, atol=tol, err_msg=key)
     path = write_gguf(tmp_path / "q8.gguf", config, seed=3, tensor_type="Q8_0")
     quantized = GGUFCheckpoint(path)
     out = models.load(path, **LOAD).generate(PROMPTS, 3, return_logits=True)
@@ -395,22 +468,131 @@ def test_mistral_gguf_is_a_llama_file(tmp_path):
 from ptxas_check import assemble, assert_no_spills, needs_ptxas  # noqa: E402
 
 
+#: Real widths with a sliding and a full layer: Qwen2.5-0.5B with its window
+#: on for its second layer, and Gemma 3 1B with every second layer full
+#: (head_dim 256: a whole warp per cache row; q/k norms of 1 + w, GeGLU,
+#: the sliding layers' own RoPE).
+WINDOWED_SHAPES = {
+    "qwen2.5-0.5b": dict(use_sliding_window=True, sliding_window=4096, max_window_layers=1),
+    "gemma-3-1b": dict(sliding_window_pattern=2),
+}
+
+
 @needs_ptxas
+@pytest.mark.parametrize("name", list(WINDOWED_SHAPES))
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
-def test_windowed_real_width_step_graph_assembles_without_spills(chip, tmp_path):
-    """Qwen2.5-0.5B's widths with its window on for the second of two
-    layers (a full layer and a sliding one, as Gemma mixes them), bf16,
-    paged: the GPU attention kernels with and without a window assemble
-    with no spills."""
+def test_windowed_real_width_step_graph_assembles_without_spills(name, chip, tmp_path):
+    """bf16, paged: the GPU attention kernels with and without a window
+    (and Gemma's kernels) assemble with no spills."""
     import etc
     from etc.models.step.graph import build_step_graph
     from etc.models.testing import shaped_config
 
-    config = ModelConfig.from_dict(shaped_config("qwen2.5-0.5b", use_sliding_window=True,
-                                                 sliding_window=4096, max_window_layers=1))
-    assert config.sliding_layers == (1,)
+    config = ModelConfig.from_dict(shaped_config(name, **WINDOWED_SHAPES[name]))
+    assert config.sliding_layers in ((1,), (0,))
     graph = build_step_graph(config, dtype="bf16", max_seq_len=8192, chunk=256,
                              kv_block_size=16)
     kernel = etc.compile(graph, target="cuda", chip=chip, schedule="auto")
-    assert len(re.findall(r"\.func .*step_tile_attention_chunk_warps", kernel.ptx)) == 2
-    assert_no_spills(assemble(kernel.ptx, chip, tmp_path, "qwen2_window"))
+    # The windowed and the full chunk kernels.
+    assert len(set(re.findall(r"step_tile_attention_chunk_warps_\d+", kernel.ptx))) == 2
+    assert_no_spills(assemble(kernel.ptx, chip, tmp_path, name))
+
+
+# ----------------------------------------------------------------------
+# Chat templates of the families' shapes
+# ----------------------------------------------------------------------
+
+#: Chat templates in the shapes these families ship (written here): Gemma's
+#: turns (`<start_of_turn>user` / `model`, the system prompt folded into the
+#: first user turn, text parts, trimmed contents, alternating roles),
+#: Mistral's `[INST]` and Phi-3's `<|user|>` / `<|end|>`.
+GEMMA_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set prefix = messages[0]['content'] + '\\n\\n' -%}
+    {%- else -%}
+        {%- set prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}
+    {%- endif -%}
+    {%- set turns = messages[1:] -%}
+{%- else -%}
+    {%- set prefix = '' -%}
+    {%- set turns = messages -%}
+{%- endif -%}
+{%- for message in turns -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception('roles must alternate user/assistant') }}
+    {%- endif -%}
+    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+    {{ '<start_of_turn>' + role + '\\n' + (prefix if loop.first else '') }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- else -%}
+        {%- for part in message['content'] if part['type'] == 'text' -%}
+            {{ part['text'] | trim }}
+        {%- endfor -%}
+    {%- endif -%}
+    {{ '<end_of_turn>\\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{ '<start_of_turn>model\\n' }}
+{%- endif -%}"""
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+    "{% endif %}{% endfor %}")
+PHI3_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] in ['system', 'user', 'assistant'] %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}")
+CONVERSATION = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "  Hi there  "},
+                {"role": "assistant", "content": "Hello!"},
+                {"role": "user", "content": [{"type": "text", "text": "Why?"}]}]
+
+
+@pytest.mark.parametrize("template, tokens, conversation, expected", [
+    (GEMMA_TEMPLATE, ("<bos>", "<eos>"), CONVERSATION,
+     "<bos><start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\n"
+     "Hello!<end_of_turn>\n<start_of_turn>user\nWhy?<end_of_turn>\n<start_of_turn>model\n"),
+    (MISTRAL_TEMPLATE, ("<s>", "</s>"),
+     CONVERSATION[1:3] + [{"role": "user", "content": "Why?"}],
+     "<s>[INST]   Hi there   [/INST]Hello!</s>[INST] Why? [/INST]"),
+    (PHI3_TEMPLATE, ("<s>", "<|endoftext|>"),
+     CONVERSATION[:3] + [{"role": "user", "content": "Why?"}],
+     "<|system|>\nBe brief.<|end|>\n<|user|>\n  Hi there  <|end|>\n<|assistant|>\nHello!"
+     "<|end|>\n<|user|>\nWhy?<|end|>\n<|assistant|>\n"),
+], ids=["gemma", "mistral", "phi3"])
+def test_family_chat_templates_render_as_transformers_renders_them(template, tokens,
+                                                                   conversation, expected,
+                                                                   tmp_path):
+    """Each family's template shape, rendered by ETC's tokenizer: the text
+    transformers 5.24.0 renders for it (whitespace control, `is string`,
+    `trim`, filtered loops, the system prompt folded into Gemma's first
+    turn); a conversation that does not alternate is the template's own
+    error; Gemma's turn markers, as special tokens, are one id each."""
+    from etc.models.loading.tokenizer import ChatTemplateError, Tokenizer
+    from etc.models.testing import write_tokenizer
+
+    backend = Tokenizer.from_directory(write_tokenizer(tmp_path, 320)).backend
+    tokenizer = Tokenizer(backend, chat_template=template, bos_token=tokens[0],
+                          eos_token=tokens[1])
+    assert tokenizer.apply_chat_template(conversation) == expected
+    if template is not PHI3_TEMPLATE:
+        with pytest.raises(ChatTemplateError, match="roles must alternate"):
+            tokenizer.apply_chat_template([{"role": "user", "content": "a"},
+                                           {"role": "user", "content": "b"}])
+    if template is GEMMA_TEMPLATE:
+        from tokenizers import AddedToken
+
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                    for t in ("<bos>", "<start_of_turn>", "<end_of_turn>")])
+        ids = tokenizer.encode(expected, add_special_tokens=False)
+        marks = [backend.token_to_id(t) for t in ("<start_of_turn>", "<end_of_turn>")]
+        assert ids.count(marks[0]) == 4 and ids.count(marks[1]) == 3
+        assert tokenizer.decode(ids) == expected.replace("<bos>", "").replace(
+            "<start_of_turn>", "").replace("<end_of_turn>", "")

@@ -48,6 +48,12 @@ SHAPES = {
         tie_word_embeddings=True, rope_scaling={
             "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "gemma-3-1b": dict(
+        architecture="Gemma3ForCausalLM", vocab_size=262144, hidden_size=1152,
+        intermediate_size=6912, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        rope_local_base_freq=10000.0, rope_scaling=None, sliding_window=512,
+        sliding_window_pattern=6, query_pre_attn_scalar=256, tie_word_embeddings=True),
     "qwen2.5-0.5b": dict(
         architecture="Qwen2ForCausalLM", vocab_size=151936, hidden_size=896,
         intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2,
@@ -78,7 +84,8 @@ def shaped_config(name: str, layers: int = 2, **overrides) -> dict:
 
 #: Hugging Face's `model_type` of each architecture.
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                "Qwen2ForCausalLM": "qwen2",
+                "Qwen2ForCausalLM": "qwen2", "Gemma2ForCausalLM": "gemma2",
+                "Gemma3ForCausalLM": "gemma3_text",
                 "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
 
 
@@ -119,6 +126,25 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
     if architecture == "Qwen3MoeForCausalLM":
         config.update({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []})
+    if architecture in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
+        # As Gemma's config.json (hidden_activation, not hidden_act), with a
+        # query_pre_attn_scalar that is not head_dim and a window of 5 on
+        # layer 0 (layer 1 full).
+        del config["hidden_act"]
+        config.update({"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 24,
+                       "sliding_window": 5, "attn_logit_softcapping": None,
+                       "final_logit_softcapping": None})
+    if architecture == "Gemma2ForCausalLM":
+        # Soft-capping that the tiny model's scores and logits reach.
+        config.update({"attn_logit_softcapping": 2.0, "final_logit_softcapping": 4.0})
+    if architecture == "Gemma3ForCausalLM":
+        # Gemma 3 (4B and up) as transformers 4 writes it: the full layers'
+        # base and linear scaling, the sliding layers' own base, every 2nd
+        # layer full.
+        del config["rope_theta"]
+        config.update({"rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                       "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                       "sliding_window_pattern": 2})
     config.update(overrides)
     return config
 
@@ -134,7 +160,18 @@ def as_transformers5(config: dict) -> dict:
     config["rope_parameters"] = rope
     layers = config["num_hidden_layers"]
     architecture = config["architectures"][0]
-    if architecture == "Qwen2ForCausalLM" and config.get("use_sliding_window"):
+    if architecture in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
+        pattern = config.pop("sliding_window_pattern", 6 if "3" in architecture else 2)
+        config.setdefault("layer_types", ["sliding_attention" if (i + 1) % pattern else
+                                          "full_attention" for i in range(layers)])
+    if architecture == "Gemma3ForCausalLM":
+        # RoPE per layer type: the full layers' (with rope_scaling) and the
+        # sliding layers' own base.
+        config["rope_parameters"] = {
+            "full_attention": rope,
+            "sliding_attention": {"rope_type": "default",
+                                  "rope_theta": config.pop("rope_local_base_freq", 10000.0)}}
+    elif architecture == "Qwen2ForCausalLM" and config.get("use_sliding_window"):
         # transformers' rule, written out as it saves it.
         first = config.get("max_window_layers", 28)
         config.setdefault("layer_types", ["sliding_attention" if i >= first else
@@ -156,6 +193,8 @@ def tensor_shapes(config: dict) -> dict:
     vocab = config["vocab_size"]
     qwen3 = config["architectures"][0].startswith("Qwen3")
     qwen2 = config["architectures"][0] == "Qwen2ForCausalLM"
+    gemma = config["architectures"][0] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+    qk_norm = qwen3 or config["architectures"][0] == "Gemma3ForCausalLM"
     moe = config["architectures"][0] == "Qwen3MoeForCausalLM"
     t = {"model.embed_tokens.weight": (vocab, h)}
     sparse = set()
@@ -175,10 +214,13 @@ def tensor_shapes(config: dict) -> dict:
             t[p + "self_attn.q_proj.bias"] = (heads * d,)
             t[p + "self_attn.k_proj.bias"] = (kv * d,)
             t[p + "self_attn.v_proj.bias"] = (kv * d,)
-        if qwen3:
+        if qk_norm:
             t[p + "self_attn.q_norm.weight"] = (d,)
             t[p + "self_attn.k_norm.weight"] = (d,)
         t[p + "post_attention_layernorm.weight"] = (h,)
+        if gemma:
+            t[p + "pre_feedforward_layernorm.weight"] = (h,)
+            t[p + "post_feedforward_layernorm.weight"] = (h,)
         if i in sparse:
             e, f = config["num_experts"], config["moe_intermediate_size"]
             t[p + "mlp.gate.weight"] = (e, h)
@@ -192,7 +234,7 @@ def tensor_shapes(config: dict) -> dict:
             t[p + "mlp.up_proj.weight"] = (f, h)
             t[p + "mlp.down_proj.weight"] = (h, f)
     t["model.norm.weight"] = (h,)
-    if not config.get("tie_word_embeddings", False):
+    if not config.get("tie_word_embeddings", gemma):
         t["lm_head.weight"] = (vocab, h)
     return t
 
@@ -202,15 +244,19 @@ def _tensors(config: dict, rng: np.random.Generator, sharp: bool = False) -> dic
     stay near unit size and logits are not flat; `sharp`: see
     `write_checkpoint` (the same draws, so the other tensors are equal)."""
     h = config["hidden_size"]
+    # Gemma's norms scale by 1 + w: its weights are stored near 0.
+    one = 0.0 if config["architectures"][0] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM") \
+        else 1.0
     tensors = {}
     for name, shape in tensor_shapes(config).items():
         if name.endswith("norm.weight"):
             draw = rng.standard_normal(shape)
             if sharp:
                 gain = 1.4 if name.endswith(("q_norm.weight", "k_norm.weight")) else 1.0
-                weight = gain * np.exp(0.5 * draw)
+                # The scale a norm applies; Gemma stores it minus 1.
+                weight = gain * np.exp(0.5 * draw) - (1.0 - one)
             else:
-                weight = 1.0 + 0.1 * draw
+                weight = one + 0.1 * draw
             tensors[name] = weight.astype(np.float32)
             continue
         if name.endswith(".bias"):
@@ -315,7 +361,8 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
 # llama.cpp's converter writes Mistral as llama (without its window).
 _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
                        "Qwen2ForCausalLM": "qwen2",
-                       "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe"}
+                       "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe",
+                       "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3"}
 
 
 def gguf_tensor_name(architecture: str, name: str, layers: int) -> str:
@@ -369,6 +416,7 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
 
     config = config or tiny_config()
     architecture = _GGUF_ARCHITECTURES[config["architectures"][0]]
+    gemma = architecture in ("gemma2", "gemma3")
     tensors = tensors if tensors is not None else checkpoint_tensors(config, seed)
     h = config["hidden_size"]
     heads = config["num_attention_heads"]
@@ -404,6 +452,10 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         elif architecture == "llama" and name.endswith("self_attn.k_proj.weight"):
             array = permute(array, kv_heads)
         out[gguf_tensor_name(architecture, name, layers)] = array
+    if gemma:
+        # llama.cpp's converter stores Gemma's norms as 1 + w.
+        out = {name: array + np.float32(1.0) if name.endswith("norm.weight") else array
+               for name, array in out.items()}
     if architecture == "qwen3moe":
         for i in range(layers):
             p = f"model.layers.{i}.mlp.experts."
@@ -429,6 +481,17 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type", scaling.get("type")) == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(scaling["factor"])
+    if gemma:
+        # What llama.cpp's converter writes; it fixes the layer pattern, the
+        # sliding layers' RoPE base and the attention scale itself.
+        writer.add_sliding_window(config.get("sliding_window", 4096))
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if config.get(key) is not None:
+                getattr(writer, f"add_{key}")(config[key])
     if architecture == "qwen3moe":
         writer.add_expert_count(config["num_experts"])
         writer.add_expert_used_count(config["num_experts_per_tok"])

@@ -28,6 +28,9 @@ notifications into it before the run; combine tile t waits on
 done[token_request[t]], an indirect wait. Nothing is padded: dead chunk
 tiles never run, and no list of tiles is built on the host.
 
+With `softcap` c the scaled scores are c tanh(score / c) (Gemma 2's
+attention-logit soft-capping).
+
 A sliding-window attention (`window` W: token t sees positions
 max(0, p - W + 1) .. p) starts request r's chunks at the window of its
 first new token, s = max(0, p0 - W + 1) (p0 = positions[request_first[r]]):
@@ -76,6 +79,13 @@ class _AttentionKernel(PartKernel):
         if "window" not in self.op.params:
             return k0
         return arith.addi(self.window_start(first_position), k0)
+
+    def capped(self, score: ir.Value) -> ir.Value:
+        """A scaled score, soft-capped when the attention has a `softcap`
+        c: c tanh(score / c) (Gemma 2)."""
+        if "softcap" not in self.op.params:
+            return score
+        return self.unary("softcap", score, self.op.params["softcap"])
 
     def window_start(self, first_position: ir.Value) -> ir.Value:
         """Where a windowed request's chunks start: the first position its
@@ -200,7 +210,7 @@ class AttentionChunk(_AttentionKernel):
                     at = where.at(k)
                     key = self.load_row(k_cache, [*at, kv_column])
                     dot = self.vsum(arith.mulf(query, key))
-                    score = arith.mulf(dot, scale)
+                    score = self.capped(arith.mulf(dot, scale))
                     m_new = arith.maximumf(m, score)
                     alpha = math.exp(arith.subf(m, m_new))
                     weight = math.exp(arith.subf(score, m_new))
@@ -402,7 +412,8 @@ class AttentionChunkWarps(AttentionChunk):
                                            vec, aligned=True)
                         for g in range(per_item):
                             m, l, acc = now[3 * g:3 * g + 3]
-                            score = arith.mulf(got[u * per_item + g], self.cf32(scale))
+                            score = self.capped(arith.mulf(got[u * per_item + g],
+                                                           self.cf32(scale)))
                             m_new = arith.maximumf(m, score)
                             alpha = math.exp(arith.subf(m, m_new))
                             weight = math.exp(arith.subf(score, m_new))

@@ -425,7 +425,7 @@ class TileKernel:
 
     def unary(self, kind: str, x: ir.Value, c: Optional[float] = None) -> ir.Value:
         """An elementwise function of `x` (an f32 or an f32 vector): exp,
-        scale (by `c`), silu, gelu."""
+        scale (by `c`), silu, gelu, softcap (c tanh(x / c))."""
         k = lambda constant: self.const_like(x, constant)
         if kind == "exp":
             return math.exp(x)
@@ -445,6 +445,11 @@ class TileKernel:
             tanh = arith.subf(k(1.0), arith.divf(k(2.0), denom))
             half_x = arith.mulf(k(0.5), x)
             return arith.mulf(half_x, arith.addf(k(1.0), tanh))
+        if kind == "softcap":
+            # c tanh(x / c), tanh(z) = 1 - 2 / (exp(2z) + 1) (+-1 where exp
+            # overflows or vanishes).
+            denom = arith.addf(math.exp(arith.mulf(x, k(2.0 / c))), k(1.0))
+            return arith.mulf(k(c), arith.subf(k(1.0), arith.divf(k(2.0), denom)))
         raise ValueError(f"unknown elementwise function {kind!r}")
 
 

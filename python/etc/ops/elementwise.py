@@ -1,7 +1,8 @@
 """Elementwise operators: add, mul, silu_mul (silu(a) * b, a SwiGLU MLP's
 gate: one task where silu then mul were two; silu rounded to the dtype
-first, so the bits are the same), each with a 1-D operand broadcast over
-rows; silu, gelu, exp and scale.
+first, so the bits are the same) and gelu_mul (the same for a GeGLU MLP),
+each with a 1-D operand broadcast over rows; silu, gelu, exp, scale and
+softcap (c tanh(x / c)).
 
 Tasks: one tile task per output tile (1-D or 2-D); each reads the same tile
 of every operand of the result's rank, and the column block of a broadcast
@@ -21,8 +22,8 @@ from mlir.dialects import arith, scf
 
 from .base import TaskBuilder, TileKernel, box, tile_offset
 
-UNARY = ("silu", "gelu", "exp", "scale")
-BINARY = ("add", "mul", "silu_mul")
+UNARY = ("silu", "gelu", "exp", "scale", "softcap")
+BINARY = ("add", "mul", "silu_mul", "gelu_mul")
 KINDS = UNARY + BINARY
 
 
@@ -47,8 +48,8 @@ class Elementwise(TileKernel):
             return arith.addf(vals[0], vals[1])
         if kind == "mul":
             return arith.mulf(vals[0], vals[1])
-        if kind == "silu_mul":
-            gate = self.rounded(self.unary("silu", vals[0]), self.op.result.dtype)
+        if kind in ("silu_mul", "gelu_mul"):
+            gate = self.rounded(self.unary(kind[:4], vals[0]), self.op.result.dtype)
             return arith.mulf(gate, vals[1])
         return self.unary(kind, vals[0], self.op.params.get("c"))
 

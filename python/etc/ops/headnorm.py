@@ -1,4 +1,5 @@
-"""Per-head RMSNorm (Qwen3's `q_norm` and `k_norm`).
+"""Per-head RMSNorm (Qwen3's `q_norm` and `k_norm`; Gemma 3's, whose
+weight is used as offset + w, offset 1).
 
 x is (T, n * D): n heads of `head_dim` = D columns per row. Each head of
 each row is normalised on its own with the shared weight (D,):
@@ -49,7 +50,10 @@ class HeadRMSNorm(TileKernel):
             def write(d):
                 column = arith.addi(base, d)
                 v = arith.mulf(self.load(x, [row, column]), inv)
-                self.store(arith.mulf(v, self.load(weight, [d])), out, [row, column])
+                w = self.load(weight, [d])
+                if "offset" in op.params:
+                    w = arith.addf(self.cf32(op.params["offset"]), w)
+                self.store(arith.mulf(v, w), out, [row, column])
             self.for_each_col(self.cidx(head_dim), write)
             scf.yield_([])
 

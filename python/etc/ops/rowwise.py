@@ -1,4 +1,5 @@
-"""Row-wise operators over the last dimension: rmsnorm, softmax and sum.
+"""Row-wise operators over the last dimension: rmsnorm (optionally times
+offset + weight: Gemma's 1 + w), softmax and sum.
 
 Tasks: one tile task per block of rows; each reads its rows whole (and all
 of rmsnorm's weight) and writes its rows (one value per row for `sum`).
@@ -26,6 +27,12 @@ class Rowwise(TileKernel):
     rmsnorm) a second pass writing the row."""
 
     grid_rank = 1
+
+    def norm_weight(self, weight: ir.Value) -> ir.Value:
+        """rmsnorm's loaded weight (f32, scalar or vector), plus its offset
+        when it has one: Gemma's 1 + w, in float32."""
+        offset = self.op.params.get("offset")
+        return weight if offset is None else arith.addf(self.const_like(weight, offset), weight)
 
     def emit(self) -> None:
         op, out = self.op, self.op.result
@@ -71,7 +78,8 @@ class Rowwise(TileKernel):
 
                 def write(k):
                     v = arith.mulf(self.load(x, [row, k]), inv)
-                    self.store(arith.mulf(v, self.load(weight, [k])), out, [row, k])
+                    self.store(arith.mulf(v, self.norm_weight(self.load(weight, [k]))), out,
+                               [row, k])
                 self.for_each_col(n, write)
             scf.yield_([])
 
@@ -169,10 +177,10 @@ class RowwiseCPU(Rowwise):
                 vinv = self.vsplat(inv, width)
                 self.map_row(
                     n, vector_n,
-                    lambda k: self.vstore(arith.mulf(arith.mulf(vx(k), vinv),
-                                                     self.vload(weight, [k], width)), out, [row, k]),
-                    lambda k: self.store(arith.mulf(arith.mulf(sx(k), inv),
-                                                    self.load(weight, [k])), out, [row, k]))
+                    lambda k: self.vstore(arith.mulf(arith.mulf(vx(k), vinv), self.norm_weight(
+                        self.vload(weight, [k], width))), out, [row, k]),
+                    lambda k: self.store(arith.mulf(arith.mulf(sx(k), inv), self.norm_weight(
+                        self.load(weight, [k]))), out, [row, k]))
             scf.yield_([])
 
 
@@ -324,8 +332,8 @@ class RowwiseGPU(Rowwise):
                     mean = arith.divf(lanes.get(squares, lane)[i], self.cf32(float(n)))
                     inv = self.vsplat(math.rsqrt(arith.addf(mean, self.cf32(op.params["eps"]))),
                                       vec)
-                    return arith.mulf(arith.mulf(v, inv),
-                                      self.vload(weight, [col], vec, aligned=True))
+                    return arith.mulf(arith.mulf(v, inv), self.norm_weight(
+                        self.vload(weight, [col], vec, aligned=True)))
                 lanes.each(lambda lane: write(lane, scale))
 
     def emit_streamed(self) -> None:
@@ -418,8 +426,8 @@ class RowwiseGPU(Rowwise):
                 def scale(lane):
                     mean = arith.divf(lanes.get(total, lane)[0], self.cf32(float(n)))
                     inv = self.vsplat(math.rsqrt(arith.addf(mean, self.cf32(op.params["eps"]))), vec)
-                    write(lane, lambda v, c: arith.mulf(arith.mulf(v, inv),
-                                                        self.vload(weight, [c], vec, aligned=True)))
+                    write(lane, lambda v, c: arith.mulf(arith.mulf(v, inv), self.norm_weight(
+                        self.vload(weight, [c], vec, aligned=True))))
                 lanes.each(scale)
 
 

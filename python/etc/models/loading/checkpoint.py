@@ -134,7 +134,7 @@ class Checkpoint:
         h, d = c.hidden_size, c.head_dim
         out: dict[str, np.ndarray] = {}
         per_layer = [4 + (3 if c.qkv_bias else 0) + (2 if c.qk_norm else 0) + 1 +
-                     (4 if c.is_sparse(i) else 3)
+                     (2 if c.sandwich_norms else 0) + (4 if c.is_sparse(i) else 3)
                      for i in range(c.num_layers)]
         total = 2 + sum(per_layer) + (0 if c.tie_word_embeddings else 1)
 
@@ -166,8 +166,18 @@ class Checkpoint:
             if c.qk_norm:
                 take(f"l{i}_q_norm", p + "self_attn.q_norm.weight", (d,), f"layer {i} q_norm")
                 take(f"l{i}_k_norm", p + "self_attn.k_norm.weight", (d,), f"layer {i} k_norm")
-            take(f"l{i}_mlp_norm", p + "post_attention_layernorm.weight", (h,),
-                 f"layer {i} post-attention norm")
+            if c.sandwich_norms:
+                # Gemma: post_attention_layernorm norms the attention's
+                # output; the MLP's input norm is pre_feedforward_layernorm.
+                take(f"l{i}_post_attn_norm", p + "post_attention_layernorm.weight", (h,),
+                     f"layer {i} post-attention norm")
+                take(f"l{i}_mlp_norm", p + "pre_feedforward_layernorm.weight", (h,),
+                     f"layer {i} pre-feedforward norm")
+                take(f"l{i}_post_mlp_norm", p + "post_feedforward_layernorm.weight", (h,),
+                     f"layer {i} post-feedforward norm")
+            else:
+                take(f"l{i}_mlp_norm", p + "post_attention_layernorm.weight", (h,),
+                     f"layer {i} post-attention norm")
             if c.is_sparse(i):
                 e, f = c.num_experts, c.moe_intermediate_size
                 router = self.tensor(p + "mlp.gate.weight", (e, h), f"layer {i} router", dtype)

@@ -1,14 +1,15 @@
 """Hugging Face `config.json` of the supported architectures, checked.
 
-`ModelConfig.from_dict` accepts `LlamaForCausalLM`, `MistralForCausalLM`,
-`Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `Qwen3MoeForCausalLM` configs, written by transformers 4 (flat `rope_theta`,
-`rope_scaling`) or 5 (`rope_parameters`), and raises `UnsupportedConfigError`
-naming the field for anything the compiled model would compute differently
-(biases, sliding windows where the architecture has none, RoPE variants it
-does not implement, ...) and for
-values that are not what the field means (a string where a flag or a number
-belongs, a non-finite or non-positive RoPE base, ...), rather than silently
-ignoring or misreading them.
+`ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
+Mistral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3), written by
+transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
+`layer_types`), and raises `UnsupportedConfigError` naming the field for
+anything the compiled model would compute differently (biases, sliding
+windows where the architecture has none, RoPE variants it does not
+implement, ...) and for values that are not what the field means (a string
+where a flag or a number belongs, a non-finite or non-positive RoPE base,
+...), rather than silently ignoring or misreading them. RoPE parameters are
+read by `rope`.
 """
 
 from __future__ import annotations
@@ -17,41 +18,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from . import rope
+from .fields import UnsupportedConfigError, positive_int, positive_number
+from .rope import ROPE_TYPES
+
 __all__ = ["ARCHITECTURES", "ROPE_TYPES", "ModelConfig", "UnsupportedConfigError"]
 
 #: The architectures `etc.models.load` builds.
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                 "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-
-#: The RoPE variants (Hugging Face's `rope_type`) implemented: each is a set
-#: of frequencies the host computes once (and, for yarn, a scale of the
-#: attention logits). The parameters each takes besides `rope_type`/`type`,
-#: `rope_theta` and `partial_rotary_factor` (which must be 1), and which of
-#: them are required.
-ROPE_TYPES = {
-    "default": ((), ()),
-    "linear": (("factor",), ("factor",)),
-    "llama3": (("factor", "low_freq_factor", "high_freq_factor",
-                "original_max_position_embeddings"),
-               ("factor", "low_freq_factor", "high_freq_factor")),
-    "yarn": (("factor", "original_max_position_embeddings", "attention_factor", "beta_fast",
-              "beta_slow", "mscale", "mscale_all_dim", "truncate"), ("factor",)),
-}
-#: RoPE variants transformers knows and ETC refuses, and why.
-_REFUSED_ROPE_TYPES = {
-    "dynamic": "dynamic NTK scaling changes the frequencies with the sequence length at run "
-               "time, and the step kernel computes with one set",
-    "longrope": "LongRoPE switches between its short and long factors with the sequence "
-                "length at run time, and the step kernel computes with one set",
-    "proportional": "it rotates only part of each head (partial rotary embedding)",
-    "axial": "axial (multi-dimensional) RoPE is for vision models",
-    "mrope": "multimodal RoPE needs positions per modality axis",
-}
-
-
-class UnsupportedConfigError(ValueError):
-    """A config.json that names an architecture or sets a field ETC's models
-    do not implement, or a field whose value is not valid."""
+                 "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
+                 "Gemma3ForCausalLM")
+#: Gemma's generations: the architectures with Gemma's layers (four norms
+#: of x (1 + w), a GeGLU MLP, scaled embeddings).
+_GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
 
 
 @dataclass(frozen=True)
@@ -90,6 +69,29 @@ class ModelConfig:
     #: to the whole sequence).
     sliding_window: Optional[int] = None
     sliding_layers: tuple = field(default_factory=tuple)
+    #: The MLP's gate activation: "silu" (SwiGLU) or "gelu_pytorch_tanh"
+    #: (GeGLU, Gemma).
+    hidden_act: str = "silu"
+    #: Gemma's layers: every RMSNorm computes x (norm_offset + w) in float32
+    #: (1: Gemma's 1 + w); the attention and MLP outputs are normed too
+    #: before their residual adds (`sandwich_norms`: post-attention,
+    #: pre- and post-feedforward norms); the embeddings are scaled by
+    #: `embedding_scale` (sqrt(hidden_size), rounded to the compute dtype
+    #: as transformers rounds it).
+    norm_offset: float = 0.0
+    sandwich_norms: bool = False
+    embedding_scale: Optional[float] = None
+    #: Attention scores scaled by query_pre_attn_scalar^-1/2 instead of
+    #: head_dim^-1/2 (Gemma), and soft-capped, c tanh(x / c): the
+    #: attention scores (`attn_logit_softcapping`) and the final logits.
+    query_pre_attn_scalar: Optional[float] = None
+    attn_logit_softcapping: Optional[float] = None
+    final_logit_softcapping: Optional[float] = None
+    #: The RoPE of the sliding layers where it differs from the others'
+    #: (Gemma 3: `rope_local_base_freq`, `rope_parameters
+    #: ['sliding_attention']`): its base and variant.
+    local_rope_theta: Optional[float] = None
+    local_rope_scaling: Optional[dict] = None
 
     @property
     def is_moe(self) -> bool:
@@ -109,33 +111,52 @@ class ModelConfig:
     @property
     def rope_type(self) -> str:
         """Hugging Face's name of the RoPE variant ("default", "linear",
-        "llama3" or "yarn")."""
+        "llama3" or "yarn") of the full-attention layers."""
         return self.rope_scaling["rope_type"] if self.rope_scaling else "default"
+
+    def local_rope(self, layer: int) -> bool:
+        """Whether `layer` uses the sliding layers' own RoPE (Gemma 3)."""
+        return self.local_rope_theta is not None and layer in self.sliding_layers
+
+    def _rope_of(self, local: bool) -> tuple[float, Optional[dict]]:
+        if local:
+            return self.local_rope_theta, self.local_rope_scaling
+        return self.rope_theta, self.rope_scaling
 
     @property
     def rope_attention_factor(self) -> float:
         """The factor Hugging Face multiplies cos and sin by (yarn's
-        `attention_factor`, 1 for the other variants): q . k scales by its
-        square."""
-        if self.rope_type != "yarn":
-            return 1.0
-        s = self.rope_scaling
-        if s.get("attention_factor") is not None:
-            return float(s["attention_factor"])
+        `attention_factor`, 1 for the other variants) in the full-attention
+        layers: q . k scales by its square."""
+        return rope.attention_factor(self.rope_scaling)
 
-        def mscale(scale: float, m: float = 1.0) -> float:
-            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-        factor = s["factor"]
-        if s.get("mscale") and s.get("mscale_all_dim"):
-            return mscale(factor, s["mscale"]) / mscale(factor, s["mscale_all_dim"])
-        return mscale(factor)
+    def attention_scale_of(self, layer: int) -> float:
+        """The scale of `layer`'s attention logits: 1 / sqrt(head_dim) (or
+        1 / sqrt(query_pre_attn_scalar)), times the square of the RoPE
+        attention factor of its layer type (rotated q and k both carry
+        it)."""
+        factor = rope.attention_factor(self._rope_of(self.local_rope(layer))[1])
+        return factor ** 2 / math.sqrt(self.query_pre_attn_scalar or self.head_dim)
 
     @property
     def attention_scale(self) -> float:
-        """The scale of the attention logits: 1 / sqrt(head_dim), times the
-        square of `rope_attention_factor` (rotated q and k both carry it)."""
-        return self.rope_attention_factor ** 2 / math.sqrt(self.head_dim)
+        """`attention_scale_of` a full-attention layer."""
+        return self.rope_attention_factor ** 2 / math.sqrt(self.query_pre_attn_scalar or
+                                                            self.head_dim)
+
+    def rope_inv_freq(self, local: bool = False):
+        """The RoPE frequencies (head_dim / 2 float32), as Hugging Face
+        computes them for the configured variant; with `local`, those of
+        the sliding layers' own RoPE (`local_rope_theta`)."""
+        return rope.inv_freq(self.head_dim, *self._rope_of(local))
+
+    def rope_tables(self) -> dict:
+        """The step graph's RoPE frequency inputs: `inv_freq`, and
+        `inv_freq_local` for the sliding layers' own RoPE (Gemma 3)."""
+        tables = {"inv_freq": self.rope_inv_freq()}
+        if self.local_rope_theta is not None:
+            tables["inv_freq_local"] = self.rope_inv_freq(local=True)
+        return tables
 
     @classmethod
     def from_dict(cls, config: dict, where: str = "config.json") -> "ModelConfig":
@@ -158,8 +179,8 @@ class ModelConfig:
                 raise UnsupportedConfigError(f"{where}: field {name!r} is missing (required "
                                              f"for {architecture})")
             if kind is int:
-                return _positive_int(where, name, config[name])
-            return _positive_number(where, name, config[name])
+                return positive_int(where, name, config[name])
+            return positive_number(where, name, config[name])
 
         def refuse(name: str, allowed, why: str):
             value = config.get(name)
@@ -188,12 +209,15 @@ class ModelConfig:
             raise UnsupportedConfigError(f"{where}: field 'num_key_value_heads' = {kv_heads!r} "
                                          f"must divide num_attention_heads = {heads}")
         head_dim = config.get("head_dim")
-        head_dim = hidden // heads if head_dim is None else head_dim
+        if head_dim is None:
+            # Gemma's default is 256, whatever the hidden size.
+            head_dim = 256 if architecture in _GEMMA else hidden // heads
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or \
                 head_dim % 2:
             raise UnsupportedConfigError(f"{where}: field 'head_dim' = {head_dim!r} must be an "
                                          f"even positive integer")
-        refuse("hidden_act", ("silu", None), "only SiLU-gated MLPs are implemented")
+        if architecture not in _GEMMA:  # Gemma reads hidden_activation (below)
+            refuse("hidden_act", ("silu", None), "only SiLU-gated MLPs are implemented")
         if architecture != "Qwen2ForCausalLM":
             # Qwen2's q/k/v projections always have biases and its o
             # projection never has one: transformers ignores the field.
@@ -202,7 +226,13 @@ class ModelConfig:
         refuse("attention_dropout", (0, 0.0, None), "inference uses no dropout")
         refuse("pretraining_tp", (1, None), "tensor-parallel slicing of the MLP")
         window, sliding = _sliding_layers(config, where, architecture, layers)
-        rope_theta, scaling = _rope(config, where, need("max_position_embeddings"))
+        max_positions = need("max_position_embeddings")
+        gemma = _gemma(config, where, architecture, hidden, max_positions) \
+            if architecture in _GEMMA else {}
+        if "rope_theta" in gemma:
+            rope_theta, scaling = gemma.pop("rope_theta"), gemma.pop("rope_scaling")
+        else:
+            rope_theta, scaling = _rope(config, where, max_positions)
         moe = {}
         if architecture == "Qwen3MoeForCausalLM":
             mlp_only = config.get("mlp_only_layers")
@@ -212,7 +242,7 @@ class ModelConfig:
                 raise UnsupportedConfigError(f"{where}: field 'mlp_only_layers' = {mlp_only!r} "
                                              f"must be a list of layer indices")
             step = config.get("decoder_sparse_step")
-            step = 1 if step is None else _positive_int(where, "decoder_sparse_step", step)
+            step = 1 if step is None else positive_int(where, "decoder_sparse_step", step)
             experts = need("num_experts")
             moe = {
                 "num_experts": experts,
@@ -236,7 +266,7 @@ class ModelConfig:
         else:
             intermediate = config.get("intermediate_size")
             intermediate = 0 if intermediate is None else \
-                _positive_int(where, "intermediate_size", intermediate)
+                positive_int(where, "intermediate_size", intermediate)
         return cls(
             architecture=architecture,
             vocab_size=need("vocab_size"),
@@ -249,67 +279,27 @@ class ModelConfig:
             rms_norm_eps=need("rms_norm_eps", float),
             rope_theta=rope_theta,
             max_position_embeddings=need("max_position_embeddings"),
-            tie_word_embeddings=flag("tie_word_embeddings", False),
-            qk_norm=architecture.startswith("Qwen3"),
+            # transformers' default: tied for Gemma, untied for the others.
+            tie_word_embeddings=flag("tie_word_embeddings", architecture in _GEMMA),
+            qk_norm=architecture.startswith("Qwen3") or architecture == "Gemma3ForCausalLM",
             qkv_bias=architecture == "Qwen2ForCausalLM",
             rope_scaling=scaling,
             sliding_window=window,
             sliding_layers=sliding,
             **moe,
+            **gemma,
         )
-
-    def rope_inv_freq(self):
-        """The RoPE frequencies (head_dim / 2 float32), as Hugging Face
-        computes them for the configured variant."""
-        import numpy as np
-
-        from ...reference_llm import rope_inv_freq
-
-        d = self.head_dim
-        inv_freq = rope_inv_freq(d, self.rope_theta)
-        kind, s = self.rope_type, self.rope_scaling
-        if kind == "default":
-            return inv_freq
-        if kind == "linear":
-            return (inv_freq / np.float32(s["factor"])).astype(np.float32)
-        if kind == "llama3":
-            factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
-            old_context = s["original_max_position_embeddings"]
-            low_wavelen, high_wavelen = old_context / low, old_context / high
-            wavelen = 2 * math.pi / inv_freq
-            scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-            smooth = (old_context / wavelen - low) / (high - low)
-            smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-            medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-            return np.where(medium, smoothed, scaled).astype(np.float32)
-        # yarn: interpolated (divided by factor) below the correction range,
-        # extrapolated (unchanged) above it, a linear ramp between.
-        factor, base = s["factor"], self.rope_theta
-        fast, slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
-        old_context = s["original_max_position_embeddings"]
-
-        def correction_dim(rotations: float) -> float:
-            return d * math.log(old_context / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-        low, high = correction_dim(fast), correction_dim(slow)
-        if s.get("truncate", True):
-            low, high = math.floor(low), math.ceil(high)
-        low, high = max(low, 0), min(high, d - 1)
-        if low == high:
-            high += 0.001
-        ramp = np.clip((np.arange(d // 2, dtype=np.float32) - np.float32(low)) /
-                       np.float32(high - low), 0, 1)
-        extrapolation = 1 - ramp
-        interpolated = inv_freq / np.float32(factor)
-        return (interpolated * (1 - extrapolation) + inv_freq * extrapolation).astype(np.float32)
-
 
 #: The architectures with sliding-window attention, and how their configs
 #: say which layers slide: "qwen2" (`use_sliding_window` turns
 #: `sliding_window` on for the layers from `max_window_layers` on, or those
 #: `layer_types` names), "mistral" (`sliding_window`, 4096 when absent and
 #: none when null, for every layer; transformers ignores `layer_types`).
-_WINDOWED = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
+_WINDOWED = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
+             "Gemma2ForCausalLM": "gemma", "Gemma3ForCausalLM": "gemma"}
+#: Gemma's default layer pattern: every n-th layer full, the others
+#: sliding (Gemma 3: `sliding_window_pattern`, default 6; Gemma 2: 2).
+_GEMMA_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}
 
 
 def _sliding_layers(config: dict, where: str, architecture: str,
@@ -341,14 +331,32 @@ def _sliding_layers(config: dict, where: str, architecture: str,
                  else "only 'full_attention' is supported (attention is full, not windowed)"))
     if style is None:
         return None, ()
+    if style == "gemma":
+        window = config.get("sliding_window", 4096)
+        if types is None:
+            pattern = _GEMMA_PATTERN[architecture]
+            if architecture == "Gemma3ForCausalLM" and \
+                    config.get("sliding_window_pattern") is not None:
+                pattern = positive_int(where, "sliding_window_pattern",
+                                       config["sliding_window_pattern"])
+            types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                     for i in range(layers)]
+        sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+        if sliding and window is None:
+            raise UnsupportedConfigError(
+                f"{where}: field 'sliding_window' is null, but layers {list(sliding)} are "
+                f"'sliding_attention' (layer_types)")
+        if window is not None:
+            window = positive_int(where, "sliding_window", window)
+        return (window if sliding else None), sliding
     if style == "mistral":
         window = config.get("sliding_window", 4096)
         if window is None:
             return None, ()
-        return _positive_int(where, "sliding_window", window), tuple(range(layers))
+        return positive_int(where, "sliding_window", window), tuple(range(layers))
     window = config.get("sliding_window", 4096) if use else None
     if window is not None:
-        window = _positive_int(where, "sliding_window", window)
+        window = positive_int(where, "sliding_window", window)
     if types is not None:
         sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
         if sliding and window is None:
@@ -367,102 +375,79 @@ def _sliding_layers(config: dict, where: str, architecture: str,
     return (window if sliding else None), sliding
 
 
-def _positive_int(where: str, name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UnsupportedConfigError(f"{where}: field {name!r} = {value!r} must be a positive "
-                                     f"integer")
-    return value
-
-
-def _positive_number(where: str, name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or not value > 0:
-        raise UnsupportedConfigError(f"{where}: field {name!r} = {value!r} must be a finite "
-                                     f"positive number")
-    return float(value)
-
-
-def _rope(config: dict, where: str, max_positions: int) -> tuple[float, Optional[dict]]:
-    """The RoPE base and the parameters of a scaled variant (or None), read
-    as transformers reads them: `rope_scaling` (transformers 4) or else
+def _rope(config: dict, where: str, max_positions: int, *,
+          layer_type: str = "full_attention", flat: str = "rope_theta",
+          default_theta: float = 10000.0) -> tuple[float, Optional[dict]]:
+    """The RoPE base and the parameters of a scaled variant (or None) of
+    the layers of `layer_type`, read as transformers reads them:
+    `rope_scaling` (transformers 4; full-attention layers only) or else
     `rope_parameters` (transformers 5, possibly nested by layer type), with
-    a flat `rope_theta` as the default base."""
+    the flat field `flat` (else `default_theta`) as the default base."""
     chosen, params = None, None
-    for name in ("rope_scaling", "rope_parameters"):
+    names = ("rope_scaling", "rope_parameters") if layer_type == "full_attention" else \
+        ("rope_parameters",)
+    for name in names:
         value = config.get(name)
         if value is None:
             continue
         if not isinstance(value, dict):
             raise UnsupportedConfigError(f"{where}: field {name!r} = {value!r} must be an "
                                          f"object of RoPE parameters")
-        if name == "rope_parameters" and isinstance(value.get("full_attention"), dict):
-            # Nested by layer type; every layer is full attention (checked).
-            name, value = "rope_parameters['full_attention']", value["full_attention"]
+        if name == "rope_parameters" and isinstance(value.get(layer_type), dict):
+            # Nested by layer type.
+            name, value = f"rope_parameters[{layer_type!r}]", value[layer_type]
+        elif name == "rope_parameters" and layer_type != "full_attention":
+            continue  # the sliding layers' own RoPE comes nested or from `flat`
         if params is None and value:
             chosen, params = name, dict(value)
     params = params or {}
     chosen = chosen or "rope_parameters"
-    flat = config.get("rope_theta")
-    if flat is not None:
-        flat = _positive_number(where, "rope_theta", flat)
-    theta = params.get("rope_theta")
+    theta = config.get(flat)
     if theta is not None:
-        theta = _positive_number(where, f"{chosen}.rope_theta", theta)
-        if flat is not None and flat != theta:
-            raise UnsupportedConfigError(
-                f"{where}: field 'rope_theta' = {flat!r} contradicts {chosen}.rope_theta = "
-                f"{theta!r}; keep one")
-    theta = theta if theta is not None else flat if flat is not None else 10000.0
-    for key in ("rope_type", "type"):
-        if key in params and not isinstance(params[key], str):
-            raise UnsupportedConfigError(f"{where}: field '{chosen}.{key}' = {params[key]!r} "
-                                         f"must be a string")
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind in _REFUSED_ROPE_TYPES:
-        raise UnsupportedConfigError(f"{where}: field '{chosen}' has rope_type {kind!r}, which "
-                                     f"is not supported: {_REFUSED_ROPE_TYPES[kind]}; supported: "
-                                     f"{', '.join(map(repr, ROPE_TYPES))}")
-    if kind not in ROPE_TYPES:
-        raise UnsupportedConfigError(f"{where}: field '{chosen}' has rope_type {kind!r}; "
-                                     f"supported: {', '.join(map(repr, ROPE_TYPES))}")
-    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor"))
-    if partial is not None and (isinstance(partial, bool) or partial != 1):
-        raise UnsupportedConfigError(f"{where}: field 'partial_rotary_factor' = {partial!r} is "
-                                     f"not supported (RoPE rotates whole heads)")
-    allowed, required = ROPE_TYPES[kind]
-    general = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
-    unknown = sorted(k for k in params if k not in allowed and k not in general)
-    if unknown:
-        raise UnsupportedConfigError(f"{where}: field '{chosen}' of rope_type {kind!r} has "
-                                     f"{', '.join(map(repr, unknown))}, which ETC does not "
-                                     f"implement; {kind!r} takes "
-                                     f"{', '.join(map(repr, allowed)) or 'no parameters'}")
-    for key in required:
-        if params.get(key) is None:
-            raise UnsupportedConfigError(f"{where}: field '{chosen}' of rope_type {kind!r} "
-                                         f"lacks {key!r}")
-    if kind == "default":
-        return theta, None
-    scaling = {"rope_type": kind}
-    for key in allowed:
-        value = params.get(key)
-        if value is None:
-            continue
-        what = f"{chosen}.{key}"
-        if key == "truncate":
-            if not isinstance(value, bool):
-                raise UnsupportedConfigError(f"{where}: field '{what}' = {value!r} must be true "
-                                             f"or false")
-        elif key == "original_max_position_embeddings":
-            value = _positive_int(where, what, value)
-        else:
-            value = _positive_number(where, what, value)
-        scaling[key] = value
-    if kind in ("llama3", "yarn"):
-        # transformers' default, as it standardises the parameters.
-        scaling.setdefault("original_max_position_embeddings", max_positions)
-    if kind == "llama3" and scaling["low_freq_factor"] == scaling["high_freq_factor"]:
-        raise UnsupportedConfigError(f"{where}: field '{chosen}' of rope_type 'llama3' has "
-                                     f"low_freq_factor = high_freq_factor = "
-                                     f"{scaling['low_freq_factor']!r}: they must differ")
-    return theta, scaling
+        theta = positive_number(where, flat, theta)
+    nested = params.get("rope_theta")
+    if nested is not None and theta is not None and \
+            positive_number(where, f"{chosen}.rope_theta", nested) != theta:
+        raise UnsupportedConfigError(
+            f"{where}: field {flat!r} = {theta!r} contradicts {chosen}.rope_theta = "
+            f"{nested!r}; keep one")
+    return rope.read(params, chosen, where, default_theta if theta is None else theta,
+                     max_positions, config.get("partial_rotary_factor"))
+
+
+def _gemma(config: dict, where: str, architecture: str, hidden: int,
+           max_positions: int) -> dict:
+    """The fields of Gemma's layers (`ModelConfig`'s Gemma fields), read as
+    transformers reads Gemma 2's and Gemma 3's configs; Gemma 3's RoPE per
+    layer type too (`rope_theta`, `rope_scaling`, `local_rope_theta`,
+    `local_rope_scaling`)."""
+    generation = _GEMMA[architecture]
+    act = config.get("hidden_activation", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise UnsupportedConfigError(f"{where}: field 'hidden_activation' = {act!r} is not "
+                                     f"supported (only 'gelu_pytorch_tanh', the tanh "
+                                     f"approximation, is implemented)")
+    if config.get("use_bidirectional_attention"):
+        raise UnsupportedConfigError(f"{where}: field 'use_bidirectional_attention' = "
+                                     f"{config['use_bidirectional_attention']!r} is not "
+                                     f"supported (attention is causal)")
+    caps = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0} \
+        if generation == 2 else {"attn_logit_softcapping": None, "final_logit_softcapping": None}
+    for name, default in caps.items():
+        value = config.get(name, default)
+        caps[name] = None if value is None else positive_number(where, name, value)
+    if generation == 3:
+        # transformers' Gemma 3 attention never applies the field.
+        caps["attn_logit_softcapping"] = None
+    scalar = config.get("query_pre_attn_scalar", 256)
+    out = dict(hidden_act="gelu_pytorch_tanh", norm_offset=1.0, sandwich_norms=True,
+               embedding_scale=math.sqrt(hidden),
+               query_pre_attn_scalar=positive_number(where, "query_pre_attn_scalar", scalar),
+               **caps)
+    if generation == 3:
+        out["rope_theta"], out["rope_scaling"] = _rope(config, where, max_positions,
+                                                       default_theta=1_000_000.0)
+        out["local_rope_theta"], out["local_rope_scaling"] = _rope(
+            config, where, max_positions, layer_type="sliding_attention",
+            flat="rope_local_base_freq", default_theta=10_000.0)
+    return out

@@ -34,7 +34,12 @@ __all__ = ["GGUFCheckpoint", "GGUFError", "ARCHITECTURES", "TENSOR_TYPES", "PRE_
 #: GGUF `general.architecture` values, and the Hugging Face architecture
 #: each is checked and built as.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
+                 "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+#: Gemma's layer pattern as llama.cpp fixes it (every n-th layer full),
+#: and its layer count of the 27B models, whose attention scale llama.cpp
+#: takes from hidden / heads instead of the head size.
+_GEMMA_LLAMA_CPP = {"gemma2": (2, 46), "gemma3": (6, 62)}
 #: The tensor types loaded: the float types, and every packed format of
 #: `etc.packed` (llama.cpp's Q4_K_M, Q5_K_M, Q6_K, Q8_0 and Q4_0 files hold
 #: no other).
@@ -132,8 +137,11 @@ class GGUFCheckpoint:
             "rope_theta": _decimal(self._key("rope.freq_base", 10000.0)),
             "max_position_embeddings": self._key("context_length"),
             "tie_word_embeddings": "output.weight" not in self._tensors,
-            "hidden_act": "silu",
         }
+        if a in _GEMMA_LLAMA_CPP:
+            config.update(self._gemma_config(config))
+        else:
+            config["hidden_act"] = "silu"
         embedding = self._tensors.get("token_embd.weight")
         vocab = self._key("vocab_size")
         if vocab is None and "tokenizer.ggml.tokens" in self.metadata:
@@ -190,6 +198,39 @@ class GGUFCheckpoint:
                     self._key("expert_shared_feed_forward_length"),
             })
         return config
+
+    def _gemma_config(self, config: dict) -> dict:
+        """Gemma 2's and 3's fields as llama.cpp reads them: the window
+        (`attention.sliding_window`; none: every layer full), the layer
+        pattern llama.cpp fixes (or `attention.sliding_window_pattern`, a
+        flag per layer), the sliding layers' RoPE base (`rope.freq_base_swa`,
+        else llama.cpp's 10000), the soft-capping keys, and the attention
+        scale llama.cpp derives (1 / sqrt(head size), 1 / sqrt(hidden /
+        heads) for the 27B models)."""
+        a = self.architecture
+        pattern, layers_27b = _GEMMA_LLAMA_CPP[a]
+        layers = config["num_hidden_layers"] or 0
+        window = self._key("attention.sliding_window")
+        flags = self._key("attention.sliding_window_pattern")
+        if isinstance(flags, list):
+            types = ["sliding_attention" if flag else "full_attention" for flag in flags]
+        else:
+            pattern = pattern if flags is None else flags
+            types = ["sliding_attention" if window is not None and (i + 1) % pattern else
+                     "full_attention" for i in range(layers)]
+        out = {"hidden_activation": "gelu_pytorch_tanh", "layer_types": types,
+               "sliding_window": window}
+        heads, hidden = config["num_attention_heads"], config["hidden_size"]
+        head_dim = self._key("attention.key_length") or (hidden // heads if heads else None)
+        out["query_pre_attn_scalar"] = hidden // heads if layers == layers_27b and heads else \
+            head_dim
+        if a == "gemma3":
+            out["rope_local_base_freq"] = _decimal(self._key("rope.freq_base_swa", 10000.0))
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            value = self._key(key)
+            if value is not None:
+                out[key] = _decimal(value)
+        return out
 
     # -- tensors -------------------------------------------------------------
 
@@ -291,8 +332,18 @@ class GGUFCheckpoint:
                           None),
                          (f"l{i}_k_norm", b + "attn_k_norm.weight", (d,), f"layer {i} k_norm",
                           None)]
-            plan.append((f"l{i}_mlp_norm", b + "ffn_norm.weight", (h,),
-                         f"layer {i} post-attention norm", None))
+            if c.sandwich_norms:
+                # Gemma: ffn_norm is the pre-feedforward norm; the sublayers'
+                # outputs have their own.
+                plan += [(f"l{i}_post_attn_norm", b + "post_attention_norm.weight", (h,),
+                          f"layer {i} post-attention norm", None),
+                         (f"l{i}_mlp_norm", b + "ffn_norm.weight", (h,),
+                          f"layer {i} pre-feedforward norm", None),
+                         (f"l{i}_post_mlp_norm", b + "post_ffw_norm.weight", (h,),
+                          f"layer {i} post-feedforward norm", None)]
+            else:
+                plan.append((f"l{i}_mlp_norm", b + "ffn_norm.weight", (h,),
+                             f"layer {i} post-attention norm", None))
             if c.is_sparse(i):
                 e, f = c.num_experts, c.moe_intermediate_size
                 # llama.cpp stacks each projection's experts as (E, out, in);
@@ -355,6 +406,9 @@ class GGUFCheckpoint:
                     progress(done, len(plan))
                 continue
             array = self.tensor(name, shape, what)
+            if c.norm_offset and name.endswith("norm.weight"):
+                # llama.cpp's converter stores Gemma's norms as 1 + w.
+                array = array - np.float32(c.norm_offset)
             if how == "T":
                 array = np.ascontiguousarray(np.swapaxes(array, -1, -2))
             elif how is not None:

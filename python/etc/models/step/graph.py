@@ -9,7 +9,8 @@ ids (T,), the ragged batch's index inputs (`etc.graph_llm.RaggedBatch`;
 `block_table` (R, M) in place of `request_slot` when paged), the weights
 (named as `Checkpoint.weights` names them; those in `weight_formats`
 packed, in a block format of `etc.packed`) and the RoPE frequencies
-`inv_freq`. State: each layer's K and V caches, `l<i>_k_cache` /
+`inv_freq` (and `inv_freq_local` for the sliding layers' own RoPE,
+Gemma 3). State: each layer's K and V caches, `l<i>_k_cache` /
 `l<i>_v_cache`, (S, L, H_kv * head_dim) or (N, P, H_kv * head_dim), in the
 KV dtype (by default the compute dtype). Sampling inputs, one per request:
 `temperature`, `top_p`, `min_p` f32 (R,), `top_k`, `logprobs` i32 (R,) and
@@ -30,6 +31,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from ...graph import Graph
 from ..loading.config import ModelConfig
 
@@ -42,6 +45,18 @@ SAMPLING_INPUTS = (("temperature", "f32"), ("top_k", "i32"), ("top_p", "f32"),
 
 #: The most top log-probabilities a request may ask for (OpenAI's bound).
 MAX_LOGPROBS = 20
+
+
+def round_to_dtype(value: float, dtype: str) -> float:
+    """`value` as a buffer of `dtype` holds it (bf16 and f16 rounded)."""
+    if dtype == "f16":
+        return float(np.float16(value))
+    if dtype == "bf16":
+        from ... import bfloat16
+
+        array = np.array([value], np.float32)
+        return float(bfloat16.from_bits(bfloat16.to_bits(array))[0])
+    return float(np.float32(value))
 
 
 def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: int,
@@ -76,10 +91,18 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     def reduced(partial):
         return g.all_reduce(partial) if ranks > 1 else partial
 
-    def residual_matmul(a, w, x):
+    eps, offset = c.rms_norm_eps, c.norm_offset
+
+    def norm(x, w):
+        return g.rmsnorm(x, w, eps, offset=offset)
+
+    def residual_matmul(a, w, x, post_norm=None):
         """x + a Wᵀ: on one rank the residual is added in the matmul's tiles
         (no add task, no synchronisation of its own); on several, after
-        the all-reduce of the ranks' partial products."""
+        the all-reduce of the ranks' partial products. With `post_norm`
+        (Gemma), x + norm(a Wᵀ)."""
+        if post_norm is not None:
+            return g.add(x, norm(reduced(g.matmul(a, w, transpose_b=True)), post_norm))
         if ranks > 1:
             return g.add(x, g.all_reduce(g.matmul(a, w, transpose_b=True)))
         return g.matmul(a, w, transpose_b=True, residual=x)
@@ -99,14 +122,21 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     def weight(key: str, shape: tuple):
         return g.input(key, shape, formats.get(key, dtype))
 
+    def post_norm(key: str):
+        return weight(key, (h,)) if c.sandwich_norms else None
+
     embed = weight("embed", (c.vocab_size, h))
-    inv_freq = g.input("inv_freq", (d // 2,), "f32")
-    eps = c.rms_norm_eps
+    # The RoPE frequencies: `inv_freq`, and the sliding layers' own.
+    rope_tables = {name: g.input(name, (d // 2,), "f32") for name in c.rope_tables()}
     x = g.embedding(embed, ids, dtype=dtype)
+    if c.embedding_scale is not None:
+        # Gemma: sqrt(hidden) in the compute dtype, as transformers casts
+        # it before multiplying.
+        x = g.scale(x, round_to_dtype(c.embedding_scale, dtype))
     previous_attention = None
     for i in range(c.num_layers):
         # Attention block.
-        normed = g.rmsnorm(x, weight(f"l{i}_attn_norm", (h,)), eps)
+        normed = norm(x, weight(f"l{i}_attn_norm", (h,)))
         q = g.matmul(normed, weight(f"l{i}_wq", (c.num_heads * d, h)), transpose_b=True)
         k = g.matmul(normed, weight(f"l{i}_wk", (c.num_kv_heads * d, h)), transpose_b=True)
         v = g.matmul(normed, weight(f"l{i}_wv", (c.num_kv_heads * d, h)), transpose_b=True)
@@ -115,19 +145,24 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             k = g.add(k, weight(f"l{i}_bk", (c.num_kv_heads * d,)))
             v = g.add(v, weight(f"l{i}_bv", (c.num_kv_heads * d,)))
         if c.qk_norm:
-            q = g.head_rmsnorm(q, weight(f"l{i}_q_norm", (d,)), head_dim=d, eps=eps)
-            k = g.head_rmsnorm(k, weight(f"l{i}_k_norm", (d,)), head_dim=d, eps=eps)
+            q = g.head_rmsnorm(q, weight(f"l{i}_q_norm", (d,)), head_dim=d, eps=eps,
+                               offset=offset)
+            k = g.head_rmsnorm(k, weight(f"l{i}_k_norm", (d,)), head_dim=d, eps=eps,
+                               offset=offset)
+        inv_freq = rope_tables["inv_freq_local" if c.local_rope(i) else "inv_freq"]
         q = g.rope(q, batch.positions, head_dim=d, inv_freq=inv_freq)
         k = g.rope(k, batch.positions, head_dim=d, inv_freq=inv_freq)
         k_cache = g.kv_append(g.state(f"l{i}_k_cache", cache_shape, cache_dtype), k, batch)
         v_cache = g.kv_append(g.state(f"l{i}_v_cache", cache_shape, cache_dtype), v, batch)
         attended = g.attention(q, k_cache, v_cache, batch, head_dim=d, chunk=chunk,
-                               max_length=max_seq_len, scale=c.attention_scale,
-                               window=c.window(i), scratch_from=previous_attention)
+                               max_length=max_seq_len, scale=c.attention_scale_of(i),
+                               window=c.window(i), softcap=c.attn_logit_softcapping,
+                               scratch_from=previous_attention)
         previous_attention = attended
-        x = residual_matmul(attended, weight(f"l{i}_wo", (h, c.num_heads * d)), x)
-        # MLP block: dense SwiGLU, or experts.
-        normed = g.rmsnorm(x, weight(f"l{i}_mlp_norm", (h,)), eps)
+        x = residual_matmul(attended, weight(f"l{i}_wo", (h, c.num_heads * d)), x,
+                            post_norm(f"l{i}_post_attn_norm"))
+        # MLP block: dense SwiGLU (GeGLU), or experts.
+        normed = norm(x, weight(f"l{i}_mlp_norm", (h,)))
         if c.is_sparse(i):
             # Every rank routes the same (the router and its input are
             # whole) and adds its share of each chosen expert's columns.
@@ -142,12 +177,18 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             f = c.intermediate_size
             gate = g.matmul(normed, weight(f"l{i}_w_gate", (f, h)), transpose_b=True)
             up = g.matmul(normed, weight(f"l{i}_w_up", (f, h)), transpose_b=True)
-            x = residual_matmul(g.silu_mul(gate, up), weight(f"l{i}_w_down", (h, f)), x)
+            gated = g.gelu_mul(gate, up) if c.hidden_act == "gelu_pytorch_tanh" else \
+                g.silu_mul(gate, up)
+            x = residual_matmul(gated, weight(f"l{i}_w_down", (h, f)), x,
+                                post_norm(f"l{i}_post_mlp_norm"))
     # The last new token of each request: norm, LM head, sampling.
     last = g.embedding(x, batch.request_last)
-    normed = g.rmsnorm(last, weight("final_norm", (h,)), eps)
+    normed = norm(last, weight("final_norm", (h,)))
     head = embed if c.tie_word_embeddings else weight("lm_head", (c.vocab_size, h))
-    logits = g.matmul(normed, head, transpose_b=True, name="logits")
+    cap = c.final_logit_softcapping
+    logits = g.matmul(normed, head, transpose_b=True, name=None if cap else "logits")
+    if cap:
+        logits = g.softcap(logits, cap, name="logits")
     # The sampled token's position (the counter of its random number) is
     # the sequence's length after the step.
     sampling = {name: g.input(name, (R,), dtype) for name, dtype in SAMPLING_INPUTS}

@@ -120,8 +120,8 @@ class CompiledModel:
         else:
             weights = checkpoint.weights(progress=report)
         weights = shard_weights(config, weights, tensor_parallel, self.rank)
-        if "inv_freq" not in weights:
-            weights["inv_freq"] = config.rope_inv_freq()
+        for name, table in config.rope_tables().items():  # unless the file has its own
+            weights.setdefault(name, table)
         self._weights = {name: self._as_dtype(name, array) for name, array in weights.items()}
         self.timings["weights"] = time.perf_counter() - start
         step, source, seconds = step_kernel(self._shard, self.graph_options, self.compile_options,
@@ -190,7 +190,7 @@ class CompiledModel:
         """Weights as the graph's inputs take them: float16 arrays for f16;
         bf16 bit patterns (uint16) for bf16, converted once here rather than
         by the runtime at every step; float32 for f32."""
-        if name == "inv_freq" or array.dtype == STORAGE[self.dtype] or \
+        if name.startswith("inv_freq") or array.dtype == STORAGE[self.dtype] or \
                 name in self.weight_formats:
             return array
         if self.dtype == "bf16":
@@ -222,7 +222,8 @@ class CompiledModel:
             if fmt is None:
                 return int(np.prod(w.shape))
             return int(np.prod(w.shape[:-1])) * (w.shape[-1] // fmt.nbytes * fmt.block)
-        return sum(count(name, w) for name, w in self._weights.items() if name != "inv_freq")
+        return sum(count(name, w) for name, w in self._weights.items()
+                   if not name.startswith("inv_freq"))
 
     def new_cache(self, slots: int, length: int):
         """Empty KV caches for `slots` sequences of up to `length` positions

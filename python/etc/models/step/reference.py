@@ -9,14 +9,27 @@ from __future__ import annotations
 import numpy as np
 
 from ... import bfloat16
+from ..loading import rope
 from ..loading.config import ModelConfig
 
 __all__ = ["forward"]
 
 
-def _rmsnorm(x, weight, eps):
+def _rmsnorm(x, weight, eps, offset=0.0):
+    """x / rms(x) * (offset + weight): Gemma's norms scale by 1 + w."""
     variance = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
-    return (x / np.sqrt(variance + np.float32(eps))) * weight
+    return (x / np.sqrt(variance + np.float32(eps))) * (np.float32(offset) + weight)
+
+
+def _gelu_tanh(x):
+    """transformers' gelu_pytorch_tanh."""
+    k = np.float32(np.sqrt(2.0 / np.pi))
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(k * (x + np.float32(0.044715) * x ** 3)))
+
+
+def _softcap(x, cap):
+    """cap tanh(x / cap): Gemma's soft-capping (none for cap None)."""
+    return x if cap is None else np.float32(cap) * np.tanh(x / np.float32(cap))
 
 
 def _rotate_half(x):
@@ -47,12 +60,24 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
     tokens = np.asarray(tokens, dtype=np.int64)
     n, d = len(tokens), c.head_dim
     x = weights["embed"][tokens].astype(np.float32)
-    inv_freq = c.rope_inv_freq()
-    freqs = np.arange(n, dtype=np.float32)[:, None] * inv_freq[None, :]
-    emb = np.concatenate([freqs, freqs], axis=-1)
-    # Hugging Face scales cos and sin by the variant's attention factor (yarn).
-    factor = np.float32(c.rope_attention_factor)
-    cos, sin = np.cos(emb)[:, None, :] * factor, np.sin(emb)[:, None, :] * factor  # (n, 1, d)
+    if c.embedding_scale is not None:
+        x = x * np.float32(c.embedding_scale)
+    eps, offset = c.rms_norm_eps, c.norm_offset
+
+    def rotation(local: bool):
+        """cos and sin (n, 1, d) of the full layers' RoPE or the sliding
+        layers' own; Hugging Face scales them by the variant's attention
+        factor (yarn)."""
+        inv_freq = c.rope_inv_freq(local) if local else weights.get("inv_freq",
+                                                                     c.rope_inv_freq())
+        freqs = np.arange(n, dtype=np.float32)[:, None] * inv_freq[None, :]
+        emb = np.concatenate([freqs, freqs], axis=-1)
+        scaling = c.local_rope_scaling if local else c.rope_scaling
+        factor = np.float32(rope.attention_factor(scaling))
+        return np.cos(emb)[:, None, :] * factor, np.sin(emb)[:, None, :] * factor
+
+    rotations = {local: rotation(local) for local in {c.local_rope(i)
+                                                      for i in range(c.num_layers)}}
     causal = np.triu(np.full((n, n), -np.inf, np.float32), k=1)
     # A sliding layer's token at p sees keys p - W + 1 .. p (transformers'
     # `sliding_window_overlay`: kv > q - W).
@@ -61,7 +86,7 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
     group = c.num_heads // c.num_kv_heads
     for i in range(c.num_layers):
         w = lambda key: weights[f"l{i}_{key}"]
-        h = _rmsnorm(x, w("attn_norm"), c.rms_norm_eps)
+        h = _rmsnorm(x, w("attn_norm"), eps, offset)
         q, k, v = h @ w("wq").T, h @ w("wk").T, h @ w("wv").T
         if c.qkv_bias:
             q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
@@ -69,20 +94,24 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         k = k.reshape(n, c.num_kv_heads, d)
         v = v.reshape(n, c.num_kv_heads, d)
         if c.qk_norm:
-            q = _rmsnorm(q, w("q_norm"), c.rms_norm_eps)
-            k = _rmsnorm(k, w("k_norm"), c.rms_norm_eps)
+            q = _rmsnorm(q, w("q_norm"), eps, offset)
+            k = _rmsnorm(k, w("k_norm"), eps, offset)
+        cos, sin = rotations[c.local_rope(i)]
         q = q * cos + _rotate_half(q) * sin
         k = _round_to(k * cos + _rotate_half(k) * sin, kv_dtype)
         v = _round_to(v, kv_dtype)
         k = np.repeat(k, group, axis=1)  # repeat_kv
         v = np.repeat(v, group, axis=1)
         mask = windowed if c.is_sliding(i) else causal
-        scores = np.einsum("qhd,khd->hqk", q, k) / np.float32(np.sqrt(d)) + mask
+        scale = np.float32(1 / np.sqrt(c.query_pre_attn_scalar or d))
+        scores = _softcap(np.einsum("qhd,khd->hqk", q, k) * scale,
+                          c.attn_logit_softcapping) + mask
         scores = np.exp(scores - scores.max(-1, keepdims=True))
         probs = scores / scores.sum(-1, keepdims=True)
         attended = np.einsum("hqk,khd->qhd", probs, v).reshape(n, c.num_heads * d)
-        x = x + attended @ w("wo").T
-        h = _rmsnorm(x, w("mlp_norm"), c.rms_norm_eps)
+        out = attended @ w("wo").T
+        x = x + (_rmsnorm(out, w("post_attn_norm"), eps, offset) if c.sandwich_norms else out)
+        h = _rmsnorm(x, w("mlp_norm"), eps, offset)
         if c.is_sparse(i):
             logits = h @ w("router")  # stored (H, E)
             probs = np.exp(logits - logits.max(-1, keepdims=True))
@@ -97,8 +126,9 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
                     act = _silu(h[t] @ w("experts_gate")[e]) * (h[t] @ w("experts_up")[e])
                     mlp[t] += weight * (act @ w("experts_down")[e])
         else:
-            mlp = (_silu(h @ w("w_gate").T) * (h @ w("w_up").T)) @ w("w_down").T
-        x = x + mlp
-    x = _rmsnorm(x, weights["final_norm"], c.rms_norm_eps)
+            act = _gelu_tanh if c.hidden_act == "gelu_pytorch_tanh" else _silu
+            mlp = (act(h @ w("w_gate").T) * (h @ w("w_up").T)) @ w("w_down").T
+        x = x + (_rmsnorm(mlp, w("post_mlp_norm"), eps, offset) if c.sandwich_norms else mlp)
+    x = _rmsnorm(x, weights["final_norm"], eps, offset)
     head = weights["embed"] if c.tie_word_embeddings else weights["lm_head"]
-    return (x @ head.T).astype(np.float32)
+    return _softcap(x @ head.T, c.final_logit_softcapping).astype(np.float32)
