@@ -1,5 +1,5 @@
 """Goldens from Hugging Face transformers for the model families of
-test_families.py (Qwen2, Mistral, Gemma 3, Gemma 2, ...): what `AutoModelForCausalLM`
+test_families.py (Qwen2, Mistral, Gemma 3, Gemma 2, Phi-3): what `AutoModelForCausalLM`
 computes for their tiny checkpoints, kept in test/python/goldens/ so that
 the tests compare ETC with an outside implementation where torch is not
 installed.
@@ -66,6 +66,9 @@ FAMILIES = {
     # Gemma 2: sliding and full layers alternating, attention scores capped
     # at 2 and final logits at 4.
     "gemma2": tiny_config("Gemma2ForCausalLM"),
+    # Phi-3: q/k/v and gate/up fused (split at load), a window of 5 on
+    # every layer.
+    "phi3": tiny_config("Phi3ForCausalLM"),
 }
 #: The seed of each family's random weights.
 SEEDS = {name: 11 + i for i, name in enumerate(FAMILIES)}

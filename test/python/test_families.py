@@ -47,6 +47,8 @@ GGUF_FAMILIES = {
                                  sliding_window_pattern=6, query_pre_attn_scalar=16,
                                  final_logit_softcapping=3.0),
     "gemma2": tiny_config("Gemma2ForCausalLM", query_pre_attn_scalar=16),
+    # llama.cpp's phi3 takes the head size from hidden / heads.
+    "phi3": tiny_config("Phi3ForCausalLM", head_dim=8),
 }
 
 
@@ -219,6 +221,49 @@ def test_gemma_configs_follow_transformers():
                                                      r"has rope_type 'dynamic'"):
         ModelConfig.from_dict({**t5, "rope_parameters": {**t5["rope_parameters"],
                                "sliding_attention": {"rope_type": "dynamic", "factor": 2.0}}})
+
+
+def test_phi3_config_and_fused_projections(checkpoints, tmp_path):
+    """Phi-3: a window on every layer (none when the field is absent), the
+    fused q/k/v and gate/up projections split by rows at load (gate first,
+    as transformers' chunk(2)), and the RoPE variants transformers reads
+    as LongRoPE ("longrope", "su", "yarn") refused by name, from a config
+    and from a GGUF file's factor tensors."""
+    config = ModelConfig.from_dict(FAMILIES["phi3"])
+    assert (config.sliding_window, config.sliding_layers) == (5, (0, 1))
+    no_window = {k: v for k, v in FAMILIES["phi3"].items() if k != "sliding_window"}
+    assert ModelConfig.from_dict(no_window).sliding_layers == ()
+    weights = Checkpoint(checkpoints["phi3"]).weights()
+    raw = checkpoint_tensors(FAMILIES["phi3"], SEEDS["phi3"])
+    qkv = raw["model.layers.1.self_attn.qkv_proj.weight"]
+    gate_up = raw["model.layers.1.mlp.gate_up_proj.weight"]
+    np.testing.assert_array_equal(weights["l1_wq"], qkv[:64])
+    np.testing.assert_array_equal(weights["l1_wk"], qkv[64:96])
+    np.testing.assert_array_equal(weights["l1_wv"], qkv[96:])
+    np.testing.assert_array_equal(weights["l1_w_gate"], gate_up[:48])
+    np.testing.assert_array_equal(weights["l1_w_up"], gate_up[48:])
+    factors = [1.0] * 8
+    for kind in ("longrope", "su", "yarn"):
+        scaling = {"type": kind, "short_factor": factors, "long_factor": factors}
+        with pytest.raises(UnsupportedConfigError, match=rf"rope_type '{kind}', which "
+                                                         r"transformers' Phi-3 reads as "
+                                                         r"'longrope'"):
+            ModelConfig.from_dict({**FAMILIES["phi3"], "rope_scaling": scaling})
+    with pytest.raises(UnsupportedConfigError, match=r"'partial_rotary_factor' = 0.75"):
+        ModelConfig.from_dict({**FAMILIES["phi3"], "partial_rotary_factor": 0.75})
+    pytest.importorskip("gguf")
+    from etc.models.loading.gguf import GGUFCheckpoint
+
+    assert GGUFCheckpoint(write_gguf(tmp_path / "m.gguf", GGUF_FAMILIES["phi3"])
+                          ).config.sliding_window == 5
+    unwindowed = write_gguf(tmp_path / "none.gguf", {**GGUF_FAMILIES["phi3"],
+                                                     "sliding_window": None})
+    assert GGUFCheckpoint(unwindowed).config.sliding_window is None  # written as 0
+    long = write_gguf(tmp_path / "long.gguf", GGUF_FAMILIES["phi3"], raw_tensors={
+        "rope_factors_long.weight": (np.ones((1, 16), np.uint8), "I8")})
+    with pytest.raises(UnsupportedConfigError, match=r"'rope_factors_long.weight' \(Phi-3's "
+                                                     r"LongRoPE factors"):
+        GGUFCheckpoint(long)
 
 
 def test_gguf_gemma_attention_scale_as_llama_cpp_derives_it(tmp_path):

@@ -85,6 +85,7 @@ def shaped_config(name: str, layers: int = 2, **overrides) -> dict:
 #: Hugging Face's `model_type` of each architecture.
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "Qwen2ForCausalLM": "qwen2", "Gemma2ForCausalLM": "gemma2",
+                "Phi3ForCausalLM": "phi3",
                 "Gemma3ForCausalLM": "gemma3_text",
                 "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
 
@@ -106,7 +107,8 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
         "max_position_embeddings": 128,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
-        "tie_word_embeddings": architecture not in ("LlamaForCausalLM", "MistralForCausalLM"),
+        "tie_word_embeddings": architecture not in ("LlamaForCausalLM", "MistralForCausalLM",
+                                                    "Phi3ForCausalLM"),
         "attention_bias": False,
         "torch_dtype": "float32",
         "model_type": _MODEL_TYPES.get(architecture, "unknown"),
@@ -126,6 +128,14 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
     if architecture == "Qwen3MoeForCausalLM":
         config.update({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []})
+    if architecture == "Phi3ForCausalLM":
+        # As Phi-3-mini-4k's config.json: no attention_bias field, dropout
+        # fields (unused at inference), a window on every layer.
+        del config["attention_bias"]
+        config.update({"sliding_window": 5, "original_max_position_embeddings": 128,
+                       "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0,
+                       # transformers' default (32000) is outside the vocabulary.
+                       "pad_token_id": 0})
     if architecture in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
         # As Gemma's config.json (hidden_activation, not hidden_act), with a
         # query_pre_attn_scalar that is not head_dim and a window of 5 on
@@ -176,7 +186,7 @@ def as_transformers5(config: dict) -> dict:
         first = config.get("max_window_layers", 28)
         config.setdefault("layer_types", ["sliding_attention" if i >= first else
                                           "full_attention" for i in range(layers)])
-    elif architecture != "MistralForCausalLM":  # Mistral has no layer types
+    elif architecture not in ("MistralForCausalLM", "Phi3ForCausalLM"):  # they have none
         config.setdefault("layer_types", ["full_attention"] * layers)
     config["dtype"] = config.pop("torch_dtype", "float32")
     config["transformers_version"] = "5.23.0"
@@ -194,6 +204,7 @@ def tensor_shapes(config: dict) -> dict:
     qwen3 = config["architectures"][0].startswith("Qwen3")
     qwen2 = config["architectures"][0] == "Qwen2ForCausalLM"
     gemma = config["architectures"][0] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+    phi3 = config["architectures"][0] == "Phi3ForCausalLM"
     qk_norm = qwen3 or config["architectures"][0] == "Gemma3ForCausalLM"
     moe = config["architectures"][0] == "Qwen3MoeForCausalLM"
     t = {"model.embed_tokens.weight": (vocab, h)}
@@ -206,9 +217,12 @@ def tensor_shapes(config: dict) -> dict:
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = (h,)
-        t[p + "self_attn.q_proj.weight"] = (heads * d, h)
-        t[p + "self_attn.k_proj.weight"] = (kv * d, h)
-        t[p + "self_attn.v_proj.weight"] = (kv * d, h)
+        if phi3:  # q, k, v fused
+            t[p + "self_attn.qkv_proj.weight"] = ((heads + 2 * kv) * d, h)
+        else:
+            t[p + "self_attn.q_proj.weight"] = (heads * d, h)
+            t[p + "self_attn.k_proj.weight"] = (kv * d, h)
+            t[p + "self_attn.v_proj.weight"] = (kv * d, h)
         t[p + "self_attn.o_proj.weight"] = (h, heads * d)
         if qwen2:
             t[p + "self_attn.q_proj.bias"] = (heads * d,)
@@ -230,8 +244,11 @@ def tensor_shapes(config: dict) -> dict:
                 t[f"{p}mlp.experts.{j}.down_proj.weight"] = (h, f)
         else:
             f = config["intermediate_size"]
-            t[p + "mlp.gate_proj.weight"] = (f, h)
-            t[p + "mlp.up_proj.weight"] = (f, h)
+            if phi3:  # gate then up, fused
+                t[p + "mlp.gate_up_proj.weight"] = (2 * f, h)
+            else:
+                t[p + "mlp.gate_proj.weight"] = (f, h)
+                t[p + "mlp.up_proj.weight"] = (f, h)
             t[p + "mlp.down_proj.weight"] = (h, f)
     t["model.norm.weight"] = (h,)
     if not config.get("tie_word_embeddings", gemma):
@@ -362,7 +379,8 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
 _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
                        "Qwen2ForCausalLM": "qwen2",
                        "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe",
-                       "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3"}
+                       "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
+                       "Phi3ForCausalLM": "phi3"}
 
 
 def gguf_tensor_name(architecture: str, name: str, layers: int) -> str:
@@ -485,6 +503,11 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     if scaling.get("rope_type", scaling.get("type")) == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(scaling["factor"])
+    if architecture == "phi3":
+        # llama.cpp's converter: the window (0: none) and the original context.
+        writer.add_sliding_window(config.get("sliding_window") or 0)
+        writer.add_rope_scaling_orig_ctx_len(config.get("original_max_position_embeddings",
+                                                        config["max_position_embeddings"]))
     if gemma:
         # What llama.cpp's converter writes; it fixes the layer pattern, the
         # sliding layers' RoPE base and the attention scale itself.

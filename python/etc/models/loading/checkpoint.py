@@ -146,16 +146,33 @@ class Checkpoint:
             out[key] = np.ascontiguousarray(self.tensor(name, shape, what, dtype))
             report()
 
+        def split(name: str, shape: tuple, what: str, parts: list) -> None:
+            """A fused projection's rows as graph weights: (key, start, stop)."""
+            fused = self.tensor(name, shape, what, dtype)
+            for key, start, stop in parts:
+                out[key] = np.ascontiguousarray(fused[start:stop])
+                report()
+            del fused
+
+        fused = c.architecture == "Phi3ForCausalLM"
+
         take("embed", "model.embed_tokens.weight", (c.vocab_size, h), "token embeddings")
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             take(f"l{i}_attn_norm", p + "input_layernorm.weight", (h,), f"layer {i} norm")
-            take(f"l{i}_wq", p + "self_attn.q_proj.weight", (c.num_heads * d, h),
-                 f"layer {i} query projection")
-            take(f"l{i}_wk", p + "self_attn.k_proj.weight", (c.num_kv_heads * d, h),
-                 f"layer {i} key projection")
-            take(f"l{i}_wv", p + "self_attn.v_proj.weight", (c.num_kv_heads * d, h),
-                 f"layer {i} value projection")
+            q, kv = c.num_heads * d, c.num_kv_heads * d
+            if fused:
+                # Phi-3: q, k and v in one projection, split at load.
+                split(p + "self_attn.qkv_proj.weight", (q + 2 * kv, h),
+                      f"layer {i} fused q/k/v projection",
+                      [(f"l{i}_wq", 0, q), (f"l{i}_wk", q, q + kv), (f"l{i}_wv", q + kv, q + 2 * kv)])
+            else:
+                take(f"l{i}_wq", p + "self_attn.q_proj.weight", (q, h),
+                     f"layer {i} query projection")
+                take(f"l{i}_wk", p + "self_attn.k_proj.weight", (kv, h),
+                     f"layer {i} key projection")
+                take(f"l{i}_wv", p + "self_attn.v_proj.weight", (kv, h),
+                     f"layer {i} value projection")
             take(f"l{i}_wo", p + "self_attn.o_proj.weight", (h, c.num_heads * d),
                  f"layer {i} output projection")
             if c.qkv_bias:
@@ -199,8 +216,16 @@ class Checkpoint:
                     report()
             else:
                 f = c.intermediate_size
-                take(f"l{i}_w_gate", p + "mlp.gate_proj.weight", (f, h), f"layer {i} MLP gate")
-                take(f"l{i}_w_up", p + "mlp.up_proj.weight", (f, h), f"layer {i} MLP up")
+                if fused:
+                    # Phi-3: gate then up in one projection (transformers'
+                    # chunk(2)), split at load.
+                    split(p + "mlp.gate_up_proj.weight", (2 * f, h),
+                          f"layer {i} fused MLP gate/up",
+                          [(f"l{i}_w_gate", 0, f), (f"l{i}_w_up", f, 2 * f)])
+                else:
+                    take(f"l{i}_w_gate", p + "mlp.gate_proj.weight", (f, h),
+                         f"layer {i} MLP gate")
+                    take(f"l{i}_w_up", p + "mlp.up_proj.weight", (f, h), f"layer {i} MLP up")
                 take(f"l{i}_w_down", p + "mlp.down_proj.weight", (h, f), f"layer {i} MLP down")
         take("final_norm", "model.norm.weight", (h,), "final norm")
         if not c.tie_word_embeddings:

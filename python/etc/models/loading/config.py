@@ -1,7 +1,7 @@
 """Hugging Face `config.json` of the supported architectures, checked.
 
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
-Mistral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3), written by
+Mistral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
 anything the compiled model would compute differently (biases, sliding
@@ -27,7 +27,7 @@ __all__ = ["ARCHITECTURES", "ROPE_TYPES", "ModelConfig", "UnsupportedConfigError
 #: The architectures `etc.models.load` builds.
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                  "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
-                 "Gemma3ForCausalLM")
+                 "Gemma3ForCausalLM", "Phi3ForCausalLM")
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
@@ -232,6 +232,8 @@ class ModelConfig:
         if "rope_theta" in gemma:
             rope_theta, scaling = gemma.pop("rope_theta"), gemma.pop("rope_scaling")
         else:
+            if architecture == "Phi3ForCausalLM":
+                _phi3_rope_type(config, where)
             rope_theta, scaling = _rope(config, where, max_positions)
         moe = {}
         if architecture == "Qwen3MoeForCausalLM":
@@ -294,9 +296,12 @@ class ModelConfig:
 #: say which layers slide: "qwen2" (`use_sliding_window` turns
 #: `sliding_window` on for the layers from `max_window_layers` on, or those
 #: `layer_types` names), "mistral" (`sliding_window`, 4096 when absent and
-#: none when null, for every layer; transformers ignores `layer_types`).
+#: none when null, for every layer; transformers ignores `layer_types`),
+#: "phi3" (the same, none when absent), "gemma" (`layer_types`, or Gemma's
+#: pattern of full layers).
 _WINDOWED = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
-             "Gemma2ForCausalLM": "gemma", "Gemma3ForCausalLM": "gemma"}
+             "Gemma2ForCausalLM": "gemma", "Gemma3ForCausalLM": "gemma",
+             "Phi3ForCausalLM": "phi3"}
 #: Gemma's default layer pattern: every n-th layer full, the others
 #: sliding (Gemma 3: `sliding_window_pattern`, default 6; Gemma 2: 2).
 _GEMMA_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}
@@ -317,7 +322,7 @@ def _sliding_layers(config: dict, where: str, architecture: str,
                                      f"supported for {architecture} (attention is full, not "
                                      f"windowed)")
     types = config.get("layer_types")
-    if types is not None and style != "mistral":
+    if types is not None and style not in ("mistral", "phi3"):
         kinds = ("full_attention", "sliding_attention") if style else ("full_attention",)
         if not isinstance(types, list) or len(types) != layers:
             raise UnsupportedConfigError(f"{where}: field 'layer_types' = {types!r} must list "
@@ -349,8 +354,8 @@ def _sliding_layers(config: dict, where: str, architecture: str,
         if window is not None:
             window = positive_int(where, "sliding_window", window)
         return (window if sliding else None), sliding
-    if style == "mistral":
-        window = config.get("sliding_window", 4096)
+    if style in ("mistral", "phi3"):
+        window = config.get("sliding_window", 4096 if style == "mistral" else None)
         if window is None:
             return None, ()
         return positive_int(where, "sliding_window", window), tuple(range(layers))
@@ -451,3 +456,17 @@ def _gemma(config: dict, where: str, architecture: str, hidden: int,
             config, where, max_positions, layer_type="sliding_attention",
             flat="rope_local_base_freq", default_theta=10_000.0)
     return out
+
+
+def _phi3_rope_type(config: dict, where: str) -> None:
+    """Phi-3's RoPE types: transformers reads "su" and "yarn" as LongRoPE
+    (short and long factors switched by the sequence length), which ETC
+    refuses, naming the field."""
+    for name in ("rope_scaling", "rope_parameters"):
+        value = config.get(name)
+        kind = value.get("rope_type", value.get("type")) if isinstance(value, dict) else None
+        if kind in ("su", "yarn", "longrope"):
+            raise UnsupportedConfigError(
+                f"{where}: field {name!r} has rope_type {kind!r}, which transformers' Phi-3 "
+                f"reads as 'longrope' (short and long factors switched by the sequence "
+                f"length), not supported: only plain RoPE is implemented for Phi-3")

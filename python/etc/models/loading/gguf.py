@@ -35,7 +35,8 @@ __all__ = ["GGUFCheckpoint", "GGUFError", "ARCHITECTURES", "TENSOR_TYPES", "PRE_
 #: each is checked and built as.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
-                 "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+                 "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+                 "phi3": "Phi3ForCausalLM"}
 #: Gemma's layer pattern as llama.cpp fixes it (every n-th layer full),
 #: and its layer count of the 27B models, whose attention scale llama.cpp
 #: takes from hidden / heads instead of the head size.
@@ -140,6 +141,15 @@ class GGUFCheckpoint:
         }
         if a in _GEMMA_LLAMA_CPP:
             config.update(self._gemma_config(config))
+        elif a == "phi3":
+            if "rope_factors_long.weight" in self._tensors:
+                raise UnsupportedConfigError(
+                    f"{self.path}: tensor 'rope_factors_long.weight' (Phi-3's LongRoPE factors, "
+                    f"switched by the sequence length) is not supported: only plain RoPE is "
+                    f"implemented for Phi-3")
+            config.update({"hidden_act": "silu",
+                           # llama.cpp writes 0 for no window.
+                           "sliding_window": self._key("attention.sliding_window") or None})
         else:
             config["hidden_act"] = "silu"
         embedding = self._tensors.get("token_embd.weight")
@@ -303,25 +313,35 @@ class GGUFCheckpoint:
     def _plan(self) -> list[tuple]:
         """Every weight of the step graph: (graph input name, GGUF tensor,
         shape, what it is, layout: None, the head count of Llama's permuted
-        Q and K rows, or "T" for a transposed matrix)."""
+        Q and K rows, "T" for a transposed matrix, or ("rows", start, stop)
+        for a part of a fused matrix, Phi-3's)."""
         c = self.config
         h, d = c.hidden_size, c.head_dim
         plan: list[tuple] = [("embed", "token_embd.weight", (c.vocab_size, h),
                               "token embeddings", None)]
         unpermute = self.architecture == "llama"
+        fused = self.architecture == "phi3"
         for i in range(c.num_layers):
             b = f"blk.{i}."
-            plan += [
-                (f"l{i}_attn_norm", b + "attn_norm.weight", (h,), f"layer {i} norm", None),
-                (f"l{i}_wq", b + "attn_q.weight", (c.num_heads * d, h),
-                 f"layer {i} query projection", c.num_heads if unpermute else None),
-                (f"l{i}_wk", b + "attn_k.weight", (c.num_kv_heads * d, h),
-                 f"layer {i} key projection", c.num_kv_heads if unpermute else None),
-                (f"l{i}_wv", b + "attn_v.weight", (c.num_kv_heads * d, h),
-                 f"layer {i} value projection", None),
-                (f"l{i}_wo", b + "attn_output.weight", (h, c.num_heads * d),
-                 f"layer {i} output projection", None),
-            ]
+            q, kv = c.num_heads * d, c.num_kv_heads * d
+            plan.append((f"l{i}_attn_norm", b + "attn_norm.weight", (h,), f"layer {i} norm",
+                         None))
+            if fused:
+                # Phi-3: q, k and v in one tensor, split by rows.
+                plan += [(key, b + "attn_qkv.weight", (q + 2 * kv, h),
+                          f"layer {i} fused q/k/v projection", ("rows", start, stop))
+                         for key, start, stop in ((f"l{i}_wq", 0, q), (f"l{i}_wk", q, q + kv),
+                                                  (f"l{i}_wv", q + kv, q + 2 * kv))]
+            else:
+                plan += [
+                    (f"l{i}_wq", b + "attn_q.weight", (q, h),
+                     f"layer {i} query projection", c.num_heads if unpermute else None),
+                    (f"l{i}_wk", b + "attn_k.weight", (kv, h),
+                     f"layer {i} key projection", c.num_kv_heads if unpermute else None),
+                    (f"l{i}_wv", b + "attn_v.weight", (kv, h),
+                     f"layer {i} value projection", None)]
+            plan.append((f"l{i}_wo", b + "attn_output.weight", (h, q),
+                         f"layer {i} output projection", None))
             if c.qkv_bias:
                 plan += [(f"l{i}_b{p}", f"{b}attn_{p}.bias", (heads * d,),
                           f"layer {i} {p} projection bias", None)
@@ -360,11 +380,19 @@ class GGUFCheckpoint:
                 ]
             else:
                 f = c.intermediate_size
-                plan += [(f"l{i}_w_gate", b + "ffn_gate.weight", (f, h), f"layer {i} MLP gate",
-                          None),
-                         (f"l{i}_w_up", b + "ffn_up.weight", (f, h), f"layer {i} MLP up", None),
-                         (f"l{i}_w_down", b + "ffn_down.weight", (h, f), f"layer {i} MLP down",
-                          None)]
+                if fused:
+                    # Phi-3: gate then up in ffn_up, split by rows.
+                    plan += [(key, b + "ffn_up.weight", (2 * f, h), f"layer {i} fused MLP gate/up",
+                              ("rows", start, stop))
+                             for key, start, stop in ((f"l{i}_w_gate", 0, f),
+                                                      (f"l{i}_w_up", f, 2 * f))]
+                else:
+                    plan += [(f"l{i}_w_gate", b + "ffn_gate.weight", (f, h),
+                              f"layer {i} MLP gate", None),
+                             (f"l{i}_w_up", b + "ffn_up.weight", (f, h), f"layer {i} MLP up",
+                              None)]
+                plan.append((f"l{i}_w_down", b + "ffn_down.weight", (h, f),
+                             f"layer {i} MLP down", None))
         plan.append(("final_norm", "output_norm.weight", (h,), "final norm", None))
         if not c.tie_word_embeddings:
             plan.append(("lm_head", "output.weight", (c.vocab_size, h), "LM head", None))
@@ -399,17 +427,24 @@ class GGUFCheckpoint:
         for _, name, shape, what, _ in plan:
             self._check_shape(name, shape, what)
         out: dict[str, np.ndarray] = {}
+        last = (None, None)  # a fused tensor, dequantized once for its parts
         for done, (key, name, shape, what, how) in enumerate(plan, 1):
             if key in formats:
-                out[key] = self._packed(name, what, formats[key], how)
+                raw = self._packed(name, what, formats[key],
+                                   None if isinstance(how, tuple) else how)
+                # A fused tensor's part: its rows of blocks.
+                out[key] = raw[how[1]:how[2]] if isinstance(how, tuple) else raw
                 if progress is not None:
                     progress(done, len(plan))
                 continue
-            array = self.tensor(name, shape, what)
+            array = last[1] if last[0] == name else self.tensor(name, shape, what)
+            last = (name, array)
             if c.norm_offset and name.endswith("norm.weight"):
                 # llama.cpp's converter stores Gemma's norms as 1 + w.
                 array = array - np.float32(c.norm_offset)
-            if how == "T":
+            if isinstance(how, tuple):  # ("rows", start, stop) of a fused tensor
+                array = np.ascontiguousarray(array[how[1]:how[2]])
+            elif how == "T":
                 array = np.ascontiguousarray(np.swapaxes(array, -1, -2))
             elif how is not None:
                 array = _unpermute_rows(array, how)
