@@ -160,3 +160,39 @@ def test_a_zero_offset_is_the_plain_norm_and_errors_name_the_argument():
     for bad in (0, -2.0, "5"):
         with pytest.raises(ValueError, match=r"attention: 'softcap' must be a positive float"):
             g.attention(q, kc, kc, batch, head_dim=8, max_length=16, softcap=bad)
+
+
+@pytest.mark.parametrize("head_dim, dtype, window", [(24, "f32", None), (96, "bf16", 5),
+                                                     (48, "bf16", None)])
+def test_gpu_attention_with_rows_that_do_not_divide_the_warp(head_dim, dtype, window):
+    """The warp kernel for head sizes whose row of 16-byte slices does not
+    divide the warp (24 f32: 6 lanes, 96 bf16 (Phi-3): 12, 48 bf16: 6):
+    the row takes the next power of two of lanes, the others idle; ragged
+    steps with the lanes simulated match NumPy."""
+    heads, kv_heads = 4, 2
+    g = etc.Graph("odd")
+    T, R, S, L = (g.symbol(n) for n in "TRSL")
+    q = g.input("q", (T, heads * head_dim), dtype)
+    k = g.input("k", (T, kv_heads * head_dim), dtype)
+    v = g.input("v", (T, kv_heads * head_dim), dtype)
+    batch = g.ragged_batch(T, R)
+    kc = g.kv_append(g.state("kc", (S, L, kv_heads * head_dim), dtype), k, batch)
+    vc = g.kv_append(g.state("vc", (S, L, kv_heads * head_dim), dtype), v, batch)
+    g.output(g.attention(q, kc, vc, batch, head_dim=head_dim, chunk=4, max_length=24,
+                         window=window))
+    kernel = etc.compile(g, target="cpu", kernels="cuda", schedule="dynamic", workers=2)
+    assert "attention_chunk_warps" in kernel.ir("graph")
+    rng = np.random.default_rng(head_dim)
+    width = kv_heads * head_dim
+    caches = [_storage(np.zeros((2, 24, width), np.float32), dtype) for _ in range(4)]
+    lengths = [0, 0]
+    tol = 1e-5 if dtype == "f32" else 3e-2
+    for new in ([9, 3], [1, 1], [4, 1]):
+        b = _batch(lengths, new, [1, 0])
+        n = sum(new)
+        data = {name: _storage(rng.standard_normal((n, cols)).astype(np.float32), dtype)
+                for name, cols in (("q", heads * head_dim), ("k", width), ("v", width))}
+        (got,) = kernel.run(**data, **b, kc=caches[0], vc=caches[1])
+        (want,) = etc.reference.evaluate(g, **data, **b, kc=caches[2], vc=caches[3])
+        np.testing.assert_allclose(_values(got), _values(want), rtol=tol, atol=tol)
+        lengths = [a + m for a, m in zip(lengths, new)]

@@ -54,6 +54,12 @@ SHAPES = {
         max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
         rope_local_base_freq=10000.0, rope_scaling=None, sliding_window=512,
         sliding_window_pattern=6, query_pre_attn_scalar=256, tie_word_embeddings=True),
+    "phi-3-mini-4k": dict(
+        architecture="Phi3ForCausalLM", vocab_size=32064, hidden_size=3072,
+        intermediate_size=8192, num_attention_heads=32, num_key_value_heads=32,
+        max_position_embeddings=4096, original_max_position_embeddings=4096,
+        rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=2047, tie_word_embeddings=False,
+        head_dim=None),
     "qwen2.5-0.5b": dict(
         architecture="Qwen2ForCausalLM", vocab_size=151936, hidden_size=896,
         intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2,

@@ -278,6 +278,10 @@ class AttentionChunkWarps(AttentionChunk):
     (max of m, then sums rescaled by exp(m_group - m)) and the first row
     group stores (acc, m, l) into `partial[t, j]`, like `AttentionChunk`.
 
+    When P does not divide the warp (head_dim 96: 12 lanes of 8 bf16), a
+    row takes the next power of two of lanes and the lanes past P are idle:
+    they load a clamped column, add 0 to the dot products and store nothing.
+
     Warps take the tile's (token, KV head) items round-robin; every lane
     runs every round and key iteration (items and keys past the end are
     masked, with clamped addresses), so the warp's shuffles are never
@@ -305,11 +309,17 @@ class AttentionChunkWarps(AttentionChunk):
         return 16 // (4 if op.operands[1].dtype == "f32" else 2)
 
     @classmethod
+    def threads(cls, op) -> tuple[int, int]:
+        """(lanes per cache row, of them the lanes with columns): P = D / VEC,
+        rounded up to a power of two so that it divides the warp."""
+        used = op.params["head_dim"] // cls.vec(op)
+        return 1 << max(used - 1, 0).bit_length(), used
+
+    @classmethod
     def applies(cls, op, target) -> bool:
         d = op.params["head_dim"]
-        vec = cls.vec(op)
-        threads = d // vec
-        return (target.gpu_kernels and d % vec == 0 and 1 <= threads <= target.warp
+        threads, _ = cls.threads(op)
+        return (target.gpu_kernels and d % cls.vec(op) == 0 and 1 <= threads <= target.warp
                 and target.warp % threads == 0 and target.lanes % target.warp == 0)
 
     def emit(self) -> None:
@@ -324,7 +334,7 @@ class AttentionChunkWarps(AttentionChunk):
         splits = group // per_item
         vec = self.vec(op)
         lanes = self.lanes()
-        threads = head_dim // vec                 # P: lanes per cache row
+        threads, used = self.threads(op)          # P: lanes per cache row
         row_groups = lanes.warp // threads        # keys a warp reads at once
         warps = lanes.count // lanes.warp
         unroll = self.UNROLL
@@ -361,7 +371,13 @@ class AttentionChunkWarps(AttentionChunk):
                 position = self.load_index(positions, [t])
                 k1 = arith.minsi(k_end, arith.addi(position, c(1)))
                 part = arith.remui(in_warp, c(threads))
-                return dict(valid=valid, t=t, head0=head0, k1=k1, part=part,
+                # Lanes past the row's columns (P rounded up) read the last
+                # columns and keep out of the sums and stores.
+                active = None if used == threads else \
+                    arith.cmpi(arith.CmpIPredicate.slt, part, c(used))
+                if active is not None:
+                    part = arith.minui(part, c(used - 1))
+                return dict(valid=valid, t=t, head0=head0, k1=k1, part=part, active=active,
                             k_first=self.first_key(k0, position),
                             row_group=arith.divui(in_warp, c(threads)),
                             column=arith.addi(arith.muli(kv_head, c(head_dim)),
@@ -392,7 +408,10 @@ class AttentionChunkWarps(AttentionChunk):
                         _, key = key_of(k, w, u)
                         kv = self.vload(k_cache, [*cache_rows.at(key), w["column"]], vec,
                                         aligned=True)
-                        out += [self.vsum(arith.mulf(qs[g], kv)) for g in range(per_item)]
+                        dots = [self.vsum(arith.mulf(qs[g], kv)) for g in range(per_item)]
+                        if w["active"] is not None:
+                            dots = [arith.select(w["active"], v, self.cf32(0.0)) for v in dots]
+                        out += dots
                     return out
 
                 scores = lanes.reduce(lanes.each(dots), "add", threads)
@@ -453,6 +472,8 @@ class AttentionChunkWarps(AttentionChunk):
                 leads = arith.andi(w["valid"], arith.andi(
                     arith.cmpi(arith.CmpIPredicate.eq, w["row_group"], c(0)),
                     arith.cmpi(arith.CmpIPredicate.slt, w["k_first"], w["k1"])))
+                if w["active"] is not None:
+                    leads = arith.andi(leads, w["active"])
                 branch = scf.IfOp(leads)
                 with ir.InsertionPoint(branch.then_block):
                     top = lanes.get(most, lane)
