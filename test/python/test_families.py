@@ -251,7 +251,6 @@ def test_phi3_config_and_fused_projections(checkpoints, tmp_path):
             ModelConfig.from_dict({**FAMILIES["phi3"], "rope_scaling": scaling})
     with pytest.raises(UnsupportedConfigError, match=r"'partial_rotary_factor' = 0.75"):
         ModelConfig.from_dict({**FAMILIES["phi3"], "partial_rotary_factor": 0.75})
-    pytest.importorskip("gguf")
     from etc.models.loading.gguf import GGUFCheckpoint
 
     assert GGUFCheckpoint(write_gguf(tmp_path / "m.gguf", GGUF_FAMILIES["phi3"])
@@ -270,7 +269,6 @@ def test_gguf_gemma_attention_scale_as_llama_cpp_derives_it(tmp_path):
     """GGUF has no query_pre_attn_scalar: llama.cpp takes 1 / sqrt(head
     size), and for the 27B models (Gemma 3: 62 layers, Gemma 2: 46) 1 /
     sqrt(hidden / heads); ETC reads the files the same way."""
-    pytest.importorskip("gguf")
     from etc.models.loading.gguf import GGUFCheckpoint
 
     for name, layers in (("gemma3", 62), ("gemma2", 46)):
@@ -380,7 +378,6 @@ def test_gguf_equals_the_checkpoint_and_generates_alike(name, tmp_path):
     ModelConfig and graph weights bit for bit as the safetensors checkpoint
     of the same weights; a Q8_0 file's model matches the NumPy forward pass
     over its dequantized weights."""
-    pytest.importorskip("gguf")
     from etc.models.loading.gguf import GGUFCheckpoint
 
     config = GGUF_FAMILIES[name]
@@ -400,7 +397,6 @@ def test_gguf_equals_the_checkpoint_and_generates_alike(name, tmp_path):
 
 
 def test_gguf_qwen2_refuses_an_output_bias(tmp_path):
-    pytest.importorskip("gguf")
     from etc.models.loading.gguf import GGUFCheckpoint
 
     config = FAMILIES["qwen2"]
@@ -433,7 +429,6 @@ def test_tensor_parallel_shards_split_the_biases(checkpoints):
 def test_tensor_parallel_families_match_one_rank():
     """Each family split over 2 MPI ranks generates the whole model's
     tokens, with logits within float rounding."""
-    pytest.importorskip("mpi4py")
     import os
 
     from etc.runtime import distributed
@@ -491,7 +486,6 @@ def test_mistral_gguf_is_a_llama_file(tmp_path):
     """llama.cpp's converter writes Mistral as `llama` (Q and K rows
     permuted, no window): a Mistral without a window (v0.2, v0.3) loads
     from it and generates what its checkpoint generates."""
-    pytest.importorskip("gguf")
     from etc.models.loading.gguf import GGUFCheckpoint
 
     config = {**FAMILIES["mistral"], "sliding_window": None}
