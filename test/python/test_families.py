@@ -635,3 +635,84 @@ def test_family_chat_templates_render_as_transformers_renders_them(template, tok
         assert ids.count(marks[0]) == 4 and ids.count(marks[1]) == 3
         assert tokenizer.decode(ids) == expected.replace("<bos>", "").replace(
             "<start_of_turn>", "").replace("<end_of_turn>", "")
+
+
+# ----------------------------------------------------------------------
+# SentencePiece tokenizers of GGUF files (Gemma, Phi-3)
+# ----------------------------------------------------------------------
+
+
+def _sentencepiece_vocabulary():
+    """A SentencePiece-BPE-like vocabulary learned here on TEXT: control
+    pieces, the 256 byte pieces, then the learned pieces, each scored by
+    the rank of the merge that made it (single characters lowest); and
+    the `tokenizers` BPE it was learned as (over text with spaces as ▁)."""
+    from tokenizers import Tokenizer, models, trainers
+
+    from etc.models.loading.spm import BYTE, CONTROL, NORMAL, SPACE, UNKNOWN
+    from etc.models.testing import TEXT
+
+    control = ["<unk>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]
+    learned = Tokenizer(models.BPE())
+    trainer = trainers.BpeTrainer(vocab_size=260, show_progress=False)
+    learned.train_from_iterator([line.replace(" ", SPACE) for line in TEXT.splitlines()],
+                                trainer)
+    state = json.loads(learned.to_str())["model"]
+    rank = {"".join(m if isinstance(m, list) else m.split(" ")): i
+            for i, m in enumerate(state["merges"])}
+    pieces = control + [f"<0x{b:02X}>" for b in range(256)]
+    types = [UNKNOWN] + [CONTROL] * 4 + [BYTE] * 256
+    scores = [0.0] * len(pieces)
+    for piece, _ in sorted(state["vocab"].items(), key=lambda item: item[1]):
+        pieces.append(piece)
+        types.append(NORMAL)
+        scores.append(-float(rank[piece]) if piece in rank else -1e4)
+    return pieces, scores, types, learned
+
+
+def test_gguf_sentencepiece_tokenizer_encodes_as_its_merges_do(tmp_path):
+    """A GGUF file's "llama" tokenizer (pieces, scores, types; no merges):
+    text encodes to the pieces the learned BPE gives (merges ranked by the
+    joined piece's score), round trips, falls back to byte pieces for
+    characters outside the vocabulary, keeps control pieces whole, and
+    renders a Gemma chat template; the space prefix follows
+    tokenizer.ggml.add_space_prefix."""
+    from etc.models.loading.gguf import GGUFCheckpoint, GGUFError
+    from etc.models.loading.spm import SPACE
+    from etc.models.testing import TEXT
+
+    pieces, scores, types, learned = _sentencepiece_vocabulary()
+    config = {**GGUF_FAMILIES["gemma3"], "vocab_size": len(pieces)}
+    metadata = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": pieces,
+                "tokenizer.ggml.scores": scores, "tokenizer.ggml.token_type": types,
+                "tokenizer.ggml.add_space_prefix": False, "tokenizer.ggml.bos_token_id": 1,
+                "tokenizer.ggml.eos_token_id": 4, "tokenizer.ggml.unknown_token_id": 0,
+                "tokenizer.chat_template": GEMMA_TEMPLATE}
+    path = write_gguf(tmp_path / "spm.gguf", config, metadata=metadata)
+    tokenizer = GGUFCheckpoint(path).tokenizer()
+    for line in TEXT.splitlines():
+        ids = tokenizer.encode(line, add_special_tokens=False)
+        want = learned.encode(line.replace(" ", SPACE)).tokens
+        assert [pieces[i] for i in ids] == want, line
+        assert tokenizer.decode(ids) == line
+    outside = tokenizer.encode("ΩΩ", add_special_tokens=False)
+    assert [pieces[i] for i in outside] == ["<0xCE>", "<0xA9>"] * 2
+    assert tokenizer.decode(outside) == "ΩΩ"
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
+    assert chat == "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n"
+    ids = tokenizer.encode(chat, add_special_tokens=False)
+    assert ids[:2] == [1, 3] and ids.count(3) == 2 and ids.count(4) == 1
+    prefixed = write_gguf(tmp_path / "prefix.gguf", config, metadata={
+        **metadata, "tokenizer.ggml.add_space_prefix": True})
+    with_prefix = GGUFCheckpoint(prefixed).tokenizer()
+    ids = with_prefix.encode("Hello world", add_special_tokens=False)
+    assert pieces[ids[0]].startswith(SPACE) and with_prefix.decode(ids) == "Hello world"
+    # The whole model from the file, generating from a chat.
+    model = models.load(path, **LOAD)
+    chat_out = model.generate([{"role": "user", "content": "Hello"}], 3, ignore_eos=True)
+    ids = tokenizer.encode(chat, add_special_tokens=False)
+    assert chat_out.tokens == model.generate([ids], 3, ignore_eos=True).tokens
+    no_scores = write_gguf(tmp_path / "bad.gguf", config, metadata={
+        **metadata, "tokenizer.ggml.scores": None})
+    with pytest.raises(GGUFError, match=r"tokenizer.ggml.scores is missing"):
+        GGUFCheckpoint(no_scores).tokenizer()

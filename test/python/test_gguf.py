@@ -593,9 +593,9 @@ def test_tokenizer_from_metadata_encodes_like_the_original(pre, tmp_path):
 def test_unsupported_tokenizers_are_refused_by_name(tmp_path):
     original = _trained("qwen2")
     config = tiny_config("Qwen3ForCausalLM", vocab_size=original.get_vocab_size())
-    path = write_gguf(tmp_path / "spm.gguf", config, tokenizer=original,
-                      metadata={"tokenizer.ggml.model": "llama"})
-    with pytest.raises(GGUFError, match="tokenizer.ggml.model = 'llama' is not supported"):
+    path = write_gguf(tmp_path / "bert.gguf", config, tokenizer=original,
+                      metadata={"tokenizer.ggml.model": "bert"})
+    with pytest.raises(GGUFError, match="tokenizer.ggml.model = 'bert' is not supported"):
         GGUFCheckpoint(path).tokenizer_backend()
     path = write_gguf(tmp_path / "pre.gguf", config, tokenizer=original, pre="chatglm-bpe")
     with pytest.raises(GGUFError, match="tokenizer.ggml.pre = 'chatglm-bpe' is not supported"):

@@ -501,19 +501,31 @@ class GGUFCheckpoint:
                          add_eos_token=bool(self.metadata.get("tokenizer.ggml.add_eos_token",
                                                               False)))
 
+    def _sentencepiece(self):
+        """The file's SentencePiece BPE tokenizer (`spm.spm_backend`)."""
+        from .spm import spm_backend
+
+        pieces, scores, types = _sentencepiece_tokens(self.metadata, self.path)
+        unknown = self._token("tokenizer.ggml.unknown_token_id")
+        return spm_backend(pieces, scores, types, unknown=unknown, add_space_prefix=bool(
+            self.metadata.get("tokenizer.ggml.add_space_prefix", True)))
+
     def tokenizer_backend(self):
         """The file's tokenizer as a `tokenizers.Tokenizer`: byte-level BPE
         (`tokenizer.ggml.model` = "gpt2") with the split that
-        `tokenizer.ggml.pre` names; control tokens are special tokens and
+        `tokenizer.ggml.pre` names, or SentencePiece BPE ("llama": Gemma,
+        Phi-3, Mistral; `spm`); control tokens are special tokens and
         user-defined tokens added tokens, as llama.cpp treats them. Other
         tokenizer models raise `GGUFError` naming them."""
         model = self.metadata.get("tokenizer.ggml.model")
         if model is None:
             raise GGUFError(f"{self.path}: the GGUF file has no tokenizer "
                             f"(tokenizer.ggml.model is missing)")
+        if model == "llama":
+            return self._sentencepiece()
         if model != "gpt2":
             raise GGUFError(f"{self.path}: tokenizer.ggml.model = {model!r} is not supported; "
-                            f"supported: 'gpt2' (byte-level BPE)")
+                            f"supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece BPE)")
         pre = self.metadata.get("tokenizer.ggml.pre", "default")
         if pre not in PRE_TOKENIZERS:
             raise GGUFError(f"{self.path}: tokenizer.ggml.pre = {pre!r} is not supported; "
@@ -559,6 +571,21 @@ class GGUFCheckpoint:
         if added:
             backend.add_tokens(added)
         return backend
+
+
+def _sentencepiece_tokens(metadata: dict, path) -> tuple[list, list, list]:
+    """The pieces, scores and token types of a "llama" tokenizer, checked."""
+    tokens = metadata.get("tokenizer.ggml.tokens") or []
+    scores = metadata.get("tokenizer.ggml.scores")
+    types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if scores is None:
+        raise GGUFError(f"{path}: tokenizer.ggml.scores is missing (a SentencePiece "
+                        f"tokenizer's merges follow its pieces' scores)")
+    for key, values in (("scores", scores), ("token_type", types)):
+        if len(values) != len(tokens):
+            raise GGUFError(f"{path}: tokenizer.ggml.{key} has {len(values)} entries for "
+                            f"{len(tokens)} tokens")
+    return tokens, [float(x) for x in scores], [int(t) for t in types]
 
 
 def _decimal(value):
