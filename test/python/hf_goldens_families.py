@@ -61,8 +61,6 @@ FAMILIES = {
     # base 1e6, linear scaling by 2); q/k norms and the four norms of
     # 1 + w, GeGLU, embeddings scaled by sqrt(32), query_pre_attn_scalar 24.
     "gemma3": tiny_config("Gemma3ForCausalLM"),
-    # The same with final-logit soft-capping.
-    "gemma3_capped": tiny_config("Gemma3ForCausalLM", final_logit_softcapping=3.0),
     # Gemma 2: sliding and full layers alternating, attention scores capped
     # at 2 and final logits at 4.
     "gemma2": tiny_config("Gemma2ForCausalLM"),
@@ -71,7 +69,8 @@ FAMILIES = {
     "phi3": tiny_config("Phi3ForCausalLM"),
 }
 #: The seed of each family's random weights.
-SEEDS = {name: 11 + i for i, name in enumerate(FAMILIES)}
+SEEDS = {"qwen2": 11, "qwen2_window": 12, "mistral": 13, "gemma3": 14, "gemma2": 16,
+         "phi3": 17}
 
 
 def cases() -> dict[str, dict]:
