@@ -59,8 +59,6 @@ _QWEN2_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"
 PRE_TOKENIZERS = {"default": "gpt2", "gpt-2": "gpt2", "gpt2": "gpt2", "smollm": "smollm",
                   "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
                   "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
-#: llama.cpp's token types (`tokenizer.ggml.token_type`).
-_CONTROL, _USER_DEFINED = 3, 4
 
 
 def is_gguf(path) -> bool:
@@ -530,7 +528,9 @@ class GGUFCheckpoint:
         if pre not in PRE_TOKENIZERS:
             raise GGUFError(f"{self.path}: tokenizer.ggml.pre = {pre!r} is not supported; "
                             f"supported: {', '.join(sorted(PRE_TOKENIZERS))}")
-        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+        from .spm import add_typed_tokens
 
         tokens = self.metadata.get("tokenizer.ggml.tokens") or []
         merges = self.metadata.get("tokenizer.ggml.merges") or []
@@ -562,14 +562,7 @@ class GGUFCheckpoint:
                 pre_tokenizers.Split(Regex(split), behavior="isolated"),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         backend.decoder = decoders.ByteLevel()
-        special = [AddedToken(t, special=True, normalized=False)
-                   for t, kind in zip(tokens, types) if kind == _CONTROL]
-        added = [AddedToken(t, special=False, normalized=False)
-                 for t, kind in zip(tokens, types) if kind == _USER_DEFINED]
-        if special:
-            backend.add_special_tokens(special)
-        if added:
-            backend.add_tokens(added)
+        add_typed_tokens(backend, tokens, types)
         return backend
 
 

@@ -16,7 +16,7 @@ bytes, the `<0xXX>` pieces.
 from __future__ import annotations
 
 __all__ = ["SPACE", "NORMAL", "UNKNOWN", "CONTROL", "USER_DEFINED", "UNUSED", "BYTE",
-           "merges_from_scores", "spm_backend"]
+           "merges_from_scores", "spm_backend", "add_typed_tokens"]
 
 #: SentencePiece's space.
 SPACE = "\u2581"
@@ -48,7 +48,7 @@ def spm_backend(pieces: list, scores: list, types: list, *, add_space_prefix: bo
     """The `tokenizers.Tokenizer` of a SentencePiece BPE vocabulary:
     `pieces`, their `scores` and llama.cpp `types`; control pieces are
     special tokens, user-defined pieces added tokens."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+    from tokenizers import Tokenizer, decoders, models, normalizers
 
     vocab = {}
     for index, piece in enumerate(pieces):
@@ -66,12 +66,20 @@ def spm_backend(pieces: list, scores: list, types: list, *, add_space_prefix: bo
     if add_space_prefix:
         decode.append(decoders.Strip(" ", 1, 0))
     backend.decoder = decoders.Sequence(decode)
+    add_typed_tokens(backend, pieces, types)
+    return backend
+
+
+def add_typed_tokens(backend, tokens: list, types: list) -> None:
+    """Adds the control `tokens` to `backend` as special tokens and the
+    user-defined ones as added tokens, as llama.cpp treats them."""
+    from tokenizers import AddedToken
+
     special = [AddedToken(p, special=True, normalized=False)
-               for p, t in zip(pieces, types) if t == CONTROL]
+               for p, t in zip(tokens, types) if t == CONTROL]
     added = [AddedToken(p, special=False, normalized=False)
-             for p, t in zip(pieces, types) if t == USER_DEFINED]
+             for p, t in zip(tokens, types) if t == USER_DEFINED]
     if special:
         backend.add_special_tokens(special)
     if added:
         backend.add_tokens(added)
-    return backend
