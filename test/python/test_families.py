@@ -376,8 +376,11 @@ def test_bf16_checkpoint_and_half_precision_compute(name, tmp_path):
 def test_gguf_equals_the_checkpoint_and_generates_alike(name, tmp_path):
     """The family written as llama.cpp's converter writes it: the same
     ModelConfig and graph weights bit for bit as the safetensors checkpoint
-    of the same weights; a Q8_0 file's model matches the NumPy forward pass
-    over its dequantized weights."""
+    of the same weights; a Q8_0 file's model, widened, matches the NumPy
+    forward pass over its dequantized weights, and packed (the default on
+    the CPU: Phi-3's fused matrices split as rows of blocks) within the
+    rounding of its activations to int8 blocks (test_gguf_packed_models.py's
+    bound: 0.15 of the logits' standard deviation, on the same tokens)."""
     from etc.models.loading.gguf import GGUFCheckpoint
 
     config = GGUF_FAMILIES[name]
@@ -392,8 +395,16 @@ def test_gguf_equals_the_checkpoint_and_generates_alike(name, tmp_path):
         np.testing.assert_allclose(got[key], want[key], rtol=0, atol=tol, err_msg=key)
     path = write_gguf(tmp_path / "q8.gguf", config, seed=3, tensor_type="Q8_0")
     quantized = GGUFCheckpoint(path)
-    out = models.load(path, **LOAD).generate(PROMPTS, 3, return_logits=True)
-    teacher_forcing(quantized, PROMPTS, out, weights=quantized.weights())
+    weights = quantized.weights()
+    out = models.load(path, packed=False, **LOAD).generate(PROMPTS, 3, return_logits=True)
+    teacher_forcing(quantized, PROMPTS, out, weights=weights)
+    model = models.load(path, **LOAD)
+    assert {"l0_wq", "l1_wv", "l1_w_gate"} <= set(model.weight_formats)
+    out = model.generate(PROMPTS, 3, return_logits=True)
+    for r, prompt in enumerate(PROMPTS):
+        sequence = list(prompt) + out.tokens[r]
+        want = reference.forward(quantized.config, weights, sequence[:-1])[len(prompt) - 1:]
+        assert np.all(np.abs(out.logits[r] - want).max(axis=-1) <= 0.15 * want.std(axis=-1))
 
 
 def test_gguf_qwen2_refuses_an_output_bias(tmp_path):
