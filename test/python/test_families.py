@@ -727,3 +727,52 @@ def test_gguf_sentencepiece_tokenizer_encodes_as_its_merges_do(tmp_path):
         **metadata, "tokenizer.ggml.scores": None})
     with pytest.raises(GGUFError, match=r"tokenizer.ggml.scores is missing"):
         GGUFCheckpoint(no_scores).tokenizer()
+
+
+@pytest.mark.parametrize("name", list(GGUF_FAMILIES))
+def test_gguf_tensor_names_and_keys_are_the_gguf_packages(name, tmp_path, monkeypatch):
+    """As test_gguf.py's check for the other architectures: the loader reads
+    exactly the tensors the gguf package's name map gives the family's
+    Hugging Face tensors (each one of the architecture's tensors in
+    gguf.constants), once each (Phi-3's fused ones too), and only metadata
+    keys that gguf.Keys names."""
+    import gguf
+
+    from etc.models.loading.gguf import ARCHITECTURES, GGUFCheckpoint
+    from etc.models.testing import tensor_shapes
+
+    config = GGUF_FAMILIES[name]
+    path = write_gguf(tmp_path / "m.gguf", config, seed=2)
+    arch_name = GGUFCheckpoint(path).architecture
+    assert ARCHITECTURES[arch_name] == config["architectures"][0]
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch_name)
+    layers = config["num_hidden_layers"]
+    name_map = gguf.get_tensor_name_map(arch, layers)
+    allowed = {gguf.TENSOR_NAMES[t].format(bid=i) + suffix for t in gguf.MODEL_TENSORS[arch]
+               for i in range(layers) for suffix in (".weight", ".bias")}
+    names = set()
+    for hf_name in tensor_shapes(config):
+        found = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert found in allowed, (hf_name, found)
+        names.add(found)
+    keys = {value.replace("{arch}", arch_name) for group in vars(gguf.Keys).values()
+            if isinstance(group, type) for value in vars(group).values()
+            if isinstance(value, str)}
+    read, asked = [], []
+    tensor, key = GGUFCheckpoint.tensor, GGUFCheckpoint._key
+
+    def recording_tensor(self, tensor_name, *args):
+        read.append(tensor_name)
+        return tensor(self, tensor_name, *args)
+
+    def recording_key(self, key_name, *args):
+        asked.append(f"{self.architecture}.{key_name}")
+        return key(self, key_name, *args)
+
+    monkeypatch.setattr(GGUFCheckpoint, "tensor", recording_tensor)
+    monkeypatch.setattr(GGUFCheckpoint, "_key", recording_key)
+    checkpoint = GGUFCheckpoint(path)
+    assert set(checkpoint.names()) == names
+    checkpoint.weights()
+    assert sorted(read) == sorted(names)
+    assert set(asked) <= keys, set(asked) - keys

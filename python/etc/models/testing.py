@@ -400,7 +400,8 @@ def gguf_tensor_name(architecture: str, name: str, layers: int) -> str:
 
     for arch in (architecture, "llama"):
         kind = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
-        found = gguf.get_tensor_name_map(kind, layers).get_name(name, try_suffixes=(".weight",))
+        found = gguf.get_tensor_name_map(kind, layers).get_name(
+            name, try_suffixes=(".weight", ".bias"))
         if found is not None:
             return found
     raise KeyError(f"gguf's name map has no GGUF name for {name!r} in {architecture}")
