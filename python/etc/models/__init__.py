@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .engine import Engine, RequestError
+from .engine import Engine, RequestError, Speculative
 from .generation import Generation, Model
 from .loading import (ARCHITECTURES, Checkpoint, CheckpointError, ChatTemplateError,
                       GGUFCheckpoint, GGUFError, MissingTensorError, ModelConfig,
@@ -47,6 +47,7 @@ __all__ = ["load", "open_checkpoint", "compile_checkpoint", "CompileResult", "Mo
            "SamplingParams", "ModelConfig", "ARCHITECTURES", "Checkpoint", "GGUFCheckpoint",
            "KernelCache", "CheckpointError", "MissingTensorError", "UnsupportedConfigError",
            "SafetensorsError", "GGUFError", "KernelNotCachedError", "Engine", "RequestError",
+           "Speculative",
            "Tokenizer", "ChatTemplateError", "step_kernel", "step_options", "DEFAULT_BLOCK_SIZE"]
 
 

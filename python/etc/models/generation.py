@@ -14,6 +14,7 @@ import numpy as np
 from .engine.constraints import Constraint, Grammar
 from .engine.engine import Engine
 from .engine.requests import RequestError
+from .engine.speculative import Speculative
 from .step.model import CompiledModel
 
 __all__ = ["Model", "Generation"]
@@ -42,6 +43,26 @@ class Generation:
     #: and their seconds: the decode rate, without the prefill.
     decode_tokens: int = 0
     decode_seconds: float = 0.0
+    #: Speculative decoding (`speculative=`): per prompt, the tokens
+    #: proposed and those the target accepted, and the steps that verified
+    #: a proposal (None without speculation).
+    proposed_tokens: Optional[list] = None
+    accepted_tokens: Optional[list] = None
+    speculative_steps: Optional[list] = None
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed tokens over all prompts (NaN without
+        proposals)."""
+        proposed = sum(self.proposed_tokens or ())
+        return sum(self.accepted_tokens) / proposed if proposed else float("nan")
+
+    @property
+    def accepted_tokens_per_step(self) -> float:
+        """Accepted tokens per verification step over all prompts (NaN
+        without one)."""
+        steps = sum(self.speculative_steps or ())
+        return sum(self.accepted_tokens) / steps if steps else float("nan")
 
     @property
     def tokens_per_second(self) -> float:
@@ -61,7 +82,7 @@ class Model(CompiledModel):
     def generate(self, prompts, max_new_tokens: int, return_logits: bool = False, *,
                  stop: Optional[Sequence[str]] = (), ignore_eos: bool = False, sampling=None,
                  chat_template_kwargs: Optional[dict] = None, response_format=None,
-                 **unknown) -> Generation:
+                 speculative=None, **unknown) -> Generation:
         """Generates from one prompt or a batch of them, of any lengths.
 
         A prompt is a string (encoded with the tokenizer, its special tokens
@@ -81,7 +102,11 @@ class Model(CompiledModel):
         {"type": "json_object"} or {"type": "json_schema", "json_schema":
         {"schema": ...}}, or an `etc.models.engine.constraints.Grammar`
         (also regular expressions, choices, Lark grammars); an answer then
-        ends ("stop") when its grammar is complete.
+        ends ("stop") when its grammar is complete. `speculative` ("ngram"
+        or an `etc.models.Speculative`) has each step verify tokens
+        proposed by prompt lookup or a draft model (docs/models.md,
+        "Speculative decoding"): greedy tokens are those without it,
+        sampled ones follow the same distribution.
 
         The returned `Generation` has per prompt the new ids (`tokens`,
         ending with the EOS id when one stopped it), the text (`text`,
@@ -117,7 +142,8 @@ class Model(CompiledModel):
         constraints = [None if grammar is None else Constraint(self, grammar)
                        for _ in sequences]
         engine = Engine(self, max_num_seqs=len(sequences), max_model_len=length,
-                        kv_cache_tokens=self._own_pool(len(sequences), length))
+                        kv_cache_tokens=self._own_pool(len(sequences), length),
+                        speculative=_speculative(speculative))
         handles = []
         for p, ids in enumerate(sequences):
             try:
@@ -139,11 +165,15 @@ class Model(CompiledModel):
                             cached_tokens=[r.cached_tokens for r in results])
         if return_logits:
             result.logits = [r.logits for r in results]
+        if engine.speculative is not None:
+            result.proposed_tokens = [r.proposed_tokens for r in results]
+            result.accepted_tokens = [r.accepted_tokens for r in results]
+            result.speculative_steps = [r.speculative_steps for r in results]
         for step in engine.steps:
             result.steps += 1
             result.seconds += step.seconds
             if step.decode_only:
-                result.decode_tokens += step.requests
+                result.decode_tokens += step.generated
                 result.decode_seconds += step.seconds
         return result
 
@@ -250,6 +280,12 @@ def _check_template_kwargs(variables) -> dict:
             raise ValueError(f"generate: chat_template_kwargs: {name!r} is set by generate "
                              f"itself")
     return dict(variables)
+def _speculative(value):
+    """`generate`'s speculative argument, checked (`Speculative.of`)."""
+    try:
+        return Speculative.of(value)
+    except ValueError as error:
+        raise ValueError(f"generate: {error}") from None
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -46,6 +46,8 @@ from ..step.sampling import SamplingParams, logit_adjustments, token_mask
 from .requests import RequestError, RequestHandle, RequestOutput, RequestResult, TokenLogprobs
 from .constraints import fill_masks
 from .slots import PagedSlots, SlotCache
+from .speculative import (Speculation, SpeculationCounts, Speculative, accepted_prefix,
+                          add_proposals)
 from .stopping import StopChecker
 
 logger = logging.getLogger("etc.engine")
@@ -56,19 +58,25 @@ __all__ = ["Engine", "StepRecord", "EngineStats"]
 @dataclass
 class StepRecord:
     """One kernel run: its requests and tokens, whether it only decoded
-    (one token per request), and its seconds (host preparation included)."""
+    (one token per request, besides proposed ones), and its seconds (host
+    preparation included); the ids it gave the requests, and of its
+    tokens, those proposed by speculating requests and those accepted."""
 
     requests: int
     tokens: int
     decode_only: bool
     seconds: float
+    generated: int = 0
+    proposed: int = 0
+    accepted: int = 0
 
 
 @dataclass
-class EngineStats:
+class EngineStats(SpeculationCounts):
     """What the engine's cache did since it started: prompt tokens admitted
     and how many came from cached prefixes, cached blocks evicted to make
-    room, and requests preempted (their blocks freed, recomputed later)."""
+    room, and requests preempted (their blocks freed, recomputed later);
+    and what speculating requests proposed and had accepted."""
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -81,7 +89,7 @@ class _Sequence:
 
     def __init__(self, handle: "RequestHandle", prompt: list, max_new_tokens: int,
                  stop: StopChecker, eos: frozenset, stop_ids: frozenset, sampling, detokenizer,
-                 return_logits: bool):
+                 return_logits: bool, speculative: Optional[Speculative] = None):
         self.handle = handle
         self.prompt = prompt
         self.tokens = list(prompt)  # prompt + generated: what goes into the cache
@@ -116,6 +124,21 @@ class _Sequence:
         #: The hashes of the full blocks of its tokens (see
         #: `Engine._admit`), computed when first needed.
         self.hashes: Optional[list] = None
+        #: Its speculative decoding state, and the tokens it proposes in
+        #: the step being run (after its pending ones).
+        self.speculation = None if speculative is None else Speculation(speculative)
+        self.proposed: list[int] = []
+
+    @property
+    def verifiable(self) -> bool:
+        """Whether its proposed tokens can be verified in one step: every
+        row is chosen with the adjustments and mask of the first, so
+        nothing of them may change with the tokens before the row
+        (penalties, min_tokens not yet reached, a grammar)."""
+        s = self.sampling
+        return self.constraint is None and len(self.generated) >= self.min_tokens and \
+            (s is None or (s.presence_penalty == 0 and s.frequency_penalty == 0 and
+                           s.repetition_penalty == 1))
 
     @property
     def pending(self) -> int:
@@ -152,6 +175,12 @@ class Engine:
     max_model_len.
     `stats` counts cached prompt tokens, evictions and preemptions.
 
+    `speculative` (None, "ngram" or an `etc.models.Speculative`): requests
+    propose tokens (prompt lookup) that their next step verifies
+    (`etc.models.engine.speculative`): the same tokens as without, greedy,
+    and the same distribution, sampled; `stats` counts what was proposed
+    and accepted.
+
     Every parameter of a request is checked by `submit` (`RequestError`);
     a step that raises anyway is rerun on halves of its requests until the
     ones that make it raise are alone: they end with finish_reason
@@ -162,7 +191,8 @@ class Engine:
     `step()`, `run()` or a handle's `result()` / `outputs()`."""
 
     def __init__(self, model, *, max_num_seqs: int = 8, max_model_len: Optional[int] = None,
-                 max_step_tokens: Optional[int] = None, kv_cache_tokens: Optional[int] = None):
+                 max_step_tokens: Optional[int] = None, kv_cache_tokens: Optional[int] = None,
+                 speculative=None):
         for name, value in (("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len),
                             ("max_step_tokens", max_step_tokens),
                             ("kv_cache_tokens", kv_cache_tokens)):
@@ -175,6 +205,8 @@ class Engine:
         if max_model_len > model.max_seq_len:
             raise ValueError(f"Engine: max_model_len={max_model_len} is longer than the model's "
                              f"max_seq_len={model.max_seq_len}")
+        #: How requests speculate (None: they do not).
+        self.speculative = Speculative.of(speculative, "Engine: speculative")
         self.model = model
         self.max_num_seqs = max_num_seqs
         self.max_step_tokens = max_step_tokens or model.max_step_tokens
@@ -289,7 +321,7 @@ class Engine:
             raise RequestError(f"min_tokens={min_tokens!r} must be an int in [0, "
                                f"max_new_tokens={max_new_tokens}]", "min_tokens")
         sequence = _Sequence(None, prompt, max_new_tokens, checker, eos, stop_ids, sampling,
-                             detokenizer, bool(return_logits))
+                             detokenizer, bool(return_logits), self.speculative)
         sequence.min_tokens = int(min_tokens)
         if allowed_token_ids is not None:
             allowed = _check_ids(allowed_token_ids, "allowed_token_ids",
@@ -425,23 +457,59 @@ class Engine:
             return True  # every sequence preempted: the pool is held elsewhere
         done = self._run(batch)
         self._step_count += 1
-        block = self.cache.block_size
-        for sequence, take, token, logits, now, logprobs in done:
+        for sequence, take, chosen, logits, now, record, logprobs in done:
             try:
                 sequence.served = self._step_count
-                sequence.cached += take
-                if block is not None and sequence.cached // block > sequence.committed:
-                    # Full blocks computed: reusable by later prompts.
-                    self.cache.commit(sequence.slot, sequence.tokens[:sequence.cached])
-                    sequence.committed = sequence.cached // block
+                proposed, sequence.proposed = sequence.proposed, []
+                sequence.cached += take - len(proposed)
                 if sequence.pending:
+                    self._commit(sequence, sequence.tokens[:sequence.cached])
                     continue  # a prefill chunk: the prompt goes on next step
-                self._advance(sequence, token, logits, now, logprobs)
+                # The proposed tokens the target chose too: their keys and
+                # values, written by this step, are the sequence's.
+                accepted = accepted_prefix(proposed, chosen)
+                if proposed:
+                    self._verified(sequence, record, len(proposed), accepted)
+                self._commit(sequence, sequence.tokens + proposed[:accepted])
+                sequence.cached += accepted
+                record.generated += self._take_chosen(sequence, chosen[:accepted + 1], logits,
+                                                      logprobs, now)
+                if proposed and sequence.slot is not None:
+                    # Blocks past the accepted tokens go back to the pool.
+                    self.cache.trim(sequence.slot, sequence.cached + 1)
             except Exception as error:  # this request's end, not the others'
                 logger.exception("request %d failed", sequence.handle.request_id)
                 self._finish(sequence, "error", error=f"{type(error).__name__}: {error}")
         self.stats.evictions = self.cache.evictions - self._evictions_before
         return True
+
+    def _commit(self, sequence: _Sequence, tokens: list) -> None:
+        """The first len(tokens) positions of `sequence` hold `tokens`'
+        keys and values: its full blocks among them become reusable by
+        later prompts."""
+        block = self.cache.block_size
+        if block is not None and len(tokens) // block > sequence.committed:
+            self.cache.commit(sequence.slot, tokens)
+            sequence.committed = len(tokens) // block
+
+    def _verified(self, sequence: _Sequence, record: StepRecord, proposed: int,
+                  accepted: int) -> None:
+        """Counts a verification of `proposed` tokens, `accepted` of them."""
+        sequence.speculation.verified(proposed, accepted)
+        record.proposed += proposed
+        record.accepted += accepted
+        self.stats.count(proposed, accepted)
+
+    def _take_chosen(self, sequence: _Sequence, tokens: list, logits, logprobs: list,
+                     now: float) -> int:
+        """Gives `sequence` its new ids, in order, until one ends it (EOS, a
+        stop string, its token limit); returns how many it took."""
+        for i, token in enumerate(tokens):
+            self._advance(sequence, token, None if logits is None else logits[i], now,
+                          logprobs[i])
+            if sequence.slot is None:  # finished
+                return i + 1
+        return len(tokens)
 
     def _end_cancelled(self, cancelled: set, abort: Optional[tuple[int, str]]) -> None:
         """Ends the cancelled sequences, and with `abort` every one submitted
@@ -460,12 +528,15 @@ class Engine:
 
     def _run(self, batch: list) -> list:
         """Runs `batch` ((sequence, tokens to take) pairs) in one step and
-        returns (sequence, take, next id, logits or None, time) per
-        sequence. A step that raises is run again on each half of the
-        batch, down to the sequences that make it raise alone: those end
-        with finish_reason "error", and the others' results stand (a
-        rerun writes the same keys and values at the same positions)."""
-        choosing = [s for s, take in batch if s.constraint is not None and take == s.pending]
+        returns (sequence, take, next ids, their logits or None, time,
+        the step's record, their log-probabilities or None) per sequence:
+        one id, or one per row a speculating sequence verifies. A step
+        that raises is run again on each half of the batch, down to the
+        sequences that make it raise alone: those end with finish_reason
+        "error", and the others' results stand (a rerun writes the same
+        keys and values at the same positions)."""
+        choosing = [s for s, take in batch
+                    if s.constraint is not None and take - len(s.proposed) == s.pending]
         if choosing:  # the grammars' masks, all together
             for sequence, mask in zip(choosing, fill_masks([s.constraint for s in choosing])):
                 sequence.step_mask = mask
@@ -489,8 +560,9 @@ class Engine:
             half = len(batch) // 2
             return self._run(batch[:half]) + self._run(batch[half:])
         now = time.perf_counter()
-        self.steps.append(StepRecord(len(requests), sum(len(r.tokens) for r in requests),
-                                     all(len(r.tokens) == 1 for r in requests), now - start))
+        record = StepRecord(len(requests), sum(len(r.tokens) for r in requests),
+                            all(len(r.tokens) - r.choices == 0 for r in requests), now - start)
+        self.steps.append(record)
         values, ids = logprobs[0] if logprobs else (None, None)
 
         def token_logprobs(i: int, sequence: _Sequence):
@@ -500,8 +572,14 @@ class Engine:
             return TokenLogprobs(int(next_ids[i]), float(values[i, 0]),
                                  tuple((int(ids[i, j]), float(values[i, 1 + j]))
                                        for j in range(top)))
-        return [(sequence, take, int(next_ids[i]), None if logits is None else logits[i], now,
-                 token_logprobs(i, sequence)) for i, (sequence, take) in enumerate(batch)]
+        done, row = [], 0
+        for request, (sequence, take) in zip(requests, batch):
+            rows = range(row, row + request.choices)
+            row += request.choices
+            done.append((sequence, take, [int(next_ids[i]) for i in rows],
+                         None if logits is None else logits[rows.start:rows.stop], now, record,
+                         [token_logprobs(i, sequence) for i in rows]))
+        return done
 
     def _admit(self) -> None:
         """Admits waiting sequences, first come first served, while a slot
@@ -586,6 +664,8 @@ class Engine:
             else:
                 budget -= take
                 batch.append((sequence, take))
+        if self.speculative is not None:
+            add_proposals(batch, budget, self.cache)
         return batch
 
     def _preempt(self, sequence: _Sequence) -> None:
@@ -603,23 +683,28 @@ class Engine:
         self._waiting.appendleft(sequence)
 
     def _request(self, sequence: _Sequence, take: int):
-        tokens = sequence.tokens[sequence.cached:sequence.cached + take]
-        adjustments = None
-        if take == sequence.pending:  # the step chooses its next token
+        """The step's request of `sequence`: `take` tokens, its proposed
+        ones last (the step chooses a token after each of those and after
+        the one before them, all with the same adjustments and mask)."""
+        proposed = sequence.proposed
+        own = take - len(proposed)
+        tokens = sequence.tokens[sequence.cached:sequence.cached + own]
+        adjustments = mask = None
+        if own == sequence.pending:  # the step chooses its next token
             forbidden = ()
             if len(sequence.generated) < sequence.min_tokens:
                 forbidden = sorted(sequence.eos | sequence.stop_ids)
             adjustments = logit_adjustments(sequence.sampling, sequence.prompt,
                                             sequence.generated, forbidden)
-        mask = None
-        if take == sequence.pending:
             mask = sequence.token_mask
             if sequence.constraint is not None:
                 mask = sequence.step_mask if mask is None else mask & sequence.step_mask
-        if sequence.sampling is None and adjustments is None and mask is None:
+        if sequence.sampling is None and adjustments is None and mask is None and \
+                not proposed:
             return Request(sequence.slot, sequence.cached, tokens)
-        return Request(sequence.slot, sequence.cached, tokens, sampling=sequence.sampling,
-                       adjustments=adjustments, token_mask=mask)
+        return Request(sequence.slot, sequence.cached, tokens + proposed,
+                       sampling=sequence.sampling, adjustments=adjustments, token_mask=mask,
+                       choices=1 + len(proposed))
 
     def _advance(self, sequence: _Sequence, token: int, logits, now: float,
                  logprobs: Optional[TokenLogprobs] = None) -> None:
@@ -671,12 +756,17 @@ class Engine:
             self.cache.release(sequence.slot)
             sequence.slot = None
         handle = sequence.handle
+        speculation = sequence.speculation
+        counts = {} if speculation is None else dict(
+            speculative_steps=speculation.speculative_steps,
+            proposed_tokens=speculation.proposed_tokens,
+            accepted_tokens=speculation.accepted_tokens)
         result = RequestResult(
             handle.request_id, sequence.prompt, sequence.generated, "".join(sequence.text),
             reason, handle.arrival_time, sequence.first_token_time, time.perf_counter(),
             logits=np.stack(sequence.logits) if sequence.logits else None, error=error,
             cached_tokens=sequence.cached_prompt or 0, preemptions=sequence.preemptions,
-            logprobs=sequence.logprobs)
+            logprobs=sequence.logprobs, **counts)
         handle._finish(result)
         if output is None:
             output = RequestOutput(handle.request_id, [], "", reason,

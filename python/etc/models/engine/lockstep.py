@@ -283,8 +283,9 @@ class Leader:
         number, _ = self._caches[id(cache)]
         data = self._model._step_data(cache, requests)  # all but the weights
         shared = {name: value for name, value in data.items() if name not in cache.arrays}
-        self._send(("step", number, shared, len(requests), return_logits))
-        return self._model.run_step(data, len(requests), return_logits,
+        count = len(data["sample_rows"])  # the step's choices
+        self._send(("step", number, shared, count, return_logits))
+        return self._model.run_step(data, count, return_logits,
                                     return_logprobs=return_logprobs)
 
     def stop(self) -> None:

@@ -102,6 +102,11 @@ class RequestResult:
     preemptions: int = 0
     #: One `TokenLogprobs` per new id when the request asked for them.
     logprobs: Optional[list] = None
+    #: Speculative decoding: the steps that verified a proposal of this
+    #: request, the tokens proposed, and those accepted.
+    speculative_steps: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
 
     @property
     def time_to_first_token(self) -> Optional[float]:

@@ -2,7 +2,7 @@
 what it may grow to. `SlotCache` gives each running sequence a contiguous
 slot of the model length; `PagedSlots` gives it blocks of the model's paged
 pool (`etc.models.step.kv_cache.PagedKVCache`), reusing cached prefixes.
-Both answer the same five calls (`admit`, `reserve`, `commit`, `release`,
+Both answer the same calls (`admit`, `reserve`, `trim`, `commit`, `release`,
 and `cache`: the arrays the step kernel takes), and say what their prefix
 cache could reuse (`block_hashes`, `cached_blocks`) so that the scheduler
 computes a prefix shared by requests submitted together once."""
@@ -25,7 +25,9 @@ class SlotCache:
     will reach `n` positions and returns (slot, tokens already cached:
     always 0 here), or None when no slot is free (it waits);
     `reserve(slot, n)` says a running sequence is about to reach `n`
-    positions (always true here: a slot holds the whole length);
+    positions (always true here: a slot holds the whole length), and
+    `trim(slot, n)` that it needs only `n` (speculative positions rolled
+    back: nothing to return here);
     `commit(slot, tokens)` says which ids the slot's first positions hold
     (nothing to do here); `release(slot)` gives the slot back. The paged
     cache's `PagedSlots` answers the same calls with
@@ -57,6 +59,9 @@ class SlotCache:
     def reserve(self, slot: int, positions: int) -> bool:
         return positions <= self.length
 
+    def trim(self, slot: int, positions: int) -> None:
+        pass
+
     def commit(self, slot: int, tokens) -> None:
         pass
 
@@ -80,7 +85,8 @@ class PagedSlots:
     the pool has blocks for `positions` positions past what its cached
     prefix covers, and returns (slot, cached tokens), else None;
     `reserve(slot, positions)` grows it (False when the pool lacks blocks:
-    the engine preempts); `commit(slot, tokens)` registers its computed
+    the engine preempts); `trim(slot, positions)` gives back the blocks
+    past `positions` (rejected speculative positions); `commit(slot, tokens)` registers its computed
     full blocks for reuse; `release(slot)` frees the slot and its blocks."""
 
     def __init__(self, cache: PagedKVCache, slots: int):
@@ -129,6 +135,10 @@ class PagedSlots:
     def reserve(self, slot: int, positions: int) -> bool:
         with self.cache.lock:
             return self.manager.reserve(slot, positions)
+
+    def trim(self, slot: int, positions: int) -> None:
+        with self.cache.lock:
+            self.manager.trim(slot, positions)
 
     def commit(self, slot: int, tokens: Sequence[int]) -> None:
         with self.cache.lock:

@@ -12,19 +12,22 @@ packed, in a block format of `etc.packed`) and the RoPE frequencies
 `inv_freq` (and `inv_freq_local` for the sliding layers' own RoPE,
 Gemma 3). State: each layer's K and V caches, `l<i>_k_cache` /
 `l<i>_v_cache`, (S, L, H_kv * head_dim) or (N, P, H_kv * head_dim), in the
-KV dtype (by default the compute dtype). Sampling inputs, one per request:
-`temperature`, `top_p`, `min_p` f32 (R,), `top_k`, `logprobs` i32 (R,) and
-`seed` i32 (R, 2) (see `etc.Graph.sample`), and the entries that change
+KV dtype (by default the compute dtype). The step chooses a token after C
+of its tokens (a symbol): `sample_rows` (C,) i32 are their indices (each
+request's last new token, and the verified rows of a speculating
+request), `sample_position` (C,) the positions of the chosen tokens (the
+counters of their random numbers). Sampling inputs, one per choice:
+`temperature`, `top_p`, `min_p` f32 (C,), `top_k`, `logprobs` i32 (C,) and
+`seed` i32 (C, 2) (see `etc.Graph.sample`), and the entries that change
 the logits before (penalties, biases: `adjust_tokens` i32, `adjust_add`,
-`adjust_scale` f32 (R, A), `etc.Graph.adjust_logits`) and the tokens each
-request may choose (`token_mask` i32 (R, ceil(V / 32)), a bit per token,
-where `token_masked` (R,) is not 0: structured output). Outputs: `logits`
-(R, V), before those changes, of
-each request's last new token, `next_ids` (R,), the token sampled from
-them (the argmax where the temperature is 0) at position `request_length`,
-and for the requests whose `logprobs` is >= 0 the log-probabilities of
-that token and of their `logprobs` most likely ones: `next_ids_logprobs`
-(R, 1 + MAX_LOGPROBS) f32 and `next_ids_logprob_ids` (R, MAX_LOGPROBS).
+`adjust_scale` f32 (C, A), `etc.Graph.adjust_logits`) and the tokens each
+choice may take (`token_mask` i32 (C, ceil(V / 32)), a bit per token,
+where `token_masked` (C,) is not 0: structured output). Outputs: `logits`
+(C, V), before those changes, of those rows, `next_ids` (C,), the tokens
+sampled from them (the argmax where the temperature is 0), and for the
+choices whose `logprobs` is >= 0 the log-probabilities of that token and
+of their `logprobs` most likely ones: `next_ids_logprobs` (C, 1 +
+MAX_LOGPROBS) f32 and `next_ids_logprob_ids` (C, MAX_LOGPROBS).
 """
 
 from __future__ import annotations
@@ -181,29 +184,35 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
                 g.silu_mul(gate, up)
             x = residual_matmul(gated, weight(f"l{i}_w_down", (h, f)), x,
                                 post_norm(f"l{i}_post_mlp_norm"))
-    # The last new token of each request: norm, LM head, sampling.
-    last = g.embedding(x, batch.request_last)
+    # The rows a token is chosen after (`sample_rows`, C of them): each
+    # request's last new token, and every row of a speculating request
+    # (its proposed tokens are verified against these choices).
+    C = g.symbol("C")
+    rows = g.input("sample_rows", (C,), "i32")
+    g.index_range(rows, below=T)
+    last = g.embedding(x, rows)
     normed = norm(last, weight("final_norm", (h,)))
     head = embed if c.tie_word_embeddings else weight("lm_head", (c.vocab_size, h))
     cap = c.final_logit_softcapping
     logits = g.matmul(normed, head, transpose_b=True, name=None if cap else "logits")
     if cap:
         logits = g.softcap(logits, cap, name="logits")
-    # The sampled token's position (the counter of its random number) is
-    # the sequence's length after the step.
-    sampling = {name: g.input(name, (R,), dtype) for name, dtype in SAMPLING_INPUTS}
-    # Penalties and biases: A entries per request change its logits first.
+    # A chosen token's position (the counter of its random number) is its
+    # row's position + 1.
+    sampling = {name: g.input(name, (C,), dtype) for name, dtype in SAMPLING_INPUTS}
+    # Penalties and biases: A entries per choice change its logits first.
     A = g.symbol("A")
-    # And a request's token bitmask (structured output) keeps only the
+    # And a choice's token bitmask (structured output) keeps only the
     # tokens it allows.
-    adjusted = g.adjust_logits(logits, g.input("adjust_tokens", (R, A), "i32"),
-                               g.input("adjust_add", (R, A), "f32"),
-                               g.input("adjust_scale", (R, A), "f32"),
-                               mask=g.input("token_mask", (R, -(-c.vocab_size // 32)), "i32"),
-                               masked=g.input("token_masked", (R,), "i32"))
+    adjusted = g.adjust_logits(logits, g.input("adjust_tokens", (C, A), "i32"),
+                               g.input("adjust_add", (C, A), "f32"),
+                               g.input("adjust_scale", (C, A), "f32"),
+                               mask=g.input("token_mask", (C, -(-c.vocab_size // 32)), "i32"),
+                               masked=g.input("token_masked", (C,), "i32"))
     next_ids, logprobs, logprob_ids = g.sample(
-        adjusted, seed=g.input("seed", (R, 2), "i32"), position=batch.request_length,
-        name="next_ids", max_logprobs=MAX_LOGPROBS, **sampling)
+        adjusted, seed=g.input("seed", (C, 2), "i32"),
+        position=g.input("sample_position", (C,), "i32"), name="next_ids",
+        max_logprobs=MAX_LOGPROBS, **sampling)
     g.output(logits, next_ids, logprobs, logprob_ids)
     return g
 

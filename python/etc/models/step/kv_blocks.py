@@ -73,7 +73,8 @@ class BlockManager:
     prefix, and returns how many of `tokens` are already in the cache (None
     when the pool lacks the blocks: nothing changes); `reserve(key,
     positions)` grows its table to cover `positions` (False when the pool
-    lacks the blocks); `commit(key, tokens)` says its first len(tokens)
+    lacks the blocks), `trim(key, positions)` shrinks it to what
+    `positions` need; `commit(key, tokens)` says its first len(tokens)
     positions now hold these ids' keys and values, which makes its full
     blocks reusable; `release(key)` gives its blocks back.
     """
@@ -195,6 +196,16 @@ class BlockManager:
         sequence.blocks += [self._take() for _ in range(needed)]
         return True
 
+    def trim(self, key, positions: int) -> None:
+        """Shrinks sequence `key`'s table to the blocks that hold its first
+        `positions` positions, giving the others back (free: blocks past
+        what a sequence computed for good, such as a rejected speculative
+        run's, are never registered for reuse)."""
+        sequence = self._sequence(key)
+        keep = max(self.blocks_for(positions), len(sequence.hashes))
+        while len(sequence.blocks) > keep:
+            self._drop(sequence.blocks.pop())
+
     def can_reserve(self, key, positions: int) -> bool:
         """Whether `reserve(key, positions)` would succeed."""
         return self.blocks_for(positions) - len(self._sequence(key).blocks) <= self.free_blocks
@@ -226,12 +237,7 @@ class BlockManager:
         if sequence is None:
             raise KeyError(f"BlockManager.release: no sequence {key!r}")
         for block in reversed(sequence.blocks):
-            self._refs[block] -= 1
-            if self._refs[block] == 0:
-                if block in self._hash_of:
-                    self._evictable[block] = None
-                else:
-                    self._free.append(block)
+            self._drop(block)
 
     def clear_cached(self) -> int:
         """Forgets every cached block that no sequence holds (they become
@@ -250,6 +256,16 @@ class BlockManager:
         if sequence is None:
             raise KeyError(f"BlockManager: no sequence {key!r} (admit it first)")
         return sequence
+
+    def _drop(self, block: int) -> None:
+        """One holder fewer for `block`: with none left it is free, or, when
+        it is cached, evictable."""
+        self._refs[block] -= 1
+        if self._refs[block] == 0:
+            if block in self._hash_of:
+                self._evictable[block] = None
+            else:
+                self._free.append(block)
 
     def _take(self) -> int:
         """A block for a sequence: a free one, else the least recently

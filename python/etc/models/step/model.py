@@ -293,28 +293,33 @@ class CompiledModel:
     def step(self, cache, requests: Sequence[Request], return_logits: bool = False,
              return_logprobs: bool = False):
         """Runs one step: every request's new tokens go into the cache, and
-        the next id (R,) int32 of each request comes back, chosen on the
-        device from the logits of its last new token with its `sampling`
-        parameters. Returns (logits, next_ids): the logits (R, vocab)
-        float32 with `return_logits`, else None (on CUDA they then stay on
-        the device: only the ids are copied back). With `return_logprobs`,
-        (logits, next_ids, (values, ids)): for each request whose sampling
-        asks for `logprobs`, values[r, 0] the log-probability of its token,
-        ids[r, j] and values[r, 1 + j] its j-th most likely token and that
+        the next id of each request comes back, chosen on the device from
+        the logits of its last new token with its `sampling` parameters; a
+        request with `choices` = c gets the id chosen after each of its
+        last c tokens. Returns (logits, next_ids): next_ids (C,) int32,
+        the requests' choices in order (C = R when every request makes one
+        choice), and the logits (C, vocab) float32 they were chosen from
+        with `return_logits`, else None (on CUDA they then stay on the
+        device: only the ids are copied back). With `return_logprobs`,
+        (logits, next_ids, (values, ids)): for each choice whose sampling
+        asks for `logprobs`, values[c, 0] the log-probability of its token,
+        ids[c, j] and values[c, 1 + j] its j-th most likely token and that
         one's (j < logprobs), computed on the device; the other rows'
         entries are undefined. Requests may bring any
         number of tokens (prefill, decode, or a mix in one step). With a
         `PagedKVCache`, a request's slot is its sequence in the cache's
         block manager, whose blocks must cover its positions."""
-        return self.run_step(self._step_data(cache, requests), len(requests), return_logits,
-                             cache=cache, return_logprobs=return_logprobs)
+        data = self._step_data(cache, requests)
+        return self.run_step(data, len(data["sample_rows"]), return_logits, cache=cache,
+                             return_logprobs=return_logprobs)
 
     def run_step(self, data: dict, count: int, return_logits: bool = False, cache=None,
                  return_logprobs: bool = False):
-        """Runs the step kernel on `data`, the inputs of `count` requests
-        but the weights (`step_inputs` without them: the weights are bound
-        once); returns what `step` does. With `cache`, the KV cache whose
-        arrays `data` holds, those are bound once too (per cache).
+        """Runs the step kernel on `data`, the inputs of a step that makes
+        `count` choices (`sample_rows`), but the weights (`step_inputs`
+        without them: the weights are bound once); returns what `step`
+        does. With `cache`, the KV cache whose arrays `data` holds, those
+        are bound once too (per cache).
 
         One run at a time per model (engines in several threads, such as
         concurrent `generate` calls, take turns): a run already uses every
@@ -433,6 +438,7 @@ class CompiledModel:
         capacity = self.max_seq_len if paged else cache.length
         ids, positions, token_request = [], [], []
         slot, length, first, last = [], [], [], []
+        rows, row_positions, choices = [], [], []
         vocab = self.config.vocab_size
         seen = set()
         for r, request in enumerate(requests):
@@ -454,6 +460,11 @@ class CompiledModel:
                         not 0 <= token < vocab:
                     raise ValueError(f"step: request {r}, token {i}: id {token!r} is outside "
                                      f"the vocabulary [0, {vocab})")
+            count = request.choices
+            if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or \
+                    not 1 <= count <= len(tokens):
+                raise ValueError(f"step: request {r}: choices={count!r} must be an int in "
+                                 f"[1, {len(tokens)}] (its tokens)")
             first.append(len(ids))
             ids += tokens
             positions += range(request.start, end)
@@ -461,16 +472,23 @@ class CompiledModel:
             last.append(len(ids) - 1)
             slot.append(request.slot)
             length.append(end)
+            # A choice after the token at position p is the token of p + 1.
+            rows += range(len(ids) - count, len(ids))
+            row_positions += range(end - count + 1, end + 1)
+            choices.append(int(count))
         i32 = lambda values: np.asarray(values, dtype=np.int32)
         addressing = dict(block_table=cache.block_tables(slot, length)) if paged else \
             dict(request_slot=i32(slot))
+        per_choice = {**sampling_inputs([q.sampling for q in requests], self._fresh_seeds),
+                      **adjustment_inputs([q.adjustments for q in requests]),
+                      **mask_inputs([q.token_mask for q in requests], vocab)}
+        if len(rows) > len(requests):  # each request's parameters on each of its rows
+            per_choice = {name: np.repeat(value, choices, axis=0)
+                          for name, value in per_choice.items()}
         return dict(ids=i32(ids), positions=i32(positions), token_request=i32(token_request),
                     **addressing, request_length=i32(length), request_first=i32(first),
-                    request_last=i32(last),
-                    **sampling_inputs([q.sampling for q in requests], self._fresh_seeds),
-                    **adjustment_inputs([q.adjustments for q in requests]),
-                    **mask_inputs([q.token_mask for q in requests], vocab),
-                    **cache.arrays)
+                    request_last=i32(last), sample_rows=i32(rows),
+                    sample_position=i32(row_positions), **per_choice, **cache.arrays)
 
 
 def _to_device(kernel, name: str, array: np.ndarray):

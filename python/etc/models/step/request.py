@@ -1,5 +1,6 @@
 """One request of a step: the value `CompiledModel.step` takes per sequence
-(its slot, first position, new tokens and sampling parameters)."""
+(its slot, first position, new tokens, sampling parameters, and how many
+of its tokens the step chooses a next token after)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ class Request:
     `sampling` (None: greedy), from its logits changed by `adjustments`
     (`sampling.logit_adjustments`: penalties, biases; None: none), among
     the tokens `token_mask` allows (int32 (ceil(vocab / 32),): bit t % 32
-    of word t // 32 set for an allowed token t; None: all)."""
+    of word t // 32 set for an allowed token t; None: all). With `choices`
+    = c > 1, the token after each of the last c tokens is (a speculating
+    request: its last tokens are proposed ones, which the choices verify;
+    every choice with the same adjustments and mask)."""
 
     slot: int
     start: int
@@ -30,3 +34,4 @@ class Request:
     sampling: Optional[SamplingParams] = None
     adjustments: Optional[tuple] = None
     token_mask: Optional[np.ndarray] = None
+    choices: int = 1

@@ -1,0 +1,246 @@
+"""Speculative decoding: tokens proposed on the host, verified by the
+target's own step.
+
+A speculating request brings its pending token and k proposed tokens to a
+step, k + 1 query rows like a chunk of prefill, and asks for the target's
+choice after each of them (`Request.choices`). The proposal is accepted up
+to its first token that differs from the target's choice at the row before
+it; the target's choice there (a correction, or after a fully accepted
+proposal a bonus token) comes with the accepted tokens, so a step yields 1
+to k + 1 tokens and never a token the target would not have chosen:
+
+* greedy requests: the choices are the target's argmax, so the output is
+  the output without speculation;
+* sampled requests: each choice is drawn by the sampling task from the
+  target's distribution p at its row, with the counter-based RNG keyed by
+  the request's seed and the chosen token's position. A proposal is one
+  token d per row (a point mass q = 1 at d), for which rejection sampling
+  (accept d with probability min(1, p(d) / q(d)) = p(d), else draw from
+  max(0, p - q) normalised, p without d) is exactly "draw x from p, accept
+  when x = d, else x is the correction": the output is distributed as the
+  target's, and a seeded request draws the same token at the same
+  position with or without speculation (the logits aside: a row computed
+  among k + 1 may round differently from one computed alone).
+
+Rejected positions are rolled back: the sequence's length ends after the
+accepted tokens, so the keys and values written for the rejected ones lie
+past it (attention never reads them, and the next step writes over them),
+and blocks wholly past it go back to the pool (`trim`).
+
+Proposers: `NgramIndex` (prompt lookup: the tokens that followed the
+latest earlier occurrence of the sequence's last n tokens). `Speculation`
+is one request's state: its proposer, the adaptive number of tokens to
+propose, and its counts (`SpeculationCounts`, which the engine's stats
+keep too); `add_proposals` adds the proposals to a step the engine
+scheduled, and `accepted_prefix` says how many the step accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+__all__ = ["Speculative", "NgramIndex", "Speculation", "SpeculationCounts", "accepted_prefix",
+           "add_proposals", "METHODS"]
+
+#: The ways of proposing tokens.
+METHODS = ("ngram",)
+
+
+def _positive(field: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"Speculative: {field}={value!r} must be an int >= {low}")
+    return value
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """How requests speculate.
+
+    * `method`: "ngram", prompt lookup (`NgramIndex`);
+    * `tokens` >= 1: the most tokens proposed per request and step (k);
+    * `ngram=(min, max)`: the lengths of the suffix looked up, longest
+      first (1 <= min <= max);
+    * `adaptive`: each request proposes fewer tokens after rejections,
+      down to none for a while, and more again after acceptances
+      (`Speculation`); False proposes `tokens` whenever a proposal exists.
+    """
+
+    method: str = "ngram"
+    tokens: int = 4
+    ngram: tuple = (2, 4)
+    adaptive: bool = True
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"Speculative: method={self.method!r} is not supported; expected "
+                             f"one of {METHODS}")
+        _positive("tokens", self.tokens)
+        ngram = self.ngram
+        if isinstance(ngram, (str, bytes)) or not isinstance(ngram, Sequence) or \
+                len(ngram) != 2 or any(isinstance(n, bool) or not isinstance(n, int)
+                                       for n in ngram) or not 1 <= ngram[0] <= ngram[1]:
+            raise ValueError(f"Speculative: ngram={ngram!r} must be a pair of ints (min, max) "
+                             f"with 1 <= min <= max")
+        object.__setattr__(self, "ngram", (int(ngram[0]), int(ngram[1])))
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"Speculative: adaptive={self.adaptive!r} must be True or False")
+
+    @classmethod
+    def of(cls, value, where: str = "speculative") -> Optional["Speculative"]:
+        """`value` as a `Speculative`: None (no speculation), a method's
+        name (its defaults), or a `Speculative`."""
+        if value is None or isinstance(value, Speculative):
+            return value
+        if isinstance(value, str):
+            if value not in METHODS:
+                raise ValueError(f"{where}={value!r} is not supported; expected one of "
+                                 f"{METHODS}, an etc.models.Speculative or None")
+            return cls(method=value)
+        raise ValueError(f"{where}={value!r} must be one of {METHODS}, an etc.models.Speculative "
+                         f"or None")
+
+
+def accepted_prefix(proposed: Sequence[int], chosen: Sequence[int]) -> int:
+    """How many of `proposed` the target accepts: the length of the longest
+    prefix whose every token is the target's choice at the row before it
+    (`chosen[i]` follows the step's row i: the pending token for i = 0,
+    proposed[i - 1] after)."""
+    accepted = 0
+    for token, choice in zip(proposed, chosen):
+        if token != choice:
+            break
+        accepted += 1
+    return accepted
+
+
+class NgramIndex:
+    """Prompt lookup for one sequence: `propose(tokens, k)` finds the
+    latest earlier occurrence of the last n tokens of `tokens` (n from
+    `high` down to `low`, the first that occurs) and proposes the up to k
+    tokens that followed it.
+
+    `tokens` only grows between calls (a sequence's prompt and generated
+    ids): the index takes the n-grams of the new tokens as it sees them,
+    a dictionary per n from the n-gram to the latest position it ends
+    at, so a proposal costs O(high) lookups whatever the length."""
+
+    def __init__(self, low: int, high: int):
+        self.low, self.high = low, high
+        self._latest: list[dict] = [{} for _ in range(high + 1)]
+        self._indexed = 0  # n-grams ending before this position are indexed
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        length = len(tokens)
+        if k < 1 or length < self.low + 1:
+            return []
+        # Index the n-grams that end before the last token (the suffix
+        # itself is looked up, not matched against itself).
+        for end in range(self._indexed, length - 1):
+            for n in range(self.low, min(self.high, end + 1) + 1):
+                self._latest[n][tuple(tokens[end - n + 1:end + 1])] = end
+        self._indexed = max(self._indexed, length - 1)
+        for n in range(min(self.high, length - 1), self.low - 1, -1):
+            end = self._latest[n].get(tuple(tokens[length - n:]))
+            if end is not None:
+                return [int(t) for t in tokens[end + 1:end + 1 + k]]
+        return []
+
+
+@dataclass
+class SpeculationCounts:
+    """Verification steps (a request's proposal checked by one step),
+    tokens proposed, and of them accepted."""
+
+    speculative_steps: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+
+    def count(self, proposed: int, accepted: int) -> None:
+        """Adds a verification of `proposed` tokens, `accepted` of them."""
+        self.speculative_steps += 1
+        self.proposed_tokens += proposed
+        self.accepted_tokens += accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed tokens (NaN before any proposal)."""
+        return self.accepted_tokens / self.proposed_tokens if self.proposed_tokens else \
+            float("nan")
+
+    @property
+    def accepted_tokens_per_step(self) -> float:
+        """Accepted tokens per verification step (NaN before any)."""
+        return self.accepted_tokens / self.speculative_steps if self.speculative_steps else \
+            float("nan")
+
+
+def add_proposals(batch: list, budget: int, cache) -> None:
+    """Adds proposed tokens to the speculating sequences of a step's
+    `batch` ((engine sequence, tokens it takes) pairs, changed in place)
+    whose pending tokens all go into the step, within what is left of the
+    token `budget`, their token limits (a step gives at most one token
+    more than it verifies) and the free blocks of `cache` (the engine's
+    slots): a proposal never preempts."""
+    for i, (sequence, take) in enumerate(batch):
+        if budget < 1:
+            return
+        if sequence.speculation is None or take != sequence.pending or \
+                not sequence.verifiable:
+            continue
+        limit = min(budget, sequence.max_new_tokens - len(sequence.generated) - 1)
+        proposed = sequence.speculation.propose(sequence.tokens, limit)
+        if proposed and cache.reserve(sequence.slot, sequence.cached + take + len(proposed)):
+            sequence.proposed = proposed
+            batch[i] = (sequence, take + len(proposed))
+            budget -= len(proposed)
+
+
+class Speculation(SpeculationCounts):
+    """One request's speculation: its proposer's state, how many tokens it
+    proposes now (adaptive), and what was proposed and accepted.
+
+    Adaptive: after a proposal accepted whole, the next may be one token
+    longer (up to `tokens`); after a partial acceptance of a > 0 tokens,
+    it is a long; after none accepted, the request proposes nothing for
+    1, 2, 4 ... 32 steps (doubling while the proposals that follow fail,
+    reset by an acceptance), then one token. A request whose proposals are
+    wrong thus costs about one extra row every 32 steps, while one that
+    copies grows back to `tokens` within a few steps."""
+
+    MAX_PAUSE = 32
+
+    def __init__(self, config: Speculative):
+        super().__init__()
+        self.config = config
+        self.index = NgramIndex(*config.ngram)
+        self._length = config.tokens  # the next proposal's length
+        self._pause = 0               # steps left without proposing
+        self._backoff = 1             # the next pause after a failure
+
+    def propose(self, tokens: Sequence[int], limit: int) -> list[int]:
+        """The tokens to verify after `tokens` this step, at most `limit`
+        (what the request's length, token limit and the step's budget
+        leave)."""
+        if limit < 1:
+            return []
+        if not self.config.adaptive:
+            return self.index.propose(tokens, min(limit, self.config.tokens))
+        if self._pause:
+            self._pause -= 1
+            return []
+        return self.index.propose(tokens, min(limit, self._length))
+
+    def verified(self, proposed: int, accepted: int) -> None:
+        """Records a verification: `accepted` of `proposed` tokens."""
+        self.count(proposed, accepted)
+        if accepted == proposed:
+            self._length = min(self.config.tokens, max(self._length, proposed) + 1)
+            self._backoff = 1
+        elif accepted:
+            self._length = accepted
+            self._backoff = 1
+        else:
+            self._length = 1
+            self._pause = self._backoff
+            self._backoff = min(2 * self._backoff, self.MAX_PAUSE)

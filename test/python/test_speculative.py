@@ -1,0 +1,569 @@
+"""Speculative decoding (`etc.models.engine.speculative`): a speculating
+request's proposed tokens are verified by the target's own step.
+
+The verification is tested with an oracle proposer (`Oracle`: the
+reference continuation, with a wrong token in some proposals), so that
+every path is taken whatever the tiny random models generate: proposals
+accepted whole, in part and not at all. Greedy output with speculation is
+the output without it, for every architecture, alone and batched, paged
+(blocks shuffled over the pool) and contiguous, across EOS ids, stop
+strings and token limits; the KV cache after speculation holds what a run
+without it holds, and rejected positions are never read. Prompt lookup
+(`NgramIndex`), the adaptive proposal length and the options' checks are
+unit-tested; sampled requests keep their seeded tokens and the target's
+distribution (chi-square)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+import etc.models as models
+from etc.models import Speculative
+from etc.models.engine import Engine
+from etc.models.engine.speculative import NgramIndex, Speculation, accepted_prefix
+from etc.models.step.kv_blocks import BlockManager
+from etc.models.step.sampling import SamplingParams
+from etc.models.testing import tiny_config, write_checkpoint
+
+PROMPTS = [[5], [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
+NEW = 12
+LOAD = dict(workers=2, max_seq_len=64, attention_chunk=8)
+P = 4
+#: Verification without the adaptive length: every proposal the oracle
+#: makes is verified.
+FIXED = Speculative(tokens=3, adaptive=False)
+
+CONFIGS = {
+    "llama": tiny_config("LlamaForCausalLM"),
+    "qwen3": tiny_config("Qwen3ForCausalLM"),
+    "qwen3_moe": tiny_config("Qwen3MoeForCausalLM", mlp_only_layers=[0]),
+}
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("speculative")
+    out = {}
+    for i, (name, config) in enumerate(CONFIGS.items()):
+        path = write_checkpoint(root / name, config, seed=i)
+        out[name] = models.load(path, kv_block_size=P, **LOAD)
+        if name == "qwen3":
+            out["qwen3_contiguous"] = models.load(path, kv_block_size=None, **LOAD)
+    return out
+
+
+class Oracle:
+    """Stands in for prompt lookup: proposes the next tokens of the one
+    reference sequence (prompt + continuation) that the request's tokens
+    begin, with the token at a place drawn from the length made wrong in
+    about half the proposals (`wrong=True`), so that proposals are
+    accepted whole, in part and not at all. Records (tokens, proposal)."""
+
+    def __init__(self, sequences, vocab: int, wrong: bool = True):
+        self.sequences = [list(s) for s in sequences]
+        self.vocab, self.wrong = vocab, wrong
+        self.calls: list[tuple[list, list]] = []
+
+    def __call__(self, index, tokens, k):
+        tokens = list(tokens)
+        matches = [s for s in self.sequences if s[:len(tokens)] == tokens]
+        proposal = matches[0][len(tokens):len(tokens) + k] if matches and k > 0 else []
+        draw = random.Random(len(tokens))
+        if self.wrong and proposal and draw.random() < 2 / 3:
+            place = draw.randrange(len(proposal) + 1)
+            if place < len(proposal):
+                proposal[place] = (proposal[place] + 1) % self.vocab
+        self.calls.append((tokens, list(proposal)))
+        return proposal
+
+
+def oracle(monkeypatch, prompts, continuations, vocab, wrong=True) -> Oracle:
+    proposer = Oracle([list(p) + list(c) for p, c in zip(prompts, continuations)], vocab, wrong)
+    monkeypatch.setattr(NgramIndex, "propose",
+                        lambda index, tokens, k: proposer(index, tokens, k))
+    return proposer
+
+
+def check_outcomes(out) -> None:
+    """Proposals were made, some accepted and some not."""
+    proposed, accepted = sum(out.proposed_tokens), sum(out.accepted_tokens)
+    assert 0 < accepted < proposed, (proposed, accepted)
+
+
+# ----------------------------------------------------------------------
+# Greedy: the tokens without speculation
+# ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "qwen3_contiguous"])
+def test_greedy_speculation_gives_the_tokens_without_it(name, loaded, monkeypatch):
+    model = loaded[name]
+    want = model.generate(PROMPTS, NEW, ignore_eos=True, return_logits=True)
+    proposer = oracle(monkeypatch, PROMPTS, want.tokens, model.config.vocab_size)
+    got = model.generate(PROMPTS, NEW, ignore_eos=True, return_logits=True, speculative=FIXED)
+    assert got.tokens == want.tokens
+    for a, b in zip(got.logits, want.logits):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    check_outcomes(got)
+    assert got.steps < want.steps
+    assert max(len(p) for _, p in proposer.calls) == FIXED.tokens
+    # Each prompt alone.
+    for r, prompt in enumerate(PROMPTS):
+        alone = model.generate([prompt], NEW, ignore_eos=True, speculative=FIXED)
+        assert alone.tokens == [want.tokens[r]]
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
+def test_greedy_speculation_on_shuffled_blocks(name, loaded, monkeypatch):
+    """An engine on a pool of its own whose free blocks are shuffled, with
+    a step budget that splits the prompts: the tokens without
+    speculation, and every block back in the pool at the end."""
+    model = loaded[name]
+    want = model.generate(PROMPTS, NEW, ignore_eos=True).tokens
+    oracle(monkeypatch, PROMPTS, want, model.config.vocab_size)
+    for seed, budget in ((1, 256), (2, 5)):
+        engine = Engine(model, max_num_seqs=3, max_model_len=32, kv_cache_tokens=96,
+                        max_step_tokens=budget, speculative=FIXED)
+        manager = engine.cache.manager
+        random.Random(seed).shuffle(manager._free)
+        handles = [engine.submit(p, max_new_tokens=NEW, ignore_eos=True) for p in PROMPTS]
+        engine.run()
+        assert [h.result().token_ids for h in handles] == want
+        assert engine.stats.accepted_tokens > 0
+        assert manager.used_blocks == 0
+        manager.check()
+
+
+def test_rejected_positions_are_never_read(loaded, monkeypatch):
+    """Before every step, each request's positions from its first new
+    token on are filled with NaN in every layer's K and V blocks: a step
+    that read a key or value it did not write (a rejected proposal's,
+    left past the sequence's end) would turn its logits to NaN. The tokens
+    stay those without speculation, and after each step a speculating
+    sequence holds the blocks of its tokens and no more."""
+    model = loaded["qwen3"]
+    want = model.generate(PROMPTS, NEW, ignore_eos=True).tokens
+    oracle(monkeypatch, PROMPTS, want, model.config.vocab_size)
+    real = model.step
+
+    def poisoned(cache, requests, **options):
+        for request in requests:
+            table = cache.manager.table(request.slot)
+            for position in range(request.start, len(table) * P):
+                for array in cache.arrays.values():
+                    array[table[position // P], position % P] = np.nan
+        return real(cache, requests, **options)
+
+    monkeypatch.setattr(model, "step", poisoned)
+    engine = Engine(model, max_num_seqs=3, max_model_len=32, kv_cache_tokens=96,
+                    speculative=FIXED)
+    handles = [engine.submit(p, max_new_tokens=NEW, ignore_eos=True) for p in PROMPTS]
+    manager = engine.cache.manager
+    while engine.step():
+        for sequence in engine._running:
+            if sequence.speculation.speculative_steps and not sequence.pending > 1:
+                assert len(manager.table(sequence.slot)) == \
+                    manager.blocks_for(len(sequence.tokens))
+    assert [h.result().token_ids for h in handles] == want
+    assert engine.stats.accepted_tokens < engine.stats.proposed_tokens
+
+
+def _cache_rows(engine, model, snapshots):
+    """Records, as each request finishes, the K and V rows its computed
+    positions hold."""
+    finish = engine._finish
+
+    def recording(sequence, reason, **kwargs):
+        if sequence.slot is not None:
+            table = engine.cache.manager.table(sequence.slot)
+            positions = sequence.cached
+            rows = {name: np.stack([array[table[p // P], p % P] for p in range(positions)])
+                    for name, array in engine.cache.cache.arrays.items()}
+            snapshots[sequence.handle.request_id] = rows
+        finish(sequence, reason, **kwargs)
+
+    engine._finish = recording
+
+
+def test_the_cache_after_speculation_is_the_cache_without_it(loaded, monkeypatch):
+    model = loaded["llama"]
+    runs = []
+    for speculative in (None, FIXED):
+        engine = Engine(model, max_num_seqs=3, max_model_len=32, kv_cache_tokens=96,
+                        speculative=speculative)
+        random.Random(4).shuffle(engine.cache.manager._free)
+        snapshots = {}
+        _cache_rows(engine, model, snapshots)
+        handles = [engine.submit(p, max_new_tokens=NEW, ignore_eos=True) for p in PROMPTS]
+        engine.run()
+        runs.append(([h.result().token_ids for h in handles], snapshots, engine.stats))
+        if speculative is None:
+            oracle(monkeypatch, PROMPTS, runs[0][0], model.config.vocab_size)
+    (want, plain, _), (got, speculated, stats) = runs
+    assert got == want and 0 < stats.accepted_tokens < stats.proposed_tokens
+    for request, rows in plain.items():
+        # Every position but the last token's (never computed) is there.
+        assert len(rows["l0_k_cache"]) == len(PROMPTS[request]) + NEW - 1
+        for name, array in rows.items():
+            np.testing.assert_allclose(speculated[request][name], array, rtol=1e-5, atol=1e-6,
+                                       err_msg=name)
+
+
+# ----------------------------------------------------------------------
+# Stopping inside an accepted run
+# ----------------------------------------------------------------------
+
+CHAT = [{"role": "user", "content": "Hello!"}]
+#: A prompt whose greedy continuation by the chat model repeats itself.
+REPEATS = [9, 10]
+
+
+@pytest.fixture(scope="module")
+def chat_greedy(chat_model):
+    return chat_model.generate(CHAT, 24, ignore_eos=True)
+
+
+def chat_ids(model):
+    tok = model.tokenizer
+    return tok.encode(tok.apply_chat_template(CHAT), add_special_tokens=False)
+
+
+def test_eos_inside_an_accepted_run(chat_model, chat_greedy, monkeypatch):
+    """Every proposal right: an EOS id accepted in the middle of a proposal
+    ends the request there (the ids end with it, the text leaves it
+    out), although the step verified tokens past it."""
+    tokens = chat_greedy.tokens[0]
+    proposer = oracle(monkeypatch, [chat_ids(chat_model)], [tokens],
+                      chat_model.config.vocab_size, wrong=False)
+    # Steps give tokens 0-4, 5-9, ... (4 accepted and the target's next):
+    # an EOS id at k % 5 < 3 has verified rows after it.
+    k = next(i for i in range(6, len(tokens)) if tokens[i] not in tokens[:i] and i % 5 < 3)
+    monkeypatch.setattr(chat_model, "eos_token_ids", (tokens[k],))
+    want = chat_model.generate(CHAT, 24)
+    got = chat_model.generate(CHAT, 24, speculative=Speculative(tokens=4, adaptive=False))
+    assert got.tokens == want.tokens == [tokens[:k + 1]]
+    assert got.text == want.text and got.finish_reasons == ["stop"]
+    # A verified proposal went on past the EOS id.
+    prompt = len(chat_ids(chat_model))
+    assert any(len(t) - prompt <= k < len(t) - prompt + len(p) - 1 for t, p in proposer.calls)
+
+
+def test_stop_string_inside_an_accepted_run(chat_model, chat_greedy, monkeypatch):
+    tokens, text = chat_greedy.tokens[0], chat_greedy.text[0]
+    oracle(monkeypatch, [chat_ids(chat_model)], [tokens], chat_model.config.vocab_size,
+           wrong=False)
+    i = next(i for i in range(4, len(text) - 1) if "\ufffd" not in text[i:i + 2])
+    stop = text[i:i + 2]
+    want = chat_model.generate(CHAT, 24, ignore_eos=True, stop=[stop])
+    got = chat_model.generate(CHAT, 24, ignore_eos=True, stop=[stop],
+                              speculative=Speculative(tokens=4, adaptive=False))
+    assert want.finish_reasons == got.finish_reasons == ["stop"]
+    assert got.tokens == want.tokens and got.text == want.text == [text[:text.find(stop)]]
+    assert sum(got.accepted_tokens) > 0
+
+
+def test_max_new_tokens_is_never_exceeded(chat_model, chat_greedy, monkeypatch):
+    """No proposal reaches past the token limit (a step gives at most one
+    token more than it verifies), and the ids are the limit's prefix."""
+    tokens = chat_greedy.tokens[0]
+    prompt = chat_ids(chat_model)
+    proposer = oracle(monkeypatch, [prompt], [tokens], chat_model.config.vocab_size,
+                      wrong=False)
+    for limit in range(1, 9):
+        proposer.calls.clear()
+        got = chat_model.generate(CHAT, limit, ignore_eos=True,
+                                  speculative=Speculative(tokens=4, adaptive=False))
+        assert got.tokens == [tokens[:limit]] and got.finish_reasons == ["length"]
+        for seen, proposal in proposer.calls:
+            assert len(seen) - len(prompt) + len(proposal) + 1 <= limit
+
+
+def test_streamed_outputs_carry_every_accepted_token(chat_model, chat_greedy, monkeypatch):
+    tokens = chat_greedy.tokens[0]
+    oracle(monkeypatch, [chat_ids(chat_model)], [tokens], chat_model.config.vocab_size)
+    engine = Engine(chat_model, max_num_seqs=1, max_model_len=64,
+                    speculative=Speculative(tokens=4, adaptive=False))
+    handle = engine.submit(chat_ids(chat_model), max_new_tokens=24, ignore_eos=True)
+    outputs = list(handle.outputs())
+    assert [t for o in outputs for t in o.token_ids] == tokens
+    assert "".join(o.text for o in outputs) == chat_greedy.text[0]
+    assert len(outputs) == 24  # one per token, as without speculation
+    result = handle.result()
+    assert result.accepted_tokens == engine.stats.accepted_tokens > 0
+    assert result.speculative_steps == engine.stats.speculative_steps
+    assert engine.steps[-1].generated >= 1
+    assert sum(s.generated for s in engine.steps) == 24
+
+
+# ----------------------------------------------------------------------
+# The step: choices after several rows
+# ----------------------------------------------------------------------
+
+
+def test_a_request_with_choices_gets_an_id_after_each_row(loaded):
+    """`Request.choices`: a prompt of 7 tokens with 7 choices gets the ids
+    and logits a decode after each of its prefixes gets; its neighbours'
+    single choices are unchanged."""
+    model = loaded["qwen3"]
+    prompt = [3, 9, 4, 1, 7, 7, 2]
+    rows, row_logits = [], []
+    for n in range(1, len(prompt) + 1):
+        logits, ids = model.step(model.new_cache(1, 16), [models.Request(0, 0, prompt[:n])],
+                                 return_logits=True)
+        rows.append(int(ids[0]))
+        row_logits.append(logits[0])
+    other = models.Request(1, 0, [5, 6])
+    alone_logits, alone = model.step(model.new_cache(2, 16), [other], return_logits=True)
+    logits, ids = model.step(model.new_cache(2, 16),
+                             [other, models.Request(0, 0, prompt, choices=len(prompt))],
+                             return_logits=True)
+    assert ids.shape == (1 + len(prompt),) and logits.shape[0] == 1 + len(prompt)
+    assert int(ids[0]) == int(alone[0]) and list(ids[1:]) == rows
+    np.testing.assert_allclose(logits[1:], np.stack(row_logits), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits[0], alone_logits[0], rtol=1e-5, atol=1e-5)
+    for bad in (0, len(prompt) + 1, 1.5, True):
+        with pytest.raises(ValueError, match=r"request 0: choices=.* must be an int in \[1, 7\]"):
+            model.step(model.new_cache(1, 16), [models.Request(0, 0, prompt, choices=bad)])
+
+
+def test_choices_draw_each_position_with_its_own_counter(loaded):
+    """Sampled choices: the id after row i is drawn at position i + 1 with
+    the request's seed, exactly as the step that decodes that position
+    draws it."""
+    model = loaded["qwen3"]
+    seeded = SamplingParams(temperature=1.5, seed=77)
+    prompt = [3, 9, 4, 1, 7, 7, 2]
+    want = [int(model.step(model.new_cache(1, 16),
+                           [models.Request(0, 0, prompt[:n], seeded)])[1][0])
+            for n in range(1, len(prompt) + 1)]
+    _, ids = model.step(model.new_cache(1, 16),
+                        [models.Request(0, 0, prompt, seeded, choices=len(prompt))])
+    assert list(ids) == want
+    assert len(set(want)) > 1
+
+
+# ----------------------------------------------------------------------
+# The block manager's trim
+# ----------------------------------------------------------------------
+
+
+def test_trim_gives_back_the_blocks_past_the_positions():
+    manager = BlockManager(8, 4)
+    assert manager.admit("a", list(range(9))) == 0
+    manager.commit("a", list(range(9)))  # two full blocks cached
+    assert manager.reserve("a", 20) and len(manager.table("a")) == 5
+    manager.trim("a", 10)
+    assert len(manager.table("a")) == 3 and manager.free_blocks == 5
+    manager.check()
+    # Never below its committed blocks, whatever is asked.
+    manager.trim("a", 1)
+    assert len(manager.table("a")) == 2
+    manager.check()
+    # Trimmed blocks were never cached: nothing of them is reused.
+    assert manager.cached_blocks == 2
+    manager.release("a")
+    assert manager.free_blocks == 8
+    manager.check()
+
+
+# ----------------------------------------------------------------------
+# Prompt lookup and the adaptive proposal length
+# ----------------------------------------------------------------------
+
+
+def lookup(tokens, k, low, high):
+    """Prompt lookup by brute force: the tokens after the latest earlier
+    occurrence of the longest suffix of `low` .. `high` tokens."""
+    for n in range(min(high, len(tokens) - 1), low - 1, -1):
+        suffix = list(tokens[len(tokens) - n:])
+        for end in range(len(tokens) - 2, n - 2, -1):
+            if list(tokens[end - n + 1:end + 1]) == suffix:
+                return list(tokens[end + 1:end + 1 + k])
+    return []
+
+
+def test_ngram_proposals():
+    index = NgramIndex(1, 3)
+    assert index.propose([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
+    # The latest earlier occurrence, cut at the sequence's end.
+    assert NgramIndex(2, 2).propose([1, 2, 9, 1, 2, 8, 1, 2], 5) == [8, 1, 2]
+    # Longest first: (5, 1, 2) occurred once, (1, 2) later.
+    tokens = [5, 1, 2, 7, 3, 1, 2, 6, 5, 1, 2]
+    assert NgramIndex(1, 3).propose(tokens, 3) == [7, 3, 1]
+    assert NgramIndex(1, 2).propose(tokens, 3) == [6, 5, 1]
+    # Nothing shorter than min; nothing for k = 0 or a lone token.
+    assert NgramIndex(2, 3).propose([1, 2, 3, 1], 3) == []
+    assert NgramIndex(1, 3).propose([1, 2, 3, 1], 3) == [2, 3, 1]
+    assert NgramIndex(1, 3).propose([1, 2, 3, 1], 0) == []
+    assert NgramIndex(1, 1).propose([4], 2) == []
+    # A repeated token proposes itself.
+    assert NgramIndex(1, 4).propose([7, 7, 7, 7], 4) == [7]
+
+
+def test_ngram_index_grows_with_its_sequence():
+    """Asked after every new token, the index proposes what a search of
+    the whole sequence finds, for any n-gram range."""
+    rng = random.Random(3)
+    for low, high in ((1, 1), (1, 3), (2, 4), (3, 3)):
+        tokens = [rng.randrange(4) for _ in range(120)]
+        index = NgramIndex(low, high)
+        for length in range(1, len(tokens) + 1):
+            k = rng.randrange(1, 6)
+            assert index.propose(tokens[:length], k) == lookup(tokens[:length], k, low, high), \
+                (low, high, length)
+
+
+def test_the_proposal_length_adapts():
+    speculation = Speculation(Speculative(tokens=4, ngram=(1, 1)))
+    tokens = [1, 2, 3, 4, 5, 6, 1]
+    assert speculation.propose(tokens, 10) == [2, 3, 4, 5]
+    speculation.verified(4, 2)  # two accepted: two next
+    assert speculation.propose(tokens, 10) == [2, 3]
+    speculation.verified(2, 2)  # all accepted: one more
+    assert speculation.propose(tokens, 10) == [2, 3, 4]
+    assert speculation.propose(tokens, 1) == [2]  # the limit
+    pauses = []
+    for _ in range(8):  # none accepted: pauses of 1, 2, 4 ... 32 steps, then one token
+        speculation.verified(1, 0)
+        paused = 0
+        while not speculation.propose(tokens, 10):
+            paused += 1
+        pauses.append(paused)
+    assert pauses == [1, 2, 4, 8, 16, 32, 32, 32]
+    assert speculation.propose(tokens, 10) == [2]
+    speculation.verified(1, 1)  # an acceptance ends the pauses
+    assert speculation.propose(tokens, 10) == [2, 3]
+    speculation.verified(2, 0)
+    assert speculation.propose(tokens, 10) == [] and speculation.propose(tokens, 10) == [2]
+    assert (speculation.speculative_steps, speculation.proposed_tokens,
+            speculation.accepted_tokens) == (12, 17, 5)
+    fixed = Speculation(Speculative(tokens=4, ngram=(1, 1), adaptive=False))
+    fixed.verified(4, 0)
+    assert fixed.propose(tokens, 10) == [2, 3, 4, 5]
+
+
+def test_accepted_prefix():
+    assert accepted_prefix([], [4]) == 0
+    assert accepted_prefix([4, 5, 6], [4, 5, 6, 7]) == 3
+    assert accepted_prefix([4, 5, 6], [4, 9, 6, 7]) == 1
+    assert accepted_prefix([4, 5, 6], [3, 5, 6, 7]) == 0
+
+
+def test_options_are_checked_by_field(chat_model):
+    for options, field in ((dict(method="draft"), "method"), (dict(tokens=0), "tokens"),
+                           (dict(tokens=2.0), "tokens"), (dict(ngram=(3, 2)), "ngram"),
+                           (dict(ngram=(0, 2)), "ngram"), (dict(ngram=3), "ngram"),
+                           (dict(ngram=("1", 2)), "ngram"), (dict(adaptive=1), "adaptive")):
+        with pytest.raises(ValueError, match=f"Speculative: {field}="):
+            Speculative(**options)
+    assert Speculative.of("ngram") == Speculative() and Speculative.of(None) is None
+    assert Speculative(ngram=[1, 2]).ngram == (1, 2)
+    with pytest.raises(ValueError, match=r"Engine: speculative='eagle' is not supported"):
+        Engine(chat_model, speculative="eagle")
+    with pytest.raises(ValueError, match=r"Engine: speculative=4 must be one of \('ngram',\)"):
+        Engine(chat_model, speculative=4)
+    with pytest.raises(ValueError, match=r"generate: speculative=True must be one of"):
+        chat_model.generate([5], 2, speculative=True)
+
+
+def test_prompt_lookup_on_text_that_repeats(chat_model):
+    """The tiny model's greedy text from [9, 10] repeats itself: prompt
+    lookup proposes the repeats, the tokens are those without
+    speculation, in fewer steps, and the counts add up."""
+    want = chat_model.generate([REPEATS], 24, ignore_eos=True)
+    got = chat_model.generate([REPEATS], 24, ignore_eos=True, speculative="ngram")
+    assert got.tokens == want.tokens
+    assert got.accepted_tokens[0] > 0 and got.steps < want.steps
+    assert got.acceptance_rate == sum(got.accepted_tokens) / sum(got.proposed_tokens)
+    assert got.accepted_tokens_per_step == \
+        sum(got.accepted_tokens) / sum(got.speculative_steps)
+    # The prefill's step gave the first token (nothing to look up yet),
+    # the decoding steps the rest.
+    assert got.decode_tokens == want.decode_tokens == 23
+    assert want.proposed_tokens is None and np.isnan(want.acceptance_rate)
+
+
+# ----------------------------------------------------------------------
+# Sampled requests
+# ----------------------------------------------------------------------
+
+
+def test_a_seed_gives_its_tokens_with_or_without_speculation(loaded, monkeypatch):
+    """The token at position p is drawn with the seed's counter p from the
+    target's logits there, whichever step verifies it."""
+    model = loaded["qwen3"]
+    params = [SamplingParams(temperature=0.3, seed=s) for s in (1, 2, 3)]
+    engine = Engine(model, max_num_seqs=3, max_model_len=32)
+    handles = [engine.submit(p, max_new_tokens=NEW, sampling=q) for p, q in zip(PROMPTS, params)]
+    engine.run()
+    want = [h.result().token_ids for h in handles]
+    oracle(monkeypatch, PROMPTS, want, model.config.vocab_size)
+    engine = Engine(model, max_num_seqs=3, max_model_len=32, speculative=FIXED)
+    handles = [engine.submit(p, max_new_tokens=NEW, sampling=q) for p, q in zip(PROMPTS, params)]
+    engine.run()
+    assert [h.result().token_ids for h in handles] == want
+    assert 0 < engine.stats.accepted_tokens < engine.stats.proposed_tokens
+
+
+def test_sampled_speculation_follows_the_target_distribution(loaded, monkeypatch):
+    """4,000 unseeded requests of 2 new tokens at temperature 0.1, each
+    step with fresh seeds, proposing (a, b) (the two most likely first
+    tokens' ...): the pairs they generate pass a chi-square test against
+    the target's joint distribution p(x) p(y | x), and fail it against
+    what accepting every proposal would give."""
+    model = loaded["qwen3"]
+    prompt, temperature, count = [5], 0.1, 4000
+    vocab = model.config.vocab_size
+
+    def softmax(logits):
+        z = np.asarray(logits, np.float64) / temperature
+        e = np.exp(z - z.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    first = softmax(model.step(model.new_cache(1, 8), [models.Request(0, 0, prompt)],
+                               return_logits=True)[0][0])
+    logits, _ = model.step(model.new_cache(vocab, 8),
+                           [models.Request(x, 0, prompt + [x]) for x in range(vocab)],
+                           return_logits=True)
+    joint = first[:, None] * softmax(logits)  # p(x, y)
+    a = int(np.argmax(first))
+    b = int(np.argmax(joint[a]))
+    assert 0.2 < first[a] < 0.8  # proposals accepted and rejected alike
+
+    def propose(index, tokens, k):
+        return [a, b][len(tokens) - len(prompt):][:k]
+
+    monkeypatch.setattr(NgramIndex, "propose", propose)
+    engine = Engine(model, max_num_seqs=128, max_model_len=8, speculative=FIXED)
+    sampling = SamplingParams(temperature=temperature)
+    handles = [engine.submit(prompt, max_new_tokens=2, sampling=sampling) for _ in range(count)]
+    engine.run()
+    pairs = np.array([h.result().token_ids for h in handles])
+    assert engine.stats.accepted_tokens > count / 10
+    counts = np.zeros((vocab, vocab))
+    np.add.at(counts, (pairs[:, 0], pairs[:, 1]), 1)
+
+    def chi2(p):
+        """Pearson's statistic over the cells expected 5 times or more,
+        the others pooled; and its 0.999 quantile."""
+        expected = p.ravel() * count
+        big = expected >= 5
+        observed = np.append(counts.ravel()[big], counts.ravel()[~big].sum())
+        expected = np.append(expected[big], expected[~big].sum())
+        df = len(expected) - 1
+        z = 3.0902  # Wilson-Hilferty, as test_sampling's
+        quantile = df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+        return float(((observed - expected) ** 2 / expected).sum()), quantile
+
+    statistic, quantile = chi2(joint)
+    assert statistic < quantile
+    # Accepting (a, b) whenever a is drawn would give p(a, b) = p(a).
+    blind = joint.copy()
+    blind[a] = 0
+    blind[a, b] = first[a]
+    statistic, quantile = chi2(blind)
+    assert statistic > 3 * quantile
+
