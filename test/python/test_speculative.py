@@ -11,11 +11,13 @@ strings and token limits; the KV cache after speculation holds what a run
 without it holds, and rejected positions are never read. Prompt lookup
 (`NgramIndex`), the adaptive proposal length and the options' checks are
 unit-tested; sampled requests keep their seeded tokens and the target's
-distribution (chi-square)."""
+distribution (chi-square); the server and the command line speculate
+through the openai client and report it in /metrics."""
 
 from __future__ import annotations
 
 import random
+import subprocess
 
 import numpy as np
 import pytest
@@ -567,3 +569,94 @@ def test_sampled_speculation_follows_the_target_distribution(loaded, monkeypatch
     statistic, quantile = chi2(blind)
     assert statistic > 3 * quantile
 
+
+# ----------------------------------------------------------------------
+# The server
+# ----------------------------------------------------------------------
+
+
+def test_the_server_speculates_and_reports_it(chat_model):
+    openai = pytest.importorskip("openai")
+    import httpx
+
+    import etc.serve
+    from test_serve import Server
+
+    want = chat_model.generate([REPEATS], 24, ignore_eos=True)
+    server = Server(etc.serve.build_app(chat_model, served_model_name="spec", max_num_seqs=2,
+                                        speculative=Speculative(tokens=3)))
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        reply = client.completions.create(model="spec", prompt=REPEATS, max_tokens=24,
+                                          temperature=0, extra_body={"ignore_eos": True})
+        assert reply.choices[0].text == want.text[0]
+        stream = client.completions.create(model="spec", prompt=REPEATS, max_tokens=24,
+                                           temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        assert "".join(chunk.choices[0].text for chunk in stream) == want.text[0]
+        text = httpx.get(server.url + "/metrics").text
+    finally:
+        server.stop()
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    label = '{model_name="spec"}'
+    stats = server.app.state.engine.stats
+    assert values["etc_spec_decode_num_drafts_total" + label] == stats.speculative_steps > 0
+    assert values["etc_spec_decode_num_draft_tokens_total" + label] == stats.proposed_tokens
+    assert values["etc_spec_decode_num_accepted_tokens_total" + label] == \
+        stats.accepted_tokens > 0
+    assert values["etc_spec_decode_acceptance_rate" + label] == \
+        pytest.approx(stats.acceptance_rate)
+    assert values["etc_spec_decode_accepted_tokens_per_step" + label] == \
+        pytest.approx(stats.accepted_tokens_per_step)
+
+
+# ----------------------------------------------------------------------
+# The command line
+# ----------------------------------------------------------------------
+
+
+def test_the_command_line_options(tmp_path):
+    """`etc generate` and `etc serve` with --speculative ngram: the text
+    without it, and the server's metrics count the proposals; the options'
+    errors are one line (or argparse's usage error) before loading."""
+    openai = pytest.importorskip("openai")
+    import httpx
+    from http_servers import free_port, wait_until_healthy
+    from test_cli import ETC, SMALL, etc_command, one_line_error
+
+    path = write_checkpoint(tmp_path / "tiny-chat", tiny_config(vocab_size=320), tokenizer=True)
+    cache = tmp_path / "cache"
+    model = models.load(path, cache=cache, workers=2, max_seq_len=32, attention_chunk=8)
+    prompt = "the cat the cat the cat the"
+    want = model.generate(prompt, 8).text[0]
+    result = etc_command("generate", path, prompt, "--max-new-tokens", "8", "--cache-dir", cache,
+                         *SMALL, "--speculative", "ngram", "--speculative-tokens", "3",
+                         "--speculative-ngram", "1", "3")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == want + ("" if want.endswith("\n") else "\n")
+    one_line_error(etc_command("generate", path, "hi", "--speculative-tokens", "3"),
+                   "--speculative-tokens sets how requests speculate; give --speculative ngram")
+    one_line_error(etc_command("generate", path, "hi", "--speculative", "ngram",
+                               "--speculative-ngram", "3", "1"),
+                   "--speculative-ngram 3 1: MIN must not be more than MAX")
+    usage = etc_command("serve", path, "--speculative", "eagle")
+    assert usage.returncode == 2 and "invalid choice: 'eagle'" in usage.stderr
+    port = free_port()
+    server = subprocess.Popen([str(ETC), "serve", str(path), "--port", str(port), "--cache-dir",
+                               str(cache), *SMALL, "--speculative", "ngram",
+                               "--speculative-ngram", "1", "3"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until_healthy(server, port)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        reply = client.completions.create(model=client.models.list().data[0].id,
+                                          prompt=prompt, max_tokens=8, temperature=0)
+        assert reply.choices[0].text == want
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    proposed = next(line for line in metrics.splitlines()
+                    if line.startswith("etc_spec_decode_num_draft_tokens_total"))
+    assert float(proposed.split()[-1]) > 0

@@ -40,7 +40,7 @@ from typing import Optional, Sequence
 
 from .kernels import run_cache, run_compile
 from .options import (add_generation_options, add_load_options, add_parallel_options,
-                      positive_int)
+                      add_speculative_options, positive_int)
 from .output import one_line
 from .ranks import (RANK_VARIABLES, abort, broken_job, check_ranks, launched_rank,
                     start_ranks)
@@ -64,6 +64,7 @@ def parser() -> argparse.ArgumentParser:
     generate.add_argument("--chat", action="store_true",
                           help="send the prompt as a user message through the chat template")
     add_generation_options(generate, 128)
+    add_speculative_options(generate)
     add_parallel_options(generate, "prints the text")
     add_load_options(generate)
     generate.set_defaults(run=run_generate)
@@ -75,6 +76,7 @@ def parser() -> argparse.ArgumentParser:
     chat.add_argument("checkpoint", help="a checkpoint directory or GGUF file")
     chat.add_argument("--system", default=None, help="a system message")
     add_generation_options(chat, 512)
+    add_speculative_options(chat)
     add_parallel_options(chat, "reads the messages and prints the replies")
     add_load_options(chat)
     chat.set_defaults(run=run_chat)
@@ -97,6 +99,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--tool-call-parser", choices=("hermes", "llama3_json"), default=None,
                        help="how the model writes tool calls (default: from its chat "
                             "template: <tool_call> is hermes, ipython llama3_json)")
+    add_speculative_options(serve)
     add_parallel_options(serve, "serves")
     add_load_options(serve)
     serve.set_defaults(run=run_serve)

@@ -124,6 +124,21 @@ def add_generation_options(parser: argparse.ArgumentParser, default_new: int) ->
                        help="say on stderr how the model loaded and how fast it generated")
 
 
+def add_speculative_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("speculative decoding")
+    group.add_argument("--speculative", choices=("ngram",), default=None,
+                       help="verify proposed tokens in each step: ngram proposes what followed "
+                            "the latest earlier occurrence of the text's last few tokens "
+                            "(prompt lookup); greedy output is the same, sampled output "
+                            "follows the same distribution")
+    group.add_argument("--speculative-tokens", type=positive_int, default=None, metavar="K",
+                       help="tokens proposed per request and step at most (default: 4)")
+    group.add_argument("--speculative-ngram", type=positive_int, nargs=2, default=None,
+                       metavar=("MIN", "MAX"),
+                       help="lengths of the suffix ngram looks up, longest first (default: "
+                            "2 4)")
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -178,6 +193,30 @@ def max_model_len(args, checkpoint) -> int:
     if args.max_model_len is not None:
         return args.max_model_len
     return min(DEFAULT_MAX_MODEL_LEN, checkpoint.config.max_position_embeddings)
+
+
+def speculative(args):
+    """The speculative decoding options of `args` as an
+    `etc.models.Speculative`, or None."""
+    tokens, ngram = args.speculative_tokens, args.speculative_ngram
+    if args.speculative is None:
+        given = [name for name, value in (("--speculative-tokens", tokens),
+                                          ("--speculative-ngram", ngram)) if value is not None]
+        if given:
+            raise ValueError(f"{given[0]} sets how requests speculate; give --speculative "
+                             f"ngram too")
+        return None
+    from ..models import Speculative
+
+    options = dict(method=args.speculative)
+    if tokens is not None:
+        options["tokens"] = tokens
+    if ngram is not None:
+        if ngram[0] > ngram[1]:
+            raise ValueError(f"--speculative-ngram {ngram[0]} {ngram[1]}: MIN must not be more "
+                             f"than MAX")
+        options["ngram"] = tuple(ngram)
+    return Speculative(**options)
 
 
 def sampling_params(args):

@@ -7,6 +7,7 @@ import signal
 import sys
 
 from .model import engine_class, load_model
+from .options import speculative
 from .ranks import launched_rank, led
 
 
@@ -17,6 +18,7 @@ def run_serve(args) -> int:
     # The address is taken before the model loads (minutes, for a large
     # one): a port in use or out of range is an error at once. Rank 0
     # serves; with --tensor-parallel the other ranks only follow.
+    speculation = speculative(args)  # its errors before the address is taken
     sock = serve.listen(args.host, args.port) if launched_rank() == 0 else None
     if sock is not None:
         # The address as bound: with --port 0 the system picked the port,
@@ -38,7 +40,8 @@ def run_serve(args) -> int:
             # (a warning when --max-model-len asked for more than it holds).
             serve.run(model, args.host, args.port, served_model_name=args.served_model_name,
                       max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                      sock=sock, tool_call_parser=args.tool_call_parser)
+                      speculative=speculation, sock=sock,
+                      tool_call_parser=args.tool_call_parser)
             return 0
 
         return led(model, args, body)

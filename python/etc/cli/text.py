@@ -8,7 +8,7 @@ import sys
 import time
 
 from .model import engine_class, load_model, tokenizer_of
-from .options import sampling_params
+from .options import sampling_params, speculative
 from .output import one_line
 from .ranks import INTERACTIVE_VARIABLE, led
 
@@ -63,7 +63,7 @@ def generate_text(Engine, model, args) -> int:
         ids = tokenizer.encode(text, add_special_tokens=False)
     else:
         ids = tokenizer.encode(args.prompt)
-    engine = Engine(model, max_num_seqs=1)
+    engine = Engine(model, max_num_seqs=1, speculative=speculative(args))
     text = stream(engine, ids, args, sys.stdout)
     if not text.endswith("\n"):
         sys.stdout.write("\n")
@@ -84,7 +84,7 @@ def chat_loop(Engine, model, args) -> int:
         raise ValueError(f"{model.path} has no chat template (chat_template.jinja, "
                          f"tokenizer_config.json's chat_template, or tokenizer.chat_template "
                          f"in a GGUF file); use 'etc generate' for plain text")
-    engine = Engine(model, max_num_seqs=1)
+    engine = Engine(model, max_num_seqs=1, speculative=speculative(args))
     interactive = sys.stdin.isatty() or os.environ.get(INTERACTIVE_VARIABLE) == "1"
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)

@@ -78,7 +78,7 @@ def _param(location) -> Optional[str]:
 
 def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: int = 8,
               max_model_len: Optional[int] = None, max_step_tokens: Optional[int] = None,
-              engine: Optional[Engine] = None,
+              speculative=None, engine: Optional[Engine] = None,
               tool_call_parser: Optional[str] = None) -> FastAPI:
     """The server of `model` (an `etc.models.Model`) as a FastAPI app.
 
@@ -87,7 +87,9 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     the KV cache has blocks for them; more wait in a queue), each of at most
     `max_model_len` tokens, prompt included (default: the model's
     `max_seq_len`); `max_step_tokens` bounds one step's tokens (default:
-    the model's). `engine` runs an existing `Engine` instead.
+    the model's); `speculative` ("ngram" or an `etc.models.Speculative`)
+    has requests verify proposed tokens in their steps. `engine` runs an
+    existing `Engine` instead.
 
     Routes: GET /v1/models, POST /v1/chat/completions and /v1/completions
     (the OpenAI API and vLLM's extensions: every field takes effect or is
@@ -107,7 +109,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         tool_call_parser = tools_.parser_for(model.tokenizer.chat_template)
     if engine is None:
         engine = Engine(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                        max_step_tokens=max_step_tokens)
+                        max_step_tokens=max_step_tokens, speculative=speculative)
     name = served_model_name or model.path.name
     metrics = ServerMetrics(engine, name)
     engine.on_finish = metrics.observe

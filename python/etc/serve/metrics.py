@@ -4,6 +4,7 @@ own so that several apps in one process (tests) do not collide."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 from ..models.engine import Engine, RequestResult
 
@@ -17,7 +18,10 @@ class ServerMetrics:
     """Time to first token and per output token (histograms, observed as
     requests finish), requests running and waiting, KV slots and (paged)
     blocks in use (gauges read from the engine at scrape time), requests by
-    finish reason and token counts (counters)."""
+    finish reason and token counts (counters); speculative decoding's
+    verification steps, proposed and accepted tokens (counters read from
+    the engine's stats at scrape time) and its acceptance rate and
+    accepted tokens per step (gauges)."""
 
     def __init__(self, engine: Engine, model_name: str):
         self.registry = CollectorRegistry()
@@ -63,6 +67,16 @@ class ServerMetrics:
                      lambda: engine.blocks_total)):
                 Gauge(name, doc, labels, registry=r).labels(model_name).set_function(read)
 
+        r.register(_SpeculationCounts(engine, model_name))
+        for name, doc, read in (
+                ("etc_spec_decode_acceptance_rate", "Proposed tokens accepted, as a fraction "
+                 "of those proposed, since the start (NaN before any).",
+                 lambda: engine.stats.acceptance_rate),
+                ("etc_spec_decode_accepted_tokens_per_step", "Tokens accepted per "
+                 "verification step since the start (NaN before any).",
+                 lambda: engine.stats.accepted_tokens_per_step)):
+            Gauge(name, doc, labels, registry=r).labels(model_name).set_function(read)
+
     def observe(self, result: RequestResult) -> None:
         """Called by the engine (its thread) as each request finishes."""
         self._finished.labels(self._model, result.finish_reason).inc()
@@ -74,3 +88,23 @@ class ServerMetrics:
             self.e2e_latency.observe(result.finish_time - result.arrival_time)
         if result.time_per_output_token is not None:
             self.time_per_output_token.observe(result.time_per_output_token)
+
+
+class _SpeculationCounts:
+    """The engine's speculative decoding counts as Prometheus counters,
+    read at scrape time (they grow with every step, not as requests end)."""
+
+    COUNTS = (("etc_spec_decode_num_drafts", "Verification steps: a request's proposed "
+               "tokens checked by one step.", "speculative_steps"),
+              ("etc_spec_decode_num_draft_tokens", "Tokens proposed.", "proposed_tokens"),
+              ("etc_spec_decode_num_accepted_tokens", "Proposed tokens the model accepted.",
+               "accepted_tokens"))
+
+    def __init__(self, engine: Engine, model_name: str):
+        self.engine, self.model_name = engine, model_name
+
+    def collect(self):
+        for name, doc, field in self.COUNTS:
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([self.model_name], getattr(self.engine.stats, field))
+            yield family

@@ -59,7 +59,7 @@ class Server(uvicorn.Server):
 def run(model, host: str = "127.0.0.1", port: int = 8000, *,
         served_model_name: Optional[str] = None, max_num_seqs: int = 8,
         max_model_len: Optional[int] = None, max_step_tokens: Optional[int] = None,
-        log_level: str = "info", sock: Optional[socket.socket] = None,
+        speculative=None, log_level: str = "info", sock: Optional[socket.socket] = None,
         tool_call_parser: Optional[str] = None) -> None:
     """Serves `model` over HTTP at `host`:`port` (or on `sock`, a socket of
     `listen`) until interrupted (Ctrl-C, SIGTERM), then returns: `build_app`
@@ -68,7 +68,7 @@ def run(model, host: str = "127.0.0.1", port: int = 8000, *,
     sock = sock if sock is not None else listen(host, port)
     app = build_app(model, served_model_name=served_model_name, max_num_seqs=max_num_seqs,
                     max_model_len=max_model_len, max_step_tokens=max_step_tokens,
-                    tool_call_parser=tool_call_parser)
+                    speculative=speculative, tool_call_parser=tool_call_parser)
     engine = app.state.engine
     logger.info("serving %s: %d requests at once, sequences of up to %d tokens%s",
                 app.state.model_name, engine.max_num_seqs, engine.max_model_len,
