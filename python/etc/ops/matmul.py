@@ -21,7 +21,10 @@ Kernels, by target:
   dot products reduce at the end: groups of 4 rows of A take a stack
   panel of A in f32 and 4 x 2 dot products (`emit_panels`), the rows left
   (all at decode) dot groups of 4 columns a quarter of the tile apart
-  (`emit_transposed`: 4 long streams of B^T per worker). Tile widths give
+  (`emit_transposed`: 4 long streams of B^T per worker), summing in the
+  panels' order (8-lane partial sums), so a row's result is the same bits
+  whatever rows share its tile (batched requests, verified speculative
+  tokens). Tile widths give
   every worker the same number of column tiles where one divides N so.
   Partial edge tiles (columns past N) take the scalar path.
   bf16 A @ B^T where the instruction set has AVX-512 BF16:

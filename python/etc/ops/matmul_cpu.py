@@ -9,6 +9,8 @@ tiles take the scalar path of its base (`matmul_scalar.Matmul`).
 
 from __future__ import annotations
 
+from typing import Optional
+
 from mlir import ir
 from mlir.dialects import arith, memref, scf, vector
 
@@ -130,7 +132,9 @@ class MatmulCPU(Matmul):
                 self.emit_transposed(r0, c0, rows, cols, k_extent)
                 return
             # Groups of PANEL_ROWS rows by the panel micro-kernel, the rows
-            # left (all of them at decode) by the dot groups.
+            # left (all of them at decode) by the dot groups, summing as the
+            # panels do (PANEL_WIDTH lanes): a row's result does not depend
+            # on how many rows the step has (batching, speculative rows).
             groups = arith.divui(rows, self.cidx(self.PANEL_ROWS))
             paneled = arith.muli(groups, self.cidx(self.PANEL_ROWS))
             self.emit_panels(r0, groups, c0, cols, k_extent)
@@ -138,7 +142,8 @@ class MatmulCPU(Matmul):
             some = arith.cmpi(arith.CmpIPredicate.ugt, left, self.cidx(0))
             branch = scf.IfOp(some)
             with ir.InsertionPoint(branch.then_block):
-                self.emit_transposed(arith.addi(r0, paneled), c0, left, cols, k_extent)
+                self.emit_transposed(arith.addi(r0, paneled), c0, left, cols, k_extent,
+                                     self.PANEL_WIDTH)
                 scf.yield_([])
             return
         full = arith.cmpi(arith.CmpIPredicate.eq, cols, self.cidx(tn))
@@ -320,7 +325,8 @@ class MatmulCPU(Matmul):
         even = arith.cmpi(arith.CmpIPredicate.eq, arith.remui(cols, self.cidx(2)), self.cidx(0))
         branch = scf.IfOp(even, has_else=True)
         with ir.InsertionPoint(branch.else_block):
-            self.emit_transposed(r0, c0, arith.muli(groups, self.cidx(rows_n)), cols, k_extent)
+            self.emit_transposed(r0, c0, arith.muli(groups, self.cidx(rows_n)), cols, k_extent,
+                                 width)
             scf.yield_([])
         with ir.InsertionPoint(branch.then_block):
             step = arith.divui(cols, self.cidx(2))
@@ -399,12 +405,13 @@ class MatmulCPU(Matmul):
                 scf.yield_([])
             scf.yield_([])
 
-    def emit_transposed(self, r0, c0, rows, cols, k_extent) -> None:
+    def emit_transposed(self, r0, c0, rows, cols, k_extent, width: Optional[int] = None
+                        ) -> None:
         """C = A @ B^T: each (row, column) is a dot product along k, where
         both operands are contiguous: vector partial sums over k in steps of
-        WIDTH, then a scalar tail and one reduction. Micro-tiles of ROWS x
-        COLS outputs share each load."""
-        width = self.WIDTH
+        `width` (default WIDTH), then a scalar tail and one reduction.
+        Micro-tiles of ROWS x COLS outputs share each load."""
+        width = width or self.WIDTH
         vector_k = arith.muli(arith.divui(k_extent, self.cidx(width)), self.cidx(width))
         row_groups = arith.divui(arith.addi(rows, self.cidx(self.ROWS - 1)), self.cidx(self.ROWS))
         col_groups = arith.divui(arith.addi(cols, self.cidx(self.COLS - 1)), self.cidx(self.COLS))
@@ -433,7 +440,7 @@ class MatmulCPU(Matmul):
                 arith.cmpi(arith.CmpIPredicate.eq, col_count, self.cidx(self.COLS)))
             branch = scf.IfOp(full, has_else=True)
             with ir.InsertionPoint(branch.then_block):
-                self.emit_dots(row, self.ROWS, col, self.COLS, vector_k, k_extent, step)
+                self.emit_dots(row, self.ROWS, col, self.COLS, vector_k, k_extent, step, width)
                 scf.yield_([])
             with ir.InsertionPoint(branch.else_block):
                 # Fewer than ROWS rows (decode) but all COLS columns: a row at
@@ -445,7 +452,7 @@ class MatmulCPU(Matmul):
                     each_row = scf.ForOp(self.cidx(0), row_count, self.cidx(1))
                     with ir.InsertionPoint(each_row.body):
                         self.emit_dots(arith.addi(row, each_row.induction_variable), 1, col,
-                                       self.COLS, vector_k, k_extent, step)
+                                       self.COLS, vector_k, k_extent, step, width)
                         scf.yield_([])
                     scf.yield_([])
                 with ir.InsertionPoint(rows_only.else_block):
@@ -456,7 +463,7 @@ class MatmulCPU(Matmul):
                         e = edge.induction_variable
                         self.emit_dots(arith.addi(row, arith.divui(e, col_count)), 1,
                                        arith.addi(col, arith.remui(e, col_count)), 1,
-                                       vector_k, k_extent)
+                                       vector_k, k_extent, width=width)
                         scf.yield_([])
                     scf.yield_([])
                 scf.yield_([])
@@ -471,11 +478,12 @@ class MatmulCPU(Matmul):
                                 fastmath=ir.Attribute.parse("#arith.fastmath<reassoc>"))
 
     def emit_dots(self, row, nrows: int, col, ncols: int, vector_k, k_extent,
-                  step=None) -> None:
+                  step=None, width: Optional[int] = None) -> None:
         """C[row + r, col + c * step] for r < nrows, c < ncols (step 1 when
-        None): dot products along k of A's rows and B^T's rows."""
+        None): dot products along k of A's rows and B^T's rows, in vectors
+        of `width` lanes (default WIDTH; `vector_k` a multiple of it)."""
         a, b = self.op.operands[:2]
-        width = self.WIDTH
+        width = width or self.WIDTH
         step = self.cidx(1) if step is None else step
         cols = [arith.addi(col, arith.muli(self.cidx(c), step)) for c in range(ncols)]
         accs = [self.vzero(width) for _ in range(nrows * ncols)]
