@@ -457,7 +457,7 @@ def test_accepted_prefix():
 
 
 def test_options_are_checked_by_field(chat_model):
-    for options, field in ((dict(method="draft"), "method"), (dict(tokens=0), "tokens"),
+    for options, field in ((dict(method="eagle"), "method"), (dict(tokens=0), "tokens"),
                            (dict(tokens=2.0), "tokens"), (dict(ngram=(3, 2)), "ngram"),
                            (dict(ngram=(0, 2)), "ngram"), (dict(ngram=3), "ngram"),
                            (dict(ngram=("1", 2)), "ngram"), (dict(adaptive=1), "adaptive")):
@@ -467,9 +467,10 @@ def test_options_are_checked_by_field(chat_model):
     assert Speculative(ngram=[1, 2]).ngram == (1, 2)
     with pytest.raises(ValueError, match=r"Engine: speculative='eagle' is not supported"):
         Engine(chat_model, speculative="eagle")
-    with pytest.raises(ValueError, match=r"Engine: speculative=4 must be one of \('ngram',\)"):
+    with pytest.raises(ValueError, match=r"Engine: speculative=4 must be 'ngram', an "
+                                         r"etc.models.Speculative or None"):
         Engine(chat_model, speculative=4)
-    with pytest.raises(ValueError, match=r"generate: speculative=True must be one of"):
+    with pytest.raises(ValueError, match=r"generate: speculative=True must be 'ngram'"):
         chat_model.generate([5], 2, speculative=True)
 
 
@@ -572,6 +573,98 @@ def test_sampled_speculation_follows_the_target_distribution(loaded, monkeypatch
     assert statistic > 3 * quantile
 
 
+
+# ----------------------------------------------------------------------
+# A draft model
+# ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def drafts(loaded, tmp_path_factory):
+    """Draft models for the Qwen3 target: itself, and another random
+    model of the same vocabulary (one layer), loaded as the target's
+    drafts are."""
+    root = tmp_path_factory.mktemp("drafts")
+    other = write_checkpoint(root / "other", tiny_config("LlamaForCausalLM",
+                                                         num_hidden_layers=1), seed=9)
+    target = loaded["qwen3"]
+    return target, {"self": target.checkpoint.path, "other": other}
+
+
+def record_proposals(monkeypatch):
+    """Records each draft proposal: (the request's tokens, the proposal)."""
+    from etc.models.engine.draft import DraftProposer
+
+    calls = []
+    real = DraftProposer.propose
+
+    def propose(self, wanted):
+        out = real(self, wanted)
+        calls.extend((list(tokens), list(p)) for (_, tokens, _), p in zip(wanted, out))
+        return out
+
+    monkeypatch.setattr(DraftProposer, "propose", propose)
+    return calls
+
+
+@pytest.mark.parametrize("which", ["self", "other"])
+def test_a_draft_model_proposes_its_greedy_tokens(which, drafts, monkeypatch):
+    """Greedy output with a draft model is the target's; each proposal is
+    what the draft model generates greedily from the request's tokens
+    (its cache rolled back right after every verification); a model as
+    its own draft has every proposal accepted."""
+    target, paths = drafts
+    want = target.generate(PROMPTS, NEW, ignore_eos=True)
+    calls = record_proposals(monkeypatch)
+    spec = Speculative(draft=paths[which], tokens=3, adaptive=False)
+    got = target.generate(PROMPTS, NEW, ignore_eos=True, speculative=spec)
+    assert got.tokens == want.tokens
+    draft = target.draft_model(paths[which])
+    assert draft is target.draft_model(str(paths[which]))  # loaded once
+    assert calls
+    for tokens, proposal in calls:
+        if proposal:
+            assert proposal == draft.generate([tokens], len(proposal), ignore_eos=True).tokens[0]
+    if which == "self":
+        assert got.accepted_tokens == got.proposed_tokens and got.steps < want.steps / 2
+    else:
+        assert sum(got.accepted_tokens) < sum(got.proposed_tokens)
+
+
+def test_a_draft_model_keeps_seeds_and_frees_its_cache(drafts):
+    target, paths = drafts
+    params = [SamplingParams(temperature=0.5, seed=s) for s in (4, 5, 6)]
+    runs = []
+    for speculative in (None, Speculative(draft=paths["other"], tokens=2)):
+        engine = Engine(target, max_num_seqs=3, max_model_len=32, speculative=speculative)
+        handles = [engine.submit(p, max_new_tokens=NEW, sampling=q)
+                   for p, q in zip(PROMPTS, params)]
+        engine.run()
+        runs.append([h.result().token_ids for h in handles])
+    assert runs[0] == runs[1]
+    assert engine.stats.proposed_tokens > 0 and engine.draft.steps > 0
+    manager = engine.draft.cache.manager
+    assert len(manager) == 0 and manager.used_blocks == 0
+    manager.check()
+
+
+def test_draft_model_errors(drafts, tmp_path):
+    target, paths = drafts
+    small = write_checkpoint(tmp_path / "small-vocab", tiny_config(vocab_size=64))
+    with pytest.raises(ValueError, match=r"the draft model's vocabulary \(64 tokens\) is not the "
+                                         r"target's \(96\)"):
+        Engine(target, speculative=Speculative(draft=small))
+    with pytest.raises(ValueError, match="method='draft' needs draft="):
+        Speculative(method="draft")
+    with pytest.raises(ValueError, match="draft= needs method='draft'"):
+        Speculative(method="ngram", draft=paths["other"])
+    with pytest.raises(ValueError, match=r"draft=3 must be a checkpoint path or a loaded model"):
+        Speculative(draft=3)
+    with pytest.raises(ValueError, match=r"speculative='draft' is not supported; expected 'ngram'"):
+        target.generate([5], 2, speculative="draft")
+    assert Speculative(draft=paths["other"]).method == "draft"
+
+
 # ----------------------------------------------------------------------
 # The server
 # ----------------------------------------------------------------------
@@ -619,9 +712,10 @@ def test_the_server_speculates_and_reports_it(chat_model):
 
 
 def test_the_command_line_options(tmp_path):
-    """`etc generate` and `etc serve` with --speculative ngram: the text
-    without it, and the server's metrics count the proposals; the options'
-    errors are one line (or argparse's usage error) before loading."""
+    """`etc generate` and `etc serve` with --speculative ngram, and
+    generate with --draft-model: the text without them, and the server's
+    metrics count the proposals; the options' errors are one line (or
+    argparse's usage error) before loading."""
     openai = pytest.importorskip("openai")
     import httpx
     from http_servers import free_port, wait_until_healthy
@@ -637,6 +731,15 @@ def test_the_command_line_options(tmp_path):
                          "--speculative-ngram", "1", "3")
     assert result.returncode == 0, result.stderr
     assert result.stdout == want + ("" if want.endswith("\n") else "\n")
+    # A draft model: the model as its own draft.
+    drafted = etc_command("generate", path, prompt, "--max-new-tokens", "8", "--cache-dir", cache,
+                          *SMALL, "--draft-model", path, "--speculative-tokens", "3")
+    assert drafted.returncode == 0, drafted.stderr
+    assert drafted.stdout == result.stdout
+    one_line_error(etc_command("generate", path, "hi", "--draft-model", tmp_path / "nowhere"),
+                   "--draft-model", "nowhere: no such file or directory")
+    one_line_error(etc_command("generate", path, "hi", "--draft-model", path, "--speculative",
+                               "ngram"), "give it or --speculative ngram")
     one_line_error(etc_command("generate", path, "hi", "--speculative-tokens", "3"),
                    "--speculative-tokens sets how requests speculate; give --speculative ngram")
     one_line_error(etc_command("generate", path, "hi", "--speculative", "ngram",

@@ -7,6 +7,7 @@ sampling parameters). Nothing here imports NumPy: `etc --help` stays fast."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from typing import Optional
 
@@ -131,6 +132,10 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
                             "the latest earlier occurrence of the text's last few tokens "
                             "(prompt lookup); greedy output is the same, sampled output "
                             "follows the same distribution")
+    group.add_argument("--draft-model", default=None, metavar="PATH",
+                       help="verify the greedy tokens of this smaller model (a checkpoint "
+                            "directory or GGUF file with the same tokenizer, loaded with the "
+                            "same options) in each step instead")
     group.add_argument("--speculative-tokens", type=positive_int, default=None, metavar="K",
                        help="tokens proposed per request and step at most (default: 4)")
     group.add_argument("--speculative-ngram", type=positive_int, nargs=2, default=None,
@@ -198,17 +203,23 @@ def max_model_len(args, checkpoint) -> int:
 def speculative(args):
     """The speculative decoding options of `args` as an
     `etc.models.Speculative`, or None."""
-    tokens, ngram = args.speculative_tokens, args.speculative_ngram
-    if args.speculative is None:
+    tokens, ngram, draft = args.speculative_tokens, args.speculative_ngram, args.draft_model
+    if draft is not None:
+        if args.speculative is not None or ngram is not None:
+            raise ValueError("--draft-model proposes the tokens: give it or --speculative ngram "
+                             "(and --speculative-ngram), not both")
+        if not os.path.exists(draft):
+            raise ValueError(f"--draft-model {draft}: no such file or directory")
+    elif args.speculative is None:
         given = [name for name, value in (("--speculative-tokens", tokens),
                                           ("--speculative-ngram", ngram)) if value is not None]
         if given:
             raise ValueError(f"{given[0]} sets how requests speculate; give --speculative "
-                             f"ngram too")
+                             f"ngram or --draft-model too")
         return None
     from ..models import Speculative
 
-    options = dict(method=args.speculative)
+    options = dict(method=args.speculative) if draft is None else dict(draft=draft)
     if tokens is not None:
         options["tokens"] = tokens
     if ngram is not None:

@@ -46,6 +46,7 @@ from ..step.sampling import SamplingParams, logit_adjustments, token_mask
 from .requests import RequestError, RequestHandle, RequestOutput, RequestResult, TokenLogprobs
 from .constraints import fill_masks
 from .slots import PagedSlots, SlotCache
+from .draft import DraftProposer
 from .speculative import (Speculation, SpeculationCounts, Speculative, accepted_prefix,
                           add_proposals)
 from .stopping import StopChecker
@@ -89,7 +90,7 @@ class _Sequence:
 
     def __init__(self, handle: "RequestHandle", prompt: list, max_new_tokens: int,
                  stop: StopChecker, eos: frozenset, stop_ids: frozenset, sampling, detokenizer,
-                 return_logits: bool, speculative: Optional[Speculative] = None):
+                 return_logits: bool, speculative: Optional[Speculative] = None, draft=None):
         self.handle = handle
         self.prompt = prompt
         self.tokens = list(prompt)  # prompt + generated: what goes into the cache
@@ -126,7 +127,7 @@ class _Sequence:
         self.hashes: Optional[list] = None
         #: Its speculative decoding state, and the tokens it proposes in
         #: the step being run (after its pending ones).
-        self.speculation = None if speculative is None else Speculation(speculative)
+        self.speculation = None if speculative is None else Speculation(speculative, draft)
         self.proposed: list[int] = []
 
     @property
@@ -176,10 +177,10 @@ class Engine:
     `stats` counts cached prompt tokens, evictions and preemptions.
 
     `speculative` (None, "ngram" or an `etc.models.Speculative`): requests
-    propose tokens (prompt lookup) that their next step verifies
-    (`etc.models.engine.speculative`): the same tokens as without, greedy,
-    and the same distribution, sampled; `stats` counts what was proposed
-    and accepted.
+    propose tokens (prompt lookup, or a draft model's: `draft`) that their
+    next step verifies (`etc.models.engine.speculative`): the same tokens
+    as without, greedy, and the same distribution, sampled; `stats` counts
+    what was proposed and accepted.
 
     Every parameter of a request is checked by `submit` (`RequestError`);
     a step that raises anyway is rerun on halves of its requests until the
@@ -229,6 +230,13 @@ class Engine:
             max_model_len = self.cache.capacity
         #: The longest sequence (prompt and new tokens) a request may reach.
         self.max_model_len = max_model_len
+        #: The draft model's proposer (`speculative` with a draft model).
+        self.draft = None
+        if self.speculative is not None and self.speculative.method == "draft":
+            model_of = self.speculative.draft
+            if not hasattr(model_of, "step"):
+                model_of = model.draft_model(model_of)
+            self.draft = DraftProposer(model_of, model, max_num_seqs, max_model_len)
         self.stats = EngineStats()
         self._evictions_before = self.cache.evictions
         # A step that samples on the device returns logits only when asked.
@@ -321,7 +329,7 @@ class Engine:
             raise RequestError(f"min_tokens={min_tokens!r} must be an int in [0, "
                                f"max_new_tokens={max_new_tokens}]", "min_tokens")
         sequence = _Sequence(None, prompt, max_new_tokens, checker, eos, stop_ids, sampling,
-                             detokenizer, bool(return_logits), self.speculative)
+                             detokenizer, bool(return_logits), self.speculative, self.draft)
         sequence.min_tokens = int(min_tokens)
         if allowed_token_ids is not None:
             allowed = _check_ids(allowed_token_ids, "allowed_token_ids",
@@ -665,7 +673,7 @@ class Engine:
                 budget -= take
                 batch.append((sequence, take))
         if self.speculative is not None:
-            add_proposals(batch, budget, self.cache)
+            add_proposals(batch, budget, self.cache, self.draft)
         return batch
 
     def _preempt(self, sequence: _Sequence) -> None:
@@ -675,6 +683,8 @@ class Engine:
                     sequence.handle.request_id)
         self._running.remove(sequence)
         self.cache.release(sequence.slot)
+        if sequence.speculation is not None:
+            sequence.speculation.release()
         sequence.slot = None
         sequence.cached = sequence.committed = 0
         sequence.hashes = None  # its tokens grew: named again when admitted
@@ -755,8 +765,10 @@ class Engine:
         if sequence.slot is not None:
             self.cache.release(sequence.slot)
             sequence.slot = None
-        handle = sequence.handle
         speculation = sequence.speculation
+        if speculation is not None:
+            speculation.release()
+        handle = sequence.handle
         counts = {} if speculation is None else dict(
             speculative_steps=speculation.speculative_steps,
             proposed_tokens=speculation.proposed_tokens,

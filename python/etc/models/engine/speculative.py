@@ -38,13 +38,16 @@ scheduled, and `accepted_prefix` says how many the step accepted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Optional, Sequence
+
+from .draft import DraftSequence
 
 __all__ = ["Speculative", "NgramIndex", "Speculation", "SpeculationCounts", "accepted_prefix",
            "add_proposals", "METHODS"]
 
-#: The ways of proposing tokens.
-METHODS = ("ngram",)
+#: The ways of proposing tokens: prompt lookup, a draft model.
+METHODS = ("ngram", "draft")
 
 
 def _positive(field: str, value, low: int = 1) -> int:
@@ -57,7 +60,12 @@ def _positive(field: str, value, low: int = 1) -> int:
 class Speculative:
     """How requests speculate.
 
-    * `method`: "ngram", prompt lookup (`NgramIndex`);
+    * `method`: "ngram", prompt lookup (`NgramIndex`), or "draft", a draft
+      model's greedy tokens (`etc.models.engine.draft`); by default
+      "draft" when `draft` is given, else "ngram";
+    * `draft`: the draft model, a checkpoint path (loaded with the
+      target's options, once per target: `CompiledModel.draft_model`) or
+      a loaded model with the target's vocabulary;
     * `tokens` >= 1: the most tokens proposed per request and step (k);
     * `ngram=(min, max)`: the lengths of the suffix looked up, longest
       first (1 <= min <= max);
@@ -66,15 +74,25 @@ class Speculative:
       (`Speculation`); False proposes `tokens` whenever a proposal exists.
     """
 
-    method: str = "ngram"
+    method: Optional[str] = None
     tokens: int = 4
     ngram: tuple = (2, 4)
     adaptive: bool = True
+    draft: object = None
 
     def __post_init__(self):
+        if self.method is None:
+            object.__setattr__(self, "method", "ngram" if self.draft is None else "draft")
         if self.method not in METHODS:
             raise ValueError(f"Speculative: method={self.method!r} is not supported; expected "
                              f"one of {METHODS}")
+        if (self.method == "draft") != (self.draft is not None):
+            raise ValueError("Speculative: method='draft' needs draft= (a checkpoint path or a "
+                             "model), and draft= needs method='draft'")
+        if self.draft is not None and not isinstance(self.draft, (str, PurePath)) and \
+                not hasattr(self.draft, "step"):
+            raise ValueError(f"Speculative: draft={self.draft!r} must be a checkpoint path or a "
+                             f"loaded model")
         _positive("tokens", self.tokens)
         ngram = self.ngram
         if isinstance(ngram, (str, bytes)) or not isinstance(ngram, Sequence) or \
@@ -92,13 +110,13 @@ class Speculative:
         name (its defaults), or a `Speculative`."""
         if value is None or isinstance(value, Speculative):
             return value
-        if isinstance(value, str):
-            if value not in METHODS:
-                raise ValueError(f"{where}={value!r} is not supported; expected one of "
-                                 f"{METHODS}, an etc.models.Speculative or None")
+        if value == "ngram":
             return cls(method=value)
-        raise ValueError(f"{where}={value!r} must be one of {METHODS}, an etc.models.Speculative "
-                         f"or None")
+        if isinstance(value, str):
+            raise ValueError(f"{where}={value!r} is not supported; expected 'ngram', an "
+                             f"etc.models.Speculative (a draft model: Speculative(draft=PATH)) "
+                             f"or None")
+        raise ValueError(f"{where}={value!r} must be 'ngram', an etc.models.Speculative or None")
 
 
 def accepted_prefix(proposed: Sequence[int], chosen: Sequence[int]) -> int:
@@ -175,25 +193,35 @@ class SpeculationCounts:
             float("nan")
 
 
-def add_proposals(batch: list, budget: int, cache) -> None:
+def add_proposals(batch: list, budget: int, cache, draft=None) -> None:
     """Adds proposed tokens to the speculating sequences of a step's
     `batch` ((engine sequence, tokens it takes) pairs, changed in place)
     whose pending tokens all go into the step, within what is left of the
     token `budget`, their token limits (a step gives at most one token
     more than it verifies) and the free blocks of `cache` (the engine's
-    slots): a proposal never preempts."""
+    slots): a proposal never preempts. The proposals are prompt lookup's,
+    or with `draft` (a `DraftProposer`) the draft model's, all of the
+    step's requests drafted together."""
+    wanted = []
     for i, (sequence, take) in enumerate(batch):
         if budget < 1:
-            return
+            break
         if sequence.speculation is None or take != sequence.pending or \
                 not sequence.verifiable:
             continue
-        limit = min(budget, sequence.max_new_tokens - len(sequence.generated) - 1)
-        proposed = sequence.speculation.propose(sequence.tokens, limit)
+        k = sequence.speculation.wants(
+            min(budget, sequence.max_new_tokens - len(sequence.generated) - 1))
+        if k:
+            wanted.append((i, sequence, take, k))
+            budget -= k
+    if draft is None:
+        proposals = [s.speculation.index.propose(s.tokens, k) for _, s, _, k in wanted]
+    else:
+        proposals = draft.propose([(s.speculation.draft, s.tokens, k) for _, s, _, k in wanted])
+    for (i, sequence, take, _), proposed in zip(wanted, proposals):
         if proposed and cache.reserve(sequence.slot, sequence.cached + take + len(proposed)):
             sequence.proposed = proposed
             batch[i] = (sequence, take + len(proposed))
-            budget -= len(proposed)
 
 
 class Speculation(SpeculationCounts):
@@ -210,30 +238,46 @@ class Speculation(SpeculationCounts):
 
     MAX_PAUSE = 32
 
-    def __init__(self, config: Speculative):
+    def __init__(self, config: Speculative, proposer=None):
         super().__init__()
         self.config = config
-        self.index = NgramIndex(*config.ngram)
+        #: Prompt lookup's index, or with a draft model (`proposer`, the
+        #: engine's `DraftProposer`) the request's sequence in its cache.
+        self.index = NgramIndex(*config.ngram) if proposer is None else None
+        self.proposer = proposer
+        self.draft = None if proposer is None else DraftSequence()
         self._length = config.tokens  # the next proposal's length
         self._pause = 0               # steps left without proposing
         self._backoff = 1             # the next pause after a failure
 
-    def propose(self, tokens: Sequence[int], limit: int) -> list[int]:
-        """The tokens to verify after `tokens` this step, at most `limit`
-        (what the request's length, token limit and the step's budget
-        leave)."""
+    def wants(self, limit: int) -> int:
+        """How many tokens to propose this step, at most `limit` (what the
+        request's length, token limit and the step's budget leave): 0
+        while paused."""
         if limit < 1:
-            return []
+            return 0
         if not self.config.adaptive:
-            return self.index.propose(tokens, min(limit, self.config.tokens))
+            return min(limit, self.config.tokens)
         if self._pause:
             self._pause -= 1
-            return []
-        return self.index.propose(tokens, min(limit, self._length))
+            return 0
+        return min(limit, self._length)
+
+    def propose(self, tokens: Sequence[int], limit: int) -> list[int]:
+        """Prompt lookup's tokens to verify after `tokens` this step, at
+        most `limit`."""
+        return self.index.propose(tokens, self.wants(limit))
+
+    def release(self) -> None:
+        """The request ended or was preempted: its draft sequence goes."""
+        if self.proposer is not None:
+            self.proposer.release(self.draft)
 
     def verified(self, proposed: int, accepted: int) -> None:
         """Records a verification: `accepted` of `proposed` tokens."""
         self.count(proposed, accepted)
+        if self.proposer is not None:
+            self.proposer.verified(self.draft, proposed, accepted)
         if accepted == proposed:
             self._length = min(self.config.tokens, max(self._length, proposed) + 1)
             self._backoff = 1

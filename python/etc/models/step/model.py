@@ -106,6 +106,10 @@ class CompiledModel:
         self._run_lock = threading.Lock()
         self.max_step_tokens = max_step_tokens
         self._graph = None
+        # How the compile cache was asked for, and the draft models loaded
+        # with this model's options (`draft_model`).
+        self._cache_option = cache
+        self._drafts: dict = {}
         #: Seconds spent loading: "weights", and "compile" or "cache".
         self.timings: dict[str, float] = {}
         start = time.perf_counter()
@@ -281,6 +285,29 @@ class CompiledModel:
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
             raise ValueError(f"new_paged_cache: tokens={tokens!r} must be a positive int")
         return self._new_paged(-(-tokens // self.kv_block_size))
+
+    def draft_model(self, path) -> "CompiledModel":
+        """The draft model at `path` (a checkpoint directory or GGUF file)
+        for speculative decoding, loaded with this model's options (target,
+        dtype, workers, max_seq_len, KV cache layout, compile cache) the
+        first time and kept: every engine of this model shares it."""
+        from ..loading import open_checkpoint
+
+        key = str(path)
+        with self._pool_lock:
+            draft = self._drafts.get(key)
+        if draft is None:
+            graph, compiled = self.graph_options, self.compile_options
+            draft = type(self)(open_checkpoint(path), target=compiled["target"],
+                               schedule=compiled["schedule"], workers=compiled["workers"],
+                               dtype=graph["dtype"], max_seq_len=graph["max_seq_len"],
+                               attention_chunk=graph["chunk"],
+                               max_step_tokens=self.max_step_tokens, chip=compiled["chip"],
+                               kernels=compiled["kernels"], cache=self._cache_option,
+                               kv_dtype=graph["kv_dtype"], kv_block_size=graph["kv_block_size"])
+            with self._pool_lock:
+                draft = self._drafts.setdefault(key, draft)
+        return draft
 
     def _new_paged(self, blocks: int, prefix_caching: bool = True) -> PagedKVCache:
         allocate = None
