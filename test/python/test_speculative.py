@@ -36,7 +36,7 @@ LOAD = dict(workers=2, max_seq_len=64, attention_chunk=8)
 P = 4
 #: Verification without the adaptive length: every proposal the oracle
 #: makes is verified.
-FIXED = Speculative(tokens=3, adaptive=False)
+FIXED = Speculative(tokens=3, adaptive=False, step_tokens=None)
 
 CONFIGS = {
     "llama": tiny_config("LlamaForCausalLM"),
@@ -449,6 +449,23 @@ def test_the_proposal_length_adapts():
     assert fixed.propose(tokens, 10) == [2, 3, 4, 5]
 
 
+def test_proposals_fill_a_step_up_to_step_tokens(loaded, monkeypatch):
+    """With step_tokens=8 (the default), three decoding requests propose
+    5 tokens at most in all (the first in the step's order 4, the next
+    1); the tokens stay those without speculation."""
+    model = loaded["qwen3"]
+    want = model.generate(PROMPTS, NEW, ignore_eos=True).tokens
+    proposer = oracle(monkeypatch, PROMPTS, want, model.config.vocab_size, wrong=False)
+    engine = Engine(model, max_num_seqs=3, max_model_len=32,
+                    speculative=Speculative(tokens=4, adaptive=False))
+    handles = [engine.submit(p, max_new_tokens=NEW, ignore_eos=True) for p in PROMPTS]
+    engine.run()
+    assert [h.result().token_ids for h in handles] == want
+    assert max(step.tokens for step in engine.steps[1:]) <= 8
+    assert max(len(p) for _, p in proposer.calls) == 4
+    assert engine.stats.proposed_tokens > 0
+
+
 def test_accepted_prefix():
     assert accepted_prefix([], [4]) == 0
     assert accepted_prefix([4, 5, 6], [4, 5, 6, 7]) == 3
@@ -460,7 +477,8 @@ def test_options_are_checked_by_field(chat_model):
     for options, field in ((dict(method="eagle"), "method"), (dict(tokens=0), "tokens"),
                            (dict(tokens=2.0), "tokens"), (dict(ngram=(3, 2)), "ngram"),
                            (dict(ngram=(0, 2)), "ngram"), (dict(ngram=3), "ngram"),
-                           (dict(ngram=("1", 2)), "ngram"), (dict(adaptive=1), "adaptive")):
+                           (dict(ngram=("1", 2)), "ngram"), (dict(adaptive=1), "adaptive"),
+                           (dict(step_tokens=0), "step_tokens")):
         with pytest.raises(ValueError, match=f"Speculative: {field}="):
             Speculative(**options)
     assert Speculative.of("ngram") == Speculative() and Speculative.of(None) is None
@@ -616,7 +634,7 @@ def test_a_draft_model_proposes_its_greedy_tokens(which, drafts, monkeypatch):
     target, paths = drafts
     want = target.generate(PROMPTS, NEW, ignore_eos=True)
     calls = record_proposals(monkeypatch)
-    spec = Speculative(draft=paths[which], tokens=3, adaptive=False)
+    spec = Speculative(draft=paths[which], tokens=3, adaptive=False, step_tokens=None)
     got = target.generate(PROMPTS, NEW, ignore_eos=True, speculative=spec)
     assert got.tokens == want.tokens
     draft = target.draft_model(paths[which])
@@ -635,7 +653,7 @@ def test_a_draft_model_keeps_seeds_and_frees_its_cache(drafts):
     target, paths = drafts
     params = [SamplingParams(temperature=0.5, seed=s) for s in (4, 5, 6)]
     runs = []
-    for speculative in (None, Speculative(draft=paths["other"], tokens=2)):
+    for speculative in (None, Speculative(draft=paths["other"], tokens=2, step_tokens=None)):
         engine = Engine(target, max_num_seqs=3, max_model_len=32, speculative=speculative)
         handles = [engine.submit(p, max_new_tokens=NEW, sampling=q)
                    for p, q in zip(PROMPTS, params)]
@@ -718,7 +736,7 @@ def test_the_command_line_options(tmp_path):
     argparse's usage error) before loading."""
     openai = pytest.importorskip("openai")
     import httpx
-    from http_servers import free_port, wait_until_healthy
+    from http_servers import listening_port, wait_until_healthy
     from test_cli import ETC, SMALL, etc_command, one_line_error
 
     path = write_checkpoint(tmp_path / "tiny-chat", tiny_config(vocab_size=320), tokenizer=True)
@@ -747,17 +765,19 @@ def test_the_command_line_options(tmp_path):
                    "--speculative-ngram 3 1: MIN must not be more than MAX")
     usage = etc_command("serve", path, "--speculative", "eagle")
     assert usage.returncode == 2 and "invalid choice: 'eagle'" in usage.stderr
-    port = free_port()
-    server = subprocess.Popen([str(ETC), "serve", str(path), "--port", str(port), "--cache-dir",
+    server = subprocess.Popen([str(ETC), "serve", str(path), "--port", "0", "--cache-dir",
                                str(cache), *SMALL, "--speculative", "ngram",
                                "--speculative-ngram", "1", "3"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        port = listening_port(server)
         wait_until_healthy(server, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        # Long enough for the model's text to repeat itself (decoding
+        # steps propose; the prompt's step is over step_tokens).
         reply = client.completions.create(model=client.models.list().data[0].id,
-                                          prompt=prompt, max_tokens=8, temperature=0)
-        assert reply.choices[0].text == want
+                                          prompt=prompt, max_tokens=14, temperature=0)
+        assert reply.choices[0].text == model.generate(prompt, 14).text[0]
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     finally:
         server.terminate()

@@ -1,9 +1,10 @@
 """The engine: many concurrent requests on one compiled model, batched
 continuously (`engine.Engine`); a request's handle, outputs and result
-(`requests`); the KV cache's slots and blocks as the scheduler sees them
-(`slots`); stop strings (`stopping`); speculative decoding's proposals and
-their verification (`speculative`); and rank 0 leading the other ranks of
-a tensor-parallel model through the same steps (`lockstep`)."""
+(`requests`); its state while it runs (`sequence`); the KV cache's slots
+and blocks as the scheduler sees them (`slots`); stop strings (`stopping`);
+speculative decoding's proposals and their verification (`speculative`, a
+draft model's: `draft`); and rank 0 leading the other ranks of a
+tensor-parallel model through the same steps (`lockstep`)."""
 
 from __future__ import annotations
 

@@ -49,9 +49,10 @@ class DraftProposer:
 
     def __init__(self, draft, target, slots: int, length: int):
         if draft.config.vocab_size != target.config.vocab_size:
-            raise ValueError(f"speculative: the draft model's vocabulary ({draft.config.vocab_size} "
-                             f"tokens) is not the target's ({target.config.vocab_size}): a draft "
-                             f"must share the target's tokenizer")
+            raise ValueError(f"speculative: the draft model's vocabulary "
+                             f"({draft.config.vocab_size} tokens) is not the target's "
+                             f"({target.config.vocab_size}): a draft must share the target's "
+                             f"tokenizer")
         if draft.tokenizer is not None and target.tokenizer is not None and \
                 draft.tokenizer.backend.get_vocab() != target.tokenizer.backend.get_vocab():
             raise ValueError("speculative: the draft model's tokenizer is not the target's (their "

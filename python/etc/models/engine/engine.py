@@ -43,12 +43,13 @@ import numpy as np
 
 from ..step.request import Request
 from ..step.sampling import SamplingParams, logit_adjustments, token_mask
-from .requests import RequestError, RequestHandle, RequestOutput, RequestResult, TokenLogprobs
+from .requests import (RequestError, RequestHandle, RequestOutput, RequestResult, TokenLogprobs,
+                       check_ids, check_stop)
 from .constraints import fill_masks
 from .slots import PagedSlots, SlotCache
 from .draft import DraftProposer
-from .speculative import (Speculation, SpeculationCounts, Speculative, accepted_prefix,
-                          add_proposals)
+from .sequence import SequenceState
+from .speculative import SpeculationCounts, Speculative, accepted_prefix, add_proposals
 from .stopping import StopChecker
 
 logger = logging.getLogger("etc.engine")
@@ -83,69 +84,6 @@ class EngineStats(SpeculationCounts):
     cached_tokens: int = 0
     evictions: int = 0
     preemptions: int = 0
-
-
-class _Sequence:
-    """The engine's state of one request (its thread only)."""
-
-    def __init__(self, handle: "RequestHandle", prompt: list, max_new_tokens: int,
-                 stop: StopChecker, eos: frozenset, stop_ids: frozenset, sampling, detokenizer,
-                 return_logits: bool, speculative: Optional[Speculative] = None, draft=None):
-        self.handle = handle
-        self.prompt = prompt
-        self.tokens = list(prompt)  # prompt + generated: what goes into the cache
-        self.generated: list[int] = []
-        self.max_new_tokens = max_new_tokens
-        self.stop = stop
-        self.eos = eos
-        self.stop_ids = stop_ids
-        #: New tokens before which EOS and stop ids are never chosen.
-        self.min_tokens = 0
-        #: The tokens it may choose (`sampling.token_mask`), or None: all.
-        self.token_mask = None
-        #: Its grammar's matcher (`constraints.Constraint`), and the mask
-        #: it gave for the step being prepared.
-        self.constraint = None
-        self.step_mask = None
-        self.sampling = sampling
-        self.detokenizer = detokenizer
-        self.logits: Optional[list] = [] if return_logits else None
-        self.logprobs: Optional[list] = \
-            None if sampling is None or sampling.logprobs is None else []
-        self.text: list[str] = []
-        self.slot: Optional[int] = None
-        self.cached = 0  # positions in the cache
-        self.committed = 0  # of them, full blocks registered for reuse
-        self.cached_prompt: Optional[int] = None  # prompt tokens found cached at admission
-        self.preemptions = 0
-        self.first_token_time: Optional[float] = None
-        #: The last step that took tokens of it (at admission: the step
-        #: before), which orders the next step's sequences.
-        self.served = -1
-        #: The hashes of the full blocks of its tokens (see
-        #: `Engine._admit`), computed when first needed.
-        self.hashes: Optional[list] = None
-        #: Its speculative decoding state, and the tokens it proposes in
-        #: the step being run (after its pending ones).
-        self.speculation = None if speculative is None else Speculation(speculative, draft)
-        self.proposed: list[int] = []
-
-    @property
-    def verifiable(self) -> bool:
-        """Whether its proposed tokens can be verified in one step: every
-        row is chosen with the adjustments and mask of the first, so
-        nothing of them may change with the tokens before the row
-        (penalties, min_tokens not yet reached, a grammar)."""
-        s = self.sampling
-        return self.constraint is None and len(self.generated) >= self.min_tokens and \
-            (s is None or (s.presence_penalty == 0 and s.frequency_penalty == 0 and
-                           s.repetition_penalty == 1))
-
-    @property
-    def pending(self) -> int:
-        """Tokens not yet in the cache: the rest of the prompt, or the last
-        generated id."""
-        return len(self.tokens) - self.cached
 
 
 class Engine:
@@ -251,12 +189,12 @@ class Engine:
         self._step_count = 0
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._incoming: list[_Sequence] = []
+        self._incoming: list[SequenceState] = []
         self._cancelled: set[int] = set()
         # (requests submitted before, the error they end with): `abort`.
         self._abort: Optional[tuple[int, str]] = None
-        self._waiting: "collections.deque[_Sequence]" = collections.deque()
-        self._running: list[_Sequence] = []
+        self._waiting: "collections.deque[SequenceState]" = collections.deque()
+        self._running: list[SequenceState] = []
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
 
@@ -297,7 +235,7 @@ class Engine:
         was not checked here reaches a step."""
         prompt = self._check_prompt(prompt_ids)
         max_new_tokens = self._check_max_new_tokens(prompt, max_new_tokens)
-        stop = _check_stop(stop)
+        stop = check_stop(stop)
         tokenizer = self.model.tokenizer
         if any(stop) and tokenizer is None:
             raise RequestError("stop strings need the model's tokenizer (tokenizer.json)", "stop")
@@ -317,9 +255,9 @@ class Engine:
             eos = frozenset()
         else:
             eos = frozenset(self.model.eos_token_ids if eos_token_ids is None else
-                            _check_ids(eos_token_ids, "eos_token_ids"))
+                            check_ids(eos_token_ids, "eos_token_ids"))
         stop_ids = frozenset(() if stop_token_ids is None else
-                             _check_ids(stop_token_ids, "stop_token_ids",
+                             check_ids(stop_token_ids, "stop_token_ids",
                                         self.model.config.vocab_size))
         detokenizer = None if tokenizer is None else \
             tokenizer.detokenizer(skip_special_tokens=bool(skip_special_tokens))
@@ -328,11 +266,11 @@ class Engine:
                 not 0 <= min_tokens <= max_new_tokens:
             raise RequestError(f"min_tokens={min_tokens!r} must be an int in [0, "
                                f"max_new_tokens={max_new_tokens}]", "min_tokens")
-        sequence = _Sequence(None, prompt, max_new_tokens, checker, eos, stop_ids, sampling,
+        sequence = SequenceState(None, prompt, max_new_tokens, checker, eos, stop_ids, sampling,
                              detokenizer, bool(return_logits), self.speculative, self.draft)
         sequence.min_tokens = int(min_tokens)
         if allowed_token_ids is not None:
-            allowed = _check_ids(allowed_token_ids, "allowed_token_ids",
+            allowed = check_ids(allowed_token_ids, "allowed_token_ids",
                                  self.model.config.vocab_size)
             if not allowed:
                 raise RequestError("allowed_token_ids is empty: no token could be chosen",
@@ -491,7 +429,7 @@ class Engine:
         self.stats.evictions = self.cache.evictions - self._evictions_before
         return True
 
-    def _commit(self, sequence: _Sequence, tokens: list) -> None:
+    def _commit(self, sequence: SequenceState, tokens: list) -> None:
         """The first len(tokens) positions of `sequence` hold `tokens`'
         keys and values: its full blocks among them become reusable by
         later prompts."""
@@ -500,7 +438,7 @@ class Engine:
             self.cache.commit(sequence.slot, tokens)
             sequence.committed = len(tokens) // block
 
-    def _verified(self, sequence: _Sequence, record: StepRecord, proposed: int,
+    def _verified(self, sequence: SequenceState, record: StepRecord, proposed: int,
                   accepted: int) -> None:
         """Counts a verification of `proposed` tokens, `accepted` of them."""
         sequence.speculation.verified(proposed, accepted)
@@ -508,7 +446,7 @@ class Engine:
         record.accepted += accepted
         self.stats.count(proposed, accepted)
 
-    def _take_chosen(self, sequence: _Sequence, tokens: list, logits, logprobs: list,
+    def _take_chosen(self, sequence: SequenceState, tokens: list, logits, logprobs: list,
                      now: float) -> int:
         """Gives `sequence` its new ids, in order, until one ends it (EOS, a
         stop string, its token limit); returns how many it took."""
@@ -573,7 +511,7 @@ class Engine:
         self.steps.append(record)
         values, ids = logprobs[0] if logprobs else (None, None)
 
-        def token_logprobs(i: int, sequence: _Sequence):
+        def token_logprobs(i: int, sequence: SequenceState):
             if sequence.logprobs is None:
                 return None
             top = int(sequence.sampling.logprobs)
@@ -622,7 +560,7 @@ class Engine:
             self._running.append(sequence)
         self._waiting.extendleft(reversed(deferred))
 
-    def _waits_for_a_prefix(self, sequence: _Sequence) -> bool:
+    def _waits_for_a_prefix(self, sequence: SequenceState) -> bool:
         """Whether the next block of `sequence` past its cached prefix is
         one a running sequence is computing (one it reaches before its last
         token: that one is always computed)."""
@@ -673,10 +611,12 @@ class Engine:
                 budget -= take
                 batch.append((sequence, take))
         if self.speculative is not None:
+            if self.speculative.step_tokens is not None:
+                budget = min(budget, self.speculative.step_tokens - sum(t for _, t in batch))
             add_proposals(batch, budget, self.cache, self.draft)
         return batch
 
-    def _preempt(self, sequence: _Sequence) -> None:
+    def _preempt(self, sequence: SequenceState) -> None:
         """Frees a running sequence's blocks (its full ones stay cached) and
         puts it back at the head of the queue, to be recomputed."""
         logger.info("request %d preempted: the KV cache has no free block",
@@ -692,7 +632,7 @@ class Engine:
         self.stats.preemptions += 1
         self._waiting.appendleft(sequence)
 
-    def _request(self, sequence: _Sequence, take: int):
+    def _request(self, sequence: SequenceState, take: int):
         """The step's request of `sequence`: `take` tokens, its proposed
         ones last (the step chooses a token after each of those and after
         the one before them, all with the same adjustments and mask)."""
@@ -716,7 +656,7 @@ class Engine:
                        sampling=sequence.sampling, adjustments=adjustments, token_mask=mask,
                        choices=1 + len(proposed))
 
-    def _advance(self, sequence: _Sequence, token: int, logits, now: float,
+    def _advance(self, sequence: SequenceState, token: int, logits, now: float,
                  logprobs: Optional[TokenLogprobs] = None) -> None:
         """Takes one new id: checks the stops, delivers the output."""
         if sequence.first_token_time is None:
@@ -758,7 +698,7 @@ class Engine:
         else:
             sequence.handle._deliver(output)
 
-    def _finish(self, sequence: _Sequence, reason: str, *, output=None,
+    def _finish(self, sequence: SequenceState, reason: str, *, output=None,
                 error: Optional[str] = None) -> None:
         if sequence in self._running:
             self._running.remove(sequence)
@@ -852,30 +792,3 @@ def _whole_blocks(positions: int, model) -> int:
     what one sequence of that length holds."""
     block = model.kv_block_size
     return -(-positions // block) * block
-
-
-def _check_stop(stop) -> list:
-    """`submit`'s stop strings as a list (None: none; one string: itself)."""
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        return [stop]
-    if isinstance(stop, (bytes, dict)) or not isinstance(stop, (Sequence, set, frozenset)) or \
-            not all(isinstance(s, str) for s in stop):
-        raise RequestError(f"stop={stop!r} must be a string or a list of strings", "stop")
-    return list(stop)
-
-
-def _check_ids(ids, name: str, vocab: Optional[int] = None) -> list:
-    """Token ids given as a list (or any iterable) of ints (with `vocab`,
-    each in [0, vocab)), checked."""
-    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
-        raise RequestError(f"{name}={ids!r} must be a list of token ids", name)
-    ids = list(ids)
-    if not all(isinstance(i, Integral) and not isinstance(i, (bool, np.bool_)) for i in ids):
-        raise RequestError(f"{name}={ids!r} must be a list of token ids", name)
-    if vocab is not None:
-        for i in ids:
-            if not 0 <= i < vocab:
-                raise RequestError(f"{name}: {i} is not a token id in [0, {vocab})", name)
-    return [int(i) for i in ids]

@@ -1,5 +1,6 @@
-"""A request's side of the engine: the error that refuses one, what each step
-gives it (`RequestOutput`), its end (`RequestResult`), and the handle its
+"""A request's side of the engine: the error that refuses one (and the
+checks of its stop strings and token ids), what each step gives it
+(`RequestOutput`), its end (`RequestResult`), and the handle its
 submitter holds (`RequestHandle`: outputs as they come, the result, cancel)."""
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from numbers import Integral
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("etc.engine")
 
 __all__ = ["RequestError", "RequestOutput", "RequestResult", "RequestHandle", "FINISH_REASONS",
-           "TokenLogprobs"]
+           "TokenLogprobs", "check_stop", "check_ids"]
 
 
 class RequestError(ValueError):
@@ -192,3 +194,30 @@ class RequestHandle:
         if not self._done.wait(timeout):
             raise TimeoutError(f"request {self.request_id} did not finish in {timeout} s")
         return self._result
+
+
+def check_stop(stop) -> list:
+    """`submit`'s stop strings as a list (None: none; one string: itself)."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, (bytes, dict)) or not isinstance(stop, (Sequence, set, frozenset)) or \
+            not all(isinstance(s, str) for s in stop):
+        raise RequestError(f"stop={stop!r} must be a string or a list of strings", "stop")
+    return list(stop)
+
+
+def check_ids(ids, name: str, vocab: Optional[int] = None) -> list:
+    """Token ids given as a list (or any iterable) of ints (with `vocab`,
+    each in [0, vocab)), checked."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise RequestError(f"{name}={ids!r} must be a list of token ids", name)
+    ids = list(ids)
+    if not all(isinstance(i, Integral) and not isinstance(i, (bool, np.bool_)) for i in ids):
+        raise RequestError(f"{name}={ids!r} must be a list of token ids", name)
+    if vocab is not None:
+        for i in ids:
+            if not 0 <= i < vocab:
+                raise RequestError(f"{name}: {i} is not a token id in [0, {vocab})", name)
+    return [int(i) for i in ids]
