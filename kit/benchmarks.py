@@ -441,6 +441,8 @@ def decode_inputs(kernel, entry, batch: int, rng) -> dict:
     # Greedy sampling (temperature 0: the argmax), as a serving engine asks
     # for most often.
     f32 = lambda value: np.full(batch, value, np.float32)
+    # A token is chosen after each request's one new token (C = batch).
+    inputs.update(sample_rows=i32(range(batch)), sample_position=i32([prompt + 1] * batch))
     inputs.update(temperature=f32(0.0), top_p=f32(1.0), min_p=f32(0.0),
                   top_k=np.zeros(batch, np.int32), seed=np.zeros((batch, 2), np.int32),
                   logprobs=np.zeros(batch, np.int32))

