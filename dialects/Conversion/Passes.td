@@ -60,6 +60,16 @@ def ConvertEventToCPU : Pass<"convert-event-to-cpu", "::mlir::ModuleOp"> {
     memref descriptors. The worker's `event.tasks` and `event.events` tables
     (for the front end, which reads them from the scheduled program) are
     dropped.
+    For the runtime's pool of worker threads parked in native code, each
+    graph's `@<g>_worker` gets `@<g>_worker_packed(%arguments: !llvm.ptr,
+    %worker_id, %worker_count)` (its other arguments read from i64 words:
+    values, and the addresses of memref descriptors), and the module
+    `@_mlir_ciface_<g>_park(%mailbox)` (a pool thread's loop: waits for a
+    command in its mailbox, polling and then in futex waits, and calls the
+    packed worker it names) and `@_mlir_ciface_<g>_launch` (hands a run to
+    the threads' mailboxes and waits for their done count, for at most a
+    given time); the mailbox layout is in
+    lib/Conversion/EventToCPU/WorkerPool.h.
 
     Before:
     ```mlir

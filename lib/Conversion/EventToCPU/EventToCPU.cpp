@@ -15,6 +15,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Conversion/EventToCPU/EventToCPU.h"
+#include "WorkerPool.h"
 #include "Conversion/EventCommon/EventAddressing.h"
 #include "Conversion/EventCommon/EventQueue.h"
 #include "Conversion/EventCommon/EventRunHeader.h"
@@ -647,9 +648,17 @@ struct ConvertEventToCPUPass
     target.markUnknownOpDynamicallyLegal([](Operation *) { return true; });
     if (failed(applyPartialConversion(module, target, std::move(patterns))))
       return signalPassFailure();
-    for (auto func : module.getOps<func::FuncOp>())
+    // The program's workers (`<graph>_worker`), and whether each takes the
+    // worker id and count.
+    SmallVector<std::pair<func::FuncOp, bool>> workers;
+    for (auto func : module.getOps<func::FuncOp>()) {
+      unsigned before = func.getNumArguments();
       if (failed(materializeWorkerArguments(func)))
         return signalPassFailure();
+      auto graph = func->getAttrOfType<StringAttr>("event.graph");
+      if (graph && func.getSymName() == (graph.getValue() + "_worker").str())
+        workers.push_back({func, func.getNumArguments() != before});
+    }
 
     // The runtime calls every entry point of a program through its C
     // interface; tile functions and the spins are only called from inside.
@@ -657,6 +666,14 @@ struct ConvertEventToCPUPass
       if (!func.isExternal() && func.isPublic() && !func->hasAttr("event.tile"))
         func->setAttr(LLVM::LLVMDialect::getEmitCWrapperAttrName(),
                       UnitAttr::get(&getContext()));
+
+    // The runtime's pool threads enter the workers through these.
+    for (auto [worker, takesWorkerIds] : workers)
+      if (failed(definePackedWorker(worker, takesWorkerIds)) ||
+          failed(defineWorkerPoolFunctions(
+              module, worker->getAttrOfType<StringAttr>("event.graph")
+                          .getValue())))
+        return signalPassFailure();
   }
 };
 } // namespace
