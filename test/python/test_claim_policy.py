@@ -96,12 +96,11 @@ def test_every_tile_runs_once_under_claim():
 @pytest.fixture
 def absent_worker(monkeypatch):
     """Runs on 2 workers start only worker 0: worker 1 never gets a core."""
-    calls_for = cpu_runtime._Workspace.calls_for
+    run = cpu_runtime.run_interruptible
 
-    def only_the_first(self, count):
-        calls = calls_for(self, count)
-        return calls[:1] if count == 2 else calls
-    monkeypatch.setattr(cpu_runtime._Workspace, "calls_for", only_the_first)
+    def only_the_first(entry, arguments, count, header, threads=None):
+        return run(entry, arguments, count, header, threads=1 if count == 2 else threads)
+    monkeypatch.setattr(cpu_runtime, "run_interruptible", only_the_first)
 
 
 def test_a_worker_that_never_runs_holds_back_nothing_under_claim(absent_worker):

@@ -49,7 +49,9 @@ FORMAT = "etc-artifact"
 #: instruction-set level, and the manifest's digest of itself.
 #: 4: CUDA workers take their tile scratch as dynamic shared memory
 #: (`KernelABI.shared_bytes`), which an older runtime would not give them.
-FORMAT_VERSION = 4
+#: 5: CPU code has the worker pool's entry points (`<g>_worker_packed`,
+#: `<g>_park`, `<g>_launch`), which the runtime's threads wait in.
+FORMAT_VERSION = 5
 MANIFEST = "etc-artifact.json"
 _CODE = {"cuda": "kernel.ptx", "cpu": "kernel.so"}
 

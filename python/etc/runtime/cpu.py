@@ -18,6 +18,12 @@ the buffer table (a pointer to the descriptor of a `memref<?xi64>`, see
 `memref<?xi32>`. The same ABI serves the static and the dynamic schedule:
 for the dynamic one the counter buffer also holds the task queue, pending
 counts and inverse indices, all sized by g_counters and filled by g_init.
+The workers run on the threads of `etc.runtime.workers`, which wait in
+native code between runs: they enter the worker through
+  g_worker_packed(arguments, worker_id, worker_count)
+(`arguments`: i64 words holding the worker's other arguments, the symbols
+and the descriptors' addresses), and wait in the program's `park` loop and
+are handed runs by its `launch` (lib/Conversion/EventToCPU/WorkerPool.h).
 The buffer ends with the run header (`etc.runtime.layout`): the runtime reads
 it after every run (the watchdog's record, the trace records), sets its
 status to stop the workers on Ctrl-C, and writes the spin budget before each
@@ -36,7 +42,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import lru_cache
 from types import SimpleNamespace
 
 import numpy as np
@@ -47,7 +53,7 @@ from ..binding import (bind_symbols, check_input_dtype, check_input_names, concr
 from ..packed import FORMATS
 from .ranges import check as check_index_ranges
 from . import aligned, isa, layout, workers
-from .workers import adapting_enabled
+from .workers import Entry, adapting_enabled
 from .abi import KernelABI
 from .program import ProgramRuntime
 from .trace import Trace
@@ -100,8 +106,12 @@ def _check_spin(value: int) -> int:
     return value
 
 
-#: The roles of the program's functions, as `KernelABI.function` names them.
-ROLES = ("counters", "init", "worker", "check")
+#: The roles of the program's functions that the runtime calls, as
+#: `KernelABI.function` names them.
+CALLS = ("counters", "init", "worker", "check")
+#: ... and all of them: also those through which the pool's threads run the
+#: workers (`workers.Entry`; lib/Conversion/EventToCPU/WorkerPool.h).
+ROLES = CALLS + ("worker_packed", "park", "launch")
 
 
 @lru_cache(maxsize=None)
@@ -234,7 +244,7 @@ class _Workspace:
     """What a run at one binding of the symbols needs besides the caller's
     arrays, kept for the next run at these sizes: the intermediates, the
     counter buffer, the buffer table (its address words for inputs and
-    outputs are filled per run) and the C arguments and worker calls that
+    outputs are filled per run) and the C arguments and argument block that
     point at them. Built once, a run only fills the table and zeroes the
     counters: at decode sizes building these took about as long (60-70 us
     after a run had flushed the caches) as a tenth of the run."""
@@ -266,32 +276,27 @@ class _Workspace:
         self._counters_desc = _descriptor(self.counters)
         self.counters_arg = ctypes.addressof(self._counters_desc)
         self.header = layout.header(self.counters)
-        self._worker = runtime._functions["worker"]
-        self._calls: dict[int, list] = {}
-        self.calls = self.calls_for(runtime.workers)
-
-    def calls_for(self, count: int) -> list:
-        """The worker calls of a run on `count` workers (the worker count is
-        a run-time argument of the program)."""
-        calls = self._calls.get(count)
-        if calls is None:
-            calls = self._calls[count] = [
-                partial(self._worker, *self.args, self.counters_arg, worker_id, count)
-                for worker_id in range(count)]
-        return calls
+        #: The packed worker's argument block: the worker's arguments
+        #: before its id and count (`WorkerPool.h`).
+        self.arguments = np.array([*self.args, self.counters_arg], np.int64)
+        self.arguments_address = self.arguments.ctypes.data
 
 
-def run_interruptible(calls: list, header: np.ndarray) -> None:
-    """Runs `calls` (one a worker) on the worker threads and waits for them.
+def run_interruptible(entry: Entry, arguments: int, count: int,
+                      header: np.ndarray, threads: int | None = None) -> None:
+    """Runs the program's `count` workers on the pool's threads (the packed
+    worker of `entry` with the argument block at the address `arguments`)
+    and waits for them; `threads` (default `count`) threads run worker ids
+    0, 1, ....
 
     Ctrl-C (or another exception from a signal handler) while the workers
     run: they write into the buffers and the counters until they return.
     The interrupted status in the run `header` makes every spin give up and
     every worker skip the tiles it has not started; this waits for them
     before the caller may let go of those buffers, then raises."""
-    run = workers.Run(len(calls))
+    run = workers.Run(count if threads is None else threads)
     try:
-        run.start(calls)
+        run.launch(entry, arguments, count)
         run.wait()
     except BaseException:
         header[layout.STATUS_WORD] = layout.INTERRUPTED
@@ -372,7 +377,10 @@ class CPURuntime(ProgramRuntime):
         isa.prepare(abi.isa)
         self._entry_points = entry_points
         self._functions = {role: _prototype(abi, role)(entry_points.addresses[role])
-                           for role in ROLES}
+                           for role in CALLS}
+        addresses = entry_points.addresses
+        self._pool_entry = Entry(addresses["worker_packed"], addresses["park"],
+                                 addresses["launch"], entry_points.owner)
         self._symbol_names = [arg.name for arg in self.arguments if arg.kind == "symbol"]
         # Each output's name and dtype, in `g.output` order.
         self._outputs = [(name, abi.argument(name).dtype) for name in abi.outputs]
@@ -546,14 +554,14 @@ class CPURuntime(ProgramRuntime):
         counters.fill(0)
         self._functions["init"](*args, workspace.counters_arg)
         workspace.header[layout.SPIN_MICROSECONDS_WORD] = self._spin
-        calls = workspace.calls_for(workers.run_workers(self.workers) if self.adapt_workers
-                                    else self.workers)
-        run_interruptible(calls, workspace.header)
+        count = workers.run_workers(self.workers) if self.adapt_workers else self.workers
+        run_interruptible(self._pool_entry, workspace.arguments_address, count,
+                          workspace.header)
         layout.check_header(self.abi, workspace.header)
         #: The number of workers the last run used (`adapt_workers`).
-        self.last_workers = len(calls)
+        self.last_workers = count
         if self.abi.trace:
-            self._trace = Trace.decode(self.abi, counters, len(calls))
+            self._trace = Trace.decode(self.abi, counters, count)
         layout.check_status(self.abi, self._functions["check"](*args, workspace.counters_arg))
         return outputs
 

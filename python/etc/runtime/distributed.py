@@ -42,7 +42,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from functools import partial
 
 import numpy as np
 
@@ -181,9 +180,8 @@ class _DistributedWorkspace:
         # One passive-target epoch on every rank for the window's lifetime.
         self.window.Lock_all(MPI.MODE_NOCHECK)
         self.header = layout.header(self.counters)
-        worker = runtime._functions["worker"]
-        self.calls = [partial(worker, *self.args, self.counters_arg, worker_id, runtime.workers)
-                      for worker_id in range(runtime.workers)]
+        #: The packed worker's argument block (see `cpu._Workspace`).
+        self.arguments = np.array([*self.args, self.counters_arg], np.int64)
 
     def free(self) -> None:
         """Frees the window (collective: every rank frees the same one)."""
@@ -359,7 +357,8 @@ class DistributedCPURuntime(Meetings, CPURuntime):
         workspace.window.Sync()
         # Every rank's counters hold their expected counts before any notify.
         self._barrier(f"initialise their counters for a run of {self.abi.name}")
-        run_interruptible(workspace.calls, workspace.header)
+        run_interruptible(self._pool_entry, workspace.arguments.ctypes.data, self.workers,
+                          workspace.header)
         self._finish(workspace.header)
         workspace.window.Sync()
         layout.check_status(self.abi, self._functions["check"](*args, workspace.counters_arg))

@@ -4,16 +4,38 @@ Starting a Python thread costs tens to hundreds of microseconds (the new
 thread must take the GIL to say it has started), and a run of a CPU program
 started one per worker: at decode sizes that was more than the program's
 own work (2 workers: 0.6 ms of thread starts for 0.8 ms of tiles on a 2-core
-machine). Instead, the process keeps idle worker threads, each parked on a
-lock; a run takes as many as it has workers, hands each its call, and
-waits for them; then they go back to the idle set for the next run of any
-program. Runs from several Python threads at once take disjoint workers
-(more threads are started when none is idle).
+machine). Instead, the process keeps idle worker threads; a run takes as
+many as it has workers, hands each its call, and waits for them; then they
+go back to the idle set for the next run of any program. Runs from several
+Python threads at once take disjoint workers (more threads are started when
+none is idle).
 
-Waits on the calling thread stay interruptible: a Ctrl-C while a run waits
-raises in the caller, which stops the workers' spins (see
-`CPURuntime.run`) and then waits for every worker's call to return with
-`finish`, so no worker writes into buffers its caller has let go of.
+Native hand-off: Python threads waking each other through locks (and the
+GIL each must take to return from one call and make the next) cost about
+110 us from a run's call to its first tile and 130 us from its last tile
+back to the caller, a quarter of a decode-shaped MLP's run. So the threads
+wait in native code: each thread has a *mailbox* and parks in the program's
+`_mlir_ciface_<g>_park` loop (lib/Conversion/EventToCPU/WorkerPool.h), and
+a run (`Run.launch`) writes the program's packed worker and its argument
+block into the mailboxes and calls the program's `launch`, which bumps each
+mailbox's generation (a futex wake for a thread that sleeps) and waits for
+the run's pending count to reach zero (a futex wait the last worker wakes),
+all with the GIL released: no Python code runs between the call and the
+first tile, nor between the last tile and the caller. The park loop and
+the launcher come with every lowered program (a saved artifact has them
+where only NumPy is installed) and are generic: a thread parked in one
+program's loop runs any program's workers, and keeps the code of the
+program it parked in alive (`Entry.owner`) for as long as it lives. Python
+callables (`Run.start`) still run on the same threads: a thread parked in
+native code is told to leave first. At exit every parked thread leaves, so
+that none is woken inside code that finalization has freed.
+
+Waits on the calling thread stay interruptible: the launcher waits for at
+most SLICE_NS at a time and returns to Python, which runs its signal
+handlers; a Ctrl-C while a run waits raises in the caller, which stops the
+workers' spins (see `CPURuntime.run`) and then waits for every worker's
+call to return with `finish`, so no worker writes into buffers its caller
+has let go of.
 
 Pinning: when a run is the only one in the process, has exactly as many
 workers as the process may use cores (it claims the machine), and nothing
@@ -50,11 +72,13 @@ Measured on the 135 M model's decode: 2 workers beside a busy process gave
 A child made by `os.fork` starts with no idle threads (the parent's are not
 copied).
 
-This module needs only the standard library.
+This module needs only the standard library (ctypes for the native calls).
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import itertools
 import os
 import threading
@@ -75,17 +99,91 @@ def adapting_enabled() -> bool:
     return os.environ.get("ETC_ADAPT_WORKERS", "1") != "0"
 
 
+# The mailbox and the run's done block, in bytes
+# (lib/Conversion/EventToCPU/WorkerPool.h; test_cpu_handoff.py checks that
+# they agree).
+GENERATION_OFFSET = 0
+SLEEPERS_OFFSET = 4
+SERVED_OFFSET = 8
+COMMAND_OFFSET = 12
+FUNCTION_OFFSET = 16
+ARGUMENTS_OFFSET = 24
+WORKER_OFFSET = 32
+WORKER_COUNT_OFFSET = 40
+RUN_OFFSET = 48
+IDLE_SPIN_OFFSET = 56
+MAILBOX_BYTES = 64
+COMMAND_RUN = 0
+COMMAND_LEAVE = 1
+PENDING_OFFSET = 0
+RUN_SLEEPERS_OFFSET = 4
+RUN_BYTES = 8
+
+#: Nanoseconds a launcher waits before it returns to Python, which then
+#: runs its signal handlers (Ctrl-C) and waits again.
+SLICE_NS = 10_000_000
+#: Nanoseconds the caller polls the run's pending count before it blocks.
+CALLER_SPIN_NS = 0
+#: Nanoseconds an idle thread polls its mailbox before it blocks.
+IDLE_SPIN_NS = 0
+
+
+class _Mailbox(ctypes.Structure):
+    _fields_ = [("generation", ctypes.c_int32), ("sleepers", ctypes.c_int32),
+                ("served", ctypes.c_int32), ("command", ctypes.c_int32),
+                ("function", ctypes.c_void_p), ("arguments", ctypes.c_void_p),
+                ("worker", ctypes.c_int64), ("worker_count", ctypes.c_int64),
+                ("run", ctypes.c_void_p), ("idle_spin", ctypes.c_int64)]
+
+
+_PARK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+#: launch(mailboxes, count, run, spin_ns, timeout_ns) -> the count left.
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                           ctypes.c_int64, ctypes.c_int64)
+
+
+class Entry:
+    """A program's native functions for the pool (WorkerPool.h): `worker`,
+    the address of its packed worker `void (arguments, id, count)`; `park`
+    and `launch`, the addresses of the pool's loop and launcher in the same
+    code (generic: any program's serve every program's workers); `owner`
+    keeps that code alive (the JIT engine, or the loaded library)."""
+
+    def __init__(self, worker: int, park: int, launch: int, owner: object):
+        self.worker = worker
+        self.park = _PARK(park)
+        self.launch = _LAUNCH(launch)
+        self.owner = owner
+
+
 class _Worker:
-    """One parked thread: `start(call, cores)` runs `call()` on it, on
-    `cores` (None: wherever the process may run)."""
+    """One parked thread. It waits either in Python (`_go`, for a Python
+    call or a park loop to enter) or in a native park loop (`entry`), for a
+    command in its mailbox."""
 
     def __init__(self, number: int):
         self._go = threading.Lock()
         self._go.acquire()
-        self._call: Callable[[], None] | None = None
-        self._cores: frozenset | None = None
+        #: Released when the thread has left a park loop.
+        self._left = threading.Lock()
+        self._left.acquire()
+        self._job: Callable[[], None] | Entry | None = None
+        # The mailbox on a cache line of its own, and on the next the done
+        # block of the runs this thread is the first of: it lives as long
+        # as the thread, since a worker may still read its sleepers word
+        # after the caller has seen the count reach zero and returned.
+        self._memory = ctypes.create_string_buffer(3 * MAILBOX_BYTES)
+        base = ctypes.addressof(self._memory)
+        self.address = (base + MAILBOX_BYTES - 1) // MAILBOX_BYTES * MAILBOX_BYTES
+        self.mailbox = _Mailbox.from_address(self.address)
+        self.run_block = (ctypes.c_int32 * 2).from_address(self.address + MAILBOX_BYTES)
+        #: The entry whose park loop the thread waits in (None: in Python).
+        self.entry: Entry | None = None
+        #: How many times the thread has entered a park loop (runs reach a
+        #: thread in one without Python).
+        self.parks = 0
         self.number = number
-        self.cpu_seconds = 0.0
+        self._cpu_seconds = 0.0
         #: The cores this thread is pinned to (None: not pinned).
         self.pinned: frozenset | None = None
         self.thread = threading.Thread(target=self._loop, name=f"{NAME}-{number}", daemon=True)
@@ -94,24 +192,71 @@ class _Worker:
     def _loop(self) -> None:
         while True:
             self._go.acquire()
-            call, self._call = self._call, None
-            if self._cores != self.pinned:
-                self._pin(self._cores)
-            call()
-            #: CPU seconds this thread has run (read by `OtherLoad`).
-            self.cpu_seconds = time.thread_time()
+            job, self._job = self._job, None
+            if isinstance(job, Entry):
+                # The GIL is released until a leave command: `job` keeps the
+                # loop's code alive meanwhile.
+                job.park(self.address)
+                self._left.release()
+            else:
+                job()
 
-    def _pin(self, cores: frozenset | None) -> None:
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU seconds this thread has run (read by `OtherLoad`)."""
         try:
-            # 0: this thread. Unpinning gives back the process's cores.
-            os.sched_setaffinity(0, cores if cores is not None else os.sched_getaffinity(os.getpid()))
+            self._cpu_seconds = time.clock_gettime(time.pthread_getcpuclockid(self.thread.ident))
+        except (AttributeError, OSError):  # no thread CPU clocks here
+            pass
+        return self._cpu_seconds
+
+    def pin(self, cores: frozenset | None) -> None:
+        """Lets the thread run on `cores` only (None: wherever the process
+        may run)."""
+        if cores == self.pinned:
+            return
+        try:
+            # Unpinning gives back the process's cores.
+            os.sched_setaffinity(self.thread.native_id,
+                                 cores if cores is not None else os.sched_getaffinity(os.getpid()))
             self.pinned = cores
         except OSError:  # a core taken away meanwhile: run wherever allowed
             self.pinned = None
 
-    def start(self, call: Callable[[], None], cores: frozenset | None = None) -> None:
-        self._call = call
-        self._cores = cores
+    def park(self, entry: Entry) -> None:
+        """Makes the thread wait for commands in its mailbox in a park loop
+        (`entry`'s, unless it waits in one already)."""
+        if self.entry is None:
+            self.entry = entry
+            self.parks += 1
+            self._job = entry
+            self._go.release()
+
+    def unpark(self) -> None:
+        """Brings the thread back to Python from its park loop (if it waits
+        in one), and waits until it is there (also through Ctrl-Cs, which
+        are raised afterwards: a thread told to leave must be seen to)."""
+        if self.entry is None:
+            return
+        self.mailbox.command = COMMAND_LEAVE
+        done = (ctypes.c_int32 * 2)()  # nobody pending: the launch returns at once
+        mailboxes = (ctypes.c_void_p * 1)(self.address)
+        self.entry.launch(mailboxes, 1, done, 0, 0)
+        interrupted = None
+        while True:
+            try:
+                self._left.acquire()
+                break
+            except KeyboardInterrupt as error:
+                interrupted = error
+        self.entry = None
+        if interrupted is not None:
+            raise interrupted
+
+    def start(self, call: Callable[[], None]) -> None:
+        """Runs the Python callable `call` on the thread."""
+        self.unpark()
+        self._job = call
         self._go.release()
 
 
@@ -312,6 +457,16 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_threads)
 
 
+@atexit.register
+def _unpark_idle_threads() -> None:
+    # Finalization frees the code the threads' park loops run in (a JIT
+    # engine): none may be woken inside it by a signal afterwards.
+    with _pool._lock:
+        idle = list(_pool._idle)
+    for worker in idle:
+        worker.unpark()
+
+
 def busy() -> int:
     """How many worker threads are running a call now (0 once every run
     has returned, interrupted or not)."""
@@ -349,11 +504,13 @@ def _cores_for(count: int) -> list:
 
 
 class Run:
-    """One run's calls, one per worker thread: `Run(count)` takes the
-    threads, `start(calls)` starts the calls, `wait` waits for all of them
-    (interruptible) and re-raises the first error a call raised, `finish`
-    waits after an interruption (not interruptible). Call `start` inside the
-    `try` whose handler calls `finish`: an interruption while the calls are
+    """One run on the worker threads: `Run(count)` takes `count` threads;
+    then either `launch` starts a program's workers on them (native: see
+    the module docstring) or `start(calls)` starts Python callables, one
+    per thread; `wait` waits for all of them (interruptible) and re-raises
+    the first error a Python call raised; `finish` waits after an
+    interruption (not interruptible). Call `launch` or `start` inside the
+    `try` whose handler calls `finish`: an interruption while the run is
     being started still leaves a run that `finish` can wait for."""
 
     def __init__(self, count: int):
@@ -363,21 +520,58 @@ class Run:
         # interruption cannot lose a count); only started calls count.
         self._remaining = 0
         self._errors: list[BaseException] = []
+        #: A native run's entry, the first mailbox's generation before the
+        #: launch and the count left.
+        self._entry: Entry | None = None
+        self._generation = 0
+        self._left = 0
         self._pool.caller()
         self._workers, self._alone = self._pool.take(count)
         self._given_back = False
+        #: A native run's done block (pending count, sleepers).
+        self._run_block = self._workers[0].run_block if self._workers else None
+
+    def _cores(self) -> list:
+        count = len(self._workers)
+        return _cores_for(count) if self._alone else [None] * count
+
+    def launch(self, entry: Entry, arguments: int, worker_count: int | None = None) -> None:
+        """Starts `entry`'s packed worker on every thread of the run, the
+        i-th with worker id i, reading its other arguments at the address
+        `arguments`; `worker_count` is the count the workers are told (by
+        default the run's thread count)."""
+        threads = len(self._workers)
+        count = threads if worker_count is None else worker_count
+        run_block = ctypes.addressof(self._run_block)
+        self._run_block[0] = threads
+        for index, (worker, cores) in enumerate(zip(self._workers, self._cores())):
+            worker.pin(cores)
+            worker.park(entry)
+            mailbox = worker.mailbox
+            mailbox.command = COMMAND_RUN
+            mailbox.function = entry.worker
+            mailbox.arguments = arguments
+            mailbox.worker = index
+            mailbox.worker_count = count
+            mailbox.run = run_block
+            mailbox.idle_spin = IDLE_SPIN_NS
+        mailboxes = (ctypes.c_void_p * threads)(*[worker.address for worker in self._workers])
+        self._entry = entry
+        self._generation = self._workers[0].mailbox.generation
+        self._left = entry.launch(mailboxes, threads, run_block, CALLER_SPIN_NS, SLICE_NS)
 
     def start(self, calls: Sequence[Callable[[], None]]) -> None:
+        """Starts the Python callables `calls`, one per thread."""
         if len(calls) != len(self._workers):
             raise ValueError(f"{len(calls)} calls for a run of {len(self._workers)} workers")
         count = len(calls)
-        cores = _cores_for(count) if self._alone else [None] * count
         with self._done:
             self._remaining = count
         started = 0
         try:
-            for worker, call, core in zip(self._workers, calls, cores):
-                worker.start(self._wrap(call), core)
+            for worker, call, cores in zip(self._workers, calls, self._cores()):
+                worker.pin(cores)
+                worker.start(self._wrap(call))
                 started += 1
         except BaseException:
             # Interrupted between starts: the calls not started never count
@@ -399,10 +593,23 @@ class Run:
                         self._done.notify()
         return run
 
+    def _launched(self) -> bool:
+        # Only a launch changes a mailbox's generation while a run holds it.
+        return self._entry is not None and \
+            self._workers[0].mailbox.generation != self._generation
+
+    def _wait_native(self) -> None:
+        while self._left:
+            self._left = self._entry.launch(None, 0, ctypes.addressof(self._run_block), 0,
+                                            SLICE_NS)
+
     def wait(self) -> None:
-        with self._done:
-            while self._remaining:
-                self._done.wait()
+        if self._entry is not None:
+            self._wait_native()
+        else:
+            with self._done:
+                while self._remaining:
+                    self._done.wait()
         self._give_back()
         if self._errors:
             raise self._errors[0]
@@ -412,9 +619,13 @@ class Run:
         buffers must outlive the calls."""
         while True:
             try:
-                with self._done:
-                    while self._remaining:
-                        self._done.wait()
+                if self._launched():
+                    self._left = 1  # the launcher's own (acquire) look decides
+                    self._wait_native()
+                elif self._entry is None:
+                    with self._done:
+                        while self._remaining:
+                            self._done.wait()
                 break
             except KeyboardInterrupt:
                 continue
@@ -423,7 +634,8 @@ class Run:
     def __del__(self) -> None:
         # A run dropped before its calls started (an interruption between
         # taking the threads and starting them): its threads are idle.
-        if not getattr(self, "_given_back", True) and not self._remaining:
+        if not getattr(self, "_given_back", True) and not self._remaining \
+                and not self._launched():
             self._give_back()
 
     def _give_back(self) -> None:

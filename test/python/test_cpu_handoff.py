@@ -1,0 +1,209 @@
+"""The CPU runtime's native hand-off (`etc.runtime.workers`): between runs
+the worker threads wait in the program's park loop, in native code, and a
+run reaches them through their mailboxes, with no Python code between the
+call and the tiles. The mailbox layout mirrors
+lib/Conversion/EventToCPU/WorkerPool.h."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlir import ir
+
+import etc
+from etc import pipeline
+from etc.compiler import compile_module
+from etc.runtime import layout, workers
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "kit"))
+from families import HANG, hang_signature  # noqa: E402
+
+
+def mlp(name: str = "mlp", hidden: int = 64, ffn: int = 96) -> etc.Graph:
+    g = etc.Graph(name)
+    B = g.symbol("B")
+    x = g.input("x", (B, hidden), "f32")
+    w1, w2 = g.input("w1", (hidden, ffn), "f32"), g.input("w2", (ffn, hidden), "f32")
+    g.output(g.matmul(g.silu(g.matmul(x, w1)), w2))
+    return g
+
+
+def mlp_inputs(batch: int, seed: int, hidden: int = 64, ffn: int = 96) -> dict:
+    rng = np.random.default_rng(seed)
+    return dict(x=rng.standard_normal((batch, hidden)).astype(np.float32),
+                w1=(rng.standard_normal((hidden, ffn)) * 0.1).astype(np.float32),
+                w2=(rng.standard_normal((ffn, hidden)) * 0.1).astype(np.float32))
+
+
+@pytest.fixture(scope="module")
+def mlp_kernel():
+    return etc.compile(mlp(), target="cpu", workers=2)
+
+
+def _idle_workers() -> list:
+    with workers._pool._lock:
+        return list(workers._pool._idle)
+
+
+def test_the_python_layout_mirrors_the_header():
+    """etc.runtime.workers must agree with WorkerPool.h, and its mailbox
+    structure with the offsets."""
+    header = (ROOT / "lib" / "Conversion" / "EventToCPU" / "WorkerPool.h").read_text()
+    constants = dict(re.findall(r"constexpr int(?:64|32)_t k(\w+) = (-?\d+);", header))
+    assert len(constants) == 16, constants
+    for name, value in constants.items():
+        python = re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper()
+        assert getattr(workers, python) == int(value), name
+    for field, *_ in workers._Mailbox._fields_:
+        assert getattr(workers._Mailbox, field).offset == getattr(workers, f"{field.upper()}_OFFSET")
+    assert ctypes.sizeof(workers._Mailbox) <= workers.MAILBOX_BYTES
+
+
+def test_the_lowered_program_has_the_pool_entry_points(mlp_kernel):
+    lowered = mlp_kernel.ir("lowered")
+    for name in ("_mlir_ciface_mlp_park", "_mlir_ciface_mlp_launch",
+                 "_mlir_ciface_mlp_worker_packed"):
+        assert re.search(rf"llvm\.func @{name}\(", lowered), name
+
+
+def test_workers_wait_in_native_code_between_runs(mlp_kernel):
+    """After the first run each worker thread entered the park loop once,
+    and many runs later it has not come back to Python; idle, the threads
+    block (they use no CPU time) instead of spinning."""
+    args = mlp_inputs(5, seed=1)
+    (want,) = etc.reference.evaluate(mlp(), **args)
+    mlp_kernel.runtime.adapt_workers = False
+    mlp_kernel.run(**args)
+    parked = {worker: worker.parks for worker in _idle_workers() if worker.entry is not None}
+    assert len(parked) >= 2
+    for _ in range(300):
+        (got,) = mlp_kernel.run(**args)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert {worker: worker.parks for worker in parked} == parked
+    assert workers.busy() == 0
+    before = {worker: worker.cpu_seconds for worker in parked}
+    time.sleep(0.3)
+    spent = max(worker.cpu_seconds - before[worker] for worker in parked)
+    assert spent < 0.05, f"an idle worker thread ran {spent:.3f} s in 0.3 s"
+
+
+def test_runs_from_two_threads_on_two_kernels(mlp_kernel):
+    """Two Python threads run two kernels at once, many times: each run
+    takes its own threads, and every result is right."""
+    other = etc.compile(mlp("other", hidden=32, ffn=48), target="cpu", workers=3)
+    jobs = [(mlp_kernel, mlp(), mlp_inputs(3, seed=2)),
+            (other, mlp("other", hidden=32, ffn=48), mlp_inputs(7, seed=3, hidden=32, ffn=48))]
+    failures: list = []
+
+    def runs(kernel, graph, args):
+        try:
+            (want,) = etc.reference.evaluate(graph, **args)
+            for _ in range(100):
+                (got,) = kernel.run(**args)
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        except BaseException as error:  # reported below
+            failures.append(error)
+
+    threads = [threading.Thread(target=runs, args=job) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[0]
+    assert workers.busy() == 0
+
+
+def test_python_calls_and_native_runs_share_the_threads(mlp_kernel):
+    """A Python call on a thread parked in native code brings it back to
+    Python first; the next native run parks it again."""
+    args = mlp_inputs(4, seed=4)
+    (want,) = etc.reference.evaluate(mlp(), **args)
+    mlp_kernel.runtime.adapt_workers = False
+    mlp_kernel.run(**args)
+    seen: list = []
+    run = workers.Run(2)
+    run.start([lambda: seen.append(threading.get_ident())] * 2)
+    run.wait()
+    assert len(seen) == 2
+    (got,) = mlp_kernel.run(**args)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert workers.busy() == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning needs Linux sched_setaffinity and at least 2 usable cores")
+def test_a_run_alone_on_every_core_pins_its_parked_threads(monkeypatch):
+    """The caller pins the threads parked in native code (they run no
+    Python to pin themselves): one per core for a run alone with as many
+    workers as cores on an idle machine, and unpinned otherwise."""
+    monkeypatch.delenv("ETC_PIN_WORKERS", raising=False)
+    monkeypatch.setattr(workers._pool.others, "busy", lambda cores: False)
+    cores = sorted(os.sched_getaffinity(0))
+    kernel = etc.compile(mlp("pinned"), target="cpu", workers=len(cores))
+    kernel.runtime.adapt_workers = False
+    args = mlp_inputs(3, seed=6)
+
+    def masks() -> list:
+        # A run alone takes the lowest-numbered idle threads.
+        threads = sorted(_idle_workers(), key=lambda worker: worker.number)[:len(cores)]
+        assert all(worker.entry is not None for worker in threads)
+        return [frozenset(os.sched_getaffinity(worker.thread.native_id)) for worker in threads]
+    kernel.run(**args)
+    assert masks() == [frozenset({core}) for core in cores]
+    monkeypatch.setattr(workers._pool.others, "busy", lambda cores: True)
+    (got,) = kernel.run(**args)
+    assert masks() == [frozenset(cores)] * len(cores)
+    np.testing.assert_allclose(got, etc.reference.evaluate(mlp("pinned"), **args)[0],
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_watchdog_error_leaves_the_threads_parked(mlp_kernel):
+    options = pipeline.Options(target="cpu", workers=2, watchdog=0.3)
+    module = ir.Module.parse(HANG, ir.Context())
+    pipeline.run_stage(module, "scheduled",
+                       "builtin.module(event-static-schedule{workers=2 check=false})")
+    hanging = compile_module(module, hang_signature(), options, stage="scheduled")
+    hanging.runtime.adapt_workers = False
+    with pytest.raises(layout.WatchdogError, match="hang: watchdog: task"):
+        hanging.run(x=np.ones(8, np.float32))
+    assert workers.busy() == 0
+    args = mlp_inputs(2, seed=5)
+    (got,) = mlp_kernel.run(**args)
+    np.testing.assert_allclose(got, etc.reference.evaluate(mlp(), **args)[0], rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_parked_threads_leave_at_exit():
+    """At exit every idle thread leaves its park loop (finalization frees
+    the JIT code it waits in); the process exits cleanly."""
+    script = r"""
+import numpy as np
+import etc
+from etc.runtime import workers
+g = etc.Graph("exit")
+B = g.symbol("B")
+x = g.input("x", (B, 32))
+g.output(g.exp(x))
+kernel = etc.compile(g, target="cpu", workers=2)
+kernel.runtime.adapt_workers = False
+kernel.run(x=np.zeros((3, 32), np.float32))
+idle = list(workers._pool._idle)
+assert idle and all(w.entry is not None for w in idle)
+workers._unpark_idle_threads()
+assert all(w.entry is None for w in idle)
+kernel.run(x=np.zeros((3, 32), np.float32))  # parked again
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stdout + proc.stderr
