@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -103,23 +104,16 @@ def test_runs_from_two_threads_on_two_kernels(mlp_kernel):
     other = etc.compile(mlp("other", hidden=32, ffn=48), target="cpu", workers=3)
     jobs = [(mlp_kernel, mlp(), mlp_inputs(3, seed=2)),
             (other, mlp("other", hidden=32, ffn=48), mlp_inputs(7, seed=3, hidden=32, ffn=48))]
-    failures: list = []
 
     def runs(kernel, graph, args):
-        try:
-            (want,) = etc.reference.evaluate(graph, **args)
-            for _ in range(100):
-                (got,) = kernel.run(**args)
-                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-        except BaseException as error:  # reported below
-            failures.append(error)
+        (want,) = etc.reference.evaluate(graph, **args)
+        for _ in range(100):
+            (got,) = kernel.run(**args)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
-    threads = [threading.Thread(target=runs, args=job) for job in jobs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not failures, failures[0]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        for future in [pool.submit(runs, *job) for job in jobs]:
+            future.result()
     assert workers.busy() == 0
 
 
