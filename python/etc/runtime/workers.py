@@ -145,9 +145,9 @@ _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctyp
 class Entry:
     """A program's native functions for the pool (WorkerPool.h): `worker`,
     the address of its packed worker `void (arguments, id, count)`; `park`
-    and `launch`, the addresses of the pool's loop and launcher in the same
-    code (generic: any program's serve every program's workers); `owner`
-    keeps that code alive (the JIT engine, or the loaded library)."""
+    and `launch`, the pool's loop and launcher in the same code (generic:
+    one program's run every program's workers); `owner` keeps that code
+    alive (the JIT engine, or the loaded library)."""
 
     def __init__(self, worker: int, park: int, launch: int, owner: object):
         self.worker = worker
@@ -176,7 +176,8 @@ class _Worker:
         base = ctypes.addressof(self._memory)
         self.address = (base + MAILBOX_BYTES - 1) // MAILBOX_BYTES * MAILBOX_BYTES
         self.mailbox = _Mailbox.from_address(self.address)
-        self.run_block = (ctypes.c_int32 * 2).from_address(self.address + MAILBOX_BYTES)
+        self.run_block_address = self.address + MAILBOX_BYTES
+        self.run_block = (ctypes.c_int32 * 2).from_address(self.run_block_address)
         #: The entry whose park loop the thread waits in (None: in Python).
         self.entry: Entry | None = None
         #: How many times the thread has entered a park loop (runs reach a
@@ -515,7 +516,8 @@ class Run:
 
     def __init__(self, count: int):
         self._pool = _pool
-        self._done = threading.Condition(threading.Lock())
+        #: Python calls' completion (made by `start`: a native run needs none).
+        self._done: threading.Condition | None = None
         # Counted down by the workers (not by the waiting thread, so that an
         # interruption cannot lose a count); only started calls count.
         self._remaining = 0
@@ -528,8 +530,9 @@ class Run:
         self._pool.caller()
         self._workers, self._alone = self._pool.take(count)
         self._given_back = False
-        #: A native run's done block (pending count, sleepers).
+        #: A native run's done block (pending count, sleepers) and its address.
         self._run_block = self._workers[0].run_block if self._workers else None
+        self._run_block_address = self._workers[0].run_block_address if self._workers else 0
 
     def _cores(self) -> list:
         count = len(self._workers)
@@ -542,7 +545,7 @@ class Run:
         default the run's thread count)."""
         threads = len(self._workers)
         count = threads if worker_count is None else worker_count
-        run_block = ctypes.addressof(self._run_block)
+        run_block = self._run_block_address
         self._run_block[0] = threads
         for index, (worker, cores) in enumerate(zip(self._workers, self._cores())):
             worker.pin(cores)
@@ -565,6 +568,7 @@ class Run:
         if len(calls) != len(self._workers):
             raise ValueError(f"{len(calls)} calls for a run of {len(self._workers)} workers")
         count = len(calls)
+        self._done = threading.Condition(threading.Lock())
         with self._done:
             self._remaining = count
         started = 0
@@ -600,13 +604,12 @@ class Run:
 
     def _wait_native(self) -> None:
         while self._left:
-            self._left = self._entry.launch(None, 0, ctypes.addressof(self._run_block), 0,
-                                            SLICE_NS)
+            self._left = self._entry.launch(None, 0, self._run_block_address, 0, SLICE_NS)
 
     def wait(self) -> None:
         if self._entry is not None:
             self._wait_native()
-        else:
+        elif self._done is not None:
             with self._done:
                 while self._remaining:
                     self._done.wait()
@@ -622,7 +625,7 @@ class Run:
                 if self._launched():
                     self._left = 1  # the launcher's own (acquire) look decides
                     self._wait_native()
-                elif self._entry is None:
+                elif self._done is not None:
                     with self._done:
                         while self._remaining:
                             self._done.wait()
