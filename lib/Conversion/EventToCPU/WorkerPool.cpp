@@ -194,12 +194,13 @@ static LogicalResult definePark(ModuleOp module, StringRef graph) {
                            {e.pointer, e.i64, e.i64}),
                        ValueRange{function, arguments, worker, workers});
   // The mailbox may be written for the next run as soon as the count is
-  // zero: everything needed after it was read before.
+  // zero: everything needed after it was read before. The last thread and
+  // the one before it wake the launcher (the launcher polls for the last).
   Value pending = e.at(done, kPendingOffset);
   Value before = e.add(pending, -1);
   LLVM::CondBrOp::create(
       b, e.loc,
-      e.compare(LLVM::ICmpPredicate::eq, before, e.constant(e.i32, 1)), last,
+      e.compare(LLVM::ICmpPredicate::sle, before, e.constant(e.i32, 2)), last,
       await);
 
   b.setInsertionPointToStart(last);
@@ -210,15 +211,16 @@ static LogicalResult definePark(ModuleOp module, StringRef graph) {
   return success();
 }
 
-/// `@_mlir_ciface_<graph>_launch(mailboxes, count, run, spinNs, timeoutNs)`:
-/// see WorkerPool.h.
+/// `@_mlir_ciface_<graph>_launch(mailboxes, count, run, spinNs, timeoutNs,
+/// command, function, arguments, workerCount)`: see WorkerPool.h.
 static LogicalResult defineLaunch(ModuleOp module, StringRef graph) {
   MLIRContext *ctx = module.getContext();
   OpBuilder b(ctx);
   Emitter e(b, module.getLoc());
   FailureOr<LLVM::LLVMFuncOp> launch = createFunction(
       module, ("_mlir_ciface_" + graph + "_launch").str(), e.i32,
-      {e.pointer, e.i64, e.pointer, e.i64, e.i64});
+      {e.pointer, e.i64, e.pointer, e.i64, e.i64, e.i32, e.pointer, e.pointer,
+       e.i64});
   if (failed(launch))
     return failure();
   if (!*launch)
@@ -230,22 +232,26 @@ static LogicalResult defineLaunch(ModuleOp module, StringRef graph) {
   Block *next = &body.emplaceBlock();
   next->addArgument(e.i64, e.loc);
   Block *started = &body.emplaceBlock();
+  // The last count seen and when it was first seen.
   Block *poll = &body.emplaceBlock();
+  poll->addArguments({e.i32, e.i64}, {e.loc, e.loc});
   Block *busy = &body.emplaceBlock();
-  Block *spin = &body.emplaceBlock();
   Block *block = &body.emplaceBlock();
   Block *out = &body.emplaceBlock();
   out->addArgument(e.i32, e.loc);
   Value mailboxes = entry->getArgument(0), count = entry->getArgument(1);
   Value done = entry->getArgument(2), spinNs = entry->getArgument(3);
-  Value timeoutNs = entry->getArgument(4);
+  Value timeoutNs = entry->getArgument(4), command = entry->getArgument(5);
+  Value function = entry->getArgument(6), arguments = entry->getArgument(7);
+  Value workers = entry->getArgument(8);
 
   b.setInsertionPointToStart(entry);
   Value zero = e.constant(e.i64, 0);
   LLVM::BrOp::create(b, e.loc, ValueRange{zero}, next);
 
-  // Hands the command of each mailbox over: the bump orders the mailbox's
-  // words before it for the thread, which loads the generation with acquire.
+  // Writes each mailbox's command and bumps its generation, which orders
+  // the words before it for the thread (it loads the generation with
+  // acquire).
   b.setInsertionPointToStart(next);
   Value index = next->getArgument(0);
   LLVM::CondBrOp::create(b, e.loc,
@@ -253,9 +259,16 @@ static LogicalResult defineLaunch(ModuleOp module, StringRef graph) {
                          bump, ValueRange{index}, started, ValueRange{});
 
   b.setInsertionPointToStart(bump);
+  Value worker = bump->getArgument(0);
   Value slot = LLVM::GEPOp::create(b, e.loc, e.pointer, e.pointer, mailboxes,
-                                   ArrayRef<LLVM::GEPArg>{bump->getArgument(0)});
+                                   ArrayRef<LLVM::GEPArg>{worker});
   Value mailbox = e.load(e.pointer, slot);
+  e.store(command, e.at(mailbox, kCommandOffset));
+  e.store(function, e.at(mailbox, kFunctionOffset));
+  e.store(arguments, e.at(mailbox, kArgumentsOffset));
+  e.store(worker, e.at(mailbox, kWorkerOffset));
+  e.store(workers, e.at(mailbox, kWorkerCountOffset));
+  e.store(done, e.at(mailbox, kRunOffset));
   Value generation = e.at(mailbox, kGenerationOffset);
   e.add(generation, 1);
   Block *following = &body.emplaceBlock();
@@ -263,37 +276,46 @@ static LogicalResult defineLaunch(ModuleOp module, StringRef graph) {
   b.setInsertionPointToStart(following);
   LLVM::BrOp::create(
       b, e.loc,
-      ValueRange{LLVM::AddOp::create(b, e.loc, bump->getArgument(0),
-                                     e.constant(e.i64, 1))},
+      ValueRange{LLVM::AddOp::create(b, e.loc, worker, e.constant(e.i64, 1))},
       next);
 
-  // Waits for the run's pending count to reach zero.
+  // Waits for the run's pending count to reach zero: blocks while more
+  // than one thread runs, and polls for `spinNs` once only one does (the
+  // one before it wakes the launcher for that).
   b.setInsertionPointToStart(started);
   Value pending = e.at(done, kPendingOffset);
   Value start = e.clock();
-  LLVM::BrOp::create(b, e.loc, poll);
+  LLVM::BrOp::create(b, e.loc, ValueRange{e.constant(e.i32, -1), start}, poll);
 
   b.setInsertionPointToStart(poll);
+  Value seen = poll->getArgument(0), since = poll->getArgument(1);
   Value left = e.load(e.i32, pending, LLVM::AtomicOrdering::acquire);
   LLVM::CondBrOp::create(
       b, e.loc, e.compare(LLVM::ICmpPredicate::eq, left, e.constant(e.i32, 0)),
       out, ValueRange{left}, busy, ValueRange{});
 
   b.setInsertionPointToStart(busy);
-  Value elapsed = LLVM::SubOp::create(b, e.loc, e.clock(), start);
+  Value now = e.clock();
+  Value elapsed = LLVM::SubOp::create(b, e.loc, now, start);
+  Block *wait = &body.emplaceBlock();
   LLVM::CondBrOp::create(
       b, e.loc, e.compare(LLVM::ICmpPredicate::sge, elapsed, timeoutNs), out,
-      ValueRange{left}, spin, ValueRange{});
-
-  b.setInsertionPointToStart(spin);
-  LLVM::CondBrOp::create(b, e.loc,
-                         e.compare(LLVM::ICmpPredicate::sge, elapsed, spinNs),
-                         block, poll);
+      ValueRange{left}, wait, ValueRange{});
+  b.setInsertionPointToStart(wait);
+  Value changed = e.compare(LLVM::ICmpPredicate::ne, left, seen);
+  Value from = LLVM::SelectOp::create(b, e.loc, changed, now, since);
+  Value last = e.compare(LLVM::ICmpPredicate::eq, left, e.constant(e.i32, 1));
+  Value polling = LLVM::AndOp::create(
+      b, e.loc, last,
+      e.compare(LLVM::ICmpPredicate::slt,
+                LLVM::SubOp::create(b, e.loc, now, from), spinNs));
+  LLVM::CondBrOp::create(b, e.loc, polling, poll, ValueRange{left, from},
+                         block, ValueRange{});
 
   b.setInsertionPointToStart(block);
   e.sleep(pending, left, e.at(done, kRunSleepersOffset),
           LLVM::SubOp::create(b, e.loc, timeoutNs, elapsed));
-  LLVM::BrOp::create(b, e.loc, poll);
+  LLVM::BrOp::create(b, e.loc, ValueRange{left, from}, poll);
 
   b.setInsertionPointToStart(out);
   LLVM::ReturnOp::create(b, e.loc, out->getArgument(0));

@@ -72,17 +72,22 @@ namespace etc {
 ///     a pool thread's loop: waits for a new generation of its mailbox
 ///     (polling for the mailbox's idle spin, then blocking in futex waits
 ///     through `@__etc_sleep`), returns on kCommandLeave, and otherwise calls
-///     the packed worker with its arguments, decrements the run's pending
-///     count and wakes the launcher if it took the count to zero and the
-///     launcher sleeps;
+///     the packed worker with its arguments and decrements the run's
+///     pending count; the thread that takes it to one or to zero wakes the
+///     launcher if it sleeps;
 ///
 ///   llvm.func @_mlir_ciface_<graph>_launch(%mailboxes: !llvm.ptr,
-///       %count: i64, %run: !llvm.ptr, %spinNs: i64, %timeoutNs: i64) -> i32
-///     bumps the generation of each of the `count` mailboxes whose addresses
-///     `mailboxes` lists (waking the threads that sleep), then waits until
-///     the run's pending count is zero: polls for `spinNs`, then blocks,
-///     for at most `timeoutNs` in all; returns the count left (0: done), so
-///     that the caller can look at its signals and wait again.
+///       %count: i64, %run: !llvm.ptr, %spinNs: i64, %timeoutNs: i64,
+///       %command: i32, %function: !llvm.ptr, %arguments: !llvm.ptr,
+///       %workerCount: i64) -> i32
+///     writes the command into each of the `count` mailboxes whose
+///     addresses `mailboxes` lists (the i-th gets worker id i, the worker
+///     count, the function, its arguments and the run's done block) and
+///     bumps its generation (waking the thread if it sleeps), then waits
+///     until the run's pending count is zero: it blocks while more than one
+///     thread runs and polls for `spinNs` once one does, for at most
+///     `timeoutNs` in all; returns the count left (0: done), so that the
+///     caller can look at its signals and wait again (`count` 0: only wait).
 ///
 /// Also defines the clock and the futex functions they call.
 mlir::LogicalResult defineWorkerPoolFunctions(mlir::ModuleOp module,

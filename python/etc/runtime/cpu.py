@@ -282,12 +282,13 @@ class _Workspace:
         self.arguments_address = self.arguments.ctypes.data
 
 
-def run_interruptible(entry: Entry, arguments: int, count: int,
-                      header: np.ndarray, threads: int | None = None) -> None:
+def run_interruptible(entry: Entry, arguments: int, count: int, header: np.ndarray,
+                      spin_microseconds: int = DEFAULT_SPIN_MICROSECONDS,
+                      threads: int | None = None) -> None:
     """Runs the program's `count` workers on the pool's threads (the packed
     worker of `entry` with the argument block at the address `arguments`)
-    and waits for them; `threads` (default `count`) threads run worker ids
-    0, 1, ....
+    and waits for them, polling for `spin_microseconds` once one thread is
+    left; `threads` (default `count`) threads run worker ids 0, 1, ....
 
     Ctrl-C (or another exception from a signal handler) while the workers
     run: they write into the buffers and the counters until they return.
@@ -296,7 +297,7 @@ def run_interruptible(entry: Entry, arguments: int, count: int,
     before the caller may let go of those buffers, then raises."""
     run = workers.Run(count if threads is None else threads)
     try:
-        run.launch(entry, arguments, count)
+        run.launch(entry, arguments, count, spin_microseconds * 1000)
         run.wait()
     except BaseException:
         header[layout.STATUS_WORD] = layout.INTERRUPTED
@@ -556,7 +557,7 @@ class CPURuntime(ProgramRuntime):
         workspace.header[layout.SPIN_MICROSECONDS_WORD] = self._spin
         count = workers.run_workers(self.workers) if self.adapt_workers else self.workers
         run_interruptible(self._pool_entry, workspace.arguments_address, count,
-                          workspace.header)
+                          workspace.header, self._spin)
         layout.check_header(self.abi, workspace.header)
         #: The number of workers the last run used (`adapt_workers`).
         self.last_workers = count

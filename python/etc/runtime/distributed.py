@@ -358,7 +358,7 @@ class DistributedCPURuntime(Meetings, CPURuntime):
         # Every rank's counters hold their expected counts before any notify.
         self._barrier(f"initialise their counters for a run of {self.abi.name}")
         run_interruptible(self._pool_entry, workspace.arguments.ctypes.data, self.workers,
-                          workspace.header)
+                          workspace.header, self._spin)
         self._finish(workspace.header)
         workspace.window.Sync()
         layout.check_status(self.abi, self._functions["check"](*args, workspace.counters_arg))

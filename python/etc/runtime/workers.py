@@ -122,8 +122,6 @@ RUN_BYTES = 8
 #: Nanoseconds a launcher waits before it returns to Python, which then
 #: runs its signal handlers (Ctrl-C) and waits again.
 SLICE_NS = 10_000_000
-#: Nanoseconds the caller polls the run's pending count before it blocks.
-CALLER_SPIN_NS = 0
 #: Nanoseconds an idle thread polls its mailbox before it blocks.
 IDLE_SPIN_NS = 0
 
@@ -137,9 +135,11 @@ class _Mailbox(ctypes.Structure):
 
 
 _PARK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-#: launch(mailboxes, count, run, spin_ns, timeout_ns) -> the count left.
+#: launch(mailboxes, count, run, spin_ns, timeout_ns, command, function,
+#: arguments, worker_count) -> the count left.
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                           ctypes.c_int64, ctypes.c_int64)
+                           ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
+                           ctypes.c_void_p, ctypes.c_int64)
 
 
 class Entry:
@@ -178,6 +178,7 @@ class _Worker:
         self.mailbox = _Mailbox.from_address(self.address)
         self.run_block_address = self.address + MAILBOX_BYTES
         self.run_block = (ctypes.c_int32 * 2).from_address(self.run_block_address)
+        self.mailbox.idle_spin = IDLE_SPIN_NS
         #: The entry whose park loop the thread waits in (None: in Python).
         self.entry: Entry | None = None
         #: How many times the thread has entered a park loop (runs reach a
@@ -239,10 +240,9 @@ class _Worker:
         are raised afterwards: a thread told to leave must be seen to)."""
         if self.entry is None:
             return
-        self.mailbox.command = COMMAND_LEAVE
         done = (ctypes.c_int32 * 2)()  # nobody pending: the launch returns at once
         mailboxes = (ctypes.c_void_p * 1)(self.address)
-        self.entry.launch(mailboxes, 1, done, 0, 0)
+        self.entry.launch(mailboxes, 1, done, 0, 0, COMMAND_LEAVE, None, None, 0)
         interrupted = None
         while True:
             try:
@@ -538,30 +538,25 @@ class Run:
         count = len(self._workers)
         return _cores_for(count) if self._alone else [None] * count
 
-    def launch(self, entry: Entry, arguments: int, worker_count: int | None = None) -> None:
+    def launch(self, entry: Entry, arguments: int, worker_count: int | None = None,
+               spin_ns: int = 0) -> None:
         """Starts `entry`'s packed worker on every thread of the run, the
         i-th with worker id i, reading its other arguments at the address
         `arguments`; `worker_count` is the count the workers are told (by
-        default the run's thread count)."""
+        default the run's thread count). Once one thread is left, the caller
+        polls for its end for `spin_ns` before it blocks."""
         threads = len(self._workers)
         count = threads if worker_count is None else worker_count
-        run_block = self._run_block_address
         self._run_block[0] = threads
-        for index, (worker, cores) in enumerate(zip(self._workers, self._cores())):
+        for worker, cores in zip(self._workers, self._cores()):
             worker.pin(cores)
             worker.park(entry)
-            mailbox = worker.mailbox
-            mailbox.command = COMMAND_RUN
-            mailbox.function = entry.worker
-            mailbox.arguments = arguments
-            mailbox.worker = index
-            mailbox.worker_count = count
-            mailbox.run = run_block
-            mailbox.idle_spin = IDLE_SPIN_NS
         mailboxes = (ctypes.c_void_p * threads)(*[worker.address for worker in self._workers])
         self._entry = entry
         self._generation = self._workers[0].mailbox.generation
-        self._left = entry.launch(mailboxes, threads, run_block, CALLER_SPIN_NS, SLICE_NS)
+        self._left = entry.launch(mailboxes, threads, self._run_block_address,
+                                  spin_ns if threads > 1 else 0, SLICE_NS, COMMAND_RUN,
+                                  entry.worker, arguments, count)
 
     def start(self, calls: Sequence[Callable[[], None]]) -> None:
         """Starts the Python callables `calls`, one per thread."""
@@ -604,7 +599,8 @@ class Run:
 
     def _wait_native(self) -> None:
         while self._left:
-            self._left = self._entry.launch(None, 0, self._run_block_address, 0, SLICE_NS)
+            self._left = self._entry.launch(None, 0, self._run_block_address, 0, SLICE_NS,
+                                            COMMAND_RUN, None, None, 0)
 
     def wait(self) -> None:
         if self._entry is not None:

@@ -8,10 +8,12 @@
 // waits for a new generation of its mailbox (an acquire load, then
 // @__etc_sleep on it), leaves on command 1, and otherwise calls the packed
 // worker its mailbox names and counts itself done (a seq_cst decrement),
-// waking the launcher if it was the last and the launcher sleeps; the
-// launcher bumps each mailbox's generation (seq_cst), wakes the thread if it
-// sleeps, then polls the pending count, sleeps on it after its spin and
-// returns what is left after the timeout.
+// waking the launcher if it left one thread or none and the launcher
+// sleeps; the launcher writes each mailbox's command, function, arguments,
+// worker id and count and done block, bumps its generation (seq_cst), wakes
+// the thread if it sleeps, then polls the pending count, sleeps on it unless
+// one thread is left and it has polled for less than its spin, and returns
+// what is left after the timeout.
 
 // CHECK-LABEL: func.func @g_worker_packed(
 // CHECK-SAME:      %[[ARGS:[^:]*]]: !llvm.ptr, %[[ID:[^:]*]]: index, %[[COUNT:[^:]*]]: index)
@@ -53,24 +55,36 @@
 // CHECK:         llvm.call %[[FUNCTION]](%{{.*}}, %{{.*}}, %{{.*}}) : !llvm.ptr, (!llvm.ptr, i64, i64) -> ()
 // CHECK:         %[[PENDING:.*]] = llvm.getelementptr %[[DONE]][0]
 // CHECK:         %[[BEFORE:.*]] = llvm.atomicrmw add %[[PENDING]], %{{.*}} seq_cst
-// CHECK:         llvm.icmp "eq" %[[BEFORE]], %{{.*}} : i32
+// CHECK:         %[[TWO:.*]] = llvm.mlir.constant(2 : i32) : i32
+// CHECK:         llvm.icmp "sle" %[[BEFORE]], %[[TWO]] : i32
 // CHECK:         llvm.getelementptr %[[DONE]][4]
 // CHECK:         llvm.load %{{.*}} atomic seq_cst
 // CHECK:         llvm.return
 // CHECK:         llvm.call @__etc_wake(%[[PENDING]])
 
 // CHECK-LABEL: llvm.func @_mlir_ciface_g_launch(
-// CHECK-SAME:      %[[MAILBOXES:[^:]*]]: !llvm.ptr, %[[THREADS:[^:]*]]: i64, %[[BLOCK:[^:]*]]: !llvm.ptr, %[[SPIN:[^:]*]]: i64, %[[TIMEOUT:[^:]*]]: i64) -> i32
-// CHECK:         llvm.getelementptr %[[MAILBOXES]][%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, !llvm.ptr
+// CHECK-SAME:      %[[MAILBOXES:[^:]*]]: !llvm.ptr, %[[THREADS:[^:]*]]: i64, %[[BLOCK:[^:]*]]: !llvm.ptr, %[[SPIN:[^:]*]]: i64, %[[TIMEOUT:[^:]*]]: i64, %[[COMMAND_IN:[^:]*]]: i32, %[[FUNCTION_IN:[^:]*]]: !llvm.ptr, %[[ARGUMENTS_IN:[^:]*]]: !llvm.ptr, %[[COUNT_IN:[^:]*]]: i64) -> i32
+// CHECK:       ^[[BUMP:bb[0-9]+]](%[[ID_IN:.*]]: i64):
+// CHECK:         %[[BOX_AT:.*]] = llvm.getelementptr %[[MAILBOXES]][%[[ID_IN]]] : (!llvm.ptr, i64) -> !llvm.ptr, !llvm.ptr
+// CHECK:         %[[BOX:.*]] = llvm.load %[[BOX_AT]]
+// CHECK:         llvm.store %[[COMMAND_IN]], %{{.*}} {alignment = 4 : i64} : i32, !llvm.ptr
+// CHECK:         llvm.store %[[FUNCTION_IN]],
+// CHECK:         llvm.store %[[ARGUMENTS_IN]],
+// CHECK:         llvm.store %[[ID_IN]],
+// CHECK:         llvm.store %[[COUNT_IN]],
+// CHECK:         llvm.store %[[BLOCK]],
 // CHECK:         llvm.atomicrmw add %{{.*}}, %{{.*}} seq_cst
 // CHECK:         llvm.load %{{.*}} atomic seq_cst
 // CHECK:         llvm.icmp "slt" %{{.*}}, %[[THREADS]] : i64
 // CHECK:         %[[LEFT:.*]] = llvm.load %{{.*}} atomic acquire {alignment = 4 : i64} : !llvm.ptr -> i32
 // CHECK:         llvm.icmp "sge" %{{.*}}, %[[TIMEOUT]] : i64
-// CHECK:         llvm.icmp "sge" %{{.*}}, %[[SPIN]] : i64
 // CHECK:         llvm.call @__etc_sleep(%{{.*}}, %[[LEFT]], %{{.*}}, %{{.*}})
 // CHECK:         llvm.return %{{.*}} : i32
 // CHECK:         llvm.call @__etc_wake(
+// CHECK:         %[[CHANGED:.*]] = llvm.icmp "ne" %[[LEFT]], %{{.*}} : i32
+// CHECK:         %[[ONE_LEFT:.*]] = llvm.icmp "eq" %[[LEFT]], %{{.*}} : i32
+// CHECK:         %[[SPUN:.*]] = llvm.icmp "slt" %{{.*}}, %[[SPIN]] : i64
+// CHECK:         llvm.and %[[ONE_LEFT]], %[[SPUN]] : i1
 
 // Once lowered, the memref casts cancel out: the packed worker unpacks the
 // descriptors it loaded into the worker's arguments.
