@@ -276,6 +276,8 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                         max_tokens: Optional[int], chat: bool, parser: Optional[str] = None):
         if app.state.closing:
             raise APIError(503, SHUTTING_DOWN, None, kind="service_unavailable")
+        if not engine.running:  # its thread died: no step would ever come
+            raise APIError(503, "the engine is not running", None, kind="service_unavailable")
         loop = asyncio.get_running_loop()
         # (choice index, output) of every choice, as the engine makes them.
         outputs: asyncio.Queue = asyncio.Queue()
@@ -299,6 +301,8 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
             param = _API_PARAM.get(error.param, error.param)
             if param == "prompt" and chat:
                 param = "messages"
+            if param == "max_tokens" and getattr(body, "max_completion_tokens", None):
+                param = "max_completion_tokens"  # the field the client gave
             raise APIError(400, f"{param}: {error}", param) from None
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         for field in ("user", "safety_identifier"):

@@ -740,13 +740,15 @@ class Engine:
 
     @property
     def running(self) -> bool:
-        """Whether a thread of `start()` runs the steps."""
-        return self._thread is not None
+        """Whether a thread of `start()` runs the steps (not one that died:
+        an output callback that raised SystemExit)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
         """Runs the steps in a thread of their own (a daemon), waiting for
-        requests when there are none, until `shutdown()`."""
-        if self._thread is not None:
+        requests when there are none, until `shutdown()` (again after a
+        thread that died)."""
+        if self.running:
             return
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="etc-engine", daemon=True)
@@ -765,8 +767,15 @@ class Engine:
                 self.step()
             except Exception as error:  # never a dead engine: fail what ran, go on
                 logger.exception("engine step failed")
+                message = f"{type(error).__name__}: {error}"
                 for sequence in list(self._running):
-                    self._finish(sequence, "error", error=f"{type(error).__name__}: {error}")
+                    try:
+                        self._finish(sequence, "error", error=message)
+                    except Exception:  # the KV cache cannot release it: its slot is lost
+                        logger.exception("request %d: its slot could not be released",
+                                         sequence.handle.request_id)
+                        sequence.slot = None
+                        self._finish(sequence, "error", error=message)
 
     def shutdown(self) -> None:
         """Stops the thread after its current step; requests still running

@@ -161,7 +161,12 @@ class Tokenizer:
         `add_generation_prompt`, `bos_token`, `eos_token`, `tools=None`,
         `documents=None`, `raise_exception`, `strftime_now`, the `tojson`
         filter) and `extra` (e.g. `enable_thinking=False`). Encode the
-        result with `add_special_tokens=False`."""
+        result with `add_special_tokens=False`.
+
+        A "developer" message (OpenAI's name for the system message of its
+        newer models) is given to a template that does not name that role
+        as a "system" message: such templates refuse an unknown role, or
+        drop its message (Qwen3's)."""
         if self.chat_template is None:
             raise ChatTemplateError("apply_chat_template: this tokenizer has no chat template "
                                     "(no chat_template.jinja or chat_template in "
@@ -169,7 +174,11 @@ class Tokenizer:
         import jinja2
 
         template = self._compiled_template()
-        variables = dict(messages=list(messages), add_generation_prompt=add_generation_prompt,
+        messages = list(messages)
+        if "developer" not in self.chat_template:
+            messages = [dict(m, role="system") if isinstance(m, dict) and
+                        m.get("role") == "developer" else m for m in messages]
+        variables = dict(messages=messages, add_generation_prompt=add_generation_prompt,
                          tools=None, documents=None, bos_token=self.bos_token or "",
                          eos_token=self.eos_token or "")
         variables.update(extra)
