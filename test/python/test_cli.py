@@ -213,7 +213,7 @@ def test_a_gguf_file_through_the_command_line(chat_checkpoint, tmp_path):
     same text, from the same cached kernel."""
     from tokenizers import Tokenizer
 
-    from etc.models.testing import CHAT_TEMPLATE, checkpoint_tensors, write_gguf
+    from etc.models.testing import CHAT_TEMPLATE, write_gguf
 
     path, cache, model = chat_checkpoint
     config = json.loads((path / "config.json").read_text())

@@ -10,7 +10,6 @@ saying why."""
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path

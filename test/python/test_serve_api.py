@@ -4,7 +4,6 @@ extensions that take effect, and `Model.generate`'s keywords. Through the
 real `openai` client over HTTP on localhost, and raw HTTP (httpx) for the
 refusals; one tiny model (conftest's `chat_model`)."""
 
-import json
 import logging
 
 import httpx

@@ -17,7 +17,7 @@ import json
 import os
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 __all__ = ["Tokenizer", "IncrementalDetokenizer", "ChatTemplateError", "TokenizerError"]
 
