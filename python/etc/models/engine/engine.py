@@ -740,14 +740,13 @@ class Engine:
 
     @property
     def running(self) -> bool:
-        """Whether a thread of `start()` runs the steps (not one that died:
-        an output callback that raised SystemExit)."""
+        """Whether a live thread of `start()` runs the steps."""
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
-        """Runs the steps in a thread of their own (a daemon), waiting for
-        requests when there are none, until `shutdown()` (again after a
-        thread that died)."""
+        """Runs the steps in a thread of their own (a daemon, again after
+        one died), waiting for requests when there are none, until
+        `shutdown()`."""
         if self.running:
             return
         self._stopping = False
@@ -772,15 +771,13 @@ class Engine:
                     try:
                         self._finish(sequence, "error", error=message)
                     except Exception:  # the KV cache cannot release it: its slot is lost
-                        logger.exception("request %d: its slot could not be released",
-                                         sequence.handle.request_id)
+                        logger.exception("request %d: slot lost", sequence.handle.request_id)
                         sequence.slot = None
                         self._finish(sequence, "error", error=message)
 
     def shutdown(self) -> None:
         """Stops the thread after its current step; requests still running
-        or waiting end with finish_reason "abort" (error: "the engine shut
-        down")."""
+        or waiting end with "abort" (error: "the engine shut down")."""
         thread = self._thread
         if thread is not None:
             with self._lock:
