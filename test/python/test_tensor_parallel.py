@@ -173,6 +173,23 @@ def test_generate_and_chat_on_two_ranks_print_one_ranks_text(cli_checkpoint):
     assert chat.stdout == f"{first}\n{second}\n", chat.stderr
 
 
+def test_speculative_decoding_on_two_ranks_gives_the_text_without_it(cli_checkpoint):
+    """Prompt lookup with --tensor-parallel 2: the followers run the
+    verification steps rank 0 plans (k + 1 rows per speculating request,
+    their choices), and the greedy text is the one-rank model's without
+    speculation."""
+    path, cache, whole = cli_checkpoint
+    prompt = "ab ab ab ab ab ab"
+    result = _etc("generate", path, prompt, "--max-new-tokens", "16", "--tensor-parallel", "2",
+                  "--speculative", "ngram", "--speculative-tokens", "3", "--cache-dir", cache,
+                  *CLI_SMALL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    want = whole.generate(prompt, 16).text[0]
+    assert result.stdout == want + ("" if want.endswith("\n") else "\n"), result.stderr
+    # And prompt lookup does propose on this text (so the ranks verified).
+    assert sum(whole.generate(prompt, 16, speculative="ngram").proposed_tokens) > 0
+
+
 def test_tensor_parallel_needs_as_many_mpi_ranks(cli_checkpoint):
     """Under mpiexec, the job must have --tensor-parallel ranks."""
     import subprocess
