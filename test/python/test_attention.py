@@ -96,19 +96,19 @@ def test_attention_lowers_to_live_chunk_tiles_and_a_data_dependent_event():
     g = _graph(chunk=4, max_length=24)
     text = etc.compile(g, target="cpu", schedule="dynamic", workers=1).ir("event")
     # The chunk grid follows the cache length: ceil(L / 4) chunks, each
-    # split into one tile per query head on the CPU (4 heads), so that a
-    # decode step's attention is not one tile per request.
+    # split into one tile per KV head on the CPU (2, each for its 2 query
+    # heads), so that a decode step's attention is not one tile per request.
     chunk = re.search(r'%(\S+) = affine\.apply #(\S+)\(\)\[%arg3\]\n\s*'
                       r'%(\S+) = event\.alloc\((%\S+)\) : !event\.tensor<\?>\n\s*'
                       r'event\.task "attention_0_chunk" grid\(\4, %\1\)[^\n]*', text)
     assert chunk, text
-    assert f"#{chunk.group(2)} = affine_map<()[s0] -> ((s0 ceildiv 4) * 4)>" in text
+    assert f"#{chunk.group(2)} = affine_map<()[s0] -> ((s0 ceildiv 4) * 2)>" in text
     chunk = re.search(r'%(\S+) = event\.alloc\((%\S+)\) : !event\.tensor<\?>\n\s*'
                       r'event\.task "attention_0_chunk"[^\n]*', text)
     line = chunk.group(0)
     # No `count`: one notify per live chunk tile of the request.
     assert f"notifies(%{chunk.group(1)} : !event.tensor<?> (d0, d1) -> (d0))" in line
-    assert "live(d1 below (d0) -> ((d0 ceildiv 4) * 4) of (d0, d1) -> (d0) indirect [0])" \
+    assert "live(d1 below (d0) -> ((d0 ceildiv 4) * 2) of (d0, d1) -> (d0) indirect [0])" \
         in line
     combine = re.search(r'event\.task "attention_0_combine"[^\n]*', text).group(0)
     assert f"waits(%{chunk.group(1)} : !event.tensor<?> (d0) -> (d0) indirect [0])" in combine

@@ -147,13 +147,13 @@ def test_gpu_kernels_with_simulated_lanes(head_dim, dtype, heads, kv_heads):
 
 def test_the_windowed_chunk_grid_and_its_live_bound():
     """The windowed layer's chunk grid is min(ceil(L / C), ceil((T + W - 1)
-    / C)) (one tile per query head on the CPU), with the full layer's live
+    / C)) (one tile per KV head on the CPU), with the full layer's live
     bound; its tile functions differ from the full layer's (the window is a
     parameter), which keeps its own."""
     text = etc.compile(_graph(5), target="cpu", schedule="dynamic", workers=1).ir("event")
     task = re.search(r'event\.task "attention_0_chunk" grid\((%\S+), (%\S+)\)[^\n]*', text)
     assert task, text
-    assert "live(d1 below (d0) -> ((d0 ceildiv 4) * 4) of (d0, d1) -> (d0) indirect [0])" \
+    assert "live(d1 below (d0) -> ((d0 ceildiv 4) * 2) of (d0, d1) -> (d0) indirect [0])" \
         in task.group(0)
     grid = re.escape(task.group(2))
     product = re.search(grid + r" = arith\.muli (%\S+), %\S+ : index", text)
@@ -169,9 +169,9 @@ def test_the_windowed_chunk_grid_and_its_live_bound():
 
 def _chunk_tiles(kernel, task):
     """(request, chunk) of every chunk tile of `task` the last run ran
-    (the CPU splits a chunk into one tile per query head)."""
+    (the CPU splits a chunk into one tile per KV head)."""
     tiles = [e.tile for e in kernel.trace.events if e.task == task]
-    return sorted({(r, js // HEADS) for r, js in tiles})
+    return sorted({(r, js // KV_HEADS) for r, js in tiles})
 
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])

@@ -52,7 +52,7 @@ using the scratch waits on it in every chunk tile before overwriting it.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import affine, arith, math, memref, scf
+from mlir.dialects import affine, arith, math, memref, scf, vector
 
 from ..dialects import event
 from .base import TaskBuilder, box, index_map, live_bound, whole
@@ -200,25 +200,7 @@ class AttentionChunk(_AttentionKernel):
             guard = scf.IfOp(sees)
             with ir.InsertionPoint(guard.then_block):
                 query = self.load_row(q, [t, arith.muli(h, self.cidx(head_dim))])
-                scale = self.cf32(params["scale"])
-                keys = scf.ForOp(k_first, k1, self.cidx(1),
-                                 [self.cf32(float("-inf")), self.cf32(0.0),
-                                  self.splat(self.cf32(0.0))])
-                with ir.InsertionPoint(keys.body):
-                    k = keys.induction_variable
-                    m, l, acc = keys.inner_iter_args
-                    at = where.at(k)
-                    key = self.load_row(k_cache, [*at, kv_column])
-                    dot = self.vsum(arith.mulf(query, key))
-                    score = self.capped(arith.mulf(dot, scale))
-                    m_new = arith.maximumf(m, score)
-                    alpha = math.exp(arith.subf(m, m_new))
-                    weight = math.exp(arith.subf(score, m_new))
-                    value = self.load_row(v_cache, [*at, kv_column])
-                    acc = arith.addf(arith.mulf(acc, self.splat(alpha)),
-                                     arith.mulf(value, self.splat(weight)))
-                    scf.yield_([m_new, arith.addf(arith.mulf(l, alpha), weight), acc])
-                m, l, acc = keys.results
+                m, l, acc = self.softmax_keys(query, k_first, k1, where, kv_column)
                 base = arith.muli(h, self.cidx(head_dim + 2))
                 self.vstore(acc, partial, [t, j, base])
                 memref.store(m, self.buf(partial), [t, j, arith.addi(base, self.cidx(head_dim))])
@@ -226,6 +208,148 @@ class AttentionChunk(_AttentionKernel):
                              [t, j, arith.addi(base, self.cidx(head_dim + 1))])
                 scf.yield_([])
             scf.yield_([])
+
+
+    def softmax_keys(self, query, k_first, k1, where, kv_column) -> tuple:
+        """(m, l, acc) of the online softmax of `query` over keys [k_first,
+        k1): a key at a time."""
+        op = self.op
+        k_cache, v_cache = op.operands[1], op.operands[2]
+        scale = self.cf32(op.params["scale"])
+        keys = scf.ForOp(k_first, k1, self.cidx(1),
+                         [self.cf32(float("-inf")), self.cf32(0.0), self.splat(self.cf32(0.0))])
+        with ir.InsertionPoint(keys.body):
+            k = keys.induction_variable
+            m, l, acc = keys.inner_iter_args
+            at = where.at(k)
+            key = self.load_row(k_cache, [*at, kv_column])
+            dot = self.vsum(arith.mulf(query, key))
+            score = self.capped(arith.mulf(dot, scale))
+            m_new = arith.maximumf(m, score)
+            alpha = math.exp(arith.subf(m, m_new))
+            weight = math.exp(arith.subf(score, m_new))
+            value = self.load_row(v_cache, [*at, kv_column])
+            acc = arith.addf(arith.mulf(acc, self.splat(alpha)),
+                             arith.mulf(value, self.splat(weight)))
+            scf.yield_([m_new, arith.addf(arith.mulf(l, alpha), weight), acc])
+        return tuple(keys.results)
+
+
+class AttentionChunkBlocks(AttentionChunk):
+    """CPU tile (r, j H_kv + g): KV head g of chunk j of request r, for all
+    G = H / H_kv query heads that share it and every new token, an online
+    softmax over blocks of KEYS keys. Each key and value row is read once
+    for the G heads (a tile per query head read it G times: Qwen3's and
+    SmolLM2's 3, Llama 3's 4), the block's KEYS x G dot products are
+    independent (a key at a time chained each score's horizontal sum, max
+    and two scalar exponentials to the next key's), a head's weights are one
+    vector exponential, and its running sums are rescaled once per block.
+    Keys past k1 in the last block read the last live key's row (clamped)
+    and weigh 0. Stored as (acc, m, l) in `partial[t, j]`, as
+    `AttentionChunk` stores them."""
+
+    part = "chunk_blocks"
+    #: Keys per block (a 16-lane f32 vector of scores).
+    KEYS = 16
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        return not target.gpu_kernels
+
+    @staticmethod
+    def splits(op) -> int:
+        """A tile per KV head of each chunk."""
+        return op.params["kv_heads"]
+
+    def emit(self) -> None:
+        op, params = self.op, self.op.params
+        q, k_cache, v_cache, positions, _, addressing, request_length, request_first = \
+            op.operands
+        partial = op.buffers["partial"]
+        head_dim, chunk, kv_heads = params["head_dim"], params["chunk"], params["kv_heads"]
+        group = params["heads"] // kv_heads
+        c = self.cidx
+        r, js = self.ti
+        j = arith.divui(js, c(kv_heads))
+        kv_head = arith.remui(js, c(kv_heads))
+        kv_column = arith.muli(kv_head, c(head_dim))
+        where = CacheRows(self, k_cache, addressing, params.get("block_size"), r)
+        length = self.load_index(request_length, [r])
+        first = self.load_index(request_first, [r])
+        first_position = self.load_index(positions, [first])
+        k0 = self.chunk_start(j, first_position)
+        k_end = arith.minsi(arith.addi(k0, c(chunk)), length)
+        loop = self.lane_loop(arith.subi(length, first_position))
+        with ir.InsertionPoint(loop.body):
+            t = arith.addi(first, loop.induction_variable)
+            # Causal: the token sees keys up to its own position.
+            position = self.load_index(positions, [t])
+            k1 = arith.minsi(k_end, arith.addi(position, c(1)))
+            k_first = self.first_key(k0, position)
+            guard = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, k_first, k1))
+            with ir.InsertionPoint(guard.then_block):
+                heads = [arith.addi(arith.muli(kv_head, c(group)), c(g)) for g in range(group)]
+                queries = [self.load_row(q, [t, arith.muli(h, c(head_dim))]) for h in heads]
+                states = self.softmax_blocks(queries, k_first, k1, where, kv_column)
+                for h, (m, l, acc) in zip(heads, states):
+                    base = arith.muli(h, c(head_dim + 2))
+                    self.vstore(acc, partial, [t, j, base])
+                    memref.store(m, self.buf(partial), [t, j, arith.addi(base, c(head_dim))])
+                    memref.store(l, self.buf(partial), [t, j, arith.addi(base, c(head_dim + 1))])
+                scf.yield_([])
+            scf.yield_([])
+
+    def tree_sum(self, v: ir.Value) -> ir.Value:
+        """The sum of a vector's lanes in any order (log2 shuffle steps):
+        `vsum`'s sum in lane order was a chain of 64 dependent scalar adds
+        per dot product, most of a decode step's attention (24 of 67 ms of
+        workers' time at B = 4, 600 positions, SmolLM2-135M)."""
+        return vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<add>"), v,
+                                fastmath=ir.Attribute.parse("#arith.fastmath<reassoc>"))
+
+    def softmax_blocks(self, queries, k_first, k1, where, kv_column) -> list:
+        """[(m, l, acc)] per query of `queries` over keys [k_first, k1)."""
+        op, n, count = self.op, self.KEYS, len(queries)
+        k_cache, v_cache = op.operands[1], op.operands[2]
+        scale = self.cf32(op.params["scale"])
+        minus_inf = self.cf32(float("-inf"))
+        last = arith.subi(k1, self.cidx(1))
+        init = [minus_inf, self.cf32(0.0), self.splat(self.cf32(0.0))] * count
+        blocks = scf.ForOp(k_first, k1, self.cidx(n), init)
+        with ir.InsertionPoint(blocks.body):
+            k0 = blocks.induction_variable
+            carried = list(blocks.inner_iter_args)
+            live = vector.create_mask(ir.VectorType.get([n], ir.IntegerType.get_signless(1)),
+                                      [arith.subi(k1, k0)])
+            rows, scores = [], [[] for _ in queries]
+            for i in range(n):
+                at = where.at(arith.minsi(arith.addi(k0, self.cidx(i)), last))
+                rows.append(at)
+                key = self.load_row(k_cache, [*at, kv_column])
+                for g, query in enumerate(queries):
+                    dot = self.tree_sum(arith.mulf(query, key))
+                    scores[g].append(self.capped(arith.mulf(dot, scale)))
+            weights, results = [], []
+            for g in range(count):
+                m, l, acc = carried[3 * g:3 * g + 3]
+                block = arith.select(live, vector.from_elements(self.vtype(n), scores[g]),
+                                     self.vsplat(minus_inf, n))
+                m_new = arith.maximumf(m, vector.reduction(
+                    self.f32, ir.Attribute.parse("#vector.kind<maximumf>"), block))
+                alpha = math.exp(arith.subf(m, m_new))
+                w = arith.select(live, math.exp(arith.subf(block, self.vsplat(m_new, n))),
+                                 self.vzero(n))
+                weights.append(w)
+                results.append([m_new, arith.addf(arith.mulf(l, alpha), self.tree_sum(w)),
+                                arith.mulf(acc, self.splat(alpha))])
+            for i, at in enumerate(rows):
+                value = self.load_row(v_cache, [*at, kv_column])
+                for g in range(count):
+                    weight = self.splat(vector.extract(weights[g], [], [i]))
+                    results[g][2] = arith.addf(results[g][2], arith.mulf(value, weight))
+            scf.yield_([value for result in results for value in result])
+        out = list(blocks.results)
+        return [tuple(out[3 * g:3 * g + 3]) for g in range(count)]
 
 
 class AttentionCombine(_AttentionKernel):
@@ -560,7 +684,8 @@ def build_tasks(b: TaskBuilder, op) -> None:
     partial = op.buffers["partial"]
     chunk = op.params["chunk"]
     requests = request_length.shape[0]
-    kernel = AttentionChunkWarps if AttentionChunkWarps.applies(op, b.target) else AttentionChunk
+    kernel = next(k for k in (AttentionChunkWarps, AttentionChunkBlocks, AttentionChunk)
+                  if k is AttentionChunk or k.applies(op, b.target))
     splits = kernel.splits(op)
     grid = [b.grid_extent(requests, 1), b.grid_extent(partial.shape[1], 1, scale=splits)]
     window = op.params.get("window")
