@@ -96,6 +96,32 @@ def test_shutdown_without_a_thread_ends_what_was_submitted(chat_model):
 # -- the engine's thread when something raises outside a step -------------------
 
 
+def _fails_once(real, message: str):
+    """`real`, raising RuntimeError(message) on its first call after
+    `.arm()`."""
+    armed = threading.Event()
+
+    def call(*args):
+        if armed.is_set():
+            armed.clear()
+            raise RuntimeError(message)
+        return real(*args)
+    call.arm = armed.set
+    return call
+
+
+def _two_decoding(engine) -> list:
+    """Starts `engine` and two requests of 20 tokens; returns their handles
+    once both are decoding."""
+    seen = threading.Semaphore(0)
+    engine.start()
+    handles = [engine.submit([5 + i, 6], max_new_tokens=20, ignore_eos=True,
+                             on_output=lambda output: seen.release()) for i in range(2)]
+    for _ in range(4):
+        assert seen.acquire(timeout=HANG)
+    return handles
+
+
 def test_an_error_outside_the_step_fails_the_running_requests_not_the_thread(
         chat_model, monkeypatch):
     """The KV cache raising while the engine's thread schedules a step (a
@@ -103,24 +129,11 @@ def test_an_error_outside_the_step_fails_the_running_requests_not_the_thread(
     end with "error" naming it, the thread goes on, and the next request
     gets its tokens."""
     engine = Engine(chat_model, max_num_seqs=2, max_model_len=32, kv_cache_tokens=64)
-    real = engine.cache.reserve
-    fail = threading.Event()
-
-    def reserve(slot, positions):
-        if fail.is_set():
-            fail.clear()
-            raise RuntimeError("the pool is inconsistent")
-        return real(slot, positions)
-
+    reserve = _fails_once(engine.cache.reserve, "the pool is inconsistent")
     monkeypatch.setattr(engine.cache, "reserve", reserve)
-    seen = threading.Semaphore(0)
-    engine.start()
     try:
-        handles = [engine.submit([5 + i, 6], max_new_tokens=20, ignore_eos=True,
-                                 on_output=lambda output: seen.release()) for i in range(2)]
-        for _ in range(4):  # both decoding
-            assert seen.acquire(timeout=HANG)
-        fail.set()
+        handles = _two_decoding(engine)
+        reserve.arm()
         results = [h.result(timeout=HANG) for h in handles]
         assert [r.finish_reason for r in results] == ["error", "error"]
         assert all(r.error == "RuntimeError: the pool is inconsistent" for r in results)
@@ -140,28 +153,14 @@ def test_an_error_path_that_fails_too_still_ends_the_requests(chat_model, monkey
     end with "error" (the slot that could not be released is given up),
     and the thread goes on serving."""
     engine = Engine(chat_model, max_num_seqs=3, max_model_len=32, kv_cache_tokens=96)
-    reserve, release = engine.cache.reserve, engine.cache.release
-    broken = {"reserve": threading.Event(), "release": threading.Event()}
-
-    def failing(name, real):
-        def call(*args):
-            if broken[name].is_set():
-                broken[name].clear()
-                raise RuntimeError(f"{name} failed")
-            return real(*args)
-        return call
-
-    monkeypatch.setattr(engine.cache, "reserve", failing("reserve", reserve))
-    monkeypatch.setattr(engine.cache, "release", failing("release", release))
-    seen = threading.Semaphore(0)
-    engine.start()
+    reserve = _fails_once(engine.cache.reserve, "reserve failed")
+    release = _fails_once(engine.cache.release, "release failed")
+    monkeypatch.setattr(engine.cache, "reserve", reserve)
+    monkeypatch.setattr(engine.cache, "release", release)
     try:
-        handles = [engine.submit([5 + i, 6], max_new_tokens=20, ignore_eos=True,
-                                 on_output=lambda output: seen.release()) for i in range(2)]
-        for _ in range(4):  # both decoding
-            assert seen.acquire(timeout=HANG)
-        broken["release"].set()
-        broken["reserve"].set()
+        handles = _two_decoding(engine)
+        release.arm()
+        reserve.arm()
         results = [h.result(timeout=HANG) for h in handles]
         assert [(r.finish_reason, r.error) for r in results] == \
             [("error", "RuntimeError: reserve failed")] * 2

@@ -23,6 +23,7 @@ from etc.models.loading.config import ModelConfig, UnsupportedConfigError
 from etc.models.step import reference
 from etc.models.testing import (as_transformers5, checkpoint_tensors, tiny_config,
                                 write_checkpoint, write_gguf)
+from test_gguf import metadata_keys, record_gguf_reads
 from test_paged_models import decode, same, shuffled_cache
 
 import hf_goldens_families as goldens
@@ -755,24 +756,10 @@ def test_gguf_tensor_names_and_keys_are_the_gguf_packages(name, tmp_path, monkey
         found = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert found in allowed, (hf_name, found)
         names.add(found)
-    keys = {value.replace("{arch}", arch_name) for group in vars(gguf.Keys).values()
-            if isinstance(group, type) for value in vars(group).values()
-            if isinstance(value, str)}
-    read, asked = [], []
-    tensor, key = GGUFCheckpoint.tensor, GGUFCheckpoint._key
-
-    def recording_tensor(self, tensor_name, *args):
-        read.append(tensor_name)
-        return tensor(self, tensor_name, *args)
-
-    def recording_key(self, key_name, *args):
-        asked.append(f"{self.architecture}.{key_name}")
-        return key(self, key_name, *args)
-
-    monkeypatch.setattr(GGUFCheckpoint, "tensor", recording_tensor)
-    monkeypatch.setattr(GGUFCheckpoint, "_key", recording_key)
+    read, asked = record_gguf_reads(monkeypatch)
     checkpoint = GGUFCheckpoint(path)
     assert set(checkpoint.names()) == names
     checkpoint.weights()
     assert sorted(read) == sorted(names)
+    keys = metadata_keys(arch_name)
     assert set(asked) <= keys, set(asked) - keys

@@ -134,7 +134,26 @@ def _gguf_names(config: dict) -> dict:
     return out
 
 
-def _metadata_keys(architecture: str) -> set:
+def record_gguf_reads(monkeypatch) -> tuple:
+    """(tensor names, "<arch>.<key>" metadata keys): the lists every
+    GGUFCheckpoint appends to as it reads them, from now on."""
+    read, asked = [], []
+    tensor, key = GGUFCheckpoint.tensor, GGUFCheckpoint._key
+
+    def recording_tensor(self, tensor_name, *args):
+        read.append(tensor_name)
+        return tensor(self, tensor_name, *args)
+
+    def recording_key(self, key_name, *args):
+        asked.append(f"{self.architecture}.{key_name}")
+        return key(self, key_name, *args)
+
+    monkeypatch.setattr(GGUFCheckpoint, "tensor", recording_tensor)
+    monkeypatch.setattr(GGUFCheckpoint, "_key", recording_key)
+    return read, asked
+
+
+def metadata_keys(architecture: str) -> set:
     """Every metadata key gguf.Keys names, for `architecture`."""
     keys = set()
     for group in vars(gguf.Keys).values():
@@ -152,24 +171,12 @@ def test_tensor_names_and_keys_are_the_gguf_packages(name, tmp_path, monkeypatch
     only metadata keys gguf.Keys names."""
     config = NAME_CONFIGS[name]
     names = _gguf_names(config)
-    read, keys = [], []
-    tensor, key = GGUFCheckpoint.tensor, GGUFCheckpoint._key
-
-    def recording_tensor(self, tensor_name, *args):
-        read.append(tensor_name)
-        return tensor(self, tensor_name, *args)
-
-    def recording_key(self, key_name, *args):
-        keys.append(f"{self.architecture}.{key_name}")
-        return key(self, key_name, *args)
-
-    monkeypatch.setattr(GGUFCheckpoint, "tensor", recording_tensor)
-    monkeypatch.setattr(GGUFCheckpoint, "_key", recording_key)
+    read, keys = record_gguf_reads(monkeypatch)
     path = write_gguf(tmp_path / "m.gguf", config, seed=2)
     assert set(GGUFCheckpoint(path).names()) == set(names.values())
     got = GGUFCheckpoint(path).weights()
     assert sorted(read) == sorted(set(names.values()))
-    assert set(keys) <= _metadata_keys(GGUFCheckpoint(path).architecture)
+    assert set(keys) <= metadata_keys(GGUFCheckpoint(path).architecture)
     want = models.Checkpoint(write_checkpoint(tmp_path / "st", config, seed=2)).weights()
     assert set(got) == set(want)
     for graph_name in want:

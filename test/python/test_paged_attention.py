@@ -20,20 +20,24 @@ CHUNK = 8      # two blocks per attention chunk
 MAX_LENGTH = 24
 
 
+def ragged_cache(g, T, R, paged: bool, width: int, block: int = P) -> tuple:
+    """(the ragged batch, a K/V cache shape of rows `width` wide): paged,
+    blocks of `block` positions (N, block, width) and a block table of M per
+    request; or a slot per request (S, L, width)."""
+    if paged:
+        N, M = g.symbol("N"), g.symbol("M")
+        return g.ragged_batch(T, R, blocks_per_request=M), (N, block, width)
+    S, L = g.symbol("S"), g.symbol("L")
+    return g.ragged_batch(T, R), (S, L, width)
+
+
 def _graph(paged: bool):
     g = etc.Graph("paged" if paged else "slots")
     T, R = g.symbol("T"), g.symbol("R")
     q = g.input("q", (T, HEADS * D), "f32")
     k = g.input("k", (T, W), "f32")
     v = g.input("v", (T, W), "f32")
-    if paged:
-        N, M = g.symbol("N"), g.symbol("M")
-        batch = g.ragged_batch(T, R, blocks_per_request=M)
-        shape = (N, P, W)
-    else:
-        S, L = g.symbol("S"), g.symbol("L")
-        batch = g.ragged_batch(T, R)
-        shape = (S, L, W)
+    batch, shape = ragged_cache(g, T, R, paged, W)
     kc = g.kv_append(g.state("kc", shape, "f32"), k, batch)
     vc = g.kv_append(g.state("vc", shape, "f32"), v, batch)
     g.output(g.attention(q, kc, vc, batch, head_dim=D, chunk=CHUNK, max_length=MAX_LENGTH))

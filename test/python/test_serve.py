@@ -38,6 +38,11 @@ class Server:
             assert self.thread.is_alive() and time.monotonic() < deadline, "no server"
             time.sleep(0.02)
 
+    def client(self, **options) -> openai.OpenAI:
+        """The openai client of this server (no retries: a failure shows)."""
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0,
+                             **options)
+
     def stop(self):
         self.server.should_exit = True
         self.thread.join(30)
@@ -54,7 +59,7 @@ def server(chat_model):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    return server.client()
 
 
 @pytest.fixture(scope="module")

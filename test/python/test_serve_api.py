@@ -8,7 +8,6 @@ import logging
 
 import httpx
 import numpy as np
-import openai
 import pytest
 
 import etc.serve
@@ -27,7 +26,7 @@ def server(chat_model):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    return server.client()
 
 
 @pytest.fixture(scope="module")

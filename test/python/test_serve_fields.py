@@ -9,16 +9,13 @@ tiny model (conftest's `chat_model`)."""
 import json
 
 import httpx
-import openai
 import pytest
 
 import etc.serve
 from etc.models.loading.tokenizer import Tokenizer
 from etc.models.step.sampling import SamplingParams
-from test_serve import Server
+from test_serve import CHAT, NAME, Server
 
-NAME = "tiny-chat"
-CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
 #: A hang guard for requests that answer at once unless the code is broken.
 HANG = 60
 
@@ -32,8 +29,7 @@ def server(chat_model):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
-                         timeout=HANG)
+    return server.client(timeout=HANG)
 
 
 def chat(client, **fields):

@@ -15,6 +15,7 @@ import pytest
 
 import etc
 from test_llm_ops import _batch
+from test_paged_attention import ragged_cache
 
 HEADS, KV_HEADS, D = 4, 2, 8
 WIDTH = KV_HEADS * D
@@ -31,14 +32,7 @@ def _graph(window: int, paged: bool = False, heads: int = HEADS, kv_heads: int =
     q = g.input("q", (T, heads * head_dim), dtype)
     k = g.input("k", (T, width), dtype)
     v = g.input("v", (T, width), dtype)
-    if paged:
-        N, M = g.symbol("N"), g.symbol("M")
-        batch = g.ragged_batch(T, R, blocks_per_request=M)
-        shape = (N, P, width)
-    else:
-        S, L = g.symbol("S"), g.symbol("L")
-        batch = g.ragged_batch(T, R)
-        shape = (S, L, width)
+    batch, shape = ragged_cache(g, T, R, paged, width, P)
     outs, previous = [], None
     for layer, w in enumerate((window, None)):
         kc = g.kv_append(g.state(f"kc{layer}", shape, dtype), k, batch)

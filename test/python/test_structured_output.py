@@ -10,7 +10,6 @@ import random
 import re
 
 import httpx
-import openai
 import pytest
 
 import etc.models
@@ -46,7 +45,7 @@ def server(model):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    return server.client()
 
 
 # -- a checker of the JSON schemas used here ------------------------------------
