@@ -178,6 +178,18 @@ def test_layers_share_one_scratch(schedule):
         lengths = [a + n for a, n in zip(lengths, new)]
 
 
+def test_the_key_at_a_time_kernel_where_a_row_is_no_whole_number_of_lanes():
+    """A head_dim of 6 f32 (no whole number of 16-byte lane slices): the
+    GPU kernels fall back to a lane per (token, query head) walking the keys
+    one at a time (`AttentionChunk`), simulated here; it matches NumPy."""
+    g = _graph(heads=4, kv_heads=2, head_dim=6, chunk=4, max_length=24)
+    kernel = etc.compile(g, target="cpu", kernels="cuda", schedule="dynamic", workers=2)
+    text = kernel.ir("graph")
+    assert "attention_chunk_0" in text and "attention_chunk_warps" not in text
+    rng = np.random.default_rng(6)
+    _run_steps(kernel, g, STEPS[:4], [2, 0, 1], rng, 24, 12, (3, 24, 12))
+
+
 @pytest.mark.parametrize("head_dim, cache_dtype, heads, kv_heads", [
     (16, "f32", 4, 2),     # 4 lanes per cache row, 8 keys per warp at once
     (16, "bf16", 6, 2),    # 2 lanes per row, 16 keys at once, 3 heads per KV head

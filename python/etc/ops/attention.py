@@ -167,6 +167,12 @@ class AttentionChunk(_AttentionKernel):
         return [q, k_cache, v_cache, positions, addressing, request_length, request_first,
                 op.buffers["partial"]]
 
+    @staticmethod
+    def heads_per_item(op) -> int:
+        """The query heads a lane iteration takes together (one KV head's,
+        or a part of them): one."""
+        return 1
+
     def emit(self) -> None:
         op, params = self.op, self.op.params
         q, k_cache, v_cache, positions, _, addressing, request_length, request_first = \
@@ -174,48 +180,50 @@ class AttentionChunk(_AttentionKernel):
         partial = op.buffers["partial"]
         head_dim, chunk = params["head_dim"], params["chunk"]
         heads, group = params["heads"], params["heads"] // params["kv_heads"]
-        splits = self.splits(op)
+        c = self.cidx
+        splits, per_item = self.splits(op), self.heads_per_item(op)
         per_split = heads // splits
+        items = per_split // per_item  # lane iterations per token
         r, js = self.ti
-        j = arith.divui(js, self.cidx(splits))
-        head0 = arith.muli(arith.remui(js, self.cidx(splits)), self.cidx(per_split))
+        j = arith.divui(js, c(splits))
+        head0 = arith.muli(arith.remui(js, c(splits)), c(per_split))
         where = CacheRows(self, k_cache, addressing, params.get("block_size"), r)
         length = self.load_index(request_length, [r])
         first = self.load_index(request_first, [r])
         first_position = self.load_index(positions, [first])
         new_tokens = arith.subi(length, first_position)
         k0 = self.chunk_start(j, first_position)
-        k_end = arith.minsi(arith.addi(k0, self.cidx(chunk)), length)
-        loop = self.lane_loop(arith.muli(new_tokens, self.cidx(per_split)))
+        k_end = arith.minsi(arith.addi(k0, c(chunk)), length)
+        loop = self.lane_loop(arith.muli(new_tokens, c(items)))
         with ir.InsertionPoint(loop.body):
             e = loop.induction_variable
-            t = arith.addi(first, arith.divui(e, self.cidx(per_split)))
-            h = arith.addi(head0, arith.remui(e, self.cidx(per_split)))
-            kv_column = arith.muli(arith.divui(h, self.cidx(group)), self.cidx(head_dim))
+            t = arith.addi(first, arith.divui(e, c(items)))
+            h = arith.addi(head0, arith.muli(arith.remui(e, c(items)), c(per_item)))
+            kv_column = arith.muli(arith.divui(h, c(group)), c(head_dim))
             # Causal: the token sees keys up to its own position.
             position = self.load_index(positions, [t])
-            k1 = arith.minsi(k_end, arith.addi(position, self.cidx(1)))
+            k1 = arith.minsi(k_end, arith.addi(position, c(1)))
             k_first = self.first_key(k0, position)
-            sees = arith.cmpi(arith.CmpIPredicate.slt, k_first, k1)
-            guard = scf.IfOp(sees)
+            guard = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, k_first, k1))
             with ir.InsertionPoint(guard.then_block):
-                query = self.load_row(q, [t, arith.muli(h, self.cidx(head_dim))])
-                m, l, acc = self.softmax_keys(query, k_first, k1, where, kv_column)
-                base = arith.muli(h, self.cidx(head_dim + 2))
-                self.vstore(acc, partial, [t, j, base])
-                memref.store(m, self.buf(partial), [t, j, arith.addi(base, self.cidx(head_dim))])
-                memref.store(l, self.buf(partial),
-                             [t, j, arith.addi(base, self.cidx(head_dim + 1))])
+                item = [arith.addi(h, c(i)) for i in range(per_item)]
+                queries = [self.load_row(q, [t, arith.muli(head, c(head_dim))]) for head in item]
+                states = self.softmax(queries, k_first, k1, where, kv_column)
+                for head, (m, l, acc) in zip(item, states):
+                    base = arith.muli(head, c(head_dim + 2))
+                    self.vstore(acc, partial, [t, j, base])
+                    memref.store(m, self.buf(partial), [t, j, arith.addi(base, c(head_dim))])
+                    memref.store(l, self.buf(partial), [t, j, arith.addi(base, c(head_dim + 1))])
                 scf.yield_([])
             scf.yield_([])
 
-
-    def softmax_keys(self, query, k_first, k1, where, kv_column) -> tuple:
-        """(m, l, acc) of the online softmax of `query` over keys [k_first,
-        k1): a key at a time."""
+    def softmax(self, queries, k_first, k1, where, kv_column) -> list:
+        """[(m, l, acc)] of the online softmax of each of `queries` over keys
+        [k_first, k1) of KV column `kv_column`: a key at a time."""
         op = self.op
         k_cache, v_cache = op.operands[1], op.operands[2]
         scale = self.cf32(op.params["scale"])
+        (query,) = queries
         keys = scf.ForOp(k_first, k1, self.cidx(1),
                          [self.cf32(float("-inf")), self.cf32(0.0), self.splat(self.cf32(0.0))])
         with ir.InsertionPoint(keys.body):
@@ -232,7 +240,7 @@ class AttentionChunk(_AttentionKernel):
             acc = arith.addf(arith.mulf(acc, self.splat(alpha)),
                              arith.mulf(value, self.splat(weight)))
             scf.yield_([m_new, arith.addf(arith.mulf(l, alpha), weight), acc])
-        return tuple(keys.results)
+        return [tuple(keys.results)]
 
 
 class AttentionChunkBlocks(AttentionChunk):
@@ -241,12 +249,11 @@ class AttentionChunkBlocks(AttentionChunk):
     softmax over blocks of KEYS keys. Each key and value row is read once
     for the G heads (a tile per query head read it G times: Qwen3's and
     SmolLM2's 3, Llama 3's 4), the block's KEYS x G dot products are
-    independent (a key at a time chained each score's horizontal sum, max
-    and two scalar exponentials to the next key's), a head's weights are one
-    vector exponential, and its running sums are rescaled once per block.
-    Keys past k1 in the last block read the last live key's row (clamped)
-    and weigh 0. Stored as (acc, m, l) in `partial[t, j]`, as
-    `AttentionChunk` stores them."""
+    independent tree sums (a key at a time chained each score's lane-order
+    sum, max and two scalar exponentials to the next key's), a head's
+    weights are one vector exponential, and its running sums are rescaled
+    once per block. Keys past k1 in the last block read the last live key's
+    row (clamped) and weigh 0."""
 
     part = "chunk_blocks"
     #: Keys per block (a 16-lane f32 vector of scores).
@@ -261,54 +268,12 @@ class AttentionChunkBlocks(AttentionChunk):
         """A tile per KV head of each chunk."""
         return op.params["kv_heads"]
 
-    def emit(self) -> None:
-        op, params = self.op, self.op.params
-        q, k_cache, v_cache, positions, _, addressing, request_length, request_first = \
-            op.operands
-        partial = op.buffers["partial"]
-        head_dim, chunk, kv_heads = params["head_dim"], params["chunk"], params["kv_heads"]
-        group = params["heads"] // kv_heads
-        c = self.cidx
-        r, js = self.ti
-        j = arith.divui(js, c(kv_heads))
-        kv_head = arith.remui(js, c(kv_heads))
-        kv_column = arith.muli(kv_head, c(head_dim))
-        where = CacheRows(self, k_cache, addressing, params.get("block_size"), r)
-        length = self.load_index(request_length, [r])
-        first = self.load_index(request_first, [r])
-        first_position = self.load_index(positions, [first])
-        k0 = self.chunk_start(j, first_position)
-        k_end = arith.minsi(arith.addi(k0, c(chunk)), length)
-        loop = self.lane_loop(arith.subi(length, first_position))
-        with ir.InsertionPoint(loop.body):
-            t = arith.addi(first, loop.induction_variable)
-            # Causal: the token sees keys up to its own position.
-            position = self.load_index(positions, [t])
-            k1 = arith.minsi(k_end, arith.addi(position, c(1)))
-            k_first = self.first_key(k0, position)
-            guard = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, k_first, k1))
-            with ir.InsertionPoint(guard.then_block):
-                heads = [arith.addi(arith.muli(kv_head, c(group)), c(g)) for g in range(group)]
-                queries = [self.load_row(q, [t, arith.muli(h, c(head_dim))]) for h in heads]
-                states = self.softmax_blocks(queries, k_first, k1, where, kv_column)
-                for h, (m, l, acc) in zip(heads, states):
-                    base = arith.muli(h, c(head_dim + 2))
-                    self.vstore(acc, partial, [t, j, base])
-                    memref.store(m, self.buf(partial), [t, j, arith.addi(base, c(head_dim))])
-                    memref.store(l, self.buf(partial), [t, j, arith.addi(base, c(head_dim + 1))])
-                scf.yield_([])
-            scf.yield_([])
+    @staticmethod
+    def heads_per_item(op) -> int:
+        """A KV head's query heads."""
+        return op.params["heads"] // op.params["kv_heads"]
 
-    def tree_sum(self, v: ir.Value) -> ir.Value:
-        """The sum of a vector's lanes in any order (log2 shuffle steps):
-        `vsum`'s sum in lane order was a chain of 64 dependent scalar adds
-        per dot product, most of a decode step's attention (24 of 67 ms of
-        workers' time at B = 4, 600 positions, SmolLM2-135M)."""
-        return vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<add>"), v,
-                                fastmath=ir.Attribute.parse("#arith.fastmath<reassoc>"))
-
-    def softmax_blocks(self, queries, k_first, k1, where, kv_column) -> list:
-        """[(m, l, acc)] per query of `queries` over keys [k_first, k1)."""
+    def softmax(self, queries, k_first, k1, where, kv_column) -> list:
         op, n, count = self.op, self.KEYS, len(queries)
         k_cache, v_cache = op.operands[1], op.operands[2]
         scale = self.cf32(op.params["scale"])

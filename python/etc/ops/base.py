@@ -361,8 +361,17 @@ class TileKernel:
             self.vtype(width), ir.FloatAttr.get(self.f32, 0.0)))
 
     def vsum(self, v: ir.Value) -> ir.Value:
-        """The sum of the lanes of an f32 vector."""
+        """The sum of the lanes of an f32 vector, in lane order."""
         return vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<add>"), v)
+
+    def tree_sum(self, v: ir.Value) -> ir.Value:
+        """The sum of the lanes of an f32 vector, in any order: LLVM adds
+        halves with shuffles (log2 steps) where `vsum`'s lane order is a
+        chain of dependent scalar adds (a quarter of a CPU decode dot
+        product of 576; most of the CPU attention's time before its key
+        blocks used this)."""
+        return vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<add>"), v,
+                                fastmath=ir.Attribute.parse("#arith.fastmath<reassoc>"))
 
     # -- loops -----------------------------------------------------------
 

@@ -469,14 +469,6 @@ class MatmulCPU(Matmul):
                 scf.yield_([])
             scf.yield_([])
 
-    def tree_sum(self, v: ir.Value) -> ir.Value:
-        """The sum of the lanes of an f32 vector, in any order: LLVM adds
-        halves with shuffles (log2 steps) instead of a chain of scalar adds
-        in lane order, which took about a quarter of a decode dot product
-        of 576 (a 24-cycle chain per output after an 18-iteration loop)."""
-        return vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<add>"), v,
-                                fastmath=ir.Attribute.parse("#arith.fastmath<reassoc>"))
-
     def emit_dots(self, row, nrows: int, col, ncols: int, vector_k, k_extent,
                   step=None, width: Optional[int] = None) -> None:
         """C[row + r, col + c * step] for r < nrows, c < ncols (step 1 when
