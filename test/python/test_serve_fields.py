@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 import etc.serve
+from etc.serve.app import ENGINE_STOPPED, SHUTTING_DOWN
 from etc.models.loading.tokenizer import Tokenizer
 from etc.models.step.sampling import SamplingParams
 from test_serve import CHAT, NAME, Server
@@ -251,9 +252,10 @@ def test_health_is_503_while_closing(chat_model):
         health = httpx.get(server.url + "/health")
         assert health.status_code == 503
         assert health.json()["error"]["type"] == "service_unavailable"
+        assert health.json()["error"]["message"] == SHUTTING_DOWN
         response = post(server, "completions", {"model": NAME, "prompt": [5], "max_tokens": 2})
         assert response.status_code == 503
-        assert response.json()["error"]["message"] == "the server is shutting down"
+        assert response.json()["error"]["message"] == SHUTTING_DOWN
     finally:
         server.stop()
 
@@ -278,11 +280,11 @@ def test_health_is_503_when_the_engine_thread_died(chat_model, monkeypatch):
         assert not thread.is_alive()
         health = httpx.get(server.url + "/health")
         assert health.status_code == 503
-        assert health.json()["error"] == {"message": "the engine is not running",
+        assert health.json()["error"] == {"message": ENGINE_STOPPED,
                                           "type": "service_unavailable", "param": None,
                                           "code": None}
         response = post(server, "completions", {"model": NAME, "prompt": [5], "max_tokens": 2})
         assert response.status_code == 503
-        assert response.json()["error"]["message"] == "the engine is not running"
+        assert response.json()["error"]["message"] == ENGINE_STOPPED
     finally:
         server.stop()

@@ -33,6 +33,9 @@ logger = logging.getLogger("etc.serve")
 
 #: The error of the requests a server's shutdown ends (`app.state.close`).
 SHUTTING_DOWN = "the server is shutting down"
+#: When the engine's thread has died (its error is in the server's log).
+ENGINE_STOPPED = ("the engine has stopped (the server's log says why); restart the server "
+                  "to serve requests again")
 
 #: What the engine calls a parameter, as the API names it.
 _API_PARAM = {"max_new_tokens": "max_tokens", "sampling": "temperature"}
@@ -175,8 +178,10 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
 
     @app.get("/health")
     async def health():
-        if not engine.running or app.state.closing:
-            raise APIError(503, "the engine is not running", None, kind="service_unavailable")
+        if app.state.closing:
+            raise APIError(503, SHUTTING_DOWN, None, kind="service_unavailable")
+        if not engine.running:
+            raise APIError(503, ENGINE_STOPPED, None, kind="service_unavailable")
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -277,7 +282,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         if app.state.closing:
             raise APIError(503, SHUTTING_DOWN, None, kind="service_unavailable")
         if not engine.running:  # its thread died: no step would ever come
-            raise APIError(503, "the engine is not running", None, kind="service_unavailable")
+            raise APIError(503, ENGINE_STOPPED, None, kind="service_unavailable")
         loop = asyncio.get_running_loop()
         # (choice index, output) of every choice, as the engine makes them.
         outputs: asyncio.Queue = asyncio.Queue()
