@@ -50,14 +50,6 @@ from .matmul_scalar import Matmul
 from .packed_loads import _k_scale_min, signed_byte
 
 
-def _has_avx2() -> bool:
-    """Whether the CPU code is compiled for a level with AVX2 (the
-    kernel's `vpmaddubsw` path; the artifact records the level)."""
-    from ..runtime.isa import chosen
-
-    return chosen() in ("x86-64-v3", "x86-64-v4")
-
-
 def choose_packed(op, target) -> type:
     """The kernel of matmul `op` whose `b` is packed, on `target`."""
     if target.kind == "cpu" and MatmulPackedCPU.applies(op):
@@ -125,7 +117,7 @@ class MatmulPackedCPU(Matmul):
         self.i8 = ir.IntegerType.get_signless(8)
         self.i16 = ir.IntegerType.get_signless(16)
         self.i32 = ir.IntegerType.get_signless(32)
-        self.avx2 = _has_avx2()
+        self.avx2 = self.target.has("avx2")
         r0, rows = self.row_block(out, tm)
         c0 = arith.muli(self.ti[1], self.cidx(tn))
         cols = self.extent(out, 1, c0, tn)
