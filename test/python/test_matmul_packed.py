@@ -94,39 +94,47 @@ def test_q8_0_with_k_of_five_blocks_and_bf16_activations():
         assert np.all(np.abs(got - emulated) <= np.abs(emulated) * 2**-8 + 1e-5 * scale)
 
 
-def test_the_plain_vector_path_equals_avx2(monkeypatch):
+def test_the_plain_vector_and_vnni_paths_equal_avx2(monkeypatch):
     """Compiled for x86-64-v2 (no AVX2) the kernel's int8 products are plain
-    vector code: the same integers, so the same results."""
+    vector code, and with VNNI unsigned weights less a zero point: the
+    same integers, so the same results."""
     from etc.runtime import isa
 
     if not isa.host_supports("x86-64-v3"):
         pytest.skip("the host does not run x86-64-v3 (AVX2) code to compare with")
     k = 256
     results = []
-    for level in ("x86-64-v3", "x86-64-v2"):
+    levels = ["x86-64-v3", "x86-64-v2"] + [
+        v for v in ("x86-64-v3+avxvnni", "x86-64-v4+avx512vnni") if isa.host_supports(v)]
+    for level in levels:
         monkeypatch.setenv("ETC_CPU_ISA", level)
         g = etc.Graph("isa")
         T = g.symbol("T")
         x = g.input("x", (T, k), "f32")
-        ws = [g.input(f"w_{fmt}", (N, k), fmt) for fmt in ("q8_0", "iq4_nl", "q6_k")]
+        ws = [g.input(f"w_{fmt}", (N, k), fmt) for fmt in FORMATS]
         g.output(*[g.matmul(x, w, transpose_b=True) for w in ws])
         kernel = etc.compile(g, target="cpu", workers=1)
         assert kernel.abi.isa == level
         a = np.random.default_rng(5).standard_normal((3, k)).astype(np.float32)
         results.append(kernel.run(x=a, **{f"w_{f}": _weights(f, k, 9)
-                                          for f in ("q8_0", "iq4_nl", "q6_k")}))
-    for v3, v2 in zip(*results):
-        np.testing.assert_allclose(v2, v3, rtol=1e-6, atol=1e-5)
+                                          for f in FORMATS}))
+    for other in results[1:]:
+        for want, got in zip(results[0], other):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("level, byte_products", [
-    ("x86-64-v2", False), ("x86-64-v3", True), ("x86-64-v4", True),
-    ("x86-64-v4+avx512bf16+avx512vnni+avxvnni", True)])
-def test_every_instruction_set_with_avx2_takes_the_byte_products(level, byte_products):
-    """The kernel's int8 products use AVX2's byte instructions on every
-    instruction set that has them, extensions included (the host's is
-    `x86-64-v4+...` on AVX-512 machines: a check of the level's bare
-    name once sent them to the plain vector code, 1.6x slower decode)."""
+@pytest.mark.parametrize("level, products", [
+    ("x86-64-v2", None), ("x86-64-v3", "llvm.x86.avx2.pmadd.ub.sw"),
+    ("x86-64-v4", "llvm.x86.avx2.pmadd.ub.sw"),
+    ("x86-64-v3+avxvnni", "llvm.x86.avx512.vpdpbusd.256"),
+    ("x86-64-v4+avx512bf16+avx512vnni+avxvnni", "llvm.x86.avx512.vpdpbusd.256")])
+def test_every_instruction_set_takes_its_byte_products(level, products):
+    """The kernel's int8 products use the best byte instructions of the
+    instruction set it is compiled for, extensions included: VNNI's
+    `vpdpbusd`, else AVX2's `vpmaddubsw`, else plain vector code (the
+    host's set is `x86-64-v4+...` on AVX-512 machines: a check of the
+    bare level names once sent those to the plain vector code, 1.6x
+    slower decode)."""
     from mlir import ir
 
     from etc.ops.base import Target
@@ -136,7 +144,9 @@ def test_every_instruction_set_with_avx2_takes_the_byte_products(level, byte_pro
     g.output(g.matmul(x, g.input("w", (N, 64), "q8_0"), transpose_b=True))
     text = str(g.build(ir.Context(), target=Target("cpu", workers=1, isa=level)))
     assert "matmul_q8_0_cpu" in text
-    assert ("llvm.x86.avx2.pmadd.ub.sw" in text) == byte_products
+    found = [p for p in ("llvm.x86.avx512.vpdpbusd.256", "llvm.x86.avx2.pmadd.ub.sw")
+             if p in text]
+    assert found == ([products] if products else [])
 
 
 def test_embedding_of_packed_tables_equals_dequantize():

@@ -22,7 +22,12 @@ Kernels:
   (-127 .. 127, a float32 scale); then each (row, column) is a sum over
   blocks of d_a d_b times the block's integer dot product, which AVX2
   computes 32 products at a time (`vpsignb`, `vpmaddubsw`, `vpmaddwd`:
-  exact, the i16 pair sums stay below 2 x 128 x 127). The activations'
+  exact, the i16 pair sums stay below 2 x 128 x 127), and VNNI in one
+  `vpdpbusd` of the weights read as unsigned bytes q + z (z: the
+  format's zero point, `ZERO_POINTS`) starting from -z times the row's
+  sums of 4 values (computed once per row and block as the row is
+  quantized). Each step unpacks COLS columns' blocks once for ROWS rows
+  of A; a minimum's term d_a sum(q) m joins the same accumulators. The activations'
   rounding is the only difference from the widened product: at most
   d_a / 2 per value, so |C - C_widened| <= sum_k |w_k| d_a(k) / 2 (plus
   float32 rounding), the bound the tests check.
@@ -34,8 +39,11 @@ the machine loaded by other work; best of 7) took 3.6-7.8 ms (int8) vs
 14.4-28.0 ms at B = 4 and 29.9-83.1 vs 72.0-102.4 ms at B = 16: widening
 costs 3 instructions per 8 weights and leaves decode short of the memory
 bandwidth (28 GB/s reached by int8). AVX-VNNI `vpdpbusd` on 256-bit
-vectors was no faster than `vpmaddubsw` + `vpmaddwd` there (4.0-6.2 ms at
-B = 1), and x86-64-v3, the default level, lacks it.
+vectors was no faster than `vpmaddubsw` + `vpmaddwd` there at B = 1
+(4.0-6.2 ms), where the weights' bytes bound the time; batches are bound
+by instructions: SmolLM2-135M Q4_1 at B = 8 (2 workers, 2026-11-27),
+matmul workers' time per step 37.0-37.6 ms (AVX2, 2 rows per step) ->
+33.1-33.9 ms (VNNI) -> 29.5-30.7 ms (VNNI, 4 rows per step).
 """
 
 from __future__ import annotations
@@ -88,6 +96,13 @@ class MatmulPackedGPU(MatmulSkinnyT):
         return list(kloop.results)
 
 
+#: With VNNI, the unsigned byte each format's integer weight q is read as:
+#: q + ZERO_POINTS[format] (0 .. 255; the formats with a minimum are
+#: unsigned already).
+ZERO_POINTS = {"q8_0": 128, "q4_0": 8, "iq4_nl": 128, "q5_0": 16, "q6_k": 32,
+               "q4_1": 0, "q5_1": 0, "q4_k": 0, "q5_k": 0}
+
+
 class MatmulPackedCPU(Matmul):
     """C = A @ B^T with B packed, by int8 dot products over quantized
     blocks of A (see the module docstring)."""
@@ -96,8 +111,11 @@ class MatmulPackedCPU(Matmul):
     FORMATS = tuple(packed.FORMATS)
     #: Values per block of quantized activations.
     BLOCK = 32
-    #: Rows of A and columns of C each micro-kernel step shares loads over.
-    ROWS = 2
+    #: Rows of A and columns of C each micro-kernel step shares loads over
+    #: (ROWS x COLS accumulators): 4 rows where AVX-512 gives 32 vector
+    #: registers, else 2.
+    ROWS = 4
+    ROWS_16_REGISTERS = 2
     COLS = 4
 
     @classmethod
@@ -118,6 +136,10 @@ class MatmulPackedCPU(Matmul):
         self.i16 = ir.IntegerType.get_signless(16)
         self.i32 = ir.IntegerType.get_signless(32)
         self.avx2 = self.target.has("avx2")
+        #: With VNNI the weights are read as unsigned bytes minus the
+        #: format's zero point (see ZERO_POINTS), one `vpdpbusd` per block.
+        self.vnni = self.target.has("avxvnni") or self.target.has("avx512vnni")
+        self.zero = ZERO_POINTS[op.operands[1].dtype] if self.vnni else 0
         r0, rows = self.row_block(out, tm)
         c0 = arith.muli(self.ti[1], self.cidx(tn))
         cols = self.extent(out, 1, c0, tn)
@@ -127,18 +149,24 @@ class MatmulPackedCPU(Matmul):
         self.has_minimum = op.operands[1].dtype in ("q4_1", "q5_1", "q4_k", "q5_k")
         self.sums = self.entry_alloca(ir.MemRefType.get([tm, self.blocks], self.f32)) \
             if self.has_minimum else None
+        #: Per row and block of A, 8 lanes of -zero x (the sum of 4
+        #: values): `vpdpbusd`'s starting value, so that it sums
+        #: (w + zero - zero) x.
+        self.inits = self.entry_alloca(ir.MemRefType.get([tm, self.blocks * 8], self.i32)) \
+            if self.zero else None
         self.quantize_rows(r0, rows)
-        pairs = arith.divui(rows, self.cidx(self.ROWS))
+        step = self.ROWS if self.target.has("avx512f") else self.ROWS_16_REGISTERS
+        pairs = arith.divui(rows, self.cidx(step))
         loop = scf.ForOp(self.cidx(0), pairs, self.cidx(1))
         with ir.InsertionPoint(loop.body):
-            local = arith.muli(loop.induction_variable, self.cidx(self.ROWS))
-            self.emit_columns(r0, local, self.ROWS, c0, cols)
+            local = arith.muli(loop.induction_variable, self.cidx(step))
+            self.emit_columns(r0, local, step, c0, cols)
             scf.yield_([])
-        for count in range(1, self.ROWS):
-            left = arith.subi(rows, arith.muli(pairs, self.cidx(self.ROWS)))
+        for count in range(1, step):
+            left = arith.subi(rows, arith.muli(pairs, self.cidx(step)))
             branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, left, self.cidx(count)))
             with ir.InsertionPoint(branch.then_block):
-                self.emit_columns(r0, arith.muli(pairs, self.cidx(self.ROWS)), count, c0, cols)
+                self.emit_columns(r0, arith.muli(pairs, self.cidx(step)), count, c0, cols)
                 scf.yield_([])
 
     # -- activations -------------------------------------------------------
@@ -168,16 +196,27 @@ class MatmulPackedCPU(Matmul):
                                        self.cf32(0.0))
                 memref.store(scale, self.scales, [local, kb])
                 total = None
+                qs = []
                 for h, part in enumerate(parts):
                     rounded = math.roundeven(arith.mulf(part, vector.broadcast(vtype, inverse)))
                     q = arith.trunci(ir.VectorType.get([half], self.i8),
                                      arith.fptosi(ir.VectorType.get([half], self.i32), rounded))
                     vector.store(q, self.panel, [local, arith.addi(start, self.cidx(h * half))])
+                    qs.append(q)
                     if self.has_minimum:
                         part_sum = self.vsum(rounded)  # integers: exact in any order
                         total = part_sum if total is None else arith.addf(total, part_sum)
                 if self.has_minimum:
                     memref.store(total, self.sums, [local, kb])
+                if self.inits is not None:
+                    block = vector.shuffle(qs[0], qs[1], list(range(self.BLOCK)))
+                    lanes = ir.VectorType.get([8], self.i32)
+                    zero = arith.constant(lanes, ir.DenseElementsAttr.get_splat(
+                        lanes, ir.IntegerAttr.get(self.i32, 0)))
+                    shifted = self.vnni_dot(zero, self.splat_i8(self.zero - 256 * (self.zero > 127)),
+                                            block)
+                    vector.store(arith.subi(zero, shifted), self.inits,
+                                 [local, arith.muli(kb, self.cidx(8))])
                 scf.yield_([])
             scf.yield_([])
 
@@ -221,14 +260,11 @@ class MatmulPackedCPU(Matmul):
         rows = [arith.addi(local, self.cidx(r)) for r in range(nrows)]
         pairs = [(r, c) for r in range(nrows) for c in range(ncols)]
         accs = [self.vzero(lanes) for _ in pairs]
-        offsets = [self.cf32(0.0) for _ in pairs] if self.has_minimum else []
         per_block = fmt.block // self.BLOCK
-        loop = scf.ForOp(self.cidx(0), self.cidx(self.k // fmt.block), self.cidx(1),
-                         accs + offsets)
+        loop = scf.ForOp(self.cidx(0), self.cidx(self.k // fmt.block), self.cidx(1), accs)
         with ir.InsertionPoint(loop.body):
             sb = loop.induction_variable
-            carried = list(loop.inner_iter_args)
-            accs, offsets = carried[:len(pairs)], carried[len(pairs):]
+            accs = list(loop.inner_iter_args)
             base = arith.muli(sb, self.cidx(fmt.nbytes))
             groups = [self.weight_groups(fmt, column, base) for column in columns]
             for g in range(per_block):
@@ -237,31 +273,50 @@ class MatmulPackedCPU(Matmul):
                 xs = [vector.load(ir.VectorType.get([self.BLOCK], self.i8), self.panel,
                                   [r, start]) for r in rows]
                 dxs = [memref.load(self.scales, [r, block]) for r in rows]
-                sums = [memref.load(self.sums, [r, block]) for r in rows] \
-                    if self.has_minimum else []
+                # A minimum's products d_a sum(q) min, spread over the lanes
+                # (1/8 each: exact) so that they join the accumulators.
+                spread = [vector.broadcast(self.vtype(lanes), arith.mulf(
+                    arith.mulf(dx, memref.load(self.sums, [r, block])), self.cf32(1 / lanes)))
+                    for r, dx in zip(rows, dxs)] if self.has_minimum else []
+                if self.vnni:
+                    # The zero point's products start each row's sums; the
+                    # row and column scales meet in one multiply per pair.
+                    lane_type = ir.VectorType.get([lanes], self.i32)
+                    starts = [vector.load(lane_type, self.inits,
+                                          [r, arith.muli(block, self.cidx(lanes))])
+                              for r in rows] if self.inits is not None else \
+                        [arith.constant(lane_type, ir.DenseElementsAttr.get_splat(
+                            lane_type, ir.IntegerAttr.get(self.i32, 0)))] * nrows
+                    dx_lanes = [vector.broadcast(self.vtype(lanes), dx) for dx in dxs]
                 for c in range(ncols):
                     weights, scale, minimum = groups[c][g]
-                    magnitudes = self.sign(weights, weights)
+                    if minimum is not None:
+                        minimum_lanes = vector.broadcast(self.vtype(lanes), minimum)
+                    if self.vnni:
+                        scale_lanes = scale if isinstance(scale.type, ir.VectorType) else \
+                            vector.broadcast(self.vtype(lanes), scale)
+                    else:
+                        magnitudes = self.sign(weights, weights)
                     for r in range(nrows):
                         at = r * ncols + c
-                        dot = self.int8_dot(magnitudes, self.sign(xs[r], weights))
-                        if isinstance(scale.type, ir.VectorType):
-                            both = arith.mulf(scale, vector.broadcast(scale.type, dxs[r]))
+                        if self.vnni:
+                            dot = self.vnni_dot(starts[r], weights, xs[r])
+                            both = arith.mulf(scale_lanes, dx_lanes[r])
                         else:
-                            both = vector.broadcast(self.vtype(lanes), arith.mulf(scale, dxs[r]))
+                            dot = self.int8_dot(magnitudes, self.sign(xs[r], weights))
+                            both = arith.mulf(scale, vector.broadcast(scale.type, dxs[r])) \
+                                if isinstance(scale.type, ir.VectorType) else \
+                                vector.broadcast(self.vtype(lanes), arith.mulf(scale, dxs[r]))
                         accs[at] = vector.fma(arith.sitofp(self.vtype(lanes), dot), both,
                                               accs[at])
                         if minimum is not None:
-                            offsets[at] = math.fma(minimum, arith.mulf(dxs[r], sums[r]),
-                                                   offsets[at])
-            scf.yield_(accs + offsets)
+                            accs[at] = vector.fma(minimum_lanes, spread[r], accs[at])
+            scf.yield_(accs)
         results = list(loop.results)
         for at, (r, c) in enumerate(pairs):
             total = vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<add>"),
                                      results[at],
                                      fastmath=ir.Attribute.parse("#arith.fastmath<reassoc>"))
-            if self.has_minimum:
-                total = arith.addf(total, results[len(pairs) + at])
             self.store(total, self.op.result, [arith.addi(r0, rows[r]), columns[c]])
 
     # -- weights -------------------------------------------------------------
@@ -277,20 +332,27 @@ class MatmulPackedCPU(Matmul):
         raw = lambda at, n: vector.load(ir.VectorType.get([n], self.i8), self.buf(b),  # noqa
                                         [column, arith.addi(base, self.cidx(at))])
         name = fmt.name
+        # With VNNI the integer weights stay unsigned, the zero point
+        # (ZERO_POINTS) subtracted through the rows' starting sums.
+        centred = (lambda q, zero: q) if self.vnni else \
+            (lambda q, zero: arith.subi(q, self.splat_i8(zero)))  # noqa: E731
         if name == "q8_0":
+            if self.vnni:  # w + 128: the sign bit flipped
+                return [(arith.xori(raw(2, 32), self.splat_i8(-128)), half(0), None)]
             return [(raw(2, 32), half(0), None)]
         if name in ("q4_0", "iq4_nl"):
             q = self.nibbles(raw(2, 16))
             if name == "q4_0":
-                return [(arith.subi(q, self.splat_i8(8)), half(0), None)]
-            return [(self.lookup(packed.IQ4_NL_VALUES, q), half(0), None)]
+                return [(centred(q, 8), half(0), None)]
+            table = packed.IQ4_NL_VALUES.astype(np.int16) + (128 if self.vnni else 0)
+            return [(self.lookup(table.astype(np.uint8).view(np.int8), q), half(0), None)]
         if name == "q4_1":
             return [(self.nibbles(raw(4, 16)), half(0), half(2))]
         if name in ("q5_0", "q5_1"):
             at = 2 if name == "q5_0" else 4
             q = arith.ori(self.nibbles(raw(at + 4, 16)), self.fifth_bits(raw(at, 4)))
             if name == "q5_0":
-                return [(arith.subi(q, self.splat_i8(16)), half(0), None)]
+                return [(centred(q, 16), half(0), None)]
             return [(q, half(0), half(2))]
         if name in ("q4_k", "q5_k"):
             d, dmin = half(0), half(2)
@@ -317,8 +379,7 @@ class MatmulPackedCPU(Matmul):
                     low_bytes = raw(64 * h + 32 * (run % 2), 32)
                     low = self.low_nibbles(low_bytes) if run < 2 else self.high_nibbles(low_bytes)
                     top = arith.andi(arith.shrui(high, self.splat_i8(2 * run)), self.splat_i8(3))
-                    q = arith.subi(arith.ori(low, arith.shli(top, self.splat_i8(4))),
-                                   self.splat_i8(32))
+                    q = centred(arith.ori(low, arith.shli(top, self.splat_i8(4))), 32)
                     first = 8 * h + 2 * run  # the scales of values 0-15 and 16-31
                     scales = [arith.mulf(d, arith.sitofp(self.f32, signed_byte(
                         self, b, column, arith.addi(base, self.cidx(192 + first + i)))))
@@ -403,6 +464,14 @@ class MatmulPackedCPU(Matmul):
         negative = arith.cmpi(arith.CmpIPredicate.slt, by, zero)
         zeroed = arith.cmpi(arith.CmpIPredicate.eq, by, zero)
         return arith.select(zeroed, zero, arith.select(negative, arith.subi(zero, x), x))
+
+    def vnni_dot(self, start: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
+        """`start` (vector<8xi32>) plus the 8 sums of 4 consecutive
+        products unsigned[j] * signed[j] (32 i8 lanes each, `unsigned`
+        read as 0 .. 255): one `vpdpbusd` (AVX-VNNI, or AVX-512 VNNI on
+        256-bit vectors), exact: no 16-bit step between."""
+        return self._intrinsic("llvm.x86.avx512.vpdpbusd.256", start.type, start,
+                               unsigned, signed)
 
     def int8_dot(self, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
         """The 8 sums of 4 consecutive products unsigned[j] * signed[j]
