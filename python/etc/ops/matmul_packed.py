@@ -43,7 +43,12 @@ vectors was no faster than `vpmaddubsw` + `vpmaddwd` there at B = 1
 (4.0-6.2 ms), where the weights' bytes bound the time; batches are bound
 by instructions: SmolLM2-135M Q4_1 at B = 8 (2 workers, 2026-11-27),
 matmul workers' time per step 37.0-37.6 ms (AVX2, 2 rows per step) ->
-33.1-33.9 ms (VNNI) -> 29.5-30.7 ms (VNNI, 4 rows per step).
+33.1-33.9 ms (VNNI) -> 29.5-30.7 ms (VNNI, 4 rows per step); with two
+groups of 32 per 512-bit step 25.7-26.1 ms against 29.8-30.4 ms for the
+256-bit steps in the same run (loaded machine; B = 1 unchanged at
+8.5-9.1 ms). What remains per step is mostly unpacking: each column's
+nibbles, scales and minimums, and each row's scales, cost more
+instructions than the 16 pairs' products.
 """
 
 from __future__ import annotations
@@ -140,6 +145,8 @@ class MatmulPackedCPU(Matmul):
         #: format's zero point (see ZERO_POINTS), one `vpdpbusd` per block.
         self.vnni = self.target.has("avxvnni") or self.target.has("avx512vnni")
         self.zero = ZERO_POINTS[op.operands[1].dtype] if self.vnni else 0
+        #: AVX-512 VNNI: two groups of 32 values per 512-bit step.
+        self.wide = self.vnni and self.target.has("avx512vnni")
         r0, rows = self.row_block(out, tm)
         c0 = arith.muli(self.ti[1], self.cidx(tn))
         cols = self.extent(out, 1, c0, tn)
@@ -253,71 +260,121 @@ class MatmulPackedCPU(Matmul):
         `columns`: per group of 32 values, the integer dot product of each
         quantized row with the column's integer weights (`weight_groups`),
         times both scales; formats with a minimum add its product with the
-        row's block sum."""
+        row's block sum. With AVX-512 VNNI two groups go together in
+        512-bit vectors (`wide`; a last odd block of 32 alone)."""
         b = self.op.operands[1]
         fmt = packed.FORMATS[b.dtype]
-        lanes, ncols = 8, len(columns)
         rows = [arith.addi(local, self.cidx(r)) for r in range(nrows)]
-        pairs = [(r, c) for r in range(nrows) for c in range(ncols)]
-        accs = [self.vzero(lanes) for _ in pairs]
         per_block = fmt.block // self.BLOCK
-        loop = scf.ForOp(self.cidx(0), self.cidx(self.k // fmt.block), self.cidx(1), accs)
-        with ir.InsertionPoint(loop.body):
-            sb = loop.induction_variable
-            accs = list(loop.inner_iter_args)
-            base = arith.muli(sb, self.cidx(fmt.nbytes))
-            groups = [self.weight_groups(fmt, column, base) for column in columns]
-            for g in range(per_block):
-                block = arith.addi(arith.muli(sb, self.cidx(per_block)), self.cidx(g))
-                start = arith.muli(block, self.cidx(self.BLOCK))
-                xs = [vector.load(ir.VectorType.get([self.BLOCK], self.i8), self.panel,
-                                  [r, start]) for r in rows]
-                dxs = [memref.load(self.scales, [r, block]) for r in rows]
-                # A minimum's products d_a sum(q) min, spread over the lanes
-                # (1/8 each: exact) so that they join the accumulators.
-                spread = [vector.broadcast(self.vtype(lanes), arith.mulf(
-                    arith.mulf(dx, memref.load(self.sums, [r, block])), self.cf32(1 / lanes)))
-                    for r, dx in zip(rows, dxs)] if self.has_minimum else []
-                if self.vnni:
-                    # The zero point's products start each row's sums; the
-                    # row and column scales meet in one multiply per pair.
-                    lane_type = ir.VectorType.get([lanes], self.i32)
-                    starts = [vector.load(lane_type, self.inits,
-                                          [r, arith.muli(block, self.cidx(lanes))])
-                              for r in rows] if self.inits is not None else \
-                        [arith.constant(lane_type, ir.DenseElementsAttr.get_splat(
-                            lane_type, ir.IntegerAttr.get(self.i32, 0)))] * nrows
-                    dx_lanes = [vector.broadcast(self.vtype(lanes), dx) for dx in dxs]
-                for c in range(ncols):
-                    weights, scale, minimum = groups[c][g]
-                    if minimum is not None:
-                        minimum_lanes = vector.broadcast(self.vtype(lanes), minimum)
-                    if self.vnni:
-                        scale_lanes = scale if isinstance(scale.type, ir.VectorType) else \
-                            vector.broadcast(self.vtype(lanes), scale)
-                    else:
-                        magnitudes = self.sign(weights, weights)
-                    for r in range(nrows):
-                        at = r * ncols + c
-                        if self.vnni:
-                            dot = self.vnni_dot(starts[r], weights, xs[r])
-                            both = arith.mulf(scale_lanes, dx_lanes[r])
-                        else:
-                            dot = self.int8_dot(magnitudes, self.sign(xs[r], weights))
-                            both = arith.mulf(scale, vector.broadcast(scale.type, dxs[r])) \
-                                if isinstance(scale.type, ir.VectorType) else \
-                                vector.broadcast(self.vtype(lanes), arith.mulf(scale, dxs[r]))
-                        accs[at] = vector.fma(arith.sitofp(self.vtype(lanes), dot), both,
-                                              accs[at])
-                        if minimum is not None:
-                            accs[at] = vector.fma(minimum_lanes, spread[r], accs[at])
-            scf.yield_(accs)
-        results = list(loop.results)
-        for at, (r, c) in enumerate(pairs):
-            total = vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<add>"),
-                                     results[at],
-                                     fastmath=ir.Attribute.parse("#arith.fastmath<reassoc>"))
+        span = 2 if self.wide else 1
+        blocks = self.k // self.BLOCK
+        if per_block % span == 0:
+            # Steps inside each block of the format.
+            loop = scf.ForOp(self.cidx(0), self.cidx(self.k // fmt.block), self.cidx(1),
+                             self.zero_accumulators(nrows, columns, span))
+            with ir.InsertionPoint(loop.body):
+                sb = loop.induction_variable
+                base = arith.muli(sb, self.cidx(fmt.nbytes))
+                groups = [self.weight_groups(fmt, column, base) for column in columns]
+                accs = list(loop.inner_iter_args)
+                for g in range(0, per_block, span):
+                    first = arith.addi(arith.muli(sb, self.cidx(per_block)), self.cidx(g))
+                    accs = self.accumulate(accs, rows, first,
+                                           [column[g:g + span] for column in groups])
+                scf.yield_(accs)
+            totals = self.lane_totals(loop.results)
+        else:
+            # Blocks of 32 values two at a time, then an odd last one alone.
+            loop = scf.ForOp(self.cidx(0), self.cidx(blocks // 2), self.cidx(1),
+                             self.zero_accumulators(nrows, columns, span))
+            with ir.InsertionPoint(loop.body):
+                first = arith.muli(loop.induction_variable, self.cidx(2))
+                groups = [[self.weight_groups(fmt, column, arith.muli(
+                    arith.addi(first, self.cidx(i)), self.cidx(fmt.nbytes)))[0]
+                    for i in range(2)] for column in columns]
+                scf.yield_(self.accumulate(list(loop.inner_iter_args), rows, first, groups))
+            totals = self.lane_totals(loop.results)
+            if blocks % 2:
+                last = self.cidx(blocks - 1)
+                base = self.cidx((blocks - 1) * fmt.nbytes)
+                tail = self.accumulate(self.zero_accumulators(nrows, columns, 1), rows, last,
+                                       [self.weight_groups(fmt, column, base)
+                                        for column in columns])
+                totals = [arith.addf(t, u) for t, u in zip(totals, self.lane_totals(tail))]
+        ncols = len(columns)
+        for at, total in enumerate(totals):
+            r, c = divmod(at, ncols)
             self.store(total, self.op.result, [arith.addi(r0, rows[r]), columns[c]])
+
+    def zero_accumulators(self, nrows: int, columns: list, span: int) -> list:
+        return [self.vzero(8 * span) for _ in range(nrows * len(columns))]
+
+    def lane_totals(self, accs) -> list:
+        return [vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<add>"), acc,
+                                 fastmath=ir.Attribute.parse("#arith.fastmath<reassoc>"))
+                for acc in accs]
+
+    def accumulate(self, accs: list, rows: list, first, column_groups: list) -> list:
+        """`accs` (r-major over rows x columns, 8 lanes per group of 32)
+        plus the products of groups first, first + 1, ... of each row with
+        `column_groups[c]` (each column's `weight_groups` for them: one, or
+        two with `wide`)."""
+        span = len(column_groups[0])
+        lanes = 8 * span
+        ncols = len(column_groups)
+        blocks = [arith.addi(first, self.cidx(i)) for i in range(span)]
+        start = arith.muli(first, self.cidx(self.BLOCK))
+        xs = [vector.load(ir.VectorType.get([self.BLOCK * span], self.i8), self.panel,
+                          [r, start]) for r in rows]
+        dxs = [[memref.load(self.scales, [r, block]) for block in blocks] for r in rows]
+        # A minimum's products d_a sum(q) m, spread over each group's 8
+        # lanes (1/8 each: exact) so that they join the accumulators.
+        spread = [self.group_lanes([arith.mulf(arith.mulf(dx, memref.load(self.sums, [r, block])),
+                                               self.cf32(1 / 8))
+                                    for dx, block in zip(row_dxs, blocks)])
+                  for r, row_dxs in zip(rows, dxs)] if self.has_minimum else []
+        if self.vnni:
+            # The zero point's products start each row's sums; the row and
+            # column scales meet in one multiply per pair.
+            lane_type = ir.VectorType.get([lanes], self.i32)
+            starts = [vector.load(lane_type, self.inits, [r, arith.muli(first, self.cidx(8))])
+                      for r in rows] if self.inits is not None else \
+                [arith.constant(lane_type, ir.DenseElementsAttr.get_splat(
+                    lane_type, ir.IntegerAttr.get(self.i32, 0)))] * len(rows)
+            dx_lanes = [self.group_lanes(row_dxs) for row_dxs in dxs]
+        accs = list(accs)
+        for c, groups in enumerate(column_groups):
+            weights = groups[0][0] if span == 1 else \
+                vector.shuffle(groups[0][0], groups[1][0], list(range(2 * self.BLOCK)))
+            scale = groups[0][1] if span == 1 else self.group_lanes([g[1] for g in groups])
+            minimum = None if groups[0][2] is None else self.group_lanes([g[2] for g in groups])
+            if self.vnni:
+                scale_lanes = self.group_lanes([scale]) if span == 1 else scale
+            else:
+                magnitudes = self.sign(weights, weights)
+            for r in range(len(rows)):
+                at = r * ncols + c
+                if self.vnni:
+                    dot = self.vnni_dot(starts[r], weights, xs[r])
+                    both = arith.mulf(scale_lanes, dx_lanes[r])
+                else:
+                    dot = self.int8_dot(magnitudes, self.sign(xs[r], weights))
+                    both = arith.mulf(scale, vector.broadcast(scale.type, dxs[r][0])) \
+                        if isinstance(scale.type, ir.VectorType) else \
+                        vector.broadcast(self.vtype(lanes), arith.mulf(scale, dxs[r][0]))
+                accs[at] = vector.fma(arith.sitofp(self.vtype(lanes), dot), both, accs[at])
+                if minimum is not None:
+                    accs[at] = vector.fma(minimum, spread[r], accs[at])
+        return accs
+
+    def group_lanes(self, values: list) -> ir.Value:
+        """One vector of 8 lanes per group of 32 values from each group's
+        value: a scalar over its 8 lanes, or its own vector<8xf32>."""
+        parts = [v if isinstance(v.type, ir.VectorType) else vector.broadcast(self.vtype(8), v)
+                 for v in values]
+        if len(parts) == 1:
+            return parts[0]
+        return vector.shuffle(parts[0], parts[1], list(range(16)))
 
     # -- weights -------------------------------------------------------------
 
@@ -466,11 +523,13 @@ class MatmulPackedCPU(Matmul):
         return arith.select(zeroed, zero, arith.select(negative, arith.subi(zero, x), x))
 
     def vnni_dot(self, start: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
-        """`start` (vector<8xi32>) plus the 8 sums of 4 consecutive
-        products unsigned[j] * signed[j] (32 i8 lanes each, `unsigned`
+        """`start` (vector<8xi32> or <16xi32>) plus the sums of 4 consecutive
+        products unsigned[j] * signed[j] (32 or 64 i8 lanes, `unsigned`
         read as 0 .. 255): one `vpdpbusd` (AVX-VNNI, or AVX-512 VNNI on
-        256-bit vectors), exact: no 16-bit step between."""
-        return self._intrinsic("llvm.x86.avx512.vpdpbusd.256", start.type, start,
+        256-bit vectors; AVX-512 VNNI on 512-bit ones), exact: no 16-bit
+        step between."""
+        width = ir.VectorType(start.type).shape[0] * 32
+        return self._intrinsic(f"llvm.x86.avx512.vpdpbusd.{width}", start.type, start,
                                unsigned, signed)
 
     def int8_dot(self, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
