@@ -1,7 +1,8 @@
 """The paged KV cache's host side (`etc.models.step.kv_blocks` and
 `kv_cache`, and the engine's `slots`): block allocation, block tables,
-prefix reuse by chained hashes, reference counts and LRU eviction. NumPy
-only, no kernel."""
+prefix reuse by chained hashes, reference counts and LRU eviction, and the
+sliding layers' tables, which give back the blocks that leave every
+window. NumPy only, no kernel."""
 
 import random
 from types import SimpleNamespace
@@ -41,8 +42,9 @@ def test_admit_reserve_release_tables():
         m.admit("a", ids(2))
     with pytest.raises(KeyError, match="no sequence 'zzz'"):
         m.reserve("zzz", 1)
-    with pytest.raises(ValueError, match="fewer than the 5 tokens"):
-        m.admit("d", ids(5), positions=3)
+    # Fewer positions than tokens: a table `reserve` grows step by step.
+    m.release("a")
+    assert m.admit("d", ids(5), positions=3) == 0 and len(m.table("d")) == 1
 
 
 def test_prefix_reuse_shares_full_blocks():
@@ -156,9 +158,10 @@ def test_clear_cached():
     m.check()
 
 
-def test_random_operations_keep_the_books():
+@pytest.mark.parametrize("window", [None, 6])
+def test_random_operations_keep_the_books(window):
     rng = random.Random(0)
-    m = BlockManager(12, P)
+    m = BlockManager(12, P, window=window)
     prefixes = [ids(rng.randrange(1, 14), 1000 * i) for i in range(3)]
     live: dict = {}
     for step in range(2000):
@@ -176,9 +179,12 @@ def test_random_operations_keep_the_books():
         elif op < 0.6 and live:
             key = rng.choice(list(live))
             m.commit(key, live[key][:len(m.table(key)) * P])
-        elif op < 0.8 and live:
+        elif op < 0.7 and live:
             key = rng.choice(list(live))
             m.reserve(key, len(m.table(key)) * P + rng.randrange(1, 6))
+        elif op < 0.8 and live:
+            key = rng.choice(list(live))
+            m.slide(key, rng.randrange(len(m.table(key)) * P + 1))
         elif live:
             key = rng.choice(list(live))
             m.release(key)
@@ -238,3 +244,77 @@ def test_sequences_without_ids_are_allocated_only():
     assert m.admit(0, (), positions=8) == 0 and m.table(0) == [0, 1]
     m.commit(0, ())
     assert m.cached_blocks == 0
+
+
+# ----------------------------------------------------------------------
+# Sliding windows: tables that keep only the blocks a window sees
+# ----------------------------------------------------------------------
+
+
+def test_a_window_gives_back_the_blocks_it_no_longer_sees():
+    """Window 6, blocks of 4: once the steps start at 10 (seeing 5 .. 10),
+    block 0 (0 .. 3) goes back, its entry None; a sequence holds at most
+    ceil(6 / 4) + 1 blocks however long it grows, and another takes the
+    blocks it gave back."""
+    m = BlockManager(8, P, window=6)
+    assert m.admit("a", ids(3), positions=0) == 0 and m.table("a") == []
+    assert m.reserve("a", 10) and m.table("a") == [0, 1, 2]
+    m.slide("a", 10)
+    assert m.table("a") == [None, 1, 2] and m.held("a") == 2 and m.free_blocks == 6
+    m.slide("a", 9)                 # an earlier start gives nothing back twice
+    assert m.table("a") == [None, 1, 2]
+    assert m.reserve("a", 14) and m.table("a") == [None, 1, 2, 0]  # block 0 again
+    for start in range(14, 60):     # decoding: a token a step
+        m.slide("a", start)
+        assert m.reserve("a", start + 1) and m.held("a") <= -(-6 // P) + 1
+        m.check()
+    assert len(m.table("a")) == 15 and m.table("a")[:12] == [None] * 12
+    assert m.held("a") == 2
+    # The other 6, block 0 (a's first) among them, are another's.
+    assert m.admit("b", ids(24, 100)) == 0
+    assert set(m.table("b")) == set(range(8)) - set(m.table("a")) and 0 in m.table("b")
+    m.release("a")
+    m.release("b")
+    assert m.free_blocks == 8 and m.used_blocks == 0
+    m.check()
+    # Without a window, nothing is given back.
+    full = BlockManager(8, P)
+    full.admit("a", ids(12))
+    full.slide("a", 12)
+    assert full.table("a") == [0, 1, 2]
+
+
+def test_a_window_reuses_a_prefix_whose_window_is_cached():
+    """A cached prefix of n blocks is reused when the blocks the window of
+    position n P sees are cached: those before may be gone (given back,
+    evicted), and when one it sees is gone, a shorter prefix is reused."""
+    m = BlockManager(8, P, window=6)
+    prompt = ids(17)
+    m.admit("a", prompt)
+    m.commit("a", prompt)           # 4 full blocks cached
+    m.slide("a", 17)                # sees 12 .. 17: blocks 0 .. 2 go back, cached
+    a = m.table("a")
+    assert a[:3] == [None] * 3 and m.cached_blocks == 4 and m.free_blocks == 6
+    assert m.admit("c", ids(16, 500)) == 0  # 3 free blocks, then block 0 evicted
+    assert m.evictions == 1
+    # Position 16 sees 11 .. 16: blocks 2 and 3 (the evicted block 0 is not needed).
+    other = prompt[:16] + [99]
+    assert m.match(other) == [None, None, 2, a[3]]
+    assert m.admit("b", other) == 16 and m.table("b")[:4] == [None, None, 2, a[3]]
+    assert m.ref_count(2) == 1 and m.ref_count(a[3]) == 2
+    m.check()
+    # Released whole, a sequence's tail is evicted first: a window that
+    # sees it reuses a shorter prefix, one whose window is still cached.
+    m = BlockManager(6, P, window=6)
+    m.admit("a", prompt)
+    m.commit("a", prompt)
+    m.release("a")                  # 4 cached (block 3 least recently), 2 free
+    m.admit("c", ids(12, 500))      # takes the free ones and evicts block 3
+    assert m.match(prompt) == [None, 1, 2]  # position 12 sees 7 .. 12
+    full = BlockManager(6, P)
+    full.admit("a", prompt)
+    full.commit("a", prompt)
+    full.release("a")
+    full.admit("c", ids(12, 500))
+    assert full.match(prompt) == [0, 1, 2]
+

@@ -21,6 +21,16 @@ Only full blocks are shared, and a sequence writes only positions past
 those it reused, so a shared block is never written: no copy-on-write.
 A prompt that is entirely cached still computes its last token (its logits
 are needed), so reuse stops one token short of the prompt's end.
+
+A manager with a `window` W keeps the tables of sliding-window layers,
+where position p sees keys p - W + 1 .. p only. `slide(key, start)` says
+the sequence's steps from now on compute positions `start` and later: no
+query of it will see a position before start - W + 1 again, so the blocks
+wholly before that go back to the pool, and their table entries become
+None. Such a block, when cached, stays reusable like any released one: its
+contents are still the keys and values of the ids its hash names. A prefix
+of n blocks is reused when the blocks the window of position n P sees are
+cached (the blocks before them are never read: None in the new table).
 """
 
 from __future__ import annotations
@@ -57,8 +67,8 @@ def block_hashes(tokens: Sequence[int], block_size: int, parent: bytes = b"",
 
 @dataclass
 class _SequenceBlocks:
-    """A sequence's blocks in position order, and the hashes of its first
-    full, computed ones."""
+    """A sequence's blocks in position order (None: given back, outside
+    every window), and the hashes of its first full, computed ones."""
 
     blocks: list = field(default_factory=list)
     hashes: list = field(default_factory=list)
@@ -76,16 +86,22 @@ class BlockManager:
     lacks the blocks), `trim(key, positions)` shrinks it to what
     `positions` need; `commit(key, tokens)` says its first len(tokens)
     positions now hold these ids' keys and values, which makes its full
-    blocks reusable; `release(key)` gives its blocks back.
+    blocks reusable; `release(key)` gives its blocks back. With a `window`
+    (sliding layers' tables), `slide(key, start)` gives back the blocks no
+    window from `start` on sees.
     """
 
     def __init__(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, *,
-                 prefix_caching: bool = True):
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+                 prefix_caching: bool = True, window: Optional[int] = None):
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
+                            ("window", 1 if window is None else window)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"BlockManager: {name}={value!r} must be a positive int")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefix_caching = prefix_caching
+        #: The positions a query sees, its own included (None: every one
+        #: before it).
+        self.window = window
         # Blocks holding nothing reusable, taken from the end (block 0 first).
         self._free = list(range(num_blocks - 1, -1, -1))
         # Cached blocks no sequence holds, least recently released first.
@@ -128,9 +144,14 @@ class BlockManager:
     def __len__(self) -> int:
         return len(self._sequences)
 
-    def table(self, key) -> list[int]:
-        """The blocks of sequence `key`, in position order."""
+    def table(self, key) -> list[Optional[int]]:
+        """The blocks of sequence `key`, in position order (None where a
+        block left every window: `slide`)."""
         return list(self._sequence(key).blocks)
+
+    def held(self, key) -> int:
+        """How many blocks sequence `key` holds."""
+        return sum(block is not None for block in self._sequence(key).blocks)
 
     def ref_count(self, block: int) -> int:
         """How many sequences hold `block`."""
@@ -138,53 +159,89 @@ class BlockManager:
 
     # -- sequences -------------------------------------------------------------
 
-    def match(self, tokens: Sequence[int]) -> list[int]:
-        """The blocks of the longest cached prefix of `tokens`, in order:
-        whole blocks only, ending at least one token before the end (the
-        last token is always computed). Changes nothing."""
-        if not self.prefix_caching:
-            return []
-        usable = max(0, len(tokens) - 1) // self.block_size
-        blocks = []
-        for h in block_hashes(tokens[:usable * self.block_size], self.block_size):
-            block = self._block_of.get(h)
-            if block is None:
-                break
-            blocks.append(block)
-        return blocks
+    def match(self, tokens: Sequence[int], limit: Optional[int] = None) -> list:
+        """The blocks of the longest cached prefix of `tokens` (at most
+        `limit` blocks), in order: whole blocks only, ending at least one
+        token before the end (the last token is always computed). With a
+        window, the blocks before those the prefix's end sees are None
+        (they need not be cached). Changes nothing."""
+        return self._match(tokens, limit)[0]
 
-    def admit(self, key, tokens: Sequence[int], positions: Optional[int] = None
-              ) -> Optional[int]:
+    def _match(self, tokens: Sequence[int], limit: Optional[int]) -> tuple[list, list]:
+        """`match`, and the hashes of the blocks it returns."""
+        if not self.prefix_caching:
+            return [], []
+        usable = max(0, len(tokens) - 1) // self.block_size
+        if limit is not None:
+            usable = min(usable, limit)
+        hashes = block_hashes(tokens[:usable * self.block_size], self.block_size)
+        found = [self._block_of.get(h) for h in hashes]
+        if self.window is None:
+            count = found.index(None) if None in found else len(found)
+            return found[:count], hashes[:count]
+        # The longest prefix whose end's window is cached.
+        for count in range(len(found), 0, -1):
+            first = self.first_seen(count * self.block_size)
+            if None not in found[first:count]:
+                return [None] * first + found[first:count], hashes[:count]
+        return [], []
+
+    def first_seen(self, start: int) -> int:
+        """The first block a query at position `start` or later sees: 0, or
+        with a window the block of start - W + 1."""
+        if self.window is None:
+            return 0
+        return max(0, start - self.window + 1) // self.block_size
+
+    def admit(self, key, tokens: Sequence[int], positions: Optional[int] = None, *,
+              limit: Optional[int] = None) -> Optional[int]:
         """Opens sequence `key` for `tokens` with blocks for `positions`
         positions (default: len(tokens)), reusing the blocks of the longest
-        cached prefix of `tokens` (none may be given: a sequence whose ids
-        the caller keeps to itself). Returns the number of tokens already in
-        the cache (a multiple of the block size), or None when the pool
-        lacks free blocks for the rest (nothing changes then)."""
+        cached prefix of `tokens`, of at most `limit` blocks (none may be
+        given: a sequence whose ids the caller keeps to itself). Returns the
+        number of tokens already in the cache (a multiple of the block
+        size), or None when the pool lacks free blocks for the rest
+        (nothing changes then). With `positions` fewer than the tokens the
+        table holds what is reused, and `reserve` grows it step by step."""
         if key in self._sequences:
             raise ValueError(f"BlockManager.admit: sequence {key!r} is already admitted")
-        positions = len(tokens) if positions is None else positions
-        if positions < len(tokens):
-            raise ValueError(f"BlockManager.admit: positions={positions} is fewer than the "
-                             f"{len(tokens)} tokens of sequence {key!r}")
-        reused = self.match(tokens)
-        needed = self.blocks_for(positions) - len(reused)
-        # Reused blocks that nobody holds are counted as free: they leave
-        # the free count without adding to what is available.
-        idle = sum(1 for b in reused if self._refs[b] == 0)
-        if needed > self.free_blocks - idle:
+        admission = self._admission(tokens, positions, limit)
+        if admission is None:
             return None
+        reused, hashes, needed = admission
         for block in reused:
+            if block is None:
+                continue
             if self._refs[block] == 0:
                 del self._evictable[block]
             self._refs[block] += 1
-        sequence = _SequenceBlocks(list(reused), [self._hash_of[b] for b in reused])
+        sequence = _SequenceBlocks(list(reused), hashes)
         sequence.blocks += [self._take() for _ in range(needed)]
         self._sequences[key] = sequence
         cached = len(reused) * self.block_size
         self.queried_tokens += len(tokens)
         self.cached_tokens += cached
         return cached
+
+    def can_admit(self, tokens: Sequence[int], positions: Optional[int] = None,
+                  limit: Optional[int] = None) -> bool:
+        """Whether `admit(key, tokens, positions, limit=limit)` would succeed
+        (for a key not yet admitted)."""
+        return self._admission(tokens, positions, limit) is not None
+
+    def _admission(self, tokens: Sequence[int], positions: Optional[int],
+                   limit: Optional[int]) -> Optional[tuple[list, list, int]]:
+        """What `admit` reuses (blocks and hashes) and takes (a count), or
+        None when the pool lacks the blocks."""
+        positions = len(tokens) if positions is None else positions
+        reused, hashes = self._match(tokens, limit)
+        needed = max(0, self.blocks_for(positions) - len(reused))
+        # Reused blocks that nobody holds are counted as free: they leave
+        # the free count without adding to what is available.
+        idle = sum(1 for b in reused if b is not None and self._refs[b] == 0)
+        if needed > self.free_blocks - idle:
+            return None
+        return reused, hashes, needed
 
     def reserve(self, key, positions: int) -> bool:
         """Grows sequence `key`'s table to hold `positions` positions; False
@@ -204,7 +261,20 @@ class BlockManager:
         sequence = self._sequence(key)
         keep = max(self.blocks_for(positions), len(sequence.hashes))
         while len(sequence.blocks) > keep:
-            self._drop(sequence.blocks.pop())
+            block = sequence.blocks.pop()
+            if block is not None:
+                self._drop(block)
+
+    def slide(self, key, start: int) -> None:
+        """Sequence `key`'s steps compute positions `start` and later: with a
+        window, the blocks that hold only positions before start - W + 1 go
+        back to the pool (cached ones stay reusable), their entries None.
+        Without a window, nothing."""
+        sequence = self._sequence(key)
+        for i in range(min(self.first_seen(start), len(sequence.blocks))):
+            if sequence.blocks[i] is not None:
+                self._drop(sequence.blocks[i])
+                sequence.blocks[i] = None
 
     def can_reserve(self, key, positions: int) -> bool:
         """Whether `reserve(key, positions)` would succeed."""
@@ -225,7 +295,7 @@ class BlockManager:
                               start=len(sequence.hashes)):
             sequence.hashes.append(h)
             block = sequence.blocks[i]
-            if h not in self._block_of and block not in self._hash_of:
+            if block is not None and h not in self._block_of and block not in self._hash_of:
                 self._block_of[h] = block
                 self._hash_of[block] = h
 
@@ -237,7 +307,8 @@ class BlockManager:
         if sequence is None:
             raise KeyError(f"BlockManager.release: no sequence {key!r}")
         for block in reversed(sequence.blocks):
-            self._drop(block)
+            if block is not None:
+                self._drop(block)
 
     def clear_cached(self) -> int:
         """Forgets every cached block that no sequence holds (they become
@@ -282,7 +353,8 @@ class BlockManager:
     def check(self) -> None:
         """Raises AssertionError when the bookkeeping is inconsistent (for
         tests): reference counts, the free and evictable sets, the hashes."""
-        held = collections.Counter(b for s in self._sequences.values() for b in s.blocks)
+        held = collections.Counter(b for s in self._sequences.values() for b in s.blocks
+                                   if b is not None)
         for block in range(self.num_blocks):
             assert self._refs[block] == held[block], (block, self._refs[block], held[block])
         free, idle = set(self._free), set(self._evictable)
