@@ -203,7 +203,7 @@ def test_paged_cache_arrays_and_block_tables():
     assert cache.tokens == 24
     cache.manager.admit(7, ids(9))
     cache.manager.admit(3, ids(2))
-    tables = cache.block_tables([3, 7], [2, 9])
+    (tables,) = cache.block_tables([3, 7], [2, 9]).values()
     assert tables.dtype == np.int32 and tables.shape == (2, 4)
     assert tables.tolist() == [[3, 0, 0, 0], [0, 1, 2, 0]]
     with pytest.raises(ValueError, match="reaches position 12.*holds 12 positions"):
@@ -318,3 +318,51 @@ def test_a_window_reuses_a_prefix_whose_window_is_cached():
     full.admit("c", ids(12, 500))
     assert full.match(prompt) == [0, 1, 2]
 
+
+def _mixed(window_blocks=None, sliding=(0, 1)):
+    config = SimpleNamespace(num_layers=3, num_kv_heads=1, head_dim=4, sliding_layers=sliding,
+                             sliding_window=6)
+    return PagedKVCache(config, 10, P, window_blocks=window_blocks)
+
+
+def test_sliding_layers_have_a_pool_and_table_of_their_own():
+    cache = _mixed(window_blocks=5)
+    assert cache.tables == {"block_table": cache.manager,
+                            "window_block_table": cache.window_manager}
+    assert cache.arrays["l0_k_cache"].shape == (5, P, 4)
+    assert cache.arrays["l2_v_cache"].shape == (10, P, 4)
+    assert cache.window_tokens == 20 and cache.tokens == 40
+    # Admitted with the sliding table's blocks left to `reserve`.
+    assert cache.admit(1, ids(9), window_positions=0) == 0
+    assert cache.manager.table(1) == [0, 1, 2] and cache.window_manager.table(1) == []
+    assert cache.reserve(1, 9) and cache.window_manager.table(1) == [0, 1, 2]
+    cache.commit(1, ids(8))         # computed (blocks 0 and 1 cached), then
+    cache.slide(1, 9)               # the steps see 4 .. 9 on: block 0 goes
+    tables = cache.block_tables([1], [9])
+    assert tables["block_table"].tolist() == [[0, 1, 2, 0]]
+    assert tables["window_block_table"].tolist() == [[0, 1, 2, 0]]
+    assert cache.window_manager.table(1) == [None, 1, 2]
+    # Either pool short: nothing taken from the other.
+    assert not cache.reserve(1, 25) and len(cache.manager.table(1)) == 3
+    assert cache.admit(2, ids(4), window_positions=16) is None and 2 not in cache.manager
+    cache.release(1)
+    # A second sequence reuses the prefix in both tables.
+    assert cache.match(ids(9)) == 2
+    assert cache.admit(3, ids(9), window_positions=0) == 8
+    # Position 8 sees 3 .. 8: block 0, given back but cached, is reused.
+    assert cache.window_manager.table(3) == [0, 1]
+    for manager in cache.managers:
+        manager.release(3)
+        assert manager.used_blocks == 0
+        manager.check()
+
+
+def test_every_layer_sliding_has_one_table_with_the_window():
+    cache = _mixed(sliding=(0, 1, 2))
+    assert cache.tables == {"block_table": cache.window_manager}
+    assert cache.window_manager.window == 6
+    assert {a.shape for a in cache.arrays.values()} == {(10, P, 4)}
+    cache.admit(0, ids(12))
+    cache.slide(0, 13)              # sees 8 .. 13
+    assert cache.block_tables([0], [12])["block_table"].tolist() == [[0, 0, 2, 0]]
+    assert cache.manager.table(0) == [0, 1, 2]  # the books of admission

@@ -54,12 +54,12 @@ def shuffled_cache(model, slots: int, length: int, seed: int):
     """A paged cache of two spare sequences' worth of blocks more than
     needed, whose sequences 0 .. slots - 1 hold blocks in a random order."""
     cache = model.new_cache(slots + 2, length)
-    manager = cache.manager
     for s in range(slots + 2):
-        manager.release(s)
-    random.Random(seed).shuffle(manager._free)
+        cache.release(s)
+    for manager in cache.managers:  # and the sliding layers' pool
+        random.Random(seed).shuffle(manager._free)
     for s in range(slots):
-        manager.admit(s, (), length)
+        cache.admit(s, (), length)
     return cache
 
 

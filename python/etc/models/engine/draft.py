@@ -85,9 +85,10 @@ class DraftProposer:
                 if admitted is None:
                     continue
                 sequence.slot, sequence.cached = admitted
-            elif not self.cache.reserve(sequence.slot, needed):
-                continue
             sequence.cached = min(sequence.cached, len(tokens) - 1)
+            self.cache.slide(sequence.slot, sequence.cached)
+            if not self.cache.reserve(sequence.slot, needed):
+                continue
             sequence.proposed_at = len(tokens)
             live.append((i, sequence, tokens, k))
         # The first draft step: each catches up to its last token and

@@ -14,8 +14,8 @@ engine.run()                  # or engine.start(): a thread runs the steps
 handle.result().text, handle.result().finish_reason
 ```
 
-The KV cache is managed behind five calls (`admit`, `reserve`, `commit`,
-`release` and `cache`) by one of two classes. With the model's paged cache
+The KV cache is managed behind a few calls (`admit`, `reserve`, `slide`,
+`trim`, `commit`, `release`, `cache`) by one of two classes. With the model's paged cache
 (the default, `etc.models.step.kv_cache.PagedKVCache`), `PagedSlots`: requests are admitted
 while the pool has free blocks for their prompt, a new request reuses the
 blocks of its longest cached prefix (another request's prompt, or an
@@ -24,7 +24,8 @@ rest, and when a running request needs a block and none is free, the most
 recently arrived running request is preempted: its blocks are freed (its
 full blocks stay cached), it goes back to the head of the queue and is
 recomputed from its prompt and the ids it had generated when it is
-admitted again. With a contiguous cache (`kv_block_size=None`),
+admitted again; sliding layers hold only the blocks their windows see
+(`slide`). With a contiguous cache (`kv_block_size=None`),
 `SlotCache`: a slot of the full model length per running sequence.
 """
 
@@ -597,6 +598,7 @@ class Engine:
                 if batch:
                     continue
                 take = 1
+            self.cache.slide(sequence.slot, sequence.cached)  # blocks no window sees go
             while not self.cache.reserve(sequence.slot, sequence.cached + take):
                 victim = max(self._running, key=lambda s: s.handle.request_id)
                 for i, (scheduled, taken) in enumerate(batch):

@@ -266,11 +266,11 @@ class Leader:
 
     def paged_cache(self, tokens=None):
         cache = self._model.paged_cache(tokens)
-        return self._known(cache, "new_paged_cache", cache.tokens)
+        return self._known(cache, "new_paged_cache", cache.tokens, cache.window_tokens)
 
-    def new_paged_cache(self, tokens: int):
-        cache = self._model.new_paged_cache(tokens)
-        return self._known(cache, "new_paged_cache", cache.tokens)
+    def new_paged_cache(self, tokens: int, window_tokens=None):
+        cache = self._model.new_paged_cache(tokens, window_tokens)
+        return self._known(cache, "new_paged_cache", cache.tokens, cache.window_tokens)
 
     def step(self, cache, requests, return_logits: bool = False,
              return_logprobs: bool = False):

@@ -2,10 +2,11 @@
 what it may grow to. `SlotCache` gives each running sequence a contiguous
 slot of the model length; `PagedSlots` gives it blocks of the model's paged
 pool (`etc.models.step.kv_cache.PagedKVCache`), reusing cached prefixes.
-Both answer the same calls (`admit`, `reserve`, `trim`, `commit`, `release`,
-and `cache`: the arrays the step kernel takes), and say what their prefix
-cache could reuse (`block_hashes`, `cached_blocks`) so that the scheduler
-computes a prefix shared by requests submitted together once."""
+Both answer the same calls (`admit`, `reserve`, `slide`, `trim`, `commit`,
+`release`, and `cache`: the arrays the step kernel takes), and say what
+their prefix cache could reuse (`block_hashes`, `cached_blocks`) so that
+the scheduler computes a prefix shared by requests submitted together
+once."""
 
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ class SlotCache:
     will reach `n` positions and returns (slot, tokens already cached:
     always 0 here), or None when no slot is free (it waits);
     `reserve(slot, n)` says a running sequence is about to reach `n`
-    positions (always true here: a slot holds the whole length), and
-    `trim(slot, n)` that it needs only `n` (speculative positions rolled
-    back: nothing to return here);
+    positions (always true here: a slot holds the whole length),
+    `slide(slot, start)` that its steps compute positions from `start` on
+    (nothing to free here), and `trim(slot, n)` that it needs only `n`
+    (speculative positions rolled back: nothing to return here);
     `commit(slot, tokens)` says which ids the slot's first positions hold
     (nothing to do here); `release(slot)` gives the slot back. The paged
     cache's `PagedSlots` answers the same calls with
@@ -59,6 +61,9 @@ class SlotCache:
     def reserve(self, slot: int, positions: int) -> bool:
         return positions <= self.length
 
+    def slide(self, slot: int, start: int) -> None:
+        pass
+
     def trim(self, slot: int, positions: int) -> None:
         pass
 
@@ -83,11 +88,16 @@ class PagedSlots:
     `admit(tokens, positions)` opens a sequence for `tokens` (a prompt, or a
     preempted sequence's prompt and generated ids) when a slot is free and
     the pool has blocks for `positions` positions past what its cached
-    prefix covers, and returns (slot, cached tokens), else None;
+    prefix covers, and returns (slot, cached tokens), else None (the
+    sliding layers' table, if any, takes only its cached prefix: `reserve`
+    grows it step by step, and `slide` shrinks it from the front);
     `reserve(slot, positions)` grows it (False when the pool lacks blocks:
-    the engine preempts); `trim(slot, positions)` gives back the blocks
-    past `positions` (rejected speculative positions); `commit(slot, tokens)` registers its computed
-    full blocks for reuse; `release(slot)` frees the slot and its blocks."""
+    the engine preempts); `slide(slot, start)` says its steps compute
+    positions from `start` on, which gives back the sliding layers' blocks
+    that no window sees any more; `trim(slot, positions)` gives back the
+    blocks past `positions` (rejected speculative positions);
+    `commit(slot, tokens)` registers its computed full blocks for reuse;
+    `release(slot)` frees the slot and its blocks."""
 
     def __init__(self, cache: PagedKVCache, slots: int):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
@@ -114,7 +124,7 @@ class PagedSlots:
         """How many blocks of `tokens`' longest cached prefix a sequence
         admitted now would reuse."""
         with self.cache.lock:
-            return len(self.manager.match(tokens))
+            return self.cache.match(tokens)
 
     @property
     def evictions(self) -> int:
@@ -126,7 +136,7 @@ class PagedSlots:
             return None
         with self.cache.lock:
             slot = self.cache.new_key()
-            cached = self.manager.admit(slot, tokens, positions)
+            cached = self.cache.admit(slot, tokens, positions, window_positions=0)
         if cached is None:
             return None
         self._held.add(slot)
@@ -134,19 +144,23 @@ class PagedSlots:
 
     def reserve(self, slot: int, positions: int) -> bool:
         with self.cache.lock:
-            return self.manager.reserve(slot, positions)
+            return self.cache.reserve(slot, positions)
+
+    def slide(self, slot: int, start: int) -> None:
+        with self.cache.lock:
+            self.cache.slide(slot, start)
 
     def trim(self, slot: int, positions: int) -> None:
         with self.cache.lock:
-            self.manager.trim(slot, positions)
+            self.cache.trim(slot, positions)
 
     def commit(self, slot: int, tokens: Sequence[int]) -> None:
         with self.cache.lock:
-            self.manager.commit(slot, tokens)
+            self.cache.commit(slot, tokens)
 
     def release(self, slot: int) -> None:
         with self.cache.lock:
-            self.manager.release(slot)
+            self.cache.release(slot)
         self._held.discard(slot)
 
     @property

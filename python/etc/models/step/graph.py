@@ -4,14 +4,17 @@ serves prefill, decode and any mix of them.
 
 Symbols: T (new tokens in the step), R (requests in the step), and for a
 contiguous cache S (cache slots) and L (cache length), for a paged one N
-(blocks in the pool) and M (entries per block table). Inputs: the token
-ids (T,), the ragged batch's index inputs (`etc.graph_llm.RaggedBatch`;
-`block_table` (R, M) in place of `request_slot` when paged), the weights
+(blocks in the pool) and M (entries per block table), and NW (blocks in
+the sliding layers' pool of a model with full layers too). Inputs: the
+token ids (T,), the ragged batch's index inputs
+(`etc.graph_llm.RaggedBatch`; `block_table` (R, M) in place of
+`request_slot` when paged, and `window_block_table` (R, M) for those
+sliding layers: `etc.models.step.kv_cache.layer_tables`), the weights
 (named as `Checkpoint.weights` names them; those in `weight_formats`
 packed, in a block format of `etc.packed`) and the RoPE frequencies
 `inv_freq` (and `inv_freq_local` for the sliding layers' own RoPE,
 Gemma 3). State: each layer's K and V caches, `l<i>_k_cache` /
-`l<i>_v_cache`, (S, L, H_kv * head_dim) or (N, P, H_kv * head_dim), in the
+`l<i>_v_cache`, (S, L, H_kv * head_dim) or (N or NW, P, H_kv * head_dim), in the
 KV dtype (by default the compute dtype). The step chooses a token after C
 of its tokens (a symbol): `sample_rows` (C,) i32 are their indices (each
 request's last new token, and the verified rows of a speculating
@@ -32,12 +35,14 @@ MAX_LOGPROBS) f32 and `next_ids_logprob_ids` (C, MAX_LOGPROBS).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
 
 from ...graph import Graph
 from ..loading.config import ModelConfig
+from .kv_cache import WINDOW_TABLE, layer_tables
 
 __all__ = ["build_step_graph", "SAMPLING_INPUTS", "MAX_LOGPROBS"]
 
@@ -74,7 +79,9 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     With `kv_block_size` P the KV caches are paged: pools (N, P, H_kv *
     head_dim) of N blocks (a symbol) addressed through the `block_table`
     (R, M) input (M a symbol), in place of slots (S, L, H_kv * head_dim)
-    addressed through `request_slot`.
+    addressed through `request_slot`; the sliding layers of a model with
+    full layers too have a pool of their own (NW blocks) and table
+    (`window_block_table`, R x M), whose blocks leave as the windows move.
 
     With `ranks` > 1, `config` is one rank's shard of a tensor-parallel
     model (`shard_config`: its share of the heads and of the MLP and expert
@@ -113,14 +120,23 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     T, R = g.symbol("T"), g.symbol("R")
     h, d = c.hidden_size, c.head_dim
     ids = g.input("ids", (T,), "i32")
+    # Each table input's batch and cache shape.
     if kv_block_size is None:
         S, L = g.symbol("S"), g.symbol("L")
-        batch = g.ragged_batch(T, R)
-        cache_shape = (S, L, c.num_kv_heads * d)
+        tables = ["request_slot"] * c.num_layers
+        addressed = {"request_slot": (g.ragged_batch(T, R), (S, L, c.num_kv_heads * d))}
     else:
         N, M = g.symbol("N"), g.symbol("M")
+        tables = layer_tables(c)
         batch = g.ragged_batch(T, R, blocks_per_request=M)
-        cache_shape = (N, kv_block_size, c.num_kv_heads * d)
+        addressed = {"block_table": (batch, (N, kv_block_size, c.num_kv_heads * d))}
+        if WINDOW_TABLE in tables:
+            # The same width M: the attentions' chunk grids, and so the
+            # scratch they share, are the same for both tables.
+            window_table = g.input(WINDOW_TABLE, (R, M), "i32")
+            g.index_range(window_table, low=0)
+            addressed[WINDOW_TABLE] = (replace(batch, block_table=window_table),
+                                       (g.symbol("NW"), kv_block_size, c.num_kv_heads * d))
 
     def weight(key: str, shape: tuple):
         return g.input(key, shape, formats.get(key, dtype))
@@ -138,7 +154,8 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         x = g.scale(x, round_to_dtype(c.embedding_scale, dtype))
     previous_attention = None
     for i in range(c.num_layers):
-        # Attention block.
+        # Attention block, over the caches of the layer's table.
+        batch, cache_shape = addressed[tables[i]]
         normed = norm(x, weight(f"l{i}_attn_norm", (h,)))
         q = g.matmul(normed, weight(f"l{i}_wq", (c.num_heads * d, h)), transpose_b=True)
         k = g.matmul(normed, weight(f"l{i}_wk", (c.num_kv_heads * d, h)), transpose_b=True)

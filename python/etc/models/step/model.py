@@ -17,7 +17,7 @@ from ..loading.checkpoint import STORAGE, Checkpoint
 from . import kernel_cache as _cache
 from .kernel import DEFAULT_MAX_STEP_TOKENS, packed_weights, step_kernel, step_options
 from .kv_blocks import DEFAULT_BLOCK_SIZE
-from .kv_cache import KV_STORAGE, KVCache, PagedKVCache
+from .kv_cache import KV_STORAGE, KVCache, PagedKVCache, layer_tables
 from .request import Request
 from .sampling import (MAX_LOGPROBS, adjustment_inputs, fresh_seeds, mask_inputs,
                        sampling_inputs)
@@ -249,7 +249,7 @@ class CompiledModel:
         blocks = -(-length // self.kv_block_size)
         cache = self._new_paged(slots * blocks, prefix_caching=False)
         for slot in range(slots):
-            cache.manager.admit(slot, (), length)
+            cache.admit(slot, (), length)
         return cache
 
     def paged_cache(self, tokens: Optional[int] = None) -> PagedKVCache:
@@ -276,15 +276,23 @@ class CompiledModel:
                 cache = self._paged_cache = self._new_paged(blocks)
             return cache
 
-    def new_paged_cache(self, tokens: int) -> PagedKVCache:
+    def new_paged_cache(self, tokens: int, window_tokens: Optional[int] = None
+                        ) -> PagedKVCache:
         """A paged KV cache of its own (not the model's shared pool) that
-        holds `tokens` positions, rounded up to whole blocks."""
+        holds `tokens` positions, rounded up to whole blocks; with
+        `window_tokens`, the sliding layers' pool holds that many (by
+        default as many as the others': a sequence holds fewer of its
+        blocks, those its windows see)."""
         if self.kv_block_size is None:
             raise ValueError("new_paged_cache: the model was loaded with kv_block_size=None "
                              "(a contiguous cache); use new_cache")
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-            raise ValueError(f"new_paged_cache: tokens={tokens!r} must be a positive int")
-        return self._new_paged(-(-tokens // self.kv_block_size))
+        given = {"tokens": tokens} if window_tokens is None else \
+            {"tokens": tokens, "window_tokens": window_tokens}
+        for name, value in given.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"new_paged_cache: {name}={value!r} must be a positive int")
+        blocks = {name: -(-value // self.kv_block_size) for name, value in given.items()}
+        return self._new_paged(blocks["tokens"], window_blocks=blocks.get("window_tokens"))
 
     def draft_model(self, path) -> "CompiledModel":
         """The draft model at `path` (a checkpoint directory or GGUF file)
@@ -309,13 +317,14 @@ class CompiledModel:
                 draft = self._drafts.setdefault(key, draft)
         return draft
 
-    def _new_paged(self, blocks: int, prefix_caching: bool = True) -> PagedKVCache:
+    def _new_paged(self, blocks: int, prefix_caching: bool = True,
+                   window_blocks: Optional[int] = None) -> PagedKVCache:
         allocate = None
         if self.target == "cuda":
             allocate = self._kernels[0].runtime.device_zeros
         return PagedKVCache(self._shard, blocks, self.kv_block_size, allocate=allocate,
                             storage=KV_STORAGE[self.kv_dtype], dtype=self.kv_dtype,
-                            prefix_caching=prefix_caching)
+                            prefix_caching=prefix_caching, window_blocks=window_blocks)
 
     def step(self, cache, requests: Sequence[Request], return_logits: bool = False,
              return_logprobs: bool = False):
@@ -423,20 +432,26 @@ class CompiledModel:
             want = "a PagedKVCache" if self.kv_block_size is not None else "a KVCache"
             raise ValueError(f"step: the model's step kernel takes {want} (kv_block_size="
                              f"{self.kv_block_size}), got {type(cache).__name__}")
+        c = self._shard  # this rank's heads
         if paged:
             if cache.block_size != self.kv_block_size:
                 raise ValueError(f"step: the cache's blocks hold {cache.block_size} positions, "
                                  f"the model's {self.kv_block_size}")
-            rows, what = (cache.num_blocks, cache.block_size), "blocks, block_size"
+            tables = layer_tables(c)
+            if set(cache.tables) != set(tables):
+                raise ValueError(f"step: the cache's block tables are {sorted(cache.tables)}, "
+                                 f"the model's {sorted(set(tables))} (a cache of another "
+                                 f"model?)")
+            rows = [(cache.tables[name].num_blocks, cache.block_size) for name in tables]
+            what = "blocks, block_size"
         else:
             if cache.length > self.max_seq_len:
                 raise ValueError(f"step: the cache holds {cache.length} positions, more than "
                                  f"the max_seq_len={self.max_seq_len} the model is compiled for")
-            rows, what = (cache.slots, cache.length), "slots, length"
-        c = self._shard  # this rank's heads
+            rows, what = [(cache.slots, cache.length)] * c.num_layers, "slots, length"
         width = c.num_kv_heads * c.head_dim
-        expected = (*rows, width)
         for i in range(c.num_layers):
+            expected = (*rows[i], width)
             for kind in ("k", "v"):
                 name = f"l{i}_{kind}_cache"
                 array = cache.arrays.get(name)
@@ -504,8 +519,7 @@ class CompiledModel:
             row_positions += range(end - count + 1, end + 1)
             choices.append(int(count))
         i32 = lambda values: np.asarray(values, dtype=np.int32)
-        addressing = dict(block_table=cache.block_tables(slot, length)) if paged else \
-            dict(request_slot=i32(slot))
+        addressing = cache.block_tables(slot, length) if paged else dict(request_slot=i32(slot))
         per_choice = {**sampling_inputs([q.sampling for q in requests], self._fresh_seeds),
                       **adjustment_inputs([q.adjustments for q in requests]),
                       **mask_inputs([q.token_mask for q in requests], vocab)}
