@@ -19,13 +19,22 @@ speed paged against contiguous.
    `--prompts`-token prefills, with the paged step kernel and the
    contiguous one, alternating over `--rounds` rounds; median step time per
    cell, and the ratio paged / contiguous measured in the same run.
+4. Sliding windows: the KV positions one request holds, summed over the
+   layers, when its sequence reaches `--window-length` positions, on a
+   model with Gemma-3-1B's layers (26: every 6th full, the others sliding
+   with a window of 512) and tiny widths, run through the engine: against
+   the goal, full layers x length + sliding layers x window, and against
+   every layer x length (what the cache held before sliding layers gave
+   their blocks back); and the most the sliding layers held while the
+   prompt was prefilled (a step's new tokens on top of the window).
 
-The model is bench/llm_decode_cpu.py's "small" one (Qwen3-shaped: hidden
-512, 4 layers, 8 query / 4 KV heads of 64, vocabulary 4096), random
+The model of 1 to 3 is bench/llm_decode_cpu.py's "small" one (Qwen3-shaped:
+hidden 512, 4 layers, 8 query / 4 KV heads of 64, vocabulary 4096), random
 weights, written to a temporary directory.
 
 Usage:
   .venv/bin/python bench/paged_kv.py [--dtype bf16] [--rounds 5]
+      [--skip ttft capacity decode window] [--window-length 8192]
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ import numpy as np
 import etc.models as models
 from etc.models.engine import Engine
 from etc.models.engine.slots import PagedSlots
-from etc.models.testing import shaped_config, tiny_config, write_checkpoint
+from etc.models.testing import SHAPES, shaped_config, tiny_config, write_checkpoint
 
 SMALL = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
              num_attention_heads=8, num_key_value_heads=4, head_dim=64, vocab_size=4096,
@@ -172,6 +181,61 @@ def decode(paged, contiguous, batches, prompts, steps: int, rounds: int, rng) ->
                   f"{rate['paged'] / rate['contiguous']:.3f} |")
 
 
+# -- 4. sliding windows -----------------------------------------------------------
+
+
+def windows(directory: Path, length: int, dtype: str, workers) -> None:
+    shape = SHAPES["gemma-3-1b"]
+    layers, window = 26, shape["sliding_window"]
+    config = tiny_config("Gemma3ForCausalLM", num_hidden_layers=layers, sliding_window=window,
+                         sliding_window_pattern=shape["sliding_window_pattern"],
+                         max_position_embeddings=2 * length, vocab_size=512)
+    start = time.perf_counter()
+    model = models.load(write_checkpoint(directory / "gemma3", config), workers=workers,
+                        dtype=dtype, max_seq_len=length + 8, cache=False)
+    compiled = time.perf_counter() - start
+    block = model.kv_block_size
+    sliding = len(model.config.sliding_layers)
+    full = layers - sliding
+    engine = Engine(model, max_num_seqs=1, max_model_len=length + 8)
+    pool = engine.cache.cache
+    held = {}  # tokens generated -> (full layers' blocks, sliding layers' blocks)
+
+    def record(output) -> None:
+        held[output.num_tokens] = (pool.manager.used_blocks, pool.window_manager.used_blocks)
+
+    # The prompt is length - 1 tokens: with the first new token computed
+    # (the step that chooses the second), the cache holds `length` positions.
+    prompt = np.random.default_rng(0).integers(3, 512, length - 1).tolist()
+    engine.submit(prompt, max_new_tokens=3, ignore_eos=True, on_output=record)
+    peak = 0
+    start = time.perf_counter()
+    while engine.step():
+        if pool.window_manager.used_blocks:
+            peak = max(peak, pool.window_manager.used_blocks)
+    ran = time.perf_counter() - start
+    full_blocks, sliding_blocks = held[2]
+    # The goal, within a block per layer.
+    assert 0 <= full_blocks * block - length < block, (full_blocks, length)
+    assert 0 <= sliding_blocks * block - window <= block, (sliding_blocks, window)
+    goal = full * length + sliding * window
+    before = layers * length
+    bf16 = 2 * shape["num_key_value_heads"] * shape["head_dim"] * 2  # K and V, bytes
+    print(f"\n### Sliding windows: KV positions one request holds at {length:,} positions "
+          f"(Gemma-3-1B's layers: {full} full + {sliding} sliding, window {window}; blocks "
+          f"of {block}, steps of {model.max_step_tokens} tokens; compiled in "
+          f"{compiled:.1f} s, ran in {ran:.1f} s; {load_average()})\n")
+    print("| | full layers | sliding layers | layer-positions held | goal: full x length + "
+          "sliding x window | held / goal | every layer x length | Gemma-3-1B bf16 KV held |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    total = full * full_blocks * block + sliding * sliding_blocks * block
+    print(f"| at {length:,} positions | {full} x {full_blocks * block:,} | {sliding} x "
+          f"{sliding_blocks * block:,} | {total:,} | {goal:,} | {total / goal:.3f} | "
+          f"{before:,} ({before / total:.1f}x) | {total * bf16 / 2**20:.0f} MiB (not freed: "
+          f"{before * bf16 / 2**20:.0f} MiB) |")
+    print(f"| most while prefilling | — | {sliding} x {peak * block:,} | | | | | |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bf16", choices=("f32", "bf16", "f16"))
@@ -186,19 +250,26 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--skip", nargs="*", default=[], choices=("ttft", "capacity", "decode"))
+    parser.add_argument("--window-length", type=int, default=8192,
+                        help="sliding windows: positions the request reaches")
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=("ttft", "capacity", "decode", "window"))
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-          f"{load_average()}; small model (Qwen3-shaped, 4 layers, hidden 512), "
-          f"dtype {args.dtype}")
+          f"{load_average()}; dtype {args.dtype}")
     with tempfile.TemporaryDirectory() as tmp:
+        if "window" not in args.skip:
+            windows(Path(tmp), args.window_length, args.dtype, args.workers)
+        if not {"ttft", "capacity", "decode"} - set(args.skip):
+            return
         path = write_checkpoint(Path(tmp) / "small", tiny_config("Qwen3ForCausalLM", **SMALL))
         options = dict(workers=args.workers, dtype=args.dtype, max_seq_len=args.max_model_len,
                        cache=False)
         start = time.perf_counter()
         paged = models.load(path, **options)
-        print(f"compiled the paged step kernel in {time.perf_counter() - start:.0f} s")
+        print(f"compiled the small model's paged step kernel (Qwen3-shaped, 4 layers, hidden "
+              f"512) in {time.perf_counter() - start:.0f} s")
         if "ttft" not in args.skip:
             ttft(paged, args.system, args.question, args.rounds, rng)
         if "capacity" not in args.skip:
