@@ -14,18 +14,18 @@ engine.run()                  # or engine.start(): a thread runs the steps
 handle.result().text, handle.result().finish_reason
 ```
 
-The KV cache is managed behind a few calls (`admit`, `reserve`, `slide`,
-`trim`, `commit`, `release`, `cache`) by one of two classes. With the model's paged cache
-(the default, `etc.models.step.kv_cache.PagedKVCache`), `PagedSlots`: requests are admitted
-while the pool has free blocks for their prompt, a new request reuses the
-blocks of its longest cached prefix (another request's prompt, or an
-earlier one's, kept until evicted least-recently-used) and prefills only the
-rest, and when a running request needs a block and none is free, the most
-recently arrived running request is preempted: its blocks are freed (its
-full blocks stay cached), it goes back to the head of the queue and is
-recomputed from its prompt and the ids it had generated when it is
-admitted again; sliding layers hold only the blocks their windows see
-(`slide`). With a contiguous cache (`kv_block_size=None`),
+The KV cache is managed behind `admit`, `reserve`, `slide`, `trim`,
+`commit`, `release` and `cache` by one of two classes. With the model's
+paged cache (the default, `etc.models.step.kv_cache.PagedKVCache`),
+`PagedSlots`: requests are admitted while the pool has free blocks for
+their prompt, a new request reuses the blocks of its longest cached prefix
+(another request's prompt, or an earlier one's, kept until evicted
+least-recently-used) and prefills only the rest, and when a running request
+needs a block and none is free, the most recently arrived running request
+is preempted: its blocks are freed (its full blocks stay cached), it goes
+back to the head of the queue and is recomputed from its prompt and the ids
+it had generated when it is admitted again; sliding layers keep only the
+blocks their windows see. With a contiguous cache (`kv_block_size=None`),
 `SlotCache`: a slot of the full model length per running sequence.
 """
 
@@ -334,8 +334,7 @@ class Engine:
         return f"the model length ({self.max_model_len})"
 
     def cancel(self, request_id: int) -> None:
-        """Ends request `request_id` before the next step (no-op once it has
-        finished)."""
+        """Ends request `request_id` before the next step (no-op if done)."""
         with self._lock:
             self._cancelled.add(request_id)
             self._wake.notify()
@@ -598,7 +597,7 @@ class Engine:
                 if batch:
                     continue
                 take = 1
-            self.cache.slide(sequence.slot, sequence.cached)  # blocks no window sees go
+            self.cache.slide(sequence.slot, sequence.cached)  # what left every window goes
             while not self.cache.reserve(sequence.slot, sequence.cached + take):
                 victim = max(self._running, key=lambda s: s.handle.request_id)
                 for i, (scheduled, taken) in enumerate(batch):
@@ -798,5 +797,4 @@ class Engine:
 def _whole_blocks(positions: int, model) -> int:
     """`positions` rounded up to whole blocks of the model's paged cache:
     what one sequence of that length holds."""
-    block = model.kv_block_size
-    return -(-positions // block) * block
+    return -(-positions // model.kv_block_size) * model.kv_block_size
