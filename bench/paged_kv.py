@@ -25,8 +25,10 @@ speed paged against contiguous.
    with a window of 512) and tiny widths, run through the engine: against
    the goal, full layers x length + sliding layers x window, and against
    every layer x length (what the cache held before sliding layers gave
-   their blocks back); and the most the sliding layers held while the
-   prompt was prefilled (a step's new tokens on top of the window).
+   their blocks back); the most the sliding layers held while the
+   prompt was prefilled (a step's new tokens on top of the window); and
+   what the engine's pool allocates, its sliding pool sized for the
+   windows of its sequences.
 
 The model of 1 to 3 is bench/llm_decode_cpu.py's "small" one (Qwen3-shaped:
 hidden 512, 4 layers, 8 query / 4 KV heads of 64, vocabulary 4096), random
@@ -234,6 +236,13 @@ def windows(directory: Path, length: int, dtype: str, workers) -> None:
           f"{before:,} ({before / total:.1f}x) | {total * bf16 / 2**20:.0f} MiB (not freed: "
           f"{before * bf16 / 2**20:.0f} MiB) |")
     print(f"| most while prefilling | — | {sliding} x {peak * block:,} | | | | | |")
+    # What the engine's pool allocates (K and V arrays per layer).
+    allocated = sum(array.shape[0] for array in pool.arrays.values()) // 2 * block
+    every = layers * pool.num_blocks * block
+    print(f"\nThe engine's pool (max_num_seqs 1, max_model_len {length + 8:,}) allocates "
+          f"{allocated:,} layer-positions ({allocated * bf16 / 2**20:.0f} MiB at Gemma-3-1B's "
+          f"bf16 KV); every layer at max_model_len: {every:,} ({every * bf16 / 2**20:.0f} MiB, "
+          f"{every / allocated:.1f}x)")
 
 
 def main() -> None:

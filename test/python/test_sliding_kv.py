@@ -127,6 +127,30 @@ def test_a_sliding_table_holds_the_window_while_a_full_one_grows(name, loaded):
     assert_pools_full(engine)
 
 
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_an_engine_sizes_the_sliding_pool_by_its_windows(name, loaded, checkpoints):
+    """An engine's pool holds max_model_len positions per sequence for the
+    full layers but only the window and a step's tokens per sequence (two
+    blocks spare) for the sliding ones, in the sliding layers' arrays too;
+    two sequences of 4 windows fill it and still give the NumPy tokens."""
+    model = loaded[name]
+    engine = Engine(model, max_num_seqs=2, max_model_len=128)
+    cache = engine.cache.cache
+    sliding_blocks = 2 * sliding_bound(STEP_TOKENS)
+    assert model.window_pool_tokens(2, STEP_TOKENS) == sliding_blocks * P == 72
+    assert cache.window_manager.num_blocks == sliding_blocks
+    assert cache.manager.num_blocks == 2 * 128 // P
+    config = model.config
+    for i in range(config.num_layers):
+        blocks = cache.arrays[f"l{i}_k_cache"].shape[0]
+        assert blocks == (sliding_blocks if config.is_sliding(i) else 2 * 128 // P)
+    prompts = [prompt(70, 7), prompt(64, 8)]
+    handles = [engine.submit(p, max_new_tokens=20, ignore_eos=True, return_logits=True)
+               for p in prompts]
+    assert_numpy(Checkpoint(checkpoints[name]), prompts, [h.result() for h in handles])
+    assert_pools_full(engine)
+
+
 def test_given_back_blocks_serve_other_requests(loaded, checkpoints):
     """Three requests of 60 to 80 positions on a sliding pool of 12 blocks
     (48 positions: without giving blocks back, one request would not fit):

@@ -156,8 +156,10 @@ class Engine:
                                  "was loaded with kv_block_size=None (contiguous slots)")
             self.cache = SlotCache(model, max_num_seqs, max_model_len)
         else:
-            pool = model.paged_cache(max_num_seqs * _whole_blocks(max_model_len, model)) \
-                if kv_cache_tokens is None else model.new_paged_cache(kv_cache_tokens)
+            block = model.kv_block_size  # a sequence of max_model_len holds whole blocks
+            pool = model.new_paged_cache(kv_cache_tokens) if kv_cache_tokens is not None else \
+                model.paged_cache(max_num_seqs * -(-max_model_len // block) * block,
+                                  model.window_pool_tokens(max_num_seqs, self.max_step_tokens))
             self.cache = PagedSlots(pool, max_num_seqs)
         #: Whether the KV cache, not the model, sets `max_model_len`.
         self.limited_by_cache = self.cache.capacity < max_model_len
@@ -793,8 +795,3 @@ class Engine:
             self._finish(sequence, "abort", error="the engine shut down")
         self._waiting.clear()
 
-
-def _whole_blocks(positions: int, model) -> int:
-    """`positions` rounded up to whole blocks of the model's paged cache:
-    what one sequence of that length holds."""
-    return -(-positions // model.kv_block_size) * model.kv_block_size

@@ -264,8 +264,8 @@ class Leader:
     def new_cache(self, slots: int, length: int):
         return self._known(self._model.new_cache(slots, length), "new_cache", slots, length)
 
-    def paged_cache(self, tokens=None):
-        cache = self._model.paged_cache(tokens)
+    def paged_cache(self, tokens=None, window_tokens=None):
+        cache = self._model.paged_cache(tokens, window_tokens)
         return self._known(cache, "new_paged_cache", cache.tokens, cache.window_tokens)
 
     def new_paged_cache(self, tokens: int, window_tokens=None):

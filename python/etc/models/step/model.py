@@ -252,13 +252,16 @@ class CompiledModel:
             cache.admit(slot, (), length)
         return cache
 
-    def paged_cache(self, tokens: Optional[int] = None) -> PagedKVCache:
+    def paged_cache(self, tokens: Optional[int] = None,
+                    window_tokens: Optional[int] = None) -> PagedKVCache:
         """The model's paged KV cache, shared by everything that runs on it
         (the engine, `generate`), so that prompts share cached prefixes
         across requests and calls. Its size is load's kv_cache_tokens or
-        kv_cache_memory; without them, its first user's `tokens`, and a
-        later user that needs more replaces it by a larger one while no
-        sequence holds blocks (the cached prefixes are dropped)."""
+        kv_cache_memory; without them, its first user's `tokens` (and
+        `window_tokens` for the sliding layers' pool, as many as `tokens`
+        when None or more: see `window_pool_tokens`), and a later user that
+        needs more replaces it by a larger one while no sequence holds
+        blocks (the cached prefixes are dropped)."""
         if self.kv_block_size is None:
             raise ValueError("paged_cache: the model was loaded with kv_block_size=None (a "
                              "contiguous cache); use new_cache")
@@ -271,10 +274,28 @@ class CompiledModel:
             if tokens is None:
                 tokens = self.max_seq_len
             blocks = -(-tokens // self.kv_block_size)
-            if cache is None or (cache.num_blocks < blocks and not len(cache.manager)):
+            window_blocks = None if window_tokens is None or window_tokens >= tokens else \
+                -(-window_tokens // self.kv_block_size)
+            short = cache is None or cache.num_blocks < blocks or (
+                cache.window_manager is not None and
+                cache.window_manager.num_blocks < (window_blocks or blocks))
+            if cache is None or (short and not len(cache.manager)):
                 cache = self._paged_cache = None  # the old arrays go before the new ones come
-                cache = self._paged_cache = self._new_paged(blocks)
+                cache = self._paged_cache = self._new_paged(blocks, window_blocks=window_blocks)
             return cache
+
+    def window_pool_tokens(self, sequences: int, step_tokens: int) -> Optional[int]:
+        """The positions the sliding layers' pool needs for `sequences`
+        sequences at once when a step computes at most `step_tokens` of a
+        sequence's positions: each holds the blocks its window and the
+        step's new positions span, W - 1 + step_tokens positions, plus one
+        block where they start inside a block. None without sliding layers
+        (or with a contiguous cache)."""
+        window = self.config.sliding_window if self.config.sliding_layers else None
+        if window is None or self.kv_block_size is None:
+            return None
+        spans = -(-(window - 1 + step_tokens) // self.kv_block_size) + 1
+        return sequences * spans * self.kv_block_size
 
     def new_paged_cache(self, tokens: int, window_tokens: Optional[int] = None
                         ) -> PagedKVCache:
