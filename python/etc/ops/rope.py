@@ -29,8 +29,9 @@ KINDS = ("rope",)
 
 
 class Rope(TileKernel):
-    """One (token, head, i) rotation pair per lane iteration: both outputs of
-    the pair are stored by the lane that computes them."""
+    """One (token, i) of the rotation per lane iteration: its angle's cos
+    and sin, computed once, rotate pair i of every head of the token (each
+    output stored by the lane that computes it)."""
 
     grid_rank = 1
 
@@ -59,16 +60,11 @@ class Rope(TileKernel):
         half = head_dim // 2
         (tm,) = op.tile
         row0, rows = self.row_block(x, tm)
-        pairs = x.shape[1] // 2
-        loop = self.lane_loop(arith.muli(rows, self.cidx(pairs)))
+        loop = self.lane_loop(arith.muli(rows, self.cidx(half)))
         with ir.InsertionPoint(loop.body):
             e = loop.induction_variable
-            row = arith.addi(row0, arith.divui(e, self.cidx(pairs)))
-            pair = arith.remui(e, self.cidx(pairs))
-            head = arith.divui(pair, self.cidx(half))
-            i = arith.remui(pair, self.cidx(half))
-            first = arith.addi(arith.muli(head, self.cidx(head_dim)), i)
-            second = arith.addi(first, self.cidx(half))
+            row = arith.addi(row0, arith.divui(e, self.cidx(half)))
+            i = arith.remui(e, self.cidx(half))
             i64 = ir.IntegerType.get_signless(64)
             if inv_freq is not None:
                 freq = self.load(inv_freq, [i])
@@ -82,10 +78,17 @@ class Rope(TileKernel):
             position = arith.sitofp(self.f32, self.load(positions, [row]))
             angle = self.reduce_angle(arith.mulf(position, freq))
             cos, sin = math.cos(angle), math.sin(angle)
-            x0 = self.load(x, [row, first])
-            x1 = self.load(x, [row, second])
-            self.store(arith.subf(arith.mulf(x0, cos), arith.mulf(x1, sin)), out, [row, first])
-            self.store(arith.addf(arith.mulf(x1, cos), arith.mulf(x0, sin)), out, [row, second])
+            heads = scf.ForOp(self.cidx(0), self.cidx(x.shape[1] // head_dim), self.cidx(1))
+            with ir.InsertionPoint(heads.body):
+                first = arith.addi(arith.muli(heads.induction_variable, self.cidx(head_dim)), i)
+                second = arith.addi(first, self.cidx(half))
+                x0 = self.load(x, [row, first])
+                x1 = self.load(x, [row, second])
+                self.store(arith.subf(arith.mulf(x0, cos), arith.mulf(x1, sin)), out,
+                           [row, first])
+                self.store(arith.addf(arith.mulf(x1, cos), arith.mulf(x0, sin)), out,
+                           [row, second])
+                scf.yield_([])
             scf.yield_([])
 
 
