@@ -16,8 +16,9 @@ Kernels:
   ... one at a time: a warp's loads of B read a block's consecutive
   bytes, and each value is dequantized in registers (`packed_loads`)
   and accumulated in f32 as the widened product is;
-* cpu (`MatmulPackedCPU`, on `PackedDotsCPU`): int8 dot products, as
-  llama.cpp computes on the CPU. The tile first quantizes its rows of A into a stack panel:
+* cpu (`MatmulPackedCPU`, on `PackedDotsCPU`, which MoE's packed expert
+  tiles share: `moe_experts.py`): int8 dot products, as llama.cpp
+  computes on the CPU. The tile first quantizes its rows of A into a stack panel:
   each block of 32 values gets d = max|x| / 127 and q = round(x / d)
   (-127 .. 127, a float32 scale); then each (row, column) is a sum over
   blocks of d_a d_b times the block's integer dot product, which AVX2
