@@ -150,6 +150,10 @@ class ExpertDotsCPU(PackedDotsCPU, ExpertTile):
     int8 dot products: row r of the tile is its slot first + r, and expert
     e's column n is row [e, n] of the stacked weight's blocks."""
 
+    @classmethod
+    def name(cls, op) -> str:
+        return f"{op.kind}_{cls.part}_packed_cpu"
+
     def multiply_experts(self, weights: list) -> None:
         """Quantizes the tile's rows of activations once, then multiplies
         them with each of `weights` (packed, (E, N, K)) in turn, each
@@ -175,10 +179,6 @@ class MoeUpPackedCPU(ExpertDotsCPU, MoeUp):
     gate's from there (the values `MoeUp` computes from the same sums)."""
 
     @classmethod
-    def name(cls, op) -> str:
-        return f"{op.kind}_{cls.part}_packed_cpu"
-
-    @classmethod
     def applies(cls, op, target) -> bool:
         return target.kind == "cpu" and all(packed.is_packed(w.dtype) for w in _up_weights(op))
 
@@ -192,22 +192,18 @@ class MoeUpPackedCPU(ExpertDotsCPU, MoeUp):
     def store_product(self, local, column, total: ir.Value) -> None:
         hidden = self.op.buffers["hidden"]
         index = [*self.slot_pair(local), column]
-        if self.op.params.get("gated") and self.stage == 0:
+        if not self.op.params.get("gated"):
+            self.store(self.unary("silu", total), hidden, index)
+        elif self.stage == 0:  # the gate's product, until the up one's
             self.store(total, hidden, index)
-            return
-        gate = self.load(hidden, index) if self.op.params.get("gated") else total
-        value = self.unary("silu", gate)
-        self.store(arith.mulf(value, total) if self.op.params.get("gated") else value,
-                   hidden, index)
+        else:
+            gate = self.unary("silu", self.load(hidden, index))
+            self.store(arith.mulf(gate, total), hidden, index)
 
 
 class MoeDownPackedCPU(ExpertDotsCPU, MoeDown):
     """`MoeDown` by int8 dot products with packed w2: the rows of
     activations are hidden[t, c]."""
-
-    @classmethod
-    def name(cls, op) -> str:
-        return f"{op.kind}_{cls.part}_packed_cpu"
 
     @classmethod
     def applies(cls, op, target) -> bool:
