@@ -168,19 +168,20 @@ class Graph(LLMOperators, CollectiveOperators):
         `dtype` is "f32", "f16", "bf16", or "i32" for indices (token ids,
         positions, lengths), which only index-taking operators accept, or a
         packed weight format of `etc.packed` ("q8_0", "q4_k", ...): a 2-D
-        weight (N, K), K a static multiple of the format's block, whose
-        array is the blocks (uint8 (N, bytes of K values), as a GGUF file
-        stores them); `matmul` (as `b`, with `transpose_b`) and
-        `embedding` (as the table) read it."""
+        weight (N, K), or a stack of them (E, N, K) (MoE experts), K a
+        static multiple of the format's block, whose array is the blocks
+        (uint8 (..., N, bytes of K values), as a GGUF file stores them);
+        `matmul` (as `b`, with `transpose_b`), `embedding` (as the table)
+        and `moe` (as experts, with `transpose_w`) read it."""
         what = f"input '{name}'"
         self._check_dtype(what, dtype, INPUT_DTYPES)
         shape = self._check_shape(what, shape)
         if packed.is_packed(dtype):
             block = packed.FORMATS[dtype].block
-            if len(shape) != 2 or not isinstance(shape[1], int) or shape[1] % block:
-                raise ValueError(f"{what}: a {dtype} weight is 2-D (N, K) with K a static "
-                                 f"multiple of its block of {block} values, got shape "
-                                 f"{format_shape(shape)}")
+            if len(shape) not in (2, 3) or not isinstance(shape[-1], int) or shape[-1] % block:
+                raise ValueError(f"{what}: a {dtype} weight is 2-D (N, K), or 3-D (E, N, K) "
+                                 f"for stacked experts, with K a static multiple of its block "
+                                 f"of {block} values, got shape {format_shape(shape)}")
         return self._new_tensor(self._claim_name("input", name), shape, dtype, "input")
 
     def state(self, name: str, shape: Sequence[Dim], dtype: str = "f32") -> Tensor:
@@ -356,8 +357,8 @@ class Graph(LLMOperators, CollectiveOperators):
                 f"(a cycle or an unproduced read)")
         if packed.is_packed(t.dtype) and not packed_ok:
             raise ValueError(f"{kind}: {describe(role, t)} is a packed weight; only matmul's "
-                             f"'b' (with transpose_b) and embedding's 'table' read packed "
-                             f"weights")
+                             f"'b' (with transpose_b), embedding's 'table' and moe's experts "
+                             f"(with transpose_w) read packed weights")
         if t.dtype not in DTYPES and not packed.is_packed(t.dtype):
             raise ValueError(f"{kind}: {describe(role, t)} is an integer tensor; the operator "
                              f"takes {', '.join(DTYPES)} tensors")
@@ -617,8 +618,8 @@ class Graph(LLMOperators, CollectiveOperators):
         return values, indices
 
     def moe(self, x: Tensor, router_w: Tensor, w1: Tensor, w2: Tensor, top_k: int, *,
-            w_up: Optional[Tensor] = None, normalize: bool = True, tile=None,
-            out: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
+            w_up: Optional[Tensor] = None, normalize: bool = True, transpose_w: bool = False,
+            tile=None, out: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
         """A Mixture-of-Experts layer with SiLU (or, with `w_up`, SwiGLU) experts.
 
         x is (T, H), router_w (H, E), w1 (E, H, F), w2 (E, F, H), E static.
@@ -629,20 +630,36 @@ class Graph(LLMOperators, CollectiveOperators):
         or silu(x @ w1[e_j]) * (x @ w_up[e_j]) with `w_up` (E, H, F) (the
         gated experts of Qwen3-MoE and Mixtral). Result (T, H). `tile=m`
         sets the routed (token, expert) slots per expert tile (default 32).
+
+        With `transpose_w` each expert's matrices are given transposed, as
+        rows of their inputs' values (llama.cpp's layout): w1 and w_up
+        (E, F, H), w2 (E, H, F). Experts may then be packed weights
+        (`input` of a format of `etc.packed`, each its own), read by the
+        tiles in their blocks (see docs/operators.md, "Packed weights").
         See docs/moe.md for the lowering.
         """
         kind = "moe"
         self._check_operand(kind, "x", x, ranks=(2,))
         self._check_operand(kind, "router_w", router_w, ranks=(2,))
-        self._check_operand(kind, "w1", w1, ranks=(3,))
-        self._check_operand(kind, "w2", w2, ranks=(3,))
+        self._check_operand(kind, "w1", w1, ranks=(3,), packed_ok=True)
+        self._check_operand(kind, "w2", w2, ranks=(3,), packed_ok=True)
         operands = [("x", x), ("router_w", router_w), ("w1", w1), ("w2", w2)]
         if w_up is not None:
-            self._check_operand(kind, "w_up", w_up, ranks=(3,))
+            self._check_operand(kind, "w_up", w_up, ranks=(3,), packed_ok=True)
             operands.append(("w_up", w_up))
-        dtype = self._same_dtype(kind, operands)
+        for role, t in operands[2:]:
+            if packed.is_packed(t.dtype) and not transpose_w:
+                raise ValueError(f"{kind}: {describe(role, t)} is a packed weight, stored by "
+                                 f"rows of its input's values: packed experts are read "
+                                 f"transposed (transpose_w=True: w1 and w_up (E, F, H), "
+                                 f"w2 (E, H, F))")
+        dtype = self._same_dtype(kind, [(role, t) for role, t in operands
+                                        if not packed.is_packed(t.dtype)])
         tokens, hidden = x.shape
         experts = router_w.shape[1]
+
+        def layout(rows, columns) -> tuple:
+            return (experts, columns, rows) if transpose_w else (experts, rows, columns)
 
         def expect(role: str, t: Tensor, expected: tuple, why: str) -> None:
             if len(expected) != t.rank or not all(
@@ -655,14 +672,15 @@ class Graph(LLMOperators, CollectiveOperators):
         if not isinstance(experts, int):
             raise ValueError(f"{kind}: the expert count E (dimension 1 of "
                              f"{describe('router_w', router_w)}) must be static")
-        ffn = w1.shape[2]
-        expect("w1", w1, (experts, hidden, ffn),
-               f"(E, H, F) with E = {experts} from {describe('router_w', router_w)} and "
+        ffn = w1.shape[1 if transpose_w else 2]
+        h_f, f_h = ("(E, F, H)", "(E, H, F)") if transpose_w else ("(E, H, F)", "(E, F, H)")
+        expect("w1", w1, layout(hidden, ffn),
+               f"{h_f} with E = {experts} from {describe('router_w', router_w)} and "
                f"H = {hidden} from {describe('x', x)}")
-        expect("w2", w2, (experts, ffn, hidden),
-               f"(E, F, H) with F = {ffn} from {describe('w1', w1)} and H = {hidden}")
+        expect("w2", w2, layout(ffn, hidden),
+               f"{f_h} with F = {ffn} from {describe('w1', w1)} and H = {hidden}")
         if w_up is not None:
-            expect("w_up", w_up, (experts, hidden, ffn), f"(E, H, F), as {describe('w1', w1)}")
+            expect("w_up", w_up, layout(hidden, ffn), f"{h_f}, as {describe('w1', w1)}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= experts:
             raise ValueError(f"{kind}: top_k = {top_k!r} is out of range: "
                              f"{describe('router_w', router_w)} has E = {experts} experts; "
@@ -676,7 +694,8 @@ class Graph(LLMOperators, CollectiveOperators):
                              f"expert tile)")
         result = self._finish(kind, operands, (tokens, hidden), dtype, (tile,),
                               {"top_k": top_k, "experts": experts, "gated": w_up is not None,
-                               "normalize": bool(normalize)}, out, name)
+                               "normalize": bool(normalize),
+                               "transpose_w": bool(transpose_w)}, out, name)
 
         def internal(role: str, shape: tuple, internal_dtype: str) -> Tensor:
             return self._new_tensor(self._fresh_name(f"{result.name}_{role}"), shape,

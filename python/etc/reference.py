@@ -223,8 +223,12 @@ def _apply(op, vals: list) -> np.ndarray:
     if kind in reference_llm.KINDS:
         return reference_llm.apply(op, vals)
     if kind == "moe":
-        w_up = vals[4] if op.params.get("gated") else None
-        return moe(*vals[:4], op.params["top_k"], w_up, op.params.get("normalize", True))
+        experts = list(vals[2:])
+        if op.params.get("transpose_w"):
+            experts = [np.swapaxes(w, -1, -2) for w in experts]
+        w_up = experts[2] if op.params.get("gated") else None
+        return moe(vals[0], vals[1], experts[0], experts[1], op.params["top_k"], w_up,
+                   op.params.get("normalize", True))
     if kind == "matmul":
         a, b = vals[:2]  # a residual operand is added by `evaluate`
         return a @ (b.T if op.params["transpose_b"] else b)

@@ -182,8 +182,9 @@ def test_embedding_of_packed_tables_equals_dequantize():
 def test_packed_inputs_are_checked():
     g = etc.Graph("errors")
     x = g.input("x", (4, 64), "f32")
-    with pytest.raises(ValueError, match="q4_k weight is 2-D .N, K. with K a static multiple "
-                                         "of its block of 256"):
+    with pytest.raises(ValueError, match="q4_k weight is 2-D .N, K., or 3-D .E, N, K. for "
+                                         "stacked experts, with K a static multiple of its "
+                                         "block of 256"):
         g.input("bad", (8, 64), "q4_k")
     w = g.input("w", (8, 64), "q8_0")
     with pytest.raises(ValueError, match="packed weight, stored by rows.*transpose_b=True"):

@@ -2,9 +2,10 @@
 every block format under the CPU lane simulation (`kernels="cuda"`),
 against the widened reference, at ragged shapes; a packed model through
 the simulated GPU kernels; and the PTX of real-width packed step graphs
-(Llama-3.2-1B, Qwen3-0.6B, Qwen3-30B-A3B shapes, their matrices in the
-packed formats in turn) assembled by ptxas for sm_80 and sm_90a with no
-spills."""
+(Llama-3.2-1B, Qwen3-0.6B, Qwen3-30B-A3B shapes, their matrices and
+stacks of experts in the packed formats in turn) assembled by ptxas for
+sm_80 and sm_90a with no spills (the packed MoE tiles' numerics under
+the lane simulation: test_moe_packed.py)."""
 
 from __future__ import annotations
 
@@ -56,12 +57,16 @@ def test_every_format_under_the_lane_simulation():
 
 
 def _weight_widths(config: ModelConfig) -> dict:
-    """Each linear weight's name -> its K (the values a row holds)."""
+    """Each linear weight's (and stack of experts') name -> its K (the
+    values a row holds)."""
     h, q = config.hidden_size, config.num_heads * config.head_dim
     widths = {"embed": h}
     for i in range(config.num_layers):
         widths.update({f"l{i}_wq": h, f"l{i}_wk": h, f"l{i}_wv": h, f"l{i}_wo": q})
-        if not config.is_sparse(i):
+        if config.is_sparse(i):
+            widths.update({f"l{i}_experts_gate": h, f"l{i}_experts_up": h,
+                           f"l{i}_experts_down": config.moe_intermediate_size})
+        else:
             widths.update({f"l{i}_w_gate": h, f"l{i}_w_up": h,
                            f"l{i}_w_down": config.intermediate_size})
     if not config.tie_word_embeddings:
@@ -97,5 +102,9 @@ def test_real_width_packed_step_graphs_assemble_without_spills(name, chip, tmp_p
     graph = build_step_graph(config, dtype="bf16", max_seq_len=4096, chunk=256,
                              kv_block_size=16, weight_formats=formats)
     kernel = etc.compile(graph, target="cuda", chip=chip, schedule="auto")
+    if config.num_experts:
+        # The MoE tiles read stacks of experts' blocks, (E, N, bytes of K).
+        assert re.search(r"tile_moe_up_\d+\(%arg0: memref<\?x\d+xbf16>, "
+                         r"%arg1: memref<\d+x\d+x\d+xi8>", kernel.ir("graph"))
     assert_no_spills(assemble(kernel.ptx, chip, tmp_path, name))
     assert set(formats.values()) == set(FORMATS), sorted(set(FORMATS) - set(formats.values()))

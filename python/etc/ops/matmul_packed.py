@@ -16,8 +16,9 @@ Kernels:
   ... one at a time: a warp's loads of B read a block's consecutive
   bytes, and each value is dequantized in registers (`packed_loads`)
   and accumulated in f32 as the widened product is;
-* cpu (`MatmulPackedCPU`): int8 dot products, as llama.cpp computes on
-  the CPU. The tile first quantizes its rows of A into a stack panel:
+* cpu (`MatmulPackedCPU`, on `PackedDotsCPU`, which MoE's packed expert
+  tiles share: `moe_experts.py`): int8 dot products, as llama.cpp
+  computes on the CPU. The tile first quantizes its rows of A into a stack panel:
   each block of 32 values gets d = max|x| / 127 and q = round(x / d)
   (-127 .. 127, a float32 scale); then each (row, column) is a sum over
   blocks of d_a d_b times the block's integer dot product, which AVX2
@@ -59,8 +60,9 @@ from mlir.dialects import arith, llvm, math, memref, scf, vector
 
 from .. import packed
 from .matmul_gemv import MatmulSkinnyT
+from .base import TileKernel
 from .matmul_scalar import Matmul
-from .packed_loads import _k_scale_min, signed_byte
+from .packed_loads import _k_scale_min, row_at, signed_byte
 
 
 def choose_packed(op, target) -> type:
@@ -108,12 +110,20 @@ ZERO_POINTS = {"q8_0": 128, "q4_0": 8, "iq4_nl": 128, "q5_0": 16, "q6_k": 32,
                "q4_1": 0, "q5_1": 0, "q4_k": 0, "q5_k": 0}
 
 
-class MatmulPackedCPU(Matmul):
-    """C = A @ B^T with B packed, by int8 dot products over quantized
-    blocks of A (see the module docstring)."""
+#: The formats whose values have a minimum (value = d q + m): their
+#: products need each block's sum of the quantized activations.
+MINIMUM_FORMATS = ("q4_1", "q5_1", "q4_k", "q5_k")
 
-    #: The formats this kernel reads.
-    FORMATS = tuple(packed.FORMATS)
+
+class PackedDotsCPU(TileKernel):
+    """Products of a tile's rows of activations with the rows of packed
+    weights by int8 dot products over quantized blocks (see the module
+    docstring): `prepare` the stack panel, `quantize_rows` once, then
+    `multiply` by each weight the tile reads. Subclasses say where a row
+    of activations is (`activation_row`), which rows of blocks a weight's
+    column is (`weight_row`) and what becomes of a product
+    (`store_product`)."""
+
     #: Values per block of quantized activations.
     BLOCK = 32
     #: Rows of A and columns of C each micro-kernel step shares loads over
@@ -123,20 +133,25 @@ class MatmulPackedCPU(Matmul):
     ROWS_16_REGISTERS = 2
     COLS = 4
 
-    @classmethod
-    def name(cls, op) -> str:
-        return f"matmul_{op.operands[1].dtype}_cpu"
+    def activation_row(self, local) -> tuple:
+        """The tensor and leading indices of the tile's row `local` of
+        activations (K values along the last dimension)."""
+        raise NotImplementedError(f"{type(self).__name__}.activation_row")
 
-    @classmethod
-    def applies(cls, op) -> bool:
-        return op.operands[1].dtype in cls.FORMATS
+    def weight_row(self, column):
+        """The row of blocks (`packed_loads` row: an index, or a list) of
+        the weight being multiplied that gives column `column`."""
+        return column
 
-    def emit(self) -> None:
-        op, out = self.op, self.op.result
-        a = op.operands[0]
-        tm, tn = op.tile
-        self.k = a.shape[1]
-        self.blocks = self.k // self.BLOCK
+    def store_product(self, local, column, total: ir.Value) -> None:
+        """Takes the product of the tile's row `local` with `column`."""
+        raise NotImplementedError(f"{type(self).__name__}.store_product")
+
+    def prepare(self, k: int, rows: int, formats) -> None:
+        """The stack panel for `rows` rows of `k` values, quantized for
+        weights of `formats`."""
+        self.k = k
+        self.blocks = k // self.BLOCK
         self.i8 = ir.IntegerType.get_signless(8)
         self.i16 = ir.IntegerType.get_signless(16)
         self.i32 = ir.IntegerType.get_signless(32)
@@ -144,55 +159,59 @@ class MatmulPackedCPU(Matmul):
         #: With VNNI the weights are read as unsigned bytes minus the
         #: format's zero point (see ZERO_POINTS), one `vpdpbusd` per block.
         self.vnni = self.target.has("avxvnni") or self.target.has("avx512vnni")
-        self.zero = ZERO_POINTS[op.operands[1].dtype] if self.vnni else 0
         #: AVX-512 VNNI: two groups of 32 values per 512-bit step.
         self.wide = self.vnni and self.target.has("avx512vnni")
-        r0, rows = self.row_block(out, tm)
-        c0 = arith.muli(self.ti[1], self.cidx(tn))
-        cols = self.extent(out, 1, c0, tn)
-        self.panel = self.entry_alloca(ir.MemRefType.get([tm, self.k], self.i8))
-        self.scales = self.entry_alloca(ir.MemRefType.get([tm, self.blocks], self.f32))
-        #: Formats whose values have a minimum need each block's sum of q.
-        self.has_minimum = op.operands[1].dtype in ("q4_1", "q5_1", "q4_k", "q5_k")
-        self.sums = self.entry_alloca(ir.MemRefType.get([tm, self.blocks], self.f32)) \
-            if self.has_minimum else None
-        #: Per row and block of A, 8 lanes of -zero x (the sum of 4
-        #: values): `vpdpbusd`'s starting value, so that it sums
-        #: (w + zero - zero) x.
-        self.inits = self.entry_alloca(ir.MemRefType.get([tm, self.blocks * 8], self.i32)) \
-            if self.zero else None
-        self.quantize_rows(r0, rows)
+        self.panel = self.entry_alloca(ir.MemRefType.get([rows, k], self.i8))
+        self.scales = self.entry_alloca(ir.MemRefType.get([rows, self.blocks], self.f32))
+        #: Each block's sum of q, for formats whose values have a minimum.
+        self.sums = self.entry_alloca(ir.MemRefType.get([rows, self.blocks], self.f32)) \
+            if any(f in MINIMUM_FORMATS for f in formats) else None
+        #: Per row and block of A and per zero point z, 8 lanes of -z x
+        #: (the sum of 4 values): `vpdpbusd`'s starting value, so that it
+        #: sums (w + z - z) x.
+        zeros = sorted({ZERO_POINTS[f] for f in formats} - {0}) if self.vnni else []
+        self.inits = {zero: self.entry_alloca(ir.MemRefType.get([rows, self.blocks * 8],
+                                                                self.i32))
+                      for zero in zeros}
+
+    def multiply(self, weight, rows, c0, cols) -> None:
+        """The products of the tile's `rows` quantized rows with columns
+        `c0` .. + `cols` of packed `weight` (its rows of blocks, by
+        `weight_row`), each given to `store_product`."""
+        self.weight = weight
+        dtype = weight.dtype
+        self.zero = ZERO_POINTS[dtype] if self.vnni else 0
+        self.has_minimum = dtype in MINIMUM_FORMATS
         step = self.ROWS if self.target.has("avx512f") else self.ROWS_16_REGISTERS
         pairs = arith.divui(rows, self.cidx(step))
         loop = scf.ForOp(self.cidx(0), pairs, self.cidx(1))
         with ir.InsertionPoint(loop.body):
             local = arith.muli(loop.induction_variable, self.cidx(step))
-            self.emit_columns(r0, local, step, c0, cols)
+            self.emit_columns(local, step, c0, cols)
             scf.yield_([])
         for count in range(1, step):
             left = arith.subi(rows, arith.muli(pairs, self.cidx(step)))
             branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, left, self.cidx(count)))
             with ir.InsertionPoint(branch.then_block):
-                self.emit_columns(r0, arith.muli(pairs, self.cidx(step)), count, c0, cols)
+                self.emit_columns(arith.muli(pairs, self.cidx(step)), count, c0, cols)
                 scf.yield_([])
 
     # -- activations -------------------------------------------------------
 
-    def quantize_rows(self, r0, rows) -> None:
-        """The tile's rows of A as int8 blocks in the panel, each block's
-        scale d = max|x| / 127 beside them."""
-        a = self.op.operands[0]
+    def quantize_rows(self, rows) -> None:
+        """The tile's rows of activations as int8 blocks in the panel, each
+        block's scale d = max|x| / 127 beside them."""
         half = self.BLOCK // 2
         vtype = self.vtype(half)
         each = scf.ForOp(self.cidx(0), rows, self.cidx(1))
         with ir.InsertionPoint(each.body):
             local = each.induction_variable
-            row = arith.addi(r0, local)
+            a, row = self.activation_row(local)
             blocks = scf.ForOp(self.cidx(0), self.cidx(self.blocks), self.cidx(1))
             with ir.InsertionPoint(blocks.body):
                 kb = blocks.induction_variable
                 start = arith.muli(kb, self.cidx(self.BLOCK))
-                parts = [self.vload(a, [row, arith.addi(start, self.cidx(h * half))], half)
+                parts = [self.vload(a, [*row, arith.addi(start, self.cidx(h * half))], half)
                          for h in range(2)]
                 largest = vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<maxnumf>"),
                                            arith.maxnumf(math.absf(parts[0]),
@@ -210,28 +229,28 @@ class MatmulPackedCPU(Matmul):
                                      arith.fptosi(ir.VectorType.get([half], self.i32), rounded))
                     vector.store(q, self.panel, [local, arith.addi(start, self.cidx(h * half))])
                     qs.append(q)
-                    if self.has_minimum:
+                    if self.sums is not None:
                         part_sum = self.vsum(rounded)  # integers: exact in any order
                         total = part_sum if total is None else arith.addf(total, part_sum)
-                if self.has_minimum:
+                if self.sums is not None:
                     memref.store(total, self.sums, [local, kb])
-                if self.inits is not None:
+                for zero, inits in self.inits.items():
                     block = vector.shuffle(qs[0], qs[1], list(range(self.BLOCK)))
                     lanes = ir.VectorType.get([8], self.i32)
-                    zero = arith.constant(lanes, ir.DenseElementsAttr.get_splat(
+                    start_sums = arith.constant(lanes, ir.DenseElementsAttr.get_splat(
                         lanes, ir.IntegerAttr.get(self.i32, 0)))
-                    shifted = self.vnni_dot(zero, self.splat_i8(self.zero - 256 * (self.zero > 127)),
+                    shifted = self.vnni_dot(start_sums, self.splat_i8(zero - 256 * (zero > 127)),
                                             block)
-                    vector.store(arith.subi(zero, shifted), self.inits,
+                    vector.store(arith.subi(start_sums, shifted), inits,
                                  [local, arith.muli(kb, self.cidx(8))])
                 scf.yield_([])
             scf.yield_([])
 
     # -- products ----------------------------------------------------------
 
-    def emit_columns(self, r0, local, nrows: int, c0, cols) -> None:
-        """Rows `local` .. + nrows of the panel (rows r0 + local ...) times
-        the tile's columns: groups of COLS columns a quarter of the tile
+    def emit_columns(self, local, nrows: int, c0, cols) -> None:
+        """Rows `local` .. + nrows of the panel times the weight's columns
+        `c0` .. + `cols`: groups of COLS columns a quarter of the tile
         apart (COLS long streams of B, as `MatmulCPU.emit_transposed`),
         one column at a time when the columns do not divide so."""
         ncols = self.COLS
@@ -243,7 +262,7 @@ class MatmulPackedCPU(Matmul):
             groups = self.lane_loop(step)
             with ir.InsertionPoint(groups.body):
                 first = arith.addi(c0, groups.induction_variable)
-                self.emit_dots(r0, local, nrows,
+                self.emit_dots(local, nrows,
                                [arith.addi(first, arith.muli(self.cidx(c), step))
                                 for c in range(ncols)])
                 scf.yield_([])
@@ -251,19 +270,19 @@ class MatmulPackedCPU(Matmul):
         with ir.InsertionPoint(branch.else_block):
             singles = self.lane_loop(cols)
             with ir.InsertionPoint(singles.body):
-                self.emit_dots(r0, local, nrows, [arith.addi(c0, singles.induction_variable)])
+                self.emit_dots(local, nrows, [arith.addi(c0, singles.induction_variable)])
                 scf.yield_([])
             scf.yield_([])
 
-    def emit_dots(self, r0, local, nrows: int, columns: list) -> None:
-        """C[r0 + local + r, column] for r < nrows and every column of
-        `columns`: per group of 32 values, the integer dot product of each
-        quantized row with the column's integer weights (`weight_groups`),
-        times both scales; formats with a minimum add its product with the
-        row's block sum. With AVX-512 VNNI two groups go together in
-        512-bit vectors (`wide`; a last odd block of 32 alone)."""
-        b = self.op.operands[1]
-        fmt = packed.FORMATS[b.dtype]
+    def emit_dots(self, local, nrows: int, columns: list) -> None:
+        """The products of the panel's rows `local` + r, r < nrows, with
+        every column of `columns` (to `store_product`): per group of 32
+        values, the integer dot product of each quantized row with the
+        column's integer weights (`weight_groups`), times both scales;
+        formats with a minimum add its product with the row's block sum.
+        With AVX-512 VNNI two groups go together in 512-bit vectors
+        (`wide`; a last odd block of 32 alone)."""
+        fmt = packed.FORMATS[self.weight.dtype]
         rows = [arith.addi(local, self.cidx(r)) for r in range(nrows)]
         per_block = fmt.block // self.BLOCK
         span = 2 if self.wide else 1
@@ -304,7 +323,7 @@ class MatmulPackedCPU(Matmul):
         ncols = len(columns)
         for at, total in enumerate(totals):
             r, c = divmod(at, ncols)
-            self.store(total, self.op.result, [arith.addi(r0, rows[r]), columns[c]])
+            self.store_product(rows[r], columns[c], total)
 
     def zero_accumulators(self, nrows: int, columns: list, span: int) -> list:
         return [self.vzero(8 * span) for _ in range(nrows * len(columns))]
@@ -337,8 +356,9 @@ class MatmulPackedCPU(Matmul):
             # The zero point's products start each row's sums; the row and
             # column scales meet in one multiply per pair.
             lane_type = ir.VectorType.get([lanes], self.i32)
-            starts = [vector.load(lane_type, self.inits, [r, arith.muli(first, self.cidx(8))])
-                      for r in rows] if self.inits is not None else \
+            inits = self.inits.get(self.zero)
+            starts = [vector.load(lane_type, inits, [r, arith.muli(first, self.cidx(8))])
+                      for r in rows] if inits is not None else \
                 [arith.constant(lane_type, ir.DenseElementsAttr.get_splat(
                     lane_type, ir.IntegerAttr.get(self.i32, 0)))] * len(rows)
             dx_lanes = [self.group_lanes(row_dxs) for row_dxs in dxs]
@@ -384,10 +404,11 @@ class MatmulPackedCPU(Matmul):
         group is scale * weights[j] + minimum, where the scale is an f32 or
         a vector<8xf32> (the scale of each int8_dot lane's 4 values) and
         the minimum an f32 or None."""
-        b = self.op.operands[1]
-        half = lambda at: self.half(column, arith.addi(base, self.cidx(at)))  # noqa
+        b = self.weight
+        row = self.weight_row(column)
+        half = lambda at: self.half(row, arith.addi(base, self.cidx(at)))  # noqa
         raw = lambda at, n: vector.load(ir.VectorType.get([n], self.i8), self.buf(b),  # noqa
-                                        [column, arith.addi(base, self.cidx(at))])
+                                        row_at(row, arith.addi(base, self.cidx(at))))
         name = fmt.name
         # With VNNI the integer weights stay unsigned, the zero point
         # (ZERO_POINTS) subtracted through the rows' starting sums.
@@ -417,7 +438,7 @@ class MatmulPackedCPU(Matmul):
             high = raw(16, 32) if name == "q5_k" else None
             out = []
             for g in range(8):
-                scale, minimum = _k_scale_min(self, b, column, base, self.cidx(g))
+                scale, minimum = _k_scale_min(self, b, row, base, self.cidx(g))
                 packed_bytes = raw(qs + 32 * (g // 2), 32)
                 q = self.low_nibbles(packed_bytes) if g % 2 == 0 else \
                     self.high_nibbles(packed_bytes)
@@ -439,7 +460,7 @@ class MatmulPackedCPU(Matmul):
                     q = centred(arith.ori(low, arith.shli(top, self.splat_i8(4))), 32)
                     first = 8 * h + 2 * run  # the scales of values 0-15 and 16-31
                     scales = [arith.mulf(d, arith.sitofp(self.f32, signed_byte(
-                        self, b, column, arith.addi(base, self.cidx(192 + first + i)))))
+                        self, b, row, arith.addi(base, self.cidx(192 + first + i)))))
                         for i in range(2)]
                     lane_scales = vector.from_elements(self.vtype(8), [scales[0]] * 4 +
                                                        [scales[1]] * 4)
@@ -448,10 +469,10 @@ class MatmulPackedCPU(Matmul):
         raise NotImplementedError(f"MatmulPackedCPU: no vector read of {name}")
 
     def half(self, row, at) -> ir.Value:
-        """The float16 at bytes `at`, `at + 1` of row `row` of B as an f32:
-        one 2-byte load and a conversion (`vcvtph2ps` with F16C)."""
-        b = self.op.operands[1]
-        two = vector.load(ir.VectorType.get([2], self.i8), self.buf(b), [row, at])
+        """The float16 at bytes `at`, `at + 1` of row `row` of the weight as
+        an f32: one 2-byte load and a conversion (`vcvtph2ps` with F16C)."""
+        two = vector.load(ir.VectorType.get([2], self.i8), self.buf(self.weight),
+                          row_at(row, at))
         one = vector.bitcast(ir.VectorType.get([1], ir.F16Type.get()), two)
         return arith.extf(self.f32, vector.extract(one, [], [0]))
 
@@ -549,3 +570,36 @@ class MatmulPackedCPU(Matmul):
                     for q in range(4)]
         return arith.addi(arith.addi(quarters[0], quarters[1]),
                           arith.addi(quarters[2], quarters[3]))
+
+
+class MatmulPackedCPU(PackedDotsCPU, Matmul):
+    """C = A @ B^T with B packed, by int8 dot products over quantized
+    blocks of A (see the module docstring)."""
+
+    #: The formats this kernel reads.
+    FORMATS = tuple(packed.FORMATS)
+
+    @classmethod
+    def name(cls, op) -> str:
+        return f"matmul_{op.operands[1].dtype}_cpu"
+
+    @classmethod
+    def applies(cls, op) -> bool:
+        return op.operands[1].dtype in cls.FORMATS
+
+    def emit(self) -> None:
+        op, out = self.op, self.op.result
+        a, b = op.operands[:2]
+        tm, tn = op.tile
+        self.r0, rows = self.row_block(out, tm)
+        c0 = arith.muli(self.ti[1], self.cidx(tn))
+        cols = self.extent(out, 1, c0, tn)
+        self.prepare(a.shape[1], tm, [b.dtype])
+        self.quantize_rows(rows)
+        self.multiply(b, rows, c0, cols)
+
+    def activation_row(self, local) -> tuple:
+        return self.op.operands[0], [arith.addi(self.r0, local)]
+
+    def store_product(self, local, column, total: ir.Value) -> None:
+        self.store(total, self.op.result, [arith.addi(self.r0, local), column])

@@ -18,7 +18,8 @@ with two events: `ready[e, j]` (up tile (e, j) -> down tile (e, j), count 1)
 and `done[e]` (every down tile of expert e -> each token routed to e,
 through an indirect wait per routing choice reading `expert<j>`). Every tile
 of the padded (E, ceil(T / m)) grid notifies, empty ones included, so both
-counts are known without reading routing data. See docs/moe.md.
+counts are known without reading routing data. See docs/moe.md. The up
+and down tiles' kernels (packed experts among them) are in moe_experts.py.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mlir.dialects import arith, math, memref, scf
 
 from ..dialects import event
 from .base import DEFAULT_ROWS, TaskBuilder, box, index_map, row_block, whole
+from .moe_experts import choose_down, choose_up
 from .topk import first_pick, select_next
 from .variants import PartKernel
 
@@ -143,93 +145,6 @@ class MoeRoute(PartKernel):
             scf.yield_([])
 
 
-class _ExpertTile(PartKernel):
-    """A tile (e, j) of the padded expert grid."""
-
-    grid_rank = 2
-
-    def expert_slots(self, width: ir.Value):
-        """The lane loop over (slot, column) of expert tile (e, j): slots
-        offsets[e] + [j m, min((j + 1) m, count)); an empty tile runs no
-        iteration. Returns (loop, token, choice, column) inside the loop."""
-        op, buffers = self.op, self.op.buffers
-        k = op.params["top_k"]
-        (per_tile,) = op.tile
-        e, j = self.ti
-        begin = self.load_index(buffers["offsets"], [e])
-        end = self.load_index(buffers["offsets"], [arith.addi(e, self.cidx(1))])
-        first = arith.addi(begin, arith.muli(j, self.cidx(per_tile)))
-        last = arith.minsi(end, arith.addi(first, self.cidx(per_tile)))
-        count = arith.maxsi(arith.subi(last, first), self.cidx(0))
-        loop = self.lane_loop(arith.muli(count, width))
-        with ir.InsertionPoint(loop.body):
-            element = loop.induction_variable
-            slot = arith.addi(first, arith.divui(element, width))
-            column = arith.remui(element, width)
-            pair = self.load_index(buffers["slots"], [arith.divui(slot, self.cidx(k)),
-                                                      arith.remui(slot, self.cidx(k))])
-            token = arith.divui(pair, self.cidx(k))
-            choice = arith.remui(pair, self.cidx(k))
-        return loop, token, choice, column
-
-
-class MoeUp(_ExpertTile):
-    """hidden[t, c, :] = silu(x[t] @ w1[e]) for the pairs of this tile, or
-    silu(x[t] @ w1[e]) * (x[t] @ w_up[e]) for gated experts."""
-
-    part = "up"
-
-    @classmethod
-    def tensors(cls, op) -> list:
-        x, w1 = op.operands[0], op.operands[2]
-        buffers = op.buffers
-        return [x, w1, buffers["offsets"], buffers["slots"], buffers["hidden"],
-                *op.operands[4:]]
-
-    def emit(self) -> None:
-        x, w1 = self.op.operands[0], self.op.operands[2]
-        w_up = self.op.operands[4] if self.op.params.get("gated") else None
-        hidden = self.op.buffers["hidden"]
-        loop, t, c, f = self.expert_slots(self.dim(w1, 2))
-        e = self.ti[0]
-        with ir.InsertionPoint(loop.body):
-            total = self.reduce_row(self.dim(x, 1), self.cf32(0.0), lambda acc, h: arith.addf(
-                acc, arith.mulf(self.load(x, [t, h]), self.load(w1, [e, h, f]))))
-            value = self.unary("silu", total)
-            if w_up is not None:
-                up = self.reduce_row(self.dim(x, 1), self.cf32(0.0), lambda acc, h: arith.addf(
-                    acc, arith.mulf(self.load(x, [t, h]), self.load(w_up, [e, h, f]))))
-                value = arith.mulf(value, up)
-            self.store(value, hidden, [t, c, f])
-            scf.yield_([])
-
-
-class MoeDown(_ExpertTile):
-    """partial[t, c, :] = weight[t, c] * (hidden[t, c] @ w2[e])."""
-
-    part = "down"
-
-    @classmethod
-    def tensors(cls, op) -> list:
-        w1, w2 = op.operands[2:4]
-        buffers = op.buffers
-        return [w1, w2, buffers["offsets"], buffers["slots"], buffers["hidden"],
-                buffers["partial"], buffers["weights"]]
-
-    def emit(self) -> None:
-        w1, w2 = self.op.operands[2:4]
-        buffers = self.op.buffers
-        hidden, partial = buffers["hidden"], buffers["partial"]
-        loop, t, c, col = self.expert_slots(self.dim(w2, 2))
-        e = self.ti[0]
-        with ir.InsertionPoint(loop.body):
-            total = self.reduce_row(self.dim(w1, 2), self.cf32(0.0), lambda acc, f: arith.addf(
-                acc, arith.mulf(self.load(hidden, [t, c, f]), self.load(w2, [e, f, col]))))
-            weight = self.load(buffers["weights"], [t, c])
-            self.store(arith.mulf(weight, total), partial, [t, c, col])
-            scf.yield_([])
-
-
 class MoeCombine(PartKernel):
     """y[t, :] = sum over the token's k choices of partial[t, c, :]."""
 
@@ -286,12 +201,12 @@ def build_tasks(b: TaskBuilder, op) -> None:
     # later writer of x still waits for every expert tile.
     b.emit_task(op, f"{op.name}_up", grid,
                 [(x, whole(2, x)), (w1, one_expert), *[(w, one_expert) for w in op.operands[4:]],
-                 *routing], [], MoeUp,
+                 *routing], [], choose_up(op, b.target),
                 notifies=[(ready, tile_map)])
     done = event.AllocOp(ir.Type.parse(f"!event.tensor<{experts}>"), [], count=grid[1]).result
     b.emit_task(op, f"{op.name}_down", grid,
                 [(w2, one_expert), *routing, (buffers["weights"], whole(2, buffers["weights"]))],
-                [], MoeDown, waits=[(ready, tile_map)],
+                [], choose_down(op, b.target), waits=[(ready, tile_map)],
                 notifies=[(done, index_map("(d0, d1) -> (d0)"))])
     b.emit_task(op, f"{op.name}_combine", [b.grid_extent(tokens, 1)], [],
                 [(op.result, box(1, ["d0", "0"], [1, None]))], MoeCombine,

@@ -3,12 +3,15 @@ block format of `etc.packed`, dequantized to f32 in registers.
 
 `TileKernel.load` reads a packed tensor through `load_packed`, so every
 kernel that loads elements one at a time (the scalar matmul, the
-embedding gather) reads every format as it reads a float tensor. A packed
-tensor's buffer is its blocks as bytes, `memref<N x bytes-per-row x i8>`;
-value (n, k) lies in block k / block of row n. Each format's arithmetic is
-that of `etc.packed.dequantize` (the same float32 operations, so the
-values are equal bit for bit); vector kernels read whole blocks instead
-(`matmul_packed`).
+embedding gather, the MoE expert tiles) reads every format as it reads a
+float tensor. A packed tensor's buffer is its blocks as bytes,
+`memref<N x bytes-per-row x i8>` (a stack of matrices, MoE's experts:
+`memref<E x N x bytes-per-row x i8>`); value (n, k) lies in block
+k / block of row n. A "row" below is the index of one row of blocks: an
+index value, or a list of them in a stack ([expert, n]). Each format's
+arithmetic is that of `etc.packed.dequantize` (the same float32
+operations, so the values are equal bit for bit); vector kernels read
+whole blocks instead (`matmul_packed`).
 """
 
 from __future__ import annotations
@@ -24,19 +27,25 @@ if TYPE_CHECKING:
     from ..graph_values import Tensor
     from .base import TileKernel
 
-__all__ = ["load_packed", "load_half", "byte"]
+__all__ = ["load_packed", "load_half", "byte", "signed_byte", "row_at"]
+
+
+def row_at(row, at) -> list:
+    """The memref indices of byte `at` of row `row` (an index value, or a
+    list of them for a stack of matrices)."""
+    return [*row, at] if isinstance(row, (list, tuple)) else [row, at]
 
 
 def byte(k: "TileKernel", t: "Tensor", row, at) -> ir.Value:
     """Byte `at` (an index value) of row `row` of packed `t`, as an i32
     from 0 to 255."""
-    value = memref.load(k.buf(t), [row, at])
+    value = memref.load(k.buf(t), row_at(row, at))
     return arith.extui(ir.IntegerType.get_signless(32), value)
 
 
 def signed_byte(k: "TileKernel", t: "Tensor", row, at) -> ir.Value:
     """Byte `at` of row `row` of packed `t` as a signed i32 (-128 .. 127)."""
-    value = memref.load(k.buf(t), [row, at])
+    value = memref.load(k.buf(t), row_at(row, at))
     return arith.extsi(ir.IntegerType.get_signless(32), value)
 
 
@@ -44,8 +53,8 @@ def load_half(k: "TileKernel", t: "Tensor", row, at) -> ir.Value:
     """The little-endian float16 at bytes `at`, `at + 1` of row `row` of
     packed `t`, as an f32."""
     i16 = ir.IntegerType.get_signless(16)
-    low = arith.extui(i16, memref.load(k.buf(t), [row, at]))
-    high = arith.extui(i16, memref.load(k.buf(t), [row, arith.addi(at, k.cidx(1))]))
+    low = arith.extui(i16, memref.load(k.buf(t), row_at(row, at)))
+    high = arith.extui(i16, memref.load(k.buf(t), row_at(row, arith.addi(at, k.cidx(1)))))
     bits = arith.ori(low, arith.shli(high, _i(16, 8)))
     return arith.extf(k.f32, arith.bitcast(ir.F16Type.get(), bits))
 
@@ -96,10 +105,11 @@ def _k_scale_min(k, t, row, base, sub) -> tuple[ir.Value, ir.Value]:
 
 
 def load_packed(k: "TileKernel", t: "Tensor", idx: list) -> ir.Value:
-    """Element `idx` = [row, col] of packed tensor `t`, dequantized to f32
-    as `etc.packed.dequantize` computes it."""
+    """Element `idx` = [row, col] (or [expert, row, col] of a stack) of
+    packed tensor `t`, dequantized to f32 as `etc.packed.dequantize`
+    computes it."""
     fmt = packed.FORMATS[t.dtype]
-    row, col = idx
+    *row, col = idx
     block = arith.divui(col, k.cidx(fmt.block))
     j = arith.remui(col, k.cidx(fmt.block))
     base = arith.muli(block, k.cidx(fmt.nbytes))

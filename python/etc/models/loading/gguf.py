@@ -399,13 +399,21 @@ class GGUFCheckpoint:
     def weight_formats(self) -> dict[str, str]:
         """The weights that can stay packed, graph input name -> format of
         `etc.packed`: those stored in a block format that the step graph
-        reads by rows (the projections, the embeddings and the LM head; a
-        MoE layer's router and experts are read widened)."""
-        formats = {}
-        for key, name, _, _, how in self._plan():
+        reads by rows (the projections, the embeddings, the LM head, and a
+        MoE layer's experts in llama.cpp's (E, out, in) layout when all
+        three of its stacks are packed; a router is read widened)."""
+        formats, experts = {}, {}
+        for key, name, shape, _, how in self._plan():
             entry = self._tensors.get(name)
-            if entry is not None and entry.type in _PACKED and how != "T":
-                formats[key] = _PACKED[entry.type]
+            packed_type = _PACKED.get(entry.type) if entry is not None else None
+            if how != "T":
+                if packed_type is not None:
+                    formats[key] = packed_type
+            elif len(shape) == 3:  # a layer's gate, up or down experts
+                experts.setdefault(key.split("_experts_")[0], {})[key] = packed_type
+        for stacks in experts.values():
+            if None not in stacks.values():
+                formats.update(stacks)
         return formats
 
     def weights(self, progress: Optional[Callable[[int, int], None]] = None,
@@ -416,8 +424,8 @@ class GGUFCheckpoint:
         factors (`rope_freqs.weight`). The weights named in `formats` (a
         subset of `weight_formats()`) stay packed: their blocks, read in
         place from the file's memory map (Llama's Q and K, whose rows are
-        reordered, read into memory). `progress(done, total)` is called
-        after each tensor."""
+        reordered, read into memory; experts in the file's (E, out, in)
+        layout). `progress(done, total)` is called after each tensor."""
         c, d = self.config, self.config.head_dim
         plan = self._plan()
         formats = formats or {}
@@ -428,8 +436,8 @@ class GGUFCheckpoint:
         last = (None, None)  # a fused tensor, dequantized once for its parts
         for done, (key, name, shape, what, how) in enumerate(plan, 1):
             if key in formats:
-                raw = self._packed(name, what, formats[key],
-                                   None if isinstance(how, tuple) else how)
+                heads = how if isinstance(how, int) else None  # Llama's permuted Q, K
+                raw = self._packed(name, what, formats[key], heads)
                 # A fused tensor's part: its rows of blocks.
                 out[key] = raw[how[1]:how[2]] if isinstance(how, tuple) else raw
                 if progress is not None:

@@ -91,8 +91,9 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
 
     `weight_formats` (weight name -> a format of `etc.packed`) names the
     weights that stay packed: matrices read by rows (the projections, the
-    LM head) and the embeddings (gathered into `dtype` rows); the others
-    are in `dtype`."""
+    LM head, a MoE layer's experts, then (E, out, in) as llama.cpp stacks
+    them) and the embeddings (gathered into `dtype` rows); the others are
+    in `dtype`."""
     formats = weight_formats or {}
     cache_dtype = dtype if kv_dtype is None else kv_dtype
     c = config
@@ -186,13 +187,17 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         if c.is_sparse(i):
             # Every rank routes the same (the router and its input are
             # whole) and adds its share of each chosen expert's columns.
+            # Packed experts stay in llama.cpp's layout, (E, out, in).
             e, f = c.num_experts, c.moe_intermediate_size
+            packed_experts = f"l{i}_experts_gate" in formats
+            h_f, f_h = ((e, f, h), (e, h, f)) if packed_experts else ((e, h, f), (e, f, h))
             x = g.add(x, reduced(g.moe(normed, weight(f"l{i}_router", (h, e)),
-                                       weight(f"l{i}_experts_gate", (e, h, f)),
-                                       weight(f"l{i}_experts_down", (e, f, h)),
+                                       weight(f"l{i}_experts_gate", h_f),
+                                       weight(f"l{i}_experts_down", f_h),
                                        c.num_experts_per_tok,
-                                       w_up=weight(f"l{i}_experts_up", (e, h, f)),
-                                       normalize=c.norm_topk_prob)))
+                                       w_up=weight(f"l{i}_experts_up", h_f),
+                                       normalize=c.norm_topk_prob,
+                                       transpose_w=packed_experts)))
         else:
             f = c.intermediate_size
             gate = g.matmul(normed, weight(f"l{i}_w_gate", (f, h)), transpose_b=True)

@@ -1,0 +1,214 @@
+"""MoE layers with packed experts: `g.moe(..., transpose_w=True)` whose
+expert stacks (E, N, K) are in the block formats of `etc.packed`.
+
+On the CPU the expert tiles multiply int8 blocks of their rows of
+activations with the experts' blocks (`MoeUpPackedCPU`,
+`MoeDownPackedCPU`: the packed matmul's dot products). Each result is
+checked against a NumPy emulation of that: the reference's routing, each
+routed token's x rounded by `etc.packed.quantize_activations` times the
+dequantized experts, the hidden row rounded again before the down
+projection (within the float sums' rounding, and one hidden value at a
+rounding tie rounded the other way: one step of its block; at most 0.54
+of that bound measured); and against the widened reference
+(`etc.reference.evaluate`, the dequantized experts) within 3% of the
+output's largest value (at most 1.7% measured: the activations' rounding,
+twice per expert, whose worst case, the errors all of one sign, bounds
+nothing useful over 256 + 256 products).
+
+Under the lane simulation of the CUDA kernels (`kernels="cuda"`) the
+expert tiles read packed values one at a time, dequantized in registers
+as `etc.packed.dequantize` computes them: the widened reference up to
+the order of the sums.
+
+Shapes: H = F = 256 (the K-quants' blocks), E = 8 experts of which two
+are never chosen (no tokens), 2 per token, tiles of 8 slots: 1 to 33
+tokens route ragged counts, 0 to about 12 slots (1 or 2 tiles) per
+expert. Three layers cover the nine formats (gate, up, down each its
+own); one compile per schedule serves every token count."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import etc
+from etc import packed
+from etc.reference import evaluate, topk
+
+H, F, E, TOP_K, TILE = 256, 256, 8, 2, 8
+#: (gate, up, down) formats of each layer: every format once.
+LAYERS = [("q4_k", "q8_0", "q6_k"), ("q5_0", "q5_k", "q4_0"), ("q4_1", "iq4_nl", "q5_1")]
+#: Experts the router never picks (a large negative logit).
+UNUSED = (2, 6)
+
+
+def _graph() -> etc.Graph:
+    g = etc.Graph("packed_moe")
+    T = g.symbol("T")
+    x = g.input("x", (T, H), "f32")
+    router = g.input("router", (H, E), "f32")
+    outs = []
+    for i, (gate, up, down) in enumerate(LAYERS):
+        outs.append(g.moe(x, router, g.input(f"gate{i}", (E, F, H), gate),
+                          g.input(f"down{i}", (E, H, F), down), TOP_K,
+                          w_up=g.input(f"up{i}", (E, F, H), up), transpose_w=True, tile=TILE,
+                          name=f"y{i}"))
+    g.output(*outs)
+    return g
+
+
+def _experts() -> dict:
+    rng = np.random.default_rng(7)
+    out = {}
+    for i, formats in enumerate(LAYERS):
+        for role, fmt, shape in zip(("gate", "up", "down"), formats,
+                                    ((E, F, H), (E, F, H), (E, H, F))):
+            values = rng.standard_normal(shape) / np.sqrt(shape[2])
+            out[f"{role}{i}"] = packed.quantize(values.astype(np.float32), fmt)
+    return out
+
+
+def _routed_inputs(tokens: int) -> dict:
+    """x and a router that never picks the UNUSED experts (x[:, 0] = 1
+    with router row 0 at -1e4 for them), with a margin between the k-th
+    and (k+1)-th logit so that float rounding routes as the reference
+    does."""
+    rng = np.random.default_rng(tokens)
+    while True:
+        x = rng.standard_normal((tokens, H)).astype(np.float32)
+        x[:, 0] = 1.0
+        router = rng.standard_normal((H, E)).astype(np.float32) / 4
+        router[0, UNUSED] = -1e4
+        ordered = -np.sort(-(x @ router), axis=-1)
+        if np.min(ordered[:, TOP_K - 1] - ordered[:, TOP_K]) > 1e-3:
+            return dict(x=x, router=router)
+
+
+def _silu(v):
+    return v / (1 + np.exp(-v))
+
+
+def _emulated(x, router, gate, up, down):
+    """What the CPU kernels compute (float64): per token the sum over its
+    choices of weight (w2 @ q(silu(w1 @ q(x)) * (w_up @ q(x)))), q =
+    `quantize_activations`; and a bound of the kernels' difference from
+    it: the sums' float32 rounding (1e-5 of sum weight |w2| @ |q(hidden)|)
+    plus, per choice, a hidden value at a rounding tie rounded the other
+    way (weight max_f |w2[:, f]| d(f), d(f) the step of its block)."""
+    logits = x @ router
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    chosen_p, chosen = topk(p, TOP_K)
+    weights = chosen_p / chosen_p.sum(-1, keepdims=True)
+    xq = packed.quantize_activations(x).astype(np.float64)
+    y, bound = np.zeros(x.shape), np.zeros(x.shape)
+    for t in range(x.shape[0]):
+        for j in range(TOP_K):
+            e, weight = chosen[t, j], weights[t, j]
+            hidden = (_silu(gate[e] @ xq[t]) * (up[e] @ xq[t])).astype(np.float32)
+            hq = packed.quantize_activations(hidden).astype(np.float64)
+            y[t] += weight * (down[e] @ hq)
+            bound[t] += weight * (1e-5 * np.abs(down[e]) @ np.abs(hq) +
+                                  (np.abs(down[e]) * _steps(hidden)).max(-1))
+    return y, bound
+
+
+def _steps(v):
+    """Each value's rounding step by `quantize_activations`: its block's
+    max |v| / 127."""
+    return np.repeat(np.abs(v.reshape(*v.shape[:-1], -1, 32)).max(-1) / 127, 32, axis=-1)
+
+
+@pytest.fixture(scope="module")
+def experts():
+    raw = _experts()
+    widened = {name: packed.dequantize(value, LAYERS[int(name[-1])][
+        ("gate", "up", "down").index(name[:-1])]).astype(np.float64)
+        for name, value in raw.items()}
+    return raw, widened
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_cpu_kernels_against_their_emulation_and_the_widened_reference(experts, schedule):
+    raw, widened = experts
+    g = _graph()
+    kernel = etc.compile(g, target="cpu", schedule=schedule, workers=2)
+    assert set(re.findall(r"_tile_(moe_\w+?)_\d+\(", kernel.ir("graph"))) >= \
+        {"moe_up_packed_cpu", "moe_down_packed_cpu"}
+    run = kernel.partial(**raw)
+    for tokens in range(1, 34):
+        ins = _routed_inputs(tokens)
+        got = run.run(**ins)
+        want = evaluate(g, **ins, **raw)
+        for i, (out, ref) in enumerate(zip(got, want)):
+            emulated, bound = _emulated(ins["x"], ins["router"], widened[f"gate{i}"],
+                                        widened[f"up{i}"], widened[f"down{i}"])
+            assert np.all(np.abs(out - emulated) <= bound), (tokens, LAYERS[i])
+            assert np.abs(out - ref).max() <= 0.03 * np.abs(ref).max(), (tokens, LAYERS[i])
+
+
+def test_simulated_gpu_kernels_read_packed_values_as_dequantized(experts):
+    raw, _ = experts
+    g = _graph()
+    kernel = etc.compile(g, target="cpu", kernels="cuda", workers=2)
+    assert set(re.findall(r"_tile_(moe_\w+?)_\d+\(", kernel.ir("graph"))) == \
+        {"moe_router", "moe_route", "moe_up", "moe_down", "moe_combine"}
+    run = kernel.partial(**raw)
+    for tokens in (1, 2, 7, 16, 33):
+        ins = _routed_inputs(tokens)
+        for out, ref in zip(run.run(**ins), evaluate(g, **ins, **raw)):
+            np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_ungated_packed_experts_beside_transposed_float_ones():
+    """Ungated experts (silu(x @ w1) @ w2): w1 packed (the CPU's int8 up
+    tile) with a float w2 (the scalar down tile, reading it transposed);
+    and all-float experts given transposed: the reference's values."""
+    g = etc.Graph("mixed")
+    T = g.symbol("T")
+    x = g.input("x", (T, H), "f32")
+    router = g.input("router", (H, E), "f32")
+    mixed = g.moe(x, router, g.input("w1", (E, F, H), "q8_0"), g.input("w2", (E, H, F), "f32"),
+                  TOP_K, transpose_w=True, tile=TILE, name="mixed")
+    floats = g.moe(x, router, g.input("v1", (E, F, H), "f32"), g.input("v2", (E, H, F), "f32"),
+                   TOP_K, w_up=g.input("vu", (E, F, H), "f32"), transpose_w=True, tile=TILE,
+                   name="floats")
+    g.output(mixed, floats)
+    kernel = etc.compile(g, target="cpu", workers=2)
+    assert set(re.findall(r"_tile_(moe_\w+?)_\d+\(", kernel.ir("graph"))) == \
+        {"moe_router", "moe_route", "moe_up_packed_cpu", "moe_up", "moe_down", "moe_combine"}
+    rng = np.random.default_rng(3)
+    weights = {name: (rng.standard_normal(shape) / np.sqrt(shape[2])).astype(np.float32)
+               for name, shape in (("w2", (E, H, F)), ("v1", (E, F, H)), ("v2", (E, H, F)),
+                                   ("vu", (E, F, H)))}
+    weights["w1"] = packed.quantize(rng.standard_normal((E, F, H)) / 16, "q8_0")
+    for tokens in (1, 9, 33):
+        ins = _routed_inputs(tokens)
+        (got_mixed, got_floats) = kernel.run(**ins, **weights)
+        want_mixed, want_floats = evaluate(g, **ins, **weights)
+        np.testing.assert_allclose(got_floats, want_floats, rtol=1e-4, atol=1e-5)
+        # The mixed layer's x is rounded to int8 blocks for w1.
+        assert np.abs(got_mixed - want_mixed).max() <= 0.03 * np.abs(want_mixed).max()
+
+
+def test_packed_experts_are_checked():
+    g = etc.Graph("errors")
+    x = g.input("x", (4, H), "f32")
+    router = g.input("router", (H, E), "f32")
+    w1 = g.input("w1", (E, F, H), "q4_k")
+    w2 = g.input("w2", (E, H, F), "q6_k")
+    with pytest.raises(ValueError, match=r"moe: operand 'w1' .* is a packed weight, stored by "
+                                         r"rows of its input's values: packed experts are read "
+                                         r"transposed \(transpose_w=True"):
+        g.moe(x, router, w1, w2, TOP_K)
+    with pytest.raises(ValueError, match=r"'w2' .* must have shape \(8, 256, 64\) \(\(E, H, F\)"):
+        g.moe(x, router, g.input("narrow", (E, 64, H), "q8_0"), w2, TOP_K, transpose_w=True)
+    with pytest.raises(ValueError, match="moe: operand 'router_w' .* is a packed weight; only "
+                                         "matmul's 'b' .*, embedding's 'table' and moe's experts"):
+        g.moe(x, g.input("packed_router", (E, H), "q8_0"), w1, w2, TOP_K, transpose_w=True)
+    with pytest.raises(ValueError, match=r"a q4_k weight is 2-D \(N, K\), or 3-D \(E, N, K\) for "
+                                         r"stacked experts, with K a static multiple of its "
+                                         r"block of 256"):
+        g.input("ragged", (E, F, 96), "q4_k")
