@@ -350,39 +350,49 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
             async def events():
                 first = [True] * len(handles)
                 offsets = [0] * len(handles)
-                held = [[] for _ in handles]
+                readers = [tools_.CallStream(parser, body.parallel_tool_calls is not False)
+                         for _ in handles] if parser is not None else None
                 async for index, output in results():
                     if (error := error_of(output)) is not None:
                         yield _sse({"error": {"message": error.message, "type": error.kind}})
                         break
                     if chat:
-                        delta = {"content": output.text}
+                        deltas = [{"content": output.text}]
                         reason = output.finish_reason
-                        if parser is not None:
-                            # A call is read whole: the text is held until the end.
-                            held[index].append(output.text)
-                            delta = {"content": ""}
-                            if output.finished:
-                                delta, reason = _tool_delta(parser, "".join(held[index]),
-                                                            reason, body)
+                        if readers is not None:
+                            # Tool calls as OpenAI streams them: deltas of
+                            # their own, the text held while it may be one.
+                            stream = readers[index]
+                            deltas = stream.feed(output.text) + (
+                                stream.finish() if output.finished else [])
+                            deltas = deltas or [{}]
+                            if stream.calls and reason == "stop":
+                                reason = "tool_calls"
                         if first[index]:
-                            delta["role"] = "assistant"
-                        choice = {"index": index, "delta": delta,
-                                  "logprobs": chat_logprobs(token_text, output.logprobs),
-                                  "finish_reason": reason}
+                            deltas[0]["role"] = "assistant"
+                        lp = chat_logprobs(token_text, output.logprobs)
+                        choices = [{"index": index, "delta": delta,
+                                    "logprobs": lp if k == 0 else None,
+                                    "finish_reason": reason if k == len(deltas) - 1 else None}
+                                   for k, delta in enumerate(deltas)]
+                        # Text held back (a call's start) sends nothing.
+                        choices = [c for c in choices if c["delta"] or c["logprobs"] or
+                                   c["finish_reason"]]
                     else:
-                        choice = {"index": index, "text": output.text,
-                                  "logprobs": completion_logprobs(token_text, output.logprobs,
-                                                                  offsets[index]),
-                                  "finish_reason": output.finish_reason}
+                        choices = [{"index": index, "text": output.text,
+                                    "logprobs": completion_logprobs(
+                                        token_text, output.logprobs, offsets[index]),
+                                    "finish_reason": output.finish_reason}]
                         offsets[index] += sum(len(token_text(t.token_id))
                                               for t in output.logprobs or ())
                     first[index] = False
-                    chunk = {"id": request_id, "object": f"{kind}.chunk" if chat else kind,
-                             "created": stamp, "model": name, "choices": [choice]}
-                    if include_usage:
-                        chunk["usage"] = None
-                    yield _sse(chunk)
+                    for choice in choices:
+                        chunk = {"id": request_id,
+                                 "object": f"{kind}.chunk" if chat else kind,
+                                 "created": stamp, "model": name, "choices": [choice]}
+                        if include_usage:
+                            chunk["usage"] = None
+                        yield _sse(chunk)
                 if include_usage:
                     yield _sse({"id": request_id, "object": f"{kind}.chunk" if chat else kind,
                                 "created": stamp, "model": name, "choices": [],
@@ -500,19 +510,6 @@ def _calls(parser: str, text: str, body) -> tuple:
     if body.parallel_tool_calls is False:
         calls = calls[:1]
     return content, calls
-
-
-def _tool_delta(parser: str, text: str, reason: str, body) -> tuple[dict, str]:
-    """The last delta of a streamed answer that may call tools (its text
-    held until then): the content outside the calls, and the calls as
-    OpenAI streams them (index, id, type, the name and the arguments
-    whole); the finish reason "tool_calls" where there are any."""
-    content, calls = _calls(parser, text, body)
-    delta = {"content": content}
-    if calls:
-        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
-        reason = "tool_calls" if reason == "stop" else reason
-    return delta, reason
 
 
 def _choices(body: _Sampling) -> list:
