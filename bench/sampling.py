@@ -10,6 +10,11 @@ first pass); a pass of `sample` is a maximum, a count or a sum, and a row
 makes 3 passes with temperature alone, up to 35 with top-k, up to 68 with
 top-k and top-p (see etc/ops/sampling.py).
 
+A second table: `Graph.adjust_logits` (the penalties' and biases' copy of
+the logits before sampling) without a structured-output mask input, with
+one and no row masked (what an unconstrained request pays for the feature),
+and with every row masked; median ms per run, rounds alternating.
+
 Usage: .venv/bin/python bench/sampling.py [--vocab 49152] [--rows 1 8] [--workers 2]
 """
 
@@ -46,6 +51,45 @@ def graphs(vocab: int) -> tuple[etc.Graph, etc.Graph]:
     a = etc.Graph("argmax")
     a.output(a.argmax(a.input("logits", (a.symbol("R"), vocab), "f32"), tile=(1,)))
     return g, a
+
+
+def adjust_graph(vocab: int, mask: bool) -> etc.Graph:
+    """`adjust_logits` of (R, vocab) logits with 4 entries per row, and a
+    structured-output mask if `mask`."""
+    g = etc.Graph("adjust")
+    R, A = g.symbol("R"), g.symbol("A")
+    entries = [g.input("tokens", (R, A), "i32"), g.input("add", (R, A), "f32"),
+               g.input("scale", (R, A), "f32")]
+    masks = dict(mask=g.input("mask", (R, -(-vocab // 32)), "i32"),
+                 masked=g.input("masked", (R,), "i32")) if mask else {}
+    g.output(g.adjust_logits(g.input("logits", (R, vocab), "f32"), *entries, **masks))
+    return g
+
+
+def compare_masks(args, rng) -> None:
+    """The second table (module docstring)."""
+    plain = etc.compile(adjust_graph(args.vocab, False), target="cpu", workers=args.workers)
+    masked = etc.compile(adjust_graph(args.vocab, True), target="cpu", workers=args.workers)
+    print()
+    print("| rows | adjust_logits ms, no mask input | mask input, no row masked | ratio | "
+          "every row masked | ratio |")
+    print("|---|---|---|---|---|---|")
+    for rows in args.rows:
+        feed = dict(logits=(rng.standard_normal((rows, args.vocab))).astype(np.float32),
+                    tokens=np.full((rows, 4), -1, np.int32), add=np.zeros((rows, 4), np.float32),
+                    scale=np.ones((rows, 4), np.float32))
+        bits = np.full((rows, -(-args.vocab // 32)), -1, np.int32)
+        runs = {"plain": lambda: plain.run(**feed),
+                "free": lambda: masked.run(**feed, mask=bits, masked=np.zeros(rows, np.int32)),
+                "masked": lambda: masked.run(**feed, mask=bits, masked=np.ones(rows, np.int32))}
+        times: dict[str, list] = {name: [] for name in runs}
+        for _ in range(args.rounds + 1):  # the first round warms up
+            for name, run in runs.items():
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+        p, f, m = (statistics.median(times[k][1:]) * 1e3 for k in ("plain", "free", "masked"))
+        print(f"| {rows} | {p:.3f} | {f:.3f} | {f / p:.2f} | {m:.3f} | {m / p:.2f} |")
 
 
 def inputs(logits: np.ndarray, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0) -> dict:
@@ -88,6 +132,7 @@ def main() -> None:
                     times[name].append(time.perf_counter() - start)
             s, m = (statistics.median(times[k]) * 1e3 for k in ("sample", "argmax"))
             print(f"| {rows} | {label} | {s:.3f} | {m:.3f} | {s / m:.2f} |")
+    compare_masks(args, rng)
 
 
 if __name__ == "__main__":
