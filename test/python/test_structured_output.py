@@ -207,6 +207,27 @@ def test_200_random_schemas_all_parse_and_validate(model):
     assert len({h.result().text for h in handles}) > 100  # sampled, not one answer
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["one_by_one", "executor"])
+def test_a_steps_masks_filled_together_are_each_constraints_own(model, monkeypatch, parallel):
+    """`fill_masks` (one mask after another on two cores, llguidance's
+    executor on more) gives each constraint the mask it gives alone, at
+    every token of different answers."""
+    from etc.models.engine import constraints
+
+    monkeypatch.setattr(constraints, "_PARALLEL", parallel)
+    answers = ['{"name":"Al","age":7}', '{"name":"Bea Ru","age":120}', '{"name":"","age":0}']
+    tokens = [model.tokenizer.encode(a, add_special_tokens=False) for a in answers]
+    together = [Constraint(model, Grammar("json_schema", PERSON)) for _ in answers]
+    alone = [Constraint(model, Grammar("json_schema", PERSON)) for _ in answers]
+    for step in range(min(map(len, tokens))):
+        masks = constraints.fill_masks(together)
+        for i, (constraint, ids) in enumerate(zip(alone, tokens)):
+            assert (masks[i] == constraint.mask()).all(), (i, step)
+            assert masks[i][ids[step] // 32] >> (ids[step] % 32) & 1
+            constraint.accept(ids[step])
+            together[i].accept(ids[step])
+
+
 def test_generate_takes_a_response_format(model):
     out = model.generate("Once", 200, sampling=SamplingParams(temperature=0.8, seed=9),
                          response_format={"type": "json_schema",

@@ -14,6 +14,7 @@ schemas, regular expressions and Lark grammars the API asks for.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -133,17 +134,25 @@ class Constraint:
 
 
 _EXECUTOR = None
+#: Whether llguidance's executor may spread a step's masks over threads: not
+#: on two cores, where its dispatch costs more than it saves (8 masks at
+#: B = 8 in bench/serve.py --structured's engine: 287 us through it, 208 us
+#: one after the other; docs/benchmarks.md, "Serving over HTTP").
+_PARALLEL = len(os.sched_getaffinity(0)) > 2 if hasattr(os, "sched_getaffinity") else \
+    (os.cpu_count() or 1) > 2
 
 
 def fill_masks(constraints: Sequence[Constraint]) -> np.ndarray:
     """The next-token bitmasks of several constraints, (len, words) int32,
-    filled together (llguidance's executor spreads them over threads)."""
+    filled together (llguidance's executor spreads them over threads where
+    there are more than two cores)."""
     global _EXECUTOR
     llg = _llguidance()
     words = constraints[0].words
     out = np.empty((len(constraints), words), np.int32)
-    if len(constraints) == 1:
-        llg.numpy.fill_next_token_bitmask(constraints[0].matcher, out)
+    if len(constraints) == 1 or not _PARALLEL:
+        for row, constraint in enumerate(constraints):
+            llg.numpy.fill_next_token_bitmask(constraint.matcher, out, row)
         return out
     if _EXECUTOR is None:
         _EXECUTOR = llg.LLExecutor()
