@@ -22,6 +22,21 @@ server runs in this process (uvicorn in a thread, on a free port), or
 
 Usage: .venv/bin/python bench/serve.py [--prompt 128] [--new 32] [--concurrency 1 2 4 8 16]
 
+`--structured` measures what constrained decoding costs: the checkpoint
+gets a trained tokenizer (at most the vocabulary's ids: 468 of 4096), and
+each concurrency's requests are sent again constrained by a JSON schema
+(`response_format` json_schema: records of a name, an age and tags, at
+least 64 of them, so that no answer ends before N tokens), `--pairs`
+times, alternating with free runs. A second table gives TPOT over HTTP
+free and constrained; the engine's decode step of C requests (wall time,
+host work included: masks filled, tokens taken) free and constrained, two
+engines in this process stepping in turn so that each pair of steps runs
+under the same load; the time the constrained engine's masks took in its
+steps (`StepRecord.masks`); and the floor: llguidance's own time per step
+for the same masks and tokens (the constrained requests' tokens replayed
+through fresh matchers, a step's masks filled together as the engine fills
+them), both over the free decode step.
+
 `--soak` runs the soak instead (bench/serve_soak.py): `etc serve` in a
 process of its own on the small model with a trained tokenizer (vocabulary
 512), `--requests` mixed requests (chat and text, greedy and sampled, stop
@@ -57,14 +72,28 @@ SMALL = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
              max_position_embeddings=512)
 
 
+#: The JSON schema of `--structured`: an array of at least 64 records, more
+#: than N tokens can complete (the grammar would end an answer early).
+SCHEMA = {"type": "array", "minItems": 64, "items": {
+    "type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "maxItems": 3, "items": {"enum": ["red", "green", "blue"]}}},
+    "required": ["name", "age", "tags"], "additionalProperties": False}}
+STRUCTURED = {"response_format": {"type": "json_schema",
+                                  "json_schema": {"name": "records", "schema": SCHEMA}}}
+
+
 def percentile(values, q):
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-async def one_request(client, url, model, prompt, new):
-    """Streams one completion; returns (ttft, tpot, tokens)."""
+async def one_request(client, url, model, prompt, new, extra):
+    """Streams one completion (with the fields `extra`); returns (ttft,
+    tpot, tokens)."""
     body = {"model": model, "prompt": prompt, "max_tokens": new, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+            **extra}
     start = time.perf_counter()
     first = last = None
     tokens = 0
@@ -85,14 +114,14 @@ async def one_request(client, url, model, prompt, new):
     return first - start, (last - first) / max(1, new - 1), tokens
 
 
-async def drive(url, model, prompts, concurrency, rounds, new):
+async def drive(url, model, prompts, concurrency, rounds, new, extra=None):
     import httpx
 
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         async def user(u):
             return [await one_request(client, url, model, prompts[(u * rounds + k) % len(prompts)],
-                                      new) for k in range(rounds)]
+                                      new, extra or {}) for k in range(rounds)]
         start = time.perf_counter()
         results = await asyncio.gather(*(user(u) for u in range(concurrency)))
         seconds = time.perf_counter() - start
@@ -114,6 +143,23 @@ def engine_throughput(model, prompts, concurrency, rounds, new, max_num_seqs):
     return sum(len(h.result().token_ids) for h in handles) / seconds
 
 
+def mask_floor(model, grammar, ids) -> float:
+    """Seconds llguidance takes per step for the requests whose tokens are
+    `ids`: their masks filled together (`fill_masks`, as the engine fills
+    them), then each request's token taken, replayed through fresh
+    matchers."""
+    from etc.models.engine.constraints import Constraint, fill_masks
+
+    constraints = [Constraint(model, grammar) for _ in ids]
+    steps = min(map(len, ids))
+    start = time.perf_counter()
+    for step in range(steps):
+        fill_masks(constraints)
+        for constraint, tokens in zip(constraints, ids):
+            constraint.accept(tokens[step])
+    return (time.perf_counter() - start) / steps
+
+
 def start_server(model, name, max_num_seqs, max_model_len):
     import uvicorn
 
@@ -131,6 +177,75 @@ def start_server(model, name, max_num_seqs, max_model_len):
             raise RuntimeError("the server did not start")
         time.sleep(0.02)
     return server, thread, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def interleaved_steps(model, free_prompts, constrained_prompts, new, grammar):
+    """Two engines, one running `free_prompts`, the other
+    `constrained_prompts` constrained by `grammar`, stepped in turn (a
+    step of each under the same load): the wall times of their decode
+    steps of all the requests, in order, the seconds the constrained
+    engine's masks took in those steps, and its requests' token ids."""
+    from etc.models.engine import Engine
+    from etc.models.engine.constraints import Constraint
+
+    engines, walls = [], ([], [])
+    for prompts, constrained in ((free_prompts, False), (constrained_prompts, True)):
+        engine = Engine(model, max_num_seqs=len(prompts), max_model_len=len(prompts[0]) + new)
+        handles = [engine.submit(prompt, max_new_tokens=new, ignore_eos=True,
+                                 constraint=Constraint(model, grammar) if constrained else None)
+                   for prompt in prompts]
+        engines.append(engine)
+    while any(engine.has_work for engine in engines):
+        for engine, wall in zip(engines, walls):
+            before = time.perf_counter()
+            if engine.step():
+                wall.append(time.perf_counter() - before)
+    full = [[record.decode_only and record.requests == len(free_prompts)
+             for record in engine.steps] for engine in engines]
+    for wall, keep in zip(walls, full):
+        wall[:] = [w for w, kept in zip(wall, keep) if kept]
+    if not len(walls[0]) == len(walls[1]) == new - 1:
+        raise RuntimeError(f"the engines ran {len(walls[0])} and {len(walls[1])} decode steps "
+                           f"of all their requests, not {new - 1} each")
+    masks = [record.masks for record, kept in zip(engines[1].steps, full[1]) if kept]
+    return walls, masks, [h.result().token_ids for h in handles]
+
+
+def compare_structured(args, url, model, fresh, concurrency) -> str:
+    """`--structured`'s row for `concurrency`: over HTTP, `--pairs` pairs
+    of runs, free then constrained by SCHEMA (the cost: the median of the
+    pairs' TPOT ratios, and their range); on the engine, as many runs of
+    `concurrency` requests free and constrained, their steps in turn (the
+    median of the decode steps' ratios, and the middle half of them); and
+    llguidance's floor."""
+    from etc.models.engine.constraints import Grammar
+
+    grammar = Grammar("json_schema", SCHEMA)
+    batch = min(concurrency, args.max_num_seqs)
+    tpots, steps, masks, floors = ([], []), ([], []), [], []
+    for _ in range(args.pairs):
+        for i, extra in enumerate((None, STRUCTURED)):
+            results, _ = asyncio.run(drive(url, args.model_name,
+                                           fresh(concurrency * args.rounds), concurrency,
+                                           args.rounds, args.new, extra))
+            tpots[i].append(statistics.median(r[1] for r in results))
+        walls, filled, ids = interleaved_steps(model, fresh(batch), fresh(batch), args.new,
+                                               grammar)
+        for i in range(2):
+            steps[i].extend(walls[i])
+        masks.append(statistics.median(filled) / statistics.median(walls[0]))
+        floors.append(mask_floor(model, grammar, ids) / statistics.median(walls[0]))
+
+    ratios = [100 * (b / a - 1) for a, b in zip(*tpots)]
+    http = f"{statistics.median(ratios):+.1f} % ({min(ratios):+.1f} to {max(ratios):+.1f})"
+    ratios = [100 * (b / a - 1) for a, b in zip(*steps)]
+    engine = (f"{statistics.median(ratios):+.1f} % ({percentile(ratios, 25):+.1f} to "
+              f"{percentile(ratios, 75):+.1f})")
+    ms = lambda values: f"{statistics.median(values) * 1e3:.2f}"
+    share = lambda values: (f"{100 * statistics.median(values):.1f} % ({100 * min(values):.1f} "
+                            f"to {100 * max(values):.1f})")
+    return (f"| {concurrency} | {ms(tpots[0])} | {ms(tpots[1])} | {http} | {ms(steps[0])} | "
+            f"{ms(steps[1])} | {engine} | {share(masks)} | {share(floors)} |")
 
 
 def run_soak(args) -> int:
@@ -221,6 +336,11 @@ def main() -> int:
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--schedule", default="auto")
+    parser.add_argument("--structured", action="store_true",
+                        help="also send the requests constrained by a JSON schema, and compare "
+                             "(module docstring)")
+    parser.add_argument("--pairs", type=int, default=5,
+                        help="--structured: pairs of runs, free then constrained")
     soak = parser.add_argument_group("the soak")
     soak.add_argument("--soak", action="store_true", help="run the soak (module docstring)")
     soak.add_argument("--requests", type=int, default=1000, help="requests in all")
@@ -233,13 +353,15 @@ def main() -> int:
     soak.add_argument("--soak-kv-tokens", type=int, default=4096,
                       help="the server's --kv-cache-tokens (small enough to preempt)")
     args = parser.parse_args()
-    for name in ("requests", "clients", "soak_model_len", "soak_kv_tokens"):
+    for name in ("requests", "clients", "soak_model_len", "soak_kv_tokens", "pairs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.seconds < 0 or args.seconds > 24 * 3600:
         parser.error("--seconds must be between 0 and 86400")
     if args.soak:
         return run_soak(args)
+    if args.structured and args.url:
+        parser.error("--structured compares on the engine in this process: not with --url")
 
     import etc.models as models
     from etc.models.testing import tiny_config, write_checkpoint
@@ -251,10 +373,15 @@ def main() -> int:
     else:
         path = args.checkpoint
         if path is None:
-            path = write_checkpoint(Path(tempfile.mkdtemp()) / "bench", tiny_config(**SMALL))
+            path = write_checkpoint(Path(tempfile.mkdtemp()) / "bench", tiny_config(**SMALL),
+                                    tokenizer=args.structured)
         start = time.perf_counter()
+        kv_tokens = None  # sized by its first user, the server's engine
+        if args.structured:  # or the server's sequences, or two engines' at once
+            kv_tokens = (args.prompt + args.new) * max(
+                args.max_num_seqs, 2 * min(max(args.concurrency), args.max_num_seqs))
         model = models.load(path, workers=args.workers, schedule=args.schedule,
-                            max_seq_len=args.prompt + args.new)
+                            max_seq_len=args.prompt + args.new, kv_cache_tokens=kv_tokens)
         print(f"{model}: loaded and compiled in {time.perf_counter() - start:.2f} s")
         vocab = model.config.vocab_size
         server, thread, url = start_server(model, args.model_name, args.max_num_seqs,
@@ -273,6 +400,7 @@ def main() -> int:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     # Warm-up: the first step pays page faults and workspace allocation.
     asyncio.run(drive(url, args.model_name, fresh(1), 1, 1, args.new))
+    structured = []
     for concurrency in args.concurrency:
         results, seconds = asyncio.run(drive(url, args.model_name,
                                              fresh(concurrency * args.rounds), concurrency,
@@ -290,6 +418,19 @@ def main() -> int:
         print(f"| {concurrency} | {len(results)} | {statistics.median(ttft):.1f} | "
               f"{percentile(ttft, 90):.1f} | {statistics.median(tpot):.2f} | "
               f"{percentile(tpot, 90):.2f} | {throughput:.0f} | {base} | {ratio} |", flush=True)
+        if args.structured:
+            structured.append(compare_structured(args, url, model, fresh, concurrency))
+    if structured:
+        print()
+        print(f"Constrained by a JSON schema, {args.pairs} pairs of runs: TPOT's cost the median "
+              f"(range) of the pairs' ratios; the engine's the median (middle half) of its "
+              f"decode steps' ratios; masks and floor over the free step, median (range):")
+        print()
+        print("| C | TPOT ms | TPOT ms, schema | cost | engine step ms | engine step ms, schema | "
+              "cost | masks in the engine | floor: llguidance alone |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for row in structured:
+            print(row)
     print()
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if model is not None:

@@ -63,7 +63,9 @@ class StepRecord:
     """One kernel run: its requests and tokens, whether it only decoded
     (one token per request, besides proposed ones), and its seconds (host
     preparation included); the ids it gave the requests, and of its
-    tokens, those proposed by speculating requests and those accepted."""
+    tokens, those proposed by speculating requests and those accepted;
+    the seconds its requests' grammar masks took to fill before it
+    (structured output)."""
 
     requests: int
     tokens: int
@@ -72,6 +74,7 @@ class StepRecord:
     generated: int = 0
     proposed: int = 0
     accepted: int = 0
+    masks: float = 0.0
 
 
 @dataclass
@@ -485,9 +488,12 @@ class Engine:
         keys and values at the same positions)."""
         choosing = [s for s, take in batch
                     if s.constraint is not None and take - len(s.proposed) == s.pending]
+        masks = 0.0
         if choosing:  # the grammars' masks, all together
+            before = time.perf_counter()
             for sequence, mask in zip(choosing, fill_masks([s.constraint for s in choosing])):
                 sequence.step_mask = mask
+            masks = time.perf_counter() - before
         requests = [self._request(s, take) for s, take in batch]
         # Logits leave the device only when a request keeps them.
         options = {}
@@ -509,7 +515,8 @@ class Engine:
             return self._run(batch[:half]) + self._run(batch[half:])
         now = time.perf_counter()
         record = StepRecord(len(requests), sum(len(r.tokens) for r in requests),
-                            all(len(r.tokens) - r.choices == 0 for r in requests), now - start)
+                            all(len(r.tokens) - r.choices == 0 for r in requests), now - start,
+                            masks=masks)
         self.steps.append(record)
         values, ids = logprobs[0] if logprobs else (None, None)
 
