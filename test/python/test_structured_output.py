@@ -152,6 +152,19 @@ def test_json_object_regex_choice_and_grammar(client):
             assert check(text), (extra, temperature, text)
 
 
+def test_a_streamed_event_is_one_line_whatever_the_text(server):
+    """Text with the characters str.splitlines takes for line ends
+    (U+0085, U+2028, U+2029; JSON leaves them as they are) streams as
+    events of one line each: httpx's iter_lines reads every one."""
+    text = "a\x85b\u2028c\u2029d"
+    body = {"model": NAME, "prompt": "Say:", "max_tokens": 40, "stream": True,
+            "guided_choice": [text]}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
+    assert "".join(json.loads(line[6:])["choices"][0]["text"] for line in lines[:-1]) == text
+
+
 def test_n_choices_each_follow_the_schema(client):
     reply = client.chat.completions.create(
         model=NAME, messages=USER, temperature=1.0, seed=5, max_tokens=200, n=3,

@@ -499,8 +499,13 @@ async def _disconnected(request: Request) -> None:
             return
 
 
+#: Characters JSON leaves as they are that str.splitlines (and so httpx's
+#: `iter_lines`) takes for line ends: escaped, an event stays one line.
+_LINE_ENDS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def _sse(data: dict) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    return f"data: {json.dumps(data, ensure_ascii=False).translate(_LINE_ENDS)}\n\n"
 
 
 def _calls(parser: str, text: str, body) -> tuple:
