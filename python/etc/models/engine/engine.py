@@ -64,8 +64,7 @@ class StepRecord:
     (one token per request, besides proposed ones), and its seconds (host
     preparation included); the ids it gave the requests, and of its
     tokens, those proposed by speculating requests and those accepted;
-    the seconds its requests' grammar masks took to fill before it
-    (structured output)."""
+    the seconds its requests' grammar masks took to fill before it."""
 
     requests: int
     tokens: int
@@ -345,9 +344,8 @@ class Engine:
             self._wake.notify()
 
     def abort(self, error: str) -> None:
-        """Ends every request submitted so far, running or waiting, before
-        the next step: finish_reason "abort", with `error` saying why (a
-        server shutting down)."""
+        """Ends every request submitted so far, running or waiting, before the
+        next step: finish_reason "abort", with `error` saying why."""
         with self._lock:
             self._abort = (self._next_id, error)
             self._wake.notify()
@@ -488,12 +486,11 @@ class Engine:
         keys and values at the same positions)."""
         choosing = [s for s, take in batch
                     if s.constraint is not None and take - len(s.proposed) == s.pending]
-        masks = 0.0
+        before = time.perf_counter()
         if choosing:  # the grammars' masks, all together
-            before = time.perf_counter()
             for sequence, mask in zip(choosing, fill_masks([s.constraint for s in choosing])):
                 sequence.step_mask = mask
-            masks = time.perf_counter() - before
+        masks = time.perf_counter() - before
         requests = [self._request(s, take) for s, take in batch]
         # Logits leave the device only when a request keeps them.
         options = {}
@@ -514,9 +511,8 @@ class Engine:
             half = len(batch) // 2
             return self._run(batch[:half]) + self._run(batch[half:])
         now = time.perf_counter()
-        record = StepRecord(len(requests), sum(len(r.tokens) for r in requests),
-                            all(len(r.tokens) - r.choices == 0 for r in requests), now - start,
-                            masks=masks)
+        record = StepRecord(len(requests), sum(len(r.tokens) for r in requests), all(
+            len(r.tokens) - r.choices == 0 for r in requests), now - start, masks=masks)
         self.steps.append(record)
         values, ids = logprobs[0] if logprobs else (None, None)
 
