@@ -151,6 +151,27 @@ def test_an_engine_sizes_the_sliding_pool_by_its_windows(name, loaded, checkpoin
     assert_pools_full(engine)
 
 
+def test_a_pool_sized_at_load_gives_the_sliding_layers_their_share(checkpoints):
+    """kv_cache_memory pays for both pools: the sliding layers get the
+    share of blocks a sequence of max_seq_len holds there (its window and a
+    step: 9 blocks of 32), the full layers what is left; the pool's arrays
+    fit the memory, and a long prompt still gives the NumPy tokens."""
+    model = models.load(checkpoints["gemma3"], **LOAD, kv_cache_memory=200_000)
+    pool = model.paged_cache()
+    config = model.config
+    layer_block = model.kv_cache_bytes_per_block // config.num_layers
+    share = sliding_bound(STEP_TOKENS) * P / LOAD["max_seq_len"]
+    assert model.window_pool_tokens(1, STEP_TOKENS) == sliding_bound(STEP_TOKENS) * P
+    assert pool.num_blocks == int(200_000 // (layer_block * (1 + 2 * share)))
+    assert pool.window_manager.num_blocks == int(pool.num_blocks * share)
+    assert pool.nbytes <= 200_000 < pool.nbytes + 3 * layer_block
+    prompts = [prompt(70, 9)]
+    out = model.generate(prompts, 8, ignore_eos=True, return_logits=True)
+    want = reference.forward(config, Checkpoint(checkpoints["gemma3"]).weights(),
+                             prompts[0] + out.tokens[0][:-1])[69:]
+    assert out.tokens[0] == want.argmax(-1).tolist()
+
+
 def test_given_back_blocks_serve_other_requests(loaded, checkpoints):
     """Three requests of 60 to 80 positions on a sliding pool of 12 blocks
     (48 positions: without giving blocks back, one request would not fit):

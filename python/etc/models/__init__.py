@@ -80,7 +80,8 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     per sequence), shared through block tables, with prefix reuse. Its
     pool (`Model.paged_cache`) holds `kv_cache_tokens` positions or takes
     `kv_cache_memory` bytes; without either it is sized by its first user
-    (the engine: max_num_seqs x max_model_len).
+    (the engine: max_num_seqs x max_model_len). Sliding-window layers have
+    a pool of their own sized for the windows (docs/models.md).
 
     `cache`: None (default) uses the compile cache (`ETC_CACHE_DIR`, see
     `etc.models.step.kernel_cache`) unless the environment sets `ETC_CACHE=0`; True

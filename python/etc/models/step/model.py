@@ -96,15 +96,17 @@ class CompiledModel:
         self.attention_chunk = self.graph_options["chunk"]
         #: Positions per block of the paged KV cache (None: contiguous slots).
         self.kv_block_size = self.graph_options["kv_block_size"]
+        self.max_step_tokens = max_step_tokens
         #: Blocks of the model's paged KV cache (`paged_cache`), from
         #: kv_cache_tokens or kv_cache_memory; None: sized by its first user.
-        self.kv_cache_blocks = self._pool_blocks(kv_cache_tokens, kv_cache_memory)
+        #: With sliding layers, their pool's blocks too (None: as many).
+        self.kv_cache_blocks, self.kv_cache_window_blocks = \
+            self._pool_blocks(kv_cache_tokens, kv_cache_memory)
         self._paged_cache: Optional[PagedKVCache] = None
         # Held while `paged_cache` looks at and replaces the shared pool
         # (generate calls from several threads), and around a kernel run.
         self._pool_lock = threading.Lock()
         self._run_lock = threading.Lock()
-        self.max_step_tokens = max_step_tokens
         self._graph = None
         # How the compile cache was asked for, and the draft models loaded
         # with this model's options (`draft_model`).
@@ -143,9 +145,13 @@ class CompiledModel:
             self._weights = {name: _to_device(step, name, array)
                              for name, array in self._weights.items()}
 
-    def _pool_blocks(self, tokens, memory) -> Optional[int]:
+    def _pool_blocks(self, tokens, memory) -> tuple:
         """The paged cache's blocks for `load`'s kv_cache_tokens or
-        kv_cache_memory (checked)."""
+        kv_cache_memory (checked), and its sliding layers' pool's (None: as
+        many). A sequence of max_seq_len holds on a sliding layer the
+        blocks of its window and a step (`window_pool_tokens`), so that
+        pool gets that share of the others' blocks (at least one
+        sequence's), and kv_cache_memory pays for both."""
         given = {name: value for name, value in (("kv_cache_tokens", tokens),
                                                  ("kv_cache_memory", memory))
                  if value is not None}
@@ -155,18 +161,27 @@ class CompiledModel:
         if len(given) > 1:
             raise ValueError("load: give kv_cache_tokens or kv_cache_memory, not both")
         if not given:
-            return None
+            return None, None
         if self.kv_block_size is None:
             raise ValueError(f"load: {next(iter(given))} sizes the paged KV cache, but "
                              f"kv_block_size=None asks for a contiguous one")
-        if tokens is not None:
-            return -(-tokens // self.kv_block_size)
         block = self.kv_cache_bytes_per_block
-        if memory < block:
-            raise ValueError(f"load: kv_cache_memory={memory} bytes is less than one KV cache "
-                             f"block ({block} bytes: {self.kv_block_size} positions of every "
-                             f"layer's keys and values)")
-        return memory // block
+        one = self.window_pool_tokens(1, self.max_step_tokens)
+        share = 1.0 if one is None else min(1.0, one / self.max_seq_len)
+        if tokens is not None:
+            blocks = -(-tokens // self.kv_block_size)
+        else:
+            if memory < block:
+                raise ValueError(f"load: kv_cache_memory={memory} bytes is less than one KV "
+                                 f"cache block ({block} bytes: {self.kv_block_size} positions "
+                                 f"of every layer's keys and values)")
+            layers = self.config.num_layers
+            sliding = len(self.config.sliding_layers) if one is not None else 0
+            blocks = int(memory // (block / layers * (layers - sliding + sliding * share)))
+        if share == 1.0:
+            return blocks, None
+        window = max(int(blocks * share), one // self.kv_block_size)
+        return blocks, (window if window < blocks else None)
 
     @property
     def kv_cache_bytes_per_block(self) -> int:
@@ -269,7 +284,8 @@ class CompiledModel:
             cache = self._paged_cache
             if self.kv_cache_blocks is not None:
                 if cache is None:
-                    cache = self._paged_cache = self._new_paged(self.kv_cache_blocks)
+                    cache = self._paged_cache = self._new_paged(
+                        self.kv_cache_blocks, window_blocks=self.kv_cache_window_blocks)
                 return cache
             if tokens is None:
                 tokens = self.max_seq_len
