@@ -42,7 +42,7 @@ CONFIGS = {
                              moe_intermediate_size=256, **SHAPE),
 }
 TYPES = [f.ggml for f in packed.FORMATS.values()]
-LOAD = dict(workers=2, max_seq_len=64, attention_chunk=16, cache=False)
+LOAD = dict(workers=2, max_seq_len=64, attention_chunk=16)
 PROMPTS = [[5, 6, 7], list(range(1, 20)), [250]]
 TIE = 0.15
 
