@@ -17,6 +17,7 @@ import numpy as np
 import etc.models
 from etc.models import Request, SamplingParams
 from etc.models.testing import tiny_config, write_checkpoint
+from rank_zero import from_rank_zero
 
 
 def draw(model, sampling: SamplingParams) -> list[int]:
@@ -49,11 +50,12 @@ def main(schedule: str) -> None:
         seeded = SamplingParams(1.0, seed=11)
         # The whole model's tokens and logits, and its seeded draws, from
         # rank 0 (each rank's whole model would be the same).
-        if rank == 0:
+        def reference():
             whole = etc.models.load(path, workers=1, max_seq_len=64, cache=False)
-            reference = (whole.generate(prompts, max_new_tokens=4, return_logits=True),
-                         draw(whole, seeded))
-        want, want_seeded = comm.bcast(reference if rank == 0 else None)
+            return (whole.generate(prompts, max_new_tokens=4, return_logits=True),
+                    draw(whole, seeded))
+
+        want, want_seeded = from_rank_zero(comm, reference)
         got = split.generate(prompts, max_new_tokens=4, return_logits=True)
         assert got.tokens == want.tokens, (got.tokens, want.tokens)
         for a, b in zip(got.logits, want.logits):

@@ -15,6 +15,7 @@ import numpy as np
 
 import etc.models
 from etc.models.testing import tiny_config, write_checkpoint
+from rank_zero import from_rank_zero
 
 
 def main() -> None:
@@ -33,12 +34,9 @@ def main() -> None:
                                 cache=False, tensor_parallel=ranks)
         assert split.config.is_sparse(1) and not split.config.is_sparse(0)
         prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8]]
-        want = None
-        if rank == 0:
-            whole = etc.models.load(path, workers=1, max_seq_len=32, attention_chunk=8,
-                                    cache=False)
-            want = whole.generate(prompts, max_new_tokens=4, return_logits=True)
-        want = comm.bcast(want)
+        want = from_rank_zero(comm, lambda: etc.models.load(
+            path, workers=1, max_seq_len=32, attention_chunk=8, cache=False).generate(
+                prompts, max_new_tokens=4, return_logits=True))
         got = split.generate(prompts, max_new_tokens=4, return_logits=True)
         assert got.tokens == want.tokens, (got.tokens, want.tokens)
         for a, b in zip(got.logits, want.logits):
