@@ -13,27 +13,27 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # The compile cache of etc.models is on in the tests, in a directory of the
-# run's own (never the user's cache): a model's step kernel is compiled once
-# per run and loaded from its artifact by every other test that builds the
-# same one (the key is everything its code depends on, the compiler's
-# sources included), as issue #31 asks. The tests of compiling and of the
-# cache say `cache=False` or give a directory of their own. Subprocesses
-# (and pytest-xdist's workers) inherit both settings; the controlling
-# process removes the directory at the end (pytest_unconfigure).
+# run's own (never the user's cache, whatever ETC_CACHE_DIR says): a model's
+# step kernel is compiled once per run and loaded from its artifact by every
+# other test that builds the same one (the key is everything its code
+# depends on, the compiler's sources included), as issue #31 asks. The tests
+# of compiling and of the cache say `cache=False` or give a directory of
+# their own. Subprocesses and pytest-xdist's workers inherit the directory
+# (ETC_TEST_RUN_CACHE); the process that chose it removes it at the end.
 os.environ.setdefault("ETC_CACHE", "1")
+_OWNS_RUN_CACHE = "ETC_TEST_RUN_CACHE" not in os.environ
+_RUN_CACHE = os.environ.setdefault("ETC_TEST_RUN_CACHE", os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), f"etc-test-cache-{os.getpid()}"))
+os.environ["ETC_CACHE_DIR"] = _RUN_CACHE
 # Runs use the workers they were compiled for unless a test says otherwise:
 # on a loaded test machine a run would otherwise use fewer (see
 # etc.runtime.workers.run_workers), and tests of a worker count would not
 # test it.
 os.environ.setdefault("ETC_ADAPT_WORKERS", "0")
-_RUN_CACHE = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"etc-test-cache-{os.getpid()}")
-os.environ.setdefault("ETC_CACHE_DIR", _RUN_CACHE)
 
 
 def pytest_unconfigure(config):
-    # Only the process that made the directory removes it: xdist's workers
-    # (other pids) share their controller's.
-    if os.environ.get("ETC_CACHE_DIR") == _RUN_CACHE:
+    if _OWNS_RUN_CACHE:
         shutil.rmtree(_RUN_CACHE, ignore_errors=True)
 
 
