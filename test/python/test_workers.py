@@ -137,6 +137,8 @@ def test_others_load_is_the_cores_busy_time_less_the_workers(monkeypatch):
     ours = [3.0]
     monkeypatch.setattr(workers.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(workers.OtherLoad, "busy_seconds", staticmethod(lambda cores: busy[0]))
+    # Another process runs now: the windows' measurements stand (IDLE_GAP).
+    monkeypatch.setattr(workers.OtherLoad, "others_runnable", staticmethod(lambda: 1))
     load = workers.OtherLoad(lambda: ours[0])
     assert not load.busy([0, 1])  # the first sample: nothing to compare with
     # 1 s later: the cores ran 1.5 s, of which the workers 1.4 s.
@@ -150,6 +152,38 @@ def test_others_load_is_the_cores_busy_time_less_the_workers(monkeypatch):
     assert load.busy([0, 1]) and load.cores == pytest.approx(1.0)
 
 
+def test_others_load_after_an_idle_gap_is_what_runs_now(monkeypatch):
+    """A window longer than IDLE_GAP measured others while this process
+    was idle (another engine's burst between two of ours): when nothing
+    else is runnable now, others want no core; when something is (a
+    process that keeps spinning), the measurement stands."""
+    clock, busy, ours, runnable = [100.0], [50.0], [3.0], [0]
+    monkeypatch.setattr(workers.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(workers.OtherLoad, "busy_seconds", staticmethod(lambda cores: busy[0]))
+    monkeypatch.setattr(workers.OtherLoad, "others_runnable", staticmethod(lambda: runnable[0]))
+    load = workers.OtherLoad(lambda: ours[0])
+    load.busy([0, 1])
+    # 0.3 s (a steady window): others ran 0.6 s of it.
+    clock[0], busy[0] = 100.3, 50.6
+    assert load.busy([0, 1]) and load.cores == pytest.approx(2.0)
+    # 1 s idle while another process ran both cores, and it has stopped.
+    clock[0], busy[0] = 101.3, 52.6
+    assert not load.busy([0, 1]) and load.cores == 0.0
+    # 1 s idle beside a process that still spins: its two cores stand.
+    clock[0], busy[0], runnable[0] = 102.3, 54.6, 2
+    assert load.busy([0, 1]) and load.cores == pytest.approx(2.0)
+    # Unknown (no /proc/stat): the measurement stands too.
+    clock[0], busy[0], runnable[0] = 103.3, 56.6, None
+    assert load.busy([0, 1]) and load.cores == pytest.approx(2.0)
+
+
+def test_others_runnable_reads_proc_stat():
+    import os
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat")
+    assert isinstance(workers.OtherLoad.others_runnable(), int)
+
+
 def test_others_load_is_what_they_want_not_what_they_got(monkeypatch):
     """Others' busy time is divided by the share of a core the workers got
     while runnable: a thread spinning beside two workers on two cores gets
@@ -158,6 +192,8 @@ def test_others_load_is_what_they_want_not_what_they_got(monkeypatch):
     queue = [(3.0, 1.0)]  # the workers' (ran, waited) seconds
     monkeypatch.setattr(workers.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(workers.OtherLoad, "busy_seconds", staticmethod(lambda cores: busy[0]))
+    # Another process runs now: the windows' measurements stand (IDLE_GAP).
+    monkeypatch.setattr(workers.OtherLoad, "others_runnable", staticmethod(lambda: 1))
     load = workers.OtherLoad(lambda: ours[0], lambda: queue[0])
     assert not load.busy([0, 1])
     # 1 s: the cores ran 2 s, the workers 4/3 s, waiting 2/3 s for a core.
@@ -369,6 +405,8 @@ def test_the_threads_that_start_runs_are_not_others(monkeypatch):
     busy, clock = [10.0], [100.0]
     monkeypatch.setattr(workers.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(workers.OtherLoad, "busy_seconds", staticmethod(lambda cores: busy[0]))
+    # Another process runs now: the windows' measurements stand (IDLE_GAP).
+    monkeypatch.setattr(workers.OtherLoad, "others_runnable", staticmethod(lambda: 1))
     registered, worked, release = threading.Event(), threading.Event(), threading.Event()
     # The thread lives until its CPU clock has been read (a thread that has
     # ended has no clock: ProcessLookupError).
