@@ -153,8 +153,8 @@ def test_a_cpu_without_avx512_runs_the_same_graph(monkeypatch):
     assert_close_to_reference(got, want.astype(np.float64), a, w)
 
 
-def test_lane_sums_give_each_vectors_sum_in_its_lane():
-    """The shuffle tree of `lane_sums` for 1 to 16 vectors, run by the
+def test_each_sum_gives_each_vectors_sum_in_its_lane():
+    """The shuffle tree of `each_sum` for 1 to 16 vectors, run by the
     CPU target through a one-row elementwise graph whose tile is replaced:
     checked directly on the IR it builds, with NumPy's sums."""
     from mlir import ir
@@ -183,7 +183,7 @@ def test_lane_sums_give_each_vectors_sum_in_its_lane():
                     vectors = [vector_dialect.load(vtype, entry.arguments[0],
                                                    [kernel.cidx(i), kernel.cidx(0)])
                                for i in range(count)]
-                    sums = kernel.lane_sums(vectors)
+                    sums = kernel.each_sum(vectors)
                     vector_dialect.store(sums, entry.arguments[1], [kernel.cidx(0)])
                     func.ReturnOp([])
             PassManager.parse("builtin.module(convert-vector-to-llvm,finalize-memref-to-llvm,"

@@ -8,7 +8,7 @@ packed: a block of BLOCK_ROWS rows of A by BLOCK_COLS rows of B^T keeps one
 16-lane f32 accumulator per output, and each step of 32 along K loads each
 row's 64 bytes once and takes one dot product per accumulator. After the K
 loop the block's accumulators of each row are summed across their lanes together
-(`lane_sums`: a tree of shuffles and adds that halves the vectors' lanes at
+(`each_sum`: a tree of shuffles and adds that halves the vectors' lanes at
 each level, 8 vector adds for 8 outputs instead of 8 reductions), and the
 row is stored as a vector of BLOCK_COLS columns.
 
@@ -98,7 +98,7 @@ class MatmulDPBF16(MatmulCPU):
             a_rows = [arith.minui(arith.addi(row, self.cidx(r)), last_row) for r in range(nr)]
             b_rows = [arith.minui(arith.addi(col, self.cidx(c)), last_col) for c in range(nc)]
             dots = self.block_dots(a_rows, b_rows)
-            sums = [self.lane_sums(dots[r * nc:(r + 1) * nc]) for r in range(nr)]
+            sums = [self.each_sum(dots[r * nc:(r + 1) * nc]) for r in range(nr)]
             in_rows = arith.subi(arith.addi(last_row, self.cidx(1)), row)
             in_cols = arith.subi(arith.addi(last_col, self.cidx(1)), col)
             full = arith.andi(
@@ -162,40 +162,6 @@ class MatmulDPBF16(MatmulCPU):
         b_vecs = [load(b, row) for row in b_rows]
         return [dot_bf16(accs[r * len(b_rows) + c], a_vecs[r], b_vecs[c])
                 for r in range(len(a_rows)) for c in range(len(b_rows))]
-
-    def lane_sums(self, vectors: list) -> ir.Value:
-        """A vector whose lane i is the sum of the lanes of `vectors[i]`
-        (at most 16 vectors of 16 f32 lanes; zeros pad them to a power of
-        two): each level pairs the vectors, keeps the first half of every
-        segment of both in one shuffle and the second halves in another,
-        and adds them, so segments halve while the vectors' count does."""
-        count = 1
-        while count < len(vectors):
-            count *= 2
-        if count > 16:
-            raise ValueError(f"lane_sums takes at most 16 vectors, got {len(vectors)}")
-        vectors = list(vectors) + [self.vzero(16)] * (count - len(vectors))
-        segment, width = 16, 16
-        while segment > 1:
-            half = segment // 2
-            if len(vectors) > 1:
-                # Two vectors of `width` lanes into one: a's segments, then b's.
-                segments = width // segment
-                first = [s * segment + i for s in range(segments) for i in range(half)]
-                low = first + [width + lane for lane in first]
-                high = [lane + half for lane in low]
-                vectors = [arith.addf(vector.shuffle(x, y, low), vector.shuffle(x, y, high))
-                           for x, y in zip(vectors[::2], vectors[1::2])]
-            else:
-                # One vector: halve its width.
-                segments = width // segment
-                first = [s * segment + i for s in range(segments) for i in range(half)]
-                x = vectors[0]
-                vectors = [arith.addf(vector.shuffle(x, x, first),
-                                      vector.shuffle(x, x, [lane + half for lane in first]))]
-                width //= 2
-            segment = half
-        return vectors[0]
 
     def lanes_of(self, v: ir.Value, first: int, count: int) -> ir.Value:
         """Lanes [first, first + count) of `v` as a vector."""
