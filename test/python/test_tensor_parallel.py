@@ -46,9 +46,9 @@ def test_tensor_parallel_moe_matches_one_rank():
 def test_serve_tensor_parallel_answers_the_openai_client(tmp_path):
     """`etc serve --tensor-parallel 2` as two MPI processes on a free local
     port: rank 0 serves, rank 1 runs its steps; the openai client's chat
-    completions (alone, streamed, two at once, one whose prompt blocks come
-    from the prefix cache) get the text the whole model generates on one
-    rank, and SIGTERM ends both ranks."""
+    completions (alone, streamed, constrained by a JSON schema, two at
+    once, one whose prompt blocks come from the prefix cache) get the text
+    the whole model generates on one rank, and SIGTERM ends both ranks."""
     import openai
     import subprocess
     import sys
@@ -88,6 +88,15 @@ def test_serve_tensor_parallel_answers_the_openai_client(tmp_path):
         stream = chat("tell me more", stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == \
             want("tell me more")
+        # Structured output: rank 0's grammar masks reach every rank's step.
+        schema = {"type": "object", "properties": {"n": {"type": "integer"}},
+                  "required": ["n"], "additionalProperties": False}
+        answer = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+        constrained = chat("a number", response_format=answer)
+        assert constrained.choices[0].message.content == whole.generate(
+            [{"role": "user", "content": "a number"}], 6, ignore_eos=True,
+            response_format=answer).text[0]
+        assert constrained.choices[0].message.content.startswith('{"n"')
         # Two at once: steps that batch both sequences.
         prompts = ["the quick brown fox", "jumps over the lazy dog"]
         replies = [None, None]
