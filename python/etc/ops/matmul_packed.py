@@ -174,18 +174,17 @@ class PackedDotsCPU(TileKernel):
         #: Each block's sum of q, for formats whose values have a minimum.
         self.sums = self.entry_alloca(ir.MemRefType.get([rows, self.blocks], self.f32)) \
             if any(f in MINIMUM_FORMATS for f in formats) else None
+        #: One group of COLS columns unpacked (`unpack_columns`): integer
+        #: weights, and 8 lanes of scale (and of minimum) per group of 32.
+        lanes = self.blocks * 8
+        self.weights_panel = self.entry_alloca(ir.MemRefType.get([self.COLS, k], self.i8))
+        self.scales_panel = self.entry_alloca(ir.MemRefType.get([self.COLS, lanes], self.f32))
+        self.minimums_panel = self.entry_alloca(
+            ir.MemRefType.get([self.COLS, lanes], self.f32)) \
+            if any(f in MINIMUM_FORMATS for f in formats) else None
         #: Per row and block of A and per zero point z, 8 lanes of -z x
         #: (the sum of 4 values): `vpdpbusd`'s starting value, so that it
         #: sums (w + z - z) x.
-        #: One group of COLS columns unpacked (`unpack_columns`): integer
-        #: weights, and 8 lanes of scale (and of minimum) per group of 32.
-        groups = self.blocks * 8
-        self.weights_panel = self.entry_alloca(ir.MemRefType.get([self.COLS, k], self.i8))
-        self.scales_panel = self.entry_alloca(ir.MemRefType.get([self.COLS, groups], self.f32))
-        self.minimums_panel = self.entry_alloca(
-            ir.MemRefType.get([self.COLS, groups], self.f32)) \
-            if any(f in MINIMUM_FORMATS for f in formats) else None
-        self.from_panel = False
         zeros = sorted({ZERO_POINTS[f] for f in formats} - {0}) if self.vnni else []
         self.inits = {zero: self.entry_alloca(ir.MemRefType.get([rows, self.blocks * 8],
                                                                 self.i32))
@@ -204,7 +203,8 @@ class PackedDotsCPU(TileKernel):
                         has_else=True)
         with ir.InsertionPoint(many.then_block):
             self.by_columns(lambda columns: self.each_row_step(
-                rows, step, lambda local, count: self.emit_dots(local, count, columns)),
+                rows, step, lambda local, count: self.emit_dots(local, count, columns,
+                                                                from_panel=True)),
                 c0, cols, unpack=True)
             scf.yield_([])
         with ir.InsertionPoint(many.else_block):
@@ -294,23 +294,22 @@ class PackedDotsCPU(TileKernel):
             groups = self.lane_loop(step)
             with ir.InsertionPoint(groups.body):
                 first = arith.addi(c0, groups.induction_variable)
-                self.columns_body(body, [arith.addi(first, arith.muli(self.cidx(c), step))
-                                         for c in range(ncols)], unpack)
+                columns = [arith.addi(first, arith.muli(self.cidx(c), step))
+                           for c in range(ncols)]
+                if unpack:
+                    self.unpack_columns(columns)
+                body(columns)
                 scf.yield_([])
             scf.yield_([])
         with ir.InsertionPoint(branch.else_block):
             singles = self.lane_loop(cols)
             with ir.InsertionPoint(singles.body):
-                self.columns_body(body, [arith.addi(c0, singles.induction_variable)], unpack)
+                columns = [arith.addi(c0, singles.induction_variable)]
+                if unpack:
+                    self.unpack_columns(columns)
+                body(columns)
                 scf.yield_([])
             scf.yield_([])
-
-    def columns_body(self, body, columns: list, unpack: bool) -> None:
-        if unpack:
-            self.unpack_columns(columns)
-        self.from_panel = unpack
-        body(columns)
-        self.from_panel = False
 
     def unpack_columns(self, columns: list) -> None:
         """Each column's integer weights, and 8 lanes of scale and of
@@ -344,41 +343,42 @@ class PackedDotsCPU(TileKernel):
             if self.has_minimum else None
         return weights, scale, minimum
 
-    def emit_dots_from_panel(self, rows: list, columns: list) -> list:
-        """`emit_dots`' totals with the columns' groups read from the panel:
-        in steps of `wide`'s span, an odd last group alone."""
+    def by_groups(self, rows: list, columns: list, group_of) -> list:
+        """The totals of `emit_dots` over K's groups of 32 in steps of
+        `wide`'s span (an odd last group alone), `group_of(c, g)` giving
+        column c's group g as `weight_groups` gives one."""
         span = 2 if self.wide else 1
         groups = self.k // self.BLOCK
         loop = scf.ForOp(self.cidx(0), self.cidx(groups // span), self.cidx(1),
                          self.zero_accumulators(len(rows), columns, span))
         with ir.InsertionPoint(loop.body):
             first = arith.muli(loop.induction_variable, self.cidx(span))
-            column_groups = [[self.panel_group(c, arith.addi(first, self.cidx(i)))
-                              for i in range(span)] for c in range(len(columns))]
+            column_groups = [[group_of(c, arith.addi(first, self.cidx(i))) for i in range(span)]
+                             for c in range(len(columns))]
             scf.yield_(self.accumulate(list(loop.inner_iter_args), rows, first, column_groups))
         totals = self.lane_totals(loop.results)
         if groups % span:
             last = self.cidx(groups - 1)
             tail = self.accumulate(self.zero_accumulators(len(rows), columns, 1), rows, last,
-                                   [[self.panel_group(c, last)] for c in range(len(columns))])
+                                   [[group_of(c, last)] for c in range(len(columns))])
             totals = [arith.addf(t, u) for t, u in zip(totals, self.lane_totals(tail))]
         return totals
 
-    def emit_dots(self, local, nrows: int, columns: list) -> None:
+    def emit_dots(self, local, nrows: int, columns: list, from_panel: bool = False) -> None:
         """The products of the panel's rows `local` + r, r < nrows, with
         every column of `columns` (to `store_product`): per group of 32
         values, the integer dot product of each quantized row with the
         column's integer weights (`weight_groups`), times both scales;
         formats with a minimum add its product with the row's block sum.
         With AVX-512 VNNI two groups go together in 512-bit vectors
-        (`wide`; a last odd block of 32 alone)."""
+        (`wide`; a last odd block of 32 alone). `from_panel`: the columns'
+        groups are read from the panel `unpack_columns` filled."""
         fmt = packed.FORMATS[self.weight.dtype]
         rows = [arith.addi(local, self.cidx(r)) for r in range(nrows)]
         per_block = fmt.block // self.BLOCK
         span = 2 if self.wide else 1
-        blocks = self.k // self.BLOCK
-        if self.from_panel:
-            totals = self.emit_dots_from_panel(rows, columns)
+        if from_panel:
+            totals = self.by_groups(rows, columns, self.panel_group)
         elif per_block % span == 0:
             # Steps inside each block of the format.
             loop = scf.ForOp(self.cidx(0), self.cidx(self.k // fmt.block), self.cidx(1),
@@ -396,22 +396,8 @@ class PackedDotsCPU(TileKernel):
             totals = self.lane_totals(loop.results)
         else:
             # Blocks of 32 values two at a time, then an odd last one alone.
-            loop = scf.ForOp(self.cidx(0), self.cidx(blocks // 2), self.cidx(1),
-                             self.zero_accumulators(nrows, columns, span))
-            with ir.InsertionPoint(loop.body):
-                first = arith.muli(loop.induction_variable, self.cidx(2))
-                groups = [[self.weight_groups(fmt, column, arith.muli(
-                    arith.addi(first, self.cidx(i)), self.cidx(fmt.nbytes)))[0]
-                    for i in range(2)] for column in columns]
-                scf.yield_(self.accumulate(list(loop.inner_iter_args), rows, first, groups))
-            totals = self.lane_totals(loop.results)
-            if blocks % 2:
-                last = self.cidx(blocks - 1)
-                base = self.cidx((blocks - 1) * fmt.nbytes)
-                tail = self.accumulate(self.zero_accumulators(nrows, columns, 1), rows, last,
-                                       [self.weight_groups(fmt, column, base)
-                                        for column in columns])
-                totals = [arith.addf(t, u) for t, u in zip(totals, self.lane_totals(tail))]
+            totals = self.by_groups(rows, columns, lambda c, g: self.weight_groups(
+                fmt, columns[c], arith.muli(g, self.cidx(fmt.nbytes)))[0])
         ncols = len(columns)
         for at, total in enumerate(totals):
             r, c = divmod(at, ncols)
