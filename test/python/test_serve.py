@@ -38,6 +38,18 @@ class Server:
             assert self.thread.is_alive() and time.monotonic() < deadline, "no server"
             time.sleep(0.02)
 
+    @classmethod
+    def of(cls, model, name: str = NAME, **options) -> "Server":
+        """A server of `etc.serve.build_app(model, served_model_name=name,
+        **options)`; a context manager that stops it."""
+        return cls(etc.serve.build_app(model, served_model_name=name, **options))
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def client(self, **options) -> openai.OpenAI:
         """The openai client of this server (no retries: a failure shows)."""
         return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0,
@@ -51,9 +63,8 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(chat_model):
-    server = Server(etc.serve.build_app(chat_model, served_model_name=NAME, max_num_seqs=8))
-    yield server
-    server.stop()
+    with Server.of(chat_model, max_num_seqs=8) as server:
+        yield server
     assert not server.app.state.engine.running
 
 

@@ -23,9 +23,8 @@ HANG = 60
 
 @pytest.fixture(scope="module")
 def server(chat_model):
-    server = Server(etc.serve.build_app(chat_model, served_model_name=NAME, max_num_seqs=4))
-    yield server
-    server.stop()
+    with Server.of(chat_model, max_num_seqs=4) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

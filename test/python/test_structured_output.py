@@ -38,9 +38,8 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(model):
-    server = Server(etc.serve.build_app(model, served_model_name=NAME, max_num_seqs=8))
-    yield server
-    server.stop()
+    with Server.of(model, NAME, max_num_seqs=8) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

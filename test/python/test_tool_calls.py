@@ -60,9 +60,8 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(model):
-    server = Server(etc.serve.build_app(model, served_model_name=NAME))
-    yield server
-    server.stop()
+    with Server.of(model, NAME) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
