@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 import etc.models
-import etc.serve
 from etc.models.engine import Engine
 from etc.models.engine.constraints import Constraint, Grammar, GrammarError
 from etc.models.step.sampling import SamplingParams
