@@ -247,6 +247,8 @@ class PagedKVCache:
                     raise ValueError(f"step: request {r} reaches position {needed - 1}, but "
                                      f"its block table holds {len(table) * self.block_size} "
                                      f"positions (reserve blocks first)")
+                if manager.window is not None:  # given-back entries: block 0
+                    table = [0 if block is None else block for block in table]
                 rows[name].append(table)
         width = 1
         longest = max((len(t) for tables in rows.values() for t in tables), default=1)
@@ -256,5 +258,5 @@ class PagedKVCache:
         for name, tables in rows.items():
             out[name] = np.zeros((len(tables), width), np.int32)
             for r, table in enumerate(tables):
-                out[name][r, :len(table)] = [0 if block is None else block for block in table]
+                out[name][r, :len(table)] = table
         return out
