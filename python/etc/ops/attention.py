@@ -248,9 +248,10 @@ class AttentionChunkBlocks(AttentionChunk):
     G = H / H_kv query heads that share it and every new token, an online
     softmax over blocks of KEYS keys. Each key and value row is read once
     for the G heads (a tile per query head read it G times: Qwen3's and
-    SmolLM2's 3, Llama 3's 4), the block's KEYS x G dot products are
-    independent tree sums (a key at a time chained each score's lane-order
-    sum, max and two scalar exponentials to the next key's), a head's
+    SmolLM2's 3, Llama 3's 4), each head's KEYS dot products are summed
+    across lanes together (`key_scores`; a key at a time chained each
+    score's lane-order sum, max and two scalar exponentials to the next
+    key's), a head's
     weights are one vector exponential, and its running sums are rescaled
     once per block. Keys past k1 in the last block read the last live key's
     row (clamped) and weigh 0."""
@@ -319,10 +320,10 @@ class AttentionChunkBlocks(AttentionChunk):
     def key_scores(self, products: list) -> ir.Value:
         """The block's scores as one vector (lane i: key i's dot product)
         from each key's products with the query: each folded to 16 lanes,
-        then summed across lanes together (`each_sum`: 8 adds for the 16
-        keys where a reduction each took about 10, and no vector built from
-        16 scalars); a head_dim that is not a multiple of 16 sums each
-        product alone."""
+        then summed across lanes together (`each_sum`: 15 vector adds for
+        the 16 keys where a reduction each took about 10 instructions, and
+        no vector built from 16 scalars); a head_dim that is not a multiple
+        of 16 sums each product alone."""
         head_dim = self.op.params["head_dim"]
         if head_dim % 16:
             return vector.from_elements(self.vtype(len(products)),
