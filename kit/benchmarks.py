@@ -11,6 +11,7 @@ prefill sizes.
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import statistics
 import time
 
@@ -472,25 +473,26 @@ def decode_inputs(kernel, entry, batch: int, rng) -> dict:
     return inputs
 
 
-def torch_decode(b: Bench, entry, batch: int) -> tuple:
-    """(eager ms, CUDA graph ms, note): one decode step of the same model in
-    transformers, bf16, random weights."""
+def torch_decode_model(b: Bench, entry, batch: int):
+    """(model, prompt ids, the transformers module): the decode step's model
+    in transformers, bf16, random weights."""
     torch = b.torch
-    try:
-        import transformers
-    except ImportError:
-        return None, None, "transformers not installed"
+    import transformers
     transformers.logging.set_verbosity_error()
     config = dict(entry["hf_config"])
     model_type = config.pop("model_type")
     config.pop("architectures", None)
     model = transformers.AutoModelForCausalLM.from_config(
         transformers.AutoConfig.for_model(model_type, **config), torch_dtype=torch.bfloat16)
-    model = model.cuda().eval()
-    prompt = entry["prompt"]
-    ids = torch.randint(0, config["vocab_size"], (batch, prompt), device="cuda")
-    note = f"transformers {transformers.__version__}"
-    with torch.no_grad():
+    ids = torch.randint(0, config["vocab_size"], (batch, entry["prompt"]), device="cuda")
+    return model.cuda().eval(), ids, transformers
+
+
+def torch_decode_eager(b: Bench, entry, batch: int) -> float:
+    """GPU ms of one decode step in transformers eager (a dynamic cache cut
+    back to the prompt before each step)."""
+    model, ids, _ = torch_decode_model(b, entry, batch)
+    with b.torch.no_grad():
         out = model(ids, use_cache=True)
         past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
         length = past.get_seq_length()
@@ -498,19 +500,26 @@ def torch_decode(b: Bench, entry, batch: int) -> tuple:
         def eager():
             past.crop(length)
             model(token, past_key_values=past, use_cache=True)
-        eager_ms = b.torch_ms(eager)
-        graph_ms = None
-        try:
-            static = transformers.StaticCache(config=model.config, max_cache_len=prompt + 1)
-            model(ids, past_key_values=static, use_cache=True,
-                  cache_position=torch.arange(prompt, device="cuda"))
-            position = torch.tensor([prompt], device="cuda")
-            graph_ms = b.torch_ms(
-                lambda: model(token, past_key_values=static, cache_position=position),
-                graph=True)
-        except Exception as error:  # best effort across transformers versions
-            note += f"; CUDA graph capture failed: {type(error).__name__}: {error}"
-    return eager_ms, graph_ms, note
+        return b.torch_ms(eager)
+
+
+def torch_decode_graph(b: Bench, entry, batch: int) -> float:
+    """GPU ms of one decode step in transformers with a static cache,
+    captured as a CUDA graph and replayed."""
+    torch = b.torch
+    model, ids, transformers = torch_decode_model(b, entry, batch)
+    prompt = entry["prompt"]
+    with torch.no_grad():
+        token = model(ids).logits[:, -1:].argmax(-1)
+        static = transformers.StaticCache(config=model.config, max_cache_len=prompt + 1)
+        model(ids, past_key_values=static, use_cache=True,
+              cache_position=torch.arange(prompt, device="cuda"))
+        # An error of the prefill's kernels is reported here, not in a
+        # later section's call.
+        torch.cuda.synchronize()
+        position = torch.tensor([prompt], device="cuda")
+        return b.torch_ms(lambda: model(token, past_key_values=static, cache_position=position),
+                          graph=True)
 
 
 def bench_decode(b: Bench) -> list[str]:
@@ -528,8 +537,12 @@ def bench_decode(b: Bench) -> list[str]:
             + " | ETC static, CUDA graph ms | PyTorch eager ms | PyTorch CUDA graph ms |",
             "|---:|" + "---:|" * (len(entries) + 3)]
     notes = set()
+    cells = {}
+    # ETC first, then PyTorch's eager steps, then its graphs: a PyTorch
+    # error that ends the process's CUDA context (a device-side assert)
+    # costs only the PyTorch numbers after it.
     for batch in DECODE_BATCHES:
-        cells = [str(batch)]
+        row = cells[batch] = [str(batch)]
         graph_ms = None
         for variant, kernel in kernels.items():
             rng = np.random.default_rng(batch)
@@ -541,18 +554,31 @@ def bench_decode(b: Bench) -> list[str]:
             logits = launch.outputs()[0]
             if not np.all(np.isfinite(logits)) or not np.any(logits):
                 raise RuntimeError(f"decode {variant} B={batch}: logits are not finite or all 0")
-            cells.append(f"{b.timer(launch.enqueue):.3f}")
+            row.append(f"{b.timer(launch.enqueue):.3f}")
             if variant == "static":
                 graph_ms, note = etc_graph_ms(b, launch)
                 notes.add(note)
-        cells.append(f"{graph_ms:.3f}" if graph_ms else "n/a")
-        if b.torch:
-            eager, graph, note = torch_decode(b, entry, batch)
-            notes.add(f"PyTorch: {note}")
-            cells += [f"{eager:.3f}" if eager else "n/a", f"{graph:.3f}" if graph else "n/a"]
-        else:
-            cells += ["n/a", "n/a"]
-        rows.append("| " + " | ".join(cells) + " |")
+        row.append(f"{graph_ms:.3f}" if graph_ms else "n/a")
+    torch_cells = {batch: ["n/a", "n/a"] for batch in DECODE_BATCHES}
+    if not b.torch:
+        notes.add("PyTorch: not installed or no GPU")
+    elif importlib.util.find_spec("transformers") is None:
+        notes.add("PyTorch: transformers not installed")
+    else:
+        import transformers
+        notes.add(f"PyTorch: transformers {transformers.__version__}")
+        for column, (kind, step) in enumerate((("eager", torch_decode_eager),
+                                                ("CUDA graph", torch_decode_graph))):
+            for batch in DECODE_BATCHES:
+                try:
+                    torch_cells[batch][column] = f"{step(b, entry, batch):.3f}"
+                except Exception as error:  # reported; later PyTorch cells stay n/a
+                    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                    notes.add(f"PyTorch {kind} failed at B={batch}: {type(error).__name__}: "
+                              f"{first}")
+                    break
+    for batch in DECODE_BATCHES:
+        rows.append("| " + " | ".join(cells[batch] + torch_cells[batch]) + " |")
     return rows + [""] + [f"({note})" for note in sorted(notes) if note]
 
 

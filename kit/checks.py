@@ -25,8 +25,13 @@ from harness import (KIT, RUN, Device, Report, child_options, load_manifest, log
                      resources, run_child, runnable)
 
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
-#: The artifact compute-sanitizer runs (small, with lane reductions).
-SANITIZER_FAMILY = "op_rmsnorm"
+#: The artifacts compute-sanitizer runs, by family and schedule, and its
+#: tools for each: a small one with lane reductions under every tool, and
+#: the examples whose notifies reduce over the CTA (`bar.red`) under the
+#: fast tools (racecheck of a spinning megakernel is slow).
+SANITIZER_TARGETS = (("op_rmsnorm", "static", SANITIZER_TOOLS),
+                     ("example_mlp", "dynamic", ("memcheck", "synccheck")),
+                     ("example_moe", "static", ("memcheck", "synccheck")))
 #: Seconds per compute-sanitizer tool (racecheck of a spinning megakernel is slow).
 SANITIZER_TIMEOUT = 90
 
@@ -117,13 +122,30 @@ def check_artifact(entry: dict, runs: int, device: Device | None, plant: bool = 
     return result
 
 
+#: CUDA errors that end the process's context: every later call fails with
+#: the same error, so the family's other artifacts go to a new child.
+STICKY_ERRORS = ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+                 "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+                 "CUDA_ERROR_INVALID_PC", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ASSERT",
+                 "CUDA_ERROR_HARDWARE_STACK_ERROR")
+
+
+def family_entries(name: str, device: Device | None) -> list[dict]:
+    return [e for e in load_manifest()["artifacts"] if e["kind"] == "check"
+            and e["family"] == name and runnable(e, device)]
+
+
 def family_child(name: str, args, device: Device | None) -> dict:
-    """In a child process: every runnable check artifact of family `name`."""
-    manifest = load_manifest()
-    entries = [e for e in manifest["artifacts"] if e["kind"] == "check"
-               and e["family"] == name and runnable(e, device)]
-    return {"results": [check_artifact(e, args.runs, device, args.plant_misaligned == name)
-                        for e in entries]}
+    """In a child process: the runnable check artifacts of family `name`
+    from the `--internal-skip`-th on, up to the first whose failure ended
+    the CUDA context (then `stopped`)."""
+    results = []
+    for entry in family_entries(name, device)[args.internal_skip:]:
+        results.append(check_artifact(entry, args.runs, device, args.plant_misaligned == name))
+        if any(error in failure for failure in results[-1]["failures"]
+               for error in STICKY_ERRORS):
+            return {"results": results, "stopped": True}
+    return {"results": results, "stopped": False}
 
 
 def run_checks(manifest: dict, args, device: Device | None, report: Report) -> None:
@@ -146,17 +168,27 @@ def run_checks(manifest: dict, args, device: Device | None, report: Report) -> N
             report.failed += len(names) - index
             break
         start = time.perf_counter()
-        result, text = run_child(["--internal-family", name, *child_options(args)],
-                                 args.family_timeout)
-        lines = []
-        if result is None:
-            family_entries = [e for e in entries if e["family"] == name]
-            total += len(family_entries)
-            report.failed += 1
-            lines.append(f"- FAILED family {name} ({len(family_entries)} artifacts): the child "
-                         f"process died: {text}")
-        else:
-            for r in result["results"]:
+        count = len(family_entries(name, device))
+        results, lines, done = [], [], 0
+        while done < count:
+            result, text = run_child(["--internal-family", name, "--internal-skip", str(done),
+                                      *child_options(args)], args.family_timeout)
+            if result is None:
+                total += count - done
+                report.failed += 1
+                lines.append(f"- FAILED family {name} ({count - done} artifacts): the child "
+                             f"process died: {text}")
+                break
+            results += result["results"]
+            done += len(result["results"])
+            if not result["results"]:
+                break
+            if result["stopped"] and done < count:
+                results[-1]["failures"].append(
+                    "(this ended its process's CUDA context: the family's next artifacts ran "
+                    "in a new process)")
+        if results:
+            for r in results:
                 total += 1
                 ok = not r["failures"]
                 passed += ok
@@ -246,28 +278,39 @@ def run_sanitizer(manifest: dict, device: Device, report: Report) -> None:
         report.add(["## compute-sanitizer: not found on PATH or in /usr/local/cuda/bin; "
                     "skipped", ""])
         return
-    entry = next((e for e in manifest["artifacts"] if e["kind"] == "check"
-                  and e["family"] == SANITIZER_FAMILY and e["requested_schedule"] == "static"
-                  and runnable(e, device)), None)
-    if entry is None:
-        report.add(["## compute-sanitizer: no runnable artifact; skipped", ""])
-        return
-    lines = [f"## compute-sanitizer on {entry['path']}", ""]
-    env = dict(os.environ, ETC_KIT_RECIPE=json.dumps(entry["recipe"]))
-    for name in SANITIZER_TOOLS:
-        start = time.perf_counter()
-        try:
-            child = subprocess.run([tool, "--tool", name, "--error-exitcode", "7",
-                                    sys.executable, str(RUN), "--internal-once",
-                                    str(KIT / entry["path"])], capture_output=True, text=True,
-                                   timeout=SANITIZER_TIMEOUT, env=env)
-            summary = [line for line in (child.stdout + child.stderr).splitlines()
-                       if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line]
-            verdict = ("ok" if child.returncode == 0 else f"FAILED (exit {child.returncode})")
-            detail = summary[-1].strip() if summary else (child.stdout + child.stderr)[-300:]
-        except subprocess.TimeoutExpired:
-            verdict, detail = "TIMEOUT", f"no answer in {SANITIZER_TIMEOUT} s"
-        report.failed += verdict != "ok"
-        lines.append(f"- compute-sanitizer {name}: {verdict}: {detail} "
-                     f"({time.perf_counter() - start:.0f} s)")
-    report.add(lines + [""])
+    for family, schedule, tools in SANITIZER_TARGETS:
+        entry = next((e for e in manifest["artifacts"] if e["kind"] == "check"
+                      and e["family"] == family and e["requested_schedule"] == schedule
+                      and runnable(e, device)), None)
+        if entry is None:
+            report.add([f"## compute-sanitizer: no runnable {family} artifact ({schedule}); "
+                        "skipped", ""])
+            continue
+        lines = [f"## compute-sanitizer on {entry['path']}", ""]
+        env = dict(os.environ, ETC_KIT_RECIPE=json.dumps(entry["recipe"]))
+        for name in tools:
+            start = time.perf_counter()
+            first = []
+            try:
+                child = subprocess.run([tool, "--tool", name, "--error-exitcode", "7",
+                                        "--print-limit", "3", sys.executable, str(RUN),
+                                        "--internal-once", str(KIT / entry["path"])],
+                                       capture_output=True, text=True,
+                                       timeout=SANITIZER_TIMEOUT, env=env)
+                output = (child.stdout + child.stderr).splitlines()
+                summary = [line for line in output
+                           if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line]
+                verdict = ("ok" if child.returncode == 0 else f"FAILED (exit {child.returncode})")
+                detail = summary[-1].strip() if summary else "\n".join(output)[-300:]
+                if child.returncode != 0:
+                    # The first error and where it was: what to look at.
+                    first = [line.strip("= ").strip() for line in output
+                             if line.startswith("=========") and "Host Frame" not in line
+                             and "backtrace" not in line and line.strip("= ").strip()][:4]
+            except subprocess.TimeoutExpired:
+                verdict, detail = "TIMEOUT", f"no answer in {SANITIZER_TIMEOUT} s"
+            report.failed += verdict != "ok"
+            lines.append(f"- compute-sanitizer {name}: {verdict}: {detail} "
+                         f"({time.perf_counter() - start:.0f} s)")
+            lines += [f"    - {line}" for line in first]
+        report.add(lines + [""])

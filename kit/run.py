@@ -105,6 +105,7 @@ def main(argv=None) -> int:
     parser.add_argument("--copy-gbs", type=float, default=float("nan"), help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--internal-family", help=argparse.SUPPRESS)
+    parser.add_argument("--internal-skip", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--internal-bench", help=argparse.SUPPRESS)
     parser.add_argument("--internal-probe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--internal-watchdog", help=argparse.SUPPRESS)

@@ -365,6 +365,42 @@ event.graph @routed(%n: index, %experts: index, %route: memref<?xi32>) {
 
 // -----
 
+// A wait whose coordinates are read from an index buffer follows an acquire
+// of the tile's direct waits, which guard that buffer: deferred polls are
+// relaxed and order nothing, so on a GPU the index load could otherwise see
+// the buffer's old bytes. The indirect waits then share a second acquire,
+// whatever their order in the task.
+
+// CHECK-LABEL: func.func @gathered_worker(
+// CHECK:           default {
+// CHECK:             scf.for
+// CHECK:               event.wait %{{.*}}[%{{.*}}] site(%{{.*}}, %{{.*}}, %{{.*}}) deferred : !event.tensor<?>
+// CHECK-NEXT:          event.acquire
+// CHECK:               %[[RAW:.*]] = memref.load %{{.*}}[%{{.*}}] : memref<?xi32>
+// CHECK-NEXT:          %[[EXPERT:.*]] = arith.index_cast %[[RAW]] : i32 to index
+// CHECK-NEXT:          event.wait %{{.*}}[%[[EXPERT]]] site(%{{.*}}, %{{.*}}, %{{.*}}) deferred : !event.tensor<?>
+// CHECK-NEXT:          event.acquire
+// CHECK-NOT:           event.acquire
+// CHECK:             }
+event.graph @gathered(%n: index, %experts: index, %route: memref<?xi32>) {
+  %rows = event.alloc(%n) : !event.tensor<?>
+  %done = event.alloc(%experts) : !event.tensor<?>
+  event.task "route" grid(%n) notifies(%rows : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%t: index):
+  }
+  event.task "expert" grid(%experts) notifies(%done : !event.tensor<?> (d0) -> (d0)) {
+  ^bb0(%e: index):
+  }
+  event.task "combine" grid(%n)
+      waits(%done : !event.tensor<?> (d0) -> (d0) indirect [0],
+            %rows : !event.tensor<?> (d0) -> (d0))
+      indices(%route : memref<?xi32>) {
+  ^bb0(%t: index):
+  }
+}
+
+// -----
+
 // Graph-level computations are cloned into each function; tasks without
 // events run unsynchronised, a grid of rank 0 runs once, and a program
 // without events needs only the run header.

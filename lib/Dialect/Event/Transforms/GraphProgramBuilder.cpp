@@ -17,6 +17,8 @@
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/Sequence.h"
 
 using namespace mlir;
 using namespace etc::event;
@@ -598,7 +600,7 @@ void GraphProgramBuilder::emitWaits(OpBuilder &b, Location loc,
                                     ScheduledFunction &function,
                                     const TaskFamily &family, Value record,
                                     Value task, ValueRange tile) {
-  for (unsigned entry = 0; entry < family.waitClasses.size(); ++entry) {
+  auto emitWait = [&](unsigned entry) {
     EntryEvent event =
         entryEvent(b, loc, function, family, record, entry, /*notify=*/false);
     SmallVector<Value> site{task, event.number};
@@ -608,9 +610,31 @@ void GraphProgramBuilder::emitWaits(OpBuilder &b, Location loc,
                                     /*notify=*/false, tile),
                    site)
         .setDeferred(true);
-  }
-  // One acquire completes all the tile's waits.
-  if (!family.waitClasses.empty())
+  };
+  // An indirect wait's coordinates are loads from an index buffer that a
+  // task of the graph may write, which the tile's direct waits then guard
+  // (an MoE combine reads the router's choices to find the expert whose
+  // counter it waits on). A deferred wait's polls are relaxed: they order
+  // nothing, so on a GPU the index load could see the buffer's old bytes
+  // (seen on an H200: combines waited on the wrong expert's counter and
+  // read unwritten rows). The direct waits are acquired before any index
+  // is loaded; the indirect ones then share a second acquire.
+  TaskOp representative = family.representative;
+  auto isIndirect = [&](unsigned entry) {
+    return representative.getWaitMap(entry).hasIndirect();
+  };
+  unsigned count = family.waitClasses.size();
+  unsigned indirect = llvm::count_if(llvm::seq(0u, count), isIndirect);
+  for (unsigned entry = 0; entry < count; ++entry)
+    if (!isIndirect(entry))
+      emitWait(entry);
+  if (indirect && indirect < count)
+    AcquireOp::create(b, loc);
+  for (unsigned entry = 0; entry < count; ++entry)
+    if (isIndirect(entry))
+      emitWait(entry);
+  // One acquire completes the tile's (remaining) waits.
+  if (count)
     AcquireOp::create(b, loc);
 }
 
