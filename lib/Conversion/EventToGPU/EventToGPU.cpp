@@ -413,12 +413,21 @@ struct ScratchLowering : public OpConversionPattern<ScratchOp> {
 };
 
 /// Lowers `event.notify_ready` for a CTA: unless `released` (an
-/// `event.release` did it), a barrier, so that the tile is finished, then
-/// thread 0 decrements the element with an acquire-release atomic at GPU
-/// scope (release fence unless `released`, relaxed atomic, acquire fence
-/// when it took the element to zero), and one `bar.red.or` hands whether it
-/// did to every thread. A `per_lane` op is each thread's own: it decrements
-/// its element the same way and gets its own result, with no barrier.
+/// `event.release` did it), a barrier, so that the tile is finished, and a
+/// release fence; then every thread adds to the element at GPU scope
+/// (relaxed): thread 0 -1, the others 0, so that no thread branches around
+/// the reducing barrier that follows. It hands every thread whether thread
+/// 0 took the element to zero, and then every thread acquires (a GPU-scope
+/// fence): each read the counter with its own atomic, which extends the
+/// notifiers' release sequences to it. With thread 0 alone in a branch
+/// before the barrier, the pipeline's greedy rewrites merged several
+/// notifies' identical tails into one barrier entered from several task
+/// cases, and ptxas let a warp's threads reach it diverged: on an H200 the
+/// dynamic examples/mlp.py stopped with CUDA_ERROR_ILLEGAL_INSTRUCTION
+/// (docs/gpu.md, "What the first GPU found"). The warp's atomics are one
+/// each (ptxas aggregates a warp's atomics on one address). A `per_lane`
+/// op is each thread's own: it decrements its element the same way and
+/// gets its own result, with no barrier.
 struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
@@ -435,12 +444,29 @@ struct NotifyReadyOpLowering : public OpConversionPattern<NotifyReadyOp> {
           op, decrementAndAcquireIfLast(rewriter, loc, *pointer, released));
       return success();
     }
-    if (!released)
+    if (!released) {
       gpu::BarrierOp::create(rewriter, loc);
-    Value last = onFirstThread(rewriter, loc, [&](OpBuilder &b, Location loc) {
-      return decrementAndAcquireIfLast(b, loc, *pointer, released);
+      LLVM::FenceOp::create(rewriter, loc, LLVM::AtomicOrdering::release,
+                            kDeviceScope);
+    }
+    Value first = isFirstThread(rewriter, loc);
+    Value amount = arith::SelectOp::create(
+        rewriter, loc, first,
+        arith::ConstantIntOp::create(rewriter, loc, -1, 32),
+        arith::ConstantIntOp::create(rewriter, loc, 0, 32));
+    Value old = LLVM::AtomicRMWOp::create(
+        rewriter, loc, LLVM::AtomicBinOp::add, *pointer, amount,
+        LLVM::AtomicOrdering::monotonic, kDeviceScope, /*alignment=*/4);
+    Value took = arith::CmpIOp::create(
+        rewriter, loc, arith::CmpIPredicate::eq, old,
+        arith::ConstantIntOp::create(rewriter, loc, 1, 32));
+    Value any = barrierAny(rewriter, loc,
+                           arith::AndIOp::create(rewriter, loc, first, took));
+    buildIf(rewriter, loc, any, [](OpBuilder &b, Location loc) {
+      LLVM::FenceOp::create(b, loc, LLVM::AtomicOrdering::acquire,
+                            kDeviceScope);
     });
-    rewriter.replaceOp(op, barrierAny(rewriter, loc, last));
+    rewriter.replaceOp(op, any);
     return success();
   }
 };

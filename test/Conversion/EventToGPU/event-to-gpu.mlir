@@ -491,24 +491,28 @@ func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
 // CHECK-NEXT:      %[[POPPED:.*]] = memref.load %[[WORD]][%[[C0]]]
 // CHECK-NEXT:      %[[ID:.*]] = arith.index_castui %[[POPPED]] : i32 to index
 // CHECK:         } do {
+// The notify has no branch before its reducing barrier: every thread adds,
+// thread 0 -1 and the others 0; after the barrier every thread acquires
+// when thread 0 took the element to zero.
 // CHECK:           gpu.barrier
-// CHECK:           %[[MINE:.*]] = scf.if %{{.*}} -> (i1) {
-// CHECK:             llvm.fence syncscope("device") release
-// CHECK-NEXT:        %[[OLD:.*]] = llvm.atomicrmw sub %{{.*}}, %{{.*}} syncscope("device") monotonic
-// CHECK-NEXT:        %[[ONE:.*]] = arith.constant 1 : i32
-// CHECK-NEXT:        %[[LAST:.*]] = arith.cmpi eq, %[[OLD]], %[[ONE]] : i32
-// CHECK-NEXT:        scf.if %[[LAST]] {
-// CHECK-NEXT:          llvm.fence syncscope("device") acquire
-// CHECK-NEXT:        }
-// CHECK-NEXT:        scf.yield %[[LAST]] : i1
-// CHECK-NEXT:      } else {
-// CHECK-NEXT:        %[[FALSE:.*]] = arith.constant false
-// CHECK-NEXT:        scf.yield %[[FALSE]] : i1
-// CHECK-NEXT:      }
+// CHECK-NEXT:      llvm.fence syncscope("device") release
+// CHECK-NEXT:      %[[TID:.*]] = gpu.thread_id  x
+// CHECK-NEXT:      %[[ZERO:.*]] = arith.constant 0 : index
+// CHECK-NEXT:      %[[FIRST:.*]] = arith.cmpi eq, %[[TID]], %[[ZERO]] : index
+// CHECK-NEXT:      %[[ADD0:.*]] = arith.constant 0 : i32
+// CHECK-NEXT:      %[[SUB1:.*]] = arith.constant -1 : i32
+// CHECK-NEXT:      %[[AMOUNT:.*]] = arith.select %[[FIRST]], %[[SUB1]], %[[ADD0]] : i32
+// CHECK-NEXT:      %[[OLD:.*]] = llvm.atomicrmw add %{{.*}}, %[[AMOUNT]] syncscope("device") monotonic
+// CHECK-NEXT:      %[[ONE:.*]] = arith.constant 1 : i32
+// CHECK-NEXT:      %[[TOOK:.*]] = arith.cmpi eq, %[[OLD]], %[[ONE]] : i32
+// CHECK-NEXT:      %[[MINE:.*]] = arith.andi %[[FIRST]], %[[TOOK]] : i1
 // CHECK-NEXT:      %[[FLAG:.*]] = arith.extui %[[MINE]] : i1 to i32
 // CHECK-NEXT:      %[[ANY:.*]] = nvvm.barrier #nvvm.reduction<or> %[[FLAG]] -> i32
 // CHECK-NEXT:      %[[NONE:.*]] = arith.constant 0 : i32
 // CHECK-NEXT:      %[[READY:.*]] = arith.cmpi ne, %[[ANY]], %[[NONE]] : i32
+// CHECK-NEXT:      scf.if %[[READY]] {
+// CHECK-NEXT:        llvm.fence syncscope("device") acquire
+// CHECK-NEXT:      }
 // CHECK:           scf.if %[[READY]] {
 // CHECK:             scf.if %{{.*}} {
 // CHECK:               %[[TAIL:.*]] = llvm.getelementptr
@@ -545,9 +549,10 @@ func.func @d_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph
 // a CTA barrier and thread 0's GPU-scope release fence, and each `released`
 // notify is thread 0's relaxed decrement, without barrier or fence. A
 // `released` notify_ready has no release fence and no barrier but the
-// `bar.red.or` that hands its result to the CTA. `per_lane` ops are each thread's own: a push without the
-// thread-0 guard, a notify_ready without barriers, with a release fence and
-// an acquire fence when it took the element to zero.
+// `bar.red.or` that hands its result to the CTA. `per_lane` ops are each
+// thread's own: a push without the thread-0 guard, a notify_ready without
+// barriers, with a release fence and an acquire fence when it took the
+// element to zero.
 
 // CHECK-LABEL: gpu.func @n_worker(
 // CHECK:         "test.body"
@@ -571,18 +576,18 @@ func.func @d_worker(%n: index, %counters: memref<?xi32>) attributes {event.graph
 // CHECK-NEXT:      llvm.atomicrmw sub %{{.*}}, %{{.*}} syncscope("device") monotonic
 // CHECK-NEXT:    {{^ *}}}{{$}}
 // CHECK-NOT:     gpu.barrier
+// CHECK-NOT:     llvm.fence
 // CHECK:         gpu.thread_id x
 // CHECK-NEXT:    arith.constant 0 : index
 // CHECK-NEXT:    arith.cmpi eq
-// CHECK-NEXT:    scf.if %{{.*}} -> (i1) {
-// CHECK-NEXT:      arith.constant 1 : i32
-// CHECK-NEXT:      llvm.atomicrmw sub %{{.*}}, %{{.*}} syncscope("device") monotonic
-// CHECK-NEXT:      arith.constant 1 : i32
-// CHECK-NEXT:      %[[LAST:.*]] = arith.cmpi eq
-// CHECK-NEXT:      scf.if %[[LAST]] {
-// CHECK-NEXT:        llvm.fence syncscope("device") acquire
-// CHECK-NEXT:      {{^ *}}}{{$}}
+// CHECK-NEXT:    arith.constant 0 : i32
+// CHECK-NEXT:    arith.constant -1 : i32
+// CHECK-NEXT:    arith.select
+// CHECK-NEXT:    llvm.atomicrmw add %{{.*}}, %{{.*}} syncscope("device") monotonic
 // CHECK:         nvvm.barrier #nvvm.reduction<or>
+// CHECK:         scf.if %{{.*}} {
+// CHECK-NEXT:      llvm.fence syncscope("device") acquire
+// CHECK-NEXT:    {{^ *}}}{{$}}
 // CHECK-NOT:     gpu.barrier
 // CHECK:         %[[PENDING:.*]] = llvm.getelementptr
 // CHECK-NEXT:    arith.constant 1 : i32
