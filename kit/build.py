@@ -59,7 +59,7 @@ KIT_FILES = ("run.py", "harness.py", "checks.py", "probe.py", "benchmarks.py", "
 SCHEDULES = ("static", "dynamic", "auto")
 #: The benchmark variant compiled without the weight prefetch (issue #11).
 NO_PREFETCH = "static, no prefetch"
-QUICK_FAMILIES = ("op_add", "op_rmsnorm", "mlp_bf16", "moe")
+QUICK_FAMILIES = ("op_add", "op_rmsnorm", "mlp_bf16", "moe", "packed")
 
 @dataclass(frozen=True)
 class BenchShapes:

@@ -3,8 +3,8 @@
 Each family is a graph (built with `etc.Graph`, so building needs MLIR) and a
 recipe for its inputs that needs only NumPy (`Recipe`), so that the kit can
 draw fresh inputs for every run on a machine without MLIR. Together they
-cover every operator of the front end, the examples, the three dtypes and
-the data-dependent MoE layer.
+cover every operator of the front end, the examples, the three dtypes, the
+data-dependent MoE layer and the GGUF block formats of packed weights.
 """
 
 from __future__ import annotations
@@ -113,6 +113,22 @@ def dense_graph():
     return g
 
 
+def packed_graph():
+    """x·Wᵀ with W in each block format of GGUF files (`etc.packed.FORMATS`):
+    the decode GEMV tiles that dequantize packed blocks in registers. 40
+    weight rows (a tile of 8 columns, and a partial one), K = 512 (two
+    256-value super-blocks, sixteen 32-value blocks)."""
+    import etc
+    from etc import packed
+
+    g = etc.Graph("packed")
+    T = g.symbol("T")
+    x = g.input("x", (T, 512), "bf16")
+    g.output(*[g.matmul(x, g.input(f"w_{fmt}", (40, 512), fmt), transpose_b=True,
+                        name=f"y_{fmt}") for fmt in packed.FORMATS])
+    return g
+
+
 def moe_graph(dtype: str = "f32", name: str = "moe_layer"):
     import etc
 
@@ -162,6 +178,11 @@ def families() -> dict:
     # closer than rounding are improbable at these sizes.
     table["example_moe"] = (lambda: example("moe"),
                             Recipe(sizes=(1, 9, 70), scales={"w1": 0.1, "w2": 0.1}))
+    # The GPU tiles dequantize in registers: bf16 products (2^-9 relative)
+    # of f32 sums in another order. The CPU kernels quantize the
+    # activations to int8 blocks first, as llama.cpp does: up to 0.9 % in
+    # 270 draws (2026-11-27).
+    table["packed"] = (packed_graph, Recipe(sizes=(1, 2, 5, 9), tolerance=2e-2))
     return table
 
 
@@ -229,6 +250,7 @@ def _routing_margin(x, router_w, top_k: int) -> float:
 def make_inputs(arguments, symbols: dict, recipe: Recipe, rng) -> dict:
     """Fresh inputs for `arguments` (a kernel's, in order) with the symbols
     bound to `symbols`: see `Recipe`."""
+    from etc import packed
     from etc.reference import round_bf16
 
     for _ in range(100):
@@ -239,7 +261,9 @@ def make_inputs(arguments, symbols: dict, recipe: Recipe, rng) -> dict:
             shape = tuple(symbols[d] if isinstance(d, str) else d for d in arg.shape)
             values = rng.standard_normal(shape).astype(np.float32) * np.float32(
                 recipe.scales.get(arg.name, 1.0))
-            if arg.dtype == "bf16":
+            if packed.is_packed(arg.dtype):
+                values = packed.quantize(values, arg.dtype)
+            elif arg.dtype == "bf16":
                 values = round_bf16(values)
             elif arg.dtype == "f16":
                 values = values.astype(np.float16)

@@ -89,7 +89,7 @@ def test_kit_checks_and_watchdog_pass_on_cpu_artifacts(cpu_kit):
     result = run_kit(cpu_kit, "--runs", "2", "--out", str(cpu_kit / "report.md"))
     assert result.returncode == 0, result.stdout + result.stderr
     report = (cpu_kit / "report.md").read_text()
-    assert "Checks: 12/12 artifacts passed" in report
+    assert "Checks: 15/15 artifacts passed" in report
     assert "Watchdog: 2/2 broken artifacts raised WatchdogError" in report
     assert "all passed" in report
 
@@ -178,7 +178,7 @@ def test_kit_on_a_fake_driver_fails_only_the_planted_family(fake_driver_run):
     failed = re.findall(r"- FAILED (\S+): ", report)
     assert failed == [f"artifacts/op_add-{s}-sm_90a.etc" for s in ("static", "dynamic", "auto")]
     assert report.count("CUDA_ERROR_MISALIGNED_ADDRESS") >= 3, report
-    assert "Checks: 9/12 artifacts passed" in report
+    assert "Checks: 12/15 artifacts passed" in report
     assert report.strip().endswith("3 FAILED.")
     assert "Watchdog: 2/2 broken artifacts raised WatchdogError" in report
 

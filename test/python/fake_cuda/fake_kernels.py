@@ -158,6 +158,7 @@ def accesses(memory, function: Function, values: list, grid: int, seq: int, ille
     found = _inside(memory, ranges, seq, illegal, function)
     if function.role != "worker":
         return found
+    from etc import packed
     from etc.binding import concrete_shape
     from etc.runtime.cpu import _STORAGE, table_slots
 
@@ -175,6 +176,10 @@ def accesses(memory, function: Function, values: list, grid: int, seq: int, ille
         address = table_words[slot] & 0xFFFFFFFFFFFFFFFF
         sizes = tuple(table_words[slot + 1:slot + 1 + len(arg.shape)])
         expected = concrete_shape(arg.shape, bound)
+        if packed.is_packed(arg.dtype):
+            # A packed weight's buffer is its blocks' bytes: (..., bytes of
+            # a row), which the table gives, as the CPU runtime's does.
+            expected = tuple(packed.storage_shape(expected, arg.dtype))
         if sizes != expected:
             raise Fault(illegal, f"{function.name}: the buffer table gives {arg.kind} "
                                  f"{arg.name!r} sizes {sizes}, its symbols {bound} make it "
