@@ -47,6 +47,7 @@ Exit status: 0 when every check passed (or there is no GPU), 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -97,6 +98,10 @@ def main(argv=None) -> int:
                         help="seconds a benchmark section's (or the probe's) child may take")
     parser.add_argument("--copy-mib", type=int, default=1024,
                         help="size of the device-to-device copy that measures bandwidth")
+    parser.add_argument("--jit-opt-level", type=int, choices=range(5), default=None,
+                        help="the driver JIT's optimization level for every kernel (0 to 4; "
+                             "default: the driver's): a triage knob, e.g. a failure that goes "
+                             "away at 0 points at the code ptxas optimises (docs/gpu.md)")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write the report (Markdown) to this file, section by "
                              "section as they finish")
@@ -111,6 +116,8 @@ def main(argv=None) -> int:
     parser.add_argument("--internal-watchdog", help=argparse.SUPPRESS)
     parser.add_argument("--internal-once", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.jit_opt_level is not None:  # this process and its children
+        os.environ["ETC_CUDA_JIT_OPT_LEVEL"] = str(args.jit_opt_level)
     if args.internal_watchdog:
         return watchdog_child(args.internal_watchdog)
     if args.internal_once:

@@ -109,6 +109,28 @@ def test_a_created_stream_is_the_one_launched_on(fake):
     np.testing.assert_allclose(y, 2.5)
 
 
+def test_the_jit_optimization_level_comes_from_the_environment(monkeypatch, fake):
+    """ETC_CUDA_JIT_OPT_LEVEL (the kit's --jit-opt-level) is one more option
+    of the driver JIT, and a kernel loads and runs with it; anything but 0
+    to 4 is an error naming the variable."""
+    from cuda.bindings import driver as real
+    from etc.runtime.cuda_driver import JITLogs
+
+    option = real.CUjit_option.CU_JIT_OPTIMIZATION_LEVEL
+    monkeypatch.delenv("ETC_CUDA_JIT_OPT_LEVEL", raising=False)
+    assert option not in JITLogs(real).keys
+    monkeypatch.setenv("ETC_CUDA_JIT_OPT_LEVEL", "0")
+    logs = JITLogs(real)
+    assert logs.values[logs.keys.index(option)] == 0
+    kernel, _ = fake
+    (y,) = kernel.run(x=np.ones((2, 64), np.float32), z=np.zeros((2, 64), np.float32))
+    np.testing.assert_allclose(y, 2.0)
+    for bad in ("5", "-1", "fast"):
+        monkeypatch.setenv("ETC_CUDA_JIT_OPT_LEVEL", bad)
+        with pytest.raises(ValueError, match="ETC_CUDA_JIT_OPT_LEVEL='"):
+            JITLogs(real)
+
+
 @pytest.mark.parametrize("version", ["12.9.4", "13.0.3"])
 def test_the_fake_hands_out_the_handle_types_of_the_cuda_bindings_found(version, axpy,
                                                                         tmp_path):

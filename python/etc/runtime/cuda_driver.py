@@ -10,6 +10,7 @@ JIT's error log when the driver refuses the code.
 from __future__ import annotations
 
 import ctypes
+import os
 
 #: Bytes of each JIT log buffer (errors, and ptxas's info with its
 #: register and spill counts).
@@ -94,9 +95,29 @@ def _check(driver, what: str, result):
     return values[0] if len(values) == 1 else values
 
 
+#: The environment variable that sets the driver JIT's optimization level
+#: (0 to 4; unset: the driver's default, 4). A triage knob: on an H200 a
+#: kernel whose warps reached a barrier diverged at the default level
+#: passed at 0 (docs/gpu.md, "What the first GPU found").
+JIT_OPT_LEVEL_VARIABLE = "ETC_CUDA_JIT_OPT_LEVEL"
+
+
+def jit_opt_level() -> int | None:
+    """The JIT optimization level `ETC_CUDA_JIT_OPT_LEVEL` asks for, or None;
+    ValueError naming the variable for anything but 0 to 4."""
+    text = os.environ.get(JIT_OPT_LEVEL_VARIABLE, "").strip()
+    if not text:
+        return None
+    if text not in ("0", "1", "2", "3", "4"):
+        raise ValueError(f"{JIT_OPT_LEVEL_VARIABLE}={text!r}: the driver JIT's optimization "
+                         "level is 0, 1, 2, 3 or 4")
+    return int(text)
+
+
 class JITLogs:
     """The driver JIT's info and error log buffers, and the options
-    (`keys`, `values`) that hand them to cuModuleLoadDataEx or cuLinkCreate."""
+    (`keys`, `values`) that hand them to cuModuleLoadDataEx or cuLinkCreate
+    (with the optimization level of `ETC_CUDA_JIT_OPT_LEVEL` when set)."""
 
     def __init__(self, driver):
         self.info, self.errors = bytearray(JIT_LOG_BYTES), bytearray(JIT_LOG_BYTES)
@@ -106,6 +127,9 @@ class JITLogs:
                    option.CU_JIT_ERROR_LOG_BUFFER: self.errors,
                    option.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: JIT_LOG_BYTES,
                    option.CU_JIT_LOG_VERBOSE: 1}
+        level = jit_opt_level()
+        if level is not None:
+            options[option.CU_JIT_OPTIMIZATION_LEVEL] = level
         self.keys, self.values = list(options), list(options.values())
 
     @staticmethod
