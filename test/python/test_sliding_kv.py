@@ -151,6 +151,26 @@ def test_an_engine_sizes_the_sliding_pool_by_its_windows(name, loaded, checkpoin
     assert_pools_full(engine)
 
 
+def test_an_engines_own_pool_sizes_the_sliding_pool_by_its_windows(loaded, checkpoints):
+    """Engine(kv_cache_tokens=): the engine's own pool holds that many
+    positions for the full layers and its sequences' windows and a step for
+    the sliding ones (never more than the full layers'); two sequences
+    still give the NumPy tokens."""
+    model = loaded["gemma3"]
+    engine = Engine(model, max_num_seqs=2, max_model_len=128, kv_cache_tokens=256)
+    cache = engine.cache.cache
+    assert cache is not model.paged_cache()
+    assert cache.manager.num_blocks == 256 // P
+    assert cache.window_manager.num_blocks == 2 * sliding_bound(STEP_TOKENS)
+    prompts = [prompt(70, 10), prompt(64, 11)]
+    handles = [engine.submit(p, max_new_tokens=20, ignore_eos=True, return_logits=True)
+               for p in prompts]
+    assert_numpy(Checkpoint(checkpoints["gemma3"]), prompts, [h.result() for h in handles])
+    assert_pools_full(engine)
+    small = Engine(model, max_num_seqs=2, max_model_len=128, kv_cache_tokens=40).cache.cache
+    assert small.window_manager.num_blocks == small.manager.num_blocks == -(-40 // P)
+
+
 def test_a_pool_sized_at_load_gives_the_sliding_layers_their_share(checkpoints):
     """kv_cache_memory pays for both pools: the sliding layers get the
     share of blocks a sequence of max_seq_len holds there (its window and a
