@@ -510,10 +510,9 @@ def torch_decode_graph(b: Bench, entry, batch: int) -> float:
     model, ids, transformers = torch_decode_model(b, entry, batch)
     prompt = entry["prompt"]
     with torch.no_grad():
-        token = model(ids).logits[:, -1:].argmax(-1)
         static = transformers.StaticCache(config=model.config, max_cache_len=prompt + 1)
-        model(ids, past_key_values=static, use_cache=True,
-              cache_position=torch.arange(prompt, device="cuda"))
+        token = model(ids, past_key_values=static, use_cache=True,
+                      cache_position=torch.arange(prompt, device="cuda")).logits[:, -1:].argmax(-1)
         # An error of the prefill's kernels is reported here, not in a
         # later section's call.
         torch.cuda.synchronize()
@@ -573,7 +572,7 @@ def bench_decode(b: Bench) -> list[str]:
                 try:
                     torch_cells[batch][column] = f"{step(b, entry, batch):.3f}"
                 except Exception as error:  # reported; later PyTorch cells stay n/a
-                    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                    first = (str(error).strip().splitlines() or [""])[0]
                     notes.add(f"PyTorch {kind} failed at B={batch}: {type(error).__name__}: "
                               f"{first}")
                     break

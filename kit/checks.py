@@ -130,8 +130,9 @@ STICKY_ERRORS = ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
                  "CUDA_ERROR_HARDWARE_STACK_ERROR")
 
 
-def family_entries(name: str, device: Device | None) -> list[dict]:
-    return [e for e in load_manifest()["artifacts"] if e["kind"] == "check"
+def family_entries(manifest: dict, name: str, device: Device | None) -> list[dict]:
+    """The check artifacts of family `name` that run on `device`."""
+    return [e for e in manifest["artifacts"] if e["kind"] == "check"
             and e["family"] == name and runnable(e, device)]
 
 
@@ -140,7 +141,7 @@ def family_child(name: str, args, device: Device | None) -> dict:
     from the `--internal-skip`-th on, up to the first whose failure ended
     the CUDA context (then `stopped`)."""
     results = []
-    for entry in family_entries(name, device)[args.internal_skip:]:
+    for entry in family_entries(load_manifest(), name, device)[args.internal_skip:]:
         results.append(check_artifact(entry, args.runs, device, args.plant_misaligned == name))
         if any(error in failure for failure in results[-1]["failures"]
                for error in STICKY_ERRORS):
@@ -168,7 +169,7 @@ def run_checks(manifest: dict, args, device: Device | None, report: Report) -> N
             report.failed += len(names) - index
             break
         start = time.perf_counter()
-        count = len(family_entries(name, device))
+        count = len(family_entries(manifest, name, device))
         results, lines, done = [], [], 0
         while done < count:
             result, text = run_child(["--internal-family", name, "--internal-skip", str(done),
@@ -187,21 +188,20 @@ def run_checks(manifest: dict, args, device: Device | None, report: Report) -> N
                 results[-1]["failures"].append(
                     "(this ended its process's CUDA context: the family's next artifacts ran "
                     "in a new process)")
-        if results:
-            for r in results:
-                total += 1
-                ok = not r["failures"]
-                passed += ok
-                report.failed += not ok
-                status = "ok" if ok else "FAILED"
-                lines.append(f"- {status} {r['artifact']}: {r['checks']} checks, worst relative "
-                             f"error {r['worst']:.2g}, {r['seconds']:.1f} s")
-                lines += [f"    - {failure}" for failure in r["failures"][:5]]
-                if 1 < len(r["failures"]) < r["checks"]:
-                    lines.append(f"    - ({len(r['failures'])} failing checks: an error in some "
-                                 "runs only is a race)")
-                if "resources" in r:
-                    rows.append(r["resources"])
+        for r in results:
+            total += 1
+            ok = not r["failures"]
+            passed += ok
+            report.failed += not ok
+            status = "ok" if ok else "FAILED"
+            lines.append(f"- {status} {r['artifact']}: {r['checks']} checks, worst relative "
+                         f"error {r['worst']:.2g}, {r['seconds']:.1f} s")
+            lines += [f"    - {failure}" for failure in r["failures"][:5]]
+            if 1 < len(r["failures"]) < r["checks"]:
+                lines.append(f"    - ({len(r['failures'])} failing checks: an error in some "
+                             "runs only is a race)")
+            if "resources" in r:
+                rows.append(r["resources"])
         lines.append(f"  ({name}: {time.perf_counter() - start:.1f} s)")
         report.add(lines)
     report.add(["", f"Checks: {passed}/{total} artifacts passed ({args.runs} poisoned runs per "
@@ -298,8 +298,10 @@ def run_sanitizer(manifest: dict, device: Device, report: Report) -> None:
                                        capture_output=True, text=True,
                                        timeout=SANITIZER_TIMEOUT, env=env)
                 output = (child.stdout + child.stderr).splitlines()
+                # The count ("N errors"), not --print-limit's "M were not printed".
                 summary = [line for line in output
-                           if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line]
+                           if ("ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line)
+                           and "not printed" not in line]
                 verdict = ("ok" if child.returncode == 0 else f"FAILED (exit {child.returncode})")
                 detail = summary[-1].strip() if summary else "\n".join(output)[-300:]
                 if child.returncode != 0:

@@ -117,7 +117,9 @@ def main(argv=None) -> int:
     parser.add_argument("--internal-once", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.jit_opt_level is not None:  # this process and its children
-        os.environ["ETC_CUDA_JIT_OPT_LEVEL"] = str(args.jit_opt_level)
+        from etc.runtime.cuda_driver import JIT_OPT_LEVEL_VARIABLE
+
+        os.environ[JIT_OPT_LEVEL_VARIABLE] = str(args.jit_opt_level)
     if args.internal_watchdog:
         return watchdog_child(args.internal_watchdog)
     if args.internal_once:

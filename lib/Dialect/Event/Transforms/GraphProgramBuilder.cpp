@@ -18,7 +18,6 @@
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/STLExtras.h"
-#include "llvm/ADT/Sequence.h"
 
 using namespace mlir;
 using namespace etc::event;
@@ -619,22 +618,16 @@ void GraphProgramBuilder::emitWaits(OpBuilder &b, Location loc,
   // (seen on an H200: combines waited on the wrong expert's counter and
   // read unwritten rows). The direct waits are acquired before any index
   // is loaded; the indirect ones then share a second acquire.
-  TaskOp representative = family.representative;
-  auto isIndirect = [&](unsigned entry) {
-    return representative.getWaitMap(entry).hasIndirect();
-  };
-  unsigned count = family.waitClasses.size();
-  unsigned indirect = llvm::count_if(llvm::seq(0u, count), isIndirect);
-  for (unsigned entry = 0; entry < count; ++entry)
-    if (!isIndirect(entry))
-      emitWait(entry);
-  if (indirect && indirect < count)
+  SmallVector<unsigned> direct, indirect;
+  for (unsigned entry = 0; entry < family.waitClasses.size(); ++entry)
+    (family.representative.getWaitMap(entry).hasIndirect() ? indirect : direct)
+        .push_back(entry);
+  llvm::for_each(direct, emitWait);
+  if (!direct.empty() && !indirect.empty())
     AcquireOp::create(b, loc);
-  for (unsigned entry = 0; entry < count; ++entry)
-    if (isIndirect(entry))
-      emitWait(entry);
+  llvm::for_each(indirect, emitWait);
   // One acquire completes the tile's (remaining) waits.
-  if (count)
+  if (!family.waitClasses.empty())
     AcquireOp::create(b, loc);
 }
 

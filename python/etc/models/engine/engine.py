@@ -112,8 +112,8 @@ class Engine:
     load's kv_cache_tokens / kv_cache_memory, else max_num_seqs x
     max_model_len positions), shared with every other engine of the model,
     so cached prefixes outlive the engine (`kv_cache_tokens`: a pool of
-    the engine's own, of that many positions, instead; sliding layers' pool
-    either way: the windows and a step of max_num_seqs sequences); or, for
+    the engine's own, of that many positions, instead; sliding layers get
+    the windows and a step of max_num_seqs sequences either way); or, for
     a model loaded with kv_block_size=None, `max_num_seqs` contiguous slots
     of max_model_len. `stats` counts cached prompt tokens, evictions and
     preemptions.
@@ -137,12 +137,12 @@ class Engine:
                  max_step_tokens: Optional[int] = None, kv_cache_tokens: Optional[int] = None,
                  speculative=None):
         for name, value in (("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len),
-                            ("max_step_tokens", max_step_tokens), ("kv_cache_tokens", kv_cache_tokens)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                            ("max_step_tokens", max_step_tokens),
+                            ("kv_cache_tokens", kv_cache_tokens)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or
+                                      value < 1):
                 raise ValueError(f"Engine: {name}={value!r} must be a positive int")
-        given = max_model_len
-        if max_model_len is None:
-            max_model_len = model.max_seq_len
+        given, max_model_len = max_model_len, max_model_len or model.max_seq_len
         if max_model_len > model.max_seq_len:
             raise ValueError(f"Engine: max_model_len={max_model_len} is longer than the model's "
                              f"max_seq_len={model.max_seq_len}")
@@ -160,8 +160,7 @@ class Engine:
             block = model.kv_block_size  # a sequence of max_model_len holds whole blocks
             window = model.window_pool_tokens(max_num_seqs, self.max_step_tokens)
             pool = model.paged_cache(max_num_seqs * -(-max_model_len // block) * block, window) \
-                if kv_cache_tokens is None else model.new_paged_cache(
-                    kv_cache_tokens, window and min(window, kv_cache_tokens))
+                if kv_cache_tokens is None else model.new_paged_cache(kv_cache_tokens, window)
             self.cache = PagedSlots(pool, max_num_seqs)
         #: Whether the KV cache, not the model, sets `max_model_len`.
         self.limited_by_cache = self.cache.capacity < max_model_len

@@ -318,8 +318,8 @@ class CompiledModel:
         """A paged KV cache of its own (not the model's shared pool) that
         holds `tokens` positions, rounded up to whole blocks; with
         `window_tokens`, the sliding layers' pool holds that many (by
-        default as many as the others': a sequence holds fewer of its
-        blocks, those its windows see)."""
+        default, and at most, as many as the others': a sequence holds
+        fewer of its blocks, those its windows see)."""
         if self.kv_block_size is None:
             raise ValueError("new_paged_cache: the model was loaded with kv_block_size=None "
                              "(a contiguous cache); use new_cache")
@@ -329,7 +329,9 @@ class CompiledModel:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"new_paged_cache: {name}={value!r} must be a positive int")
         blocks = {name: -(-value // self.kv_block_size) for name, value in given.items()}
-        return self._new_paged(blocks["tokens"], window_blocks=blocks.get("window_tokens"))
+        window = blocks.get("window_tokens")
+        return self._new_paged(blocks["tokens"], window_blocks=None if window is None or
+                               window >= blocks["tokens"] else window)
 
     def draft_model(self, path) -> "CompiledModel":
         """The draft model at `path` (a checkpoint directory or GGUF file)
