@@ -35,10 +35,13 @@ class CompiledKernel(Kernel):
     changes to `graph` do not affect it; compile again to pick them up."""
 
     def __init__(self, graph: "Graph | None", options: Options, abi: KernelABI,
-                 stage_ir: dict[str, str], timings: dict[str, float], runtime, engine=None):
+                 stage_ir: dict, timings: dict[str, float], runtime, engine=None):
         super().__init__(abi, runtime)
         self.graph = graph
         self.options = options
+        # Stage name -> the IR's text, or a copy of the module after that
+        # stage, printed when first asked for (printing a step graph's
+        # lowered module takes seconds; copying it, a fraction of one).
         self._stage_ir = stage_ir
         #: Seconds spent in each compilation stage.
         self.timings = timings
@@ -48,7 +51,10 @@ class CompiledKernel(Kernel):
         """The IR after `stage`: one of "graph", "event", "scheduled", "lowered"."""
         if stage not in self._stage_ir:
             raise ValueError(f"unknown stage {stage!r}; expected one of {tuple(self._stage_ir)}")
-        return self._stage_ir[stage]
+        text = self._stage_ir[stage]
+        if not isinstance(text, str):
+            text = self._stage_ir[stage] = str(text)
+        return text
 
     def save(self, path, metadata: dict | None = None) -> None:
         """Writes the kernel to `path` as one self-describing artifact that
@@ -151,13 +157,13 @@ def compile_module(module: ir.Module, signature, options: Options, *,
         raise ValueError(f"unknown stage {stage!r}; expected one of {names}")
     stage_pipelines = _pipeline.stages(options)
     timings: dict[str, float] = {}
-    stage_ir = {stage: str(module)}
+    stage_ir = {stage: module.operation.clone()}
     tables = _program_tables(module, signature.name) if stage == "scheduled" else None
-    for name in names[names.index(stage) + 1:]:
+    for previous, name in zip(names[names.index(stage):], names[names.index(stage) + 1:]):
         start = time.perf_counter()
-        _pipeline.run_stage(module, name, stage_pipelines[name])
+        _pipeline.run_stage(module, name, stage_pipelines[name], before=stage_ir[previous])
         timings[name] = time.perf_counter() - start
-        stage_ir[name] = str(module)
+        stage_ir[name] = module.operation.clone()
         if name == "scheduled":
             tables = _program_tables(module, signature.name)
     if tables is None:
