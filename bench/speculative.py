@@ -13,16 +13,22 @@ Tasks, through the model's chat template:
          request): little to look up, so what speculation costs when it
          does not help.
 
-For each task and batch size B, B requests run through `Model.generate`
-(greedy, at most `--max-new-tokens`, stopping at EOS as usual) with and
-without speculation, alternating over `--rounds` rounds, the prefix cache
-emptied before each run. `--methods` picks the proposers: `ngram` (prompt
+For each task and batch size B, the task's `--requests` requests (8: a
+different passage or subject each) run through `Model.generate` B at a
+time (greedy, at most `--max-new-tokens`, stopping at EOS as usual) with
+and without speculation, alternating over `--rounds` rounds, the prefix
+cache emptied before each call. Every batch size runs the same requests:
+how long the model copies one passage before it stops follows the
+kernels' numerics (a passage copied in full one day ended after 118
+tokens after a change of summation order), and eight passages average
+that out. `--methods` picks the proposers: `ngram` (prompt
 lookup), `self` (the model as its own draft: every proposal accepted, so
 the cost of drafting and verifying shows) and `random` (a 2-layer draft
 of the model's shape and vocabulary with random weights: nearly nothing
 accepted, so the cost of the adaptive fall-back shows). Tokens/s is the new
 tokens over the call's wall time (prefill included; the median over the
-rounds), and the two runs' tokens are checked to be identical. Each round
+rounds; the calls of all the requests together), and the two runs'
+tokens are checked to be identical. Each round
 also times the prompts' prefill alone (`generate(prompts, 1)`), and the
 "decode" columns give the speedup of what follows it: the new tokens but
 the first over the call's time less the prefill's. The table adds the
@@ -52,9 +58,8 @@ import time
 from pathlib import Path
 
 import etc.models as models
+from etc.models.generation import Generation
 
-#: "return" first: at B = 1 SmolLM2-135M copies its passage for all 256
-#: tokens, where "truth" ends after 42 (2026-11-27), which timed the prefill.
 TOPICS = ("return", "del", "truth", "assert", "for", "with", "class", "function")
 SUBJECTS = ("a lighthouse keeper who finds a message in a bottle",
             "a robot learning to bake bread", "two rivers that argue about the sea",
@@ -126,11 +131,24 @@ def speculation(method: str, model, args, directory: Path):
     return models.Speculative(draft=path, tokens=args.tokens)
 
 
-def run(model, chats, new: int, speculative):
-    model.paged_cache().manager.clear_cached()
-    start = time.perf_counter()
-    out = model.generate(chats, new, speculative=speculative)
-    return out, time.perf_counter() - start
+def run(model, chats, batch: int, new: int, speculative):
+    """`chats` through `generate`, `batch` at a time: one Generation of
+    them all (tokens and speculation counts per request) and the seconds
+    of all the calls."""
+    seconds, parts = 0.0, []
+    for first in range(0, len(chats), batch):
+        model.paged_cache().manager.clear_cached()
+        start = time.perf_counter()
+        parts.append(model.generate(chats[first:first + batch], new, speculative=speculative))
+        seconds += time.perf_counter() - start
+
+    def joined(field):
+        lists = [getattr(part, field) for part in parts]
+        return None if lists[0] is None else [x for part in lists for x in part]
+
+    return Generation(tokens=joined("tokens"), proposed_tokens=joined("proposed_tokens"),
+                      accepted_tokens=joined("accepted_tokens"),
+                      speculative_steps=joined("speculative_steps")), seconds
 
 
 def main() -> None:
@@ -141,6 +159,8 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=["copy", "prose"],
                         choices=("copy", "prose"))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--requests", type=int, default=8,
+                        help="requests a task runs, B at a time (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=4, help="Speculative(tokens=)")
@@ -160,12 +180,12 @@ def main() -> None:
     for method, task, batch in [(m, t, b) for m in args.methods for t in args.tasks
                                 for b in args.batches]:
         speculative = speculation(method, model, args, directory)
-        chats = prompts(model.tokenizer, task, batch)
+        chats = prompts(model.tokenizer, task, max(batch, args.requests))
         times = {"plain": [], "with": [], "decode": []}
         for round_ in range(args.rounds):
-            _, prefill_s = run(model, chats, 1, None)
-            plain, plain_s = run(model, chats, args.max_new_tokens, None)
-            spec, spec_s = run(model, chats, args.max_new_tokens, speculative)
+            _, prefill_s = run(model, chats, batch, 1, None)
+            plain, plain_s = run(model, chats, batch, args.max_new_tokens, None)
+            spec, spec_s = run(model, chats, batch, args.max_new_tokens, speculative)
             times["decode"].append((plain_s - prefill_s) / (spec_s - prefill_s))
             if spec.tokens != plain.tokens:
                 differing = [i for i, (a, b) in enumerate(zip(spec.tokens, plain.tokens))
