@@ -1,4 +1,5 @@
-"""Packed weight formats: llama.cpp's block quantizations as ETC dtypes.
+"""Packed weight formats: llama.cpp's block quantizations, and FP8
+checkpoints' e4m3 weights, as ETC dtypes.
 
 A packed weight is a graph input whose dtype names its block format
 ("q8_0", "q4_k", ...): its shape is that of the weight it stands for,
@@ -23,6 +24,7 @@ The block layouts (ggml's `block_*` structs; `d`, `m`, `dmin` are float16):
 | q4_k | 256 | 144 | d, dmin, scales[12], qs[128] | (d sc_s) q - (dmin m_s) |
 | q5_k | 256 | 176 | d, dmin, scales[12], qh[32], qs[128] | as q4_k, a fifth bit from qh |
 | q6_k | 256 | 210 | ql[128], qh[64], scales[16] int8, d | (d sc_s) (q - 32) |
+| fp8_e4m3 | 32 | 36 | s float32, qs[32] e4m3 | e4m3(qs[j]) s |
 
 K-quant blocks hold 8 sub-blocks of 32 values with 6-bit scales and
 minimums sc_s, m_s (Q6_K: 16 of 16 with int8 scales sc_s).
@@ -30,29 +32,42 @@ minimums sc_s, m_s (Q6_K: 16 of 16 with int8 scales sc_s).
 high nibble of qs[j - 16] after. K-quant blocks take their 32-value groups
 from 32 bytes of qs (low nibbles: group 2g, high nibbles: group 2g + 1).
 
+fp8_e4m3 is ETC's own (no GGML type): the weights of FP8 checkpoints
+(`quantization_config` `quant_method: "fp8"`, float8_e4m3fn values with a
+float32 scale per 128 x 128 block), repacked at load so that each block
+of 32 values of a row carries its scale (`etc.models.loading.fp8`).
+e4m3(q) is the float8_e4m3fn value of byte q: sign bit 7, 4 exponent
+bits (bias 7), 3 mantissa bits, subnormals below 2^-6, no infinities;
+0x7F and 0xFF are NaN, which checkpoints do not hold (`first_bad_block`
+finds them). It is computed, in the kernels too, as the float16 whose
+bits are (q & 0x80) << 8 | (q & 0x7F) << 7, times 256: exactly the e4m3
+value (float16 has e4m3's subnormals and more), so `dequantize` equals
+transformers' `weight.float() * scale` bit for bit.
+
 This module needs only NumPy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
-__all__ = ["Format", "FORMATS", "IQ4_NL_VALUES", "is_packed", "storage_shape", "row_bytes",
-           "dequantize", "quantize", "quantize_activations", "check_storage",
-           "first_bad_block"]
+__all__ = ["Format", "FORMATS", "GGML_FORMATS", "IQ4_NL_VALUES", "is_packed", "storage_shape",
+           "row_bytes", "dequantize", "quantize", "quantize_activations", "check_storage",
+           "first_bad_block", "e4m3_values", "to_e4m3"]
 
 
 @dataclass(frozen=True)
 class Format:
     """One block format: its ETC dtype name, the GGML type (name and id)
-    it is, values and bytes per block, and the byte offsets of its float16
-    fields (scales and minimums) in a block."""
+    it is (None for ETC's own), values and bytes per block, and the byte
+    offsets of its float16 fields (scales and minimums) in a block."""
 
     name: str
-    ggml: str
-    ggml_id: int
+    ggml: Optional[str]
+    ggml_id: Optional[int]
     block: int
     nbytes: int
     halves: tuple = (0,)
@@ -69,7 +84,10 @@ FORMATS = {f.name: f for f in (
     Format("q5_k", "Q5_K", 13, 256, 176, (0, 2)),
     Format("q6_k", "Q6_K", 14, 256, 210, (208,)),
     Format("iq4_nl", "IQ4_NL", 20, 32, 18),
+    Format("fp8_e4m3", None, None, 32, 36, ()),
 )}
+#: The formats that are GGML types (those a GGUF file may hold).
+GGML_FORMATS = tuple(name for name, f in FORMATS.items() if f.ggml is not None)
 
 #: The 16 values IQ4_NL's nibbles index (ggml's `kvalues_iq4nl`).
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69,
@@ -114,10 +132,14 @@ def check_storage(name: str, dtype: str, array, shape=None) -> None:
 def first_bad_block(raw: np.ndarray, dtype: str):
     """The index of the first block of storage `raw` whose float16 scale or
     minimum is not finite (a damaged tensor: every value of the block would
-    be NaN or infinite), or None."""
+    be NaN or infinite), or None. An fp8_e4m3 block is bad when its float32
+    scale is not finite or one of its values is e4m3's NaN."""
     f = FORMATS[dtype]
     blocks = raw.reshape(-1, f.nbytes)
     bad = np.zeros(blocks.shape[0], bool)
+    if dtype == "fp8_e4m3":
+        scale_exponent = (blocks[:, 3] & 0x7F == 0x7F) & (blocks[:, 2] & 0x80 == 0x80)
+        bad = scale_exponent | ((blocks[:, 4:] & 0x7F) == 0x7F).any(axis=-1)
     for at in f.halves:
         # The exponent bits all set: an infinity or a NaN.
         bits = blocks[:, at + 1] & 0x7C
@@ -163,8 +185,37 @@ def _k_groups(qs: np.ndarray) -> np.ndarray:
     return (q & 0x0F).reshape(-1, 8, 32)
 
 
+def e4m3_values(q: np.ndarray) -> np.ndarray:
+    """The float32 values of float8_e4m3fn bytes `q` (uint8; NaN bytes
+    read as 480): the float16 of bits (q & 0x80) << 8 | (q & 0x7F) << 7,
+    times 256, as the kernels compute them."""
+    q = np.asarray(q, np.uint8).astype(np.uint16)
+    bits = ((q & 0x80) << 8) | ((q & 0x7F) << 7)
+    return bits.view(np.float16).astype(np.float32) * np.float32(256)
+
+
+def to_e4m3(values) -> np.ndarray:
+    """float32 `values` rounded to float8_e4m3fn bytes (uint8): to nearest,
+    ties to even, saturating at +-448 (transformers' FP8 quantizer clamps
+    to that range before rounding)."""
+    x = np.asarray(values, np.float32)
+    magnitude = np.minimum(np.abs(x), np.float32(448))
+    _, exponent = np.frexp(magnitude)  # magnitude = f 2^exponent, 0.5 <= f < 1
+    # The spacing of e4m3 values near each magnitude: 2^(e - 3) for normal
+    # values 2^e <= |x| < 2^(e + 1), 2^-9 for subnormals (below 2^-6).
+    step = np.ldexp(np.float32(1), np.maximum(exponent - 1, -6) - 3).astype(np.float32)
+    rounded = np.rint(magnitude / step) * step  # exact: a power-of-two step
+    # The value / 256 is a float16 whose top 7 bits below the sign are q's.
+    half = (rounded / np.float32(256)).astype(np.float16).view(np.uint16)
+    sign = np.signbit(x).astype(np.uint16) << 7
+    return (((half >> 7) & 0x7F) | sign).astype(np.uint8)
+
+
 def _dequantize_blocks(raw: np.ndarray, dtype: str) -> np.ndarray:
     """(blocks, nbytes) uint8 -> (blocks, block) float32."""
+    if dtype == "fp8_e4m3":
+        scale = np.ascontiguousarray(raw[:, :4]).view("<f4").astype(np.float32)
+        return e4m3_values(raw[:, 4:]) * scale
     if dtype == "q8_0":
         return raw[:, 2:].view(np.int8).astype(np.float32) * _f16(raw, 0)
     if dtype in ("q4_0", "iq4_nl"):
@@ -313,6 +364,9 @@ def _quantize_q6_k(x: np.ndarray) -> np.ndarray:
 
 def _quantize_blocks(x: np.ndarray, dtype: str) -> np.ndarray:
     """(blocks, block) float32 -> (blocks, nbytes) uint8."""
+    if dtype == "fp8_e4m3":
+        scale = (np.abs(x).max(axis=-1, keepdims=True) / np.float32(448)).astype(np.float32)
+        return np.concatenate([_as_bytes(scale, "<f4"), to_e4m3(x * _inverse(scale))], axis=-1)
     if dtype == "q8_0":
         d = np.abs(x).max(axis=-1, keepdims=True) / 127
         q = _round_away(x * _inverse(d)).astype(np.int8)
@@ -352,9 +406,10 @@ def _quantize_blocks(x: np.ndarray, dtype: str) -> np.ndarray:
 def quantize(values, dtype: str) -> np.ndarray:
     """Packs float `values` (..., K), K a multiple of the block, as `dtype`
     storage (uint8 (..., bytes of K values)). Q8_0, Q4_0, Q4_1, Q5_0 and
-    Q5_1 follow ggml's reference quantizers; the K-quants and IQ4_NL take
-    a plain choice of scales (ggml searches for better ones): any valid
-    blocks serve the kernels' tests, which compare against `dequantize`."""
+    Q5_1 follow ggml's reference quantizers; the K-quants, IQ4_NL and
+    fp8_e4m3 (scale max|x| / 448) take a plain choice of scales (ggml
+    searches for better ones): any valid blocks serve the kernels' tests,
+    which compare against `dequantize`."""
     f = FORMATS.get(dtype)
     if f is None:
         raise ValueError(f"unknown packed format {dtype!r}; known: {', '.join(FORMATS)}")

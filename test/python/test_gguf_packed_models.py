@@ -41,7 +41,7 @@ CONFIGS = {
     "qwen3_moe": tiny_config("Qwen3MoeForCausalLM", mlp_only_layers=[0],
                              moe_intermediate_size=256, **SHAPE),
 }
-TYPES = [f.ggml for f in packed.FORMATS.values()]
+TYPES = [packed.FORMATS[f].ggml for f in packed.GGML_FORMATS]
 LOAD = dict(workers=2, max_seq_len=64, attention_chunk=16)
 PROMPTS = [[5, 6, 7], list(range(1, 20)), [250]]
 TIE = 0.15
@@ -67,7 +67,7 @@ def _mixed_file(path, config):
 def test_packed_models_generate_the_widened_models_tokens_up_to_ties(name, tmp_path):
     path = _mixed_file(tmp_path / "m.gguf", CONFIGS[name])
     fast = models.load(path, **LOAD)
-    assert set(fast.weight_formats.values()) == set(packed.FORMATS)
+    assert set(fast.weight_formats.values()) == set(packed.GGML_FORMATS)
     if name == "qwen3_moe":  # the experts run packed too, each stack its own format
         experts = {fast.weight_formats[f"l1_experts_{p}"] for p in ("gate", "up", "down")}
         assert len(experts) == 3 and "l1_router" not in fast.weight_formats
@@ -98,7 +98,7 @@ def test_packed_options_and_the_simulated_gpu_kernels(tmp_path):
     path = _mixed_file(tmp_path / "m.gguf", CONFIGS["llama"])
     options = dict(LOAD, kernels="cuda", max_seq_len=32)
     gpu = models.load(path, packed=True, **options)
-    assert set(gpu.weight_formats.values()) == set(packed.FORMATS)
+    assert set(gpu.weight_formats.values()) == set(packed.GGML_FORMATS)
     assert models.load(path, **options).weight_formats == {}
     widened = models.load(path, packed=False, **LOAD)
     got = gpu.generate(PROMPTS[:2], 4, return_logits=True)

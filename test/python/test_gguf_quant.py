@@ -48,7 +48,7 @@ def test_type_tables_are_the_gguf_packages():
                                  "Q4_K", "Q5_K", "Q6_K", "IQ4_NL"}
 
 
-@pytest.mark.parametrize("name", list(packed.FORMATS))
+@pytest.mark.parametrize("name", packed.GGML_FORMATS)
 def test_dequantize_equals_the_gguf_package_bit_for_bit(name, tmp_path):
     """A tensor of each format in a file written by `GGUFWriter`: random
     valid blocks, and (where the package quantizes the format) the

@@ -9,7 +9,11 @@ relative 1e-5 of sum |a||w|), and against the widened reference
 (`etc.reference.evaluate`, the dequantized weight times A) within the
 activations' rounding bound sum_k |w_k| d(k) / 2. Shapes are ragged: 37
 weight rows (not a multiple of the kernel's 4 columns or a tile), 1 to 33
-rows of A (not a multiple of its 2), K of 5 blocks of 32."""
+rows of A (not a multiple of its 2), K of 5 blocks of 32.
+
+fp8_e4m3 weights (FP8 checkpoints) are not integers times a scale: the
+scalar tile reads them, each value dequantized as it is loaded, and
+accumulates in f32 as the widened product does."""
 
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ import etc
 from etc import packed
 from etc.reference import evaluate
 
-FORMATS = list(packed.FORMATS)
+#: The formats of the int8 kernel (the GGML block formats).
+FORMATS = list(packed.GGML_FORMATS)
 N = 37
 
 
@@ -159,24 +164,48 @@ def test_embedding_of_packed_tables_equals_dequantize():
     T = g.symbol("T")
     ids = g.input("ids", (T,), "i32")
     outs = []
-    for fmt in FORMATS:
+    for fmt in packed.FORMATS:
         table = g.input(f"t_{fmt}", (N, h), fmt)
         outs.append(g.embedding(table, ids, dtype="f32", name=f"e_{fmt}"))
     outs.append(g.embedding(g.input("half", (N, h), "q6_k"), ids, dtype="bf16", name="e_bf16"))
     g.output(*outs)
-    tables = {f"t_{fmt}": _weights(fmt, h, 20 + i) for i, fmt in enumerate(FORMATS)}
+    tables = {f"t_{fmt}": _weights(fmt, h, 20 + i) for i, fmt in enumerate(packed.FORMATS)}
     tables["half"] = _weights("q6_k", h, 40)
     kernel = etc.compile(g, target="cpu", workers=2)
     picked = np.array([0, 36, 5, 5, -1, 37, 17], np.int32)
     got = kernel.run(ids=picked, **tables)
     inside = (picked >= 0) & (picked < N)
-    for fmt, rows in zip(FORMATS + ["bf16"], got):
+    for fmt, rows in zip([*packed.FORMATS, "bf16"], got):
         raw = tables["half"] if fmt == "bf16" else tables[f"t_{fmt}"]
         want = np.zeros((len(picked), h), np.float32)
         want[inside] = packed.dequantize(raw, "q6_k" if fmt == "bf16" else fmt)[picked[inside]]
         if fmt == "bf16":
             want = etc.reference.round_bf16(want)
         np.testing.assert_array_equal(rows.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_fp8_e4m3_in_the_scalar_tile_equals_the_widened_product(dtype):
+    """An fp8_e4m3 weight on the CPU: the scalar tile (no int8 rounding of
+    A), K = 160 (5 blocks of 32, not a multiple of 128), 37 rows, 1 to 17
+    rows of A: the widened product up to the order of the sums (relative
+    1e-5 of sum |a||w|), plus half a unit of bf16 C."""
+    k = 160
+    g = etc.Graph("fp8")
+    x = g.input("x", (g.symbol("T"), k), dtype)
+    g.output(g.matmul(x, g.input("w", (N, k), "fp8_e4m3"), transpose_b=True))
+    assert "matmul_fp8_e4m3_cpu" not in str(g.build(target=etc.ops.Target("cpu", workers=1)))
+    raw = _weights("fp8_e4m3", k, 3)
+    w = packed.dequantize(raw, "fp8_e4m3")
+    kernel = etc.compile(g, target="cpu", workers=2)
+    rng = np.random.default_rng(4)
+    for rows in (1, 2, 5, 17):
+        a = etc.reference.round_bf16(rng.standard_normal((rows, k)))
+        (got,) = kernel.run(x=a, w=raw)
+        (want,) = evaluate(g, x=a, w=raw)
+        scale = np.abs(a) @ np.abs(w).T
+        half_unit = np.abs(want) * 2**-8 if dtype == "bf16" else 0
+        assert np.all(np.abs(got - want) <= half_unit + 1e-5 * scale)
 
 
 def test_packed_inputs_are_checked():

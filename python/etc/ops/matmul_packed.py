@@ -654,8 +654,10 @@ class MatmulPackedCPU(PackedDotsCPU, Matmul):
     """C = A @ B^T with B packed, by int8 dot products over quantized
     blocks of A (see the module docstring)."""
 
-    #: The formats this kernel reads.
-    FORMATS = tuple(packed.FORMATS)
+    #: The formats this kernel reads: the GGML block formats, whose values
+    #: are integers times a scale (fp8_e4m3's are not: the scalar tile
+    #: reads it, each value dequantized as it is loaded).
+    FORMATS = packed.GGML_FORMATS
 
     @classmethod
     def name(cls, op) -> str:

@@ -16,7 +16,8 @@ Kernels:
   packed expert's values one at a time in registers (`packed_loads`, the
   float32 operations of `etc.packed.dequantize`): the widened experts'
   products up to the order of the sums.
-* `MoeUpPackedCPU`, `MoeDownPackedCPU` (the CPU, packed experts): the
+* `MoeUpPackedCPU`, `MoeDownPackedCPU` (the CPU, experts in a GGML block
+  format; fp8_e4m3 experts take `MoeUp`, `MoeDown`): the
   packed matmul's int8 dot products (`matmul_packed.PackedDotsCPU`, as
   `MatmulPackedCPU` computes a dense layer): the tile's rows of
   activations (x[t], or hidden[t, c] for down) are quantized once into a
@@ -33,8 +34,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, scf
 
-from .. import packed
-from .matmul_packed import PackedDotsCPU
+from .matmul_packed import MatmulPackedCPU, PackedDotsCPU
 from .variants import PartKernel
 
 
@@ -180,7 +180,8 @@ class MoeUpPackedCPU(ExpertDotsCPU, MoeUp):
 
     @classmethod
     def applies(cls, op, target) -> bool:
-        return target.kind == "cpu" and all(packed.is_packed(w.dtype) for w in _up_weights(op))
+        return target.kind == "cpu" and all(w.dtype in MatmulPackedCPU.FORMATS
+                                            for w in _up_weights(op))
 
     def emit(self) -> None:
         self.multiply_experts(_up_weights(self.op))
@@ -207,7 +208,7 @@ class MoeDownPackedCPU(ExpertDotsCPU, MoeDown):
 
     @classmethod
     def applies(cls, op, target) -> bool:
-        return target.kind == "cpu" and packed.is_packed(op.operands[3].dtype)
+        return target.kind == "cpu" and op.operands[3].dtype in MatmulPackedCPU.FORMATS
 
     def emit(self) -> None:
         self.multiply_experts([self.op.operands[3]])

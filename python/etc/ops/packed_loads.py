@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from ..graph_values import Tensor
     from .base import TileKernel
 
-__all__ = ["load_packed", "load_half", "byte", "signed_byte", "row_at"]
+__all__ = ["load_packed", "load_half", "load_float", "e4m3_to_f32", "byte", "signed_byte",
+           "row_at"]
 
 
 def row_at(row, at) -> list:
@@ -57,6 +58,30 @@ def load_half(k: "TileKernel", t: "Tensor", row, at) -> ir.Value:
     high = arith.extui(i16, memref.load(k.buf(t), row_at(row, arith.addi(at, k.cidx(1)))))
     bits = arith.ori(low, arith.shli(high, _i(16, 8)))
     return arith.extf(k.f32, arith.bitcast(ir.F16Type.get(), bits))
+
+
+def load_float(k: "TileKernel", t: "Tensor", row, at) -> ir.Value:
+    """The little-endian float32 at bytes `at` .. `at + 3` of row `row` of
+    packed `t`."""
+    i32 = ir.IntegerType.get_signless(32)
+    bits = None
+    for i in range(4):
+        part = arith.extui(i32, memref.load(k.buf(t), row_at(row, arith.addi(at, k.cidx(i)))))
+        part = arith.shli(part, _i(32, 8 * i)) if i else part
+        bits = part if bits is None else arith.ori(bits, part)
+    return arith.bitcast(k.f32, bits)
+
+
+def e4m3_to_f32(k: "TileKernel", q: ir.Value) -> ir.Value:
+    """The float8_e4m3fn value of byte `q` (an i8) as an f32: the float16
+    of bits (q & 0x80) << 8 | (q & 0x7F) << 7, times 256 (exact; see
+    `etc.packed`)."""
+    i16 = ir.IntegerType.get_signless(16)
+    wide = arith.extui(i16, q)
+    bits = arith.ori(arith.shli(arith.andi(wide, _i(16, 0x80)), _i(16, 8)),
+                     arith.shli(arith.andi(wide, _i(16, 0x7F)), _i(16, 7)))
+    half = arith.extf(k.f32, arith.bitcast(ir.F16Type.get(), bits))
+    return arith.mulf(half, k.cf32(256.0))
 
 
 def _i(width: int, value: int) -> ir.Value:
@@ -114,6 +139,9 @@ def load_packed(k: "TileKernel", t: "Tensor", idx: list) -> ir.Value:
     j = arith.remui(col, k.cidx(fmt.block))
     base = arith.muli(block, k.cidx(fmt.nbytes))
     name = fmt.name
+    if name == "fp8_e4m3":
+        q = memref.load(k.buf(t), row_at(row, arith.addi(base, arith.addi(j, k.cidx(4)))))
+        return arith.mulf(e4m3_to_f32(k, q), load_float(k, t, row, base))
     if name == "q8_0":
         q = signed_byte(k, t, row, arith.addi(base, arith.addi(j, k.cidx(2))))
         return arith.mulf(_f32(k, q), load_half(k, t, row, base))

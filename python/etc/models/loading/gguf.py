@@ -41,12 +41,12 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
 #: and its layer count of the 27B models, whose attention scale llama.cpp
 #: takes from hidden / heads instead of the head size.
 _GEMMA_LLAMA_CPP = {"gemma2": (2, 46), "gemma3": (6, 62)}
-#: The tensor types loaded: the float types, and every packed format of
+#: The tensor types loaded: the float types, and every GGML format of
 #: `etc.packed` (llama.cpp's Q4_K_M, Q5_K_M, Q6_K, Q8_0 and Q4_0 files hold
 #: no other).
-TENSOR_TYPES = ("F32", "F16", "BF16", *(f.ggml for f in packed.FORMATS.values()))
+TENSOR_TYPES = ("F32", "F16", "BF16", *(packed.FORMATS[f].ggml for f in packed.GGML_FORMATS))
 #: The packed format of each quantized GGML type.
-_PACKED = {f.ggml: f.name for f in packed.FORMATS.values()}
+_PACKED = {packed.FORMATS[f].ggml: f for f in packed.GGML_FORMATS}
 #: `tokenizer.ggml.pre` values of byte-level BPE ("gpt2") tokenizers, and the
 #: split llama.cpp applies before byte-level BPE for each (a regex, or
 #: "gpt2": GPT-2's own regex, or "smollm": digits apart, then GPT-2's).

@@ -50,7 +50,8 @@ VALUE_TYPES = ("UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "FLOAT32",
 #: GGML tensor types ETC loads (`gguf.GGMLQuantizationType`), by number:
 #: (name, values per block, bytes per block).
 TENSOR_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 30: ("BF16", 1, 2),
-                **{f.ggml_id: (f.ggml, f.block, f.nbytes) for f in packed.FORMATS.values()}}
+                **{f.ggml_id: (f.ggml, f.block, f.nbytes) for f in packed.FORMATS.values()
+                   if f.ggml is not None}}
 
 
 class GGUFError(CheckpointError):
