@@ -42,8 +42,9 @@ def add_load_options(parser: argparse.ArgumentParser, *, compile_only: bool = Fa
     group.add_argument("--dtype", choices=("f32", "f16", "bf16"), default="f32",
                        help="the weights' and activations' dtype (default: f32)")
     group.add_argument("--widen", action="store_true",
-                       help="widen a GGUF file's quantized weights to --dtype (the reference) "
-                            "instead of running them packed (default on the CPU)")
+                       help="widen a GGUF file's quantized weights (or an FP8 checkpoint's) "
+                            "to --dtype (the reference) instead of running them packed "
+                            "(default on the CPU)")
     group.add_argument("--workers", type=positive_int, default=None,
                        help="CPU worker threads (default: one per core)")
     group.add_argument("--schedule", choices=("auto", "static", "dynamic"), default="auto",

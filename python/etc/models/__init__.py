@@ -102,8 +102,9 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     width or expert width that N does not divide is a ValueError naming
     the field.
 
-    `packed`: a GGUF file's quantized weights stay in their block formats
-    (docs/models.md, "GGUF files"): by default (None) on the CPU target
+    `packed`: a GGUF file's quantized weights stay in their block formats,
+    and an FP8 checkpoint's e4m3 weights in fp8_e4m3 blocks (docs/models.md,
+    "GGUF files", "FP8 checkpoints"): by default (None) on the CPU target
     with its native kernels on one rank; True on CUDA and with simulated
     GPU kernels too (those kernels have not run on a GPU yet); False
     widens them to `dtype` (the reference). Tensor parallelism widens

@@ -14,7 +14,7 @@ from .loading.safetensors import save_file
 
 __all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint", "write_gguf",
            "gguf_tensor_name", "checkpoint_tensors", "write_tokenizer", "CHAT_TEMPLATE", "TEXT",
-           "shaped_config", "SHAPES"]
+           "shaped_config", "SHAPES", "quantize_fp8"]
 
 #: What `write_tokenizer` trains on: a little English, with accents, CJK
 #: and an emoji, so that some characters take several byte-level tokens.
@@ -338,7 +338,8 @@ def write_tokenizer(path, vocab_size: int, *, chat_template: Optional[str] = CHA
 
 def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32", seed: int = 0,
                      shards: int = 1, drop: tuple = (), tokenizer: bool = False,
-                     sharp: bool = False, **tokenizer_options) -> Path:
+                     sharp: bool = False, fp8_block: Optional[tuple] = None,
+                     quantization: Optional[dict] = None, **tokenizer_options) -> Path:
     """Writes a random checkpoint of `config` (default `tiny_config()`) to
     directory `path`: config.json and `shards` safetensors files of `dtype`
     ("F32", "F16" or "BF16"). Tensors named in `drop` are left out (to test
@@ -348,7 +349,12 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
     enlarged: every norm weight matters, attention is sharp enough that
     positions (RoPE) matter and the top-k renormalisation changes the
     experts' weights, so that a wrong model stands out of half-precision
-    rounding (the goldens of test/python/hf_goldens.py). With `tokenizer`,
+    rounding (the goldens of test/python/hf_goldens.py). `fp8_block`
+    (rows, columns): an FP8 checkpoint as the official Qwen3 FP8 releases
+    are, every linear projection (`*_proj.weight`) quantized to e4m3 per
+    block with its `weight_scale_inv` (`quantize_fp8`), config.json's
+    `quantization_config` saying so (or `quantization`, to test
+    refusals). With `tokenizer`,
     also a trained BPE tokenizer and chat template (`write_tokenizer`;
     `tokenizer_options` go to it; the config needs vocab_size >= 300),
     config.json's `eos_token_id` (`<|im_end|>`, unless the config sets one)
@@ -363,23 +369,57 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
         config.setdefault("eos_token_id", turn_end)
         (path / "generation_config.json").write_text(
             json.dumps({"eos_token_id": [turn_end, end]}, indent=1))
-    (path / "config.json").write_text(json.dumps(config, indent=1))
     tensors = {k: v for k, v in _tensors(config, np.random.default_rng(seed), sharp).items()
                if k not in drop}
+    dtypes = {}
+    if fp8_block is not None:
+        config.setdefault("quantization_config", {
+            "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+            "weight_block_size": list(fp8_block)})
+        for name in [n for n in tensors if n.endswith("_proj.weight")]:
+            tensors[name], tensors[name + "_scale_inv"] = quantize_fp8(tensors[name], fp8_block)
+            dtypes[name] = "F8_E4M3"
+            dtypes[name + "_scale_inv"] = "F32"
+    if quantization is not None:
+        config["quantization_config"] = quantization
+    (path / "config.json").write_text(json.dumps(config, indent=1))
     names = list(tensors)
     if shards == 1:
-        save_file(path / "model.safetensors", tensors, dtype, metadata={"format": "pt"})
+        save_file(path / "model.safetensors", tensors, dtype, metadata={"format": "pt"},
+                  dtypes=dtypes)
         return path
     # Shards and their index, named as Hugging Face names them.
     weight_map = {}
     for shard in range(shards):
         file = f"model-{shard + 1:05d}-of-{shards:05d}.safetensors"
         part = {n: tensors[n] for n in names[shard::shards]}
-        save_file(path / file, part, dtype, metadata={"format": "pt"})
+        save_file(path / file, part, dtype, metadata={"format": "pt"},
+                  dtypes={n: t for n, t in dtypes.items() if n in part})
         weight_map.update({n: file for n in part})
     (path / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     return path
+
+
+def quantize_fp8(weight: np.ndarray, block: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """`weight` (out, in) as an FP8 checkpoint stores it (transformers'
+    `FineGrainedFP8` quantizer): per block of block[0] x block[1] values
+    (partial at the edges), scale_inv = max|w| / 448 and the e4m3 bytes
+    of w / scale_inv. Returns (bytes uint8, scale_inv float32)."""
+    from .. import packed
+
+    w = np.asarray(weight, np.float32)
+    rows, cols = -(-w.shape[0] // block[0]), -(-w.shape[1] // block[1])
+    scales = np.zeros((rows, cols), np.float32)
+    values = np.zeros(w.shape, np.uint8)
+    for i in range(rows):
+        for j in range(cols):
+            part = (slice(i * block[0], (i + 1) * block[0]),
+                    slice(j * block[1], (j + 1) * block[1]))
+            largest = np.abs(w[part]).max()
+            scales[i, j] = largest / np.float32(448) if largest > 0 else np.float32(1)
+            values[part] = packed.to_e4m3(w[part] / scales[i, j])
+    return values, scales
 
 
 # llama.cpp's converter writes Mistral as llama (without its window).

@@ -1,6 +1,8 @@
 """A Hugging Face checkpoint directory: config.json and the weights of its
 *.safetensors files, under the usual tensor names, checked and arranged the
-way the step graph takes them."""
+way the step graph takes them. An FP8 checkpoint's e4m3 weights (`fp8`)
+stay packed where the step graph reads them by rows, else are
+dequantized."""
 
 from __future__ import annotations
 
@@ -10,8 +12,11 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from . import fp8
+from ... import bfloat16, packed
+from ...runtime import aligned
 from .config import ModelConfig, UnsupportedConfigError
-from .safetensors import SafetensorsError, SafetensorsFile
+from .safetensors import BYTE_DTYPES, SafetensorsError, SafetensorsFile
 
 __all__ = ["Checkpoint", "MissingTensorError", "CheckpointError", "STORAGE"]
 
@@ -48,6 +53,8 @@ class Checkpoint:
             raise CheckpointError(f"{config_path}: not JSON ({error})") from None
         self.raw_config = raw
         self.config = ModelConfig.from_dict(raw, str(config_path))
+        #: An FP8 checkpoint's block scaling (`fp8.Fp8Quantization`), or None.
+        self.quantization = fp8.read_quantization(raw, str(config_path))
         files = sorted(self.path.glob("*.safetensors"))
         if not files:
             raise CheckpointError(f"{self.path}: no *.safetensors files (ETC reads safetensors "
@@ -103,10 +110,8 @@ class Checkpoint:
         """The safetensors dtypes of the checkpoint's tensors."""
         return {f.dtype(n) for n, f in self._where.items()}
 
-    def tensor(self, name: str, shape: tuple, what: str, dtype: str = "f32") -> np.ndarray:
-        """Tensor `name` as an array of `shape` in the storage of `dtype`
-        (see `SafetensorsFile.read`: float32 by default); errors name the
-        tensor and `what` it is for."""
+    def _file(self, name: str, shape: tuple, what: str) -> SafetensorsFile:
+        """The file of tensor `name`, whose shape must be `shape`."""
         file = self._where.get(name)
         if file is None:
             raise MissingTensorError(f"{self.path}: tensor {name!r} ({what}) is missing from "
@@ -114,120 +119,219 @@ class Checkpoint:
         if file.shape(name) != tuple(shape):
             raise CheckpointError(f"{file.path}: tensor {name!r} ({what}) has shape "
                                   f"{file.shape(name)}, expected {tuple(shape)} from config.json")
-        return file.read(name, dtype)
+        return file
 
-    def weights(self, dtype: str = "f32", progress: Optional[Callable[[int, int], None]] = None
-                ) -> dict[str, np.ndarray]:
+    def is_fp8(self, name: str) -> bool:
+        """Whether tensor `name` is stored as float8 bytes (F8_E4M3)."""
+        file = self._where.get(name)
+        return file is not None and file.dtype(name) in BYTE_DTYPES
+
+    def tensor(self, name: str, shape: tuple, what: str, dtype: str = "f32") -> np.ndarray:
+        """Tensor `name` as an array of `shape` in the storage of `dtype`
+        (see `SafetensorsFile.read`: float32 by default; an FP8 weight
+        dequantized with its scales, then rounded to `dtype`); errors name
+        the tensor and `what` it is for."""
+        file = self._file(name, shape, what)
+        if not self.is_fp8(name):
+            return file.read(name, dtype)
+        out = aligned.empty(shape, STORAGE[dtype])
+        for rows, values, row_scales in self._fp8_parts(name, shape, what):
+            wide = fp8.dequantize(values, row_scales, self.quantization.block)
+            out[rows] = bfloat16.to_bits(wide) if dtype == "bf16" else wide
+        return out
+
+    def packed_tensor(self, name: str, shape: tuple, what: str) -> np.ndarray:
+        """FP8 weight `name` (out, in), `in` a multiple of 32, in
+        `etc.packed`'s fp8_e4m3 storage (`fp8.pack`)."""
+        self._file(name, shape, what)
+        out = aligned.empty(packed.storage_shape(shape, "fp8_e4m3"), np.uint8)
+        for rows, values, row_scales in self._fp8_parts(name, shape, what):
+            fp8.pack(values, row_scales, self.quantization.block, out[rows])
+        return out
+
+    #: Rows of an FP8 weight read at a time: no whole-tensor temporaries.
+    FP8_ROWS = 256
+
+    def _fp8_parts(self, name: str, shape: tuple, what: str):
+        """FP8 weight `name` a part at a time: (rows (a slice), their e4m3
+        bytes, their rows' float32 block scales), checked: the checkpoint
+        must say how it is quantized, the scales must have the shape the
+        blocks give and be finite, no value may be NaN."""
+        where = self._where[name].path
+        if self.quantization is None:
+            raise CheckpointError(f"{where}: tensor {name!r} ({what}) is F8_E4M3, but "
+                                  f"config.json has no quantization_config (quant_method "
+                                  f"'fp8', weight_block_size) to say how it is scaled")
+        if len(shape) != 2:
+            raise CheckpointError(f"{where}: tensor {name!r} ({what}) is F8_E4M3; ETC reads "
+                                  f"FP8 weights of 2-D linear layers only")
+        block = self.quantization.block
+        scale_name = fp8.scale_name(name)
+        scales = self.tensor(scale_name, fp8.scale_shape(shape, block),
+                             f"the block scales of {what}")
+        if not np.isfinite(scales).all():
+            bad = tuple(int(i) for i in np.argwhere(~np.isfinite(scales))[0])
+            raise CheckpointError(f"{self._where[scale_name].path}: tensor {scale_name!r} has "
+                                  f"a non-finite scale at block {bad}: the file is damaged")
+        for start in range(0, shape[0], self.FP8_ROWS):
+            rows = slice(start, min(start + self.FP8_ROWS, shape[0]))
+            values = self._where[name].read_bytes(name, rows)
+            nan = (values & 0x7F) == 0x7F
+            if nan.any():
+                row, column = (int(i) for i in np.argwhere(nan)[0])
+                raise CheckpointError(f"{where}: tensor {name!r} ({what}) holds an e4m3 NaN at "
+                                      f"{(start + row, column)}: the file is damaged")
+            yield rows, values, scales[np.arange(rows.start, rows.stop) // block[0]]
+
+    def _plan(self) -> list[tuple]:
+        """Every weight the step graph takes: (graph input name, tensor
+        name(s), shape, what it is, layout), the layout None, ("rows",
+        start, stop) for a part of a fused projection (Phi-3), "T" for a
+        transposed matrix (a router), or "experts" for a MoE layer's stack
+        of one projection (the name a list of each expert's tensor, the
+        shape an expert's)."""
+        c = self.config
+        h, d = c.hidden_size, c.head_dim
+        plan: list[tuple] = [("embed", "model.embed_tokens.weight", (c.vocab_size, h),
+                              "token embeddings", None)]
+        fused = c.architecture == "Phi3ForCausalLM"
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            plan.append((f"l{i}_attn_norm", p + "input_layernorm.weight", (h,),
+                         f"layer {i} norm", None))
+            q, kv = c.num_heads * d, c.num_kv_heads * d
+            if fused:
+                # Phi-3: q, k and v in one projection, split at load.
+                plan += [(key, p + "self_attn.qkv_proj.weight", (q + 2 * kv, h),
+                          f"layer {i} fused q/k/v projection", ("rows", start, stop))
+                         for key, start, stop in ((f"l{i}_wq", 0, q), (f"l{i}_wk", q, q + kv),
+                                                  (f"l{i}_wv", q + kv, q + 2 * kv))]
+            else:
+                plan += [(f"l{i}_wq", p + "self_attn.q_proj.weight", (q, h),
+                          f"layer {i} query projection", None),
+                         (f"l{i}_wk", p + "self_attn.k_proj.weight", (kv, h),
+                          f"layer {i} key projection", None),
+                         (f"l{i}_wv", p + "self_attn.v_proj.weight", (kv, h),
+                          f"layer {i} value projection", None)]
+            plan.append((f"l{i}_wo", p + "self_attn.o_proj.weight", (h, q),
+                         f"layer {i} output projection", None))
+            if c.qkv_bias:
+                plan += [(f"l{i}_{key}", f"{p}self_attn.{proj}_proj.bias", (heads * d,),
+                          f"layer {i} {proj} projection bias", None)
+                         for key, proj, heads in (("bq", "q", c.num_heads),
+                                                  ("bk", "k", c.num_kv_heads),
+                                                  ("bv", "v", c.num_kv_heads))]
+            if c.qk_norm:
+                plan += [(f"l{i}_q_norm", p + "self_attn.q_norm.weight", (d,),
+                          f"layer {i} q_norm", None),
+                         (f"l{i}_k_norm", p + "self_attn.k_norm.weight", (d,),
+                          f"layer {i} k_norm", None)]
+            if c.sandwich_norms:
+                # Gemma: post_attention_layernorm norms the attention's
+                # output; the MLP's input norm is pre_feedforward_layernorm.
+                plan += [(f"l{i}_post_attn_norm", p + "post_attention_layernorm.weight", (h,),
+                          f"layer {i} post-attention norm", None),
+                         (f"l{i}_mlp_norm", p + "pre_feedforward_layernorm.weight", (h,),
+                          f"layer {i} pre-feedforward norm", None),
+                         (f"l{i}_post_mlp_norm", p + "post_feedforward_layernorm.weight", (h,),
+                          f"layer {i} post-feedforward norm", None)]
+            else:
+                plan.append((f"l{i}_mlp_norm", p + "post_attention_layernorm.weight", (h,),
+                             f"layer {i} post-attention norm", None))
+            if c.is_sparse(i):
+                e, f = c.num_experts, c.moe_intermediate_size
+                plan.append((f"l{i}_router", p + "mlp.gate.weight", (e, h), f"layer {i} router",
+                             "T"))
+                plan += [(f"l{i}_experts_{key}",
+                          [f"{p}mlp.experts.{j}.{proj}.weight" for j in range(e)], shape,
+                          f"layer {i} {proj} experts", "experts")
+                         for key, proj, shape in (("gate", "gate_proj", (f, h)),
+                                                  ("up", "up_proj", (f, h)),
+                                                  ("down", "down_proj", (h, f)))]
+            else:
+                f = c.intermediate_size
+                if fused:
+                    # Phi-3: gate then up in one projection (transformers'
+                    # chunk(2)), split at load.
+                    plan += [(key, p + "mlp.gate_up_proj.weight", (2 * f, h),
+                              f"layer {i} fused MLP gate/up", ("rows", start, stop))
+                             for key, start, stop in ((f"l{i}_w_gate", 0, f),
+                                                      (f"l{i}_w_up", f, 2 * f))]
+                else:
+                    plan += [(f"l{i}_w_gate", p + "mlp.gate_proj.weight", (f, h),
+                              f"layer {i} MLP gate", None),
+                             (f"l{i}_w_up", p + "mlp.up_proj.weight", (f, h),
+                              f"layer {i} MLP up", None)]
+                plan.append((f"l{i}_w_down", p + "mlp.down_proj.weight", (h, f),
+                             f"layer {i} MLP down", None))
+        plan.append(("final_norm", "model.norm.weight", (h,), "final norm", None))
+        if not c.tie_word_embeddings:
+            plan.append(("lm_head", "lm_head.weight", (c.vocab_size, h), "LM head", None))
+        return plan
+
+    def weight_formats(self) -> dict[str, str]:
+        """The weights that can stay packed, graph input name -> format of
+        `etc.packed` (fp8_e4m3): an FP8 checkpoint's e4m3 matrices that
+        the step graph reads by rows (the projections, and a MoE layer's
+        stacks of experts when every expert of all three is FP8), whose
+        rows are whole blocks of 32 values. Others are dequantized."""
+        block = packed.FORMATS["fp8_e4m3"].block
+        formats, experts = {}, {}
+        for key, name, shape, _, how in self._plan():
+            names = name if how == "experts" else [name]
+            fits = len(shape) == 2 and shape[-1] % block == 0 and \
+                all(self.is_fp8(n) for n in names)
+            if how == "experts":
+                experts.setdefault(key.split("_experts_")[0], {})[key] = fits
+            elif how != "T" and fits:
+                formats[key] = "fp8_e4m3"
+        for stacks in experts.values():
+            if all(stacks.values()):
+                formats.update(dict.fromkeys(stacks, "fp8_e4m3"))
+        return formats
+
+    def weights(self, dtype: str = "f32", progress: Optional[Callable[[int, int], None]] = None,
+                formats: Optional[dict] = None) -> dict[str, np.ndarray]:
         """Every weight the step graph takes, by graph input name (see
         `etc.models.step.graph`), in the storage of the compute `dtype`:
         float32 for "f32", float16 for "f16", bf16 bit patterns (uint16)
         for "bf16"; contiguous and owned (not views of the files). A tensor
         stored in that dtype is read as it is, never widened, so loading
         takes about the weights' size in memory; others are converted one
-        at a time. Projections keep Hugging Face's (out, in) layout (the
-        graph multiplies by their transposes); MoE experts are stacked as
-        `g.moe` takes them. `progress(done, total)` is called after each
-        graph weight."""
+        at a time (FP8 weights dequantized with their scales). The weights
+        named in `formats` (a subset of `weight_formats()`) stay packed,
+        as fp8_e4m3 storage (`packed_tensor`). Projections keep Hugging
+        Face's (out, in) layout (the graph multiplies by their
+        transposes); MoE experts are stacked as `g.moe` takes them: (E,
+        in, out), or packed (E, out, in). `progress(done, total)` is
+        called after each graph weight."""
         if dtype not in STORAGE:
             raise ValueError(f"weights: dtype {dtype!r} is not one of {', '.join(STORAGE)}")
-        c = self.config
-        h, d = c.hidden_size, c.head_dim
+        formats = formats or {}
+        plan = self._plan()
         out: dict[str, np.ndarray] = {}
-        per_layer = [4 + (3 if c.qkv_bias else 0) + (2 if c.qk_norm else 0) + 1 +
-                     (2 if c.sandwich_norms else 0) + (4 if c.is_sparse(i) else 3)
-                     for i in range(c.num_layers)]
-        total = 2 + sum(per_layer) + (0 if c.tie_word_embeddings else 1)
-
-        def report() -> None:
+        fused = (None, None)  # a fused projection, read once for its parts
+        for done, (key, name, shape, what, how) in enumerate(plan, 1):
+            stay = key in formats
+            read = (lambda n: self.packed_tensor(n, shape, what)) if stay else \
+                (lambda n: self.tensor(n, shape, what, dtype))
+            if how == "experts":
+                stack = None
+                for j, expert in enumerate(name):
+                    w = read(expert)
+                    w = w if stay else w.T  # g.moe takes (E, in, out) widened
+                    if stack is None:
+                        stack = np.empty((len(name),) + w.shape, w.dtype)
+                    stack[j] = w
+                out[key] = stack
+            elif isinstance(how, tuple):  # ("rows", start, stop) of a fused projection
+                if fused[0] != (name, stay):
+                    fused = ((name, stay), read(name))
+                out[key] = np.ascontiguousarray(fused[1][how[1]:how[2]])
+            elif how == "T":
+                out[key] = np.ascontiguousarray(self.tensor(name, shape, what, dtype).T)
+            else:
+                out[key] = np.ascontiguousarray(read(name))
             if progress is not None:
-                progress(len(out), total)
-
-        def take(key: str, name: str, shape: tuple, what: str) -> None:
-            out[key] = np.ascontiguousarray(self.tensor(name, shape, what, dtype))
-            report()
-
-        def split(name: str, shape: tuple, what: str, parts: list) -> None:
-            """A fused projection's rows as graph weights: (key, start, stop)."""
-            fused = self.tensor(name, shape, what, dtype)
-            for key, start, stop in parts:
-                out[key] = np.ascontiguousarray(fused[start:stop])
-                report()
-            del fused
-
-        fused = c.architecture == "Phi3ForCausalLM"
-
-        take("embed", "model.embed_tokens.weight", (c.vocab_size, h), "token embeddings")
-        for i in range(c.num_layers):
-            p = f"model.layers.{i}."
-            take(f"l{i}_attn_norm", p + "input_layernorm.weight", (h,), f"layer {i} norm")
-            q, kv = c.num_heads * d, c.num_kv_heads * d
-            if fused:
-                # Phi-3: q, k and v in one projection, split at load.
-                split(p + "self_attn.qkv_proj.weight", (q + 2 * kv, h),
-                      f"layer {i} fused q/k/v projection",
-                      [(f"l{i}_wq", 0, q), (f"l{i}_wk", q, q + kv), (f"l{i}_wv", q + kv, q + 2 * kv)])
-            else:
-                take(f"l{i}_wq", p + "self_attn.q_proj.weight", (q, h),
-                     f"layer {i} query projection")
-                take(f"l{i}_wk", p + "self_attn.k_proj.weight", (kv, h),
-                     f"layer {i} key projection")
-                take(f"l{i}_wv", p + "self_attn.v_proj.weight", (kv, h),
-                     f"layer {i} value projection")
-            take(f"l{i}_wo", p + "self_attn.o_proj.weight", (h, c.num_heads * d),
-                 f"layer {i} output projection")
-            if c.qkv_bias:
-                for key, proj, heads in (("bq", "q", c.num_heads), ("bk", "k", c.num_kv_heads),
-                                         ("bv", "v", c.num_kv_heads)):
-                    take(f"l{i}_{key}", f"{p}self_attn.{proj}_proj.bias", (heads * d,),
-                         f"layer {i} {proj} projection bias")
-            if c.qk_norm:
-                take(f"l{i}_q_norm", p + "self_attn.q_norm.weight", (d,), f"layer {i} q_norm")
-                take(f"l{i}_k_norm", p + "self_attn.k_norm.weight", (d,), f"layer {i} k_norm")
-            if c.sandwich_norms:
-                # Gemma: post_attention_layernorm norms the attention's
-                # output; the MLP's input norm is pre_feedforward_layernorm.
-                take(f"l{i}_post_attn_norm", p + "post_attention_layernorm.weight", (h,),
-                     f"layer {i} post-attention norm")
-                take(f"l{i}_mlp_norm", p + "pre_feedforward_layernorm.weight", (h,),
-                     f"layer {i} pre-feedforward norm")
-                take(f"l{i}_post_mlp_norm", p + "post_feedforward_layernorm.weight", (h,),
-                     f"layer {i} post-feedforward norm")
-            else:
-                take(f"l{i}_mlp_norm", p + "post_attention_layernorm.weight", (h,),
-                     f"layer {i} post-attention norm")
-            if c.is_sparse(i):
-                e, f = c.num_experts, c.moe_intermediate_size
-                router = self.tensor(p + "mlp.gate.weight", (e, h), f"layer {i} router", dtype)
-                out[f"l{i}_router"] = np.ascontiguousarray(router.T)
-                report()
-
-                def experts(proj: str, shape: tuple, transpose: bool) -> np.ndarray:
-                    stacked = np.empty((e,) + (shape[::-1] if transpose else shape),
-                                       STORAGE[dtype])
-                    for j in range(e):
-                        w = self.tensor(f"{p}mlp.experts.{j}.{proj}.weight", shape,
-                                        f"layer {i} expert {j} {proj}", dtype)
-                        stacked[j] = w.T if transpose else w
-                    return stacked
-                # g.moe takes (E, H, F) up and gate, (E, F, H) down.
-                for key, proj, shape in (("gate", "gate_proj", (f, h)), ("up", "up_proj", (f, h)),
-                                         ("down", "down_proj", (h, f))):
-                    out[f"l{i}_experts_{key}"] = experts(proj, shape, True)
-                    report()
-            else:
-                f = c.intermediate_size
-                if fused:
-                    # Phi-3: gate then up in one projection (transformers'
-                    # chunk(2)), split at load.
-                    split(p + "mlp.gate_up_proj.weight", (2 * f, h),
-                          f"layer {i} fused MLP gate/up",
-                          [(f"l{i}_w_gate", 0, f), (f"l{i}_w_up", f, 2 * f)])
-                else:
-                    take(f"l{i}_w_gate", p + "mlp.gate_proj.weight", (f, h),
-                         f"layer {i} MLP gate")
-                    take(f"l{i}_w_up", p + "mlp.up_proj.weight", (f, h), f"layer {i} MLP up")
-                take(f"l{i}_w_down", p + "mlp.down_proj.weight", (h, f), f"layer {i} MLP down")
-        take("final_norm", "model.norm.weight", (h,), "final norm")
-        if not c.tie_word_embeddings:
-            take("lm_head", "lm_head.weight", (c.vocab_size, h), "LM head")
+                progress(done, len(plan))
         return out

@@ -5,6 +5,8 @@ entry per tensor: `dtype`, `shape`, `data_offsets` [begin, end) relative to
 the end of the header; an optional `__metadata__` of strings), then the raw
 little-endian data. BF16 has no NumPy dtype: its 16-bit patterns are the
 upper halves of float32 values and are widened on load (`etc.bfloat16`).
+F8_E4M3 tensors (FP8 checkpoints) are read as their bytes (`read_bytes`),
+which `etc.models.loading.fp8` dequantizes or repacks with their scales.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from ... import bfloat16
 from ...runtime import aligned
 
-__all__ = ["SafetensorsError", "SafetensorsFile", "save_file", "DTYPES"]
+__all__ = ["SafetensorsError", "SafetensorsFile", "save_file", "DTYPES", "BYTE_DTYPES"]
 
 #: The dtypes a checkpoint's weights may have, and their NumPy storage.
 DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
@@ -28,8 +30,10 @@ DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"
 _STORAGE = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
 #: The largest header the format allows (the reference reader's limit).
 MAX_HEADER_BYTES = 100_000_000
+#: The dtypes read as their bytes only (`SafetensorsFile.read_bytes`).
+BYTE_DTYPES = {"F8_E4M3": np.dtype(np.uint8)}
 #: Further dtypes recognised (so that errors can name them) but not loaded.
-_KNOWN = ("F64", "I64", "I32", "I16", "I8", "U8", "BOOL", "F8_E4M3", "F8_E5M2")
+_KNOWN = ("F64", "I64", "I32", "I16", "I8", "U8", "BOOL", "F8_E5M2")
 
 
 class SafetensorsError(ValueError):
@@ -82,7 +86,8 @@ class SafetensorsFile:
                 raise SafetensorsError(f"{self.path}: tensor {name!r} has data offsets "
                                        f"[{begin}, {end}) outside the {self._data_size} data "
                                        f"bytes")
-            if dtype in DTYPES and end - begin != DTYPES[dtype].itemsize * math.prod(shape):
+            storage = DTYPES.get(dtype, BYTE_DTYPES.get(dtype))
+            if storage is not None and end - begin != storage.itemsize * math.prod(shape):
                 raise SafetensorsError(f"{self.path}: tensor {name!r} ({dtype}, shape {shape}) "
                                        f"has {end - begin} bytes of data")
             self._entries[name] = {"dtype": dtype, "shape": shape, "offsets": (begin, end)}
@@ -125,14 +130,51 @@ class SafetensorsFile:
         entry = self._entries[name]
         stored = entry["dtype"]
         if stored not in DTYPES:
+            if stored in BYTE_DTYPES:
+                raise SafetensorsError(f"{self.path}: tensor {name!r} is {stored}, read with "
+                                       f"its scales (an FP8 checkpoint's config.json has a "
+                                       f"quantization_config with quant_method 'fp8')")
             what = "an unknown dtype" if stored not in _KNOWN else "a dtype ETC does not load"
             raise SafetensorsError(f"{self.path}: tensor {name!r} has {what} {stored!r}; "
-                                   f"supported: {', '.join(DTYPES)}")
+                                   f"supported: {', '.join((*DTYPES, *BYTE_DTYPES))}")
         if dtype not in _STORAGE:
             raise ValueError(f"read: dtype {dtype!r} is not one of {', '.join(_STORAGE)}")
-        # 64-byte aligned, as the CPU's vector and matrix units load rows.
-        values = aligned.empty(entry["shape"], DTYPES[stored])
+        values = self._read_stored(name, DTYPES[stored])
+        if not values.dtype.isnative:
+            values = values.astype(values.dtype.newbyteorder("="))
+        if _STORAGE[dtype] == stored:
+            return values
+        if dtype == "bf16":  # from F32 or F16
+            return aligned.aligned(bfloat16.to_bits(values.astype(np.float32, copy=False)))
+        wide = bfloat16.from_bits(values) if stored == "BF16" else values
+        return aligned.aligned(wide.astype(np.float16 if dtype == "f16" else np.float32,
+                                           copy=False))
+
+    def read_bytes(self, name: str, rows: Optional[slice] = None) -> np.ndarray:
+        """Tensor `name` of a dtype of BYTE_DTYPES (F8_E4M3) as its bytes: a
+        uint8 array of its shape, or of its `rows` (a slice of the first
+        dimension, step 1), so that a large tensor can be read a part at
+        a time."""
+        stored = self._entries[name]["dtype"]
+        if stored not in BYTE_DTYPES:
+            raise SafetensorsError(f"{self.path}: tensor {name!r} is {stored}, not one of "
+                                   f"{', '.join(BYTE_DTYPES)}")
+        return self._read_stored(name, BYTE_DTYPES[stored], rows)
+
+    def _read_stored(self, name: str, storage: np.dtype,
+                     rows: Optional[slice] = None) -> np.ndarray:
+        """Tensor `name`'s data (or its `rows`) as an array of `storage`,
+        64-byte aligned (as the CPU's vector and matrix units load rows)."""
+        entry = self._entries[name]
+        shape = entry["shape"]
         begin, end = entry["offsets"]
+        if rows is not None:
+            start, stop, _ = rows.indices(shape[0])
+            row_bytes = storage.itemsize * math.prod(shape[1:])
+            shape = (max(stop - start, 0), *shape[1:])
+            begin, end = begin + start * row_bytes, begin + start * row_bytes + \
+                shape[0] * row_bytes
+        values = aligned.empty(shape, storage)
         with open(self.path, "rb") as f:
             # Read into the array, not through a memory map: the file's pages
             # are not mapped into the process, so they do not add to its
@@ -145,15 +187,7 @@ class SafetensorsFile:
                 if not count:
                     raise SafetensorsError(f"{self.path}: tensor {name!r} is cut short")
                 done += count
-        if not values.dtype.isnative:
-            values = values.astype(values.dtype.newbyteorder("="))
-        if _STORAGE[dtype] == stored:
-            return values
-        if dtype == "bf16":  # from F32 or F16
-            return aligned.aligned(bfloat16.to_bits(values.astype(np.float32, copy=False)))
-        wide = bfloat16.from_bits(values) if stored == "BF16" else values
-        return aligned.aligned(wide.astype(np.float16 if dtype == "f16" else np.float32,
-                                           copy=False))
+        return values
 
 
 def _parse_entry(entry) -> tuple:
@@ -172,12 +206,18 @@ def _parse_entry(entry) -> tuple:
 
 
 def save_file(path, tensors: Mapping[str, np.ndarray], dtype: str = "F32",
-              metadata: Optional[Mapping[str, str]] = None) -> None:
+              metadata: Optional[Mapping[str, str]] = None,
+              dtypes: Optional[Mapping[str, str]] = None) -> None:
     """Writes `tensors` (float arrays) to a safetensors file, every tensor
     stored as `dtype` ("F32", "F16" or "BF16", rounded to nearest even;
-    uint16 arrays are taken as bf16 bit patterns already)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"save_file: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    uint16 arrays are taken as bf16 bit patterns already), or as
+    `dtypes[name]` where given: one of those, or "F8_E4M3" for a uint8
+    array of float8_e4m3fn bytes (`etc.packed.to_e4m3`)."""
+    dtypes = dict(dtypes or {})
+    for kind in (dtype, *dtypes.values()):
+        if kind not in DTYPES and kind not in BYTE_DTYPES:
+            raise ValueError(f"save_file: dtype {kind!r} is not one of "
+                             f"{', '.join((*DTYPES, *BYTE_DTYPES))}")
     header: dict = {}
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -185,12 +225,18 @@ def save_file(path, tensors: Mapping[str, np.ndarray], dtype: str = "F32",
     offset = 0
     for name, array in tensors.items():
         array = np.asarray(array)
-        if dtype == "BF16":
+        kind = dtypes.get(name, dtype)
+        if kind in BYTE_DTYPES:
+            if array.dtype != np.uint8:
+                raise ValueError(f"save_file: {kind} tensor {name!r} must be uint8 bytes, got "
+                                 f"{array.dtype}")
+            data = array.tobytes()
+        elif kind == "BF16":
             bits = array if array.dtype == np.uint16 else bfloat16.to_bits(array)
             data = bits.astype("<u2", copy=False).tobytes()
         else:
-            data = array.astype(DTYPES[dtype], copy=False).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(array.shape),
+            data = array.astype(DTYPES[kind], copy=False).tobytes()
+        header[name] = {"dtype": kind, "shape": list(array.shape),
                         "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)

@@ -106,7 +106,8 @@ def packed_weights(checkpoint, packed: Optional[bool], *, target: str = "cpu",
                    kernels: str = "native", tensor_parallel: int = 1) -> dict:
     """The weights of `checkpoint` that stay packed (name -> format of
     `etc.packed`; `build_step_graph`'s weight_formats): every weight a GGUF
-    file stores in a block format and the step reads by rows, or none
+    file stores in a block format, or an FP8 checkpoint in e4m3
+    (`Checkpoint.weight_formats`), that the step reads by rows, or none
     (all widened to the compute dtype, the reference). `packed` None (the
     default) packs them on the CPU target with its native kernels; True
     packs them on CUDA and with simulated GPU kernels too (their GPU

@@ -119,8 +119,9 @@ class CompiledModel:
             (lambda done, total: progress("weights", done, total))
         if isinstance(checkpoint, Checkpoint):
             # Read in the compute dtype's storage: a bf16 or f16 checkpoint
-            # computed in its own dtype is never widened to float32.
-            weights = checkpoint.weights(dtype, progress=report)
+            # computed in its own dtype is never widened to float32 (an FP8
+            # one's packed weights stay e4m3).
+            weights = checkpoint.weights(dtype, progress=report, formats=self.weight_formats)
         elif self.weight_formats:
             weights = checkpoint.weights(progress=report, formats=self.weight_formats)
         else:
