@@ -17,11 +17,13 @@ logits within 1e-4 (measured 1e-6), the same greedy tokens. In bf16 the
 activations are rounded to bf16 (relative 2^-9) at each of the buffers a
 token passes through (about 20 on these 2-layer models), the logits
 themselves too: against the f32 reference, teacher-forced on the bf16
-model's tokens, the logits stay within T = 0.1 x their standard
-deviation (measured: 4.0% Qwen3, 5.5% Qwen3-MoE; the widened bf16
-model, which also rounds each weight to bf16, 5.0% and 9.2%), and a
-token that is not the reference's best must be a near tie there
-(within 2T)."""
+model's tokens, the dense Qwen3's logits stay within T = 0.1 x their
+standard deviation (measured 4.2%; the widened bf16 model, which also
+rounds each weight to bf16, 5.0%), and a token that is not the
+reference's best must be a near tie there (within 2T). (A MoE model is
+not compared so in bf16: rounding may flip a near tie of the router's
+top-k, which changes that token's output by far more: 21% of the logits'
+deviation, measured, on one prefill row.)"""
 
 from __future__ import annotations
 
@@ -138,12 +140,12 @@ def test_fp8_models_run_packed_and_equal_the_reference(name, tmp_path):
 
 
 def test_bf16_and_the_simulated_gpu_kernels(tmp_path):
-    """In bf16 the packed model agrees with the f32 reference up to bf16
-    rounding and near ties (module docstring). packed=True with the
-    CUDA kernels (lanes simulated on the CPU: the packed GEMV and the MoE
-    tiles, each e4m3 value dequantized in registers) equals the f32
-    reference's tokens, logits within 1e-3."""
-    path = _fp8(tmp_path, "qwen3_moe")
+    """In bf16 the packed Qwen3 agrees with the f32 reference up to bf16
+    rounding and near ties (module docstring). packed=True with the CUDA
+    kernels (lanes simulated on the CPU: the packed GEMV and the MoE
+    tiles, each e4m3 value dequantized in registers) runs the Qwen3-MoE
+    with the f32 reference's tokens, logits within 1e-3."""
+    path = _fp8(tmp_path, "qwen3")
     fast = models.load(path, dtype="bf16", **LOAD)
     assert fast.weight_formats
     weights = Checkpoint(path).weights("f32")
@@ -154,8 +156,10 @@ def test_bf16_and_the_simulated_gpu_kernels(tmp_path):
             tolerance = 0.1 * there.std()
             assert np.abs(here - there).max() <= tolerance, step
             assert there.max() - there[token] <= 2 * tolerance, step
+    path = _fp8(tmp_path, "qwen3_moe")
+    weights = Checkpoint(path).weights("f32")
     gpu = models.load(path, kernels="cuda", packed=True, **dict(LOAD, max_seq_len=32))
-    assert gpu.weight_formats == fast.weight_formats
+    assert "l1_experts_down" in gpu.weight_formats
     assert models.load(path, kernels="cuda", **dict(LOAD, max_seq_len=32)).weight_formats == {}
     got = gpu.generate(PROMPTS, 4, return_logits=True)
     for prompt, tokens, logits in zip(PROMPTS, got.tokens, got.logits):

@@ -12,8 +12,9 @@ weight rows (not a multiple of the kernel's 4 columns or a tile), 1 to 33
 rows of A (not a multiple of its 2), K of 5 blocks of 32.
 
 fp8_e4m3 weights (FP8 checkpoints) are not integers times a scale: the
-scalar tile reads them, each value dequantized as it is loaded, and
-accumulates in f32 as the widened product does."""
+CPU's f32 matmul tile reads them (`MatmulFp8CPU`), each vector of B
+dequantized as it is loaded, and accumulates in f32 as the widened
+product does."""
 
 from __future__ import annotations
 
@@ -185,27 +186,32 @@ def test_embedding_of_packed_tables_equals_dequantize():
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_fp8_e4m3_in_the_scalar_tile_equals_the_widened_product(dtype):
-    """An fp8_e4m3 weight on the CPU: the scalar tile (no int8 rounding of
-    A), K = 160 (5 blocks of 32, not a multiple of 128), 37 rows, 1 to 17
-    rows of A: the widened product up to the order of the sums (relative
-    1e-5 of sum |a||w|), plus half a unit of bf16 C."""
+def test_fp8_e4m3_in_the_vector_tile_equals_the_widened_product(dtype):
+    """An fp8_e4m3 weight on the CPU: `MatmulFp8CPU` (no int8 rounding of
+    A), K = 160 (5 blocks of 32, not a multiple of 128), 37 rows (edge
+    columns), 1 to 17 rows of A (the dot groups, the panels of 4 rows and
+    what is left of them): the widened product up to the order of the
+    sums (relative 1e-5 of sum |a||w|), plus half a unit of bf16 C."""
     k = 160
     g = etc.Graph("fp8")
     x = g.input("x", (g.symbol("T"), k), dtype)
     g.output(g.matmul(x, g.input("w", (N, k), "fp8_e4m3"), transpose_b=True))
-    assert "matmul_fp8_e4m3_cpu" not in str(g.build(target=etc.ops.Target("cpu", workers=1)))
+    assert "matmul_fp8_e4m3_cpu" in str(g.build(target=etc.ops.Target("cpu", workers=1)))
     raw = _weights("fp8_e4m3", k, 3)
     w = packed.dequantize(raw, "fp8_e4m3")
     kernel = etc.compile(g, target="cpu", workers=2)
     rng = np.random.default_rng(4)
-    for rows in (1, 2, 5, 17):
+    for rows in (1, 2, 3, 4, 5, 8, 9, 17):
         a = etc.reference.round_bf16(rng.standard_normal((rows, k)))
         (got,) = kernel.run(x=a, w=raw)
         (want,) = evaluate(g, x=a, w=raw)
         scale = np.abs(a) @ np.abs(w).T
         half_unit = np.abs(want) * 2**-8 if dtype == "bf16" else 0
         assert np.all(np.abs(got - want) <= half_unit + 1e-5 * scale)
+    if dtype == "f32":
+        # Rows of the identity pick B's values out: dequantize's, bit for bit.
+        (got,) = kernel.run(x=np.eye(k, dtype=np.float32), w=raw)
+        np.testing.assert_array_equal(got.T.view(np.uint32), w.view(np.uint32))
 
 
 def test_packed_inputs_are_checked():
