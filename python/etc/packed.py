@@ -138,8 +138,9 @@ def first_bad_block(raw: np.ndarray, dtype: str):
     blocks = raw.reshape(-1, f.nbytes)
     bad = np.zeros(blocks.shape[0], bool)
     if dtype == "fp8_e4m3":
-        scale_exponent = (blocks[:, 3] & 0x7F == 0x7F) & (blocks[:, 2] & 0x80 == 0x80)
-        bad = scale_exponent | ((blocks[:, 4:] & 0x7F) == 0x7F).any(axis=-1)
+        # The float32's exponent bits all set (bits 23-30: bytes 2 and 3).
+        scale = ((blocks[:, 3] & 0x7F) == 0x7F) & ((blocks[:, 2] & 0x80) == 0x80)
+        bad = scale | ((blocks[:, 4:] & 0x7F) == 0x7F).any(axis=-1)
     for at in f.halves:
         # The exponent bits all set: an infinity or a NaN.
         bits = blocks[:, at + 1] & 0x7C

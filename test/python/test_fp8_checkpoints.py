@@ -108,6 +108,13 @@ def test_e4m3_rounding_and_values():
     # Halfway between 1 and 1.125 goes to 1 (even), between 1.125 and 1.25 to 1.25.
     assert list(packed.e4m3_values(packed.to_e4m3(np.float32([1.0625, 1.1875, 2**-10])))) == \
         [1.0, 1.25, 0.0]
+    # Damaged storage: a non-finite scale, an e4m3 NaN.
+    raw = packed.quantize(np.ones((2, 64), np.float32), "fp8_e4m3")
+    assert packed.first_bad_block(raw, "fp8_e4m3") is None
+    raw[1, 36:40] = np.array([np.inf], "<f4").view(np.uint8)  # row 1's second block
+    assert packed.first_bad_block(raw, "fp8_e4m3") == 3
+    raw[0, 4 + 7] = 0xFF
+    assert packed.first_bad_block(raw, "fp8_e4m3") == 0
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

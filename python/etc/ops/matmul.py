@@ -30,6 +30,8 @@ Kernels, by target:
   bf16 A @ B^T where the instruction set has AVX-512 BF16:
   `matmul_dpbf16.MatmulDPBF16` (`vdpbf16ps` dot products in blocks of
   2 x 8 outputs) for tiles of 2 rows or more, `MatmulCPU` below;
+  a packed B (`etc.packed`): `matmul_packed.choose_packed` (int8 dot
+  products for the GGML formats; `matmul_fp8` for fp8_e4m3);
 * cuda, few rows (decode, `matmul_gemv`): `MatmulSkinny` for B (K, N) (lanes along N,
   split-K across lane groups, scratch reduction across warps) and
   `MatmulSkinnyT` for B^T (N, K), the layout of Hugging Face weights (a

@@ -95,33 +95,38 @@ class MatmulDPBF16(MatmulCPU):
             g = loop.induction_variable
             row = arith.addi(r0, arith.muli(arith.remui(g, row_groups), self.cidx(nr)))
             col = arith.addi(c0, arith.muli(arith.divui(g, row_groups), self.cidx(nc)))
-            a_rows = [arith.minui(arith.addi(row, self.cidx(r)), last_row) for r in range(nr)]
-            b_rows = [arith.minui(arith.addi(col, self.cidx(c)), last_col) for c in range(nc)]
-            dots = self.block_dots(a_rows, b_rows)
-            sums = [self.each_sum(dots[r * nc:(r + 1) * nc]) for r in range(nr)]
-            in_rows = arith.subi(arith.addi(last_row, self.cidx(1)), row)
-            in_cols = arith.subi(arith.addi(last_col, self.cidx(1)), col)
-            full = arith.andi(
-                arith.cmpi(arith.CmpIPredicate.uge, in_rows, self.cidx(nr)),
-                arith.cmpi(arith.CmpIPredicate.uge, in_cols, self.cidx(nc)))
-            branch = scf.IfOp(full, has_else=True)
-            with ir.InsertionPoint(branch.then_block):
-                for r in range(nr):
-                    self.vstore(self.lanes_of(sums[r], 0, nc), self.op.result,
-                                [a_rows[r], col])
-                scf.yield_([])
-            with ir.InsertionPoint(branch.else_block):
-                for r in range(nr):
-                    for c in range(nc):
-                        inside = arith.andi(
-                            arith.cmpi(arith.CmpIPredicate.ult, self.cidx(r), in_rows),
-                            arith.cmpi(arith.CmpIPredicate.ult, self.cidx(c), in_cols))
-                        store = scf.IfOp(inside)
-                        with ir.InsertionPoint(store.then_block):
-                            self.store(vector.extract(sums[r], [], [c]), self.op.result,
-                                       [a_rows[r], b_rows[c]])
-                            scf.yield_([])
-                scf.yield_([])
+            self.emit_block(row, col, last_row, last_col)
+            scf.yield_([])
+
+    def emit_block(self, row, col, last_row, last_col) -> None:
+        """The block of BLOCK_ROWS x BLOCK_COLS outputs from (row, col), of
+        a tile whose last row and column are `last_row` and `last_col`."""
+        nr, nc = self.BLOCK_ROWS, self.BLOCK_COLS
+        a_rows = [arith.minui(arith.addi(row, self.cidx(r)), last_row) for r in range(nr)]
+        b_rows = [arith.minui(arith.addi(col, self.cidx(c)), last_col) for c in range(nc)]
+        dots = self.block_dots(a_rows, b_rows)
+        sums = [self.each_sum(dots[r * nc:(r + 1) * nc]) for r in range(nr)]
+        in_rows = arith.subi(arith.addi(last_row, self.cidx(1)), row)
+        in_cols = arith.subi(arith.addi(last_col, self.cidx(1)), col)
+        full = arith.andi(
+            arith.cmpi(arith.CmpIPredicate.uge, in_rows, self.cidx(nr)),
+            arith.cmpi(arith.CmpIPredicate.uge, in_cols, self.cidx(nc)))
+        branch = scf.IfOp(full, has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            for r in range(nr):
+                self.vstore(self.lanes_of(sums[r], 0, nc), self.op.result, [a_rows[r], col])
+            scf.yield_([])
+        with ir.InsertionPoint(branch.else_block):
+            for r in range(nr):
+                for c in range(nc):
+                    inside = arith.andi(
+                        arith.cmpi(arith.CmpIPredicate.ult, self.cidx(r), in_rows),
+                        arith.cmpi(arith.CmpIPredicate.ult, self.cidx(c), in_cols))
+                    store = scf.IfOp(inside)
+                    with ir.InsertionPoint(store.then_block):
+                        self.store(vector.extract(sums[r], [], [c]), self.op.result,
+                                   [a_rows[r], b_rows[c]])
+                        scf.yield_([])
             scf.yield_([])
 
     def block_dots(self, a_rows: list, b_rows: list) -> list:
@@ -147,21 +152,26 @@ class MatmulDPBF16(MatmulCPU):
         """`accs` plus the products of K_STEP elements of each row from
         `kk` (the first `count` of them, zeros after, when `count`)."""
         a, b = self.op.operands[:2]
-        pairs = ir.VectorType.get([self.K_STEP], element_type("bf16"))
-
-        def load(t, row):
-            if not count:
-                return vector.load(pairs, self.buf(t), [row, kk])
-            mask = vector.constant_mask(ir.VectorType.get([self.K_STEP], ir.IntegerType.get_signless(1)),
-                                        [count])
-            zeros = arith.constant(pairs, ir.DenseElementsAttr.get_splat(
-                pairs, ir.FloatAttr.get(element_type("bf16"), 0.0)))
-            return vector.maskedload(pairs, self.buf(t), [row, kk], mask, zeros)
-
-        a_vecs = [load(a, row) for row in a_rows]
-        b_vecs = [load(b, row) for row in b_rows]
+        a_vecs = [self.pairs(self.buf(a), row, kk, count) for row in a_rows]
+        b_vecs = [self.b_pairs(row, kk, count) for row in b_rows]
         return [dot_bf16(accs[r * len(b_rows) + c], a_vecs[r], b_vecs[c])
                 for r in range(len(a_rows)) for c in range(len(b_rows))]
+
+    def pairs(self, buffer: ir.Value, row, kk, count: int = 0) -> ir.Value:
+        """K_STEP bf16 values of row `row` of `buffer` from `kk` (the first
+        `count`, zeros after, when `count`)."""
+        pairs = ir.VectorType.get([self.K_STEP], element_type("bf16"))
+        if not count:
+            return vector.load(pairs, buffer, [row, kk])
+        mask = vector.constant_mask(ir.VectorType.get([self.K_STEP], ir.IntegerType.get_signless(1)),
+                                    [count])
+        zeros = arith.constant(pairs, ir.DenseElementsAttr.get_splat(
+            pairs, ir.FloatAttr.get(element_type("bf16"), 0.0)))
+        return vector.maskedload(pairs, buffer, [row, kk], mask, zeros)
+
+    def b_pairs(self, row, kk, count: int = 0) -> ir.Value:
+        """B^T's K_STEP values of row `row` from `kk`, as `pairs`."""
+        return self.pairs(self.buf(self.op.operands[1]), row, kk, count)
 
     def lanes_of(self, v: ir.Value, first: int, count: int) -> ir.Value:
         """Lanes [first, first + count) of `v` as a vector."""

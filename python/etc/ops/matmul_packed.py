@@ -16,15 +16,9 @@ Kernels:
   ... one at a time: a warp's loads of B read a block's consecutive
   bytes, and each value is dequantized in registers (`packed_loads`)
   and accumulated in f32 as the widened product is;
-* cpu, fp8_e4m3 (`MatmulFp8CPU`): `MatmulCPU`'s f32 dot products of A
-  and B^T (its micro-tiles and panels, each load of B shared by 4 rows of
-  A), whose vector loads of B dequantize 8 or 16 e4m3 bytes in registers:
-  widened to float16 bits, converted (`vcvtph2ps` with F16C), times 256
-  times the block's scale (one multiply by 256 s, exact), the values of
-  `etc.packed.dequantize` bit for bit; so it computes the widened
-  product up to the order of the sums.
-  (e4m3 values are not integers times a scale: the int8 kernel below
-  does not apply.)
+* cpu, fp8_e4m3: `matmul_fp8.py` (f32 dot products with B dequantized
+  in registers; e4m3 values are not integers times a scale, so the int8
+  kernels below do not apply);
 * cpu, the GGML formats (`MatmulPackedCPU`, on `PackedDotsCPU`, which MoE's packed expert
   tiles share: `moe_experts.py`): int8 dot products, as llama.cpp
   computes on the CPU. The tile first quantizes its rows of A into a stack panel:
@@ -74,7 +68,7 @@ from mlir.dialects import arith, llvm, math, memref, scf, vector
 from .. import packed
 from .matmul_gemv import MatmulSkinnyT
 from .base import TileKernel
-from .matmul_cpu import MatmulCPU
+from .matmul_fp8 import choose_fp8
 from .matmul_scalar import Matmul
 from .packed_loads import _k_scale_min, row_at, signed_byte
 
@@ -83,8 +77,8 @@ def choose_packed(op, target) -> type:
     """The kernel of matmul `op` whose `b` is packed, on `target`."""
     if target.kind == "cpu" and MatmulPackedCPU.applies(op):
         return MatmulPackedCPU
-    if target.kind == "cpu" and MatmulFp8CPU.applies(op):
-        return MatmulFp8CPU
+    if target.kind == "cpu" and choose_fp8(op, target) is not None:
+        return choose_fp8(op, target)
     if MatmulPackedGPU.applies(op, target):
         return MatmulPackedGPU
     return Matmul
@@ -695,44 +689,4 @@ class MatmulPackedCPU(PackedDotsCPU, Matmul):
 
     def store_product(self, local, column, total: ir.Value) -> None:
         self.store(total, self.op.result, [arith.addi(self.r0, local), column])
-
-
-class MatmulFp8CPU(MatmulCPU):
-    """C = A @ B^T with B in fp8_e4m3 on the CPU: `MatmulCPU`'s transposed
-    path, B's vectors dequantized as they are loaded (module docstring)."""
-
-    @classmethod
-    def name(cls, op) -> str:
-        return "matmul_fp8_e4m3_cpu"
-
-    @classmethod
-    def applies(cls, op) -> bool:
-        return op.operands[1].dtype == "fp8_e4m3" and op.params["transpose_b"]
-
-    def vload(self, t, idx: list, width: int, aligned: bool = False,
-              widen: bool = True) -> ir.Value:
-        """B's `width` values from [row, k] (k a multiple of `width`, which
-        divides the block of 32: the vector lies in one block) dequantized
-        to f32; other tensors as `MatmulCPU` loads them."""
-        if t.dtype != "fp8_e4m3":
-            return super().vload(t, idx, width, aligned, widen)
-        fmt = packed.FORMATS["fp8_e4m3"]
-        assert fmt.block % width == 0 and widen, (width, widen)
-        *row, k = idx
-        base = arith.muli(arith.divui(k, self.cidx(fmt.block)), self.cidx(fmt.nbytes))
-        at = arith.addi(arith.addi(base, self.cidx(4)), arith.remui(k, self.cidx(fmt.block)))
-        i8, i16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(16)
-        q = arith.extui(ir.VectorType.get([width], i16),
-                        vector.load(ir.VectorType.get([width], i8), self.buf(t), row_at(row, at)))
-        splat = lambda value: arith.constant(q.type, ir.DenseElementsAttr.get_splat(  # noqa
-            q.type, ir.IntegerAttr.get(i16, value)))
-        bits = arith.ori(arith.shli(arith.andi(q, splat(0x80)), splat(8)),
-                         arith.shli(arith.andi(q, splat(0x7F)), splat(7)))
-        half = vector.bitcast(ir.VectorType.get([width], ir.F16Type.get()), bits)
-        four = vector.load(ir.VectorType.get([4], i8), self.buf(t), row_at(row, base))
-        scale = vector.extract(vector.bitcast(self.vtype(1), four), [], [0])
-        # x (256 s) in one multiply: 256 s is exact (s < 2^120), so the
-        # product is dequantize's (x 256) s, rounded once the same way.
-        scaled = arith.mulf(scale, self.cf32(256.0))
-        return arith.mulf(arith.extf(self.vtype(width), half), self.vsplat(scaled, width))
 
