@@ -75,11 +75,10 @@ def load_float(k: "TileKernel", t: "Tensor", row, at) -> ir.Value:
 def e4m3_to_f32(k: "TileKernel", q: ir.Value) -> ir.Value:
     """The float8_e4m3fn value of byte `q` (an i8) as an f32: the float16
     of bits (q & 0x80) << 8 | (q & 0x7F) << 7, times 256 (exact; see
-    `etc.packed`)."""
+    `etc.packed`). Those bits are q sign-extended, shifted left by 7, bit
+    14 (a copy of the sign) cleared."""
     i16 = ir.IntegerType.get_signless(16)
-    wide = arith.extui(i16, q)
-    bits = arith.ori(arith.shli(arith.andi(wide, _i(16, 0x80)), _i(16, 8)),
-                     arith.shli(arith.andi(wide, _i(16, 0x7F)), _i(16, 7)))
+    bits = arith.andi(arith.shli(arith.extsi(i16, q), _i(16, 7)), _i(16, 0xBF80 - 0x10000))
     half = arith.extf(k.f32, arith.bitcast(ir.F16Type.get(), bits))
     return arith.mulf(half, k.cf32(256.0))
 
