@@ -28,9 +28,6 @@ deviation, measured, on one prefill row.)"""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -42,6 +39,8 @@ from etc.models.loading.checkpoint import Checkpoint
 from etc.models.loading.fields import UnsupportedConfigError
 from etc.models.step.reference import forward
 from etc.models.testing import tiny_config, write_checkpoint
+
+import memory_growth
 
 SHAPE = dict(hidden_size=256, intermediate_size=352, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, vocab_size=300)
@@ -259,23 +258,6 @@ def test_accepted_configs_and_damaged_checkpoints(tmp_path):
         models.load(path, **LOAD)
 
 
-MEMORY_SCRIPT = textwrap.dedent("""
-    import json, sys
-    import etc.models as models
-
-    def status(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-
-    path, cache, packed = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-    before = status("VmRSS:")
-    model = models.load(path, workers=2, max_seq_len=64, attention_chunk=16, cache=cache,
-                        dtype="bf16", packed=packed)
-    model.generate([[1, 2, 3]], 4)
-    print(json.dumps({"before": before, "peak": status("VmHWM:"),
-                      "source": model.kernel_source}))
-""")
 
 
 def test_an_fp8_model_holds_about_its_file_in_memory(tmp_path):
@@ -293,14 +275,7 @@ def test_an_fp8_model_holds_about_its_file_in_memory(tmp_path):
     cache = str(tmp_path / "cache")
     grown = {}
     for packed_weights in (True, False):
-        runs = []
-        for _ in range(2):  # the first compiles into the cache
-            out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(path), cache,
-                                  "1" if packed_weights else "0"],
-                                 capture_output=True, text=True, timeout=600, check=True)
-            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        assert runs[1]["source"] == "cache"
-        grown[packed_weights] = runs[1]["peak"] - runs[1]["before"]
+        grown[packed_weights] = memory_growth.grown(path, cache, packed=packed_weights, dtype="bf16")
     print({"file": size, **{("packed" if k else "widened"): v for k, v in grown.items()}})
     assert grown[True] <= 1.3 * size, (grown, size)
     assert grown[False] > 1.5 * size, (grown, size)  # the check can fail

@@ -21,10 +21,8 @@ logits are within 2T (a tie the rounding may break either way)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -32,6 +30,8 @@ import pytest
 import etc.models as models
 from etc import packed
 from etc.models.testing import checkpoint_tensors, tiny_config, write_gguf
+
+import memory_growth
 
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, vocab_size=300)
@@ -139,23 +139,6 @@ def test_moe_experts_stay_packed_per_layer_or_are_refused(tmp_path):
         models.load(path, **LOAD)
 
 
-MEMORY_SCRIPT = textwrap.dedent("""
-    import json, sys
-    import etc.models as models
-
-    def status(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-
-    path, cache, packed = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-    before = status("VmRSS:")
-    model = models.load(path, workers=2, max_seq_len=64, attention_chunk=16, cache=cache,
-                        packed=packed)
-    model.generate([[1, 2, 3]], 4)
-    print(json.dumps({"before": before, "peak": status("VmHWM:"),
-                      "source": model.kernel_source}))
-""")
 
 
 #: Files for the memory test: a 42 MB Q8_0 Qwen3 and a 37 MB Q4_K
@@ -187,14 +170,7 @@ def test_a_packed_model_holds_about_its_file_in_memory(name, tmp_path):
     cache = str(tmp_path / "cache")
     grown = {}
     for packed_weights in (True, False):
-        runs = []
-        for _ in range(2):  # the first compiles into the cache
-            out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(path), cache,
-                                  "1" if packed_weights else "0"],
-                                 capture_output=True, text=True, timeout=600, check=True)
-            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        assert runs[1]["source"] == "cache"
-        grown[packed_weights] = runs[1]["peak"] - runs[1]["before"]
+        grown[packed_weights] = memory_growth.grown(path, cache, packed=packed_weights)
     assert grown[True] <= 1.25 * size, (grown, size)
     assert grown[False] > 2.5 * size, (grown, size)  # the check can fail
     # `etc cache` says which kernel runs packed weights, in which formats:

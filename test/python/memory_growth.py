@@ -1,0 +1,44 @@
+"""How much a model's process grows in resident memory: the model loaded
+(its step kernel from a compile cache) and run in a fresh process, for the
+tests that a model holds about its file (test_gguf_packed_models,
+test_fp8_checkpoints)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import etc.models as models
+
+    def status(key):
+        for line in open("/proc/self/status"):
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+
+    path, cache, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    before = status("VmRSS:")
+    model = models.load(path, workers=2, max_seq_len=64, attention_chunk=16, cache=cache,
+                        **options)
+    model.generate([[1, 2, 3]], 4)
+    print(json.dumps({"before": before, "peak": status("VmHWM:"),
+                      "source": model.kernel_source}))
+""")
+
+
+def grown(path, cache, **options) -> int:
+    """Bytes the peak resident memory of a process grows by while it loads
+    `path` with `options` (JSON-able keywords of `etc.models.load`) and
+    generates 4 tokens; the process before it compiles the step kernel into
+    `cache`, so that the one measured loads it."""
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", SCRIPT, str(path), str(cache),
+                              json.dumps(options)],
+                             capture_output=True, text=True, timeout=600, check=True)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert runs[1]["source"] == "cache", runs
+    return runs[1]["peak"] - runs[1]["before"]
