@@ -163,7 +163,8 @@ def main() -> None:
                         help="requests a task runs, B at a time (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tokens", type=int, default=4, help="Speculative(tokens=)")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="Speculative(tokens=), k (default: its own, by method)")
     parser.add_argument("--ngram", type=int, nargs=2, default=(2, 4), help="Speculative(ngram=)")
     parser.add_argument("--methods", nargs="+", default=["ngram"],
                         choices=("ngram", "self", "random"))

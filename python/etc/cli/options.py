@@ -138,7 +138,8 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
                             "directory or GGUF file with the same tokenizer, loaded with the "
                             "same options) in each step instead")
     group.add_argument("--speculative-tokens", type=positive_int, default=None, metavar="K",
-                       help="tokens proposed per request and step at most (default: 4)")
+                       help="tokens proposed per request and step at most (default: 8 "
+                            "with ngram, 4 with a draft model)")
     group.add_argument("--speculative-ngram", type=positive_int, nargs=2, default=None,
                        metavar=("MIN", "MAX"),
                        help="lengths of the suffix ngram looks up, longest first (default: "

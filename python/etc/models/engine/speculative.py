@@ -67,6 +67,8 @@ class Speculative:
       target's options, once per target: `CompiledModel.draft_model`) or
       a loaded model with the target's vocabulary;
     * `tokens` >= 1: the most tokens proposed per request and step (k);
+      None: 8 for "ngram" (a lookup costs nothing) and 4 for "draft" (each
+      proposed token costs a step of the draft model);
     * `ngram=(min, max)`: the lengths of the suffix looked up, longest
       first (1 <= min <= max);
     * `adaptive`: each request proposes fewer tokens after rejections,
@@ -78,10 +80,15 @@ class Speculative:
       few rows (on the CPU: 5 rows take 2.2-2.7x one, 8 rows 3.9x), so
       proposals pay in small steps only: the default 8 lets a request
       alone propose and a batch of 8 not.
+
+    Prompt lookup's k = 8 (with `step_tokens` = 8, a request alone
+    proposes up to 7): on SmolLM2-135M copying passages at B = 1,
+    1.53-1.59x tokens/s against 1.40x with 4, and free prose 1.15x against
+    1.09x (docs/benchmarks.md, "Speculative decoding on the CPU").
     """
 
     method: Optional[str] = None
-    tokens: int = 4
+    tokens: Optional[int] = None
     ngram: tuple = (2, 4)
     adaptive: bool = True
     draft: object = None
@@ -100,6 +107,8 @@ class Speculative:
                 not hasattr(self.draft, "step"):
             raise ValueError(f"Speculative: draft={self.draft!r} must be a checkpoint path or a "
                              f"loaded model")
+        if self.tokens is None:
+            object.__setattr__(self, "tokens", 8 if self.method == "ngram" else 4)
         _positive("tokens", self.tokens)
         ngram = self.ngram
         if isinstance(ngram, (str, bytes)) or not isinstance(ngram, Sequence) or \
