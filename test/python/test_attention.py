@@ -76,6 +76,20 @@ def test_grouped_query_heads(heads, kv_heads):
                (2, 40, kv_heads * 16))
 
 
+@pytest.mark.parametrize("q_dtype", ["bf16", "f32"])
+def test_key_blocks_of_a_contiguous_cache(q_dtype):
+    """Chunks of whole key blocks (chunk 32) in a contiguous bf16 cache, at
+    head_dim 64: the CPU tile's blocks without clamps, the next block
+    prefetched, then a clamped last block; bf16 queries take `vdpbf16ps`
+    where the CPU has it."""
+    g = _graph(heads=6, kv_heads=2, head_dim=64, chunk=32, max_length=80, cache_dtype="bf16",
+               q_dtype=q_dtype)
+    kernel = etc.compile(g, target="cpu", schedule="dynamic", workers=2)
+    rng = np.random.default_rng(3)
+    _run_steps(kernel, g, [[37, 70], [1, 1], [2, 1]], [1, 0], rng, 6 * 64, 2 * 64,
+               (2, 80, 2 * 64), np.uint16, tol=1e-2)
+
+
 def test_requests_as_long_as_the_grid():
     # Every chunk tile of the grid is live for a request of max_length.
     g = _graph(chunk=4, max_length=12)

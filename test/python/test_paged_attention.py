@@ -106,3 +106,46 @@ def test_shuffled_pages_match_contiguous_and_numpy(graphs, schedule, kernels):
             np.testing.assert_array_equal(
                 reference_llm.paged_rows(pages, blocks[r], lengths[r]),
                 cache[slot, :lengths[r]])
+
+
+@pytest.mark.parametrize("q_dtype", ["bf16", "f32"])
+def test_key_blocks_of_whole_pages_match_numpy(q_dtype):
+    """The CPU tile's path for chunks and pages of whole key blocks (P = 16,
+    chunk 32: one table entry and a prefetch per block of 16 keys) on
+    head_dim 64 and a bf16 cache: bf16 queries take `vdpbf16ps` where the
+    CPU has it, f32 queries FMAs on the widened keys. Lengths end inside
+    blocks and chunks, and the blocks are shuffled over the pool."""
+    heads, kv_heads, d, block, chunk, max_length = 6, 2, 64, 16, 32, 96
+    width = kv_heads * d
+    g = etc.Graph("pages16")
+    T, R = g.symbol("T"), g.symbol("R")
+    q = g.input("q", (T, heads * d), q_dtype)
+    k = g.input("k", (T, width), q_dtype)
+    v = g.input("v", (T, width), q_dtype)
+    batch, shape = ragged_cache(g, T, R, True, width, block)
+    kc = g.kv_append(g.state("kc", shape, "bf16"), k, batch)
+    vc = g.kv_append(g.state("vc", shape, "bf16"), v, batch)
+    g.output(g.attention(q, kc, vc, batch, head_dim=d, chunk=chunk, max_length=max_length))
+    kernel = etc.compile(g, target="cpu", schedule="dynamic", workers=2)
+    rng = np.random.default_rng(5)
+    pool = 2 * max_length // block + 1
+    order = rng.permutation(pool)
+    blocks = [order[r * max_length // block:(r + 1) * max_length // block] for r in range(2)]
+    caches = [np.zeros((pool, block, width), np.uint16) for _ in range(4)]
+    lengths = [0, 0]
+    for new in ([37, 70], [1, 1], [2, 1], [1, 1]):
+        batch = _batch(lengths, new, [0, 1])
+        del batch["request_slot"]
+        lengths = [a + b for a, b in zip(lengths, new)]
+        need = [-(-n // block) for n in lengths]
+        table = np.zeros((2, max(need)), np.int32)
+        for r, n in enumerate(need):
+            table[r, :n] = blocks[r][:n]
+        tokens = sum(new)
+        data = {name: rng.standard_normal((tokens, cols)).astype(np.float32)
+                for name, cols in (("q", heads * d), ("k", width), ("v", width))}
+        (got,) = kernel.run(**data, **batch, block_table=table, kc=caches[0], vc=caches[1])
+        (want,) = etc.reference.evaluate(g, **data, **batch, block_table=table, kc=caches[2],
+                                         vc=caches[3])
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2, err_msg=f"lengths {lengths}")
+        np.testing.assert_array_equal(caches[0], caches[2])

@@ -381,34 +381,11 @@ class TileKernel:
         and adds them, so segments halve while the vectors' count does.
         Many dot products' sums at once (the CPU matmul's blocks, the CPU
         attention's key blocks) for 8 adds where `tree_sum` takes one
-        reduction each."""
-        count = 1
-        while count < len(vectors):
-            count *= 2
-        if count > 16:
-            raise ValueError(f"each_sum takes at most 16 vectors, got {len(vectors)}")
-        vectors = list(vectors) + [self.vzero(16)] * (count - len(vectors))
-        segment, width = 16, 16
-        while segment > 1:
-            half = segment // 2
-            if len(vectors) > 1:
-                # Two vectors of `width` lanes into one: a's segments, then b's.
-                segments = width // segment
-                first = [s * segment + i for s in range(segments) for i in range(half)]
-                low = first + [width + lane for lane in first]
-                high = [lane + half for lane in low]
-                vectors = [arith.addf(vector.shuffle(x, y, low), vector.shuffle(x, y, high))
-                           for x, y in zip(vectors[::2], vectors[1::2])]
-            else:
-                # One vector: halve its width.
-                segments = width // segment
-                first = [s * segment + i for s in range(segments) for i in range(half)]
-                x = vectors[0]
-                vectors = [arith.addf(vector.shuffle(x, x, first),
-                                      vector.shuffle(x, x, [lane + half for lane in first]))]
-                width //= 2
-            segment = half
-        return vectors[0]
+        reduction each. `EachSum` takes the vectors one at a time."""
+        sums = EachSum(self)
+        for v in vectors:
+            sums.add(v)
+        return sums.result()
 
     # -- loops -----------------------------------------------------------
 
@@ -674,3 +651,56 @@ class Lanes:
             else:
                 out.append(memref.load(values.array, [lane, self.k.cidx(at)]))
         return out
+
+
+class EachSum:
+    """`TileKernel.each_sum` of vectors given one at a time: each pair of
+    neighbours is added as soon as both exist (a binary counter over the
+    levels), so a caller that forms the vectors in order keeps at most one
+    per level alive (4 for 16 vectors, where forming all first held 16)."""
+
+    def __init__(self, kernel: "TileKernel"):
+        self.kernel = kernel
+        #: (level, vector): a vector of 2^level inputs, levels decreasing.
+        self.pending: list = []
+        self.count = 0
+
+    def add(self, v: ir.Value) -> None:
+        """Adds the next vector (16 f32 lanes)."""
+        if self.count == 16:
+            raise ValueError("each_sum takes at most 16 vectors, got 17")
+        self.count += 1
+        level = 0
+        while self.pending and self.pending[-1][0] == level:
+            _, x = self.pending.pop()
+            v = self._pair(x, v, 16 >> level)
+            level += 1
+        self.pending.append((level, v))
+
+    @staticmethod
+    def _pair(x: ir.Value, y: ir.Value, segment: int) -> ir.Value:
+        """Two vectors of 16 lanes in segments of `segment` into one: the
+        halves of each segment added, x's segments, then y's."""
+        half = segment // 2
+        first = [s * segment + i for s in range(16 // segment) for i in range(half)]
+        low = first + [16 + lane for lane in first]
+        high = [lane + half for lane in low]
+        return arith.addf(vector.shuffle(x, y, low), vector.shuffle(x, y, high))
+
+    def result(self) -> ir.Value:
+        """The sums: lane i that of the i-th vector added."""
+        if not self.count:
+            raise ValueError("each_sum of no vectors")
+        while len(self.pending) > 1 or self.count & (self.count - 1):
+            self.add(self.kernel.vzero(16))
+        ((level, x),) = self.pending
+        # One vector left: halve its width for the remaining levels.
+        width, segment = 16, 16 >> level
+        while segment > 1:
+            half = segment // 2
+            first = [s * segment + i for s in range(width // segment) for i in range(half)]
+            x = arith.addf(vector.shuffle(x, x, first),
+                           vector.shuffle(x, x, [lane + half for lane in first]))
+            width //= 2
+            segment = half
+        return x
