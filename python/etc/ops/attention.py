@@ -257,7 +257,8 @@ class AttentionChunkBlocks(AttentionChunk):
     bf16 rows where the CPU has them (else FMAs on the widened rows), each
     head's KEYS of them summed across lanes together (`block_scores`); a
     head's weights are one vector exponential, its running sums are
-    rescaled once per block, and the weighted values are FMAs.
+    rescaled once per block, and the weighted values are `vdpbf16ps` on
+    pairs of keys too (`value_pairs`), else FMAs.
 
     Where the blocks are `aligned` to the cache's (no window, P and C
     multiples of KEYS) a block reads its table entry once, its rows at
@@ -269,8 +270,10 @@ class AttentionChunkBlocks(AttentionChunk):
     Decode at 2,000 positions at SmolLM2-135M's shape (30 layers, one
     worker, 2026-11-28, a loaded machine): the row a key at a time, its
     table entry each, no prefetch, 11.1 ms; entry once a block and the
-    prefetch 7.7 ms; with `vdpbf16ps` and FMAs 6.1-6.4 ms (the same
-    blocks in L2: 0.10 -> 0.08 ms a layer)."""
+    prefetch 7.7 ms; with `vdpbf16ps` scores and FMAs 6.1-6.4 ms (the
+    same blocks in L2: 0.10 -> 0.08 ms a layer); the weighted values on
+    `vdpbf16ps` and the first block prefetched too, 0.94x that (the two
+    compiled in one process, runs alternating)."""
 
     part = "chunk_blocks"
     #: Keys per block (a 16-lane f32 vector of scores).
@@ -309,6 +312,8 @@ class AttentionChunkBlocks(AttentionChunk):
             # the last keys, clamped to the last one and masked.
             whole = arith.addi(k_first, arith.muli(
                 arith.divui(arith.subi(k1, k_first), c(n)), c(n)))
+            # The first block's values arrive while its scores compute.
+            self.prefetch(where, k_first, last, kv_column)
             blocks = scf.ForOp(k_first, whole, c(n), init)
             with ir.InsertionPoint(blocks.body):
                 k0 = blocks.induction_variable
@@ -328,6 +333,9 @@ class AttentionChunkBlocks(AttentionChunk):
             with ir.InsertionPoint(tail.else_block):
                 scf.yield_(list(blocks.results))
             out = list(tail.results)
+        if self.value_pairs():
+            for g in range(count):
+                out[3 * g + 2] = self.natural_order(out[3 * g + 2])
         return [tuple(out[3 * g:3 * g + 3]) for g in range(count)]
 
     def key_block(self, queries, carried: list, rows: list, kv_column, keys) -> list:
@@ -344,6 +352,7 @@ class AttentionChunkBlocks(AttentionChunk):
         for at in rows:
             for g, dot in enumerate(self.key_dots(queries, [*at, kv_column])):
                 dots[g].add(dot)
+        pairs = self.value_pairs()
         weights, results = [], []
         for g in range(len(queries)):
             m, l, acc = carried[3 * g:3 * g + 3]
@@ -356,15 +365,78 @@ class AttentionChunkBlocks(AttentionChunk):
             w = math.exp(arith.subf(block, self.vsplat(m_new, n)))
             if live is not None:
                 w = arith.select(live, w, self.vzero(n))
+            if pairs:
+                # The values are weighed in bf16: their sum l counts the
+                # rounded weights, so that acc / l stays a weighted mean.
+                w = arith.truncf(ir.VectorType.get([n], element_type("bf16")), w)
+                total = self.tree_sum(arith.extf(self.vtype(n), w))
+            else:
+                total = self.tree_sum(w)
             weights.append(w)
-            results.append([m_new, arith.addf(arith.mulf(l, alpha), self.tree_sum(w)),
+            results.append([m_new, arith.addf(arith.mulf(l, alpha), total),
                             arith.mulf(acc, self.splat(alpha))])
+        if pairs:
+            self.weigh_value_pairs(rows, kv_column, weights, results)
+            return [value for result in results for value in result]
         for i, at in enumerate(rows):
             value = self.load_row(v_cache, [*at, kv_column])
             for g in range(len(queries)):
                 weight = self.splat(vector.extract(weights[g], [], [i]))
                 results[g][2] = math.fma(value, weight, results[g][2])
         return [value for result in results for value in result]
+
+    def value_pairs(self) -> bool:
+        """Whether the weighted values take `vdpbf16ps` too: with
+        `dot_products` and a bf16 value cache, two keys' rows interleaved
+        (value of key 2p, of key 2p + 1, column by column) against their
+        two weights in bf16, a product pair per lane. A key's row then
+        takes a load, a shuffle and head_dim / 32 dot products per head
+        instead of widening and head_dim / 16 FMAs."""
+        return self.dot_products() and self.op.operands[2].dtype == "bf16"
+
+    def weigh_value_pairs(self, rows: list, kv_column, weights: list, results: list) -> None:
+        """Adds each head's bf16 `weights` of the block's values at `rows`
+        to its acc (results[g][2]), in `value_pairs`' lane order: per 32
+        columns, the 16 lanes of `vpunpcklwd`'s pairs (columns 0-3, 8-11,
+        16-19, 24-27), then of `vpunpckhwd`'s (4-7, ...); `natural_order`
+        puts them back."""
+        v_cache = self.op.operands[2]
+        head_dim = self.op.params["head_dim"]
+        halves = head_dim // 32
+        bf16x32 = ir.VectorType.get([32], element_type("bf16"))
+        i32 = ir.IntegerType.get_signless(32)
+        low = [i for lane in range(4) for j in range(4) for i in (8 * lane + j, 32 + 8 * lane + j)]
+        high = [i + 4 for i in low]
+        words = [vector.bitcast(ir.VectorType.get([len(rows) // 2], i32), w)
+                 for w in weights]
+        parts = [[vector.extract_strided_slice(self.vtype(16), result[2], [16 * i], [16], [1])
+                  for i in range(2 * halves)] for result in results]
+        for p in range(len(rows) // 2):
+            first, second = (
+                [vector.load(bf16x32, self.buf(v_cache),
+                             [*rows[2 * p + k], arith.addi(kv_column, self.cidx(32 * h))])
+                 for h in range(halves)] for k in (0, 1))
+            interleaved = []
+            for a, b in zip(first, second):
+                interleaved += [vector.shuffle(a, b, low), vector.shuffle(a, b, high)]
+            for g, word in enumerate(words):
+                pair = vector.bitcast(bf16x32, vector.broadcast(
+                    ir.VectorType.get([16], i32), vector.extract(word, [], [p])))
+                parts[g] = [dot_bf16(acc, values, pair) for acc, values in zip(parts[g], interleaved)]
+        for g, result in enumerate(results):
+            acc = result[2]
+            for i, part in enumerate(parts[g]):
+                acc = vector.insert_strided_slice(part, acc, [16 * i], [1])
+            result[2] = acc
+
+    def natural_order(self, acc: ir.Value) -> ir.Value:
+        """An acc in `weigh_value_pairs`' lane order, in column order."""
+        order = []
+        for column in range(self.op.params["head_dim"]):
+            half, d = divmod(column, 32)
+            lane, j = divmod(d, 8)
+            order.append(32 * half + (4 * lane + j if j < 4 else 16 + 4 * lane + j - 4))
+        return vector.shuffle(acc, acc, order)
 
     def aligned(self) -> bool:
         """Whether every key block starts at a multiple of KEYS inside one
