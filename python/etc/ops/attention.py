@@ -13,8 +13,10 @@ tasks, ordered by one event whose counts depend on the request lengths:
 
     chunk    tile (r, j S + s), grid (R, NC S): the partial softmax of every
              new token of request r over the keys [j C, min(j C + C, p + 1)),
-             for the query heads of split s (S splits: one per head on the
-             CPU, one for all on the GPU, whose warps share them): its
+             for the query heads of split s (S splits: one per KV head on
+             the CPU, `attention_cpu.AttentionChunkBlocks`; one for all on
+             the GPU, whose warps share them; one per query head in the
+             portable `AttentionChunk`): its
              maximum m, its sum l and its weighted sum of values acc (D),
              into `partial[t, j]`. Live only while j < ceildiv(length[r], C):
              a request of length L runs S ceildiv(L, C) chunk tiles, decided
@@ -52,12 +54,11 @@ using the scratch waits on it in every chunk tile before overwriting it.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import affine, arith, math, memref, scf, vector
+from mlir.dialects import affine, arith, math, memref, scf
 
 from ..dialects import event
-from .base import EachSum, TaskBuilder, box, element_type, index_map, live_bound, whole
+from .base import TaskBuilder, box, index_map, live_bound, whole
 from .kvcache import CacheRows
-from .matmul_dpbf16 import dot_bf16
 from .variants import PartKernel
 
 KINDS = ("attention",)
@@ -246,305 +247,6 @@ class AttentionChunk(_AttentionKernel):
                              arith.mulf(value, self.splat(weight)))
             scf.yield_([m_new, arith.addf(arith.mulf(l, alpha), weight), acc])
         return [tuple(keys.results)]
-
-
-class AttentionChunkBlocks(AttentionChunk):
-    """CPU tile (r, j H_kv + g): KV head g of chunk j of request r, for all
-    G = H / H_kv query heads that share it and every new token, an online
-    softmax over blocks of KEYS keys. Each key and value row is read once
-    for the G heads (a tile per query head read it G times: Qwen3's and
-    SmolLM2's 3, Llama 3's 4); a key's dot products are `vdpbf16ps` on the
-    bf16 rows where the CPU has them (else FMAs on the widened rows), each
-    head's KEYS of them summed across lanes together (`block_scores`); a
-    head's weights are one vector exponential, its running sums are
-    rescaled once per block, and the weighted values are `vdpbf16ps` on
-    pairs of keys too (`value_pairs`), else FMAs.
-
-    Where the blocks are `aligned` to the cache's (no window, P and C
-    multiples of KEYS) a block reads its table entry once, its rows at
-    constant offsets from the first, and prefetches the next block's rows
-    (`prefetch`); only the last block of the tile is clamped and masked.
-    Otherwise each key reads its own entry. Keys past k1 in the last block
-    read the last live key's row (clamped) and weigh 0.
-
-    Decode at 2,000 positions at SmolLM2-135M's shape (30 layers, one
-    worker, 2026-11-28, a loaded machine): the row a key at a time, its
-    table entry each, no prefetch, 11.1 ms; entry once a block and the
-    prefetch 7.7 ms; with `vdpbf16ps` scores and FMAs 6.1-6.4 ms (the
-    same blocks in L2: 0.10 -> 0.08 ms a layer); the weighted values on
-    `vdpbf16ps` and the first block prefetched too, 0.94x that (the two
-    compiled in one process, runs alternating)."""
-
-    part = "chunk_blocks"
-    #: Keys per block (a 16-lane f32 vector of scores).
-    KEYS = 16
-
-    @classmethod
-    def applies(cls, op, target) -> bool:
-        return not target.gpu_kernels
-
-    @staticmethod
-    def splits(op) -> int:
-        """A tile per KV head of each chunk."""
-        return op.params["kv_heads"]
-
-    @staticmethod
-    def heads_per_item(op) -> int:
-        """A KV head's query heads."""
-        return op.params["heads"] // op.params["kv_heads"]
-
-    def softmax(self, queries, k_first, k1, where, kv_column) -> list:
-        n, count, c = self.KEYS, len(queries), self.cidx
-        minus_inf = self.cf32(float("-inf"))
-        last = arith.subi(k1, c(1))
-        init = [minus_inf, self.cf32(0.0), self.splat(self.cf32(0.0))] * count
-        if not self.aligned():
-            blocks = scf.ForOp(k_first, k1, c(n), init)
-            with ir.InsertionPoint(blocks.body):
-                k0 = blocks.induction_variable
-                rows = [where.at(arith.minsi(arith.addi(k0, c(i)), last)) for i in range(n)]
-                scf.yield_(self.key_block(queries, list(blocks.inner_iter_args), rows,
-                                          kv_column, arith.subi(k1, k0)))
-            out = list(blocks.results)
-        else:
-            # Whole blocks: rows at constant offsets from the block's first,
-            # no clamps or masks, the next block's rows prefetched. Then
-            # the last keys, clamped to the last one and masked.
-            whole = arith.addi(k_first, arith.muli(
-                arith.divui(arith.subi(k1, k_first), c(n)), c(n)))
-            # The first block's values arrive while its scores compute.
-            self.prefetch(where, k_first, last, kv_column)
-            blocks = scf.ForOp(k_first, whole, c(n), init)
-            with ir.InsertionPoint(blocks.body):
-                k0 = blocks.induction_variable
-                block, row0 = where.at(k0)
-                self.prefetch(where, arith.minsi(arith.addi(k0, c(n)), last), last, kv_column)
-                rows = [[block, arith.addi(row0, c(i))] for i in range(n)]
-                scf.yield_(self.key_block(queries, list(blocks.inner_iter_args), rows,
-                                          kv_column, None))
-            tail = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, whole, k1),
-                            [v.type for v in init], has_else=True)
-            with ir.InsertionPoint(tail.then_block):
-                block, row0 = where.at(whole)
-                keys = arith.subi(k1, whole)
-                rows = [[block, arith.addi(row0, arith.minsi(c(i), arith.subi(keys, c(1))))]
-                        for i in range(n)]
-                scf.yield_(self.key_block(queries, list(blocks.results), rows, kv_column, keys))
-            with ir.InsertionPoint(tail.else_block):
-                scf.yield_(list(blocks.results))
-            out = list(tail.results)
-        if self.value_pairs():
-            for g in range(count):
-                out[3 * g + 2] = self.natural_order(out[3 * g + 2])
-        return [tuple(out[3 * g:3 * g + 3]) for g in range(count)]
-
-    def key_block(self, queries, carried: list, rows: list, kv_column, keys) -> list:
-        """The softmax states (m, l, acc per query, `carried`) updated with
-        the block of KEYS keys at cache indices `rows`, of which the first
-        `keys` count (None: all)."""
-        op, n = self.op, self.KEYS
-        v_cache = op.operands[2]
-        scale = self.cf32(op.params["scale"])
-        minus_inf = self.cf32(float("-inf"))
-        live = None if keys is None else vector.create_mask(
-            ir.VectorType.get([n], ir.IntegerType.get_signless(1)), [keys])
-        dots = [self.block_scores() for _ in queries]
-        for at in rows:
-            for g, dot in enumerate(self.key_dots(queries, [*at, kv_column])):
-                dots[g].add(dot)
-        pairs = self.value_pairs()
-        weights, results = [], []
-        for g in range(len(queries)):
-            m, l, acc = carried[3 * g:3 * g + 3]
-            block = self.capped(arith.mulf(dots[g].result(), self.vsplat(scale, n)))
-            if live is not None:
-                block = arith.select(live, block, self.vsplat(minus_inf, n))
-            m_new = arith.maximumf(m, vector.reduction(
-                self.f32, ir.Attribute.parse("#vector.kind<maximumf>"), block))
-            alpha = math.exp(arith.subf(m, m_new))
-            w = math.exp(arith.subf(block, self.vsplat(m_new, n)))
-            if live is not None:
-                w = arith.select(live, w, self.vzero(n))
-            if pairs:
-                # The values are weighed in bf16: their sum l counts the
-                # rounded weights, so that acc / l stays a weighted mean.
-                w = arith.truncf(ir.VectorType.get([n], element_type("bf16")), w)
-                total = self.tree_sum(arith.extf(self.vtype(n), w))
-            else:
-                total = self.tree_sum(w)
-            weights.append(w)
-            results.append([m_new, arith.addf(arith.mulf(l, alpha), total),
-                            arith.mulf(acc, self.splat(alpha))])
-        if pairs:
-            self.weigh_value_pairs(rows, kv_column, weights, results)
-            return [value for result in results for value in result]
-        for i, at in enumerate(rows):
-            value = self.load_row(v_cache, [*at, kv_column])
-            for g in range(len(queries)):
-                weight = self.splat(vector.extract(weights[g], [], [i]))
-                results[g][2] = math.fma(value, weight, results[g][2])
-        return [value for result in results for value in result]
-
-    def value_pairs(self) -> bool:
-        """Whether the weighted values take `vdpbf16ps` too: with
-        `dot_products` and a bf16 value cache, two keys' rows interleaved
-        (value of key 2p, of key 2p + 1, column by column) against their
-        two weights in bf16, a product pair per lane. A key's row then
-        takes a load, a shuffle and head_dim / 32 dot products per head
-        instead of widening and head_dim / 16 FMAs."""
-        return self.dot_products() and self.op.operands[2].dtype == "bf16"
-
-    def weigh_value_pairs(self, rows: list, kv_column, weights: list, results: list) -> None:
-        """Adds each head's bf16 `weights` of the block's values at `rows`
-        to its acc (results[g][2]), in `value_pairs`' lane order: per 32
-        columns, the 16 lanes of `vpunpcklwd`'s pairs (columns 0-3, 8-11,
-        16-19, 24-27), then of `vpunpckhwd`'s (4-7, ...); `natural_order`
-        puts them back."""
-        v_cache = self.op.operands[2]
-        head_dim = self.op.params["head_dim"]
-        halves = head_dim // 32
-        bf16x32 = ir.VectorType.get([32], element_type("bf16"))
-        i32 = ir.IntegerType.get_signless(32)
-        low = [i for lane in range(4) for j in range(4) for i in (8 * lane + j, 32 + 8 * lane + j)]
-        high = [i + 4 for i in low]
-        words = [vector.bitcast(ir.VectorType.get([len(rows) // 2], i32), w)
-                 for w in weights]
-        parts = [[vector.extract_strided_slice(self.vtype(16), result[2], [16 * i], [16], [1])
-                  for i in range(2 * halves)] for result in results]
-        for p in range(len(rows) // 2):
-            first, second = (
-                [vector.load(bf16x32, self.buf(v_cache),
-                             [*rows[2 * p + k], arith.addi(kv_column, self.cidx(32 * h))])
-                 for h in range(halves)] for k in (0, 1))
-            interleaved = []
-            for a, b in zip(first, second):
-                interleaved += [vector.shuffle(a, b, low), vector.shuffle(a, b, high)]
-            for g, word in enumerate(words):
-                pair = vector.bitcast(bf16x32, vector.broadcast(
-                    ir.VectorType.get([16], i32), vector.extract(word, [], [p])))
-                parts[g] = [dot_bf16(acc, values, pair) for acc, values in zip(parts[g], interleaved)]
-        for g, result in enumerate(results):
-            acc = result[2]
-            for i, part in enumerate(parts[g]):
-                acc = vector.insert_strided_slice(part, acc, [16 * i], [1])
-            result[2] = acc
-
-    def natural_order(self, acc: ir.Value) -> ir.Value:
-        """An acc in `weigh_value_pairs`' lane order, in column order."""
-        order = []
-        for column in range(self.op.params["head_dim"]):
-            half, d = divmod(column, 32)
-            lane, j = divmod(d, 8)
-            order.append(32 * half + (4 * lane + j if j < 4 else 16 + 4 * lane + j - 4))
-        return vector.shuffle(acc, acc, order)
-
-    def aligned(self) -> bool:
-        """Whether every key block starts at a multiple of KEYS inside one
-        cache block: chunks start at multiples of KEYS (no window) and a
-        paged cache's blocks hold a multiple of KEYS positions."""
-        params = self.op.params
-        block_size = params.get("block_size")
-        return ("window" not in params and params["chunk"] % self.KEYS == 0
-                and (block_size is None or block_size % self.KEYS == 0))
-
-    def prefetch(self, where, key, last, kv_column) -> None:
-        """Asks the cache for the key and value rows of the block of `key`
-        (no further than key `last` in a contiguous cache; a block of a
-        paged one is in the pool whole), each row's head_dim values of KV
-        column `kv_column` a cache line at a time: they arrive while this
-        block computes. The hardware prefetcher alone left the rows, 128
-        bytes every 384 at SmolLM2's shape, to stall each block. Non-
-        temporal (`prefetchnta`): each row is read once, by this tile."""
-        op, c, n = self.op, self.cidx, self.KEYS
-        first = arith.muli(arith.divui(key, c(n)), c(n))
-        if self.op.params.get("block_size") is None:
-            rows = [where.at(arith.minsi(arith.addi(first, c(i)), last)) for i in range(n)]
-        else:
-            block, row0 = where.at(first)
-            rows = [[block, arith.addi(row0, c(i))] for i in range(n)]
-        for cache in op.operands[1:3]:
-            buffer, line = self.buf(cache), 64 // (4 if cache.dtype == "f32" else 2)
-            for at in rows:
-                for column in range(0, op.params["head_dim"], line):
-                    memref.prefetch(buffer, [*at, arith.addi(kv_column, c(column))],
-                                    False, 0, True)
-
-    def block_scores(self):
-        """What gathers a block's scores into one vector (lane i: key i's
-        dot product) as `key_dots` forms them: their 16 lanes each summed
-        across lanes together (`EachSum`: 15 vector adds for the 16 keys
-        where a reduction each took about 10 instructions, each pair added
-        as soon as both exist), or the dot products themselves."""
-        if self.op.params["head_dim"] % 16 == 0:
-            return EachSum(self)
-        return _Scalars(self)
-
-    def dot_products(self) -> bool:
-        """Whether the scores take `vdpbf16ps`: bf16 queries and keys, rows
-        of whole 32-value pairs, a CPU with avx512bf16."""
-        op = self.op
-        return (self.target.has("avx512bf16") and op.params["head_dim"] % 32 == 0
-                and op.operands[0].dtype == op.operands[1].dtype == "bf16")
-
-    def query_row(self, q, idx: list):
-        """With `dot_products`, the row's 32-value halves in bf16 (a key's
-        dot product then takes head_dim / 32 `vdpbf16ps`, and its row is
-        never widened); else as f32."""
-        if not self.dot_products():
-            return self.load_row(q, idx)
-        pairs = ir.VectorType.get([32], element_type("bf16"))
-        row, column = idx
-        return [vector.load(pairs, self.buf(q), [row, arith.addi(column, self.cidx(i))])
-                for i in range(0, self.op.params["head_dim"], 32)]
-
-    def key_dots(self, queries: list, at: list) -> list:
-        """Per query, 16 lanes whose sum is its dot product with the key row
-        at `at` (cache indices, then the row's first column): bf16 pair
-        dot products, or the row's 16-lane slices of products added with
-        FMAs; where head_dim is not a multiple of 16, the dot product
-        itself (`block_scores`)."""
-        k_cache = self.op.operands[1]
-        head_dim = self.op.params["head_dim"]
-        *cell, column = at
-        if self.dot_products():
-            pairs = ir.VectorType.get([32], element_type("bf16"))
-            key = [vector.load(pairs, self.buf(k_cache), [*cell, arith.addi(column, self.cidx(i))])
-                   for i in range(0, head_dim, 32)]
-            out = []
-            for halves in queries:
-                acc = self.vzero(16)
-                for q_pair, k_pair in zip(halves, key):
-                    acc = dot_bf16(acc, q_pair, k_pair)
-                out.append(acc)
-            return out
-        key = self.load_row(k_cache, at)
-        if head_dim % 16:
-            return [self.tree_sum(arith.mulf(query, key)) for query in queries]
-
-        def part(v, i):
-            return vector.extract_strided_slice(self.vtype(16), v, [16 * i], [16], [1])
-
-        out = []
-        for query in queries:
-            acc = arith.mulf(part(query, 0), part(key, 0))
-            for i in range(1, head_dim // 16):
-                acc = math.fma(part(query, i), part(key, i), acc)
-            out.append(acc)
-        return out
-
-
-class _Scalars:
-    """`EachSum`'s interface for scores that are scalars already: the
-    vector of them."""
-
-    def __init__(self, kernel):
-        self.kernel, self.values = kernel, []
-
-    def add(self, value: ir.Value) -> None:
-        self.values.append(value)
-
-    def result(self) -> ir.Value:
-        return vector.from_elements(self.kernel.vtype(len(self.values)), self.values)
 
 
 class AttentionCombine(_AttentionKernel):
@@ -879,6 +581,9 @@ def build_tasks(b: TaskBuilder, op) -> None:
     partial = op.buffers["partial"]
     chunk = op.params["chunk"]
     requests = request_length.shape[0]
+    # The CPU tile builds on AttentionChunk, so its module imports this one.
+    from .attention_cpu import AttentionChunkBlocks
+
     kernel = next(k for k in (AttentionChunkWarps, AttentionChunkBlocks, AttentionChunk)
                   if k is AttentionChunk or k.applies(op, b.target))
     splits = kernel.splits(op)

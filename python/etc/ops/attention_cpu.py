@@ -1,0 +1,345 @@
+"""The CPU chunk tile of attention (`etc.ops.attention`): a tile per KV
+head of a chunk, all of the head's query heads against blocks of 16 keys,
+each key and value row read once, on `vdpbf16ps` where the CPU has it.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith, math, memref, scf, vector
+
+from .attention import AttentionChunk
+from .base import EachSum, element_type
+from .matmul_dpbf16 import dot_bf16
+
+
+class AttentionChunkBlocks(AttentionChunk):
+    """CPU tile (r, j H_kv + g): KV head g of chunk j of request r, for all
+    G = H / H_kv query heads that share it and every new token, an online
+    softmax over blocks of KEYS keys. Each key and value row is read once
+    for the G heads (a tile per query head read it G times: Qwen3's and
+    SmolLM2's 3, Llama 3's 4); a key's dot products are `vdpbf16ps` on the
+    bf16 rows where the CPU has them (else FMAs on the widened rows), each
+    head's KEYS of them summed across lanes together (`block_scores`); a
+    head's weights are one vector exponential, its running sums are
+    rescaled once per block, and the weighted values are `vdpbf16ps` on
+    pairs of keys too (`value_pairs`), else FMAs.
+
+    Where the blocks are `aligned` to the cache's (no window, P and C
+    multiples of KEYS) a block reads its table entry once, its rows at
+    constant offsets from the first, and prefetches the next block's rows
+    (`prefetch`); only the last block of the tile is clamped and masked.
+    Otherwise each key reads its own entry. Keys past k1 in the last block
+    read the last live key's row (clamped) and weigh 0.
+
+    Decode at 2,000 positions at SmolLM2-135M's shape (30 layers, one
+    worker, 2026-11-28, a loaded machine): the row a key at a time, its
+    table entry each, no prefetch, 11.1 ms; entry once a block and the
+    prefetch 7.7 ms; with `vdpbf16ps` scores and FMAs 6.1-6.4 ms (the
+    same blocks in L2: 0.10 -> 0.08 ms a layer); the weighted values on
+    `vdpbf16ps` and the first block prefetched too, 0.94x that (the two
+    compiled in one process, runs alternating)."""
+
+    part = "chunk_blocks"
+    #: Keys per block (a 16-lane f32 vector of scores).
+    KEYS = 16
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        return not target.gpu_kernels
+
+    @staticmethod
+    def splits(op) -> int:
+        """A tile per KV head of each chunk."""
+        return op.params["kv_heads"]
+
+    @staticmethod
+    def heads_per_item(op) -> int:
+        """A KV head's query heads."""
+        return op.params["heads"] // op.params["kv_heads"]
+
+    def softmax(self, queries, k_first, k1, where, kv_column) -> list:
+        count = len(queries)
+        init = [self.cf32(float("-inf")), self.cf32(0.0), self.splat(self.cf32(0.0))] * count
+        blocks = self.whole_blocks if self.aligned() else self.key_rows
+        out = blocks(queries, init, k_first, k1, where, kv_column)
+        if self.value_pairs():
+            for g in range(count):
+                out[3 * g + 2] = self.natural_order(out[3 * g + 2])
+        return [tuple(out[3 * g:3 * g + 3]) for g in range(count)]
+
+    def key_rows(self, queries, init, k_first, k1, where, kv_column) -> list:
+        """The softmax states after keys [k_first, k1) in blocks of KEYS,
+        each key's row from its own table entry (clamped to the last key)."""
+        n, c = self.KEYS, self.cidx
+        last = arith.subi(k1, c(1))
+        caches = [self.buf(t) for t in self.op.operands[1:3]]
+        blocks = scf.ForOp(k_first, k1, c(n), init)
+        with ir.InsertionPoint(blocks.body):
+            k0 = blocks.induction_variable
+            rows = [[*where.at(arith.minsi(arith.addi(k0, c(i)), last)), kv_column]
+                    for i in range(n)]
+            scf.yield_(self.key_block(queries, list(blocks.inner_iter_args), caches, rows,
+                                      arith.subi(k1, k0)))
+        return list(blocks.results)
+
+    def whole_blocks(self, queries, init, k_first, k1, where, kv_column) -> list:
+        """The softmax states after keys [k_first, k1) when the blocks are
+        `aligned`: whole blocks read their rows at constant offsets from
+        the block's first in the caches seen as one dimension (so that
+        LLVM folds them into the loads' addresses; indices into the 3-D
+        memrefs were spilled registers), with no clamps or masks, and
+        prefetch the next block's rows. Then the last keys, clamped to the
+        last one and masked."""
+        op, n, c = self.op, self.KEYS, self.cidx
+        last = arith.subi(k1, c(1))
+        caches = [memref.collapse_shape(
+            ir.MemRefType.get([ir.ShapedType.get_dynamic_size()],
+                              ir.MemRefType(self.buf(t).type).element_type),
+            self.buf(t), [[0, 1, 2]]) for t in op.operands[1:3]]
+        rows_per_block, width = (self.dim(op.operands[1], d) for d in (1, 2))
+
+        def row_of(key):
+            """The flat index of `key`'s row of the KV head."""
+            block, row = where.at(key)
+            return arith.addi(arith.muli(arith.addi(arith.muli(block, rows_per_block), row),
+                                         width), kv_column)
+
+        def rows_from(first, count=None):
+            """The block's rows from flat index `first`, each of the first
+            `count` keys (None: all KEYS) its own, the others the last's."""
+            return [[arith.addi(first, arith.muli(
+                c(i) if count is None else arith.minsi(c(i), arith.subi(count, c(1))),
+                width))] for i in range(n)]
+
+        def prefetch(key):
+            """Prefetches the rows of the block of `key`: in a paged cache
+            the block's, whole; in a contiguous one no further than the
+            last key."""
+            first = arith.muli(arith.divui(key, c(n)), c(n))
+            self.prefetch(caches, rows_from(row_of(first)) if "block_size" in op.params
+                          else rows_from(row_of(first), arith.subi(k1, first)))
+
+        whole = arith.addi(k_first, arith.muli(arith.divui(arith.subi(k1, k_first), c(n)), c(n)))
+        # The first block's values arrive while its scores compute.
+        prefetch(k_first)
+        blocks = scf.ForOp(k_first, whole, c(n), init)
+        with ir.InsertionPoint(blocks.body):
+            k0 = blocks.induction_variable
+            prefetch(arith.minsi(arith.addi(k0, c(n)), last))
+            scf.yield_(self.key_block(queries, list(blocks.inner_iter_args), caches,
+                                      rows_from(row_of(k0)), None))
+        tail = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, whole, k1),
+                        [v.type for v in init], has_else=True)
+        with ir.InsertionPoint(tail.then_block):
+            keys = arith.subi(k1, whole)
+            scf.yield_(self.key_block(queries, list(blocks.results), caches,
+                                      rows_from(row_of(whole), keys), keys))
+        with ir.InsertionPoint(tail.else_block):
+            scf.yield_(list(blocks.results))
+        return list(tail.results)
+
+    def key_block(self, queries, carried: list, caches: list, rows: list, keys) -> list:
+        """The softmax states (m, l, acc per query, `carried`) updated with
+        the block of KEYS keys whose rows are at `rows` (indices into the
+        key and value memrefs `caches`, the last the KV head's first
+        column), of which the first `keys` count (None: all)."""
+        op, n = self.op, self.KEYS
+        v_cache = op.operands[2]
+        scale = self.cf32(op.params["scale"])
+        minus_inf = self.cf32(float("-inf"))
+        live = None if keys is None else vector.create_mask(
+            ir.VectorType.get([n], ir.IntegerType.get_signless(1)), [keys])
+        dots = [self.block_scores() for _ in queries]
+        for at in rows:
+            for g, dot in enumerate(self.key_dots(queries, caches[0], at)):
+                dots[g].add(dot)
+        pairs = self.value_pairs()
+        weights, results = [], []
+        for g in range(len(queries)):
+            m, l, acc = carried[3 * g:3 * g + 3]
+            block = self.capped(arith.mulf(dots[g].result(), self.vsplat(scale, n)))
+            if live is not None:
+                block = arith.select(live, block, self.vsplat(minus_inf, n))
+            m_new = arith.maximumf(m, vector.reduction(
+                self.f32, ir.Attribute.parse("#vector.kind<maximumf>"), block))
+            alpha = math.exp(arith.subf(m, m_new))
+            w = math.exp(arith.subf(block, self.vsplat(m_new, n)))
+            if live is not None:
+                w = arith.select(live, w, self.vzero(n))
+            if pairs:
+                # The values are weighed in bf16: their sum l counts the
+                # rounded weights, so that acc / l stays a weighted mean.
+                w = arith.truncf(ir.VectorType.get([n], element_type("bf16")), w)
+                total = self.tree_sum(arith.extf(self.vtype(n), w))
+            else:
+                total = self.tree_sum(w)
+            weights.append(w)
+            results.append([m_new, arith.addf(arith.mulf(l, alpha), total),
+                            arith.mulf(acc, self.splat(alpha))])
+        if pairs:
+            self.weigh_value_pairs(caches[1], rows, weights, results)
+            return [value for result in results for value in result]
+        for i, at in enumerate(rows):
+            value = self.cache_row(v_cache, caches[1], at)
+            for g in range(len(queries)):
+                weight = self.splat(vector.extract(weights[g], [], [i]))
+                results[g][2] = math.fma(value, weight, results[g][2])
+        return [value for result in results for value in result]
+
+    def value_pairs(self) -> bool:
+        """Whether the weighted values take `vdpbf16ps` too: with
+        `dot_products` and a bf16 value cache, two keys' rows interleaved
+        (value of key 2p, of key 2p + 1, column by column) against their
+        two weights in bf16, a product pair per lane. A key's row then
+        takes a load, a shuffle and head_dim / 32 dot products per head
+        instead of widening and head_dim / 16 FMAs."""
+        return self.dot_products() and self.op.operands[2].dtype == "bf16"
+
+    def weigh_value_pairs(self, values, rows: list, weights: list, results: list) -> None:
+        """Adds each head's bf16 `weights` of the block's value rows at
+        `rows` of memref `values` to its acc (results[g][2]), in
+        `value_pairs`' lane order: per 32 columns, the 16 lanes of
+        `vpunpcklwd`'s pairs (columns 0-3, 8-11, 16-19, 24-27), then of
+        `vpunpckhwd`'s (4-7, ...); `natural_order` puts them back."""
+        head_dim = self.op.params["head_dim"]
+        halves = head_dim // 32
+        bf16x32 = ir.VectorType.get([32], element_type("bf16"))
+        i32 = ir.IntegerType.get_signless(32)
+        low = [i for lane in range(4) for j in range(4) for i in (8 * lane + j, 32 + 8 * lane + j)]
+        high = [i + 4 for i in low]
+        words = [vector.bitcast(ir.VectorType.get([len(rows) // 2], i32), w) for w in weights]
+        parts = [[vector.extract_strided_slice(self.vtype(16), result[2], [16 * i], [16], [1])
+                  for i in range(2 * halves)] for result in results]
+        for p in range(len(rows) // 2):
+            first, second = (
+                [vector.load(bf16x32, values, self.column(rows[2 * p + k], 32 * h))
+                 for h in range(halves)] for k in (0, 1))
+            interleaved = []
+            for a, b in zip(first, second):
+                interleaved += [vector.shuffle(a, b, low), vector.shuffle(a, b, high)]
+            for g, word in enumerate(words):
+                pair = vector.bitcast(bf16x32, vector.broadcast(
+                    ir.VectorType.get([16], i32), vector.extract(word, [], [p])))
+                parts[g] = [dot_bf16(acc, two_keys, pair)
+                            for acc, two_keys in zip(parts[g], interleaved)]
+        for g, result in enumerate(results):
+            acc = result[2]
+            for i, part in enumerate(parts[g]):
+                acc = vector.insert_strided_slice(part, acc, [16 * i], [1])
+            result[2] = acc
+
+    def natural_order(self, acc: ir.Value) -> ir.Value:
+        """An acc in `weigh_value_pairs`' lane order, in column order."""
+        order = []
+        for column in range(self.op.params["head_dim"]):
+            half, d = divmod(column, 32)
+            lane, j = divmod(d, 8)
+            order.append(32 * half + (4 * lane + j if j < 4 else 16 + 4 * lane + j - 4))
+        return vector.shuffle(acc, acc, order)
+
+    def aligned(self) -> bool:
+        """Whether every key block starts at a multiple of KEYS inside one
+        cache block: chunks start at multiples of KEYS (no window) and a
+        paged cache's blocks hold a multiple of KEYS positions."""
+        params = self.op.params
+        block_size = params.get("block_size")
+        return ("window" not in params and params["chunk"] % self.KEYS == 0
+                and (block_size is None or block_size % self.KEYS == 0))
+
+    def prefetch(self, caches: list, rows: list) -> None:
+        """Asks for the key and value rows at `rows` of `caches`, each
+        row's head_dim values a cache line at a time: they arrive while
+        the block before computes. The hardware prefetcher alone left the
+        rows, 128 bytes every 384 at SmolLM2's shape, to stall each block.
+        Non-temporal (`prefetchnta`): each row is read once, by this tile."""
+        for cache, memory in zip(self.op.operands[1:3], caches):
+            line = 64 // (4 if cache.dtype == "f32" else 2)
+            for at in rows:
+                for column in range(0, self.op.params["head_dim"], line):
+                    memref.prefetch(memory, self.column(at, column), False, 0, True)
+
+    def column(self, at: list, offset: int) -> list:
+        """The indices `at` of a row's first column, `offset` columns on."""
+        return [*at[:-1], arith.addi(at[-1], self.cidx(offset))]
+
+    def cache_row(self, cache, memory, at: list) -> ir.Value:
+        """The head_dim values of `cache`'s row at `at` in `memory` (the
+        cache's memref or a view of it), as f32."""
+        storage = ir.VectorType.get([self.op.params["head_dim"]], element_type(cache.dtype))
+        return self.widen(vector.load(storage, memory, at), cache)
+
+    def block_scores(self):
+        """What gathers a block's scores into one vector (lane i: key i's
+        dot product) as `key_dots` forms them: their 16 lanes each summed
+        across lanes together (`EachSum`: 15 vector adds for the 16 keys
+        where a reduction each took about 10 instructions, each pair added
+        as soon as both exist), or the dot products themselves."""
+        if self.op.params["head_dim"] % 16 == 0:
+            return EachSum(self)
+        return _Scalars(self)
+
+    def dot_products(self) -> bool:
+        """Whether the scores take `vdpbf16ps`: bf16 queries and keys, rows
+        of whole 32-value pairs, a CPU with avx512bf16."""
+        op = self.op
+        return (self.target.has("avx512bf16") and op.params["head_dim"] % 32 == 0
+                and op.operands[0].dtype == op.operands[1].dtype == "bf16")
+
+    def query_row(self, q, idx: list):
+        """With `dot_products`, the row's 32-value halves in bf16 (a key's
+        dot product then takes head_dim / 32 `vdpbf16ps`, and its row is
+        never widened); else as f32."""
+        if not self.dot_products():
+            return self.load_row(q, idx)
+        pairs = ir.VectorType.get([32], element_type("bf16"))
+        row, column = idx
+        return [vector.load(pairs, self.buf(q), [row, arith.addi(column, self.cidx(i))])
+                for i in range(0, self.op.params["head_dim"], 32)]
+
+    def key_dots(self, queries: list, keys, at: list) -> list:
+        """Per query, 16 lanes whose sum is its dot product with the key row
+        at `at` of memref `keys` (the last index the row's first column):
+        bf16 pair dot products, or the row's 16-lane slices of products
+        added with FMAs; where head_dim is not a multiple of 16, the dot
+        product itself (`block_scores`)."""
+        k_cache = self.op.operands[1]
+        head_dim = self.op.params["head_dim"]
+        if self.dot_products():
+            pairs = ir.VectorType.get([32], element_type("bf16"))
+            key = [vector.load(pairs, keys, self.column(at, i)) for i in range(0, head_dim, 32)]
+            out = []
+            for halves in queries:
+                acc = self.vzero(16)
+                for q_pair, k_pair in zip(halves, key):
+                    acc = dot_bf16(acc, q_pair, k_pair)
+                out.append(acc)
+            return out
+        key = self.cache_row(k_cache, keys, at)
+        if head_dim % 16:
+            return [self.tree_sum(arith.mulf(query, key)) for query in queries]
+
+        def part(v, i):
+            return vector.extract_strided_slice(self.vtype(16), v, [16 * i], [16], [1])
+
+        out = []
+        for query in queries:
+            acc = arith.mulf(part(query, 0), part(key, 0))
+            for i in range(1, head_dim // 16):
+                acc = math.fma(part(query, i), part(key, i), acc)
+            out.append(acc)
+        return out
+
+
+class _Scalars:
+    """`EachSum`'s interface for scores that are scalars already: the
+    vector of them."""
+
+    def __init__(self, kernel):
+        self.kernel, self.values = kernel, []
+
+    def add(self, value: ir.Value) -> None:
+        self.values.append(value)
+
+    def result(self) -> ir.Value:
+        return vector.from_elements(self.kernel.vtype(len(self.values)), self.values)
