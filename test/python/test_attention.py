@@ -107,11 +107,12 @@ def test_f16_cache_and_bf16_activations():
 
 
 def test_attention_lowers_to_live_chunk_tiles_and_a_data_dependent_event():
-    g = _graph(chunk=4, max_length=24)
+    g = _graph(heads=8, kv_heads=8, chunk=4, max_length=24)
     text = etc.compile(g, target="cpu", schedule="dynamic", workers=1).ir("event")
     # The chunk grid follows the cache length: ceil(L / 4) chunks, each
-    # split into one tile per KV head on the CPU (2, each for its 2 query
-    # heads), so that a decode step's attention is not one tile per request.
+    # split on the CPU into one tile per 4 KV heads (2 of 8, each for their
+    # 4 query heads), so that a decode step's attention is not one tile per
+    # request.
     chunk = re.search(r'%(\S+) = affine\.apply #(\S+)\(\)\[%arg3\]\n\s*'
                       r'%(\S+) = event\.alloc\((%\S+)\) : !event\.tensor<\?>\n\s*'
                       r'event\.task "attention_0_chunk" grid\(\4, %\1\)[^\n]*', text)

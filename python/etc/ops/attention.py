@@ -13,11 +13,11 @@ tasks, ordered by one event whose counts depend on the request lengths:
 
     chunk    tile (r, j S + s), grid (R, NC S): the partial softmax of every
              new token of request r over the keys [j C, min(j C + C, p + 1)),
-             for the query heads of split s (S splits: one per KV head on
-             the CPU, `attention_cpu.AttentionChunkBlocks`; one for all on
-             the GPU, whose warps share them; one per query head in the
-             portable `AttentionChunk`): its
-             maximum m, its sum l and its weighted sum of values acc (D),
+             for the query heads of split s (S splits: one per up to 4 KV
+             heads on the CPU, `attention_cpu.AttentionChunkBlocks`; one
+             for all on the GPU, whose warps share them; one per query head
+             in the portable `AttentionChunk`): its maximum m, its sum l
+             and its weighted sum of values acc (D),
              into `partial[t, j]`. Live only while j < ceildiv(length[r], C):
              a request of length L runs S ceildiv(L, C) chunk tiles, decided
              at run time from `request_length` (an `#event.live` bound).

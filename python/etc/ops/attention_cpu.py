@@ -14,16 +14,20 @@ from .matmul_dpbf16 import dot_bf16
 
 
 class AttentionChunkBlocks(AttentionChunk):
-    """CPU tile (r, j H_kv + g): KV head g of chunk j of request r, for all
-    G = H / H_kv query heads that share it and every new token, an online
-    softmax over blocks of KEYS keys. Each key and value row is read once
-    for the G heads (a tile per query head read it G times: Qwen3's and
-    SmolLM2's 3, Llama 3's 4); a key's dot products are `vdpbf16ps` on the
-    bf16 rows where the CPU has them (else FMAs on the widened rows), each
-    head's KEYS of them summed across lanes together (`block_scores`); a
-    head's weights are one vector exponential, its running sums are
-    rescaled once per block, and the weighted values are `vdpbf16ps` on
-    pairs of keys too (`value_pairs`), else FMAs.
+    """CPU tile (r, j S + s): KV heads s K .. s K + K - 1 of chunk j of
+    request r (K = `kv_heads_per_tile`, S = H_kv / K), for all G = H / H_kv
+    query heads of each and every new token, an online softmax over blocks
+    of KEYS keys. Each key and value row is read once for its G heads (a
+    tile per query head read it G times: Qwen3's and SmolLM2's 3, Llama
+    3's 4), and a block's rows of the K KV heads one after another, so a
+    tile reads K head_dim contiguous values of each row (all 384 bytes of
+    SmolLM2's rows, where a tile per KV head read 128 of every 384); a
+    key's dot products are `vdpbf16ps` on the bf16 rows where the CPU has
+    them (else FMAs on the widened rows), each head's KEYS of them summed
+    across lanes together (`block_scores`); a head's weights are one vector
+    exponential, its running sums are rescaled once per block, and the
+    weighted values are `vdpbf16ps` on pairs of keys too (`value_pairs`),
+    else FMAs.
 
     Where the blocks are `aligned` to the cache's (no window, P and C
     multiples of KEYS) a block reads its table entry once, its rows at
@@ -37,12 +41,19 @@ class AttentionChunkBlocks(AttentionChunk):
     table entry each, no prefetch, 11.1 ms; entry once a block and the
     prefetch 7.7 ms; with `vdpbf16ps` scores and FMAs 6.1-6.4 ms (the
     same blocks in L2: 0.10 -> 0.08 ms a layer); the weighted values on
-    `vdpbf16ps` and the first block prefetched too, 0.94x that (the two
-    compiled in one process, runs alternating)."""
+    `vdpbf16ps` and the first block prefetched too, 0.94x that; the rows
+    as one dimension, 0.95x that; the 3 KV heads in one tile, 0.90x that
+    (0.95x with 2 workers; a 230-token prefill step after 256, 0.90x).
+    Each ratio is of two kernels compiled in one process, runs
+    alternating."""
 
     part = "chunk_blocks"
     #: Keys per block (a 16-lane f32 vector of scores).
     KEYS = 16
+    #: KV heads a tile takes at most: enough for SmolLM2's 3 and half of
+    #: Qwen3's and Llama 3's 8, while the loop body (a copy of the block's
+    #: code per KV head) and its softmax states stay small.
+    KV_HEADS = 4
 
     @classmethod
     def applies(cls, op, target) -> bool:
@@ -50,13 +61,20 @@ class AttentionChunkBlocks(AttentionChunk):
 
     @staticmethod
     def splits(op) -> int:
-        """A tile per KV head of each chunk."""
-        return op.params["kv_heads"]
+        """A tile per `kv_heads_per_tile` KV heads of each chunk."""
+        return op.params["kv_heads"] // AttentionChunkBlocks.kv_heads_per_tile(op)
+
+    @classmethod
+    def kv_heads_per_tile(cls, op) -> int:
+        """The most KV heads up to KV_HEADS that divide the model's."""
+        kv_heads = op.params["kv_heads"]
+        return max(k for k in range(1, min(cls.KV_HEADS, kv_heads) + 1) if kv_heads % k == 0)
 
     @staticmethod
     def heads_per_item(op) -> int:
-        """A KV head's query heads."""
-        return op.params["heads"] // op.params["kv_heads"]
+        """The tile's KV heads' query heads."""
+        return op.params["heads"] // op.params["kv_heads"] * \
+            AttentionChunkBlocks.kv_heads_per_tile(op)
 
     def softmax(self, queries, k_first, k1, where, kv_column) -> list:
         count = len(queries)
@@ -79,7 +97,7 @@ class AttentionChunkBlocks(AttentionChunk):
             k0 = blocks.induction_variable
             rows = [[*where.at(arith.minsi(arith.addi(k0, c(i)), last)), kv_column]
                     for i in range(n)]
-            scf.yield_(self.key_block(queries, list(blocks.inner_iter_args), caches, rows,
+            scf.yield_(self.kv_heads_block(queries, list(blocks.inner_iter_args), caches, rows,
                                       arith.subi(k1, k0)))
         return list(blocks.results)
 
@@ -127,17 +145,29 @@ class AttentionChunkBlocks(AttentionChunk):
         with ir.InsertionPoint(blocks.body):
             k0 = blocks.induction_variable
             prefetch(arith.minsi(arith.addi(k0, c(n)), last))
-            scf.yield_(self.key_block(queries, list(blocks.inner_iter_args), caches,
+            scf.yield_(self.kv_heads_block(queries, list(blocks.inner_iter_args), caches,
                                       rows_from(row_of(k0)), None))
         tail = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, whole, k1),
                         [v.type for v in init], has_else=True)
         with ir.InsertionPoint(tail.then_block):
             keys = arith.subi(k1, whole)
-            scf.yield_(self.key_block(queries, list(blocks.results), caches,
+            scf.yield_(self.kv_heads_block(queries, list(blocks.results), caches,
                                       rows_from(row_of(whole), keys), keys))
         with ir.InsertionPoint(tail.else_block):
             scf.yield_(list(blocks.results))
         return list(tail.results)
+
+    def kv_heads_block(self, queries, carried: list, caches: list, rows: list, keys) -> list:
+        """`key_block` for each of the tile's KV heads (G queries each, at
+        head_dim columns after the one before), in turn for each block."""
+        group = self.op.params["heads"] // self.op.params["kv_heads"]
+        head_dim = self.op.params["head_dim"]
+        out = []
+        for i in range(len(queries) // group):
+            out += self.key_block(queries[i * group:(i + 1) * group],
+                                  carried[3 * group * i:3 * group * (i + 1)], caches,
+                                  [self.column(at, i * head_dim) for at in rows], keys)
+        return out
 
     def key_block(self, queries, carried: list, caches: list, rows: list, keys) -> list:
         """The softmax states (m, l, acc per query, `carried`) updated with
@@ -256,7 +286,8 @@ class AttentionChunkBlocks(AttentionChunk):
         for cache, memory in zip(self.op.operands[1:3], caches):
             line = 64 // (4 if cache.dtype == "f32" else 2)
             for at in rows:
-                for column in range(0, self.op.params["head_dim"], line):
+                for column in range(0, self.op.params["head_dim"] * self.kv_heads_per_tile(
+                        self.op), line):
                     memref.prefetch(memory, self.column(at, column), False, 0, True)
 
     def column(self, at: list, offset: int) -> list:
