@@ -59,10 +59,10 @@ class AttentionChunkBlocks(AttentionChunk):
     def applies(cls, op, target) -> bool:
         return not target.gpu_kernels
 
-    @staticmethod
-    def splits(op) -> int:
+    @classmethod
+    def splits(cls, op) -> int:
         """A tile per `kv_heads_per_tile` KV heads of each chunk."""
-        return op.params["kv_heads"] // AttentionChunkBlocks.kv_heads_per_tile(op)
+        return op.params["kv_heads"] // cls.kv_heads_per_tile(op)
 
     @classmethod
     def kv_heads_per_tile(cls, op) -> int:
@@ -70,11 +70,10 @@ class AttentionChunkBlocks(AttentionChunk):
         kv_heads = op.params["kv_heads"]
         return max(k for k in range(1, min(cls.KV_HEADS, kv_heads) + 1) if kv_heads % k == 0)
 
-    @staticmethod
-    def heads_per_item(op) -> int:
+    @classmethod
+    def heads_per_item(cls, op) -> int:
         """The tile's KV heads' query heads."""
-        return op.params["heads"] // op.params["kv_heads"] * \
-            AttentionChunkBlocks.kv_heads_per_tile(op)
+        return op.params["heads"] // op.params["kv_heads"] * cls.kv_heads_per_tile(op)
 
     def softmax(self, queries, k_first, k1, where, kv_column) -> list:
         count = len(queries)
@@ -98,7 +97,7 @@ class AttentionChunkBlocks(AttentionChunk):
             rows = [[*where.at(arith.minsi(arith.addi(k0, c(i)), last)), kv_column]
                     for i in range(n)]
             scf.yield_(self.kv_heads_block(queries, list(blocks.inner_iter_args), caches, rows,
-                                      arith.subi(k1, k0)))
+                                           arith.subi(k1, k0)))
         return list(blocks.results)
 
     def whole_blocks(self, queries, init, k_first, k1, where, kv_column) -> list:
@@ -146,13 +145,13 @@ class AttentionChunkBlocks(AttentionChunk):
             k0 = blocks.induction_variable
             prefetch(arith.minsi(arith.addi(k0, c(n)), last))
             scf.yield_(self.kv_heads_block(queries, list(blocks.inner_iter_args), caches,
-                                      rows_from(row_of(k0)), None))
+                                           rows_from(row_of(k0)), None))
         tail = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, whole, k1),
                         [v.type for v in init], has_else=True)
         with ir.InsertionPoint(tail.then_block):
             keys = arith.subi(k1, whole)
             scf.yield_(self.kv_heads_block(queries, list(blocks.results), caches,
-                                      rows_from(row_of(whole), keys), keys))
+                                           rows_from(row_of(whole), keys), keys))
         with ir.InsertionPoint(tail.else_block):
             scf.yield_(list(blocks.results))
         return list(tail.results)
