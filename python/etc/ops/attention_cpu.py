@@ -40,7 +40,7 @@ class AttentionChunkBlocks(AttentionChunk):
     worker, 2026-11-28, a loaded machine): the row a key at a time, its
     table entry each, no prefetch, 11.1 ms; entry once a block and the
     prefetch 7.7 ms; with `vdpbf16ps` scores and FMAs 6.1-6.4 ms (the
-    same blocks in L2: 0.10 -> 0.08 ms a layer); the weighted values on
+    same rows in the caches: 0.10 -> 0.08 ms a layer); the weighted values on
     `vdpbf16ps` and the first block prefetched too, 0.94x that; the rows
     as one dimension, 0.95x that; the 3 KV heads in one tile, 0.90x that
     (0.95x with 2 workers; a 230-token prefill step after 256, 0.90x).
