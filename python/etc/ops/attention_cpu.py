@@ -8,7 +8,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, math, memref, scf, vector
 
-from .attention import AttentionChunk
+from .attention_chunk import AttentionChunk
 from .base import EachSum, element_type
 from .matmul_dpbf16 import dot_bf16
 
