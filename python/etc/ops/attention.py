@@ -161,10 +161,9 @@ class AttentionChunkWarps(AttentionChunk):
 
     def emit(self) -> None:
         op, params = self.op, self.op.params
-        q, k_cache, v_cache, positions, _, addressing, request_length, request_first = \
-            op.operands
+        q, k_cache, v_cache, positions, _, addressing, _, _ = op.operands
         partial = op.buffers["partial"]
-        head_dim, chunk = params["head_dim"], params["chunk"]
+        head_dim = params["head_dim"]
         heads, kv_heads = params["heads"], params["kv_heads"]
         group = heads // kv_heads
         per_item = max(h for h in range(1, min(group, self.MAX_HEADS) + 1) if group % h == 0)
@@ -178,12 +177,7 @@ class AttentionChunkWarps(AttentionChunk):
         c = self.cidx
         r, j = self.ti
         cache_rows = CacheRows(self, k_cache, addressing, params.get("block_size"), r)
-        length = self.load_index(request_length, [r])
-        first = self.load_index(request_first, [r])
-        first_position = self.load_index(positions, [first])
-        new_tokens = arith.subi(length, first_position)
-        k0 = self.chunk_start(j, first_position)
-        k_end = arith.minsi(arith.addi(k0, c(chunk)), length)
+        first, new_tokens, k0, k_end = self.request_keys(r, j)
         last_key = arith.subi(k_end, c(1))
         items = arith.muli(new_tokens, c(kv_heads * splits))
         rounds = arith.ceildivui(items, c(warps))

@@ -30,6 +30,17 @@ class _AttentionKernel(PartKernel):
             return k0
         return arith.addi(self.window_start(first_position), k0)
 
+    def request_keys(self, r: ir.Value, j: ir.Value) -> tuple:
+        """Request r's first new token (its row of the step), how many new
+        tokens it has, and the keys [k0, k_end) of its chunk j."""
+        _, _, _, positions, _, _, request_length, request_first = self.op.operands
+        length = self.load_index(request_length, [r])
+        first = self.load_index(request_first, [r])
+        first_position = self.load_index(positions, [first])
+        k0 = self.chunk_start(j, first_position)
+        k_end = arith.minsi(arith.addi(k0, self.cidx(self.op.params["chunk"])), length)
+        return first, arith.subi(length, first_position), k0, k_end
+
     def capped(self, score: ir.Value) -> ir.Value:
         """A scaled score, soft-capped when the attention has a `softcap`
         c: c tanh(score / c) (Gemma 2)."""
@@ -125,10 +136,9 @@ class AttentionChunk(_AttentionKernel):
 
     def emit(self) -> None:
         op, params = self.op, self.op.params
-        q, k_cache, v_cache, positions, _, addressing, request_length, request_first = \
-            op.operands
+        q, k_cache, v_cache, positions, _, addressing, _, _ = op.operands
         partial = op.buffers["partial"]
-        head_dim, chunk = params["head_dim"], params["chunk"]
+        head_dim = params["head_dim"]
         heads, group = params["heads"], params["heads"] // params["kv_heads"]
         c = self.cidx
         splits, per_item = self.splits(op), self.heads_per_item(op)
@@ -138,12 +148,7 @@ class AttentionChunk(_AttentionKernel):
         j = arith.divui(js, c(splits))
         head0 = arith.muli(arith.remui(js, c(splits)), c(per_split))
         where = CacheRows(self, k_cache, addressing, params.get("block_size"), r)
-        length = self.load_index(request_length, [r])
-        first = self.load_index(request_first, [r])
-        first_position = self.load_index(positions, [first])
-        new_tokens = arith.subi(length, first_position)
-        k0 = self.chunk_start(j, first_position)
-        k_end = arith.minsi(arith.addi(k0, c(chunk)), length)
+        first, new_tokens, k0, k_end = self.request_keys(r, j)
         loop = self.lane_loop(arith.muli(new_tokens, c(items)))
         with ir.InsertionPoint(loop.body):
             e = loop.induction_variable
