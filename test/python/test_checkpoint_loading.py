@@ -172,3 +172,12 @@ def test_save_file_takes_bf16_bit_patterns(tmp_path):
     file = SafetensorsFile(tmp_path / "b.safetensors")
     np.testing.assert_array_equal(file.read("w", "bf16"), bits)
     np.testing.assert_array_equal(file.get("w"), [1.0, -2.0, np.inf])
+
+
+def test_save_file_refuses_dtypes_of_tensors_it_does_not_have(tmp_path):
+    with pytest.raises(ValueError, match=r"dtypes names 'wq', which is not one of the tensors"):
+        save_file(tmp_path / "c.safetensors", {"w": np.zeros(4, np.float32)},
+                  dtypes={"wq": "F8_E4M3"})
+    with pytest.raises(ValueError, match=r"F8_E4M3 tensor 'w' must be uint8 bytes"):
+        save_file(tmp_path / "c.safetensors", {"w": np.zeros(4, np.float32)},
+                  dtypes={"w": "F8_E4M3"})

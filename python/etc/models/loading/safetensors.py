@@ -214,6 +214,10 @@ def save_file(path, tensors: Mapping[str, np.ndarray], dtype: str = "F32",
     `dtypes[name]` where given: one of those, or "F8_E4M3" for a uint8
     array of float8_e4m3fn bytes (`etc.packed.to_e4m3`)."""
     dtypes = dict(dtypes or {})
+    unknown = sorted(set(dtypes) - set(tensors))
+    if unknown:
+        raise ValueError(f"save_file: dtypes names {unknown[0]!r}, which is not one of the "
+                         f"tensors")
     for kind in (dtype, *dtypes.values()):
         if kind not in DTYPES and kind not in BYTE_DTYPES:
             raise ValueError(f"save_file: dtype {kind!r} is not one of "
