@@ -193,10 +193,13 @@ def compile_module(module: ir.Module, signature, options: Options, *,
     else:
         from .runtime.cpu import CPURuntime
 
+        from .runtime.isa import opt_level
+
         # Simulated GPU kernels are for checking results, and LLVM 22's loop
         # vectorizer can take minutes on their lane loops: no optimisation.
+        # Native kernels: ETC_CPU_OPT_LEVEL, else 2.
         engine, entry_points = _jit(module, abi,
-                                    opt_level=0 if options.kernels == "cuda" else 2)
+                                    opt_level=0 if options.kernels == "cuda" else opt_level())
         if abi.extra.get("ranks", 1) > 1:
             from .runtime.distributed import DistributedCPURuntime
 

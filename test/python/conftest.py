@@ -30,6 +30,32 @@ os.environ["ETC_CACHE_DIR"] = _RUN_CACHE
 # etc.runtime.workers.run_workers), and tests of a worker count would not
 # test it.
 os.environ.setdefault("ETC_ADAPT_WORKERS", "0")
+# Native CPU kernels are compiled at LLVM's -O0 unless a file says otherwise
+# (`pytestmark = pytest.mark.cpu_opt_level(2)`): at -O2 generating their
+# code was about half of the suite's compile time, and the tests' tiny
+# shapes run as fast either way. The same IR is compiled either way; the
+# files marked for -O2 (the CPU tile kernels', the models', the packed
+# kernels') keep what LLVM's optimisations do to it under test. Set
+# ETC_CPU_OPT_LEVEL to run the whole suite at another level.
+# (ETC_TEST_USER_OPT_LEVEL tells the suite's processes that it did.)
+if "ETC_CPU_OPT_LEVEL" in os.environ:
+    os.environ.setdefault("ETC_TEST_USER_OPT_LEVEL", os.environ["ETC_CPU_OPT_LEVEL"])
+_OPT_LEVEL_FROM_USER = "ETC_TEST_USER_OPT_LEVEL" in os.environ
+os.environ.setdefault("ETC_CPU_OPT_LEVEL", "0")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cpu_opt_level(request):
+    """The LLVM level of a file marked `cpu_opt_level(level)`, while its
+    tests (and its module-scoped fixtures, which autouse fixtures precede)
+    compile; a level the user set for the run wins."""
+    marker = request.node.get_closest_marker("cpu_opt_level")
+    if marker is None or _OPT_LEVEL_FROM_USER:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ETC_CPU_OPT_LEVEL", str(marker.args[0]))
+        yield
 
 
 def pytest_unconfigure(config):

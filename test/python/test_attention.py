@@ -12,6 +12,9 @@ import pytest
 import etc
 from test_llm_ops import _batch
 
+# The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
+pytestmark = pytest.mark.cpu_opt_level(2)
+
 
 def _graph(heads=4, kv_heads=2, head_dim=8, chunk=4, max_length=24, cache_dtype="f32",
            q_dtype="f32"):

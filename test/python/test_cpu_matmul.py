@@ -12,6 +12,9 @@ import etc
 from etc.ops import Target
 from etc.ops.matmul_cpu import MatmulCPU
 
+# The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
+pytestmark = pytest.mark.cpu_opt_level(2)
+
 
 def _matmul(k: int, n: int, *, tile=None, transpose_b: bool = False) -> etc.Graph:
     g = etc.Graph("mm")

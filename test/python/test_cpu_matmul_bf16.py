@@ -30,6 +30,9 @@ from etc.ops.matmul_cpu import MatmulCPU
 from etc.ops.matmul_dpbf16 import MatmulDPBF16
 from etc.runtime import isa
 
+# The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
+pytestmark = pytest.mark.cpu_opt_level(2)
+
 needs_avx512bf16 = pytest.mark.skipif(
     not isa.is_x86_64() or not isa.host_supports("x86-64-v4+avx512bf16"),
     reason="this x86-64 CPU has no AVX-512 BF16")

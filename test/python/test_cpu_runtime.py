@@ -7,12 +7,24 @@ symbolic dimension; worker counts above the core count must still finish.
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 
 import numpy as np
 import pytest
 
 import etc
+
+# The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
+pytestmark = pytest.mark.cpu_opt_level(2)
+
+
+def test_a_file_marked_for_o2_compiles_at_o2():
+    """conftest.py compiles the suite's kernels at -O0 and this file's at
+    -O2: a broken marker would leave no tile kernel tested as users run it."""
+    from etc.runtime import isa
+
+    assert str(isa.opt_level()) == os.environ.get("ETC_TEST_USER_OPT_LEVEL", "2")
 
 WORKERS = [1, 2, 3, 8]
 BATCHES = [1, 5, 33, 64]  # 5 and 33 are not multiples of the 32-row tile

@@ -13,6 +13,9 @@ import etc
 from etc import bfloat16
 from test_llm_ops import _batch
 
+# The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
+pytestmark = pytest.mark.cpu_opt_level(2)
+
 KERNELS = [dict(), dict(kernels="cuda")]
 
 

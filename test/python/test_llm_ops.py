@@ -10,6 +10,9 @@ import pytest
 import etc
 from etc import reference_llm
 
+# The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
+pytestmark = pytest.mark.cpu_opt_level(2)
+
 TOKENS = [1, 5, 33, 40]  # 5, 33 and 40 are not multiples of the 32-row tile
 
 

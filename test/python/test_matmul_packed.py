@@ -25,6 +25,9 @@ import etc
 from etc import packed
 from etc.reference import evaluate
 
+# The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
+pytestmark = pytest.mark.cpu_opt_level(2)
+
 #: The formats of the int8 kernel (the GGML block formats).
 FORMATS = list(packed.GGML_FORMATS)
 N = 37

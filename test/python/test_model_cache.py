@@ -92,6 +92,26 @@ def test_the_key_follows_everything_that_changes_the_code(cached):
     assert description["etc"] and description["artifact"] == etc.runtime.FORMAT_VERSION
 
 
+def test_the_key_follows_the_cpu_opt_level(monkeypatch):
+    """Kernels compiled at another LLVM level (ETC_CPU_OPT_LEVEL, which the
+    test suite sets to 0) are other entries; a level LLVM has not is
+    refused naming the variable."""
+    config = models.ModelConfig.from_dict(CONFIG)
+    graph, compile = models.step_options(config, **LOAD)
+
+    def key(level):
+        monkeypatch.setenv("ETC_CPU_OPT_LEVEL", level)
+        return model_cache.key_of(model_cache.describe(config, graph, compile))
+
+    assert len({key("0"), key("2"), key("3")}) == 3
+    monkeypatch.delenv("ETC_CPU_OPT_LEVEL")
+    assert model_cache.key_of(model_cache.describe(config, graph, compile)) == key("2")
+    for bad in ("4", "-1", "O2", "fast"):
+        monkeypatch.setenv("ETC_CPU_OPT_LEVEL", bad)
+        with pytest.raises(ValueError, match=rf"ETC_CPU_OPT_LEVEL='{bad}' must be an LLVM "
+                                             r"optimisation level: 0, 1, 2 or 3"):
+            model_cache.describe(config, graph, compile)
+
 def test_no_cache_writes_nothing(cached, monkeypatch, tmp_path):
     """cache=False, and ETC_CACHE=0 for loads that do not say, neither read
     nor write the cache (etc.compile is stubbed with the compiled kernel)."""

@@ -20,6 +20,9 @@ from etc.models.loading.checkpoint import Checkpoint
 from etc.models.loading.safetensors import SafetensorsFile, save_file
 from etc.models.testing import tiny_config, write_checkpoint
 
+# The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
+pytestmark = pytest.mark.cpu_opt_level(2)
+
 # Prompts of different lengths: one token, a prompt across two attention
 # chunks (chunk 4), and one across three.
 PROMPTS = [[5], [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]

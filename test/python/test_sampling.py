@@ -17,6 +17,9 @@ from etc import reference_sampling
 from etc.models.step.sampling import SamplingParams, sampling_inputs
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
+# The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
+pytestmark = pytest.mark.cpu_opt_level(2)
+
 VOCAB = 37  # not a multiple of the 128 lanes, nor of 32
 
 

@@ -38,8 +38,8 @@ from functools import lru_cache
 from typing import Optional
 
 __all__ = ["LEVELS", "EXTENSIONS", "HOST", "ISAError", "host_features", "host", "host_supports",
-           "missing", "parse", "features", "has", "chosen", "llvm_attributes", "check",
-           "request_amx", "prepare"]
+           "missing", "parse", "features", "has", "chosen", "opt_level", "llvm_attributes",
+           "check", "request_amx", "prepare"]
 
 #: The features each level adds to the one before, as LLVM names them (the
 #: names `host_features` reports too).
@@ -268,6 +268,30 @@ def chosen() -> Optional[str]:
         raise ISAError(f"{ENVIRONMENT}={isa!r}: this machine's CPU lacks "
                        f"{', '.join(missing(isa))}, and compiled kernels also run here")
     return isa
+
+
+#: The environment variable that sets LLVM's optimisation level for native
+#: CPU kernels (`opt_level`; not an instruction set, but like it a choice of
+#: how the CPU code is generated that the compile cache's key carries).
+OPT_LEVEL_ENVIRONMENT = "ETC_CPU_OPT_LEVEL"
+#: The level kernels are compiled at when it is not set.
+DEFAULT_OPT_LEVEL = 2
+
+
+def opt_level() -> int:
+    """LLVM's optimisation level (0-3) for native CPU kernels:
+    `ETC_CPU_OPT_LEVEL` where set, else 2. Level 0 generates code about 25x
+    faster (a tiny model's step kernel: 0.02 s against 0.5 s) that runs
+    slower; the test suite uses it for the kernels whose speed no test
+    measures (docs/building.md). Part of the compile cache's key. Raises
+    ValueError naming the variable for anything but 0, 1, 2 or 3."""
+    text = os.environ.get(OPT_LEVEL_ENVIRONMENT)
+    if text is None or text == "":
+        return DEFAULT_OPT_LEVEL
+    if text not in ("0", "1", "2", "3"):
+        raise ValueError(f"{OPT_LEVEL_ENVIRONMENT}={text!r} must be an LLVM optimisation "
+                         "level: 0, 1, 2 or 3")
+    return int(text)
 
 
 def llvm_attributes(isa: str) -> tuple[str, str]:

@@ -98,9 +98,11 @@ def describe(config, graph: dict, compile: dict) -> dict:
         compile.pop("chip", None)
         compile["platform"] = host_platform()
         # ... and for an instruction-set level (ETC_CPU_ISA may pick another).
-        from ...runtime.isa import chosen
+        from ...runtime.isa import chosen, opt_level
 
         compile["isa"] = chosen()
+        # ... at LLVM's optimisation level (ETC_CPU_OPT_LEVEL may pick another).
+        compile["opt_level"] = opt_level()
     return {"etc": _version(), "compiler": fingerprint(), "artifact": FORMAT_VERSION,
             "model": json.loads(json.dumps(asdict(config))), "graph": dict(graph),
             "compile": compile}
