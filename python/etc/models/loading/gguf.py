@@ -299,19 +299,22 @@ class GGUFCheckpoint:
             # Read, not mapped: the reordered copy is the only one resident.
             kept = _unpermute_rows(self._file.read(name), heads)
             kept = kept if part is None else part(kept)
-        self._check_blocks(name, what, kept, dtype)
+        self._check_blocks(name, what, kept, dtype, share=part is not None)
         return kept
 
-    def _check_blocks(self, name: str, what: str, raw: np.ndarray, dtype: str) -> None:
+    def _check_blocks(self, name: str, what: str, raw: np.ndarray, dtype: str,
+                      share: bool = False) -> None:
         """Raises GGUFError naming the tensor when a block's scale is not
-        finite (a damaged file: the whole block would be NaN)."""
+        finite (a damaged file: the whole block would be NaN); `share`:
+        `raw` is a rank's share of it (its blocks and rows counted there)."""
         bad = packed.first_bad_block(raw, dtype)
         if bad is not None:
             f = packed.FORMATS[dtype]
             per_row = raw.shape[-1] // f.nbytes
+            where = " of this rank's share" if share else ""
             raise GGUFError(f"{self.path}: tensor {name!r} ({what}, {f.ggml}) has a non-finite "
-                            f"scale in block {bad % per_row} of row {bad // per_row}: the file "
-                            f"is damaged")
+                            f"scale in block {bad % per_row} of row {bad // per_row}{where}: "
+                            f"the file is damaged")
 
     def _plan(self) -> list[tuple]:
         """Every weight of the step graph: (graph input name, GGUF tensor,
