@@ -160,6 +160,21 @@ def test_truncated_and_damaged_files_name_the_tensor_or_field(tmp_path):
     with pytest.raises(GGUFError, match=r"'blk.1.ffn_up.weight' .layer 1 MLP up, Q8_0. has a "
                                         r"non-finite scale in block 0 of row 2"):
         checkpoint.weights()
+    # Packed and split over 2 ranks (rows 0-23 and 24-47), each rank checks
+    # its share of the blocks: rank 0 finds it, rank 1 has none of it.
+    from etc.models.step.parallel import shard_weight
+
+    formats = checkpoint.weight_formats()
+    assert formats["l1_w_up"] == "q8_0"
+
+    def share(rank):
+        return lambda key, array: shard_weight(checkpoint.config, key, array, 2, rank,
+                                               formats.get(key))
+
+    with pytest.raises(GGUFError, match=r"'blk.1.ffn_up.weight' .*non-finite scale in block 0 "
+                                        r"of row 2 of this rank's share"):
+        checkpoint.weights(formats=formats, shard=share(0))
+    assert checkpoint.weights(formats=formats, shard=share(1))["l1_w_up"].shape == (24, 34)
     # An unknown tensor type number.
     damaged = bytearray(data)
     name = b"blk.0.attn_q.weight"

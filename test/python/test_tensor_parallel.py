@@ -38,6 +38,66 @@ def test_tensor_parallel_moe_matches_one_rank():
         assert f"rank {rank}: tensor parallel MoE matches" in output, output
 
 
+def test_tensor_parallel_keeps_quantized_weights_packed():
+    """GGUF files in Q8_0 (a MoE model) and Q4_K and an FP8 checkpoint split
+    over 2 ranks keep their blocks (each rank its rows, or its K blocks of
+    the output and down projections) and generate the tokens of the model
+    packed on one rank, logits within float rounding; a down projection
+    whose K share is not whole Q4_K blocks is widened on every rank with
+    packed=None (a warning names it) and refused with packed=True."""
+    result, output = launch(2, "tensor_parallel_packed.py")
+    assert result.returncode == 0, output
+    for rank in range(2):
+        assert f"rank {rank}: tensor parallel packed matches" in output, output
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k", "q6_k", "fp8_e4m3"])
+def test_packed_shards_are_the_widened_shards(fmt):
+    """A packed weight's share of a rank (its rows, or its K blocks of a
+    row-parallel weight, the experts' in llama.cpp's (E, out, in) layout)
+    dequantizes to that rank's share of the widened weight; a split of K
+    that is not whole blocks is named, for every kind of row-parallel
+    weight (no processes: `shard_weight` and `unaligned_packed`)."""
+    import numpy as np
+
+    from etc import packed
+    from etc.models.loading.config import ModelConfig
+    from etc.models.step.parallel import shard_weight, unaligned_packed
+    from etc.models.testing import tiny_config
+
+    config = ModelConfig.from_dict(tiny_config(
+        "Qwen3MoeForCausalLM", hidden_size=256, intermediate_size=512, head_dim=128,
+        moe_intermediate_size=512, mlp_only_layers=[0]))
+    rng = np.random.default_rng(0)
+    # Packed layouts: projections (out, in); experts (E, out, in), whose
+    # widened stacks are (E, in, out).
+    shapes = {"l0_wq": (512, 256), "l0_wo": (256, 512), "l0_w_down": (256, 512),
+              "l1_experts_up": (4, 512, 256), "l1_experts_down": (4, 256, 512)}
+    for name, shape in shapes.items():
+        raw = packed.quantize(rng.standard_normal(shape).astype(np.float32), fmt)
+        widened = packed.dequantize(raw, fmt)
+        if "experts" in name:
+            widened = np.swapaxes(widened, -1, -2)
+        for rank in range(2):
+            part = packed.dequantize(shard_weight(config, name, raw, 2, rank, fmt), fmt)
+            want = shard_weight(config, name, widened, 2, rank)
+            if "experts" in name:
+                want = np.swapaxes(want, -1, -2)
+            np.testing.assert_array_equal(part, want, err_msg=f"{fmt} {name} rank {rank}")
+    formats = dict.fromkeys([*shapes, "l1_experts_gate", "embed"], fmt)
+    block = packed.FORMATS[fmt].block
+    # 512 / 2 is whole blocks of every format; 512 / 4 is not of 256.
+    assert unaligned_packed(config, formats, 2) == {}
+    widened = unaligned_packed(config, formats, 4)
+    if block == 256:
+        assert set(widened) == {"l0_wo", "l0_w_down", "l1_experts_down", "l1_experts_gate",
+                                "l1_experts_up"}, widened
+        assert "'l0_w_down' (" + fmt + ", blocks of 256 values)" in widened["l0_w_down"]
+        assert "tensor_parallel=4" in widened["l0_w_down"]
+    else:
+        assert widened == {}
+
+
 # ----------------------------------------------------------------------
 # Serving a tensor-parallel model
 # ----------------------------------------------------------------------

@@ -105,10 +105,15 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     `packed`: a GGUF file's quantized weights stay in their block formats,
     and an FP8 checkpoint's e4m3 weights in fp8_e4m3 blocks (docs/models.md,
     "GGUF files", "FP8 checkpoints"): by default (None) on the CPU target
-    with its native kernels on one rank; True on CUDA and with simulated
-    GPU kernels too (those kernels have not run on a GPU yet); False
-    widens them to `dtype` (the reference). Tensor parallelism widens
-    them (packed=True with it is a ValueError).
+    with its native kernels; True on CUDA and with simulated GPU kernels
+    too (those kernels have not run on a GPU yet); False widens them to
+    `dtype` (the reference). Split over ranks, each rank keeps its share
+    of the blocks: the rows of the Q, K, V, gate and up projections (and
+    experts), and the K blocks of the output and down projections. One of
+    those whose K / N is not whole blocks of its format (256 values for
+    the K-quants, 32 for the others) is widened on every rank with
+    packed=None (a RuntimeWarning and `model.widened_weights` name it and
+    why) and is a ValueError naming it, its block and N with packed=True.
 
     Raises `UnsupportedConfigError`, `MissingTensorError`,
     `CheckpointError`, `GGUFError` or `SafetensorsError` naming the field,

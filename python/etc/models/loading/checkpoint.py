@@ -291,7 +291,8 @@ class Checkpoint:
         return formats
 
     def weights(self, dtype: str = "f32", progress: Optional[Callable[[int, int], None]] = None,
-                formats: Optional[dict] = None) -> dict[str, np.ndarray]:
+                formats: Optional[dict] = None,
+                shard: Optional[Callable] = None) -> dict[str, np.ndarray]:
         """Every weight the step graph takes, by graph input name (see
         `etc.models.step.graph`), in the storage of the compute `dtype`:
         float32 for "f32", float16 for "f16", bf16 bit patterns (uint16)
@@ -303,8 +304,10 @@ class Checkpoint:
         as fp8_e4m3 storage (`packed_tensor`). Projections keep Hugging
         Face's (out, in) layout (the graph multiplies by their
         transposes); MoE experts are stacked as `g.moe` takes them: (E,
-        in, out), or packed (E, out, in). `progress(done, total)` is
-        called after each graph weight."""
+        in, out), or packed (E, out, in). `shard(key, array)`, when given,
+        takes each weight as it is read and returns the part to keep (a
+        rank's share of a tensor-parallel model). `progress(done, total)`
+        is called after each graph weight."""
         if dtype not in STORAGE:
             raise ValueError(f"weights: dtype {dtype!r} is not one of {', '.join(STORAGE)}")
         formats = formats or {}
@@ -332,6 +335,8 @@ class Checkpoint:
                 out[key] = np.ascontiguousarray(self.tensor(name, shape, what, dtype).T)
             else:
                 out[key] = np.ascontiguousarray(read(name))
+            if shard is not None:
+                out[key] = shard(key, out[key])
             if progress is not None:
                 progress(done, len(plan))
         return out

@@ -281,32 +281,40 @@ class GGUFCheckpoint:
             values = packed.dequantize(raw, _PACKED[kind])
         return np.ascontiguousarray(values.reshape(shape), dtype=np.float32)
 
-    def _packed(self, name: str, what: str, dtype: str, heads) -> np.ndarray:
+    def _packed(self, name: str, what: str, dtype: str, heads, part=None) -> np.ndarray:
         """Tensor `name`'s blocks (uint8, rows of bytes), checked; with
-        `heads`, Llama's permuted Q or K rows put back in order."""
+        `heads`, Llama's permuted Q or K rows put back in order. `part(raw)`,
+        when given, is the share of them to keep and check (a copy of
+        mapped blocks lets the file's pages of the tensor go)."""
         kind = self._tensors[name].type
         if _PACKED.get(kind) != dtype:
             raise GGUFError(f"{self.path}: tensor {name!r} ({what}) has type {kind}, not the "
                             f"{dtype} the step kernel was built for")
         if heads is None:
             raw = self._file.raw(name)
-            self._check_blocks(name, what, raw, dtype)
-            return raw
-        # Read, not mapped: the reordered copy is the only one resident.
-        raw = self._file.read(name)
-        self._check_blocks(name, what, raw, dtype)
-        return _unpermute_rows(raw, heads)
+            kept = raw if part is None else part(raw)
+            if not np.may_share_memory(kept, raw):
+                self._file.let_go(name)
+        else:
+            # Read, not mapped: the reordered copy is the only one resident.
+            kept = _unpermute_rows(self._file.read(name), heads)
+            kept = kept if part is None else part(kept)
+        self._check_blocks(name, what, kept, dtype, share=part is not None)
+        return kept
 
-    def _check_blocks(self, name: str, what: str, raw: np.ndarray, dtype: str) -> None:
+    def _check_blocks(self, name: str, what: str, raw: np.ndarray, dtype: str,
+                      share: bool = False) -> None:
         """Raises GGUFError naming the tensor when a block's scale is not
-        finite (a damaged file: the whole block would be NaN)."""
+        finite (a damaged file: the whole block would be NaN); `share`:
+        `raw` is a rank's share of it (its blocks and rows counted there)."""
         bad = packed.first_bad_block(raw, dtype)
         if bad is not None:
             f = packed.FORMATS[dtype]
             per_row = raw.shape[-1] // f.nbytes
+            where = " of this rank's share" if share else ""
             raise GGUFError(f"{self.path}: tensor {name!r} ({what}, {f.ggml}) has a non-finite "
-                            f"scale in block {bad % per_row} of row {bad // per_row}: the file "
-                            f"is damaged")
+                            f"scale in block {bad % per_row} of row {bad // per_row}{where}: "
+                            f"the file is damaged")
 
     def _plan(self) -> list[tuple]:
         """Every weight of the step graph: (graph input name, GGUF tensor,
@@ -417,7 +425,8 @@ class GGUFCheckpoint:
         return formats
 
     def weights(self, progress: Optional[Callable[[int, int], None]] = None,
-                formats: Optional[dict] = None) -> dict[str, np.ndarray]:
+                formats: Optional[dict] = None,
+                shard: Optional[Callable] = None) -> dict[str, np.ndarray]:
         """Every weight the step graph takes, by graph input name (as
         `Checkpoint.weights` names them), float32 and in Hugging Face's
         layouts; `inv_freq` too when the file has Llama 3's RoPE frequency
@@ -425,7 +434,12 @@ class GGUFCheckpoint:
         subset of `weight_formats()`) stay packed: their blocks, read in
         place from the file's memory map (Llama's Q and K, whose rows are
         reordered, read into memory; experts in the file's (E, out, in)
-        layout). `progress(done, total)` is called after each tensor."""
+        layout). `shard(key, array)`, when given, takes each weight as it
+        is read and returns the part to keep (a rank's share of a
+        tensor-parallel model): a packed weight's blocks are checked in
+        that part only, and the file's pages of a part copied out of the
+        map are let go, so that a rank holds its share of the file.
+        `progress(done, total)` is called after each tensor."""
         c, d = self.config, self.config.head_dim
         plan = self._plan()
         formats = formats or {}
@@ -437,9 +451,11 @@ class GGUFCheckpoint:
         for done, (key, name, shape, what, how) in enumerate(plan, 1):
             if key in formats:
                 heads = how if isinstance(how, int) else None  # Llama's permuted Q, K
-                raw = self._packed(name, what, formats[key], heads)
+                raw = self._packed(name, what, formats[key], heads, shard and
+                                   (lambda raw: shard(key, raw[how[1]:how[2]]
+                                                      if isinstance(how, tuple) else raw)))
                 # A fused tensor's part: its rows of blocks.
-                out[key] = raw[how[1]:how[2]] if isinstance(how, tuple) else raw
+                out[key] = raw[how[1]:how[2]] if isinstance(how, tuple) and not shard else raw
                 if progress is not None:
                     progress(done, len(plan))
                 continue
@@ -454,7 +470,7 @@ class GGUFCheckpoint:
                 array = np.ascontiguousarray(np.swapaxes(array, -1, -2))
             elif how is not None:
                 array = _unpermute_rows(array, how)
-            out[key] = array
+            out[key] = array if shard is None else shard(key, array)
             if progress is not None:
                 progress(done, len(plan))
         if self.architecture == "llama" and c.rope_scaling is None and \

@@ -261,6 +261,16 @@ class GGUFFile:
                             f"changed while it was open?)")
         return data.reshape(*info.shape[:-1], per_row)
 
+    def let_go(self, name: str) -> None:
+        """Lets the process's resident pages of tensor `name` in the map go
+        (`MADV_DONTNEED`, after its part was copied out): they come back
+        from the file if read again."""
+        info = self.tensors[name]
+        page = mmap.PAGESIZE
+        start = info.offset // page * page
+        if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_DONTNEED") and info.nbytes:
+            self._map.madvise(mmap.MADV_DONTNEED, start, info.offset + info.nbytes - start)
+
     def raw(self, name: str) -> np.ndarray:
         """Tensor `name`'s bytes as a read-only uint8 view of the file,
         shaped (..., bytes per row)."""

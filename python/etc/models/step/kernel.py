@@ -15,7 +15,7 @@ from . import kernel_cache as _cache
 from .kv_blocks import DEFAULT_BLOCK_SIZE
 from .kv_cache import KV_DTYPES
 
-__all__ = ["step_options", "step_kernel", "packed_weights", "KernelNotCachedError", "MODEL_DTYPES",
+__all__ = ["step_options", "step_kernel", "packed_weights", "widened_weights", "KernelNotCachedError", "MODEL_DTYPES",
            "DEFAULT_MAX_STEP_TOKENS", "DEFAULT_ATTENTION_CHUNK", "compile_checkpoint",
            "CompileResult"]
 
@@ -112,18 +112,40 @@ def packed_weights(checkpoint, packed: Optional[bool], *, target: str = "cpu",
     default) packs them on the CPU target with its native kernels; True
     packs them on CUDA and with simulated GPU kernels too (their GPU
     kernels are checked under the lane simulation and by ptxas, not yet
-    run on a GPU); False never. Tensor parallelism widens them
-    (packed=True with it is a ValueError)."""
+    run on a GPU); False never.
+
+    With `tensor_parallel` N > 1 each rank keeps its share of the blocks
+    (`etc.models.step.parallel`): the column-parallel weights' rows, and
+    the row-parallel ones' (output and down projections, down experts)
+    columns in whole blocks. A row-parallel weight whose K / N is not
+    whole blocks of its format (`parallel.unaligned_packed`) is widened on
+    every rank with packed=None (`widened_weights` says why), and is a
+    ValueError naming it, its format's block and N with packed=True."""
     if packed not in (None, True, False):
         raise ValueError(f"load: packed={packed!r} must be True, False or None")
-    if packed and tensor_parallel != 1:
-        raise ValueError(f"load: packed=True: packed weights are not split over ranks "
-                         f"(tensor_parallel={tensor_parallel}); load with packed=False")
-    default = target == "cpu" and kernels == "native" and tensor_parallel == 1
+    default = target == "cpu" and kernels == "native"
     if packed is False or (packed is None and not default) or \
             not hasattr(checkpoint, "weight_formats"):
         return {}
-    return checkpoint.weight_formats()
+    formats = checkpoint.weight_formats()
+    widened = widened_weights(checkpoint, formats, tensor_parallel)
+    if packed and widened:
+        raise ValueError(f"load: packed=True, tensor_parallel={tensor_parallel}: "
+                         f"{next(iter(widened.values()))}; load with packed=None to widen such "
+                         f"weights on every rank (or packed=False to widen all)")
+    return {name: fmt for name, fmt in formats.items() if name not in widened}
+
+
+def widened_weights(checkpoint, formats: dict, tensor_parallel: int) -> dict:
+    """The weights of `formats` (`checkpoint.weight_formats()`) that a
+    split over `tensor_parallel` ranks widens, name -> why (see
+    `packed_weights`); {} on one rank."""
+    if tensor_parallel == 1 or not formats:
+        return {}
+    from .parallel import shard_config, unaligned_packed
+
+    shard_config(checkpoint.config, tensor_parallel)  # the fields' errors first
+    return unaligned_packed(checkpoint.config, formats, tensor_parallel)
 
 
 def step_kernel(config: ModelConfig, graph_options: dict, compile_options: dict, *,

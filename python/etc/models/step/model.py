@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
@@ -15,7 +16,8 @@ import numpy as np
 from ... import packed
 from ..loading.checkpoint import STORAGE, Checkpoint
 from . import kernel_cache as _cache
-from .kernel import DEFAULT_MAX_STEP_TOKENS, packed_weights, step_kernel, step_options
+from .kernel import (DEFAULT_MAX_STEP_TOKENS, packed_weights, step_kernel, step_options,
+                     widened_weights)
 from .kv_blocks import DEFAULT_BLOCK_SIZE
 from .kv_cache import KV_STORAGE, KVCache, PagedKVCache, layer_tables
 from .request import Request
@@ -43,7 +45,7 @@ class CompiledModel:
                  kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE,
                  kv_cache_tokens: Optional[int] = None, kv_cache_memory: Optional[int] = None,
                  packed: Optional[bool] = None):
-        from .parallel import shard_config, shard_weights
+        from .parallel import shard_config, shard_weight
 
         if target == "cuda":
             # The weights go to the device: fail now, not after compiling.
@@ -69,6 +71,15 @@ class CompiledModel:
         #: The weights that stay packed (name -> format of `etc.packed`).
         self.weight_formats = packed_weights(checkpoint, packed, target=target, kernels=kernels,
                                              tensor_parallel=tensor_parallel)
+        #: The packed weights of the checkpoint that this split widens on
+        #: every rank, name -> why (`kernel.widened_weights`).
+        self.widened_weights = widened_weights(
+            checkpoint, packed_weights(checkpoint, packed, target=target, kernels=kernels),
+            tensor_parallel)
+        if self.widened_weights:
+            warnings.warn(f"load: tensor_parallel={tensor_parallel} widens on every rank: "
+                          + "; ".join(self.widened_weights.values()), RuntimeWarning,
+                          stacklevel=3)
         self.graph_options, self.compile_options = step_options(
             config, target=target, schedule=schedule, workers=workers, dtype=dtype,
             max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip,
@@ -117,16 +128,21 @@ class CompiledModel:
         start = time.perf_counter()
         report = None if progress is None else \
             (lambda done, total: progress("weights", done, total))
+        # Each weight cut to this rank's share as it is read.
+        split = None if tensor_parallel == 1 else \
+            (lambda name, array: shard_weight(config, name, array, tensor_parallel, self.rank,
+                                              self.weight_formats.get(name)))
         if isinstance(checkpoint, Checkpoint):
             # Read in the compute dtype's storage: a bf16 or f16 checkpoint
             # computed in its own dtype is never widened to float32 (an FP8
             # one's packed weights stay e4m3).
-            weights = checkpoint.weights(dtype, progress=report, formats=self.weight_formats)
+            weights = checkpoint.weights(dtype, progress=report, formats=self.weight_formats,
+                                         shard=split)
         elif self.weight_formats:
-            weights = checkpoint.weights(progress=report, formats=self.weight_formats)
+            weights = checkpoint.weights(progress=report, formats=self.weight_formats,
+                                         shard=split)
         else:
-            weights = checkpoint.weights(progress=report)
-        weights = shard_weights(config, weights, tensor_parallel, self.rank)
+            weights = checkpoint.weights(progress=report, shard=split)
         for name, table in config.rope_tables().items():  # unless the file has its own
             weights.setdefault(name, table)
         self._weights = {name: self._as_dtype(name, array) for name, array in weights.items()}

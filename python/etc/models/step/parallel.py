@@ -8,12 +8,13 @@ with `ranks`."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import numpy as np
 
 from ..loading.config import ModelConfig
 
-__all__ = ["shard_config", "shard_weights"]
+__all__ = ["shard_config", "shard_weights", "shard_weight", "unaligned_packed"]
 
 
 def shard_config(config: ModelConfig, ranks: int) -> ModelConfig:
@@ -43,37 +44,108 @@ def shard_config(config: ModelConfig, ranks: int) -> ModelConfig:
                                moe_intermediate_size=config.moe_intermediate_size // ranks)
 
 
-def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int) -> dict:
-    """Rank `rank`'s slices of the checkpoint's `weights` (Hugging Face's
-    (out, in) layout): the rows of the Q, K, V, gate and up projections
-    (and of the Q, K and V biases) of its heads and MLP columns, the matching columns of the output and down
-    projections; of every expert (stacked as `g.moe` takes them: gate and
-    up (E, H, F), down (E, F, H)) its F columns of gate and up and the
-    matching rows of down; everything else (the router too) whole."""
-    if ranks == 1:
-        return weights
+def _splits(config: ModelConfig, ranks: int) -> dict:
+    """Each split weight kind -> (its axis unpacked, its axis packed, the
+    values per rank along it, whether that axis is the K of the product
+    (row-parallel: blocks of a packed row split there))."""
     d = config.head_dim
     q = config.num_heads // ranks * d
     kv = config.num_kv_heads // ranks * d
     f = config.intermediate_size // ranks
-    rows = {"wq": q, "wk": kv, "wv": kv, "bq": q, "bk": kv, "bv": kv, "w_gate": f, "w_up": f}
-    columns = {"wo": q, "w_down": f}
     e = config.moe_intermediate_size // ranks
-    # The stacked experts: the axis of their F.
-    experts = {"experts_gate": 2, "experts_up": 2, "experts_down": 1}
-    shard = {}
-    for name, array in weights.items():
-        kind = name.split("_", 1)[1] if name.startswith("l") and "_" in name else None
-        if kind in rows:
-            size = rows[kind]
-            shard[name] = np.ascontiguousarray(array[rank * size:(rank + 1) * size])
-        elif kind in columns:
-            size = columns[kind]
-            shard[name] = np.ascontiguousarray(array[:, rank * size:(rank + 1) * size])
-        elif kind in experts:
-            where = [slice(None)] * array.ndim
-            where[experts[kind]] = slice(rank * e, (rank + 1) * e)
-            shard[name] = np.ascontiguousarray(array[tuple(where)])
-        else:
-            shard[name] = array
-    return shard
+    splits = {kind: (0, 0, size, False) for kind, size in (
+        ("wq", q), ("wk", kv), ("wv", kv), ("bq", q), ("bk", kv), ("bv", kv), ("w_gate", f),
+        ("w_up", f))}
+    splits.update(wo=(1, 1, q, True), w_down=(1, 1, f, True))
+    # The stacked experts: gate and up (E, H, F) widened, (E, F, H) packed
+    # (llama.cpp's (E, out, in)); down (E, F, H) widened, (E, H, F) packed.
+    splits.update(experts_gate=(2, 1, e, False), experts_up=(2, 1, e, False),
+                  experts_down=(1, 2, e, True))
+    return splits
+
+
+def _kind(name: str):
+    return name.split("_", 1)[1] if name.startswith("l") and "_" in name else None
+
+
+def unaligned_packed(config: ModelConfig, formats: dict, ranks: int) -> dict:
+    """The packed weights of `formats` (name -> format of `etc.packed`)
+    that cannot stay packed when split over `ranks`, name -> why: a
+    row-parallel weight (an output or down projection, a layer's down
+    experts) whose share of K per rank is not whole blocks of its format
+    (a block's scales cover its values, so a rank's share must be whole
+    blocks of every row). The gate and up experts of a layer whose down
+    experts cannot stay packed go with them (`g.moe` takes a layer's three
+    stacks in one layout). Column-parallel weights split by whole rows and
+    always stay packed; replicated ones are not split."""
+    from ... import packed
+
+    if ranks == 1:
+        return {}
+    splits = _splits(config, ranks)
+    out = {}
+    for name, fmt in formats.items():
+        split = splits.get(_kind(name))
+        if split is None or not split[3]:
+            continue
+        block = packed.FORMATS[fmt].block
+        if split[2] % block:
+            out[name] = (f"{name!r} ({fmt}, blocks of {block} values) splits along K into "
+                         f"{split[2]} values per rank over tensor_parallel={ranks}, not whole "
+                         f"blocks")
+    for name in [n for n in out if _kind(n) == "experts_down"]:
+        layer = name.split("_experts_")[0]
+        for other in (f"{layer}_experts_gate", f"{layer}_experts_up"):
+            if other in formats:
+                out[other] = (f"{other!r} ({formats[other]}) goes with {name!r}, which is "
+                              f"widened: a layer's experts are in one layout")
+    return out
+
+
+def shard_weight(config: ModelConfig, name: str, array: np.ndarray, ranks: int, rank: int,
+                 fmt: Optional[str] = None) -> np.ndarray:
+    """Rank `rank`'s slice of weight `name` (see `shard_weights`); `fmt`,
+    the `etc.packed` format it is stored in (uint8 blocks, (..., bytes)),
+    or None. A slice of a private array is copied (the whole one can be
+    freed); a slice of a read-only file map stays a view where it is
+    contiguous (its rows: only their pages become resident)."""
+    if ranks == 1:
+        return array
+    split = _splits(config, ranks).get(_kind(name))
+    if split is None:
+        return array
+    axis, packed_axis, size, _ = split
+    start, stop = rank * size, (rank + 1) * size
+    if fmt is not None:
+        from ... import packed
+
+        axis = packed_axis
+        if axis == array.ndim - 1:  # along K: in whole blocks of bytes
+            f = packed.FORMATS[fmt]
+            if size % f.block:
+                raise ValueError(f"{name!r} ({fmt}): {size} values per rank are not whole "
+                                 f"blocks of {f.block}")
+            start, stop = start // f.block * f.nbytes, stop // f.block * f.nbytes
+    where = [slice(None)] * array.ndim
+    where[axis] = slice(start, stop)
+    part = array[tuple(where)]
+    if array.flags.writeable:
+        return np.array(part, order="C")
+    return np.ascontiguousarray(part)
+
+
+def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int,
+                  formats: Optional[dict] = None) -> dict:
+    """Rank `rank`'s slices of the checkpoint's `weights` (Hugging Face's
+    (out, in) layout): the rows of the Q, K, V, gate and up projections
+    (and of the Q, K and V biases) of its heads and MLP columns, the
+    matching columns of the output and down projections; of every expert
+    (stacked as `g.moe` takes them: gate and up (E, H, F), down (E, F, H);
+    packed, (E, out, in)) its F columns of gate and up and the matching
+    rows of down; everything else (the router, the embeddings, the LM
+    head) whole. The weights named in `formats` are packed storage of
+    that format: split by whole rows, or along K by whole blocks (see
+    `unaligned_packed` for the weights that cannot be)."""
+    formats = formats or {}
+    return {name: shard_weight(config, name, array, ranks, rank, formats.get(name))
+            for name, array in weights.items()}
