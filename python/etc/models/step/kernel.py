@@ -15,7 +15,8 @@ from . import kernel_cache as _cache
 from .kv_blocks import DEFAULT_BLOCK_SIZE
 from .kv_cache import KV_DTYPES
 
-__all__ = ["step_options", "step_kernel", "packed_weights", "widened_weights", "KernelNotCachedError", "MODEL_DTYPES",
+__all__ = ["step_options", "step_kernel", "packed_weights", "widened_weights",
+           "KernelNotCachedError", "MODEL_DTYPES",
            "DEFAULT_MAX_STEP_TOKENS", "DEFAULT_ATTENTION_CHUNK", "compile_checkpoint",
            "CompileResult"]
 
