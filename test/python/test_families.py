@@ -12,7 +12,6 @@ always against the golden logits transformers produced
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pytest
@@ -510,43 +509,6 @@ def test_mistral_gguf_is_a_llama_file(tmp_path):
     assert got.tokens == want.tokens
     for a, b in zip(got.logits, want.logits):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-
-
-# ----------------------------------------------------------------------
-# CUDA: PTX of windowed real-width step graphs
-# ----------------------------------------------------------------------
-
-from ptxas_check import assemble, assert_no_spills, needs_ptxas  # noqa: E402
-
-
-#: Real widths with a sliding and a full layer: Qwen2.5-0.5B with its window
-#: on for its second layer, and Gemma 3 1B with every second layer full
-#: (head_dim 256: a whole warp per cache row; q/k norms of 1 + w, GeGLU,
-#: the sliding layers' own RoPE).
-WINDOWED_SHAPES = {
-    "qwen2.5-0.5b": dict(use_sliding_window=True, sliding_window=4096, max_window_layers=1),
-    "gemma-3-1b": dict(sliding_window_pattern=2),
-}
-
-
-@needs_ptxas
-@pytest.mark.parametrize("name", list(WINDOWED_SHAPES))
-@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
-def test_windowed_real_width_step_graph_assembles_without_spills(name, chip, tmp_path):
-    """bf16, paged: the GPU attention kernels with and without a window
-    (and Gemma's kernels) assemble with no spills."""
-    import etc
-    from etc.models.step.graph import build_step_graph
-    from etc.models.testing import shaped_config
-
-    config = ModelConfig.from_dict(shaped_config(name, **WINDOWED_SHAPES[name]))
-    assert config.sliding_layers in ((1,), (0,))
-    graph = build_step_graph(config, dtype="bf16", max_seq_len=8192, chunk=256,
-                             kv_block_size=16)
-    kernel = etc.compile(graph, target="cuda", chip=chip, schedule="auto")
-    # The windowed and the full chunk kernels.
-    assert len(set(re.findall(r"step_tile_attention_chunk_warps_\d+", kernel.ptx))) == 2
-    assert_no_spills(assemble(kernel.ptx, chip, tmp_path, name))
 
 
 # ----------------------------------------------------------------------

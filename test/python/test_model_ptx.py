@@ -9,6 +9,15 @@ for any CTA (the sum of per-function static arrays, 64,000 bytes for
 Llama-3.2-1B, did not assemble for sm_80); every bf16 linear layer takes
 the tensor-core kernel paired with the transposed GEMV.
 
+The paged "auto" bf16 graph of every shape is also the packed-weight and
+the sliding-window graph (issue #31: one assembly where three were): its
+weights take every block format of `etc.packed` in turn, some staying bf16
+(the packed GEMV tiles beside the tensor-core kernel in one worker), and
+Qwen2.5-0.5B and Gemma 3 1B have a sliding and a full layer (the windowed
+and the full attention chunk kernels, and Gemma's). The packed tiles'
+numerics: test_packed_gpu.py and test_moe_packed.py under the lane
+simulation.
+
 These real-width graphs stand for the tiny ones too: a tiny model's step
 graph has the same tile functions at smaller sizes."""
 
@@ -19,6 +28,7 @@ import re
 import pytest
 
 import etc
+from etc import packed
 from etc.models.step.graph import build_step_graph
 from etc.models.loading.config import ModelConfig
 from etc.models.testing import SHAPES, shaped_config
@@ -31,14 +41,66 @@ STATIC_LIMIT = 48 << 10
 #: layer (`mlp_only_layers`), so that one graph has both kinds of MLP.
 VARIANTS = {"qwen3-30b-a3b-dense0": ("qwen3-30b-a3b", dict(mlp_only_layers=[0]))}
 
+#: Shapes with a sliding and a full layer among their first ones: Qwen2.5-0.5B
+#: with its window on for its second layer, Gemma 3 1B with every second
+#: layer full (head_dim 256: a whole warp per cache row; q/k norms of 1 + w,
+#: GeGLU, the sliding layers' own RoPE). The mixed graphs take these fields.
+WINDOWED = {
+    "qwen2.5-0.5b": dict(use_sliding_window=True, sliding_window=4096, max_window_layers=1),
+    "gemma-3-1b": dict(sliding_window_pattern=2),
+}
+
+#: The block formats, and None for a weight that stays bf16.
+FORMATS = [*packed.FORMATS, None]
+
+
+def _weight_widths(config: ModelConfig) -> dict:
+    """Each linear weight's (and stack of experts') name -> its K (the
+    values a row holds)."""
+    h, q = config.hidden_size, config.num_heads * config.head_dim
+    widths = {"embed": h}
+    for i in range(config.num_layers):
+        widths.update({f"l{i}_wq": h, f"l{i}_wk": h, f"l{i}_wv": h, f"l{i}_wo": q})
+        if config.is_sparse(i):
+            widths.update({f"l{i}_experts_gate": h, f"l{i}_experts_up": h,
+                           f"l{i}_experts_down": config.moe_intermediate_size})
+        else:
+            widths.update({f"l{i}_w_gate": h, f"l{i}_w_up": h,
+                           f"l{i}_w_down": config.intermediate_size})
+    if not config.tie_word_embeddings:
+        widths["lm_head"] = h
+    return widths
+
+
+def _formats(config: ModelConfig) -> dict:
+    """A block format (or bf16: None) per weight, each as often as the rows
+    allow: each weight takes the least used of those whose block divides
+    its K (a 256-value K-quant block does not divide Gemma 3 1B's 1152 or
+    Qwen2.5-0.5B's 896, where llama.cpp's files use 32-value blocks)."""
+    used = dict.fromkeys(FORMATS, 0)
+    chosen = {}
+    for name, k in _weight_widths(config).items():
+        # A MoE model's weights are all packed, as in llama.cpp's files: its
+        # worker with bf16 and packed tiles spilled 4 bytes on sm_90a
+        # (Qwen3-30B-A3B, 2026-11-28); its bf16 graphs are the dense0
+        # variant's.
+        fits = [f for f in FORMATS if (f is None and not config.num_experts)
+                or (f is not None and k % packed.FORMATS[f].block == 0)]
+        chosen[name] = min(fits, key=lambda f: used[f])
+        used[chosen[name]] += 1
+    return {name: fmt for name, fmt in chosen.items() if fmt is not None}, used
+
+
 #: (shape, KV block size or None for a contiguous cache, chip, schedule,
-#: dtype): every shape on both chips (paged, "auto"); the contiguous cache;
-#: the static schedule on both chips and for each architecture; f32 on
-#: both chips and both schedules.
+#: dtype): every shape on both chips (paged, "auto", packed and windowed
+#: as above); the contiguous cache; the static schedule on both chips and
+#: for each architecture; bf16 experts on both chips; f32 on both chips
+#: and both schedules.
 GRAPHS = ([(name, 16, chip, "auto", "bf16") for name in SHAPES for chip in ("sm_80", "sm_90a")] +
           [("qwen3-0.6b", None, "sm_80", "auto", "bf16"),
            ("llama-3.2-1b", None, "sm_80", "static", "bf16"),
            ("qwen3-30b-a3b-dense0", 16, "sm_90a", "static", "bf16"),
+           ("qwen3-30b-a3b-dense0", 16, "sm_80", "auto", "bf16"),
            ("qwen3-0.6b", None, "sm_90a", "static", "f32"),
            ("llama-3.2-1b", 16, "sm_80", "auto", "f32")])
 
@@ -48,11 +110,27 @@ GRAPHS = ([(name, 16, chip, "auto", "bf16") for name in SHAPES for chip in ("sm_
 def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chip, schedule,
                                                         dtype, tmp_path):
     shape, overrides = VARIANTS.get(name, (name, {}))
-    config = ModelConfig.from_dict(shaped_config(shape, layers=2, **overrides))
+    mixed = (kv_block_size, schedule, dtype) == (16, "auto", "bf16") and name in SHAPES
+    formats = {}
+    if mixed:
+        # Two layers, or as many as give every format (and bf16) a weight
+        # (Qwen2.5-0.5B's only K that a 256-value block divides is its
+        # MLP's down projection).
+        overrides = WINDOWED.get(name, {})
+        for layers in (2, 3, 4):
+            config = ModelConfig.from_dict(shaped_config(shape, layers=layers, **overrides))
+            formats, used = _formats(config)
+            if all(n for f, n in used.items() if f is not None or not config.num_experts):
+                break
+        assert all(n for f, n in used.items() if f is not None or not config.num_experts), used
+        if name in WINDOWED:
+            assert 0 < len(config.sliding_layers) < config.num_layers, config.sliding_layers
+    else:
+        config = ModelConfig.from_dict(shaped_config(shape, layers=2, **overrides))
     if name in VARIANTS:
         assert not config.is_sparse(0) and config.is_sparse(1)
-    graph = build_step_graph(config, dtype=dtype, max_seq_len=4096, chunk=256,
-                             kv_block_size=kv_block_size)
+    graph = build_step_graph(config, dtype=dtype, max_seq_len=8192 if name in WINDOWED else 4096,
+                             chunk=256, kv_block_size=kv_block_size, weight_formats=formats)
     kernel = etc.compile(graph, target="cuda", chip=chip, schedule=schedule)
     assert kernel.abi.schedule == ("dynamic" if schedule == "auto" else schedule)
     ptx = kernel.ptx
@@ -62,10 +140,22 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
     # The linear layers' weights are (N, K): the transposed GEMV, with the
     # tensor-core kernel for tiles of many rows in bf16.
     kinds = set(re.findall(r"_tile_(matmul\w*?)_\d+\(", kernel.ir("graph")))
-    assert kinds == {"matmul_gemv_t_mma" if dtype == "bf16" else "matmul_gemv_t"}, kinds
+    unpacked = "matmul_gemv_t_mma" if dtype == "bf16" else "matmul_gemv_t"
+    # (An untied embedding is only gathered; experts take the MoE tiles.)
+    packed_kinds = {f"matmul_{fmt}_gemv" for name, fmt in formats.items()
+                    if "experts" not in name and (name != "embed" or config.tie_word_embeddings)}
+    every_packed = config.num_experts and mixed
+    assert kinds == ({unpacked} if not every_packed else set()) | packed_kinds, kinds
+    if mixed and config.num_experts:
+        # The MoE tiles read stacks of experts' blocks, (E, N, bytes of K).
+        assert re.search(r"tile_moe_up_\d+\(%arg0: memref<\?x\d+xbf16>, "
+                         r"%arg1: memref<\d+x\d+x\d+xi8>", kernel.ir("graph"))
+    if mixed and name in WINDOWED:
+        # The windowed and the full chunk kernels.
+        assert len(set(re.findall(r"step_tile_attention_chunk_warps_\d+", ptx))) == 2
     report = assemble(ptx, chip, tmp_path, name)
     assert_no_spills(report)
-    if dtype == "bf16":
+    if dtype == "bf16" and not every_packed:
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
         # The worker (where the other tile bodies are inlined) already uses
         # all 255 registers: the tensor-core tiles stay functions of their own.
