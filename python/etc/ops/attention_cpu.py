@@ -199,9 +199,8 @@ class AttentionChunkBlocks(AttentionChunk):
         handling) took twice the instructions: 0.97x the time of the
         prefill's attention with it."""
         n = self.KEYS
-        nnan = ir.Attribute.parse("#arith.fastmath<nnan>")
         i32x16 = ir.VectorType.get([n], ir.IntegerType.get_signless(32))
-        t = arith.mulf(arith.maximumf(x, self.vsplat(self.cf32(-87.0), n), fastmath=nnan),
+        t = arith.mulf(_larger(x, self.vsplat(self.cf32(-87.0), n)),
                        self.vsplat(self.cf32(1.4426950408889634), n))
         whole = math.roundeven(t)
         f = arith.subf(t, whole)
@@ -379,7 +378,7 @@ class AttentionChunkBlocks(AttentionChunk):
             block = arith.select(masks[g], self.capped(arith.mulf(total, scale)),
                                  self.vsplat(minus_inf, n))
             m = memref.load(packs.states, [qi, c(head_dim)])
-            m_new = arith.maximumf(m, _largest(block))
+            m_new = _larger(m, _largest(block))
             m_from = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, m_new, minus_inf),
                                   self.cf32(0.0), m_new)
             blocks.append(block)
@@ -712,14 +711,19 @@ def _largest(v: ir.Value) -> ir.Value:
     """The largest of the 16 lanes of `v`, which holds no NaN: a tree of
     halves and `vmaxps` without NaN checks (a `vector.reduction` took
     15 scalar max with a NaN check each, one after another)."""
-    nnan = ir.Attribute.parse("#arith.fastmath<nnan>")
     width = 16
     while width > 1:
         half = width // 2
-        v = arith.maximumf(vector.shuffle(v, v, list(range(half))),
-                           vector.shuffle(v, v, list(range(half, width))), fastmath=nnan)
+        v = _larger(vector.shuffle(v, v, list(range(half))),
+                    vector.shuffle(v, v, list(range(half, width))))
         width = half
     return vector.extract(v, [], [0])
+
+
+def _larger(a: ir.Value, b: ir.Value) -> ir.Value:
+    """a > b ? a : b, which is `vmaxps`'s own rule (arith's maximumf and
+    maxnumf lower with NaN and signed-zero checks besides)."""
+    return arith.select(arith.cmpf(arith.CmpFPredicate.OGT, a, b), a, b)
 
 
 class _Packs:
