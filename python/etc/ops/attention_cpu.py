@@ -536,8 +536,9 @@ class AttentionChunkBlocks(AttentionChunk):
             block = self.capped(arith.mulf(dots[g].result(), self.vsplat(scale, n)))
             if live is not None:
                 block = arith.select(live, block, self.vsplat(minus_inf, n))
-            m_new = arith.maximumf(m, vector.reduction(
-                self.f32, ir.Attribute.parse("#vector.kind<maximumf>"), block))
+            # A tree of vmaxps: vector.reduction's maximumf took 15 scalar
+            # max with NaN checks one after another (`_largest`).
+            m_new = _larger(m, _largest(block))
             alpha = math.exp(arith.subf(m, m_new))
             w = math.exp(arith.subf(block, self.vsplat(m_new, n)))
             if live is not None:
