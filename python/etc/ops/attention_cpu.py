@@ -46,7 +46,33 @@ class AttentionChunkBlocks(AttentionChunk):
     as one dimension, 0.95x that; the 3 KV heads in one tile, 0.90x that
     (0.95x with 2 workers; a 230-token prefill step after 256, 0.90x).
     Each ratio is of two kernels compiled in one process, runs
-    alternating."""
+    alternating.
+
+    Prefill (a request bringing QUERY_ROWS new tokens or more, with
+    `value_pairs`) takes `emit_query_blocks`: Q = QUERY_ROWS tokens
+    against each block of keys, packed once per KV head for the Q G
+    queries. The floor: a 486-token first step at SmolLM2's shape is 30
+    layers x 9 heads x 118,341 (query, key) pairs (486 x 487 / 2) x 256
+    FLOP (2 x 64 for the score, 2 x 64 for the weighted value) = 8.2
+    GFLOP, 16 ms at this CPU's `vdpbf16ps` rate (about 510 GFLOP/s a
+    core). A token at a time took 94-101 ms with one worker (about 85
+    GFLOP/s). What the blocking could save was known to be small: only a
+    block's loads, prefetches and value shuffles are shared by the
+    queries (about 2 of each query's 20 instructions a key); the rest is
+    each query's own: 4 `vdpbf16ps` a key, and per 16 keys their sums
+    across lanes, the largest, two exponentials and the rescaling of its
+    sums. What moved the time was the per-query code on the packs:
+    scores on keys transposed (no sums across lanes), the maxima as
+    `vmaxps` trees (`_largest`), the rescalings' exponentials 16 to a
+    vector, the weights' exponentials as `exp2_of`, `vcvtneps2bf16`, l
+    kept per lane: 1,117 instructions for 6 queries' 384 `vdpbf16ps` a
+    block. The 486-token first step, one worker, both paths compiled in
+    one process, runs alternating (2026-11-28 05:03-05:05, load 3.3-3.9):
+    QUERY_ROWS 1, 4, 8, 16: 96.8, 85.9, 76.0, 73.6 ms (74.0 against 94.4
+    in another run: 0.78x, about 110 GFLOP/s, 7x the floor); a 256-token
+    step after 230 cached: 66.4, 59.2, 51.5, 48.9 ms. 8, not 16: the
+    stack buffers grow with Q G K (54 KB at SmolLM2's shape and Q = 8,
+    37 KB of it the queries and their states)."""
 
     part = "chunk_blocks"
     #: Keys per block (a 16-lane f32 vector of scores).
