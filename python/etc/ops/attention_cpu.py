@@ -69,7 +69,7 @@ class AttentionChunkBlocks(AttentionChunk):
     block. The 486-token first step, one worker, both paths compiled in
     one process, runs alternating (2026-11-28 05:03-05:05, load 3.3-3.9):
     QUERY_ROWS 1, 4, 8, 16: 96.8, 85.9, 76.0, 73.6 ms (74.0 against 94.4
-    in another run: 0.78x, about 110 GFLOP/s, 7x the floor); a 256-token
+    in another run: 0.78x, about 110 GFLOP/s, 4.6x the floor); a 256-token
     step after 230 cached: 66.4, 59.2, 51.5, 48.9 ms. 8, not 16: the
     stack buffers grow with Q G K (54 KB at SmolLM2's shape and Q = 8,
     37 KB of it the queries and their states)."""
