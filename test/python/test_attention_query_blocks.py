@@ -21,33 +21,33 @@ D = 64
 ROWS = AttentionChunkBlocks.QUERY_ROWS
 
 
-def _graph(heads, kv_heads, chunk, max_length, paged, window=None, softcap=None):
+def _graph(heads, kv_heads, chunk, max_length, paged, window=None, softcap=None, d=D):
     """One attention layer over bf16 caches (paged: blocks of 16 positions)
-    appended to this step."""
+    appended to this step, heads of `d`."""
     g = etc.Graph("query_blocks")
     T, R = g.symbol("T"), g.symbol("R")
-    q = g.input("q", (T, heads * D), "bf16")
-    k = g.input("k", (T, kv_heads * D), "bf16")
-    v = g.input("v", (T, kv_heads * D), "bf16")
+    q = g.input("q", (T, heads * d), "bf16")
+    k = g.input("k", (T, kv_heads * d), "bf16")
+    v = g.input("v", (T, kv_heads * d), "bf16")
     if paged:
         batch = g.ragged_batch(T, R, blocks_per_request=g.symbol("M"))
-        shape = (g.symbol("N"), 16, kv_heads * D)
+        shape = (g.symbol("N"), 16, kv_heads * d)
     else:
         batch = g.ragged_batch(T, R)
-        shape = (g.symbol("S"), g.symbol("L"), kv_heads * D)
+        shape = (g.symbol("S"), g.symbol("L"), kv_heads * d)
     kc = g.kv_append(g.state("kc", shape, "bf16"), k, batch)
     vc = g.kv_append(g.state("vc", shape, "bf16"), v, batch)
-    g.output(g.attention(q, kc, vc, batch, head_dim=D, chunk=chunk, max_length=max_length,
+    g.output(g.attention(q, kc, vc, batch, head_dim=d, chunk=chunk, max_length=max_length,
                          window=window, softcap=softcap))
     return g
 
 
-def _run(g, kernel, steps, heads, kv_heads, max_length, paged, rng, values=None):
+def _run(g, kernel, steps, heads, kv_heads, max_length, paged, rng, values=None, d=D):
     """Runs `steps` (new tokens per request) through `kernel` and NumPy's
     reference, on caches of two requests (paged: their blocks shuffled over
-    the pool); returns the kernel's outputs. `values(positions)`, if given,
-    makes each token's q, k and v (else random)."""
-    width = kv_heads * D
+    the pool), heads of `d`; returns the kernel's outputs. `values(
+    positions)`, if given, makes each token's q, k and v (else random)."""
+    width = kv_heads * d
     requests = len(steps[0])
     if paged:
         per = max_length // 16
@@ -67,7 +67,7 @@ def _run(g, kernel, steps, heads, kv_heads, max_length, paged, rng, values=None)
         tokens = sum(new)
         if values is None:
             q, k, v = (rng.standard_normal((tokens, n)).astype(np.float32)
-                       for n in (heads * D, width, width))
+                       for n in (heads * d, width, width))
         else:
             q, k, v = values(batch["positions"], heads, kv_heads)
         (got,) = kernel.run(q=q, k=k, v=v, kc=caches[0], vc=caches[1], **batch)
@@ -102,6 +102,16 @@ def test_grouped_heads_and_chunks(heads, kv_heads, chunk):
     g = _graph(heads, kv_heads, chunk, 192, True)
     kernel = etc.compile(g, target="cpu", schedule="dynamic", workers=2)
     _run(g, kernel, STEPS, heads, kv_heads, 192, True, np.random.default_rng(heads + chunk))
+
+
+@pytest.mark.parametrize("d, heads, kv_heads", [(128, 16, 8), (256, 4, 2)])
+def test_wider_heads(d, heads, kv_heads):
+    """head_dim 128 (Qwen3's: 4 transposes of 16 x 16 pairs a block, 8
+    value parts) with 4 KV heads a tile, and 256 (Gemma's)."""
+    g = _graph(heads, kv_heads, 32, 96, True, d=d)
+    kernel = etc.compile(g, target="cpu", schedule="dynamic", workers=2)
+    _run(g, kernel, [[21, 50], [19, 11], [1, 1]], heads, kv_heads, 96, True,
+         np.random.default_rng(d), d=d)
 
 
 @pytest.mark.parametrize("paged", [False, True])

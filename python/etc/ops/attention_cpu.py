@@ -172,10 +172,12 @@ class AttentionChunkBlocks(AttentionChunk):
                 return (t, self.first_key(k0, position),
                         arith.minsi(k_end, arith.addi(position, c(1))))
 
-            # The rows' positions increase: the first row's first key and
-            # the last row's end bound them all.
-            _, k_first, _ = bounds(c(0))
-            _, _, k1 = bounds(c(rows - 1))
+            # The keys any row sees (positions increase along a request,
+            # but nothing here counts on it).
+            _, k_first, k1 = bounds(c(0))
+            for row in range(1, rows):
+                _, first_key, end_key = bounds(c(row))
+                k_first, k1 = arith.minsi(k_first, first_key), arith.maxsi(k1, end_key)
             guard = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, k_first, k1))
             with ir.InsertionPoint(guard.then_block):
                 each = scf.ForOp(c(0), c(kv_heads * per_kv), c(1))
