@@ -1,6 +1,7 @@
 """The CPU attention tiles alone: one decode token's attention over a long
-paged KV cache, the `smol` (SmolLM2-135M) shape: 9 query heads, 3 KV
-heads, head_dim 64, bf16 queries and cache, blocks of 16 positions.
+paged KV cache (or `--new` tokens' of a prefill step), the `smol`
+(SmolLM2-135M) shape: 9 query heads, 3 KV heads, head_dim 64, bf16 queries
+and cache, blocks of 16 positions.
 
 `--layers` attention layers (each its own cache, so that at 30 layers and
 2,000 positions the caches, 46 MB, come from memory as in a decode step;
@@ -11,8 +12,14 @@ run also carries the runtime's fixed cost (about 0.07 ms on this VM: time
 once, 30 x 2 x 2,000 x 192 x 2 bytes = 46 MB, over the bandwidth the
 workers reach.
 
+`--new N`: the step's last N positions are new tokens (a prefill step
+after positions - N cached; `--new` = `--positions` is a first step).
+`--compare` compiles the kernel twice in one process, with the prefill's
+query blocks (`AttentionChunkBlocks.QUERY_ROWS`) and without (1: a token
+at a time), and times them alternating.
+
 Usage: .venv/bin/python bench/attention_cpu.py [--positions 2000] [--layers 30]
-       [--workers 1] [--chunk 128] [--runs 200]
+       [--workers 1] [--chunk 128] [--runs 200] [--new 1] [--compare]
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import numpy as np
 
 import etc
 from etc import bfloat16
+from etc.ops.attention_cpu import AttentionChunkBlocks
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 
@@ -46,6 +54,19 @@ def graph(layers: int, chunk: int, max_length: int) -> etc.Graph:
     return g
 
 
+def compile_kernel(args, blocks: int, query_rows: int | None = None):
+    """The kernel, with `query_rows` as AttentionChunkBlocks.QUERY_ROWS
+    (None: as it is)."""
+    saved = AttentionChunkBlocks.QUERY_ROWS
+    if query_rows is not None:
+        AttentionChunkBlocks.QUERY_ROWS = query_rows
+    try:
+        return etc.compile(graph(args.layers, args.chunk, blocks * BLOCK), target="cpu",
+                           schedule="dynamic", workers=args.workers)
+    finally:
+        AttentionChunkBlocks.QUERY_ROWS = saved
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--positions", type=int, default=2000)
@@ -53,34 +74,54 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--chunk", type=int, default=128)
     parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--new", type=int, default=1)
+    parser.add_argument("--compare", action="store_true")
     args = parser.parse_args()
+    if not 1 <= args.new <= args.positions:
+        parser.error(f"--new must be in [1, --positions], got {args.new}")
     blocks = -(-args.positions // BLOCK)
-    kernel = etc.compile(graph(args.layers, args.chunk, blocks * BLOCK), target="cpu",
-                         schedule="dynamic", workers=args.workers)
+    variants = {"as built": compile_kernel(args, blocks)}
+    if args.compare:
+        variants = {f"QUERY_ROWS={AttentionChunkBlocks.QUERY_ROWS}": variants["as built"],
+                    "QUERY_ROWS=1": compile_kernel(args, blocks, 1)}
     rng = np.random.default_rng(0)
-    inputs = {"positions": np.array([args.positions - 1], np.int32),
-              "token_request": np.zeros(1, np.int32),
+    new, cached = args.new, args.positions - args.new
+    inputs = {"positions": np.arange(cached, args.positions, dtype=np.int32),
+              "token_request": np.zeros(new, np.int32),
               "request_length": np.array([args.positions], np.int32),
-              "request_first": np.zeros(1, np.int32), "request_last": np.zeros(1, np.int32),
+              "request_first": np.zeros(1, np.int32),
+              "request_last": np.array([new - 1], np.int32),
               "block_table": np.arange(blocks, dtype=np.int32)[None]}
     for i in range(args.layers):
-        inputs[f"q{i}"] = rng.standard_normal((1, HEADS * HEAD_DIM)).astype(np.float32)
+        inputs[f"q{i}"] = bfloat16.to_bits(
+            rng.standard_normal((new, HEADS * HEAD_DIM)).astype(np.float32))
         for name in "kv":
             inputs[f"{name}{i}"] = bfloat16.to_bits(rng.standard_normal(
                 (blocks, BLOCK, KV_HEADS * HEAD_DIM)).astype(np.float32))
-    for _ in range(3):
-        kernel.run(**inputs)
-    times = []
+    outputs = {}
+    for name, kernel in variants.items():
+        for _ in range(3):
+            outputs[name] = kernel.run(**inputs)
+    if len(outputs) > 1:
+        first, second = (np.asarray(out[0], np.float32) for out in outputs.values())
+        print(f"largest difference between the variants: {np.abs(first - second).max():.3g}")
+    times = {name: [] for name in variants}
     for _ in range(args.runs):
-        start = time.perf_counter()
-        kernel.run(**inputs)
-        times.append((time.perf_counter() - start) * 1e3)
-    times.sort()
+        for name, kernel in variants.items():
+            start = time.perf_counter()
+            kernel.run(**inputs)
+            times[name].append((time.perf_counter() - start) * 1e3)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"{time.strftime('%Y-%m-%d %H:%M')}, load {load}: {args.layers} layers at "
-          f"{args.positions} positions, {args.workers} workers, chunk {args.chunk}: "
-          f"fastest {times[0]:.3f} ms, p10 {times[len(times) // 10]:.3f}, "
-          f"median {times[len(times) // 2]:.3f}")
+    # Attention's multiply-adds: each new token's 9 heads against the keys
+    # up to its position, 2 x 64 for the scores and 2 x 64 for the values.
+    seen = sum(range(cached + 1, args.positions + 1))
+    flop = args.layers * HEADS * seen * 4 * HEAD_DIM
+    for name, runs in times.items():
+        runs.sort()
+        print(f"{time.strftime('%Y-%m-%d %H:%M')}, load {load}: {name}: {args.layers} layers "
+              f"at {args.positions} positions, {new} new, {args.workers} workers, chunk "
+              f"{args.chunk}: fastest {runs[0]:.3f} ms ({flop / runs[0] / 1e6:.1f} GFLOP/s), "
+              f"p10 {runs[len(runs) // 10]:.3f}, median {runs[len(runs) // 2]:.3f}")
 
 
 if __name__ == "__main__":

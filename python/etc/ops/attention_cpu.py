@@ -9,11 +9,12 @@ from mlir import ir
 from mlir.dialects import arith, math, memref, scf, vector
 
 from .attention_chunk import AttentionChunk
+from .attention_query_blocks import QueryBlocks, larger, largest_lane
 from .base import EachSum, element_type
 from .matmul_dpbf16 import dot_bf16
 
 
-class AttentionChunkBlocks(AttentionChunk):
+class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
     """CPU tile (r, j S + s): KV heads s K .. s K + K - 1 of chunk j of
     request r (K = `kv_heads_per_tile`, S = H_kv / K), for all G = H / H_kv
     query heads of each and every new token, an online softmax over blocks
@@ -45,7 +46,33 @@ class AttentionChunkBlocks(AttentionChunk):
     as one dimension, 0.95x that; the 3 KV heads in one tile, 0.90x that
     (0.95x with 2 workers; a 230-token prefill step after 256, 0.90x).
     Each ratio is of two kernels compiled in one process, runs
-    alternating."""
+    alternating.
+
+    Prefill (a request bringing QUERY_ROWS new tokens or more, with
+    `value_pairs`) takes `emit_query_blocks`: Q = QUERY_ROWS tokens
+    against each block of keys, packed once per KV head for the Q G
+    queries. The floor: a 486-token first step at SmolLM2's shape is 30
+    layers x 9 heads x 118,341 (query, key) pairs (486 x 487 / 2) x 256
+    FLOP (2 x 64 for the score, 2 x 64 for the weighted value) = 8.2
+    GFLOP, 16 ms at this CPU's `vdpbf16ps` rate (about 510 GFLOP/s a
+    core). A token at a time took 94-101 ms with one worker (about 85
+    GFLOP/s). What the blocking could save was known to be small: only a
+    block's loads, prefetches and value shuffles are shared by the
+    queries (about 2 of each query's 20 instructions a key); the rest is
+    each query's own: 4 `vdpbf16ps` a key, and per 16 keys their sums
+    across lanes, the largest, two exponentials and the rescaling of its
+    sums. What moved the time was the per-query code on the packs:
+    scores on keys transposed (no sums across lanes), the maxima as
+    `vmaxps` trees (`largest_lane`), the rescalings' exponentials 16 to a
+    vector, the weights' exponentials as `exp2_of`, `vcvtneps2bf16`, l
+    kept per lane: 1,117 instructions for 6 queries' 384 `vdpbf16ps` a
+    block. The 486-token first step, one worker, both paths compiled in
+    one process, runs alternating (2026-11-28 05:03-05:05, load 3.3-3.9):
+    QUERY_ROWS 1, 4, 8, 16: 96.8, 85.9, 76.0, 73.6 ms (74.0 against 94.4
+    in another run: 0.78x, about 110 GFLOP/s, 4.6x the floor); a 256-token
+    step after 230 cached: 66.4, 59.2, 51.5, 48.9 ms. 8, not 16: the
+    stack buffers grow with Q G K (54 KB at SmolLM2's shape and Q = 8,
+    37 KB of it the queries and their states)."""
 
     part = "chunk_blocks"
     #: Keys per block (a 16-lane f32 vector of scores).
@@ -54,6 +81,14 @@ class AttentionChunkBlocks(AttentionChunk):
     #: Qwen3's and Llama 3's 8, while the loop body (a copy of the block's
     #: code per KV head) and its softmax states stay small.
     KV_HEADS = 4
+    #: New tokens of a request that a prefill tile takes together
+    #: (`emit_query_blocks`; 1: a token at a time, as decode): each packed
+    #: block serves QUERY_ROWS G K queries. Measured 4, 8, 16 (see the
+    #: class docstring).
+    QUERY_ROWS = 8
+    #: Rows whose G queries `query_block` interleaves (a run-time loop
+    #: over the others): 2 of 1, 2, 4 was the fastest.
+    ROWS_AT_ONCE = 2
 
     @classmethod
     def applies(cls, op, target) -> bool:
@@ -74,6 +109,25 @@ class AttentionChunkBlocks(AttentionChunk):
     def heads_per_item(cls, op) -> int:
         """The tile's KV heads' query heads."""
         return op.params["heads"] // op.params["kv_heads"] * cls.kv_heads_per_tile(op)
+
+    def emit(self) -> None:
+        """Tiles whose request brings QUERY_ROWS new tokens or more (a
+        prefill) take `emit_query_blocks` where the values take
+        `value_pairs`, the others (decode) a token at a time: chosen per
+        tile at run time."""
+        if self.QUERY_ROWS == 1 or not self.value_pairs():
+            super().emit()
+            return
+        r, js = self.ti
+        _, new_tokens, _, _ = self.request_keys(r, arith.divui(js, self.cidx(self.splits(self.op))))
+        branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, new_tokens,
+                                     self.cidx(self.QUERY_ROWS)), has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            self.emit_query_blocks()
+            scf.yield_([])
+        with ir.InsertionPoint(branch.else_block):
+            super().emit()
+            scf.yield_([])
 
     def softmax(self, queries, k_first, k1, where, kv_column) -> list:
         count = len(queries)
@@ -190,8 +244,9 @@ class AttentionChunkBlocks(AttentionChunk):
             block = self.capped(arith.mulf(dots[g].result(), self.vsplat(scale, n)))
             if live is not None:
                 block = arith.select(live, block, self.vsplat(minus_inf, n))
-            m_new = arith.maximumf(m, vector.reduction(
-                self.f32, ir.Attribute.parse("#vector.kind<maximumf>"), block))
+            # A tree of vmaxps: vector.reduction's maximumf took 15 scalar
+            # max with NaN checks one after another (`largest_lane`).
+            m_new = larger(m, largest_lane(block))
             alpha = math.exp(arith.subf(m, m_new))
             w = math.exp(arith.subf(block, self.vsplat(m_new, n)))
             if live is not None:

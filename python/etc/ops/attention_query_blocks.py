@@ -1,0 +1,387 @@
+"""The prefill path of the CPU attention tile (`attention_cpu.
+AttentionChunkBlocks`, whose docstring has its floor and measurements):
+QUERY_ROWS new tokens of a request against each block of KEYS keys,
+packed once per KV head for their queries."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+from mlir import ir
+from mlir.dialects import arith, math, memref, scf, vector
+
+from .base import element_type
+from .kvcache import CacheRows
+from .matmul_dpbf16 import dot_bf16
+
+
+class QueryBlocks:
+    """`emit_query_blocks` and its parts, for `AttentionChunkBlocks`
+    (QUERY_ROWS, ROWS_AT_ONCE, KEYS, its row loads and prefetches)."""
+
+    def emit_query_blocks(self) -> None:
+        """The tile's new tokens QUERY_ROWS at a time (Q; the last block's
+        missing rows repeat its last token and store nothing), against
+        blocks of KEYS keys from the rows' first key to their last: for
+        each KV head, the block's keys transposed and its values paired
+        once (`pack_block`), then each of the Q G queries of the KV head
+        (a run-time loop: one copy of the code, its registers its own) its
+        block of the online softmax (`query_block`) on the packs, which
+        stay in L1 for all of them, each query masked to its row's keys
+        [first_key, position + 1). The queries' states live in a stack
+        buffer between blocks."""
+        op, params = self.op, self.op.params
+        q, k_cache, _, positions, _, addressing, _, _ = op.operands
+        head_dim, group = params["head_dim"], params["heads"] // params["kv_heads"]
+        c, rows, n = self.cidx, self.QUERY_ROWS, self.KEYS
+        splits, per_split = self.splits(op), self.heads_per_item(op)
+        kv_heads = per_split // group
+        per_kv = rows * group  # queries per KV head
+        r, js = self.ti
+        j = arith.divui(js, c(splits))
+        head0 = arith.muli(arith.remui(js, c(splits)), c(per_split))
+        kv_column = arith.muli(arith.divui(head0, c(group)), c(head_dim))
+        where = CacheRows(self, k_cache, addressing, params.get("block_size"), r)
+        first, new_tokens, k0, k_end = self.request_keys(r, j)
+        end = arith.addi(first, new_tokens)
+        last = arith.subi(end, c(1))
+        i32 = ir.IntegerType.get_signless(32)
+        words, halves = head_dim // 2, head_dim // 32
+        packs = _Packs(*(self.entry_alloca(ir.MemRefType.get(shape, element)) for shape, element in (
+            ([kv_heads * per_kv, words], i32), ([kv_heads * per_kv, head_dim + 32], self.f32),
+            ([2 * kv_heads, words, n], i32), ([2 * kv_heads, n // 2 * 2 * halves, 32],
+                                          element_type("bf16")))))
+        loop = self.lane_loop(arith.divui(arith.addi(new_tokens, c(rows - 1)), c(rows)))
+        with ir.InsertionPoint(loop.body):
+            t0 = arith.addi(first, arith.muli(loop.induction_variable, c(rows)))
+
+            def bounds(row):
+                """Row `row`'s token, first key and end of keys."""
+                t = arith.minsi(arith.addi(t0, row), last)
+                position = self.load_index(positions, [t])
+                return (t, self.first_key(k0, position),
+                        arith.minsi(k_end, arith.addi(position, c(1))))
+
+            # The keys any row sees (positions increase along a request,
+            # but nothing here counts on it).
+            _, k_first, k1 = bounds(c(0))
+            for row in range(1, rows):
+                _, first_key, end_key = bounds(c(row))
+                k_first, k1 = arith.minsi(k_first, first_key), arith.maxsi(k1, end_key)
+            guard = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, k_first, k1))
+            with ir.InsertionPoint(guard.then_block):
+                each = scf.ForOp(c(0), c(kv_heads * per_kv), c(1))
+                with ir.InsertionPoint(each.body):
+                    qi = each.induction_variable
+                    t, _, _ = bounds(arith.remui(arith.divui(qi, c(group)), c(rows)))
+                    head = self.packed_head(head0, qi, rows, group)
+                    for half, pair in enumerate(self.query_row(
+                            q, [t, arith.muli(head, c(head_dim))])):
+                        vector.store(vector.bitcast(ir.VectorType.get([16], i32), pair),
+                                     packs.queries, [qi, c(16 * half)])
+                    vector.store(self.splat(self.cf32(0.0)), packs.states, [qi, c(0)])
+                    memref.store(self.cf32(float("-inf")), packs.states, [qi, c(head_dim)])
+                    vector.store(self.vzero(n), packs.states, [qi, c(head_dim + 16)])
+                    scf.yield_([])
+                self.packed_keys(packs, where, kv_column, k_first, k1, bounds)
+                partial = op.buffers["partial"]
+                each = scf.ForOp(c(0), c(kv_heads * per_kv), c(1))
+                with ir.InsertionPoint(each.body):
+                    qi = each.induction_variable
+                    row = arith.remui(arith.divui(qi, c(group)), c(rows))
+                    t, row_first, row_end = bounds(row)
+                    live = arith.andi(
+                        arith.cmpi(arith.CmpIPredicate.slt, arith.addi(t0, row), end),
+                        arith.cmpi(arith.CmpIPredicate.slt, row_first, row_end))
+                    store = scf.IfOp(live)
+                    with ir.InsertionPoint(store.then_block):
+                        base = arith.muli(self.packed_head(head0, qi, rows, group),
+                                          c(head_dim + 2))
+                        acc = vector.load(self.vtype(head_dim), packs.states, [qi, c(0)])
+                        self.vstore(self.natural_order(acc), partial, [t, j, base])
+                        memref.store(memref.load(packs.states, [qi, c(head_dim)]),
+                                     self.buf(partial), [t, j, arith.addi(base, c(head_dim))])
+                        memref.store(self.tree_sum(vector.load(
+                            self.vtype(n), packs.states, [qi, c(head_dim + 16)])),
+                            self.buf(partial), [t, j, arith.addi(base, c(head_dim + 1))])
+                        scf.yield_([])
+                    scf.yield_([])
+                scf.yield_([])
+            scf.yield_([])
+
+    def exp2_of(self, x: ir.Value) -> ir.Value:
+        """exp(x) for 16 lanes x <= 0 (below -87: about 1e-38), to about
+        4e-5 relative, enough for weights rounded to bf16: 2^i 2^f for
+        x log2(e) = i + f, |f| <= 1/2, 2^f a degree-4 polynomial, 2^i the
+        exponent's bits. `math.exp`'s lowering (range checks, NaN
+        handling) took twice the instructions: 0.97x the time of the
+        prefill's attention with it."""
+        n = self.KEYS
+        i32x16 = ir.VectorType.get([n], ir.IntegerType.get_signless(32))
+        t = arith.mulf(larger(x, self.vsplat(self.cf32(-87.0), n)),
+                       self.vsplat(self.cf32(1.4426950408889634), n))
+        whole = math.roundeven(t)
+        f = arith.subf(t, whole)
+        p = self.vsplat(self.cf32(0.0096181291), n)
+        for coefficient in (0.0555041087, 0.2402265070, 0.6931471806, 1.0):
+            p = math.fma(p, f, self.vsplat(self.cf32(coefficient), n))
+        bits = arith.shli(arith.addi(arith.fptosi(i32x16, whole),
+                                     vector.broadcast(i32x16, arith.constant(
+                                         ir.IntegerType.get_signless(32), 127))),
+                          vector.broadcast(i32x16, arith.constant(
+                              ir.IntegerType.get_signless(32), 23)))
+        return arith.mulf(p, vector.bitcast(self.vtype(n), bits))
+
+    def packed_head(self, head0, qi, rows: int, group: int):
+        """The query head of `emit_query_blocks`' query qi, in the order
+        [KV head][row][query head of the KV head's G]."""
+        c = self.cidx
+        per_kv = rows * group
+        return arith.addi(head0, arith.addi(arith.muli(arith.divui(qi, c(per_kv)), c(group)),
+                                            arith.remui(qi, c(group))))
+
+    def packed_keys(self, packs, where, kv_column, k_first, k1, bounds) -> None:
+        """`emit_query_blocks`' loop over blocks of keys [k_first, k1): each
+        key's row (clamped to the last key) from its table entry, or where
+        the blocks are `aligned` from the block's first entry and with the
+        next block's rows prefetched; per KV head `pack_block`, then
+        `query_block` for each of its queries."""
+        op, params, n, c = self.op, self.op.params, self.KEYS, self.cidx
+        head_dim, group = params["head_dim"], params["heads"] // params["kv_heads"]
+        rows = self.QUERY_ROWS
+        per_kv = rows * group
+        last = arith.subi(k1, c(1))
+        aligned = self.aligned()
+        if aligned:
+            caches = [memref.collapse_shape(
+                ir.MemRefType.get([ir.ShapedType.get_dynamic_size()],
+                                  ir.MemRefType(self.buf(t).type).element_type),
+                self.buf(t), [[0, 1, 2]]) for t in op.operands[1:3]]
+            rows_per_block, width = (self.dim(op.operands[1], d) for d in (1, 2))
+        else:
+            caches = [self.buf(t) for t in op.operands[1:3]]
+
+        def block_rows(key):
+            """The rows of the block from `key`, clamped to the last key."""
+            if not aligned:
+                return [[*where.at(arith.minsi(arith.addi(key, c(i)), last)), kv_column]
+                        for i in range(n)]
+            block, row = where.at(key)
+            first = arith.addi(arith.muli(arith.addi(arith.muli(block, rows_per_block), row),
+                                          width), kv_column)
+            count = arith.subi(k1, key)
+            return [[arith.addi(first, arith.muli(arith.minsi(c(i), arith.subi(count, c(1))),
+                                                  width))] for i in range(n)]
+
+        kv_heads = self.kv_heads_per_tile(op)
+
+        def pack(key, slot):
+            """`pack_block` of each KV head of the block from `key` into
+            the packs of `slot` (0 or 1)."""
+            at = block_rows(key)
+            heads = scf.ForOp(c(0), c(kv_heads), c(1))
+            with ir.InsertionPoint(heads.body):
+                kv = heads.induction_variable
+                column = arith.muli(kv, c(head_dim))
+                self.pack_block(packs, arith.addi(arith.muli(slot, c(kv_heads)), kv), caches,
+                                [a[:-1] + [arith.addi(a[-1], column)] for a in at])
+                scf.yield_([])
+
+        # Each block is packed one block ahead, into the other of two
+        # slots, while the one before computes (measured no faster than
+        # packing it right before its queries).
+        if aligned:
+            self.prefetch(caches, block_rows(arith.minsi(arith.addi(k_first, c(n)), last)))
+        pack(k_first, c(0))
+        blocks = scf.ForOp(k_first, k1, c(n))
+        with ir.InsertionPoint(blocks.body):
+            key = blocks.induction_variable
+            slot = arith.remui(arith.divui(arith.subi(key, k_first), c(n)), c(2))
+            after = arith.addi(key, c(n))
+            if aligned:
+                self.prefetch(caches, block_rows(arith.minsi(arith.addi(after, c(n)), last)))
+            ahead = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, after, k1))
+            with ir.InsertionPoint(ahead.then_block):
+                pack(after, arith.subi(c(1), slot))
+                scf.yield_([])
+            heads = scf.ForOp(c(0), c(kv_heads), c(1))
+            with ir.InsertionPoint(heads.body):
+                kv = heads.induction_variable
+                step = self.ROWS_AT_ONCE
+                each = scf.ForOp(c(0), c(rows), c(step))
+                with ir.InsertionPoint(each.body):
+                    queries, masks = [], []
+                    for i in range(step):
+                        row = arith.addi(each.induction_variable, c(i))
+                        _, row_first, row_end = bounds(row)
+                        qi = arith.addi(arith.muli(kv, c(per_kv)), arith.muli(row, c(group)))
+                        queries += [arith.addi(qi, c(g)) for g in range(group)]
+                        masks += [self.key_lanes(key, row_first, row_end)] * group
+                    self.query_block(packs, arith.addi(arith.muli(slot, c(kv_heads)), kv),
+                                     queries, masks)
+                    scf.yield_([])
+                scf.yield_([])
+            scf.yield_([])
+
+    def key_lanes(self, key, first, end) -> ir.Value:
+        """The lanes of the block of keys from `key` in [first, end)."""
+        c, n = self.cidx, self.KEYS
+        mask = ir.VectorType.get([n], ir.IntegerType.get_signless(1))
+
+        def before(bound):
+            return vector.create_mask(mask, [arith.maxsi(arith.minsi(
+                arith.subi(bound, key), c(n)), c(0))])
+
+        below = before(end)
+        if "window" not in self.op.params:
+            return below
+        return arith.xori(below, before(arith.minsi(first, end)))
+
+    def pack_block(self, packs, kv, caches: list, rows: list) -> None:
+        """The block's keys of a KV head (its rows at `rows` of `caches`)
+        transposed into slot `kv` of packs.keys (row p: the 16 keys' bf16
+        pair p), its values in `value_pairs`' pairs into packs.values'."""
+        c, n = self.cidx, self.KEYS
+        head_dim = self.op.params["head_dim"]
+        halves = head_dim // 32
+        bf16x32 = ir.VectorType.get([32], element_type("bf16"))
+        i32x16 = ir.VectorType.get([16], ir.IntegerType.get_signless(32))
+        for first in range(0, head_dim // 2, 16):
+            vecs = _transposed([vector.bitcast(i32x16, vector.load(
+                bf16x32, caches[0], self.column(at, 2 * first))) for at in rows])
+            for p, vec in enumerate(vecs):
+                vector.store(vec, packs.keys, [kv, c(first + p), c(0)])
+        low = [i for lane in range(4) for j in range(4) for i in (8 * lane + j, 32 + 8 * lane + j)]
+        high = [i + 4 for i in low]
+        for p in range(n // 2):
+            first, second = (
+                [vector.load(bf16x32, caches[1], self.column(rows[2 * p + k], 32 * h))
+                 for h in range(halves)] for k in (0, 1))
+            for h, (a, b) in enumerate(zip(first, second)):
+                for k, order in enumerate((low, high)):
+                    vector.store(vector.shuffle(a, b, order), packs.values,
+                                 [kv, c((p * halves + h) * 2 + k), c(0)])
+
+    def query_block(self, packs, kv, queries: list, masks: list) -> None:
+        """The states in packs.states of `queries` (ROWS_AT_ONCE rows' G
+        query heads, interleaved: each one's chain of dependent steps is
+        long) updated with the packed block in slot `kv` (`pack_block`),
+        each one's keys the lanes of its mask in `masks`: 16 scores as
+        head_dim / 2 `vdpbf16ps` of a transposed row and the query's pair
+        broadcast (no sums across lanes), the weighted values on the value
+        pairs. A query that has seen no key yet keeps m = -inf, l = 0 and
+        acc = 0 (its exponentials taken against 0, not -inf - -inf).
+        Skipping the masks in blocks every row sees whole (a second copy
+        of the loop) measured 0.98-0.99x: not kept."""
+        op, n, c = self.op, self.KEYS, self.cidx
+        head_dim = op.params["head_dim"]
+        words, halves = head_dim // 2, head_dim // 32
+        bf16x32 = ir.VectorType.get([32], element_type("bf16"))
+        i32 = ir.IntegerType.get_signless(32)
+        i32x16 = ir.VectorType.get([16], i32)
+        minus_inf = self.cf32(float("-inf"))
+        chains = 4
+        sums = [[self.vzero(n) for _ in range(chains)] for _ in queries]
+        for p in range(words):
+            key = vector.bitcast(bf16x32, vector.load(i32x16, packs.keys, [kv, c(p), c(0)]))
+            for g, qi in enumerate(queries):
+                word = memref.load(packs.queries, [qi, c(p)])
+                sums[g][p % chains] = dot_bf16(
+                    sums[g][p % chains], key,
+                    vector.bitcast(bf16x32, vector.broadcast(i32x16, word)))
+        scale = self.vsplat(self.cf32(op.params["scale"]), n)
+        blocks, tops = [], []
+        for g, qi in enumerate(queries):
+            total = sums[g][0]
+            for other in sums[g][1:]:
+                total = arith.addf(total, other)
+            block = arith.select(masks[g], self.capped(arith.mulf(total, scale)),
+                                 self.vsplat(minus_inf, n))
+            m = memref.load(packs.states, [qi, c(head_dim)])
+            m_new = larger(m, largest_lane(block))
+            m_from = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, m_new, minus_inf),
+                                  self.cf32(0.0), m_new)
+            blocks.append(block)
+            tops.append((m, m_new, m_from))
+        # The queries' rescalings exp(m - m_new) as one vector exponential
+        # (a scalar one each was as costly as a vector).
+        alphas = []
+        for first in range(0, len(queries), n):
+            some = [arith.subf(m, m_from) for m, _, m_from in tops[first:first + n]]
+            both = self.exp2_of(vector.from_elements(
+                self.vtype(n), some + [self.cf32(0.0)] * (n - len(some))))
+            alphas += [vector.extract(both, [], [i]) for i in range(len(some))]
+        weights, parts = [], []
+        for g, qi in enumerate(queries):
+            _, _, m_from = tops[g]
+            w = arith.select(masks[g], self.exp2_of(arith.subf(blocks[g], self.vsplat(m_from, n))),
+                             self.vzero(n))
+            # In bf16 (`vcvtneps2bf16`), as `key_block`'s: l counts the
+            # rounded weights. l is kept per lane, summed at the end.
+            w = ir.Operation.create("x86vector.avx512.cvt.packed.f32_to_bf16",
+                                    results=[ir.VectorType.get([n], element_type("bf16"))],
+                                    operands=[w]).result
+            alpha16 = self.vsplat(alphas[g], 16)
+            lanes = vector.load(self.vtype(n), packs.states, [qi, c(head_dim + 16)])
+            vector.store(arith.addf(arith.mulf(lanes, alpha16), arith.extf(self.vtype(n), w)),
+                         packs.states, [qi, c(head_dim + 16)])
+            memref.store(tops[g][1], packs.states, [qi, c(head_dim)])
+            parts.append([arith.mulf(vector.load(self.vtype(16), packs.states,
+                                                 [qi, c(16 * i)]), alpha16)
+                          for i in range(2 * halves)])
+            weights.append(vector.bitcast(ir.VectorType.get([n // 2], i32), w))
+        for p in range(n // 2):
+            values = [vector.load(bf16x32, packs.values, [kv, c(p * 2 * halves + i), c(0)])
+                      for i in range(2 * halves)]
+            for g, word in enumerate(weights):
+                pair = vector.bitcast(bf16x32, vector.broadcast(
+                    i32x16, vector.extract(word, [], [p])))
+                parts[g] = [dot_bf16(part, value, pair) for part, value in zip(parts[g], values)]
+        for g, qi in enumerate(queries):
+            for i, part in enumerate(parts[g]):
+                vector.store(part, packs.states, [qi, c(16 * i)])
+
+
+def largest_lane(v: ir.Value) -> ir.Value:
+    """The largest of the 16 lanes of `v`, which holds no NaN: a tree of
+    halves and `vmaxps` without NaN checks (a `vector.reduction` took
+    15 scalar max with a NaN check each, one after another)."""
+    width = 16
+    while width > 1:
+        half = width // 2
+        v = larger(vector.shuffle(v, v, list(range(half))),
+                    vector.shuffle(v, v, list(range(half, width))))
+        width = half
+    return vector.extract(v, [], [0])
+
+
+def larger(a: ir.Value, b: ir.Value) -> ir.Value:
+    """a > b ? a : b, which is `vmaxps`'s own rule (arith's maximumf and
+    maxnumf lower with NaN and signed-zero checks besides)."""
+    return arith.select(arith.cmpf(arith.CmpFPredicate.OGT, a, b), a, b)
+
+
+#: `emit_query_blocks`' stack buffers: the queries' bf16 pairs as i32
+#: (query, pair); their softmax states (query: acc at 0, m at head_dim, l
+#: per lane from head_dim + 16); blocks' keys transposed (slot, pair, key)
+#: and values paired (slot, pair of keys x 32 columns, 32), slot s K + kv
+#: KV head kv's in buffer s (`packed_keys`).
+_Packs = namedtuple("_Packs", "queries states keys values")
+
+
+def _transposed(rows: list) -> list:
+    """The 16 x 16 matrix of 16 vectors of 16 lanes, transposed (vector p:
+    lane l of each row l): four rounds of 16 two-source shuffles, round b
+    swapping bit b of the vector's index with bit b of the lane's."""
+    for b in range(4):
+        s = 1 << b
+        out = []
+        for w in range(16):
+            x = (w >> b) & 1
+            order = []
+            for lane in range(16):
+                source = (lane & ~s) | (x << b)
+                order.append(source if not (lane >> b) & 1 else 16 + source)
+            out.append(vector.shuffle(rows[w & ~s], rows[w | s], order))
+        rows = out
+    return rows
