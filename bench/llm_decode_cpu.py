@@ -21,8 +21,9 @@ preparation and the NumPy outputs included). Peers (`--peer llama.cpp`,
 `--peer transformers`) run in their own process under `--peer-python`
 (bench/decode_peers.py; they are optional benchmark dependencies, see
 docs/benchmarks.md), with as many threads as ETC has workers; llama.cpp
-reads the same weights written as GGUF (for the families, by
-`write_family_gguf`), and before any timing `check_peer` compares its
+reads the same weights written as GGUF (every architecture but Llama's by
+`write_family_gguf`, as model.gguf in the checkpoint directory unless one is
+there), and before any timing `check_peer` compares its
 logits with ETC's on a short sequence. Engines alternate over `--rounds`
 rounds, and each cell is the median over all rounds' steps.
 
@@ -51,6 +52,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import platform
@@ -398,12 +400,14 @@ def main() -> None:
             config = model_config(args.model, args.layers)
             path = write_checkpoint(Path(tmp) / args.model, config, sharp=args.model in FAMILIES,
                                     dtype="BF16" if args.dtype == "bf16" else "F32")
-            if "llama.cpp" in args.peer and config["architectures"] != ["LlamaForCausalLM"]:
-                start = time.perf_counter()
-                write_family_gguf(path, config)
-                print(f"wrote {path / 'model.gguf'} in {time.perf_counter() - start:.1f} s")
         elif args.layers is not None:
             parser.error("--layers is for the random checkpoints, not --checkpoint")
+        config = json.loads((path / "config.json").read_text())
+        if "llama.cpp" in args.peer and config["architectures"] != ["LlamaForCausalLM"] and \
+                not (path / "model.gguf").exists():
+            start = time.perf_counter()
+            write_family_gguf(path, config)
+            print(f"wrote {path / 'model.gguf'} in {time.perf_counter() - start:.1f} s")
         max_seq_len = args.prompt + args.steps + 8
         etc_engine = ETC(path, args.workers, args.schedule, args.dtype, max_seq_len,
                          args.max_step_tokens)
