@@ -22,11 +22,11 @@ then, on stdin, one command a line:
 For llama.cpp the checkpoint's weights are read from `gguf_path` (the
 checkpoint directory's model.gguf) if that file is there:
 bench/llm_decode_cpu.py writes it there (unless it is there already) for
-every family but Llama, with `etc.models.testing.write_gguf`. Otherwise a Llama checkpoint's safetensors
-weights are written there once (`write_gguf`, with `gguf.GGUFWriter`): the
-same bf16 numbers, with Q and K rows in the order llama.cpp's rotary
-embedding takes them (as llama.cpp's own converter writes Llama
-checkpoints).
+every family but Llama, with `etc.models.testing.write_gguf`. Otherwise a
+Llama checkpoint's safetensors weights are written there once
+(`write_gguf`, with `gguf.GGUFWriter`): the same bf16 numbers, with Q and K
+rows in the order llama.cpp's rotary embedding takes them (as llama.cpp's
+own converter writes Llama checkpoints).
 """
 
 from __future__ import annotations
