@@ -14,11 +14,19 @@ then, on stdin, one command a line:
     prefill B PROMPT RUNS  ->  "ms <t1> <t2> ..."  (ms per prefill of B
                                prompts of PROMPT tokens, the last token's
                                logits included; a new context each run)
+    logits PATH FIRST T1 ... Tn  ->  "ok" (llama.cpp: the logits of
+                               tokens T1..Tn in a new context at positions
+                               FIRST..n-1, saved as a (n - FIRST, vocab)
+                               float32 .npy file at PATH)
     quit
-For llama.cpp the checkpoint's safetensors weights are written once as a
-GGUF file beside them (`gguf_path`, with `gguf.GGUFWriter`): the same bf16
-numbers, with Q and K rows in the order llama.cpp's rotary embedding takes
-them (as llama.cpp's own converter writes Llama checkpoints).
+For llama.cpp the checkpoint's weights are read from `gguf_path` (the
+checkpoint directory's model.gguf) if that file is there:
+bench/llm_decode_cpu.py writes it there (unless it is there already) for
+every family but Llama, with `etc.models.testing.write_gguf`. Otherwise a
+Llama checkpoint's safetensors weights are written there once
+(`write_gguf`, with `gguf.GGUFWriter`): the same bf16 numbers, with Q and K
+rows in the order llama.cpp's rotary embedding takes them (as llama.cpp's
+own converter writes Llama checkpoints).
 """
 
 from __future__ import annotations
@@ -83,8 +91,9 @@ def write_gguf(directory: Path) -> Path:
         return path
     config, tensors = _checkpoint(directory)
     if config["architectures"] != ["LlamaForCausalLM"]:
-        raise SystemExit(f"llama.cpp peer: only LlamaForCausalLM checkpoints, not "
-                         f"{config['architectures']}")
+        raise SystemExit(f"llama.cpp peer: {config['architectures']} has no {path} (this "
+                         f"script writes only LlamaForCausalLM checkpoints; "
+                         f"bench/llm_decode_cpu.py writes the other families')")
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     hidden, vocab = config["hidden_size"], config["vocab_size"]
     head_dim = config.get("head_dim") or hidden // heads
@@ -176,13 +185,13 @@ class LlamaCpp:
             times += self._run(batch, prompt, 0, prefill_runs=1)
         return times
 
-    def _run(self, batch: int, prompt: int, steps: int, prefill_runs: int) -> list[float]:
-        """Prefills B prompts in one batch, then `steps` decode steps: their
-        times, or (`prefill_runs`) the prefill's."""
+    def _context(self, batch: int, tokens: int, positions: int):
+        """A new context of `batch` sequences of `positions` each, taking
+        up to `tokens` tokens a batch, and a batch of that many."""
         cpp = self.cpp
         params = cpp.llama_context_default_params()
-        params.n_ctx = batch * (prompt + steps + 2)
-        params.n_batch = max(batch * prompt, 32)
+        params.n_ctx = batch * positions
+        params.n_batch = max(tokens, 32)
         params.n_ubatch = params.n_batch
         params.n_seq_max = batch
         params.n_threads = params.n_threads_batch = self.threads
@@ -190,19 +199,45 @@ class LlamaCpp:
         context = cpp.llama_init_from_model(self.model, params)
         if not context:
             raise SystemExit("llama.cpp could not create a context")
+        return context, cpp.llama_batch_init(max(tokens, batch), 0, batch)
+
+    def _submit(self, context, tokens, entries) -> None:
+        """One llama_decode of `entries`: (token, position, sequence,
+        wants_logits)."""
+        tokens.n_tokens = len(entries)
+        for i, (token, position, sequence, logits) in enumerate(entries):
+            tokens.token[i] = int(token)
+            tokens.pos[i] = position
+            tokens.n_seq_id[i] = 1
+            tokens.seq_id[i][0] = sequence
+            tokens.logits[i] = logits
+        if self.cpp.llama_decode(context, tokens) != 0:
+            raise SystemExit("llama_decode failed")
+
+    def logits(self, ids: list, first: int) -> np.ndarray:
+        """The logits after each of `ids` from position `first` on, of one
+        sequence decoded in one batch in a new context: (len(ids) - first,
+        vocab) float32."""
+        cpp = self.cpp
+        context, tokens = self._context(1, len(ids), len(ids) + 2)
+        try:
+            self._submit(context, tokens, [(t, p, 0, p >= first) for p, t in enumerate(ids)])
+            return np.stack([np.ctypeslib.as_array(cpp.llama_get_logits_ith(context, p),
+                                                   (self.n_vocab,)).copy()
+                             for p in range(first, len(ids))])
+        finally:
+            cpp.llama_batch_free(tokens)
+            cpp.llama_free(context)
+
+    def _run(self, batch: int, prompt: int, steps: int, prefill_runs: int) -> list[float]:
+        """Prefills B prompts in one batch, then `steps` decode steps: their
+        times, or (`prefill_runs`) the prefill's."""
+        cpp = self.cpp
+        context, tokens = self._context(batch, batch * prompt, prompt + steps + 2)
         rng = np.random.default_rng(batch)
-        tokens = cpp.llama_batch_init(max(batch * prompt, batch), 0, batch)
         try:
             def submit(entries):  # (token, position, sequence, wants_logits)
-                tokens.n_tokens = len(entries)
-                for i, (token, position, sequence, logits) in enumerate(entries):
-                    tokens.token[i] = int(token)
-                    tokens.pos[i] = position
-                    tokens.n_seq_id[i] = 1
-                    tokens.seq_id[i][0] = sequence
-                    tokens.logits[i] = logits
-                if cpp.llama_decode(context, tokens) != 0:
-                    raise SystemExit("llama_decode failed")
+                self._submit(context, tokens, entries)
 
             ids = rng.integers(0, self.n_vocab, (batch, prompt))
             start = time.perf_counter()
@@ -289,6 +324,12 @@ def main() -> None:
             measure = engine.decode_ms if words[0] == "decode" else engine.prefill_ms
             times = measure(batch, prompt, count)
             print("ms " + " ".join(f"{t:.4f}" for t in times), flush=True)
+        elif words[0] == "logits" and hasattr(engine, "logits"):
+            first, ids = int(words[2]), [int(w) for w in words[3:]]
+            np.save(words[1], engine.logits(ids, first))
+            print("ok", flush=True)
+        else:
+            print(f"error: {engine_name} does not take {line.strip()!r}", flush=True)
 
 
 if __name__ == "__main__":

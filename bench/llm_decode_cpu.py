@@ -7,7 +7,13 @@ Models (random checkpoints written on the fly, or `--checkpoint DIR`):
          1536, vocabulary 4096, tied embeddings (14.7 M parameters);
   smol   Llama-shaped like a 135 M chat model: hidden 576, 30 layers, 9
          query / 3 KV heads of 64, FFN 1536, vocabulary 49152, tied
-         embeddings (134.5 M parameters).
+         embeddings (134.5 M parameters);
+  gemma3, qwen2.5, mistral, phi3  a family at a real model's per-layer
+         shape (`FAMILIES`: Gemma-3-1B, Qwen2.5-0.5B, Mistral-7B, Phi-3-mini),
+         with fewer layers than the real model where its bf16 weights would
+         pass about 1.5 GB (`--layers` sets them; the default is in
+         `FAMILIES`), written with `sharp` weights (etc.models.testing) so
+         that a wrong model stands out of the rounding in `check_peer`.
 For each batch size B, B prompts of `--prompt` tokens are prefilled, then
 `--steps` decode steps (one new token per request) are timed: tokens per
 second is B over the median step time. ETC runs `Model.step` (host
@@ -15,7 +21,10 @@ preparation and the NumPy outputs included). Peers (`--peer llama.cpp`,
 `--peer transformers`) run in their own process under `--peer-python`
 (bench/decode_peers.py; they are optional benchmark dependencies, see
 docs/benchmarks.md), with as many threads as ETC has workers; llama.cpp
-reads the same weights written as GGUF. Engines alternate over `--rounds`
+reads the same weights written as GGUF (every architecture but Llama's by
+`write_family_gguf`, as model.gguf in the checkpoint directory unless one is
+there), and before any timing `check_peer` compares its
+logits with ETC's on a short sequence. Engines alternate over `--rounds`
 rounds, and each cell is the median over all rounds' steps.
 
 `--contention` measures every engine alone and beside a busy process (a
@@ -36,11 +45,14 @@ Usage:
       --batches 1 --peer llama.cpp [--contention]
   .venv/bin/python bench/llm_decode_cpu.py --model smol --dtype bf16 --prefill \\
       --prompt 486 --batches 1 --steps 3 --peer llama.cpp
+  .venv/bin/python bench/llm_decode_cpu.py --model gemma3 --dtype bf16 \\
+      --batches 1 8 --peer llama.cpp [--layers 6]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import platform
@@ -55,7 +67,8 @@ import numpy as np
 
 import etc
 import etc.models as models
-from etc.models.testing import tiny_config, write_checkpoint
+from etc.models.loading.safetensors import SafetensorsFile
+from etc.models.testing import shaped_config, tiny_config, write_checkpoint, write_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,6 +83,58 @@ MODELS = {
                   max_position_embeddings=2048, rope_theta=100000.0, rms_norm_eps=1e-5,
                   tie_word_embeddings=True)),
 }
+
+#: Families at a real model's per-layer shape (a key of
+#: etc.models.testing.SHAPES, or a config) and the layers they get by
+#: default: about 1.5 GB of bf16 weights or fewer (the real models have
+#: 26, 24, 32 and 32 layers).
+FAMILIES = {
+    # Two rounds of Gemma 3's pattern: 5 sliding-window layers, 1 global.
+    "gemma3": ("gemma-3-1b", 12),
+    "qwen2.5": ("qwen2.5-0.5b", 24),
+    # Mistral-7B-v0.3's config.json (no window, vocabulary 32768).
+    "mistral": (tiny_config("MistralForCausalLM", hidden_size=4096, intermediate_size=14336,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                            vocab_size=32768, max_position_embeddings=32768,
+                            rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=None), 2),
+    "phi3": ("phi-3-mini-4k", 4),
+}
+
+
+def model_config(name: str, layers: int | None) -> dict:
+    """The config.json of `--model name`, with `layers` layers if given."""
+    if name in MODELS:
+        architecture, shape = MODELS[name]
+        config = tiny_config(architecture, **shape)
+    else:
+        shape, default = FAMILIES[name]
+        config = shaped_config(shape, layers=default) if isinstance(shape, str) else \
+            {**shape, "num_hidden_layers": default}
+    if layers is not None:
+        config["num_hidden_layers"] = layers
+    return config
+
+
+def write_family_gguf(directory: Path, config: dict) -> Path:
+    """The checkpoint in `directory` as the GGUF file the llama.cpp peer
+    loads (`model.gguf` beside it): `etc.models.testing.write_gguf`'s
+    layout, llama.cpp's converter's (the `gguf` package's architecture,
+    tensor names and metadata keys; Q and K rows permuted for Llama-style
+    RoPE only, Mistral written as llama; Gemma's norms as 1 + w), the
+    checkpoint's own bf16 values as BF16 matrices (norms and biases f32),
+    and a placeholder vocabulary of the model's size (token ids go in
+    directly)."""
+    vocab = config["vocab_size"]
+    files = [SafetensorsFile(f) for f in sorted(directory.glob("*.safetensors"))]
+    tensors = {name: f.read(name, "f32") for f in files for name in f.keys()}
+    metadata = {"tokenizer.ggml.model": "llama",
+                "tokenizer.ggml.tokens": [f"<t{i}>" for i in range(vocab)],
+                "tokenizer.ggml.scores": [0.0] * vocab,
+                "tokenizer.ggml.token_type": [1] * vocab,  # gguf.TokenType.NORMAL
+                "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
+    return write_gguf(directory / "model.gguf", config, tensors=tensors, tensor_type="BF16",
+                      metadata=metadata)
+
 
 #: A process that keeps one core busy.
 BUSY = "while True: pass\n"
@@ -138,6 +203,16 @@ class Peer:
     def decode_ms(self, batch: int, prompt: int, steps: int) -> list[float]:
         return self._ask("decode", batch, prompt, steps)
 
+    def logits(self, ids: list, first: int) -> np.ndarray:
+        """The peer's logits after each of `ids` from position `first` on."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "logits.npy"
+            self.process.stdin.write(f"logits {path} {first} {' '.join(map(str, ids))}\n")
+            self.process.stdin.flush()
+            if self.process.stdout.readline().strip() != "ok":
+                raise SystemExit(f"the {self.name} peer gave no logits")
+            return np.load(path)
+
     def prefill_ms(self, batch: int, prompt: int, runs: int) -> list[float]:
         return self._ask("prefill", batch, prompt, runs)
 
@@ -156,6 +231,33 @@ class Peer:
         except OSError:
             pass
         self.process.wait(timeout=60)
+
+
+def check_peer(engine: ETC, peer: Peer, tokens: int = 12, first: int = 8) -> str:
+    """Compares the peer's logits with ETC's after each token of a random
+    sequence from position `first` - 1 on (ETC: a prefill of `first`
+    tokens, then one token a step; the peer: one batch); raises SystemExit
+    when they are not the same model's (correlation under 0.99, or fewer
+    than half the greedy ids equal), else returns what it measured."""
+    model = engine.model
+    ids = np.random.default_rng(7).integers(0, model.config.vocab_size, tokens).tolist()
+    cache = model.new_cache(1, tokens + 2)
+    rows = [model.step(cache, [models.Request(0, 0, ids[:first])], return_logits=True)[0][0]]
+    for position in range(first, tokens):
+        rows.append(model.step(cache, [models.Request(0, position, [ids[position]])],
+                               return_logits=True)[0][0])
+    ours, theirs = np.stack(rows), peer.logits(ids, first - 1)
+    if ours.shape != theirs.shape:
+        raise SystemExit(f"{peer.name}: logits of shape {theirs.shape}, ETC's {ours.shape}")
+    correlation = min(np.corrcoef(a, b)[0, 1] for a, b in zip(ours, theirs))
+    greedy = np.mean(ours.argmax(1) == theirs.argmax(1))
+    error = np.abs(ours - theirs).max() / ours.std()
+    report = (f"{peer.name} against ETC, logits at positions {first - 1}-{tokens - 1}: "
+              f"correlation >= {correlation:.5f}, greedy ids equal {greedy:.0%}, "
+              f"max |difference| {error:.3f} logit standard deviations")
+    if correlation < 0.99 or greedy < 0.5:
+        raise SystemExit(f"not the same model: {report}")
+    return report
 
 
 def measure(engines, batches, prompt, steps, rounds, rest, prefill=False) -> dict:
@@ -258,7 +360,9 @@ def load_average() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="small", choices=sorted(MODELS))
+    parser.add_argument("--model", default="small", choices=sorted(MODELS) + sorted(FAMILIES))
+    parser.add_argument("--layers", type=int, default=None,
+                        help="layers of the model (default: its own; FAMILIES')")
     parser.add_argument("--dtype", default="f32", choices=("f32", "bf16", "f16"))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--schedule", default="auto", choices=("auto", "static", "dynamic"))
@@ -291,9 +395,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = args.checkpoint
         if path is None:
-            architecture, shape = MODELS[args.model]
-            path = write_checkpoint(Path(tmp) / args.model, tiny_config(architecture, **shape),
+            if args.layers is not None and args.layers < 1:
+                parser.error(f"--layers must be at least 1, not {args.layers}")
+            config = model_config(args.model, args.layers)
+            path = write_checkpoint(Path(tmp) / args.model, config, sharp=args.model in FAMILIES,
                                     dtype="BF16" if args.dtype == "bf16" else "F32")
+        elif args.layers is not None:
+            parser.error("--layers is for the random checkpoints, not --checkpoint")
+        config = json.loads((path / "config.json").read_text())
+        if "llama.cpp" in args.peer and config["architectures"] != ["LlamaForCausalLM"] and \
+                not (path / "model.gguf").exists():
+            start = time.perf_counter()
+            write_family_gguf(path, config)
+            print(f"wrote {path / 'model.gguf'} in {time.perf_counter() - start:.1f} s")
         max_seq_len = args.prompt + args.steps + 8
         etc_engine = ETC(path, args.workers, args.schedule, args.dtype, max_seq_len,
                          args.max_step_tokens)
@@ -313,6 +427,8 @@ def main() -> None:
         engines += peers
         for peer in peers:
             print(f"{peer.name}: {peer.version}, {args.workers} threads")
+            if peer.name == "llama.cpp":
+                print(check_peer(etc_engine, peer), flush=True)
         try:
             conditions = [("alone", None)]
             if args.contention:

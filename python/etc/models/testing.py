@@ -66,7 +66,7 @@ SHAPES = {
         intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2,
         max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
         tie_word_embeddings=True, use_sliding_window=False, sliding_window=32768,
-        max_window_layers=24),
+        max_window_layers=24, head_dim=None),
     "qwen3-0.6b": dict(
         architecture="Qwen3ForCausalLM", vocab_size=151936, hidden_size=1024,
         intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
