@@ -17,6 +17,9 @@ from etc import bfloat16
 from etc.ops.attention_cpu import AttentionChunkBlocks
 from test_llm_ops import _batch
 
+# The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
+pytestmark = pytest.mark.cpu_opt_level(2)
+
 D = 64
 ROWS = AttentionChunkBlocks.QUERY_ROWS
 
