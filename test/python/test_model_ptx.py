@@ -50,10 +50,6 @@ WINDOWED = {
     "gemma-3-1b": dict(sliding_window_pattern=2),
 }
 
-#: The block formats, and None for a weight that stays bf16.
-FORMATS = [*packed.FORMATS, None]
-
-
 def _weight_widths(config: ModelConfig) -> dict:
     """Each linear weight's (and stack of experts') name -> its K (the
     values a row holds)."""
@@ -77,18 +73,22 @@ def _formats(config: ModelConfig) -> dict:
     allow: each weight takes the least used of those whose block divides
     its K (a 256-value K-quant block does not divide Gemma 3 1B's 1152 or
     Qwen2.5-0.5B's 896, where llama.cpp's files use 32-value blocks)."""
-    used = dict.fromkeys(FORMATS, 0)
+    used = dict.fromkeys(_wanted(config), 0)
     chosen = {}
     for name, k in _weight_widths(config).items():
-        # A MoE model's weights are all packed, as in llama.cpp's files: its
-        # worker with bf16 and packed tiles spilled 4 bytes on sm_90a
-        # (Qwen3-30B-A3B, 2026-11-28); its bf16 graphs are the dense0
-        # variant's.
-        fits = [f for f in FORMATS if (f is None and not config.num_experts)
-                or (f is not None and k % packed.FORMATS[f].block == 0)]
+        fits = [f for f in used if f is None or k % packed.FORMATS[f].block == 0]
         chosen[name] = min(fits, key=lambda f: used[f])
         used[chosen[name]] += 1
-    return {name: fmt for name, fmt in chosen.items() if fmt is not None}, used
+    return chosen
+
+
+def _wanted(config: ModelConfig) -> list:
+    """The formats a mixed graph gives its weights: every block format, and
+    bf16 except in a MoE model, whose weights are all packed as in
+    llama.cpp's files (its worker with bf16 and packed tiles spilled 4
+    bytes on sm_90a: Qwen3-30B-A3B, 2026-11-28; its bf16 graphs are the
+    dense0 variant's)."""
+    return list(packed.FORMATS) + ([] if config.num_experts else [None])
 
 
 #: (shape, KV block size or None for a contiguous cache, chip, schedule,
@@ -111,7 +111,7 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
                                                         dtype, tmp_path):
     shape, overrides = VARIANTS.get(name, (name, {}))
     mixed = (kv_block_size, schedule, dtype) == (16, "auto", "bf16") and name in SHAPES
-    formats = {}
+    chosen = {}
     if mixed:
         # Two layers, or as many as give every format (and bf16) a weight
         # (Qwen2.5-0.5B's only K that a 256-value block divides is its
@@ -119,14 +119,15 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
         overrides = WINDOWED.get(name, {})
         for layers in (2, 3, 4):
             config = ModelConfig.from_dict(shaped_config(shape, layers=layers, **overrides))
-            formats, used = _formats(config)
-            if all(n for f, n in used.items() if f is not None or not config.num_experts):
+            chosen = _formats(config)
+            if set(chosen.values()) == set(_wanted(config)):
                 break
-        assert all(n for f, n in used.items() if f is not None or not config.num_experts), used
+        assert set(chosen.values()) == set(_wanted(config)), chosen
         if name in WINDOWED:
             assert 0 < len(config.sliding_layers) < config.num_layers, config.sliding_layers
     else:
         config = ModelConfig.from_dict(shaped_config(shape, layers=2, **overrides))
+    formats = {weight: fmt for weight, fmt in chosen.items() if fmt is not None}
     if name in VARIANTS:
         assert not config.is_sparse(0) and config.is_sparse(1)
     graph = build_step_graph(config, dtype=dtype, max_seq_len=8192 if name in WINDOWED else 4096,
@@ -142,10 +143,12 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
     kinds = set(re.findall(r"_tile_(matmul\w*?)_\d+\(", kernel.ir("graph")))
     unpacked = "matmul_gemv_t_mma" if dtype == "bf16" else "matmul_gemv_t"
     # (An untied embedding is only gathered; experts take the MoE tiles.)
-    packed_kinds = {f"matmul_{fmt}_gemv" for name, fmt in formats.items()
-                    if "experts" not in name and (name != "embed" or config.tie_word_embeddings)}
-    every_packed = config.num_experts and mixed
-    assert kinds == ({unpacked} if not every_packed else set()) | packed_kinds, kinds
+    packed_kinds = {f"matmul_{fmt}_gemv" for weight, fmt in formats.items()
+                    if "experts" not in weight
+                    and (weight != "embed" or config.tie_word_embeddings)}
+    # Every weight of a mixed MoE graph is packed (`_wanted`).
+    has_unpacked = not mixed or None in chosen.values()
+    assert kinds == ({unpacked} if has_unpacked else set()) | packed_kinds, kinds
     if mixed and config.num_experts:
         # The MoE tiles read stacks of experts' blocks, (E, N, bytes of K).
         assert re.search(r"tile_moe_up_\d+\(%arg0: memref<\?x\d+xbf16>, "
@@ -155,7 +158,7 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
         assert len(set(re.findall(r"step_tile_attention_chunk_warps_\d+", ptx))) == 2
     report = assemble(ptx, chip, tmp_path, name)
     assert_no_spills(report)
-    if dtype == "bf16" and not every_packed:
+    if dtype == "bf16" and has_unpacked:
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
         # The worker (where the other tile bodies are inlined) already uses
         # all 255 registers: the tensor-core tiles stay functions of their own.
