@@ -192,7 +192,6 @@ def compile_module(module: ir.Module, signature, options: Options, *,
             runtime = CUDARuntime(abi, _ptx(module))
     else:
         from .runtime.cpu import CPURuntime
-
         from .runtime.isa import opt_level
 
         # Simulated GPU kernels are for checking results, and LLVM 22's loop
