@@ -12,6 +12,7 @@ from mlir.dialects import arith, math, memref, scf, vector
 
 from .base import element_type
 from .kvcache import CacheRows
+from .matmul_amx import transpose16
 from .matmul_dpbf16 import dot_bf16
 
 
@@ -35,7 +36,7 @@ class QueryBlocks:
         head_dim, group = params["head_dim"], params["heads"] // params["kv_heads"]
         c, rows, n = self.cidx, self.QUERY_ROWS, self.KEYS
         splits, per_split = self.splits(op), self.heads_per_item(op)
-        kv_heads = per_split // group
+        kv_heads = self.kv_heads_per_tile(op)
         per_kv = rows * group  # queries per KV head
         r, js = self.ti
         j = arith.divui(js, c(splits))
@@ -49,7 +50,7 @@ class QueryBlocks:
         words, halves = head_dim // 2, head_dim // 32
         packs = _Packs(*(self.entry_alloca(ir.MemRefType.get(shape, element)) for shape, element in (
             ([kv_heads * per_kv, words], i32), ([kv_heads * per_kv, head_dim + 32], self.f32),
-            ([2 * kv_heads, words, n], i32), ([2 * kv_heads, n // 2 * 2 * halves, 32],
+            ([kv_heads, words, n], i32), ([kv_heads, n // 2 * 2 * halves, 32],
                                           element_type("bf16")))))
         loop = self.lane_loop(arith.divui(arith.addi(new_tokens, c(rows - 1)), c(rows)))
         with ir.InsertionPoint(loop.body):
@@ -175,35 +176,27 @@ class QueryBlocks:
 
         kv_heads = self.kv_heads_per_tile(op)
 
-        def pack(key, slot):
+        def pack(key):
             """`pack_block` of each KV head of the block from `key` into
-            the packs of `slot` (0 or 1)."""
+            its packs."""
             at = block_rows(key)
             heads = scf.ForOp(c(0), c(kv_heads), c(1))
             with ir.InsertionPoint(heads.body):
                 kv = heads.induction_variable
                 column = arith.muli(kv, c(head_dim))
-                self.pack_block(packs, arith.addi(arith.muli(slot, c(kv_heads)), kv), caches,
+                self.pack_block(packs, kv, caches,
                                 [a[:-1] + [arith.addi(a[-1], column)] for a in at])
                 scf.yield_([])
 
-        # Each block is packed one block ahead, into the other of two
-        # slots, while the one before computes (measured no faster than
-        # packing it right before its queries).
-        if aligned:
-            self.prefetch(caches, block_rows(arith.minsi(arith.addi(k_first, c(n)), last)))
-        pack(k_first, c(0))
+        # Each block is packed right before its queries, while the next
+        # one's rows are prefetched (packing one block ahead into a second
+        # buffer measured no faster).
         blocks = scf.ForOp(k_first, k1, c(n))
         with ir.InsertionPoint(blocks.body):
             key = blocks.induction_variable
-            slot = arith.remui(arith.divui(arith.subi(key, k_first), c(n)), c(2))
-            after = arith.addi(key, c(n))
             if aligned:
-                self.prefetch(caches, block_rows(arith.minsi(arith.addi(after, c(n)), last)))
-            ahead = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, after, k1))
-            with ir.InsertionPoint(ahead.then_block):
-                pack(after, arith.subi(c(1), slot))
-                scf.yield_([])
+                self.prefetch(caches, block_rows(arith.minsi(arith.addi(key, c(n)), last)))
+            pack(key)
             heads = scf.ForOp(c(0), c(kv_heads), c(1))
             with ir.InsertionPoint(heads.body):
                 kv = heads.induction_variable
@@ -217,8 +210,7 @@ class QueryBlocks:
                         qi = arith.addi(arith.muli(kv, c(per_kv)), arith.muli(row, c(group)))
                         queries += [arith.addi(qi, c(g)) for g in range(group)]
                         masks += [self.key_lanes(key, row_first, row_end)] * group
-                    self.query_block(packs, arith.addi(arith.muli(slot, c(kv_heads)), kv),
-                                     queries, masks)
+                    self.query_block(packs, kv, queries, masks)
                     scf.yield_([])
                 scf.yield_([])
             scf.yield_([])
@@ -247,7 +239,7 @@ class QueryBlocks:
         bf16x32 = ir.VectorType.get([32], element_type("bf16"))
         i32x16 = ir.VectorType.get([16], ir.IntegerType.get_signless(32))
         for first in range(0, head_dim // 2, 16):
-            vecs = _transposed([vector.bitcast(i32x16, vector.load(
+            vecs = transpose16([vector.bitcast(i32x16, vector.load(
                 bf16x32, caches[0], self.column(at, 2 * first))) for at in rows])
             for p, vec in enumerate(vecs):
                 vector.store(vec, packs.keys, [kv, c(first + p), c(0)])
@@ -363,25 +355,7 @@ def larger(a: ir.Value, b: ir.Value) -> ir.Value:
 
 #: `emit_query_blocks`' stack buffers: the queries' bf16 pairs as i32
 #: (query, pair); their softmax states (query: acc at 0, m at head_dim, l
-#: per lane from head_dim + 16); blocks' keys transposed (slot, pair, key)
-#: and values paired (slot, pair of keys x 32 columns, 32), slot s K + kv
-#: KV head kv's in buffer s (`packed_keys`).
+#: per lane from head_dim + 16); the block's keys transposed (KV head,
+#: pair, key) and values paired (KV head, pair of keys x 32 columns, 32)
+#: (`packed_keys`).
 _Packs = namedtuple("_Packs", "queries states keys values")
-
-
-def _transposed(rows: list) -> list:
-    """The 16 x 16 matrix of 16 vectors of 16 lanes, transposed (vector p:
-    lane l of each row l): four rounds of 16 two-source shuffles, round b
-    swapping bit b of the vector's index with bit b of the lane's."""
-    for b in range(4):
-        s = 1 << b
-        out = []
-        for w in range(16):
-            x = (w >> b) & 1
-            order = []
-            for lane in range(16):
-                source = (lane & ~s) | (x << b)
-                order.append(source if not (lane >> b) & 1 else 16 + source)
-            out.append(vector.shuffle(rows[w & ~s], rows[w | s], order))
-        rows = out
-    return rows
