@@ -161,3 +161,20 @@ def test_each_row_sees_its_own_keys_only(window):
         mean = (first + positions) / 2
         np.testing.assert_allclose(got, np.repeat(mean[:, None], 6 * D, axis=1), rtol=4e-3)
         lengths = [a + b for a, b in zip(lengths, new)]
+
+
+def test_the_prefill_path_is_compiled_where_the_cpu_has_avx512_bf16(monkeypatch):
+    """The tests above pass on the token-at-a-time path too: this one fails
+    if a CPU with AVX-512 BF16 (where `value_pairs` holds) does not build
+    the query-block path, and if any other CPU does."""
+    from etc.runtime import isa
+
+    g = _graph(9, 3, 48, 96, paged=True)
+
+    def graph_ir():
+        return etc.compile(g, target="cpu", schedule="dynamic", workers=1).ir("graph")
+
+    with_blocks = graph_ir()
+    monkeypatch.setattr(AttentionChunkBlocks, "QUERY_ROWS", 1)
+    token_at_a_time = graph_ir()
+    assert (with_blocks != token_at_a_time) == isa.has(isa.chosen(), "avx512bf16")

@@ -165,10 +165,15 @@ def test_the_windowed_chunk_grid_and_its_live_bound():
 
 def _chunk_tiles(kernel, task):
     """(request, chunk) of every chunk tile of `task` the last run ran
-    (the CPU takes up to 4 KV heads a tile: KV_HEADS = 2 are one tile per
-    chunk)."""
+    (the CPU takes up to `AttentionChunkBlocks.KV_HEADS` KV heads a tile:
+    S tiles (r, j S + s) a chunk)."""
+    from types import SimpleNamespace
+
+    from etc.ops.attention_cpu import AttentionChunkBlocks
+
+    splits = AttentionChunkBlocks.splits(SimpleNamespace(params={"kv_heads": KV_HEADS}))
     tiles = [e.tile for e in kernel.trace.events if e.task == task]
-    return sorted(set(tiles))
+    return sorted({(r, js // splits) for r, js in tiles})
 
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])

@@ -382,6 +382,8 @@ class TileKernel:
         Many dot products' sums at once (the CPU matmul's blocks, the CPU
         attention's key blocks) for 8 adds where `tree_sum` takes one
         reduction each. `EachSum` takes the vectors one at a time."""
+        if len(vectors) > 16:
+            raise ValueError(f"each_sum takes at most 16 vectors, got {len(vectors)}")
         sums = EachSum(self)
         for v in vectors:
             sums.add(v)
@@ -668,7 +670,8 @@ class EachSum:
     def add(self, v: ir.Value) -> None:
         """Adds the next vector (16 f32 lanes)."""
         if self.count == 16:
-            raise ValueError("each_sum takes at most 16 vectors, got 17")
+            raise ValueError("each_sum takes at most 16 vectors; this is the 17th (split the "
+                             "vectors into groups of 16)")
         self.count += 1
         level = 0
         while self.pending and self.pending[-1][0] == level:
