@@ -136,6 +136,14 @@ LONGEST_FIRST = ("test_families.py", "test_model_ptx.py", "test_tensor_parallel.
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        # `_cpu_opt_level` is module-scoped: only a file's pytestmark counts.
+        own = getattr(item.module, "pytestmark", [])
+        own = [getattr(m, "mark", m) for m in (own if isinstance(own, list) else [own])]
+        if any(m not in own for m in item.iter_markers("cpu_opt_level")):
+            raise pytest.UsageError(f"{item.nodeid}: cpu_opt_level marks a whole file "
+                                    "(pytestmark = pytest.mark.cpu_opt_level(level)), not "
+                                    "a test or class")
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
 

@@ -15,7 +15,7 @@ from . import kernel_cache as _cache
 from .kv_blocks import DEFAULT_BLOCK_SIZE
 from .kv_cache import KV_DTYPES
 
-__all__ = ["step_options", "step_kernel", "packed_weights", "widened_weights",
+__all__ = ["step_options", "step_kernel", "packed_weights", "packed_split", "widened_weights",
            "KernelNotCachedError", "MODEL_DTYPES",
            "DEFAULT_MAX_STEP_TOKENS", "DEFAULT_ATTENTION_CHUNK", "compile_checkpoint",
            "CompileResult"]
@@ -122,19 +122,28 @@ def packed_weights(checkpoint, packed: Optional[bool], *, target: str = "cpu",
     whole blocks of its format (`parallel.unaligned_packed`) is widened on
     every rank with packed=None (`widened_weights` says why), and is a
     ValueError naming it, its format's block and N with packed=True."""
+    return packed_split(checkpoint, packed, target=target, kernels=kernels,
+                        tensor_parallel=tensor_parallel)[0]
+
+
+def packed_split(checkpoint, packed: Optional[bool], *, target: str = "cpu",
+                 kernels: str = "native", tensor_parallel: int = 1) -> tuple[dict, dict]:
+    """`packed_weights`, and the packed weights of the checkpoint that the
+    split over `tensor_parallel` ranks widens on every rank, name -> why
+    (`widened_weights`), from one look at the checkpoint's formats."""
     if packed not in (None, True, False):
         raise ValueError(f"load: packed={packed!r} must be True, False or None")
     default = target == "cpu" and kernels == "native"
     if packed is False or (packed is None and not default) or \
             not hasattr(checkpoint, "weight_formats"):
-        return {}
+        return {}, {}
     formats = checkpoint.weight_formats()
     widened = widened_weights(checkpoint, formats, tensor_parallel)
     if packed and widened:
         raise ValueError(f"load: packed=True, tensor_parallel={tensor_parallel}: "
                          f"{next(iter(widened.values()))}; load with packed=None to widen such "
                          f"weights on every rank (or packed=False to widen all)")
-    return {name: fmt for name, fmt in formats.items() if name not in widened}
+    return {name: fmt for name, fmt in formats.items() if name not in widened}, widened
 
 
 def widened_weights(checkpoint, formats: dict, tensor_parallel: int) -> dict:

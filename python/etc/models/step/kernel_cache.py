@@ -101,8 +101,10 @@ def describe(config, graph: dict, compile: dict) -> dict:
         from ...runtime.isa import chosen, opt_level
 
         compile["isa"] = chosen()
-        # ... at LLVM's optimisation level (ETC_CPU_OPT_LEVEL may pick another).
-        compile["opt_level"] = opt_level()
+        # ... at LLVM's optimisation level (ETC_CPU_OPT_LEVEL may pick
+        # another; simulated GPU kernels are always compiled at 0).
+        if compile.get("kernels", "native") == "native":
+            compile["opt_level"] = opt_level()
     return {"etc": _version(), "compiler": fingerprint(), "artifact": FORMAT_VERSION,
             "model": json.loads(json.dumps(asdict(config))), "graph": dict(graph),
             "compile": compile}

@@ -16,8 +16,7 @@ import numpy as np
 from ... import packed
 from ..loading.checkpoint import STORAGE, Checkpoint
 from . import kernel_cache as _cache
-from .kernel import (DEFAULT_MAX_STEP_TOKENS, packed_weights, step_kernel, step_options,
-                     widened_weights)
+from .kernel import DEFAULT_MAX_STEP_TOKENS, packed_split, step_kernel, step_options
 from .kv_blocks import DEFAULT_BLOCK_SIZE
 from .kv_cache import KV_STORAGE, KVCache, PagedKVCache, layer_tables
 from .request import Request
@@ -69,13 +68,10 @@ class CompiledModel:
         #: and compiled with (`etc.compile`'s): with the config, the key of
         #: the compile cache.
         #: The weights that stay packed (name -> format of `etc.packed`).
-        self.weight_formats = packed_weights(checkpoint, packed, target=target, kernels=kernels,
-                                             tensor_parallel=tensor_parallel)
-        #: The packed weights of the checkpoint that this split widens on
-        #: every rank, name -> why (`kernel.widened_weights`).
-        self.widened_weights = widened_weights(
-            checkpoint, packed_weights(checkpoint, packed, target=target, kernels=kernels),
-            tensor_parallel)
+        #: And the packed weights of the checkpoint that this split widens
+        #: on every rank, name -> why (`kernel.widened_weights`).
+        self.weight_formats, self.widened_weights = packed_split(
+            checkpoint, packed, target=target, kernels=kernels, tensor_parallel=tensor_parallel)
         if self.widened_weights:
             warnings.warn(f"load: tensor_parallel={tensor_parallel} widens on every rank: "
                           + "; ".join(self.widened_weights.values()), RuntimeWarning,
@@ -138,11 +134,9 @@ class CompiledModel:
             # one's packed weights stay e4m3).
             weights = checkpoint.weights(dtype, progress=report, formats=self.weight_formats,
                                          shard=split)
-        elif self.weight_formats:
+        else:
             weights = checkpoint.weights(progress=report, formats=self.weight_formats,
                                          shard=split)
-        else:
-            weights = checkpoint.weights(progress=report, shard=split)
         for name, table in config.rope_tables().items():  # unless the file has its own
             weights.setdefault(name, table)
         self._weights = {name: self._as_dtype(name, array) for name, array in weights.items()}
