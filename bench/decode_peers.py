@@ -20,136 +20,22 @@ then, on stdin, one command a line:
                                float32 .npy file at PATH)
     quit
 For llama.cpp the checkpoint's weights are read from `gguf_path` (the
-checkpoint directory's model.gguf) if that file is there:
-bench/llm_decode_cpu.py writes it there (unless it is there already) for
-every family but Llama, with `etc.models.testing.write_gguf`. Otherwise a
-Llama checkpoint's safetensors weights are written there once
-(`write_gguf`, with `gguf.GGUFWriter`): the same bf16 numbers, with Q and K
-rows in the order llama.cpp's rotary embedding takes them (as llama.cpp's
-own converter writes Llama checkpoints).
+checkpoint directory's model.gguf), which bench/llm_decode_cpu.py writes
+there (unless it is there already) with `etc.models.testing.write_gguf`,
+llama.cpp's converter's layout (Q and K rows permuted for Llama-style
+RoPE): the same bf16 numbers.
 """
 
 from __future__ import annotations
 
-import json
-import struct
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-_SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-
-
-def read_safetensors(path: Path) -> dict:
-    """The tensors of a safetensors file, as NumPy arrays (BF16 as uint16 bit
-    patterns)."""
-    data = path.read_bytes()
-    (length,) = struct.unpack_from("<Q", data, 0)
-    header = json.loads(data[8:8 + length])
-    tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        dtype = _SAFETENSORS_DTYPES[info["dtype"]]
-        tensors[name] = np.frombuffer(data, dtype, (end - start) // np.dtype(dtype).itemsize,
-                                      8 + length + start).reshape(info["shape"])
-    return tensors
-
-
-def _checkpoint(directory: Path) -> tuple[dict, dict]:
-    config = json.loads((directory / "config.json").read_text())
-    tensors = {}
-    for file in sorted(directory.glob("*.safetensors")):
-        tensors.update(read_safetensors(file))
-    return config, tensors
-
-
-def _rotary_rows(weight: np.ndarray, heads: int) -> np.ndarray:
-    """Q/K projection rows from Hugging Face's rotary layout (the two halves
-    of each head rotate together) to llama.cpp's (adjacent pairs rotate
-    together)."""
-    rows = weight.shape[0]
-    return (weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:])
-            .swapaxes(1, 2).reshape(weight.shape))
-
-
 def gguf_path(directory: Path) -> Path:
     return directory / "model.gguf"
-
-
-def write_gguf(directory: Path) -> Path:
-    """Writes the Llama checkpoint in `directory` as GGUF (bf16 matrices,
-    f32 norms, a placeholder vocabulary of the right size) unless it is
-    there; returns its path."""
-    import gguf
-
-    path = gguf_path(directory)
-    if path.exists():
-        return path
-    config, tensors = _checkpoint(directory)
-    if config["architectures"] != ["LlamaForCausalLM"]:
-        raise SystemExit(f"llama.cpp peer: {config['architectures']} has no {path} (this "
-                         f"script writes only LlamaForCausalLM checkpoints; "
-                         f"bench/llm_decode_cpu.py writes the other families')")
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    hidden, vocab = config["hidden_size"], config["vocab_size"]
-    head_dim = config.get("head_dim") or hidden // heads
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("etc-bench")
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(hidden)
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(config["rope_theta"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
-    # Token ids go in directly: the vocabulary only has to exist.
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list([f"<t{i}>".encode() for i in range(vocab)])
-    writer.add_token_scores([0.0] * vocab)
-    writer.add_token_types([gguf.TokenType.NORMAL] * vocab)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-
-    def add(name: str, array: np.ndarray) -> None:
-        if array.ndim == 1:  # norms: f32, as llama.cpp keeps them
-            values = array.astype(np.float32) if array.dtype != np.uint16 else \
-                (array.astype(np.uint32) << 16).view(np.float32)
-            writer.add_tensor(name, np.ascontiguousarray(values))
-            return
-        if array.dtype != np.uint16:
-            raise SystemExit(f"llama.cpp peer: {name} is {array.dtype}; write the checkpoint "
-                             f"as BF16")
-        writer.add_tensor(name, np.ascontiguousarray(array),
-                          raw_dtype=gguf.GGMLQuantizationType.BF16)
-
-    add("token_embd.weight", tensors["model.embed_tokens.weight"])
-    add("output_norm.weight", tensors["model.norm.weight"])
-    if "lm_head.weight" in tensors:
-        add("output.weight", tensors["lm_head.weight"])
-    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    for layer in range(config["num_hidden_layers"]):
-        for hf, ours in names.items():
-            weight = tensors[f"model.layers.{layer}.{hf}.weight"]
-            if hf == "self_attn.q_proj":
-                weight = _rotary_rows(weight, heads)
-            elif hf == "self_attn.k_proj":
-                weight = _rotary_rows(weight, kv_heads)
-            add(f"blk.{layer}.{ours}.weight", weight)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 class LlamaCpp:
@@ -165,7 +51,12 @@ class LlamaCpp:
 
         self.cpp = llama_cpp
         self.threads = threads
-        self.path = str(gguf if gguf is not None else write_gguf(directory))
+        if gguf is None:
+            gguf = gguf_path(directory)
+            if not gguf.exists():
+                raise SystemExit(f"llama.cpp reads {gguf}, which is not there: "
+                                 "bench/llm_decode_cpu.py writes it from the checkpoint")
+        self.path = str(gguf)
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
         params.use_extra_bufts = repack

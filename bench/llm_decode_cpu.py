@@ -403,8 +403,7 @@ def main() -> None:
         elif args.layers is not None:
             parser.error("--layers is for the random checkpoints, not --checkpoint")
         config = json.loads((path / "config.json").read_text())
-        if "llama.cpp" in args.peer and config["architectures"] != ["LlamaForCausalLM"] and \
-                not (path / "model.gguf").exists():
+        if "llama.cpp" in args.peer and not (path / "model.gguf").exists():
             start = time.perf_counter()
             write_family_gguf(path, config)
             print(f"wrote {path / 'model.gguf'} in {time.perf_counter() - start:.1f} s")
