@@ -221,9 +221,9 @@ def speculative(args):
         return None
     from ..models import Speculative
 
+    # tokens=None: Speculative's default for the method (8 for ngram, 4 for a draft).
     options = dict(method=args.speculative) if draft is None else dict(draft=draft)
-    if tokens is not None:
-        options["tokens"] = tokens
+    options["tokens"] = tokens
     if ngram is not None:
         if ngram[0] > ngram[1]:
             raise ValueError(f"--speculative-ngram {ngram[0]} {ngram[1]}: MIN must not be more "
