@@ -1,14 +1,18 @@
 """The compile cache of etc.models: a second load compiles nothing, the key
 follows everything that changes the code, damaged entries are compiled
-again, kernel files are checked against the model, and a process where
-`import mlir` fails loads and runs a model from the cache."""
+again, kernel files are checked against the model, a process that misses
+while another compiles the same kernel waits and loads it, and a process
+where `import mlir` fails loads and runs a model from the cache."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -191,6 +195,44 @@ _WITHOUT_MLIR = textwrap.dedent("""
         raise SystemExit("a kernel missing from the cache was compiled without MLIR")
     print(json.dumps({"tokens": out.tokens, "message": message}))
 """)
+
+
+def _waits_on_a_flock(pid: int) -> bool:
+    """Whether process `pid` is blocked on a `flock` (a "->" line of
+    /proc/locks)."""
+    return any(line.split()[1:3] == ["->", "FLOCK"] and line.split()[5] == str(pid)
+               for line in Path("/proc/locks").read_text().splitlines())
+
+
+@pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="needs Linux's /proc/locks")
+def test_a_load_waits_for_another_process_compiling_the_same_kernel(cached, tmp_path):
+    """The ranks of a tensor-parallel model miss the cache together: one
+    compiles, the others wait and load it. Here the test plays the
+    compiling process (it holds the key's lock); the process it starts
+    misses, waits on the lock, and, once the kernel is saved and the lock
+    released, loads it instead of compiling it too."""
+    checkpoint, directory, first = cached
+    (entry,) = KernelCache(directory).entries()
+    other = KernelCache(tmp_path / "cache")
+    script = textwrap.dedent("""
+        import json, sys
+        import etc.models
+        model = etc.models.load(sys.argv[1], cache=sys.argv[2], **json.loads(sys.argv[3]))
+        print(json.dumps({"source": model.kernel_source}))
+    """)
+    with other.compiling(entry.key):
+        process = subprocess.Popen([sys.executable, "-c", script, str(checkpoint),
+                                    str(other.directory), json.dumps(LOAD)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120  # a hang guard only
+        while not _waits_on_a_flock(process.pid):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the loading process never waited on the lock"
+            time.sleep(0.05)
+        shutil.copy(entry.path, other.path(entry.key))
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, out + err
+    assert json.loads(out.splitlines()[-1]) == {"source": "cache"}
 
 
 def test_models_load_from_the_cache_without_mlir(cached):

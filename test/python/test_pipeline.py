@@ -54,6 +54,37 @@ def test_failing_stage_raises_with_a_working_repro(tmp_path):
     assert first_line in result.stderr
 
 
+def _invalid_module() -> ir.Module:
+    """A module whose IR the verifier rejects: an integer add of floats."""
+    module = ir.Module.create()
+    with ir.InsertionPoint(module.body):
+        f32 = ir.F32Type.get()
+        one = ir.Operation.create("arith.constant", results=[f32],
+                                  attributes={"value": ir.FloatAttr.get(f32, 1.0)})
+        ir.Operation.create("arith.addi", results=[ir.IntegerType.get_signless(32)],
+                            operands=[one.result, one.result])
+    return module
+
+
+@pytest.mark.parametrize("each", ["0", "1"])
+def test_a_stage_ends_with_verified_ir(each, monkeypatch):
+    """The passes run without verifying after each one (unless
+    ETC_VERIFY_EACH_PASS=1); the stage's output is verified either way, and
+    invalid IR is a PipelineError naming the op and operand."""
+    monkeypatch.setenv("ETC_VERIFY_EACH_PASS", each)
+    with ir.Context(), ir.Location.unknown():
+        with pytest.raises(pipeline.PipelineError) as info:
+            pipeline.run_stage(_invalid_module(), "event", "builtin.module()")
+    assert "'arith.addi' op operand #0 must be signless-integer-like" in info.value.diagnostics
+
+
+def test_verify_each_pass_is_validated(monkeypatch):
+    monkeypatch.setenv("ETC_VERIFY_EACH_PASS", "yes")
+    with ir.Context(), ir.Location.unknown():
+        with pytest.raises(ValueError, match="ETC_VERIFY_EACH_PASS='yes': expected 0"):
+            pipeline.run_stage(ir.Module.create(), "event", "builtin.module()")
+
+
 def test_options_are_validated():
     with pytest.raises(ValueError, match="schedule='fast' is not supported"):
         pipeline.Options(schedule="fast")

@@ -119,7 +119,7 @@ def test_serve_tensor_parallel_answers_the_openai_client(tmp_path):
 
     path = write_checkpoint(tmp_path / "tiny-chat", tiny_config(vocab_size=320), tokenizer=True)
     small = ["--max-model-len", "64", "--attention-chunk", "16"]
-    whole = etc.models.load(path, workers=1, max_seq_len=64, attention_chunk=16, cache=False)
+    whole = etc.models.load(path, workers=1, max_seq_len=64, attention_chunk=16)
     etc_script = os.path.join(os.path.dirname(sys.executable), "etc")
     server = subprocess.Popen(
         distributed.command(2, [etc_script, "serve", str(path), "--tensor-parallel", "2",

@@ -42,7 +42,7 @@ def main(schedule: str) -> None:
                          intermediate_size=16 * ranks, num_hidden_layers=1)
     with tempfile.TemporaryDirectory(prefix=f"etc-tp-{rank}-") as directory:
         path = write_checkpoint(os.path.join(directory, "tiny"), config, seed=7)
-        split = etc.models.load(path, workers=1, max_seq_len=64, cache=False,
+        split = etc.models.load(path, workers=1, max_seq_len=64,
                                tensor_parallel=ranks, schedule=schedule)
         expected = "static" if schedule == "auto" else schedule
         assert split.kernels[0].abi.schedule == expected, split.kernels[0].abi.schedule
@@ -51,7 +51,7 @@ def main(schedule: str) -> None:
         # The whole model's tokens and logits, and its seeded draws, from
         # rank 0 (each rank's whole model would be the same).
         def reference():
-            whole = etc.models.load(path, workers=1, max_seq_len=64, cache=False)
+            whole = etc.models.load(path, workers=1, max_seq_len=64)
             return (whole.generate(prompts, max_new_tokens=4, return_logits=True),
                     draw(whole, seeded))
 

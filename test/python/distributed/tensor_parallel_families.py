@@ -19,7 +19,7 @@ from etc.models.testing import write_checkpoint
 
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [9, 8]]
-OPTIONS = dict(workers=1, max_seq_len=64, attention_chunk=4, cache=False)
+OPTIONS = dict(workers=1, max_seq_len=64, attention_chunk=4)
 
 
 def main(families: list[str]) -> None:

@@ -31,11 +31,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix=f"etc-tp-moe-{rank}-") as directory:
         path = write_checkpoint(os.path.join(directory, "tiny-moe"), config, seed=5)
         split = etc.models.load(path, workers=1, max_seq_len=32, attention_chunk=8,
-                                cache=False, tensor_parallel=ranks)
+                                tensor_parallel=ranks)
         assert split.config.is_sparse(1) and not split.config.is_sparse(0)
         prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8]]
         want = from_rank_zero(comm, lambda: etc.models.load(
-            path, workers=1, max_seq_len=32, attention_chunk=8, cache=False).generate(
+            path, workers=1, max_seq_len=32, attention_chunk=8).generate(
                 prompts, max_new_tokens=4, return_logits=True))
         got = split.generate(prompts, max_new_tokens=4, return_logits=True)
         assert got.tokens == want.tokens, (got.tokens, want.tokens)

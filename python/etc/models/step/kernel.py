@@ -199,19 +199,32 @@ def step_kernel(config: ModelConfig, graph_options: dict, compile_options: dict,
 
     if etc.compiler_missing() is not None:
         raise KernelNotCachedError(name, compile_options["target"], store)
-    # The compiler, imported only now: everything above runs without MLIR.
+    if store is None:
+        return _compiled(config, graph_options, compile_options, progress, start)
+    # Another process may be compiling the same kernel (the other ranks of
+    # a tensor-parallel model): wait for it, then load what it saved.
+    with store.compiling(key):
+        found = store.get(key, workers=workers)
+        if found is not None:
+            if progress is not None:
+                progress("cache", 1, 1)
+            return found, "cache", time.perf_counter() - start
+        compiled = _compiled(config, graph_options, compile_options, progress, start)
+        store.put(key, compiled[0], description)
+    return compiled
+
+
+def _compiled(config, graph_options, compile_options, progress, start):
+    # The compiler, imported only now: everything before runs without MLIR.
     from ...compiler import compile as _compile
     from .graph import build_step_graph
 
     if progress is not None:
         progress("compile", 0, 1)
     compiled = _compile(build_step_graph(config, **graph_options), **compile_options)
-    seconds = time.perf_counter() - start
     if progress is not None:
         progress("compile", 1, 1)
-    if store is not None:
-        store.put(key, compiled, description)
-    return compiled, "compiled", seconds
+    return compiled, "compiled", time.perf_counter() - start
 
 
 def _usable_cores() -> int:

@@ -14,10 +14,16 @@ this module needs no MLIR, so a machine with only the runtime can.
 
 The directory is `ETC_CACHE_DIR`, or `etc` under `XDG_CACHE_HOME` (default
 `~/.cache`). `ETC_CACHE=0` turns the cache off for loads that do not say.
+
+Processes that miss the same key at the same time (the ranks of a
+tensor-parallel model, which share one step kernel; two servers started
+together) compile it once: the first holds a lock on `.<key>.lock` while
+it compiles and saves; the others wait for it and load its artifact.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -190,6 +196,27 @@ class KernelCache:
             path.unlink(missing_ok=True)
             return None
 
+    @contextlib.contextmanager
+    def compiling(self, key: str):
+        """Holds the lock of `key` (an exclusive `flock` of `.<key>.lock`,
+        released when the holder ends, however it ends) while the caller
+        looks again, compiles and saves. Where the directory cannot hold a
+        lock file (read-only, or no `fcntl`), it holds nothing: each process
+        then compiles for itself, as without the lock."""
+        try:
+            import fcntl
+
+            self.directory.mkdir(parents=True, exist_ok=True)
+            handle = os.open(self.directory / f".{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except (ImportError, OSError):
+            yield
+            return
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(handle)  # releases the lock
+
     def put(self, key: str, kernel, description: dict) -> Optional[Path]:
         """Saves `kernel` under `key` with `description`. Written to a
         private file and renamed, so that a concurrent reader or writer
@@ -243,6 +270,8 @@ class KernelCache:
             if path.suffix == _SUFFIX and path.is_file():
                 path.unlink(missing_ok=True)
                 removed += 1
+            elif path.name.startswith(".") and path.suffix == ".lock":
+                path.unlink(missing_ok=True)
             elif path.name.endswith(".part") and path.name.startswith(".") and \
                     time.time() - path.stat().st_mtime > 3600:
                 path.unlink(missing_ok=True)
