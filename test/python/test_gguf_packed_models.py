@@ -175,17 +175,17 @@ def test_a_packed_model_holds_about_its_file_in_memory(name, tmp_path):
     path = write_gguf(tmp_path / "m.gguf", config, tensor_type=tensor_type)
     size = path.stat().st_size
     cache = str(tmp_path / "cache")
-    grown = {}
-    for packed_weights in (True, False):
-        grown[packed_weights] = memory_growth.grown(path, cache, packed=packed_weights)
+    grown = {True: memory_growth.grown(path, cache, packed=True)}
     assert grown[True] <= 1.25 * size, (grown, size)
-    assert grown[False] > 2.5 * size, (grown, size)  # the check can fail
+    if name == "qwen3":  # the check can fail (once is enough)
+        grown[False] = memory_growth.grown(path, cache, packed=False)
+        assert grown[False] > 2.5 * size, (grown, size)
     # `etc cache` says which kernel runs packed weights, in which formats:
     # every matrix (and stack of experts) of the file.
     formats = GGUFCheckpoint(path).weight_formats()
     assert set(formats.values()) == {tensor_type.lower()}
     summaries = sorted(entry.summary for entry in models.KernelCache(cache).entries())
-    assert len(summaries) == 2
+    assert len(summaries) == len(grown)
     packed_line = f"dtype=f32 packed: {tensor_type.lower()}x{len(formats)} "
     assert sum(packed_line in line for line in summaries) == 1
 
