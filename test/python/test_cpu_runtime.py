@@ -279,7 +279,10 @@ def test_jit_gets_the_f16_builtins():
     engine = jit.create(module, "convert")
     jit.lookup(engine, "convert", "convert")
     result = ctypes.c_uint16(0)
-    engine.invoke("convert", ctypes.pointer(ctypes.c_float(1.5)), ctypes.pointer(result))
+    # The packed interface of `convert`: an array of pointers to its arguments.
+    arguments = [ctypes.pointer(ctypes.c_float(1.5)), ctypes.pointer(result)]
+    packed = (ctypes.c_void_p * 2)(*(ctypes.cast(a, ctypes.c_void_p) for a in arguments))
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup("_mlir_ciface_convert"))(packed)
     assert result.value == np.array(1.5, np.float16).view(np.uint16)
 
 

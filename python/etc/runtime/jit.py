@@ -16,7 +16,7 @@ import tempfile
 from typing import Optional
 
 from mlir import ir
-from mlir.execution_engine import ExecutionEngine
+from mlir._mlir_libs._mlirExecutionEngine import ExecutionEngine
 
 #: f16 <-> f32 conversions that LLVM calls where the host has no instruction
 #: for them (x86-64 without F16C). libgcc_s (GCC >= 12) defines them, but it
@@ -45,8 +45,12 @@ def create(module: ir.Module, what: str, opt_level: int = 2,
            isa: Optional[str] = None) -> ExecutionEngine:
     """JIT-compiles `module` (`what` names it in errors), with the builtins of
     `SOFT_FLOAT_BUILTINS` that this process has, for the x86-64 level `isa`
-    (`etc.runtime.isa`; None: the host's CPU). Raises JITError with MLIR's
-    diagnostics when the module cannot be translated to LLVM IR."""
+    (`etc.runtime.isa`; None: the host's CPU), its LLVM IR passes and its
+    code generation at `opt_level`. Raises JITError with MLIR's
+    diagnostics when the module cannot be translated to LLVM IR. Returns
+    the bindings' ExecutionEngine (`raw_lookup`, `raw_register_runtime`,
+    `dump_to_object_file`; not the `mlir.execution_engine` subclass's
+    ctypes helpers)."""
     if isa is not None:
         set_target(module, isa)
     diagnostics: list[str] = []
@@ -60,7 +64,12 @@ def create(module: ir.Module, what: str, opt_level: int = 2,
         # The object dump lets `lookup` list the symbols a failed link missed.
         # Position-independent, so that `CompiledKernel.save` can link the
         # same object code into a shared library.
-        engine = ExecutionEngine(module, opt_level=opt_level, enable_object_dump=True, enable_pic=True)
+        # Through ETC's extension: upstream's constructor generates code at
+        # LLVM's -O2 whatever `opt_level` says (etc._etc.create_execution_engine).
+        from .._etc import create_execution_engine
+
+        engine = ExecutionEngine._CAPICreate(create_execution_engine(
+            module, opt_level, enable_object_dump=True, enable_pic=True))
     except RuntimeError:
         cause = "\n  ".join(diagnostics) or "no diagnostic was reported"
         raise JITError(f"{what}: the CPU JIT could not translate the lowered module to "
