@@ -164,32 +164,15 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         last one and masked."""
         op, n, c = self.op, self.KEYS, self.cidx
         last = arith.subi(k1, c(1))
-        caches = [memref.collapse_shape(
-            ir.MemRefType.get([ir.ShapedType.get_dynamic_size()],
-                              ir.MemRefType(self.buf(t).type).element_type),
-            self.buf(t), [[0, 1, 2]]) for t in op.operands[1:3]]
-        rows_per_block, width = (self.dim(op.operands[1], d) for d in (1, 2))
-
-        def row_of(key):
-            """The flat index of `key`'s row of the KV head."""
-            block, row = where.at(key)
-            return arith.addi(arith.muli(arith.addi(arith.muli(block, rows_per_block), row),
-                                         width), kv_column)
-
-        def rows_from(first, count=None):
-            """The block's rows from flat index `first`, each of the first
-            `count` keys (None: all KEYS) its own, the others the last's."""
-            return [[arith.addi(first, arith.muli(
-                c(i) if count is None else arith.minsi(c(i), arith.subi(count, c(1))),
-                width))] for i in range(n)]
+        caches, rows_from = self.flat_rows(where, kv_column)
 
         def prefetch(key):
             """Prefetches the rows of the block of `key`: in a paged cache
             the block's, whole; in a contiguous one no further than the
             last key."""
             first = arith.muli(arith.divui(key, c(n)), c(n))
-            self.prefetch(caches, rows_from(row_of(first)) if "block_size" in op.params
-                          else rows_from(row_of(first), arith.subi(k1, first)))
+            self.prefetch(caches, rows_from(first) if "block_size" in op.params
+                          else rows_from(first, arith.subi(k1, first)))
 
         whole = arith.addi(k_first, arith.muli(arith.divui(arith.subi(k1, k_first), c(n)), c(n)))
         # The first block's values arrive while its scores compute.
@@ -199,16 +182,54 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
             k0 = blocks.induction_variable
             prefetch(arith.minsi(arith.addi(k0, c(n)), last))
             scf.yield_(self.kv_heads_block(queries, list(blocks.inner_iter_args), caches,
-                                           rows_from(row_of(k0)), None))
+                                           rows_from(k0), None))
         tail = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, whole, k1),
                         [v.type for v in init], has_else=True)
         with ir.InsertionPoint(tail.then_block):
             keys = arith.subi(k1, whole)
             scf.yield_(self.kv_heads_block(queries, list(blocks.results), caches,
-                                           rows_from(row_of(whole), keys), keys))
+                                           rows_from(whole, keys), keys))
         with ir.InsertionPoint(tail.else_block):
             scf.yield_(list(blocks.results))
         return list(tail.results)
+
+    def flat_rows(self, where, kv_column) -> tuple:
+        """The key and value caches seen as one dimension each, and
+        `rows_from(key, count=None)`: the flat indices of the rows of the
+        KEYS keys from `key` (its table entry `where.at(key)`, column
+        `kv_column`), the first `count` keys' (None: all) their own, the
+        others the last's. Whole blocks of keys (`aligned`) read their
+        rows at constant offsets from the first (LLVM folds them into the
+        loads' addresses; indices into the 3-D memrefs were spilled
+        registers)."""
+        op, n, c = self.op, self.KEYS, self.cidx
+        caches = [memref.collapse_shape(
+            ir.MemRefType.get([ir.ShapedType.get_dynamic_size()],
+                              ir.MemRefType(self.buf(t).type).element_type),
+            self.buf(t), [[0, 1, 2]]) for t in op.operands[1:3]]
+        rows_per_block, width = (self.dim(op.operands[1], d) for d in (1, 2))
+
+        def rows_from(key, count=None):
+            block, row = where.at(key)
+            first = arith.addi(arith.muli(arith.addi(arith.muli(block, rows_per_block), row),
+                                          width), kv_column)
+            return [[arith.addi(first, arith.muli(
+                c(i) if count is None else arith.minsi(c(i), arith.subi(count, c(1))),
+                width))] for i in range(n)]
+
+        return caches, rows_from
+
+    def interleaved_values(self, values, first: list, second: list) -> list:
+        """Two keys' value rows (at `first` and `second` of memref
+        `values`) interleaved in `value_pairs`' lane order: per 32 columns,
+        `vpunpcklwd`'s pairs (columns 0-3, 8-11, 16-19, 24-27 of each),
+        then `vpunpckhwd`'s (4-7, ...)."""
+        bf16x32 = ir.VectorType.get([32], element_type("bf16"))
+        low = [i for lane in range(4) for j in range(4) for i in (8 * lane + j, 32 + 8 * lane + j)]
+        high = [i + 4 for i in low]
+        a, b = ([vector.load(bf16x32, values, self.column(at, 32 * h))
+                 for h in range(self.op.params["head_dim"] // 32)] for at in (first, second))
+        return [vector.shuffle(x, y, order) for x, y in zip(a, b) for order in (low, high)]
 
     def kv_heads_block(self, queries, carried: list, caches: list, rows: list, keys) -> list:
         """`key_block` for each of the tile's KV heads (G queries each, at
@@ -283,25 +304,15 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
     def weigh_value_pairs(self, values, rows: list, weights: list, results: list) -> None:
         """Adds each head's bf16 `weights` of the block's value rows at
         `rows` of memref `values` to its acc (results[g][2]), in
-        `value_pairs`' lane order: per 32 columns, the 16 lanes of
-        `vpunpcklwd`'s pairs (columns 0-3, 8-11, 16-19, 24-27), then of
-        `vpunpckhwd`'s (4-7, ...); `natural_order` puts them back."""
-        head_dim = self.op.params["head_dim"]
-        halves = head_dim // 32
+        `interleaved_values`' lane order; `natural_order` puts them back."""
+        halves = self.op.params["head_dim"] // 32
         bf16x32 = ir.VectorType.get([32], element_type("bf16"))
         i32 = ir.IntegerType.get_signless(32)
-        low = [i for lane in range(4) for j in range(4) for i in (8 * lane + j, 32 + 8 * lane + j)]
-        high = [i + 4 for i in low]
         words = [vector.bitcast(ir.VectorType.get([len(rows) // 2], i32), w) for w in weights]
         parts = [[vector.extract_strided_slice(self.vtype(16), result[2], [16 * i], [16], [1])
                   for i in range(2 * halves)] for result in results]
         for p in range(len(rows) // 2):
-            first, second = (
-                [vector.load(bf16x32, values, self.column(rows[2 * p + k], 32 * h))
-                 for h in range(halves)] for k in (0, 1))
-            interleaved = []
-            for a, b in zip(first, second):
-                interleaved += [vector.shuffle(a, b, low), vector.shuffle(a, b, high)]
+            interleaved = self.interleaved_values(values, rows[2 * p], rows[2 * p + 1])
             for g, word in enumerate(words):
                 pair = vector.bitcast(bf16x32, vector.broadcast(
                     ir.VectorType.get([16], i32), vector.extract(word, [], [p])))

@@ -154,25 +154,16 @@ class QueryBlocks:
         last = arith.subi(k1, c(1))
         aligned = self.aligned()
         if aligned:
-            caches = [memref.collapse_shape(
-                ir.MemRefType.get([ir.ShapedType.get_dynamic_size()],
-                                  ir.MemRefType(self.buf(t).type).element_type),
-                self.buf(t), [[0, 1, 2]]) for t in op.operands[1:3]]
-            rows_per_block, width = (self.dim(op.operands[1], d) for d in (1, 2))
+            caches, rows_from = self.flat_rows(where, kv_column)
         else:
             caches = [self.buf(t) for t in op.operands[1:3]]
 
         def block_rows(key):
             """The rows of the block from `key`, clamped to the last key."""
-            if not aligned:
-                return [[*where.at(arith.minsi(arith.addi(key, c(i)), last)), kv_column]
-                        for i in range(n)]
-            block, row = where.at(key)
-            first = arith.addi(arith.muli(arith.addi(arith.muli(block, rows_per_block), row),
-                                          width), kv_column)
-            count = arith.subi(k1, key)
-            return [[arith.addi(first, arith.muli(arith.minsi(c(i), arith.subi(count, c(1))),
-                                                  width))] for i in range(n)]
+            if aligned:
+                return rows_from(key, arith.subi(k1, key))
+            return [[*where.at(arith.minsi(arith.addi(key, c(i)), last)), kv_column]
+                    for i in range(n)]
 
         kv_heads = self.kv_heads_per_tile(op)
 
@@ -235,7 +226,6 @@ class QueryBlocks:
         pair p), its values in `value_pairs`' pairs into packs.values'."""
         c, n = self.cidx, self.KEYS
         head_dim = self.op.params["head_dim"]
-        halves = head_dim // 32
         bf16x32 = ir.VectorType.get([32], element_type("bf16"))
         i32x16 = ir.VectorType.get([16], ir.IntegerType.get_signless(32))
         for first in range(0, head_dim // 2, 16):
@@ -243,16 +233,10 @@ class QueryBlocks:
                 bf16x32, caches[0], self.column(at, 2 * first))) for at in rows])
             for p, vec in enumerate(vecs):
                 vector.store(vec, packs.keys, [kv, c(first + p), c(0)])
-        low = [i for lane in range(4) for j in range(4) for i in (8 * lane + j, 32 + 8 * lane + j)]
-        high = [i + 4 for i in low]
         for p in range(n // 2):
-            first, second = (
-                [vector.load(bf16x32, caches[1], self.column(rows[2 * p + k], 32 * h))
-                 for h in range(halves)] for k in (0, 1))
-            for h, (a, b) in enumerate(zip(first, second)):
-                for k, order in enumerate((low, high)):
-                    vector.store(vector.shuffle(a, b, order), packs.values,
-                                 [kv, c((p * halves + h) * 2 + k), c(0)])
+            pairs = self.interleaved_values(caches[1], rows[2 * p], rows[2 * p + 1])
+            for i, vec in enumerate(pairs):
+                vector.store(vec, packs.values, [kv, c(p * len(pairs) + i), c(0)])
 
     def query_block(self, packs, kv, queries: list, masks: list) -> None:
         """The states in packs.states of `queries` (ROWS_AT_ONCE rows' G
