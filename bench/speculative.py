@@ -115,9 +115,9 @@ def find_checkpoint(given) -> Path:
 def speculation(method: str, model, args, directory: Path):
     """The `Speculative` of `--methods`' `method`."""
     if method == "ngram":
-        return models.Speculative(tokens=args.tokens, ngram=tuple(args.ngram))
+        return models.Speculative(tokens=args.tokens, ngram=tuple(args.ngram), **args.policy)
     if method == "self":
-        return models.Speculative(draft=model, tokens=args.tokens)
+        return models.Speculative(draft=model, tokens=args.tokens, **args.policy)
     from etc.models.testing import tiny_config, write_checkpoint
 
     c = model.config
@@ -128,7 +128,7 @@ def speculation(method: str, model, args, directory: Path):
                          max_position_embeddings=1024, tie_word_embeddings=True)
     path = write_checkpoint(directory / "random-draft", config, dtype="BF16")
     model.draft_model(path)  # loaded (compiled) now, not in the first timed run
-    return models.Speculative(draft=path, tokens=args.tokens)
+    return models.Speculative(draft=path, tokens=args.tokens, **args.policy)
 
 
 def run(model, chats, batch: int, new: int, speculative):
@@ -168,7 +168,12 @@ def main() -> None:
     parser.add_argument("--ngram", type=int, nargs=2, default=(2, 4), help="Speculative(ngram=)")
     parser.add_argument("--methods", nargs="+", default=["ngram"],
                         choices=("ngram", "self", "random"))
+    parser.add_argument("--step-tokens", default=None,
+                        help="Speculative(step_tokens=): an int or 'none' (default: its own)")
     args = parser.parse_args()
+    args.policy = {}
+    if args.step_tokens is not None:
+        args.policy["step_tokens"] = None if args.step_tokens == "none" else int(args.step_tokens)
 
     path = find_checkpoint(args.checkpoint)
     start = time.perf_counter()

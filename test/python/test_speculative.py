@@ -450,20 +450,75 @@ def test_the_proposal_length_adapts():
 
 
 def test_proposals_fill_a_step_up_to_step_tokens(loaded, monkeypatch):
-    """With step_tokens=8 (the default), three decoding requests propose
-    5 tokens at most in all (the first in the step's order 4, the next
-    1); the tokens stay those without speculation."""
+    """With step_tokens=8 (the default) and nothing past it, three
+    decoding requests propose 5 tokens at most in all (the first in the
+    step's order 4, the next 1); the tokens stay those without
+    speculation."""
     model = loaded["qwen3"]
     want = model.generate(PROMPTS, NEW, ignore_eos=True).tokens
     proposer = oracle(monkeypatch, PROMPTS, want, model.config.vocab_size, wrong=False)
     engine = Engine(model, max_num_seqs=3, max_model_len=32,
-                    speculative=Speculative(tokens=4, adaptive=False))
+                    speculative=Speculative(tokens=4, adaptive=False,
+                                            confident_step_tokens=None))
     handles = [engine.submit(p, max_new_tokens=NEW, ignore_eos=True) for p in PROMPTS]
     engine.run()
     assert [h.result().token_ids for h in handles] == want
     assert max(step.tokens for step in engine.steps[1:]) <= 8
     assert max(len(p) for _, p in proposer.calls) == 4
     assert engine.stats.proposed_tokens > 0
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_confident_requests_speculate_past_step_tokens(loaded, monkeypatch, wrong):
+    """Requests whose proposals are accepted (the oracle, always right)
+    stay confident and fill steps past step_tokens (8), up to
+    confident_step_tokens (12), each of k + 1 = 5 rows; requests whose
+    proposals are all wrong (`wrong`) fall below confident_acceptance
+    and keep within step_tokens after their first rejections. The tokens
+    are those without speculation either way."""
+    model = loaded["qwen3"]
+    prompts = [[5], [1, 2, 3], [7, 8, 9, 10]]
+    want = model.generate(prompts, 2 * NEW, ignore_eos=True).tokens
+    proposer = oracle(monkeypatch, prompts, want, model.config.vocab_size, wrong=False)
+    if wrong:  # every proposed token one off the right one
+        monkeypatch.setattr(NgramIndex, "propose", lambda index, tokens, k: [
+            (t + 1) % model.config.vocab_size for t in proposer(index, tokens, k)])
+    engine = Engine(model, max_num_seqs=3, max_model_len=64, speculative=Speculative(
+        tokens=4, adaptive=False, confident_step_tokens=12))
+    handles = [engine.submit(p, max_new_tokens=2 * NEW, ignore_eos=True) for p in prompts]
+    engine.run()
+    assert [h.result().token_ids for h in handles] == want
+    sizes = [step.tokens for step in engine.steps[1:]]
+    assert max(sizes) <= 12
+    if wrong:
+        # (a lookup's first token right now and then, `shadow`, makes
+        # one confident again for a step)
+        assert sum(size > 8 for size in sizes) <= len(sizes) // 4
+        assert engine.stats.accepted_tokens == 0
+    else:
+        assert max(sizes) == 12 and engine.stats.acceptance_rate == 1.0
+
+
+def test_confidence_follows_recent_acceptance():
+    """`recent` averages the verifications' accepted fractions with
+    weights shrinking by 3/4; prompt lookup's unproposed first tokens
+    (`shadow`, scored by `observe`) count too, so that a request kept
+    within step_tokens can become confident again."""
+    speculation = Speculation(Speculative(tokens=4, ngram=(1, 1)))
+    assert speculation.recent == 1.0 and speculation.confident
+    speculation.verified(4, 0)
+    assert speculation.recent == 0.75 and not speculation.confident
+    tokens = [1, 2, 3, 1]
+    speculation.shadow(tokens)  # the lookup's first token: 2
+    speculation.observe(tokens + [2])
+    assert speculation.recent == 0.8125 and speculation.confident
+    speculation.shadow(tokens + [2])
+    speculation.observe(tokens + [2, 9])  # it looked up 3
+    assert speculation.recent == 0.609375
+    speculation.observe(tokens + [2, 9, 9])  # nothing looked up since: no change
+    assert speculation.recent == 0.609375
+    with pytest.raises(ValueError, match="Speculative: confident_acceptance=1.5"):
+        Speculative(confident_acceptance=1.5)
 
 
 def test_accepted_prefix():
@@ -478,7 +533,12 @@ def test_options_are_checked_by_field(chat_model):
                            (dict(tokens=2.0), "tokens"), (dict(ngram=(3, 2)), "ngram"),
                            (dict(ngram=(0, 2)), "ngram"), (dict(ngram=3), "ngram"),
                            (dict(ngram=("1", 2)), "ngram"), (dict(adaptive=1), "adaptive"),
-                           (dict(step_tokens=0), "step_tokens")):
+                           (dict(step_tokens=0), "step_tokens"),
+                           (dict(confident_step_tokens=0), "confident_step_tokens"),
+                           (dict(confident_step_tokens=8.5), "confident_step_tokens"),
+                           (dict(confident_acceptance=-0.1), "confident_acceptance"),
+                           (dict(confident_acceptance="high"), "confident_acceptance"),
+                           (dict(confident_acceptance=True), "confident_acceptance")):
         with pytest.raises(ValueError, match=f"Speculative: {field}="):
             Speculative(**options)
     assert Speculative.of("ngram") == Speculative() and Speculative.of(None) is None
@@ -785,3 +845,109 @@ def test_the_command_line_options(tmp_path):
     proposed = next(line for line in metrics.splitlines()
                     if line.startswith("etc_spec_decode_num_draft_tokens_total"))
     assert float(proposed.split()[-1]) > 0
+
+
+# ----------------------------------------------------------------------
+# Rows per request: below the attention's prefill path
+# ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bf16_model(tmp_path_factory):
+    """The tiny Llama in bf16: its KV cache bf16, so that a request of
+    QUERY_ROWS (8) new tokens or more takes the CPU attention's prefill
+    path (`AttentionChunkBlocks.emit_query_blocks`), which sums in
+    another order than decoding's."""
+    config = tiny_config("LlamaForCausalLM", head_dim=32)  # whole 32-value pairs
+    path = write_checkpoint(tmp_path_factory.mktemp("speculative_bf16") / "llama", config,
+                            seed=0)
+    return models.load(path, dtype="bf16", kv_block_size=P, **LOAD)
+
+
+def test_a_long_proposal_is_verified_on_the_decoding_path(bf16_model, monkeypatch):
+    """k = 8 proposals, all right: a request's verification rows stay below
+    the attention's prefill path (`MAX_REQUEST_ROWS`), so every logit is
+    the one decoding gives, bit for bit, in fewer steps."""
+    from etc.models.engine.speculative import MAX_REQUEST_ROWS
+    from etc.ops.attention_cpu import AttentionChunkBlocks
+
+    assert MAX_REQUEST_ROWS < AttentionChunkBlocks.QUERY_ROWS
+    model = bf16_model
+
+    def clear():  # a cached prefix: the prompt's rest decoded, not prefilled
+        model.paged_cache().manager.clear_cached()
+    clear()
+    want = model.generate(PROMPTS, 2 * NEW, ignore_eos=True, return_logits=True)
+    proposer = oracle(monkeypatch, PROMPTS, want.tokens, model.config.vocab_size, wrong=False)
+    for batch in (PROMPTS, PROMPTS[:1]):
+        clear()
+        got = model.generate(batch, 2 * NEW, ignore_eos=True, return_logits=True,
+                             speculative=Speculative(tokens=8, adaptive=False, step_tokens=None))
+        assert got.tokens == want.tokens[:len(batch)]
+        for a, b in zip(got.logits, want.logits):
+            np.testing.assert_array_equal(a, b)
+        assert got.steps < want.steps and sum(got.accepted_tokens) > 0
+    assert 0 < max(len(p) for _, p in proposer.calls) <= MAX_REQUEST_ROWS - 1
+
+
+def test_a_prefill_beside_a_verification(bf16_model, monkeypatch):
+    """A prompt prefilled (11 rows: the attention's prefill path) in the
+    step of a decoding request that verifies 6 proposed tokens: the
+    prompt's logits are those of a step without them, bit for bit (a
+    prefill's sums do not follow its step's other rows), and so are the
+    decoding request's."""
+    model = bf16_model
+    first, second = PROMPTS[0], PROMPTS[2]
+    want = model.generate([first, second], 2 * NEW, ignore_eos=True).tokens
+    oracle(monkeypatch, [first, second], want, model.config.vocab_size, wrong=False)
+    results = []
+    for speculative in (None, Speculative(tokens=6, adaptive=False)):
+        model.paged_cache().manager.clear_cached()
+        engine = Engine(model, max_num_seqs=2, speculative=speculative)
+        handles = [engine.submit(first, max_new_tokens=2 * NEW, ignore_eos=True,
+                                 return_logits=True)]
+        engine.step()
+        engine.step()
+        handles.append(engine.submit(second, max_new_tokens=NEW, ignore_eos=True,
+                                     return_logits=True))
+        engine.run()
+        results.append([h.result() for h in handles])
+        step = engine.steps[2]
+        assert step.requests == 2 and step.tokens == len(second) + 1 + step.proposed
+        assert (step.proposed == 6) == (speculative is not None)
+    for plain, spec in zip(*results):
+        assert spec.token_ids == plain.token_ids
+        np.testing.assert_array_equal(spec.logits, plain.logits)
+    assert results[1][0].accepted_tokens > 0
+
+
+def pauses(speculation, failures: int) -> list:
+    """The steps `speculation` proposes nothing for after each of
+    `failures` proposals of one token none of which is accepted."""
+    out = []
+    for _ in range(failures):
+        skipped = 0
+        while not speculation.wants(10):
+            skipped += 1
+        speculation.verified(1, 0)
+        out.append(skipped)
+    return out
+
+
+def test_pauses_grow_past_32_while_nothing_was_ever_accepted():
+    """A request none of whose proposals was ever accepted (a draft that
+    does not know the text) pauses 1, 2, 4 ... steps without the cap of
+    32, up to MAX_IDLE_PAUSE, so that it tries its draft a handful of
+    times over its length; its first acceptance brings the pauses back
+    to 1, doubling to 32 at most."""
+    never = Speculation(Speculative(tokens=4))
+    never.verified(4, 0)
+    assert pauses(never, 12) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1024]
+    assert Speculation.MAX_IDLE_PAUSE == 1024
+    once = Speculation(Speculative(tokens=4))
+    once.verified(4, 1)
+    once.verified(1, 0)
+    assert pauses(once, 8) == [1, 2, 4, 8, 16, 32, 32, 32]
+    assert pauses(never, 0) == [] and sum(not never.wants(10) for _ in range(1024)) == 1024
+    never.verified(1, 1)  # accepted after the pause: proposes at once, then short pauses
+    assert pauses(never, 3) == [0, 1, 2]

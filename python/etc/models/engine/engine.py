@@ -616,9 +616,7 @@ class Engine:
                 budget -= take
                 batch.append((sequence, take))
         if self.speculative is not None:
-            if self.speculative.step_tokens is not None:
-                budget = min(budget, self.speculative.step_tokens - sum(t for _, t in batch))
-            add_proposals(batch, budget, self.cache, self.draft)
+            add_proposals(batch, budget, self.cache, self.speculative, self.draft)
         return batch
 
     def _preempt(self, sequence: SequenceState) -> None:

@@ -49,6 +49,16 @@ __all__ = ["Speculative", "NgramIndex", "Speculation", "SpeculationCounts", "acc
 #: The ways of proposing tokens: prompt lookup, a draft model.
 METHODS = ("ngram", "draft")
 
+#: The most rows (its own tokens and proposed ones) a speculating request
+#: brings to a step: below the CPU attention's QUERY_ROWS (8), from which
+#: a request's rows take the prefill path (`etc.ops.attention_cpu.
+#: AttentionChunkBlocks.emit_query_blocks`), whose sums run in another
+#: order than decoding's, so that a verified row would not be the row a
+#: step without speculation computes (greedy output could change). Below
+#: it, a row's logits do not depend on its request's or its step's other
+#: rows, bit for bit (measured up to 72 rows a step).
+MAX_REQUEST_ROWS = 7
+
 
 def _positive(field: str, value, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -79,7 +89,20 @@ class Speculative:
       proposed row costs about as much as a decoded one once a step has a
       few rows (on the CPU: 5 rows take 2.2-2.7x one, 8 rows 3.9x), so
       proposals pay in small steps only: the default 8 lets a request
-      alone propose and a batch of 8 not.
+      alone propose and a batch of 8 not;
+    * `confident_step_tokens`: past `step_tokens`, the proposals of
+      confident requests fill a step up to this many tokens (None: none
+      past it), where a confident request is one whose recent acceptance
+      (`Speculation.recent`) is at least `confident_acceptance` (0 to 1).
+      A row past a full step pays when it is accepted more often than
+      it costs relative to a token of the step: on the CPU a step of 8
+      decoding requests costs 1.6x with 2 rows each, 2.2x with 3, 2.8x
+      with 4 and 3.5x with 5, so about 0.6 (docs/benchmarks.md): copying
+      requests (0.9) pay and free prose (0.65) does not;
+
+    Every request brings at most `MAX_REQUEST_ROWS` rows to a step (its
+    own and proposed tokens): more would take the attention's prefill
+    path and change the verified rows' logits.
 
     Prompt lookup's k = 8 (with `step_tokens` = 8, a request alone
     proposes up to 7): on SmolLM2-135M copying passages at B = 1,
@@ -93,6 +116,8 @@ class Speculative:
     adaptive: bool = True
     draft: object = None
     step_tokens: Optional[int] = 8
+    confident_step_tokens: Optional[int] = 40
+    confident_acceptance: float = 0.8
 
     def __post_init__(self):
         if self.method is None:
@@ -121,6 +146,13 @@ class Speculative:
             raise ValueError(f"Speculative: adaptive={self.adaptive!r} must be True or False")
         if self.step_tokens is not None:
             _positive("step_tokens", self.step_tokens)
+        if self.confident_step_tokens is not None:
+            _positive("confident_step_tokens", self.confident_step_tokens)
+        value = self.confident_acceptance
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not 0 <= value <= 1:
+            raise ValueError(f"Speculative: confident_acceptance={value!r} must be a number "
+                             f"in [0, 1]")
 
     @classmethod
     def of(cls, value, where: str = "speculative") -> Optional["Speculative"]:
@@ -167,6 +199,12 @@ class NgramIndex:
         self._indexed = 0  # n-grams ending before this position are indexed
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        """Up to `k` tokens to follow `tokens`."""
+        return self.lookup(tokens, k)
+
+    def lookup(self, tokens: Sequence[int], k: int) -> list[int]:
+        """`propose`'s tokens (`Speculation.shadow` looks up through this,
+        not `propose`, which tests replace with an oracle)."""
         length = len(tokens)
         if k < 1 or length < self.low + 1:
             return []
@@ -211,27 +249,38 @@ class SpeculationCounts:
             float("nan")
 
 
-def add_proposals(batch: list, budget: int, cache, draft=None) -> None:
+def add_proposals(batch: list, budget: int, cache, config: Speculative, draft=None) -> None:
     """Adds proposed tokens to the speculating sequences of a step's
     `batch` ((engine sequence, tokens it takes) pairs, changed in place)
     whose pending tokens all go into the step, within what is left of the
-    token `budget`, their token limits (a step gives at most one token
-    more than it verifies) and the free blocks of `cache` (the engine's
-    slots): a proposal never preempts. The proposals are prompt lookup's,
-    or with `draft` (a `DraftProposer`) the draft model's, all of the
-    step's requests drafted together."""
+    step's token `budget` and `config`'s step_tokens (or for a confident
+    request, confident_step_tokens), `MAX_REQUEST_ROWS`, their token
+    limits (a step gives at most one token more than it verifies) and the
+    free blocks of `cache` (the engine's slots): a proposal never
+    preempts. The proposals are prompt lookup's, or with `draft` (a
+    `DraftProposer`) the draft model's, all of the step's requests
+    drafted together."""
+    used = sum(take for _, take in batch)
+
+    def room(limit):
+        return budget if limit is None else min(budget, limit - used)
+    cheap, wide = room(config.step_tokens), room(config.confident_step_tokens)
+    if config.confident_step_tokens is None:
+        wide = 0
     wanted = []
     for i, (sequence, take) in enumerate(batch):
-        if budget < 1:
-            break
-        if sequence.speculation is None or take != sequence.pending or \
-                not sequence.verifiable:
+        speculation = sequence.speculation
+        if speculation is None or take != sequence.pending or not sequence.verifiable:
             continue
-        k = sequence.speculation.wants(
-            min(budget, sequence.max_new_tokens - len(sequence.generated) - 1))
+        speculation.observe(sequence.tokens)
+        limit = max(cheap, wide) if speculation.confident else cheap
+        k = speculation.wants(min(limit, MAX_REQUEST_ROWS - take,
+                                  sequence.max_new_tokens - len(sequence.generated) - 1))
         if k:
             wanted.append((i, sequence, take, k))
-            budget -= k
+            cheap, wide = cheap - k, wide - k
+        elif speculation.index is not None:
+            speculation.shadow(sequence.tokens)
     if draft is None:
         proposals = [s.speculation.index.propose(s.tokens, k) for _, s, _, k in wanted]
     else:
@@ -252,9 +301,23 @@ class Speculation(SpeculationCounts):
     1, 2, 4 ... 32 steps (doubling while the proposals that follow fail,
     reset by an acceptance), then one token. A request whose proposals are
     wrong thus costs about one extra row every 32 steps, while one that
-    copies grows back to `tokens` within a few steps."""
+    copies grows back to `tokens` within a few steps. A request none of
+    whose proposals was ever accepted (a draft model that does not know
+    the text) doubles its pauses past 32, up to `MAX_IDLE_PAUSE`: after
+    n tries about 2^n steps, so over its whole length a handful of tries
+    (and with a draft model, of the draft's catch-up steps); its first
+    acceptance brings the pauses back to 1 ... 32.
+
+    `recent`: the request's recent acceptance, the accepted fraction of
+    each verification (and for prompt lookup, of the first token the
+    lookup would have proposed in a step it did not propose: `shadow`),
+    averaged with weights shrinking by 3/4 at each older one (the newest
+    1/4), 1 at first; the
+    request is `confident` while it is at least the config's
+    confident_acceptance (it may then propose past step_tokens)."""
 
     MAX_PAUSE = 32
+    MAX_IDLE_PAUSE = 1024
 
     def __init__(self, config: Speculative, proposer=None):
         super().__init__()
@@ -267,6 +330,29 @@ class Speculation(SpeculationCounts):
         self._length = config.tokens  # the next proposal's length
         self._pause = 0               # steps left without proposing
         self._backoff = 1             # the next pause after a failure
+        self.recent = 1.0
+        self._shadow: Optional[tuple] = None  # (position, token) looked up, unverified
+
+    @property
+    def confident(self) -> bool:
+        """Whether `recent` reaches the config's confident_acceptance."""
+        return self.recent >= self.config.confident_acceptance
+
+    def _recent(self, accepted: float) -> None:
+        self.recent = 0.75 * self.recent + 0.25 * accepted
+
+    def shadow(self, tokens: Sequence[int]) -> None:
+        """Prompt lookup's first token after `tokens`, not proposed this
+        step: `observe` scores it against the token the step chooses."""
+        proposal = self.index.lookup(tokens, 1)
+        self._shadow = (len(tokens), proposal[0]) if proposal else None
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        """Scores the `shadow` lookup against `tokens` (grown since) in
+        `recent`."""
+        if self._shadow is not None and len(tokens) > self._shadow[0]:
+            self._recent(float(tokens[self._shadow[0]] == self._shadow[1]))
+        self._shadow = None
 
     def wants(self, limit: int) -> int:
         """How many tokens to propose this step, at most `limit` (what the
@@ -294,6 +380,7 @@ class Speculation(SpeculationCounts):
     def verified(self, proposed: int, accepted: int) -> None:
         """Records a verification: `accepted` of `proposed` tokens."""
         self.count(proposed, accepted)
+        self._recent(accepted / proposed)
         if self.proposer is not None:
             self.proposer.verified(self.draft, proposed, accepted)
         if accepted == proposed:
@@ -305,4 +392,5 @@ class Speculation(SpeculationCounts):
         else:
             self._length = 1
             self._pause = self._backoff
-            self._backoff = min(2 * self._backoff, self.MAX_PAUSE)
+            self._backoff = min(2 * self._backoff,
+                                self.MAX_PAUSE if self.accepted_tokens else self.MAX_IDLE_PAUSE)
