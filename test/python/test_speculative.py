@@ -25,7 +25,8 @@ import pytest
 import etc.models as models
 from etc.models import Speculative
 from etc.models.engine import Engine
-from etc.models.engine.speculative import NgramIndex, Speculation, accepted_prefix
+from etc.models.engine.speculative import (MAX_REQUEST_ROWS, NgramIndex, Speculation,
+                                           accepted_prefix)
 from etc.models.step.kv_blocks import BlockManager
 from etc.models.step.sampling import SamplingParams
 from etc.models.testing import tiny_config, write_checkpoint
@@ -468,50 +469,63 @@ def test_proposals_fill_a_step_up_to_step_tokens(loaded, monkeypatch):
     assert engine.stats.proposed_tokens > 0
 
 
-@pytest.mark.parametrize("wrong", [False, True])
+@pytest.mark.parametrize("wrong", ["none", "all", "two"])
 def test_confident_requests_speculate_past_step_tokens(loaded, monkeypatch, wrong):
     """Requests whose proposals are accepted (the oracle, always right)
     stay confident and fill steps past step_tokens (8), up to
     confident_step_tokens (12), each of k + 1 = 5 rows; requests whose
-    proposals are all wrong (`wrong`) fall below confident_acceptance
-    and keep within step_tokens after their first rejections. The tokens
-    are those without speculation either way."""
+    proposals are all wrong fall below confident_acceptance and keep
+    within step_tokens after their first rejections, and so does a batch
+    of three with two such requests (fewer than `CONFIDENT_SHARE` of its
+    requests confident). The tokens are those without speculation."""
     model = loaded["qwen3"]
     prompts = [[5], [1, 2, 3], [7, 8, 9, 10]]
     want = model.generate(prompts, 2 * NEW, ignore_eos=True).tokens
     proposer = oracle(monkeypatch, prompts, want, model.config.vocab_size, wrong=False)
-    if wrong:  # every proposed token one off the right one
-        monkeypatch.setattr(NgramIndex, "propose", lambda index, tokens, k: [
-            (t + 1) % model.config.vocab_size for t in proposer(index, tokens, k)])
+    failing = {"none": (), "all": (0, 1, 2), "two": (1, 2)}[wrong]
+
+    def propose(index, tokens, k):
+        right = proposer(index, tokens, k)
+        if any(list(tokens[:len(prompts[i])]) == prompts[i] for i in failing):
+            return [(t + 1) % model.config.vocab_size for t in right]  # each one off
+        return right
+    monkeypatch.setattr(NgramIndex, "propose", propose)
+    monkeypatch.setattr(NgramIndex, "lookup", lambda index, tokens, k: [])  # no shadows
     engine = Engine(model, max_num_seqs=3, max_model_len=64, speculative=Speculative(
         tokens=4, adaptive=False, confident_step_tokens=12))
     handles = [engine.submit(p, max_new_tokens=2 * NEW, ignore_eos=True) for p in prompts]
     engine.run()
     assert [h.result().token_ids for h in handles] == want
     sizes = [step.tokens for step in engine.steps[1:]]
-    assert max(sizes) <= 12
-    if wrong:
-        # (a lookup's first token right now and then, `shadow`, makes
-        # one confident again for a step)
-        assert sum(size > 8 for size in sizes) <= len(sizes) // 4
-        assert engine.stats.accepted_tokens == 0
+    if failing:
+        assert max(sizes[2:]) <= 8
     else:
         assert max(sizes) == 12 and engine.stats.acceptance_rate == 1.0
+    results = [h.result() for h in handles]
+    assert all(results[i].accepted_tokens == 0 for i in failing)
 
 
 def test_confidence_follows_recent_acceptance():
     """`recent` averages the verifications' accepted fractions with
     weights shrinking by 3/4; prompt lookup's unproposed first tokens
     (`shadow`, scored by `observe`) count too, so that a request kept
-    within step_tokens can become confident again."""
-    speculation = Speculation(Speculative(tokens=4, ngram=(1, 1)))
+    within step_tokens can become confident again; a confident request
+    proposes past step_tokens the tokens j with recent^j at least
+    confident_acceptance."""
+    speculation = Speculation(Speculative(tokens=4, ngram=(1, 1), confident_acceptance=0.8))
     assert speculation.recent == 1.0 and speculation.confident
+    assert speculation.confident_tokens() == MAX_REQUEST_ROWS
     speculation.verified(4, 0)
     assert speculation.recent == 0.75 and not speculation.confident
+    assert speculation.confident_tokens() == 0
     tokens = [1, 2, 3, 1]
     speculation.shadow(tokens)  # the lookup's first token: 2
     speculation.observe(tokens + [2])
     assert speculation.recent == 0.8125 and speculation.confident
+    assert speculation.confident_tokens() == 1  # 0.8125^2 = 0.66 < 0.8
+    speculation.recent = 0.95
+    assert speculation.confident_tokens() == 4  # 0.95^4 = 0.81, 0.95^5 = 0.77
+    speculation.recent = 0.8125
     speculation.shadow(tokens + [2])
     speculation.observe(tokens + [2, 9])  # it looked up 3
     assert speculation.recent == 0.609375
@@ -868,7 +882,6 @@ def test_a_long_proposal_is_verified_on_the_decoding_path(bf16_model, monkeypatc
     """k = 8 proposals, all right: a request's verification rows stay below
     the attention's prefill path (`MAX_REQUEST_ROWS`), so every logit is
     the one decoding gives, bit for bit, in fewer steps."""
-    from etc.models.engine.speculative import MAX_REQUEST_ROWS
     from etc.ops.attention_cpu import AttentionChunkBlocks
 
     assert MAX_REQUEST_ROWS < AttentionChunkBlocks.QUERY_ROWS

@@ -37,6 +37,7 @@ scheduled, and `accepted_prefix` says how many the step accepted.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Optional, Sequence
@@ -56,8 +57,19 @@ METHODS = ("ngram", "draft")
 #: order than decoding's, so that a verified row would not be the row a
 #: step without speculation computes (greedy output could change). Below
 #: it, a row's logits do not depend on its request's or its step's other
-#: rows, bit for bit (measured up to 72 rows a step).
+#: rows, bit for bit (measured up to 72 rows a step), nor do a prompt's
+#: rows on the prefill path (`test_a_prefill_beside_a_verification`).
 MAX_REQUEST_ROWS = 7
+
+#: Rows past `Speculative.step_tokens` pay when the step's fixed cost
+#: (reading the weights) is shared by fewer steps, that is when every
+#: request of the batch goes faster; a few requests' proposals past it
+#: only move their rows earlier, and add the rejected ones. So a step
+#: takes them only when at least this share of its requests is confident
+#: (on SmolLM2-135M at B = 8, modelled from the measured step costs: with
+#: 1/2, free prose 0.97x and copying 1.53x of the decode; 3/4, 0.99x and
+#: 1.53x; all, 1.00x and 1.44x).
+CONFIDENT_SHARE = 0.75
 
 
 def _positive(field: str, value, low: int = 1) -> int:
@@ -92,22 +104,26 @@ class Speculative:
       alone propose and a batch of 8 not;
     * `confident_step_tokens`: past `step_tokens`, the proposals of
       confident requests fill a step up to this many tokens (None: none
-      past it), where a confident request is one whose recent acceptance
-      (`Speculation.recent`) is at least `confident_acceptance` (0 to 1).
-      A row past a full step pays when it is accepted more often than
-      it costs relative to a token of the step: on the CPU a step of 8
-      decoding requests costs 1.6x with 2 rows each, 2.2x with 3, 2.8x
-      with 4 and 3.5x with 5, so about 0.6 (docs/benchmarks.md): copying
-      requests (0.9) pay and free prose (0.65) does not;
+      past it), in a step at least `CONFIDENT_SHARE` (3/4) of whose
+      requests are confident: their recent acceptance p
+      (`Speculation.recent`) at least `confident_acceptance` (0 to 1);
+      each proposes past `step_tokens` the tokens j = 1, 2 ... whose
+      chance p^j of acceptance reaches `confident_acceptance`. A row past
+      a full step pays when it is accepted more often than it costs
+      relative to a token of the step: on the CPU a step of 8 decoding
+      requests costs 1.6x with 2 rows each, 2.2x with 3, 2.8x with 4 and
+      3.5x with 5, a row about 0.6 of a token (docs/benchmarks.md), the
+      default;
 
     Every request brings at most `MAX_REQUEST_ROWS` rows to a step (its
     own and proposed tokens): more would take the attention's prefill
     path and change the verified rows' logits.
 
-    Prompt lookup's k = 8 (with `step_tokens` = 8, a request alone
-    proposes up to 7): on SmolLM2-135M copying passages at B = 1,
-    1.53-1.59x tokens/s against 1.40x with 4, and free prose 1.15x against
-    1.09x (docs/benchmarks.md, "Speculative decoding on the CPU").
+    Prompt lookup's k = 8 (a request alone proposes up to 6, the rows'
+    limit): on SmolLM2-135M copying passages at B = 1, 1.53-1.59x
+    tokens/s against 1.40x with 4 (when it proposed up to 7), and free
+    prose 1.15x against 1.09x (docs/benchmarks.md, "Speculative decoding
+    on the CPU").
     """
 
     method: Optional[str] = None
@@ -117,7 +133,7 @@ class Speculative:
     draft: object = None
     step_tokens: Optional[int] = 8
     confident_step_tokens: Optional[int] = 40
-    confident_acceptance: float = 0.8
+    confident_acceptance: float = 0.6
 
     def __post_init__(self):
         if self.method is None:
@@ -265,7 +281,10 @@ def add_proposals(batch: list, budget: int, cache, config: Speculative, draft=No
     def room(limit):
         return budget if limit is None else min(budget, limit - used)
     cheap, wide = room(config.step_tokens), room(config.confident_step_tokens)
-    if config.confident_step_tokens is None:
+    # Rows past step_tokens pay when the step's fixed cost is shared by
+    # fewer steps: when every request of the step goes faster.
+    confident = sum(s.speculation is not None and s.speculation.confident for s, _ in batch)
+    if config.confident_step_tokens is None or confident < CONFIDENT_SHARE * len(batch):
         wide = 0
     wanted = []
     for i, (sequence, take) in enumerate(batch):
@@ -273,7 +292,7 @@ def add_proposals(batch: list, budget: int, cache, config: Speculative, draft=No
         if speculation is None or take != sequence.pending or not sequence.verifiable:
             continue
         speculation.observe(sequence.tokens)
-        limit = max(cheap, wide) if speculation.confident else cheap
+        limit = max(cheap, min(wide, speculation.confident_tokens()))
         k = speculation.wants(min(limit, MAX_REQUEST_ROWS - take,
                                   sequence.max_new_tokens - len(sequence.generated) - 1))
         if k:
@@ -318,6 +337,7 @@ class Speculation(SpeculationCounts):
 
     MAX_PAUSE = 32
     MAX_IDLE_PAUSE = 1024
+    FIRST_RECENT = 1.0
 
     def __init__(self, config: Speculative, proposer=None):
         super().__init__()
@@ -330,13 +350,25 @@ class Speculation(SpeculationCounts):
         self._length = config.tokens  # the next proposal's length
         self._pause = 0               # steps left without proposing
         self._backoff = 1             # the next pause after a failure
-        self.recent = 1.0
+        self.recent = self.FIRST_RECENT
         self._shadow: Optional[tuple] = None  # (position, token) looked up, unverified
 
     @property
     def confident(self) -> bool:
         """Whether `recent` reaches the config's confident_acceptance."""
         return self.recent >= self.config.confident_acceptance
+
+    def confident_tokens(self) -> int:
+        """How many tokens the request may propose past step_tokens: the
+        j-th is expected accepted with probability about recent^j (each
+        accepted with `recent`, once the one before it is), and is
+        proposed while that is at least confident_acceptance."""
+        threshold, p = self.config.confident_acceptance, self.recent
+        if p < threshold:
+            return 0
+        if p >= 1 or threshold <= 0:
+            return MAX_REQUEST_ROWS
+        return min(MAX_REQUEST_ROWS, int(math.log(threshold) / math.log(p) + 1e-9))
 
     def _recent(self, accepted: float) -> None:
         self.recent = 0.75 * self.recent + 0.25 * accepted
