@@ -476,8 +476,8 @@ def test_confident_requests_speculate_past_step_tokens(loaded, monkeypatch, wron
     confident_step_tokens (12), each of k + 1 = 5 rows; requests whose
     proposals are all wrong fall below confident_acceptance and keep
     within step_tokens after their first rejections, and so does a batch
-    of three with two such requests (fewer than `CONFIDENT_SHARE` of its
-    requests confident). The tokens are those without speculation."""
+    of three with two such requests (not all its requests confident:
+    `CONFIDENT_SHARE`). The tokens are those without speculation."""
     model = loaded["qwen3"]
     prompts = [[5], [1, 2, 3], [7, 8, 9, 10]]
     want = model.generate(prompts, 2 * NEW, ignore_eos=True).tokens

@@ -68,8 +68,9 @@ MAX_REQUEST_ROWS = 7
 #: takes them only when at least this share of its requests is confident
 #: (on SmolLM2-135M at B = 8, modelled from the measured step costs: with
 #: 1/2, free prose 0.97x and copying 1.53x of the decode; 3/4, 0.99x and
-#: 1.53x; all, 1.00x and 1.44x).
-CONFIDENT_SHARE = 0.75
+#: 1.53x; all, 1.00x and 1.44x; measured with 3/4, prose 0.92-0.98x, so
+#: all).
+CONFIDENT_SHARE = 1.0
 
 
 def _positive(field: str, value, low: int = 1) -> int:
@@ -104,8 +105,8 @@ class Speculative:
       alone propose and a batch of 8 not;
     * `confident_step_tokens`: past `step_tokens`, the proposals of
       confident requests fill a step up to this many tokens (None: none
-      past it), in a step at least `CONFIDENT_SHARE` (3/4) of whose
-      requests are confident: their recent acceptance p
+      past it), in a step all of whose requests are confident
+      (`CONFIDENT_SHARE`): their recent acceptance p
       (`Speculation.recent`) at least `confident_acceptance` (0 to 1);
       each proposes past `step_tokens` the tokens j = 1, 2 ... whose
       chance p^j of acceptance reaches `confident_acceptance`. A row past
