@@ -949,13 +949,15 @@ def pauses(speculation, failures: int) -> list:
 
 def test_pauses_grow_past_32_while_nothing_was_ever_accepted():
     """A request none of whose proposals was ever accepted (a draft that
-    does not know the text) pauses 1, 2, 4 ... steps without the cap of
+    does not know the text) pauses 1, 4, 16 ... steps, past the cap of
     32, up to MAX_IDLE_PAUSE, so that it tries its draft a handful of
     times over its length; its first acceptance brings the pauses back
-    to 1, doubling to 32 at most."""
+    to 1, doubling to 32 at most. A draft model's first proposal is one
+    token."""
+    assert Speculation(Speculative(tokens=4), proposer=object()).wants(10) == 1
     never = Speculation(Speculative(tokens=4))
     never.verified(4, 0)
-    assert pauses(never, 12) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1024]
+    assert pauses(never, 8) == [1, 4, 16, 64, 256, 1024, 1024, 1024]
     assert Speculation.MAX_IDLE_PAUSE == 1024
     once = Speculation(Speculative(tokens=4))
     once.verified(4, 1)

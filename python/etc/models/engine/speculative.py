@@ -323,10 +323,13 @@ class Speculation(SpeculationCounts):
     wrong thus costs about one extra row every 32 steps, while one that
     copies grows back to `tokens` within a few steps. A request none of
     whose proposals was ever accepted (a draft model that does not know
-    the text) doubles its pauses past 32, up to `MAX_IDLE_PAUSE`: after
-    n tries about 2^n steps, so over its whole length a handful of tries
-    (and with a draft model, of the draft's catch-up steps); its first
-    acceptance brings the pauses back to 1 ... 32.
+    the text) pauses 1, 4, 16 ... steps, up to `MAX_IDLE_PAUSE`: after n
+    tries about 4^n steps, so over 256 tokens 5 tries (and with a draft
+    model, 5 draft steps), where 1, 2 ... 32 made 12; its first
+    acceptance brings the pauses back to 1 ... 32. With a draft model the
+    first proposal is one token (then one more after each accepted
+    whole, as always): a draft that does not know the text costs one
+    draft step there, not k.
 
     `recent`: the request's recent acceptance, the accepted fraction of
     each verification (and for prompt lookup, of the first token the
@@ -348,7 +351,9 @@ class Speculation(SpeculationCounts):
         self.index = NgramIndex(*config.ngram) if proposer is None else None
         self.proposer = proposer
         self.draft = None if proposer is None else DraftSequence()
-        self._length = config.tokens  # the next proposal's length
+        # The next proposal's length: a draft model's first is one token
+        # (each costs a draft step; the adaptive length grows it).
+        self._length = config.tokens if proposer is None else 1
         self._pause = 0               # steps left without proposing
         self._backoff = 1             # the next pause after a failure
         self.recent = self.FIRST_RECENT
@@ -425,5 +430,7 @@ class Speculation(SpeculationCounts):
         else:
             self._length = 1
             self._pause = self._backoff
-            self._backoff = min(2 * self._backoff,
-                                self.MAX_PAUSE if self.accepted_tokens else self.MAX_IDLE_PAUSE)
+            if self.accepted_tokens:
+                self._backoff = min(2 * self._backoff, self.MAX_PAUSE)
+            else:
+                self._backoff = min(4 * self._backoff, self.MAX_IDLE_PAUSE)
