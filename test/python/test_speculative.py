@@ -699,6 +699,21 @@ def record_proposals(monkeypatch):
     return calls
 
 
+def test_a_draft_model_proposes_within_step_tokens(drafts):
+    """A draft model's proposals, every one accepted (the model as its own
+    draft), stay within step_tokens (8): each of its tokens costs a draft
+    step, so confident_step_tokens is prompt lookup's only."""
+    target, paths = drafts
+    want = target.generate(PROMPTS, NEW, ignore_eos=True).tokens
+    engine = Engine(target, max_num_seqs=3, max_model_len=32, speculative=Speculative(
+        draft=paths["self"], tokens=4, adaptive=False))
+    handles = [engine.submit(p, max_new_tokens=NEW, ignore_eos=True) for p in PROMPTS]
+    engine.run()
+    assert [h.result().token_ids for h in handles] == want
+    assert engine.stats.acceptance_rate == 1.0
+    assert max(step.tokens for step in engine.steps[1:]) <= 8
+
+
 @pytest.mark.parametrize("which", ["self", "other"])
 def test_a_draft_model_proposes_its_greedy_tokens(which, drafts, monkeypatch):
     """Greedy output with a draft model is the target's; each proposal is

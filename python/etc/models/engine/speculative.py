@@ -114,7 +114,10 @@ class Speculative:
       relative to a token of the step: on the CPU a step of 8 decoding
       requests costs 1.6x with 2 rows each, 2.2x with 3, 2.8x with 4 and
       3.5x with 5, a row about 0.6 of a token (docs/benchmarks.md), the
-      default;
+      default. Prompt lookup only: a draft model's proposals stay within
+      `step_tokens` (each of its tokens costs a draft step, which the
+      rows' cost leaves out: the model as its own draft at B = 8 went
+      from 0.58x to 0.2-0.4x past it);
 
     Every request brings at most `MAX_REQUEST_ROWS` rows to a step (its
     own and proposed tokens): more would take the attention's prefill
@@ -283,9 +286,11 @@ def add_proposals(batch: list, budget: int, cache, config: Speculative, draft=No
         return budget if limit is None else min(budget, limit - used)
     cheap, wide = room(config.step_tokens), room(config.confident_step_tokens)
     # Rows past step_tokens pay when the step's fixed cost is shared by
-    # fewer steps: when every request of the step goes faster.
+    # fewer steps: when every request of the step goes faster; and when
+    # proposing is free (prompt lookup: a draft's token costs a draft step).
     confident = sum(s.speculation is not None and s.speculation.confident for s, _ in batch)
-    if config.confident_step_tokens is None or confident < CONFIDENT_SHARE * len(batch):
+    if config.confident_step_tokens is None or draft is not None or \
+            confident < CONFIDENT_SHARE * len(batch):
         wide = 0
     wanted = []
     for i, (sequence, take) in enumerate(batch):
