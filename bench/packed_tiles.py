@@ -1,0 +1,68 @@
+"""One packed matmul at the Llama-3.2-1B FFN shape, per block format.
+
+    y = x @ W^T      x (B, 2048) f32, W (8192, 2048) packed (GGUF blocks)
+
+compiled once for the CPU target (`--workers` workers) and run at each B of
+`--batches`. Prints a Markdown table: the median and best time, the weight
+bytes streamed per second (the B = 1 floor is the memory bandwidth, about
+38.6 GB/s on the 2-core VM) and the int8 products per second (the B = 16
+floor is vpdpbusd's rate: 64 per 512-bit instruction, at most one a cycle
+per core). Where a Q4_K or Q6_K tile's time goes is read against the Q8_0
+row, whose unpacking is one xor per 32 weights.
+
+Usage: .venv/bin/python bench/packed_tiles.py [--types q4_k,q6_k,q8_0]
+       [--batches 1 16] [--workers 2] [--repeats 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+import etc
+from etc import packed
+
+N, K = 8192, 2048
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--types", default="q4_k,q6_k,q8_0")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    print("| type | MB | B | median ms | best ms | GB/s (best) | G int8 products/s (best) |")
+    print("|---|---|---|---|---|---|---|")
+    for fmt in args.types.split(","):
+        if fmt not in packed.FORMATS:
+            raise SystemExit(f"--types: unknown format {fmt!r}")
+        g = etc.Graph("packed_tile")
+        T = g.symbol("T")
+        x = g.input("x", (T, K), "f32")
+        w = g.input("w", (N, K), fmt)
+        g.output(g.matmul(x, w, transpose_b=True, name="y"))
+        kernel = etc.compile(g, target="cpu", workers=args.workers)
+        raw = packed.quantize(np.random.default_rng(0).standard_normal((N, K))
+                              .astype(np.float32), fmt)
+        run = kernel.partial(w=raw)
+        for b in args.batches:
+            a = np.random.default_rng(b).standard_normal((b, K)).astype(np.float32)
+            for _ in range(3):
+                run.run(x=a)
+            times = []
+            for _ in range(args.repeats):
+                t = time.perf_counter()
+                run.run(x=a)
+                times.append(time.perf_counter() - t)
+            best = min(times)
+            print(f"| {fmt} | {raw.nbytes / 1e6:.1f} | {b} | {statistics.median(times) * 1e3:.2f} "
+                  f"| {best * 1e3:.2f} | {raw.nbytes / best / 1e9:.1f} "
+                  f"| {b * N * K / best / 1e9:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
