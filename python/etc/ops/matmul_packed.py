@@ -70,7 +70,7 @@ from .matmul_gemv import MatmulSkinnyT
 from .base import TileKernel
 from .matmul_fp8 import choose_fp8
 from .matmul_scalar import Matmul
-from .packed_loads import _k_scale_min, row_at, signed_byte
+from .packed_loads import row_at, signed_byte
 
 
 def choose_packed(op, target) -> type:
@@ -520,17 +520,17 @@ class PackedDotsCPU(TileKernel):
             d, dmin = half(0), half(2)
             qs = 16 if name == "q4_k" else 48
             high = raw(16, 32) if name == "q5_k" else None
+            scales, minimums = self.k_scales_mins(raw(4, 16), d, dmin)
             out = []
             for g in range(8):
-                scale, minimum = _k_scale_min(self, b, row, base, self.cidx(g))
                 packed_bytes = raw(qs + 32 * (g // 2), 32)
                 q = self.low_nibbles(packed_bytes) if g % 2 == 0 else \
                     self.high_nibbles(packed_bytes)
                 if high is not None:
                     bit = arith.andi(arith.shrui(high, self.splat_i8(g)), self.splat_i8(1))
                     q = arith.ori(q, arith.shli(bit, self.splat_i8(4)))
-                out.append((q, arith.mulf(d, arith.sitofp(self.f32, scale)),
-                            arith.negf(arith.mulf(dmin, arith.sitofp(self.f32, minimum)))))
+                out.append((q, vector.extract(scales, [], [g]),
+                            vector.extract(minimums, [], [g])))
             return out
         if name == "q6_k":
             d = half(208)
@@ -551,6 +551,31 @@ class PackedDotsCPU(TileKernel):
                     out.append((q, lane_scales, None))
             return out
         raise NotImplementedError(f"MatmulPackedCPU: no vector read of {name}")
+
+    def k_scales_mins(self, words: ir.Value, d: ir.Value, dmin: ir.Value) -> tuple:
+        """A Q4_K / Q5_K block's 8 scales times `d` and 8 minimums times
+        -`dmin` (two vector<8xf32>) from its 12 bytes of 6-bit fields
+        (`words`: the block's bytes 4 .. 19), unpacked together in four
+        32-bit lanes (ggml's `get_scale_min_k4` for all 8 at once) instead
+        of 3 byte loads and a select per sub-block."""
+        i32x2 = ir.VectorType.get([2], self.i32)
+        splat = lambda v: arith.constant(i32x2, ir.DenseElementsAttr.get_splat(  # noqa: E731
+            i32x2, ir.IntegerAttr.get(self.i32, v)))
+        w = vector.bitcast(ir.VectorType.get([4], self.i32), words)
+        low = vector.shuffle(w, w, [0, 1])  # scales 0-3, minimums 0-3 in their low 6 bits
+        third = vector.shuffle(w, w, [2, 2])  # the low 4 bits of 4-7: nibbles of bytes 8-11
+        shifts = arith.constant(i32x2, ir.DenseElementsAttr.get(
+            np.array([0, 4], dtype=np.int32), type=i32x2))
+        top = arith.shli(arith.andi(arith.shrui(low, splat(6)), splat(0x03030303)), splat(4))
+        high = arith.ori(arith.andi(arith.shrui(third, shifts), splat(0x0F0F0F0F)), top)
+        low = arith.andi(low, splat(0x3F3F3F3F))
+        both = vector.shuffle(low, high, [0, 2, 1, 3])  # scales 0-7, minimums 0-7
+        as_bytes = vector.bitcast(ir.VectorType.get([16], self.i8), both)
+        values = arith.uitofp(self.vtype(16), as_bytes)
+        scales = vector.shuffle(values, values, list(range(8)))
+        minimums = vector.shuffle(values, values, list(range(8, 16)))
+        return (arith.mulf(scales, vector.broadcast(self.vtype(8), d)),
+                arith.mulf(minimums, vector.broadcast(self.vtype(8), arith.negf(dmin))))
 
     def half(self, row, at) -> ir.Value:
         """The float16 at bytes `at`, `at + 1` of row `row` of the weight as
