@@ -35,6 +35,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
+    if min(args.batches) < 1 or args.workers < 1 or args.repeats < 1:
+        parser.error("--batches, --workers and --repeats must be positive")
     print("| type | MB | B | median ms | best ms | GB/s (best) | G int8 products/s (best) |")
     print("|---|---|---|---|---|---|---|")
     for fmt in args.types.split(","):

@@ -417,6 +417,13 @@ def main() -> int:
         parser.error("--structured compares on the engine in this process: not with --url")
     if args.peer and (args.url or args.structured):
         parser.error("--peer races the server in this process: not with --url or --structured")
+    if args.peer_python != sys.executable and not args.peer:
+        parser.error("--peer-python is the peer's Python: give --peer too")
+    if args.url and (args.dtype != "f32" or args.model != "small" or args.checkpoint):
+        parser.error("--url names a running server: --dtype, --model and --checkpoint are its "
+                     "own, not this benchmark's")
+    if args.checkpoint and args.model != "small":
+        parser.error("--model shapes the random checkpoint: not with --checkpoint")
 
     import etc.models as models
     from etc.models.testing import tiny_config, write_checkpoint

@@ -173,6 +173,8 @@ def main() -> None:
     args = parser.parse_args()
     args.policy = {}
     if args.step_tokens is not None:
+        if args.step_tokens != "none" and not args.step_tokens.isdigit():
+            parser.error(f"--step-tokens {args.step_tokens!r}: a positive integer or 'none'")
         args.policy["step_tokens"] = None if args.step_tokens == "none" else int(args.step_tokens)
 
     path = find_checkpoint(args.checkpoint)
