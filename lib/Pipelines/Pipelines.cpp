@@ -15,6 +15,7 @@
 #include "mlir/Dialect/MemRef/Transforms/Passes.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Pass/PassRegistry.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 #include "mlir/Transforms/Passes.h"
 
 void etc::buildLowerToCPUPipeline(mlir::OpPassManager &pm,
@@ -57,7 +58,14 @@ void etc::buildLowerToCPUPipeline(mlir::OpPassManager &pm,
   // convert-cf-to-llvm's own type converter does not know.
   pm.addPass(mlir::createConvertToLLVMPass());
   pm.addPass(mlir::createReconcileUnrealizedCastsPass());
-  pm.addPass(mlir::createCanonicalizerPass());
+  // Folding and dead code only: block merging and the other region
+  // simplifications find nothing to do in the converted tile bodies (the
+  // same LLVM dialect out) and were half of this pass's time; LLVM's own
+  // simplifycfg runs at -O1 and above.
+  mlir::GreedyRewriteConfig canonicalize;
+  canonicalize.setRegionSimplificationLevel(
+      mlir::GreedySimplifyRegionLevel::Disabled);
+  pm.addPass(mlir::createCanonicalizerPass(canonicalize));
 }
 
 void etc::buildLowerToNVVMPipeline(mlir::OpPassManager &pm,
