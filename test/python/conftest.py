@@ -120,18 +120,21 @@ def chat_model(tmp_path_factory):
 # The order of the files: the longest first
 # ----------------------------------------------------------------------
 
-#: The files that take longest (CPU seconds of each run alone, 2026-11-27:
-#: 86 s down to 16 s; test_families.py, which came later, about 140 s),
-#: longest first. The Makefile's pytest hands whole files
-#: to its processes (pytest-xdist's --dist loadfile) in the order of the
-#: collection, with --no-loadscope-reorder (xdist would otherwise start the
-#: files with the most tests first, and leave these to the end): the long
-#: ones start first and the short ones fill in around them, so that both
-#: processes finish together. Every other file follows in its usual order.
-LONGEST_FIRST = ("test_families.py", "test_model_ptx.py", "test_tensor_parallel.py",
-                 "test_gpu_kit.py",
-                 "test_cli.py", "test_distributed.py", "test_nvshmem.py", "test_dynamic.py",
-                 "test_models.py", "test_tile_functions.py", "test_cuda_ptx.py",
+#: The files that take longest, longest first (seconds of each file in a
+#: run of the whole suite with --durations=0, 2026-11-28: test_model_ptx.py
+#: 162 s down to about 7 s, on a machine loaded by other work). The
+#: Makefile's pytest hands whole files to its processes (pytest-xdist's
+#: --dist loadfile) in the order of the collection, with
+#: --no-loadscope-reorder (xdist would otherwise start the files with the
+#: most tests first, and leave these to the end): the long ones start first
+#: and the short ones fill in around them, so that both processes finish
+#: together. Every other file follows in its usual order.
+LONGEST_FIRST = ("test_model_ptx.py", "test_gpu_kit.py", "test_tensor_parallel.py",
+                 "test_families.py", "test_cli.py", "test_fp8_checkpoints.py",
+                 "test_gguf_packed_models.py", "test_cuda_ptx.py", "test_moe_packed.py",
+                 "test_attention_query_blocks.py", "test_distributed.py",
+                 "test_tile_functions.py", "test_speculative.py", "test_cpu_runtime.py",
+                 "test_dynamic.py", "test_nvshmem.py", "test_models.py",
                  "test_paged_models.py", "test_gpu_kit_ranks.py")
 
 

@@ -7,6 +7,7 @@ Every import counts, at module level or inside a function (a deferred
 import is still a dependency), except those under `if TYPE_CHECKING:`."""
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,12 @@ def _imports(module: str) -> set:
     return targets
 
 
-GRAPH = {module: _imports(module) for module in MODULES}
+@functools.cache
+def import_graph() -> dict:
+    """Each module of etc -> the modules of etc it imports; parsed on first
+    use, not when the file is collected (every pytest process collects it,
+    and reading every module took 1.5 s)."""
+    return {module: _imports(module) for module in MODULES}
 
 
 def _layer(module: str) -> int:
@@ -120,7 +126,8 @@ def test_every_module_has_a_layer():
 def test_imports_go_down_the_layers():
     upward = [f"{module} ({LAYERS[_layer(module)][0]}) imports {target} "
               f"({LAYERS[_layer(target)][0]})"
-              for module, targets in sorted(GRAPH.items()) for target in sorted(targets)
+              for module, targets in sorted(import_graph().items())
+              for target in sorted(targets)
               if _layer(target) > _layer(module)]
     assert upward == []
 
@@ -133,7 +140,7 @@ def _cycles() -> list:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in GRAPH[v]:
+        for w in import_graph()[v]:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -150,7 +157,7 @@ def _cycles() -> list:
             if len(component) > 1:
                 found.append(sorted(component))
 
-    for v in sorted(GRAPH):
+    for v in sorted(import_graph()):
         if v not in index:
             visit(v)
     return found
@@ -163,12 +170,12 @@ def test_no_import_circle():
 def test_the_check_sees_a_circle_and_an_upward_import():
     """The checks above can fail: a module of the engine that imported the
     generation layer would be both."""
-    GRAPH["etc.models.engine.engine"].add("etc.models.generation")
+    import_graph()["etc.models.engine.engine"].add("etc.models.generation")
     try:
         assert any("etc.models.engine.engine" in c for c in _cycles())
         assert _layer("etc.models.generation") > _layer("etc.models.engine.engine")
     finally:
-        GRAPH["etc.models.engine.engine"].discard("etc.models.generation")
+        import_graph()["etc.models.engine.engine"].discard("etc.models.generation")
 
 
 SOURCES = sorted([path for path, _ in MODULES.values() if path is not None] + list(KIT.glob("*.py")))
@@ -220,6 +227,6 @@ def test_the_gpu_kit_carries_every_module_its_runtime_imports():
     carried = _kit_runtime_modules()
     assert carried <= set(MODULES), sorted(carried - set(MODULES))
     # (The C++ extension stays behind: etc imports it only to compile.)
-    missing = sorted(f"{m} imports {d}" for m in carried for d in GRAPH[m]
+    missing = sorted(f"{m} imports {d}" for m in carried for d in import_graph()[m]
                      if d not in carried and d != "etc._etc")
     assert not missing, missing
