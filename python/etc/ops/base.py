@@ -193,6 +193,12 @@ class TileKernel:
 
     #: Tile indices the function takes after its buffers.
     grid_rank = 1
+    #: Whether the function stays a call in the GPU worker (LLVM's
+    #: `noinline`) instead of being inlined there: the worker's registers
+    #: are the most any inlined body needs, and a thread has 255; bodies
+    #: that need many of them (tensor-core tiles, weights dequantized in
+    #: registers) are kept out so that the worker does not spill.
+    out_of_line_on_gpu = False
 
     @classmethod
     def tensors(cls, op: "Operation") -> list:

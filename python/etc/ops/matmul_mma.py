@@ -51,6 +51,12 @@ class MatmulMMA(ResidualStores):
     and N of the tile's columns.
     """
 
+    #: Out of line on the GPU: the worker that calls every tile function
+    #: already needs the 255 registers a thread may have (bf16 Llama-shaped
+    #: steps), and inlining this body there made it spill; as its own
+    #: function it spills nowhere.
+    out_of_line_on_gpu = True
+
     grid_rank = 2
 
     #: Elements after each row of a shared-memory tile (16 bytes).
@@ -119,13 +125,6 @@ class MatmulMMA(ResidualStores):
         return (tm, enough[0] if enough else candidates[-1])
 
     def emit(self) -> None:
-        if not self.target.simulate_lanes:
-            # Out of line on the GPU: the worker that calls every tile
-            # function already needs the 255 registers a thread may have
-            # (bf16 Llama-shaped steps), and inlining this body there made
-            # it spill; as its own function it spills nowhere.
-            self.block.owner.attributes["passthrough"] = ir.ArrayAttr.get(
-                [ir.StringAttr.get("noinline")])
         if isinstance(self.op.operands[0].shape[0], int):
             self.emit_mma()
             return
