@@ -88,6 +88,9 @@ FORMATS = {f.name: f for f in (
 )}
 #: The formats that are GGML types (those a GGUF file may hold).
 GGML_FORMATS = tuple(name for name, f in FORMATS.items() if f.ggml is not None)
+#: The K-quant formats: blocks of 256 values in sub-blocks with integer
+#: scales, whose CPU products quantize the activations per 256 values.
+K_FORMATS = ("q4_k", "q5_k", "q6_k")
 
 #: The 16 values IQ4_NL's nibbles index (ggml's `kvalues_iq4nl`).
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69,
@@ -272,15 +275,28 @@ def dequantize(raw, dtype: str, shape=None) -> np.ndarray:
     return values if shape is None else values.reshape(shape)
 
 
-def quantize_activations(x) -> np.ndarray:
+def activation_block(dtypes) -> int:
+    """The values per block of quantized activations with which the CPU's
+    packed kernels multiply weights of `dtypes` (the formats one tile
+    multiplies the same activations with): 256 where they are all
+    K-quants (one scale per K-quant block, so that the sub-block scales
+    multiply integers, as llama.cpp's Q8_K activations), else 32."""
+    dtypes = list(dtypes)
+    return 256 if dtypes and all(d in K_FORMATS for d in dtypes) else 32
+
+
+def quantize_activations(x, block: int = 32) -> np.ndarray:
     """What the CPU's packed matmul kernels multiply a packed weight with:
-    each block of 32 values of float32 `x` (..., K) rounded to q d, where
+    each block of `block` values (32, or 256 for K-quant weights:
+    `activation_block`) of float32 `x` (..., K) rounded to q d, where
     d = max|x| / 127 and q = roundeven(x * (127 / max|x|)) (-127 .. 127;
     0 for a block of zeros), as float32. The kernels' product is that of
     these values and the dequantized weight, up to float32 rounding; the
     widened product differs by at most sum_k |w_k| d(k) / 2."""
+    if block not in (32, 256):
+        raise ValueError(f"quantize_activations: block must be 32 or 256, not {block!r}")
     x = np.asarray(x, np.float32)
-    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    blocks = x.reshape(*x.shape[:-1], -1, block)
     largest = np.abs(blocks).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
         inverse = np.where(largest > 0, np.float32(127) / largest, np.float32(0))

@@ -12,8 +12,12 @@ rounding each matmul's (and expert product's) activations to int8 blocks
 0.55% of a Gaussian block's rms, which perturb each product by about that
 fraction of its rms and add up over a model's 15 matmuls into logit
 errors of a few percent of the logits' standard deviation (8-12% at the
-largest of 300 logits on these models, measured: Llama 9.1%, Qwen3 8.4%,
-Qwen3-MoE 12.4%). While both models have produced the
+largest of 300 logits on these models, measured: Llama 9.1%, Qwen3 9.2%,
+Qwen3-MoE 10.7%; 2026-11-28). A tile whose weights are all K-quants
+rounds per 256 values (`etc.packed.activation_block`: max|x| over 256
+is about 1.4x that over 32, and so are its errors): on files with every
+matrix in Q4_K or in Q6_K 11-19% (Qwen3-MoE's Q6_K 18.5%), above T;
+these mixed files keep most tiles at blocks of 32. While both models have produced the
 same tokens they run on the same inputs: there, every step's logits must
 agree within T = 0.15 x the widened logits' standard deviation, and the
 first token that differs must be one where the widened model's two best

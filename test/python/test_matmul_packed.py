@@ -39,13 +39,15 @@ def _weights(fmt: str, k: int, seed: int) -> np.ndarray:
 
 
 def _check(got, a, raw, fmt, want_widened):
-    """`got` = A @ W^T by the kernel, for W the dequantized `raw`."""
+    """`got` = A @ W^T by the kernel, for W the dequantized `raw` (A
+    quantized per 32 values, per 256 for the K-quants)."""
+    block = packed.activation_block([fmt])
     w = packed.dequantize(raw, fmt).astype(np.float64)
-    x = packed.quantize_activations(a).astype(np.float64)
+    x = packed.quantize_activations(a, block).astype(np.float64)
     scale = np.abs(x) @ np.abs(w).T + 1e-30
     assert (np.abs(got - x @ w.T) / scale).max() < 1e-5
-    steps = np.abs(a.reshape(a.shape[0], -1, 32)).max(-1) / 127  # d per block of A
-    bound = (np.abs(w).reshape(N, -1, 32).sum(-1)[None] * steps[:, None]).sum(-1) / 2
+    steps = np.abs(a.reshape(a.shape[0], -1, block)).max(-1) / 127  # d per block of A
+    bound = (np.abs(w).reshape(N, -1, block).sum(-1)[None] * steps[:, None]).sum(-1) / 2
     assert np.all(np.abs(got - want_widened) <= bound * 1.001 + 1e-4)
 
 
@@ -81,6 +83,68 @@ def test_every_format_against_its_emulation_and_the_widened_product(every_format
         if fmt == "q4_k":
             out, ref = out - residual, ref - residual
         _check(out, a, weights[f"w_{fmt}"], fmt, ref)
+
+
+def _extreme_blocks(fmt: str, n: int, k: int, seed: int) -> np.ndarray:
+    """(n, k) of `fmt` whose blocks' bytes are random but for finite
+    scales (float16 0.001 .. 0.06), every third block's quantized bytes
+    and scales all set (Q4_K / Q5_K: every scale and minimum 63, every q
+    15 or 31; Q6_K: every q 63 and scales -128 and 127 alternating)."""
+    f = packed.FORMATS[fmt]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (n * k // f.block, f.nbytes), dtype=np.uint8)
+    halves = [208] if fmt == "q6_k" else [0, 2]
+    for at in halves:
+        raw[:, at:at + 2] = rng.uniform(0.001, 0.06, (len(raw), 1)).astype(np.float16) \
+            .view(np.uint8)
+    full = raw[::3]
+    if fmt == "q6_k":
+        full[:, :192] = 0xFF
+        full[:, 192:208] = np.array([128, 127] * 8, np.uint8)
+    else:
+        full[:, 4:f.nbytes] = 0xFF
+    return raw.reshape(n, -1)
+
+
+@pytest.fixture(scope="module")
+def k_quants():
+    """x (T, 768) times a 37 x 768 weight of each K-quant (3 blocks of
+    256: an odd number of 512-bit pairs of steps), compiled once."""
+    k = 768
+    g = etc.Graph("kq")
+    T = g.symbol("T")
+    x = g.input("x", (T, k), "f32")
+    formats = packed.K_FORMATS
+    g.output(*[g.matmul(x, g.input(f"w_{fmt}", (N, k), fmt), transpose_b=True)
+               for fmt in formats])
+    weights = {f"w_{fmt}": _extreme_blocks(fmt, N, k, seed) for seed, fmt in enumerate(formats)}
+    return formats, etc.compile(g, target="cpu", workers=2).partial(**weights), weights
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 16])
+def test_k_quants_integer_scales_at_the_extremes(k_quants, rows):
+    """The K-quants' products with their sub-block scales in integers
+    (`ops/packed_k_dots.py`: 16-bit pair sums of unsigned weights and
+    activations, times 16-bit scales into 32-bit lanes) equal the
+    emulated product (A quantized per 256 values) where the integers
+    are largest: weights of every bit pattern, blocks with every scale
+    and q at its largest (Q6_K: scales -128 and 127), activations all at
+    +-max|x| (every q +-127), single outliers per block (the others'
+    q 0 or +-1), and a row of zeros."""
+    formats, run, weights = k_quants
+    rng = np.random.default_rng(rows)
+    a = rng.standard_normal((rows, 768)).astype(np.float32)
+    a[0] = np.where(np.arange(768) % 3 == 0, -5.0, 5.0)  # every q -127 or 127
+    if rows > 1:
+        a[1] = 1e-3 * rng.standard_normal(768)
+        a[1, ::256] = 300.0  # one outlier per block of 256
+    if rows > 2:
+        a[2] = 0.0
+    for fmt, got in zip(formats, run.run(x=a)):
+        w = packed.dequantize(weights[f"w_{fmt}"], fmt).astype(np.float64)
+        x = packed.quantize_activations(a, 256).astype(np.float64)
+        scale = np.abs(x) @ np.abs(w).T + 1e-30
+        assert (np.abs(got - x @ w.T) / scale).max() < 1e-5, fmt
 
 
 def test_q8_0_with_k_of_five_blocks_and_bf16_activations():

@@ -5,8 +5,9 @@ On the CPU the expert tiles multiply int8 blocks of their rows of
 activations with the experts' blocks (`MoeUpPackedCPU`,
 `MoeDownPackedCPU`: the packed matmul's dot products). Each result is
 checked against a NumPy emulation of that: the reference's routing, each
-routed token's x rounded by `etc.packed.quantize_activations` times the
-dequantized experts, the hidden row rounded again before the down
+routed token's x rounded by `etc.packed.quantize_activations` (per 256
+values where a tile's experts are all K-quants: `activation_block`)
+times the dequantized experts, the hidden row rounded again before the down
 projection (within the float sums' rounding, and one hidden value at a
 rounding tie rounded the other way: one step of its block; at most 0.54
 of that bound measured); and against the widened reference
@@ -90,7 +91,7 @@ def _silu(v):
     return v / (1 + np.exp(-v))
 
 
-def _emulated(x, router, gate, up, down):
+def _emulated(x, router, gate, up, down, formats):
     """What the CPU kernels compute (float64): per token the sum over its
     choices of weight (w2 @ q(silu(w1 @ q(x)) * (w_up @ q(x)))), q =
     `quantize_activations`; and a bound of the kernels' difference from
@@ -102,23 +103,25 @@ def _emulated(x, router, gate, up, down):
     p /= p.sum(-1, keepdims=True)
     chosen_p, chosen = topk(p, TOP_K)
     weights = chosen_p / chosen_p.sum(-1, keepdims=True)
-    xq = packed.quantize_activations(x).astype(np.float64)
+    up_block, down_block = (packed.activation_block(formats[:2]),
+                            packed.activation_block(formats[2:]))
+    xq = packed.quantize_activations(x, up_block).astype(np.float64)
     y, bound = np.zeros(x.shape), np.zeros(x.shape)
     for t in range(x.shape[0]):
         for j in range(TOP_K):
             e, weight = chosen[t, j], weights[t, j]
             hidden = (_silu(gate[e] @ xq[t]) * (up[e] @ xq[t])).astype(np.float32)
-            hq = packed.quantize_activations(hidden).astype(np.float64)
+            hq = packed.quantize_activations(hidden, down_block).astype(np.float64)
             y[t] += weight * (down[e] @ hq)
             bound[t] += weight * (1e-5 * np.abs(down[e]) @ np.abs(hq) +
-                                  (np.abs(down[e]) * _steps(hidden)).max(-1))
+                                  (np.abs(down[e]) * _steps(hidden, down_block)).max(-1))
     return y, bound
 
 
-def _steps(v):
-    """Each value's rounding step by `quantize_activations`: its block's
-    max |v| / 127."""
-    return np.repeat(np.abs(v.reshape(*v.shape[:-1], -1, 32)).max(-1) / 127, 32, axis=-1)
+def _steps(v, block):
+    """Each value's rounding step by `quantize_activations` with `block`:
+    its block's max |v| / 127."""
+    return np.repeat(np.abs(v.reshape(*v.shape[:-1], -1, block)).max(-1) / 127, block, axis=-1)
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +147,7 @@ def test_cpu_kernels_against_their_emulation_and_the_widened_reference(experts, 
         want = evaluate(g, **ins, **raw)
         for i, (out, ref) in enumerate(zip(got, want)):
             emulated, bound = _emulated(ins["x"], ins["router"], widened[f"gate{i}"],
-                                        widened[f"up{i}"], widened[f"down{i}"])
+                                        widened[f"up{i}"], widened[f"down{i}"], LAYERS[i])
             assert np.all(np.abs(out - emulated) <= bound), (tokens, LAYERS[i])
             assert np.abs(out - ref).max() <= 0.03 * np.abs(ref).max(), (tokens, LAYERS[i])
 

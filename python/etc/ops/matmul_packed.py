@@ -22,8 +22,12 @@ Kernels:
 * cpu, the GGML formats (`MatmulPackedCPU`, on `PackedDotsCPU`, which MoE's packed expert
   tiles share: `moe_experts.py`): int8 dot products, as llama.cpp
   computes on the CPU. The tile first quantizes its rows of A into a stack panel:
-  each block of 32 values gets d = max|x| / 127 and q = round(x / d)
-  (-127 .. 127, a float32 scale); then each (row, column) is a sum over
+  each block of 32 values (256 where the tile's weights are all
+  K-quants: `packed.activation_block`) gets d = max|x| / 127 and
+  q = round(x / d) (-127 .. 127, a float32 scale); with AVX-512 VNNI the
+  K-quants then take their sub-block scales in integers
+  (`packed_k_dots.IntegerScaleDots`, as llama.cpp's Q8_K products).
+  Otherwise each (row, column) is a sum over
   blocks of d_a d_b times the block's integer dot product, which AVX2
   computes 32 products at a time (`vpsignb`, `vpmaddubsw`, `vpmaddwd`:
   exact, the i16 pair sums stay below 2 x 128 x 127), and VNNI in one
@@ -69,6 +73,7 @@ from .. import packed
 from .matmul_gemv import MatmulSkinnyT
 from .base import TileKernel
 from .matmul_fp8 import choose_fp8
+from .packed_k_dots import IntegerScaleDots
 from .matmul_scalar import Matmul
 from .packed_loads import row_at, signed_byte
 
@@ -129,7 +134,7 @@ ZERO_POINTS = {"q8_0": 128, "q4_0": 8, "iq4_nl": 128, "q5_0": 16, "q6_k": 32,
 MINIMUM_FORMATS = ("q4_1", "q5_1", "q4_k", "q5_k")
 
 
-class PackedDotsCPU(TileKernel):
+class PackedDotsCPU(IntegerScaleDots, TileKernel):
     """Products of a tile's rows of activations with the rows of packed
     weights by int8 dot products over quantized blocks (see the module
     docstring): `prepare` the stack panel, `quantize_rows` once, then
@@ -179,11 +184,20 @@ class PackedDotsCPU(TileKernel):
         self.vnni = self.target.has("avxvnni") or self.target.has("avx512vnni")
         #: AVX-512 VNNI: two groups of 32 values per 512-bit step.
         self.wide = self.vnni and self.target.has("avx512vnni")
+        #: Values per block of quantized activations: 256 for K-quants
+        #: (`packed.activation_block`), whose sub-block scales then
+        #: multiply integers with AVX-512 VNNI (`IntegerScaleDots`).
+        self.activation_block = packed.activation_block(formats)
+        self.integer = self.wide and self.activation_block > self.BLOCK
         self.panel = self.entry_alloca(ir.MemRefType.get([rows, k], self.i8))
+        #: Each block of 32's d_a (the same in the 8 of a block of 256).
         self.scales = self.entry_alloca(ir.MemRefType.get([rows, self.blocks], self.f32))
         #: Each block's sum of q, for formats whose values have a minimum.
         self.sums = self.entry_alloca(ir.MemRefType.get([rows, self.blocks], self.f32)) \
             if any(f in MINIMUM_FORMATS for f in formats) else None
+        self.run_sums = None
+        if self.integer:
+            self.prepare_integer(k, rows)
         #: One group of COLS columns unpacked (`unpack_columns`): integer
         #: weights, and 8 lanes of scale (and of minimum) per group of 32.
         lanes = self.blocks * 8
@@ -205,7 +219,14 @@ class PackedDotsCPU(TileKernel):
         `c0` .. + `cols` of packed `weight` (its rows of blocks, by
         `weight_row`), each given to `store_product`."""
         self.weight = weight
-        dtype = weight.dtype
+        if self.integer:
+            self.multiply_integer(rows, c0, cols)
+        else:
+            self.multiply_float(rows, c0, cols)
+
+    def multiply_float(self, rows, c0, cols) -> None:
+        """`multiply` with float scales per group of 32 values."""
+        dtype = self.weight.dtype
         self.zero = ZERO_POINTS[dtype] if self.vnni else 0
         self.has_minimum = dtype in MINIMUM_FORMATS
         step = self.ROWS if self.target.has("avx512f") else self.ROWS_16_REGISTERS
@@ -215,7 +236,7 @@ class PackedDotsCPU(TileKernel):
             self.by_columns(lambda columns: self.each_row_step(
                 rows, step, lambda local, count: self.emit_dots(local, count, columns,
                                                                 from_panel=True)),
-                c0, cols, unpack=True)
+                c0, cols, unpack=self.unpack_columns)
             scf.yield_([])
         with ir.InsertionPoint(many.else_block):
             self.each_row_step(rows, step, lambda local, count: self.by_columns(
@@ -241,60 +262,83 @@ class PackedDotsCPU(TileKernel):
 
     def quantize_rows(self, rows) -> None:
         """The tile's rows of activations as int8 blocks in the panel, each
-        block's scale d = max|x| / 127 beside them."""
+        block's scale d = max|x| / 127 beside them (one d per
+        `activation_block` values, stored for each of its groups of 32);
+        with integer sub-block scales also d times the sum of q of each
+        run of 16 (`run_sums`)."""
         half = self.BLOCK // 2
-        vtype = self.vtype(half)
+        block = self.activation_block
+        groups = block // self.BLOCK
         each = scf.ForOp(self.cidx(0), rows, self.cidx(1))
         with ir.InsertionPoint(each.body):
             local = each.induction_variable
             a, row = self.activation_row(local)
-            blocks = scf.ForOp(self.cidx(0), self.cidx(self.blocks), self.cidx(1))
+            blocks = scf.ForOp(self.cidx(0), self.cidx(self.k // block), self.cidx(1))
             with ir.InsertionPoint(blocks.body):
-                kb = blocks.induction_variable
-                start = arith.muli(kb, self.cidx(self.BLOCK))
-                parts = [self.vload(a, [*row, arith.addi(start, self.cidx(h * half))], half)
-                         for h in range(2)]
+                ab = blocks.induction_variable
+                first = arith.muli(ab, self.cidx(block))
+                parts = [self.vload(a, [*row, arith.addi(first, self.cidx(h * half))], half)
+                         for h in range(block // half)]
+                magnitudes = [math.absf(p) for p in parts]
+                while len(magnitudes) > 1:
+                    magnitudes = [arith.maxnumf(magnitudes[i], magnitudes[i + 1])
+                                  for i in range(0, len(magnitudes), 2)]
                 largest = vector.reduction(self.f32, ir.Attribute.parse("#vector.kind<maxnumf>"),
-                                           arith.maxnumf(math.absf(parts[0]),
-                                                         math.absf(parts[1])))
+                                           magnitudes[0])
                 scale = arith.divf(largest, self.cf32(127.0))
                 positive = arith.cmpf(arith.CmpFPredicate.OGT, largest, self.cf32(0.0))
                 inverse = arith.select(positive, arith.divf(self.cf32(127.0), largest),
                                        self.cf32(0.0))
-                memref.store(scale, self.scales, [local, kb])
-                total = None
-                qs = []
-                for h, part in enumerate(parts):
-                    rounded = math.roundeven(arith.mulf(part, vector.broadcast(vtype, inverse)))
-                    q = arith.trunci(ir.VectorType.get([half], self.i8),
-                                     arith.fptosi(ir.VectorType.get([half], self.i32), rounded))
-                    vector.store(q, self.panel, [local, arith.addi(start, self.cidx(h * half))])
-                    qs.append(q)
-                    if self.sums is not None:
-                        part_sum = self.vsum(rounded)  # integers: exact in any order
-                        total = part_sum if total is None else arith.addf(total, part_sum)
-                if self.sums is not None:
-                    memref.store(total, self.sums, [local, kb])
-                for zero, inits in self.inits.items():
-                    block = vector.shuffle(qs[0], qs[1], list(range(self.BLOCK)))
-                    lanes = ir.VectorType.get([8], self.i32)
-                    start_sums = arith.constant(lanes, ir.DenseElementsAttr.get_splat(
-                        lanes, ir.IntegerAttr.get(self.i32, 0)))
-                    shifted = self.vnni_dot(start_sums, self.splat_i8(zero - 256 * (zero > 127)),
-                                            block)
-                    vector.store(arith.subi(start_sums, shifted), inits,
-                                 [local, arith.muli(kb, self.cidx(8))])
+                for g in range(groups):
+                    kb = arith.addi(arith.muli(ab, self.cidx(groups)), self.cidx(g))
+                    self.quantize_group(local, kb, parts[2 * g:2 * g + 2], scale, inverse)
                 scf.yield_([])
             scf.yield_([])
 
+    def quantize_group(self, local, kb, parts: list, scale, inverse) -> None:
+        """Group `kb` of 32 values (`parts`: two vector<16xf32>) of the
+        tile's row `local` rounded with `inverse` = 1 / `scale` into the
+        panel, and what the products need of it: its scale, its sum of q
+        (a minimum's products), -z times each 4 values' sum (a VNNI zero
+        point's starting sums), d_a times each run of 16's sum."""
+        half = self.BLOCK // 2
+        vtype = self.vtype(half)
+        start = arith.muli(kb, self.cidx(self.BLOCK))
+        memref.store(scale, self.scales, [local, kb])
+        total = None
+        qs = []
+        for h, part in enumerate(parts):
+            rounded = math.roundeven(arith.mulf(part, vector.broadcast(vtype, inverse)))
+            q = arith.trunci(ir.VectorType.get([half], self.i8),
+                             arith.fptosi(ir.VectorType.get([half], self.i32), rounded))
+            vector.store(q, self.panel, [local, arith.addi(start, self.cidx(h * half))])
+            qs.append(q)
+            if self.sums is not None or self.run_sums is not None:
+                part_sum = self.vsum(rounded)  # integers: exact in any order
+                total = part_sum if total is None else arith.addf(total, part_sum)
+            if self.run_sums is not None:
+                run = arith.addi(arith.muli(kb, self.cidx(2)), self.cidx(h))
+                self.store_run_sum(arith.mulf(scale, part_sum), local, run)
+        if self.sums is not None:
+            memref.store(total, self.sums, [local, kb])
+        for zero, inits in self.inits.items():
+            block = vector.shuffle(qs[0], qs[1], list(range(self.BLOCK)))
+            lanes = ir.VectorType.get([8], self.i32)
+            start_sums = arith.constant(lanes, ir.DenseElementsAttr.get_splat(
+                lanes, ir.IntegerAttr.get(self.i32, 0)))
+            shifted = self.vnni_dot(start_sums, self.splat_i8(zero - 256 * (zero > 127)), block)
+            vector.store(arith.subi(start_sums, shifted), inits,
+                         [local, arith.muli(kb, self.cidx(8))])
+
     # -- products ----------------------------------------------------------
 
-    def by_columns(self, body, c0, cols, unpack: bool = False) -> None:
+    def by_columns(self, body, c0, cols, unpack=None) -> None:
         """`body(columns)` for the weight's columns `c0` .. + `cols`: groups
         of COLS columns a quarter of the tile apart (COLS long streams of
         B, as `MatmulCPU.emit_transposed`), one column at a time when the
-        columns do not divide so; with `unpack`, each group unpacked into
-        the panel first and `body` reading it."""
+        columns do not divide so; with `unpack` (`unpack_columns`, or
+        `unpack_integer`), each group unpacked into the panels first by
+        `unpack(columns)` and `body` reading them."""
         ncols = self.COLS
         strided = arith.cmpi(arith.CmpIPredicate.eq, arith.remui(cols, self.cidx(ncols)),
                              self.cidx(0))
@@ -306,8 +350,8 @@ class PackedDotsCPU(TileKernel):
                 first = arith.addi(c0, groups.induction_variable)
                 columns = [arith.addi(first, arith.muli(self.cidx(c), step))
                            for c in range(ncols)]
-                if unpack:
-                    self.unpack_columns(columns)
+                if unpack is not None:
+                    unpack(columns)
                 body(columns)
                 scf.yield_([])
             scf.yield_([])
@@ -315,8 +359,8 @@ class PackedDotsCPU(TileKernel):
             singles = self.lane_loop(cols)
             with ir.InsertionPoint(singles.body):
                 columns = [arith.addi(c0, singles.induction_variable)]
-                if unpack:
-                    self.unpack_columns(columns)
+                if unpack is not None:
+                    unpack(columns)
                 body(columns)
                 scf.yield_([])
             scf.yield_([])
@@ -559,9 +603,19 @@ class PackedDotsCPU(TileKernel):
     def k_scales_mins(self, words: ir.Value, d: ir.Value, dmin: ir.Value) -> tuple:
         """A Q4_K / Q5_K block's 8 scales times `d` and 8 minimums times
         -`dmin` (two vector<8xf32>) from its 12 bytes of 6-bit fields
-        (`words`: the block's bytes 4 .. 19), unpacked together in four
-        32-bit lanes (ggml's `get_scale_min_k4` for all 8 at once) instead
-        of 3 byte loads and a select per sub-block."""
+        (`words`: the block's bytes 4 .. 19; `k_scale_bytes`)."""
+        values = arith.uitofp(self.vtype(16), self.k_scale_bytes(words))
+        scales = vector.shuffle(values, values, list(range(8)))
+        minimums = vector.shuffle(values, values, list(range(8, 16)))
+        return (arith.mulf(scales, vector.broadcast(self.vtype(8), d)),
+                arith.mulf(minimums, vector.broadcast(self.vtype(8), arith.negf(dmin))))
+
+    def k_scale_bytes(self, words: ir.Value) -> ir.Value:
+        """A Q4_K / Q5_K block's 8 scales then 8 minimums (0 .. 63, a
+        vector<16xi8>) from its 12 bytes of 6-bit fields (`words`),
+        unpacked together in four 32-bit lanes (ggml's `get_scale_min_k4`
+        for all 8 at once) instead of 3 byte loads and a select per
+        sub-block."""
         i32x2 = ir.VectorType.get([2], self.i32)
         splat = lambda v: arith.constant(i32x2, ir.DenseElementsAttr.get_splat(  # noqa: E731
             i32x2, ir.IntegerAttr.get(self.i32, v)))
@@ -574,12 +628,7 @@ class PackedDotsCPU(TileKernel):
         high = arith.ori(arith.andi(arith.shrui(third, shifts), splat(0x0F0F0F0F)), top)
         low = arith.andi(low, splat(0x3F3F3F3F))
         both = vector.shuffle(low, high, [0, 2, 1, 3])  # scales 0-7, minimums 0-7
-        as_bytes = vector.bitcast(ir.VectorType.get([16], self.i8), both)
-        values = arith.uitofp(self.vtype(16), as_bytes)
-        scales = vector.shuffle(values, values, list(range(8)))
-        minimums = vector.shuffle(values, values, list(range(8, 16)))
-        return (arith.mulf(scales, vector.broadcast(self.vtype(8), d)),
-                arith.mulf(minimums, vector.broadcast(self.vtype(8), arith.negf(dmin))))
+        return vector.bitcast(ir.VectorType.get([16], self.i8), both)
 
     def half(self, row, at) -> ir.Value:
         """The float16 at bytes `at`, `at + 1` of row `row` of the weight as
