@@ -75,7 +75,7 @@ from .base import TileKernel
 from .matmul_fp8 import choose_fp8
 from .packed_k_dots import IntegerScaleDots
 from .matmul_scalar import Matmul
-from .packed_loads import row_at, signed_byte
+from .packed_loads import row_at
 
 
 def choose_packed(op, target) -> type:
@@ -581,7 +581,9 @@ class PackedDotsCPU(IntegerScaleDots, TileKernel):
                             vector.extract(minimums, [], [g])))
             return out
         if name == "q6_k":
-            d = half(208)
+            # The 16 int8 scales of the block converted and scaled together.
+            scales_d = arith.mulf(arith.sitofp(self.vtype(16), raw(192, 16)),
+                                  vector.broadcast(self.vtype(16), half(208)))
             out = []
             for h in range(2):
                 high = raw(128 + 32 * h, 32)
@@ -591,11 +593,8 @@ class PackedDotsCPU(IntegerScaleDots, TileKernel):
                     top = arith.andi(arith.shrui(high, self.splat_i8(2 * run)), self.splat_i8(3))
                     q = centred(arith.ori(low, arith.shli(top, self.splat_i8(4))), 32)
                     first = 8 * h + 2 * run  # the scales of values 0-15 and 16-31
-                    scales = [arith.mulf(d, arith.sitofp(self.f32, signed_byte(
-                        self, b, row, arith.addi(base, self.cidx(192 + first + i)))))
-                        for i in range(2)]
-                    lane_scales = vector.from_elements(self.vtype(8), [scales[0]] * 4 +
-                                                       [scales[1]] * 4)
+                    lane_scales = vector.shuffle(scales_d, scales_d,
+                                                 [first] * 4 + [first + 1] * 4)
                     out.append((q, lane_scales, None))
             return out
         raise NotImplementedError(f"MatmulPackedCPU: no vector read of {name}")
