@@ -5,10 +5,12 @@
 compiled once for the CPU target (`--workers` workers) and run at each B of
 `--batches`. Prints a Markdown table: the median and best time, the weight
 bytes streamed per second (the B = 1 floor is the memory bandwidth, about
-38.6 GB/s on the 2-core VM) and the int8 products per second (the B = 16
+38.6 GB/s on the 2-core VM; this one weight fits its 32 MB L3 cache, so
+the larger formats read faster) and the int8 products per second (the B = 16
 floor is vpdpbusd's rate: 64 per 512-bit instruction, at most one a cycle
 per core). Where a Q4_K or Q6_K tile's time goes is read against the Q8_0
-row, whose unpacking is one xor per 32 weights.
+row, whose unpacking is one xor per 32 weights (and whose code the
+K-quants' integer sub-block scales, `ops/packed_k_dots.py`, left alone).
 
 Usage: .venv/bin/python bench/packed_tiles.py [--types q4_k,q6_k,q8_0]
        [--batches 1 16] [--workers 2] [--repeats 15]
