@@ -969,7 +969,7 @@ def test_pauses_grow_past_32_while_nothing_was_ever_accepted():
     times over its length; its first acceptance brings the pauses back
     to 1, doubling to 32 at most. A draft model's first proposal is one
     token."""
-    assert Speculation(Speculative(tokens=4), proposer=object()).wants(10) == 1
+    assert Speculation(Speculative(tokens=4), proposer=Clock()).wants(10) == 1
     never = Speculation(Speculative(tokens=4))
     never.verified(4, 0)
     assert pauses(never, 8) == [1, 4, 16, 64, 256, 1024, 1024, 1024]
@@ -981,3 +981,81 @@ def test_pauses_grow_past_32_while_nothing_was_ever_accepted():
     assert pauses(never, 0) == [] and sum(not never.wants(10) for _ in range(1024)) == 1024
     never.verified(1, 1)  # accepted after the pause: proposes at once, then short pauses
     assert pauses(never, 3) == [0, 1, 2]
+
+
+class Clock:
+    """Stands in for a `DraftProposer` in `Speculation`'s unit tests: its
+    clock, and `verified`."""
+
+    def __init__(self):
+        self.clock = 0
+
+    def verified(self, sequence, proposed, accepted):
+        pass
+
+
+def test_draft_requests_resume_together():
+    """With a draft model a request's pause of p steps ends on the draft's
+    clock at a multiple of p, p to 2p - 1 steps on (p = 1, 4, 16 ...
+    while nothing was accepted, 1, 2 ... 32 after): requests that failed
+    at different steps try again in the same one."""
+    clock = Clock()
+    requests = [Speculation(Speculative(draft="d", tokens=4), proposer=clock) for _ in range(3)]
+    tries: list = [[] for _ in requests]
+    for clock.clock in range(1, 300):
+        for speculation, seen in zip(requests, tries):
+            if clock.clock >= 3 * requests.index(speculation) and speculation.wants(10):
+                seen.append(clock.clock)
+                speculation.verified(1, 0)
+    assert tries[0] == [1, 2, 8, 32, 128]
+    for seen in tries:
+        pauses = [b - a for a, b in zip(seen, seen[1:])]
+        assert all(p <= pause <= 2 * p - 1 for p, pause in zip((1, 4, 16, 64), pauses)), seen
+        assert seen[-2:] == [32, 128]
+    accepted = requests[0]
+    accepted.verified(1, 1)
+    accepted.verified(1, 0)  # at 299: pauses of 1, 2, 4 ..., each ending on a multiple
+    seen = []
+    for clock.clock in range(299, 340):
+        if accepted.wants(10):
+            seen.append(clock.clock)
+            accepted.verified(1, 0)
+    assert seen == [300, 302, 308, 320, 336]
+
+
+def test_paused_draft_requests_share_draft_steps(drafts, monkeypatch):
+    """Requests whose draft proposals are never accepted, started 3 steps
+    apart, try their draft in shared steps: the draft runs fewer steps
+    than they try (a pause of 16 brings the first two together);
+    a paused request's draft does nothing (every request a draft step
+    serves is verified next), and greedy output is the target's."""
+    from etc.models.engine import engine as engine_module
+    from etc.models.engine.draft import DraftProposer
+
+    target, paths = drafts
+    monkeypatch.setattr(engine_module, "accepted_prefix", lambda proposed, chosen: 0)
+    served = []  # per draft step: the slots it computes
+    real = DraftProposer._step
+
+    def step(self, requests):
+        served.append(sorted(r.slot for r in requests))
+        return real(self, requests)
+
+    monkeypatch.setattr(DraftProposer, "_step", step)
+    new = 40
+    want = target.generate(PROMPTS, new, ignore_eos=True).tokens
+    engine = Engine(target, max_num_seqs=3, max_model_len=64, speculative=Speculative(
+        draft=paths["other"], tokens=2, step_tokens=None))
+    handles = []
+    for prompt in PROMPTS:
+        handles.append(engine.submit(prompt, max_new_tokens=new, ignore_eos=True))
+        for _ in range(3):
+            engine.step()
+    engine.run()
+    assert [h.result().token_ids for h in handles] == want
+    results = [h.result() for h in handles]
+    assert all(r.accepted_tokens == 0 and r.speculative_steps >= 3 for r in results)
+    assert sum(len(slots) for slots in served) == engine.stats.speculative_steps
+    # The first two requests' tries after pausing 16 steps (the 2nd
+    # tried 3 steps after the 1st, at every level before) are one step.
+    assert served[-1] == [0, 1] and len(served) < engine.stats.speculative_steps, served

@@ -69,12 +69,17 @@ class DraftProposer:
                                     slots)
         #: Draft steps run (kernel runs of the draft model).
         self.steps = 0
+        #: The engine's steps so far (calls of `propose`, one a step): the
+        #: clock on which paused requests resume together
+        #: (`Speculation.verified`), so that they share draft steps.
+        self.clock = 0
 
     def propose(self, wanted: Sequence[tuple]) -> list[list[int]]:
         """The proposals for `wanted`, (DraftSequence, the request's tokens,
         k) per speculating request: up to k tokens each (none for a request
         the draft's cache has no room for, or still catching up on a prompt
         longer than one draft step takes)."""
+        self.clock += 1
         proposals: list[list[int]] = [[] for _ in wanted]
         live = []  # (index, sequence, tokens, k) that propose this step
         for i, (sequence, tokens, k) in enumerate(wanted):

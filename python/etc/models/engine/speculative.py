@@ -334,7 +334,13 @@ class Speculation(SpeculationCounts):
     acceptance brings the pauses back to 1 ... 32. With a draft model the
     first proposal is one token (then one more after each accepted
     whole, as always): a draft that does not know the text costs one
-    draft step there, not k.
+    draft step there, not k; and a pause of p steps ends on the draft's
+    clock (`DraftProposer.clock`, the engine's steps) at a multiple of p,
+    p to 2p - 1 steps on, so that requests which started or failed at
+    different steps try again in the same step and share its draft steps
+    (the pauses being powers of 2, a longer pause ends on a shorter one's
+    multiples too). A paused request's draft does nothing: it catches up
+    on the tokens of the pause when it next proposes.
 
     `recent`: the request's recent acceptance, the accepted fraction of
     each verification (and for prompt lookup, of the first token the
@@ -359,7 +365,8 @@ class Speculation(SpeculationCounts):
         # The next proposal's length: a draft model's first is one token
         # (each costs a draft step; the adaptive length grows it).
         self._length = config.tokens if proposer is None else 1
-        self._pause = 0               # steps left without proposing
+        self._pause = 0               # prompt lookup: steps left without proposing
+        self._resume = 0              # a draft model: the clock it proposes again at
         self._backoff = 1             # the next pause after a failure
         self.recent = self.FIRST_RECENT
         self._shadow: Optional[tuple] = None  # (position, token) looked up, unverified
@@ -405,7 +412,10 @@ class Speculation(SpeculationCounts):
             return 0
         if not self.config.adaptive:
             return min(limit, self.config.tokens)
-        if self._pause:
+        if self.proposer is not None:
+            if self.proposer.clock < self._resume:
+                return 0
+        elif self._pause:
             self._pause -= 1
             return 0
         return min(limit, self._length)
@@ -434,7 +444,15 @@ class Speculation(SpeculationCounts):
             self._backoff = 1
         else:
             self._length = 1
-            self._pause = self._backoff
+            if self.proposer is None:
+                self._pause = self._backoff
+            else:
+                # Resume on the draft's clock at a multiple of the pause,
+                # p to 2p - 1 steps on: requests that pause as long (or,
+                # the pauses being powers of 2, longer) try in the same
+                # step, so that one draft step serves them all.
+                self._resume = -(-(self.proposer.clock + self._backoff) // self._backoff) * \
+                    self._backoff
             if self.accepted_tokens:
                 self._backoff = min(2 * self._backoff, self.MAX_PAUSE)
             else:
