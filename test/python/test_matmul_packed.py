@@ -291,6 +291,41 @@ def test_fp8_e4m3_in_the_vector_tile_equals_the_widened_product(dtype):
         np.testing.assert_array_equal(got.T.view(np.uint32), w.view(np.uint32))
 
 
+def test_fp8_e4m3_dot_blocks_take_k_past_one_panel():
+    """K = 12352 (Qwen3-8B's down projection is 12288) is more than the
+    old limit of `MatmulFp8DPBF16` (one panel of all of K up to 6144) and
+    not a multiple of its chunks (PANEL_K = 1024: 12 whole and a last one
+    of 64): the dot blocks still take it (not the f32 dot products), their
+    sums carried from chunk to chunk. 2, 3, 17
+    and 37 rows (blocks of 2 past the last row; 37 a second tile of 32
+    rows) against the product of A and the bf16-rounded weight, with the
+    tolerance of the test above; 1 row takes `MatmulFp8CPU` in the same
+    kernel."""
+    from etc.ops.base import Target
+    from etc.runtime import isa
+
+    level = isa.chosen()
+    if not isa.has(level, "avx512bf16"):
+        pytest.skip("MatmulFp8DPBF16 needs AVX-512 BF16")
+    k = 12352
+    g = etc.Graph("fp8_long_k")
+    x = g.input("x", (g.symbol("T"), k), "bf16")
+    g.output(g.matmul(x, g.input("w", (N, k), "fp8_e4m3"), transpose_b=True))
+    text = str(g.build(target=Target("cpu", workers=1, isa=level)))
+    assert "matmul_fp8_e4m3_dpbf16" in text and "matmul_fp8_e4m3_cpu" not in text
+    raw = _weights("fp8_e4m3", k, 5)
+    w = packed.dequantize(raw, "fp8_e4m3")
+    kernel = etc.compile(g, target="cpu", workers=2)
+    rng = np.random.default_rng(6)
+    for rows in (1, 2, 3, 17, 37):
+        a = etc.reference.round_bf16(rng.standard_normal((rows, k)))
+        (got,) = kernel.run(x=a, w=raw)
+        used = etc.reference.round_bf16(w) if rows >= 2 else w
+        want = a.astype(np.float64) @ used.T.astype(np.float64)
+        scale = np.abs(a) @ np.abs(w).T
+        assert np.all(np.abs(got - want) <= np.abs(want) * 2**-8 + 1e-5 * scale), rows
+
+
 def test_packed_inputs_are_checked():
     g = etc.Graph("errors")
     x = g.input("x", (4, 64), "f32")

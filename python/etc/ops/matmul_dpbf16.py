@@ -129,23 +129,28 @@ class MatmulDPBF16(MatmulCPU):
                         scf.yield_([])
             scf.yield_([])
 
-    def block_dots(self, a_rows: list, b_rows: list) -> list:
+    def block_dots(self, a_rows: list, b_rows: list, start=None, length: int = 0,
+                   accs: list = None) -> list:
         """One 16-lane accumulator per (row of A, row of B^T), r-major:
-        their dot products along K in lanes of pairwise sums."""
+        their dot products along K in lanes of pairwise sums (along
+        [start, start + length) only, added to `accs`, when given)."""
         a, b = self.op.operands[:2]
-        k = a.shape[1]
+        k = length or a.shape[1]
+        start = self.cidx(0) if start is None else start
         step = self.K_STEP
         whole = k - k % step
-        accs = [self.vzero(16) for _ in range(len(a_rows) * len(b_rows))]
+        if accs is None:
+            accs = [self.vzero(16) for _ in range(len(a_rows) * len(b_rows))]
         if whole:
-            kloop = scf.ForOp(self.cidx(0), self.cidx(whole), self.cidx(step), accs)
+            kloop = scf.ForOp(start, arith.addi(start, self.cidx(whole)), self.cidx(step), accs)
             with ir.InsertionPoint(kloop.body):
                 kk = kloop.induction_variable
                 scf.yield_(self.dot_step(list(kloop.inner_iter_args), a_rows, b_rows, kk))
             accs = list(kloop.results)
         if k % step:
             # The last K % 32 elements: masked loads, zeros past K.
-            accs = self.dot_step(accs, a_rows, b_rows, self.cidx(whole), k % step)
+            accs = self.dot_step(accs, a_rows, b_rows, arith.addi(start, self.cidx(whole)),
+                                 k % step)
         return accs
 
     def dot_step(self, accs: list, a_rows: list, b_rows: list, kk, count: int = 0) -> list:

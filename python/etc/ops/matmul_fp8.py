@@ -18,6 +18,20 @@ Kernels:
   is then a small part of the tile: on M x K x N = 128 x 1024 x 3072
   (2 workers, loaded 2-core VM, best of 10, 2026-11-28) the f32 path took
   3.7x the bf16 weight's time (9.2 ms against 2.5 ms).
+  K is taken in chunks of PANEL_K = 1024 (any K, the last chunk shorter):
+  a 16 KB panel stays in the 48 KB L1 of a Zen 5 core while the blocks'
+  rows of A come from L2 (a tile's 32 rows of a chunk: 64 KB of its 1 MB),
+  and each block's sums are carried from one chunk to the next in f32
+  (2 stores, 2 loads and 16 lane inserts per 512 dot products). One panel
+  of all of K (96 KB at K = 6144, 192 KB at 12288) is read from L2 at each
+  block: on 128 and 512 x 12288 x 1024 (2 workers, loaded 2-core VM, best
+  of 4 x 5, 2026-11-28) chunks of 1024 took 0.80-0.83x the bf16 weight's
+  time, of 2048 0.87x, of 6144 (the 96 KB panel) 1.17-1.19x, one
+  12288-wide panel 1.09-1.37x, and the f32 path 1.74x; on 128 and 512 x
+  4096 x 2048 chunks of 1024 took 0.70 and 0.65x the time of one panel.
+  The stack the kernel needs is then the same for every K (16 KB and the
+  carried sums, 1 KB): the worker threads' stacks (the platform's default
+  for Python threads, 8 MB here) are not relied on.
 """
 
 from __future__ import annotations
@@ -96,13 +110,16 @@ class MatmulFp8CPU(MatmulCPU):
 
 class MatmulFp8DPBF16(MatmulDPBF16, MatmulFp8CPU):
     """C = A @ B^T for bf16 A and fp8_e4m3 B on AVX-512 BF16: the groups of
-    BLOCK_COLS columns dequantized to a bf16 panel once per tile, then
-    `MatmulDPBF16`'s blocks over it; `MatmulFp8CPU` for tiles of fewer
-    than CROSSOVER rows (module docstring)."""
+    BLOCK_COLS columns dequantized to a bf16 panel once per tile and chunk
+    of PANEL_K along K, then `MatmulDPBF16`'s blocks over it, their sums
+    carried from chunk to chunk; `MatmulFp8CPU` for tiles of fewer than
+    CROSSOVER rows (module docstring)."""
 
-    #: The largest panel of BLOCK_COLS dequantized rows of B^T (a stack
-    #: buffer: K up to 6144).
-    PANEL_BYTES = 96 * 1024
+    #: Elements of K one panel holds: BLOCK_COLS rows of PANEL_K bf16, a
+    #: 16 KB stack buffer (L1-resident). Longer K is taken in chunks of
+    #: PANEL_K, their sums carried (module docstring: 1024 against 2048,
+    #: 3072, 6144 and all of K).
+    PANEL_K = 1024
 
     @classmethod
     def name(cls, op) -> str:
@@ -112,46 +129,99 @@ class MatmulFp8DPBF16(MatmulDPBF16, MatmulFp8CPU):
     def applies(cls, op, target) -> bool:
         a, b = op.operands[:2]
         return (target.has("avx512bf16") and op.params["transpose_b"] and a.dtype == "bf16"
-                and b.dtype == "fp8_e4m3"
-                and cls.BLOCK_COLS * b.shape[1] * 2 <= cls.PANEL_BYTES)
+                and b.dtype == "fp8_e4m3" and isinstance(b.shape[1], int))
 
     def emit_blocks(self, r0, rows, c0, cols) -> None:
-        """The tile's groups of BLOCK_COLS columns one after another: each
-        dequantized into the panel, then every block of rows over it (an
-        edge group takes the tile's last column again, as
-        `MatmulDPBF16.emit_block` does)."""
+        """The tile's groups of BLOCK_COLS columns one after another; in
+        each, the chunks of K one after another: the chunk dequantized into
+        the panel, then every block of rows over it, whose sums a later
+        chunk's blocks start from (`carry`, f32 per row and column of the
+        tile) and the last chunk's store (an edge group takes the tile's
+        last column again, as `MatmulDPBF16.emit_block` does)."""
         nr, nc = self.BLOCK_ROWS, self.BLOCK_COLS
         k = self.op.operands[1].shape[1]
-        bf16 = element_type("bf16")
-        self.panel = self.entry_alloca(ir.MemRefType.get([nc, k], bf16))
+        chunk = min(k, self.PANEL_K)
+        last = (k - 1) // chunk * chunk  # where the last chunk starts
+        self.panel = self.entry_alloca(ir.MemRefType.get([nc, chunk], element_type("bf16")))
+        self.r0, self.carry = r0, None
+        if last:
+            self.carry = self.entry_alloca(ir.MemRefType.get([self.op.tile[0], nc], self.f32))
         row_groups = arith.divui(arith.addi(rows, self.cidx(nr - 1)), self.cidx(nr))
         col_groups = arith.divui(arith.addi(cols, self.cidx(nc - 1)), self.cidx(nc))
         last_row = arith.subi(arith.addi(r0, rows), self.cidx(1))
         last_col = arith.subi(arith.addi(c0, cols), self.cidx(1))
+
+        def each_block(body) -> None:
+            blocks = scf.ForOp(self.cidx(0), row_groups, self.cidx(1))
+            with ir.InsertionPoint(blocks.body):
+                body(arith.addi(r0, arith.muli(blocks.induction_variable, self.cidx(nr))))
+                scf.yield_([])
+
         groups = self.lane_loop(col_groups)
         with ir.InsertionPoint(groups.body):
             col = arith.addi(c0, arith.muli(groups.induction_variable, self.cidx(nc)))
-            fill = scf.ForOp(self.cidx(0), self.cidx(k), self.cidx(self.K_STEP))
-            with ir.InsertionPoint(fill.body):
-                kk = fill.induction_variable
-                for c in range(nc):
-                    b_row = arith.minui(arith.addi(col, self.cidx(c)), last_col)
-                    values = dequantized(self, self.op.operands[1], [b_row], kk, self.K_STEP)
-                    vector.store(arith.truncf(ir.VectorType.get([self.K_STEP], bf16), values),
-                                 self.panel, [self.cidx(c), kk])
-                scf.yield_([])
-            blocks = scf.ForOp(self.cidx(0), row_groups, self.cidx(1))
-            with ir.InsertionPoint(blocks.body):
-                row = arith.addi(r0, arith.muli(blocks.induction_variable, self.cidx(nr)))
-                self.emit_block(row, col, last_row, last_col)
-                scf.yield_([])
+            if last:
+                zeros = scf.ForOp(self.cidx(0), rows, self.cidx(1))
+                with ir.InsertionPoint(zeros.body):
+                    vector.store(self.vzero(nc), self.carry, [zeros.induction_variable,
+                                                              self.cidx(0)])
+                    scf.yield_([])
+                chunks = scf.ForOp(self.cidx(0), self.cidx(last), self.cidx(chunk))
+                with ir.InsertionPoint(chunks.body):
+                    self.fill(col, last_col, chunks.induction_variable, chunk)
+                    each_block(lambda row: self.carry_block(row, col, last_row, last_col))
+                    scf.yield_([])
+            self.fill(col, last_col, self.cidx(last), k - last)
+            each_block(lambda row: self.emit_block(row, col, last_row, last_col))
             scf.yield_([])
 
+    def fill(self, col, last_col, k0, length: int) -> None:
+        """The panel's `length` columns (a multiple of K_STEP): B's
+        BLOCK_COLS rows from `col` (the tile's last one again past
+        `last_col`), from `k0` along K, dequantized and rounded to bf16;
+        the chunk the next blocks take."""
+        self.k_chunk = (k0, length)
+        bf16 = element_type("bf16")
+        loop = scf.ForOp(self.cidx(0), self.cidx(length), self.cidx(self.K_STEP))
+        with ir.InsertionPoint(loop.body):
+            kk = loop.induction_variable
+            for c in range(self.BLOCK_COLS):
+                b_row = arith.minui(arith.addi(col, self.cidx(c)), last_col)
+                values = dequantized(self, self.op.operands[1], [b_row], arith.addi(k0, kk),
+                                     self.K_STEP)
+                vector.store(arith.truncf(ir.VectorType.get([self.K_STEP], bf16), values),
+                             self.panel, [self.cidx(c), kk])
+            scf.yield_([])
+
+    def carry_block(self, row, col, last_row, last_col) -> None:
+        """`emit_block`'s sums over the chunk, kept in `carry` instead of
+        stored (a row past the tile computes its last row again, into that
+        row's place)."""
+        nr, nc = self.BLOCK_ROWS, self.BLOCK_COLS
+        a_rows = [arith.minui(arith.addi(row, self.cidx(r)), last_row) for r in range(nr)]
+        b_rows = [arith.minui(arith.addi(col, self.cidx(c)), last_col) for c in range(nc)]
+        dots = self.block_dots(a_rows, b_rows)
+        for r in range(nr):
+            sums = self.lanes_of(self.each_sum(dots[r * nc:(r + 1) * nc]), 0, nc)
+            vector.store(sums, self.carry, [arith.subi(a_rows[r], self.r0), self.cidx(0)])
+
     def block_dots(self, a_rows: list, b_rows: list) -> list:
-        """`MatmulDPBF16.block_dots` with B^T's rows read from the panel
-        (its rows 0 .. BLOCK_COLS - 1)."""
-        return super().block_dots(a_rows, [self.cidx(c) for c in range(len(b_rows))])
+        """`MatmulDPBF16.block_dots` over the panel's chunk, B^T's rows read
+        from the panel (its rows 0 .. BLOCK_COLS - 1), each accumulator
+        starting from the earlier chunks' sum when K takes several."""
+        accs = None
+        if self.carry is not None:
+            accs = []
+            for row in a_rows:
+                sums = vector.load(self.vtype(len(b_rows)), self.carry,
+                                   [arith.subi(row, self.r0), self.cidx(0)])
+                accs += [vector.insert(vector.extract(sums, [], [c]), self.vzero(16), [], [0])
+                         for c in range(len(b_rows))]
+        k0, length = self.k_chunk
+        return super().block_dots(a_rows, [self.cidx(c) for c in range(len(b_rows))], k0,
+                                  length, accs)
 
     def b_pairs(self, row, kk, count: int = 0) -> ir.Value:
-        """Row `row` of the panel (dequantized B^T) from `kk`."""
-        return self.pairs(self.panel, row, kk, count)
+        """Row `row` of the panel (dequantized B^T, its chunk from
+        `self.k_chunk`'s start) at `kk` along K."""
+        return self.pairs(self.panel, row, arith.subi(kk, self.k_chunk[0]), count)
