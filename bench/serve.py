@@ -47,6 +47,10 @@ with its torch): its OpenAI server starts in a process of its own under PY
 `VLLM_CPU_KVCACHE_SPACE=2`, about 90 s), and each concurrency's requests
 (fresh prompts of the same lengths) go to it right after ETC's; the table
 gains its throughput, TTFT and TPOT medians and ETC's throughput over it.
+Before each side's run the other must have gone quiet (`wait_quiet`:
+below 0.1 core over half a second): vLLM keeps a core busy for about a
+second after its last request, which took a core from most of ETC's
+run at 1 client and half of it at 8.
 The checkpoint gets a tokenizer (vLLM loads one; the prompts stay ids).
 
 `--soak` runs the soak instead (bench/serve_soak.py): `etc serve` in a
@@ -190,6 +194,45 @@ def start_server(model, name, max_num_seqs, max_model_len):
             raise RuntimeError("the server did not start")
         time.sleep(0.02)
     return server, thread, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def process_seconds(pid: int) -> float:
+    """CPU seconds that process `pid` and its descendants have run (/proc),
+    the processes that have ended meanwhile not counted."""
+    total, pending, seen = 0.0, [pid], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        try:
+            with open(f"/proc/{current}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as children:
+                    pending += [int(child) for child in children.read().split()]
+        except (OSError, ValueError, IndexError):  # it ended meanwhile
+            continue
+    return total
+
+
+def wait_quiet(pid: int, window: float = 0.5, cores: float = 0.1,
+               timeout: float = 30.0) -> float:
+    """Waits until process `pid` (and its descendants) used less than
+    `cores` cores over a `window` of seconds, at most `timeout` seconds;
+    returns the seconds waited. vLLM's CPU backend keeps a core busy for
+    about a second after its last request: the side measured next would
+    otherwise share the two cores with it."""
+    start = time.perf_counter()
+    before = process_seconds(pid)
+    while time.perf_counter() - start < timeout:
+        time.sleep(window)
+        now = process_seconds(pid)
+        if now - before < cores * window:
+            break
+        before = now
+    return time.perf_counter() - start
 
 
 def start_vllm(python: str, path: Path, name: str, dtype: str, max_model_len: int,
@@ -477,7 +520,10 @@ def main() -> int:
     if peer:
         asyncio.run(drive(peer_url, args.model_name, fresh(1), 1, 1, args.new))
     structured = []
+    settled = []  # seconds each side waited for the other to go quiet
     for concurrency in args.concurrency:
+        if peer:
+            settled.append(wait_quiet(peer.pid))
         results, seconds = asyncio.run(drive(url, args.model_name,
                                              fresh(concurrency * args.rounds), concurrency,
                                              args.rounds, args.new))
@@ -493,6 +539,7 @@ def main() -> int:
             base = ratio = "-"
         theirs = ""
         if peer:
+            settled.append(wait_quiet(os.getpid()))
             others, peer_seconds = asyncio.run(drive(
                 peer_url, args.model_name, fresh(concurrency * args.rounds), concurrency,
                 args.rounds, args.new))
@@ -518,6 +565,9 @@ def main() -> int:
         for row in structured:
             print(row)
     print()
+    if settled:
+        print(f"before each run, the other side went quiet (below 0.1 core over 0.5 s) "
+              f"after {', '.join(f'{s:.1f}' for s in settled)} s")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if peer is not None:
         peer.terminate()
