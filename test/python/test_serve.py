@@ -430,3 +430,52 @@ def test_shutdown_ends_the_requests_in_flight(chat_model, monkeypatch):
     assert plain[0].json()["error"]["message"] == "the server is shutting down"
     assert engine.slots_in_use == 0 and engine.blocks_in_use == 0
     server.socket.close()
+
+
+def test_a_steps_outputs_reach_the_loop_in_one_wakeup(chat_model):
+    # The engine's thread wakes the server's event loop once per step, not
+    # once per request's output: every output put before the loop runs
+    # goes in one callback, in order. (A step run here while the loop
+    # waits, as the engine's thread runs one while the loop is busy.)
+    from etc.serve.handoff import Handoff
+
+    loop = asyncio.new_event_loop()
+    try:
+        handoff = Handoff(loop)
+        engine = Engine(chat_model, max_num_seqs=4)
+        queues = [asyncio.Queue() for _ in range(4)]
+        for queue in queues:
+            engine.submit(chat_model.tokenizer.encode("Hello there"), max_new_tokens=3,
+                          ignore_eos=True,
+                          on_output=lambda output, queue=queue: handoff.put(queue, output))
+        seen = [[] for _ in queues]
+        steps = 0
+        while engine.step():
+            steps += 1
+            assert handoff.wakeups == steps  # the step's 4 outputs: one wake-up
+            loop.run_until_complete(asyncio.sleep(0))  # the loop drains them
+            for queue, outputs in zip(queues, seen):
+                while not queue.empty():
+                    outputs.append(queue.get_nowait())
+        assert all(len(outputs) == 3 and outputs[-1].finished and
+                   [o.num_tokens for o in outputs] == [1, 2, 3] for outputs in seen)
+    finally:
+        loop.close()
+    # A closed loop takes nothing: the engine's callback raises (and logs),
+    # and what was put is dropped rather than kept.
+    with pytest.raises(RuntimeError):
+        handoff.put(queues[0], "late")
+    with pytest.raises(RuntimeError):
+        handoff.put(queues[0], "later")
+
+
+def test_the_server_wakes_its_loop_at_most_once_per_output(server, client):
+    # The server hands its requests' outputs over through one Handoff per
+    # loop: fewer wake-ups than outputs whenever a step's outputs coalesce.
+    stream = client.completions.create(model=NAME, prompt="Hello", max_tokens=6, n=4,
+                                       temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert sum(1 for c in chunks if c.choices) == 24
+    handoffs = list(server.app.state.handoffs.values())
+    assert len(handoffs) == 1 and 1 <= handoffs[0].wakeups <= 24

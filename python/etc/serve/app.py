@@ -11,6 +11,7 @@ import json
 import logging
 import time
 import uuid
+import weakref
 from typing import AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
@@ -22,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..models.engine import Engine, RequestError, RequestOutput
 from ..models.engine.constraints import Constraint, Grammar, GrammarError
 from ..models.loading.tokenizer import ChatTemplateError
+from .handoff import Handoff
 from .logprobs import TokenText, chat_logprobs, completion_logprobs
 from . import tools as tools_
 from .metrics import ServerMetrics
@@ -118,6 +120,9 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     engine.on_finish = metrics.observe
     token_text = TokenText(model.tokenizer)
     created = int(time.time())
+    # The engine's outputs go to the loop of their request, a step's at once.
+    handoffs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Handoff]" = \
+        weakref.WeakKeyDictionary()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -132,6 +137,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     app.state.metrics = metrics
     app.state.model_name = name
     app.state.closing = False
+    app.state.handoffs = handoffs
 
     def close() -> None:
         app.state.closing = True
@@ -284,6 +290,9 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         if not engine.running:  # its thread died: no step would ever come
             raise APIError(503, ENGINE_STOPPED, None, kind="service_unavailable")
         loop = asyncio.get_running_loop()
+        handoff = handoffs.get(loop)
+        if handoff is None:
+            handoff = handoffs[loop] = Handoff(loop)
         # (choice index, output) of every choice, as the engine makes them.
         outputs: asyncio.Queue = asyncio.Queue()
         handles = []
@@ -298,8 +307,8 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                     skip_special_tokens=body.skip_special_tokens,
                     min_tokens=body.min_tokens or 0,
                     allowed_token_ids=body.allowed_token_ids, constraint=constraints[index],
-                    on_output=lambda output, index=index: loop.call_soon_threadsafe(
-                        outputs.put_nowait, (index, output))))
+                    on_output=lambda output, index=index: handoff.put(
+                        outputs, (index, output))))
         except RequestError as error:
             for handle in handles:
                 handle.cancel()
