@@ -469,13 +469,16 @@ def test_a_steps_outputs_reach_the_loop_in_one_wakeup(chat_model):
         handoff.put(queues[0], "later")
 
 
-def test_the_server_wakes_its_loop_at_most_once_per_output(server, client):
+def test_the_server_wakes_its_loop_less_than_once_per_output(server, client):
     # The server hands its requests' outputs over through one Handoff per
-    # loop: fewer wake-ups than outputs whenever a step's outputs coalesce.
+    # loop: fewer wake-ups than outputs, the 4 choices' outputs of a step
+    # coming together (one per output before).
+    before = sum(h.wakeups for h in server.app.state.handoffs.values())
     stream = client.completions.create(model=NAME, prompt="Hello", max_tokens=6, n=4,
                                        temperature=0, stream=True,
                                        extra_body={"ignore_eos": True})
     chunks = list(stream)
     assert sum(1 for c in chunks if c.choices) == 24
     handoffs = list(server.app.state.handoffs.values())
-    assert len(handoffs) == 1 and 1 <= handoffs[0].wakeups <= 24
+    assert len(handoffs) == 1  # the server's one loop
+    assert 1 <= handoffs[0].wakeups - before < 24
