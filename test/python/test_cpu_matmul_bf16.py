@@ -129,6 +129,28 @@ def test_ragged_shapes_match_the_reference(schedule, k, n):
 
 
 @needs_avx512bf16
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_k_past_one_chunk_carries_each_chunks_sums(schedule):
+    """K = 2 PANEL_K + 37 takes three chunks along K (the last of 37: one
+    step of 32 and a masked one of 5), each block's sums carried from one
+    to the next: at ragged M (blocks of 2 past the last row, a last tile
+    of 6 rows) and N = 21 (a group of 5 columns at the edge), within the
+    tolerance of the module docstring; a chunk's sums lost, or carried
+    into another row or column, are far outside it."""
+    rng = np.random.default_rng(5)
+    k, n = 2 * MatmulDPBF16.PANEL_K + 37, 21
+    g = _graph(k, n)
+    kernel = etc.compile(g, target="cpu", schedule=schedule, workers=2)
+    assert "x86vector.avx512.dot" in kernel.ir("graph")
+    w = _bf16(rng, (n, k))
+    for m in (2, 3, 31, 33, 70):
+        a = _bf16(rng, (m, k))
+        (got,) = kernel.run(a=a, w=w)
+        (want,) = etc.reference.evaluate(g, a=a, w=w)
+        assert_close_to_reference(got, want.astype(np.float64), a, w)
+
+
+@needs_avx512bf16
 def test_the_residual_is_added_to_the_rounded_product():
     rng = np.random.default_rng(1)
     k, n = 130, 52

@@ -132,55 +132,19 @@ class MatmulFp8DPBF16(MatmulDPBF16, MatmulFp8CPU):
                 and b.dtype == "fp8_e4m3" and isinstance(b.shape[1], int))
 
     def emit_blocks(self, r0, rows, c0, cols) -> None:
-        """The tile's groups of BLOCK_COLS columns one after another; in
-        each, the chunks of K one after another: the chunk dequantized into
-        the panel, then every block of rows over it, whose sums a later
-        chunk's blocks start from (`carry`, f32 per row and column of the
-        tile) and the last chunk's store (an edge group takes the tile's
-        last column again, as `MatmulDPBF16.emit_block` does)."""
-        nr, nc = self.BLOCK_ROWS, self.BLOCK_COLS
-        k = self.op.operands[1].shape[1]
-        chunk = min(k, self.PANEL_K)
-        last = (k - 1) // chunk * chunk  # where the last chunk starts
-        self.panel = self.entry_alloca(ir.MemRefType.get([nc, chunk], element_type("bf16")))
-        self.r0, self.carry = r0, None
-        if last:
-            self.carry = self.entry_alloca(ir.MemRefType.get([self.op.tile[0], nc], self.f32))
-        row_groups = arith.divui(arith.addi(rows, self.cidx(nr - 1)), self.cidx(nr))
-        col_groups = arith.divui(arith.addi(cols, self.cidx(nc - 1)), self.cidx(nc))
-        last_row = arith.subi(arith.addi(r0, rows), self.cidx(1))
-        last_col = arith.subi(arith.addi(c0, cols), self.cidx(1))
+        """`MatmulDPBF16.emit_chunks` for every K, each chunk of each group
+        of columns dequantized into the panel first (`take_chunk`)."""
+        chunk = min(self.op.operands[1].shape[1], self.PANEL_K)
+        self.panel = self.entry_alloca(
+            ir.MemRefType.get([self.BLOCK_COLS, chunk], element_type("bf16")))
+        self.emit_chunks(r0, rows, c0, cols)
 
-        def each_block(body) -> None:
-            blocks = scf.ForOp(self.cidx(0), row_groups, self.cidx(1))
-            with ir.InsertionPoint(blocks.body):
-                body(arith.addi(r0, arith.muli(blocks.induction_variable, self.cidx(nr))))
-                scf.yield_([])
-
-        groups = self.lane_loop(col_groups)
-        with ir.InsertionPoint(groups.body):
-            col = arith.addi(c0, arith.muli(groups.induction_variable, self.cidx(nc)))
-            if last:
-                zeros = scf.ForOp(self.cidx(0), rows, self.cidx(1))
-                with ir.InsertionPoint(zeros.body):
-                    vector.store(self.vzero(nc), self.carry, [zeros.induction_variable,
-                                                              self.cidx(0)])
-                    scf.yield_([])
-                chunks = scf.ForOp(self.cidx(0), self.cidx(last), self.cidx(chunk))
-                with ir.InsertionPoint(chunks.body):
-                    self.fill(col, last_col, chunks.induction_variable, chunk)
-                    each_block(lambda row: self.carry_block(row, col, last_row, last_col))
-                    scf.yield_([])
-            self.fill(col, last_col, self.cidx(last), k - last)
-            each_block(lambda row: self.emit_block(row, col, last_row, last_col))
-            scf.yield_([])
-
-    def fill(self, col, last_col, k0, length: int) -> None:
+    def take_chunk(self, col, last_col, k0, length: int) -> None:
         """The panel's `length` columns (a multiple of K_STEP): B's
         BLOCK_COLS rows from `col` (the tile's last one again past
         `last_col`), from `k0` along K, dequantized and rounded to bf16;
         the chunk the next blocks take."""
-        self.k_chunk = (k0, length)
+        super().take_chunk(col, last_col, k0, length)
         bf16 = element_type("bf16")
         loop = scf.ForOp(self.cidx(0), self.cidx(length), self.cidx(self.K_STEP))
         with ir.InsertionPoint(loop.body):
@@ -193,33 +157,12 @@ class MatmulFp8DPBF16(MatmulDPBF16, MatmulFp8CPU):
                              self.panel, [self.cidx(c), kk])
             scf.yield_([])
 
-    def carry_block(self, row, col, last_row, last_col) -> None:
-        """`emit_block`'s sums over the chunk, kept in `carry` instead of
-        stored (a row past the tile computes its last row again, into that
-        row's place)."""
-        nr, nc = self.BLOCK_ROWS, self.BLOCK_COLS
-        a_rows = [arith.minui(arith.addi(row, self.cidx(r)), last_row) for r in range(nr)]
-        b_rows = [arith.minui(arith.addi(col, self.cidx(c)), last_col) for c in range(nc)]
-        dots = self.block_dots(a_rows, b_rows)
-        for r in range(nr):
-            sums = self.lanes_of(self.each_sum(dots[r * nc:(r + 1) * nc]), 0, nc)
-            vector.store(sums, self.carry, [arith.subi(a_rows[r], self.r0), self.cidx(0)])
-
-    def block_dots(self, a_rows: list, b_rows: list) -> list:
-        """`MatmulDPBF16.block_dots` over the panel's chunk, B^T's rows read
-        from the panel (its rows 0 .. BLOCK_COLS - 1), each accumulator
-        starting from the earlier chunks' sum when K takes several."""
-        accs = None
-        if self.carry is not None:
-            accs = []
-            for row in a_rows:
-                sums = vector.load(self.vtype(len(b_rows)), self.carry,
-                                   [arith.subi(row, self.r0), self.cidx(0)])
-                accs += [vector.insert(vector.extract(sums, [], [c]), self.vzero(16), [], [0])
-                         for c in range(len(b_rows))]
-        k0, length = self.k_chunk
-        return super().block_dots(a_rows, [self.cidx(c) for c in range(len(b_rows))], k0,
-                                  length, accs)
+    def block_dots(self, a_rows: list, b_rows: list, start=None, length: int = 0,
+                   accs: list = None) -> list:
+        """`MatmulDPBF16.block_dots`, B^T's rows read from the panel (its
+        rows 0 .. BLOCK_COLS - 1)."""
+        return super().block_dots(a_rows, [self.cidx(c) for c in range(len(b_rows))],
+                                  start, length, accs)
 
     def b_pairs(self, row, kk, count: int = 0) -> ir.Value:
         """Row `row` of the panel (dequantized B^T, its chunk from
