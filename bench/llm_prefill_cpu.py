@@ -9,7 +9,8 @@ random Qwen3-0.6B-shaped checkpoint (hidden 1024, 16 query /
 alike with depth), bf16 weights computed in bf16, written on the fly. The
 model is compiled with the default `max_seq_len` (the config's 40,960) for
 each attention chunk of `--chunks`, and a prompt of `--prompt` tokens is
-prefilled by `generate(prompt, max_new_tokens=1)` in steps of
+prefilled by `generate(prompt, max_new_tokens=1)` (a new prompt each round:
+the same one again would be a prefix-cache hit) in steps of
 `max_step_tokens` = 256: seconds per prefill, best of `--repeats`, the
 chunks alternated round by round. 2,560 is what the chunk was before it
 was chosen for speed (max_seq_len / 16), so its row is the baseline; the
@@ -69,7 +70,11 @@ def main() -> None:
     directory = args.checkpoint or Path(tempfile.mkdtemp(prefix="etc-prefill-"))
     if not (directory / "config.json").exists():
         write(directory, args.layers)
-    prompt = np.random.default_rng(1).integers(0, 151936, args.prompt).tolist()
+    # A new prompt each round (the same for every chunk in it): the model's
+    # paged cache keeps a prompt's blocks, and the same prompt again would
+    # be a prefix-cache hit (0.02 s), not a prefill.
+    prompts = [np.random.default_rng(1 + round_).integers(0, 151936, args.prompt).tolist()
+               for round_ in range(args.repeats)]
     # One chunk tile of 2,560 positions runs for seconds on a busy machine,
     # while the other workers wait for it longer than the default watchdog.
     etc.compiler.compile = functools.partial(etc.compiler.compile, watchdog=600.0)
@@ -83,7 +88,8 @@ def main() -> None:
     tokens = {}
     for round_ in range(args.repeats):
         for chunk, model in loaded.items():
-            out = model.generate([prompt], 1)
+            out = model.generate([prompts[round_]], 1)
+            assert out.cached_tokens[0] == 0, out.cached_tokens  # a prefill, not a cache hit
             best[chunk] = min(best[chunk], out.seconds)
             tokens.setdefault(chunk, out.tokens[0])
             print(f"round {round_}, chunk {chunk}: {out.seconds:.2f} s", flush=True)
