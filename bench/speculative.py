@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import platform
 import re
@@ -279,11 +280,13 @@ def main() -> None:
           "| decode speedup | draft steps | their share | acceptance | accepted / step "
           "| identical |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    # A step where no request proposed has no acceptance: "-", not nan.
+    ratio = lambda value: "-" if math.isnan(value) else f"{value:.2f}"  # noqa: E731
     for (method, task, batch, new, plain_rate, spec_rate, decode, draft, draft_steps, rate,
          per_step, same) in rows:
         print(f"| {method} | {task} | {batch} | {new} | {plain_rate:.1f} | {spec_rate:.1f} | "
               f"{spec_rate / plain_rate:.2f}x | {decode:.2f}x | {draft_steps:.0f} | "
-              f"{100 * draft:.1f} % | {rate:.2f} | {per_step:.2f} | "
+              f"{100 * draft:.1f} % | {ratio(rate)} | {ratio(per_step)} | "
               f"{'yes' if same else 'no'} |")
 
 
