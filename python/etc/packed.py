@@ -88,9 +88,10 @@ FORMATS = {f.name: f for f in (
 )}
 #: The formats that are GGML types (those a GGUF file may hold).
 GGML_FORMATS = tuple(name for name, f in FORMATS.items() if f.ggml is not None)
-#: The K-quant formats: blocks of 256 values in sub-blocks with integer
-#: scales, whose CPU products quantize the activations per 256 values.
-K_FORMATS = ("q4_k", "q5_k", "q6_k")
+#: The K-quant formats (their blocks of 256 values are sub-blocks with
+#: integer scales), whose CPU products quantize the activations per 256
+#: values.
+K_FORMATS = tuple(name for name, f in FORMATS.items() if f.block == 256)
 
 #: The 16 values IQ4_NL's nibbles index (ggml's `kvalues_iq4nl`).
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69,
