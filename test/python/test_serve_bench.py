@@ -2,7 +2,9 @@
 run waits for the other side's processes to go quiet first."""
 
 import importlib.util
+import os
 import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +27,18 @@ time.sleep(60)
 """
 
 
+def _kill_tree(process: subprocess.Popen) -> None:
+    """Kills `process` and its children (from /proc: no pgrep needed)."""
+    children = []
+    for task in os.listdir(f"/proc/{process.pid}/task"):
+        with open(f"/proc/{process.pid}/task/{task}/children") as f:
+            children += [int(pid) for pid in f.read().split()]
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+    process.kill()
+    process.wait()
+
+
 def test_wait_quiet_waits_until_the_process_stops_spinning():
     process = subprocess.Popen([sys.executable, "-c", _SPINNER], stdout=subprocess.PIPE,
                                text=True)
@@ -36,8 +50,7 @@ def test_wait_quiet_waits_until_the_process_stops_spinning():
         assert process.stdout.readline() == "done\n"
         assert bench_serve.process_seconds(process.pid) >= 0.5
     finally:
-        process.kill()
-        process.wait()
+        _kill_tree(process)
 
 
 def test_process_seconds_counts_the_descendants():
@@ -52,8 +65,4 @@ def test_process_seconds_counts_the_descendants():
         assert parent.stdout.readline() == "1\n"  # the child has spun (it shares the pipe)
         assert bench_serve.process_seconds(parent.pid) >= 0.35
     finally:
-        for pid in subprocess.run(["pgrep", "-P", str(parent.pid)], capture_output=True,
-                                  text=True).stdout.split():
-            subprocess.run(["kill", pid])
-        parent.kill()
-        parent.wait()
+        _kill_tree(parent)
