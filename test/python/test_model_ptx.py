@@ -12,7 +12,7 @@ the tensor-core kernel paired with the transposed GEMV.
 The paged "auto" bf16 graph of every shape is also the packed-weight and
 the sliding-window graph (issue #31: one assembly where three were): its
 weights take every block format of `etc.packed` in turn, some staying bf16
-(the packed GEMV tiles beside the tensor-core kernel in one worker), and
+(the packed tiles, GEMV and tensor cores, beside the bf16 ones in one worker), and
 Qwen2.5-0.5B and Gemma 3 1B have a sliding and a full layer (the windowed
 and the full attention chunk kernels, and Gemma's). The packed tiles'
 numerics: test_packed_gpu.py and test_moe_packed.py under the lane
@@ -151,7 +151,10 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
     kinds = set(re.findall(r"_tile_(matmul\w*?)_\d+\(", kernel.ir("graph")))
     unpacked = "matmul_gemv_t_mma" if dtype == "bf16" else "matmul_gemv_t"
     # (An untied embedding is only gathered; experts take the MoE tiles.)
-    packed_kinds = {f"matmul_{fmt}_gemv" for weight, fmt in formats.items()
+    # Packed weights: their GEMV, with the tensor cores from 16 rows in bf16
+    # (the values dequantized into the shared tile).
+    packed_suffix = "_gemv_mma" if dtype == "bf16" else "_gemv"
+    packed_kinds = {f"matmul_{fmt}{packed_suffix}" for weight, fmt in formats.items()
                     if "experts" not in weight
                     and (weight != "embed" or config.tie_word_embeddings)}
     has_unpacked = not mixed or None in chosen.values()
@@ -169,8 +172,9 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
     # (`out_of_line_on_gpu`): inlined, their registers add to the worker's.
     called = _called_by_worker(ptx, graph.name)
     assert packed_kinds <= called, (packed_kinds, called)
-    if dtype == "bf16" and has_unpacked:
+    if dtype == "bf16" and (has_unpacked or packed_kinds):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    if dtype == "bf16" and has_unpacked:
         assert "matmul_gemv_t_mma" in called, called
     worker = report.split(f"Compiling entry function '{graph.name}_worker'")[1]
     static = int(re.search(r"(\d+) bytes smem", worker).group(1))

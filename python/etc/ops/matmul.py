@@ -44,7 +44,9 @@ Kernels, by target:
   mma.sync m16n8k16) for 16 rows or more; with symbolic rows (the batch) a
   kernel that also derives from the GEMV picks per tile at run time:
   `MatmulMMASkinny` and `MatmulMMASkinnyT` (tensor cores from 16 rows, the
-  GEMV below), on the GEMV's column tiles.
+  GEMV below), on the GEMV's column tiles; a packed B^T likewise
+  (`matmul_packed_mma.MatmulPackedMMA`: its values dequantized into the
+  shared tile, the packed GEMV below 16 rows).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from .matmul_dpbf16 import MatmulDPBF16
 from .matmul_gemv import MatmulSkinny, MatmulSkinnyT
 from .matmul_mma import MatmulMMA
 from .matmul_packed import choose_packed
+from .matmul_packed_mma import MatmulPackedMMA
 from .matmul_scalar import Matmul
 
 KINDS = ("matmul",)
@@ -91,6 +94,8 @@ class MatmulMMASkinnyT(MatmulMMA, MatmulSkinnyT):
 def choose_kernel(op, target) -> type:
     """The matmul kernel for `op` on `target`."""
     if is_packed(op.operands[1].dtype):
+        if MatmulPackedMMA.applies(op, target):
+            return MatmulPackedMMA
         return choose_packed(op, target)
     if target.kind == "cpu" and MatmulAMX.applies(op, target):
         return MatmulAMX

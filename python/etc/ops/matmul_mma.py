@@ -155,8 +155,10 @@ class MatmulMMA(ResidualStores):
         self.c0 = arith.muli(self.ti[1], self.cidx(tn))
         rows = self.extent(out, 0, self.r0, tm)
         self.a_tile = self.scratch([2, tm, bk + self.PAD], a.dtype)
+        # B's tile takes A's dtype: the same unless B is packed (dequantized
+        # into it, `matmul_packed_mma`).
         self.b_tile = self.scratch([2, tn, bk + self.PAD] if op.params["transpose_b"]
-                                   else [2, bk, tn + self.PAD], b.dtype)
+                                   else [2, bk, tn + self.PAD], a.dtype)
         if not lanes.simulate:
             self.a_shared, self.b_shared = (_workgroup(t) for t in (self.a_tile, self.b_tile))
         blocks = self.mi * self.ni
@@ -217,8 +219,8 @@ class MatmulMMA(ResidualStores):
         tile over the same K into shared buffer `buffer`, 16 bytes per copy,
         the copies spread over the lanes; with `fill` false they write zeros
         and read nothing. Returns the copies' tokens (GPU)."""
-        a, b = self.op.operands[:2]
-        tm, tn = self.op.tile
+        a = self.op.operands[0]
+        tm = self.op.tile[0]
         last_row = arith.subi(self.dim(a, 0), self.cidx(1))
         per_row = bk // 8
 
@@ -226,30 +228,43 @@ class MatmulMMA(ResidualStores):
             row = arith.divui(c, self.cidx(per_row))
             col = arith.muli(arith.remui(c, self.cidx(per_row)), self.cidx(8))
             src = [arith.minsi(arith.addi(self.r0, row), last_row), arith.addi(k0, col)]
-            return src, [buffer, row, col]
+            return self.copy16(lanes, a, self.a_tile, src, [buffer, row, col], fill)
+
+        tokens = self.each_chunk(lanes, tm * per_row, a_chunk)
+        return tokens + self.stage_b(lanes, buffer, k0, bk, fill)
+
+    def stage_b(self, lanes, buffer, k0, bk: int, fill) -> list:
+        """B's part of `stage`: its columns of the tile over k0 : k0 + bk,
+        copied 16 bytes at a time."""
+        b = self.op.operands[1]
+        tn = self.op.tile[1]
+        per_row = bk // 8
 
         def b_chunk(c):
             if self.op.params["transpose_b"]:
                 n = arith.divui(c, self.cidx(per_row))
                 col = arith.muli(arith.remui(c, self.cidx(per_row)), self.cidx(8))
-                return [arith.addi(self.c0, n), arith.addi(k0, col)], [buffer, n, col]
-            k = arith.divui(c, self.cidx(tn // 8))
-            col = arith.muli(arith.remui(c, self.cidx(tn // 8)), self.cidx(8))
-            return [arith.addi(k0, k), arith.addi(self.c0, col)], [buffer, k, col]
+                src, dst = [arith.addi(self.c0, n), arith.addi(k0, col)], [buffer, n, col]
+            else:
+                k = arith.divui(c, self.cidx(tn // 8))
+                col = arith.muli(arith.remui(c, self.cidx(tn // 8)), self.cidx(8))
+                src, dst = [arith.addi(k0, k), arith.addi(self.c0, col)], [buffer, k, col]
+            return self.copy16(lanes, b, self.b_tile, src, dst, fill)
 
-        copies = [(a, self.a_tile, tm * per_row, a_chunk),
-                  (b, self.b_tile, tn * per_row, b_chunk)]
+        return self.each_chunk(lanes, tn * per_row, b_chunk)
+
+    def each_chunk(self, lanes, chunks: int, copy) -> list:
+        """`copy(c)` for chunks c = 0 .. chunks - 1 spread over the lanes
+        (lane l takes l, l + lanes, ...; lanes past the last chunk copy it
+        again: the same bytes to the same place); the tokens it returns."""
         tokens = []
 
         def body(lane):
-            for tensor, tile, chunks, where in copies:
-                for j in range(-(-chunks // lanes.count)):
-                    c = arith.addi(lane, self.cidx(j * lanes.count))
-                    if (j + 1) * lanes.count > chunks:
-                        # Lanes past the last chunk copy it again (the same
-                        # bytes to the same place).
-                        c = arith.minui(c, self.cidx(chunks - 1))
-                    tokens.extend(self.copy16(lanes, tensor, tile, *where(c), fill))
+            for j in range(-(-chunks // lanes.count)):
+                c = arith.addi(lane, self.cidx(j * lanes.count))
+                if (j + 1) * lanes.count > chunks:
+                    c = arith.minui(c, self.cidx(chunks - 1))
+                tokens.extend(copy(c))
         lanes.each(body)
         return tokens
 
