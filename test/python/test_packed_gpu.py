@@ -20,26 +20,32 @@ from etc.reference import evaluate
 FORMATS = list(packed.FORMATS)
 
 
+def _every_format(k: int, n: int, chip: str, tile=None, seed: int = 0):
+    """x (T, k) bf16 times a (n, k) weight in each format; the graph (whose
+    tiles, checked here, are the packed GEMV paired with the tensor cores),
+    its lane-simulated CPU kernel, the weights and a generator."""
+    g = etc.Graph("gpu")
+    T = g.symbol("T")
+    x = g.input("x", (T, k), "bf16")
+    g.output(*[g.matmul(x, g.input(f"w_{fmt}", (n, k), fmt), transpose_b=True, tile=tile,
+                        name=f"y_{fmt}") for fmt in FORMATS])
+    module = str(g.build(target=etc.ops.Target(kind="cuda", chip=chip)))
+    assert set(re.findall(r"@gpu_tile_(matmul_\w+?)_\d+\(", module)) == \
+        {f"matmul_{fmt}_gemv_mma" for fmt in FORMATS}
+    rng = np.random.default_rng(seed)
+    weights = {f"w_{fmt}": packed.quantize(rng.standard_normal((n, k)).astype(np.float32), fmt)
+               for fmt in FORMATS}
+    return g, etc.compile(g, target="cpu", kernels="cuda", workers=2), weights, rng
+
+
 def test_every_format_under_the_lane_simulation():
     """Each value is dequantized in registers and accumulated in f32, as
     the widened product is: only the order of the sums differs (relative
     1e-5 of sum |a||w|). 40 weight rows (a tile of 8 columns: 4 warps,
     two rows of B^T each), 1 to 9 rows of A (passes of 4 and the
     one-row pass)."""
-    k, n = 512, 40
-    g = etc.Graph("gpu")
-    T = g.symbol("T")
-    x = g.input("x", (T, k), "bf16")
-    outs = [g.matmul(x, g.input(f"w_{fmt}", (n, k), fmt), transpose_b=True, name=f"y_{fmt}")
-            for fmt in FORMATS]
-    g.output(*outs)
-    module = str(g.build(target=etc.ops.Target(kind="cuda", chip="sm_90a")))
-    assert set(re.findall(r"@gpu_tile_(matmul_\w+?)_\d+\(", module)) == \
-        {f"matmul_{fmt}_gemv_mma" for fmt in FORMATS}
-    rng = np.random.default_rng(0)
-    weights = {f"w_{fmt}": packed.quantize(rng.standard_normal((n, k)).astype(np.float32), fmt)
-               for fmt in FORMATS}
-    kernel = etc.compile(g, target="cpu", kernels="cuda", workers=2)
+    k = 512
+    g, kernel, weights, rng = _every_format(k, 40, "sm_90a")
     for rows in (1, 2, 5, 9):
         a = etc.reference.round_bf16(rng.standard_normal((rows, k)))
         got = kernel.run(x=a, **weights)
@@ -60,20 +66,8 @@ def test_every_format_on_the_tensor_cores_under_the_lane_simulation():
     (32 + 18), 70 (32 + 32 + 6); K = 3 x 256 (three of the K-quants' 256-value
     blocks) and 96 columns in tiles of 8, so every chunk of 8 values of a
     block is read."""
-    k, n = 768, 96
-    g = etc.Graph("gpu")
-    T = g.symbol("T")
-    x = g.input("x", (T, k), "bf16")
-    outs = [g.matmul(x, g.input(f"w_{fmt}", (n, k), fmt), transpose_b=True, tile=(32, 8),
-                     name=f"y_{fmt}") for fmt in FORMATS]
-    g.output(*outs)
-    module = str(g.build(target=etc.ops.Target(kind="cuda", chip="sm_80")))
-    assert set(re.findall(r"@gpu_tile_(matmul_\w+?)_\d+\(", module)) == \
-        {f"matmul_{fmt}_gemv_mma" for fmt in FORMATS}
-    rng = np.random.default_rng(1)
-    weights = {f"w_{fmt}": packed.quantize(rng.standard_normal((n, k)).astype(np.float32), fmt)
-               for fmt in FORMATS}
-    kernel = etc.compile(g, target="cpu", kernels="cuda", workers=2)
+    k = 768
+    _, kernel, weights, rng = _every_format(k, 96, "sm_80", tile=(32, 8), seed=1)
     for rows in (16, 33, 50, 70):
         a = etc.reference.round_bf16(rng.standard_normal((rows, k)))
         # Which rows the tensor cores computed: those of tiles of >= 16 rows.
