@@ -16,7 +16,14 @@ chunks alternated round by round. 2,560 is what the chunk was before it
 was chosen for speed (max_seq_len / 16), so its row is the baseline; the
 table gives each chunk's time relative to it.
 
+`--trace` then prefills one more prompt with the first chunk's step graph
+compiled again with trace=True, step by step, and prints the workers' busy
+time per operator family with each family's FLOP rate where it is known
+(the projections' and the attention's), next to the floor: the prompt's
+FLOP over `--peak` (GFLOP/s).
+
 Usage: .venv/bin/python bench/llm_prefill_cpu.py [--prompt 2500] [--chunks 2560 128 64]
+       [--trace [--peak 1030]]
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import numpy as np
 import etc
 import etc.compiler
 import etc.models as models
+from llm_decode_cpu import family
 from etc.models.loading.safetensors import save_file
 from etc.models.testing import tensor_shapes, tiny_config
 
@@ -58,6 +66,48 @@ def write(path: Path, layers: int) -> None:
     save_file(path / "model.safetensors", tensors, "BF16")
 
 
+def prompt_flops(config, prompt: int) -> tuple[float, float]:
+    """(the projections', the causal attention's) FLOP of prefilling
+    `prompt` tokens: 2 per weight and token for every layer's matrices (the
+    LM head only for the last token), 4 head_dim per (query, key) pair and
+    query head (scores and weighted values)."""
+    hidden, heads, kv = config.hidden_size, config.num_heads, config.num_kv_heads
+    head_dim, ffn, layers = config.head_dim, config.intermediate_size, config.num_layers
+    per_layer = hidden * head_dim * (2 * heads + 2 * kv) + 3 * hidden * ffn
+    projections = 2.0 * per_layer * layers * prompt + 2.0 * hidden * config.vocab_size
+    pairs = prompt * (prompt + 1) / 2
+    return projections, 4.0 * head_dim * heads * layers * pairs
+
+
+def trace_prefill(model, prompt: list[int], workers: int | None, peak: float | None) -> None:
+    """Prefills `prompt` in steps of 256 with the step graph compiled with
+    trace=True; prints where the workers' time goes."""
+    kernel = etc.compile(model.graph, target="cpu", workers=workers, trace=True, watchdog=600.0)
+    cache = model.new_cache(1, len(prompt) + 4)
+    busy: dict = {}
+    spans = 0.0
+    for start in range(0, len(prompt), 256):
+        kernel.run(**model.step_inputs(cache, [models.Request(0, start,
+                                                              prompt[start:start + 256])]))
+        events = kernel.runtime.trace.events
+        spans += (max(e.end for e in events) - min(e.start for e in events)) / 1e9
+        for e in events:
+            busy[family(e.task)] = busy.get(family(e.task), 0.0) + e.duration / 1e9
+    projections, attention = prompt_flops(model.config, len(prompt))
+    rates = {"matmul": projections, "attention_chunk": attention}
+    total = sum(busy.values())
+    floor = (f"; floor {(projections + attention) / (peak * 1e9):.2f} s at {peak:.0f} GFLOP/s"
+             if peak else "")
+    print(f"\ntrace of the prefill ({kernel.runtime.workers} workers): tiles span {spans:.2f} s, "
+          f"workers busy {total:.2f} s; {(projections + attention) / 1e9:.0f} GFLOP "
+          f"({attention / 1e9:.0f} of them attention){floor}\n")
+    print("| operator family | worker-s | share | GFLOP/s per worker |")
+    print("|---|---:|---:|---:|")
+    for name, seconds in sorted(busy.items(), key=lambda item: -item[1]):
+        rate = f"{rates[name] / seconds / 1e9:.0f}" if name in rates else ""
+        print(f"| {name} | {seconds:.3f} | {seconds / total:.1%} | {rate} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt", type=int, default=2500)
@@ -66,6 +116,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--checkpoint", type=Path, default=None)
+    parser.add_argument("--trace", action="store_true",
+                        help="then trace one more prefill with the first chunk")
+    parser.add_argument("--peak", type=float, default=None,
+                        help="the machine's bf16 GFLOP/s, for the trace's floor")
     args = parser.parse_args()
     directory = args.checkpoint or Path(tempfile.mkdtemp(prefix="etc-prefill-"))
     if not (directory / "config.json").exists():
@@ -105,6 +159,9 @@ def main() -> None:
               f"{best[base] / best[chunk]:.2f}x |")
     same = len({tuple(t) for t in tokens.values()}) == 1
     print(f"\nsame first token with every chunk: {same}")
+    if args.trace:
+        prompt = np.random.default_rng(1000).integers(0, 151936, args.prompt).tolist()
+        trace_prefill(loaded[base], prompt, args.workers, args.peak)
 
 
 if __name__ == "__main__":
