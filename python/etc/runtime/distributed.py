@@ -333,10 +333,9 @@ class DistributedCPURuntime(Meetings, CPURuntime):
             raise
         finally:
             self._put_back(workspace)
-        results = [from_storage(outputs[name], dtype) for name, dtype in self._outputs]
         if out is None:
-            return results
-        return fill_out(self.abi, out, dict(zip(self.abi.outputs, results)))
+            return [from_storage(outputs[name], dtype) for name, dtype in self._outputs]
+        return fill_out(self.abi, out, outputs)
 
     def _run(self, workspace: _DistributedWorkspace, supplied: dict) -> dict[str, np.ndarray]:
         outputs = {arg.name: np.zeros(workspace.shapes[arg.name], _STORAGE[arg.dtype])

@@ -57,12 +57,24 @@ class Kernel:
     # `self` is positional-only so that an input may be called "self".
     def run(self, /, *, out=None, stream=None, **inputs):
         """Runs the kernel on arrays named like the graph's inputs and returns
-        the outputs, in `g.output` order, as a list of NumPy arrays.
+        the outputs, in `g.output` order, as a list of NumPy arrays (bf16
+        ones widened to float32).
+
+        `out=` (a list in output order, or a dict by name) receives the
+        outputs instead, and `run` returns those arrays. On the CPU an
+        `out=` array has the output's shape and its storage dtype, which
+        the program then writes in place without a copy: float32, float16,
+        int32, and for bf16 uint16 bit patterns (`etc.bfloat16.from_bits`
+        reads them); a float32 array for a bf16 output gets the widened
+        values by a copy, as does a strided view or an array that does not
+        start at a multiple of 16 bytes or shares memory with an input
+        (`etc.runtime.aligned.empty` makes 64-byte aligned ones, which the
+        tiles store fastest into). Its old contents do not matter.
 
         On CUDA, inputs may also be device arrays (`__cuda_array_interface__`
-        or `__dlpack__`: PyTorch, CuPy, JAX), used without a copy; `out=` (a
-        list in output order, or a dict by name) receives the outputs instead
-        (device arrays in place), and `stream=` picks the CUDA stream. The run
+        or `__dlpack__`: PyTorch, CuPy, JAX), used without a copy; `out=`
+        takes device arrays (written in place) or NumPy ones (copied into),
+        and `stream=` picks the CUDA stream. The run
         is complete, and device-side errors raised, when `run` returns.
         Without a CUDA device or driver this raises
         `etc.runtime.cuda.CUDAUnavailableError` (a RuntimeError). Inputs
@@ -84,7 +96,8 @@ class PartialKernel:
     check, convert and address the bound arrays once (`CPURuntime.constants`;
     a decode step binds its hundreds of weights so), others pass them again
     at every run. The bound arrays are read at every run, not copied (except
-    a conversion, e.g. float32 for a bf16 input, made once)."""
+    a conversion, e.g. float32 for a bf16 input, made once). `out=` is as
+    for `Kernel.run` (an `out=` array that is a bound array gets a copy)."""
 
     def __init__(self, kernel, runtime, arrays: dict):
         self.kernel = kernel
