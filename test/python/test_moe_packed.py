@@ -167,8 +167,9 @@ def test_simulated_gpu_kernels_read_packed_values_as_dequantized(experts):
 
 def test_ungated_packed_experts_beside_transposed_float_ones():
     """Ungated experts (silu(x @ w1) @ w2): w1 packed (the CPU's int8 up
-    tile) with a float w2 (the scalar down tile, reading it transposed);
-    and all-float experts given transposed: the reference's values."""
+    tile) with a float w2 (the vector down tile, reading it transposed);
+    and all-float experts given transposed (the vector tiles): the
+    reference's values."""
     g = etc.Graph("mixed")
     T = g.symbol("T")
     x = g.input("x", (T, H), "f32")
@@ -181,7 +182,8 @@ def test_ungated_packed_experts_beside_transposed_float_ones():
     g.output(mixed, floats)
     kernel = etc.compile(g, target="cpu", workers=2)
     assert set(re.findall(r"_tile_(moe_\w+?)_\d+\(", kernel.ir("graph"))) == \
-        {"moe_router", "moe_route", "moe_up_packed_cpu", "moe_up", "moe_down", "moe_combine"}
+        {"moe_router", "moe_route", "moe_up_packed_cpu", "moe_up_vector_cpu",
+         "moe_down_vector_cpu", "moe_combine"}
     rng = np.random.default_rng(3)
     weights = {name: (rng.standard_normal(shape) / np.sqrt(shape[2])).astype(np.float32)
                for name, shape in (("w2", (E, H, F)), ("v1", (E, F, H)), ("v2", (E, H, F)),

@@ -32,8 +32,9 @@ of the experts differ.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, scf
+from mlir.dialects import arith, memref, scf, vector
 
+from .matmul_fp8 import dequantized
 from .matmul_packed import MatmulPackedCPU, PackedDotsCPU
 from .variants import PartKernel
 
@@ -223,6 +224,306 @@ class MoeDownPackedCPU(ExpertDotsCPU, MoeDown):
                    [token, choice, column])
 
 
+class ExpertVectorCPU(ExpertTile):
+    """An expert tile on the CPU with float (f32, bf16, f16) or fp8_e4m3
+    experts, by f32 vector multiply-adds: the tile's rows of activations
+    (`activation_row`) are gathered once into a stack panel (f32, the
+    tile's slots by K), then expert e's matrices (`weights`) stream
+    through the vector registers against it, every matrix of the tile over
+    the same panel, and `finish` turns each output's sums (one per matrix)
+    into the value stored to `destination`.
+
+    Experts given transposed (E, N, K) (rows along K: Hugging Face's and
+    llama.cpp's (out, in), FP8 checkpoints) take `MatmulCPU`'s dot
+    products: blocks of ROWS panel rows by PER_ROW / matrices rows of each
+    matrix, a 16-lane accumulator per output along K, summed across lanes
+    together (`each_sum`); fp8_e4m3 vectors are dequantized as they are
+    loaded (`matmul_fp8.dequantized`, the values of
+    `etc.packed.dequantize`). Experts (E, K, N) (a widened checkpoint's
+    (in, out)) take `MatmulCPU`'s micro-tiles: ROWS panel rows by
+    PER_ROW / matrices vectors of 16 columns of each matrix, each k
+    loading the chunk's vectors of row k once for all rows. Rows past the
+    last group of ROWS go one at a time; columns past the last block or
+    chunk are computed again from the last one (dot products) or go by
+    vectors of 16 and then one by one (micro-tiles); K past the last
+    vector by scalar products: any H and F.
+
+    The sums are f32 over f32 products of the widened values, as `MoeUp`
+    and `MoeDown` compute them, in another order."""
+
+    #: Panel rows each block or micro-tile shares every weight load over.
+    ROWS = 4
+    #: Accumulators (16 lanes) per panel row: columns of a transposed
+    #: block, or vectors of a micro-tile's chunk, times the matrices.
+    PER_ROW = 4
+    #: f32 lanes per vector (one AVX-512 register).
+    WIDTH = 16
+    #: The largest panel (a stack buffer): tile rows x K x 4 bytes.
+    PANEL_BYTES = 512 * 1024
+    #: Expert dtypes the tiles read.
+    DTYPES = ("f32", "bf16", "f16", "fp8_e4m3")
+
+    @classmethod
+    def name(cls, op) -> str:
+        return f"{op.kind}_{cls.part}_vector_cpu"
+
+    @classmethod
+    def reads(cls, op, weights: list) -> bool:
+        """Whether the tiles can read `weights`: the CPU's own kernels
+        (`kernels="cuda"` simulates the CUDA ones), every matrix in DTYPES,
+        static K and N, and a panel of the tile's rows within
+        PANEL_BYTES."""
+        if not all(w.dtype in cls.DTYPES for w in weights):
+            return False
+        if not all(isinstance(d, int) for w in weights for d in w.shape):
+            return False
+        k = weights[0].shape[2 if op.params.get("transpose_w") else 1]
+        return op.tile[0] * k * 4 <= cls.PANEL_BYTES
+
+    def activation_row(self, token, choice) -> tuple:
+        """The tensor and leading indices of the row of activations of
+        pair (token, choice)."""
+        raise NotImplementedError(f"{type(self).__name__}.activation_row")
+
+    def finish(self, token, choice, sums: list) -> ir.Value:
+        """The output value (scalar or vector) from `sums`, one per matrix."""
+        raise NotImplementedError(f"{type(self).__name__}.finish")
+
+    def destination(self) -> object:
+        """The tensor the tile's outputs go to, indexed [token, choice, n]."""
+        raise NotImplementedError(f"{type(self).__name__}.destination")
+
+    def multiply_experts(self, weights: list) -> None:
+        """Gathers the tile's rows, then every output of `weights` (expert
+        e's matrices, one layout and K) over them."""
+        transposed = self.op.params.get("transpose_w")
+        self.weights = weights
+        self.e = self.ti[0]
+        self.k = weights[0].shape[2 if transposed else 1]
+        self.n = weights[0].shape[1 if transposed else 2]
+        self.first, rows = self.slot_range()
+        self.panel = self.entry_alloca(ir.MemRefType.get([self.op.tile[0], self.k], self.f32))
+        self.gather(rows)
+        groups = arith.divui(rows, self.cidx(self.ROWS))
+        whole = arith.muli(groups, self.cidx(self.ROWS))
+
+        def row_steps(body) -> None:
+            """`body(rows)` for groups of ROWS panel rows, then the rest
+            one at a time."""
+            steps = scf.ForOp(self.cidx(0), whole, self.cidx(self.ROWS))
+            with ir.InsertionPoint(steps.body):
+                row = steps.induction_variable
+                body([arith.addi(row, self.cidx(r)) if r else row for r in range(self.ROWS)])
+                scf.yield_([])
+            rest = scf.ForOp(whole, rows, self.cidx(1))
+            with ir.InsertionPoint(rest.body):
+                body([rest.induction_variable])
+                scf.yield_([])
+
+        if transposed:
+            self.transposed_blocks(row_steps)
+        else:
+            self.column_chunks(row_steps)
+
+    def gather(self, rows) -> None:
+        """The panel's rows: row r the activations of the tile's slot
+        first + r, widened to f32."""
+        width, k = self.WIDTH, self.k
+        vector_k = k - k % width
+        each = scf.ForOp(self.cidx(0), rows, self.cidx(1))
+        with ir.InsertionPoint(each.body):
+            local = each.induction_variable
+            a, row = self.activation_row(*self.pair(arith.addi(self.first, local)))
+            if vector_k:
+                copy = scf.ForOp(self.cidx(0), self.cidx(vector_k), self.cidx(width))
+                with ir.InsertionPoint(copy.body):
+                    kk = copy.induction_variable
+                    vector.store(self.vload(a, [*row, kk], width), self.panel, [local, kk])
+                    scf.yield_([])
+            for kk in range(vector_k, k):
+                memref.store(self.load(a, [*row, self.cidx(kk)]), self.panel,
+                             [local, self.cidx(kk)])
+            scf.yield_([])
+
+    def weight_vector(self, w, n, k) -> ir.Value:
+        """WIDTH values of row `n` of expert e's transposed matrix `w` from
+        `k` along K, as f32."""
+        if w.dtype == "fp8_e4m3":
+            return dequantized(self, w, [self.e, n], k, self.WIDTH)
+        return self.vload(w, [self.e, n, k], self.WIDTH)
+
+    def output_pair(self, local) -> tuple:
+        """The (token, choice) pair of panel row `local`."""
+        return self.pair(arith.addi(self.first, local))
+
+    # -- experts (E, N, K): dot products along K ---------------------------
+
+    def transposed_blocks(self, row_steps) -> None:
+        """Every column in blocks of COLS (the last block's columns past N
+        computed again from the last one, stored to its place), each over
+        the tile's rows (`row_steps`) while its rows of the matrices stay
+        in L1."""
+        cols = max(1, self.PER_ROW // len(self.weights))
+        groups = -(-self.n // cols)
+        last = self.cidx(self.n - 1)
+        loop = self.lane_loop(self.cidx(groups))
+        with ir.InsertionPoint(loop.body):
+            col = arith.muli(loop.induction_variable, self.cidx(cols))
+            columns = [arith.minui(arith.addi(col, self.cidx(c)), last) if c else col
+                       for c in range(cols)]
+            row_steps(lambda rows: self.dot_block(rows, columns))
+            scf.yield_([])
+
+    def dot_block(self, rows: list, columns: list) -> None:
+        """The outputs of panel rows `rows` and columns `columns`: one
+        16-lane accumulator per (row, matrix, column) along the whole
+        vectors of K, summed across lanes together per row, then K's last
+        values one by one."""
+        width, k = self.WIDTH, self.k
+        vector_k = k - k % width
+        nw, nc = len(self.weights), len(columns)
+        per_row = nw * nc
+        accs = [self.vzero(width) for _ in range(len(rows) * per_row)]
+        if vector_k:
+            kloop = scf.ForOp(self.cidx(0), self.cidx(vector_k), self.cidx(width), accs)
+            with ir.InsertionPoint(kloop.body):
+                kk = kloop.induction_variable
+                a = [vector.load(self.vtype(width), self.panel, [row, kk]) for row in rows]
+                b = [self.weight_vector(w, n, kk) for w in self.weights for n in columns]
+                carried = list(kloop.inner_iter_args)
+                scf.yield_([vector.fma(a[r], b[j], carried[r * per_row + j])
+                            for r in range(len(rows)) for j in range(per_row)])
+            accs = list(kloop.results)
+        totals = []
+        for r in range(len(rows)):
+            sums = self.each_sum(accs[r * per_row:(r + 1) * per_row])
+            totals += [vector.extract(sums, [], [j]) for j in range(per_row)]
+        if vector_k < k:
+            tail = scf.ForOp(self.cidx(vector_k), self.cidx(k), self.cidx(1), totals)
+            with ir.InsertionPoint(tail.body):
+                kk = tail.induction_variable
+                carried = list(tail.inner_iter_args)
+                xs = [memref.load(self.panel, [row, kk]) for row in rows]
+                ws = [self.load(w, [self.e, n, kk]) for w in self.weights for n in columns]
+                scf.yield_([arith.addf(carried[r * per_row + j], arith.mulf(xs[r], ws[j]))
+                            for r in range(len(rows)) for j in range(per_row)])
+            totals = list(tail.results)
+        out = self.destination()
+        for r, row in enumerate(rows):
+            token, choice = self.output_pair(row)
+            for c, n in enumerate(columns):
+                sums = [totals[r * per_row + m * nc + c] for m in range(nw)]
+                self.store(self.finish(token, choice, sums), out, [token, choice, n])
+
+    # -- experts (E, K, N): micro-tiles along N ----------------------------
+
+    def column_chunks(self, row_steps) -> None:
+        """The columns in chunks of CHUNK vectors, then vectors of WIDTH,
+        then one at a time, each chunk over the tile's rows (`row_steps`)."""
+        width, n = self.WIDTH, self.n
+        chunk = max(1, self.PER_ROW // len(self.weights)) * width
+        whole = n - n % chunk
+        vectors = n - n % width
+        if whole:
+            loop = self.lane_loop(self.cidx(whole // chunk))
+            with ir.InsertionPoint(loop.body):
+                c0 = arith.muli(loop.induction_variable, self.cidx(chunk))
+                row_steps(lambda rows: self.micro_tile(rows, c0, chunk // width))
+                scf.yield_([])
+        for c0 in range(whole, vectors, width):
+            row_steps(lambda rows: self.micro_tile(rows, self.cidx(c0), 1))
+        for c in range(vectors, n):
+            row_steps(lambda rows: self.micro_tile(rows, self.cidx(c), 0))
+
+    def micro_tile(self, rows: list, c0, count: int) -> None:
+        """Outputs [c0, c0 + count WIDTH) of panel rows `rows` (column c0
+        alone when `count` is 0): k along all of K, each k's vectors of
+        every matrix loaded once for all rows."""
+        width = self.WIDTH if count else 1
+        count = max(count, 1)
+        per_row = len(self.weights) * count
+        accs = [self.vzero(width) if width > 1 else self.cf32(0.0)
+                for _ in range(len(rows) * per_row)]
+        kloop = scf.ForOp(self.cidx(0), self.cidx(self.k), self.cidx(1), accs)
+        with ir.InsertionPoint(kloop.body):
+            kk = kloop.induction_variable
+            if width > 1:
+                b = [self.vload(w, [self.e, kk, arith.addi(c0, self.cidx(v * width))], width)
+                     for w in self.weights for v in range(count)]
+            else:
+                b = [self.load(w, [self.e, kk, c0]) for w in self.weights]
+            carried = list(kloop.inner_iter_args)
+            updated = []
+            for r, row in enumerate(rows):
+                x = memref.load(self.panel, [row, kk])
+                if width > 1:
+                    x = self.vsplat(x, width)
+                    updated += [vector.fma(x, b[j], carried[r * per_row + j])
+                                for j in range(per_row)]
+                else:
+                    updated += [arith.addf(carried[r * per_row + j], arith.mulf(x, b[j]))
+                                for j in range(per_row)]
+            scf.yield_(updated)
+        out = self.destination()
+        for r, row in enumerate(rows):
+            token, choice = self.output_pair(row)
+            for v in range(count):
+                sums = [kloop.results[r * per_row + m * count + v]
+                        for m in range(len(self.weights))]
+                value = self.finish(token, choice, sums)
+                column = arith.addi(c0, self.cidx(v * width)) if v else c0
+                if width > 1:
+                    self.vstore(value, out, [token, choice, column])
+                else:
+                    self.store(value, out, [token, choice, column])
+
+
+class MoeUpVectorCPU(ExpertVectorCPU, MoeUp):
+    """`MoeUp` by vector multiply-adds with float or fp8 w1 (and w_up),
+    gate and up over the same panel of x rows, stored as silu(gate) x up."""
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        return target.kind == "cpu" and cls.reads(op, _up_weights(op))
+
+    def emit(self) -> None:
+        self.multiply_experts(_up_weights(self.op))
+
+    def activation_row(self, token, choice) -> tuple:
+        return self.op.operands[0], [token]
+
+    def destination(self):
+        return self.op.buffers["hidden"]
+
+    def finish(self, token, choice, sums: list) -> ir.Value:
+        value = self.unary("silu", sums[0])
+        return arith.mulf(value, sums[1]) if len(sums) > 1 else value
+
+
+class MoeDownVectorCPU(ExpertVectorCPU, MoeDown):
+    """`MoeDown` by vector multiply-adds with float or fp8 w2 over a panel
+    of hidden rows, times the routing weight."""
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        return target.kind == "cpu" and cls.reads(op, [op.operands[3]])
+
+    def emit(self) -> None:
+        self.multiply_experts([self.op.operands[3]])
+
+    def activation_row(self, token, choice) -> tuple:
+        return self.op.buffers["hidden"], [token, choice]
+
+    def destination(self):
+        return self.op.buffers["partial"]
+
+    def finish(self, token, choice, sums: list) -> ir.Value:
+        weight = self.load(self.op.buffers["weights"], [token, choice])
+        if isinstance(sums[0].type, ir.VectorType):
+            weight = self.vsplat(weight, ir.VectorType(sums[0].type).shape[0])
+        return arith.mulf(weight, sums[0])
+
+
 def _up_weights(op) -> list:
     """The expert matrices the up tile reads: w1, and w_up when gated."""
     return [op.operands[2], *op.operands[4:]]
@@ -230,9 +531,15 @@ def _up_weights(op) -> list:
 
 def choose_up(op, target) -> type:
     """The up tile's kernel for moe `op` on `target`."""
-    return MoeUpPackedCPU if MoeUpPackedCPU.applies(op, target) else MoeUp
+    for kernel in (MoeUpPackedCPU, MoeUpVectorCPU):
+        if kernel.applies(op, target):
+            return kernel
+    return MoeUp
 
 
 def choose_down(op, target) -> type:
     """The down tile's kernel for moe `op` on `target`."""
-    return MoeDownPackedCPU if MoeDownPackedCPU.applies(op, target) else MoeDown
+    for kernel in (MoeDownPackedCPU, MoeDownVectorCPU):
+        if kernel.applies(op, target):
+            return kernel
+    return MoeDown

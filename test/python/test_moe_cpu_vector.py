@@ -1,0 +1,153 @@
+"""MoE layers whose experts are f32, bf16 or fp8_e4m3 on the CPU: the
+vector expert tiles (`MoeUpVectorCPU`, `MoeDownVectorCPU` in
+ops/moe_experts.py) against the NumPy reference and against the scalar
+tiles (`MoeUp`, `MoeDown`) they replace there.
+
+Layers: experts given (E, H, F) (a widened checkpoint's (in, out), the
+micro-tiles along N) and transposed (E, F, H) (Hugging Face's and FP8
+checkpoints' (out, in), the dot products along K); gated and not; H and F
+that are not multiples of the 16-lane vectors (fp8's K is a multiple of
+its blocks of 32, its N need not be); routing skewed on purpose: expert 0
+takes every token (33 slots: four whole tiles of 8 and one of 1), two
+experts none, the others a few; 1, 2, 7 and 33 tokens through one compile
+per schedule. Tolerances: f32 sums in another order (1e-5 of the output's
+largest value); bf16 outputs one rounding of their own (2^-8 of it).
+
+Models: a tiny Qwen3-MoE checkpoint in bf16 (experts (E, H, F) bf16) and
+as an FP8 checkpoint (experts packed fp8_e4m3, bf16 activations): the
+vector tiles' greedy tokens are the scalar tiles' (the same model loaded
+with the vector tiles turned off), logits within bf16 rounding."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import etc
+import etc.models as models
+from etc import packed
+from etc.models.testing import tiny_config, write_checkpoint
+from etc.ops import moe_experts
+from etc.reference import evaluate, round_bf16, topk
+
+E, TOP_K, TILE = 8, 2, 8
+TOKENS = (1, 2, 7, 33)
+#: Experts the router never picks, and the one it picks for every token.
+UNUSED, ALWAYS = (2, 6), 0
+
+#: (experts' dtype, x's dtype, transpose_w, H, F, gated)
+LAYERS = {
+    "f32": ("f32", "f32", False, 37, 23, True),
+    "f32_transposed": ("f32", "f32", True, 37, 23, True),
+    "f32_ungated": ("f32", "f32", False, 48, 80, False),
+    "bf16": ("bf16", "bf16", False, 37, 71, True),
+    "bf16_transposed": ("bf16", "bf16", True, 71, 37, True),
+    "fp8": ("fp8_e4m3", "bf16", True, 96, 64, True),
+    "fp8_f32": ("fp8_e4m3", "f32", True, 64, 96, True),
+    "fp8_ungated": ("fp8_e4m3", "f32", True, 64, 32, False),
+}
+
+
+def _graph(name: str) -> etc.Graph:
+    dtype, xdtype, transpose, h, f, gated = LAYERS[name]
+    g = etc.Graph(f"moe_{name}")
+    T = g.symbol("T")
+    x = g.input("x", (T, h), xdtype)
+    router = g.input("router", (h, E), xdtype)
+    up_shape, down_shape = ((E, f, h), (E, h, f)) if transpose else ((E, h, f), (E, f, h))
+    w_up = g.input("w_up", up_shape, dtype) if gated else None
+    g.output(g.moe(x, router, g.input("w1", up_shape, dtype), g.input("w2", down_shape, dtype),
+                   TOP_K, w_up=w_up, transpose_w=transpose, tile=TILE))
+    return g
+
+
+def _experts(name: str) -> dict:
+    dtype, _, transpose, h, f, gated = LAYERS[name]
+    rng = np.random.default_rng(len(name))
+    up_shape, down_shape = ((E, f, h), (E, h, f)) if transpose else ((E, h, f), (E, f, h))
+    shapes = {"w1": (up_shape, h), "w2": (down_shape, f)}
+    if gated:
+        shapes["w_up"] = (up_shape, h)
+    out = {}
+    for key, (shape, k) in shapes.items():
+        values = (rng.standard_normal(shape) / np.sqrt(k)).astype(np.float32)
+        # Each expert its own scale: an expert read at another's offset
+        # gives other values, not nearly the same ones.
+        values *= (1 + np.arange(E, dtype=np.float32) / 2)[:, None, None]
+        out[key] = packed.quantize(values, dtype) if dtype == "fp8_e4m3" else \
+            (round_bf16(values) if dtype == "bf16" else values)
+    return out
+
+
+def _routed_inputs(name: str, tokens: int) -> dict:
+    """x and a router that sends every token to expert ALWAYS and none to
+    UNUSED (x[:, 0] = 1 against router row 0), with a margin between the
+    k-th and (k+1)-th logit so that rounding routes as the reference."""
+    _, xdtype, _, h, _, _ = LAYERS[name]
+    rng = np.random.default_rng(tokens)
+    while True:
+        x = rng.standard_normal((tokens, h)).astype(np.float32)
+        x[:, 0] = 1.0
+        router = rng.standard_normal((h, E)).astype(np.float32) / 4
+        router[0, UNUSED] = -1e4
+        router[0, ALWAYS] = 50.0
+        if xdtype == "bf16":
+            x, router = round_bf16(x), round_bf16(router)
+        logits = x @ router
+        ordered = -np.sort(-logits, axis=-1)
+        if np.min(ordered[:, TOP_K - 1] - ordered[:, TOP_K]) > 1e-2:
+            chosen = topk(logits, TOP_K)[1]
+            assert np.all(np.any(chosen == ALWAYS, axis=1)) and not np.isin(chosen, UNUSED).any()
+            return dict(x=x, router=router)
+
+
+def _tolerance(name: str, want: np.ndarray) -> float:
+    xdtype = LAYERS[name][1]
+    return (2.0**-8 if xdtype == "bf16" else 1e-5) * float(np.abs(want).max())
+
+
+def _kernels(kernel) -> set:
+    return set(re.findall(r"_tile_(moe_\w+?)_\d+\(", kernel.ir("graph")))
+
+
+def _scalar_tiles(monkeypatch) -> None:
+    """The vector tiles turned off: the chooser falls back to the scalar
+    `MoeUp` / `MoeDown` (for kernels compiled after this)."""
+    for kernel in (moe_experts.MoeUpVectorCPU, moe_experts.MoeDownVectorCPU):
+        monkeypatch.setattr(kernel, "applies", classmethod(lambda cls, op, target: False))
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_vector_tiles_against_the_reference(name, schedule):
+    g = _graph(name)
+    kernel = etc.compile(g, target="cpu", schedule=schedule, workers=2)
+    assert {"moe_up_vector_cpu", "moe_down_vector_cpu"} <= _kernels(kernel)
+    assert not {"moe_up", "moe_down"} & _kernels(kernel)
+    weights = _experts(name)
+    run = kernel.partial(**weights)
+    for tokens in TOKENS:
+        ins = _routed_inputs(name, tokens)
+        (got,) = run.run(**ins)
+        (want,) = evaluate(g, **ins, **weights)
+        error = np.abs(np.asarray(got, np.float64) - want).max()
+        assert error <= _tolerance(name, want), (tokens, error)
+
+
+@pytest.mark.parametrize("name", ["f32", "bf16_transposed", "fp8"])
+def test_vector_tiles_equal_the_scalar_tiles(name, monkeypatch):
+    """The scalar tiles on the same inputs: the same sums in another order."""
+    g = _graph(name)
+    weights = _experts(name)
+    vector_run = etc.compile(g, target="cpu", workers=2).partial(**weights)
+    _scalar_tiles(monkeypatch)
+    kernel = etc.compile(g, target="cpu", workers=2)
+    assert {"moe_up", "moe_down"} <= _kernels(kernel)
+    scalar_run = kernel.partial(**weights)
+    for tokens in TOKENS:
+        ins = _routed_inputs(name, tokens)
+        (got,), (want,) = vector_run.run(**ins), scalar_run.run(**ins)
+        want = np.asarray(want, np.float64)
+        assert np.abs(np.asarray(got, np.float64) - want).max() <= _tolerance(name, want)
