@@ -16,7 +16,10 @@ largest value); bf16 outputs one rounding of their own (2^-8 of it).
 Models: a tiny Qwen3-MoE checkpoint in bf16 (experts (E, H, F) bf16) and
 as an FP8 checkpoint (experts packed fp8_e4m3, bf16 activations): the
 vector tiles' greedy tokens are the scalar tiles' (the same model loaded
-with the vector tiles turned off), logits within bf16 rounding."""
+with the vector tiles turned off), logits within bf16 rounding. (In f32
+the MoE models of test_models.py and test_fp8_checkpoints.py take the
+vector tiles against the NumPy forward pass.) Both broken tiles above
+change the models' tokens too."""
 
 from __future__ import annotations
 
@@ -151,3 +154,39 @@ def test_vector_tiles_equal_the_scalar_tiles(name, monkeypatch):
         (got,), (want,) = vector_run.run(**ins), scalar_run.run(**ins)
         want = np.asarray(want, np.float64)
         assert np.abs(np.asarray(got, np.float64) - want).max() <= _tolerance(name, want)
+
+
+# ----------------------------------------------------------------------
+# Whole models
+# ----------------------------------------------------------------------
+
+#: A tiny Qwen3-MoE (a dense layer, then a sparse one of 4 experts, 2 per
+#: token), widths off the vector width; FP8 wants K a multiple of 32.
+MODEL = tiny_config("Qwen3MoeForCausalLM", mlp_only_layers=[0], hidden_size=64,
+                    moe_intermediate_size=96, intermediate_size=80, vocab_size=120)
+LOAD = dict(workers=2, max_seq_len=32, attention_chunk=8, dtype="bf16", cache=False)
+PROMPTS = [[5], [1, 2, 3, 4, 5, 6, 7], list(range(20, 31))]
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp8"])
+def test_models_take_the_vector_tiles_with_the_scalar_tiles_tokens(storage, tmp_path,
+                                                                   monkeypatch):
+    """A bf16 checkpoint (experts widened to (E, H, F) bf16) and an FP8 one
+    (experts packed (E, F, H) fp8_e4m3), computed in bf16: the vector
+    tiles' greedy tokens are the scalar tiles' and their logits within
+    bf16 rounding of each other (the routing of the same bf16 values)."""
+    options = dict(fp8_block=(32, 32)) if storage == "fp8" else {}
+    path = write_checkpoint(tmp_path / storage, MODEL, dtype="BF16", seed=3, **options)
+    fast = models.load(path, **LOAD)
+    assert bool(fast.weight_formats) == (storage == "fp8")
+    graph = fast.kernels[0].ir("graph")
+    assert "moe_up_vector_cpu" in graph and "moe_down_vector_cpu" in graph
+    got = fast.generate(PROMPTS, 6, return_logits=True)
+    _scalar_tiles(monkeypatch)
+    slow = models.load(path, **LOAD)
+    assert "moe_up_vector_cpu" not in slow.kernels[0].ir("graph")
+    want = slow.generate(PROMPTS, 6, return_logits=True)
+    assert got.tokens == want.tokens
+    for here, there in zip(got.logits, want.logits):
+        here, there = np.asarray(here), np.asarray(there)
+        assert np.abs(here - there).max() <= 2.0**-6 * np.abs(there).max()
