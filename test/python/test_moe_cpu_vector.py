@@ -6,7 +6,8 @@ tiles (`MoeUp`, `MoeDown`) they replace there.
 Layers: experts given (E, H, F) (a widened checkpoint's (in, out), the
 micro-tiles along N) and transposed (E, F, H) (Hugging Face's and FP8
 checkpoints' (out, in), the dot products along K); gated and not; H and F
-that are not multiples of the 16-lane vectors (fp8's K is a multiple of
+that are not multiples of the 16-lane vectors (or of the 128-column
+chunks; fp8's K is a multiple of
 its blocks of 32, its N need not be); routing skewed on purpose: expert 0
 takes every token (33 slots: four whole tiles of 8 and one of 1), two
 experts none, the others a few; 1, 2, 7 and 33 tokens through one compile
@@ -44,7 +45,7 @@ UNUSED, ALWAYS = (2, 6), 0
 LAYERS = {
     "f32": ("f32", "f32", False, 37, 23, True),
     "f32_transposed": ("f32", "f32", True, 37, 23, True),
-    "f32_ungated": ("f32", "f32", False, 48, 80, False),
+    "f32_ungated": ("f32", "f32", False, 150, 80, False),
     "bf16": ("bf16", "bf16", False, 37, 71, True),
     "bf16_transposed": ("bf16", "bf16", True, 71, 37, True),
     "fp8": ("fp8_e4m3", "bf16", True, 96, 64, True),
@@ -190,3 +191,24 @@ def test_models_take_the_vector_tiles_with_the_scalar_tiles_tokens(storage, tmp_
     for here, there in zip(got.logits, want.logits):
         here, there = np.asarray(here), np.asarray(there)
         assert np.abs(here - there).max() <= 2.0**-6 * np.abs(there).max()
+
+
+def test_tiles_past_the_stack_budget_stay_scalar():
+    """An up tile whose panel of rows would pass STACK_BYTES (64 slots of
+    4096 f32 values: 1 MB) takes the scalar `MoeUp`, still correct; the
+    down tile's (64 x 16) the vector one."""
+    g = etc.Graph("wide")
+    T = g.symbol("T")
+    x = g.input("x", (T, 4096), "f32")
+    g.output(g.moe(x, g.input("router", (4096, 4), "f32"), g.input("w1", (4, 4096, 16), "f32"),
+                   g.input("w2", (4, 16, 4096), "f32"), 2, tile=64))
+    assert 64 * 4096 * 4 > moe_experts.ExpertVectorCPU.STACK_BYTES
+    kernel = etc.compile(g, target="cpu", workers=2)
+    assert {"moe_up", "moe_down_vector_cpu"} <= _kernels(kernel)
+    rng = np.random.default_rng(1)
+    ins = dict(x=rng.standard_normal((3, 4096)).astype(np.float32),
+               router=rng.standard_normal((4096, 4)).astype(np.float32) / 64,
+               w1=rng.standard_normal((4, 4096, 16)).astype(np.float32) / 64,
+               w2=rng.standard_normal((4, 16, 4096)).astype(np.float32) / 4)
+    (got,), (want,) = kernel.run(**ins), evaluate(g, **ins)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()

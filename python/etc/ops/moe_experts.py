@@ -240,26 +240,39 @@ class ExpertVectorCPU(ExpertTile):
     together (`each_sum`); fp8_e4m3 vectors are dequantized as they are
     loaded (`matmul_fp8.dequantized`, the values of
     `etc.packed.dequantize`). Experts (E, K, N) (a widened checkpoint's
-    (in, out)) take `MatmulCPU`'s micro-tiles: ROWS panel rows by
-    PER_ROW / matrices vectors of 16 columns of each matrix, each k
-    loading the chunk's vectors of row k once for all rows. Rows past the
-    last group of ROWS go one at a time; columns past the last block or
-    chunk are computed again from the last one (dot products) or go by
-    vectors of 16 and then one by one (micro-tiles); K past the last
-    vector by scalar products: any H and F.
+    (in, out)) take `MatmulCPU.emit_streamed`'s order: k outermost, each
+    step reading KSTEP rows of every matrix across a chunk of columns
+    (all of N for tiles of at most FEW_ROWS rows: long runs, as decode
+    wants; CHUNK columns for more, whose sums stay in L1), each vector
+    loaded once for ROWS panel rows, the sums in a stack buffer. (A
+    register micro-tile of 32 columns down all of K read the weights at
+    6.4 GB/s at B = 1, in short runs; streamed whole rows at 18-23 GB/s.)
+    Rows past the last group of ROWS go one at a time; columns past the
+    last block are computed again from the last one (dot products) or go
+    one by one past the last vector (streamed); K past the last vector or
+    step by scalar products: any H and F.
 
     The sums are f32 over f32 products of the widened values, as `MoeUp`
     and `MoeDown` compute them, in another order."""
 
-    #: Panel rows each block or micro-tile shares every weight load over.
+    #: Panel rows each dot block or streamed step shares every weight
+    #: vector over.
     ROWS = 4
-    #: Accumulators (16 lanes) per panel row: columns of a transposed
-    #: block, or vectors of a micro-tile's chunk, times the matrices.
+    #: Accumulators (16 lanes) per panel row of a dot block: its columns
+    #: times the matrices.
     PER_ROW = 4
     #: f32 lanes per vector (one AVX-512 register).
     WIDTH = 16
-    #: The largest panel (a stack buffer): tile rows x K x 4 bytes.
-    PANEL_BYTES = 512 * 1024
+    #: (E, K, N) experts: rows of each matrix every step reads, tiles of
+    #: at most FEW_ROWS rows whose steps read whole rows (N wide), and the
+    #: columns per chunk of tiles of more.
+    KSTEP = 4
+    FEW_ROWS = 4
+    CHUNK = 128
+    #: The most stack the tile's buffers may take: the panel (tile rows x
+    #: K x 4 bytes) and the streamed sums; larger tiles take `MoeUp` /
+    #: `MoeDown` (the worker threads' stacks are the platform's default).
+    STACK_BYTES = 512 * 1024
     #: Expert dtypes the tiles read.
     DTYPES = ("f32", "bf16", "f16", "fp8_e4m3")
 
@@ -269,16 +282,21 @@ class ExpertVectorCPU(ExpertTile):
 
     @classmethod
     def reads(cls, op, weights: list) -> bool:
-        """Whether the tiles can read `weights`: the CPU's own kernels
-        (`kernels="cuda"` simulates the CUDA ones), every matrix in DTYPES,
-        static K and N, and a panel of the tile's rows within
-        PANEL_BYTES."""
-        if not all(w.dtype in cls.DTYPES for w in weights):
+        """Whether the tiles can read `weights`: every matrix in DTYPES
+        (fp8_e4m3 transposed, as packed experts are), static K and N, and
+        the tile's stack buffers within STACK_BYTES."""
+        transposed = op.params.get("transpose_w")
+        if not all(w.dtype in cls.DTYPES and (transposed or w.dtype != "fp8_e4m3")
+                   for w in weights):
             return False
         if not all(isinstance(d, int) for w in weights for d in w.shape):
             return False
-        k = weights[0].shape[2 if op.params.get("transpose_w") else 1]
-        return op.tile[0] * k * 4 <= cls.PANEL_BYTES
+        _, n, k = weights[0].shape if transposed else (None, *weights[0].shape[2:0:-1])
+        rows = op.tile[0]
+        stack = rows * k * 4
+        if not transposed:
+            stack += len(weights) * 4 * (cls.FEW_ROWS * n + rows * min(n, cls.CHUNK))
+        return stack <= cls.STACK_BYTES
 
     def activation_row(self, token, choice) -> tuple:
         """The tensor and leading indices of the row of activations of
@@ -323,7 +341,7 @@ class ExpertVectorCPU(ExpertTile):
         if transposed:
             self.transposed_blocks(row_steps)
         else:
-            self.column_chunks(row_steps)
+            self.streamed_rows(rows)
 
     def gather(self, rows) -> None:
         """The panel's rows: row r the activations of the tile's slot
@@ -415,67 +433,137 @@ class ExpertVectorCPU(ExpertTile):
                 sums = [totals[r * per_row + m * nc + c] for m in range(nw)]
                 self.store(self.finish(token, choice, sums), out, [token, choice, n])
 
-    # -- experts (E, K, N): micro-tiles along N ----------------------------
+    # -- experts (E, K, N): rows of the matrices streamed ---------------------
 
-    def column_chunks(self, row_steps) -> None:
-        """The columns in chunks of CHUNK vectors, then vectors of WIDTH,
-        then one at a time, each chunk over the tile's rows (`row_steps`)."""
-        width, n = self.WIDTH, self.n
-        chunk = max(1, self.PER_ROW // len(self.weights)) * width
-        whole = n - n % chunk
-        vectors = n - n % width
+    def streamed_rows(self, rows) -> None:
+        """Up to FEW_ROWS rows (decode): each k step reads KSTEP whole rows
+        of every matrix, N wide, one long run each, into sums of all of N
+        (`stream_chunk`); more rows: the same by chunks of CHUNK columns,
+        whose sums for the tile's rows stay in L1."""
+        few = arith.cmpi(arith.CmpIPredicate.ule, rows, self.cidx(self.FEW_ROWS))
+        branch = scf.IfOp(few, has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            self.stream_columns(rows, self.n, self.FEW_ROWS)
+            scf.yield_([])
+        with ir.InsertionPoint(branch.else_block):
+            self.stream_columns(rows, min(self.n, self.CHUNK), self.op.tile[0])
+            scf.yield_([])
+
+    def stream_columns(self, rows, chunk: int, most: int) -> None:
+        """N by chunks of `chunk` columns (the last one narrower), each
+        over the tile's `rows` (at most `most`)."""
+        nw = len(self.weights)
+        sums = self.entry_alloca(ir.MemRefType.get([nw, most, chunk], self.f32))
+        whole = self.n - self.n % chunk
         if whole:
             loop = self.lane_loop(self.cidx(whole // chunk))
             with ir.InsertionPoint(loop.body):
-                c0 = arith.muli(loop.induction_variable, self.cidx(chunk))
-                row_steps(lambda rows: self.micro_tile(rows, c0, chunk // width))
+                self.stream_chunk(sums, rows, arith.muli(loop.induction_variable,
+                                                         self.cidx(chunk)), chunk)
                 scf.yield_([])
-        for c0 in range(whole, vectors, width):
-            row_steps(lambda rows: self.micro_tile(rows, self.cidx(c0), 1))
-        for c in range(vectors, n):
-            row_steps(lambda rows: self.micro_tile(rows, self.cidx(c), 0))
+        if self.n % chunk:
+            self.stream_chunk(sums, rows, self.cidx(whole), self.n % chunk)
 
-    def micro_tile(self, rows: list, c0, count: int) -> None:
-        """Outputs [c0, c0 + count WIDTH) of panel rows `rows` (column c0
-        alone when `count` is 0): k along all of K, each k's vectors of
-        every matrix loaded once for all rows."""
-        width = self.WIDTH if count else 1
-        count = max(count, 1)
-        per_row = len(self.weights) * count
-        accs = [self.vzero(width) if width > 1 else self.cf32(0.0)
-                for _ in range(len(rows) * per_row)]
-        kloop = scf.ForOp(self.cidx(0), self.cidx(self.k), self.cidx(1), accs)
-        with ir.InsertionPoint(kloop.body):
-            kk = kloop.induction_variable
-            if width > 1:
-                b = [self.vload(w, [self.e, kk, arith.addi(c0, self.cidx(v * width))], width)
-                     for w in self.weights for v in range(count)]
+    def stream_chunk(self, sums, rows, c0, width: int) -> None:
+        """Outputs [c0, c0 + width) of the tile's `rows`: k outermost, each
+        step of KSTEP reading those rows of every matrix once and adding
+        their products with each panel row's KSTEP values to its sums
+        (`sums`, [matrix, row, column]); then each row's outputs stored."""
+        vectors = width - width % self.WIDTH
+        vtype = self.vtype(self.WIDTH)
+        zero = self.vzero(self.WIDTH)
+
+        def columns(body) -> None:
+            """`body(column, lanes)` for the chunk's vectors, then its
+            columns past the last vector one at a time."""
+            if vectors:
+                loop = scf.ForOp(self.cidx(0), self.cidx(vectors), self.cidx(self.WIDTH))
+                with ir.InsertionPoint(loop.body):
+                    body(loop.induction_variable, self.WIDTH)
+                    scf.yield_([])
+            for column in range(vectors, width):
+                body(self.cidx(column), 1)
+
+        def load(m, row, column, lanes: int):
+            if lanes > 1:
+                return vector.load(vtype, sums, [self.cidx(m), row, column])
+            return memref.load(sums, [self.cidx(m), row, column])
+
+        def store(value, m, row, column, lanes: int) -> None:
+            if lanes > 1:
+                vector.store(value, sums, [self.cidx(m), row, column])
             else:
-                b = [self.load(w, [self.e, kk, c0]) for w in self.weights]
-            carried = list(kloop.inner_iter_args)
-            updated = []
-            for r, row in enumerate(rows):
-                x = memref.load(self.panel, [row, kk])
-                if width > 1:
-                    x = self.vsplat(x, width)
-                    updated += [vector.fma(x, b[j], carried[r * per_row + j])
-                                for j in range(per_row)]
-                else:
-                    updated += [arith.addf(carried[r * per_row + j], arith.mulf(x, b[j]))
-                                for j in range(per_row)]
-            scf.yield_(updated)
+                memref.store(value, sums, [self.cidx(m), row, column])
+
+        each_row = scf.ForOp(self.cidx(0), rows, self.cidx(1))
+        with ir.InsertionPoint(each_row.body):
+            row = each_row.induction_variable
+            columns(lambda column, lanes: [
+                store(zero if lanes > 1 else self.cf32(0.0), m, row, column, lanes)
+                for m in range(len(self.weights))])
+            scf.yield_([])
+
+        groups = arith.muli(arith.divui(rows, self.cidx(self.ROWS)), self.cidx(self.ROWS))
+
+        def step(k, depth: int) -> None:
+            """Adds the products of rows [k, k + depth) of the matrices,
+            each vector of them loaded once for ROWS panel rows."""
+            ks = [arith.addi(k, self.cidx(j)) if j else k for j in range(depth)]
+
+            def add_rows(panel_rows: list) -> None:
+                xs = [[memref.load(self.panel, [row, kk]) for kk in ks] for row in panel_rows]
+                splats = [[self.vsplat(x, self.WIDTH) for x in row_xs] for row_xs in xs]
+
+                def add(column, lanes: int) -> None:
+                    at = arith.addi(c0, column)
+                    for m, w in enumerate(self.weights):
+                        if lanes > 1:
+                            ws = [self.vload(w, [self.e, kk, at], lanes) for kk in ks]
+                        else:
+                            ws = [self.load(w, [self.e, kk, at]) for kk in ks]
+                        for r, row in enumerate(panel_rows):
+                            total = load(m, row, column, lanes)
+                            for j in range(depth):
+                                total = vector.fma(splats[r][j], ws[j], total) if lanes > 1 \
+                                    else arith.addf(total, arith.mulf(xs[r][j], ws[j]))
+                            store(total, m, row, column, lanes)
+                columns(add)
+
+            in_groups = scf.ForOp(self.cidx(0), groups, self.cidx(self.ROWS))
+            with ir.InsertionPoint(in_groups.body):
+                row = in_groups.induction_variable
+                add_rows([arith.addi(row, self.cidx(r)) if r else row for r in range(self.ROWS)])
+                scf.yield_([])
+            rest = scf.ForOp(groups, rows, self.cidx(1))
+            with ir.InsertionPoint(rest.body):
+                add_rows([rest.induction_variable])
+                scf.yield_([])
+
+        kstep = self.KSTEP
+        whole = self.k - self.k % kstep
+        if whole:
+            kloop = scf.ForOp(self.cidx(0), self.cidx(whole), self.cidx(kstep))
+            with ir.InsertionPoint(kloop.body):
+                step(kloop.induction_variable, kstep)
+                scf.yield_([])
+        for kk in range(whole, self.k):
+            step(self.cidx(kk), 1)
         out = self.destination()
-        for r, row in enumerate(rows):
+        finish = scf.ForOp(self.cidx(0), rows, self.cidx(1))
+        with ir.InsertionPoint(finish.body):
+            row = finish.induction_variable
             token, choice = self.output_pair(row)
-            for v in range(count):
-                sums = [kloop.results[r * per_row + m * count + v]
-                        for m in range(len(self.weights))]
-                value = self.finish(token, choice, sums)
-                column = arith.addi(c0, self.cidx(v * width)) if v else c0
-                if width > 1:
-                    self.vstore(value, out, [token, choice, column])
+
+            def put(column, lanes: int) -> None:
+                value = self.finish(token, choice, [load(m, row, column, lanes)
+                                                    for m in range(len(self.weights))])
+                index = [token, choice, arith.addi(c0, column)]
+                if lanes > 1:
+                    self.vstore(value, out, index)
                 else:
-                    self.store(value, out, [token, choice, column])
+                    self.store(value, out, index)
+            columns(put)
+            scf.yield_([])
 
 
 class MoeUpVectorCPU(ExpertVectorCPU, MoeUp):
