@@ -65,6 +65,14 @@ def dequantized(kernel, t, row, k, width: int) -> ir.Value:
     """`width` values of fp8_e4m3 tensor `t` from [row, k] (k a multiple of
     `width`, which divides the block of 32: the values lie in one block) as
     an f32 vector."""
+    return arith.mulf(unscaled(kernel, t, row, k, width),
+                      kernel.vsplat(block_scale(kernel, t, row, k), width))
+
+
+def unscaled(kernel, t, row, k, width: int) -> ir.Value:
+    """`width` e4m3 values of fp8_e4m3 tensor `t` from [row, k] (as for
+    `dequantized`) as f32 vector of their values / 256, without their
+    block's scale (`block_scale`)."""
     base = arith.muli(arith.divui(k, kernel.cidx(FP8.block)), kernel.cidx(FP8.nbytes))
     at = arith.addi(arith.addi(base, kernel.cidx(4)), arith.remui(k, kernel.cidx(FP8.block)))
     i8, i16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(16)
@@ -77,12 +85,19 @@ def dequantized(kernel, t, row, k, width: int) -> ir.Value:
         q.type, ir.IntegerAttr.get(i16, value)))
     bits = arith.andi(arith.shli(q, splat(7)), splat(0xBF80 - 0x10000))
     half = vector.bitcast(ir.VectorType.get([width], ir.F16Type.get()), bits)
-    four = vector.load(ir.VectorType.get([4], i8), kernel.buf(t), row_at(row, base))
+    return arith.extf(kernel.vtype(width), half)
+
+
+def block_scale(kernel, t, row, k) -> ir.Value:
+    """256 times the scale s of the block of fp8_e4m3 tensor `t` that holds
+    [row, k]: `unscaled` values times it are `etc.packed.dequantize`'s
+    (256 s is exact, s < 2^120, so the product is dequantize's (x 256) s,
+    rounded once the same way)."""
+    base = arith.muli(arith.divui(k, kernel.cidx(FP8.block)), kernel.cidx(FP8.nbytes))
+    four = vector.load(ir.VectorType.get([4], ir.IntegerType.get_signless(8)), kernel.buf(t),
+                       row_at(row, base))
     scale = vector.extract(vector.bitcast(kernel.vtype(1), four), [], [0])
-    # x (256 s) in one multiply: 256 s is exact (s < 2^120), so the product
-    # is dequantize's (x 256) s, rounded once the same way.
-    scaled = arith.mulf(scale, kernel.cf32(256.0))
-    return arith.mulf(arith.extf(kernel.vtype(width), half), kernel.vsplat(scaled, width))
+    return arith.mulf(scale, kernel.cf32(256.0))
 
 
 class MatmulFp8CPU(MatmulCPU):

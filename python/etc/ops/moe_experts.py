@@ -34,7 +34,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, memref, scf, vector
 
-from .matmul_fp8 import dequantized
+from .matmul_fp8 import FP8, block_scale, dequantized, unscaled
 from .matmul_packed import MatmulPackedCPU, PackedDotsCPU
 from .variants import PartKernel
 
@@ -236,10 +236,12 @@ class ExpertVectorCPU(ExpertTile):
     Experts given transposed (E, N, K) (rows along K: Hugging Face's and
     llama.cpp's (out, in), FP8 checkpoints) take `MatmulCPU`'s dot
     products: blocks of ROWS panel rows by PER_ROW / matrices rows of each
-    matrix, a 16-lane accumulator per output along K, summed across lanes
-    together (`each_sum`); fp8_e4m3 vectors are dequantized as they are
-    loaded (`matmul_fp8.dequantized`, the values of
-    `etc.packed.dequantize`). Experts (E, K, N) (a widened checkpoint's
+    matrix (a single row by COLUMNS / matrices), a 16-lane accumulator per
+    output along K, summed across lanes together (`each_sum`); fp8_e4m3
+    rows are converted as they are loaded, a block of 32 at a time, their
+    products with each panel row summed before one multiply by the block's
+    scale (`matmul_fp8.unscaled`, `block_scale`: `etc.packed.dequantize`'s
+    values up to the rounding of that product). Experts (E, K, N) (a widened checkpoint's
     (in, out)) take `MatmulCPU.emit_streamed`'s order: k outermost, each
     step reading KSTEP rows of every matrix across a chunk of columns
     (all of N for tiles of at most FEW_ROWS rows: long runs, as decode
@@ -258,9 +260,13 @@ class ExpertVectorCPU(ExpertTile):
     #: Panel rows each dot block or streamed step shares every weight
     #: vector over.
     ROWS = 4
-    #: Accumulators (16 lanes) per panel row of a dot block: its columns
-    #: times the matrices.
+    #: Accumulators (16 lanes) per panel row of a dot block of ROWS rows
+    #: (its columns times the matrices), and of a single row: the columns
+    #: of a group (COLUMNS / matrices) times the matrices. 16 for a single
+    #: row took 0.75x the time of 4 at B = 1 with fp8 experts (one
+    #: worker), 8 the same as 4.
     PER_ROW = 4
+    COLUMNS = 16
     #: f32 lanes per vector (one AVX-512 register).
     WIDTH = 16
     #: (E, K, N) experts: rows of each matrix every step reads, tiles of
@@ -322,26 +328,14 @@ class ExpertVectorCPU(ExpertTile):
         self.first, rows = self.slot_range()
         self.panel = self.entry_alloca(ir.MemRefType.get([self.op.tile[0], self.k], self.f32))
         self.gather(rows)
-        groups = arith.divui(rows, self.cidx(self.ROWS))
-        whole = arith.muli(groups, self.cidx(self.ROWS))
-
-        def row_steps(body) -> None:
-            """`body(rows)` for groups of ROWS panel rows, then the rest
-            one at a time."""
-            steps = scf.ForOp(self.cidx(0), whole, self.cidx(self.ROWS))
-            with ir.InsertionPoint(steps.body):
-                row = steps.induction_variable
-                body([arith.addi(row, self.cidx(r)) if r else row for r in range(self.ROWS)])
-                scf.yield_([])
-            rest = scf.ForOp(whole, rows, self.cidx(1))
-            with ir.InsertionPoint(rest.body):
-                body([rest.induction_variable])
-                scf.yield_([])
-
         if transposed:
-            self.transposed_blocks(row_steps)
+            self.transposed_blocks(rows)
         else:
             self.streamed_rows(rows)
+
+    def output_pair(self, local) -> tuple:
+        """The (token, choice) pair of panel row `local`."""
+        return self.pair(arith.addi(self.first, local))
 
     def gather(self, rows) -> None:
         """The panel's rows: row r the activations of the tile's slot
@@ -370,26 +364,37 @@ class ExpertVectorCPU(ExpertTile):
             return dequantized(self, w, [self.e, n], k, self.WIDTH)
         return self.vload(w, [self.e, n, k], self.WIDTH)
 
-    def output_pair(self, local) -> tuple:
-        """The (token, choice) pair of panel row `local`."""
-        return self.pair(arith.addi(self.first, local))
-
     # -- experts (E, N, K): dot products along K ---------------------------
 
-    def transposed_blocks(self, row_steps) -> None:
-        """Every column in blocks of COLS (the last block's columns past N
-        computed again from the last one, stored to its place), each over
-        the tile's rows (`row_steps`) while its rows of the matrices stay
-        in L1."""
-        cols = max(1, self.PER_ROW // len(self.weights))
+    def transposed_blocks(self, rows) -> None:
+        """Every column in groups of COLUMNS / matrices (the last group's
+        columns past N computed again from the last one, stored to its
+        place), each over the tile's rows while its rows of the matrices
+        stay in the caches: groups of ROWS rows by blocks of PER_ROW /
+        matrices of its columns, then the rows left one at a time by the
+        whole group (16 accumulators: more weight rows read at once at
+        decode)."""
+        nw = len(self.weights)
+        cols, narrow = max(1, self.COLUMNS // nw), max(1, self.PER_ROW // nw)
         groups = -(-self.n // cols)
         last = self.cidx(self.n - 1)
+        whole = arith.muli(arith.divui(rows, self.cidx(self.ROWS)), self.cidx(self.ROWS))
         loop = self.lane_loop(self.cidx(groups))
         with ir.InsertionPoint(loop.body):
             col = arith.muli(loop.induction_variable, self.cidx(cols))
             columns = [arith.minui(arith.addi(col, self.cidx(c)), last) if c else col
                        for c in range(cols)]
-            row_steps(lambda rows: self.dot_block(rows, columns))
+            steps = scf.ForOp(self.cidx(0), whole, self.cidx(self.ROWS))
+            with ir.InsertionPoint(steps.body):
+                row = steps.induction_variable
+                block = [arith.addi(row, self.cidx(r)) if r else row for r in range(self.ROWS)]
+                for c in range(0, cols, narrow):
+                    self.dot_block(block, columns[c:c + narrow])
+                scf.yield_([])
+            rest = scf.ForOp(whole, rows, self.cidx(1))
+            with ir.InsertionPoint(rest.body):
+                self.dot_block([rest.induction_variable], columns)
+                scf.yield_([])
             scf.yield_([])
 
     def dot_block(self, rows: list, columns: list) -> None:
@@ -402,7 +407,9 @@ class ExpertVectorCPU(ExpertTile):
         nw, nc = len(self.weights), len(columns)
         per_row = nw * nc
         accs = [self.vzero(width) for _ in range(len(rows) * per_row)]
-        if vector_k:
+        if all(w.dtype == "fp8_e4m3" for w in self.weights):
+            accs = self.fp8_dots(rows, columns, accs)
+        elif vector_k:
             kloop = scf.ForOp(self.cidx(0), self.cidx(vector_k), self.cidx(width), accs)
             with ir.InsertionPoint(kloop.body):
                 kk = kloop.induction_variable
@@ -432,6 +439,36 @@ class ExpertVectorCPU(ExpertTile):
             for c, n in enumerate(columns):
                 sums = [totals[r * per_row + m * nc + c] for m in range(nw)]
                 self.store(self.finish(token, choice, sums), out, [token, choice, n])
+
+    def fp8_dots(self, rows: list, columns: list, accs: list) -> list:
+        """`dot_block`'s accumulators for fp8_e4m3 matrices (K a multiple of
+        their blocks of 32), a block of each column at a time: its 32
+        values converted without their scale (`matmul_fp8.unscaled`), their
+        products with each row summed in 16 lanes, then added to the
+        accumulator times the block's scale (`block_scale`): one scale
+        load and multiply per block and column, not one per 16 values."""
+        width, block = self.WIDTH, FP8.block
+        per_row = len(self.weights) * len(columns)
+        kloop = scf.ForOp(self.cidx(0), self.cidx(self.k), self.cidx(block), accs)
+        with ir.InsertionPoint(kloop.body):
+            kk = kloop.induction_variable
+            k_half = arith.addi(kk, self.cidx(width))
+            a = [[vector.load(self.vtype(width), self.panel, [row, at]) for at in (kk, k_half)]
+                 for row in rows]
+            carried = list(kloop.inner_iter_args)
+            updated = list(carried)
+            j = 0
+            for w in self.weights:
+                for n in columns:
+                    q = [unscaled(self, w, [self.e, n], at, width) for at in (kk, k_half)]
+                    scale = self.vsplat(block_scale(self, w, [self.e, n], kk), width)
+                    for r in range(len(rows)):
+                        products = vector.fma(a[r][1], q[1], arith.mulf(a[r][0], q[0]))
+                        index = r * per_row + j
+                        updated[index] = vector.fma(scale, products, carried[index])
+                    j += 1
+            scf.yield_(updated)
+        return list(kloop.results)
 
     # -- experts (E, K, N): rows of the matrices streamed ---------------------
 
