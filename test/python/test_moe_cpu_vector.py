@@ -34,7 +34,9 @@ import etc.models as models
 from etc import packed
 from etc.models.testing import tiny_config, write_checkpoint
 from etc.ops import moe_experts
-from etc.reference import evaluate, round_bf16, topk
+from etc.reference import evaluate, round_bf16
+
+from moe_routing import routed_inputs
 
 E, TOP_K, TILE = 8, 2, 8
 TOKENS = (1, 2, 7, 33)
@@ -86,25 +88,10 @@ def _experts(name: str) -> dict:
 
 
 def _routed_inputs(name: str, tokens: int) -> dict:
-    """x and a router that sends every token to expert ALWAYS and none to
-    UNUSED (x[:, 0] = 1 against router row 0), with a margin between the
-    k-th and (k+1)-th logit so that rounding routes as the reference."""
+    """x and a router that send every token to expert ALWAYS and none to
+    UNUSED (`routed_inputs`)."""
     _, xdtype, _, h, _, _ = LAYERS[name]
-    rng = np.random.default_rng(tokens)
-    while True:
-        x = rng.standard_normal((tokens, h)).astype(np.float32)
-        x[:, 0] = 1.0
-        router = rng.standard_normal((h, E)).astype(np.float32) / 4
-        router[0, UNUSED] = -1e4
-        router[0, ALWAYS] = 50.0
-        if xdtype == "bf16":
-            x, router = round_bf16(x), round_bf16(router)
-        logits = x @ router
-        ordered = -np.sort(-logits, axis=-1)
-        if np.min(ordered[:, TOP_K - 1] - ordered[:, TOP_K]) > 1e-2:
-            chosen = topk(logits, TOP_K)[1]
-            assert np.all(np.any(chosen == ALWAYS, axis=1)) and not np.isin(chosen, UNUSED).any()
-            return dict(x=x, router=router)
+    return routed_inputs(tokens, h, E, TOP_K, UNUSED, always=ALWAYS, dtype=xdtype, margin=1e-2)
 
 
 def _tolerance(name: str, want: np.ndarray) -> float:

@@ -38,6 +38,8 @@ import etc
 from etc import packed
 from etc.reference import evaluate, topk
 
+from moe_routing import routed_inputs
+
 H, F, E, TOP_K, TILE = 256, 256, 8, 2, 8
 #: (gate, up, down) formats of each layer: every format once.
 LAYERS = [("q4_k", "q8_0", "q6_k"), ("q5_0", "q5_k", "q4_0"), ("q4_1", "iq4_nl", "q5_1")]
@@ -72,19 +74,8 @@ def _experts() -> dict:
 
 
 def _routed_inputs(tokens: int) -> dict:
-    """x and a router that never picks the UNUSED experts (x[:, 0] = 1
-    with router row 0 at -1e4 for them), with a margin between the k-th
-    and (k+1)-th logit so that float rounding routes as the reference
-    does."""
-    rng = np.random.default_rng(tokens)
-    while True:
-        x = rng.standard_normal((tokens, H)).astype(np.float32)
-        x[:, 0] = 1.0
-        router = rng.standard_normal((H, E)).astype(np.float32) / 4
-        router[0, UNUSED] = -1e4
-        ordered = -np.sort(-(x @ router), axis=-1)
-        if np.min(ordered[:, TOP_K - 1] - ordered[:, TOP_K]) > 1e-3:
-            return dict(x=x, router=router)
+    """x and a router that never picks the UNUSED experts (`routed_inputs`)."""
+    return routed_inputs(tokens, H, E, TOP_K, UNUSED)
 
 
 def _silu(v):
