@@ -10,20 +10,34 @@ transposes (E, F, H) / (E, H, F): rows of their inputs' values, llama.cpp's
 layout and the one packed experts (a format of `etc.packed`) are stored in.
 
 Kernels:
-* `MoeUp`, `MoeDown` (every target; on CUDA a lane is a thread): one
-  output element per lane iteration with a serial reduction. They read
-  experts of any dtype through `TileKernel.load`, which dequantizes a
-  packed expert's values one at a time in registers (`packed_loads`, the
-  float32 operations of `etc.packed.dequantize`): the widened experts'
-  products up to the order of the sums.
+* `MoeUp`, `MoeDown` (CUDA, where a lane is a thread, and what the CPU
+  kernels below do not take: an up tile mixing packed and float
+  matrices, a tile whose stack buffers would pass
+  `ExpertVectorCPU.STACK_BYTES`): one output element per lane iteration
+  with a serial reduction. They read experts of any dtype through
+  `TileKernel.load`, which dequantizes a packed expert's values one at a
+  time in registers (`packed_loads`, the float32 operations of
+  `etc.packed.dequantize`): the widened experts' products up to the
+  order of the sums.
 * `MoeUpPackedCPU`, `MoeDownPackedCPU` (the CPU, experts in a GGML block
-  format; fp8_e4m3 experts take `MoeUp`, `MoeDown`): the
-  packed matmul's int8 dot products (`matmul_packed.PackedDotsCPU`, as
-  `MatmulPackedCPU` computes a dense layer): the tile's rows of
-  activations (x[t], or hidden[t, c] for down) are quantized once into a
-  stack panel, then multiplied with expert e's rows of blocks (the
-  stacked weight's rows [e, n], byte offset e N row bytes), gate and up
-  one after the other over the same panel.
+  format): the packed matmul's int8 dot products
+  (`matmul_packed.PackedDotsCPU`, as `MatmulPackedCPU` computes a dense
+  layer): the tile's rows of activations (x[t], or hidden[t, c] for down)
+  are quantized once into a stack panel, then multiplied with expert e's
+  rows of blocks (the stacked weight's rows [e, n], byte offset e N row
+  bytes), gate and up one after the other over the same panel.
+* `MoeUpVectorCPU`, `MoeDownVectorCPU` (the CPU, f32, bf16, f16 and
+  fp8_e4m3 experts): the tile's rows of activations gathered once into an
+  f32 stack panel, then expert e's matrices streamed against it in
+  vectors (`ExpertVectorCPU`): transposed experts by `MatmulCPU`'s dot
+  blocks (fp8 rows converted as loaded, `matmul_fp8`'s
+  `unscaled` / `block_scale`), (E, K, N) experts by whole rows, k
+  outermost, as `MatmulCPU.emit_streamed`. One Qwen3-30B-A3B-width
+  layer (H 2048, F 768, 32 experts, 8 per token), 2 workers
+  (`bench/moe_cpu.py`, docs/benchmarks.md "Decisions measured"): bf16
+  experts B = 1 / 8 / 32 2.2 / 9.9 / 20.9 ms against 38.5 / 301 / 1,168
+  in the scalar tiles (B = 1: the 75.5 MB of the routed experts at 34
+  GB/s, the memory's rate).
 
 Every kernel keeps the tasks' footprints and events: only the tile's reads
 of the experts differ.
