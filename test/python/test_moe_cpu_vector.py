@@ -180,6 +180,46 @@ def test_models_take_the_vector_tiles_with_the_scalar_tiles_tokens(storage, tmp_
         assert np.abs(here - there).max() <= 2.0**-6 * np.abs(there).max()
 
 
+def test_f16_experts_and_fp8_beside_bf16_ones():
+    """f16 experts (E, H, F) under f16 x; a transposed up tile whose gate
+    is fp8_e4m3 and up bf16 (each 16 values of the gate dequantized as
+    loaded) beside a bf16 down: the reference's values, up to the
+    output's rounding (2^-10 of its largest for f16, 2^-8 for bf16)."""
+    rng = np.random.default_rng(5)
+    h, f = 40, 24
+    g = etc.Graph("f16")
+    T = g.symbol("T")
+    x = g.input("x", (T, h), "f16")
+    g.output(g.moe(x, g.input("router", (h, E), "f16"), g.input("w1", (E, h, f), "f16"),
+                   g.input("w2", (E, f, h), "f16"), TOP_K, w_up=g.input("wu", (E, h, f), "f16"),
+                   tile=TILE))
+    halves = {name: (rng.standard_normal(shape) / 6).astype(np.float16)
+              for name, shape in (("w1", (E, h, f)), ("w2", (E, f, h)), ("wu", (E, h, f)))}
+    h, f = 64, 96
+    m = etc.Graph("mixed")
+    T = m.symbol("T")
+    x = m.input("x", (T, h), "bf16")
+    m.output(m.moe(x, m.input("router", (h, E), "bf16"), m.input("w1", (E, f, h), "fp8_e4m3"),
+                   m.input("w2", (E, h, f), "bf16"), TOP_K, w_up=m.input("wu", (E, f, h), "bf16"),
+                   transpose_w=True, tile=TILE))
+    mixed = dict(w1=packed.quantize((rng.standard_normal((E, f, h)) / 8).astype(np.float32),
+                                    "fp8_e4m3"),
+                 w2=round_bf16(rng.standard_normal((E, h, f)) / 10),
+                 wu=round_bf16(rng.standard_normal((E, f, h)) / 8))
+    for graph, weights, hidden, dtype, step in ((g, halves, 40, "f16", 2.0**-10),
+                                               (m, mixed, 64, "bf16", 2.0**-8)):
+        kernel = etc.compile(graph, target="cpu", workers=2)
+        assert {"moe_up_vector_cpu", "moe_down_vector_cpu"} <= _kernels(kernel)
+        for tokens in TOKENS:
+            ins = routed_inputs(tokens, hidden, E, TOP_K, UNUSED, always=ALWAYS,
+                                dtype="bf16" if dtype == "bf16" else "f32", margin=1e-2)
+            if dtype == "f16":
+                ins = {name: value.astype(np.float16) for name, value in ins.items()}
+            (got,), (want,) = kernel.run(**ins, **weights), evaluate(graph, **ins, **weights)
+            assert np.abs(np.asarray(got, np.float64) - want).max() <= \
+                step * np.abs(want).max(), (dtype, tokens)
+
+
 def test_tiles_past_the_stack_budget_stay_scalar():
     """An up tile whose panel of rows would pass STACK_BYTES (64 slots of
     4096 f32 values: 1 MB) takes the scalar `MoeUp`, still correct; the
