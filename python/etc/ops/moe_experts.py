@@ -35,8 +35,8 @@ Kernels:
   outermost, as `MatmulCPU.emit_streamed`. One Qwen3-30B-A3B-width
   layer (H 2048, F 768, 32 experts, 8 per token), 2 workers
   (`bench/moe_cpu.py`, docs/benchmarks.md "Decisions measured"): bf16
-  experts B = 1 / 8 / 32 2.2 / 9.9 / 20.9 ms against 38.5 / 301 / 1,168
-  in the scalar tiles (B = 1: the 75.5 MB of the routed experts at 34
+  experts B = 1 / 8 / 32 2.1 / 9.6 / 21.1 ms against 36.7 / 285 / 1,097
+  in the scalar tiles (B = 1: the 75.5 MB of the routed experts at 36
   GB/s, the memory's rate).
 
 Every kernel keeps the tasks' footprints and events: only the tile's reads
