@@ -4,15 +4,16 @@ ops/moe_experts.py) against the NumPy reference and against the scalar
 tiles (`MoeUp`, `MoeDown`) they replace there.
 
 Layers: experts given (E, H, F) (a widened checkpoint's (in, out), the
-micro-tiles along N) and transposed (E, F, H) (Hugging Face's and FP8
+streamed rows) and transposed (E, F, H) (Hugging Face's and FP8
 checkpoints' (out, in), the dot products along K); gated and not; H and F
-that are not multiples of the 16-lane vectors (or of the 128-column
-chunks; fp8's K is a multiple of
-its blocks of 32, its N need not be); routing skewed on purpose: expert 0
-takes every token (33 slots: four whole tiles of 8 and one of 1), two
-experts none, the others a few; 1, 2, 7 and 33 tokens through one compile
-per schedule. Tolerances: f32 sums in another order (1e-5 of the output's
-largest value); bf16 outputs one rounding of their own (2^-8 of it).
+that are not multiples of the 16-lane vectors (or of the 128-column chunks;
+fp8's K is a multiple of its blocks of 32, its N need not be); f16 experts,
+and an fp8 gate beside a bf16 up; routing skewed on purpose: expert 0 takes
+every token (33 slots: four whole tiles of 8 and one of 1), two experts
+none, the others a few; 1, 2, 7 and 33 tokens through one compile per
+schedule. Tolerances: f32 sums in another order (1e-5 of the output's
+largest value); bf16 and f16 outputs one rounding of their own (2^-8 and
+2^-10 of it).
 
 Models: a tiny Qwen3-MoE checkpoint in bf16 (experts (E, H, F) bf16) and
 as an FP8 checkpoint (experts packed fp8_e4m3, bf16 activations): the
@@ -43,7 +44,8 @@ TOKENS = (1, 2, 7, 33)
 #: Experts the router never picks, and the one it picks for every token.
 UNUSED, ALWAYS = (2, 6), 0
 
-#: (experts' dtype, x's dtype, transpose_w, H, F, gated)
+#: (experts' dtype, or (w1, w_up, w2) dtypes; x's dtype, transpose_w, H, F,
+#: gated)
 LAYERS = {
     "f32": ("f32", "f32", False, 37, 23, True),
     "f32_transposed": ("f32", "f32", True, 37, 23, True),
@@ -53,24 +55,37 @@ LAYERS = {
     "fp8": ("fp8_e4m3", "bf16", True, 96, 64, True),
     "fp8_f32": ("fp8_e4m3", "f32", True, 64, 96, True),
     "fp8_ungated": ("fp8_e4m3", "f32", True, 64, 32, False),
+    "f16": ("f16", "f16", False, 40, 24, True),
+    # An fp8 gate beside a bf16 up: the up tile's per-16-values dots.
+    "fp8_gate_bf16_up": (("fp8_e4m3", "bf16", "bf16"), "bf16", True, 64, 96, True),
 }
 
 
+def _dtypes(name: str) -> dict:
+    """The layer's expert matrices' dtypes by input name."""
+    dtype = LAYERS[name][0]
+    w1, w_up, w2 = dtype if isinstance(dtype, tuple) else (dtype,) * 3
+    return {"w1": w1, "w_up": w_up, "w2": w2}
+
+
 def _graph(name: str) -> etc.Graph:
-    dtype, xdtype, transpose, h, f, gated = LAYERS[name]
+    _, xdtype, transpose, h, f, gated = LAYERS[name]
+    dtypes = _dtypes(name)
     g = etc.Graph(f"moe_{name}")
     T = g.symbol("T")
     x = g.input("x", (T, h), xdtype)
     router = g.input("router", (h, E), xdtype)
     up_shape, down_shape = ((E, f, h), (E, h, f)) if transpose else ((E, h, f), (E, f, h))
-    w_up = g.input("w_up", up_shape, dtype) if gated else None
-    g.output(g.moe(x, router, g.input("w1", up_shape, dtype), g.input("w2", down_shape, dtype),
-                   TOP_K, w_up=w_up, transpose_w=transpose, tile=TILE))
+    w_up = g.input("w_up", up_shape, dtypes["w_up"]) if gated else None
+    g.output(g.moe(x, router, g.input("w1", up_shape, dtypes["w1"]),
+                   g.input("w2", down_shape, dtypes["w2"]), TOP_K, w_up=w_up,
+                   transpose_w=transpose, tile=TILE))
     return g
 
 
 def _experts(name: str) -> dict:
-    dtype, _, transpose, h, f, gated = LAYERS[name]
+    _, _, transpose, h, f, gated = LAYERS[name]
+    dtypes = _dtypes(name)
     rng = np.random.default_rng(len(name))
     up_shape, down_shape = ((E, f, h), (E, h, f)) if transpose else ((E, h, f), (E, f, h))
     shapes = {"w1": (up_shape, h), "w2": (down_shape, f)}
@@ -82,8 +97,10 @@ def _experts(name: str) -> dict:
         # Each expert its own scale: an expert read at another's offset
         # gives other values, not nearly the same ones.
         values *= (1 + np.arange(E, dtype=np.float32) / 2)[:, None, None]
+        dtype = dtypes[key]
         out[key] = packed.quantize(values, dtype) if dtype == "fp8_e4m3" else \
-            (round_bf16(values) if dtype == "bf16" else values)
+            round_bf16(values) if dtype == "bf16" else \
+            values.astype(np.float16) if dtype == "f16" else values
     return out
 
 
@@ -91,12 +108,17 @@ def _routed_inputs(name: str, tokens: int) -> dict:
     """x and a router that send every token to expert ALWAYS and none to
     UNUSED (`routed_inputs`)."""
     _, xdtype, _, h, _, _ = LAYERS[name]
-    return routed_inputs(tokens, h, E, TOP_K, UNUSED, always=ALWAYS, dtype=xdtype, margin=1e-2)
+    ins = routed_inputs(tokens, h, E, TOP_K, UNUSED, always=ALWAYS, dtype=xdtype, margin=1e-2)
+    if xdtype == "f16":
+        ins = {key: value.astype(np.float16) for key, value in ins.items()}
+    return ins
 
 
 def _tolerance(name: str, want: np.ndarray) -> float:
-    xdtype = LAYERS[name][1]
-    return (2.0**-8 if xdtype == "bf16" else 1e-5) * float(np.abs(want).max())
+    """The output's rounding (bf16 2^-8, f16 2^-10 of its largest value),
+    or f32 sums in another order (1e-5)."""
+    step = {"bf16": 2.0**-8, "f16": 2.0**-10}.get(LAYERS[name][1], 1e-5)
+    return step * float(np.abs(want).max())
 
 
 def _kernels(kernel) -> set:
@@ -178,46 +200,6 @@ def test_models_take_the_vector_tiles_with_the_scalar_tiles_tokens(storage, tmp_
     for here, there in zip(got.logits, want.logits):
         here, there = np.asarray(here), np.asarray(there)
         assert np.abs(here - there).max() <= 2.0**-6 * np.abs(there).max()
-
-
-def test_f16_experts_and_fp8_beside_bf16_ones():
-    """f16 experts (E, H, F) under f16 x; a transposed up tile whose gate
-    is fp8_e4m3 and up bf16 (each 16 values of the gate dequantized as
-    loaded) beside a bf16 down: the reference's values, up to the
-    output's rounding (2^-10 of its largest for f16, 2^-8 for bf16)."""
-    rng = np.random.default_rng(5)
-    h, f = 40, 24
-    g = etc.Graph("f16")
-    T = g.symbol("T")
-    x = g.input("x", (T, h), "f16")
-    g.output(g.moe(x, g.input("router", (h, E), "f16"), g.input("w1", (E, h, f), "f16"),
-                   g.input("w2", (E, f, h), "f16"), TOP_K, w_up=g.input("wu", (E, h, f), "f16"),
-                   tile=TILE))
-    halves = {name: (rng.standard_normal(shape) / 6).astype(np.float16)
-              for name, shape in (("w1", (E, h, f)), ("w2", (E, f, h)), ("wu", (E, h, f)))}
-    h, f = 64, 96
-    m = etc.Graph("mixed")
-    T = m.symbol("T")
-    x = m.input("x", (T, h), "bf16")
-    m.output(m.moe(x, m.input("router", (h, E), "bf16"), m.input("w1", (E, f, h), "fp8_e4m3"),
-                   m.input("w2", (E, h, f), "bf16"), TOP_K, w_up=m.input("wu", (E, f, h), "bf16"),
-                   transpose_w=True, tile=TILE))
-    mixed = dict(w1=packed.quantize((rng.standard_normal((E, f, h)) / 8).astype(np.float32),
-                                    "fp8_e4m3"),
-                 w2=round_bf16(rng.standard_normal((E, h, f)) / 10),
-                 wu=round_bf16(rng.standard_normal((E, f, h)) / 8))
-    for graph, weights, hidden, dtype, step in ((g, halves, 40, "f16", 2.0**-10),
-                                               (m, mixed, 64, "bf16", 2.0**-8)):
-        kernel = etc.compile(graph, target="cpu", workers=2)
-        assert {"moe_up_vector_cpu", "moe_down_vector_cpu"} <= _kernels(kernel)
-        for tokens in TOKENS:
-            ins = routed_inputs(tokens, hidden, E, TOP_K, UNUSED, always=ALWAYS,
-                                dtype="bf16" if dtype == "bf16" else "f32", margin=1e-2)
-            if dtype == "f16":
-                ins = {name: value.astype(np.float16) for name, value in ins.items()}
-            (got,), (want,) = kernel.run(**ins, **weights), evaluate(graph, **ins, **weights)
-            assert np.abs(np.asarray(got, np.float64) - want).max() <= \
-                step * np.abs(want).max(), (dtype, tokens)
 
 
 def test_tiles_past_the_stack_budget_stay_scalar():
