@@ -305,3 +305,28 @@ def test_a_worker_with_more_than_48_kb_of_scratch_opts_in(monkeypatch):
     np.testing.assert_allclose(y, etc.reference.evaluate(g, a=a, b=b)[0], rtol=2e-2, atol=2e-2)
     resources = kernel.runtime.resources()
     assert resources["dynamic_shared_bytes"] == kernel.abi.shared_bytes
+
+
+# ---------------------------------------------------------------------------
+# 6. Packed weights uploaded once
+# ---------------------------------------------------------------------------
+
+def test_a_packed_weight_uploaded_once_is_used_in_place(monkeypatch):
+    """A packed weight's blocks (uint8 storage) copied to the device with
+    `device_array`, as a model's weights are (`models.step.model`), bind as
+    that input in place; the product equals the run on the host arrays."""
+    from etc import packed
+
+    g = etc.Graph("packed_dev")
+    T = g.symbol("T")
+    g.output(g.matmul(g.input("x", (T, 256), "bf16"), g.input("w", (16, 256), "q4_k"),
+                      transpose_b=True))
+    kernel, _ = _fake(monkeypatch, g, schedule="static")
+    rng = np.random.default_rng(0)
+    blocks = packed.quantize(rng.standard_normal((16, 256)).astype(np.float32), "q4_k")
+    x = etc.reference.round_bf16(rng.standard_normal((3, 256)))
+    want = kernel.run(x=x, w=blocks)[0]
+    device = kernel.runtime.device_array(blocks)
+    np.testing.assert_array_equal(kernel.run(x=x, w=device)[0], want)
+    with pytest.raises(TypeError, match="input 'w' has dtype float32, expected uint8"):
+        kernel.run(x=x, w=kernel.runtime.device_array(np.zeros(blocks.shape, np.float32)))

@@ -11,6 +11,7 @@ import ctypes
 
 import numpy as np
 
+from ..packed import FORMATS
 from .cpu import _STORAGE
 from .cuda_driver import _check, _driver
 
@@ -75,12 +76,16 @@ class _DLTensor(ctypes.Structure):
 #: DLPack device types whose memory a CUDA kernel can use.
 _DL_CUDA, _DL_CUDA_MANAGED = 2, 13
 #: DLPack (code, bits) -> the ETC dtypes whose device storage it can be.
+#: Bytes (uint8 or int8) are the storage of the packed formats (`etc.packed`:
+#: a weight's blocks, uploaded once as a model's weights are).
 _DL_DTYPES = {(2, 32): ("f32",), (2, 16): ("f16",), (4, 16): ("bf16",), (0, 32): ("i32",),
-              (1, 16): ("bf16",), (0, 16): ("bf16",)}
+              (1, 16): ("bf16",), (0, 16): ("bf16",), (1, 8): tuple(FORMATS),
+              (0, 8): tuple(FORMATS)}
 #: NumPy typestr of device storage -> the ETC dtypes it can hold.
 _TYPESTR_DTYPES = {np.dtype(np.float32): ("f32",), np.dtype(np.float16): ("f16",),
                    np.dtype(np.uint16): ("bf16",), np.dtype(np.int16): ("bf16",),
-                   np.dtype(np.int32): ("i32",)}
+                   np.dtype(np.int32): ("i32",), np.dtype(np.uint8): tuple(FORMATS),
+                   np.dtype(np.int8): tuple(FORMATS)}
 
 
 def _c_contiguous(shape, strides_in_elements) -> bool:
