@@ -383,6 +383,62 @@ def bench_prefill(b: Bench) -> list[str]:
     return rows
 
 
+def bench_packed(b: Bench) -> list[str]:
+    """x·Wᵀ with W packed (Q4_K, Q8_0) against the same product with W in
+    bf16 (the gemv_t artifact of that shape) and PyTorch's bf16 linear: at
+    decode batches the GEMV that dequantizes blocks in registers (GB/s of
+    the packed weight's bytes, cold), at prefill rows the tensor cores on
+    tiles dequantized into shared memory (TFLOP/s)."""
+    from etc import packed
+
+    torch = b.torch
+    rows = ["| W | rows | ETC packed µs | packed GB/s | TFLOP/s | ETC bf16 µs | packed / bf16 "
+            "speed | PyTorch bf16 µs |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rng = np.random.default_rng(4)
+    for entry in b.entries("packed"):
+        k, n, fmt = entry["k"], entry["n"], entry["format"]
+        kernel = etc.runtime.load(KIT / entry["path"])
+        bf16 = b.entries("gemv", k=k, n=n, transposed=True)
+        dense = etc.runtime.load(KIT / bf16[0]["path"]) if bf16 else None
+        w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+        blocks = packed.quantize(w, fmt)
+        w = packed.dequantize(blocks, fmt)
+        w_device = kernel.runtime.device_array(blocks)
+        w16 = round_bf16(w)
+        dense_w = dense.runtime.device_array(etc.bfloat16.to_bits(w16)) if dense else None
+        tw = torch.from_numpy(w16).to("cuda", torch.bfloat16) if torch else None
+        for m in (1, 16, *PREFILL_ROWS):
+            x = round_bf16(rng.standard_normal((m, k), np.float32))
+            launch = kernel.runtime.bind({"x": x, "w": w_device})
+            launch.enqueue()
+            launch.check()
+            checked = slice(0, 32)
+            error = families.relative_error(launch.outputs()[0][checked], x[checked] @ w.T)
+            if not error <= 2e-2:
+                raise RuntimeError(f"packed {fmt} {m}x{n}x{k}: relative error {error:.3g} "
+                                   "before timing")
+            b.note(kernel, entry["path"])
+            ms = b.timer(launch.enqueue, cold=True) if m < 16 else b.timer.within(launch.enqueue)
+            cells = [f"{fmt.upper()} {n}×{k}", str(m), f"{ms * 1000:.1f}",
+                     f"{blocks.nbytes / ms / 1e6:.0f}", f"{2 * m * n * k / ms / 1e9:.2f}"]
+            if dense is not None:
+                bound = dense.runtime.bind({"x": x, "w": dense_w})
+                dms = b.timer(bound.enqueue, cold=True) if m < 16 else \
+                    b.timer.within(bound.enqueue)
+                cells += [f"{dms * 1000:.1f}", f"{dms / ms:.2f}x"]
+            else:
+                cells += ["n/a", "n/a"]
+            if torch:
+                tx = torch.from_numpy(x).to("cuda", torch.bfloat16)
+                fn = lambda: torch.nn.functional.linear(tx, tw)  # noqa: E731
+                tms = torch_time_cold(b, fn) if m < 16 else b.torch_ms(fn, repeats=20)
+                cells.append(f"{tms * 1000:.1f}")
+            else:
+                cells.append("n/a")
+            rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def bench_roofline(b: Bench) -> list[str]:
     """One line per CUDA tile kernel: bytes (inputs and outputs, each moved
     once) and FLOPs over the cold time (L2 flushed), next to the copy
@@ -591,6 +647,7 @@ SECTIONS = (
     ("decode", "Decode step", bench_decode),
     ("gemm", "bf16 GEMM", bench_gemm),
     ("prefill", "bf16 prefill x·Wᵀ, symbolic rows (decode-sized column tiles)", bench_prefill),
+    ("packed", "Packed weights x·Wᵀ (GGUF block formats) against bf16", bench_packed),
 )
 
 

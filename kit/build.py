@@ -134,6 +134,23 @@ def gemv_graph(k: int, n: int, transposed: bool = False):
     return g
 
 
+#: The block formats of the packed benchmark (Q4_K_M files' bulk and Q8_0).
+PACKED_BENCH = ("q4_k", "q8_0")
+
+
+def packed_t_graph(k: int, n: int, fmt: str):
+    """x (B, K) bf16 times a packed weight W (N, K) in block format `fmt`
+    (`etc.packed`), x·Wᵀ: the packed GEMV for few rows, the tensor cores on
+    dequantized tiles from 16 rows."""
+    import etc
+
+    g = etc.Graph(f"packed_{fmt}_{k}x{n}")
+    B = g.symbol("B")
+    w = g.input("w", (n, k), fmt)
+    g.output(g.matmul(g.input("x", (B, k), "bf16"), w, transpose_b=True))
+    return g
+
+
 def gemm_graph(size: int):
     """A square bf16 GEMM with static shapes: the tensor-core kernel gets
     tiles chosen for them (a symbolic row count gets the GEMV's tiles, sized
@@ -326,6 +343,10 @@ class Builder:
                     stem = f"gemv{'_t' if transposed else ''}_{k}x{n}-{chip}"
                     self.save(self.compile(gemv_graph(k, n, transposed), "static", chip), stem,
                               kind="gemv", k=k, n=n, transposed=transposed)
+            k, n = shapes.gemv[0]
+            for fmt in PACKED_BENCH:
+                self.save(self.compile(packed_t_graph(k, n, fmt), "static", chip),
+                          f"packed_{fmt}_{k}x{n}-{chip}", kind="packed", k=k, n=n, format=fmt)
             hidden, ffn = shapes.mlp
             mlp = families.mlp_block("mlp_bench", hidden=hidden, ffn=ffn, dtype="bf16")
             for schedule in ("static", "dynamic"):
