@@ -13,24 +13,31 @@ import pytest
 
 import etc
 from etc import bfloat16
-from etc.runtime import aligned
+from etc.runtime import aligned, cpu
 
 # Every float32 word whose upper half is 0xFFFF is a NaN: a run that left an
 # element unwritten leaves it NaN.
 GARBAGE = 0xFFFF
 
 
-@pytest.fixture(scope="module")
-def gemm():
-    """C = A @ W^T in bf16 (the benchmark's GEMM) beside an f32 sum: one
-    bf16 and one f32 output."""
-    g = etc.Graph("gemm_out")
+def gemm_graph(name: str = "gemm_out", doubled: bool = False) -> etc.Graph:
+    """C = A @ W^T in bf16 (the benchmark's GEMM) beside an f32 sum S = X +
+    Z: one bf16 and one f32 output (`doubled`: and a second f32 one, D =
+    2 X)."""
+    g = etc.Graph(name)
     m = g.symbol("M")
     a = g.input("a", (m, 64), "bf16")
     w = g.input("w", (48, 64), "bf16")
     x = g.input("x", (m, 48), "f32")
     z = g.input("z", (m, 48), "f32")
-    g.output(g.matmul(a, w, transpose_b=True, name="c"), g.add(x, z, name="s"))
+    outputs = [g.matmul(a, w, transpose_b=True, name="c"), g.add(x, z, name="s")]
+    g.output(*outputs, *([g.scale(x, 2.0, name="d")] if doubled else []))
+    return g
+
+
+@pytest.fixture(scope="module")
+def gemm():
+    g = gemm_graph()
     return g, etc.compile(g, target="cpu", workers=2)
 
 
@@ -186,3 +193,24 @@ def test_a_trace_read_after_a_later_run_is_still_its_own_runs():
     second = kernel.trace
     assert len(second.events) == len(first.events) > 0
     assert max(e.end for e in first.events) < min(e.start for e in second.events)
+
+
+def test_out_arrays_sharing_bytes_are_refused_naming_both(gemm):
+    """A bf16 output's bits and an f32 output over the same bytes (both
+    would be written in place): refused before the run, and by `fill_out`
+    (the distributed runtime's copies) too; outputs `out=` leaves out and
+    disjoint halves of one buffer are fine."""
+    _, kernel = gemm
+    inputs = _inputs(np.random.default_rng(7), 4)
+    c32, s32 = kernel.run(**inputs)
+    raw = aligned.empty((2 * 4 * 48 * 4,), np.uint8)
+    bits = raw[:4 * 48 * 2].view(np.uint16).reshape(4, 48)
+    floats = raw[:4 * 48 * 4].view(np.float32).reshape(4, 48)
+    with pytest.raises(ValueError, match=r"out\['c'\] and out\['s'\] share memory"):
+        kernel.run(**inputs, out={"c": bits, "s": floats})
+    with pytest.raises(ValueError, match=r"out\['c'\] and out\['s'\] share memory"):
+        cpu.fill_out(kernel.abi, [bits, floats], {"c": bfloat16.to_bits(c32), "s": s32})
+    apart = raw[4 * 48 * 4:].view(np.float32).reshape(4, 48)
+    assert kernel.run(**inputs, out=[bits, apart]) == [bits, apart]
+    np.testing.assert_array_equal(bits, c32.view(np.uint32) >> 16)
+    np.testing.assert_array_equal(apart, s32)

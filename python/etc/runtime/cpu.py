@@ -215,7 +215,9 @@ def check_out(name: str, array, shape: tuple, dtype: str) -> bool:
     `shape`: a writeable NumPy array of that shape, in the output's storage
     dtype (bf16: uint16 bit patterns, as `etc.bfloat16.to_bits` makes) or,
     for bf16, float32 (widened values, filled by a copy). True when it is
-    in the storage dtype, which the program may write in place."""
+    in the storage dtype, which the program may write in place. The CUDA
+    runtime checks its NumPy `out=` arrays by these rules too, so that one
+    `out=` works on both targets."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"out[{name!r}] must be a numpy.ndarray on the CPU target, got "
                         f"{type(array).__name__}")
@@ -232,6 +234,25 @@ def check_out(name: str, array, shape: tuple, dtype: str) -> bool:
     return array.dtype == storage
 
 
+def check_disjoint_out(items: list) -> None:
+    """Refuses two `out=` arrays ((output name, array) pairs; only NumPy
+    ones are looked at) that share memory, e.g. two views of one buffer:
+    after the run their common bytes could hold only one of the two
+    outputs, so the other would be silently lost, whether the program
+    writes both in place (then which one wins depends on the tiles'
+    order) or one is copied after (the copy decides). A ValueError naming
+    both; views that interleave without sharing an element (`x[:, ::2]`
+    and `x[:, 1::2]`) are disjoint."""
+    arrays = [(name, array) for name, array in items if isinstance(array, np.ndarray)]
+    for i, (name, array) in enumerate(arrays):
+        for other, earlier in arrays[:i]:
+            # The bounds first (cheap); the exact test only where they meet.
+            if np.may_share_memory(array, earlier) and np.shares_memory(array, earlier):
+                raise ValueError(f"out[{other!r}] and out[{name!r}] share memory: each output "
+                                 "needs an array of its own (the run would write one over "
+                                 "the other)")
+
+
 def copy_out(array: np.ndarray, storage: np.ndarray, dtype: str) -> None:
     """Copies an output's `storage` into the caller's `out=` array, which
     `check_out` accepted (bf16 into float32: widened, without a temporary)."""
@@ -245,8 +266,10 @@ def fill_out(abi: KernelABI, out, results: dict) -> list:
     """Copies `results` (storage arrays by output name) into the NumPy
     arrays of `out` (a list in output order or a dict by name; see
     `check_out`) and returns them in that order."""
+    items = out_items(abi.name, abi.outputs, out)
+    check_disjoint_out(items)
     filled = []
-    for name, array in out_items(abi.name, abi.outputs, out):
+    for name, array in items:
         storage = results[name]
         check_out(name, array, storage.shape, abi.argument(name).dtype)
         copy_out(array, storage, abi.argument(name).dtype)
@@ -588,6 +611,8 @@ class CPURuntime(ProgramRuntime):
         symbols, supplied = self._bind(inputs, constants)
         # Paired once, by name: `out` may be an iterator.
         items = None if out is None else out_items(self.abi.name, self.abi.outputs, out)
+        if items is not None and len(items) > 1:
+            check_disjoint_out(items)
         workspace = self._take_workspace(symbols)
         try:
             buffers, copies = self._output_buffers(workspace, items, supplied, constants)
@@ -619,7 +644,9 @@ class CPURuntime(ProgramRuntime):
         next ids, not for the logits, whose widening to float32 took 0.17
         ms of a 19 ms step). No output needs zeroing first: every tile writes each
         element of its result (the intermediates, reused between runs
-        without zeroing, rely on that too), so `out=` may hold anything."""
+        without zeroing, rely on that too), so `out=` may hold anything.
+        Two `out=` arrays that share memory are refused before the run
+        (`check_disjoint_out`)."""
         buffers: dict[str, tuple] = {}
         copies = []
         if items is not None:
