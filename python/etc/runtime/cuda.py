@@ -49,10 +49,10 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..binding import (INPUT_DTYPES, bind_symbols, check_input_dtype, check_input_names,
-                       concrete_shape, out_items)
+from ..binding import (bind_symbols, check_input_dtype, check_input_names, concrete_shape,
+                       out_items)
 from .abi import KernelABI
-from .cpu import _STORAGE, buffer_table, check_state, to_storage
+from .cpu import _STORAGE, buffer_table, check_disjoint_out, check_out, check_state, to_storage
 from .cuda_arrays import ALIGNMENT, DeviceArray, as_device_array
 from .cuda_driver import (CUDAUnavailableError, DriverJITError, JITLogs, _check, _driver,
                           _error_name, cuda_available, load_module, require_device,
@@ -313,9 +313,10 @@ class CUDARuntime(ProgramRuntime):
     def bind(self, inputs: dict, out=None, stream=0) -> Launch:
         """Binds NumPy arrays (copied to the device now, on `stream`, and
         again by `Launch.upload`) or device arrays (used in place) to the
-        graph's inputs, and `out` (device arrays receive the outputs in
-        place) to its outputs; everything else comes from the workspace of
-        these sizes. The launch has a buffer table of its own (see
+        graph's inputs, and `out` (device arrays, which receive the outputs
+        in place at every launch; NumPy arrays are refused, `launch.collect`
+        copies outputs into them) to its outputs; everything else comes
+        from the workspace of these sizes. The launch has a buffer table of its own (see
         `Launch`). It waits for its copies, so that the launch may be
         enqueued on any stream (a non-blocking one does not wait for the
         legacy stream's work)."""
@@ -357,7 +358,7 @@ class CUDARuntime(ProgramRuntime):
         check_index_ranges(self.abi.name, self.abi.index_ranges, {
             name: (device[name].numpy() if name in device else inputs[name])
             for name in checked}, symbols, self.abi.ragged_batches)
-        outputs = self._bind_out(out, symbols, stream)
+        outputs = self._bind_out(out, symbols, stream, host=not own_table)
 
         self._load()
         workspace = self._workspace(symbols)
@@ -390,9 +391,15 @@ class CUDARuntime(ProgramRuntime):
         launch.upload(stream)
         return launch
 
-    def _bind_out(self, out, symbols, stream) -> dict:
+    def _bind_out(self, out, symbols, stream, host: bool) -> dict:
         """The device arrays of `out` by output name (None where `out` holds
-        a NumPy array, which receives a copy)."""
+        a NumPy array, which receives a copy after the run; `host`: whether
+        NumPy arrays are allowed). NumPy arrays are checked by the CPU
+        target's rules (`etc.runtime.cpu.check_out`: the storage dtype, a
+        bf16 output's uint16 bit patterns among them, or float32 for bf16,
+        any strides), so that one `out=` works on both targets. Two `out=`
+        arrays that share memory are refused (see `check_disjoint_out`;
+        device arrays: overlapping byte ranges)."""
         if out is None:
             return {}
         items = out_items(self.abi.name, self.abi.outputs, out)
@@ -401,21 +408,35 @@ class CUDARuntime(ProgramRuntime):
             arg = self.abi.argument(name)
             shape = concrete_shape(arg.shape, symbols)
             view = as_device_array(value, f"out[{name!r}]", arg.dtype, stream)
-            got = view.shape if view is not None else tuple(value.shape)
-            if got != shape:
-                raise ValueError(f"out[{name!r}] has shape {got}, expected {shape}")
-            if view is None and value.dtype != INPUT_DTYPES[arg.dtype]:
-                raise TypeError(f"out[{name!r}] has dtype {value.dtype}, expected "
-                                f"{INPUT_DTYPES[arg.dtype]}")
-            if view is None and not value.flags.c_contiguous:
-                raise ValueError(f"out[{name!r}] must be C-contiguous")
+            if view is None and not host:
+                raise TypeError(
+                    f"out[{name!r}] is a NumPy array: bind() takes device arrays for out= "
+                    "(written in place at every launch); copy a bound launch's outputs "
+                    "to the host with launch.collect(inputs, out) after launch.check()")
+            if view is None:
+                check_out(name, value, shape, arg.dtype)
+            elif view.shape != shape:
+                raise ValueError(f"out[{name!r}] has shape {list(view.shape)}, expected "
+                                 f"{list(shape)}")
             result[name] = view
+        check_disjoint_out(items)
+        devices = [(name, view) for name, view in result.items() if view is not None]
+        for i, (name, view) in enumerate(devices):
+            for other, earlier in devices[:i]:
+                if view.nbytes and earlier.nbytes and view.pointer < earlier.pointer + \
+                        earlier.nbytes and earlier.pointer < view.pointer + view.nbytes:
+                    raise ValueError(f"device out[{other!r}] and out[{name!r}] share memory: "
+                                     "each output needs an array of its own (the run would "
+                                     "write one over the other)")
         return result
 
     def run(self, inputs: dict, *, out=None, stream=None) -> list:
         """Runs the program once on `stream` (default: the legacy default
         stream) and waits for it; raises on a device-side error. Returns the
-        outputs as NumPy arrays, or, with `out=`, the `out` arrays filled."""
+        outputs as NumPy arrays, or, with `out=`, the `out` arrays filled:
+        device arrays written in place, NumPy ones copied into as on the
+        CPU target (a bf16 output's uint16 bits as they are, float32
+        widened; see `_bind_out`)."""
         # Paired once, by name: `out` may be an iterator.
         out = None if out is None else dict(out_items(self.abi.name, self.abi.outputs, out))
         launch = self._bind(inputs, out, stream, own_table=False)

@@ -12,7 +12,7 @@ import ctypes
 import numpy as np
 
 from ..packed import FORMATS
-from .cpu import _STORAGE
+from .cpu import _STORAGE, check_disjoint_out, check_out, copy_out
 from .cuda_driver import _check, _driver
 
 
@@ -40,9 +40,14 @@ class DeviceArray:
 
     def numpy(self) -> np.ndarray:
         """A host copy."""
-        host = np.empty(self.shape, self.dtype)
+        return self.copy_to(np.empty(self.shape, self.dtype))
+
+    def copy_to(self, host: np.ndarray, driver=None) -> np.ndarray:
+        """Copies the buffer into `host`, a C-contiguous NumPy array of its
+        size (no conversion: the bytes as they are), and returns it. A
+        borrowed buffer has no driver of its own: `driver` is the caller's."""
         if host.nbytes:
-            driver = self._driver or _driver()
+            driver = self._driver or driver or _driver()
             _check(driver, "cuMemcpyDtoH", driver.cuMemcpyDtoH(host.ctypes.data, self.pointer, host.nbytes))
         return host
 
@@ -206,3 +211,27 @@ def as_device_array(value, what: str, dtype: str, stream: int = 0):
                          "process's CUDA context; pass an aligned array (a whole allocation, or "
                          "a copy of the view: tensor.clone())")
     return DeviceArray(pointer, shape, _STORAGE[dtype], keep=(value, keep))
+
+
+def fill_host_out(out: dict, buffers: dict, dtype_of, driver) -> list:
+    """Copies the device outputs `buffers` (by name) into the NumPy arrays
+    of `out` (by output name; device arrays there were written in place
+    and are passed over) and returns `out`'s arrays in its order. A NumPy
+    `out=` array follows the CPU target's rules (`etc.runtime.cpu.check_out`,
+    `check_disjoint_out`): the output's storage dtype gets the device's
+    bytes as they are, straight into a C-contiguous array (a bf16 output's
+    uint16 bit patterns: no widening, no temporary), and a float32 array
+    for a bf16 output the widened values; strided views are filled through
+    a host copy. `dtype_of(name)` is the output's ETC dtype; `driver` the
+    runtime's."""
+    check_disjoint_out(list(out.items()))
+    for name, array in out.items():
+        if not isinstance(array, np.ndarray):
+            continue
+        device, dtype = buffers[name], dtype_of(name)
+        check_out(name, array, device.shape, dtype)
+        if array.dtype == device.dtype and array.flags.c_contiguous:
+            device.copy_to(array, driver)
+        else:
+            copy_out(array, device.copy_to(np.empty(device.shape, device.dtype), driver), dtype)
+    return list(out.values())

@@ -16,7 +16,7 @@ import numpy as np
 from ..binding import concrete_shape
 from . import layout
 from .cpu import _STORAGE, from_storage
-from .cuda_arrays import DeviceArray
+from .cuda_arrays import DeviceArray, fill_host_out
 from .cuda_driver import _check, stream_handle
 
 if TYPE_CHECKING:
@@ -209,7 +209,8 @@ class Launch:
         """After a checked run on `inputs`: copies the state buffers given
         as NumPy arrays back into them (a state is updated in place), and
         returns the outputs as NumPy arrays or, with `out` (by name), the
-        `out` arrays, NumPy ones filled from the device."""
+        `out` arrays, NumPy ones filled from the device (`fill_host_out`:
+        a bf16 output's uint16 bits copied as they are)."""
         driver = self.runtime._driver
         for arg in self.runtime.arguments:
             value = inputs.get(arg.name)
@@ -219,13 +220,7 @@ class Launch:
                                            value.nbytes))
         if out is None:
             return self.outputs()
-        filled = []
-        for name, value in out.items():
-            if isinstance(value, np.ndarray):
-                np.copyto(value, from_storage(self.buffers[name].numpy(),
-                                              self.runtime._dtype(name)))
-            filled.append(value)
-        return filled
+        return fill_host_out(out, self.buffers, self.runtime._dtype, driver)
 
     def outputs(self) -> list[np.ndarray]:
         """Host copies of the graph's outputs, in `g.output` order."""

@@ -69,12 +69,16 @@ class Kernel:
         values by a copy, as does a strided view or an array that does not
         start at a multiple of 16 bytes or shares memory with an input
         (`etc.runtime.aligned.empty` makes 64-byte aligned ones, which the
-        tiles store fastest into). Its old contents do not matter.
+        tiles store fastest into). Its old contents do not matter. Two
+        `out=` arrays that share memory are refused (a ValueError naming
+        both), on every target: only one output could be left there.
 
         On CUDA, inputs may also be device arrays (`__cuda_array_interface__`
         or `__dlpack__`: PyTorch, CuPy, JAX), used without a copy; `out=`
-        takes device arrays (written in place) or NumPy ones (copied into),
-        and `stream=` picks the CUDA stream. The run
+        takes device arrays (written in place) or the NumPy arrays the CPU
+        takes (copied into: a bf16 output's uint16 bits as the device holds
+        them, float32 widened, strided views too), and `stream=` picks the
+        CUDA stream. The run
         is complete, and device-side errors raised, when `run` returns.
         Without a CUDA device or driver this raises
         `etc.runtime.cuda.CUDAUnavailableError` (a RuntimeError). Inputs
