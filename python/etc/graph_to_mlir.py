@@ -203,10 +203,10 @@ class GraphBuilder:
             function = func.FuncOp(f"{stem}_{number}", ir.FunctionType.get(inputs, []),
                                    visibility="private")
         function.attributes["event.tile"] = ir.UnitAttr.get()
-        if kernel.out_of_line_on_gpu and self.target.gpu_kernels \
+        if (kernel.out_of_line_on_gpu or kernel.inline_on_gpu) and self.target.gpu_kernels \
                 and not self.target.simulate_lanes:
             function.attributes["passthrough"] = ir.ArrayAttr.get(
-                [ir.StringAttr.get("noinline")])
+                [ir.StringAttr.get("alwaysinline" if kernel.inline_on_gpu else "noinline")])
         entry = function.add_entry_block()
         with ir.InsertionPoint(entry):
             kernel(op, tensors, list(entry.arguments), entry, self.target).emit()

@@ -12,10 +12,23 @@ and times the same tile on one.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
+import etc
 from etc.ops import wgmma
+from etc.ops.matmul_wgmma import MatmulWGMMA
+from etc.reference import round_bf16
+from ptxas_check import assemble, assert_no_spills, needs_ptxas
+
+#: A Hopper tile function: `matmul_wgmma` (known rows) or
+#: `matmul_gemv_t_wgmma` (symbolic rows, with the GEMV for few rows).
+HOPPER = re.compile(r"_tile_matmul(_gemv_t)?_wgmma_")
+
+TOLERANCE = {"f16": 5e-3, "bf16": 2e-2}
+
 
 # ----------------------------------------------------------------------
 # The NumPy model, from the PTX ISA ("Asynchronous Warpgroup Level Matrix
@@ -150,3 +163,257 @@ def test_fragment_d_is_the_isa_figure():
                 assert place == model[lane, i]
                 seen.add(place)
         assert seen == {(r, c) for r in range(64) for c in range(n)}
+
+
+# ----------------------------------------------------------------------
+# The tile under lane simulation
+# ----------------------------------------------------------------------
+
+
+def _value(rng, shape, dtype: str, scale: float = 1.0) -> np.ndarray:
+    value = (rng.standard_normal(shape) * scale).astype(np.float32)
+    return value.astype(np.float16) if dtype == "f16" else round_bf16(value)
+
+
+def _matmul(m, k: int, n: int, dtype: str, tile=None, transpose_b: bool = True) -> etc.Graph:
+    g = etc.Graph("mm")
+    rows = g.symbol("B") if m is None else m
+    x = g.input("x", (rows, k), dtype)
+    w = g.input("w", (n, k) if transpose_b else (k, n), dtype)
+    g.output(g.matmul(x, w, transpose_b=transpose_b, tile=tile))
+    return g
+
+
+def _check(g: etc.Graph, dtype: str, rows_values, *, chosen: bool = True, seed: int = 3,
+           chip: str = "sm_90a") -> None:
+    kernel = etc.compile(g, target="cpu", kernels="cuda", chip=chip, workers=2)
+    assert bool(HOPPER.search(kernel.ir("graph"))) == chosen
+    rng = np.random.default_rng(seed)
+    for rows in rows_values:
+        inputs = {}
+        for arg in g.arguments:
+            if arg.kind == "input":
+                shape = tuple(rows if d == "B" else d for d in arg.shape)
+                inputs[arg.name] = _value(rng, shape, dtype, 1.0 if arg.name == "x" else 0.1)
+        got = kernel.run(**inputs)
+        want = etc.reference.evaluate(g, **inputs)
+        tol = TOLERANCE[dtype]
+        for a, b in zip(got, want):
+            scale = max(float(np.abs(np.asarray(b, np.float32)).max()), 1.0)
+            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                       rtol=tol, atol=tol * scale, err_msg=f"rows={rows}")
+
+
+# (rows, K, N): one step and one stage; five steps round the three-stage
+# ring (refills, both phases of every barrier); rows not a multiple of 64,
+# two 64-row blocks per tile (128-row tiles).
+SHAPES = [(64, 64, 64), (70, 320, 64), (130, 192, 128), (16, 128, 32)]
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+def test_wgmma_static_shapes(shape, dtype):
+    m, k, n = shape
+    _check(_matmul(m, k, n, dtype), dtype, (m,), seed=m + k + n)
+
+
+TILES = [(128, 128), (64, 256), (32, 64), (192, 16)]
+
+
+@pytest.mark.parametrize("tile", TILES, ids=["x".join(map(str, t)) for t in TILES])
+def test_wgmma_user_tiles(tile):
+    """Wide accumulators (n = 128, 256), a 32-row tile computing a whole
+    64-row block and storing half, three 64-row blocks with n = 16."""
+    _check(_matmul(260, 256, 256, "bf16", tile=tile), "bf16", (260,))
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_wgmma_symbolic_rows(dtype):
+    """One kernel for every batch: tiles of 16 rows or more take wgmma
+    (full, partial tiles), fewer the transposed GEMV."""
+    _check(_matmul(None, 192, 128, dtype), dtype, (1, 5, 16, 20, 37, 64, 100))
+
+
+def test_wgmma_symbolic_rows_fit_without_opting_in():
+    """Symbolic rows (the tile sits in a model's worker) on 128 x 128
+    tiles: three 128-byte-swizzled stages (96 KB) would need the CTA to opt
+    in past 48 KB, so the ring holds two stages of 32 K-columns in the
+    64-byte swizzle (33 KB); known rows keep three 128-byte stages."""
+    g = _matmul(None, 320, 256, "bf16", tile=(128, 128))
+    assert etc.compile(g, target="cuda", chip="sm_90a").abi.shared_bytes == 1024 + 2 * 16384 + 32
+    _check(g, "bf16", (5, 100, 130, 260))
+    known = _matmul(260, 320, 256, "bf16", tile=(128, 128))
+    assert etc.compile(known, target="cuda", chip="sm_90a").abi.shared_bytes == \
+        1024 + 3 * 32768 + 48
+
+
+def test_wgmma_residual():
+    """The residual store path: C = x W^T + r."""
+    g = etc.Graph("mm")
+    x = g.input("x", (80, 128), "bf16")
+    w = g.input("w", (64, 128), "bf16")
+    r = g.input("r", (80, 64), "bf16")
+    g.output(g.matmul(x, w, transpose_b=True, residual=r))
+    _check(g, "bf16", (80,))
+
+
+def test_chooser_sm90a_only():
+    """wgmma needs sm_90a: sm_80 and sm_90 keep `MatmulMMA`; on sm_90a B
+    (K, N) and K not a multiple of 64 keep it too."""
+    g = _matmul(64, 128, 64, "bf16")
+    for chip, want in (("sm_80", False), ("sm_90", False), ("sm_90a", True)):
+        kernel = etc.compile(g, target="cpu", kernels="cuda", chip=chip, workers=2)
+        assert bool(HOPPER.search(kernel.ir("graph"))) == want, chip
+        assert "_tile_matmul_mma_" in kernel.ir("graph") or want
+    for g in (_matmul(64, 128, 64, "bf16", transpose_b=False), _matmul(64, 96, 64, "bf16")):
+        kernel = etc.compile(g, target="cpu", kernels="cuda", chip="sm_90a", workers=2)
+        text = kernel.ir("graph")
+        assert not HOPPER.search(text) and "_tile_matmul_mma_" in text
+
+
+def test_tma_is_not_implemented(monkeypatch):
+    """TMA loads are the next step: asking for them says so."""
+    monkeypatch.setattr(MatmulWGMMA, "tma", True)
+    with pytest.raises(NotImplementedError, match="TMA"):
+        etc.compile(_matmul(64, 64, 64, "bf16"), target="cuda", chip="sm_90a")
+
+
+# ----------------------------------------------------------------------
+# Mutations: each breaks what the emulation decodes, and the result
+# ----------------------------------------------------------------------
+
+#: Five steps through three stages: every barrier completes phases 0 and 1.
+RING = (70, 320, 64)
+
+
+def _fails(monkeypatch, target, name, replacement) -> None:
+    monkeypatch.setattr(target, name, replacement)
+    with pytest.raises(AssertionError):
+        _check(_matmul(*RING, "f16"), "f16", (RING[0],))
+
+
+def test_wrong_swizzle_fails(monkeypatch):
+    """Operands placed with the 64-byte pattern, read with the 128-byte one."""
+    right = wgmma.swizzle
+    _fails(monkeypatch, wgmma, "swizzle", lambda address, mode: right(address, "64B"))
+
+
+def test_unswizzled_placement_fails(monkeypatch):
+    _fails(monkeypatch, wgmma, "swizzle", lambda address, mode: address)
+
+
+@pytest.mark.parametrize("change", ["mode", "sbo", "start"])
+def test_wrong_descriptor_fails(monkeypatch, change):
+    """A descriptor saying 64-byte swizzle, an SBO of 512 (half an atom),
+    or a K slice's start not advanced."""
+    right = wgmma.descriptor
+
+    def wrong(start, leading, stride, mode):
+        if change == "mode":
+            return right(start, leading, stride, "64B")
+        if change == "sbo":
+            return right(start, leading, 512, mode)
+        return right(start - (start & 0x60), leading, stride, mode)
+    _fails(monkeypatch, wgmma, "descriptor", wrong)
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["producer", "consumer"])
+def test_wrong_phase_fails(monkeypatch, offset):
+    """A wait for the other parity (the producer's empty wait, or the
+    consumer's full wait) would hang on the GPU: the emulation flags it
+    and the tile's results are NaN."""
+    right = MatmulWGMMA._parity
+
+    def wrong(self, step, at):
+        parity = right(self, step, at)
+        if at == offset:
+            return parity
+        from mlir.dialects import arith
+        return arith.xori(parity, self.cidx(1))
+    _fails(monkeypatch, MatmulWGMMA, "_parity", wrong)
+
+
+def test_missing_arrival_fails(monkeypatch):
+    """A consumer that never releases its stage: the refill's wait would
+    hang."""
+    _fails(monkeypatch, wgmma.Barriers, "arrive", lambda self, barrier: None)
+
+
+# ----------------------------------------------------------------------
+# PTX
+# ----------------------------------------------------------------------
+
+
+def _function(ptx: str, name: str) -> str:
+    """The PTX of function or kernel `name`, up to the next one (its
+    inline wgmma blocks end in "}" lines of their own)."""
+    start = r"(?:\.visible |\.weak )?\.(?:entry|func) "
+    for chunk in re.split(rf"\n(?={start})", ptx):
+        if re.match(rf"{start}(?:\([^)]*\) )?{name}\(", chunk):
+            return chunk
+    raise AssertionError(f"no function {name} in the PTX")
+
+
+@needs_ptxas
+def test_wgmma_ptx(tmp_path):
+    """Known rows, each dtype: wgmma from descriptors with f32 accumulators,
+    the mbarrier ring (init, cp.async arrivals, bounded parity waits,
+    arrivals, inval), the proxy fence, one wgmma group in flight in the
+    loop; inlined in the worker, which ptxas assembles for sm_90a with no
+    spills, no stack and no serialised wgmma."""
+    g = etc.Graph("gemm")
+    for dtype in ("f16", "bf16"):
+        x = g.input(f"x_{dtype}", (512, 512), dtype)
+        wt = g.input(f"wt_{dtype}", (4096, 512), dtype)
+        g.output(g.matmul(x, wt, transpose_b=True))
+    kernel = etc.compile(g, target="cuda", chip="sm_90a")
+    kinds = set(re.findall(r"_tile_(matmul\w*?)_\d+\(", kernel.ir("graph")))
+    assert kinds == {"matmul_wgmma"}, kinds
+    ptx = kernel.ptx
+    worker = _function(ptx, "gemm_worker")
+    for dtype in ("f16", "bf16"):
+        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.{dtype}\.{dtype}",
+                         worker), dtype
+    for instruction in ("mbarrier.init.shared.b64", "cp.async.mbarrier.arrive.noinc.shared.b64",
+                        "mbarrier.try_wait.parity.shared.b64", "mbarrier.arrive.shared.b64",
+                        "fence.proxy.async.shared::cta", "wgmma.fence.sync.aligned",
+                        "wgmma.commit_group.sync.aligned", "cp.async.cg.shared.global",
+                        "mbarrier.inval.shared.b64", "%globaltimer", "trap;"):
+        assert instruction in worker, instruction
+    # One group in flight in the loop, none after it.
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", worker)
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+0;", worker)
+    assert not re.search(r"call(\.uni)?\s+\S*matmul_wgmma", worker)
+    report = assemble(ptx, "sm_90a", tmp_path, "gemm")
+    assert_no_spills(report, stack=True)
+    assert "C7510" not in report, report
+    registers = re.search(r"Compiling entry function 'gemm_worker'.*?Used (\d+) registers",
+                          report, re.S).group(1)
+    print(f"gemm_worker: {registers} registers, shared arena {kernel.abi.shared_bytes} bytes")
+
+
+@needs_ptxas
+def test_wgmma_symbolic_rows_ptx(tmp_path):
+    """Symbolic rows: wgmma and the transposed GEMV in one function the
+    worker calls (inlined, they made a model's worker spill), which ptxas
+    assembles with no spills or stack; it serialises the wgmma across the
+    call and says so (C7510), which the kit's prefill table measures."""
+    g = etc.Graph("gemm")
+    B = g.symbol("B")
+    for dtype in ("f16", "bf16"):
+        x = g.input(f"x_{dtype}", (B, 512), dtype)
+        wt = g.input(f"wt_{dtype}", (1024, 512), dtype)
+        g.output(g.matmul(x, wt, transpose_b=True))
+    kernel = etc.compile(g, target="cuda", chip="sm_90a")
+    ptx = kernel.ptx
+    functions = re.findall(r"\.func (\w*matmul_gemv_t_wgmma_\d+)\(", ptx)
+    assert len(functions) == 2, functions
+    worker = _function(ptx, "gemm_worker")
+    assert all(re.search(rf"call(\.uni)?\s+{f},", worker) for f in functions)
+    for dtype in ("f16", "bf16"):
+        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.{dtype}\.{dtype}",
+                         ptx), dtype
+    assert "shfl.sync.bfly" in ptx  # the GEMV
+    report = assemble(ptx, "sm_90a", tmp_path, "gemm")
+    assert_no_spills(report, stack=True)
+    assert "C7510" in report, report

@@ -61,12 +61,15 @@ def test_fused_residual_matches_a_separate_add(kernels, dtype, transpose_b):
                                    rtol=tol, atol=tol * 8)
 
 
-def test_tensor_core_tiles_add_the_residual():
-    """Known rows of 16 or more take the mma tiles (simulated on the CPU)."""
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_tensor_core_tiles_add_the_residual(chip):
+    """Known rows of 16 or more take the mma tiles, or wgmma on sm_90a
+    (simulated on the CPU)."""
     fused, separate = _graphs("bf16", 64, 128, True, rows=32)
-    options = dict(target="cpu", kernels="cuda", workers=2)
+    options = dict(target="cpu", kernels="cuda", workers=2, chip=chip)
     kf = etc.compile(fused, **options)
-    assert re.search(r"_tile_matmul(_gemv(_t)?)?_mma_", kf.ir("graph"))
+    kind = "wgmma" if chip == "sm_90a" else "mma"
+    assert re.search(rf"_tile_matmul(_gemv(_t)?)?_{kind}_", kf.ir("graph"))
     inputs = _inputs(np.random.default_rng(5), "bf16", 32, 64, 128, True)
     np.testing.assert_array_equal(kf.run(**inputs)[0],
                                   etc.compile(separate, **options).run(**inputs)[0])

@@ -149,7 +149,9 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
     # The linear layers' weights are (N, K): the transposed GEMV, with the
     # tensor-core kernel for tiles of many rows in bf16.
     kinds = set(re.findall(r"_tile_(matmul\w*?)_\d+\(", kernel.ir("graph")))
-    unpacked = "matmul_gemv_t_mma" if dtype == "bf16" else "matmul_gemv_t"
+    # (sm_90a: wgmma; sm_80: mma.sync.)
+    tensor_cores = "wgmma" if chip == "sm_90a" else "mma"
+    unpacked = f"matmul_gemv_t_{tensor_cores}" if dtype == "bf16" else "matmul_gemv_t"
     # (An untied embedding is only gathered; experts take the MoE tiles.)
     # Packed weights: their GEMV, with the tensor cores from 16 rows in bf16
     # (the values dequantized into the shared tile).
@@ -172,10 +174,13 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
     # (`out_of_line_on_gpu`): inlined, their registers add to the worker's.
     called = _called_by_worker(ptx, graph.name)
     assert packed_kinds <= called, (packed_kinds, called)
-    if dtype == "bf16" and (has_unpacked or packed_kinds):
+    # (Packed weights take mma.sync on both chips.)
+    if dtype == "bf16" and (packed_kinds or has_unpacked and chip != "sm_90a"):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    if dtype == "bf16" and has_unpacked and chip == "sm_90a":
+        assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16", ptx)
     if dtype == "bf16" and has_unpacked:
-        assert "matmul_gemv_t_mma" in called, called
+        assert unpacked in called, called
     worker = report.split(f"Compiling entry function '{graph.name}_worker'")[1]
     static = int(re.search(r"(\d+) bytes smem", worker).group(1))
     assert 0 < kernel.abi.shared_bytes and static + kernel.abi.shared_bytes <= STATIC_LIMIT, \

@@ -199,6 +199,10 @@ class TileKernel:
     #: that need many of them (tensor-core tiles, weights dequantized in
     #: registers) are kept out so that the worker does not spill.
     out_of_line_on_gpu = False
+    #: Whether the function must be inlined in the GPU worker (LLVM's
+    #: `alwaysinline`): ptxas serialises the wgmma of a function the worker
+    #: calls (C7510, the wgmma pipeline crossing a function boundary).
+    inline_on_gpu = False
 
     @classmethod
     def tensors(cls, op: "Operation") -> list:

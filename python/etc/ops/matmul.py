@@ -46,7 +46,12 @@ Kernels, by target:
   `MatmulMMASkinny` and `MatmulMMASkinnyT` (tensor cores from 16 rows, the
   GEMV below), on the GEMV's column tiles; a packed B^T likewise
   (`matmul_packed_mma.MatmulPackedMMA`: its values dequantized into the
-  shared tile, the packed GEMV below 16 rows).
+  shared tile, the packed GEMV below 16 rows);
+* cuda, sm_90a, f16 and bf16 A @ B^T with K a multiple of 64: `wgmma`
+  from 128-byte-swizzled shared memory behind an mbarrier ring
+  (`matmul_wgmma.MatmulWGMMA`), `MatmulWGMMASkinnyT` for symbolic rows
+  (the GEMV below 16 rows); `MatmulMMA` stays for sm_80 and for what it
+  does not take (B (K, N), K not a multiple of 64).
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from .matmul_mma import MatmulMMA
 from .matmul_packed import choose_packed
 from .matmul_packed_mma import MatmulPackedMMA
 from .matmul_scalar import Matmul
+from .matmul_wgmma import MatmulWGMMA
 
 KINDS = ("matmul",)
 
@@ -91,6 +97,25 @@ class MatmulMMASkinnyT(MatmulMMA, MatmulSkinnyT):
         MatmulSkinnyT.emit(self)
 
 
+class MatmulWGMMASkinnyT(MatmulWGMMA, MatmulSkinnyT):
+    """Symbolic rows, B^T (N, K), sm_90a: wgmma for tiles of 16 rows or
+    more, `MatmulSkinnyT`'s GEMV for fewer.
+
+    Out of line on the GPU, as `MatmulMMA`: inlined with the GEMV in a
+    model's worker, it made Qwen3-30B-A3B's static sm_90a worker spill 176
+    bytes (2026-11-28); as a call, ptxas serialises its wgmma (C7510)."""
+
+    out_of_line_on_gpu = True
+    inline_on_gpu = False
+
+    @classmethod
+    def name(cls, op) -> str:
+        return "matmul_gemv_t_wgmma"
+
+    def narrow(self) -> None:
+        MatmulSkinnyT.emit(self)
+
+
 def choose_kernel(op, target) -> type:
     """The matmul kernel for `op` on `target`."""
     if is_packed(op.operands[1].dtype):
@@ -103,6 +128,11 @@ def choose_kernel(op, target) -> type:
         return MatmulDPBF16
     if target.kind == "cpu" and MatmulCPU.applies(op):
         return MatmulCPU
+    if MatmulWGMMA.applies(op, target):
+        if isinstance(op.operands[0].shape[0], int):
+            return MatmulWGMMA
+        if MatmulSkinnyT.applies(op, target):
+            return MatmulWGMMASkinnyT
     if MatmulMMA.applies(op, target):
         if isinstance(op.operands[0].shape[0], int):
             return MatmulMMA
@@ -130,7 +160,10 @@ def build_tasks(b: TaskBuilder, op) -> None:
         # Known rows of 16 or more: tiles for the tensor cores. Otherwise
         # the GEMV's (decode first), which the tensor cores also take.
         wide = dataclasses.replace(op, tile=MatmulMMA.tile_for(op, b.target))
-        if isinstance(op.operands[0].shape[0], int) and MatmulMMA.applies(wide, b.target):
+        hopper = dataclasses.replace(op, tile=MatmulWGMMA.tile_for(op, b.target))
+        if isinstance(op.operands[0].shape[0], int) and MatmulWGMMA.applies(hopper, b.target):
+            op = hopper
+        elif isinstance(op.operands[0].shape[0], int) and MatmulMMA.applies(wide, b.target):
             op = wide
         else:
             chooser = MatmulSkinnyT if op.params["transpose_b"] else MatmulSkinny

@@ -257,6 +257,10 @@ class Barriers:
     (8 bytes each, `address` 8-byte aligned); simulated, their state is an
     array (pending count, phase bit) and a deadlock flag."""
 
+    #: How long a lane waits on a barrier before trapping (10 s: longer
+    #: than the default watchdog of the event waits).
+    HANG_NS = 10_000_000_000
+
     def __init__(self, k, count: int, arrivals: int, address=None):
         self.k = k
         self.count = count
@@ -333,14 +337,40 @@ class Barriers:
         flag."""
         k = self.k
         if not self.simulate:
-            word = arith.index_cast(ir.IntegerType.get_signless(32), parity)
-            nvvm.mbarrier_try_wait_parity(self._pointer(barrier), word, self._i32(10_000_000))
+            self._bounded_wait(self._pointer(barrier),
+                               arith.index_cast(ir.IntegerType.get_signless(32), parity))
             return
         phase = memref.load(self.state, [barrier, k.cidx(1)])
         word = arith.index_cast(ir.IntegerType.get_signless(32), parity)
         blocked = arith.cmpi(arith.CmpIPredicate.eq, phase, word)
         flag = memref.load(self.stuck, [k.cidx(0)])
         memref.store(arith.select(blocked, self._i32(1), flag), self.stuck, [k.cidx(0)])
+
+    def _bounded_wait(self, pointer: ir.Value, parity: ir.Value) -> None:
+        """`mbarrier.try_wait.parity` until the phase completes, or a trap
+        after HANG_NS by `%globaltimer`: a pipeline bug ends the launch with
+        an error instead of hanging it. (The event waits' watchdog, with its
+        error record naming the task, lives in the C++ lowering.)"""
+        i1, i64 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(64)
+        start = nvvm.read_ptx_sreg_globaltimer(i64)
+        false = arith.constant(i1, 0)
+        true = arith.constant(i1, 1)
+        loop = scf.WhileOp([i1], [false])
+        before = loop.before.blocks.append(i1)
+        with ir.InsertionPoint(before):
+            done = nvvm.mbarrier_try_wait(i1, pointer, parity)
+            waited = arith.subi(nvvm.read_ptx_sreg_globaltimer(i64), start)
+            late = arith.cmpi(arith.CmpIPredicate.ugt, waited,
+                              arith.constant(i64, self.HANG_NS))
+            again = arith.andi(arith.xori(done, true), arith.xori(late, true))
+            scf.condition(again, [done])
+        after = loop.after.blocks.append(i1)
+        with ir.InsertionPoint(after):
+            scf.yield_([after.arguments[0]])
+        hung = scf.IfOp(arith.xori(loop.results[0], true))
+        with ir.InsertionPoint(hung.then_block):
+            llvm.intr_trap()
+            scf.yield_([])
 
     def deadlocked(self) -> ir.Value:
         """Simulated: whether a wait could not have passed (i1)."""

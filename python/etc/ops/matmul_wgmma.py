@@ -1,0 +1,353 @@
+"""The Hopper matmul tile of the CUDA target (`MatmulWGMMA`, sm_90a): C =
+A @ B^T with f16 or bf16 operands and f32 accumulators, its operands staged
+into 128-byte-swizzled shared memory through a ring of stages guarded by
+mbarriers and multiplied by `wgmma` m64nNk16 straight from shared memory
+(`etc.ops.wgmma` holds the instructions and their exact emulation).
+
+The CTA is one warpgroup (the target's 128 lanes); every lane is both a
+producer (its share of each stage's 16-byte `cp.async` copies) and a
+consumer (the warpgroup's wgmma), so the pipeline is the ring of a
+warp-specialised kernel without the specialisation:
+
+* S stages (S = min(STAGES, K / 64)); a stage holds 64 K-columns of the
+  tile's A rows (MI = ceil(tm / 64) blocks of 64 rows) and of its tn B^T
+  rows, each row 128 bytes, 8 rows a 1024-byte swizzle atom, atoms 1024
+  bytes apart (the descriptors' SBO), stages and atoms 1024-byte aligned
+  (on the GPU the shared arena is aligned up at run time), so the
+  hardware's address-based swizzle and the kernel's placement agree. The
+  symbolic-rows kernel, which shares its worker with a model's other
+  tiles, keeps its ring within 48 KB where it can: 2 stages, then 32
+  K-columns per stage in the 64-byte swizzle (`_layout`).
+* Barriers: full[s] and empty[s] per stage, 128 arrivals each. Step t's
+  copies go into stage t % S after waiting empty[t % S] for parity
+  (t / S + 1) % 2 (the first round's parity 1 passes on a fresh barrier:
+  nothing to wait for), then each lane's `cp.async.mbarrier.arrive.noinc`
+  arrives on full[t % S] once its copies land. Step s waits full[s % S]
+  for parity (s / S) % 2, fences the generic proxy's writes for the async
+  proxy, issues its 4 MI wgmma (k = 16 each; the descriptor of slice j
+  starts 32 j bytes into the row, which the swizzle of the absolute
+  address resolves; 2 MI with 64-byte rows), commits and waits for all but
+  this group: step s - 1's wgmma are then done, each lane arrives on
+  empty[(s - 1) % S] and refills that stage with step s - 1 + S. So S - 1
+  steps of copies are in flight while one step of wgmma runs.
+* Stores: each lane's accumulators (`wgmma.fragment_d`) through
+  `ResidualStores`, two adjacent columns at a time, rows past the tile or
+  the matrix skipped (A's rows past the matrix read its last row).
+
+Rows are symbolic in LLM graphs: as `MatmulMMA`, tiles of fewer than
+MIN_ROWS rows take `narrow` (the GEMV, `MatmulWGMMASkinnyT` in
+`matmul.py`), decided per tile at run time.
+
+Known rows: the tile is inlined in the worker (`inline_on_gpu`): a worker
+that calls it makes ptxas serialise every wgmma (C7510). The symbolic-rows
+kernel is a call (see `MatmulWGMMASkinnyT`). Barrier waits trap after
+`Barriers.HANG_NS` instead of hanging.
+
+Not yet: TMA loads (`cp.async.bulk.tensor` from a host-encoded CUtensorMap
+per operand, one elected producer, `expect_tx` on the full barriers) and a
+separate producer warpgroup; B (K, N) (an MN-major B operand), which keeps
+`MatmulMMA`. `tma=True` asks for TMA and raises NotImplementedError.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith, llvm, memref, scf, vector
+
+from . import wgmma
+from .base import element_type
+from .matmul_mma import MatmulMMA, _workgroup
+
+
+class MatmulWGMMA(MatmulMMA):
+    """Hopper tensor-core matmul tile: C = A @ B^T, f16 or bf16, f32
+    accumulators (`wgmma` m64nNk16 from 128-byte-swizzled shared memory, an
+    S-stage mbarrier ring of `cp.async` loads; see the module docstring).
+    Needs sm_90a, 128 lanes (one warpgroup), K a multiple of 64, N of the
+    tile's columns (a multiple of 16, at most 256)."""
+
+    #: In the worker: called, ptxas serialises every wgmma (C7510).
+    out_of_line_on_gpu = False
+    inline_on_gpu = True
+
+    #: (K per stage, swizzle): one swizzled row of 16-bit elements per
+    #: operand row, in order of preference (see `_layout`).
+    LAYOUTS = ((64, "128B"), (32, "64B"))
+    #: K must be a multiple of this.
+    BK = 64
+    #: Stages of the ring (at most; fewer when K has fewer steps).
+    STAGES = 3
+    #: Alignment of the stages (a 128-byte swizzle atom: 8 rows of 128 bytes).
+    ATOM = 1024
+    #: Shared memory a CTA has without opting in: the most the symbolic-rows
+    #: kernel's ring takes when a narrower layout fits.
+    SHARED_LIMIT = 48 << 10
+    #: Loads with TMA instead of cp.async (not implemented).
+    tma = False
+
+    @classmethod
+    def name(cls, op) -> str:
+        return "matmul_wgmma"
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        a, b = op.operands[:2]
+        m, k = a.shape
+        n = cls.columns(op)
+        tm, tn = op.tile
+        # wgmma is sm_90a only (the "a" features); one warpgroup per CTA.
+        if not (target.gpu_kernels and target.chip == "sm_90a" and target.warp == 32
+                and target.lanes == wgmma.WARPGROUP and a.dtype in ("f16", "bf16")
+                and b.dtype == a.dtype and op.params["transpose_b"]):
+            return False
+        if not (isinstance(k, int) and isinstance(n, int) and k % cls.BK == 0
+                and n % tn == 0 and tn % 8 == 0 and tn <= 256 and tm % 16 == 0):
+            return False
+        return not (isinstance(m, int) and m < cls.MIN_ROWS)
+
+    @classmethod
+    def tile_for(cls, op, target) -> tuple:
+        """For known rows: 128 rows (64 for fewer than 128), the widest
+        columns (at most 128: 128 f32 accumulators per lane) that still
+        give every SM a tile."""
+        m = op.operands[0].shape[0]
+        n = cls.columns(op)
+        if not isinstance(n, int) or not isinstance(m, int):
+            return op.tile
+        tm = 128 if m >= 128 else wgmma.M
+        candidates = [tn for tn in (128, 64, 32, 16) if n % tn == 0]
+        if not candidates:
+            return op.tile
+        row_tiles = -(-m // tm)
+        enough = [tn for tn in candidates if row_tiles * (n // tn) >= target.sm_count]
+        return (tm, enough[0] if enough else candidates[-1])
+
+    # -- layout -------------------------------------------------------------
+
+    def _layout(self) -> None:
+        """Stages of 64 K-columns in the 128-byte swizzle, up to STAGES of
+        them. For symbolic rows (the tile sits in a model's worker beside
+        every other tile, whose CTAs should not need more than
+        SHARED_LIMIT), the first of: 3 then 2 such stages, 3 then 2 stages
+        of 32 K-columns in the 64-byte swizzle, that fits (else one stage of
+        the last)."""
+        tm, tn = self.op.tile
+        self.mi = -(-tm // wgmma.M)
+        self.a_rows = self.mi * wgmma.M
+        k = self.op.operands[0].shape[1]
+        known_rows = isinstance(self.op.operands[0].shape[0], int)
+        for bk, mode in self.LAYOUTS:
+            for stages in range(min(self.STAGES, k // bk), 0, -1):
+                self.bk, self.swizzle, self.stages, self.steps = bk, mode, stages, k // bk
+                self.row_bytes = bk * 2
+                self.a_bytes = self.a_rows * self.row_bytes
+                self.stage_bytes = (self.a_rows + tn) * self.row_bytes
+                self.barrier_offset = stages * self.stage_bytes
+                # Room to align the arena's start up to an atom on the GPU.
+                self.total_bytes = self.ATOM + self.barrier_offset + 16 * stages
+                if known_rows or (stages > 1 and self.total_bytes <= self.SHARED_LIMIT):
+                    return
+
+    def descriptor(self, base: wgmma.Index, stage, operand: str, block: int,
+                   slice_: int) -> wgmma.Index:
+        """The descriptor of A's 64-row block `block` or of B^T, K slice
+        `slice_` (16 columns) of `stage`."""
+        start = base + wgmma.as_index(self, stage) * self.stage_bytes + slice_ * wgmma.K * 2
+        if operand == "a":
+            start = start + block * wgmma.M * self.row_bytes
+        else:
+            start = start + self.a_bytes
+        # LBO: unused by K-major swizzled layouts (1 by convention).
+        return wgmma.descriptor(start, 16, 8 * self.row_bytes, self.swizzle)
+
+    # -- the tile -------------------------------------------------------------
+
+    def emit_mma(self) -> None:
+        if self.tma:
+            raise NotImplementedError(
+                "MatmulWGMMA: TMA loads (cp.async.bulk.tensor with host-encoded CUtensorMaps) "
+                "are not implemented; the tile loads with cp.async")
+        op = self.op
+        a = op.operands[0]
+        tm, tn = op.tile
+        lanes = self.lanes()
+        self._layout()
+        self.r0 = arith.muli(self.ti[0], self.cidx(tm))
+        self.c0 = arith.muli(self.ti[1], self.cidx(tn))
+        rows = self.extent(op.result, 0, self.r0, tm)
+        self.smem = self.scratch([self.total_bytes // 2], a.dtype)
+        k = self
+        if lanes.simulate:
+            # The simulated shared window starts at address 0, atom-aligned.
+            self.raw = self.base = wgmma.as_index(k, 0)
+            self.acc = self.entry_alloca(ir.MemRefType.get(
+                [lanes.count, self.mi * tn // 2], self.f32))
+        else:
+            self.shared = _workgroup(self.smem)
+            raw = memref.extract_aligned_pointer_as_index(self.shared)
+            self.raw = wgmma.Index(k, raw)
+            self.base = (self.raw + (self.ATOM - 1)) & ((1 << 64) - self.ATOM)
+        barriers = self.base + self.barrier_offset
+        self.full = wgmma.Barriers(k, self.stages, wgmma.WARPGROUP,
+                                   None if lanes.simulate else barriers.value)
+        self.empty = wgmma.Barriers(k, self.stages, wgmma.WARPGROUP,
+                                    None if lanes.simulate else (barriers + 8 * self.stages).value)
+        self.full.init()
+        self.empty.init()
+        if lanes.simulate:
+            def clear(lane):
+                for slot in range(self.mi * tn // 2):
+                    memref.store(self.cf32(0.0), self.acc, [lane, self.cidx(slot)])
+            lanes.each(clear)
+            init = []
+        else:
+            init = [wgmma.zero_accumulators(tn) for _ in range(self.mi)]
+        lanes.barrier()
+        for t in range(self.stages):
+            self.produce(lanes, self.cidx(t))
+        loop = scf.ForOp(self.cidx(0), self.cidx(self.steps), self.cidx(1), init)
+        with ir.InsertionPoint(loop.body):
+            s = loop.induction_variable
+            accs = self.consume(lanes, s, list(loop.inner_iter_args))
+            started = arith.cmpi(arith.CmpIPredicate.uge, s, self.cidx(1))
+            previous = arith.subi(arith.maxui(s, self.cidx(1)), self.cidx(1))
+            branch = scf.IfOp(started)
+            with ir.InsertionPoint(branch.then_block):
+                lanes.each(lambda lane: self.empty.arrive(self._stage(previous)))
+                scf.yield_([])
+            refill = arith.addi(previous, self.cidx(self.stages))
+            more = arith.andi(started, arith.cmpi(arith.CmpIPredicate.ult, refill,
+                                                  self.cidx(self.steps)))
+            branch = scf.IfOp(more)
+            with ir.InsertionPoint(branch.then_block):
+                self.produce(lanes, refill)
+                scf.yield_([])
+            scf.yield_(accs)
+        if not lanes.simulate:
+            wgmma.wait(0)
+        self.write_back(lanes, list(loop.results), arith.addi(self.r0, rows))
+        lanes.barrier()
+        self.full.invalidate()
+        self.empty.invalidate()
+
+    def _stage(self, step: ir.Value) -> ir.Value:
+        return arith.remui(step, self.cidx(self.stages))
+
+    def _parity(self, step: ir.Value, offset: int) -> ir.Value:
+        """(step / S + offset) % 2: the phase a round's wait is for."""
+        return arith.remui(arith.addi(arith.divui(step, self.cidx(self.stages)),
+                                      self.cidx(offset)), self.cidx(2))
+
+    def produce(self, lanes, step: ir.Value) -> None:
+        """Every lane: wait until stage step % S is free, copy its share of
+        step `step`'s A rows and B^T rows into it (swizzled), arrive on the
+        stage's full barrier once they land."""
+        stage = self._stage(step)
+        k0 = arith.muli(step, self.cidx(self.bk))
+        a, b = self.op.operands[:2]
+        last_row = arith.subi(self.dim(a, 0), self.cidx(1))
+        chunks_per_row = self.row_bytes // 16
+        tn = self.op.tile[1]
+        copies = [(a, self.a_rows, 0), (b, tn, self.a_bytes)]
+
+        def body(lane):
+            self.empty.wait(stage, self._parity(step, 1))
+            for tensor, rows, offset in copies:
+                chunks = rows * chunks_per_row
+                for j in range(-(-chunks // lanes.count)):
+                    c = arith.addi(lane, self.cidx(j * lanes.count))
+                    if (j + 1) * lanes.count > chunks:
+                        c = arith.minui(c, self.cidx(chunks - 1))
+                    row = arith.divui(c, self.cidx(chunks_per_row))
+                    chunk = arith.remui(c, self.cidx(chunks_per_row))
+                    if tensor is a:
+                        src_row = arith.minsi(arith.addi(self.r0, row), last_row)
+                    else:
+                        src_row = arith.addi(self.c0, row)
+                    src = [src_row, arith.addi(k0, arith.muli(chunk, self.cidx(8)))]
+                    logical = (self.base + wgmma.Index(self, stage) * self.stage_bytes + offset
+                               + wgmma.Index(self, row) * self.row_bytes
+                               + wgmma.Index(self, chunk) * 16)
+                    element = (wgmma.swizzle(logical, self.swizzle) - self.raw) // 2
+                    self.copy16(lanes, tensor, src, element.value)
+            self.full.arrive_after_copies(stage)
+        lanes.each(body)
+
+    def copy16(self, lanes, tensor, src: list, element: ir.Value) -> list:
+        """8 elements (16 bytes) of `tensor` at `src` to shared memory at
+        element `element` (`cp.async` on the GPU)."""
+        if lanes.simulate:
+            storage = ir.VectorType.get([8], element_type(tensor.dtype))
+            vector.store(vector.load(storage, self.buf(tensor), src), self.smem, [element])
+            return []
+        from mlir.dialects import nvgpu
+        return [nvgpu.device_async_copy(self.shared, [element], self.buf(tensor), src,
+                                        ir.IntegerAttr.get(self.index, 8), bypass_l1=True)]
+
+    def consume(self, lanes, step: ir.Value, accs: list) -> list:
+        """Step `step`'s multiplies once its stage is full: on the GPU the
+        wgmma of its 4 K slices and MI row blocks, committed as one group,
+        then a wait for all but that group."""
+        stage = self._stage(step)
+        parity = self._parity(step, 0)
+        tn = self.op.tile[1]
+        dtype = self.op.operands[0].dtype
+        slices = self.bk // wgmma.K
+        if not lanes.simulate:
+            self.full.wait(stage, parity)
+            wgmma.async_proxy_fence()
+            wgmma.fence()
+            i64 = ir.IntegerType.get_signless(64)
+            for j in range(slices):
+                b_desc = arith.index_cast(i64, self.descriptor(self.base, stage, "b", 0, j).value)
+                for i in range(self.mi):
+                    a_desc = arith.index_cast(
+                        i64, self.descriptor(self.base, stage, "a", i, j).value)
+                    accs[i] = wgmma.mma_async(accs[i], a_desc, b_desc, tn, dtype)
+            wgmma.commit()
+            wgmma.wait(1)
+            return accs
+
+        def body(lane):
+            self.full.wait(stage, parity)
+            for j in range(slices):
+                b_desc = self.descriptor(self.base, stage, "b", 0, j).value
+                for i in range(self.mi):
+                    a_desc = self.descriptor(self.base, stage, "a", i, j).value
+                    wgmma.emulate(self, lane, self.smem, a_desc, b_desc, tn, self.acc,
+                                  i * tn // 2)
+        lanes.each(body)
+        return []
+
+    def write_back(self, lanes, accs: list, row_end) -> None:
+        """Each lane stores its accumulators, two adjacent columns at a
+        time; rows past the tile or the matrix are skipped. Simulated, a
+        pipeline that would have deadlocked stores NaN."""
+        out = self.op.result
+        tn = self.op.tile[1]
+        f32 = self.f32
+        poisoned = None
+        if lanes.simulate:
+            poisoned = arith.ori(self.full.deadlocked(), self.empty.deadlocked())
+
+        def body(lane):
+            for i in range(self.mi):
+                for v in range(0, tn // 2, 2):
+                    row, col = wgmma.fragment_d(wgmma.Index(self, lane), v)
+                    row = arith.addi(self.r0, (row + i * wgmma.M).value)
+                    col = arith.addi(self.c0, col.value)
+                    if lanes.simulate:
+                        value = vector.load(self.vtype(2), self.acc,
+                                            [lane, self.cidx(i * tn // 2 + v)])
+                        nan = arith.constant(self.vtype(2), ir.DenseElementsAttr.get_splat(
+                            self.vtype(2), ir.FloatAttr.get(f32, float("nan"))))
+                        value = arith.select(poisoned, nan, value)
+                    else:
+                        pair = [llvm.extractvalue(f32, accs[i], [v + h]) for h in range(2)]
+                        value = vector.from_elements(self.vtype(2), pair)
+                    inside = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row, row_end))
+                    with ir.InsertionPoint(inside.then_block):
+                        self.vstore(value, out, [row, col], aligned=True)
+                        scf.yield_([])
+        lanes.each(body)
+
