@@ -4,7 +4,8 @@ the GPU busy while the host queues each timed run; "cold" runs follow an L2
 flush): device-to-device copy bandwidth, notify->wake latency, per-task
 overhead, bf16 GEMV in GB/s, one line per tile kernel, the MLP block and a
 decode step against PyTorch eager and CUDA graphs (ETC also as a CUDA graph
-where the driver can capture it), a bf16 GEMM and the x·Wᵀ kernels at
+where the driver can capture it), a bf16 GEMM, x·Wᵀ with known rows (the
+Hopper wgmma tile) against cuBLAS and a copy, and the x·Wᵀ kernels at
 prefill sizes.
 """
 
@@ -339,6 +340,57 @@ def bench_gemm(b: Bench) -> list[str]:
     return rows
 
 
+def bench_hopper(b: Bench) -> list[str]:
+    """x·Wᵀ with known rows, bf16, W stored (N, K): the wgmma tile on
+    sm_90a (mma.sync where the kit's best chip is sm_80) next to
+    torch.matmul (cuBLAS) and a device-to-device copy of the bytes the
+    product moves at least (x, W and the result once each). Ratios: ETC /
+    cuBLAS in speed (above 1: ETC faster); ETC's time over the copy's."""
+    torch = b.torch
+    d, check = b.device.driver, b.device.check
+    rows = ["| M×N×K | ETC ms | ETC TFLOP/s | cuBLAS ms | cuBLAS TFLOP/s | ETC / cuBLAS | "
+            "copy ms | ETC time / copy time |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rng = np.random.default_rng(5)
+    for entry in b.entries("hopper"):
+        m, n, k = entry["m"], entry["n"], entry["k"]
+        kernel = etc.runtime.load(KIT / entry["path"])
+        x = round_bf16(rng.standard_normal((m, k), np.float32))
+        w = round_bf16(rng.standard_normal((n, k), np.float32) * 0.02)
+        launch = kernel.runtime.bind({"x": x, "w": w})
+        launch.enqueue()
+        launch.check()
+        b.note(kernel, entry["path"])
+        # The first and the last 64 rows: whole and edge tiles, at a
+        # NumPy cost the host can afford for 4096 x 14336 x 4096.
+        for checked in (slice(0, 64), slice(max(m - 64, 0), m)):
+            error = families.relative_error(launch.outputs()[0][checked], x[checked] @ w.T)
+            if not error <= 2e-2:
+                raise RuntimeError(f"x·Wᵀ {m}x{n}x{k} rows {checked.start}..{checked.stop}: "
+                                   f"relative error {error:.3g} before timing")
+        ms = b.timer.within(launch.enqueue)
+        flops = 2 * m * n * k
+        nbytes = 2 * (m * k + n * k + m * n)
+        src = check(d, "cuMemAlloc", d.cuMemAlloc(nbytes))
+        dst = check(d, "cuMemAlloc", d.cuMemAlloc(nbytes))
+        try:
+            copy_ms = b.timer(lambda s: check(d, "cuMemcpyDtoDAsync",
+                                              d.cuMemcpyDtoDAsync(dst, src, nbytes, s)))
+        finally:
+            check(d, "cuMemFree", d.cuMemFree(src))
+            check(d, "cuMemFree", d.cuMemFree(dst))
+        cells = [f"{m}×{n}×{k}", f"{ms:.3f}", f"{flops / ms / 1e9:.1f}"]
+        if torch:
+            tx = torch.from_numpy(x).to("cuda", torch.bfloat16)
+            tw = torch.from_numpy(w).to("cuda", torch.bfloat16)
+            tms = b.torch_ms(lambda: torch.matmul(tx, tw.t()), repeats=20)
+            cells += [f"{tms:.3f}", f"{flops / tms / 1e9:.1f}", f"{tms / ms:.3f}"]
+        else:
+            cells += ["n/a", "n/a", "n/a"]
+        cells += [f"{copy_ms:.3f}", f"{ms / copy_ms:.2f}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 #: Rows of the prefill products (tokens of a prompt, or of a batch of them).
 PREFILL_ROWS = (128, 512, 2048)
 
@@ -646,6 +698,7 @@ SECTIONS = (
     ("mlp", "5-operator MLP block, bf16", bench_mlp),
     ("decode", "Decode step", bench_decode),
     ("gemm", "bf16 GEMM", bench_gemm),
+    ("hopper", "bf16 x·Wᵀ GEMM, known rows (wgmma on sm_90a) vs cuBLAS and a copy", bench_hopper),
     ("prefill", "bf16 prefill x·Wᵀ, symbolic rows (decode-sized column tiles)", bench_prefill),
     ("packed", "Packed weights x·Wᵀ (GGUF block formats) against bf16", bench_packed),
 )

@@ -80,6 +80,11 @@ class BenchShapes:
         hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
         num_key_value_heads=4, head_dim=64, vocab_size=4096, max_position_embeddings=512))
     prompt: int = 128
+    #: x·Wᵀ with known rows (M, N, K), W stored (N, K): the Hopper tile at
+    #: M = 512 and 4096 with K = N = 4096, and Llama-3.1-8B's MLP (gate/up
+    #: N = 14336, down K = 14336) at 4096 rows.
+    hopper: tuple = ((512, 4096, 4096), (4096, 4096, 4096), (4096, 14336, 4096),
+                     (4096, 4096, 14336))
     #: The fused patterns on several ranks (ranks.py): (pattern, rows per
     #: rank, K, N), bf16: all_gather + GEMM gathers `rows` per rank (the
     #: GEMM is (ranks x rows) x K x N on every rank); GEMM + reduce_scatter
@@ -92,6 +97,7 @@ RANKS = 2
 FULL = BenchShapes()
 SMALL = BenchShapes(gemv=((256, 512),), mlp=(64, 128), gemm=64, rows=64, width=256,
                     chain=(1, 64), decode=dict(), prompt=12,
+                    hopper=((64, 64, 128), (130, 128, 192)),
                     ranks=(("ag_mm", 32, 64, 32), ("mm_rs", 64, 32, 32)))
 
 
@@ -159,6 +165,18 @@ def gemm_graph(size: int):
 
     g = etc.Graph(f"gemm_{size}")
     g.output(g.matmul(g.input("a", (size, size), "bf16"), g.input("b", (size, size), "bf16")))
+    return g
+
+
+def hopper_gemm_graph(m: int, n: int, k: int):
+    """x·Wᵀ in bf16 with known rows, W stored (N, K) as Hugging Face
+    linear layers store it: on sm_90a the wgmma tile on the tiles chosen
+    for the shape (`matmul_wgmma.MatmulWGMMA`), mma.sync on sm_80."""
+    import etc
+
+    g = etc.Graph(f"hopper_{m}x{n}x{k}")
+    g.output(g.matmul(g.input("x", (m, k), "bf16"), g.input("w", (n, k), "bf16"),
+                      transpose_b=True))
     return g
 
 
@@ -358,6 +376,9 @@ class Builder:
                       variant=NO_PREFETCH)
             self.save(self.compile(gemm_graph(shapes.gemm), "static", chip),
                       f"gemm_{shapes.gemm}-{chip}", kind="gemm", size=shapes.gemm)
+            for m, n, k in shapes.hopper:
+                self.save(self.compile(hopper_gemm_graph(m, n, k), "static", chip),
+                          f"hopper_{m}x{n}x{k}-{chip}", kind="hopper", m=m, n=n, k=k)
             for index, (title, build, size, flops) in enumerate(roofline_graphs(shapes)):
                 self.save(self.compile(build(), "static", chip), f"roofline{index}-{chip}",
                           kind="roofline", title=title, size=size, flops=flops)

@@ -130,6 +130,23 @@ def packed_graph():
     return g
 
 
+def hopper_graph(dtype: str = "bf16"):
+    """x·Wᵀ at K = 320, the Hopper tile's family: on sm_90a `wgmma` from
+    swizzled shared memory behind the mbarrier ring (five 64-wide K steps
+    through three stages: every barrier completes both phases), with the
+    transposed GEMV for tiles of fewer than 16 rows; on the GEMV's column
+    tiles (192 columns) and on 128 x 64 tiles (two 64-row wgmma blocks);
+    `mma.sync` on sm_80."""
+    import etc
+
+    g = etc.Graph(f"hopper_{dtype}")
+    B = g.symbol("B")
+    x = g.input("x", (B, 320), dtype)
+    g.output(g.matmul(x, g.input("w", (192, 320), dtype), transpose_b=True),
+             g.matmul(x, g.input("w2", (256, 320), dtype), transpose_b=True, tile=(128, 64)))
+    return g
+
+
 def moe_graph(dtype: str = "f32", name: str = "moe_layer"):
     import etc
 
@@ -167,6 +184,10 @@ def families() -> dict:
                         Recipe(scales=weights, tolerance=2e-3))
     table["mlp_bf16"] = (lambda: mlp_block("mlp_bf16", dtype="bf16"),
                          Recipe(scales=weights, tolerance=2e-2))
+    # Rows: the GEMV (1, 5), partial wgmma tiles (33, 130), whole ones.
+    hopper = dict(sizes=(1, 5, 33, 64, 130), scales={"w": 0.1, "w2": 0.1})
+    table["hopper_bf16"] = (hopper_graph, Recipe(tolerance=2e-2, **hopper))
+    table["hopper_f16"] = (lambda: hopper_graph("f16"), Recipe(tolerance=3e-3, **hopper))
     moe_scales = {"w1": 0.25, "w2": 0.2}
     table["moe"] = (moe_graph, Recipe(sizes=(1, 7, 40, 100), scales=moe_scales,
                                       routing=("x", "router_w", 2)))

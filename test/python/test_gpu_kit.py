@@ -60,8 +60,8 @@ def test_cuda_kit_builds_and_runs_without_mlir(cuda_kit):
     out, log = cuda_kit
     manifest = json.loads((out / "manifest.json").read_text())
     kinds = {e["kind"] for e in manifest["artifacts"]}
-    assert {"check", "watchdog", "latency", "overhead", "gemv", "mlp", "gemm", "roofline",
-            "decode"} <= kinds
+    assert {"check", "watchdog", "latency", "overhead", "gemv", "mlp", "gemm", "hopper",
+            "roofline", "decode"} <= kinds
     assert {e["chip"] for e in manifest["artifacts"]} == {"sm_90a"}
     assert {e["requested_schedule"] for e in manifest["artifacts"] if e["kind"] == "check"} == {
         "static", "dynamic", "auto"}
@@ -201,7 +201,7 @@ def test_kit_on_a_fake_driver_fills_every_benchmark_table(fake_driver_run):
     overhead = report.split("### Per-task overhead")[1].split("###")[0]
     assert re.search(r"\| 16384 \| [\d.]+ \| \d+ \| [\d.]+ \| \d+ \|", overhead), overhead
     for title, rows in (("### bf16 GEMV", 10), ("### Roofline", 7), ("### 5-operator MLP", 5),
-                        ("### Decode step", 4), ("### bf16 GEMM", 1),
+                        ("### Decode step", 4), ("### bf16 GEMM", 1), ("### bf16 x·Wᵀ GEMM", 2),
                         ("### bf16 prefill", 3), ("### Packed weights", 10)):
         table = [line for line in report.split(title)[1].split("###")[0].splitlines()
                  if re.match(r"\| \d|\| \w.*\| [\d.]+ \|", line)]
