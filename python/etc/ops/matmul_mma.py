@@ -116,7 +116,14 @@ class MatmulMMA(ResidualStores):
             return op.tile
         # Whole warp multiplies: a row tile clamped to a small matrix (23
         # rows) grows back to 32, still one tile.
-        tm = -(-op.tile[0] // mma.M) * mma.M
+        return cls.filling_columns(op, target, -(-op.tile[0] // mma.M) * mma.M)
+
+    @classmethod
+    def filling_columns(cls, op, target, tm: int) -> tuple:
+        """(tm, the widest of 128, 64, 32, 16 columns dividing N that still
+        gives every SM a tile at tm rows, else the narrowest); `op.tile`
+        when none divides N. Rows and N known."""
+        m, n = op.operands[0].shape[0], cls.columns(op)
         candidates = [tn for tn in (128, 64, 32, 16) if n % tn == 0]
         if not candidates:
             return op.tile

@@ -114,13 +114,7 @@ class MatmulWGMMA(MatmulMMA):
         n = cls.columns(op)
         if not isinstance(n, int) or not isinstance(m, int):
             return op.tile
-        tm = 128 if m >= 128 else wgmma.M
-        candidates = [tn for tn in (128, 64, 32, 16) if n % tn == 0]
-        if not candidates:
-            return op.tile
-        row_tiles = -(-m // tm)
-        enough = [tn for tn in candidates if row_tiles * (n // tn) >= target.sm_count]
-        return (tm, enough[0] if enough else candidates[-1])
+        return cls.filling_columns(op, target, 128 if m >= 128 else wgmma.M)
 
     # -- layout -------------------------------------------------------------
 
