@@ -12,8 +12,10 @@ per core). Where a Q4_K or Q6_K tile's time goes is read against the Q8_0
 row, whose unpacking is one xor per 32 weights (and whose code the
 K-quants' integer sub-block scales, `ops/packed_k_dots.py`, left alone).
 
+`--shape 2048x8192` gives the FFN's down projection instead (N x K).
+
 Usage: .venv/bin/python bench/packed_tiles.py [--types q4_k,q6_k,q8_0]
-       [--batches 1 16] [--workers 2] [--repeats 15]
+       [--batches 1 16] [--workers 2] [--repeats 15] [--shape 8192x2048]
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import numpy as np
 import etc
 from etc import packed
 
-N, K = 8192, 2048
 
 
 def main() -> None:
@@ -36,7 +37,14 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--shape", default="8192x2048", help="the weight's N x K")
     args = parser.parse_args()
+    try:
+        N, K = (int(n) for n in args.shape.split("x"))
+    except ValueError:
+        parser.error(f"--shape: expected N x K as 8192x2048, not {args.shape!r}")
+    if N < 1 or K < 1 or K % 256:
+        parser.error(f"--shape: N must be positive and K a multiple of 256, not {args.shape}")
     if min(args.batches) < 1 or args.workers < 1 or args.repeats < 1:
         parser.error("--batches, --workers and --repeats must be positive")
     print("| type | MB | B | median ms | best ms | GB/s (best) | G int8 products/s (best) |")

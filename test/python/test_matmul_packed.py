@@ -106,45 +106,59 @@ def _extreme_blocks(fmt: str, n: int, k: int, seed: int) -> np.ndarray:
     return raw.reshape(n, -1)
 
 
-@pytest.fixture(scope="module")
-def k_quants():
-    """x (T, 768) times a 37 x 768 weight of each K-quant (3 blocks of
-    256: an odd number of 512-bit pairs of steps), compiled once."""
-    k = 768
+#: K of the extreme-value tests: 3 blocks of 256 (an odd number of 512-bit
+#: pairs of steps) and 11 (the panel path's chunks of `CHUNK` = 1024
+#: values: 4, 4 and 3 blocks, `partials` carried between them).
+EXTREME_KS = (768, 2816)
+
+
+@pytest.fixture(scope="module", params=["static", "dynamic"])
+def k_quants(request):
+    """x (T, K) times a 37 x K weight of each K-quant for each K of
+    EXTREME_KS, compiled once per schedule."""
     g = etc.Graph("kq")
     T = g.symbol("T")
-    x = g.input("x", (T, k), "f32")
     formats = packed.K_FORMATS
-    g.output(*[g.matmul(x, g.input(f"w_{fmt}", (N, k), fmt), transpose_b=True)
-               for fmt in formats])
-    weights = {f"w_{fmt}": _extreme_blocks(fmt, N, k, seed) for seed, fmt in enumerate(formats)}
-    return formats, etc.compile(g, target="cpu", workers=2).partial(**weights), weights
+    outs, weights = [], {}
+    for k in EXTREME_KS:
+        x = g.input(f"x{k}", (T, k), "f32")
+        for seed, fmt in enumerate(formats):
+            outs.append(g.matmul(x, g.input(f"w_{fmt}_{k}", (N, k), fmt), transpose_b=True))
+            weights[f"w_{fmt}_{k}"] = _extreme_blocks(fmt, N, k, seed + k)
+    g.output(*outs)
+    kernel = etc.compile(g, target="cpu", workers=2, schedule=request.param)
+    return formats, kernel.partial(**weights), weights
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 16, 17, 33])
 def test_k_quants_integer_scales_at_the_extremes(k_quants, rows):
     """The K-quants' products with their sub-block scales in integers
     (`ops/packed_k_dots.py`: 16-bit pair sums of unsigned weights and
-    activations, times 16-bit scales into 32-bit lanes) equal the
-    emulated product (A quantized per 256 values) where the integers
-    are largest: weights of every bit pattern, blocks with every scale
-    and q at its largest (Q6_K: scales -128 and 127), activations all at
-    +-max|x| (every q +-127), single outliers per block (the others'
-    q 0 or +-1), and a row of zeros."""
+    activations, times 16-bit scales into 32-bit lanes; from 8 rows the
+    panel path, K in chunks) equal the emulated product (A quantized per
+    256 values) where the integers are largest: weights of every bit
+    pattern, blocks with every scale and q at its largest (Q6_K: scales
+    -128 and 127), activations all at +-max|x| (every q +-127), single
+    outliers per block (the others' q 0 or +-1), and a row of zeros."""
     formats, run, weights = k_quants
     rng = np.random.default_rng(rows)
-    a = rng.standard_normal((rows, 768)).astype(np.float32)
-    a[0] = np.where(np.arange(768) % 3 == 0, -5.0, 5.0)  # every q -127 or 127
-    if rows > 1:
-        a[1] = 1e-3 * rng.standard_normal(768)
-        a[1, ::256] = 300.0  # one outlier per block of 256
-    if rows > 2:
-        a[2] = 0.0
-    for fmt, got in zip(formats, run.run(x=a)):
-        w = packed.dequantize(weights[f"w_{fmt}"], fmt).astype(np.float64)
-        x = packed.quantize_activations(a, 256).astype(np.float64)
-        scale = np.abs(x) @ np.abs(w).T + 1e-30
-        assert (np.abs(got - x @ w.T) / scale).max() < 1e-5, fmt
+    inputs = {}
+    for k in EXTREME_KS:
+        a = rng.standard_normal((rows, k)).astype(np.float32)
+        a[0] = np.where(np.arange(k) % 3 == 0, -5.0, 5.0)  # every q -127 or 127
+        if rows > 1:
+            a[1] = 1e-3 * rng.standard_normal(k)
+            a[1, ::256] = 300.0  # one outlier per block of 256
+        if rows > 2:
+            a[2] = 0.0
+        inputs[f"x{k}"] = a
+    got = iter(run.run(**inputs))
+    for k in EXTREME_KS:
+        x = packed.quantize_activations(inputs[f"x{k}"], 256).astype(np.float64)
+        for fmt in formats:
+            w = packed.dequantize(weights[f"w_{fmt}_{k}"], fmt).astype(np.float64)
+            scale = np.abs(x) @ np.abs(w).T + 1e-30
+            assert (np.abs(next(got) - x @ w.T) / scale).max() < 1e-5, (fmt, k)
 
 
 def test_q8_0_with_k_of_five_blocks_and_bf16_activations():
