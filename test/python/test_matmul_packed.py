@@ -107,8 +107,8 @@ def _extreme_blocks(fmt: str, n: int, k: int, seed: int) -> np.ndarray:
 
 
 #: K of the extreme-value tests: 3 blocks of 256 (an odd number of 512-bit
-#: pairs of steps) and 11 (the panel path's chunks of `CHUNK` = 1024
-#: values: 4, 4 and 3 blocks, `partials` carried between them).
+#: pairs of steps) and 11 (the panel path's chunks of `CHUNK` = 2048
+#: values: 8 and 3 blocks, `partials` carried between them).
 EXTREME_KS = (768, 2816)
 
 

@@ -83,11 +83,12 @@ class IntegerScaleDots:
     #: Values of K per chunk of the panel path (`chunked_dots`): a chunk's
     #: unpacked columns and PANEL_STEP rows of activations (about 4 KB per
     #: block of 256) stay in the L1 cache while the row steps read them.
-    #: One 2048 x 8192 matmul (the FFN's down projection) at B = 16, one
-    #: worker, best of 100 (loaded machine, 2026-11-28): Q4_K 3.55 ms in
-    #: one pass over K -> 2.86-2.93 ms in chunks of 512, 1024 or 2048
-    #: values; Q6_K 3.81 -> 3.11-3.48 ms (8192 x 2048: 2.28 and 2.48 ms).
-    CHUNK = 1024
+    #: B = 16, one worker, best of 50-100 (loaded machine, 2026-11-28):
+    #: the 2048 x 8192 down projection, Q4_K 3.55 ms in one pass over K ->
+    #: 2.86-2.96 ms in chunks of 512, 1024 or 2048 values, Q6_K 3.81 ->
+    #: 3.11-3.48 ms; but 8192 x 2048 in two chunks of 1024 2.25 -> 2.68
+    #: ms (Q4_K): each chunk's start costs, so K = 2048 stays one pass.
+    CHUNK = 2048
 
     def prepare_integer(self, k: int, rows: int) -> None:
         """The stack buffers for `rows` rows of `k` values: per row the
