@@ -340,6 +340,45 @@ def test_fp8_e4m3_dot_blocks_take_k_past_one_panel():
         assert np.all(np.abs(got - want) <= np.abs(want) * 2**-8 + 1e-5 * scale), rows
 
 
+def test_packed_tiles_are_wide_and_equal_the_emulation():
+    """Packed matmuls take column tiles up to `MatmulPackedCPU.WIDEST`
+    wide (every worker the same number, at least two each; `MatmulCPU`'s
+    where none divides N so), and such a tile's products equal the
+    emulated ones: a 2048-column weight on 2 workers takes 4 tiles of
+    512, from the float path at B = 1 to the panels' at B = 9 and 16."""
+    from etc.ops.base import Target
+    from etc.ops.matmul_cpu import MatmulCPU
+    from etc.ops.matmul_packed import MatmulPackedCPU
+
+    def op(n):
+        g = etc.Graph("wide")
+        g.matmul(g.input("x", (g.symbol("T"), 256), "f32"), g.input("w", (n, 256), "q4_k"),
+                 transpose_b=True)
+        return g.operations[-1]
+
+    two = Target("cpu", workers=2)
+    assert MatmulPackedCPU.tile_for(op(8192), two)[1] == 1024
+    assert MatmulPackedCPU.tile_for(op(128256), two)[1] == 384  # 334 tiles; 768: 167
+    assert MatmulPackedCPU.tile_for(op(N), two) == MatmulCPU.tile_for(op(N), two)
+    n, k = 2048, 512
+    g = etc.Graph("wide")
+    x = g.input("x", (g.symbol("T"), k), "f32")
+    formats = ["q4_k", "q6_k", "q8_0"]
+    g.output(*[g.matmul(x, g.input(f"w_{fmt}", (n, k), fmt), transpose_b=True)
+               for fmt in formats])
+    rng = np.random.default_rng(3)
+    weights = {f"w_{fmt}": packed.quantize(rng.standard_normal((n, k)).astype(np.float32), fmt)
+               for fmt in formats}
+    run = etc.compile(g, target="cpu", workers=2).partial(**weights)
+    for rows in (1, 9, 16):
+        a = rng.standard_normal((rows, k)).astype(np.float32)
+        for fmt, got in zip(formats, run.run(x=a)):
+            w = packed.dequantize(weights[f"w_{fmt}"], fmt).astype(np.float64)
+            xq = packed.quantize_activations(a, packed.activation_block([fmt])).astype(np.float64)
+            scale = np.abs(xq) @ np.abs(w).T + 1e-30
+            assert (np.abs(got - xq @ w.T) / scale).max() < 1e-5, (fmt, rows)
+
+
 def test_packed_inputs_are_checked():
     g = etc.Graph("errors")
     x = g.input("x", (4, 64), "f32")

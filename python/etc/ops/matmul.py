@@ -65,7 +65,7 @@ from .matmul_cpu import MatmulCPU
 from .matmul_dpbf16 import MatmulDPBF16
 from .matmul_gemv import MatmulSkinny, MatmulSkinnyT
 from .matmul_mma import MatmulMMA
-from .matmul_packed import choose_packed
+from .matmul_packed import MatmulPackedCPU, choose_packed
 from .matmul_packed_mma import MatmulPackedMMA
 from .matmul_scalar import Matmul
 from .matmul_wgmma import MatmulWGMMA
@@ -151,7 +151,8 @@ def choose_kernel(op, target) -> type:
 
 def build_tasks(b: TaskBuilder, op) -> None:
     if b.target.kind == "cpu" and not op.user_tile:
-        chooser = MatmulAMX if MatmulAMX.applies(op, b.target) else MatmulCPU
+        chooser = MatmulAMX if MatmulAMX.applies(op, b.target) else \
+            MatmulPackedCPU if MatmulPackedCPU.applies(op) else MatmulCPU
         op = dataclasses.replace(op, tile=chooser.tile_for(op, b.target))
     elif b.target.gpu_kernels and not op.user_tile and is_packed(op.operands[1].dtype):
         # A packed B^T: the packed GEMV's column tiles (MatmulSkinnyT's).
