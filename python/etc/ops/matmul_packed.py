@@ -21,7 +21,8 @@ Kernels:
   kernels below do not apply);
 * cpu, the GGML formats (`MatmulPackedCPU`, on `PackedDotsCPU`, which MoE's packed expert
   tiles share: `moe_experts.py`): int8 dot products, as llama.cpp
-  computes on the CPU. The tile first quantizes its rows of A into a stack panel:
+  computes on the CPU, on column tiles up to 1024 wide
+  (`MatmulPackedCPU.tile_for`). The tile first quantizes its rows of A into a stack panel:
   each block of 32 values (256 where the tile's weights are all
   K-quants: `packed.activation_block`) gets d = max|x| / 127 and
   q = round(x / d) (-127 .. 127, a float32 scale); with AVX-512 VNNI the
