@@ -399,10 +399,17 @@ def bench_prefill(b: Bench) -> list[str]:
     """The x·Wᵀ GEMV artifacts (symbolic rows) at prefill sizes: each tile
     of 16 rows or more takes the tensor cores, on the column tiles chosen
     for decode (few, narrow: issue #11 leaves wider prefill tiles open);
-    TFLOP/s next to PyTorch's linear."""
+    TFLOP/s next to PyTorch's linear. On a Hopper GPU the sm_90a artifact
+    multiplies with wgmma (`MatmulWGMMASkinnyT`, a call whose wgmma ptxas
+    serialises) and the sm_80 one, which the driver also runs there, with
+    mma.sync: its time is the A/B of the two."""
     torch = b.torch
-    rows = ["| M×N×K | ETC ms | ETC TFLOP/s | PyTorch ms | PyTorch TFLOP/s | ETC / PyTorch |",
-            "|---|---:|---:|---:|---:|---:|"]
+    rows = ["| M×N×K | ETC ms | ETC TFLOP/s | ETC sm_80 artifact ms | PyTorch ms | "
+            "PyTorch TFLOP/s | ETC / PyTorch |", "|---|---:|---:|---:|---:|---:|---:|"]
+    chip = best_chip(b.manifest, b.device)
+    older = {(e["k"], e["n"]): e for e in b.manifest["artifacts"]
+             if e["kind"] == "gemv" and e.get("transposed") and e["chip"] == "sm_80"
+             and chip != "sm_80" and runnable(e, b.device)}
     rng = np.random.default_rng(3)
     for entry in b.entries("gemv"):
         if not entry.get("transposed"):
@@ -412,19 +419,28 @@ def bench_prefill(b: Bench) -> list[str]:
         w = round_bf16(rng.standard_normal((n, k), np.float32) * 0.02)
         w_device = kernel.runtime.device_array(etc.bfloat16.to_bits(w))
         tw = torch.from_numpy(w).to("cuda", torch.bfloat16) if torch else None
+        other = etc.runtime.load(KIT / older[(k, n)]["path"]) if (k, n) in older else None
+        other_w = other.runtime.device_array(etc.bfloat16.to_bits(w)) if other else None
         for m in PREFILL_ROWS:
             x = round_bf16(rng.standard_normal((m, k), np.float32))
-            launch = kernel.runtime.bind({"x": x, "w": w_device})
-            launch.enqueue()
-            launch.check()
-            checked = slice(0, 32)
-            error = families.relative_error(launch.outputs()[0][checked], x[checked] @ w.T)
-            if not error <= 2e-2:
-                raise RuntimeError(f"prefill {m}x{n}x{k}: relative error {error:.3g} "
-                                   "before timing")
-            ms = b.timer.within(launch.enqueue)
+            timed = []
+            for program, weight in ((kernel, w_device), (other, other_w)):
+                if program is None:
+                    timed.append(None)
+                    continue
+                launch = program.runtime.bind({"x": x, "w": weight})
+                launch.enqueue()
+                launch.check()
+                checked = slice(0, 32)
+                error = families.relative_error(launch.outputs()[0][checked], x[checked] @ w.T)
+                if not error <= 2e-2:
+                    raise RuntimeError(f"prefill {m}x{n}x{k}: relative error {error:.3g} "
+                                       "before timing")
+                timed.append(b.timer.within(launch.enqueue))
+            ms, other_ms = timed
             flops = 2 * m * n * k
-            cells = [f"{m}×{n}×{k}", f"{ms:.3f}", f"{flops / ms / 1e9:.1f}"]
+            cells = [f"{m}×{n}×{k}", f"{ms:.3f}", f"{flops / ms / 1e9:.1f}",
+                     "n/a" if other_ms is None else f"{other_ms:.3f}"]
             if torch:
                 tx = torch.from_numpy(x).to("cuda", torch.bfloat16)
                 tms = b.torch_ms(lambda: torch.nn.functional.linear(tx, tw), repeats=20)
