@@ -104,6 +104,50 @@ def test_weights_keep_the_bits_of_the_file(tmp_path):
         Checkpoint(path).weights("f64")
 
 
+@pytest.mark.parametrize("stored, dtype", [("BF16", "bf16"), ("F32", "f32"), ("F16", "f16"),
+                                           ("BF16", "f32")])
+def test_float_experts_stay_in_the_checkpoints_layout(tmp_path, monkeypatch, stored, dtype):
+    """A MoE layer's float experts are stacked (E, out, in), each expert the
+    file's (out, in) matrix, and the step graph reads them so (`g.moe` with
+    transpose_w); stored in the compute dtype, each expert's bytes are read
+    straight into the stack (no temporary or transposed copy: `read` is
+    never called for them), converted otherwise."""
+    from etc.models.step.graph import build_step_graph
+
+    config = tiny_config("Qwen3MoeForCausalLM")
+    path = write_checkpoint(tmp_path / "moe", config, dtype=stored)
+    file = SafetensorsFile(next(path.glob("*.safetensors")))
+    checkpoint = Checkpoint(path)
+    c = checkpoint.config
+    read = SafetensorsFile.read
+
+    def no_expert_read(self, name, *args, **kwargs):
+        assert ".experts." not in name or _storage(stored) != dtype, name
+        return read(self, name, *args, **kwargs)
+    monkeypatch.setattr(SafetensorsFile, "read", no_expert_read)
+    weights = checkpoint.weights(dtype)
+    monkeypatch.setattr(SafetensorsFile, "read", read)
+    e, f, h = c.num_experts, c.moe_intermediate_size, c.hidden_size
+    for key, proj, shape in (("gate", "gate_proj", (e, f, h)), ("up", "up_proj", (e, f, h)),
+                             ("down", "down_proj", (e, h, f))):
+        stack = weights[f"l0_experts_{key}"]
+        assert stack.shape == shape and stack.flags.c_contiguous, (key, stack.shape)
+        for j in range(e):
+            np.testing.assert_array_equal(
+                stack[j], file.read(f"model.layers.0.mlp.experts.{j}.{proj}.weight", dtype))
+    graph = build_step_graph(c, max_seq_len=32, chunk=4, dtype=dtype)
+    moes = [op for op in graph.operations if op.kind == "moe"]
+    assert len(moes) == c.num_layers
+    assert all(op.params["transpose_w"] for op in moes)
+    gate, down = moes[0].operands[2:4]
+    assert (tuple(gate.shape), tuple(down.shape)) == ((e, f, h), (e, h, f))
+
+
+def _storage(stored: str) -> str:
+    """The compute dtype whose storage safetensors dtype `stored` is."""
+    return {"BF16": "bf16", "F32": "f32", "F16": "f16"}[stored]
+
+
 # ----------------------------------------------------------------------
 # Damaged and malicious files
 # ----------------------------------------------------------------------

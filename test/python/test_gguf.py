@@ -43,8 +43,9 @@ PROMPTS = [[5], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_gguf_config_and_weights_equal_the_safetensors_checkpoint(name, tmp_path):
     """Same random weights written both ways: the same ModelConfig, and the
-    same graph weights bit for bit (Llama's Q/K row permutation undone, MoE
-    experts unstacked and transposed as g.moe takes them)."""
+    same graph weights bit for bit (Llama's Q/K row permutation undone; MoE
+    experts in the file's (E, out, in) stacks as g.moe takes them, F32 ones
+    views of the file's map, not copies)."""
     config = CONFIGS[name]
     st = models.Checkpoint(write_checkpoint(tmp_path / "st", config, seed=3))
     gg = GGUFCheckpoint(write_gguf(tmp_path / "m.gguf", config, seed=3))
@@ -54,6 +55,9 @@ def test_gguf_config_and_weights_equal_the_safetensors_checkpoint(name, tmp_path
     for key in want:
         assert got[key].dtype == np.float32 and got[key].flags.c_contiguous
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+        if "_experts_" in key:
+            name = f"blk.{key[1:key.index('_')]}.ffn_{key.rsplit('_', 1)[1]}_exps.weight"
+            assert np.shares_memory(got[key], gg._file.raw(name)), key
 
 
 def test_llama_qk_rows_are_permuted_in_the_file(tmp_path):
@@ -430,10 +434,8 @@ def test_llama_cpp_q8_0_files_hold_their_source_weights(arch, llama_cpp_files):
             np.testing.assert_array_equal(quantized[key], w, err_msg=key)
             continue
         # Blocks of 32 along each row's input dimension, as llama.cpp stores
-        # rows (the experts are (E, in, out) in the graph: transposed).
-        transposed = "_experts_" in key
-        rows = np.swapaxes(w, -1, -2) if transposed else w
-        got = np.swapaxes(quantized[key], -1, -2) if transposed else quantized[key]
+        # rows (the experts too: (E, out, in) stacks, as the graph takes them).
+        rows, got = w, quantized[key]
         step = np.repeat(np.abs(rows.reshape(-1, 32)).max(axis=1) / 127, 32).reshape(rows.shape)
         assert np.all(np.abs(got - rows) <= step * (0.5 + 127 * 2.0 ** -11) + 1e-12), key
         assert np.any(got != rows), key  # really quantized

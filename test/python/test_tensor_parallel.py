@@ -54,7 +54,7 @@ def test_tensor_parallel_keeps_quantized_weights_packed():
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_k", "q6_k", "fp8_e4m3"])
 def test_packed_shards_are_the_widened_shards(fmt):
     """A packed weight's share of a rank (its rows, or its K blocks of a
-    row-parallel weight, the experts' in llama.cpp's (E, out, in) layout)
+    row-parallel weight, the experts' in their (E, out, in) layout)
     dequantizes to that rank's share of the widened weight; a split of K
     that is not whole blocks is named, for every kind of row-parallel
     weight (no processes: `shard_weight` and `unaligned_packed`)."""
@@ -69,20 +69,15 @@ def test_packed_shards_are_the_widened_shards(fmt):
         "Qwen3MoeForCausalLM", hidden_size=256, intermediate_size=512, head_dim=128,
         moe_intermediate_size=512, mlp_only_layers=[0]))
     rng = np.random.default_rng(0)
-    # Packed layouts: projections (out, in); experts (E, out, in), whose
-    # widened stacks are (E, in, out).
+    # Packed and widened alike: projections (out, in), experts (E, out, in).
     shapes = {"l0_wq": (512, 256), "l0_wo": (256, 512), "l0_w_down": (256, 512),
               "l1_experts_up": (4, 512, 256), "l1_experts_down": (4, 256, 512)}
     for name, shape in shapes.items():
         raw = packed.quantize(rng.standard_normal(shape).astype(np.float32), fmt)
         widened = packed.dequantize(raw, fmt)
-        if "experts" in name:
-            widened = np.swapaxes(widened, -1, -2)
         for rank in range(2):
             part = packed.dequantize(shard_weight(config, name, raw, 2, rank, fmt), fmt)
             want = shard_weight(config, name, widened, 2, rank)
-            if "experts" in name:
-                want = np.swapaxes(want, -1, -2)
             np.testing.assert_array_equal(part, want, err_msg=f"{fmt} {name} rank {rank}")
     formats = dict.fromkeys([*shapes, "l1_experts_gate", "embed"], fmt)
     block = packed.FORMATS[fmt].block

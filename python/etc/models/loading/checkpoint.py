@@ -269,6 +269,28 @@ class Checkpoint:
             plan.append(("lm_head", "lm_head.weight", (c.vocab_size, h), "LM head", None))
         return plan
 
+    def _stack(self, names: list, shape: tuple, what: str, dtype: str,
+               packed_read: Optional[Callable] = None) -> np.ndarray:
+        """One projection's experts `names` (each `shape`, (out, in)) as a
+        stack (E, out, in): packed by `packed_read` when given, else in the
+        storage of `dtype`, read in place into the stack when the file
+        stores that dtype (a float checkpoint's experts, unconverted),
+        converted an expert at a time otherwise."""
+        if packed_read is not None:
+            stack = None
+            for j, expert in enumerate(names):
+                w = packed_read(expert)
+                if stack is None:
+                    stack = aligned.empty((len(names),) + w.shape, w.dtype)
+                stack[j] = w
+            return stack
+        stack = aligned.empty((len(names),) + tuple(shape), STORAGE[dtype])
+        for j, expert in enumerate(names):
+            file = self._file(expert, shape, what)
+            if not file.read_into(expert, dtype, stack[j]):
+                stack[j] = self.tensor(expert, shape, what, dtype)
+        return stack
+
     def weight_formats(self) -> dict[str, str]:
         """The weights that can stay packed, graph input name -> format of
         `etc.packed` (fp8_e4m3): an FP8 checkpoint's e4m3 matrices that
@@ -303,8 +325,10 @@ class Checkpoint:
         named in `formats` (a subset of `weight_formats()`) stay packed,
         as fp8_e4m3 storage (`packed_tensor`). Projections keep Hugging
         Face's (out, in) layout (the graph multiplies by their
-        transposes); MoE experts are stacked as `g.moe` takes them: (E,
-        in, out), or packed (E, out, in). `shard(key, array)`, when given,
+        transposes), and so do MoE experts, stacked (E, out, in) (`g.moe`
+        with transpose_w), each expert's bytes read straight into its
+        place in the stack when the file stores the compute dtype (no
+        transposed or temporary copy). `shard(key, array)`, when given,
         takes each weight as it is read and returns the part to keep (a
         rank's share of a tensor-parallel model). `progress(done, total)`
         is called after each graph weight."""
@@ -319,14 +343,7 @@ class Checkpoint:
             read = (lambda n: self.packed_tensor(n, shape, what)) if stay else \
                 (lambda n: self.tensor(n, shape, what, dtype))
             if how == "experts":
-                stack = None
-                for j, expert in enumerate(name):
-                    w = read(expert)
-                    w = w if stay else w.T  # g.moe takes (E, in, out) widened
-                    if stack is None:
-                        stack = np.empty((len(name),) + w.shape, w.dtype)
-                    stack[j] = w
-                out[key] = stack
+                out[key] = self._stack(name, shape, what, dtype, read if stay else None)
             elif isinstance(how, tuple):  # ("rows", start, stop) of a fused projection
                 if fused[0] != (name, stay):
                     fused = ((name, stay), read(name))

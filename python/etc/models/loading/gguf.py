@@ -319,8 +319,9 @@ class GGUFCheckpoint:
     def _plan(self) -> list[tuple]:
         """Every weight of the step graph: (graph input name, GGUF tensor,
         shape, what it is, layout: None, the head count of Llama's permuted
-        Q and K rows, "T" for a transposed matrix, or ("rows", start, stop)
-        for a part of a fused matrix, Phi-3's)."""
+        Q and K rows, "T" for a transposed matrix, "experts" for a MoE
+        layer's stack of one projection (E, out, in), or ("rows", start,
+        stop) for a part of a fused matrix, Phi-3's)."""
         c = self.config
         h, d = c.hidden_size, c.head_dim
         plan: list[tuple] = [("embed", "token_embd.weight", (c.vocab_size, h),
@@ -372,17 +373,17 @@ class GGUFCheckpoint:
                              f"layer {i} post-attention norm", None))
             if c.is_sparse(i):
                 e, f = c.num_experts, c.moe_intermediate_size
-                # llama.cpp stacks each projection's experts as (E, out, in);
-                # g.moe takes (E, H, F) gate and up, (E, F, H) down.
+                # llama.cpp stacks each projection's experts as (E, out, in),
+                # as g.moe takes them (transpose_w), float or packed.
                 plan += [
                     (f"l{i}_router", b + "ffn_gate_inp.weight", (e, h), f"layer {i} router",
                      "T"),
                     (f"l{i}_experts_gate", b + "ffn_gate_exps.weight", (e, f, h),
-                     f"layer {i} expert gate projections", "T"),
+                     f"layer {i} expert gate projections", "experts"),
                     (f"l{i}_experts_up", b + "ffn_up_exps.weight", (e, f, h),
-                     f"layer {i} expert up projections", "T"),
+                     f"layer {i} expert up projections", "experts"),
                     (f"l{i}_experts_down", b + "ffn_down_exps.weight", (e, h, f),
-                     f"layer {i} expert down projections", "T"),
+                     f"layer {i} expert down projections", "experts"),
                 ]
             else:
                 f = c.intermediate_size
@@ -414,11 +415,10 @@ class GGUFCheckpoint:
         for key, name, shape, _, how in self._plan():
             entry = self._tensors.get(name)
             packed_type = _PACKED.get(entry.type) if entry is not None else None
-            if how != "T":
-                if packed_type is not None:
-                    formats[key] = packed_type
-            elif len(shape) == 3:  # a layer's gate, up or down experts
+            if how == "experts":  # a layer's gate, up or down experts
                 experts.setdefault(key.split("_experts_")[0], {})[key] = packed_type
+            elif how != "T" and packed_type is not None:
+                formats[key] = packed_type
         for stacks in experts.values():
             if None not in stacks.values():
                 formats.update(stacks)
@@ -468,7 +468,7 @@ class GGUFCheckpoint:
                 array = np.ascontiguousarray(array[how[1]:how[2]])
             elif how == "T":
                 array = np.ascontiguousarray(np.swapaxes(array, -1, -2))
-            elif how is not None:
+            elif isinstance(how, int):
                 array = _unpermute_rows(array, how)
             out[key] = array if shard is None else shard(key, array)
             if progress is not None:

@@ -150,6 +150,23 @@ class SafetensorsFile:
         return aligned.aligned(wide.astype(np.float16 if dtype == "f16" else np.float32,
                                            copy=False))
 
+    def read_into(self, name: str, dtype: str, out: np.ndarray) -> bool:
+        """Reads tensor `name` straight into `out` (a C-contiguous array of
+        its shape, e.g. one expert's place in a stack) when the file stores
+        it in the storage of ETC dtype `dtype` (bf16 bits in a uint16
+        array, ...) and returns True; returns False, reading nothing, when
+        it must be converted (`read` does that)."""
+        entry = self._entries[name]
+        if _STORAGE.get(dtype) != entry["dtype"] or not DTYPES[entry["dtype"]].isnative:
+            return False
+        if out.shape != tuple(entry["shape"]) or out.dtype != DTYPES[entry["dtype"]] or \
+                not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError(f"read_into: {name!r} ({entry['dtype']}, shape {entry['shape']}) "
+                             f"does not fit out ({out.dtype}, shape {out.shape}, C-contiguous "
+                             f"{out.flags.c_contiguous})")
+        self._read_to(name, out, *entry["offsets"])
+        return True
+
     def read_bytes(self, name: str, rows: Optional[slice] = None) -> np.ndarray:
         """Tensor `name` of a dtype of BYTE_DTYPES (F8_E4M3) as its bytes: a
         uint8 array of its shape, or of its `rows` (a slice of the first
@@ -175,6 +192,11 @@ class SafetensorsFile:
             begin, end = begin + start * row_bytes, begin + start * row_bytes + \
                 shape[0] * row_bytes
         values = aligned.empty(shape, storage)
+        self._read_to(name, values, begin, end)
+        return values
+
+    def _read_to(self, name: str, values: np.ndarray, begin: int, end: int) -> None:
+        """Reads data bytes [begin, end) of tensor `name` into `values`."""
         with open(self.path, "rb") as f:
             # Read into the array, not through a memory map: the file's pages
             # are not mapped into the process, so they do not add to its
@@ -187,7 +209,6 @@ class SafetensorsFile:
                 if not count:
                     raise SafetensorsError(f"{self.path}: tensor {name!r} is cut short")
                 done += count
-        return values
 
 
 def _parse_entry(entry) -> tuple:

@@ -187,17 +187,15 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         if c.is_sparse(i):
             # Every rank routes the same (the router and its input are
             # whole) and adds its share of each chosen expert's columns.
-            # Packed experts stay in llama.cpp's layout, (E, out, in).
+            # Experts, float or packed, stay in the checkpoint's layout,
+            # each a Linear's (out, in): stacks (E, F, H) and (E, H, F).
             e, f = c.num_experts, c.moe_intermediate_size
-            packed_experts = f"l{i}_experts_gate" in formats
-            h_f, f_h = ((e, f, h), (e, h, f)) if packed_experts else ((e, h, f), (e, f, h))
             x = g.add(x, reduced(g.moe(normed, weight(f"l{i}_router", (h, e)),
-                                       weight(f"l{i}_experts_gate", h_f),
-                                       weight(f"l{i}_experts_down", f_h),
+                                       weight(f"l{i}_experts_gate", (e, f, h)),
+                                       weight(f"l{i}_experts_down", (e, h, f)),
                                        c.num_experts_per_tok,
-                                       w_up=weight(f"l{i}_experts_up", h_f),
-                                       normalize=c.norm_topk_prob,
-                                       transpose_w=packed_experts)))
+                                       w_up=weight(f"l{i}_experts_up", (e, f, h)),
+                                       normalize=c.norm_topk_prob, transpose_w=True)))
         else:
             f = c.intermediate_size
             gate = g.matmul(normed, weight(f"l{i}_w_gate", (f, h)), transpose_b=True)

@@ -57,10 +57,10 @@ def _splits(config: ModelConfig, ranks: int) -> dict:
         ("wq", q), ("wk", kv), ("wv", kv), ("bq", q), ("bk", kv), ("bv", kv), ("w_gate", f),
         ("w_up", f))}
     splits.update(wo=(1, 1, q, True), w_down=(1, 1, f, True))
-    # The stacked experts: gate and up (E, H, F) widened, (E, F, H) packed
-    # (llama.cpp's (E, out, in)); down (E, F, H) widened, (E, H, F) packed.
-    splits.update(experts_gate=(2, 1, e, False), experts_up=(2, 1, e, False),
-                  experts_down=(1, 2, e, True))
+    # The stacked experts, widened or packed, in (E, out, in): gate and
+    # up (E, F, H), down (E, H, F).
+    splits.update(experts_gate=(1, 1, e, False), experts_up=(1, 1, e, False),
+                  experts_down=(2, 2, e, True))
     return splits
 
 
@@ -140,9 +140,9 @@ def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int,
     (out, in) layout): the rows of the Q, K, V, gate and up projections
     (and of the Q, K and V biases) of its heads and MLP columns, the
     matching columns of the output and down projections; of every expert
-    (stacked as `g.moe` takes them: gate and up (E, H, F), down (E, F, H);
-    packed, (E, out, in)) its F columns of gate and up and the matching
-    rows of down; everything else (the router, the embeddings, the LM
+    (stacked (E, out, in) as `g.moe` takes them with transpose_w: gate
+    and up (E, F, H), down (E, H, F)) its F rows of gate and up and the
+    matching columns of down; everything else (the router, the embeddings, the LM
     head) whole. The weights named in `formats` are packed storage of
     that format: split by whole rows, or along K by whole blocks (see
     `unaligned_packed` for the weights that cannot be)."""

@@ -123,8 +123,9 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
                 if c.norm_topk_prob:
                     routing = routing / routing.sum()
                 for weight, e in zip(routing, chosen):
-                    act = _silu(h[t] @ w("experts_gate")[e]) * (h[t] @ w("experts_up")[e])
-                    mlp[t] += weight * (act @ w("experts_down")[e])
+                    # Each expert (out, in), as the checkpoint stores it.
+                    act = _silu(w("experts_gate")[e] @ h[t]) * (w("experts_up")[e] @ h[t])
+                    mlp[t] += weight * (w("experts_down")[e] @ act)
         else:
             act = _gelu_tanh if c.hidden_act == "gelu_pytorch_tanh" else _silu
             mlp = (act(h @ w("w_gate").T) * (h @ w("w_up").T)) @ w("w_down").T
