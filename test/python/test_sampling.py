@@ -260,6 +260,71 @@ def test_temperature_zero_is_argmax(kind, kernels):
     assert list(got[:6]) == [int(np.argmax(x[0])), 3, 0, 30, 5, 0]
 
 
+WIDE = 16 * 12 + 11  # whole 16-wide vectors and a tail
+
+
+def _greedy_rows() -> tuple[np.ndarray, list]:
+    """Rows of WIDE columns that place the argmax where the CPU kernels'
+    vector searches could miss it, and the column each row wants."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((16, WIDE)).astype(np.float32)
+    want = []
+
+    def row(r, column, **set_to):
+        for value, columns in set_to.values():
+            x[r, columns] = value
+        want.append(column)
+    row(0, 0, top=(9.0, [0]))
+    row(1, WIDE - 1, top=(9.0, [WIDE - 1]))                     # in the tail
+    row(2, 15, ties=(9.0, [15, 16, 40]))                        # a vector's last lane first
+    row(3, 21, ties=(9.0, [21, 19 + 16 * 11]))                  # the first of equal values
+    row(4, 70, top=(9.0, [3]), nan=(np.nan, [70]))              # NaN after the maximum
+    row(5, WIDE - 2, top=(9.0, [5]), nan=(np.nan, [WIDE - 2]))  # NaN in the tail after it
+    row(6, 8, nan=(np.nan, [8, 100]), top=(9.0, [50]))          # NaN before it
+    row(7, 0, all=(-np.inf, slice(None)))
+    row(8, 33, all=(-np.inf, slice(None)), nan=(np.nan, [33]))  # -inf, then NaN
+    row(9, 0, all=(np.nan, slice(None)))
+    row(10, 17, all=(-1.0, slice(None)), zeros=(-0.0, [17, 90]), plus=(0.0, [18]))
+    row(11, 64, top=(np.inf, [64, 65]), big=(3e38, [2]))
+    row(12, WIDE - 11, top=(9.0, [WIDE - 11]))                  # the tail's first column
+    row(13, 16 * 12 - 1, top=(9.0, [16 * 12 - 1]))              # the last whole vector's end
+    row(14, 5, all=(-3e38, slice(None)), top=(-2e38, [5, 6]))
+    row(15, int(np.argmax(x[15])))
+    return x, want
+
+
+@pytest.mark.parametrize("kind", ["sample", "argmax", "sample cuda"])
+def test_greedy_rows_of_whole_vectors_and_a_tail_are_argmax(kind):
+    """The greedy pick of the CPU kernels (a maximum, then vector searches
+    for the first NaN or maximum and for a NaN after it) is `argmax` on
+    rows of whole vectors and a tail: the first of equal values, in a
+    vector's last lane, in the tail, NaN before or after the maximum, rows
+    of -inf or NaN, -0 before +0, infinities."""
+    x, want = _greedy_rows()
+    if kind == "argmax":
+        g = etc.Graph("argmax")
+        g.output(g.argmax(g.input("logits", (g.symbol("R"), WIDE), "f32"), tile=(3,)))
+        (got,) = etc.compile(g, target="cpu", workers=2).run(logits=x)
+    else:
+        kernel = etc.compile(_graph(WIDE), target="cpu", workers=2,
+                             kernels="cuda" if kind == "sample cuda" else "native")
+        got = _run(kernel, _inputs(x, temperature=0.0, top_k=3, top_p=0.5))
+    np.testing.assert_array_equal(got, etc.reference_llm.argmax(x))
+    assert got.tolist() == want
+
+
+def test_the_cpu_kernels_pick_greedy_tokens_with_vector_searches():
+    """The CPU `sample` and `argmax` kernels find a greedy row's token by
+    vector searches (an "or" over a vector's comparisons), not by a scalar
+    scan of the row: a scalar scan of a 128k vocabulary cost 0.6 ms a row,
+    the vector passes 0.02 (docs/benchmarks.md, "Sampling on the device")."""
+    g = etc.Graph("argmax")
+    g.output(g.argmax(g.input("logits", (g.symbol("R"), WIDE), "f32")))
+    for graph in (_graph(WIDE), g):
+        text = etc.compile(graph, target="cpu", workers=1).ir("event")
+        assert "vector.reduction <or>" in text, graph.name
+
+
 # ----------------------------------------------------------------------
 # Seeds
 # ----------------------------------------------------------------------

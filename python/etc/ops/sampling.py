@@ -24,11 +24,16 @@ Gaussian logits of 49,152 and 151,936 values (for top-k 50 and top-p
 uniform number from Philox-4x32-10 (`philox_uniform`), keyed by the row's
 seed with the token's position as counter, and an inverse-CDF walk over
 the kept weights in index order. A row costs 3 passes with temperature
-alone, up to 35 with top-k, and up to 68 with both; greedy rows 2.
+alone, up to 35 with top-k, and up to 68 with both; greedy rows 2 (the
+maximum, then the argmax scan; on the CPU two vector searches that stop
+where they find, `etc.ops.topk.vector_argmax`: a scalar scan of 128k
+logits took 0.6 ms, ten times the two vector passes).
 
-Kernels: `Argmax`; `Sample`, a row per lane iteration with sequential
-passes (the portable kernel), and `SampleCPU`, the same with the
-reductions over 16-wide vectors; `SampleGPU`, a CTA per row: every pass
+Kernels: `Argmax`, a scalar scan (the portable kernel), and `ArgmaxCPU`,
+the maximum and the searches over 16-wide vectors; `Sample`, a row per
+lane iteration with sequential passes (the portable kernel), and
+`SampleCPU`, the same with the reductions and the greedy searches over
+16-wide vectors; `SampleGPU`, a CTA per row: every pass
 spreads the row over the CTA's lanes (16-byte slices where the row is
 whole slices) and combines their partial results with warp shuffles and
 shared memory, and the walk splits the row into one contiguous segment
@@ -44,7 +49,7 @@ from mlir import ir
 from mlir.dialects import arith, math, memref, scf, vector
 
 from .base import Lanes, LaneValues, TaskBuilder, TileKernel, box, tile_offset
-from .topk import select_next
+from .topk import argmax_scan, select_next, vector_argmax
 from .variants import RowKernel, RowSelectGPU
 
 KINDS = ("argmax", "sample")
@@ -59,31 +64,6 @@ BISECTION_STEPS = 32
 MAX_REDUCTIONS = 3
 
 
-def argmax_scan(kernel: TileKernel, value_at, start: ir.Value, end: ir.Value,
-                step: ir.Value) -> tuple:
-    """The best (value, position) of positions [start, end) by `step` in
-    argmax order: a later value replaces the best only when it ranks
-    strictly above it (so the first of equal values wins), NaN ranking above
-    every number. Returns (value, position, found)."""
-    i1 = ir.IntegerType.get_signless(1)
-    scan = scf.ForOp(start, end, step,
-                     [kernel.cf32(float("-inf")), kernel.cidx(0), arith.constant(i1, 0)])
-    with ir.InsertionPoint(scan.body):
-        column = scan.induction_variable
-        best, best_column, seen = scan.inner_iter_args
-        v = value_at(column)
-        # v ranks above best: v is NaN and best is not, or v > best.
-        v_nan = arith.cmpf(arith.CmpFPredicate.UNO, v, v)
-        best_number = arith.cmpf(arith.CmpFPredicate.ORD, best, best)
-        above = arith.ori(arith.andi(v_nan, best_number),
-                          arith.cmpf(arith.CmpFPredicate.OGT, v, best))
-        # The first position is taken whatever it holds (-inf included).
-        take = arith.ori(arith.xori(seen, arith.constant(i1, 1)), above)
-        scf.yield_([arith.select(take, v, best), arith.select(take, column, best_column),
-                    arith.constant(i1, 1)])
-    return tuple(scan.results)
-
-
 class Argmax(RowKernel):
     """One row per lane iteration, scanned in order (`argmax_scan`)."""
 
@@ -91,6 +71,19 @@ class Argmax(RowKernel):
         _, column, _ = argmax_scan(self, lambda c: self.load(x, [row, c]), self.cidx(0), n,
                                    self.cidx(1))
         self.store_index(column, self.op.result, [row])
+
+
+class ArgmaxCPU(RowKernel):
+    """A maximum over vectors, then `VectorRowPasses.argmax`'s searches."""
+
+    @classmethod
+    def name(cls, op) -> str:
+        return f"{op.kind}_cpu"
+
+    def emit_row(self, x, row: ir.Value, n: ir.Value) -> None:
+        passes = VectorRowPasses(self, x, row, n)
+        (m,) = passes.fold(("maxnumf", float("-inf"), lambda v: v))
+        self.store_index(passes.argmax(m), self.op.result, [row])
 
 
 # ----------------------------------------------------------------------
@@ -120,7 +113,9 @@ class RowPasses:
             scf.yield_(_step(reductions, loop.inner_iter_args, v))
         return list(loop.results)
 
-    def argmax(self) -> ir.Value:
+    def argmax(self, m: ir.Value) -> ir.Value:
+        """The row's argmax (`argmax_scan`); `m` is its largest number (a
+        "maxnumf" fold), which this scan does not need."""
         k = self.k
         return argmax_scan(k, self.load, k.cidx(0), self.n, k.cidx(1))[1]
 
@@ -186,6 +181,10 @@ class VectorRowPasses(RowPasses):
         with ir.InsertionPoint(tail.body):
             scf.yield_(_step(reductions, tail.inner_iter_args, self.load(tail.induction_variable)))
         return list(tail.results)
+
+    def argmax(self, m: ir.Value) -> ir.Value:
+        """`etc.ops.topk.vector_argmax` (two searches from the maximum)."""
+        return vector_argmax(self.k, self.x, self.row, self.n, m, self.WIDTH)
 
 
 class LanePasses(RowPasses):
@@ -270,8 +269,8 @@ class LanePasses(RowPasses):
     def _as_index(self, value: ir.Value) -> ir.Value:
         return arith.index_cast(self.k.index, arith.fptoui(ir.IntegerType.get_signless(32), value))
 
-    def argmax(self) -> ir.Value:
-        """Each lane's best of its columns (`_agree`)."""
+    def argmax(self, m: ir.Value) -> ir.Value:
+        """Each lane's best of its columns (`_agree`; `m` unused)."""
         k = self.k
         return self._agree(lambda lane: argmax_scan(k, self.load, lane, self.n,
                                                     k.cidx(self.lanes.count)))
@@ -574,7 +573,7 @@ class Sample(RowKernel):
                 distribution.append(self._log_total(passes, want, kept_weight))
             scf.yield_([token] + (distribution if want is not None else []))
         with ir.InsertionPoint(branch.else_block):
-            token = passes.argmax()
+            token = passes.argmax(m)
             if want is not None:
                 # Greedy: the softmax of the logits (temperature 1, no filters).
                 exp = lambda v: math.exp(arith.subf(v, self.like(v, m)))
@@ -765,7 +764,7 @@ def build_tasks(b: TaskBuilder, op) -> None:
     rows = box(1, [tile_offset(0, tm)], [tm])
     reads = [(x, box(1, [tile_offset(0, tm), "0"], [tm, None]))]
     if op.kind == "argmax":
-        kernel = Argmax
+        kernel = ArgmaxCPU if b.target.kind == "cpu" else Argmax
     else:
         if SampleGPU.applies(op, b.target):
             kernel = SampleGPU

@@ -1,4 +1,6 @@
-"""Top-k: the k largest values of each row and their column indices.
+"""Top-k: the k largest values of each row and their column indices; and
+the searches for a row's largest value that top-k and sampling share
+(`argmax_scan`, `vector_argmax`, `select_next`).
 
 Tasks: one tile task per block of rows; each reads its rows whole and
 writes the values and the i32 indices of its rows.
@@ -7,7 +9,7 @@ writes the values and the i32 indices of its rows.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, scf
+from mlir.dialects import arith, scf, vector
 
 from .base import TaskBuilder, TileKernel, box, tile_offset
 from .variants import RowKernel, RowSelectGPU
@@ -30,6 +32,95 @@ def ranks_equal(a: ir.Value, b: ir.Value) -> ir.Value:
     both_nan = arith.andi(arith.cmpf(arith.CmpFPredicate.UNO, a, a),
                           arith.cmpf(arith.CmpFPredicate.UNO, b, b))
     return arith.ori(arith.cmpf(arith.CmpFPredicate.OEQ, a, b), both_nan)
+
+
+def argmax_scan(kernel: TileKernel, value_at, start: ir.Value, end: ir.Value,
+                step: ir.Value) -> tuple:
+    """The best (value, position) of positions [start, end) by `step` in
+    argmax order: a later value replaces the best only when it ranks
+    strictly above it (so the first of equal values wins), NaN ranking above
+    every number. Returns (value, position, found)."""
+    i1 = ir.IntegerType.get_signless(1)
+    scan = scf.ForOp(start, end, step,
+                     [kernel.cf32(float("-inf")), kernel.cidx(0), arith.constant(i1, 0)])
+    with ir.InsertionPoint(scan.body):
+        column = scan.induction_variable
+        best, best_column, seen = scan.inner_iter_args
+        v = value_at(column)
+        # v ranks above best: v is NaN and best is not, or v > best.
+        v_nan = arith.cmpf(arith.CmpFPredicate.UNO, v, v)
+        best_number = arith.cmpf(arith.CmpFPredicate.ORD, best, best)
+        above = arith.ori(arith.andi(v_nan, best_number),
+                          arith.cmpf(arith.CmpFPredicate.OGT, v, best))
+        # The first position is taken whatever it holds (-inf included).
+        take = arith.ori(arith.xori(seen, arith.constant(i1, 1)), above)
+        scf.yield_([arith.select(take, v, best), arith.select(take, column, best_column),
+                    arith.constant(i1, 1)])
+    return tuple(scan.results)
+
+
+def first_where(kernel: TileKernel, x, row: ir.Value, n: ir.Value, start: ir.Value, holds,
+                width: int) -> ir.Value:
+    """The first column of row `row` of x (n columns) from `start` whose
+    value `holds` (a predicate written for scalars and vectors alike), or
+    n: whole vectors of `width` columns while none of their lanes holds,
+    then columns one by one from the vector that holds (or the tail).
+    Stops where it finds one."""
+    k = kernel
+    i1 = ir.IntegerType.get_signless(1)
+
+    def search(first_column, step: int, found):
+        """`while column (+ step) fits and not found(column): column += step`."""
+        loop = scf.WhileOp([k.index], [first_column])
+        before = loop.before.blocks.append(k.index)
+        with ir.InsertionPoint(before):
+            (c,) = before.arguments
+            fits = arith.cmpi(arith.CmpIPredicate.ule, arith.addi(c, k.cidx(step)), n)
+            branch = scf.IfOp(fits, [i1], has_else=True)
+            with ir.InsertionPoint(branch.then_block):
+                scf.yield_([arith.xori(found(c), arith.constant(i1, 1))])
+            with ir.InsertionPoint(branch.else_block):
+                scf.yield_([arith.constant(i1, 0)])
+            scf.condition(branch.results[0], [c])
+        after = loop.after.blocks.append(k.index)
+        with ir.InsertionPoint(after):
+            scf.yield_([arith.addi(after.arguments[0], k.cidx(step))])
+        return loop.results[0]
+
+    any_lane = lambda c: vector.reduction(i1, ir.Attribute.parse("#vector.kind<or>"),
+                                          holds(k.vload(x, [row, c], width)))
+    vectors_end = search(start, width, any_lane)
+    return search(vectors_end, 1, lambda c: holds(k.load(x, [row, c])))
+
+
+def vector_argmax(kernel: TileKernel, x, row: ir.Value, n: ir.Value, m: ir.Value,
+                  width: int) -> ir.Value:
+    """The argmax of row `row` of x (n columns) whose largest number is
+    `m` (-inf where it has none), in two searches of `first_where` that
+    stop where they find: the first column holding NaN or m, and, where
+    that is a number, the first NaN after it (which ranks above it). The
+    column of `argmax_scan`: the first NaN if there is one, else the first
+    value equal to m (the first -inf of a row of -inf, the first of -0 and
+    +0 when m is a zero); column 0 for an empty row."""
+    k = kernel
+    i1 = ir.IntegerType.get_signless(1)
+    is_nan = lambda v: arith.cmpf(arith.CmpFPredicate.UNO, v, v)
+    like_m = lambda v: vector.broadcast(v.type, m) if isinstance(v.type, ir.VectorType) else m
+    candidate = first_where(k, x, row, n, k.cidx(0), lambda v: arith.ori(
+        is_nan(v), arith.cmpf(arith.CmpFPredicate.OEQ, v, like_m(v))), width)
+    found = arith.cmpi(arith.CmpIPredicate.ult, candidate, n)
+    # Whether the candidate is a number (then a NaN may follow it).
+    number = scf.IfOp(found, [i1], has_else=True)
+    with ir.InsertionPoint(number.then_block):
+        v = k.load(x, [row, candidate])
+        scf.yield_([arith.cmpf(arith.CmpFPredicate.ORD, v, v)])
+    with ir.InsertionPoint(number.else_block):
+        scf.yield_([arith.constant(i1, 0)])
+    later = first_where(k, x, row, n,
+                        arith.select(number.results[0], arith.addi(candidate, k.cidx(1)), n),
+                        is_nan, width)
+    best = arith.select(arith.cmpi(arith.CmpIPredicate.ult, later, n), later, candidate)
+    return arith.select(found, best, k.cidx(0))
 
 
 def select_next(kernel: TileKernel, n: ir.Value, value_at, previous: tuple,
