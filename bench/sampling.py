@@ -4,7 +4,9 @@ on the CPU target, on R rows of a real vocabulary's width.
 One kernel per operator (logits (R, V) float32 as an input), compiled once;
 each row of the table runs it with one parameter set on every row and
 prints the median ms per run and the ratio to the argmax kernel measured in
-the same round (rounds alternate the kernels, so load changes hit both).
+the same round (rounds alternate the kernels, so load changes hit both),
+beside NumPy's `argmax(axis=1)` of the same logits (one thread; it does not
+rank NaN first, which these logits do not hold).
 The floor of a pass is V x 4 bytes read per row (L2-resident after the
 first pass); a pass of `sample` is a maximum, a count or a sum, and a row
 makes 3 passes with temperature alone, up to 35 with top-k, up to 68 with
@@ -16,6 +18,7 @@ one and no row masked (what an unconstrained request pays for the feature),
 and with every row masked; median ms per run, rounds alternating.
 
 Usage: .venv/bin/python bench/sampling.py [--vocab 49152] [--rows 1 8] [--workers 2]
+    [--rounds 9] [--no-masks]
 """
 
 from __future__ import annotations
@@ -107,6 +110,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--no-masks", action="store_true",
+                        help="skip the second table (adjust_logits and its mask)")
     args = parser.parse_args()
     g, a = graphs(args.vocab)
     sample = etc.compile(g, target="cpu", workers=args.workers)
@@ -114,8 +119,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print(f"vocab {args.vocab}, {args.workers} workers, {platform.processor() or platform.machine()}, "
           f"load {os.getloadavg()[0]:.1f}")
-    print("| rows | parameters | sample ms | argmax ms | sample / argmax |")
-    print("|---|---|---|---|---|")
+    print("| rows | parameters | sample ms | argmax ms | sample / argmax | numpy argmax ms |")
+    print("|---|---|---|---|---|---|")
     for rows in args.rows:
         # Logits shaped like a model's: a few large values over a broad mass.
         logits = (rng.standard_normal((rows, args.vocab)) * 2.5).astype(np.float32)
@@ -123,16 +128,18 @@ def main() -> None:
             feed = inputs(logits, **params)
             sample.run(**feed)
             argmax.run(logits=logits)
-            times: dict[str, list] = {"sample": [], "argmax": []}
+            times: dict[str, list] = {"sample": [], "argmax": [], "numpy": []}
             for _ in range(args.rounds):
                 for name, run in (("sample", lambda: sample.run(**feed)),
-                                  ("argmax", lambda: argmax.run(logits=logits))):
+                                  ("argmax", lambda: argmax.run(logits=logits)),
+                                  ("numpy", lambda: logits.argmax(axis=1))):
                     start = time.perf_counter()
                     run()
                     times[name].append(time.perf_counter() - start)
-            s, m = (statistics.median(times[k]) * 1e3 for k in ("sample", "argmax"))
-            print(f"| {rows} | {label} | {s:.3f} | {m:.3f} | {s / m:.2f} |")
-    compare_masks(args, rng)
+            s, m, n = (statistics.median(times[k]) * 1e3 for k in ("sample", "argmax", "numpy"))
+            print(f"| {rows} | {label} | {s:.3f} | {m:.3f} | {s / m:.2f} | {n:.3f} |")
+    if not args.no_masks:
+        compare_masks(args, rng)
 
 
 if __name__ == "__main__":
