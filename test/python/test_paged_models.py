@@ -172,3 +172,90 @@ def test_step_errors(loaded):
     cache = paged.new_cache(2, 8)
     with pytest.raises(ValueError, match=r"slot 1 is used by two requests"):
         paged.step(cache, [models.Request(1, 0, [1]), models.Request(1, 1, [1])])
+
+
+def _per_token_step_data(requests: list) -> dict:
+    """The ragged batch's index arrays of `requests`, built token by token:
+    what `CompiledModel._step_data` must build, however it does."""
+    out = {name: [] for name in ("ids", "positions", "token_request", "request_length",
+                                 "request_first", "request_last", "sample_rows",
+                                 "sample_position")}
+    for r, request in enumerate(requests):
+        first = len(out["ids"])
+        for i, token in enumerate(request.tokens):
+            out["ids"].append(int(token))
+            out["positions"].append(request.start + i)
+            out["token_request"].append(r)
+        end = request.start + len(request.tokens)
+        out["request_length"].append(end)
+        out["request_first"].append(first)
+        out["request_last"].append(len(out["ids"]) - 1)
+        for c in range(request.choices):  # after each of its last `choices` tokens
+            out["sample_rows"].append(len(out["ids"]) - request.choices + c)
+            out["sample_position"].append(end - request.choices + c + 1)
+    return {name: np.array(values, np.int32) for name, values in out.items()}
+
+
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+def test_step_data_is_the_per_token_build(loaded, layout):
+    """Ragged batches of every shape (one token or many, choices 1 to all
+    of a request's tokens, ids as lists, tuples and NumPy arrays, slots in
+    any order): the step's index arrays are the per-token ones, and each
+    choice's sampling parameters are its request's (a guard for faster
+    builds of them: a NumPy one was tried, see _step_data)."""
+    model = loaded["qwen3", layout]
+    rng = random.Random(5)
+    greedy, sampled = None, models.SamplingParams(0.5, top_k=3, seed=11)
+    for trial in range(40):
+        cache = model.new_cache(6, 32)
+        count = rng.randint(1, 6)
+        requests = []
+        for slot in rng.sample(range(6), count):
+            size = rng.choice([1, 1, rng.randint(2, 9)])
+            tokens = [rng.randrange(model.config.vocab_size) for _ in range(size)]
+            tokens = rng.choice([tokens, tuple(tokens), np.array(tokens, np.int64),
+                                 [np.int32(t) for t in tokens]])
+            requests.append(models.Request(slot, rng.randint(0, 32 - size), tokens,
+                                           sampling=rng.choice([greedy, sampled]),
+                                           choices=rng.randint(1, size)))
+        data = model._step_data(cache, requests)
+        for name, want in _per_token_step_data(requests).items():
+            assert data[name].dtype == np.int32, name
+            np.testing.assert_array_equal(data[name], want, err_msg=f"{name}, trial {trial}")
+        per_row = [q.sampling is sampled for q in requests for _ in range(q.choices)]
+        np.testing.assert_array_equal(data["temperature"], np.where(per_row, 0.5, 0.0))
+        np.testing.assert_array_equal(data["top_k"], np.where(per_row, 3, 0))
+
+
+def test_step_request_errors(loaded):
+    """Each bad request is named (and its token, for an id), also beside
+    good ones."""
+    paged, contiguous = loaded["qwen3", "paged"], loaded["qwen3", "contiguous"]
+    vocab = paged.config.vocab_size
+    for model in (paged, contiguous):
+        cache = model.new_cache(2, 8)
+        cases = [
+            ([models.Request(0, 0, [1]), models.Request(1, 0, [])], r"request 1 brings no tokens"),
+            ([models.Request(0, 0, [1, vocab])],
+             rf"request 0, token 1: id {vocab} is outside the vocabulary \[0, {vocab}\)"),
+            ([models.Request(0, 0, [1]), models.Request(1, 0, [-1])],
+             r"request 1, token 0: id -1 is outside"),
+            ([models.Request(0, 0, [True])], r"request 0, token 0: id True is outside"),
+            ([models.Request(0, 0, [1.0])], r"request 0, token 0: id 1.0 is outside"),
+            ([models.Request(0, 0, np.array([1.5]))], r"request 0, token 0: id .*1.5.* is outside"),
+            ([models.Request(0, 0, [1 << 70])], r"request 0, token 0: id 1180591620717411303424 "),
+            ([models.Request(0, -1, [1])], r"request 0 covers positions \[-1, 0\)"),
+            ([models.Request(0, 0, [1, 2], choices=3)],
+             r"request 0: choices=3 must be an int in \[1, 2\]"),
+            ([models.Request(0, 0, [1], choices=True)], r"request 0: choices=True must be"),
+            ([models.Request(1, 0, [1]), models.Request(1, 1, [1])],
+             r"slot 1 is used by two requests"),
+        ]
+        for requests, message in cases:
+            with pytest.raises(ValueError, match=message):
+                model.step(cache, requests)
+    # A paged cache's sequences may have any key.
+    cache = paged.new_paged_cache(8)
+    cache.admit("a", [], 8)
+    _, ids = paged.step(cache, [models.Request("a", 0, [1, 2])])
+    assert ids.shape == (1,)

@@ -14,7 +14,7 @@ import pytest
 
 import etc
 from etc import reference_sampling
-from etc.models.step.sampling import SamplingParams, sampling_inputs
+from etc.models.step.sampling import SamplingParams, fresh_seeds, sampling_inputs
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
 # The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
@@ -501,6 +501,28 @@ def test_sampling_inputs_carry_each_request_and_split_seeds():
     assert list(sampling_inputs(params)["seed"][3]) != list(inputs["seed"][3])
     with pytest.raises(ValueError, match="request 1: sampling="):
         sampling_inputs([None, {"temperature": 1.0}])
+
+
+def test_sampling_inputs_follow_replaced_params_and_draw_64_bit_seeds():
+    """Each request's row comes from its parameters as they are now (a
+    `dataclasses.replace`d copy makes its own), the largest ints are
+    clipped as documented, and fresh seeds are 64-bit ones, one each."""
+    import dataclasses
+
+    base = SamplingParams(0.7, top_k=1 << 40, seed=(1 << 64) + 5, logprobs=3)
+    changed = dataclasses.replace(base, temperature=1.5, top_k=2, top_p=0.5, logprobs=None)
+    inputs = sampling_inputs([base, changed, None])
+    np.testing.assert_array_equal(inputs["temperature"], np.float32([0.7, 1.5, 0.0]))
+    np.testing.assert_array_equal(inputs["top_k"], [(1 << 31) - 1, 2, 0])
+    np.testing.assert_array_equal(inputs["top_p"], np.float32([1.0, 0.5, 1.0]))
+    np.testing.assert_array_equal(inputs["logprobs"], [3, -1, -1])
+    assert list(inputs["seed"][0]) == [5, 0] and list(inputs["seed"][1]) == [5, 0]
+    for name, array in inputs.items():
+        assert array.flags.c_contiguous and len(array) == 3, name
+    seeds = fresh_seeds(64)
+    assert len(seeds) == 64 == len(set(seeds)) and fresh_seeds(0) == []
+    assert all(isinstance(s, int) and 0 <= s < 1 << 64 for s in seeds)
+    assert max(seeds) >= 1 << 62  # 64 draws under 2**62: once in 2**128
 
 
 # ----------------------------------------------------------------------

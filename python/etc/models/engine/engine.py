@@ -522,11 +522,11 @@ class Engine:
             return TokenLogprobs(int(next_ids[i]), float(values[i, 0]),
                                  tuple((int(ids[i, j]), float(values[i, 1 + j]))
                                        for j in range(top)))
-        done, row = [], 0
+        done, row, chosen = [], 0, np.asarray(next_ids).tolist()
         for request, (sequence, take) in zip(requests, batch):
             rows = range(row, row + request.choices)
             row += request.choices
-            done.append((sequence, take, [int(next_ids[i]) for i in rows],
+            done.append((sequence, take, chosen[rows.start:rows.stop],
                          None if logits is None else logits[rows.start:rows.stop], now, record,
                          [token_logprobs(i, sequence) for i in rows]))
         return done

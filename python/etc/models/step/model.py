@@ -522,7 +522,13 @@ class CompiledModel:
         return {**self._step_data(cache, requests), **self._weights}
 
     def _step_data(self, cache, requests: Sequence[Request]) -> dict:
-        """`step_inputs` without the weights."""
+        """`step_inputs` without the weights.
+
+        Python lists, converted once: a NumPy build of the index arrays
+        (cumsum, repeat) took the same 66 us in a loop, but in real decode
+        steps of a 1b model, run right after the kernel has swept the
+        caches, 0.27 ms instead of 0.14 at B = 1 and 0.31 instead of 0.20
+        at B = 16 (its dozens of NumPy calls run cold; 2026-11-28)."""
         self._check_cache(cache)
         if not requests:
             raise ValueError("step: no requests")
