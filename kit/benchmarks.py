@@ -395,6 +395,20 @@ def bench_hopper(b: Bench) -> list[str]:
 PREFILL_ROWS = (128, 512, 2048)
 
 
+def checked_xwt(program, x, w, weight, what: str):
+    """`program` (an x·Wᵀ artifact) bound to `x` and the device `weight`,
+    run once and its first 32 rows checked against x·Wᵀ (W: `w` on the
+    host), so that no wrong or zero output is timed; the bound launch."""
+    launch = program.runtime.bind({"x": x, "w": weight})
+    launch.enqueue()
+    launch.check()
+    checked = slice(0, 32)
+    error = families.relative_error(launch.outputs()[0][checked], x[checked] @ w.T)
+    if not error <= 2e-2:
+        raise RuntimeError(f"{what}: relative error {error:.3g} before timing")
+    return launch
+
+
 def bench_prefill(b: Bench) -> list[str]:
     """The x·Wᵀ GEMV artifacts (symbolic rows) at prefill sizes: each tile
     of 16 rows or more takes the tensor cores, on the column tiles chosen
@@ -428,14 +442,7 @@ def bench_prefill(b: Bench) -> list[str]:
                 if program is None:
                     timed.append(None)
                     continue
-                launch = program.runtime.bind({"x": x, "w": weight})
-                launch.enqueue()
-                launch.check()
-                checked = slice(0, 32)
-                error = families.relative_error(launch.outputs()[0][checked], x[checked] @ w.T)
-                if not error <= 2e-2:
-                    raise RuntimeError(f"prefill {m}x{n}x{k}: relative error {error:.3g} "
-                                       "before timing")
+                launch = checked_xwt(program, x, w, weight, f"prefill {m}x{n}x{k}")
                 timed.append(b.timer.within(launch.enqueue))
             ms, other_ms = timed
             flops = 2 * m * n * k
@@ -477,14 +484,7 @@ def bench_packed(b: Bench) -> list[str]:
         tw = torch.from_numpy(w16).to("cuda", torch.bfloat16) if torch else None
         for m in (1, 16, *PREFILL_ROWS):
             x = round_bf16(rng.standard_normal((m, k), np.float32))
-            launch = kernel.runtime.bind({"x": x, "w": w_device})
-            launch.enqueue()
-            launch.check()
-            checked = slice(0, 32)
-            error = families.relative_error(launch.outputs()[0][checked], x[checked] @ w.T)
-            if not error <= 2e-2:
-                raise RuntimeError(f"packed {fmt} {m}x{n}x{k}: relative error {error:.3g} "
-                                   "before timing")
+            launch = checked_xwt(kernel, x, w, w_device, f"packed {fmt} {m}x{n}x{k}")
             b.note(kernel, entry["path"])
             ms = b.timer(launch.enqueue, cold=True) if m < 16 else b.timer.within(launch.enqueue)
             cells = [f"{fmt.upper()} {n}×{k}", str(m), f"{ms * 1000:.1f}",
