@@ -325,6 +325,63 @@ def test_the_cpu_kernels_pick_greedy_tokens_with_vector_searches():
         assert "vector.reduction <or>" in text, graph.name
 
 
+def _draw_rows() -> np.ndarray:
+    """Rows of WIDE columns where a blocked inverse-CDF walk could leave
+    the scalar walk's column: ties, -inf and NaN, mass at block
+    boundaries and in the tail, running sums that stop growing."""
+    rng = np.random.default_rng(7)
+    x = np.full((7, WIDE), -np.inf, np.float32)
+    x[0] = 0.0                                             # all tied
+    x[1] = rng.standard_normal(WIDE)                       # -inf in whole blocks, NaN
+    x[1, :48] = -np.inf
+    x[1, rng.choice(WIDE, 40)] = -np.inf
+    x[1, [50, 130]] = np.nan
+    x[2, [15, 16]] = 1.0                                   # a block's last, the next's first
+    x[3, [16 * 12 - 1, 16 * 12, WIDE - 1]] = 2.0           # the last block's end, the tail
+    x[4, 0], x[4, 1:] = 0.0, -20.0                         # sums flat after column 0
+    x[5, :] = -20.0                                        # ... and across the blocks
+    x[5, [31, 100]] = 0.0
+    x[6, :20] = 0.0                                        # see the boundary test
+    return x
+
+
+@pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.8, top_p=0.9),
+                                    dict(temperature=2.0, top_k=30, min_p=0.01)])
+def test_sampled_rows_of_whole_vectors_and_a_tail_draw_the_reference_tokens(params):
+    """The CPU kernel's draw (weights 16 at a time, blocks skipped whole,
+    `etc.ops.draw`) picks the reference's token on every row of
+    `_draw_rows`, over 64 seeds each."""
+    x = np.repeat(_draw_rows(), 64, axis=0)
+    inputs = _inputs(x, **params, seeds=np.arange(len(x)), position=np.arange(len(x)) * 3)
+    want = etc.reference.evaluate(_graph(WIDE), **inputs)[0]
+    kernel = etc.compile(_graph(WIDE), target="cpu", workers=2)
+    np.testing.assert_array_equal(_run(kernel, inputs), want)
+
+
+def test_a_target_equal_to_a_blocks_last_running_sum_passes_the_block():
+    """Seed 0 at position 1485375 draws u = 13421773 / 2**24, and u * 20
+    rounds to 16.0: on 20 tied columns (the rest -inf) the target equals
+    the running sum after column 15, the last of the first block. The
+    running sum must exceed the target, so the token is column 16 (the
+    reference's), not 15."""
+    x = _draw_rows()[6:]
+    inputs = _inputs(x, seeds=np.array([0]), position=1485375)
+    u = reference_sampling.uniform(inputs["seed"], inputs["position"])[0]
+    assert u * np.float32(20.0) == np.float32(16.0)
+    kernel = etc.compile(_graph(WIDE), target="cpu", workers=1)
+    assert _run(kernel, inputs).tolist() == [16] == etc.reference.evaluate(
+        _graph(WIDE), **inputs)[0].tolist()
+
+
+def test_the_cpu_kernel_draws_with_vector_weights():
+    """The CPU `sample` kernel's draw computes the weights 16 at a time
+    and adds them from the vector's lanes (16 extracts, for the total and
+    for the walk), not one scalar exp per column in a loop: the scalar
+    draw cost 0.4 ms a row of 128k logits (docs/benchmarks.md)."""
+    text = etc.compile(_graph(WIDE), target="cpu", workers=1).ir("event")
+    assert text.count("vector.extract ") >= 2 * 16
+
+
 # ----------------------------------------------------------------------
 # Seeds
 # ----------------------------------------------------------------------

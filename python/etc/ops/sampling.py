@@ -23,7 +23,11 @@ Gaussian logits of 49,152 and 151,936 values (for top-k 50 and top-p
 0.9). Only rows that ask for top-k or top-p run them. The draw is one
 uniform number from Philox-4x32-10 (`philox_uniform`), keyed by the row's
 seed with the token's position as counter, and an inverse-CDF walk over
-the kept weights in index order. A row costs 3 passes with temperature
+the kept weights in index order (on the CPU the weights 16 at a time,
+added one by one from the vector in that order, and whole blocks skipped
+while their last running sum stays at or below the target,
+`etc.ops.draw.vector_draw`: the same column, about 0.1 ms a row of 128k
+logits where the scalar draw took 0.4-0.7). A row costs 3 passes with temperature
 alone, up to 35 with top-k, and up to 68 with both; greedy rows 2 (the
 maximum, then the argmax scan; on the CPU two vector searches that stop
 where they find, `etc.ops.topk.vector_argmax`: a scalar scan of 128k
@@ -32,8 +36,8 @@ logits took 0.6 ms a row, 50 times the vector passes at 16 rows).
 Kernels: `Argmax`, a scalar scan (the portable kernel), and `ArgmaxCPU`,
 the maximum and the searches over 16-wide vectors; `Sample`, a row per
 lane iteration with sequential passes (the portable kernel), and
-`SampleCPU`, the same with the reductions and the greedy searches over
-16-wide vectors; `SampleGPU`, a CTA per row: every pass
+`SampleCPU`, the same with the reductions, the greedy searches and the
+draw's weights over 16-wide vectors; `SampleGPU`, a CTA per row: every pass
 spreads the row over the CTA's lanes (16-byte slices where the row is
 whole slices) and combines their partial results with warp shuffles and
 shared memory, and the walk splits the row into one contiguous segment
@@ -48,6 +52,7 @@ from typing import Sequence
 from mlir import ir
 from mlir.dialects import arith, math, memref, scf, vector
 
+from .draw import vector_draw
 from .base import Lanes, LaneValues, TaskBuilder, TileKernel, box, tile_offset
 from .topk import argmax_scan, select_next, vector_argmax
 from .variants import RowKernel, RowSelectGPU
@@ -134,14 +139,22 @@ class RowPasses:
         index order exceeds u times the row's total, among columns of
         positive weight (the last of those if rounding leaves none)."""
         k = self.k
-        # The total in the walk's order (sequential, also under
-        # `VectorRowPasses`), so the walk crosses u * total.
+        # The total in the walk's order (sequential), so the walk crosses
+        # u * total.
         (total,) = RowPasses.fold(self, ("add", 0.0, weight_of))
-        target = arith.mulf(u, total)
+        found, chosen, last = self.walk(weight_of, arith.mulf(u, total), k.cidx(0),
+                                        k.cf32(0.0))
+        return arith.select(found, chosen, last)
+
+    def walk(self, weight_of, target: ir.Value, start: ir.Value, running: ir.Value) -> list:
+        """The scalar walk from column `start` with the running sum
+        `running` before it: [whether some column's running sum exceeds
+        `target`, the first such column of positive weight, the last column
+        of positive weight from `start` (`start` if none)]."""
+        k = self.k
         i1 = ir.IntegerType.get_signless(1)
         types = [k.index, k.f32, i1, k.index, k.index]
-        walk = scf.WhileOp(types, [k.cidx(0), k.cf32(0.0), arith.constant(i1, 0), k.cidx(0),
-                                   k.cidx(0)])
+        walk = scf.WhileOp(types, [start, running, arith.constant(i1, 0), start, start])
         before = walk.before.blocks.append(*types)
         with ir.InsertionPoint(before):
             column, _, found = before.arguments[:3]
@@ -158,7 +171,7 @@ class RowPasses:
             scf.yield_([arith.addi(column, k.cidx(1)), running, hit,
                         arith.select(hit, column, chosen), arith.select(positive, column, last)])
         _, _, found, chosen, last = walk.results
-        return arith.select(found, chosen, last)
+        return [found, chosen, last]
 
 
 class VectorRowPasses(RowPasses):
@@ -185,6 +198,11 @@ class VectorRowPasses(RowPasses):
     def argmax(self, m: ir.Value) -> ir.Value:
         """`etc.ops.topk.vector_argmax` (two searches from the maximum)."""
         return vector_argmax(self.k, self.x, self.row, self.n, m, self.WIDTH)
+
+    def draw(self, weight_of, u: ir.Value) -> ir.Value:
+        """`etc.ops.draw.vector_draw`: the scalar walk's column, with the
+        weights 16 at a time and blocks skipped whole."""
+        return vector_draw(self, weight_of, u)
 
 
 class LanePasses(RowPasses):
