@@ -26,8 +26,9 @@ Why the column is the scalar walk's:
 * in the first block whose last sum exceeds the target, the first column
   whose sum exceeds it has a positive weight (its sum exceeds the sum
   before it, which is at most the target; for column 0 that sum is 0,
-  and the target u * total is >= 0), so it is the scalar walk's column; a target equal to a block's last sum
-  (the boundary) skips that block, as the scalar walk's `>` passes it;
+  and the target u * total is >= 0), so it is the scalar walk's column;
+* a target equal to a block's last sum (the boundary) skips that block,
+  as the scalar walk's `>` passes each of its columns;
 * the tail (n mod WIDTH columns) runs the scalar walk from the blocks'
   running sum; where no sum exceeds the target, the last column of
   positive weight is searched from the row's end (the scalar walk's

@@ -27,8 +27,8 @@ the kept weights in index order (on the CPU the weights 16 at a time,
 added one by one from the vector in that order, and whole blocks skipped
 while their last running sum stays at or below the target,
 `etc.ops.draw.vector_draw`: the same column, about 0.1 ms a row of 128k
-logits where the scalar draw took 0.4-0.7). A row costs 3 passes with temperature
-alone, up to 35 with top-k, and up to 68 with both; greedy rows 2 (the
+logits where the scalar draw took 0.4-0.7). A row costs 3 passes with
+temperature alone, up to 35 with top-k, and up to 68 with both; greedy rows 2 (the
 maximum, then the argmax scan; on the CPU two vector searches that stop
 where they find, `etc.ops.topk.vector_argmax`: a scalar scan of 128k
 logits took 0.6 ms a row, 50 times the vector passes at 16 rows).
