@@ -37,12 +37,12 @@ def _value(rng, shape, dtype: str, scale: float = 1.0) -> np.ndarray:
     return value.astype(np.float16) if dtype == "f16" else round_bf16(value)
 
 
-def _matmul(m, k: int, n: int, dtype: str, transpose_b: bool) -> etc.Graph:
+def _matmul(m, k: int, n: int, dtype: str, transpose_b: bool, tile=None) -> etc.Graph:
     g = etc.Graph("mm")
     rows = g.symbol("B") if m is None else m
     x = g.input("x", (rows, k), dtype)
     w = g.input("w", (n, k) if transpose_b else (k, n), dtype)
-    g.output(g.matmul(x, w, transpose_b=transpose_b))
+    g.output(g.matmul(x, w, transpose_b=transpose_b, tile=tile))
     return g
 
 
@@ -58,10 +58,14 @@ def _run(g: etc.Graph, kernel, dtype: str, inputs: dict, label: str) -> None:
                                    rtol=tol, atol=tol * scale, err_msg=label)
 
 
-def _check(g: etc.Graph, dtype: str, rows_values, *, chosen: bool = True, seed: int = 3) -> None:
-    # sm_80: on sm_90a (the default chip) B^T takes wgmma (test_gpu_wgmma.py).
-    kernel = etc.compile(g, target="cpu", kernels="cuda", chip="sm_80", workers=2)
-    assert bool(TENSOR_CORE.search(kernel.ir("graph"))) == chosen
+def _check(g: etc.Graph, dtype: str, rows_values, *, chosen: bool = True, seed: int = 3,
+           chip: str = "sm_80", kernels: re.Pattern = TENSOR_CORE) -> None:
+    """`g` under the lane simulation for `chip` against the reference at
+    each row count; whether a tile function matching `kernels` was chosen
+    must be `chosen`. (sm_80 by default: on sm_90a B^T takes wgmma,
+    test_gpu_wgmma.py.)"""
+    kernel = etc.compile(g, target="cpu", kernels="cuda", chip=chip, workers=2)
+    assert bool(kernels.search(kernel.ir("graph"))) == chosen
     rng = np.random.default_rng(seed)
     for rows in rows_values:
         inputs = {}

@@ -20,14 +20,13 @@ import pytest
 import etc
 from etc.ops import wgmma
 from etc.ops.matmul_wgmma import MatmulWGMMA
-from etc.reference import round_bf16
+import test_gpu_mma as mma_tests
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
 #: A Hopper tile function: `matmul_wgmma` (known rows) or
 #: `matmul_gemv_t_wgmma` (symbolic rows, with the GEMV for few rows).
 HOPPER = re.compile(r"_tile_matmul(_gemv_t)?_wgmma_")
 
-TOLERANCE = {"f16": 5e-3, "bf16": 2e-2}
 
 
 # ----------------------------------------------------------------------
@@ -170,38 +169,14 @@ def test_fragment_d_is_the_isa_figure():
 # ----------------------------------------------------------------------
 
 
-def _value(rng, shape, dtype: str, scale: float = 1.0) -> np.ndarray:
-    value = (rng.standard_normal(shape) * scale).astype(np.float32)
-    return value.astype(np.float16) if dtype == "f16" else round_bf16(value)
-
-
 def _matmul(m, k: int, n: int, dtype: str, tile=None, transpose_b: bool = True) -> etc.Graph:
-    g = etc.Graph("mm")
-    rows = g.symbol("B") if m is None else m
-    x = g.input("x", (rows, k), dtype)
-    w = g.input("w", (n, k) if transpose_b else (k, n), dtype)
-    g.output(g.matmul(x, w, transpose_b=transpose_b, tile=tile))
-    return g
+    return mma_tests._matmul(m, k, n, dtype, transpose_b, tile=tile)
 
 
 def _check(g: etc.Graph, dtype: str, rows_values, *, chosen: bool = True, seed: int = 3,
            chip: str = "sm_90a") -> None:
-    kernel = etc.compile(g, target="cpu", kernels="cuda", chip=chip, workers=2)
-    assert bool(HOPPER.search(kernel.ir("graph"))) == chosen
-    rng = np.random.default_rng(seed)
-    for rows in rows_values:
-        inputs = {}
-        for arg in g.arguments:
-            if arg.kind == "input":
-                shape = tuple(rows if d == "B" else d for d in arg.shape)
-                inputs[arg.name] = _value(rng, shape, dtype, 1.0 if arg.name == "x" else 0.1)
-        got = kernel.run(**inputs)
-        want = etc.reference.evaluate(g, **inputs)
-        tol = TOLERANCE[dtype]
-        for a, b in zip(got, want):
-            scale = max(float(np.abs(np.asarray(b, np.float32)).max()), 1.0)
-            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
-                                       rtol=tol, atol=tol * scale, err_msg=f"rows={rows}")
+    mma_tests._check(g, dtype, rows_values, chosen=chosen, seed=seed, chip=chip,
+                     kernels=HOPPER)
 
 
 # (rows, K, N): one step and one stage; five steps round the three-stage
