@@ -35,14 +35,22 @@ def _graph(name: str = "axpy", width: int = 64):
     return g
 
 
+def use_fake_driver(monkeypatch, kernel, build):
+    """`kernel` (a CUDA kernel) on a new fake driver whose launches run
+    `build`, the CPU build of the same program; the driver."""
+    driver = fake_driver.build({hashlib.sha256(kernel.ptx.encode()).hexdigest(): build})
+    monkeypatch.setattr(cuda, "_driver", lambda: driver)
+    kernel.runtime._driver = None  # load again on this driver
+    kernel.runtime._workspaces.clear()
+    return driver
+
+
 def _fake(monkeypatch, graph, **options):
     """The CUDA kernel of `graph` and a fake driver running its CPU build."""
     kernel = etc.compile(graph, target="cuda", **options)
     cpu = etc.compile(graph, target="cpu", workers=fake_driver.SMS,
                       schedule=options.get("schedule", "static"))
-    driver = fake_driver.build({hashlib.sha256(kernel.ptx.encode()).hexdigest(): cpu})
-    monkeypatch.setattr(cuda, "_driver", lambda: driver)
-    return kernel, driver
+    return kernel, use_fake_driver(monkeypatch, kernel, cpu)
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +65,7 @@ def axpy():
 @pytest.fixture
 def fake(monkeypatch, axpy):
     graph, kernel, cpu = axpy
-    driver = fake_driver.build({hashlib.sha256(kernel.ptx.encode()).hexdigest(): cpu})
-    monkeypatch.setattr(cuda, "_driver", lambda: driver)
-    kernel.runtime._driver = None  # load again on this driver
-    kernel.runtime._workspaces.clear()
-    return kernel, driver
+    return kernel, use_fake_driver(monkeypatch, kernel, cpu)
 
 
 # ---------------------------------------------------------------------------

@@ -9,7 +9,6 @@ memory are refused on both targets, host and device ones."""
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "test" / "python" / "fake_cuda"))
 import fake_driver  # noqa: E402
 from test_cpu_out import _inputs, gemm_graph  # noqa: E402
+from test_cuda_fake import use_fake_driver  # noqa: E402
 
 # A uint16 of 0xFFFF is a NaN's upper half: an element the copy missed stays so.
 GARBAGE = 0xFFFF
@@ -42,11 +42,7 @@ def programs():
 def fake(monkeypatch, programs):
     """The CUDA kernel on a new fake driver, and the CPU kernel."""
     kernel, build, cpu = programs
-    driver = fake_driver.build({hashlib.sha256(kernel.ptx.encode()).hexdigest(): build})
-    monkeypatch.setattr(cuda, "_driver", lambda: driver)
-    kernel.runtime._driver = None  # load again on this driver
-    kernel.runtime._workspaces.clear()
-    return kernel, cpu, driver
+    return kernel, cpu, use_fake_driver(monkeypatch, kernel, build)
 
 
 def _garbage(shape, dtype) -> np.ndarray:
