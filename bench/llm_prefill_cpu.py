@@ -121,6 +121,8 @@ def main() -> None:
     parser.add_argument("--peak", type=float, default=None,
                         help="the machine's bf16 GFLOP/s, for the trace's floor")
     args = parser.parse_args()
+    if args.peak is not None and not args.trace:
+        parser.error("--peak is the floor of --trace's table: give --trace too")
     directory = args.checkpoint or Path(tempfile.mkdtemp(prefix="etc-prefill-"))
     if not (directory / "config.json").exists():
         write(directory, args.layers)
