@@ -14,9 +14,11 @@ workers reach.
 
 `--new N`: the step's last N positions are new tokens (a prefill step
 after positions - N cached; `--new` = `--positions` is a first step).
-`--compare` compiles the kernel twice in one process, with the prefill's
-query blocks (`AttentionChunkBlocks.QUERY_ROWS`) and without (1: a token
-at a time), and times them alternating.
+`--compare` compiles the kernel three times in one process: as built
+(the prefill's query blocks on AMX tiles where the CPU has them,
+`AttentionChunkBlocks.query_tiles`), with the query blocks on `vdpbf16ps`
+(`AMX` False; where there is no AMX, the same kernel again), and a token
+at a time (`QUERY_ROWS` 1), and times them alternating.
 
 Usage: .venv/bin/python bench/attention_cpu.py [--positions 2000] [--layers 30]
        [--workers 1] [--chunk 128] [--runs 200] [--new 1] [--compare]
@@ -54,17 +56,18 @@ def graph(layers: int, chunk: int, max_length: int) -> etc.Graph:
     return g
 
 
-def compile_kernel(args, blocks: int, query_rows: int | None = None):
-    """The kernel, with `query_rows` as AttentionChunkBlocks.QUERY_ROWS
-    (None: as it is)."""
-    saved = AttentionChunkBlocks.QUERY_ROWS
-    if query_rows is not None:
-        AttentionChunkBlocks.QUERY_ROWS = query_rows
+def compile_kernel(args, blocks: int, **settings):
+    """The kernel, with `settings` (QUERY_ROWS, AMX) as AttentionChunkBlocks'
+    class attributes (else as they are)."""
+    saved = {name: getattr(AttentionChunkBlocks, name) for name in settings}
+    for name, value in settings.items():
+        setattr(AttentionChunkBlocks, name, value)
     try:
         return etc.compile(graph(args.layers, args.chunk, blocks * BLOCK), target="cpu",
                            schedule="dynamic", workers=args.workers)
     finally:
-        AttentionChunkBlocks.QUERY_ROWS = saved
+        for name, value in saved.items():
+            setattr(AttentionChunkBlocks, name, value)
 
 
 def main() -> None:
@@ -82,8 +85,9 @@ def main() -> None:
     blocks = -(-args.positions // BLOCK)
     variants = {"as built": compile_kernel(args, blocks)}
     if args.compare:
-        variants = {f"QUERY_ROWS={AttentionChunkBlocks.QUERY_ROWS}": variants["as built"],
-                    "QUERY_ROWS=1": compile_kernel(args, blocks, 1)}
+        variants = {"as built": variants["as built"],
+                    "AMX=False": compile_kernel(args, blocks, AMX=False),
+                    "QUERY_ROWS=1": compile_kernel(args, blocks, QUERY_ROWS=1)}
     rng = np.random.default_rng(0)
     new, cached = args.new, args.positions - args.new
     inputs = {"positions": np.arange(cached, args.positions, dtype=np.int32),
@@ -103,8 +107,9 @@ def main() -> None:
         for _ in range(3):
             outputs[name] = kernel.run(**inputs)
     if len(outputs) > 1:
-        first, second = (np.asarray(out[0], np.float32) for out in outputs.values())
-        print(f"largest difference between the variants: {np.abs(first - second).max():.3g}")
+        first, *others = (np.asarray(out[0], np.float32) for out in outputs.values())
+        difference = max(np.abs(first - other).max() for other in others)
+        print(f"largest difference between the variants: {difference:.3g}")
     times = {name: [] for name in variants}
     for _ in range(args.runs):
         for name, kernel in variants.items():

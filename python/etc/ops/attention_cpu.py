@@ -86,6 +86,9 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
     #: block serves QUERY_ROWS G K queries. Measured 4, 8, 16 (see the
     #: class docstring).
     QUERY_ROWS = 8
+    #: Whether prefill takes the tile unit where the CPU has AMX
+    #: (`query_tiles`; False: `query_block` on `vdpbf16ps` there too).
+    AMX = True
     #: Rows whose G queries `query_block` interleaves (a run-time loop
     #: over the others): 2 of 1, 2, 4 was the fastest.
     ROWS_AT_ONCE = 2
@@ -121,7 +124,7 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         r, js = self.ti
         _, new_tokens, _, _ = self.request_keys(r, arith.divui(js, self.cidx(self.splits(self.op))))
         branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, new_tokens,
-                                     self.cidx(self.QUERY_ROWS)), has_else=True)
+                                     self.cidx(self.query_rows())), has_else=True)
         with ir.InsertionPoint(branch.then_block):
             self.emit_query_blocks()
             scf.yield_([])

@@ -6,13 +6,14 @@ packed once per KV head for their queries."""
 from __future__ import annotations
 
 from collections import namedtuple
+from math import gcd
 
 from mlir import ir
 from mlir.dialects import arith, math, memref, scf, vector
 
 from .base import element_type
 from .kvcache import CacheRows
-from .matmul_amx import transpose16
+from .matmul_amx import AMXTiles, transpose16
 from .matmul_dpbf16 import dot_bf16
 
 
@@ -34,7 +35,8 @@ class QueryBlocks:
         op, params = self.op, self.op.params
         q, k_cache, _, positions, _, addressing, _, _ = op.operands
         head_dim, group = params["head_dim"], params["heads"] // params["kv_heads"]
-        c, rows, n = self.cidx, self.QUERY_ROWS, self.KEYS
+        c, rows, n = self.cidx, self.query_rows(), self.KEYS
+        tiles = self.amx_tiles()
         splits, per_split = self.splits(op), self.heads_per_item(op)
         kv_heads = self.kv_heads_per_tile(op)
         per_kv = rows * group  # queries per KV head
@@ -48,10 +50,20 @@ class QueryBlocks:
         last = arith.subi(end, c(1))
         i32 = ir.IntegerType.get_signless(32)
         words, halves = head_dim // 2, head_dim // 32
-        packs = _Packs(*(self.entry_alloca(ir.MemRefType.get(shape, element)) for shape, element in (
-            ([kv_heads * per_kv, words], i32), ([kv_heads * per_kv, head_dim + 32], self.f32),
-            ([kv_heads, words, n], i32), ([kv_heads, n // 2 * 2 * halves, 32],
-                                          element_type("bf16")))))
+        bf16 = element_type("bf16")
+        if tiles is None:
+            shapes = (([kv_heads * per_kv, words], i32),
+                      ([kv_heads * per_kv, head_dim + 32], self.f32),
+                      ([kv_heads, words, n], i32), ([kv_heads, n // 2 * 2 * halves, 32], bf16))
+        else:
+            # 2-D, rows of 32 bf16 (64 bytes) or of 16 f32: tile rows.
+            shapes = (([kv_heads * per_kv, head_dim], bf16),
+                      ([kv_heads * per_kv, head_dim + 32], self.f32),
+                      ([kv_heads * words, 32], bf16), ([kv_heads * 2 * halves * 16, 32], bf16),
+                      ([16, 16], self.f32), ([16, 32], bf16), ([16], self.f32),
+                      ([2 * halves * 16, 16], self.f32))
+        packs = _Packs(*(self.entry_alloca(ir.MemRefType.get(shape, element))
+                         for shape, element in shapes))
         loop = self.lane_loop(arith.divui(arith.addi(new_tokens, c(rows - 1)), c(rows)))
         with ir.InsertionPoint(loop.body):
             t0 = arith.addi(first, arith.muli(loop.induction_variable, c(rows)))
@@ -78,13 +90,18 @@ class QueryBlocks:
                     head = self.packed_head(head0, qi, rows, group)
                     for half, pair in enumerate(self.query_row(
                             q, [t, arith.muli(head, c(head_dim))])):
-                        vector.store(vector.bitcast(ir.VectorType.get([16], i32), pair),
-                                     packs.queries, [qi, c(16 * half)])
+                        if tiles is None:
+                            vector.store(vector.bitcast(ir.VectorType.get([16], i32), pair),
+                                         packs.queries, [qi, c(16 * half)])
+                        else:
+                            vector.store(pair, packs.queries, [qi, c(32 * half)])
                     vector.store(self.splat(self.cf32(0.0)), packs.states, [qi, c(0)])
                     memref.store(self.cf32(float("-inf")), packs.states, [qi, c(head_dim)])
                     vector.store(self.vzero(n), packs.states, [qi, c(head_dim + 16)])
                     scf.yield_([])
-                self.packed_keys(packs, where, kv_column, k_first, k1, bounds)
+                if tiles is not None:
+                    self.zero_tile_padding(packs)
+                self.packed_keys(packs, where, kv_column, k_first, k1, bounds, tiles)
                 partial = op.buffers["partial"]
                 each = scf.ForOp(c(0), c(kv_heads * per_kv), c(1))
                 with ir.InsertionPoint(each.body):
@@ -141,15 +158,16 @@ class QueryBlocks:
         return arith.addi(head0, arith.addi(arith.muli(arith.divui(qi, c(per_kv)), c(group)),
                                             arith.remui(qi, c(group))))
 
-    def packed_keys(self, packs, where, kv_column, k_first, k1, bounds) -> None:
+    def packed_keys(self, packs, where, kv_column, k_first, k1, bounds, tiles) -> None:
         """`emit_query_blocks`' loop over blocks of keys [k_first, k1): each
         key's row (clamped to the last key) from its table entry, or where
         the blocks are `aligned` from the block's first entry and with the
         next block's rows prefetched; per KV head `pack_block`, then
-        `query_block` for each of its queries."""
+        `query_block` for each of its queries (with `tiles`, `query_tiles`
+        for each 16 of them)."""
         op, params, n, c = self.op, self.op.params, self.KEYS, self.cidx
         head_dim, group = params["head_dim"], params["heads"] // params["kv_heads"]
-        rows = self.QUERY_ROWS
+        rows = self.query_rows()
         per_kv = rows * group
         last = arith.subi(k1, c(1))
         aligned = self.aligned()
@@ -191,18 +209,25 @@ class QueryBlocks:
             heads = scf.ForOp(c(0), c(kv_heads), c(1))
             with ir.InsertionPoint(heads.body):
                 kv = heads.induction_variable
-                step = self.ROWS_AT_ONCE
-                each = scf.ForOp(c(0), c(rows), c(step))
-                with ir.InsertionPoint(each.body):
-                    queries, masks = [], []
-                    for i in range(step):
-                        row = arith.addi(each.induction_variable, c(i))
-                        _, row_first, row_end = bounds(row)
-                        qi = arith.addi(arith.muli(kv, c(per_kv)), arith.muli(row, c(group)))
-                        queries += [arith.addi(qi, c(g)) for g in range(group)]
-                        masks += [self.key_lanes(key, row_first, row_end)] * group
-                    self.query_block(packs, kv, queries, masks)
-                    scf.yield_([])
+                if tiles is not None:
+                    each = scf.ForOp(c(0), c(per_kv), c(16))
+                    with ir.InsertionPoint(each.body):
+                        self.query_tiles(tiles, packs, kv, key, each.induction_variable, bounds)
+                        scf.yield_([])
+                else:
+                    step = self.ROWS_AT_ONCE
+                    each = scf.ForOp(c(0), c(rows), c(step))
+                    with ir.InsertionPoint(each.body):
+                        queries, masks = [], []
+                        for i in range(step):
+                            row = arith.addi(each.induction_variable, c(i))
+                            _, row_first, row_end = bounds(row)
+                            qi = arith.addi(arith.muli(kv, c(per_kv)),
+                                            arith.muli(row, c(group)))
+                            queries += [arith.addi(qi, c(g)) for g in range(group)]
+                            masks += [self.key_lanes(key, row_first, row_end)] * group
+                        self.query_block(packs, kv, queries, masks)
+                        scf.yield_([])
                 scf.yield_([])
             scf.yield_([])
 
@@ -228,15 +253,141 @@ class QueryBlocks:
         head_dim = self.op.params["head_dim"]
         bf16x32 = ir.VectorType.get([32], element_type("bf16"))
         i32x16 = ir.VectorType.get([16], ir.IntegerType.get_signless(32))
+        tiles = packs.scores is not None
         for first in range(0, head_dim // 2, 16):
             vecs = transpose16([vector.bitcast(i32x16, vector.load(
                 bf16x32, caches[0], self.column(at, 2 * first))) for at in rows])
             for p, vec in enumerate(vecs):
-                vector.store(vec, packs.keys, [kv, c(first + p), c(0)])
+                if tiles:
+                    vector.store(vector.bitcast(bf16x32, vec), packs.keys, [
+                        arith.addi(arith.muli(kv, c(head_dim // 2)), c(first + p)), c(0)])
+                else:
+                    vector.store(vec, packs.keys, [kv, c(first + p), c(0)])
         for p in range(n // 2):
             pairs = self.interleaved_values(caches[1], rows[2 * p], rows[2 * p + 1])
             for i, vec in enumerate(pairs):
-                vector.store(vec, packs.values, [kv, c(p * len(pairs) + i), c(0)])
+                if tiles:
+                    # Tile (kv, i)'s row p: its 16 columns' pairs of keys
+                    # 2p and 2p + 1 (rows 8-15 stay zero).
+                    vector.store(vec, packs.values, [arith.addi(
+                        arith.muli(kv, c(16 * len(pairs))), c(16 * i + p)), c(0)])
+                else:
+                    vector.store(vec, packs.values, [kv, c(p * len(pairs) + i), c(0)])
+
+    def query_rows(self) -> int:
+        """The new tokens a prefill tile takes together: QUERY_ROWS, or on
+        AMX tiles (`amx_tiles`) the fewest at least as many whose G queries
+        per KV head fill whole tiles of 16 rows (G = 3: 16 tokens)."""
+        if self.QUERY_ROWS == 1 or self.amx_tiles() is None:
+            return self.QUERY_ROWS
+        group = self.op.params["heads"] // self.op.params["kv_heads"]
+        least = 16 // gcd(group, 16)
+        return -(-self.QUERY_ROWS // least) * least
+
+    def amx_tiles(self):
+        """`AMXTiles` for `query_tiles` where the CPU has `amx-bf16` (or the
+        target emulates it) and the queries, keys and values are bf16 rows
+        of whole 32-value pairs (`value_pairs`); else None (`query_block`
+        on `vdpbf16ps`). AMX False turns the tiles off (the benchmark's
+        comparison)."""
+        target = self.target
+        if not (self.AMX and (target.has("amx-bf16") or target.emulate_amx)
+                and self.value_pairs() and self.KEYS == 16):
+            return None
+        return AMXTiles(self, not target.has("amx-bf16"))
+
+    def zero_tile_padding(self, packs) -> None:
+        """Zeros the parts of the tiles' packs that no block writes: the
+        weights' columns 16-31 (pairs 8-15 of a tile of 16 keys' weights)
+        and the value tiles' rows 8-15 (a NaN of stale stack memory times 0
+        would still be NaN)."""
+        c = self.cidx
+        bf16x16 = ir.VectorType.get([16], element_type("bf16"))
+        bf16x32 = ir.VectorType.get([32], element_type("bf16"))
+        zeros = arith.constant(bf16x32, ir.DenseElementsAttr.get_splat(
+            bf16x32, ir.FloatAttr.get(element_type("bf16"), 0.0)))
+        half = vector.extract_strided_slice(bf16x16, zeros, [0], [16], [1])
+        for r in range(16):
+            vector.store(half, packs.weights, [c(r), c(16)])
+        count = ir.MemRefType(packs.values.type).shape[0] // 16
+        each = scf.ForOp(c(0), c(count), c(1))
+        with ir.InsertionPoint(each.body):
+            base = arith.muli(each.induction_variable, c(16))
+            for r in range(8, 16):
+                vector.store(zeros, packs.values, [arith.addi(base, c(r)), c(0)])
+            scf.yield_([])
+
+    def query_tiles(self, tiles: AMXTiles, packs, kv, key, first, bounds) -> None:
+        """The states of 16 queries of KV head `kv` (its queries `first` ..
+        `first` + 15 in `emit_query_blocks`' order) updated with the block
+        of keys from `key` packed in its slot (`pack_block`), on the tile
+        unit: the 16 x 16 scores as head_dim / 32 `tdpbf16ps` of the
+        queries' rows and the transposed keys (which are the VNNI layout),
+        stored; each row's online softmax in AVX-512 on its 16 scores
+        (masked to its keys, as `query_block`'s), its bf16 weights into a
+        16 x 32 tile whose pairs 8-15 are zero, the rescalings
+        exp(m - m_new) as one vector; the weighted values as a tile per 16
+        columns (one `tdpbf16ps` of the weights and the value pairs,
+        K = 16 keys of its 32), stored, and added to each row's acc
+        rescaled."""
+        op, c, n = self.op, self.cidx, self.KEYS
+        head_dim, group = op.params["head_dim"], op.params["heads"] // op.params["kv_heads"]
+        words, halves = head_dim // 2, head_dim // 32
+        per_kv = self.query_rows() * group
+        base = arith.addi(arith.muli(kv, c(per_kv)), first)
+        scores = tiles.zero()
+        for s in range(halves):
+            scores = tiles.mul(tiles.load(packs.queries, base, c(32 * s)),
+                               tiles.load(packs.keys, arith.addi(arith.muli(kv, c(words)),
+                                                                 c(16 * s)), c(0)),
+                               scores)
+        tiles.store(packs.scores, c(0), c(0), scores)
+        scale = self.vsplat(self.cf32(op.params["scale"]), n)
+        minus_inf = self.cf32(float("-inf"))
+        bf16x16 = ir.VectorType.get([n], element_type("bf16"))
+        each = scf.ForOp(c(0), c(16), c(1))
+        with ir.InsertionPoint(each.body):
+            r = each.induction_variable
+            qi = arith.addi(base, r)
+            _, row_first, row_end = bounds(arith.divui(arith.addi(first, r), c(group)))
+            mask = self.key_lanes(key, row_first, row_end)
+            block = arith.select(mask, self.capped(arith.mulf(
+                vector.load(self.vtype(n), packs.scores, [r, c(0)]), scale)),
+                self.vsplat(minus_inf, n))
+            m = memref.load(packs.states, [qi, c(head_dim)])
+            m_new = larger(m, largest_lane(block))
+            m_from = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, m_new, minus_inf),
+                                  self.cf32(0.0), m_new)
+            memref.store(m_new, packs.states, [qi, c(head_dim)])
+            memref.store(arith.subf(m, m_from), packs.rescales, [r])
+            w = arith.select(mask, self.exp2_of(arith.subf(block, self.vsplat(m_from, n))),
+                             self.vzero(n))
+            w = ir.Operation.create("x86vector.avx512.cvt.packed.f32_to_bf16",
+                                    results=[bf16x16], operands=[w]).result
+            vector.store(w, packs.weights, [r, c(0)])
+            scf.yield_([])
+        vector.store(self.exp2_of(vector.load(self.vtype(n), packs.rescales, [c(0)])),
+                     packs.rescales, [c(0)])
+        weights = tiles.load(packs.weights, c(0), c(0))
+        for i in range(2 * halves):
+            part = tiles.mul(weights, tiles.load(packs.values, arith.addi(
+                arith.muli(kv, c(32 * halves)), c(16 * i)), c(0)), tiles.zero())
+            tiles.store(packs.products, c(16 * i), c(0), part)
+        each = scf.ForOp(c(0), c(16), c(1))
+        with ir.InsertionPoint(each.body):
+            r = each.induction_variable
+            qi = arith.addi(base, r)
+            alpha = self.vsplat(memref.load(packs.rescales, [r]), 16)
+            lanes = vector.load(self.vtype(n), packs.states, [qi, c(head_dim + 16)])
+            w = vector.load(bf16x16, packs.weights, [r, c(0)])
+            vector.store(math.fma(lanes, alpha, arith.extf(self.vtype(n), w)),
+                         packs.states, [qi, c(head_dim + 16)])
+            for i in range(2 * halves):
+                acc = vector.load(self.vtype(16), packs.states, [qi, c(16 * i)])
+                part = vector.load(self.vtype(16), packs.products,
+                                   [arith.addi(r, c(16 * i)), c(0)])
+                vector.store(math.fma(acc, alpha, part), packs.states, [qi, c(16 * i)])
+            scf.yield_([])
 
     def query_block(self, packs, kv, queries: list, masks: list) -> None:
         """The states in packs.states of `queries` (ROWS_AT_ONCE rows' G
@@ -341,5 +492,11 @@ def larger(a: ir.Value, b: ir.Value) -> ir.Value:
 #: (query, pair); their softmax states (query: acc at 0, m at head_dim, l
 #: per lane from head_dim + 16); the block's keys transposed (KV head,
 #: pair, key) and values paired (KV head, pair of keys x 32 columns, 32)
-#: (`packed_keys`).
-_Packs = namedtuple("_Packs", "queries states keys values")
+#: (`packed_keys`). On AMX tiles (`query_tiles`) 2-D, rows of tiles: the
+#: queries in bf16 (query, column), the keys (KV head x pair, 16 keys'
+#: pairs), the values (KV head x 16 columns' tile x 16 rows, of which 8
+#: pairs of keys); and the tile's scores (16 x 16 f32), weights (16 x 32
+#: bf16), rescalings (16 f32) and weighted values (a 16 x 16 f32 tile per
+#: 16 columns). Without tiles those four are None.
+_Packs = namedtuple("_Packs", "queries states keys values scores weights rescales products",
+                    defaults=(None,) * 4)
