@@ -300,6 +300,23 @@ def test_the_tile_unit_multiplies_in_the_lowered_ir_and_the_machine_code():
         assert instruction in code, instruction
 
 
+@pytest.mark.parametrize("level", [0, 2])
+def test_at_o0_no_tile_crosses_a_block_and_llvm_generates_the_code(level, monkeypatch):
+    """LLVM 22 aborts at -O0 on a tile carried around a loop (a phi of
+    x86_amx): at ETC_CPU_OPT_LEVEL=0 the accumulators live in stack slots,
+    at 2 in tile registers carried by the K loop. Code generation runs on
+    any x86-64 CPU, so this holds on machines without AMX too."""
+    import re
+
+    from etc.runtime import jit
+    monkeypatch.setenv("ETC_CPU_OPT_LEVEL", str(level))
+    graph_text, module = _lowered_for_amx(_graph(100, 96, residual=True))
+    carried = re.search(r"scf\.for .* iter_args\(.*\) -> \(!amx\.tile", graph_text)
+    assert (carried is None) == (level == 0)
+    engine = jit.create(module, "mm", level, isa=AMX)
+    jit.lookup(engine, "mm_worker", "mm")
+
+
 @needs_avx512bf16
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 @pytest.mark.parametrize("k, n", [(100, 96), (75, 70), (64, 40)])
@@ -320,8 +337,13 @@ def test_amx_tiles_emulated_at_ragged_shapes_match_the_reference(schedule, k, n)
 
 
 @needs_amx
+@pytest.mark.parametrize("level", ["0", "2"])
 @pytest.mark.parametrize("k, n", [(576, 192), (75, 70)])
-def test_amx_tiles_match_the_reference(k, n):
+def test_amx_tiles_match_the_reference(k, n, level, monkeypatch):
+    """On the tile unit, at LLVM -O0 too (accumulators in stack slots
+    there: LLVM 22's -O0 AMX lowering crashes on a tile carried around a
+    loop) and at -O2 (accumulators in tile registers)."""
+    monkeypatch.setenv("ETC_CPU_OPT_LEVEL", level)
     rng = np.random.default_rng(k * n)
     g = _graph(k, n)
     kernel = etc.compile(g, target="cpu", workers=2)

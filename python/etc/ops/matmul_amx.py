@@ -73,8 +73,20 @@ class AMXTiles:
     ROWS = 16
 
     def __init__(self, kernel, emulate: bool):
+        from ..runtime.isa import opt_level
+
         self.kernel = kernel
         self.emulate = emulate
+        # LLVM 22 cannot generate code at -O0 for a tile value that enters
+        # a block through a phi (an accumulator carried around a loop): its
+        # -O0 AMX lowering deletes the phi's incoming tile while the phi
+        # still uses it ("Use still stuck around after Def is destroyed",
+        # then UNREACHABLE; reproduced with llc -O0 on a 20-line loop). At
+        # -O0 the accumulators therefore live in stack slots, each product
+        # loading its accumulator and storing it back: no tile crosses a
+        # block. ETC_CPU_OPT_LEVEL (the level the JIT uses) decides.
+        self.in_memory = not emulate and opt_level() == 0
+        self._carried = []
         self.f32 = ir.F32Type.get()
         self.bf16 = element_type("bf16")
         self.acc_type = ir.Type.parse("!amx.tile<16x16xf32>")
@@ -83,7 +95,22 @@ class AMXTiles:
     def zero(self):
         if self.emulate:
             return [self.kernel.vzero(16) for _ in range(self.ROWS)]
-        return ir.Operation.create("amx.tile_zero", results=[self.acc_type]).result
+        tile = ir.Operation.create("amx.tile_zero", results=[self.acc_type]).result
+        if not self.in_memory:
+            return tile
+        slot = self.kernel.entry_alloca(ir.MemRefType.get([self.ROWS, 16], self.f32))
+        self._store_tile(slot, self.kernel.cidx(0), self.kernel.cidx(0), tile)
+        return slot
+
+    def _load_tile(self, buf: ir.Value, row: ir.Value, col: ir.Value, type: ir.Type):
+        return ir.Operation.create(
+            "amx.tile_load", results=[type], operands=[buf, row, col],
+            attributes={"operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 2, 0])}).result
+
+    def _store_tile(self, buf: ir.Value, row: ir.Value, col: ir.Value, tile) -> None:
+        ir.Operation.create(
+            "amx.tile_store", operands=[buf, row, col, tile],
+            attributes={"operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 2, 1, 0])})
 
     def load(self, buf: ir.Value, row: ir.Value, col: ir.Value):
         """16 rows of 32 bf16 from buf[row + i, col] (a 2-D memref)."""
@@ -91,16 +118,20 @@ class AMXTiles:
             pairs = ir.VectorType.get([32], self.bf16)
             return [vector.load(pairs, buf, [arith.addi(row, self.kernel.cidx(i)), col])
                     for i in range(self.ROWS)]
-        return ir.Operation.create(
-            "amx.tile_load", results=[self.operand_type], operands=[buf, row, col],
-            attributes={"operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 2, 0])}).result
+        return self._load_tile(buf, row, col, self.operand_type)
 
     def mul(self, lhs, rhs, acc):
         """`tdpbf16ps`: acc[m][n] + sum over pairs p of lhs[m][2p] rhs[p][2n]
         + lhs[m][2p + 1] rhs[p][2n + 1]."""
         if not self.emulate:
-            return ir.Operation.create("amx.tile_mulf", results=[self.acc_type],
-                                       operands=[lhs, rhs, acc]).result
+            zero = self.kernel.cidx(0)
+            current = self._load_tile(acc, zero, zero, self.acc_type) if self.in_memory else acc
+            product = ir.Operation.create("amx.tile_mulf", results=[self.acc_type],
+                                          operands=[lhs, rhs, current]).result
+            if not self.in_memory:
+                return product
+            self._store_tile(acc, zero, zero, product)
+            return acc
         out = []
         for m in range(self.ROWS):
             total = acc[m]
@@ -116,17 +147,25 @@ class AMXTiles:
             for i, values in enumerate(tile):
                 vector.store(values, buf, [arith.addi(row, self.kernel.cidx(i)), col])
             return
-        ir.Operation.create(
-            "amx.tile_store", operands=[buf, row, col, tile],
-            attributes={"operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 2, 1, 0])})
+        if self.in_memory:
+            zero = self.kernel.cidx(0)
+            tile = self._load_tile(tile, zero, zero, self.acc_type)
+        self._store_tile(buf, row, col, tile)
 
     def values(self, tiles: list) -> list:
-        """The SSA values of `tiles` (for a loop's iteration arguments)."""
+        """The SSA values of `tiles` (for a loop's iteration arguments):
+        none for accumulators in stack slots (`in_memory`), which `tiles`
+        then gives back as they are."""
+        if self.in_memory:
+            self._carried = list(tiles)
+            return []
         return [v for t in tiles for v in t] if self.emulate else list(tiles)
 
     def tiles(self, values: list) -> list:
         """`values` (from `values`) as tiles again."""
         values = list(values)
+        if self.in_memory:
+            return list(self._carried)
         if not self.emulate:
             return values
         return [values[i:i + self.ROWS] for i in range(0, len(values), self.ROWS)]
