@@ -1,7 +1,8 @@
 """The CPU attention tiles alone: one decode token's attention over a long
 paged KV cache (or `--new` tokens' of a prefill step), the `smol`
 (SmolLM2-135M) shape: 9 query heads, 3 KV heads, head_dim 64, bf16 queries
-and cache, blocks of 16 positions.
+and cache, blocks of 16 positions (`--heads 16 --kv-heads 8 --head-dim 128`:
+Qwen3-0.6B's).
 
 `--layers` attention layers (each its own cache, so that at 30 layers and
 2,000 positions the caches, 46 MB, come from memory as in a decode step;
@@ -22,6 +23,7 @@ at a time (`QUERY_ROWS` 1), and times them alternating.
 
 Usage: .venv/bin/python bench/attention_cpu.py [--positions 2000] [--layers 30]
        [--workers 1] [--chunk 128] [--runs 200] [--new 1] [--compare]
+       [--heads 9] [--kv-heads 3] [--head-dim 64]
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from etc.ops.attention_cpu import AttentionChunkBlocks
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 
 
-def graph(layers: int, chunk: int, max_length: int) -> etc.Graph:
+def graph(layers: int, chunk: int, max_length: int, heads: int = HEADS,
+          kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM) -> etc.Graph:
     """`layers` attentions of one ragged batch, each over its own paged
     caches, sharing one scratch as a model's layers do."""
     g = etc.Graph("attention")
@@ -47,10 +50,10 @@ def graph(layers: int, chunk: int, max_length: int) -> etc.Graph:
     batch = g.ragged_batch(T, R, blocks_per_request=M)
     previous = None
     for i in range(layers):
-        q = g.input(f"q{i}", (T, HEADS * HEAD_DIM), "bf16")
-        k = g.state(f"k{i}", (N, BLOCK, KV_HEADS * HEAD_DIM), "bf16")
-        v = g.state(f"v{i}", (N, BLOCK, KV_HEADS * HEAD_DIM), "bf16")
-        previous = g.attention(q, k, v, batch, head_dim=HEAD_DIM, chunk=chunk,
+        q = g.input(f"q{i}", (T, heads * head_dim), "bf16")
+        k = g.state(f"k{i}", (N, BLOCK, kv_heads * head_dim), "bf16")
+        v = g.state(f"v{i}", (N, BLOCK, kv_heads * head_dim), "bf16")
+        previous = g.attention(q, k, v, batch, head_dim=head_dim, chunk=chunk,
                                max_length=max_length, scratch_from=previous)
         g.output(previous)
     return g
@@ -63,7 +66,8 @@ def compile_kernel(args, blocks: int, **settings):
     for name, value in settings.items():
         setattr(AttentionChunkBlocks, name, value)
     try:
-        return etc.compile(graph(args.layers, args.chunk, blocks * BLOCK), target="cpu",
+        return etc.compile(graph(args.layers, args.chunk, blocks * BLOCK, args.heads,
+                                 args.kv_heads, args.head_dim), target="cpu",
                            schedule="dynamic", workers=args.workers)
     finally:
         for name, value in saved.items():
@@ -79,6 +83,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--new", type=int, default=1)
     parser.add_argument("--compare", action="store_true")
+    parser.add_argument("--heads", type=int, default=HEADS)
+    parser.add_argument("--kv-heads", type=int, default=KV_HEADS)
+    parser.add_argument("--head-dim", type=int, default=HEAD_DIM)
     args = parser.parse_args()
     if not 1 <= args.new <= args.positions:
         parser.error(f"--new must be in [1, --positions], got {args.new}")
@@ -98,10 +105,10 @@ def main() -> None:
               "block_table": np.arange(blocks, dtype=np.int32)[None]}
     for i in range(args.layers):
         inputs[f"q{i}"] = bfloat16.to_bits(
-            rng.standard_normal((new, HEADS * HEAD_DIM)).astype(np.float32))
+            rng.standard_normal((new, args.heads * args.head_dim)).astype(np.float32))
         for name in "kv":
             inputs[f"{name}{i}"] = bfloat16.to_bits(rng.standard_normal(
-                (blocks, BLOCK, KV_HEADS * HEAD_DIM)).astype(np.float32))
+                (blocks, BLOCK, args.kv_heads * args.head_dim)).astype(np.float32))
     outputs = {}
     for name, kernel in variants.items():
         for _ in range(3):
@@ -117,10 +124,11 @@ def main() -> None:
             kernel.run(**inputs)
             times[name].append((time.perf_counter() - start) * 1e3)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    # Attention's multiply-adds: each new token's 9 heads against the keys
-    # up to its position, 2 x 64 for the scores and 2 x 64 for the values.
+    # Attention's multiply-adds: each new token's heads against the keys
+    # up to its position, 2 head_dim for the score and 2 head_dim for the
+    # weighted value.
     seen = sum(range(cached + 1, args.positions + 1))
-    flop = args.layers * HEADS * seen * 4 * HEAD_DIM
+    flop = args.layers * args.heads * seen * 4 * args.head_dim
     for name, runs in times.items():
         runs.sort()
         print(f"{time.strftime('%Y-%m-%d %H:%M')}, load {load}: {name}: {args.layers} layers "

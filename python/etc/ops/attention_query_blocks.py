@@ -185,31 +185,31 @@ class QueryBlocks:
 
         kv_heads = self.kv_heads_per_tile(op)
 
-        def pack(key):
-            """`pack_block` of each KV head of the block from `key` into
-            its packs."""
-            at = block_rows(key)
-            heads = scf.ForOp(c(0), c(kv_heads), c(1))
-            with ir.InsertionPoint(heads.body):
-                kv = heads.induction_variable
-                column = arith.muli(kv, c(head_dim))
-                self.pack_block(packs, kv, caches,
-                                [a[:-1] + [arith.addi(a[-1], column)] for a in at])
-                scf.yield_([])
+        def pack(at, kv):
+            """`pack_block` of KV head `kv` of the block whose rows are `at`."""
+            column = arith.muli(kv, c(head_dim))
+            self.pack_block(packs, kv, caches, [a[:-1] + [arith.addi(a[-1], column)] for a in at])
 
         # Each block is packed right before its queries, while the next
         # one's rows are prefetched (packing one block ahead into a second
-        # buffer measured no faster).
+        # buffer measured no faster). On tiles each KV head's right before
+        # its own queries (in L1 for them).
         blocks = scf.ForOp(k_first, k1, c(n))
         with ir.InsertionPoint(blocks.body):
             key = blocks.induction_variable
             if aligned:
                 self.prefetch(caches, block_rows(arith.minsi(arith.addi(key, c(n)), last)))
-            pack(key)
+            at = block_rows(key)
+            if tiles is None:
+                heads = scf.ForOp(c(0), c(kv_heads), c(1))
+                with ir.InsertionPoint(heads.body):
+                    pack(at, heads.induction_variable)
+                    scf.yield_([])
             heads = scf.ForOp(c(0), c(kv_heads), c(1))
             with ir.InsertionPoint(heads.body):
                 kv = heads.induction_variable
                 if tiles is not None:
+                    pack(at, kv)
                     each = scf.ForOp(c(0), c(per_kv), c(16))
                     with ir.InsertionPoint(each.body):
                         self.query_tiles(tiles, packs, kv, key, each.induction_variable, bounds)
