@@ -215,6 +215,18 @@ def test_amx_tiles_match_numpy(heads, kv_heads, d, schedule):
 
 
 @needs_amx
+def test_amx_tiles_at_llvm_O0(monkeypatch):
+    """At -O0 (the suite's default level; this file's is -O2) the tiles'
+    accumulators live in stack slots (`AMXTiles.in_memory`): LLVM's -O0
+    lowering of tiles carried between blocks failed."""
+    monkeypatch.setenv(isa.OPT_LEVEL_ENVIRONMENT, "0")
+    g = _graph(16, 8, 32, 96, True, d=128)
+    kernel = etc.compile(g, target="cpu", schedule="dynamic", workers=2)
+    assert _tiles_in(kernel) == 12
+    _run(g, kernel, [[21, 40], [1, 1]], 16, 8, 96, True, np.random.default_rng(0), d=128)
+
+
+@needs_amx
 @pytest.mark.parametrize("window, softcap", [(24, None), (None, 5.0)])
 def test_amx_tiles_with_windows_and_soft_caps(window, softcap):
     g = _graph(6, 2, 32, 192, False, window=window, softcap=softcap)

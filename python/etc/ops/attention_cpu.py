@@ -89,6 +89,10 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
     #: Whether prefill takes the tile unit where the CPU has AMX
     #: (`query_tiles`; False: `query_block` on `vdpbf16ps` there too).
     AMX = True
+    #: New tokens of a request that a prefill tile takes together on AMX
+    #: tiles (at least; `query_rows`): 16 (Qwen3's G = 2: 32 queries a KV
+    #: head, 2 tiles) took 0.90x the CPU time of 8 (see `query_tiles`).
+    TILE_ROWS = 16
     #: Rows whose G queries `query_block` interleaves (a run-time loop
     #: over the others): 2 of 1, 2, 4 was the fastest.
     ROWS_AT_ONCE = 2

@@ -59,9 +59,10 @@ class QueryBlocks:
             # 2-D, rows of 32 bf16 (64 bytes) or of 16 f32: tile rows.
             shapes = (([kv_heads * per_kv, head_dim], bf16),
                       ([kv_heads * per_kv, head_dim + 32], self.f32),
-                      ([kv_heads * words, 32], bf16), ([kv_heads * 2 * halves * 16, 32], bf16),
+                      ([kv_heads * 16, head_dim], bf16), ([kv_heads * 2 * halves * 16, 32], bf16),
                       ([16, 16], self.f32), ([16, 32], bf16), ([16], self.f32),
-                      ([2 * halves * 16, 16], self.f32))
+                      ([2 * halves * 16, 16], self.f32),
+                      ([kv_heads * per_kv * halves, 32], bf16))
         packs = _Packs(*(self.entry_alloca(ir.MemRefType.get(shape, element))
                          for shape, element in shapes))
         loop = self.lane_loop(arith.divui(arith.addi(new_tokens, c(rows - 1)), c(rows)))
@@ -101,6 +102,7 @@ class QueryBlocks:
                     scf.yield_([])
                 if tiles is not None:
                     self.zero_tile_padding(packs)
+                    self.transposed_queries(packs, kv_heads * per_kv)
                 self.packed_keys(packs, where, kv_column, k_first, k1, bounds, tiles)
                 partial = op.buffers["partial"]
                 each = scf.ForOp(c(0), c(kv_heads * per_kv), c(1))
@@ -248,27 +250,31 @@ class QueryBlocks:
     def pack_block(self, packs, kv, caches: list, rows: list) -> None:
         """The block's keys of a KV head (its rows at `rows` of `caches`)
         transposed into slot `kv` of packs.keys (row p: the 16 keys' bf16
-        pair p), its values in `value_pairs`' pairs into packs.values'."""
+        pair p), or on tiles (`query_tiles`) its rows as they are, and its
+        values in `value_pairs`' pairs into packs.values' (on tiles a tile
+        per 16 columns, row p the pairs of keys 2p and 2p + 1)."""
         c, n = self.cidx, self.KEYS
         head_dim = self.op.params["head_dim"]
         bf16x32 = ir.VectorType.get([32], element_type("bf16"))
         i32x16 = ir.VectorType.get([16], ir.IntegerType.get_signless(32))
-        tiles = packs.scores is not None
-        for first in range(0, head_dim // 2, 16):
-            vecs = transpose16([vector.bitcast(i32x16, vector.load(
-                bf16x32, caches[0], self.column(at, 2 * first))) for at in rows])
-            for p, vec in enumerate(vecs):
-                if tiles:
-                    vector.store(vector.bitcast(bf16x32, vec), packs.keys, [
-                        arith.addi(arith.muli(kv, c(head_dim // 2)), c(first + p)), c(0)])
-                else:
+        on_tiles = packs.scores is not None
+        if on_tiles:
+            for i, at in enumerate(rows):
+                for column in range(0, head_dim, 32):
+                    vector.store(vector.load(bf16x32, caches[0], self.column(at, column)),
+                                 packs.keys, [arith.addi(arith.muli(kv, c(n)), c(i)),
+                                              c(column)])
+        else:
+            for first in range(0, head_dim // 2, 16):
+                vecs = transpose16([vector.bitcast(i32x16, vector.load(
+                    bf16x32, caches[0], self.column(at, 2 * first))) for at in rows])
+                for p, vec in enumerate(vecs):
                     vector.store(vec, packs.keys, [kv, c(first + p), c(0)])
         for p in range(n // 2):
             pairs = self.interleaved_values(caches[1], rows[2 * p], rows[2 * p + 1])
             for i, vec in enumerate(pairs):
-                if tiles:
-                    # Tile (kv, i)'s row p: its 16 columns' pairs of keys
-                    # 2p and 2p + 1 (rows 8-15 stay zero).
+                if on_tiles:
+                    # Rows 8-15 of each tile stay zero (`zero_tile_padding`).
                     vector.store(vec, packs.values, [arith.addi(
                         arith.muli(kv, c(16 * len(pairs))), c(16 * i + p)), c(0)])
                 else:
@@ -276,13 +282,13 @@ class QueryBlocks:
 
     def query_rows(self) -> int:
         """The new tokens a prefill tile takes together: QUERY_ROWS, or on
-        AMX tiles (`amx_tiles`) the fewest at least as many whose G queries
-        per KV head fill whole tiles of 16 rows (G = 3: 16 tokens)."""
+        AMX tiles (`amx_tiles`) the fewest at least TILE_ROWS whose G
+        queries per KV head fill whole tiles of 16 rows."""
         if self.QUERY_ROWS == 1 or self.amx_tiles() is None:
             return self.QUERY_ROWS
         group = self.op.params["heads"] // self.op.params["kv_heads"]
         least = 16 // gcd(group, 16)
-        return -(-self.QUERY_ROWS // least) * least
+        return -(-self.TILE_ROWS // least) * least
 
     def amx_tiles(self):
         """`AMXTiles` for `query_tiles` where the CPU has `amx-bf16` (or the
@@ -317,31 +323,66 @@ class QueryBlocks:
                 vector.store(zeros, packs.values, [arith.addi(base, c(r)), c(0)])
             scf.yield_([])
 
+    def transposed_queries(self, packs, count: int) -> None:
+        """The queries (`count` rows of packs.queries) in the VNNI layout,
+        per 16 queries and 32 columns a tile of 16 rows (pair p of the
+        columns, of each query): packs.pairs, for `query_tiles`."""
+        c = self.cidx
+        halves = self.op.params["head_dim"] // 32
+        bf16x32 = ir.VectorType.get([32], element_type("bf16"))
+        i32x16 = ir.VectorType.get([16], ir.IntegerType.get_signless(32))
+        each = scf.ForOp(c(0), c(count // 16 * halves), c(1))
+        with ir.InsertionPoint(each.body):
+            tile, s = (f(each.induction_variable, c(halves)) for f in (arith.divui, arith.remui))
+            first, column = arith.muli(tile, c(16)), arith.muli(s, c(32))
+            rows = transpose16([vector.bitcast(i32x16, vector.load(
+                bf16x32, packs.queries, [arith.addi(first, c(m)), column])) for m in range(16)])
+            base = arith.muli(each.induction_variable, c(16))
+            for p, pairs in enumerate(rows):
+                vector.store(vector.bitcast(bf16x32, pairs), packs.pairs,
+                             [arith.addi(base, c(p)), c(0)])
+            scf.yield_([])
+
     def query_tiles(self, tiles: AMXTiles, packs, kv, key, first, bounds) -> None:
         """The states of 16 queries of KV head `kv` (its queries `first` ..
         `first` + 15 in `emit_query_blocks`' order) updated with the block
-        of keys from `key` packed in its slot (`pack_block`), on the tile
-        unit: the 16 x 16 scores as head_dim / 32 `tdpbf16ps` of the
-        queries' rows and the transposed keys (which are the VNNI layout),
-        stored; each row's online softmax in AVX-512 on its 16 scores
-        (masked to its keys, as `query_block`'s), its bf16 weights into a
-        16 x 32 tile whose pairs 8-15 are zero, the rescalings
-        exp(m - m_new) as one vector; the weighted values as a tile per 16
-        columns (one `tdpbf16ps` of the weights and the value pairs,
-        K = 16 keys of its 32), stored, and added to each row's acc
-        rescaled."""
+        of keys from `key` in its slot of the packs (`pack_block`), on the
+        tile unit. The 16 x 16 scores transposed (key, query) as head_dim /
+        32 `tdpbf16ps` of the keys' rows as they are and the queries in the
+        VNNI layout (`transposed_queries`, once per tile of the kernel, where
+        transposing the keys was head_dim / 32 transposes per block), then
+        one `transpose16` back to a row a query. Each row's online softmax
+        in AVX-512 on its 16 scores (masked to its keys as `query_block`'s),
+        its bf16 weights into a 16 x 32 tile whose pairs 8-15 are zero, the
+        rescalings exp(m - m_new) as one vector; the weighted values as a
+        tile per 16 columns (one `tdpbf16ps` of the weights and the value
+        pairs, K = 16 keys of its 32), stored, and added to each row's acc
+        rescaled.
+
+        Qwen3-0.6B's shape (486-token first step, 8 layers, one worker; CPU
+        time of the worker, as the machine was shared, load 6-8): the scores
+        on the keys transposed 0.71x the time of `query_block`, on the
+        rows as they are 0.63x; 16 tokens a tile (TILE_ROWS) rather than 8,
+        0.57x (fewer packs a query)."""
         op, c, n = self.op, self.cidx, self.KEYS
         head_dim, group = op.params["head_dim"], op.params["heads"] // op.params["kv_heads"]
-        words, halves = head_dim // 2, head_dim // 32
+        halves = head_dim // 32
         per_kv = self.query_rows() * group
         base = arith.addi(arith.muli(kv, c(per_kv)), first)
+        # The scores transposed (key, query): the keys' rows times the
+        # queries' pairs, then back to a row a query.
         scores = tiles.zero()
         for s in range(halves):
-            scores = tiles.mul(tiles.load(packs.queries, base, c(32 * s)),
-                               tiles.load(packs.keys, arith.addi(arith.muli(kv, c(words)),
-                                                                 c(16 * s)), c(0)),
+            scores = tiles.mul(tiles.load(packs.keys, arith.muli(kv, c(n)), c(32 * s)),
+                               tiles.load(packs.pairs, arith.muli(arith.addi(
+                                   arith.muli(arith.divui(base, c(16)), c(halves)), c(s)),
+                                   c(16)), c(0)),
                                scores)
         tiles.store(packs.scores, c(0), c(0), scores)
+        rows = transpose16([vector.load(self.vtype(n), packs.scores, [c(i), c(0)])
+                            for i in range(16)])
+        for i, row in enumerate(rows):
+            vector.store(row, packs.scores, [c(i), c(0)])
         scale = self.vsplat(self.cf32(op.params["scale"]), n)
         minus_inf = self.cf32(float("-inf"))
         bf16x16 = ir.VectorType.get([n], element_type("bf16"))
@@ -368,9 +409,13 @@ class QueryBlocks:
             scf.yield_([])
         vector.store(self.exp2_of(vector.load(self.vtype(n), packs.rescales, [c(0)])),
                      packs.rescales, [c(0)])
-        weights = tiles.load(packs.weights, c(0), c(0))
+        # At -O0 (`AMXTiles.in_memory`) LLVM's register allocator failed
+        # on a weights tile live across the products ("Remaining virtual
+        # register"): each product then loads its own.
+        weights = None if tiles.in_memory else tiles.load(packs.weights, c(0), c(0))
         for i in range(2 * halves):
-            part = tiles.mul(weights, tiles.load(packs.values, arith.addi(
+            part = tiles.mul(weights if weights is not None else tiles.load(
+                packs.weights, c(0), c(0)), tiles.load(packs.values, arith.addi(
                 arith.muli(kv, c(32 * halves)), c(16 * i)), c(0)), tiles.zero())
             tiles.store(packs.products, c(16 * i), c(0), part)
         each = scf.ForOp(c(0), c(16), c(1))
@@ -493,10 +538,12 @@ def larger(a: ir.Value, b: ir.Value) -> ir.Value:
 #: per lane from head_dim + 16); the block's keys transposed (KV head,
 #: pair, key) and values paired (KV head, pair of keys x 32 columns, 32)
 #: (`packed_keys`). On AMX tiles (`query_tiles`) 2-D, rows of tiles: the
-#: queries in bf16 (query, column), the keys (KV head x pair, 16 keys'
-#: pairs), the values (KV head x 16 columns' tile x 16 rows, of which 8
+#: queries in bf16 (query, column), the keys' rows (KV head x key,
+#: column), the values (KV head x 16 columns' tile x 16 rows, of which 8
 #: pairs of keys); and the tile's scores (16 x 16 f32), weights (16 x 32
-#: bf16), rescalings (16 f32) and weighted values (a 16 x 16 f32 tile per
-#: 16 columns). Without tiles those four are None.
-_Packs = namedtuple("_Packs", "queries states keys values scores weights rescales products",
-                    defaults=(None,) * 4)
+#: bf16), rescalings (16 f32), weighted values (a 16 x 16 f32 tile per 16
+#: columns) and the queries in the VNNI layout (`transposed_queries`).
+#: Without tiles those five are None.
+_Packs = namedtuple("_Packs",
+                    "queries states keys values scores weights rescales products pairs",
+                    defaults=(None,) * 5)
