@@ -13,6 +13,10 @@ run also carries the runtime's fixed cost (about 0.07 ms on this VM: time
 once, 30 x 2 x 2,000 x 192 x 2 bytes = 46 MB, over the bandwidth the
 workers reach.
 
+Each run's process CPU time (all threads) is printed too: on a machine
+shared with other work, the CPU time of a run is less moved by waiting
+for a core than its wall time.
+
 `--new N`: the step's last N positions are new tokens (a prefill step
 after positions - N cached; `--new` = `--positions` is a first step).
 `--compare` compiles the kernel three times in one process: as built
@@ -118,11 +122,13 @@ def main() -> None:
         difference = max(np.abs(first - other).max() for other in others)
         print(f"largest difference between the variants: {difference:.3g}")
     times = {name: [] for name in variants}
+    cpu = {name: [] for name in variants}
     for _ in range(args.runs):
         for name, kernel in variants.items():
-            start = time.perf_counter()
+            start, used = time.perf_counter(), time.process_time()
             kernel.run(**inputs)
             times[name].append((time.perf_counter() - start) * 1e3)
+            cpu[name].append((time.process_time() - used) * 1e3)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     # Attention's multiply-adds: each new token's heads against the keys
     # up to its position, 2 head_dim for the score and 2 head_dim for the
@@ -131,10 +137,12 @@ def main() -> None:
     flop = args.layers * args.heads * seen * 4 * args.head_dim
     for name, runs in times.items():
         runs.sort()
+        used = sorted(cpu[name])
         print(f"{time.strftime('%Y-%m-%d %H:%M')}, load {load}: {name}: {args.layers} layers "
               f"at {args.positions} positions, {new} new, {args.workers} workers, chunk "
               f"{args.chunk}: fastest {runs[0]:.3f} ms ({flop / runs[0] / 1e6:.1f} GFLOP/s), "
-              f"p10 {runs[len(runs) // 10]:.3f}, median {runs[len(runs) // 2]:.3f}")
+              f"p10 {runs[len(runs) // 10]:.3f}, median {runs[len(runs) // 2]:.3f}; "
+              f"process CPU time fastest {used[0]:.3f}, median {used[len(used) // 2]:.3f}")
 
 
 if __name__ == "__main__":

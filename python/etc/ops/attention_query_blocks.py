@@ -31,7 +31,9 @@ class QueryBlocks:
         block of the online softmax (`query_block`) on the packs, which
         stay in L1 for all of them, each query masked to its row's keys
         [first_key, position + 1). The queries' states live in a stack
-        buffer between blocks."""
+        buffer between blocks. With `amx_tiles`, `query_rows` tokens at a
+        time and each KV head's block packed right before its queries,
+        16 at a time on the tile unit (`query_tiles`)."""
         op, params = self.op, self.op.params
         q, k_cache, _, positions, _, addressing, _, _ = op.operands
         head_dim, group = params["head_dim"], params["heads"] // params["kv_heads"]
