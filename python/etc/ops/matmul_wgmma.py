@@ -51,6 +51,8 @@ separate producer warpgroup; B (K, N) (an MN-major B operand), which keeps
 
 from __future__ import annotations
 
+import contextlib
+
 from mlir import ir
 from mlir.dialects import arith, llvm, memref, scf, vector
 
@@ -429,3 +431,33 @@ class MatmulWGMMA(MatmulMMA):
                         scf.yield_([])
         lanes.each(body)
 
+
+
+#: The PTX ISA version TMA tiles need: `fence.proxy.tensormap` (the kernel's
+#: acquire of a map the host wrote into global memory) is PTX 8.3.
+TMA_PTX = 83
+
+
+@contextlib.contextmanager
+def tma_loads(enabled: bool = True):
+    """Compiles the Hopper tile with TMA loads (`MatmulWGMMA.tma`) or
+    without (`enabled=False`) inside the block. Until the pipeline chooses
+    the PTX version by what a module uses, the block also lowers sm_90a at
+    PTX 8.3 (`TMA_PTX`, CUDA 12.3 drivers or newer) instead of 8.0."""
+    from .. import pipeline
+
+    saved_tma, saved_lowering = MatmulWGMMA.tma, pipeline.lowering_pipeline
+
+    def lowering(options):
+        text = saved_lowering(options)
+        if enabled and options.chip == "sm_90a":
+            text = text.replace("+ptx80", f"+ptx{TMA_PTX}")
+        return text
+
+    MatmulWGMMA.tma = enabled
+    pipeline.lowering_pipeline = lowering
+    try:
+        yield
+    finally:
+        MatmulWGMMA.tma = saved_tma
+        pipeline.lowering_pipeline = saved_lowering
