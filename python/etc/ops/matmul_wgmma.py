@@ -447,13 +447,15 @@ def tma_loads(enabled: bool = True):
     from .. import pipeline
 
     saved_tma, saved_lowering = MatmulWGMMA.tma, pipeline.lowering_pipeline
+    plain = getattr(saved_lowering, "__wrapped__", saved_lowering)
 
     def lowering(options):
-        text = saved_lowering(options)
+        text = plain(options)
         if enabled and options.chip == "sm_90a":
             text = text.replace("+ptx80", f"+ptx{TMA_PTX}")
         return text
 
+    lowering.__wrapped__ = plain
     MatmulWGMMA.tma = enabled
     pipeline.lowering_pipeline = lowering
     try:

@@ -175,7 +175,7 @@ class CUDARuntime(ProgramRuntime):
                 "compile with schedule='dynamic'")
         self._occupancy: dict[int, int] = {}
         #: The module's tensor-map directory (TMA tiles; `cuda_tensor_maps`).
-        self._tensor_maps = TensorMaps(driver, module)
+        self._tensor_maps = TensorMaps(driver, module, self.ptx)
         self._driver = driver
         self._allow_shared(device_attribute)
 

@@ -37,12 +37,12 @@ class TensorMaps:
     """The directory of one loaded module: its global's device address
     (None when the program has no TMA tile) and the images of bound runs."""
 
-    def __init__(self, driver, module):
+    def __init__(self, driver, module, ptx: str):
         self.driver = driver
-        err, pointer, size = driver.cuModuleGetGlobal(module, tma.DIRECTORY.encode())
-        if err == driver.CUresult.CUDA_ERROR_NOT_FOUND:
-            self.address = None
+        self.address = None
+        if tma.DIRECTORY not in ptx:  # no TMA tile: nothing to ask the driver
             return
+        err, pointer, size = driver.cuModuleGetGlobal(module, tma.DIRECTORY.encode())
         if err != driver.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuModuleGetGlobal({tma.DIRECTORY}) failed: "
                                f"{_error_name(driver, err)}")
