@@ -32,7 +32,8 @@ warp-specialised kernel without the specialisation:
   steps of copies are in flight while one step of wgmma runs.
 * Stores: each lane's accumulators (`wgmma.fragment_d`) through
   `ResidualStores`, two adjacent columns at a time, rows past the tile or
-  the matrix skipped (A's rows past the matrix read its last row).
+  the matrix skipped (A's rows past the matrix read its last row; with
+  TMA they are zeros).
 
 Rows are symbolic in LLM graphs: as `MatmulMMA`, tiles of fewer than
 MIN_ROWS rows take `narrow` (the GEMV, `MatmulWGMMASkinnyT` in
@@ -43,10 +44,21 @@ that calls it makes ptxas serialise every wgmma (C7510). The symbolic-rows
 kernel is a call (see `MatmulWGMMASkinnyT`). Barrier waits trap after
 `Barriers.HANG_NS` instead of hanging.
 
-Not yet: TMA loads (`cp.async.bulk.tensor` from a host-encoded CUtensorMap
-per operand, one elected producer, `expect_tx` on the full barriers) and a
-separate producer warpgroup; B (K, N) (an MN-major B operand), which keeps
-`MatmulMMA`. `tma=True` asks for TMA and raises NotImplementedError.
+TMA loads (`tma = True`, or compiling inside `tma_loads()`; `etc.ops.tma`):
+the full barriers expect one arrival, lane 0's `mbarrier.arrive.expect_tx`
+of the stage's bytes, and lane 0 alone refills a stage with one
+`cp.async.bulk.tensor.2d` per 64-row box (MI for A, ceil(tn / 64) for B^T,
+whose rows in the stage are padded to whole boxes), which the TMA unit
+swizzles as the descriptors read and zero-fills past the matrices, so K
+and N need only be multiples of 8 (rows past N are zeros, their columns
+not stored). The maps come from the runtime (`cuda_tensor_maps`) through
+the module's directory, which lane 0 probes once per tile for A and B^T;
+the consumer's proxy fence is not needed (TMA writes through the async
+proxy). Default off: the first GPU run measures both (kit, "hopper").
+
+Not yet: a separate producer warpgroup (warp specialisation with
+`setmaxnreg`); barrier waits reporting through the watchdog's record; B
+(K, N) (an MN-major B operand), which keeps `MatmulMMA`.
 """
 
 from __future__ import annotations
