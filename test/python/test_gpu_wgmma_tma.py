@@ -27,8 +27,8 @@ import pytest
 
 import etc
 from etc.ops import tma, wgmma
-from etc.ops.matmul_wgmma import MatmulWGMMA, tma_loads
-from etc.runtime import cuda
+from etc.ops.matmul_wgmma import tma_loads
+from etc.runtime import cuda, tensor_maps
 from etc.runtime.cuda_tensor_maps import encode_tiled
 import test_gpu_wgmma as wgmma_tests
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
@@ -174,13 +174,10 @@ def test_map_rules(what, change, offset, message):
     driver = fake_driver.build({})
     base = int(driver.cuMemAlloc(1 << 20)[1])
     encode_tiled(driver, good, base, "bf16", "x")
-    saved = tma.check
-    tma.check = lambda *args: None
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tensor_maps, "check", lambda *args: None)
         with pytest.raises(RuntimeError, match="CUDA_ERROR_INVALID_VALUE"):
             encode_tiled(driver, broken, base + offset, "bf16", "x")
-    finally:
-        tma.check = saved
     assert "cuTensorMapEncodeTiled" in driver.why()
 
 

@@ -13,7 +13,7 @@ tile finds the map of the buffer it was handed by that buffer's address.
 What is encoded: for every 2-D f16 or bf16 buffer of the run whose rows are
 whole 16-byte units (the maps' stride rule), one map per swizzle mode the
 tile may stage in (128B with 64-column boxes, 64B with 32-column ones; 64
-rows each: `etc.ops.tma.operand_map`), at the slot its key hashes to
+rows each: `tensor_maps.operand_map`), at the slot its key hashes to
 (linear probing, at most half the slots used). Each bound `Launch` keeps its
 directory image in device memory of its own and copies it into the
 module's global on its stream before each worker launch (a device-to-device
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops import tma
+from . import tensor_maps as tma
 from .cuda_driver import _check, _error_name
 
 #: Swizzle modes a map is encoded in for each buffer (`MatmulWGMMA.LAYOUTS`).
@@ -95,7 +95,7 @@ class TensorMaps:
 def encode_tiled(driver, tensor_map: tma.TensorMap, address: int, dtype: str,
                  what: str) -> list[int]:
     """The 16 words of the CUtensorMap the driver encodes for `tensor_map`
-    over the buffer at `address` (`etc.ops.tma.check` first, so that a bad
+    over the buffer at `address` (`tensor_maps.check` first, so that a bad
     map names its field)."""
     try:
         tma.check(tensor_map, address, dtype)
