@@ -262,6 +262,15 @@ class MatmulWGMMA(MatmulMMA):
                                          wgmma.Index(self, self.dim(tensor, 1)),
                                          tensor.dtype, self.swizzle)
 
+    def _flat(self, tensor) -> ir.Value:
+        """Simulated: `tensor`'s buffer as one row of elements from its
+        address, which a tensor map's stride and dims index."""
+        shape = ir.MemRefType(self.buf(tensor).type).shape
+        dynamic = ir.ShapedType.get_dynamic_size()
+        size = dynamic if dynamic in shape else shape[0] * shape[1]
+        return memref.collapse_shape(ir.MemRefType.get([size], element_type(tensor.dtype)),
+                                     self.buf(tensor), [[0, 1]])
+
     def _tensor_maps(self, lanes) -> list:
         """On the GPU, the producer lane finds the maps of A and B^T in the
         directory (other lanes get 0: they issue no copy)."""
@@ -341,16 +350,9 @@ class MatmulWGMMA(MatmulMMA):
                         y = arith.addi(row0, self.cidx(box * self.BOX_ROWS))
                         dst = stage_base + offset + box * box_bytes
                         if lanes.simulate:
-                            shape = ir.MemRefType(self.buf(tensor).type).shape
-                            size = (shape[0] * shape[1] if all(isinstance(d, int) and d >= 0
-                                                                for d in shape)
-                                    else ir.ShapedType.get_dynamic_size())
-                            flat = memref.collapse_shape(
-                                ir.MemRefType.get([size], element_type(tensor.dtype)),
-                                self.buf(tensor), [[0, 1]])
                             tensor_map = self._operand_map(tensor)
-                            tensor_memory.emulate_load(self, flat, tensor_map, k0, y, self.smem,
-                                                       dst.value)
+                            tensor_memory.emulate_load(self, self._flat(tensor), tensor_map, k0,
+                                                       y, self.smem, dst.value)
                             self.full.complete_tx(stage, tensor_map.box[0] * tensor_map.box[1]
                                                   * tensor_map.element_bytes)
                         else:
@@ -434,7 +436,7 @@ class MatmulWGMMA(MatmulMMA):
                         pair = [llvm.extractvalue(f32, accs[i], [v + h]) for h in range(2)]
                         value = vector.from_elements(self.vtype(2), pair)
                     inside = arith.cmpi(arith.CmpIPredicate.ult, row, row_end)
-                    if not isinstance(n, int) or n % tn:  # ragged N (TMA)
+                    if n % tn:  # ragged N (TMA): columns past N are not stored
                         inside = arith.andi(inside, arith.cmpi(arith.CmpIPredicate.ult, col,
                                                                self.cidx(n)))
                     inside = scf.IfOp(inside)
