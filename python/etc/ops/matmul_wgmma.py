@@ -455,25 +455,12 @@ TMA_PTX = 83
 @contextlib.contextmanager
 def tma_loads(enabled: bool = True):
     """Compiles the Hopper tile with TMA loads (`MatmulWGMMA.tma`) or
-    without (`enabled=False`) inside the block. Until the pipeline chooses
-    the PTX version by what a module uses, the block also lowers sm_90a at
-    PTX 8.3 (`TMA_PTX`, CUDA 12.3 drivers or newer) instead of 8.0."""
-    from .. import pipeline
-
-    saved_tma, saved_lowering = MatmulWGMMA.tma, pipeline.lowering_pipeline
-    plain = getattr(saved_lowering, "__wrapped__", saved_lowering)
-
-    def lowering(options):
-        text = plain(options)
-        if enabled and options.chip == "sm_90a":
-            text = text.replace("+ptx80", f"+ptx{TMA_PTX}")
-        return text
-
-    lowering.__wrapped__ = plain
+    without (`enabled=False`) inside the block; the pipeline then lowers
+    sm_90a at PTX 8.3 (`TMA_PTX`, CUDA 12.3 drivers or newer) instead of
+    8.0."""
+    saved = MatmulWGMMA.tma
     MatmulWGMMA.tma = enabled
-    pipeline.lowering_pipeline = lowering
     try:
         yield
     finally:
-        MatmulWGMMA.tma = saved_tma
-        pipeline.lowering_pipeline = saved_lowering
+        MatmulWGMMA.tma = saved
