@@ -342,17 +342,22 @@ def bench_gemm(b: Bench) -> list[str]:
 
 def bench_hopper(b: Bench) -> list[str]:
     """x·Wᵀ with known rows, bf16, W stored (N, K): the wgmma tile on
-    sm_90a (mma.sync where the kit's best chip is sm_80) next to
-    torch.matmul (cuBLAS) and a device-to-device copy of the bytes the
-    product moves at least (x, W and the result once each). Ratios: ETC /
-    cuBLAS in speed (above 1: ETC faster); ETC's time over the copy's."""
+    sm_90a, its operands loaded by every lane's cp.async or by TMA (one
+    lane's cp.async.bulk.tensor from the runtime's tensor maps), mma.sync
+    where the kit's best chip is sm_80, next to torch.matmul (cuBLAS) and
+    a device-to-device copy of the bytes the product moves at least (x, W
+    and the result once each). Ratios: ETC / cuBLAS in speed (above 1: ETC
+    faster); ETC's time over the copy's."""
     torch = b.torch
     d, check = b.device.driver, b.device.check
-    rows = ["| M×N×K | ETC ms | ETC TFLOP/s | cuBLAS ms | cuBLAS TFLOP/s | ETC / cuBLAS | "
-            "copy ms | ETC time / copy time |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| M×N×K | loads | ETC ms | ETC TFLOP/s | cuBLAS ms | cuBLAS TFLOP/s | "
+            "ETC / cuBLAS | copy ms | ETC time / copy time |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     rng = np.random.default_rng(5)
     for entry in b.entries("hopper"):
         m, n, k = entry["m"], entry["n"], entry["k"]
+        # Kits built before the TMA variant: cp.async.
+        loads = entry.get("variant", "cp.async")
         kernel = etc.runtime.load(KIT / entry["path"])
         x = round_bf16(rng.standard_normal((m, k), np.float32))
         w = round_bf16(rng.standard_normal((n, k), np.float32) * 0.02)
@@ -378,7 +383,7 @@ def bench_hopper(b: Bench) -> list[str]:
         finally:
             check(d, "cuMemFree", d.cuMemFree(src))
             check(d, "cuMemFree", d.cuMemFree(dst))
-        cells = [f"{m}×{n}×{k}", f"{ms:.3f}", f"{flops / ms / 1e9:.1f}"]
+        cells = [f"{m}×{n}×{k}", loads, f"{ms:.3f}", f"{flops / ms / 1e9:.1f}"]
         if torch:
             tx = torch.from_numpy(x).to("cuda", torch.bfloat16)
             tw = torch.from_numpy(w).to("cuda", torch.bfloat16)

@@ -26,6 +26,7 @@ The kit must stay under 32 MiB; the build says its size and fails beyond.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import sys
@@ -48,6 +49,7 @@ RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "packed.py", "refer
                  "runtime/__init__.py", "runtime/abi.py", "runtime/aligned.py", "runtime/artifact.py",
                  "runtime/cpu.py", "runtime/cuda.py", "runtime/cuda_arrays.py",
                  "runtime/cuda_driver.py", "runtime/cuda_launch.py", "runtime/cuda_timing.py",
+                 "runtime/cuda_tensor_maps.py", "runtime/tensor_maps.py",
                  "runtime/isa.py", "runtime/kernel.py", "runtime/layout.py",
                  "runtime/probes.py", "runtime/program.py", "runtime/distributed.py",
                  "runtime/nvshmem.py",
@@ -288,12 +290,16 @@ class Builder:
         self.entries.append(record)
         return record
 
-    def compile(self, graph, schedule: str, chip: str, **options):
+    def compile(self, graph, schedule: str, chip: str, tma: bool = False, **options):
+        """`graph` for `chip` (or the CPU); `tma`: the Hopper tile loads
+        with TMA (`matmul_wgmma.tma_loads`)."""
         import etc
+        from etc.ops.matmul_wgmma import tma_loads
 
-        if self.target == "cpu":
-            return etc.compile(graph, target="cpu", schedule=schedule, workers=2, **options)
-        return etc.compile(graph, target="cuda", schedule=schedule, chip=chip, **options)
+        with tma_loads() if tma else contextlib.nullcontext():
+            if self.target == "cpu":
+                return etc.compile(graph, target="cpu", schedule=schedule, workers=2, **options)
+            return etc.compile(graph, target="cuda", schedule=schedule, chip=chip, **options)
 
     def chips_for(self, benchmark: bool) -> list[str]:
         # CPU artifacts have no chip; a CPU kit builds each once.
@@ -305,7 +311,8 @@ class Builder:
             build, recipe = table[name]
             for chip in self.chips_for(False):
                 for schedule in SCHEDULES:
-                    kernel = self.compile(build(), schedule, chip)
+                    kernel = self.compile(build(), schedule, chip,
+                                          tma=name in families.TMA_FAMILIES)
                     self.save(kernel, f"{name}-{schedule}-{chip}", kind="check", family=name,
                               requested_schedule=schedule, recipe=recipe.to_json())
 
@@ -378,7 +385,12 @@ class Builder:
                       f"gemm_{shapes.gemm}-{chip}", kind="gemm", size=shapes.gemm)
             for m, n, k in shapes.hopper:
                 self.save(self.compile(hopper_gemm_graph(m, n, k), "static", chip),
-                          f"hopper_{m}x{n}x{k}-{chip}", kind="hopper", m=m, n=n, k=k)
+                          f"hopper_{m}x{n}x{k}-{chip}", kind="hopper", m=m, n=n, k=k,
+                          variant="cp.async")
+                if chip in ("sm_90a", "host"):  # TMA is Hopper's (the CPU kit: the fake's)
+                    self.save(self.compile(hopper_gemm_graph(m, n, k), "static", chip, tma=True),
+                              f"hopper_{m}x{n}x{k}-tma-{chip}", kind="hopper", m=m, n=n, k=k,
+                              variant="TMA")
             for index, (title, build, size, flops) in enumerate(roofline_graphs(shapes)):
                 self.save(self.compile(build(), "static", chip), f"roofline{index}-{chip}",
                           kind="roofline", title=title, size=size, flops=flops)

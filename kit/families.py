@@ -147,6 +147,26 @@ def hopper_graph(dtype: str = "bf16"):
     return g
 
 
+def hopper_tma_graph(dtype: str = "bf16"):
+    """The Hopper tile with TMA loads (`MatmulWGMMA.tma`; the kit compiles
+    the families of TMA_FAMILIES inside `tma_loads()`): K = 328, past
+    five 64-wide steps by 8 (the last box zero-filled), N = 200 past the
+    GEMV's column tiles, and 128 x 64 tiles; sm_80 has no tile for K = 328
+    but the GEMV."""
+    import etc
+
+    g = etc.Graph(f"hopper_tma_{dtype}")
+    B = g.symbol("B")
+    x = g.input("x", (B, 328), dtype)
+    g.output(g.matmul(x, g.input("w", (200, 328), dtype), transpose_b=True),
+             g.matmul(x, g.input("w2", (256, 328), dtype), transpose_b=True, tile=(128, 64)))
+    return g
+
+
+#: Families compiled with TMA loads on sm_90a.
+TMA_FAMILIES = ("hopper_tma_bf16", "hopper_tma_f16")
+
+
 def moe_graph(dtype: str = "f32", name: str = "moe_layer"):
     import etc
 
@@ -188,6 +208,9 @@ def families() -> dict:
     hopper = dict(sizes=(1, 5, 33, 64, 130), scales={"w": 0.1, "w2": 0.1})
     table["hopper_bf16"] = (hopper_graph, Recipe(tolerance=2e-2, **hopper))
     table["hopper_f16"] = (lambda: hopper_graph("f16"), Recipe(tolerance=3e-3, **hopper))
+    table["hopper_tma_bf16"] = (hopper_tma_graph, Recipe(tolerance=2e-2, **hopper))
+    table["hopper_tma_f16"] = (lambda: hopper_tma_graph("f16"),
+                               Recipe(tolerance=3e-3, **hopper))
     moe_scales = {"w1": 0.25, "w2": 0.2}
     table["moe"] = (moe_graph, Recipe(sizes=(1, 7, 40, 100), scales=moe_scales,
                                       routing=("x", "router_w", 2)))

@@ -161,7 +161,8 @@ def lowering_pipeline(options: Options) -> str:
 
     The PTX ISA version is the oldest that LLVM's NVPTX backend accepts for
     the chip (sm_90a needs PTX 8.0; the default 6.0 aborts for it); older
-    PTX assembles on more drivers."""
+    PTX assembles on more drivers. Hopper tiles with TMA loads
+    (`MatmulWGMMA.tma`) need 8.3 (`TMA_PTX`)."""
     if options.target == "cpu":
         return f"builtin.module(etc-lower-to-cpu{{watchdog-ms={options.watchdog_ms}}})"
     # chip -> oldest PTX ISA that LLVM emits for it and that has nanosleep (6.3).
@@ -172,7 +173,14 @@ def lowering_pipeline(options: Options) -> str:
         raise ValueError(
             f"chip={options.chip!r} is not supported on target='cuda'; expected one of "
             f"{tuple(min_ptx)} (waits need nanosleep, sm_70 or newer)")
-    features = f"+ptx{min_ptx[options.chip]}"
+    ptx = min_ptx[options.chip]
+    if options.chip == "sm_90a":
+        from .ops.matmul_wgmma import TMA_PTX, MatmulWGMMA
+
+        # TMA tiles fence the tensor-map proxy, which needs PTX 8.3.
+        if MatmulWGMMA.tma:
+            ptx = TMA_PTX
+    features = f"+ptx{ptx}"
     return (f"builtin.module(etc-lower-to-nvvm{{chip={options.chip} features={features} "
             f"watchdog-ms={options.watchdog_ms}}})")
 

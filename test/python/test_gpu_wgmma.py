@@ -246,13 +246,6 @@ def test_chooser_sm90a_only():
         assert not HOPPER.search(text) and "_tile_matmul_mma_" in text
 
 
-def test_tma_is_not_implemented(monkeypatch):
-    """TMA loads are the next step: asking for them says so."""
-    monkeypatch.setattr(MatmulWGMMA, "tma", True)
-    with pytest.raises(NotImplementedError, match="TMA"):
-        etc.compile(_matmul(64, 64, 64, "bf16"), target="cuda", chip="sm_90a")
-
-
 # ----------------------------------------------------------------------
 # Mutations: each breaks what the emulation decodes, and the result
 # ----------------------------------------------------------------------

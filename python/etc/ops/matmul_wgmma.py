@@ -32,7 +32,8 @@ warp-specialised kernel without the specialisation:
   steps of copies are in flight while one step of wgmma runs.
 * Stores: each lane's accumulators (`wgmma.fragment_d`) through
   `ResidualStores`, two adjacent columns at a time, rows past the tile or
-  the matrix skipped (A's rows past the matrix read its last row).
+  the matrix skipped (A's rows past the matrix read its last row; with
+  TMA they are zeros).
 
 Rows are symbolic in LLM graphs: as `MatmulMMA`, tiles of fewer than
 MIN_ROWS rows take `narrow` (the GEMV, `MatmulWGMMASkinnyT` in
@@ -43,17 +44,31 @@ that calls it makes ptxas serialise every wgmma (C7510). The symbolic-rows
 kernel is a call (see `MatmulWGMMASkinnyT`). Barrier waits trap after
 `Barriers.HANG_NS` instead of hanging.
 
-Not yet: TMA loads (`cp.async.bulk.tensor` from a host-encoded CUtensorMap
-per operand, one elected producer, `expect_tx` on the full barriers) and a
-separate producer warpgroup; B (K, N) (an MN-major B operand), which keeps
-`MatmulMMA`. `tma=True` asks for TMA and raises NotImplementedError.
+TMA loads (`tma = True`, or compiling inside `tma_loads()`; `etc.ops.tma`):
+the full barriers expect one arrival, lane 0's `mbarrier.arrive.expect_tx`
+of the stage's bytes, and lane 0 alone refills a stage with one
+`cp.async.bulk.tensor.2d` per 64-row box (MI for A, ceil(tn / 64) for B^T,
+whose rows in the stage are padded to whole boxes), which the TMA unit
+swizzles as the descriptors read and zero-fills past the matrices, so K
+and N need only be multiples of 8 (rows past N are zeros, their columns
+not stored). The maps come from the runtime (`cuda_tensor_maps`) through
+the module's directory, which lane 0 probes once per tile for A and B^T;
+the consumer's proxy fence is not needed (TMA writes through the async
+proxy). Default off: the first GPU run measures both (kit, "hopper").
+
+Not yet: a separate producer warpgroup (warp specialisation with
+`setmaxnreg`); barrier waits reporting through the watchdog's record; B
+(K, N) (an MN-major B operand), which keeps `MatmulMMA`.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 from mlir import ir
 from mlir.dialects import arith, llvm, memref, scf, vector
 
+from . import tma as tensor_memory
 from . import wgmma
 from .base import element_type
 from .matmul_mma import MatmulMMA, _workgroup
@@ -82,8 +97,11 @@ class MatmulWGMMA(MatmulMMA):
     #: Shared memory a CTA has without opting in: the most the symbolic-rows
     #: kernel's ring takes when a narrower layout fits.
     SHARED_LIMIT = 48 << 10
-    #: Loads with TMA instead of cp.async (not implemented).
+    #: Loads with TMA (one lane's `cp.async.bulk.tensor` per 64-row box,
+    #: from the runtime's tensor maps) instead of every lane's `cp.async`.
     tma = False
+    #: Rows of a TMA box (the operand maps' box: `tma.operand_map`).
+    BOX_ROWS = tensor_memory.BOX_ROWS
 
     @classmethod
     def name(cls, op) -> str:
@@ -100,8 +118,11 @@ class MatmulWGMMA(MatmulMMA):
                 and target.lanes == wgmma.WARPGROUP and a.dtype in ("f16", "bf16")
                 and b.dtype == a.dtype and op.params["transpose_b"]):
             return False
-        if not (isinstance(k, int) and isinstance(n, int) and k % cls.BK == 0
-                and n % tn == 0 and tn % 8 == 0 and tn <= 256 and tm % 16 == 0):
+        # TMA zero-fills past K and N, so ragged K and N need only rows of
+        # whole 16 bytes (the maps' stride) and whole column pairs.
+        k_unit, n_unit = (8, 8) if cls.tma else (cls.BK, tn)
+        if not (isinstance(k, int) and isinstance(n, int) and k % k_unit == 0
+                and n % n_unit == 0 and tn % 8 == 0 and tn <= 256 and tm % 16 == 0):
             return False
         return not (isinstance(m, int) and m < cls.MIN_ROWS)
 
@@ -128,14 +149,17 @@ class MatmulWGMMA(MatmulMMA):
         tm, tn = self.op.tile
         self.mi = -(-tm // wgmma.M)
         self.a_rows = self.mi * wgmma.M
+        # TMA fills whole boxes of BOX_ROWS rows: B^T's rows padded to them.
+        self.b_rows = -(-tn // self.BOX_ROWS) * self.BOX_ROWS if self.tma else tn
         k = self.op.operands[0].shape[1]
         known_rows = isinstance(self.op.operands[0].shape[0], int)
         for bk, mode in self.LAYOUTS:
-            for stages in range(min(self.STAGES, k // bk), 0, -1):
-                self.bk, self.swizzle, self.stages, self.steps = bk, mode, stages, k // bk
+            steps = -(-k // bk)
+            for stages in range(min(self.STAGES, steps), 0, -1):
+                self.bk, self.swizzle, self.stages, self.steps = bk, mode, stages, steps
                 self.row_bytes = bk * 2
                 self.a_bytes = self.a_rows * self.row_bytes
-                self.stage_bytes = (self.a_rows + tn) * self.row_bytes
+                self.stage_bytes = (self.a_rows + self.b_rows) * self.row_bytes
                 self.barrier_offset = stages * self.stage_bytes
                 # Room to align the arena's start up to an atom on the GPU.
                 self.total_bytes = self.ATOM + self.barrier_offset + 16 * stages
@@ -157,10 +181,6 @@ class MatmulWGMMA(MatmulMMA):
     # -- the tile -------------------------------------------------------------
 
     def emit_mma(self) -> None:
-        if self.tma:
-            raise NotImplementedError(
-                "MatmulWGMMA: TMA loads (cp.async.bulk.tensor with host-encoded CUtensorMaps) "
-                "are not implemented; the tile loads with cp.async")
         op = self.op
         a = op.operands[0]
         tm, tn = op.tile
@@ -182,7 +202,8 @@ class MatmulWGMMA(MatmulMMA):
             self.raw = wgmma.Index(k, raw)
             self.base = (self.raw + (self.ATOM - 1)) & ((1 << 64) - self.ATOM)
         barriers = self.base + self.barrier_offset
-        self.full = wgmma.Barriers(k, self.stages, wgmma.WARPGROUP,
+        # TMA: one arrival (the producer's expect_tx) and the copies' bytes.
+        self.full = wgmma.Barriers(k, self.stages, 1 if self.tma else wgmma.WARPGROUP,
                                    None if lanes.simulate else barriers.value)
         self.empty = wgmma.Barriers(k, self.stages, wgmma.WARPGROUP,
                                     None if lanes.simulate else (barriers + 8 * self.stages).value)
@@ -197,6 +218,8 @@ class MatmulWGMMA(MatmulMMA):
         else:
             init = [wgmma.zero_accumulators(tn) for _ in range(self.mi)]
         lanes.barrier()
+        if self.tma:
+            self.maps = self._tensor_maps(lanes)
         for t in range(self.stages):
             self.produce(lanes, self.cidx(t))
         loop = scf.ForOp(self.cidx(0), self.cidx(self.steps), self.cidx(1), init)
@@ -232,10 +255,47 @@ class MatmulWGMMA(MatmulMMA):
         return arith.remui(arith.addi(arith.divui(step, self.cidx(self.stages)),
                                       self.cidx(offset)), self.cidx(2))
 
+    def _operand_map(self, tensor) -> tensor_memory.TensorMap:
+        """The tensor map `tensor` is loaded through (the runtime encodes
+        the same for the GPU)."""
+        return tensor_memory.operand_map(wgmma.Index(self, self.dim(tensor, 0)),
+                                         wgmma.Index(self, self.dim(tensor, 1)),
+                                         tensor.dtype, self.swizzle)
+
+    def _flat(self, tensor) -> ir.Value:
+        """Simulated: `tensor`'s buffer as one row of elements from its
+        address, which a tensor map's stride and dims index."""
+        shape = ir.MemRefType(self.buf(tensor).type).shape
+        dynamic = ir.ShapedType.get_dynamic_size()
+        size = dynamic if dynamic in shape else shape[0] * shape[1]
+        return memref.collapse_shape(ir.MemRefType.get([size], element_type(tensor.dtype)),
+                                     self.buf(tensor), [[0, 1]])
+
+    def _tensor_maps(self, lanes) -> list:
+        """On the GPU, the producer lane finds the maps of A and B^T in the
+        directory (other lanes get 0: they issue no copy)."""
+        if lanes.simulate:
+            return []
+        from ..dialects import event
+        a, b = self.op.operands[:2]
+        first = arith.cmpi(arith.CmpIPredicate.eq, event.lane_id(), self.cidx(0))
+        branch = scf.IfOp(first, [self.index, self.index], has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            found = [tensor_memory.lookup(self, wgmma.Index(
+                self, memref.extract_aligned_pointer_as_index(self.buf(t))), self.swizzle).value
+                for t in (a, b)]
+            scf.yield_(found)
+        with ir.InsertionPoint(branch.else_block):
+            scf.yield_([self.cidx(0), self.cidx(0)])
+        return [wgmma.Index(self, v) for v in branch.results]
+
     def produce(self, lanes, step: ir.Value) -> None:
         """Every lane: wait until stage step % S is free, copy its share of
         step `step`'s A rows and B^T rows into it (swizzled), arrive on the
-        stage's full barrier once they land."""
+        stage's full barrier once they land. With TMA, `produce_tma`."""
+        if self.tma:
+            self.produce_tma(lanes, step)
+            return
         stage = self._stage(step)
         k0 = arith.muli(step, self.cidx(self.bk))
         a, b = self.op.operands[:2]
@@ -267,6 +327,40 @@ class MatmulWGMMA(MatmulMMA):
             self.full.arrive_after_copies(stage)
         lanes.each(body)
 
+    def produce_tma(self, lanes, step: ir.Value) -> None:
+        """Lane 0: wait until stage step % S is free, expect its bytes on
+        the stage's full barrier (one arrival), and copy step `step`'s A
+        rows and B^T rows in boxes of BOX_ROWS x bk elements (the tensor
+        maps' box), which the TMA unit swizzles, zero-fills past the
+        matrices and completes on the barrier."""
+        stage = self._stage(step)
+        k0 = arith.muli(step, self.cidx(self.bk))
+        a, b = self.op.operands[:2]
+        box_bytes = self.BOX_ROWS * self.row_bytes
+        copies = [(a, self.r0, 0, self.a_rows), (b, self.c0, self.a_bytes, self.b_rows)]
+
+        def body(lane):
+            first = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, lane, self.cidx(0)))
+            with ir.InsertionPoint(first.then_block):
+                self.empty.wait(stage, self._parity(step, 1))
+                self.full.arrive_expect_tx(stage, self.stage_bytes)
+                stage_base = self.base + wgmma.Index(self, stage) * self.stage_bytes
+                for which, (tensor, row0, offset, rows) in enumerate(copies):
+                    for box in range(rows // self.BOX_ROWS):
+                        y = arith.addi(row0, self.cidx(box * self.BOX_ROWS))
+                        dst = stage_base + offset + box * box_bytes
+                        if lanes.simulate:
+                            tensor_map = self._operand_map(tensor)
+                            tensor_memory.emulate_load(self, self._flat(tensor), tensor_map, k0,
+                                                       y, self.smem, dst.value)
+                            self.full.complete_tx(stage, tensor_map.box[0] * tensor_map.box[1]
+                                                  * tensor_map.element_bytes)
+                        else:
+                            tensor_memory.load(self, dst, self.maps[which], k0, y,
+                                               self.full.pointer(stage))
+                scf.yield_([])
+        lanes.each(body)
+
     def copy16(self, lanes, tensor, src: list, element: ir.Value) -> list:
         """8 elements (16 bytes) of `tensor` at `src` to shared memory at
         element `element` (`cp.async` on the GPU)."""
@@ -289,7 +383,8 @@ class MatmulWGMMA(MatmulMMA):
         slices = self.bk // wgmma.K
         if not lanes.simulate:
             self.full.wait(stage, parity)
-            wgmma.async_proxy_fence()
+            if not self.tma:  # TMA writes through the async proxy already
+                wgmma.async_proxy_fence()
             wgmma.fence()
             i64 = ir.IntegerType.get_signless(64)
             for j in range(slices):
@@ -319,6 +414,7 @@ class MatmulWGMMA(MatmulMMA):
         pipeline that would have deadlocked stores NaN."""
         out = self.op.result
         tn = self.op.tile[1]
+        n = self.columns(self.op)
         f32 = self.f32
         poisoned = None
         if lanes.simulate:
@@ -339,9 +435,32 @@ class MatmulWGMMA(MatmulMMA):
                     else:
                         pair = [llvm.extractvalue(f32, accs[i], [v + h]) for h in range(2)]
                         value = vector.from_elements(self.vtype(2), pair)
-                    inside = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row, row_end))
+                    inside = arith.cmpi(arith.CmpIPredicate.ult, row, row_end)
+                    if n % tn:  # ragged N (TMA): columns past N are not stored
+                        inside = arith.andi(inside, arith.cmpi(arith.CmpIPredicate.ult, col,
+                                                               self.cidx(n)))
+                    inside = scf.IfOp(inside)
                     with ir.InsertionPoint(inside.then_block):
                         self.vstore(value, out, [row, col], aligned=True)
                         scf.yield_([])
         lanes.each(body)
 
+
+
+#: The PTX ISA version TMA tiles need: `fence.proxy.tensormap` (the kernel's
+#: acquire of a map the host wrote into global memory) is PTX 8.3.
+TMA_PTX = 83
+
+
+@contextlib.contextmanager
+def tma_loads(enabled: bool = True):
+    """Compiles the Hopper tile with TMA loads (`MatmulWGMMA.tma`) or
+    without (`enabled=False`) inside the block; the pipeline then lowers
+    sm_90a at PTX 8.3 (`TMA_PTX`, CUDA 12.3 drivers or newer) instead of
+    8.0."""
+    saved = MatmulWGMMA.tma
+    MatmulWGMMA.tma = enabled
+    try:
+        yield
+    finally:
+        MatmulWGMMA.tma = saved

@@ -38,9 +38,11 @@ its operands, or encodes a descriptor, start address, SBO, LBO or swizzle
 mode wrongly computes the wrong product on the CPU too.
 
 `Barriers` are a kernel's mbarriers ("Parallel Synchronization and
-Communication Instructions: mbarrier"): each has a pending arrival count
-and a phase bit; the last expected arrival completes the phase (flips the
-bit, restores the count); `mbarrier.try_wait.parity P` passes once the
+Communication Instructions: mbarrier"): each has a pending arrival count,
+a transaction count (bytes that asynchronous copies still owe it:
+`mbarrier.arrive.expect_tx` raises it, a TMA copy's complete_tx lowers
+it) and a phase bit; the phase completes (flips the bit, restores the
+count) when both counts reach zero; `mbarrier.try_wait.parity P` passes once the
 phase of parity P has completed, i.e. while the current phase's parity is
 not P. Simulated, the lanes run one after another with every arrival of a
 phase placed before its waits, so a wait that would not pass (a wrong
@@ -268,7 +270,7 @@ class Barriers:
         self.simulate = k.target.simulate_lanes
         i32 = ir.IntegerType.get_signless(32)
         if self.simulate:
-            self.state = k.entry_alloca(ir.MemRefType.get([count, 2], i32))
+            self.state = k.entry_alloca(ir.MemRefType.get([count, 3], i32))
             self.stuck = k.entry_alloca(ir.MemRefType.get([1], i32))
         else:
             self.address = address
@@ -290,6 +292,7 @@ class Barriers:
             for b in range(self.count):
                 memref.store(self._i32(self.arrivals), self.state, [k.cidx(b), k.cidx(0)])
                 memref.store(self._i32(0), self.state, [k.cidx(b), k.cidx(1)])
+                memref.store(self._i32(0), self.state, [k.cidx(b), k.cidx(2)])
             memref.store(self._i32(0), self.stuck, [k.cidx(0)])
             return
         from ..dialects import event
@@ -330,6 +333,26 @@ class Barriers:
             self._arrival(barrier)
             return
         nvvm.cp_async_mbarrier_arrive(self._pointer(barrier), noinc=True)
+
+    def arrive_expect_tx(self, barrier: ir.Value, nbytes: int) -> None:
+        """The calling lane raises the transaction count by `nbytes` (what
+        its TMA copies will complete) and arrives
+        (`mbarrier.arrive.expect_tx`)."""
+        if self.simulate:
+            self._transactions(barrier, nbytes)
+            self._arrival(barrier)
+            return
+        nvvm.mbarrier_arrive_expect_tx(None, self._pointer(barrier), self._i32(nbytes))
+
+    def complete_tx(self, barrier: ir.Value, nbytes: int) -> None:
+        """Simulated: a copy's bytes landed (the TMA unit's complete_tx),
+        which completes the phase if they were the last owed."""
+        self._transactions(barrier, -nbytes)
+        self._complete_if_done(barrier)
+
+    def pointer(self, barrier) -> ir.Value:
+        """The barrier's shared-memory pointer (GPU)."""
+        return self._pointer(barrier)
 
     def wait(self, barrier: ir.Value, parity: ir.Value) -> None:
         """Waits for the phase of parity `parity` (index 0 or 1) to have
@@ -377,11 +400,28 @@ class Barriers:
         flag = memref.load(self.stuck, [self.k.cidx(0)])
         return arith.cmpi(arith.CmpIPredicate.ne, flag, self._i32(0))
 
+    def _transactions(self, barrier: ir.Value, delta: int) -> None:
+        k = self.k
+        owed = memref.load(self.state, [barrier, k.cidx(2)])
+        memref.store(arith.addi(owed, self._i32(delta)), self.state, [barrier, k.cidx(2)])
+
     def _arrival(self, barrier: ir.Value) -> None:
         k = self.k
         pending = arith.subi(memref.load(self.state, [barrier, k.cidx(0)]), self._i32(1))
+        memref.store(pending, self.state, [barrier, k.cidx(0)])
+        self._complete_if_done(barrier)
+
+    def _complete_if_done(self, barrier: ir.Value) -> None:
+        """No arrival and no byte left owed: the phase completes (the bit
+        flips, the arrival count is restored). A transaction count that
+        went below zero (more bytes landed than expected) never completes,
+        and the wait on it is a deadlock."""
+        k = self.k
+        pending = memref.load(self.state, [barrier, k.cidx(0)])
+        owed = memref.load(self.state, [barrier, k.cidx(2)])
         phase = memref.load(self.state, [barrier, k.cidx(1)])
-        done = arith.cmpi(arith.CmpIPredicate.eq, pending, self._i32(0))
+        done = arith.andi(arith.cmpi(arith.CmpIPredicate.eq, pending, self._i32(0)),
+                          arith.cmpi(arith.CmpIPredicate.eq, owed, self._i32(0)))
         memref.store(arith.select(done, self._i32(self.arrivals), pending), self.state,
                      [barrier, k.cidx(0)])
         flipped = arith.xori(phase, self._i32(1))

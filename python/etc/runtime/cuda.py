@@ -59,6 +59,7 @@ from .cuda_driver import (CUDAUnavailableError, DriverJITError, JITLogs, _check,
                           stream_handle)
 from .cuda_launch import (CHECK_THREADS, INIT_THREADS, Launch, _Kernel, _memref_words,
                           _Parameters, _Workspace)
+from .cuda_tensor_maps import TensorMaps
 from .cuda_timing import EventTimer
 from .program import ProgramRuntime
 from .ranges import check as check_index_ranges
@@ -173,6 +174,8 @@ class CUDARuntime(ProgramRuntime):
                 "its worker CTAs are co-resident, and this device does not support one; "
                 "compile with schedule='dynamic'")
         self._occupancy: dict[int, int] = {}
+        #: The module's tensor-map directory (TMA tiles; `cuda_tensor_maps`).
+        self._tensor_maps = TensorMaps(driver, module, self.ptx)
         self._driver = driver
         self._allow_shared(device_attribute)
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..binding import concrete_shape
-from . import layout
+from . import cuda_tensor_maps, layout
 from .cpu import _STORAGE, from_storage
 from .cuda_arrays import DeviceArray, fill_host_out
 from .cuda_driver import _check, stream_handle
@@ -165,6 +165,7 @@ class Launch:
                driver.cuMemcpyHtoDAsync(self.table.pointer,
                                         self._table_host.ctypes.data, self._table_host.nbytes,
                                         stream))
+        cuda_tensor_maps.upload(self, stream)
         results = self.results.pointer
         counters = (self.counters.pointer, self.counters.shape)
         # _init and the worker take the same parameters (the driver copies
@@ -179,6 +180,7 @@ class Launch:
         rt = self.runtime
         stream = stream_handle(stream)
         rt._launch(rt._init, (1, INIT_THREADS), self._parameters["init"], stream)
+        cuda_tensor_maps.install(self, stream)
         rt._launch(rt._worker, (rt.workers, rt.lanes), self._parameters["worker"], stream,
                    cooperative=rt.abi.schedule == "static", shared=rt.abi.shared_bytes)
         rt._launch(rt._check_kernel, (1, CHECK_THREADS), self._parameters["check"], stream)

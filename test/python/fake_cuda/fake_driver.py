@@ -72,6 +72,7 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fake_kernels  # noqa: E402
+import fake_tensor_maps  # noqa: E402
 from fake_memory import HostReader, Memory  # noqa: E402
 from fake_streams import LEGACY, NON_BLOCKING, Fault, RaceError, Streams  # noqa: E402
 from cuda.bindings import driver as REAL  # noqa: E402,N812  (handle and enum types)
@@ -92,7 +93,7 @@ _ATTRIBUTES = {16: SMS, 38: 1 << 20, 39: 2048, 75: 9, 76: 0, 81: 228 << 10, 95: 
 _FUNCTION_ATTRIBUTES = {4: 40, 3: 0, 1: 16, 0: 1024}  # registers, local, static shared, threads
 #: Calls that return a value besides the status (what a sticky fault
 #: returns in its place), and cuLinkComplete's two.
-_TWO_RESULTS = ("cuMemAlloc", "cuStreamCreate", "cuEventCreate", "cuModuleLoadData",
+_TWO_RESULTS = ("cuTensorMapEncodeTiled", "cuMemAlloc", "cuStreamCreate", "cuEventCreate", "cuModuleLoadData",
                 "cuLinkCreate", "cuModuleLoadDataEx", "cuModuleGetFunction", "cuDeviceGet",
                 "cuDeviceGetAttribute", "cuOccupancyMaxActiveBlocksPerMultiprocessor",
                 "cuFuncGetAttribute", "cuEventElapsedTime", "cuStreamEndCapture",
@@ -118,6 +119,8 @@ def build(programs: dict, log: str | None = None) -> types.ModuleType:
     state = {"fault": None, "why": ""}
     handles = iter(range(0x1000, 1 << 30, 0x10))
     modules: dict[int, tuple] = {}      # handle -> (program, entries)
+    module_ptx: dict[int, str] = {}     # handle -> its PTX (its globals)
+    module_globals: dict[tuple, tuple] = {}  # (handle, name) -> (pointer, bytes)
     functions: dict[int, fake_kernels.Function] = {}
     events: dict[int, _Event] = {}
     graphs: dict[int, list] = {}
@@ -464,6 +467,7 @@ def build(programs: dict, log: str | None = None) -> types.ModuleType:
             info[:len(text)] = text
         module = next(handles)
         modules[module] = (program, fake_kernels.entries(ptx))
+        module_ptx[module] = ptx
         return (CUresult.CUDA_SUCCESS, REAL.CUmodule(module))
 
     def cuLinkCreate(count, options, values):
@@ -507,6 +511,43 @@ def build(programs: dict, log: str | None = None) -> types.ModuleType:
         function = next(handles)
         functions[function] = fake_kernels.Function(program, role, name, entries[name])
         return (CUresult.CUDA_SUCCESS, REAL.CUfunction(function))
+
+    def cuModuleGetGlobal(module, name):
+        """A global the module's PTX declares, in device memory of its own
+        (zeroed) for the module's life."""
+        module = _handle(module)
+        if module not in modules:
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE, None, None)
+        name = name.decode()
+        if (module, name) not in module_globals:
+            size = fake_tensor_maps.global_size(module_ptx.get(module, ""), name)
+            if size is None:
+                return (CUresult.CUDA_ERROR_NOT_FOUND, None, None)
+            module_globals[module, name] = (memory.allocate(size), size)
+        pointer, size = module_globals[module, name]
+        return (CUresult.CUDA_SUCCESS, REAL.CUdeviceptr(pointer), size)
+
+    def cuTensorMapEncodeTiled(dtype, rank, address, dims, strides, box, element_strides,
+                               interleave, swizzle, l2, oob):
+        fields = dict(dtype=int(dtype), rank=int(rank), address=_handle(address),
+                      dims=[int(d) for d in dims], strides=[int(s) for s in strides],
+                      box=[int(b) for b in box],
+                      element_strides=[int(e) for e in element_strides],
+                      interleave=int(interleave), swizzle=int(swizzle))
+        why = fake_tensor_maps.rules(**fields)
+        if why is not None:
+            return refuse(CUresult.CUDA_ERROR_INVALID_VALUE,
+                          f"cuTensorMapEncodeTiled: {why}") + (None,)
+        tensor_map = REAL.CUtensorMap()
+        padded = {f"dim{i}": d for i, d in enumerate(fields["dims"] + [0, 0])}
+        padded.update({f"box{i}": b for i, b in enumerate(fields["box"] + [0, 0])})
+        padded.update({f"element_stride{i}": e
+                       for i, e in enumerate(fields["element_strides"] + [0, 0])})
+        tensor_map.opaque = fake_tensor_maps.encode(dict(
+            padded, dtype=fields["dtype"], rank=fields["rank"], address=fields["address"],
+            stride0=(fields["strides"] + [0])[0], interleave=fields["interleave"],
+            swizzle=fields["swizzle"], l2=int(l2), oob=int(oob)))
+        return (CUresult.CUDA_SUCCESS, tensor_map)
 
     def cuFuncGetAttribute(attribute, function):
         if _handle(function) not in functions:
@@ -687,7 +728,8 @@ def build(programs: dict, log: str | None = None) -> types.ModuleType:
     api = {name: value for name, value in locals().items()
            if name.startswith("cu") and callable(value)}
     for name, call in api.items():
-        setattr(driver, name, _sticky(call, state, lock, 3 if name == "cuLinkComplete"
+        setattr(driver, name, _sticky(call, state, lock, 3 if name in ("cuLinkComplete",
+                                                                       "cuModuleGetGlobal")
                                       else 2 if name in _TWO_RESULTS else 1))
     for name in dir(REAL):
         if name.startswith("CU") and isinstance(getattr(REAL, name), type):

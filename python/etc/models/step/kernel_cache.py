@@ -111,6 +111,12 @@ def describe(config, graph: dict, compile: dict) -> dict:
         # another; simulated GPU kernels are always compiled at 0).
         if compile.get("kernels", "native") == "native":
             compile["opt_level"] = opt_level()
+    elif compile.get("target") == "cuda":
+        from ...ops.matmul_wgmma import MatmulWGMMA
+
+        # Hopper tiles with TMA loads (`tma_loads()`) are other code.
+        if MatmulWGMMA.tma:
+            compile["wgmma_tma"] = True
     return {"etc": _version(), "compiler": fingerprint(), "artifact": FORMAT_VERSION,
             "model": json.loads(json.dumps(asdict(config))), "graph": dict(graph),
             "compile": compile}
