@@ -5,7 +5,9 @@ caches at head_dim 64, prompts that are no multiple of the rows or of the
 16 keys of a block, a prefill after a cached prefix, paged caches with
 shuffled tables, sliding windows, a soft cap, both schedules. Steps of
 fewer new tokens than QUERY_ROWS (decode) take the token-at-a-time path of
-the same kernel."""
+the same kernel. Where the CPU has AMX the tests above run the tile path
+(`query_tiles`); the last ones run it on AMX where there is one and with
+its tile instructions emulated (kernels="amx") on any AVX-512 BF16 CPU."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 import etc
 from etc import bfloat16
 from etc.ops.attention_cpu import AttentionChunkBlocks
+from etc.runtime import isa
 from test_llm_ops import _batch
 
 # The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
@@ -178,3 +181,78 @@ def test_the_prefill_path_is_compiled_where_the_cpu_has_avx512_bf16(monkeypatch)
     monkeypatch.setattr(AttentionChunkBlocks, "QUERY_ROWS", 1)
     token_at_a_time = graph_ir()
     assert (with_blocks != token_at_a_time) == isa.has(isa.chosen(), "avx512bf16")
+
+
+AVX512_BF16 = "x86-64-v4+avx512bf16"
+AMX = AVX512_BF16 + "+amx-tile+amx-bf16"
+needs_avx512bf16 = pytest.mark.skipif(
+    not isa.is_x86_64() or not isa.host_supports(AVX512_BF16),
+    reason="this x86-64 CPU has no AVX-512 BF16")
+needs_amx = pytest.mark.skipif(not isa.is_x86_64() or not isa.host_supports(AMX),
+                               reason="this x86-64 CPU has no AMX tile unit")
+
+# Ragged prompts (none a multiple of 16), a cached prefix, decode, and
+# steps just below and at the tile path's 16 tokens.
+TILE_STEPS = [[37, 70], [19, 33], [1, 1], [15, 2], [16, 1]]
+
+
+def _tiles_in(kernel) -> int:
+    return kernel.ir("graph").count("amx.tile_mulf")
+
+
+@needs_amx
+@pytest.mark.parametrize("heads, kv_heads, d, schedule", [
+    (16, 8, 128, "dynamic"), (9, 3, 64, "static"), (8, 8, 64, "dynamic"), (8, 2, 64, "static")])
+def test_amx_tiles_match_numpy(heads, kv_heads, d, schedule):
+    """Qwen3's shape (G = 2, head_dim 128: 4 score and 8 value tiles a
+    block), SmolLM2's (G = 3: 16 tokens, 3 tiles of queries a KV head), no
+    grouping and G = 4, both schedules."""
+    g = _graph(heads, kv_heads, 32, 192, True, d=d)
+    kernel = etc.compile(g, target="cpu", schedule=schedule, workers=2)
+    assert _tiles_in(kernel) == 3 * d // 32
+    _run(g, kernel, TILE_STEPS, heads, kv_heads, 192, True,
+         np.random.default_rng(heads * d), d=d)
+
+
+@needs_amx
+def test_amx_tiles_at_llvm_O0(monkeypatch):
+    """At -O0 (the suite's default level; this file's is -O2) the tiles'
+    accumulators live in stack slots (`AMXTiles.in_memory`): LLVM's -O0
+    lowering of tiles carried between blocks failed."""
+    monkeypatch.setenv(isa.OPT_LEVEL_ENVIRONMENT, "0")
+    g = _graph(16, 8, 32, 96, True, d=128)
+    kernel = etc.compile(g, target="cpu", schedule="dynamic", workers=2)
+    assert _tiles_in(kernel) == 12
+    _run(g, kernel, [[21, 40], [1, 1]], 16, 8, 96, True, np.random.default_rng(0), d=128)
+
+
+@needs_amx
+@pytest.mark.parametrize("window, softcap", [(24, None), (None, 5.0)])
+def test_amx_tiles_with_windows_and_soft_caps(window, softcap):
+    g = _graph(6, 2, 32, 192, False, window=window, softcap=softcap)
+    kernel = etc.compile(g, target="cpu", schedule="dynamic", workers=2)
+    assert _tiles_in(kernel) == 6
+    _run(g, kernel, TILE_STEPS[:2], 6, 2, 192, False, np.random.default_rng(7))
+
+
+@needs_avx512bf16
+@pytest.mark.parametrize("heads, kv_heads, paged, window", [
+    (9, 3, True, None), (4, 1, False, 11)])
+def test_amx_tiles_emulated_match_numpy(monkeypatch, heads, kv_heads, paged, window):
+    """The tile path's packing, masks and softmax with its tile
+    instructions emulated in AVX-512 BF16 (kernels="amx" on an instruction
+    set without AMX, as on a CPU without it): G = 3 and 4, a window."""
+    monkeypatch.setenv(isa.ENVIRONMENT, AVX512_BF16)
+    g = _graph(heads, kv_heads, 32, 96, paged, window=window)
+    kernel = etc.compile(g, target="cpu", schedule="dynamic", workers=2, kernels="amx")
+    monkeypatch.setattr(AttentionChunkBlocks, "AMX", False)
+    without = etc.compile(g, target="cpu", schedule="dynamic", workers=2, kernels="amx")
+    assert _tiles_in(kernel) == 0 and kernel.ir("graph") != without.ir("graph")
+    _run(g, kernel, [[37, 50], [19, 3], [1, 1]], heads, kv_heads, 96, paged,
+         np.random.default_rng(heads), _uniform if window else None)
+
+
+def test_the_tile_path_is_compiled_where_the_cpu_has_amx():
+    g = _graph(9, 3, 48, 96, paged=True)
+    kernel = etc.compile(g, target="cpu", schedule="dynamic", workers=1)
+    assert (_tiles_in(kernel) > 0) == isa.has(isa.chosen(), "amx-bf16")

@@ -72,7 +72,13 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
     in another run: 0.78x, about 110 GFLOP/s, 4.6x the floor); a 256-token
     step after 230 cached: 66.4, 59.2, 51.5, 48.9 ms. 8, not 16: the
     stack buffers grow with Q G K (54 KB at SmolLM2's shape and Q = 8,
-    37 KB of it the queries and their states)."""
+    37 KB of it the queries and their states).
+
+    Where the CPU has AMX (or `kernels="amx"` emulates it) the packed
+    blocks go to the tile unit instead (`query_tiles`): 16 queries x 16
+    keys a `tdpbf16ps` product per 32 columns for the scores and one per
+    16 columns for the weighted values, the online softmax per query row
+    in AVX-512; measurements in its docstring and docs/benchmarks.md."""
 
     part = "chunk_blocks"
     #: Keys per block (a 16-lane f32 vector of scores).
@@ -86,6 +92,13 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
     #: block serves QUERY_ROWS G K queries. Measured 4, 8, 16 (see the
     #: class docstring).
     QUERY_ROWS = 8
+    #: Whether prefill takes the tile unit where the CPU has AMX
+    #: (`query_tiles`; False: `query_block` on `vdpbf16ps` there too).
+    AMX = True
+    #: New tokens of a request that a prefill tile takes together on AMX
+    #: tiles (at least; `query_rows`): 16 (Qwen3's G = 2: 32 queries a KV
+    #: head, 2 tiles) took 0.90x the CPU time of 8 (see `query_tiles`).
+    TILE_ROWS = 16
     #: Rows whose G queries `query_block` interleaves (a run-time loop
     #: over the others): 2 of 1, 2, 4 was the fastest.
     ROWS_AT_ONCE = 2
@@ -111,17 +124,17 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         return op.params["heads"] // op.params["kv_heads"] * cls.kv_heads_per_tile(op)
 
     def emit(self) -> None:
-        """Tiles whose request brings QUERY_ROWS new tokens or more (a
-        prefill) take `emit_query_blocks` where the values take
-        `value_pairs`, the others (decode) a token at a time: chosen per
-        tile at run time."""
+        """Tiles whose request brings `query_rows` new tokens or more (a
+        prefill: QUERY_ROWS, on AMX tiles TILE_ROWS) take
+        `emit_query_blocks` where the values take `value_pairs`, the others
+        (decode) a token at a time: chosen per tile at run time."""
         if self.QUERY_ROWS == 1 or not self.value_pairs():
             super().emit()
             return
         r, js = self.ti
         _, new_tokens, _, _ = self.request_keys(r, arith.divui(js, self.cidx(self.splits(self.op))))
         branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, new_tokens,
-                                     self.cidx(self.QUERY_ROWS)), has_else=True)
+                                     self.cidx(self.query_rows())), has_else=True)
         with ir.InsertionPoint(branch.then_block):
             self.emit_query_blocks()
             scf.yield_([])
