@@ -55,6 +55,18 @@ from .matmul_amx import AMXTiles, MatmulAMX, transpose16
 from .matmul_packed import MatmulPackedCPU
 
 
+def to_bf16(values: ir.Value) -> ir.Value:
+    """A vector<32xf32> rounded to bf16 (to nearest even) by two
+    `vcvtneps2bf16`: `arith.truncf` to bf16 is expanded into integer
+    operations on the way to LLVM."""
+    bf16 = element_type("bf16")
+    halves = [ir.Operation.create(
+        "x86vector.avx512.cvt.packed.f32_to_bf16", results=[ir.VectorType.get([16], bf16)],
+        operands=[vector.shuffle(values, values, list(range(16 * h, 16 * h + 16)))]).result
+        for h in range(2)]
+    return vector.shuffle(halves[0], halves[1], list(range(32)))
+
+
 class MatmulPackedAMX(MatmulPackedCPU):
     """C = A @ B^T with B packed: AMX bf16 tiles on dequantized panels of B
     for tiles of TILE_CROSSOVER rows or more, `MatmulPackedCPU` below
@@ -77,6 +89,16 @@ class MatmulPackedAMX(MatmulPackedCPU):
         return ((target.has("amx-bf16") or target.emulate_amx) and target.has("avx512bf16")
                 and op.params["transpose_b"] and isinstance(k, int)
                 and op.operands[1].dtype in cls.FORMATS)
+
+    #: Rows per tile: each tile dequantizes its columns of B once for all
+    #: its rows, so prefill tiles are taller than the front end's 32.
+    ROW_TILE = int(__import__("os").environ.get("AMXQ_ROWS", "128"))
+
+    @classmethod
+    def tile_for(cls, op, target) -> tuple:
+        """`MatmulPackedCPU.tile_for`'s columns, ROW_TILE rows."""
+        tm, tn = MatmulPackedCPU.tile_for(op, target)
+        return (max(tm, cls.ROW_TILE), tn)
 
     def emit(self) -> None:
         op, out = self.op, self.op.result
@@ -107,7 +129,11 @@ class MatmulPackedAMX(MatmulPackedCPU):
         self._pairs = k // 2
         blocks = -(-self.op.tile[0] // 32) * 2
         self._panel = self.entry_alloca(ir.MemRefType.get([blocks * self._pairs, 32], bf16))
-        self._columns = self.entry_alloca(ir.MemRefType.get([self.GROUP, k], bf16))
+        # Tile by tile: step kb's two 16 x 32 tiles of B^T at rows
+        # 32 kb ... 32 kb + 31 (64-byte rows: one tile is 1 KB in a row;
+        # rows of K values, 4 KB apart at K = 2048, would fall in the same
+        # set of the L1 cache).
+        self._columns = self.entry_alloca(ir.MemRefType.get([k, 32], bf16))
         self._results = self.entry_alloca(ir.MemRefType.get([4 * 16, 16], self.f32))
         self.pack_rows(r0, rows)
         groups = arith.divui(cols, self.cidx(self.GROUP))
@@ -115,11 +141,13 @@ class MatmulPackedAMX(MatmulPackedCPU):
         each = scf.ForOp(self.cidx(0), groups, self.cidx(1))
         with ir.InsertionPoint(each.body):
             n0 = arith.addi(c0, arith.muli(each.induction_variable, self.cidx(self.GROUP)))
-            self.dequantize_columns(n0)
+            if "d" not in __import__("os").environ.get("AMXQ_SKIP", ""):
+                self.dequantize_columns(n0)
             blocks_loop = scf.ForOp(self.cidx(0), row_pairs, self.cidx(1))
             with ir.InsertionPoint(blocks_loop.body):
                 block = arith.muli(blocks_loop.induction_variable, self.cidx(2))
-                self.emit_group(tiles, r0, rows, n0, block)
+                if "g" not in __import__("os").environ.get("AMXQ_SKIP", ""):
+                    self.emit_group(tiles, r0, rows, n0, block)
                 scf.yield_([])
             scf.yield_([])
         done = arith.muli(groups, self.cidx(self.GROUP))
@@ -155,7 +183,7 @@ class MatmulPackedAMX(MatmulPackedCPU):
                 for m in range(16):
                     row = arith.minui(arith.addi(first, self.cidx(m)), last_row)
                     v = self.vload(a, [row, k0], 32)
-                    loaded.append(vector.bitcast(dwords, arith.truncf(pairs_type, v)))
+                    loaded.append(vector.bitcast(dwords, to_bf16(v)))
                 base = arith.addi(arith.muli(b, self.cidx(self._pairs)),
                                   arith.muli(kb, self.cidx(16)))
                 for p, column in enumerate(transpose16(loaded)):
@@ -193,9 +221,9 @@ class MatmulPackedAMX(MatmulPackedCPU):
                         if minimum is not None:
                             values = arith.addf(values, vector.broadcast(wide, minimum))
                         at = arith.addi(arith.muli(sb, self.cidx(fmt.block)),
-                                        self.cidx(g * self.BLOCK))
-                        vector.store(arith.truncf(ir.VectorType.get([self.BLOCK], bf16), values),
-                                     self._columns, [c, at])
+                                        arith.addi(self.cidx(g * self.BLOCK), c))
+                        vector.store(to_bf16(values),
+                                     self._columns, [at, self.cidx(0)])
                     scf.yield_([])
                 scf.yield_([])
         finally:
@@ -213,7 +241,8 @@ class MatmulPackedAMX(MatmulPackedCPU):
         with ir.InsertionPoint(kloop.body):
             kb = kloop.induction_variable
             k0 = arith.muli(kb, self.cidx(32))
-            xs = [tiles.load(self._columns, self.cidx(16 * nb), k0) for nb in range(2)]
+            xs = [tiles.load(self._columns, arith.addi(k0, self.cidx(16 * nb)), self.cidx(0))
+                  for nb in range(2)]
             ys = [tiles.load(self._panel, arith.addi(base, arith.muli(kb, self.cidx(16))),
                              self.cidx(0)) for base in panel_rows]
             accs = tiles.tiles(kloop.inner_iter_args)
