@@ -91,14 +91,24 @@ class MatmulPackedAMX(MatmulPackedCPU):
                 and op.operands[1].dtype in cls.FORMATS)
 
     #: Rows per tile: each tile dequantizes its columns of B once for all
-    #: its rows, so prefill tiles are taller than the front end's 32.
-    ROW_TILE = int(__import__("os").environ.get("AMXQ_ROWS", "128"))
+    #: its rows, so prefill tiles are taller than the front end's 32. One
+    #: 8192 x 2048 Q8_0 matmul at B = 512, 2 workers (loaded machine,
+    #: 2026-11-28): 32 / 64 / 128 / 256 rows 202 / 148 / 111 / 66 ms
+    #: before the panel's bf16 conversion was fixed; after it, at B = 512
+    #: on one worker, 128 and 256 rows the same (57-58 ms CPU time).
+    ROW_TILE = 128
+    #: The most bytes the tile's bf16 panel of A may take on the stack
+    #: (ROW_TILE rows shrink, down to 32, where K is longer than 4096).
+    PANEL_BYTES = 1 << 20
 
     @classmethod
     def tile_for(cls, op, target) -> tuple:
-        """`MatmulPackedCPU.tile_for`'s columns, ROW_TILE rows."""
+        """`MatmulPackedCPU.tile_for`'s columns; ROW_TILE rows, fewer (a
+        multiple of 32) where their bf16 panel would pass PANEL_BYTES."""
         tm, tn = MatmulPackedCPU.tile_for(op, target)
-        return (max(tm, cls.ROW_TILE), tn)
+        k = op.operands[0].shape[1]
+        rows = max(32, min(cls.ROW_TILE, cls.PANEL_BYTES // (2 * k) // 32 * 32))
+        return (max(tm, rows), tn)
 
     def emit(self) -> None:
         op, out = self.op, self.op.result
@@ -141,13 +151,11 @@ class MatmulPackedAMX(MatmulPackedCPU):
         each = scf.ForOp(self.cidx(0), groups, self.cidx(1))
         with ir.InsertionPoint(each.body):
             n0 = arith.addi(c0, arith.muli(each.induction_variable, self.cidx(self.GROUP)))
-            if "d" not in __import__("os").environ.get("AMXQ_SKIP", ""):
-                self.dequantize_columns(n0)
+            self.dequantize_columns(n0)
             blocks_loop = scf.ForOp(self.cidx(0), row_pairs, self.cidx(1))
             with ir.InsertionPoint(blocks_loop.body):
                 block = arith.muli(blocks_loop.induction_variable, self.cidx(2))
-                if "g" not in __import__("os").environ.get("AMXQ_SKIP", ""):
-                    self.emit_group(tiles, r0, rows, n0, block)
+                self.emit_group(tiles, r0, rows, n0, block)
                 scf.yield_([])
             scf.yield_([])
         done = arith.muli(groups, self.cidx(self.GROUP))
