@@ -72,8 +72,14 @@ class MatmulPackedAMX(MatmulPackedCPU):
     for tiles of TILE_CROSSOVER rows or more, `MatmulPackedCPU` below
     (see the module docstring)."""
 
-    #: Tiles with at least this many rows take the tile unit.
-    TILE_CROSSOVER = 16
+    #: Tiles with at least this many rows take the tile unit: each tile
+    #: dequantizes all its columns, which few rows do not amortise. One
+    #: 8192 x 2048 matmul, 2 workers, best of 9 (2026-11-28, load 2.4-3.3),
+    #: tile unit / VNNI ms at 16, 32, 64, 128 rows: Q8_0 3.8 / 3.4, 4.5 /
+    #: 5.8, 8.4 / 10.6, 14.6 / 41.0; Q4_K 7.7 / 7.5, 6.7 / 13.0, 7.9 /
+    #: 24.2, 14.7 / 46.9; Q6_K 7.7 / 7.8, 5.7 / 13.6, 12.6 / 25.0, 14.2 /
+    #: 36.4; Q5_0 5.7 / 6.1, 6.8 / 10.7, 11.3 / 19.7, 16.7 / 37.3.
+    TILE_CROSSOVER = 32
     #: Columns of C per group (two tiles of 16): the panel of B^T.
     GROUP = 32
 
