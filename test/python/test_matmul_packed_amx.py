@@ -7,10 +7,11 @@ of `MatmulPackedCPU` in the same kernel.
 Checked against the widened product (A @ dequantize(W)^T) within the
 int8 kernel's bound (`test_matmul_packed.py`: sum_k |w_k| d_a(k) / 2, d_a
 the activations' step per block) and within bf16's rounding (sum_k |w_k|
-|x_k| 2^-8); rows below the crossover equal the int8 kernel's emulation.
+|x_k| 2^-8); rows of tiles below the crossover (32 rows) equal the int8 kernel's
+emulation, and the others do not.
 Shapes are ragged: N = 70 (two groups of 32 and 6 columns for the VNNI
-products), rows 1 to 150 (150: two tiles of 128 rows, the second a
-partial block of 16), K of 9 blocks of 32 (288) for the 32-value formats
+products), rows 1 to 170 (150: a tile of 128 rows on the tile unit and
+one of 22 by VNNI; 170: a second tile of 42, a partial block of 16), K of 9 blocks of 32 (288) for the 32-value formats
 and 2 blocks of 256 for all. The tile instructions run emulated in
 AVX-512 BF16 vector code (`kernels="amx"`) on any CPU with it, and on
 the tile unit, at LLVM -O0 and -O2, where the CPU has AMX. (The emulation
@@ -39,7 +40,7 @@ needs_bf16 = pytest.mark.skipif(
 
 FORMATS = list(packed.GGML_FORMATS)
 N = 70
-ROWS = (1, 15, 16, 17, 33, 70, 150)
+ROWS = (1, 15, 31, 32, 33, 70, 150, 170)
 
 
 def _op(k: int, n: int, fmt: str):
@@ -85,12 +86,19 @@ def _check(got, a, raw, fmt, widened, rows):
     steps = np.abs(a.reshape(a.shape[0], -1, block)).max(-1) / 127
     int8_bound = (np.abs(w).reshape(N, -1, block).sum(-1)[None] * steps[:, None]).sum(-1) / 2
     assert np.all(np.abs(got - widened) <= int8_bound * 1.001 + 1e-4), (fmt, rows, k)
-    if rows < MatmulPackedAMX.TILE_CROSSOVER:  # the int8 products' emulation
-        scale = np.abs(x) @ np.abs(w).T + 1e-30
-        assert (np.abs(got - x @ w.T) / scale).max() < 1e-5, (fmt, rows, k)
-    else:  # bf16 A and W: 2^-9 of each value, 2^-8 of each product
-        bf16_bound = np.abs(a.astype(np.float64)) @ np.abs(w).T * 2.0**-8
-        assert np.all(np.abs(got - widened) <= bf16_bound * 1.001 + 1e-4), (fmt, rows, k)
+    # Which rows the tile unit took: those of tiles of TILE_CROSSOVER rows or more.
+    tile = MatmulPackedAMX.ROW_TILE
+    in_tile = np.minimum(tile, rows - np.arange(rows) // tile * tile)
+    tiled = in_tile >= MatmulPackedAMX.TILE_CROSSOVER
+    # The int8 products' emulation.
+    scale = np.abs(x) @ np.abs(w).T + 1e-30
+    assert (np.abs(got - x @ w.T) / scale)[~tiled].max(initial=0) < 1e-5, (fmt, rows, k)
+    # bf16 A and W: 2^-9 of each value, 2^-8 of each product.
+    bf16_bound = np.abs(a.astype(np.float64)) @ np.abs(w).T * 2.0**-8
+    assert np.all((np.abs(got - widened) <= bf16_bound * 1.001 + 1e-4)[tiled]), (fmt, rows, k)
+    # The tile unit's rows are not the int8 products (the kernel took them).
+    if tiled.any():
+        assert (np.abs(got - x @ w.T) / scale)[tiled].max() > 1e-4, (fmt, rows, k)
 
 
 def _run_and_check(kernel, g, weights, k, formats):
