@@ -37,6 +37,18 @@ activation's rounding is at most 2^-9 of its magnitude: |C - C_widened|
 (sum_k |w_k| d_a(k) / 2 with d_a = max|x| / 127 over the block) wherever
 |x_k| 2^-8 <= max|x| / 254, i.e. always (plus f32 rounding of the sums).
 
+Measured (`bench/packed_tiles.py`, one 8192 x 2048 matmul, 2 workers,
+Intel Xeon with AMX, 2026-11-28, load 1.3-2.1; docs/benchmarks.md): at
+B = 128 Q8_0 32.7 -> 8.6 ms, Q4_K 24.9 -> 6.6 ms, Q6_K 22.6 -> 6.0 ms
+against the VNNI products; at B = 512 127.9 -> 29.4, 83.8 -> 31.9, 90.4
+-> 24.1 ms. Short of the tile unit's rate (250-360 G products/s on 2
+cores, about 1,000 per core at its peak): the dequantization (about 0.2
+ns per weight value, once per 128-row tile) and the tiles' 64 bytes a
+cycle from L2. Two things the first prototype got wrong cost 2x each:
+`arith.truncf` to bf16 becomes integer code on the way to LLVM (hence
+`to_bf16`), and a panel of B^T with rows K values apart put a tile's 16
+rows in one L1 set at K = 2048.
+
 `AMXTiles` gives the tile operations (MLIR's `amx` dialect, or their
 meaning in AVX-512 BF16 vector code for `kernels="amx"` on CPUs without
 AMX); this module has its own packing of f32 rows and its own group
