@@ -6,17 +6,17 @@ of `MatmulPackedCPU` in the same kernel.
 
 Checked against the widened product (A @ dequantize(W)^T) within the
 int8 kernel's bound (`test_matmul_packed.py`: sum_k |w_k| d_a(k) / 2, d_a
-the activations' step per block) and within bf16's rounding (sum_k |w_k|
-|x_k| 2^-8); rows of tiles below the crossover (32 rows) equal the int8 kernel's
-emulation, and the others do not.
-Shapes are ragged: N = 70 (two groups of 32 and 6 columns for the VNNI
-products), rows 1 to 170 (150: a tile of 128 rows on the tile unit and
-one of 22 by VNNI; 170: a second tile of 42, a partial block of 16), K of 9 blocks of 32 (288) for the 32-value formats
-and 2 blocks of 256 for all. The tile instructions run emulated in
-AVX-512 BF16 vector code (`kernels="amx"`) on any CPU with it, and on
-the tile unit, at LLVM -O0 and -O2, where the CPU has AMX. (The emulation
-compiles at the suite's -O0: at -O2 the nine formats' kernels took a
-minute to compile.)"""
+the activations' step per block); the rows of tiles on the tile unit also
+within bf16's rounding (sum_k |w_k| |x_k| 2^-8) and not equal to the int8
+products, the rows of tiles below the crossover (32 rows) equal to the
+int8 kernel's emulation. Shapes are ragged: N = 70 (two groups of 32 and
+6 columns for the VNNI products), rows 1 to 170 (150: a tile of 128 rows
+on the tile unit and one of 22 by VNNI; 170: a second tile of 42, a
+partial block of 16), K = 288 (9 blocks of 32) for the 32-value formats
+and 512 for all. The tile instructions run emulated in AVX-512 BF16
+vector code (`kernels="amx"`) on any CPU with it, and on the tile unit,
+at LLVM -O0 and -O2, where the CPU has AMX. (The emulation compiles at
+the suite's -O0: at -O2 the nine formats' kernels took a minute.)"""
 
 from __future__ import annotations
 
