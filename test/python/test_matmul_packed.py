@@ -18,6 +18,8 @@ product does."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -27,6 +29,25 @@ from etc.reference import evaluate
 
 # The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
 pytestmark = pytest.mark.cpu_opt_level(2)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _int8_kernel():
+    """These tests check the int8 products exactly (their emulation to
+    1e-5): on a CPU with AMX, whose tiles of 16 rows or more take bf16
+    tiles instead (`test_matmul_packed_amx.py`), the host's instruction
+    set without AMX."""
+    from etc.runtime import isa
+
+    host = isa.host() if isa.is_x86_64() else None
+    if host is None or "amx-" not in host or os.environ.get(isa.ENVIRONMENT):
+        yield
+        return
+    level, extensions = isa.parse(host)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(isa.ENVIRONMENT, "+".join(
+            [level] + [e for e in extensions if not e.startswith("amx-")]))
+        yield
 
 #: The formats of the int8 kernel (the GGML block formats).
 FORMATS = list(packed.GGML_FORMATS)

@@ -66,6 +66,7 @@ from .matmul_dpbf16 import MatmulDPBF16
 from .matmul_gemv import MatmulSkinny, MatmulSkinnyT
 from .matmul_mma import MatmulMMA
 from .matmul_packed import MatmulPackedCPU, choose_packed
+from .matmul_packed_amx import MatmulPackedAMX
 from .matmul_packed_mma import MatmulPackedMMA
 from .matmul_scalar import Matmul
 from .matmul_wgmma import MatmulWGMMA
@@ -152,6 +153,7 @@ def choose_kernel(op, target) -> type:
 def build_tasks(b: TaskBuilder, op) -> None:
     if b.target.kind == "cpu" and not op.user_tile:
         chooser = MatmulAMX if MatmulAMX.applies(op, b.target) else \
+            MatmulPackedAMX if MatmulPackedAMX.applies(op, b.target) else \
             MatmulPackedCPU if MatmulPackedCPU.applies(op) else MatmulCPU
         op = dataclasses.replace(op, tile=chooser.tile_for(op, b.target))
     elif b.target.gpu_kernels and not op.user_tile and is_packed(op.operands[1].dtype):

@@ -83,7 +83,8 @@ from .packed_loads import row_at
 def choose_packed(op, target) -> type:
     """The kernel of matmul `op` whose `b` is packed, on `target`."""
     if target.kind == "cpu" and MatmulPackedCPU.applies(op):
-        return MatmulPackedCPU
+        from .matmul_packed_amx import MatmulPackedAMX
+        return MatmulPackedAMX if MatmulPackedAMX.applies(op, target) else MatmulPackedCPU
     if target.kind == "cpu" and choose_fp8(op, target) is not None:
         return choose_fp8(op, target)
     if MatmulPackedGPU.applies(op, target):
