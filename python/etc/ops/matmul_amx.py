@@ -95,6 +95,16 @@ class AMXTiles:
             "amx.tile_load", results=[self.operand_type], operands=[buf, row, col],
             attributes={"operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 2, 0])}).result
 
+    def load_acc(self, buf: ir.Value, row: ir.Value):
+        """A 16 x 16 f32 accumulator from buf[row + i, 0 ...] (a 2-D memref)."""
+        if self.emulate:
+            return [vector.load(self.kernel.vtype(16), buf,
+                                [arith.addi(row, self.kernel.cidx(i)), self.kernel.cidx(0)])
+                    for i in range(self.ROWS)]
+        return ir.Operation.create(
+            "amx.tile_load", results=[self.acc_type], operands=[buf, row, self.kernel.cidx(0)],
+            attributes={"operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 2, 0])}).result
+
     def mul(self, lhs, rhs, acc):
         """`tdpbf16ps`: acc[m][n] + sum over pairs p of lhs[m][2p] rhs[p][2n]
         + lhs[m][2p + 1] rhs[p][2n + 1]."""
@@ -144,6 +154,12 @@ class MatmulAMX(MatmulDPBF16):
     TILE_CROSSOVER = 4
     #: Columns of C (rows of B^T) per group: two tiles.
     GROUP = 32
+    #: Rows of A per tile: B^T's chunk is copied once per tile and serves
+    #: ROWS / 32 pairs of row blocks.
+    ROWS = 128
+    #: K per chunk (a multiple of 32): a pair of 16-row blocks' chunk of
+    #: the panel (32 x K_CHUNK bf16) stays in L1 over all the tile's groups.
+    K_CHUNK = 512
 
     @classmethod
     def name(cls, op) -> str:
@@ -169,33 +185,94 @@ class MatmulAMX(MatmulDPBF16):
                     tiles = n // tn
                     if (n % tn == 0 and tiles >= target.workers
                             and (tiles % target.workers == 0 or not even)):
-                        return (op.tile[0], tn)
+                        return (cls.rows_for(op), tn)
         return super().tile_for(op, target)
+
+    @classmethod
+    def rows_for(cls, op) -> int:
+        """ROWS, or the front end's rows if more."""
+        import os
+        return int(os.environ.get("ETC_AMX_ROWS", "0")) or max(op.tile[0], cls.ROWS)
 
     def emit(self) -> None:
         self.by_rows(self.TILE_CROSSOVER, self.emit_tiles, lambda: MatmulDPBF16.emit(self))
 
     def emit_tiles(self, r0, rows, c0, cols) -> None:
+        """K in chunks of K_CHUNK: each chunk's columns of the tile's rows of
+        A packed into the panel (`pack_chunk`), then per pair of 16-row
+        blocks (its chunk of the panel stays in L1) every group of 32
+        columns (B^T's chunk stays in L2 over the pairs), the 2 x 2
+        accumulators of each pair and group kept in a stack buffer of C^T
+        between chunks; at the end the results are stored transposed."""
         tiles = AMXTiles(self, self.target.emulate_amx and not self.target.has("amx-bf16"))
         k = self.op.operands[0].shape[1]
-        self._pairs = -(-k // 32) * 16   # K pairs per block of the panel, padded to tiles
-        # Whole pairs of 16-row blocks: a group's second block may lie past
+        whole = k // 32                       # whole steps of 32 along K
+        each = self.K_CHUNK // 32             # steps per chunk
+        self._chunk_pairs = each * 16         # K pairs per block of the panel
+        # Whole pairs of 16-row blocks: a pair's second block may lie past
         # the tile's rows (its columns of C^T are computed, not stored).
         blocks = -(-self.op.tile[0] // 32) * 2
+        self._width = -(-self.op.tile[1] // self.GROUP)   # groups of a full tile
         bf16 = element_type("bf16")
-        self._panel = self.entry_alloca(ir.MemRefType.get([blocks * self._pairs, 32], bf16))
-        self._edge = self.entry_alloca(ir.MemRefType.get([2 * 16, 32], bf16))
-        self._results = self.entry_alloca(ir.MemRefType.get([4 * 16, 16], self.f32))
-        self.pack_rows(r0, rows)
+        self._panel = self.entry_alloca(
+            ir.MemRefType.get([blocks * self._chunk_pairs, 32], bf16), alignment=64)
+        # B^T's chunk for every group: one tile's 16 rows of 32 bf16 after
+        # another (1 KB each, contiguous), at rows (g * steps + s) * 32.
+        self._steps = each
+        self._columns = self.entry_alloca(
+            ir.MemRefType.get([self._width * each * 32, 32], bf16), alignment=64)
+        self._results = self.entry_alloca(
+            ir.MemRefType.get([blocks // 2 * self._width * 64, 16], self.f32), alignment=64)
         groups = arith.divui(cols, self.cidx(self.GROUP))
         row_pairs = arith.divui(arith.addi(rows, self.cidx(31)), self.cidx(32))
-        each = scf.ForOp(self.cidx(0), arith.muli(groups, row_pairs), self.cidx(1))
-        with ir.InsertionPoint(each.body):
-            g = each.induction_variable
-            n0 = arith.addi(c0, arith.muli(arith.divui(g, row_pairs), self.cidx(self.GROUP)))
-            block = arith.muli(arith.remui(g, row_pairs), self.cidx(2))
-            self.emit_group(tiles, r0, rows, n0, block)
-            scf.yield_([])
+
+        def each_block(body) -> None:
+            """body(block, n0, at) for every pair of row blocks and group:
+            the pair's first block, the group's first column, its
+            accumulators' first row in results."""
+            pairs = scf.ForOp(self.cidx(0), row_pairs, self.cidx(1))
+            with ir.InsertionPoint(pairs.body):
+                rp = pairs.induction_variable
+                loop = scf.ForOp(self.cidx(0), groups, self.cidx(1))
+                with ir.InsertionPoint(loop.body):
+                    g = loop.induction_variable
+                    at = arith.muli(arith.addi(arith.muli(rp, self.cidx(self._width)), g),
+                                    self.cidx(64))
+                    body(arith.muli(rp, self.cidx(2)),
+                         arith.addi(c0, arith.muli(g, self.cidx(self.GROUP))), at)
+                    scf.yield_([])
+                scf.yield_([])
+
+        zero = tiles.zero()
+
+        def clear(block, n0, at) -> None:
+            for t in range(4):
+                tiles.store(self._results, arith.addi(at, self.cidx(16 * t)), self.cidx(0), zero)
+
+        def chunk(first, count: int, tail: bool) -> None:
+            """K steps first ... first + count (and the K tail)."""
+            self.pack_chunk(r0, rows, first, count, tail)
+            self.copy_columns(c0, groups, first, count, tail)
+            each_block(lambda block, n0, at: self.emit_group(tiles, block, n0, at, first,
+                                                             count, tail))
+
+        each_block(clear)
+        if whole // each:
+            loop = scf.ForOp(self.cidx(0), self.cidx(whole // each), self.cidx(1))
+            with ir.InsertionPoint(loop.body):
+                chunk(arith.muli(loop.induction_variable, self.cidx(each)), each, False)
+                scf.yield_([])
+        if whole % each or k % 32:
+            chunk(self.cidx(whole // each * each), whole % each, bool(k % 32))
+
+        def results(block, n0, at) -> None:
+            n1 = arith.addi(n0, self.cidx(16))
+            for nb in range(2):
+                for mb in range(2):
+                    self.store_transposed(arith.addi(at, self.cidx(16 * (nb * 2 + mb))),
+                                          r0, rows, arith.addi(block, self.cidx(mb)),
+                                          n1 if nb else n0)
+        each_block(results)
         done = arith.muli(groups, self.cidx(self.GROUP))
         left = arith.subi(cols, done)
         some = arith.cmpi(arith.CmpIPredicate.ugt, left, self.cidx(0))
@@ -204,105 +281,129 @@ class MatmulAMX(MatmulDPBF16):
             self.emit_blocks(r0, rows, arith.addi(c0, done), left)
             scf.yield_([])
 
-    def pack_rows(self, r0, rows) -> None:
-        """The tile's rows of A into the panel in the VNNI layout: block b
-        (rows r0 + 16 b ...) at panel rows b * pairs + p, row p holding the
-        pair (A[m, 2p], A[m, 2p + 1]) of each of the block's 16 rows m.
-        Rows past the tile repeat its last (their columns of C^T are not
-        stored); K past the end reads zeros."""
+    def pack_chunk(self, r0, rows, first, count: int, tail: bool) -> None:
+        """K steps first ... first + count of the tile's rows of A (and, with
+        `tail`, the K % 32 columns past the last whole step, zero-padded)
+        into the panel in the VNNI layout: block b (rows r0 + 16 b ...) at
+        panel rows b * chunk_pairs + 16 s + p for the chunk's step s, row
+        p holding the pair (A[m, 2p], A[m, 2p + 1]) of each of the block's
+        16 rows m. Rows past the tile repeat its last (their columns of
+        C^T are not stored)."""
         a = self.op.operands[0]
         k = a.shape[1]
         blocks = arith.divui(arith.addi(rows, self.cidx(15)), self.cidx(16))
         last_row = arith.subi(arith.addi(r0, rows), self.cidx(1))
         pairs_type = ir.VectorType.get([32], element_type("bf16"))
         dwords = ir.VectorType.get([16], ir.IntegerType.get_signless(32))
-        steps = -(-k // 32)
 
-        def pack(b, kb: ir.Value, count: int) -> None:
-            first = arith.addi(r0, arith.muli(b, self.cidx(16)))
-            k0 = arith.muli(kb, self.cidx(32))
+        def pack(b, s: ir.Value, masked: int) -> None:
+            first_row = arith.addi(r0, arith.muli(b, self.cidx(16)))
+            k0 = arith.muli(arith.addi(first, s), self.cidx(32))
             loaded = []
             for m in range(16):
-                row = arith.minui(arith.addi(first, self.cidx(m)), last_row)
-                if count:
+                row = arith.minui(arith.addi(first_row, self.cidx(m)), last_row)
+                if masked:
                     mask = vector.constant_mask(
-                        ir.VectorType.get([32], ir.IntegerType.get_signless(1)), [count])
+                        ir.VectorType.get([32], ir.IntegerType.get_signless(1)), [masked])
                     zeros = arith.constant(pairs_type, ir.DenseElementsAttr.get_splat(
                         pairs_type, ir.FloatAttr.get(element_type("bf16"), 0.0)))
                     v = vector.maskedload(pairs_type, self.buf(a), [row, k0], mask, zeros)
                 else:
                     v = vector.load(pairs_type, self.buf(a), [row, k0])
                 loaded.append(vector.bitcast(dwords, v))
-            base = arith.addi(arith.muli(b, self.cidx(self._pairs)),
-                              arith.muli(kb, self.cidx(16)))
+            base = arith.addi(arith.muli(b, self.cidx(self._chunk_pairs)),
+                              arith.muli(s, self.cidx(16)))
             for p, column in enumerate(transpose16(loaded)):
                 vector.store(vector.bitcast(pairs_type, column), self._panel,
                              [arith.addi(base, self.cidx(p)), self.cidx(0)])
 
-        each = scf.ForOp(self.cidx(0), blocks, self.cidx(1))
-        with ir.InsertionPoint(each.body):
-            b = each.induction_variable
-            whole = k // 32
-            if whole:
-                kloop = scf.ForOp(self.cidx(0), self.cidx(whole), self.cidx(1))
-                with ir.InsertionPoint(kloop.body):
-                    pack(b, kloop.induction_variable, 0)
+        loop = scf.ForOp(self.cidx(0), blocks, self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            b = loop.induction_variable
+            if count:
+                steps = scf.ForOp(self.cidx(0), self.cidx(count), self.cidx(1))
+                with ir.InsertionPoint(steps.body):
+                    pack(b, steps.induction_variable, 0)
                     scf.yield_([])
-            if k % 32:
-                pack(b, self.cidx(steps - 1), k % 32)
+            if tail:
+                pack(b, self.cidx(count), k % 32)
             scf.yield_([])
 
-    def emit_group(self, tiles: AMXTiles, r0, rows, n0, block) -> None:
-        """C[r0 + 16 block ... + 32, n0 ... n0 + 32] (the rows of the tile
-        there): 2 x 2 accumulator tiles of C^T over K."""
+    def copy_columns(self, c0, groups, first, count: int, tail: bool) -> None:
+        """K steps first ... first + count (and the zero-padded K tail) of the
+        tile's rows of B^T into `_columns`, each tile's 16 rows of 32 bf16
+        contiguous: tile loads in place would read 16 rows K * 2 bytes
+        apart (one page each at K = 2048, all in one set of L1)."""
         b = self.op.operands[1]
         k = self.op.operands[0].shape[1]
-        whole = k // 32
-        panel_rows = [arith.muli(arith.addi(block, self.cidx(i)), self.cidx(self._pairs))
-                      for i in range(2)]
-        n1 = arith.addi(n0, self.cidx(16))
+        pairs_type = ir.VectorType.get([32], element_type("bf16"))
 
-        def step(accs, xs, kb):
-            ys = [tiles.load(self._panel, arith.addi(base, arith.muli(kb, self.cidx(16))),
-                             self.cidx(0)) for base in panel_rows]
+        def copy(g, s: ir.Value, masked: int) -> None:
+            k0 = arith.muli(arith.addi(first, s), self.cidx(32))
+            n0 = arith.addi(c0, arith.muli(g, self.cidx(self.GROUP)))
+            at = arith.muli(arith.addi(arith.muli(g, self.cidx(self._steps)), s), self.cidx(32))
+            if masked:
+                mask = vector.constant_mask(
+                    ir.VectorType.get([32], ir.IntegerType.get_signless(1)), [masked])
+                zeros = arith.constant(pairs_type, ir.DenseElementsAttr.get_splat(
+                    pairs_type, ir.FloatAttr.get(element_type("bf16"), 0.0)))
+            for i in range(32):
+                row = arith.addi(n0, self.cidx(i))
+                if masked:
+                    v = vector.maskedload(pairs_type, self.buf(b), [row, k0], mask, zeros)
+                else:
+                    v = vector.load(pairs_type, self.buf(b), [row, k0])
+                vector.store(v, self._columns, [arith.addi(at, self.cidx(i)), self.cidx(0)])
+
+        loop = scf.ForOp(self.cidx(0), groups, self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            g = loop.induction_variable
+            if count:
+                steps = scf.ForOp(self.cidx(0), self.cidx(count), self.cidx(1))
+                with ir.InsertionPoint(steps.body):
+                    copy(g, steps.induction_variable, 0)
+                    scf.yield_([])
+            if tail:
+                copy(g, self.cidx(count), k % 32)
+            scf.yield_([])
+
+    def emit_group(self, tiles: AMXTiles, block, n0, at, first, count: int,
+                   tail: bool) -> None:
+        """K steps first ... first + count (and the K tail) of the 2 x 2
+        accumulator tiles of C^T at results[at ...] for the 32 columns from
+        n0 (group g of the tile, at = 64 (pair * width + g)) and the
+        panel's blocks `block` and `block + 1`."""
+        panel_rows = [arith.muli(arith.addi(block, self.cidx(i)), self.cidx(self._chunk_pairs))
+                      for i in range(2)]
+        g = arith.remui(arith.divui(at, self.cidx(64)), self.cidx(self._width))
+        columns = arith.muli(g, self.cidx(self._steps * 32))
+        accs = [tiles.load_acc(self._results, arith.addi(at, self.cidx(16 * t)))
+                for t in range(4)]
+
+        def step(accs, s):
+            base = arith.addi(columns, arith.muli(s, self.cidx(32)))
+            xs = [tiles.load(self._columns, arith.addi(base, self.cidx(16 * nb)), self.cidx(0))
+                  for nb in range(2)]
+            ys = [tiles.load(self._panel, arith.addi(row, arith.muli(s, self.cidx(16))),
+                             self.cidx(0)) for row in panel_rows]
             return [tiles.mul(xs[nb], ys[mb], accs[nb * 2 + mb])
                     for nb in range(2) for mb in range(2)]
 
-        accs = [tiles.zero() for _ in range(4)]
-        if whole:
-            kloop = scf.ForOp(self.cidx(0), self.cidx(whole), self.cidx(1), tiles.values(accs))
-            with ir.InsertionPoint(kloop.body):
-                kb = kloop.induction_variable
-                k0 = arith.muli(kb, self.cidx(32))
-                xs = [tiles.load(self.buf(b), n, k0) for n in (n0, n1)]
-                scf.yield_(tiles.values(step(tiles.tiles(kloop.inner_iter_args), xs, kb)))
-            accs = tiles.tiles(kloop.results)
-        if k % 32:
-            # B^T's last K % 32 columns, zero-padded to a tile's 32.
-            pairs_type = ir.VectorType.get([32], element_type("bf16"))
-            mask = vector.constant_mask(
-                ir.VectorType.get([32], ir.IntegerType.get_signless(1)), [k % 32])
-            zeros = arith.constant(pairs_type, ir.DenseElementsAttr.get_splat(
-                pairs_type, ir.FloatAttr.get(element_type("bf16"), 0.0)))
-            for i in range(32):
-                row = arith.addi(n0, self.cidx(i))
-                v = vector.maskedload(pairs_type, self.buf(b), [row, self.cidx(whole * 32)],
-                                      mask, zeros)
-                vector.store(v, self._edge, [self.cidx(i), self.cidx(0)])
-            xs = [tiles.load(self._edge, self.cidx(16 * nb), self.cidx(0)) for nb in range(2)]
-            accs = step(accs, xs, self.cidx(whole))
+        steps = count + tail
+        kloop = scf.ForOp(self.cidx(0), self.cidx(steps), self.cidx(1), tiles.values(accs))
+        with ir.InsertionPoint(kloop.body):
+            scf.yield_(tiles.values(step(tiles.tiles(kloop.inner_iter_args),
+                                         kloop.induction_variable)))
+        accs = tiles.tiles(kloop.results)
         for t, acc in enumerate(accs):
-            tiles.store(self._results, self.cidx(16 * t), self.cidx(0), acc)
-        for nb in range(2):
-            for mb in range(2):
-                self.store_transposed(16 * (nb * 2 + mb), r0, rows,
-                                      arith.addi(block, self.cidx(mb)), n1 if nb else n0)
+            tiles.store(self._results, arith.addi(at, self.cidx(16 * t)), self.cidx(0), acc)
 
-    def store_transposed(self, first: int, r0, rows, block, n0) -> None:
+    def store_transposed(self, first, r0, rows, block, n0) -> None:
         """The 16 x 16 C^T block at results[first ...] into C's rows
         r0 + 16 block + m (those inside the tile), columns n0 ... n0 + 16."""
         values = [vector.load(self.vtype(16), self._results,
-                              [self.cidx(first + i), self.cidx(0)]) for i in range(16)]
+                              [arith.addi(first, self.cidx(i)), self.cidx(0)])
+                  for i in range(16)]
         row0 = arith.addi(r0, arith.muli(block, self.cidx(16)))
         end = arith.addi(r0, rows)
         for m, column in enumerate(transpose16(values)):
