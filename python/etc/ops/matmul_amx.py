@@ -5,18 +5,23 @@ every AMX CPU has, for the edges).
 
 `tdpbf16ps` multiplies a tile of 16 rows of 32 bf16 (pairs along K) by a
 tile in the VNNI layout (16 rows of K pairs, each 16 columns of a pair)
-into 16 x 16 f32. B^T's rows are already pairs along K, so its tiles load
-in place, and the product is computed transposed: C^T[n, m] =
-sum_k B^T[n, k] A[m, k], with A in the VNNI layout. A tile's rows of A are
-packed once per tile into a stack panel (16-row blocks, 32 x 32 bf16
-at a time transposed as 16 x 16 dwords by a shuffle network) and serve
-every column of the tile: the weights are read where they are, only the
-activations, a tile's 32 rows, are rearranged. Each step of 32 along K
-loads 2 tiles of B^T and 2 of the panel and accumulates 2 x 2 tiles of
-C^T in the tile registers (8 in all); the K tail loads B^T from a
-zero-padded copy. The four 16 x 16 results go through a stack buffer and
-are stored transposed, 16 columns of a row at a time (the residual added
-there). Columns past the last group of 32 take `MatmulDPBF16`'s blocks.
+into 16 x 16 f32. B^T's rows are already pairs along K, so the product is
+computed transposed: C^T[n, m] = sum_k B^T[n, k] A[m, k], with A in the
+VNNI layout. A tile has ROWS rows (128) and K goes by in chunks of
+K_CHUNK (512). Per chunk, the tile's rows of A are packed into a stack
+panel (16-row blocks, 32 x 32 bf16 at a time transposed as 16 x 16 dwords
+by a shuffle network), and B^T's chunk of the tile's columns is copied
+into a stack buffer of contiguous 1 KB tiles (in place its tile rows lie
+K * 2 bytes apart, 16 pages and one L1 set at K = 2048); then per pair of
+16-row blocks (its panel chunk stays in L1) and group of 32 columns, each
+step of 32 along K loads 2 tiles of B^T and 2 of the panel and
+accumulates 2 x 2 tiles of C^T in the tile registers (8 in all), which
+start and end each chunk in a stack buffer of C^T. The K tail is packed
+and copied zero-padded. At the end the 16 x 16 results are stored
+transposed, 16 columns of a row at a time (the residual added there).
+The stack buffers are 64-byte aligned (a tile row split over two cache
+lines costs two loads). Columns past the last group of 32 take
+`MatmulDPBF16`'s blocks.
 
 Tiles with fewer than TILE_CROSSOVER rows take `MatmulDPBF16` (and below its
 crossover the GEMV), chosen per tile at run time from the live row count.
@@ -147,11 +152,18 @@ class MatmulAMX(MatmulDPBF16):
     module docstring); `MatmulDPBF16` below and for the columns past the
     last group of 32."""
 
-    #: Tiles with at least this many rows take the tile unit. Not measured
-    #: (no AMX machine yet): a 16 x 16 x 32 `tdpbf16ps` does 8x the
-    #: multiply-adds per cycle of two `vdpbf16ps`, so a tile of 4 rows of
-    #: 16 still does twice their work, before the packing of A.
-    TILE_CROSSOVER = 4
+    #: Tiles with at least this many rows take the tile unit, below it
+    #: `MatmulDPBF16` (and its GEMV). Measured (bench/gemm_cpu.py's graph,
+    #: best tile span of 40 runs, 2026-11-28 16:07 UTC, load 6.5 on the 2
+    #: cores): the tile unit's time is nearly flat up to 32 rows (B^T's
+    #: chunks copied once per tile dominate), the dot products' grows with
+    #: the rows. AMX us / AVX-512 BF16 us at 4 and 8 rows:
+    #:   K x N 576 x 1536, 1 worker: 202 / 107, 203 / 195; 2 workers: 79 / 70, 82 / 128
+    #:   1536 x 576, 1 worker: 194 / 95, 136 / 177; 2 workers: 143 / 102, 144 / 189
+    #:   2048 x 2048, 1 worker: 797 / 589, 790 / 1160; 2 workers: 827 / 547, 824 / 981
+    #: so AMX from 8 rows (level at 576 x 1536 on one worker), a batched
+    #: decode of 8-16 rows included.
+    TILE_CROSSOVER = 8
     #: Columns of C (rows of B^T) per group: two tiles.
     GROUP = 32
     #: Rows of A per tile: B^T's chunk is copied once per tile and serves
@@ -176,7 +188,8 @@ class MatmulAMX(MatmulDPBF16):
         unit) that divides N into column tiles every worker gets the same
         number of, at least one (each tile packs its rows of A once for all
         its columns), else into at least one per worker (the row blocks of
-        a prefill even it out). Failing that, MatmulCPU's choice."""
+        a prefill even it out), and ROWS rows (`rows_for`). Failing that,
+        MatmulCPU's choice."""
         n = op.operands[1].shape[0]
         if isinstance(n, int):
             widths = range(min(n, 256) // cls.GROUP * cls.GROUP, 0, -cls.GROUP)
@@ -191,8 +204,7 @@ class MatmulAMX(MatmulDPBF16):
     @classmethod
     def rows_for(cls, op) -> int:
         """ROWS, or the front end's rows if more."""
-        import os
-        return int(os.environ.get("ETC_AMX_ROWS", "0")) or max(op.tile[0], cls.ROWS)
+        return max(op.tile[0], cls.ROWS)
 
     def emit(self) -> None:
         self.by_rows(self.TILE_CROSSOVER, self.emit_tiles, lambda: MatmulDPBF16.emit(self))
