@@ -339,7 +339,7 @@ def test_amx_tiles_match_the_reference(k, n):
 def test_amx_k_chunks_and_row_tiles_match_the_reference(monkeypatch, schedule, k, n):
     """Chunks of K (K_CHUNK 64 here: K = 75 one whole chunk and a chunk of
     only the tail, 200 three and a tail of 8, 160 two and one step) whose
-    sums carry through the accumulator buffer, B^T's chunks copied per
+    sums carry through the accumulator buffer, B^T's K tail copied per
     tile, and row tiles of ROWS (64 here) with ragged last ones: on the
     tile unit where this CPU has one, else emulated."""
     monkeypatch.setattr(MatmulAMX, "K_CHUNK", 64)
