@@ -151,15 +151,18 @@ class MatmulAMX(MatmulDPBF16):
 
     #: Tiles with at least this many rows take the tile unit, below it
     #: `MatmulDPBF16` (and its GEMV). Measured (bench/gemm_cpu.py's graph,
-    #: best tile span of 40 runs, 2026-11-28 16:07 UTC, load 6.5 on the 2
-    #: cores): the tile unit's time is nearly flat up to 32 rows (B^T's
-    #: chunks copied once per tile dominate), the dot products' grows with
-    #: the rows. AMX us / AVX-512 BF16 us at 4 and 8 rows:
-    #:   K x N 576 x 1536, 1 worker: 202 / 107, 203 / 195; 2 workers: 79 / 70, 82 / 128
-    #:   1536 x 576, 1 worker: 194 / 95, 136 / 177; 2 workers: 143 / 102, 144 / 189
-    #:   2048 x 2048, 1 worker: 797 / 589, 790 / 1160; 2 workers: 827 / 547, 824 / 981
-    #: so AMX from 8 rows (level at 576 x 1536 on one worker), a batched
-    #: decode of 8-16 rows included.
+    #: best tile span of 40 runs, 2026-11-28 16:17 UTC, load 1.9-2.2, at
+    #: 6897860): the tile unit's time is nearly flat up to 16 rows (it
+    #: reads all of B^T for a tile of 32 rows), the dot products' grows
+    #: with the rows. AMX us / AVX-512 BF16 us at 2, 4 and 8 rows:
+    #:   K x N 576 x 1536, 1 worker: 73 / 68, 73 / 116, 76 / 204;
+    #:     2 workers: 70 / 27, 70 / 51, 70 / 123
+    #:   1536 x 576, 1 worker: 175 / 76, 167 / 123, 170 / 218;
+    #:     2 workers: 102 / 60, 104 / 94, 105 / 178
+    #:   2048 x 2048, 1 worker: 441 / 374, 410 / 596, 428 / 1055;
+    #:     2 workers: 427 / 347, 431 / 557, 604 / 996
+    #: so AMX from 8 rows (at 4 it wins 3 of the 6), a batched decode of
+    #: 8-16 rows included.
     TILE_CROSSOVER = 8
     #: Columns of C (rows of B^T) per group: two tiles.
     GROUP = 32
