@@ -243,8 +243,11 @@ def test_the_amx_tile_is_chosen_where_the_instruction_set_has_amx_or_it_is_emula
                                     emulate_amx=True)) is MatmulAMX
     assert choose_kernel(op, Target("cpu", workers=2, isa="x86-64-v4+avx512bf16")) \
         is MatmulDPBF16
-    # Column tiles of whole groups of 32 where N allows, ROWS rows.
-    assert MatmulAMX.tile_for(op, Target("cpu", workers=2, isa=AMX)) == (MatmulAMX.ROWS, 96)
+    # Column tiles of whole groups of 32 where N allows; ROWS rows from
+    # K = TALL_K on, the front end's below.
+    assert MatmulAMX.tile_for(op, Target("cpu", workers=2, isa=AMX)) == (op.tile[0], 96)
+    tall = _op(MatmulAMX.TALL_K, 192)
+    assert MatmulAMX.tile_for(tall, Target("cpu", workers=2, isa=AMX)) == (MatmulAMX.ROWS, 96)
 
 
 def test_amx_kernels_are_refused_without_avx512_bf16_to_emulate_them(monkeypatch):
@@ -344,6 +347,7 @@ def test_amx_k_chunks_and_row_tiles_match_the_reference(monkeypatch, schedule, k
     tile unit where this CPU has one, else emulated."""
     monkeypatch.setattr(MatmulAMX, "K_CHUNK", 64)
     monkeypatch.setattr(MatmulAMX, "ROWS", 64)
+    monkeypatch.setattr(MatmulAMX, "TALL_K", 64)
     if isa.is_x86_64() and isa.host_supports(AMX):
         kernels = "native"
     elif isa.is_x86_64() and isa.host_supports("x86-64-v4+avx512bf16"):

@@ -166,9 +166,15 @@ class MatmulAMX(MatmulDPBF16):
     TILE_CROSSOVER = 8
     #: Columns of C (rows of B^T) per group: two tiles.
     GROUP = 32
-    #: Rows of A per tile: B^T's chunk is copied once per tile and serves
-    #: ROWS / 32 pairs of row blocks.
+    #: Rows of A per tile from K = TALL_K on: B^T's tiles serve ROWS / 32
+    #: pairs of row blocks from L2. One worker, fastest tile of 20 runs x
+    #: tiles (2026-11-28 16:38 UTC, load 3): at 512 x 2048 x 2048 rows of
+    #: 32 / 64 / 128 took 7.1 / 6.4-6.6 / 5.6 ms; at 486 x 576 x 576 0.43 /
+    #: 0.42-0.53 / 0.43, at 256 x 576 x 1536 0.70 / 0.65-0.67 / 0.68 (level),
+    #: where the 486-token prefill of bench/llm_decode_cpu.py --model smol
+    #: took 1.12-1.18x main's time with 128 everywhere (fewer tiles).
     ROWS = 128
+    TALL_K = 1024
     #: K per chunk (a multiple of 32): a pair of 16-row blocks' chunk of
     #: the panel (32 x K_CHUNK bf16) stays in L1 over all the tile's groups.
     K_CHUNK = 512
@@ -203,8 +209,12 @@ class MatmulAMX(MatmulDPBF16):
 
     @classmethod
     def rows_for(cls, op) -> int:
-        """ROWS, or the front end's rows if more."""
-        return max(op.tile[0], cls.ROWS)
+        """ROWS (or the front end's rows if more) from K = TALL_K on, where
+        B^T read once per 4 row pairs pays; the front end's rows below,
+        where more, finer tiles schedule better beside the model's other
+        operators."""
+        k = op.operands[0].shape[1]
+        return max(op.tile[0], cls.ROWS) if k >= cls.TALL_K else op.tile[0]
 
     def emit(self) -> None:
         self.by_rows(self.TILE_CROSSOVER, self.emit_tiles, lambda: MatmulDPBF16.emit(self))
