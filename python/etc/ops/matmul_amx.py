@@ -7,8 +7,8 @@ every AMX CPU has, for the edges).
 tile in the VNNI layout (16 rows of K pairs, each 16 columns of a pair)
 into 16 x 16 f32. B^T's rows are already pairs along K, so the product is
 computed transposed: C^T[n, m] = sum_k B^T[n, k] A[m, k], with A in the
-VNNI layout. A tile has ROWS rows (128) and K goes by in chunks of
-K_CHUNK (512). Per chunk, the tile's rows of A are packed into a stack
+VNNI layout. A tile has ROWS rows (128) from K = TALL_K (1,024) on,
+and K goes by in chunks of about K_CHUNK (512). Per chunk, the tile's rows of A are packed into a stack
 panel (16-row blocks, 32 x 32 bf16 at a time transposed as 16 x 16 dwords
 by a shuffle network); then per pair of 16-row blocks (its panel chunk
 stays in L1) and group of 32 columns, each step of 32 along K loads 2
