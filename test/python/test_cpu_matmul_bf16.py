@@ -243,8 +243,11 @@ def test_the_amx_tile_is_chosen_where_the_instruction_set_has_amx_or_it_is_emula
                                     emulate_amx=True)) is MatmulAMX
     assert choose_kernel(op, Target("cpu", workers=2, isa="x86-64-v4+avx512bf16")) \
         is MatmulDPBF16
-    # Column tiles of whole groups of 32 where N allows.
-    assert MatmulAMX.tile_for(op, Target("cpu", workers=2, isa=AMX)) == (32, 96)
+    # Column tiles of whole groups of 32 where N allows; ROWS rows from
+    # K = TALL_K on, the front end's below.
+    assert MatmulAMX.tile_for(op, Target("cpu", workers=2, isa=AMX)) == (op.tile[0], 96)
+    tall = _op(MatmulAMX.TALL_K, 192)
+    assert MatmulAMX.tile_for(tall, Target("cpu", workers=2, isa=AMX)) == (MatmulAMX.ROWS, 96)
 
 
 def test_amx_kernels_are_refused_without_avx512_bf16_to_emulate_them(monkeypatch):
@@ -354,6 +357,34 @@ def test_amx_tiles_match_the_reference(k, n, level, monkeypatch):
         (got,) = kernel.run(a=a, w=w)
         (want,) = etc.reference.evaluate(g, a=a, w=w)
         assert_close_to_reference(got, want.astype(np.float64), a, w)
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("k, n", [(75, 70), (200, 64), (160, 96)])
+def test_amx_k_chunks_and_row_tiles_match_the_reference(monkeypatch, schedule, k, n):
+    """Chunks of K (K_CHUNK 64 here: K = 75 one whole chunk and a chunk of
+    only the tail, 200 three and a tail of 8, 160 two and one step) whose
+    sums carry through the accumulator buffer, B^T's K tail copied per
+    tile, and row tiles of ROWS (64 here) with ragged last ones: on the
+    tile unit where this CPU has one, else emulated."""
+    monkeypatch.setattr(MatmulAMX, "K_CHUNK", 64)
+    monkeypatch.setattr(MatmulAMX, "ROWS", 64)
+    monkeypatch.setattr(MatmulAMX, "TALL_K", 64)
+    if isa.is_x86_64() and isa.host_supports(AMX):
+        kernels = "native"
+    elif isa.is_x86_64() and isa.host_supports("x86-64-v4+avx512bf16"):
+        kernels = "amx"
+    else:
+        pytest.skip("this CPU has neither AMX nor AVX-512 BF16")
+    rng = np.random.default_rng(k + n)
+    g = _graph(k, n, residual=True)
+    kernel = etc.compile(g, target="cpu", schedule=schedule, workers=2, kernels=kernels)
+    assert "matmul_amx" in kernel.ir("graph")
+    w = _bf16(rng, (n, k))
+    for m in (4, 63, 64, 97, 150):
+        a, r = _bf16(rng, (m, k)), _bf16(rng, (m, n), 8.0)
+        (got,) = kernel.run(a=a, w=w, r=r)
+        assert_close_with_residual(got, g, a, w, r)
 
 
 def test_the_runtime_and_the_loaders_align_what_they_allocate(tmp_path):

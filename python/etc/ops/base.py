@@ -302,11 +302,14 @@ class TileKernel:
         t = self.target
         return Lanes(self, t.lanes, t.warp, t.simulate_lanes)
 
-    def entry_alloca(self, type: ir.MemRefType) -> ir.Value:
+    def entry_alloca(self, type: ir.MemRefType, alignment: int | None = None) -> ir.Value:
         """A stack buffer allocated at the start of the function (not inside a
-        loop, where it would grow the stack at every iteration)."""
+        loop, where it would grow the stack at every iteration), aligned to
+        `alignment` bytes if given (else the element type's)."""
         with ir.InsertionPoint.at_block_begin(self.block):
-            return memref.alloca(type, [], [])
+            if alignment is None:
+                return memref.alloca(type, [], [])
+            return memref.alloca(type, [], [], alignment=alignment)
 
     def scratch(self, shape: Sequence[int], dtype: str = "f32") -> ir.Value:
         """An `event.scratch` buffer of `dtype` shared by the tile's lanes,

@@ -5,18 +5,20 @@ every AMX CPU has, for the edges).
 
 `tdpbf16ps` multiplies a tile of 16 rows of 32 bf16 (pairs along K) by a
 tile in the VNNI layout (16 rows of K pairs, each 16 columns of a pair)
-into 16 x 16 f32. B^T's rows are already pairs along K, so its tiles load
-in place, and the product is computed transposed: C^T[n, m] =
-sum_k B^T[n, k] A[m, k], with A in the VNNI layout. A tile's rows of A are
-packed once per tile into a stack panel (16-row blocks, 32 x 32 bf16
-at a time transposed as 16 x 16 dwords by a shuffle network) and serve
-every column of the tile: the weights are read where they are, only the
-activations, a tile's 32 rows, are rearranged. Each step of 32 along K
-loads 2 tiles of B^T and 2 of the panel and accumulates 2 x 2 tiles of
-C^T in the tile registers (8 in all); the K tail loads B^T from a
-zero-padded copy. The four 16 x 16 results go through a stack buffer and
-are stored transposed, 16 columns of a row at a time (the residual added
-there). Columns past the last group of 32 take `MatmulDPBF16`'s blocks.
+into 16 x 16 f32. B^T's rows are already pairs along K, so the product is
+computed transposed: C^T[n, m] = sum_k B^T[n, k] A[m, k], with A in the
+VNNI layout. A tile has ROWS rows (128) from K = TALL_K (1,024) on,
+and K goes by in chunks of about K_CHUNK (512). Per chunk, the tile's rows of A are packed into a stack
+panel (16-row blocks, 32 x 32 bf16 at a time transposed as 16 x 16 dwords
+by a shuffle network); then per pair of 16-row blocks (its panel chunk
+stays in L1) and group of 32 columns, each step of 32 along K loads 2
+tiles of B^T in place and 2 of the panel and accumulates 2 x 2 tiles of
+C^T in the tile registers (8 in all), which start and end each chunk in a
+stack buffer of C^T. The K tail is packed, and B^T's copied, zero-padded. At the end the 16 x 16 results are stored
+transposed, 16 columns of a row at a time (the residual added there).
+The stack buffers are 64-byte aligned (a tile row split over two cache
+lines costs two loads). Columns past the last group of 32 take
+`MatmulDPBF16`'s blocks.
 
 Tiles with fewer than TILE_CROSSOVER rows take `MatmulDPBF16` (and below its
 crossover the GEMV), chosen per tile at run time from the live row count.
@@ -120,6 +122,16 @@ class AMXTiles:
                     for i in range(self.ROWS)]
         return self._load_tile(buf, row, col, self.operand_type)
 
+    def load_acc(self, buf: ir.Value, row: ir.Value):
+        """A 16 x 16 f32 accumulator from buf[row + i, 0 ...] (a 2-D memref)."""
+        if self.emulate:
+            return [vector.load(self.kernel.vtype(16), buf,
+                                [arith.addi(row, self.kernel.cidx(i)), self.kernel.cidx(0)])
+                    for i in range(self.ROWS)]
+        return ir.Operation.create(
+            "amx.tile_load", results=[self.acc_type], operands=[buf, row, self.kernel.cidx(0)],
+            attributes={"operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 2, 0])}).result
+
     def mul(self, lhs, rhs, acc):
         """`tdpbf16ps`: acc[m][n] + sum over pairs p of lhs[m][2p] rhs[p][2n]
         + lhs[m][2p + 1] rhs[p][2n + 1]."""
@@ -176,13 +188,40 @@ class MatmulAMX(MatmulDPBF16):
     module docstring); `MatmulDPBF16` below and for the columns past the
     last group of 32."""
 
-    #: Tiles with at least this many rows take the tile unit. Not measured
-    #: (no AMX machine yet): a 16 x 16 x 32 `tdpbf16ps` does 8x the
-    #: multiply-adds per cycle of two `vdpbf16ps`, so a tile of 4 rows of
-    #: 16 still does twice their work, before the packing of A.
-    TILE_CROSSOVER = 4
+    #: Tiles with at least this many rows take the tile unit, below it
+    #: `MatmulDPBF16` (and its GEMV). Measured (bench/gemm_cpu.py's graph,
+    #: best tile span of 40 runs, 2026-11-28 16:17 UTC, load 1.9-2.2, at
+    #: 6897860): the tile unit's time is nearly flat up to 16 rows (it
+    #: reads all of B^T for a tile of 32 rows), the dot products' grows
+    #: with the rows. AMX us / AVX-512 BF16 us at 2, 4 and 8 rows:
+    #:   K x N 576 x 1536, 1 worker: 73 / 68, 73 / 116, 76 / 204;
+    #:     2 workers: 70 / 27, 70 / 51, 70 / 123
+    #:   1536 x 576, 1 worker: 175 / 76, 167 / 123, 170 / 218;
+    #:     2 workers: 102 / 60, 104 / 94, 105 / 178
+    #:   2048 x 2048, 1 worker: 441 / 374, 410 / 596, 428 / 1055;
+    #:     2 workers: 427 / 347, 431 / 557, 604 / 996
+    #: so AMX from 8 rows (at 4 it wins 3 of the 6), a batched decode of
+    #: 8-16 rows included.
+    TILE_CROSSOVER = 8
     #: Columns of C (rows of B^T) per group: two tiles.
     GROUP = 32
+    #: Rows of A per tile from K = TALL_K on: B^T's tiles serve ROWS / 32
+    #: pairs of row blocks from L2. One worker, fastest tile of 20 runs x
+    #: tiles (2026-11-28 16:38 UTC, load 3): at 512 x 2048 x 2048 rows of
+    #: 32 / 64 / 128 took 7.1 / 6.4-6.6 / 5.6 ms; at 486 x 576 x 576 0.43 /
+    #: 0.42-0.53 / 0.43, at 256 x 576 x 1536 0.70 / 0.65-0.67 / 0.68 (level),
+    #: where the 486-token prefill of bench/llm_decode_cpu.py --model smol
+    #: took 1.12-1.18x main's time with 128 everywhere (fewer tiles).
+    ROWS = 128
+    TALL_K = 1024
+    #: K per chunk (a multiple of 32), evened out over the chunks, and one
+    #: chunk up to 1.5 K_CHUNK: a pair of 16-row blocks' chunk of the panel
+    #: (32 x K_CHUNK bf16) stays in L1 over all the tile's groups. The first
+    #: chunk's accumulators start at zero, the others' come from the stack
+    #: buffer. One worker, fastest tile x tiles: K = 576 in one chunk of 18
+    #: steps instead of 16 + 2 took 0.364 ms against 0.42-0.43 at 486 x 576
+    #: x 576, 0.588 against 0.65-0.70 at 256 x 576 x 1536.
+    K_CHUNK = 512
 
     @classmethod
     def name(cls, op) -> str:
@@ -199,7 +238,8 @@ class MatmulAMX(MatmulDPBF16):
         unit) that divides N into column tiles every worker gets the same
         number of, at least one (each tile packs its rows of A once for all
         its columns), else into at least one per worker (the row blocks of
-        a prefill even it out). Failing that, MatmulCPU's choice."""
+        a prefill even it out), and ROWS rows (`rows_for`). Failing that,
+        MatmulCPU's choice."""
         n = op.operands[1].shape[0]
         if isinstance(n, int):
             widths = range(min(n, 256) // cls.GROUP * cls.GROUP, 0, -cls.GROUP)
@@ -208,33 +248,96 @@ class MatmulAMX(MatmulDPBF16):
                     tiles = n // tn
                     if (n % tn == 0 and tiles >= target.workers
                             and (tiles % target.workers == 0 or not even)):
-                        return (op.tile[0], tn)
+                        return (cls.rows_for(op), tn)
         return super().tile_for(op, target)
+
+    @classmethod
+    def rows_for(cls, op) -> int:
+        """ROWS (or the front end's rows if more) from K = TALL_K on, where
+        B^T read once per 4 row pairs pays; the front end's rows below,
+        where more, finer tiles schedule better beside the model's other
+        operators."""
+        k = op.operands[0].shape[1]
+        return max(op.tile[0], cls.ROWS) if k >= cls.TALL_K else op.tile[0]
 
     def emit(self) -> None:
         self.by_rows(self.TILE_CROSSOVER, self.emit_tiles, lambda: MatmulDPBF16.emit(self))
 
     def emit_tiles(self, r0, rows, c0, cols) -> None:
+        """K in chunks of K_CHUNK: each chunk's columns of the tile's rows of
+        A packed into the panel (`pack_chunk`), then per pair of 16-row
+        blocks (its chunk of the panel stays in L1) every group of 32
+        columns (B^T's chunk stays in L2 over the pairs), the 2 x 2
+        accumulators of each pair and group kept in a stack buffer of C^T
+        between chunks; at the end the results are stored transposed."""
         tiles = AMXTiles(self, self.target.emulate_amx and not self.target.has("amx-bf16"))
         k = self.op.operands[0].shape[1]
-        self._pairs = -(-k // 32) * 16   # K pairs per block of the panel, padded to tiles
-        # Whole pairs of 16-row blocks: a group's second block may lie past
+        whole = k // 32                       # whole steps of 32 along K
+        # Steps per chunk: K_CHUNK's, evened out over the chunks, one chunk
+        # where K is at most 1.5 K_CHUNK (no round trip of the accumulators).
+        chunks = max(1, round(whole / (self.K_CHUNK // 32)))
+        each = max(1, -(-whole // chunks))
+        self._chunk_pairs = each * 16         # K pairs per block of the panel
+        # Whole pairs of 16-row blocks: a pair's second block may lie past
         # the tile's rows (its columns of C^T are computed, not stored).
         blocks = -(-self.op.tile[0] // 32) * 2
+        self._width = -(-self.op.tile[1] // self.GROUP)   # groups of a full tile
         bf16 = element_type("bf16")
-        self._panel = self.entry_alloca(ir.MemRefType.get([blocks * self._pairs, 32], bf16))
-        self._edge = self.entry_alloca(ir.MemRefType.get([2 * 16, 32], bf16))
-        self._results = self.entry_alloca(ir.MemRefType.get([4 * 16, 16], self.f32))
-        self.pack_rows(r0, rows)
+        self._panel = self.entry_alloca(
+            ir.MemRefType.get([blocks * self._chunk_pairs, 32], bf16), alignment=64)
+        # B^T's K tail for every group, zero-padded: rows g * 32 + i.
+        self._tail = self.entry_alloca(
+            ir.MemRefType.get([self._width * 32, 32], bf16), alignment=64)
+        self._results = self.entry_alloca(
+            ir.MemRefType.get([blocks // 2 * self._width * 64, 16], self.f32), alignment=64)
         groups = arith.divui(cols, self.cidx(self.GROUP))
         row_pairs = arith.divui(arith.addi(rows, self.cidx(31)), self.cidx(32))
-        each = scf.ForOp(self.cidx(0), arith.muli(groups, row_pairs), self.cidx(1))
-        with ir.InsertionPoint(each.body):
-            g = each.induction_variable
-            n0 = arith.addi(c0, arith.muli(arith.divui(g, row_pairs), self.cidx(self.GROUP)))
-            block = arith.muli(arith.remui(g, row_pairs), self.cidx(2))
-            self.emit_group(tiles, r0, rows, n0, block)
-            scf.yield_([])
+
+        def each_block(body) -> None:
+            """body(block, n0, at) for every pair of row blocks and group:
+            the pair's first block, the group's first column, its
+            accumulators' first row in results."""
+            pairs = scf.ForOp(self.cidx(0), row_pairs, self.cidx(1))
+            with ir.InsertionPoint(pairs.body):
+                rp = pairs.induction_variable
+                loop = scf.ForOp(self.cidx(0), groups, self.cidx(1))
+                with ir.InsertionPoint(loop.body):
+                    g = loop.induction_variable
+                    at = arith.muli(arith.addi(arith.muli(rp, self.cidx(self._width)), g),
+                                    self.cidx(64))
+                    body(arith.muli(rp, self.cidx(2)),
+                         arith.addi(c0, arith.muli(g, self.cidx(self.GROUP))), at)
+                    scf.yield_([])
+                scf.yield_([])
+
+        def chunk(first, count: int, tail: bool, fresh: bool) -> None:
+            """K steps first ... first + count (and the K tail); `fresh`:
+            the first chunk, whose accumulators start at zero."""
+            self.pack_chunk(r0, rows, first, count, tail)
+            if tail:
+                self.copy_tail(c0, groups)
+            each_block(lambda block, n0, at: self.emit_group(tiles, block, n0, at, first,
+                                                             count, tail, fresh))
+
+        full = whole // each
+        if full:
+            chunk(self.cidx(0), each, False, True)
+        if full > 1:
+            loop = scf.ForOp(self.cidx(1), self.cidx(full), self.cidx(1))
+            with ir.InsertionPoint(loop.body):
+                chunk(arith.muli(loop.induction_variable, self.cidx(each)), each, False, False)
+                scf.yield_([])
+        if whole % each or k % 32:
+            chunk(self.cidx(full * each), whole % each, bool(k % 32), not full)
+
+        def results(block, n0, at) -> None:
+            n1 = arith.addi(n0, self.cidx(16))
+            for nb in range(2):
+                for mb in range(2):
+                    self.store_transposed(arith.addi(at, self.cidx(16 * (nb * 2 + mb))),
+                                          r0, rows, arith.addi(block, self.cidx(mb)),
+                                          n1 if nb else n0)
+        each_block(results)
         done = arith.muli(groups, self.cidx(self.GROUP))
         left = arith.subi(cols, done)
         some = arith.cmpi(arith.CmpIPredicate.ugt, left, self.cidx(0))
@@ -243,105 +346,121 @@ class MatmulAMX(MatmulDPBF16):
             self.emit_blocks(r0, rows, arith.addi(c0, done), left)
             scf.yield_([])
 
-    def pack_rows(self, r0, rows) -> None:
-        """The tile's rows of A into the panel in the VNNI layout: block b
-        (rows r0 + 16 b ...) at panel rows b * pairs + p, row p holding the
-        pair (A[m, 2p], A[m, 2p + 1]) of each of the block's 16 rows m.
-        Rows past the tile repeat its last (their columns of C^T are not
-        stored); K past the end reads zeros."""
+    def pack_chunk(self, r0, rows, first, count: int, tail: bool) -> None:
+        """K steps first ... first + count of the tile's rows of A (and, with
+        `tail`, the K % 32 columns past the last whole step, zero-padded)
+        into the panel in the VNNI layout: block b (rows r0 + 16 b ...) at
+        panel rows b * chunk_pairs + 16 s + p for the chunk's step s, row
+        p holding the pair (A[m, 2p], A[m, 2p + 1]) of each of the block's
+        16 rows m. Rows past the tile repeat its last (their columns of
+        C^T are not stored)."""
         a = self.op.operands[0]
         k = a.shape[1]
         blocks = arith.divui(arith.addi(rows, self.cidx(15)), self.cidx(16))
         last_row = arith.subi(arith.addi(r0, rows), self.cidx(1))
         pairs_type = ir.VectorType.get([32], element_type("bf16"))
         dwords = ir.VectorType.get([16], ir.IntegerType.get_signless(32))
-        steps = -(-k // 32)
 
-        def pack(b, kb: ir.Value, count: int) -> None:
-            first = arith.addi(r0, arith.muli(b, self.cidx(16)))
-            k0 = arith.muli(kb, self.cidx(32))
+        def pack(b, s: ir.Value, masked: int) -> None:
+            first_row = arith.addi(r0, arith.muli(b, self.cidx(16)))
+            k0 = arith.muli(arith.addi(first, s), self.cidx(32))
             loaded = []
             for m in range(16):
-                row = arith.minui(arith.addi(first, self.cidx(m)), last_row)
-                if count:
+                row = arith.minui(arith.addi(first_row, self.cidx(m)), last_row)
+                if masked:
                     mask = vector.constant_mask(
-                        ir.VectorType.get([32], ir.IntegerType.get_signless(1)), [count])
+                        ir.VectorType.get([32], ir.IntegerType.get_signless(1)), [masked])
                     zeros = arith.constant(pairs_type, ir.DenseElementsAttr.get_splat(
                         pairs_type, ir.FloatAttr.get(element_type("bf16"), 0.0)))
                     v = vector.maskedload(pairs_type, self.buf(a), [row, k0], mask, zeros)
                 else:
                     v = vector.load(pairs_type, self.buf(a), [row, k0])
                 loaded.append(vector.bitcast(dwords, v))
-            base = arith.addi(arith.muli(b, self.cidx(self._pairs)),
-                              arith.muli(kb, self.cidx(16)))
+            base = arith.addi(arith.muli(b, self.cidx(self._chunk_pairs)),
+                              arith.muli(s, self.cidx(16)))
             for p, column in enumerate(transpose16(loaded)):
                 vector.store(vector.bitcast(pairs_type, column), self._panel,
                              [arith.addi(base, self.cidx(p)), self.cidx(0)])
 
-        each = scf.ForOp(self.cidx(0), blocks, self.cidx(1))
-        with ir.InsertionPoint(each.body):
-            b = each.induction_variable
-            whole = k // 32
-            if whole:
-                kloop = scf.ForOp(self.cidx(0), self.cidx(whole), self.cidx(1))
-                with ir.InsertionPoint(kloop.body):
-                    pack(b, kloop.induction_variable, 0)
+        loop = scf.ForOp(self.cidx(0), blocks, self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            b = loop.induction_variable
+            if count:
+                steps = scf.ForOp(self.cidx(0), self.cidx(count), self.cidx(1))
+                with ir.InsertionPoint(steps.body):
+                    pack(b, steps.induction_variable, 0)
                     scf.yield_([])
-            if k % 32:
-                pack(b, self.cidx(steps - 1), k % 32)
+            if tail:
+                pack(b, self.cidx(count), k % 32)
             scf.yield_([])
 
-    def emit_group(self, tiles: AMXTiles, r0, rows, n0, block) -> None:
-        """C[r0 + 16 block ... + 32, n0 ... n0 + 32] (the rows of the tile
-        there): 2 x 2 accumulator tiles of C^T over K."""
+    def copy_tail(self, c0, groups) -> None:
+        """B^T's last K % 32 columns of the tile's groups, zero-padded to a
+        tile's 32, into `_tail` (group g's 32 rows from row 32 g)."""
         b = self.op.operands[1]
         k = self.op.operands[0].shape[1]
-        whole = k // 32
-        panel_rows = [arith.muli(arith.addi(block, self.cidx(i)), self.cidx(self._pairs))
-                      for i in range(2)]
-        n1 = arith.addi(n0, self.cidx(16))
+        pairs_type = ir.VectorType.get([32], element_type("bf16"))
+        mask = vector.constant_mask(
+            ir.VectorType.get([32], ir.IntegerType.get_signless(1)), [k % 32])
+        zeros = arith.constant(pairs_type, ir.DenseElementsAttr.get_splat(
+            pairs_type, ir.FloatAttr.get(element_type("bf16"), 0.0)))
+        loop = scf.ForOp(self.cidx(0), groups, self.cidx(1))
+        with ir.InsertionPoint(loop.body):
+            g = loop.induction_variable
+            n0 = arith.addi(c0, arith.muli(g, self.cidx(self.GROUP)))
+            at = arith.muli(g, self.cidx(32))
+            for i in range(32):
+                v = vector.maskedload(pairs_type, self.buf(b),
+                                      [arith.addi(n0, self.cidx(i)), self.cidx(k // 32 * 32)],
+                                      mask, zeros)
+                vector.store(v, self._tail, [arith.addi(at, self.cidx(i)), self.cidx(0)])
+            scf.yield_([])
 
-        def step(accs, xs, kb):
-            ys = [tiles.load(self._panel, arith.addi(base, arith.muli(kb, self.cidx(16))),
-                             self.cidx(0)) for base in panel_rows]
+    def emit_group(self, tiles: AMXTiles, block, n0, at, first, count: int,
+                   tail: bool, fresh: bool) -> None:
+        """K steps first ... first + count (and the K tail) of the 2 x 2
+        accumulator tiles of C^T at results[at ...] for the 32 columns from
+        n0 (group g of the tile, at = 64 (pair * width + g)) and the
+        panel's blocks `block` and `block + 1`."""
+        panel_rows = [arith.muli(arith.addi(block, self.cidx(i)), self.cidx(self._chunk_pairs))
+                      for i in range(2)]
+        g = arith.remui(arith.divui(at, self.cidx(64)), self.cidx(self._width))
+        accs = [tiles.zero() if fresh else
+                tiles.load_acc(self._results, arith.addi(at, self.cidx(16 * t)))
+                for t in range(4)]
+
+        def step(accs, xs, s):
+            ys = [tiles.load(self._panel, arith.addi(row, arith.muli(s, self.cidx(16))),
+                             self.cidx(0)) for row in panel_rows]
             return [tiles.mul(xs[nb], ys[mb], accs[nb * 2 + mb])
                     for nb in range(2) for mb in range(2)]
 
-        accs = [tiles.zero() for _ in range(4)]
-        if whole:
-            kloop = scf.ForOp(self.cidx(0), self.cidx(whole), self.cidx(1), tiles.values(accs))
+        if count:
+            # B^T's tiles in place (copying them into contiguous tiles first,
+            # measured, took 1.1-1.25x the time).
+            b = self.op.operands[1]
+            kloop = scf.ForOp(self.cidx(0), self.cidx(count), self.cidx(1), tiles.values(accs))
             with ir.InsertionPoint(kloop.body):
-                kb = kloop.induction_variable
-                k0 = arith.muli(kb, self.cidx(32))
-                xs = [tiles.load(self.buf(b), n, k0) for n in (n0, n1)]
-                scf.yield_(tiles.values(step(tiles.tiles(kloop.inner_iter_args), xs, kb)))
+                s = kloop.induction_variable
+                k0 = arith.muli(arith.addi(first, s), self.cidx(32))
+                xs = [tiles.load(self.buf(b), arith.addi(n0, self.cidx(16 * nb)), k0)
+                      for nb in range(2)]
+                scf.yield_(tiles.values(step(tiles.tiles(kloop.inner_iter_args), xs, s)))
             accs = tiles.tiles(kloop.results)
-        if k % 32:
-            # B^T's last K % 32 columns, zero-padded to a tile's 32.
-            pairs_type = ir.VectorType.get([32], element_type("bf16"))
-            mask = vector.constant_mask(
-                ir.VectorType.get([32], ir.IntegerType.get_signless(1)), [k % 32])
-            zeros = arith.constant(pairs_type, ir.DenseElementsAttr.get_splat(
-                pairs_type, ir.FloatAttr.get(element_type("bf16"), 0.0)))
-            for i in range(32):
-                row = arith.addi(n0, self.cidx(i))
-                v = vector.maskedload(pairs_type, self.buf(b), [row, self.cidx(whole * 32)],
-                                      mask, zeros)
-                vector.store(v, self._edge, [self.cidx(i), self.cidx(0)])
-            xs = [tiles.load(self._edge, self.cidx(16 * nb), self.cidx(0)) for nb in range(2)]
-            accs = step(accs, xs, self.cidx(whole))
+        if tail:
+            at_tail = arith.muli(g, self.cidx(32))
+            xs = [tiles.load(self._tail, arith.addi(at_tail, self.cidx(16 * nb)), self.cidx(0))
+                  for nb in range(2)]
+            accs = step(accs, xs, self.cidx(count))
         for t, acc in enumerate(accs):
-            tiles.store(self._results, self.cidx(16 * t), self.cidx(0), acc)
-        for nb in range(2):
-            for mb in range(2):
-                self.store_transposed(16 * (nb * 2 + mb), r0, rows,
-                                      arith.addi(block, self.cidx(mb)), n1 if nb else n0)
+            tiles.store(self._results, arith.addi(at, self.cidx(16 * t)), self.cidx(0), acc)
 
-    def store_transposed(self, first: int, r0, rows, block, n0) -> None:
+    def store_transposed(self, first, r0, rows, block, n0) -> None:
         """The 16 x 16 C^T block at results[first ...] into C's rows
         r0 + 16 block + m (those inside the tile), columns n0 ... n0 + 16."""
         values = [vector.load(self.vtype(16), self._results,
-                              [self.cidx(first + i), self.cidx(0)]) for i in range(16)]
+                              [arith.addi(first, self.cidx(i)), self.cidx(0)])
+                  for i in range(16)]
         row0 = arith.addi(r0, arith.muli(block, self.cidx(16)))
         end = arith.addi(r0, rows)
         for m, column in enumerate(transpose16(values)):
