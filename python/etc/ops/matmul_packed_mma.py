@@ -35,6 +35,7 @@ from .. import packed
 from .base import element_type
 from .matmul_mma import MatmulMMA
 from .matmul_packed import MatmulPackedGPU
+from .packed_vectors import CHUNK_FORMATS, PackedVectors
 
 
 class MatmulPackedMMA(MatmulMMA, MatmulPackedGPU):
@@ -55,9 +56,50 @@ class MatmulPackedMMA(MatmulMMA, MatmulPackedGPU):
 
     def stage_b(self, lanes, buffer, k0, bk: int, fill) -> list:
         """Dequantizes B^T's rows of the tile over k0 : k0 + bk into shared
-        buffer `buffer`, 8 values (16 bytes of A's dtype) per chunk; with
-        `fill` false (the last step's prefetch, which no step reads)
-        nothing."""
+        buffer `buffer`: by chunks of 32 values (`PackedVectors`, 16-byte
+        loads) where BK is 32, else 8 values at a time read element by
+        element (`stage_b_elements`); with `fill` false (the last step's
+        prefetch, which no step reads) nothing."""
+        b = self.op.operands[1]
+        if bk == 32 and b.dtype in CHUNK_FORMATS:
+            return self.stage_b_chunks(lanes, buffer, k0, fill)
+        return self.stage_b_elements(lanes, buffer, k0, bk, fill)
+
+    def stage_b_chunks(self, lanes, buffer, k0, fill) -> list:
+        """`stage_b` for BK = 32: each lane takes one row of B^T's 32 values
+        of the step (a chunk of width 32), dequantized in registers from
+        16-byte loads, rounded to A's dtype and stored as 4 16-byte stores
+        (all loads before the stores)."""
+        a, b = self.op.operands[:2]
+        tn = self.op.tile[1]
+        storage = ir.VectorType.get([8], element_type(a.dtype))
+
+        def chunk(n):
+            def dequantize():
+                reader = PackedVectors(self, b)
+                row = arith.addi(self.c0, n)
+                parts = reader.chunk(row, arith.divui(k0, self.cidx(32)), 32)
+                shared = self.b_tile if lanes.simulate else self.b_shared
+                for s, (_, values) in enumerate(parts):
+                    narrow = arith.truncf(ir.VectorType.get([16], storage.element_type), values)
+                    for h in range(2):
+                        eight = vector.shuffle(narrow, narrow, list(range(8 * h, 8 * h + 8)))
+                        vector.store(eight, shared, [buffer, n, self.cidx(16 * s + 8 * h)])
+
+            if fill is None:
+                dequantize()
+            else:
+                branch = scf.IfOp(fill)
+                with ir.InsertionPoint(branch.then_block):
+                    dequantize()
+                    scf.yield_([])
+            return []
+
+        return self.each_chunk(lanes, tn, chunk)
+
+    def stage_b_elements(self, lanes, buffer, k0, bk: int, fill) -> list:
+        """`stage_b` 8 values (16 bytes of A's dtype) per chunk, each value
+        read by `packed_loads`."""
         a, b = self.op.operands[:2]
         tn = self.op.tile[1]
         per_row = bk // 8
