@@ -12,10 +12,12 @@ Kernels:
   to the order of the sums;
 * cuda (`MatmulPackedGPU`, also with simulated lanes): the GEMV of
   `matmul_gemv.MatmulSkinnyT` (warps own rows of B^T, lanes split K,
-  shuffle reductions) whose lanes take the values k = lane, lane + 32,
-  ... one at a time: a warp's loads of B read a block's consecutive
-  bytes, and each value is dequantized in registers (`packed_loads`)
-  and accumulated in f32 as the widened product is;
+  shuffle reductions) whose lanes take chunks of 32 values (64 for the
+  K-quants) of each row, c = lane, lane + 32, ...: the chunk's quants in
+  16-byte loads from the weight's GPU layout (`etc.packed`:
+  `to_gpu_layout`, made once at upload), its scales beside them,
+  dequantized in registers (`packed_vectors`) and accumulated in f32 as
+  the widened product is, 16 values of A per aligned load;
 * cpu, fp8_e4m3: `matmul_fp8.py` (f32 dot products with B dequantized
   in registers; e4m3 values are not integers times a scale, so the int8
   kernels below do not apply);

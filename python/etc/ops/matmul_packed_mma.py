@@ -4,12 +4,14 @@ fp8_e4m3 with its block scales), for tiles of 16 rows or more: prefill.
 
 `MatmulPackedMMA` is `MatmulMMA` (cp.async staging of A, ldmatrix,
 mma.sync m16n8k16, see `matmul_mma`) whose B tile is not copied but
-dequantized: each lane takes chunks of 8 consecutive values of one row of
-B^T, reads them through `packed_loads` (the float32 arithmetic of
-`etc.packed.dequantize`, so each value equals the widened weight's bits),
-rounds them to A's dtype and stores them into the shared B tile in one
-16-byte store. The stores are ordinary ones: they are done when the
-step's barrier is passed, where A's copies are waited for. Rows of A
+dequantized: each lane takes 16 values of a row of B^T in the K step
+(BK = 32), reads them from the weight's GPU layout (`etc.packed`) as a
+16-byte vector of quants with the block's scales beside it
+(`packed_vectors.PackedVectors`, chunks of 16: the float32 arithmetic of
+`etc.packed.dequantize`, so each value equals the widened weight's
+bits), rounds them to A's dtype and stores them into the shared B tile
+in two 16-byte stores. The stores are ordinary ones: they are done when
+the step's barrier is passed, where A's copies are waited for. Rows of A
 below MIN_ROWS (decode, and any tile of a step with few rows) take
 `MatmulPackedGPU`, the packed GEMV, decided per tile at run time.
 
@@ -19,11 +21,13 @@ sums: C equals A @ round(W)^T up to the order of the sums. The GEMV
 below MIN_ROWS multiplies by the f32 weights, so the same request's rows
 can differ by that rounding between a prefill tile and a decode tile.
 
-Reads: a chunk's 8 values share their block's scale (and a K-quant's
-sub-block scale and minimum), which the 8 dequantizations load again;
-the loads are the same addresses with no store between them, which LLVM
-merges. What is left of the reads is one or two byte loads per value,
-not 16-byte loads of whole blocks (the GEMV's loads are also per value).
+Reads: a tile of tn columns has 2 tn chunks of 16 values a step, spread
+over the lanes (lanes past them repeat the last, as `each_chunk` does):
+each one 16-byte load of quants (q6_k two: ql and qh) and its block's
+scales; a 4-bit format's two chunks of a block load the same 16 bytes
+(low and high nibbles), the second from L1. Where BK is not 32 (K not a
+multiple of 32: no packed format) the values are read element by element
+(`stage_b_elements`, `packed_loads`).
 """
 
 from __future__ import annotations
@@ -66,25 +70,26 @@ class MatmulPackedMMA(MatmulMMA, MatmulPackedGPU):
         return self.stage_b_elements(lanes, buffer, k0, bk, fill)
 
     def stage_b_chunks(self, lanes, buffer, k0, fill) -> list:
-        """`stage_b` for BK = 32: each lane takes one row of B^T's 32 values
-        of the step (a chunk of width 32), dequantized in registers from
-        16-byte loads, rounded to A's dtype and stored as 4 16-byte stores
-        (all loads before the stores)."""
+        """`stage_b` for BK = 32: the lanes take B^T's rows of the step in
+        chunks of 16 values (`PackedVectors`, width 16: one 16-byte load
+        of quants each, two chunks a row), dequantized in registers,
+        rounded to A's dtype and stored as two 16-byte stores."""
         a, b = self.op.operands[:2]
         tn = self.op.tile[1]
         storage = ir.VectorType.get([8], element_type(a.dtype))
 
-        def chunk(n):
+        def chunk(c):
             def dequantize():
+                n, which = arith.divui(c, self.cidx(2)), arith.remui(c, self.cidx(2))
                 reader = PackedVectors(self, b)
-                row = arith.addi(self.c0, n)
-                parts = reader.chunk(row, arith.divui(k0, self.cidx(32)), 32)
+                (_, values), = reader.chunk(arith.addi(self.c0, n), arith.addi(
+                    arith.divui(k0, self.cidx(16)), which), 16)
+                narrow = arith.truncf(ir.VectorType.get([16], storage.element_type), values)
                 shared = self.b_tile if lanes.simulate else self.b_shared
-                for s, (_, values) in enumerate(parts):
-                    narrow = arith.truncf(ir.VectorType.get([16], storage.element_type), values)
-                    for h in range(2):
-                        eight = vector.shuffle(narrow, narrow, list(range(8 * h, 8 * h + 8)))
-                        vector.store(eight, shared, [buffer, n, self.cidx(16 * s + 8 * h)])
+                col = arith.muli(which, self.cidx(16))
+                for h in range(2):
+                    eight = vector.shuffle(narrow, narrow, list(range(8 * h, 8 * h + 8)))
+                    vector.store(eight, shared, [buffer, n, arith.addi(col, self.cidx(8 * h))])
 
             if fill is None:
                 dequantize()
@@ -95,7 +100,7 @@ class MatmulPackedMMA(MatmulMMA, MatmulPackedGPU):
                     scf.yield_([])
             return []
 
-        return self.each_chunk(lanes, tn, chunk)
+        return self.each_chunk(lanes, 2 * tn, chunk)
 
     def stage_b_elements(self, lanes, buffer, k0, bk: int, fill) -> list:
         """`stage_b` 8 values (16 bytes of A's dtype) per chunk, each value

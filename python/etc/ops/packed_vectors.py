@@ -1,5 +1,5 @@
 """16-byte reads of packed weights on the GPU: a chunk of a row's values
-(32, or 64 of a K-quant) read as whole 16-byte vectors of quants
+(16, 32, or 64 of a K-quant) read as whole 16-byte vectors of quants
 (`ld.global.v4`), with the block's scales beside them, and dequantized in
 registers to vectors of 16 f32 values.
 
@@ -34,8 +34,16 @@ it loads):
   runs); width 32: the run r (values 128 h + 32 r + l, l < 32), two loads
   of ql and two of qh. The int8 scales are byte loads.
 
-Formats without a chunk reader here: none; `MatmulPackedGPU` still reads
-element by element (`packed_loads`) where K is not a multiple of a chunk.
+Chunks of width 16 (the tensor cores' staging: two per row and K step,
+so that twice as many lanes share a step's dequantization) are one
+16-byte load of quants each: half a 32-value block (q8_0 and fp8_e4m3
+their own 16 bytes, the 4- and 5-bit formats the block's 16 bytes with
+the nibbles chosen by a shift), a K-quant sub-block's half (q6_k one
+load of ql and one of qh).
+
+Every format of `etc.packed` has a chunk reader here; `MatmulPackedGPU`
+still reads element by element (`packed_loads`) where K is not a
+multiple of its chunk.
 """
 
 from __future__ import annotations
@@ -96,12 +104,14 @@ class PackedVectors:
             at = arith.addi(arith.muli(block, k.cidx(self.fmt.nbytes)), k.cidx(start))
         return arith.addi(at, k.cidx(inner)) if inner else at
 
-    def raw(self, block, start: int, n: int, inner: int = 0) -> ir.Value:
-        """vector<n x i8> from GGUF byte `start` + `inner` of `block`, its
-        address a multiple of n (claimed on the GPU)."""
+    def raw(self, block, start: int, n: int, inner=0) -> ir.Value:
+        """vector<n x i8> from GGUF byte `start` + `inner` (an int or an
+        index value) of `block`, its address a multiple of n (claimed on
+        the GPU)."""
         align = None if self.simulate else ir.IntegerAttr.get(ir.IntegerType.get_signless(64), n)
-        return vector.load(ir.VectorType.get([n], self.i8), self.flat,
-                           [self.offset(block, start, inner)], alignment=align)
+        at = self.offset(block, start, inner) if isinstance(inner, int) else \
+            arith.addi(self.offset(block, start), inner)
+        return vector.load(ir.VectorType.get([n], self.i8), self.flat, [at], alignment=align)
 
     def half(self, block, start: int) -> ir.Value:
         """The float16 at GGUF byte `start` of `block`, as an f32."""
@@ -167,15 +177,17 @@ class PackedVectors:
         [(k, vector<16xf32>)]."""
         k = self.k
         name = self.dtype
+        if width == 16:
+            return [(arith.muli(c, k.cidx(16)), self.sixteen(row, c))]
         if self.fmt.block == 32:
             if width != 32:
-                raise ValueError(f"{name}: chunks of 32 values, not {width}")
+                raise ValueError(f"{name}: chunks of 16 or 32 values, not {width}")
             block = global_block(k, self.t, row, c)
             first = arith.muli(c, k.cidx(32))
             values = self.block32(block)
             return [(first, values[0]), (arith.addi(first, k.cidx(16)), values[1])]
         if width not in (32, 64):
-            raise ValueError(f"{name}: chunks of 32 or 64 values, not {width}")
+            raise ValueError(f"{name}: chunks of 16, 32 or 64 values, not {width}")
         per_block = 256 // width
         index = arith.divui(c, k.cidx(per_block))
         block = global_block(k, self.t, row, index)
@@ -216,11 +228,74 @@ class PackedVectors:
         m = self.spread(self.half(block, 2))
         return [arith.addf(self.scaled(self.unsigned(q), d), m) for q in nibbles]
 
-    def fifth_bits(self, bits: ir.Value, first: int) -> ir.Value:
-        """Bits first .. first + 15 of the i32 `bits`, each times 16, as
-        vector<16xi8>."""
+    def sixteen(self, row, c: ir.Value) -> ir.Value:
+        """Values 16 c .. 16 c + 15 of row `row` (a chunk of width 16: half a
+        32-value block, a quarter of a K-quant's 64-value chunk): one
+        16-byte load of quants (q6_k two, q4_k / q5_k the block's first
+        16 bytes too, q5_k its fifth bits), as vector<16xf32>."""
+        k = self.k
+        c16 = k.cidx
+        name = self.dtype
+        if self.fmt.block == 32:
+            block = global_block(k, self.t, row, arith.divui(c, c16(2)))
+            half = arith.remui(c, c16(2))
+            if name in ("q8_0", "fp8_e4m3"):
+                q = self.raw(block, 2 if name == "q8_0" else 4, 16, arith.muli(half, c16(16)))
+                if name == "q8_0":
+                    return self.scaled(self.signed(q), self.half(block, 0))
+                scale = vector.bitcast(ir.VectorType.get([1], k.f32), self.raw(block, 0, 4))
+                return arith.mulf(self.e4m3(q), self.spread(vector.extract(scale, [], [0])))
+            at = {"q4_0": 2, "iq4_nl": 2, "q4_1": 4, "q5_0": 6, "q5_1": 8}[name]
+            q = self.shifted(self.raw(block, at, 16), arith.muli(half, c16(4)), 0x0F)
+            d = self.half(block, 0)
+            if name == "q4_0":
+                return self.scaled(self.signed(arith.subi(q, self.splat(self.i8, 8))), d)
+            if name == "iq4_nl":
+                return self.scaled(self.iq4_nl(q), d)
+            if name in ("q5_0", "q5_1"):
+                q = arith.ori(q, self.fifth_bits(self.word(block, at - 4), 0,
+                                                 arith.muli(half, c16(16))))
+            if name == "q5_0":
+                return self.scaled(self.signed(arith.subi(q, self.splat(self.i8, 16))), d)
+            return arith.addf(self.scaled(self.unsigned(q), d), self.spread(self.half(block, 2)))
+        index = arith.divui(c, c16(16))
+        block = global_block(k, self.t, row, index)
+        part = arith.remui(c, c16(16))
+        sub, u = arith.divui(part, c16(2)), arith.remui(part, c16(2))
+        inner = arith.muli(u, c16(16))
+        if name == "q6_k":
+            h, run = arith.divui(sub, c16(4)), arith.remui(sub, c16(4))
+            ql = self.raw(block, 0, 16, arith.addi(arith.addi(
+                arith.muli(h, c16(64)), arith.muli(arith.remui(run, c16(2)), c16(32))), inner))
+            qh = self.raw(block, 128, 16, arith.addi(arith.muli(h, c16(32)), inner))
+            low = self.shifted(ql, arith.muli(arith.divui(run, c16(2)), c16(4)), 0x0F)
+            top = self.shifted(qh, arith.muli(run, c16(2)), 0x03)
+            q = self.signed(arith.subi(arith.ori(low, arith.shli(top, self.splat(self.i8, 4))),
+                                       self.splat(self.i8, 32)))
+            scale = self.signed_byte(block, 192, arith.addi(arith.muli(sub, c16(2)), u))
+            return arith.mulf(self.spread(arith.mulf(self.half(block, 208), scale)), q)
+        header = self.raw(block, 0, 16)
+        halves = vector.bitcast(self.v(ir.F16Type.get(), 8), header)
+        d, dmin = (arith.extf(k.f32, vector.extract(halves, [], [i])) for i in (0, 1))
+        qs_at = 16 if name == "q4_k" else 48
+        quants = self.raw(block, qs_at, 16,
+                          arith.addi(arith.muli(arith.divui(sub, c16(2)), c16(32)), inner))
+        q = self.shifted(quants, arith.muli(arith.remui(sub, c16(2)), c16(4)), 0x0F)
+        if name == "q5_k":
+            bits = self.shifted(self.raw(block, 16, 16, inner), sub, 1)
+            q = arith.ori(q, arith.shli(bits, self.splat(self.i8, 4)))
+        scale, minimum = self.k_scale_min(header, sub)
+        return arith.subf(self.scaled(self.unsigned(q), arith.mulf(d, scale)),
+                          self.spread(arith.mulf(dmin, minimum)))
+
+    def fifth_bits(self, bits: ir.Value, first: int, plus=None) -> ir.Value:
+        """Bits first .. first + 15 (+ `plus`, an index, when given) of the
+        i32 `bits`, each times 16, as vector<16xi8>."""
         spread = vector.broadcast(self.v(self.i32), bits)
         shifts = self.lanes_of(self.i32, range(first, first + 16))
+        if plus is not None:
+            shifts = arith.addi(shifts, vector.broadcast(self.v(self.i32),
+                                                         arith.index_cast(self.i32, plus)))
         one = arith.andi(arith.shrui(spread, shifts), self.splat(self.i32, 1))
         return arith.trunci(self.v(self.i8), arith.shli(one, self.splat(self.i32, 4)))
 
