@@ -140,8 +140,9 @@ def gemv_graph(k: int, n: int, transposed: bool = False):
     return g
 
 
-#: The block formats of the packed benchmark (Q4_K_M files' bulk and Q8_0).
-PACKED_BENCH = ("q4_k", "q8_0")
+#: The block formats of the packed benchmark: Q4_K_M files' (q4_k, q6_k),
+#: Q8_0, and q5_0 (Q5_0 files, and the fifth bits' read).
+PACKED_BENCH = ("q4_k", "q6_k", "q8_0", "q5_0")
 
 
 def packed_t_graph(k: int, n: int, fmt: str):
@@ -292,6 +293,13 @@ class Builder:
         import etc
 
         if self.target == "cpu":
+            if any(etc.packed.is_packed(a.dtype) for a in graph.arguments):
+                # The CUDA runtime uploads packed weights repacked into the
+                # GPU layout (`etc.packed`), which the fake driver hands to
+                # the CPU build: its kernels must be the CUDA ones
+                # (simulated lanes), which read that layout (and which the
+                # CPU runtime repacks for as well).
+                options = {"kernels": "cuda", **options}
             return etc.compile(graph, target="cpu", schedule=schedule, workers=2, **options)
         return etc.compile(graph, target="cuda", schedule=schedule, chip=chip, **options)
 
