@@ -293,13 +293,6 @@ class Builder:
         import etc
 
         if self.target == "cpu":
-            if any(etc.packed.is_packed(a.dtype) for a in graph.arguments):
-                # The CUDA runtime uploads packed weights repacked into the
-                # GPU layout (`etc.packed`), which the fake driver hands to
-                # the CPU build: its kernels must be the CUDA ones
-                # (simulated lanes), which read that layout (and which the
-                # CPU runtime repacks for as well).
-                options = {"kernels": "cuda", **options}
             return etc.compile(graph, target="cpu", schedule=schedule, workers=2, **options)
         return etc.compile(graph, target="cuda", schedule=schedule, chip=chip, **options)
 

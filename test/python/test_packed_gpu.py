@@ -208,3 +208,29 @@ def test_the_upload_repacks_once_on_the_fake_driver(monkeypatch):
         kernel.run(x=a, w=kernel.runtime.device_array(w), v=v_device)
     with pytest.raises(TypeError, match="got a device array repacked for q8_0"):
         kernel.run(x=a, w=v_device, v=v_device)
+
+
+def test_the_fake_driver_gives_a_native_cpu_build_the_gguf_bytes(monkeypatch):
+    """A CPU build of native kernels standing in for the CUDA program (the
+    GPU kit's fake-driver run) reads GGUF blocks: the fake driver undoes
+    the GPU layout of a repacked input while its worker runs and puts it
+    back after, so the product matches the reference and the device copy
+    is unchanged."""
+    g = etc.Graph("packed_native")
+    T = g.symbol("T")
+    g.output(g.matmul(g.input("x", (T, 256), "bf16"), g.input("w", (24, 256), "q8_0"),
+                      transpose_b=True))
+    kernel = etc.compile(g, target="cuda", schedule="static")
+    use_fake_driver(monkeypatch, kernel, etc.compile(g, target="cpu", workers=fake_driver.SMS,
+                                                     schedule="static"))
+    rng = np.random.default_rng(6)
+    w = packed.quantize(rng.standard_normal((24, 256)).astype(np.float32), "q8_0")
+    device = kernel.runtime.device_array(w, dtype="q8_0")
+    a = etc.reference.round_bf16(rng.standard_normal((3, 256)))
+    got = kernel.run(x=a, w=device)[0]
+    # The CPU's int8 products: A's blocks quantized (`quantize_activations`).
+    weights = packed.dequantize(w, "q8_0")
+    want = packed.quantize_activations(a) @ weights.T
+    assert np.all(np.abs(got - want) <= np.abs(want) * 2**-8 + 1e-5 * (np.abs(a) @ np.abs(
+        weights).T)), np.abs(got - want).max()
+    np.testing.assert_array_equal(device.numpy(), packed.to_gpu_layout(w, "q8_0"))

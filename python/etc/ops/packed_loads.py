@@ -11,7 +11,14 @@ k / block of row n. A "row" below is the index of one row of blocks: an
 index value, or a list of them in a stack ([expert, n]). Each format's
 arithmetic is that of `etc.packed.dequantize` (the same float32
 operations, so the values are equal bit for bit); vector kernels read
-whole blocks instead (`matmul_packed`).
+whole blocks instead (`matmul_packed`, `packed_vectors`).
+
+Layouts: CUDA kernels (simulated lanes too) read a weight in the GPU
+layout of `etc.packed` (`to_gpu_layout`: each field of every block stored
+together) where the format is repacked (`gpu_layout`), CPU kernels the
+GGUF layout. `load_packed` addresses both through `Block`, which maps a
+GGUF block byte to its place; `byte`, `signed_byte`, `load_half` and
+`load_float` read the GGUF layout only.
 """
 
 from __future__ import annotations
