@@ -3,7 +3,8 @@ GEMV) and `MatmulPackedMMA` (tensor cores from 16 rows) for every block
 format under the CPU lane simulation (`kernels="cuda"`), against the
 widened reference, at ragged shapes; both read whole blocks' quants in
 16-byte loads from the GPU layout (`etc.packed.to_gpu_layout`, made once
-as a weight is uploaded: checked here on the fake CUDA driver). The PTX of real-width packed step graphs
+as a weight is uploaded: checked here on the fake CUDA driver). The PTX
+of real-width packed step graphs
 (every shape of `etc.models.testing.SHAPES`, their matrices and stacks of
 experts in the packed formats in turn) is assembled by ptxas for sm_80
 and sm_90a with no spills in test_model_ptx.py; the packed MoE tiles'
@@ -63,8 +64,9 @@ def test_every_format_under_the_lane_simulation():
         for fmt, out, ref in zip(FORMATS, got, want):
             w = packed.dequantize(weights[f"w_{fmt}"], fmt)
             scale = np.abs(a) @ np.abs(w).T
-            # C is bf16: half a unit of it, plus the order of the sums.
-            assert np.all(np.abs(out - ref) <= np.abs(ref) * 2**-8 + 1e-5 * scale), fmt
+            # C and the reference are bf16, each rounded from f32 sums in
+            # another order: a unit of it apart at most, plus that order.
+            assert np.all(np.abs(out - ref) <= np.abs(ref) * 2**-7 + 1e-5 * scale), fmt
 
 
 def test_every_format_on_the_tensor_cores_under_the_lane_simulation():

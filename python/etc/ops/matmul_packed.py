@@ -12,8 +12,8 @@ Kernels:
   to the order of the sums;
 * cuda (`MatmulPackedGPU`, also with simulated lanes): the GEMV of
   `matmul_gemv.MatmulSkinnyT` (warps own rows of B^T, lanes split K,
-  shuffle reductions) whose lanes take chunks of 32 values (64 for the
-  K-quants) of each row, c = lane, lane + 32, ...: the chunk's quants in
+  shuffle reductions) whose lanes take chunks of 32 values of each row,
+  c = lane, lane + 32, ...: the chunk's quants in
   16-byte loads from the weight's GPU layout (`etc.packed`:
   `to_gpu_layout`, made once at upload), its scales beside them,
   dequantized in registers (`packed_vectors`) and accumulated in f32 as
@@ -124,7 +124,7 @@ class MatmulPackedGPU(MatmulSkinnyT):
 
     def chunk_sums(self, lanes, cols: list, part, row_of: list, rb: int, width: int) -> list:
         """`lane_sums` by chunks: lane `part` takes chunks part, part + 32,
-        ... of each row of B^T, each 32 or 64 values (`PackedVectors`),
+        ... of each row of B^T, each `width` values (`PackedVectors`),
         and multiplies them with A's same values, 16 at a time in 16-byte
         aligned loads, accumulating in f32 with fused multiply-adds."""
         a, b = self.op.operands[:2]

@@ -1,5 +1,5 @@
 """16-byte reads of packed weights on the GPU: a chunk of a row's values
-(16, 32, or 64 of a K-quant) read as whole 16-byte vectors of quants
+(16 or 32) read as whole 16-byte vectors of quants
 (`ld.global.v4`), with the block's scales beside them, and dequantized in
 registers to vectors of 16 f32 values.
 
@@ -15,24 +15,22 @@ operations of `etc.packed.dequantize` (so it equals the widened weight).
 Chunks: chunk c of a row of a format with blocks of 32 values is that
 block (values 32c .. 32c + 31): q8_0 and fp8_e4m3 two 16-byte loads of
 quants, the 4- and 5-bit formats one (low nibbles: values 0-15, high
-nibbles 16-31), q5_0 / q5_1 a 4-byte load of the fifth bits. Chunks of
-the K-quants (blocks of 256) are 32 values (`width` 32: the tensor
-cores' K step) or 64 (`width` 64: the GEMV, which then uses every byte
-it loads):
+nibbles 16-31), q5_0 / q5_1 a 4-byte load of the fifth bits. A chunk of
+a K-quant (blocks of 256) is a sub-block of 32 values:
 
-* q4_k / q5_k: sub-blocks 2g and 2g + 1 are the low and high nibbles of
-  the same 32 bytes of qs (two 16-byte loads); the block's first 16 bytes
-  (d, dmin and the 12 bytes of 6-bit scales and minimums) are one more
-  16-byte load, unpacked with shifts of its 32-bit words (no dynamic
+* q4_k / q5_k: sub-block s is the low (s even) or high nibbles of the 32
+  bytes of qs at 32 (s / 2) (two 16-byte loads); the block's first 16
+  bytes (d, dmin and the 12 bytes of 6-bit scales and minimums) are one
+  more 16-byte load, unpacked with shifts of its 32-bit words (no dynamic
   indexing of registers, which would put them in local memory); q5_k's
-  32 bytes of fifth bits are two more. Width 64: chunk c is sub-blocks
-  2g, 2g + 1 (g = c mod 4); width 32: one sub-block, its nibble chosen by
-  a shift.
-* q6_k: width 64, chunk c = (block, h, u) holds the values 128 h + 32 r +
-  16 u + i (runs r = 0 .. 3, i < 16), whose low 4 bits are two 16-byte
-  loads of ql and whose 2 high bits one of qh (each qh byte serves all 4
-  runs); width 32: the run r (values 128 h + 32 r + l, l < 32), two loads
-  of ql and two of qh. The int8 scales are byte loads.
+  32 bytes of fifth bits are two more.
+* q6_k: run r of half h (values 128 h + 32 r + l, l < 32): two 16-byte
+  loads of ql (their low or high nibbles) and two of qh (2 bits at 2 r);
+  the two int8 scales are byte loads.
+
+Chunks of 64 values (two sub-blocks, every loaded byte used) spilled the
+GEMV of q5_k and q6_k at Llama-3.2-1B's widths on sm_80: the GEMV takes
+chunks of 32 (`gemv_width`).
 
 Chunks of width 16 (the tensor cores' staging: two per row and K step,
 so that twice as many lanes share a step's dequantization) are one
@@ -69,8 +67,11 @@ CHUNK_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "fp8_e4m3", "
 
 
 def gemv_width(dtype: str) -> int:
-    """Values per chunk the GEMV takes: 64 for the K-quants, else 32."""
-    return 64 if dtype in packed.K_FORMATS else 32
+    """Values per chunk the GEMV takes: 32 for every format. Chunks of 64
+    for the K-quants (every loaded byte used; removed) left 4 columns x 64
+    values live and spilled q5_k and q6_k at Llama-3.2-1B's widths on sm_80
+    (40 to 196 bytes), whether dequantized at once or per segment."""
+    return 32
 
 
 class PackedVectors:
@@ -186,16 +187,15 @@ class PackedVectors:
             first = arith.muli(c, k.cidx(32))
             values = self.block32(block)
             return [(first, values[0]), (arith.addi(first, k.cidx(16)), values[1])]
-        if width not in (32, 64):
-            raise ValueError(f"{name}: chunks of 16, 32 or 64 values, not {width}")
-        per_block = 256 // width
-        index = arith.divui(c, k.cidx(per_block))
+        if width != 32:
+            raise ValueError(f"{name}: chunks of 16 or 32 values, not {width}")
+        index = arith.divui(c, k.cidx(8))
         block = global_block(k, self.t, row, index)
-        part = arith.remui(c, k.cidx(per_block))
+        part = arith.remui(c, k.cidx(8))
         base = arith.muli(index, k.cidx(256))
         if name == "q6_k":
-            return self.q6_k(block, base, part, width)
-        return self.k_quant(block, base, part, width)
+            return self.q6_k(block, base, part)
+        return self.k_quant(block, base, part)
 
     def block32(self, block) -> list:
         """A block of 32 values as two vector<16xf32> (values 0-15, 16-31)."""
@@ -230,7 +230,7 @@ class PackedVectors:
 
     def sixteen(self, row, c: ir.Value) -> ir.Value:
         """Values 16 c .. 16 c + 15 of row `row` (a chunk of width 16: half a
-        32-value block, a quarter of a K-quant's 64-value chunk): one
+        32-value block or K-quant sub-block): one
         16-byte load of quants (q6_k two, q4_k / q5_k the block's first
         16 bytes too, q5_k its fifth bits), as vector<16xf32>."""
         k = self.k
@@ -342,18 +342,13 @@ class PackedVectors:
                                arith.ori(arith.andi(arith.shrui(b3, c(4)), c(15)), top(b2)))
         return arith.uitofp(k.f32, scale), arith.uitofp(k.f32, minimum)
 
-    def k_quant(self, block, base, part, width: int) -> list:
-        """A Q4_K / Q5_K chunk: sub-blocks 2g, 2g + 1 (width 64, g = part)
-        or sub-block `part` (width 32)."""
+    def k_quant(self, block, base, sub) -> list:
+        """A Q4_K / Q5_K chunk of 32 values: sub-block `sub` (an index)."""
         k = self.k
         header = self.raw(block, 0, 16)
         halves = vector.bitcast(self.v(ir.F16Type.get(), 8), header)
         d, dmin = (arith.extf(k.f32, vector.extract(halves, [], [i])) for i in (0, 1))
-        if width == 64:
-            g, subs = part, [arith.muli(part, k.cidx(2)),
-                             arith.addi(arith.muli(part, k.cidx(2)), k.cidx(1))]
-        else:
-            g, subs = arith.divui(part, k.cidx(2)), [part]
+        g = arith.divui(sub, k.cidx(2))
         qs_at = 16 if self.dtype == "q4_k" else 48
         qs_block = arith.muli(g, k.cidx(32))
         out = []
@@ -365,23 +360,23 @@ class PackedVectors:
                   for u in range(2)]
         high = [self.raw(block, 16, 16, 16 * u) for u in range(2)] \
             if self.dtype == "q5_k" else None
-        for sub in subs:
-            scale, minimum = self.k_scale_min(header, sub)
-            step = arith.mulf(d, scale)
-            offset = arith.mulf(dmin, minimum)
-            nibble = arith.muli(arith.remui(sub, k.cidx(2)), k.cidx(4))
-            first = arith.addi(base, arith.muli(sub, k.cidx(32)))
-            for u in range(2):
-                q = self.shifted(quants[u], nibble, 0x0F)
-                if high is not None:
-                    q = arith.ori(q, arith.shli(self.shifted(high[u], sub, 1),
-                                                self.splat(self.i8, 4)))
-                values = arith.subf(self.scaled(self.unsigned(q), step), self.spread(offset))
-                out.append((arith.addi(first, k.cidx(16 * u)), values))
+        scale, minimum = self.k_scale_min(header, sub)
+        step = arith.mulf(d, scale)
+        offset = arith.mulf(dmin, minimum)
+        nibble = arith.muli(arith.remui(sub, k.cidx(2)), k.cidx(4))
+        first = arith.addi(base, arith.muli(sub, k.cidx(32)))
+        for u in range(2):
+            q = self.shifted(quants[u], nibble, 0x0F)
+            if high is not None:
+                q = arith.ori(q, arith.shli(self.shifted(high[u], sub, 1),
+                                            self.splat(self.i8, 4)))
+            values = arith.subf(self.scaled(self.unsigned(q), step), self.spread(offset))
+            out.append((arith.addi(first, k.cidx(16 * u)), values))
         return out
 
-    def q6_k(self, block, base, part, width: int) -> list:
-        """A Q6_K chunk (see the module docstring)."""
+    def q6_k(self, block, base, part) -> list:
+        """A Q6_K chunk of 32 values: run r of half h (part = 4 h + r; see
+        the module docstring)."""
         k = self.k
         d = self.half(block, 208)
         c = k.cidx
@@ -392,26 +387,13 @@ class PackedVectors:
             return vector.load(self.v(self.i8), self.flat,
                                [arith.addi(self.offset(block, start), inner)], alignment=aligned)
 
-        def value(ql, qh, run: int, shift_low, run_shift):
+        def value(ql, qh, shift_low, run_shift):
             low = self.shifted(ql, shift_low, 0x0F)
             top = self.shifted(qh, run_shift, 0x03)
             q = arith.ori(low, arith.shli(top, self.splat(self.i8, 4)))
             return self.signed(arith.subi(q, self.splat(self.i8, 32)))
 
         out = []
-        if width == 64:
-            h, u = arith.divui(part, c(2)), arith.remui(part, c(2))
-            at = arith.addi(arith.muli(h, c(64)), arith.muli(u, c(16)))
-            ql = [load(0, arith.addi(at, c(32 * s))) for s in range(2)]
-            qh = load(128, arith.addi(arith.muli(h, c(32)), arith.muli(u, c(16))))
-            for run in range(4):
-                q = value(ql[run % 2], qh, run, c(4 * (run // 2)), c(2 * run))
-                scale = self.signed_byte(block, 192, arith.addi(arith.muli(h, c(8)),
-                                                                arith.addi(c(2 * run), u)))
-                first = arith.addi(base, arith.addi(arith.muli(h, c(128)),
-                                                    arith.addi(c(32 * run), arith.muli(u, c(16)))))
-                out.append((first, arith.mulf(self.spread(arith.mulf(d, scale)), q)))
-            return out
         h, run = arith.divui(part, c(4)), arith.remui(part, c(4))
         at = arith.addi(arith.muli(h, c(64)), arith.muli(arith.remui(run, c(2)), c(32)))
         shift_low = arith.muli(arith.divui(run, c(2)), c(4))
@@ -419,9 +401,9 @@ class PackedVectors:
         for u in range(2):
             ql = load(0, arith.addi(at, c(16 * u)))
             qh = load(128, arith.addi(arith.muli(h, c(32)), c(16 * u)))
-            q = value(ql, qh, run, shift_low, shift_high)
-            scale = self.signed_byte(block, 192, arith.addi(arith.muli(h, c(8)),
-                                                            arith.addi(arith.muli(run, c(2)), c(u))))
+            q = value(ql, qh, shift_low, shift_high)
+            at_scale = arith.addi(arith.muli(h, c(8)), arith.addi(arith.muli(run, c(2)), c(u)))
+            scale = self.signed_byte(block, 192, at_scale)
             first = arith.addi(base, arith.addi(arith.muli(part, c(32)), c(16 * u)))
             out.append((first, arith.mulf(self.spread(arith.mulf(d, scale)), q)))
         return out
