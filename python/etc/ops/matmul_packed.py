@@ -12,12 +12,12 @@ Kernels:
   to the order of the sums;
 * cuda (`MatmulPackedGPU`, also with simulated lanes): the GEMV of
   `matmul_gemv.MatmulSkinnyT` (warps own rows of B^T, lanes split K,
-  shuffle reductions) whose lanes take chunks of 32 values of each row,
+  shuffle reductions) whose lanes take chunks of 16 values of each row,
   c = lane, lane + 32, ...: the chunk's quants in
   16-byte loads from the weight's GPU layout (`etc.packed`:
   `to_gpu_layout`, made once at upload), its scales beside them,
   dequantized in registers (`packed_vectors`) and accumulated in f32 as
-  the widened product is, 16 values of A per aligned load;
+  the widened product is, A's 16 values in aligned loads;
 * cpu, fp8_e4m3: `matmul_fp8.py` (f32 dot products with B dequantized
   in registers; e4m3 values are not integers times a scale, so the int8
   kernels below do not apply);

@@ -1,5 +1,5 @@
 """16-byte reads of packed weights on the GPU: a chunk of a row's values
-(16 or 32) read as whole 16-byte vectors of quants
+(16) read as whole 16-byte vectors of quants
 (`ld.global.v4`), with the block's scales beside them, and dequantized in
 registers to vectors of 16 f32 values.
 
@@ -12,32 +12,30 @@ whose GGUF blocks (144 and 176 bytes) and rows are multiples of 16 bytes
 already and are read in place. Every value is computed with the float32
 operations of `etc.packed.dequantize` (so it equals the widened weight).
 
-Chunks: chunk c of a row of a format with blocks of 32 values is that
-block (values 32c .. 32c + 31): q8_0 and fp8_e4m3 two 16-byte loads of
-quants, the 4- and 5-bit formats one (low nibbles: values 0-15, high
-nibbles 16-31), q5_0 / q5_1 a 4-byte load of the fifth bits. A chunk of
-a K-quant (blocks of 256) is a sub-block of 32 values:
+Chunks: chunk c of a row is its values 16 c .. 16 c + 15, one 16-byte
+load of quants and the block's scales:
 
-* q4_k / q5_k: sub-block s is the low (s even) or high nibbles of the 32
-  bytes of qs at 32 (s / 2) (two 16-byte loads); the block's first 16
+* q8_0 and fp8_e4m3: half a block's quants (16 of its 32 bytes);
+* q4_0, q4_1, iq4_nl, q5_0, q5_1: the block's 16 bytes of nibbles, the
+  low ones (values 0-15) or the high ones (16-31) chosen by a shift (the
+  block's two chunks load the same 16 bytes); q5_0 / q5_1 a 4-byte load
+  of the fifth bits;
+* q4_k / q5_k: half of sub-block s, 16 of the 32 bytes of qs at
+  32 (s / 2), their low (s even) or high nibbles; the block's first 16
   bytes (d, dmin and the 12 bytes of 6-bit scales and minimums) are one
   more 16-byte load, unpacked with shifts of its 32-bit words (no dynamic
   indexing of registers, which would put them in local memory); q5_k's
-  32 bytes of fifth bits are two more.
-* q6_k: run r of half h (values 128 h + 32 r + l, l < 32): two 16-byte
-  loads of ql (their low or high nibbles) and two of qh (2 bits at 2 r);
-  the two int8 scales are byte loads.
+  fifth bits one more (16 of its 32 bytes);
+* q6_k: half of run r of half h (values 128 h + 32 r + 16 u + i): one
+  16-byte load of ql (its low or high nibbles) and one of qh (2 bits at
+  2 r); the int8 scale a byte load.
 
-Chunks of 64 values (two sub-blocks, every loaded byte used) spilled the
-GEMV of q5_k and q6_k at Llama-3.2-1B's widths on sm_80: the GEMV takes
-chunks of 32 (`gemv_width`).
-
-Chunks of width 16 (the tensor cores' staging: two per row and K step,
-so that twice as many lanes share a step's dequantization) are one
-16-byte load of quants each: half a 32-value block (q8_0 and fp8_e4m3
-their own 16 bytes, the 4- and 5-bit formats the block's 16 bytes with
-the nibbles chosen by a shift), a K-quant sub-block's half (q6_k one
-load of ql and one of qh).
+Register pressure chose 16: chunks of 64 values for the K-quants (two
+sub-blocks, every loaded byte used) spilled the q5_k and q6_k GEMVs at
+Llama-3.2-1B's widths on sm_80, and chunks of 32 made real-width step
+workers spill (`gemv_width`). Loads are 16 bytes still; what 16 values
+leave unused of them (the other nibbles, qh's other bits) is read again
+from L1 by the lane taking the neighbouring chunk.
 
 Every format of `etc.packed` has a chunk reader here; `MatmulPackedGPU`
 still reads element by element (`packed_loads`) where K is not a
@@ -67,11 +65,14 @@ CHUNK_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "fp8_e4m3", "
 
 
 def gemv_width(dtype: str) -> int:
-    """Values per chunk the GEMV takes: 32 for every format. Chunks of 64
-    for the K-quants (every loaded byte used; removed) left 4 columns x 64
-    values live and spilled q5_k and q6_k at Llama-3.2-1B's widths on sm_80
-    (40 to 196 bytes), whether dequantized at once or per segment."""
-    return 32
+    """Values per chunk the GEMV takes: 16 for every format (one 16-byte
+    load of quants per column and chunk). Chunks of 64 for the K-quants
+    (every loaded byte used; removed) spilled the q5_k and q6_k GEMVs at
+    Llama-3.2-1B's widths on sm_80 (40 to 196 bytes); chunks of 32 made
+    the step worker that calls the GEMVs spill 8-60 bytes on sm_80 (Gemma
+    3 1B, Phi-3-mini, Qwen2.5-0.5B mixed packed steps) and sm_90a
+    (Qwen2.5-0.5B): 4 columns x 32 values and 4 rows of A x 32 stayed live."""
+    return 16
 
 
 class PackedVectors:
@@ -172,61 +173,13 @@ class PackedVectors:
 
     # -- chunks -------------------------------------------------------------
 
-    def chunk(self, row, c: ir.Value, width: int) -> list:
+    def chunk(self, row, c: ir.Value, width: int = 16) -> list:
         """Chunk `c` (an index) of row `row` (an index, or a list: a stack's
-        [expert, row]) of `width` values (see the module docstring):
-        [(k, vector<16xf32>)]."""
-        k = self.k
-        name = self.dtype
-        if width == 16:
-            return [(arith.muli(c, k.cidx(16)), self.sixteen(row, c))]
-        if self.fmt.block == 32:
-            if width != 32:
-                raise ValueError(f"{name}: chunks of 16 or 32 values, not {width}")
-            block = global_block(k, self.t, row, c)
-            first = arith.muli(c, k.cidx(32))
-            values = self.block32(block)
-            return [(first, values[0]), (arith.addi(first, k.cidx(16)), values[1])]
-        if width != 32:
-            raise ValueError(f"{name}: chunks of 16 or 32 values, not {width}")
-        index = arith.divui(c, k.cidx(8))
-        block = global_block(k, self.t, row, index)
-        part = arith.remui(c, k.cidx(8))
-        base = arith.muli(index, k.cidx(256))
-        if name == "q6_k":
-            return self.q6_k(block, base, part)
-        return self.k_quant(block, base, part)
-
-    def block32(self, block) -> list:
-        """A block of 32 values as two vector<16xf32> (values 0-15, 16-31)."""
-        name = self.dtype
-        if name == "q8_0":
-            d = self.half(block, 0)
-            return [self.scaled(self.signed(self.raw(block, 2, 16, inner)), d)
-                    for inner in (0, 16)]
-        if name == "fp8_e4m3":
-            scale = vector.bitcast(ir.VectorType.get([1], self.k.f32), self.raw(block, 0, 4))
-            scale = vector.extract(scale, [], [0])
-            return [arith.mulf(self.e4m3(self.raw(block, 4, 16, inner)), self.spread(scale))
-                    for inner in (0, 16)]
-        at = {"q4_0": 2, "iq4_nl": 2, "q4_1": 4, "q5_0": 6, "q5_1": 8}[name]
-        qs = self.raw(block, at, 16)
-        nibbles = [self.low(qs), self.high(qs)]
-        d = self.half(block, 0)
-        if name == "q4_0":
-            return [self.scaled(self.signed(arith.subi(q, self.splat(self.i8, 8))), d)
-                    for q in nibbles]
-        if name == "iq4_nl":
-            return [self.scaled(self.iq4_nl(q), d) for q in nibbles]
-        if name in ("q5_0", "q5_1"):
-            bits = self.word(block, at - 4)
-            nibbles = [arith.ori(q, self.fifth_bits(bits, 16 * h)) for h, q in enumerate(nibbles)]
-        if name == "q5_0":
-            return [self.scaled(self.signed(arith.subi(q, self.splat(self.i8, 16))), d)
-                    for q in nibbles]
-        # q4_1, q5_1: d q + m
-        m = self.spread(self.half(block, 2))
-        return [arith.addf(self.scaled(self.unsigned(q), d), m) for q in nibbles]
+        [expert, row]) of `width` values (16; see the module docstring):
+        [(k of its first value, vector<16xf32>)]."""
+        if width != 16:
+            raise ValueError(f"{self.dtype}: chunks of 16 values, not {width}")
+        return [(arith.muli(c, self.k.cidx(16)), self.sixteen(row, c))]
 
     def sixteen(self, row, c: ir.Value) -> ir.Value:
         """Values 16 c .. 16 c + 15 of row `row` (a chunk of width 16: half a
@@ -341,69 +294,3 @@ class PackedVectors:
         minimum = arith.select(low, arith.andi(b2, c(63)),
                                arith.ori(arith.andi(arith.shrui(b3, c(4)), c(15)), top(b2)))
         return arith.uitofp(k.f32, scale), arith.uitofp(k.f32, minimum)
-
-    def k_quant(self, block, base, sub) -> list:
-        """A Q4_K / Q5_K chunk of 32 values: sub-block `sub` (an index)."""
-        k = self.k
-        header = self.raw(block, 0, 16)
-        halves = vector.bitcast(self.v(ir.F16Type.get(), 8), header)
-        d, dmin = (arith.extf(k.f32, vector.extract(halves, [], [i])) for i in (0, 1))
-        g = arith.divui(sub, k.cidx(2))
-        qs_at = 16 if self.dtype == "q4_k" else 48
-        qs_block = arith.muli(g, k.cidx(32))
-        out = []
-        # Both 16-byte halves of the 32 bytes of qs (values l < 16, l >= 16).
-        quants = [vector.load(self.v(self.i8), self.flat,
-                              [arith.addi(self.offset(block, qs_at, 16 * u), qs_block)],
-                              alignment=None if self.simulate else
-                              ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 16))
-                  for u in range(2)]
-        high = [self.raw(block, 16, 16, 16 * u) for u in range(2)] \
-            if self.dtype == "q5_k" else None
-        scale, minimum = self.k_scale_min(header, sub)
-        step = arith.mulf(d, scale)
-        offset = arith.mulf(dmin, minimum)
-        nibble = arith.muli(arith.remui(sub, k.cidx(2)), k.cidx(4))
-        first = arith.addi(base, arith.muli(sub, k.cidx(32)))
-        for u in range(2):
-            q = self.shifted(quants[u], nibble, 0x0F)
-            if high is not None:
-                q = arith.ori(q, arith.shli(self.shifted(high[u], sub, 1),
-                                            self.splat(self.i8, 4)))
-            values = arith.subf(self.scaled(self.unsigned(q), step), self.spread(offset))
-            out.append((arith.addi(first, k.cidx(16 * u)), values))
-        return out
-
-    def q6_k(self, block, base, part) -> list:
-        """A Q6_K chunk of 32 values: run r of half h (part = 4 h + r; see
-        the module docstring)."""
-        k = self.k
-        d = self.half(block, 208)
-        c = k.cidx
-        aligned = None if self.simulate else \
-            ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 16)
-
-        def load(start, inner):
-            return vector.load(self.v(self.i8), self.flat,
-                               [arith.addi(self.offset(block, start), inner)], alignment=aligned)
-
-        def value(ql, qh, shift_low, run_shift):
-            low = self.shifted(ql, shift_low, 0x0F)
-            top = self.shifted(qh, run_shift, 0x03)
-            q = arith.ori(low, arith.shli(top, self.splat(self.i8, 4)))
-            return self.signed(arith.subi(q, self.splat(self.i8, 32)))
-
-        out = []
-        h, run = arith.divui(part, c(4)), arith.remui(part, c(4))
-        at = arith.addi(arith.muli(h, c(64)), arith.muli(arith.remui(run, c(2)), c(32)))
-        shift_low = arith.muli(arith.divui(run, c(2)), c(4))
-        shift_high = arith.muli(run, c(2))
-        for u in range(2):
-            ql = load(0, arith.addi(at, c(16 * u)))
-            qh = load(128, arith.addi(arith.muli(h, c(32)), c(16 * u)))
-            q = value(ql, qh, shift_low, shift_high)
-            at_scale = arith.addi(arith.muli(h, c(8)), arith.addi(arith.muli(run, c(2)), c(u)))
-            scale = self.signed_byte(block, 192, at_scale)
-            first = arith.addi(base, arith.addi(arith.muli(part, c(32)), c(16 * u)))
-            out.append((first, arith.mulf(self.spread(arith.mulf(d, scale)), q)))
-        return out
