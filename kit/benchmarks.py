@@ -464,11 +464,13 @@ def bench_prefill(b: Bench) -> list[str]:
 
 
 def bench_packed(b: Bench) -> list[str]:
-    """x·Wᵀ with W packed (Q4_K, Q8_0) against the same product with W in
-    bf16 (the gemv_t artifact of that shape) and PyTorch's bf16 linear: at
-    decode batches the GEMV that dequantizes blocks in registers (GB/s of
-    the packed weight's bytes, cold), at prefill rows the tensor cores on
-    tiles dequantized into shared memory (TFLOP/s)."""
+    """x·Wᵀ with W packed (Q4_K, Q6_K, Q8_0, Q5_0) against the same product
+    with W in bf16 (the gemv_t artifact of that shape) and PyTorch's bf16
+    linear: at decode batches the GEMV that reads whole blocks' quants in
+    16-byte loads from the weight's GPU layout (repacked once by
+    `device_array(blocks, dtype=...)`) and dequantizes them in registers
+    (GB/s of the packed weight's bytes, cold), at prefill rows the tensor
+    cores on tiles dequantized into shared memory (TFLOP/s)."""
     from etc import packed
 
     torch = b.torch
@@ -483,7 +485,7 @@ def bench_packed(b: Bench) -> list[str]:
         w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
         blocks = packed.quantize(w, fmt)
         w = packed.dequantize(blocks, fmt)
-        w_device = kernel.runtime.device_array(blocks)
+        w_device = kernel.runtime.device_array(blocks, dtype=fmt)  # repacked once (GPU layout)
         w16 = round_bf16(w)
         dense_w = dense.runtime.device_array(etc.bfloat16.to_bits(w16)) if dense else None
         tw = torch.from_numpy(w16).to("cuda", torch.bfloat16) if torch else None

@@ -142,8 +142,9 @@ def gemv_graph(k: int, n: int, transposed: bool = False):
     return g
 
 
-#: The block formats of the packed benchmark (Q4_K_M files' bulk and Q8_0).
-PACKED_BENCH = ("q4_k", "q8_0")
+#: The block formats of the packed benchmark: Q4_K_M files' (q4_k, q6_k),
+#: Q8_0, and q5_0 (Q5_0 files, and the fifth bits' read).
+PACKED_BENCH = ("q4_k", "q6_k", "q8_0", "q5_0")
 
 
 def packed_t_graph(k: int, n: int, fmt: str):

@@ -270,7 +270,17 @@ def _abi(signature, options: Options, tables: dict, reference: dict | None) -> K
                      trace=tables["trace"], reference=reference, isa=isa,
                      index_ranges=dict(getattr(signature, "index_ranges", {}) or {}),
                      ragged_batches=tuple(getattr(signature, "ragged_batches", ()) or ()),
-                     extra={"ranks": tables["ranks"]} if tables["ranks"] > 1 else {})
+                     extra=_extra(options, tables))
+
+
+def _extra(options: Options, tables: dict) -> dict:
+    """The ABI's `extra`: the rank count of a multi-GPU program; for CUDA
+    kernels simulated on the CPU, `packed_layout` "gpu" (the CPU runtime
+    repacks packed inputs as the CUDA runtime does: `etc.packed`)."""
+    extra = {"ranks": tables["ranks"]} if tables["ranks"] > 1 else {}
+    if options.target == "cpu" and options.kernels == "cuda":
+        extra["packed_layout"] = "gpu"
+    return extra
 
 
 def _jit(module: ir.Module, abi: KernelABI, opt_level: int = 2):

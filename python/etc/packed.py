@@ -44,6 +44,31 @@ bits are (q & 0x80) << 8 | (q & 0x7F) << 7, times 256: exactly the e4m3
 value (float16 has e4m3's subnormals and more), so `dequantize` equals
 transformers' `weight.float() * scale` bit for bit.
 
+The GPU layout (`to_gpu_layout`): CUDA kernels read a block's quants in
+16-byte loads (`ld.global.v4`), which a GGUF block of 34 (q8_0), 18, 20,
+22, 24 or 210 (q6_k) bytes does not allow: only its 2-byte fields are
+aligned. The device copy of such a weight is therefore repacked once, as
+it is uploaded (the CUDA runtime does it for NumPy inputs and for
+`device_array(host, dtype=...)`, and records it on the device array):
+the blocks' bytes are split into fields (`GPU_FIELDS`: the quants first,
+then the high bits, scales and minimums) and each field of every block
+of the whole tensor is stored together, in block order:
+
+    [field 0 of block 0, of block 1, ...][field 1 of block 0, ...]...
+
+Block b's field f lies at blocks x (sizes of the fields before f) +
+b x size(f) (`gpu_field_offset`), b counting the blocks of the whole
+tensor row by row (a stack of experts: expert by expert). The quants'
+field is a multiple of 16 bytes (q8_0 and fp8_e4m3: 32, the 4-bit
+formats 16, q6_k's ql and qh 192) and the first, so every block's quants
+are 16-byte aligned in a 256-byte aligned allocation; each later field's
+start is a multiple of its size (4: qh, d and m, fp8's scale; 16: q6_k's
+scales; 2: float16 d). The tensor keeps its storage shape and byte count
+(a permutation of its bytes), so the kernels' buffers are unchanged.
+q4_k (144 bytes) and q5_k (176) are multiples of 16 already and keep the
+GGUF layout: `gpu_repacked` says which formats are repacked. CPU kernels
+read the GGUF layout (the file's bytes in place).
+
 This module needs only NumPy.
 """
 
@@ -56,7 +81,8 @@ import numpy as np
 
 __all__ = ["Format", "FORMATS", "GGML_FORMATS", "IQ4_NL_VALUES", "is_packed", "storage_shape",
            "row_bytes", "dequantize", "quantize", "quantize_activations", "check_storage",
-           "first_bad_block", "e4m3_values", "to_e4m3"]
+           "first_bad_block", "e4m3_values", "to_e4m3", "GPU_FIELDS", "gpu_repacked",
+           "to_gpu_layout", "from_gpu_layout", "gpu_field_offset"]
 
 
 @dataclass(frozen=True)
@@ -439,3 +465,82 @@ def quantize(values, dtype: str) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         raw = _quantize_blocks(blocks, dtype)
     return raw.reshape(storage_shape(x.shape, dtype))
+
+
+# ----------------------------------------------------------------------
+# The GPU layout (see the module docstring)
+# ----------------------------------------------------------------------
+
+#: Each repacked format's fields, in the order the GPU layout stores them:
+#: (first byte in the GGUF block, bytes). The quants come first.
+GPU_FIELDS = {
+    "q8_0": ((2, 32), (0, 2)),
+    "q4_0": ((2, 16), (0, 2)),
+    "iq4_nl": ((2, 16), (0, 2)),
+    "q4_1": ((4, 16), (0, 4)),
+    "q5_0": ((6, 16), (2, 4), (0, 2)),
+    "q5_1": ((8, 16), (4, 4), (0, 4)),
+    "q6_k": ((0, 192), (192, 16), (208, 2)),
+    "fp8_e4m3": ((4, 32), (0, 4)),
+}
+
+
+def gpu_repacked(dtype: str) -> bool:
+    """Whether the device copy of a `dtype` weight is in the GPU layout
+    (False: in the GGUF layout, as q4_k and q5_k are)."""
+    if dtype not in FORMATS:
+        raise ValueError(f"unknown packed format {dtype!r}; known: {', '.join(FORMATS)}")
+    return dtype in GPU_FIELDS
+
+
+def gpu_field_offset(dtype: str, start: int) -> tuple[int, int, int]:
+    """The field of `dtype`'s GPU layout holding GGUF block byte `start`:
+    (bytes per block of the fields stored before it, its size, its first
+    byte in the GGUF block). Block b's byte `start` + i of that field is at
+    blocks x before + b x size + (start - first) + i."""
+    before = 0
+    for first, size in GPU_FIELDS[dtype]:
+        if first <= start < first + size:
+            return before, size, first
+        before += size
+    raise ValueError(f"{dtype}: byte {start} of a block is in no field")
+
+
+def _gpu_check(raw, dtype: str, what: str) -> np.ndarray:
+    f = FORMATS.get(dtype)
+    if f is None:
+        raise ValueError(f"unknown packed format {dtype!r}; known: {', '.join(FORMATS)}")
+    raw = np.asarray(raw)
+    if raw.dtype != np.uint8 or raw.ndim == 0 or raw.shape[-1] % f.nbytes:
+        raise ValueError(f"{what}: {dtype} storage must be uint8 rows of whole {f.nbytes}-byte "
+                         f"blocks, got {raw.dtype}{list(raw.shape)}")
+    return raw
+
+
+def to_gpu_layout(raw, dtype: str) -> np.ndarray:
+    """GGUF storage `raw` (uint8 (..., bytes per row)) of format `dtype` in
+    the GPU layout (same shape; see the module docstring). Formats that
+    keep the GGUF layout (`gpu_repacked` false) come back as they are."""
+    raw = _gpu_check(raw, dtype, "to_gpu_layout")
+    if not gpu_repacked(dtype):
+        return np.ascontiguousarray(raw)
+    blocks = np.ascontiguousarray(raw).reshape(-1, FORMATS[dtype].nbytes)
+    return np.concatenate([blocks[:, first:first + size].reshape(-1)
+                           for first, size in GPU_FIELDS[dtype]]).reshape(raw.shape)
+
+
+def from_gpu_layout(raw, dtype: str) -> np.ndarray:
+    """The GGUF storage of `raw`, `dtype` storage in the GPU layout (the
+    inverse of `to_gpu_layout`)."""
+    raw = _gpu_check(raw, dtype, "from_gpu_layout")
+    if not gpu_repacked(dtype):
+        return np.ascontiguousarray(raw)
+    nbytes = FORMATS[dtype].nbytes
+    count = raw.size // nbytes
+    flat = np.ascontiguousarray(raw).reshape(-1)
+    blocks = np.empty((count, nbytes), np.uint8)
+    at = 0
+    for first, size in GPU_FIELDS[dtype]:
+        blocks[:, first:first + size] = flat[at:at + count * size].reshape(count, size)
+        at += count * size
+    return blocks.reshape(raw.shape)

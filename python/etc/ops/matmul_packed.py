@@ -12,10 +12,12 @@ Kernels:
   to the order of the sums;
 * cuda (`MatmulPackedGPU`, also with simulated lanes): the GEMV of
   `matmul_gemv.MatmulSkinnyT` (warps own rows of B^T, lanes split K,
-  shuffle reductions) whose lanes take the values k = lane, lane + 32,
-  ... one at a time: a warp's loads of B read a block's consecutive
-  bytes, and each value is dequantized in registers (`packed_loads`)
-  and accumulated in f32 as the widened product is;
+  shuffle reductions) whose lanes take chunks of 16 values of each row,
+  c = lane, lane + 32, ...: the chunk's quants in
+  16-byte loads from the weight's GPU layout (`etc.packed`:
+  `to_gpu_layout`, made once at upload), its scales beside them,
+  dequantized in registers (`packed_vectors`) and accumulated in f32 as
+  the widened product is, A's 16 values in aligned loads;
 * cpu, fp8_e4m3: `matmul_fp8.py` (f32 dot products with B dequantized
   in registers; e4m3 values are not integers times a scale, so the int8
   kernels below do not apply);
@@ -78,6 +80,7 @@ from .matmul_fp8 import choose_fp8
 from .packed_k_dots import IntegerScaleDots
 from .matmul_scalar import Matmul
 from .packed_loads import row_at
+from .packed_vectors import CHUNK_FORMATS, PackedVectors, gemv_width
 
 
 def choose_packed(op, target) -> type:
@@ -110,6 +113,45 @@ class MatmulPackedGPU(MatmulSkinnyT):
         return packed.is_packed(op.operands[1].dtype) and super().applies(op, target)
 
     def lane_sums(self, lanes, cols: list, part, row_of: list, rb: int) -> list:
+        """Each (row of B^T, row of A) pair's products over lane `part`'s
+        chunks of K (`packed_vectors`: whole blocks' quants in 16-byte
+        loads, dequantized in registers), or element by element where a
+        chunk does not divide K."""
+        a, b = self.op.operands[:2]
+        width = gemv_width(b.dtype)
+        if b.dtype in CHUNK_FORMATS and b.shape[1] % width == 0:
+            return self.chunk_sums(lanes, cols, part, row_of, rb, width)
+        return self.element_sums(lanes, cols, part, row_of, rb)
+
+    def chunk_sums(self, lanes, cols: list, part, row_of: list, rb: int, width: int) -> list:
+        """`lane_sums` by chunks: lane `part` takes chunks part, part + 32,
+        ... of each row of B^T, each `width` values (`PackedVectors`),
+        and multiplies them with A's same values, 16 at a time in 16-byte
+        aligned loads, accumulating in f32 with fused multiply-adds."""
+        a, b = self.op.operands[:2]
+        reader = PackedVectors(self, b)
+        accs = [self.cf32(0.0) for _ in range(len(cols) * rb)]
+        chunks = b.shape[1] // width
+        loop = scf.ForOp(part, self.cidx(chunks), self.cidx(lanes.warp), accs)
+        with ir.InsertionPoint(loop.body):
+            c = loop.induction_variable
+            # Every column's loads first, then the products.
+            weights = [reader.chunk(col, c, width) for col in cols]
+            sums = list(loop.inner_iter_args)
+            for s, (first, _) in enumerate(weights[0]):
+                xs = [self.vload(a, [row_of[r], first], 16, aligned=True) for r in range(rb)]
+                for j in range(len(cols)):
+                    w = weights[j][s][1]
+                    for r in range(rb):
+                        acc = sums[j * rb + r]
+                        for i in range(16):
+                            acc = math.fma(vector.extract(xs[r], [], [i]),
+                                           vector.extract(w, [], [i]), acc)
+                        sums[j * rb + r] = acc
+            scf.yield_(sums)
+        return list(loop.results)
+
+    def element_sums(self, lanes, cols: list, part, row_of: list, rb: int) -> list:
         """Each (row of B^T, row of A) pair's products over the values k =
         part, part + 32, ... of K, the weight dequantized as it is loaded."""
         a, b = self.op.operands[:2]

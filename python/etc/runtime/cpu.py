@@ -50,7 +50,7 @@ import numpy as np
 from .. import bfloat16
 from ..binding import (bind_symbols, check_input_dtype, check_input_names, concrete_shape,
                        out_items)
-from ..packed import FORMATS
+from ..packed import FORMATS, to_gpu_layout
 from .ranges import check as check_index_ranges
 from . import aligned, isa, layout, workers
 from .workers import Entry, adapting_enabled
@@ -175,16 +175,20 @@ def to_storage(array: np.ndarray, dtype: str) -> np.ndarray:
     return aligned.aligned(bfloat16.to_bits(array))
 
 
-def checked_storage(arg, array) -> np.ndarray:
+def checked_storage(arg, array, packed_layout: str = "gguf") -> np.ndarray:
     """The buffer the program reads for the caller's `array` of input or
     state `arg`, after checking its type and dtype (a state: its own array,
-    `check_state`; an input: `to_storage`)."""
+    `check_state`; an input: `to_storage`). `packed_layout` "gpu" (CUDA
+    kernels simulated on the CPU: the ABI's extra) repacks a packed input
+    as the CUDA runtime does (`etc.packed.to_gpu_layout`)."""
     if arg.kind == "state":
         return check_state(arg, array)
     if not isinstance(array, np.ndarray):
         raise TypeError(f"input {arg.name!r} must be a numpy.ndarray, got "
                         f"{type(array).__name__}")
     check_input_dtype(arg.name, arg, array)
+    if packed_layout == "gpu" and arg.dtype in FORMATS:
+        return to_gpu_layout(array, arg.dtype)
     return to_storage(array, arg.dtype)
 
 
@@ -424,7 +428,8 @@ class Constants:
                 raise ValueError(f"{runtime.abi.name}: constant {name!r} is an index input, "
                                  f"whose values are checked at every run: pass it to run() "
                                  f"instead")
-            self.storage[name] = checked_storage(arg, array)
+            self.storage[name] = checked_storage(arg, array,
+                                                runtime.abi.extra.get("packed_layout", "gguf"))
         args = [by_name[n] for n in names]
         values = bind_symbols(args, {n: arrays[n].shape for n in names}, allow_unbound=True)
         #: The symbols the constants' shapes bind, for every run with them:
@@ -552,7 +557,8 @@ class CPURuntime(ProgramRuntime):
                 supplied[name] = array
                 continue
             fresh.add(name)
-            storage = supplied[name] = checked_storage(arg, array)
+            storage = supplied[name] = checked_storage(
+                arg, array, self.abi.extra.get("packed_layout", "gguf"))
             if storage is array:
                 seen[name] = (weakref.ref(array), array.shape, array.strides, array.dtype,
                               array.ctypes.data)

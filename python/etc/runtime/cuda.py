@@ -51,6 +51,7 @@ import numpy as np
 
 from ..binding import (bind_symbols, check_input_dtype, check_input_names, concrete_shape,
                        out_items)
+from ..packed import FORMATS, check_storage, gpu_repacked, to_gpu_layout
 from .abi import KernelABI
 from .cpu import _STORAGE, buffer_table, check_disjoint_out, check_out, check_state, to_storage
 from .cuda_arrays import ALIGNMENT, DeviceArray, as_device_array
@@ -345,6 +346,7 @@ class CUDARuntime(ProgramRuntime):
                 check_input_dtype(arg.name, arg, value)
                 shapes[arg.name] = tuple(value.shape)
             else:
+                check_packed_layout(arg, value)
                 device[arg.name] = view
                 shapes[arg.name] = view.shape
         symbols = bind_symbols(self.arguments, shapes)
@@ -381,7 +383,7 @@ class CUDARuntime(ProgramRuntime):
                 buffers[arg.name] = device[arg.name]
                 continue
             host = inputs[arg.name] if arg.kind == "state" else \
-                np.ascontiguousarray(to_storage(inputs[arg.name], arg.dtype))
+                device_storage(inputs[arg.name], arg.dtype, arg.name)
             staged = (self._alloc(host.shape, host.dtype) if own_table else
                       workspace.staged(self, arg.name, host.shape, host.dtype))
             copies.append((staged, host))
@@ -447,13 +449,18 @@ class CUDARuntime(ProgramRuntime):
         launch.check(stream)
         return launch.collect(inputs, out)
 
-    def device_array(self, host: np.ndarray) -> DeviceArray:
+    def device_array(self, host: np.ndarray, dtype: str | None = None) -> DeviceArray:
         """A device copy of the C-contiguous `host` array (in its storage
         dtype), to pass to later runs in place of `host`: weights uploaded
-        once, or a state buffer that stays on the device."""
+        once, or a state buffer that stays on the device. `dtype` names the
+        ETC dtype `host` is the storage of; a packed one (`etc.packed`,
+        `host` its GGUF blocks) is repacked for the GPU kernels as it is
+        copied (`device_storage`), which the array records."""
         self._load()
-        host = np.ascontiguousarray(host)
+        host = np.ascontiguousarray(host) if dtype is None else device_storage(host, dtype)
         device = self._alloc(host.shape, host.dtype)
+        if dtype is not None and dtype in FORMATS:
+            device.packed_layout = (dtype, "gpu")
         if host.nbytes:
             _check(self._driver, "cuMemcpyHtoD",
                    self._driver.cuMemcpyHtoD(device.pointer, host.ctypes.data, host.nbytes))
@@ -466,3 +473,33 @@ class CUDARuntime(ProgramRuntime):
 
     def _dtype(self, name: str) -> str:
         return self.abi.argument(name).dtype
+
+
+# -- packed weights in the GPU layout (`etc.packed`) -------------------------
+
+def device_storage(value, dtype: str, name: str = "device_array") -> np.ndarray:
+    """The host bytes a CUDA program's buffer of `dtype` holds for the
+    caller's NumPy `value`: `to_storage`'s, and for a packed format its GGUF
+    blocks repacked into the GPU layout (`etc.packed.to_gpu_layout`; once
+    per bind of a NumPy input, once per `device_array`)."""
+    if dtype in FORMATS:
+        check_storage(name, dtype, value)
+        return to_gpu_layout(value, dtype)
+    return np.ascontiguousarray(to_storage(value, dtype))
+
+
+def check_packed_layout(arg, value) -> None:
+    """Refuses a device array bound to packed input `arg` whose format the
+    GPU kernels read repacked unless `device_array(host, dtype=...)`
+    repacked it (recorded on the array): the GGUF bytes on the device,
+    read as the GPU layout, would give wrong values without an error."""
+    if arg.dtype not in FORMATS or not gpu_repacked(arg.dtype):
+        return
+    layout = getattr(value, "packed_layout", None)
+    if layout == (arg.dtype, "gpu"):
+        return
+    got = (f"a device array repacked for {layout[0]}" if layout else
+           f"a device array ({type(value).__name__}) not repacked by device_array")
+    raise TypeError(f"input {arg.name!r} ({arg.dtype}) is read by the GPU kernels in the GPU "
+                    f"layout (etc.packed): upload its GGUF blocks with "
+                    f"runtime.device_array(blocks, dtype={arg.dtype!r}), got {got}")

@@ -28,6 +28,9 @@ class DeviceArray:
         self.dtype = np.dtype(dtype)
         self._driver = driver
         self._keep = keep  # what keeps borrowed memory alive (a DLPack capsule)
+        #: (packed dtype, "gpu") when `CUDARuntime.device_array` repacked
+        #: the blocks into the GPU layout (`etc.packed`), else None.
+        self.packed_layout = None
 
     @property
     def nbytes(self) -> int:

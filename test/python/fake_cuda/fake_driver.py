@@ -53,6 +53,12 @@ with the transport block of the fake NVSHMEM's heap (`fake_nvshmem.py`),
 refusing a worker whose module `nvshmemx_cumodule_init` did not see.
 `driver.why()` says what the fake saw at the last refusal or fault.
 
+A CPU build of native CPU kernels reads packed weights in the GGUF
+layout: while its worker runs, the device copies of its repacked packed
+inputs (the CUDA runtime uploads the GPU layout of `etc.packed`) hold
+their GGUF bytes, put back after (`fake_kernels._gguf_layout`); a build
+of the CUDA kernels (`kernels="cuda"`) reads them as they are.
+
 What it cannot check: the PTX itself (ptxas tests and a real GPU do that).
 ETC_FAKE_CUDA_LOG (if set) names a file that gets one line per launch
 (plain or cooperative, kernel, schedule).

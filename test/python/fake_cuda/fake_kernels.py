@@ -10,11 +10,14 @@ lies inside device memory and matches the sizes its symbols give.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import re
 import threading
 import time
 from dataclasses import dataclass
+
+import numpy as np
 
 from fake_streams import Fault
 
@@ -258,16 +261,54 @@ def run_program(function: Function, grid: int, values: list, initialised, illega
         counters = ctypes.addressof(descriptors[1])
         threads = [threading.Thread(target=call, args=(*args, table, counters, w, grid))
                    for w in range(grid)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        with _gguf_layout(program, descriptors[0].aligned):
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
         if ranks > 1:
             import fake_nvshmem
 
             violations = fake_nvshmem.transport().finished()
             if violations:
                 raise Fault(failed, "; ".join(violations))
+
+
+@contextlib.contextmanager
+def _gguf_layout(program, table: int):
+    """While a CPU build with native CPU kernels (which read packed weights
+    in the GGUF layout) runs in place of a CUDA program, its repacked
+    packed inputs (the CUDA runtime uploads the GPU layout of
+    `etc.packed`) hold their GGUF bytes; the GPU layout is put back after.
+    A build of the CUDA kernels (`kernels="cuda"`, ABI extra
+    `packed_layout` "gpu") reads the device bytes as they are."""
+    from etc import packed
+    from etc.runtime.cpu import table_slots
+
+    if program.abi.extra.get("packed_layout") == "gpu":
+        yield
+        return
+    slots, words = table_slots(program.arguments)
+    table_words = (ctypes.c_int64 * max(words, 1)).from_address(table)
+    views = []
+    for arg in program.arguments:
+        if arg.kind != "input" or not packed.is_packed(arg.dtype) or \
+                not packed.gpu_repacked(arg.dtype):
+            continue
+        slot = slots[arg.name]
+        sizes = tuple(table_words[slot + 1:slot + 1 + len(arg.shape)])
+        nbytes = int(np.prod(sizes, dtype=np.int64))
+        if nbytes:
+            address = table_words[slot] & 0xFFFFFFFFFFFFFFFF
+            view = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+            views.append((view.reshape(sizes), arg.dtype))
+    for view, dtype in views:
+        view[...] = packed.from_gpu_layout(view, dtype)
+    try:
+        yield
+    finally:
+        for view, dtype in views:
+            view[...] = packed.to_gpu_layout(view, dtype)
 
 
 def _on_ranks(program, role: str, descriptors: list, ranks: int, initialised, illegal) -> None:

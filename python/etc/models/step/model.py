@@ -590,8 +590,10 @@ class CompiledModel:
 
 def _to_device(kernel, name: str, array: np.ndarray):
     """Weight `name` copied once to the device in the storage its graph
-    input has (bf16 as its 16-bit patterns): the CUDA runtime uses device
-    arrays in place, so weights are not copied every step."""
+    input has (bf16 as its 16-bit patterns; a packed weight's blocks
+    repacked into the GPU layout of `etc.packed`): the CUDA runtime uses
+    device arrays in place, so weights are not copied every step."""
     from ...runtime.cpu import to_storage
 
-    return kernel.runtime.device_array(to_storage(array, kernel.abi.argument(name).dtype))
+    dtype = kernel.abi.argument(name).dtype
+    return kernel.runtime.device_array(to_storage(array, dtype), dtype=dtype)
