@@ -156,13 +156,13 @@ class MatmulPackedAMX(MatmulPackedCPU):
         bf16 = element_type("bf16")
         self._pairs = k // 2
         blocks = -(-self.op.tile[0] // 32) * 2
-        self._panel = self.entry_alloca(ir.MemRefType.get([blocks * self._pairs, 32], bf16))
+        self._panel = self.entry_alloca(ir.MemRefType.get([blocks * self._pairs, 32], bf16), alignment=64)
         # Tile by tile: step kb's two 16 x 32 tiles of B^T at rows
         # 32 kb ... 32 kb + 31 (64-byte rows: one tile is 1 KB in a row;
         # rows of K values, 4 KB apart at K = 2048, would fall in the same
         # set of the L1 cache).
-        self._columns = self.entry_alloca(ir.MemRefType.get([k, 32], bf16))
-        self._results = self.entry_alloca(ir.MemRefType.get([4 * 16, 16], self.f32))
+        self._columns = self.entry_alloca(ir.MemRefType.get([k, 32], bf16), alignment=64)
+        self._results = self.entry_alloca(ir.MemRefType.get([4 * 16, 16], self.f32), alignment=64)
         self.pack_rows(r0, rows)
         groups = arith.divui(cols, self.cidx(self.GROUP))
         row_pairs = arith.divui(arith.addi(rows, self.cidx(31)), self.cidx(32))
@@ -280,5 +280,5 @@ class MatmulPackedAMX(MatmulPackedCPU):
         n1 = arith.addi(n0, self.cidx(16))
         for nb in range(2):
             for mb in range(2):
-                MatmulAMX.store_transposed(self, 16 * (nb * 2 + mb), r0, rows,
+                MatmulAMX.store_transposed(self, self.cidx(16 * (nb * 2 + mb)), r0, rows,
                                            arith.addi(block, self.cidx(mb)), n1 if nb else n0)

@@ -91,13 +91,7 @@ class MatmulPackedMMA(MatmulMMA, MatmulPackedGPU):
                     eight = vector.shuffle(narrow, narrow, list(range(8 * h, 8 * h + 8)))
                     vector.store(eight, shared, [buffer, n, arith.addi(col, self.cidx(8 * h))])
 
-            if fill is None:
-                dequantize()
-            else:
-                branch = scf.IfOp(fill)
-                with ir.InsertionPoint(branch.then_block):
-                    dequantize()
-                    scf.yield_([])
+            _when(fill, dequantize)
             return []
 
         return self.each_chunk(lanes, 2 * tn, chunk)
@@ -124,13 +118,18 @@ class MatmulPackedMMA(MatmulMMA, MatmulPackedGPU):
                 shared = self.b_tile if lanes.simulate else self.b_shared
                 vector.store(vector.from_elements(storage, values), shared, [buffer, n, col])
 
-            if fill is None:
-                dequantize()
-            else:
-                branch = scf.IfOp(fill)
-                with ir.InsertionPoint(branch.then_block):
-                    dequantize()
-                    scf.yield_([])
+            _when(fill, dequantize)
             return []
 
         return self.each_chunk(lanes, tn * per_row, chunk)
+
+
+def _when(condition, emit) -> None:
+    """`emit()` always (condition None) or under `scf.if condition`."""
+    if condition is None:
+        emit()
+        return
+    branch = scf.IfOp(condition)
+    with ir.InsertionPoint(branch.then_block):
+        emit()
+        scf.yield_([])
