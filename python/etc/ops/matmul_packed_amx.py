@@ -156,7 +156,8 @@ class MatmulPackedAMX(MatmulPackedCPU):
         bf16 = element_type("bf16")
         self._pairs = k // 2
         blocks = -(-self.op.tile[0] // 32) * 2
-        self._panel = self.entry_alloca(ir.MemRefType.get([blocks * self._pairs, 32], bf16), alignment=64)
+        self._panel = self.entry_alloca(ir.MemRefType.get([blocks * self._pairs, 32], bf16),
+                                        alignment=64)
         # Tile by tile: step kb's two 16 x 32 tiles of B^T at rows
         # 32 kb ... 32 kb + 31 (64-byte rows: one tile is 1 KB in a row;
         # rows of K values, 4 KB apart at K = 2048, would fall in the same
