@@ -98,11 +98,7 @@ class AMXTiles:
         if self.emulate:
             return [self.kernel.vzero(16) for _ in range(self.ROWS)]
         tile = ir.Operation.create("amx.tile_zero", results=[self.acc_type]).result
-        if not self.in_memory:
-            return tile
-        slot = self.kernel.entry_alloca(ir.MemRefType.get([self.ROWS, 16], self.f32))
-        self._store_tile(slot, self.kernel.cidx(0), self.kernel.cidx(0), tile)
-        return slot
+        return self._in_slot(tile) if self.in_memory else tile
 
     def _load_tile(self, buf: ir.Value, row: ir.Value, col: ir.Value, type: ir.Type):
         return ir.Operation.create(
@@ -128,9 +124,15 @@ class AMXTiles:
             return [vector.load(self.kernel.vtype(16), buf,
                                 [arith.addi(row, self.kernel.cidx(i)), self.kernel.cidx(0)])
                     for i in range(self.ROWS)]
-        return ir.Operation.create(
-            "amx.tile_load", results=[self.acc_type], operands=[buf, row, self.kernel.cidx(0)],
-            attributes={"operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 2, 0])}).result
+        tile = self._load_tile(buf, row, self.kernel.cidx(0), self.acc_type)
+        return self._in_slot(tile) if self.in_memory else tile
+
+    def _in_slot(self, tile) -> ir.Value:
+        """`tile` stored in a new stack slot (`in_memory`), the slot."""
+        slot = self.kernel.entry_alloca(ir.MemRefType.get([self.ROWS, 16], self.f32),
+                                        alignment=64)
+        self._store_tile(slot, self.kernel.cidx(0), self.kernel.cidx(0), tile)
+        return slot
 
     def mul(self, lhs, rhs, acc):
         """`tdpbf16ps`: acc[m][n] + sum over pairs p of lhs[m][2p] rhs[p][2n]
