@@ -26,7 +26,8 @@ import pytest
 import etc
 from etc import packed
 from etc.ops.base import Target
-from etc.ops.matmul_packed import MatmulPackedCPU, choose_packed
+from etc.ops.matmul import choose_kernel as choose_packed
+from etc.ops.matmul_packed import MatmulPackedCPU
 from etc.ops.matmul_packed_amx import MatmulPackedAMX
 from etc.reference import evaluate
 from etc.runtime import isa

@@ -122,7 +122,10 @@ def choose_kernel(op, target) -> type:
     if is_packed(op.operands[1].dtype):
         if MatmulPackedMMA.applies(op, target):
             return MatmulPackedMMA
-        return choose_packed(op, target)
+        kernel = choose_packed(op, target)
+        if kernel is MatmulPackedCPU and MatmulPackedAMX.applies(op, target):
+            return MatmulPackedAMX
+        return kernel
     if target.kind == "cpu" and MatmulAMX.applies(op, target):
         return MatmulAMX
     if target.kind == "cpu" and MatmulDPBF16.applies(op, target):

@@ -38,7 +38,7 @@ from mlir.dialects import arith, scf, vector
 from .. import packed
 from .base import element_type
 from .matmul_mma import MatmulMMA
-from .matmul_packed import MatmulPackedGPU
+from .matmul_packed_gpu import MatmulPackedGPU
 from .packed_vectors import CHUNK_FORMATS, PackedVectors
 
 
