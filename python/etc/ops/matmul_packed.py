@@ -744,15 +744,24 @@ class MatmulPackedCPU(PackedDotsCPU, Matmul):
         return op.operands[1].dtype in cls.FORMATS
 
     def emit(self) -> None:
+        rows, c0, cols = self.prepare_tile()
+        self.emit_vnni(rows, c0, cols)
+
+    def prepare_tile(self) -> tuple:
+        """The tile's live rows (its first in `r0`), first column and
+        columns, its stack panel prepared."""
         op, out = self.op, self.op.result
-        a, b = op.operands[:2]
         tm, tn = op.tile
         self.r0, rows = self.row_block(out, tm)
         c0 = arith.muli(self.ti[1], self.cidx(tn))
         cols = self.extent(out, 1, c0, tn)
-        self.prepare(a.shape[1], tm, [b.dtype])
+        self.prepare(op.operands[0].shape[1], tm, [op.operands[1].dtype])
+        return rows, c0, cols
+
+    def emit_vnni(self, rows, c0, cols) -> None:
+        """The tile's products as int8 dots over its quantized rows."""
         self.quantize_rows(rows)
-        self.multiply(b, rows, c0, cols)
+        self.multiply(self.op.operands[1], rows, c0, cols)
 
     def activation_row(self, local) -> tuple:
         return self.op.operands[0], [arith.addi(self.r0, local)]

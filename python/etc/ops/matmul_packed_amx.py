@@ -129,22 +129,15 @@ class MatmulPackedAMX(MatmulPackedCPU):
         return (max(tm, rows), tn)
 
     def emit(self) -> None:
-        op, out = self.op, self.op.result
-        a, b = op.operands[:2]
-        tm, tn = op.tile
-        self.r0, rows = self.row_block(out, tm)
-        c0 = arith.muli(self.ti[1], self.cidx(tn))
-        cols = self.extent(out, 1, c0, tn)
-        self.prepare(a.shape[1], tm, [b.dtype])
-        self.weight = b
+        rows, c0, cols = self.prepare_tile()
+        self.weight = self.op.operands[1]
         branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, rows,
                                      self.cidx(self.TILE_CROSSOVER)), has_else=True)
         with ir.InsertionPoint(branch.then_block):
             self.emit_tiles(self.r0, rows, c0, cols)
             scf.yield_([])
         with ir.InsertionPoint(branch.else_block):
-            self.quantize_rows(rows)
-            self.multiply(b, rows, c0, cols)
+            self.emit_vnni(rows, c0, cols)
             scf.yield_([])
 
     def emit_tiles(self, r0, rows, c0, cols) -> None:
@@ -226,7 +219,6 @@ class MatmulPackedAMX(MatmulPackedCPU):
         its minimum, in f32 (`etc.packed.dequantize`'s values), then
         rounded."""
         fmt = packed.FORMATS[self.weight.dtype]
-        bf16 = element_type("bf16")
         wide = self.vtype(self.BLOCK)
         vnni, self.vnni = self.vnni, False  # signed integers, no zero points
         try:
