@@ -424,6 +424,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--rounds", type=int, default=2, help="requests per client")
     parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--max-step-tokens", type=int, default=None,
+                        help="tokens one engine step takes at most (default: the model's, 256): "
+                             "a longer prefill takes several steps")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--schedule", default="auto")
     parser.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
@@ -465,6 +468,9 @@ def main() -> int:
     if args.url and (args.dtype != "f32" or args.model != "small" or args.checkpoint):
         parser.error("--url names a running server: --dtype, --model and --checkpoint are its "
                      "own, not this benchmark's")
+    if args.max_step_tokens is not None and (args.url or args.max_step_tokens < 1):
+        parser.error("--max-step-tokens must be positive, and is this benchmark's server's: "
+                     "not with --url")
     if args.checkpoint and args.model != "small":
         parser.error("--model shapes the random checkpoint: not with --checkpoint")
 
@@ -483,13 +489,15 @@ def main() -> int:
                                     tiny_config(architecture, **shape),
                                     tokenizer=args.structured or bool(args.peer))
         start = time.perf_counter()
+        step_tokens = ({} if args.max_step_tokens is None
+                       else {"max_step_tokens": args.max_step_tokens})
         kv_tokens = None  # sized by its first user, the server's engine
         if args.structured:  # or the server's sequences, or two engines' at once
             kv_tokens = (args.prompt + args.new) * max(
                 args.max_num_seqs, 2 * min(max(args.concurrency), args.max_num_seqs))
         model = models.load(path, workers=args.workers, schedule=args.schedule,
                             max_seq_len=args.prompt + args.new, kv_cache_tokens=kv_tokens,
-                            dtype=args.dtype)
+                            dtype=args.dtype, **step_tokens)
         print(f"{model}: loaded and compiled in {time.perf_counter() - start:.2f} s")
         vocab = model.config.vocab_size
         server, thread, url = start_server(model, args.model_name, args.max_num_seqs,

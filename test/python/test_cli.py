@@ -146,9 +146,15 @@ def test_user_errors_are_one_line(checkpoint, tmp_path):
     from etc.cli.options import DEFAULT_ATTENTION_CHUNK
     from etc.models.step.kernel import DEFAULT_ATTENTION_CHUNK as used
 
+    from etc.cli.options import DEFAULT_MAX_STEP_TOKENS
+    from etc.models.step.kernel import DEFAULT_MAX_STEP_TOKENS as step_tokens
+
     helped = " ".join(etc_command("generate", "--help").stdout.split())
-    assert DEFAULT_ATTENTION_CHUNK == used
+    assert DEFAULT_ATTENTION_CHUNK == used and DEFAULT_MAX_STEP_TOKENS == step_tokens
     assert f"KV positions per attention task (default: {used})" in helped
+    assert f"prefilled in several steps (default: {step_tokens})" in helped
+    usage = etc_command("generate", checkpoint, "hello", "--max-step-tokens", "0")
+    assert usage.returncode == 2 and "not a positive integer" in usage.stderr
 
 
 def test_serve_checks_its_port_before_loading(checkpoint):
@@ -191,6 +197,12 @@ def test_generate_streams_the_models_text(chat_checkpoint):
     assert result.stdout == want.text[0] + ("" if want.text[0].endswith("\n") else "\n")
     assert "cache step kernel" in result.stderr  # --verbose: loaded from the cache
     assert "first new token after" in result.stderr
+    # A prompt longer than a step: prefilled in several steps, the same text.
+    split = etc_command("generate", path, "the quick brown", "--max-new-tokens", "6",
+                        "--cache-dir", cache, *SMALL, "--verbose", "--max-step-tokens", "2")
+    assert split.returncode == 0, split.stderr
+    assert split.stdout == result.stdout
+    assert "at most 2 tokens a step" in split.stderr and "at most 256" in result.stderr
     chat = etc_command("generate", path, "hello", "--chat", "--max-new-tokens", "5",
                        "--cache-dir", cache, *SMALL)
     assert chat.returncode == 0, chat.stderr

@@ -31,14 +31,21 @@ def load_model(args):
                       kv_block_size=args.kv_block_size, kv_cache_tokens=args.kv_cache_tokens,
                       kv_cache_memory=args.kv_cache_memory,
                       tensor_parallel=getattr(args, "tensor_parallel", 1),
-                      packed=False if args.widen else None)
+                      packed=False if args.widen else None, **step_tokens(args))
     finally:
         progress.close()
     if getattr(args, "verbose", False) and model.rank == 0:
         timings = ", ".join(f"{k} {v:.2f} s" for k, v in model.timings.items())
-        print(f"etc: loaded {args.checkpoint} ({model.kernel_source} step kernel; {timings})",
+        print(f"etc: loaded {args.checkpoint} ({model.kernel_source} step kernel, at most "
+              f"{model.max_step_tokens} tokens a step; {timings})",
               file=sys.stderr)
     return model
+
+
+def step_tokens(args) -> dict:
+    """`max_step_tokens` for the model where the command line gives it."""
+    given = getattr(args, "max_step_tokens", None)
+    return {} if given is None else {"max_step_tokens": given}
 
 
 def tokenizer_of(model):

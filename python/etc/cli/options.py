@@ -28,6 +28,11 @@ DEFAULT_BLOCK_SIZE = 16
 DEFAULT_ATTENTION_CHUNK = 128
 
 
+#: `--max-step-tokens` when not given
+#: (`etc.models.step.kernel.DEFAULT_MAX_STEP_TOKENS`, not imported either).
+DEFAULT_MAX_STEP_TOKENS = 256
+
+
 #: `--rank-timeout` when not given (`etc.models.engine.lockstep.TIMEOUT_SECONDS`).
 DEFAULT_RANK_TIMEOUT = 10.0
 
@@ -60,6 +65,10 @@ def add_load_options(parser: argparse.ArgumentParser, *, compile_only: bool = Fa
                        help=f"positions per block of the paged KV cache, or 'none' for a "
                             f"contiguous slot per sequence (default: {DEFAULT_BLOCK_SIZE})")
     if not compile_only:
+        group.add_argument("--max-step-tokens", type=positive_int, default=None, metavar="N",
+                           help=f"tokens one step of the model takes at most, over all "
+                                f"requests; a longer prompt is prefilled in several steps "
+                                f"(default: {DEFAULT_MAX_STEP_TOKENS})")
         sizes = group.add_mutually_exclusive_group()
         sizes.add_argument("--kv-cache-tokens", type=positive_int, default=None, metavar="N",
                            help="positions the paged KV cache holds, over all requests "
