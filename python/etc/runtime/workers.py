@@ -30,6 +30,12 @@ callables (`Run.start`) still run on the same threads: a thread parked in
 native code is told to leave first. At exit every parked thread leaves, so
 that none is woken inside code that finalization has freed.
 
+The caller may join (`Run(count, joined=True)`; `etc.runtime.cpu`
+decides, for runs known to be short): the pool's threads run worker ids
+0 .. count-1 and the calling thread the last id itself, between `launch`
+(which then only hands the run over) and `wait`; pinned, the threads get
+the cores the caller is not on.
+
 Waits on the calling thread stay interruptible: the launcher waits for at
 most SLICE_NS at a time and returns to Python, which runs its signal
 handlers; a Ctrl-C while a run waits raises in the caller, which stops the
