@@ -10,6 +10,13 @@ worker adapter off, so that the count does not follow the machine's load):
     run to the worker threads (`etc.runtime.cpu.run_interruptible` called)
     to each worker's first tile, and from the last tile's end back to the
     caller (`run_interruptible` returned).
+  * `gemm`: `bench/gemm_cpu.py`'s bf16 GEMM at M, K, N = 486, 576, 192
+    (W bound once, C written in place into an aligned `out=` array of bf16
+    bits), traced: the Python before the hand-off (`run` called to
+    `run_interruptible` called), the hand-off to each worker's first tile,
+    the tiles' span, the last tile back to `run_interruptible`'s return and
+    the Python after it (to `run`'s return), medians and minimums; and the
+    tiles each worker ran.
 Runs follow each other after `--gap` ms of sleep (0: back to back; a decode
 step's host work is about 0.8 ms). Prints medians over `--runs` runs.
 
@@ -29,10 +36,12 @@ from pathlib import Path
 import numpy as np
 
 import etc
-from etc.runtime import cpu
+from etc import bfloat16
+from etc.runtime import aligned, cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_tiles import FFN, HIDDEN, swiglu  # noqa: E402
+from gemm_cpu import gemm  # noqa: E402
 
 
 def tiny() -> etc.Graph:
@@ -105,11 +114,40 @@ def main() -> None:
             if starts:
                 first[worker].append(min(starts) - stamps["in"])
         back.append(stamps["out"] - max(e.end for e in events))
-    cpu.run_interruptible = handed
     cells = ", ".join(f"worker {worker} {statistics.median(times) / 1e3:.1f} us "
                       f"({len(times)} runs with tiles)" for worker, times in first.items() if times)
     print(f"mlp B=1 traced: run {statistics.median(whole) * 1e3:.3f} ms; hand-off to the first "
           f"tile: {cells}; last tile back to the caller {statistics.median(back) / 1e3:.1f} us")
+
+    m, k, n = 486, 576, 192
+    kernel = etc.compile(gemm(k, n), target="cpu", workers=args.workers, trace=True)
+    kernel.runtime.adapt_workers = False
+    a = aligned.aligned(bfloat16.to_bits(rng.standard_normal((m, k)).astype(np.float32)))
+    w = aligned.aligned(bfloat16.to_bits((rng.standard_normal((n, k)) / 16).astype(np.float32)))
+    c = aligned.empty((m, n), np.uint16)
+    bound = kernel.partial(w=w)
+    for _ in range(20):
+        bound.run(a=a, out=[c])
+    parts = {part: [] for part in ("run", "before", "first", "span", "back", "after")}
+    tiles = {worker: [] for worker in range(args.workers)}
+    for _ in range(args.runs):
+        pause(gap_s)
+        start = time.monotonic_ns()
+        bound.run(a=a, out=[c])
+        end = time.monotonic_ns()
+        events = kernel.trace.events
+        first, last = min(e.start for e in events), max(e.end for e in events)
+        for part, ns in [("run", end - start), ("before", stamps["in"] - start),
+                         ("first", first - stamps["in"]), ("span", last - first),
+                         ("back", stamps["out"] - last), ("after", end - stamps["out"])]:
+            parts[part].append(ns / 1e3)
+        for worker in tiles:
+            tiles[worker].append(sum(e.worker == worker for e in events))
+    cpu.run_interruptible = handed
+    print(f"gemm {m}x{k}x{n} bf16 traced, us (median / min): " + "; ".join(
+        f"{part} {statistics.median(v):.1f} / {min(v):.1f}" for part, v in parts.items())
+        + "; tiles per worker (median) " + "/".join(
+            f"{statistics.median(v):g}" for v in tiles.values()))
 
 
 if __name__ == "__main__":

@@ -98,8 +98,10 @@ def absent_worker(monkeypatch):
     """Runs on 2 workers start only worker 0: worker 1 never gets a core."""
     run = cpu_runtime.run_interruptible
 
-    def only_the_first(entry, arguments, count, header, spin, threads=None):
-        return run(entry, arguments, count, header, spin, threads=1 if count == 2 else threads)
+    def only_the_first(entry, arguments, count, header, spin, threads=None, **options):
+        # Joined, the caller runs worker 0 (the last of one thread's ids).
+        return run(entry, arguments, count, header, spin, threads=1 if count == 2 else threads,
+                   **options)
     monkeypatch.setattr(cpu_runtime, "run_interruptible", only_the_first)
 
 

@@ -140,6 +140,8 @@ def test_a_run_alone_on_every_core_pins_its_parked_threads(monkeypatch):
     """The caller pins the threads parked in native code (they run no
     Python to pin themselves): one per core for a run alone with as many
     workers as cores on an idle machine, and unpinned otherwise."""
+    from etc.runtime import cpu
+    monkeypatch.setattr(cpu, "JOIN_BELOW_NS", 0)  # every worker on a pool thread
     monkeypatch.delenv("ETC_PIN_WORKERS", raising=False)
     monkeypatch.setattr(workers._pool.others, "busy", lambda cores: False)
     cores = sorted(os.sched_getaffinity(0))
@@ -201,3 +203,104 @@ print("ok")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stdout + proc.stderr
+
+
+def _spy_on_the_caller(runtime) -> list:
+    """Records (worker id, worker count) of every worker the calling thread
+    runs itself in `runtime`'s runs (`run_interruptible(join=True)`)."""
+    entry = runtime._pool_entry
+    call, joined = entry.call, []
+
+    def recorded(arguments, worker, count):
+        joined.append((worker, count))
+        return call(arguments, worker, count)
+    entry.call = recorded
+    return joined
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_a_short_run_joins_its_workers(schedule, count):
+    """Once a run at a binding has taken less than JOIN_BELOW_NS, the next
+    runs there have the caller run the last worker itself (ids 0 .. count-2
+    on the pool's threads; with one worker no thread is woken at all), with
+    the same results; the first run, whose time is unknown, does not."""
+    from etc.runtime import cpu
+    kernel = etc.compile(mlp(f"joined_{schedule}_{count}"), target="cpu", workers=count,
+                         schedule=schedule)
+    kernel.runtime.adapt_workers = False
+    joined = _spy_on_the_caller(kernel.runtime)
+    args = mlp_inputs(9, seed=7)
+    (want,) = etc.reference.evaluate(mlp(f"joined_{schedule}_{count}"), **args)
+    threads_before = len(workers._pool._all)
+    for run in range(20):
+        (got,) = kernel.run(**args)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        assert workers.busy() == 0
+    assert joined and set(joined) == {(count - 1, count)}
+    assert len(joined) >= 15  # a few slow runs (a loaded machine) may wait instead
+    (got,) = kernel.run(**{**args, "x": args["x"][:4]})  # a new binding: unknown, not joined
+    np.testing.assert_allclose(got, want[:4], rtol=1e-4, atol=1e-4)
+    assert len(joined) <= 20
+    if count == 1:
+        assert len(workers._pool._all) == threads_before  # no thread needed
+    assert cpu.JOIN_BELOW_NS == workers.SLICE_NS
+
+
+def test_a_run_slower_than_the_bound_does_not_join(monkeypatch):
+    from etc.runtime import cpu
+    monkeypatch.setattr(cpu, "JOIN_BELOW_NS", 0)
+    kernel = etc.compile(mlp("slow"), target="cpu", workers=2)
+    kernel.runtime.adapt_workers = False
+    joined = _spy_on_the_caller(kernel.runtime)
+    for _ in range(5):
+        kernel.run(**mlp_inputs(3, seed=8))
+    assert joined == []
+
+
+@pytest.fixture
+def always_joined(monkeypatch):
+    """Every run joins its workers, the first one too."""
+    from etc.runtime import cpu
+    run = cpu.run_interruptible
+
+    def joining(*args, **options):
+        return run(*args, **{**options, "join": True})
+    monkeypatch.setattr(cpu, "run_interruptible", joining)
+
+
+def test_a_joined_run_that_hangs_names_the_task(always_joined):
+    """The caller's own worker is stopped by the watchdog as the threads'
+    are: the error names the task, and no thread stays busy."""
+    options = pipeline.Options(target="cpu", workers=2, watchdog=0.3)
+    module = ir.Module.parse(HANG, ir.Context())
+    pipeline.run_stage(module, "scheduled",
+                       "builtin.module(event-static-schedule{workers=2 check=false})")
+    hanging = compile_module(module, hang_signature(), options, stage="scheduled")
+    hanging.runtime.adapt_workers = False
+    joined = _spy_on_the_caller(hanging.runtime)
+    with pytest.raises(layout.WatchdogError, match="hang: watchdog: task"):
+        hanging.run(x=np.ones(8, np.float32))
+    assert joined == [(1, 2)]
+    assert workers.busy() == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning needs Linux sched_setaffinity and at least 2 usable cores")
+def test_a_joined_run_alone_pins_its_threads_off_the_callers_core(monkeypatch, always_joined):
+    """A joined run with a worker per core claims the machine: its pool
+    threads are pinned to the cores the caller is not on when it starts."""
+    monkeypatch.delenv("ETC_PIN_WORKERS", raising=False)
+    monkeypatch.setattr(workers._pool.others, "busy", lambda cores: False)
+    cores = sorted(os.sched_getaffinity(0))
+    kernel = etc.compile(mlp("joined_pins"), target="cpu", workers=len(cores))
+    kernel.runtime.adapt_workers = False
+    args = mlp_inputs(3, seed=9)
+    want = etc.reference.evaluate(mlp("joined_pins"), **args)[0]
+    for here in (cores[0], cores[-1]):  # where the caller is said to run
+        monkeypatch.setattr(workers, "current_cpu", lambda: here)
+        (got,) = kernel.run(**args)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        threads = sorted(_idle_workers(), key=lambda worker: worker.number)[:len(cores) - 1]
+        masks = [frozenset(os.sched_getaffinity(worker.thread.native_id)) for worker in threads]
+        assert masks == [frozenset({core}) for core in cores if core != here]

@@ -359,6 +359,41 @@ def test_amx_tiles_match_the_reference(k, n, level, monkeypatch):
         assert_close_to_reference(got, want.astype(np.float64), a, w)
 
 
+@needs_amx
+@pytest.mark.parametrize("level", ["0", "2"])
+def test_tiles_from_the_crossover_take_the_tile_unit(level, monkeypatch):
+    """A tile of TILE_CROSSOVER rows takes the tile unit, one of a row
+    fewer the dot products (chosen per tile at run time from its rows).
+    The tile unit sums each element in one order whatever the tile's rows,
+    so from the crossover on a few rows' results are bit for bit those
+    rows of a 32-row tile; the dot products sum in another order, which
+    shows in the row count below's results (sums that cancel, so that
+    their rounding is all that is left), all within the reference's
+    tolerance."""
+    monkeypatch.setenv("ETC_CPU_OPT_LEVEL", level)
+    k = n = 576
+    rng = np.random.default_rng(3)
+    g = _graph(k, n)
+    kernel = etc.compile(g, target="cpu", workers=2)
+    assert "matmul_amx" in kernel.ir("graph")
+    # Each row's second half of the products cancels its first: the
+    # result is the f32 rounding of the sums, which follows their order.
+    w = np.tile(_bf16(rng, (n, k // 2)), 2)
+    half = _bf16(rng, (32, k // 2))
+    a = np.concatenate([half, -half], axis=1)
+    run = kernel.partial(w=w)
+    (full,) = run.run(a=a)
+    crossover = MatmulAMX.TILE_CROSSOVER
+    for m in (crossover - 1, crossover, crossover + 1):
+        (got,) = run.run(a=a[:m])
+        (want,) = etc.reference.evaluate(g, a=a[:m], w=w)
+        assert_close_to_reference(got, want.astype(np.float64), a[:m], w)
+        if m >= crossover:
+            np.testing.assert_array_equal(got, full[:m])
+        else:
+            assert (got != full[:m]).any(), m
+
+
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 @pytest.mark.parametrize("k, n", [(75, 70), (200, 64), (160, 96)])
 def test_amx_k_chunks_and_row_tiles_match_the_reference(monkeypatch, schedule, k, n):

@@ -897,7 +897,7 @@ def test_a_long_proposal_is_verified_on_the_decoding_path(bf16_model, monkeypatc
     """k = 8 proposals, all right: a request's verification rows stay below
     the attention's prefill path (`MAX_REQUEST_ROWS`), so every logit is
     the one decoding gives, in fewer steps: bit for bit, except where the
-    CPU has AMX, whose matmul tiles take a step of 8 rows or more
+    CPU has AMX, whose matmul tiles take a step of 3 rows or more
     (`MatmulAMX.TILE_CROSSOVER`: a verification step's rows, not a
     decode step's) and sum K in another order, within f32 rounding."""
     from etc.ops.attention_cpu import AttentionChunkBlocks

@@ -191,20 +191,31 @@ class MatmulAMX(MatmulDPBF16):
     last group of 32."""
 
     #: Tiles with at least this many rows take the tile unit, below it
-    #: `MatmulDPBF16` (and its GEMV). Measured (bench/gemm_cpu.py's graph,
-    #: best tile span of 40 runs, 2026-11-28 16:17 UTC, load 1.9-2.2, at
-    #: 6897860): the tile unit's time is nearly flat up to 16 rows (it
-    #: reads all of B^T for a tile of 32 rows), the dot products' grows
-    #: with the rows. AMX us / AVX-512 BF16 us at 2, 4 and 8 rows:
-    #:   K x N 576 x 1536, 1 worker: 73 / 68, 73 / 116, 76 / 204;
-    #:     2 workers: 70 / 27, 70 / 51, 70 / 123
-    #:   1536 x 576, 1 worker: 175 / 76, 167 / 123, 170 / 218;
-    #:     2 workers: 102 / 60, 104 / 94, 105 / 178
-    #:   2048 x 2048, 1 worker: 441 / 374, 410 / 596, 428 / 1055;
-    #:     2 workers: 427 / 347, 431 / 557, 604 / 996
-    #: so AMX from 8 rows (at 4 it wins 3 of the 6), a batched decode of
-    #: 8-16 rows included.
-    TILE_CROSSOVER = 8
+    #: `MatmulDPBF16` (and its GEMV). The tile unit's time is flat up to
+    #: 16 rows (it computes a pair of 16-row blocks and reads all of B^T
+    #: for them), the dot products' grows with the rows (`vdpbf16ps` runs
+    #: at 80-85 GFLOP/s a core on this Xeon). Measured (bench/gemm_cpu.py's
+    #: graph, best tile span of 3 x 25 runs, crossover 2 against 8 in one
+    #: process, 2026-11-28 19:47-19:50 UTC, load 1.0-1.1, at cccf5a0), AMX
+    #: us / AVX-512 BF16 us at 2, 3 and 4 rows:
+    #:   K x N 576 x 192, 2 workers: 5.3 / 5.2, 5.3 / 7.9, 5.5 / 8.1;
+    #:     1 worker: 6.7 / 6.2, 6.5 / 11.0, 6.7 / 11.1
+    #:   576 x 576, 2 workers: 12.8 / 11.8, 13.6 / 20.2, 12.5 / 19.9;
+    #:     1 worker: 19.9 / 16.9, 19.9 / 35.6, 20.0 / 35.5
+    #:   576 x 1536, 2 workers: 27.4 / 25.1, 27.1 / 47.8, 27.7 / 47.0;
+    #:     1 worker: 146 / 70, 106 / 150, 149 / 142 (noisy: flat in rows)
+    #:   1536 x 576, 2 workers: 31.8 / 25.1, 30.6 / 46.4, 44.1 / 55.4;
+    #:     1 worker: 172 / 78, 65 / 100, 142 / 98 (noisy: flat in rows)
+    #:   2048 x 2048, 2 workers: 195 / 154, 195 / 265, 196 / 260;
+    #:     1 worker: 374 / 306, 388 / 520, 370 / 497
+    #: so AMX from 3 rows (its best time wins all 10 there; the dot
+    #: products win 9 of 10 at 2). It was 8, measured at 16:17 before the
+    #: aligned stack buffers and the K chunks made the tile 2.5x faster:
+    #: a prefill's ragged last row tile (486 = 15 x 32 + 6 rows) then took
+    #: the dot products, 9 us against 3.7 on the tile unit at K = 576, and
+    #: ended each worker's share (486 x 576 x 192: best span 120.5 us ->
+    #: 110.6 with AMX from 6 rows).
+    TILE_CROSSOVER = 3
     #: Columns of C (rows of B^T) per group: two tiles.
     GROUP = 32
     #: Rows of A per tile from K = TALL_K on: B^T's tiles serve ROWS / 32

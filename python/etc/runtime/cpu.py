@@ -39,6 +39,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -348,6 +349,10 @@ class _Workspace:
         #: before its id and count (`WorkerPool.h`).
         self.arguments = np.array([*self.args, self.counters_arg], np.int64)
         self.arguments_address = self.arguments.ctypes.data
+        #: How long the last run here took, from the hand-off to the
+        #: workers to their return, in ns (unknown: the first run does not
+        #: join its workers; see `JOIN_BELOW_NS`).
+        self.last_ns: int | None = None
         #: Output buffers kept for the runs whose caller does not receive
         #: the program's own storage (outputs `out=` leaves out, copied or
         #: widened ones), as (array, address) by name; made at the first
@@ -363,22 +368,39 @@ class _Workspace:
         return kept
 
 
+#: A run joins its workers (`run_interruptible(join=True)`) when the last
+#: run in its workspace took less than this many nanoseconds: a Ctrl-C waits
+#: for the caller's own share of the tiles, so it stays about as prompt as
+#: the launcher's slices (`workers.SLICE_NS`) make it for the others.
+JOIN_BELOW_NS = workers.SLICE_NS
+
+
 def run_interruptible(entry: Entry, arguments: int, count: int, header: np.ndarray,
                       spin_microseconds: int = DEFAULT_SPIN_MICROSECONDS,
-                      threads: int | None = None) -> None:
+                      threads: int | None = None, join: bool = False) -> None:
     """Runs the program's `count` workers on the pool's threads (the packed
     worker of `entry` with the argument block at the address `arguments`)
     and waits for them, polling for `spin_microseconds` once one thread is
     left; `threads` (default `count`) threads run worker ids 0, 1, ....
+
+    `join=True`: the calling thread runs the last of those workers itself
+    (the pool's threads the others), then waits for them: its share starts
+    at once instead of after a sleeping thread's wake-up (17-34 us on the
+    2-core AMX VM), and a run of one worker wakes no thread at all. Its
+    share is one native call, which a Ctrl-C does not interrupt: the
+    signal is seen when that call returns (`JOIN_BELOW_NS`).
 
     Ctrl-C (or another exception from a signal handler) while the workers
     run: they write into the buffers and the counters until they return.
     The interrupted status in the run `header` makes every spin give up and
     every worker skip the tiles it has not started; this waits for them
     before the caller may let go of those buffers, then raises."""
-    run = workers.Run(count if threads is None else threads)
+    threads = count if threads is None else threads
+    run = workers.Run(threads - 1 if join else threads, joined=join)
     try:
         run.launch(entry, arguments, count, spin_microseconds * 1000)
+        if join:
+            entry.call(arguments, threads - 1, count)
         run.wait()
     except BaseException:
         header[layout.STATUS_WORD] = layout.INTERRUPTED
@@ -710,8 +732,12 @@ class CPURuntime(ProgramRuntime):
         self._functions["init"](*args, workspace.counters_arg)
         workspace.header[layout.SPIN_MICROSECONDS_WORD] = self._spin
         count = workers.run_workers(self.workers) if self.adapt_workers else self.workers
+        start = time.perf_counter_ns()
         run_interruptible(self._pool_entry, workspace.arguments_address, count,
-                          workspace.header, self._spin)
+                          workspace.header, self._spin,
+                          join=workspace.last_ns is not None and
+                          workspace.last_ns < JOIN_BELOW_NS)
+        workspace.last_ns = time.perf_counter_ns() - start
         layout.check_header(self.abi, workspace.header)
         #: The number of workers the last run used (`adapt_workers`).
         self.last_workers = count

@@ -30,6 +30,12 @@ callables (`Run.start`) still run on the same threads: a thread parked in
 native code is told to leave first. At exit every parked thread leaves, so
 that none is woken inside code that finalization has freed.
 
+The caller may join (`Run(count, joined=True)`; `etc.runtime.cpu`
+decides, for runs known to be short): the pool's threads run worker ids
+0 .. count-1 and the calling thread the last id itself, between `launch`
+(which then only hands the run over) and `wait`; pinned, the threads get
+the cores the caller is not on.
+
 Waits on the calling thread stay interruptible: the launcher waits for at
 most SLICE_NS at a time and returns to Python, which runs its signal
 handlers; a Ctrl-C while a run waits raises in the caller, which stops the
@@ -135,6 +141,8 @@ class _Mailbox(ctypes.Structure):
 
 
 _PARK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+#: The packed worker: worker(arguments, worker_id, worker_count).
+_WORKER = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 #: launch(mailboxes, count, run, spin_ns, timeout_ns, command, function,
 #: arguments, worker_count) -> the count left.
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
@@ -151,6 +159,9 @@ class Entry:
 
     def __init__(self, worker: int, park: int, launch: int, owner: object):
         self.worker = worker
+        #: The packed worker as a call, for a caller that runs a share of
+        #: the run itself (`Run.join`).
+        self.call = _WORKER(worker)
         self.park = _PARK(park)
         self.launch = _LAUNCH(launch)
         self.owner = owner
@@ -515,6 +526,22 @@ def run_workers(count: int) -> int:
     return max(1, min(count, int(free + 0.5)))
 
 
+try:
+    _sched_getcpu = ctypes.CDLL(None, use_errno=True).sched_getcpu
+    _sched_getcpu.restype = ctypes.c_int
+    _sched_getcpu.argtypes = []
+except (AttributeError, OSError):  # not glibc / not Linux
+    _sched_getcpu = None
+
+
+def current_cpu() -> int | None:
+    """The core the calling thread runs on now (None where unknown)."""
+    if _sched_getcpu is None:
+        return None
+    cpu = _sched_getcpu()
+    return cpu if cpu >= 0 else None
+
+
 def _cores_for(count: int) -> list:
     """Per worker of a run alone in the process: the core to pin it to,
     or None for all (see the module docstring)."""
@@ -535,10 +562,18 @@ class Run:
     the first error a Python call raised; `finish` waits after an
     interruption (not interruptible). Call `launch` or `start` inside the
     `try` whose handler calls `finish`: an interruption while the run is
-    being started still leaves a run that `finish` can wait for."""
+    being started still leaves a run that `finish` can wait for.
 
-    def __init__(self, count: int):
+    `joined=True`: the calling thread runs one more worker itself between
+    `launch` and `wait` (see `etc.runtime.cpu.run_interruptible`), so the
+    run claims `count + 1` cores: pinned, the threads get those of them
+    the caller is not on now, and `launch` returns without waiting (a
+    `count` of 0 is then a run of the caller alone)."""
+
+    def __init__(self, count: int, joined: bool = False):
         self._pool = _pool
+        self._joined = joined
+        self._spin_ns = 0
         #: Python calls' completion (made by `start`: a native run needs none).
         self._done: threading.Condition | None = None
         # Counted down by the workers (not by the waiting thread, so that an
@@ -559,7 +594,17 @@ class Run:
 
     def _cores(self) -> list:
         count = len(self._workers)
-        return _cores_for(count) if self._alone else [None] * count
+        if not self._alone:
+            return [None] * count
+        if not self._joined:
+            return _cores_for(count)
+        cores = _cores_for(count + 1)
+        if cores[0] is None:
+            return [None] * count
+        here = current_cpu()
+        # The core the caller runs on is its own (it runs a worker there).
+        return [core for core in cores if here not in core][:count] if \
+            any(here in core for core in cores) else cores[:count]
 
     def launch(self, entry: Entry, arguments: int, worker_count: int | None = None,
                spin_ns: int = 0) -> None:
@@ -570,15 +615,22 @@ class Run:
         polls for its end for `spin_ns` before it blocks."""
         threads = len(self._workers)
         count = threads if worker_count is None else worker_count
+        self._entry = entry
+        if not threads:  # a joined run of the caller alone
+            self._left = 0
+            return
+        self._spin_ns = spin_ns
         self._run_block[0] = threads
         for worker, cores in zip(self._workers, self._cores()):
             worker.pin(cores)
             worker.park(entry)
         mailboxes = (ctypes.c_void_p * threads)(*[worker.address for worker in self._workers])
-        self._entry = entry
         self._generation = self._workers[0].mailbox.generation
+        # Joined, the launcher only hands the run over (no time to wait):
+        # `wait` waits, after the caller's own share.
         self._left = entry.launch(mailboxes, threads, self._run_block_address,
-                                  spin_ns if threads > 1 else 0, SLICE_NS, COMMAND_RUN,
+                                  spin_ns if threads > 1 else 0,
+                                  0 if self._joined else SLICE_NS, COMMAND_RUN,
                                   entry.worker, arguments, count)
 
     def start(self, calls: Sequence[Callable[[], None]]) -> None:
@@ -617,12 +669,16 @@ class Run:
 
     def _launched(self) -> bool:
         # Only a launch changes a mailbox's generation while a run holds it.
-        return self._entry is not None and \
+        return self._entry is not None and bool(self._workers) and \
             self._workers[0].mailbox.generation != self._generation
 
     def _wait_native(self) -> None:
+        # Joined, the caller has done its share: the threads' last tiles
+        # are likely near their end, so it polls (one thread left, as the
+        # launcher polls for the last of its own run) before it blocks.
+        spin = self._spin_ns if self._joined else 0
         while self._left:
-            self._left = self._entry.launch(None, 0, self._run_block_address, 0, SLICE_NS,
+            self._left = self._entry.launch(None, 0, self._run_block_address, spin, SLICE_NS,
                                             COMMAND_RUN, None, None, 0)
 
     def wait(self) -> None:
