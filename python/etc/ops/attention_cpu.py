@@ -110,6 +110,13 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
     #: with one worker, 0.72-0.86x with two (see `decode_dot_products`);
     #: on the AMD CPU the pairs were the faster (0.94x for the values).
     DECODE_DPBF16 = None
+    #: How many blocks of KEYS ahead `whole_blocks` prefetches (2 on the
+    #: Intel AMX CPU, `prefetcht0`, contiguous blocks: 1.14-1.20x the time
+    #: of 1).
+    PREFETCH_BLOCKS = 1
+    #: The prefetches' locality hint (0: `prefetchnta`, 3: `prefetcht0`;
+    #: see `prefetch`).
+    PREFETCH_LOCALITY = 3
 
     @classmethod
     def applies(cls, op, target) -> bool:
@@ -201,7 +208,7 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         blocks = scf.ForOp(k_first, whole, c(n), init)
         with ir.InsertionPoint(blocks.body):
             k0 = blocks.induction_variable
-            prefetch(arith.minsi(arith.addi(k0, c(n)), last))
+            prefetch(arith.minsi(arith.addi(k0, c(n * self.PREFETCH_BLOCKS)), last))
             scf.yield_(self.kv_heads_block(queries, list(blocks.inner_iter_args), caches,
                                            rows_from(k0), None))
         tail = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, whole, k1),
@@ -389,13 +396,21 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         row's head_dim values a cache line at a time: they arrive while
         the block before computes. The hardware prefetcher alone left the
         rows, 128 bytes every 384 at SmolLM2's shape, to stall each block.
-        Non-temporal (`prefetchnta`): each row is read once, by this tile."""
+        `prefetcht0` (PREFETCH_LOCALITY 3): on the Intel AMX CPU one decode
+        token's attention, 30 layers at 2,000 positions, SmolLM2 shape,
+        kernels compiled in one process, runs alternating (2026-11-28
+        20:09-20:12, load 1.2-2.0), fastest run against `prefetchnta`'s
+        (0, as on the AMD CPU, where t0 was not faster): the cache's blocks
+        shuffled, 2 workers 11.12 -> 5.88 and 2.92 -> 2.64 ms (two
+        processes), 1 worker 11.68 -> 6.49 (`prefetcht1` 10.65); blocks in
+        order, 2 workers 2.87 -> 2.62."""
         for cache, memory in zip(self.op.operands[1:3], caches):
             line = 64 // (4 if cache.dtype == "f32" else 2)
             for at in rows:
                 for column in range(0, self.op.params["head_dim"] * self.kv_heads_per_tile(
                         self.op), line):
-                    memref.prefetch(memory, self.column(at, column), False, 0, True)
+                    memref.prefetch(memory, self.column(at, column), False,
+                                    self.PREFETCH_LOCALITY, True)
 
     def column(self, at: list, offset: int) -> list:
         """The indices `at` of a row's first column, `offset` columns on."""
