@@ -28,7 +28,9 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
     across lanes together (`block_scores`); a head's weights are one vector
     exponential, its running sums are rescaled once per block, and the
     weighted values are `vdpbf16ps` on pairs of keys too (`value_pairs`),
-    else FMAs.
+    else FMAs. Where the CPU has AMX (Intel's, whose `vdpbf16ps` runs at
+    half of FMA's rate) decode takes the FMAs on widened rows instead
+    (`decode_dot_products`).
 
     Where the blocks are `aligned` to the cache's (no window, P and C
     multiples of KEYS) a block reads its table entry once, its rows at
