@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import etc
+from etc.ops.attention_cpu import AttentionChunkBlocks
 from test_llm_ops import _batch
 
 # The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
@@ -79,12 +80,15 @@ def test_grouped_query_heads(heads, kv_heads):
                (2, 40, kv_heads * 16))
 
 
-@pytest.mark.parametrize("q_dtype", ["bf16", "f32"])
-def test_key_blocks_of_a_contiguous_cache(q_dtype):
+@pytest.mark.parametrize("q_dtype, decode_dpbf16", [("bf16", None), ("bf16", True),
+                                                   ("bf16", False), ("f32", None)])
+def test_key_blocks_of_a_contiguous_cache(q_dtype, decode_dpbf16, monkeypatch):
     """Chunks of whole key blocks (chunk 32) in a contiguous bf16 cache, at
     head_dim 64: the CPU tile's blocks without clamps, the next block
     prefetched, then a clamped last block; bf16 queries take `vdpbf16ps`
-    where the CPU has it."""
+    where the CPU has it, decode there on `vdpbf16ps` or on FMAs as
+    `decode_dpbf16` says (None: as the CPU's default)."""
+    monkeypatch.setattr(AttentionChunkBlocks, "DECODE_DPBF16", decode_dpbf16)
     g = _graph(heads=6, kv_heads=2, head_dim=64, chunk=32, max_length=80, cache_dtype="bf16",
                q_dtype=q_dtype)
     kernel = etc.compile(g, target="cpu", schedule="dynamic", workers=2)

@@ -11,6 +11,7 @@ import pytest
 
 import etc
 from etc import reference_llm
+from etc.ops.attention_cpu import AttentionChunkBlocks
 from test_llm_ops import _batch
 
 HEADS, KV_HEADS, D = 4, 2, 8
@@ -108,13 +109,16 @@ def test_shuffled_pages_match_contiguous_and_numpy(graphs, schedule, kernels):
                 cache[slot, :lengths[r]])
 
 
-@pytest.mark.parametrize("q_dtype", ["bf16", "f32"])
-def test_key_blocks_of_whole_pages_match_numpy(q_dtype):
+@pytest.mark.parametrize("q_dtype, decode_dpbf16", [("bf16", None), ("bf16", True),
+                                                   ("bf16", False), ("f32", None)])
+def test_key_blocks_of_whole_pages_match_numpy(q_dtype, decode_dpbf16, monkeypatch):
     """The CPU tile's path for chunks and pages of whole key blocks (P = 16,
     chunk 32: one table entry and a prefetch per block of 16 keys) on
     head_dim 64 and a bf16 cache: bf16 queries take `vdpbf16ps` where the
-    CPU has it, f32 queries FMAs on the widened keys. Lengths end inside
-    blocks and chunks, and the blocks are shuffled over the pool."""
+    CPU has it (decode as `decode_dpbf16` says: None, the CPU's default),
+    f32 queries FMAs on the widened keys. Lengths end inside blocks and
+    chunks, and the blocks are shuffled over the pool."""
+    monkeypatch.setattr(AttentionChunkBlocks, "DECODE_DPBF16", decode_dpbf16)
     heads, kv_heads, d, block, chunk, max_length = 6, 2, 64, 16, 32, 96
     width = kv_heads * d
     g = etc.Graph("pages16")

@@ -28,7 +28,9 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
     across lanes together (`block_scores`); a head's weights are one vector
     exponential, its running sums are rescaled once per block, and the
     weighted values are `vdpbf16ps` on pairs of keys too (`value_pairs`),
-    else FMAs.
+    else FMAs. Where the CPU has AMX (Intel's, whose `vdpbf16ps` runs at
+    half of FMA's rate) decode takes the FMAs on widened rows instead
+    (`decode_dot_products`).
 
     Where the blocks are `aligned` to the cache's (no window, P and C
     multiples of KEYS) a block reads its table entry once, its rows at
@@ -102,6 +104,21 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
     #: Rows whose G queries `query_block` interleaves (a run-time loop
     #: over the others): 2 of 1, 2, 4 was the fastest.
     ROWS_AT_ONCE = 2
+    #: Whether decode (a token at a time) takes `vdpbf16ps` for its scores
+    #: and weighted values (`decode_dot_products`); None: where the CPU has
+    #: AVX-512 BF16 but no AMX. On the Intel AMX CPU `vdpbf16ps` runs at
+    #: half of f32 FMA's rate (80-85 against 169 GFLOP/s a core), and the
+    #: rows widened to f32 (a shift) with FMAs took 0.87-0.90x the time
+    #: with one worker, 0.72-0.86x with two (see `decode_dot_products`);
+    #: on the AMD CPU the pairs were the faster (0.94x for the values).
+    DECODE_DPBF16 = None
+    #: How many blocks of KEYS ahead `whole_blocks` prefetches (2 on the
+    #: Intel AMX CPU, `prefetcht0`, contiguous blocks: 1.14-1.20x the time
+    #: of 1).
+    PREFETCH_BLOCKS = 1
+    #: The prefetches' locality hint (0: `prefetchnta`, 3: `prefetcht0`;
+    #: see `prefetch`).
+    PREFETCH_LOCALITY = 3
 
     @classmethod
     def applies(cls, op, target) -> bool:
@@ -147,7 +164,7 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         init = [self.cf32(float("-inf")), self.cf32(0.0), self.splat(self.cf32(0.0))] * count
         blocks = self.whole_blocks if self.aligned() else self.key_rows
         out = blocks(queries, init, k_first, k1, where, kv_column)
-        if self.value_pairs():
+        if self.decode_value_pairs():
             for g in range(count):
                 out[3 * g + 2] = self.natural_order(out[3 * g + 2])
         return [tuple(out[3 * g:3 * g + 3]) for g in range(count)]
@@ -193,7 +210,7 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         blocks = scf.ForOp(k_first, whole, c(n), init)
         with ir.InsertionPoint(blocks.body):
             k0 = blocks.induction_variable
-            prefetch(arith.minsi(arith.addi(k0, c(n)), last))
+            prefetch(arith.minsi(arith.addi(k0, c(n * self.PREFETCH_BLOCKS)), last))
             scf.yield_(self.kv_heads_block(queries, list(blocks.inner_iter_args), caches,
                                            rows_from(k0), None))
         tail = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, whole, k1),
@@ -271,7 +288,7 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         for at in rows:
             for g, dot in enumerate(self.key_dots(queries, caches[0], at)):
                 dots[g].add(dot)
-        pairs = self.value_pairs()
+        pairs = self.decode_value_pairs()
         weights, results = [], []
         for g in range(len(queries)):
             m, l, acc = carried[3 * g:3 * g + 3]
@@ -313,6 +330,27 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         takes a load, a shuffle and head_dim / 32 dot products per head
         instead of widening and head_dim / 16 FMAs."""
         return self.dot_products() and self.op.operands[2].dtype == "bf16"
+
+    def decode_dot_products(self) -> bool:
+        """Whether decode's scores take `vdpbf16ps` (`dot_products` and
+        DECODE_DPBF16, by default where the CPU has no AMX); else the key
+        rows are widened to f32 and multiplied with FMAs. One decode
+        token's attention, 30 layers at 2,000 positions, SmolLM2 shape
+        (two kernels compiled in one process, runs alternating, the Intel
+        AMX CPU, 2026-11-28 19:53, load 1.7-2.2): one worker 4.78 -> 4.17
+        ms fastest, 5.83 -> 5.23 median; two workers 4.39 -> 3.16 fastest,
+        7.89 -> 6.70 median; one layer with its rows in the caches 0.215 ->
+        0.200 ms."""
+        if not self.dot_products():
+            return False
+        if self.DECODE_DPBF16 is not None:
+            return self.DECODE_DPBF16
+        return not self.target.has("amx-bf16")
+
+    def decode_value_pairs(self) -> bool:
+        """`value_pairs` for decode's weighted values: with
+        `decode_dot_products`."""
+        return self.decode_dot_products() and self.value_pairs()
 
     def weigh_value_pairs(self, values, rows: list, weights: list, results: list) -> None:
         """Adds each head's bf16 `weights` of the block's value rows at
@@ -360,13 +398,21 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         row's head_dim values a cache line at a time: they arrive while
         the block before computes. The hardware prefetcher alone left the
         rows, 128 bytes every 384 at SmolLM2's shape, to stall each block.
-        Non-temporal (`prefetchnta`): each row is read once, by this tile."""
+        `prefetcht0` (PREFETCH_LOCALITY 3): on the Intel AMX CPU one decode
+        token's attention, 30 layers at 2,000 positions, SmolLM2 shape,
+        kernels compiled in one process, runs alternating (2026-11-28
+        20:09-20:12, load 1.2-2.0), fastest run against `prefetchnta`'s
+        (0, as on the AMD CPU, where t0 was not faster): the cache's blocks
+        shuffled, 2 workers 11.12 -> 5.88 and 2.92 -> 2.64 ms (two
+        processes), 1 worker 11.68 -> 6.49 (`prefetcht1` 10.65); blocks in
+        order, 2 workers 2.87 -> 2.62."""
         for cache, memory in zip(self.op.operands[1:3], caches):
             line = 64 // (4 if cache.dtype == "f32" else 2)
             for at in rows:
                 for column in range(0, self.op.params["head_dim"] * self.kv_heads_per_tile(
                         self.op), line):
-                    memref.prefetch(memory, self.column(at, column), False, 0, True)
+                    memref.prefetch(memory, self.column(at, column), False,
+                                    self.PREFETCH_LOCALITY, True)
 
     def column(self, at: list, offset: int) -> list:
         """The indices `at` of a row's first column, `offset` columns on."""
@@ -396,11 +442,15 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
                 and op.operands[0].dtype == op.operands[1].dtype == "bf16")
 
     def query_row(self, q, idx: list):
-        """With `dot_products`, the row's 32-value halves in bf16 (a key's
-        dot product then takes head_dim / 32 `vdpbf16ps`, and its row is
-        never widened); else as f32."""
-        if not self.dot_products():
+        """A decode query row: with `decode_dot_products`, `query_pairs`;
+        else as f32."""
+        if not self.decode_dot_products():
             return self.load_row(q, idx)
+        return self.query_pairs(q, idx)
+
+    def query_pairs(self, q, idx: list):
+        """The row's 32-value halves in bf16 (a key's dot product then
+        takes head_dim / 32 `vdpbf16ps`, and its row is never widened)."""
         pairs = ir.VectorType.get([32], element_type("bf16"))
         row, column = idx
         return [vector.load(pairs, self.buf(q), [row, arith.addi(column, self.cidx(i))])
@@ -414,7 +464,7 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         product itself (`block_scores`)."""
         k_cache = self.op.operands[1]
         head_dim = self.op.params["head_dim"]
-        if self.dot_products():
+        if self.decode_dot_products():
             pairs = ir.VectorType.get([32], element_type("bf16"))
             key = [vector.load(pairs, keys, self.column(at, i)) for i in range(0, head_dim, 32)]
             out = []

@@ -91,7 +91,7 @@ class QueryBlocks:
                     qi = each.induction_variable
                     t, _, _ = bounds(arith.remui(arith.divui(qi, c(group)), c(rows)))
                     head = self.packed_head(head0, qi, rows, group)
-                    for half, pair in enumerate(self.query_row(
+                    for half, pair in enumerate(self.query_pairs(
                             q, [t, arith.muli(head, c(head_dim))])):
                         if tiles is None:
                             vector.store(vector.bitcast(ir.VectorType.get([16], i32), pair),
