@@ -20,6 +20,10 @@ its positions and requests, all of `request_slot` (or `block_table`), and
 writes the cache, declared whole: which rows is runtime data. The block
 table is read by the tile bodies (`CacheRows`), not by the task's maps:
 the events that order the tiles are the same for every table.
+
+Kernels: portable (`KVAppend`), an element per lane iteration; cpu
+(`KVAppendCPU`), a row at a time in vectors; cuda (`KVAppendVector`), 16
+bytes per lane iteration.
 """
 
 from __future__ import annotations

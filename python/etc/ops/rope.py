@@ -14,6 +14,9 @@ the scaled variants (Llama 3's `rope_scaling`), which the host computes.
 
 Tasks: one tile task per block of tokens; each reads its rows of x and its
 positions (and all of inv_freq) and writes its rows.
+
+Kernels: portable (`Rope`), a (token, pair) per lane iteration; cpu
+(`RopeCPU`), a token at a time with the pairs in vectors, the same bits.
 """
 
 from __future__ import annotations
