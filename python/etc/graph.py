@@ -484,8 +484,11 @@ class Graph(LLMOperators, CollectiveOperators):
     def _unary(self, kind, x, tile, out, name, params=None) -> Tensor:
         self._check_operand(kind, "x", x)
         default = (DEFAULT_ROWS, DEFAULT_COLS) if x.rank == 2 else (DEFAULT_COLS,)
+        user_tile = tile is not None
         tile = self._check_tile(kind, tile, x.rank, default, x.shape)
-        return self._finish(kind, [("x", x)], x.shape, x.dtype, tile, params or {}, out, name)
+        result = self._finish(kind, [("x", x)], x.shape, x.dtype, tile, params or {}, out, name)
+        self._ops[-1].user_tile = user_tile
+        return result
 
     def _binary(self, kind, a, b, tile, out, name) -> Tensor:
         self._check_operand(kind, "a", a)
@@ -502,8 +505,11 @@ class Graph(LLMOperators, CollectiveOperators):
                 f"{kind}: shapes do not match: {describe('a', a)} and {describe('b', b)} "
                 f"(equal shapes, or a 1-D operand as long as the other's last dimension)")
         default = (DEFAULT_ROWS, DEFAULT_COLS) if len(shape) == 2 else (DEFAULT_COLS,)
+        user_tile = tile is not None
         tile = self._check_tile(kind, tile, len(shape), default, shape)
-        return self._finish(kind, [("a", a), ("b", b)], shape, dtype, tile, {}, out, name)
+        result = self._finish(kind, [("a", a), ("b", b)], shape, dtype, tile, {}, out, name)
+        self._ops[-1].user_tile = user_tile
+        return result
 
     def add(self, a: Tensor, b: Tensor, *, tile=None, out=None, name=None) -> Tensor:
         """a + b elementwise; a 1-D operand is broadcast over the rows of a 2-D one."""

@@ -352,6 +352,44 @@ class TileKernel:
             value = arith.truncf(ir.VectorType.get([width], element_type(t.dtype)), value)
         vector.store(value, self.buf(t), idx, alignment=self._alignment(t, width, aligned))
 
+    def copy_row(self, src: "Tensor", src_at: list, dst: "Tensor", dst_at: list,
+                 width: ir.Value, vector_width: int = 16, fill: Optional[float] = None) -> None:
+        """Copies `width` consecutive elements of `src` from index `src_at`
+        (its leading indices; the last, the column, starts at 0) to `dst`
+        from `dst_at`: `vector_width` elements per step, the rest (width
+        not a multiple of it) one at a time. Equal dtypes are copied as
+        they are; others converted through f32, as `load` then `store`.
+        With `fill`, `src` is not read: that value is stored instead."""
+        same = src.dtype == dst.dtype and fill is None
+
+        def piece(col: ir.Value, n: int) -> None:
+            if fill is not None:
+                value = (self.const_like(self.vzero(n), fill) if n > 1 else self.cf32(fill))
+            elif n == 1:
+                value = memref.load(self.buf(src), [*src_at, col]) if same else \
+                    self.load(src, [*src_at, col])
+            else:
+                value = self.vload(src, [*src_at, col], n, widen=not same)
+            if n > 1 and not same:
+                self.vstore(value, dst, [*dst_at, col])
+            elif n > 1:
+                vector.store(value, self.buf(dst), [*dst_at, col])
+            elif same:
+                memref.store(value, self.buf(dst), [*dst_at, col])
+            else:
+                self.store(value, dst, [*dst_at, col])
+
+        step = self.cidx(vector_width)
+        whole = arith.muli(arith.divui(width, step), step)
+        vectors = scf.ForOp(self.cidx(0), whole, step)
+        with ir.InsertionPoint(vectors.body):
+            piece(vectors.induction_variable, vector_width)
+            scf.yield_([])
+        tail = scf.ForOp(whole, width, self.cidx(1))
+        with ir.InsertionPoint(tail.body):
+            piece(tail.induction_variable, 1)
+            scf.yield_([])
+
     #: The alignment a vector access may claim at most: the runtime's
     #: guarantee for every buffer (`etc.runtime.cuda.ALIGNMENT`).
     MAX_ALIGNMENT = 16

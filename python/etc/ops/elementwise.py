@@ -6,7 +6,8 @@ softcap (c tanh(x / c)).
 
 Tasks: one tile task per output tile (1-D or 2-D); each reads the same tile
 of every operand of the result's rank, and the column block of a broadcast
-1-D operand.
+1-D operand. On the CPU a 2-D operator whose tile the user did not choose
+takes columns up to 512 wide (`ElementwiseCPU.tile_for`).
 
 Kernels: generic, one element per lane iteration; cpu (`ElementwiseCPU`),
 each row of a full-width tile as f32 vectors, the rows spread over the
@@ -16,6 +17,8 @@ element by element.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from mlir import ir
 from mlir.dialects import arith, scf
@@ -71,9 +74,29 @@ class ElementwiseCPU(Elementwise):
     def name(cls, op) -> str:
         return f"{op.kind}_cpu"
 
+    #: The widest column block `tile_for` chooses, in elements.
+    MAX_COLUMNS = 512
+
     @classmethod
     def applies(cls, op) -> bool:
         return op.tile[-1] % cls.WIDTH == 0
+
+    @classmethod
+    def tile_for(cls, op) -> tuple:
+        """The tile of a 2-D operator whose tile the user did not choose:
+        the default rows, and the widest multiple of WIDTH up to
+        MAX_COLUMNS that divides a static last dimension (none: the
+        default). A tile's rows then are runs of up to 1 KB (bf16) that the
+        hardware prefetchers stream, where the default 64 columns are 128
+        bytes per row, 3 KB apart in a SwiGLU's rows of 1536: the model's
+        silu_mul, on inputs fresh from the matmuls and out of the caches,
+        took twice as long with 64 columns as with 256 or more."""
+        last = op.result.shape[-1]
+        if op.result.rank != 2 or not isinstance(last, int):
+            return op.tile
+        widths = [w for w in range(cls.WIDTH, min(last, cls.MAX_COLUMNS) + 1, cls.WIDTH)
+                  if last % w == 0]
+        return (op.tile[0], widths[-1]) if widths else op.tile
 
     def emit(self) -> None:
         op, out = self.op, self.op.result
@@ -167,6 +190,8 @@ class ElementwiseGPU2D(ElementwiseGPU):
 
 
 def build_tasks(b: TaskBuilder, op) -> None:
+    if b.target.kind == "cpu" and not op.user_tile:
+        op = dataclasses.replace(op, tile=ElementwiseCPU.tile_for(op))
     res = op.result
     rank = res.rank
     offsets = [tile_offset(d, t) for d, t in enumerate(op.tile)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, scf
 
+from ..packed import is_packed
 from .base import TaskBuilder, TileKernel, box, tile_offset, whole
 
 KINDS = ("embedding",)
@@ -51,9 +52,48 @@ class Embedding(TileKernel):
             scf.yield_([])
 
 
+class EmbeddingCPU(Embedding):
+    """CPU: a row of the result at a time: its id loaded and checked once,
+    then the table's row copied in vectors of 16 values (`copy_row`), or
+    zeros stored, where the portable kernel did both per element. A packed
+    table's rows are dequantized by the portable kernel."""
+
+    @classmethod
+    def name(cls, op) -> str:
+        return "embedding_cpu"
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        return target.kind == "cpu" and not is_packed(op.operands[0].dtype)
+
+    def emit(self) -> None:
+        op = self.op
+        table, ids = op.operands
+        out = op.result
+        (tm,) = op.tile
+        row0, rows = self.row_block(out, tm)
+        width = self.dim(table, 1)
+        loop = self.lane_loop(rows)
+        with ir.InsertionPoint(loop.body):
+            row = arith.addi(row0, loop.induction_variable)
+            token = self.load_index(ids, [row])
+            inside = arith.andi(
+                arith.cmpi(arith.CmpIPredicate.sge, token, self.cidx(0)),
+                arith.cmpi(arith.CmpIPredicate.slt, token, self.dim(table, 0)))
+            branch = scf.IfOp(inside, has_else=True)
+            with ir.InsertionPoint(branch.then_block):
+                self.copy_row(table, [token], out, [row], width)
+                scf.yield_([])
+            with ir.InsertionPoint(branch.else_block):
+                self.copy_row(table, [token], out, [row], width, fill=0.0)
+                scf.yield_([])
+            scf.yield_([])
+
+
 def build_tasks(b: TaskBuilder, op) -> None:
     table, ids = op.operands
     (tm,) = op.tile
     b.emit_task(op, op.name, [b.grid_extent(ids.shape[0], tm)],
                 [(table, whole(1, table)), (ids, box(1, [tile_offset(0, tm)], [tm]))],
-                [(op.result, box(1, [tile_offset(0, tm), "0"], [tm, None]))], Embedding)
+                [(op.result, box(1, [tile_offset(0, tm), "0"], [tm, None]))],
+                EmbeddingCPU if EmbeddingCPU.applies(op, b.target) else Embedding)

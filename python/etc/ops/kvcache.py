@@ -20,6 +20,10 @@ its positions and requests, all of `request_slot` (or `block_table`), and
 writes the cache, declared whole: which rows is runtime data. The block
 table is read by the tile bodies (`CacheRows`), not by the task's maps:
 the events that order the tiles are the same for every table.
+
+Kernels: portable (`KVAppend`), an element per lane iteration; cpu
+(`KVAppendCPU`), a row at a time in vectors; cuda (`KVAppendVector`), 16
+bytes per lane iteration.
 """
 
 from __future__ import annotations
@@ -119,6 +123,32 @@ class KVAppend(TileKernel):
             scf.yield_([])
 
 
+class KVAppendCPU(KVAppend):
+    """CPU: a row of the new values at a time: its cache address (table
+    entry, bounds) found once, then the row copied in vectors of 16 values
+    (`copy_row`), where the portable kernel found it per element."""
+
+    @classmethod
+    def name(cls, op) -> str:
+        return "kv_append_cpu"
+
+    @classmethod
+    def applies(cls, op, target) -> bool:
+        return target.kind == "cpu"
+
+    def emit(self) -> None:
+        op = self.op
+        cache, values = op.operands[:2]
+        (tm,) = op.tile
+        row0, rows = self.row_block(values, tm)
+        width = self.dim(values, 1)
+        loop = self.lane_loop(rows)
+        with ir.InsertionPoint(loop.body):
+            row = arith.addi(row0, loop.induction_variable)
+            self.write_row(row, lambda at: self.copy_row(values, [row], cache, at, width))
+            scf.yield_([])
+
+
 class KVAppendVector(KVAppend):
     """GPU: 16 bytes of the cache (VEC values) per lane iteration,
     consecutive lanes along a row, so a warp writes 512 contiguous bytes."""
@@ -163,4 +193,5 @@ def build_tasks(b: TaskBuilder, op) -> None:
                 [(values, box(1, [tile_offset(0, tm), "0"], [tm, None])), (positions, block),
                  (token_request, block), (addressing, whole(1, addressing))],
                 [(cache, whole(1, cache))],
-                KVAppendVector if KVAppendVector.applies(op, b.target) else KVAppend)
+                next(k for k in (KVAppendVector, KVAppendCPU, KVAppend)
+                     if k is KVAppend or k.applies(op, b.target)))
