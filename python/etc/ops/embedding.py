@@ -27,6 +27,13 @@ class Embedding(TileKernel):
 
     grid_rank = 1
 
+    def in_table(self, token: ir.Value, vocab: ir.Value) -> ir.Value:
+        """Whether id `token` is a row of the table: one outside [0, V)
+        would read outside it, and yields a zero row instead (the models
+        reject such ids before a run)."""
+        return arith.andi(arith.cmpi(arith.CmpIPredicate.sge, token, self.cidx(0)),
+                          arith.cmpi(arith.CmpIPredicate.slt, token, vocab))
+
     def emit(self) -> None:
         op = self.op
         table, ids = op.operands
@@ -41,11 +48,7 @@ class Embedding(TileKernel):
             row = arith.addi(row0, arith.divui(e, width))
             col = arith.remui(e, width)
             token = self.load_index(ids, [row])
-            # An id outside [0, V) would read outside the table: it yields a
-            # zero row instead (the models reject such ids before a run).
-            inside = arith.andi(
-                arith.cmpi(arith.CmpIPredicate.sge, token, self.cidx(0)),
-                arith.cmpi(arith.CmpIPredicate.slt, token, vocab))
+            inside = self.in_table(token, vocab)
             safe = arith.select(inside, token, self.cidx(0))
             value = arith.select(inside, self.load(table, [safe, col]), self.cf32(0.0))
             self.store(value, out, [row, col])
@@ -77,9 +80,7 @@ class EmbeddingCPU(Embedding):
         with ir.InsertionPoint(loop.body):
             row = arith.addi(row0, loop.induction_variable)
             token = self.load_index(ids, [row])
-            inside = arith.andi(
-                arith.cmpi(arith.CmpIPredicate.sge, token, self.cidx(0)),
-                arith.cmpi(arith.CmpIPredicate.slt, token, self.dim(table, 0)))
+            inside = self.in_table(token, self.dim(table, 0))
             branch = scf.IfOp(inside, has_else=True)
             with ir.InsertionPoint(branch.then_block):
                 self.copy_row(table, [token], out, [row], width)
