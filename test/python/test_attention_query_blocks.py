@@ -200,6 +200,17 @@ def _tiles_in(kernel) -> int:
     return kernel.ir("graph").count("amx.tile_mulf")
 
 
+def _tiles_for(d, keys=None) -> int:
+    """The tile products in the IR of one attention at head_dim `d`: per
+    step of `keys` keys (TILE_KEYS) d / 32 for each 16 keys' scores and
+    for each 32 keys' weighted values per 16 columns; a block at a time
+    (16) d / 32 and 2 d / 32."""
+    keys = AttentionChunkBlocks.TILE_KEYS if keys is None else keys
+    if keys == 16:
+        return 3 * d // 32
+    return d // 32 * (keys // 16) + 2 * d // 32 * (keys // 32)
+
+
 @needs_amx
 @pytest.mark.parametrize("heads, kv_heads, d, schedule", [
     (16, 8, 128, "dynamic"), (9, 3, 64, "static"), (8, 8, 64, "dynamic"), (8, 2, 64, "static")])
@@ -209,7 +220,7 @@ def test_amx_tiles_match_numpy(heads, kv_heads, d, schedule):
     grouping and G = 4, both schedules."""
     g = _graph(heads, kv_heads, 32, 192, True, d=d)
     kernel = etc.compile(g, target="cpu", schedule=schedule, workers=2)
-    assert _tiles_in(kernel) == 3 * d // 32
+    assert _tiles_in(kernel) == _tiles_for(d)
     _run(g, kernel, TILE_STEPS, heads, kv_heads, 192, True,
          np.random.default_rng(heads * d), d=d)
 
@@ -222,8 +233,22 @@ def test_amx_tiles_at_llvm_O0(monkeypatch):
     monkeypatch.setenv(isa.OPT_LEVEL_ENVIRONMENT, "0")
     g = _graph(16, 8, 32, 96, True, d=128)
     kernel = etc.compile(g, target="cpu", schedule="dynamic", workers=2)
-    assert _tiles_in(kernel) == 12
+    assert _tiles_in(kernel) == _tiles_for(128)
     _run(g, kernel, [[21, 40], [1, 1]], 16, 8, 96, True, np.random.default_rng(0), d=128)
+
+
+@needs_amx
+@pytest.mark.parametrize("keys, paged", [(16, True), (32, False), (128, True)])
+def test_amx_steps_of_keys(monkeypatch, keys, paged):
+    """Steps of 16 keys (a block at a time, `query_tiles`), 32 (one tile
+    of weighted values) and 128 (the chunk's keys at once; the last step
+    of a tile mostly masked), keys straight from paged blocks or copied
+    from a contiguous cache, Qwen3's shape."""
+    monkeypatch.setattr(AttentionChunkBlocks, "TILE_KEYS", keys)
+    g = _graph(16, 8, 48, 192, paged, d=128)
+    kernel = etc.compile(g, target="cpu", schedule="dynamic", workers=2)
+    assert _tiles_in(kernel) == _tiles_for(128, keys)
+    _run(g, kernel, TILE_STEPS[:3], 16, 8, 192, paged, np.random.default_rng(keys), d=128)
 
 
 @needs_amx
@@ -231,7 +256,7 @@ def test_amx_tiles_at_llvm_O0(monkeypatch):
 def test_amx_tiles_with_windows_and_soft_caps(window, softcap):
     g = _graph(6, 2, 32, 192, False, window=window, softcap=softcap)
     kernel = etc.compile(g, target="cpu", schedule="dynamic", workers=2)
-    assert _tiles_in(kernel) == 6
+    assert _tiles_in(kernel) == _tiles_for(64)
     _run(g, kernel, TILE_STEPS[:2], 6, 2, 192, False, np.random.default_rng(7))
 
 

@@ -76,11 +76,13 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
     stack buffers grow with Q G K (54 KB at SmolLM2's shape and Q = 8,
     37 KB of it the queries and their states).
 
-    Where the CPU has AMX (or `kernels="amx"` emulates it) the packed
-    blocks go to the tile unit instead (`query_tiles`): 16 queries x 16
-    keys a `tdpbf16ps` product per 32 columns for the scores and one per
-    16 columns for the weighted values, the online softmax per query row
-    in AVX-512; measurements in its docstring and docs/benchmarks.md."""
+    Where the CPU has AMX (or `kernels="amx"` emulates it) the queries go
+    to the tile unit instead, 16 at a time against steps of TILE_KEYS keys
+    (`attention_key_steps`; 16: `query_tiles`, a block at a time): per 16
+    keys a `tdpbf16ps` product per 32 columns for the scores, per 32 keys
+    one per 16 columns for the weighted values, the online softmax per
+    query row in AVX-512; measurements in their docstrings and
+    docs/benchmarks.md."""
 
     part = "chunk_blocks"
     #: Keys per block (a 16-lane f32 vector of scores).

@@ -11,13 +11,14 @@ from math import gcd
 from mlir import ir
 from mlir.dialects import arith, math, memref, scf, vector
 
+from .attention_key_steps import KeySteps
 from .base import element_type
 from .kvcache import CacheRows
 from .matmul_amx import AMXTiles, transpose16
 from .matmul_dpbf16 import dot_bf16
 
 
-class QueryBlocks:
+class QueryBlocks(KeySteps):
     """`emit_query_blocks` and its parts, for `AttentionChunkBlocks`
     (QUERY_ROWS, ROWS_AT_ONCE, KEYS, its row loads and prefetches)."""
 
@@ -53,7 +54,10 @@ class QueryBlocks:
         i32 = ir.IntegerType.get_signless(32)
         words, halves = head_dim // 2, head_dim // 32
         bf16 = element_type("bf16")
-        if tiles is None:
+        wide = tiles is not None and self.tile_keys() > n
+        if wide:
+            shapes = self.wide_pack_shapes(kv_heads, per_kv)
+        elif tiles is None:
             shapes = (([kv_heads * per_kv, words], i32),
                       ([kv_heads * per_kv, head_dim + 32], self.f32),
                       ([kv_heads, words, n], i32), ([kv_heads, n // 2 * 2 * halves, 32], bf16))
@@ -103,9 +107,13 @@ class QueryBlocks:
                     vector.store(self.vzero(n), packs.states, [qi, c(head_dim + 16)])
                     scf.yield_([])
                 if tiles is not None:
-                    self.zero_tile_padding(packs)
+                    if not wide:
+                        self.zero_tile_padding(packs)
                     self.transposed_queries(packs, kv_heads * per_kv)
-                self.packed_keys(packs, where, kv_column, k_first, k1, bounds, tiles)
+                if wide:
+                    self.key_steps(packs, where, kv_column, k_first, k1, bounds, tiles)
+                else:
+                    self.packed_keys(packs, where, kv_column, k_first, k1, bounds, tiles)
                 partial = op.buffers["partial"]
                 each = scf.ForOp(c(0), c(kv_heads * per_kv), c(1))
                 with ir.InsertionPoint(each.body):
