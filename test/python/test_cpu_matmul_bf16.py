@@ -303,6 +303,22 @@ def test_the_tile_unit_multiplies_in_the_lowered_ir_and_the_machine_code():
         assert instruction in code, instruction
 
 
+def test_tiles_of_few_rows_prefetch_the_next_group_of_b(monkeypatch):
+    """Each K step of a tile of at most 32 rows prefetches (into L2) the
+    line at that K of each of the next group's 32 rows of B^T; PREFETCH_GROUPS
+    0 turns it off."""
+    from etc.ops.matmul_amx import MatmulAMX
+
+    graph_text, _ = _lowered_for_amx(_graph(100, 96))
+    prefetches = [line for line in graph_text.splitlines() if "memref.prefetch" in line]
+    assert len(prefetches) == MatmulAMX.GROUP, len(prefetches)
+    assert all("read, locality<2>, data" in line for line in prefetches), prefetches[0]
+    assert "arith.cmpi ule" in graph_text
+    monkeypatch.setattr(MatmulAMX, "PREFETCH_GROUPS", 0)
+    graph_text, _ = _lowered_for_amx(_graph(100, 96))
+    assert "memref.prefetch" not in graph_text
+
+
 @pytest.mark.parametrize("level", [0, 2])
 def test_at_o0_no_tile_crosses_a_block_and_llvm_generates_the_code(level, monkeypatch):
     """LLVM 22 aborts at -O0 on a tile carried around a loop (a phi of

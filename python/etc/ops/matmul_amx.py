@@ -33,7 +33,7 @@ checked on any CPU with `avx512bf16`.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, scf, vector
+from mlir.dialects import arith, memref, scf, vector
 
 from .base import element_type
 from .matmul_dpbf16 import MatmulDPBF16, dot_bf16
@@ -235,6 +235,27 @@ class MatmulAMX(MatmulDPBF16):
     #: steps instead of 16 + 2 took 0.364 ms against 0.42-0.43 at 486 x 576
     #: x 576, 0.588 against 0.65-0.70 at 256 x 576 x 1536.
     K_CHUNK = 512
+    #: Groups ahead whose rows of B^T each K step of a tile of at most 32
+    #: rows prefetches, the line of each of the 32 rows at the step's K
+    #: (0: none), and the prefetches'
+    #: locality (2: `prefetcht1`, into L2). B^T streamed from memory through
+    #: tiles of few rows is bound by the tile loads' misses: each of a
+    #: group's 32 rows is a run of only K / 32 lines, too short for the
+    #: hardware's prefetchers. One decode-shaped matmul (K x N 576 x 49152,
+    #: 57 MB of bf16 B^T, 2 workers, median of 30, runs alternating,
+    #: 2026-11-29 00:21-00:24, load 0.6-0.9): 8 rows 4.4-6.2 -> 3.6-4.4
+    #: ms, 16 rows 6.4-7.9 -> 4.6-5.6, 64 rows 15.6-16.7 -> 9.9-11.8;
+    #: level at K x N 1536 x 8192. `prefetcht0` (3) 1.0-1.05x the time of
+    #: t1; the group's lines in address order, 1.1-1.4x; copying the
+    #: group's rows into a contiguous buffer with vector loads first,
+    #: 1.1-1.2x. SmolLM2-shaped bf16 decode (two models in one process,
+    #: steps alternating, load 1.1-1.2): B = 4 144 -> 182 tok/s, 8 240-299
+    #: -> 297-329, 12 390 -> 518, 16 548-599 -> 505-596 (level). Tiles of
+    #: more rows read B^T's chunk from L2 for every pair after the first;
+    #: prefetching there took 1.1x the time at 512 x 2048 x 2048 and 486 x
+    #: 1536 x 576.
+    PREFETCH_GROUPS = 1
+    PREFETCH_LOCALITY = 2
 
     @classmethod
     def name(cls, op) -> str:
@@ -305,6 +326,9 @@ class MatmulAMX(MatmulDPBF16):
             ir.MemRefType.get([blocks // 2 * self._width * 64, 16], self.f32), alignment=64)
         groups = arith.divui(cols, self.cidx(self.GROUP))
         row_pairs = arith.divui(arith.addi(rows, self.cidx(31)), self.cidx(32))
+        # Tiles of one pair of row blocks read B^T once, from memory: they
+        # prefetch it (PREFETCH_GROUPS).
+        self._streamed = arith.cmpi(arith.CmpIPredicate.ule, rows, self.cidx(32))
 
         def each_block(body) -> None:
             """body(block, n0, at) for every pair of row blocks and group:
@@ -456,6 +480,14 @@ class MatmulAMX(MatmulDPBF16):
             with ir.InsertionPoint(kloop.body):
                 s = kloop.induction_variable
                 k0 = arith.muli(arith.addi(first, s), self.cidx(32))
+                if self.PREFETCH_GROUPS:
+                    few = scf.IfOp(self._streamed)
+                    with ir.InsertionPoint(few.then_block):
+                        ahead = arith.addi(n0, self.cidx(self.GROUP * self.PREFETCH_GROUPS))
+                        for i in range(self.GROUP):
+                            memref.prefetch(self.buf(b), [arith.addi(ahead, self.cidx(i)), k0],
+                                            False, self.PREFETCH_LOCALITY, True)
+                        scf.yield_([])
                 xs = [tiles.load(self.buf(b), arith.addi(n0, self.cidx(16 * nb)), k0)
                       for nb in range(2)]
                 scf.yield_(tiles.values(step(tiles.tiles(kloop.inner_iter_args), xs, s)))
