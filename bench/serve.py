@@ -52,6 +52,12 @@ below 0.1 core over half a second): vLLM keeps a core busy for about a
 second after its last request, which took a core from most of ETC's
 run at 1 client and half of it at 8.
 The checkpoint gets a tokenizer (vLLM loads one; the prompts stay ids).
+With `--peer`, and with `--server-process`, ETC's server is `etc serve`
+in its own process too (the CLI, as users start it, with `--dtype`,
+`--workers`, `--schedule`, `--max-num-seqs` and `--max-step-tokens` as
+given), so that neither server shares a process, and its GIL, with the
+benchmark's clients; the engine baseline still runs in the benchmark's
+process.
 
 `--soak` runs the soak instead (bench/serve_soak.py): `etc serve` in a
 process of its own on the small model with a trained tokenizer (vocabulary
@@ -194,6 +200,35 @@ def start_server(model, name, max_num_seqs, max_model_len):
             raise RuntimeError("the server did not start")
         time.sleep(0.02)
     return server, thread, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def start_server_process(path, args, max_model_len):
+    """`etc serve` in its own process, as users run it (and as vLLM runs
+    beside it): the clients in this process then do not share its GIL.
+    Returns the process and its URL once /health answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    options = ["--max-model-len", str(max_model_len), "--schedule", args.schedule,
+               "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs)]
+    if args.workers:
+        options += ["--workers", str(args.workers)]
+    if args.max_step_tokens is not None:
+        options += ["--max-step-tokens", str(args.max_step_tokens)]
+    log = open(Path(tempfile.mkdtemp()) / "etc-serve.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "etc.cli", "serve", str(path), "--port", str(port), "--quiet",
+         "--served-model-name", args.model_name, *options],
+        stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    while True:
+        if server.poll() is not None:
+            raise RuntimeError(f"etc serve exited with {server.returncode}; see {log.name}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                return server, url
+        except OSError:
+            time.sleep(0.3)
 
 
 def process_seconds(pid: int) -> float:
@@ -435,6 +470,10 @@ def main() -> int:
                         "checkpoint (module docstring)")
     parser.add_argument("--peer-python", default=sys.executable,
                         help="the Python that has the peer installed")
+    parser.add_argument("--server-process", action="store_true",
+                        help="run `etc serve` in its own process (as users do; implied by "
+                             "--peer, whose server has its own process too) instead of this "
+                             "benchmark's; the engine baseline stays in this process")
     parser.add_argument("--structured", action="store_true",
                         help="also send the requests constrained by a JSON schema, and compare "
                              "(module docstring)")
@@ -462,7 +501,11 @@ def main() -> int:
     if args.structured and args.url:
         parser.error("--structured compares on the engine in this process: not with --url")
     if args.peer and (args.url or args.structured):
-        parser.error("--peer races the server in this process: not with --url or --structured")
+        parser.error("--peer races this benchmark's server: not with --url or --structured")
+    if args.server_process and (args.url or args.structured):
+        parser.error("--server-process starts this benchmark's server: not with --url or "
+                     "--structured")
+    own_process = args.server_process or bool(args.peer)
     if args.peer_python != sys.executable and not args.peer:
         parser.error("--peer-python is the peer's Python: give --peer too")
     if args.url and (args.dtype != "f32" or args.model != "small" or args.checkpoint):
@@ -500,8 +543,12 @@ def main() -> int:
                             dtype=args.dtype, **step_tokens)
         print(f"{model}: loaded and compiled in {time.perf_counter() - start:.2f} s")
         vocab = model.config.vocab_size
-        server, thread, url = start_server(model, args.model_name, args.max_num_seqs,
-                                           args.prompt + args.new)
+        if own_process:
+            server_process, url = start_server_process(path, args, args.prompt + args.new)
+            print(f"etc serve answered in its own process (pid {server_process.pid})")
+        else:
+            server, thread, url = start_server(model, args.model_name, args.max_num_seqs,
+                                               args.prompt + args.new)
     peer = peer_url = None
     if args.peer:
         start = time.perf_counter()
@@ -548,6 +595,8 @@ def main() -> int:
         theirs = ""
         if peer:
             settled.append(wait_quiet(os.getpid()))
+            if own_process:
+                settled.append(wait_quiet(server_process.pid))
             others, peer_seconds = asyncio.run(drive(
                 peer_url, args.model_name, fresh(concurrency * args.rounds), concurrency,
                 args.rounds, args.new))
@@ -580,7 +629,10 @@ def main() -> int:
     if peer is not None:
         peer.terminate()
         peer.wait(60)
-    if model is not None:
+    if model is not None and own_process:
+        server_process.terminate()
+        server_process.wait(60)
+    elif model is not None:
         server.should_exit = True
         thread.join(30)
     return 0
