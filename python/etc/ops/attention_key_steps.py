@@ -216,7 +216,6 @@ class KeySteps:
         scale = self.vsplat(self.cf32(op.params["scale"]), n)
         minus_inf = self.cf32(float("-inf"))
         bf16x16 = ir.VectorType.get([n], element_type("bf16"))
-        from .attention_query_blocks import larger, largest_lane  # (imports this module)
         each = scf.ForOp(c(0), c(16), c(1))
         with ir.InsertionPoint(each.body):
             r = each.induction_variable
@@ -282,3 +281,22 @@ class KeySteps:
                                    [arith.addi(r, c(16 * i)), c(0)])
                 vector.store(math.fma(acc, alpha, part), packs.states, [qi, c(16 * i)])
             scf.yield_([])
+
+
+def largest_lane(v: ir.Value) -> ir.Value:
+    """The largest of the 16 lanes of `v`, which holds no NaN: a tree of
+    halves and `vmaxps` without NaN checks (a `vector.reduction` took
+    15 scalar max with a NaN check each, one after another)."""
+    width = 16
+    while width > 1:
+        half = width // 2
+        v = larger(vector.shuffle(v, v, list(range(half))),
+                    vector.shuffle(v, v, list(range(half, width))))
+        width = half
+    return vector.extract(v, [], [0])
+
+
+def larger(a: ir.Value, b: ir.Value) -> ir.Value:
+    """a > b ? a : b, which is `vmaxps`'s own rule (arith's maximumf and
+    maxnumf lower with NaN and signed-zero checks besides)."""
+    return arith.select(arith.cmpf(arith.CmpFPredicate.OGT, a, b), a, b)

@@ -11,7 +11,7 @@ from math import gcd
 from mlir import ir
 from mlir.dialects import arith, math, memref, scf, vector
 
-from .attention_key_steps import KeySteps
+from .attention_key_steps import KeySteps, larger, largest_lane
 from .base import element_type
 from .kvcache import CacheRows
 from .matmul_amx import AMXTiles, transpose16
@@ -522,25 +522,6 @@ class QueryBlocks(KeySteps):
         for g, qi in enumerate(queries):
             for i, part in enumerate(parts[g]):
                 vector.store(part, packs.states, [qi, c(16 * i)])
-
-
-def largest_lane(v: ir.Value) -> ir.Value:
-    """The largest of the 16 lanes of `v`, which holds no NaN: a tree of
-    halves and `vmaxps` without NaN checks (a `vector.reduction` took
-    15 scalar max with a NaN check each, one after another)."""
-    width = 16
-    while width > 1:
-        half = width // 2
-        v = larger(vector.shuffle(v, v, list(range(half))),
-                    vector.shuffle(v, v, list(range(half, width))))
-        width = half
-    return vector.extract(v, [], [0])
-
-
-def larger(a: ir.Value, b: ir.Value) -> ir.Value:
-    """a > b ? a : b, which is `vmaxps`'s own rule (arith's maximumf and
-    maxnumf lower with NaN and signed-zero checks besides)."""
-    return arith.select(arith.cmpf(arith.CmpFPredicate.OGT, a, b), a, b)
 
 
 #: `emit_query_blocks`' stack buffers: the queries' bf16 pairs as i32
