@@ -17,6 +17,11 @@ Each run's process CPU time (all threads) is printed too: on a machine
 shared with other work, the CPU time of a run is less moved by waiting
 for a core than its wall time.
 
+This machine's L3 is 300 MB, so 46 MB of caches stay in it between runs
+unless `--evict MB` reads a buffer of MB megabytes (untimed) before each
+run, as a decode step's 269 MB of weights do between one layer's
+attention and the next step's.
+
 `--new N`: the step's last N positions are new tokens (a prefill step
 after positions - N cached; `--new` = `--positions` is a first step).
 `--compare` compiles the kernel three times in one process: as built
@@ -27,7 +32,7 @@ at a time (`QUERY_ROWS` 1), and times them alternating.
 
 Usage: .venv/bin/python bench/attention_cpu.py [--positions 2000] [--layers 30]
        [--workers 1] [--chunk 128] [--runs 200] [--new 1] [--compare]
-       [--heads 9] [--kv-heads 3] [--head-dim 64]
+       [--heads 9] [--kv-heads 3] [--head-dim 64] [--evict 600]
 """
 
 from __future__ import annotations
@@ -90,7 +95,10 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=HEADS)
     parser.add_argument("--kv-heads", type=int, default=KV_HEADS)
     parser.add_argument("--head-dim", type=int, default=HEAD_DIM)
+    parser.add_argument("--evict", type=int, default=0, metavar="MB")
     args = parser.parse_args()
+    if args.evict < 0:
+        parser.error(f"--evict must be >= 0 megabytes, got {args.evict}")
     if not 1 <= args.new <= args.positions:
         parser.error(f"--new must be in [1, --positions], got {args.new}")
     blocks = -(-args.positions // BLOCK)
@@ -121,10 +129,14 @@ def main() -> None:
         first, *others = (np.asarray(out[0], np.float32) for out in outputs.values())
         difference = max(np.abs(first - other).max() for other in others)
         print(f"largest difference between the variants: {difference:.3g}")
+    # Read (not written: no dirty lines to write back in the timed run).
+    evict = np.ones(args.evict << 17, np.float64) if args.evict else None
     times = {name: [] for name in variants}
     cpu = {name: [] for name in variants}
     for _ in range(args.runs):
         for name, kernel in variants.items():
+            if evict is not None:
+                evict.sum()
             start, used = time.perf_counter(), time.process_time()
             kernel.run(**inputs)
             times[name].append((time.perf_counter() - start) * 1e3)
@@ -140,7 +152,7 @@ def main() -> None:
         used = sorted(cpu[name])
         print(f"{time.strftime('%Y-%m-%d %H:%M')}, load {load}: {name}: {args.layers} layers "
               f"at {args.positions} positions, {new} new, {args.workers} workers, chunk "
-              f"{args.chunk}: fastest {runs[0]:.3f} ms ({flop / runs[0] / 1e6:.1f} GFLOP/s), "
+              f"{args.chunk}{f', {args.evict} MB read before each' if args.evict else ''}: fastest {runs[0]:.3f} ms ({flop / runs[0] / 1e6:.1f} GFLOP/s), "
               f"p10 {runs[len(runs) // 10]:.3f}, median {runs[len(runs) // 2]:.3f}; "
               f"process CPU time fastest {used[0]:.3f}, median {used[len(used) // 2]:.3f}")
 
