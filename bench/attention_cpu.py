@@ -4,9 +4,9 @@ paged KV cache (or `--new` tokens' of a prefill step), the `smol`
 and cache, blocks of 16 positions (`--heads 16 --kv-heads 8 --head-dim 128`:
 Qwen3-0.6B's).
 
-`--layers` attention layers (each its own cache, so that at 30 layers and
-2,000 positions the caches, 46 MB, come from memory as in a decode step;
-one layer's 1.5 MB stay in the caches) compiled into one kernel and run
+`--layers` attention layers (each its own cache: at 30 layers and 2,000
+positions the caches are 46 MB, more than L2 but less than some L3s: see
+`--evict`; one layer's 1.5 MB stay in L2) compiled into one kernel and run
 `--runs` times; prints the fastest, 10th-percentile and median run. Each
 run also carries the runtime's fixed cost (about 0.07 ms on this VM: time
 `--positions 40` for it). The floor is the layers' keys and values read
@@ -17,10 +17,11 @@ Each run's process CPU time (all threads) is printed too: on a machine
 shared with other work, the CPU time of a run is less moved by waiting
 for a core than its wall time.
 
-This machine's L3 is 300 MB, so 46 MB of caches stay in it between runs
-unless `--evict MB` reads a buffer of MB megabytes (untimed) before each
-run, as a decode step's 269 MB of weights do between one layer's
-attention and the next step's.
+On the Intel AMX VM the L3 is 300 MB, so the 46 MB stay in it between
+runs: `--evict MB` reads a buffer of MB megabytes (untimed) before each
+run, as a `smol` decode step's 269 MB of weights pass through the L3
+between one step's attention of a layer and the next's (`--evict 600`
+for the time a decode step sees).
 
 `--new N`: the step's last N positions are new tokens (a prefill step
 after positions - N cached; `--new` = `--positions` is a first step).
