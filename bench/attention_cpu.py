@@ -84,6 +84,15 @@ def compile_kernel(args, blocks: int, **settings):
             setattr(AttentionChunkBlocks, name, value)
 
 
+def evict_buffer(megabytes: int) -> np.ndarray:
+    """`megabytes` MB (2^20 bytes) of ones, written once here so that its
+    pages exist; the runs only read it (`.sum()`), leaving no dirty lines
+    for the timed run to write back."""
+    if isinstance(megabytes, bool) or not isinstance(megabytes, int) or megabytes < 1:
+        raise ValueError(f"evict_buffer: megabytes={megabytes!r} must be a positive int")
+    return np.ones(megabytes << 17, np.float64)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--positions", type=int, default=2000)
@@ -130,8 +139,7 @@ def main() -> None:
         first, *others = (np.asarray(out[0], np.float32) for out in outputs.values())
         difference = max(np.abs(first - other).max() for other in others)
         print(f"largest difference between the variants: {difference:.3g}")
-    # Read (not written: no dirty lines to write back in the timed run).
-    evict = np.ones(args.evict << 17, np.float64) if args.evict else None
+    evict = evict_buffer(args.evict) if args.evict else None
     times = {name: [] for name in variants}
     cpu = {name: [] for name in variants}
     for _ in range(args.runs):
