@@ -4,9 +4,9 @@ paged KV cache (or `--new` tokens' of a prefill step), the `smol`
 and cache, blocks of 16 positions (`--heads 16 --kv-heads 8 --head-dim 128`:
 Qwen3-0.6B's).
 
-`--layers` attention layers (each its own cache, so that at 30 layers and
-2,000 positions the caches, 46 MB, come from memory as in a decode step;
-one layer's 1.5 MB stay in the caches) compiled into one kernel and run
+`--layers` attention layers (each its own cache: at 30 layers and 2,000
+positions the caches are 46 MB, more than L2 but less than some L3s: see
+`--evict`; one layer's 1.5 MB stay in L2) compiled into one kernel and run
 `--runs` times; prints the fastest, 10th-percentile and median run. Each
 run also carries the runtime's fixed cost (about 0.07 ms on this VM: time
 `--positions 40` for it). The floor is the layers' keys and values read
@@ -16,6 +16,12 @@ workers reach.
 Each run's process CPU time (all threads) is printed too: on a machine
 shared with other work, the CPU time of a run is less moved by waiting
 for a core than its wall time.
+
+On the Intel AMX VM the L3 is 300 MB, so the 46 MB stay in it between
+runs: `--evict MB` reads a buffer of MB megabytes (untimed) before each
+run, as a `smol` decode step's 269 MB of weights pass through the L3
+between one step's attention of a layer and the next's (`--evict 600`
+for the time a decode step sees).
 
 `--new N`: the step's last N positions are new tokens (a prefill step
 after positions - N cached; `--new` = `--positions` is a first step).
@@ -28,7 +34,7 @@ at a time (`QUERY_ROWS` 1), and times them alternating.
 
 Usage: .venv/bin/python bench/attention_cpu.py [--positions 2000] [--layers 30]
        [--workers 1] [--chunk 128] [--runs 200] [--new 1] [--compare]
-       [--heads 9] [--kv-heads 3] [--head-dim 64]
+       [--heads 9] [--kv-heads 3] [--head-dim 64] [--evict 600]
 """
 
 from __future__ import annotations
@@ -79,6 +85,15 @@ def compile_kernel(args, blocks: int, **settings):
             setattr(AttentionChunkBlocks, name, value)
 
 
+def evict_buffer(megabytes: int) -> np.ndarray:
+    """`megabytes` MB (2^20 bytes) of ones, written once here so that its
+    pages exist; the runs only read it (`.sum()`), leaving no dirty lines
+    for the timed run to write back."""
+    if isinstance(megabytes, bool) or not isinstance(megabytes, int) or megabytes < 1:
+        raise ValueError(f"evict_buffer: megabytes={megabytes!r} must be a positive int")
+    return np.ones(megabytes << 17, np.float64)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--positions", type=int, default=2000)
@@ -91,7 +106,10 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=HEADS)
     parser.add_argument("--kv-heads", type=int, default=KV_HEADS)
     parser.add_argument("--head-dim", type=int, default=HEAD_DIM)
+    parser.add_argument("--evict", type=int, default=0, metavar="MB")
     args = parser.parse_args()
+    if args.evict < 0:
+        parser.error(f"--evict must be >= 0 megabytes, got {args.evict}")
     if not 1 <= args.new <= args.positions:
         parser.error(f"--new must be in [1, --positions], got {args.new}")
     blocks = -(-args.positions // BLOCK)
@@ -123,10 +141,13 @@ def main() -> None:
         first, *others = (np.asarray(out[0], np.float32) for out in outputs.values())
         difference = max(np.abs(first - other).max() for other in others)
         print(f"largest difference between the variants: {difference:.3g}")
+    evict = evict_buffer(args.evict) if args.evict else None
     times = {name: [] for name in variants}
     cpu = {name: [] for name in variants}
     for _ in range(args.runs):
         for name, kernel in variants.items():
+            if evict is not None:
+                evict.sum()
             start, used = time.perf_counter(), time.process_time()
             kernel.run(**inputs)
             times[name].append((time.perf_counter() - start) * 1e3)
@@ -142,7 +163,7 @@ def main() -> None:
         used = sorted(cpu[name])
         print(f"{time.strftime('%Y-%m-%d %H:%M')}, load {load}: {name}: {args.layers} layers "
               f"at {args.positions} positions, {new} new, {args.workers} workers, chunk "
-              f"{args.chunk}: fastest {runs[0]:.3f} ms ({flop / runs[0] / 1e6:.1f} GFLOP/s), "
+              f"{args.chunk}{f', {args.evict} MB read before each' if args.evict else ''}: fastest {runs[0]:.3f} ms ({flop / runs[0] / 1e6:.1f} GFLOP/s), "
               f"p10 {runs[len(runs) // 10]:.3f}, median {runs[len(runs) // 2]:.3f}; "
               f"process CPU time fastest {used[0]:.3f}, median {used[len(used) // 2]:.3f}")
 
