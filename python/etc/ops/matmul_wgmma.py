@@ -102,6 +102,9 @@ class MatmulWGMMA(MatmulMMA):
     tma = False
     #: Rows of a TMA box (the operand maps' box: `tma.operand_map`).
     BOX_ROWS = tensor_memory.BOX_ROWS
+    #: Warp-specialised (needs `tma` and 256 lanes: warpgroup 0 produces,
+    #: warpgroup 1 consumes; see `warp_specialised`). Simulated lanes only.
+    warp_specialised = False
 
     @classmethod
     def name(cls, op) -> str:
@@ -114,8 +117,12 @@ class MatmulWGMMA(MatmulMMA):
         n = cls.columns(op)
         tm, tn = op.tile
         # wgmma is sm_90a only (the "a" features); one warpgroup per CTA.
+        lanes = wgmma.WARPGROUP * (2 if cls.warp_specialised else 1)
+        if cls.warp_specialised and not cls.tma:
+            raise ValueError("MatmulWGMMA.warp_specialised needs TMA loads (tma_loads()): "
+                             "its producer warpgroup issues them from one lane")
         if not (target.gpu_kernels and target.chip == "sm_90a" and target.warp == 32
-                and target.lanes == wgmma.WARPGROUP and a.dtype in ("f16", "bf16")
+                and target.lanes == lanes and a.dtype in ("f16", "bf16")
                 and b.dtype == a.dtype and op.params["transpose_b"]):
             return False
         # TMA zero-fills past K and N, so ragged K and N need only rows of
@@ -191,6 +198,16 @@ class MatmulWGMMA(MatmulMMA):
         rows = self.extent(op.result, 0, self.r0, tm)
         self.smem = self.scratch([self.total_bytes // 2], a.dtype)
         k = self
+        # Warp-specialised: lane 0 of warpgroup 0 runs the TMA ring, the
+        # lanes of warpgroup 1 multiply; one lane per consumer warp arrives
+        # on empty[] (the stage is free once all 4 warps' wgmma are done).
+        self.ws = self.warp_specialised
+        if self.ws and not lanes.simulate:
+            raise NotImplementedError(
+                "MatmulWGMMA.warp_specialised: only the lane simulation is written; the GPU "
+                "needs the worker at 256 lanes with .maxntid/.minnctapersm (setmaxnreg's "
+                "entry count): see docs/operators.md, 'Warp specialisation: plan'")
+        consumer_warps = wgmma.WARPGROUP // lanes.warp
         if lanes.simulate:
             # The simulated shared window starts at address 0, atom-aligned.
             self.raw = self.base = wgmma.as_index(k, 0)
@@ -205,7 +222,7 @@ class MatmulWGMMA(MatmulMMA):
         # TMA: one arrival (the producer's expect_tx) and the copies' bytes.
         self.full = wgmma.Barriers(k, self.stages, 1 if self.tma else wgmma.WARPGROUP,
                                    None if lanes.simulate else barriers.value)
-        self.empty = wgmma.Barriers(k, self.stages, wgmma.WARPGROUP,
+        self.empty = wgmma.Barriers(k, self.stages, consumer_warps if self.ws else wgmma.WARPGROUP,
                                     None if lanes.simulate else (barriers + 8 * self.stages).value)
         self.full.init()
         self.empty.init()
@@ -230,7 +247,7 @@ class MatmulWGMMA(MatmulMMA):
             previous = arith.subi(arith.maxui(s, self.cidx(1)), self.cidx(1))
             branch = scf.IfOp(started)
             with ir.InsertionPoint(branch.then_block):
-                lanes.each(lambda lane: self.empty.arrive(self._stage(previous)))
+                lanes.each(lambda lane: self._release(lanes, lane, self._stage(previous)))
                 scf.yield_([])
             refill = arith.addi(previous, self.cidx(self.stages))
             more = arith.andi(started, arith.cmpi(arith.CmpIPredicate.ult, refill,
@@ -246,6 +263,29 @@ class MatmulWGMMA(MatmulMMA):
         lanes.barrier()
         self.full.invalidate()
         self.empty.invalidate()
+
+    def _consumer(self, lane: ir.Value, lanes=None) -> ir.Value:
+        """Whether `lane` multiplies: every lane, or warp-specialised the
+        lanes of warpgroup 1 (and with `lanes`, only each warp's first)."""
+        if not self.ws:
+            return arith.constant(ir.IntegerType.get_signless(1), 1)
+        inside = arith.cmpi(arith.CmpIPredicate.uge, lane, self.cidx(wgmma.WARPGROUP))
+        if lanes is not None:
+            first = arith.cmpi(arith.CmpIPredicate.eq,
+                               arith.remui(lane, self.cidx(lanes.warp)), self.cidx(0))
+            inside = arith.andi(inside, first)
+        return inside
+
+    def _release(self, lanes, lane: ir.Value, stage: ir.Value) -> None:
+        """A consumer's arrival on empty[stage] (warp-specialised: one lane
+        per consumer warp)."""
+        if not self.ws:
+            self.empty.arrive(stage)
+            return
+        branch = scf.IfOp(self._consumer(lane, lanes))
+        with ir.InsertionPoint(branch.then_block):
+            self.empty.arrive(stage)
+            scf.yield_([])
 
     def _stage(self, step: ir.Value) -> ir.Value:
         return arith.remui(step, self.cidx(self.stages))
@@ -398,13 +438,16 @@ class MatmulWGMMA(MatmulMMA):
             return accs
 
         def body(lane):
-            self.full.wait(stage, parity)
-            for j in range(slices):
-                b_desc = self.descriptor(self.base, stage, "b", 0, j).value
-                for i in range(self.mi):
-                    a_desc = self.descriptor(self.base, stage, "a", i, j).value
-                    wgmma.emulate(self, lane, self.smem, a_desc, b_desc, tn, self.acc,
-                                  i * tn // 2)
+            branch = scf.IfOp(self._consumer(lane))
+            with ir.InsertionPoint(branch.then_block):
+                self.full.wait(stage, parity)
+                for j in range(slices):
+                    b_desc = self.descriptor(self.base, stage, "b", 0, j).value
+                    for i in range(self.mi):
+                        a_desc = self.descriptor(self.base, stage, "a", i, j).value
+                        wgmma.emulate(self, lane, self.smem, a_desc, b_desc, tn, self.acc,
+                                      i * tn // 2)
+                scf.yield_([])
         lanes.each(body)
         return []
 
@@ -421,6 +464,15 @@ class MatmulWGMMA(MatmulMMA):
             poisoned = arith.ori(self.full.deadlocked(), self.empty.deadlocked())
 
         def body(lane):
+            if self.ws:  # only the consumers hold accumulators
+                branch = scf.IfOp(self._consumer(lane))
+                with ir.InsertionPoint(branch.then_block):
+                    stores(lane)
+                    scf.yield_([])
+            else:
+                stores(lane)
+
+        def stores(lane):
             for i in range(self.mi):
                 for v in range(0, tn // 2, 2):
                     row, col = wgmma.fragment_d(wgmma.Index(self, lane), v)
@@ -464,3 +516,17 @@ def tma_loads(enabled: bool = True):
         yield
     finally:
         MatmulWGMMA.tma = saved
+
+
+@contextlib.contextmanager
+def warp_specialised(enabled: bool = True):
+    """Compiles the Hopper tile warp-specialised (`MatmulWGMMA.warp_specialised`:
+    256 lanes, warpgroup 0's lane 0 producing with TMA, warpgroup 1
+    consuming) inside the block; needs `tma_loads()`. Only the lane
+    simulation is written so far (the GPU path raises NotImplementedError)."""
+    saved = MatmulWGMMA.warp_specialised
+    MatmulWGMMA.warp_specialised = enabled
+    try:
+        yield
+    finally:
+        MatmulWGMMA.warp_specialised = saved
