@@ -4,9 +4,9 @@
 (waits full[], wgmma, one lane per warp arrives on empty[]: 4 arrivals).
 Under the lane simulation against NumPy at ragged M, N and K; a wrong
 producer parity or a missing consumer arrival deadlocks the simulated ring
-(NaN results). Only the simulation is written: compiling it for the GPU
-raises NotImplementedError (the worker has no 256-lane plumbing yet:
-docs/operators.md, "Warp specialisation: plan").
+(NaN results). The PTX assembles with ptxas (no spills); the worker
+has no 256-lane plumbing yet (launch, `.maxntid`: docs/operators.md,
+"Warp specialisation: plan").
 
 The CUDA target is 128 lanes everywhere today (`Options.kernel_target`);
 these tests build the simulated kernels for 256 by patching it.
@@ -15,6 +15,7 @@ these tests build the simulated kernels for 256 by patching it.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -23,6 +24,7 @@ import etc.pipeline
 from etc.ops import wgmma
 from etc.ops.matmul_wgmma import MatmulWGMMA, tma_loads, warp_specialised
 import test_gpu_wgmma as wgmma_tests
+from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
 LANES = 2 * wgmma.WARPGROUP
 
@@ -105,8 +107,34 @@ def test_ws_needs_256_lanes_and_tma(monkeypatch):
         etc.compile(g, target="cpu", kernels="cuda", chip="sm_90a", workers=2)
 
 
-def test_ws_gpu_not_written(ws):
-    """The GPU path says what is missing instead of emitting a wrong kernel."""
-    g = wgmma_tests._matmul(*RING, "bf16")
-    with pytest.raises(NotImplementedError, match="warp_specialised"):
-        etc.compile(g, target="cuda", chip="sm_90a")
+@needs_ptxas
+def test_ws_ptx_assembles(ws, tmp_path):
+    """The worker with the warp-specialised tile (known rows, inlined, 128 x
+    128 tiles: 128 accumulators a consumer lane): both roles' `setmaxnreg`,
+    the producer's TMA ring and the consumer's wgmma, in PTX that ptxas
+    assembles for sm_90a with no spills and no serialised wgmma. As
+    compiled, the worker has no `.maxntid`, so ptxas ignores `setmaxnreg`
+    (C7508); with the bounds the 256-lane plumbing is to add (`.maxntid 256`,
+    `.minnctapersm 2`: 128 registers at entry) it honours them, still
+    without spills."""
+    g = etc.Graph("gemm")
+    x = g.input("x", (4096, 512), "bf16")
+    wt = g.input("wt", (4096, 512), "bf16")
+    g.output(g.matmul(x, wt, transpose_b=True))
+    kernel = etc.compile(g, target="cuda", chip="sm_90a")
+    assert wgmma_tests.HOPPER.search(kernel.ir("graph"))
+    ptx = kernel.ptx
+    assert "wgmma.mma_async.sync.aligned.m64n128k16" in ptx
+    for role, count in (("dec", 40), ("inc", 216), ("inc", 128), ("dec", 128)):
+        assert re.search(rf"setmaxnreg\.{role}\.sync\.aligned\.u32\s+{count};", ptx), (role, count)
+    for instruction in ("mbarrier.arrive.expect_tx.shared.b64", "wgmma.mma_async"):
+        assert instruction in ptx, instruction
+    report = assemble(ptx, "sm_90a", tmp_path, "gemm")
+    assert_no_spills(report, stack=True)
+    assert "C7510" not in report, report
+    assert "C7508" in report, report
+    entry = re.search(r"\.visible \.entry \w+_worker\([^)]*\)", ptx).end()
+    bounded = ptx[:entry] + "\n.maxntid 256, 1, 1\n.minnctapersm 2\n" + ptx[entry:]
+    report = assemble(bounded, "sm_90a", tmp_path, "gemm_bounded")
+    assert "C7508" not in report, report
+    assert_no_spills(report, stack=True)

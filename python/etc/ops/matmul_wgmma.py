@@ -202,11 +202,6 @@ class MatmulWGMMA(MatmulMMA):
         # lanes of warpgroup 1 multiply; one lane per consumer warp arrives
         # on empty[] (the stage is free once all 4 warps' wgmma are done).
         self.ws = self.warp_specialised
-        if self.ws and not lanes.simulate:
-            raise NotImplementedError(
-                "MatmulWGMMA.warp_specialised: only the lane simulation is written; the GPU "
-                "needs the worker at 256 lanes with .maxntid/.minnctapersm (setmaxnreg's "
-                "entry count): see docs/operators.md, 'Warp specialisation: plan'")
         consumer_warps = wgmma.WARPGROUP // lanes.warp
         if lanes.simulate:
             # The simulated shared window starts at address 0, atom-aligned.
@@ -237,6 +232,9 @@ class MatmulWGMMA(MatmulMMA):
         lanes.barrier()
         if self.tma:
             self.maps = self._tensor_maps(lanes)
+        if self.ws and not lanes.simulate:
+            self._specialised(lanes, init, rows)
+            return
         for t in range(self.stages):
             self.produce(lanes, self.cidx(t))
         loop = scf.ForOp(self.cidx(0), self.cidx(self.steps), self.cidx(1), init)
@@ -260,6 +258,59 @@ class MatmulWGMMA(MatmulMMA):
         if not lanes.simulate:
             wgmma.wait(0)
         self.write_back(lanes, list(loop.results), arith.addi(self.r0, rows))
+        lanes.barrier()
+        self.full.invalidate()
+        self.empty.invalidate()
+
+    #: Registers a lane of the producer warpgroup and of the consumer
+    #: warpgroup hold while the tile runs (`setmaxnreg`), and the count both
+    #: return to: the worker's count at entry, which `.maxntid 256,
+    #: .minnctapersm 2` makes 65,536 / 512 = 128 (producer + consumer <=
+    #: 2 x ENTRY_REGS, or the consumers' increase blocks forever).
+    PRODUCER_REGS = 40
+    CONSUMER_REGS = 216
+    ENTRY_REGS = 128
+
+    def _specialised(self, lanes, init: list, rows) -> None:
+        """The GPU's warp-specialised ring: warpgroup 0 gives registers
+        back and its lane 0 runs the producer's loop over every step;
+        warpgroup 1 takes them and runs the consumer's loop (wait full[],
+        wgmma, commit, wait for all but this group, one lane per warp
+        releases the previous step's stage), stores, and both return to
+        the entry count before the tile's closing barrier (the consumers
+        first: the producer's increase waits for their registers)."""
+        from mlir.dialects import nvvm
+        from ..dialects import event
+        assert self.PRODUCER_REGS + self.CONSUMER_REGS <= 2 * self.ENTRY_REGS
+        lane = event.lane_id()
+        producer = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, lane,
+                                       self.cidx(wgmma.WARPGROUP)), has_else=True)
+        decrease, increase = nvvm.SetMaxRegisterAction.decrease, nvvm.SetMaxRegisterAction.increase
+        with ir.InsertionPoint(producer.then_block):
+            nvvm.setmaxregister(self.PRODUCER_REGS, decrease)
+            loop = scf.ForOp(self.cidx(0), self.cidx(self.steps), self.cidx(1))
+            with ir.InsertionPoint(loop.body):
+                self.produce_tma(lanes, loop.induction_variable)
+                scf.yield_([])
+            nvvm.setmaxregister(self.ENTRY_REGS, increase)
+            scf.yield_([])
+        with ir.InsertionPoint(producer.else_block):
+            nvvm.setmaxregister(self.CONSUMER_REGS, increase)
+            loop = scf.ForOp(self.cidx(0), self.cidx(self.steps), self.cidx(1), init)
+            with ir.InsertionPoint(loop.body):
+                s = loop.induction_variable
+                accs = self.consume(lanes, s, list(loop.inner_iter_args))
+                started = arith.cmpi(arith.CmpIPredicate.uge, s, self.cidx(1))
+                previous = arith.subi(arith.maxui(s, self.cidx(1)), self.cidx(1))
+                branch = scf.IfOp(started)
+                with ir.InsertionPoint(branch.then_block):
+                    self._release(lanes, lane, self._stage(previous))
+                    scf.yield_([])
+                scf.yield_(accs)
+            wgmma.wait(0)
+            self.write_back(lanes, list(loop.results), arith.addi(self.r0, rows))
+            nvvm.setmaxregister(self.ENTRY_REGS, decrease)
+            scf.yield_([])
         lanes.barrier()
         self.full.invalidate()
         self.empty.invalidate()
