@@ -96,12 +96,11 @@ def test_ws_missing_arrival_fails(ws, monkeypatch):
 
 
 def test_ws_needs_256_lanes_and_tma(monkeypatch):
-    """At the target's 128 lanes the warp-specialised tile does not apply
-    (matmul keeps `MatmulMMA`); without TMA it is refused by name."""
+    """Asked for at the target's 128 lanes, or without TMA, the
+    warp-specialised tile is refused by name (not silently replaced)."""
     g = wgmma_tests._matmul(*RING, "bf16")
-    with tma_loads(), warp_specialised():
-        kernel = etc.compile(g, target="cpu", kernels="cuda", chip="sm_90a", workers=2)
-    assert not wgmma_tests.HOPPER.search(kernel.ir("graph"))
+    with tma_loads(), warp_specialised(), pytest.raises(ValueError, match="needs 256 lanes"):
+        etc.compile(g, target="cpu", kernels="cuda", chip="sm_90a", workers=2)
     _lanes(monkeypatch, LANES)
     with warp_specialised(), pytest.raises(ValueError, match="needs TMA loads"):
         etc.compile(g, target="cpu", kernels="cuda", chip="sm_90a", workers=2)

@@ -56,9 +56,24 @@ the module's directory, which lane 0 probes once per tile for A and B^T;
 the consumer's proxy fence is not needed (TMA writes through the async
 proxy). Default off: the first GPU run measures both (kit, "hopper").
 
-Not yet: a separate producer warpgroup (warp specialisation with
-`setmaxnreg`); barrier waits reporting through the watchdog's record; B
-(K, N) (an MN-major B operand), which keeps `MatmulMMA`.
+Warp-specialised (`warp_specialised = True`, or compiling inside
+`warp_specialised()`; needs TMA and a 256-lane target): warpgroup 0
+`setmaxnreg.dec`s to PRODUCER_REGS and its lane 0 runs the TMA ring over
+every step (wait empty[t % S] for parity (t / S + 1) % 2, `expect_tx` on
+full[t % S], the boxes); warpgroup 1 `setmaxnreg.inc`s to CONSUMER_REGS and
+runs the multiply loop (wait full[s % S] for parity (s / S) % 2, wgmma,
+commit, wait for all but this group, then lane 0 of each of its 4 warps
+arrives on empty[(s - 1) % S]: 4 arrivals) and the stores; both return to
+ENTRY_REGS before the tile's closing barrier. Simulated, the two roles
+run in the one-warpgroup tile's order (a legal interleaving) with the
+same barrier checks. Not yet usable on a GPU: the CUDA target, compile
+and runtime fix 128 lanes, and the worker has no `.maxntid 256,
+.minnctapersm 2`, without which ptxas ignores `setmaxnreg` (C7508); see
+docs/operators.md, "Warp specialisation".
+
+Not yet: that 256-lane plumbing and a GPU measurement of the variant;
+barrier waits reporting through the watchdog's record; B (K, N) (an
+MN-major B operand), which keeps `MatmulMMA`.
 """
 
 from __future__ import annotations
@@ -103,7 +118,8 @@ class MatmulWGMMA(MatmulMMA):
     #: Rows of a TMA box (the operand maps' box: `tma.operand_map`).
     BOX_ROWS = tensor_memory.BOX_ROWS
     #: Warp-specialised (needs `tma` and 256 lanes: warpgroup 0 produces,
-    #: warpgroup 1 consumes; see `warp_specialised`). Simulated lanes only.
+    #: warpgroup 1 consumes; see the module docstring and
+    #: `warp_specialised`).
     warp_specialised = False
 
     @classmethod
@@ -118,9 +134,14 @@ class MatmulWGMMA(MatmulMMA):
         tm, tn = op.tile
         # wgmma is sm_90a only (the "a" features); one warpgroup per CTA.
         lanes = wgmma.WARPGROUP * (2 if cls.warp_specialised else 1)
-        if cls.warp_specialised and not cls.tma:
-            raise ValueError("MatmulWGMMA.warp_specialised needs TMA loads (tma_loads()): "
-                             "its producer warpgroup issues them from one lane")
+        if cls.warp_specialised and target.gpu_kernels and target.chip == "sm_90a":
+            if not cls.tma:
+                raise ValueError("MatmulWGMMA.warp_specialised needs TMA loads (tma_loads()): "
+                                 "its producer warpgroup issues them from one lane")
+            if target.lanes != lanes:
+                raise ValueError(f"MatmulWGMMA.warp_specialised needs {lanes} lanes per CTA "
+                                 f"(a producer and a consumer warpgroup); the target has "
+                                 f"{target.lanes}")
         if not (target.gpu_kernels and target.chip == "sm_90a" and target.warp == 32
                 and target.lanes == lanes and a.dtype in ("f16", "bf16")
                 and b.dtype == a.dtype and op.params["transpose_b"]):
@@ -573,8 +594,9 @@ def tma_loads(enabled: bool = True):
 def warp_specialised(enabled: bool = True):
     """Compiles the Hopper tile warp-specialised (`MatmulWGMMA.warp_specialised`:
     256 lanes, warpgroup 0's lane 0 producing with TMA, warpgroup 1
-    consuming) inside the block; needs `tma_loads()`. Only the lane
-    simulation is written so far (the GPU path raises NotImplementedError)."""
+    consuming) inside the block; needs `tma_loads()` and a 256-lane target,
+    which only tests make today (the module docstring says what is missing
+    for a GPU run)."""
     saved = MatmulWGMMA.warp_specialised
     MatmulWGMMA.warp_specialised = enabled
     try:
