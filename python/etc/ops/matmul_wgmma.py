@@ -56,9 +56,24 @@ the module's directory, which lane 0 probes once per tile for A and B^T;
 the consumer's proxy fence is not needed (TMA writes through the async
 proxy). Default off: the first GPU run measures both (kit, "hopper").
 
-Not yet: a separate producer warpgroup (warp specialisation with
-`setmaxnreg`); barrier waits reporting through the watchdog's record; B
-(K, N) (an MN-major B operand), which keeps `MatmulMMA`.
+Warp-specialised (`warp_specialised = True`, or compiling inside
+`warp_specialised()`; needs TMA and a 256-lane target): warpgroup 0
+`setmaxnreg.dec`s to PRODUCER_REGS and its lane 0 runs the TMA ring over
+every step (wait empty[t % S] for parity (t / S + 1) % 2, `expect_tx` on
+full[t % S], the boxes); warpgroup 1 `setmaxnreg.inc`s to CONSUMER_REGS and
+runs the multiply loop (wait full[s % S] for parity (s / S) % 2, wgmma,
+commit, wait for all but this group, then lane 0 of each of its 4 warps
+arrives on empty[(s - 1) % S]: 4 arrivals) and the stores; both return to
+ENTRY_REGS before the tile's closing barrier. Simulated, the two roles
+run in the one-warpgroup tile's order (a legal interleaving) with the
+same barrier checks. Not yet usable on a GPU: the CUDA target, compile
+and runtime fix 128 lanes, and the worker has no `.maxntid 256,
+.minnctapersm 2`, without which ptxas ignores `setmaxnreg` (C7508); see
+docs/operators.md, "Warp specialisation".
+
+Not yet: that 256-lane plumbing and a GPU measurement of the variant;
+barrier waits reporting through the watchdog's record; B (K, N) (an
+MN-major B operand), which keeps `MatmulMMA`.
 """
 
 from __future__ import annotations
@@ -102,6 +117,10 @@ class MatmulWGMMA(MatmulMMA):
     tma = False
     #: Rows of a TMA box (the operand maps' box: `tma.operand_map`).
     BOX_ROWS = tensor_memory.BOX_ROWS
+    #: Warp-specialised (needs `tma` and 256 lanes: warpgroup 0 produces,
+    #: warpgroup 1 consumes; see the module docstring and
+    #: `warp_specialised`).
+    warp_specialised = False
 
     @classmethod
     def name(cls, op) -> str:
@@ -114,8 +133,17 @@ class MatmulWGMMA(MatmulMMA):
         n = cls.columns(op)
         tm, tn = op.tile
         # wgmma is sm_90a only (the "a" features); one warpgroup per CTA.
+        lanes = wgmma.WARPGROUP * (2 if cls.warp_specialised else 1)
+        if cls.warp_specialised and target.gpu_kernels and target.chip == "sm_90a":
+            if not cls.tma:
+                raise ValueError("MatmulWGMMA.warp_specialised needs TMA loads (tma_loads()): "
+                                 "its producer warpgroup issues them from one lane")
+            if target.lanes != lanes:
+                raise ValueError(f"MatmulWGMMA.warp_specialised needs {lanes} lanes per CTA "
+                                 f"(a producer and a consumer warpgroup); the target has "
+                                 f"{target.lanes}")
         if not (target.gpu_kernels and target.chip == "sm_90a" and target.warp == 32
-                and target.lanes == wgmma.WARPGROUP and a.dtype in ("f16", "bf16")
+                and target.lanes == lanes and a.dtype in ("f16", "bf16")
                 and b.dtype == a.dtype and op.params["transpose_b"]):
             return False
         # TMA zero-fills past K and N, so ragged K and N need only rows of
@@ -191,6 +219,11 @@ class MatmulWGMMA(MatmulMMA):
         rows = self.extent(op.result, 0, self.r0, tm)
         self.smem = self.scratch([self.total_bytes // 2], a.dtype)
         k = self
+        # Warp-specialised: lane 0 of warpgroup 0 runs the TMA ring, the
+        # lanes of warpgroup 1 multiply; one lane per consumer warp arrives
+        # on empty[] (the stage is free once all 4 warps' wgmma are done).
+        self.ws = self.warp_specialised
+        consumer_warps = wgmma.WARPGROUP // lanes.warp
         if lanes.simulate:
             # The simulated shared window starts at address 0, atom-aligned.
             self.raw = self.base = wgmma.as_index(k, 0)
@@ -205,7 +238,7 @@ class MatmulWGMMA(MatmulMMA):
         # TMA: one arrival (the producer's expect_tx) and the copies' bytes.
         self.full = wgmma.Barriers(k, self.stages, 1 if self.tma else wgmma.WARPGROUP,
                                    None if lanes.simulate else barriers.value)
-        self.empty = wgmma.Barriers(k, self.stages, wgmma.WARPGROUP,
+        self.empty = wgmma.Barriers(k, self.stages, consumer_warps if self.ws else wgmma.WARPGROUP,
                                     None if lanes.simulate else (barriers + 8 * self.stages).value)
         self.full.init()
         self.empty.init()
@@ -220,6 +253,9 @@ class MatmulWGMMA(MatmulMMA):
         lanes.barrier()
         if self.tma:
             self.maps = self._tensor_maps(lanes)
+        if self.ws and not lanes.simulate:
+            self._specialised(lanes, init, rows)
+            return
         for t in range(self.stages):
             self.produce(lanes, self.cidx(t))
         loop = scf.ForOp(self.cidx(0), self.cidx(self.steps), self.cidx(1), init)
@@ -230,7 +266,7 @@ class MatmulWGMMA(MatmulMMA):
             previous = arith.subi(arith.maxui(s, self.cidx(1)), self.cidx(1))
             branch = scf.IfOp(started)
             with ir.InsertionPoint(branch.then_block):
-                lanes.each(lambda lane: self.empty.arrive(self._stage(previous)))
+                lanes.each(lambda lane: self._release(lanes, lane, self._stage(previous)))
                 scf.yield_([])
             refill = arith.addi(previous, self.cidx(self.stages))
             more = arith.andi(started, arith.cmpi(arith.CmpIPredicate.ult, refill,
@@ -246,6 +282,82 @@ class MatmulWGMMA(MatmulMMA):
         lanes.barrier()
         self.full.invalidate()
         self.empty.invalidate()
+
+    #: Registers a lane of the producer warpgroup and of the consumer
+    #: warpgroup hold while the tile runs (`setmaxnreg`), and the count both
+    #: return to: the worker's count at entry, which `.maxntid 256,
+    #: .minnctapersm 2` makes 65,536 / 512 = 128 (producer + consumer <=
+    #: 2 x ENTRY_REGS, or the consumers' increase blocks forever).
+    PRODUCER_REGS = 40
+    CONSUMER_REGS = 216
+    ENTRY_REGS = 128
+
+    def _specialised(self, lanes, init: list, rows) -> None:
+        """The GPU's warp-specialised ring: warpgroup 0 gives registers
+        back and its lane 0 runs the producer's loop over every step;
+        warpgroup 1 takes them and runs the consumer's loop (wait full[],
+        wgmma, commit, wait for all but this group, one lane per warp
+        releases the previous step's stage), stores, and both return to
+        the entry count before the tile's closing barrier (the consumers
+        first: the producer's increase waits for their registers)."""
+        from mlir.dialects import nvvm
+        from ..dialects import event
+        assert self.PRODUCER_REGS + self.CONSUMER_REGS <= 2 * self.ENTRY_REGS
+        lane = event.lane_id()
+        producer = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, lane,
+                                       self.cidx(wgmma.WARPGROUP)), has_else=True)
+        decrease, increase = nvvm.SetMaxRegisterAction.decrease, nvvm.SetMaxRegisterAction.increase
+        with ir.InsertionPoint(producer.then_block):
+            nvvm.setmaxregister(self.PRODUCER_REGS, decrease)
+            loop = scf.ForOp(self.cidx(0), self.cidx(self.steps), self.cidx(1))
+            with ir.InsertionPoint(loop.body):
+                self.produce_tma(lanes, loop.induction_variable)
+                scf.yield_([])
+            nvvm.setmaxregister(self.ENTRY_REGS, increase)
+            scf.yield_([])
+        with ir.InsertionPoint(producer.else_block):
+            nvvm.setmaxregister(self.CONSUMER_REGS, increase)
+            loop = scf.ForOp(self.cidx(0), self.cidx(self.steps), self.cidx(1), init)
+            with ir.InsertionPoint(loop.body):
+                s = loop.induction_variable
+                accs = self.consume(lanes, s, list(loop.inner_iter_args))
+                started = arith.cmpi(arith.CmpIPredicate.uge, s, self.cidx(1))
+                previous = arith.subi(arith.maxui(s, self.cidx(1)), self.cidx(1))
+                branch = scf.IfOp(started)
+                with ir.InsertionPoint(branch.then_block):
+                    self._release(lanes, lane, self._stage(previous))
+                    scf.yield_([])
+                scf.yield_(accs)
+            wgmma.wait(0)
+            self.write_back(lanes, list(loop.results), arith.addi(self.r0, rows))
+            nvvm.setmaxregister(self.ENTRY_REGS, decrease)
+            scf.yield_([])
+        lanes.barrier()
+        self.full.invalidate()
+        self.empty.invalidate()
+
+    def _consumer(self, lane: ir.Value, lanes=None) -> ir.Value:
+        """Whether `lane` multiplies: every lane, or warp-specialised the
+        lanes of warpgroup 1 (and with `lanes`, only each warp's first)."""
+        if not self.ws:
+            return arith.constant(ir.IntegerType.get_signless(1), 1)
+        inside = arith.cmpi(arith.CmpIPredicate.uge, lane, self.cidx(wgmma.WARPGROUP))
+        if lanes is not None:
+            first = arith.cmpi(arith.CmpIPredicate.eq,
+                               arith.remui(lane, self.cidx(lanes.warp)), self.cidx(0))
+            inside = arith.andi(inside, first)
+        return inside
+
+    def _release(self, lanes, lane: ir.Value, stage: ir.Value) -> None:
+        """A consumer's arrival on empty[stage] (warp-specialised: one lane
+        per consumer warp)."""
+        if not self.ws:
+            self.empty.arrive(stage)
+            return
+        branch = scf.IfOp(self._consumer(lane, lanes))
+        with ir.InsertionPoint(branch.then_block):
+            self.empty.arrive(stage)
+            scf.yield_([])
 
     def _stage(self, step: ir.Value) -> ir.Value:
         return arith.remui(step, self.cidx(self.stages))
@@ -398,13 +510,16 @@ class MatmulWGMMA(MatmulMMA):
             return accs
 
         def body(lane):
-            self.full.wait(stage, parity)
-            for j in range(slices):
-                b_desc = self.descriptor(self.base, stage, "b", 0, j).value
-                for i in range(self.mi):
-                    a_desc = self.descriptor(self.base, stage, "a", i, j).value
-                    wgmma.emulate(self, lane, self.smem, a_desc, b_desc, tn, self.acc,
-                                  i * tn // 2)
+            branch = scf.IfOp(self._consumer(lane))
+            with ir.InsertionPoint(branch.then_block):
+                self.full.wait(stage, parity)
+                for j in range(slices):
+                    b_desc = self.descriptor(self.base, stage, "b", 0, j).value
+                    for i in range(self.mi):
+                        a_desc = self.descriptor(self.base, stage, "a", i, j).value
+                        wgmma.emulate(self, lane, self.smem, a_desc, b_desc, tn, self.acc,
+                                      i * tn // 2)
+                scf.yield_([])
         lanes.each(body)
         return []
 
@@ -421,6 +536,15 @@ class MatmulWGMMA(MatmulMMA):
             poisoned = arith.ori(self.full.deadlocked(), self.empty.deadlocked())
 
         def body(lane):
+            if self.ws:  # only the consumers hold accumulators
+                branch = scf.IfOp(self._consumer(lane))
+                with ir.InsertionPoint(branch.then_block):
+                    stores(lane)
+                    scf.yield_([])
+            else:
+                stores(lane)
+
+        def stores(lane):
             for i in range(self.mi):
                 for v in range(0, tn // 2, 2):
                     row, col = wgmma.fragment_d(wgmma.Index(self, lane), v)
@@ -464,3 +588,18 @@ def tma_loads(enabled: bool = True):
         yield
     finally:
         MatmulWGMMA.tma = saved
+
+
+@contextlib.contextmanager
+def warp_specialised(enabled: bool = True):
+    """Compiles the Hopper tile warp-specialised (`MatmulWGMMA.warp_specialised`:
+    256 lanes, warpgroup 0's lane 0 producing with TMA, warpgroup 1
+    consuming) inside the block; needs `tma_loads()` and a 256-lane target,
+    which only tests make today (the module docstring says what is missing
+    for a GPU run)."""
+    saved = MatmulWGMMA.warp_specialised
+    MatmulWGMMA.warp_specialised = enabled
+    try:
+        yield
+    finally:
+        MatmulWGMMA.warp_specialised = saved
