@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import itertools
 import os
 import threading
@@ -425,6 +426,7 @@ class _Pool:
         self._callers: dict[int, int] = {}
         self._last: dict[int, float] = {}
         self._retired = 0.0
+        self._mailboxes: dict[tuple, ctypes.Array] = {}
         self.others = OtherLoad(lambda: sum(w.cpu_seconds for w in list(self._all))
                                 + self._callers_cpu_seconds(),
                                 lambda: OtherLoad.run_queue_seconds(
@@ -471,6 +473,17 @@ class _Pool:
         # thread keeps its core.
         taken.sort(key=lambda worker: worker.number)
         return taken, alone
+
+    def mailboxes(self, workers: list[_Worker]):
+        """The C array of the mailboxes of `workers` that `launch` reads
+        (kept per set of threads: threads never end, so it stays valid)."""
+        key = tuple(worker.number for worker in workers)
+        array = self._mailboxes.get(key)
+        if array is None:
+            array = (ctypes.c_void_p * len(workers))(*[worker.address for worker in workers])
+            with self._lock:
+                self._mailboxes[key] = array
+        return array
 
     def give_back(self, workers: list[_Worker], count: int) -> None:
         with self._lock:
@@ -548,10 +561,17 @@ def _cores_for(count: int) -> list:
     if not pinning_enabled():
         return [None] * count
     # The process's cores (the calling thread's mask may be narrower).
-    cores = sorted(os.sched_getaffinity(os.getpid()))
+    cores = os.sched_getaffinity(0)
     if count != len(cores) or _pool.others.busy(cores):
         return [None] * count
-    return [frozenset((core,)) for core in cores]
+    return _pin_masks(frozenset(cores))
+
+
+@functools.lru_cache(maxsize=8)
+def _pin_masks(cores: frozenset) -> list:
+    """A mask of one core for each of `cores`, in order (kept: built at
+    every pinned run, it took a microsecond of the caller's hand-off)."""
+    return [frozenset((core,)) for core in sorted(cores)]
 
 
 class Run:
@@ -624,7 +644,7 @@ class Run:
         for worker, cores in zip(self._workers, self._cores()):
             worker.pin(cores)
             worker.park(entry)
-        mailboxes = (ctypes.c_void_p * threads)(*[worker.address for worker in self._workers])
+        mailboxes = self._pool.mailboxes(self._workers)
         self._generation = self._workers[0].mailbox.generation
         # Joined, the launcher only hands the run over (no time to wait):
         # `wait` waits, after the caller's own share.
