@@ -56,7 +56,9 @@ one other busy process on a 2-core machine, pinned workers kept 2% of their
 speed. So the pool watches the machine (`OtherLoad`: the busy time of the
 process's cores in /proc/stat minus what its workers ran, over the share of
 a core the workers got while runnable, sampled at most every 0.2 s) and
-pins only while others want less than a quarter of a core. With fewer
+pins only while others want less than a quarter of a core. Both this
+decision and the worker count (below) are made once per sample of the
+load and reused by the runs until the next (`_Pool.decisions`). With fewer
 workers than cores the scheduler has idle cores to spread them over, and
 pinning would pile the workers of several processes onto the same first
 cores, so they are not pinned. `ETC_PIN_WORKERS=0` in the
@@ -377,6 +379,12 @@ class OtherLoad:
             return 1.0
         return max(self.MIN_SHARE, ran / (ran + waited))
 
+    def fresh_until(self) -> float:
+        """The monotonic time until which `busy` answers from the last
+        sample (0.0: none yet: it samples at its next call)."""
+        sample = self._sample
+        return 0.0 if sample is None else sample[0] + self.WINDOW
+
     def busy(self, cores) -> bool:
         """Whether others wanted more than LIMIT cores in the last window."""
         now = time.monotonic()
@@ -427,6 +435,14 @@ class _Pool:
         self._last: dict[int, float] = {}
         self._retired = 0.0
         self._mailboxes: dict[tuple, ctypes.Array] = {}
+        #: The decisions of `run_workers` and `_cores_for` (by kind and
+        #: count): (until when they hold, the decision). They follow the
+        #: load, which is sampled at most every `OtherLoad.WINDOW`, so they
+        #: are made once per sample, not per run: at every run they took
+        #: 3-6 us of the caller's hand-off (the affinity system call, the
+        #: load's lock, the masks); the process's cores are looked at again
+        #: with the next sample (or `forget_decisions`).
+        self.decisions: dict[tuple, tuple] = {}
         self.others = OtherLoad(lambda: sum(w.cpu_seconds for w in list(self._all))
                                 + self._callers_cpu_seconds(),
                                 lambda: OtherLoad.run_queue_seconds(
@@ -528,15 +544,27 @@ def run_workers(count: int) -> int:
     and at least one (see the module docstring)."""
     if count <= 1 or not adapting_enabled():
         return count
+    key = ("adapt", count)
+    known = _pool.decisions.get(key)
+    if known is not None and time.monotonic() < known[0]:
+        return known[1]
     try:
-        cores = sorted(os.sched_getaffinity(os.getpid()))
+        cores = os.sched_getaffinity(0)
     except (AttributeError, OSError):
         return count
     _pool.caller()
     others = _pool.others
     others.busy(cores)  # samples at most every WINDOW seconds
     free = len(cores) - others.cores
-    return max(1, min(count, int(free + 0.5)))
+    used = max(1, min(count, int(free + 0.5)))
+    _pool.decisions[key] = (others.fresh_until(), used)
+    return used
+
+
+def forget_decisions() -> None:
+    """Makes the next run decide its worker count and pinning afresh
+    (see `_Pool.decisions`), e.g. after the process's cores changed."""
+    _pool.decisions = {}
 
 
 try:
@@ -560,11 +588,18 @@ def _cores_for(count: int) -> list:
     or None for all (see the module docstring)."""
     if not pinning_enabled():
         return [None] * count
+    key = ("pin", count)
+    known = _pool.decisions.get(key)
+    if known is not None and time.monotonic() < known[0]:
+        return known[1]
     # The process's cores (the calling thread's mask may be narrower).
     cores = os.sched_getaffinity(0)
     if count != len(cores) or _pool.others.busy(cores):
-        return [None] * count
-    return _pin_masks(frozenset(cores))
+        masks = [None] * count
+    else:
+        masks = _pin_masks(frozenset(cores))
+    _pool.decisions[key] = (_pool.others.fresh_until(), masks)
+    return masks
 
 
 @functools.lru_cache(maxsize=8)
