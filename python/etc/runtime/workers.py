@@ -99,7 +99,8 @@ NAME = "etc-worker"
 
 
 def pinning_enabled() -> bool:
-    """Whether runs may pin their workers to cores (`ETC_PIN_WORKERS`)."""
+    """Whether runs may pin their workers to cores (`ETC_PIN_WORKERS`,
+    read once per sample of the load: see `_Pool.decisions`)."""
     return os.environ.get("ETC_PIN_WORKERS", "1") != "0" and hasattr(os, "sched_setaffinity")
 
 
@@ -420,6 +421,10 @@ class OtherLoad:
         return None
 
 
+def _number(worker: _Worker) -> int:
+    return worker.number
+
+
 class _Pool:
     def __init__(self):
         self._lock = threading.Lock()
@@ -486,8 +491,10 @@ class _Pool:
             self.give_back(taken, count)
             raise
         # The same threads in the same order for runs alike: a pinned
-        # thread keeps its core.
-        taken.sort(key=lambda worker: worker.number)
+        # thread keeps its core. (The idle list is sorted: only new
+        # threads can be out of order.)
+        if numbers:
+            taken.sort(key=_number)
         return taken, alone
 
     def mailboxes(self, workers: list[_Worker]):
@@ -503,8 +510,12 @@ class _Pool:
 
     def give_back(self, workers: list[_Worker], count: int) -> None:
         with self._lock:
-            self._idle.extend(workers)
-            self._idle.sort(key=lambda worker: worker.number)
+            idle = self._idle
+            if workers and (not idle or workers[-1].number < idle[0].number):
+                idle[:0] = workers  # the usual case: the lowest-numbered threads
+            else:
+                idle.extend(workers)
+                idle.sort(key=_number)
             self.busy -= count
 
 
@@ -586,12 +597,13 @@ def current_cpu() -> int | None:
 def _cores_for(count: int) -> list:
     """Per worker of a run alone in the process: the core to pin it to,
     or None for all (see the module docstring)."""
-    if not pinning_enabled():
-        return [None] * count
     key = ("pin", count)
     known = _pool.decisions.get(key)
     if known is not None and time.monotonic() < known[0]:
         return known[1]
+    if not pinning_enabled():
+        _pool.decisions[key] = (time.monotonic() + OtherLoad.WINDOW, [None] * count)
+        return [None] * count
     # The process's cores (the calling thread's mask may be narrower).
     cores = os.sched_getaffinity(0)
     if count != len(cores) or _pool.others.busy(cores):
