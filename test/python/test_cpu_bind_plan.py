@@ -72,6 +72,8 @@ def test_the_same_arrays_reuse_the_plan_and_see_new_contents(kernel, monkeypatch
     x, y = _arrays()
     out = [aligned.empty((5, N), np.float32), aligned.empty((5, N), np.float32)]
     kernel.run(x=x, y=y, out=out)
+    assert kernel.runtime._plan is None  # made when the arrays come again
+    kernel.run(x=x, y=y, out=out)
     plan = kernel.runtime._plan
     assert plan is not None
     _no_binding(kernel.runtime, monkeypatch)
@@ -83,11 +85,25 @@ def test_the_same_arrays_reuse_the_plan_and_see_new_contents(kernel, monkeypatch
     # Without out=: new arrays at every run, from the plan of the first.
     monkeypatch.undo()
     kernel.run(x=x, y=y)
+    kernel.run(x=x, y=y)
     _no_binding(kernel.runtime, monkeypatch)
     first = kernel.run(x=x, y=y)
     second = kernel.run(x=x, y=y)
     assert first[0] is not second[0]
     _expect(second, x, y)
+
+
+def test_new_arrays_at_every_run_make_no_plan(kernel, monkeypatch):
+    made = []
+    real = bind_plan.BindPlan.make
+    monkeypatch.setattr(bind_plan.BindPlan, "make",
+                        classmethod(lambda cls, *a: made.append(1) or real(*a)))
+    for seed in range(3):
+        x, y = _arrays(seed=seed)
+        out = [aligned.empty((5, N), np.float32), aligned.empty((5, N), np.float32)]
+        kernel.run(x=x, y=y, out=out)
+        _expect(out, x, y)
+    assert not made and kernel.runtime._plan is None
 
 
 def test_another_array_of_the_same_shape_is_bound(kernel):
@@ -103,6 +119,7 @@ def test_an_array_whose_data_moved_is_bound_again(kernel):
     x, y = _arrays()
     out = [aligned.empty((5, N), np.float32), aligned.empty((5, N), np.float32)]
     kernel.run(x=x, y=y, out=out)
+    kernel.run(x=x, y=y, out=out)  # a plan now (the _seen path: the same with one run)
     address, old_memory = x.ctypes.data, x.base  # kept: the new data lies elsewhere
     assert old_memory is not None
     values = np.arange(5 * N, dtype=np.float32).reshape(5, N)
@@ -126,6 +143,7 @@ def test_a_changed_shape_binds_the_symbols_again(kernel):
         kernel.run(x=x, y=y)
     x.shape = y.shape = (6, N)
     kernel.run(x=x, y=y)
+    kernel.run(x=x, y=y)
     x2, y2 = x[:3], y[:3]
     _expect(kernel.run(x=x2, y=y2), x2, y2)
 
@@ -134,10 +152,12 @@ def test_a_changed_dtype_is_refused(kernel):
     x, y = _arrays()
     out = [aligned.empty((5, N), np.float32), aligned.empty((5, N), np.float32)]
     kernel.run(x=x, y=y, out=out)
+    kernel.run(x=x, y=y, out=out)
     x.dtype = np.int32
     with pytest.raises(TypeError, match=r"input 'x' has dtype int32, expected float32"):
         kernel.run(x=x, y=y, out=out)
     x.dtype = np.float32
+    kernel.run(x=x, y=y, out=out)
     kernel.run(x=x, y=y, out=out)
     out[1].dtype = np.int32
     with pytest.raises(TypeError, match=r"out\['out1'\] has dtype int32|has dtype int32"):
@@ -158,6 +178,7 @@ def test_views_and_read_only_out_arrays(kernel):
     _expect(kernel.run(x=view, y=y), view, y)
     wide[:] += 1
     _expect(kernel.run(x=view, y=y), view, y)
+    kernel.run(x=x, y=y, out=out)
     kernel.run(x=x, y=y, out=out)
     out[1].flags.writeable = False
     with pytest.raises(ValueError, match=r"is read-only"):
@@ -218,6 +239,7 @@ def test_index_inputs_are_range_checked_at_every_run(attention):
     inputs = _attention_inputs()
     attention.run(**inputs)
     attention.run(**inputs)
+    assert attention.runtime._plan is not None
     inputs["positions"][0] = -1
     with pytest.raises(IndexRangeError, match=r"input 'positions'\[0\] = -1"):
         attention.run(**inputs)
@@ -226,6 +248,8 @@ def test_index_inputs_are_range_checked_at_every_run(attention):
 def test_a_state_made_read_only_is_refused(attention):
     inputs = _attention_inputs()
     attention.run(**inputs)
+    attention.run(**inputs)
+    assert attention.runtime._plan is not None
     inputs["kc"].flags.writeable = False
     with pytest.raises(ValueError, match=r"state 'kc' must be a writeable"):
         attention.run(**inputs)

@@ -531,6 +531,7 @@ class CPURuntime(ProgramRuntime):
         #: The bind plan of the last run whose arrays may be reused
         #: (`etc.runtime.bind_plan`), and whether a run checks index inputs.
         self._plan: BindPlan | None = None
+        self._given: tuple = ()  # the ids of the last run's arrays, to make a plan
         self._index_checked = bool(abi.index_ranges or abi.ragged_batches)
 
     @property
@@ -663,8 +664,17 @@ class CPURuntime(ProgramRuntime):
             items = None if out is None else out_items(self.abi.name, self.abi.outputs, out)
             if items is not None and len(items) > 1:
                 check_disjoint_out(items)
-            plan = self._plan = BindPlan.make(constants, inputs, supplied, self._state_names,
-                                              symbols, out, self.abi.outputs)
+            # A plan only for arrays passed twice in a row: a decode step's
+            # are new at every step, and a plan of a dozen arrays costs more
+            # to make than their ids to compare.
+            given = (*map(id, inputs.values()), *(
+                () if not isinstance(out, (list, tuple, dict)) else
+                map(id, out.values() if isinstance(out, dict) else out)))
+            plan = None
+            if given == self._given:
+                plan = BindPlan.make(constants, inputs, supplied, self._state_names,
+                                     symbols, out, self.abi.outputs)
+            self._plan, self._given = plan, given
         workspace = self._take_workspace(symbols)
         try:
             if hit and workspace.plan is plan:
