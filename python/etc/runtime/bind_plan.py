@@ -166,3 +166,25 @@ class BindPlan:
         if out is None:
             return None
         return list(zip(self.out_names, out.values() if isinstance(out, dict) else out))
+
+
+def given_ids(inputs: dict, out) -> tuple:
+    """The ids of a run's arrays (inputs, then `out=` ones): a run makes a
+    plan only when they are those of the run before, since making one for
+    arrays that are new at every run (a decode step's) costs more than
+    comparing their ids. (An id may be reused by a new array: a plan
+    matches by more than ids.)"""
+    if isinstance(out, dict):
+        out = out.values()
+    elif not isinstance(out, (list, tuple)):
+        out = ()
+    return (*map(id, inputs.values()), *map(id, out))
+
+
+def copy_plan(items: list, copies: list) -> list:
+    """The copies a run makes after the program, (the caller's `out=`
+    array, the kept storage, the dtype), as a plan keeps them: with the
+    index of that array in `items` ((output name, array) pairs) in place
+    of the array, for the next run's arrays."""
+    where = {id(array): index for index, (_, array) in enumerate(items)}
+    return [(where[id(array)], storage, dtype) for array, storage, dtype in copies]

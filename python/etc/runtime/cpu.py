@@ -56,7 +56,7 @@ from .ranges import check as check_index_ranges
 from . import aligned, isa, layout, workers
 from .workers import Entry, adapting_enabled
 from .abi import KernelABI
-from .bind_plan import BindPlan, data_word
+from .bind_plan import BindPlan, copy_plan, data_word, given_ids
 from .program import ProgramRuntime
 from .trace import Trace
 
@@ -563,8 +563,8 @@ class CPURuntime(ProgramRuntime):
         as given; `_address` gives its address).
 
         An array that is the same object, with the same shape, strides,
-        dtype and data address, as at an earlier run and that the program reads as it is
-        (no conversion) is not checked nor looked at again: a decode step
+        dtype and data address, as at an earlier run and that the program
+        reads as it is (no conversion) is not checked nor looked at again: a decode step
         passes hundreds of weights that do not change between steps, and
         checking them took milliseconds per step."""
         expected, expected_args = self._supplied_names, self._supplied
@@ -664,16 +664,10 @@ class CPURuntime(ProgramRuntime):
             items = None if out is None else out_items(self.abi.name, self.abi.outputs, out)
             if items is not None and len(items) > 1:
                 check_disjoint_out(items)
-            # A plan only for arrays passed twice in a row: a decode step's
-            # are new at every step, and a plan of a dozen arrays costs more
-            # to make than their ids to compare.
-            given = (*map(id, inputs.values()), *(
-                () if not isinstance(out, (list, tuple, dict)) else
-                map(id, out.values() if isinstance(out, dict) else out)))
-            plan = None
-            if given == self._given:
-                plan = BindPlan.make(constants, inputs, supplied, self._state_names,
-                                     symbols, out, self.abi.outputs)
+            # A plan only for arrays given twice in a row (`given_ids`).
+            given = given_ids(inputs, out)
+            plan = BindPlan.make(constants, inputs, supplied, self._state_names, symbols, out,
+                                 self.abi.outputs) if given == self._given else None
             self._plan, self._given = plan, given
         workspace = self._take_workspace(symbols)
         try:
@@ -687,11 +681,7 @@ class CPURuntime(ProgramRuntime):
                 workspace.plan = None
                 self._run(workspace, supplied, buffers, constants)
                 if plan is not None and items is not None:
-                    # What a run with the plan's arrays writes and copies here.
-                    where = {id(array): index for index, (_, array) in enumerate(items)}
-                    workspace.plan_copies = [(where[id(array)], storage, dtype)
-                                             for array, storage, dtype in copies]
-                    workspace.plan = plan
+                    workspace.plan, workspace.plan_copies = plan, copy_plan(items, copies)
             # Before the workspace goes back: its kept buffers are the next run's.
             for array, storage, dtype in copies:
                 copy_out(array, storage, dtype)
@@ -780,7 +770,7 @@ class CPURuntime(ProgramRuntime):
         (by name, (array, address): see `_output_buffers`); `supplied` and
         `outputs` None: the table holds their addresses already (the
         workspace's `plan`)."""
-        if supplied is not None:  # None: the table holds the addresses (a bind plan's run)
+        if supplied is not None:
             self._fill_table(workspace, supplied, outputs, constants)
         args, counters = workspace.args, workspace.counters
         counters.fill(0)
