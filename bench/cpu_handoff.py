@@ -17,6 +17,11 @@ worker adapter off, so that the count does not follow the machine's load):
     the tiles' span, the last tile back to `run_interruptible`'s return and
     the Python after it (to `run`'s return), medians and minimums; and the
     tiles each worker ran.
+  * `python`: the same GEMM (untraced)'s run with the hand-off left out (the
+    runtime's native launcher and worker replaced by no-ops, so nothing is
+    computed): the Python of a run, with the last run's arrays again (the
+    bind plan: `etc.runtime.bind_plan`) and with two arrays of A in turn
+    (bound, checked and paired at every run), minimums of 5 x 2,000 runs.
 Runs follow each other after `--gap` ms of sleep (0: back to back; a decode
 step's host work is about 0.8 ms). Prints medians over `--runs` runs.
 
@@ -54,6 +59,44 @@ def tiny() -> etc.Graph:
 def pause(gap_s: float) -> None:
     if gap_s:
         time.sleep(gap_s)
+
+
+class _NoHandOff:
+    """An `Entry` whose launcher and worker do nothing (see `python`)."""
+
+    worker = 0
+
+    @staticmethod
+    def launch(*arguments) -> int:
+        return 0
+
+    @staticmethod
+    def call(*arguments) -> None:
+        return None
+
+
+def python_only(workers: int, graph: etc.Graph, w, a, c) -> None:
+    kernel = etc.compile(graph, target="cpu", workers=workers)  # untraced
+    kernel.runtime.adapt_workers = False
+    bound = kernel.partial(w=w)
+    runtime = kernel.runtime
+    entry, runtime._pool_entry = runtime._pool_entry, _NoHandOff()
+    other = aligned.aligned(a.copy())
+    try:
+        def best(run) -> float:
+            times = []
+            for _ in range(5):
+                start = time.perf_counter_ns()
+                for _ in range(1000):
+                    run()
+                times.append((time.perf_counter_ns() - start) / 1000)
+            return min(times) / 1e3
+        same = best(lambda: (bound.run(a=a, out=[c]), bound.run(a=a, out=[c])))
+        turns = best(lambda: (bound.run(a=a, out=[c]), bound.run(a=other, out=[c])))
+    finally:
+        runtime._pool_entry = entry
+    print(f"gemm python, us per run (no hand-off): the same arrays {same / 2:.1f}; "
+          f"new ones {turns / 2:.1f}")
 
 
 def main() -> None:
@@ -144,6 +187,7 @@ def main() -> None:
         for worker in tiles:
             tiles[worker].append(sum(e.worker == worker for e in events))
     cpu.run_interruptible = handed
+    python_only(args.workers, gemm(k, n), w, a, c)
     print(f"gemm {m}x{k}x{n} bf16 traced, us (median / min): " + "; ".join(
         f"{part} {statistics.median(v):.1f} / {min(v):.1f}" for part, v in parts.items())
         + "; tiles per worker (median) " + "/".join(

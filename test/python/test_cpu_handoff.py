@@ -144,6 +144,7 @@ def test_a_run_alone_on_every_core_pins_its_parked_threads(monkeypatch):
     monkeypatch.setattr(cpu, "JOIN_BELOW_NS", 0)  # every worker on a pool thread
     monkeypatch.delenv("ETC_PIN_WORKERS", raising=False)
     monkeypatch.setattr(workers._pool.others, "busy", lambda cores: False)
+    workers.forget_decisions()  # decided once per load sample
     cores = sorted(os.sched_getaffinity(0))
     kernel = etc.compile(mlp("pinned"), target="cpu", workers=len(cores))
     kernel.runtime.adapt_workers = False
@@ -157,6 +158,7 @@ def test_a_run_alone_on_every_core_pins_its_parked_threads(monkeypatch):
     kernel.run(**args)
     assert masks() == [frozenset({core}) for core in cores]
     monkeypatch.setattr(workers._pool.others, "busy", lambda cores: True)
+    workers.forget_decisions()  # decided once per load sample
     (got,) = kernel.run(**args)
     assert masks() == [frozenset(cores)] * len(cores)
     np.testing.assert_allclose(got, etc.reference.evaluate(mlp("pinned"), **args)[0],
@@ -292,6 +294,7 @@ def test_a_joined_run_alone_pins_its_threads_off_the_callers_core(monkeypatch, a
     threads are pinned to the cores the caller is not on when it starts."""
     monkeypatch.delenv("ETC_PIN_WORKERS", raising=False)
     monkeypatch.setattr(workers._pool.others, "busy", lambda cores: False)
+    workers.forget_decisions()  # decided once per load sample
     cores = sorted(os.sched_getaffinity(0))
     kernel = etc.compile(mlp("joined_pins"), target="cpu", workers=len(cores))
     kernel.runtime.adapt_workers = False

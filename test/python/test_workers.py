@@ -26,6 +26,7 @@ def quiet_machine(monkeypatch):
     """The pinning tests below judge the rule, not the machine they run on:
     others' load is what each test says (none unless it says otherwise)."""
     monkeypatch.setattr(workers._pool.others, "busy", lambda cores: False)
+    workers.forget_decisions()  # made once per sample of the load
 
 
 def _record(out: list, key: int):
@@ -91,6 +92,7 @@ def test_pinning_can_be_turned_off(monkeypatch):
     everywhere = frozenset(os.sched_getaffinity(0))
     _run(len(everywhere))  # pinned first, then unpinned below
     monkeypatch.setenv("ETC_PIN_WORKERS", "0")
+    workers.forget_decisions()  # else read with the next sample of the load
     assert [mask for _, mask in _run(len(everywhere))] == [everywhere] * len(everywhere)
 
 
@@ -126,8 +128,10 @@ def test_a_run_is_not_pinned_while_others_keep_the_cores_busy(monkeypatch):
     count = len(everywhere)
     assert [mask for _, mask in _run(count)] == [frozenset({c}) for c in sorted(everywhere)]
     monkeypatch.setattr(workers._pool.others, "busy", lambda cores: True)
+    workers.forget_decisions()  # else decided once per load sample
     assert [mask for _, mask in _run(count)] == [everywhere] * count
     monkeypatch.setattr(workers._pool.others, "busy", lambda cores: False)
+    workers.forget_decisions()
     assert [mask for _, mask in _run(count)] == [frozenset({c}) for c in sorted(everywhere)]
 
 
@@ -337,6 +341,7 @@ def test_a_run_uses_the_cores_others_leave_free(monkeypatch):
                                          (4, 3.6, 4, 1), (2, 0.0, 1, 1)]:
         monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(cores)))
         monkeypatch.setattr(others, "cores", load)
+        workers.forget_decisions()  # else decided once per load sample
         assert workers.run_workers(count) == expected, (cores, load, count)
     monkeypatch.setenv("ETC_ADAPT_WORKERS", "0")
     assert workers.run_workers(2) == 2
@@ -445,3 +450,31 @@ def test_the_threads_that_start_runs_are_not_others(monkeypatch):
     assert pool.others.cores == pytest.approx(1.0, abs=0.02)
     clock[0] = 110.5  # nobody else worked in it
     assert not pool.others.busy([0, 1]) and pool.others.cores == pytest.approx(0.0, abs=0.02)
+
+
+def test_the_worker_count_is_decided_once_per_load_sample(monkeypatch):
+    """`run_workers` looks at the cores and the load once per sample of the
+    load (`OtherLoad.WINDOW`), not at every run; a new sample, or
+    `forget_decisions`, decides again."""
+    monkeypatch.setenv("ETC_ADAPT_WORKERS", "1")
+    others = workers._pool.others
+    looks = []
+    monkeypatch.setattr(workers.os, "sched_getaffinity",
+                        lambda pid: looks.append(pid) or {0, 1})
+    clock = [1000.0]
+    monkeypatch.setattr(workers.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(others, "_sample", None)
+    monkeypatch.setattr(others, "busy", workers.OtherLoad.busy.__get__(others))
+    monkeypatch.setattr(workers.OtherLoad, "busy_seconds", staticmethod(lambda cores: 1.0))
+    monkeypatch.setattr(others, "cores", 1.2)
+    workers.forget_decisions()
+    assert workers.run_workers(2) == 1
+    monkeypatch.setattr(others, "cores", 0.1)  # as a new sample would find
+    assert [workers.run_workers(2) for _ in range(5)] == [1] * 5
+    assert len(looks) == 1
+    clock[0] += workers.OtherLoad.WINDOW  # the next sample is due
+    assert workers.run_workers(2) == 2
+    assert len(looks) == 2
+    workers.forget_decisions()
+    workers.run_workers(2)
+    assert len(looks) == 3

@@ -56,6 +56,7 @@ from .ranges import check as check_index_ranges
 from . import aligned, isa, layout, workers
 from .workers import Entry, adapting_enabled
 from .abi import KernelABI
+from .bind_plan import BindPlan, copy_plan, data_word, given_ids
 from .program import ProgramRuntime
 from .trace import Trace
 
@@ -358,6 +359,11 @@ class _Workspace:
         #: widened ones), as (array, address) by name; made at the first
         #: such run.
         self.outputs: dict[str, tuple] = {}
+        #: The bind plan whose addresses the table holds (None: unknown),
+        #: and the copies its runs make: (the index of the `out=` array,
+        #: the kept storage, the dtype).
+        self.plan = None
+        self.plan_copies: list = []
 
     def output(self, name: str, dtype: str) -> tuple:
         """The kept buffer of output `name` and its address (see `outputs`)."""
@@ -521,6 +527,12 @@ class CPURuntime(ProgramRuntime):
                                 if any(not isinstance(d, int) for d in arg.shape)}
         self._symbol_args = [arg for arg in self.arguments if arg.kind == "symbol"]
         self._seen: dict[str, tuple] = {}
+        self._state_names = {arg.name for arg in self._supplied if arg.kind == "state"}
+        #: The bind plan of the last run whose arrays may be reused
+        #: (`etc.runtime.bind_plan`), and whether a run checks index inputs.
+        self._plan: BindPlan | None = None
+        self._given: tuple = ()  # the ids of the last run's arrays, to make a plan
+        self._index_checked = bool(abi.index_ranges or abi.ragged_batches)
 
     @property
     def spin_microseconds(self) -> int:
@@ -550,9 +562,9 @@ class CPURuntime(ProgramRuntime):
         program reads it (inputs converted to their storage, state buffers
         as given; `_address` gives its address).
 
-        An array that is the same object, with the same shape, strides and
-        dtype, as at an earlier run and that the program reads as it is
-        (no conversion) is not checked nor looked at again: a decode step
+        An array that is the same object, with the same shape, strides,
+        dtype and data address, as at an earlier run and that the program
+        reads as it is (no conversion) is not checked nor looked at again: a decode step
         passes hundreds of weights that do not change between steps, and
         checking them took milliseconds per step."""
         expected, expected_args = self._supplied_names, self._supplied
@@ -575,6 +587,7 @@ class CPURuntime(ProgramRuntime):
             known = seen.get(name)
             if (known is not None and known[0]() is array and known[1] == array.shape
                     and known[2] == array.strides and known[3] == array.dtype
+                    and known[5].value == known[4]
                     and (arg.kind != "state" or array.flags.writeable)):
                 supplied[name] = array
                 continue
@@ -582,8 +595,10 @@ class CPURuntime(ProgramRuntime):
             storage = supplied[name] = checked_storage(
                 arg, array, self.abi.extra.get("packed_layout", "gguf"))
             if storage is array:
+                # Its data address too: `resize` or `__setstate__` move it in place.
+                word = data_word(array)
                 seen[name] = (weakref.ref(array), array.shape, array.strides, array.dtype,
-                              array.ctypes.data)
+                              word.value, word)
             else:  # a converted copy: the caller's array may change meanwhile
                 seen.pop(name, None)
         # Arguments with symbolic dims bind the symbols every run; static
@@ -636,15 +651,37 @@ class CPURuntime(ProgramRuntime):
         is for the CUDA target only."""
         if stream is not None:
             raise TypeError("stream= is for target='cuda'; CPU runs are synchronous")
-        symbols, supplied = self._bind(inputs, constants)
-        # Paired once, by name: `out` may be an iterator.
-        items = None if out is None else out_items(self.abi.name, self.abi.outputs, out)
-        if items is not None and len(items) > 1:
-            check_disjoint_out(items)
+        plan = self._plan
+        hit = plan is not None and plan.match(inputs, out, constants)
+        if hit:  # the last run's arrays: bound, checked and paired then
+            symbols, supplied, items = plan.symbols, inputs, plan.items(out)
+            if self._index_checked:
+                check_index_ranges(self.abi.name, self.abi.index_ranges, inputs, symbols,
+                                   self.abi.ragged_batches)
+        else:
+            symbols, supplied = self._bind(inputs, constants)
+            # Paired once, by name: `out` may be an iterator.
+            items = None if out is None else out_items(self.abi.name, self.abi.outputs, out)
+            if items is not None and len(items) > 1:
+                check_disjoint_out(items)
+            # A plan only for arrays given twice in a row (`given_ids`).
+            given = given_ids(inputs, out)
+            plan = BindPlan.make(constants, inputs, supplied, self._state_names, symbols, out,
+                                 self.abi.outputs) if given == self._given else None
+            self._plan, self._given = plan, given
         workspace = self._take_workspace(symbols)
         try:
-            buffers, copies = self._output_buffers(workspace, items, supplied, constants)
-            self._run(workspace, supplied, buffers, constants)
+            if hit and workspace.plan is plan:
+                # The table holds this plan's addresses (see `_run`).
+                copies = [(items[index][1], storage, dtype)
+                          for index, storage, dtype in workspace.plan_copies]
+                self._run(workspace, None, None, constants)
+            else:
+                buffers, copies = self._output_buffers(workspace, items, supplied, constants)
+                workspace.plan = None
+                self._run(workspace, supplied, buffers, constants)
+                if plan is not None and items is not None:
+                    workspace.plan, workspace.plan_copies = plan, copy_plan(items, copies)
             # Before the workspace goes back: its kept buffers are the next run's.
             for array, storage, dtype in copies:
                 copy_out(array, storage, dtype)
@@ -710,10 +747,9 @@ class CPURuntime(ProgramRuntime):
                 return True
         return constants is not None and constants.overlaps(start, end)
 
-    def _run(self, workspace: _Workspace, supplied: dict, outputs: dict,
-             constants: Constants | None = None) -> None:
-        """One run in `workspace` on the caller's arrays, writing `outputs`
-        (by name, (array, address): see `_output_buffers`)."""
+    def _fill_table(self, workspace: _Workspace, supplied: dict, outputs: dict,
+                    constants: Constants | None) -> None:
+        """Writes the addresses of the run's arrays into the table."""
         table, slots, written = workspace.table, workspace.slots, workspace.addresses
         if workspace.constants is not constants:
             # A run without these constants may have changed their words.
@@ -727,6 +763,15 @@ class CPURuntime(ProgramRuntime):
                 table[slots[name]] = written[name] = address
         for name, (_, address) in outputs.items():
             table[slots[name]] = address
+
+    def _run(self, workspace: _Workspace, supplied: dict | None, outputs: dict | None,
+             constants: Constants | None = None) -> None:
+        """One run in `workspace` on the caller's arrays, writing `outputs`
+        (by name, (array, address): see `_output_buffers`); `supplied` and
+        `outputs` None: the table holds their addresses already (the
+        workspace's `plan`)."""
+        if supplied is not None:
+            self._fill_table(workspace, supplied, outputs, constants)
         args, counters = workspace.args, workspace.counters
         counters.fill(0)
         self._functions["init"](*args, workspace.counters_arg)

@@ -56,7 +56,9 @@ one other busy process on a 2-core machine, pinned workers kept 2% of their
 speed. So the pool watches the machine (`OtherLoad`: the busy time of the
 process's cores in /proc/stat minus what its workers ran, over the share of
 a core the workers got while runnable, sampled at most every 0.2 s) and
-pins only while others want less than a quarter of a core. With fewer
+pins only while others want less than a quarter of a core. Both this
+decision and the worker count (below) are made once per sample of the
+load and reused by the runs until the next (`_Pool.decisions`). With fewer
 workers than cores the scheduler has idle cores to spread them over, and
 pinning would pile the workers of several processes onto the same first
 cores, so they are not pinned. `ETC_PIN_WORKERS=0` in the
@@ -85,6 +87,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import itertools
 import os
 import threading
@@ -96,7 +99,8 @@ NAME = "etc-worker"
 
 
 def pinning_enabled() -> bool:
-    """Whether runs may pin their workers to cores (`ETC_PIN_WORKERS`)."""
+    """Whether runs may pin their workers to cores (`ETC_PIN_WORKERS`,
+    read once per sample of the load: see `_Pool.decisions`)."""
     return os.environ.get("ETC_PIN_WORKERS", "1") != "0" and hasattr(os, "sched_setaffinity")
 
 
@@ -376,6 +380,12 @@ class OtherLoad:
             return 1.0
         return max(self.MIN_SHARE, ran / (ran + waited))
 
+    def fresh_until(self) -> float:
+        """The monotonic time until which `busy` answers from the last
+        sample (0.0: none yet: it samples at its next call)."""
+        sample = self._sample
+        return 0.0 if sample is None else sample[0] + self.WINDOW
+
     def busy(self, cores) -> bool:
         """Whether others wanted more than LIMIT cores in the last window."""
         now = time.monotonic()
@@ -411,6 +421,10 @@ class OtherLoad:
         return None
 
 
+def _number(worker: _Worker) -> int:
+    return worker.number
+
+
 class _Pool:
     def __init__(self):
         self._lock = threading.Lock()
@@ -425,6 +439,15 @@ class _Pool:
         self._callers: dict[int, int] = {}
         self._last: dict[int, float] = {}
         self._retired = 0.0
+        self._mailboxes: dict[tuple, ctypes.Array] = {}
+        #: The decisions of `run_workers` and `_cores_for` (by kind and
+        #: count): (until when they hold, the decision). They follow the
+        #: load, which is sampled at most every `OtherLoad.WINDOW`, so they
+        #: are made once per sample, not per run: at every run they took
+        #: 3-6 us of the caller's hand-off (the affinity system call, the
+        #: load's lock, the masks); the process's cores are looked at again
+        #: with the next sample (or `forget_decisions`).
+        self.decisions: dict[tuple, tuple] = {}
         self.others = OtherLoad(lambda: sum(w.cpu_seconds for w in list(self._all))
                                 + self._callers_cpu_seconds(),
                                 lambda: OtherLoad.run_queue_seconds(
@@ -468,14 +491,31 @@ class _Pool:
             self.give_back(taken, count)
             raise
         # The same threads in the same order for runs alike: a pinned
-        # thread keeps its core.
-        taken.sort(key=lambda worker: worker.number)
+        # thread keeps its core. (The idle list is sorted: only new
+        # threads can be out of order.)
+        if numbers:
+            taken.sort(key=_number)
         return taken, alone
+
+    def mailboxes(self, workers: list[_Worker]):
+        """The C array of the mailboxes of `workers` that `launch` reads
+        (kept per set of threads: threads never end, so it stays valid)."""
+        key = tuple(worker.number for worker in workers)
+        array = self._mailboxes.get(key)
+        if array is None:
+            array = (ctypes.c_void_p * len(workers))(*[worker.address for worker in workers])
+            with self._lock:
+                self._mailboxes[key] = array
+        return array
 
     def give_back(self, workers: list[_Worker], count: int) -> None:
         with self._lock:
-            self._idle.extend(workers)
-            self._idle.sort(key=lambda worker: worker.number)
+            idle = self._idle
+            if workers and (not idle or workers[-1].number < idle[0].number):
+                idle[:0] = workers  # the usual case: the lowest-numbered threads
+            else:
+                idle.extend(workers)
+                idle.sort(key=_number)
             self.busy -= count
 
 
@@ -515,15 +555,27 @@ def run_workers(count: int) -> int:
     and at least one (see the module docstring)."""
     if count <= 1 or not adapting_enabled():
         return count
+    key = ("adapt", count)
+    known = _pool.decisions.get(key)
+    if known is not None and time.monotonic() < known[0]:
+        return known[1]
     try:
-        cores = sorted(os.sched_getaffinity(os.getpid()))
+        cores = os.sched_getaffinity(0)
     except (AttributeError, OSError):
         return count
     _pool.caller()
     others = _pool.others
     others.busy(cores)  # samples at most every WINDOW seconds
     free = len(cores) - others.cores
-    return max(1, min(count, int(free + 0.5)))
+    used = max(1, min(count, int(free + 0.5)))
+    _pool.decisions[key] = (others.fresh_until(), used)
+    return used
+
+
+def forget_decisions() -> None:
+    """Makes the next run decide its worker count and pinning afresh
+    (see `_Pool.decisions`), e.g. after the process's cores changed."""
+    _pool.decisions = {}
 
 
 try:
@@ -545,13 +597,28 @@ def current_cpu() -> int | None:
 def _cores_for(count: int) -> list:
     """Per worker of a run alone in the process: the core to pin it to,
     or None for all (see the module docstring)."""
+    key = ("pin", count)
+    known = _pool.decisions.get(key)
+    if known is not None and time.monotonic() < known[0]:
+        return known[1]
     if not pinning_enabled():
+        _pool.decisions[key] = (time.monotonic() + OtherLoad.WINDOW, [None] * count)
         return [None] * count
     # The process's cores (the calling thread's mask may be narrower).
-    cores = sorted(os.sched_getaffinity(os.getpid()))
+    cores = os.sched_getaffinity(0)
     if count != len(cores) or _pool.others.busy(cores):
-        return [None] * count
-    return [frozenset((core,)) for core in cores]
+        masks = [None] * count
+    else:
+        masks = _pin_masks(frozenset(cores))
+    _pool.decisions[key] = (_pool.others.fresh_until(), masks)
+    return masks
+
+
+@functools.lru_cache(maxsize=8)
+def _pin_masks(cores: frozenset) -> list:
+    """A mask of one core for each of `cores`, in order (kept: built at
+    every pinned run, it took a microsecond of the caller's hand-off)."""
+    return [frozenset((core,)) for core in sorted(cores)]
 
 
 class Run:
@@ -624,7 +691,7 @@ class Run:
         for worker, cores in zip(self._workers, self._cores()):
             worker.pin(cores)
             worker.park(entry)
-        mailboxes = (ctypes.c_void_p * threads)(*[worker.address for worker in self._workers])
+        mailboxes = self._pool.mailboxes(self._workers)
         self._generation = self._workers[0].mailbox.generation
         # Joined, the launcher only hands the run over (no time to wait):
         # `wait` waits, after the caller's own share.
