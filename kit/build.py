@@ -47,6 +47,7 @@ RUNTIME_FILES = ("__init__.py", "bfloat16.py", "binding.py", "packed.py", "refer
                  "reference_llm.py",
                  "reference_sampling.py",
                  "runtime/__init__.py", "runtime/abi.py", "runtime/aligned.py", "runtime/artifact.py",
+                 "runtime/bind_plan.py",
                  "runtime/cpu.py", "runtime/cuda.py", "runtime/cuda_arrays.py",
                  "runtime/cuda_driver.py", "runtime/cuda_launch.py", "runtime/cuda_timing.py",
                  "runtime/cuda_tensor_maps.py", "runtime/tensor_maps.py",
