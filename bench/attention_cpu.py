@@ -27,8 +27,8 @@ for the time a decode step sees).
 after positions - N cached; `--new` = `--positions` is a first step).
 `--compare` compiles the kernel four times in one process: as built
 (the prefill's query blocks on AMX tiles where the CPU has them, in steps
-of `TILE_KEYS` keys), a block of 16 keys a step (`TILE_KEYS` 16,
-`AttentionChunkBlocks.query_tiles`), with the query blocks on `vdpbf16ps`
+of `TILE_KEYS` keys), in steps of 128 keys (`TILE_KEYS` 128), with the
+query blocks on `vdpbf16ps`
 (`AMX` False; where there is no AMX, the same kernel again), and a token
 at a time (`QUERY_ROWS` 1), and times them alternating.
 
@@ -116,7 +116,7 @@ def main() -> None:
     variants = {"as built": compile_kernel(args, blocks)}
     if args.compare:
         variants = {"as built": variants["as built"],
-                    "TILE_KEYS=16": compile_kernel(args, blocks, TILE_KEYS=16),
+                    "TILE_KEYS=128": compile_kernel(args, blocks, TILE_KEYS=128),
                     "AMX=False": compile_kernel(args, blocks, AMX=False),
                     "QUERY_ROWS=1": compile_kernel(args, blocks, QUERY_ROWS=1)}
     rng = np.random.default_rng(0)

@@ -203,11 +203,8 @@ def _tiles_in(kernel) -> int:
 def _tiles_for(d, keys=None) -> int:
     """The tile products in the IR of one attention at head_dim `d`: per
     step of `keys` keys (TILE_KEYS) d / 32 for each 16 keys' scores and
-    for each 32 keys' weighted values per 16 columns; a block at a time
-    (16) d / 32 and 2 d / 32."""
+    for each 32 keys' weighted values per 16 columns."""
     keys = AttentionChunkBlocks.TILE_KEYS if keys is None else keys
-    if keys == 16:
-        return 3 * d // 32
     return d // 32 * (keys // 16) + 2 * d // 32 * (keys // 32)
 
 
@@ -238,17 +235,28 @@ def test_amx_tiles_at_llvm_O0(monkeypatch):
 
 
 @needs_amx
-@pytest.mark.parametrize("keys, paged", [(16, True), (32, False), (128, True)])
+@pytest.mark.parametrize("keys, paged", [(32, False), (32, True), (128, True)])
 def test_amx_steps_of_keys(monkeypatch, keys, paged):
-    """Steps of 16 keys (a block at a time, `query_tiles`), 32 (one tile
-    of weighted values) and 128 (the chunk's keys at once; the last step
-    of a tile mostly masked), keys straight from paged blocks or copied
-    from a contiguous cache, Qwen3's shape."""
+    """Steps of 32 keys (one tile of weighted values) and 128 (the chunk's
+    keys at once; the last step of a tile mostly masked), keys straight
+    from paged blocks or copied from a contiguous cache, Qwen3's shape."""
     monkeypatch.setattr(AttentionChunkBlocks, "TILE_KEYS", keys)
     g = _graph(16, 8, 48, 192, paged, d=128)
     kernel = etc.compile(g, target="cpu", schedule="dynamic", workers=2)
     assert _tiles_in(kernel) == _tiles_for(128, keys)
     _run(g, kernel, TILE_STEPS[:3], 16, 8, 192, paged, np.random.default_rng(keys), d=128)
+
+
+@needs_avx512bf16
+@pytest.mark.parametrize("keys", [16, 48, 0, "64"])
+def test_steps_of_keys_must_be_a_multiple_of_32(monkeypatch, keys):
+    """A step's weighted values are tiles of 32 keys: TILE_KEYS 16 (or any
+    other) is refused naming the attribute, not silently replaced."""
+    monkeypatch.setenv(isa.ENVIRONMENT, AVX512_BF16)
+    monkeypatch.setattr(AttentionChunkBlocks, "TILE_KEYS", keys)
+    g = _graph(9, 3, 32, 96, True)
+    with pytest.raises(ValueError, match="TILE_KEYS must be a positive multiple of 32"):
+        etc.compile(g, target="cpu", schedule="dynamic", workers=2, kernels="amx")
 
 
 @needs_amx

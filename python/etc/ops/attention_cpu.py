@@ -78,7 +78,7 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
 
     Where the CPU has AMX (or `kernels="amx"` emulates it) the queries go
     to the tile unit instead, 16 at a time against steps of TILE_KEYS keys
-    (`attention_key_steps`; 16: `query_tiles`, a block at a time): per 16
+    (`attention_key_steps`, `query_tiles`): per 16
     keys a `tdpbf16ps` product per 32 columns for the scores, per 32 keys
     one per 16 columns for the weighted values, the online softmax per
     query row in AVX-512; measurements in their docstrings and
@@ -97,11 +97,12 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
     #: class docstring).
     QUERY_ROWS = 8
     #: Whether prefill takes the tile unit where the CPU has AMX
-    #: (`query_tiles`; False: `query_block` on `vdpbf16ps` there too).
+    #: (`key_steps`; False: `query_block` on `vdpbf16ps` there too).
     AMX = True
     #: New tokens of a request that a prefill tile takes together on AMX
     #: tiles (at least; `query_rows`): 16 (Qwen3's G = 2: 32 queries a KV
-    #: head, 2 tiles) took 0.90x the CPU time of 8 (see `query_tiles`).
+    #: head, 2 tiles) took 0.90x the CPU time of 8 (2026-11-28, a block of
+    #: 16 keys at a time).
     TILE_ROWS = 16
     #: Rows whose G queries `query_block` interleaves (a run-time loop
     #: over the others): 2 of 1, 2, 4 was the fastest.

@@ -3,13 +3,14 @@
 (a multiple of 32) per step of the online softmax instead of one block of
 KEYS = 16.
 
-`query_tiles` updates 16 queries' states after every 16 keys: the row's
+A block of 16 keys at a time (the kernel before, 23aab0a) updated 16
+queries' states after every 16 keys: the row's
 rescaling of its head_dim sums (a load, an FMA and a store per 16 of
 them), its largest score and the rescaling's exponential, and a weighted
 values product whose K is half empty (16 keys of a tile's 32). Per 16
 queries x 16 keys at head_dim 128 that bookkeeping is about as many
 AVX-512 instructions as the scores' exponentials themselves. A step of
-TILE_KEYS keys (`key_steps`, `wide_query_tiles`) pays it once per step:
+TILE_KEYS keys (`key_steps`, `query_tiles`) pays it once per step:
 the scores of each 16 keys a tile product as before (the keys' rows times
 the queries in the VNNI layout, transposed back to a row a query), each
 row's largest over the step, its weights for all of them, and the
@@ -38,22 +39,24 @@ from .matmul_amx import transpose16
 
 
 class KeySteps:
-    """`key_steps` and `wide_query_tiles`, for `QueryBlocks` on AMX tiles
-    with TILE_KEYS > KEYS (`tile_keys`)."""
+    """`key_steps` and `query_tiles`, for `QueryBlocks` on AMX tiles."""
 
-    #: Keys per step of the online softmax on AMX tiles (a multiple of 32;
-    #: 16: `query_tiles`, a block at a time). Qwen3-0.6B's shape, 256 new
-    #: tokens after 1,792 cached, 2 layers, one worker (2026-11-28, load
-    #: 0.3-0.8, fastest of 20): 16 keys 97.8 ms, 32 69.1, 64 69.3, 128
-    #: 68.8 (the last step of a 128-key chunk's tile is then often mostly
-    #: masked: 64).
+    #: Keys per step of the online softmax on AMX tiles (a multiple of 32).
+    #: Qwen3-0.6B's shape, 256 new tokens after 1,792 cached, 2 layers, one
+    #: worker (2026-11-28, load 0.3-0.8, fastest of 20): a block of 16 keys
+    #: at a time (the tile kernel before this one, 23aab0a) 97.8 ms, steps
+    #: of 32 69.1, 64 69.3, 128 68.8 (the last step of a 128-key chunk's
+    #: tile is then often mostly masked: 64).
     TILE_KEYS = 64
 
     def tile_keys(self) -> int:
-        """TILE_KEYS where it is a multiple of 32 (a whole K of the weighted
-        values' tiles), else KEYS (`query_tiles`)."""
+        """TILE_KEYS, which must be a positive multiple of 32 (a whole K of
+        the weighted values' tiles)."""
         steps = self.TILE_KEYS
-        return steps if steps % 32 == 0 and steps >= 32 else self.KEYS
+        if not isinstance(steps, int) or steps < 32 or steps % 32:
+            raise ValueError(f"{type(self).__name__}.TILE_KEYS must be a positive multiple of "
+                             f"32 (the weighted values' tiles take 32 keys), got {steps!r}")
+        return steps
 
     def wide_pack_shapes(self, kv_heads: int, per_kv: int) -> tuple:
         """The stack buffers of `key_steps` (see `_Packs`): queries, states,
@@ -88,7 +91,7 @@ class KeySteps:
     def key_steps(self, packs, where, kv_column, k_first, k1, bounds, tiles) -> None:
         """`packed_keys` in steps of `tile_keys` keys: per step and KV head
         its values paired (and its keys copied unless `direct_keys`), then
-        `wide_query_tiles` for each 16 of its queries."""
+        `query_tiles` for each 16 of its queries."""
         op, params, n, c = self.op, self.op.params, self.KEYS, self.cidx
         head_dim, group = params["head_dim"], params["heads"] // params["kv_heads"]
         steps = self.tile_keys()
@@ -142,7 +145,7 @@ class KeySteps:
                     keys = self.copy_step_keys(packs, caches[0], shifted)
                 each = scf.ForOp(c(0), c(per_kv), c(16))
                 with ir.InsertionPoint(each.body):
-                    self.wide_query_tiles(tiles, packs, kv, key, each.induction_variable,
+                    self.query_tiles(tiles, packs, kv, key, each.induction_variable,
                                           bounds, keys)
                     scf.yield_([])
                 scf.yield_([])
@@ -177,7 +180,7 @@ class KeySteps:
                     vector.store(vec, packs.values,
                                  [c((h * tiles_per_row + i) * 16 + p), c(0)])
 
-    def wide_query_tiles(self, tiles, packs, kv, key, first, bounds, keys: list) -> None:
+    def query_tiles(self, tiles, packs, kv, key, first, bounds, keys: list) -> None:
         """The states of 16 queries of KV head `kv` (`emit_query_blocks`'
         queries `first` .. `first` + 15 of it) updated with the step of
         keys from `key`: each block's 16 x 16 scores (keys' tiles `keys`
@@ -246,8 +249,9 @@ class KeySteps:
             scf.yield_([])
         vector.store(self.exp2_of(vector.load(self.vtype(n), packs.rescales, [c(0)])),
                      packs.rescales, [c(0)])
-        # At -O0 (`AMXTiles.in_memory`) each product loads its own weights
-        # (see `query_tiles`). Else the step's weights stay in tiles and
+        # At -O0 (`AMXTiles.in_memory`) each product loads its own weights:
+        # LLVM's register allocator failed on a weights tile live across
+        # the products there ("Remaining virtual register"). Else the step's weights stay in tiles and
         # as many columns' accumulators as the other tiles leave (8 in all,
         # one for the values) take their products in turn.
         parts = steps // 32

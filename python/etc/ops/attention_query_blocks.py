@@ -33,8 +33,8 @@ class QueryBlocks(KeySteps):
         stay in L1 for all of them, each query masked to its row's keys
         [first_key, position + 1). The queries' states live in a stack
         buffer between blocks. With `amx_tiles`, `query_rows` tokens at a
-        time and each KV head's block packed right before its queries,
-        16 at a time on the tile unit (`query_tiles`)."""
+        time, 16 queries at a time on the tile unit against steps of
+        `tile_keys` keys (`key_steps`)."""
         op, params = self.op, self.op.params
         q, k_cache, _, positions, _, addressing, _, _ = op.operands
         head_dim, group = params["head_dim"], params["heads"] // params["kv_heads"]
@@ -54,21 +54,12 @@ class QueryBlocks(KeySteps):
         i32 = ir.IntegerType.get_signless(32)
         words, halves = head_dim // 2, head_dim // 32
         bf16 = element_type("bf16")
-        wide = tiles is not None and self.tile_keys() > n
-        if wide:
+        if tiles is not None:
             shapes = self.wide_pack_shapes(kv_heads, per_kv)
-        elif tiles is None:
+        else:
             shapes = (([kv_heads * per_kv, words], i32),
                       ([kv_heads * per_kv, head_dim + 32], self.f32),
                       ([kv_heads, words, n], i32), ([kv_heads, n // 2 * 2 * halves, 32], bf16))
-        else:
-            # 2-D, rows of 32 bf16 (64 bytes) or of 16 f32: tile rows.
-            shapes = (([kv_heads * per_kv, head_dim], bf16),
-                      ([kv_heads * per_kv, head_dim + 32], self.f32),
-                      ([kv_heads * 16, head_dim], bf16), ([kv_heads * 2 * halves * 16, 32], bf16),
-                      ([16, 16], self.f32), ([16, 32], bf16), ([16], self.f32),
-                      ([2 * halves * 16, 16], self.f32),
-                      ([kv_heads * per_kv * halves, 32], bf16))
         packs = _Packs(*(self.entry_alloca(ir.MemRefType.get(shape, element))
                          for shape, element in shapes))
         loop = self.lane_loop(arith.divui(arith.addi(new_tokens, c(rows - 1)), c(rows)))
@@ -107,13 +98,10 @@ class QueryBlocks(KeySteps):
                     vector.store(self.vzero(n), packs.states, [qi, c(head_dim + 16)])
                     scf.yield_([])
                 if tiles is not None:
-                    if not wide:
-                        self.zero_tile_padding(packs)
                     self.transposed_queries(packs, kv_heads * per_kv)
-                if wide:
                     self.key_steps(packs, where, kv_column, k_first, k1, bounds, tiles)
                 else:
-                    self.packed_keys(packs, where, kv_column, k_first, k1, bounds, tiles)
+                    self.packed_keys(packs, where, kv_column, k_first, k1, bounds)
                 partial = op.buffers["partial"]
                 each = scf.ForOp(c(0), c(kv_heads * per_kv), c(1))
                 with ir.InsertionPoint(each.body):
@@ -170,13 +158,12 @@ class QueryBlocks(KeySteps):
         return arith.addi(head0, arith.addi(arith.muli(arith.divui(qi, c(per_kv)), c(group)),
                                             arith.remui(qi, c(group))))
 
-    def packed_keys(self, packs, where, kv_column, k_first, k1, bounds, tiles) -> None:
+    def packed_keys(self, packs, where, kv_column, k_first, k1, bounds) -> None:
         """`emit_query_blocks`' loop over blocks of keys [k_first, k1): each
         key's row (clamped to the last key) from its table entry, or where
         the blocks are `aligned` from the block's first entry and with the
         next block's rows prefetched; per KV head `pack_block`, then
-        `query_block` for each of its queries (with `tiles`, `query_tiles`
-        for each 16 of them)."""
+        `query_block` for each of its queries. (On AMX tiles: `key_steps`.)"""
         op, params, n, c = self.op, self.op.params, self.KEYS, self.cidx
         head_dim, group = params["head_dim"], params["heads"] // params["kv_heads"]
         rows = self.query_rows()
@@ -204,42 +191,32 @@ class QueryBlocks(KeySteps):
 
         # Each block is packed right before its queries, while the next
         # one's rows are prefetched (packing one block ahead into a second
-        # buffer measured no faster). On tiles each KV head's right before
-        # its own queries (in L1 for them).
+        # buffer measured no faster).
         blocks = scf.ForOp(k_first, k1, c(n))
         with ir.InsertionPoint(blocks.body):
             key = blocks.induction_variable
             if aligned:
                 self.prefetch(caches, block_rows(arith.minsi(arith.addi(key, c(n)), last)))
             at = block_rows(key)
-            if tiles is None:
-                heads = scf.ForOp(c(0), c(kv_heads), c(1))
-                with ir.InsertionPoint(heads.body):
-                    pack(at, heads.induction_variable)
-                    scf.yield_([])
+            heads = scf.ForOp(c(0), c(kv_heads), c(1))
+            with ir.InsertionPoint(heads.body):
+                pack(at, heads.induction_variable)
+                scf.yield_([])
             heads = scf.ForOp(c(0), c(kv_heads), c(1))
             with ir.InsertionPoint(heads.body):
                 kv = heads.induction_variable
-                if tiles is not None:
-                    pack(at, kv)
-                    each = scf.ForOp(c(0), c(per_kv), c(16))
-                    with ir.InsertionPoint(each.body):
-                        self.query_tiles(tiles, packs, kv, key, each.induction_variable, bounds)
-                        scf.yield_([])
-                else:
-                    step = self.ROWS_AT_ONCE
-                    each = scf.ForOp(c(0), c(rows), c(step))
-                    with ir.InsertionPoint(each.body):
-                        queries, masks = [], []
-                        for i in range(step):
-                            row = arith.addi(each.induction_variable, c(i))
-                            _, row_first, row_end = bounds(row)
-                            qi = arith.addi(arith.muli(kv, c(per_kv)),
-                                            arith.muli(row, c(group)))
-                            queries += [arith.addi(qi, c(g)) for g in range(group)]
-                            masks += [self.key_lanes(key, row_first, row_end)] * group
-                        self.query_block(packs, kv, queries, masks)
-                        scf.yield_([])
+                step = self.ROWS_AT_ONCE
+                each = scf.ForOp(c(0), c(rows), c(step))
+                with ir.InsertionPoint(each.body):
+                    queries, masks = [], []
+                    for i in range(step):
+                        row = arith.addi(each.induction_variable, c(i))
+                        _, row_first, row_end = bounds(row)
+                        qi = arith.addi(arith.muli(kv, c(per_kv)), arith.muli(row, c(group)))
+                        queries += [arith.addi(qi, c(g)) for g in range(group)]
+                        masks += [self.key_lanes(key, row_first, row_end)] * group
+                    self.query_block(packs, kv, queries, masks)
+                    scf.yield_([])
                 scf.yield_([])
             scf.yield_([])
 
@@ -260,35 +237,20 @@ class QueryBlocks(KeySteps):
     def pack_block(self, packs, kv, caches: list, rows: list) -> None:
         """The block's keys of a KV head (its rows at `rows` of `caches`)
         transposed into slot `kv` of packs.keys (row p: the 16 keys' bf16
-        pair p), or on tiles (`query_tiles`) its rows as they are, and its
-        values in `value_pairs`' pairs into packs.values' (on tiles a tile
-        per 16 columns, row p the pairs of keys 2p and 2p + 1)."""
+        pair p), and its values in `value_pairs`' pairs into packs.values'."""
         c, n = self.cidx, self.KEYS
         head_dim = self.op.params["head_dim"]
         bf16x32 = ir.VectorType.get([32], element_type("bf16"))
         i32x16 = ir.VectorType.get([16], ir.IntegerType.get_signless(32))
-        on_tiles = packs.scores is not None
-        if on_tiles:
-            for i, at in enumerate(rows):
-                for column in range(0, head_dim, 32):
-                    vector.store(vector.load(bf16x32, caches[0], self.column(at, column)),
-                                 packs.keys, [arith.addi(arith.muli(kv, c(n)), c(i)),
-                                              c(column)])
-        else:
-            for first in range(0, head_dim // 2, 16):
-                vecs = transpose16([vector.bitcast(i32x16, vector.load(
-                    bf16x32, caches[0], self.column(at, 2 * first))) for at in rows])
-                for p, vec in enumerate(vecs):
-                    vector.store(vec, packs.keys, [kv, c(first + p), c(0)])
+        for first in range(0, head_dim // 2, 16):
+            vecs = transpose16([vector.bitcast(i32x16, vector.load(
+                bf16x32, caches[0], self.column(at, 2 * first))) for at in rows])
+            for p, vec in enumerate(vecs):
+                vector.store(vec, packs.keys, [kv, c(first + p), c(0)])
         for p in range(n // 2):
             pairs = self.interleaved_values(caches[1], rows[2 * p], rows[2 * p + 1])
             for i, vec in enumerate(pairs):
-                if on_tiles:
-                    # Rows 8-15 of each tile stay zero (`zero_tile_padding`).
-                    vector.store(vec, packs.values, [arith.addi(
-                        arith.muli(kv, c(16 * len(pairs))), c(16 * i + p)), c(0)])
-                else:
-                    vector.store(vec, packs.values, [kv, c(p * len(pairs) + i), c(0)])
+                vector.store(vec, packs.values, [kv, c(p * len(pairs) + i), c(0)])
 
     def query_rows(self) -> int:
         """The new tokens a prefill tile takes together: QUERY_ROWS, or on
@@ -301,7 +263,7 @@ class QueryBlocks(KeySteps):
         return -(-self.TILE_ROWS // least) * least
 
     def amx_tiles(self):
-        """`AMXTiles` for `query_tiles` where the CPU has `amx-bf16` (or the
+        """`AMXTiles` for `key_steps` where the CPU has `amx-bf16` (or the
         target emulates it) and the queries, keys and values are bf16 rows
         of whole 32-value pairs (`value_pairs`); else None (`query_block`
         on `vdpbf16ps`). AMX False turns the tiles off (the benchmark's
@@ -312,31 +274,10 @@ class QueryBlocks(KeySteps):
             return None
         return AMXTiles(self, not target.has("amx-bf16"))
 
-    def zero_tile_padding(self, packs) -> None:
-        """Zeros the parts of the tiles' packs that no block writes: the
-        weights' columns 16-31 (pairs 8-15 of a tile of 16 keys' weights)
-        and the value tiles' rows 8-15 (a NaN of stale stack memory times 0
-        would still be NaN)."""
-        c = self.cidx
-        bf16x16 = ir.VectorType.get([16], element_type("bf16"))
-        bf16x32 = ir.VectorType.get([32], element_type("bf16"))
-        zeros = arith.constant(bf16x32, ir.DenseElementsAttr.get_splat(
-            bf16x32, ir.FloatAttr.get(element_type("bf16"), 0.0)))
-        half = vector.extract_strided_slice(bf16x16, zeros, [0], [16], [1])
-        for r in range(16):
-            vector.store(half, packs.weights, [c(r), c(16)])
-        count = ir.MemRefType(packs.values.type).shape[0] // 16
-        each = scf.ForOp(c(0), c(count), c(1))
-        with ir.InsertionPoint(each.body):
-            base = arith.muli(each.induction_variable, c(16))
-            for r in range(8, 16):
-                vector.store(zeros, packs.values, [arith.addi(base, c(r)), c(0)])
-            scf.yield_([])
-
     def transposed_queries(self, packs, count: int) -> None:
         """The queries (`count` rows of packs.queries) in the VNNI layout,
         per 16 queries and 32 columns a tile of 16 rows (pair p of the
-        columns, of each query): packs.pairs, for `query_tiles`."""
+        columns, of each query): packs.pairs, for `key_steps`."""
         c = self.cidx
         halves = self.op.params["head_dim"] // 32
         bf16x32 = ir.VectorType.get([32], element_type("bf16"))
@@ -351,97 +292,6 @@ class QueryBlocks(KeySteps):
             for p, pairs in enumerate(rows):
                 vector.store(vector.bitcast(bf16x32, pairs), packs.pairs,
                              [arith.addi(base, c(p)), c(0)])
-            scf.yield_([])
-
-    def query_tiles(self, tiles: AMXTiles, packs, kv, key, first, bounds) -> None:
-        """The states of 16 queries of KV head `kv` (its queries `first` ..
-        `first` + 15 in `emit_query_blocks`' order) updated with the block
-        of keys from `key` in its slot of the packs (`pack_block`), on the
-        tile unit. The 16 x 16 scores transposed (key, query) as head_dim /
-        32 `tdpbf16ps` of the keys' rows as they are and the queries in the
-        VNNI layout (`transposed_queries`, once per tile of the kernel, where
-        transposing the keys was head_dim / 32 transposes per block), then
-        one `transpose16` back to a row a query. Each row's online softmax
-        in AVX-512 on its 16 scores (masked to its keys as `query_block`'s),
-        its bf16 weights into a 16 x 32 tile whose pairs 8-15 are zero, the
-        rescalings exp(m - m_new) as one vector; the weighted values as a
-        tile per 16 columns (one `tdpbf16ps` of the weights and the value
-        pairs, K = 16 keys of its 32), stored, and added to each row's acc
-        rescaled.
-
-        Qwen3-0.6B's shape (486-token first step, 8 layers, one worker; CPU
-        time of the worker, as the machine was shared, load 6-8): the scores
-        on the keys transposed 0.71x the time of `query_block`, on the
-        rows as they are 0.63x; 16 tokens a tile (TILE_ROWS) rather than 8,
-        0.57x (fewer packs a query)."""
-        op, c, n = self.op, self.cidx, self.KEYS
-        head_dim, group = op.params["head_dim"], op.params["heads"] // op.params["kv_heads"]
-        halves = head_dim // 32
-        per_kv = self.query_rows() * group
-        base = arith.addi(arith.muli(kv, c(per_kv)), first)
-        # The scores transposed (key, query): the keys' rows times the
-        # queries' pairs, then back to a row a query.
-        scores = tiles.zero()
-        for s in range(halves):
-            scores = tiles.mul(tiles.load(packs.keys, arith.muli(kv, c(n)), c(32 * s)),
-                               tiles.load(packs.pairs, arith.muli(arith.addi(
-                                   arith.muli(arith.divui(base, c(16)), c(halves)), c(s)),
-                                   c(16)), c(0)),
-                               scores)
-        tiles.store(packs.scores, c(0), c(0), scores)
-        rows = transpose16([vector.load(self.vtype(n), packs.scores, [c(i), c(0)])
-                            for i in range(16)])
-        for i, row in enumerate(rows):
-            vector.store(row, packs.scores, [c(i), c(0)])
-        scale = self.vsplat(self.cf32(op.params["scale"]), n)
-        minus_inf = self.cf32(float("-inf"))
-        bf16x16 = ir.VectorType.get([n], element_type("bf16"))
-        each = scf.ForOp(c(0), c(16), c(1))
-        with ir.InsertionPoint(each.body):
-            r = each.induction_variable
-            qi = arith.addi(base, r)
-            _, row_first, row_end = bounds(arith.divui(arith.addi(first, r), c(group)))
-            mask = self.key_lanes(key, row_first, row_end)
-            block = arith.select(mask, self.capped(arith.mulf(
-                vector.load(self.vtype(n), packs.scores, [r, c(0)]), scale)),
-                self.vsplat(minus_inf, n))
-            m = memref.load(packs.states, [qi, c(head_dim)])
-            m_new = larger(m, largest_lane(block))
-            m_from = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, m_new, minus_inf),
-                                  self.cf32(0.0), m_new)
-            memref.store(m_new, packs.states, [qi, c(head_dim)])
-            memref.store(arith.subf(m, m_from), packs.rescales, [r])
-            w = arith.select(mask, self.exp2_of(arith.subf(block, self.vsplat(m_from, n))),
-                             self.vzero(n))
-            w = ir.Operation.create("x86vector.avx512.cvt.packed.f32_to_bf16",
-                                    results=[bf16x16], operands=[w]).result
-            vector.store(w, packs.weights, [r, c(0)])
-            scf.yield_([])
-        vector.store(self.exp2_of(vector.load(self.vtype(n), packs.rescales, [c(0)])),
-                     packs.rescales, [c(0)])
-        # At -O0 (`AMXTiles.in_memory`) LLVM's register allocator failed
-        # on a weights tile live across the products ("Remaining virtual
-        # register"): each product then loads its own.
-        weights = None if tiles.in_memory else tiles.load(packs.weights, c(0), c(0))
-        for i in range(2 * halves):
-            part = tiles.mul(weights if weights is not None else tiles.load(
-                packs.weights, c(0), c(0)), tiles.load(packs.values, arith.addi(
-                arith.muli(kv, c(32 * halves)), c(16 * i)), c(0)), tiles.zero())
-            tiles.store(packs.products, c(16 * i), c(0), part)
-        each = scf.ForOp(c(0), c(16), c(1))
-        with ir.InsertionPoint(each.body):
-            r = each.induction_variable
-            qi = arith.addi(base, r)
-            alpha = self.vsplat(memref.load(packs.rescales, [r]), 16)
-            lanes = vector.load(self.vtype(n), packs.states, [qi, c(head_dim + 16)])
-            w = vector.load(bf16x16, packs.weights, [r, c(0)])
-            vector.store(math.fma(lanes, alpha, arith.extf(self.vtype(n), w)),
-                         packs.states, [qi, c(head_dim + 16)])
-            for i in range(2 * halves):
-                acc = vector.load(self.vtype(16), packs.states, [qi, c(16 * i)])
-                part = vector.load(self.vtype(16), packs.products,
-                                   [arith.addi(r, c(16 * i)), c(0)])
-                vector.store(math.fma(acc, alpha, part), packs.states, [qi, c(16 * i)])
             scf.yield_([])
 
     def query_block(self, packs, kv, queries: list, masks: list) -> None:
@@ -528,13 +378,8 @@ class QueryBlocks(KeySteps):
 #: (query, pair); their softmax states (query: acc at 0, m at head_dim, l
 #: per lane from head_dim + 16); the block's keys transposed (KV head,
 #: pair, key) and values paired (KV head, pair of keys x 32 columns, 32)
-#: (`packed_keys`). On AMX tiles (`query_tiles`) 2-D, rows of tiles: the
-#: queries in bf16 (query, column), the keys' rows (KV head x key,
-#: column), the values (KV head x 16 columns' tile x 16 rows, of which 8
-#: pairs of keys); and the tile's scores (16 x 16 f32), weights (16 x 32
-#: bf16), rescalings (16 f32), weighted values (a 16 x 16 f32 tile per 16
-#: columns) and the queries in the VNNI layout (`transposed_queries`).
-#: Without tiles those five are None.
+#: (`packed_keys`). On AMX tiles (`key_steps`) 2-D, rows of tiles: see
+#: `KeySteps.wide_pack_shapes`. Without tiles the last five are None.
 _Packs = namedtuple("_Packs",
                     "queries states keys values scores weights rescales products pairs",
                     defaults=(None,) * 5)
