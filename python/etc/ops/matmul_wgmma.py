@@ -262,12 +262,8 @@ class MatmulWGMMA(MatmulMMA):
         with ir.InsertionPoint(loop.body):
             s = loop.induction_variable
             accs = self.consume(lanes, s, list(loop.inner_iter_args))
-            started = arith.cmpi(arith.CmpIPredicate.uge, s, self.cidx(1))
-            previous = arith.subi(arith.maxui(s, self.cidx(1)), self.cidx(1))
-            branch = scf.IfOp(started)
-            with ir.InsertionPoint(branch.then_block):
-                lanes.each(lambda lane: self._release(lanes, lane, self._stage(previous)))
-                scf.yield_([])
+            started, previous = self._release_previous(
+                s, lambda stage: lanes.each(lambda lane: self._release(lanes, lane, stage)))
             refill = arith.addi(previous, self.cidx(self.stages))
             more = arith.andi(started, arith.cmpi(arith.CmpIPredicate.ult, refill,
                                                   self.cidx(self.steps)))
@@ -282,6 +278,17 @@ class MatmulWGMMA(MatmulMMA):
         lanes.barrier()
         self.full.invalidate()
         self.empty.invalidate()
+
+    def _release_previous(self, s, release) -> tuple:
+        """After step `s`'s wgmma: from step 1 on, `release(stage)` of step
+        s - 1's stage (its wgmma are done). Returns (s >= 1, s - 1 or 0)."""
+        started = arith.cmpi(arith.CmpIPredicate.uge, s, self.cidx(1))
+        previous = arith.subi(arith.maxui(s, self.cidx(1)), self.cidx(1))
+        branch = scf.IfOp(started)
+        with ir.InsertionPoint(branch.then_block):
+            release(self._stage(previous))
+            scf.yield_([])
+        return started, previous
 
     #: Registers a lane of the producer warpgroup and of the consumer
     #: warpgroup hold while the tile runs (`setmaxnreg`), and the count both
@@ -321,12 +328,7 @@ class MatmulWGMMA(MatmulMMA):
             with ir.InsertionPoint(loop.body):
                 s = loop.induction_variable
                 accs = self.consume(lanes, s, list(loop.inner_iter_args))
-                started = arith.cmpi(arith.CmpIPredicate.uge, s, self.cidx(1))
-                previous = arith.subi(arith.maxui(s, self.cidx(1)), self.cidx(1))
-                branch = scf.IfOp(started)
-                with ir.InsertionPoint(branch.then_block):
-                    self._release(lanes, lane, self._stage(previous))
-                    scf.yield_([])
+                self._release_previous(s, lambda stage: self._release(lanes, lane, stage))
                 scf.yield_(accs)
             wgmma.wait(0)
             self.write_back(lanes, list(loop.results), arith.addi(self.r0, rows))
