@@ -260,7 +260,8 @@ class Barriers:
     array (pending count, phase bit) and a deadlock flag."""
 
     #: How long a lane waits on a barrier before trapping (10 s: longer
-    #: than the default watchdog of the event waits).
+    #: than the default watchdog of the event waits). Not yet reported
+    #: through the watchdog's record: docs/gpu.md ("Safety") gives the plan.
     HANG_NS = 10_000_000_000
 
     def __init__(self, k, count: int, arrivals: int, address=None):
