@@ -58,7 +58,7 @@ class KeySteps:
                              f"32 (the weighted values' tiles take 32 keys), got {steps!r}")
         return steps
 
-    def wide_pack_shapes(self, kv_heads: int, per_kv: int) -> tuple:
+    def pack_shapes(self, kv_heads: int, per_kv: int) -> tuple:
         """The stack buffers of `key_steps` (see `_Packs`): queries, states,
         keys (rows of a step where they are copied), values (a tile per 32
         keys and 16 columns), scores and weights (a row a query, a column a
@@ -145,8 +145,8 @@ class KeySteps:
                     keys = self.copy_step_keys(packs, caches[0], shifted)
                 each = scf.ForOp(c(0), c(per_kv), c(16))
                 with ir.InsertionPoint(each.body):
-                    self.query_tiles(tiles, packs, kv, key, each.induction_variable,
-                                          bounds, keys)
+                    self.query_tiles(tiles, packs, kv, key, each.induction_variable, bounds,
+                                     keys)
                     scf.yield_([])
                 scf.yield_([])
             scf.yield_([])
@@ -194,23 +194,14 @@ class KeySteps:
         per_kv = self.query_rows() * group
         base = arith.addi(arith.muli(kv, c(per_kv)), first)
         pairs_row = arith.muli(arith.divui(base, c(16)), c(halves))
-        # Four blocks' products at a time, each its own accumulator: a
-        # product depends on the one before into the same tile, so one
-        # accumulator would wait for each in turn.
-        for lo in range(0, len(keys), 4):
-            batch = list(enumerate(keys))[lo:lo + 4]
-            accs = [tiles.zero() for _ in batch]
+        for g, (memory, row, column) in enumerate(keys):
+            scores = tiles.zero()
             for s in range(halves):
-                def queries():
-                    return tiles.load(packs.pairs, arith.muli(
-                        arith.addi(pairs_row, c(s)), c(16)), c(0))
-                shared = None if tiles.in_memory else queries()
-                for a, (_, (memory, row, column)) in enumerate(batch):
-                    accs[a] = tiles.mul(
-                        tiles.load(memory, row, arith.addi(column, c(32 * s))),
-                        shared if shared is not None else queries(), accs[a])
-            for acc, (g, _) in zip(accs, batch):
-                tiles.store(packs.scores, c(0), c(16 * g), acc)
+                scores = tiles.mul(tiles.load(memory, row, arith.addi(column, c(32 * s))),
+                                   tiles.load(packs.pairs, arith.muli(
+                                       arith.addi(pairs_row, c(s)), c(16)), c(0)),
+                                   scores)
+            tiles.store(packs.scores, c(0), c(16 * g), scores)
         for g in range(len(keys)):
             rows = transpose16([vector.load(self.vtype(n), packs.scores, [c(i), c(16 * g)])
                                 for i in range(16)])
@@ -251,23 +242,18 @@ class KeySteps:
                      packs.rescales, [c(0)])
         # At -O0 (`AMXTiles.in_memory`) each product loads its own weights:
         # LLVM's register allocator failed on a weights tile live across
-        # the products there ("Remaining virtual register"). Else the step's weights stay in tiles and
-        # as many columns' accumulators as the other tiles leave (8 in all,
-        # one for the values) take their products in turn.
+        # the products there ("Remaining virtual register"). Else the
+        # step's weights stay in tiles for every column's products.
         parts = steps // 32
         weights = None if tiles.in_memory else [
             tiles.load(packs.weights, c(0), c(32 * h)) for h in range(parts)]
-        width = max(1, min(4, 7 - parts))
-        for lo in range(0, 2 * halves, width):
-            columns = range(lo, min(lo + width, 2 * halves))
-            accs = [tiles.zero() for _ in columns]
+        for i in range(2 * halves):
+            part = tiles.zero()
             for h in range(parts):
-                for a, i in enumerate(columns):
-                    accs[a] = tiles.mul(weights[h] if weights is not None else tiles.load(
-                        packs.weights, c(0), c(32 * h)), tiles.load(
-                        packs.values, c((h * 2 * halves + i) * 16), c(0)), accs[a])
-            for acc, i in zip(accs, columns):
-                tiles.store(packs.products, c(16 * i), c(0), acc)
+                part = tiles.mul(weights[h] if weights is not None else tiles.load(
+                    packs.weights, c(0), c(32 * h)), tiles.load(
+                    packs.values, c((h * 2 * halves + i) * 16), c(0)), part)
+            tiles.store(packs.products, c(16 * i), c(0), part)
         each = scf.ForOp(c(0), c(16), c(1))
         with ir.InsertionPoint(each.body):
             r = each.induction_variable

@@ -55,7 +55,7 @@ class QueryBlocks(KeySteps):
         words, halves = head_dim // 2, head_dim // 32
         bf16 = element_type("bf16")
         if tiles is not None:
-            shapes = self.wide_pack_shapes(kv_heads, per_kv)
+            shapes = self.pack_shapes(kv_heads, per_kv)
         else:
             shapes = (([kv_heads * per_kv, words], i32),
                       ([kv_heads * per_kv, head_dim + 32], self.f32),
@@ -379,7 +379,7 @@ class QueryBlocks(KeySteps):
 #: per lane from head_dim + 16); the block's keys transposed (KV head,
 #: pair, key) and values paired (KV head, pair of keys x 32 columns, 32)
 #: (`packed_keys`). On AMX tiles (`key_steps`) 2-D, rows of tiles: see
-#: `KeySteps.wide_pack_shapes`. Without tiles the last five are None.
+#: `KeySteps.pack_shapes`. Without tiles the last five are None.
 _Packs = namedtuple("_Packs",
                     "queries states keys values scores weights rescales products pairs",
                     defaults=(None,) * 5)
