@@ -560,7 +560,7 @@ def run_workers(count: int) -> int:
     if known is not None and time.monotonic() < known[0]:
         return known[1]
     try:
-        cores = os.sched_getaffinity(0)
+        cores = os.sched_getaffinity(os.getpid())
     except (AttributeError, OSError):
         return count
     _pool.caller()
@@ -605,7 +605,7 @@ def _cores_for(count: int) -> list:
         _pool.decisions[key] = (time.monotonic() + OtherLoad.WINDOW, [None] * count)
         return [None] * count
     # The process's cores (the calling thread's mask may be narrower).
-    cores = os.sched_getaffinity(0)
+    cores = os.sched_getaffinity(os.getpid())
     if count != len(cores) or _pool.others.busy(cores):
         masks = [None] * count
     else:
@@ -615,10 +615,10 @@ def _cores_for(count: int) -> list:
 
 
 @functools.lru_cache(maxsize=8)
-def _pin_masks(cores: frozenset) -> list:
+def _pin_masks(cores: frozenset) -> tuple:
     """A mask of one core for each of `cores`, in order (kept: built at
     every pinned run, it took a microsecond of the caller's hand-off)."""
-    return [frozenset((core,)) for core in sorted(cores)]
+    return tuple(frozenset((core,)) for core in sorted(cores))
 
 
 class Run:
