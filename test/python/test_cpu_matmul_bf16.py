@@ -440,8 +440,8 @@ def test_amx_k_chunks_and_row_tiles_match_the_reference(monkeypatch, schedule, k
 
 def test_the_runtime_and_the_loaders_align_what_they_allocate(tmp_path):
     """64-byte aligned rows for the tiles' 64-byte loads: the runtime's
-    intermediates and outputs, inputs it converts to bf16, weights read
-    from safetensors."""
+    intermediates (and large outputs: test_cpu_out), inputs it converts to
+    bf16, weights read from safetensors."""
     from etc.models.loading.safetensors import SafetensorsFile, save_file
     from etc.runtime import aligned
     from etc.runtime.cpu import to_storage

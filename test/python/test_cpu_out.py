@@ -214,3 +214,22 @@ def test_out_arrays_sharing_bytes_are_refused_naming_both(gemm):
     assert kernel.run(**inputs, out=[bits, apart]) == [bits, apart]
     np.testing.assert_array_equal(bits, c32.view(np.uint32) >> 16)
     np.testing.assert_array_equal(apart, s32)
+
+
+def test_new_outputs_are_numpy_arrays_when_small_and_64_byte_aligned_when_large(gemm):
+    """Without `out=`, a small f32 output is NumPy's own allocation (one
+    array, 16-byte aligned: what the tiles' accesses claim), a large one a
+    64-byte aligned view (full-line stores); both get their values."""
+    _, kernel = gemm
+    rng = np.random.default_rng(3)
+    small = 4  # 4 x 48 f32: well under SMALL_OUTPUT_BYTES
+    large = cpu.SMALL_OUTPUT_BYTES // (48 * 4) + 3
+    for m in (small, large, small):
+        inputs = _inputs(rng, m)
+        _, s = kernel.run(**inputs)
+        np.testing.assert_array_equal(s, inputs["x"] + inputs["z"])
+        assert s.ctypes.data % cpu.OUT_ALIGNMENT == 0
+        if m == small:
+            assert s.base is None and s.flags.owndata
+        else:
+            assert s.nbytes >= cpu.SMALL_OUTPUT_BYTES and aligned.is_aligned(s)
