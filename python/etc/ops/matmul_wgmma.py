@@ -141,7 +141,8 @@ class MatmulWGMMA(MatmulMMA):
             if target.lanes != lanes:
                 raise ValueError(f"MatmulWGMMA.warp_specialised needs {lanes} lanes per CTA "
                                  f"(a producer and a consumer warpgroup); the target has "
-                                 f"{target.lanes}")
+                                 f"{target.lanes}: etc.compile(..., lanes={lanes})")
+            cls.registers(target)
         if not (target.gpu_kernels and target.chip == "sm_90a" and target.warp == 32
                 and target.lanes == lanes and a.dtype in ("f16", "bf16")
                 and b.dtype == a.dtype and op.params["transpose_b"]):
@@ -290,14 +291,39 @@ class MatmulWGMMA(MatmulMMA):
             scf.yield_([])
         return started, previous
 
-    #: Registers a lane of the producer warpgroup and of the consumer
-    #: warpgroup hold while the tile runs (`setmaxnreg`), and the count both
-    #: return to: the worker's count at entry, which `.maxntid 256,
-    #: .minnctapersm 2` makes 65,536 / 512 = 128 (producer + consumer <=
-    #: 2 x ENTRY_REGS, or the consumers' increase blocks forever).
+    #: Registers a lane of the producer warpgroup gives back to (and a lane
+    #: of the consumer warpgroup takes, at least) while the tile runs
+    #: (`setmaxnreg`). Both return to the worker's count at entry, which
+    #: its bounds fix (`Target.entry_registers`: `.maxntid 256,
+    #: .minnctapersm 2` make it 65,536 / 512 = 128); see `registers`.
     PRODUCER_REGS = 40
     CONSUMER_REGS = 216
-    ENTRY_REGS = 128
+
+    @classmethod
+    def registers(cls, target) -> tuple:
+        """(producer, consumer, entry): the registers per lane of each role
+        while the warp-specialised tile runs and the count both return to,
+        the worker's at entry (`target.entry_registers`). The consumer
+        takes CONSUMER_REGS, or the entry count when that is more. Refused
+        by name where the bounds leave the count at entry unknown (ptxas
+        then ignores `setmaxnreg`, C7508) or too small: the producer's and
+        the consumer's lanes must fit the CTA's pool, 2 x entry (an
+        increase past it blocks forever)."""
+        entry = target.entry_registers
+        if entry is None:
+            raise ValueError(
+                "MatmulWGMMA.warp_specialised needs the worker's register bound (ptxas ignores "
+                "`setmaxnreg` without it): etc.compile(..., min_ctas=N), N worker CTAs per SM "
+                f"(2 at {target.lanes} lanes: 65,536 / (2 x {target.lanes}) registers a lane "
+                "at entry)")
+        producer, consumer = cls.PRODUCER_REGS, max(cls.CONSUMER_REGS, entry)
+        if producer > entry or producer + consumer > 2 * entry:
+            raise ValueError(
+                f"MatmulWGMMA.warp_specialised: min_ctas={target.min_ctas} at {target.lanes} "
+                f"lanes leaves {entry} registers a lane at entry; its producer ({producer}) and "
+                f"consumer ({consumer}) lanes need {producer + consumer} <= 2 x {entry}: use "
+                "fewer worker CTAs per SM (min_ctas)")
+        return producer, consumer, entry
 
     def _specialised(self, lanes, init: list, rows) -> None:
         """The GPU's warp-specialised ring: warpgroup 0 gives registers
@@ -309,21 +335,21 @@ class MatmulWGMMA(MatmulMMA):
         first: the producer's increase waits for their registers)."""
         from mlir.dialects import nvvm
         from ..dialects import event
-        assert self.PRODUCER_REGS + self.CONSUMER_REGS <= 2 * self.ENTRY_REGS
+        producer_regs, consumer_regs, entry_regs = self.registers(self.target)
         lane = event.lane_id()
         producer = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, lane,
                                        self.cidx(wgmma.WARPGROUP)), has_else=True)
         decrease, increase = nvvm.SetMaxRegisterAction.decrease, nvvm.SetMaxRegisterAction.increase
         with ir.InsertionPoint(producer.then_block):
-            nvvm.setmaxregister(self.PRODUCER_REGS, decrease)
+            nvvm.setmaxregister(producer_regs, decrease)
             loop = scf.ForOp(self.cidx(0), self.cidx(self.steps), self.cidx(1))
             with ir.InsertionPoint(loop.body):
                 self.produce_tma(lanes, loop.induction_variable)
                 scf.yield_([])
-            nvvm.setmaxregister(self.ENTRY_REGS, increase)
+            nvvm.setmaxregister(entry_regs, increase)
             scf.yield_([])
         with ir.InsertionPoint(producer.else_block):
-            nvvm.setmaxregister(self.CONSUMER_REGS, increase)
+            nvvm.setmaxregister(consumer_regs, increase)
             loop = scf.ForOp(self.cidx(0), self.cidx(self.steps), self.cidx(1), init)
             with ir.InsertionPoint(loop.body):
                 s = loop.induction_variable
@@ -332,7 +358,7 @@ class MatmulWGMMA(MatmulMMA):
                 scf.yield_(accs)
             wgmma.wait(0)
             self.write_back(lanes, list(loop.results), arith.addi(self.r0, rows))
-            nvvm.setmaxregister(self.ENTRY_REGS, decrease)
+            nvvm.setmaxregister(entry_regs, decrease)
             scf.yield_([])
         lanes.barrier()
         self.full.invalidate()
