@@ -124,22 +124,25 @@ def _gemm() -> etc.Graph:
 
 
 @needs_ptxas
-def test_ws_ptx_assembles(ws, tmp_path):
+@pytest.mark.parametrize("min_ctas, counts", [(2, (40, 216, 128)), (1, (40, 256, 256))])
+def test_ws_ptx_assembles(ws, tmp_path, min_ctas, counts):
     """The worker with the warp-specialised tile (known rows, inlined, 128 x
-    128 tiles: 128 accumulators a consumer lane), compiled at 256 lanes and
-    2 CTAs per SM: `.maxntid 256, 1, 1` and `.minnctapersm 2` on the
-    worker, both roles' `setmaxnreg` (40 and 216, back to the 128 at
-    entry), the producer's TMA ring and the consumer's wgmma, in PTX that
-    ptxas assembles for sm_90a honouring `setmaxnreg` (no C7508), with no
-    spills and no serialised wgmma. The ABI records the 256 lanes."""
-    kernel = etc.compile(_gemm(), target="cuda", chip="sm_90a", **BOUNDS)
+    128 tiles: 128 accumulators a consumer lane), compiled at 256 lanes:
+    `.maxntid 256, 1, 1` and `.minnctapersm` on the worker, both roles'
+    `setmaxnreg` (producer down, consumer up, both back to the count at
+    entry: 128 at 2 CTAs per SM, 256 at 1), the producer's TMA ring and the
+    consumer's wgmma, in PTX that ptxas assembles for sm_90a honouring
+    `setmaxnreg` (no C7508), with no spills and no serialised wgmma. The
+    ABI records the 256 lanes."""
+    kernel = etc.compile(_gemm(), target="cuda", chip="sm_90a", lanes=LANES, min_ctas=min_ctas)
     assert kernel.abi.lanes == LANES and kernel.runtime.lanes == LANES
     assert wgmma_tests.HOPPER.search(kernel.ir("graph"))
     ptx = kernel.ptx
-    assert re.search(r"\.entry gemm_worker\([^)]*\)\s*\.maxntid 256, 1, 1\s*\.minnctapersm 2\s*\{",
-                     ptx)
+    assert re.search(r"\.entry gemm_worker\([^)]*\)\s*\.maxntid 256, 1, 1\s*"
+                     rf"\.minnctapersm {min_ctas}\s*\{{", ptx)
     assert "wgmma.mma_async.sync.aligned.m64n128k16" in ptx
-    for role, count in (("dec", 40), ("inc", 216), ("inc", 128), ("dec", 128)):
+    producer, consumer, entry = counts
+    for role, count in (("dec", producer), ("inc", consumer), ("inc", entry), ("dec", entry)):
         assert re.search(rf"setmaxnreg\.{role}\.sync\.aligned\.u32\s+{count};", ptx), (role, count)
     for instruction in ("mbarrier.arrive.expect_tx.shared.b64", "wgmma.mma_async"):
         assert instruction in ptx, instruction
@@ -147,5 +150,5 @@ def test_ws_ptx_assembles(ws, tmp_path):
     assert "C7508" not in report, report
     assert "C7510" not in report, report
     assert_no_spills(report, stack=True)
-    assert re.search(r"Compiling entry function 'gemm_worker'.*?Used 128 registers", report,
-                     re.S), report
+    used = re.search(r"Function properties for gemm_worker.*?Used (\d+) registers", report, re.S)
+    assert int(used.group(1)) == min(entry, 255), report

@@ -57,23 +57,25 @@ the consumer's proxy fence is not needed (TMA writes through the async
 proxy). Default off: the first GPU run measures both (kit, "hopper").
 
 Warp-specialised (`warp_specialised = True`, or compiling inside
-`warp_specialised()`; needs TMA and a 256-lane target): warpgroup 0
-`setmaxnreg.dec`s to PRODUCER_REGS and its lane 0 runs the TMA ring over
-every step (wait empty[t % S] for parity (t / S + 1) % 2, `expect_tx` on
-full[t % S], the boxes); warpgroup 1 `setmaxnreg.inc`s to CONSUMER_REGS and
+`warp_specialised()`; needs TMA and `etc.compile(..., lanes=256,
+min_ctas=N)`): warpgroup 0 `setmaxnreg.dec`s to PRODUCER_REGS and its
+lane 0 runs the TMA ring over every step (wait empty[t % S] for parity
+(t / S + 1) % 2, `expect_tx` on full[t % S], the boxes); warpgroup 1
+`setmaxnreg.inc`s to CONSUMER_REGS (or the entry count, when more) and
 runs the multiply loop (wait full[s % S] for parity (s / S) % 2, wgmma,
 commit, wait for all but this group, then lane 0 of each of its 4 warps
 arrives on empty[(s - 1) % S]: 4 arrivals) and the stores; both return to
-ENTRY_REGS before the tile's closing barrier. Simulated, the two roles
-run in the one-warpgroup tile's order (a legal interleaving) with the
-same barrier checks. Not yet usable on a GPU: the CUDA target, compile
-and runtime fix 128 lanes, and the worker has no `.maxntid 256,
-.minnctapersm 2`, without which ptxas ignores `setmaxnreg` (C7508); see
-docs/operators.md, "Warp specialisation".
+the worker's count at entry before the tile's closing barrier. That count
+comes from the worker's bounds (`Target.entry_registers`: `.maxntid 256`
+and `.minnctapersm N` make it 65,536 / (256 x N), 128 at N = 2), without
+which ptxas would ignore `setmaxnreg` (C7508); `registers` refuses bounds
+that leave it unknown or too small. Simulated, the two roles run in the
+one-warpgroup tile's order (a legal interleaving) with the same barrier
+checks. See docs/operators.md, "Warp specialisation".
 
-Not yet: that 256-lane plumbing and a GPU measurement of the variant;
-barrier waits reporting through the watchdog's record; B (K, N) (an
-MN-major B operand), which keeps `MatmulMMA`.
+Not yet: a GPU measurement of the warp-specialised variant (the kit's
+"hopper" table); barrier waits reporting through the watchdog's record;
+B (K, N) (an MN-major B operand), which keeps `MatmulMMA`.
 """
 
 from __future__ import annotations
@@ -93,8 +95,9 @@ class MatmulWGMMA(MatmulMMA):
     """Hopper tensor-core matmul tile: C = A @ B^T, f16 or bf16, f32
     accumulators (`wgmma` m64nNk16 from 128-byte-swizzled shared memory, an
     S-stage mbarrier ring of `cp.async` loads; see the module docstring).
-    Needs sm_90a, 128 lanes (one warpgroup), K a multiple of 64, N of the
-    tile's columns (a multiple of 16, at most 256)."""
+    Needs sm_90a, 128 lanes (one warpgroup; 256 warp-specialised), K a
+    multiple of 64, N of the tile's columns (a multiple of 16, at most
+    256)."""
 
     #: In the worker: called, ptxas serialises every wgmma (C7510).
     out_of_line_on_gpu = False
@@ -622,9 +625,9 @@ def tma_loads(enabled: bool = True):
 def warp_specialised(enabled: bool = True):
     """Compiles the Hopper tile warp-specialised (`MatmulWGMMA.warp_specialised`:
     256 lanes, warpgroup 0's lane 0 producing with TMA, warpgroup 1
-    consuming) inside the block; needs `tma_loads()` and a 256-lane target,
-    which only tests make today (the module docstring says what is missing
-    for a GPU run)."""
+    consuming) inside the block; needs `tma_loads()` and
+    `etc.compile(..., lanes=256, min_ctas=N)` (N = 2: 128 registers a lane
+    at entry; 1 for a worker whose other tiles need more)."""
     saved = MatmulWGMMA.warp_specialised
     MatmulWGMMA.warp_specialised = enabled
     try:
