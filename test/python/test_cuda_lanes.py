@@ -176,3 +176,26 @@ def test_abi_lanes_round_trip_and_are_checked():
     assert KernelABI.from_json(data).lanes == 128
     with pytest.raises(ValueError, match="lanes=48 is not a positive multiple of 32"):
         KernelABI.from_json({**data, "lanes": 48})
+
+
+def test_the_compile_cache_key_follows_the_lanes():
+    """A model's step kernel compiled at other lanes, or warp-specialised,
+    is another cache entry; 128 lanes said or not are the same one."""
+    import etc.models as models
+    from etc.models.step import kernel_cache
+    from etc.models.testing import tiny_config
+    from etc.ops.matmul_wgmma import tma_loads, warp_specialised
+
+    config = models.ModelConfig.from_dict(tiny_config("Qwen3ForCausalLM"))
+    graph, compile = models.step_options(config, target="cuda", max_seq_len=32)
+
+    def key(**changes):
+        return kernel_cache.key_of(kernel_cache.describe(config, graph, {**compile, **changes}))
+
+    base = key()
+    assert key(lanes=128) == base
+    with tma_loads():
+        tma = key(lanes=256, min_ctas=2)
+        with warp_specialised():
+            ws = key(lanes=256, min_ctas=2)
+    assert len({base, key(lanes=256), key(lanes=256, min_ctas=2), tma, ws}) == 5
