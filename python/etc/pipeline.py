@@ -148,10 +148,8 @@ class Options:
                                  f"the instruction set {chosen} lacks")
             return Target("cpu", self.chip, workers=self.workers, isa=chosen,
                           emulate_amx=self.kernels == "amx")
-        if self.target == "cuda":
-            return Target("cuda", self.chip, workers=self.workers, lanes=self.worker_lanes,
-                          min_ctas=self.min_ctas)
-        return Target(self.target, self.chip, workers=self.workers)
+        return Target(self.target, self.chip, workers=self.workers, lanes=self.worker_lanes,
+                      min_ctas=self.min_ctas)
 
 
 def stages(options: Options) -> dict[str, str]:

@@ -214,19 +214,21 @@ def test_kit_on_a_fake_driver_fills_every_benchmark_table(fake_driver_run):
     assert "FAILED" not in benchmarks
 
 
-def test_kit_on_a_fake_driver_times_the_warp_specialised_tile(fake_driver_run):
+def test_kit_on_a_fake_driver_times_the_warp_specialised_tile(fake_driver_run, cuda_kit):
     """The "hopper" table has the warp-specialised variant beside cp.async
-    and TMA at each shape: compiled at 256 lanes (the worker's `.maxntid`,
-    which the fake driver holds each launch to), checked, timed; the worker
-    table shows its 256 lanes."""
+    and TMA at each shape: its artifacts are compiled at 256 lanes (the
+    ABI's, the worker's `.maxntid`, which the fake driver holds each launch
+    to), checked against NumPy and timed."""
+    from etc.runtime import load
+
     _, report, _ = fake_driver_run
     section = report.split("### bf16 x·Wᵀ GEMM, known rows")[1].split("###")[0]
     for m, n, k in ((64, 64, 128), (130, 128, 192)):
         for loads in ("cp.async", "TMA", "TMA, warp-specialised"):
             assert f"| {m}×{n}×{k} | {loads} | " in section, section
-    workers = report.split("### Worker kernels")[1].split("###")[0]
-    assert re.search(r"\| artifacts/hopper_64x64x128-ws-sm_90a.etc \| \d+ \| \d+ \| \d+ \| \d+ "
-                     r"\| 256 \|", workers), workers
+        kernel = load(cuda_kit[0] / "artifacts" / f"hopper_{m}x{n}x{k}-ws-sm_90a.etc")
+        assert kernel.abi.lanes == 256 and ".maxntid 256, 1, 1" in kernel.ptx
+        assert "setmaxnreg" in kernel.ptx
 
 
 def test_kit_on_a_fake_driver_launches_static_workers_cooperatively(fake_driver_run):
