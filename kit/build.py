@@ -28,9 +28,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import sys
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -278,6 +280,20 @@ def copy_runtime(out: Path) -> None:
         shutil.copyfile(HERE / name, out / name)
 
 
+def deflate(path: Path) -> None:
+    """Rewrites the artifact at `path` with its members deflated: the same
+    files (its checksums are of the members' bytes, which `zipfile` inflates
+    as it reads them), a sixth of the size (PTX is text): the kit's
+    artifacts take about 6 MiB instead of 32."""
+    with zipfile.ZipFile(path) as archive:
+        members = [(info.filename, archive.read(info)) for info in archive.infolist()]
+    temporary = path.with_name(path.name + ".part")
+    with zipfile.ZipFile(temporary, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members:
+            archive.writestr(name, data)
+    os.replace(temporary, path)
+
+
 class Builder:
     def __init__(self, out: Path, target: str, chips: list[str]):
         self.out, self.target, self.chips = out, target, chips
@@ -287,6 +303,7 @@ class Builder:
     def save(self, kernel, stem: str, **entry) -> dict:
         path = Path("artifacts") / f"{stem}.etc"
         kernel.save(self.out / path)
+        deflate(self.out / path)
         record = {"path": str(path), "name": kernel.abi.name, "schedule": kernel.abi.schedule,
                   "chip": kernel.abi.chip, **entry}
         self.entries.append(record)
