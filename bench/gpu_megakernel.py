@@ -40,9 +40,8 @@ def device_chip(driver) -> tuple[str, str]:
 
 
 def compile_cuda(g, chip, schedule, lanes):
-    kernel = etc.compile(g, target="cuda", chip=chip, schedule=schedule)
-    kernel.runtime.lanes = lanes
-    return kernel
+    # The tiles are written for `lanes` (the worker's .maxntid): compiled so.
+    return etc.compile(g, target="cuda", chip=chip, schedule=schedule, lanes=lanes)
 
 
 # -- MLP: megakernel vs kernel-per-operator vs CUDA graph ----------------

@@ -26,6 +26,17 @@ struct LowerToNVVMOptions : public mlir::PassPipelineOptions<LowerToNVVMOptions>
       llvm::cl::desc("How long a wait or queue pop may spin, in "
                      "milliseconds, before the watchdog stops the run"),
       llvm::cl::init(5000)};
+  Option<int64_t> lanes{
+      *this, "lanes",
+      llvm::cl::desc("Threads per worker CTA (a multiple of 32, at most "
+                     "1024): the worker's .maxntid"),
+      llvm::cl::init(128)};
+  Option<int64_t> minCtas{
+      *this, "min-ctas",
+      llvm::cl::desc("The worker's .minnctapersm (worker CTAs per SM), which "
+                     "with .maxntid fixes its registers at entry for "
+                     "setmaxnreg; 0: none"),
+      llvm::cl::init(0)};
 };
 
 /// Options of `etc-lower-to-cpu`.

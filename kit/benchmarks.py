@@ -343,8 +343,10 @@ def bench_gemm(b: Bench) -> list[str]:
 def bench_hopper(b: Bench) -> list[str]:
     """x·Wᵀ with known rows, bf16, W stored (N, K): the wgmma tile on
     sm_90a, its operands loaded by every lane's cp.async or by TMA (one
-    lane's cp.async.bulk.tensor from the runtime's tensor maps), mma.sync
-    where the kit's best chip is sm_80, next to torch.matmul (cuBLAS) and
+    lane's cp.async.bulk.tensor from the runtime's tensor maps), or
+    warp-specialised (256 lanes a worker CTA, 2 CTAs an SM: warpgroup 0's
+    lane 0 runs the TMA ring, warpgroup 1 the wgmma, registers moved to it
+    with setmaxnreg), mma.sync where the kit's best chip is sm_80, next to torch.matmul (cuBLAS) and
     a device-to-device copy of the bytes the product moves at least (x, W
     and the result once each). Ratios: ETC / cuBLAS in speed (above 1: ETC
     faster); ETC's time over the copy's."""

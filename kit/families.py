@@ -163,8 +163,29 @@ def hopper_tma_graph(dtype: str = "bf16"):
     return g
 
 
+def hopper_ws_graph(dtype: str = "bf16"):
+    """The warp-specialised Hopper tile (`MatmulWGMMA.warp_specialised`:
+    warpgroup 0 produces with TMA, warpgroup 1 runs wgmma; the kit
+    compiles WS_FAMILIES inside `tma_loads()` and `warp_specialised()` at
+    WS_BOUNDS, on sm_90a only): the TMA family's shapes."""
+    import etc
+
+    g = etc.Graph(f"hopper_ws_{dtype}")
+    B = g.symbol("B")
+    x = g.input("x", (B, 328), dtype)
+    g.output(g.matmul(x, g.input("w", (200, 328), dtype), transpose_b=True),
+             g.matmul(x, g.input("w2", (256, 328), dtype), transpose_b=True, tile=(128, 64)))
+    return g
+
+
 #: Families compiled with TMA loads on sm_90a.
 TMA_FAMILIES = ("hopper_tma_bf16", "hopper_tma_f16")
+#: Families compiled warp-specialised (with TMA loads), on sm_90a only.
+WS_FAMILIES = ("hopper_ws_bf16",)
+#: What a warp-specialised program is compiled with (`etc.compile`): two
+#: warpgroups per worker CTA and 2 CTAs per SM, so 128 registers a lane at
+#: entry, which the tile's `setmaxnreg` counts are derived from.
+WS_BOUNDS = {"lanes": 256, "min_ctas": 2}
 
 
 def moe_graph(dtype: str = "f32", name: str = "moe_layer"):
@@ -211,6 +232,7 @@ def families() -> dict:
     table["hopper_tma_bf16"] = (hopper_tma_graph, Recipe(tolerance=2e-2, **hopper))
     table["hopper_tma_f16"] = (lambda: hopper_tma_graph("f16"),
                                Recipe(tolerance=3e-3, **hopper))
+    table["hopper_ws_bf16"] = (hopper_ws_graph, Recipe(tolerance=2e-2, **hopper))
     moe_scales = {"w1": 0.25, "w2": 0.2}
     table["moe"] = (moe_graph, Recipe(sizes=(1, 7, 40, 100), scales=moe_scales,
                                       routing=("x", "router_w", 2)))

@@ -188,6 +188,12 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
       memrefs in NVPTX's global address space, 1 (the calls cast what they
       pass), so that the tile functions load with `ld.global` (and
       `cp.async` from global memory) rather than generic accesses.
+    The worker kernel gets `nvvm.maxntid = array<i32: lanes, 1, 1>` (the
+    threads per CTA its tiles are written for and the runtime launches:
+    PTX `.maxntid`) and, with `min-ctas`, `nvvm.minctasm = min-ctas`
+    (`.minnctapersm`): with both, ptxas knows the registers a thread has
+    at entry, 65,536 / (lanes x min-ctas), which `setmaxnreg` needs (it
+    ignores it otherwise, warning C7508).
     The module gets `gpu.container_module`. Kernel parameters follow MLIR's
     memref descriptor expansion (see docs/architecture.md). The worker's
     `event.tasks` and `event.events` tables (for the front end, which reads
@@ -235,6 +241,13 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
     Option<"watchdogMs", "watchdog-ms", "int64_t", /*default=*/"5000",
            "How long a wait or queue pop may spin, in milliseconds, before "
            "the watchdog stops the run and reports where it was stuck">,
+    Option<"lanes", "lanes", "int64_t", /*default=*/"128",
+           "Threads per worker CTA (a multiple of 32, at most 1024): the "
+           "worker's nvvm.maxntid">,
+    Option<"minCtas", "min-ctas", "int64_t", /*default=*/"0",
+           "Worker CTAs per SM that must fit at once (the worker's "
+           "nvvm.minctasm, which with nvvm.maxntid fixes its registers at "
+           "entry); 0: no such bound">,
   ];
   let dependentDialects = ["::mlir::arith::ArithDialect",
                            "::mlir::gpu::GPUDialect",

@@ -72,6 +72,8 @@ void etc::buildLowerToNVVMPipeline(mlir::OpPassManager &pm,
                                    const LowerToNVVMOptions &options) {
   ConvertEventToGPUOptions event;
   event.watchdogMs = options.watchdogMs;
+  event.lanes = options.lanes;
+  event.minCtas = options.minCtas;
   pm.addPass(createConvertEventToGPU(event));
   // The upstream GPU pipeline: kernels to NVVM and LLVM, the target
   // attached, then each gpu.module serialised as PTX text ("isa"), which

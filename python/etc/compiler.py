@@ -95,7 +95,8 @@ def default_workers(target: str) -> int:
 def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
             workers: int | None = None, policy: str | None = None, chip: str = "sm_90a",
             trace: bool = False, watchdog: float = 5.0,
-            kernels: str = "native", prefetch: bool | None = None) -> CompiledKernel:
+            kernels: str = "native", prefetch: bool | None = None, lanes: int | None = None,
+            min_ctas: int | None = None) -> CompiledKernel:
     """Compiles `graph` into one persistent program for `target`.
 
     Stages: "graph" (L1 tasks) -> "event" (dependencies inferred) ->
@@ -123,6 +124,13 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
 
     `workers=None` is one CPU thread per usable core (`default_workers`).
 
+    `lanes` (CUDA kernels, also simulated): threads per worker CTA the tiles
+    are written for and the runtime launches (the ABI records them); None:
+    128. A positive multiple of 32, at most 1024. `min_ctas`: the worker's
+    `.minnctapersm` (worker CTAs per SM), which with `.maxntid lanes` fixes
+    the registers a lane has at entry (65,536 / (lanes x min_ctas)); the
+    warp-specialised Hopper tile needs it (`matmul_wgmma.warp_specialised`).
+
     `policy` (static schedule, and the graphs "auto" schedules statically):
     how the workers share the global tile order: "claim" (the next tile
     from a shared counter: a descheduled worker holds back one tile) or
@@ -132,7 +140,8 @@ def compile(graph: "Graph", *, target: str = "cpu", schedule: str = "static",
     if workers is None:
         workers = default_workers(target)
     options = Options(target=target, schedule=schedule, workers=workers, policy=policy, chip=chip,
-                      trace=trace, watchdog=watchdog, kernels=kernels, prefetch=prefetch)
+                      trace=trace, watchdog=watchdog, kernels=kernels, prefetch=prefetch,
+                      lanes=lanes, min_ctas=min_ctas)
     start = time.perf_counter()
     # The kernel gets the signature of exactly the graph built here.
     signature = Signature.of(graph)
@@ -263,7 +272,8 @@ def _abi(signature, options: Options, tables: dict, reference: dict | None) -> K
         isa = _isa.chosen()
     # The schedule is the one the program got ("auto" resolved, or whatever a
     # hand-picked pipeline chose), as the scheduler recorded it.
-    return KernelABI(name=signature.name, target=options.target, chip=chip,
+    lanes = options.worker_lanes if "cuda" in (options.target, options.kernels) else 128
+    return KernelABI(name=signature.name, target=options.target, chip=chip, lanes=lanes,
                      schedule=tables["schedule"], workers=options.workers, arguments=arguments,
                      outputs=tuple(signature.outputs), tasks=tables["tasks"],
                      events=tables["events"], watchdog_ms=options.watchdog_ms,

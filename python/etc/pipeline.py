@@ -63,6 +63,15 @@ class Options:
     #: schedule); None: on for CUDA kernels, off otherwise (the CPU
     #: lowering drops the hints anyway).
     prefetch: bool | None = None
+    #: Threads per worker CTA the CUDA tile kernels are written for (and
+    #: the runtime launches: the ABI records them); None: 128 (one
+    #: warpgroup). A positive multiple of 32, at most 1024. CUDA only
+    #: (target="cuda", or the CUDA kernels simulated on the CPU).
+    lanes: int | None = None
+    #: The worker's `.minnctapersm` (with `.maxntid` = lanes: ptxas then
+    #: knows the registers a lane has at entry, 65,536 / (lanes x
+    #: min_ctas), which `setmaxnreg` needs); None: no such bound.
+    min_ctas: int | None = None
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -91,6 +100,27 @@ class Options:
             raise ValueError(f"kernels={self.kernels!r} simulates the {self.kernels.upper()} "
                              f"kernels on target='cpu'; target={self.target!r} builds its own "
                              "kernels")
+        cuda_kernels = "cuda" in (self.target, self.kernels)
+        for name in ("lanes", "min_ctas"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not cuda_kernels:
+                raise ValueError(f"{name}={value!r} applies to CUDA kernels: target='cuda', or "
+                                 "target='cpu' with kernels='cuda' (simulated)")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+        if self.lanes is not None and (self.lanes % 32 or self.lanes > 1024):
+            raise ValueError(f"lanes={self.lanes!r} must be a multiple of 32 (whole warps) "
+                             "and at most 1024 (threads per CTA)")
+        if self.min_ctas is not None and self.worker_lanes * self.min_ctas > 2048:
+            raise ValueError(f"min_ctas={self.min_ctas!r} CTAs of {self.worker_lanes} lanes "
+                             "exceed the 2,048 threads an SM holds")
+
+    @property
+    def worker_lanes(self) -> int:
+        """Threads per worker CTA of the CUDA kernels (`lanes`, else 128)."""
+        return 128 if self.lanes is None else self.lanes
 
     @property
     def prefetches(self) -> bool:
@@ -107,7 +137,8 @@ class Options:
         """The `etc.ops.Target` the tile kernels are built for."""
         from .ops import Target
         if self.kernels == "cuda":
-            return Target("cuda", self.chip, simulate_lanes=True)
+            return Target("cuda", self.chip, lanes=self.worker_lanes, min_ctas=self.min_ctas,
+                          simulate_lanes=True)
         if self.target == "cpu":
             from .runtime import isa
 
@@ -117,7 +148,8 @@ class Options:
                                  f"the instruction set {chosen} lacks")
             return Target("cpu", self.chip, workers=self.workers, isa=chosen,
                           emulate_amx=self.kernels == "amx")
-        return Target(self.target, self.chip, workers=self.workers)
+        return Target(self.target, self.chip, workers=self.workers, lanes=self.worker_lanes,
+                      min_ctas=self.min_ctas)
 
 
 def stages(options: Options) -> dict[str, str]:
@@ -181,8 +213,13 @@ def lowering_pipeline(options: Options) -> str:
         if MatmulWGMMA.tma:
             ptx = TMA_PTX
     features = f"+ptx{ptx}"
+    # The worker's `.maxntid` (always, 128 unless told: it is written for
+    # exactly these lanes) and `.minnctapersm` (when asked for).
+    bounds = f" lanes={options.worker_lanes}" if options.worker_lanes != 128 else ""
+    if options.min_ctas is not None:
+        bounds += f" min-ctas={options.min_ctas}"
     return (f"builtin.module(etc-lower-to-nvvm{{chip={options.chip} features={features} "
-            f"watchdog-ms={options.watchdog_ms}}})")
+            f"watchdog-ms={options.watchdog_ms}{bounds}}})")
 
 
 def build(options: Options) -> str:

@@ -201,7 +201,7 @@ def test_kit_on_a_fake_driver_fills_every_benchmark_table(fake_driver_run):
     overhead = report.split("### Per-task overhead")[1].split("###")[0]
     assert re.search(r"\| 16384 \| [\d.]+ \| \d+ \| [\d.]+ \| \d+ \|", overhead), overhead
     for title, rows in (("### bf16 GEMV", 10), ("### Roofline", 7), ("### 5-operator MLP", 5),
-                        ("### Decode step", 4), ("### bf16 GEMM", 1), ("### bf16 x·Wᵀ GEMM", 4),
+                        ("### Decode step", 4), ("### bf16 GEMM", 1), ("### bf16 x·Wᵀ GEMM", 6),
                         ("### bf16 prefill", 3), ("### Packed weights", 20)):
         table = [line for line in report.split(title)[1].split("###")[0].splitlines()
                  if re.match(r"\| \d|\| \w.*\| [\d.]+ \|", line)]
@@ -212,6 +212,23 @@ def test_kit_on_a_fake_driver_fills_every_benchmark_table(fake_driver_run):
         assert "| ETC static, CUDA graph" in section and "capture failed" not in section
     benchmarks = report.split("## Benchmarks")[1].split("\nTotal ")[0]
     assert "FAILED" not in benchmarks
+
+
+def test_kit_on_a_fake_driver_times_the_warp_specialised_tile(fake_driver_run, cuda_kit):
+    """The "hopper" table has the warp-specialised variant beside cp.async
+    and TMA at each shape: its artifacts are compiled at 256 lanes (the
+    ABI's, the worker's `.maxntid`, which the fake driver holds each launch
+    to), checked against NumPy and timed."""
+    from etc.runtime import load
+
+    _, report, _ = fake_driver_run
+    section = report.split("### bf16 x·Wᵀ GEMM, known rows")[1].split("###")[0]
+    for m, n, k in ((64, 64, 128), (130, 128, 192)):
+        for loads in ("cp.async", "TMA", "TMA, warp-specialised"):
+            assert f"| {m}×{n}×{k} | {loads} | " in section, section
+        kernel = load(cuda_kit[0] / "artifacts" / f"hopper_{m}x{n}x{k}-ws-sm_90a.etc")
+        assert kernel.abi.lanes == 256 and ".maxntid 256, 1, 1" in kernel.ptx
+        assert "setmaxnreg" in kernel.ptx
 
 
 def test_kit_on_a_fake_driver_launches_static_workers_cooperatively(fake_driver_run):

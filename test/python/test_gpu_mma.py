@@ -59,12 +59,12 @@ def _run(g: etc.Graph, kernel, dtype: str, inputs: dict, label: str) -> None:
 
 
 def _check(g: etc.Graph, dtype: str, rows_values, *, chosen: bool = True, seed: int = 3,
-           chip: str = "sm_80", kernels: re.Pattern = TENSOR_CORE) -> None:
-    """`g` under the lane simulation for `chip` against the reference at
-    each row count; whether a tile function matching `kernels` was chosen
-    must be `chosen`. (sm_80 by default: on sm_90a B^T takes wgmma,
-    test_gpu_wgmma.py.)"""
-    kernel = etc.compile(g, target="cpu", kernels="cuda", chip=chip, workers=2)
+           chip: str = "sm_80", kernels: re.Pattern = TENSOR_CORE, **options) -> None:
+    """`g` under the lane simulation for `chip` (and `options` of
+    `etc.compile`) against the reference at each row count; whether a tile
+    function matching `kernels` was chosen must be `chosen`. (sm_80 by
+    default: on sm_90a B^T takes wgmma, test_gpu_wgmma.py.)"""
+    kernel = etc.compile(g, target="cpu", kernels="cuda", chip=chip, workers=2, **options)
     assert bool(kernels.search(kernel.ir("graph"))) == chosen
     rng = np.random.default_rng(seed)
     for rows in rows_values:

@@ -174,9 +174,9 @@ def _matmul(m, k: int, n: int, dtype: str, tile=None, transpose_b: bool = True) 
 
 
 def _check(g: etc.Graph, dtype: str, rows_values, *, chosen: bool = True, seed: int = 3,
-           chip: str = "sm_90a") -> None:
+           chip: str = "sm_90a", **options) -> None:
     mma_tests._check(g, dtype, rows_values, chosen=chosen, seed=seed, chip=chip,
-                     kernels=HOPPER)
+                     kernels=HOPPER, **options)
 
 
 # (rows, K, N): one step and one stage; five steps round the three-stage

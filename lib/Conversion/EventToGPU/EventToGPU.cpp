@@ -664,6 +664,15 @@ struct ConvertEventToGPUPass
           << static_cast<int64_t>(watchdogMs);
       return signalPassFailure();
     }
+    if (lanes < 32 || lanes > 1024 || lanes % 32 != 0 || minCtas < 0 ||
+        lanes * minCtas > 2048) {
+      module.emitError("convert-event-to-gpu: lanes must be a multiple of 32 "
+                       "in [32, 1024] and min-ctas in [0, 2048 / lanes], "
+                       "found lanes=")
+          << static_cast<int64_t>(lanes)
+          << " min-ctas=" << static_cast<int64_t>(minCtas);
+      return signalPassFailure();
+    }
 
     dropProgramTables(module);
     // The program of each graph: its functions, in order.
@@ -706,6 +715,8 @@ struct ConvertEventToGPUPass
         if (failed(kernel))
           return signalPassFailure();
         symbols.erase(func);
+        if (worker)
+          setWorkerBounds(*kernel);
         if (!worker && !hasResult && failed(distributeOverCTA(*kernel)))
           return signalPassFailure();
         if (!worker && hasResult)
@@ -761,6 +772,19 @@ struct ConvertEventToGPUPass
     target.markUnknownOpDynamicallyLegal([](Operation *) { return true; });
     if (failed(applyPartialConversion(module, target, std::move(patterns))))
       return signalPassFailure();
+  }
+
+  /// The worker's launch bounds: `.maxntid lanes, 1, 1` (its tiles are
+  /// written for exactly `lanes` threads) and, when asked for,
+  /// `.minnctapersm min-ctas`.
+  void setWorkerBounds(gpu::GPUFuncOp kernel) {
+    Builder b(kernel.getContext());
+    int32_t threads = static_cast<int32_t>(lanes);
+    kernel->setAttr(NVVM::NVVMDialect::getMaxntidAttrName(),
+                    b.getDenseI32ArrayAttr({threads, 1, 1}));
+    if (minCtas > 0)
+      kernel->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
+                      b.getI32IntegerAttr(static_cast<int32_t>(minCtas)));
   }
 };
 } // namespace

@@ -50,7 +50,10 @@ class Target:
     per target and shape.
 
     CUDA kernels are written for `lanes` threads per CTA (the runtime
-    launches that many) in warps of `warp`. With `simulate_lanes`, the CUDA
+    launches that many: the ABI records them) in warps of `warp`; the
+    worker carries `.maxntid lanes` and, with `min_ctas`, `.minnctapersm
+    min_ctas`, which fix the registers a lane has at entry
+    (`entry_registers`). With `simulate_lanes`, the CUDA
     kernels are built to run on the CPU target: their lanes run one after
     another in loops split at the points where lanes exchange data (see
     `Lanes`), so a test on the CPU checks their indexing and reductions.
@@ -68,6 +71,7 @@ class Target:
     chip: Optional[str] = None
     lanes: int = 128
     warp: int = 32
+    min_ctas: Optional[int] = None
     simulate_lanes: bool = False
     workers: int = 1
     isa: Optional[str] = None
@@ -84,6 +88,23 @@ class Target:
     def gpu_kernels(self) -> bool:
         """Whether the GPU variants of the kernels are wanted."""
         return self.kind == "cuda"
+
+    #: Registers of an SM (every NVIDIA GPU since sm_50) and the most one
+    #: thread may have (PTX `setmaxnreg` takes 24 to 256).
+    SM_REGISTERS = 65536
+    MAX_THREAD_REGISTERS = 256
+
+    @property
+    def entry_registers(self) -> Optional[int]:
+        """The registers each lane of the worker has when it starts: what
+        its bounds (`.maxntid lanes`, `.minnctapersm min_ctas`) give ptxas,
+        65,536 / (lanes x min_ctas) rounded down to a multiple of 8 (the
+        allocation unit) and capped at 256; None without `min_ctas`
+        (ptxas then chooses, and ignores `setmaxnreg`)."""
+        if self.min_ctas is None:
+            return None
+        per_lane = self.SM_REGISTERS // (self.lanes * self.min_ctas)
+        return min(self.MAX_THREAD_REGISTERS, per_lane // 8 * 8)
 
     @property
     def compute_capability(self) -> int:

@@ -57,23 +57,25 @@ the consumer's proxy fence is not needed (TMA writes through the async
 proxy). Default off: the first GPU run measures both (kit, "hopper").
 
 Warp-specialised (`warp_specialised = True`, or compiling inside
-`warp_specialised()`; needs TMA and a 256-lane target): warpgroup 0
-`setmaxnreg.dec`s to PRODUCER_REGS and its lane 0 runs the TMA ring over
-every step (wait empty[t % S] for parity (t / S + 1) % 2, `expect_tx` on
-full[t % S], the boxes); warpgroup 1 `setmaxnreg.inc`s to CONSUMER_REGS and
+`warp_specialised()`; needs TMA and `etc.compile(..., lanes=256,
+min_ctas=N)`): warpgroup 0 `setmaxnreg.dec`s to PRODUCER_REGS and its
+lane 0 runs the TMA ring over every step (wait empty[t % S] for parity
+(t / S + 1) % 2, `expect_tx` on full[t % S], the boxes); warpgroup 1
+`setmaxnreg.inc`s to CONSUMER_REGS (or the entry count, when more) and
 runs the multiply loop (wait full[s % S] for parity (s / S) % 2, wgmma,
 commit, wait for all but this group, then lane 0 of each of its 4 warps
 arrives on empty[(s - 1) % S]: 4 arrivals) and the stores; both return to
-ENTRY_REGS before the tile's closing barrier. Simulated, the two roles
-run in the one-warpgroup tile's order (a legal interleaving) with the
-same barrier checks. Not yet usable on a GPU: the CUDA target, compile
-and runtime fix 128 lanes, and the worker has no `.maxntid 256,
-.minnctapersm 2`, without which ptxas ignores `setmaxnreg` (C7508); see
-docs/operators.md, "Warp specialisation".
+the worker's count at entry before the tile's closing barrier. That count
+comes from the worker's bounds (`Target.entry_registers`: `.maxntid 256`
+and `.minnctapersm N` make it 65,536 / (256 x N), 128 at N = 2), without
+which ptxas would ignore `setmaxnreg` (C7508); `registers` refuses bounds
+that leave it unknown or too small. Simulated, the two roles run in the
+one-warpgroup tile's order (a legal interleaving) with the same barrier
+checks. See docs/operators.md, "Warp specialisation".
 
-Not yet: that 256-lane plumbing and a GPU measurement of the variant;
-barrier waits reporting through the watchdog's record; B (K, N) (an
-MN-major B operand), which keeps `MatmulMMA`.
+Not yet: a GPU measurement of the warp-specialised variant (the kit's
+"hopper" table); barrier waits reporting through the watchdog's record;
+B (K, N) (an MN-major B operand), which keeps `MatmulMMA`.
 """
 
 from __future__ import annotations
@@ -93,8 +95,9 @@ class MatmulWGMMA(MatmulMMA):
     """Hopper tensor-core matmul tile: C = A @ B^T, f16 or bf16, f32
     accumulators (`wgmma` m64nNk16 from 128-byte-swizzled shared memory, an
     S-stage mbarrier ring of `cp.async` loads; see the module docstring).
-    Needs sm_90a, 128 lanes (one warpgroup), K a multiple of 64, N of the
-    tile's columns (a multiple of 16, at most 256)."""
+    Needs sm_90a, 128 lanes (one warpgroup; 256 warp-specialised), K a
+    multiple of 64, N of the tile's columns (a multiple of 16, at most
+    256)."""
 
     #: In the worker: called, ptxas serialises every wgmma (C7510).
     out_of_line_on_gpu = False
@@ -141,7 +144,8 @@ class MatmulWGMMA(MatmulMMA):
             if target.lanes != lanes:
                 raise ValueError(f"MatmulWGMMA.warp_specialised needs {lanes} lanes per CTA "
                                  f"(a producer and a consumer warpgroup); the target has "
-                                 f"{target.lanes}")
+                                 f"{target.lanes}: etc.compile(..., lanes={lanes})")
+            cls.registers(target)
         if not (target.gpu_kernels and target.chip == "sm_90a" and target.warp == 32
                 and target.lanes == lanes and a.dtype in ("f16", "bf16")
                 and b.dtype == a.dtype and op.params["transpose_b"]):
@@ -290,14 +294,39 @@ class MatmulWGMMA(MatmulMMA):
             scf.yield_([])
         return started, previous
 
-    #: Registers a lane of the producer warpgroup and of the consumer
-    #: warpgroup hold while the tile runs (`setmaxnreg`), and the count both
-    #: return to: the worker's count at entry, which `.maxntid 256,
-    #: .minnctapersm 2` makes 65,536 / 512 = 128 (producer + consumer <=
-    #: 2 x ENTRY_REGS, or the consumers' increase blocks forever).
+    #: Registers a lane of the producer warpgroup gives back to (and a lane
+    #: of the consumer warpgroup takes, at least) while the tile runs
+    #: (`setmaxnreg`). Both return to the worker's count at entry, which
+    #: its bounds fix (`Target.entry_registers`: `.maxntid 256,
+    #: .minnctapersm 2` make it 65,536 / 512 = 128); see `registers`.
     PRODUCER_REGS = 40
     CONSUMER_REGS = 216
-    ENTRY_REGS = 128
+
+    @classmethod
+    def registers(cls, target) -> tuple:
+        """(producer, consumer, entry): the registers per lane of each role
+        while the warp-specialised tile runs and the count both return to,
+        the worker's at entry (`target.entry_registers`). The consumer
+        takes CONSUMER_REGS, or the entry count when that is more. Refused
+        by name where the bounds leave the count at entry unknown (ptxas
+        then ignores `setmaxnreg`, C7508) or too small: the producer's and
+        the consumer's lanes must fit the CTA's pool, 2 x entry (an
+        increase past it blocks forever)."""
+        entry = target.entry_registers
+        if entry is None:
+            raise ValueError(
+                "MatmulWGMMA.warp_specialised needs the worker's register bound (ptxas ignores "
+                "`setmaxnreg` without it): etc.compile(..., min_ctas=N), N worker CTAs per SM "
+                f"(2 at {target.lanes} lanes: 65,536 / (2 x {target.lanes}) registers a lane "
+                "at entry)")
+        producer, consumer = cls.PRODUCER_REGS, max(cls.CONSUMER_REGS, entry)
+        if producer > entry or producer + consumer > 2 * entry:
+            raise ValueError(
+                f"MatmulWGMMA.warp_specialised: min_ctas={target.min_ctas} at {target.lanes} "
+                f"lanes leaves {entry} registers a lane at entry; its producer ({producer}) and "
+                f"consumer ({consumer}) lanes need {producer + consumer} <= 2 x {entry}: use "
+                "fewer worker CTAs per SM (min_ctas)")
+        return producer, consumer, entry
 
     def _specialised(self, lanes, init: list, rows) -> None:
         """The GPU's warp-specialised ring: warpgroup 0 gives registers
@@ -309,21 +338,21 @@ class MatmulWGMMA(MatmulMMA):
         first: the producer's increase waits for their registers)."""
         from mlir.dialects import nvvm
         from ..dialects import event
-        assert self.PRODUCER_REGS + self.CONSUMER_REGS <= 2 * self.ENTRY_REGS
+        producer_regs, consumer_regs, entry_regs = self.registers(self.target)
         lane = event.lane_id()
         producer = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, lane,
                                        self.cidx(wgmma.WARPGROUP)), has_else=True)
         decrease, increase = nvvm.SetMaxRegisterAction.decrease, nvvm.SetMaxRegisterAction.increase
         with ir.InsertionPoint(producer.then_block):
-            nvvm.setmaxregister(self.PRODUCER_REGS, decrease)
+            nvvm.setmaxregister(producer_regs, decrease)
             loop = scf.ForOp(self.cidx(0), self.cidx(self.steps), self.cidx(1))
             with ir.InsertionPoint(loop.body):
                 self.produce_tma(lanes, loop.induction_variable)
                 scf.yield_([])
-            nvvm.setmaxregister(self.ENTRY_REGS, increase)
+            nvvm.setmaxregister(entry_regs, increase)
             scf.yield_([])
         with ir.InsertionPoint(producer.else_block):
-            nvvm.setmaxregister(self.CONSUMER_REGS, increase)
+            nvvm.setmaxregister(consumer_regs, increase)
             loop = scf.ForOp(self.cidx(0), self.cidx(self.steps), self.cidx(1), init)
             with ir.InsertionPoint(loop.body):
                 s = loop.induction_variable
@@ -332,7 +361,7 @@ class MatmulWGMMA(MatmulMMA):
                 scf.yield_(accs)
             wgmma.wait(0)
             self.write_back(lanes, list(loop.results), arith.addi(self.r0, rows))
-            nvvm.setmaxregister(self.ENTRY_REGS, decrease)
+            nvvm.setmaxregister(entry_regs, decrease)
             scf.yield_([])
         lanes.barrier()
         self.full.invalidate()
@@ -596,9 +625,9 @@ def tma_loads(enabled: bool = True):
 def warp_specialised(enabled: bool = True):
     """Compiles the Hopper tile warp-specialised (`MatmulWGMMA.warp_specialised`:
     256 lanes, warpgroup 0's lane 0 producing with TMA, warpgroup 1
-    consuming) inside the block; needs `tma_loads()` and a 256-lane target,
-    which only tests make today (the module docstring says what is missing
-    for a GPU run)."""
+    consuming) inside the block; needs `tma_loads()` and
+    `etc.compile(..., lanes=256, min_ctas=N)` (N = 2: 128 registers a lane
+    at entry; 1 for a worker whose other tiles need more)."""
     saved = MatmulWGMMA.warp_specialised
     MatmulWGMMA.warp_specialised = enabled
     try:

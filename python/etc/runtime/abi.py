@@ -85,6 +85,10 @@ class KernelABI:
     CUDA, and for CPU code built for the host on other architectures).
     `shared_bytes` (CUDA) is the worker's scratch arena: the dynamic shared
     memory each worker CTA is launched with (`convert-event-to-gpu`).
+    `lanes` (CUDA kernels) is the threads per worker CTA the tiles are
+    written for (`etc.compile(..., lanes=)`), which the runtime launches;
+    an ABI written before it was recorded reads as 128, what every kernel
+    was then compiled for.
     """
 
     name: str
@@ -108,6 +112,7 @@ class KernelABI:
     #: consistency runtimes check before every run.
     ragged_batches: tuple = ()
     shared_bytes: int = 0
+    lanes: int = 128
 
     # -- names of the program's functions ----------------------------------
 
@@ -144,6 +149,7 @@ class KernelABI:
             "index_ranges": {name: r.to_json() for name, r in self.index_ranges.items()},
             "ragged_batches": [dict(batch) for batch in self.ragged_batches],
             "shared_bytes": self.shared_bytes,
+            "lanes": self.lanes,
         }
 
     @classmethod
@@ -165,7 +171,8 @@ class KernelABI:
                               for name, r in (data.get("index_ranges") or {}).items()},
                 ragged_batches=tuple({str(role): str(name) for role, name in batch.items()}
                                      for batch in data.get("ragged_batches") or ()),
-                shared_bytes=int(data.get("shared_bytes", 0)))
+                shared_bytes=int(data.get("shared_bytes", 0)),
+                lanes=int(data.get("lanes", 128)))
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"malformed kernel ABI: {type(error).__name__}: {error}") from None
         names = {a.name for a in abi.arguments}
@@ -183,4 +190,7 @@ class KernelABI:
         for batch in abi.ragged_batches:
             if set(batch) not in RAGGED_LAYOUTS or not set(batch.values()) <= inputs:
                 raise ValueError(f"malformed kernel ABI: ragged batch {batch!r}")
+        if not 32 <= abi.lanes <= 1024 or abi.lanes % 32:
+            raise ValueError(f"malformed kernel ABI: lanes={abi.lanes} is not a positive "
+                             "multiple of 32 up to 1024 (threads per worker CTA)")
         return abi

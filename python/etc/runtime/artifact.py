@@ -51,7 +51,12 @@ FORMAT = "etc-artifact"
 #: (`KernelABI.shared_bytes`), which an older runtime would not give them.
 #: 5: CPU code has the worker pool's entry points (`<g>_worker_packed`,
 #: `<g>_park`, `<g>_launch`), which the runtime's threads wait in.
-FORMAT_VERSION = 5
+#: 6: the ABI records the CUDA worker's threads per CTA (`KernelABI.lanes`),
+#: which an older runtime would launch as 128.
+FORMAT_VERSION = 6
+#: The versions this runtime loads: 5 differs from 6 only in having no
+#: `lanes`, which then reads as 128 (what every kernel was compiled for).
+READ_VERSIONS = (5, 6)
 MANIFEST = "etc-artifact.json"
 _CODE = {"cuda": "kernel.ptx", "cpu": "kernel.so"}
 
@@ -159,11 +164,11 @@ def read(path) -> tuple[dict, KernelABI, bytes]:
             raise ArtifactError(f"{path} is not an ETC artifact (format "
                                 f"{manifest.get('format') if isinstance(manifest, dict) else None!r})")
         version = manifest.get("version")
-        if version != FORMAT_VERSION:
+        if version not in READ_VERSIONS:
             raise ArtifactError(
                 f"{path} has artifact format version {version}, but this runtime reads version "
-                f"{FORMAT_VERSION}: load it with the ETC release that saved it, or compile and "
-                "save the kernel again")
+                f"{FORMAT_VERSION} (and {READ_VERSIONS[0]}): load it with the ETC release that "
+                "saved it, or compile and save the kernel again")
         target = manifest.get("target")
         if target not in _CODE:
             raise ArtifactError(f"{path}: unknown target {target!r}")

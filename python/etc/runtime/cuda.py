@@ -65,7 +65,8 @@ from .cuda_timing import EventTimer
 from .program import ProgramRuntime
 from .ranges import check as check_index_ranges
 
-#: Threads per worker CTA (the lanes of a tile body) unless told otherwise.
+#: Threads per worker CTA (the lanes of a tile body) of a program that does
+#: not say (`KernelABI.lanes`: `etc.compile(..., lanes=)`).
 DEFAULT_LANES = 128
 #: Bindings of the symbols (sizes) whose device buffers are kept for reuse.
 CACHED_SIZES = 4
@@ -91,12 +92,15 @@ class CUDARuntime(ProgramRuntime):
     #: The device buffers of one binding of the symbols.
     _workspace_type = _Workspace
 
-    def __init__(self, abi: KernelABI, ptx: str, *, lanes: int = DEFAULT_LANES,
+    def __init__(self, abi: KernelABI, ptx: str, *, lanes: int | None = None,
                  max_workers: int | None = None):
         super().__init__(abi)
         self.ptx = ptx
-        #: Threads per worker CTA.
-        self.lanes = lanes
+        if lanes is not None and lanes != abi.lanes:
+            raise ValueError(f"lanes={lanes}: {abi.name}'s tiles are written for {abi.lanes} "
+                             "threads per CTA (compile it with etc.compile(..., lanes=...))")
+        #: Threads per worker CTA: the program's (`abi.lanes`).
+        self.lanes = abi.lanes
         #: Upper bound on the worker grid (None: as many as can be resident).
         self.max_workers = max_workers
         #: The ordinal of the CUDA device it runs on (set before the first run).

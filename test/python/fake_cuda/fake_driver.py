@@ -25,8 +25,9 @@ What it holds the caller to, with the error the driver gives:
 * launches (`fake_kernels.py`): parameters are read as the PTX's `.entry`
   declares them (count and sizes, from the module's PTX); the launch
   shape is the ABI's (`etc.runtime.cuda`: g_counters grid 1 block 1,
-  g_init and g_check grid 1, the worker 128 threads per CTA and, for the
-  static schedule, cooperative), else INVALID_VALUE; a cooperative grid
+  g_init and g_check grid 1, the worker as many threads per CTA as its
+  PTX's `.maxntid` (the compiled lanes; 128 in PTX without one) and, for
+  the static schedule, cooperative), else INVALID_VALUE; a cooperative grid
   beyond SMs x occupancy is CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE; more
   than 48 KB of dynamic shared memory needs cuFuncSetAttribute first;
 * when a launch runs, every memref and buffer-table entry must lie inside
@@ -472,7 +473,7 @@ def build(programs: dict, log: str | None = None) -> types.ModuleType:
             text = b"ptxas info    : (fake driver) 40 registers, 0 bytes spill\0"
             info[:len(text)] = text
         module = next(handles)
-        modules[module] = (program, fake_kernels.entries(ptx))
+        modules[module] = (program, fake_kernels.entries(ptx), fake_kernels.max_threads(ptx))
         module_ptx[module] = ptx
         return (CUresult.CUDA_SUCCESS, REAL.CUmodule(module))
 
@@ -506,7 +507,7 @@ def build(programs: dict, log: str | None = None) -> types.ModuleType:
         found = modules.get(_handle(module))
         if found is None:
             return (CUresult.CUDA_ERROR_INVALID_HANDLE, None)
-        program, entries = found
+        program, entries, bounds = found
         name = name.decode()
         if name not in entries:
             return (CUresult.CUDA_ERROR_NOT_FOUND, None)
@@ -515,7 +516,8 @@ def build(programs: dict, log: str | None = None) -> types.ModuleType:
             prefix = program.abi.name + "_"
             role = name[len(prefix):] if name.startswith(prefix) else None
         function = next(handles)
-        functions[function] = fake_kernels.Function(program, role, name, entries[name])
+        functions[function] = fake_kernels.Function(program, role, name, entries[name],
+                                                    bounds.get(name))
         return (CUresult.CUDA_SUCCESS, REAL.CUfunction(function))
 
     def cuModuleGetGlobal(module, name):
@@ -601,7 +603,7 @@ def build(programs: dict, log: str | None = None) -> types.ModuleType:
             import fake_nvshmem
 
             return any(fake_nvshmem.initialised(handle)
-                       for handle, (loaded, _) in modules.items() if loaded is program)
+                       for handle, (loaded, *_) in modules.items() if loaded is program)
 
         def perform():
             if program == "probes":

@@ -21,10 +21,12 @@ import numpy as np
 
 from fake_streams import Fault
 
-#: Threads per worker CTA the tile kernels are written for
-#: (`etc.ops.base.Target.lanes`: the GEMV's and MMA's warp counts are
-#: compiled in, so a worker launched with another block size computes
-#: something else).
+#: Threads per worker CTA the tile kernels are written for when the
+#: worker's PTX does not say (`.maxntid`, which the compiler writes from
+#: `etc.compile(..., lanes=)`; PTX from before it has none and was compiled
+#: for 128): `etc.ops.base.Target.lanes`. The GEMV's and MMA's warp counts
+#: are compiled in, so a worker launched with another block size computes
+#: something else.
 WORKER_LANES = 128
 #: The device's limit on threads per CTA.
 MAX_THREADS = 1024
@@ -46,6 +48,23 @@ ROLES = {
 }
 #: The probes' launch shapes (`etc.runtime.probes`' docstring).
 PROBE_SHAPES = {"etc_spin": (1, 1), "etc_probe_sm": (None, None), "etc_probe_timer": (1, 1)}
+
+
+_MAXNTID = re.compile(r"\.maxntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
+
+
+def max_threads(ptx: str) -> dict[str, int]:
+    """Each `.entry` of `ptx` that declares `.maxntid` (between its
+    parameter list and its body): the threads per CTA it allows."""
+    found = {}
+    for match in _ENTRY.finditer(ptx):
+        body = ptx.find("{", match.end())
+        bound = _MAXNTID.search(ptx, match.end(), body if body >= 0 else len(ptx))
+        if bound is not None:
+            found[match.group(1)] = 1
+            for size in bound.groups():
+                found[match.group(1)] *= int(size or 1)
+    return found
 
 
 def entries(ptx: str) -> dict[str, list[int]]:
@@ -74,6 +93,8 @@ class Function:
     role: str
     name: str
     sizes: list
+    #: Its `.maxntid` (threads per CTA), when its PTX declares one.
+    max_threads: int | None = None
 
 
 def shape_error(function: Function, grid: tuple, block: tuple, cooperative: bool,
@@ -84,6 +105,8 @@ def shape_error(function: Function, grid: tuple, block: tuple, cooperative: bool
         return f"grid {grid} and block {block} must be at least 1 in every dimension"
     if block[0] * block[1] * block[2] > MAX_THREADS:
         return f"block {block} has more than {MAX_THREADS} threads"
+    if function.max_threads is not None and block[0] * block[1] * block[2] > function.max_threads:
+        return f"block {block} has more than the {function.max_threads} threads of its .maxntid"
     if grid[1:] != (1, 1) or block[1:] != (1, 1):
         return (f"{function.name} uses dimension x only: grid {grid} and block {block} must be "
                 "1 in y and z")
@@ -91,6 +114,9 @@ def shape_error(function: Function, grid: tuple, block: tuple, cooperative: bool
         want_grid, want_block = PROBE_SHAPES[function.name]
     else:
         want_grid, want_block = ROLES[function.role][1]
+        if function.role == "worker" and function.max_threads is not None:
+            # The worker's lanes, as its PTX declares them.
+            want_block = function.max_threads
         if function.role == "worker" and function.program.abi.schedule == "static" \
                 and not cooperative:
             return (f"{function.name}: the static schedule's worker CTAs wait for each other, so "

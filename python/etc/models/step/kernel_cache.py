@@ -114,9 +114,14 @@ def describe(config, graph: dict, compile: dict) -> dict:
     elif compile.get("target") == "cuda":
         from ...ops.matmul_wgmma import MatmulWGMMA
 
-        # Hopper tiles with TMA loads (`tma_loads()`) are other code.
+        # Hopper tiles with TMA loads (`tma_loads()`) are other code, and
+        # so are warp-specialised ones (`warp_specialised()`).
         if MatmulWGMMA.tma:
             compile["wgmma_tma"] = True
+        if MatmulWGMMA.warp_specialised:
+            compile["wgmma_ws"] = True
+        # The worker's threads per CTA (the tiles are written for them).
+        compile["lanes"] = compile.get("lanes") or 128
     return {"etc": _version(), "compiler": fingerprint(), "artifact": FORMAT_VERSION,
             "model": json.loads(json.dumps(asdict(config))), "graph": dict(graph),
             "compile": compile}
