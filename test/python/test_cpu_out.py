@@ -223,7 +223,7 @@ def test_new_outputs_are_numpy_arrays_when_small_and_64_byte_aligned_when_large(
     _, kernel = gemm
     rng = np.random.default_rng(3)
     small = 4  # 4 x 48 f32: well under SMALL_OUTPUT_BYTES
-    large = cpu.SMALL_OUTPUT_BYTES // (48 * 4) + 3
+    large = aligned.SMALL_OUTPUT_BYTES // (48 * 4) + 3
     for m in (small, large, small):
         inputs = _inputs(rng, m)
         _, s = kernel.run(**inputs)
@@ -232,4 +232,4 @@ def test_new_outputs_are_numpy_arrays_when_small_and_64_byte_aligned_when_large(
         if m == small:
             assert s.base is None and s.flags.owndata
         else:
-            assert s.nbytes >= cpu.SMALL_OUTPUT_BYTES and aligned.is_aligned(s)
+            assert s.nbytes >= aligned.SMALL_OUTPUT_BYTES and aligned.is_aligned(s)

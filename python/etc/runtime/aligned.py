@@ -10,9 +10,11 @@ Needs only NumPy.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-__all__ = ["ALIGNMENT", "empty", "zeros", "aligned", "is_aligned"]
+__all__ = ["ALIGNMENT", "empty", "zeros", "aligned", "is_aligned", "new_output"]
 
 #: Bytes the data of every array made here starts at a multiple of.
 ALIGNMENT = 64
@@ -48,3 +50,27 @@ def aligned(array: np.ndarray) -> np.ndarray:
     out = empty(array.shape, array.dtype)
     np.copyto(out, array)
     return out
+
+
+#: A run's new output arrays (no `out=`) of fewer bytes than this are
+#: NumPy's own allocations, aligned to what the tiles' accesses claim (the
+#: CPU runtime's OUT_ALIGNMENT); larger ones ALIGNMENT-aligned (`empty`),
+#: which their tiles' full-line stores want. A decode step's output right
+#: after its tiles streamed the weights finds Python's and NumPy's state
+#: out of the caches: there `empty`'s extra NumPy calls took 40-70 us of a
+#: 1 ms MLP call (`bench/cpu_tiles.py`, 2026-11-29), np.empty alone about
+#: half.
+SMALL_OUTPUT_BYTES = 64 * 1024
+
+
+def new_output(shape: tuple, dtype, claimed: int) -> tuple:
+    """A new output array of `shape` and `dtype` for the caller to keep,
+    at least `claimed`-byte aligned, and its address (SMALL_OUTPUT_BYTES)."""
+    dtype = np.dtype(dtype)
+    if math.prod(shape) * dtype.itemsize < SMALL_OUTPUT_BYTES:
+        array = np.empty(shape, dtype)
+        address = array.ctypes.data
+        if address % claimed == 0:
+            return array, address
+    array = empty(shape, dtype)
+    return array, array.ctypes.data

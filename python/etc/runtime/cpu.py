@@ -37,7 +37,6 @@ This module needs only NumPy: it imports nothing from MLIR.
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import threading
 import time
@@ -215,29 +214,6 @@ def widen_bits(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
 #: import): an `out=` array the program writes in place must start at a
 #: multiple of it.
 OUT_ALIGNMENT = 16
-
-
-#: A run's new output arrays (no `out=`) of fewer bytes than this are
-#: NumPy's own allocations, 16-byte aligned as OUT_ALIGNMENT asks; larger
-#: ones 64-byte aligned (`aligned.empty`), which their tiles' full-line
-#: stores want. A decode step's output right after its tiles streamed the
-#: weights finds Python's and NumPy's state out of the caches: there
-#: `aligned.empty`'s extra NumPy calls took 40-70 us of a 1 ms MLP call
-#: (`bench/cpu_tiles.py`, 2026-11-29), np.empty alone about half.
-SMALL_OUTPUT_BYTES = 64 * 1024
-
-
-def new_output(shape: tuple, dtype) -> tuple:
-    """A new output array of `shape` and storage `dtype` for the caller to
-    keep, and its address (see SMALL_OUTPUT_BYTES)."""
-    dtype = np.dtype(dtype)
-    if math.prod(shape) * dtype.itemsize < SMALL_OUTPUT_BYTES:
-        array = np.empty(shape, dtype)
-        address = array.ctypes.data
-        if address % OUT_ALIGNMENT == 0:
-            return array, address
-    array = aligned.empty(shape, dtype)
-    return array, array.ctypes.data
 
 
 def check_out(name: str, array, shape: tuple, dtype: str) -> bool:
@@ -754,7 +730,8 @@ class CPURuntime(ProgramRuntime):
             if name in buffers:
                 continue
             if items is None and dtype != "bf16":
-                buffers[name] = new_output(workspace.shapes[name], _STORAGE[dtype])
+                buffers[name] = aligned.new_output(workspace.shapes[name], _STORAGE[dtype],
+                                                    OUT_ALIGNMENT)
             else:
                 buffers[name] = workspace.output(name, dtype)
         return buffers, copies
