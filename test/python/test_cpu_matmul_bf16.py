@@ -243,11 +243,19 @@ def test_the_amx_tile_is_chosen_where_the_instruction_set_has_amx_or_it_is_emula
                                     emulate_amx=True)) is MatmulAMX
     assert choose_kernel(op, Target("cpu", workers=2, isa="x86-64-v4+avx512bf16")) \
         is MatmulDPBF16
-    # Column tiles of whole groups of 32 where N allows; ROWS rows from
-    # K = TALL_K on, the front end's below.
-    assert MatmulAMX.tile_for(op, Target("cpu", workers=2, isa=AMX)) == (op.tile[0], 96)
+    # N up to WHOLE_N in one column tile (the row tiles share the work out);
+    # wider N in column tiles of whole groups of 32, as many for each
+    # worker; ROWS rows from K = TALL_K on, SHORT_K_ROWS below.
+    two = Target("cpu", workers=2, isa=AMX)
+    assert MatmulAMX.WHOLE_N == 192
+    assert MatmulAMX.tile_for(op, two) == (MatmulAMX.SHORT_K_ROWS, 192) == (64, 192)
+    assert MatmulAMX.tile_for(_op(576, 64), two) == (64, 64)
+    assert MatmulAMX.tile_for(_op(576, 576), two) == (64, 96)
+    assert MatmulAMX.tile_for(_op(576, 1536), two) == (64, 256)
+    assert MatmulAMX.tile_for(_op(576, 224), two) == (64, 32)  # 7 groups: 1 each is uneven
     tall = _op(MatmulAMX.TALL_K, 192)
-    assert MatmulAMX.tile_for(tall, Target("cpu", workers=2, isa=AMX)) == (MatmulAMX.ROWS, 96)
+    assert MatmulAMX.tile_for(tall, two) == (MatmulAMX.ROWS, 192) == (128, 192)
+    assert MatmulAMX.tile_for(_op(MatmulAMX.TALL_K, 576), two) == (128, 96)
 
 
 def test_amx_kernels_are_refused_without_avx512_bf16_to_emulate_them(monkeypatch):

@@ -227,6 +227,10 @@ class MatmulAMX(MatmulDPBF16):
     #: took 1.12-1.18x main's time with 128 everywhere (fewer tiles).
     ROWS = 128
     TALL_K = 1024
+    #: Rows of A per tile below K = TALL_K, and the widest N taken as one
+    #: column tile (MEASURED: see the comment below).
+    SHORT_K_ROWS = 64
+    WHOLE_N = 192
     #: K per chunk (a multiple of 32), evened out over the chunks, and one
     #: chunk up to 1.5 K_CHUNK: a pair of 16-row blocks' chunk of the panel
     #: (32 x K_CHUNK bf16) stays in L1 over all the tile's groups. The first
@@ -268,14 +272,18 @@ class MatmulAMX(MatmulDPBF16):
 
     @classmethod
     def tile_for(cls, op, target) -> tuple:
-        """The widest multiple of GROUP up to 256 (every column on the tile
-        unit) that divides N into column tiles every worker gets the same
-        number of, at least one (each tile packs its rows of A once for all
-        its columns), else into at least one per worker (the row blocks of
-        a prefill even it out), and ROWS rows (`rows_for`). Failing that,
+        """Rows from `rows_for`; columns: all of N up to WHOLE_N (a multiple
+        of GROUP), where the row tiles alone share the work out (each row of
+        A packed once); else the widest multiple of GROUP up to 256 (every
+        column on the tile unit) that divides N into column tiles every
+        worker gets the same number of, at least one (each tile packs its
+        rows of A once for all its columns), else into at least one per
+        worker (the row blocks of a prefill even it out). Failing that,
         MatmulCPU's choice."""
         n = op.operands[1].shape[0]
         if isinstance(n, int):
+            if n % cls.GROUP == 0 and n <= cls.WHOLE_N:
+                return (cls.rows_for(op), n)
             widths = range(min(n, 256) // cls.GROUP * cls.GROUP, 0, -cls.GROUP)
             for even in (True, False):
                 for tn in widths:
@@ -288,11 +296,10 @@ class MatmulAMX(MatmulDPBF16):
     @classmethod
     def rows_for(cls, op) -> int:
         """ROWS (or the front end's rows if more) from K = TALL_K on, where
-        B^T read once per 4 row pairs pays; the front end's rows below,
-        where more, finer tiles schedule better beside the model's other
-        operators."""
+        B^T read once per 4 row pairs pays; SHORT_K_ROWS (or the front
+        end's) below."""
         k = op.operands[0].shape[1]
-        return max(op.tile[0], cls.ROWS) if k >= cls.TALL_K else op.tile[0]
+        return max(op.tile[0], cls.ROWS if k >= cls.TALL_K else cls.SHORT_K_ROWS)
 
     def emit(self) -> None:
         self.by_rows(self.TILE_CROSSOVER, self.emit_tiles, lambda: MatmulDPBF16.emit(self))
@@ -368,12 +375,10 @@ class MatmulAMX(MatmulDPBF16):
             chunk(self.cidx(full * each), whole % each, bool(k % 32), not full)
 
         def results(block, n0, at) -> None:
-            n1 = arith.addi(n0, self.cidx(16))
-            for nb in range(2):
-                for mb in range(2):
-                    self.store_transposed(arith.addi(at, self.cidx(16 * (nb * 2 + mb))),
-                                          r0, rows, arith.addi(block, self.cidx(mb)),
-                                          n1 if nb else n0)
+            for mb in range(2):
+                self.store_transposed([arith.addi(at, self.cidx(16 * (nb * 2 + mb)))
+                                       for nb in range(2)],
+                                      r0, rows, arith.addi(block, self.cidx(mb)), n0)
         each_block(results)
         done = arith.muli(groups, self.cidx(self.GROUP))
         left = arith.subi(cols, done)
@@ -500,17 +505,36 @@ class MatmulAMX(MatmulDPBF16):
         for t, acc in enumerate(accs):
             tiles.store(self._results, arith.addi(at, self.cidx(16 * t)), self.cidx(0), acc)
 
-    def store_transposed(self, first, r0, rows, block, n0) -> None:
-        """The 16 x 16 C^T block at results[first ...] into C's rows
-        r0 + 16 block + m (those inside the tile), columns n0 ... n0 + 16."""
-        values = [vector.load(self.vtype(16), self._results,
-                              [arith.addi(first, self.cidx(i)), self.cidx(0)])
-                  for i in range(16)]
+    def store_transposed(self, firsts: list, r0, rows, block, n0) -> None:
+        """The two 16 x 16 C^T blocks at results[firsts[0] ...] (columns n0
+        ... n0 + 16) and results[firsts[1] ...] (the next 16) into C's rows
+        r0 + 16 block + m (those inside the tile). A bf16 C without a
+        residual takes each row's 32 columns narrowed by two
+        `vcvtneps2bf16` (`to_bf16`) and one 64-byte store: `arith.truncf`
+        reaches LLVM as integer rounding (6 integer operations, a compare
+        and a masked blend per 16 values, where this is 2 conversions and a
+        shuffle per 32); other C through `vstore`, 16 columns at a time."""
+        from .matmul_packed_amx import to_bf16
+
+        halves = []
+        for first in firsts:
+            values = [vector.load(self.vtype(16), self._results,
+                                  [arith.addi(first, self.cidx(i)), self.cidx(0)])
+                      for i in range(16)]
+            halves.append(transpose16(values))
         row0 = arith.addi(r0, arith.muli(block, self.cidx(16)))
         end = arith.addi(r0, rows)
-        for m, column in enumerate(transpose16(values)):
+        c = self.op.result
+        narrow = c.dtype == "bf16" and self._residual(c) is None
+        n1 = arith.addi(n0, self.cidx(16))
+        for m in range(16):
             row = arith.addi(row0, self.cidx(m))
             inside = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row, end))
             with ir.InsertionPoint(inside.then_block):
-                self.vstore(column, self.op.result, [row, n0])
+                if narrow:
+                    both = vector.shuffle(halves[0][m], halves[1][m], list(range(32)))
+                    vector.store(to_bf16(both), self.buf(c), [row, n0])
+                else:
+                    self.vstore(halves[0][m], c, [row, n0])
+                    self.vstore(halves[1][m], c, [row, n1])
                 scf.yield_([])
