@@ -231,6 +231,7 @@ class MatmulAMX(MatmulDPBF16):
     #: column tile (MEASURED: see the comment below).
     SHORT_K_ROWS = 64
     WHOLE_N = 192
+    WIDEST = 288
     #: K per chunk (a multiple of 32), evened out over the chunks, and one
     #: chunk up to 1.5 K_CHUNK: a pair of 16-row blocks' chunk of the panel
     #: (32 x K_CHUNK bf16) stays in L1 over all the tile's groups. The first
@@ -274,7 +275,7 @@ class MatmulAMX(MatmulDPBF16):
     def tile_for(cls, op, target) -> tuple:
         """Rows from `rows_for`; columns: all of N up to WHOLE_N (a multiple
         of GROUP), where the row tiles alone share the work out (each row of
-        A packed once); else the widest multiple of GROUP up to 256 (every
+        A packed once); else the widest multiple of GROUP up to WIDEST (every
         column on the tile unit) that divides N into column tiles every
         worker gets the same number of, at least one (each tile packs its
         rows of A once for all its columns), else into at least one per
@@ -284,7 +285,7 @@ class MatmulAMX(MatmulDPBF16):
         if isinstance(n, int):
             if n % cls.GROUP == 0 and n <= cls.WHOLE_N:
                 return (cls.rows_for(op), n)
-            widths = range(min(n, 256) // cls.GROUP * cls.GROUP, 0, -cls.GROUP)
+            widths = range(min(n, cls.WIDEST) // cls.GROUP * cls.GROUP, 0, -cls.GROUP)
             for even in (True, False):
                 for tn in widths:
                     tiles = n // tn
