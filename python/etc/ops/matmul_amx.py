@@ -227,8 +227,25 @@ class MatmulAMX(MatmulDPBF16):
     #: took 1.12-1.18x main's time with 128 everywhere (fewer tiles).
     ROWS = 128
     TALL_K = 1024
-    #: Rows of A per tile below K = TALL_K, and the widest N taken as one
-    #: column tile (MEASURED: see the comment below).
+    #: Rows of A per tile below K = TALL_K (SHORT_K_ROWS), the widest N
+    #: taken whole as one column tile (WHOLE_N: the row tiles alone share
+    #: a prefill out, and each row of A is packed once), and the widest
+    #: column tile otherwise (WIDEST). Each tile packs its rows of A for all
+    #: its columns, and a tile has a fixed cost (about 1.4 us: dispatch, tile
+    #: configuration, the first group's cold loads). Measured (2026-11-29
+    #: 03:25-03:58 UTC, load 2-8 from other developers' builds: the sum
+    #: over tiles of each tile's fastest of 300 traced runs, halved, as
+    #: spans of whole runs were noise), at M = 486: K x N 576 x 192 in 32 x
+    #: 96 tiles 85 us, 32 x 192 75, 64 x 96 74, 64 x 192 60, 128 x 192 60;
+    #: 576 x 576 32 x 96 260-272, 64 x 96 225, 64 x 192 185, 64 x 288
+    #: 173-176; 576 x 1536 32 x 256 620, 64 x 256 554 (64 x 384 473, 64 x
+    #: 512 492: level); 1536 x 576 128 x 96 580, 128 x 288 496. This
+    #: kernel against main's choice, alternating: 58 / 83, 168 / 255, 483 /
+    #: 593, 462 / 577 us; decode rows (a whole tile's best span, 300 runs):
+    #: 8 x 576 x 192 7.4 / 11.2, 16 rows 14.1 / 10.6 (one tile against
+    #: two), 8 x 576 x 576 14.6 / 15.1, 16 x 576 x 1536 31.0 / 33.4 us.
+    #: 288 (9 groups) splits N = 576 into 2 tiles, as many per worker as
+    #: 96 did at decode; 1536 stays at 256 (6 tiles).
     SHORT_K_ROWS = 64
     WHOLE_N = 192
     WIDEST = 288
