@@ -8,14 +8,17 @@ tile in the VNNI layout (16 rows of K pairs, each 16 columns of a pair)
 into 16 x 16 f32. B^T's rows are already pairs along K, so the product is
 computed transposed: C^T[n, m] = sum_k B^T[n, k] A[m, k], with A in the
 VNNI layout. A tile has ROWS rows (128) from K = TALL_K (1,024) on,
-and K goes by in chunks of about K_CHUNK (512). Per chunk, the tile's rows of A are packed into a stack
+SHORT_K_ROWS (64) below, and N up to WHOLE_N (192) whole, else column
+tiles up to WIDEST (288) wide (`tile_for`), and K goes by in chunks of about K_CHUNK (512). Per chunk, the tile's rows of A are packed into a stack
 panel (16-row blocks, 32 x 32 bf16 at a time transposed as 16 x 16 dwords
 by a shuffle network); then per pair of 16-row blocks (its panel chunk
 stays in L1) and group of 32 columns, each step of 32 along K loads 2
 tiles of B^T in place and 2 of the panel and accumulates 2 x 2 tiles of
 C^T in the tile registers (8 in all), which start and end each chunk in a
 stack buffer of C^T. The K tail is packed, and B^T's copied, zero-padded. At the end the 16 x 16 results are stored
-transposed, 16 columns of a row at a time (the residual added there).
+transposed, a row's 32 columns at a time narrowed to bf16 by
+`vcvtneps2bf16` (16 at a time through `vstore` where a residual is added
+or C is not bf16).
 The stack buffers are 64-byte aligned (a tile row split over two cache
 lines costs two loads). Columns past the last group of 32 take
 `MatmulDPBF16`'s blocks.
