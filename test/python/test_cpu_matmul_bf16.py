@@ -365,6 +365,27 @@ def test_amx_tiles_emulated_at_ragged_shapes_match_the_reference(schedule, k, n)
 
 
 @needs_amx
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("n", [192, 576])
+def test_whole_and_wide_column_tiles_match_the_reference_on_both_schedules(schedule, n):
+    """N = 192 as one column tile of 64 rows, N = 576 as two of 288 (9
+    groups): row tiles full, ragged (65, 130) and below the crossover,
+    on the static and the dynamic schedule, one kernel for every M."""
+    k = 64
+    rng = np.random.default_rng(n)
+    g = _graph(k, n)
+    kernel = etc.compile(g, target="cpu", schedule=schedule, workers=2)
+    assert "matmul_amx" in kernel.ir("graph")
+    w = _bf16(rng, (n, k))
+    run = kernel.partial(w=w)
+    for m in (2, 3, 64, 65, 130):
+        a = _bf16(rng, (m, k))
+        (got,) = run.run(a=a)
+        (want,) = etc.reference.evaluate(g, a=a, w=w)
+        assert_close_to_reference(got, want.astype(np.float64), a, w)
+
+
+@needs_amx
 @pytest.mark.parametrize("level", ["0", "2"])
 @pytest.mark.parametrize("k, n", [(576, 192), (75, 70), (100, 576)])
 def test_amx_tiles_match_the_reference(k, n, level, monkeypatch):
