@@ -243,11 +243,20 @@ def test_the_amx_tile_is_chosen_where_the_instruction_set_has_amx_or_it_is_emula
                                     emulate_amx=True)) is MatmulAMX
     assert choose_kernel(op, Target("cpu", workers=2, isa="x86-64-v4+avx512bf16")) \
         is MatmulDPBF16
-    # Column tiles of whole groups of 32 where N allows; ROWS rows from
-    # K = TALL_K on, the front end's below.
-    assert MatmulAMX.tile_for(op, Target("cpu", workers=2, isa=AMX)) == (op.tile[0], 96)
+    # N up to WHOLE_N in one column tile (the row tiles share the work out);
+    # wider N in column tiles of whole groups of 32, as many for each
+    # worker; ROWS rows from K = TALL_K on, SHORT_K_ROWS below.
+    two = Target("cpu", workers=2, isa=AMX)
+    assert (MatmulAMX.WHOLE_N, MatmulAMX.WIDEST) == (192, 288)
+    assert MatmulAMX.tile_for(op, two) == (MatmulAMX.SHORT_K_ROWS, 192) == (64, 192)
+    assert MatmulAMX.tile_for(_op(576, 64), two) == (64, 64)
+    assert MatmulAMX.tile_for(_op(576, 576), two) == (64, 288)
+    assert MatmulAMX.tile_for(_op(576, 1536), two) == (64, 256)
+    assert MatmulAMX.tile_for(_op(576, 224), two) == (64, 32)  # 7 groups: 1 each is uneven
     tall = _op(MatmulAMX.TALL_K, 192)
-    assert MatmulAMX.tile_for(tall, Target("cpu", workers=2, isa=AMX)) == (MatmulAMX.ROWS, 96)
+    assert MatmulAMX.tile_for(tall, two) == (MatmulAMX.ROWS, 192) == (128, 192)
+    assert MatmulAMX.tile_for(_op(MatmulAMX.TALL_K, 576), two) == (128, 288)
+    assert MatmulAMX.tile_for(_op(576, 960), two) == (64, 160)  # 320 is past WIDEST
 
 
 def test_amx_kernels_are_refused_without_avx512_bf16_to_emulate_them(monkeypatch):
@@ -356,19 +365,42 @@ def test_amx_tiles_emulated_at_ragged_shapes_match_the_reference(schedule, k, n)
 
 
 @needs_amx
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("n", [192, 576])
+def test_whole_and_wide_column_tiles_match_the_reference_on_both_schedules(schedule, n):
+    """N = 192 as one column tile of 64 rows, N = 576 as two of 288 (9
+    groups): row tiles full, ragged (65, 130) and below the crossover,
+    on the static and the dynamic schedule, one kernel for every M."""
+    k = 64
+    rng = np.random.default_rng(n)
+    g = _graph(k, n)
+    kernel = etc.compile(g, target="cpu", schedule=schedule, workers=2)
+    assert "matmul_amx" in kernel.ir("graph")
+    w = _bf16(rng, (n, k))
+    run = kernel.partial(w=w)
+    for m in (2, 3, 64, 65, 130):
+        a = _bf16(rng, (m, k))
+        (got,) = run.run(a=a)
+        (want,) = etc.reference.evaluate(g, a=a, w=w)
+        assert_close_to_reference(got, want.astype(np.float64), a, w)
+
+
+@needs_amx
 @pytest.mark.parametrize("level", ["0", "2"])
-@pytest.mark.parametrize("k, n", [(576, 192), (75, 70)])
+@pytest.mark.parametrize("k, n", [(576, 192), (75, 70), (100, 576)])
 def test_amx_tiles_match_the_reference(k, n, level, monkeypatch):
     """On the tile unit, at LLVM -O0 too (accumulators in stack slots
     there: LLVM 22's -O0 AMX lowering crashes on a tile carried around a
-    loop) and at -O2 (accumulators in tile registers)."""
+    loop) and at -O2 (accumulators in tile registers). Tiles of 64 rows
+    (M = 70 and 130 ragged) by all 192 columns, or by 288 (9 groups, two
+    column tiles), each row's 32 columns narrowed to bf16 at once."""
     monkeypatch.setenv("ETC_CPU_OPT_LEVEL", level)
     rng = np.random.default_rng(k * n)
     g = _graph(k, n)
     kernel = etc.compile(g, target="cpu", workers=2)
     assert "matmul_amx" in kernel.ir("graph") and "amx-tile" in kernel.abi.isa
     w = _bf16(rng, (n, k))
-    for m in (1, 3, 4, 17, 33, 70):
+    for m in (1, 3, 4, 17, 33, 70, 130):
         a = _bf16(rng, (m, k))
         (got,) = kernel.run(a=a, w=w)
         (want,) = etc.reference.evaluate(g, a=a, w=w)

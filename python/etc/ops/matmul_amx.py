@@ -8,14 +8,17 @@ tile in the VNNI layout (16 rows of K pairs, each 16 columns of a pair)
 into 16 x 16 f32. B^T's rows are already pairs along K, so the product is
 computed transposed: C^T[n, m] = sum_k B^T[n, k] A[m, k], with A in the
 VNNI layout. A tile has ROWS rows (128) from K = TALL_K (1,024) on,
-and K goes by in chunks of about K_CHUNK (512). Per chunk, the tile's rows of A are packed into a stack
+SHORT_K_ROWS (64) below, and N up to WHOLE_N (192) whole, else column
+tiles up to WIDEST (288) wide (`tile_for`), and K goes by in chunks of about K_CHUNK (512). Per chunk, the tile's rows of A are packed into a stack
 panel (16-row blocks, 32 x 32 bf16 at a time transposed as 16 x 16 dwords
 by a shuffle network); then per pair of 16-row blocks (its panel chunk
 stays in L1) and group of 32 columns, each step of 32 along K loads 2
 tiles of B^T in place and 2 of the panel and accumulates 2 x 2 tiles of
 C^T in the tile registers (8 in all), which start and end each chunk in a
 stack buffer of C^T. The K tail is packed, and B^T's copied, zero-padded. At the end the 16 x 16 results are stored
-transposed, 16 columns of a row at a time (the residual added there).
+transposed, a row's 32 columns at a time narrowed to bf16 by
+`vcvtneps2bf16` (16 at a time through `vstore` where a residual is added
+or C is not bf16).
 The stack buffers are 64-byte aligned (a tile row split over two cache
 lines costs two loads). Columns past the last group of 32 take
 `MatmulDPBF16`'s blocks.
@@ -227,6 +230,28 @@ class MatmulAMX(MatmulDPBF16):
     #: took 1.12-1.18x main's time with 128 everywhere (fewer tiles).
     ROWS = 128
     TALL_K = 1024
+    #: Rows of A per tile below K = TALL_K (SHORT_K_ROWS), the widest N
+    #: taken whole as one column tile (WHOLE_N: the row tiles alone share
+    #: a prefill out, and each row of A is packed once), and the widest
+    #: column tile otherwise (WIDEST). Each tile packs its rows of A for all
+    #: its columns, and a tile has a fixed cost (about 1.4 us: dispatch, tile
+    #: configuration, the first group's cold loads). Measured (2026-11-29
+    #: 03:25-03:58 UTC, load 2-8 from other developers' builds: the sum
+    #: over tiles of each tile's fastest of 300 traced runs, halved, as
+    #: spans of whole runs were noise), at M = 486: K x N 576 x 192 in 32 x
+    #: 96 tiles 85 us, 32 x 192 75, 64 x 96 74, 64 x 192 60, 128 x 192 60;
+    #: 576 x 576 32 x 96 260-272, 64 x 96 225, 64 x 192 185, 64 x 288
+    #: 173-176; 576 x 1536 32 x 256 620, 64 x 256 554 (64 x 384 473, 64 x
+    #: 512 492: level); 1536 x 576 128 x 96 580, 128 x 288 496. This
+    #: kernel against main's choice, alternating: 58 / 83, 168 / 255, 483 /
+    #: 593, 462 / 577 us; decode rows (a whole tile's best span, 300 runs):
+    #: 8 x 576 x 192 7.4 / 11.2, 16 rows 14.1 / 10.6 (one tile against
+    #: two), 8 x 576 x 576 14.6 / 15.1, 16 x 576 x 1536 31.0 / 33.4 us.
+    #: 288 (9 groups) splits N = 576 into 2 tiles, as many per worker as
+    #: 96 did at decode; 1536 stays at 256 (6 tiles).
+    SHORT_K_ROWS = 64
+    WHOLE_N = 192
+    WIDEST = 288
     #: K per chunk (a multiple of 32), evened out over the chunks, and one
     #: chunk up to 1.5 K_CHUNK: a pair of 16-row blocks' chunk of the panel
     #: (32 x K_CHUNK bf16) stays in L1 over all the tile's groups. The first
@@ -268,15 +293,19 @@ class MatmulAMX(MatmulDPBF16):
 
     @classmethod
     def tile_for(cls, op, target) -> tuple:
-        """The widest multiple of GROUP up to 256 (every column on the tile
-        unit) that divides N into column tiles every worker gets the same
-        number of, at least one (each tile packs its rows of A once for all
-        its columns), else into at least one per worker (the row blocks of
-        a prefill even it out), and ROWS rows (`rows_for`). Failing that,
+        """Rows from `rows_for`; columns: all of N up to WHOLE_N (a multiple
+        of GROUP), where the row tiles alone share the work out (each row of
+        A packed once); else the widest multiple of GROUP up to WIDEST (every
+        column on the tile unit) that divides N into column tiles every
+        worker gets the same number of, at least one (each tile packs its
+        rows of A once for all its columns), else into at least one per
+        worker (the row blocks of a prefill even it out). Failing that,
         MatmulCPU's choice."""
         n = op.operands[1].shape[0]
         if isinstance(n, int):
-            widths = range(min(n, 256) // cls.GROUP * cls.GROUP, 0, -cls.GROUP)
+            if n % cls.GROUP == 0 and n <= cls.WHOLE_N:
+                return (cls.rows_for(op), n)
+            widths = range(min(n, cls.WIDEST) // cls.GROUP * cls.GROUP, 0, -cls.GROUP)
             for even in (True, False):
                 for tn in widths:
                     tiles = n // tn
@@ -288,11 +317,10 @@ class MatmulAMX(MatmulDPBF16):
     @classmethod
     def rows_for(cls, op) -> int:
         """ROWS (or the front end's rows if more) from K = TALL_K on, where
-        B^T read once per 4 row pairs pays; the front end's rows below,
-        where more, finer tiles schedule better beside the model's other
-        operators."""
+        B^T read once per 4 row pairs pays; SHORT_K_ROWS (or the front
+        end's) below."""
         k = op.operands[0].shape[1]
-        return max(op.tile[0], cls.ROWS) if k >= cls.TALL_K else op.tile[0]
+        return max(op.tile[0], cls.ROWS if k >= cls.TALL_K else cls.SHORT_K_ROWS)
 
     def emit(self) -> None:
         self.by_rows(self.TILE_CROSSOVER, self.emit_tiles, lambda: MatmulDPBF16.emit(self))
@@ -368,12 +396,10 @@ class MatmulAMX(MatmulDPBF16):
             chunk(self.cidx(full * each), whole % each, bool(k % 32), not full)
 
         def results(block, n0, at) -> None:
-            n1 = arith.addi(n0, self.cidx(16))
-            for nb in range(2):
-                for mb in range(2):
-                    self.store_transposed(arith.addi(at, self.cidx(16 * (nb * 2 + mb))),
-                                          r0, rows, arith.addi(block, self.cidx(mb)),
-                                          n1 if nb else n0)
+            for mb in range(2):
+                self.store_transposed([arith.addi(at, self.cidx(16 * (nb * 2 + mb)))
+                                       for nb in range(2)],
+                                      r0, rows, arith.addi(block, self.cidx(mb)), n0)
         each_block(results)
         done = arith.muli(groups, self.cidx(self.GROUP))
         left = arith.subi(cols, done)
@@ -500,17 +526,36 @@ class MatmulAMX(MatmulDPBF16):
         for t, acc in enumerate(accs):
             tiles.store(self._results, arith.addi(at, self.cidx(16 * t)), self.cidx(0), acc)
 
-    def store_transposed(self, first, r0, rows, block, n0) -> None:
-        """The 16 x 16 C^T block at results[first ...] into C's rows
-        r0 + 16 block + m (those inside the tile), columns n0 ... n0 + 16."""
-        values = [vector.load(self.vtype(16), self._results,
-                              [arith.addi(first, self.cidx(i)), self.cidx(0)])
-                  for i in range(16)]
+    def store_transposed(self, firsts: list, r0, rows, block, n0) -> None:
+        """The two 16 x 16 C^T blocks at results[firsts[0] ...] (columns n0
+        ... n0 + 16) and results[firsts[1] ...] (the next 16) into C's rows
+        r0 + 16 block + m (those inside the tile). A bf16 C without a
+        residual takes each row's 32 columns narrowed by two
+        `vcvtneps2bf16` (`to_bf16`) and one 64-byte store: `arith.truncf`
+        reaches LLVM as integer rounding (6 integer operations, a compare
+        and a masked blend per 16 values, where this is 2 conversions and a
+        shuffle per 32); other C through `vstore`, 16 columns at a time."""
+        from .matmul_packed_amx import to_bf16
+
+        halves = []
+        for first in firsts:
+            values = [vector.load(self.vtype(16), self._results,
+                                  [arith.addi(first, self.cidx(i)), self.cidx(0)])
+                      for i in range(16)]
+            halves.append(transpose16(values))
         row0 = arith.addi(r0, arith.muli(block, self.cidx(16)))
         end = arith.addi(r0, rows)
-        for m, column in enumerate(transpose16(values)):
+        c = self.op.result
+        narrow = c.dtype == "bf16" and self._residual(c) is None
+        n1 = arith.addi(n0, self.cidx(16))
+        for m in range(16):
             row = arith.addi(row0, self.cidx(m))
             inside = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row, end))
             with ir.InsertionPoint(inside.then_block):
-                self.vstore(column, self.op.result, [row, n0])
+                if narrow:
+                    both = vector.shuffle(halves[0][m], halves[1][m], list(range(32)))
+                    vector.store(to_bf16(both), self.buf(c), [row, n0])
+                else:
+                    self.vstore(halves[0][m], c, [row, n0])
+                    self.vstore(halves[1][m], c, [row, n1])
                 scf.yield_([])

@@ -270,8 +270,6 @@ class MatmulPackedAMX(MatmulPackedCPU):
         accs = tiles.tiles(kloop.results)
         for t, acc in enumerate(accs):
             tiles.store(self._results, self.cidx(16 * t), self.cidx(0), acc)
-        n1 = arith.addi(n0, self.cidx(16))
-        for nb in range(2):
-            for mb in range(2):
-                MatmulAMX.store_transposed(self, self.cidx(16 * (nb * 2 + mb)), r0, rows,
-                                           arith.addi(block, self.cidx(mb)), n1 if nb else n0)
+        for mb in range(2):
+            MatmulAMX.store_transposed(self, [self.cidx(16 * (nb * 2 + mb)) for nb in range(2)],
+                                       r0, rows, arith.addi(block, self.cidx(mb)), n0)
