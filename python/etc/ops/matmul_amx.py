@@ -68,6 +68,18 @@ def transpose16(rows: list) -> list:
     return rows
 
 
+def to_bf16(values: ir.Value) -> ir.Value:
+    """A vector<32xf32> rounded to bf16 (to nearest even) by two
+    `vcvtneps2bf16`: `arith.truncf` to bf16 is expanded into integer
+    operations on the way to LLVM."""
+    bf16 = element_type("bf16")
+    halves = [ir.Operation.create(
+        "x86vector.avx512.cvt.packed.f32_to_bf16", results=[ir.VectorType.get([16], bf16)],
+        operands=[vector.shuffle(values, values, list(range(16 * h, 16 * h + 16)))]).result
+        for h in range(2)]
+    return vector.shuffle(halves[0], halves[1], list(range(32)))
+
+
 class AMXTiles:
     """The tile operations of a kernel: MLIR's `amx` ops on `!amx.tile`
     values, or (`emulate`) the same meaning in vector code on tiles held
@@ -535,7 +547,6 @@ class MatmulAMX(MatmulDPBF16):
         reaches LLVM as integer rounding (6 integer operations, a compare
         and a masked blend per 16 values, where this is 2 conversions and a
         shuffle per 32); other C through `vstore`, 16 columns at a time."""
-        from .matmul_packed_amx import to_bf16
 
         halves = []
         for first in firsts:

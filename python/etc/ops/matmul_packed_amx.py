@@ -63,20 +63,8 @@ from mlir.dialects import arith, scf, vector
 
 from .. import packed
 from .base import element_type
-from .matmul_amx import AMXTiles, MatmulAMX, transpose16
+from .matmul_amx import AMXTiles, MatmulAMX, to_bf16, transpose16
 from .matmul_packed import MatmulPackedCPU
-
-
-def to_bf16(values: ir.Value) -> ir.Value:
-    """A vector<32xf32> rounded to bf16 (to nearest even) by two
-    `vcvtneps2bf16`: `arith.truncf` to bf16 is expanded into integer
-    operations on the way to LLVM."""
-    bf16 = element_type("bf16")
-    halves = [ir.Operation.create(
-        "x86vector.avx512.cvt.packed.f32_to_bf16", results=[ir.VectorType.get([16], bf16)],
-        operands=[vector.shuffle(values, values, list(range(16 * h, 16 * h + 16)))]).result
-        for h in range(2)]
-    return vector.shuffle(halves[0], halves[1], list(range(32)))
 
 
 class MatmulPackedAMX(MatmulPackedCPU):
