@@ -198,6 +198,99 @@ private:
   int64_t watchdogMs;
 };
 
+/// How long a lane's wait on an mbarrier lasts before its stalls look at
+/// the run's status and the watchdog (1 ms, in nanoseconds): a healthy
+/// pipeline's waits end within microseconds, and its stalls then cost no
+/// load of the run header.
+static constexpr int64_t kStallCheckNs = 1 << 20;
+
+/// Lowers `event.stall` for one lane (every lane that polls a barrier
+/// stalls on its own; nothing here synchronises the CTA): the lane reads
+/// `%globaltimer` and keeps the time its wait began (the clock when `since`
+/// is 0). Once the wait has lasted kStallCheckNs, each stall loads the
+/// run's status (relaxed, GPU scope) and gives up when the run was stopped;
+/// once it has outlived `watchdogMs` while the run goes on, it writes the
+/// run header's error record (site kind kSiteBarrier: the task and tile of
+/// the op's site, the element (stage, role, parity), the barrier's low
+/// state word as the value), which stops the run, and gives up. The
+/// `mbarrier.try_wait` the lane polls with already suspends it for a while,
+/// so a stall does not sleep.
+struct StallOpLowering : public OpConversionPattern<StallOp> {
+  StallOpLowering(const TypeConverter &typeConverter, MLIRContext *context,
+                  int64_t watchdogMs)
+      : OpConversionPattern(typeConverter, context), watchdogMs(watchdogMs) {}
+
+  LogicalResult
+  matchAndRewrite(StallOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Value counters = adaptor.getCounters();
+    if (!counters)
+      return rewriter.notifyMatchFailure(op, "no counter buffer");
+    Location loc = op.getLoc();
+    Type i64 = rewriter.getI64Type();
+    auto constant = [&](OpBuilder &b, int64_t value) -> Value {
+      return arith::ConstantIntOp::create(b, loc, i64, value);
+    };
+    Value now = globalTimer(rewriter, loc);
+    Value since = adaptor.getSince();
+    Value first = arith::CmpIOp::create(rewriter, loc, arith::CmpIPredicate::eq,
+                                        since, constant(rewriter, 0));
+    Value start = arith::SelectOp::create(rewriter, loc, first, now, since);
+    Value stalled = arith::SubIOp::create(rewriter, loc, now, start);
+    Value late =
+        arith::CmpIOp::create(rewriter, loc, arith::CmpIPredicate::sgt,
+                              stalled, constant(rewriter, kStallCheckNs));
+    auto check = scf::IfOp::create(
+        rewriter, loc, late,
+        [&](OpBuilder &b, Location loc) {
+          Value stopped = buildRunStopped(b, loc, counters, kDeviceScope);
+          Value expired = arith::CmpIOp::create(
+              b, loc, arith::CmpIPredicate::sgt, stalled,
+              constant(b, watchdogMs * 1000000));
+          Value going = arith::XOrIOp::create(
+              b, loc, stopped, arith::ConstantIntOp::create(b, loc, 1, 1));
+          Value report = arith::AndIOp::create(b, loc, expired, going);
+          buildIf(b, loc, report, [&](OpBuilder &b, Location loc) {
+            ValueRange site = adaptor.getSite();
+            Value role = arith::ConstantIntOp::create(
+                b, loc, op.getRole() == "full" ? run::kBarrierFull
+                                               : run::kBarrierEmpty,
+                32);
+            WatchdogSite where = WatchdogSite::get(
+                b, loc, run::kSiteBarrier, blockId(b, loc), site.front(),
+                site.drop_front(), Value(),
+                ValueRange{adaptor.getStage(), role, adaptor.getParity()});
+            // The barrier's low state word (its layout is the hardware's),
+            // read like any shared word: it is only shown.
+            Value address = arith::IndexCastOp::create(b, loc, i64,
+                                                       adaptor.getBarrier());
+            Value pointer = LLVM::IntToPtrOp::create(
+                b, loc, LLVM::LLVMPointerType::get(b.getContext(), 3),
+                address);
+            Value state = LLVM::LoadOp::create(b, loc, b.getI32Type(), pointer,
+                                               /*alignment=*/8,
+                                               /*isVolatile=*/true);
+            Value waitedMs = arith::TruncIOp::create(
+                b, loc, b.getI32Type(),
+                arith::DivSIOp::create(b, loc, stalled, constant(b, 1000000)));
+            buildWatchdogReport(b, loc, counters, where, state, waitedMs);
+          });
+          Value giveUp = arith::OrIOp::create(b, loc, stopped, expired);
+          scf::YieldOp::create(b, loc, giveUp);
+        },
+        [&](OpBuilder &b, Location loc) {
+          scf::YieldOp::create(b, loc,
+                               ValueRange{arith::ConstantIntOp::create(
+                                   b, loc, 0, 1)});
+        });
+    rewriter.replaceOp(op, ValueRange{start, check.getResult(0)});
+    return success();
+  }
+
+private:
+  int64_t watchdogMs;
+};
+
 } // namespace
 
 void etc::populatePollingToGPUConversionPatterns(
@@ -205,5 +298,6 @@ void etc::populatePollingToGPUConversionPatterns(
     int64_t watchdogMs) {
   MLIRContext *context = patterns.getContext();
   patterns.add<QueueTryPopOpLowering, TestOpLowering>(typeConverter, context);
-  patterns.add<IdleOpLowering>(typeConverter, context, watchdogMs);
+  patterns.add<IdleOpLowering, StallOpLowering>(typeConverter, context,
+                                                 watchdogMs);
 }
