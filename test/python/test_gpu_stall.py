@@ -40,28 +40,30 @@ def _gemm(name: str = "gemm") -> etc.Graph:
     return g
 
 
-@pytest.fixture(scope="module")
-def gemm():
-    kernel = etc.compile(_gemm(), target="cuda", chip="sm_90a")
+@pytest.fixture(scope="module", params=["static", "dynamic"])
+def gemm(request):
+    kernel = etc.compile(_gemm(), target="cuda", chip="sm_90a", schedule=request.param)
     assert "_tile_matmul_wgmma_" in kernel.ir("graph")
     return kernel
 
 
 def test_every_barrier_wait_stalls_with_its_site(gemm):
-    """The tile function's full and empty waits stall without a site; the
-    worker calls its sited copy with the counter buffer, the task index and
-    the tile, which every stall in it names."""
+    """The tile function's full and empty waits stall; the schedule gives
+    the tile function the counter buffer, the task index and the tile as
+    arguments, which every stall in it names, and the worker passes them."""
+    tile = re.search(r"func\.func private @gemm_tile_matmul_wgmma_\d+\(", gemm.ir("graph"))
+    graph_body = gemm.ir("graph")[tile.start():]
+    assert 'event.stall "full"' in graph_body and " on %" not in graph_body.split("return")[0]
     scheduled = gemm.ir("scheduled")
-    original = re.search(r"func\.func private @(gemm_tile_matmul_wgmma_\d+)\(", scheduled)
-    sited = f"{original.group(1)}_sited"
-    body = scheduled[scheduled.index(f"func.func private @{sited}("):]
+    name = tile.group(0).split("@")[1][:-1]
+    body = scheduled[scheduled.index(f"func.func private @{name}("):]
     body = body[:body.find("func.func", 1)]
     stalls = re.findall(r'event\.stall "(\w+)" .*', body)
     assert set(stalls) == {"full", "empty"}, stalls
     assert all(" on %" in s and " site(%" in s
                for s in re.findall(r"event\.stall .*", body))
     worker = scheduled[scheduled.index("func.func @gemm_worker("):]
-    assert re.search(rf"func\.call @{sited}\(.*memref<\?xi32>, index, index, index\) -> \(\)",
+    assert re.search(rf"func\.call @{name}\(.*memref<\?xi32>, i32, i32, i32\) -> \(\)",
                      worker)
     assert "event.stall" not in gemm.ir("lowered")
 

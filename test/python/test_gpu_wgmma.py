@@ -376,9 +376,7 @@ def test_wgmma_symbolic_rows_ptx(tmp_path):
         g.output(g.matmul(x, wt, transpose_b=True))
     kernel = etc.compile(g, target="cuda", chip="sm_90a")
     ptx = kernel.ptx
-    # The worker calls the sited copies (their barrier waits name the task
-    # and tile in a watchdog error).
-    functions = re.findall(r"\.func (\w*matmul_gemv_t_wgmma_\d+_sited)\(", ptx)
+    functions = re.findall(r"\.func (\w*matmul_gemv_t_wgmma_\d+)\(", ptx)
     assert len(functions) == 2, functions
     worker = _function(ptx, "gemm_worker")
     assert all(re.search(rf"call(\.uni)?\s+{f},", worker) for f in functions)

@@ -777,6 +777,11 @@ struct ConvertEventToGPUPass
       if (spins && failed(defineSpinFunctions(kernels, gpuSpin(watchdogMs),
                                               systemSpins)))
         return signalPassFailure();
+      bool stalls = kernels
+                        .walk([](StallOp) { return WalkResult::interrupt(); })
+                        .wasInterrupted();
+      if (stalls && failed(defineStallCheck(kernels, watchdogMs)))
+        return signalPassFailure();
     }
 
     TypeConverter typeConverter;

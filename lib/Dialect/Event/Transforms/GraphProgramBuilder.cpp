@@ -411,25 +411,49 @@ func::FuncOp GraphProgramBuilder::sitedCallee(func::FuncOp callee,
     return found->second;
   func::FuncOp sited;
   if (!callee.isExternal() && !unsitedStalls(callee).empty()) {
+    // Only this graph's tasks of this rank call it (the tile functions
+    // etc.compile makes): it gets the arguments itself, keeping its name.
+    // Otherwise a copy does, and the original stays for the other callers.
+    bool own = true;
+    std::optional<SymbolTable::UseRange> uses =
+        SymbolTable::getSymbolUses(callee, callee->getParentOp());
+    for (const SymbolTable::SymbolUse &use :
+         uses ? *uses : SymbolTable::UseRange({})) {
+      auto task = use.getUser()->getParentOfType<TaskOp>();
+      own &= isa<func::CallOp>(use.getUser()) && task &&
+             graph->isAncestor(task) && task.getGridRank() == rank;
+    }
+    own &= uses.has_value();
     OpBuilder b(callee->getContext());
-    b.setInsertionPointAfter(callee);
-    sited = cast<func::FuncOp>(b.clone(*callee));
-    sited.setSymName((callee.getSymName() + "_sited").str());
-    // Renames on a clash (a second rank's copy, a user's symbol).
-    SymbolTable(callee->getParentOp()).insert(sited);
+    if (own) {
+      sited = callee;
+    } else {
+      b.setInsertionPointAfter(callee);
+      sited = cast<func::FuncOp>(b.clone(*callee));
+      sited.setSymName((callee.getSymName() + "_sited").str());
+      // Renames on a clash (a second rank's copy, a user's symbol).
+      SymbolTable(callee->getParentOp()).insert(sited);
+    }
     Location loc = callee.getLoc();
     unsigned first = sited.getNumArguments();
     SmallVector<unsigned> at(2 + rank, first);
     SmallVector<Type> types{MemRefType::get({ShapedType::kDynamic},
                                             b.getI32Type())};
-    types.append(1 + rank, b.getIndexType());
+    // The site as i32 words (what the record holds): narrower arguments
+    // than indices at every call of a tile function out of line.
+    types.append(1 + rank, b.getI32Type());
     SmallVector<DictionaryAttr> attrs(2 + rank, DictionaryAttr());
     SmallVector<Location> locs(2 + rank, loc);
     (void)sited.insertArguments(at, types, attrs, locs);
     Block &entry = sited.getBody().front();
     ValueRange added = entry.getArguments().drop_front(first);
+    b.setInsertionPointToStart(&entry);
+    SmallVector<Value> site;
+    for (Value word : added.drop_front())
+      site.push_back(
+          arith::IndexCastOp::create(b, loc, b.getIndexType(), word));
     for (StallOp stall : unsitedStalls(sited))
-      siteStall(stall, added[0], added[1], added.drop_front(2));
+      siteStall(stall, added[0], site[0], ArrayRef<Value>(site).drop_front());
   }
   sitedCallees[key] = sited;
   return sited;
@@ -461,8 +485,11 @@ void GraphProgramBuilder::runTileBody(OpBuilder &b, Location loc,
     if (func::FuncOp sited =
             callee ? sitedCallee(callee, tile.size()) : func::FuncOp()) {
       operands.push_back(function.counters);
-      operands.push_back(task);
-      operands.append(tile.begin(), tile.end());
+      operands.push_back(
+          arith::IndexCastOp::create(b, loc, b.getI32Type(), task));
+      for (Value coordinate : tile)
+        operands.push_back(
+            arith::IndexCastOp::create(b, loc, b.getI32Type(), coordinate));
       func::CallOp::create(b, loc, sited, operands);
       return;
     }

@@ -185,12 +185,14 @@ public:
                    ScheduledFunction &function, const TaskFamily &family,
                    mlir::Value record, mlir::Value task, mlir::ValueRange tile);
 
-  /// The copy of tile function `callee` whose stalls name their site:
-  /// `callee`'s arguments, then the counter buffer, the task index and
-  /// `rank` tile coordinates, which every `event.stall` in it gets as its
-  /// counters and site; null when `callee` does not stall. Made once per
-  /// callee and rank, next to `callee`, as `@<callee>_sited`; the original
-  /// stays for other callers (convert-event-to-gpu drops it when unused).
+  /// Tile function `callee` with stalls that name their site: `callee`'s
+  /// arguments, then the counter buffer, the task index and `rank` tile
+  /// coordinates (i32), which every `event.stall` in it gets as its counters
+  /// and site; null when `callee` does not stall. `callee` itself when only
+  /// this graph's tasks of rank `rank` call it (it is rewritten once; the
+  /// graph is erased after the build), else a copy next to it,
+  /// `@<callee>_sited`, made once per callee and rank; the original stays
+  /// for the other callers (convert-event-to-gpu drops it when unused).
   mlir::func::FuncOp sitedCallee(mlir::func::FuncOp callee, unsigned rank);
 
   /// Writes every event counter's expected count: the class's `count`, or
