@@ -39,7 +39,7 @@ inline constexpr llvm::StringLiteral kSpinCounterSystemName =
 /// Where a spin is, for the error record: every field an i32 value; `tile`
 /// and `element` padded to `run::kMaxRecordRank` coordinates.
 struct WatchdogSite {
-  mlir::Value kind; ///< run::kSiteWait or run::kSitePop.
+  mlir::Value kind; ///< run::kSiteWait, kSitePop or kSiteBarrier.
   mlir::Value worker;
   mlir::Value task; ///< Task index, or -1.
   mlir::Value tileRank;

@@ -56,6 +56,21 @@ void populatePollingToGPUConversionPatterns(
     const mlir::TypeConverter &typeConverter,
     mlir::RewritePatternSet &patterns, int64_t watchdogMs);
 
+/// The out-of-line half of a lowered `event.stall`, which a lane calls once
+/// its wait on a tile's mbarrier has lasted a millisecond:
+/// `i1 @__etc_stall_check(counters, nanoseconds stalled, task, tile rank,
+/// kMaxRecordRank tile coordinates, barrier address, stage, role, parity)`
+/// loads the run's status and, when the wait outlived `watchdogMs` while
+/// the run goes on, writes the run header's error record (site kind
+/// `run::kSiteBarrier`); it returns whether to give up (stopped or
+/// expired).
+inline constexpr llvm::StringLiteral kStallCheckName = "__etc_stall_check";
+
+/// Defines `@__etc_stall_check` in `symbolTable` (a `gpu.module` whose
+/// `@__etc_watchdog_report` `defineSpinFunctions` defines), unless it is.
+mlir::LogicalResult defineStallCheck(mlir::Operation *symbolTable,
+                                     int64_t watchdogMs);
+
 /// Adds the patterns that lower the operations of a graph on several ranks
 /// (`event.rank_id`, `event.rank_count`, `event.put`,
 /// `event.remote_notify`) to calls of NVSHMEM's device API, left external

@@ -855,6 +855,62 @@ def Event_IdleOp : Event_Op<"idle", [AttrSizedOperandSegments]> {
   let hasVerifier = 1;
 }
 
+def Event_StallOp : Event_Op<"stall", [AttrSizedOperandSegments]> {
+  let summary = "One failed poll of a lane waiting on a tile's mbarrier";
+  let description = [{
+    A lane of a tile function that waits on one of the tile's own barriers
+    (a GPU `mbarrier` in shared memory: `etc.ops.wgmma.Barriers`, the
+    software pipeline of the Hopper kernels) polls it, and after each poll
+    that found the phase incomplete it stalls once with this op, which
+    keeps the watchdog for it: `since` is the time, in nanoseconds of the
+    target's clock, at which the lane began to wait, or 0 on its first
+    stall; `start` is that time (the clock now when `since` is 0).
+    `give_up` is true when the lane should stop waiting: the run was
+    stopped (a watchdog elsewhere, or the host), or this wait has outlived
+    the watchdog, in which case the op has written the run header's error
+    record, if no spin did before, and stopped the run. A lane that gives
+    up leaves the barrier's phase incomplete, so what the tile computes
+    from then on is garbage; the run's error says why.
+
+    `role` names the barrier's part in the pipeline ("full": the stage's
+    operands have landed; "empty": the stage's consumers are done with
+    it), `barrier` is its byte address in the worker's shared memory,
+    `stage` its number among the tile's barriers of that role, and
+    `parity` (0 or 1) the parity of the phase waited for. The error record
+    names them as the element (stage, role: 0 full, 1 empty, parity) and
+    holds the barrier's low state word as the value.
+
+    A tile function emits it without `on` and `site` (L1): the tile does
+    not know the counter buffer or which task and tile it runs. The
+    schedule (`event-static-schedule`, `event-dynamic-schedule`) gives the
+    tile function the worker's counter buffer and the task index and tile
+    coordinates as arguments, and every stall in it the `counters` and
+    `site` (task, then the tile's coordinates) of the call (L3). Only the
+    GPU target lowers it; the CPU target simulates barriers and never
+    stalls on one.
+
+    ```mlir
+    %start, %give_up = event.stall "full" barrier(%address) stage(%s)
+        parity(%p) since(%since)
+    %start, %give_up = event.stall "empty" barrier(%address) stage(%s)
+        parity(%p) since(%since) on %counters site(%task, %i, %j)
+        : memref<?xi32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$role, Index:$barrier, Index:$stage,
+                       Index:$parity, I64:$since,
+                       Optional<MemRefRankOf<[I32], [1]>>:$counters,
+                       Variadic<Index>:$site);
+  let results = (outs I64:$start, I1:$give_up);
+  let assemblyFormat = [{
+    $role `barrier` `(` $barrier `)` `stage` `(` $stage `)`
+    `parity` `(` $parity `)` `since` `(` $since `)`
+    (`on` $counters^ `site` `(` $site `)`)?
+    attr-dict (`:` type($counters)^)?
+  }];
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // The run header: watchdog and traces (L3)
 //===----------------------------------------------------------------------===//

@@ -36,7 +36,7 @@ inline constexpr int64_t kStatusWord = 0;
 inline constexpr int64_t kClaimWord = 1;
 /// The error record, written once by the first spin that timed out.
 inline constexpr int64_t kWorkerWord = 2;  ///< The worker that spun.
-inline constexpr int64_t kSiteWord = 3;    ///< kSiteWait or kSitePop.
+inline constexpr int64_t kSiteWord = 3;    ///< kSiteWait, kSitePop, kSiteBarrier.
 inline constexpr int64_t kTaskWord = 4;    ///< Task index, or -1.
 inline constexpr int64_t kTileRankWord = 5;
 inline constexpr int64_t kTileWords = 6;   ///< kMaxRecordRank coordinates.
@@ -73,6 +73,14 @@ inline constexpr int32_t kInterrupted = 2;
 inline constexpr int32_t kSiteWait = 1; ///< An event element (`event.wait`).
 inline constexpr int32_t kSitePop = 2;  ///< A queue slot (`event.queue_pop`);
                                         ///< element[0] is the slot.
+inline constexpr int32_t kSiteBarrier = 3; ///< A tile's mbarrier
+                                           ///< (`event.stall`): the element
+                                           ///< is (stage, role, parity), the
+                                           ///< value its low state word.
+
+/// The roles of a tile's mbarriers in a kSiteBarrier record's element.
+inline constexpr int32_t kBarrierFull = 0;  ///< The stage's operands landed.
+inline constexpr int32_t kBarrierEmpty = 1; ///< The stage's consumers are done.
 
 //===----------------------------------------------------------------------===//
 // Trace records

@@ -607,6 +607,16 @@ struct ConvertEventToCPUPass
           << static_cast<int64_t>(watchdogMs);
       return signalPassFailure();
     }
+    // The CPU target simulates a tile's barriers (etc.ops.wgmma.Barriers
+    // with simulated lanes) and never polls one.
+    WalkResult stalls = module.walk([](StallOp stall) {
+      stall.emitOpError("waits on a GPU mbarrier; the CPU target has none "
+                        "(its tile functions simulate barriers), so "
+                        "convert-event-to-cpu does not lower it");
+      return WalkResult::interrupt();
+    });
+    if (stalls.wasInterrupted())
+      return signalPassFailure();
     dropProgramTables(module);
     auto any = [&](auto isOneOf) {
       return module

@@ -675,6 +675,33 @@ struct ConvertEventToGPUPass
     }
 
     dropProgramTables(module);
+    // A stall names its task and tile from what the schedule gave it: a
+    // tile function that stalls is called through a sited copy, and the
+    // private original is dead unless something else calls it.
+    auto unsited = [](func::FuncOp func) {
+      return func
+          .walk([](StallOp stall) {
+            return stall.getCounters() ? WalkResult::advance()
+                                       : WalkResult::interrupt();
+          })
+          .wasInterrupted();
+    };
+    for (auto func : llvm::make_early_inc_range(module.getOps<func::FuncOp>()))
+      if (func.isPrivate() && unsited(func) &&
+          SymbolTable::symbolKnownUseEmpty(func, module))
+        func.erase();
+    WalkResult unscheduled = module.walk([](StallOp stall) {
+      if (stall.getCounters())
+        return WalkResult::advance();
+      stall.emitOpError("has no counter buffer and site: only a tile function "
+                        "that a schedule (event-static-schedule, "
+                        "event-dynamic-schedule) calls can stall on a "
+                        "barrier, and the schedule gives its stalls those");
+      return WalkResult::interrupt();
+    });
+    if (unscheduled.wasInterrupted())
+      return signalPassFailure();
+
     // The program of each graph: its functions, in order.
     llvm::MapVector<StringAttr, SmallVector<func::FuncOp>> programs;
     for (auto func : module.getOps<func::FuncOp>()) {
@@ -744,7 +771,7 @@ struct ConvertEventToGPUPass
     for (auto kernels : module.getOps<gpu::GPUModuleOp>()) {
       bool spins = kernels
                        .walk([](Operation *op) {
-                         return isa<WaitOp, QueuePopOp, IdleOp>(op)
+                         return isa<WaitOp, QueuePopOp, IdleOp, StallOp>(op)
                                     ? WalkResult::interrupt()
                                     : WalkResult::advance();
                        })
@@ -760,6 +787,11 @@ struct ConvertEventToGPUPass
                              .wasInterrupted();
       if (spins && failed(defineSpinFunctions(kernels, gpuSpin(watchdogMs),
                                               systemSpins)))
+        return signalPassFailure();
+      bool stalls = kernels
+                        .walk([](StallOp) { return WalkResult::interrupt(); })
+                        .wasInterrupted();
+      if (stalls && failed(defineStallCheck(kernels, watchdogMs)))
         return signalPassFailure();
     }
 

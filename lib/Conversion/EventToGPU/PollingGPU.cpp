@@ -21,6 +21,7 @@
 #include "Event/IR/EventTypes.h"
 #include "Event/IR/RunLayout.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
@@ -198,6 +199,168 @@ private:
   int64_t watchdogMs;
 };
 
+/// How long a lane's wait on an mbarrier lasts before its stalls look at
+/// the run's status and the watchdog (1 ms, in nanoseconds): a healthy
+/// pipeline's waits end within microseconds, and its stalls then cost no
+/// load of the run header.
+static constexpr int64_t kStallCheckNs = 1 << 20;
+
+/// Lowers `event.stall` for one lane (every lane that polls a barrier
+/// stalls on its own; nothing here synchronises the CTA): the lane reads
+/// `%globaltimer` and keeps the time its wait began (the clock when `since`
+/// is 0). Once the wait has lasted kStallCheckNs, each stall checks: it
+/// loads the run's status (relaxed, GPU scope) and gives up when the run was
+/// stopped; once the wait has outlived `watchdogMs` while the run goes on,
+/// it writes the run header's error record (site kind kSiteBarrier: the
+/// task and tile of the op's site, the element (stage, role, parity), the
+/// barrier's low state word as the value), which stops the run, and gives
+/// up. In a tile function the worker calls out of line, the check is a
+/// call of `@__etc_stall_check` (`defineStallCheck`), which keeps its work
+/// out of the function's registers (inline, a model's worker that calls
+/// such tiles spilled); in one inlined into the worker (`alwaysinline`)
+/// it is inline, since a call among the live wgmma accumulators of a
+/// warp-specialised consumer spills them at its register bound. The
+/// `mbarrier.try_wait` the lane polls with already suspends it for a
+/// while, so a stall does not sleep.
+struct StallOpLowering : public OpConversionPattern<StallOp> {
+  StallOpLowering(const TypeConverter &typeConverter, MLIRContext *context,
+                  int64_t watchdogMs)
+      : OpConversionPattern(typeConverter, context), watchdogMs(watchdogMs) {}
+
+  LogicalResult
+  matchAndRewrite(StallOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    Value counters = adaptor.getCounters();
+    if (!counters)
+      return rewriter.notifyMatchFailure(op, "no counter buffer");
+    Location loc = op.getLoc();
+    Type i64 = rewriter.getI64Type();
+    auto constant = [&](OpBuilder &b, int64_t value) -> Value {
+      return arith::ConstantIntOp::create(b, loc, i64, value);
+    };
+    Value now = globalTimer(rewriter, loc);
+    Value since = adaptor.getSince();
+    Value first = arith::CmpIOp::create(rewriter, loc, arith::CmpIPredicate::eq,
+                                        since, constant(rewriter, 0));
+    Value start = arith::SelectOp::create(rewriter, loc, first, now, since);
+    Value stalled = arith::SubIOp::create(rewriter, loc, now, start);
+    Value late =
+        arith::CmpIOp::create(rewriter, loc, arith::CmpIPredicate::sgt,
+                              stalled, constant(rewriter, kStallCheckNs));
+    scf::IfOp check = inlined(op) ? inlineCheck(rewriter, op, adaptor, late,
+                                                stalled)
+                                  : callCheck(rewriter, op, adaptor, late,
+                                              stalled);
+    rewriter.replaceOp(op, ValueRange{start, check.getResult(0)});
+    return success();
+  }
+
+private:
+  /// Whether `op` is in a function inlined into its callers.
+  static bool inlined(StallOp op) {
+    auto func = op->getParentOfType<func::FuncOp>();
+    auto passthrough =
+        func ? func->getAttrOfType<ArrayAttr>("passthrough") : ArrayAttr();
+    return passthrough &&
+           llvm::any_of(passthrough, [](Attribute attribute) {
+             auto name = dyn_cast<StringAttr>(attribute);
+             return name && name.getValue() == "alwaysinline";
+           });
+  }
+
+  scf::IfOp inlineCheck(ConversionPatternRewriter &rewriter, StallOp op,
+                        OpAdaptor adaptor, Value late, Value stalled) const {
+    Location loc = op.getLoc();
+    Value counters = adaptor.getCounters();
+    Type i64 = rewriter.getI64Type();
+    auto constant = [&](OpBuilder &b, int64_t value) -> Value {
+      return arith::ConstantIntOp::create(b, loc, i64, value);
+    };
+    return scf::IfOp::create(
+        rewriter, loc, late,
+        [&](OpBuilder &b, Location loc) {
+          Value stopped = buildRunStopped(b, loc, counters, kDeviceScope);
+          Value expired = arith::CmpIOp::create(
+              b, loc, arith::CmpIPredicate::sgt, stalled,
+              constant(b, watchdogMs * 1000000));
+          Value going = arith::XOrIOp::create(
+              b, loc, stopped, arith::ConstantIntOp::create(b, loc, 1, 1));
+          Value report = arith::AndIOp::create(b, loc, expired, going);
+          buildIf(b, loc, report, [&](OpBuilder &b, Location loc) {
+            ValueRange site = adaptor.getSite();
+            Value role = arith::ConstantIntOp::create(
+                b, loc, op.getRole() == "full" ? run::kBarrierFull
+                                               : run::kBarrierEmpty,
+                32);
+            WatchdogSite where = WatchdogSite::get(
+                b, loc, run::kSiteBarrier, blockId(b, loc), site.front(),
+                site.drop_front(), Value(),
+                ValueRange{adaptor.getStage(), role, adaptor.getParity()});
+            // The barrier's low state word (its layout is the hardware's),
+            // read like any shared word: it is only shown.
+            Value address = arith::IndexCastOp::create(b, loc, i64,
+                                                       adaptor.getBarrier());
+            Value pointer = LLVM::IntToPtrOp::create(
+                b, loc, LLVM::LLVMPointerType::get(b.getContext(), 3),
+                address);
+            Value state = LLVM::LoadOp::create(b, loc, b.getI32Type(), pointer,
+                                               /*alignment=*/8,
+                                               /*isVolatile=*/true);
+            Value waitedMs = arith::TruncIOp::create(
+                b, loc, b.getI32Type(),
+                arith::DivSIOp::create(b, loc, stalled, constant(b, 1000000)));
+            buildWatchdogReport(b, loc, counters, where, state, waitedMs);
+          });
+          Value giveUp = arith::OrIOp::create(b, loc, stopped, expired);
+          scf::YieldOp::create(b, loc, giveUp);
+        },
+        [&](OpBuilder &b, Location loc) {
+          scf::YieldOp::create(b, loc,
+                               ValueRange{arith::ConstantIntOp::create(
+                                   b, loc, 0, 1)});
+        });
+  }
+
+  scf::IfOp callCheck(ConversionPatternRewriter &rewriter, StallOp op,
+                      OpAdaptor adaptor, Value late, Value stalled) const {
+    Location loc = op.getLoc();
+    Value counters = adaptor.getCounters();
+    return scf::IfOp::create(
+        rewriter, loc, late,
+        [&](OpBuilder &b, Location loc) {
+          ValueRange site = adaptor.getSite();
+          ValueRange tile = site.drop_front();
+          SmallVector<Value> arguments{
+              counters, stalled, site.front(),
+              arith::ConstantIntOp::create(b, loc, tile.size(), 32)};
+          for (int64_t k = 0; k < run::kMaxRecordRank; ++k)
+            arguments.push_back(
+                k < static_cast<int64_t>(tile.size())
+                    ? tile[k]
+                    : arith::ConstantIndexOp::create(b, loc, 0).getResult());
+          arguments.append(
+              {adaptor.getBarrier(), adaptor.getStage(),
+               arith::ConstantIntOp::create(b, loc,
+                                            op.getRole() == "full"
+                                                ? run::kBarrierFull
+                                                : run::kBarrierEmpty,
+                                            32),
+               adaptor.getParity()});
+          auto call = func::CallOp::create(b, loc, kStallCheckName,
+                                           TypeRange{b.getI1Type()},
+                                           arguments);
+          scf::YieldOp::create(b, loc, call.getResults());
+        },
+        [&](OpBuilder &b, Location loc) {
+          scf::YieldOp::create(b, loc,
+                               ValueRange{arith::ConstantIntOp::create(
+                                   b, loc, 0, 1)});
+        });
+  }
+
+  int64_t watchdogMs;
+};
+
 } // namespace
 
 void etc::populatePollingToGPUConversionPatterns(
@@ -205,5 +368,84 @@ void etc::populatePollingToGPUConversionPatterns(
     int64_t watchdogMs) {
   MLIRContext *context = patterns.getContext();
   patterns.add<QueueTryPopOpLowering, TestOpLowering>(typeConverter, context);
-  patterns.add<IdleOpLowering>(typeConverter, context, watchdogMs);
+  patterns.add<IdleOpLowering, StallOpLowering>(typeConverter, context,
+                                                 watchdogMs);
+}
+
+LogicalResult etc::defineStallCheck(Operation *symbolTable,
+                                    int64_t watchdogMs) {
+  MLIRContext *ctx = symbolTable->getContext();
+  if (Operation *existing =
+          SymbolTable::lookupSymbolIn(symbolTable, kStallCheckName)) {
+    if (isa<func::FuncOp>(existing))
+      return success();
+    return existing->emitOpError("uses the symbol '")
+           << kStallCheckName
+           << "', which the lowering of event.stall needs for the watchdog";
+  }
+  OpBuilder b(ctx);
+  b.setInsertionPointToEnd(&symbolTable->getRegion(0).front());
+  Location loc = symbolTable->getLoc();
+  Type i32 = b.getI32Type(), i64 = b.getI64Type(), index = b.getIndexType();
+  SmallVector<Type> inputs{MemRefType::get({ShapedType::kDynamic}, i32), i64,
+                           index, i32};
+  inputs.append(run::kMaxRecordRank, index);
+  inputs.append({index, index, i32, index});
+  auto check = func::FuncOp::create(
+      b, loc, kStallCheckName, b.getFunctionType(inputs, {b.getI1Type()}));
+  check.setPrivate();
+  // Out of line: only a wait that has lasted a millisecond calls it.
+  check->setAttr("passthrough", b.getArrayAttr({b.getStringAttr("noinline")}));
+  Block *entry = check.addEntryBlock();
+  b.setInsertionPointToStart(entry);
+  ValueRange args = entry->getArguments();
+  Value counters = args[0], stalled = args[1];
+  ValueRange tile = args.slice(4, run::kMaxRecordRank);
+  ValueRange rest = args.drop_front(4 + run::kMaxRecordRank);
+  Value barrier = rest[0], stage = rest[1], role = rest[2], parity = rest[3];
+  auto toI32 = [&](OpBuilder &b, Value value) -> Value {
+    return arith::IndexCastOp::create(b, loc, b.getI32Type(), value);
+  };
+  auto i32Constant = [&](OpBuilder &b, int64_t value) -> Value {
+    return arith::ConstantIntOp::create(b, loc, value, 32);
+  };
+  Value stopped = buildRunStopped(b, loc, counters, kDeviceScope);
+  Value expired = arith::CmpIOp::create(
+      b, loc, arith::CmpIPredicate::sgt, stalled,
+      arith::ConstantIntOp::create(b, loc, i64, watchdogMs * 1000000));
+  Value going =
+      arith::XOrIOp::create(b, loc, stopped, arith::ConstantIntOp::create(b, loc, 1, 1));
+  Value report = arith::AndIOp::create(b, loc, expired, going);
+  buildIf(b, loc, report, [&](OpBuilder &b, Location loc) {
+    WatchdogSite site;
+    site.kind = i32Constant(b, run::kSiteBarrier);
+    site.worker = toI32(b, blockId(b, loc));
+    site.task = toI32(b, args[2]);
+    site.tileRank = args[3];
+    for (Value coordinate : tile)
+      site.tile.push_back(toI32(b, coordinate));
+    site.event = i32Constant(b, -1);
+    site.elementRank = i32Constant(b, 3);
+    site.element = {toI32(b, stage), role, toI32(b, parity)};
+    while (static_cast<int64_t>(site.element.size()) < run::kMaxRecordRank)
+      site.element.push_back(i32Constant(b, 0));
+    // The barrier's low state word (its layout is the hardware's), read
+    // like any shared word: it is only shown.
+    Value pointer = LLVM::IntToPtrOp::create(
+        b, loc, LLVM::LLVMPointerType::get(b.getContext(), 3),
+        arith::IndexCastOp::create(b, loc, b.getI64Type(), barrier)
+            .getResult());
+    Value state = LLVM::LoadOp::create(b, loc, b.getI32Type(), pointer,
+                                       /*alignment=*/8, /*isVolatile=*/true);
+    Value waitedMs = arith::TruncIOp::create(
+        b, loc, b.getI32Type(),
+        arith::DivSIOp::create(
+            b, loc, stalled,
+            arith::ConstantIntOp::create(b, loc, b.getI64Type(), 1000000)));
+    buildWatchdogReport(b, loc, counters, site, state, waitedMs);
+  });
+  func::ReturnOp::create(b, loc,
+                         ValueRange{arith::OrIOp::create(b, loc, stopped,
+                                                         expired)});
+  return success();
 }

@@ -41,8 +41,8 @@ MIN_ROWS rows take `narrow` (the GEMV, `MatmulWGMMASkinnyT` in
 
 Known rows: the tile is inlined in the worker (`inline_on_gpu`): a worker
 that calls it makes ptxas serialise every wgmma (C7510). The symbolic-rows
-kernel is a call (see `MatmulWGMMASkinnyT`). Barrier waits trap after
-`Barriers.HANG_NS` instead of hanging.
+kernel is a call (see `MatmulWGMMASkinnyT`). A barrier wait that hangs
+raises a `WatchdogError` naming the barrier (docs/gpu.md, "Safety").
 
 TMA loads (`tma = True`, or compiling inside `tma_loads()`; `etc.ops.tma`):
 the full barriers expect one arrival, lane 0's `mbarrier.arrive.expect_tx`
@@ -241,9 +241,10 @@ class MatmulWGMMA(MatmulMMA):
         barriers = self.base + self.barrier_offset
         # TMA: one arrival (the producer's expect_tx) and the copies' bytes.
         self.full = wgmma.Barriers(k, self.stages, 1 if self.tma else wgmma.WARPGROUP,
-                                   None if lanes.simulate else barriers.value)
+                                   None if lanes.simulate else barriers.value, role="full")
         self.empty = wgmma.Barriers(k, self.stages, consumer_warps if self.ws else wgmma.WARPGROUP,
-                                    None if lanes.simulate else (barriers + 8 * self.stages).value)
+                                    None if lanes.simulate else (barriers + 8 * self.stages).value,
+                                    role="empty")
         self.full.init()
         self.empty.init()
         if lanes.simulate:

@@ -255,19 +255,22 @@ def async_proxy_fence() -> None:
 
 class Barriers:
     """`count` mbarriers of a tile, each expecting `arrivals` arrivals per
-    phase. On the GPU they live in shared memory at byte address `address`
-    (8 bytes each, `address` 8-byte aligned); simulated, their state is an
-    array (pending count, phase bit) and a deadlock flag."""
+    phase, in the pipeline `role` "full" (a stage's operands have landed)
+    or "empty" (a stage's consumers are done with it), which a hang's
+    `WatchdogError` names. On the GPU they live in shared memory at byte
+    address `address` (8 bytes each, `address` 8-byte aligned); simulated,
+    their state is an array (pending count, phase bit) and a deadlock
+    flag."""
 
-    #: How long a lane waits on a barrier before trapping (10 s: longer
-    #: than the default watchdog of the event waits). Not yet reported
-    #: through the watchdog's record: docs/gpu.md ("Safety") gives the plan.
-    HANG_NS = 10_000_000_000
+    ROLES = ("full", "empty")
 
-    def __init__(self, k, count: int, arrivals: int, address=None):
+    def __init__(self, k, count: int, arrivals: int, address=None, *, role: str):
+        if role not in self.ROLES:
+            raise ValueError(f"role={role!r}: a tile's barriers are one of {self.ROLES}")
         self.k = k
         self.count = count
         self.arrivals = arrivals
+        self.role = role
         self.simulate = k.target.simulate_lanes
         i32 = ir.IntegerType.get_signless(32)
         if self.simulate:
@@ -276,9 +279,12 @@ class Barriers:
         else:
             self.address = address
 
+    def _address(self, barrier) -> Index:
+        """The shared-memory byte address of barrier `barrier`."""
+        return as_index(self.k, self.address) + as_index(self.k, barrier) * 8
+
     def _pointer(self, barrier) -> ir.Value:
-        at = as_index(self.k, self.address) + as_index(self.k, barrier) * 8
-        word = arith.index_cast(ir.IntegerType.get_signless(64), at.value)
+        word = arith.index_cast(ir.IntegerType.get_signless(64), self._address(barrier).value)
         return llvm.inttoptr(llvm.PointerType.get(3), word)
 
     def _i32(self, v: int) -> ir.Value:
@@ -361,8 +367,7 @@ class Barriers:
         flag."""
         k = self.k
         if not self.simulate:
-            self._bounded_wait(self._pointer(barrier),
-                               arith.index_cast(ir.IntegerType.get_signless(32), parity))
+            self._bounded_wait(barrier, parity)
             return
         phase = memref.load(self.state, [barrier, k.cidx(1)])
         word = arith.index_cast(ir.IntegerType.get_signless(32), parity)
@@ -370,31 +375,37 @@ class Barriers:
         flag = memref.load(self.stuck, [k.cidx(0)])
         memref.store(arith.select(blocked, self._i32(1), flag), self.stuck, [k.cidx(0)])
 
-    def _bounded_wait(self, pointer: ir.Value, parity: ir.Value) -> None:
-        """`mbarrier.try_wait.parity` until the phase completes, or a trap
-        after HANG_NS by `%globaltimer`: a pipeline bug ends the launch with
-        an error instead of hanging it. (The event waits' watchdog, with its
-        error record naming the task, lives in the C++ lowering.)"""
+    def _bounded_wait(self, barrier: ir.Value, parity: ir.Value) -> None:
+        """`mbarrier.try_wait.parity` until the phase completes; after each
+        failed poll the lane stalls (`event.stall`), which keeps the
+        watchdog: the wait gives up when the run was stopped, or when it
+        outlives the compile's `watchdog=` (then the stall has written the
+        run's error record, which the host raises as a `WatchdogError`
+        naming the task, tile, role, stage and parity). A lane that gave up
+        goes on with the phase incomplete; the run's result is discarded."""
+        from ..dialects import event
         i1, i64 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(64)
-        start = nvvm.read_ptx_sreg_globaltimer(i64)
-        false = arith.constant(i1, 0)
+        address = self._address(barrier).value
+        pointer = self._pointer(barrier)
+        word = arith.index_cast(ir.IntegerType.get_signless(32), parity)
         true = arith.constant(i1, 1)
-        loop = scf.WhileOp([i1], [false])
-        before = loop.before.blocks.append(i1)
+        loop = scf.WhileOp([i64], [arith.constant(i64, 0)])
+        before = loop.before.blocks.append(i64)
         with ir.InsertionPoint(before):
-            done = nvvm.mbarrier_try_wait(i1, pointer, parity)
-            waited = arith.subi(nvvm.read_ptx_sreg_globaltimer(i64), start)
-            late = arith.cmpi(arith.CmpIPredicate.ugt, waited,
-                              arith.constant(i64, self.HANG_NS))
-            again = arith.andi(arith.xori(done, true), arith.xori(late, true))
-            scf.condition(again, [done])
-        after = loop.after.blocks.append(i1)
+            since = before.arguments[0]
+            done = nvvm.mbarrier_try_wait(i1, pointer, word)
+            poll = scf.IfOp(done, [i64, i1], has_else=True)
+            with ir.InsertionPoint(poll.then_block):
+                scf.yield_([since, true])
+            with ir.InsertionPoint(poll.else_block):
+                stall = event.StallOp(self.role, address, as_index(self.k, barrier).value,
+                                      parity, since, [])
+                scf.yield_([stall.start, stall.give_up])
+            start, stop = poll.results
+            scf.condition(arith.xori(stop, true), [start])
+        after = loop.after.blocks.append(i64)
         with ir.InsertionPoint(after):
             scf.yield_([after.arguments[0]])
-        hung = scf.IfOp(arith.xori(loop.results[0], true))
-        with ir.InsertionPoint(hung.then_block):
-            llvm.intr_trap()
-            scf.yield_([])
 
     def deadlocked(self) -> ir.Value:
         """Simulated: whether a wait could not have passed (i1)."""

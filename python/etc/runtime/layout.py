@@ -31,7 +31,10 @@ HEADER_WORDS = 22
 MAX_RECORD_RANK = 4
 
 RUNNING, WATCHDOG, INTERRUPTED = 0, 1, 2
-SITE_WAIT, SITE_POP = 1, 2
+SITE_WAIT, SITE_POP, SITE_BARRIER = 1, 2, 3
+#: The roles of a tile's mbarriers in a SITE_BARRIER record's element.
+BARRIER_FULL, BARRIER_EMPTY = 0, 1
+BARRIER_ROLES = ("full", "empty")
 
 TRACE_WORKER_WORD = 0
 TRACE_TASK_WORD = 1
@@ -42,11 +45,13 @@ TRACE_RECORD_WORDS = 10
 
 
 class WatchdogError(RuntimeError):
-    """A wait or queue pop spun longer than the watchdog allows, so the run
-    was stopped. Attributes: `kernel`, `worker`, `task` (name or None),
-    `tile` (coordinates), `event` (name or None), `element` (coordinates;
-    for a queue pop, `(slot,)`), `value` (the counter's last value),
-    `waited` (seconds), `site` ("wait" or "pop")."""
+    """A wait, queue pop or tile's barrier wait spun longer than the
+    watchdog allows, so the run was stopped. Attributes: `kernel`,
+    `worker`, `task` (name or None), `tile` (coordinates), `event` (name or
+    None), `element` (coordinates; for a queue pop, `(slot,)`; for a
+    barrier, `(stage, role, parity)` with role "full" or "empty"), `value`
+    (the counter's last value; a barrier's low state word), `waited`
+    (seconds), `site` ("wait", "pop" or "barrier")."""
 
     def __init__(self, message: str, **fields):
         super().__init__(message)
@@ -92,6 +97,8 @@ def watchdog_error(abi, header: np.ndarray) -> WatchdogError:
     task_index = int(header[TASK_WORD])
     event_index = int(header[EVENT_WORD])
     task = abi.tasks[task_index].name if 0 <= task_index < len(abi.tasks) else None
+    if int(header[SITE_WORD]) == SITE_BARRIER:
+        return _barrier_error(abi, header, worker, task, waited, value, stop)
     event = abi.events[event_index] if 0 <= event_index < len(abi.events) else None
     tile = _coordinates(header, TILE_RANK_WORD, TILE_WORDS)
     element = _coordinates(header, ELEMENT_RANK_WORD, ELEMENT_WORDS)
@@ -112,6 +119,24 @@ def watchdog_error(abi, header: np.ndarray) -> WatchdogError:
     return WatchdogError(message, kernel=abi.name, worker=worker, task=task, tile=tile,
                          event=event.name if event else None, element=element, value=value,
                          waited=waited, site="wait")
+
+
+def _barrier_error(abi, header: np.ndarray, worker: int, task, waited: float, value: int,
+                   stop: str) -> WatchdogError:
+    """The error of a lane that stalled on one of its tile's mbarriers
+    (`event.stall`): the pipeline inside the tile is broken (an arrival
+    that never came, or copies of fewer bytes than a stage expects)."""
+    tile = _coordinates(header, TILE_RANK_WORD, TILE_WORDS)
+    stage, role, parity = (int(v) for v in header[ELEMENT_WORDS:ELEMENT_WORDS + 3])
+    role = BARRIER_ROLES[role] if 0 <= role < len(BARRIER_ROLES) else f"role-{role}"
+    where = f"task {task} tile ({_format(tile)})" if task else f"worker {worker}"
+    message = (f"{abi.name}: watchdog: {where} waited {waited:.1f} s on the {role} barrier of "
+               f"stage {stage} for parity {parity} (barrier state 0x{value & 0xffffffff:08x}); "
+               f"worker {worker}: the tile's pipeline lost an arrival or expects more bytes "
+               "than its copies bring" + stop)
+    return WatchdogError(message, kernel=abi.name, worker=worker, task=task, tile=tile,
+                         event=None, element=(stage, role, parity), value=value, waited=waited,
+                         site="barrier")
 
 
 def check_header(abi, header: np.ndarray) -> None:

@@ -454,3 +454,13 @@ func.func @claim(%counters: memref<?xi32>, %next: index) -> index {
   %t = event.claim %counters[%next] : memref<?xi32>
   return %t : index
 }
+
+// -----
+
+// The CPU target simulates a tile's barriers and never stalls on one.
+
+func.func @stall(%counters: memref<?xi32>, %address: index, %since: i64, %task: index) -> i1 {
+  // expected-error @+1 {{'event.stall' op waits on a GPU mbarrier; the CPU target has none (its tile functions simulate barriers), so convert-event-to-cpu does not lower it}}
+  %start, %give_up = event.stall "full" barrier(%address) stage(%task) parity(%task) since(%since) on %counters site(%task) : memref<?xi32>
+  return %give_up : i1
+}

@@ -807,3 +807,35 @@ func.func @idle_without_event(%c: memref<?xi32>, %since: i64, %i: index) -> i64 
   %start = "event.idle"(%c, %since, %i) {operandSegmentSizes = array<i32: 1, 1, 0, 1, 0>} : (memref<?xi32>, i64, index) -> i64
   return %start : i64
 }
+
+// -----
+
+func.func @stall_role(%a: index, %since: i64) -> i64 {
+  // expected-error @+1 {{'event.stall' op expects the role "full" or "empty", found "half"}}
+  %start, %give_up = event.stall "half" barrier(%a) stage(%a) parity(%a) since(%since)
+  return %start : i64
+}
+
+// -----
+
+func.func @stall_no_site(%c: memref<?xi32>, %a: index, %since: i64) -> i64 {
+  // expected-error @+1 {{'event.stall' op expects a site of a task and the tile's coordinates, found none}}
+  %start, %give_up = event.stall "full" barrier(%a) stage(%a) parity(%a) since(%since) on %c site() : memref<?xi32>
+  return %start : i64
+}
+
+// -----
+
+func.func @stall_tile(%c: memref<?xi32>, %a: index, %since: i64) -> i64 {
+  // expected-error @+1 {{'event.stall' op records at most 4 tile coordinates, found 5}}
+  %start, %give_up = event.stall "full" barrier(%a) stage(%a) parity(%a) since(%since) on %c site(%a, %a, %a, %a, %a, %a) : memref<?xi32>
+  return %start : i64
+}
+
+// -----
+
+func.func @stall_site_without_counters(%a: index, %since: i64) -> i64 {
+  // expected-error @+1 {{'event.stall' op names a site only 'on' a counter buffer}}
+  %start, %give_up = "event.stall"(%a, %a, %a, %since, %a) {role = "full", operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 1>} : (index, index, index, i64, index) -> (i64, i1)
+  return %start : i64
+}

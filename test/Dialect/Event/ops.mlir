@@ -311,3 +311,18 @@ func.func @claim(%counters: memref<?xi32>, %next: index) -> index {
   %t = event.claim %counters[%next] : memref<?xi32>
   return %t : index
 }
+
+// -----
+
+// A lane's stall on a tile's mbarrier: as a tile function emits it, and with
+// the counter buffer and site the schedule gives it.
+
+// CHECK-LABEL: func.func @stall
+// CHECK:         %{{.*}}, %{{.*}} = event.stall "full" barrier(%{{.*}}) stage(%{{.*}}) parity(%{{.*}}) since(%{{.*}}){{$}}
+// CHECK:         %{{.*}}, %{{.*}} = event.stall "empty" barrier(%{{.*}}) stage(%{{.*}}) parity(%{{.*}}) since(%{{.*}}) on %{{.*}} site(%{{.*}}, %{{.*}}, %{{.*}}) : memref<?xi32>
+func.func @stall(%counters: memref<?xi32>, %address: index, %s: index, %p: index,
+                 %since: i64, %task: index, %i: index) -> (i64, i1, i64, i1) {
+  %start, %give_up = event.stall "full" barrier(%address) stage(%s) parity(%p) since(%since)
+  %start2, %give_up2 = event.stall "empty" barrier(%address) stage(%s) parity(%p) since(%since) on %counters site(%task, %i, %i) : memref<?xi32>
+  return %start, %give_up, %start2, %give_up2 : i64, i1, i64, i1
+}

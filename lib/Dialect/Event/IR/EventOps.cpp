@@ -825,5 +825,24 @@ LogicalResult IdleOp::verify() {
   return verifyElementAccess(*this, getEvent(), getIndices());
 }
 
+LogicalResult StallOp::verify() {
+  if (getRole() != "full" && getRole() != "empty")
+    return emitOpError("expects the role \"full\" or \"empty\", found \"")
+           << getRole() << "\"";
+  if (!getCounters()) {
+    if (!getSite().empty())
+      return emitOpError("names a site only 'on' a counter buffer");
+    return success();
+  }
+  if (getSite().empty())
+    return emitOpError("expects a site of a task and the tile's "
+                       "coordinates, found none");
+  if (static_cast<int64_t>(getSite().size()) - 1 > run::kMaxRecordRank)
+    return emitOpError("records at most ")
+           << run::kMaxRecordRank << " tile coordinates, found "
+           << getSite().size() - 1;
+  return success();
+}
+
 #define GET_OP_CLASSES
 #include "Event/IR/EventOps.cpp.inc"

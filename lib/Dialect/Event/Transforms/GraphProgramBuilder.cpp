@@ -379,10 +379,90 @@ void GraphProgramBuilder::ifLive(OpBuilder &b, Location loc,
   });
 }
 
+/// Gives `stall` the counter buffer and site (task, then the tile) it
+/// lacks, by replacing it with a sited copy.
+static void siteStall(StallOp stall, Value counters, Value task,
+                      ValueRange tile) {
+  SmallVector<Value> site{task};
+  site.append(tile.begin(), tile.end());
+  OpBuilder b(stall);
+  auto sited = StallOp::create(
+      b, stall.getLoc(), stall.getStart().getType(),
+      stall.getGiveUp().getType(), stall.getRoleAttr(), stall.getBarrier(),
+      stall.getStage(), stall.getParity(), stall.getSince(), counters, site);
+  stall.replaceAllUsesWith(sited);
+  stall.erase();
+}
+
+/// The stalls of `root` that have no site yet.
+static SmallVector<StallOp> unsitedStalls(Operation *root) {
+  SmallVector<StallOp> stalls;
+  root->walk([&](StallOp stall) {
+    if (!stall.getCounters())
+      stalls.push_back(stall);
+  });
+  return stalls;
+}
+
+func::FuncOp GraphProgramBuilder::sitedCallee(func::FuncOp callee,
+                                              unsigned rank) {
+  auto key = std::make_pair(callee.getOperation(), rank);
+  if (auto found = sitedCallees.find(key); found != sitedCallees.end())
+    return found->second;
+  func::FuncOp sited;
+  if (!callee.isExternal() && !unsitedStalls(callee).empty()) {
+    // Only this graph's tasks of this rank call it (the tile functions
+    // etc.compile makes): it gets the arguments itself, keeping its name.
+    // Otherwise a copy does, and the original stays for the other callers.
+    bool own = true;
+    std::optional<SymbolTable::UseRange> uses =
+        SymbolTable::getSymbolUses(callee, callee->getParentOp());
+    for (const SymbolTable::SymbolUse &use :
+         uses ? *uses : SymbolTable::UseRange({})) {
+      auto task = use.getUser()->getParentOfType<TaskOp>();
+      own &= isa<func::CallOp>(use.getUser()) && task &&
+             graph->isAncestor(task) && task.getGridRank() == rank;
+    }
+    own &= uses.has_value();
+    OpBuilder b(callee->getContext());
+    if (own) {
+      sited = callee;
+    } else {
+      b.setInsertionPointAfter(callee);
+      sited = cast<func::FuncOp>(b.clone(*callee));
+      sited.setSymName((callee.getSymName() + "_sited").str());
+      // Renames on a clash (a second rank's copy, a user's symbol).
+      SymbolTable(callee->getParentOp()).insert(sited);
+    }
+    Location loc = callee.getLoc();
+    unsigned first = sited.getNumArguments();
+    SmallVector<unsigned> at(2 + rank, first);
+    SmallVector<Type> types{MemRefType::get({ShapedType::kDynamic},
+                                            b.getI32Type())};
+    // The site as i32 words (what the record holds): narrower arguments
+    // than indices at every call of a tile function out of line.
+    types.append(1 + rank, b.getI32Type());
+    SmallVector<DictionaryAttr> attrs(2 + rank, DictionaryAttr());
+    SmallVector<Location> locs(2 + rank, loc);
+    (void)sited.insertArguments(at, types, attrs, locs);
+    Block &entry = sited.getBody().front();
+    ValueRange added = entry.getArguments().drop_front(first);
+    b.setInsertionPointToStart(&entry);
+    SmallVector<Value> site;
+    for (Value word : added.drop_front())
+      site.push_back(
+          arith::IndexCastOp::create(b, loc, b.getIndexType(), word));
+    for (StallOp stall : unsitedStalls(sited))
+      siteStall(stall, added[0], site[0], ArrayRef<Value>(site).drop_front());
+  }
+  sitedCallees[key] = sited;
+  return sited;
+}
+
 void GraphProgramBuilder::runTileBody(OpBuilder &b, Location loc,
                                       ScheduledFunction &function,
                                       const TaskFamily &family, Value record,
-                                      ValueRange tile) {
+                                      Value task, ValueRange tile) {
   if (func::CallOp call = family.call) {
     SmallVector<Value> operands;
     for (auto [operand, how] : llvm::zip(call.getOperands(), family.operands)) {
@@ -400,22 +480,38 @@ void GraphProgramBuilder::runTileBody(OpBuilder &b, Location loc,
         break;
       }
     }
+    auto callee = SymbolTable::lookupNearestSymbolFrom<func::FuncOp>(
+        graph, call.getCalleeAttr());
+    if (func::FuncOp sited =
+            callee ? sitedCallee(callee, tile.size()) : func::FuncOp()) {
+      operands.push_back(function.counters);
+      operands.push_back(
+          arith::IndexCastOp::create(b, loc, b.getI32Type(), task));
+      for (Value coordinate : tile)
+        operands.push_back(
+            arith::IndexCastOp::create(b, loc, b.getI32Type(), coordinate));
+      func::CallOp::create(b, loc, sited, operands);
+      return;
+    }
     func::CallOp::create(b, loc, call.getCalleeAttr(), TypeRange{}, operands);
     return;
   }
   // A body that is not one call: a family of one task, cloned.
-  TaskOp task = family.representative;
-  task.getBody().walk([&](Operation *op) {
+  TaskOp representative = family.representative;
+  representative.getBody().walk([&](Operation *op) {
     for (Value operand : op->getOperands())
       if (auto arg = dyn_cast<BlockArgument>(operand);
           arg && arg.getOwner() == &graph.getBody().front() &&
           isa<MemRefType>(arg.getType()))
         graphBuffer(function, arg);
   });
-  for (auto [tileIndex, value] : llvm::zip(task.getTileIndices(), tile))
+  for (auto [tileIndex, value] : llvm::zip(representative.getTileIndices(), tile))
     function.mapping.map(tileIndex, value);
-  for (Operation &op : task.getBodyBlock().without_terminator())
-    b.clone(op, function.mapping);
+  for (Operation &op : representative.getBodyBlock().without_terminator()) {
+    Operation *copy = b.clone(op, function.mapping);
+    for (StallOp stall : unsitedStalls(copy))
+      siteStall(stall, function.counters, task, tile);
+  }
 }
 
 void GraphProgramBuilder::initEventCounters(OpBuilder &b,
@@ -645,7 +741,7 @@ void GraphProgramBuilder::emitTileWork(OpBuilder &b, Location loc,
                              constantIndex(b, loc, run::kTraceRecordWords)));
       TraceBeginOp::create(b, loc, function.counters, at, task, tile);
     }
-    runTileBody(b, loc, function, family, record, tile);
+    runTileBody(b, loc, function, family, record, task, tile);
     if (trace)
       TraceEndOp::create(b, loc, function.counters, at);
     notify(b);

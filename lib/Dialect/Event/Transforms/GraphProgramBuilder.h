@@ -176,11 +176,24 @@ public:
               mlir::Value record, mlir::ValueRange tile,
               llvm::function_ref<void(mlir::OpBuilder &)> body);
 
-  /// Emits the tile `tile` of the task whose record starts at `record`:
-  /// the call of the family's tile function, or a clone of its body.
+  /// Emits the tile `tile` of task `task`, whose record starts at
+  /// `record`: the call of the family's tile function, or a clone of its
+  /// body. A tile function that stalls on a barrier (`event.stall`) is
+  /// called through its sited copy (`sitedCallee`) with the counter buffer,
+  /// `task` and `tile`; a cloned body's stalls get them directly.
   void runTileBody(mlir::OpBuilder &b, mlir::Location loc,
                    ScheduledFunction &function, const TaskFamily &family,
-                   mlir::Value record, mlir::ValueRange tile);
+                   mlir::Value record, mlir::Value task, mlir::ValueRange tile);
+
+  /// Tile function `callee` with stalls that name their site: `callee`'s
+  /// arguments, then the counter buffer, the task index and `rank` tile
+  /// coordinates (i32), which every `event.stall` in it gets as its counters
+  /// and site; null when `callee` does not stall. `callee` itself when only
+  /// this graph's tasks of rank `rank` call it (it is rewritten once; the
+  /// graph is erased after the build), else a copy next to it,
+  /// `@<callee>_sited`, made once per callee and rank; the original stays
+  /// for the other callers (convert-event-to-gpu drops it when unused).
+  mlir::func::FuncOp sitedCallee(mlir::func::FuncOp callee, unsigned rank);
 
   /// Writes every event counter's expected count: the class's `count`, or
   /// the number of notifies counted by evaluating the map of every notifying
@@ -247,6 +260,9 @@ protected:
   /// Whether the workers write trace records.
   bool trace;
   llvm::SmallVector<TaskOp> tasks;
+  /// `sitedCallee`'s copies by callee and tile rank (null: no stall).
+  llvm::DenseMap<std::pair<mlir::Operation *, unsigned>, mlir::func::FuncOp>
+      sitedCallees;
 };
 
 /// Fails with an error when a symbol the schedulers need for a graph of
