@@ -107,6 +107,18 @@ struct TestOpLowering : public OpConversionPattern<TestOp> {
   }
 };
 
+/// `%globaltimer` now, the start of a wait that began at `since` (now when
+/// `since` is 0: the wait's first poll) and the nanoseconds since then.
+static std::pair<Value, Value> startAndElapsed(OpBuilder &b, Location loc,
+                                               Value since) {
+  Value now = globalTimer(b, loc);
+  Value zero = arith::ConstantIntOp::create(b, loc, b.getI64Type(), 0);
+  Value first = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, since,
+                                      zero);
+  Value start = arith::SelectOp::create(b, loc, first, now, since);
+  return {start, arith::SubIOp::create(b, loc, now, start)};
+}
+
 /// The shortest and longest back-off of an idle CTA, in nanoseconds.
 static constexpr int64_t kIdleFirstSleepNs = kWaitFirstSleepNs;
 static constexpr int64_t kIdleMaxSleepNs = kWaitMaxSleepNs;
@@ -146,12 +158,7 @@ struct IdleOpLowering : public OpConversionPattern<IdleOp> {
     auto constant = [&](OpBuilder &b, int64_t value) -> Value {
       return arith::ConstantIntOp::create(b, loc, i64, value);
     };
-    Value now = globalTimer(rewriter, loc);
-    Value since = adaptor.getSince();
-    Value first = arith::CmpIOp::create(rewriter, loc, arith::CmpIPredicate::eq,
-                                        since, constant(rewriter, 0));
-    Value start = arith::SelectOp::create(rewriter, loc, first, now, since);
-    Value idle = arith::SubIOp::create(rewriter, loc, now, start);
+    auto [start, idle] = startAndElapsed(rewriter, loc, adaptor.getSince());
     buildIf(rewriter, loc, isFirstThread(rewriter, loc),
             [&](OpBuilder &b, Location loc) {
               Value expired = arith::CmpIOp::create(
@@ -238,12 +245,7 @@ struct StallOpLowering : public OpConversionPattern<StallOp> {
     auto constant = [&](OpBuilder &b, int64_t value) -> Value {
       return arith::ConstantIntOp::create(b, loc, i64, value);
     };
-    Value now = globalTimer(rewriter, loc);
-    Value since = adaptor.getSince();
-    Value first = arith::CmpIOp::create(rewriter, loc, arith::CmpIPredicate::eq,
-                                        since, constant(rewriter, 0));
-    Value start = arith::SelectOp::create(rewriter, loc, first, now, since);
-    Value stalled = arith::SubIOp::create(rewriter, loc, now, start);
+    auto [start, stalled] = startAndElapsed(rewriter, loc, adaptor.getSince());
     Value late =
         arith::CmpIOp::create(rewriter, loc, arith::CmpIPredicate::sgt,
                               stalled, constant(rewriter, kStallCheckNs));
