@@ -188,7 +188,10 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
       memrefs in NVPTX's global address space, 1 (the calls cast what they
       pass), so that the tile functions load with `ld.global` (and
       `cp.async` from global memory) rather than generic accesses.
-    The worker kernel gets `nvvm.maxntid = array<i32: lanes, 1, 1>` (the
+    Unless lanes is 128 and there is no `min-ctas` (then no bounds: `.maxntid
+    128` alone makes ptxas cap the worker at 128 registers, and real-width
+    step workers use up to 255), the worker kernel gets
+    `nvvm.maxntid = array<i32: lanes, 1, 1>` (the
     threads per CTA its tiles are written for and the runtime launches:
     PTX `.maxntid`) and, with `min-ctas`, `nvvm.minctasm = min-ctas`
     (`.minnctapersm`): with both, ptxas knows the registers a thread has

@@ -205,14 +205,14 @@ def test_the_fakes_worker_lanes_are_the_compilers():
 def test_a_worker_with_other_lanes_than_compiled_is_refused(fake):
     """Mutation: `runtime.lanes = 256`. The tile kernels are compiled for
     128 threads per CTA (their warp counts are constants), so another block
-    size would compute something else; the worker's `.maxntid 128` makes
-    the driver refuse more (fewer: test_cuda_lanes.py)."""
+    size would compute something else; the fake driver holds a worker
+    without `.maxntid` to those 128 and refuses more (fewer: test_cuda_lanes.py)."""
     kernel, driver = fake
     kernel.runtime.lanes = 256
     try:
         with pytest.raises(RuntimeError, match=r"axpy_worker, grid=2, block=256.*INVALID_VALUE"):
             kernel.run(x=X, z=Z)
-        assert "has more than the 128 threads of its .maxntid" in driver.why()
+        assert "written for 128 threads per CTA, launched with 256" in driver.why()
     finally:
         kernel.runtime.lanes = cuda.DEFAULT_LANES
 

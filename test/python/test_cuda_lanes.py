@@ -73,7 +73,9 @@ def test_lanes_reach_the_abi_the_ptx_and_the_launch(monkeypatch, cpu_build, tmp_
 
 def test_default_lanes_are_128(monkeypatch, cpu_build):
     kernel = etc.compile(_graph(), target="cuda")
-    assert kernel.abi.lanes == 128 and _maxntid(kernel.ptx) == ".maxntid 128, 1, 1"
+    # No bounds at 128: `.maxntid 128` alone made ptxas cap the worker at
+    # 128 registers (the fake driver holds such a worker to 128 threads).
+    assert kernel.abi.lanes == 128 and ".maxntid" not in kernel.ptx
     blocks = _worker_blocks(monkeypatch)
     use_fake_driver(monkeypatch, kernel, cpu_build)
     _run(kernel)

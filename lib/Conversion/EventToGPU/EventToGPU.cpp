@@ -810,6 +810,11 @@ struct ConvertEventToGPUPass
   /// written for exactly `lanes` threads) and, when asked for,
   /// `.minnctapersm min-ctas`.
   void setWorkerBounds(gpu::GPUFuncOp kernel) {
+    // At the default 128 lanes without `min-ctas` the worker has no bounds:
+    // `.maxntid 128` alone made ptxas cap it at 128 registers, spilling the
+    // real-width step workers that use up to 255.
+    if (lanes == 128 && minCtas <= 0)
+      return;
     Builder b(kernel.getContext());
     int32_t threads = static_cast<int32_t>(lanes);
     kernel->setAttr(NVVM::NVVMDialect::getMaxntidAttrName(),

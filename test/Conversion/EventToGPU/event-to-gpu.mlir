@@ -42,7 +42,7 @@
 // CHECK:           llvm.fence syncscope("device") release
 // CHECK:           llvm.store %{{.*}}, %{{.*}} atomic syncscope("device") monotonic
 // CHECK-LABEL:   gpu.func @g_worker(
-// CHECK-SAME:        %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>) kernel attributes {nvvm.maxntid = array<i32: 128, 1, 1>} {
+// CHECK-SAME:        %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>) kernel {
 // CHECK-DAG:       %[[C5:.*]] = arith.constant 5 : index
 // CHECK:           %[[ADDRESS:.*]] = memref.extract_aligned_pointer_as_index %[[COUNTERS]] : memref<?xi32> -> index
 // CHECK:           %[[ADDRESS64:.*]] = arith.index_castui %[[ADDRESS]] : index to i64
@@ -463,7 +463,7 @@ func.func @g_init(%counters: memref<?xi32>) attributes {event.graph = "g"} {
 // CHECK-LABEL: gpu.func @d_worker(
 // CHECK-SAME:      %[[N:[^:]*]]: index, %[[COUNTERS:[^:]*]]: memref<?xi32>)
 // CHECK-SAME:      workgroup(%[[WORD:.*]] : memref<1xi32, #gpu.address_space<workgroup>>)
-// CHECK-SAME:      kernel attributes {nvvm.maxntid = array<i32: 128, 1, 1>} {
+// CHECK-SAME:      kernel {
 // CHECK:         %[[Q:.*]] = arith.constant 4 : index
 // CHECK:         scf.while
 // CHECK:           %[[C0:.*]] = arith.constant 0 : index
@@ -710,7 +710,7 @@ func.func @r_worker(%x: f32) attributes {event.graph = "r"} {
 // thread 0 stores %globaltimer.
 
 // CHECK-LABEL: gpu.func @h_worker(
-// CHECK-SAME:      ) kernel attributes {nvvm.maxntid = array<i32: 128, 1, 1>} {
+// CHECK-SAME:      ) kernel {
 // CHECK-NOT:     gpu.barrier
 // CHECK:         %[[MINE:.*]] = scf.if %{{.*}} -> (i1) {
 // CHECK:           memref.dim
@@ -749,7 +749,7 @@ func.func @h_worker(%counters: memref<?xi32>, %record: index) attributes {event.
 // them from the scheduled program; the lowering drops them.
 
 // CHECK-LABEL: gpu.module @t_kernels
-// CHECK:         gpu.func @t_worker() kernel attributes {nvvm.maxntid = array<i32: 128, 1, 1>} {
+// CHECK:         gpu.func @t_worker() kernel {
 func.func @t_worker() attributes {event.graph = "t", event.tasks = [{grid_rank = 1 : i64, name = "copy_0"}], event.events = [{name = "e0", notified_by = ["copy_0"], waited_by = []}]} {
   %w = event.worker_id
   return

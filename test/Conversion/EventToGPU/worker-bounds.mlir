@@ -6,7 +6,8 @@
 // RUN: not etc-opt %s -event-static-schedule -convert-event-to-gpu="lanes=1024 min-ctas=3" 2>&1 | FileCheck %s --check-prefix=BAD
 
 // The worker kernel's launch bounds: `nvvm.maxntid` is the lanes its tiles
-// are written for (128 unless told), on the worker only (the init, counters
+// are written for when not 128 (or with `min-ctas`; `.maxntid 128` alone
+// made ptxas cap the worker at 128 registers), on the worker only (the init, counters
 // and check kernels have launch shapes of their own); `nvvm.minctasm` only
 // when asked for. In PTX they are `.maxntid` and `.minnctapersm` on the
 // worker's entry, which together fix the registers a thread has at entry
@@ -15,7 +16,7 @@
 // DEFAULT-LABEL: gpu.func @pipe_counters(
 // DEFAULT-NOT:     nvvm.maxntid
 // DEFAULT-LABEL: gpu.func @pipe_worker(
-// DEFAULT-SAME:    kernel attributes {nvvm.maxntid = array<i32: 128, 1, 1>}
+// DEFAULT-SAME:    kernel {
 // DEFAULT-LABEL: gpu.func @pipe_check(
 // DEFAULT-NOT:     nvvm.m
 
@@ -30,7 +31,7 @@
 // PTX-NOT:  .minnctapersm
 
 // PTX128:      .entry pipe_worker(
-// PTX128-SAME: )\0A.maxntid 128, 1, 1\0A{
+// PTX128-SAME: )\0A{
 
 // BAD: lanes must be a multiple of 32 in [32, 1024] and min-ctas in [0, 2048 / lanes]
 
