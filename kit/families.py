@@ -130,6 +130,19 @@ def packed_graph():
     return g
 
 
+def _hopper_products(name: str, k: int, n: int, dtype: str):
+    """The Hopper families' graph: x (B, k) times two weights transposed,
+    (n, k) on the front end's tiles and (256, k) on 128 x 64 tiles."""
+    import etc
+
+    g = etc.Graph(name)
+    B = g.symbol("B")
+    x = g.input("x", (B, k), dtype)
+    g.output(g.matmul(x, g.input("w", (n, k), dtype), transpose_b=True),
+             g.matmul(x, g.input("w2", (256, k), dtype), transpose_b=True, tile=(128, 64)))
+    return g
+
+
 def hopper_graph(dtype: str = "bf16"):
     """x·Wᵀ at K = 320, the Hopper tile's family: on sm_90a `wgmma` from
     swizzled shared memory behind the mbarrier ring (five 64-wide K steps
@@ -137,14 +150,7 @@ def hopper_graph(dtype: str = "bf16"):
     transposed GEMV for tiles of fewer than 16 rows; on the GEMV's column
     tiles (192 columns) and on 128 x 64 tiles (two 64-row wgmma blocks);
     `mma.sync` on sm_80."""
-    import etc
-
-    g = etc.Graph(f"hopper_{dtype}")
-    B = g.symbol("B")
-    x = g.input("x", (B, 320), dtype)
-    g.output(g.matmul(x, g.input("w", (192, 320), dtype), transpose_b=True),
-             g.matmul(x, g.input("w2", (256, 320), dtype), transpose_b=True, tile=(128, 64)))
-    return g
+    return _hopper_products(f"hopper_{dtype}", 320, 192, dtype)
 
 
 def hopper_tma_graph(dtype: str = "bf16"):
@@ -153,14 +159,7 @@ def hopper_tma_graph(dtype: str = "bf16"):
     five 64-wide steps by 8 (the last box zero-filled), N = 200 past the
     GEMV's column tiles, and 128 x 64 tiles; sm_80 has no tile for K = 328
     but the GEMV."""
-    import etc
-
-    g = etc.Graph(f"hopper_tma_{dtype}")
-    B = g.symbol("B")
-    x = g.input("x", (B, 328), dtype)
-    g.output(g.matmul(x, g.input("w", (200, 328), dtype), transpose_b=True),
-             g.matmul(x, g.input("w2", (256, 328), dtype), transpose_b=True, tile=(128, 64)))
-    return g
+    return _hopper_products(f"hopper_tma_{dtype}", 328, 200, dtype)
 
 
 def hopper_ws_graph(dtype: str = "bf16"):
@@ -168,14 +167,7 @@ def hopper_ws_graph(dtype: str = "bf16"):
     warpgroup 0 produces with TMA, warpgroup 1 runs wgmma; the kit
     compiles WS_FAMILIES inside `tma_loads()` and `warp_specialised()` at
     WS_BOUNDS, on sm_90a only): the TMA family's shapes."""
-    import etc
-
-    g = etc.Graph(f"hopper_ws_{dtype}")
-    B = g.symbol("B")
-    x = g.input("x", (B, 328), dtype)
-    g.output(g.matmul(x, g.input("w", (200, 328), dtype), transpose_b=True),
-             g.matmul(x, g.input("w2", (256, 328), dtype), transpose_b=True, tile=(128, 64)))
-    return g
+    return _hopper_products(f"hopper_ws_{dtype}", 328, 200, dtype)
 
 
 #: Families compiled with TMA loads on sm_90a.

@@ -213,8 +213,8 @@ def lowering_pipeline(options: Options) -> str:
         if MatmulWGMMA.tma:
             ptx = TMA_PTX
     features = f"+ptx{ptx}"
-    # The worker's `.maxntid` (always, 128 unless told: it is written for
-    # exactly these lanes) and `.minnctapersm` (when asked for).
+    # The worker's bounds: `.maxntid lanes` for lanes other than 128 or with
+    # `min_ctas`, `.minnctapersm` with `min_ctas` (etc-lower-to-nvvm's options).
     bounds = f" lanes={options.worker_lanes}" if options.worker_lanes != 128 else ""
     if options.min_ctas is not None:
         bounds += f" min-ctas={options.min_ctas}"

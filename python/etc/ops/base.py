@@ -50,9 +50,9 @@ class Target:
     per target and shape.
 
     CUDA kernels are written for `lanes` threads per CTA (the runtime
-    launches that many: the ABI records them) in warps of `warp`; the
-    worker carries `.maxntid lanes` and, with `min_ctas`, `.minnctapersm
-    min_ctas`, which fix the registers a lane has at entry
+    launches that many: the ABI records them) in warps of `warp`; with
+    lanes other than 128 or with `min_ctas` the worker carries `.maxntid
+    lanes` and, with `min_ctas`, `.minnctapersm min_ctas`, which fix the registers a lane has at entry
     (`entry_registers`). With `simulate_lanes`, the CUDA
     kernels are built to run on the CPU target: their lanes run one after
     another in loops split at the points where lanes exchange data (see
