@@ -29,7 +29,8 @@ struct LowerToNVVMOptions : public mlir::PassPipelineOptions<LowerToNVVMOptions>
   Option<int64_t> lanes{
       *this, "lanes",
       llvm::cl::desc("Threads per worker CTA (a multiple of 32, at most "
-                     "1024): the worker's .maxntid"),
+                     "1024): the worker's .maxntid, set when not 128 or "
+                     "with min-ctas"),
       llvm::cl::init(128)};
   Option<int64_t> minCtas{
       *this, "min-ctas",

@@ -246,7 +246,7 @@ def ConvertEventToGPU : Pass<"convert-event-to-gpu", "::mlir::ModuleOp"> {
            "the watchdog stops the run and reports where it was stuck">,
     Option<"lanes", "lanes", "int64_t", /*default=*/"128",
            "Threads per worker CTA (a multiple of 32, at most 1024): the "
-           "worker's nvvm.maxntid">,
+           "worker's nvvm.maxntid, set when not 128 or with min-ctas">,
     Option<"minCtas", "min-ctas", "int64_t", /*default=*/"0",
            "Worker CTAs per SM that must fit at once (the worker's "
            "nvvm.minctasm, which with nvvm.maxntid fixes its registers at "
