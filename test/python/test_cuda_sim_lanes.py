@@ -94,17 +94,19 @@ def _check_rows(g: etc.Graph, kernel, dtype: str, rows_values, tol: float, seed:
 
 
 def _dense(dtype: str) -> etc.Graph:
-    """x·W (B (K, N)) and x·Wᵀ (B (N, K), K = 1000 in f32: not a multiple
-    of the warp's chunks), norms and softmax over rows of 96 (streamed) and
-    1024 (held in registers), elementwise, top-k: a symbolic row count."""
+    """x·W (B (K, N), K = 2048: more chunks of K than the lanes' K groups,
+    so each group takes several) and x·Wᵀ (B (N, K), K = 1000 in f32: not
+    a multiple of the warp's chunks), norms and softmax over rows of 96
+    (streamed) and 1024 (held in registers), elementwise, top-k: a
+    symbolic row count."""
     g = etc.Graph("dense")
     B = g.symbol("B")
     k_t = 1000 if dtype == "f32" else 256
-    x = g.input("x", (B, 256), dtype)
+    x = g.input("x", (B, 2048), dtype)
     xt = g.input("xt", (B, k_t), dtype)
     wide = g.input("wide", (B, 1024), dtype)
     narrow = g.input("narrow", (B, 96), dtype)
-    w = g.input("w", (256, 512), dtype)
+    w = g.input("w", (2048, 256), dtype)
     wt = g.input("wt", (64, k_t), dtype)
     nw = g.input("nw", (1024,), dtype)
     b = g.input("b", (96,), dtype)
