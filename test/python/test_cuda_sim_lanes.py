@@ -119,19 +119,17 @@ def _dense(dtype: str) -> etc.Graph:
     return g
 
 
-#: The tile of each task at each lane count (the dense graphs and `_mma`).
-#: f32 matmuls take the GEMVs; bf16 ones with K a multiple of 16 the tensor
-#: cores paired with a GEMV for tiles of few rows. At 5 warps the
-#: transposed GEMV does not apply (its tiles' rows of Bᵀ must split evenly
-#: over the warps: `MatmulSkinnyT.applies`), so x·Wᵀ falls back to the
-#: scalar kernel, as do the tensor-core tiles that pair with it.
+#: The tile of each task at each lane count: f32 matmuls take the GEMVs;
+#: bf16 ones with K a multiple of 16 the tensor cores paired with a GEMV
+#: for tiles of few rows (sm_90a's wgmma needs 128 lanes). At 5 warps the
+#: transposed GEMV's last row group of a tile is partial.
 ROWWISE = {"rmsnorm_0": "rmsnorm_gpu", "softmax_0": "softmax_gpu", "sum_0": "sum_gpu",
            "silu_0": "silu_gpu", "mul_0": "mul_gpu", "gelu_0": "gelu_gpu", "topk_0": "topk_gpu"}
 CHOICE = {
     ("f32", 256): {"matmul_0": "matmul_gemv", "matmul_1": "matmul_gemv_t", **ROWWISE},
     ("bf16", 256): {"matmul_0": "matmul_gemv_mma", "matmul_1": "matmul_gemv_t_mma", **ROWWISE},
-    ("f32", 160): {"matmul_0": "matmul_gemv", "matmul_1": "matmul", **ROWWISE},
-    ("bf16", 160): {"matmul_0": "matmul_gemv_mma", "matmul_1": "matmul", **ROWWISE},
+    ("f32", 160): {"matmul_0": "matmul_gemv", "matmul_1": "matmul_gemv_t", **ROWWISE},
+    ("bf16", 160): {"matmul_0": "matmul_gemv_mma", "matmul_1": "matmul_gemv_t_mma", **ROWWISE},
 }
 
 
@@ -213,9 +211,11 @@ def test_hopper_tile_choice_by_lanes():
 def _sweep() -> etc.Graph:
     """The tiles whose split depends on the warps per CTA: the GEMV (K
     groups over the warps, partials through scratch), the transposed GEMV
-    (rows of Bᵀ over the warps), a row per warp (norm, top-k), a row per
-    CTA (sampling's passes over 300 logits, its scratch of a value per
-    warp and per lane)."""
+    (rows of Bᵀ over the warps: 256 rows in tiles of 8, a partial last row
+    group where the warps are not a power of two), a row per warp (a norm
+    held in registers, a softmax streamed, top-k), a row per CTA
+    (sampling's passes over 300 logits, its scratch of a value per warp
+    and per lane)."""
     g = etc.Graph("sweep")
     B = g.symbol("B")
     x = g.input("x", (B, 128), "f32")
@@ -227,25 +227,23 @@ def _sweep() -> etc.Graph:
               g.input("top_p", (B,), "f32"), g.input("min_p", (B,), "f32"),
               g.input("seed", (B, 2), "i32"), g.input("position", (B,), "i32")]
     g.output(g.matmul(x, w, name="gemv"), g.matmul(x, wt, transpose_b=True, name="gemv_t"),
-             g.rmsnorm(x, nw, name="norm"), *g.topk(logits, 3, name="topk"),
+             g.rmsnorm(x, nw, name="norm"), g.softmax(logits, name="softmax"),
+             *g.topk(logits, 3, name="topk"),
              g.sample(logits, *params, name="token"))
     return g
 
 
-#: Lane counts whose warps split the transposed GEMV's tiles evenly.
-POWERS_OF_TWO = {32 * 2 ** i for i in range(6)}
-
-
 @pytest.mark.parametrize("lanes", range(32, 1025, 32))
 def test_every_accepted_lane_count(lanes):
-    """Rows 1 and 6 (two passes of 4 rows in the GEMVs); the sampled
-    tokens and top-k indices exactly the reference's."""
+    """Rows 1 and 6 (two passes of 4 rows in the GEMVs, more rows than
+    warps at 32 and 64 lanes); the sampled tokens and top-k indices exactly
+    the reference's."""
     g = _sweep()
     kernel = _compile(g, lanes, workers=1)
     assert _tiles(kernel) == {
         "matmul_0": "matmul_gemv",
-        "matmul_1": "matmul_gemv_t" if lanes in POWERS_OF_TWO else "matmul",
-        "rmsnorm_0": "rmsnorm_gpu", "topk_0": "topk_gpu", "sample_0": "sample_gpu"}
+        "matmul_1": "matmul_gemv_t", "rmsnorm_0": "rmsnorm_gpu", "softmax_0": "softmax_gpu",
+        "topk_0": "topk_gpu", "sample_0": "sample_gpu"}
     rng = np.random.default_rng(lanes)
     for rows in (1, 6):
         inputs = sampling_tests._inputs(
@@ -420,9 +418,7 @@ def test_packed_weights(lanes):
     g.output(*[g.matmul(x, g.input(f"w_{fmt}", (n, k), fmt), transpose_b=True,
                         tile=(32, 8), name=fmt) for fmt in PACKED])
     kernel = _compile(g, lanes)
-    # At 5 warps the packed GEMV, like the transposed one, does not apply.
-    chosen = {f"matmul_{fmt}_gemv_mma" if lanes == 256 else "matmul" for fmt in PACKED}
-    assert set(_tiles(kernel).values()) == chosen
+    assert set(_tiles(kernel).values()) == {f"matmul_{fmt}_gemv_mma" for fmt in PACKED}
     rng = np.random.default_rng(lanes)
     weights = {f"w_{fmt}": packed.quantize(rng.standard_normal((n, k)).astype(np.float32), fmt)
                for fmt in PACKED}
@@ -432,10 +428,7 @@ def test_packed_weights(lanes):
         wide = np.array([min(32, rows - r // 32 * 32) >= 16 for r in range(rows)])
         for fmt, out in zip(PACKED, got):
             w = packed.dequantize(weights[f"w_{fmt}"], fmt)
-            if lanes == 256:
-                want = np.where(wide[:, None], a @ round_bf16(w).T, a @ w.T)
-            else:
-                want = a @ w.T
+            want = np.where(wide[:, None], a @ round_bf16(w).T, a @ w.T)
             scale = np.abs(a) @ np.abs(w).T
             assert np.all(np.abs(out - want) <= np.abs(want) * 2 ** -7 + 1e-5 * scale), \
                 (fmt, rows)

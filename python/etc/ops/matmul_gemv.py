@@ -169,7 +169,9 @@ class MatmulSkinnyT(Matmul):
     neither loads nor multiplies copies of that row; each (row of B^T, row
     of A) pair accumulates into one f32 per lane with fused multiply-adds,
     which the warp then sums (`lane_reduce`, 32 lanes, stride 1); lane 0
-    stores. The warps take the tile's row groups round-robin; no scratch
+    stores. The warps take the tile's row groups round-robin (with warps
+    that are not a power of two the last group is partial: its warps past
+    the tile re-read the tile's first rows and store nothing); no scratch
     memory and no CTA barrier.
 
     A chunk past K (the last iterations when K / 16 bytes is not a multiple
@@ -190,8 +192,21 @@ class MatmulSkinnyT(Matmul):
 
     @classmethod
     def rows_per_warp(cls, tn: int, warps: int) -> int:
-        """Rows of B^T a warp takes at a time in a tile `tn` columns wide."""
-        return max(1, min(cls.MAX_RW, tn // warps))
+        """Rows of B^T a warp takes at a time in a tile `tn` columns wide:
+        the largest power of two up to MAX_RW and tn / warps (at least 1)."""
+        rw = 1
+        while 2 * rw <= min(cls.MAX_RW, tn // warps):
+            rw *= 2
+        return rw
+
+    @classmethod
+    def splits(cls, tn: int, warps: int) -> bool:
+        """Whether the warps can share a tile `tn` columns wide: RW divides
+        it and the first row group (warps x RW rows of B^T) fits in it. The
+        last group is partial when warps x RW does not divide tn (warps
+        that are not a power of two): its warps past the tile idle."""
+        rw = cls.rows_per_warp(tn, warps)
+        return tn % rw == 0 and warps * rw <= tn
 
     @classmethod
     def applies(cls, op, target) -> bool:
@@ -201,8 +216,7 @@ class MatmulSkinnyT(Matmul):
         warps = target.lanes // target.warp if target.warp else 0
         return (target.gpu_kernels and op.params["transpose_b"]
                 and isinstance(k, int) and isinstance(n, int) and warps >= 1
-                and k % vec == 0 and n % tn == 0
-                and tn % (warps * cls.rows_per_warp(tn, warps)) == 0)
+                and k % vec == 0 and n % tn == 0 and cls.splits(tn, warps))
 
     @classmethod
     def tile_for(cls, op, target) -> tuple:
@@ -214,7 +228,7 @@ class MatmulSkinnyT(Matmul):
         warps = target.lanes // target.warp
         return filling_tile(op, target, n, [
             tn for tn in (128, 64, 32, 16, 8)
-            if tn % (warps * cls.rows_per_warp(tn, warps)) == 0 and n % tn == 0])
+            if cls.splits(tn, warps) and n % tn == 0])
 
     def emit(self) -> None:
         r0, rows = self.row_block(self.op.result, self.op.tile[0])
@@ -233,18 +247,31 @@ class MatmulSkinnyT(Matmul):
         lanes = self.lanes()
         warps = lanes.count // lanes.warp
         rw = self.rows_per_warp(tn, warps)
-        groups = tn // (warps * rw)          # row groups of B^T per warp
+        groups = -(-tn // (warps * rw))      # row groups of B^T per warp
+        # Warps that are not a power of two: the last group is partial.
+        ragged = tn % (warps * rw) != 0
         c0 = arith.muli(self.ti[1], self.cidx(tn))
         with self.row_passes(rb) as (first, in_pass, row_of):
             group_loop = scf.ForOp(self.cidx(0), self.cidx(groups), self.cidx(1))
             with ir.InsertionPoint(group_loop.body):
                 group = group_loop.induction_variable
 
-                def columns(lane):
-                    # Warp w takes rows [c0 + (group * warps + w) * RW, + RW) of B^T.
+                def slot(lane):
+                    """Warp w's RW rows of B^T in the tile: group * warps + w."""
                     w = arith.divui(lane, self.cidx(lanes.warp))
-                    base = arith.addi(c0, arith.muli(
-                        arith.addi(arith.muli(group, self.cidx(warps)), w), self.cidx(rw)))
+                    return arith.addi(arith.muli(group, self.cidx(warps)), w)
+
+                def inside(lane):
+                    return arith.cmpi(arith.CmpIPredicate.ult, slot(lane), self.cidx(tn // rw))
+
+                def columns(lane):
+                    # Warp w takes rows [c0 + slot * RW, + RW) of B^T; past
+                    # the tile (a partial last group) the tile's first rows
+                    # again, whose sums it does not store.
+                    at = slot(lane)
+                    if ragged:
+                        at = arith.select(inside(lane), at, self.cidx(0))
+                    base = arith.addi(c0, arith.muli(at, self.cidx(rw)))
                     return [arith.addi(base, self.cidx(j)) for j in range(rw)]
 
                 def accumulate(lane):
@@ -256,6 +283,8 @@ class MatmulSkinnyT(Matmul):
                 def store(lane):
                     leader = arith.cmpi(arith.CmpIPredicate.eq,
                                         arith.remui(lane, self.cidx(lanes.warp)), self.cidx(0))
+                    if ragged:
+                        leader = arith.andi(leader, inside(lane))
                     branch = scf.IfOp(leader)
                     with ir.InsertionPoint(branch.then_block):
                         cols = columns(lane)
