@@ -7,13 +7,14 @@ wrong numbers here without a GPU. 128 is covered by the families' own
 modules (test_gpu_*.py, test_attention.py, test_sampling.py, ...).
 
 The counts: 256 (two warpgroups, what the warp-specialised Hopper tile
-needs) for every family; 160 (5 warps: not a power of two) for every
-family too, since `etc.compile` accepts any multiple of 32, and every
-accepted count from 32 to 1024 on one graph of the tiles whose work split
-depends on the warps. Which tile each task gets at each count is asserted
-(`CHOICE`): a change that makes a family fall back to another tile at some
-count fails here, not silently. Also the whole step graph of a small
-model: its logits, ids and caches at 256 lanes are those at 128.
+needs) and 96 (3 warps: not a power of two, and below 128 lanes, where a
+tile that assumes 4 warps skips work) for every family; since
+`etc.compile` accepts any multiple of 32, every accepted count from 32 to
+1,024 on one graph of the tiles whose work split depends on the warps.
+Which tile each task gets is asserted: a change that makes a family fall
+back to another tile at some count fails here, not silently. Also the
+whole step graph of a small model: its logits, ids and caches at 256
+lanes are those at 128, its tiles those of 128 but for wgmma.
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ import test_paged_attention as paged_tests
 import test_sampling as sampling_tests
 from test_llm_ops import _batch
 
-#: Two warpgroups (8 warps), and 5 warps (not a power of two).
-LANES = [256, 160]
+#: Two warpgroups (8 warps), and 3 warps: not a power of two, and fewer
+#: than 128 lanes (a tile that assumes 4 warps skips work there, where at
+#: more lanes its extra warps would only repeat the first four's). The
+#: sweep runs every other count on the tiles whose split depends on them.
+LANES = [256, 96]
 
 
 def _compile(g: etc.Graph, lanes: int, **options):
@@ -119,18 +123,14 @@ def _dense(dtype: str) -> etc.Graph:
     return g
 
 
-#: The tile of each task at each lane count: f32 matmuls take the GEMVs;
-#: bf16 ones with K a multiple of 16 the tensor cores paired with a GEMV
-#: for tiles of few rows (sm_90a's wgmma needs 128 lanes). At 5 warps the
-#: transposed GEMV's last row group of a tile is partial.
+#: The tile of each task, the same at every count of `LANES`: f32 matmuls
+#: take the GEMVs, bf16 ones with K a multiple of 16 the tensor cores
+#: paired with a GEMV for tiles of few rows (sm_90a's wgmma needs 128
+#: lanes; at 96 the transposed GEMV's last row group is partial).
 ROWWISE = {"rmsnorm_0": "rmsnorm_gpu", "softmax_0": "softmax_gpu", "sum_0": "sum_gpu",
            "silu_0": "silu_gpu", "mul_0": "mul_gpu", "gelu_0": "gelu_gpu", "topk_0": "topk_gpu"}
-CHOICE = {
-    ("f32", 256): {"matmul_0": "matmul_gemv", "matmul_1": "matmul_gemv_t", **ROWWISE},
-    ("bf16", 256): {"matmul_0": "matmul_gemv_mma", "matmul_1": "matmul_gemv_t_mma", **ROWWISE},
-    ("f32", 160): {"matmul_0": "matmul_gemv", "matmul_1": "matmul_gemv_t", **ROWWISE},
-    ("bf16", 160): {"matmul_0": "matmul_gemv_mma", "matmul_1": "matmul_gemv_t_mma", **ROWWISE},
-}
+CHOICE = {"f32": {"matmul_0": "matmul_gemv", "matmul_1": "matmul_gemv_t", **ROWWISE},
+          "bf16": {"matmul_0": "matmul_gemv_mma", "matmul_1": "matmul_gemv_t_mma", **ROWWISE}}
 
 
 @pytest.mark.parametrize("lanes", LANES)
@@ -140,7 +140,7 @@ def test_dense_tiles(lanes, dtype):
     bf16) and 37 (a tile of 32 and one of 5)."""
     g = _dense(dtype)
     kernel = _compile(g, lanes)
-    assert _tiles(kernel) == CHOICE[dtype, lanes]
+    assert _tiles(kernel) == CHOICE[dtype]
     _check_rows(g, kernel, dtype, (1, 5, 16, 37), 1e-4 if dtype == "f32" else 2e-2,
                 seed=lanes, exact=("topk_indices",) if dtype == "f32" else ())
 
@@ -215,7 +215,8 @@ def _sweep() -> etc.Graph:
     group where the warps are not a power of two), a row per warp (a norm
     held in registers, a softmax streamed, top-k), a row per CTA
     (sampling's passes over 300 logits, its scratch of a value per warp
-    and per lane)."""
+    and per lane; the logits' adjustments), elements over the lanes
+    (silu)."""
     g = etc.Graph("sweep")
     B = g.symbol("B")
     x = g.input("x", (B, 128), "f32")
@@ -228,8 +229,11 @@ def _sweep() -> etc.Graph:
               g.input("seed", (B, 2), "i32"), g.input("position", (B,), "i32")]
     g.output(g.matmul(x, w, name="gemv"), g.matmul(x, wt, transpose_b=True, name="gemv_t"),
              g.rmsnorm(x, nw, name="norm"), g.softmax(logits, name="softmax"),
-             *g.topk(logits, 3, name="topk"),
-             g.sample(logits, *params, name="token"))
+             g.silu(x, name="silu"), *g.topk(logits, 3, name="topk"),
+             g.sample(logits, *params, name="token"),
+             g.adjust_logits(logits, g.input("tokens", (B, 4), "i32"),
+                             g.input("add", (B, 4), "f32"), g.input("scale", (B, 4), "f32"),
+                             name="adjusted"))
     return g
 
 
@@ -243,7 +247,8 @@ def test_every_accepted_lane_count(lanes):
     assert _tiles(kernel) == {
         "matmul_0": "matmul_gemv",
         "matmul_1": "matmul_gemv_t", "rmsnorm_0": "rmsnorm_gpu", "softmax_0": "softmax_gpu",
-        "topk_0": "topk_gpu", "sample_0": "sample_gpu"}
+        "silu_0": "silu_gpu", "topk_0": "topk_gpu", "sample_0": "sample_gpu",
+        "adjust_logits_0": "adjust_logits"}
     rng = np.random.default_rng(lanes)
     for rows in (1, 6):
         inputs = sampling_tests._inputs(
@@ -254,7 +259,11 @@ def test_every_accepted_lane_count(lanes):
         inputs.update(x=rng.standard_normal((rows, 128)).astype(np.float32),
                       w=(0.1 * rng.standard_normal((128, 64))).astype(np.float32),
                       wt=(0.1 * rng.standard_normal((256, 128))).astype(np.float32),
-                      nw=rng.standard_normal(128).astype(np.float32))
+                      nw=rng.standard_normal(128).astype(np.float32),
+                      tokens=np.stack([rng.choice(np.arange(-1, 300), 4, replace=False)
+                                       for _ in range(rows)]).astype(np.int32),
+                      add=rng.standard_normal((rows, 4)).astype(np.float32),
+                      scale=rng.uniform(0.5, 2.0, (rows, 4)).astype(np.float32))
         got = kernel.run(**inputs)
         want = etc.reference.evaluate(g, **inputs)
         for name, a, b in zip(g.outputs, got, want):
@@ -371,7 +380,7 @@ def test_family_ops(lanes):
 # ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("lanes", [256, 160, 1024])
+@pytest.mark.parametrize("lanes", [256, 96, 1024])
 def test_sampling(lanes):
     """A vocabulary of 1,000 (not a multiple of the lanes; at 1,024 lanes
     fewer values than lanes), every filter on some rows, log-probabilities:
