@@ -28,11 +28,13 @@ import etc
 import etc.models as models
 from etc import bfloat16, packed
 from etc.models.testing import tiny_config, write_checkpoint
+from etc.ops.base import Lanes, LaneValues
 from etc.ops.matmul_wgmma import tma_loads, warp_specialised
 from etc.reference import round_bf16
 import test_attention as attention_tests
 import test_paged_attention as paged_tests
 import test_sampling as sampling_tests
+from ptxas_check import assemble, assert_no_spills, needs_ptxas
 from test_llm_ops import _batch
 
 #: Two warpgroups (8 warps), and 3 warps: not a power of two, and fewer
@@ -143,6 +145,29 @@ def test_dense_tiles(lanes, dtype):
     assert _tiles(kernel) == CHOICE[dtype]
     _check_rows(g, kernel, dtype, (1, 5, 16, 37), 1e-4 if dtype == "f32" else 2e-2,
                 seed=lanes, exact=("topk_indices",) if dtype == "f32" else ())
+
+
+@needs_ptxas
+@pytest.mark.parametrize("lanes, chip", [(96, "sm_80"), (256, "sm_90a")])
+def test_dense_ptx(lanes, chip, tmp_path):
+    """The same tiles compiled for the GPU (the transposed GEMV's partial
+    last row group at 3 warps): the worker carries `.maxntid lanes` and
+    ptxas assembles everything without spills."""
+    kernel = etc.compile(_dense("bf16"), target="cuda", chip=chip, lanes=lanes)
+    assert _tiles(kernel) == CHOICE["bf16"]
+    assert re.search(rf"\.entry dense_worker\([^)]*\)\s*\.maxntid {lanes}, 1, 1", kernel.ptx)
+    assert_no_spills(assemble(kernel.ptx, chip, tmp_path, "dense"))
+
+
+@pytest.mark.parametrize("kind, group, stride", [("add", 64, 1), ("add", 16, 4),
+                                                  ("maxnumf", 3, 1), ("min", 2, 1)])
+def test_simulated_reductions_stay_within_a_warp(kind, group, stride):
+    """The simulation could combine any lanes, the GPU's shuffles only a
+    warp's: `Lanes.reduce` refuses the others in both (at 256 lanes a
+    group of 64 would otherwise pass here and fail on the GPU)."""
+    lanes = Lanes(None, 256, 32, simulate=True)
+    with pytest.raises(ValueError, match=r"lanes: reduce\(.*within a warp of 32"):
+        lanes.reduce(LaneValues([]), kind, group, stride)
 
 
 # ----------------------------------------------------------------------

@@ -638,7 +638,16 @@ class Lanes:
 
     def reduce(self, values: LaneValues, kind: str, group: int, stride: int = 1) -> LaneValues:
         """`kind` ("add" or "maxnumf") of each per-lane f32 value over the lanes
-        that differ only in bits stride .. stride * group / 2 of the lane id."""
+        that differ only in bits stride .. stride * group / 2 of the lane id:
+        lanes of one warp (group and stride powers of two, group x stride
+        at most the warp), checked here so that the simulation, which could
+        read any lanes, refuses what `event.lane_reduce` cannot shuffle."""
+        power = lambda n: isinstance(n, int) and n >= 1 and n & (n - 1) == 0
+        if kind not in ("add", "maxnumf") or not (power(group) and power(stride)) \
+                or group * stride > self.warp:
+            raise ValueError(f"lanes: reduce({kind!r}, group={group}, stride={stride}) is not "
+                             f"'add' or 'maxnumf' over powers of two within a warp of "
+                             f"{self.warp} lanes")
         if not self.simulate:
             return LaneValues([self._lane_reduce(v, kind, group, stride) for v in values.values])
         k = self.k
