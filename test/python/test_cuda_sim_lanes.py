@@ -298,6 +298,20 @@ def test_every_accepted_lane_count(lanes):
                 _close(a, b, 1e-4, f"{name} at B={rows}")
 
 
+def test_a_user_tile_with_a_partial_row_group_at_128_lanes():
+    """Tiles of 24 columns at 4 warps of 4 rows of Bᵀ: a group of 16 rows,
+    then one of 8 (warps 2 and 3 idle), where an even split was required
+    before (the scalar kernel ran)."""
+    g = etc.Graph("user")
+    B = g.symbol("B")
+    x = g.input("x", (B, 200), "f32")
+    wt = g.input("wt", (72, 200), "f32")
+    g.output(g.matmul(x, wt, transpose_b=True, tile=(4, 24), name="y"))
+    kernel = etc.compile(g, target="cpu", kernels="cuda", workers=2)
+    assert _tiles(kernel) == {"matmul_0": "matmul_gemv_t"}
+    _check_rows(g, kernel, "f32", (1, 3, 9), 1e-4)
+
+
 # ----------------------------------------------------------------------
 # Attention: chunk tiles and their combine, kv_append, paged caches,
 # soft-capping and windows

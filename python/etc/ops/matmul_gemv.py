@@ -193,20 +193,19 @@ class MatmulSkinnyT(Matmul):
     @classmethod
     def rows_per_warp(cls, tn: int, warps: int) -> int:
         """Rows of B^T a warp takes at a time in a tile `tn` columns wide:
-        the largest power of two up to MAX_RW and tn / warps (at least 1)."""
-        rw = 1
-        while 2 * rw <= min(cls.MAX_RW, tn // warps):
-            rw *= 2
+        the most, up to MAX_RW and tn / warps (at least 1), that divide tn."""
+        rw = max(1, min(cls.MAX_RW, tn // warps))
+        while tn % rw:
+            rw -= 1
         return rw
 
     @classmethod
     def splits(cls, tn: int, warps: int) -> bool:
-        """Whether the warps can share a tile `tn` columns wide: RW divides
-        it and the first row group (warps x RW rows of B^T) fits in it. The
-        last group is partial when warps x RW does not divide tn (warps
-        that are not a power of two): its warps past the tile idle."""
-        rw = cls.rows_per_warp(tn, warps)
-        return tn % rw == 0 and warps * rw <= tn
+        """Whether the warps can share a tile `tn` columns wide: the first
+        row group (warps x RW rows of B^T) fits in it. The last group is
+        partial when warps x RW does not divide tn (warps that are not a
+        power of two): its warps past the tile idle."""
+        return warps * cls.rows_per_warp(tn, warps) <= tn
 
     @classmethod
     def applies(cls, op, target) -> bool:
