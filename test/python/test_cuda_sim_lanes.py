@@ -13,8 +13,8 @@ tile that assumes 4 warps skips work) for every family; since
 1,024 on one graph of the tiles whose work split depends on the warps.
 Which tile each task gets is asserted: a change that makes a family fall
 back to another tile at some count fails here, not silently. Also the
-whole step graph of a small model: its logits, ids and caches at 256
-lanes are those at 128, its tiles those of 128 but for wgmma.
+whole step graph of a small model: its logits, ids and caches at 256 and
+96 lanes are those at 128, its tiles those of 128 but for wgmma.
 """
 
 from __future__ import annotations
@@ -499,15 +499,17 @@ def model(tmp_path_factory):
                        attention_chunk=4, cache=False)
 
 
-def test_a_model_step_at_256_lanes_is_the_step_at_128(model):
-    """The model's step graph compiled at 256 lanes: a prefill of ragged
-    prompts, then decode steps (each fed the 128-lane kernel's tokens),
-    give the logits, greedy ids and KV caches of the 128-lane kernel
-    (within the rounding of bf16 activations summed in another order)."""
+@pytest.mark.parametrize("lanes", LANES)
+def test_a_model_step_is_the_step_at_128_lanes(model, lanes):
+    """The model's step graph compiled at 256 (and 96) lanes: a prefill of
+    ragged prompts, then decode steps (each fed the 128-lane kernel's
+    tokens), give the logits, greedy ids and KV caches of the 128-lane
+    kernel (within the rounding of bf16 activations summed in another
+    order)."""
     narrow = model.kernels[0]
     assert narrow.abi.lanes == 128
-    wide = _compile(model.graph, 256, schedule="auto")
-    assert wide.abi.lanes == 256
+    wide = _compile(model.graph, lanes, schedule="auto")
+    assert wide.abi.lanes == lanes
     # The default chip is sm_90a: the tiles of 128 lanes, but wgmma's
     # (one warpgroup) taken by the tensor-core tiles of mma.sync.
     want = {task: tile.replace("wgmma", "mma") for task, tile in _tiles(narrow).items()}
