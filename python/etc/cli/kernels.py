@@ -29,7 +29,7 @@ def run_compile(args) -> int:
         progress.close()
     where = f"{args.target} {args.chip}" if args.target == "cuda" else args.target
     if worker_options(args):
-        where += " (" + ", ".join(f"{name} {value}" for name, value
+        where += " (" + ", ".join(f"{name.replace('_', '-')} {value}" for name, value
                                   in worker_options(args).items()) + ")"
     done = "compiled" if result.source == "compiled" else "found in the cache"
     print(f"{args.checkpoint}: step kernel for {where} {done} ({result.seconds:.1f} s)")
