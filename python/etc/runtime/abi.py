@@ -141,7 +141,7 @@ class KernelABI:
     #: consistency runtimes check before every run.
     ragged_batches: tuple = ()
     shared_bytes: int = 0
-    lanes: int = 128
+    lanes: int = DEFAULT_LANES
 
     # -- names of the program's functions ----------------------------------
 
