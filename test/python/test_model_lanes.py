@@ -60,6 +60,11 @@ def test_the_lanes_are_part_of_the_cache_key(lanes):
     again = models.load(checkpoint, cache=cache, lanes=256, **LOAD)
     assert again.kernel_source == "cache" and again.kernels[0].abi.lanes == 256
     assert models.load(checkpoint, cache=cache, lanes=128, **LOAD).kernels[0].abi.lanes == 128
+    # A kernel file is checked against the lanes asked for.
+    (wide,) = [entry.path for entry in entries if entry.description["compile"]["lanes"] == 256]
+    with pytest.raises(ValueError, match="compile.lanes: 256 in the kernel, 128 wanted"):
+        models.load(checkpoint, kernel=wide, **LOAD)
+    assert models.load(checkpoint, kernel=wide, lanes=256, **LOAD).kernel_source == "file"
     config = models.ModelConfig.from_dict(CONFIG)
 
     def key(**options):
