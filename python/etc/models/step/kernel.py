@@ -65,8 +65,8 @@ def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "a
     kv_block_size, weight_formats: the packed weights, `packed_weights`)
     and of `etc.compile` (target, schedule, workers, chip, kernels, and
     lanes and min_ctas where given: CUDA kernels only, `etc.compile`'s
-    rules). With
-    the config they are all the step kernel's code depends on. The KV
+    rules). With the config they are all the step kernel's code depends
+    on. The KV
     caches' dtype is by default the compute dtype (a bf16 model
     keeps bf16 keys and values: half the memory and half the attention's
     bytes of float32)."""

@@ -36,6 +36,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from ...runtime.abi import DEFAULT_LANES
+
 __all__ = ["KernelCache", "CacheEntry", "default_directory", "enabled_by_default", "describe",
            "fingerprint", "key_of", "differences", "METADATA_KEY"]
 
@@ -96,7 +98,6 @@ def describe(config, graph: dict, compile: dict) -> dict:
     `ModelConfig`), the `graph` options of `build_step_graph`, the `compile`
     options of `etc.compile` (target, chip or platform, schedule, ...), the
     artifact format, ETC's version and the compiler's fingerprint."""
-    from ...runtime.abi import DEFAULT_LANES
     from ...runtime.artifact import FORMAT_VERSION, host_platform
 
     compile = dict(compile)
@@ -184,7 +185,8 @@ class CacheEntry:
                 + f"target={options.get('target')} {where} schedule={options.get('schedule')} "
                 f"workers={options.get('workers')} kernels={options.get('kernels')}"
                 # The worker's bounds where not the default's (CUDA kernels).
-                + (f" lanes={options['lanes']}" if options.get("lanes", 128) != 128 else "")
+                + (f" lanes={options['lanes']}"
+                   if options.get("lanes", DEFAULT_LANES) != DEFAULT_LANES else "")
                 + (f" min_ctas={options['min_ctas']}" if options.get("min_ctas") else ""))
 
 
