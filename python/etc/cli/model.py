@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from .options import cache_option, max_model_len, worker_options
+from .options import cache_option, max_model_len
 from .output import Progress
 from .ranks import launched_rank
 
@@ -31,7 +31,7 @@ def load_model(args):
                       kv_block_size=args.kv_block_size, kv_cache_tokens=args.kv_cache_tokens,
                       kv_cache_memory=args.kv_cache_memory,
                       tensor_parallel=getattr(args, "tensor_parallel", 1),
-                      **worker_options(args),
+                      lanes=args.lanes, min_ctas=args.min_ctas,
                       packed=False if args.widen else None, **step_tokens(args))
     finally:
         progress.close()

@@ -207,6 +207,18 @@ def byte_size(text: str) -> int:
     return value
 
 
+def cache_option(args):
+    if args.no_cache:
+        return False
+    return args.cache_dir if args.cache_dir else True
+
+
+def max_model_len(args, checkpoint) -> int:
+    if args.max_model_len is not None:
+        return args.max_model_len
+    return min(DEFAULT_MAX_MODEL_LEN, checkpoint.config.max_position_embeddings)
+
+
 def check_worker_options(parser: argparse.ArgumentParser, args) -> None:
     """--lanes and --min-ctas: --target cuda only, with the values
     `etc.compile` takes (`etc.runtime.abi.check_worker_bounds`); a usage
@@ -226,25 +238,6 @@ def check_worker_options(parser: argparse.ArgumentParser, args) -> None:
         # etc.compile's names, as the options are spelt.
         message = str(error).replace("lanes=", "--lanes ").replace("min_ctas=", "--min-ctas ")
         parser.error(message)
-
-
-def worker_options(args) -> dict:
-    """`lanes` and `min_ctas` for `etc.models` where the command line gives
-    them."""
-    return {name: getattr(args, name) for name in ("lanes", "min_ctas")
-            if getattr(args, name, None) is not None}
-
-
-def cache_option(args):
-    if args.no_cache:
-        return False
-    return args.cache_dir if args.cache_dir else True
-
-
-def max_model_len(args, checkpoint) -> int:
-    if args.max_model_len is not None:
-        return args.max_model_len
-    return min(DEFAULT_MAX_MODEL_LEN, checkpoint.config.max_position_embeddings)
 
 
 def speculative(args):
