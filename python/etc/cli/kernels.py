@@ -24,10 +24,13 @@ def run_compile(args) -> int:
             dtype=args.dtype, max_seq_len=max_model_len(args, checkpoint),
             attention_chunk=args.attention_chunk, chip=args.chip, cache=cache,
             output=args.output, progress=progress, kv_block_size=args.kv_block_size,
-            packed=False if args.widen else None)
+            packed=False if args.widen else None, lanes=args.lanes, min_ctas=args.min_ctas)
     finally:
         progress.close()
     where = f"{args.target} {args.chip}" if args.target == "cuda" else args.target
+    bounds = [f"{name} {value}" for name, value in (("lanes", args.lanes),
+                                                    ("min-ctas", args.min_ctas)) if value]
+    where += f" ({', '.join(bounds)})" if bounds else ""
     done = "compiled" if result.source == "compiled" else "found in the cache"
     print(f"{args.checkpoint}: step kernel for {where} {done} ({result.seconds:.1f} s)")
     if result.cache_path is not None:

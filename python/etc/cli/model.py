@@ -31,6 +31,7 @@ def load_model(args):
                       kv_block_size=args.kv_block_size, kv_cache_tokens=args.kv_cache_tokens,
                       kv_cache_memory=args.kv_cache_memory,
                       tensor_parallel=getattr(args, "tensor_parallel", 1),
+                      lanes=args.lanes, min_ctas=args.min_ctas,
                       packed=False if args.widen else None, **step_tokens(args))
     finally:
         progress.close()

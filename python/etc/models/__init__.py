@@ -57,7 +57,8 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
          chip: str = "sm_90a", kernels: str = "native", cache=None, kernel=None,
          progress=None, tensor_parallel: int = 1, kv_dtype: Optional[str] = None,
          kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE, kv_cache_tokens: Optional[int] = None,
-         kv_cache_memory: Optional[int] = None, packed: Optional[bool] = None) -> Model:
+         kv_cache_memory: Optional[int] = None, packed: Optional[bool] = None,
+         lanes: Optional[int] = None, min_ctas: Optional[int] = None) -> Model:
     """Reads the Hugging Face checkpoint directory or GGUF file `path`,
     builds its step graph and compiles it once, or takes the compiled step
     kernel from the compile cache.
@@ -115,6 +116,14 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     packed=None (a RuntimeWarning and `model.widened_weights` name it and
     why) and is a ValueError naming it, its block and N with packed=True.
 
+    `lanes` and `min_ctas` (CUDA kernels: target="cuda", or kernels="cuda"
+    simulated on the CPU) are those of `etc.compile`: threads per worker
+    CTA of the step kernel (default 128) and the worker's `.minnctapersm`.
+    They are part of the compile cache's key, and a draft model
+    (speculative decoding) takes them too: one CTA size per model. On the
+    CPU's own kernels they are a ValueError naming them, as are values
+    `etc.compile` refuses.
+
     Raises `UnsupportedConfigError`, `MissingTensorError`,
     `CheckpointError`, `GGUFError` or `SafetensorsError` naming the field,
     tensor or file at fault."""
@@ -123,4 +132,5 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
                  max_step_tokens=max_step_tokens, chip=chip, kernels=kernels, cache=cache,
                  kernel=kernel, progress=progress, tensor_parallel=tensor_parallel,
                  kv_dtype=kv_dtype, kv_block_size=kv_block_size, kv_cache_tokens=kv_cache_tokens,
-                 kv_cache_memory=kv_cache_memory, packed=packed)
+                 kv_cache_memory=kv_cache_memory, packed=packed,
+                 lanes=lanes, min_ctas=min_ctas)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+from ...runtime.abi import check_worker_bounds
 from ..loading import open_checkpoint
 from ..loading.config import ModelConfig
 from . import kernel_cache as _cache
@@ -57,12 +58,15 @@ def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "a
                  chip: str = "sm_90a", kernels: str = "native",
                  kv_dtype: Optional[str] = None,
                  kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE,
-                 weight_formats: Optional[dict] = None) -> tuple[dict, dict]:
+                 weight_formats: Optional[dict] = None,
+                 lanes: Optional[int] = None, min_ctas: Optional[int] = None) -> tuple[dict, dict]:
     """`load`'s options checked and completed with their defaults: the
     options of `build_step_graph` (dtype, max_seq_len, chunk, kv_dtype,
     kv_block_size, weight_formats: the packed weights, `packed_weights`)
-    and of `etc.compile` (target, schedule, workers, chip, kernels). With
-    the config they are all the step kernel's code depends on. The KV
+    and of `etc.compile` (target, schedule, workers, chip, kernels, and
+    lanes and min_ctas where given: CUDA kernels only, `etc.compile`'s
+    rules). With the config they are all the step kernel's code depends
+    on. The KV
     caches' dtype is by default the compute dtype (a bf16 model
     keeps bf16 keys and values: half the memory and half the attention's
     bytes of float32)."""
@@ -94,13 +98,22 @@ def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "a
                                       not isinstance(kv_block_size, int) or kv_block_size < 1):
         raise ValueError(f"load: kv_block_size={kv_block_size!r} must be a positive int (the "
                          f"positions of a KV cache block), or None for a contiguous cache")
+    try:
+        check_worker_bounds(lanes, min_ctas, cuda_kernels="cuda" in (target, kernels))
+    except ValueError as error:
+        raise ValueError(f"load: {error}") from None
     graph = dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk, kv_dtype=kv_dtype,
                  kv_block_size=kv_block_size)
     if weight_formats:
         # Only packed models name it: other kernels keep their cache keys.
         graph["weight_formats"] = dict(sorted(weight_formats.items()))
-    return (graph,
-            dict(target=target, schedule=schedule, workers=workers, chip=chip, kernels=kernels))
+    options = dict(target=target, schedule=schedule, workers=workers, chip=chip, kernels=kernels)
+    # The worker's bounds, where given (`etc.compile`'s defaults otherwise;
+    # the cache key records the CUDA kernels' lanes either way).
+    for name, value in (("lanes", lanes), ("min_ctas", min_ctas)):
+        if value is not None:
+            options[name] = value
+    return graph, options
 
 
 def packed_weights(checkpoint, packed: Optional[bool], *, target: str = "cpu",
@@ -241,7 +254,8 @@ def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
                        chip: str = "sm_90a", kernels: str = "native", cache=None, output=None,
                        progress=None, kv_dtype: Optional[str] = None,
                        kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE,
-                       packed: Optional[bool] = None):
+                       packed: Optional[bool] = None, lanes: Optional[int] = None,
+                       min_ctas: Optional[int] = None):
     """Compiles the step kernel of the checkpoint at `path` with `load`'s
     options, without reading its weights or needing a GPU: into the compile
     cache (`cache` as `load` takes it), and to the artifact file `output`
@@ -254,7 +268,8 @@ def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
         checkpoint.config, target=target, schedule=schedule, workers=workers, dtype=dtype,
         max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip, kernels=kernels,
         kv_dtype=kv_dtype, kv_block_size=kv_block_size,
-        weight_formats=packed_weights(checkpoint, packed, target=target, kernels=kernels))
+        weight_formats=packed_weights(checkpoint, packed, target=target, kernels=kernels),
+        lanes=lanes, min_ctas=min_ctas)
     kernel, source, seconds = step_kernel(checkpoint.config, graph_options, compile_options,
                                           cache=cache, progress=progress, name=str(path))
     description = _cache.describe(checkpoint.config, graph_options, compile_options)

@@ -44,7 +44,8 @@ class CompiledModel:
                  tensor_parallel: int = 1, kv_dtype: Optional[str] = None,
                  kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE,
                  kv_cache_tokens: Optional[int] = None, kv_cache_memory: Optional[int] = None,
-                 packed: Optional[bool] = None):
+                 packed: Optional[bool] = None, lanes: Optional[int] = None,
+                 min_ctas: Optional[int] = None):
         from .parallel import shard_config, shard_weight
 
         if target == "cuda":
@@ -81,7 +82,7 @@ class CompiledModel:
             config, target=target, schedule=schedule, workers=workers, dtype=dtype,
             max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip,
             kernels=kernels, kv_dtype=kv_dtype, kv_block_size=kv_block_size,
-            weight_formats=self.weight_formats)
+            weight_formats=self.weight_formats, lanes=lanes, min_ctas=min_ctas)
         if tensor_parallel > 1:
             self.graph_options["ranks"] = tensor_parallel
         if isinstance(max_step_tokens, bool) or not isinstance(max_step_tokens, int) or \
@@ -351,7 +352,9 @@ class CompiledModel:
         """The draft model at `path` (a checkpoint directory or GGUF file)
         for speculative decoding, loaded with this model's options (target,
         dtype, workers, max_seq_len, KV cache layout, compile cache) the
-        first time and kept: every engine of this model shares it."""
+        first time and kept: every engine of this model shares it. Its
+        step kernel's workers are as wide as this model's (lanes, min_ctas:
+        one CTA size per model)."""
         from ..loading import open_checkpoint
 
         key = str(path)
@@ -365,7 +368,8 @@ class CompiledModel:
                                attention_chunk=graph["chunk"],
                                max_step_tokens=self.max_step_tokens, chip=compiled["chip"],
                                kernels=compiled["kernels"], cache=self._cache_option,
-                               kv_dtype=graph["kv_dtype"], kv_block_size=graph["kv_block_size"])
+                               kv_dtype=graph["kv_dtype"], kv_block_size=graph["kv_block_size"],
+                               lanes=compiled.get("lanes"), min_ctas=compiled.get("min_ctas"))
             with self._pool_lock:
                 draft = self._drafts.setdefault(key, draft)
         return draft
