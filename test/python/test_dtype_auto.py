@@ -59,7 +59,7 @@ def test_a_bf16_checkpoint_computes_in_bf16(bf16):
 def test_the_command_line_names_the_resolved_dtype(bf16, capsys):
     """`etc compile` (default --dtype auto) finds the bf16 kernel the load
     compiled and says bf16; `etc cache list` shows dtype=bf16, never auto;
-    the server's /v1/models says it too."""
+    so do the verbose load line and the server's /v1/models."""
     path, cache, model = bf16
     assert etc.cli.main(["compile", str(path), "--cache-dir", str(cache), *CLI]) == 0
     out = capsys.readouterr().out
@@ -70,6 +70,12 @@ def test_the_command_line_names_the_resolved_dtype(bf16, capsys):
     assert etc.cli.main(["compile", str(path), "--cache-dir", str(cache), "--dtype", "bf16",
                          *CLI]) == 0
     assert "found in the cache" in capsys.readouterr().out
+    from etc.cli.model import load_model
+
+    args = etc.cli.parser().parse_args(["generate", str(path), "hi", "--verbose", "--quiet",
+                                        "--cache-dir", str(cache), *CLI])
+    assert load_model(args).dtype == "bf16"
+    assert f"etc: loaded {path} (bf16, cache step kernel" in capsys.readouterr().err
     with TestClient(etc.serve.build_app(model, served_model_name="tiny")) as client:
         (served,) = client.get("/v1/models").json()["data"]
     assert served["dtype"] == "bf16"

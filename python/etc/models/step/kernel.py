@@ -56,8 +56,9 @@ class KernelNotCachedError(RuntimeError):
 def resolve_dtype(checkpoint, dtype: Optional[str]) -> str:
     """`load`'s `dtype` as the step kernel is built for: None (or "auto")
     is the checkpoint's own (`default_dtype()`: a safetensors
-    checkpoint's weight matrices' storage, bf16 for an FP8 one, f32 for a
-    quantized GGUF file; docs/models.md, "The compute dtype"); "f32",
+    checkpoint's weight matrices' storage, an FP8 one's unquantized
+    matrices' (bf16), f32 for a quantized GGUF file; docs/models.md, "The
+    compute dtype"); "f32",
     "f16" or "bf16" as given. Resolved before anything is keyed on it
     (the compile cache, `Model.dtype`), so that none of them says
     "auto"."""
