@@ -70,9 +70,10 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     or "auto") is the checkpoint's own: the storage of a safetensors
     checkpoint's weight matrices (a bf16 checkpoint runs in bf16, never
     widened), an FP8 one's unquantized matrices' (bf16), f32 for a GGUF
-    file with quantized weights (docs/models.md, "The compute dtype"); `Model.dtype` says
-    which. The KV caches are in `kv_dtype` (default: the compute dtype;
-    "f32" keeps float32 caches for a half-precision model). `max_seq_len` (default: the config's max_position_embeddings)
+    file with quantized weights (docs/models.md, "The compute dtype");
+    `Model.dtype` says which. The KV caches are in `kv_dtype` (default:
+    the compute dtype; "f32" keeps float32 caches for a half-precision
+    model). `max_seq_len` (default: the config's max_position_embeddings)
     bounds prompt + new tokens; `attention_chunk` is the KV positions per
     attention chunk task (default 128; the number of chunks follows the
     cache's length at run time);
