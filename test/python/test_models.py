@@ -185,7 +185,7 @@ def test_bf16_checkpoint(tmp_path):
                             seed=5, shards=2)
     assert all(SafetensorsFile(f).dtype(n) == "BF16" for f in path.glob("*.safetensors")
                for n in SafetensorsFile(f))
-    model = models.load(path, schedule="static", **LOAD)
+    model = models.load(path, schedule="static", dtype="f32", **LOAD)
     out = model.generate(PROMPTS, 3, return_logits=True)
     # The widened bf16 weights are exact float32 values: teacher forcing
     # holds as tightly as for float32 checkpoints.

@@ -44,8 +44,10 @@ def add_load_options(parser: argparse.ArgumentParser, *, compile_only: bool = Fa
     group.add_argument("--chip", default="sm_90a",
                        help="the GPU architecture of --target cuda (sm_90a, sm_80; default: "
                             "sm_90a)")
-    group.add_argument("--dtype", choices=("f32", "f16", "bf16"), default="f32",
-                       help="the weights' and activations' dtype (default: f32)")
+    group.add_argument("--dtype", choices=("auto", "f32", "f16", "bf16"), default="auto",
+                       help="the weights' and activations' dtype (default: auto, the "
+                            "checkpoint's own: a bf16 checkpoint's is bf16; f32 for a GGUF "
+                            "file with quantized weights)")
     group.add_argument("--widen", action="store_true",
                        help="widen a GGUF file's quantized weights (or an FP8 checkpoint's) "
                             "to --dtype (the reference) instead of running them packed "
@@ -205,6 +207,11 @@ def byte_size(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive size")
     return value
+
+
+def dtype_option(args):
+    """`--dtype` as `etc.models.load` takes it: None for auto."""
+    return None if args.dtype == "auto" else args.dtype
 
 
 def cache_option(args):

@@ -52,7 +52,7 @@ __all__ = ["load", "open_checkpoint", "compile_checkpoint", "CompileResult", "Mo
 
 
 def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[int] = None, *,
-         dtype: str = "f32", max_seq_len: Optional[int] = None,
+         dtype: Optional[str] = None, max_seq_len: Optional[int] = None,
          attention_chunk: Optional[int] = None, max_step_tokens: int = 256,
          chip: str = "sm_90a", kernels: str = "native", cache=None, kernel=None,
          progress=None, tensor_parallel: int = 1, kv_dtype: Optional[str] = None,
@@ -67,9 +67,14 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     `etc.compile` (`kernels="cuda"` on the CPU runs the CUDA tile kernels
     with simulated lanes, a check of the GPU code without a GPU)
     (`workers=None`: one per CPU core on the CPU). Weights and activations
-    are computed in `dtype` ("f32", "f16" or "bf16"); the KV caches are
-    in `kv_dtype` (default: `dtype`; "f32" keeps float32 caches for a
-    half-precision model). `max_seq_len` (default: the config's max_position_embeddings)
+    are computed in `dtype` ("f32", "f16" or "bf16"); None (the default,
+    or "auto") is the checkpoint's own: the storage of a safetensors
+    checkpoint's weight matrices (a bf16 checkpoint runs in bf16, never
+    widened), an FP8 one's unquantized matrices' (bf16), f32 for a GGUF
+    file with quantized weights (docs/models.md, "The compute dtype");
+    `Model.dtype` says which. The KV caches are in `kv_dtype` (default:
+    the compute dtype; "f32" keeps float32 caches for a half-precision
+    model). `max_seq_len` (default: the config's max_position_embeddings)
     bounds prompt + new tokens; `attention_chunk` is the KV positions per
     attention chunk task (default 128; the number of chunks follows the
     cache's length at run time);

@@ -17,12 +17,14 @@ from .kv_blocks import DEFAULT_BLOCK_SIZE
 from .kv_cache import KV_DTYPES
 
 __all__ = ["step_options", "step_kernel", "packed_weights", "packed_split", "widened_weights",
-           "KernelNotCachedError", "MODEL_DTYPES",
+           "KernelNotCachedError", "MODEL_DTYPES", "resolve_dtype",
            "DEFAULT_MAX_STEP_TOKENS", "DEFAULT_ATTENTION_CHUNK", "compile_checkpoint",
            "CompileResult"]
 
 #: The dtypes weights and activations may be computed in.
 MODEL_DTYPES = ("f32", "f16", "bf16")
+#: What `load(dtype=...)` takes for "the checkpoint's own dtype".
+AUTO_DTYPES = (None, "auto")
 #: How many new tokens one step takes at most, unless told otherwise:
 #: longer prompts are prefilled over several steps (chunked prefill), which
 #: bounds the activations and the attention scratch a step allocates.
@@ -50,6 +52,24 @@ class KernelNotCachedError(RuntimeError):
             f"compiler is installed, with the same options (etc compile {name} --target "
             f"{target} ...), then copy the cache directory here (or set ETC_CACHE_DIR), or "
             f"pass the file 'etc compile -o FILE' wrote as kernel=FILE")
+
+
+def resolve_dtype(checkpoint, dtype: Optional[str]) -> str:
+    """`load`'s `dtype` as the step kernel is built for: None (or "auto")
+    is the checkpoint's own (`default_dtype()`: a safetensors
+    checkpoint's weight matrices' storage, an FP8 one's unquantized
+    matrices' (bf16), f32 for a quantized GGUF file; docs/models.md, "The
+    compute dtype"); "f32",
+    "f16" or "bf16" as given. Resolved before anything is keyed on it
+    (the compile cache, `Model.dtype`), so that none of them says
+    "auto"."""
+    if dtype in AUTO_DTYPES:
+        return checkpoint.default_dtype()
+    if dtype not in MODEL_DTYPES:
+        raise ValueError(f"load: dtype={dtype!r} is not supported; expected one of "
+                         f"{', '.join(MODEL_DTYPES)}, or None / 'auto' for the checkpoint's "
+                         f"own")
+    return dtype
 
 
 def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "auto",
@@ -249,7 +269,7 @@ def _usable_cores() -> int:
 
 
 def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
-                       workers: Optional[int] = None, *, dtype: str = "f32",
+                       workers: Optional[int] = None, *, dtype: Optional[str] = None,
                        max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
                        chip: str = "sm_90a", kernels: str = "native", cache=None, output=None,
                        progress=None, kv_dtype: Optional[str] = None,
@@ -262,10 +282,13 @@ def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
     when given (what `load(..., kernel=output)` takes). A kernel already in
     the cache is not compiled again. Returns a `CompileResult`: the kernel,
     its source ("cache" or "compiled"), the seconds that took, and the
-    cache file (None when the cache is off or could not be written)."""
+    cache file (None when the cache is off or could not be written).
+    `dtype` None (or "auto"): the checkpoint's own, as `load` takes it
+    (`resolve_dtype`; its tensors' headers say it, no weight is read)."""
     checkpoint = open_checkpoint(path)
     graph_options, compile_options = step_options(
-        checkpoint.config, target=target, schedule=schedule, workers=workers, dtype=dtype,
+        checkpoint.config, target=target, schedule=schedule, workers=workers,
+        dtype=resolve_dtype(checkpoint, dtype),
         max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip, kernels=kernels,
         kv_dtype=kv_dtype, kv_block_size=kv_block_size,
         weight_formats=packed_weights(checkpoint, packed, target=target, kernels=kernels),

@@ -17,7 +17,8 @@ import numpy as np
 from ... import packed
 from ..loading.checkpoint import STORAGE, Checkpoint
 from . import kernel_cache as _cache
-from .kernel import DEFAULT_MAX_STEP_TOKENS, packed_split, step_kernel, step_options
+from .kernel import (DEFAULT_MAX_STEP_TOKENS, packed_split, resolve_dtype, step_kernel,
+                     step_options)
 from .kv_blocks import DEFAULT_BLOCK_SIZE
 from .kv_cache import KV_STORAGE, KVCache, PagedKVCache, layer_tables
 from .request import Request
@@ -36,7 +37,7 @@ class CompiledModel:
     `generate`)."""
 
     def __init__(self, checkpoint, *, target: str = "cpu", schedule: str = "auto",
-                 workers: Optional[int] = None, dtype: str = "f32",
+                 workers: Optional[int] = None, dtype: Optional[str] = None,
                  max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
                  max_step_tokens: int = DEFAULT_MAX_STEP_TOKENS, chip: str = "sm_90a",
                  kernels: str = "native", cache=None, kernel=None,
@@ -54,6 +55,9 @@ class CompiledModel:
 
             require_device("load(target='cuda')")
         config = checkpoint.config
+        # None or "auto": the checkpoint's own (a bf16 checkpoint computes
+        # in bf16), resolved before the cache key and everything else.
+        dtype = resolve_dtype(checkpoint, dtype)
         #: The ranks the model is split over (Megatron-style) and this
         #: process's rank; `_shard` is its share of the heads and columns.
         self.tensor_parallel = tensor_parallel
@@ -91,6 +95,8 @@ class CompiledModel:
         self.config = config
         self.checkpoint = checkpoint
         self.path = checkpoint.path
+        #: The compute dtype of weights and activations ("f32", "f16" or
+        #: "bf16"): `load`'s, or the checkpoint's own when it gave None.
         self.dtype = dtype
         #: The KV caches' dtype (by default the compute dtype).
         self.kv_dtype = self.graph_options["kv_dtype"]
