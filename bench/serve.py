@@ -384,11 +384,15 @@ def run_soak(args) -> int:
         path = write_checkpoint(Path(tempfile.mkdtemp()) / "soak",
                                 tiny_config(**{**SMALL, "vocab_size": 512}), tokenizer=True)
     length = args.soak_model_len
-    options = ["--max-model-len", str(length), "--schedule", args.schedule]
+    # --dtype as given (f32 by default), not the checkpoint's: the soak's
+    # numbers stay those of the dtype they say.
+    options = ["--max-model-len", str(length), "--schedule", args.schedule, "--dtype",
+               args.dtype]
     if args.workers:
         options += ["--workers", str(args.workers)]
     start = time.perf_counter()
-    model = models.load(path, workers=args.workers, schedule=args.schedule, max_seq_len=length)
+    model = models.load(path, workers=args.workers, schedule=args.schedule, max_seq_len=length,
+                        dtype=args.dtype)
     print(f"{model}: loaded in {time.perf_counter() - start:.2f} s")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     parser.add_argument("--chip", default="sm_90a")
     parser.add_argument("--schedule", default="auto", choices=("auto", "static", "dynamic"))
     parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--dtype", default="f32", choices=("f32", "f16", "bf16"))
+    parser.add_argument("--dtype", default="auto", choices=("auto", "f32", "f16", "bf16"),
+                        help="compute dtype (default: auto, the checkpoint's own)")
     parser.add_argument("--max-seq-len", type=int, default=None,
                         help="longest prompt + new tokens (default: the config's maximum)")
     parser.add_argument("--tiny", choices=sorted(TINY),

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from mlir import ir
 from mlir.passmanager import PassManager
 
+from .runtime.abi import check_worker_bounds
+
 TARGETS = ("cpu", "cuda")
 SCHEDULES = ("static", "dynamic", "auto")
 POLICIES = ("round-robin", "claim")
@@ -100,22 +102,9 @@ class Options:
             raise ValueError(f"kernels={self.kernels!r} simulates the {self.kernels.upper()} "
                              f"kernels on target='cpu'; target={self.target!r} builds its own "
                              "kernels")
-        cuda_kernels = "cuda" in (self.target, self.kernels)
-        for name in ("lanes", "min_ctas"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if not cuda_kernels:
-                raise ValueError(f"{name}={value!r} applies to CUDA kernels: target='cuda', or "
-                                 "target='cpu' with kernels='cuda' (simulated)")
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive integer")
-        if self.lanes is not None and (self.lanes % 32 or self.lanes > 1024):
-            raise ValueError(f"lanes={self.lanes!r} must be a multiple of 32 (whole warps) "
-                             "and at most 1024 (threads per CTA)")
-        if self.min_ctas is not None and self.worker_lanes * self.min_ctas > 2048:
-            raise ValueError(f"min_ctas={self.min_ctas!r} CTAs of {self.worker_lanes} lanes "
-                             "exceed the 2,048 threads an SM holds")
+        # The rules etc.models.load applies too (without MLIR).
+        check_worker_bounds(self.lanes, self.min_ctas,
+                            cuda_kernels="cuda" in (self.target, self.kernels))
 
     @property
     def worker_lanes(self) -> int:

@@ -119,6 +119,56 @@ def test_compile_for_a_gpu_without_one(checkpoint, tmp_path):
     assert "found the kernel; no GPU" in found.stdout
 
 
+def test_compile_lanes_for_a_gpu(checkpoint, tmp_path):
+    """`etc compile --target cuda --lanes 256 [--min-ctas 1]`: a step worker
+    of 256 threads (its PTX bounds, the ABI, the cache's line), which
+    ptxas assembles for sm_90a and sm_80 with no spills (the cache keys:
+    test_model_lanes.py). --lanes / --min-ctas under --target cpu or with
+    values etc.compile refuses are usage errors naming the option."""
+    from ptxas_check import PTXAS, assemble, assert_no_spills
+    import etc.runtime
+
+    cache = tmp_path / "cache"
+    small = ["--cache-dir", cache, "--max-model-len", "32", "--attention-chunk", "8"]
+    for chip, bounds in (("sm_90a", ["--min-ctas", "1"]), ("sm_80", [])):
+        result = etc_command("compile", checkpoint, "--target", "cuda", "--chip", chip,
+                             "--lanes", "256", *bounds, *small)
+        assert result.returncode == 0, result.stderr
+        said = "(lanes 256, min-ctas 1)" if bounds else "(lanes 256)"
+        assert f"step kernel for cuda {chip} {said} compiled" in result.stdout
+    entries = {e.description["compile"]["chip"]: e for e in models.KernelCache(cache).entries()}
+    assert sorted(entries) == ["sm_80", "sm_90a"]
+    listed = etc_command("cache", "list", "--cache-dir", cache).stdout
+    assert "sm_90a schedule=auto workers=1 kernels=native lanes=256 min_ctas=1\n" in listed
+    assert "sm_80 schedule=auto workers=1 kernels=native lanes=256\n" in listed
+    for chip, entry in entries.items():
+        kernel = etc.runtime.load(entry.path)
+        assert kernel.abi.lanes == 256
+        bounds = [line.strip() for line in kernel.ptx.splitlines()
+                  if line.strip().startswith((".maxntid", ".minnctapersm"))]
+        assert bounds == [".maxntid 256, 1, 1"] + [".minnctapersm 1"] * (chip == "sm_90a")
+        if PTXAS is not None:
+            assert_no_spills(assemble(kernel.ptx, chip, tmp_path, "step"))
+    # Usage errors (status 2) naming the option, before any model loads.
+    for args, message in (
+            (["generate", checkpoint, "hello", "--lanes", "256"],
+             "--lanes 256 applies to --target cuda"),
+            (["serve", checkpoint, "--min-ctas", "2", "--target", "cpu"],
+             "--min-ctas 2 applies to --target cuda"),
+            (["compile", checkpoint, "--target", "cuda", "--lanes", "100"],
+             "--lanes 100 must be a multiple of 32"),
+            (["chat", checkpoint, "--target", "cuda", "--lanes", "1024", "--min-ctas", "3"],
+             "--min-ctas 3 CTAs of 1024 lanes exceed the 2,048 threads an SM holds"),
+            (["compile", checkpoint, "--target", "cuda", "--min-ctas", "0"],
+             "not a positive integer")):
+        usage = etc_command(*args)
+        assert usage.returncode == 2 and message in usage.stderr, usage.stderr
+        assert "Traceback" not in usage.stderr
+    helped = " ".join(etc_command("serve", "--help").stdout.split())
+    assert "--lanes N --target cuda: threads per worker CTA" in helped
+    assert "--min-ctas N --target cuda: worker CTAs per SM" in helped
+
+
 def test_user_errors_are_one_line(checkpoint, tmp_path):
     one_line_error(etc_command("compile", tmp_path / "nothing"), "no such file or directory")
     one_line_error(etc_command("compile", checkpoint, "--no-cache"), "-o FILE")

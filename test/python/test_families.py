@@ -356,7 +356,7 @@ def test_bf16_checkpoint_and_half_precision_compute(name, tmp_path):
     float32 forward pass."""
     path = write_checkpoint(tmp_path / "bf16", FAMILIES[name], dtype="BF16", seed=5, shards=2)
     checkpoint = Checkpoint(path)
-    out = models.load(path, **LOAD).generate(PROMPTS, 2, return_logits=True)
+    out = models.load(path, dtype="f32", **LOAD).generate(PROMPTS, 2, return_logits=True)
     teacher_forcing(checkpoint, PROMPTS, out)
     weights = checkpoint.weights()
     for dtype, tol in (("f16", 3e-2), ("bf16", 1.5e-1)):

@@ -124,7 +124,7 @@ def test_fp8_models_run_packed_and_equal_the_reference(name, tmp_path):
     (packed=False) agrees too. Every projection stays packed (a MoE
     layer's experts too; Phi-3's fused projections split by rows)."""
     path = _fp8(tmp_path, name)
-    model = models.load(path, **LOAD)
+    model = models.load(path, dtype="f32", **LOAD)  # by default bf16, the checkpoint's
     c = model.config
     expected = {f"l{i}_{w}" for i in range(c.num_layers) for w in ("wq", "wk", "wv", "wo")}
     for i in range(c.num_layers):
@@ -132,7 +132,7 @@ def test_fp8_models_run_packed_and_equal_the_reference(name, tmp_path):
             ("w_gate", "w_up", "w_down")
         expected |= {f"l{i}_{p}" for p in parts}
     assert model.weight_formats == dict.fromkeys(expected, "fp8_e4m3")
-    widened = models.load(path, packed=False, **LOAD)
+    widened = models.load(path, packed=False, dtype="f32", **LOAD)
     assert widened.weight_formats == {} and model.num_parameters == widened.num_parameters
     got = model.generate(PROMPTS, 6, return_logits=True)
     want = widened.generate(PROMPTS, 6, return_logits=True)
@@ -164,9 +164,11 @@ def test_bf16_and_the_simulated_gpu_kernels(tmp_path):
             assert there.max() - there[token] <= 2 * tolerance, step
     path = _fp8(tmp_path, "qwen3_moe")
     weights = Checkpoint(path).weights("f32")
-    gpu = models.load(path, kernels="cuda", packed=True, **dict(LOAD, max_seq_len=32))
+    gpu = models.load(path, kernels="cuda", packed=True, dtype="f32",
+                      **dict(LOAD, max_seq_len=32))
     assert "l1_experts_down" in gpu.weight_formats
-    assert models.load(path, kernels="cuda", **dict(LOAD, max_seq_len=32)).weight_formats == {}
+    assert models.load(path, kernels="cuda", dtype="f32",
+                       **dict(LOAD, max_seq_len=32)).weight_formats == {}
     got = gpu.generate(PROMPTS, 4, return_logits=True)
     for prompt, tokens, logits in zip(PROMPTS, got.tokens, got.logits):
         reference = forward(gpu.config, weights, prompt + tokens[:-1])[len(prompt) - 1:]

@@ -145,12 +145,47 @@ def test_step_serves_requests_that_join_and_leave(loaded):
     assert ids_b.dtype == np.int32 and list(ids_b) == list(np.argmax(second, axis=1))
 
 
+def test_decode_steps_reuse_their_arrays_and_binding(loaded, monkeypatch):
+    """`step` copies its small arrays into ones kept from the last step of
+    the same shapes, so the runtime reuses that step's binding (no `_bind`
+    at a repeated shape); the ids each step returns stay the caller's, and
+    they are those of the same steps run on new arrays (`return_logits`)."""
+    from etc.runtime.cpu import CPURuntime
+
+    model = loaded["qwen3"]
+    binds = []
+    bind = CPURuntime._bind
+    monkeypatch.setattr(CPURuntime, "_bind",
+                        lambda self, *a, **k: binds.append(1) or bind(self, *a, **k))
+    kept, fresh = model.new_cache(slots=2, length=16), model.new_cache(slots=2, length=16)
+    prompts = {0: [1, 2, 3], 1: [4, 5]}
+    for cache in (kept, fresh):
+        model.step(cache, [models.Request(s, 0, p) for s, p in prompts.items()])
+    tokens = {0: [7], 1: [9]}
+    returned = []
+    # One request, then both, then one again: the kept arrays of each shape.
+    for step, slots in enumerate([(0,), (0,), (0, 1), (0, 1), (0, 1), (0,), (0,), (0,)]):
+        requests = [models.Request(s, len(prompts[s]) + len(tokens[s]) - 1, [tokens[s][-1]])
+                    for s in slots]
+        binds.clear()
+        _, ids = model.step(kept, requests)
+        if step in (4, 7):  # the arrays of the two steps before: planned at the second
+            assert binds == []
+        returned.append((requests, ids, ids.tolist()))
+        for s, token in zip(slots, ids.tolist()):
+            tokens[s].append(token)
+    for requests, ids, copy in returned:
+        assert ids.tolist() == copy
+        _, want = model.step(fresh, requests, return_logits=True)
+        assert copy == want.tolist()
+
+
 def test_bf16_checkpoint(tmp_path):
     path = write_checkpoint(tmp_path / "bf16", tiny_config("Qwen3ForCausalLM"), dtype="BF16",
                             seed=5, shards=2)
     assert all(SafetensorsFile(f).dtype(n) == "BF16" for f in path.glob("*.safetensors")
                for n in SafetensorsFile(f))
-    model = models.load(path, schedule="static", **LOAD)
+    model = models.load(path, schedule="static", dtype="f32", **LOAD)
     out = model.generate(PROMPTS, 3, return_logits=True)
     # The widened bf16 weights are exact float32 values: teacher forcing
     # holds as tightly as for float32 checkpoints.

@@ -130,6 +130,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs the `etc` command line with `argv` (default: sys.argv[1:])."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)
+    if hasattr(args, "check_load_options"):  # usage errors argparse cannot see alone
+        args.check_load_options(args)
     parallel = getattr(args, "tensor_parallel", 1) > 1
     rank = launched_rank() if parallel else 0
     try:

@@ -7,29 +7,35 @@ from __future__ import annotations
 import time
 
 from .model import progress_bars
-from .options import cache_option, max_model_len
+from .options import cache_option, dtype_option, max_model_len
 
 
 def run_compile(args) -> int:
     from ..models import compile_checkpoint, open_checkpoint
+    from ..models.step.kernel import resolve_dtype
 
     cache = cache_option(args)
     if cache is False and args.output is None:
         raise ValueError("--no-cache without -o FILE: the compiled kernel would go nowhere")
     checkpoint = open_checkpoint(args.checkpoint)
+    dtype = resolve_dtype(checkpoint, dtype_option(args))
     progress = progress_bars(args)
     try:
         result = compile_checkpoint(
             args.checkpoint, target=args.target, schedule=args.schedule, workers=args.workers,
-            dtype=args.dtype, max_seq_len=max_model_len(args, checkpoint),
+            dtype=dtype, max_seq_len=max_model_len(args, checkpoint),
             attention_chunk=args.attention_chunk, chip=args.chip, cache=cache,
             output=args.output, progress=progress, kv_block_size=args.kv_block_size,
-            packed=False if args.widen else None)
+            packed=False if args.widen else None, lanes=args.lanes, min_ctas=args.min_ctas)
     finally:
         progress.close()
     where = f"{args.target} {args.chip}" if args.target == "cuda" else args.target
+    bounds = [f"{name} {value}" for name, value in (("lanes", args.lanes),
+                                                    ("min-ctas", args.min_ctas)) if value]
+    where += f" ({', '.join(bounds)})" if bounds else ""
     done = "compiled" if result.source == "compiled" else "found in the cache"
-    print(f"{args.checkpoint}: step kernel for {where} {done} ({result.seconds:.1f} s)")
+    print(f"{args.checkpoint}: {dtype} step kernel for {where} {done} "
+          f"({result.seconds:.1f} s)")
     if result.cache_path is not None:
         print(f"  cache: {result.cache_path}")
     if args.output is not None:

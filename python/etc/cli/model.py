@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from .options import cache_option, max_model_len
+from .options import cache_option, dtype_option, max_model_len
 from .output import Progress
 from .ranks import launched_rank
 
@@ -24,20 +24,21 @@ def load_model(args):
     progress = progress_bars(args)
     try:
         model = Model(checkpoint, target=args.target, schedule=args.schedule,
-                      workers=args.workers, dtype=args.dtype,
+                      workers=args.workers, dtype=dtype_option(args),
                       max_seq_len=max_model_len(args, checkpoint),
                       attention_chunk=args.attention_chunk, chip=args.chip,
                       cache=cache_option(args), kernel=args.kernel, progress=progress,
                       kv_block_size=args.kv_block_size, kv_cache_tokens=args.kv_cache_tokens,
                       kv_cache_memory=args.kv_cache_memory,
                       tensor_parallel=getattr(args, "tensor_parallel", 1),
+                      lanes=args.lanes, min_ctas=args.min_ctas,
                       packed=False if args.widen else None, **step_tokens(args))
     finally:
         progress.close()
     if getattr(args, "verbose", False) and model.rank == 0:
         timings = ", ".join(f"{k} {v:.2f} s" for k, v in model.timings.items())
-        print(f"etc: loaded {args.checkpoint} ({model.kernel_source} step kernel, at most "
-              f"{model.max_step_tokens} tokens a step; {timings})",
+        print(f"etc: loaded {args.checkpoint} ({model.dtype}, {model.kernel_source} step "
+              f"kernel, at most {model.max_step_tokens} tokens a step; {timings})",
               file=sys.stderr)
     return model
 

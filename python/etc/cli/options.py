@@ -44,8 +44,10 @@ def add_load_options(parser: argparse.ArgumentParser, *, compile_only: bool = Fa
     group.add_argument("--chip", default="sm_90a",
                        help="the GPU architecture of --target cuda (sm_90a, sm_80; default: "
                             "sm_90a)")
-    group.add_argument("--dtype", choices=("f32", "f16", "bf16"), default="f32",
-                       help="the weights' and activations' dtype (default: f32)")
+    group.add_argument("--dtype", choices=("auto", "f32", "f16", "bf16"), default="auto",
+                       help="the weights' and activations' dtype (default: auto, the "
+                            "checkpoint's own: a bf16 checkpoint's is bf16; f32 for a GGUF "
+                            "file with quantized weights)")
     group.add_argument("--widen", action="store_true",
                        help="widen a GGUF file's quantized weights (or an FP8 checkpoint's) "
                             "to --dtype (the reference) instead of running them packed "
@@ -64,6 +66,14 @@ def add_load_options(parser: argparse.ArgumentParser, *, compile_only: bool = Fa
                        metavar="P",
                        help=f"positions per block of the paged KV cache, or 'none' for a "
                             f"contiguous slot per sequence (default: {DEFAULT_BLOCK_SIZE})")
+    group.add_argument("--lanes", type=positive_int, default=None, metavar="N",
+                       help="--target cuda: threads per worker CTA of the step kernel, a "
+                            "multiple of 32 up to 1024 (default: 128, one warpgroup)")
+    group.add_argument("--min-ctas", type=positive_int, default=None, metavar="N",
+                       help="--target cuda: worker CTAs per SM the step kernel is compiled "
+                            "for (.minnctapersm): ptxas then gives a thread at most 65536 / "
+                            "(lanes x N) registers (default: no such bound)")
+    parser.set_defaults(check_load_options=lambda args: check_worker_options(parser, args))
     if not compile_only:
         group.add_argument("--max-step-tokens", type=positive_int, default=None, metavar="N",
                            help=f"tokens one step of the model takes at most, over all "
@@ -199,6 +209,11 @@ def byte_size(text: str) -> int:
     return value
 
 
+def dtype_option(args):
+    """`--dtype` as `etc.models.load` takes it: None for auto."""
+    return None if args.dtype == "auto" else args.dtype
+
+
 def cache_option(args):
     if args.no_cache:
         return False
@@ -209,6 +224,27 @@ def max_model_len(args, checkpoint) -> int:
     if args.max_model_len is not None:
         return args.max_model_len
     return min(DEFAULT_MAX_MODEL_LEN, checkpoint.config.max_position_embeddings)
+
+
+def check_worker_options(parser: argparse.ArgumentParser, args) -> None:
+    """--lanes and --min-ctas: --target cuda only, with the values
+    `etc.compile` takes (`etc.runtime.abi.check_worker_bounds`); a usage
+    error of `parser` naming the option otherwise."""
+    given = [f"--{name.replace('_', '-')} {value}" for name, value in
+             (("lanes", args.lanes), ("min_ctas", args.min_ctas)) if value is not None]
+    if not given:
+        return
+    if args.target != "cuda":
+        parser.error(f"{given[0]} applies to --target cuda (the step kernel's worker CTAs "
+                     f"on the GPU); --target {args.target} runs its workers as CPU threads")
+    from ..runtime.abi import check_worker_bounds
+
+    try:
+        check_worker_bounds(args.lanes, args.min_ctas, cuda_kernels=True)
+    except ValueError as error:
+        # etc.compile's names, as the options are spelt.
+        message = str(error).replace("lanes=", "--lanes ").replace("min_ctas=", "--min-ctas ")
+        parser.error(message)
 
 
 def speculative(args):

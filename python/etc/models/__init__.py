@@ -52,12 +52,13 @@ __all__ = ["load", "open_checkpoint", "compile_checkpoint", "CompileResult", "Mo
 
 
 def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[int] = None, *,
-         dtype: str = "f32", max_seq_len: Optional[int] = None,
+         dtype: Optional[str] = None, max_seq_len: Optional[int] = None,
          attention_chunk: Optional[int] = None, max_step_tokens: int = 256,
          chip: str = "sm_90a", kernels: str = "native", cache=None, kernel=None,
          progress=None, tensor_parallel: int = 1, kv_dtype: Optional[str] = None,
          kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE, kv_cache_tokens: Optional[int] = None,
-         kv_cache_memory: Optional[int] = None, packed: Optional[bool] = None) -> Model:
+         kv_cache_memory: Optional[int] = None, packed: Optional[bool] = None,
+         lanes: Optional[int] = None, min_ctas: Optional[int] = None) -> Model:
     """Reads the Hugging Face checkpoint directory or GGUF file `path`,
     builds its step graph and compiles it once, or takes the compiled step
     kernel from the compile cache.
@@ -66,9 +67,14 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     `etc.compile` (`kernels="cuda"` on the CPU runs the CUDA tile kernels
     with simulated lanes, a check of the GPU code without a GPU)
     (`workers=None`: one per CPU core on the CPU). Weights and activations
-    are computed in `dtype` ("f32", "f16" or "bf16"); the KV caches are
-    in `kv_dtype` (default: `dtype`; "f32" keeps float32 caches for a
-    half-precision model). `max_seq_len` (default: the config's max_position_embeddings)
+    are computed in `dtype` ("f32", "f16" or "bf16"); None (the default,
+    or "auto") is the checkpoint's own: the storage of a safetensors
+    checkpoint's weight matrices (a bf16 checkpoint runs in bf16, never
+    widened), an FP8 one's unquantized matrices' (bf16), f32 for a GGUF
+    file with quantized weights (docs/models.md, "The compute dtype");
+    `Model.dtype` says which. The KV caches are in `kv_dtype` (default:
+    the compute dtype; "f32" keeps float32 caches for a half-precision
+    model). `max_seq_len` (default: the config's max_position_embeddings)
     bounds prompt + new tokens; `attention_chunk` is the KV positions per
     attention chunk task (default 128; the number of chunks follows the
     cache's length at run time);
@@ -115,6 +121,14 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     packed=None (a RuntimeWarning and `model.widened_weights` name it and
     why) and is a ValueError naming it, its block and N with packed=True.
 
+    `lanes` and `min_ctas` (CUDA kernels: target="cuda", or kernels="cuda"
+    simulated on the CPU) are those of `etc.compile`: threads per worker
+    CTA of the step kernel (default 128) and the worker's `.minnctapersm`.
+    They are part of the compile cache's key, and a draft model
+    (speculative decoding) takes them too: one CTA size per model. On the
+    CPU's own kernels they are a ValueError naming them, as are values
+    `etc.compile` refuses.
+
     Raises `UnsupportedConfigError`, `MissingTensorError`,
     `CheckpointError`, `GGUFError` or `SafetensorsError` naming the field,
     tensor or file at fault."""
@@ -123,4 +137,5 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
                  max_step_tokens=max_step_tokens, chip=chip, kernels=kernels, cache=cache,
                  kernel=kernel, progress=progress, tensor_parallel=tensor_parallel,
                  kv_dtype=kv_dtype, kv_block_size=kv_block_size, kv_cache_tokens=kv_cache_tokens,
-                 kv_cache_memory=kv_cache_memory, packed=packed)
+                 kv_cache_memory=kv_cache_memory, packed=packed,
+                 lanes=lanes, min_ctas=min_ctas)

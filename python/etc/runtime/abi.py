@@ -28,6 +28,35 @@ ARGUMENT_KINDS = ("symbol", "input", "state", "output", "intermediate")
 DTYPES = ("f32", "f16", "bf16", "i32", "index", *FORMATS)
 
 
+#: Threads per worker CTA of CUDA kernels compiled without `lanes` (one
+#: warpgroup).
+DEFAULT_LANES = 128
+
+
+def check_worker_bounds(lanes, min_ctas, *, cuda_kernels: bool) -> None:
+    """The rules `etc.compile` (`Options`) and `etc.models.load` apply to
+    `lanes` (threads per worker CTA) and `min_ctas` (the worker's
+    `.minnctapersm`), without MLIR: both None, or positive ints for CUDA
+    kernels (`cuda_kernels`: target "cuda", or the CUDA kernels simulated
+    on the CPU); lanes a multiple of 32 up to 1,024; at most 2,048 threads
+    of worker CTAs per SM. A ValueError names the argument otherwise."""
+    for name, value in (("lanes", lanes), ("min_ctas", min_ctas)):
+        if value is None:
+            continue
+        if not cuda_kernels:
+            raise ValueError(f"{name}={value!r} applies to CUDA kernels: target='cuda', or "
+                             "target='cpu' with kernels='cuda' (simulated)")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    if lanes is not None and (lanes % 32 or lanes > 1024):
+        raise ValueError(f"lanes={lanes!r} must be a multiple of 32 (whole warps) "
+                         "and at most 1024 (threads per CTA)")
+    width = DEFAULT_LANES if lanes is None else lanes
+    if min_ctas is not None and width * min_ctas > 2048:
+        raise ValueError(f"min_ctas={min_ctas!r} CTAs of {width} lanes "
+                         "exceed the 2,048 threads an SM holds")
+
+
 @dataclass(frozen=True)
 class Argument:
     """One argument of the program, in argument order: `kind` is one of
@@ -112,7 +141,7 @@ class KernelABI:
     #: consistency runtimes check before every run.
     ragged_batches: tuple = ()
     shared_bytes: int = 0
-    lanes: int = 128
+    lanes: int = DEFAULT_LANES
 
     # -- names of the program's functions ----------------------------------
 

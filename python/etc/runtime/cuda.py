@@ -52,7 +52,7 @@ import numpy as np
 from ..binding import (bind_symbols, check_input_dtype, check_input_names, concrete_shape,
                        out_items)
 from ..packed import FORMATS, check_storage, gpu_repacked, to_gpu_layout
-from .abi import KernelABI
+from .abi import DEFAULT_LANES, KernelABI
 from .cpu import _STORAGE, buffer_table, check_disjoint_out, check_out, check_state, to_storage
 from .cuda_arrays import ALIGNMENT, DeviceArray, as_device_array
 from .cuda_driver import (CUDAUnavailableError, DriverJITError, JITLogs, _check, _driver,
@@ -65,9 +65,9 @@ from .cuda_timing import EventTimer
 from .program import ProgramRuntime
 from .ranges import check as check_index_ranges
 
-#: Threads per worker CTA (the lanes of a tile body) of a program that does
-#: not say (`KernelABI.lanes`: `etc.compile(..., lanes=)`).
-DEFAULT_LANES = 128
+# DEFAULT_LANES (`etc.runtime.abi`): threads per worker CTA (the lanes of a
+# tile body) of a program that does not say (`KernelABI.lanes`:
+# `etc.compile(..., lanes=)`).
 #: Bindings of the symbols (sizes) whose device buffers are kept for reuse.
 CACHED_SIZES = 4
 #: Shared memory a CTA may use without opting in (cuFuncSetAttribute).

@@ -198,7 +198,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     async def models():
         return {"object": "list", "data": [{
             "id": name, "object": "model", "created": created, "owned_by": "etc",
-            "max_model_len": engine.max_model_len}]}
+            "max_model_len": engine.max_model_len, "dtype": model.dtype}]}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):

@@ -70,8 +70,8 @@ def run(model, host: str = "127.0.0.1", port: int = 8000, *,
                     max_model_len=max_model_len, max_step_tokens=max_step_tokens,
                     speculative=speculative, tool_call_parser=tool_call_parser)
     engine = app.state.engine
-    logger.info("serving %s: %d requests at once, sequences of up to %d tokens%s",
-                app.state.model_name, engine.max_num_seqs, engine.max_model_len,
+    logger.info("serving %s (%s): %d requests at once, sequences of up to %d tokens%s",
+                app.state.model_name, model.dtype, engine.max_num_seqs, engine.max_model_len,
                 " (all the KV cache holds)" if engine.limited_by_cache else "")
     try:
         Server(app, log_level=log_level).run(sockets=[sock])

@@ -29,7 +29,8 @@ from rank_zero import from_rank_zero
 
 SHAPE = dict(hidden_size=256, intermediate_size=256, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=300)
-LOAD = dict(workers=1, max_seq_len=32, attention_chunk=8)
+# f32, as the GGUF files compute by default (the FP8 checkpoint would be bf16).
+LOAD = dict(workers=1, max_seq_len=32, attention_chunk=8, dtype="f32")
 PROMPTS = [[5, 6, 7, 8, 9], [250, 3]]
 
 

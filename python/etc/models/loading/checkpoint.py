@@ -18,11 +18,28 @@ from ...runtime import aligned
 from .config import ModelConfig, UnsupportedConfigError
 from .safetensors import BYTE_DTYPES, SafetensorsError, SafetensorsFile
 
-__all__ = ["Checkpoint", "MissingTensorError", "CheckpointError", "STORAGE"]
+__all__ = ["Checkpoint", "MissingTensorError", "CheckpointError", "STORAGE", "config_dtype"]
 
 #: The NumPy storage of each compute dtype's weights (bf16: bit patterns).
 STORAGE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
            "bf16": np.dtype(np.uint16)}
+
+#: The compute dtype of each safetensors float dtype.
+_COMPUTE = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+
+#: config.json's `torch_dtype` (transformers v5: `dtype`) as a compute dtype.
+_CONFIG_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def config_dtype(raw: dict) -> Optional[str]:
+    """The compute dtype config.json names (`dtype`, else `torch_dtype`;
+    "torch." prefixes allowed), or None when it names none ETC computes
+    in."""
+    for key in ("dtype", "torch_dtype"):
+        value = raw.get(key) if isinstance(raw, dict) else None
+        if isinstance(value, str) and value.removeprefix("torch.") in _CONFIG_DTYPES:
+            return _CONFIG_DTYPES[value.removeprefix("torch.")]
+    return None
 
 
 class CheckpointError(ValueError):
@@ -109,6 +126,32 @@ class Checkpoint:
     def dtypes(self) -> set[str]:
         """The safetensors dtypes of the checkpoint's tensors."""
         return {f.dtype(n) for n, f in self._where.items()}
+
+    def default_dtype(self) -> str:
+        """The compute dtype `load(dtype=None)` picks: the storage of the
+        weight matrices the step graph reads (the embeddings, projections,
+        router, experts and LM head; an FP8 checkpoint's e4m3 ones aside,
+        they stay packed or are dequantized), so that nothing is widened or
+        rounded: all BF16 -> "bf16", all F16 -> "f16", all F32 -> "f32".
+        Matrices of several dtypes: config.json's `dtype` / `torch_dtype`
+        when it is one of them, else "f32" (it holds every one exactly).
+        No float matrix at all (every one FP8): config.json's, else
+        "bf16". Where config.json names a dtype the matrices are not all
+        stored in, the storage wins: it is what the file holds, and config
+        fields are often stale. docs/models.md, "The compute dtype"."""
+        stored = set()
+        for _, name, _, _, how in self._plan():
+            for tensor in (name if how == "experts" else [name]):
+                file = self._where.get(tensor)
+                if file is not None and file.dtype(tensor) in _COMPUTE and \
+                        len(file.shape(tensor)) == 2:
+                    stored.add(_COMPUTE[file.dtype(tensor)])
+        said = config_dtype(self.raw_config)
+        if len(stored) == 1:
+            return stored.pop()
+        if not stored:
+            return said or "bf16"
+        return said if said in stored else "f32"
 
     def _file(self, name: str, shape: tuple, what: str) -> SafetensorsFile:
         """The file of tensor `name`, whose shape must be `shape`."""

@@ -249,6 +249,22 @@ class GGUFCheckpoint:
         """The GGML types of the file's tensors ("F32", "Q4_K", ...)."""
         return {t.type for t in self._tensors.values()}
 
+    def default_dtype(self) -> str:
+        """The compute dtype `load(dtype=None)` picks: "f32" when any weight
+        matrix the step graph reads is in a block format (the packed
+        kernels' activations; llama.cpp computes in f32 too); else the float
+        storage of those matrices when it is one (all BF16 -> "bf16", all
+        F16 -> "f16": nothing widened, nothing rounded), else "f32". See
+        docs/models.md, "The compute dtype"."""
+        stored = set()
+        for _, name, _, _, _ in self._plan():
+            entry = self._tensors.get(name)
+            if entry is not None and len(entry.shape) >= 2:
+                stored.add(entry.type)
+        if stored in ({"F16"}, {"BF16"}):
+            return stored.pop().lower()
+        return "f32"
+
     def _check_shape(self, name: str, shape: tuple, what: str):
         entry = self._tensors.get(name)
         if entry is None:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+from ...runtime.abi import check_worker_bounds
 from ..loading import open_checkpoint
 from ..loading.config import ModelConfig
 from . import kernel_cache as _cache
@@ -16,12 +17,14 @@ from .kv_blocks import DEFAULT_BLOCK_SIZE
 from .kv_cache import KV_DTYPES
 
 __all__ = ["step_options", "step_kernel", "packed_weights", "packed_split", "widened_weights",
-           "KernelNotCachedError", "MODEL_DTYPES",
+           "KernelNotCachedError", "MODEL_DTYPES", "resolve_dtype",
            "DEFAULT_MAX_STEP_TOKENS", "DEFAULT_ATTENTION_CHUNK", "compile_checkpoint",
            "CompileResult"]
 
 #: The dtypes weights and activations may be computed in.
 MODEL_DTYPES = ("f32", "f16", "bf16")
+#: What `load(dtype=...)` takes for "the checkpoint's own dtype".
+AUTO_DTYPES = (None, "auto")
 #: How many new tokens one step takes at most, unless told otherwise:
 #: longer prompts are prefilled over several steps (chunked prefill), which
 #: bounds the activations and the attention scratch a step allocates.
@@ -51,18 +54,39 @@ class KernelNotCachedError(RuntimeError):
             f"pass the file 'etc compile -o FILE' wrote as kernel=FILE")
 
 
+def resolve_dtype(checkpoint, dtype: Optional[str]) -> str:
+    """`load`'s `dtype` as the step kernel is built for: None (or "auto")
+    is the checkpoint's own (`default_dtype()`: a safetensors
+    checkpoint's weight matrices' storage, an FP8 one's unquantized
+    matrices' (bf16), f32 for a quantized GGUF file; docs/models.md, "The
+    compute dtype"); "f32",
+    "f16" or "bf16" as given. Resolved before anything is keyed on it
+    (the compile cache, `Model.dtype`), so that none of them says
+    "auto"."""
+    if dtype in AUTO_DTYPES:
+        return checkpoint.default_dtype()
+    if dtype not in MODEL_DTYPES:
+        raise ValueError(f"load: dtype={dtype!r} is not supported; expected one of "
+                         f"{', '.join(MODEL_DTYPES)}, or None / 'auto' for the checkpoint's "
+                         f"own")
+    return dtype
+
+
 def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "auto",
                  workers: Optional[int] = None, dtype: str = "f32",
                  max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
                  chip: str = "sm_90a", kernels: str = "native",
                  kv_dtype: Optional[str] = None,
                  kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE,
-                 weight_formats: Optional[dict] = None) -> tuple[dict, dict]:
+                 weight_formats: Optional[dict] = None,
+                 lanes: Optional[int] = None, min_ctas: Optional[int] = None) -> tuple[dict, dict]:
     """`load`'s options checked and completed with their defaults: the
     options of `build_step_graph` (dtype, max_seq_len, chunk, kv_dtype,
     kv_block_size, weight_formats: the packed weights, `packed_weights`)
-    and of `etc.compile` (target, schedule, workers, chip, kernels). With
-    the config they are all the step kernel's code depends on. The KV
+    and of `etc.compile` (target, schedule, workers, chip, kernels, and
+    lanes and min_ctas where given: CUDA kernels only, `etc.compile`'s
+    rules). With the config they are all the step kernel's code depends
+    on. The KV
     caches' dtype is by default the compute dtype (a bf16 model
     keeps bf16 keys and values: half the memory and half the attention's
     bytes of float32)."""
@@ -94,13 +118,22 @@ def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "a
                                       not isinstance(kv_block_size, int) or kv_block_size < 1):
         raise ValueError(f"load: kv_block_size={kv_block_size!r} must be a positive int (the "
                          f"positions of a KV cache block), or None for a contiguous cache")
+    try:
+        check_worker_bounds(lanes, min_ctas, cuda_kernels="cuda" in (target, kernels))
+    except ValueError as error:
+        raise ValueError(f"load: {error}") from None
     graph = dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk, kv_dtype=kv_dtype,
                  kv_block_size=kv_block_size)
     if weight_formats:
         # Only packed models name it: other kernels keep their cache keys.
         graph["weight_formats"] = dict(sorted(weight_formats.items()))
-    return (graph,
-            dict(target=target, schedule=schedule, workers=workers, chip=chip, kernels=kernels))
+    options = dict(target=target, schedule=schedule, workers=workers, chip=chip, kernels=kernels)
+    # The worker's bounds, where given (`etc.compile`'s defaults otherwise;
+    # the cache key records the CUDA kernels' lanes either way).
+    for name, value in (("lanes", lanes), ("min_ctas", min_ctas)):
+        if value is not None:
+            options[name] = value
+    return graph, options
 
 
 def packed_weights(checkpoint, packed: Optional[bool], *, target: str = "cpu",
@@ -236,25 +269,30 @@ def _usable_cores() -> int:
 
 
 def compile_checkpoint(path, target: str = "cpu", schedule: str = "auto",
-                       workers: Optional[int] = None, *, dtype: str = "f32",
+                       workers: Optional[int] = None, *, dtype: Optional[str] = None,
                        max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
                        chip: str = "sm_90a", kernels: str = "native", cache=None, output=None,
                        progress=None, kv_dtype: Optional[str] = None,
                        kv_block_size: Optional[int] = DEFAULT_BLOCK_SIZE,
-                       packed: Optional[bool] = None):
+                       packed: Optional[bool] = None, lanes: Optional[int] = None,
+                       min_ctas: Optional[int] = None):
     """Compiles the step kernel of the checkpoint at `path` with `load`'s
     options, without reading its weights or needing a GPU: into the compile
     cache (`cache` as `load` takes it), and to the artifact file `output`
     when given (what `load(..., kernel=output)` takes). A kernel already in
     the cache is not compiled again. Returns a `CompileResult`: the kernel,
     its source ("cache" or "compiled"), the seconds that took, and the
-    cache file (None when the cache is off or could not be written)."""
+    cache file (None when the cache is off or could not be written).
+    `dtype` None (or "auto"): the checkpoint's own, as `load` takes it
+    (`resolve_dtype`; its tensors' headers say it, no weight is read)."""
     checkpoint = open_checkpoint(path)
     graph_options, compile_options = step_options(
-        checkpoint.config, target=target, schedule=schedule, workers=workers, dtype=dtype,
+        checkpoint.config, target=target, schedule=schedule, workers=workers,
+        dtype=resolve_dtype(checkpoint, dtype),
         max_seq_len=max_seq_len, attention_chunk=attention_chunk, chip=chip, kernels=kernels,
         kv_dtype=kv_dtype, kv_block_size=kv_block_size,
-        weight_formats=packed_weights(checkpoint, packed, target=target, kernels=kernels))
+        weight_formats=packed_weights(checkpoint, packed, target=target, kernels=kernels),
+        lanes=lanes, min_ctas=min_ctas)
     kernel, source, seconds = step_kernel(checkpoint.config, graph_options, compile_options,
                                           cache=cache, progress=progress, name=str(path))
     description = _cache.describe(checkpoint.config, graph_options, compile_options)

@@ -36,6 +36,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from ...runtime.abi import DEFAULT_LANES
+
 __all__ = ["KernelCache", "CacheEntry", "default_directory", "enabled_by_default", "describe",
            "fingerprint", "key_of", "differences", "METADATA_KEY"]
 
@@ -111,6 +113,9 @@ def describe(config, graph: dict, compile: dict) -> dict:
         # another; simulated GPU kernels are always compiled at 0).
         if compile.get("kernels", "native") == "native":
             compile["opt_level"] = opt_level()
+        elif compile.get("kernels") == "cuda":
+            # The simulated worker's threads per CTA, as on CUDA.
+            compile["lanes"] = compile.get("lanes") or DEFAULT_LANES
     elif compile.get("target") == "cuda":
         from ...ops.matmul_wgmma import MatmulWGMMA
 
@@ -120,8 +125,9 @@ def describe(config, graph: dict, compile: dict) -> dict:
             compile["wgmma_tma"] = True
         if MatmulWGMMA.warp_specialised:
             compile["wgmma_ws"] = True
-        # The worker's threads per CTA (the tiles are written for them).
-        compile["lanes"] = compile.get("lanes") or 128
+        # The worker's threads per CTA (the tiles are written for them);
+        # its `min_ctas`, when given, is in `compile` already.
+        compile["lanes"] = compile.get("lanes") or DEFAULT_LANES
     return {"etc": _version(), "compiler": fingerprint(), "artifact": FORMAT_VERSION,
             "model": json.loads(json.dumps(asdict(config))), "graph": dict(graph),
             "compile": compile}
@@ -177,7 +183,11 @@ class CacheEntry:
                 f"kv_dtype={graph.get('kv_dtype')} "
                 + (f"ranks={graph['ranks']} " if graph.get("ranks") else "")
                 + f"target={options.get('target')} {where} schedule={options.get('schedule')} "
-                f"workers={options.get('workers')} kernels={options.get('kernels')}")
+                f"workers={options.get('workers')} kernels={options.get('kernels')}"
+                # The worker's bounds where not the default's (CUDA kernels).
+                + (f" lanes={options['lanes']}"
+                   if options.get("lanes", DEFAULT_LANES) != DEFAULT_LANES else "")
+                + (f" min_ctas={options['min_ctas']}" if options.get("min_ctas") else ""))
 
 
 class KernelCache:
