@@ -13,8 +13,9 @@ tile that assumes 4 warps skips work) for every family; since
 1,024 on one graph of the tiles whose work split depends on the warps.
 Which tile each task gets is asserted: a change that makes a family fall
 back to another tile at some count fails here, not silently. Also the
-whole step graph of a small model: its logits, ids and caches at 256 and
-96 lanes are those at 128, its tiles those of 128 but for wgmma.
+whole small model (`etc.models.load(..., lanes=)`): its logits, ids and
+caches at 256 and 96 lanes are those at 128, its tiles those of 128 but
+for wgmma.
 """
 
 from __future__ import annotations
@@ -486,42 +487,48 @@ def test_packed_weights(lanes):
 # ----------------------------------------------------------------------
 
 
+#: A 2-layer Qwen3 (bf16, head_dim 64, hidden 256: the bf16 GEMVs paired
+#: with the tensor cores, warps per cache row) with the CUDA kernels.
+MODEL = dict(kernels="cuda", dtype="bf16", workers=2, max_seq_len=32, attention_chunk=4,
+             cache=False)
+
+
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    """A 2-layer Qwen3 (bf16, head_dim 64, hidden 256: the bf16 GEMVs
-    paired with the tensor cores, warps per cache row) with the CUDA
-    kernels at 128 lanes, through `etc.models.load`."""
+def checkpoint(tmp_path_factory):
     config = tiny_config("Qwen3ForCausalLM", hidden_size=256, intermediate_size=512,
                          head_dim=64, vocab_size=160)
-    path = write_checkpoint(tmp_path_factory.mktemp("model") / "qwen3", config, seed=3)
-    return models.load(path, kernels="cuda", dtype="bf16", workers=2, max_seq_len=32,
-                       attention_chunk=4, cache=False)
+    return write_checkpoint(tmp_path_factory.mktemp("model") / "qwen3", config, seed=3)
+
+
+@pytest.fixture(scope="module")
+def narrow(checkpoint):
+    """The model at the default 128 lanes."""
+    return models.load(checkpoint, **MODEL)
 
 
 @pytest.mark.parametrize("lanes", LANES)
-def test_a_model_step_is_the_step_at_128_lanes(model, lanes):
-    """The model's step graph compiled at 256 (and 96) lanes: a prefill of
-    ragged prompts, then decode steps (each fed the 128-lane kernel's
-    tokens), give the logits, greedy ids and KV caches of the 128-lane
-    kernel (within the rounding of bf16 activations summed in another
-    order)."""
-    narrow = model.kernels[0]
-    assert narrow.abi.lanes == 128
-    wide = _compile(model.graph, lanes, schedule="auto")
-    assert wide.abi.lanes == lanes
+def test_a_model_step_is_the_step_at_128_lanes(checkpoint, narrow, lanes):
+    """The model loaded at 256 (and 96) lanes (`models.load(...,
+    lanes=)`): a prefill of ragged prompts, then decode steps (each fed
+    the 128-lane model's tokens), give the logits, greedy ids and KV
+    caches of the 128-lane model (within the rounding of bf16 activations
+    summed in another order)."""
+    wide = models.load(checkpoint, lanes=lanes, **MODEL)
+    assert narrow.kernels[0].abi.lanes == 128 and wide.kernels[0].abi.lanes == lanes
     # The default chip is sm_90a: the tiles of 128 lanes, but wgmma's
     # (one warpgroup) taken by the tensor-core tiles of mma.sync.
-    want = {task: tile.replace("wgmma", "mma") for task, tile in _tiles(narrow).items()}
-    assert "matmul_gemv_t_wgmma" in _tiles(narrow).values()
-    assert _tiles(wide) == want
-    caches = {kernel: model.new_cache(3, 32) for kernel in (narrow, wide)}
+    tiles = _tiles(narrow.kernels[0])
+    assert "matmul_gemv_t_wgmma" in tiles.values()
+    assert _tiles(wide.kernels[0]) == {task: tile.replace("wgmma", "mma")
+                                       for task, tile in tiles.items()}
+    caches = {model: model.new_cache(3, 32) for model in (narrow, wide)}
     prompts = [[5, 1, 2, 3, 4, 6, 7], [9], [11, 12, 13, 14, 15]]
     new, starts = prompts, [0, 0, 0]
     for step in range(4):
         requests = [models.Request(r, starts[r], new[r]) for r in range(3)]
         (logits, ids), (wide_logits, wide_ids) = (
-            kernel.run(**model.step_inputs(caches[kernel], requests))[:2]
-            for kernel in (narrow, wide))
+            model.kernels[0].run(**model.step_inputs(caches[model], requests))[:2]
+            for model in (narrow, wide))
         _close(wide_logits, logits, 2e-2, f"step {step}")
         # The same greedy ids wherever the best logit leads clearly.
         top2 = np.sort(logits, axis=1)[:, -2:]
