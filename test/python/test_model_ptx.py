@@ -108,7 +108,7 @@ def _called_by_worker(ptx: str, name: str) -> set:
 #: for each architecture; bf16 experts on both chips; f32 on both chips
 #: and both schedules; plain bf16 dense and MoE graphs on sm_90a (their
 #: workers spilled 8 and 36 bytes at 255 registers while the mixed graphs
-#: of the same shapes assembled clean: `AttentionChunkWarps.DOTS`).
+#: of the same shapes assembled clean: `AttentionChunkWarps.MAX_HEADS`).
 GRAPHS = ([(name, 16, chip, "auto", "bf16") for name in SHAPES for chip in ("sm_80", "sm_90a")] +
           [("llama-3.2-1b-plain", 16, "sm_90a", "auto", "bf16"),
            ("qwen3-30b-a3b-plain", 16, "sm_90a", "auto", "bf16")] +

@@ -106,13 +106,12 @@ class AttentionChunkWarps(AttentionChunk):
 
     A row of D cache values is P = D / VEC lanes, each loading VEC values
     (16 bytes: 8 bf16 or f16, 4 f32); the warp's 32 / P row groups take
-    consecutive keys, and each takes U keys per iteration (loads first),
-    so a warp has 32 x 16 x U bytes of keys and as many of values in
-    flight: U = UNROLL (4), or 2 for a warp of 3 or 4 query heads, whose U
-    x heads dot products stay within DOTS (`unroll`). Per key a lane forms
-    its part of the G dot products, the row group sums them (`lane_reduce`
-    over P lanes) and every lane of the group updates the same online
-    softmax (m, l) and its VEC columns of the weighted sum. After the chunk's keys the row groups' states are merged
+    consecutive keys, and each takes UNROLL keys per iteration (loads first),
+    so a warp has 32 x 16 x UNROLL bytes of keys and as many of values in
+    flight. Per key a lane forms its part of the G dot products, the row
+    group sums them (`lane_reduce` over P lanes) and every lane of the group
+    updates the same online softmax (m, l) and its VEC columns of the
+    weighted sum. After the chunk's keys the row groups' states are merged
     (max of m, then sums rescaled by exp(m_group - m)) and the first row
     group stores (acc, m, l) into `partial[t, j]`, like `AttentionChunk`.
 
@@ -133,27 +132,17 @@ class AttentionChunkWarps(AttentionChunk):
     def splits(op) -> int:
         """One tile per chunk: its warps share the heads."""
         return 1
-    #: Keys per row group and iteration (at most; see `unroll`).
+    #: Keys per row group and iteration.
     UNROLL = 4
-    #: Dot products a lane forms per iteration (keys x query heads), at
-    #: most: each is a live sum until the row group's reduction, beside the
-    #: keys and values in flight and the heads' softmax states. At 4 keys
-    #: for 4 heads (16), Llama-3.2-1B's and Qwen3-30B-A3B's plain bf16
-    #: step workers reached 255 registers and spilled 8 and 36 bytes on
-    #: sm_90a (docs/gpu.md, "Registers of the step worker").
-    DOTS = 8
     #: Query heads one warp takes at most: a KV head of more query heads
-    #: (Qwen3-30B-A3B: 8) is split between warps, which then read its keys
-    #: and values once each (the second from L1), so that a lane's softmax
-    #: states stay in registers.
-    MAX_HEADS = 4
-
-    @classmethod
-    def unroll(cls, per_item: int) -> int:
-        """Keys per row group and iteration for a warp of `per_item` query
-        heads: UNROLL, fewer where their dot products would exceed DOTS
-        (4 keys up to 2 heads, 2 keys for 3 or 4)."""
-        return max(1, min(cls.UNROLL, cls.DOTS // per_item))
+    #: (Llama-3.2-1B and Gemma 3 1B: 4, Qwen3-30B-A3B: 8) is split between
+    #: warps, which then read its keys and values once each (together: the
+    #: second from L1), so that a lane's softmax states and its UNROLL x
+    #: heads dot products stay in registers. At 4 heads (16 dot products)
+    #: Llama-3.2-1B's and Qwen3-30B-A3B's plain bf16 step workers reached
+    #: 255 registers and spilled 8 and 36 bytes on sm_90a (docs/gpu.md,
+    #: "Registers of the step worker").
+    MAX_HEADS = 2
 
     @staticmethod
     def vec(op) -> int:
@@ -188,7 +177,7 @@ class AttentionChunkWarps(AttentionChunk):
         threads, used = self.threads(op)          # P: lanes per cache row
         row_groups = lanes.warp // threads        # keys a warp reads at once
         warps = lanes.count // lanes.warp
-        unroll = self.unroll(per_item)
+        unroll = self.UNROLL
         c = self.cidx
         r, j = self.ti
         cache_rows = CacheRows(self, k_cache, addressing, params.get("block_size"), r)
