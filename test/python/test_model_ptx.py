@@ -38,8 +38,13 @@ from ptxas_check import assemble, assert_no_spills, needs_ptxas
 STATIC_LIMIT = 48 << 10
 
 #: Shapes of SHAPES with other fields: Qwen3-30B-A3B with a dense first
-#: layer (`mlp_only_layers`), so that one graph has both kinds of MLP.
-VARIANTS = {"qwen3-30b-a3b-dense0": ("qwen3-30b-a3b", dict(mlp_only_layers=[0]))}
+#: layer (`mlp_only_layers`), so that one graph has both kinds of MLP; and
+#: shapes as they are under another name, so that their paged "auto" bf16
+#: graph is the plain one (every weight bf16, what a Hugging Face bf16
+#: checkpoint compiles to) instead of the mixed one.
+VARIANTS = {"qwen3-30b-a3b-dense0": ("qwen3-30b-a3b", dict(mlp_only_layers=[0])),
+            "llama-3.2-1b-plain": ("llama-3.2-1b", {}),
+            "qwen3-30b-a3b-plain": ("qwen3-30b-a3b", {})}
 
 #: Shapes with a sliding and a full layer among their first ones: Qwen2.5-0.5B
 #: with its window on for its second layer, Gemma 3 1B with every second
@@ -101,8 +106,12 @@ def _called_by_worker(ptx: str, name: str) -> set:
 #: dtype): every shape on both chips (paged, "auto", packed and windowed
 #: as above); the contiguous cache; the static schedule on both chips and
 #: for each architecture; bf16 experts on both chips; f32 on both chips
-#: and both schedules.
+#: and both schedules; plain bf16 dense and MoE graphs on sm_90a (their
+#: workers spilled 8 and 36 bytes at 255 registers while the mixed graphs
+#: of the same shapes assembled clean: `AttentionChunkWarps.MAX_HEADS`).
 GRAPHS = ([(name, 16, chip, "auto", "bf16") for name in SHAPES for chip in ("sm_80", "sm_90a")] +
+          [("llama-3.2-1b-plain", 16, "sm_90a", "auto", "bf16"),
+           ("qwen3-30b-a3b-plain", 16, "sm_90a", "auto", "bf16")] +
           # Contiguous caches under both schedules, static ones for bf16 (the
           # schedule shapes the worker program, the dtype the tiles), f32 on
           # both chips.
@@ -136,7 +145,7 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
     else:
         config = ModelConfig.from_dict(shaped_config(shape, layers=2, **overrides))
     formats = {weight: fmt for weight, fmt in chosen.items() if fmt is not None}
-    if name in VARIANTS:
+    if "mlp_only_layers" in overrides:
         assert not config.is_sparse(0) and config.is_sparse(1)
     graph = build_step_graph(config, dtype=dtype, max_seq_len=8192 if name in WINDOWED else 4096,
                              chunk=256, kv_block_size=kv_block_size, weight_formats=formats)

@@ -135,10 +135,14 @@ class AttentionChunkWarps(AttentionChunk):
     #: Keys per row group and iteration.
     UNROLL = 4
     #: Query heads one warp takes at most: a KV head of more query heads
-    #: (Qwen3-30B-A3B: 8) is split between warps, which then read its keys
-    #: and values once each (the second from L1), so that a lane's softmax
-    #: states stay in registers.
-    MAX_HEADS = 4
+    #: (Llama-3.2-1B and Gemma 3 1B: 4, Qwen3-30B-A3B: 8) is split between
+    #: warps, which then read its keys and values once each (together: the
+    #: second from L1), so that a lane's softmax states and its UNROLL x
+    #: heads dot products stay in registers. At 4 heads (16 dot products)
+    #: Llama-3.2-1B's and Qwen3-30B-A3B's plain bf16 step workers reached
+    #: 255 registers and spilled 8 and 36 bytes on sm_90a (docs/gpu.md,
+    #: "Registers of the step worker").
+    MAX_HEADS = 2
 
     @staticmethod
     def vec(op) -> int:
