@@ -106,6 +106,9 @@ def test_a_draft_model_takes_the_models_lanes(lanes):
     (dict(lanes=1024, min_ctas=3, kernels="cuda"),
      "load: min_ctas=3 CTAs of 1024 lanes exceed the 2,048 threads an SM holds"),
     (dict(min_ctas=17, kernels="cuda"), "min_ctas=17 CTAs of 128 lanes exceed"),
+    # Before the device is looked for (a machine without a GPU says why the
+    # value is wrong, not that it has no GPU).
+    (dict(lanes=100, target="cuda"), "load: lanes=100 must be a multiple of 32"),
 ])
 def test_bad_lanes_are_refused_by_name(lanes, options, message):
     checkpoint, cache, _ = lanes

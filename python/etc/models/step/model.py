@@ -17,8 +17,8 @@ import numpy as np
 from ... import packed
 from ..loading.checkpoint import STORAGE, Checkpoint
 from . import kernel_cache as _cache
-from .kernel import (DEFAULT_MAX_STEP_TOKENS, packed_split, resolve_dtype, step_kernel,
-                     step_options)
+from .kernel import (DEFAULT_MAX_STEP_TOKENS, check_lanes, packed_split, resolve_dtype,
+                     step_kernel, step_options)
 from .kv_blocks import DEFAULT_BLOCK_SIZE
 from .kv_cache import KV_STORAGE, KVCache, PagedKVCache, layer_tables
 from .request import Request
@@ -50,7 +50,9 @@ class CompiledModel:
         from .parallel import shard_config, shard_weight
 
         if target == "cuda":
-            # The weights go to the device: fail now, not after compiling.
+            # The weights go to the device: fail now, not after compiling
+            # (after the arguments' own errors, which need no device).
+            check_lanes(lanes, min_ctas, target, kernels)
             from ...runtime.cuda import require_device
 
             require_device("load(target='cuda')")
