@@ -17,8 +17,8 @@ import numpy as np
 from ... import packed
 from ..loading.checkpoint import STORAGE, Checkpoint
 from . import kernel_cache as _cache
-from .kernel import (DEFAULT_MAX_STEP_TOKENS, check_lanes, packed_split, resolve_dtype,
-                     step_kernel, step_options)
+from .kernel import (DEFAULT_MAX_STEP_TOKENS, packed_split, resolve_dtype, step_kernel,
+                     step_options)
 from .kv_blocks import DEFAULT_BLOCK_SIZE
 from .kv_cache import KV_STORAGE, KVCache, PagedKVCache, layer_tables
 from .request import Request
@@ -49,13 +49,6 @@ class CompiledModel:
                  min_ctas: Optional[int] = None):
         from .parallel import shard_config, shard_weight
 
-        if target == "cuda":
-            # The weights go to the device: fail now, not after compiling
-            # (after the arguments' own errors, which need no device).
-            check_lanes(lanes, min_ctas, target, kernels)
-            from ...runtime.cuda import require_device
-
-            require_device("load(target='cuda')")
         config = checkpoint.config
         # None or "auto": the checkpoint's own (a bf16 checkpoint computes
         # in bf16), resolved before the cache key and everything else.
@@ -94,6 +87,12 @@ class CompiledModel:
         if isinstance(max_step_tokens, bool) or not isinstance(max_step_tokens, int) or \
                 max_step_tokens < 1:
             raise ValueError(f"load: max_step_tokens={max_step_tokens!r} must be a positive int")
+        if target == "cuda":
+            # The weights go to the device: fail now, not after compiling
+            # (and after the arguments' own errors, which need no device).
+            from ...runtime.cuda import require_device
+
+            require_device("load(target='cuda')")
         self.config = config
         self.checkpoint = checkpoint
         self.path = checkpoint.path
@@ -469,7 +468,8 @@ class CompiledModel:
         the same names, shapes and dtypes (or `data`'s own arrays, kept from
         now on), and the kept `out=` arrays for `count` choices: the last
         KEPT_SHAPES such sets. Called under the run lock."""
-        key = (count, return_logprobs,
+        # (`count` is sample_rows' length: its shape is in the key.)
+        key = (return_logprobs,
                *((name, value.shape, value.dtype.str) for name, value in data.items()))
         kept = self._kept.pop(key, None)
         if kept is None:
