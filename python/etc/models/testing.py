@@ -129,10 +129,11 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
         config["sliding_window"] = 5
     if architecture == "MixtralForCausalLM":
         # As Mixtral-8x7B's config.json: no attention_bias field, the
-        # experts' width in intermediate_size, training-only router fields,
+        # experts' width in intermediate_size (32: whole Q8_0 blocks, so
+        # that a GGUF file's experts pack), training-only router fields,
         # no window (null).
         del config["attention_bias"]
-        config.update({"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 24,
+        config.update({"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
                        "sliding_window": None, "output_router_logits": False,
                        "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0,
                        "rope_theta": 1000000.0})
