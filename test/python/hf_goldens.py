@@ -49,11 +49,12 @@ PROMPT_LENGTHS = (1, 6, 11)
 #: The architectures' tiny configs, as test_models.py compiles them: Llama 3
 #: style (llama3 RoPE scaling, an untied LM head), Qwen3, Qwen3-MoE with one
 #: dense layer and one sparse one, Mixtral with one layer (sparse, 4
-#: experts, 2 per token; test_families.py compiles it): every Mixtral
+#: experts, 2 per token; test_families.py tests a 2-layer one): every Mixtral
 #: layer is sparse, and a second layer's router sits behind a whole layer
 #: of bf16 rounding (`router_tolerance` 0.11 of its logits' rms), within
-#: twice that of a tie at so many positions that no prompt of 11 tokens
-#: is well-conditioned.
+#: twice that of a tie at so many positions that `choose_prompts` had not
+#: found well-conditioned prompts for two layers after 13 minutes (for one:
+#: seconds).
 ARCHITECTURES = {
     "llama": tiny_config("LlamaForCausalLM", rope_theta=500000.0, rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
