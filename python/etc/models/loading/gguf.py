@@ -33,7 +33,8 @@ __all__ = ["GGUFCheckpoint", "GGUFError", "ARCHITECTURES", "TENSOR_TYPES", "PRE_
            "is_gguf"]
 
 #: GGUF `general.architecture` values, and the Hugging Face architecture
-#: each is checked and built as.
+#: each is checked and built as (a `llama` file with experts, as
+#: llama.cpp's converter writes Mixtral, as `MixtralForCausalLM`).
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
