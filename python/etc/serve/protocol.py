@@ -71,10 +71,12 @@ def _text_type(kind: str) -> str:
     """A content part's type, which must be "text": an image, audio or file
     part is refused saying why, not as a mere mismatch of a literal."""
     if kind != "text":
+        # (A type not ending in "_type": the app's error handler takes
+        # those for a union member's mere mismatch.)
         raise PydanticCustomError(
-            "content_part_type", "content parts of type {kind} are not supported: ETC serves "
-            "text (it runs no vision or audio encoder, not even a multimodal checkpoint's); "
-            "send 'text' parts", {"kind": repr(kind)})
+            "content_part_unsupported", "content parts of type {kind} are not supported: ETC "
+            "serves text (it runs no vision or audio encoder, not even a multimodal "
+            "checkpoint's); send 'text' parts", {"kind": repr(kind)})
     return kind
 
 
