@@ -151,11 +151,13 @@ def test_weights_are_the_causal_lms_and_vision_is_never_read(tmp_path, monkeypat
     are never read."""
     config = CAUSAL[family]
     causal = Checkpoint(write_checkpoint(tmp_path / "causal", config)).weights()
-    checkpoint = Checkpoint(write_checkpoint(tmp_path / "mm", config, multimodal=style))
+    path = write_checkpoint(tmp_path / "mm", config, multimodal=style)
+    read = record_reads(monkeypatch)
+    checkpoint = Checkpoint(path)
     assert checkpoint.config == ModelConfig.from_dict(config)
     vision = set(MULTIMODAL[config["architectures"][0]]["vision_tensors"])
     assert vision <= set(checkpoint.names())
-    read = record_reads(monkeypatch)
+    checkpoint.default_dtype(), checkpoint.eos_token_ids()
     weights = checkpoint.weights()
     assert weights.keys() == causal.keys()
     for key in causal:
@@ -276,3 +278,53 @@ def test_same_logits_as_the_causal_lm(loaded, family):
         # The causal LM's kernel, from the compile cache: the same model.
         assert model.kernel_source == "cache"
         assert "its text model only; not loaded: multi_modal_projector" in repr(model)
+
+
+# ----------------------------------------------------------------------
+# The chat template
+# ----------------------------------------------------------------------
+
+#: A chat template as Gemma 3's handles content (ETC's own, tiny): the
+#: system message folded into the first user turn, text trimmed, content
+#: either a string or a list of parts of which images become placeholders.
+IMAGE_AWARE_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first = messages[0]['content'] if messages[0]['content'] is string "
+    "else messages[0]['content'][0]['text'] -%}"
+    "{%- set prefix = first + '\\n\\n' -%}{%- set turns = messages[1:] -%}"
+    "{%- else -%}{%- set prefix = '' -%}{%- set turns = messages -%}{%- endif -%}"
+    "{%- for m in turns -%}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' "
+    "+ (prefix if loop.first else '') }}"
+    "{%- if m['content'] is string -%}{{ m['content'] | trim }}"
+    "{%- else -%}{%- for part in m['content'] -%}"
+    "{%- if part['type'] == 'image' -%}{{ '<start_of_image>' }}"
+    "{%- elif part['type'] == 'text' -%}{{ part['text'] | trim }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{ '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}")
+CHAT = [{"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "  Hello there!\n"},
+        {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": [{"type": "text", "text": "Café crème? "}]}]
+#: What transformers 5.24's `apply_chat_template(CHAT, tokenize=False,
+#: add_generation_prompt=True)` renders with that template.
+RENDERED = ("<start_of_turn>user\nAnswer briefly.\n\nHello there!<end_of_turn>\n"
+            "<start_of_turn>model\nHi.<end_of_turn>\n<start_of_turn>user\nCafé crème?"
+            "<end_of_turn>\n<start_of_turn>model\n")
+
+
+def test_text_only_chat_renders_as_transformers_does(tmp_path):
+    """Text-only messages through a template that handles images: as
+    transformers renders them, given as they are (a string, or a list of
+    text parts) and as the server gives them to the template."""
+    from etc.models.testing import write_tokenizer
+    from etc.serve.protocol import ChatMessage
+
+    tokenizer = models.Tokenizer.from_directory(
+        write_tokenizer(tmp_path, 320, chat_template=IMAGE_AWARE_TEMPLATE))
+    assert tokenizer.apply_chat_template(CHAT) == RENDERED
+    served = [ChatMessage.model_validate(message).for_template() for message in CHAT]
+    assert tokenizer.apply_chat_template(served) == RENDERED
