@@ -328,3 +328,20 @@ def test_text_only_chat_renders_as_transformers_does(tmp_path):
     assert tokenizer.apply_chat_template(CHAT) == RENDERED
     served = [ChatMessage.model_validate(message).for_template() for message in CHAT]
     assert tokenizer.apply_chat_template(served) == RENDERED
+
+
+def test_verbose_load_says_what_is_not_loaded(tmp_path, capsys):
+    """`etc generate --verbose` on a multimodal checkpoint says, after its
+    load line, that only the text model runs and what it did not load."""
+    from etc.cli import main
+
+    config = tiny_config("Gemma3ForCausalLM", vocab_size=320)
+    path = write_checkpoint(tmp_path / "gemma3-mm", config, multimodal="transformers4",
+                            tokenizer=True)
+    assert main(["generate", str(path), "the quick", "--max-new-tokens", "2", "--verbose",
+                 "--workers", "2", "--max-model-len", "32", "--attention-chunk", "8"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    loaded = next(i for i, line in enumerate(lines) if line.startswith("etc: loaded "))
+    assert lines[loaded + 1] == (
+        "etc: Gemma3ForConditionalGeneration: its text model only; not loaded: "
+        "multi_modal_projector (1 tensor), vision_tower (2 tensors)")
