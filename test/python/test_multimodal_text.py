@@ -20,6 +20,7 @@ import etc.models as models
 from etc.models.loading.checkpoint import Checkpoint
 from etc.models.loading.config import ModelConfig, UnsupportedConfigError
 from etc.models.loading.safetensors import SafetensorsFile, save_file
+from etc.models.loading.tokenizer import TokenizerError
 from etc.models.testing import (MULTIMODAL, as_multimodal, as_transformers5, tiny_config,
                                 write_checkpoint)
 from test_families import teacher_forcing
@@ -328,6 +329,25 @@ def test_text_only_chat_renders_as_transformers_does(tmp_path):
     assert tokenizer.apply_chat_template(CHAT) == RENDERED
     served = [ChatMessage.model_validate(message).for_template() for message in CHAT]
     assert tokenizer.apply_chat_template(served) == RENDERED
+
+
+def test_the_processors_chat_template(tmp_path):
+    """A checkpoint whose chat template is only in the processor's
+    chat_template.json: ETC takes it (the tokenizer's own wins)."""
+    from etc.models.testing import write_tokenizer
+
+    write_tokenizer(tmp_path, 320, chat_template=None)
+    assert models.Tokenizer.from_directory(tmp_path).chat_template is None
+    (tmp_path / "chat_template.json").write_text(
+        json.dumps({"chat_template": IMAGE_AWARE_TEMPLATE}))
+    assert models.Tokenizer.from_directory(tmp_path).apply_chat_template(CHAT) == RENDERED
+    (tmp_path / "chat_template.jinja").write_text("{{ 'own' }}")
+    assert models.Tokenizer.from_directory(tmp_path).apply_chat_template(CHAT) == "own"
+    (tmp_path / "chat_template.jinja").unlink()
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": 5}))
+    with pytest.raises(TokenizerError, match=r"chat_template.json: 'chat_template' must be a "
+                                             r"string, got 5"):
+        models.Tokenizer.from_directory(tmp_path)
 
 
 def test_verbose_load_says_what_is_not_loaded(tmp_path, capsys):
