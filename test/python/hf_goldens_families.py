@@ -73,13 +73,15 @@ FAMILIES = {
 SEEDS = {"qwen2": 11, "qwen2_window": 12, "mistral": 13, "gemma3": 14, "gemma2": 16,
          "phi3": 17}
 #: Multimodal checkpoints whose text model ETC runs: the family's causal LM
-#: inside `Gemma3ForConditionalGeneration` (`write_checkpoint(...,
-#: multimodal=...)`: a tiny SigLIP vision config, a few vision tensors),
-#: computed by that class of transformers on text-only input. Per case
-#: name: the family, the seed, and per config style the names of the
-#: language model's tensors (transformers 4's before 4.52, and 4.52's).
+#: inside `Gemma3ForConditionalGeneration` or
+#: `Mistral3ForConditionalGeneration` (`write_checkpoint(...,
+#: multimodal=...)`: a tiny SigLIP or Pixtral vision config, a few vision
+#: tensors), computed by that class of transformers on text-only input.
+#: Per case name: the family, the seed, and per config style the names of
+#: the language model's tensors (transformers 4's before 4.52, and 4.52's).
 MULTIMODAL = {"gemma3_mm": ("gemma3", 15, {"transformers4": "transformers4",
-                                          "transformers5": "transformers4.52"})}
+                                          "transformers5": "transformers4.52"}),
+              "mistral3_mm": ("mistral", 18, {"transformers4": "transformers4"})}
 
 
 def cases() -> dict[str, dict]:
