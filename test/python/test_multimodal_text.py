@@ -172,6 +172,21 @@ def test_weights_are_the_causal_lms_and_vision_is_never_read(tmp_path, monkeypat
     assert "vision_tower (2 tensors)" in checkpoint.not_loaded
 
 
+def test_fp8_text_model(tmp_path):
+    """An FP8 checkpoint's text model (quantization_config at the top level,
+    each projection's scales under the prefix too): the causal LM's
+    packed weights and formats."""
+    config = CAUSAL["mistral"]
+    causal = Checkpoint(write_checkpoint(tmp_path / "causal", config, fp8_block=(16, 32)))
+    checkpoint = Checkpoint(write_checkpoint(tmp_path / "mm", config, fp8_block=(16, 32),
+                                             multimodal="transformers4.52"))
+    formats = checkpoint.weight_formats()
+    assert formats == causal.weight_formats() and formats
+    want, got = causal.weights(formats=formats), checkpoint.weights(formats=formats)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
 def test_tying_where_the_config_does_not_say(tmp_path):
     """The two levels of tie_word_embeddings: one stated value is taken;
     none, or two that disagree (as transformers 5 writes Mistral 3's: true

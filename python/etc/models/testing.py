@@ -243,10 +243,12 @@ def as_multimodal(config: dict) -> dict:
     """Causal LM config.json `config` (an architecture of `MULTIMODAL`) as
     the config.json of the multimodal model it ships inside: the text
     model's fields in `text_config` (its `model_type` included), the
-    architecture, dtype and version at the top level, with the tiny vision
+    architecture, dtype, version and quantization at the top level (where
+    transformers reads them), with the tiny vision
     config and the wrapper's own fields."""
     wrap = MULTIMODAL[config["architectures"][0]]
-    top_level = ("architectures", "torch_dtype", "dtype", "transformers_version")
+    top_level = ("architectures", "torch_dtype", "dtype", "transformers_version",
+                 "quantization_config")
     text = {k: v for k, v in config.items() if k not in top_level}
     return {"architectures": [wrap["architecture"]], "model_type": wrap["model_type"],
             **{k: config[k] for k in top_level[1:] if k in config},
