@@ -1,7 +1,8 @@
 """Goldens from Hugging Face transformers for the model families of
 test_families.py (Qwen2, Mistral, Gemma 3, Gemma 2, Phi-3): what `AutoModelForCausalLM`
-computes for their tiny checkpoints (and `Gemma3ForConditionalGeneration`
-for Gemma 3's inside a multimodal checkpoint, text-only), kept in test/python/goldens/ so that
+computes for their tiny checkpoints (and `Gemma3ForConditionalGeneration`,
+`Mistral3ForConditionalGeneration` for Gemma 3's and Mistral's inside a
+multimodal checkpoint, on text-only input: `MULTIMODAL`), kept in test/python/goldens/ so that
 the tests compare ETC with an outside implementation where torch is not
 installed.
 
