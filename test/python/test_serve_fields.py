@@ -2,9 +2,9 @@
 localhost through the real `openai` client (and httpx where the client
 would refuse to send it): max_completion_tokens, top_k and min_p, the
 default temperature, stop lists and their limit, every refusal naming its
-field, the developer role, content as text parts, a prompt as [[ids]], a
-failed step (500, or an error event in a stream) and /health's 503. One
-tiny model (conftest's `chat_model`)."""
+field (an image part saying ETC serves text), the developer role, content
+as text parts, a prompt as [[ids]], a failed step (500, or an error event
+in a stream) and /health's 503. One tiny model (conftest's `chat_model`)."""
 
 import json
 
