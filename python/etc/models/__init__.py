@@ -13,13 +13,17 @@ model.generate([{"role": "user", "content": "Hi"}], 32).text   # with tokenizer.
 Supported: `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`,
 `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `Gemma2ForCausalLM`,
 `Gemma3ForCausalLM` and `Phi3ForCausalLM` checkpoint directories (config.json and *.safetensors with F32, F16 or BF16
-weights under the usual names), the text model of `Gemma3ForConditionalGeneration` and
-`Mistral3ForConditionalGeneration` ones (docs/models.md, "Multimodal checkpoints"), and GGUF files of the llama, qwen2, qwen3,
+weights under the usual names), and GGUF files of the llama, qwen2, qwen3,
 qwen3moe, gemma2, gemma3 and phi3 architectures (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K).
 Compiled step kernels are kept in a compile cache
 (`etc.models.step.kernel_cache`), so a second load compiles nothing; this
 package imports without MLIR and loads models from the cache there. See
 docs/models.md.
+
+The text model of `Gemma3ForConditionalGeneration` and
+`Mistral3ForConditionalGeneration` checkpoints (Gemma 3 4B and up, Mistral
+Small 3.1/3.2) runs as its causal LM; their vision part is not loaded
+(docs/models.md, "Multimodal checkpoints").
 
 The package is layered, each layer importing only those below it:
 `loading` (checkpoint formats, config, tokenizer) < `step` (the step graph,
