@@ -12,8 +12,7 @@ import numpy as np
 
 from .loading.safetensors import save_file
 
-__all__ = ["tiny_config", "as_transformers5", "as_multimodal", "MULTIMODAL", "tensor_shapes",
-           "write_checkpoint", "write_gguf",
+__all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint", "write_gguf",
            "gguf_tensor_name", "checkpoint_tensors", "write_tokenizer", "CHAT_TEMPLATE", "TEXT",
            "shaped_config", "SHAPES", "quantize_fp8"]
 
@@ -200,6 +199,8 @@ def as_transformers5(config: dict) -> dict:
     config["transformers_version"] = "5.23.0"
     return config
 
+
+__all__ += ["MULTIMODAL", "as_multimodal", "multimodal_tensors"]
 
 #: The multimodal architecture each causal LM ships inside (Gemma 3 from
 #: 4B up, Mistral Small 3.1/3.2): its config.json's `model_type`, a tiny
