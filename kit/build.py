@@ -64,6 +64,8 @@ KIT_FILES = ("run.py", "harness.py", "checks.py", "probe.py", "benchmarks.py", "
 SCHEDULES = ("static", "dynamic", "auto")
 #: The benchmark variant compiled without the weight prefetch (issue #11).
 NO_PREFETCH = "static, no prefetch"
+#: The decode benchmark's variant with 256-lane worker CTAs (issue #38).
+LANES_256 = "static, 256 lanes"
 QUICK_FAMILIES = ("op_add", "op_rmsnorm", "mlp_bf16", "moe", "packed")
 
 @dataclass(frozen=True)
@@ -314,7 +316,8 @@ class Builder:
         """`graph` for `chip` (or the CPU); `tma`: the Hopper tile loads
         with TMA (`matmul_wgmma.tma_loads`); `ws`: warp-specialised with
         TMA (`matmul_wgmma.warp_specialised`) at `families.WS_BOUNDS`
-        (CUDA; the CPU kit's build of the same graph is the plain one)."""
+        (CUDA; the CPU kit's build of the same graph is the plain one, as
+        for `lanes`, which only CUDA workers have)."""
         import etc
         from etc.ops.matmul_wgmma import tma_loads, warp_specialised
 
@@ -322,6 +325,7 @@ class Builder:
             if tma or ws:
                 stack.enter_context(tma_loads())
             if self.target == "cpu":
+                options.pop("lanes", None)
                 return etc.compile(graph, target="cpu", schedule=schedule, workers=2, **options)
             if ws:
                 stack.enter_context(warp_specialised())
@@ -429,12 +433,17 @@ class Builder:
                 self.save(self.compile(build(), "static", chip), f"roofline{index}-{chip}",
                           kind="roofline", title=title, size=size, flops=flops)
             graph, config = decode_step_graph(shapes)
-            for schedule, prefetch, variant in (("static", None, "static"),
-                                                ("dynamic", None, "dynamic"),
-                                                ("static", False, NO_PREFETCH)):
-                stem = f"decode_step-{schedule}{'' if prefetch is None else '-noprefetch'}-{chip}"
-                self.save(self.compile(graph, schedule, chip, prefetch=prefetch), stem,
-                          kind="decode", prompt=shapes.prompt, hf_config=decode_hf_config(shapes),
+            # The last: the step worker at 256 lanes (`models.load(lanes=
+            # 256)`), twice the warps a CTA, one CTA an SM above 128 registers.
+            for schedule, prefetch, lanes, variant in (("static", None, None, "static"),
+                                                       ("dynamic", None, None, "dynamic"),
+                                                       ("static", False, None, NO_PREFETCH),
+                                                       ("static", None, 256, LANES_256)):
+                stem = (f"decode_step-{schedule}{'' if prefetch is None else '-noprefetch'}"
+                        f"{'' if lanes is None else f'-{lanes}lanes'}-{chip}")
+                kernel = self.compile(graph, schedule, chip, prefetch=prefetch, lanes=lanes)
+                self.save(kernel, stem, kind="decode", prompt=shapes.prompt,
+                          hf_config=decode_hf_config(shapes),
                           inv_freq=[float(v) for v in config.rope_inv_freq()], variant=variant)
 
 

@@ -1,6 +1,8 @@
 """Goldens from Hugging Face transformers for the model families of
 test_families.py (Qwen2, Mistral, Gemma 3, Gemma 2, Phi-3): what `AutoModelForCausalLM`
-computes for their tiny checkpoints, kept in test/python/goldens/ so that
+computes for their tiny checkpoints (and `Gemma3ForConditionalGeneration`,
+`Mistral3ForConditionalGeneration` for Gemma 3's and Mistral's inside a
+multimodal checkpoint, on text-only input: `MULTIMODAL`), kept in test/python/goldens/ so that
 the tests compare ETC with an outside implementation where torch is not
 installed.
 
@@ -71,6 +73,16 @@ FAMILIES = {
 #: The seed of each family's random weights.
 SEEDS = {"qwen2": 11, "qwen2_window": 12, "mistral": 13, "gemma3": 14, "gemma2": 16,
          "phi3": 17}
+#: Multimodal checkpoints whose text model ETC runs: the family's causal LM
+#: inside `Gemma3ForConditionalGeneration` or
+#: `Mistral3ForConditionalGeneration` (`write_checkpoint(...,
+#: multimodal=...)`: a tiny SigLIP or Pixtral vision config, a few vision
+#: tensors), computed by that class of transformers on text-only input.
+#: Per case name: the family, the seed, and per config style the names of
+#: the language model's tensors (transformers 4's before 4.52, and 4.52's).
+MULTIMODAL = {"gemma3_mm": ("gemma3", 15, {"transformers4": "transformers4",
+                                          "transformers5": "transformers4.52"}),
+              "mistral3_mm": ("mistral", 18, {"transformers4": "transformers4"})}
 
 
 def cases() -> dict[str, dict]:
@@ -83,6 +95,12 @@ def cases() -> dict[str, dict]:
             for dtype in dtypes:
                 out[f"{name}-{style}-{dtype}"] = dict(config=raw, seed=SEEDS[name],
                                                       dtype=dtype, family=name)
+    for name, (family, seed, styles) in MULTIMODAL.items():
+        for style, names in styles.items():
+            config = FAMILIES[family]
+            raw = as_transformers5(config) if style == "transformers5" else config
+            out[f"{name}-{style}-f32"] = dict(config=raw, seed=seed, dtype="f32", family=family,
+                                              multimodal=names)
     return out
 
 
@@ -135,7 +153,8 @@ class Golden:
             raise AssertionError(f"goldens/{self.name}.npz was made from other weights than "
                                  f"etc.models.testing draws now (seed {self.seed}): "
                                  f"regenerate it (test/python/hf_goldens_families.py)")
-        return write_checkpoint(path, self.config, dtype=DTYPES[self.dtype], seed=self.seed)
+        return write_checkpoint(path, self.config, dtype=DTYPES[self.dtype], seed=self.seed,
+                                multimodal=self.case.get("multimodal"))
 
     def check_logits(self, logits: np.ndarray) -> np.ndarray:
         """Asserts that `logits` (a row per `prefixes()`) are within the
@@ -212,9 +231,13 @@ def compute(name: str, case: dict, directory: Path) -> Golden:
     import transformers
 
     path = write_checkpoint(directory / name, case["config"], dtype=DTYPES[case["dtype"]],
-                            seed=case["seed"])
+                            seed=case["seed"], multimodal=case.get("multimodal"))
     dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[case["dtype"]]
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    # A multimodal checkpoint: its own class (vision tower and all), given
+    # text alone.
+    kind = transformers.AutoModelForImageTextToText if case.get("multimodal") else \
+        transformers.AutoModelForCausalLM
+    model = kind.from_pretrained(path, dtype=dtype).eval()
     tokens, logits = [], []
     with torch.no_grad():
         for prompt in PROMPTS:

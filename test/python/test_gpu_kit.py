@@ -210,6 +210,8 @@ def test_kit_on_a_fake_driver_fills_every_benchmark_table(fake_driver_run):
         section = report.split(title)[1].split("###")[0]
         assert "| ETC static, no prefetch " in section, section
         assert "| ETC static, CUDA graph" in section and "capture failed" not in section
+    decode = report.split("### Decode step")[1].split("###")[0]
+    assert "| ETC static, 256 lanes ms |" in decode, decode
     benchmarks = report.split("## Benchmarks")[1].split("\nTotal ")[0]
     assert "FAILED" not in benchmarks
 
@@ -229,6 +231,12 @@ def test_kit_on_a_fake_driver_times_the_warp_specialised_tile(fake_driver_run, c
         kernel = load(cuda_kit[0] / "artifacts" / f"hopper_{m}x{n}x{k}-ws-sm_90a.etc")
         assert kernel.abi.lanes == 256 and ".maxntid 256, 1, 1" in kernel.ptx
         assert "setmaxnreg" in kernel.ptx
+    # The decode step's 256-lane worker (models.load(lanes=256)), beside
+    # the 128-lane one, in the same table.
+    wide = load(cuda_kit[0] / "artifacts" / "decode_step-static-256lanes-sm_90a.etc")
+    plain = load(cuda_kit[0] / "artifacts" / "decode_step-static-sm_90a.etc")
+    assert (wide.abi.lanes, plain.abi.lanes) == (256, 128)
+    assert ".maxntid 256, 1, 1" in wide.ptx and ".maxntid" not in plain.ptx
 
 
 def test_kit_on_a_fake_driver_launches_static_workers_cooperatively(fake_driver_run):

@@ -2,13 +2,14 @@
 localhost through the real `openai` client (and httpx where the client
 would refuse to send it): max_completion_tokens, top_k and min_p, the
 default temperature, stop lists and their limit, every refusal naming its
-field, the developer role, content as text parts, a prompt as [[ids]], a
-failed step (500, or an error event in a stream) and /health's 503. One
-tiny model (conftest's `chat_model`)."""
+field (an image part saying ETC serves text), the developer role, content
+as text parts, a prompt as [[ids]], a failed step (500, or an error event
+in a stream) and /health's 503. One tiny model (conftest's `chat_model`)."""
 
 import json
 
 import httpx
+import openai
 import pytest
 
 import etc.serve
@@ -194,6 +195,23 @@ def test_each_refusal_is_a_400_naming_its_field(server, route, fields, param):
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error"
     assert error["message"].startswith(param.split("[")[0].split(".")[0])
+
+
+def test_an_image_is_refused_saying_etc_serves_text(client):
+    """An image part beside text (what a client of a multimodal model such
+    as Gemma 3 sends), through the openai client: a 400 naming the part's
+    type, saying ETC serves text."""
+    messages = [{"role": "user", "content": [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=NAME, messages=messages, max_tokens=2)
+    error = caught.value
+    assert error.status_code == 400 and error.param == "messages[0].content[1].type"
+    assert error.body["message"] == (
+        "messages[0].content[1].type: content parts of type 'image_url' are not supported: "
+        "ETC serves text (it runs no vision or audio encoder, not even a multimodal "
+        "checkpoint's); send 'text' parts")
 
 
 def test_the_defaults_of_refused_fields_are_taken(server):

@@ -40,6 +40,8 @@ def load_model(args):
         print(f"etc: loaded {args.checkpoint} ({model.dtype}, {model.kernel_source} step "
               f"kernel, at most {model.max_step_tokens} tokens a step; {timings})",
               file=sys.stderr)
+        if model.not_loaded:
+            print(f"etc: {model.not_loaded}", file=sys.stderr)
     return model
 
 

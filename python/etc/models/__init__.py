@@ -21,6 +21,11 @@ Compiled step kernels are kept in a compile cache
 package imports without MLIR and loads models from the cache there. See
 docs/models.md.
 
+The text model of `Gemma3ForConditionalGeneration` and
+`Mistral3ForConditionalGeneration` checkpoints (Gemma 3 4B and up, Mistral
+Small 3.1/3.2) runs as its causal LM; their vision part is not loaded
+(docs/models.md, "Multimodal checkpoints").
+
 The package is layered, each layer importing only those below it:
 `loading` (checkpoint formats, config, tokenizer) < `step` (the step graph,
 its compiled kernel, KV caches, `CompiledModel`) < `engine` (continuous

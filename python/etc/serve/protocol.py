@@ -17,6 +17,7 @@ from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat,
                       StrictInt, StrictStr)
+from pydantic_core import PydanticCustomError
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "ChatMessage", "TextPart",
            "StreamOptions", "ResponseFormat"]
@@ -66,10 +67,23 @@ class _Body(BaseModel):
         return None
 
 
+def _text_type(kind: str) -> str:
+    """A content part's type, which must be "text": an image, audio or file
+    part is refused saying why, not as a mere mismatch of a literal."""
+    if kind != "text":
+        # (A type not ending in "_type": the app's error handler takes
+        # those for a union member's mere mismatch.)
+        raise PydanticCustomError(
+            "content_part_unsupported", "content parts of type {kind} are not supported: ETC "
+            "serves text (it runs no vision or audio encoder, not even a multimodal "
+            "checkpoint's); send 'text' parts", {"kind": repr(kind)})
+    return kind
+
+
 class TextPart(_Body):
     """A part of a message's content; only text parts are supported."""
 
-    type: Literal["text"]
+    type: Annotated[StrictStr, AfterValidator(_text_type)]
     text: Text
 
 

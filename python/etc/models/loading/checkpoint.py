@@ -7,12 +7,13 @@ dequantized."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
 
-from . import fp8
+from . import fp8, multimodal
 from ... import bfloat16, packed
 from ...runtime import aligned
 from .config import ModelConfig, UnsupportedConfigError
@@ -84,6 +85,54 @@ class Checkpoint:
                     raise CheckpointError(f"{self.path}: tensor {name!r} is in both "
                                           f"{self._where[name].path.name} and {file.name}")
                 self._where[name] = tensors
+        if multimodal.is_multimodal(raw):
+            self._text_model(raw)
+
+    #: The language model's tensor names of a multimodal checkpoint: the
+    #: prefix of its `model.*` tensors and its LM head's name (None: the
+    #: names are a causal LM's).
+    _text_names: Optional[tuple[str, str]] = None
+    #: What of a multimodal checkpoint is not loaded, in words (None for a
+    #: causal LM's checkpoint): ETC runs its text model.
+    not_loaded: Optional[str] = None
+
+    def _text_model(self, raw: dict) -> None:
+        """A multimodal checkpoint (`multimodal`): finds its language model's
+        tensors under either prefix transformers writes, decides the LM
+        head's tying where config.json does not (`multimodal.tie_stated`)
+        and says what is not loaded."""
+        found = [(prefix, head) for prefix, head in multimodal.PREFIXES
+                 if prefix + "embed_tokens.weight" in self._where]
+        if not found:
+            first, second = (prefix + "embed_tokens.weight" for prefix, _ in multimodal.PREFIXES)
+            raise MissingTensorError(
+                f"{self.path}: tensor {first!r} (the text model's token embeddings; "
+                f"{second!r} as transformers 4.52 to 4.57 name it) is missing from the "
+                f"checkpoint")
+        if len(found) > 1:
+            raise CheckpointError(f"{self.path}: the checkpoint holds the text model twice, "
+                                  f"under {found[0][0]!r} and {found[1][0]!r}")
+        prefix, head = self._text_names = found[0]
+        if multimodal.tie_stated(raw, str(self.path / "config.json")) is None:
+            self.config = replace(self.config, tie_word_embeddings=head not in self._where)
+        parts = multimodal.other_parts(self._where, prefix, head)
+        unread = ", ".join(f"{part} ({count} tensor{'s' * (count != 1)})"
+                           for part, count in sorted(parts.items()))
+        self.not_loaded = f"{raw['architectures'][0]}: its text model only" + (
+            f"; not loaded: {unread}" if unread else " (the checkpoint has nothing else)")
+
+    def _named(self, plan: list[tuple]) -> list[tuple]:
+        """`plan` with the tensor names of this checkpoint: a multimodal
+        one's language model's names (`_text_names`) for a causal LM's."""
+        if self._text_names is None:
+            return plan
+        prefix, head = self._text_names
+
+        def name(hf: str) -> str:
+            return head if hf == "lm_head.weight" else prefix + hf.removeprefix("model.")
+
+        return [(key, [name(n) for n in names] if isinstance(names, list) else name(names),
+                 *rest) for key, names, *rest in plan]
 
     def eos_token_ids(self) -> tuple[int, ...]:
         """The ids that end a generated sequence: config.json's
@@ -92,6 +141,9 @@ class Checkpoint:
         EOS token. Empty when nothing names one."""
         ids: list[int] = []
         sources = [("config.json", self.raw_config)]
+        if self._text_names is not None:
+            # The text model's ids too (transformers 5 writes them there).
+            sources.append(("config.json text_config", self.raw_config["text_config"]))
         generation = self.path / "generation_config.json"
         if generation.is_file():
             try:
@@ -146,7 +198,7 @@ class Checkpoint:
                 if file is not None and file.dtype(tensor) in _COMPUTE and \
                         len(file.shape(tensor)) >= 2:
                     stored.add(_COMPUTE[file.dtype(tensor)])
-        said = config_dtype(self.raw_config)
+        said = config_dtype(self.raw_config) or config_dtype(self.raw_config.get("text_config"))
         if len(stored) == 1:
             return stored.pop()
         if not stored:
@@ -314,7 +366,7 @@ class Checkpoint:
         plan.append(("final_norm", "model.norm.weight", (h,), "final norm", None))
         if not c.tie_word_embeddings:
             plan.append(("lm_head", "lm_head.weight", (c.vocab_size, h), "LM head", None))
-        return plan
+        return self._named(plan)
 
     def _mixtral_experts(self, i: int) -> list[tuple]:
         """`_plan`'s entries of Mixtral's layer `i`: its router and experts

@@ -1,7 +1,8 @@
 """Hugging Face `config.json` of the supported architectures, checked.
 
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
-Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3), written by
+Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3; and the text
+model of Gemma 3's and Mistral 3's multimodal configs, `multimodal`), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
 anything the compiled model would compute differently (biases, sliding
@@ -18,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import rope
+from . import multimodal, rope
 from .fields import UnsupportedConfigError, positive_int, positive_number
 from .rope import ROPE_TYPES
 
@@ -170,11 +171,14 @@ class ModelConfig:
         if not isinstance(architectures, list) or len(architectures) != 1:
             raise UnsupportedConfigError(
                 f"{where}: 'architectures' must name exactly one architecture, got "
-                f"{architectures!r}; supported: {', '.join(ARCHITECTURES)}")
+                f"{architectures!r}; supported: {_supported()}")
         architecture = architectures[0]
+        if architecture in multimodal.WRAPPERS:
+            # The text model alone, as the causal LM it is.
+            return cls.from_dict(*multimodal.text_config(config, where))
         if architecture not in ARCHITECTURES:
             raise UnsupportedConfigError(f"{where}: architecture {architecture!r} is not "
-                                         f"supported; supported: {', '.join(ARCHITECTURES)}")
+                                         f"supported; supported: {_supported()}")
 
         def need(name: str, kind=int):
             if name not in config or config[name] is None:
@@ -528,3 +532,9 @@ def _phi3_rope_type(config: dict, where: str) -> None:
                 f"{where}: field {name!r} has rope_type {kind!r}, which transformers' Phi-3 "
                 f"reads as 'longrope' (short and long factors switched by the sequence "
                 f"length), not supported: only plain RoPE is implemented for Phi-3")
+
+
+def _supported() -> str:
+    """The architectures config.json may name: the causal LMs, and the
+    multimodal models whose text model ETC runs."""
+    return ", ".join((*ARCHITECTURES, *multimodal.WRAPPERS))

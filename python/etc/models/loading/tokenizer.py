@@ -78,7 +78,8 @@ class Tokenizer:
         """The tokenizer of a Hugging Face checkpoint directory: tokenizer.json,
         with the special tokens and chat template of tokenizer_config.json
         (and chat_template.jinja, which takes precedence, as in
-        transformers). None when the directory has no tokenizer.json."""
+        transformers; else a multimodal model's processor template,
+        chat_template.json). None when the directory has no tokenizer.json."""
         path = Path(path)
         file = path / "tokenizer.json"
         if not file.is_file():
@@ -107,6 +108,8 @@ class Tokenizer:
             template = jinja_file.read_text()
         if template is not None and not isinstance(template, str):
             raise TokenizerError(f"{config_file}: chat_template must be a string")
+        if template is None:
+            template = _processor_template(path / "chat_template.json")
         return cls(backend, chat_template=template,
                    bos_token=_token_content(config.get("bos_token")),
                    eos_token=_token_content(config.get("eos_token")),
@@ -194,6 +197,23 @@ class Tokenizer:
         if self._template is None:
             self._template = compile_chat_template(self.chat_template)
         return self._template
+
+
+def _processor_template(file: Path) -> Optional[str]:
+    """The chat template of `file`, a multimodal model's processor's
+    chat_template.json ({"chat_template": "..."}: transformers' processors
+    read it, its tokenizers do not), for a checkpoint whose tokenizer
+    has no template of its own; None when there is no such file."""
+    if not file.is_file():
+        return None
+    try:
+        template = json.loads(file.read_text()).get("chat_template")
+    except (json.JSONDecodeError, AttributeError) as error:
+        raise TokenizerError(f"{file}: not a JSON object with a 'chat_template' "
+                             f"({error})") from None
+    if not isinstance(template, str):
+        raise TokenizerError(f"{file}: 'chat_template' must be a string, got {template!r}")
+    return template
 
 
 def compile_chat_template(source: str):

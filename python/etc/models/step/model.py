@@ -96,6 +96,10 @@ class CompiledModel:
         self.config = config
         self.checkpoint = checkpoint
         self.path = checkpoint.path
+        #: What of the checkpoint is not loaded, in words: a multimodal
+        #: checkpoint's vision tower and projector (ETC runs its text
+        #: model); None when the whole checkpoint is the model.
+        self.not_loaded = getattr(checkpoint, "not_loaded", None)
         #: The compute dtype of weights and activations ("f32", "f16" or
         #: "bf16"): `load`'s, or the checkpoint's own when it gave None.
         self.dtype = dtype
@@ -252,7 +256,8 @@ class CompiledModel:
     def __repr__(self) -> str:
         c = self.config
         return (f"<Model {c.architecture} layers={c.num_layers} hidden={c.hidden_size} "
-                f"vocab={c.vocab_size} dtype={self.dtype} target={self.target}>")
+                f"vocab={c.vocab_size} dtype={self.dtype} target={self.target}" +
+                (f" ({self.not_loaded})" if self.not_loaded else "") + ">")
 
     @property
     def num_parameters(self) -> int:
