@@ -304,6 +304,7 @@ class ModelConfig:
             **gemma,
         )
 
+
 def _mixtral(config: dict, where: str, layers: int, need) -> dict:
     """Mixtral's MoE fields (`ModelConfig`'s MoE fields), as transformers 4
     and 5 read them: a sparse block in every layer, `num_local_experts`
