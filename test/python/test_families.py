@@ -419,6 +419,22 @@ def test_gguf_equals_the_checkpoint_and_generates_alike(name, tmp_path):
         assert np.all(np.abs(out.logits[r] - want).max(axis=-1) <= 0.15 * want.std(axis=-1))
 
 
+def test_mixtral_gguf_generates_what_its_checkpoint_generates(loaded, tmp_path):
+    """A Mixtral checkpoint's weights as llama.cpp lays them out, experts
+    merged and (older files) one tensor per expert: the safetensors
+    model's greedy tokens and logits (the same kernel, from the cache)."""
+    want = loaded["mixtral", "paged"].generate(PROMPTS, NEW, return_logits=True)
+    for legacy in (False, True):
+        path = write_gguf(tmp_path / f"{legacy}.gguf", FAMILIES["mixtral"],
+                          seed=SEEDS["mixtral"], legacy_experts=legacy)
+        model = models.load(path, **LOAD)
+        assert model.kernel_source == "cache"
+        got = model.generate(PROMPTS, NEW, return_logits=True)
+        assert got.tokens == want.tokens
+        for a, b in zip(got.logits, want.logits):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
 def test_gguf_qwen2_refuses_an_output_bias(tmp_path):
     from etc.models.loading.gguf import GGUFCheckpoint
 
