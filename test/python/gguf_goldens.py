@@ -8,7 +8,9 @@ source weights and llama.cpp's logits of the files to compare them with.
     make goldens LLAMA_CPP=/path/to/llama.cpp      # or:
     python test/python/gguf_goldens.py --llama-cpp /path/to/llama.cpp
 
-writes test/python/goldens/<arch>-q8_0.gguf and gguf-<arch>.npz. It needs
+writes test/python/goldens/<arch>-q8_0.gguf and gguf-<arch>.npz (and
+`--runs`, alone: gguf-<arch>-llama-cpp.npz, llama.cpp's logits of the
+files `write_gguf` writes for RUNS: Mixtral, below). It needs
 torch and transformers (the converter and the logits), llama-cpp-python
 (the quantizer) and a llama.cpp source tree (the converter, with its own
 gguf-py). The committed files were made with llama-cpp-python 0.3.36 (pip,
@@ -200,6 +202,106 @@ def make(llama_cpp: Path, directory: Path = DIRECTORY) -> None:
                   f"{(directory / f'gguf-{arch}.npz').stat().st_size} bytes")
 
 
+# ----------------------------------------------------------------------
+# Files written by etc.models.testing, run by llama.cpp
+# ----------------------------------------------------------------------
+
+#: Architectures whose GGUF file is `write_gguf`'s (the converter's layout
+#: through the `gguf` package), float32, run by llama.cpp: Mixtral, which
+#: llama.cpp's converter writes as llama with experts. The case: config,
+#: seed of the sharp weights, the token sequence.
+RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
+                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
+
+
+def run_digest(config, weights: dict) -> str:
+    """SHA-256 of the ModelConfig and graph weights ETC reads from a file:
+    what the logits depend on."""
+    import hashlib
+
+    digest = hashlib.sha256(repr(config).encode())
+    for key in sorted(weights):
+        digest.update(key.encode())
+        digest.update(np.ascontiguousarray(weights[key]).tobytes())
+    return digest.hexdigest()
+
+
+def run_file(arch: str, directory: Path, tokenizer=None) -> Path:
+    """The F32 GGUF file of RUNS' case `arch` (with `tokenizer`, a
+    `tokenizers.Tokenizer`, in its metadata: llama.cpp needs one)."""
+    from etc.models.testing import checkpoint_tensors, write_gguf
+
+    config, seed, _ = RUNS[arch]
+    return write_gguf(directory / f"{arch}-run.gguf", config,
+                      tensors=checkpoint_tensors(config, seed, sharp=True), tokenizer=tokenizer,
+                      pre="gpt-2", eos_token="<|im_end|>" if tokenizer else None)
+
+
+def make_runs(directory: Path = DIRECTORY) -> None:
+    """llama.cpp's logits of every position of RUNS' sequences, in
+    gguf-<arch>-llama-cpp.npz with the digest of what ETC reads from the
+    same file (`run_digest`)."""
+    import llama_cpp as bindings
+    from tokenizers import Tokenizer
+
+    from etc.models.loading.gguf import GGUFCheckpoint
+
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        for arch, (config, seed, sequence) in RUNS.items():
+            source = write_checkpoint(scratch / arch, config, seed=seed, sharp=True,
+                                      tokenizer=True)
+            path = run_file(arch, scratch, Tokenizer.from_file(str(source / "tokenizer.json")))
+            gg = GGUFCheckpoint(path)
+            logits = _llama_cpp_run(path, sequence)
+            out = directory / f"gguf-{arch}-llama-cpp.npz"
+            np.savez_compressed(out, case=json.dumps({"config": config, "seed": seed,
+                                                      "sequence": sequence}),
+                                digest=run_digest(gg.config, gg.weights()), logits=logits,
+                                versions=json.dumps({"llama-cpp-python": bindings.__version__}))
+            print(f"{out.name}: {out.stat().st_size} bytes")
+
+
+def _llama_cpp_run(path: Path, sequence: list) -> np.ndarray:
+    """llama.cpp's logits (len(sequence), vocab) float32 of the file."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as bindings
+
+    default = bindings.llama_model_default_params
+
+    def without_repacking():
+        params = default()
+        params.use_extra_bufts = False
+        return params
+
+    bindings.llama_model_default_params = without_repacking
+    try:
+        model = llama_cpp.Llama(str(path), n_ctx=32, n_batch=32, n_threads=2,
+                                logits_all=True, verbose=False)
+    finally:
+        bindings.llama_model_default_params = default
+    model.eval(sequence)
+    return np.array(model.scores[:len(sequence)], np.float32)
+
+
+def load_run(arch: str, directory: Path = DIRECTORY) -> dict:
+    """The llama.cpp run of `arch`: {"config", "seed", "sequence",
+    "digest", "logits", "versions"}."""
+    path = directory / f"gguf-{arch}-llama-cpp.npz"
+    if not path.is_file():
+        raise AssertionError(f"{path} is missing: python test/python/gguf_goldens.py --runs "
+                             f"(where llama-cpp-python imports)")
+    config, seed, sequence = RUNS[arch]
+    with np.load(path) as data:
+        case = json.loads(str(data["case"]))
+        if case != json.loads(json.dumps({"config": config, "seed": seed,
+                                          "sequence": sequence})):
+            raise AssertionError(f"{path} is of another case than gguf_goldens.RUNS: "
+                                 f"regenerate it")
+        return {**case, "digest": str(data["digest"]), "logits": data["logits"],
+                "versions": json.loads(str(data["versions"]))}
+
+
 def _commit(llama_cpp: Path) -> str:
     """The llama.cpp tree's git commit, or "unknown"."""
     try:
@@ -211,10 +313,17 @@ def _commit(llama_cpp: Path) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--llama-cpp", type=Path, required=True,
+    parser.add_argument("--llama-cpp", type=Path,
                         help="a llama.cpp source tree (its convert_hf_to_gguf.py is run)")
+    parser.add_argument("--runs", action="store_true",
+                        help="only RUNS' files (llama-cpp-python, no source tree needed)")
     parser.add_argument("--directory", type=Path, default=DIRECTORY)
     args = parser.parse_args(argv)
+    if args.runs:
+        make_runs(args.directory)
+        return 0
+    if args.llama_cpp is None:
+        parser.error("--llama-cpp is required (or --runs)")
     make(args.llama_cpp, args.directory)
     return 0
 

@@ -1,4 +1,4 @@
-"""The model families beyond Llama and Qwen3 (Qwen2, ...), end to end on the
+"""The model families beyond Llama and Qwen3 (Qwen2, Mixtral, ...), end to end on the
 CPU target: tiny random checkpoints as transformers writes them (both
 config styles), from a checkpoint directory and from a GGUF file, checked
 by teacher forcing against the NumPy forward pass (`etc.models.step.
@@ -12,6 +12,7 @@ always against the golden logits transformers produced
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -33,8 +34,12 @@ NEW = 4
 LOAD = dict(workers=3, max_seq_len=32, attention_chunk=4, kv_block_size=4)
 
 #: One tiny config per family (as transformers 4 writes config.json) and
-#: the seed of its weights: those of the goldens.
-FAMILIES, SEEDS = goldens.FAMILIES, goldens.SEEDS
+#: the seed of its weights: those of the goldens (Mixtral, a MoE, has its
+#: goldens in hf_goldens.py, whose prompts keep routing away from ties:
+#: test_models.py and test_goldens.py check them; test_mixtral.py its
+#: config and layouts).
+FAMILIES = {**goldens.FAMILIES, "mixtral": tiny_config("MixtralForCausalLM")}
+SEEDS = {**goldens.SEEDS, "mixtral": 18}
 #: The families whose GGUF files keep their architecture (llama.cpp writes
 #: Mistral as llama, and no Qwen2 window), as llama.cpp can say them:
 #: Gemma with the layer pattern llama.cpp fixes (6 for Gemma 3) and the
@@ -49,6 +54,8 @@ GGUF_FAMILIES = {
     "gemma2": tiny_config("Gemma2ForCausalLM", query_pre_attn_scalar=16),
     # llama.cpp's phi3 takes the head size from hidden / heads.
     "phi3": tiny_config("Phi3ForCausalLM", head_dim=8),
+    # Mixtral is llama with experts (no window: the tiny config has none).
+    "mixtral": FAMILIES["mixtral"],
 }
 
 
@@ -359,7 +366,10 @@ def test_bf16_checkpoint_and_half_precision_compute(name, tmp_path):
     out = models.load(path, dtype="f32", **LOAD).generate(PROMPTS, 2, return_logits=True)
     teacher_forcing(checkpoint, PROMPTS, out)
     weights = checkpoint.weights()
-    for dtype, tol in (("f16", 3e-2), ("bf16", 1.5e-1)):
+    # Mixtral in bf16: against transformers in test_goldens.py (a bf16
+    # compile is 20 s here; one is enough).
+    half = (("f16", 3e-2),) if name == "mixtral" else (("f16", 3e-2), ("bf16", 1.5e-1))
+    for dtype, tol in half:
         out = models.load(path, dtype=dtype, **LOAD).generate(PROMPTS, 1, return_logits=True)
         for r, prompt in enumerate(PROMPTS):
             want = reference.forward(checkpoint.config, weights, prompt)[-1]
@@ -399,12 +409,30 @@ def test_gguf_equals_the_checkpoint_and_generates_alike(name, tmp_path):
     out = models.load(path, packed=False, **LOAD).generate(PROMPTS, 3, return_logits=True)
     teacher_forcing(quantized, PROMPTS, out, weights=weights)
     model = models.load(path, **LOAD)
-    assert {"l0_wq", "l1_wv", "l1_w_gate"} <= set(model.weight_formats)
+    moe = gg.config.is_moe
+    assert {"l0_wq", "l1_wv", "l1_experts_down" if moe else "l1_w_gate"} <= \
+        set(model.weight_formats)
     out = model.generate(PROMPTS, 3, return_logits=True)
     for r, prompt in enumerate(PROMPTS):
         sequence = list(prompt) + out.tokens[r]
         want = reference.forward(quantized.config, weights, sequence[:-1])[len(prompt) - 1:]
         assert np.all(np.abs(out.logits[r] - want).max(axis=-1) <= 0.15 * want.std(axis=-1))
+
+
+def test_mixtral_gguf_generates_what_its_checkpoint_generates(loaded, tmp_path):
+    """A Mixtral checkpoint's weights as llama.cpp lays them out, experts
+    merged and (older files) one tensor per expert: the safetensors
+    model's greedy tokens and logits (the same kernel, from the cache)."""
+    want = loaded["mixtral", "paged"].generate(PROMPTS, NEW, return_logits=True)
+    for legacy in (False, True):
+        path = write_gguf(tmp_path / f"{legacy}.gguf", FAMILIES["mixtral"],
+                          seed=SEEDS["mixtral"], legacy_experts=legacy)
+        model = models.load(path, **LOAD)
+        assert model.kernel_source == "cache"
+        got = model.generate(PROMPTS, NEW, return_logits=True)
+        assert got.tokens == want.tokens
+        for a, b in zip(got.logits, want.logits):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
 def test_gguf_qwen2_refuses_an_output_bias(tmp_path):
@@ -707,7 +735,9 @@ def test_gguf_tensor_names_and_keys_are_the_gguf_packages(name, tmp_path, monkey
     config = GGUF_FAMILIES[name]
     path = write_gguf(tmp_path / "m.gguf", config, seed=2)
     arch_name = GGUFCheckpoint(path).architecture
-    assert ARCHITECTURES[arch_name] == config["architectures"][0]
+    # (A llama file with experts is read as Mixtral.)
+    assert GGUFCheckpoint(path).config.architecture == config["architectures"][0]
+    assert arch_name in ARCHITECTURES
     arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch_name)
     layers = config["num_hidden_layers"]
     name_map = gguf.get_tensor_name_map(arch, layers)
@@ -715,6 +745,8 @@ def test_gguf_tensor_names_and_keys_are_the_gguf_packages(name, tmp_path, monkey
                for i in range(layers) for suffix in (".weight", ".bias")}
     names = set()
     for hf_name in tensor_shapes(config):
+        # An expert's tensor: its projection's stack, as the converter merges them.
+        hf_name = re.sub(r"\.experts\.\d+\.", ".experts.", hf_name)
         found = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert found in allowed, (hf_name, found)
         names.add(found)

@@ -29,8 +29,9 @@ PROMPTS = [[5], [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
 NEW = 4
 LOAD = dict(workers=3, max_seq_len=32, attention_chunk=4)
 
-#: Llama 3 style (an untied LM head and llama3 RoPE scaling), Qwen3, and
-#: Qwen3-MoE with one dense layer, then a sparse one: the goldens' configs.
+#: Llama 3 style (an untied LM head and llama3 RoPE scaling), Qwen3,
+#: Qwen3-MoE with one dense layer, then a sparse one, and a one-layer
+#: Mixtral: the goldens' configs.
 CONFIGS = hf_goldens.ARCHITECTURES
 
 

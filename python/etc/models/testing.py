@@ -78,6 +78,12 @@ SHAPES = {
         max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
         tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8,
         moe_intermediate_size=768, norm_topk_prob=True),
+    "mixtral-8x7b": dict(
+        architecture="MixtralForCausalLM", vocab_size=32000, hidden_size=4096,
+        intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=None,
+        max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0,
+        sliding_window=None, tie_word_embeddings=False, num_local_experts=8,
+        num_experts_per_tok=2),
 }
 
 
@@ -91,6 +97,7 @@ def shaped_config(name: str, layers: int = 2, **overrides) -> dict:
 
 #: Hugging Face's `model_type` of each architecture.
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+                "MixtralForCausalLM": "mixtral",
                 "Qwen2ForCausalLM": "qwen2", "Gemma2ForCausalLM": "gemma2",
                 "Phi3ForCausalLM": "phi3",
                 "Gemma3ForCausalLM": "gemma3_text",
@@ -99,8 +106,8 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
 
 def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
     """A config.json of `architecture` with hidden size 32, 2 layers, 4 query
-    and 2 KV heads of 16, vocabulary 96 (Qwen3-MoE: 4 experts, 2 per
-    token); `overrides` replace or add fields."""
+    and 2 KV heads of 16, vocabulary 96 (Qwen3-MoE, Mixtral: 4 experts, 2
+    per token); `overrides` replace or add fields."""
     config = {
         "architectures": [architecture],
         "vocab_size": 96,
@@ -115,7 +122,7 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
         "tie_word_embeddings": architecture not in ("LlamaForCausalLM", "MistralForCausalLM",
-                                                    "Phi3ForCausalLM"),
+                                                    "MixtralForCausalLM", "Phi3ForCausalLM"),
         "attention_bias": False,
         "torch_dtype": "float32",
         "model_type": _MODEL_TYPES.get(architecture, "unknown"),
@@ -126,6 +133,16 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
         # As Mistral-7B-v0.1's config.json: no attention_bias field, a window.
         del config["attention_bias"]
         config["sliding_window"] = 5
+    if architecture == "MixtralForCausalLM":
+        # As Mixtral-8x7B's config.json: no attention_bias field, the
+        # experts' width in intermediate_size (32: whole Q8_0 blocks, so
+        # that a GGUF file's experts pack), training-only router fields,
+        # no window (null).
+        del config["attention_bias"]
+        config.update({"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+                       "sliding_window": None, "output_router_logits": False,
+                       "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0,
+                       "rope_theta": 1000000.0})
     if architecture == "Qwen2ForCausalLM":
         # As Qwen2.5's config.json: q/k/v biases always (no attention_bias
         # field), a window that use_sliding_window leaves off.
@@ -193,7 +210,8 @@ def as_transformers5(config: dict) -> dict:
         first = config.get("max_window_layers", 28)
         config.setdefault("layer_types", ["sliding_attention" if i >= first else
                                           "full_attention" for i in range(layers)])
-    elif architecture not in ("MistralForCausalLM", "Phi3ForCausalLM"):  # they have none
+    elif architecture not in ("MistralForCausalLM", "MixtralForCausalLM",
+                              "Phi3ForCausalLM"):  # they have none
         config.setdefault("layer_types", ["full_attention"] * layers)
     config["dtype"] = config.pop("torch_dtype", "float32")
     config["transformers_version"] = "5.23.0"
@@ -294,8 +312,9 @@ def tensor_shapes(config: dict) -> dict:
     phi3 = config["architectures"][0] == "Phi3ForCausalLM"
     qk_norm = qwen3 or config["architectures"][0] == "Gemma3ForCausalLM"
     moe = config["architectures"][0] == "Qwen3MoeForCausalLM"
+    mixtral = config["architectures"][0] == "MixtralForCausalLM"
     t = {"model.embed_tokens.weight": (vocab, h)}
-    sparse = set()
+    sparse = set(range(config["num_hidden_layers"])) if mixtral else set()
     if moe:
         step = config.get("decoder_sparse_step", 1) or 1
         only = config.get("mlp_only_layers") or []
@@ -322,7 +341,16 @@ def tensor_shapes(config: dict) -> dict:
         if gemma:
             t[p + "pre_feedforward_layernorm.weight"] = (h,)
             t[p + "post_feedforward_layernorm.weight"] = (h,)
-        if i in sparse:
+        if mixtral:
+            # transformers 4's layout (transformers 5 saves it too): w1 the
+            # gate, w2 the down, w3 the up projection.
+            e, f = config["num_local_experts"], config["intermediate_size"]
+            t[p + "block_sparse_moe.gate.weight"] = (e, h)
+            for j in range(e):
+                t[f"{p}block_sparse_moe.experts.{j}.w1.weight"] = (f, h)
+                t[f"{p}block_sparse_moe.experts.{j}.w2.weight"] = (h, f)
+                t[f"{p}block_sparse_moe.experts.{j}.w3.weight"] = (f, h)
+        elif i in sparse:
             e, f = config["num_experts"], config["moe_intermediate_size"]
             t[p + "mlp.gate.weight"] = (e, h)
             for j in range(e):
@@ -368,7 +396,7 @@ def _tensors(config: dict, rng: np.random.Generator, sharp: bool = False) -> dic
             continue
         # Embeddings smaller, the router's logits larger (unless sharp).
         fan_in = {"model.embed_tokens.weight": 16 * h}.get(name, shape[-1])
-        if name.endswith("mlp.gate.weight") and not sharp:
+        if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")) and not sharp:
             fan_in = h / 8
         if sharp and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
             fan_in /= 4
@@ -514,6 +542,7 @@ def quantize_fp8(weight: np.ndarray, block: tuple) -> tuple[np.ndarray, np.ndarr
 
 # llama.cpp's converter writes Mistral as llama (without its window).
 _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
+                       "MixtralForCausalLM": "llama",
                        "Qwen2ForCausalLM": "qwen2",
                        "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe",
                        "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
@@ -551,7 +580,7 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
                bos_token: Optional[str] = None, add_bos_token: bool = False,
                rope_freqs: Optional[np.ndarray] = None, drop: tuple = (),
                metadata: Optional[dict] = None, raw_tensors: Optional[dict] = None,
-               tensor_types: Optional[dict] = None) -> Path:
+               tensor_types: Optional[dict] = None, legacy_experts: bool = False) -> Path:
     """Writes the checkpoint `write_checkpoint(config, seed=seed)` writes (or
     `tensors`, under Hugging Face's names) as one GGUF file at `path`, as
     llama.cpp's converter lays it out: the `gguf` package's metadata keys
@@ -573,7 +602,9 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     frequency factors). `metadata` adds or replaces keys (None removes
     one); names in `drop` (GGUF names) are left out. `raw_tensors` adds
     tensors as stored bytes: GGUF name -> (uint8 array (rows, bytes per
-    row), GGML type name)."""
+    row), GGML type name). `legacy_experts`: each expert's projections as
+    their own tensors, `blk.<i>.ffn_{gate,up,down}.<j>.weight`, as llama.cpp
+    wrote Mixtral before it merged them."""
     import gguf
 
     config = config or tiny_config()
@@ -618,15 +649,24 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         # llama.cpp's converter stores Gemma's norms as 1 + w.
         out = {name: array + np.float32(1.0) if name.endswith("norm.weight") else array
                for name, array in out.items()}
-    if architecture == "qwen3moe":
+    mixtral = config["architectures"][0] == "MixtralForCausalLM"
+    if architecture == "qwen3moe" or mixtral:
+        p, projs, experts = ("block_sparse_moe.experts.", ("w1", "w3", "w2"),
+                             config["num_local_experts"]) if mixtral else \
+            ("mlp.experts.", ("gate_proj", "up_proj", "down_proj"), config.get("num_experts"))
         for i in range(layers):
-            p = f"model.layers.{i}.mlp.experts."
-            if p + "0.gate_proj.weight" not in tensors:
+            p_i = f"model.layers.{i}.{p}"
+            if f"{p_i}0.{projs[0]}.weight" not in tensors:
                 continue
-            for proj in ("gate_proj", "up_proj", "down_proj"):
-                stacked = gguf_tensor_name(architecture, f"{p}{proj}.weight", layers)
-                out[stacked] = np.stack(
-                    [tensors[f"{p}{j}.{proj}.weight"] for j in range(config["num_experts"])])
+            for proj, legacy in zip(projs, ("gate", "up", "down")):
+                if legacy_experts:
+                    # Older llama.cpp files: one tensor per expert.
+                    for j in range(experts):
+                        out[f"blk.{i}.ffn_{legacy}.{j}.weight"] = tensors[f"{p_i}{j}.{proj}.weight"]
+                    continue
+                stacked = gguf_tensor_name(architecture, f"{p_i}{proj}.weight", layers)
+                out[stacked] = np.stack([tensors[f"{p_i}{j}.{proj}.weight"]
+                                         for j in range(experts)])
     if rope_freqs is not None:
         out["rope_freqs.weight"] = np.asarray(rope_freqs, np.float32)
 
@@ -659,6 +699,11 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
             if config.get(key) is not None:
                 getattr(writer, f"add_{key}")(config[key])
+    if mixtral:
+        # llama.cpp's converter: Mixtral is llama with experts (each of
+        # feed_forward_length), softmax weights renormalised over the chosen.
+        writer.add_expert_count(config["num_local_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
     if architecture == "qwen3moe":
         writer.add_expert_count(config["num_experts"])
         writer.add_expert_used_count(config["num_experts_per_tok"])

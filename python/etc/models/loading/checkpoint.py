@@ -196,7 +196,7 @@ class Checkpoint:
             for tensor in (name if how == "experts" else [name]):
                 file = self._where.get(tensor)
                 if file is not None and file.dtype(tensor) in _COMPUTE and \
-                        len(file.shape(tensor)) == 2:
+                        len(file.shape(tensor)) >= 2:
                     stored.add(_COMPUTE[file.dtype(tensor)])
         said = config_dtype(self.raw_config) or config_dtype(self.raw_config.get("text_config"))
         if len(stored) == 1:
@@ -281,7 +281,9 @@ class Checkpoint:
     def _plan(self) -> list[tuple]:
         """Every weight the step graph takes: (graph input name, tensor
         name(s), shape, what it is, layout), the layout None, ("rows",
-        start, stop) for a part of a fused projection (Phi-3), "T" for a
+        start, stop) for a part of a fused projection (Phi-3), ("expert_rows",
+        start, stop) for those rows of every expert of a stack (E, rows, in)
+        (transformers 5's fused Mixtral experts), "T" for a
         transposed matrix (a router), or "experts" for a MoE layer's stack
         of one projection (the name a list of each expert's tensor, the
         shape an expert's)."""
@@ -333,7 +335,9 @@ class Checkpoint:
             else:
                 plan.append((f"l{i}_mlp_norm", p + "post_attention_layernorm.weight", (h,),
                              f"layer {i} post-attention norm", None))
-            if c.is_sparse(i):
+            if c.is_sparse(i) and c.architecture == "MixtralForCausalLM":
+                plan += self._mixtral_experts(i)
+            elif c.is_sparse(i):
                 e, f = c.num_experts, c.moe_intermediate_size
                 plan.append((f"l{i}_router", p + "mlp.gate.weight", (e, h), f"layer {i} router",
                              "T"))
@@ -363,6 +367,34 @@ class Checkpoint:
         if not c.tie_word_embeddings:
             plan.append(("lm_head", "lm_head.weight", (c.vocab_size, h), "LM head", None))
         return self._named(plan)
+
+    def _mixtral_experts(self, i: int) -> list[tuple]:
+        """`_plan`'s entries of Mixtral's layer `i`: its router and experts
+        as transformers 4 (and 5, by default) saves them,
+        `block_sparse_moe.gate` and `block_sparse_moe.experts.<j>.w1/w2/w3`
+        (gate, down, up); or as transformers 5 keeps them in memory and
+        saves them with `save_original_format=False`, `mlp.gate` and two
+        stacks, `mlp.experts.gate_up_proj` (E, 2 f, h: gate rows then up
+        rows, the concatenation of w1 and w3) and `mlp.experts.down_proj`
+        (E, h, f)."""
+        c = self.config
+        h, e, f = c.hidden_size, c.num_experts, c.moe_intermediate_size
+        fused = f"model.layers.{i}.mlp.experts."
+        if fused + "gate_up_proj" in self._where or fused + "down_proj" in self._where:
+            return [(f"l{i}_router", f"model.layers.{i}.mlp.gate.weight", (e, h),
+                     f"layer {i} router", "T"),
+                    (f"l{i}_experts_gate", fused + "gate_up_proj", (e, 2 * f, h),
+                     f"layer {i} fused expert gate/up projections", ("expert_rows", 0, f)),
+                    (f"l{i}_experts_up", fused + "gate_up_proj", (e, 2 * f, h),
+                     f"layer {i} fused expert gate/up projections", ("expert_rows", f, 2 * f)),
+                    (f"l{i}_experts_down", fused + "down_proj", (e, h, f),
+                     f"layer {i} expert down projections", None)]
+        p = f"model.layers.{i}.block_sparse_moe."
+        return [(f"l{i}_router", p + "gate.weight", (e, h), f"layer {i} router", "T")] + [
+            (f"l{i}_experts_{key}", [f"{p}experts.{j}.{w}.weight" for j in range(e)], shape,
+             f"layer {i} {key} experts ({w})", "experts")
+            for key, w, shape in (("gate", "w1", (f, h)), ("up", "w3", (f, h)),
+                                  ("down", "w2", (h, f)))]
 
     def _stack(self, names: list, shape: tuple, what: str, dtype: str,
                packed_read: Optional[Callable] = None) -> np.ndarray:
@@ -439,10 +471,12 @@ class Checkpoint:
                 (lambda n: self.tensor(n, shape, what, dtype))
             if how == "experts":
                 out[key] = self._stack(name, shape, what, dtype, read if stay else None)
-            elif isinstance(how, tuple):  # ("rows", start, stop) of a fused projection
-                if fused[0] != (name, stay):
+            elif isinstance(how, tuple):  # ("rows" or "expert_rows", start, stop) of a
+                if fused[0] != (name, stay):  # fused projection (or stack of experts)
                     fused = ((name, stay), read(name))
-                out[key] = np.ascontiguousarray(fused[1][how[1]:how[2]])
+                rows = slice(how[1], how[2])
+                out[key] = np.ascontiguousarray(fused[1][:, rows] if how[0] == "expert_rows"
+                                                else fused[1][rows])
             elif how == "T":
                 out[key] = np.ascontiguousarray(self.tensor(name, shape, what, dtype).T)
             else:

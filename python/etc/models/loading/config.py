@@ -1,7 +1,7 @@
 """Hugging Face `config.json` of the supported architectures, checked.
 
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
-Mistral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3; and the text
+Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3; and the text
 model of Gemma 3's and Mistral 3's multimodal configs, `multimodal`), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
@@ -26,9 +26,9 @@ from .rope import ROPE_TYPES
 __all__ = ["ARCHITECTURES", "ROPE_TYPES", "ModelConfig", "UnsupportedConfigError"]
 
 #: The architectures `etc.models.load` builds.
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                 "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
-                 "Gemma3ForCausalLM", "Phi3ForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
+                 "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+                 "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM")
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
@@ -58,8 +58,10 @@ class ModelConfig:
     #: "yarn"; its "rope_type" included, defaults filled in), or None for
     #: plain RoPE.
     rope_scaling: Optional[dict] = None
-    #: Mixture-of-Experts (Qwen3-MoE): experts, experts per token, expert
-    #: width, renormalised top-k weights, and which layers are sparse.
+    #: Mixture-of-Experts (Qwen3-MoE, Mixtral): experts, experts per token,
+    #: expert width, renormalised top-k weights, and which layers are
+    #: sparse (Mixtral: every one; `intermediate_size` is then 0, no layer
+    #: has a dense MLP).
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
@@ -238,7 +240,9 @@ class ModelConfig:
         else:
             if architecture == "Phi3ForCausalLM":
                 _phi3_rope_type(config, where)
-            rope_theta, scaling = _rope(config, where, max_positions)
+            # transformers' default RoPE base: 1e6 for Mixtral, 1e4 for the others.
+            rope_theta, scaling = _rope(config, where, max_positions, default_theta=(
+                1_000_000.0 if architecture == "MixtralForCausalLM" else 10_000.0))
         moe = {}
         if architecture == "Qwen3MoeForCausalLM":
             mlp_only = config.get("mlp_only_layers")
@@ -266,8 +270,12 @@ class ModelConfig:
             if config.get("shared_expert_intermediate_size"):
                 raise UnsupportedConfigError(f"{where}: field 'shared_expert_intermediate_size'"
                                              f" is not supported (no shared experts)")
+        elif architecture == "MixtralForCausalLM":
+            moe = _mixtral(config, where, layers, need)
         dense_layers = not moe or len(moe["sparse_layers"]) < layers
-        if dense_layers:
+        if architecture == "MixtralForCausalLM":
+            intermediate = 0  # every layer sparse: the field is the experts' width
+        elif dense_layers:
             intermediate = need("intermediate_size")
         else:
             intermediate = config.get("intermediate_size")
@@ -296,14 +304,65 @@ class ModelConfig:
             **gemma,
         )
 
+
+def _mixtral(config: dict, where: str, layers: int, need) -> dict:
+    """Mixtral's MoE fields (`ModelConfig`'s MoE fields), as transformers 4
+    and 5 read them: a sparse block in every layer, `num_local_experts`
+    experts (`num_experts` is transformers' alias of it) of width
+    `intermediate_size`, `num_experts_per_tok` per token, their softmax
+    weights renormalised over the chosen ones (MixtralTopKRouter: softmax
+    over every expert, top-k, divided by the sum of the k), which is
+    Qwen3-MoE's `norm_topk_prob`. The training-only fields are accepted,
+    checked to be what they mean: `router_jitter_noise` (transformers
+    multiplies the MoE input by noise only in training mode: inference,
+    and so ETC, compute the same with any value), `output_router_logits`
+    and `router_aux_loss_coef` (the load-balancing loss)."""
+    experts = config.get("num_local_experts")
+    alias = config.get("num_experts")
+    if experts is None:
+        experts = alias
+    elif alias is not None and alias != experts:
+        raise UnsupportedConfigError(f"{where}: field 'num_experts' = {alias!r} contradicts "
+                                     f"num_local_experts = {experts!r} (transformers' alias of "
+                                     f"it); keep one")
+    if experts is None:
+        raise UnsupportedConfigError(f"{where}: field 'num_local_experts' is missing (required "
+                                     f"for MixtralForCausalLM)")
+    experts = positive_int(where, "num_local_experts", experts)
+    per_token = need("num_experts_per_tok")
+    if per_token > experts:
+        raise UnsupportedConfigError(f"{where}: field 'num_experts_per_tok' = {per_token} "
+                                     f"exceeds num_local_experts = {experts}")
+    jitter = config.get("router_jitter_noise")
+    if jitter is not None and (isinstance(jitter, bool) or
+                               not isinstance(jitter, (int, float)) or
+                               not math.isfinite(jitter) or jitter < 0):
+        raise UnsupportedConfigError(f"{where}: field 'router_jitter_noise' = {jitter!r} must "
+                                     f"be a non-negative number (training-only noise)")
+    flag = config.get("output_router_logits")
+    if flag is not None and not isinstance(flag, bool):
+        raise UnsupportedConfigError(f"{where}: field 'output_router_logits' = {flag!r} must "
+                                     f"be true or false (a JSON boolean)")
+    coef = config.get("router_aux_loss_coef")
+    if coef is not None and (isinstance(coef, bool) or not isinstance(coef, (int, float)) or
+                             not math.isfinite(coef)):
+        raise UnsupportedConfigError(f"{where}: field 'router_aux_loss_coef' = {coef!r} must "
+                                     f"be a finite number (training-only loss weight)")
+    return {"num_experts": experts, "num_experts_per_tok": per_token,
+            "moe_intermediate_size": need("intermediate_size"), "norm_topk_prob": True,
+            "sparse_layers": tuple(range(layers))}
+
+
 #: The architectures with sliding-window attention, and how their configs
 #: say which layers slide: "qwen2" (`use_sliding_window` turns
 #: `sliding_window` on for the layers from `max_window_layers` on, or those
 #: `layer_types` names), "mistral" (`sliding_window`, 4096 when absent and
 #: none when null, for every layer; transformers ignores `layer_types`),
-#: "phi3" (the same, none when absent), "gemma" (`layer_types`, or Gemma's
-#: pattern of full layers).
+#: "phi3" (the same, none when absent; Mixtral's too: MixtralConfig's
+#: default is None where MistralConfig's is 4096, in transformers 4 and 5),
+#: "gemma" (`layer_types`, or Gemma's pattern of full layers).
 _WINDOWED = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
+             "MixtralForCausalLM": "phi3",
              "Gemma2ForCausalLM": "gemma", "Gemma3ForCausalLM": "gemma",
              "Phi3ForCausalLM": "phi3"}
 #: Gemma's default layer pattern: every n-th layer full, the others

@@ -24,6 +24,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ... import bfloat16, packed
+from ...runtime import aligned
 from .checkpoint import MissingTensorError
 from .config import ModelConfig, UnsupportedConfigError
 from .gguf_file import MAGIC, GGUFError, GGUFFile
@@ -32,7 +33,8 @@ __all__ = ["GGUFCheckpoint", "GGUFError", "ARCHITECTURES", "TENSOR_TYPES", "PRE_
            "is_gguf"]
 
 #: GGUF `general.architecture` values, and the Hugging Face architecture
-#: each is checked and built as.
+#: each is checked and built as (a `llama` file with experts, as
+#: llama.cpp's converter writes Mixtral, as `MixtralForCausalLM`).
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
@@ -191,6 +193,8 @@ class GGUFCheckpoint:
                     f"output projection has no bias)")
         elif any(f"blk.0.attn_{p}.bias" in self._tensors for p in ("q", "k", "v", "output")):
             config["attention_bias"] = True
+        if a == "llama" and self._key("expert_count"):
+            config.update(self._mixtral_config(config))
         if a == "qwen3moe":
             layers = config["num_hidden_layers"] or 0
             config.update({
@@ -206,6 +210,30 @@ class GGUFCheckpoint:
                     self._key("expert_shared_feed_forward_length"),
             })
         return config
+
+    def _mixtral_config(self, config: dict) -> dict:
+        """A `llama` file with experts is Mixtral, as llama.cpp's converter
+        writes it (and llama.cpp reads it: softmax over every expert, the
+        chosen ones' weights renormalised): `expert_count` experts of
+        `feed_forward_length` (an `expert_feed_forward_length` that
+        differs is refused: llama.cpp's llama would not read it), of which
+        `expert_used_count` per token; no window (the converter writes
+        none); shared experts refused."""
+        a = self.architecture
+        width = self._key("expert_feed_forward_length")
+        if width is not None and width != config["intermediate_size"]:
+            raise UnsupportedConfigError(
+                f"{self.path}: GGUF metadata {a}.expert_feed_forward_length = {width} differs "
+                f"from {a}.feed_forward_length = {config['intermediate_size']}; llama.cpp's "
+                f"llama (Mixtral) gives its experts feed_forward_length")
+        for key in ("expert_shared_count", "expert_shared_feed_forward_length"):
+            if self._key(key):
+                raise UnsupportedConfigError(
+                    f"{self.path}: GGUF metadata {a}.{key} = {self._key(key)} is not "
+                    f"supported (no shared experts)")
+        return {"architectures": ["MixtralForCausalLM"],
+                "num_local_experts": self._key("expert_count"),
+                "num_experts_per_tok": self._key("expert_used_count")}
 
     def _gemma_config(self, config: dict) -> dict:
         """Gemma 2's and 3's fields as llama.cpp reads them: the window
@@ -257,10 +285,11 @@ class GGUFCheckpoint:
         F16 -> "f16": nothing widened, nothing rounded), else "f32". See
         docs/models.md, "The compute dtype"."""
         stored = set()
-        for _, name, _, _, _ in self._plan():
-            entry = self._tensors.get(name)
-            if entry is not None and len(entry.shape) >= 2:
-                stored.add(entry.type)
+        for _, name, _, _, how in self._plan():
+            for one in (name if how == "expert_list" else [name]):
+                entry = self._tensors.get(one)
+                if entry is not None and len(entry.shape) >= 2:
+                    stored.add(entry.type)
         if stored in ({"F16"}, {"BF16"}):
             return stored.pop().lower()
         return "f32"
@@ -336,7 +365,9 @@ class GGUFCheckpoint:
         """Every weight of the step graph: (graph input name, GGUF tensor,
         shape, what it is, layout: None, the head count of Llama's permuted
         Q and K rows, "T" for a transposed matrix, "experts" for a MoE
-        layer's stack of one projection (E, out, in), or ("rows", start,
+        layer's stack of one projection (E, out, in), "expert_list" for an
+        older file's experts of one projection (the name a list of each
+        expert's tensor, the shape an expert's), or ("rows", start,
         stop) for a part of a fused matrix, Phi-3's)."""
         c = self.config
         h, d = c.hidden_size, c.head_dim
@@ -387,7 +418,17 @@ class GGUFCheckpoint:
             else:
                 plan.append((f"l{i}_mlp_norm", b + "ffn_norm.weight", (h,),
                              f"layer {i} post-attention norm", None))
-            if c.is_sparse(i):
+            if c.is_sparse(i) and b + "ffn_gate_exps.weight" not in self._tensors and \
+                    b + "ffn_gate.0.weight" in self._tensors:
+                e, f = c.num_experts, c.moe_intermediate_size
+                # Older llama.cpp files (Mixtral): a tensor per expert,
+                # `ffn_{gate,up,down}.<j>`, stacked at load.
+                plan.append((f"l{i}_router", b + "ffn_gate_inp.weight", (e, h),
+                             f"layer {i} router", "T"))
+                plan += [(f"l{i}_experts_{p}", [f"{b}ffn_{p}.{j}.weight" for j in range(e)],
+                          shape, f"layer {i} expert {p} projections", "expert_list")
+                         for p, shape in (("gate", (f, h)), ("up", (f, h)), ("down", (h, f)))]
+            elif c.is_sparse(i):
                 e, f = c.num_experts, c.moe_intermediate_size
                 # llama.cpp stacks each projection's experts as (E, out, in),
                 # as g.moe takes them (transpose_w), float or packed.
@@ -425,13 +466,18 @@ class GGUFCheckpoint:
         """The weights that can stay packed, graph input name -> format of
         `etc.packed`: those stored in a block format that the step graph
         reads by rows (the projections, the embeddings, the LM head, and a
-        MoE layer's experts in llama.cpp's (E, out, in) layout when all
-        three of its stacks are packed; a router is read widened)."""
+        MoE layer's experts in llama.cpp's (E, out, in) layout, or an older
+        file's experts one by one, all of one type, stacked, when all three
+        of its stacks are packed; a router is read widened)."""
         formats, experts = {}, {}
         for key, name, shape, _, how in self._plan():
-            entry = self._tensors.get(name)
-            packed_type = _PACKED.get(entry.type) if entry is not None else None
-            if how == "experts":  # a layer's gate, up or down experts
+            if how == "expert_list":
+                types = {self._tensors[n].type if n in self._tensors else None for n in name}
+                packed_type = _PACKED.get(types.pop()) if len(types) == 1 else None
+            else:
+                entry = self._tensors.get(name)
+                packed_type = _PACKED.get(entry.type) if entry is not None else None
+            if how in ("experts", "expert_list"):  # a layer's gate, up or down experts
                 experts.setdefault(key.split("_experts_")[0], {})[key] = packed_type
             elif how != "T" and packed_type is not None:
                 formats[key] = packed_type
@@ -460,11 +506,24 @@ class GGUFCheckpoint:
         plan = self._plan()
         formats = formats or {}
         # Check every name and shape before the (slow) dequantization.
-        for _, name, shape, what, _ in plan:
-            self._check_shape(name, shape, what)
+        for _, name, shape, what, how in plan:
+            for one in (name if how == "expert_list" else [name]):
+                self._check_shape(one, shape, what)
         out: dict[str, np.ndarray] = {}
         last = (None, None)  # a fused tensor, dequantized once for its parts
         for done, (key, name, shape, what, how) in enumerate(plan, 1):
+            if how == "expert_list":  # an older file's experts, one tensor each
+                stack = None
+                for j, one in enumerate(name):
+                    w = self._packed(one, what, formats[key], None) if key in formats else \
+                        self.tensor(one, shape, what)
+                    if stack is None:
+                        stack = aligned.empty((len(name),) + w.shape, w.dtype)
+                    stack[j] = w
+                out[key] = stack if shard is None else shard(key, stack)
+                if progress is not None:
+                    progress(done, len(plan))
+                continue
             if key in formats:
                 heads = how if isinstance(how, int) else None  # Llama's permuted Q, K
                 raw = self._packed(name, what, formats[key], heads, shard and
