@@ -19,7 +19,9 @@ Writes OUT/ with
   manifest.json       what each artifact is and how to check or time it
 
 `--target cpu` builds the same kit with CPU artifacts (the tests run the
-kit's checks on the CPU with it); `--quick` keeps a few families (for tests).
+kit's checks on the CPU with it); `--quick` keeps a few families, the
+`packed` family with three of its block formats (QUICK_PACKED_FORMATS), and
+the benchmarks at toy sizes (for tests).
 The kit must stay under 32 MiB; the build says its size and fails beyond.
 """
 
@@ -67,6 +69,19 @@ NO_PREFETCH = "static, no prefetch"
 #: The decode benchmark's variant with 256-lane worker CTAs (issue #38).
 LANES_256 = "static, 256 lanes"
 QUICK_FAMILIES = ("op_add", "op_rmsnorm", "mlp_bf16", "moe", "packed")
+#: The block formats of the quick kit's `packed` family: a 32-value GGML
+#: format, a 256-value K-quant and fp8_e4m3 (scales beside the blocks):
+#: the kit's code for packed arguments (inputs quantized by dtype, the GPU
+#: layout, the staging) is the same for every format, and each format's
+#: tiles are checked in test_matmul_packed.py, test_matmul_packed_amx.py
+#: and test_packed_gpu.py. The 10 formats took about 40 s a schedule to
+#: compile for the CPU kit, three quarters of its build (2026-11-29).
+QUICK_PACKED_FORMATS = ("q8_0", "q4_k", "fp8_e4m3")
+
+#: The block formats of the packed benchmark: Q4_K_M files' (q4_k, q6_k),
+#: Q8_0, and q5_0 (Q5_0 files, and the fifth bits' read).
+PACKED_BENCH = ("q4_k", "q6_k", "q8_0", "q5_0")
+
 
 @dataclass(frozen=True)
 class BenchShapes:
@@ -75,7 +90,10 @@ class BenchShapes:
     square size; the rows of the row-wise roofline kernels and their widths;
     the decode-step model (bench/llm_decode_cpu.py's SMALL) and its cached
     positions. `SMALL` keeps every benchmark kind at toy sizes, so that the
-    tests run the kit's benchmark code on the CPU."""
+    tests run the kit's benchmark code on the CPU: the packed benchmark
+    with two of its formats (a K-quant and a 32-value one: its code is the
+    same for each), the decode step with one layer (its code is the same
+    for any number; the CPU kit's compile of a 2-layer step took 45 s)."""
 
     gemv: tuple = ((4096, 4096), (2048, 8192))
     mlp: tuple = (2048, 8192)
@@ -87,6 +105,8 @@ class BenchShapes:
         hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
         num_key_value_heads=4, head_dim=64, vocab_size=4096, max_position_embeddings=512))
     prompt: int = 128
+    #: The block formats of the packed benchmark.
+    packed: tuple = PACKED_BENCH
     #: x·Wᵀ with known rows (M, N, K), W stored (N, K): the Hopper tile at
     #: M = 512 and 4096 with K = N = 4096, and Llama-3.1-8B's MLP (gate/up
     #: N = 14336, down K = 14336) at 4096 rows.
@@ -103,7 +123,8 @@ class BenchShapes:
 RANKS = 2
 FULL = BenchShapes()
 SMALL = BenchShapes(gemv=((256, 512),), mlp=(64, 128), gemm=64, rows=64, width=256,
-                    chain=(1, 64), decode=dict(), prompt=12,
+                    chain=(1, 64), decode=dict(num_hidden_layers=1), prompt=12,
+                    packed=("q4_k", "q8_0"),
                     hopper=((64, 64, 128), (130, 128, 192)),
                     ranks=(("ag_mm", 32, 64, 32), ("mm_rs", 64, 32, 32)))
 
@@ -145,11 +166,6 @@ def gemv_graph(k: int, n: int, transposed: bool = False):
     w = g.input("w", (n, k) if transposed else (k, n), "bf16")
     g.output(g.matmul(g.input("x", (B, k), "bf16"), w, transpose_b=transposed))
     return g
-
-
-#: The block formats of the packed benchmark: Q4_K_M files' (q4_k, q6_k),
-#: Q8_0, and q5_0 (Q5_0 files, and the fifth bits' read).
-PACKED_BENCH = ("q4_k", "q6_k", "q8_0", "q5_0")
 
 
 def packed_t_graph(k: int, n: int, fmt: str):
@@ -297,9 +313,11 @@ def deflate(path: Path) -> None:
 
 
 class Builder:
-    def __init__(self, out: Path, target: str, chips: list[str]):
-        self.out, self.target, self.chips = out, target, chips
+    def __init__(self, out: Path, target: str, chips: list[str], quick: bool = False):
+        self.out, self.target, self.chips, self.quick = out, target, chips, quick
         self.entries: list[dict] = []
+        #: The CPU kernels built so far, by what their code depends on.
+        self.cpu_kernels: dict = {}
         (out / "artifacts").mkdir(parents=True, exist_ok=True)
 
     def save(self, kernel, stem: str, **entry) -> dict:
@@ -319,14 +337,26 @@ class Builder:
         (CUDA; the CPU kit's build of the same graph is the plain one, as
         for `lanes`, which only CUDA workers have)."""
         import etc
+        from etc import reference
         from etc.ops.matmul_wgmma import tma_loads, warp_specialised
 
+        if self.target == "cpu":
+            # The Hopper variants (tma, ws) and the static schedule without
+            # the prefetch (which the CPU never does) build the same CPU
+            # code as the plain graph, byte for byte (the artifacts'
+            # members compared, 2026-11-29): compiled once, saved under
+            # each name; so does a 256-lane build (`lanes`: CUDA workers').
+            options = {**{k: v for k, v in options.items() if k != "lanes"},
+                       "prefetch": bool(options.get("prefetch"))}
+            key = (json.dumps(reference.describe(graph), sort_keys=True, default=str),
+                   schedule, tuple(sorted(options.items())))
+            if key not in self.cpu_kernels:
+                self.cpu_kernels[key] = etc.compile(graph, target="cpu", schedule=schedule,
+                                                    workers=2, **options)
+            return self.cpu_kernels[key]
         with contextlib.ExitStack() as stack:
             if tma or ws:
                 stack.enter_context(tma_loads())
-            if self.target == "cpu":
-                options.pop("lanes", None)
-                return etc.compile(graph, target="cpu", schedule=schedule, workers=2, **options)
             if ws:
                 stack.enter_context(warp_specialised())
                 options = {**families.WS_BOUNDS, **options}
@@ -340,6 +370,8 @@ class Builder:
         table = families.families()
         for name in names:
             build, recipe = table[name]
+            if name == "packed" and self.quick:
+                build = lambda: families.packed_graph(QUICK_PACKED_FORMATS)  # noqa: E731
             ws = name in families.WS_FAMILIES
             for chip in self.chips_for(False):
                 if ws and chip not in ("sm_90a", "host"):  # wgmma is sm_90a's
@@ -403,7 +435,7 @@ class Builder:
                     self.save(self.compile(gemv_graph(k, n, transposed), "static", chip), stem,
                               kind="gemv", k=k, n=n, transposed=transposed)
             k, n = shapes.gemv[0]
-            for fmt in PACKED_BENCH:
+            for fmt in shapes.packed:
                 self.save(self.compile(packed_t_graph(k, n, fmt), "static", chip),
                           f"packed_{fmt}_{k}x{n}-{chip}", kind="packed", k=k, n=n, format=fmt)
             hidden, ffn = shapes.mlp
@@ -457,7 +489,8 @@ def main(argv=None) -> int:
     parser.add_argument("--chips", nargs="+", default=["sm_80", "sm_90a"])
     parser.add_argument("--target", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true",
-                        help=f"only the families {', '.join(QUICK_FAMILIES)}, and the benchmarks "
+                        help=f"only the families {', '.join(QUICK_FAMILIES)} (packed with the "
+                             f"formats {', '.join(QUICK_PACKED_FORMATS)}), and the benchmarks "
                              "at toy sizes (for tests)")
     parser.add_argument("--families", nargs="+", default=None, help="check only these families")
     args = parser.parse_args(argv)
@@ -467,7 +500,7 @@ def main(argv=None) -> int:
         shutil.rmtree(args.out)
     args.out.mkdir(parents=True)
     copy_runtime(args.out)
-    builder = Builder(args.out, args.target, args.chips)
+    builder = Builder(args.out, args.target, args.chips, quick=args.quick)
     names = args.families or (QUICK_FAMILIES if args.quick else list(families.families()))
     unknown = [n for n in names if n not in families.families()]
     if unknown:

@@ -113,12 +113,13 @@ def dense_graph():
     return g
 
 
-def packed_graph():
-    """x·Wᵀ with W in each block format of GGUF files (`etc.packed.FORMATS`):
-    the decode GEMV tiles that dequantize packed blocks in registers, and
-    from 16 rows the tensor cores on blocks dequantized into shared memory. 40
-    weight rows (a tile of 8 columns, and a partial one), K = 512 (two
-    256-value super-blocks, sixteen 32-value blocks)."""
+def packed_graph(formats=None):
+    """x·Wᵀ with W in each block format of GGUF files (`etc.packed.FORMATS`,
+    or those of `formats`): the decode GEMV tiles that dequantize packed
+    blocks in registers, and from 16 rows the tensor cores on blocks
+    dequantized into shared memory. 40 weight rows (a tile of 8 columns,
+    and a partial one), K = 512 (two 256-value super-blocks, sixteen
+    32-value blocks)."""
     import etc
     from etc import packed
 
@@ -126,7 +127,7 @@ def packed_graph():
     T = g.symbol("T")
     x = g.input("x", (T, 512), "bf16")
     g.output(*[g.matmul(x, g.input(f"w_{fmt}", (40, 512), fmt), transpose_b=True,
-                        name=f"y_{fmt}") for fmt in packed.FORMATS])
+                        name=f"y_{fmt}") for fmt in (formats or packed.FORMATS)])
     return g
 
 
