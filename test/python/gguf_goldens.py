@@ -124,9 +124,10 @@ def reference_logits(checkpoint: Path) -> tuple[list, list]:
     return tokens, logits
 
 
-def llama_cpp_logits(gguf_path: Path, tokens: list) -> list:
-    """Step 5: llama.cpp's logits of the file at the positions of
-    `reference_logits`, per prompt (NEW, vocab) float32."""
+def _llama_cpp_model(path: Path):
+    """llama-cpp-python's model of the file, 2 threads, every position's
+    logits kept, without its extra buffer types (weight repacking, AMX),
+    which segfault on quantized files in its 0.3.36 build on this machine."""
     import llama_cpp
     import llama_cpp.llama_cpp as bindings
 
@@ -139,10 +140,16 @@ def llama_cpp_logits(gguf_path: Path, tokens: list) -> list:
 
     bindings.llama_model_default_params = without_repacking
     try:
-        model = llama_cpp.Llama(str(gguf_path), n_ctx=32, n_batch=32, n_threads=2,
-                                logits_all=True, verbose=False)
+        return llama_cpp.Llama(str(path), n_ctx=32, n_batch=32, n_threads=2, logits_all=True,
+                               verbose=False)
     finally:
         bindings.llama_model_default_params = default
+
+
+def llama_cpp_logits(gguf_path: Path, tokens: list) -> list:
+    """Step 5: llama.cpp's logits of the file at the positions of
+    `reference_logits`, per prompt (NEW, vocab) float32."""
+    model = _llama_cpp_model(gguf_path)
     out = []
     for prompt, new in zip(PROMPTS, tokens):
         sequence = prompt + new[:-1]
@@ -264,22 +271,7 @@ def make_runs(directory: Path = DIRECTORY) -> None:
 
 def _llama_cpp_run(path: Path, sequence: list) -> np.ndarray:
     """llama.cpp's logits (len(sequence), vocab) float32 of the file."""
-    import llama_cpp
-    import llama_cpp.llama_cpp as bindings
-
-    default = bindings.llama_model_default_params
-
-    def without_repacking():
-        params = default()
-        params.use_extra_bufts = False
-        return params
-
-    bindings.llama_model_default_params = without_repacking
-    try:
-        model = llama_cpp.Llama(str(path), n_ctx=32, n_batch=32, n_threads=2,
-                                logits_all=True, verbose=False)
-    finally:
-        bindings.llama_model_default_params = default
+    model = _llama_cpp_model(path)
     model.eval(sequence)
     return np.array(model.scores[:len(sequence)], np.float32)
 
