@@ -128,7 +128,7 @@ class IntegerScaleDots:
         single = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, rows, self.cidx(1)),
                           has_else=True)
         with ir.InsertionPoint(single.then_block):
-            self.multiply_float(rows, c0, cols)
+            self.multiply_float(rows, c0, cols, single=True)
             scf.yield_([])
         with ir.InsertionPoint(single.else_block):
             many = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, rows,
