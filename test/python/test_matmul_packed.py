@@ -366,9 +366,9 @@ def test_packed_tiles_are_wide_and_equal_the_emulation():
     wide (every worker the same number, at least two each; `MatmulCPU`'s
     where none divides N so), and such a tile's products equal the
     emulated ones: a 2048-column weight on 2 workers takes 4 tiles of
-    512, from the float path at B = 1 to the panels' at B = 9 and 16; 3
-    and 7 rows end in a row step whose rows past the tile are clamped
-    (`PackedDotsCPU.each_row_step`), 2 and 6 in a pair, 9 in a lone row."""
+    512, from the float path at B = 1 to the panels' at B = 9 and 16 (2,
+    3, 6 and 7 rows: the last row step of each count of rows left, and
+    the K-quants' panels below PANEL_ROWS rows)."""
     from etc.ops.base import Target
     from etc.ops.matmul_cpu import MatmulCPU
     from etc.ops.matmul_packed import MatmulPackedCPU

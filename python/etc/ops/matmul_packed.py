@@ -221,60 +221,18 @@ class PackedDotsCPU(IntegerScaleDots, TileKernel):
 
     def each_row_step(self, rows, step: int, body) -> None:
         """`body(local, count)` for the tile's rows in steps of `step`:
-        count = step for every full step and for a last step of more than
-        half of `step` rows (its rows past the tile clamped to the tile's
-        last row: `step_rows`, read again, their products not stored);
-        fewer rows left take counts 2 and 1 (a pair, then a lone row).
-        Three copies of `body` for `step` = 4, where one per count (4)
-        were emitted before; 2 and 1 rows stay exact (clamping 2 rows to 4
-        took 1.3-1.9x the time of a 2-row matmul, measured; 3 rows do 4/3
-        of the work)."""
-        full = arith.divui(rows, self.cidx(step))
-        left = arith.subi(rows, arith.muli(full, self.cidx(step)))
-        small = min(2, step // 2)           # counts below this many rows exact
-        partial = arith.cmpi(arith.CmpIPredicate.ugt, left, self.cidx(small))
-        steps = arith.addi(full, arith.select(partial, self.cidx(1), self.cidx(0)))
-        loop = scf.ForOp(self.cidx(0), steps, self.cidx(1))
+        count = step, then the rows left (fewer)."""
+        pairs = arith.divui(rows, self.cidx(step))
+        loop = scf.ForOp(self.cidx(0), pairs, self.cidx(1))
         with ir.InsertionPoint(loop.body):
-            self._last_row = arith.subi(rows, self.cidx(1))
-            try:
-                body(arith.muli(loop.induction_variable, self.cidx(step)), step)
-            finally:
-                self._last_row = None
+            body(arith.muli(loop.induction_variable, self.cidx(step)), step)
             scf.yield_([])
-        for count in sorted({small, 1}, reverse=True):
-            if count >= step:
-                continue
-            exact = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, left, self.cidx(count)))
-            with ir.InsertionPoint(exact.then_block):
-                body(arith.muli(full, self.cidx(step)), count)
+        for count in range(1, step):
+            left = arith.subi(rows, arith.muli(pairs, self.cidx(step)))
+            branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, left, self.cidx(count)))
+            with ir.InsertionPoint(branch.then_block):
+                body(arith.muli(pairs, self.cidx(step)), count)
                 scf.yield_([])
-
-    #: The tile's last row inside an `each_row_step` body of clamped rows.
-    _last_row = None
-
-    def step_rows(self, local, nrows: int) -> tuple:
-        """The rows `local` + r, r < nrows, of a row step, clamped to the
-        tile's last row in `each_row_step`, and per row None (inside the
-        tile) or the i1 saying whether its products are stored."""
-        rows = [arith.addi(local, self.cidx(r)) for r in range(nrows)]
-        last = self._last_row
-        if last is None or nrows == 1:
-            return rows, [None] * nrows
-        inside = [None] + [arith.cmpi(arith.CmpIPredicate.ule, row, last) for row in rows[1:]]
-        return [rows[0]] + [arith.minui(row, last) for row in rows[1:]], inside
-
-    @staticmethod
-    def when(inside, emit) -> None:
-        """`emit()` where `inside` (a `step_rows` flag) holds, or always
-        for None."""
-        if inside is None:
-            emit()
-            return
-        branch = scf.IfOp(inside)
-        with ir.InsertionPoint(branch.then_block):
-            emit()
-            scf.yield_([])
 
     # -- activations -------------------------------------------------------
 
@@ -463,7 +421,7 @@ class PackedDotsCPU(IntegerScaleDots, TileKernel):
         (`wide`; a last odd block of 32 alone). `from_panel`: the columns'
         groups are read from the panel `unpack_columns` filled."""
         fmt = packed.FORMATS[self.weight.dtype]
-        rows, inside = self.step_rows(local, nrows)
+        rows = [arith.addi(local, self.cidx(r)) for r in range(nrows)]
         per_block = fmt.block // self.BLOCK
         span = 2 if self.wide else 1
         if from_panel:
@@ -488,10 +446,9 @@ class PackedDotsCPU(IntegerScaleDots, TileKernel):
             totals = self.by_groups(rows, columns, lambda c, g: self.weight_groups(
                 fmt, columns[c], arith.muli(g, self.cidx(fmt.nbytes)))[0])
         ncols = len(columns)
-        for r in range(nrows):
-            self.when(inside[r], lambda r=r: [
-                self.store_product(rows[r], columns[c], totals[r * ncols + c])
-                for c in range(ncols)])
+        for at, total in enumerate(totals):
+            r, c = divmod(at, ncols)
+            self.store_product(rows[r], columns[c], total)
 
     def zero_accumulators(self, nrows: int, columns: list, span: int) -> list:
         return [self.vzero(8 * span) for _ in range(nrows * len(columns))]

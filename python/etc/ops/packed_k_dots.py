@@ -264,7 +264,7 @@ class IntegerScaleDots:
         vector (8 lanes each), one convert and one FMA by d d_a, and two
         FMAs of the corrections with the row's run sums."""
         fmt = packed.FORMATS[self.weight.dtype]
-        rows, inside = self.step_rows(local, nrows)
+        rows = [arith.addi(local, self.cidx(r)) for r in range(nrows)]
         pairs = self.column_pairs(len(columns))
         i8x64 = ir.VectorType.get([STEP], self.i8)
         i16x32 = ir.VectorType.get([STEP // 2], self.i16)
@@ -329,17 +329,12 @@ class IntegerScaleDots:
                         acc = vector.fma(corrections[swapped], sums[r][swapped], acc)
                     accs[at_rp] = acc
             scf.yield_(accs)
-        results = list(loop.results)
-
-        def store(r: int) -> None:
-            for p in range(len(pairs)):
-                acc = results[r * len(pairs) + p]
-                if chunk:
-                    vector.store(acc, self.partials, [rows[r], self.cidx(p), self.cidx(0)])
-                else:
-                    self.store_pair(rows[r], [columns[c] for c in pairs[p]], acc)
-        for r in range(nrows):
-            self.when(inside[r], lambda r=r: store(r))
+        for at, acc in enumerate(loop.results):
+            r, p = divmod(at, len(pairs))
+            if chunk:
+                vector.store(acc, self.partials, [rows[r], self.cidx(p), self.cidx(0)])
+            else:
+                self.store_pair(rows[r], [columns[c] for c in pairs[p]], acc)
 
     def raw_bytes(self, row, at, n: int) -> ir.Value:
         """`n` bytes of row `row` of the weight from byte `at`."""
