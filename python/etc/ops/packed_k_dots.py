@@ -43,9 +43,9 @@ standard deviation (2026-11-28).
 
 Each group of COLS columns is unpacked once into stack panels (integer
 weights, expanded scales, d and the corrections per block and pair of
-columns) that the tile's row steps read: once for all rows in tiles of two rows
-or more. A single row keeps the float path (its unpacking
-in registers; the weights' bytes bound it: one 8192 x 2048 Q4_K matmul
+columns) that the tile's row steps read: once for all rows in tiles of
+two rows or more. A single row keeps the float path (its unpacking in
+registers; the weights' bytes bound it: one 8192 x 2048 Q4_K matmul
 0.31-0.32 ms through the panels, 0.24-0.27 in registers).
 
 Measured (`bench/packed_tiles.py`, one 8192 x 2048 matmul, 2 workers,
