@@ -366,7 +366,9 @@ def test_packed_tiles_are_wide_and_equal_the_emulation():
     wide (every worker the same number, at least two each; `MatmulCPU`'s
     where none divides N so), and such a tile's products equal the
     emulated ones: a 2048-column weight on 2 workers takes 4 tiles of
-    512, from the float path at B = 1 to the panels' at B = 9 and 16."""
+    512, from the float path at B = 1 to the panels' at B = 9 and 16 (2,
+    3, 6 and 7 rows: the last row step of each count of rows left, and
+    the K-quants' panels below PANEL_ROWS rows)."""
     from etc.ops.base import Target
     from etc.ops.matmul_cpu import MatmulCPU
     from etc.ops.matmul_packed import MatmulPackedCPU
@@ -391,7 +393,7 @@ def test_packed_tiles_are_wide_and_equal_the_emulation():
     weights = {f"w_{fmt}": packed.quantize(rng.standard_normal((n, k)).astype(np.float32), fmt)
                for fmt in formats}
     run = etc.compile(g, target="cpu", workers=2).partial(**weights)
-    for rows in (1, 9, 16):
+    for rows in (1, 2, 3, 6, 7, 9, 16):
         a = rng.standard_normal((rows, k)).astype(np.float32)
         for fmt, got in zip(formats, run.run(x=a)):
             w = packed.dequantize(weights[f"w_{fmt}"], fmt).astype(np.float64)

@@ -148,3 +148,25 @@ def test_amx_tiles_match_the_widened_product(level, schedule, formats, monkeypat
     assert "amx-bf16" in kernel.abi.isa
     assert all(f"matmul_{fmt}_amx" in kernel.ir("graph") for fmt in formats)
     _run_and_check(kernel, g, _weights(k, formats), k, formats)
+
+
+@pytest.mark.parametrize("fmt, n, k, most", [
+    ("q4_k", 576, 1536, 5000), ("q6_k", 576, 1536, 5000),
+    ("q8_0", 1536, 576, 3600), ("q5_0", 1536, 576, 3600)])
+def test_packed_amx_tiles_stay_small(fmt, n, k, most):
+    """The tile function of a SmolLM2-shaped packed matmul stays under
+    `most` lines of graph-stage IR (built for an AMX + VNNI CPU; no JIT):
+    its VNNI products are emitted once, not again for the columns past
+    the tile unit's groups, a K-quant's single row only as one row, and
+    no code for single columns where every count of columns is a
+    multiple of 4. (At 4cc5646 they were 32,823, 30,703, 5,682 and 6,960
+    lines; 4,238, 4,278, 2,690 and 3,212 after; the LLVM JIT's time grows
+    with them: docs/benchmarks.md, "Compile time of a model's step
+    kernel".)"""
+    g = etc.Graph("size")
+    x = g.input("x", (g.symbol("T"), k), "f32")
+    g.output(g.matmul(x, g.input("w", (n, k), fmt), transpose_b=True))
+    text = str(g.build(target=Target("cpu", workers=2, isa=AMX + "+avx512vnni")))
+    start = text.index(f"func.func private @size_tile_matmul_{fmt}_amx_0(")
+    lines = text[start:text.index("\n  }\n", start)].count("\n")
+    assert 1000 < lines < most, (fmt, lines)

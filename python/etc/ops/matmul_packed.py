@@ -195,11 +195,16 @@ class PackedDotsCPU(IntegerScaleDots, TileKernel):
         else:
             self.multiply_float(rows, c0, cols)
 
-    def multiply_float(self, rows, c0, cols) -> None:
-        """`multiply` with float scales per group of 32 values."""
+    def multiply_float(self, rows, c0, cols, single: bool = False) -> None:
+        """`multiply` with float scales per group of 32 values; `single`:
+        the caller knows `rows` is 1, so only the one row's code (the
+        columns unpacked in registers) is emitted."""
         dtype = self.weight.dtype
         self.zero = ZERO_POINTS[dtype] if self.vnni else 0
         self.has_minimum = dtype in MINIMUM_FORMATS
+        if single:
+            self.by_columns(lambda columns: self.emit_dots(self.cidx(0), 1, columns), c0, cols)
+            return
         step = self.ROWS if self.target.has("avx512f") else self.ROWS_16_REGISTERS
         many = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, rows, self.cidx(self.PANEL_ROWS)),
                         has_else=True)
@@ -311,10 +316,8 @@ class PackedDotsCPU(IntegerScaleDots, TileKernel):
         `unpack_integer`), each group unpacked into the panels first by
         `unpack(columns)` and `body` reading them."""
         ncols = self.COLS
-        strided = arith.cmpi(arith.CmpIPredicate.eq, arith.remui(cols, self.cidx(ncols)),
-                             self.cidx(0))
-        branch = scf.IfOp(strided, has_else=True)
-        with ir.InsertionPoint(branch.then_block):
+
+        def strided_groups() -> None:
             step = arith.divui(cols, self.cidx(ncols))
             groups = self.lane_loop(step)
             with ir.InsertionPoint(groups.body):
@@ -325,6 +328,17 @@ class PackedDotsCPU(IntegerScaleDots, TileKernel):
                     unpack(columns)
                 body(columns)
                 scf.yield_([])
+
+        if self.columns_divide():
+            # Every count of columns this tile multiplies is a multiple of
+            # COLS: the single columns' copy of `body` would be dead code.
+            strided_groups()
+            return
+        strided = arith.cmpi(arith.CmpIPredicate.eq, arith.remui(cols, self.cidx(ncols)),
+                             self.cidx(0))
+        branch = scf.IfOp(strided, has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            strided_groups()
             scf.yield_([])
         with ir.InsertionPoint(branch.else_block):
             singles = self.lane_loop(cols)
@@ -335,6 +349,14 @@ class PackedDotsCPU(IntegerScaleDots, TileKernel):
                 body(columns)
                 scf.yield_([])
             scf.yield_([])
+
+    def columns_divide(self) -> bool:
+        """Whether every count of columns `multiply` is given (the tile's
+        columns, and what the tile unit leaves of them: a multiple of 32
+        fewer) is known to be a multiple of COLS, so that `by_columns`
+        needs no code for columns one at a time. No, unless a subclass
+        knows its shapes."""
+        return False
 
     def unpack_columns(self, columns: list) -> None:
         """Each column's integer weights, and 8 lanes of scale and of
@@ -762,6 +784,12 @@ class MatmulPackedCPU(PackedDotsCPU, Matmul):
         """The tile's products as int8 dots over its quantized rows."""
         self.quantize_rows(rows)
         self.multiply(self.op.operands[1], rows, c0, cols)
+
+    def columns_divide(self) -> bool:
+        """N and the column tile static multiples of COLS: every tile's
+        count of columns is too (the edge tile's N - c0 included)."""
+        n = self.op.operands[1].shape[0]
+        return isinstance(n, int) and n % self.COLS == 0 and self.op.tile[1] % self.COLS == 0
 
     def activation_row(self, local) -> tuple:
         return self.op.operands[0], [arith.addi(self.r0, local)]

@@ -117,21 +117,32 @@ class MatmulPackedAMX(MatmulPackedCPU):
         return (max(tm, rows), tn)
 
     def emit(self) -> None:
+        """The tile unit for the groups of 32 columns of tiles of
+        TILE_CROSSOVER rows or more, then the VNNI products for the rest:
+        all the columns of smaller tiles, the columns past the last group
+        of larger ones. The VNNI code (most of the function's size: one
+        copy per row step and column shape) is emitted once for both."""
         rows, c0, cols = self.prepare_tile()
         self.weight = self.op.operands[1]
+        index = ir.IndexType.get()
         branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, rows,
-                                     self.cidx(self.TILE_CROSSOVER)), has_else=True)
+                                     self.cidx(self.TILE_CROSSOVER)), [index], has_else=True)
         with ir.InsertionPoint(branch.then_block):
-            self.emit_tiles(self.r0, rows, c0, cols)
-            scf.yield_([])
+            scf.yield_([self.emit_tiles(self.r0, rows, c0, cols)])
         with ir.InsertionPoint(branch.else_block):
-            self.emit_vnni(rows, c0, cols)
+            scf.yield_([self.cidx(0)])
+        done = branch.results[0]
+        left = arith.subi(cols, done)
+        some = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ugt, left, self.cidx(0)))
+        with ir.InsertionPoint(some.then_block):
+            self.emit_vnni(rows, arith.addi(c0, done), left)
             scf.yield_([])
 
-    def emit_tiles(self, r0, rows, c0, cols) -> None:
+    def emit_tiles(self, r0, rows, c0, cols) -> ir.Value:
         """The tile on the tile unit: A's rows packed once, then per group
-        of 32 columns the panel of B^T and every 32-row block's products;
-        the columns past the last group by the VNNI products."""
+        of 32 columns the panel of B^T and every 32-row block's products.
+        Returns the columns done (the groups'); `emit` gives the rest to
+        the VNNI products."""
         tiles = AMXTiles(self, self.target.emulate_amx and not self.target.has("amx-bf16"))
         k = self.op.operands[0].shape[1]
         bf16 = element_type("bf16")
@@ -158,13 +169,7 @@ class MatmulPackedAMX(MatmulPackedCPU):
                 self.emit_group(tiles, r0, rows, n0, block)
                 scf.yield_([])
             scf.yield_([])
-        done = arith.muli(groups, self.cidx(self.GROUP))
-        left = arith.subi(cols, done)
-        some = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ugt, left, self.cidx(0)))
-        with ir.InsertionPoint(some.then_block):
-            self.quantize_rows(rows)
-            self.multiply(self.weight, rows, arith.addi(c0, done), left)
-            scf.yield_([])
+        return arith.muli(groups, self.cidx(self.GROUP))
 
     def pack_rows(self, r0, rows) -> None:
         """The tile's rows of A rounded to bf16 into the panel in the VNNI

@@ -185,6 +185,12 @@ class ExpertDotsCPU(PackedDotsCPU, ExpertTile):
     def weight_row(self, column):
         return [self.ti[0], column]
 
+    def columns_divide(self) -> bool:
+        """Each weight multiplied whole: its N columns, a static multiple
+        of COLS or not."""
+        n = self.weight.shape[1]
+        return isinstance(n, int) and n % self.COLS == 0
+
     def slot_pair(self, local) -> tuple[ir.Value, ir.Value]:
         """The (token, choice) pair of the tile's row `local`."""
         return self.pair(arith.addi(self.first, local))

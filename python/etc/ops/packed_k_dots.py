@@ -44,9 +44,8 @@ standard deviation (2026-11-28).
 Each group of COLS columns is unpacked once into stack panels (integer
 weights, expanded scales, d and the corrections per block and pair of
 columns) that the tile's row steps read: once for all rows in tiles of
-PANEL_ROWS rows or more, as `PackedDotsCPU.unpack_columns` does, else
-once per ROWS rows. A single row keeps the float path (its unpacking
-in registers; the weights' bytes bound it: one 8192 x 2048 Q4_K matmul
+two rows or more. A single row keeps the float path (its unpacking in
+registers; the weights' bytes bound it: one 8192 x 2048 Q4_K matmul
 0.31-0.32 ms through the panels, 0.24-0.27 in registers).
 
 Measured (`bench/packed_tiles.py`, one 8192 x 2048 matmul, 2 workers,
@@ -121,28 +120,19 @@ class IntegerScaleDots:
 
     def multiply_integer(self, rows, c0, cols) -> None:
         """`multiply` for a K-quant weight: one row by `multiply_float`
-        (its unpacking in registers: the weights' bytes bound it); tiles of
-        PANEL_ROWS rows or more unpack each group of COLS columns into the
-        panels once and take their rows PANEL_STEP at a time; 2 to
-        PANEL_ROWS - 1 rows unpack once per step of ROWS rows. Then `integer_dots`."""
+        (its unpacking in registers: the weights' bytes bound it); two rows
+        or more unpack each group of COLS columns into the panels once and
+        take their rows PANEL_STEP at a time (`chunked_dots`, then
+        `integer_dots`). (Tiles of 2 to 7 rows unpacked once per step of
+        ROWS rows before: the same work up to ROWS rows, more above, and a
+        second copy of the unpacking and the products in the code.)"""
         single = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, rows, self.cidx(1)),
                           has_else=True)
         with ir.InsertionPoint(single.then_block):
-            self.multiply_float(rows, c0, cols)
+            self.multiply_float(rows, c0, cols, single=True)
             scf.yield_([])
         with ir.InsertionPoint(single.else_block):
-            many = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, rows,
-                                       self.cidx(self.PANEL_ROWS)), has_else=True)
-            with ir.InsertionPoint(many.then_block):
-                self.by_columns(lambda columns: self.chunked_dots(rows, columns), c0, cols)
-                scf.yield_([])
-            with ir.InsertionPoint(many.else_block):
-                blocks = self.k // packed.FORMATS[self.weight.dtype].block
-                self.each_row_step(rows, self.ROWS, lambda local, count: self.by_columns(
-                    lambda columns: self.integer_dots(local, count, columns), c0, cols,
-                    unpack=lambda columns: self.unpack_integer(columns, self.cidx(0),
-                                                               self.cidx(blocks))))
-                scf.yield_([])
+            self.by_columns(lambda columns: self.chunked_dots(rows, columns), c0, cols)
             scf.yield_([])
 
     def chunked_dots(self, rows, columns: list) -> None:
