@@ -699,14 +699,12 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
             if config.get(key) is not None:
                 getattr(writer, f"add_{key}")(config[key])
-    if mixtral:
-        # llama.cpp's converter: Mixtral is llama with experts (each of
-        # feed_forward_length), softmax weights renormalised over the chosen.
-        writer.add_expert_count(config["num_local_experts"])
+    if architecture == "qwen3moe" or mixtral:
+        # (llama.cpp's converter: Mixtral is llama with experts, each of
+        # feed_forward_length, softmax weights renormalised over the chosen.)
+        writer.add_expert_count(experts)
         writer.add_expert_used_count(config["num_experts_per_tok"])
     if architecture == "qwen3moe":
-        writer.add_expert_count(config["num_experts"])
-        writer.add_expert_used_count(config["num_experts_per_tok"])
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
         writer.add_expert_weights_norm(bool(config.get("norm_topk_prob", False)))
     if tokenizer is not None:

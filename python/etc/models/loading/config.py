@@ -271,7 +271,7 @@ class ModelConfig:
                 raise UnsupportedConfigError(f"{where}: field 'shared_expert_intermediate_size'"
                                              f" is not supported (no shared experts)")
         elif architecture == "MixtralForCausalLM":
-            moe = _mixtral(config, where, layers, need)
+            moe = _mixtral(config, where, layers, need, flag)
         dense_layers = not moe or len(moe["sparse_layers"]) < layers
         if architecture == "MixtralForCausalLM":
             intermediate = 0  # every layer sparse: the field is the experts' width
@@ -305,7 +305,7 @@ class ModelConfig:
         )
 
 
-def _mixtral(config: dict, where: str, layers: int, need) -> dict:
+def _mixtral(config: dict, where: str, layers: int, need, flag) -> dict:
     """Mixtral's MoE fields (`ModelConfig`'s MoE fields), as transformers 4
     and 5 read them: a sparse block in every layer, `num_local_experts`
     experts (`num_experts` is transformers' alias of it) of width
@@ -339,10 +339,7 @@ def _mixtral(config: dict, where: str, layers: int, need) -> dict:
                                not math.isfinite(jitter) or jitter < 0):
         raise UnsupportedConfigError(f"{where}: field 'router_jitter_noise' = {jitter!r} must "
                                      f"be a non-negative number (training-only noise)")
-    flag = config.get("output_router_logits")
-    if flag is not None and not isinstance(flag, bool):
-        raise UnsupportedConfigError(f"{where}: field 'output_router_logits' = {flag!r} must "
-                                     f"be true or false (a JSON boolean)")
+    flag("output_router_logits", False)  # checked: a JSON boolean
     coef = config.get("router_aux_loss_coef")
     if coef is not None and (isinstance(coef, bool) or not isinstance(coef, (int, float)) or
                              not math.isfinite(coef)):

@@ -286,7 +286,7 @@ class GGUFCheckpoint:
         docs/models.md, "The compute dtype"."""
         stored = set()
         for _, name, _, _, how in self._plan():
-            for one in (name if how == "expert_list" else [name]):
+            for one in _tensor_names(name, how):
                 entry = self._tensors.get(one)
                 if entry is not None and len(entry.shape) >= 2:
                     stored.add(entry.type)
@@ -471,12 +471,10 @@ class GGUFCheckpoint:
         of its stacks are packed; a router is read widened)."""
         formats, experts = {}, {}
         for key, name, shape, _, how in self._plan():
-            if how == "expert_list":
-                types = {self._tensors[n].type if n in self._tensors else None for n in name}
-                packed_type = _PACKED.get(types.pop()) if len(types) == 1 else None
-            else:
-                entry = self._tensors.get(name)
-                packed_type = _PACKED.get(entry.type) if entry is not None else None
+            # (An older file's experts: packed when all are of one type.)
+            types = {self._tensors[n].type if n in self._tensors else None
+                     for n in _tensor_names(name, how)}
+            packed_type = _PACKED.get(types.pop()) if len(types) == 1 else None
             if how in ("experts", "expert_list"):  # a layer's gate, up or down experts
                 experts.setdefault(key.split("_experts_")[0], {})[key] = packed_type
             elif how != "T" and packed_type is not None:
@@ -507,7 +505,7 @@ class GGUFCheckpoint:
         formats = formats or {}
         # Check every name and shape before the (slow) dequantization.
         for _, name, shape, what, how in plan:
-            for one in (name if how == "expert_list" else [name]):
+            for one in _tensor_names(name, how):
                 self._check_shape(one, shape, what)
         out: dict[str, np.ndarray] = {}
         last = (None, None)  # a fused tensor, dequantized once for its parts
@@ -696,3 +694,9 @@ def _unpermute_rows(weight: np.ndarray, heads: int) -> np.ndarray:
     rows = weight.shape[0]
     restored = weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2)
     return np.ascontiguousarray(restored.reshape(weight.shape))
+
+
+def _tensor_names(name, how) -> list:
+    """The GGUF tensors of a `_plan` entry: `name`, or the list of an
+    older file's experts ("expert_list")."""
+    return name if how == "expert_list" else [name]

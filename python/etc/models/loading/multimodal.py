@@ -24,7 +24,7 @@ from typing import Iterable, Optional
 
 from .fields import UnsupportedConfigError
 
-__all__ = ["WRAPPERS", "is_multimodal", "text_config", "tie_stated", "PREFIXES"]
+__all__ = ["WRAPPERS", "PREFIXES", "is_multimodal", "text_config", "tie_stated", "other_parts"]
 
 #: The multimodal architectures whose text model ETC runs: per one, the
 #: `text_config.model_type`s it takes (the first is what transformers

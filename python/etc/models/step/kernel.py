@@ -72,15 +72,6 @@ def resolve_dtype(checkpoint, dtype: Optional[str]) -> str:
     return dtype
 
 
-def check_lanes(lanes, min_ctas, target: str, kernels: str) -> None:
-    """`load`'s `lanes` and `min_ctas`, checked as `etc.compile` checks them
-    (`check_worker_bounds`), with the error saying `load`."""
-    try:
-        check_worker_bounds(lanes, min_ctas, cuda_kernels="cuda" in (target, kernels))
-    except ValueError as error:
-        raise ValueError(f"load: {error}") from None
-
-
 def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "auto",
                  workers: Optional[int] = None, dtype: str = "f32",
                  max_seq_len: Optional[int] = None, attention_chunk: Optional[int] = None,
@@ -127,7 +118,10 @@ def step_options(config: ModelConfig, *, target: str = "cpu", schedule: str = "a
                                       not isinstance(kv_block_size, int) or kv_block_size < 1):
         raise ValueError(f"load: kv_block_size={kv_block_size!r} must be a positive int (the "
                          f"positions of a KV cache block), or None for a contiguous cache")
-    check_lanes(lanes, min_ctas, target, kernels)
+    try:
+        check_worker_bounds(lanes, min_ctas, cuda_kernels="cuda" in (target, kernels))
+    except ValueError as error:
+        raise ValueError(f"load: {error}") from None
     graph = dict(dtype=dtype, max_seq_len=max_seq_len, chunk=attention_chunk, kv_dtype=kv_dtype,
                  kv_block_size=kv_block_size)
     if weight_formats:
