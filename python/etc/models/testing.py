@@ -497,6 +497,9 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
     if quantization is not None:
         config["quantization_config"] = quantization
     if multimodal is not None:
+        if multimodal not in _MULTIMODAL_NAMES:
+            raise ValueError(f"write_checkpoint: multimodal={multimodal!r} is not one of "
+                             f"{', '.join(_MULTIMODAL_NAMES)}")
         tensors = multimodal_tensors(config, tensors, multimodal, seed)
         dtypes = {_multimodal_name(name, multimodal): kind for name, kind in dtypes.items()}
         config = as_multimodal(config)
