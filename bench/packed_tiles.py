@@ -4,8 +4,9 @@
 
 compiled once for the CPU target (`--workers` workers) and run at each B of
 `--batches`, the formats in turn (one run of each per round, so that the
-load of other processes hits them alike and their ratios mean something). Prints a Markdown table: the median and best time, the weight
-bytes streamed per second (the B = 1 floor is the memory bandwidth, about
+load of other processes hits them alike and their ratios mean something).
+Prints a Markdown table: the median and best time, the weight bytes
+streamed per second (the B = 1 floor is the memory bandwidth, about
 38.6 GB/s on the 2-core VM; this one weight fits its 32 MB L3 cache, so
 the larger formats read faster) and the int8 products per second (the B = 16
 floor is vpdpbusd's rate: 64 per 512-bit instruction, at most one a cycle

@@ -60,8 +60,9 @@ transformers' `weight.float() * scale` bit for bit.
 The GPU layout (`to_gpu_layout`): CUDA kernels read a block's quants in
 16-byte loads (`ld.global.v4`), which a GGUF block of 34 (q8_0), 18, 20,
 22, 24, 17 (mxfp4) or 210 (q6_k) bytes does not allow: only its 2-byte
-fields are aligned (mxfp4's not even those). The device copy of such a weight is therefore repacked once, as
-it is uploaded (the CUDA runtime does it for NumPy inputs and for
+fields are aligned (mxfp4's not even those). The device copy of such a
+weight is therefore repacked once, as it is uploaded (the CUDA runtime
+does it for NumPy inputs and for
 `device_array(host, dtype=...)`, and records it on the device array):
 the blocks' bytes are split into fields (`GPU_FIELDS`: the quants first,
 then the high bits, scales and minimums) and each field of every block
