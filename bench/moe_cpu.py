@@ -9,6 +9,10 @@ at each B of `--batches`, the storages alternating round by round
 
 * `q4_k`: Q4_K gate/up, Q6_K down, (E, out, in), x f32 (a GGUF file's
   experts; `MoeUpPackedCPU` / `MoeDownPackedCPU`)
+* `mxfp4`: MXFP4 gate/up/down, (E, out, in), x f32 (llama.cpp's MXFP4_MOE
+  files' experts; the same tiles)
+* `q4_0`: Q4_0 gate/up/down (the 32-value 4-bit format MXFP4 is set
+  against: 18-byte blocks to its 17)
 * `bf16`: bf16 (E, in, out), x bf16 (a bf16 safetensors checkpoint, widened
   at load to (in, out); the vector tiles' micro-tiles)
 * `bf16_t`: bf16 (E, out, in), x bf16 (the dot products along K)
@@ -40,7 +44,7 @@ from etc.ops import moe_experts
 from etc.reference import round_bf16, topk
 
 H, F, E, TOP_K = 2048, 768, 32, 8
-STORAGES = ("q4_k", "bf16", "bf16_t", "fp8", "scalar")
+STORAGES = ("q4_k", "mxfp4", "q4_0", "bf16", "bf16_t", "fp8", "scalar")
 
 
 def layer(storage: str, workers: int):
@@ -49,6 +53,8 @@ def layer(storage: str, workers: int):
     matrices."""
     formats, xdtype, transposed = {
         "q4_k": (("q4_k", "q4_k", "q6_k"), "f32", True),
+        "mxfp4": (("mxfp4",) * 3, "f32", True),
+        "q4_0": (("q4_0",) * 3, "f32", True),
         "bf16": (("bf16",) * 3, "bf16", False),
         "bf16_t": (("bf16",) * 3, "bf16", True),
         "fp8": (("fp8_e4m3",) * 3, "bf16", True),

@@ -3,8 +3,10 @@
     y = x @ W^T      x (B, 2048) f32, W (8192, 2048) packed (GGUF blocks)
 
 compiled once for the CPU target (`--workers` workers) and run at each B of
-`--batches`. Prints a Markdown table: the median and best time, the weight
-bytes streamed per second (the B = 1 floor is the memory bandwidth, about
+`--batches`, the formats in turn (one run of each per round, so that the
+load of other processes hits them alike and their ratios mean something).
+Prints a Markdown table: the median and best time, the weight bytes
+streamed per second (the B = 1 floor is the memory bandwidth, about
 38.6 GB/s on the 2-core VM; this one weight fits its 32 MB L3 cache, so
 the larger formats read faster) and the int8 products per second (the B = 16
 floor is vpdpbusd's rate: 64 per 512-bit instruction, at most one a cycle
@@ -49,6 +51,7 @@ def main() -> None:
         parser.error("--batches, --workers and --repeats must be positive")
     print("| type | MB | B | median ms | best ms | GB/s (best) | G int8 products/s (best) |")
     print("|---|---|---|---|---|---|---|")
+    runs = {}
     for fmt in args.types.split(","):
         if fmt not in packed.FORMATS:
             raise SystemExit(f"--types: unknown format {fmt!r}")
@@ -60,21 +63,29 @@ def main() -> None:
         kernel = etc.compile(g, target="cpu", workers=args.workers)
         raw = packed.quantize(np.random.default_rng(0).standard_normal((N, K))
                               .astype(np.float32), fmt)
-        run = kernel.partial(w=raw)
-        for b in args.batches:
-            a = np.random.default_rng(b).standard_normal((b, K)).astype(np.float32)
+        runs[fmt] = (kernel.partial(w=raw), raw.nbytes)
+    rows = []
+    for b in args.batches:
+        a = np.random.default_rng(b).standard_normal((b, K)).astype(np.float32)
+        for run, _ in runs.values():
             for _ in range(3):
                 run.run(x=a)
-            times = []
-            for _ in range(args.repeats):
+        # The formats in turn, one run each per round: the machine's load
+        # swings (other processes) hit them alike.
+        times = {fmt: [] for fmt in runs}
+        for _ in range(args.repeats):
+            for fmt, (run, _) in runs.items():
                 t = time.perf_counter()
                 run.run(x=a)
-                times.append(time.perf_counter() - t)
-            best = min(times)
-            print(f"| {fmt} | {raw.nbytes / 1e6:.1f} | {b} | {statistics.median(times) * 1e3:.2f} "
-                  f"| {best * 1e3:.2f} | {raw.nbytes / best / 1e9:.1f} "
-                  f"| {b * N * K / best / 1e9:.1f} |", flush=True)
-
+                times[fmt].append(time.perf_counter() - t)
+        for fmt, (_, nbytes) in runs.items():
+            best = min(times[fmt])
+            rows.append((fmt, b, f"| {fmt} | {nbytes / 1e6:.1f} | {b} | "
+                         f"{statistics.median(times[fmt]) * 1e3:.2f} | {best * 1e3:.2f} | "
+                         f"{nbytes / best / 1e9:.1f} | {b * N * K / best / 1e9:.1f} |"))
+    order = list(runs)
+    for _, _, line in sorted(rows, key=lambda r: (order.index(r[0]), args.batches.index(r[1]))):
+        print(line, flush=True)
 
 if __name__ == "__main__":
     main()

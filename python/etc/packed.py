@@ -21,10 +21,23 @@ The block layouts (ggml's `block_*` structs; `d`, `m`, `dmin` are float16):
 | q5_0 | 32 | 22 | d, qh u32, qs[16] | (nibble j + 16 bit j of qh - 16) d |
 | q5_1 | 32 | 24 | d, m, qh u32, qs[16] | (nibble j + 16 bit j of qh) d + m |
 | iq4_nl | 32 | 18 | d, qs[16] | IQ4_NL_VALUES[nibble j] d |
+| mxfp4 | 32 | 17 | e (e8m0), qs[16] | MXFP4_VALUES[nibble j] 2^(e - 128) |
 | q4_k | 256 | 144 | d, dmin, scales[12], qs[128] | (d sc_s) q - (dmin m_s) |
 | q5_k | 256 | 176 | d, dmin, scales[12], qh[32], qs[128] | as q4_k, a fifth bit from qh |
 | q6_k | 256 | 210 | ql[128], qh[64], scales[16] int8, d | (d sc_s) (q - 32) |
 | fp8_e4m3 | 32 | 36 | s float32, qs[32] e4m3 | e4m3(qs[j]) s |
+
+MXFP4 (OCP microscaling FP4, gpt-oss's format and llama.cpp's
+MXFP4_MOE experts) is IQ4_NL's structure with other numbers: its
+nibbles index the e2m1 values {0, 0.5, 1, 1.5, 2, 3, 4, 6} and their
+negatives (nibble 8 is -0), stored doubled as the integers
+`MXFP4_VALUES` (ggml's `kvalues_mxfp4`), and its scale is one unsigned
+byte e, the power of two 2^(e - 127) (OCP's e8m0) halved for the
+doubling: 2^(e - 128), every e finite (ggml's `GGML_E8M0_TO_FP32_HALF`
+reads e = 255 as 2^127, not OCP's NaN; e = 0 and 1 are the float32
+subnormals 2^-128 and 2^-127). ggml's quantizer writes e <= 252 for
+finite weights; above, values of 8 and 12 times the scale overflow to
+infinities (ggml's too), so `first_bad_block` calls such a block damaged.
 
 K-quant blocks hold 8 sub-blocks of 32 values with 6-bit scales and
 minimums sc_s, m_s (Q6_K: 16 of 16 with int8 scales sc_s).
@@ -46,9 +59,10 @@ transformers' `weight.float() * scale` bit for bit.
 
 The GPU layout (`to_gpu_layout`): CUDA kernels read a block's quants in
 16-byte loads (`ld.global.v4`), which a GGUF block of 34 (q8_0), 18, 20,
-22, 24 or 210 (q6_k) bytes does not allow: only its 2-byte fields are
-aligned. The device copy of such a weight is therefore repacked once, as
-it is uploaded (the CUDA runtime does it for NumPy inputs and for
+22, 24, 17 (mxfp4) or 210 (q6_k) bytes does not allow: only its 2-byte
+fields are aligned (mxfp4's not even those). The device copy of such a
+weight is therefore repacked once, as it is uploaded (the CUDA runtime
+does it for NumPy inputs and for
 `device_array(host, dtype=...)`, and records it on the device array):
 the blocks' bytes are split into fields (`GPU_FIELDS`: the quants first,
 then the high bits, scales and minimums) and each field of every block
@@ -63,7 +77,7 @@ field is a multiple of 16 bytes (q8_0 and fp8_e4m3: 32, the 4-bit
 formats 16, q6_k's ql and qh 192) and the first, so every block's quants
 are 16-byte aligned in a 256-byte aligned allocation; each later field's
 start is a multiple of its size (4: qh, d and m, fp8's scale; 16: q6_k's
-scales; 2: float16 d). The tensor keeps its storage shape and byte count
+scales; 2: float16 d; 1: mxfp4's e). The tensor keeps its storage shape and byte count
 (a permutation of its bytes), so the kernels' buffers are unchanged.
 q4_k (144 bytes) and q5_k (176) are multiples of 16 already and keep the
 GGUF layout: `gpu_repacked` says which formats are repacked. CPU kernels
@@ -79,7 +93,8 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["Format", "FORMATS", "GGML_FORMATS", "IQ4_NL_VALUES", "is_packed", "storage_shape",
+__all__ = ["Format", "FORMATS", "GGML_FORMATS", "IQ4_NL_VALUES", "MXFP4_VALUES",
+           "MXFP4_LARGEST_E", "e8m0_half", "is_packed", "storage_shape",
            "row_bytes", "dequantize", "quantize", "quantize_activations", "check_storage",
            "first_bad_block", "e4m3_values", "to_e4m3", "GPU_FIELDS", "gpu_repacked",
            "to_gpu_layout", "from_gpu_layout", "gpu_field_offset"]
@@ -110,6 +125,7 @@ FORMATS = {f.name: f for f in (
     Format("q5_k", "Q5_K", 13, 256, 176, (0, 2)),
     Format("q6_k", "Q6_K", 14, 256, 210, (208,)),
     Format("iq4_nl", "IQ4_NL", 20, 32, 18),
+    Format("mxfp4", "MXFP4", 39, 32, 17, ()),
     Format("fp8_e4m3", None, None, 32, 36, ()),
 )}
 #: The formats that are GGML types (those a GGUF file may hold).
@@ -122,6 +138,23 @@ K_FORMATS = tuple(name for name, f in FORMATS.items() if f.block == 256)
 #: The 16 values IQ4_NL's nibbles index (ggml's `kvalues_iq4nl`).
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69,
                           89, 113], dtype=np.int8)
+
+#: The 16 values MXFP4's nibbles index: e2m1's values doubled (ggml's
+#: `kvalues_mxfp4`; nibble 8 is e2m1's -0).
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12],
+                        dtype=np.int8)
+
+#: The largest e ggml's MXFP4 quantizer writes for finite float32 weights.
+MXFP4_LARGEST_E = 252
+
+
+def e8m0_half(e) -> np.ndarray:
+    """MXFP4's block scale 2^(e - 128) of e8m0 bytes `e` as float32 (ggml's
+    `GGML_E8M0_TO_FP32_HALF`): the float32 bits (e - 1) << 23 for e >= 2,
+    the subnormals 0x00200000 << e for e = 0, 1; exact for every byte."""
+    e = np.asarray(e, np.uint8).astype(np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(np.float32)
 
 
 def is_packed(dtype: str) -> bool:
@@ -163,7 +196,9 @@ def first_bad_block(raw: np.ndarray, dtype: str):
     """The index of the first block of storage `raw` whose float16 scale or
     minimum is not finite (a damaged tensor: every value of the block would
     be NaN or infinite), or None. An fp8_e4m3 block is bad when its float32
-    scale is not finite or one of its values is e4m3's NaN."""
+    scale is not finite or one of its values is e4m3's NaN; an mxfp4 block
+    when its e is above MXFP4_LARGEST_E (no quantizer writes it: values
+    of it overflow float32)."""
     f = FORMATS[dtype]
     blocks = raw.reshape(-1, f.nbytes)
     bad = np.zeros(blocks.shape[0], bool)
@@ -171,6 +206,11 @@ def first_bad_block(raw: np.ndarray, dtype: str):
         # The float32's exponent bits all set (bits 23-30: bytes 2 and 3).
         scale = ((blocks[:, 3] & 0x7F) == 0x7F) & ((blocks[:, 2] & 0x80) == 0x80)
         bad = scale | ((blocks[:, 4:] & 0x7F) == 0x7F).any(axis=-1)
+    if dtype == "mxfp4":
+        # A scale above any ggml's quantizer writes for finite weights
+        # (floor(log2(float32 max)) - 2 + 127 = 252): 8 2^(253 - 128)
+        # and more are infinite.
+        bad = blocks[:, 0] > MXFP4_LARGEST_E
     for at in f.halves:
         # The exponent bits all set: an infinity or a NaN.
         bits = blocks[:, at + 1] & 0x7C
@@ -249,6 +289,9 @@ def _dequantize_blocks(raw: np.ndarray, dtype: str) -> np.ndarray:
         return e4m3_values(raw[:, 4:]) * scale
     if dtype == "q8_0":
         return raw[:, 2:].view(np.int8).astype(np.float32) * _f16(raw, 0)
+    if dtype == "mxfp4":
+        with np.errstate(over="ignore"):  # e > 252 (`first_bad_block`): infinities, as ggml's
+            return e8m0_half(raw[:, :1]) * MXFP4_VALUES[_nibbles(raw[:, 1:])].astype(np.float32)
     if dtype in ("q4_0", "iq4_nl"):
         q = _nibbles(raw[:, 2:])
         values = (q.astype(np.int8) - np.int8(8)) if dtype == "q4_0" else IQ4_NL_VALUES[q]
@@ -440,6 +483,19 @@ def _quantize_blocks(x: np.ndarray, dtype: str) -> np.ndarray:
         q = np.abs(scaled[:, :, None] - IQ4_NL_VALUES.astype(np.float32)).argmin(axis=-1)
         return np.concatenate([_as_bytes(d, np.float16), _pack_nibbles(q.astype(np.uint8))],
                               axis=-1)
+    if dtype == "mxfp4":
+        # ggml's reference quantizer: e from the block's largest magnitude
+        # (its top e2m1 value 6 then covers up to 1.5 2^floor(log2 max)),
+        # each value the nearest of the 16 (the first of equals). Blocks
+        # below 2^-125 get e = 0 (ggml's byte cast would wrap).
+        largest = np.abs(x).max(axis=-1, keepdims=True)
+        with np.errstate(divide="ignore"):
+            e = np.where(largest > 0, np.floor(np.log2(largest)) - 2 + 127, 0)
+        e = np.clip(e, 0, 255).astype(np.uint8)
+        d = e8m0_half(e)[:, :, None]
+        errors = np.abs(d * MXFP4_VALUES.astype(np.float32) - x[:, :, None])
+        return np.concatenate([e, _pack_nibbles(errors.argmin(axis=-1).astype(np.uint8))],
+                              axis=-1)
     if dtype in ("q4_k", "q5_k"):
         return _quantize_k(x, 15 if dtype == "q4_k" else 31, dtype == "q5_k")
     if dtype == "q6_k":
@@ -449,8 +505,8 @@ def _quantize_blocks(x: np.ndarray, dtype: str) -> np.ndarray:
 
 def quantize(values, dtype: str) -> np.ndarray:
     """Packs float `values` (..., K), K a multiple of the block, as `dtype`
-    storage (uint8 (..., bytes of K values)). Q8_0, Q4_0, Q4_1, Q5_0 and
-    Q5_1 follow ggml's reference quantizers; the K-quants, IQ4_NL and
+    storage (uint8 (..., bytes of K values)). Q8_0, Q4_0, Q4_1, Q5_0,
+    Q5_1 and MXFP4 follow ggml's reference quantizers; the K-quants, IQ4_NL and
     fp8_e4m3 (scale max|x| / 448) take a plain choice of scales (ggml
     searches for better ones): any valid blocks serve the kernels' tests,
     which compare against `dequantize`."""
@@ -477,6 +533,7 @@ GPU_FIELDS = {
     "q8_0": ((2, 32), (0, 2)),
     "q4_0": ((2, 16), (0, 2)),
     "iq4_nl": ((2, 16), (0, 2)),
+    "mxfp4": ((1, 16), (0, 1)),
     "q4_1": ((4, 16), (0, 4)),
     "q5_0": ((6, 16), (2, 4), (0, 2)),
     "q5_1": ((8, 16), (4, 4), (0, 4)),

@@ -10,7 +10,10 @@ source weights and llama.cpp's logits of the files to compare them with.
 
 writes test/python/goldens/<arch>-q8_0.gguf and gguf-<arch>.npz (and
 `--runs`, alone: gguf-<arch>-llama-cpp.npz, llama.cpp's logits of the
-files `write_gguf` writes for RUNS: Mixtral, below). It needs
+files `write_gguf` writes for RUNS: Mixtral, below; `--mxfp4`, alone:
+<arch>-mxfp4_moe.gguf and gguf-<arch>-mxfp4_moe.npz, llama.cpp's
+MXFP4_MOE quantization of such a file of Qwen3-MoE and its logits of it,
+MXFP4_MOE below). It needs
 torch and transformers (the converter and the logits), llama-cpp-python
 (the quantizer) and a llama.cpp source tree (the converter, with its own
 gguf-py). The committed files were made with llama-cpp-python 0.3.36 (pip,
@@ -294,6 +297,80 @@ def load_run(arch: str, directory: Path = DIRECTORY) -> dict:
                 "versions": json.loads(str(data["versions"]))}
 
 
+# ----------------------------------------------------------------------
+# llama.cpp's MXFP4_MOE quantization of a file written by etc.models.testing
+# ----------------------------------------------------------------------
+
+#: Architectures whose F32 file `write_gguf` writes (as `run_file`) and
+#: llama.cpp's quantizer turns into an MXFP4_MOE file
+#: (`llama_model_quantize`, ftype LLAMA_FTYPE_MOSTLY_MXFP4_MOE = 38: every
+#: stack of experts MXFP4, the other matrices Q8_0, the norms and routers
+#: F32), committed as <arch>-mxfp4_moe.gguf with llama.cpp's logits of it
+#: at every position of the sequence (gguf-<arch>-mxfp4_moe.npz). The case:
+#: config, seed of the sharp weights, the token sequence: its routers'
+#: choices clear of ties (with 51, 52 after it, llama.cpp's activations,
+#: rounded to Q8_0 blocks, flip a near tie of position 12's experts: its
+#: logits 1.4 rms from those of the NumPy forward pass on the file's
+#: weights, and from ETC's, which keep the tie's side there).
+MXFP4_MOE = {"qwen3moe": (CONFIGS["qwen3moe"], SEEDS["qwen3moe"],
+                          [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50])}
+#: llama.cpp's ftype number of MXFP4_MOE (`llama_ftype`).
+FTYPE_MXFP4_MOE = 38
+
+
+def make_mxfp4(directory: Path = DIRECTORY) -> None:
+    """MXFP4_MOE's files (llama-cpp-python only, no source tree)."""
+    import llama_cpp as bindings
+    from tokenizers import Tokenizer
+
+    from etc.models.testing import checkpoint_tensors, write_gguf
+
+    assert bindings.LLAMA_FTYPE_MOSTLY_MXFP4_MOE == FTYPE_MXFP4_MOE
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        for arch, (config, seed, sequence) in MXFP4_MOE.items():
+            source = write_checkpoint(scratch / arch, config, seed=seed, sharp=True,
+                                      tokenizer=True)
+            f32 = write_gguf(scratch / f"{arch}-f32.gguf", config,
+                             tensors=checkpoint_tensors(config, seed, sharp=True),
+                             tokenizer=Tokenizer.from_file(str(source / "tokenizer.json")),
+                             pre="gpt-2", eos_token="<|im_end|>")
+            params = bindings.llama_model_quantize_default_params()
+            params.ftype = FTYPE_MXFP4_MOE
+            out = directory / f"{arch}-mxfp4_moe.gguf"
+            status = bindings.llama_model_quantize(str(f32).encode(), str(out).encode(), params)
+            if status != 0:
+                raise RuntimeError(f"llama_model_quantize({f32}, MXFP4_MOE) returned {status}")
+            logits = _llama_cpp_run(out, sequence)
+            npz = directory / f"gguf-{arch}-mxfp4_moe.npz"
+            np.savez_compressed(npz, case=json.dumps({"config": config, "seed": seed,
+                                                      "sequence": sequence}),
+                                logits=logits,
+                                versions=json.dumps({"llama-cpp-python": bindings.__version__}))
+            print(f"{out.name}: {out.stat().st_size} bytes; {npz.name}: "
+                  f"{npz.stat().st_size} bytes")
+
+
+def load_mxfp4(arch: str, directory: Path = DIRECTORY) -> dict:
+    """The MXFP4_MOE golden of `arch`: {"gguf": path, "config", "seed",
+    "sequence", "logits" (llama.cpp's, (len(sequence), vocab)), "versions"}."""
+    path = directory / f"gguf-{arch}-mxfp4_moe.npz"
+    gguf_path = directory / f"{arch}-mxfp4_moe.gguf"
+    for file in (path, gguf_path):
+        if not file.is_file():
+            raise AssertionError(f"{file} is missing: python test/python/gguf_goldens.py "
+                                 f"--mxfp4 (where llama-cpp-python imports)")
+    config, seed, sequence = MXFP4_MOE[arch]
+    with np.load(path) as data:
+        case = json.loads(str(data["case"]))
+        if case != json.loads(json.dumps({"config": config, "seed": seed,
+                                          "sequence": sequence})):
+            raise AssertionError(f"{path} is of another case than gguf_goldens.MXFP4_MOE: "
+                                 f"regenerate it")
+        return {**case, "gguf": gguf_path, "logits": data["logits"],
+                "versions": json.loads(str(data["versions"]))}
+
+
 def _commit(llama_cpp: Path) -> str:
     """The llama.cpp tree's git commit, or "unknown"."""
     try:
@@ -309,10 +386,15 @@ def main(argv=None) -> int:
                         help="a llama.cpp source tree (its convert_hf_to_gguf.py is run)")
     parser.add_argument("--runs", action="store_true",
                         help="only RUNS' files (llama-cpp-python, no source tree needed)")
+    parser.add_argument("--mxfp4", action="store_true",
+                        help="only MXFP4_MOE's files (llama-cpp-python, no source tree needed)")
     parser.add_argument("--directory", type=Path, default=DIRECTORY)
     args = parser.parse_args(argv)
     if args.runs:
         make_runs(args.directory)
+        return 0
+    if args.mxfp4:
+        make_mxfp4(args.directory)
         return 0
     if args.llama_cpp is None:
         parser.error("--llama-cpp is required (or --runs)")

@@ -524,6 +524,62 @@ def test_llama_cpp_files_run_packed_as_llama_cpp_and_transformers_compute(arch,
         assert errors.max() <= 1, f"{arch}: {errors.max():.2f} times the tolerance of {who}'s"
 
 
+#: The largest difference of ETC's logits of llama.cpp's MXFP4_MOE file
+#: from llama.cpp's, in rms of the position's logits (see below).
+MXFP4_TOLERANCE = 0.3
+
+
+def test_llama_cpp_mxfp4_moe_file_runs_packed_as_llama_cpp_computes(tmp_path):
+    """llama.cpp's C quantizer with ftype MXFP4_MOE on an F32 Qwen3-MoE file
+    of `write_gguf` (gguf_goldens.MXFP4_MOE): the stacks of experts MXFP4
+    (byte for byte what `etc.packed.quantize` writes: ggml's reference
+    quantizer), the other matrices Q8_0. ETC keeps both packed, experts
+    in MXFP4 tiles, and its logits of every position (each prefix a
+    request) are within MXFP4_TOLERANCE of llama.cpp's own of the file
+    and of the NumPy forward pass on the weights ETC reads from it.
+
+    The tolerance. `_quantization_tolerance`'s bound (the weights' errors
+    against the source, twice) is 12 rms here: MXFP4's relative error is
+    0.11 per matrix (Q8_0's 0.005), too wide to see a wrong kernel. Both
+    ETC and llama.cpp compute the file's weights exactly and differ from
+    the NumPy forward pass on them only by rounding each matmul's
+    activations to int8 blocks of 32: measured at most 0.10 rms (ETC) and
+    0.17 (llama.cpp), so they are within 0.27 of each other; 0.3 allows
+    that. Measured: 0.13. MXFP4's scale doubled (a wrong e8m0 decode)
+    misses by 2 to 4 rms, a flipped routing choice by 1.4."""
+    from etc import packed
+
+    golden = gguf_goldens.load_mxfp4("qwen3moe")
+    file = GGUFCheckpoint(golden["gguf"])
+    assert file.dtypes() == {"F32", "Q8_0", "MXFP4"}
+    source = models.Checkpoint(write_checkpoint(tmp_path / "source", golden["config"],
+                                                seed=golden["seed"], sharp=True))
+    assert file.config == source.config
+    formats = file.weight_formats()
+    assert {k: f for k, f in formats.items() if f == "mxfp4"} == {
+        f"l{i}_experts_{p}": "mxfp4" for i in range(2) for p in ("gate", "up", "down")}
+    raw = file.weights(formats=formats)
+    want = source.weights()
+    for key, fmt in formats.items():
+        if fmt == "mxfp4":
+            np.testing.assert_array_equal(raw[key], packed.quantize(want[key], "mxfp4"),
+                                          err_msg=key)
+    model = models.load(golden["gguf"], cache=False, **LOAD)
+    assert model.weight_formats == formats
+    assert set(formats.values()) == {"q8_0", "mxfp4"}
+    sequence = golden["sequence"]
+    out = model.generate([sequence[:j + 1] for j in range(len(sequence))], 1,
+                         return_logits=True)
+    ours = np.stack([row[0] for row in out.logits])
+    weights = file.weights()
+    for who, logits in (("llama.cpp", golden["logits"]),
+                        ("NumPy", reference.forward(file.config, weights, sequence))):
+        logits = logits.astype(np.float64)
+        rms = np.sqrt(np.mean(np.square(logits), axis=-1))
+        errors = np.max(np.abs(ours - logits), axis=-1) / rms
+        assert errors.max() <= MXFP4_TOLERANCE, f"{who}: {errors.max():.2f} rms"
+
+
 def test_llama_cpp_file_tokenizer_encodes_like_its_source(llama_cpp_files, tmp_path):
     """The tokenizer llama.cpp's converter wrote into the file (byte-level
     BPE, pre-tokenizer "gpt-2") encodes and decodes as the source

@@ -18,7 +18,7 @@ from etc.models.testing import tiny_config, write_gguf
 
 QWEN3 = tiny_config("Qwen3ForCausalLM")
 #: The formats the gguf package's quantizer writes (the others: K-quants, IQ4_NL).
-GGUF_QUANTIZES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+GGUF_QUANTIZES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4")
 
 
 def _bits(values: np.ndarray) -> np.ndarray:
@@ -26,9 +26,13 @@ def _bits(values: np.ndarray) -> np.ndarray:
 
 
 def _random_blocks(fmt: packed.Format, rows: int, blocks: int, seed: int) -> np.ndarray:
-    """Random bytes with finite float16 scales: any valid blocks."""
+    """Random bytes with finite float16 scales (MXFP4: e near 127, and 0
+    and 1, the subnormal scales, and 200): any valid blocks."""
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, (rows * blocks, fmt.nbytes), dtype=np.uint8)
+    if fmt.name == "mxfp4":
+        raw[:, 0] = rng.integers(118, 134, rows * blocks)
+        raw[:3, 0] = [0, 1, 200]
     for at in fmt.halves:
         raw[:, at:at + 2] = rng.uniform(-0.1, 0.1, (rows * blocks, 1)).astype(
             np.float16).view(np.uint8)
@@ -43,9 +47,10 @@ def test_type_tables_are_the_gguf_packages():
         qtype = gguf.GGMLQuantizationType(number)
         assert qtype.name == name
         assert gguf.GGML_QUANT_SIZES[qtype] == (block, nbytes)
-    # Every type of llama.cpp's Q4_K_M, Q5_K_M, Q6_K, Q8_0 and Q4_0 files loads.
+    # Every type of llama.cpp's Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0 and
+    # MXFP4_MOE files loads.
     assert set(TENSOR_TYPES) == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                                 "Q4_K", "Q5_K", "Q6_K", "IQ4_NL"}
+                                 "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "MXFP4"}
 
 
 @pytest.mark.parametrize("name", packed.GGML_FORMATS)
@@ -185,6 +190,24 @@ def test_truncated_and_damaged_files_name_the_tensor_or_field(tmp_path):
     broken.write_bytes(bytes(damaged))
     with pytest.raises(GGUFError, match="'blk.0.attn_q.weight' has unknown GGML type 250"):
         GGUFCheckpoint(broken)
+
+
+def test_mxfp4_scales_past_the_quantizers_are_refused(tmp_path):
+    """An MXFP4 block whose e is above any ggml's quantizer writes (252):
+    values of it overflow to infinities (as ggml's dequantization), so
+    the loader names the tensor and block as damaged; 252 itself loads."""
+    weights = np.random.default_rng(4).standard_normal((4, 64)).astype(np.float32)
+    raw = packed.quantize(weights, "mxfp4")
+    assert raw[:, ::17].max() <= 130
+    raw[2, 17] = packed.MXFP4_LARGEST_E  # row 2, block 1
+    assert packed.first_bad_block(raw, "mxfp4") is None
+    assert np.isfinite(packed.dequantize(raw, "mxfp4")).all()
+    raw[2, 17] = packed.MXFP4_LARGEST_E + 1
+    assert packed.first_bad_block(raw, "mxfp4") == 5
+    path = write_gguf(tmp_path / "m.gguf", QWEN3, raw_tensors={"odd.weight": (raw, "MXFP4")})
+    with pytest.raises(GGUFError, match=r"'odd.weight' .*MXFP4. has a non-finite scale in "
+                                        r"block 1 of row 2"):
+        GGUFCheckpoint(path).tensor("odd.weight", (4, 64), "test")
 
 
 @pytest.mark.parametrize("tensor_type, fallback", [("Q4_K", "Q5_0"), ("Q6_K", "Q8_0"),

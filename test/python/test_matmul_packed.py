@@ -261,7 +261,7 @@ def test_embedding_of_packed_tables_equals_dequantize():
     """The embedding gather reads a packed table value by value
     (`ops/packed_loads.py`): rows equal `etc.packed.dequantize` bit for bit
     (f32 rows), rounded once for bf16 rows; ids outside the table give
-    zeros."""
+    zeros. MXFP4 blocks take the extreme scales too."""
     h = 512
     g = etc.Graph("gather")
     T = g.symbol("T")
@@ -274,6 +274,9 @@ def test_embedding_of_packed_tables_equals_dequantize():
     g.output(*outs)
     tables = {f"t_{fmt}": _weights(fmt, h, 20 + i) for i, fmt in enumerate(packed.FORMATS)}
     tables["half"] = _weights("q6_k", h, 40)
+    # MXFP4's scales at their ends: the subnormal 2^-128 and 2^-127, 2^-126
+    # and the largest a quantizer writes (2^124), in row 0's first blocks.
+    tables["t_mxfp4"][0, 0:4 * 17:17] = [0, 1, 2, packed.MXFP4_LARGEST_E]
     kernel = etc.compile(g, target="cpu", workers=2)
     picked = np.array([0, 36, 5, 5, -1, 37, 17], np.int32)
     got = kernel.run(ids=picked, **tables)

@@ -127,7 +127,7 @@ def _weights(k: int, formats: list) -> dict:
 @pytest.mark.parametrize("schedule, k, formats", [
     ("static", 512, ["q8_0", "q4_k", "q5_k", "q6_k", "q5_0"]),
     # K = 288: 9 blocks of 32 (a K-quant's block is 256).
-    ("dynamic", 288, ["q4_0", "q4_1", "q5_1", "iq4_nl", "q8_0"])])
+    ("dynamic", 288, ["q4_0", "q4_1", "q5_1", "iq4_nl", "mxfp4", "q8_0"])])
 def test_emulated_tiles_match_the_widened_product(schedule, k, formats):
     g = _graph(k, formats)
     kernel = etc.compile(g, target="cpu", schedule=schedule, workers=2, kernels="amx")
@@ -137,8 +137,8 @@ def test_emulated_tiles_match_the_widened_product(schedule, k, formats):
 
 @needs_amx
 @pytest.mark.parametrize("level, schedule, formats", [
-    ("0", "static", ["q8_0", "q4_k", "q6_k", "q5_0"]),
-    ("2", "dynamic", ["q4_k", "q8_0"])])
+    ("0", "static", ["q8_0", "q4_k", "q6_k", "q5_0", "mxfp4"]),
+    ("2", "dynamic", ["q4_k", "q8_0", "mxfp4"])])
 def test_amx_tiles_match_the_widened_product(level, schedule, formats, monkeypatch):
     """On the tile unit at -O0 (accumulators in stack slots) and -O2."""
     monkeypatch.setenv("ETC_CPU_OPT_LEVEL", level)

@@ -41,8 +41,10 @@ from etc.reference import evaluate, topk
 from moe_routing import routed_inputs
 
 H, F, E, TOP_K, TILE = 256, 256, 8, 2, 8
-#: (gate, up, down) formats of each layer: every format once.
-LAYERS = [("q4_k", "q8_0", "q6_k"), ("q5_0", "q5_k", "q4_0"), ("q4_1", "iq4_nl", "q5_1")]
+#: (gate, up, down) formats of each layer: every format once, and MXFP4's
+#: experts as llama.cpp's MXFP4_MOE files hold them (all three).
+LAYERS = [("q4_k", "q8_0", "q6_k"), ("q5_0", "q5_k", "q4_0"), ("q4_1", "iq4_nl", "q5_1"),
+          ("mxfp4", "mxfp4", "mxfp4")]
 #: Experts the router never picks (a large negative logit).
 UNUSED = (2, 6)
 

@@ -25,6 +25,7 @@ from etc.reference import evaluate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fake_cuda"))
 import fake_driver  # noqa: E402
+from ptxas_check import assemble, assert_no_spills, needs_ptxas  # noqa: E402
 from test_cuda_fake import use_fake_driver  # noqa: E402
 
 FORMATS = list(packed.FORMATS)
@@ -236,3 +237,30 @@ def test_the_fake_driver_gives_a_native_cpu_build_the_gguf_bytes(monkeypatch):
     assert np.all(np.abs(got - want) <= np.abs(want) * 2**-8 + 1e-5 * (np.abs(a) @ np.abs(
         weights).T)), np.abs(got - want).max()
     np.testing.assert_array_equal(device.numpy(), packed.to_gpu_layout(w, "q8_0"))
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_mxfp4_moe_tiles_assemble_without_spills(chip, tmp_path):
+    """A step's layer as llama.cpp's MXFP4_MOE files hold it, at
+    Qwen3-30B-A3B's widths: the attention output projection in q8_0 and
+    the stacks of experts in mxfp4 (128 experts, 8 per token, H 2048, F
+    768), each stack's rows of 17-byte blocks read in 16-byte loads from
+    the GPU layout with the scale byte beside them: ptxas assembles the
+    packed GEMV, the tensor cores' dequantization and the MoE tiles with
+    no spills. (test_model_ptx.py's mixed step graphs give every other
+    format a weight: see its WANTED.)"""
+    h, f, e = 2048, 768, 128
+    g = etc.Graph("mxfp4")
+    T = g.symbol("T")
+    x = g.input("x", (T, h), "bf16")
+    y = g.matmul(x, g.input("wo", (h, h), "q8_0"), transpose_b=True)
+    y = g.matmul(y, g.input("w", (h, h), "mxfp4"), transpose_b=True)
+    out = g.moe(y, g.input("router", (h, e), "bf16"), g.input("gate", (e, f, h), "mxfp4"),
+                g.input("down", (e, h, f), "mxfp4"), 8, w_up=g.input("up", (e, f, h), "mxfp4"),
+                transpose_w=True, name="out")
+    g.output(out)
+    kernel = etc.compile(g, target="cuda", chip=chip)
+    kinds = set(re.findall(r"_tile_(\w+?)_\d+\(", kernel.ir("graph")))
+    assert {"matmul_mxfp4_gemv_mma", "matmul_q8_0_gemv_mma", "moe_up", "moe_down"} <= kinds
+    assert_no_spills(assemble(kernel.ptx, chip, tmp_path, "mxfp4"))

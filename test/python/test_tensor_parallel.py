@@ -51,7 +51,7 @@ def test_tensor_parallel_keeps_quantized_weights_packed():
         assert f"rank {rank}: tensor parallel packed matches" in output, output
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_k", "q6_k", "fp8_e4m3"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k", "q6_k", "fp8_e4m3", "mxfp4"])
 def test_packed_shards_are_the_widened_shards(fmt):
     """A packed weight's share of a rank (its rows, or its K blocks of a
     row-parallel weight, the experts' in their (E, out, in) layout)

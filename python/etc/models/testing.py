@@ -596,7 +596,10 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     rows split into its blocks (as llama.cpp's quantizer falls back, e.g.
     Q4_K to Q5_0), else stay F32, as the norms do. Formats the gguf
     package cannot write (the K-quants, IQ4_NL) are packed by
-    `etc.packed.quantize`. `tensor_types` (GGUF name -> type) overrides
+    `etc.packed.quantize`; it writes MXFP4 (as ggml's reference quantizer,
+    which `etc.packed.quantize` equals byte for byte): an MXFP4_MOE file
+    is `tensor_type="Q8_0"` with `tensor_types` naming the expert stacks
+    (`blk.<i>.ffn_{gate,up,down}_exps.weight`) "MXFP4". `tensor_types` (GGUF name -> type) overrides
     `tensor_type` for the tensors it names. `tokenizer` (a
     `tokenizers.Tokenizer` with a byte-level BPE model) goes into the
     metadata as a "gpt2" tokenizer with `pre`-tokenizer name `pre`, its

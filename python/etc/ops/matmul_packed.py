@@ -78,7 +78,7 @@ from .base import TileKernel
 from .matmul_fp8 import choose_fp8
 from .packed_k_dots import IntegerScaleDots
 from .matmul_scalar import Matmul
-from .packed_loads import row_at
+from .packed_loads import e8m0_half, row_at
 from .matmul_packed_gpu import MatmulPackedGPU
 
 
@@ -96,7 +96,7 @@ def choose_packed(op, target) -> type:
 #: With VNNI, the unsigned byte each format's integer weight q is read as:
 #: q + ZERO_POINTS[format] (0 .. 255; the formats with a minimum are
 #: unsigned already).
-ZERO_POINTS = {"q8_0": 128, "q4_0": 8, "iq4_nl": 128, "q5_0": 16, "q6_k": 32,
+ZERO_POINTS = {"q8_0": 128, "q4_0": 8, "iq4_nl": 128, "mxfp4": 128, "q5_0": 16, "q6_k": 32,
                "q4_1": 0, "q5_1": 0, "q4_k": 0, "q5_k": 0}
 
 
@@ -549,6 +549,12 @@ class PackedDotsCPU(IntegerScaleDots, TileKernel):
                 return [(centred(q, 8), half(0), None)]
             table = packed.IQ4_NL_VALUES.astype(np.int16) + (128 if self.vnni else 0)
             return [(self.lookup(table.astype(np.uint8).view(np.int8), q), half(0), None)]
+        if name == "mxfp4":
+            # Doubled e2m1 integers, the scale 2^(e - 128) from byte 0.
+            table = packed.MXFP4_VALUES.astype(np.int16) + (128 if self.vnni else 0)
+            q = self.nibbles(raw(1, 16))
+            return [(self.lookup(table.astype(np.uint8).view(np.int8), q),
+                     self.e8m0(row, base), None)]
         if name == "q4_1":
             return [(self.nibbles(raw(4, 16)), half(0), half(2))]
         if name in ("q5_0", "q5_1"):
@@ -629,6 +635,12 @@ class PackedDotsCPU(IntegerScaleDots, TileKernel):
                           row_at(row, at))
         one = vector.bitcast(ir.VectorType.get([1], ir.F16Type.get()), two)
         return arith.extf(self.f32, vector.extract(one, [], [0]))
+
+    def e8m0(self, row, at) -> ir.Value:
+        """MXFP4's scale 2^(e - 128) of the e8m0 byte at `at` of row `row`
+        of the weight, as an f32 (`etc.packed.e8m0_half`: the bits
+        (e - 1) << 23, or the subnormal 0x00200000 << e for e < 2)."""
+        return e8m0_half(self, memref.load(self.buf(self.weight), row_at(row, at)))
 
     def splat_i8(self, value: int) -> ir.Value:
         kind = ir.VectorType.get([self.BLOCK], self.i8)

@@ -34,9 +34,9 @@ if TYPE_CHECKING:
     from ..graph_values import Tensor
     from .base import TileKernel
 
-__all__ = ["load_packed", "load_half", "load_float", "e4m3_to_f32", "byte", "signed_byte",
-           "row_at", "Block", "gpu_layout", "flat_bytes", "block_count", "global_block",
-           "field_at"]
+__all__ = ["load_packed", "load_half", "load_float", "e4m3_to_f32", "e8m0_half", "byte",
+           "signed_byte", "row_at", "Block", "gpu_layout", "flat_bytes", "block_count",
+           "global_block", "field_at"]
 
 
 def row_at(row, at) -> list:
@@ -89,6 +89,18 @@ def e4m3_to_f32(k: "TileKernel", q: ir.Value) -> ir.Value:
     bits = arith.andi(arith.shli(arith.extsi(i16, q), _i(16, 7)), _i(16, 0xBF80 - 0x10000))
     half = arith.extf(k.f32, arith.bitcast(ir.F16Type.get(), bits))
     return arith.mulf(half, k.cf32(256.0))
+
+
+def e8m0_half(k: "TileKernel", e: ir.Value) -> ir.Value:
+    """MXFP4's block scale 2^(e - 128) of e8m0 byte `e` (an i8) as an f32,
+    exactly (`etc.packed.e8m0_half`): the float32 bits (e - 1) << 23 for
+    e >= 2, the subnormal 0x00200000 << e below."""
+    i32 = ir.IntegerType.get_signless(32)
+    wide = arith.extui(i32, e)
+    normal = arith.shli(arith.subi(wide, _i(32, 1)), _i(32, 23))
+    tiny = arith.shli(_i(32, 0x00200000), wide)
+    small = arith.cmpi(arith.CmpIPredicate.ult, wide, _i(32, 2))
+    return arith.bitcast(k.f32, arith.select(small, tiny, normal))
 
 
 def _i(width: int, value: int) -> ir.Value:
@@ -265,6 +277,9 @@ def load_packed(k: "TileKernel", t: "Tensor", idx: list) -> ir.Value:
         else:
             value = _f32(k, _table(k, packed.IQ4_NL_VALUES, q))
         return arith.mulf(blk.half(0), value)
+    if name == "mxfp4":
+        value = _f32(k, _table(k, packed.MXFP4_VALUES, _nibble(k, blk, j, 1)))
+        return arith.mulf(e8m0_half(k, blk.load(0)), value)
     if name == "q4_1":
         q = _f32(k, _nibble(k, blk, j, 4))
         return arith.addf(arith.mulf(blk.half(0), q), blk.half(2))

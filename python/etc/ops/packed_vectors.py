@@ -16,10 +16,11 @@ Chunks: chunk c of a row is its values 16 c .. 16 c + 15, one 16-byte
 load of quants and the block's scales:
 
 * q8_0 and fp8_e4m3: half a block's quants (16 of its 32 bytes);
-* q4_0, q4_1, iq4_nl, q5_0, q5_1: the block's 16 bytes of nibbles, the
-  low ones (values 0-15) or the high ones (16-31) chosen by a shift (the
-  block's two chunks load the same 16 bytes); q5_0 / q5_1 a 4-byte load
-  of the fifth bits;
+* q4_0, q4_1, iq4_nl, mxfp4, q5_0, q5_1: the block's 16 bytes of
+  nibbles, the low ones (values 0-15) or the high ones (16-31) chosen by
+  a shift (the block's two chunks load the same 16 bytes); q5_0 / q5_1 a
+  4-byte load of the fifth bits; mxfp4's scale a byte load (its e8m0
+  decoded with integer operations, `packed_loads.e8m0_half`);
 * q4_k / q5_k: half of sub-block s, 16 of the 32 bytes of qs at
   32 (s / 2), their low (s even) or high nibbles; the block's first 16
   bytes (d, dmin and the 12 bytes of 6-bit scales and minimums) are one
@@ -51,7 +52,7 @@ from mlir import ir
 from mlir.dialects import arith, memref, vector
 
 from .. import packed
-from .packed_loads import block_count, field_at, flat_bytes, global_block, gpu_layout
+from .packed_loads import block_count, e8m0_half, field_at, flat_bytes, global_block, gpu_layout
 
 if TYPE_CHECKING:
     from ..graph_values import Tensor
@@ -60,8 +61,8 @@ if TYPE_CHECKING:
 __all__ = ["PackedVectors", "CHUNK_FORMATS", "gemv_width"]
 
 #: The formats `PackedVectors` reads.
-CHUNK_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "fp8_e4m3", "q4_k",
-                 "q5_k", "q6_k")
+CHUNK_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "fp8_e4m3",
+                 "q4_k", "q5_k", "q6_k")
 
 
 def gemv_width(dtype: str) -> int:
@@ -198,13 +199,16 @@ class PackedVectors:
                     return self.scaled(self.signed(q), self.half(block, 0))
                 scale = vector.bitcast(ir.VectorType.get([1], k.f32), self.raw(block, 0, 4))
                 return arith.mulf(self.e4m3(q), self.spread(vector.extract(scale, [], [0])))
-            at = {"q4_0": 2, "iq4_nl": 2, "q4_1": 4, "q5_0": 6, "q5_1": 8}[name]
+            at = {"q4_0": 2, "iq4_nl": 2, "mxfp4": 1, "q4_1": 4, "q5_0": 6, "q5_1": 8}[name]
             q = self.shifted(self.raw(block, at, 16), arith.muli(half, c16(4)), 0x0F)
+            if name == "mxfp4":
+                e = memref.load(self.flat, [self.offset(block, 0)])
+                return self.scaled(self.table(packed.MXFP4_VALUES, q), e8m0_half(k, e))
             d = self.half(block, 0)
             if name == "q4_0":
                 return self.scaled(self.signed(arith.subi(q, self.splat(self.i8, 8))), d)
             if name == "iq4_nl":
-                return self.scaled(self.iq4_nl(q), d)
+                return self.scaled(self.table(packed.IQ4_NL_VALUES, q), d)
             if name in ("q5_0", "q5_1"):
                 q = arith.ori(q, self.fifth_bits(self.word(block, at - 4), 0,
                                                  arith.muli(half, c16(16))))
@@ -252,10 +256,11 @@ class PackedVectors:
         one = arith.andi(arith.shrui(spread, shifts), self.splat(self.i32, 1))
         return arith.trunci(self.v(self.i8), arith.shli(one, self.splat(self.i32, 4)))
 
-    def iq4_nl(self, q: ir.Value) -> ir.Value:
-        """IQ4_NL_VALUES[q] lane by lane as f32: the table's 16 bytes in four
-        i32 words, the word chosen by q >> 2, the byte by q & 3."""
-        table = packed.IQ4_NL_VALUES.astype(np.int8).view(np.uint8).astype(np.uint32)
+    def table(self, values, q: ir.Value) -> ir.Value:
+        """values[q] lane by lane as f32 for a 16-entry int8 table (IQ4_NL's,
+        MXFP4's): the table's 16 bytes in four i32 words, the word chosen
+        by q >> 2, the byte by q & 3."""
+        table = np.asarray(values, np.int8).view(np.uint8).astype(np.uint32)
         words = [int(table[4 * w] | table[4 * w + 1] << 8 | table[4 * w + 2] << 16 |
                      table[4 * w + 3] << 24) for w in range(4)]
         wide = arith.extui(self.v(self.i32), q)
