@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -215,10 +216,17 @@ def make(llama_cpp: Path, directory: Path = DIRECTORY) -> None:
 
 #: Architectures whose GGUF file is `write_gguf`'s (the converter's layout
 #: through the `gguf` package), float32, run by llama.cpp: Mixtral, which
-#: llama.cpp's converter writes as llama with experts. The case: config,
-#: seed of the sharp weights, the token sequence.
+#: llama.cpp's converter writes as llama with experts; Granite and Granite
+#: MoE (`granite`, `granitemoe`: their four scales as metadata keys, Q and K
+#: rows permuted as Llama's, Granite MoE's fused experts split into gate and
+#: up stacks). The case: config, seed of the sharp weights, the token
+#: sequence.
 RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
-                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
+                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        "granite": (tiny_config("GraniteForCausalLM", vocab_size=320), 22,
+                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        "granite_moe": (tiny_config("GraniteMoeForCausalLM", vocab_size=320), 23,
+                        [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
 
 
 def run_digest(config, weights: dict) -> str:
@@ -244,10 +252,10 @@ def run_file(arch: str, directory: Path, tokenizer=None) -> Path:
                       pre="gpt-2", eos_token="<|im_end|>" if tokenizer else None)
 
 
-def make_runs(directory: Path = DIRECTORY) -> None:
-    """llama.cpp's logits of every position of RUNS' sequences, in
-    gguf-<arch>-llama-cpp.npz with the digest of what ETC reads from the
-    same file (`run_digest`)."""
+def make_runs(directory: Path = DIRECTORY, only: Optional[list] = None) -> None:
+    """llama.cpp's logits of every position of RUNS' sequences (or those of
+    the cases `only` names), in gguf-<arch>-llama-cpp.npz with the digest
+    of what ETC reads from the same file (`run_digest`)."""
     import llama_cpp as bindings
     from tokenizers import Tokenizer
 
@@ -256,6 +264,8 @@ def make_runs(directory: Path = DIRECTORY) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         for arch, (config, seed, sequence) in RUNS.items():
+            if only and arch not in only:
+                continue
             source = write_checkpoint(scratch / arch, config, seed=seed, sharp=True,
                                       tokenizer=True)
             path = run_file(arch, scratch, Tokenizer.from_file(str(source / "tokenizer.json")))
@@ -310,9 +320,11 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", action="store_true",
                         help="only RUNS' files (llama-cpp-python, no source tree needed)")
     parser.add_argument("--directory", type=Path, default=DIRECTORY)
+    parser.add_argument("--only", nargs="*", choices=list(RUNS),
+                        help="with --runs: only these cases")
     args = parser.parse_args(argv)
     if args.runs:
-        make_runs(args.directory)
+        make_runs(args.directory, args.only)
         return 0
     if args.llama_cpp is None:
         parser.error("--llama-cpp is required (or --runs)")
