@@ -78,6 +78,12 @@ SHAPES = {
         max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
         tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8,
         moe_intermediate_size=768, norm_topk_prob=True),
+    "granite-3.3-8b": dict(
+        architecture="GraniteForCausalLM", vocab_size=49159, hidden_size=4096,
+        intermediate_size=12800, num_attention_heads=32, num_key_value_heads=8, head_dim=None,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=10000000.0,
+        tie_word_embeddings=True, embedding_multiplier=12.0, attention_multiplier=0.0078125,
+        residual_multiplier=0.22, logits_scaling=16.0),
     "mixtral-8x7b": dict(
         architecture="MixtralForCausalLM", vocab_size=32000, hidden_size=4096,
         intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=None,
