@@ -231,10 +231,19 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
 
 def run_digest(config, weights: dict) -> str:
     """SHA-256 of the ModelConfig and graph weights ETC reads from a file:
-    what the logits depend on."""
+    what the logits depend on. Of the config, the fields whose value is
+    not their default: a field added to ModelConfig later (a default that
+    changes nothing) leaves the digests as they are."""
+    import dataclasses
     import hashlib
 
-    digest = hashlib.sha256(repr(config).encode())
+    def default(f):
+        return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+    changed = [(f.name, getattr(config, f.name)) for f in dataclasses.fields(config)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+               or getattr(config, f.name) != default(f)]
+    digest = hashlib.sha256(repr(changed).encode())
     for key in sorted(weights):
         digest.update(key.encode())
         digest.update(np.ascontiguousarray(weights[key]).tobytes())
