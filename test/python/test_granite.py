@@ -13,6 +13,7 @@ is test_families.py's, parametrised over them."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -173,6 +174,38 @@ def test_granite_moe_fused_experts_are_gate_rows_then_up_rows(granite):
                "l0_experts_up": weights["l0_experts_gate"]}
     assert np.abs(reference.forward(c, swapped, SEQUENCE) -
                   reference.forward(c, weights, SEQUENCE)).max() > 0.1
+
+
+def test_granite_moe_reads_transformers5_in_memory_names(granite, tmp_path):
+    """A Granite MoE checkpoint saved by transformers 5 with
+    `save_original_format=False` (its in-memory names: `router.weight`,
+    `experts.gate_up_proj`, `experts.down_proj`) reads as the original
+    layout; a missing stack is named."""
+    from etc.models.loading.safetensors import save_file
+
+    config = tiny_config(MOE)
+    raw = checkpoint_tensors(config, goldens.SEEDS["granite_moe"])
+    renamed = {name.replace("router.layer.weight", "router.weight")
+               .replace("input_linear.weight", "experts.gate_up_proj")
+               .replace("output_linear.weight", "experts.down_proj"): array
+               for name, array in raw.items()}
+    assert renamed.keys() != raw.keys()
+    path = tmp_path / "v5"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(as_transformers5(config)))
+    save_file(path / "model.safetensors", renamed)
+    want = granite[MOE].weights()
+    got = Checkpoint(path).weights()
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    save_file(path / "model.safetensors", {k: v for k, v in renamed.items()
+                                           if k != "model.layers.1.block_sparse_moe.experts."
+                                                   "down_proj"})
+    with pytest.raises(models.MissingTensorError,
+                       match=r"'model.layers.1.block_sparse_moe.experts.down_proj' \(layer 1 "
+                             r"expert down projections\) is missing"):
+        Checkpoint(path).weights()
 
 
 def test_tied_head_and_logits_scaling_reach_the_logprobs(granite):
