@@ -67,6 +67,33 @@ def test_granite_configs_follow_transformers(architecture):
         assert config.sparse_layers == (0, 1) and config.norm_topk_prob
 
 
+#: Granite 3.x 8B's config.json (3.1 to 3.3), every field as published.
+GRANITE_8B = {
+    "architectures": ["GraniteForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attention_multiplier": 0.0078125, "bos_token_id": 0, "embedding_multiplier": 12.0,
+    "eos_token_id": 0, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 12800, "logits_scaling": 16.0, "max_position_embeddings": 131072,
+    "mlp_bias": False, "model_type": "granite", "num_attention_heads": 32,
+    "num_hidden_layers": 40, "num_key_value_heads": 8, "pad_token_id": 0,
+    "residual_multiplier": 0.22, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 10000000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.49.0", "use_cache": True, "vocab_size": 49159}
+
+
+def test_published_granite_config_reads():
+    """Granite 3.x 8B's own config.json: read whole (no field refused), its
+    attention scale 1/128 (not 1 / sqrt(128)), and the same config as
+    `SHAPES["granite-3.3-8b"]` (test_model_ptx.py's real-width graph)."""
+    from etc.models.testing import shaped_config
+
+    config = ModelConfig.from_dict(GRANITE_8B)
+    assert (config.head_dim, config.num_kv_heads, config.attention_scale) == (128, 8, 1 / 128)
+    assert (config.embedding_multiplier, config.residual_multiplier, config.logits_scaling) == \
+        (12.0, 0.22, 16.0)
+    assert config.tie_word_embeddings and config.rope_theta == 1e7
+    assert ModelConfig.from_dict(shaped_config("granite-3.3-8b", layers=40)) == config
+
+
 @pytest.mark.parametrize("field", list(GRANITE_MULTIPLIERS))
 @pytest.mark.parametrize("value", [0, -1.5, "2", True, math.inf, math.nan])
 def test_granite_refuses_a_multiplier_that_is_not_a_positive_number(field, value):
