@@ -51,7 +51,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -231,19 +230,17 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
 
 def run_digest(config, weights: dict) -> str:
     """SHA-256 of the ModelConfig and graph weights ETC reads from a file:
-    what the logits depend on. Of the config, the fields whose value is
-    not their default: a field added to ModelConfig later (a default that
-    changes nothing) leaves the digests as they are."""
+    what the logits depend on."""
     import dataclasses
     import hashlib
 
-    def default(f):
-        return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-    changed = [(f.name, getattr(config, f.name)) for f in dataclasses.fields(config)
-               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-               or getattr(config, f.name) != default(f)]
-    digest = hashlib.sha256(repr(changed).encode())
+    # The fields that differ from their defaults: a field added to
+    # ModelConfig (with a default) leaves the digests of older files.
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+              or getattr(config, f.name) != (f.default if f.default is not dataclasses.MISSING
+                                             else f.default_factory())}
+    digest = hashlib.sha256(repr(fields).encode())
     for key in sorted(weights):
         digest.update(key.encode())
         digest.update(np.ascontiguousarray(weights[key]).tobytes())
@@ -261,10 +258,10 @@ def run_file(arch: str, directory: Path, tokenizer=None) -> Path:
                       pre="gpt-2", eos_token="<|im_end|>" if tokenizer else None)
 
 
-def make_runs(directory: Path = DIRECTORY, only: Optional[list] = None) -> None:
-    """llama.cpp's logits of every position of RUNS' sequences (or those of
-    the cases `only` names), in gguf-<arch>-llama-cpp.npz with the digest
-    of what ETC reads from the same file (`run_digest`)."""
+def make_runs(directory: Path = DIRECTORY, names=None) -> None:
+    """llama.cpp's logits of every position of RUNS' sequences (those of
+    `names`, else all), in gguf-<arch>-llama-cpp.npz with the digest of what
+    ETC reads from the same file (`run_digest`)."""
     import llama_cpp as bindings
     from tokenizers import Tokenizer
 
@@ -273,7 +270,7 @@ def make_runs(directory: Path = DIRECTORY, only: Optional[list] = None) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         for arch, (config, seed, sequence) in RUNS.items():
-            if only and arch not in only:
+            if names and arch not in names:
                 continue
             source = write_checkpoint(scratch / arch, config, seed=seed, sharp=True,
                                       tokenizer=True)
@@ -326,14 +323,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-cpp", type=Path,
                         help="a llama.cpp source tree (its convert_hf_to_gguf.py is run)")
-    parser.add_argument("--runs", action="store_true",
-                        help="only RUNS' files (llama-cpp-python, no source tree needed)")
+    parser.add_argument("--runs", nargs="*", metavar="ARCH",
+                        help="only RUNS' files, of these architectures or all "
+                             "(llama-cpp-python, no source tree needed)")
     parser.add_argument("--directory", type=Path, default=DIRECTORY)
-    parser.add_argument("--only", nargs="*", choices=list(RUNS),
-                        help="with --runs: only these cases")
     args = parser.parse_args(argv)
-    if args.runs:
-        make_runs(args.directory, args.only)
+    if args.runs is not None:
+        make_runs(args.directory, args.runs)
         return 0
     if args.llama_cpp is None:
         parser.error("--llama-cpp is required (or --runs)")
