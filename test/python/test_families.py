@@ -60,8 +60,9 @@ GGUF_FAMILIES = {
     "granite": FAMILIES["granite"],
     "granite_moe": FAMILIES["granite_moe"],
 }
-#: Families whose tile kernels add nothing to another family's here (the
-#: suite's time): Granite MoE's layers are Granite's and Mixtral's.
+#: Families whose tile kernels add nothing to another family's under the
+#: static schedule and the CUDA lanes (the suite's time): Granite MoE's
+#: layers are Granite's and Mixtral's.
 COVERED = ("granite_moe",)
 
 
@@ -374,8 +375,7 @@ def test_bf16_checkpoint_and_half_precision_compute(name, tmp_path):
     weights = checkpoint.weights()
     # Mixtral in bf16: against transformers in test_goldens.py (a bf16
     # compile is 20 s here; one is enough).
-    half = (("f16", 3e-2),) if name in ("mixtral", *COVERED) else \
-        (("f16", 3e-2), ("bf16", 1.5e-1))
+    half = (("f16", 3e-2),) if name == "mixtral" else (("f16", 3e-2), ("bf16", 1.5e-1))
     for dtype, tol in half:
         out = models.load(path, dtype=dtype, **LOAD).generate(PROMPTS, 1, return_logits=True)
         for r, prompt in enumerate(PROMPTS):
