@@ -195,7 +195,8 @@ def test_granite_moe_fused_experts_are_gate_rows_then_up_rows(granite):
         fused = raw[p + "input_linear.weight"]
         np.testing.assert_array_equal(weights[f"l{i}_experts_gate"], fused[:, :f])
         np.testing.assert_array_equal(weights[f"l{i}_experts_up"], fused[:, f:])
-        np.testing.assert_array_equal(weights[f"l{i}_experts_down"], raw[p + "output_linear.weight"])
+        np.testing.assert_array_equal(weights[f"l{i}_experts_down"],
+                                      raw[p + "output_linear.weight"])
         np.testing.assert_array_equal(weights[f"l{i}_router"], raw[p + "router.layer.weight"].T)
     swapped = {**weights, "l0_experts_gate": weights["l0_experts_up"],
                "l0_experts_up": weights["l0_experts_gate"]}

@@ -343,9 +343,9 @@ class ModelConfig:
 def _mixtral(config: dict, where: str, layers: int, need, flag,
             architecture: str = "MixtralForCausalLM") -> dict:
     """Mixtral's MoE fields (`ModelConfig`'s MoE fields), as transformers 4
-    and 5 read them (Granite MoE's too: the same fields; its router takes
-    the softmax of the top-k logits, which is the same weights): a sparse block in every layer, `num_local_experts`
-    experts (`num_experts` is transformers' alias of it) of width
+    and 5 read them (Granite MoE's too: the same fields; its router's
+    softmax of the top-k logits gives the same weights): a sparse block in
+    every layer, `num_local_experts` experts (`num_experts` is transformers' alias of it) of width
     `intermediate_size`, `num_experts_per_tok` per token, their softmax
     weights renormalised over the chosen ones (MixtralTopKRouter: softmax
     over every expert, top-k, divided by the sum of the k), which is

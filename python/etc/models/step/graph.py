@@ -121,7 +121,8 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         (Gemma), x + norm(a Wᵀ); with Granite's residual multiplier m,
         x + m (a Wᵀ)."""
         if c.residual_multiplier is not None:
-            return residual_add(x, reduced(g.matmul(a, w, transpose_b=True)))
+            block = reduced(g.matmul(a, w, transpose_b=True))
+            return residual_add(x, block if post_norm is None else norm(block, post_norm))
         if post_norm is not None:
             return g.add(x, norm(reduced(g.matmul(a, w, transpose_b=True)), post_norm))
         if ranks > 1:
@@ -205,11 +206,11 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             # each a Linear's (out, in): stacks (E, F, H) and (E, H, F).
             e, f = c.num_experts, c.moe_intermediate_size
             x = residual_add(x, reduced(g.moe(normed, weight(f"l{i}_router", (h, e)),
-                                       weight(f"l{i}_experts_gate", (e, f, h)),
-                                       weight(f"l{i}_experts_down", (e, h, f)),
-                                       c.num_experts_per_tok,
-                                       w_up=weight(f"l{i}_experts_up", (e, f, h)),
-                                       normalize=c.norm_topk_prob, transpose_w=True)))
+                                              weight(f"l{i}_experts_gate", (e, f, h)),
+                                              weight(f"l{i}_experts_down", (e, h, f)),
+                                              c.num_experts_per_tok,
+                                              w_up=weight(f"l{i}_experts_up", (e, f, h)),
+                                              normalize=c.norm_topk_prob, transpose_w=True)))
         else:
             f = c.intermediate_size
             gate = g.matmul(normed, weight(f"l{i}_w_gate", (f, h)), transpose_b=True)

@@ -116,7 +116,7 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         attended = np.einsum("hqk,khd->qhd", probs, v).reshape(n, c.num_heads * d)
         out = attended @ w("wo").T
         x = x + (_rmsnorm(out, w("post_attn_norm"), eps, offset) if c.sandwich_norms else
-                 out * residual)
+                 out) * residual
         h = _rmsnorm(x, w("mlp_norm"), eps, offset)
         if c.is_sparse(i):
             logits = h @ w("router")  # stored (H, E)
@@ -136,7 +136,7 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
             act = _gelu_tanh if c.hidden_act == "gelu_pytorch_tanh" else _silu
             mlp = (act(h @ w("w_gate").T) * (h @ w("w_up").T)) @ w("w_down").T
         x = x + (_rmsnorm(mlp, w("post_mlp_norm"), eps, offset) if c.sandwich_norms else
-                 mlp * residual)
+                 mlp) * residual
     x = _rmsnorm(x, weights["final_norm"], eps, offset)
     head = weights["embed"] if c.tie_word_embeddings else weights["lm_head"]
     logits = x @ head.T
