@@ -300,7 +300,8 @@ def test_granite_gguf_computes_what_llama_cpp_computes(name, tmp_path):
 def test_granite_gguf_keys_as_llama_cpp_reads_them(tmp_path):
     """Absent scale keys take llama.cpp's defaults (1, and 1 / sqrt(head
     size) for the attention: not transformers' 1.0, which the converter
-    would have written); a granitemoe file with shared experts
+    would have written); a negative one is refused as config.json's would
+    be, naming the field; a granitemoe file with shared experts
     (GraniteMoeShared, as llama.cpp writes it) is refused, saying so."""
     config = tiny_config(DENSE)
     keys = {f"granite.{key}": None for key in ("embedding_scale", "residual_scale",
@@ -311,6 +312,12 @@ def test_granite_gguf_keys_as_llama_cpp_reads_them(tmp_path):
     assert bare.attention_scale == pytest.approx(1 / math.sqrt(16))
     read = GGUFCheckpoint(write_gguf(tmp_path / "m.gguf", config)).config
     assert read == ModelConfig.from_dict(config)
+    negative = write_gguf(tmp_path / "negative.gguf", config,
+                          metadata={"granite.residual_scale": -0.5})
+    with pytest.raises(UnsupportedConfigError, match=r"GGUF metadata\): field "
+                                                     r"'residual_multiplier' = -0.5 must be a "
+                                                     r"finite positive number"):
+        GGUFCheckpoint(negative)
     shared = write_gguf(tmp_path / "shared.gguf", tiny_config(MOE),
                         metadata={"granitemoe.expert_shared_feed_forward_length": 64})
     with pytest.raises(UnsupportedConfigError, match=r"granitemoe with shared experts .* "
