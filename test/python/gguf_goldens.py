@@ -218,18 +218,32 @@ def make(llama_cpp: Path, directory: Path = DIRECTORY) -> None:
 
 #: Architectures whose GGUF file is `write_gguf`'s (the converter's layout
 #: through the `gguf` package), float32, run by llama.cpp: Mixtral, which
-#: llama.cpp's converter writes as llama with experts. The case: config,
-#: seed of the sharp weights, the token sequence.
+#: llama.cpp's converter writes as llama with experts; Granite and Granite
+#: MoE (`granite`, `granitemoe`: their four scales as metadata keys, Q and K
+#: rows permuted as Llama's, Granite MoE's fused experts split into gate and
+#: up stacks). The case: config, seed of the sharp weights, the token
+#: sequence.
 RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
-                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
+                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        "granite": (tiny_config("GraniteForCausalLM", vocab_size=320), 22,
+                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        "granite_moe": (tiny_config("GraniteMoeForCausalLM", vocab_size=320), 23,
+                        [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
 
 
 def run_digest(config, weights: dict) -> str:
     """SHA-256 of the ModelConfig and graph weights ETC reads from a file:
     what the logits depend on."""
+    import dataclasses
     import hashlib
 
-    digest = hashlib.sha256(repr(config).encode())
+    # The fields that differ from their defaults: a field added to
+    # ModelConfig (with a default) leaves the digests of older files.
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+              or getattr(config, f.name) != (f.default if f.default is not dataclasses.MISSING
+                                             else f.default_factory())}
+    digest = hashlib.sha256(repr(fields).encode())
     for key in sorted(weights):
         digest.update(key.encode())
         digest.update(np.ascontiguousarray(weights[key]).tobytes())
@@ -247,10 +261,10 @@ def run_file(arch: str, directory: Path, tokenizer=None) -> Path:
                       pre="gpt-2", eos_token="<|im_end|>" if tokenizer else None)
 
 
-def make_runs(directory: Path = DIRECTORY) -> None:
-    """llama.cpp's logits of every position of RUNS' sequences, in
-    gguf-<arch>-llama-cpp.npz with the digest of what ETC reads from the
-    same file (`run_digest`)."""
+def make_runs(directory: Path = DIRECTORY, names=None) -> None:
+    """llama.cpp's logits of every position of RUNS' sequences (those of
+    `names`, else all), in gguf-<arch>-llama-cpp.npz with the digest of what
+    ETC reads from the same file (`run_digest`)."""
     import llama_cpp as bindings
     from tokenizers import Tokenizer
 
@@ -259,6 +273,8 @@ def make_runs(directory: Path = DIRECTORY) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         for arch, (config, seed, sequence) in RUNS.items():
+            if names and arch not in names:
+                continue
             source = write_checkpoint(scratch / arch, config, seed=seed, sharp=True,
                                       tokenizer=True)
             path = run_file(arch, scratch, Tokenizer.from_file(str(source / "tokenizer.json")))
@@ -384,14 +400,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-cpp", type=Path,
                         help="a llama.cpp source tree (its convert_hf_to_gguf.py is run)")
-    parser.add_argument("--runs", action="store_true",
-                        help="only RUNS' files (llama-cpp-python, no source tree needed)")
+    parser.add_argument("--runs", nargs="*", metavar="ARCH",
+                        help="only RUNS' files, of these architectures or all "
+                             "(llama-cpp-python, no source tree needed)")
     parser.add_argument("--mxfp4", action="store_true",
                         help="only MXFP4_MOE's files (llama-cpp-python, no source tree needed)")
     parser.add_argument("--directory", type=Path, default=DIRECTORY)
     args = parser.parse_args(argv)
-    if args.runs:
-        make_runs(args.directory)
+    if args.runs is not None:
+        make_runs(args.directory, args.runs)
         return 0
     if args.mxfp4:
         make_mxfp4(args.directory)

@@ -1,6 +1,7 @@
 """Goldens from Hugging Face transformers for the model families of
 test_families.py (Qwen2, Mistral, Gemma 3, Gemma 2, Phi-3): what `AutoModelForCausalLM`
-computes for their tiny checkpoints (and `Gemma3ForConditionalGeneration`,
+computes for their tiny checkpoints (Granite and Granite MoE too; and
+`Gemma3ForConditionalGeneration`,
 `Mistral3ForConditionalGeneration` for Gemma 3's and Mistral's inside a
 multimodal checkpoint, on text-only input: `MULTIMODAL`), kept in test/python/goldens/ so that
 the tests compare ETC with an outside implementation where torch is not
@@ -69,10 +70,15 @@ FAMILIES = {
     # Phi-3: q/k/v and gate/up fused (split at load), a window of 5 on
     # every layer.
     "phi3": tiny_config("Phi3ForCausalLM"),
+    # Granite 3.x: Llama's layers, tied embeddings, the four multipliers far
+    # from 1 (`etc.models.testing.GRANITE_MULTIPLIERS`); Granite MoE with 4
+    # fused experts (2 per token) in every layer.
+    "granite": tiny_config("GraniteForCausalLM"),
+    "granite_moe": tiny_config("GraniteMoeForCausalLM"),
 }
 #: The seed of each family's random weights.
 SEEDS = {"qwen2": 11, "qwen2_window": 12, "mistral": 13, "gemma3": 14, "gemma2": 16,
-         "phi3": 17}
+         "phi3": 17, "granite": 19, "granite_moe": 20}
 #: Multimodal checkpoints whose text model ETC runs: the family's causal LM
 #: inside `Gemma3ForConditionalGeneration` or
 #: `Mistral3ForConditionalGeneration` (`write_checkpoint(...,
@@ -85,12 +91,19 @@ MULTIMODAL = {"gemma3_mm": ("gemma3", 15, {"transformers4": "transformers4",
               "mistral3_mm": ("mistral", 18, {"transformers4": "transformers4"})}
 
 
+#: The dtypes of transformers 4's config style where not all of DTYPES (the
+#: suite's time): Granite's and Granite MoE's in float32 and bfloat16 (f16
+#: adds nothing their multipliers would not show in bf16).
+V4_DTYPES = {"granite": ("f32", "bf16"), "granite_moe": ("f32", "bf16")}
+
+
 def cases() -> dict[str, dict]:
     """Every golden case by file name: both config styles in float32, and
-    transformers 4's in float16 and bfloat16."""
+    transformers 4's in float16 and bfloat16 (`V4_DTYPES`)."""
     out = {}
     for name, config in FAMILIES.items():
-        for style, dtypes in (("transformers4", DTYPES), ("transformers5", ("f32",))):
+        for style, dtypes in (("transformers4", V4_DTYPES.get(name, DTYPES)),
+                              ("transformers5", ("f32",))):
             raw = as_transformers5(config) if style == "transformers5" else config
             for dtype in dtypes:
                 out[f"{name}-{style}-{dtype}"] = dict(config=raw, seed=SEEDS[name],

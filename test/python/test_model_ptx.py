@@ -1,5 +1,5 @@
-"""Step graphs at real widths (2 layers of Llama-3.2-1B, Qwen3-0.6B and
-Qwen3-30B-A3B, paged or contiguous KV cache) compiled for sm_80 and sm_90a
+"""Step graphs at real widths (2 layers of Llama-3.2-1B, Qwen3-0.6B,
+Qwen3-30B-A3B, Granite 3.3 8B, ..., paged or contiguous KV cache) compiled for sm_80 and sm_90a
 on the schedule "auto" picks (dynamic: the caches are addressed through
 runtime data) and on the static one, bf16 and f32: ptxas assembles them
 with no spills; every function is in the module (libdevice linked: the one
@@ -116,8 +116,10 @@ def _called_by_worker(ptx: str, name: str) -> set:
 #: of the same shapes assembled clean: `AttentionChunkWarps.MAX_HEADS`).
 GRAPHS = ([(name, 16, chip, "auto", "bf16") for name in SHAPES for chip in ("sm_80", "sm_90a")
            # Mixtral's tiles are Qwen3-30B-A3B's kinds (its experts 19x as
-           # wide): sm_90a only, 10 s each.
-           if (name, chip) != ("mixtral-8x7b", "sm_80")] +
+           # wide), Granite 3.3 8B's Llama's with its multipliers' scale
+           # tasks (Gemma's kind) and unfused residual adds: sm_90a only,
+           # 10 s each.
+           if (name, chip) not in (("mixtral-8x7b", "sm_80"), ("granite-3.3-8b", "sm_80"))] +
           [("llama-3.2-1b-plain", 16, "sm_90a", "auto", "bf16"),
            ("qwen3-30b-a3b-plain", 16, "sm_90a", "auto", "bf16")] +
           # Contiguous caches under both schedules, static ones for bf16 (the
@@ -173,11 +175,19 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
     # Packed weights: their GEMV, with the tensor cores from 16 rows in bf16
     # (the values dequantized into the shared tile).
     packed_suffix = "_gemv_mma" if dtype == "bf16" else "_gemv"
+    # An LM head whose rows no GEMV tile width divides (Granite 3.x's 49,159
+    # tokens: `MatmulSkinnyT.applies`), float or packed, takes the generic
+    # tile.
+    head = "embed" if config.tie_word_embeddings else "lm_head"
+    generic = config.vocab_size % 8 != 0
     packed_kinds = {f"matmul_{fmt}{packed_suffix}" for weight, fmt in formats.items()
                     if "experts" not in weight
-                    and (weight != "embed" or config.tie_word_embeddings)}
-    has_unpacked = not mixed or None in chosen.values()
-    assert kinds == ({unpacked} if has_unpacked else set()) | packed_kinds, kinds
+                    and (weight != "embed" or config.tie_word_embeddings)
+                    and not (generic and weight == head)}
+    has_unpacked = not mixed or any(fmt is None for weight, fmt in chosen.items()
+                                    if not (generic and weight == head))
+    assert kinds == ({unpacked} if has_unpacked else set()) | packed_kinds | \
+        ({"matmul"} if generic else set()), kinds
     if mixed and config.num_experts:
         # The MoE tiles read stacks of experts' blocks, (E, N, bytes of K).
         assert re.search(r"tile_moe_up_\d+\(%arg0: memref<\?x\d+xbf16>, "

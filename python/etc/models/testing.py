@@ -78,6 +78,12 @@ SHAPES = {
         max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
         tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8,
         moe_intermediate_size=768, norm_topk_prob=True),
+    "granite-3.3-8b": dict(
+        architecture="GraniteForCausalLM", vocab_size=49159, hidden_size=4096,
+        intermediate_size=12800, num_attention_heads=32, num_key_value_heads=8, head_dim=None,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=10000000.0,
+        tie_word_embeddings=True, embedding_multiplier=12.0, attention_multiplier=0.0078125,
+        residual_multiplier=0.22, logits_scaling=16.0),
     "mixtral-8x7b": dict(
         architecture="MixtralForCausalLM", vocab_size=32000, hidden_size=4096,
         intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=None,
@@ -101,7 +107,16 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "Qwen2ForCausalLM": "qwen2", "Gemma2ForCausalLM": "gemma2",
                 "Phi3ForCausalLM": "phi3",
                 "Gemma3ForCausalLM": "gemma3_text",
-                "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
+                "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
+                "GraniteForCausalLM": "granite", "GraniteMoeForCausalLM": "granitemoe"}
+
+#: The tiny Granite configs' multipliers: far from 1, so that a model that
+#: drops one moves the logits by 0.7 (embedding) to 3 (attention) times
+#: their rms (the tiny weights: `granite_multipliers_matter` in
+#: test_granite.py), outside bf16's tolerance; logits_scaling below 1, so
+#: that multiplying by it instead of dividing is seen too.
+GRANITE_MULTIPLIERS = {"embedding_multiplier": 4.0, "attention_multiplier": 0.6,
+                       "residual_multiplier": 2.2, "logits_scaling": 0.5}
 
 
 def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
@@ -168,6 +183,16 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
         config.update({"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 24,
                        "sliding_window": 5, "attn_logit_softcapping": None,
                        "final_logit_softcapping": None})
+    if architecture in ("GraniteForCausalLM", "GraniteMoeForCausalLM"):
+        # As Granite 3.x's config.json: tied embeddings, the four
+        # multipliers, mlp_bias and attention_dropout fields.
+        config.update({"mlp_bias": False, "attention_dropout": 0.0, **GRANITE_MULTIPLIERS})
+    if architecture == "GraniteMoeForCausalLM":
+        # As granite-3.0-1b-a400m's: the experts' width in
+        # intermediate_size (32: whole Q8_0 blocks), training-only router
+        # fields.
+        config.update({"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+                       "output_router_logits": False, "router_aux_loss_coef": 0.0})
     if architecture == "Gemma2ForCausalLM":
         # Soft-capping that the tiny model's scores and logits reach.
         config.update({"attn_logit_softcapping": 2.0, "final_logit_softcapping": 4.0})
@@ -313,8 +338,9 @@ def tensor_shapes(config: dict) -> dict:
     qk_norm = qwen3 or config["architectures"][0] == "Gemma3ForCausalLM"
     moe = config["architectures"][0] == "Qwen3MoeForCausalLM"
     mixtral = config["architectures"][0] == "MixtralForCausalLM"
+    granite_moe = config["architectures"][0] == "GraniteMoeForCausalLM"
     t = {"model.embed_tokens.weight": (vocab, h)}
-    sparse = set(range(config["num_hidden_layers"])) if mixtral else set()
+    sparse = set(range(config["num_hidden_layers"])) if mixtral or granite_moe else set()
     if moe:
         step = config.get("decoder_sparse_step", 1) or 1
         only = config.get("mlp_only_layers") or []
@@ -350,6 +376,12 @@ def tensor_shapes(config: dict) -> dict:
                 t[f"{p}block_sparse_moe.experts.{j}.w1.weight"] = (f, h)
                 t[f"{p}block_sparse_moe.experts.{j}.w2.weight"] = (h, f)
                 t[f"{p}block_sparse_moe.experts.{j}.w3.weight"] = (f, h)
+        elif granite_moe:
+            # The router, and the experts fused: gate rows then up rows.
+            e, f = config["num_local_experts"], config["intermediate_size"]
+            t[p + "block_sparse_moe.router.layer.weight"] = (e, h)
+            t[p + "block_sparse_moe.input_linear.weight"] = (e, 2 * f, h)
+            t[p + "block_sparse_moe.output_linear.weight"] = (e, h, f)
         elif i in sparse:
             e, f = config["num_experts"], config["moe_intermediate_size"]
             t[p + "mlp.gate.weight"] = (e, h)
@@ -396,7 +428,8 @@ def _tensors(config: dict, rng: np.random.Generator, sharp: bool = False) -> dic
             continue
         # Embeddings smaller, the router's logits larger (unless sharp).
         fan_in = {"model.embed_tokens.weight": 16 * h}.get(name, shape[-1])
-        if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")) and not sharp:
+        if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight",
+                          "block_sparse_moe.router.layer.weight")) and not sharp:
             fan_in = h / 8
         if sharp and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
             fan_in /= 4
@@ -549,7 +582,11 @@ _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama
                        "Qwen2ForCausalLM": "qwen2",
                        "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe",
                        "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
-                       "Phi3ForCausalLM": "phi3"}
+                       "Phi3ForCausalLM": "phi3",
+                       "GraniteForCausalLM": "granite", "GraniteMoeForCausalLM": "granitemoe"}
+#: The GGUF architectures whose Q and K rows llama.cpp's converter permutes
+#: (its LlamaModel's, rotated in pairs by llama.cpp's NORM RoPE).
+_PERMUTED = ("llama", "granite", "granitemoe")
 
 
 def gguf_tensor_name(architecture: str, name: str, layers: int) -> str:
@@ -646,10 +683,17 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     for name, array in tensors.items():
         if ".experts." in name:
             continue  # stacked below
-        if architecture == "llama" and name.endswith("self_attn.q_proj.weight"):
+        if architecture in _PERMUTED and name.endswith("self_attn.q_proj.weight"):
             array = permute(array, heads)
-        elif architecture == "llama" and name.endswith("self_attn.k_proj.weight"):
+        elif architecture in _PERMUTED and name.endswith("self_attn.k_proj.weight"):
             array = permute(array, kv_heads)
+        if name.endswith("block_sparse_moe.input_linear.weight"):
+            # Granite MoE: the converter splits the fused experts, gate rows
+            # then up rows.
+            i, f = name.split(".")[2], array.shape[1] // 2
+            out[f"blk.{i}.ffn_gate_exps.weight"] = array[:, :f]
+            out[f"blk.{i}.ffn_up_exps.weight"] = array[:, f:]
+            continue
         out[gguf_tensor_name(architecture, name, layers)] = array
     if gemma:
         # llama.cpp's converter stores Gemma's norms as 1 + w.
@@ -713,6 +757,8 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     if architecture == "qwen3moe":
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
         writer.add_expert_weights_norm(bool(config.get("norm_topk_prob", False)))
+    if architecture in ("granite", "granitemoe"):
+        _add_granite_keys(writer, config)
     if tokenizer is not None:
         _add_tokenizer(writer, tokenizer, pre, eos_token, bos_token, add_bos_token)
     if chat_template is not None:
@@ -739,6 +785,21 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     writer.write_tensors_to_file()
     writer.close()
     return Path(path)
+
+
+def _add_granite_keys(writer, config: dict) -> None:
+    """Granite's keys as llama.cpp's converter writes them: the four
+    multipliers (each only when config.json has it), and Granite MoE's
+    expert counts (its experts of `feed_forward_length`)."""
+    for field, add in (("embedding_multiplier", writer.add_embedding_scale),
+                       ("residual_multiplier", writer.add_residual_scale),
+                       ("logits_scaling", writer.add_logit_scale),
+                       ("attention_multiplier", writer.add_attention_scale)):
+        if config.get(field) is not None:
+            add(config[field])
+    if config["architectures"][0] == "GraniteMoeForCausalLM":
+        writer.add_expert_count(config["num_local_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
 
 
 def _add_value(writer, key: str, value) -> None:

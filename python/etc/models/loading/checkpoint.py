@@ -337,6 +337,8 @@ class Checkpoint:
                              f"layer {i} post-attention norm", None))
             if c.is_sparse(i) and c.architecture == "MixtralForCausalLM":
                 plan += self._mixtral_experts(i)
+            elif c.is_sparse(i) and c.architecture == "GraniteMoeForCausalLM":
+                plan += self._granite_moe_experts(i)
             elif c.is_sparse(i):
                 e, f = c.num_experts, c.moe_intermediate_size
                 plan.append((f"l{i}_router", p + "mlp.gate.weight", (e, h), f"layer {i} router",
@@ -395,6 +397,31 @@ class Checkpoint:
              f"layer {i} {key} experts ({w})", "experts")
             for key, w, shape in (("gate", "w1", (f, h)), ("up", "w3", (f, h)),
                                   ("down", "w2", (h, f)))]
+
+    def _granite_moe_experts(self, i: int) -> list[tuple]:
+        """`_plan`'s entries of Granite MoE's layer `i`, as its checkpoints
+        store them (transformers 4's layout, which transformers 5 saves
+        too): the router `block_sparse_moe.router.layer` (E, h), and the
+        experts fused, `block_sparse_moe.input_linear` (E, 2 f, h: gate rows
+        then up rows, as `chunk(2)` splits them) and
+        `block_sparse_moe.output_linear` (E, h, f); or as transformers 5
+        holds them (saved with `save_original_format=False`): the same
+        tensors named `block_sparse_moe.router.weight`,
+        `block_sparse_moe.experts.gate_up_proj` and `.experts.down_proj`."""
+        c = self.config
+        h, e, f = c.hidden_size, c.num_experts, c.moe_intermediate_size
+        p = f"model.layers.{i}.block_sparse_moe."
+        names = ("router.layer.weight", "input_linear.weight", "output_linear.weight")
+        if p + "experts.gate_up_proj" in self._where or p + "experts.down_proj" in self._where:
+            names = ("router.weight", "experts.gate_up_proj", "experts.down_proj")
+        router, gate_up, down = (p + name for name in names)
+        return [(f"l{i}_router", router, (e, h), f"layer {i} router", "T"),
+                (f"l{i}_experts_gate", gate_up, (e, 2 * f, h),
+                 f"layer {i} fused expert gate/up projections", ("expert_rows", 0, f)),
+                (f"l{i}_experts_up", gate_up, (e, 2 * f, h),
+                 f"layer {i} fused expert gate/up projections", ("expert_rows", f, 2 * f)),
+                (f"l{i}_experts_down", down, (e, h, f),
+                 f"layer {i} expert down projections", None)]
 
     def _stack(self, names: list, shape: tuple, what: str, dtype: str,
                packed_read: Optional[Callable] = None) -> np.ndarray:

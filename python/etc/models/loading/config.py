@@ -1,7 +1,8 @@
 """Hugging Face `config.json` of the supported architectures, checked.
 
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
-Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3; and the text
+Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, Granite,
+Granite MoE; and the text
 model of Gemma 3's and Mistral 3's multimodal configs, `multimodal`), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
@@ -28,10 +29,21 @@ __all__ = ["ARCHITECTURES", "ROPE_TYPES", "ModelConfig", "UnsupportedConfigError
 #: The architectures `etc.models.load` builds.
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                  "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-                 "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM")
+                 "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
+                 "GraniteForCausalLM", "GraniteMoeForCausalLM")
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
+#: IBM Granite 3.x: Llama's layers with four scalar multipliers (`_granite`).
+_GRANITE = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
+#: Architectures refused by name, with why (not merely "not supported").
+_REFUSED = {
+    "GraniteMoeSharedForCausalLM": "Granite MoE with shared experts: every token also runs "
+                                   "a dense shared MLP beside its routed experts, which ETC's "
+                                   "MoE layer does not compute",
+    "GraniteMoeHybridForCausalLM": "Granite 4: hybrid Mamba-2 and attention layers; ETC "
+                                   "implements attention layers only",
+}
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,16 @@ class ModelConfig:
     #: ['sliding_attention']`): its base and variant.
     local_rope_theta: Optional[float] = None
     local_rope_scaling: Optional[dict] = None
+    #: Granite's multipliers (None: none, as 1 but no task): the embeddings
+    #: times `embedding_multiplier` (unrounded, unlike Gemma's
+    #: `embedding_scale`), the attention scale `attention_multiplier` itself
+    #: (instead of 1 / sqrt(head_dim)), each attention and MLP block's
+    #: output times `residual_multiplier` before its residual add, the
+    #: logits divided by `logits_scaling`.
+    embedding_multiplier: Optional[float] = None
+    attention_multiplier: Optional[float] = None
+    residual_multiplier: Optional[float] = None
+    logits_scaling: Optional[float] = None
 
     @property
     def is_moe(self) -> bool:
@@ -139,13 +161,20 @@ class ModelConfig:
         attention factor of its layer type (rotated q and k both carry
         it)."""
         factor = rope.attention_factor(self._rope_of(self.local_rope(layer))[1])
-        return factor ** 2 / math.sqrt(self.query_pre_attn_scalar or self.head_dim)
+        return factor ** 2 * self._base_attention_scale
 
     @property
     def attention_scale(self) -> float:
         """`attention_scale_of` a full-attention layer."""
-        return self.rope_attention_factor ** 2 / math.sqrt(self.query_pre_attn_scalar or
-                                                            self.head_dim)
+        return self.rope_attention_factor ** 2 * self._base_attention_scale
+
+    @property
+    def _base_attention_scale(self) -> float:
+        """1 / sqrt(head_dim), 1 / sqrt(query_pre_attn_scalar) (Gemma) or
+        attention_multiplier (Granite)."""
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
+        return 1 / math.sqrt(self.query_pre_attn_scalar or self.head_dim)
 
     def rope_inv_freq(self, local: bool = False):
         """The RoPE frequencies (head_dim / 2 float32), as Hugging Face
@@ -176,6 +205,10 @@ class ModelConfig:
         if architecture in multimodal.WRAPPERS:
             # The text model alone, as the causal LM it is.
             return cls.from_dict(*multimodal.text_config(config, where))
+        if architecture in _REFUSED:
+            raise UnsupportedConfigError(f"{where}: architecture {architecture!r} is not "
+                                         f"supported ({_REFUSED[architecture]}); supported: "
+                                         f"{_supported()}")
         if architecture not in ARCHITECTURES:
             raise UnsupportedConfigError(f"{where}: architecture {architecture!r} is not "
                                          f"supported; supported: {_supported()}")
@@ -270,10 +303,11 @@ class ModelConfig:
             if config.get("shared_expert_intermediate_size"):
                 raise UnsupportedConfigError(f"{where}: field 'shared_expert_intermediate_size'"
                                              f" is not supported (no shared experts)")
-        elif architecture == "MixtralForCausalLM":
-            moe = _mixtral(config, where, layers, need, flag)
+        elif architecture in ("MixtralForCausalLM", "GraniteMoeForCausalLM"):
+            moe = _mixtral(config, where, layers, need, flag, architecture)
+        granite = _granite(config, where) if architecture in _GRANITE else {}
         dense_layers = not moe or len(moe["sparse_layers"]) < layers
-        if architecture == "MixtralForCausalLM":
+        if architecture in ("MixtralForCausalLM", "GraniteMoeForCausalLM"):
             intermediate = 0  # every layer sparse: the field is the experts' width
         elif dense_layers:
             intermediate = need("intermediate_size")
@@ -302,13 +336,16 @@ class ModelConfig:
             sliding_layers=sliding,
             **moe,
             **gemma,
+            **granite,
         )
 
 
-def _mixtral(config: dict, where: str, layers: int, need, flag) -> dict:
+def _mixtral(config: dict, where: str, layers: int, need, flag,
+            architecture: str = "MixtralForCausalLM") -> dict:
     """Mixtral's MoE fields (`ModelConfig`'s MoE fields), as transformers 4
-    and 5 read them: a sparse block in every layer, `num_local_experts`
-    experts (`num_experts` is transformers' alias of it) of width
+    and 5 read them (Granite MoE's too: the same fields; its router's
+    softmax of the top-k logits gives the same weights): a sparse block in
+    every layer, `num_local_experts` experts (`num_experts` is transformers' alias of it) of width
     `intermediate_size`, `num_experts_per_tok` per token, their softmax
     weights renormalised over the chosen ones (MixtralTopKRouter: softmax
     over every expert, top-k, divided by the sum of the k), which is
@@ -327,7 +364,7 @@ def _mixtral(config: dict, where: str, layers: int, need, flag) -> dict:
                                      f"it); keep one")
     if experts is None:
         raise UnsupportedConfigError(f"{where}: field 'num_local_experts' is missing (required "
-                                     f"for MixtralForCausalLM)")
+                                     f"for {architecture})")
     experts = positive_int(where, "num_local_experts", experts)
     per_token = need("num_experts_per_tok")
     if per_token > experts:
@@ -348,6 +385,26 @@ def _mixtral(config: dict, where: str, layers: int, need, flag) -> dict:
     return {"num_experts": experts, "num_experts_per_tok": per_token,
             "moe_intermediate_size": need("intermediate_size"), "norm_topk_prob": True,
             "sparse_layers": tuple(range(layers))}
+
+
+#: Granite's multiplier fields and their transformers defaults.
+_GRANITE_MULTIPLIERS = ("embedding_multiplier", "attention_multiplier", "residual_multiplier",
+                        "logits_scaling")
+
+
+def _granite(config: dict, where: str) -> dict:
+    """Granite's four multipliers (`ModelConfig`'s Granite fields), as
+    transformers 4 and 5 read them (default 1.0 each when absent or null),
+    each a finite positive number; the attention multiplier is the
+    attention scale itself, so its default 1.0 is kept, not taken for
+    1 / sqrt(head_dim). A multiplier of 1 (other than the attention's) is
+    None: no task."""
+    out = {}
+    for name in _GRANITE_MULTIPLIERS:
+        value = config.get(name)
+        value = 1.0 if value is None else positive_number(where, name, value)
+        out[name] = value if value != 1.0 or name == "attention_multiplier" else None
+    return out
 
 
 #: The architectures with sliding-window attention, and how their configs

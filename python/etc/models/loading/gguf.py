@@ -38,7 +38,11 @@ __all__ = ["GGUFCheckpoint", "GGUFError", "ARCHITECTURES", "TENSOR_TYPES", "PRE_
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
+                 "granitemoe": "GraniteMoeForCausalLM"}
+#: The architectures whose Q and K rows llama.cpp's converter permutes
+#: (LlamaModel's conversion; llama.cpp rotates them in pairs).
+_PERMUTED = ("llama", "granite", "granitemoe")
 #: Gemma's layer pattern as llama.cpp fixes it (every n-th layer full),
 #: and its layer count of the 27B models, whose attention scale llama.cpp
 #: takes from hidden / heads instead of the head size.
@@ -195,6 +199,8 @@ class GGUFCheckpoint:
             config["attention_bias"] = True
         if a == "llama" and self._key("expert_count"):
             config.update(self._mixtral_config(config))
+        if a in ("granite", "granitemoe"):
+            config.update(self._granite_config(config))
         if a == "qwen3moe":
             layers = config["num_hidden_layers"] or 0
             config.update({
@@ -234,6 +240,38 @@ class GGUFCheckpoint:
         return {"architectures": ["MixtralForCausalLM"],
                 "num_local_experts": self._key("expert_count"),
                 "num_experts_per_tok": self._key("expert_used_count")}
+
+    def _granite_config(self, config: dict) -> dict:
+        """Granite's multipliers as llama.cpp reads them (`embedding_scale`,
+        `attention.scale`, `residual_scale`, `logit_scale`; absent or 0:
+        llama.cpp's defaults, 1 and 1 / sqrt(head size) for the attention),
+        and Granite MoE's experts (`expert_count`, `expert_used_count`, each
+        of `feed_forward_length`, softmax weights renormalised over the
+        chosen ones); shared experts (GraniteMoeShared, which llama.cpp
+        writes as granitemoe with `ffn_*_shexp` tensors) are refused."""
+        a = self.architecture
+        out = {}
+        for field, key in (("embedding_multiplier", "embedding_scale"),
+                           ("residual_multiplier", "residual_scale"),
+                           ("logits_scaling", "logit_scale"),
+                           ("attention_multiplier", "attention.scale")):
+            value = self._key(key)
+            if value:  # llama.cpp reads 0 as "not set"
+                out[field] = _decimal(value)
+        if "attention_multiplier" not in out:
+            heads, hidden = config["num_attention_heads"], config["hidden_size"]
+            head_dim = self._key("attention.key_length") or (hidden // heads if heads else 1)
+            out["attention_multiplier"] = 1 / float(np.sqrt(head_dim))
+        if a == "granitemoe":
+            shared = self._key("expert_shared_feed_forward_length")
+            if shared or "blk.0.ffn_up_shexp.weight" in self._tensors:
+                raise UnsupportedConfigError(
+                    f"{self.path}: GGUF granitemoe with shared experts "
+                    f"({a}.expert_shared_feed_forward_length = {shared}; GraniteMoeShared) is "
+                    f"not supported: every token would also run a dense shared MLP")
+            out.update({"num_local_experts": self._key("expert_count"),
+                        "num_experts_per_tok": self._key("expert_used_count")})
+        return out
 
     def _gemma_config(self, config: dict) -> dict:
         """Gemma 2's and 3's fields as llama.cpp reads them: the window
@@ -373,7 +411,7 @@ class GGUFCheckpoint:
         h, d = c.hidden_size, c.head_dim
         plan: list[tuple] = [("embed", "token_embd.weight", (c.vocab_size, h),
                               "token embeddings", None)]
-        unpermute = self.architecture == "llama"
+        unpermute = self.architecture in _PERMUTED
         fused = self.architecture == "phi3"
         for i in range(c.num_layers):
             b = f"blk.{i}."

@@ -107,11 +107,22 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     def norm(x, w):
         return g.rmsnorm(x, w, eps, offset=offset)
 
+    def residual_add(x, block):
+        """x + block, the block's output times Granite's residual multiplier
+        first (rounded to the dtype, as transformers rounds it)."""
+        if c.residual_multiplier is not None:
+            block = g.scale(block, c.residual_multiplier)
+        return g.add(x, block)
+
     def residual_matmul(a, w, x, post_norm=None):
         """x + a Wᵀ: on one rank the residual is added in the matmul's tiles
         (no add task, no synchronisation of its own); on several, after
         the all-reduce of the ranks' partial products. With `post_norm`
-        (Gemma), x + norm(a Wᵀ)."""
+        (Gemma), x + norm(a Wᵀ); with Granite's residual multiplier m,
+        x + m (a Wᵀ)."""
+        if c.residual_multiplier is not None:
+            block = reduced(g.matmul(a, w, transpose_b=True))
+            return residual_add(x, block if post_norm is None else norm(block, post_norm))
         if post_norm is not None:
             return g.add(x, norm(reduced(g.matmul(a, w, transpose_b=True)), post_norm))
         if ranks > 1:
@@ -153,6 +164,10 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         # Gemma: sqrt(hidden) in the compute dtype, as transformers casts
         # it before multiplying.
         x = g.scale(x, round_to_dtype(c.embedding_scale, dtype))
+    if c.embedding_multiplier is not None:
+        # Granite: a Python float multiplies the embeddings (transformers
+        # computes the product in float32 and rounds it once).
+        x = g.scale(x, c.embedding_multiplier)
     previous_attention = None
     for i in range(c.num_layers):
         # Attention block, over the caches of the layer's table.
@@ -190,12 +205,12 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             # Experts, float or packed, stay in the checkpoint's layout,
             # each a Linear's (out, in): stacks (E, F, H) and (E, H, F).
             e, f = c.num_experts, c.moe_intermediate_size
-            x = g.add(x, reduced(g.moe(normed, weight(f"l{i}_router", (h, e)),
-                                       weight(f"l{i}_experts_gate", (e, f, h)),
-                                       weight(f"l{i}_experts_down", (e, h, f)),
-                                       c.num_experts_per_tok,
-                                       w_up=weight(f"l{i}_experts_up", (e, f, h)),
-                                       normalize=c.norm_topk_prob, transpose_w=True)))
+            x = residual_add(x, reduced(g.moe(normed, weight(f"l{i}_router", (h, e)),
+                                              weight(f"l{i}_experts_gate", (e, f, h)),
+                                              weight(f"l{i}_experts_down", (e, h, f)),
+                                              c.num_experts_per_tok,
+                                              w_up=weight(f"l{i}_experts_up", (e, f, h)),
+                                              normalize=c.norm_topk_prob, transpose_w=True)))
         else:
             f = c.intermediate_size
             gate = g.matmul(normed, weight(f"l{i}_w_gate", (f, h)), transpose_b=True)
@@ -213,8 +228,14 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     last = g.embedding(x, rows)
     normed = norm(last, weight("final_norm", (h,)))
     head = embed if c.tie_word_embeddings else weight("lm_head", (c.vocab_size, h))
-    cap = c.final_logit_softcapping
-    logits = g.matmul(normed, head, transpose_b=True, name=None if cap else "logits")
+    cap, divisor = c.final_logit_softcapping, c.logits_scaling
+    last_step = "softcap" if cap else "divide" if divisor else "matmul"
+    logits = g.matmul(normed, head, transpose_b=True,
+                      name="logits" if last_step == "matmul" else None)
+    if divisor:
+        # Granite: logits / logits_scaling, before sampling, penalties and
+        # log-probabilities (they all read `logits`).
+        logits = g.scale(logits, 1.0 / divisor, name="logits" if last_step == "divide" else None)
     if cap:
         logits = g.softcap(logits, cap, name="logits")
     # A chosen token's position (the counter of its random number) is its

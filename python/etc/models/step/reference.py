@@ -62,6 +62,10 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
     x = weights["embed"][tokens].astype(np.float32)
     if c.embedding_scale is not None:
         x = x * np.float32(c.embedding_scale)
+    if c.embedding_multiplier is not None:
+        x = x * np.float32(c.embedding_multiplier)
+    # Granite: each block's output times the residual multiplier.
+    residual = np.float32(c.residual_multiplier or 1.0)
     eps, offset = c.rms_norm_eps, c.norm_offset
 
     def rotation(local: bool):
@@ -103,14 +107,16 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         k = np.repeat(k, group, axis=1)  # repeat_kv
         v = np.repeat(v, group, axis=1)
         mask = windowed if c.is_sliding(i) else causal
-        scale = np.float32(1 / np.sqrt(c.query_pre_attn_scalar or d))
+        scale = np.float32(c.attention_multiplier if c.attention_multiplier is not None else
+                           1 / np.sqrt(c.query_pre_attn_scalar or d))
         scores = _softcap(np.einsum("qhd,khd->hqk", q, k) * scale,
                           c.attn_logit_softcapping) + mask
         scores = np.exp(scores - scores.max(-1, keepdims=True))
         probs = scores / scores.sum(-1, keepdims=True)
         attended = np.einsum("hqk,khd->qhd", probs, v).reshape(n, c.num_heads * d)
         out = attended @ w("wo").T
-        x = x + (_rmsnorm(out, w("post_attn_norm"), eps, offset) if c.sandwich_norms else out)
+        x = x + (_rmsnorm(out, w("post_attn_norm"), eps, offset) if c.sandwich_norms else
+                 out) * residual
         h = _rmsnorm(x, w("mlp_norm"), eps, offset)
         if c.is_sparse(i):
             logits = h @ w("router")  # stored (H, E)
@@ -129,7 +135,11 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         else:
             act = _gelu_tanh if c.hidden_act == "gelu_pytorch_tanh" else _silu
             mlp = (act(h @ w("w_gate").T) * (h @ w("w_up").T)) @ w("w_down").T
-        x = x + (_rmsnorm(mlp, w("post_mlp_norm"), eps, offset) if c.sandwich_norms else mlp)
+        x = x + (_rmsnorm(mlp, w("post_mlp_norm"), eps, offset) if c.sandwich_norms else
+                 mlp) * residual
     x = _rmsnorm(x, weights["final_norm"], eps, offset)
     head = weights["embed"] if c.tie_word_embeddings else weights["lm_head"]
-    return _softcap(x @ head.T, c.final_logit_softcapping).astype(np.float32)
+    logits = x @ head.T
+    if c.logits_scaling is not None:
+        logits = logits / np.float32(c.logits_scaling)  # Granite
+    return _softcap(logits, c.final_logit_softcapping).astype(np.float32)
