@@ -306,3 +306,35 @@ def test_the_combine_task_reads_the_sinks(etc_opt):
     assert sinks in combine and sinks not in chunk
     once = etc_opt(text)
     assert etc_opt(once) == once
+
+
+# ----------------------------------------------------------------------
+# The model reference (`etc.models.step.reference.forward`, weights
+# `l{i}_sinks`)
+# ----------------------------------------------------------------------
+
+
+def test_the_model_reference_takes_each_layers_sinks(tmp_path):
+    """Inert sinks leave the logits as they are; dominating ones silence
+    the attention (the logits of the model with its output projections
+    zeroed); sinks between differ from both."""
+    from etc.models.loading.checkpoint import Checkpoint
+    from etc.models.step import reference
+    from etc.models.testing import tiny_config, write_checkpoint
+
+    checkpoint = Checkpoint(write_checkpoint(tmp_path / "llama", tiny_config("LlamaForCausalLM")))
+    c, weights = checkpoint.config, checkpoint.weights()
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6]
+    plain = reference.forward(c, weights, tokens)
+
+    def with_sinks(value, **changed):
+        sinks = {f"l{i}_sinks": np.full(c.num_heads, value, np.float32)
+                 for i in range(c.num_layers)}
+        return reference.forward(c, {**weights, **sinks, **changed}, tokens)
+
+    np.testing.assert_allclose(with_sinks(-100.0), plain, rtol=1e-6, atol=1e-6)
+    silent = reference.forward(c, {**weights, **{f"l{i}_wo": np.zeros_like(weights[f"l{i}_wo"])
+                                                 for i in range(c.num_layers)}}, tokens)
+    np.testing.assert_allclose(with_sinks(100.0), silent, rtol=1e-5, atol=1e-5)
+    between = with_sinks(0.0)
+    assert np.abs(between - plain).max() > 1e-3 and np.abs(between - silent).max() > 1e-3
