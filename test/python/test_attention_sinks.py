@@ -262,6 +262,17 @@ def test_gpu_kernels_with_simulated_lanes(head_dim, dtype, heads, kv_heads, page
          tol=2e-2 if dtype == "bf16" else 1e-5, seed=head_dim)
 
 
+@pytest.mark.parametrize("lanes", [256, 96])
+def test_gpu_kernels_at_other_lane_counts(lanes):
+    """Two warpgroups, and 3 warps (test_cuda_sim_lanes): the combine's
+    lanes along head_dim each take their own head's sink."""
+    g = _graph(heads=6, kv_heads=2, head_dim=16)
+    kernel = etc.compile(g, target="cpu", kernels="cuda", lanes=lanes, schedule="dynamic",
+                         workers=2)
+    assert "attention_combine_lanes" in kernel.ir("graph")
+    _run(g, kernel, STEPS, _sinks(6, "mixed"), heads=6, seed=lanes)
+
+
 @needs_ptxas
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
 def test_ptx_assembles(chip, tmp_path):
