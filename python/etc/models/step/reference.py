@@ -111,8 +111,17 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
                            1 / np.sqrt(c.query_pre_attn_scalar or d))
         scores = _softcap(np.einsum("qhd,khd->hqk", q, k) * scale,
                           c.attn_logit_softcapping) + mask
-        scores = np.exp(scores - scores.max(-1, keepdims=True))
-        probs = scores / scores.sum(-1, keepdims=True)
+        sinks = weights.get(f"l{i}_sinks")
+        if sinks is None:
+            scores = np.exp(scores - scores.max(-1, keepdims=True))
+            probs = scores / scores.sum(-1, keepdims=True)
+        else:
+            # gpt-oss: one more logit per head, sinks[h], of value zero.
+            sinks = np.broadcast_to(np.asarray(sinks, np.float32)[:, None, None],
+                                    (*scores.shape[:2], 1))
+            both = np.concatenate([scores, sinks], axis=-1)
+            both = np.exp(both - both.max(-1, keepdims=True))
+            probs = (both / both.sum(-1, keepdims=True))[..., :-1]
         attended = np.einsum("hqk,khd->qhd", probs, v).reshape(n, c.num_heads * d)
         out = attended @ w("wo").T
         x = x + (_rmsnorm(out, w("post_attn_norm"), eps, offset) if c.sandwich_norms else
