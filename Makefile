@@ -104,15 +104,23 @@ gpu-kit: install
 	$(RUN) $(PY) kit/build.py --out build/gpu-kit
 
 # The outside oracles' test data in test/python/goldens/ (docs/models.md,
-# "Tests"): transformers' logits and greedy tokens (test/python/hf_goldens.py)
-# and, with LLAMA_CPP=<a llama.cpp source tree>, GGUF files written by its
-# converter and quantized by llama.cpp (test/python/gguf_goldens.py). Needs a
-# Python with torch and transformers (and llama-cpp-python for the GGUF
-# files): GOLDENS_PYTHON=/path/to/bin/python; the project is read from here.
+# "Tests"): transformers' logits and greedy tokens (test/python/hf_goldens.py,
+# the other families' hf_goldens_families.py)
+# and, with llama-cpp-python in that Python, llama.cpp's logits of GGUF files
+# ETC writes and its MXFP4_MOE quantization of one (test/python/gguf_goldens.py
+# --runs, --mxfp4); with LLAMA_CPP=<a llama.cpp source tree>, also GGUF files
+# written by its converter and quantized by llama.cpp. Needs a Python with
+# torch and transformers: GOLDENS_PYTHON=/path/to/bin/python; the project is
+# read from here.
 GOLDENS_PYTHON ?= $(PY)
 LLAMA_CPP ?=
+GOLDENS_RUN = PYTHONPATH="$(CURDIR)/python:$(CURDIR)/test/python" $(GOLDENS_PYTHON)
 .PHONY: goldens
 goldens:
-	PYTHONPATH="$(CURDIR)/python:$(CURDIR)/test/python" $(GOLDENS_PYTHON) test/python/hf_goldens.py
-	$(if $(LLAMA_CPP),PYTHONPATH="$(CURDIR)/python:$(CURDIR)/test/python" $(GOLDENS_PYTHON) \
-	  test/python/gguf_goldens.py --llama-cpp $(LLAMA_CPP))
+	$(GOLDENS_RUN) test/python/hf_goldens.py
+	$(GOLDENS_RUN) test/python/hf_goldens_families.py
+	if $(GOLDENS_PYTHON) -c "import llama_cpp" 2>/dev/null; then \
+	  $(GOLDENS_RUN) test/python/gguf_goldens.py --runs && \
+	  $(GOLDENS_RUN) test/python/gguf_goldens.py --mxfp4; \
+	else echo "goldens: no llama_cpp in $(GOLDENS_PYTHON): the llama.cpp runs are left as they are"; fi
+	$(if $(LLAMA_CPP),$(GOLDENS_RUN) test/python/gguf_goldens.py --llama-cpp $(LLAMA_CPP))
