@@ -155,10 +155,12 @@ def _kernels(kernel) -> set:
     return set(re.findall(r"_tile_(moe_\w+?)_\d+\(", kernel.ir("graph")))
 
 
-@pytest.mark.parametrize("schedule", ["static", "dynamic"])
-def test_cpu_tiles(schedule):
+@pytest.mark.parametrize("schedule, opt", [("static", "0"), ("dynamic", "2")])
+def test_cpu_tiles(schedule, opt, monkeypatch):
     """The CPU's vector tiles (f32 streamed and transposed, bf16 on
-    vdpbf16ps) and packed tiles (q8_0, mxfp4) with every bias and the clamp."""
+    vdpbf16ps) and packed tiles (q8_0, mxfp4) with every bias and the
+    clamp, compiled at -O0 and -O2."""
+    monkeypatch.setenv("ETC_CPU_OPT_LEVEL", opt)
     names = list(LAYERS)
     g = _graph(names)
     kernel = etc.compile(g, target="cpu", schedule=schedule, workers=2)
