@@ -101,7 +101,8 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "Qwen2ForCausalLM": "qwen2", "Gemma2ForCausalLM": "gemma2",
                 "Phi3ForCausalLM": "phi3",
                 "Gemma3ForCausalLM": "gemma3_text",
-                "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
+                "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
+                "SmolLM3ForCausalLM": "smollm3"}
 
 
 def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
@@ -160,6 +161,16 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
                        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0,
                        # transformers' default (32000) is outside the vocabulary.
                        "pad_token_id": 0})
+    if architecture == "SmolLM3ForCausalLM":
+        # As SmolLM3-3B's config.json: no RoPE on every 4th layer, written
+        # out, no window.
+        config.update({"no_rope_layer_interval": 4,
+                       "no_rope_layers": [int((i + 1) % 4 != 0)
+                                          for i in range(overrides.get("num_hidden_layers", 2))],
+                       "use_sliding_window": False, "sliding_window": None, "mlp_bias": False,
+                       "rope_theta": 5000000.0,
+                       # transformers' default (128004) is outside the vocabulary.
+                       "pad_token_id": 0})
     if architecture in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
         # As Gemma's config.json (hidden_activation, not hidden_act), with a
         # query_pre_attn_scalar that is not head_dim and a window of 5 on
@@ -191,6 +202,8 @@ def as_transformers5(config: dict) -> dict:
     rope = dict(config.pop("rope_scaling", None) or {})
     rope.setdefault("rope_type", rope.pop("type", "default"))
     rope["rope_theta"] = config.pop("rope_theta", 10000.0)
+    if "partial_rotary_factor" in config:
+        rope["partial_rotary_factor"] = config.pop("partial_rotary_factor")
     config["rope_parameters"] = rope
     layers = config["num_hidden_layers"]
     architecture = config["architectures"][0]
