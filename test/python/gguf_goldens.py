@@ -215,9 +215,24 @@ def make(llama_cpp: Path, directory: Path = DIRECTORY) -> None:
 
 #: Architectures whose GGUF file is `write_gguf`'s (the converter's layout
 #: through the `gguf` package), float32, run by llama.cpp: Mixtral, which
-#: llama.cpp's converter writes as llama with experts. The case: config,
-#: seed of the sharp weights, the token sequence.
+#: llama.cpp's converter writes as llama with experts; Phi-4-mini's shape
+#: (phi3 with rope.dimension_count 6 of head size 8, LongRoPE factor
+#: tensors: llama.cpp's n_ctx of 32 is past the original context of 16, so
+#: it computes with the long factors); SmolLM3 (smollm3, 4 layers: layer 3
+#: without RoPE, llama.cpp's fixed rule). The case: config, seed of the
+#: sharp weights, the token sequence.
 RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
+                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        "phi4_mini": (tiny_config("Phi3ForCausalLM", vocab_size=320, intermediate_size=64,
+                                  head_dim=8, partial_rotary_factor=0.75, sliding_window=None,
+                                  tie_word_embeddings=True, max_position_embeddings=128,
+                                  original_max_position_embeddings=16,
+                                  rope_scaling={"type": "longrope",
+                                                "short_factor": [1.0, 1.25, 2.0],
+                                                "long_factor": [1.5, 3.0, 8.0]}), 22,
+                      [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        "smollm3": (tiny_config("SmolLM3ForCausalLM", vocab_size=320, intermediate_size=64,
+                                num_hidden_layers=4), 23,
                     [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
 
 
@@ -244,10 +259,10 @@ def run_file(arch: str, directory: Path, tokenizer=None) -> Path:
                       pre="gpt-2", eos_token="<|im_end|>" if tokenizer else None)
 
 
-def make_runs(directory: Path = DIRECTORY) -> None:
-    """llama.cpp's logits of every position of RUNS' sequences, in
-    gguf-<arch>-llama-cpp.npz with the digest of what ETC reads from the
-    same file (`run_digest`)."""
+def make_runs(directory: Path = DIRECTORY, names=None) -> None:
+    """llama.cpp's logits of every position of RUNS' sequences (those of
+    `names`, else all), in gguf-<arch>-llama-cpp.npz with the digest of what
+    ETC reads from the same file (`run_digest`)."""
     import llama_cpp as bindings
     from tokenizers import Tokenizer
 
@@ -256,6 +271,8 @@ def make_runs(directory: Path = DIRECTORY) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         for arch, (config, seed, sequence) in RUNS.items():
+            if names and arch not in names:
+                continue
             source = write_checkpoint(scratch / arch, config, seed=seed, sharp=True,
                                       tokenizer=True)
             path = run_file(arch, scratch, Tokenizer.from_file(str(source / "tokenizer.json")))
@@ -307,12 +324,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-cpp", type=Path,
                         help="a llama.cpp source tree (its convert_hf_to_gguf.py is run)")
-    parser.add_argument("--runs", action="store_true",
-                        help="only RUNS' files (llama-cpp-python, no source tree needed)")
+    parser.add_argument("--runs", nargs="*", metavar="ARCH",
+                        help="only RUNS' files, of these architectures or all "
+                             "(llama-cpp-python, no source tree needed)")
     parser.add_argument("--directory", type=Path, default=DIRECTORY)
     args = parser.parse_args(argv)
-    if args.runs:
-        make_runs(args.directory)
+    if args.runs is not None:
+        make_runs(args.directory, args.runs)
         return 0
     if args.llama_cpp is None:
         parser.error("--llama-cpp is required (or --runs)")

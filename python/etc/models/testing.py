@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -562,7 +563,11 @@ _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama
                        "Qwen2ForCausalLM": "qwen2",
                        "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe",
                        "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
-                       "Phi3ForCausalLM": "phi3"}
+                       "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3"}
+
+
+#: The GGUF architectures whose Q and K rows llama.cpp's converter permutes.
+_PERMUTED = ("llama", "smollm3")
 
 
 def gguf_tensor_name(architecture: str, name: str, layers: int) -> str:
@@ -656,9 +661,9 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     for name, array in tensors.items():
         if ".experts." in name:
             continue  # stacked below
-        if architecture == "llama" and name.endswith("self_attn.q_proj.weight"):
+        if architecture in _PERMUTED and name.endswith("self_attn.q_proj.weight"):
             array = permute(array, heads)
-        elif architecture == "llama" and name.endswith("self_attn.k_proj.weight"):
+        elif architecture in _PERMUTED and name.endswith("self_attn.k_proj.weight"):
             array = permute(array, kv_heads)
         out[gguf_tensor_name(architecture, name, layers)] = array
     if gemma:
@@ -695,7 +700,10 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    # llama.cpp's converter: Phi-3's rotated dimensions, int(factor x
+    # hidden) // heads.
+    writer.add_rope_dimension_count(int(config.get("partial_rotary_factor", 1.0) * h) // heads
+                                    if architecture == "phi3" else head_dim)
     writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
@@ -708,6 +716,16 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         writer.add_sliding_window(config.get("sliding_window") or 0)
         writer.add_rope_scaling_orig_ctx_len(config.get("original_max_position_embeddings",
                                                         config["max_position_embeddings"]))
+        if scaling.get("rope_type", scaling.get("type")) in ("longrope", "su"):
+            # LongRoPE: both sets of factors as tensors, and the attention
+            # factor transformers derives from the context's scale.
+            original = config.get("original_max_position_embeddings", 4096)
+            scale = config["max_position_embeddings"] / original
+            writer.add_rope_scaling_attn_factors(
+                math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+            for kind in ("long", "short"):
+                out[f"rope_factors_{kind}.weight"] = np.asarray(scaling[f"{kind}_factor"],
+                                                                np.float32)
     if gemma:
         # What llama.cpp's converter writes; it fixes the layer pattern, the
         # sliding layers' RoPE base and the attention scale itself.
