@@ -623,19 +623,25 @@ def _rotary_dim(config: dict, where: str, architecture: str, head_dim: int) -> i
     (in `rope_parameters` or `rope_scaling` as transformers 5 writes it,
     else top-level) of an architecture whose transformers class honours
     it (`_PARTIAL_ROTARY`); a factor < 1 elsewhere is refused."""
-    partial, name = config.get("partial_rotary_factor"), "partial_rotary_factor"
-    for nest in ("rope_parameters", "rope_scaling"):
+    given = [("partial_rotary_factor", config.get("partial_rotary_factor"))]
+    for nest in ("rope_scaling", "rope_parameters"):
         value = config.get(nest)
-        if isinstance(value, dict) and value.get("partial_rotary_factor") is not None:
-            partial, name = value["partial_rotary_factor"], f"{nest}.partial_rotary_factor"
-            break
-    dim = rope.rotary_dim(head_dim, partial, where, name)
-    if dim < head_dim and architecture not in _PARTIAL_ROTARY:
-        raise UnsupportedConfigError(
-            f"{where}: field {name!r} = {partial!r} is not supported for {architecture}: its "
-            f"transformers class rotates whole heads (partial rotary is implemented for "
-            f"{', '.join(_PARTIAL_ROTARY)})")
-    return dim
+        if isinstance(value, dict):
+            given.append((f"{nest}.partial_rotary_factor", value.get("partial_rotary_factor")))
+            # transformers 5's RoPE per layer type (Gemma 3).
+            given += [(f"{nest}[{kind!r}].partial_rotary_factor",
+                       params.get("partial_rotary_factor"))
+                      for kind, params in value.items() if isinstance(params, dict)]
+    given = [(name, partial) for name, partial in given if partial is not None]
+    dims = {name: rope.rotary_dim(head_dim, partial, where, name) for name, partial in given}
+    for name, partial in given:
+        if dims[name] < head_dim and architecture not in _PARTIAL_ROTARY:
+            raise UnsupportedConfigError(
+                f"{where}: field {name!r} = {partial!r} is not supported for {architecture}: "
+                f"its transformers class rotates whole heads (partial rotary is implemented "
+                f"for {', '.join(_PARTIAL_ROTARY)})")
+    # A nested factor wins (transformers: setdefault from the flat one).
+    return dims[given[-1][0]] if given else head_dim
 
 
 def _nope_layers(config: dict, where: str, layers: int) -> tuple:

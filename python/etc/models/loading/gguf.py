@@ -18,6 +18,7 @@ llama.cpp's row permutation of Llama's Q and K projections undone),
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from ... import bfloat16, packed
 from ...runtime import aligned
-from . import partial_rotary
+from . import partial_rotary, rope
 from .checkpoint import MissingTensorError
 from .config import ModelConfig, UnsupportedConfigError
 from .gguf_file import MAGIC, GGUFError, GGUFFile
@@ -252,8 +253,13 @@ class GGUFCheckpoint:
         out = {"rope_type": "longrope", "long_factor": factors["long"],
                "short_factor": factors["short"], "original_max_position_embeddings": original}
         attention = self._key("rope.scaling.attn_factor")
-        if attention is not None:
-            out["attention_factor"] = _decimal(attention)
+        context = self._key("context_length")
+        if attention is not None and context:
+            # The converter writes transformers' default (from the context's
+            # scale); kept only where the file says otherwise.
+            derived = rope.attention_factor({**out, "factor": context / original})
+            if not math.isclose(attention, derived, rel_tol=1e-6):
+                out["attention_factor"] = _decimal(attention)
         return out
 
     def _mixtral_config(self, config: dict) -> dict:
