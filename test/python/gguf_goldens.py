@@ -239,9 +239,16 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
 def run_digest(config, weights: dict) -> str:
     """SHA-256 of the ModelConfig and graph weights ETC reads from a file:
     what the logits depend on."""
+    import dataclasses
     import hashlib
 
-    digest = hashlib.sha256(repr(config).encode())
+    # The fields that differ from their defaults: a field added to
+    # ModelConfig (with a default) leaves the digests of older files.
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+              or getattr(config, f.name) != (f.default if f.default is not dataclasses.MISSING
+                                             else f.default_factory())}
+    digest = hashlib.sha256(repr(fields).encode())
     for key in sorted(weights):
         digest.update(key.encode())
         digest.update(np.ascontiguousarray(weights[key]).tobytes())

@@ -291,3 +291,26 @@ def test_gguf_files_run_by_llama_cpp(arch, tmp_path):
         assert c.nope_layers == (3,)
         assert error(c) < 0.05
         assert error(dataclasses.replace(c, nope_layers=())) > 0.5
+
+
+def test_real_widths_read():
+    """Phi-4-mini's and SmolLM3-3B's shapes (`SHAPES`) at their 32 and 36
+    layers: 96 of 128 dimensions rotated, LongRoPE of 48 factors per set
+    (short up to a context of 4096, long past it), attention factor
+    sqrt(1 + ln 32 / ln 4096) on q's rotated rows, so one q projection of
+    each layer unpacked; the window of 262144 on every layer; SmolLM3's
+    NoPE layers 3, 7, ..., 35."""
+    from etc.models.testing import shaped_config
+
+    phi = ModelConfig.from_dict(shaped_config("phi-4-mini", layers=32))
+    assert (phi.head_dim, phi.rotary_dim, len(phi.rope_scaling["long_factor"])) == (128, 96, 48)
+    assert phi.rope_attention_factor == pytest.approx(math.sqrt(1 + math.log(32) /
+                                                                math.log(4096)))
+    short, long = (phi.rope_tables(n)["inv_freq"] for n in (4096, 4097))
+    assert short.shape == long.shape == (64,) and not short[48:].any()
+    np.testing.assert_allclose(short[:48] / long[:48], np.arange(1, 49) / (1 + np.arange(48) / 48),
+                               rtol=1e-6)
+    assert len(partial_rotary.unpacked_keys(phi)) == 32
+    assert (phi.sliding_window, len(phi.sliding_layers)) == (262144, 32)
+    smol = ModelConfig.from_dict(shaped_config("smollm3-3b", layers=36))
+    assert smol.nope_layers == tuple(range(3, 36, 4)) and smol.sliding_layers == ()

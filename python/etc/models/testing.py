@@ -62,6 +62,22 @@ SHAPES = {
         max_position_embeddings=4096, original_max_position_embeddings=4096,
         rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=2047, tie_word_embeddings=False,
         head_dim=None),
+    # (Phi-4-mini's LongRoPE factors: 48 per set, as published; the values
+    # here are not the published ones.)
+    "phi-4-mini": dict(
+        architecture="Phi3ForCausalLM", vocab_size=200064, hidden_size=3072,
+        intermediate_size=8192, num_attention_heads=24, num_key_value_heads=8,
+        max_position_embeddings=131072, original_max_position_embeddings=4096,
+        partial_rotary_factor=0.75, rms_norm_eps=1e-5, rope_theta=10000.0,
+        sliding_window=262144, tie_word_embeddings=True, head_dim=None,
+        rope_scaling={"type": "longrope", "short_factor": [1.0 + i / 48 for i in range(48)],
+                      "long_factor": [1.0 + i for i in range(48)]}),
+    "smollm3-3b": dict(
+        architecture="SmolLM3ForCausalLM", vocab_size=128256, hidden_size=2048,
+        intermediate_size=11008, num_attention_heads=16, num_key_value_heads=4, head_dim=None,
+        max_position_embeddings=65536, rms_norm_eps=1e-6, rope_theta=5000000.0,
+        tie_word_embeddings=True, no_rope_layer_interval=4, no_rope_layers=None,
+        use_sliding_window=False, sliding_window=None),
     "qwen2.5-0.5b": dict(
         architecture="Qwen2ForCausalLM", vocab_size=151936, hidden_size=896,
         intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2,
