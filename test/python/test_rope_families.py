@@ -314,3 +314,20 @@ def test_real_widths_read():
     assert (phi.sliding_window, len(phi.sliding_layers)) == (262144, 32)
     smol = ModelConfig.from_dict(shaped_config("smollm3-3b", layers=36))
     assert smol.nope_layers == tuple(range(3, 36, 4)) and smol.sliding_layers == ()
+
+
+def test_fp8_checkpoint_keeps_permuted_rows_packed(tmp_path):
+    """An FP8 (block-scaled) Phi-4-mini checkpoint: each row packs with its
+    own scales (`etc.packed` fp8_e4m3: a float32 scale per 32 values), so
+    k's permuted rows stay packed, equal to the dequantized weight's
+    permuted rows; q's, scaled at load, are dequantized."""
+    from etc import packed
+
+    path = write_checkpoint(tmp_path / "fp8", PHI4, seed=3, fp8_block=(16, 32))
+    checkpoint = Checkpoint(path)
+    formats = checkpoint.weight_formats()
+    assert formats["l0_wk"] == "fp8_e4m3" and "l0_wq" not in formats
+    kept, wide = checkpoint.weights(formats=formats), checkpoint.weights()
+    np.testing.assert_array_equal(packed.dequantize(kept["l1_wk"], "fp8_e4m3").reshape(16, 32),
+                                  wide["l1_wk"])
+    np.testing.assert_array_equal(kept["l1_wq"], wide["l1_wq"])
