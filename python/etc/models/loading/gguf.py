@@ -65,9 +65,17 @@ _LLAMA3_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"
 _QWEN2_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"
                 r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
+# GPT-4o's (Phi-4-mini): words with their case runs and contractions,
+# numbers of up to 3 digits, punctuation runs with their line ends and "/".
+_CONTRACTION = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+_GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" +
+                _CONTRACTION +
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" +
+                _CONTRACTION +
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 PRE_TOKENIZERS = {"default": "gpt2", "gpt-2": "gpt2", "gpt2": "gpt2", "smollm": "smollm",
                   "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
-                  "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+                  "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "gpt-4o": _GPT4O_SPLIT}
 
 
 def is_gguf(path) -> bool:
