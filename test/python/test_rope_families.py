@@ -146,6 +146,11 @@ def test_smollm3_config_nope_layers_and_windows():
     yarn = read(SMOL, rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                     "original_max_position_embeddings": 32})
     assert yarn.attention_scale_of(0) > yarn.attention_scale_of(1) == 1 / math.sqrt(16)
+    # SmolLM3-3B's config says pretraining_tp 2, which its transformers
+    # class never reads (Llama's refuses it).
+    assert read(SMOL, pretraining_tp=2) == c
+    with pytest.raises(UnsupportedConfigError, match=r"'pretraining_tp' = 2 is not supported"):
+        read(tiny_config("LlamaForCausalLM"), pretraining_tp=2)
     none = read(SMOL, no_rope_layers=[0, 0])
     assert none.rope_tables() == {} and set(ModelConfig.from_dict(SMOL).rope_tables()) == \
         {"inv_freq"}
@@ -158,7 +163,8 @@ def test_smollm3_config_nope_layers_and_windows():
             (dict(use_sliding_window=True, layer_types=["full_attention", "sliding_attention"]),
              r"'sliding_window' is null, but layers \[1\] are 'sliding_attention'"),
             (dict(attention_bias=True), r"'attention_bias' = True is not supported"),
-            (dict(partial_rotary_factor=0.5), r"not supported for SmolLM3ForCausalLM")]:
+            (dict(partial_rotary_factor=0.5), r"not supported for SmolLM3ForCausalLM"),
+            (dict(pretraining_tp="2"), r"'pretraining_tp' = '2'")]:
         with pytest.raises(UnsupportedConfigError, match=match):
             read(SMOL, **fields)
 

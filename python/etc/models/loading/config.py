@@ -273,7 +273,13 @@ class ModelConfig:
             refuse("attention_bias", (False, None), "q/k/v/o projections have no bias")
         refuse("mlp_bias", (False, None), "MLP projections have no bias")
         refuse("attention_dropout", (0, 0.0, None), "inference uses no dropout")
-        refuse("pretraining_tp", (1, None), "tensor-parallel slicing of the MLP")
+        if architecture == "SmolLM3ForCausalLM":
+            # SmolLM3's config has one (2); its transformers class never
+            # reads it (no sliced matmuls), and so neither does ETC.
+            if config.get("pretraining_tp") is not None:
+                positive_int(where, "pretraining_tp", config["pretraining_tp"])
+        else:
+            refuse("pretraining_tp", (1, None), "tensor-parallel slicing of the MLP")
         window, sliding = _sliding_layers(config, where, architecture, layers)
         max_positions = need("max_position_embeddings")
         gemma = _gemma(config, where, architecture, hidden, max_positions) \
