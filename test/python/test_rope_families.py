@@ -337,3 +337,37 @@ def test_fp8_checkpoint_keeps_permuted_rows_packed(tmp_path):
     np.testing.assert_array_equal(packed.dequantize(kept["l1_wk"], "fp8_e4m3").reshape(16, 32),
                                   wide["l1_wk"])
     np.testing.assert_array_equal(kept["l1_wq"], wide["l1_wq"])
+
+
+def test_phi4_mini_with_a_bf16_kv_cache_and_as_its_own_draft(tmp_path):
+    """What reads q and k after the permutation stays consistent: a bf16 KV
+    cache rounds each (permuted) key as the NumPy forward pass rounds
+    Hugging Face's (the same values, elsewhere in the row), so teacher
+    forcing holds as tightly as in float32 and misses the unrounded pass;
+    the model as its own draft (speculative decoding: the draft's cache
+    rolled back, the target verifying several rows a step) generates the
+    same greedy tokens."""
+    import etc.models as models
+    from etc.models import Speculative
+
+    prompts = goldens.PROMPTS
+    path = write_checkpoint(tmp_path / "phi4", PHI4, seed=goldens.SEEDS["phi4_mini"])
+    checkpoint = Checkpoint(path)
+    weights = checkpoint.weights()
+    model = models.load(path, kv_dtype="bf16", workers=3, max_seq_len=32, attention_chunk=4,
+                        kv_block_size=4)
+    out = model.generate(prompts, 3, return_logits=True)
+
+    def forced(kv_dtype):
+        for r, prompt in enumerate(prompts):
+            sequence = list(prompt) + out.tokens[r]
+            want = reference.forward(checkpoint.config, weights, sequence[:-1], kv_dtype=kv_dtype)
+            np.testing.assert_allclose(out.logits[r], want[len(prompt) - 1:], rtol=2e-4,
+                                       atol=2e-4, err_msg=f"prompt {r}")
+
+    forced("bf16")
+    with pytest.raises(AssertionError):
+        forced("f32")
+    spec = Speculative(draft=path, tokens=3, adaptive=False, step_tokens=None)
+    assert model.generate(prompts, 3, ignore_eos=True, speculative=spec).tokens == \
+        model.generate(prompts, 3, ignore_eos=True).tokens

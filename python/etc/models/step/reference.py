@@ -73,8 +73,8 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
 
     def rotation(local: bool):
         """cos and sin (n, 1, r) of the full layers' RoPE or the sliding
-        layers' own; Hugging Face scales them by the variant's attention
-        factor (yarn, longrope)."""
+        layers' own, and the variant's attention factor (yarn, longrope),
+        by which Hugging Face scales them."""
         if local:
             inv_freq = c.rope_inv_freq(local)
         elif "inv_freq" in weights:
@@ -84,8 +84,8 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         freqs = np.arange(n, dtype=np.float32)[:, None] * inv_freq[None, :]
         emb = np.concatenate([freqs, freqs], axis=-1)
         scaling = c.local_rope_scaling if local else c.rope_scaling
-        factor = np.float32(rope.attention_factor(scaling))
-        return np.cos(emb)[:, None, :] * factor, np.sin(emb)[:, None, :] * factor
+        return np.cos(emb)[:, None, :], np.sin(emb)[:, None, :], \
+            np.float32(rope.attention_factor(scaling))
 
     rotations = {local: rotation(local) for local in {c.local_rope(i)
                                                       for i in range(c.num_layers)}}
@@ -108,12 +108,15 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
             q = _rmsnorm(q, w("q_norm"), eps, offset)
             k = _rmsnorm(k, w("k_norm"), eps, offset)
         if c.uses_rope(i):  # SmolLM3's NoPE layers have none
-            cos, sin = rotations[c.local_rope(i)]
-            q = np.concatenate([q[..., :r] * cos + _rotate_half(q[..., :r]) * sin,
+            cos, sin, factor = rotations[c.local_rope(i)]
+            q = np.concatenate([(q[..., :r] * cos + _rotate_half(q[..., :r]) * sin) * factor,
                                 q[..., r:]], axis=-1)
-            k = np.concatenate([k[..., :r] * cos + _rotate_half(k[..., :r]) * sin,
-                                k[..., r:]], axis=-1)
-        k = _round_to(k, kv_dtype)
+            # The cache holds the keys before the attention factor (the
+            # step graph puts it on q's side), so they round before it.
+            rotated = _round_to(k[..., :r] * cos + _rotate_half(k[..., :r]) * sin, kv_dtype)
+            k = np.concatenate([rotated * factor, _round_to(k[..., r:], kv_dtype)], axis=-1)
+        else:
+            k = _round_to(k, kv_dtype)
         v = _round_to(v, kv_dtype)
         k = np.repeat(k, group, axis=1)  # repeat_kv
         v = np.repeat(v, group, axis=1)
