@@ -20,7 +20,7 @@ import pytest
 import etc.models as models
 from etc.models.loading.checkpoint import Checkpoint
 from etc.models.loading import partial_rotary
-from etc.models.loading.config import ARCHITECTURES, ModelConfig, UnsupportedConfigError
+from etc.models.loading.config import ModelConfig, UnsupportedConfigError
 from etc.models.step import reference
 from etc.models.testing import (as_transformers5, checkpoint_tensors, tiny_config,
                                 write_checkpoint, write_gguf)

@@ -108,10 +108,9 @@ def test_partial_rotary_is_refused_where_transformers_rotates_whole_heads(archit
     config = tiny_config(architecture)
     for raw in (dict(config, partial_rotary_factor=0.5),
                 as_transformers5(dict(config, partial_rotary_factor=0.5))):
-        with pytest.raises(UnsupportedConfigError, match=rf"partial_rotary_factor['\"] = 0.5 is not "
-                                                         rf"supported for {architecture}: its "
-                                                         rf"transformers class rotates whole "
-                                                         rf"heads"):
+        with pytest.raises(UnsupportedConfigError,
+                           match=rf"partial_rotary_factor['\"] = 0.5 is not supported for "
+                                 rf"{architecture}: its transformers class rotates whole heads"):
             ModelConfig.from_dict(raw)
     assert ModelConfig.from_dict(dict(config, partial_rotary_factor=1.0)) == \
         ModelConfig.from_dict(config)
@@ -206,7 +205,8 @@ def test_partial_rotary_layout(tmp_path):
     np.testing.assert_allclose(half, weights["l1_wq"], rtol=2 ** -7, atol=0)
     packed = np.arange(32 * 4, dtype=np.uint8).reshape(32, 4)
     np.testing.assert_array_equal(
-        partial_rotary.to_step_layout(c, "l0_wk", packed[:16], packed=True), packed[:16][order[:16]])
+        partial_rotary.to_step_layout(c, "l0_wk", packed[:16], packed=True),
+        packed[:16][order[:16]])
     with pytest.raises(NotImplementedError, match=r"l0_wq: a packed weight's rows cannot be "
                                                   r"scaled"):
         partial_rotary.to_step_layout(c, "l0_wq", packed, packed=True)
@@ -241,7 +241,8 @@ def test_numpy_forward_matches_transformers_and_the_mistakes_do_not(name, mutati
     """The NumPy forward pass on the config and weights ETC reads is
     transformers' (the golden's logits within tolerance), and reading the
     config wrong misses them: partial rotary without the permutation (the
-    rows left in Hugging Face's order), or the attention factor dropped; SmolLM3's NoPE layer ignored or misplaced."""
+    rows left in Hugging Face's order), or the attention factor dropped;
+    SmolLM3's NoPE layer ignored or misplaced."""
     golden = goldens.Golden.load(name)
     checkpoint = Checkpoint(golden.write_checkpoint(tmp_path / name))
     weights = checkpoint.weights()
