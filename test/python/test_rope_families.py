@@ -372,3 +372,23 @@ def test_phi4_mini_with_a_bf16_kv_cache_and_as_its_own_draft(tmp_path):
     spec = Speculative(draft=path, tokens=3, adaptive=False, step_tokens=None)
     assert model.generate(prompts, 3, ignore_eos=True, speculative=spec).tokens == \
         model.generate(prompts, 3, ignore_eos=True).tokens
+
+
+def test_partial_rotary_with_per_head_norms():
+    """With per-head q/k norms (none of today's partial-rotary families has
+    them, but the layout is general) the norm weights are permuted alike
+    and q's norm, not its projection, carries the attention factor's
+    square; a norm of 1 + w (Gemma's) cannot, and is refused."""
+    c = dataclasses.replace(ModelConfig.from_dict(PHI4), qk_norm=True)
+    norm = np.arange(1, 9, dtype=np.float32)
+    square = np.float32(c.rope_attention_factor ** 2)
+    scale = np.array([square] * 3 + [1] + [square] * 3 + [1], np.float32)
+    np.testing.assert_allclose(partial_rotary.to_step_layout(c, "l0_q_norm", norm),
+                               norm[[0, 1, 2, 6, 3, 4, 5, 7]] * scale, rtol=1e-7)
+    np.testing.assert_array_equal(partial_rotary.to_step_layout(c, "l0_k_norm", norm),
+                                  norm[[0, 1, 2, 6, 3, 4, 5, 7]])
+    wq = np.ones((32, 32), np.float32)
+    np.testing.assert_array_equal(partial_rotary.to_step_layout(c, "l0_wq", wq), wq)
+    assert partial_rotary.unpacked_keys(c) == set()
+    with pytest.raises(NotImplementedError, match=r"l0_q_norm: a q norm of 1.0 \+ w"):
+        partial_rotary.to_step_layout(dataclasses.replace(c, norm_offset=1.0), "l0_q_norm", norm)

@@ -123,6 +123,10 @@ def to_step_layout(config, key: str, array: np.ndarray, storage: str = "f32",
             raise NotImplementedError(f"{key}: a packed weight's rows cannot be scaled by the "
                                       f"RoPE attention factor (load it unpacked: "
                                       f"partial_rotary.unpacked_keys)")
+        if name == "q_norm" and config.norm_offset:
+            # The norm scales by offset + w: scaling w would not scale that.
+            raise NotImplementedError(f"{key}: a q norm of {config.norm_offset} + w cannot "
+                                      f"carry the RoPE attention factor")
         out = _scale(out, scaled, factor, storage)
     return out
 
