@@ -218,12 +218,26 @@ def make(llama_cpp: Path, directory: Path = DIRECTORY) -> None:
 
 #: Architectures whose GGUF file is `write_gguf`'s (the converter's layout
 #: through the `gguf` package), float32, run by llama.cpp: Mixtral, which
-#: llama.cpp's converter writes as llama with experts; Granite and Granite
-#: MoE (`granite`, `granitemoe`: their four scales as metadata keys, Q and K
-#: rows permuted as Llama's, Granite MoE's fused experts split into gate and
-#: up stacks). The case: config, seed of the sharp weights, the token
-#: sequence.
+#: llama.cpp's converter writes as llama with experts; Phi-4-mini's shape
+#: (phi3 with rope.dimension_count 6 of head size 8, LongRoPE factor
+#: tensors: llama.cpp's n_ctx of 32 is past the original context of 16, so
+#: it computes with the long factors); SmolLM3 (smollm3, 4 layers: layer 3
+#: without RoPE, llama.cpp's fixed rule). Granite and Granite MoE (`granite`,
+#: `granitemoe`: their four scales as metadata keys, Q and K rows permuted
+#: as Llama's, Granite MoE's fused experts split into gate and up stacks).
+#: The case: config, seed of the sharp weights, the token sequence.
 RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
+                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        "phi4_mini": (tiny_config("Phi3ForCausalLM", vocab_size=320, intermediate_size=64,
+                                  head_dim=8, partial_rotary_factor=0.75, sliding_window=None,
+                                  tie_word_embeddings=True, max_position_embeddings=128,
+                                  original_max_position_embeddings=16,
+                                  rope_scaling={"type": "longrope",
+                                                "short_factor": [1.0, 1.25, 2.0],
+                                                "long_factor": [1.5, 3.0, 8.0]}), 22,
+                      [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        "smollm3": (tiny_config("SmolLM3ForCausalLM", vocab_size=320, intermediate_size=64,
+                                num_hidden_layers=4), 23,
                     [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
         "granite": (tiny_config("GraniteForCausalLM", vocab_size=320), 22,
                     [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),

@@ -19,6 +19,7 @@ import pytest
 
 import etc.models as models
 from etc.models.loading.checkpoint import Checkpoint
+from etc.models.loading import partial_rotary
 from etc.models.loading.config import ModelConfig, UnsupportedConfigError
 from etc.models.step import reference
 from etc.models.testing import (as_transformers5, checkpoint_tensors, tiny_config,
@@ -59,6 +60,10 @@ GGUF_FAMILIES = {
     # Granite's scales as metadata keys; Granite MoE's experts split.
     "granite": FAMILIES["granite"],
     "granite_moe": FAMILIES["granite_moe"],
+    # phi3 with rope.dimension_count 6 of 8 and LongRoPE's factor tensors.
+    "phi4_mini": FAMILIES["phi4_mini"],
+    # smollm3: llama.cpp fixes the NoPE layers at every 4th (layer 3).
+    "smollm3": tiny_config("SmolLM3ForCausalLM", num_hidden_layers=4),
 }
 #: Families whose tile kernels add nothing to another family's under the
 #: static schedule and the CUDA lanes (the suite's time): Granite MoE's
@@ -240,9 +245,8 @@ def test_gemma_configs_follow_transformers():
 def test_phi3_config_and_fused_projections(checkpoints, tmp_path):
     """Phi-3: a window on every layer (none when the field is absent), the
     fused q/k/v and gate/up projections split by rows at load (gate first,
-    as transformers' chunk(2)), and the RoPE variants transformers reads
-    as LongRoPE ("longrope", "su", "yarn") refused by name, from a config
-    and from a GGUF file's factor tensors."""
+    as transformers' chunk(2)); the RoPE types transformers' Phi3Config
+    reads as LongRoPE ("su", "yarn") read so too."""
     config = ModelConfig.from_dict(FAMILIES["phi3"])
     assert (config.sliding_window, config.sliding_layers) == (5, (0, 1))
     no_window = {k: v for k, v in FAMILIES["phi3"].items() if k != "sliding_window"}
@@ -256,15 +260,12 @@ def test_phi3_config_and_fused_projections(checkpoints, tmp_path):
     np.testing.assert_array_equal(weights["l1_wv"], qkv[96:])
     np.testing.assert_array_equal(weights["l1_w_gate"], gate_up[:48])
     np.testing.assert_array_equal(weights["l1_w_up"], gate_up[48:])
-    factors = [1.0] * 8
-    for kind in ("longrope", "su", "yarn"):
-        scaling = {"type": kind, "short_factor": factors, "long_factor": factors}
-        with pytest.raises(UnsupportedConfigError, match=rf"rope_type '{kind}', which "
-                                                         r"transformers' Phi-3 reads as "
-                                                         r"'longrope'"):
-            ModelConfig.from_dict({**FAMILIES["phi3"], "rope_scaling": scaling})
-    with pytest.raises(UnsupportedConfigError, match=r"'partial_rotary_factor' = 0.75"):
-        ModelConfig.from_dict({**FAMILIES["phi3"], "partial_rotary_factor": 0.75})
+    factors = [1.0 + i for i in range(8)]
+    read = {kind: ModelConfig.from_dict({**FAMILIES["phi3"], "rope_scaling": {
+        "type": kind, "short_factor": factors, "long_factor": factors}})
+        for kind in ("longrope", "su", "yarn")}
+    assert read["su"] == read["yarn"] == read["longrope"]
+    assert read["su"].rope_scaling["rope_type"] == "longrope"
     from etc.models.loading.gguf import GGUFCheckpoint
 
     assert GGUFCheckpoint(write_gguf(tmp_path / "m.gguf", GGUF_FAMILIES["phi3"])
@@ -272,11 +273,6 @@ def test_phi3_config_and_fused_projections(checkpoints, tmp_path):
     unwindowed = write_gguf(tmp_path / "none.gguf", {**GGUF_FAMILIES["phi3"],
                                                      "sliding_window": None})
     assert GGUFCheckpoint(unwindowed).config.sliding_window is None  # written as 0
-    long = write_gguf(tmp_path / "long.gguf", GGUF_FAMILIES["phi3"], raw_tensors={
-        "rope_factors_long.weight": (np.ones((1, 16), np.uint8), "I8")})
-    with pytest.raises(UnsupportedConfigError, match=r"'rope_factors_long.weight' \(Phi-3's "
-                                                     r"LongRoPE factors"):
-        GGUFCheckpoint(long)
 
 
 def test_gguf_gemma_attention_scale_as_llama_cpp_derives_it(tmp_path):
@@ -374,8 +370,10 @@ def test_bf16_checkpoint_and_half_precision_compute(name, tmp_path):
     teacher_forcing(checkpoint, PROMPTS, out)
     weights = checkpoint.weights()
     # Mixtral in bf16: against transformers in test_goldens.py (a bf16
-    # compile is 20 s here; one is enough).
-    half = (("f16", 3e-2),) if name == "mixtral" else (("f16", 3e-2), ("bf16", 1.5e-1))
+    # compile is 20 s here; one is enough); Phi-4-mini and SmolLM3 are
+    # Phi-3's and Llama's bf16 kernels (goldens.NO_BF16).
+    half = (("f16", 3e-2),) if name == "mixtral" or name in goldens.NO_BF16 else \
+        (("f16", 3e-2), ("bf16", 1.5e-1))
     for dtype, tol in half:
         out = models.load(path, dtype=dtype, **LOAD).generate(PROMPTS, 1, return_logits=True)
         for r, prompt in enumerate(PROMPTS):
@@ -417,8 +415,12 @@ def test_gguf_equals_the_checkpoint_and_generates_alike(name, tmp_path):
     teacher_forcing(quantized, PROMPTS, out, weights=weights)
     model = models.load(path, **LOAD)
     moe = gg.config.is_moe
-    assert {"l0_wq", "l1_wv", "l1_experts_down" if moe else "l1_w_gate"} <= \
-        set(model.weight_formats)
+    # (Phi-4-mini's q rows are scaled at load: its q projections unpacked.)
+    scaled = partial_rotary.unpacked_keys(gg.config)
+    assert scaled == ({"l0_wq", "l1_wq"} if name == "phi4_mini" else set())
+    assert {"l0_wk", "l1_wv", "l1_experts_down" if moe else "l1_w_gate"} <= \
+        set(model.weight_formats) and not scaled & set(model.weight_formats)
+    assert "l0_wq" in model.weight_formats or scaled
     out = model.generate(PROMPTS, 3, return_logits=True)
     for r, prompt in enumerate(PROMPTS):
         sequence = list(prompt) + out.tokens[r]
@@ -765,6 +767,11 @@ def test_gguf_tensor_names_and_keys_are_the_gguf_packages(name, tmp_path, monkey
         found = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert found in allowed, (hf_name, found)
         names.add(found)
+    if (config.get("rope_scaling") or {}).get("type") == "longrope":
+        # Phi-4-mini: LongRoPE's factors, tensors of their own in phi3.
+        factors = {f"rope_factors_{kind}.weight" for kind in ("long", "short")}
+        assert factors <= allowed
+        names |= factors
     read, asked = record_gguf_reads(monkeypatch)
     checkpoint = GGUFCheckpoint(path)
     assert set(checkpoint.names()) == names

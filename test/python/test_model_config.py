@@ -217,9 +217,11 @@ def _refused(config: dict, match: str) -> None:
 
 @pytest.mark.parametrize("kind, why", [
     ("dynamic", "changes the frequencies with the sequence length"),
-    ("longrope", "short and long factors"),
+    # (LongRoPE is implemented: test_rope_families.py; without its factors
+    # it is refused.)
+    ("longrope", "lacks 'short_factor'"),
     ("proportional", "only part of each head"),
-    ("su", r"; supported: 'default', 'linear', 'llama3', 'yarn'"),
+    ("su", r"; supported: 'default', 'linear', 'llama3', 'yarn', 'longrope'"),
 ])
 @pytest.mark.parametrize("written_by", ["transformers4", "transformers5"])
 def test_rope_variants_not_implemented_are_refused_by_name(kind, why, written_by):

@@ -46,6 +46,14 @@ VARIANTS = {"qwen3-30b-a3b-dense0": ("qwen3-30b-a3b", dict(mlp_only_layers=[0]))
             "llama-3.2-1b-plain": ("llama-3.2-1b", {}),
             "qwen3-30b-a3b-plain": ("qwen3-30b-a3b", {})}
 
+#: Shapes whose graphs are tiles of the others' kinds and widths, left out
+#: (10 s a graph): Phi-4-mini (partial rotary is a permutation of q/k rows
+#: at load and zeros in the RoPE table: the rope tiles are unchanged; head
+#: size 128 and 8 KV heads as Qwen3's; every layer sliding as Phi-3-mini's)
+#: and SmolLM3-3B (Llama's layers; a NoPE layer lacks a rope tile, and its
+#: first is layer 3).
+SAME_KERNELS = ("phi-4-mini", "smollm3-3b")
+
 #: Shapes with a sliding and a full layer among their first ones: Qwen2.5-0.5B
 #: with its window on for its second layer, Gemma 3 1B with every second
 #: layer full (head_dim 256: a whole warp per cache row; q/k norms of 1 + w,
@@ -119,7 +127,8 @@ GRAPHS = ([(name, 16, chip, "auto", "bf16") for name in SHAPES for chip in ("sm_
            # wide), Granite 3.3 8B's Llama's with its multipliers' scale
            # tasks (Gemma's kind) and unfused residual adds: sm_90a only,
            # 10 s each.
-           if (name, chip) not in (("mixtral-8x7b", "sm_80"), ("granite-3.3-8b", "sm_80"))] +
+           if (name, chip) not in (("mixtral-8x7b", "sm_80"), ("granite-3.3-8b", "sm_80"))
+           and name not in SAME_KERNELS] +
           [("llama-3.2-1b-plain", 16, "sm_90a", "auto", "bf16"),
            ("qwen3-30b-a3b-plain", 16, "sm_90a", "auto", "bf16")] +
           # Contiguous caches under both schedules, static ones for bf16 (the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -61,6 +62,22 @@ SHAPES = {
         max_position_embeddings=4096, original_max_position_embeddings=4096,
         rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=2047, tie_word_embeddings=False,
         head_dim=None),
+    # (Phi-4-mini's LongRoPE factors: 48 per set, as published; the values
+    # here are not the published ones.)
+    "phi-4-mini": dict(
+        architecture="Phi3ForCausalLM", vocab_size=200064, hidden_size=3072,
+        intermediate_size=8192, num_attention_heads=24, num_key_value_heads=8,
+        max_position_embeddings=131072, original_max_position_embeddings=4096,
+        partial_rotary_factor=0.75, rms_norm_eps=1e-5, rope_theta=10000.0,
+        sliding_window=262144, tie_word_embeddings=True, head_dim=None,
+        rope_scaling={"type": "longrope", "short_factor": [1.0 + i / 48 for i in range(48)],
+                      "long_factor": [1.0 + i for i in range(48)]}),
+    "smollm3-3b": dict(
+        architecture="SmolLM3ForCausalLM", vocab_size=128256, hidden_size=2048,
+        intermediate_size=11008, num_attention_heads=16, num_key_value_heads=4, head_dim=None,
+        max_position_embeddings=65536, rms_norm_eps=1e-6, rope_theta=5000000.0,
+        tie_word_embeddings=True, no_rope_layer_interval=4, no_rope_layers=None,
+        use_sliding_window=False, sliding_window=None),
     "qwen2.5-0.5b": dict(
         architecture="Qwen2ForCausalLM", vocab_size=151936, hidden_size=896,
         intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2,
@@ -108,7 +125,8 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "Phi3ForCausalLM": "phi3",
                 "Gemma3ForCausalLM": "gemma3_text",
                 "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
-                "GraniteForCausalLM": "granite", "GraniteMoeForCausalLM": "granitemoe"}
+                "GraniteForCausalLM": "granite", "GraniteMoeForCausalLM": "granitemoe",
+                "SmolLM3ForCausalLM": "smollm3"}
 
 #: The tiny Granite configs' multipliers: far from 1, so that a model that
 #: drops one moves the logits by 0.7 (embedding) to 3 (attention) times
@@ -175,6 +193,16 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
                        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0,
                        # transformers' default (32000) is outside the vocabulary.
                        "pad_token_id": 0})
+    if architecture == "SmolLM3ForCausalLM":
+        # As SmolLM3-3B's config.json: no RoPE on every 4th layer, written
+        # out, no window.
+        config.update({"no_rope_layer_interval": 4,
+                       "no_rope_layers": [int((i + 1) % 4 != 0)
+                                          for i in range(overrides.get("num_hidden_layers", 2))],
+                       "use_sliding_window": False, "sliding_window": None, "mlp_bias": False,
+                       "rope_theta": 5000000.0,
+                       # transformers' default (128004) is outside the vocabulary.
+                       "pad_token_id": 0})
     if architecture in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
         # As Gemma's config.json (hidden_activation, not hidden_act), with a
         # query_pre_attn_scalar that is not head_dim and a window of 5 on
@@ -216,6 +244,8 @@ def as_transformers5(config: dict) -> dict:
     rope = dict(config.pop("rope_scaling", None) or {})
     rope.setdefault("rope_type", rope.pop("type", "default"))
     rope["rope_theta"] = config.pop("rope_theta", 10000.0)
+    if "partial_rotary_factor" in config:
+        rope["partial_rotary_factor"] = config.pop("partial_rotary_factor")
     config["rope_parameters"] = rope
     layers = config["num_hidden_layers"]
     architecture = config["architectures"][0]
@@ -582,11 +612,11 @@ _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama
                        "Qwen2ForCausalLM": "qwen2",
                        "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe",
                        "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
-                       "Phi3ForCausalLM": "phi3",
+                       "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3",
                        "GraniteForCausalLM": "granite", "GraniteMoeForCausalLM": "granitemoe"}
 #: The GGUF architectures whose Q and K rows llama.cpp's converter permutes
 #: (its LlamaModel's, rotated in pairs by llama.cpp's NORM RoPE).
-_PERMUTED = ("llama", "granite", "granitemoe")
+_PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
 
 
 def gguf_tensor_name(architecture: str, name: str, layers: int) -> str:
@@ -729,7 +759,10 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    # llama.cpp's converter: Phi-3's rotated dimensions, int(factor x
+    # hidden) // heads.
+    writer.add_rope_dimension_count(int(config.get("partial_rotary_factor", 1.0) * h) // heads
+                                    if architecture == "phi3" else head_dim)
     writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
@@ -742,6 +775,16 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         writer.add_sliding_window(config.get("sliding_window") or 0)
         writer.add_rope_scaling_orig_ctx_len(config.get("original_max_position_embeddings",
                                                         config["max_position_embeddings"]))
+        if scaling.get("rope_type", scaling.get("type")) in ("longrope", "su"):
+            # LongRoPE: both sets of factors as tensors, and the attention
+            # factor transformers derives from the context's scale.
+            original = config.get("original_max_position_embeddings", 4096)
+            scale = config["max_position_embeddings"] / original
+            writer.add_rope_scaling_attn_factors(
+                math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+            for kind in ("long", "short"):
+                out[f"rope_factors_{kind}.weight"] = np.asarray(scaling[f"{kind}_factor"],
+                                                                np.float32)
     if gemma:
         # What llama.cpp's converter writes; it fixes the layer pattern, the
         # sliding layers' RoPE base and the attention scale itself.

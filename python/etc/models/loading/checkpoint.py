@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import fp8, multimodal
+from . import fp8, multimodal, partial_rotary
 from ... import bfloat16, packed
 from ...runtime import aligned
 from .config import ModelConfig, UnsupportedConfigError
@@ -464,6 +464,8 @@ class Checkpoint:
         for stacks in experts.values():
             if all(stacks.values()):
                 formats.update(dict.fromkeys(stacks, "fp8_e4m3"))
+        for key in partial_rotary.unpacked_keys(self.config):  # rows scaled at load
+            formats.pop(key, None)
         return formats
 
     def weights(self, dtype: str = "f32", progress: Optional[Callable[[int, int], None]] = None,
@@ -482,7 +484,9 @@ class Checkpoint:
         transposes), and so do MoE experts, stacked (E, out, in) (`g.moe`
         with transpose_w), each expert's bytes read straight into its
         place in the stack when the file stores the compute dtype (no
-        transposed or temporary copy). `shard(key, array)`, when given,
+        transposed or temporary copy). With partial rotary, the q and k
+        weights' rows are in the step graph's order (`partial_rotary`).
+        `shard(key, array)`, when given,
         takes each weight as it is read and returns the part to keep (a
         rank's share of a tensor-parallel model). `progress(done, total)`
         is called after each graph weight."""
@@ -508,6 +512,8 @@ class Checkpoint:
                 out[key] = np.ascontiguousarray(self.tensor(name, shape, what, dtype).T)
             else:
                 out[key] = np.ascontiguousarray(read(name))
+            # Partial rotary: q/k rows in the step graph's order.
+            out[key] = partial_rotary.to_step_layout(self.config, key, out[key], dtype, stay)
             if shard is not None:
                 out[key] = shard(key, out[key])
             if progress is not None:

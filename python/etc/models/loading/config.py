@@ -1,8 +1,8 @@
 """Hugging Face `config.json` of the supported architectures, checked.
 
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
-Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, Granite,
-Granite MoE; and the text
+Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, SmolLM3,
+Granite, Granite MoE; and the text
 model of Gemma 3's and Mistral 3's multimodal configs, `multimodal`), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
@@ -30,7 +30,7 @@ __all__ = ["ARCHITECTURES", "ROPE_TYPES", "ModelConfig", "UnsupportedConfigError
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                  "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
                  "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
-                 "GraniteForCausalLM", "GraniteMoeForCausalLM")
+                 "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM")
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
@@ -44,6 +44,11 @@ _REFUSED = {
     "GraniteMoeHybridForCausalLM": "Granite 4: hybrid Mamba-2 and attention layers; ETC "
                                    "implements attention layers only",
 }
+#: The architectures whose transformers class rotates part of each head
+#: when `partial_rotary_factor` < 1 (Phi-3's apply_rotary_pos_emb splits
+#: q and k at the table's width); the others' rotate_half spans the whole
+#: head, and their configs with a factor < 1 are refused.
+_PARTIAL_ROTARY = ("Phi3ForCausalLM",)
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,15 @@ class ModelConfig:
     attention_multiplier: Optional[float] = None
     residual_multiplier: Optional[float] = None
     logits_scaling: Optional[float] = None
+    #: The dimensions of each head RoPE rotates, the first `rotary_dim` of
+    #: Hugging Face's layout (Phi-4-mini's `partial_rotary_factor`), or
+    #: None for the whole head. The step graph rotates pairs (i, i +
+    #: head_dim / 2): its q and k weights are permuted at load so that
+    #: Hugging Face's pairs (i, i + rotary_dim / 2) land there
+    #: (`etc.models.loading.partial_rotary`).
+    rotary_dim: Optional[int] = None
+    #: The layers without RoPE (SmolLM3's NoPE layers).
+    nope_layers: tuple = field(default_factory=tuple)
 
     @property
     def is_moe(self) -> bool:
@@ -139,6 +153,16 @@ class ModelConfig:
         "llama3" or "yarn") of the full-attention layers."""
         return self.rope_scaling["rope_type"] if self.rope_scaling else "default"
 
+    def uses_rope(self, layer: int) -> bool:
+        """Whether `layer` rotates q and k (not a NoPE layer)."""
+        return layer not in self.nope_layers
+
+    @property
+    def rotated(self) -> int:
+        """The dimensions of each head RoPE rotates (`rotary_dim`, else the
+        whole head)."""
+        return self.rotary_dim or self.head_dim
+
     def local_rope(self, layer: int) -> bool:
         """Whether `layer` uses the sliding layers' own RoPE (Gemma 3)."""
         return self.local_rope_theta is not None and layer in self.sliding_layers
@@ -159,14 +183,18 @@ class ModelConfig:
         """The scale of `layer`'s attention logits: 1 / sqrt(head_dim) (or
         1 / sqrt(query_pre_attn_scalar)), times the square of the RoPE
         attention factor of its layer type (rotated q and k both carry
-        it)."""
-        factor = rope.attention_factor(self._rope_of(self.local_rope(layer))[1])
+        it). Not for a NoPE layer; nor with partial rotary, whose rotated
+        dimensions alone carry it (the q weights' rotated rows are scaled by
+        its square at load: `partial_rotary`)."""
+        factor = rope.attention_factor(self._rope_of(self.local_rope(layer))[1]) \
+            if self.uses_rope(layer) and self.rotary_dim is None else 1.0
         return factor ** 2 * self._base_attention_scale
 
     @property
     def attention_scale(self) -> float:
-        """`attention_scale_of` a full-attention layer."""
-        return self.rope_attention_factor ** 2 * self._base_attention_scale
+        """`attention_scale_of` a full-attention layer with RoPE."""
+        factor = self.rope_attention_factor if self.rotary_dim is None else 1.0
+        return factor ** 2 * self._base_attention_scale
 
     @property
     def _base_attention_scale(self) -> float:
@@ -176,18 +204,33 @@ class ModelConfig:
             return self.attention_multiplier
         return 1 / math.sqrt(self.query_pre_attn_scalar or self.head_dim)
 
-    def rope_inv_freq(self, local: bool = False):
-        """The RoPE frequencies (head_dim / 2 float32), as Hugging Face
-        computes them for the configured variant; with `local`, those of
-        the sliding layers' own RoPE (`local_rope_theta`)."""
-        return rope.inv_freq(self.head_dim, *self._rope_of(local))
+    def rope_inv_freq(self, local: bool = False, long: bool = False):
+        """The RoPE frequencies (rotated dimensions / 2 float32), as Hugging
+        Face computes them for the configured variant; with `local`, those
+        of the sliding layers' own RoPE (`local_rope_theta`); LongRoPE's
+        long ones with `long`."""
+        return rope.inv_freq(self.rotated, *self._rope_of(local), long=long)
 
-    def rope_tables(self) -> dict:
-        """The step graph's RoPE frequency inputs: `inv_freq`, and
-        `inv_freq_local` for the sliding layers' own RoPE (Gemma 3)."""
-        tables = {"inv_freq": self.rope_inv_freq()}
-        if self.local_rope_theta is not None:
-            tables["inv_freq_local"] = self.rope_inv_freq(local=True)
+    def rope_tables(self, max_seq_len: Optional[int] = None) -> dict:
+        """The step graph's RoPE frequency inputs (head_dim / 2 float32
+        each, a frequency of 0 for the pairs partial rotary leaves alone):
+        `inv_freq`, and `inv_freq_local` for the sliding layers' own RoPE
+        (Gemma 3); those that some layer uses. LongRoPE's long frequencies
+        for a context `max_seq_len` past `original_max_position_embeddings`
+        (`rope.uses_long`), else its short ones."""
+        import numpy as np
+
+        def padded(table):
+            return np.concatenate([table, np.zeros(self.head_dim // 2 - len(table),
+                                                   np.float32)]).astype(np.float32)
+
+        used = {self.local_rope(i) for i in range(self.num_layers) if self.uses_rope(i)}
+        tables = {}
+        if False in used:
+            long = max_seq_len is not None and rope.uses_long(self.rope_scaling, max_seq_len)
+            tables["inv_freq"] = padded(self.rope_inv_freq(long=long))
+        if True in used:
+            tables["inv_freq_local"] = padded(self.rope_inv_freq(local=True))
         return tables
 
     @classmethod
@@ -263,7 +306,13 @@ class ModelConfig:
             refuse("attention_bias", (False, None), "q/k/v/o projections have no bias")
         refuse("mlp_bias", (False, None), "MLP projections have no bias")
         refuse("attention_dropout", (0, 0.0, None), "inference uses no dropout")
-        refuse("pretraining_tp", (1, None), "tensor-parallel slicing of the MLP")
+        if architecture == "SmolLM3ForCausalLM":
+            # SmolLM3's config has one (2); its transformers class never
+            # reads it (no sliced matmuls), and so neither does ETC.
+            if config.get("pretraining_tp") is not None:
+                positive_int(where, "pretraining_tp", config["pretraining_tp"])
+        else:
+            refuse("pretraining_tp", (1, None), "tensor-parallel slicing of the MLP")
         window, sliding = _sliding_layers(config, where, architecture, layers)
         max_positions = need("max_position_embeddings")
         gemma = _gemma(config, where, architecture, hidden, max_positions) \
@@ -271,11 +320,17 @@ class ModelConfig:
         if "rope_theta" in gemma:
             rope_theta, scaling = gemma.pop("rope_theta"), gemma.pop("rope_scaling")
         else:
-            if architecture == "Phi3ForCausalLM":
-                _phi3_rope_type(config, where)
-            # transformers' default RoPE base: 1e6 for Mixtral, 1e4 for the others.
-            rope_theta, scaling = _rope(config, where, max_positions, default_theta=(
-                1_000_000.0 if architecture == "MixtralForCausalLM" else 10_000.0))
+            # transformers' default RoPE base: 1e6 for Mixtral, 2e6 for
+            # SmolLM3, 1e4 for the others.
+            rope_theta, scaling = _rope(
+                _phi3_rope_type(config) if architecture == "Phi3ForCausalLM" else config,
+                where, max_positions, default_theta=_DEFAULT_THETA.get(architecture, 10_000.0))
+        rotary = _rotary_dim(config, where, architecture, head_dim)
+        if scaling and scaling["rope_type"] == "longrope" and \
+                len(scaling["short_factor"]) != rotary // 2:
+            raise UnsupportedConfigError(
+                f"{where}: LongRoPE has {len(scaling['short_factor'])} short_factor and "
+                f"long_factor values; {rotary} rotated dimensions per head need {rotary // 2}")
         moe = {}
         if architecture == "Qwen3MoeForCausalLM":
             mlp_only = config.get("mlp_only_layers")
@@ -327,13 +382,18 @@ class ModelConfig:
             rms_norm_eps=need("rms_norm_eps", float),
             rope_theta=rope_theta,
             max_position_embeddings=need("max_position_embeddings"),
-            # transformers' default: tied for Gemma, untied for the others.
-            tie_word_embeddings=flag("tie_word_embeddings", architecture in _GEMMA),
+            # transformers' default: tied for Gemma and SmolLM3, untied for
+            # the others.
+            tie_word_embeddings=flag("tie_word_embeddings", architecture in _GEMMA or
+                                     architecture == "SmolLM3ForCausalLM"),
             qk_norm=architecture.startswith("Qwen3") or architecture == "Gemma3ForCausalLM",
             qkv_bias=architecture == "Qwen2ForCausalLM",
             rope_scaling=scaling,
             sliding_window=window,
             sliding_layers=sliding,
+            rotary_dim=rotary if rotary < head_dim else None,
+            nope_layers=_nope_layers(config, where, layers)
+            if architecture == "SmolLM3ForCausalLM" else (),
             **moe,
             **gemma,
             **granite,
@@ -418,7 +478,7 @@ def _granite(config: dict, where: str) -> dict:
 _WINDOWED = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
              "MixtralForCausalLM": "phi3",
              "Gemma2ForCausalLM": "gemma", "Gemma3ForCausalLM": "gemma",
-             "Phi3ForCausalLM": "phi3"}
+             "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3"}
 #: Gemma's default layer pattern: every n-th layer full, the others
 #: sliding (Gemma 3: `sliding_window_pattern`, default 6; Gemma 2: 2).
 _GEMMA_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}
@@ -434,7 +494,7 @@ def _sliding_layers(config: dict, where: str, architecture: str,
     if use is not None and not isinstance(use, bool):
         raise UnsupportedConfigError(f"{where}: field 'use_sliding_window' = {use!r} must be "
                                      f"true or false (a JSON boolean)")
-    if style != "qwen2" and use:
+    if style not in ("qwen2", "smollm3") and use:
         raise UnsupportedConfigError(f"{where}: field 'use_sliding_window' = True is not "
                                      f"supported for {architecture} (attention is full, not "
                                      f"windowed)")
@@ -471,6 +531,8 @@ def _sliding_layers(config: dict, where: str, architecture: str,
         if window is not None:
             window = positive_int(where, "sliding_window", window)
         return (window if sliding else None), sliding
+    if style == "smollm3":
+        return _smollm3_window(config, where, layers, use, types)
     if style in ("mistral", "phi3"):
         window = config.get("sliding_window", 4096 if style == "mistral" else None)
         if window is None:
@@ -495,6 +557,27 @@ def _sliding_layers(config: dict, where: str, architecture: str,
                                      f"a non-negative integer")
     sliding = tuple(range(first, layers))
     return (window if sliding else None), sliding
+
+
+def _smollm3_window(config: dict, where: str, layers: int, use, types) -> tuple:
+    """SmolLM3's window, as transformers reads it: with
+    `use_sliding_window`, the layers `layer_types` calls sliding (by
+    default the NoPE layers, when `sliding_window` is set) attend to the
+    last `sliding_window` positions; without it, none does."""
+    if not use:
+        return None, ()
+    window = config.get("sliding_window")
+    if types is None:
+        nope = _nope_layers(config, where, layers)
+        types = ["sliding_attention" if window is not None and i in nope else
+                 "full_attention" for i in range(layers)]
+    sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    if sliding and window is None:
+        raise UnsupportedConfigError(f"{where}: field 'sliding_window' is null, but layers "
+                                     f"{list(sliding)} are 'sliding_attention' (layer_types)")
+    if not sliding:
+        return None, ()
+    return positive_int(where, "sliding_window", window), sliding
 
 
 def _rope(config: dict, where: str, max_positions: int, *,
@@ -533,8 +616,13 @@ def _rope(config: dict, where: str, max_positions: int, *,
         raise UnsupportedConfigError(
             f"{where}: field {flat!r} = {theta!r} contradicts {chosen}.rope_theta = "
             f"{nested!r}; keep one")
+    original = config.get("original_max_position_embeddings")
+    if config.get("architectures") == ["Phi3ForCausalLM"] and original is None:
+        original = 4096  # Phi3Config's default, which transformers prefers
+    if original is not None:
+        original = positive_int(where, "original_max_position_embeddings", original)
     return rope.read(params, chosen, where, default_theta if theta is None else theta,
-                     max_positions, config.get("partial_rotary_factor"))
+                     max_positions, original)
 
 
 def _gemma(config: dict, where: str, architecture: str, hidden: int,
@@ -575,18 +663,65 @@ def _gemma(config: dict, where: str, architecture: str, hidden: int,
     return out
 
 
-def _phi3_rope_type(config: dict, where: str) -> None:
-    """Phi-3's RoPE types: transformers reads "su" and "yarn" as LongRoPE
-    (short and long factors switched by the sequence length), which ETC
-    refuses, naming the field."""
+#: transformers' default RoPE base where it is not 1e4.
+_DEFAULT_THETA = {"MixtralForCausalLM": 1_000_000.0, "SmolLM3ForCausalLM": 2_000_000.0}
+
+
+def _phi3_rope_type(config: dict) -> dict:
+    """`config` with Phi-3's RoPE types as transformers' Phi3Config reads
+    them: "su" and "yarn" are LongRoPE."""
+    out = dict(config)
     for name in ("rope_scaling", "rope_parameters"):
         value = config.get(name)
-        kind = value.get("rope_type", value.get("type")) if isinstance(value, dict) else None
-        if kind in ("su", "yarn", "longrope"):
+        if isinstance(value, dict):
+            kind = value.get("rope_type", value.get("type"))
+            if kind in ("su", "yarn"):
+                value = {k: v for k, v in value.items() if k != "type"}
+                out[name] = {**value, "rope_type": "longrope"}
+    return out
+
+
+def _rotary_dim(config: dict, where: str, architecture: str, head_dim: int) -> int:
+    """The dimensions of each head RoPE rotates: `partial_rotary_factor`
+    (in `rope_parameters` or `rope_scaling` as transformers 5 writes it,
+    else top-level) of an architecture whose transformers class honours
+    it (`_PARTIAL_ROTARY`); a factor < 1 elsewhere is refused."""
+    given = [("partial_rotary_factor", config.get("partial_rotary_factor"))]
+    for nest in ("rope_scaling", "rope_parameters"):
+        value = config.get(nest)
+        if isinstance(value, dict):
+            given.append((f"{nest}.partial_rotary_factor", value.get("partial_rotary_factor")))
+            # transformers 5's RoPE per layer type (Gemma 3).
+            given += [(f"{nest}[{kind!r}].partial_rotary_factor",
+                       params.get("partial_rotary_factor"))
+                      for kind, params in value.items() if isinstance(params, dict)]
+    given = [(name, partial) for name, partial in given if partial is not None]
+    dims = {name: rope.rotary_dim(head_dim, partial, where, name) for name, partial in given}
+    for name, partial in given:
+        if dims[name] < head_dim and architecture not in _PARTIAL_ROTARY:
             raise UnsupportedConfigError(
-                f"{where}: field {name!r} has rope_type {kind!r}, which transformers' Phi-3 "
-                f"reads as 'longrope' (short and long factors switched by the sequence "
-                f"length), not supported: only plain RoPE is implemented for Phi-3")
+                f"{where}: field {name!r} = {partial!r} is not supported for {architecture}: "
+                f"its transformers class rotates whole heads (partial rotary is implemented "
+                f"for {', '.join(_PARTIAL_ROTARY)})")
+    # A nested factor wins (transformers: setdefault from the flat one).
+    return dims[given[-1][0]] if given else head_dim
+
+
+def _nope_layers(config: dict, where: str, layers: int) -> tuple:
+    """SmolLM3's layers without RoPE, as transformers reads them:
+    `no_rope_layers` (1: RoPE, 0: none; at least one entry per layer),
+    else every `no_rope_layer_interval`-th layer (default 4) has none."""
+    flags = config.get("no_rope_layers")
+    if flags is None:
+        interval = config.get("no_rope_layer_interval")
+        interval = 4 if interval is None else \
+            positive_int(where, "no_rope_layer_interval", interval)
+        return tuple(i for i in range(layers) if (i + 1) % interval == 0)
+    if not isinstance(flags, list) or len(flags) < layers or \
+            not all(type(f) is int and f in (0, 1) for f in flags):
+        raise UnsupportedConfigError(f"{where}: field 'no_rope_layers' = {flags!r} must list "
+                                     f"1 (RoPE) or 0 (none) for each of the {layers} layers")
+    return tuple(i for i in range(layers) if not flags[i])
 
 
 def _supported() -> str:

@@ -18,6 +18,7 @@ llama.cpp's row permutation of Llama's Q and K projections undone),
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from ... import bfloat16, packed
 from ...runtime import aligned
+from . import partial_rotary, rope
 from .checkpoint import MissingTensorError
 from .config import ModelConfig, UnsupportedConfigError
 from .gguf_file import MAGIC, GGUFError, GGUFFile
@@ -39,10 +41,13 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
-                 "granitemoe": "GraniteMoeForCausalLM"}
+                 "granitemoe": "GraniteMoeForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
 #: The architectures whose Q and K rows llama.cpp's converter permutes
-#: (LlamaModel's conversion; llama.cpp rotates them in pairs).
-_PERMUTED = ("llama", "granite", "granitemoe")
+#: (each head's rotary halves interleaved: LlamaModel's conversion), undone
+#: at load.
+_PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
+#: SmolLM3's NoPE layers as llama.cpp fixes them (no key): every 4th.
+_SMOLLM3_NO_ROPE_STEP = 4
 #: Gemma's layer pattern as llama.cpp fixes it (every n-th layer full),
 #: and its layer count of the 27B models, whose attention scale llama.cpp
 #: takes from hidden / heads instead of the head size.
@@ -62,9 +67,17 @@ _LLAMA3_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"
 _QWEN2_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"
                 r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
+# GPT-4o's (Phi-4-mini): words with their case runs and contractions,
+# numbers of up to 3 digits, punctuation runs with their line ends and "/".
+_CONTRACTION = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+_GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" +
+                _CONTRACTION +
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" +
+                _CONTRACTION +
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 PRE_TOKENIZERS = {"default": "gpt2", "gpt-2": "gpt2", "gpt2": "gpt2", "smollm": "smollm",
                   "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
-                  "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+                  "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "gpt-4o": _GPT4O_SPLIT}
 
 
 def is_gguf(path) -> bool:
@@ -96,7 +109,7 @@ class GGUFCheckpoint:
         #: The metadata as a Hugging Face config.json would say it.
         self.raw_config = self._hf_config()
         self.config = ModelConfig.from_dict(self.raw_config, f"{self.path} (GGUF metadata)")
-        if self.architecture == "llama" and self.config.rope_scaling is None and \
+        if self.architecture in _PERMUTED and self.config.rope_scaling is None and \
                 "rope_freqs.weight" in self._tensors:
             self._check_shape("rope_freqs.weight", (self.config.head_dim // 2,),
                               "RoPE frequency factors")
@@ -146,14 +159,16 @@ class GGUFCheckpoint:
         if a in _GEMMA_LLAMA_CPP:
             config.update(self._gemma_config(config))
         elif a == "phi3":
-            if "rope_factors_long.weight" in self._tensors:
-                raise UnsupportedConfigError(
-                    f"{self.path}: tensor 'rope_factors_long.weight' (Phi-3's LongRoPE factors, "
-                    f"switched by the sequence length) is not supported: only plain RoPE is "
-                    f"implemented for Phi-3")
             config.update({"hidden_act": "silu",
                            # llama.cpp writes 0 for no window.
                            "sliding_window": self._key("attention.sliding_window") or None})
+            original = self._key("rope.scaling.original_context_length")
+            if original is not None:  # Phi3Config's top-level field
+                config["original_max_position_embeddings"] = original
+        elif a == "smollm3":
+            # llama.cpp's smollm3: no window; no RoPE on every 4th layer.
+            config.update({"hidden_act": "silu",
+                           "no_rope_layer_interval": _SMOLLM3_NO_ROPE_STEP})
         else:
             config["hidden_act"] = "silu"
         embedding = self._tensors.get("token_embd.weight")
@@ -175,9 +190,19 @@ class GGUFCheckpoint:
         head_dim = key_length or (hidden // heads if hidden and heads else None)
         rope_dims = self._key("rope.dimension_count")
         if rope_dims is not None and head_dim is not None and rope_dims != head_dim:
-            raise UnsupportedConfigError(
-                f"{self.path}: GGUF metadata {a}.rope.dimension_count = {rope_dims} is not the "
-                f"head size {head_dim}: partial rotary embeddings are not supported")
+            if a != "phi3" or not isinstance(rope_dims, int) or not 0 < rope_dims < head_dim:
+                raise UnsupportedConfigError(
+                    f"{self.path}: GGUF metadata {a}.rope.dimension_count = {rope_dims} is not "
+                    f"the head size {head_dim}: partial rotary embeddings are supported for "
+                    f"phi3 only (llama.cpp's phi3 rotates the first n_rot dimensions)")
+            # Phi-4-mini: RoPE on the first rope_dims of each head.
+            config["partial_rotary_factor"] = rope_dims / head_dim
+            if int(head_dim * config["partial_rotary_factor"]) != rope_dims:
+                raise UnsupportedConfigError(
+                    f"{self.path}: GGUF metadata {a}.rope.dimension_count = {rope_dims} of head "
+                    f"size {head_dim} is no partial_rotary_factor transformers would read back")
+        if a == "phi3" and "rope_factors_long.weight" in self._tensors:
+            config["rope_scaling"] = self._longrope(rope_dims or head_dim)
         scaling = self._key("rope.scaling.type")
         if scaling not in (None, "none", "linear"):
             # config.json's yarn (and others) take parameters llama.cpp
@@ -216,6 +241,38 @@ class GGUFCheckpoint:
                     self._key("expert_shared_feed_forward_length"),
             })
         return config
+
+    def _longrope(self, rotated: int) -> dict:
+        """Phi-3's LongRoPE as llama.cpp's converter stores it: the long and
+        short factors as tensors `rope_factors_long/short` (rotated / 2
+        float32 each), the original context (`rope.scaling.
+        original_context_length`) and the attention factor
+        (`rope.scaling.attn_factor`)."""
+        a = self.architecture
+        factors = {}
+        for kind in ("long", "short"):
+            name = f"rope_factors_{kind}.weight"
+            if name not in self._tensors:
+                raise MissingTensorError(f"{self.path}: tensor {name!r} (Phi-3's LongRoPE "
+                                         f"{kind} factors) is missing from the GGUF file")
+            factors[kind] = [float(v) for v in self.tensor(name, (rotated // 2,),
+                                                           f"LongRoPE {kind} factors")]
+        original = self._key("rope.scaling.original_context_length")
+        if original is None:
+            raise UnsupportedConfigError(f"{self.path}: GGUF metadata "
+                                         f"'{a}.rope.scaling.original_context_length' is "
+                                         f"missing (LongRoPE's original context)")
+        out = {"rope_type": "longrope", "long_factor": factors["long"],
+               "short_factor": factors["short"], "original_max_position_embeddings": original}
+        attention = self._key("rope.scaling.attn_factor")
+        context = self._key("context_length")
+        if attention is not None and context:
+            # The converter writes transformers' default (from the context's
+            # scale); kept only where the file says otherwise.
+            derived = rope.attention_factor({**out, "factor": context / original})
+            if not math.isclose(attention, derived, rel_tol=1e-6):
+                out["attention_factor"] = _decimal(attention)
+        return out
 
     def _mixtral_config(self, config: dict) -> dict:
         """A `llama` file with experts is Mixtral, as llama.cpp's converter
@@ -520,6 +577,8 @@ class GGUFCheckpoint:
         for stacks in experts.values():
             if None not in stacks.values():
                 formats.update(stacks)
+        for key in partial_rotary.unpacked_keys(self.config):  # rows scaled at load
+            formats.pop(key, None)
         return formats
 
     def weights(self, progress: Optional[Callable[[int, int], None]] = None,
@@ -565,8 +624,12 @@ class GGUFCheckpoint:
                 raw = self._packed(name, what, formats[key], heads, shard and
                                    (lambda raw: shard(key, raw[how[1]:how[2]]
                                                       if isinstance(how, tuple) else raw)))
-                # A fused tensor's part: its rows of blocks.
-                out[key] = raw[how[1]:how[2]] if isinstance(how, tuple) and not shard else raw
+                # A fused tensor's part: its rows of blocks; partial rotary's
+                # q/k rows (whole heads: a rank's share alike) in the step
+                # graph's order.
+                out[key] = partial_rotary.to_step_layout(
+                    c, key, raw[how[1]:how[2]] if isinstance(how, tuple) and not shard else raw,
+                    packed=True)
                 if progress is not None:
                     progress(done, len(plan))
                 continue
@@ -581,10 +644,11 @@ class GGUFCheckpoint:
                 array = np.ascontiguousarray(np.swapaxes(array, -1, -2))
             elif isinstance(how, int):
                 array = _unpermute_rows(array, how)
+            array = partial_rotary.to_step_layout(c, key, array)
             out[key] = array if shard is None else shard(key, array)
             if progress is not None:
                 progress(done, len(plan))
-        if self.architecture == "llama" and c.rope_scaling is None and \
+        if self.architecture in _PERMUTED and c.rope_scaling is None and \
                 "rope_freqs.weight" in self._tensors:
             # llama.cpp's converter stores Llama 3's frequency scaling as
             # per-frequency divisors instead of rope_scaling metadata.

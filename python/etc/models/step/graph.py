@@ -13,7 +13,8 @@ sliding layers: `etc.models.step.kv_cache.layer_tables`), the weights
 (named as `Checkpoint.weights` names them; those in `weight_formats`
 packed, in a block format of `etc.packed`) and the RoPE frequencies
 `inv_freq` (and `inv_freq_local` for the sliding layers' own RoPE,
-Gemma 3). State: each layer's K and V caches, `l<i>_k_cache` /
+Gemma 3; with partial rotary, 0 for the pairs left alone, and the q and k
+weights' rows permuted: `etc.models.loading.partial_rotary`). State: each layer's K and V caches, `l<i>_k_cache` /
 `l<i>_v_cache`, (S, L, H_kv * head_dim) or (N or NW, P, H_kv * head_dim), in the
 KV dtype (by default the compute dtype). The step chooses a token after C
 of its tokens (a symbol): `sample_rows` (C,) i32 are their indices (each
@@ -185,9 +186,10 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
                                offset=offset)
             k = g.head_rmsnorm(k, weight(f"l{i}_k_norm", (d,)), head_dim=d, eps=eps,
                                offset=offset)
-        inv_freq = rope_tables["inv_freq_local" if c.local_rope(i) else "inv_freq"]
-        q = g.rope(q, batch.positions, head_dim=d, inv_freq=inv_freq)
-        k = g.rope(k, batch.positions, head_dim=d, inv_freq=inv_freq)
+        if c.uses_rope(i):  # not on SmolLM3's NoPE layers
+            inv_freq = rope_tables["inv_freq_local" if c.local_rope(i) else "inv_freq"]
+            q = g.rope(q, batch.positions, head_dim=d, inv_freq=inv_freq)
+            k = g.rope(k, batch.positions, head_dim=d, inv_freq=inv_freq)
         k_cache = g.kv_append(g.state(f"l{i}_k_cache", cache_shape, cache_dtype), k, batch)
         v_cache = g.kv_append(g.state(f"l{i}_v_cache", cache_shape, cache_dtype), v, batch)
         attended = g.attention(q, k_cache, v_cache, batch, head_dim=d, chunk=chunk,

@@ -152,7 +152,9 @@ class CompiledModel:
         else:
             weights = checkpoint.weights(progress=report, formats=self.weight_formats,
                                          shard=split)
-        for name, table in config.rope_tables().items():  # unless the file has its own
+        # The RoPE tables (LongRoPE's factors for this context length),
+        # unless the file has its own.
+        for name, table in config.rope_tables(self.max_seq_len).items():
             weights.setdefault(name, table)
         self._weights = {name: self._as_dtype(name, array) for name, array in weights.items()}
         self.timings["weights"] = time.perf_counter() - start

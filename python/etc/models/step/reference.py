@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import bfloat16
-from ..loading import rope
+from ..loading import partial_rotary, rope
 from ..loading.config import ModelConfig
 
 __all__ = ["forward"]
@@ -55,8 +55,13 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
     sequence, with `weights` named as `Checkpoint.weights` names them;
     `kv_dtype` rounds the keys (after RoPE) and values to what a KV cache
     of that dtype holds, the only rounding of a float32 model with a
-    half-precision cache."""
+    half-precision cache. Weights in the step graph's layout (partial
+    rotary's permuted q and k rows) are taken back to Hugging Face's
+    first; LongRoPE computes with the factors transformers picks for a
+    forward pass of len(tokens) positions, unless `weights` has its
+    `inv_freq`."""
     c = config
+    weights = partial_rotary.to_hf_layout(c, weights)
     tokens = np.asarray(tokens, dtype=np.int64)
     n, d = len(tokens), c.head_dim
     x = weights["embed"][tokens].astype(np.float32)
@@ -68,17 +73,23 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
     residual = np.float32(c.residual_multiplier or 1.0)
     eps, offset = c.rms_norm_eps, c.norm_offset
 
+    r = c.rotated  # partial rotary: the first r dimensions of each head
+
     def rotation(local: bool):
-        """cos and sin (n, 1, d) of the full layers' RoPE or the sliding
-        layers' own; Hugging Face scales them by the variant's attention
-        factor (yarn)."""
-        inv_freq = c.rope_inv_freq(local) if local else weights.get("inv_freq",
-                                                                     c.rope_inv_freq())
+        """cos and sin (n, 1, r) of the full layers' RoPE or the sliding
+        layers' own, and the variant's attention factor (yarn, longrope),
+        by which Hugging Face scales them."""
+        if local:
+            inv_freq = c.rope_inv_freq(local)
+        elif "inv_freq" in weights:
+            inv_freq = weights["inv_freq"][:r // 2]
+        else:
+            inv_freq = c.rope_inv_freq(long=rope.uses_long(c.rope_scaling, n))
         freqs = np.arange(n, dtype=np.float32)[:, None] * inv_freq[None, :]
         emb = np.concatenate([freqs, freqs], axis=-1)
         scaling = c.local_rope_scaling if local else c.rope_scaling
-        factor = np.float32(rope.attention_factor(scaling))
-        return np.cos(emb)[:, None, :] * factor, np.sin(emb)[:, None, :] * factor
+        return np.cos(emb)[:, None, :], np.sin(emb)[:, None, :], \
+            np.float32(rope.attention_factor(scaling))
 
     rotations = {local: rotation(local) for local in {c.local_rope(i)
                                                       for i in range(c.num_layers)}}
@@ -100,9 +111,16 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         if c.qk_norm:
             q = _rmsnorm(q, w("q_norm"), eps, offset)
             k = _rmsnorm(k, w("k_norm"), eps, offset)
-        cos, sin = rotations[c.local_rope(i)]
-        q = q * cos + _rotate_half(q) * sin
-        k = _round_to(k * cos + _rotate_half(k) * sin, kv_dtype)
+        if c.uses_rope(i):  # SmolLM3's NoPE layers have none
+            cos, sin, factor = rotations[c.local_rope(i)]
+            q = np.concatenate([(q[..., :r] * cos + _rotate_half(q[..., :r]) * sin) * factor,
+                                q[..., r:]], axis=-1)
+            # The cache holds the keys before the attention factor (the
+            # step graph puts it on q's side), so they round before it.
+            rotated = _round_to(k[..., :r] * cos + _rotate_half(k[..., :r]) * sin, kv_dtype)
+            k = np.concatenate([rotated * factor, _round_to(k[..., r:], kv_dtype)], axis=-1)
+        else:
+            k = _round_to(k, kv_dtype)
         v = _round_to(v, kv_dtype)
         k = np.repeat(k, group, axis=1)  # repeat_kv
         v = np.repeat(v, group, axis=1)
