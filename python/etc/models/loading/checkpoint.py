@@ -16,8 +16,8 @@ import numpy as np
 from . import fp8, multimodal, partial_rotary
 from ... import bfloat16, packed
 from ...runtime import aligned
-from .config import ModelConfig, UnsupportedConfigError
-from .safetensors import BYTE_DTYPES, SafetensorsError, SafetensorsFile
+from .config import ModelConfig
+from .safetensors import BYTE_DTYPES, SafetensorsFile
 
 __all__ = ["Checkpoint", "MissingTensorError", "CheckpointError", "STORAGE", "config_dtype"]
 
