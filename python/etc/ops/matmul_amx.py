@@ -7,7 +7,7 @@ every AMX CPU has, for the edges).
 tile in the VNNI layout (16 rows of K pairs, each 16 columns of a pair)
 into 16 x 16 f32. B^T's rows are already pairs along K, so the product is
 computed transposed: C^T[n, m] = sum_k B^T[n, k] A[m, k], with A in the
-VNNI layout. A tile has ROWS rows (128) from K = TALL_K (1,024) on,
+VNNI layout. A tile has TALL_ROWS rows (128) from K = TALL_K (1,024) on,
 SHORT_K_ROWS (64) below, and N up to WHOLE_N (192) whole, else column
 tiles up to WIDEST (288) wide (`tile_for`), and K goes by in chunks of about K_CHUNK (512). Per chunk, the tile's rows of A are packed into a stack
 panel (16-row blocks, 32 x 32 bf16 at a time transposed as 16 x 16 dwords
@@ -233,14 +233,17 @@ class MatmulAMX(MatmulDPBF16):
     TILE_CROSSOVER = 3
     #: Columns of C (rows of B^T) per group: two tiles.
     GROUP = 32
-    #: Rows of A per tile from K = TALL_K on: B^T's tiles serve ROWS / 32
+    #: Rows of A per tile from K = TALL_K on: B^T's tiles serve TALL_ROWS / 32
     #: pairs of row blocks from L2. One worker, fastest tile of 20 runs x
     #: tiles (2026-11-28 16:38 UTC, load 3): at 512 x 2048 x 2048 rows of
     #: 32 / 64 / 128 took 7.1 / 6.4-6.6 / 5.6 ms; at 486 x 576 x 576 0.43 /
     #: 0.42-0.53 / 0.43, at 256 x 576 x 1536 0.70 / 0.65-0.67 / 0.68 (level),
     #: where the 486-token prefill of bench/llm_decode_cpu.py --model smol
     #: took 1.12-1.18x main's time with 128 everywhere (fewer tiles).
-    ROWS = 128
+    #: (Not named ROWS: that is `MatmulCPU`'s rows per dot group, which the
+    #: GEMV below the crossover takes; as 128 it emitted a dead group of
+    #: 128 x 4 dot products, 86 % of this tile's IR.)
+    TALL_ROWS = 128
     TALL_K = 1024
     #: Rows of A per tile below K = TALL_K (SHORT_K_ROWS), the widest N
     #: taken whole as one column tile (WHOLE_N: the row tiles alone share
@@ -328,11 +331,11 @@ class MatmulAMX(MatmulDPBF16):
 
     @classmethod
     def rows_for(cls, op) -> int:
-        """ROWS (or the front end's rows if more) from K = TALL_K on, where
+        """TALL_ROWS (or the front end's rows if more) from K = TALL_K on, where
         B^T read once per 4 row pairs pays; SHORT_K_ROWS (or the front
         end's) below."""
         k = op.operands[0].shape[1]
-        return max(op.tile[0], cls.ROWS if k >= cls.TALL_K else cls.SHORT_K_ROWS)
+        return max(op.tile[0], cls.TALL_ROWS if k >= cls.TALL_K else cls.SHORT_K_ROWS)
 
     def emit(self) -> None:
         self.by_rows(self.TILE_CROSSOVER, self.emit_tiles, lambda: MatmulDPBF16.emit(self))
