@@ -178,6 +178,21 @@ def test_a_cpu_without_avx512_runs_the_same_graph(monkeypatch):
     assert_close_to_reference(got, want.astype(np.float64), a, w)
 
 
+def test_the_dot_product_tile_stays_small():
+    """The AVX-512 BF16 tile of a SmolLM2-shaped matmul (built for a CPU
+    without AMX; no JIT) stays under 800 lines of graph-stage IR: its GEMV
+    for one row emits only the dot groups one row takes (1,309 lines at
+    bb69982, with `MatmulCPU.emit`'s panels and full 4 x 4 groups; 456
+    now)."""
+    g = etc.Graph("size")
+    g.output(g.matmul(g.input("x", (g.symbol("T"), 576), "bf16"),
+                      g.input("w", (576, 576), "bf16"), transpose_b=True))
+    text = str(g.build(target=Target("cpu", workers=2, isa="x86-64-v4+avx512bf16")))
+    start = text.index("func.func private @size_tile_matmul_dpbf16_0(")
+    lines = text[start:text.index("\n  }\n", start)].count("\n")
+    assert 300 < lines < 800, lines
+
+
 def test_each_sum_gives_each_vectors_sum_in_its_lane():
     """The shuffle tree of `each_sum` for 1 to 16 vectors, run by the
     CPU target through a one-row elementwise graph whose tile is replaced:
