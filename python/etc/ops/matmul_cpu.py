@@ -156,14 +156,15 @@ class MatmulCPU(Matmul):
             scf.yield_([])
 
     def emit_few(self, most: int) -> None:
-        """`emit` for a tile that has at most `most` rows (the rows below a
-        subclass's crossover: one at decode), emitting only the code such
-        a tile can run. C = A @ B^T with `most` under PANEL_ROWS takes no
-        panel, so its rows are the dot groups' left after the panels (in
-        PANEL_WIDTH lanes where K takes panels, as `emit` sums them), none
-        of them a full group of ROWS rows; other tiles take `emit`."""
+        """`MatmulCPU.emit` for a tile that has at most `most` rows (those
+        below a subclass's crossover: one at decode), emitting only the code
+        such a tile can run. For C = A @ B^T and `most` under PANEL_ROWS no
+        panel is full, so every row is one `emit` leaves to the dot groups
+        after the panels (summed in PANEL_WIDTH lanes where K takes panels,
+        as there), and no dot group has all ROWS rows: only those code
+        paths are emitted. Other tiles take `MatmulCPU.emit` whole."""
         if not self.op.params["transpose_b"] or most >= min(self.PANEL_ROWS, self.ROWS):
-            self.emit()
+            MatmulCPU.emit(self)
             return
         out = self.op.result
         tm, tn = self.op.tile
