@@ -178,6 +178,21 @@ def test_a_cpu_without_avx512_runs_the_same_graph(monkeypatch):
     assert_close_to_reference(got, want.astype(np.float64), a, w)
 
 
+def test_the_dot_product_tile_stays_small():
+    """The AVX-512 BF16 tile of a SmolLM2-shaped matmul (built for a CPU
+    without AMX; no JIT) stays under 800 lines of graph-stage IR: its GEMV
+    for one row emits only the dot groups one row takes (1,309 lines at
+    bb69982, with `MatmulCPU.emit`'s panels and full 4 x 4 groups; 456
+    now)."""
+    g = etc.Graph("size")
+    g.output(g.matmul(g.input("x", (g.symbol("T"), 576), "bf16"),
+                      g.input("w", (576, 576), "bf16"), transpose_b=True))
+    text = str(g.build(target=Target("cpu", workers=2, isa="x86-64-v4+avx512bf16")))
+    start = text.index("func.func private @size_tile_matmul_dpbf16_0(")
+    lines = text[start:text.index("\n  }\n", start)].count("\n")
+    assert 300 < lines < 800, lines
+
+
 def test_each_sum_gives_each_vectors_sum_in_its_lane():
     """The shuffle tree of `each_sum` for 1 to 16 vectors, run by the
     CPU target through a one-row elementwise graph whose tile is replaced:
@@ -245,7 +260,7 @@ def test_the_amx_tile_is_chosen_where_the_instruction_set_has_amx_or_it_is_emula
         is MatmulDPBF16
     # N up to WHOLE_N in one column tile (the row tiles share the work out);
     # wider N in column tiles of whole groups of 32, as many for each
-    # worker; ROWS rows from K = TALL_K on, SHORT_K_ROWS below.
+    # worker; TALL_ROWS rows from K = TALL_K on, SHORT_K_ROWS below.
     two = Target("cpu", workers=2, isa=AMX)
     assert (MatmulAMX.WHOLE_N, MatmulAMX.WIDEST) == (192, 288)
     assert MatmulAMX.tile_for(op, two) == (MatmulAMX.SHORT_K_ROWS, 192) == (64, 192)
@@ -254,7 +269,7 @@ def test_the_amx_tile_is_chosen_where_the_instruction_set_has_amx_or_it_is_emula
     assert MatmulAMX.tile_for(_op(576, 1536), two) == (64, 256)
     assert MatmulAMX.tile_for(_op(576, 224), two) == (64, 32)  # 7 groups: 1 each is uneven
     tall = _op(MatmulAMX.TALL_K, 192)
-    assert MatmulAMX.tile_for(tall, two) == (MatmulAMX.ROWS, 192) == (128, 192)
+    assert MatmulAMX.tile_for(tall, two) == (MatmulAMX.TALL_ROWS, 192) == (128, 192)
     assert MatmulAMX.tile_for(_op(MatmulAMX.TALL_K, 576), two) == (128, 288)
     assert MatmulAMX.tile_for(_op(576, 960), two) == (64, 160)  # 320 is past WIDEST
 
@@ -362,6 +377,28 @@ def test_amx_tiles_emulated_at_ragged_shapes_match_the_reference(schedule, k, n)
         a, r = _bf16(rng, (m, k)), _bf16(rng, (m, n), 8.0)
         (got,) = kernel.run(a=a, w=w, r=r)
         assert_close_with_residual(got, g, a, w, r)
+
+
+@pytest.mark.parametrize("k, n", [(576, 192), (576, 1536), (1536, 576)])
+def test_amx_tiles_stay_small(k, n):
+    """The tile function of a SmolLM2-shaped bf16 matmul stays under 2,000
+    lines of graph-stage IR (built for an AMX CPU; no JIT). At bb69982 it
+    was 19,407 / 19,719 / 19,407 lines: `MatmulAMX.ROWS` (its 128 rows per
+    tile) also set `MatmulCPU`'s rows per dot group, so the GEMV below the
+    crossover emitted a 128 x 4 group of dot products, never run, in every
+    tile (2,696 / 3,010 / 2,697 without it). Now 1,192 / 1,506 / 1,193:
+    the one-row GEMV without the panels and the full dot groups it never
+    reaches, one copy of the dot-product blocks for the columns past the
+    tile unit's groups and for tiles of 2 rows, the stores of a pair of
+    row blocks once, in a loop (docs/benchmarks.md, "Compile time of a
+    model's step kernel")."""
+    g = etc.Graph("size")
+    g.output(g.matmul(g.input("x", (g.symbol("T"), k), "bf16"), g.input("w", (n, k), "bf16"),
+                      transpose_b=True))
+    text = str(g.build(target=Target("cpu", workers=2, isa=AMX)))
+    start = text.index("func.func private @size_tile_matmul_amx_0(")
+    lines = text[start:text.index("\n  }\n", start)].count("\n")
+    assert 800 < lines < 2000, lines
 
 
 @needs_amx

@@ -7,7 +7,7 @@ every AMX CPU has, for the edges).
 tile in the VNNI layout (16 rows of K pairs, each 16 columns of a pair)
 into 16 x 16 f32. B^T's rows are already pairs along K, so the product is
 computed transposed: C^T[n, m] = sum_k B^T[n, k] A[m, k], with A in the
-VNNI layout. A tile has ROWS rows (128) from K = TALL_K (1,024) on,
+VNNI layout. A tile has TALL_ROWS rows (128) from K = TALL_K (1,024) on,
 SHORT_K_ROWS (64) below, and N up to WHOLE_N (192) whole, else column
 tiles up to WIDEST (288) wide (`tile_for`), and K goes by in chunks of about K_CHUNK (512). Per chunk, the tile's rows of A are packed into a stack
 panel (16-row blocks, 32 x 32 bf16 at a time transposed as 16 x 16 dwords
@@ -39,6 +39,7 @@ from mlir import ir
 from mlir.dialects import arith, memref, scf, vector
 
 from .base import element_type
+from .matmul_cpu import MatmulCPU
 from .matmul_dpbf16 import MatmulDPBF16, dot_bf16
 
 
@@ -233,14 +234,17 @@ class MatmulAMX(MatmulDPBF16):
     TILE_CROSSOVER = 3
     #: Columns of C (rows of B^T) per group: two tiles.
     GROUP = 32
-    #: Rows of A per tile from K = TALL_K on: B^T's tiles serve ROWS / 32
+    #: Rows of A per tile from K = TALL_K on: B^T's tiles serve TALL_ROWS / 32
     #: pairs of row blocks from L2. One worker, fastest tile of 20 runs x
     #: tiles (2026-11-28 16:38 UTC, load 3): at 512 x 2048 x 2048 rows of
     #: 32 / 64 / 128 took 7.1 / 6.4-6.6 / 5.6 ms; at 486 x 576 x 576 0.43 /
     #: 0.42-0.53 / 0.43, at 256 x 576 x 1536 0.70 / 0.65-0.67 / 0.68 (level),
     #: where the 486-token prefill of bench/llm_decode_cpu.py --model smol
     #: took 1.12-1.18x main's time with 128 everywhere (fewer tiles).
-    ROWS = 128
+    #: (Not named ROWS: that is `MatmulCPU`'s rows per dot group, which the
+    #: GEMV below the crossover takes; as 128 it emitted a dead group of
+    #: 128 x 4 dot products, 86 % of this tile's IR.)
+    TALL_ROWS = 128
     TALL_K = 1024
     #: Rows of A per tile below K = TALL_K (SHORT_K_ROWS), the widest N
     #: taken whole as one column tile (WHOLE_N: the row tiles alone share
@@ -328,14 +332,43 @@ class MatmulAMX(MatmulDPBF16):
 
     @classmethod
     def rows_for(cls, op) -> int:
-        """ROWS (or the front end's rows if more) from K = TALL_K on, where
+        """TALL_ROWS (or the front end's rows if more) from K = TALL_K on, where
         B^T read once per 4 row pairs pays; SHORT_K_ROWS (or the front
         end's) below."""
         k = op.operands[0].shape[1]
-        return max(op.tile[0], cls.ROWS if k >= cls.TALL_K else cls.SHORT_K_ROWS)
+        return max(op.tile[0], cls.TALL_ROWS if k >= cls.TALL_K else cls.SHORT_K_ROWS)
 
     def emit(self) -> None:
-        self.by_rows(self.TILE_CROSSOVER, self.emit_tiles, lambda: MatmulDPBF16.emit(self))
+        """Per tile at run time: from TILE_CROSSOVER rows on, the groups of
+        32 columns on the tile unit (`emit_tiles`); from `MatmulDPBF16`'s
+        CROSSOVER on, its blocks for the columns the tile unit left (all
+        of them below TILE_CROSSOVER rows): one copy of them for both;
+        fewer rows, the GEMV."""
+        assert self.TILE_CROSSOVER >= self.CROSSOVER
+        tm, tn = self.op.tile
+        r0, rows = self.row_block(self.op.result, tm)
+        c0 = arith.muli(self.ti[1], self.cidx(tn))
+        cols = self.extent(self.op.result, 1, c0, tn)
+        dots = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, rows, self.cidx(self.CROSSOVER)),
+                        has_else=True)
+        with ir.InsertionPoint(dots.then_block):
+            on_tiles = arith.cmpi(arith.CmpIPredicate.uge, rows, self.cidx(self.TILE_CROSSOVER))
+            branch = scf.IfOp(on_tiles)
+            with ir.InsertionPoint(branch.then_block):
+                self.emit_tiles(r0, rows, c0, cols)
+                scf.yield_([])
+            # The tile unit takes whole groups of 32 columns.
+            done = arith.select(on_tiles, arith.muli(arith.divui(cols, self.cidx(self.GROUP)),
+                                                     self.cidx(self.GROUP)), self.cidx(0))
+            left = arith.subi(cols, done)
+            some = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ugt, left, self.cidx(0)))
+            with ir.InsertionPoint(some.then_block):
+                self.emit_blocks(r0, rows, arith.addi(c0, done), left)
+                scf.yield_([])
+            scf.yield_([])
+        with ir.InsertionPoint(dots.else_block):
+            MatmulCPU.emit_few(self, self.CROSSOVER - 1)
+            scf.yield_([])
 
     def emit_tiles(self, r0, rows, c0, cols) -> None:
         """K in chunks of K_CHUNK: each chunk's columns of the tile's rows of
@@ -343,7 +376,8 @@ class MatmulAMX(MatmulDPBF16):
         blocks (its chunk of the panel stays in L1) every group of 32
         columns (B^T's chunk stays in L2 over the pairs), the 2 x 2
         accumulators of each pair and group kept in a stack buffer of C^T
-        between chunks; at the end the results are stored transposed."""
+        between chunks; at the end the results are stored transposed. The
+        columns past the last whole group are left to `emit`."""
         tiles = AMXTiles(self, self.target.emulate_amx and not self.target.has("amx-bf16"))
         k = self.op.operands[0].shape[1]
         whole = k // 32                       # whole steps of 32 along K
@@ -408,18 +442,15 @@ class MatmulAMX(MatmulDPBF16):
             chunk(self.cidx(full * each), whole % each, bool(k % 32), not full)
 
         def results(block, n0, at) -> None:
-            for mb in range(2):
-                self.store_transposed([arith.addi(at, self.cidx(16 * (nb * 2 + mb)))
-                                       for nb in range(2)],
-                                      r0, rows, arith.addi(block, self.cidx(mb)), n0)
+            # The pair's two row blocks by one copy of the stores (a loop).
+            halves = scf.ForOp(self.cidx(0), self.cidx(2), self.cidx(1))
+            with ir.InsertionPoint(halves.body):
+                mb = halves.induction_variable
+                first = arith.addi(at, arith.muli(mb, self.cidx(16)))
+                self.store_transposed([first, arith.addi(first, self.cidx(32))],
+                                      r0, rows, arith.addi(block, mb), n0)
+                scf.yield_([])
         each_block(results)
-        done = arith.muli(groups, self.cidx(self.GROUP))
-        left = arith.subi(cols, done)
-        some = arith.cmpi(arith.CmpIPredicate.ugt, left, self.cidx(0))
-        branch = scf.IfOp(some)
-        with ir.InsertionPoint(branch.then_block):
-            self.emit_blocks(r0, rows, arith.addi(c0, done), left)
-            scf.yield_([])
 
     def pack_chunk(self, r0, rows, first, count: int, tail: bool) -> None:
         """K steps first ... first + count of the tile's rows of A (and, with

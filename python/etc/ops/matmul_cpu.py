@@ -155,6 +155,26 @@ class MatmulCPU(Matmul):
             super().emit()
             scf.yield_([])
 
+    def emit_few(self, most: int) -> None:
+        """`MatmulCPU.emit` for a tile that has at most `most` rows (those
+        below a subclass's crossover: one at decode), emitting only the code
+        such a tile can run. For C = A @ B^T and `most` under PANEL_ROWS no
+        panel is full, so every row is one `emit` leaves to the dot groups
+        after the panels (summed in PANEL_WIDTH lanes where K takes panels,
+        as there), and no dot group has all ROWS rows: only those code
+        paths are emitted. Other tiles take `MatmulCPU.emit` whole."""
+        if not self.op.params["transpose_b"] or most >= min(self.PANEL_ROWS, self.ROWS):
+            MatmulCPU.emit(self)
+            return
+        out = self.op.result
+        tm, tn = self.op.tile
+        r0, rows = self.row_block(out, tm)
+        c0 = arith.muli(self.ti[1], self.cidx(tn))
+        cols = self.extent(out, 1, c0, tn)
+        width = None if self.panel_k() is None else self.PANEL_WIDTH
+        self.emit_transposed(r0, c0, rows, cols, self.dim(self.op.operands[0], 1), width,
+                             most_rows=most)
+
     def emit_rows(self, r0, rows, c0, k_extent) -> None:
         """Full-width tiles of C = A @ B: groups of ROWS rows (streamed when
         the tile has at most STREAMED_ROWS rows, else (row group, chunk)
@@ -405,12 +425,14 @@ class MatmulCPU(Matmul):
                 scf.yield_([])
             scf.yield_([])
 
-    def emit_transposed(self, r0, c0, rows, cols, k_extent, width: Optional[int] = None
-                        ) -> None:
+    def emit_transposed(self, r0, c0, rows, cols, k_extent, width: Optional[int] = None,
+                        most_rows: Optional[int] = None) -> None:
         """C = A @ B^T: each (row, column) is a dot product along k, where
         both operands are contiguous: vector partial sums over k in steps of
         `width` (default WIDTH), then a scalar tail and one reduction.
-        Micro-tiles of ROWS x COLS outputs share each load."""
+        Micro-tiles of ROWS x COLS outputs share each load. `most_rows`
+        (below ROWS): `rows` is never more, and no code is emitted for a
+        full group of ROWS rows (`emit_few`)."""
         width = width or self.WIDTH
         vector_k = arith.muli(arith.divui(k_extent, self.cidx(width)), self.cidx(width))
         row_groups = arith.divui(arith.addi(rows, self.cidx(self.ROWS - 1)), self.cidx(self.ROWS))
@@ -435,14 +457,8 @@ class MatmulCPU(Matmul):
                                     arith.subi(arith.addi(r0, rows), row))
             col_count = arith.minsi(self.cidx(self.COLS),
                                     arith.subi(arith.addi(c0, cols), col))
-            full = arith.andi(
-                arith.cmpi(arith.CmpIPredicate.eq, row_count, self.cidx(self.ROWS)),
-                arith.cmpi(arith.CmpIPredicate.eq, col_count, self.cidx(self.COLS)))
-            branch = scf.IfOp(full, has_else=True)
-            with ir.InsertionPoint(branch.then_block):
-                self.emit_dots(row, self.ROWS, col, self.COLS, vector_k, k_extent, step, width)
-                scf.yield_([])
-            with ir.InsertionPoint(branch.else_block):
+
+            def partial() -> None:
                 # Fewer than ROWS rows (decode) but all COLS columns: a row at
                 # a time, its COLS dot products sharing each load of A (COLS
                 # independent accumulators keep the FMA pipes busy).
@@ -466,6 +482,20 @@ class MatmulCPU(Matmul):
                                        vector_k, k_extent, width=width)
                         scf.yield_([])
                     scf.yield_([])
+
+            if most_rows is not None and most_rows < self.ROWS:
+                partial()
+                scf.yield_([])
+                return
+            full = arith.andi(
+                arith.cmpi(arith.CmpIPredicate.eq, row_count, self.cidx(self.ROWS)),
+                arith.cmpi(arith.CmpIPredicate.eq, col_count, self.cidx(self.COLS)))
+            branch = scf.IfOp(full, has_else=True)
+            with ir.InsertionPoint(branch.then_block):
+                self.emit_dots(row, self.ROWS, col, self.COLS, vector_k, k_extent, step, width)
+                scf.yield_([])
+            with ir.InsertionPoint(branch.else_block):
+                partial()
                 scf.yield_([])
             scf.yield_([])
 

@@ -90,7 +90,8 @@ class MatmulDPBF16(MatmulCPU):
                 and a.dtype == b.dtype == "bf16" and isinstance(a.shape[1], int))
 
     def emit(self) -> None:
-        self.by_rows(self.CROSSOVER, self.emit_blocks, lambda: MatmulCPU.emit(self))
+        self.by_rows(self.CROSSOVER, self.emit_blocks,
+                     lambda: MatmulCPU.emit_few(self, self.CROSSOVER - 1))
 
     def by_rows(self, crossover: int, wide, narrow) -> None:
         """`wide(r0, rows, c0, cols)` (the tile's first row, live rows,
