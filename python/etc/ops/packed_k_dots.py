@@ -132,7 +132,12 @@ class IntegerScaleDots:
             self.multiply_float(rows, c0, cols, single=True)
             scf.yield_([])
         with ir.InsertionPoint(single.else_block):
-            self.by_columns(lambda columns: self.chunked_dots(rows, columns), c0, cols)
+            # No rows (an expert tile no token was routed to) unpack nothing:
+            # the panels' unpacking reads all of the weight whatever the rows.
+            some = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, rows, self.cidx(2)))
+            with ir.InsertionPoint(some.then_block):
+                self.by_columns(lambda columns: self.chunked_dots(rows, columns), c0, cols)
+                scf.yield_([])
             scf.yield_([])
 
     def chunked_dots(self, rows, columns: list) -> None:
