@@ -123,7 +123,8 @@ class IntegerScaleDots:
         (its unpacking in registers: the weights' bytes bound it); two rows
         or more unpack each group of COLS columns into the panels once and
         take their rows PANEL_STEP at a time (`chunked_dots`, then
-        `integer_dots`). (Tiles of 2 to 7 rows unpacked once per step of
+        `integer_dots`); no rows (an empty MoE expert tile) nothing.
+        (Tiles of 2 to 7 rows unpacked once per step of
         ROWS rows before: the same work up to ROWS rows, more above, and a
         second copy of the unpacking and the products in the code.)"""
         single = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, rows, self.cidx(1)),
