@@ -248,7 +248,7 @@ def test_empty_expert_tiles_unpack_no_panels(k):
     no token was routed to (most of them at decode: 8 of 32 chosen at B = 1)
     reads none of its weights. At 8fe3154 the panels' unpacking ran for 0
     rows too, reading every expert whole: a Qwen3-30B-A3B-width Q4_K layer
-    at B = 1 took 24 ms against 1.9 before 64abf01 (`bench/moe_cpu.py`,
+    at B = 1 took 4.8-12.7 ms against 1.3 before 64abf01 (`bench/moe_cpu.py`,
     docs/benchmarks.md). K = 2560 also takes the chunks of `chunked_dots`.
     Built for an AMX + VNNI CPU (the integer-scale tiles), no JIT."""
     from etc.ops.base import Target
