@@ -9,6 +9,8 @@ at each B of `--batches`, the storages alternating round by round
 
 * `q4_k`: Q4_K gate/up, Q6_K down, (E, out, in), x f32 (a GGUF file's
   experts; `MoeUpPackedCPU` / `MoeDownPackedCPU`)
+* `q6_k`: Q6_K gate/up/down, (E, out, in), x f32 (a Q6_K GGUF file's
+  experts; the same tiles)
 * `mxfp4`: MXFP4 gate/up/down, (E, out, in), x f32 (llama.cpp's MXFP4_MOE
   files' experts; the same tiles)
 * `q4_0`: Q4_0 gate/up/down (the 32-value 4-bit format MXFP4 is set
@@ -44,7 +46,7 @@ from etc.ops import moe_experts
 from etc.reference import round_bf16, topk
 
 H, F, E, TOP_K = 2048, 768, 32, 8
-STORAGES = ("q4_k", "mxfp4", "q4_0", "bf16", "bf16_t", "fp8", "scalar")
+STORAGES = ("q4_k", "q6_k", "mxfp4", "q4_0", "bf16", "bf16_t", "fp8", "scalar")
 
 
 def layer(storage: str, workers: int):
@@ -53,6 +55,7 @@ def layer(storage: str, workers: int):
     matrices."""
     formats, xdtype, transposed = {
         "q4_k": (("q4_k", "q4_k", "q6_k"), "f32", True),
+        "q6_k": (("q6_k",) * 3, "f32", True),
         "mxfp4": (("mxfp4",) * 3, "f32", True),
         "q4_0": (("q4_0",) * 3, "f32", True),
         "bf16": (("bf16",) * 3, "bf16", False),

@@ -210,3 +210,62 @@ def test_packed_experts_are_checked():
                                          r"stacked experts, with K a static multiple of its "
                                          r"block of 256"):
         g.input("ragged", (E, F, 96), "q4_k")
+
+
+def _within_guard(ancestors: list) -> bool:
+    """Whether one of `ancestors` ((op, region index) pairs, outermost
+    first) is the then-region of an `scf.if` on `count >= 2`."""
+    for op, region in ancestors:
+        if op.name != "scf.if" or region != 0:
+            continue
+        test = op.operands[0].owner
+        if test.name != "arith.cmpi" or str(test.attributes["predicate"]) != "9 : i64":  # uge
+            continue
+        bound = test.operands[1].owner
+        if bound.name == "arith.constant" and str(bound.attributes["value"]) == "2 : index":
+            return True
+    return False
+
+
+def _panel_stores(op, cols: int, ancestors: list, found: list) -> None:
+    """The stores into (`cols`, K) i8 buffers (the unpacked weights'
+    panel) under `op`, each with whether a row-count guard holds it."""
+    for index, region in enumerate(op.regions):
+        for block in region.blocks:
+            for inner in block.operations:
+                inner = inner.operation
+                if inner.name == "vector.store":
+                    shape = inner.operands[1].type
+                    if str(shape).startswith(f"memref<{cols}x") and str(shape).endswith("xi8>"):
+                        found.append(_within_guard(ancestors + [(op, index)]))
+                _panel_stores(inner, cols, ancestors + [(op, index)], found)
+
+
+@pytest.mark.parametrize("k", [256, 2560])
+def test_empty_expert_tiles_unpack_no_panels(k):
+    """A K-quant expert tile unpacks its weights into the panels only for
+    2 rows or more (one row takes the row dots in registers): an expert
+    no token was routed to (most of them at decode: 8 of 32 chosen at B = 1)
+    reads none of its weights. At 8fe3154 the panels' unpacking ran for 0
+    rows too, reading every expert whole: a Qwen3-30B-A3B-width Q4_K layer
+    at B = 1 took 4.8-12.7 ms against 1.3 before 64abf01 (`bench/moe_cpu.py`,
+    docs/benchmarks.md). K = 2560 also takes the chunks of `chunked_dots`.
+    Built for an AMX + VNNI CPU (the integer-scale tiles), no JIT."""
+    from etc.ops.base import Target
+    from etc.ops.moe_experts import MoeUpPackedCPU
+
+    g = etc.Graph("empty")
+    x = g.input("x", (g.symbol("T"), k), "f32")
+    router = g.input("router", (k, E), "f32")
+    g.output(g.moe(x, router, g.input("gate", (E, F, k), "q4_k"),
+                   g.input("down", (E, k, F), "q6_k"), TOP_K,
+                   w_up=g.input("up", (E, F, k), "q4_k"), transpose_w=True, tile=TILE))
+    module = g.build(target=Target("cpu", workers=2,
+                                   isa="x86-64-v4+avx512bf16+amx-tile+amx-bf16+avx512vnni"))
+    tiles = {str(f.attributes["sym_name"]).strip('"'): f for f in module.body.operations}
+    assert MoeUpPackedCPU.COLS != TILE  # the activations' panel has TILE rows
+    for part in ("up", "down"):
+        found = []
+        _panel_stores(tiles[f"empty_tile_moe_{part}_packed_cpu_0"].operation,
+                      MoeUpPackedCPU.COLS, [], found)
+        assert found and all(found), (part, found)

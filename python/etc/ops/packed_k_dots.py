@@ -123,7 +123,8 @@ class IntegerScaleDots:
         (its unpacking in registers: the weights' bytes bound it); two rows
         or more unpack each group of COLS columns into the panels once and
         take their rows PANEL_STEP at a time (`chunked_dots`, then
-        `integer_dots`). (Tiles of 2 to 7 rows unpacked once per step of
+        `integer_dots`); no rows (an empty MoE expert tile) nothing.
+        (Tiles of 2 to 7 rows unpacked once per step of
         ROWS rows before: the same work up to ROWS rows, more above, and a
         second copy of the unpacking and the products in the code.)"""
         single = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, rows, self.cidx(1)),
@@ -132,7 +133,12 @@ class IntegerScaleDots:
             self.multiply_float(rows, c0, cols, single=True)
             scf.yield_([])
         with ir.InsertionPoint(single.else_block):
-            self.by_columns(lambda columns: self.chunked_dots(rows, columns), c0, cols)
+            # No rows (an expert tile no token was routed to) unpack nothing:
+            # the panels' unpacking reads all of the weight whatever the rows.
+            some = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, rows, self.cidx(2)))
+            with ir.InsertionPoint(some.then_block):
+                self.by_columns(lambda columns: self.chunked_dots(rows, columns), c0, cols)
+                scf.yield_([])
             scf.yield_([])
 
     def chunked_dots(self, rows, columns: list) -> None:
