@@ -1,7 +1,7 @@
 """Hugging Face `config.json` of the supported architectures, checked.
 
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
-Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3; and the text
+Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, gpt-oss; and the text
 model of Gemma 3's and Mistral 3's multimodal configs, `multimodal`), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
@@ -28,7 +28,8 @@ __all__ = ["ARCHITECTURES", "ROPE_TYPES", "ModelConfig", "UnsupportedConfigError
 #: The architectures `etc.models.load` builds.
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                  "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-                 "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM")
+                 "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
+                 "GptOssForCausalLM")
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
@@ -95,6 +96,19 @@ class ModelConfig:
     #: ['sliding_attention']`): its base and variant.
     local_rope_theta: Optional[float] = None
     local_rope_scaling: Optional[dict] = None
+    #: gpt-oss: a bias on the attention's output projection too
+    #: (`qkv_bias` the others'), one learnt sink logit per query head
+    #: (`Graph.attention`'s `sinks`), a bias on the router's logits and on
+    #: each expert's projections (`Graph.moe`'s `router_b`, `b1`, `b_up`,
+    #: `b2`), and the experts' activation: "silu" (SwiGLU) or "swiglu_oai"
+    #: (gpt-oss's clamped SwiGLU, `swiglu_limit` and `swiglu_alpha`).
+    o_bias: bool = False
+    attention_sinks: bool = False
+    router_bias: bool = False
+    expert_bias: bool = False
+    expert_activation: str = "silu"
+    swiglu_limit: Optional[float] = None
+    swiglu_alpha: Optional[float] = None
 
     @property
     def is_moe(self) -> bool:
@@ -222,9 +236,15 @@ class ModelConfig:
                 head_dim % 2:
             raise UnsupportedConfigError(f"{where}: field 'head_dim' = {head_dim!r} must be an "
                                          f"even positive integer")
-        if architecture not in _GEMMA:  # Gemma reads hidden_activation (below)
+        if architecture == "GptOssForCausalLM":
+            # transformers' gpt-oss never reads hidden_act (its experts'
+            # clamped SwiGLU is fixed): any name computes the same.
+            if not isinstance(config.get("hidden_act", "silu"), str):
+                raise UnsupportedConfigError(f"{where}: field 'hidden_act' = "
+                                             f"{config['hidden_act']!r} must be a string")
+        elif architecture not in _GEMMA:  # Gemma reads hidden_activation (below)
             refuse("hidden_act", ("silu", None), "only SiLU-gated MLPs are implemented")
-        if architecture != "Qwen2ForCausalLM":
+        if architecture not in ("Qwen2ForCausalLM", "GptOssForCausalLM"):
             # Qwen2's q/k/v projections always have biases and its o
             # projection never has one: transformers ignores the field.
             refuse("attention_bias", (False, None), "q/k/v/o projections have no bias")
@@ -235,6 +255,8 @@ class ModelConfig:
         max_positions = need("max_position_embeddings")
         gemma = _gemma(config, where, architecture, hidden, max_positions) \
             if architecture in _GEMMA else {}
+        if architecture == "GptOssForCausalLM":
+            gemma = _gpt_oss(config, where, layers, max_positions, need, flag)
         if "rope_theta" in gemma:
             rope_theta, scaling = gemma.pop("rope_theta"), gemma.pop("rope_scaling")
         else:
@@ -270,10 +292,10 @@ class ModelConfig:
             if config.get("shared_expert_intermediate_size"):
                 raise UnsupportedConfigError(f"{where}: field 'shared_expert_intermediate_size'"
                                              f" is not supported (no shared experts)")
-        elif architecture == "MixtralForCausalLM":
-            moe = _mixtral(config, where, layers, need, flag)
+        elif architecture in ("MixtralForCausalLM", "GptOssForCausalLM"):
+            moe = _mixtral(config, where, layers, need, flag, architecture)
         dense_layers = not moe or len(moe["sparse_layers"]) < layers
-        if architecture == "MixtralForCausalLM":
+        if architecture in ("MixtralForCausalLM", "GptOssForCausalLM"):
             intermediate = 0  # every layer sparse: the field is the experts' width
         elif dense_layers:
             intermediate = need("intermediate_size")
@@ -296,7 +318,7 @@ class ModelConfig:
             # transformers' default: tied for Gemma, untied for the others.
             tie_word_embeddings=flag("tie_word_embeddings", architecture in _GEMMA),
             qk_norm=architecture.startswith("Qwen3") or architecture == "Gemma3ForCausalLM",
-            qkv_bias=architecture == "Qwen2ForCausalLM",
+            qkv_bias=architecture == "Qwen2ForCausalLM" or gemma.pop("attention_bias", False),
             rope_scaling=scaling,
             sliding_window=window,
             sliding_layers=sliding,
@@ -305,7 +327,8 @@ class ModelConfig:
         )
 
 
-def _mixtral(config: dict, where: str, layers: int, need, flag) -> dict:
+def _mixtral(config: dict, where: str, layers: int, need, flag,
+             architecture: str = "MixtralForCausalLM") -> dict:
     """Mixtral's MoE fields (`ModelConfig`'s MoE fields), as transformers 4
     and 5 read them: a sparse block in every layer, `num_local_experts`
     experts (`num_experts` is transformers' alias of it) of width
@@ -316,7 +339,9 @@ def _mixtral(config: dict, where: str, layers: int, need, flag) -> dict:
     checked to be what they mean: `router_jitter_noise` (transformers
     multiplies the MoE input by noise only in training mode: inference,
     and so ETC, compute the same with any value), `output_router_logits`
-    and `router_aux_loss_coef` (the load-balancing loss)."""
+    and `router_aux_loss_coef` (the load-balancing loss). gpt-oss reads
+    the same fields (its router takes the top-k logits, then their
+    softmax: the same weights), and has no jitter."""
     experts = config.get("num_local_experts")
     alias = config.get("num_experts")
     if experts is None:
@@ -327,13 +352,16 @@ def _mixtral(config: dict, where: str, layers: int, need, flag) -> dict:
                                      f"it); keep one")
     if experts is None:
         raise UnsupportedConfigError(f"{where}: field 'num_local_experts' is missing (required "
-                                     f"for MixtralForCausalLM)")
+                                     f"for {architecture})")
     experts = positive_int(where, "num_local_experts", experts)
     per_token = need("num_experts_per_tok")
     if per_token > experts:
         raise UnsupportedConfigError(f"{where}: field 'num_experts_per_tok' = {per_token} "
                                      f"exceeds num_local_experts = {experts}")
     jitter = config.get("router_jitter_noise")
+    if jitter is not None and architecture == "GptOssForCausalLM":
+        raise UnsupportedConfigError(f"{where}: field 'router_jitter_noise' is not a gpt-oss "
+                                     f"field (its router has no noise)")
     if jitter is not None and (isinstance(jitter, bool) or
                                not isinstance(jitter, (int, float)) or
                                not math.isfinite(jitter) or jitter < 0):
@@ -359,12 +387,14 @@ def _mixtral(config: dict, where: str, layers: int, need, flag) -> dict:
 #: default is None where MistralConfig's is 4096, in transformers 4 and 5),
 #: "gemma" (`layer_types`, or Gemma's pattern of full layers).
 _WINDOWED = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
-             "MixtralForCausalLM": "phi3",
+             "MixtralForCausalLM": "phi3", "GptOssForCausalLM": "gemma",
              "Gemma2ForCausalLM": "gemma", "Gemma3ForCausalLM": "gemma",
              "Phi3ForCausalLM": "phi3"}
 #: Gemma's default layer pattern: every n-th layer full, the others
 #: sliding (Gemma 3: `sliding_window_pattern`, default 6; Gemma 2: 2).
-_GEMMA_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}
+_GEMMA_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "GptOssForCausalLM": 2}
+#: The default `sliding_window` of the "gemma" style (GptOssConfig: 128).
+_DEFAULT_WINDOW = {"GptOssForCausalLM": 128}
 
 
 def _sliding_layers(config: dict, where: str, architecture: str,
@@ -397,7 +427,7 @@ def _sliding_layers(config: dict, where: str, architecture: str,
     if style is None:
         return None, ()
     if style == "gemma":
-        window = config.get("sliding_window", 4096)
+        window = config.get("sliding_window", _DEFAULT_WINDOW.get(architecture, 4096))
         if types is None:
             pattern = _GEMMA_PATTERN[architecture]
             if architecture == "Gemma3ForCausalLM" and \
@@ -516,6 +546,41 @@ def _gemma(config: dict, where: str, architecture: str, hidden: int,
             config, where, max_positions, layer_type="sliding_attention",
             flat="rope_local_base_freq", default_theta=10_000.0)
     return out
+
+
+#: GptOssConfig's RoPE when config.json gives none: yarn, factor 32 over
+#: 4096 positions, base 150000.
+_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "truncate": False, "original_max_position_embeddings": 4096}
+
+
+def _gpt_oss(config: dict, where: str, layers: int, max_positions: int, need, flag) -> dict:
+    """gpt-oss's own fields (`ModelConfig`'s gpt-oss fields, its RoPE
+    `rope_theta` / `rope_scaling`), as transformers' GptOssConfig and
+    modelling read them: `attention_bias` (default true) puts biases on
+    q, k, v and o; every attention has sinks, every layer a router and
+    experts with biases; `swiglu_limit` (7.0) and `swiglu_alpha` (1.702)
+    shape the experts' clamped SwiGLU; the RoPE is yarn (`_GPT_OSS_ROPE`)
+    when config.json gives none. OpenAI's config.json also carries
+    `experts_per_token` (checked equal to num_experts_per_tok) and
+    `initial_context_length` (yarn's original length, read from
+    rope_scaling)."""
+    bias = flag("attention_bias", True)
+    alias = config.get("experts_per_token")
+    if alias is not None and alias != config.get("num_experts_per_tok"):
+        raise UnsupportedConfigError(f"{where}: field 'experts_per_token' = {alias!r} "
+                                     f"contradicts num_experts_per_tok = "
+                                     f"{config.get('num_experts_per_tok')!r}; keep one")
+    limits = {}
+    for name, default in (("swiglu_limit", 7.0), ("swiglu_alpha", 1.702)):
+        value = config.get(name)
+        limits[name] = default if value is None else positive_number(where, name, value)
+    if config.get("rope_scaling") is None and config.get("rope_parameters") is None:
+        config = dict(config, rope_parameters=dict(_GPT_OSS_ROPE))
+    theta, scaling = _rope(config, where, max_positions, default_theta=150_000.0)
+    return dict(attention_bias=bias, o_bias=bias, attention_sinks=True, router_bias=True,
+                expert_bias=True, expert_activation="swiglu_oai", rope_theta=theta,
+                rope_scaling=scaling, **limits)
 
 
 def _phi3_rope_type(config: dict, where: str) -> None:
