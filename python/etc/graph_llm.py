@@ -302,7 +302,7 @@ class LLMOperators:
     def attention(self, q, k_cache, v_cache, batch: RaggedBatch, *, head_dim: int,
                   chunk: int = DEFAULT_CHUNK, max_length=None, scale: Optional[float] = None,
                   window: Optional[int] = None, softcap: Optional[float] = None,
-                  scratch_from=None, name: Optional[str] = None):
+                  sinks=None, scratch_from=None, name: Optional[str] = None):
         """Causal grouped-query attention of each token of the batch over its
         request's KV cache slot (flash-decoding: see `etc.ops.attention`).
 
@@ -335,7 +335,15 @@ class LLMOperators:
         chunk tiles, whatever its length.
 
         With `softcap` c, the scaled scores are soft-capped before the
-        softmax: c tanh(scale q . k / c) (Gemma 2). Each
+        softmax: c tanh(scale q . k / c) (Gemma 2).
+
+        With `sinks` (H,) float32 (gpt-oss's attention sinks), query head
+        h's softmax takes one more logit, sinks[h] (neither scaled nor
+        soft-capped), whose value is zero: the weights of a token's keys
+        are exp(s_j - m) / (exp(sinks[h] - m) + sum_k exp(s_k - m)), m the
+        largest of the s_k and sinks[h], and sum to less than 1. It counts
+        once per token, windowed or not: the combine tile starts its merge
+        of the token's chunks from it (the chunk tiles never see it). Each
         run checks the batch's indices against the cache (the block table's
         entries against its blocks) and `max_length` before the kernel runs
         (`Graph.index_range`). Result (T, H * head_dim) in q's dtype.
@@ -378,6 +386,11 @@ class LLMOperators:
                                     not isinstance(softcap, (int, float)) or not softcap > 0):
             raise ValueError(f"{kind}: 'softcap' must be a positive float or None, got "
                              f"{softcap!r}")
+        if sinks is not None:
+            self._check_operand(kind, "sinks", sinks, ranks=(1,))
+            if sinks.dtype != "f32" or not same_dim(sinks.shape[0], heads):
+                raise ValueError(f"{kind}: {describe('sinks', sinks)} must be f32 of shape "
+                                 f"({heads},): one logit per query head")
         if scale is None:
             scale = 1.0 / math.sqrt(head_dim)
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
@@ -426,6 +439,8 @@ class LLMOperators:
                      batch.cache_addressing),
                     ("request_length", batch.request_length),
                     ("request_first", batch.request_first)]
+        if sinks is not None:
+            operands.append(("sinks", sinks))
         params = {"head_dim": head_dim, "heads": heads, "kv_heads": kv_heads, "chunk": chunk,
                   "chunks": chunks if isinstance(chunks, int) else chunks.name,
                   "scale": float(scale)}

@@ -113,14 +113,17 @@ def paged_rows(cache: np.ndarray, block_table: np.ndarray, length: int) -> np.nd
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray,
               token_request: np.ndarray, request_slot: np.ndarray, head_dim: int,
-              scale: float, block_size=None, window=None, softcap=None) -> np.ndarray:
+              scale: float, block_size=None, window=None, softcap=None,
+              sinks=None) -> np.ndarray:
     """Causal grouped-query attention of each token over its request's cache
     slot: token t (query heads q[t], H of them) attends to the cached keys
     and values at positions 0 .. positions[t] (with a `window` W, positions
     max(0, positions[t] - W + 1) .. positions[t]) of slot
     request_slot[token_request[t]] (paged, `block_size` P: of the blocks of
     row token_request[t] of the block tables `request_slot`), query head h
-    to KV head h // (H / H_kv); softmax(scale * q . k) weighted sum of v."""
+    to KV head h // (H / H_kv); softmax(scale * q . k) weighted sum of v.
+    With `sinks` (H,), head h's softmax has one more logit sinks[h] whose
+    value is zero (gpt-oss): the key weights sum to less than 1."""
     tokens = q.shape[0]
     heads = q.shape[1] // head_dim
     kv_heads = k_cache.shape[2] // head_dim
@@ -144,8 +147,12 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions
             scores = (keys[:, h // group] @ query) * np.float32(scale)
             if softcap is not None:
                 scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
-            weights = np.exp(scores - scores.max())
-            weights /= weights.sum(dtype=np.float32)
+            top = scores.max() if sinks is None else max(scores.max(), np.float32(sinks[h]))
+            weights = np.exp(scores - top)
+            total = weights.sum(dtype=np.float32)
+            if sinks is not None:
+                total += np.exp(np.float32(sinks[h]) - top)
+            weights /= total
             out[t, h * head_dim:(h + 1) * head_dim] = weights @ values[:, h // group]
     return out
 
@@ -177,7 +184,8 @@ def apply(op, vals: list) -> np.ndarray:
         q, k_cache, v_cache, positions, token_request, request_slot = vals[:6]
         return attention(q, k_cache, v_cache, positions, token_request, request_slot,
                          params["head_dim"], params["scale"], params.get("block_size"),
-                         params.get("window"), params.get("softcap"))
+                         params.get("window"), params.get("softcap"),
+                         vals[8] if len(vals) > 8 else None)
     if kind == "argmax":
         return argmax(vals[0])
     if kind == "sample":

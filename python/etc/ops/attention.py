@@ -77,7 +77,7 @@ class AttentionCombine(_AttentionKernel):
         # A window's chunks start where the request's first token's window
         # does: the token's request and that token locate them.
         indices = [op.operands[i] for i in ((3, 4, 7) if "window" in op.params else (3,))]
-        return [*indices, op.buffers["partial"], op.result]
+        return [*indices, *op.operands[8:], op.buffers["partial"], op.result]
 
     def emit(self) -> None:
         op, params = self.op, self.op.params
@@ -93,7 +93,7 @@ class AttentionCombine(_AttentionKernel):
             l_at = arith.addi(base, self.cidx(head_dim + 1))
             l, acc = self.merge_chunks(t, first_chunk, chunks, m_at, l_at,
                                        lambda j: self.load_row(partial, [t, j, base]),
-                                       self.splat, self.splat(self.cf32(0.0)))
+                                       self.splat, self.splat(self.cf32(0.0)), h)
             self.vstore(arith.divf(acc, self.splat(l)), out,
                            [t, arith.muli(h, self.cidx(head_dim))])
             scf.yield_([])
@@ -165,7 +165,7 @@ class AttentionChunkWarps(AttentionChunk):
 
     def emit(self) -> None:
         op, params = self.op, self.op.params
-        q, k_cache, v_cache, positions, _, addressing, _, _ = op.operands
+        q, k_cache, v_cache, positions, _, addressing, _, _ = op.operands[:8]
         partial = op.buffers["partial"]
         head_dim = params["head_dim"]
         heads, kv_heads = params["heads"], params["kv_heads"]
@@ -364,7 +364,7 @@ class AttentionCombineLanes(AttentionCombine):
             l, acc = self.merge_chunks(
                 t, first_chunk, chunks, m_at, l_at,
                 lambda j: self.vload(partial, [t, j, arith.addi(base, column)], vec),
-                lambda weight: self.vsplat(weight, vec), self.vzero(vec))
+                lambda weight: self.vsplat(weight, vec), self.vzero(vec), h)
             self.vstore(arith.divf(acc, self.vsplat(l, vec)), out,
                         [t, arith.addi(arith.muli(h, c(head_dim)), column)])
             scf.yield_([])
@@ -391,7 +391,7 @@ def _window_chunks(b: TaskBuilder, tokens, chunks, window: int, chunk: int,
 
 def build_tasks(b: TaskBuilder, op) -> None:
     q, k_cache, v_cache, positions, token_request, _, request_length, request_first = \
-        op.operands
+        op.operands[:8]
     partial = op.buffers["partial"]
     chunk = op.params["chunk"]
     requests = request_length.shape[0]
@@ -428,7 +428,8 @@ def build_tasks(b: TaskBuilder, op) -> None:
         released = event.AllocOp(ir.Type.parse("!event.tensor<>"), [], count=tokens).result
         b.events[key] = released
         notifies.append((released, index_map("(d0) -> ()")))
-    b.emit_task(op, f"{op.name}_combine", [tokens], [],
+    sinks = [(t, whole(1, t)) for t in op.operands[8:]]
+    b.emit_task(op, f"{op.name}_combine", [tokens], sinks,
                 [(op.result, box(1, ["d0", "0"], [1, None]))],
                 AttentionCombineLanes if AttentionCombineLanes.applies(op, b.target)
                 else AttentionCombine,

@@ -33,7 +33,7 @@ class _AttentionKernel(PartKernel):
     def request_keys(self, r: ir.Value, j: ir.Value) -> tuple:
         """Request r's first new token (its row of the step), how many new
         tokens it has, and the keys [k0, k_end) of its chunk j."""
-        _, _, _, positions, _, _, request_length, request_first = self.op.operands
+        _, _, _, positions, _, _, request_length, request_first = self.op.operands[:8]
         length = self.load_index(request_length, [r])
         first = self.load_index(request_first, [r])
         first_position = self.load_index(positions, [first])
@@ -80,18 +80,24 @@ class _AttentionKernel(PartKernel):
         last_chunk = arith.divui(arith.subi(position, start), c(chunk))
         return first_chunk, arith.addi(arith.subi(last_chunk, first_chunk), c(1))
 
-    def merge_chunks(self, t, first_chunk, chunks, m_at, l_at, row, splat, zero):
-        """Token t's (l, acc) for one query head, merged over its chunks
+    def merge_chunks(self, t, first_chunk, chunks, m_at, l_at, row, splat, zero, head):
+        """Token t's (l, acc) for query head `head`, merged over its chunks
         (from `first_chunk`, None: chunk 0): the chunks' sums weighted by
-        exp(m_j - max m). `row(j)` loads chunk j's weighted values,
-        `splat` broadcasts a weight over them, `zero` is their start."""
+        exp(m_j - m), m the largest m_j. `row(j)` loads chunk j's weighted
+        values, `splat` broadcasts a weight over them, `zero` is their
+        start. With sinks the merge starts from the head's sink as one more
+        chunk of sum 1 and no values: m also covers sinks[h], and l starts
+        at exp(sinks[h] - m). Here, once per token, and nowhere else."""
         partial = self.buf(self.op.buffers["partial"])
         at = (lambda j: j) if first_chunk is None else (lambda j: arith.addi(first_chunk, j))
-        m = self.reduce_row(chunks, self.cf32(float("-inf")), lambda acc, j: arith.maximumf(
-            acc, memref.load(partial, [t, at(j), m_at])))
+        sink = self.sink(head)
+        m = self.reduce_row(chunks, self.cf32(float("-inf")) if sink is None else sink,
+                            lambda acc, j: arith.maximumf(
+                                acc, memref.load(partial, [t, at(j), m_at])))
         start, end = (self.cidx(0), chunks) if first_chunk is None else \
             (first_chunk, arith.addi(first_chunk, chunks))
-        merge = scf.ForOp(start, end, self.cidx(1), [self.cf32(0.0), zero])
+        l0 = self.cf32(0.0) if sink is None else math.exp(arith.subf(sink, m))
+        merge = scf.ForOp(start, end, self.cidx(1), [l0, zero])
         with ir.InsertionPoint(merge.body):
             j = merge.induction_variable
             l, acc = merge.inner_iter_args
@@ -100,6 +106,17 @@ class _AttentionKernel(PartKernel):
             acc = arith.addf(acc, arith.mulf(row(j), splat(weight)))
             scf.yield_([l, acc])
         return merge.results
+
+    def sink(self, head):
+        """sinks[head] (the attention's optional ninth operand), or None."""
+        if not has_sinks(self.op):
+            return None
+        return memref.load(self.buf(self.op.operands[8]), [head])
+
+
+def has_sinks(op) -> bool:
+    """Whether attention `op` has `sinks` (a ninth operand)."""
+    return len(op.operands) > 8
 
 
 class AttentionChunk(_AttentionKernel):
@@ -124,7 +141,7 @@ class AttentionChunk(_AttentionKernel):
     @classmethod
     def tensors(cls, op) -> list:
         q, k_cache, v_cache, positions, _, addressing, request_length, request_first = \
-            op.operands
+            op.operands[:8]
         return [q, k_cache, v_cache, positions, addressing, request_length, request_first,
                 op.buffers["partial"]]
 
@@ -136,7 +153,7 @@ class AttentionChunk(_AttentionKernel):
 
     def emit(self) -> None:
         op, params = self.op, self.op.params
-        q, k_cache, v_cache, positions, _, addressing, _, _ = op.operands
+        q, k_cache, v_cache, positions, _, addressing, _, _ = op.operands[:8]
         partial = op.buffers["partial"]
         head_dim = params["head_dim"]
         heads, group = params["heads"], params["heads"] // params["kv_heads"]

@@ -36,7 +36,7 @@ class QueryBlocks(KeySteps):
         time, 16 queries at a time on the tile unit against steps of
         `tile_keys` keys (`key_steps`)."""
         op, params = self.op, self.op.params
-        q, k_cache, _, positions, _, addressing, _, _ = op.operands
+        q, k_cache, _, positions, _, addressing, _, _ = op.operands[:8]
         head_dim, group = params["head_dim"], params["heads"] // params["kv_heads"]
         c, rows, n = self.cidx, self.query_rows(), self.KEYS
         tiles = self.amx_tiles()

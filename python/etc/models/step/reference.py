@@ -117,7 +117,8 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
                           c.attn_logit_softcapping) + mask
         if c.attention_sinks:
             # gpt-oss: one more logit per head, whose value is zero.
-            sink = np.broadcast_to(w("sinks").astype(np.float32)[:, None, None], (c.num_heads, n, 1))
+            sink = np.broadcast_to(w("sinks").astype(np.float32)[:, None, None],
+                                   (c.num_heads, n, 1))
             scores = np.concatenate([scores, sink], axis=-1)
         scores = np.exp(scores - scores.max(-1, keepdims=True))
         probs = (scores / scores.sum(-1, keepdims=True))[..., :n]
