@@ -192,11 +192,12 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
     if architecture == "GptOssForCausalLM":
         # As gpt-oss-20b's config.json: biases on q/k/v/o, 4 experts of 32
         # (whole MXFP4 blocks), 2 per token, sliding (window 3) and full
-        # layers alternating, yarn RoPE (truncate false), the clamp.
+        # layers alternating, yarn RoPE (truncate false); a clamp of 1 (7 in
+        # gpt-oss) that the tiny activations reach.
         config.update({"attention_bias": True, "num_local_experts": 4, "num_experts_per_tok": 2,
                        "intermediate_size": 32, "sliding_window": 3,
                        "layer_types": ["sliding_attention", "full_attention"],
-                       "rope_theta": 150000.0, "swiglu_limit": 7.0, "attention_dropout": 0.0,
+                       "rope_theta": 150000.0, "swiglu_limit": 1.0, "attention_dropout": 0.0,
                        "router_aux_loss_coef": 0.9, "output_router_logits": False,
                        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
                                         "beta_slow": 1.0, "truncate": False,
