@@ -625,6 +625,10 @@ class Graph(LLMOperators, CollectiveOperators):
 
     def moe(self, x: Tensor, router_w: Tensor, w1: Tensor, w2: Tensor, top_k: int, *,
             w_up: Optional[Tensor] = None, normalize: bool = True, transpose_w: bool = False,
+            router_b: Optional[Tensor] = None, b1: Optional[Tensor] = None,
+            b_up: Optional[Tensor] = None, b2: Optional[Tensor] = None,
+            activation: str = "silu", swiglu_limit: Optional[float] = None,
+            swiglu_alpha: Optional[float] = None,
             tile=None, out: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
         """A Mixture-of-Experts layer with SiLU (or, with `w_up`, SwiGLU) experts.
 
@@ -642,6 +646,15 @@ class Graph(LLMOperators, CollectiveOperators):
         (E, F, H), w2 (E, H, F). Experts may then be packed weights
         (`input` of a format of `etc.packed`, each its own), read by the
         tiles in their blocks (see docs/operators.md, "Packed weights").
+
+        Biases (gpt-oss), each f32 or x's dtype, never packed: `router_b`
+        (E,) is added to the router's logits before the softmax and top-k;
+        `b1` and `b_up` (E, F) to x @ w1[e] and x @ w_up[e] before the
+        activation; `b2` (E, H) to act @ w2[e] before the routing weight
+        multiplies it. `activation="swiglu_oai"` (gpt-oss's clamped SwiGLU;
+        needs `w_up`, `swiglu_limit` > 0 and `swiglu_alpha` > 0): with
+        g = min(gate, limit) and u = clamp(up, -limit, limit),
+        act = (u + 1) * g * sigmoid(alpha * g).
         See docs/moe.md for the lowering.
         """
         kind = "moe"
@@ -691,6 +704,41 @@ class Graph(LLMOperators, CollectiveOperators):
             raise ValueError(f"{kind}: top_k = {top_k!r} is out of range: "
                              f"{describe('router_w', router_w)} has E = {experts} experts; "
                              f"expected an int with 1 <= top_k <= {experts}")
+        params = {"top_k": top_k, "experts": experts, "gated": w_up is not None,
+                  "normalize": bool(normalize), "transpose_w": bool(transpose_w)}
+        biases = {"router_b": (router_b, (experts,), "(E,)"), "b1": (b1, (experts, ffn), "(E, F)"),
+                  "b_up": (b_up, (experts, ffn), "(E, F)"), "b2": (b2, (experts, hidden), "(E, H)")}
+        for role, (t, shape, text) in biases.items():
+            if t is None:
+                continue
+            self._check_operand(kind, role, t, ranks=(len(shape),))
+            if t.dtype not in ("f32", dtype):
+                raise ValueError(f"{kind}: {describe(role, t)} must be f32 or x's dtype {dtype}")
+            expect(role, t, shape, f"{text} with E = {experts}, F = {ffn}, H = {hidden}")
+            if role == "b_up" and w_up is None:
+                raise ValueError(f"{kind}: {describe(role, t)} is the bias of w_up, but no w_up "
+                                 f"is given")
+            operands.append((role, t))
+        if any(biases[role][0] is not None for role in biases):
+            params["biases"] = tuple(role for role in biases if biases[role][0] is not None)
+        if activation == "swiglu_oai":
+            if w_up is None:
+                raise ValueError(f"{kind}: activation='swiglu_oai' is gated: it needs w_up")
+            for role, value in (("swiglu_limit", swiglu_limit), ("swiglu_alpha", swiglu_alpha)):
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                        not 0 < value < float("inf"):
+                    raise ValueError(f"{kind}: activation='swiglu_oai' needs {role} a finite "
+                                     f"number > 0, got {value!r}")
+            params.update(activation=activation, swiglu_limit=float(swiglu_limit),
+                          swiglu_alpha=float(swiglu_alpha))
+        elif activation == "silu":
+            for role, value in (("swiglu_limit", swiglu_limit), ("swiglu_alpha", swiglu_alpha)):
+                if value is not None:
+                    raise ValueError(f"{kind}: {role} = {value!r} is given, but it is a parameter "
+                                     f"of activation='swiglu_oai', not of {activation!r}")
+        else:
+            raise ValueError(f"{kind}: activation {activation!r} is not one ETC knows; expected "
+                             f"'silu' or 'swiglu_oai'")
         if tile is None:
             tile = DEFAULT_ROWS
         if isinstance(tile, (tuple, list)) and len(tile) == 1:
@@ -698,10 +746,7 @@ class Graph(LLMOperators, CollectiveOperators):
         if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
             raise ValueError(f"{kind}: tile {tile!r} must be a positive int (slots per "
                              f"expert tile)")
-        result = self._finish(kind, operands, (tokens, hidden), dtype, (tile,),
-                              {"top_k": top_k, "experts": experts, "gated": w_up is not None,
-                               "normalize": bool(normalize),
-                               "transpose_w": bool(transpose_w)}, out, name)
+        result = self._finish(kind, operands, (tokens, hidden), dtype, (tile,), params, out, name)
 
         def internal(role: str, shape: tuple, internal_dtype: str) -> Tensor:
             return self._new_tensor(self._fresh_name(f"{result.name}_{role}"), shape,

@@ -189,14 +189,30 @@ def _silu(x: np.ndarray) -> np.ndarray:
 
 
 def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
-        top_k: int, w_up=None, normalize: bool = True) -> np.ndarray:
-    """Mixture-of-Experts: p = softmax(x @ router_w) per token, the top_k
-    experts by p (ties: lower expert first), their p renormalised to sum 1
-    (unless `normalize` is false) as weights,
-    y[t] = sum_j weight_j * (act_j @ w2[e_j]), act_j = silu(x[t] @ w1[e_j]),
-    times x[t] @ w_up[e_j] with `w_up` (gated experts); float32."""
+        top_k: int, w_up=None, normalize: bool = True, *, router_b=None, b1=None, b_up=None,
+        b2=None, activation: str = "silu", swiglu_limit=None,
+        swiglu_alpha=None) -> np.ndarray:
+    """Mixture-of-Experts: p = softmax(x @ router_w + router_b) per token,
+    the top_k experts by p (ties: lower expert first), their p renormalised
+    to sum 1 (unless `normalize` is false) as weights,
+    y[t] = sum_j weight_j * (act_j @ w2[e_j] + b2[e_j]), with
+    gate = x[t] @ w1[e_j] + b1[e_j], up = x[t] @ w_up[e_j] + b_up[e_j] and
+    act_j = silu(gate) (times up with `w_up`: gated experts), or with
+    activation "swiglu_oai" (gpt-oss) g = min(gate, limit),
+    u = clip(up, -limit, limit), act_j = (u + 1) g sigmoid(alpha g).
+    Absent biases are zero; float32."""
     x, router_w, w1, w2 = (np.asarray(a, dtype=np.float32) for a in (x, router_w, w1, w2))
+    bias = lambda b: None if b is None else np.asarray(b, dtype=np.float32)
+    router_b, b1, b_up, b2 = bias(router_b), bias(b1), bias(b_up), bias(b2)
+    if activation not in ("silu", "swiglu_oai"):
+        raise ValueError(f"moe: unknown activation {activation!r}")
+    if activation == "swiglu_oai" and (w_up is None or swiglu_limit is None
+                                       or swiglu_alpha is None):
+        raise ValueError("moe: activation 'swiglu_oai' needs w_up, swiglu_limit and "
+                         "swiglu_alpha")
     logits = x @ router_w
+    if router_b is not None:
+        logits = logits + router_b
     e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
     p = e / np.sum(e, axis=-1, keepdims=True, dtype=np.float32)
     chosen_p, chosen = topk(p, top_k)
@@ -206,10 +222,26 @@ def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
     for j in range(top_k):
         for expert in np.unique(chosen[:, j]):
             tokens = np.nonzero(chosen[:, j] == expert)[0]
-            act = _silu(x[tokens] @ w1[expert])
+            gate = x[tokens] @ w1[expert]
+            if b1 is not None:
+                gate = gate + b1[expert]
+            up = None
             if w_up is not None:
-                act = act * (x[tokens] @ np.asarray(w_up[expert], np.float32))
+                up = x[tokens] @ np.asarray(w_up[expert], np.float32)
+                if b_up is not None:
+                    up = up + b_up[expert]
+            if activation == "swiglu_oai":
+                limit, alpha = np.float32(swiglu_limit), np.float32(swiglu_alpha)
+                g = np.minimum(gate, limit)
+                u = np.clip(up, -limit, limit)
+                act = (u + np.float32(1.0)) * (g / (np.float32(1.0) + np.exp(-alpha * g)))
+            else:
+                act = _silu(gate)
+                if up is not None:
+                    act = act * up
             out = act @ w2[expert]
+            if b2 is not None:
+                out = out + b2[expert]
             y[tokens] += weights[tokens, j:j + 1] * out
     return y
 
@@ -223,12 +255,20 @@ def _apply(op, vals: list) -> np.ndarray:
     if kind in reference_llm.KINDS:
         return reference_llm.apply(op, vals)
     if kind == "moe":
-        experts = list(vals[2:])
-        if op.params.get("transpose_w"):
-            experts = [np.swapaxes(w, -1, -2) for w in experts]
-        w_up = experts[2] if op.params.get("gated") else None
-        return moe(vals[0], vals[1], experts[0], experts[1], op.params["top_k"], w_up,
-                   op.params.get("normalize", True))
+        params = op.params
+        given = ["x", "router_w", "w1", "w2", *(["w_up"] if params.get("gated") else []),
+                 *params.get("biases", ())]
+        named = dict(zip(given, vals))
+        if params.get("transpose_w"):
+            for role in ("w1", "w2", "w_up"):
+                if role in named:
+                    named[role] = np.swapaxes(named[role], -1, -2)
+        return moe(named["x"], named["router_w"], named["w1"], named["w2"], params["top_k"],
+                   named.get("w_up"), params.get("normalize", True),
+                   router_b=named.get("router_b"), b1=named.get("b1"), b_up=named.get("b_up"),
+                   b2=named.get("b2"), activation=params.get("activation", "silu"),
+                   swiglu_limit=params.get("swiglu_limit"),
+                   swiglu_alpha=params.get("swiglu_alpha"))
     if kind == "matmul":
         a, b = vals[:2]  # a residual operand is added by `evaluate`
         return a @ (b.T if op.params["transpose_b"] else b)

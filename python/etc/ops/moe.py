@@ -29,7 +29,7 @@ from mlir.dialects import arith, math, memref, scf
 
 from ..dialects import event
 from .base import DEFAULT_ROWS, TaskBuilder, box, index_map, row_block, whole
-from .moe_experts import choose_down, choose_up
+from .moe_experts import choose_down, choose_up, operand
 from .topk import first_pick, select_next
 from .variants import PartKernel
 
@@ -47,11 +47,14 @@ class MoeRouter(PartKernel):
     def tensors(cls, op) -> list:
         x, router_w = op.operands[:2]
         buffers = op.buffers
-        return [x, router_w, buffers["probs"], *buffers["experts"], buffers["weights"]]
+        router_b = operand(op, "router_b")
+        return [x, router_w, buffers["probs"], *buffers["experts"], buffers["weights"],
+                *([router_b] if router_b is not None else [])]
 
     def emit(self) -> None:
         op, buffers = self.op, self.op.buffers
         x, router_w = op.operands[:2]
+        router_b = operand(op, "router_b")
         probs, weights = buffers["probs"], buffers["weights"]
         experts = self.cidx(op.params["experts"])
         row0, rows = self.row_block(x, DEFAULT_ROWS)
@@ -63,6 +66,8 @@ class MoeRouter(PartKernel):
             def logit(e):
                 total = self.reduce_row(hidden, self.cf32(0.0), lambda acc, h: arith.addf(
                     acc, arith.mulf(self.load(x, [t, h]), self.load(router_w, [h, e]))))
+                if router_b is not None:
+                    total = arith.addf(total, self.load(router_b, [e]))
                 self.store(total, probs, [t, e])
             self.for_each_col(experts, logit)
             mx = self.reduce_row(experts, self.cf32(float("-inf")), lambda acc, e: arith.maxnumf(
@@ -179,8 +184,10 @@ def build_tasks(b: TaskBuilder, op) -> None:
     one_expert = box(2, ["d0", "0", "0"], [1, None, None])
 
     routed = [buffers["probs"], *choices, buffers["weights"]]
+    router_b = operand(op, "router_b")
     b.emit_task(op, f"{op.name}_router", [b.grid_extent(tokens, DEFAULT_ROWS)],
-                [(x, row_block(1, x)), (router_w, whole(1, router_w))],
+                [(x, row_block(1, x)), (router_w, whole(1, router_w)),
+                 *([(router_b, whole(1, router_b))] if router_b is not None else [])],
                 [(t, row_block(1, t)) for t in routed], MoeRouter)
     b.emit_task(op, f"{op.name}_route", [b.grid_extent(1, 1)],
                 [(t, whole(1, t)) for t in choices],
@@ -199,13 +206,17 @@ def build_tasks(b: TaskBuilder, op) -> None:
     tile_map = index_map("(d0, d1) -> (d0, d1)")
     # x rows are read wherever routing sends them: the whole of x, so that a
     # later writer of x still waits for every expert tile.
+    one_bias = box(2, ["d0", "0"], [1, None])
+    given = lambda roles: [t for t in (operand(op, r) for r in roles) if t is not None]
     b.emit_task(op, f"{op.name}_up", grid,
-                [(x, whole(2, x)), (w1, one_expert), *[(w, one_expert) for w in op.operands[4:]],
-                 *routing], [], choose_up(op, b.target),
+                [(x, whole(2, x)), (w1, one_expert), *[(w, one_expert) for w in given(["w_up"])],
+                 *[(t, one_bias) for t in given(["b1", "b_up"])], *routing], [],
+                choose_up(op, b.target),
                 notifies=[(ready, tile_map)])
     done = event.AllocOp(ir.Type.parse(f"!event.tensor<{experts}>"), [], count=grid[1]).result
     b.emit_task(op, f"{op.name}_down", grid,
-                [(w2, one_expert), *routing, (buffers["weights"], whole(2, buffers["weights"]))],
+                [(w2, one_expert), *[(t, one_bias) for t in given(["b2"])], *routing,
+                 (buffers["weights"], whole(2, buffers["weights"]))],
                 [], choose_down(op, b.target), waits=[(ready, tile_map)],
                 notifies=[(done, index_map("(d0, d1) -> (d0)"))])
     b.emit_task(op, f"{op.name}_combine", [b.grid_extent(tokens, 1)], [],

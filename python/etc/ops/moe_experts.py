@@ -46,7 +46,7 @@ of the experts differ.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, memref, scf, vector
+from mlir.dialects import arith, math, memref, scf, vector
 
 from .base import element_type
 from .matmul_dpbf16 import dot_bf16
@@ -55,10 +55,56 @@ from .matmul_packed import MatmulPackedCPU, PackedDotsCPU
 from .variants import PartKernel
 
 
+#: The moe op's operands in their order; `w_up` and the biases only when
+#: given (`Graph.moe`).
+ROLES = ("x", "router_w", "w1", "w2", "w_up", "router_b", "b1", "b_up", "b2")
+
+
+def operand(op, role: str):
+    """The moe op's operand `role` (one of ROLES), or None if not given."""
+    given = ["x", "router_w", "w1", "w2", *(["w_up"] if op.params.get("gated") else []),
+             *op.params.get("biases", ())]
+    return op.operands[given.index(role)] if role in given else None
+
+
+def activate(kernel, gate: ir.Value, up) -> ir.Value:
+    """The expert's activation of the gate's sum `gate` and the up one's
+    `up` (None for ungated experts), both already with their biases: an
+    f32 or an f32 vector. silu(gate) (* up), or gpt-oss's clamped SwiGLU
+    (`activation="swiglu_oai"`): g = min(gate, limit), u = clamp(up,
+    -limit, limit), (u + 1) * g * sigmoid(alpha * g); NaN stays NaN, as
+    torch.clamp keeps it."""
+    params = kernel.op.params
+    if params.get("activation", "silu") == "silu":
+        value = kernel.unary("silu", gate)
+        return value if up is None else arith.mulf(value, up)
+    k = lambda constant: kernel.const_like(gate, constant)
+    limit = params["swiglu_limit"]
+    g = arith.minimumf(gate, k(limit))
+    u = arith.maximumf(arith.minimumf(up, k(limit)), k(-limit))
+    # g * sigmoid(alpha g) = g / (1 + exp(-alpha g))
+    glu = arith.divf(g, arith.addf(k(1.0), math.exp(arith.mulf(k(-params["swiglu_alpha"]), g))))
+    return arith.mulf(arith.addf(u, k(1.0)), glu)
+
+
 class ExpertTile(PartKernel):
     """A tile (e, j) of the padded expert grid."""
 
     grid_rank = 2
+
+    def bias(self, role: str, e, column, lanes: int = 1):
+        """Bias `role`'s value (or `lanes` values from) [e, column] as f32,
+        or None if the op has no such bias."""
+        t = operand(self.op, role)
+        if t is None:
+            return None
+        return self.load(t, [e, column]) if lanes == 1 else self.vload(t, [e, column], lanes)
+
+    def biased(self, role: str, e, column, value: ir.Value) -> ir.Value:
+        """`value` (f32 or a vector of them) plus bias `role` at [e, column]."""
+        lanes = ir.VectorType(value.type).shape[0] if isinstance(value.type, ir.VectorType) else 1
+        b = self.bias(role, e, column, lanes)
+        return value if b is None else arith.addf(value, b)
 
     def slot_range(self) -> tuple[ir.Value, ir.Value]:
         """The first slot of expert tile (e, j) and its count of slots,
@@ -114,22 +160,23 @@ class MoeUp(ExpertTile):
         x, w1 = op.operands[0], op.operands[2]
         buffers = op.buffers
         return [x, w1, buffers["offsets"], buffers["slots"], buffers["hidden"],
-                *op.operands[4:]]
+                *[t for t in (operand(op, r) for r in ("w_up", "b1", "b_up")) if t is not None]]
 
     def emit(self) -> None:
         x, w1 = self.op.operands[0], self.op.operands[2]
-        w_up = self.op.operands[4] if self.op.params.get("gated") else None
+        w_up = operand(self.op, "w_up")
         hidden = self.op.buffers["hidden"]
         loop, t, c, f = self.expert_slots(self.outputs(w1))
         e = self.ti[0]
         with ir.InsertionPoint(loop.body):
             total = self.reduce_row(self.dim(x, 1), self.cf32(0.0), lambda acc, h: arith.addf(
                 acc, arith.mulf(self.load(x, [t, h]), self.expert_value(w1, e, h, f))))
-            value = self.unary("silu", total)
+            up = None
             if w_up is not None:
                 up = self.reduce_row(self.dim(x, 1), self.cf32(0.0), lambda acc, h: arith.addf(
                     acc, arith.mulf(self.load(x, [t, h]), self.expert_value(w_up, e, h, f))))
-                value = arith.mulf(value, up)
+                up = self.biased("b_up", e, f, up)
+            value = activate(self, self.biased("b1", e, f, total), up)
             self.store(value, hidden, [t, c, f])
             scf.yield_([])
 
@@ -143,8 +190,9 @@ class MoeDown(ExpertTile):
     def tensors(cls, op) -> list:
         w1, w2 = op.operands[2:4]
         buffers = op.buffers
+        b2 = operand(op, "b2")
         return [w1, w2, buffers["offsets"], buffers["slots"], buffers["hidden"],
-                buffers["partial"], buffers["weights"]]
+                buffers["partial"], buffers["weights"], *([b2] if b2 is not None else [])]
 
     def emit(self) -> None:
         w1, w2 = self.op.operands[2:4]
@@ -158,7 +206,7 @@ class MoeDown(ExpertTile):
                                         self.load(hidden, [t, c, f]),
                                         self.expert_value(w2, e, f, col))))
             weight = self.load(buffers["weights"], [t, c])
-            self.store(arith.mulf(weight, total), partial, [t, c, col])
+            self.store(arith.mulf(weight, self.biased("b2", e, col, total)), partial, [t, c, col])
             scf.yield_([])
 
 
@@ -216,13 +264,14 @@ class MoeUpPackedCPU(ExpertDotsCPU, MoeUp):
     def store_product(self, local, column, total: ir.Value) -> None:
         hidden = self.op.buffers["hidden"]
         index = [*self.slot_pair(local), column]
+        e = self.ti[0]
         if not self.op.params.get("gated"):
-            self.store(self.unary("silu", total), hidden, index)
-        elif self.stage == 0:  # the gate's product, until the up one's
-            self.store(total, hidden, index)
+            self.store(activate(self, self.biased("b1", e, column, total), None), hidden, index)
+        elif self.stage == 0:  # the gate's product (biased), until the up one's
+            self.store(self.biased("b1", e, column, total), hidden, index)
         else:
-            gate = self.unary("silu", self.load(hidden, index))
-            self.store(arith.mulf(gate, total), hidden, index)
+            self.store(activate(self, self.load(hidden, index),
+                                self.biased("b_up", e, column, total)), hidden, index)
 
 
 class MoeDownPackedCPU(ExpertDotsCPU, MoeDown):
@@ -242,6 +291,7 @@ class MoeDownPackedCPU(ExpertDotsCPU, MoeDown):
     def store_product(self, local, column, total: ir.Value) -> None:
         token, choice = self.slot_pair(local)
         weight = self.load(self.op.buffers["weights"], [token, choice])
+        total = self.biased("b2", self.ti[0], column, total)
         self.store(arith.mulf(weight, total), self.op.buffers["partial"],
                    [token, choice, column])
 
@@ -335,8 +385,9 @@ class ExpertVectorCPU(ExpertTile):
         pair (token, choice)."""
         raise NotImplementedError(f"{type(self).__name__}.activation_row")
 
-    def finish(self, token, choice, sums: list) -> ir.Value:
-        """The output value (scalar or vector) from `sums`, one per matrix."""
+    def finish(self, token, choice, column, sums: list) -> ir.Value:
+        """The output value (scalar or vector) of output `column` (the
+        first of a vector's) from `sums`, one per matrix."""
         raise NotImplementedError(f"{type(self).__name__}.finish")
 
     def destination(self) -> object:
@@ -487,7 +538,7 @@ class ExpertVectorCPU(ExpertTile):
             token, choice = self.output_pair(row)
             for c, n in enumerate(columns):
                 sums = [totals[r * per_row + m * nc + c] for m in range(nw)]
-                self.store(self.finish(token, choice, sums), out, [token, choice, n])
+                self.store(self.finish(token, choice, n, sums), out, [token, choice, n])
 
     def fp8_dots(self, rows: list, columns: list, accs: list) -> list:
         """`dot_block`'s accumulators for fp8_e4m3 matrices (K a multiple of
@@ -641,9 +692,10 @@ class ExpertVectorCPU(ExpertTile):
             token, choice = self.output_pair(row)
 
             def put(column, lanes: int) -> None:
-                value = self.finish(token, choice, [load(m, row, column, lanes)
-                                                    for m in range(len(self.weights))])
-                index = [token, choice, arith.addi(c0, column)]
+                at = arith.addi(c0, column)
+                value = self.finish(token, choice, at, [load(m, row, column, lanes)
+                                                        for m in range(len(self.weights))])
+                index = [token, choice, at]
                 if lanes > 1:
                     self.vstore(value, out, index)
                 else:
@@ -669,9 +721,10 @@ class MoeUpVectorCPU(ExpertVectorCPU, MoeUp):
     def destination(self):
         return self.op.buffers["hidden"]
 
-    def finish(self, token, choice, sums: list) -> ir.Value:
-        value = self.unary("silu", sums[0])
-        return arith.mulf(value, sums[1]) if len(sums) > 1 else value
+    def finish(self, token, choice, column, sums: list) -> ir.Value:
+        e = self.ti[0]
+        up = self.biased("b_up", e, column, sums[1]) if len(sums) > 1 else None
+        return activate(self, self.biased("b1", e, column, sums[0]), up)
 
 
 class MoeDownVectorCPU(ExpertVectorCPU, MoeDown):
@@ -691,11 +744,11 @@ class MoeDownVectorCPU(ExpertVectorCPU, MoeDown):
     def destination(self):
         return self.op.buffers["partial"]
 
-    def finish(self, token, choice, sums: list) -> ir.Value:
+    def finish(self, token, choice, column, sums: list) -> ir.Value:
         weight = self.load(self.op.buffers["weights"], [token, choice])
         if isinstance(sums[0].type, ir.VectorType):
             weight = self.vsplat(weight, ir.VectorType(sums[0].type).shape[0])
-        return arith.mulf(weight, sums[0])
+        return arith.mulf(weight, self.biased("b2", self.ti[0], column, sums[0]))
 
 
 #: bf16 values of each operand per `vdpbf16ps` (a 512-bit register).
@@ -704,7 +757,7 @@ BF16_STEP = 32
 
 def _up_weights(op) -> list:
     """The expert matrices the up tile reads: w1, and w_up when gated."""
-    return [op.operands[2], *op.operands[4:]]
+    return [op.operands[2], *([operand(op, "w_up")] if op.params.get("gated") else [])]
 
 
 def choose_up(op, target) -> type:
