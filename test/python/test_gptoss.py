@@ -260,3 +260,48 @@ def test_real_width_step_graph_builds():
     assert g is not None
     with pytest.raises(NotImplementedError, match="tensor-parallel GptOssForCausalLM"):
         build_step_graph(config, dtype="bf16", max_seq_len=256, chunk=64, ranks=2)
+
+
+# ----------------------------------------------------------------------
+# The compiled step
+# ----------------------------------------------------------------------
+
+PROMPTS = goldens.PROMPTS
+#: Chunks of 4 positions, blocks of 4 (the prompts outgrow the window of 3).
+LOAD = dict(workers=2, max_seq_len=32, attention_chunk=4, kv_block_size=4)
+
+
+def test_compiled_matches_numpy_by_teacher_forcing(written):
+    """float32, float experts: each new token's logits are the NumPy
+    forward pass's (sinks, o bias, windows, router bias, expert biases and
+    clamps in the compiled kernels), and each token their argmax."""
+    import etc.models as models
+
+    checkpoint = Checkpoint(written["float"])
+    out = models.load(written["float"], **LOAD).generate(PROMPTS, goldens.NEW,
+                                                         return_logits=True)
+    weights = checkpoint.weights()
+    for r, prompt in enumerate(PROMPTS):
+        sequence = list(prompt) + out.tokens[r]
+        want = reference.forward(checkpoint.config, weights, sequence[:-1])
+        np.testing.assert_allclose(out.logits[r], want[len(prompt) - 1:], rtol=2e-4,
+                                   atol=2e-4, err_msg=f"prompt {r}")
+        assert out.tokens[r] == [int(np.argmax(row)) for row in out.logits[r]]
+
+
+def test_compiled_mxfp4_matches_the_transformers_golden(tmp_path):
+    """bf16, MXFP4 experts kept packed (the packed expert tiles, int8
+    activations): every prefix's logits within the bf16 tolerance of
+    transformers', and `generate`'s greedy tokens transformers' (paged
+    cache)."""
+    import etc.models as models
+
+    golden = goldens.Golden.load("gpt_oss_mxfp4-transformers4-bf16")
+    model = models.load(golden.write_checkpoint(tmp_path / "m"), dtype="bf16", **LOAD)
+    assert set(model.weight_formats.values()) == {"mxfp4"}
+    prefixes = golden.prefixes()
+    cache = model.new_cache(len(prefixes), max(map(len, prefixes)))
+    logits, _ = model.step(cache, [models.Request(i, 0, prefix)
+                                   for i, prefix in enumerate(prefixes)], return_logits=True)
+    golden.check_logits(logits)
+    golden.check_tokens(model.generate(golden.prompts, goldens.NEW).tokens)
