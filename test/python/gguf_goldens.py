@@ -221,6 +221,10 @@ def make(llama_cpp: Path, directory: Path = DIRECTORY) -> None:
 #: llama.cpp's converter writes as llama with experts. The case: config,
 #: seed of the sharp weights, the token sequence.
 RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
+                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        # gpt-oss (`gpt-oss`: sinks, q/k/v/o biases, window 3 on layer 0,
+        # yarn, experts with biases), llama.cpp's clamp of 7.
+        "gpt_oss": (tiny_config("GptOssForCausalLM", vocab_size=320, swiglu_limit=7.0), 23,
                     [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
 
 
@@ -247,7 +251,7 @@ def run_file(arch: str, directory: Path, tokenizer=None) -> Path:
                       pre="gpt-2", eos_token="<|im_end|>" if tokenizer else None)
 
 
-def make_runs(directory: Path = DIRECTORY) -> None:
+def make_runs(directory: Path = DIRECTORY, only=None) -> None:
     """llama.cpp's logits of every position of RUNS' sequences, in
     gguf-<arch>-llama-cpp.npz with the digest of what ETC reads from the
     same file (`run_digest`)."""
@@ -259,6 +263,8 @@ def make_runs(directory: Path = DIRECTORY) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         for arch, (config, seed, sequence) in RUNS.items():
+            if only is not None and arch not in only:
+                continue
             source = write_checkpoint(scratch / arch, config, seed=seed, sharp=True,
                                       tokenizer=True)
             path = run_file(arch, scratch, Tokenizer.from_file(str(source / "tokenizer.json")))

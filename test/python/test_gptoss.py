@@ -8,7 +8,7 @@ compiled step against that forward pass."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 
 import numpy as np
 import pytest
@@ -19,7 +19,7 @@ from etc.models.loading.checkpoint import Checkpoint, CheckpointError, MissingTe
 from etc.models.loading.config import ModelConfig, UnsupportedConfigError
 from etc.models.step import reference
 from etc.models.testing import (as_transformers5, checkpoint_tensors, shaped_config, tiny_config,
-                                write_checkpoint)
+                                write_checkpoint, write_gguf)
 
 import hf_goldens_families as goldens
 
@@ -305,3 +305,86 @@ def test_compiled_mxfp4_matches_the_transformers_golden(tmp_path):
                                    for i, prefix in enumerate(prefixes)], return_logits=True)
     golden.check_logits(logits)
     golden.check_tokens(model.generate(golden.prompts, goldens.NEW).tokens)
+
+
+# ----------------------------------------------------------------------
+# GGUF (llama.cpp's `gpt-oss`)
+# ----------------------------------------------------------------------
+
+#: MXFP4_MOE's layout: experts MXFP4, the other matrices Q8_0.
+MXFP4_MOE = {f"blk.{i}.ffn_{p}_exps.weight": "MXFP4" for i in range(2)
+             for p in ("gate", "up", "down")}
+
+
+def test_gguf_reads_as_the_checkpoint(tmp_path):
+    """A `gpt-oss` file (as llama.cpp's converter writes it: sinks as
+    attn_sinks.weight, the MLP norm as post_attention_norm, gate/up split,
+    expert biases, yarn's factor and original context) reads as the
+    checkpoint does, but for yarn's truncate: llama.cpp rounds the
+    correction range (truncate true). Its MXFP4 experts stay packed."""
+    from etc.models.loading.gguf import GGUFCheckpoint
+
+    config = tiny_config("GptOssForCausalLM", swiglu_limit=7.0)  # llama.cpp's clamp
+    ours = Checkpoint(write_checkpoint(tmp_path / "c", config, seed=3))
+    gg = GGUFCheckpoint(write_gguf(tmp_path / "f32.gguf", config, seed=3))
+    assert gg.config.rope_scaling == {**ours.config.rope_scaling, "truncate": True}
+    assert dataclasses.replace(gg.config, rope_scaling=ours.config.rope_scaling) == ours.config
+    want, got = ours.weights(), gg.weights()
+    assert set(got) == set(want)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    packed_file = GGUFCheckpoint(write_gguf(tmp_path / "mx.gguf", config, seed=3,
+                                            tensor_type="Q8_0", tensor_types=MXFP4_MOE))
+    formats = packed_file.weight_formats()
+    assert {k: v for k, v in formats.items() if "experts" in k} == \
+        {f"l{i}_experts_{p}": "mxfp4" for i in range(2) for p in ("gate", "up", "down")}
+    kept = packed_file.weights(formats=formats)
+    np.testing.assert_array_equal(kept["l1_experts_up"],
+                                  packed.quantize(want["l1_experts_up"], "mxfp4"))
+
+
+def test_gguf_refusals_name_the_key(tmp_path):
+    from etc.models.loading.gguf import GGUFCheckpoint, GGUFError
+
+    config = tiny_config("GptOssForCausalLM", swiglu_limit=7.0)
+    for metadata, match in (({"gpt-oss.swiglu_clamp_exp": 3.0}, "swiglu_clamp_exp"),
+                            ({"gpt-oss.rope.scaling.attn_factor": 2.0}, "attn_factor")):
+        path = write_gguf(tmp_path / "m.gguf", config, metadata=metadata)
+        with pytest.raises(UnsupportedConfigError, match=match):
+            GGUFCheckpoint(path)
+    fused = np.zeros((4, 64, 32), np.float32)
+    path = write_gguf(tmp_path / "fused.gguf", config, raw_tensors={
+        "blk.0.ffn_gate_up_exps.weight": (fused.view(np.uint8).reshape(4, 64, 128), "F32")})
+    with pytest.raises(GGUFError, match="ffn_gate_up_exps"):
+        GGUFCheckpoint(path).weights()
+
+
+def test_gguf_matches_llama_cpp(tmp_path):
+    """llama.cpp (llama-cpp-python 0.3.36) on a `gpt-oss` file
+    `write_gguf` wrote (gguf_goldens.RUNS): the NumPy forward pass on the
+    config and weights ETC reads from the same file is within 0.05 of the
+    logits' rms at every position (measured 0.005: llama.cpp's KV cache is
+    f16); yarn without llama.cpp's rounding of the correction range
+    (truncate false, what config.json says) misses by over 0.3 (measured
+    0.66), and so does attention without sinks."""
+    import gguf_goldens
+    from etc.models.loading.gguf import GGUFCheckpoint
+
+    run = gguf_goldens.load_run("gpt_oss")
+    gg = GGUFCheckpoint(gguf_goldens.run_file("gpt_oss", tmp_path))
+    weights = gg.weights()
+    assert gguf_goldens.run_digest(gg.config, weights) == run["digest"], \
+        "etc.models.testing writes other weights now: python test/python/gguf_goldens.py --runs"
+    want = run["logits"].astype(np.float64)
+    rms = np.sqrt(np.mean(np.square(want), axis=-1))
+
+    def error(config, weights=weights):
+        ours = reference.forward(config, weights, run["sequence"])
+        return float((np.max(np.abs(ours - want), axis=-1) / rms).max())
+
+    assert error(gg.config) < 0.05
+    untruncated = {**gg.config.rope_scaling, "truncate": False}
+    assert error(dataclasses.replace(gg.config, rope_scaling=untruncated)) > 0.3
+    no_sinks = {k: (np.full_like(v, -1e30) if k.endswith("_sinks") else v)
+                for k, v in weights.items()}
+    assert error(gg.config, no_sinks) > 0.3

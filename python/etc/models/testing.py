@@ -190,11 +190,12 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
                        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
                        "sliding_window_pattern": 2})
     if architecture == "GptOssForCausalLM":
-        # As gpt-oss-20b's config.json: biases on q/k/v/o, 4 experts of 32
-        # (whole MXFP4 blocks), 2 per token, sliding (window 3) and full
-        # layers alternating, yarn RoPE (truncate false); a clamp of 1 (7 in
-        # gpt-oss) that the tiny activations reach.
+        # As gpt-oss-20b's config.json: untied, biases on q/k/v/o, 4
+        # experts of 32 (whole MXFP4 blocks), 2 per token, sliding (window
+        # 3) and full layers alternating, yarn RoPE (truncate false); a
+        # clamp of 1 (7 in gpt-oss) that the tiny activations reach.
         config.update({"attention_bias": True, "num_local_experts": 4, "num_experts_per_tok": 2,
+                       "tie_word_embeddings": False,
                        "intermediate_size": 32, "sliding_window": 3,
                        "layer_types": ["sliding_attention", "full_attention"],
                        "rope_theta": 150000.0, "swiglu_limit": 1.0, "attention_dropout": 0.0,
@@ -629,7 +630,7 @@ _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama
                        "Qwen2ForCausalLM": "qwen2",
                        "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe",
                        "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
-                       "Phi3ForCausalLM": "phi3"}
+                       "Phi3ForCausalLM": "phi3", "GptOssForCausalLM": "gpt-oss"}
 
 
 def gguf_tensor_name(architecture: str, name: str, layers: int) -> str:
@@ -723,9 +724,12 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
 
     layers = config["num_hidden_layers"]
     out: dict = {}
+    gpt_oss = architecture == "gpt-oss"
     for name, array in tensors.items():
         if ".experts." in name:
             continue  # stacked below
+        if gpt_oss and name.endswith(".sinks"):
+            name += ".weight"  # (llama.cpp's converter adds it)
         if architecture == "llama" and name.endswith("self_attn.q_proj.weight"):
             array = permute(array, heads)
         elif architecture == "llama" and name.endswith("self_attn.k_proj.weight"):
@@ -753,6 +757,19 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
                 stacked = gguf_tensor_name(architecture, f"{p_i}{proj}.weight", layers)
                 out[stacked] = np.stack([tensors[f"{p_i}{j}.{proj}.weight"]
                                          for j in range(experts)])
+    if gpt_oss:
+        # llama.cpp's converter: gate_up (E, in, 2 f) split into its even
+        # (gate) and odd (up) columns, every stack turned (E, out, in).
+        for i in range(layers):
+            p_i = f"model.layers.{i}.mlp.experts."
+            gate_up, bias = tensors[p_i + "gate_up_proj"], tensors[p_i + "gate_up_proj_bias"]
+            for proj, parity in (("gate", 0), ("up", 1)):
+                out[f"blk.{i}.ffn_{proj}_exps.weight"] = np.ascontiguousarray(
+                    gate_up[:, :, parity::2].swapaxes(-1, -2))
+                out[f"blk.{i}.ffn_{proj}_exps.bias"] = np.ascontiguousarray(bias[:, parity::2])
+            out[f"blk.{i}.ffn_down_exps.weight"] = np.ascontiguousarray(
+                tensors[p_i + "down_proj"].swapaxes(-1, -2))
+            out[f"blk.{i}.ffn_down_exps.bias"] = tensors[p_i + "down_proj_bias"]
     if rope_freqs is not None:
         out["rope_freqs.weight"] = np.asarray(rope_freqs, np.float32)
 
@@ -785,6 +802,17 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
             if config.get(key) is not None:
                 getattr(writer, f"add_{key}")(config[key])
+    if gpt_oss:
+        # What llama.cpp's converter writes (the window; yarn's factor and
+        # original context; it fixes the layer pattern and the clamp).
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_expert_count(config["num_local_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["intermediate_size"])
+        if scaling.get("rope_type") == "yarn":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            writer.add_rope_scaling_factor(scaling["factor"])
+            writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
     if architecture == "qwen3moe" or mixtral:
         # (llama.cpp's converter: Mixtral is llama with experts, each of
         # feed_forward_length, softmax weights renormalised over the chosen.)
@@ -806,7 +834,9 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
             continue
         array = np.asarray(array, np.float32)
         kind = (tensor_types or {}).get(name, tensor_type)
-        data = quantized(array, kind) or quantized(array, fallback_type)
+        # (llama.cpp quantizes weights only: gpt-oss's (E, f) biases stay F32.)
+        data = None if name.endswith(".bias") else \
+            quantized(array, kind) or quantized(array, fallback_type)
         if data is None:
             writer.add_tensor(name, array)
         else:
