@@ -159,12 +159,13 @@ def test_attention_errors():
         g.attention(q32, kc, vh, batch, head_dim=8, max_length=16)
 
 
-@pytest.mark.parametrize("schedule", ["static", "dynamic"])
-def test_layers_share_one_scratch(schedule):
+@pytest.mark.parametrize("schedule, sinks", [("static", False), ("dynamic", False),
+                                             ("dynamic", True)])
+def test_layers_share_one_scratch(schedule, sinks):
     """Two attention layers over their own caches share one scratch buffer:
     the second layer's chunk tiles wait until the first layer's combine
     tiles are done with it (an explicit event), and the layers keep sharing
-    their tile functions."""
+    their tile functions (with `sinks`, each layer's own, too)."""
     g = etc.Graph("two_layers")
     T, R, S, L = (g.symbol(n) for n in "TRSL")
     x = g.input("x", (T, 16), "f32")
@@ -174,7 +175,8 @@ def test_layers_share_one_scratch(schedule):
         kc = g.kv_append(g.state(f"kc{layer}", (S, L, 16)), out, batch)
         vc = g.kv_append(g.state(f"vc{layer}", (S, L, 16)), out, batch)
         attended = g.attention(out, kc, vc, batch, head_dim=8, chunk=4, max_length=16,
-                               scratch_from=previous)
+                               scratch_from=previous,
+                               sinks=g.input(f"s{layer}", (2,), "f32") if sinks else None)
         previous = attended
         out = g.add(attended, out)
     g.output(out)
@@ -187,15 +189,18 @@ def test_layers_share_one_scratch(schedule):
     chunk1 = re.search(r'event\.task "attention_1_chunk"[^\n]*', text).group(0)
     assert f"{released.group(1)} : !event.tensor<> (d0, d1) -> ()" in chunk1.split("notifies")[0]
     assert len(re.findall(r"func\.func private @two_layers_tile_attention_chunk", text)) == 1
+    assert len(re.findall(r"func\.func private @two_layers_tile_attention_combine", text)) == 1
     rng = np.random.default_rng(5)
+    logits = {"s0": np.array([1.5, -2.0], np.float32),
+              "s1": np.array([0.5, 3.0], np.float32)} if sinks else {}
     caches = {f"{k}{l}": np.zeros((2, 16, 16), np.float32) for k in ("kc", "vc") for l in (0, 1)}
     mirror = {k: v.copy() for k, v in caches.items()}
     lengths = [0, 0]
     for new in ([7, 3], [1, 1], [4, 1]):
         b = _batch(lengths, new, [1, 0])
         xs = rng.standard_normal((sum(new), 16)).astype(np.float32)
-        (got,) = kernel.run(x=xs, **b, **caches)
-        (want,) = etc.reference.evaluate(g, x=xs, **b, **mirror)
+        (got,) = kernel.run(x=xs, **b, **logits, **caches)
+        (want,) = etc.reference.evaluate(g, x=xs, **b, **logits, **mirror)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         lengths = [a + n for a, n in zip(lengths, new)]
 

@@ -33,6 +33,14 @@ tiles never run, and no list of tiles is built on the host.
 With `softcap` c the scaled scores are c tanh(score / c) (Gemma 2's
 attention-logit soft-capping).
 
+With `sinks` (gpt-oss; the ninth operand, (H,) float32) query head h's
+softmax has one more logit sinks[h] of value zero. Only the combine tile
+sees it: its merge of token t's chunks starts from the sink as a chunk
+of sum 1 and no values (m = max(sinks[h], max_j m_j), l starting at
+exp(sinks[h] - m)), so the chunk tiles (CPU, AMX, GPU) are the same with
+or without sinks, and the sink counts once per token however many chunks
+its keys span.
+
 A sliding-window attention (`window` W: token t sees positions
 max(0, p - W + 1) .. p) starts request r's chunks at the window of its
 first new token, s = max(0, p0 - W + 1) (p0 = positions[request_first[r]]):
@@ -67,7 +75,8 @@ KINDS = ("attention",)
 
 class AttentionCombine(_AttentionKernel):
     """Tile t: one query head per lane iteration, merging the token's
-    chunks: out = sum_j exp(m_j - m) acc_j / sum_j exp(m_j - m) l_j."""
+    chunks: out = sum_j exp(m_j - m) acc_j / sum_j exp(m_j - m) l_j (with
+    sinks, plus exp(sinks[h] - m) in the denominator and in m)."""
 
     grid_rank = 1
     part = "combine"
