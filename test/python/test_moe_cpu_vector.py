@@ -8,7 +8,8 @@ streamed rows) and transposed (E, F, H) (Hugging Face's and FP8
 checkpoints' (out, in), the dot products along K); gated and not; H and F
 that are not multiples of the 16-lane vectors (or of the 128-column chunks;
 fp8's K is a multiple of its blocks of 32, its N need not be); f16 experts,
-and an fp8 gate beside a bf16 up; routing skewed on purpose: expert 0 takes
+and an fp8 gate beside a bf16 up; gpt-oss's biases and clamped SwiGLU
+(bf16 streamed, fp8 dots; the rest in test_moe_gptoss.py); routing skewed on purpose: expert 0 takes
 every token (33 slots: four whole tiles of 8 and one of 1), two experts
 none, the others a few; 1, 2, 7 and 33 tokens through one compile per
 schedule. Tolerances: f32 sums in another order (1e-5 of the output's
@@ -58,7 +59,14 @@ LAYERS = {
     "f16": ("f16", "f16", False, 40, 24, True),
     # An fp8 gate beside a bf16 up: the up tile's per-16-values dots.
     "fp8_gate_bf16_up": (("fp8_e4m3", "bf16", "bf16"), "bf16", True, 64, 96, True),
+    # gpt-oss's layer (GPTOSS): streamed bf16 rows and fp8 dots.
+    "bf16_gptoss": ("bf16", "bf16", False, 37, 71, True),
+    "fp8_gptoss": ("fp8_e4m3", "bf16", True, 96, 64, True),
 }
+#: Layers with gpt-oss's biases (router_b f32, b1 and b2 in x's dtype,
+#: b_up f32) and clamped SwiGLU (limit 1: the sums, of experts scaled up
+#: to 4.5x, pass it often).
+GPTOSS = {"bf16_gptoss", "fp8_gptoss"}
 
 
 def _dtypes(name: str) -> dict:
@@ -77,9 +85,15 @@ def _graph(name: str) -> etc.Graph:
     router = g.input("router", (h, E), xdtype)
     up_shape, down_shape = ((E, f, h), (E, h, f)) if transpose else ((E, h, f), (E, f, h))
     w_up = g.input("w_up", up_shape, dtypes["w_up"]) if gated else None
+    gptoss = {}
+    if name in GPTOSS:
+        gptoss = dict(router_b=g.input("router_b", (E,), "f32"),
+                      b1=g.input("b1", (E, f), xdtype), b_up=g.input("b_up", (E, f), "f32"),
+                      b2=g.input("b2", (E, h), xdtype), activation="swiglu_oai",
+                      swiglu_limit=1.0, swiglu_alpha=1.702)
     g.output(g.moe(x, router, g.input("w1", up_shape, dtypes["w1"]),
                    g.input("w2", down_shape, dtypes["w2"]), TOP_K, w_up=w_up,
-                   transpose_w=transpose, tile=TILE))
+                   transpose_w=transpose, tile=TILE, **gptoss))
     return g
 
 
@@ -101,6 +115,12 @@ def _experts(name: str) -> dict:
         out[key] = packed.quantize(values, dtype) if dtype == "fp8_e4m3" else \
             round_bf16(values) if dtype == "bf16" else \
             values.astype(np.float16) if dtype == "f16" else values
+    if name in GPTOSS:
+        xdtype = LAYERS[name][1]
+        for key, shape, dtype in (("router_b", (E,), "f32"), ("b1", (E, f), xdtype),
+                                  ("b_up", (E, f), "f32"), ("b2", (E, h), xdtype)):
+            values = rng.standard_normal(shape).astype(np.float32) / 2
+            out[key] = round_bf16(values) if dtype == "bf16" else values
     return out
 
 
@@ -149,7 +169,7 @@ def test_vector_tiles_against_the_reference(name, schedule):
         assert error <= _tolerance(name, want), (tokens, error)
 
 
-@pytest.mark.parametrize("name", ["f32", "bf16_transposed", "fp8"])
+@pytest.mark.parametrize("name", ["f32", "bf16_transposed", "fp8", "fp8_gptoss"])
 def test_vector_tiles_equal_the_scalar_tiles(name, monkeypatch):
     """The scalar tiles on the same inputs: the same sums in another order."""
     g = _graph(name)

@@ -1,6 +1,6 @@
 """Mixture-of-Experts with SiLU experts: five tasks and two explicit events.
 
-    router   tile i: tokens [32 i, 32 i + 32): softmax(x @ router_w), the
+    router   tile i: tokens [32 i, 32 i + 32): softmax(x @ router_w (+ router_b)), the
              top-k experts and their renormalised weights
     route    one tile: counts tokens per expert, prefix-sums them into
              `offsets` and lists the (token, choice) pairs by expert in `slots`

@@ -5,6 +5,10 @@
     up    hidden[t, c, :] = silu(x[t] @ w1[e]) (times x[t] @ w_up[e], gated)
     down  partial[t, c, :] = weights[t, c] * (hidden[t, c] @ w2[e])
 
+with gpt-oss's biases (b1[e], b_up[e] added to the up sums, b2[e] to the
+down ones, before the activation and the routing weight) and clamped
+SwiGLU (`activate`) where the op has them (`operand`; docs/moe.md).
+
 Experts are (E, H, F) / (E, F, H) matrices, or with `transpose_w` their
 transposes (E, F, H) / (E, H, F): rows of their inputs' values, llama.cpp's
 layout and the one packed experts (a format of `etc.packed`) are stored in.
