@@ -115,8 +115,9 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         scale = np.float32(1 / np.sqrt(c.query_pre_attn_scalar or d))
         scores = _softcap(np.einsum("qhd,khd->hqk", q, k) * scale,
                           c.attn_logit_softcapping) + mask
-        if c.attention_sinks:
-            # gpt-oss: one more logit per head, whose value is zero.
+        if c.attention_sinks or f"l{i}_sinks" in weights:
+            # gpt-oss: one more logit per head, whose value is zero (any
+            # model's, given `l<i>_sinks`).
             sink = np.broadcast_to(w("sinks").astype(np.float32)[:, None, None],
                                    (c.num_heads, n, 1))
             scores = np.concatenate([scores, sink], axis=-1)
