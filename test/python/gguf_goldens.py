@@ -242,7 +242,11 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
         "granite": (tiny_config("GraniteForCausalLM", vocab_size=320), 22,
                     [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
         "granite_moe": (tiny_config("GraniteMoeForCausalLM", vocab_size=320), 23,
-                        [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
+                        [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        # gpt-oss (`gpt-oss`: sinks, q/k/v/o biases, window 3 on layer 0,
+        # yarn, experts with biases), llama.cpp's clamp of 7.
+        "gpt_oss": (tiny_config("GptOssForCausalLM", vocab_size=320, swiglu_limit=7.0), 23,
+                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
 
 
 def run_digest(config, weights: dict) -> str:

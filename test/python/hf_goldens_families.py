@@ -102,6 +102,15 @@ SEEDS = {"qwen2": 11, "qwen2_window": 12, "mistral": 13, "gemma3": 14, "gemma2":
 MULTIMODAL = {"gemma3_mm": ("gemma3", 15, {"transformers4": "transformers4",
                                           "transformers5": "transformers4.52"}),
               "mistral3_mm": ("mistral", 18, {"transformers4": "transformers4"})}
+#: gpt-oss (test_gptoss.py): biases on q/k/v/o, attention sinks, sliding
+#: (window 3) and full layers alternating, yarn RoPE, 4 experts (2 a
+#: token) with biases and the clamped SwiGLU; its experts as transformers
+#: saves them (float stacks), and MXFP4 as OpenAI's checkpoints are
+#: (`write_checkpoint(mxfp4=True)`; transformers needs `accelerate` to load
+#: those, so its golden model takes the experts that transformers' own
+#: `convert_moe_packed_tensors` dequantizes from the same blocks).
+GPT_OSS = {"gpt_oss": tiny_config("GptOssForCausalLM")}
+GPT_OSS_SEED = 19
 
 
 #: The dtypes of transformers 4's config style where not all of DTYPES (the
@@ -133,6 +142,14 @@ def cases() -> dict[str, dict]:
             raw = as_transformers5(config) if style == "transformers5" else config
             out[f"{name}-{style}-f32"] = dict(config=raw, seed=seed, dtype="f32", family=family,
                                               multimodal=names)
+    config = GPT_OSS["gpt_oss"]
+    for dtype in ("f32", "bf16"):
+        out[f"gpt_oss-transformers5-{dtype}"] = dict(config=as_transformers5(config),
+                                                     seed=GPT_OSS_SEED, dtype=dtype,
+                                                     family="gpt_oss")
+        out[f"gpt_oss_mxfp4-transformers4-{dtype}"] = dict(config=config, seed=GPT_OSS_SEED,
+                                                           dtype=dtype, family="gpt_oss",
+                                                           mxfp4=True)
     return out
 
 
@@ -186,7 +203,8 @@ class Golden:
                                  f"etc.models.testing draws now (seed {self.seed}): "
                                  f"regenerate it (test/python/hf_goldens_families.py)")
         return write_checkpoint(path, self.config, dtype=DTYPES[self.dtype], seed=self.seed,
-                                multimodal=self.case.get("multimodal"))
+                                multimodal=self.case.get("multimodal"),
+                                mxfp4=self.case.get("mxfp4", False))
 
     def check_logits(self, logits: np.ndarray) -> np.ndarray:
         """Asserts that `logits` (a row per `prefixes()`) are within the
@@ -263,7 +281,10 @@ def compute(name: str, case: dict, directory: Path) -> Golden:
     import transformers
 
     path = write_checkpoint(directory / name, case["config"], dtype=DTYPES[case["dtype"]],
-                            seed=case["seed"], multimodal=case.get("multimodal"))
+                            seed=case["seed"], multimodal=case.get("multimodal"),
+                            mxfp4=case.get("mxfp4", False))
+    if case.get("mxfp4"):
+        path = _dequantized_by_transformers(path)
     dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[case["dtype"]]
     # A multimodal checkpoint: its own class (vision tower and all), given
     # text alone.
@@ -283,6 +304,35 @@ def compute(name: str, case: dict, directory: Path) -> Golden:
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
     return Golden(name, case, PROMPTS, tokens, logits, versions,
                   weights_digest(case["config"], case["seed"]))
+
+
+def _dequantized_by_transformers(path: Path) -> Path:
+    """A copy of MXFP4 checkpoint `path` whose experts transformers' own
+    `convert_moe_packed_tensors` dequantized (in float32: MXFP4 values are
+    exact in bf16 too), without the quantization_config: the model
+    transformers computes for the MXFP4 checkpoint, where loading that
+    needs `accelerate`."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    tensors = load_file(path / "model.safetensors")
+    out = {}
+    for name, tensor in tensors.items():
+        if name.endswith("_blocks"):
+            base = name.removesuffix("_blocks")
+            wide = convert_moe_packed_tensors(tensor, tensors[base + "_scales"],
+                                              dtype=torch.float32)
+            out[base] = wide.to(tensors[base.replace("_proj", "_proj_bias")].dtype).contiguous()
+        elif not name.endswith("_scales"):
+            out[name] = tensor
+    target = path.with_name(path.name + "-dequantized")
+    target.mkdir()
+    save_file(out, target / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    del config["quantization_config"]
+    (target / "config.json").write_text(json.dumps(config))
+    return target
 
 
 def make(directory: Path = DIRECTORY, check: bool = False, families=None) -> list[str]:

@@ -293,7 +293,9 @@ def test_gguf_gemma_attention_scale_as_llama_cpp_derives_it(tmp_path):
 # ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(goldens.cases()))
+# gpt-oss's goldens: test_gptoss.py (the NumPy forward pass against all,
+# the compiled step against the MXFP4 one).
+@pytest.mark.parametrize("name", sorted(n for n in goldens.cases() if not n.startswith("gpt_oss")))
 def test_matches_the_transformers_goldens(name, tmp_path):
     """The logits of every position of each golden sequence (every prefix
     a request of one step: prefill), within the dtype's tolerance of

@@ -126,9 +126,12 @@ GRAPHS = ([(name, 16, chip, "auto", "bf16") for name in SHAPES for chip in ("sm_
            # Mixtral's tiles are Qwen3-30B-A3B's kinds (its experts 19x as
            # wide), Granite 3.3 8B's Llama's with its multipliers' scale
            # tasks (Gemma's kind) and unfused residual adds: sm_90a only,
-           # 10 s each.
+           # 10 s each. gpt-oss-20b: not here (50 s a graph; its mixed
+           # graph's worker spilled 24 bytes at 255 registers on sm_90a,
+           # 2026-11-29, while its plain bf16 graph and the one with MXFP4
+           # experts assembled clean: docs/models.md).
            if (name, chip) not in (("mixtral-8x7b", "sm_80"), ("granite-3.3-8b", "sm_80"))
-           and name not in SAME_KERNELS] +
+           and name not in SAME_KERNELS and name != "gpt-oss-20b"] +
           [("llama-3.2-1b-plain", 16, "sm_90a", "auto", "bf16"),
            ("qwen3-30b-a3b-plain", 16, "sm_90a", "auto", "bf16")] +
           # Contiguous caches under both schedules, static ones for bf16 (the

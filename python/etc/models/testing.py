@@ -107,6 +107,15 @@ SHAPES = {
         max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0,
         sliding_window=None, tie_word_embeddings=False, num_local_experts=8,
         num_experts_per_tok=2),
+    "gpt-oss-20b": dict(
+        architecture="GptOssForCausalLM", vocab_size=201088, hidden_size=2880,
+        intermediate_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=150000.0,
+        tie_word_embeddings=False, num_local_experts=32, num_experts_per_tok=4,
+        sliding_window=128, layer_types=None,
+        rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                      "beta_slow": 1.0, "truncate": False,
+                      "original_max_position_embeddings": 4096}),
 }
 
 
@@ -126,7 +135,7 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "Gemma3ForCausalLM": "gemma3_text",
                 "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
                 "GraniteForCausalLM": "granite", "GraniteMoeForCausalLM": "granitemoe",
-                "SmolLM3ForCausalLM": "smollm3"}
+                "SmolLM3ForCausalLM": "smollm3", "GptOssForCausalLM": "gpt_oss"}
 
 #: The tiny Granite configs' multipliers: far from 1, so that a model that
 #: drops one moves the logits by 0.7 (embedding) to 3 (attention) times
@@ -232,7 +241,23 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
         config.update({"rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
                        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
                        "sliding_window_pattern": 2})
+    if architecture == "GptOssForCausalLM":
+        # As gpt-oss-20b's config.json: untied, biases on q/k/v/o, 4
+        # experts of 32 (whole MXFP4 blocks), 2 per token, sliding (window
+        # 3) and full layers alternating, yarn RoPE (truncate false); a
+        # clamp of 1 (7 in gpt-oss) that the tiny activations reach.
+        config.update({"attention_bias": True, "num_local_experts": 4, "num_experts_per_tok": 2,
+                       "tie_word_embeddings": False,
+                       "intermediate_size": 32, "sliding_window": 3,
+                       "layer_types": ["sliding_attention", "full_attention"],
+                       "rope_theta": 150000.0, "swiglu_limit": 1.0, "attention_dropout": 0.0,
+                       "router_aux_loss_coef": 0.9, "output_router_logits": False,
+                       "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                        "beta_slow": 1.0, "truncate": False,
+                                        "original_max_position_embeddings": 32}})
     config.update(overrides)
+    if config.get("layer_types", ()) is None:
+        config.pop("layer_types")
     return config
 
 
@@ -369,6 +394,7 @@ def tensor_shapes(config: dict) -> dict:
     moe = config["architectures"][0] == "Qwen3MoeForCausalLM"
     mixtral = config["architectures"][0] == "MixtralForCausalLM"
     granite_moe = config["architectures"][0] == "GraniteMoeForCausalLM"
+    gpt_oss = config["architectures"][0] == "GptOssForCausalLM"
     t = {"model.embed_tokens.weight": (vocab, h)}
     sparse = set(range(config["num_hidden_layers"])) if mixtral or granite_moe else set()
     if moe:
@@ -386,7 +412,10 @@ def tensor_shapes(config: dict) -> dict:
             t[p + "self_attn.k_proj.weight"] = (kv * d, h)
             t[p + "self_attn.v_proj.weight"] = (kv * d, h)
         t[p + "self_attn.o_proj.weight"] = (h, heads * d)
-        if qwen2:
+        if gpt_oss:
+            t[p + "self_attn.o_proj.bias"] = (h,)
+            t[p + "self_attn.sinks"] = (heads,)
+        if qwen2 or gpt_oss:
             t[p + "self_attn.q_proj.bias"] = (heads * d,)
             t[p + "self_attn.k_proj.bias"] = (kv * d,)
             t[p + "self_attn.v_proj.bias"] = (kv * d,)
@@ -397,7 +426,18 @@ def tensor_shapes(config: dict) -> dict:
         if gemma:
             t[p + "pre_feedforward_layernorm.weight"] = (h,)
             t[p + "post_feedforward_layernorm.weight"] = (h,)
-        if mixtral:
+        if gpt_oss:
+            # transformers' (dequantized) layout: stacks (E, in, out), gate
+            # and up interleaved (even, odd columns) (`write_checkpoint`'s
+            # mxfp4 writes OpenAI's blocks and scales).
+            e, f = config["num_local_experts"], config["intermediate_size"]
+            t[p + "mlp.router.weight"] = (e, h)
+            t[p + "mlp.router.bias"] = (e,)
+            t[p + "mlp.experts.gate_up_proj"] = (e, h, 2 * f)
+            t[p + "mlp.experts.gate_up_proj_bias"] = (e, 2 * f)
+            t[p + "mlp.experts.down_proj"] = (e, f, h)
+            t[p + "mlp.experts.down_proj_bias"] = (e, h)
+        elif mixtral:
             # transformers 4's layout (transformers 5 saves it too): w1 the
             # gate, w2 the down, w3 the up projection.
             e, f = config["num_local_experts"], config["intermediate_size"]
@@ -453,13 +493,16 @@ def _tensors(config: dict, rng: np.random.Generator, sharp: bool = False) -> dic
                 weight = one + 0.1 * draw
             tensors[name] = weight.astype(np.float32)
             continue
-        if name.endswith(".bias"):
+        if name.endswith((".bias", "_bias", ".sinks")):
             tensors[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
             continue
         # Embeddings smaller, the router's logits larger (unless sharp).
         fan_in = {"model.embed_tokens.weight": 16 * h}.get(name, shape[-1])
+        if name.endswith(("gate_up_proj", "experts.down_proj")):  # (E, in, out) stacks
+            fan_in = shape[-2]
         if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight",
-                          "block_sparse_moe.router.layer.weight")) and not sharp:
+                          "block_sparse_moe.router.layer.weight",
+                          "mlp.router.weight")) and not sharp:
             fan_in = h / 8
         if sharp and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
             fan_in /= 4
@@ -467,10 +510,35 @@ def _tensors(config: dict, rng: np.random.Generator, sharp: bool = False) -> dic
     return tensors
 
 
-def checkpoint_tensors(config: dict, seed: int = 0, *, sharp: bool = False) -> dict:
+def checkpoint_tensors(config: dict, seed: int = 0, *, sharp: bool = False,
+                       mxfp4: bool = False) -> dict:
     """The random tensors `write_checkpoint(..., seed=seed, sharp=sharp)`
-    writes, float32, under Hugging Face's names."""
-    return _tensors(config, np.random.default_rng(seed), sharp)
+    writes, float32, under Hugging Face's names; with `mxfp4`, gpt-oss's
+    experts as `write_checkpoint(mxfp4=True)` quantizes them (dequantized,
+    under the dequantized names)."""
+    tensors = _tensors(config, np.random.default_rng(seed), sharp)
+    if mxfp4:
+        from .loading import mxfp4 as mx
+
+        for name, (blocks, scales) in _mxfp4_experts(tensors).items():
+            tensors[name] = np.ascontiguousarray(mx.dequantize(blocks, scales).swapaxes(-1, -2))
+    return tensors
+
+
+def _mxfp4_experts(tensors: dict) -> dict:
+    """gpt-oss's expert stacks of `tensors` (`mlp.experts.gate_up_proj`,
+    `down_proj`, (E, in, out)) quantized as OpenAI's checkpoints store
+    them: name -> (blocks (E, out, in / 32, 16), scales (E, out, in / 32))
+    (ggml's MXFP4 quantizer, repacked)."""
+    from .. import packed
+    from .loading import mxfp4 as mx
+
+    out = {}
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj",
+                                                   "experts.down_proj"))]:
+        rows = np.ascontiguousarray(tensors[name].swapaxes(-1, -2))  # (E, out, in)
+        out[name] = mx.unpack(packed.quantize(rows, "mxfp4"))
+    return out
 
 
 def write_tokenizer(path, vocab_size: int, *, chat_template: Optional[str] = CHAT_TEMPLATE,
@@ -511,7 +579,7 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
                      shards: int = 1, drop: tuple = (), tokenizer: bool = False,
                      sharp: bool = False, fp8_block: Optional[tuple] = None,
                      quantization: Optional[dict] = None, multimodal: Optional[str] = None,
-                     **tokenizer_options) -> Path:
+                     mxfp4: bool = False, **tokenizer_options) -> Path:
     """Writes a random checkpoint of `config` (default `tiny_config()`) to
     directory `path`: config.json and `shards` safetensors files of `dtype`
     ("F32", "F16" or "BF16"). Tensors named in `drop` are left out (to test
@@ -526,7 +594,10 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
     are, every linear projection (`*_proj.weight`) quantized to e4m3 per
     block with its `weight_scale_inv` (`quantize_fp8`), config.json's
     `quantization_config` saying so (or `quantization`, to test
-    refusals). `multimodal` ("transformers4" or "transformers4.52"): the
+    refusals). `mxfp4`: a gpt-oss checkpoint as OpenAI's are, its experts
+    MXFP4 (`*_blocks`, `*_scales` U8; `checkpoint_tensors(mxfp4=True)`
+    are their values), config.json's quantization_config saying so.
+    `multimodal` ("transformers4" or "transformers4.52"): the
     checkpoint of the multimodal model the causal LM of `config` ships
     inside (Gemma 3, Mistral 3: `as_multimodal`), its language model's
     tensors (the causal LM's, the same draws) under the names that
@@ -557,6 +628,15 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
             tensors[name], tensors[name + "_scale_inv"] = quantize_fp8(tensors[name], fp8_block)
             dtypes[name] = "F8_E4M3"
             dtypes[name + "_scale_inv"] = "F32"
+    if mxfp4:
+        config.setdefault("quantization_config", {
+            "quant_method": "mxfp4", "modules_to_not_convert": [
+                "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                "lm_head"]})
+        for name, (blocks, scales) in _mxfp4_experts(tensors).items():
+            del tensors[name]
+            tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+            dtypes[name + "_blocks"] = dtypes[name + "_scales"] = "U8"
     if quantization is not None:
         config["quantization_config"] = quantization
     if multimodal is not None:
@@ -613,7 +693,8 @@ _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama
                        "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe",
                        "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
                        "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3",
-                       "GraniteForCausalLM": "granite", "GraniteMoeForCausalLM": "granitemoe"}
+                       "GraniteForCausalLM": "granite", "GraniteMoeForCausalLM": "granitemoe",
+                       "GptOssForCausalLM": "gpt-oss"}
 #: The GGUF architectures whose Q and K rows llama.cpp's converter permutes
 #: (its LlamaModel's, rotated in pairs by llama.cpp's NORM RoPE).
 _PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
@@ -710,9 +791,12 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
 
     layers = config["num_hidden_layers"]
     out: dict = {}
+    gpt_oss = architecture == "gpt-oss"
     for name, array in tensors.items():
         if ".experts." in name:
             continue  # stacked below
+        if gpt_oss and name.endswith(".sinks"):
+            name += ".weight"  # (llama.cpp's converter adds it)
         if architecture in _PERMUTED and name.endswith("self_attn.q_proj.weight"):
             array = permute(array, heads)
         elif architecture in _PERMUTED and name.endswith("self_attn.k_proj.weight"):
@@ -747,6 +831,19 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
                 stacked = gguf_tensor_name(architecture, f"{p_i}{proj}.weight", layers)
                 out[stacked] = np.stack([tensors[f"{p_i}{j}.{proj}.weight"]
                                          for j in range(experts)])
+    if gpt_oss:
+        # llama.cpp's converter: gate_up (E, in, 2 f) split into its even
+        # (gate) and odd (up) columns, every stack turned (E, out, in).
+        for i in range(layers):
+            p_i = f"model.layers.{i}.mlp.experts."
+            gate_up, bias = tensors[p_i + "gate_up_proj"], tensors[p_i + "gate_up_proj_bias"]
+            for proj, parity in (("gate", 0), ("up", 1)):
+                out[f"blk.{i}.ffn_{proj}_exps.weight"] = np.ascontiguousarray(
+                    gate_up[:, :, parity::2].swapaxes(-1, -2))
+                out[f"blk.{i}.ffn_{proj}_exps.bias"] = np.ascontiguousarray(bias[:, parity::2])
+            out[f"blk.{i}.ffn_down_exps.weight"] = np.ascontiguousarray(
+                tensors[p_i + "down_proj"].swapaxes(-1, -2))
+            out[f"blk.{i}.ffn_down_exps.bias"] = tensors[p_i + "down_proj_bias"]
     if rope_freqs is not None:
         out["rope_freqs.weight"] = np.asarray(rope_freqs, np.float32)
 
@@ -792,6 +889,17 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
             if config.get(key) is not None:
                 getattr(writer, f"add_{key}")(config[key])
+    if gpt_oss:
+        # What llama.cpp's converter writes (the window; yarn's factor and
+        # original context; it fixes the layer pattern and the clamp).
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_expert_count(config["num_local_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["intermediate_size"])
+        if scaling.get("rope_type") == "yarn":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            writer.add_rope_scaling_factor(scaling["factor"])
+            writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
     if architecture == "qwen3moe" or mixtral:
         # (llama.cpp's converter: Mixtral is llama with experts, each of
         # feed_forward_length, softmax weights renormalised over the chosen.)
@@ -815,7 +923,9 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
             continue
         array = np.asarray(array, np.float32)
         kind = (tensor_types or {}).get(name, tensor_type)
-        data = quantized(array, kind) or quantized(array, fallback_type)
+        # (llama.cpp quantizes weights only: gpt-oss's (E, f) biases stay F32.)
+        data = None if name.endswith(".bias") else \
+            quantized(array, kind) or quantized(array, fallback_type)
         if data is None:
             writer.add_tensor(name, array)
         else:

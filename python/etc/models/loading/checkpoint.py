@@ -13,11 +13,11 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import fp8, multimodal, partial_rotary
+from . import fp8, multimodal, mxfp4, partial_rotary
 from ... import bfloat16, packed
 from ...runtime import aligned
-from .config import ModelConfig
-from .safetensors import BYTE_DTYPES, SafetensorsFile
+from .config import ModelConfig, UnsupportedConfigError
+from .safetensors import SafetensorsFile
 
 __all__ = ["Checkpoint", "MissingTensorError", "CheckpointError", "STORAGE", "config_dtype"]
 
@@ -30,6 +30,22 @@ _COMPUTE = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 
 #: config.json's `torch_dtype` (transformers v5: `dtype`) as a compute dtype.
 _CONFIG_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def _mxfp4_config(raw: dict, where: str) -> bool:
+    """Whether config.json's `quantization_config` is gpt-oss's MXFP4
+    (quant_method "mxfp4": its experts' `*_blocks` / `*_scales` tensors,
+    `modules_to_not_convert` the float ones), checked; False for any other
+    (or none)."""
+    q = raw.get("quantization_config") if isinstance(raw, dict) else None
+    if not isinstance(q, dict) or q.get("quant_method") != "mxfp4":
+        return False
+    unknown = sorted(set(q) - {"quant_method", "modules_to_not_convert", "dequantize"})
+    if unknown:
+        raise UnsupportedConfigError(f"{where}: field 'quantization_config.{unknown[0]}' is "
+                                     f"not supported (an mxfp4 quantization_config has "
+                                     f"quant_method, modules_to_not_convert, dequantize)")
+    return True
 
 
 def config_dtype(raw: dict) -> Optional[str]:
@@ -72,7 +88,10 @@ class Checkpoint:
         self.raw_config = raw
         self.config = ModelConfig.from_dict(raw, str(config_path))
         #: An FP8 checkpoint's block scaling (`fp8.Fp8Quantization`), or None.
-        self.quantization = fp8.read_quantization(raw, str(config_path))
+        #: gpt-oss's "mxfp4" quantization_config says its experts are MXFP4
+        #: (`mxfp4`): the tensors say it too, and are read as they are.
+        self.quantization = None if _mxfp4_config(raw, str(config_path)) else \
+            fp8.read_quantization(raw, str(config_path))
         files = sorted(self.path.glob("*.safetensors"))
         if not files:
             raise CheckpointError(f"{self.path}: no *.safetensors files (ETC reads safetensors "
@@ -219,7 +238,7 @@ class Checkpoint:
     def is_fp8(self, name: str) -> bool:
         """Whether tensor `name` is stored as float8 bytes (F8_E4M3)."""
         file = self._where.get(name)
-        return file is not None and file.dtype(name) in BYTE_DTYPES
+        return file is not None and file.dtype(name) == "F8_E4M3"
 
     def tensor(self, name: str, shape: tuple, what: str, dtype: str = "f32") -> np.ndarray:
         """Tensor `name` as an array of `shape` in the storage of `dtype`
@@ -286,7 +305,9 @@ class Checkpoint:
         (transformers 5's fused Mixtral experts), "T" for a
         transposed matrix (a router), or "experts" for a MoE layer's stack
         of one projection (the name a list of each expert's tensor, the
-        shape an expert's)."""
+        shape an expert's); gpt-oss's ("mxfp4", ...), ("stack_T", ...),
+        ("columns", ...) (`_gpt_oss_experts`) and "f32" (a float32
+        tensor whatever the dtype: attention sinks)."""
         c = self.config
         h, d = c.hidden_size, c.head_dim
         plan: list[tuple] = [("embed", "model.embed_tokens.weight", (c.vocab_size, h),
@@ -318,6 +339,12 @@ class Checkpoint:
                          for key, proj, heads in (("bq", "q", c.num_heads),
                                                   ("bk", "k", c.num_kv_heads),
                                                   ("bv", "v", c.num_kv_heads))]
+            if c.o_bias:
+                plan.append((f"l{i}_bo", p + "self_attn.o_proj.bias", (h,),
+                             f"layer {i} o projection bias", None))
+            if c.attention_sinks:
+                plan.append((f"l{i}_sinks", p + "self_attn.sinks", (c.num_heads,),
+                             f"layer {i} attention sinks", "f32"))
             if c.qk_norm:
                 plan += [(f"l{i}_q_norm", p + "self_attn.q_norm.weight", (d,),
                           f"layer {i} q_norm", None),
@@ -339,6 +366,8 @@ class Checkpoint:
                 plan += self._mixtral_experts(i)
             elif c.is_sparse(i) and c.architecture == "GraniteMoeForCausalLM":
                 plan += self._granite_moe_experts(i)
+            elif c.is_sparse(i) and c.architecture == "GptOssForCausalLM":
+                plan += self._gpt_oss_experts(i)
             elif c.is_sparse(i):
                 e, f = c.num_experts, c.moe_intermediate_size
                 plan.append((f"l{i}_router", p + "mlp.gate.weight", (e, h), f"layer {i} router",
@@ -423,6 +452,90 @@ class Checkpoint:
                 (f"l{i}_experts_down", down, (e, h, f),
                  f"layer {i} expert down projections", None)]
 
+    def _gpt_oss_experts(self, i: int) -> list[tuple]:
+        """`_plan`'s entries of gpt-oss's layer `i`: its router
+        (`mlp.router.weight` (E, h), `.bias` (E,)) and experts, as OpenAI's
+        checkpoints store them, MXFP4 (`mlp.experts.gate_up_proj_blocks` /
+        `_scales`, (E, 2 f, h / 32, 16) and (E, 2 f, h / 32);
+        `down_proj_blocks` / `_scales` (E, h, f / 32, 16) and (E, h, f /
+        32): each expert's rows (out, in), layout ("mxfp4", parity)), or as
+        transformers saves a dequantized model (`mlp.experts.gate_up_proj`
+        (E, h, 2 f) and `down_proj` (E, f, h), (in, out): layout
+        ("stack_T", parity)); and their biases `gate_up_proj_bias` (E, 2 f)
+        and `down_proj_bias` (E, h) (layout ("columns", parity)). gate and
+        up are interleaved in gate_up: gate the even output columns, up the
+        odd ones (transformers' `_apply_gate`), split at load (parity 0,
+        1; None: the whole)."""
+        c = self.config
+        h, e, f = c.hidden_size, c.num_experts, c.moe_intermediate_size
+        p = f"model.layers.{i}.mlp."
+        x = p + "experts."
+        plan = [(f"l{i}_router", p + "router.weight", (e, h), f"layer {i} router", "T"),
+                (f"l{i}_router_b", p + "router.bias", (e,), f"layer {i} router bias", None)]
+        if x + "gate_up_proj_blocks" in self._where or x + "down_proj_blocks" in self._where:
+            for size in (h, f):
+                if size % mxfp4.BLOCK:
+                    raise CheckpointError(
+                        f"{self.path}: layer {i}'s MXFP4 experts need hidden_size and "
+                        f"intermediate_size multiples of {mxfp4.BLOCK}, got {h} and {f}")
+            plan += [(f"l{i}_experts_gate", x + "gate_up_proj", (e, 2 * f, h),
+                      f"layer {i} MXFP4 expert gate/up projections", ("mxfp4", 0)),
+                     (f"l{i}_experts_up", x + "gate_up_proj", (e, 2 * f, h),
+                      f"layer {i} MXFP4 expert gate/up projections", ("mxfp4", 1)),
+                     (f"l{i}_experts_down", x + "down_proj", (e, h, f),
+                      f"layer {i} MXFP4 expert down projections", ("mxfp4", None))]
+        else:
+            plan += [(f"l{i}_experts_gate", x + "gate_up_proj", (e, h, 2 * f),
+                      f"layer {i} expert gate/up projections", ("stack_T", 0)),
+                     (f"l{i}_experts_up", x + "gate_up_proj", (e, h, 2 * f),
+                      f"layer {i} expert gate/up projections", ("stack_T", 1)),
+                     (f"l{i}_experts_down", x + "down_proj", (e, f, h),
+                      f"layer {i} expert down projections", ("stack_T", None))]
+        return plan + [
+            (f"l{i}_experts_gate_b", x + "gate_up_proj_bias", (e, 2 * f),
+             f"layer {i} expert gate/up biases", ("columns", 0)),
+            (f"l{i}_experts_up_b", x + "gate_up_proj_bias", (e, 2 * f),
+             f"layer {i} expert gate/up biases", ("columns", 1)),
+            (f"l{i}_experts_down_b", x + "down_proj_bias", (e, h),
+             f"layer {i} expert down biases", None)]
+
+    def _mxfp4_stack(self, name: str, shape: tuple, what: str, parity, dtype: str,
+                     keep: bool) -> np.ndarray:
+        """The MXFP4 experts `name` (`name`_blocks / `name`_scales, stack
+        `shape` (E, out, in)), their rows of `parity` (None: all), as
+        `etc.packed` mxfp4 storage (`keep`) or dequantized into the storage
+        of `dtype`; an expert at a time."""
+        e, rows, k = shape
+        groups = k // mxfp4.BLOCK
+        blocks = self._file(name + "_blocks", (e, rows, groups, 16), f"the blocks of {what}")
+        scales = self._file(name + "_scales", (e, rows, groups), f"the scales of {what}")
+        for file, tensor in ((blocks, name + "_blocks"), (scales, name + "_scales")):
+            if file.dtype(tensor) != "U8":
+                raise CheckpointError(f"{file.path}: tensor {tensor!r} ({what}) is "
+                                      f"{file.dtype(tensor)}, expected U8 (MXFP4 bytes)")
+        pick = slice(None) if parity is None else slice(parity, None, 2)
+        out_rows = rows if parity is None else rows // 2
+        if keep:
+            out = aligned.empty(packed.storage_shape((e, out_rows, k), "mxfp4"), np.uint8)
+        else:
+            out = aligned.empty((e, out_rows, k), STORAGE[dtype])
+        for j in range(e):
+            one = slice(j, j + 1)
+            raw = mxfp4.repack(blocks.read_bytes(name + "_blocks", one)[0][pick],
+                               scales.read_bytes(name + "_scales", one)[0][pick])
+            bad = packed.first_bad_block(raw, "mxfp4")
+            if bad is not None:
+                raise CheckpointError(f"{blocks.path}: tensor {name + '_scales'!r} ({what}) "
+                                      f"expert {j}: block {bad} has a scale above "
+                                      f"{packed.MXFP4_LARGEST_E} (no quantizer writes it): the "
+                                      f"file is damaged")
+            if keep:
+                out[j] = raw
+            else:
+                wide = packed.dequantize(raw, "mxfp4", (out_rows, k))
+                out[j] = bfloat16.to_bits(wide) if dtype == "bf16" else wide
+        return out
+
     def _stack(self, names: list, shape: tuple, what: str, dtype: str,
                packed_read: Optional[Callable] = None) -> np.ndarray:
         """One projection's experts `names` (each `shape`, (out, in)) as a
@@ -447,13 +560,17 @@ class Checkpoint:
 
     def weight_formats(self) -> dict[str, str]:
         """The weights that can stay packed, graph input name -> format of
-        `etc.packed` (fp8_e4m3): an FP8 checkpoint's e4m3 matrices that
+        `etc.packed` (fp8_e4m3, mxfp4): gpt-oss's MXFP4 experts, and an FP8
+        checkpoint's e4m3 matrices that
         the step graph reads by rows (the projections, and a MoE layer's
         stacks of experts when every expert of all three is FP8), whose
         rows are whole blocks of 32 values. Others are dequantized."""
         block = packed.FORMATS["fp8_e4m3"].block
         formats, experts = {}, {}
         for key, name, shape, _, how in self._plan():
+            if isinstance(how, tuple) and how[0] == "mxfp4":
+                formats[key] = "mxfp4"  # gpt-oss's experts, as stored
+                continue
             names = name if how == "experts" else [name]
             fits = len(shape) == 2 and shape[-1] % block == 0 and \
                 all(self.is_fp8(n) for n in names)
@@ -502,6 +619,18 @@ class Checkpoint:
                 (lambda n: self.tensor(n, shape, what, dtype))
             if how == "experts":
                 out[key] = self._stack(name, shape, what, dtype, read if stay else None)
+            elif isinstance(how, tuple) and how[0] == "mxfp4":
+                out[key] = self._mxfp4_stack(name, shape, what, how[1], dtype, stay)
+            elif isinstance(how, tuple) and how[0] in ("stack_T", "columns"):
+                # gpt-oss: gate and up interleaved in the last dimension;
+                # the dequantized stacks (in, out), turned (out, in).
+                if fused[0] != (name, False):
+                    fused = ((name, False), self.tensor(name, shape, what, dtype))
+                part = fused[1] if how[1] is None else fused[1][..., how[1]::2]
+                out[key] = np.ascontiguousarray(part.swapaxes(-1, -2) if how[0] == "stack_T"
+                                                else part)
+            elif how == "f32":  # attention sinks: float32 whatever the dtype
+                out[key] = np.ascontiguousarray(self.tensor(name, shape, what, "f32"))
             elif isinstance(how, tuple):  # ("rows" or "expert_rows", start, stop) of a
                 if fused[0] != (name, stay):  # fused projection (or stack of experts)
                     fused = ((name, stay), read(name))

@@ -2,7 +2,7 @@
 
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
 Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, SmolLM3,
-Granite, Granite MoE; and the text
+Granite, Granite MoE, gpt-oss; and the text
 model of Gemma 3's and Mistral 3's multimodal configs, `multimodal`), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
@@ -30,12 +30,16 @@ __all__ = ["ARCHITECTURES", "ROPE_TYPES", "ModelConfig", "UnsupportedConfigError
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                  "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
                  "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
-                 "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM")
+                 "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
+                 "GptOssForCausalLM")
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
 #: IBM Granite 3.x: Llama's layers with four scalar multipliers (`_granite`).
 _GRANITE = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
+#: The MoE architectures with a sparse block in every layer, read by
+#: `_mixtral` (its `intermediate_size` is the experts' width).
+_EVERY_LAYER_SPARSE = ("MixtralForCausalLM", "GraniteMoeForCausalLM", "GptOssForCausalLM")
 #: Architectures refused by name, with why (not merely "not supported").
 _REFUSED = {
     "GraniteMoeSharedForCausalLM": "Granite MoE with shared experts: every token also runs "
@@ -131,6 +135,19 @@ class ModelConfig:
     rotary_dim: Optional[int] = None
     #: The layers without RoPE (SmolLM3's NoPE layers).
     nope_layers: tuple = field(default_factory=tuple)
+    #: gpt-oss: a bias on the attention's output projection too
+    #: (`qkv_bias` the others'), one learnt sink logit per query head
+    #: (`Graph.attention`'s `sinks`), a bias on the router's logits and on
+    #: each expert's projections (`Graph.moe`'s `router_b`, `b1`, `b_up`,
+    #: `b2`), and the experts' activation: "silu" (SwiGLU) or "swiglu_oai"
+    #: (gpt-oss's clamped SwiGLU, `swiglu_limit` and `swiglu_alpha`).
+    o_bias: bool = False
+    attention_sinks: bool = False
+    router_bias: bool = False
+    expert_bias: bool = False
+    expert_activation: str = "silu"
+    swiglu_limit: Optional[float] = None
+    swiglu_alpha: Optional[float] = None
 
     @property
     def is_moe(self) -> bool:
@@ -298,9 +315,15 @@ class ModelConfig:
                 head_dim % 2:
             raise UnsupportedConfigError(f"{where}: field 'head_dim' = {head_dim!r} must be an "
                                          f"even positive integer")
-        if architecture not in _GEMMA:  # Gemma reads hidden_activation (below)
+        if architecture == "GptOssForCausalLM":
+            # transformers' gpt-oss never reads hidden_act (its experts'
+            # clamped SwiGLU is fixed): any name computes the same.
+            if not isinstance(config.get("hidden_act", "silu"), str):
+                raise UnsupportedConfigError(f"{where}: field 'hidden_act' = "
+                                             f"{config['hidden_act']!r} must be a string")
+        elif architecture not in _GEMMA:  # Gemma reads hidden_activation (below)
             refuse("hidden_act", ("silu", None), "only SiLU-gated MLPs are implemented")
-        if architecture != "Qwen2ForCausalLM":
+        if architecture not in ("Qwen2ForCausalLM", "GptOssForCausalLM"):
             # Qwen2's q/k/v projections always have biases and its o
             # projection never has one: transformers ignores the field.
             refuse("attention_bias", (False, None), "q/k/v/o projections have no bias")
@@ -317,6 +340,8 @@ class ModelConfig:
         max_positions = need("max_position_embeddings")
         gemma = _gemma(config, where, architecture, hidden, max_positions) \
             if architecture in _GEMMA else {}
+        if architecture == "GptOssForCausalLM":
+            gemma = _gpt_oss(config, where, layers, max_positions, need, flag)
         if "rope_theta" in gemma:
             rope_theta, scaling = gemma.pop("rope_theta"), gemma.pop("rope_scaling")
         else:
@@ -358,11 +383,11 @@ class ModelConfig:
             if config.get("shared_expert_intermediate_size"):
                 raise UnsupportedConfigError(f"{where}: field 'shared_expert_intermediate_size'"
                                              f" is not supported (no shared experts)")
-        elif architecture in ("MixtralForCausalLM", "GraniteMoeForCausalLM"):
+        elif architecture in _EVERY_LAYER_SPARSE:
             moe = _mixtral(config, where, layers, need, flag, architecture)
         granite = _granite(config, where) if architecture in _GRANITE else {}
         dense_layers = not moe or len(moe["sparse_layers"]) < layers
-        if architecture in ("MixtralForCausalLM", "GraniteMoeForCausalLM"):
+        if architecture in _EVERY_LAYER_SPARSE:
             intermediate = 0  # every layer sparse: the field is the experts' width
         elif dense_layers:
             intermediate = need("intermediate_size")
@@ -387,7 +412,7 @@ class ModelConfig:
             tie_word_embeddings=flag("tie_word_embeddings", architecture in _GEMMA or
                                      architecture == "SmolLM3ForCausalLM"),
             qk_norm=architecture.startswith("Qwen3") or architecture == "Gemma3ForCausalLM",
-            qkv_bias=architecture == "Qwen2ForCausalLM",
+            qkv_bias=architecture == "Qwen2ForCausalLM" or gemma.pop("attention_bias", False),
             rope_scaling=scaling,
             sliding_window=window,
             sliding_layers=sliding,
@@ -401,7 +426,7 @@ class ModelConfig:
 
 
 def _mixtral(config: dict, where: str, layers: int, need, flag,
-            architecture: str = "MixtralForCausalLM") -> dict:
+             architecture: str = "MixtralForCausalLM") -> dict:
     """Mixtral's MoE fields (`ModelConfig`'s MoE fields), as transformers 4
     and 5 read them (Granite MoE's too: the same fields; its router's
     softmax of the top-k logits gives the same weights): a sparse block in
@@ -413,7 +438,9 @@ def _mixtral(config: dict, where: str, layers: int, need, flag,
     checked to be what they mean: `router_jitter_noise` (transformers
     multiplies the MoE input by noise only in training mode: inference,
     and so ETC, compute the same with any value), `output_router_logits`
-    and `router_aux_loss_coef` (the load-balancing loss)."""
+    and `router_aux_loss_coef` (the load-balancing loss). gpt-oss reads
+    the same fields (its router takes the top-k logits, then their
+    softmax: the same weights), and has no jitter."""
     experts = config.get("num_local_experts")
     alias = config.get("num_experts")
     if experts is None:
@@ -431,6 +458,9 @@ def _mixtral(config: dict, where: str, layers: int, need, flag,
         raise UnsupportedConfigError(f"{where}: field 'num_experts_per_tok' = {per_token} "
                                      f"exceeds num_local_experts = {experts}")
     jitter = config.get("router_jitter_noise")
+    if jitter is not None and architecture == "GptOssForCausalLM":
+        raise UnsupportedConfigError(f"{where}: field 'router_jitter_noise' is not a gpt-oss "
+                                     f"field (its router has no noise)")
     if jitter is not None and (isinstance(jitter, bool) or
                                not isinstance(jitter, (int, float)) or
                                not math.isfinite(jitter) or jitter < 0):
@@ -476,12 +506,14 @@ def _granite(config: dict, where: str) -> dict:
 #: default is None where MistralConfig's is 4096, in transformers 4 and 5),
 #: "gemma" (`layer_types`, or Gemma's pattern of full layers).
 _WINDOWED = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
-             "MixtralForCausalLM": "phi3",
+             "MixtralForCausalLM": "phi3", "GptOssForCausalLM": "gemma",
              "Gemma2ForCausalLM": "gemma", "Gemma3ForCausalLM": "gemma",
              "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3"}
 #: Gemma's default layer pattern: every n-th layer full, the others
 #: sliding (Gemma 3: `sliding_window_pattern`, default 6; Gemma 2: 2).
-_GEMMA_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}
+_GEMMA_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "GptOssForCausalLM": 2}
+#: The default `sliding_window` of the "gemma" style (GptOssConfig: 128).
+_DEFAULT_WINDOW = {"GptOssForCausalLM": 128}
 
 
 def _sliding_layers(config: dict, where: str, architecture: str,
@@ -514,7 +546,7 @@ def _sliding_layers(config: dict, where: str, architecture: str,
     if style is None:
         return None, ()
     if style == "gemma":
-        window = config.get("sliding_window", 4096)
+        window = config.get("sliding_window", _DEFAULT_WINDOW.get(architecture, 4096))
         if types is None:
             pattern = _GEMMA_PATTERN[architecture]
             if architecture == "Gemma3ForCausalLM" and \
@@ -665,6 +697,40 @@ def _gemma(config: dict, where: str, architecture: str, hidden: int,
 
 #: transformers' default RoPE base where it is not 1e4.
 _DEFAULT_THETA = {"MixtralForCausalLM": 1_000_000.0, "SmolLM3ForCausalLM": 2_000_000.0}
+
+#: GptOssConfig's RoPE when config.json gives none: yarn, factor 32 over
+#: 4096 positions, base 150000.
+_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "truncate": False, "original_max_position_embeddings": 4096}
+
+
+def _gpt_oss(config: dict, where: str, layers: int, max_positions: int, need, flag) -> dict:
+    """gpt-oss's own fields (`ModelConfig`'s gpt-oss fields, its RoPE
+    `rope_theta` / `rope_scaling`), as transformers' GptOssConfig and
+    modelling read them: `attention_bias` (default true) puts biases on
+    q, k, v and o; every attention has sinks, every layer a router and
+    experts with biases; `swiglu_limit` (7.0) and `swiglu_alpha` (1.702)
+    shape the experts' clamped SwiGLU; the RoPE is yarn (`_GPT_OSS_ROPE`)
+    when config.json gives none. OpenAI's config.json also carries
+    `experts_per_token` (checked equal to num_experts_per_tok) and
+    `initial_context_length` (yarn's original length, read from
+    rope_scaling)."""
+    bias = flag("attention_bias", True)
+    alias = config.get("experts_per_token")
+    if alias is not None and alias != config.get("num_experts_per_tok"):
+        raise UnsupportedConfigError(f"{where}: field 'experts_per_token' = {alias!r} "
+                                     f"contradicts num_experts_per_tok = "
+                                     f"{config.get('num_experts_per_tok')!r}; keep one")
+    limits = {}
+    for name, default in (("swiglu_limit", 7.0), ("swiglu_alpha", 1.702)):
+        value = config.get(name)
+        limits[name] = default if value is None else positive_number(where, name, value)
+    if config.get("rope_scaling") is None and config.get("rope_parameters") is None:
+        config = dict(config, rope_parameters=dict(_GPT_OSS_ROPE))
+    theta, scaling = _rope(config, where, max_positions, default_theta=150_000.0)
+    return dict(attention_bias=bias, o_bias=bias, attention_sinks=True, router_bias=True,
+                expert_bias=True, expert_activation="swiglu_oai", rope_theta=theta,
+                rope_scaling=scaling, **limits)
 
 
 def _phi3_rope_type(config: dict) -> dict:

@@ -41,7 +41,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
-                 "granitemoe": "GraniteMoeForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+                 "granitemoe": "GraniteMoeForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+                 "gpt-oss": "GptOssForCausalLM"}
 #: The architectures whose Q and K rows llama.cpp's converter permutes
 #: (each head's rotary halves interleaved: LlamaModel's conversion), undone
 #: at load.
@@ -67,7 +68,7 @@ _LLAMA3_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"
 _QWEN2_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"
                 r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
-# GPT-4o's (Phi-4-mini): words with their case runs and contractions,
+# GPT-4o's, o200k's (Phi-4-mini, gpt-oss): words with their case runs and contractions,
 # numbers of up to 3 digits, punctuation runs with their line ends and "/".
 _CONTRACTION = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
 _GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" +
@@ -204,6 +205,12 @@ class GGUFCheckpoint:
         if a == "phi3" and "rope_factors_long.weight" in self._tensors:
             config["rope_scaling"] = self._longrope(rope_dims or head_dim)
         scaling = self._key("rope.scaling.type")
+        if a == "gpt-oss" and scaling == "yarn":
+            config["rope_scaling"] = self._yarn()
+            scaling = None
+        elif a == "gpt-oss" and scaling in (None, "none"):
+            # Plain RoPE (config.json's default would be yarn).
+            config["rope_parameters"] = {"rope_type": "default"}
         if scaling not in (None, "none", "linear"):
             # config.json's yarn (and others) take parameters llama.cpp
             # spells its own way; only linear maps one to one.
@@ -226,6 +233,8 @@ class GGUFCheckpoint:
             config.update(self._mixtral_config(config))
         if a in ("granite", "granitemoe"):
             config.update(self._granite_config(config))
+        if a == "gpt-oss":
+            config.update(self._gpt_oss_config(config))
         if a == "qwen3moe":
             layers = config["num_hidden_layers"] or 0
             config.update({
@@ -328,6 +337,54 @@ class GGUFCheckpoint:
                     f"not supported: every token would also run a dense shared MLP")
             out.update({"num_local_experts": self._key("expert_count"),
                         "num_experts_per_tok": self._key("expert_used_count")})
+        return out
+
+    def _gpt_oss_config(self, config: dict) -> dict:
+        """gpt-oss's fields as llama.cpp reads a `gpt-oss` file: the
+        experts (`expert_count`, `expert_used_count`, of
+        `expert_feed_forward_length`), the window (`attention.sliding_window`)
+        on the layers llama.cpp fixes (every second one, from layer 0),
+        biases on q, k, v and o (always: the file must hold them), and
+        the clamped SwiGLU with llama.cpp's constants (limit 7, alpha
+        1.702: it reads no key for them)."""
+        a = self.architecture
+        layers = config["num_hidden_layers"] or 0
+        window = self._key("attention.sliding_window")
+        clamp = self._key("swiglu_clamp_exp")
+        if clamp is not None:
+            raise UnsupportedConfigError(
+                f"{self.path}: GGUF metadata {a}.swiglu_clamp_exp = {clamp!r} is not supported "
+                f"(llama.cpp's gpt-oss clamps at 7 and reads no key)")
+        return {"num_local_experts": self._key("expert_count"),
+                "num_experts_per_tok": self._key("expert_used_count"),
+                "intermediate_size": self._key("expert_feed_forward_length"),
+                "sliding_window": window,
+                "layer_types": ["sliding_attention" if i % 2 == 0 and window else
+                                "full_attention" for i in range(layers)],
+                "attention_bias": True, "swiglu_limit": 7.0, "swiglu_alpha": 1.702}
+
+    def _yarn(self) -> dict:
+        """A `gpt-oss` file's yarn RoPE as config.json says it: the factor,
+        the original context (`rope.scaling.original_context_length`),
+        llama.cpp's beta_fast 32 and beta_slow 1 (or the file's
+        `rope.scaling.yarn_beta_fast` / `_slow`), and truncate true: ggml
+        rounds the correction range to whole dimensions (floor, ceil), as
+        transformers does with truncate (gpt-oss's config.json says false:
+        the two differ in one or two frequencies' blend)."""
+        a = self.architecture
+        out = {"rope_type": "yarn", "factor": _decimal(self._key("rope.scaling.factor")),
+               "beta_fast": _decimal(self._key("rope.scaling.yarn_beta_fast", 32.0)),
+               "beta_slow": _decimal(self._key("rope.scaling.yarn_beta_slow", 1.0)),
+               "truncate": True}
+        original = self._key("rope.scaling.original_context_length")
+        if original is not None:
+            out["original_max_position_embeddings"] = original
+        for key in ("rope.scaling.attn_factor", "rope.scaling.yarn_ext_factor",
+                    "rope.scaling.yarn_attn_factor", "rope.scaling.yarn_log_multiplier"):
+            if self._key(key) is not None:
+                raise UnsupportedConfigError(
+                    f"{self.path}: GGUF metadata {a}.{key} = {self._key(key)!r} is not "
+                    f"supported (yarn as llama.cpp derives it from the factor only)")
         return out
 
     def _gemma_config(self, config: dict) -> dict:
@@ -496,6 +553,12 @@ class GGUFCheckpoint:
                           f"layer {i} {p} projection bias", None)
                          for p, heads in (("q", c.num_heads), ("k", c.num_kv_heads),
                                           ("v", c.num_kv_heads))]
+            if c.o_bias:
+                plan.append((f"l{i}_bo", b + "attn_output.bias", (h,),
+                             f"layer {i} o projection bias", None))
+            if c.attention_sinks:
+                plan.append((f"l{i}_sinks", b + "attn_sinks.weight", (c.num_heads,),
+                             f"layer {i} attention sinks", None))
             if c.qk_norm:
                 plan += [(f"l{i}_q_norm", b + "attn_q_norm.weight", (d,), f"layer {i} q_norm",
                           None),
@@ -511,7 +574,9 @@ class GGUFCheckpoint:
                          (f"l{i}_post_mlp_norm", b + "post_ffw_norm.weight", (h,),
                           f"layer {i} post-feedforward norm", None)]
             else:
-                plan.append((f"l{i}_mlp_norm", b + "ffn_norm.weight", (h,),
+                # (gpt-oss's converter names the MLP's norm by its HF name.)
+                norm = "post_attention_norm" if self.architecture == "gpt-oss" else "ffn_norm"
+                plan.append((f"l{i}_mlp_norm", f"{b}{norm}.weight", (h,),
                              f"layer {i} post-attention norm", None))
             if c.is_sparse(i) and b + "ffn_gate_exps.weight" not in self._tensors and \
                     b + "ffn_gate.0.weight" in self._tensors:
@@ -537,6 +602,17 @@ class GGUFCheckpoint:
                     (f"l{i}_experts_down", b + "ffn_down_exps.weight", (e, h, f),
                      f"layer {i} expert down projections", "experts"),
                 ]
+                if c.router_bias:
+                    plan.append((f"l{i}_router_b", b + "ffn_gate_inp.bias", (e,),
+                                 f"layer {i} router bias", None))
+                if c.expert_bias:
+                    plan += [(f"l{i}_experts_{p}_b", f"{b}ffn_{p}_exps.bias", (e, width),
+                              f"layer {i} expert {p} biases", None)
+                             for p, width in (("gate", f), ("up", f), ("down", h))]
+                if b + "ffn_gate_up_exps.weight" in self._tensors:
+                    raise GGUFError(f"{self.path}: tensor {b + 'ffn_gate_up_exps.weight'!r} "
+                                    f"(gate and up experts fused) is not supported; ETC reads "
+                                    f"ffn_gate_exps and ffn_up_exps")
             else:
                 f = c.intermediate_size
                 if fused:

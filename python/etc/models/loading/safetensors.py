@@ -31,9 +31,9 @@ _STORAGE = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
 #: The largest header the format allows (the reference reader's limit).
 MAX_HEADER_BYTES = 100_000_000
 #: The dtypes read as their bytes only (`SafetensorsFile.read_bytes`).
-BYTE_DTYPES = {"F8_E4M3": np.dtype(np.uint8)}
+BYTE_DTYPES = {"F8_E4M3": np.dtype(np.uint8), "U8": np.dtype(np.uint8)}
 #: Further dtypes recognised (so that errors can name them) but not loaded.
-_KNOWN = ("F64", "I64", "I32", "I16", "I8", "U8", "BOOL", "F8_E5M2")
+_KNOWN = ("F64", "I64", "I32", "I16", "I8", "BOOL", "F8_E5M2")
 
 
 class SafetensorsError(ValueError):
@@ -133,7 +133,8 @@ class SafetensorsFile:
             if stored in BYTE_DTYPES:
                 raise SafetensorsError(f"{self.path}: tensor {name!r} is {stored}, read with "
                                        f"its scales (an FP8 checkpoint's config.json has a "
-                                       f"quantization_config with quant_method 'fp8')")
+                                       f"quantization_config with quant_method 'fp8'; U8 "
+                                       f"tensors are gpt-oss's MXFP4 *_blocks and *_scales)")
             what = "an unknown dtype" if stored not in _KNOWN else "a dtype ETC does not load"
             raise SafetensorsError(f"{self.path}: tensor {name!r} has {what} {stored!r}; "
                                    f"supported: {', '.join((*DTYPES, *BYTE_DTYPES))}")
@@ -168,7 +169,8 @@ class SafetensorsFile:
         return True
 
     def read_bytes(self, name: str, rows: Optional[slice] = None) -> np.ndarray:
-        """Tensor `name` of a dtype of BYTE_DTYPES (F8_E4M3) as its bytes: a
+        """Tensor `name` of a dtype of BYTE_DTYPES (F8_E4M3, U8: MXFP4
+        blocks and scales) as its bytes: a
         uint8 array of its shape, or of its `rows` (a slice of the first
         dimension, step 1), so that a large tensor can be read a part at
         a time."""
@@ -233,7 +235,8 @@ def save_file(path, tensors: Mapping[str, np.ndarray], dtype: str = "F32",
     stored as `dtype` ("F32", "F16" or "BF16", rounded to nearest even;
     uint16 arrays are taken as bf16 bit patterns already), or as
     `dtypes[name]` where given: one of those, or "F8_E4M3" for a uint8
-    array of float8_e4m3fn bytes (`etc.packed.to_e4m3`)."""
+    array of float8_e4m3fn bytes (`etc.packed.to_e4m3`), or "U8" for
+    other bytes (MXFP4 blocks and scales)."""
     dtypes = dict(dtypes or {})
     unknown = sorted(set(dtypes) - set(tensors))
     if unknown:

@@ -96,6 +96,11 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     them) and the embeddings (gathered into `dtype` rows); the others are
     in `dtype`."""
     formats = weight_formats or {}
+    if ranks > 1 and (config.o_bias or config.attention_sinks or config.expert_bias):
+        raise NotImplementedError(
+            f"build_step_graph: ranks={ranks}: tensor-parallel {config.architecture} (its "
+            f"attention sinks, o_proj and expert biases split over ranks) is not implemented; "
+            f"run it on one rank")
     cache_dtype = dtype if kv_dtype is None else kv_dtype
     c = config
     g = Graph(name, ranks=ranks)
@@ -192,13 +197,22 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             k = g.rope(k, batch.positions, head_dim=d, inv_freq=inv_freq)
         k_cache = g.kv_append(g.state(f"l{i}_k_cache", cache_shape, cache_dtype), k, batch)
         v_cache = g.kv_append(g.state(f"l{i}_v_cache", cache_shape, cache_dtype), v, batch)
+        # gpt-oss: one learnt logit per head joins each softmax (float32).
+        sinks = {"sinks": g.input(f"l{i}_sinks", (c.num_heads,), "f32")} \
+            if c.attention_sinks else {}
         attended = g.attention(q, k_cache, v_cache, batch, head_dim=d, chunk=chunk,
                                max_length=max_seq_len, scale=c.attention_scale_of(i),
                                window=c.window(i), softcap=c.attn_logit_softcapping,
-                               scratch_from=previous_attention)
+                               scratch_from=previous_attention, **sinks)
         previous_attention = attended
-        x = residual_matmul(attended, weight(f"l{i}_wo", (h, c.num_heads * d)), x,
-                            post_norm(f"l{i}_post_attn_norm"))
+        wo = weight(f"l{i}_wo", (h, c.num_heads * d))
+        if c.o_bias:
+            # gpt-oss: x + (a Woᵀ + bo), the bias added to the projection
+            # before the residual, as transformers rounds it.
+            x = g.add(x, g.add(g.matmul(attended, wo, transpose_b=True),
+                               weight(f"l{i}_bo", (h,))))
+        else:
+            x = residual_matmul(attended, wo, x, post_norm(f"l{i}_post_attn_norm"))
         # MLP block: dense SwiGLU (GeGLU), or experts.
         normed = norm(x, weight(f"l{i}_mlp_norm", (h,)))
         if c.is_sparse(i):
@@ -207,12 +221,24 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             # Experts, float or packed, stay in the checkpoint's layout,
             # each a Linear's (out, in): stacks (E, F, H) and (E, H, F).
             e, f = c.num_experts, c.moe_intermediate_size
+            extra = {}
+            if c.router_bias:
+                extra["router_b"] = weight(f"l{i}_router_b", (e,))
+            if c.expert_bias:
+                # gpt-oss: biases of each expert's gate, up and down.
+                extra.update(b1=weight(f"l{i}_experts_gate_b", (e, f)),
+                             b_up=weight(f"l{i}_experts_up_b", (e, f)),
+                             b2=weight(f"l{i}_experts_down_b", (e, h)))
+            if c.expert_activation != "silu":
+                extra.update(activation=c.expert_activation, swiglu_limit=c.swiglu_limit,
+                             swiglu_alpha=c.swiglu_alpha)
             x = residual_add(x, reduced(g.moe(normed, weight(f"l{i}_router", (h, e)),
                                               weight(f"l{i}_experts_gate", (e, f, h)),
                                               weight(f"l{i}_experts_down", (e, h, f)),
                                               c.num_experts_per_tok,
                                               w_up=weight(f"l{i}_experts_up", (e, f, h)),
-                                              normalize=c.norm_topk_prob, transpose_w=True)))
+                                              normalize=c.norm_topk_prob, transpose_w=True,
+                                              **extra)))
         else:
             f = c.intermediate_size
             gate = g.matmul(normed, weight(f"l{i}_w_gate", (f, h)), transpose_b=True)

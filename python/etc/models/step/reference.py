@@ -41,6 +41,15 @@ def _silu(x):
     return x / (np.float32(1) + np.exp(-x))
 
 
+def _swiglu_oai(gate, up, limit, alpha):
+    """gpt-oss's clamped SwiGLU (transformers' `GptOssExperts._apply_gate`):
+    the gate clamped above, up on both sides, (up + 1) gate sigmoid(alpha
+    gate)."""
+    gate = np.minimum(gate, np.float32(limit))
+    up = np.clip(up, np.float32(-limit), np.float32(limit))
+    return (up + np.float32(1)) * (gate / (np.float32(1) + np.exp(-np.float32(alpha) * gate)))
+
+
 def _round_to(x, dtype: str):
     """`x` (float32) rounded to what a buffer of `dtype` holds."""
     if dtype == "f16":
@@ -129,24 +138,25 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
                            1 / np.sqrt(c.query_pre_attn_scalar or d))
         scores = _softcap(np.einsum("qhd,khd->hqk", q, k) * scale,
                           c.attn_logit_softcapping) + mask
-        sinks = weights.get(f"l{i}_sinks")
-        if sinks is None:
-            scores = np.exp(scores - scores.max(-1, keepdims=True))
-            probs = scores / scores.sum(-1, keepdims=True)
-        else:
-            # gpt-oss: one more logit per head, sinks[h], of value zero.
-            sinks = np.broadcast_to(np.asarray(sinks, np.float32)[:, None, None],
-                                    (*scores.shape[:2], 1))
-            both = np.concatenate([scores, sinks], axis=-1)
-            both = np.exp(both - both.max(-1, keepdims=True))
-            probs = (both / both.sum(-1, keepdims=True))[..., :-1]
+        if c.attention_sinks or f"l{i}_sinks" in weights:
+            # gpt-oss: one more logit per head, whose value is zero (any
+            # model's, given `l<i>_sinks`).
+            sink = np.broadcast_to(w("sinks").astype(np.float32)[:, None, None],
+                                   (c.num_heads, n, 1))
+            scores = np.concatenate([scores, sink], axis=-1)
+        scores = np.exp(scores - scores.max(-1, keepdims=True))
+        probs = (scores / scores.sum(-1, keepdims=True))[..., :n]
         attended = np.einsum("hqk,khd->qhd", probs, v).reshape(n, c.num_heads * d)
         out = attended @ w("wo").T
+        if c.o_bias:
+            out = out + w("bo")
         x = x + (_rmsnorm(out, w("post_attn_norm"), eps, offset) if c.sandwich_norms else
                  out) * residual
         h = _rmsnorm(x, w("mlp_norm"), eps, offset)
         if c.is_sparse(i):
             logits = h @ w("router")  # stored (H, E)
+            if c.router_bias:
+                logits = logits + w("router_b")
             probs = np.exp(logits - logits.max(-1, keepdims=True))
             probs /= probs.sum(-1, keepdims=True)
             mlp = np.zeros_like(x)
@@ -157,8 +167,17 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
                     routing = routing / routing.sum()
                 for weight, e in zip(routing, chosen):
                     # Each expert (out, in), as the checkpoint stores it.
-                    act = _silu(w("experts_gate")[e] @ h[t]) * (w("experts_up")[e] @ h[t])
-                    mlp[t] += weight * (w("experts_down")[e] @ act)
+                    gate, up = w("experts_gate")[e] @ h[t], w("experts_up")[e] @ h[t]
+                    if c.expert_bias:
+                        gate, up = gate + w("experts_gate_b")[e], up + w("experts_up_b")[e]
+                    if c.expert_activation == "swiglu_oai":
+                        act = _swiglu_oai(gate, up, c.swiglu_limit, c.swiglu_alpha)
+                    else:
+                        act = _silu(gate) * up
+                    down = w("experts_down")[e] @ act
+                    if c.expert_bias:
+                        down = down + w("experts_down_b")[e]
+                    mlp[t] += weight * down
         else:
             act = _gelu_tanh if c.hidden_act == "gelu_pytorch_tanh" else _silu
             mlp = (act(h @ w("w_gate").T) * (h @ w("w_up").T)) @ w("w_down").T
