@@ -279,6 +279,30 @@ def run_file(arch: str, directory: Path, tokenizer=None) -> Path:
                       pre="gpt-2", eos_token="<|im_end|>" if tokenizer else None)
 
 
+def read_run(arch: str, directory: Path):
+    """RUNS' case `arch` as ETC reads its file (written into `directory`)
+    and llama.cpp's run of it: (the GGUFCheckpoint, its weights, the run:
+    `load_run`), the weights checked to be those llama.cpp ran."""
+    from etc.models.loading.gguf import GGUFCheckpoint
+
+    run = load_run(arch)
+    gg = GGUFCheckpoint(run_file(arch, directory))
+    weights = gg.weights()
+    assert run_digest(gg.config, weights) == run["digest"], \
+        (f"etc.models.testing writes other weights now: python test/python/gguf_goldens.py "
+         f"--runs {arch}")
+    return gg, weights, run
+
+
+def run_error(run: dict, logits) -> float:
+    """How far `logits` (len(sequence), vocab) are from llama.cpp's in
+    `run`: the largest difference at a position over that position's rms
+    of llama.cpp's logits, the largest over the positions."""
+    want = run["logits"].astype(np.float64)
+    rms = np.sqrt(np.mean(np.square(want), axis=-1))
+    return float((np.max(np.abs(logits - want), axis=-1) / rms).max())
+
+
 def make_runs(directory: Path = DIRECTORY, names=None) -> None:
     """llama.cpp's logits of every position of RUNS' sequences (those of
     `names`, else all), in gguf-<arch>-llama-cpp.npz with the digest of what

@@ -368,19 +368,12 @@ def test_gguf_matches_llama_cpp(tmp_path):
     (truncate false, what config.json says) misses by over 0.3 (measured
     0.66), and so does attention without sinks."""
     import gguf_goldens
-    from etc.models.loading.gguf import GGUFCheckpoint
 
-    run = gguf_goldens.load_run("gpt_oss")
-    gg = GGUFCheckpoint(gguf_goldens.run_file("gpt_oss", tmp_path))
-    weights = gg.weights()
-    assert gguf_goldens.run_digest(gg.config, weights) == run["digest"], \
-        "etc.models.testing writes other weights now: python test/python/gguf_goldens.py --runs"
-    want = run["logits"].astype(np.float64)
-    rms = np.sqrt(np.mean(np.square(want), axis=-1))
+    gg, weights, run = gguf_goldens.read_run("gpt_oss", tmp_path)
 
     def error(config, weights=weights):
         ours = reference.forward(config, weights, run["sequence"])
-        return float((np.max(np.abs(ours - want), axis=-1) / rms).max())
+        return gguf_goldens.run_error(run, ours)
 
     assert error(gg.config) < 0.05
     untruncated = {**gg.config.rope_scaling, "truncate": False}

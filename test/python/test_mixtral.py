@@ -171,20 +171,13 @@ def test_mixtral_gguf_computes_what_llama_cpp_computes(tmp_path):
     import dataclasses
 
     import gguf_goldens
-    from etc.models.loading.gguf import GGUFCheckpoint
     from etc.models.step import reference
 
-    run = gguf_goldens.load_run("mixtral")
-    gg = GGUFCheckpoint(gguf_goldens.run_file("mixtral", tmp_path))
-    weights = gg.weights()
-    assert gguf_goldens.run_digest(gg.config, weights) == run["digest"], \
-        "etc.models.testing writes other weights now: python test/python/gguf_goldens.py --runs"
-    want = run["logits"].astype(np.float64)
-    rms = np.sqrt(np.mean(np.square(want), axis=-1))
+    gg, weights, run = gguf_goldens.read_run("mixtral", tmp_path)
 
     def error(config):
         ours = reference.forward(config, weights, run["sequence"])
-        return float((np.max(np.abs(ours - want), axis=-1) / rms).max())
+        return gguf_goldens.run_error(run, ours)
 
     assert error(gg.config) < 0.05
     assert error(dataclasses.replace(gg.config, norm_topk_prob=False)) > 0.5

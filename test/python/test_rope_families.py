@@ -272,20 +272,13 @@ def test_gguf_files_run_by_llama_cpp(arch, tmp_path):
     NoPE layer (3, llama.cpp's fixed rule) ignored misses by over 0.5
     (measured 1.3)."""
     import gguf_goldens
-    from etc.models.loading.gguf import GGUFCheckpoint
 
-    run = gguf_goldens.load_run(arch)
-    gg = GGUFCheckpoint(gguf_goldens.run_file(arch, tmp_path))
-    weights = gg.weights()
-    assert gguf_goldens.run_digest(gg.config, weights) == run["digest"], \
-        "etc.models.testing writes other weights now: python test/python/gguf_goldens.py --runs"
-    want = run["logits"].astype(np.float64)
-    rms = np.sqrt(np.mean(np.square(want), axis=-1))
+    gg, weights, run = gguf_goldens.read_run(arch, tmp_path)
 
     def error(config, context=None, read=weights):
         tables = {} if context is None else {"inv_freq": config.rope_tables(context)["inv_freq"]}
         ours = reference.forward(config, {**read, **tables}, run["sequence"])
-        return float((np.max(np.abs(ours - want), axis=-1) / rms).max())
+        return gguf_goldens.run_error(run, ours)
 
     c = gg.config
     if arch == "phi4_mini":
