@@ -132,7 +132,7 @@ def test_refusals_name_the_field():
             ModelConfig.from_dict(raw)
     # An architecture ETC does not run lists the multimodal ones it does.
     with pytest.raises(UnsupportedConfigError, match=r"'LlavaForConditionalGeneration' is not "
-                                                     r"supported; supported: .*Phi3ForCausalLM, "
+                                                     r"supported; supported: .*ForCausalLM, "
                                                      r"Gemma3ForConditionalGeneration, "
                                                      r"Mistral3ForConditionalGeneration"):
         ModelConfig.from_dict({**gemma, "architectures": ["LlavaForConditionalGeneration"]})
