@@ -14,11 +14,12 @@ validation as a config.json), `.weights()` (the step graph's weights,
 dequantized to float32 by `etc.packed`, in Hugging Face's layouts, with
 llama.cpp's row permutation of Llama's Q and K projections undone),
 `.path`, plus the tokenizer and end-of-sequence ids of the metadata.
+The fields only some architectures have (Gemma's layer pattern, experts,
+LongRoPE, yarn, Granite's multipliers, ...) are read by `gguf_families`.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -26,9 +27,10 @@ import numpy as np
 
 from ... import bfloat16, packed
 from ...runtime import aligned
-from . import partial_rotary, rope
+from . import gguf_families as families, partial_rotary
 from .checkpoint import MissingTensorError
 from .config import ModelConfig, UnsupportedConfigError
+from .gguf_families import decimal
 from .gguf_file import MAGIC, GGUFError, GGUFFile
 
 __all__ = ["GGUFCheckpoint", "GGUFError", "ARCHITECTURES", "TENSOR_TYPES", "PRE_TOKENIZERS",
@@ -47,12 +49,6 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
 #: (each head's rotary halves interleaved: LlamaModel's conversion), undone
 #: at load.
 _PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
-#: SmolLM3's NoPE layers as llama.cpp fixes them (no key): every 4th.
-_SMOLLM3_NO_ROPE_STEP = 4
-#: Gemma's layer pattern as llama.cpp fixes it (every n-th layer full),
-#: and its layer count of the 27B models, whose attention scale llama.cpp
-#: takes from hidden / heads instead of the head size.
-_GEMMA_LLAMA_CPP = {"gemma2": (2, 46), "gemma3": (6, 62)}
 #: The tensor types loaded: the float types, and every GGML format of
 #: `etc.packed` (llama.cpp's Q4_K_M, Q5_K_M, Q6_K, Q8_0 and Q4_0 files hold
 #: no other).
@@ -152,24 +148,17 @@ class GGUFCheckpoint:
             "num_attention_heads": heads,
             "num_key_value_heads": self._per_layer("attention.head_count_kv", heads),
             "intermediate_size": self._per_layer("feed_forward_length"),
-            "rms_norm_eps": _decimal(self._key("attention.layer_norm_rms_epsilon")),
-            "rope_theta": _decimal(self._key("rope.freq_base", 10000.0)),
+            "rms_norm_eps": decimal(self._key("attention.layer_norm_rms_epsilon")),
+            "rope_theta": decimal(self._key("rope.freq_base", 10000.0)),
             "max_position_embeddings": self._key("context_length"),
             "tie_word_embeddings": "output.weight" not in self._tensors,
         }
-        if a in _GEMMA_LLAMA_CPP:
-            config.update(self._gemma_config(config))
+        if a in families.GEMMA_LLAMA_CPP:
+            config.update(families.gemma_config(self, config))
         elif a == "phi3":
-            config.update({"hidden_act": "silu",
-                           # llama.cpp writes 0 for no window.
-                           "sliding_window": self._key("attention.sliding_window") or None})
-            original = self._key("rope.scaling.original_context_length")
-            if original is not None:  # Phi3Config's top-level field
-                config["original_max_position_embeddings"] = original
+            config.update(families.phi3_config(self))
         elif a == "smollm3":
-            # llama.cpp's smollm3: no window; no RoPE on every 4th layer.
-            config.update({"hidden_act": "silu",
-                           "no_rope_layer_interval": _SMOLLM3_NO_ROPE_STEP})
+            config.update(families.smollm3_config(self))
         else:
             config["hidden_act"] = "silu"
         embedding = self._tensors.get("token_embd.weight")
@@ -203,10 +192,10 @@ class GGUFCheckpoint:
                     f"{self.path}: GGUF metadata {a}.rope.dimension_count = {rope_dims} of head "
                     f"size {head_dim} is no partial_rotary_factor transformers would read back")
         if a == "phi3" and "rope_factors_long.weight" in self._tensors:
-            config["rope_scaling"] = self._longrope(rope_dims or head_dim)
+            config["rope_scaling"] = families.longrope(self, rope_dims or head_dim)
         scaling = self._key("rope.scaling.type")
         if a == "gpt-oss" and scaling == "yarn":
-            config["rope_scaling"] = self._yarn()
+            config["rope_scaling"] = families.yarn(self)
             scaling = None
         elif a == "gpt-oss" and scaling in (None, "none"):
             # Plain RoPE (config.json's default would be yarn).
@@ -219,7 +208,7 @@ class GGUFCheckpoint:
                 f"of type {scaling!r} is not supported from GGUF (only 'linear')")
         if scaling not in (None, "none"):
             config["rope_scaling"] = {"rope_type": scaling,
-                                      "factor": _decimal(self._key("rope.scaling.factor"))}
+                                      "factor": decimal(self._key("rope.scaling.factor"))}
         if a == "qwen2":
             # Qwen2's q/k/v projections have biases (read with the weights),
             # its output projection none.
@@ -230,195 +219,14 @@ class GGUFCheckpoint:
         elif any(f"blk.0.attn_{p}.bias" in self._tensors for p in ("q", "k", "v", "output")):
             config["attention_bias"] = True
         if a == "llama" and self._key("expert_count"):
-            config.update(self._mixtral_config(config))
+            config.update(families.mixtral_config(self, config))
         if a in ("granite", "granitemoe"):
-            config.update(self._granite_config(config))
+            config.update(families.granite_config(self, config))
         if a == "gpt-oss":
-            config.update(self._gpt_oss_config(config))
+            config.update(families.gpt_oss_config(self, config))
         if a == "qwen3moe":
-            layers = config["num_hidden_layers"] or 0
-            config.update({
-                "num_experts": self._key("expert_count"),
-                "num_experts_per_tok": self._key("expert_used_count"),
-                "moe_intermediate_size": self._key("expert_feed_forward_length"),
-                "norm_topk_prob": bool(self._key("expert_weights_norm", True)),
-                "decoder_sparse_step": 1,
-                # The layers without a router are dense.
-                "mlp_only_layers": [i for i in range(layers)
-                                    if f"blk.{i}.ffn_gate_inp.weight" not in self._tensors],
-                "shared_expert_intermediate_size":
-                    self._key("expert_shared_feed_forward_length"),
-            })
+            config.update(families.qwen3moe_config(self, config))
         return config
-
-    def _longrope(self, rotated: int) -> dict:
-        """Phi-3's LongRoPE as llama.cpp's converter stores it: the long and
-        short factors as tensors `rope_factors_long/short` (rotated / 2
-        float32 each), the original context (`rope.scaling.
-        original_context_length`) and the attention factor
-        (`rope.scaling.attn_factor`)."""
-        a = self.architecture
-        factors = {}
-        for kind in ("long", "short"):
-            name = f"rope_factors_{kind}.weight"
-            if name not in self._tensors:
-                raise MissingTensorError(f"{self.path}: tensor {name!r} (Phi-3's LongRoPE "
-                                         f"{kind} factors) is missing from the GGUF file")
-            factors[kind] = [float(v) for v in self.tensor(name, (rotated // 2,),
-                                                           f"LongRoPE {kind} factors")]
-        original = self._key("rope.scaling.original_context_length")
-        if original is None:
-            raise UnsupportedConfigError(f"{self.path}: GGUF metadata "
-                                         f"'{a}.rope.scaling.original_context_length' is "
-                                         f"missing (LongRoPE's original context)")
-        out = {"rope_type": "longrope", "long_factor": factors["long"],
-               "short_factor": factors["short"], "original_max_position_embeddings": original}
-        attention = self._key("rope.scaling.attn_factor")
-        context = self._key("context_length")
-        if attention is not None and context:
-            # The converter writes transformers' default (from the context's
-            # scale); kept only where the file says otherwise.
-            derived = rope.attention_factor({**out, "factor": context / original})
-            if not math.isclose(attention, derived, rel_tol=1e-6):
-                out["attention_factor"] = _decimal(attention)
-        return out
-
-    def _mixtral_config(self, config: dict) -> dict:
-        """A `llama` file with experts is Mixtral, as llama.cpp's converter
-        writes it (and llama.cpp reads it: softmax over every expert, the
-        chosen ones' weights renormalised): `expert_count` experts of
-        `feed_forward_length` (an `expert_feed_forward_length` that
-        differs is refused: llama.cpp's llama would not read it), of which
-        `expert_used_count` per token; no window (the converter writes
-        none); shared experts refused."""
-        a = self.architecture
-        width = self._key("expert_feed_forward_length")
-        if width is not None and width != config["intermediate_size"]:
-            raise UnsupportedConfigError(
-                f"{self.path}: GGUF metadata {a}.expert_feed_forward_length = {width} differs "
-                f"from {a}.feed_forward_length = {config['intermediate_size']}; llama.cpp's "
-                f"llama (Mixtral) gives its experts feed_forward_length")
-        for key in ("expert_shared_count", "expert_shared_feed_forward_length"):
-            if self._key(key):
-                raise UnsupportedConfigError(
-                    f"{self.path}: GGUF metadata {a}.{key} = {self._key(key)} is not "
-                    f"supported (no shared experts)")
-        return {"architectures": ["MixtralForCausalLM"],
-                "num_local_experts": self._key("expert_count"),
-                "num_experts_per_tok": self._key("expert_used_count")}
-
-    def _granite_config(self, config: dict) -> dict:
-        """Granite's multipliers as llama.cpp reads them (`embedding_scale`,
-        `attention.scale`, `residual_scale`, `logit_scale`; absent or 0:
-        llama.cpp's defaults, 1 and 1 / sqrt(head size) for the attention),
-        and Granite MoE's experts (`expert_count`, `expert_used_count`, each
-        of `feed_forward_length`, softmax weights renormalised over the
-        chosen ones); shared experts (GraniteMoeShared, which llama.cpp
-        writes as granitemoe with `ffn_*_shexp` tensors) are refused."""
-        a = self.architecture
-        out = {}
-        for field, key in (("embedding_multiplier", "embedding_scale"),
-                           ("residual_multiplier", "residual_scale"),
-                           ("logits_scaling", "logit_scale"),
-                           ("attention_multiplier", "attention.scale")):
-            value = self._key(key)
-            if value:  # llama.cpp reads 0 as "not set"
-                out[field] = _decimal(value)
-        if "attention_multiplier" not in out:
-            heads, hidden = config["num_attention_heads"], config["hidden_size"]
-            head_dim = self._key("attention.key_length") or (hidden // heads if heads else 1)
-            out["attention_multiplier"] = 1 / float(np.sqrt(head_dim))
-        if a == "granitemoe":
-            shared = self._key("expert_shared_feed_forward_length")
-            if shared or "blk.0.ffn_up_shexp.weight" in self._tensors:
-                raise UnsupportedConfigError(
-                    f"{self.path}: GGUF granitemoe with shared experts "
-                    f"({a}.expert_shared_feed_forward_length = {shared}; GraniteMoeShared) is "
-                    f"not supported: every token would also run a dense shared MLP")
-            out.update({"num_local_experts": self._key("expert_count"),
-                        "num_experts_per_tok": self._key("expert_used_count")})
-        return out
-
-    def _gpt_oss_config(self, config: dict) -> dict:
-        """gpt-oss's fields as llama.cpp reads a `gpt-oss` file: the
-        experts (`expert_count`, `expert_used_count`, of
-        `expert_feed_forward_length`), the window (`attention.sliding_window`)
-        on the layers llama.cpp fixes (every second one, from layer 0),
-        biases on q, k, v and o (always: the file must hold them), and
-        the clamped SwiGLU with llama.cpp's constants (limit 7, alpha
-        1.702: it reads no key for them)."""
-        a = self.architecture
-        layers = config["num_hidden_layers"] or 0
-        window = self._key("attention.sliding_window")
-        clamp = self._key("swiglu_clamp_exp")
-        if clamp is not None:
-            raise UnsupportedConfigError(
-                f"{self.path}: GGUF metadata {a}.swiglu_clamp_exp = {clamp!r} is not supported "
-                f"(llama.cpp's gpt-oss clamps at 7 and reads no key)")
-        return {"num_local_experts": self._key("expert_count"),
-                "num_experts_per_tok": self._key("expert_used_count"),
-                "intermediate_size": self._key("expert_feed_forward_length"),
-                "sliding_window": window,
-                "layer_types": ["sliding_attention" if i % 2 == 0 and window else
-                                "full_attention" for i in range(layers)],
-                "attention_bias": True, "swiglu_limit": 7.0, "swiglu_alpha": 1.702}
-
-    def _yarn(self) -> dict:
-        """A `gpt-oss` file's yarn RoPE as config.json says it: the factor,
-        the original context (`rope.scaling.original_context_length`),
-        llama.cpp's beta_fast 32 and beta_slow 1 (or the file's
-        `rope.scaling.yarn_beta_fast` / `_slow`), and truncate true: ggml
-        rounds the correction range to whole dimensions (floor, ceil), as
-        transformers does with truncate (gpt-oss's config.json says false:
-        the two differ in one or two frequencies' blend)."""
-        a = self.architecture
-        out = {"rope_type": "yarn", "factor": _decimal(self._key("rope.scaling.factor")),
-               "beta_fast": _decimal(self._key("rope.scaling.yarn_beta_fast", 32.0)),
-               "beta_slow": _decimal(self._key("rope.scaling.yarn_beta_slow", 1.0)),
-               "truncate": True}
-        original = self._key("rope.scaling.original_context_length")
-        if original is not None:
-            out["original_max_position_embeddings"] = original
-        for key in ("rope.scaling.attn_factor", "rope.scaling.yarn_ext_factor",
-                    "rope.scaling.yarn_attn_factor", "rope.scaling.yarn_log_multiplier"):
-            if self._key(key) is not None:
-                raise UnsupportedConfigError(
-                    f"{self.path}: GGUF metadata {a}.{key} = {self._key(key)!r} is not "
-                    f"supported (yarn as llama.cpp derives it from the factor only)")
-        return out
-
-    def _gemma_config(self, config: dict) -> dict:
-        """Gemma 2's and 3's fields as llama.cpp reads them: the window
-        (`attention.sliding_window`; none: every layer full), the layer
-        pattern llama.cpp fixes (or `attention.sliding_window_pattern`, a
-        flag per layer), the sliding layers' RoPE base (`rope.freq_base_swa`,
-        else llama.cpp's 10000), the soft-capping keys, and the attention
-        scale llama.cpp derives (1 / sqrt(head size), 1 / sqrt(hidden /
-        heads) for the 27B models)."""
-        a = self.architecture
-        pattern, layers_27b = _GEMMA_LLAMA_CPP[a]
-        layers = config["num_hidden_layers"] or 0
-        window = self._key("attention.sliding_window")
-        flags = self._key("attention.sliding_window_pattern")
-        if isinstance(flags, list):
-            types = ["sliding_attention" if flag else "full_attention" for flag in flags]
-        else:
-            pattern = pattern if flags is None else flags
-            types = ["sliding_attention" if window is not None and (i + 1) % pattern else
-                     "full_attention" for i in range(layers)]
-        out = {"hidden_activation": "gelu_pytorch_tanh", "layer_types": types,
-               "sliding_window": window}
-        heads, hidden = config["num_attention_heads"], config["hidden_size"]
-        head_dim = self._key("attention.key_length") or (hidden // heads if heads else None)
-        out["query_pre_attn_scalar"] = hidden // heads if layers == layers_27b and heads else \
-            head_dim
-        if a == "gemma3":
-            out["rope_local_base_freq"] = _decimal(self._key("rope.freq_base_swa", 10000.0))
-        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-            value = self._key(key)
-            if value is not None:
-                out[key] = _decimal(value)
-        return out
 
     # -- tensors -------------------------------------------------------------
 
@@ -854,14 +662,6 @@ def _sentencepiece_tokens(metadata: dict, path) -> tuple[list, list, list]:
             raise GGUFError(f"{path}: tokenizer.ggml.{key} has {len(values)} entries for "
                             f"{len(tokens)} tokens")
     return tokens, [float(x) for x in scores], [int(t) for t in types]
-
-
-def _decimal(value):
-    """A float32 from the metadata as the shortest decimal that rounds to it
-    (1e-06, not 9.99999997e-07): what the config.json it came from said."""
-    if isinstance(value, float):
-        return float(str(np.float32(value)))
-    return value
 
 
 def _unpermute_rows(weight: np.ndarray, heads: int) -> np.ndarray:
