@@ -33,6 +33,8 @@ def streamed(parser: str, text: str, size: int, prompt: str = "") -> list:
     ("qwen3", "Hmm.</think>\n\nYes.", "<|im_start|>assistant\n<think>\n", ("Hmm.", "Yes.")),
     # None opened (enable_thinking=false, Instruct): all content.
     ("qwen3", "Just this.", "", (None, "Just this.")),
+    # enable_thinking=false: the template closed an empty <think> itself.
+    ("qwen3", "Yes.", "<|im_start|>assistant\n<think>\n\n</think>\n\n", (None, "Yes.")),
     ("qwen3", "<think>cut short by max_tokens", "", ("cut short by max_tokens", None)),
     ("harmony", HARMONY, "", ("User says hello.", "Hi there!")),
     ("harmony", HARMONY.removesuffix("<|return|>"), "", ("User says hello.", "Hi there!")),
@@ -199,4 +201,32 @@ def test_harmony_tool_call_over_http(marked_model, scripted):
                  or ()]
         assert [(c.function.name, c.function.arguments) for c in calls] == \
             [("get_weather", "{\"city\":\"Paris\"}")]
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+
+def test_qwen3_reasoning_then_a_hermes_call_over_http(marked_model, scripted):
+    """Qwen3 thinks, then calls a tool: the reasoning apart, the call read
+    from the content by the hermes parser, whole and streamed."""
+    scripted('<think>Call f.</think>\n\n<tool_call>\n{"name": "f", "arguments": {}}\n'
+             '</tool_call>')
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    with Server.of(marked_model, reasoning_parser="qwen3",
+                   tool_call_parser="hermes") as server:
+        client = server.client()
+        reply = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=80,
+                                               temperature=0, tools=tools)
+        message = reply.choices[0].message
+        assert (message.reasoning_content, message.content) == ("Call f.", None)
+        assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == \
+            [("f", "{}")]
+        chunks = list(client.chat.completions.create(model=NAME, messages=CHAT,
+                                                     max_tokens=80, temperature=0,
+                                                     tools=tools, stream=True))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == \
+            "Call f."
+        assert "".join(d.content or "" for d in deltas) == ""
+        arguments = "".join(call.function.arguments or "" for d in deltas
+                            for call in d.tool_calls or ())
+        assert arguments == "{}"
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"

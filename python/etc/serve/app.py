@@ -410,6 +410,8 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                             pieces = reader.feed(output.text) + (
                                 reader.finish() if output.finished else [])
                             calls = reader.calls[sent_calls[index]:]
+                            if body.parallel_tool_calls is False:
+                                calls = calls[:1 - sent_calls[index]]
                             if parser is not None and calls:
                                 deltas += [{"tool_calls": [{"index": sent_calls[index] + k,
                                                             **call}]}
