@@ -230,3 +230,16 @@ def test_qwen3_reasoning_then_a_hermes_call_over_http(marked_model, scripted):
                             for call in d.tool_calls or ())
         assert arguments == "{}"
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+
+def test_a_harmony_call_without_tools_is_dropped_with_a_warning(marked_model, scripted,
+                                                                caplog):
+    scripted(HARMONY_CALL)
+    with Server.of(marked_model, reasoning_parser="harmony") as server:
+        reply = server.client().chat.completions.create(model=NAME, messages=CHAT,
+                                                        max_tokens=90, temperature=0)
+    message = reply.choices[0].message
+    assert (message.reasoning_content, message.content, message.tool_calls) == \
+        ("Need the weather.", None, None)
+    assert reply.choices[0].finish_reason == "stop"
+    assert "calls get_weather, but the request gave no tools" in caplog.text

@@ -410,6 +410,8 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                             pieces = reader.feed(output.text) + (
                                 reader.finish() if output.finished else [])
                             calls = reader.calls[sent_calls[index]:]
+                            if calls and parser is None and output.finished:
+                                _dropped(request_id, calls)
                             if body.parallel_tool_calls is False:
                                 calls = calls[:1 - sent_calls[index]]
                             if parser is not None and calls:
@@ -505,7 +507,9 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                 if reasoning is not None:
                     message["reasoning_content"], message["content"], calls = \
                         reasoning_.split(reasoning, text, prompt_text)
-                    calls = calls if parser is not None else []
+                    if calls and parser is None:
+                        _dropped(request_id, calls)
+                        calls = []
                     if body.parallel_tool_calls is False:
                         calls = calls[:1]
                 if parser not in (None, "harmony"):
@@ -580,6 +584,13 @@ _LINE_ENDS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\
 
 def _sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False).translate(_LINE_ENDS)}\n\n"
+
+
+def _dropped(request_id: str, calls: list) -> None:
+    """Says that an answer's calls (harmony's) are dropped: the request
+    gave no tools to call."""
+    logger.warning("%s: the answer calls %s, but the request gave no tools: the calls are "
+                   "dropped", request_id, ", ".join(c["function"]["name"] for c in calls))
 
 
 def _calls(parser: str, text: str, body) -> tuple:
