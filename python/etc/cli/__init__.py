@@ -99,6 +99,12 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--tool-call-parser", choices=("hermes", "llama3_json"), default=None,
                        help="how the model writes tool calls (default: from its chat "
                             "template: <tool_call> is hermes, ipython llama3_json)")
+    serve.add_argument("--reasoning-parser", choices=("auto", "none", "qwen3", "harmony"),
+                       default="auto",
+                       help="split a chat answer's reasoning (message.reasoning_content) "
+                            "from its content: qwen3 (<think>...</think>), harmony "
+                            "(gpt-oss's channels), none; default auto: harmony where the "
+                            "tokenizer has <|channel|>, qwen3 where it has </think>")
     add_speculative_options(serve)
     add_parallel_options(serve, "serves")
     add_load_options(serve)

@@ -41,7 +41,8 @@ def run_serve(args) -> int:
             serve.run(model, args.host, args.port, served_model_name=args.served_model_name,
                       max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                       speculative=speculation, sock=sock,
-                      tool_call_parser=args.tool_call_parser)
+                      tool_call_parser=args.tool_call_parser,
+                      reasoning_parser=args.reasoning_parser)
             return 0
 
         return led(model, args, body)

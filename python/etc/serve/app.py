@@ -25,6 +25,7 @@ from ..models.engine.constraints import Constraint, Grammar, GrammarError
 from ..models.loading.tokenizer import ChatTemplateError
 from .handoff import Handoff
 from .logprobs import TokenText, chat_logprobs, completion_logprobs
+from . import reasoning as reasoning_
 from . import tools as tools_
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -84,7 +85,8 @@ def _param(location) -> Optional[str]:
 def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: int = 8,
               max_model_len: Optional[int] = None, max_step_tokens: Optional[int] = None,
               speculative=None, engine: Optional[Engine] = None,
-              tool_call_parser: Optional[str] = None) -> FastAPI:
+              tool_call_parser: Optional[str] = None,
+              reasoning_parser: Optional[str] = "auto") -> FastAPI:
     """The server of `model` (an `etc.models.Model`) as a FastAPI app.
 
     `served_model_name` is the `model` clients name (default: the
@@ -106,12 +108,30 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     error event and `[DONE]`, others with 503) and refuses new ones (503):
     `etc.serve.server.Server` calls it when shutting down.
     `tool_call_parser` ("hermes", "llama3_json"; default: the chat
-    template's, `tools.parser_for`) reads the model's tool calls."""
-    if tool_call_parser is not None and tool_call_parser not in tools_.PARSERS:
+    template's, `tools.parser_for`) reads the model's tool calls.
+    `reasoning_parser` ("qwen3", "harmony"; "auto": the model's,
+    `reasoning.parser_for`; "none" or None: all content) splits a chat
+    answer into `reasoning_content` and `content` (`etc.serve.reasoning`)."""
+    if reasoning_parser not in reasoning_.CHOICES + (None,):
+        raise ValueError(f"build_app: reasoning_parser={reasoning_parser!r} must be one of "
+                         f"{reasoning_.CHOICES} or None")
+    if reasoning_parser == "auto":
+        reasoning_parser = reasoning_.parser_for(
+            getattr(model.config, "architecture", None), model.tokenizer)
+    elif reasoning_parser == "none":
+        reasoning_parser = None
+    harmony = reasoning_parser == "harmony"
+    if harmony and tool_call_parser is None:
+        tool_call_parser = "harmony"  # harmony's calls are read with its channels
+    if tool_call_parser not in (None, "harmony") and tool_call_parser not in tools_.PARSERS:
         raise ValueError(f"build_app: tool_call_parser={tool_call_parser!r} must be one of "
                          f"{tools_.PARSERS} or None")
     if tool_call_parser is None and model.tokenizer is not None:
         tool_call_parser = tools_.parser_for(model.tokenizer.chat_template)
+    if tool_call_parser == "harmony" and not harmony:
+        raise ValueError("build_app: tool_call_parser='harmony' needs "
+                         "reasoning_parser='harmony' (the calls are a harmony channel)")
+    harmony_stops = reasoning_.harmony_stop_ids(model.tokenizer) if harmony else []
     if engine is None:
         engine = Engine(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                         max_step_tokens=max_step_tokens, speculative=speculative)
@@ -210,8 +230,12 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                                 "can read (give etc serve --tool-call-parser)", "tools")
         text = _render(tokenizer, body)
         prompt = tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
+        if calling and harmony and body.tool_choice not in (None, "auto"):
+            raise APIError(400, "tool_choice: only 'auto' (or 'none') with harmony's tool "
+                                "calls", "tool_choice")
         return await _complete(request, body, prompt, body.new_tokens, chat=True,
-                               parser=tool_call_parser if calling else None)
+                               parser=tool_call_parser if calling else None,
+                               reasoning=reasoning_parser, prompt_text=text)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -284,7 +308,8 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         return model.tokenizer
 
     async def _complete(request: Request, body: _Sampling, prompt: list,
-                        max_tokens: Optional[int], chat: bool, parser: Optional[str] = None):
+                        max_tokens: Optional[int], chat: bool, parser: Optional[str] = None,
+                        reasoning: Optional[str] = None, prompt_text: str = ""):
         if app.state.closing:
             raise APIError(503, SHUTTING_DOWN, None, kind="service_unavailable")
         if not engine.running:  # its thread died: no step would ever come
@@ -296,15 +321,21 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         # (choice index, output) of every choice, as the engine makes them.
         outputs: asyncio.Queue = asyncio.Queue()
         handles = []
-        constraints = await _constraints(body, parser)
+        constraints = await _constraints(body, None if parser == "harmony" else parser)
+        stop_token_ids, skip_special = body.stop_token_ids, body.skip_special_tokens
+        if reasoning == "harmony":
+            # Harmony's markers are special tokens: kept in the text until
+            # read (the reader drops them); <|return|> and <|call|> end it.
+            stop_token_ids = list(stop_token_ids or ()) + harmony_stops
+            skip_special = False
         try:
             for index, sampling in enumerate(_choices(body)):
                 handles.append(engine.submit(
                     prompt, max_new_tokens=max_tokens, stop=body.stop_strings(),
                     ignore_eos=body.ignore_eos, sampling=sampling,
-                    stop_token_ids=body.stop_token_ids,
+                    stop_token_ids=stop_token_ids,
                     include_stop_str_in_output=body.include_stop_str_in_output,
-                    skip_special_tokens=body.skip_special_tokens,
+                    skip_special_tokens=skip_special,
                     min_tokens=body.min_tokens or 0,
                     allowed_token_ids=body.allowed_token_ids, constraint=constraints[index],
                     on_output=lambda output, index=index: handoff.put(
@@ -360,23 +391,51 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                 first = [True] * len(handles)
                 offsets = [0] * len(handles)
                 readers = [tools_.CallStream(parser, body.parallel_tool_calls is not False)
-                         for _ in handles] if parser is not None else None
+                           for _ in handles] if parser not in (None, "harmony") else None
+                thinking = [reasoning_.Reader(reasoning, prompt_text) for _ in handles] \
+                    if reasoning is not None and chat else None
+                sent_calls = [0] * len(handles)
                 async for index, output in results():
                     if (error := error_of(output)) is not None:
                         yield _sse({"error": {"message": error.message, "type": error.kind}})
                         break
                     if chat:
-                        deltas = [{"content": output.text}]
                         reason = output.finish_reason
+                        pieces = [("content", output.text)]
+                        deltas = []
+                        if thinking is not None:
+                            # Reasoning first, then the answer; a marker
+                            # split across chunks is held until read.
+                            reader = thinking[index]
+                            pieces = reader.feed(output.text) + (
+                                reader.finish() if output.finished else [])
+                            calls = reader.calls[sent_calls[index]:]
+                            if calls and parser is None and output.finished:
+                                _dropped(request_id, calls)
+                            if body.parallel_tool_calls is False:
+                                calls = calls[:1 - sent_calls[index]]
+                            if parser is not None and calls:
+                                deltas += [{"tool_calls": [{"index": sent_calls[index] + k,
+                                                            **call}]}
+                                           for k, call in enumerate(calls)]
+                                sent_calls[index] += len(calls)
+                            if sent_calls[index] and reason == "stop":
+                                reason = "tool_calls"
+                        for field, piece in pieces:
+                            if field == "content" and readers is not None:
+                                # Tool calls as OpenAI streams them: deltas of
+                                # their own, the text held while it may be one.
+                                deltas += readers[index].feed(piece)
+                            else:
+                                deltas.append({field: piece})
                         if readers is not None:
-                            # Tool calls as OpenAI streams them: deltas of
-                            # their own, the text held while it may be one.
                             stream = readers[index]
-                            deltas = stream.feed(output.text) + (
-                                stream.finish() if output.finished else [])
-                            deltas = deltas or [{}]
+                            if output.finished:
+                                deltas += stream.finish()
                             if stream.calls and reason == "stop":
                                 reason = "tool_calls"
+                        deltas = deltas or [{"content": ""} if thinking is None and
+                                            readers is None else {}]
                         if first[index]:
                             deltas[0]["role"] = "assistant"
                         lp = chat_logprobs(token_text, output.logprobs)
@@ -444,11 +503,21 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
             reason = last.finish_reason
             if chat:
                 message = {"role": "assistant", "content": text}
-                if parser is not None:
-                    message["content"], calls = _calls(parser, text, body)
-                    if calls:
-                        message["tool_calls"] = calls
-                        reason = "tool_calls" if reason == "stop" else reason
+                calls = []
+                if reasoning is not None:
+                    message["reasoning_content"], message["content"], calls = \
+                        reasoning_.split(reasoning, text, prompt_text)
+                    if calls and parser is None:
+                        _dropped(request_id, calls)
+                        calls = []
+                    if body.parallel_tool_calls is False:
+                        calls = calls[:1]
+                if parser not in (None, "harmony"):
+                    message["content"], calls = _calls(parser, message["content"] or "",
+                                                       body)
+                if calls:
+                    message["tool_calls"] = calls
+                    reason = "tool_calls" if reason == "stop" else reason
                 choice = {"index": index, "message": message,
                           "logprobs": chat_logprobs(token_text, lp)}
             else:
@@ -515,6 +584,13 @@ _LINE_ENDS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\
 
 def _sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False).translate(_LINE_ENDS)}\n\n"
+
+
+def _dropped(request_id: str, calls: list) -> None:
+    """Says that an answer's calls (harmony's) are dropped: the request
+    gave no tools to call."""
+    logger.warning("%s: the answer calls %s, but the request gave no tools: the calls are "
+                   "dropped", request_id, ", ".join(c["function"]["name"] for c in calls))
 
 
 def _calls(parser: str, text: str, body) -> tuple:

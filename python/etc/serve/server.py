@@ -60,7 +60,7 @@ def run(model, host: str = "127.0.0.1", port: int = 8000, *,
         served_model_name: Optional[str] = None, max_num_seqs: int = 8,
         max_model_len: Optional[int] = None, max_step_tokens: Optional[int] = None,
         speculative=None, log_level: str = "info", sock: Optional[socket.socket] = None,
-        tool_call_parser: Optional[str] = None) -> None:
+        tool_call_parser: Optional[str] = None, reasoning_parser: Optional[str] = "auto") -> None:
     """Serves `model` over HTTP at `host`:`port` (or on `sock`, a socket of
     `listen`) until interrupted (Ctrl-C, SIGTERM), then returns: `build_app`
     (same options) run by a `Server`. `max_model_len` is at most what the KV
@@ -68,7 +68,8 @@ def run(model, host: str = "127.0.0.1", port: int = 8000, *,
     sock = sock if sock is not None else listen(host, port)
     app = build_app(model, served_model_name=served_model_name, max_num_seqs=max_num_seqs,
                     max_model_len=max_model_len, max_step_tokens=max_step_tokens,
-                    speculative=speculative, tool_call_parser=tool_call_parser)
+                    speculative=speculative, tool_call_parser=tool_call_parser,
+                    reasoning_parser=reasoning_parser)
     engine = app.state.engine
     logger.info("serving %s (%s): %d requests at once, sequences of up to %d tokens%s",
                 app.state.model_name, model.dtype, engine.max_num_seqs, engine.max_model_len,

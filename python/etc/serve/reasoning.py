@@ -1,0 +1,234 @@
+"""Reasoning in a chat answer: the part of the generated text a model
+thinks in, returned as the message's `reasoning_content`, apart from its
+`content` (as vLLM's `--reasoning-parser` and SGLang do).
+
+* `qwen3` (Qwen3, QwQ): `<think> ... </think>` before the answer. The
+  opening tag is the model's or the chat template's (a template that ends
+  the prompt with `<think>` has the answer start inside it); an answer
+  that opens none is all content (`enable_thinking=false`, Instruct
+  models).
+* `harmony` (gpt-oss): messages `<|channel|>NAME<|message|>TEXT` ended by
+  `<|end|>`, `<|return|>` or `<|call|>`, the next one after `<|start|>`
+  (and a role). The `analysis` channel is reasoning, `final` (and
+  `commentary` without a recipient: a preamble) content; a message to
+  `functions.NAME` is a tool call (`calls`).
+
+A `Reader` reads an answer as it is generated: `feed` returns the pieces
+(("reasoning_content" | "content", text)) now known, holding back text
+that may be the start of a marker, so that a marker split across tokens
+or chunks is never sent as text; `finish` returns what was held.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Optional
+
+__all__ = ["PARSERS", "CHOICES", "parser_for", "Reader", "split", "harmony_stop_ids"]
+
+PARSERS = ("qwen3", "harmony")
+#: What `etc serve --reasoning-parser` takes.
+CHOICES = ("auto", "none") + PARSERS
+
+REASONING, CONTENT = "reasoning_content", "content"
+
+_THINK, _UNTHINK = "<think>", "</think>"
+_CHANNEL, _MESSAGE, _START = "<|channel|>", "<|message|>", "<|start|>"
+_ENDS = ("<|end|>", "<|return|>", "<|call|>")
+_HARMONY_MARKERS = (_CHANNEL, _MESSAGE, _START) + _ENDS
+_RECIPIENT = re.compile(r"\bto=functions\.([^\s<]+)")
+
+
+def parser_for(architecture: Optional[str], tokenizer) -> Optional[str]:
+    """The reasoning format of a model (`--reasoning-parser auto`): harmony
+    where the tokenizer has harmony's `<|channel|>` and `<|message|>`
+    tokens (or the model is gpt-oss), qwen3 where it has a `</think>`
+    token; None (all content) otherwise."""
+    def has(token: str) -> bool:
+        return tokenizer is not None and tokenizer.token_to_id(token) is not None
+
+    if (has(_CHANNEL) and has(_MESSAGE)) or architecture == "GptOssForCausalLM":
+        return "harmony"
+    if has(_UNTHINK):
+        return "qwen3"
+    return None
+
+
+def harmony_stop_ids(tokenizer) -> list[int]:
+    """The ids of `<|return|>` and `<|call|>` (each ends a harmony answer)
+    that the tokenizer has."""
+    ids = [tokenizer.token_to_id(t) for t in ("<|return|>", "<|call|>")] if tokenizer else []
+    return [i for i in ids if i is not None]
+
+
+def _held(text: str, markers) -> int:
+    """Where the longest end of `text` that is a proper start of a marker
+    begins (len(text) when none is)."""
+    for start in range(max(0, len(text) - max(map(len, markers)) + 1), len(text)):
+        tail = text[start:]
+        if any(m.startswith(tail) and m != tail for m in markers):
+            return start
+    return len(text)
+
+
+class Reader:
+    """Splits one answer of format `parser` into reasoning and content as
+    it is generated; `prompt` is the rendered prompt's text (qwen3: whether
+    the template opened `<think>`). `calls` are the harmony tool calls read
+    (OpenAI's form: {"id", "type", "function": {"name", "arguments"}})."""
+
+    def __init__(self, parser: str, prompt: str = ""):
+        if parser not in PARSERS:
+            raise ValueError(f"unknown reasoning parser {parser!r}; one of {PARSERS}")
+        self.parser = parser
+        self.calls: list = []
+        self._buffer = ""
+        if parser == "qwen3":
+            # "start": the answer may yet open <think>; "think"; "answer".
+            self._state = "think" if prompt.rstrip().endswith(_THINK) else "start"
+        else:
+            # "body" of a message of channel self._channel, or its "header".
+            self._state, self._channel, self._recipient, self._header = "body", None, None, ""
+            self._arguments = ""
+
+    def feed(self, text: str) -> list:
+        self._buffer += text
+        out: list = []
+        (self._qwen3 if self.parser == "qwen3" else self._harmony)(out, final=False)
+        return _merged(out)
+
+    def finish(self) -> list:
+        out: list = []
+        (self._qwen3 if self.parser == "qwen3" else self._harmony)(out, final=True)
+        if self._buffer:
+            out.append((REASONING if self._state == "think" else CONTENT, self._buffer)
+                       if self.parser == "qwen3" else (self._field(), self._buffer))
+            self._buffer = ""
+        if self.parser == "harmony" and self._recipient is not None:
+            self._end_message()  # an answer cut short (max_tokens) mid-call
+        return _merged(out)
+
+    # -- qwen3 -----------------------------------------------------------------
+
+    def _qwen3(self, out: list, final: bool) -> None:
+        while True:
+            if self._state == "start":
+                stripped = self._buffer.lstrip()
+                if stripped.startswith(_THINK):
+                    self._buffer = stripped[len(_THINK):]
+                    self._state = "think"
+                    continue
+                if not final and _THINK.startswith(stripped):
+                    return  # may yet be <think>
+                self._state = "answer"
+            if self._state == "answer":
+                if self._buffer:
+                    out.append((CONTENT, self._buffer))
+                self._buffer = ""
+                return
+            if self._state == "after":  # blank lines still arriving
+                self._buffer = self._buffer.lstrip("\n")
+                if not self._buffer and not final:
+                    return
+                self._state = "answer"
+                continue
+            # thinking: up to </think>
+            end = self._buffer.find(_UNTHINK)
+            if end >= 0:
+                if end:
+                    out.append((REASONING, self._buffer[:end]))
+                # The template's blank lines between </think> and the answer.
+                self._buffer = self._buffer[end + len(_UNTHINK):].lstrip("\n")
+                self._state = "after"
+                if not self._buffer and not final:
+                    return
+                self._state = "answer"
+                continue
+            keep = len(self._buffer) if final else _held(self._buffer, (_UNTHINK,))
+            if keep:
+                out.append((REASONING, self._buffer[:keep]))
+            self._buffer = self._buffer[keep:]
+            return
+
+    # -- harmony ---------------------------------------------------------------
+
+    def _field(self) -> Optional[str]:
+        """Where a message's body goes: None for a tool call's arguments."""
+        if self._recipient is not None:
+            return None
+        return REASONING if self._channel == "analysis" else CONTENT
+
+    def _harmony(self, out: list, final: bool) -> None:
+        while True:
+            found = [(self._buffer.find(m), m) for m in _HARMONY_MARKERS]
+            found = [(at, m) for at, m in found if at >= 0]
+            at, marker = min(found) if found else (-1, None)
+            text = self._buffer if marker is None else self._buffer[:at]
+            if marker is None and not final:
+                text = text[:_held(text, _HARMONY_MARKERS)]
+            self._buffer = self._buffer[len(text):]
+            if self._state == "header":
+                self._header += text
+            elif text:
+                self._body(out, text)
+            if marker is None:
+                return
+            self._buffer = self._buffer[len(marker):]
+            if marker in (_CHANNEL, _START):
+                if self._state == "body":
+                    self._end_message()
+                    self._header = ""
+                self._state = "header"
+                self._header += marker
+            elif marker == _MESSAGE:
+                header = self._header
+                channel = header.split(_CHANNEL, 1)[1] if _CHANNEL in header else ""
+                self._channel = (re.split(r"[\s<]", channel.strip(), maxsplit=1)[0]
+                                 if channel.strip() else None)
+                found_to = _RECIPIENT.search(header)
+                self._recipient = found_to.group(1) if found_to else None
+                self._arguments = ""
+                self._state, self._header = "body", ""
+            else:  # a message's end
+                self._end_message()
+                self._state, self._channel = "body", None
+
+    def _body(self, out: list, text: str) -> None:
+        field = self._field()
+        if field is None:
+            self._arguments += text
+        else:
+            out.append((field, text))
+
+    def _end_message(self) -> None:
+        if self._recipient is not None:
+            self.calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                               "function": {"name": self._recipient,
+                                            "arguments": self._arguments.strip() or "{}"}})
+        self._recipient, self._arguments = None, ""
+
+
+def _merged(pieces: list) -> list:
+    """Adjacent pieces of one field joined; empty ones dropped."""
+    merged: list = []
+    for field, text in pieces:
+        if not text:
+            continue
+        if merged and merged[-1][0] == field:
+            merged[-1] = (field, merged[-1][1] + text)
+        else:
+            merged.append((field, text))
+    return merged
+
+
+def split(parser: str, text: str, prompt: str = "") -> tuple:
+    """(reasoning, content, calls) of a whole answer: None for a part it
+    lacks (calls: a list, harmony's only)."""
+    reader = Reader(parser, prompt)
+    pieces = reader.feed(text) + reader.finish()
+    parts = {REASONING: "", CONTENT: ""}
+    for field, piece in pieces:
+        parts[field] += piece
+    return parts[REASONING] or None, parts[CONTENT] or None, reader.calls
+
