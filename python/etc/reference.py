@@ -246,10 +246,6 @@ def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
     return y
 
 
-def _silu(x: np.ndarray) -> np.ndarray:
-    return x / (np.float32(1.0) + np.exp(-x))
-
-
 def _apply(op, vals: list) -> np.ndarray:
     kind = op.kind
     if kind in reference_llm.KINDS:
