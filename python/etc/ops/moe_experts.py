@@ -92,19 +92,17 @@ class ExpertTile(PartKernel):
 
     grid_rank = 2
 
-    def bias(self, role: str, e, column, lanes: int = 1):
-        """Bias `role`'s value (or `lanes` values from) [e, column] as f32,
-        or None if the op has no such bias."""
+    def biased(self, role: str, e, column, value: ir.Value) -> ir.Value:
+        """`value` (f32 or a vector of them) plus bias `role`'s values from
+        [e, column] as f32; `value` itself if the op has no such bias."""
         t = operand(self.op, role)
         if t is None:
-            return None
-        return self.load(t, [e, column]) if lanes == 1 else self.vload(t, [e, column], lanes)
-
-    def biased(self, role: str, e, column, value: ir.Value) -> ir.Value:
-        """`value` (f32 or a vector of them) plus bias `role` at [e, column]."""
-        lanes = ir.VectorType(value.type).shape[0] if isinstance(value.type, ir.VectorType) else 1
-        b = self.bias(role, e, column, lanes)
-        return value if b is None else arith.addf(value, b)
+            return value
+        if isinstance(value.type, ir.VectorType):
+            b = self.vload(t, [e, column], ir.VectorType(value.type).shape[0])
+        else:
+            b = self.load(t, [e, column])
+        return arith.addf(value, b)
 
     def slot_range(self) -> tuple[ir.Value, ir.Value]:
         """The first slot of expert tile (e, j) and its count of slots,
