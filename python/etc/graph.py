@@ -719,8 +719,7 @@ class Graph(LLMOperators, CollectiveOperators):
                 raise ValueError(f"{kind}: {describe(role, t)} is the bias of w_up, but no w_up "
                                  f"is given")
             operands.append((role, t))
-        if any(biases[role][0] is not None for role in biases):
-            params["biases"] = tuple(role for role in biases if biases[role][0] is not None)
+            params["biases"] = (*params.get("biases", ()), role)
         if activation == "swiglu_oai":
             if w_up is None:
                 raise ValueError(f"{kind}: activation='swiglu_oai' is gated: it needs w_up")

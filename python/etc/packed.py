@@ -154,7 +154,7 @@ def e8m0_half(e) -> np.ndarray:
     the subnormals 0x00200000 << e for e = 0, 1; exact for every byte."""
     e = np.asarray(e, np.uint8).astype(np.uint32)
     bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
-    return bits.astype(np.uint32).view(np.float32)
+    return bits.view(np.float32)
 
 
 def is_packed(dtype: str) -> bool:

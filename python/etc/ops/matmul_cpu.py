@@ -485,18 +485,18 @@ class MatmulCPU(Matmul):
 
             if most_rows is not None and most_rows < self.ROWS:
                 partial()
-                scf.yield_([])
-                return
-            full = arith.andi(
-                arith.cmpi(arith.CmpIPredicate.eq, row_count, self.cidx(self.ROWS)),
-                arith.cmpi(arith.CmpIPredicate.eq, col_count, self.cidx(self.COLS)))
-            branch = scf.IfOp(full, has_else=True)
-            with ir.InsertionPoint(branch.then_block):
-                self.emit_dots(row, self.ROWS, col, self.COLS, vector_k, k_extent, step, width)
-                scf.yield_([])
-            with ir.InsertionPoint(branch.else_block):
-                partial()
-                scf.yield_([])
+            else:
+                full = arith.andi(
+                    arith.cmpi(arith.CmpIPredicate.eq, row_count, self.cidx(self.ROWS)),
+                    arith.cmpi(arith.CmpIPredicate.eq, col_count, self.cidx(self.COLS)))
+                branch = scf.IfOp(full, has_else=True)
+                with ir.InsertionPoint(branch.then_block):
+                    self.emit_dots(row, self.ROWS, col, self.COLS, vector_k, k_extent, step,
+                                   width)
+                    scf.yield_([])
+                with ir.InsertionPoint(branch.else_block):
+                    partial()
+                    scf.yield_([])
             scf.yield_([])
 
     def emit_dots(self, row, nrows: int, col, ncols: int, vector_k, k_extent,

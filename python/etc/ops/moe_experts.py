@@ -52,6 +52,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, math, memref, scf, vector
 
+from ..graph_values import moe_roles
 from .base import element_type
 from .matmul_dpbf16 import dot_bf16
 from .matmul_fp8 import FP8, block_scale, dequantized, unscaled
@@ -59,15 +60,10 @@ from .matmul_packed import MatmulPackedCPU, PackedDotsCPU
 from .variants import PartKernel
 
 
-#: The moe op's operands in their order; `w_up` and the biases only when
-#: given (`Graph.moe`).
-ROLES = ("x", "router_w", "w1", "w2", "w_up", "router_b", "b1", "b_up", "b2")
-
-
 def operand(op, role: str):
-    """The moe op's operand `role` (one of ROLES), or None if not given."""
-    given = ["x", "router_w", "w1", "w2", *(["w_up"] if op.params.get("gated") else []),
-             *op.params.get("biases", ())]
+    """The moe op's operand `role` (x, router_w, w1, w2, w_up, router_b,
+    b1, b_up or b2), or None if not given (`moe_roles`)."""
+    given = moe_roles(op.params)
     return op.operands[given.index(role)] if role in given else None
 
 
@@ -96,19 +92,17 @@ class ExpertTile(PartKernel):
 
     grid_rank = 2
 
-    def bias(self, role: str, e, column, lanes: int = 1):
-        """Bias `role`'s value (or `lanes` values from) [e, column] as f32,
-        or None if the op has no such bias."""
+    def biased(self, role: str, e, column, value: ir.Value) -> ir.Value:
+        """`value` (f32 or a vector of them) plus bias `role`'s values from
+        [e, column] as f32; `value` itself if the op has no such bias."""
         t = operand(self.op, role)
         if t is None:
-            return None
-        return self.load(t, [e, column]) if lanes == 1 else self.vload(t, [e, column], lanes)
-
-    def biased(self, role: str, e, column, value: ir.Value) -> ir.Value:
-        """`value` (f32 or a vector of them) plus bias `role` at [e, column]."""
-        lanes = ir.VectorType(value.type).shape[0] if isinstance(value.type, ir.VectorType) else 1
-        b = self.bias(role, e, column, lanes)
-        return value if b is None else arith.addf(value, b)
+            return value
+        if isinstance(value.type, ir.VectorType):
+            b = self.vload(t, [e, column], ir.VectorType(value.type).shape[0])
+        else:
+            b = self.load(t, [e, column])
+        return arith.addf(value, b)
 
     def slot_range(self) -> tuple[ir.Value, ir.Value]:
         """The first slot of expert tile (e, j) and its count of slots,
