@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 __all__ = ["Argument", "CeilDiv", "Dim", "Operation", "Symbol", "Tensor", "describe",
-           "format_shape", "moe_roles", "same_dim"]
+           "format_shape", "same_dim"]
 
 
 @dataclass(frozen=True)
@@ -157,12 +157,3 @@ def same_dim(a: Dim, b: Dim) -> bool:
 def describe(role: str, t: Tensor) -> str:
     """An operand as error messages name it: role, tensor name, shape and dtype."""
     return f"operand '{role}' ('{t.name}', shape {format_shape(t.shape)}, {t.dtype})"
-
-
-def moe_roles(params: dict) -> list:
-    """The roles of a `moe` operation's operands in their order, from its
-    params: x, router_w, w1, w2, then w_up when gated and the biases given
-    (`Graph.moe`). The one statement of the order, for the kernels
-    (`etc.ops.moe_experts.operand`) and the reference."""
-    return ["x", "router_w", "w1", "w2", *(["w_up"] if params.get("gated") else []),
-            *params.get("biases", ())]

@@ -46,7 +46,6 @@ from types import SimpleNamespace
 from . import bfloat16, packed, reference_llm, reference_sampling
 from .binding import INPUT_DTYPES, check_input_dtype, check_input_names, dim_value
 from .binding import bind_symbols as _bind_shapes
-from .graph_values import moe_roles
 
 __all__ = ["evaluate", "describe", "round_bf16", "bind_symbols", "topk", "moe", "NUMPY_DTYPES"]
 
@@ -253,7 +252,9 @@ def _apply(op, vals: list) -> np.ndarray:
         return reference_llm.apply(op, vals)
     if kind == "moe":
         params = op.params
-        named = dict(zip(moe_roles(params), vals))
+        given = ["x", "router_w", "w1", "w2", *(["w_up"] if params.get("gated") else []),
+                 *params.get("biases", ())]
+        named = dict(zip(given, vals))
         if params.get("transpose_w"):
             for role in ("w1", "w2", "w_up"):
                 if role in named:

@@ -52,7 +52,6 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, math, memref, scf, vector
 
-from ..graph_values import moe_roles
 from .base import element_type
 from .matmul_dpbf16 import dot_bf16
 from .matmul_fp8 import FP8, block_scale, dequantized, unscaled
@@ -60,10 +59,15 @@ from .matmul_packed import MatmulPackedCPU, PackedDotsCPU
 from .variants import PartKernel
 
 
+#: The moe op's operands in their order; `w_up` and the biases only when
+#: given (`Graph.moe`).
+ROLES = ("x", "router_w", "w1", "w2", "w_up", "router_b", "b1", "b_up", "b2")
+
+
 def operand(op, role: str):
-    """The moe op's operand `role` (x, router_w, w1, w2, w_up, router_b,
-    b1, b_up or b2), or None if not given (`moe_roles`)."""
-    given = moe_roles(op.params)
+    """The moe op's operand `role` (one of ROLES), or None if not given."""
+    given = ["x", "router_w", "w1", "w2", *(["w_up"] if op.params.get("gated") else []),
+             *op.params.get("biases", ())]
     return op.operands[given.index(role)] if role in given else None
 
 
