@@ -138,12 +138,9 @@ class Reader:
             if end >= 0:
                 if end:
                     out.append((REASONING, self._buffer[:end]))
-                # The template's blank lines between </think> and the answer.
-                self._buffer = self._buffer[end + len(_UNTHINK):].lstrip("\n")
+                # "after" drops the template's blank lines before the answer.
+                self._buffer = self._buffer[end + len(_UNTHINK):]
                 self._state = "after"
-                if not self._buffer and not final:
-                    return
-                self._state = "answer"
                 continue
             keep = len(self._buffer) if final else _held(self._buffer, (_UNTHINK,))
             if keep:
