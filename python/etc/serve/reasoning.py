@@ -100,11 +100,8 @@ class Reader:
 
     def finish(self) -> list:
         out: list = []
+        # A final read leaves nothing held.
         (self._qwen3 if self.parser == "qwen3" else self._harmony)(out, final=True)
-        if self._buffer:
-            out.append((REASONING if self._state == "think" else CONTENT, self._buffer)
-                       if self.parser == "qwen3" else (self._field(), self._buffer))
-            self._buffer = ""
         if self.parser == "harmony" and self._recipient is not None:
             self._end_message()  # an answer cut short (max_tokens) mid-call
         return _merged(out)
