@@ -434,8 +434,8 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                                 deltas += stream.finish()
                             if stream.calls and reason == "stop":
                                 reason = "tool_calls"
-                        deltas = deltas or [{"content": ""} if thinking is None and
-                                            readers is None else {}]
+                        # Empty while a reader holds the text back.
+                        deltas = deltas or [{}]
                         if first[index]:
                             deltas[0]["role"] = "assistant"
                         lp = chat_logprobs(token_text, output.logprobs)
