@@ -35,7 +35,8 @@ REASONING, CONTENT = "reasoning_content", "content"
 
 _THINK, _UNTHINK = "<think>", "</think>"
 _CHANNEL, _MESSAGE, _START = "<|channel|>", "<|message|>", "<|start|>"
-_ENDS = ("<|end|>", "<|return|>", "<|call|>")
+_ANSWER_ENDS = ("<|return|>", "<|call|>")  # a message's ends that end the answer
+_ENDS = ("<|end|>",) + _ANSWER_ENDS
 _HARMONY_MARKERS = (_CHANNEL, _MESSAGE, _START) + _ENDS
 _RECIPIENT = re.compile(r"\bto=functions\.([^\s<]+)")
 
@@ -58,7 +59,7 @@ def parser_for(architecture: Optional[str], tokenizer) -> Optional[str]:
 def harmony_stop_ids(tokenizer) -> list[int]:
     """The ids of `<|return|>` and `<|call|>` (each ends a harmony answer)
     that the tokenizer has."""
-    ids = [tokenizer.token_to_id(t) for t in ("<|return|>", "<|call|>")] if tokenizer else []
+    ids = [tokenizer.token_to_id(t) for t in _ANSWER_ENDS] if tokenizer else []
     return [i for i in ids if i is not None]
 
 
