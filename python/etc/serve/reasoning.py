@@ -83,6 +83,7 @@ class Reader:
         if parser not in PARSERS:
             raise ValueError(f"unknown reasoning parser {parser!r}; one of {PARSERS}")
         self.parser = parser
+        self._read = self._qwen3 if parser == "qwen3" else self._harmony
         self.calls: list = []
         self._buffer = ""
         if parser == "qwen3":
@@ -96,13 +97,13 @@ class Reader:
     def feed(self, text: str) -> list:
         self._buffer += text
         out: list = []
-        (self._qwen3 if self.parser == "qwen3" else self._harmony)(out, final=False)
+        self._read(out, final=False)
         return _merged(out)
 
     def finish(self) -> list:
         out: list = []
         # A final read leaves nothing held.
-        (self._qwen3 if self.parser == "qwen3" else self._harmony)(out, final=True)
+        self._read(out, final=True)
         if self.parser == "harmony" and self._recipient is not None:
             self._end_message()  # an answer cut short (max_tokens) mid-call
         return _merged(out)
