@@ -64,7 +64,7 @@ def main() -> None:
         raw = packed.quantize(np.random.default_rng(0).standard_normal((N, K))
                               .astype(np.float32), fmt)
         runs[fmt] = (kernel.partial(w=raw), raw.nbytes)
-    rows = []
+    rows = {fmt: [] for fmt in runs}  # each format's lines, B by B
     for b in args.batches:
         a = np.random.default_rng(b).standard_normal((b, K)).astype(np.float32)
         for run, _ in runs.values():
@@ -80,12 +80,12 @@ def main() -> None:
                 times[fmt].append(time.perf_counter() - t)
         for fmt, (_, nbytes) in runs.items():
             best = min(times[fmt])
-            rows.append((fmt, b, f"| {fmt} | {nbytes / 1e6:.1f} | {b} | "
-                         f"{statistics.median(times[fmt]) * 1e3:.2f} | {best * 1e3:.2f} | "
-                         f"{nbytes / best / 1e9:.1f} | {b * N * K / best / 1e9:.1f} |"))
-    order = list(runs)
-    for _, _, line in sorted(rows, key=lambda r: (order.index(r[0]), args.batches.index(r[1]))):
-        print(line, flush=True)
+            rows[fmt].append(f"| {fmt} | {nbytes / 1e6:.1f} | {b} | "
+                             f"{statistics.median(times[fmt]) * 1e3:.2f} | {best * 1e3:.2f} | "
+                             f"{nbytes / best / 1e9:.1f} | {b * N * K / best / 1e9:.1f} |")
+    for lines in rows.values():
+        print("\n".join(lines))
+
 
 if __name__ == "__main__":
     main()

@@ -82,6 +82,8 @@ def test_auto_reads_the_tokenizer_and_unknown_names_are_refused(chat_model):
     assert parser_for("GptOssForCausalLM", None) == "harmony"
     with pytest.raises(ValueError, match="reasoning_parser='deepseek'"):
         etc.serve.build_app(chat_model, reasoning_parser="deepseek")
+    with pytest.raises(ValueError, match="tool_call_parser='hermes' with reasoning_parser"):
+        etc.serve.build_app(chat_model, reasoning_parser="harmony", tool_call_parser="hermes")
     with pytest.raises(ValueError, match="unknown reasoning parser"):
         Reader("deepseek")
     assert reasoning.CHOICES == ("auto", "none", "qwen3", "harmony")

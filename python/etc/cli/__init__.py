@@ -98,13 +98,16 @@ def parser() -> argparse.ArgumentParser:
                        help="the model name clients use (default: the checkpoint's name)")
     serve.add_argument("--tool-call-parser", choices=("hermes", "llama3_json"), default=None,
                        help="how the model writes tool calls (default: from its chat "
-                            "template: <tool_call> is hermes, ipython llama3_json)")
+                            "template: <tool_call> is hermes, ipython llama3_json; with "
+                            "--reasoning-parser harmony the calls are its channels, "
+                            "and giving this is an error)")
     serve.add_argument("--reasoning-parser", choices=("auto", "none", "qwen3", "harmony"),
                        default="auto",
                        help="split a chat answer's reasoning (message.reasoning_content) "
                             "from its content: qwen3 (<think>...</think>), harmony "
-                            "(gpt-oss's channels), none; default auto: harmony where the "
-                            "tokenizer has <|channel|>, qwen3 where it has </think>")
+                            "(gpt-oss's channels and tool calls), none; default auto: harmony "
+                            "where the tokenizer has <|channel|> and <|message|> (or the "
+                            "model is gpt-oss), qwen3 where it has </think>")
     add_speculative_options(serve)
     add_parallel_options(serve, "serves")
     add_load_options(serve)

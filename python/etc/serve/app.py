@@ -131,6 +131,12 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     if tool_call_parser == "harmony" and not harmony:
         raise ValueError("build_app: tool_call_parser='harmony' needs "
                          "reasoning_parser='harmony' (the calls are a harmony channel)")
+    if harmony and tool_call_parser != "harmony":
+        # Whole answers would read the text's calls, streams harmony's too.
+        raise ValueError(f"build_app: tool_call_parser={tool_call_parser!r} with "
+                         "reasoning_parser='harmony': harmony's calls are read with its "
+                         "channels (leave tool_call_parser unset, or give "
+                         "reasoning_parser='none')")
     harmony_stops = reasoning_.harmony_stop_ids(model.tokenizer) if harmony else []
     if engine is None:
         engine = Engine(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
@@ -434,8 +440,8 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                                 deltas += stream.finish()
                             if stream.calls and reason == "stop":
                                 reason = "tool_calls"
-                        deltas = deltas or [{"content": ""} if thinking is None and
-                                            readers is None else {}]
+                        # Empty while a reader holds the text back.
+                        deltas = deltas or [{}]
                         if first[index]:
                             deltas[0]["role"] = "assistant"
                         lp = chat_logprobs(token_text, output.logprobs)

@@ -35,7 +35,8 @@ REASONING, CONTENT = "reasoning_content", "content"
 
 _THINK, _UNTHINK = "<think>", "</think>"
 _CHANNEL, _MESSAGE, _START = "<|channel|>", "<|message|>", "<|start|>"
-_ENDS = ("<|end|>", "<|return|>", "<|call|>")
+_ANSWER_ENDS = ("<|return|>", "<|call|>")  # a message's ends that end the answer
+_ENDS = ("<|end|>",) + _ANSWER_ENDS
 _HARMONY_MARKERS = (_CHANNEL, _MESSAGE, _START) + _ENDS
 _RECIPIENT = re.compile(r"\bto=functions\.([^\s<]+)")
 
@@ -58,7 +59,7 @@ def parser_for(architecture: Optional[str], tokenizer) -> Optional[str]:
 def harmony_stop_ids(tokenizer) -> list[int]:
     """The ids of `<|return|>` and `<|call|>` (each ends a harmony answer)
     that the tokenizer has."""
-    ids = [tokenizer.token_to_id(t) for t in ("<|return|>", "<|call|>")] if tokenizer else []
+    ids = [tokenizer.token_to_id(t) for t in _ANSWER_ENDS] if tokenizer else []
     return [i for i in ids if i is not None]
 
 
@@ -82,6 +83,7 @@ class Reader:
         if parser not in PARSERS:
             raise ValueError(f"unknown reasoning parser {parser!r}; one of {PARSERS}")
         self.parser = parser
+        self._read = self._qwen3 if parser == "qwen3" else self._harmony
         self.calls: list = []
         self._buffer = ""
         if parser == "qwen3":
@@ -95,16 +97,13 @@ class Reader:
     def feed(self, text: str) -> list:
         self._buffer += text
         out: list = []
-        (self._qwen3 if self.parser == "qwen3" else self._harmony)(out, final=False)
+        self._read(out, final=False)
         return _merged(out)
 
     def finish(self) -> list:
         out: list = []
-        (self._qwen3 if self.parser == "qwen3" else self._harmony)(out, final=True)
-        if self._buffer:
-            out.append((REASONING if self._state == "think" else CONTENT, self._buffer)
-                       if self.parser == "qwen3" else (self._field(), self._buffer))
-            self._buffer = ""
+        # A final read leaves nothing held.
+        self._read(out, final=True)
         if self.parser == "harmony" and self._recipient is not None:
             self._end_message()  # an answer cut short (max_tokens) mid-call
         return _merged(out)
@@ -138,12 +137,9 @@ class Reader:
             if end >= 0:
                 if end:
                     out.append((REASONING, self._buffer[:end]))
-                # The template's blank lines between </think> and the answer.
-                self._buffer = self._buffer[end + len(_UNTHINK):].lstrip("\n")
+                # "after" drops the template's blank lines before the answer.
+                self._buffer = self._buffer[end + len(_UNTHINK):]
                 self._state = "after"
-                if not self._buffer and not final:
-                    return
-                self._state = "answer"
                 continue
             keep = len(self._buffer) if final else _held(self._buffer, (_UNTHINK,))
             if keep:
