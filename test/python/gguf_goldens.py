@@ -344,14 +344,21 @@ def load_run(arch: str, directory: Path = DIRECTORY) -> dict:
     if not path.is_file():
         raise AssertionError(f"{path} is missing: python test/python/gguf_goldens.py --runs "
                              f"(where llama-cpp-python imports)")
-    config, seed, sequence = RUNS[arch]
+    return _load_case(path, RUNS[arch], "RUNS", strings=("digest",))
+
+
+def _load_case(path: Path, case: tuple, table: str, strings: tuple = ()) -> dict:
+    """The npz `path`'s {"config", "seed", "sequence", "logits", "versions"}
+    and its `strings`, checked to be of `case` (config, seed, sequence) of
+    the table named `table`."""
+    config, seed, sequence = case
     with np.load(path) as data:
-        case = json.loads(str(data["case"]))
-        if case != json.loads(json.dumps({"config": config, "seed": seed,
-                                          "sequence": sequence})):
-            raise AssertionError(f"{path} is of another case than gguf_goldens.RUNS: "
+        stored = json.loads(str(data["case"]))
+        if stored != json.loads(json.dumps({"config": config, "seed": seed,
+                                            "sequence": sequence})):
+            raise AssertionError(f"{path} is of another case than gguf_goldens.{table}: "
                                  f"regenerate it")
-        return {**case, "digest": str(data["digest"]), "logits": data["logits"],
+        return {**stored, **{key: str(data[key]) for key in strings}, "logits": data["logits"],
                 "versions": json.loads(str(data["versions"]))}
 
 
@@ -418,15 +425,7 @@ def load_mxfp4(arch: str, directory: Path = DIRECTORY) -> dict:
         if not file.is_file():
             raise AssertionError(f"{file} is missing: python test/python/gguf_goldens.py "
                                  f"--mxfp4 (where llama-cpp-python imports)")
-    config, seed, sequence = MXFP4_MOE[arch]
-    with np.load(path) as data:
-        case = json.loads(str(data["case"]))
-        if case != json.loads(json.dumps({"config": config, "seed": seed,
-                                          "sequence": sequence})):
-            raise AssertionError(f"{path} is of another case than gguf_goldens.MXFP4_MOE: "
-                                 f"regenerate it")
-        return {**case, "gguf": gguf_path, "logits": data["logits"],
-                "versions": json.loads(str(data["versions"]))}
+    return {**_load_case(path, MXFP4_MOE[arch], "MXFP4_MOE"), "gguf": gguf_path}
 
 
 def _commit(llama_cpp: Path) -> str:

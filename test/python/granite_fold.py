@@ -33,15 +33,7 @@ RESIDUAL_WEIGHTS = ("o_proj.weight", "down_proj.weight", "output_linear.weight")
 
 def errors(golden, path) -> np.ndarray:
     """Per golden position, ETC's bf16 error as a fraction of the tolerance."""
-    model = models.load(path, dtype="bf16", **LOAD)
-    prefixes = golden.prefixes()
-    cache = model.new_cache(len(prefixes), max(map(len, prefixes)))
-    logits, _ = model.step(cache, [models.Request(i, 0, p) for i, p in enumerate(prefixes)],
-                           return_logits=True)
-    want = np.concatenate(golden.logits).astype(np.float64)
-    rms = np.sqrt(np.mean(want ** 2, axis=-1))
-    return np.max(np.abs(logits - want), axis=-1) / (goldens.tolerance(golden.config, "bf16") *
-                                                     rms)
+    return golden.errors(golden.prefix_logits(models.load(path, dtype="bf16", **LOAD)))
 
 
 def folded(source: Path, config: dict, out: Path, residual: bool, logits: bool) -> Path:

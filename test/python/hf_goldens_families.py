@@ -206,14 +206,30 @@ class Golden:
                                 multimodal=self.case.get("multimodal"),
                                 mxfp4=self.case.get("mxfp4", False))
 
-    def check_logits(self, logits: np.ndarray) -> np.ndarray:
-        """Asserts that `logits` (a row per `prefixes()`) are within the
-        tolerance of transformers'; returns the errors as fractions of it."""
+    def prefix_logits(self, model) -> np.ndarray:
+        """`model`'s logits of every prefix (a row per `prefixes()`), each
+        prefix a request of one step: prefill."""
+        import etc.models as models
+
+        prefixes = self.prefixes()
+        cache = model.new_cache(len(prefixes), max(map(len, prefixes)))
+        logits, _ = model.step(cache, [models.Request(i, 0, prefix)
+                                       for i, prefix in enumerate(prefixes)], return_logits=True)
+        return logits
+
+    def errors(self, logits: np.ndarray) -> np.ndarray:
+        """Per row of `logits` (a row per `prefixes()`), its largest
+        difference from transformers' as a fraction of the tolerance."""
         want = np.concatenate(self.logits).astype(np.float64)
         assert logits.shape == want.shape, (logits.shape, want.shape)
         scale = np.sqrt(np.mean(np.square(want), axis=-1))
-        errors = np.max(np.abs(logits - want), axis=-1) / (tolerance(self.config, self.dtype) *
-                                                           scale)
+        return np.max(np.abs(logits - want), axis=-1) / (tolerance(self.config, self.dtype) *
+                                                         scale)
+
+    def check_logits(self, logits: np.ndarray) -> np.ndarray:
+        """Asserts that `logits` (a row per `prefixes()`) are within the
+        tolerance of transformers'; returns the errors as fractions of it."""
+        errors = self.errors(logits)
         worst = int(np.argmax(errors))
         assert errors[worst] <= 1, (
             f"{self.name}: ETC's logits after {self.prefixes()[worst]} differ from "
@@ -235,6 +251,13 @@ class Golden:
             assert list(got[:count]) == list(want[:count]), (
                 f"{self.name}: prompt {r}: ETC's tokens {list(got)} are not transformers' "
                 f"{list(want)} (the first {count} are determined in {self.dtype})")
+
+    def check_model(self, model) -> None:
+        """`check_logits` of `model`'s `prefix_logits`, and `check_tokens` of
+        the NEW greedy tokens `model.generate` picks (prefill, then decode
+        through the paged cache)."""
+        self.check_logits(self.prefix_logits(model))
+        self.check_tokens(model.generate(self.prompts, NEW).tokens)
 
     def save(self, directory: Path = DIRECTORY) -> Path:
         directory.mkdir(parents=True, exist_ok=True)

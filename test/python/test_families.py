@@ -303,13 +303,8 @@ def test_matches_the_transformers_goldens(name, tmp_path):
     decode through the paged cache) are transformers' (`generate` with its
     own cache), as far as rounding cannot swap them."""
     golden = goldens.Golden.load(name)
-    model = models.load(golden.write_checkpoint(tmp_path / name), dtype=golden.dtype, **LOAD)
-    prefixes = golden.prefixes()
-    cache = model.new_cache(len(prefixes), max(map(len, prefixes)))
-    logits, _ = model.step(cache, [models.Request(i, 0, prefix)
-                                   for i, prefix in enumerate(prefixes)], return_logits=True)
-    golden.check_logits(logits)
-    golden.check_tokens(model.generate(golden.prompts, goldens.NEW).tokens)
+    golden.check_model(models.load(golden.write_checkpoint(tmp_path / name),
+                                   dtype=golden.dtype, **LOAD))
 
 
 def test_the_goldens_are_what_transformers_computes_now():

@@ -299,12 +299,7 @@ def test_compiled_mxfp4_matches_the_transformers_golden(tmp_path):
     golden = goldens.Golden.load("gpt_oss_mxfp4-transformers4-bf16")
     model = models.load(golden.write_checkpoint(tmp_path / "m"), dtype="bf16", **LOAD)
     assert set(model.weight_formats.values()) == {"mxfp4"}
-    prefixes = golden.prefixes()
-    cache = model.new_cache(len(prefixes), max(map(len, prefixes)))
-    logits, _ = model.step(cache, [models.Request(i, 0, prefix)
-                                   for i, prefix in enumerate(prefixes)], return_logits=True)
-    golden.check_logits(logits)
-    golden.check_tokens(model.generate(golden.prompts, goldens.NEW).tokens)
+    golden.check_model(model)
 
 
 # ----------------------------------------------------------------------

@@ -338,12 +338,13 @@ class ModelConfig:
             refuse("pretraining_tp", (1, None), "tensor-parallel slicing of the MLP")
         window, sliding = _sliding_layers(config, where, architecture, layers)
         max_positions = need("max_position_embeddings")
-        gemma = _gemma(config, where, architecture, hidden, max_positions) \
+        # Gemma's or gpt-oss's own fields (with their RoPE).
+        family = _gemma(config, where, architecture, hidden, max_positions) \
             if architecture in _GEMMA else {}
         if architecture == "GptOssForCausalLM":
-            gemma = _gpt_oss(config, where, layers, max_positions, need, flag)
-        if "rope_theta" in gemma:
-            rope_theta, scaling = gemma.pop("rope_theta"), gemma.pop("rope_scaling")
+            family = _gpt_oss(config, where, max_positions, flag)
+        if "rope_theta" in family:
+            rope_theta, scaling = family.pop("rope_theta"), family.pop("rope_scaling")
         else:
             # transformers' default RoPE base: 1e6 for Mixtral, 2e6 for
             # SmolLM3, 1e4 for the others.
@@ -412,7 +413,7 @@ class ModelConfig:
             tie_word_embeddings=flag("tie_word_embeddings", architecture in _GEMMA or
                                      architecture == "SmolLM3ForCausalLM"),
             qk_norm=architecture.startswith("Qwen3") or architecture == "Gemma3ForCausalLM",
-            qkv_bias=architecture == "Qwen2ForCausalLM" or gemma.pop("attention_bias", False),
+            qkv_bias=architecture == "Qwen2ForCausalLM" or family.pop("attention_bias", False),
             rope_scaling=scaling,
             sliding_window=window,
             sliding_layers=sliding,
@@ -420,7 +421,7 @@ class ModelConfig:
             nope_layers=_nope_layers(config, where, layers)
             if architecture == "SmolLM3ForCausalLM" else (),
             **moe,
-            **gemma,
+            **family,
             **granite,
         )
 
@@ -477,7 +478,7 @@ def _mixtral(config: dict, where: str, layers: int, need, flag,
             "sparse_layers": tuple(range(layers))}
 
 
-#: Granite's multiplier fields and their transformers defaults.
+#: Granite's multiplier fields (transformers' default 1.0 each).
 _GRANITE_MULTIPLIERS = ("embedding_multiplier", "attention_multiplier", "residual_multiplier",
                         "logits_scaling")
 
@@ -704,7 +705,7 @@ _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_s
                  "truncate": False, "original_max_position_embeddings": 4096}
 
 
-def _gpt_oss(config: dict, where: str, layers: int, max_positions: int, need, flag) -> dict:
+def _gpt_oss(config: dict, where: str, max_positions: int, flag) -> dict:
     """gpt-oss's own fields (`ModelConfig`'s gpt-oss fields, its RoPE
     `rope_theta` / `rope_scaling`), as transformers' GptOssConfig and
     modelling read them: `attention_bias` (default true) puts biases on
