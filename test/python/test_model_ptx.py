@@ -73,6 +73,9 @@ def _weight_widths(config: ModelConfig) -> dict:
         if config.is_sparse(i):
             widths.update({f"l{i}_experts_gate": h, f"l{i}_experts_up": h,
                            f"l{i}_experts_down": config.moe_intermediate_size})
+            if config.shared_expert_intermediate_size:  # a dense MLP beside them
+                widths.update({f"l{i}_shexp_gate": h, f"l{i}_shexp_up": h,
+                               f"l{i}_shexp_down": config.shared_expert_intermediate_size})
         else:
             widths.update({f"l{i}_w_gate": h, f"l{i}_w_up": h,
                            f"l{i}_w_down": config.intermediate_size})
@@ -189,7 +192,7 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
     packed_suffix = "_gemv_mma" if dtype == "bf16" else "_gemv"
     # An LM head whose rows no GEMV tile width divides (Granite 3.x's 49,159
     # tokens: `MatmulSkinnyT.applies`), float or packed, takes the generic
-    # tile.
+    # tile; so does Qwen2-MoE's shared expert gate, one row.
     head = "embed" if config.tie_word_embeddings else "lm_head"
     generic = config.vocab_size % 8 != 0
     packed_kinds = {f"matmul_{fmt}{packed_suffix}" for weight, fmt in formats.items()
@@ -199,7 +202,7 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
     has_unpacked = not mixed or any(fmt is None for weight, fmt in chosen.items()
                                     if not (generic and weight == head))
     assert kinds == ({unpacked} if has_unpacked else set()) | packed_kinds | \
-        ({"matmul"} if generic else set()), kinds
+        ({"matmul"} if generic or config.shared_expert_gate else set()), kinds
     if mixed and config.num_experts:
         # The MoE tiles read stacks of experts' blocks, (E, N, bytes of K).
         assert re.search(r"tile_moe_up_\d+\(%arg0: memref<\?x\d+xbf16>, "

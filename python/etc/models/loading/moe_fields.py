@@ -69,7 +69,7 @@ def granite_shared(config: dict, where: str) -> dict:
     the layers are Granite MoE's) wide, beside the experts of every layer,
     its output added to theirs, no gate."""
     width = config.get("shared_intermediate_size")
-    if width is None or width == 0 and not isinstance(width, bool):
+    if width is None or type(width) is int and width == 0:
         return {}
     return {"shared_expert_intermediate_size":
             positive_int(where, "shared_intermediate_size", width)}

@@ -98,6 +98,13 @@ SHAPES = {
         max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
         tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8,
         moe_intermediate_size=768, norm_topk_prob=True),
+    "qwen1.5-moe-a2.7b": dict(
+        architecture="Qwen2MoeForCausalLM", vocab_size=151936, hidden_size=2048,
+        intermediate_size=5632, num_attention_heads=16, num_key_value_heads=16, head_dim=None,
+        max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=False, num_experts=60, num_experts_per_tok=4,
+        moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+        norm_topk_prob=False, use_sliding_window=False),
     "granite-3.3-8b": dict(
         architecture="GraniteForCausalLM", vocab_size=49159, hidden_size=4096,
         intermediate_size=12800, num_attention_heads=32, num_key_value_heads=8, head_dim=None,
