@@ -7,8 +7,9 @@ per-token gate); silu, gelu, exp, scale and softcap (c tanh(x / c)).
 
 Tasks: one tile task per output tile (1-D or 2-D); each reads the same tile
 of every operand of the result's rank, the column block of a broadcast
-1-D operand, and the row block of a broadcast column. On the CPU a 2-D operator whose tile the user did not choose
-takes columns up to 512 wide (`ElementwiseCPU.tile_for`).
+1-D operand, and the row block of a broadcast column. On the CPU a 2-D
+operator whose tile the user did not choose takes columns up to 512 wide
+(`ElementwiseCPU.tile_for`).
 
 Kernels: generic, one element per lane iteration; cpu (`ElementwiseCPU`),
 each row of a full-width tile as f32 vectors, the rows spread over the
