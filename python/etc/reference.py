@@ -184,8 +184,16 @@ def topk(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(x, order, axis=-1), order.astype(np.int32)
 
 
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+
 def _silu(x: np.ndarray) -> np.ndarray:
     return x / (np.float32(1.0) + np.exp(-x))
+
+
+#: The gate function of each gated product (silu_mul, gelu_mul, sigmoid_mul).
+_GATES = {"silu_mul": _silu, "gelu_mul": _gelu, "sigmoid_mul": _sigmoid}
 
 
 def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
@@ -276,8 +284,8 @@ def _apply(op, vals: list) -> np.ndarray:
         return np.exp(vals[0])
     if kind == "silu":
         return _silu(vals[0])
-    if kind in ("silu_mul", "gelu_mul"):  # finished by `evaluate`, which knows the dtype
-        return vals[0]
+    if kind in ("silu_mul", "gelu_mul", "sigmoid_mul"):  # finished by `evaluate`
+        return vals[1]
     if kind == "gelu":
         return _gelu(vals[0])
     if kind == "scale":
@@ -347,9 +355,10 @@ def evaluate(g, /, **inputs) -> list[np.ndarray]:
             if op.kind == "matmul" and len(vals) == 3:
                 # The product, rounded as a matmul's result, plus the residual.
                 result = _to_storage(result, declared["dtype"]) + vals[2]
-            if op.kind in ("silu_mul", "gelu_mul"):
-                # silu(a) or gelu(a), rounded as its result, times b.
-                gate = (_silu if op.kind == "silu_mul" else _gelu)(vals[0])
+            if op.kind in ("silu_mul", "gelu_mul", "sigmoid_mul"):
+                # silu(a), gelu(a) or sigmoid(a) (a column: broadcast over
+                # b's columns), rounded as its result, times b.
+                gate = _GATES[op.kind](vals[0])
                 result = _to_storage(gate, declared["dtype"]) * vals[1]
             shape = _concrete_shape(op.result, declared["shape"], symbols)
             assert result.shape == shape, (op.name, result.shape, shape)

@@ -243,6 +243,14 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
                     [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
         "granite_moe": (tiny_config("GraniteMoeForCausalLM", vocab_size=320), 23,
                         [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        # Shared experts: Qwen2-MoE (`qwen2moe`: ffn_*_shexp, the gate
+        # vector ffn_gate_inp_shexp, q/k/v biases; llama.cpp's qwen2moe
+        # takes the head size from hidden / heads) and GraniteMoeShared
+        # (`granitemoe` with expert_shared_feed_forward_length).
+        "qwen2_moe": (tiny_config("Qwen2MoeForCausalLM", vocab_size=320, head_dim=8), 24,
+                      [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        "granite_moe_shared": (tiny_config("GraniteMoeSharedForCausalLM", vocab_size=320), 24,
+                               [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
         # gpt-oss (`gpt-oss`: sinks, q/k/v/o biases, window 3 on layer 0,
         # yarn, experts with biases), llama.cpp's clamp of 7.
         "gpt_oss": (tiny_config("GptOssForCausalLM", vocab_size=320, swiglu_limit=7.0), 23,

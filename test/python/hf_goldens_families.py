@@ -1,7 +1,8 @@
 """Goldens from Hugging Face transformers for the model families of
 test_families.py (Qwen2, Mistral, Gemma 3, Gemma 2, Phi-3, Phi-4-mini,
-SmolLM3): what `AutoModelForCausalLM`
-computes for their tiny checkpoints (Granite and Granite MoE too; and
+SmolLM3, Qwen2-MoE): what `AutoModelForCausalLM`
+computes for their tiny checkpoints (Granite, Granite MoE and
+GraniteMoeShared too; and
 `Gemma3ForConditionalGeneration`,
 `Mistral3ForConditionalGeneration` for Gemma 3's and Mistral's inside a
 multimodal checkpoint, on text-only input: `MULTIMODAL`), kept in test/python/goldens/ so that
@@ -88,10 +89,17 @@ FAMILIES = {
                                            "long_factor": [1.5, 3.0, 8.0]}),
     # SmolLM3: layer 1 without RoPE (no_rope_layers [1, 0]), embeddings tied.
     "smollm3": tiny_config("SmolLM3ForCausalLM", no_rope_layers=[1, 0]),
+    # Shared experts: Qwen2-MoE (4 experts of 32, 2 per token, not
+    # renormalised, a shared expert of 64 gated by sigmoid(x . w), q/k/v
+    # biases) and GraniteMoeShared (Granite MoE and an ungated shared MLP
+    # of 64, fused gate/up).
+    "qwen2_moe": tiny_config("Qwen2MoeForCausalLM"),
+    "granite_moe_shared": tiny_config("GraniteMoeSharedForCausalLM"),
 }
 #: The seed of each family's random weights.
 SEEDS = {"qwen2": 11, "qwen2_window": 12, "mistral": 13, "gemma3": 14, "gemma2": 16,
-         "phi3": 17, "phi4_mini": 19, "smollm3": 20, "granite": 19, "granite_moe": 20}
+         "phi3": 17, "phi4_mini": 19, "smollm3": 20, "granite": 19, "granite_moe": 20,
+         "qwen2_moe": 21, "granite_moe_shared": 22}
 #: Multimodal checkpoints whose text model ETC runs: the family's causal LM
 #: inside `Gemma3ForConditionalGeneration` or
 #: `Mistral3ForConditionalGeneration` (`write_checkpoint(...,
@@ -116,7 +124,8 @@ GPT_OSS_SEED = 19
 #: The dtypes of transformers 4's config style where not all of DTYPES (the
 #: suite's time): Granite's and Granite MoE's in float32 and bfloat16 (f16
 #: adds nothing their multipliers would not show in bf16).
-V4_DTYPES = {"granite": ("f32", "bf16"), "granite_moe": ("f32", "bf16")}
+V4_DTYPES = {"granite": ("f32", "bf16"), "granite_moe": ("f32", "bf16"),
+             "qwen2_moe": ("f32", "bf16"), "granite_moe_shared": ("f32", "bf16")}
 #: The families whose transformers 4 goldens leave bfloat16 out: a bf16
 #: step kernel compiles for 20 to 30 s on the test machine, and theirs are
 #: Phi-3's and Llama's kinds (partial rotary and NoPE change the weights

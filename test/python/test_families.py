@@ -64,11 +64,16 @@ GGUF_FAMILIES = {
     "phi4_mini": FAMILIES["phi4_mini"],
     # smollm3: llama.cpp fixes the NoPE layers at every 4th (layer 3).
     "smollm3": tiny_config("SmolLM3ForCausalLM", num_hidden_layers=4),
+    # Shared experts: qwen2moe's ffn_*_shexp and gate vector; granitemoe's
+    # shared MLP split into ffn_{gate,up}_shexp.
+    "qwen2_moe": FAMILIES["qwen2_moe"],
+    "granite_moe_shared": FAMILIES["granite_moe_shared"],
 }
 #: Families whose tile kernels add nothing to another family's under the
 #: static schedule and the CUDA lanes (the suite's time): Granite MoE's
-#: layers are Granite's and Mixtral's.
-COVERED = ("granite_moe",)
+#: layers are Granite's and Mixtral's, GraniteMoeShared's Granite MoE's
+#: and a dense MLP's.
+COVERED = ("granite_moe", "granite_moe_shared")
 
 
 @pytest.fixture(scope="module")
@@ -753,11 +758,13 @@ def test_gguf_tensor_names_and_keys_are_the_gguf_packages(name, tmp_path, monkey
     for hf_name in tensor_shapes(config):
         # An expert's tensor: its projection's stack, as the converter merges them.
         hf_name = re.sub(r"\.experts\.\d+\.", ".experts.", hf_name)
-        if hf_name.endswith("block_sparse_moe.input_linear.weight"):
-            # Granite MoE's fused experts: the converter splits them (the
-            # name map has no entry for the fused tensor).
+        if hf_name.endswith(("block_sparse_moe.input_linear.weight",
+                             "shared_mlp.input_linear.weight")):
+            # Granite MoE's fused experts and shared MLP: the converter
+            # splits them (the name map has no entry for the fused tensor).
             i = hf_name.split(".")[2]
-            found = {f"blk.{i}.ffn_gate_exps.weight", f"blk.{i}.ffn_up_exps.weight"}
+            kind = "exps" if "block_sparse_moe" in hf_name else "shexp"
+            found = {f"blk.{i}.ffn_gate_{kind}.weight", f"blk.{i}.ffn_up_{kind}.weight"}
             assert found <= allowed, (hf_name, found)
             names |= found
             continue

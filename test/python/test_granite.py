@@ -103,15 +103,10 @@ def test_granite_refuses_a_multiplier_that_is_not_a_positive_number(field, value
 
 
 def test_granite_refusals_name_the_architecture_and_why():
-    """GraniteMoeShared (shared experts) and Granite 4 (hybrid Mamba) are
-    refused by name, saying why; a Granite MoE config without its experts
-    names the field; Granite's projections have no biases."""
-    shared = tiny_config(MOE, architectures=["GraniteMoeSharedForCausalLM"],
-                         shared_intermediate_size=64)
-    with pytest.raises(UnsupportedConfigError,
-                       match=r"'GraniteMoeSharedForCausalLM' is not supported \(Granite MoE with "
-                             r"shared experts: every token also runs a dense shared MLP"):
-        ModelConfig.from_dict(shared)
+    """Granite 4 (hybrid Mamba) is refused by name, saying why
+    (GraniteMoeShared is test_shared_moe.py's); a Granite MoE config
+    without its experts names the field; Granite's projections have no
+    biases."""
     with pytest.raises(UnsupportedConfigError,
                        match=r"'GraniteMoeHybridForCausalLM' is not supported \(Granite 4: "
                              r"hybrid Mamba-2"):
@@ -295,8 +290,8 @@ def test_granite_gguf_keys_as_llama_cpp_reads_them(tmp_path):
     """Absent scale keys take llama.cpp's defaults (1, and 1 / sqrt(head
     size) for the attention: not transformers' 1.0, which the converter
     would have written); a negative one is refused as config.json's would
-    be, naming the field; a granitemoe file with shared experts
-    (GraniteMoeShared, as llama.cpp writes it) is refused, saying so."""
+    be, naming the field (a granitemoe file with shared experts is
+    GraniteMoeShared: test_shared_moe.py)."""
     config = tiny_config(DENSE)
     keys = {f"granite.{key}": None for key in ("embedding_scale", "residual_scale",
                                                "logit_scale", "attention.scale")}
@@ -312,8 +307,3 @@ def test_granite_gguf_keys_as_llama_cpp_reads_them(tmp_path):
                                                      r"'residual_multiplier' = -0.5 must be a "
                                                      r"finite positive number"):
         GGUFCheckpoint(negative)
-    shared = write_gguf(tmp_path / "shared.gguf", tiny_config(MOE),
-                        metadata={"granitemoe.expert_shared_feed_forward_length": 64})
-    with pytest.raises(UnsupportedConfigError, match=r"granitemoe with shared experts .* "
-                                                     r"GraniteMoeShared\) is not supported"):
-        GGUFCheckpoint(shared)

@@ -522,10 +522,13 @@ class TileKernel:
 
     def unary(self, kind: str, x: ir.Value, c: Optional[float] = None) -> ir.Value:
         """An elementwise function of `x` (an f32 or an f32 vector): exp,
-        scale (by `c`), silu, gelu, softcap (c tanh(x / c))."""
+        scale (by `c`), silu, sigmoid, gelu, softcap (c tanh(x / c))."""
         k = lambda constant: self.const_like(x, constant)
         if kind == "exp":
             return math.exp(x)
+        if kind == "sigmoid":
+            # 1 / (1 + exp(-x)): 0 where exp overflows, as torch's.
+            return arith.divf(k(1.0), arith.addf(k(1.0), math.exp(arith.negf(x))))
         if kind == "scale":
             return arith.mulf(x, k(c))
         if kind == "silu":

@@ -1,13 +1,15 @@
 """Elementwise operators: add, mul, silu_mul (silu(a) * b, a SwiGLU MLP's
 gate: one task where silu then mul were two; silu rounded to the dtype
 first, so the bits are the same) and gelu_mul (the same for a GeGLU MLP),
-each with a 1-D operand broadcast over rows; silu, gelu, exp, scale and
-softcap (c tanh(x / c)).
+each with a 1-D operand broadcast over rows; sigmoid_mul (sigmoid(gate) *
+x, the gate a column (M, 1) broadcast over x's columns: a shared expert's
+per-token gate); silu, gelu, exp, scale and softcap (c tanh(x / c)).
 
 Tasks: one tile task per output tile (1-D or 2-D); each reads the same tile
-of every operand of the result's rank, and the column block of a broadcast
-1-D operand. On the CPU a 2-D operator whose tile the user did not choose
-takes columns up to 512 wide (`ElementwiseCPU.tile_for`).
+of every operand of the result's rank, the column block of a broadcast
+1-D operand, and the row block of a broadcast column. On the CPU a 2-D
+operator whose tile the user did not choose takes columns up to 512 wide
+(`ElementwiseCPU.tile_for`).
 
 Kernels: generic, one element per lane iteration; cpu (`ElementwiseCPU`),
 each row of a full-width tile as f32 vectors, the rows spread over the
@@ -26,8 +28,14 @@ from mlir.dialects import arith, scf
 from .base import TaskBuilder, TileKernel, box, tile_offset
 
 UNARY = ("silu", "gelu", "exp", "scale", "softcap")
-BINARY = ("add", "mul", "silu_mul", "gelu_mul")
+BINARY = ("add", "mul", "silu_mul", "gelu_mul", "sigmoid_mul")
 KINDS = UNARY + BINARY
+
+
+def is_column(op, t) -> bool:
+    """Whether operand `t` of `op` is a column (M, 1) broadcast over the
+    columns of the result (sigmoid_mul's gate)."""
+    return op.kind == "sigmoid_mul" and t is op.operands[0]
 
 
 class Elementwise(TileKernel):
@@ -40,9 +48,25 @@ class Elementwise(TileKernel):
         loop = self.lane_loop(count)
         with ir.InsertionPoint(loop.body):
             pos = self.element_coords(loop.induction_variable, offsets, extents)
-            vals = [self.load(t, pos if t.rank == out.rank else pos[-1:]) for t in op.operands]
+            vals = [self.load(t, self.operand_index(t, pos)) for t in op.operands]
             self.store(self.combine(vals), out, pos)
             scf.yield_([])
+
+    def operand_index(self, t, pos: list) -> list:
+        """The element of operand `t` that goes with the result's `pos`: the
+        same, its column's for a broadcast 1-D operand, its row's for a
+        broadcast column."""
+        if is_column(self.op, t):
+            return [pos[0], self.cidx(0)]
+        return pos if t.rank == self.op.result.rank else pos[-1:]
+
+    def operand_vector(self, t, pos: list, width: int, aligned: bool = False) -> ir.Value:
+        """`width` elements of operand `t` from the result's `pos` (along
+        its last dimension) as an f32 vector: a broadcast column's element
+        repeated."""
+        if is_column(self.op, t):
+            return self.vsplat(self.load(t, self.operand_index(t, pos)), width)
+        return self.vload(t, self.operand_index(t, pos), width, aligned=aligned)
 
     def combine(self, vals: list) -> ir.Value:
         """The operator on loaded operands (scalars or vectors alike)."""
@@ -51,8 +75,9 @@ class Elementwise(TileKernel):
             return arith.addf(vals[0], vals[1])
         if kind == "mul":
             return arith.mulf(vals[0], vals[1])
-        if kind in ("silu_mul", "gelu_mul"):
-            gate = self.rounded(self.unary(kind[:4], vals[0]), self.op.result.dtype)
+        if kind in ("silu_mul", "gelu_mul", "sigmoid_mul"):
+            gate = self.rounded(self.unary(kind.removesuffix("_mul"), vals[0]),
+                                self.op.result.dtype)
             return arith.mulf(gate, vals[1])
         return self.unary(kind, vals[0], self.op.params.get("c"))
 
@@ -111,8 +136,8 @@ class ElementwiseCPU(Elementwise):
                 prefix = [arith.addi(offsets[0], loop.induction_variable)] if out.rank == 2 else []
                 for v in range(tn // self.WIDTH):
                     col = arith.addi(offsets[-1], self.cidx(v * self.WIDTH))
-                    vals = [self.vload(t, prefix + [col] if t.rank == out.rank else [col],
-                                       self.WIDTH) for t in op.operands]
+                    vals = [self.operand_vector(t, prefix + [col], self.WIDTH)
+                            for t in op.operands]
                     self.vstore(self.combine(vals), out, prefix + [col])
                 scf.yield_([])
             scf.yield_([])
@@ -170,8 +195,8 @@ class ElementwiseGPU(ElementwiseCPU):
                                                              self.cidx(vec)))
                     prefix = ([arith.addi(offsets[0], arith.divui(e, self.cidx(per_row)))]
                               if out.rank == 2 else [])
-                    vals = [self.vload(t, prefix + [col] if t.rank == out.rank else [col], vec,
-                                       aligned=True) for t in op.operands]
+                    vals = [self.operand_vector(t, prefix + [col], vec, aligned=True)
+                            for t in op.operands]
                     self.vstore(self.combine(vals), out, prefix + [col], aligned=True)
                     scf.yield_([])
             lanes.each(body)
@@ -196,8 +221,10 @@ def build_tasks(b: TaskBuilder, op) -> None:
     rank = res.rank
     offsets = [tile_offset(d, t) for d, t in enumerate(op.tile)]
     own = box(rank, offsets, list(op.tile))
-    # A 1-D operand broadcast over rows: its column block.
-    reads = [(t, own if t.rank == rank else box(rank, [offsets[-1]], [op.tile[-1]]))
+    # A 1-D operand broadcast over rows: its column block; a column
+    # broadcast over columns: its row block.
+    reads = [(t, box(rank, [offsets[0], "0"], [op.tile[0], 1]) if is_column(op, t) else
+              own if t.rank == rank else box(rank, [offsets[-1]], [op.tile[-1]]))
              for t in op.operands]
     grid = [b.grid_extent(d, t) for d, t in zip(res.shape, op.tile)]
     if b.target.kind == "cpu" and ElementwiseCPU.applies(op):

@@ -364,7 +364,8 @@ class Checkpoint:
                              f"layer {i} post-attention norm", None))
             if c.is_sparse(i) and c.architecture == "MixtralForCausalLM":
                 plan += self._mixtral_experts(i)
-            elif c.is_sparse(i) and c.architecture == "GraniteMoeForCausalLM":
+            elif c.is_sparse(i) and c.architecture in ("GraniteMoeForCausalLM",
+                                                       "GraniteMoeSharedForCausalLM"):
                 plan += self._granite_moe_experts(i)
             elif c.is_sparse(i) and c.architecture == "GptOssForCausalLM":
                 plan += self._gpt_oss_experts(i)
@@ -394,6 +395,8 @@ class Checkpoint:
                               f"layer {i} MLP up", None)]
                 plan.append((f"l{i}_w_down", p + "mlp.down_proj.weight", (h, f),
                              f"layer {i} MLP down", None))
+            if c.is_sparse(i) and c.shared_expert_intermediate_size:
+                plan += self._shared_expert(i)
         plan.append(("final_norm", "model.norm.weight", (h,), "final norm", None))
         if not c.tie_word_embeddings:
             plan.append(("lm_head", "lm_head.weight", (c.vocab_size, h), "LM head", None))
@@ -426,6 +429,27 @@ class Checkpoint:
              f"layer {i} {key} experts ({w})", "experts")
             for key, w, shape in (("gate", "w1", (f, h)), ("up", "w3", (f, h)),
                                   ("down", "w2", (h, f)))]
+
+    def _shared_expert(self, i: int) -> list[tuple]:
+        """`_plan`'s entries of the shared expert of sparse layer `i`:
+        Qwen2-MoE's `mlp.shared_expert.{gate,up,down}_proj` and its gate
+        `mlp.shared_expert_gate` (1, h); Granite MoE's `shared_mlp.
+        input_linear` (2 f, h: gate rows then up rows, split at load) and
+        `shared_mlp.output_linear` (h, f)."""
+        c = self.config
+        h, f = c.hidden_size, c.shared_expert_intermediate_size
+        p = f"model.layers.{i}."
+        if c.architecture == "GraniteMoeSharedForCausalLM":
+            return [(f"l{i}_shexp_{key}", p + "shared_mlp.input_linear.weight", (2 * f, h),
+                     f"layer {i} fused shared MLP gate/up", ("rows", start, stop))
+                    for key, start, stop in (("gate", 0, f), ("up", f, 2 * f))] + [
+                (f"l{i}_shexp_down", p + "shared_mlp.output_linear.weight", (h, f),
+                 f"layer {i} shared MLP down", None)]
+        return [(f"l{i}_shexp_{key}", f"{p}mlp.shared_expert.{key}_proj.weight", shape,
+                 f"layer {i} shared expert {key}", None)
+                for key, shape in (("gate", (f, h)), ("up", (f, h)), ("down", (h, f)))] + [
+            (f"l{i}_shexp_gate_inp", p + "mlp.shared_expert_gate.weight", (1, h),
+             f"layer {i} shared expert gate", None)]
 
     def _granite_moe_experts(self, i: int) -> list[tuple]:
         """`_plan`'s entries of Granite MoE's layer `i`, as its checkpoints

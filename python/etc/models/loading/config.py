@@ -1,8 +1,8 @@
 """Hugging Face `config.json` of the supported architectures, checked.
 
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
-Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, SmolLM3,
-Granite, Granite MoE, gpt-oss; and the text
+Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3,
+SmolLM3, Granite, Granite MoE (with shared experts too), gpt-oss; and the text
 model of Gemma 3's and Mistral 3's multimodal configs, `multimodal`), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import multimodal, rope
+from . import moe_fields, multimodal, rope
 from .fields import UnsupportedConfigError, positive_int, positive_number
 from .rope import ROPE_TYPES
 
@@ -31,20 +31,18 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                  "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
                  "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                  "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
-                 "GptOssForCausalLM")
+                 "GptOssForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeSharedForCausalLM")
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
 #: IBM Granite 3.x: Llama's layers with four scalar multipliers (`_granite`).
-_GRANITE = ("GraniteForCausalLM", "GraniteMoeForCausalLM")
+_GRANITE = ("GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
 #: The MoE architectures with a sparse block in every layer, read by
 #: `_mixtral` (its `intermediate_size` is the experts' width).
-_EVERY_LAYER_SPARSE = ("MixtralForCausalLM", "GraniteMoeForCausalLM", "GptOssForCausalLM")
+_EVERY_LAYER_SPARSE = ("MixtralForCausalLM", "GraniteMoeForCausalLM", "GptOssForCausalLM",
+                       "GraniteMoeSharedForCausalLM")
 #: Architectures refused by name, with why (not merely "not supported").
 _REFUSED = {
-    "GraniteMoeSharedForCausalLM": "Granite MoE with shared experts: every token also runs "
-                                   "a dense shared MLP beside its routed experts, which ETC's "
-                                   "MoE layer does not compute",
     "GraniteMoeHybridForCausalLM": "Granite 4: hybrid Mamba-2 and attention layers; ETC "
                                    "implements attention layers only",
 }
@@ -88,6 +86,13 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     sparse_layers: tuple = field(default_factory=tuple)
+    #: A shared expert beside the routed ones in every sparse layer
+    #: (Qwen2-MoE, Granite MoE shared): a SwiGLU MLP this wide (0: none)
+    #: that every token runs, its output added to the experts'; with
+    #: `shared_expert_gate` (Qwen2-MoE) scaled per token first by
+    #: sigmoid(x . w) of a learnt (H,) vector.
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
     #: Sliding-window attention: the positions a token of a sliding layer
     #: sees (its own included), and which layers slide (the others attend
     #: to the whole sequence).
@@ -323,9 +328,10 @@ class ModelConfig:
                                              f"{config['hidden_act']!r} must be a string")
         elif architecture not in _GEMMA:  # Gemma reads hidden_activation (below)
             refuse("hidden_act", ("silu", None), "only SiLU-gated MLPs are implemented")
-        if architecture not in ("Qwen2ForCausalLM", "GptOssForCausalLM"):
-            # Qwen2's q/k/v projections always have biases and its o
-            # projection never has one: transformers ignores the field.
+        if architecture not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM"):
+            # Qwen2's q/k/v projections always have biases (Qwen2-MoE's:
+            # `qkv_bias`) and its o projection never has one: transformers
+            # ignores the field.
             refuse("attention_bias", (False, None), "q/k/v/o projections have no bias")
         refuse("mlp_bias", (False, None), "MLP projections have no bias")
         refuse("attention_dropout", (0, 0.0, None), "inference uses no dropout")
@@ -358,35 +364,15 @@ class ModelConfig:
                 f"{where}: LongRoPE has {len(scaling['short_factor'])} short_factor and "
                 f"long_factor values; {rotary} rotated dimensions per head need {rotary // 2}")
         moe = {}
-        if architecture == "Qwen3MoeForCausalLM":
-            mlp_only = config.get("mlp_only_layers")
-            mlp_only = [] if mlp_only is None else mlp_only
-            if not isinstance(mlp_only, list) or not all(
-                    isinstance(i, int) and not isinstance(i, bool) for i in mlp_only):
-                raise UnsupportedConfigError(f"{where}: field 'mlp_only_layers' = {mlp_only!r} "
-                                             f"must be a list of layer indices")
-            step = config.get("decoder_sparse_step")
-            step = 1 if step is None else positive_int(where, "decoder_sparse_step", step)
-            experts = need("num_experts")
-            moe = {
-                "num_experts": experts,
-                "num_experts_per_tok": need("num_experts_per_tok"),
-                "moe_intermediate_size": need("moe_intermediate_size"),
-                "norm_topk_prob": flag("norm_topk_prob", False),
-                # Hugging Face's rule for which layers are sparse.
-                "sparse_layers": tuple(i for i in range(layers) if i not in mlp_only and
-                                       (i + 1) % step == 0),
-            }
-            if moe["num_experts_per_tok"] > experts:
-                raise UnsupportedConfigError(
-                    f"{where}: field 'num_experts_per_tok' = {moe['num_experts_per_tok']} "
-                    f"exceeds num_experts = {experts}")
-            if config.get("shared_expert_intermediate_size"):
-                raise UnsupportedConfigError(f"{where}: field 'shared_expert_intermediate_size'"
-                                             f" is not supported (no shared experts)")
+        if architecture in moe_fields.QWEN_MOE:
+            moe = moe_fields.qwen_moe(config, where, architecture, layers, need, flag)
         elif architecture in _EVERY_LAYER_SPARSE:
             moe = _mixtral(config, where, layers, need, flag, architecture)
+            if architecture == "GraniteMoeSharedForCausalLM":
+                moe.update(moe_fields.granite_shared(config, where))
         granite = _granite(config, where) if architecture in _GRANITE else {}
+        # Qwen2's q/k/v biases always; Qwen2-MoE's where `qkv_bias` says.
+        qkv_bias = moe.pop("qkv_bias", architecture == "Qwen2ForCausalLM")
         dense_layers = not moe or len(moe["sparse_layers"]) < layers
         if architecture in _EVERY_LAYER_SPARSE:
             intermediate = 0  # every layer sparse: the field is the experts' width
@@ -413,7 +399,7 @@ class ModelConfig:
             tie_word_embeddings=flag("tie_word_embeddings", architecture in _GEMMA or
                                      architecture == "SmolLM3ForCausalLM"),
             qk_norm=architecture.startswith("Qwen3") or architecture == "Gemma3ForCausalLM",
-            qkv_bias=architecture == "Qwen2ForCausalLM" or family.pop("attention_bias", False),
+            qkv_bias=qkv_bias or family.pop("attention_bias", False),
             rope_scaling=scaling,
             sliding_window=window,
             sliding_layers=sliding,

@@ -44,7 +44,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                  "granitemoe": "GraniteMoeForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-                 "gpt-oss": "GptOssForCausalLM"}
+                 "gpt-oss": "GptOssForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM"}
 #: The architectures whose Q and K rows llama.cpp's converter permutes
 #: (each head's rotary halves interleaved: LlamaModel's conversion), undone
 #: at load.
@@ -209,7 +209,7 @@ class GGUFCheckpoint:
         if scaling not in (None, "none"):
             config["rope_scaling"] = {"rope_type": scaling,
                                       "factor": decimal(self._key("rope.scaling.factor"))}
-        if a == "qwen2":
+        if a in ("qwen2", "qwen2moe"):
             # Qwen2's q/k/v projections have biases (read with the weights),
             # its output projection none.
             if "blk.0.attn_output.bias" in self._tensors:
@@ -224,7 +224,7 @@ class GGUFCheckpoint:
             config.update(families.granite_config(self, config))
         if a == "gpt-oss":
             config.update(families.gpt_oss_config(self, config))
-        if a == "qwen3moe":
+        if a in ("qwen3moe", "qwen2moe"):
             config.update(families.qwen3moe_config(self, config))
         return config
 
@@ -417,6 +417,8 @@ class GGUFCheckpoint:
                     plan += [(f"l{i}_experts_{p}_b", f"{b}ffn_{p}_exps.bias", (e, width),
                               f"layer {i} expert {p} biases", None)
                              for p, width in (("gate", f), ("up", f), ("down", h))]
+                if c.shared_expert_intermediate_size:
+                    plan += self._shared_expert(i)
                 if b + "ffn_gate_up_exps.weight" in self._tensors:
                     raise GGUFError(f"{self.path}: tensor {b + 'ffn_gate_up_exps.weight'!r} "
                                     f"(gate and up experts fused) is not supported; ETC reads "
@@ -441,6 +443,23 @@ class GGUFCheckpoint:
             plan.append(("lm_head", "output.weight", (c.vocab_size, h), "LM head", None))
         return plan
 
+    def _shared_expert(self, i: int) -> list[tuple]:
+        """`_plan`'s entries of sparse layer `i`'s shared expert, as
+        llama.cpp names them: `ffn_{gate,up,down}_shexp`, and Qwen2-MoE's
+        gate `ffn_gate_inp_shexp`, a vector (h,) (or (1, h)) read as the
+        (1, h) matrix the step graph takes (layout "row")."""
+        c, b = self.config, f"blk.{i}."
+        h, f = c.hidden_size, c.shared_expert_intermediate_size
+        plan = [(f"l{i}_shexp_{p}", f"{b}ffn_{p}_shexp.weight", shape,
+                 f"layer {i} shared expert {p} projection", None)
+                for p, shape in (("gate", (f, h)), ("up", (f, h)), ("down", (h, f)))]
+        if c.shared_expert_gate:
+            entry = self._tensors.get(b + "ffn_gate_inp_shexp.weight")
+            shape = (1, h) if entry is not None and len(entry.shape) == 2 else (h,)
+            plan.append((f"l{i}_shexp_gate_inp", b + "ffn_gate_inp_shexp.weight", shape,
+                         f"layer {i} shared expert gate", "row"))
+        return plan
+
     def weight_formats(self) -> dict[str, str]:
         """The weights that can stay packed, graph input name -> format of
         `etc.packed`: those stored in a block format that the step graph
@@ -456,7 +475,7 @@ class GGUFCheckpoint:
             packed_type = _PACKED.get(types.pop()) if len(types) == 1 else None
             if how in ("experts", "expert_list"):  # a layer's gate, up or down experts
                 experts.setdefault(key.split("_experts_")[0], {})[key] = packed_type
-            elif how != "T" and packed_type is not None:
+            elif how not in ("T", "row") and packed_type is not None:
                 formats[key] = packed_type
         for stacks in experts.values():
             if None not in stacks.values():
@@ -526,6 +545,8 @@ class GGUFCheckpoint:
                 array = np.ascontiguousarray(array[how[1]:how[2]])
             elif how == "T":
                 array = np.ascontiguousarray(np.swapaxes(array, -1, -2))
+            elif how == "row":
+                array = array.reshape(1, -1)
             elif isinstance(how, int):
                 array = _unpermute_rows(array, how)
             array = partial_rotary.to_step_layout(c, key, array)

@@ -54,11 +54,29 @@ def smollm3_config(ckpt) -> dict:
 
 
 def qwen3moe_config(ckpt, config: dict) -> dict:
-    """Qwen3-MoE's experts (`expert_count`, `expert_used_count`, of
-    `expert_feed_forward_length`, renormalised unless
-    `expert_weights_norm` says not), every layer sparse but those without a
-    router (`blk.<i>.ffn_gate_inp.weight`), and the shared expert's width."""
+    """Qwen3-MoE's and Qwen2-MoE's experts (`expert_count`,
+    `expert_used_count`, of `expert_feed_forward_length`; Qwen3-MoE's
+    renormalised unless `expert_weights_norm` says not, Qwen2-MoE's never:
+    llama.cpp's qwen2moe reads no key for it), every layer sparse but those
+    without a router (`blk.<i>.ffn_gate_inp.weight`), and the shared
+    expert's width (`expert_shared_feed_forward_length`); Qwen2-MoE's q/k/v
+    biases where the file has them."""
     layers = config["num_hidden_layers"] or 0
+    if ckpt.architecture == "qwen2moe":
+        norm = ckpt._key("expert_weights_norm")
+        if norm:
+            raise UnsupportedConfigError(
+                f"{ckpt.path}: GGUF metadata qwen2moe.expert_weights_norm = {norm!r} is not "
+                f"supported (llama.cpp's qwen2moe never renormalises the chosen weights)")
+        return {"num_experts": ckpt._key("expert_count"),
+                "num_experts_per_tok": ckpt._key("expert_used_count"),
+                "moe_intermediate_size": ckpt._key("expert_feed_forward_length"),
+                "norm_topk_prob": False, "decoder_sparse_step": 1,
+                "mlp_only_layers": [i for i in range(layers)
+                                    if f"blk.{i}.ffn_gate_inp.weight" not in ckpt._tensors],
+                "shared_expert_intermediate_size":
+                    ckpt._key("expert_shared_feed_forward_length"),
+                "qkv_bias": "blk.0.attn_q.bias" in ckpt._tensors}
     return {
         "num_experts": ckpt._key("expert_count"),
         "num_experts_per_tok": ckpt._key("expert_used_count"),
@@ -136,8 +154,9 @@ def granite_config(ckpt, config: dict) -> dict:
     llama.cpp's defaults, 1 and 1 / sqrt(head size) for the attention),
     and Granite MoE's experts (`expert_count`, `expert_used_count`, each
     of `feed_forward_length`, softmax weights renormalised over the
-    chosen ones); shared experts (GraniteMoeShared, which llama.cpp
-    writes as granitemoe with `ffn_*_shexp` tensors) are refused."""
+    chosen ones), with a shared MLP (GraniteMoeShared, which llama.cpp's
+    converter writes as granitemoe: `expert_shared_feed_forward_length`,
+    `ffn_{gate,up,down}_shexp` tensors)."""
     a = ckpt.architecture
     out = {}
     for field, key in (("embedding_multiplier", "embedding_scale"),
@@ -153,11 +172,13 @@ def granite_config(ckpt, config: dict) -> dict:
         out["attention_multiplier"] = 1 / float(np.sqrt(head_dim))
     if a == "granitemoe":
         shared = ckpt._key("expert_shared_feed_forward_length")
-        if shared or "blk.0.ffn_up_shexp.weight" in ckpt._tensors:
+        if shared is None and "blk.0.ffn_up_shexp.weight" in ckpt._tensors:
             raise UnsupportedConfigError(
-                f"{ckpt.path}: GGUF granitemoe with shared experts "
-                f"({a}.expert_shared_feed_forward_length = {shared}; GraniteMoeShared) is "
-                f"not supported: every token would also run a dense shared MLP")
+                f"{ckpt.path}: GGUF metadata {a}.expert_shared_feed_forward_length is missing "
+                f"(the file has shared MLP tensors ffn_*_shexp)")
+        if shared:
+            out.update(architectures=["GraniteMoeSharedForCausalLM"],
+                       shared_intermediate_size=shared)
         out.update({"num_local_experts": ckpt._key("expert_count"),
                     "num_experts_per_tok": ckpt._key("expert_used_count")})
     return out

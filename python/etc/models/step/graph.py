@@ -162,6 +162,23 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     def post_norm(key: str):
         return weight(key, (h,)) if c.sandwich_norms else None
 
+    def shared_expert(i: int, normed, routed):
+        """routed + layer i's shared expert (this rank's share of its
+        columns: its partial sum joins the experts' before the all-reduce):
+        a SwiGLU MLP of ordinary matmuls that the experts' tasks need not
+        wait for, whose down projection adds the routed output in its tiles
+        (Granite: moe + shared, one rounding as transformers'); Qwen2-MoE's
+        output scaled per token by sigmoid(normed . w) first (its (1, H) w
+        whole on every rank), then added."""
+        f = c.shared_expert_intermediate_size
+        gated = g.silu_mul(g.matmul(normed, weight(f"l{i}_shexp_gate", (f, h)), transpose_b=True),
+                           g.matmul(normed, weight(f"l{i}_shexp_up", (f, h)), transpose_b=True))
+        down = weight(f"l{i}_shexp_down", (h, f))
+        if not c.shared_expert_gate:
+            return g.matmul(gated, down, transpose_b=True, residual=routed)
+        logit = g.matmul(normed, weight(f"l{i}_shexp_gate_inp", (1, h)), transpose_b=True)
+        return g.add(routed, g.sigmoid_mul(logit, g.matmul(gated, down, transpose_b=True)))
+
     embed = weight("embed", (c.vocab_size, h))
     # The RoPE frequencies: `inv_freq`, and the sliding layers' own.
     rope_tables = {name: g.input(name, (d // 2,), "f32") for name in c.rope_tables()}
@@ -232,13 +249,14 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             if c.expert_activation != "silu":
                 extra.update(activation=c.expert_activation, swiglu_limit=c.swiglu_limit,
                              swiglu_alpha=c.swiglu_alpha)
-            x = residual_add(x, reduced(g.moe(normed, weight(f"l{i}_router", (h, e)),
-                                              weight(f"l{i}_experts_gate", (e, f, h)),
-                                              weight(f"l{i}_experts_down", (e, h, f)),
-                                              c.num_experts_per_tok,
-                                              w_up=weight(f"l{i}_experts_up", (e, f, h)),
-                                              normalize=c.norm_topk_prob, transpose_w=True,
-                                              **extra)))
+            block = g.moe(normed, weight(f"l{i}_router", (h, e)),
+                          weight(f"l{i}_experts_gate", (e, f, h)),
+                          weight(f"l{i}_experts_down", (e, h, f)), c.num_experts_per_tok,
+                          w_up=weight(f"l{i}_experts_up", (e, f, h)),
+                          normalize=c.norm_topk_prob, transpose_w=True, **extra)
+            if c.shared_expert_intermediate_size:
+                block = shared_expert(i, normed, block)
+            x = residual_add(x, reduced(block))
         else:
             f = c.intermediate_size
             gate = g.matmul(normed, weight(f"l{i}_w_gate", (f, h)), transpose_b=True)

@@ -23,7 +23,9 @@ def shard_config(config: ModelConfig, ranks: int) -> ModelConfig:
     KV heads (rank r takes the r-th contiguous group, so its query heads
     use its KV heads), `intermediate_size / ranks` columns of the dense
     MLPs and `moe_intermediate_size / ranks` of every expert's (the experts,
-    their router and the norms are on every rank). Raises ValueError
+    their router and the norms are on every rank), and
+    `shared_expert_intermediate_size / ranks` of a shared expert's (its
+    gate vector whole). Raises ValueError
     naming the field that `ranks` does not divide."""
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"tensor_parallel={ranks!r} must be a positive int")
@@ -33,15 +35,18 @@ def shard_config(config: ModelConfig, ranks: int) -> ModelConfig:
         fields.append("intermediate_size")
     if any(config.is_sparse(i) for i in layers):
         fields.append("moe_intermediate_size")
+        if config.shared_expert_intermediate_size:
+            fields.append("shared_expert_intermediate_size")
     for field in fields:
         value = getattr(config, field)
         if value % ranks:
             raise ValueError(f"tensor_parallel={ranks}: the model's {field} = {value} is not "
                              f"divisible by {ranks}; each rank needs a whole share")
-    return dataclasses.replace(config, num_heads=config.num_heads // ranks,
-                               num_kv_heads=config.num_kv_heads // ranks,
-                               intermediate_size=config.intermediate_size // ranks,
-                               moe_intermediate_size=config.moe_intermediate_size // ranks)
+    return dataclasses.replace(
+        config, num_heads=config.num_heads // ranks, num_kv_heads=config.num_kv_heads // ranks,
+        intermediate_size=config.intermediate_size // ranks,
+        moe_intermediate_size=config.moe_intermediate_size // ranks,
+        shared_expert_intermediate_size=config.shared_expert_intermediate_size // ranks)
 
 
 def _splits(config: ModelConfig, ranks: int) -> dict:
@@ -53,10 +58,11 @@ def _splits(config: ModelConfig, ranks: int) -> dict:
     kv = config.num_kv_heads // ranks * d
     f = config.intermediate_size // ranks
     e = config.moe_intermediate_size // ranks
+    s = config.shared_expert_intermediate_size // ranks
     splits = {kind: (0, 0, size, False) for kind, size in (
         ("wq", q), ("wk", kv), ("wv", kv), ("bq", q), ("bk", kv), ("bv", kv), ("w_gate", f),
-        ("w_up", f))}
-    splits.update(wo=(1, 1, q, True), w_down=(1, 1, f, True))
+        ("w_up", f), ("shexp_gate", s), ("shexp_up", s))}
+    splits.update(wo=(1, 1, q, True), w_down=(1, 1, f, True), shexp_down=(1, 1, s, True))
     # The stacked experts, widened or packed, in (E, out, in): gate and
     # up (E, F, H), down (E, H, F).
     splits.update(experts_gate=(1, 1, e, False), experts_up=(1, 1, e, False),
@@ -142,8 +148,9 @@ def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int,
     matching columns of the output and down projections; of every expert
     (stacked (E, out, in) as `g.moe` takes them with transpose_w: gate
     and up (E, F, H), down (E, H, F)) its F rows of gate and up and the
-    matching columns of down; everything else (the router, the embeddings, the LM
-    head) whole. The weights named in `formats` are packed storage of
+    matching columns of down; a shared expert's like a dense MLP's;
+    everything else (the router, a shared expert's gate vector, the
+    embeddings, the LM head) whole. The weights named in `formats` are packed storage of
     that format: split by whole rows, or along K by whole blocks (see
     `unaligned_packed` for the weights that cannot be)."""
     formats = formats or {}

@@ -41,6 +41,10 @@ def _silu(x):
     return x / (np.float32(1) + np.exp(-x))
 
 
+def _sigmoid(x):
+    return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+
 def _swiglu_oai(gate, up, limit, alpha):
     """gpt-oss's clamped SwiGLU (transformers' `GptOssExperts._apply_gate`):
     the gate clamped above, up on both sides, (up + 1) gate sigmoid(alpha
@@ -178,6 +182,14 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
                     if c.expert_bias:
                         down = down + w("experts_down_b")[e]
                     mlp[t] += weight * down
+            if c.shared_expert_intermediate_size:
+                # Qwen2-MoE, Granite MoE shared: every token's shared
+                # expert too (Qwen2-MoE's times sigmoid(h . w)).
+                shared = (_silu(h @ w("shexp_gate").T) * (h @ w("shexp_up").T)) @ \
+                    w("shexp_down").T
+                if c.shared_expert_gate:
+                    shared = shared * _sigmoid(h @ w("shexp_gate_inp").T)
+                mlp = mlp + shared
         else:
             act = _gelu_tanh if c.hidden_act == "gelu_pytorch_tanh" else _silu
             mlp = (act(h @ w("w_gate").T) * (h @ w("w_up").T)) @ w("w_down").T

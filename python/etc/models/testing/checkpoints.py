@@ -98,6 +98,13 @@ SHAPES = {
         max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
         tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8,
         moe_intermediate_size=768, norm_topk_prob=True),
+    "qwen1.5-moe-a2.7b": dict(
+        architecture="Qwen2MoeForCausalLM", vocab_size=151936, hidden_size=2048,
+        intermediate_size=5632, num_attention_heads=16, num_key_value_heads=16, head_dim=None,
+        max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=False, num_experts=60, num_experts_per_tok=4,
+        moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+        norm_topk_prob=False, use_sliding_window=False),
     "granite-3.3-8b": dict(
         architecture="GraniteForCausalLM", vocab_size=49159, hidden_size=4096,
         intermediate_size=12800, num_attention_heads=32, num_key_value_heads=8, head_dim=None,
@@ -138,7 +145,9 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "Gemma3ForCausalLM": "gemma3_text",
                 "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
                 "GraniteForCausalLM": "granite", "GraniteMoeForCausalLM": "granitemoe",
-                "SmolLM3ForCausalLM": "smollm3", "GptOssForCausalLM": "gpt_oss"}
+                "SmolLM3ForCausalLM": "smollm3", "GptOssForCausalLM": "gpt_oss",
+                "Qwen2MoeForCausalLM": "qwen2_moe",
+                "GraniteMoeSharedForCausalLM": "granitemoeshared"}
 
 #: The tiny Granite configs' multipliers: far from 1, so that a model that
 #: drops one moves the logits by 0.7 (embedding) to 3 (attention) times
@@ -194,6 +203,18 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
         del config["attention_bias"]
         config.update({"use_sliding_window": False, "sliding_window": 128,
                        "max_window_layers": 1})
+    if architecture == "Qwen2MoeForCausalLM":
+        # As Qwen1.5-MoE-A2.7B's config.json: no attention_bias or qkv_bias
+        # field (q/k/v biases), 4 experts of 32 (whole Q8_0 blocks) and 2
+        # per token, weights not renormalised, a shared expert of 64 in
+        # every layer, no window, training-only router fields.
+        del config["attention_bias"]
+        config.update({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                       "shared_expert_intermediate_size": 64, "norm_topk_prob": False,
+                       "decoder_sparse_step": 1, "mlp_only_layers": [],
+                       "use_sliding_window": False, "sliding_window": 128,
+                       "max_window_layers": 2, "output_router_logits": False,
+                       "router_aux_loss_coef": 0.001, "tie_word_embeddings": False})
     if architecture == "Qwen3MoeForCausalLM":
         config.update({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []})
@@ -223,16 +244,19 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
         config.update({"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 24,
                        "sliding_window": 5, "attn_logit_softcapping": None,
                        "final_logit_softcapping": None})
-    if architecture in ("GraniteForCausalLM", "GraniteMoeForCausalLM"):
+    if architecture in ("GraniteForCausalLM", "GraniteMoeForCausalLM",
+                        "GraniteMoeSharedForCausalLM"):
         # As Granite 3.x's config.json: tied embeddings, the four
         # multipliers, mlp_bias and attention_dropout fields.
         config.update({"mlp_bias": False, "attention_dropout": 0.0, **GRANITE_MULTIPLIERS})
-    if architecture == "GraniteMoeForCausalLM":
+    if architecture in ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM"):
         # As granite-3.0-1b-a400m's: the experts' width in
         # intermediate_size (32: whole Q8_0 blocks), training-only router
-        # fields.
+        # fields; GraniteMoeShared's shared MLP of 64.
         config.update({"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
                        "output_router_logits": False, "router_aux_loss_coef": 0.0})
+    if architecture == "GraniteMoeSharedForCausalLM":
+        config["shared_intermediate_size"] = 64
     if architecture == "Gemma2ForCausalLM":
         # Soft-capping that the tiny model's scores and logits reach.
         config.update({"attn_logit_softcapping": 2.0, "final_logit_softcapping": 4.0})
@@ -390,13 +414,17 @@ def tensor_shapes(config: dict) -> dict:
     d = config.get("head_dim") or h // heads
     vocab = config["vocab_size"]
     qwen3 = config["architectures"][0].startswith("Qwen3")
-    qwen2 = config["architectures"][0] == "Qwen2ForCausalLM"
+    qwen2 = config["architectures"][0] == "Qwen2ForCausalLM" or \
+        config["architectures"][0] == "Qwen2MoeForCausalLM" and config.get("qkv_bias", True)
     gemma = config["architectures"][0] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
     phi3 = config["architectures"][0] == "Phi3ForCausalLM"
     qk_norm = qwen3 or config["architectures"][0] == "Gemma3ForCausalLM"
-    moe = config["architectures"][0] == "Qwen3MoeForCausalLM"
+    moe = config["architectures"][0] in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
+    shared = config.get("shared_expert_intermediate_size") or \
+        config.get("shared_intermediate_size") or 0
     mixtral = config["architectures"][0] == "MixtralForCausalLM"
-    granite_moe = config["architectures"][0] == "GraniteMoeForCausalLM"
+    granite_moe = config["architectures"][0] in ("GraniteMoeForCausalLM",
+                                                 "GraniteMoeSharedForCausalLM")
     gpt_oss = config["architectures"][0] == "GptOssForCausalLM"
     t = {"model.embed_tokens.weight": (vocab, h)}
     sparse = set(range(config["num_hidden_layers"])) if mixtral or granite_moe else set()
@@ -455,6 +483,9 @@ def tensor_shapes(config: dict) -> dict:
             t[p + "block_sparse_moe.router.layer.weight"] = (e, h)
             t[p + "block_sparse_moe.input_linear.weight"] = (e, 2 * f, h)
             t[p + "block_sparse_moe.output_linear.weight"] = (e, h, f)
+            if shared:  # GraniteMoeShared: gate rows then up rows, fused
+                t[p + "shared_mlp.input_linear.weight"] = (2 * shared, h)
+                t[p + "shared_mlp.output_linear.weight"] = (h, shared)
         elif i in sparse:
             e, f = config["num_experts"], config["moe_intermediate_size"]
             t[p + "mlp.gate.weight"] = (e, h)
@@ -462,6 +493,11 @@ def tensor_shapes(config: dict) -> dict:
                 t[f"{p}mlp.experts.{j}.gate_proj.weight"] = (f, h)
                 t[f"{p}mlp.experts.{j}.up_proj.weight"] = (f, h)
                 t[f"{p}mlp.experts.{j}.down_proj.weight"] = (h, f)
+            if shared:  # Qwen2-MoE: the shared expert and its gate
+                for proj, shape in (("gate", (shared, h)), ("up", (shared, h)),
+                                    ("down", (h, shared))):
+                    t[f"{p}mlp.shared_expert.{proj}_proj.weight"] = shape
+                t[p + "mlp.shared_expert_gate.weight"] = (1, h)
         else:
             f = config["intermediate_size"]
             if phi3:  # gate then up, fused

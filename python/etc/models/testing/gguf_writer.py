@@ -26,7 +26,9 @@ _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama
                        "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
                        "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3",
                        "GraniteForCausalLM": "granite", "GraniteMoeForCausalLM": "granitemoe",
-                       "GptOssForCausalLM": "gpt-oss"}
+                       "GptOssForCausalLM": "gpt-oss", "Qwen2MoeForCausalLM": "qwen2moe",
+                       # (the converter's GraniteMoeModel writes both)
+                       "GraniteMoeSharedForCausalLM": "granitemoe"}
 #: The GGUF architectures whose Q and K rows llama.cpp's converter permutes
 #: (its LlamaModel's, rotated in pairs by llama.cpp's NORM RoPE).
 _PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
@@ -140,13 +142,23 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
             out[f"blk.{i}.ffn_gate_exps.weight"] = array[:, :f]
             out[f"blk.{i}.ffn_up_exps.weight"] = array[:, f:]
             continue
+        if name.endswith("shared_mlp.input_linear.weight"):
+            # GraniteMoeShared: the shared MLP split too.
+            i, f = name.split(".")[2], array.shape[0] // 2
+            out[f"blk.{i}.ffn_gate_shexp.weight"] = array[:f]
+            out[f"blk.{i}.ffn_up_shexp.weight"] = array[f:]
+            continue
+        if name.endswith("mlp.shared_expert_gate.weight"):
+            # Qwen2-MoE's shared expert gate (1, h), a vector as llama.cpp
+            # creates it ({n_embd}).
+            array = array.reshape(-1)
         out[gguf_tensor_name(architecture, name, layers)] = array
     if gemma:
         # llama.cpp's converter stores Gemma's norms as 1 + w.
         out = {name: array + np.float32(1.0) if name.endswith("norm.weight") else array
                for name, array in out.items()}
     mixtral = config["architectures"][0] == "MixtralForCausalLM"
-    if architecture == "qwen3moe" or mixtral:
+    if architecture in ("qwen3moe", "qwen2moe") or mixtral:
         p, projs, experts = ("block_sparse_moe.experts.", ("w1", "w3", "w2"),
                              config["num_local_experts"]) if mixtral else \
             ("mlp.experts.", ("gate_proj", "up_proj", "down_proj"), config.get("num_experts"))
@@ -232,7 +244,7 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
             writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
             writer.add_rope_scaling_factor(scaling["factor"])
             writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
-    if architecture == "qwen3moe" or mixtral:
+    if architecture in ("qwen3moe", "qwen2moe") or mixtral:
         # (llama.cpp's converter: Mixtral is llama with experts, each of
         # feed_forward_length, softmax weights renormalised over the chosen.)
         writer.add_expert_count(experts)
@@ -240,6 +252,10 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     if architecture == "qwen3moe":
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
         writer.add_expert_weights_norm(bool(config.get("norm_topk_prob", False)))
+    if architecture == "qwen2moe":
+        # (llama.cpp's qwen2moe never renormalises: no key for it.)
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
     if architecture in ("granite", "granitemoe"):
         _add_granite_keys(writer, config)
     if tokenizer is not None:
@@ -282,9 +298,11 @@ def _add_granite_keys(writer, config: dict) -> None:
                        ("attention_multiplier", writer.add_attention_scale)):
         if config.get(field) is not None:
             add(config[field])
-    if config["architectures"][0] == "GraniteMoeForCausalLM":
+    if config["architectures"][0] in ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM"):
         writer.add_expert_count(config["num_local_experts"])
         writer.add_expert_used_count(config["num_experts_per_tok"])
+    if config.get("shared_intermediate_size"):
+        writer.add_expert_shared_feed_forward_length(config["shared_intermediate_size"])
 
 
 def _add_value(writer, key: str, value) -> None:
