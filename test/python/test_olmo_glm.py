@@ -69,6 +69,39 @@ def test_olmo3_windows_follow_transformers():
         read(OLMO3, sliding_window=None)
 
 
+def test_olmo3_rope_per_layer_type():
+    """OLMo 3's RoPE as transformers 5's Olmo3Config keeps it, by layer
+    type: a flat rope_scaling is the full layers' only (the sliding ones
+    plain, their own table); rope_parameters keyed by layer type read as
+    written; what Olmo3Config would misread or ignore is refused: flat
+    rope_parameters, and a flat rope_theta other than its 500000 (which it
+    gives the full layers only)."""
+    c = read(OLMO3)
+    assert (c.rope_theta, c.local_rope_theta) == (500000.0, None)
+    assert set(c.rope_tables()) == {"inv_freq"}
+    scaled = read(OLMO3, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    assert scaled.rope_type == "linear" and scaled.local_rope_theta == 500000.0
+    assert scaled.local_rope_scaling is None and scaled.local_rope(0) and \
+        not scaled.local_rope(1)
+    assert set(scaled.rope_tables()) == {"inv_freq", "inv_freq_local"}
+    assert ModelConfig.from_dict(as_transformers5(tiny_config(
+        OLMO3, rope_scaling={"rope_type": "linear", "factor": 2.0}))) == scaled
+    nested = {k: v for k, v in tiny_config(OLMO3).items() if k != "rope_theta"}
+    nested["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                 "sliding_attention": {"rope_type": "default",
+                                                       "rope_theta": 2e4}}
+    c = ModelConfig.from_dict(nested)
+    assert (c.rope_theta, c.local_rope_theta) == (1e4, 2e4)
+    with pytest.raises(UnsupportedConfigError, match=r"field 'rope_theta' = 10000.0 is not "
+                                                     r"supported for Olmo3ForCausalLM"):
+        read(OLMO3, rope_theta=10000.0)
+    flat = {k: v for k, v in tiny_config(OLMO3).items() if k != "rope_theta"}
+    with pytest.raises(UnsupportedConfigError, match=r"field 'rope_parameters' = .* unless "
+                                                     r"keyed by layer type"):
+        ModelConfig.from_dict({**flat, "rope_parameters": {"rope_type": "default",
+                                                           "rope_theta": 500000.0}})
+
+
 def test_glm4_config_and_its_defaults():
     """GLM-4: q/k/v biases, the four norms of w, 8 of 16 dimensions rotated
     in interleaved pairs; Glm4Config's defaults where config.json is

@@ -51,23 +51,37 @@ def family_layers(config: dict, where: str, architecture: str, flag) -> dict:
     return {}
 
 
+#: Olmo3Config's RoPE base (its `default_theta`).
+OLMO3_THETA = 500_000.0
+
+
 def olmo3_rope(config: dict, where: str, full: tuple, read_rope) -> dict:
     """OLMo 3's sliding layers' RoPE (`ModelConfig.local_rope_theta`,
     `local_rope_scaling`) where it differs from the full layers' `full`
     (base, variant), as transformers' Olmo3Config keeps them: keyed by
-    layer type, the sliding layers' plain RoPE of the flat `rope_theta`
-    (rope_scaling is the full layers' only). `read_rope(layer_type=...,
-    default_theta=...)` reads one layer type's. Flat `rope_parameters`,
-    which Olmo3Config ignores (it keeps its defaults beside them), are
-    refused."""
+    layer type in `rope_parameters`, the sliding layers' plain (a flat
+    `rope_scaling` is the full layers' only). `read_rope(layer_type=...,
+    default_theta=...)` reads one layer type's. Refused where transformers'
+    versions disagree or Olmo3Config ignores the field: flat
+    `rope_parameters`, and a flat `rope_theta` other than 500000
+    (transformers 5.24 gives it to the full layers only, the sliding ones
+    keeping 500000)."""
     params = config.get("rope_parameters")
-    if isinstance(params, dict) and params and not any(
-            isinstance(params.get(kind), dict) for kind in ("full_attention", "sliding_attention")):
+    nested = isinstance(params, dict) and any(
+        isinstance(params.get(kind), dict) for kind in ("full_attention", "sliding_attention"))
+    if isinstance(params, dict) and params and not nested:
         raise UnsupportedConfigError(
             f"{where}: field 'rope_parameters' = {params!r} is not supported for "
             f"Olmo3ForCausalLM unless keyed by layer type ('full_attention', "
             f"'sliding_attention'): transformers' Olmo3Config ignores flat RoPE parameters")
-    local = read_rope(layer_type="sliding_attention", default_theta=500_000.0)
+    theta = config.get("rope_theta")
+    if theta is not None and not nested and theta != OLMO3_THETA:
+        raise UnsupportedConfigError(
+            f"{where}: field 'rope_theta' = {theta!r} is not supported for Olmo3ForCausalLM "
+            f"without rope_parameters keyed by layer type: transformers 5's Olmo3Config gives "
+            f"it to the full-attention layers only (the sliding ones keep {OLMO3_THETA:g}); "
+            f"state each layer type's base there")
+    local = read_rope(layer_type="sliding_attention", default_theta=OLMO3_THETA)
     if local == tuple(full):
         return {}
     return {"local_rope_theta": local[0], "local_rope_scaling": local[1]}

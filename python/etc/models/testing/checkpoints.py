@@ -276,8 +276,9 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
                        "rope_scaling": None, "pad_token_id": 1})
     if architecture == "Olmo3ForCausalLM":
         # OLMo 3's layer pattern at 2 layers: layer 0 sliding (window 5),
-        # layer 1 full.
-        config.update({"sliding_window": 5,
+        # layer 1 full; its RoPE base (the only flat one both transformers
+        # 4 and 5 give every layer).
+        config.update({"sliding_window": 5, "rope_theta": 500000.0,
                        "layer_types": ["sliding_attention", "full_attention"]})
     if architecture == "Glm4ForCausalLM":
         # As GLM-4-9B-0414's config.json: q/k/v biases, RoPE on half of
