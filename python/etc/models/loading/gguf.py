@@ -78,7 +78,12 @@ _GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm
                 r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 PRE_TOKENIZERS = {"default": "gpt2", "gpt-2": "gpt2", "gpt2": "gpt2", "smollm": "smollm",
                   "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
-                  "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "gpt-4o": _GPT4O_SPLIT}
+                  "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "gpt-4o": _GPT4O_SPLIT,
+                  # GLM-4's (llama.cpp's CHATGLM4: llama3's split, merges kept).
+                  "glm4": _LLAMA3_SPLIT}
+#: The pre-tokenizers whose BPE takes a word found whole in the vocabulary
+#: as one token without merging (llama.cpp's `ignore_merges`: llama3's).
+_IGNORE_MERGES = ("llama3", "llama-v3", "llama-bpe")
 
 
 def is_gguf(path) -> bool:
@@ -649,7 +654,7 @@ class GGUFCheckpoint:
                                 f"tokens separated by a space")
             pairs.append((parts[0], parts[1]))
         split = PRE_TOKENIZERS[pre]
-        backend = Tokenizer(models.BPE(vocab, pairs, ignore_merges=split == _LLAMA3_SPLIT))
+        backend = Tokenizer(models.BPE(vocab, pairs, ignore_merges=pre in _IGNORE_MERGES))
         if split == "gpt2":
             backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False,
                                                              use_regex=True)
