@@ -256,7 +256,7 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
                               head_dim=8), 24,
                   [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
         "olmo3": (tiny_config("Olmo3ForCausalLM", vocab_size=320, intermediate_size=64,
-                              head_dim=8, num_hidden_layers=4,
+                              head_dim=8, num_hidden_layers=4, rope_scaling=None,
                               layer_types=["sliding_attention"] * 3 +
                               ["full_attention"]), 25,
                   [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),

@@ -91,7 +91,8 @@ FAMILIES = {
     # OLMo 2: no input norms, the attention's and MLP's outputs normed,
     # q/k norms over the whole projections, untied.
     "olmo2": tiny_config("Olmo2ForCausalLM"),
-    # OLMo 3: OLMo 2's layers, layer 0 sliding (window 5), layer 1 full.
+    # OLMo 3: OLMo 2's layers, layer 0 sliding (window 5, plain RoPE),
+    # layer 1 full (yarn, attention factor 1.2).
     "olmo3": tiny_config("Olmo3ForCausalLM"),
     # GLM-4: q/k/v biases, four norms of w, gate/up fused, RoPE on the
     # first 8 of each head's 16 dimensions in interleaved pairs.

@@ -67,7 +67,8 @@ GGUF_FAMILIES = {
     # olmo2 (OLMo 3: with the window and a flag per layer); glm4 with
     # rope.dimension_count 8 of 16, ffn_up the fused gate/up.
     "olmo2": FAMILIES["olmo2"],
-    "olmo3": FAMILIES["olmo3"],
+    # (llama.cpp's olmo2 takes no yarn of the full layers only.)
+    "olmo3": tiny_config("Olmo3ForCausalLM", rope_scaling=None),
     "glm4": FAMILIES["glm4"],
 }
 #: Families whose tile kernels add nothing to another family's under the

@@ -77,8 +77,11 @@ def test_olmo3_rope_per_layer_type():
     rope_parameters, and a flat rope_theta other than its 500000 (which it
     gives the full layers only)."""
     c = read(OLMO3)
-    assert (c.rope_theta, c.local_rope_theta) == (500000.0, None)
-    assert set(c.rope_tables()) == {"inv_freq"}
+    assert (c.rope_type, c.local_rope_theta, c.local_rope_scaling) == ("yarn", 500000.0, None)
+    assert set(c.rope_tables()) == {"inv_freq", "inv_freq_local"}
+    plain = read(OLMO3, rope_scaling=None)
+    assert (plain.rope_theta, plain.local_rope_theta) == (500000.0, None)
+    assert set(plain.rope_tables()) == {"inv_freq"}
     scaled = read(OLMO3, rope_scaling={"rope_type": "linear", "factor": 2.0})
     assert scaled.rope_type == "linear" and scaled.local_rope_theta == 500000.0
     assert scaled.local_rope_scaling is None and scaled.local_rope(0) and \
@@ -86,7 +89,16 @@ def test_olmo3_rope_per_layer_type():
     assert set(scaled.rope_tables()) == {"inv_freq", "inv_freq_local"}
     assert ModelConfig.from_dict(as_transformers5(tiny_config(
         OLMO3, rope_scaling={"rope_type": "linear", "factor": 2.0}))) == scaled
-    nested = {k: v for k, v in tiny_config(OLMO3).items() if k != "rope_theta"}
+    # OLMo 3 7B's kind: yarn on the full layers (every 4th), whose scale
+    # carries its attention factor; the sliding layers' plain.
+    yarn = read(OLMO3, num_hidden_layers=8, layer_types=None,
+                rope_scaling={"rope_type": "yarn", "factor": 8.0, "attention_factor": 1.2,
+                              "original_max_position_embeddings": 16})
+    assert yarn.sliding_layers == (0, 1, 2, 4, 5, 6) and yarn.rope_type == "yarn"
+    assert yarn.attention_scale_of(0) == pytest.approx(0.25)
+    assert yarn.attention_scale_of(3) == pytest.approx(1.2 ** 2 * 0.25)
+    nested = {k: v for k, v in tiny_config(OLMO3).items()
+              if k not in ("rope_theta", "rope_scaling")}
     nested["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": 1e4},
                                  "sliding_attention": {"rope_type": "default",
                                                        "rope_theta": 2e4}}
@@ -95,7 +107,8 @@ def test_olmo3_rope_per_layer_type():
     with pytest.raises(UnsupportedConfigError, match=r"field 'rope_theta' = 10000.0 is not "
                                                      r"supported for Olmo3ForCausalLM"):
         read(OLMO3, rope_theta=10000.0)
-    flat = {k: v for k, v in tiny_config(OLMO3).items() if k != "rope_theta"}
+    flat = {k: v for k, v in tiny_config(OLMO3).items()
+            if k not in ("rope_theta", "rope_scaling")}
     with pytest.raises(UnsupportedConfigError, match=r"field 'rope_parameters' = .* unless "
                                                      r"keyed by layer type"):
         ModelConfig.from_dict({**flat, "rope_parameters": {"rope_type": "default",
@@ -265,7 +278,9 @@ def per_head_norms(config, weights):
                                    for k in ("attn_norm", "mlp_norm")}}),
         "q/k norms per head": per_head_norms}),
     ("olmo3-transformers5-f32", {
-        "no window": lambda c, w: (dataclasses.replace(c, sliding_layers=()), w)}),
+        "no window": lambda c, w: (dataclasses.replace(c, sliding_layers=()), w),
+        "yarn on the sliding layers too":
+            lambda c, w: (dataclasses.replace(c, local_rope_theta=None), w)}),
     ("glm4-transformers4-f32", {
         "pairs (i, i + r / 2)": half_pairs,
         "q/k rows left in Hugging Face's order":
@@ -277,7 +292,7 @@ def test_numpy_forward_matches_transformers_and_the_mistakes_do_not(name, mutati
     transformers' (the golden's logits within tolerance), and the
     plausible misreadings miss them: OLMo 2 as a pre-norm model or with
     per-head q/k norms, OLMo 3 without its window (the golden's sequences
-    outgrow it), GLM-4 rotating rotate_half's pairs or unpermuted rows, or
+    outgrow it) or with its full layers' yarn on the sliding ones, GLM-4 rotating rotate_half's pairs or unpermuted rows, or
     without its output norms."""
     golden = goldens.Golden.load(name)
     checkpoint = Checkpoint(golden.write_checkpoint(tmp_path / name))
@@ -337,7 +352,7 @@ def test_gguf_keys_as_llama_cpp_reads_them(tmp_path):
     tensors = {k: v for k, v in checkpoint_tensors(config, 0).items() if not k.endswith(".bias")}
     assert not GGUFCheckpoint(write_gguf(tmp_path / "nobias.gguf", config,
                                          tensors=tensors)).config.qkv_bias
-    olmo3 = tiny_config(OLMO3, num_hidden_layers=4,
+    olmo3 = tiny_config(OLMO3, num_hidden_layers=4, rope_scaling=None,
                         layer_types=["sliding_attention"] * 3 + ["full_attention"])
     path = write_gguf(tmp_path / "olmo3.gguf", olmo3,
                       metadata={"olmo2.attention.sliding_window_pattern": None})

@@ -277,9 +277,14 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
     if architecture == "Olmo3ForCausalLM":
         # OLMo 3's layer pattern at 2 layers: layer 0 sliding (window 5),
         # layer 1 full; its RoPE base (the only flat one both transformers
-        # 4 and 5 give every layer).
+        # 4 and 5 give every layer) and, as OLMo 3 7B, yarn on the full
+        # layers only (here a factor of 8 over 16 positions).
         config.update({"sliding_window": 5, "rope_theta": 500000.0,
-                       "layer_types": ["sliding_attention", "full_attention"]})
+                       "layer_types": ["sliding_attention", "full_attention"],
+                       "rope_scaling": {"rope_type": "yarn", "factor": 8.0,
+                                        "original_max_position_embeddings": 16,
+                                        "attention_factor": 1.2, "beta_fast": 32.0,
+                                        "beta_slow": 1.0}})
     if architecture == "Glm4ForCausalLM":
         # As GLM-4-9B-0414's config.json: q/k/v biases, RoPE on half of
         # each head (8 of 16 dimensions), untied; transformers' default
