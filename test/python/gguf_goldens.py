@@ -225,6 +225,11 @@ def make(llama_cpp: Path, directory: Path = DIRECTORY) -> None:
 #: without RoPE, llama.cpp's fixed rule). Granite and Granite MoE (`granite`,
 #: `granitemoe`: their four scales as metadata keys, Q and K rows permuted
 #: as Llama's, Granite MoE's fused experts split into gate and up stacks).
+#: OLMo 2 and OLMo 3 (`olmo2`: no input norms, q/k norms over the whole
+#: projections; OLMo 3's window of 5 on layers 0 to 2 of 4, llama.cpp's
+#: fixed pattern; heads of hidden / heads = 8, the only size llama.cpp's
+#: olmo2 takes), GLM-4 (`glm4`: q/k/v biases, the fused gate/up in
+#: ffn_up, rope.dimension_count 8 of 16 in interleaved pairs).
 #: The case: config, seed of the sharp weights, the token sequence.
 RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
                     [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
@@ -254,7 +259,17 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
         # gpt-oss (`gpt-oss`: sinks, q/k/v/o biases, window 3 on layer 0,
         # yarn, experts with biases), llama.cpp's clamp of 7.
         "gpt_oss": (tiny_config("GptOssForCausalLM", vocab_size=320, swiglu_limit=7.0), 23,
-                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
+                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        "olmo2": (tiny_config("Olmo2ForCausalLM", vocab_size=320, intermediate_size=64,
+                              head_dim=8), 24,
+                  [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        "olmo3": (tiny_config("Olmo3ForCausalLM", vocab_size=320, intermediate_size=64,
+                              head_dim=8, num_hidden_layers=4, rope_scaling=None,
+                              layer_types=["sliding_attention"] * 3 +
+                              ["full_attention"]), 25,
+                  [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        "glm4": (tiny_config("Glm4ForCausalLM", vocab_size=320, intermediate_size=64), 26,
+                 [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
 
 
 def run_digest(config, weights: dict) -> str:

@@ -632,7 +632,7 @@ def _trained(pre: str):
     return tokenizer
 
 
-@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe", "gpt2", "smollm", "gpt-4o"])
+@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe", "gpt2", "smollm", "gpt-4o", "glm4"])
 def test_tokenizer_from_metadata_encodes_like_the_original(pre, tmp_path):
     original = _trained(pre)
     config = tiny_config("Qwen3ForCausalLM", vocab_size=original.get_vocab_size())

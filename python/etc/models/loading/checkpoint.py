@@ -59,6 +59,17 @@ def config_dtype(raw: dict) -> Optional[str]:
     return None
 
 
+#: The Hugging Face names of the sandwich norms (`ModelConfig.
+#: sandwich_norms`): of the attention's output, of the MLP's input (None:
+#: none, OLMo 2's `input_norms` False) and of the MLP's output.
+_SANDWICH = {"Gemma": ("post_attention_layernorm", "pre_feedforward_layernorm",
+                       "post_feedforward_layernorm"),
+             "Olmo2ForCausalLM": ("post_attention_layernorm", None, "post_feedforward_layernorm"),
+             "Olmo3ForCausalLM": ("post_attention_layernorm", None, "post_feedforward_layernorm"),
+             "Glm4ForCausalLM": ("post_self_attn_layernorm", "post_attention_layernorm",
+                                 "post_mlp_layernorm")}
+
+
 class CheckpointError(ValueError):
     """A checkpoint directory ETC cannot read."""
 
@@ -313,10 +324,16 @@ class Checkpoint:
         plan: list[tuple] = [("embed", "model.embed_tokens.weight", (c.vocab_size, h),
                               "token embeddings", None)]
         fused = c.architecture == "Phi3ForCausalLM"
+        # GLM-4: q, k, v apart, gate and up fused as Phi-3's.
+        fused_mlp = fused or c.architecture == "Glm4ForCausalLM"
+        # The norms of the attention's and MLP's outputs, and of the MLP's
+        # input, by architecture (sandwich_norms; OLMo 2 has no input norms).
+        post_attn, pre_mlp, post_mlp = _SANDWICH.get(c.architecture, _SANDWICH["Gemma"])
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            plan.append((f"l{i}_attn_norm", p + "input_layernorm.weight", (h,),
-                         f"layer {i} norm", None))
+            if c.input_norms:
+                plan.append((f"l{i}_attn_norm", p + "input_layernorm.weight", (h,),
+                             f"layer {i} norm", None))
             q, kv = c.num_heads * d, c.num_kv_heads * d
             if fused:
                 # Phi-3: q, k and v in one projection, split at load.
@@ -346,19 +363,19 @@ class Checkpoint:
                 plan.append((f"l{i}_sinks", p + "self_attn.sinks", (c.num_heads,),
                              f"layer {i} attention sinks", "f32"))
             if c.qk_norm:
-                plan += [(f"l{i}_q_norm", p + "self_attn.q_norm.weight", (d,),
+                # Per head (d), or OLMo 2's over the whole projection.
+                q_size, k_size = (q, kv) if c.qk_norm_projection else (d, d)
+                plan += [(f"l{i}_q_norm", p + "self_attn.q_norm.weight", (q_size,),
                           f"layer {i} q_norm", None),
-                         (f"l{i}_k_norm", p + "self_attn.k_norm.weight", (d,),
+                         (f"l{i}_k_norm", p + "self_attn.k_norm.weight", (k_size,),
                           f"layer {i} k_norm", None)]
             if c.sandwich_norms:
-                # Gemma: post_attention_layernorm norms the attention's
-                # output; the MLP's input norm is pre_feedforward_layernorm.
-                plan += [(f"l{i}_post_attn_norm", p + "post_attention_layernorm.weight", (h,),
-                          f"layer {i} post-attention norm", None),
-                         (f"l{i}_mlp_norm", p + "pre_feedforward_layernorm.weight", (h,),
-                          f"layer {i} pre-feedforward norm", None),
-                         (f"l{i}_post_mlp_norm", p + "post_feedforward_layernorm.weight", (h,),
-                          f"layer {i} post-feedforward norm", None)]
+                plan += [(key, f"{p}{name}.weight", (h,), f"layer {i} {what}", None)
+                         for key, name, what in (
+                             (f"l{i}_post_attn_norm", post_attn, "post-attention norm"),
+                             (f"l{i}_mlp_norm", pre_mlp, "pre-feedforward norm"),
+                             (f"l{i}_post_mlp_norm", post_mlp, "post-feedforward norm"))
+                         if name is not None]
             else:
                 plan.append((f"l{i}_mlp_norm", p + "post_attention_layernorm.weight", (h,),
                              f"layer {i} post-attention norm", None))
@@ -381,8 +398,8 @@ class Checkpoint:
                                                   ("down", "down_proj", (h, f)))]
             else:
                 f = c.intermediate_size
-                if fused:
-                    # Phi-3: gate then up in one projection (transformers'
+                if fused_mlp:
+                    # Phi-3, GLM-4: gate then up in one projection (transformers'
                     # chunk(2)), split at load.
                     plan += [(key, p + "mlp.gate_up_proj.weight", (2 * f, h),
                               f"layer {i} fused MLP gate/up", ("rows", start, stop))

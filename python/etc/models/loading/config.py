@@ -2,7 +2,8 @@
 
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
 Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3,
-SmolLM3, Granite, Granite MoE (with shared experts too), gpt-oss; and the text
+SmolLM3, Granite, Granite MoE (with shared experts too), gpt-oss, OLMo 2, OLMo 3,
+GLM-4; and the text
 model of Gemma 3's and Mistral 3's multimodal configs, `multimodal`), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
@@ -20,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import moe_fields, multimodal, rope
+from . import config_families as families, moe_fields, multimodal, rope
 from .fields import UnsupportedConfigError, positive_int, positive_number
 from .rope import ROPE_TYPES
 
@@ -31,11 +32,12 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                  "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
                  "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                  "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
-                 "GptOssForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeSharedForCausalLM")
+                 "GptOssForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeSharedForCausalLM",
+                 *families.OLMO, families.GLM4)
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
-#: IBM Granite 3.x: Llama's layers with four scalar multipliers (`_granite`).
+#: IBM Granite 3.x: Llama's layers with four scalar multipliers (`config_families.granite`).
 _GRANITE = ("GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
 #: The MoE architectures with a sparse block in every layer, read by
 #: `_mixtral` (its `intermediate_size` is the experts' width).
@@ -47,10 +49,10 @@ _REFUSED = {
                                    "implements attention layers only",
 }
 #: The architectures whose transformers class rotates part of each head
-#: when `partial_rotary_factor` < 1 (Phi-3's apply_rotary_pos_emb splits
-#: q and k at the table's width); the others' rotate_half spans the whole
-#: head, and their configs with a factor < 1 are refused.
-_PARTIAL_ROTARY = ("Phi3ForCausalLM",)
+#: when `partial_rotary_factor` < 1 (Phi-3's and GLM-4's apply_rotary_pos_emb
+#: split q and k at the table's width); the others' rotate_half spans the
+#: whole head, and their configs with a factor < 1 are refused.
+_PARTIAL_ROTARY = ("Phi3ForCausalLM", families.GLM4)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,9 @@ class ModelConfig:
     qk_norm: bool
     #: Biases of the q, k and v projections (Qwen2; o has none).
     qkv_bias: bool = False
+    #: q_norm and k_norm over the whole q and k projections (OLMo 2: weights
+    #: of num_heads * head_dim and num_kv_heads * head_dim), not per head.
+    qk_norm_projection: bool = False
     #: The parameters of a scaled RoPE variant ("linear", "llama3" or
     #: "yarn"; its "rope_type" included, defaults filled in), or None for
     #: plain RoPE.
@@ -109,6 +114,10 @@ class ModelConfig:
     #: as transformers rounds it).
     norm_offset: float = 0.0
     sandwich_norms: bool = False
+    #: False (OLMo 2): no norm of a layer's input before its attention or
+    #: MLP (no `l<i>_attn_norm`, `l<i>_mlp_norm`); `sandwich_norms` then
+    #: norms their outputs only.
+    input_norms: bool = True
     embedding_scale: Optional[float] = None
     #: Attention scores scaled by query_pre_attn_scalar^-1/2 instead of
     #: head_dim^-1/2 (Gemma), and soft-capped, c tanh(x / c): the
@@ -138,6 +147,10 @@ class ModelConfig:
     #: Hugging Face's pairs (i, i + rotary_dim / 2) land there
     #: (`etc.models.loading.partial_rotary`).
     rotary_dim: Optional[int] = None
+    #: RoPE pairs (2i, 2i + 1) of the rotated dimensions (GLM-4: GPT-J's
+    #: interleaved layout) instead of (i, i + rotated / 2); the q and k
+    #: rows are permuted at load to the step graph's pairs too.
+    rope_interleaved: bool = False
     #: The layers without RoPE (SmolLM3's NoPE layers).
     nope_layers: tuple = field(default_factory=tuple)
     #: gpt-oss: a bias on the attention's output projection too
@@ -315,7 +328,8 @@ class ModelConfig:
         head_dim = config.get("head_dim")
         if head_dim is None:
             # Gemma's default is 256, whatever the hidden size.
-            head_dim = 256 if architecture in _GEMMA else hidden // heads
+            head_dim = 256 if architecture in _GEMMA else \
+                families.DEFAULT_HEAD_DIM.get(architecture, hidden // heads)
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or \
                 head_dim % 2:
             raise UnsupportedConfigError(f"{where}: field 'head_dim' = {head_dim!r} must be an "
@@ -328,7 +342,8 @@ class ModelConfig:
                                              f"{config['hidden_act']!r} must be a string")
         elif architecture not in _GEMMA:  # Gemma reads hidden_activation (below)
             refuse("hidden_act", ("silu", None), "only SiLU-gated MLPs are implemented")
-        if architecture not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM"):
+        if architecture not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM",
+                                families.GLM4):
             # Qwen2's q/k/v projections always have biases (Qwen2-MoE's:
             # `qkv_bias`) and its o projection never has one: transformers
             # ignores the field.
@@ -349,14 +364,19 @@ class ModelConfig:
             if architecture in _GEMMA else {}
         if architecture == "GptOssForCausalLM":
             family = _gpt_oss(config, where, max_positions, flag)
+        family.update(families.family_layers(config, where, architecture, flag))
         if "rope_theta" in family:
             rope_theta, scaling = family.pop("rope_theta"), family.pop("rope_scaling")
         else:
             # transformers' default RoPE base: 1e6 for Mixtral, 2e6 for
-            # SmolLM3, 1e4 for the others.
+            # SmolLM3, 5e5 for OLMo 3, 1e4 for the others.
             rope_theta, scaling = _rope(
                 _phi3_rope_type(config) if architecture == "Phi3ForCausalLM" else config,
                 where, max_positions, default_theta=_DEFAULT_THETA.get(architecture, 10_000.0))
+            if architecture == "Olmo3ForCausalLM":
+                family.update(families.olmo3_rope(config, where, (rope_theta, scaling),
+                                                  lambda **kw: _rope(config, where, max_positions,
+                                                                     **kw)))
         rotary = _rotary_dim(config, where, architecture, head_dim)
         if scaling and scaling["rope_type"] == "longrope" and \
                 len(scaling["short_factor"]) != rotary // 2:
@@ -370,7 +390,7 @@ class ModelConfig:
             moe = _mixtral(config, where, layers, need, flag, architecture)
             if architecture == "GraniteMoeSharedForCausalLM":
                 moe.update(moe_fields.granite_shared(config, where))
-        granite = _granite(config, where) if architecture in _GRANITE else {}
+        granite = families.granite(config, where) if architecture in _GRANITE else {}
         # Qwen2's q/k/v biases always; Qwen2-MoE's where `qkv_bias` says.
         qkv_bias = moe.pop("qkv_bias", architecture == "Qwen2ForCausalLM")
         dense_layers = not moe or len(moe["sparse_layers"]) < layers
@@ -398,13 +418,14 @@ class ModelConfig:
             # the others.
             tie_word_embeddings=flag("tie_word_embeddings", architecture in _GEMMA or
                                      architecture == "SmolLM3ForCausalLM"),
-            qk_norm=architecture.startswith("Qwen3") or architecture == "Gemma3ForCausalLM",
+            qk_norm=architecture.startswith("Qwen3") or architecture == "Gemma3ForCausalLM" or
+            family.pop("qk_norm", False),
             qkv_bias=qkv_bias or family.pop("attention_bias", False),
             rope_scaling=scaling,
             sliding_window=window,
             sliding_layers=sliding,
             rotary_dim=rotary if rotary < head_dim else None,
-            nope_layers=_nope_layers(config, where, layers)
+            nope_layers=families.nope_layers(config, where, layers)
             if architecture == "SmolLM3ForCausalLM" else (),
             **moe,
             **family,
@@ -464,26 +485,6 @@ def _mixtral(config: dict, where: str, layers: int, need, flag,
             "sparse_layers": tuple(range(layers))}
 
 
-#: Granite's multiplier fields (transformers' default 1.0 each).
-_GRANITE_MULTIPLIERS = ("embedding_multiplier", "attention_multiplier", "residual_multiplier",
-                        "logits_scaling")
-
-
-def _granite(config: dict, where: str) -> dict:
-    """Granite's four multipliers (`ModelConfig`'s Granite fields), as
-    transformers 4 and 5 read them (default 1.0 each when absent or null),
-    each a finite positive number; the attention multiplier is the
-    attention scale itself, so its default 1.0 is kept, not taken for
-    1 / sqrt(head_dim). A multiplier of 1 (other than the attention's) is
-    None: no task."""
-    out = {}
-    for name in _GRANITE_MULTIPLIERS:
-        value = config.get(name)
-        value = 1.0 if value is None else positive_number(where, name, value)
-        out[name] = value if value != 1.0 or name == "attention_multiplier" else None
-    return out
-
-
 #: The architectures with sliding-window attention, and how their configs
 #: say which layers slide: "qwen2" (`use_sliding_window` turns
 #: `sliding_window` on for the layers from `max_window_layers` on, or those
@@ -495,12 +496,16 @@ def _granite(config: dict, where: str) -> dict:
 _WINDOWED = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
              "MixtralForCausalLM": "phi3", "GptOssForCausalLM": "gemma",
              "Gemma2ForCausalLM": "gemma", "Gemma3ForCausalLM": "gemma",
-             "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3"}
+             "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3",
+             "Olmo3ForCausalLM": "gemma"}
 #: Gemma's default layer pattern: every n-th layer full, the others
-#: sliding (Gemma 3: `sliding_window_pattern`, default 6; Gemma 2: 2).
-_GEMMA_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "GptOssForCausalLM": 2}
-#: The default `sliding_window` of the "gemma" style (GptOssConfig: 128).
-_DEFAULT_WINDOW = {"GptOssForCausalLM": 128}
+#: sliding (Gemma 3: `sliding_window_pattern`, default 6; Gemma 2: 2;
+#: OLMo 3: 4).
+_GEMMA_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "GptOssForCausalLM": 2,
+                  "Olmo3ForCausalLM": 4}
+#: The default `sliding_window` of the "gemma" style (GptOssConfig: 128,
+#: Olmo3Config: 4096).
+_DEFAULT_WINDOW = {"GptOssForCausalLM": 128, "Olmo3ForCausalLM": 4096}
 
 
 def _sliding_layers(config: dict, where: str, architecture: str,
@@ -551,7 +556,7 @@ def _sliding_layers(config: dict, where: str, architecture: str,
             window = positive_int(where, "sliding_window", window)
         return (window if sliding else None), sliding
     if style == "smollm3":
-        return _smollm3_window(config, where, layers, use, types)
+        return families.smollm3_window(config, where, layers, use, types)
     if style in ("mistral", "phi3"):
         window = config.get("sliding_window", 4096 if style == "mistral" else None)
         if window is None:
@@ -576,27 +581,6 @@ def _sliding_layers(config: dict, where: str, architecture: str,
                                      f"a non-negative integer")
     sliding = tuple(range(first, layers))
     return (window if sliding else None), sliding
-
-
-def _smollm3_window(config: dict, where: str, layers: int, use, types) -> tuple:
-    """SmolLM3's window, as transformers reads it: with
-    `use_sliding_window`, the layers `layer_types` calls sliding (by
-    default the NoPE layers, when `sliding_window` is set) attend to the
-    last `sliding_window` positions; without it, none does."""
-    if not use:
-        return None, ()
-    window = config.get("sliding_window")
-    if types is None:
-        nope = _nope_layers(config, where, layers)
-        types = ["sliding_attention" if window is not None and i in nope else
-                 "full_attention" for i in range(layers)]
-    sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-    if sliding and window is None:
-        raise UnsupportedConfigError(f"{where}: field 'sliding_window' is null, but layers "
-                                     f"{list(sliding)} are 'sliding_attention' (layer_types)")
-    if not sliding:
-        return None, ()
-    return positive_int(where, "sliding_window", window), sliding
 
 
 def _rope(config: dict, where: str, max_positions: int, *,
@@ -683,7 +667,8 @@ def _gemma(config: dict, where: str, architecture: str, hidden: int,
 
 
 #: transformers' default RoPE base where it is not 1e4.
-_DEFAULT_THETA = {"MixtralForCausalLM": 1_000_000.0, "SmolLM3ForCausalLM": 2_000_000.0}
+_DEFAULT_THETA = {"MixtralForCausalLM": 1_000_000.0, "SmolLM3ForCausalLM": 2_000_000.0,
+                  "Olmo3ForCausalLM": 500_000.0}
 
 #: GptOssConfig's RoPE when config.json gives none: yarn, factor 32 over
 #: 4096 positions, base 150000.
@@ -757,24 +742,10 @@ def _rotary_dim(config: dict, where: str, architecture: str, head_dim: int) -> i
                 f"its transformers class rotates whole heads (partial rotary is implemented "
                 f"for {', '.join(_PARTIAL_ROTARY)})")
     # A nested factor wins (transformers: setdefault from the flat one).
-    return dims[given[-1][0]] if given else head_dim
-
-
-def _nope_layers(config: dict, where: str, layers: int) -> tuple:
-    """SmolLM3's layers without RoPE, as transformers reads them:
-    `no_rope_layers` (1: RoPE, 0: none; at least one entry per layer),
-    else every `no_rope_layer_interval`-th layer (default 4) has none."""
-    flags = config.get("no_rope_layers")
-    if flags is None:
-        interval = config.get("no_rope_layer_interval")
-        interval = 4 if interval is None else \
-            positive_int(where, "no_rope_layer_interval", interval)
-        return tuple(i for i in range(layers) if (i + 1) % interval == 0)
-    if not isinstance(flags, list) or len(flags) < layers or \
-            not all(type(f) is int and f in (0, 1) for f in flags):
-        raise UnsupportedConfigError(f"{where}: field 'no_rope_layers' = {flags!r} must list "
-                                     f"1 (RoPE) or 0 (none) for each of the {layers} layers")
-    return tuple(i for i in range(layers) if not flags[i])
+    if not given:  # (GLM-4: Glm4Config's default factor)
+        return rope.rotary_dim(head_dim, families.DEFAULT_PARTIAL_ROTARY.get(architecture, 1.0),
+                               where)
+    return dims[given[-1][0]]
 
 
 def _supported() -> str:

@@ -44,7 +44,11 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                  "granitemoe": "GraniteMoeForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-                 "gpt-oss": "GptOssForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM"}
+                 "gpt-oss": "GptOssForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
+                 "olmo2": "Olmo2ForCausalLM", "glm4": "Glm4ForCausalLM"}
+#: The architectures whose RoPE rotates the first rope.dimension_count of
+#: each head (llama.cpp's phi3 and glm4; GLM-4's in interleaved pairs).
+_PARTIAL_ROTARY = ("phi3", "glm4")
 #: The architectures whose Q and K rows llama.cpp's converter permutes
 #: (each head's rotary halves interleaved: LlamaModel's conversion), undone
 #: at load.
@@ -74,7 +78,12 @@ _GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm
                 r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 PRE_TOKENIZERS = {"default": "gpt2", "gpt-2": "gpt2", "gpt2": "gpt2", "smollm": "smollm",
                   "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
-                  "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "gpt-4o": _GPT4O_SPLIT}
+                  "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "gpt-4o": _GPT4O_SPLIT,
+                  # GLM-4's (llama.cpp's CHATGLM4: llama3's split, merges kept).
+                  "glm4": _LLAMA3_SPLIT}
+#: The pre-tokenizers whose BPE takes a word found whole in the vocabulary
+#: as one token without merging (llama.cpp's `ignore_merges`: llama3's).
+_IGNORE_MERGES = ("llama3", "llama-v3", "llama-bpe")
 
 
 def is_gguf(path) -> bool:
@@ -180,17 +189,21 @@ class GGUFCheckpoint:
         head_dim = key_length or (hidden // heads if hidden and heads else None)
         rope_dims = self._key("rope.dimension_count")
         if rope_dims is not None and head_dim is not None and rope_dims != head_dim:
-            if a != "phi3" or not isinstance(rope_dims, int) or not 0 < rope_dims < head_dim:
+            if a not in _PARTIAL_ROTARY or not isinstance(rope_dims, int) or \
+                    not 0 < rope_dims < head_dim:
                 raise UnsupportedConfigError(
                     f"{self.path}: GGUF metadata {a}.rope.dimension_count = {rope_dims} is not "
                     f"the head size {head_dim}: partial rotary embeddings are supported for "
-                    f"phi3 only (llama.cpp's phi3 rotates the first n_rot dimensions)")
-            # Phi-4-mini: RoPE on the first rope_dims of each head.
+                    f"{' and '.join(_PARTIAL_ROTARY)} only (llama.cpp rotates their first n_rot "
+                    f"dimensions)")
+            # Phi-4-mini, GLM-4: RoPE on the first rope_dims of each head.
             config["partial_rotary_factor"] = rope_dims / head_dim
             if int(head_dim * config["partial_rotary_factor"]) != rope_dims:
                 raise UnsupportedConfigError(
                     f"{self.path}: GGUF metadata {a}.rope.dimension_count = {rope_dims} of head "
                     f"size {head_dim} is no partial_rotary_factor transformers would read back")
+        elif a == "glm4":  # the whole head, stated (Glm4Config's default is half)
+            config["partial_rotary_factor"] = 1.0
         if a == "phi3" and "rope_factors_long.weight" in self._tensors:
             config["rope_scaling"] = families.longrope(self, rope_dims or head_dim)
         scaling = self._key("rope.scaling.type")
@@ -218,6 +231,8 @@ class GGUFCheckpoint:
                     f"output projection has no bias)")
         elif any(f"blk.0.attn_{p}.bias" in self._tensors for p in ("q", "k", "v", "output")):
             config["attention_bias"] = True
+        elif a == "glm4":  # (Glm4Config's default is biases)
+            config["attention_bias"] = False
         if a == "llama" and self._key("expert_count"):
             config.update(families.mixtral_config(self, config))
         if a in ("granite", "granitemoe"):
@@ -226,6 +241,8 @@ class GGUFCheckpoint:
             config.update(families.gpt_oss_config(self, config))
         if a in ("qwen3moe", "qwen2moe"):
             config.update(families.qwen3moe_config(self, config))
+        if a == "olmo2":
+            config.update(families.olmo2_config(self, config))
         return config
 
     # -- tensors -------------------------------------------------------------
@@ -335,11 +352,13 @@ class GGUFCheckpoint:
                               "token embeddings", None)]
         unpermute = self.architecture in _PERMUTED
         fused = self.architecture == "phi3"
+        fused_mlp = fused or self.architecture == "glm4"  # (GLM-4: q, k, v apart)
         for i in range(c.num_layers):
             b = f"blk.{i}."
             q, kv = c.num_heads * d, c.num_kv_heads * d
-            plan.append((f"l{i}_attn_norm", b + "attn_norm.weight", (h,), f"layer {i} norm",
-                         None))
+            if c.input_norms:  # (OLMo 2 has none)
+                plan.append((f"l{i}_attn_norm", b + "attn_norm.weight", (h,), f"layer {i} norm",
+                             None))
             if fused:
                 # Phi-3: q, k and v in one tensor, split by rows.
                 plan += [(key, b + "attn_qkv.weight", (q + 2 * kv, h),
@@ -368,19 +387,22 @@ class GGUFCheckpoint:
                 plan.append((f"l{i}_sinks", b + "attn_sinks.weight", (c.num_heads,),
                              f"layer {i} attention sinks", None))
             if c.qk_norm:
-                plan += [(f"l{i}_q_norm", b + "attn_q_norm.weight", (d,), f"layer {i} q_norm",
-                          None),
-                         (f"l{i}_k_norm", b + "attn_k_norm.weight", (d,), f"layer {i} k_norm",
-                          None)]
+                # Per head (d), or OLMo 2's over the whole projection.
+                q_size, k_size = (q, kv) if c.qk_norm_projection else (d, d)
+                plan += [(f"l{i}_q_norm", b + "attn_q_norm.weight", (q_size,),
+                          f"layer {i} q_norm", None),
+                         (f"l{i}_k_norm", b + "attn_k_norm.weight", (k_size,),
+                          f"layer {i} k_norm", None)]
             if c.sandwich_norms:
-                # Gemma: ffn_norm is the pre-feedforward norm; the sublayers'
-                # outputs have their own.
+                # Gemma, GLM-4: ffn_norm is the pre-feedforward norm (OLMo 2
+                # has none); the sublayers' outputs have their own.
                 plan += [(f"l{i}_post_attn_norm", b + "post_attention_norm.weight", (h,),
-                          f"layer {i} post-attention norm", None),
-                         (f"l{i}_mlp_norm", b + "ffn_norm.weight", (h,),
-                          f"layer {i} pre-feedforward norm", None),
-                         (f"l{i}_post_mlp_norm", b + "post_ffw_norm.weight", (h,),
-                          f"layer {i} post-feedforward norm", None)]
+                          f"layer {i} post-attention norm", None)]
+                if c.input_norms:
+                    plan.append((f"l{i}_mlp_norm", b + "ffn_norm.weight", (h,),
+                                 f"layer {i} pre-feedforward norm", None))
+                plan.append((f"l{i}_post_mlp_norm", b + "post_ffw_norm.weight", (h,),
+                             f"layer {i} post-feedforward norm", None))
             else:
                 # (gpt-oss's converter names the MLP's norm by its HF name.)
                 norm = "post_attention_norm" if self.architecture == "gpt-oss" else "ffn_norm"
@@ -425,8 +447,8 @@ class GGUFCheckpoint:
                                     f"ffn_gate_exps and ffn_up_exps")
             else:
                 f = c.intermediate_size
-                if fused:
-                    # Phi-3: gate then up in ffn_up, split by rows.
+                if fused_mlp:
+                    # Phi-3, GLM-4: gate then up in ffn_up, split by rows.
                     plan += [(key, b + "ffn_up.weight", (2 * f, h), f"layer {i} fused MLP gate/up",
                               ("rows", start, stop))
                              for key, start, stop in ((f"l{i}_w_gate", 0, f),
@@ -653,7 +675,7 @@ class GGUFCheckpoint:
                                 f"tokens separated by a space")
             pairs.append((parts[0], parts[1]))
         split = PRE_TOKENIZERS[pre]
-        backend = Tokenizer(models.BPE(vocab, pairs, ignore_merges=split == _LLAMA3_SPLIT))
+        backend = Tokenizer(models.BPE(vocab, pairs, ignore_merges=pre in _IGNORE_MERGES))
         if split == "gpt2":
             backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False,
                                                              use_regex=True)

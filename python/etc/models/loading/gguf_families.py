@@ -266,3 +266,27 @@ def gemma_config(ckpt, config: dict) -> dict:
         if value is not None:
             out[key] = decimal(value)
     return out
+
+
+#: llama.cpp's olmo2 with a window (OLMo 3): every 4th layer full.
+OLMO3_LLAMA_CPP_PATTERN = 4
+
+
+def olmo2_config(ckpt, config: dict) -> dict:
+    """An `olmo2` file with a window (`attention.sliding_window` > 0) is
+    OLMo 3, as llama.cpp's converter writes it (and llama.cpp reads it):
+    the window on the layers `attention.sliding_window_pattern` flags, else
+    on all but every 4th (llama.cpp's fixed pattern), `rope.freq_base` the
+    base of every layer (said per layer type, as Olmo3Config reads it);
+    without one, OLMo 2."""
+    window = ckpt._key("attention.sliding_window")
+    if not window:
+        return {}
+    layers = config["num_hidden_layers"] or 0
+    flags = ckpt._key("attention.sliding_window_pattern")
+    if not isinstance(flags, list):
+        flags = [(i + 1) % OLMO3_LLAMA_CPP_PATTERN != 0 for i in range(layers)]
+    plain = {"rope_type": "default", "rope_theta": config["rope_theta"]}
+    return {"architectures": ["Olmo3ForCausalLM"], "sliding_window": window,
+            "layer_types": ["sliding_attention" if flag else "full_attention" for flag in flags],
+            "rope_parameters": {"full_attention": dict(plain), "sliding_attention": plain}}

@@ -1,14 +1,17 @@
-"""Partial rotary embedding (Phi-4-mini: `partial_rotary_factor` 0.75) in
-the step graph, with no kernel of its own.
+"""Partial rotary embedding (Phi-4-mini: `partial_rotary_factor` 0.75) and
+interleaved RoPE pairs (GLM-4: both, factor 0.5) in the step graph, with
+no kernel of its own.
 
 Hugging Face rotates the first r = `rotary_dim` dimensions of each head,
 pairs (i, i + r / 2) for i < r / 2, and passes the other head_dim - r
 through; its cos and sin carry the variant's attention factor (LongRoPE's
 sqrt(1 + ln(factor) / ln(original context))), so only the rotated
-dimensions are scaled by it. The step graph's `rope` rotates pairs (i, i +
-head_dim / 2) of the whole head with a (head_dim / 2,) frequency table. At
-load, each head's rows of the q and k projections (and their biases and
-per-head norms) are permuted so that Hugging Face's pair (i, i + r / 2)
+dimensions are scaled by it. GLM-4's pairs are (2i, 2i + 1) instead
+(`ModelConfig.rope_interleaved`, GPT-J's layout), of the same
+frequencies. The step graph's `rope` rotates pairs (i, i + head_dim / 2)
+of the whole head with a (head_dim / 2,) frequency table. At load, each
+head's rows of the q and k projections (and their biases and norms) are
+permuted so that Hugging Face's pair (i, i + r / 2), or (2i, 2i + 1),
 lands on (i, i + head_dim / 2) and the pass-through dimensions fill the
 pairs r / 2 .. head_dim / 2 - 1, whose frequency in the table
 (`ModelConfig.rope_tables`) is 0: cos 1, sin 0, the identity. q . k is the
@@ -30,23 +33,30 @@ import re
 
 import numpy as np
 
-__all__ = ["permutation", "q_scale", "to_step_layout", "to_hf_layout", "unpacked_keys"]
+__all__ = ["permutation", "permuted", "q_scale", "to_step_layout", "to_hf_layout", "unpacked_keys"]
 
 #: The weights in a head's q or k layout, by the suffix of their graph name.
 _Q_KEYS = ("wq", "bq", "q_norm")
 _K_KEYS = ("wk", "bk", "k_norm")
 
 
-def permutation(head_dim: int, rotary_dim: int) -> np.ndarray:
+def permutation(head_dim: int, rotary_dim: int, interleaved: bool = False) -> np.ndarray:
     """The step layout of one head: entry j is the Hugging Face dimension
     that lands at j (pair (i, i + head_dim / 2) holds (i, i + r / 2) for
-    i < r / 2, then the pass-through dimensions in order, half each)."""
+    i < r / 2, or (2i, 2i + 1) when `interleaved`, then the pass-through
+    dimensions in order, half each)."""
     half, rotated_half = head_dim // 2, rotary_dim // 2
     rest = half - rotated_half
-    return np.concatenate([np.arange(rotated_half),
-                           np.arange(rotary_dim, rotary_dim + rest),
-                           np.arange(rotated_half, rotary_dim),
-                           np.arange(rotary_dim + rest, head_dim)])
+    firsts, seconds = (np.arange(0, rotary_dim, 2), np.arange(1, rotary_dim, 2)) \
+        if interleaved else (np.arange(rotated_half), np.arange(rotated_half, rotary_dim))
+    return np.concatenate([firsts, np.arange(rotary_dim, rotary_dim + rest),
+                           seconds, np.arange(rotary_dim + rest, head_dim)])
+
+
+def permuted(config) -> bool:
+    """Whether the q and k rows of `config` are permuted at load: partial
+    rotary, or interleaved pairs."""
+    return config.rotary_dim is not None or config.rope_interleaved
 
 
 def q_scale(config) -> float:
@@ -71,11 +81,10 @@ def unpacked_keys(config) -> set:
 
 
 def _rows(config, name: str, rows: int) -> np.ndarray:
-    """The row order of a q or k weight of `rows` rows (a norm: one head)."""
-    perm = permutation(config.head_dim, config.rotary_dim)
-    if name.endswith("norm"):
-        return perm
+    """The row order of a q or k weight of `rows` rows (whole heads; a
+    per-head norm: one)."""
     d = config.head_dim
+    perm = permutation(d, config.rotated, config.rope_interleaved)
     return (np.arange(rows // d)[:, None] * d + perm[None, :]).ravel()
 
 
@@ -85,10 +94,8 @@ def _scaled_rows(config, name: str, rows: int) -> np.ndarray:
     norm with per-head norms."""
     if name not in _Q_KEYS or (name == "q_norm") != config.qk_norm:
         return np.zeros(0, np.int64)
-    d, half, rotated_half = config.head_dim, config.head_dim // 2, config.rotary_dim // 2
+    d, half, rotated_half = config.head_dim, config.head_dim // 2, config.rotated // 2
     one = np.concatenate([np.arange(rotated_half), half + np.arange(rotated_half)])
-    if name == "q_norm":
-        return one
     return (np.arange(rows // d)[:, None] * d + one[None, :]).ravel()
 
 
@@ -113,7 +120,7 @@ def to_step_layout(config, key: str, array: np.ndarray, storage: str = "f32",
     ("f32", "f16", or "bf16" bit patterns); a `packed` weight (rows of
     blocks) is permuted only, and must not need scaling."""
     layer, name = _layer_key(key)
-    if config.rotary_dim is None or name is None:
+    if not permuted(config) or name is None:
         return array
     out = np.ascontiguousarray(array[_rows(config, name, array.shape[0])])
     factor = q_scale(config)
@@ -133,8 +140,9 @@ def to_step_layout(config, key: str, array: np.ndarray, storage: str = "f32",
 
 def to_hf_layout(config, weights: dict) -> dict:
     """float32 `weights` in the step layout back in Hugging Face's (the
-    inverse of `to_step_layout`); the same dict without partial rotary."""
-    if config.rotary_dim is None:
+    inverse of `to_step_layout`); the same dict without partial rotary or
+    interleaved pairs."""
+    if not permuted(config):
         return weights
     out = dict(weights)
     factor = q_scale(config)

@@ -96,6 +96,11 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     them) and the embeddings (gathered into `dtype` rows); the others are
     in `dtype`."""
     formats = weight_formats or {}
+    if ranks > 1 and config.qk_norm_projection:
+        raise NotImplementedError(
+            f"build_step_graph: ranks={ranks}: tensor-parallel {config.architecture} (its q/k "
+            f"norms span every head's projection, which the ranks split by heads) is not "
+            f"implemented; run it on one rank")
     if ranks > 1 and (config.o_bias or config.attention_sinks or config.expert_bias):
         raise NotImplementedError(
             f"build_step_graph: ranks={ranks}: tensor-parallel {config.architecture} (its "
@@ -179,6 +184,10 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         logit = g.matmul(normed, weight(f"l{i}_shexp_gate_inp", (1, h)), transpose_b=True)
         return g.add(routed, g.sigmoid_mul(logit, g.matmul(gated, down, transpose_b=True)))
 
+    def input_norm(x, key: str):
+        """x normed before a block (not in OLMo 2, which norms outputs only)."""
+        return norm(x, weight(key, (h,))) if c.input_norms else x
+
     embed = weight("embed", (c.vocab_size, h))
     # The RoPE frequencies: `inv_freq`, and the sliding layers' own.
     rope_tables = {name: g.input(name, (d // 2,), "f32") for name in c.rope_tables()}
@@ -195,7 +204,7 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     for i in range(c.num_layers):
         # Attention block, over the caches of the layer's table.
         batch, cache_shape = addressed[tables[i]]
-        normed = norm(x, weight(f"l{i}_attn_norm", (h,)))
+        normed = input_norm(x, f"l{i}_attn_norm")
         q = g.matmul(normed, weight(f"l{i}_wq", (c.num_heads * d, h)), transpose_b=True)
         k = g.matmul(normed, weight(f"l{i}_wk", (c.num_kv_heads * d, h)), transpose_b=True)
         v = g.matmul(normed, weight(f"l{i}_wv", (c.num_kv_heads * d, h)), transpose_b=True)
@@ -203,7 +212,11 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             q = g.add(q, weight(f"l{i}_bq", (c.num_heads * d,)))
             k = g.add(k, weight(f"l{i}_bk", (c.num_kv_heads * d,)))
             v = g.add(v, weight(f"l{i}_bv", (c.num_kv_heads * d,)))
-        if c.qk_norm:
+        if c.qk_norm_projection:
+            # OLMo 2: one norm over all of q's (k's) heads.
+            q = g.rmsnorm(q, weight(f"l{i}_q_norm", (c.num_heads * d,)), eps, offset=offset)
+            k = g.rmsnorm(k, weight(f"l{i}_k_norm", (c.num_kv_heads * d,)), eps, offset=offset)
+        elif c.qk_norm:
             q = g.head_rmsnorm(q, weight(f"l{i}_q_norm", (d,)), head_dim=d, eps=eps,
                                offset=offset)
             k = g.head_rmsnorm(k, weight(f"l{i}_k_norm", (d,)), head_dim=d, eps=eps,
@@ -231,7 +244,7 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         else:
             x = residual_matmul(attended, wo, x, post_norm(f"l{i}_post_attn_norm"))
         # MLP block: dense SwiGLU (GeGLU), or experts.
-        normed = norm(x, weight(f"l{i}_mlp_norm", (h,)))
+        normed = input_norm(x, f"l{i}_mlp_norm")
         if c.is_sparse(i):
             # Every rank routes the same (the router and its input are
             # whole) and adds its share of each chosen expert's columns.

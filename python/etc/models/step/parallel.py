@@ -29,6 +29,12 @@ def shard_config(config: ModelConfig, ranks: int) -> ModelConfig:
     naming the field that `ranks` does not divide."""
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"tensor_parallel={ranks!r} must be a positive int")
+    if ranks > 1 and config.qk_norm_projection:
+        # A rank would norm its own heads' share of q and k: another rms.
+        raise NotImplementedError(
+            f"tensor_parallel={ranks}: {config.architecture}'s q/k norms span the whole q and "
+            f"k projections (every head), which the ranks split by heads; tensor-parallel "
+            f"{config.architecture} is not implemented: run it on one rank")
     fields = ["num_heads", "num_kv_heads"]
     layers = range(config.num_layers)
     if any(not config.is_sparse(i) for i in layers):

@@ -37,6 +37,13 @@ def _rotate_half(x):
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
+def _rotate_pairs(x):
+    """GLM-4's (GPT-J's) rotation of pairs (2i, 2i + 1): (-x[2i + 1], x[2i])."""
+    out = np.empty_like(x)
+    out[..., 0::2], out[..., 1::2] = -x[..., 1::2], x[..., 0::2]
+    return out
+
+
 def _silu(x):
     return x / (np.float32(1) + np.exp(-x))
 
@@ -99,7 +106,9 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         else:
             inv_freq = c.rope_inv_freq(long=rope.uses_long(c.rope_scaling, n))
         freqs = np.arange(n, dtype=np.float32)[:, None] * inv_freq[None, :]
-        emb = np.concatenate([freqs, freqs], axis=-1)
+        # Pair i's frequency at i and i + r / 2, or at 2i and 2i + 1 (GLM-4).
+        emb = np.repeat(freqs, 2, axis=-1) if c.rope_interleaved else \
+            np.concatenate([freqs, freqs], axis=-1)
         scaling = c.local_rope_scaling if local else c.rope_scaling
         return np.cos(emb)[:, None, :], np.sin(emb)[:, None, :], \
             np.float32(rope.attention_factor(scaling))
@@ -112,25 +121,29 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
     offsets = np.arange(n)[:, None] - np.arange(n)[None, :]
     windowed = np.where(offsets >= (c.sliding_window or n + 1), np.float32(-np.inf), causal)
     group = c.num_heads // c.num_kv_heads
+    rotate = _rotate_pairs if c.rope_interleaved else _rotate_half
     for i in range(c.num_layers):
         w = lambda key: weights[f"l{i}_{key}"]
-        h = _rmsnorm(x, w("attn_norm"), eps, offset)
+        # (OLMo 2: no input norms, its blocks' outputs normed instead.)
+        h = _rmsnorm(x, w("attn_norm"), eps, offset) if c.input_norms else x
         q, k, v = h @ w("wq").T, h @ w("wk").T, h @ w("wv").T
         if c.qkv_bias:
             q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
+        if c.qk_norm_projection:  # OLMo 2: over the whole projection
+            q, k = _rmsnorm(q, w("q_norm"), eps, offset), _rmsnorm(k, w("k_norm"), eps, offset)
         q = q.reshape(n, c.num_heads, d)
         k = k.reshape(n, c.num_kv_heads, d)
         v = v.reshape(n, c.num_kv_heads, d)
-        if c.qk_norm:
+        if c.qk_norm and not c.qk_norm_projection:
             q = _rmsnorm(q, w("q_norm"), eps, offset)
             k = _rmsnorm(k, w("k_norm"), eps, offset)
         if c.uses_rope(i):  # SmolLM3's NoPE layers have none
             cos, sin, factor = rotations[c.local_rope(i)]
-            q = np.concatenate([(q[..., :r] * cos + _rotate_half(q[..., :r]) * sin) * factor,
+            q = np.concatenate([(q[..., :r] * cos + rotate(q[..., :r]) * sin) * factor,
                                 q[..., r:]], axis=-1)
             # The cache holds the keys before the attention factor (the
             # step graph puts it on q's side), so they round before it.
-            rotated = _round_to(k[..., :r] * cos + _rotate_half(k[..., :r]) * sin, kv_dtype)
+            rotated = _round_to(k[..., :r] * cos + rotate(k[..., :r]) * sin, kv_dtype)
             k = np.concatenate([rotated * factor, _round_to(k[..., r:], kv_dtype)], axis=-1)
         else:
             k = _round_to(k, kv_dtype)
@@ -156,7 +169,7 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
             out = out + w("bo")
         x = x + (_rmsnorm(out, w("post_attn_norm"), eps, offset) if c.sandwich_norms else
                  out) * residual
-        h = _rmsnorm(x, w("mlp_norm"), eps, offset)
+        h = _rmsnorm(x, w("mlp_norm"), eps, offset) if c.input_norms else x
         if c.is_sparse(i):
             logits = h @ w("router")  # stored (H, E)
             if c.router_bias:

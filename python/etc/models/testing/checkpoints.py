@@ -126,6 +126,16 @@ SHAPES = {
         rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
                       "beta_slow": 1.0, "truncate": False,
                       "original_max_position_embeddings": 4096}),
+    "olmo-2-1b": dict(
+        architecture="Olmo2ForCausalLM", vocab_size=100352, hidden_size=2048,
+        intermediate_size=8192, num_attention_heads=16, num_key_value_heads=16, head_dim=None,
+        max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=500000.0,
+        tie_word_embeddings=False),
+    "glm-4-9b": dict(
+        architecture="Glm4ForCausalLM", vocab_size=151552, hidden_size=4096,
+        intermediate_size=13696, num_attention_heads=32, num_key_value_heads=2, head_dim=128,
+        max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=10000.0,
+        partial_rotary_factor=0.5, tie_word_embeddings=False),
 }
 
 
@@ -147,7 +157,9 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "GraniteForCausalLM": "granite", "GraniteMoeForCausalLM": "granitemoe",
                 "SmolLM3ForCausalLM": "smollm3", "GptOssForCausalLM": "gpt_oss",
                 "Qwen2MoeForCausalLM": "qwen2_moe",
-                "GraniteMoeSharedForCausalLM": "granitemoeshared"}
+                "GraniteMoeSharedForCausalLM": "granitemoeshared",
+                "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo3",
+                "Glm4ForCausalLM": "glm4"}
 
 #: The tiny Granite configs' multipliers: far from 1, so that a model that
 #: drops one moves the logits by 0.7 (embedding) to 3 (attention) times
@@ -282,6 +294,28 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
                        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
                                         "beta_slow": 1.0, "truncate": False,
                                         "original_max_position_embeddings": 32}})
+    if architecture in ("Olmo2ForCausalLM", "Olmo3ForCausalLM"):
+        # As OLMo-2-1B's config.json: untied, no biases, no clip_qkv.
+        config.update({"tie_word_embeddings": False, "attention_dropout": 0.0,
+                       "rope_scaling": None, "pad_token_id": 1})
+    if architecture == "Olmo3ForCausalLM":
+        # OLMo 3's layer pattern at 2 layers: layer 0 sliding (window 5),
+        # layer 1 full; its RoPE base (the only flat one both transformers
+        # 4 and 5 give every layer) and, as OLMo 3 7B, yarn on the full
+        # layers only (here a factor of 8 over 16 positions).
+        config.update({"sliding_window": 5, "rope_theta": 500000.0,
+                       "layer_types": ["sliding_attention", "full_attention"],
+                       "rope_scaling": {"rope_type": "yarn", "factor": 8.0,
+                                        "original_max_position_embeddings": 16,
+                                        "attention_factor": 1.2, "beta_fast": 32.0,
+                                        "beta_slow": 1.0}})
+    if architecture == "Glm4ForCausalLM":
+        # As GLM-4-9B-0414's config.json: q/k/v biases, RoPE on half of
+        # each head (8 of 16 dimensions), untied; transformers' default
+        # pad_token_id (151329) is outside the vocabulary.
+        config.update({"attention_bias": True, "partial_rotary_factor": 0.5,
+                       "tie_word_embeddings": False, "attention_dropout": 0.0,
+                       "pad_token_id": 0})
     config.update(overrides)
     if config.get("layer_types", ()) is None:
         config.pop("layer_types")
@@ -305,6 +339,12 @@ def as_transformers5(config: dict) -> dict:
         pattern = config.pop("sliding_window_pattern", 6 if "3" in architecture else 2)
         config.setdefault("layer_types", ["sliding_attention" if (i + 1) % pattern else
                                           "full_attention" for i in range(layers)])
+    if architecture == "Olmo3ForCausalLM":
+        # RoPE per layer type, as Olmo3Config keeps it (it ignores flat
+        # parameters): the sliding layers' plain, of the same base.
+        config["rope_parameters"] = {
+            "full_attention": rope,
+            "sliding_attention": {"rope_type": "default", "rope_theta": rope["rope_theta"]}}
     if architecture == "Gemma3ForCausalLM":
         # RoPE per layer type: the full layers' (with rope_scaling) and the
         # sliding layers' own base.
@@ -426,6 +466,8 @@ def tensor_shapes(config: dict) -> dict:
     granite_moe = config["architectures"][0] in ("GraniteMoeForCausalLM",
                                                  "GraniteMoeSharedForCausalLM")
     gpt_oss = config["architectures"][0] == "GptOssForCausalLM"
+    olmo = config["architectures"][0] in ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
+    glm4 = config["architectures"][0] == "Glm4ForCausalLM"
     t = {"model.embed_tokens.weight": (vocab, h)}
     sparse = set(range(config["num_hidden_layers"])) if mixtral or granite_moe else set()
     if moe:
@@ -435,7 +477,8 @@ def tensor_shapes(config: dict) -> dict:
                   if i not in only and (i + 1) % step == 0}
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"] = (h,)
+        if not olmo:  # (OLMo 2 norms its blocks' outputs only)
+            t[p + "input_layernorm.weight"] = (h,)
         if phi3:  # q, k, v fused
             t[p + "self_attn.qkv_proj.weight"] = ((heads + 2 * kv) * d, h)
         else:
@@ -446,17 +489,25 @@ def tensor_shapes(config: dict) -> dict:
         if gpt_oss:
             t[p + "self_attn.o_proj.bias"] = (h,)
             t[p + "self_attn.sinks"] = (heads,)
-        if qwen2 or gpt_oss:
+        if qwen2 or gpt_oss or glm4 and config.get("attention_bias", True):
             t[p + "self_attn.q_proj.bias"] = (heads * d,)
             t[p + "self_attn.k_proj.bias"] = (kv * d,)
             t[p + "self_attn.v_proj.bias"] = (kv * d,)
         if qk_norm:
             t[p + "self_attn.q_norm.weight"] = (d,)
             t[p + "self_attn.k_norm.weight"] = (d,)
+        if olmo:  # over the whole projection
+            t[p + "self_attn.q_norm.weight"] = (heads * d,)
+            t[p + "self_attn.k_norm.weight"] = (kv * d,)
+        if glm4:  # of the attention's output (post_attention_layernorm: the MLP's input)
+            t[p + "post_self_attn_layernorm.weight"] = (h,)
         t[p + "post_attention_layernorm.weight"] = (h,)
         if gemma:
             t[p + "pre_feedforward_layernorm.weight"] = (h,)
+        if gemma or olmo:
             t[p + "post_feedforward_layernorm.weight"] = (h,)
+        if glm4:
+            t[p + "post_mlp_layernorm.weight"] = (h,)
         if gpt_oss:
             # transformers' (dequantized) layout: stacks (E, in, out), gate
             # and up interleaved (even, odd columns) (`write_checkpoint`'s
@@ -500,7 +551,7 @@ def tensor_shapes(config: dict) -> dict:
                 t[p + "mlp.shared_expert_gate.weight"] = (1, h)
         else:
             f = config["intermediate_size"]
-            if phi3:  # gate then up, fused
+            if phi3 or glm4:  # gate then up, fused
                 t[p + "mlp.gate_up_proj.weight"] = (2 * f, h)
             else:
                 t[p + "mlp.gate_proj.weight"] = (f, h)

@@ -28,7 +28,9 @@ _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama
                        "GraniteForCausalLM": "granite", "GraniteMoeForCausalLM": "granitemoe",
                        "GptOssForCausalLM": "gpt-oss", "Qwen2MoeForCausalLM": "qwen2moe",
                        # (the converter's GraniteMoeModel writes both)
-                       "GraniteMoeSharedForCausalLM": "granitemoe"}
+                       "GraniteMoeSharedForCausalLM": "granitemoe",
+                       "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo2",
+                       "Glm4ForCausalLM": "glm4"}
 #: The GGUF architectures whose Q and K rows llama.cpp's converter permutes
 #: (its LlamaModel's, rotated in pairs by llama.cpp's NORM RoPE).
 _PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
@@ -201,9 +203,12 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     # llama.cpp's converter: Phi-3's rotated dimensions, int(factor x
-    # hidden) // heads.
-    writer.add_rope_dimension_count(int(config.get("partial_rotary_factor", 1.0) * h) // heads
-                                    if architecture == "phi3" else head_dim)
+    # hidden) // heads; GLM-4's int(head_dim x factor) (0.5 by default).
+    rotated = int(config.get("partial_rotary_factor", 1.0) * h) // heads \
+        if architecture == "phi3" else \
+        int(head_dim * config.get("partial_rotary_factor", 0.5)) if architecture == "glm4" \
+        else head_dim
+    writer.add_rope_dimension_count(rotated)
     writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
@@ -226,6 +231,12 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
             for kind in ("long", "short"):
                 out[f"rope_factors_{kind}.weight"] = np.asarray(scaling[f"{kind}_factor"],
                                                                 np.float32)
+    if architecture == "olmo2" and config.get("sliding_window") is not None:
+        # OLMo 3, as llama.cpp's converter writes it: the window and a flag
+        # per layer.
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_sliding_window_pattern([t == "sliding_attention"
+                                           for t in config["layer_types"]])
     if gemma:
         # What llama.cpp's converter writes; it fixes the layer pattern, the
         # sliding layers' RoPE base and the attention scale itself.
