@@ -21,11 +21,10 @@ def shard_config(config: ModelConfig, ranks: int) -> ModelConfig:
     """One rank's share of `config` under Megatron-style tensor parallelism
     over `ranks`: `num_heads / ranks` query heads and `num_kv_heads / ranks`
     KV heads (rank r takes the r-th contiguous group, so its query heads
-    use its KV heads, and their attention sinks), `intermediate_size /
-    ranks` columns of the dense MLPs and `moe_intermediate_size / ranks` of
-    every expert's (the experts, their router and the norms are on every
-    rank). Raises ValueError naming the field that `ranks` does not
-    divide."""
+    use its KV heads), `intermediate_size / ranks` columns of the dense
+    MLPs and `moe_intermediate_size / ranks` of every expert's (the experts,
+    their router and the norms are on every rank). Raises ValueError
+    naming the field that `ranks` does not divide."""
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"tensor_parallel={ranks!r} must be a positive int")
     fields = ["num_heads", "num_kv_heads"]
@@ -56,13 +55,16 @@ def _splits(config: ModelConfig, ranks: int) -> dict:
     e = config.moe_intermediate_size // ranks
     splits = {kind: (0, 0, size, False) for kind, size in (
         ("wq", q), ("wk", kv), ("wv", kv), ("bq", q), ("bk", kv), ("bv", kv), ("w_gate", f),
-        ("w_up", f), ("sinks", config.num_heads // ranks))}
+        ("w_up", f))}
     splits.update(wo=(1, 1, q, True), w_down=(1, 1, f, True))
     # The stacked experts, widened or packed, in (E, out, in): gate and
-    # up (E, F, H), down (E, H, F); gpt-oss's gate and up biases (E, F).
+    # up (E, F, H), down (E, H, F).
     splits.update(experts_gate=(1, 1, e, False), experts_up=(1, 1, e, False),
-                  experts_down=(2, 2, e, True), experts_gate_b=(1, 1, e, False),
-                  experts_up_b=(1, 1, e, False))
+                  experts_down=(2, 2, e, True))
+    # gpt-oss: the attention sinks go with their heads, the experts' gate
+    # and up biases (E, F) with their rows.
+    splits.update(sinks=(0, 0, config.num_heads // ranks, False),
+                  experts_gate_b=(1, 1, e, False), experts_up_b=(1, 1, e, False))
     return splits
 
 
@@ -153,17 +155,19 @@ def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int,
                   formats: Optional[dict] = None) -> dict:
     """Rank `rank`'s slices of the checkpoint's `weights` (Hugging Face's
     (out, in) layout): the rows of the Q, K, V, gate and up projections
-    (and of the Q, K and V biases, and the attention sinks) of its heads
-    and MLP columns, the matching columns of the output and down
-    projections; of every expert (stacked (E, out, in) as `g.moe` takes
-    them with transpose_w: gate and up (E, F, H), down (E, H, F)) its F
-    rows of gate and up (and of their biases) and the matching columns of
-    down; the experts' down biases on rank 0, zeros on the others
-    (`_RANK_ZERO_ONLY`); everything else (the router and its bias, the
-    o_proj bias, the embeddings, the LM head) whole. The weights named in
-    `formats` are packed storage of that format: split by whole rows, or
-    along K by whole blocks (see `unaligned_packed` for the weights that
-    cannot be)."""
+    (and of the Q, K and V biases) of its heads and MLP columns, the
+    matching columns of the output and down projections; of every expert
+    (stacked (E, out, in) as `g.moe` takes them with transpose_w: gate
+    and up (E, F, H), down (E, H, F)) its F rows of gate and up and the
+    matching columns of down; everything else (the router, the embeddings, the LM
+    head) whole. The weights named in `formats` are packed storage of
+    that format: split by whole rows, or along K by whole blocks (see
+    `unaligned_packed` for the weights that cannot be).
+
+    gpt-oss's: each rank's heads' attention sinks, its rows of the
+    experts' gate and up biases; the experts' down biases on rank 0 and
+    zeros on the others (`_RANK_ZERO_ONLY`); the router's and the o_proj
+    biases whole."""
     formats = formats or {}
     return {name: shard_weight(config, name, array, ranks, rank, formats.get(name))
             for name, array in weights.items()}
