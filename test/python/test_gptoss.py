@@ -249,8 +249,13 @@ def test_numpy_forward_matches_transformers(name, tmp_path):
 
 def test_real_width_step_graph_builds():
     """gpt-oss-20b's widths (hidden 2880, not a power of two; 32 experts,
-    MXFP4) in a 2-layer step graph: one sliding and one full layer."""
+    MXFP4) in a 2-layer step graph: one sliding and one full layer; and
+    one rank's shard of it over 2 ranks (its 32 query heads and their
+    sinks, 1440 columns of every expert: 45 whole MXFP4 blocks of the down
+    experts' K). Over 4 ranks, 720 columns are not whole blocks: the
+    experts are named for widening."""
     from etc.models.step.graph import build_step_graph
+    from etc.models.step.parallel import shard_config, unaligned_packed
 
     config = ModelConfig.from_dict(shaped_config("gpt-oss-20b"))
     assert config.sliding_layers == (0,)
@@ -258,8 +263,15 @@ def test_real_width_step_graph_builds():
     g = build_step_graph(config, dtype="bf16", max_seq_len=256, chunk=64,
                          weight_formats=formats)
     assert g is not None
-    with pytest.raises(NotImplementedError, match="tensor-parallel GptOssForCausalLM"):
-        build_step_graph(config, dtype="bf16", max_seq_len=256, chunk=64, ranks=2)
+    assert unaligned_packed(config, formats, 2) == {}
+    shard = shard_config(config, 2)
+    assert (shard.num_heads, shard.num_kv_heads, shard.moe_intermediate_size) == (32, 4, 1440)
+    g = build_step_graph(shard, dtype="bf16", max_seq_len=256, chunk=64, ranks=2,
+                         weight_formats=formats)
+    assert g is not None
+    widened = unaligned_packed(config, formats, 4)
+    assert set(widened) == set(formats), widened
+    assert "720 values per rank" in widened["l0_experts_down"]
 
 
 # ----------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Tensor-parallel models on several ranks, run as real MPI processes on
-this machine: `etc.models.load(..., tensor_parallel=N)` (dense, and
-Mixture-of-Experts) against the whole model on one rank, `etc serve
+this machine: `etc.models.load(..., tensor_parallel=N)` (dense,
+Mixture-of-Experts, gpt-oss) against the whole model on one rank, `etc serve
 --tensor-parallel 2` answering the openai client, the `etc` command on two
 ranks (generate, chat), and a served model losing a rank."""
 
@@ -91,6 +91,80 @@ def test_packed_shards_are_the_widened_shards(fmt):
         assert "tensor_parallel=4" in widened["l0_w_down"]
     else:
         assert widened == {}
+
+
+@pytest.mark.parametrize("cases", [("float", "mxfp4"), ("gguf",)])
+def test_tensor_parallel_gptoss_matches_one_rank(cases):
+    """gpt-oss split over 2 ranks (each its heads' sinks, the o_proj bias
+    after the all-reduce, the experts' down bias in rank 0's partial sum)
+    generates the whole model's tokens, logits within float rounding: a
+    float checkpoint, MXFP4 experts kept packed, and a GGUF file (MXFP4
+    experts, Q8_0 projections)."""
+    result, output = launch(2, "tensor_parallel_gptoss.py", *cases)
+    assert result.returncode == 0, output
+    for rank in range(2):
+        for case in cases:
+            assert f"rank {rank}: tensor parallel gpt-oss {case} matches" in output, output
+
+
+def test_gptoss_shards_add_up_to_the_whole_layer():
+    """gpt-oss's weights over 2 ranks (no processes): each rank's sinks are
+    its query heads'; the router, its bias and the o_proj bias are whole;
+    the gate and up experts and their biases split along F; the experts'
+    down bias is rank 0's alone, so the ranks' partial MoE outputs
+    (`etc.reference.moe`) add up to the whole layer's, where a bias on
+    every rank would count it twice. MXFP4 experts whose F share is not
+    whole blocks of 32 are named for widening."""
+    import numpy as np
+
+    from etc.models.loading.config import ModelConfig
+    from etc.models.step.parallel import shard_weights, unaligned_packed
+    from etc.models.testing import tiny_config
+    from etc.reference import moe
+
+    config = ModelConfig.from_dict(tiny_config("GptOssForCausalLM", intermediate_size=64))
+    e, f, h, heads = config.num_experts, config.moe_intermediate_size, config.hidden_size, \
+        config.num_heads
+    rng = np.random.default_rng(0)
+    shapes = {"l0_sinks": (heads,), "l0_bo": (h,), "l0_router": (h, e), "l0_router_b": (e,),
+              "l0_experts_gate": (e, f, h), "l0_experts_up": (e, f, h),
+              "l0_experts_down": (e, h, f), "l0_experts_gate_b": (e, f),
+              "l0_experts_up_b": (e, f), "l0_experts_down_b": (e, h)}
+    whole = {k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()}
+    x = rng.standard_normal((5, h)).astype(np.float32)
+
+    def layer(w, down_b):
+        return moe(x, w["l0_router"], w["l0_experts_gate"].swapaxes(1, 2),
+                   w["l0_experts_down"].swapaxes(1, 2), config.num_experts_per_tok,
+                   w["l0_experts_up"].swapaxes(1, 2), router_b=w["l0_router_b"],
+                   b1=w["l0_experts_gate_b"], b_up=w["l0_experts_up_b"], b2=down_b,
+                   activation="swiglu_oai", swiglu_limit=config.swiglu_limit,
+                   swiglu_alpha=config.swiglu_alpha)
+
+    shards = [shard_weights(config, whole, 2, rank) for rank in range(2)]
+    for rank, shard in enumerate(shards):
+        mine = slice(rank * heads // 2, (rank + 1) * heads // 2)
+        np.testing.assert_array_equal(shard["l0_sinks"], whole["l0_sinks"][mine])
+        for key in ("l0_bo", "l0_router", "l0_router_b"):
+            np.testing.assert_array_equal(shard[key], whole[key])
+        columns = slice(rank * f // 2, (rank + 1) * f // 2)
+        for key in ("l0_experts_gate_b", "l0_experts_up_b"):
+            np.testing.assert_array_equal(shard[key], whole[key][:, columns])
+        np.testing.assert_array_equal(shard["l0_experts_down"],
+                                      whole["l0_experts_down"][:, :, columns])
+    assert not shards[1]["l0_experts_down_b"].any()
+    want = layer(whole, whole["l0_experts_down_b"])
+    got = sum(layer(shard, shard["l0_experts_down_b"]) for shard in shards)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    twice = sum(layer(shard, whole["l0_experts_down_b"]) for shard in shards)
+    assert np.abs(twice - want).max() > 0.1
+    # 32 / 2 values of the down experts' K per rank: not whole MXFP4 blocks.
+    narrow = ModelConfig.from_dict(tiny_config("GptOssForCausalLM"))
+    formats = {f"l0_experts_{p}": "mxfp4" for p in ("gate", "up", "down")}
+    widened = unaligned_packed(narrow, formats, 2)
+    assert set(widened) == set(formats), widened
+    assert "'l0_experts_down' (mxfp4, blocks of 32 values)" in widened["l0_experts_down"]
+    assert unaligned_packed(config, formats, 2) == {}
 
 
 # ----------------------------------------------------------------------

@@ -88,7 +88,10 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     model (`shard_config`: its share of the heads and of the MLP and expert
     columns), and the partial sums of the attention output, MLP down
     projections and expert layers are added over the ranks by an
-    `all_reduce` fused into the step (`etc.models.step.parallel`).
+    `all_reduce` fused into the step (`etc.models.step.parallel`); each
+    rank's attention has its heads' sinks, the o_proj bias is added after
+    the reduce, and an expert's down bias is in rank 0's partial sum only
+    (its weight is zero on the others: `parallel.shard_weight`).
 
     `weight_formats` (weight name -> a format of `etc.packed`) names the
     weights that stay packed: matrices read by rows (the projections, the
@@ -101,11 +104,6 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             f"build_step_graph: ranks={ranks}: tensor-parallel {config.architecture} (its q/k "
             f"norms span every head's projection, which the ranks split by heads) is not "
             f"implemented; run it on one rank")
-    if ranks > 1 and (config.o_bias or config.attention_sinks or config.expert_bias):
-        raise NotImplementedError(
-            f"build_step_graph: ranks={ranks}: tensor-parallel {config.architecture} (its "
-            f"attention sinks, o_proj and expert biases split over ranks) is not implemented; "
-            f"run it on one rank")
     cache_dtype = dtype if kv_dtype is None else kv_dtype
     c = config
     g = Graph(name, ranks=ranks)
@@ -238,8 +236,9 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         wo = weight(f"l{i}_wo", (h, c.num_heads * d))
         if c.o_bias:
             # gpt-oss: x + (a Woᵀ + bo), the bias added to the projection
-            # before the residual, as transformers rounds it.
-            x = g.add(x, g.add(g.matmul(attended, wo, transpose_b=True),
+            # before the residual, as transformers rounds it; on several
+            # ranks to the reduced sum, so that it counts once.
+            x = g.add(x, g.add(reduced(g.matmul(attended, wo, transpose_b=True)),
                                weight(f"l{i}_bo", (h,))))
         else:
             x = residual_matmul(attended, wo, x, post_norm(f"l{i}_post_attn_norm"))

@@ -73,7 +73,22 @@ def _splits(config: ModelConfig, ranks: int) -> dict:
     # up (E, F, H), down (E, H, F).
     splits.update(experts_gate=(1, 1, e, False), experts_up=(1, 1, e, False),
                   experts_down=(2, 2, e, True))
+    # gpt-oss: the attention sinks go with their heads, the experts' gate
+    # and up biases (E, F) with their rows.
+    splits.update(sinks=(0, 0, config.num_heads // ranks, False),
+                  experts_gate_b=(1, 1, e, False), experts_up_b=(1, 1, e, False))
     return splits
+
+
+#: The weights added inside a partial sum that the all-reduce adds over the
+#: ranks, which must count once: rank 0 keeps them, the others hold zeros.
+#: gpt-oss's down-projection bias b2 (E, H) is added to each chosen
+#: expert's output before its routing weight multiplies it, inside `g.moe`,
+#: so it cannot move after the reduce; rank 0's partial sum carries
+#: weight * (down + b2), the others' weight * down, and their sum is the
+#: whole layer's. (The o_proj bias, added to the attention output as a
+#: whole, is added after the reduce instead: `build_step_graph`.)
+_RANK_ZERO_ONLY = ("experts_down_b",)
 
 
 def _kind(name: str):
@@ -123,6 +138,8 @@ def shard_weight(config: ModelConfig, name: str, array: np.ndarray, ranks: int, 
     contiguous (its rows: only their pages become resident)."""
     if ranks == 1:
         return array
+    if _kind(name) in _RANK_ZERO_ONLY:
+        return array if rank == 0 else np.zeros(array.shape, array.dtype)
     split = _splits(config, ranks).get(_kind(name))
     if split is None:
         return array
@@ -158,7 +175,12 @@ def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int,
     everything else (the router, a shared expert's gate vector, the
     embeddings, the LM head) whole. The weights named in `formats` are packed storage of
     that format: split by whole rows, or along K by whole blocks (see
-    `unaligned_packed` for the weights that cannot be)."""
+    `unaligned_packed` for the weights that cannot be).
+
+    gpt-oss's: each rank's heads' attention sinks, its rows of the
+    experts' gate and up biases; the experts' down biases on rank 0 and
+    zeros on the others (`_RANK_ZERO_ONLY`); the router's and the o_proj
+    biases whole."""
     formats = formats or {}
     return {name: shard_weight(config, name, array, ranks, rank, formats.get(name))
             for name, array in weights.items()}
