@@ -366,9 +366,9 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
             if getattr(body, field, None) is not None:
                 logger.info("%s: %s %r", request_id, field, getattr(body, field))
         envelope = Envelope(request_id, chat, int(time.time()), name)
-        form = AnswerForm(chat, parser, reasoning, prompt_text,
-                          getattr(body, "parallel_tool_calls", None),
-                          body.top_logprob_count is not None, request_id)
+        form = AnswerForm(chat, parser=parser, reasoning=reasoning, prompt_text=prompt_text,
+                          parallel_tool_calls=getattr(body, "parallel_tool_calls", None),
+                          logprobs=body.top_logprob_count is not None, request_id=request_id)
         # Each choice's last output (its usage).
         lasts: list = [None] * len(handles)
         results = _results(outputs, handles, lasts)

@@ -8,6 +8,10 @@ as they are generated (`CallStream`).
 * `llama3_json` (Llama 3.1-3.3): the answer is one JSON object `{"name":
   ..., "parameters": {...}}`.
 
+gpt-oss's calls (harmony) are read with its channels (`reasoning`); the
+grammar that forces one is here too: a commentary message to
+`functions.NAME`, after at most one analysis message.
+
 The parser is chosen from the chat template (`parser_for`): one that
 writes `<tool_call>` is Hermes', one that names `ipython` or
 `<|python_tag|>` Llama's. A call's `arguments` are the text the model
