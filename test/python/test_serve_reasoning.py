@@ -3,6 +3,9 @@ gpt-oss's harmony channels split into `reasoning_content` and `content`,
 by the parser itself (every chunking of an answer) and end to end through
 the `openai` client, the tiny chat model made to write a chosen answer."""
 
+import json
+
+import httpx
 import numpy as np
 import pytest
 
@@ -245,3 +248,109 @@ def test_a_harmony_call_without_tools_is_dropped_with_a_warning(marked_model, sc
         ("Need the weather.", None, None)
     assert reply.choices[0].finish_reason == "stop"
     assert "calls get_weather, but the request gave no tools" in caplog.text
+
+
+# -- tool_choice with harmony: the call forced by a grammar -------------------
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Za-z]{0,8}$"}},
+    "required": ["city"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "integer", "minimum": -12,
+                                              "maximum": 12}},
+    "required": ["zone"], "additionalProperties": False}}}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _matcher(model, tools, name):
+    from etc.models.engine.constraints import Constraint, Grammar
+    from etc.serve.tools import forced_grammar
+
+    return Constraint(model, Grammar("lark", forced_grammar("harmony", tools, name)),
+                      "tool_choice").matcher
+
+
+@pytest.mark.parametrize("text, name, whole", [
+    (HARMONY_CALL, "get_weather", True),
+    (HARMONY_CALL, None, True),
+    # No analysis message: the call straight away.
+    (HARMONY_CALL[HARMONY_CALL.index("<|start|>") + len("<|start|>assistant"):], None, True),
+    # The wrong tool, arguments against the schema, not a call, two analyses.
+    (HARMONY_CALL, "get_time", False),
+    (HARMONY_CALL.replace('"Paris"', "3"), None, False),
+    (HARMONY_CALL.replace('"Paris"', '"Paris, France"'), None, False),
+    (HARMONY, None, False),
+    (HARMONY_CALL.replace("<|start|>assistant", "<|start|>assistant<|channel|>analysis"
+                          "<|message|>More.<|end|><|start|>assistant", 1), None, False),
+])
+def test_the_forced_harmony_call_grammar(marked_model, text, name, whole):
+    """The grammar takes a harmony call of the chosen tool with arguments
+    valid against its schema, after at most one analysis message, and
+    ends at <|call|>; it refuses anything else."""
+    tokens = marked_model.tokenizer.encode(text, add_special_tokens=False)
+    matcher = _matcher(marked_model, [WEATHER, TIME], name)
+    taken = matcher.validate_tokens(tokens)
+    assert (taken == len(tokens)) == whole, (taken, len(tokens))
+    if whole:
+        assert matcher.consume_tokens(tokens) and matcher.is_stopped()
+
+
+def test_a_forced_harmony_call_over_http(marked_model, scripted):
+    """The answer written as harmony writes a call passes the grammar of
+    a named tool_choice; whole and streamed, it is the call."""
+    scripted(HARMONY_CALL, tools=[WEATHER, TIME])
+    with Server.of(marked_model, reasoning_parser="harmony") as server:
+        client = server.client()
+        options = dict(model=NAME, messages=CHAT, max_tokens=90, temperature=0,
+                       tools=[WEATHER, TIME], tool_choice=NAMED)
+        choice = client.chat.completions.create(**options).choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert (choice.message.reasoning_content, choice.message.content) == \
+            ("Need the weather.", None)
+        assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] \
+            == [("get_weather", '{"city":"Paris"}')]
+        chunks = [c for c in client.chat.completions.create(stream=True, **options)
+                  if c.choices]
+        calls = [call for c in chunks for call in c.choices[0].delta.tool_calls or ()]
+        assert [(c.function.name, c.function.arguments) for c in calls] == \
+            [("get_weather", '{"city":"Paris"}')]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("tool_choice, names", [
+    ("required", {"get_weather", "get_time"}),
+    ({"type": "function", "function": {"name": "get_time"}}, {"get_time"}),
+])
+def test_sampled_harmony_answers_are_the_forced_call(marked_model, tool_choice, names):
+    """The random model, sampling under the grammar, writes a call of a
+    tool it may call, its arguments valid; <|end|> made likely keeps its
+    analysis (any text) short."""
+    from test_structured_output import validate
+
+    end = marked_model.tokenizer.token_to_id("<|end|>")
+    tools = {"get_weather": WEATHER, "get_time": TIME}
+    with Server.of(marked_model, reasoning_parser="harmony") as server:
+        for seed in range(3):
+            reply = server.client().chat.completions.create(
+                model=NAME, messages=CHAT, max_tokens=90, temperature=1.0, seed=seed,
+                tools=list(tools.values()), tool_choice=tool_choice,
+                logit_bias={str(end): 100})
+            choice = reply.choices[0]
+            assert choice.finish_reason == "tool_calls", choice
+            assert choice.message.content is None
+            (call,) = choice.message.tool_calls
+            assert call.function.name in names
+            validate(json.loads(call.function.arguments),
+                     tools[call.function.name]["function"]["parameters"])
+
+
+def test_a_forced_harmony_call_needs_harmony_tokens(chat_model):
+    """A tokenizer without harmony's tokens cannot force a call: refused,
+    naming tool_choice and what it lacks."""
+    with Server.of(chat_model, reasoning_parser="harmony") as server:
+        response = httpx.post(server.url + "/v1/chat/completions", json={
+            "model": NAME, "messages": CHAT, "max_tokens": 4, "tools": [WEATHER],
+            "tool_choice": "required"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tool_choice" and "<|constrain|>" in error["message"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import time
 import uuid
@@ -23,12 +22,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..models.engine import Engine, RequestError, RequestOutput
 from ..models.engine.constraints import Constraint, Grammar, GrammarError
 from ..models.loading.tokenizer import ChatTemplateError
+from .choice import AnswerForm, CollectedChoice, StreamedChoice
+from .choice import _calls  # noqa: F401 (read here by test_tool_calls)
 from .handoff import Handoff
-from .logprobs import TokenText, chat_logprobs, completion_logprobs
+from .logprobs import TokenText
 from . import reasoning as reasoning_
 from . import tools as tools_
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+from .replies import DONE, Envelope, error_event, sse, usage
 
 __all__ = ["build_app", "APIError", "SHUTTING_DOWN"]
 
@@ -236,9 +238,6 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                                 "can read (give etc serve --tool-call-parser)", "tools")
         text = _render(tokenizer, body)
         prompt = tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
-        if calling and harmony and body.tool_choice not in (None, "auto"):
-            raise APIError(400, "tool_choice: only 'auto' (or 'none') with harmony's tool "
-                                "calls", "tool_choice")
         return await _complete(request, body, prompt, body.new_tokens, chat=True,
                                parser=tool_call_parser if calling else None,
                                reasoning=reasoning_parser, prompt_text=text)
@@ -295,6 +294,13 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                 raise APIError(400, f"tool_choice: a forced tool call and {found[2]} both "
                                     f"constrain the answer; give one", "tool_choice")
             name = None if choice == "required" else choice.function.name
+            if parser == "harmony":
+                missing = [t for t in tools_.HARMONY_TOKENS
+                           if model.tokenizer.token_to_id(t) is None]
+                if missing:
+                    raise APIError(400, f"tool_choice: a forced harmony call needs the "
+                                        f"special tokens {', '.join(missing)}, which this "
+                                        f"model's tokenizer lacks", "tool_choice")
             tools = [t.model_dump() for t in body.tools]
             found = ("lark", tools_.forced_grammar(parser, tools, name), "tool_choice")
         if found is None:
@@ -327,7 +333,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         # (choice index, output) of every choice, as the engine makes them.
         outputs: asyncio.Queue = asyncio.Queue()
         handles = []
-        constraints = await _constraints(body, None if parser == "harmony" else parser)
+        constraints = await _constraints(body, parser)
         stop_token_ids, skip_special = body.stop_token_ids, body.skip_special_tokens
         if reasoning == "harmony":
             # Harmony's markers are special tokens: kept in the text until
@@ -359,136 +365,24 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         for field in ("user", "safety_identifier"):
             if getattr(body, field, None) is not None:
                 logger.info("%s: %s %r", request_id, field, getattr(body, field))
-        kind = "chat.completion" if chat else "text_completion"
-        stamp = int(time.time())
-        # Each choice's last output (its usage) and the first error.
+        envelope = Envelope(request_id, chat, int(time.time()), name)
+        form = AnswerForm(chat, parser=parser, reasoning=reasoning, prompt_text=prompt_text,
+                          parallel_tool_calls=getattr(body, "parallel_tool_calls", None),
+                          logprobs=body.top_logprob_count is not None, request_id=request_id)
+        # Each choice's last output (its usage).
         lasts: list = [None] * len(handles)
-
-        async def results() -> AsyncIterator[tuple]:
-            try:
-                while any(last is None or not last.finished for last in lasts):
-                    index, output = await outputs.get()
-                    lasts[index] = output
-                    yield index, output
-            finally:
-                # A client gone mid-request: the slots go to the next ones.
-                for handle in handles:
-                    if not handle.finished:
-                        handle.cancel()
-
-        def usage() -> dict:
-            completion_tokens = sum(o.num_tokens for o in lasts if o is not None)
-            cached = lasts[0].cached_tokens if lasts[0] is not None else 0
-            return {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
-                    "total_tokens": len(prompt) + completion_tokens,
-                    "prompt_tokens_details": {"cached_tokens": cached}}
-
-        def error_of(output: RequestOutput) -> Optional[APIError]:
-            if output.finish_reason == "error":
-                return APIError(500, f"the step failed: {output.error}", None,
-                                kind="internal_error")
-            if output.finish_reason == "abort" and output.error:  # the server stops
-                return APIError(503, output.error, None, kind="service_unavailable")
-            return None
-
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        results = _results(outputs, handles, lasts)
         if body.stream:
-            async def events():
-                first = [True] * len(handles)
-                offsets = [0] * len(handles)
-                readers = [tools_.CallStream(parser, body.parallel_tool_calls is not False)
-                           for _ in handles] if parser not in (None, "harmony") else None
-                thinking = [reasoning_.Reader(reasoning, prompt_text) for _ in handles] \
-                    if reasoning is not None and chat else None
-                sent_calls = [0] * len(handles)
-                async for index, output in results():
-                    if (error := error_of(output)) is not None:
-                        yield _sse({"error": {"message": error.message, "type": error.kind}})
-                        break
-                    if chat:
-                        reason = output.finish_reason
-                        pieces = [("content", output.text)]
-                        deltas = []
-                        if thinking is not None:
-                            # Reasoning first, then the answer; a marker
-                            # split across chunks is held until read.
-                            reader = thinking[index]
-                            pieces = reader.feed(output.text) + (
-                                reader.finish() if output.finished else [])
-                            calls = reader.calls[sent_calls[index]:]
-                            if calls and parser is None and output.finished:
-                                _dropped(request_id, calls)
-                            if body.parallel_tool_calls is False:
-                                calls = calls[:1 - sent_calls[index]]
-                            if parser is not None and calls:
-                                deltas += [{"tool_calls": [{"index": sent_calls[index] + k,
-                                                            **call}]}
-                                           for k, call in enumerate(calls)]
-                                sent_calls[index] += len(calls)
-                            if sent_calls[index] and reason == "stop":
-                                reason = "tool_calls"
-                        for field, piece in pieces:
-                            if field == "content" and readers is not None:
-                                # Tool calls as OpenAI streams them: deltas of
-                                # their own, the text held while it may be one.
-                                deltas += readers[index].feed(piece)
-                            else:
-                                deltas.append({field: piece})
-                        if readers is not None:
-                            stream = readers[index]
-                            if output.finished:
-                                deltas += stream.finish()
-                            if stream.calls and reason == "stop":
-                                reason = "tool_calls"
-                        # Empty while a reader holds the text back.
-                        deltas = deltas or [{}]
-                        if first[index]:
-                            deltas[0]["role"] = "assistant"
-                        lp = chat_logprobs(token_text, output.logprobs)
-                        choices = [{"index": index, "delta": delta,
-                                    "logprobs": lp if k == 0 else None,
-                                    "finish_reason": reason if k == len(deltas) - 1 else None}
-                                   for k, delta in enumerate(deltas)]
-                        # Text held back (a call's start) sends nothing.
-                        choices = [c for c in choices if c["delta"] or c["logprobs"] or
-                                   c["finish_reason"]]
-                    else:
-                        choices = [{"index": index, "text": output.text,
-                                    "logprobs": completion_logprobs(
-                                        token_text, output.logprobs, offsets[index]),
-                                    "finish_reason": output.finish_reason}]
-                        offsets[index] += sum(len(token_text(t.token_id))
-                                              for t in output.logprobs or ())
-                    first[index] = False
-                    for choice in choices:
-                        chunk = {"id": request_id,
-                                 "object": f"{kind}.chunk" if chat else kind,
-                                 "created": stamp, "model": name, "choices": [choice]}
-                        if include_usage:
-                            chunk["usage"] = None
-                        yield _sse(chunk)
-                if include_usage:
-                    yield _sse({"id": request_id, "object": f"{kind}.chunk" if chat else kind,
-                                "created": stamp, "model": name, "choices": [],
-                                "usage": usage()})
-                yield "data: [DONE]\n\n"
-
-            return StreamingResponse(events(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-
-        async def collect():
-            texts = [[] for _ in handles]
-            logprobs = [[] for _ in handles]
-            async for index, output in results():
-                if (error := error_of(output)) is not None:
-                    return error, texts, logprobs
-                texts[index].append(output.text)
-                logprobs[index] += output.logprobs or ()
-            return None, texts, logprobs
-
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            choices = [StreamedChoice(index, form, token_text) for index in range(len(handles))]
+            return StreamingResponse(
+                _events(results, choices, envelope, include_usage,
+                        lambda: usage(len(prompt), lasts)),
+                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        collected = [CollectedChoice(index, form, token_text) for index in range(len(handles))]
         # Wait for the result or for the client to leave, whichever comes
         # first (a closed connection cancels the request).
-        collecting = asyncio.ensure_future(collect())
+        collecting = asyncio.ensure_future(_collect(results, collected))
         disconnect = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({collecting, disconnect}, return_when=asyncio.FIRST_COMPLETED)
@@ -499,40 +393,11 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
             with contextlib.suppress(asyncio.CancelledError):
                 await collecting
             return Response(status_code=499)
-        error, texts, logprobs = collecting.result()
+        error = collecting.result()
         if error is not None:
             raise error
-        choices = []
-        for index, last in enumerate(lasts):
-            text = "".join(texts[index])
-            lp = logprobs[index] if body.top_logprob_count is not None else None
-            reason = last.finish_reason
-            if chat:
-                message = {"role": "assistant", "content": text}
-                calls = []
-                if reasoning is not None:
-                    message["reasoning_content"], message["content"], calls = \
-                        reasoning_.split(reasoning, text, prompt_text)
-                    if calls and parser is None:
-                        _dropped(request_id, calls)
-                        calls = []
-                    if body.parallel_tool_calls is False:
-                        calls = calls[:1]
-                if parser not in (None, "harmony"):
-                    message["content"], calls = _calls(parser, message["content"] or "",
-                                                       body)
-                if calls:
-                    message["tool_calls"] = calls
-                    reason = "tool_calls" if reason == "stop" else reason
-                choice = {"index": index, "message": message,
-                          "logprobs": chat_logprobs(token_text, lp)}
-            else:
-                choice = {"index": index, "text": text,
-                          "logprobs": completion_logprobs(token_text, lp)}
-            choice["finish_reason"] = reason
-            choices.append(choice)
-        return {"id": request_id, "object": kind, "created": stamp, "model": name,
-                "choices": choices, "usage": usage()}
+        return envelope.whole([choice.choice() for choice in collected],
+                              usage(len(prompt), lasts))
 
     return app
 
@@ -583,29 +448,56 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-#: Characters JSON leaves as they are that str.splitlines (and so httpx's
-#: `iter_lines`) takes for line ends: escaped, an event stays one line.
-_LINE_ENDS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+async def _results(outputs: asyncio.Queue, handles: list,
+                   lasts: list) -> AsyncIterator[tuple]:
+    """(choice index, output) of a request's choices as the engine makes
+    them, each choice's last output kept in `lasts`, until every choice
+    has finished; a client gone mid-request (the iterator closed) cancels
+    the choices still running, so that their slots go to the next ones."""
+    try:
+        while any(last is None or not last.finished for last in lasts):
+            index, output = await outputs.get()
+            lasts[index] = output
+            yield index, output
+    finally:
+        for handle in handles:
+            if not handle.finished:
+                handle.cancel()
 
 
-def _sse(data: dict) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False).translate(_LINE_ENDS)}\n\n"
+def _error_of(output: RequestOutput) -> Optional[APIError]:
+    """The error an output ends its request with, or None."""
+    if output.finish_reason == "error":
+        return APIError(500, f"the step failed: {output.error}", None, kind="internal_error")
+    if output.finish_reason == "abort" and output.error:  # the server stops
+        return APIError(503, output.error, None, kind="service_unavailable")
+    return None
 
 
-def _dropped(request_id: str, calls: list) -> None:
-    """Says that an answer's calls (harmony's) are dropped: the request
-    gave no tools to call."""
-    logger.warning("%s: the answer calls %s, but the request gave no tools: the calls are "
-                   "dropped", request_id, ", ".join(c["function"]["name"] for c in calls))
+async def _events(results: AsyncIterator[tuple], choices: list, envelope: Envelope,
+                  include_usage: bool, usage_now) -> AsyncIterator[str]:
+    """A streamed answer's events: the chunks of each output of `results`
+    (`StreamedChoice.chunk_choices`), an error event where one failed,
+    the usage (`usage_now()`) where asked for, then [DONE]."""
+    async for index, output in results:
+        if (error := _error_of(output)) is not None:
+            yield error_event(error.message, error.kind)
+            break
+        for choice in choices[index].chunk_choices(output):
+            yield sse(envelope.chunk(choice, include_usage))
+    if include_usage:
+        yield sse(envelope.usage_chunk(usage_now()))
+    yield DONE
 
 
-def _calls(parser: str, text: str, body) -> tuple:
-    """(content, calls) of an answer (`tools.parse`), at most one call with
-    parallel_tool_calls false."""
-    content, calls = tools_.parse(parser, text)
-    if body.parallel_tool_calls is False:
-        calls = calls[:1]
-    return content, calls
+async def _collect(results: AsyncIterator[tuple], choices: list) -> Optional[APIError]:
+    """Gives each output of `results` to its `CollectedChoice`; returns the
+    first error, or None."""
+    async for index, output in results:
+        if (error := _error_of(output)) is not None:
+            return error
+        choices[index].add(output)
+    return None
 
 
 def _choices(body: _Sampling) -> list:

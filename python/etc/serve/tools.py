@@ -8,6 +8,10 @@ as they are generated (`CallStream`).
 * `llama3_json` (Llama 3.1-3.3): the answer is one JSON object `{"name":
   ..., "parameters": {...}}`.
 
+gpt-oss's calls (harmony) are read with its channels (`reasoning`); the
+grammar that forces one is here too: a commentary message to
+`functions.NAME`, after at most one analysis message.
+
 The parser is chosen from the chat template (`parser_for`): one that
 writes `<tool_call>` is Hermes', one that names `ipython` or
 `<|python_tag|>` Llama's. A call's `arguments` are the text the model
@@ -22,7 +26,8 @@ import re
 import uuid
 from typing import Optional
 
-__all__ = ["PARSERS", "parser_for", "parse", "forced_grammar", "CallStream"]
+__all__ = ["PARSERS", "parser_for", "parse", "forced_grammar", "HARMONY_TOKENS",
+           "CallStream"]
 
 PARSERS = ("hermes", "llama3_json")
 
@@ -97,11 +102,22 @@ def _schema(tool: dict, arguments_key: str) -> dict:
             "required": ["name", arguments_key], "additionalProperties": False}
 
 
+#: The special tokens of harmony's forced call (`forced_grammar`), which a
+#: tokenizer must have.
+HARMONY_TOKENS = ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|constrain|>",
+                  "<|call|>")
+
+
 def forced_grammar(parser: str, tools: list, name: Optional[str]) -> str:
     """A Lark grammar (llguidance's, with `%json`) of an answer that is one
     call (of the tool `name`, or of any of `tools`) in `parser`'s format,
-    its arguments valid against the function's parameters."""
+    its arguments valid against the function's parameters. `parser`
+    "harmony": the call is a commentary message to `functions.NAME` (its
+    arguments after `<|constrain|>json`, ended by `<|call|>`), after at
+    most one analysis message (the model's reasoning, any text)."""
     chosen = [t for t in tools if name is None or t["function"]["name"] == name]
+    if parser == "harmony":
+        return _harmony_grammar(chosen)
     key = _ARGUMENT_KEYS[parser][0]
     schema = {"anyOf": [_schema(t, key) for t in chosen]} if len(chosen) > 1 else \
         _schema(chosen[0], key)
@@ -112,6 +128,22 @@ def forced_grammar(parser: str, tools: list, name: Optional[str]) -> str:
     if parser == "hermes":
         return f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: {call}\n'
     return f"start: call\ncall: {call}\n"
+
+
+def _harmony_grammar(tools: list) -> str:
+    """`forced_grammar` in harmony's form: what the chat template's
+    `<|start|>assistant` is followed by, special tokens as tokens."""
+    lines = ['start: analysis? <|channel|> "commentary to=functions." call <|call|>',
+             'analysis: <|channel|> "analysis" <|message|> /(.|\\n)*/ <|end|> '
+             '<|start|> "assistant"',
+             "call: " + " | ".join(f"call_{k}" for k in range(len(tools)))]
+    for k, tool in enumerate(tools):
+        function = tool["function"]
+        schema = dict(function.get("parameters") or {"type": "object"})
+        schema["x-guidance"] = {"whitespace_flexible": False}
+        lines.append(f'call_{k}: {json.dumps(function["name"])} " " <|constrain|> "json" '
+                     f"<|message|> %json {json.dumps(schema)}")
+    return "\n".join(lines) + "\n"
 
 
 class _CallScanner:
