@@ -295,7 +295,7 @@ def test_bad_tool_requests_are_400_naming_the_field(server, fields, param):
 def test_parallel_tool_calls_false_keeps_the_first_call():
     from types import SimpleNamespace
 
-    from etc.serve.app import _calls
+    from etc.serve.choice import _calls
 
     text = '<tool_call>{"name": "f", "arguments": {}}</tool_call>' \
            '<tool_call>{"name": "g", "arguments": {}}</tool_call>'

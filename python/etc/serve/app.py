@@ -23,7 +23,6 @@ from ..models.engine import Engine, RequestError, RequestOutput
 from ..models.engine.constraints import Constraint, Grammar, GrammarError
 from ..models.loading.tokenizer import ChatTemplateError
 from .choice import AnswerForm, CollectedChoice, StreamedChoice
-from .choice import _calls  # noqa: F401 (read here by test_tool_calls)
 from .handoff import Handoff
 from .logprobs import TokenText
 from . import reasoning as reasoning_
