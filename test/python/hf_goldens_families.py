@@ -1,6 +1,6 @@
 """Goldens from Hugging Face transformers for the model families of
 test_families.py (Qwen2, Mistral, Gemma 3, Gemma 2, Phi-3, Phi-4-mini,
-SmolLM3, Qwen2-MoE): what `AutoModelForCausalLM`
+SmolLM3, Qwen2-MoE, GLM-4.5): what `AutoModelForCausalLM`
 computes for their tiny checkpoints (Granite, Granite MoE and
 GraniteMoeShared too; and
 `Gemma3ForConditionalGeneration`,
@@ -95,11 +95,16 @@ FAMILIES = {
     # of 64, fused gate/up).
     "qwen2_moe": tiny_config("Qwen2MoeForCausalLM"),
     "granite_moe_shared": tiny_config("GraniteMoeSharedForCausalLM"),
+    # GLM-4.5: sigmoid routing with a selection bias among 2 groups of 4
+    # experts (the best 1 kept), weights times 2.5, a shared expert, layer 0
+    # dense, q/k/v biases, q/k norms, half of each head rotated, and a
+    # multi-token-prediction layer's weights (skipped).
+    "glm4_moe": tiny_config("Glm4MoeForCausalLM"),
 }
 #: The seed of each family's random weights.
 SEEDS = {"qwen2": 11, "qwen2_window": 12, "mistral": 13, "gemma3": 14, "gemma2": 16,
          "phi3": 17, "phi4_mini": 19, "smollm3": 20, "granite": 19, "granite_moe": 20,
-         "qwen2_moe": 21, "granite_moe_shared": 22}
+         "qwen2_moe": 21, "granite_moe_shared": 22, "glm4_moe": 23}
 #: Multimodal checkpoints whose text model ETC runs: the family's causal LM
 #: inside `Gemma3ForConditionalGeneration` or
 #: `Mistral3ForConditionalGeneration` (`write_checkpoint(...,
@@ -125,7 +130,8 @@ GPT_OSS_SEED = 19
 #: suite's time): Granite's and Granite MoE's in float32 and bfloat16 (f16
 #: adds nothing their multipliers would not show in bf16).
 V4_DTYPES = {"granite": ("f32", "bf16"), "granite_moe": ("f32", "bf16"),
-             "qwen2_moe": ("f32", "bf16"), "granite_moe_shared": ("f32", "bf16")}
+             "qwen2_moe": ("f32", "bf16"), "granite_moe_shared": ("f32", "bf16"),
+             "glm4_moe": ("f32", "bf16")}
 #: The families whose transformers 4 goldens leave bfloat16 out: a bf16
 #: step kernel compiles for 20 to 30 s on the test machine, and theirs are
 #: Phi-3's and Llama's kinds (partial rotary and NoPE change the weights

@@ -2,7 +2,7 @@
 
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
 Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3,
-SmolLM3, Granite, Granite MoE (with shared experts too), gpt-oss; and the text
+SmolLM3, Granite, Granite MoE (with shared experts too), gpt-oss, GLM-4.5; and the text
 model of Gemma 3's and Mistral 3's multimodal configs, `multimodal`), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
@@ -31,7 +31,8 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                  "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
                  "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                  "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
-                 "GptOssForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeSharedForCausalLM")
+                 "GptOssForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeSharedForCausalLM",
+                 moe_fields.GLM4_MOE)
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
@@ -50,7 +51,7 @@ _REFUSED = {
 #: when `partial_rotary_factor` < 1 (Phi-3's apply_rotary_pos_emb splits
 #: q and k at the table's width); the others' rotate_half spans the whole
 #: head, and their configs with a factor < 1 are refused.
-_PARTIAL_ROTARY = ("Phi3ForCausalLM",)
+_PARTIAL_ROTARY = ("Phi3ForCausalLM", moe_fields.GLM4_MOE)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,14 @@ class ModelConfig:
     #: sigmoid(x . w) of a learnt (H,) vector.
     shared_expert_intermediate_size: int = 0
     shared_expert_gate: bool = False
+    #: Routing (`Graph.moe`'s scoring, routed_scale, n_group, topk_group):
+    #: softmax or sigmoid scores; with `selection_bias` a learnt (E,) bias
+    #: on the scores that choose (GLM-4.5, DeepSeek-V3).
+    moe_scoring: str = "softmax"
+    selection_bias: bool = False
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
     #: Sliding-window attention: the positions a token of a sliding layer
     #: sees (its own included), and which layers slide (the others attend
     #: to the whole sequence).
@@ -328,7 +337,8 @@ class ModelConfig:
                                              f"{config['hidden_act']!r} must be a string")
         elif architecture not in _GEMMA:  # Gemma reads hidden_activation (below)
             refuse("hidden_act", ("silu", None), "only SiLU-gated MLPs are implemented")
-        if architecture not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM"):
+        if architecture not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM",
+                                moe_fields.GLM4_MOE):
             # Qwen2's q/k/v projections always have biases (Qwen2-MoE's:
             # `qkv_bias`) and its o projection never has one: transformers
             # ignores the field.
@@ -366,6 +376,8 @@ class ModelConfig:
         moe = {}
         if architecture in moe_fields.QWEN_MOE:
             moe = moe_fields.qwen_moe(config, where, architecture, layers, need, flag)
+        elif architecture == moe_fields.GLM4_MOE:
+            moe = moe_fields.glm4_moe(config, where, layers, need, flag)
         elif architecture in _EVERY_LAYER_SPARSE:
             moe = _mixtral(config, where, layers, need, flag, architecture)
             if architecture == "GraniteMoeSharedForCausalLM":
@@ -398,7 +410,8 @@ class ModelConfig:
             # the others.
             tie_word_embeddings=flag("tie_word_embeddings", architecture in _GEMMA or
                                      architecture == "SmolLM3ForCausalLM"),
-            qk_norm=architecture.startswith("Qwen3") or architecture == "Gemma3ForCausalLM",
+            qk_norm=architecture.startswith("Qwen3") or architecture == "Gemma3ForCausalLM" or
+            moe.pop("qk_norm", False),
             qkv_bias=qkv_bias or family.pop("attention_bias", False),
             rope_scaling=scaling,
             sliding_window=window,
@@ -739,7 +752,9 @@ def _rotary_dim(config: dict, where: str, architecture: str, head_dim: int) -> i
     (in `rope_parameters` or `rope_scaling` as transformers 5 writes it,
     else top-level) of an architecture whose transformers class honours
     it (`_PARTIAL_ROTARY`); a factor < 1 elsewhere is refused."""
-    given = [("partial_rotary_factor", config.get("partial_rotary_factor"))]
+    # GLM-4.5's transformers config sets a factor 0.5 where none is given.
+    given = [("partial_rotary_factor", config.get(
+        "partial_rotary_factor", 0.5 if architecture == moe_fields.GLM4_MOE else None))]
     for nest in ("rope_scaling", "rope_parameters"):
         value = config.get(nest)
         if isinstance(value, dict):
