@@ -254,7 +254,14 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
         # gpt-oss (`gpt-oss`: sinks, q/k/v/o biases, window 3 on layer 0,
         # yarn, experts with biases), llama.cpp's clamp of 7.
         "gpt_oss": (tiny_config("GptOssForCausalLM", vocab_size=320, swiglu_limit=7.0), 23,
-                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
+                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        # GLM-4.5 (`glm4moe`: exp_probs_b, expert_gating_func sigmoid,
+        # expert_weights_scale, leading_dense_block_count, shared experts,
+        # q/k/v biases and norms, half of each head rotated; no nextn layer,
+        # whose full tensors llama.cpp would need).
+        "glm4_moe": (tiny_config("Glm4MoeForCausalLM", vocab_size=320,
+                                 num_nextn_predict_layers=0), 25,
+                     [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
 
 
 def run_digest(config, weights: dict) -> str:

@@ -68,6 +68,8 @@ GGUF_FAMILIES = {
     # shared MLP split into ffn_{gate,up}_shexp.
     "qwen2_moe": FAMILIES["qwen2_moe"],
     "granite_moe_shared": FAMILIES["granite_moe_shared"],
+    # GLM-4.5: exp_probs_b, the expert keys, the nextn layer in block_count.
+    "glm4_moe": FAMILIES["glm4_moe"],
 }
 #: Families whose tile kernels add nothing to another family's under the
 #: static schedule and the CUDA lanes (the suite's time): Granite MoE's

@@ -6,7 +6,8 @@ biases, optional q/k norms, half of each head rotated; the
 multi-token-prediction layer's weights skipped. What is specific to it:
 its config (GLM-4.5-Air's as published) and refusals, the weights read,
 that the selection bias, the groups and the scale matter, and the NumPy
-forward pass against transformers' goldens. The rest (teacher forcing,
+forward pass against transformers' goldens; its GGUF file (`glm4moe`) as
+the checkpoint and as llama.cpp computes it. The rest (teacher forcing,
 paged, chunked, static schedule, CUDA lanes, half precision, transformers'
 goldens and greedy tokens, tensor parallel over MPI) is
 test_families.py's, parametrised over it (`hf_goldens_families.FAMILIES`)."""
@@ -20,9 +21,10 @@ import pytest
 
 from etc.models.loading.checkpoint import Checkpoint
 from etc.models.loading.config import ModelConfig, UnsupportedConfigError
+from etc.models.loading.gguf import GGUFCheckpoint
 from etc.models.step import reference
 from etc.models.step.parallel import shard_config, shard_weights
-from etc.models.testing import as_transformers5, tiny_config, write_checkpoint
+from etc.models.testing import as_transformers5, tiny_config, write_checkpoint, write_gguf
 
 import hf_goldens_families as goldens
 
@@ -172,3 +174,53 @@ def test_tensor_parallel_shards(checkpoint):
         np.testing.assert_array_equal(shard["l1_experts_down"],
                                       weights["l1_experts_down"][:, :, rows])
         np.testing.assert_array_equal(shard["l1_shexp_up"], weights["l1_shexp_up"][rows])
+
+
+# ----------------------------------------------------------------------
+# GGUF
+# ----------------------------------------------------------------------
+
+
+def test_gguf_reads_as_the_checkpoint(checkpoint, tmp_path):
+    """A glm4moe file as llama.cpp's converter lays it out (block_count
+    counting the multi-token-prediction layer, exp_probs_b, the expert
+    keys, rope.dimension_count half the head) reads as the checkpoint:
+    the same config and weights; a softmax gating function is refused,
+    and a rope.dimension_count of the whole head is read as such."""
+    config = tiny_config(GLM)
+    gg = GGUFCheckpoint(write_gguf(tmp_path / "glm.gguf", config, seed=4))
+    assert gg.config == checkpoint.config and gg.config.num_layers == 2
+    weights, want = gg.weights(), checkpoint.weights()
+    assert set(weights) == set(want)
+    for key, value in want.items():
+        np.testing.assert_array_equal(weights[key], value, err_msg=key)
+    with pytest.raises(UnsupportedConfigError, match=r"glm4moe.expert_gating_func = 1 is not "
+                                                     r"supported: GLM-4.5 routes by sigmoid"):
+        GGUFCheckpoint(write_gguf(tmp_path / "softmax.gguf", config,
+                                  metadata={"glm4moe.expert_gating_func": 1})).config
+    whole = write_gguf(tmp_path / "whole.gguf", config,
+                       metadata={"glm4moe.rope.dimension_count": 16})
+    assert GGUFCheckpoint(whole).config.rotary_dim is None
+
+
+def test_gguf_computes_what_llama_cpp_computes(tmp_path):
+    """A GLM-4.5 GGUF file (2 groups of 4 experts, the best 1 kept) run by
+    llama.cpp itself (its logits in goldens/gguf-glm4_moe-llama-cpp.npz by
+    gguf_goldens.py --runs; llama-cpp-python 0.3.36): the NumPy forward
+    pass on what ETC reads from the file is within 0.05 of the logits' rms
+    of llama.cpp's at every position (measured 0.0032), and misses by far
+    without the selection bias (4.1), the groups (2.3), the scale (1.5) or
+    the shared expert (2.1)."""
+    import gguf_goldens
+
+    gg, weights, run = gguf_goldens.read_run("glm4_moe", tmp_path)
+
+    def error(w, config=gg.config):
+        return gguf_goldens.run_error(run, reference.forward(config, w, run["sequence"]))
+
+    assert error(weights) < 0.05
+    for suffix in ("selection_bias", "shexp_down"):
+        assert error({k: np.zeros_like(v) if k.endswith(suffix) else v
+                      for k, v in weights.items()}) > 1, suffix
+    assert error(weights, dataclasses.replace(gg.config, n_group=1, topk_group=1)) > 1
+    assert error(weights, dataclasses.replace(gg.config, routed_scaling_factor=1.0)) > 1

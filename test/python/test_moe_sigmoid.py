@@ -23,6 +23,8 @@ import etc
 from etc import packed
 from etc.reference import evaluate, moe as moe_reference, moe_route, round_bf16, topk
 
+from ptxas_check import assemble, assert_no_spills, needs_ptxas
+
 E, TOP_K, TILE, GROUPS, KEPT, SCALE = 16, 4, 8, 4, 2, 2.5
 TOKENS = (1, 2, 5, 16, 33)
 
@@ -223,6 +225,25 @@ def test_route_reference():
     chosen, weights = moe_route(logits, 3, False, scoring="sigmoid", selection_bias=bias)
     assert chosen.tolist() == [[0, 10, 5]]
     np.testing.assert_allclose(weights, p[0, [0, 10, 5]], rtol=1e-6)
+
+
+@needs_ptxas
+def test_cuda_router_assembles(tmp_path):
+    """DeepSeek-V3's routing (256 experts in 8 groups, the best 4 kept, 8
+    per token, a bf16 selection bias) at GLM-4.5-Air's widths (H 4096,
+    q8_0 experts of 1408): ptxas assembles the tiles on sm_90a with no
+    spills."""
+    h, f, e = 4096, 1408, 256
+    g = etc.Graph("sigmoid_cuda")
+    T = g.symbol("T")
+    x = g.input("x", (T, h), "bf16")
+    g.output(g.moe(x, g.input("router", (h, e), "bf16"), g.input("gate", (e, f, h), "q8_0"),
+                   g.input("down", (e, h, f), "q8_0"), 8, w_up=g.input("up", (e, f, h), "q8_0"),
+                   transpose_w=True, scoring="sigmoid",
+                   selection_bias=g.input("bias", (e,), "bf16"), routed_scale=2.5, n_group=8,
+                   topk_group=4, name="out"))
+    kernel = etc.compile(g, target="cuda", chip="sm_90a")
+    assert_no_spills(assemble(kernel.ptx, "sm_90a", tmp_path, "sigmoid_moe"))
 
 
 def test_errors():

@@ -44,7 +44,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                  "granitemoe": "GraniteMoeForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-                 "gpt-oss": "GptOssForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM"}
+                 "gpt-oss": "GptOssForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
+                 "glm4moe": "Glm4MoeForCausalLM"}
 #: The architectures whose Q and K rows llama.cpp's converter permutes
 #: (each head's rotary halves interleaved: LlamaModel's conversion), undone
 #: at load.
@@ -180,12 +181,13 @@ class GGUFCheckpoint:
         head_dim = key_length or (hidden // heads if hidden and heads else None)
         rope_dims = self._key("rope.dimension_count")
         if rope_dims is not None and head_dim is not None and rope_dims != head_dim:
-            if a != "phi3" or not isinstance(rope_dims, int) or not 0 < rope_dims < head_dim:
+            if a not in ("phi3", "glm4moe") or not isinstance(rope_dims, int) or \
+                    not 0 < rope_dims < head_dim:
                 raise UnsupportedConfigError(
                     f"{self.path}: GGUF metadata {a}.rope.dimension_count = {rope_dims} is not "
                     f"the head size {head_dim}: partial rotary embeddings are supported for "
-                    f"phi3 only (llama.cpp's phi3 rotates the first n_rot dimensions)")
-            # Phi-4-mini: RoPE on the first rope_dims of each head.
+                    f"phi3 and glm4moe only (llama.cpp's rotate the first n_rot dimensions)")
+            # Phi-4-mini, GLM-4.5: RoPE on the first rope_dims of each head.
             config["partial_rotary_factor"] = rope_dims / head_dim
             if int(head_dim * config["partial_rotary_factor"]) != rope_dims:
                 raise UnsupportedConfigError(
@@ -226,6 +228,8 @@ class GGUFCheckpoint:
             config.update(families.gpt_oss_config(self, config))
         if a in ("qwen3moe", "qwen2moe"):
             config.update(families.qwen3moe_config(self, config))
+        if a == "glm4moe":
+            config.update(families.glm4moe_config(self, config))
         return config
 
     # -- tensors -------------------------------------------------------------
@@ -383,7 +387,8 @@ class GGUFCheckpoint:
                           f"layer {i} post-feedforward norm", None)]
             else:
                 # (gpt-oss's converter names the MLP's norm by its HF name.)
-                norm = "post_attention_norm" if self.architecture == "gpt-oss" else "ffn_norm"
+                norm = "post_attention_norm" if self.architecture in ("gpt-oss", "glm4moe") \
+                    else "ffn_norm"
                 plan.append((f"l{i}_mlp_norm", f"{b}{norm}.weight", (h,),
                              f"layer {i} post-attention norm", None))
             if c.is_sparse(i) and b + "ffn_gate_exps.weight" not in self._tensors and \
@@ -413,6 +418,9 @@ class GGUFCheckpoint:
                 if c.router_bias:
                     plan.append((f"l{i}_router_b", b + "ffn_gate_inp.bias", (e,),
                                  f"layer {i} router bias", None))
+                if c.selection_bias:  # GLM-4.5's
+                    plan.append((f"l{i}_selection_bias", b + "exp_probs_b.bias", (e,),
+                                 f"layer {i} expert selection bias", None))
                 if c.expert_bias:
                     plan += [(f"l{i}_experts_{p}_b", f"{b}ffn_{p}_exps.bias", (e, width),
                               f"layer {i} expert {p} biases", None)
