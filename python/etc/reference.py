@@ -272,15 +272,14 @@ def moe_route(logits: np.ndarray, top_k: int, normalize: bool = True, *,
         e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
         p = e / np.sum(e, axis=-1, keepdims=True, dtype=np.float32)
     elif scoring == "sigmoid":
-        with np.errstate(over="ignore"):
-            p = np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))
+        with np.errstate(over="ignore"):  # exp(-x) overflows to inf: p = 0, as torch's
+            p = _sigmoid(logits)
     else:
         raise ValueError(f"moe: unknown scoring {scoring!r}")
     ranked = p if selection_bias is None else p + np.asarray(selection_bias, np.float32)
     if n_group > 1:
         tokens, experts = ranked.shape
-        grouped = ranked.reshape(tokens, n_group, experts // n_group)
-        best_two = topk(grouped.reshape(-1, experts // n_group), 2)[0]
+        best_two = topk(ranked.reshape(-1, experts // n_group), 2)[0]
         group_scores = (best_two[:, 0] + best_two[:, 1]).reshape(tokens, n_group)
         kept = topk(group_scores, topk_group)[1]
         inside = np.zeros((tokens, n_group), bool)
