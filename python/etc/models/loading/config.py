@@ -39,7 +39,7 @@ _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
 #: IBM Granite 3.x: Llama's layers with four scalar multipliers (`_granite`).
 _GRANITE = ("GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
 #: The MoE architectures with a sparse block in every layer, read by
-#: `_mixtral` (its `intermediate_size` is the experts' width).
+#: `moe_fields.mixtral` (its `intermediate_size` is the experts' width).
 _EVERY_LAYER_SPARSE = ("MixtralForCausalLM", "GraniteMoeForCausalLM", "GptOssForCausalLM",
                        "GraniteMoeSharedForCausalLM")
 #: Architectures refused by name, with why (not merely "not supported").
@@ -379,7 +379,7 @@ class ModelConfig:
         elif architecture == moe_fields.GLM4_MOE:
             moe = moe_fields.glm4_moe(config, where, layers, need, flag)
         elif architecture in _EVERY_LAYER_SPARSE:
-            moe = _mixtral(config, where, layers, need, flag, architecture)
+            moe = moe_fields.mixtral(config, where, layers, need, flag, architecture)
             if architecture == "GraniteMoeSharedForCausalLM":
                 moe.update(moe_fields.granite_shared(config, where))
         granite = _granite(config, where) if architecture in _GRANITE else {}
@@ -423,58 +423,6 @@ class ModelConfig:
             **family,
             **granite,
         )
-
-
-def _mixtral(config: dict, where: str, layers: int, need, flag,
-             architecture: str = "MixtralForCausalLM") -> dict:
-    """Mixtral's MoE fields (`ModelConfig`'s MoE fields), as transformers 4
-    and 5 read them (Granite MoE's too: the same fields; its router's
-    softmax of the top-k logits gives the same weights): a sparse block in
-    every layer, `num_local_experts` experts (`num_experts` is transformers' alias of it) of width
-    `intermediate_size`, `num_experts_per_tok` per token, their softmax
-    weights renormalised over the chosen ones (MixtralTopKRouter: softmax
-    over every expert, top-k, divided by the sum of the k), which is
-    Qwen3-MoE's `norm_topk_prob`. The training-only fields are accepted,
-    checked to be what they mean: `router_jitter_noise` (transformers
-    multiplies the MoE input by noise only in training mode: inference,
-    and so ETC, compute the same with any value), `output_router_logits`
-    and `router_aux_loss_coef` (the load-balancing loss). gpt-oss reads
-    the same fields (its router takes the top-k logits, then their
-    softmax: the same weights), and has no jitter."""
-    experts = config.get("num_local_experts")
-    alias = config.get("num_experts")
-    if experts is None:
-        experts = alias
-    elif alias is not None and alias != experts:
-        raise UnsupportedConfigError(f"{where}: field 'num_experts' = {alias!r} contradicts "
-                                     f"num_local_experts = {experts!r} (transformers' alias of "
-                                     f"it); keep one")
-    if experts is None:
-        raise UnsupportedConfigError(f"{where}: field 'num_local_experts' is missing (required "
-                                     f"for {architecture})")
-    experts = positive_int(where, "num_local_experts", experts)
-    per_token = need("num_experts_per_tok")
-    if per_token > experts:
-        raise UnsupportedConfigError(f"{where}: field 'num_experts_per_tok' = {per_token} "
-                                     f"exceeds num_local_experts = {experts}")
-    jitter = config.get("router_jitter_noise")
-    if jitter is not None and architecture == "GptOssForCausalLM":
-        raise UnsupportedConfigError(f"{where}: field 'router_jitter_noise' is not a gpt-oss "
-                                     f"field (its router has no noise)")
-    if jitter is not None and (isinstance(jitter, bool) or
-                               not isinstance(jitter, (int, float)) or
-                               not math.isfinite(jitter) or jitter < 0):
-        raise UnsupportedConfigError(f"{where}: field 'router_jitter_noise' = {jitter!r} must "
-                                     f"be a non-negative number (training-only noise)")
-    flag("output_router_logits", False)  # checked: a JSON boolean
-    coef = config.get("router_aux_loss_coef")
-    if coef is not None and (isinstance(coef, bool) or not isinstance(coef, (int, float)) or
-                             not math.isfinite(coef)):
-        raise UnsupportedConfigError(f"{where}: field 'router_aux_loss_coef' = {coef!r} must "
-                                     f"be a finite number (training-only loss weight)")
-    return {"num_experts": experts, "num_experts_per_tok": per_token,
-            "moe_intermediate_size": need("intermediate_size"), "norm_topk_prob": True,
-            "sparse_layers": tuple(range(layers))}
 
 
 #: Granite's multiplier fields (transformers' default 1.0 each).

@@ -1,8 +1,9 @@
-"""The MoE fields of the Qwen MoE configs, GLM-4.5's and the shared experts,
-read for `config.ModelConfig.from_dict`: Qwen3-MoE's and Qwen2-MoE's routed
-experts (`qwen_moe`; Qwen2-MoE's shared expert with its sigmoid gate too),
-Granite MoE's shared MLP (`granite_shared`) and GLM-4.5's sigmoid-routed
-experts, shared experts and attention fields (`glm4_moe`)."""
+"""The MoE fields of the MoE configs and of the shared experts, read for
+`config.ModelConfig.from_dict`: Qwen3-MoE's and Qwen2-MoE's routed experts
+(`qwen_moe`; Qwen2-MoE's shared expert with its sigmoid gate too),
+Mixtral's (and Granite MoE's, gpt-oss's: `mixtral`), Granite MoE's shared
+MLP (`granite_shared`) and GLM-4.5's sigmoid-routed experts, shared
+experts and attention fields (`glm4_moe`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import math
 
 from .fields import UnsupportedConfigError, positive_int, positive_number
 
-__all__ = ["QWEN_MOE", "GLM4_MOE", "qwen_moe", "granite_shared", "glm4_moe"]
+__all__ = ["QWEN_MOE", "GLM4_MOE", "qwen_moe", "mixtral", "granite_shared", "glm4_moe"]
 
 #: GLM-4.5's architecture (GLM-4.5, GLM-4.5-Air, GLM-4.6).
 GLM4_MOE = "Glm4MoeForCausalLM"
@@ -68,6 +69,57 @@ def qwen_moe(config: dict, where: str, architecture: str, layers: int, need, fla
                shared_expert_gate=True, qkv_bias=flag("qkv_bias", True))
     return out
 
+
+def mixtral(config: dict, where: str, layers: int, need, flag,
+            architecture: str = "MixtralForCausalLM") -> dict:
+    """Mixtral's MoE fields (`ModelConfig`'s MoE fields), as transformers 4
+    and 5 read them (Granite MoE's too: the same fields; its router's
+    softmax of the top-k logits gives the same weights): a sparse block in
+    every layer, `num_local_experts` experts (`num_experts` is transformers' alias of it) of width
+    `intermediate_size`, `num_experts_per_tok` per token, their softmax
+    weights renormalised over the chosen ones (MixtralTopKRouter: softmax
+    over every expert, top-k, divided by the sum of the k), which is
+    Qwen3-MoE's `norm_topk_prob`. The training-only fields are accepted,
+    checked to be what they mean: `router_jitter_noise` (transformers
+    multiplies the MoE input by noise only in training mode: inference,
+    and so ETC, compute the same with any value), `output_router_logits`
+    and `router_aux_loss_coef` (the load-balancing loss). gpt-oss reads
+    the same fields (its router takes the top-k logits, then their
+    softmax: the same weights), and has no jitter."""
+    experts = config.get("num_local_experts")
+    alias = config.get("num_experts")
+    if experts is None:
+        experts = alias
+    elif alias is not None and alias != experts:
+        raise UnsupportedConfigError(f"{where}: field 'num_experts' = {alias!r} contradicts "
+                                     f"num_local_experts = {experts!r} (transformers' alias of "
+                                     f"it); keep one")
+    if experts is None:
+        raise UnsupportedConfigError(f"{where}: field 'num_local_experts' is missing (required "
+                                     f"for {architecture})")
+    experts = positive_int(where, "num_local_experts", experts)
+    per_token = need("num_experts_per_tok")
+    if per_token > experts:
+        raise UnsupportedConfigError(f"{where}: field 'num_experts_per_tok' = {per_token} "
+                                     f"exceeds num_local_experts = {experts}")
+    jitter = config.get("router_jitter_noise")
+    if jitter is not None and architecture == "GptOssForCausalLM":
+        raise UnsupportedConfigError(f"{where}: field 'router_jitter_noise' is not a gpt-oss "
+                                     f"field (its router has no noise)")
+    if jitter is not None and (isinstance(jitter, bool) or
+                               not isinstance(jitter, (int, float)) or
+                               not math.isfinite(jitter) or jitter < 0):
+        raise UnsupportedConfigError(f"{where}: field 'router_jitter_noise' = {jitter!r} must "
+                                     f"be a non-negative number (training-only noise)")
+    flag("output_router_logits", False)  # checked: a JSON boolean
+    coef = config.get("router_aux_loss_coef")
+    if coef is not None and (isinstance(coef, bool) or not isinstance(coef, (int, float)) or
+                             not math.isfinite(coef)):
+        raise UnsupportedConfigError(f"{where}: field 'router_aux_loss_coef' = {coef!r} must "
+                                     f"be a finite number (training-only loss weight)")
+    return {"num_experts": experts, "num_experts_per_tok": per_token,
+            "moe_intermediate_size": need("intermediate_size"), "norm_topk_prob": True,
+            "sparse_layers": tuple(range(layers))}
 
 def granite_shared(config: dict, where: str) -> dict:
     """Granite MoE's shared MLP (GraniteMoeSharedForCausalLM), as
