@@ -3,11 +3,12 @@
 A `Graph` records symbolic dimensions, input buffers, operators and outputs
 (the values of `etc.graph_values`), checking shapes and dtypes as each call
 is made. This module holds the graph itself: declarations, the record, the
-general operators (matmul, elementwise, row-wise, topk, moe), and `build`.
-The operators of LLM inference come from `etc.graph_llm`, the collectives
-from `etc.graph_collective`. `Graph.build()` turns the record into an L1
-`event.graph` (`etc.graph_to_mlir`, which also states the conventions of
-the built IR); `Graph.to_mlir()` prints it. What each operator's tasks
+general operators (matmul, elementwise, row-wise, topk), and `build`. The
+operators of LLM inference come from `etc.graph_llm`, the collectives from
+`etc.graph_collective`, Mixture-of-Experts from `etc.graph_moe`.
+`Graph.build()` turns the record into an L1 `event.graph`
+(`etc.graph_to_mlir`, which also states the conventions of the built IR);
+`Graph.to_mlir()` prints it. What each operator's tasks
 touch (footprints, explicit events) and how a tile computes live in the
 operator families of `etc.ops`.
 
@@ -36,6 +37,7 @@ from mlir import ir
 from . import ops, packed
 from .graph_collective import CollectiveOperators
 from .graph_llm import LLMOperators, RaggedBatch, norm_offset
+from .graph_moe import MoeOperators
 from .graph_to_mlir import build_module
 from .graph_values import (Argument, CeilDiv, Dim, Operation, Symbol, Tensor, describe,
                            format_shape, same_dim)
@@ -58,7 +60,7 @@ STATE_DTYPES = ("f32", "f16", "bf16", INDEX_DTYPE)
 _MAX_INDEX = 2**63 - 1
 
 
-class Graph(LLMOperators, CollectiveOperators):
+class Graph(LLMOperators, CollectiveOperators, MoeOperators):
     """A graph of tiled operators with symbolic dimensions.
 
     ```python
@@ -622,147 +624,6 @@ class Graph(LLMOperators, CollectiveOperators):
                                    INDEX_DTYPE, "value")
         self._ops[-1].extra_results = (indices,)
         return values, indices
-
-    def moe(self, x: Tensor, router_w: Tensor, w1: Tensor, w2: Tensor, top_k: int, *,
-            w_up: Optional[Tensor] = None, normalize: bool = True, transpose_w: bool = False,
-            router_b: Optional[Tensor] = None, b1: Optional[Tensor] = None,
-            b_up: Optional[Tensor] = None, b2: Optional[Tensor] = None,
-            activation: str = "silu", swiglu_limit: Optional[float] = None,
-            swiglu_alpha: Optional[float] = None,
-            tile=None, out: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
-        """A Mixture-of-Experts layer with SiLU (or, with `w_up`, SwiGLU) experts.
-
-        x is (T, H), router_w (H, E), w1 (E, H, F), w2 (E, F, H), E static.
-        Per token: p = softmax(x @ router_w); the `top_k` experts with the
-        largest p (equal p: lower expert index first); their p, renormalised
-        to sum 1 unless `normalize=False`, as weights;
-        y = sum_j weight_j * (act_j @ w2[e_j]) with act_j = silu(x @ w1[e_j]),
-        or silu(x @ w1[e_j]) * (x @ w_up[e_j]) with `w_up` (E, H, F) (the
-        gated experts of Qwen3-MoE and Mixtral). Result (T, H). `tile=m`
-        sets the routed (token, expert) slots per expert tile (default 32).
-
-        With `transpose_w` each expert's matrices are given transposed, as
-        rows of their inputs' values (llama.cpp's layout): w1 and w_up
-        (E, F, H), w2 (E, H, F). Experts may then be packed weights
-        (`input` of a format of `etc.packed`, each its own), read by the
-        tiles in their blocks (see docs/operators.md, "Packed weights").
-
-        Biases (gpt-oss), each f32 or x's dtype, never packed: `router_b`
-        (E,) is added to the router's logits before the softmax and top-k;
-        `b1` and `b_up` (E, F) to x @ w1[e] and x @ w_up[e] before the
-        activation; `b2` (E, H) to act @ w2[e] before the routing weight
-        multiplies it. `activation="swiglu_oai"` (gpt-oss's clamped SwiGLU;
-        needs `w_up`, `swiglu_limit` > 0 and `swiglu_alpha` > 0): with
-        g = min(gate, limit) and u = clamp(up, -limit, limit),
-        act = (u + 1) * g * sigmoid(alpha * g).
-        See docs/moe.md for the lowering.
-        """
-        kind = "moe"
-        self._check_operand(kind, "x", x, ranks=(2,))
-        self._check_operand(kind, "router_w", router_w, ranks=(2,))
-        self._check_operand(kind, "w1", w1, ranks=(3,), packed_ok=True)
-        self._check_operand(kind, "w2", w2, ranks=(3,), packed_ok=True)
-        operands = [("x", x), ("router_w", router_w), ("w1", w1), ("w2", w2)]
-        if w_up is not None:
-            self._check_operand(kind, "w_up", w_up, ranks=(3,), packed_ok=True)
-            operands.append(("w_up", w_up))
-        for role, t in operands[2:]:
-            if packed.is_packed(t.dtype) and not transpose_w:
-                raise ValueError(f"{kind}: {describe(role, t)} is a packed weight, stored by "
-                                 f"rows of its input's values: packed experts are read "
-                                 f"transposed (transpose_w=True: w1 and w_up (E, F, H), "
-                                 f"w2 (E, H, F))")
-        dtype = self._same_dtype(kind, [(role, t) for role, t in operands
-                                        if not packed.is_packed(t.dtype)])
-        tokens, hidden = x.shape
-        experts = router_w.shape[1]
-
-        def layout(rows, columns) -> tuple:
-            return (experts, columns, rows) if transpose_w else (experts, rows, columns)
-
-        def expect(role: str, t: Tensor, expected: tuple, why: str) -> None:
-            if len(expected) != t.rank or not all(
-                    same_dim(a, b) for a, b in zip(t.shape, expected)):
-                raise ValueError(f"{kind}: {describe(role, t)} must have shape "
-                                 f"{format_shape(expected)} ({why})")
-
-        expect("router_w", router_w, (hidden, experts),
-               f"(H, E) with H = {hidden} from {describe('x', x)}")
-        if not isinstance(experts, int):
-            raise ValueError(f"{kind}: the expert count E (dimension 1 of "
-                             f"{describe('router_w', router_w)}) must be static")
-        ffn = w1.shape[1 if transpose_w else 2]
-        h_f, f_h = ("(E, F, H)", "(E, H, F)") if transpose_w else ("(E, H, F)", "(E, F, H)")
-        expect("w1", w1, layout(hidden, ffn),
-               f"{h_f} with E = {experts} from {describe('router_w', router_w)} and "
-               f"H = {hidden} from {describe('x', x)}")
-        expect("w2", w2, layout(ffn, hidden),
-               f"{f_h} with F = {ffn} from {describe('w1', w1)} and H = {hidden}")
-        if w_up is not None:
-            expect("w_up", w_up, layout(hidden, ffn), f"{h_f}, as {describe('w1', w1)}")
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= experts:
-            raise ValueError(f"{kind}: top_k = {top_k!r} is out of range: "
-                             f"{describe('router_w', router_w)} has E = {experts} experts; "
-                             f"expected an int with 1 <= top_k <= {experts}")
-        params = {"top_k": top_k, "experts": experts, "gated": w_up is not None,
-                  "normalize": bool(normalize), "transpose_w": bool(transpose_w)}
-        biases = {"router_b": (router_b, (experts,), "(E,)"), "b1": (b1, (experts, ffn), "(E, F)"),
-                  "b_up": (b_up, (experts, ffn), "(E, F)"), "b2": (b2, (experts, hidden), "(E, H)")}
-        for role, (t, shape, text) in biases.items():
-            if t is None:
-                continue
-            self._check_operand(kind, role, t, ranks=(len(shape),))
-            if t.dtype not in ("f32", dtype):
-                raise ValueError(f"{kind}: {describe(role, t)} must be f32 or x's dtype {dtype}")
-            expect(role, t, shape, f"{text} with E = {experts}, F = {ffn}, H = {hidden}")
-            if role == "b_up" and w_up is None:
-                raise ValueError(f"{kind}: {describe(role, t)} is the bias of w_up, but no w_up "
-                                 f"is given")
-            operands.append((role, t))
-            params["biases"] = (*params.get("biases", ()), role)
-        if activation == "swiglu_oai":
-            if w_up is None:
-                raise ValueError(f"{kind}: activation='swiglu_oai' is gated: it needs w_up")
-            for role, value in (("swiglu_limit", swiglu_limit), ("swiglu_alpha", swiglu_alpha)):
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                        not 0 < value < float("inf"):
-                    raise ValueError(f"{kind}: activation='swiglu_oai' needs {role} a finite "
-                                     f"number > 0, got {value!r}")
-            params.update(activation=activation, swiglu_limit=float(swiglu_limit),
-                          swiglu_alpha=float(swiglu_alpha))
-        elif activation == "silu":
-            for role, value in (("swiglu_limit", swiglu_limit), ("swiglu_alpha", swiglu_alpha)):
-                if value is not None:
-                    raise ValueError(f"{kind}: {role} = {value!r} is given, but it is a parameter "
-                                     f"of activation='swiglu_oai', not of {activation!r}")
-        else:
-            raise ValueError(f"{kind}: activation {activation!r} is not one ETC knows; expected "
-                             f"'silu' or 'swiglu_oai'")
-        if tile is None:
-            tile = DEFAULT_ROWS
-        if isinstance(tile, (tuple, list)) and len(tile) == 1:
-            tile = tile[0]
-        if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
-            raise ValueError(f"{kind}: tile {tile!r} must be a positive int (slots per "
-                             f"expert tile)")
-        result = self._finish(kind, operands, (tokens, hidden), dtype, (tile,), params, out, name)
-
-        def internal(role: str, shape: tuple, internal_dtype: str) -> Tensor:
-            return self._new_tensor(self._fresh_name(f"{result.name}_{role}"), shape,
-                                    internal_dtype, "value")
-
-        op = self._ops[-1]
-        op.buffers = {
-            "probs": internal("probs", (tokens, experts), "f32"),
-            "experts": tuple(internal(f"expert{j}", (tokens,), INDEX_DTYPE)
-                             for j in range(top_k)),
-            "weights": internal("weights", (tokens, top_k), "f32"),
-            "offsets": internal("offsets", (experts + 1,), INDEX_DTYPE),
-            "slots": internal("slots", (tokens, top_k), INDEX_DTYPE),
-            "hidden": internal("hidden", (tokens, top_k, ffn), "f32"),
-            "partial": internal("partial", (tokens, top_k, hidden), "f32"),
-        }
-        return result
 
     # ------------------------------------------------------------------
     # IR

@@ -199,10 +199,14 @@ _GATES = {"silu_mul": _silu, "gelu_mul": _gelu, "sigmoid_mul": _sigmoid}
 def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
         top_k: int, w_up=None, normalize: bool = True, *, router_b=None, b1=None, b_up=None,
         b2=None, activation: str = "silu", swiglu_limit=None,
-        swiglu_alpha=None) -> np.ndarray:
-    """Mixture-of-Experts: p = softmax(x @ router_w + router_b) per token,
-    the top_k experts by p (ties: lower expert first), their p renormalised
-    to sum 1 (unless `normalize` is false) as weights,
+        swiglu_alpha=None, scoring: str = "softmax", selection_bias=None,
+        routed_scale: float = 1.0, n_group: int = 1, topk_group: int = 1) -> np.ndarray:
+    """Mixture-of-Experts: p = softmax(x @ router_w + router_b) per token
+    (sigmoid with `scoring="sigmoid"`), the top_k experts by p (ties: lower
+    expert first; by p + selection_bias among the experts of the best
+    `topk_group` of `n_group` groups, see `moe_route`), their p
+    renormalised to sum 1 (unless `normalize` is false; sigmoid scores by
+    sum + 1e-20) and times `routed_scale` as weights,
     y[t] = sum_j weight_j * (act_j @ w2[e_j] + b2[e_j]), with
     gate = x[t] @ w1[e_j] + b1[e_j], up = x[t] @ w_up[e_j] + b_up[e_j] and
     act_j = silu(gate) (times up with `w_up`: gated experts), or with
@@ -221,11 +225,9 @@ def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
     logits = x @ router_w
     if router_b is not None:
         logits = logits + router_b
-    e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
-    p = e / np.sum(e, axis=-1, keepdims=True, dtype=np.float32)
-    chosen_p, chosen = topk(p, top_k)
-    weights = chosen_p / np.sum(chosen_p, axis=-1, keepdims=True, dtype=np.float32) \
-        if normalize else chosen_p
+    chosen, weights = moe_route(logits, top_k, normalize, scoring=scoring,
+                                selection_bias=selection_bias, routed_scale=routed_scale,
+                                n_group=n_group, topk_group=topk_group)
     y = np.zeros(x.shape, np.float32)
     for j in range(top_k):
         for expert in np.unique(chosen[:, j]):
@@ -254,6 +256,44 @@ def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
     return y
 
 
+def moe_route(logits: np.ndarray, top_k: int, normalize: bool = True, *,
+              scoring: str = "softmax", selection_bias=None, routed_scale: float = 1.0,
+              n_group: int = 1, topk_group: int = 1) -> tuple:
+    """The routing of `moe` from the router's logits (T, E): the chosen
+    experts (T, top_k) and their weights (T, top_k), float32. Scores p are
+    the softmax or (scoring "sigmoid") the sigmoid of the logits; experts
+    are ranked by p + selection_bias, and with n_group > 1 only the experts
+    of the topk_group groups (of E / n_group consecutive experts) whose two
+    best ranked values sum highest compete (DeepSeek-V3's and GLM-4.5's
+    rule); the weights are the chosen p (unbiased), renormalised where
+    `normalize`, times `routed_scale`."""
+    logits = np.asarray(logits, np.float32)
+    if scoring == "softmax":
+        e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
+        p = e / np.sum(e, axis=-1, keepdims=True, dtype=np.float32)
+    elif scoring == "sigmoid":
+        with np.errstate(over="ignore"):  # exp(-x) overflows to inf: p = 0, as torch's
+            p = _sigmoid(logits)
+    else:
+        raise ValueError(f"moe: unknown scoring {scoring!r}")
+    ranked = p if selection_bias is None else p + np.asarray(selection_bias, np.float32)
+    if n_group > 1:
+        tokens, experts = ranked.shape
+        best_two = topk(ranked.reshape(-1, experts // n_group), 2)[0]
+        group_scores = (best_two[:, 0] + best_two[:, 1]).reshape(tokens, n_group)
+        kept = topk(group_scores, topk_group)[1]
+        inside = np.zeros((tokens, n_group), bool)
+        np.put_along_axis(inside, kept, True, axis=1)
+        ranked = np.where(np.repeat(inside, experts // n_group, axis=1), ranked,
+                          np.float32(-np.inf))
+    chosen = topk(ranked, top_k)[1]
+    weights = np.take_along_axis(p, chosen, axis=1)
+    if normalize:
+        total = np.sum(weights, axis=-1, keepdims=True, dtype=np.float32)
+        weights = weights / (total + np.float32(1e-20) if scoring == "sigmoid" else total)
+    return chosen, (weights * np.float32(routed_scale)).astype(np.float32)
+
+
 def _apply(op, vals: list) -> np.ndarray:
     kind = op.kind
     if kind in reference_llm.KINDS:
@@ -272,7 +312,11 @@ def _apply(op, vals: list) -> np.ndarray:
                    router_b=named.get("router_b"), b1=named.get("b1"), b_up=named.get("b_up"),
                    b2=named.get("b2"), activation=params.get("activation", "silu"),
                    swiglu_limit=params.get("swiglu_limit"),
-                   swiglu_alpha=params.get("swiglu_alpha"))
+                   swiglu_alpha=params.get("swiglu_alpha"),
+                   scoring=params.get("scoring", "softmax"),
+                   selection_bias=named.get("selection_bias"),
+                   routed_scale=params.get("routed_scale", 1.0),
+                   n_group=params.get("n_group", 1), topk_group=params.get("topk_group", 1))
     if kind == "matmul":
         a, b = vals[:2]  # a residual operand is added by `evaluate`
         return a @ (b.T if op.params["transpose_b"] else b)

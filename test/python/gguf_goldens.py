@@ -269,7 +269,14 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
                               ["full_attention"]), 25,
                   [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
         "glm4": (tiny_config("Glm4ForCausalLM", vocab_size=320, intermediate_size=64), 26,
-                 [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
+                 [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        # GLM-4.5 (`glm4moe`: exp_probs_b, expert_gating_func sigmoid,
+        # expert_weights_scale, leading_dense_block_count, shared experts,
+        # q/k/v biases and norms, half of each head rotated; no nextn layer,
+        # whose full tensors llama.cpp would need).
+        "glm4_moe": (tiny_config("Glm4MoeForCausalLM", vocab_size=320,
+                                 num_nextn_predict_layers=0), 25,
+                     [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
 
 
 def run_digest(config, weights: dict) -> str:

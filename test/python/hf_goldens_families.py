@@ -1,6 +1,6 @@
 """Goldens from Hugging Face transformers for the model families of
 test_families.py (Qwen2, Mistral, Gemma 3, Gemma 2, Phi-3, Phi-4-mini,
-SmolLM3, Qwen2-MoE, OLMo 2, OLMo 3, GLM-4): what `AutoModelForCausalLM`
+SmolLM3, Qwen2-MoE, OLMo 2, OLMo 3, GLM-4, GLM-4.5): what `AutoModelForCausalLM`
 computes for their tiny checkpoints (Granite, Granite MoE and
 GraniteMoeShared too; and
 `Gemma3ForConditionalGeneration`,
@@ -104,11 +104,17 @@ FAMILIES = {
     # GLM-4: q/k/v biases, four norms of w, gate/up fused, RoPE on the
     # first 8 of each head's 16 dimensions in interleaved pairs.
     "glm4": tiny_config("Glm4ForCausalLM"),
+    # GLM-4.5: sigmoid routing with a selection bias among 2 groups of 4
+    # experts (the best 1 kept), weights times 2.5, a shared expert, layer 0
+    # dense, q/k/v biases, q/k norms, half of each head rotated, and a
+    # multi-token-prediction layer's weights (skipped).
+    "glm4_moe": tiny_config("Glm4MoeForCausalLM"),
 }
 #: The seed of each family's random weights.
 SEEDS = {"qwen2": 11, "qwen2_window": 12, "mistral": 13, "gemma3": 14, "gemma2": 16,
          "phi3": 17, "phi4_mini": 19, "smollm3": 20, "granite": 19, "granite_moe": 20,
-         "qwen2_moe": 21, "granite_moe_shared": 22, "olmo2": 21, "olmo3": 22, "glm4": 23}
+         "qwen2_moe": 21, "granite_moe_shared": 22, "olmo2": 21, "olmo3": 22, "glm4": 23,
+         "glm4_moe": 23}
 #: Multimodal checkpoints whose text model ETC runs: the family's causal LM
 #: inside `Gemma3ForConditionalGeneration` or
 #: `Mistral3ForConditionalGeneration` (`write_checkpoint(...,
@@ -137,7 +143,8 @@ GPT_OSS_SEED = 19
 #: OLMo 2's, its windows Gemma's).
 V4_DTYPES = {"granite": ("f32", "bf16"), "granite_moe": ("f32", "bf16"),
              "qwen2_moe": ("f32", "bf16"), "granite_moe_shared": ("f32", "bf16"),
-             "olmo2": ("f32", "bf16"), "glm4": ("f32", "bf16"), "olmo3": ("f32",)}
+             "olmo2": ("f32", "bf16"), "glm4": ("f32", "bf16"), "olmo3": ("f32",),
+             "glm4_moe": ("f32", "bf16")}
 #: The families whose transformers 4 goldens leave bfloat16 out: a bf16
 #: step kernel compiles for 20 to 30 s on the test machine, and theirs are
 #: Phi-3's and Llama's kinds (partial rotary and NoPE change the weights

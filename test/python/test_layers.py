@@ -26,7 +26,7 @@ LAYERS = [
     ("runtime", ["etc.runtime"]),
     ("operator families", ["etc.ops"]),
     ("front end", ["etc.graph", "etc.graph_values", "etc.graph_llm", "etc.graph_collective",
-                   "etc.graph_to_mlir"]),
+                   "etc.graph_moe", "etc.graph_to_mlir"]),
     ("compiler", ["etc.compiler", "etc.pipeline", "etc"]),
     ("model loading", ["etc.models.loading"]),
     ("the step", ["etc.models.step"]),

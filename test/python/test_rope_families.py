@@ -98,10 +98,12 @@ def test_phi4_mini_config_refusals(fields, match):
 
 
 @pytest.mark.parametrize("architecture", [a for a in ARCHITECTURES
-                                          if a not in ("Phi3ForCausalLM", "Glm4ForCausalLM")])
+                                          if a not in ("Phi3ForCausalLM", "Glm4ForCausalLM",
+                                                       "Glm4MoeForCausalLM")])
 def test_partial_rotary_is_refused_where_transformers_rotates_whole_heads(architecture):
-    """Of the architectures ETC loads, only transformers' Phi-3 and GLM-4
-    honour partial_rotary_factor (their apply_rotary_pos_emb rotates the table's
+    """Of the architectures ETC loads, only transformers' Phi-3, GLM-4 and
+    GLM-4.5 (test_glm4_moe.py) honour partial_rotary_factor (their
+    apply_rotary_pos_emb rotates the table's
     width and passes the rest through); the others' rotate_half spans the
     whole head, so a factor < 1 breaks them there (cos of r dimensions
     against q of head_dim): refused by name, flat or nested as

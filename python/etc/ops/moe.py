@@ -1,7 +1,8 @@
 """Mixture-of-Experts with SiLU experts: five tasks and two explicit events.
 
-    router   tile i: tokens [32 i, 32 i + 32): softmax(x @ router_w (+ router_b)), the
-             top-k experts and their renormalised weights
+    router   tile i: tokens [32 i, 32 i + 32): softmax or sigmoid of x @ router_w
+             (+ router_b), the top-k experts (by score + selection_bias, among
+             the best groups) and their renormalised, scaled weights
     route    one tile: counts tokens per expert, prefix-sums them into
              `offsets` and lists the (token, choice) pairs by expert in `slots`
     up       tile (e, j): hidden = silu(x @ w1[e]) for the j-th block of
@@ -37,8 +38,10 @@ KINDS = ("moe",)
 
 
 class MoeRouter(PartKernel):
-    """Probabilities, top-k experts and renormalised weights of a row block
-    of tokens, one token per lane iteration."""
+    """Scores, top-k experts and their weights of a row block of tokens,
+    one token per lane iteration: softmax or sigmoid scores, chosen by
+    score (+ selection_bias) among the experts of the best groups
+    (n_group), weighted by the unbiased scores, renormalised and scaled."""
 
     grid_rank = 1
     part = "router"
@@ -47,16 +50,18 @@ class MoeRouter(PartKernel):
     def tensors(cls, op) -> list:
         x, router_w = op.operands[:2]
         buffers = op.buffers
-        router_b = operand(op, "router_b")
-        return [x, router_w, buffers["probs"], *buffers["experts"], buffers["weights"],
-                *([router_b] if router_b is not None else [])]
+        given = [t for t in (operand(op, "router_b"), operand(op, "selection_bias"))
+                 if t is not None]
+        return [x, router_w, buffers["probs"], *buffers["experts"], buffers["weights"], *given]
 
     def emit(self) -> None:
         op, buffers = self.op, self.op.buffers
+        params = op.params
         x, router_w = op.operands[:2]
         router_b = operand(op, "router_b")
+        sigmoid = params.get("scoring", "softmax") == "sigmoid"
         probs, weights = buffers["probs"], buffers["weights"]
-        experts = self.cidx(op.params["experts"])
+        experts = self.cidx(params["experts"])
         row0, rows = self.row_block(x, DEFAULT_ROWS)
         hidden = self.dim(x, 1)
         loop = self.lane_loop(rows)
@@ -68,28 +73,72 @@ class MoeRouter(PartKernel):
                     acc, arith.mulf(self.load(x, [t, h]), self.load(router_w, [h, e]))))
                 if router_b is not None:
                     total = arith.addf(total, self.load(router_b, [e]))
-                self.store(total, probs, [t, e])
+                self.store(self.unary("sigmoid", total) if sigmoid else total, probs, [t, e])
             self.for_each_col(experts, logit)
-            mx = self.reduce_row(experts, self.cf32(float("-inf")), lambda acc, e: arith.maxnumf(
-                acc, self.load(probs, [t, e])))
-            denom = self.reduce_row(experts, self.cf32(0.0), lambda acc, e: arith.addf(
-                acc, math.exp(arith.subf(self.load(probs, [t, e]), mx))))
-            self.for_each_col(experts, lambda e: self.store(
-                arith.divf(math.exp(arith.subf(self.load(probs, [t, e]), mx)), denom),
-                probs, [t, e]))
+            if not sigmoid:
+                mx = self.reduce_row(experts, self.cf32(float("-inf")),
+                                     lambda acc, e: arith.maxnumf(acc, self.load(probs, [t, e])))
+                denom = self.reduce_row(experts, self.cf32(0.0), lambda acc, e: arith.addf(
+                    acc, math.exp(arith.subf(self.load(probs, [t, e]), mx))))
+                self.for_each_col(experts, lambda e: self.store(
+                    arith.divf(math.exp(arith.subf(self.load(probs, [t, e]), mx)), denom),
+                    probs, [t, e]))
+            score = self.candidate_score(t)
             previous = first_pick(self)
             chosen = []
             for choice in buffers["experts"]:
-                previous = select_next(self, experts, lambda e: self.load(probs, [t, e]), previous)[:2]
+                previous = select_next(self, experts, score, previous)[:2]
                 self.store_index(previous[1], choice, [t])
-                chosen.append(previous[0])
+                # The weight is the unbiased score, whatever chose the expert.
+                chosen.append(self.load(probs, [t, previous[1]]) if sigmoid else previous[0])
             total = chosen[0]
             for value in chosen[1:]:
                 total = arith.addf(total, value)
+            if sigmoid:  # transformers' guard against a zero sum of sigmoids
+                total = arith.addf(total, self.cf32(1e-20))
             for j, value in enumerate(chosen):
-                weight = arith.divf(value, total) if op.params.get("normalize", True) else value
+                weight = arith.divf(value, total) if params.get("normalize", True) else value
+                if "routed_scale" in params:
+                    weight = arith.mulf(weight, self.cf32(params["routed_scale"]))
                 self.store(weight, weights, [t, self.cidx(j)])
             scf.yield_([])
+
+    def candidate_score(self, t: ir.Value):
+        """The function e -> what token t's experts are ranked by: the score
+        probs[t, e] plus selection_bias[e]; with n_group > 1, -inf outside
+        the topk_group groups whose two best such values sum highest
+        (ranked as experts are: ties to the lower group)."""
+        op = self.op
+        probs = op.buffers["probs"]
+        selection_bias = operand(op, "selection_bias")
+
+        def biased(e):
+            value = self.load(probs, [t, e])
+            return value if selection_bias is None else arith.addf(
+                value, self.load(selection_bias, [e]))
+        groups = op.params.get("n_group", 1)
+        if groups == 1:
+            return biased
+        size = self.cidx(op.params["experts"] // groups)
+
+        def group_score(g):
+            start = arith.muli(g, size)
+            end = arith.addi(start, size)
+            best = select_next(self, end, biased, first_pick(self), start=start)[:2]
+            second = select_next(self, end, biased, best, start=start)[0]
+            return arith.addf(best[0], second)
+        previous, kept = first_pick(self), []
+        for _ in range(op.params["topk_group"]):
+            previous = select_next(self, self.cidx(groups), group_score, previous)[:2]
+            kept.append(previous[1])
+
+        def masked(e):
+            group = arith.divui(e, size)
+            inside = arith.cmpi(arith.CmpIPredicate.eq, group, kept[0])
+            for g in kept[1:]:
+                inside = arith.ori(inside, arith.cmpi(arith.CmpIPredicate.eq, group, g))
+            return arith.select(inside, biased(e), self.cf32(float("-inf")))
+        return masked
 
 
 class MoeRoute(PartKernel):
@@ -184,10 +233,11 @@ def build_tasks(b: TaskBuilder, op) -> None:
     one_expert = box(2, ["d0", "0", "0"], [1, None, None])
 
     routed = [buffers["probs"], *choices, buffers["weights"]]
-    router_b = operand(op, "router_b")
+    router_biases = [t for t in (operand(op, "router_b"), operand(op, "selection_bias"))
+                     if t is not None]
     b.emit_task(op, f"{op.name}_router", [b.grid_extent(tokens, DEFAULT_ROWS)],
                 [(x, row_block(1, x)), (router_w, whole(1, router_w)),
-                 *([(router_b, whole(1, router_b))] if router_b is not None else [])],
+                 *[(t, whole(1, t)) for t in router_biases]],
                 [(t, row_block(1, t)) for t in routed], MoeRouter)
     b.emit_task(op, f"{op.name}_route", [b.grid_extent(1, 1)],
                 [(t, whole(1, t)) for t in choices],

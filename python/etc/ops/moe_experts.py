@@ -61,7 +61,8 @@ from .variants import PartKernel
 
 #: The moe op's operands in their order; `w_up` and the biases only when
 #: given (`Graph.moe`).
-ROLES = ("x", "router_w", "w1", "w2", "w_up", "router_b", "b1", "b_up", "b2")
+ROLES = ("x", "router_w", "w1", "w2", "w_up", "router_b", "b1", "b_up", "b2",
+         "selection_bias")
 
 
 def operand(op, role: str):

@@ -390,6 +390,9 @@ class Checkpoint:
                 e, f = c.num_experts, c.moe_intermediate_size
                 plan.append((f"l{i}_router", p + "mlp.gate.weight", (e, h), f"layer {i} router",
                              "T"))
+                if c.selection_bias:  # GLM-4.5's, float32 in the checkpoint and the graph
+                    plan.append((f"l{i}_selection_bias", p + "mlp.gate.e_score_correction_bias",
+                                 (e,), f"layer {i} router score correction bias", "f32"))
                 plan += [(f"l{i}_experts_{key}",
                           [f"{p}mlp.experts.{j}.{proj}.weight" for j in range(e)], shape,
                           f"layer {i} {proj} experts", "experts")
@@ -452,7 +455,8 @@ class Checkpoint:
         Qwen2-MoE's `mlp.shared_expert.{gate,up,down}_proj` and its gate
         `mlp.shared_expert_gate` (1, h); Granite MoE's `shared_mlp.
         input_linear` (2 f, h: gate rows then up rows, split at load) and
-        `shared_mlp.output_linear` (h, f)."""
+        `shared_mlp.output_linear` (h, f); GLM-4.5's
+        `mlp.shared_experts.{gate,up,down}_proj`, no gate."""
         c = self.config
         h, f = c.hidden_size, c.shared_expert_intermediate_size
         p = f"model.layers.{i}."
@@ -462,9 +466,13 @@ class Checkpoint:
                     for key, start, stop in (("gate", 0, f), ("up", f, 2 * f))] + [
                 (f"l{i}_shexp_down", p + "shared_mlp.output_linear.weight", (h, f),
                  f"layer {i} shared MLP down", None)]
-        return [(f"l{i}_shexp_{key}", f"{p}mlp.shared_expert.{key}_proj.weight", shape,
-                 f"layer {i} shared expert {key}", None)
-                for key, shape in (("gate", (f, h)), ("up", (f, h)), ("down", (h, f)))] + [
+        experts = "shared_experts" if c.architecture == "Glm4MoeForCausalLM" else "shared_expert"
+        projections = [(f"l{i}_shexp_{key}", f"{p}mlp.{experts}.{key}_proj.weight", shape,
+                        f"layer {i} shared expert {key}", None)
+                       for key, shape in (("gate", (f, h)), ("up", (f, h)), ("down", (h, f)))]
+        if not c.shared_expert_gate:
+            return projections
+        return projections + [
             (f"l{i}_shexp_gate_inp", p + "mlp.shared_expert_gate.weight", (1, h),
              f"layer {i} shared expert gate", None)]
 

@@ -3,7 +3,7 @@
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
 Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3,
 SmolLM3, Granite, Granite MoE (with shared experts too), gpt-oss, OLMo 2, OLMo 3,
-GLM-4; and the text
+GLM-4, GLM-4.5; and the text
 model of Gemma 3's and Mistral 3's multimodal configs, `multimodal`), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
@@ -33,14 +33,14 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                  "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                  "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
                  "GptOssForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeSharedForCausalLM",
-                 *families.OLMO, families.GLM4)
+                 *families.OLMO, families.GLM4, moe_fields.GLM4_MOE)
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
 #: IBM Granite 3.x: Llama's layers with four scalar multipliers (`config_families.granite`).
 _GRANITE = ("GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
 #: The MoE architectures with a sparse block in every layer, read by
-#: `_mixtral` (its `intermediate_size` is the experts' width).
+#: `moe_fields.mixtral` (its `intermediate_size` is the experts' width).
 _EVERY_LAYER_SPARSE = ("MixtralForCausalLM", "GraniteMoeForCausalLM", "GptOssForCausalLM",
                        "GraniteMoeSharedForCausalLM")
 #: Architectures refused by name, with why (not merely "not supported").
@@ -49,10 +49,11 @@ _REFUSED = {
                                    "implements attention layers only",
 }
 #: The architectures whose transformers class rotates part of each head
-#: when `partial_rotary_factor` < 1 (Phi-3's and GLM-4's apply_rotary_pos_emb
-#: split q and k at the table's width); the others' rotate_half spans the
-#: whole head, and their configs with a factor < 1 are refused.
-_PARTIAL_ROTARY = ("Phi3ForCausalLM", families.GLM4)
+#: when `partial_rotary_factor` < 1 (Phi-3's, GLM-4's and GLM-4.5's
+#: apply_rotary_pos_emb split q and k at the table's width); the others'
+#: rotate_half spans the whole head, and their configs with a factor < 1
+#: are refused.
+_PARTIAL_ROTARY = ("Phi3ForCausalLM", families.GLM4, moe_fields.GLM4_MOE)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,14 @@ class ModelConfig:
     #: sigmoid(x . w) of a learnt (H,) vector.
     shared_expert_intermediate_size: int = 0
     shared_expert_gate: bool = False
+    #: Routing (`Graph.moe`'s scoring, routed_scale, n_group, topk_group):
+    #: softmax or sigmoid scores; with `selection_bias` a learnt (E,) bias
+    #: on the scores that choose (GLM-4.5, DeepSeek-V3).
+    moe_scoring: str = "softmax"
+    selection_bias: bool = False
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
     #: Sliding-window attention: the positions a token of a sliding layer
     #: sees (its own included), and which layers slide (the others attend
     #: to the whole sequence).
@@ -343,7 +352,7 @@ class ModelConfig:
         elif architecture not in _GEMMA:  # Gemma reads hidden_activation (below)
             refuse("hidden_act", ("silu", None), "only SiLU-gated MLPs are implemented")
         if architecture not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM",
-                                families.GLM4):
+                                families.GLM4, moe_fields.GLM4_MOE):
             # Qwen2's q/k/v projections always have biases (Qwen2-MoE's:
             # `qkv_bias`) and its o projection never has one: transformers
             # ignores the field.
@@ -386,8 +395,10 @@ class ModelConfig:
         moe = {}
         if architecture in moe_fields.QWEN_MOE:
             moe = moe_fields.qwen_moe(config, where, architecture, layers, need, flag)
+        elif architecture == moe_fields.GLM4_MOE:
+            moe = moe_fields.glm4_moe(config, where, layers, need, flag)
         elif architecture in _EVERY_LAYER_SPARSE:
-            moe = _mixtral(config, where, layers, need, flag, architecture)
+            moe = moe_fields.mixtral(config, where, layers, need, flag, architecture)
             if architecture == "GraniteMoeSharedForCausalLM":
                 moe.update(moe_fields.granite_shared(config, where))
         granite = families.granite(config, where) if architecture in _GRANITE else {}
@@ -418,8 +429,9 @@ class ModelConfig:
             # the others.
             tie_word_embeddings=flag("tie_word_embeddings", architecture in _GEMMA or
                                      architecture == "SmolLM3ForCausalLM"),
-            qk_norm=architecture.startswith("Qwen3") or architecture == "Gemma3ForCausalLM" or
-            family.pop("qk_norm", False),
+            # (both pops run: neither flag may reach **moe / **family)
+            qk_norm=any((architecture.startswith("Qwen3"), architecture == "Gemma3ForCausalLM",
+                         family.pop("qk_norm", False), moe.pop("qk_norm", False))),
             qkv_bias=qkv_bias or family.pop("attention_bias", False),
             rope_scaling=scaling,
             sliding_window=window,
@@ -433,56 +445,6 @@ class ModelConfig:
         )
 
 
-def _mixtral(config: dict, where: str, layers: int, need, flag,
-             architecture: str = "MixtralForCausalLM") -> dict:
-    """Mixtral's MoE fields (`ModelConfig`'s MoE fields), as transformers 4
-    and 5 read them (Granite MoE's too: the same fields; its router's
-    softmax of the top-k logits gives the same weights): a sparse block in
-    every layer, `num_local_experts` experts (`num_experts` is transformers' alias of it) of width
-    `intermediate_size`, `num_experts_per_tok` per token, their softmax
-    weights renormalised over the chosen ones (MixtralTopKRouter: softmax
-    over every expert, top-k, divided by the sum of the k), which is
-    Qwen3-MoE's `norm_topk_prob`. The training-only fields are accepted,
-    checked to be what they mean: `router_jitter_noise` (transformers
-    multiplies the MoE input by noise only in training mode: inference,
-    and so ETC, compute the same with any value), `output_router_logits`
-    and `router_aux_loss_coef` (the load-balancing loss). gpt-oss reads
-    the same fields (its router takes the top-k logits, then their
-    softmax: the same weights), and has no jitter."""
-    experts = config.get("num_local_experts")
-    alias = config.get("num_experts")
-    if experts is None:
-        experts = alias
-    elif alias is not None and alias != experts:
-        raise UnsupportedConfigError(f"{where}: field 'num_experts' = {alias!r} contradicts "
-                                     f"num_local_experts = {experts!r} (transformers' alias of "
-                                     f"it); keep one")
-    if experts is None:
-        raise UnsupportedConfigError(f"{where}: field 'num_local_experts' is missing (required "
-                                     f"for {architecture})")
-    experts = positive_int(where, "num_local_experts", experts)
-    per_token = need("num_experts_per_tok")
-    if per_token > experts:
-        raise UnsupportedConfigError(f"{where}: field 'num_experts_per_tok' = {per_token} "
-                                     f"exceeds num_local_experts = {experts}")
-    jitter = config.get("router_jitter_noise")
-    if jitter is not None and architecture == "GptOssForCausalLM":
-        raise UnsupportedConfigError(f"{where}: field 'router_jitter_noise' is not a gpt-oss "
-                                     f"field (its router has no noise)")
-    if jitter is not None and (isinstance(jitter, bool) or
-                               not isinstance(jitter, (int, float)) or
-                               not math.isfinite(jitter) or jitter < 0):
-        raise UnsupportedConfigError(f"{where}: field 'router_jitter_noise' = {jitter!r} must "
-                                     f"be a non-negative number (training-only noise)")
-    flag("output_router_logits", False)  # checked: a JSON boolean
-    coef = config.get("router_aux_loss_coef")
-    if coef is not None and (isinstance(coef, bool) or not isinstance(coef, (int, float)) or
-                             not math.isfinite(coef)):
-        raise UnsupportedConfigError(f"{where}: field 'router_aux_loss_coef' = {coef!r} must "
-                                     f"be a finite number (training-only loss weight)")
-    return {"num_experts": experts, "num_experts_per_tok": per_token,
-            "moe_intermediate_size": need("intermediate_size"), "norm_topk_prob": True,
-            "sparse_layers": tuple(range(layers))}
 
 
 #: The architectures with sliding-window attention, and how their configs
@@ -724,7 +686,9 @@ def _rotary_dim(config: dict, where: str, architecture: str, head_dim: int) -> i
     (in `rope_parameters` or `rope_scaling` as transformers 5 writes it,
     else top-level) of an architecture whose transformers class honours
     it (`_PARTIAL_ROTARY`); a factor < 1 elsewhere is refused."""
-    given = [("partial_rotary_factor", config.get("partial_rotary_factor"))]
+    # GLM-4.5's transformers config sets a factor 0.5 where none is given.
+    given = [("partial_rotary_factor", config.get(
+        "partial_rotary_factor", 0.5 if architecture == moe_fields.GLM4_MOE else None))]
     for nest in ("rope_scaling", "rope_parameters"):
         value = config.get(nest)
         if isinstance(value, dict):

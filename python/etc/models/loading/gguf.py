@@ -45,10 +45,12 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                  "granitemoe": "GraniteMoeForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                  "gpt-oss": "GptOssForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
-                 "olmo2": "Olmo2ForCausalLM", "glm4": "Glm4ForCausalLM"}
+                 "olmo2": "Olmo2ForCausalLM", "glm4": "Glm4ForCausalLM",
+                 "glm4moe": "Glm4MoeForCausalLM"}
 #: The architectures whose RoPE rotates the first rope.dimension_count of
-#: each head (llama.cpp's phi3 and glm4; GLM-4's in interleaved pairs).
-_PARTIAL_ROTARY = ("phi3", "glm4")
+#: each head (llama.cpp's phi3, glm4 and glm4moe; GLM-4's in interleaved
+#: pairs).
+_PARTIAL_ROTARY = ("phi3", "glm4", "glm4moe")
 #: The architectures whose Q and K rows llama.cpp's converter permutes
 #: (each head's rotary halves interleaved: LlamaModel's conversion), undone
 #: at load.
@@ -194,9 +196,9 @@ class GGUFCheckpoint:
                 raise UnsupportedConfigError(
                     f"{self.path}: GGUF metadata {a}.rope.dimension_count = {rope_dims} is not "
                     f"the head size {head_dim}: partial rotary embeddings are supported for "
-                    f"{' and '.join(_PARTIAL_ROTARY)} only (llama.cpp rotates their first n_rot "
+                    f"{', '.join(_PARTIAL_ROTARY)} only (llama.cpp rotates their first n_rot "
                     f"dimensions)")
-            # Phi-4-mini, GLM-4: RoPE on the first rope_dims of each head.
+            # Phi-4-mini, GLM-4, GLM-4.5: RoPE on the first rope_dims of each head.
             config["partial_rotary_factor"] = rope_dims / head_dim
             if int(head_dim * config["partial_rotary_factor"]) != rope_dims:
                 raise UnsupportedConfigError(
@@ -243,6 +245,8 @@ class GGUFCheckpoint:
             config.update(families.qwen3moe_config(self, config))
         if a == "olmo2":
             config.update(families.olmo2_config(self, config))
+        if a == "glm4moe":
+            config.update(families.glm4moe_config(self, config))
         return config
 
     # -- tensors -------------------------------------------------------------
@@ -405,7 +409,8 @@ class GGUFCheckpoint:
                              f"layer {i} post-feedforward norm", None))
             else:
                 # (gpt-oss's converter names the MLP's norm by its HF name.)
-                norm = "post_attention_norm" if self.architecture == "gpt-oss" else "ffn_norm"
+                norm = "post_attention_norm" if self.architecture in ("gpt-oss", "glm4moe") \
+                    else "ffn_norm"
                 plan.append((f"l{i}_mlp_norm", f"{b}{norm}.weight", (h,),
                              f"layer {i} post-attention norm", None))
             if c.is_sparse(i) and b + "ffn_gate_exps.weight" not in self._tensors and \
@@ -435,6 +440,9 @@ class GGUFCheckpoint:
                 if c.router_bias:
                     plan.append((f"l{i}_router_b", b + "ffn_gate_inp.bias", (e,),
                                  f"layer {i} router bias", None))
+                if c.selection_bias:  # GLM-4.5's
+                    plan.append((f"l{i}_selection_bias", b + "exp_probs_b.bias", (e,),
+                                 f"layer {i} expert selection bias", None))
                 if c.expert_bias:
                     plan += [(f"l{i}_experts_{p}_b", f"{b}ffn_{p}_exps.bias", (e, width),
                               f"layer {i} expert {p} biases", None)

@@ -290,3 +290,44 @@ def olmo2_config(ckpt, config: dict) -> dict:
     return {"architectures": ["Olmo3ForCausalLM"], "sliding_window": window,
             "layer_types": ["sliding_attention" if flag else "full_attention" for flag in flags],
             "rope_parameters": {"full_attention": dict(plain), "sliding_attention": plain}}
+
+
+#: llama.cpp's `expert_gating_func` values (its LLAMA_EXPERT_GATING_FUNC_TYPE).
+_GATING = {1: "softmax", 2: "sigmoid"}
+
+
+def glm4moe_config(ckpt, config: dict) -> dict:
+    """GLM-4.5's fields as llama.cpp's converter writes them: the
+    multi-token-prediction layers counted in `block_count`
+    (`nextn_predict_layers` of them, after the decoder's: not run, their
+    tensors not read), dense layers before `leading_dense_block_count`,
+    `expert_count` experts of `expert_feed_forward_length` and
+    `expert_shared_count` shared ones of the same width,
+    `expert_used_count` per token, renormalised where
+    `expert_weights_norm`, times `expert_weights_scale`, in
+    `expert_group_count` groups of which `expert_group_used_count` are kept
+    (default 1 and 1); `expert_gating_func` must be sigmoid (2); q/k norms
+    where the file has `attn_q_norm`."""
+    gating = ckpt._key("expert_gating_func")
+    if gating != 2:
+        raise UnsupportedConfigError(
+            f"{ckpt.path}: GGUF metadata glm4moe.expert_gating_func = {gating!r} is not "
+            f"supported: GLM-4.5 routes by sigmoid scores (2); ETC reads no other "
+            f"({_GATING.get(gating, 'unknown')})")
+    nextn = ckpt._key("nextn_predict_layers", 0)
+    out = {"num_hidden_layers": config["num_hidden_layers"] - nextn
+           if isinstance(nextn, int) and isinstance(config["num_hidden_layers"], int) else None,
+           "num_nextn_predict_layers": nextn,
+           "n_routed_experts": ckpt._key("expert_count"),
+           "num_experts_per_tok": ckpt._key("expert_used_count"),
+           "moe_intermediate_size": ckpt._key("expert_feed_forward_length"),
+           "n_shared_experts": ckpt._key("expert_shared_count", 0),
+           "first_k_dense_replace": ckpt._key("leading_dense_block_count", 0),
+           "norm_topk_prob": ckpt._key("expert_weights_norm", False),
+           "routed_scaling_factor": decimal(ckpt._key("expert_weights_scale", 1.0)),
+           "n_group": ckpt._key("expert_group_count", 1),
+           "topk_group": ckpt._key("expert_group_used_count", 1),
+           "use_qk_norm": "blk.0.attn_q_norm.weight" in ckpt._tensors}
+    if config.get("partial_rotary_factor") is None:
+        out["partial_rotary_factor"] = 1.0  # rope.dimension_count is the head size
+    return out

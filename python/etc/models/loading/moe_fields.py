@@ -1,13 +1,20 @@
-"""The MoE fields of the Qwen MoE configs and the shared experts, read for
+"""The MoE fields of the MoE configs and of the shared experts, read for
 `config.ModelConfig.from_dict`: Qwen3-MoE's and Qwen2-MoE's routed experts
-(`qwen_moe`; Qwen2-MoE's shared expert with its sigmoid gate too) and
-Granite MoE's shared MLP (`granite_shared`)."""
+(`qwen_moe`; Qwen2-MoE's shared expert with its sigmoid gate too),
+Mixtral's (and Granite MoE's, gpt-oss's: `mixtral`), Granite MoE's shared
+MLP (`granite_shared`) and GLM-4.5's sigmoid-routed experts, shared
+experts and attention fields (`glm4_moe`)."""
 
 from __future__ import annotations
 
-from .fields import UnsupportedConfigError, positive_int
+import math
 
-__all__ = ["QWEN_MOE", "qwen_moe", "granite_shared"]
+from .fields import UnsupportedConfigError, positive_int, positive_number
+
+__all__ = ["QWEN_MOE", "GLM4_MOE", "qwen_moe", "mixtral", "granite_shared", "glm4_moe"]
+
+#: GLM-4.5's architecture (GLM-4.5, GLM-4.5-Air, GLM-4.6).
+GLM4_MOE = "Glm4MoeForCausalLM"
 
 #: The Qwen MoE architectures: experts in the layers `decoder_sparse_step`
 #: and `mlp_only_layers` choose, the others dense.
@@ -63,6 +70,57 @@ def qwen_moe(config: dict, where: str, architecture: str, layers: int, need, fla
     return out
 
 
+def mixtral(config: dict, where: str, layers: int, need, flag,
+            architecture: str = "MixtralForCausalLM") -> dict:
+    """Mixtral's MoE fields (`ModelConfig`'s MoE fields), as transformers 4
+    and 5 read them (Granite MoE's too: the same fields; its router's
+    softmax of the top-k logits gives the same weights): a sparse block in
+    every layer, `num_local_experts` experts (`num_experts` is transformers' alias of it) of width
+    `intermediate_size`, `num_experts_per_tok` per token, their softmax
+    weights renormalised over the chosen ones (MixtralTopKRouter: softmax
+    over every expert, top-k, divided by the sum of the k), which is
+    Qwen3-MoE's `norm_topk_prob`. The training-only fields are accepted,
+    checked to be what they mean: `router_jitter_noise` (transformers
+    multiplies the MoE input by noise only in training mode: inference,
+    and so ETC, compute the same with any value), `output_router_logits`
+    and `router_aux_loss_coef` (the load-balancing loss). gpt-oss reads
+    the same fields (its router takes the top-k logits, then their
+    softmax: the same weights), and has no jitter."""
+    experts = config.get("num_local_experts")
+    alias = config.get("num_experts")
+    if experts is None:
+        experts = alias
+    elif alias is not None and alias != experts:
+        raise UnsupportedConfigError(f"{where}: field 'num_experts' = {alias!r} contradicts "
+                                     f"num_local_experts = {experts!r} (transformers' alias of "
+                                     f"it); keep one")
+    if experts is None:
+        raise UnsupportedConfigError(f"{where}: field 'num_local_experts' is missing (required "
+                                     f"for {architecture})")
+    experts = positive_int(where, "num_local_experts", experts)
+    per_token = need("num_experts_per_tok")
+    if per_token > experts:
+        raise UnsupportedConfigError(f"{where}: field 'num_experts_per_tok' = {per_token} "
+                                     f"exceeds num_local_experts = {experts}")
+    jitter = config.get("router_jitter_noise")
+    if jitter is not None and architecture == "GptOssForCausalLM":
+        raise UnsupportedConfigError(f"{where}: field 'router_jitter_noise' is not a gpt-oss "
+                                     f"field (its router has no noise)")
+    if jitter is not None and (isinstance(jitter, bool) or
+                               not isinstance(jitter, (int, float)) or
+                               not math.isfinite(jitter) or jitter < 0):
+        raise UnsupportedConfigError(f"{where}: field 'router_jitter_noise' = {jitter!r} must "
+                                     f"be a non-negative number (training-only noise)")
+    flag("output_router_logits", False)  # checked: a JSON boolean
+    coef = config.get("router_aux_loss_coef")
+    if coef is not None and (isinstance(coef, bool) or not isinstance(coef, (int, float)) or
+                             not math.isfinite(coef)):
+        raise UnsupportedConfigError(f"{where}: field 'router_aux_loss_coef' = {coef!r} must "
+                                     f"be a finite number (training-only loss weight)")
+    return {"num_experts": experts, "num_experts_per_tok": per_token,
+            "moe_intermediate_size": need("intermediate_size"), "norm_topk_prob": True,
+            "sparse_layers": tuple(range(layers))}
+
 def granite_shared(config: dict, where: str) -> dict:
     """Granite MoE's shared MLP (GraniteMoeSharedForCausalLM), as
     transformers reads it: `shared_intermediate_size` (default 0: none,
@@ -73,3 +131,70 @@ def granite_shared(config: dict, where: str) -> dict:
         return {}
     return {"shared_expert_intermediate_size":
             positive_int(where, "shared_intermediate_size", width)}
+
+
+def glm4_moe(config: dict, where: str, layers: int, need, flag) -> dict:
+    """GLM-4.5's MoE and attention fields (`ModelConfig`'s), as
+    transformers' Glm4MoeConfig reads them: `n_routed_experts` experts of
+    `moe_intermediate_size`, `num_experts_per_tok` per token, routed by
+    sigmoid scores plus the router's `e_score_correction_bias` (selection
+    only) among the `topk_group` best of `n_group` expert groups, weights
+    renormalised when `norm_topk_prob` (default true) and times
+    `routed_scaling_factor` (default 1); `n_shared_experts` (default 1)
+    shared experts of the same width, one SwiGLU MLP n times as wide, no
+    gate; dense layers before `first_k_dense_replace` (default 1).
+    `attention_bias` (default false) puts biases on q, k and v (o has
+    none), `use_qk_norm` (default false) per-head RMSNorms on q and k. The
+    multi-token-prediction layers (`num_nextn_predict_layers`, transformers
+    5's `num_mtp_layers`) are extra layers after the last, which a decoder
+    never runs: their count is checked, their weights are not read."""
+    experts = need("n_routed_experts")
+    per_token = need("num_experts_per_tok")
+    groups = config.get("n_group")
+    groups = 1 if groups is None else positive_int(where, "n_group", groups)
+    kept = config.get("topk_group")
+    kept = 1 if kept is None else positive_int(where, "topk_group", kept)
+    if experts % groups or (groups > 1 and experts // groups < 2):
+        raise UnsupportedConfigError(f"{where}: field 'n_group' = {groups} must divide "
+                                     f"n_routed_experts = {experts} into groups of at least 2")
+    if kept > groups:
+        raise UnsupportedConfigError(f"{where}: field 'topk_group' = {kept} exceeds n_group = "
+                                     f"{groups}")
+    if per_token > kept * (experts // groups):
+        raise UnsupportedConfigError(
+            f"{where}: field 'num_experts_per_tok' = {per_token} exceeds the "
+            f"{kept * (experts // groups)} experts of the topk_group = {kept} groups")
+    dense = config.get("first_k_dense_replace")
+    dense = 1 if dense is None else dense
+    if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense <= layers:
+        raise UnsupportedConfigError(f"{where}: field 'first_k_dense_replace' = {dense!r} must "
+                                     f"be an integer from 0 to num_hidden_layers = {layers}")
+    shared = config.get("n_shared_experts")
+    shared = 1 if shared is None else shared
+    if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+        raise UnsupportedConfigError(f"{where}: field 'n_shared_experts' = {shared!r} must be "
+                                     f"a non-negative integer")
+    for name in ("num_nextn_predict_layers", "num_mtp_layers"):
+        value = config.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or
+                                  value < 0):
+            raise UnsupportedConfigError(f"{where}: field {name!r} = {value!r} must be a "
+                                         f"non-negative integer (layers ETC does not run)")
+    flag("output_router_logits", False)  # training only; checked: a JSON boolean
+    coef = config.get("router_aux_loss_coef")
+    if coef is not None and (isinstance(coef, bool) or not isinstance(coef, (int, float)) or
+                             not math.isfinite(coef)):
+        raise UnsupportedConfigError(f"{where}: field 'router_aux_loss_coef' = {coef!r} must "
+                                     f"be a finite number (training-only loss weight)")
+    scale = config.get("routed_scaling_factor")
+    width = need("moe_intermediate_size")
+    return {
+        "num_experts": experts, "num_experts_per_tok": per_token, "moe_intermediate_size": width,
+        "norm_topk_prob": flag("norm_topk_prob", True), "moe_scoring": "sigmoid",
+        "selection_bias": True, "n_group": groups, "topk_group": kept,
+        "routed_scaling_factor": 1.0 if scale is None else
+        positive_number(where, "routed_scaling_factor", scale),
+        "sparse_layers": tuple(range(dense, layers)),
+        "shared_expert_intermediate_size": shared * width,
+        "qkv_bias": flag("attention_bias", False), "qk_norm": flag("use_qk_norm", False),
+    }

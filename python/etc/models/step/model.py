@@ -236,9 +236,10 @@ class CompiledModel:
     def _as_dtype(self, name: str, array: np.ndarray) -> np.ndarray:
         """Weights as the graph's inputs take them: float16 arrays for f16;
         bf16 bit patterns (uint16) for bf16, converted once here rather than
-        by the runtime at every step; float32 for f32. The RoPE tables and
-        attention sinks (gpt-oss) are float32 in every dtype."""
-        if name.startswith("inv_freq") or name.endswith("_sinks"):
+        by the runtime at every step; float32 for f32. The RoPE tables,
+        attention sinks (gpt-oss) and expert selection biases (GLM-4.5) are
+        float32 in every dtype."""
+        if name.startswith("inv_freq") or name.endswith(("_sinks", "_selection_bias")):
             return np.ascontiguousarray(array, np.float32)
         if array.dtype == STORAGE[self.dtype] or \
                 name in self.weight_formats:

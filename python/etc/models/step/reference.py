@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import bfloat16
+from ...reference import moe_route
 from ..loading import partial_rotary, rope
 from ..loading.config import ModelConfig
 
@@ -174,14 +175,13 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
             logits = h @ w("router")  # stored (H, E)
             if c.router_bias:
                 logits = logits + w("router_b")
-            probs = np.exp(logits - logits.max(-1, keepdims=True))
-            probs /= probs.sum(-1, keepdims=True)
+            experts, routings = moe_route(
+                logits, c.num_experts_per_tok, c.norm_topk_prob, scoring=c.moe_scoring,
+                selection_bias=w("selection_bias") if c.selection_bias else None,
+                routed_scale=c.routed_scaling_factor, n_group=c.n_group,
+                topk_group=c.topk_group)
             mlp = np.zeros_like(x)
-            for t in range(n):
-                chosen = np.argsort(-probs[t], kind="stable")[:c.num_experts_per_tok]
-                routing = probs[t, chosen]
-                if c.norm_topk_prob:
-                    routing = routing / routing.sum()
+            for t, chosen, routing in zip(range(n), experts, routings):
                 for weight, e in zip(routing, chosen):
                     # Each expert (out, in), as the checkpoint stores it.
                     gate, up = w("experts_gate")[e] @ h[t], w("experts_up")[e] @ h[t]

@@ -159,7 +159,7 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "Qwen2MoeForCausalLM": "qwen2_moe",
                 "GraniteMoeSharedForCausalLM": "granitemoeshared",
                 "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo3",
-                "Glm4ForCausalLM": "glm4"}
+                "Glm4ForCausalLM": "glm4", "Glm4MoeForCausalLM": "glm4_moe"}
 
 #: The tiny Granite configs' multipliers: far from 1, so that a model that
 #: drops one moves the logits by 0.7 (embedding) to 3 (attention) times
@@ -227,6 +227,18 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
                        "use_sliding_window": False, "sliding_window": 128,
                        "max_window_layers": 2, "output_router_logits": False,
                        "router_aux_loss_coef": 0.001, "tie_word_embeddings": False})
+    if architecture == "Glm4MoeForCausalLM":
+        # As GLM-4.5's config.json (qk norms, routed_scaling_factor 2.5),
+        # with DeepSeek-V3's expert groups: 8 experts of 32 (whole Q8_0
+        # blocks) in 2 groups, the best 1 kept, 2 per token; one shared
+        # expert; layer 0 dense; half of each head rotated; one
+        # multi-token-prediction layer (weights after the last layer).
+        config.update({"n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 2,
+                       "topk_group": 1, "moe_intermediate_size": 32, "n_shared_experts": 1,
+                       "first_k_dense_replace": 1, "norm_topk_prob": True,
+                       "routed_scaling_factor": 2.5, "partial_rotary_factor": 0.5,
+                       "attention_bias": True, "use_qk_norm": True,
+                       "num_nextn_predict_layers": 1, "tie_word_embeddings": False})
     if architecture == "Qwen3MoeForCausalLM":
         config.update({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []})
@@ -458,10 +470,15 @@ def tensor_shapes(config: dict) -> dict:
         config["architectures"][0] == "Qwen2MoeForCausalLM" and config.get("qkv_bias", True)
     gemma = config["architectures"][0] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
     phi3 = config["architectures"][0] == "Phi3ForCausalLM"
-    qk_norm = qwen3 or config["architectures"][0] == "Gemma3ForCausalLM"
+    glm4_moe = config["architectures"][0] == "Glm4MoeForCausalLM"
+    qwen2 = qwen2 or glm4_moe and config.get("attention_bias", False)
+    qk_norm = qwen3 or config["architectures"][0] == "Gemma3ForCausalLM" or \
+        glm4_moe and config.get("use_qk_norm", False)
     moe = config["architectures"][0] in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
     shared = config.get("shared_expert_intermediate_size") or \
         config.get("shared_intermediate_size") or 0
+    if glm4_moe:
+        shared = config.get("n_shared_experts", 1) * config["moe_intermediate_size"]
     mixtral = config["architectures"][0] == "MixtralForCausalLM"
     granite_moe = config["architectures"][0] in ("GraniteMoeForCausalLM",
                                                  "GraniteMoeSharedForCausalLM")
@@ -470,7 +487,9 @@ def tensor_shapes(config: dict) -> dict:
     glm4 = config["architectures"][0] == "Glm4ForCausalLM"
     t = {"model.embed_tokens.weight": (vocab, h)}
     sparse = set(range(config["num_hidden_layers"])) if mixtral or granite_moe else set()
-    if moe:
+    if glm4_moe:
+        sparse = set(range(config.get("first_k_dense_replace", 1), config["num_hidden_layers"]))
+    elif moe:
         step = config.get("decoder_sparse_step", 1) or 1
         only = config.get("mlp_only_layers") or []
         sparse = {i for i in range(config["num_hidden_layers"])
@@ -538,17 +557,22 @@ def tensor_shapes(config: dict) -> dict:
                 t[p + "shared_mlp.input_linear.weight"] = (2 * shared, h)
                 t[p + "shared_mlp.output_linear.weight"] = (h, shared)
         elif i in sparse:
-            e, f = config["num_experts"], config["moe_intermediate_size"]
+            e, f = config.get("num_experts") or config["n_routed_experts"], \
+                config["moe_intermediate_size"]
             t[p + "mlp.gate.weight"] = (e, h)
+            if glm4_moe:
+                t[p + "mlp.gate.e_score_correction_bias"] = (e,)
             for j in range(e):
                 t[f"{p}mlp.experts.{j}.gate_proj.weight"] = (f, h)
                 t[f"{p}mlp.experts.{j}.up_proj.weight"] = (f, h)
                 t[f"{p}mlp.experts.{j}.down_proj.weight"] = (h, f)
-            if shared:  # Qwen2-MoE: the shared expert and its gate
+            if shared:  # Qwen2-MoE: the shared expert and its gate; GLM-4.5's, no gate
                 for proj, shape in (("gate", (shared, h)), ("up", (shared, h)),
                                     ("down", (h, shared))):
-                    t[f"{p}mlp.shared_expert.{proj}_proj.weight"] = shape
-                t[p + "mlp.shared_expert_gate.weight"] = (1, h)
+                    t[f"{p}mlp.shared_expert{'s' if glm4_moe else ''}.{proj}_proj.weight"] = \
+                        shape
+                if not glm4_moe:
+                    t[p + "mlp.shared_expert_gate.weight"] = (1, h)
         else:
             f = config["intermediate_size"]
             if phi3 or glm4:  # gate then up, fused
@@ -557,6 +581,12 @@ def tensor_shapes(config: dict) -> dict:
                 t[p + "mlp.gate_proj.weight"] = (f, h)
                 t[p + "mlp.up_proj.weight"] = (f, h)
             t[p + "mlp.down_proj.weight"] = (h, f)
+    if glm4_moe:  # the multi-token-prediction layers' own weights (ETC skips them)
+        for i in range(config["num_hidden_layers"],
+                       config["num_hidden_layers"] + config.get("num_nextn_predict_layers", 0)):
+            p = f"model.layers.{i}."
+            t.update({p + "eh_proj.weight": (h, 2 * h), p + "enorm.weight": (h,),
+                      p + "hnorm.weight": (h,), p + "shared_head.norm.weight": (h,)})
     t["model.norm.weight"] = (h,)
     if not config.get("tie_word_embeddings", gemma):
         t["lm_head.weight"] = (vocab, h)

@@ -30,7 +30,7 @@ _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama
                        # (the converter's GraniteMoeModel writes both)
                        "GraniteMoeSharedForCausalLM": "granitemoe",
                        "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo2",
-                       "Glm4ForCausalLM": "glm4"}
+                       "Glm4ForCausalLM": "glm4", "Glm4MoeForCausalLM": "glm4moe"}
 #: The GGUF architectures whose Q and K rows llama.cpp's converter permutes
 #: (its LlamaModel's, rotated in pairs by llama.cpp's NORM RoPE).
 _PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
@@ -126,6 +126,9 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
             w.shape)
 
     layers = config["num_hidden_layers"]
+    # GLM-4.5's multi-token-prediction layers follow the decoder's: llama.cpp
+    # counts them in block_count.
+    nextn = config.get("num_nextn_predict_layers", 0) if architecture == "glm4moe" else 0
     out: dict = {}
     gpt_oss = architecture == "gpt-oss"
     for name, array in tensors.items():
@@ -154,16 +157,21 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
             # Qwen2-MoE's shared expert gate (1, h), a vector as llama.cpp
             # creates it ({n_embd}).
             array = array.reshape(-1)
-        out[gguf_tensor_name(architecture, name, layers)] = array
+        if name.endswith(".e_score_correction_bias"):
+            # (the converter's map names `e_score_correction`; it adds ".bias")
+            out[gguf_tensor_name(architecture, name[:-5], layers) + ".bias"] = array
+            continue
+        out[gguf_tensor_name(architecture, name, layers + nextn)] = array
     if gemma:
         # llama.cpp's converter stores Gemma's norms as 1 + w.
         out = {name: array + np.float32(1.0) if name.endswith("norm.weight") else array
                for name, array in out.items()}
     mixtral = config["architectures"][0] == "MixtralForCausalLM"
-    if architecture in ("qwen3moe", "qwen2moe") or mixtral:
+    if architecture in ("qwen3moe", "qwen2moe", "glm4moe") or mixtral:
         p, projs, experts = ("block_sparse_moe.experts.", ("w1", "w3", "w2"),
                              config["num_local_experts"]) if mixtral else \
-            ("mlp.experts.", ("gate_proj", "up_proj", "down_proj"), config.get("num_experts"))
+            ("mlp.experts.", ("gate_proj", "up_proj", "down_proj"),
+             config.get("num_experts") or config.get("n_routed_experts"))
         for i in range(layers):
             p_i = f"model.layers.{i}.{p}"
             if f"{p_i}0.{projs[0]}.weight" not in tensors:
@@ -194,7 +202,7 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         out["rope_freqs.weight"] = np.asarray(rope_freqs, np.float32)
 
     writer = gguf.GGUFWriter(str(path), architecture)
-    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_block_count(config["num_hidden_layers"] + nextn)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(h)
     writer.add_feed_forward_length(config["intermediate_size"])
@@ -203,11 +211,12 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     # llama.cpp's converter: Phi-3's rotated dimensions, int(factor x
-    # hidden) // heads; GLM-4's int(head_dim x factor) (0.5 by default).
+    # hidden) // heads; GLM-4's and GLM-4.5's int(head_dim x factor) (0.5 by
+    # default).
     rotated = int(config.get("partial_rotary_factor", 1.0) * h) // heads \
         if architecture == "phi3" else \
-        int(head_dim * config.get("partial_rotary_factor", 0.5)) if architecture == "glm4" \
-        else head_dim
+        int(head_dim * config.get("partial_rotary_factor", 0.5)) \
+        if architecture in ("glm4", "glm4moe") else head_dim
     writer.add_rope_dimension_count(rotated)
     writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
@@ -269,6 +278,8 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
     if architecture in ("granite", "granitemoe"):
         _add_granite_keys(writer, config)
+    if architecture == "glm4moe":
+        _add_glm4moe_keys(writer, config, nextn)
     if tokenizer is not None:
         _add_tokenizer(writer, tokenizer, pre, eos_token, bos_token, add_bos_token)
     if chat_template is not None:
@@ -314,6 +325,25 @@ def _add_granite_keys(writer, config: dict) -> None:
         writer.add_expert_used_count(config["num_experts_per_tok"])
     if config.get("shared_intermediate_size"):
         writer.add_expert_shared_feed_forward_length(config["shared_intermediate_size"])
+
+
+def _add_glm4moe_keys(writer, config: dict, nextn: int) -> None:
+    """GLM-4.5's keys as llama.cpp's converter writes them (the expert
+    groups only where config.json has more than one)."""
+    import gguf
+
+    writer.add_leading_dense_block_count(config.get("first_k_dense_replace", 1))
+    writer.add_expert_count(config["n_routed_experts"])
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+    writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    writer.add_expert_shared_count(config.get("n_shared_experts", 1))
+    writer.add_expert_weights_scale(config.get("routed_scaling_factor", 1.0))
+    writer.add_expert_weights_norm(bool(config.get("norm_topk_prob", True)))
+    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    writer.add_nextn_predict_layers(nextn)
+    if config.get("n_group", 1) > 1:
+        writer.add_expert_group_count(config["n_group"])
+        writer.add_expert_group_used_count(config["topk_group"])
 
 
 def _add_value(writer, key: str, value) -> None:
