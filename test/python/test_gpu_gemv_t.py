@@ -47,6 +47,62 @@ def test_transposed_gemv_lanes(dtype, n, k):
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"B={batch}")
 
 
+#: Rows of B^T that no GEMV tile width divides (as Granite 3.x's 49,159
+#: tokens), each a ragged last column tile: one row (a tile of 8, 7 rows
+#: masked), 7, 33 (4 tiles of 8 and one row) and 260 (32 tiles of 8 and 4).
+ODD_N = (1, 7, 33, 260)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_transposed_gemv_with_a_ragged_last_tile(dtype):
+    """N not a multiple of any tile width: the GEMV still takes the matmul
+    (not the generic tile; bf16 without the tensor cores, which need whole
+    tiles), its rows past N read row N - 1 and are not stored; every decode
+    batch 1 to 17 (passes of 4, the one-row pass, the rows left of a pass)
+    matches the reference with the lanes simulated."""
+    k = 96
+    g = etc.Graph("gemv_t_odd")
+    B = g.symbol("B")
+    x = g.input("x", (B, k), dtype)
+    g.output(*[g.matmul(x, g.input(f"w{n}", (n, k), dtype), transpose_b=True, name=f"y{n}")
+               for n in ODD_N])
+    for target in (dict(target="cuda", chip="sm_90a"), dict(target="cuda", chip="sm_80")):
+        kinds = re.findall(r"_tile_(matmul\w*?)_\d+\(", etc.compile(g, **target).ir("graph"))
+        assert set(kinds) == {"matmul_gemv_t"}, (target, kinds)
+    kernel = etc.compile(g, target="cpu", kernels="cuda", workers=2)
+    rng = np.random.default_rng(7)
+    ws = {f"w{n}": (rng.standard_normal((n, k)) * 0.1).astype(np.float32) for n in ODD_N}
+    if dtype == "bf16":
+        ws = {name: round_bf16(w) for name, w in ws.items()}
+    tol = 1e-4 if dtype == "f32" else 2e-2
+    for batch in range(1, 18):
+        xs = rng.standard_normal((batch, k)).astype(np.float32)
+        if dtype == "bf16":
+            xs = round_bf16(xs)
+        got = kernel.run(x=xs, **ws)
+        want = etc.reference.evaluate(g, x=xs, **ws)
+        for n, out, ref in zip(ODD_N, got, want):
+            assert out.shape == (batch, n)
+            np.testing.assert_allclose(out, ref, rtol=tol, atol=tol, err_msg=f"N={n} B={batch}")
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_ragged_gemv_ptx(chip, tmp_path):
+    """A 49,159-row LM head (Granite 3.x's vocabulary) at Granite 3.3 8B's
+    width takes the GEMV, in tiles of 128 rows (385 tiles, the last of 7),
+    and assembles with no spills."""
+    g = etc.Graph("head")
+    B = g.symbol("B")
+    x = g.input("x", (B, 4096), "bf16")
+    g.output(g.matmul(x, g.input("w", (49159, 4096), "bf16"), transpose_b=True))
+    kernel = etc.compile(g, target="cuda", chip=chip)
+    graph = kernel.ir("graph")
+    assert set(re.findall(r"_tile_(matmul\w*?)_\d+\(", graph)) == {"matmul_gemv_t"}
+    assert re.search(r"grid\(%\w+, %c385\)", graph)  # 384 tiles of 128 rows and one of 7
+    assert_no_spills(assemble(kernel.ptx, chip, tmp_path, "head"))
+
+
 def test_transposed_gemv_is_chosen_only_where_it_applies():
     # K not a multiple of the 16-byte vector: the portable kernel.
     kernel = etc.compile(_graph("f32", 512, 250), target="cuda")

@@ -102,13 +102,11 @@ def _formats(config: ModelConfig) -> dict:
 #: The formats a mixed graph gives its weights: every block format, and bf16
 #: (a MoE model's worker with bf16 and packed tiles spilled 4 bytes on
 #: sm_90a while the packed GEMVs were inlined in it: Qwen3-30B-A3B,
-#: 2026-11-28), but mxfp4: with it Qwen2.5-0.5B's mixed graph on sm_90a
-#: (3 layers, mxfp4 on l0_w_up and l2_wv) spilled 8 bytes in the worker at
-#: 255 registers (2026-11-29), the GEMV tiles calls; the same graph with
-#: those two weights in iq4_nl (whose GEMV mxfp4's is, but for the table
-#: and the scale byte) assembled clean. mxfp4's tiles are assembled by
-#: test_packed_gpu.py (`test_mxfp4_moe_tiles_assemble_without_spills`).
-WANTED = [*(f for f in packed.FORMATS if f != "mxfp4"), None]
+#: 2026-11-28; with MXFP4, Qwen2.5-0.5B's and gpt-oss-20b's workers spilled
+#: 8 and 4 bytes on sm_90a while the packed GEMVs dequantized every column
+#: before their products and looked up IQ4_NL's and MXFP4's tables through
+#: four words: `MatmulPackedGPU.chunk_sums`, `PackedVectors.table`).
+WANTED = [*packed.FORMATS, None]
 
 
 def _called_by_worker(ptx: str, name: str) -> set:
@@ -130,17 +128,11 @@ GRAPHS = ([(name, 16, chip, "auto", "bf16") for name in SHAPES for chip in ("sm_
            # Mixtral's tiles are Qwen3-30B-A3B's kinds (its experts 19x as
            # wide), Granite 3.3 8B's Llama's with its multipliers' scale
            # tasks (Gemma's kind) and unfused residual adds: sm_90a only,
-           # 10 s each. gpt-oss-20b: not here (50 s a graph; its mixed
-           # graph's worker spilled 24 bytes at 255 registers on sm_90a,
-           # 2026-11-29, while its plain bf16 graph and the one with MXFP4
-           # experts assembled clean: docs/models.md). Qwen1.5-MoE-A2.7B:
-           # its mixed graph's worker spilled 24 bytes at 255 registers on
-           # sm_90a (16 on sm_80, where it spilled 8 without the shared
-           # expert's gate too), 2026-11-29; its plain bf16 graph (the
-           # shared expert, its one-column gate matmul and sigmoid_mul)
-           # assembled clean at 250: below.
-           if (name, chip) not in (("mixtral-8x7b", "sm_80"), ("granite-3.3-8b", "sm_80"))
-           and name not in SAME_KERNELS and name not in ("gpt-oss-20b", "qwen1.5-moe-a2.7b")] +
+           # 10 s each; gpt-oss-20b's (4 layers: biases, sinks, clamped
+           # SwiGLU experts) too, 30-50 s.
+           if (name, chip) not in (("mixtral-8x7b", "sm_80"), ("granite-3.3-8b", "sm_80"),
+                                   ("gpt-oss-20b", "sm_80"))
+           and name not in SAME_KERNELS] +
           [("llama-3.2-1b-plain", 16, "sm_90a", "auto", "bf16"),
            ("qwen3-30b-a3b-plain", 16, "sm_90a", "auto", "bf16"),
            ("qwen1.5-moe-a2.7b-plain", 16, "sm_90a", "auto", "bf16")] +
@@ -197,19 +189,24 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
     # Packed weights: their GEMV, with the tensor cores from 16 rows in bf16
     # (the values dequantized into the shared tile).
     packed_suffix = "_gemv_mma" if dtype == "bf16" else "_gemv"
-    # An LM head whose rows no GEMV tile width divides (Granite 3.x's 49,159
-    # tokens: `MatmulSkinnyT.applies`), float or packed, takes the generic
-    # tile; so does Qwen2-MoE's shared expert gate, one row.
+    # A weight whose rows no GEMV tile width divides (Granite 3.x's LM head
+    # of 49,159 tokens; Qwen2-MoE's shared expert gate, one row) takes the
+    # GEMV alone, its last column tile ragged (the tensor cores need whole
+    # column tiles): float `matmul_gemv_t`, packed `matmul_<format>_gemv`.
     head = "embed" if config.tie_word_embeddings else "lm_head"
-    generic = config.vocab_size % 8 != 0
+    ragged = {head} if config.vocab_size % 8 != 0 else set()
+    if config.shared_expert_gate:
+        ragged |= {f"l{i}_shexp_gate_inp" for i in range(config.num_layers)
+                   if config.is_sparse(i)}
+    ragged_kinds = {f"matmul_{formats[weight]}_gemv" if weight in formats else "matmul_gemv_t"
+                    for weight in ragged}
     packed_kinds = {f"matmul_{fmt}{packed_suffix}" for weight, fmt in formats.items()
                     if "experts" not in weight
                     and (weight != "embed" or config.tie_word_embeddings)
-                    and not (generic and weight == head)}
+                    and weight not in ragged}
     has_unpacked = not mixed or any(fmt is None for weight, fmt in chosen.items()
-                                    if not (generic and weight == head))
-    assert kinds == ({unpacked} if has_unpacked else set()) | packed_kinds | \
-        ({"matmul"} if generic or config.shared_expert_gate else set()), kinds
+                                    if weight not in ragged)
+    assert kinds == ({unpacked} if has_unpacked else set()) | packed_kinds | ragged_kinds, kinds
     if mixed and config.num_experts:
         # The MoE tiles read stacks of experts' blocks, (E, N, bytes of K).
         assert re.search(r"tile_moe_up_\d+\(%arg0: memref<\?x\d+xbf16>, "
@@ -223,6 +220,8 @@ def test_real_width_step_graph_assembles_without_spills(name, kv_block_size, chi
     # (`out_of_line_on_gpu`): inlined, their registers add to the worker's.
     called = _called_by_worker(ptx, graph.name)
     assert packed_kinds <= called, (packed_kinds, called)
+    ragged_packed = ragged_kinds - {"matmul_gemv_t"}
+    assert ragged_packed <= called, (ragged_packed, called)
     # (Packed weights take mma.sync on both chips.)
     if dtype == "bf16" and (packed_kinds or has_unpacked and chip != "sm_90a"):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx

@@ -94,6 +94,37 @@ def test_every_format_on_the_tensor_cores_under_the_lane_simulation():
                 (fmt, rows)
 
 
+def test_every_format_with_a_ragged_last_tile_under_the_lane_simulation():
+    """Rows of B^T that no tile width divides (as Granite 3.x's 49,159-token
+    LM head): 7 (one tile of 8) and 33 (4 tiles of 8 and one row). The
+    packed GEMV takes every batch, 1 to 17 (the tensor cores need whole
+    column tiles), its rows past N reading row N - 1, unstored; K = 256
+    (one K-quant block)."""
+    k = 256
+    g = etc.Graph("gpu_odd")
+    T = g.symbol("T")
+    x = g.input("x", (T, k), "bf16")
+    shapes = [(fmt, n) for fmt in FORMATS for n in (7, 33)]
+    g.output(*[g.matmul(x, g.input(f"w_{fmt}_{n}", (n, k), fmt), transpose_b=True,
+                        name=f"y_{fmt}_{n}") for fmt, n in shapes])
+    module = str(g.build(target=etc.ops.Target(kind="cuda", chip="sm_90a")))
+    assert set(re.findall(r"@gpu_odd_tile_(matmul_\w+?)_\d+\(", module)) == \
+        {f"matmul_{fmt}_gemv" for fmt in FORMATS}
+    kernel = etc.compile(g, target="cpu", kernels="cuda", workers=2)
+    rng = np.random.default_rng(8)
+    weights = {f"w_{fmt}_{n}": packed.quantize(rng.standard_normal((n, k)).astype(np.float32),
+                                               fmt) for fmt, n in shapes}
+    for rows in range(1, 18):
+        a = etc.reference.round_bf16(rng.standard_normal((rows, k)))
+        got = kernel.run(x=a, **weights)
+        for (fmt, n), out in zip(shapes, got):
+            w = packed.dequantize(weights[f"w_{fmt}_{n}"], fmt)
+            want = a @ w.T
+            assert out.shape == (rows, n)
+            assert np.all(np.abs(out - want) <= np.abs(want) * 2**-7 + 1e-5 *
+                          (np.abs(a) @ np.abs(w).T)), (fmt, n, rows)
+
+
 def test_the_gpu_layout_is_a_permutation_with_aligned_quants():
     """`to_gpu_layout` keeps the storage's shape and bytes (a permutation:
     `from_gpu_layout` undoes it) and puts every block's quants at a
@@ -248,8 +279,8 @@ def test_mxfp4_moe_tiles_assemble_without_spills(chip, tmp_path):
     768), each stack's rows of 17-byte blocks read in 16-byte loads from
     the GPU layout with the scale byte beside them: ptxas assembles the
     packed GEMV, the tensor cores' dequantization and the MoE tiles with
-    no spills. (test_model_ptx.py's mixed step graphs give every other
-    format a weight: see its WANTED.)"""
+    no spills. (test_model_ptx.py's mixed step graphs give every format,
+    MXFP4 too, a weight of a real-width model.)"""
     h, f, e = 2048, 768, 128
     g = etc.Graph("mxfp4")
     T = g.symbol("T")

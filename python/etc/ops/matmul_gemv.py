@@ -177,6 +177,11 @@ class MatmulSkinnyT(Matmul):
     A chunk past K (the last iterations when K / 16 bytes is not a multiple
     of 32 U) re-reads the last chunk and its products are discarded: the
     loads stay unconditional, so they can all be in flight together.
+
+    N need not be a multiple of the tile (an LM head of 49,159 rows, Granite
+    3.x's vocabulary): the last column tile is ragged, its rows of B^T past
+    N re-read row N - 1 (the loads stay unconditional) and their sums are
+    not stored. Where the tile divides N no such code is emitted.
     """
 
     #: Rows of A per pass (tiles of more than one row).
@@ -215,19 +220,20 @@ class MatmulSkinnyT(Matmul):
         warps = target.lanes // target.warp if target.warp else 0
         return (target.gpu_kernels and op.params["transpose_b"]
                 and isinstance(k, int) and isinstance(n, int) and warps >= 1
-                and k % vec == 0 and n % tn == 0 and cls.splits(tn, warps))
+                and k % vec == 0 and cls.splits(tn, warps))
 
     @classmethod
     def tile_for(cls, op, target) -> tuple:
         """Columns per tile: the largest that still gives every SM a tile at
-        one row block (B = 1), each warp taking at least one row of B^T."""
+        one row block (B = 1), each warp taking at least one row of B^T;
+        widths that divide N first, and where none does (an odd
+        vocabulary) a ragged last tile."""
         n = op.operands[1].shape[0]
         if not isinstance(n, int) or not target.warp:
             return op.tile
         warps = target.lanes // target.warp
-        return filling_tile(op, target, n, [
-            tn for tn in (128, 64, 32, 16, 8)
-            if cls.splits(tn, warps) and n % tn == 0])
+        widths = [tn for tn in (128, 64, 32, 16, 8) if cls.splits(tn, warps)]
+        return filling_tile(op, target, n, [tn for tn in widths if n % tn == 0] or widths)
 
     def emit(self) -> None:
         r0, rows = self.row_block(self.op.result, self.op.tile[0])
@@ -249,6 +255,9 @@ class MatmulSkinnyT(Matmul):
         groups = -(-tn // (warps * rw))      # row groups of B^T per warp
         # Warps that are not a power of two: the last group is partial.
         ragged = tn % (warps * rw) != 0
+        # N not a multiple of the tile: the last tile's rows past N.
+        n = self.op.operands[1].shape[0]
+        edge = n % tn != 0
         c0 = arith.muli(self.ti[1], self.cidx(tn))
         with self.row_passes(rb) as (first, in_pass, row_of):
             group_loop = scf.ForOp(self.cidx(0), self.cidx(groups), self.cidx(1))
@@ -274,7 +283,11 @@ class MatmulSkinnyT(Matmul):
                     return [arith.addi(base, self.cidx(j)) for j in range(rw)]
 
                 def accumulate(lane):
-                    return self.lane_sums(lanes, columns(lane),
+                    cols = columns(lane)
+                    if edge:
+                        # Rows past N read row N - 1; their sums are not stored.
+                        cols = [arith.minsi(col, self.cidx(n - 1)) for col in cols]
+                    return self.lane_sums(lanes, cols,
                                           arith.remui(lane, self.cidx(lanes.warp)), row_of, rb)
 
                 summed = lanes.reduce(lanes.each(accumulate), "add", lanes.warp, 1)
@@ -293,12 +306,23 @@ class MatmulSkinnyT(Matmul):
                             inner = scf.IfOp(real)
                             with ir.InsertionPoint(inner.then_block):
                                 for j in range(rw):
-                                    self.store(totals[j * rb + r], out,
-                                               [arith.addi(first, self.cidx(r)), cols[j]])
+                                    self.store_within(edge, n, totals[j * rb + r], out,
+                                                      arith.addi(first, self.cidx(r)), cols[j])
                                 scf.yield_([])
                         scf.yield_([])
                 lanes.each(store)
                 scf.yield_([])
+
+    def store_within(self, edge: bool, n: int, value: ir.Value, out, row, col) -> None:
+        """Stores C[row, col]; with `edge` (N not a multiple of the tile)
+        only where col < N."""
+        if not edge:
+            self.store(value, out, [row, col])
+            return
+        inside = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, col, self.cidx(n)))
+        with ir.InsertionPoint(inside.then_block):
+            self.store(value, out, [row, col])
+            scf.yield_([])
 
     def lane_sums(self, lanes, cols: list, part, row_of: list, rb: int) -> list:
         """The partial dot products one lane adds up: for each row of B^T in

@@ -8,7 +8,7 @@ it; the CPU kernels are there."""
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import math, scf, vector
+from mlir.dialects import arith, math, scf, vector
 
 from .. import packed
 from .matmul_gemv import MatmulSkinnyT
@@ -47,7 +47,16 @@ class MatmulPackedGPU(MatmulSkinnyT):
         """`lane_sums` by chunks: lane `part` takes chunks part, part + 32,
         ... of each row of B^T, each `width` values (`PackedVectors`),
         and multiplies them with A's same values, 16 at a time in 16-byte
-        aligned loads, accumulating in f32 with fused multiply-adds."""
+        aligned loads, accumulating in f32 with fused multiply-adds.
+
+        A's rows first, then one column at a time, its chunk dequantized
+        and multiplied: one column's 16 values live at a time, not every
+        column's (64 f32 at 4 columns); ptxas still issues the columns'
+        loads ahead of the products. Dequantizing every column first made
+        the GEMVs the largest callees of a step worker (Qwen2.5-0.5B's
+        MLP widths, symbolic rows, sm_90a: q8_0 224 registers, 168 this
+        way) and spilled gpt-oss-20b's mixed worker (4 bytes) and
+        Qwen2.5-0.5B's (8 bytes, with MXFP4) on sm_90a."""
         a, b = self.op.operands[:2]
         reader = PackedVectors(self, b)
         accs = [self.cf32(0.0) for _ in range(len(cols) * rb)]
@@ -55,19 +64,17 @@ class MatmulPackedGPU(MatmulSkinnyT):
         loop = scf.ForOp(part, self.cidx(chunks), self.cidx(lanes.warp), accs)
         with ir.InsertionPoint(loop.body):
             c = loop.induction_variable
-            # Every column's loads first, then the products.
-            weights = [reader.chunk(col, c, width) for col in cols]
             sums = list(loop.inner_iter_args)
-            for s, (first, _) in enumerate(weights[0]):
-                xs = [self.vload(a, [row_of[r], first], 16, aligned=True) for r in range(rb)]
-                for j in range(len(cols)):
-                    w = weights[j][s][1]
-                    for r in range(rb):
-                        acc = sums[j * rb + r]
-                        for i in range(16):
-                            acc = math.fma(vector.extract(xs[r], [], [i]),
-                                           vector.extract(w, [], [i]), acc)
-                        sums[j * rb + r] = acc
+            first = arith.muli(c, self.cidx(16))
+            xs = [self.vload(a, [row_of[r], first], 16, aligned=True) for r in range(rb)]
+            for j, col in enumerate(cols):
+                (_, w), = reader.chunk(col, c, width)
+                for r in range(rb):
+                    acc = sums[j * rb + r]
+                    for i in range(16):
+                        acc = math.fma(vector.extract(xs[r], [], [i]),
+                                       vector.extract(w, [], [i]), acc)
+                    sums[j * rb + r] = acc
             scf.yield_(sums)
         return list(loop.results)
 

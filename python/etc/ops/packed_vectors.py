@@ -258,21 +258,24 @@ class PackedVectors:
 
     def table(self, values, q: ir.Value) -> ir.Value:
         """values[q] lane by lane as f32 for a 16-entry int8 table (IQ4_NL's,
-        MXFP4's): the table's 16 bytes in four i32 words, the word chosen
-        by q >> 2, the byte by q & 3."""
-        table = np.asarray(values, np.int8).view(np.uint8).astype(np.uint32)
-        words = [int(table[4 * w] | table[4 * w + 1] << 8 | table[4 * w + 2] << 16 |
-                     table[4 * w + 3] << 24) for w in range(4)]
-        wide = arith.extui(self.v(self.i32), q)
-        which = arith.shrui(wide, self.splat(self.i32, 2))
-        word = self.splat(self.i32, words[0] - (1 << 32 if words[0] >= 1 << 31 else 0))
-        for w in range(1, 4):
-            value = words[w] - (1 << 32 if words[w] >= 1 << 31 else 0)
-            hit = arith.cmpi(arith.CmpIPredicate.eq, which, self.splat(self.i32, w))
-            word = arith.select(hit, self.splat(self.i32, value), word)
-        shift = arith.shli(arith.andi(wide, self.splat(self.i32, 3)), self.splat(self.i32, 3))
-        byte = arith.trunci(self.v(self.i8), arith.shrui(word, shift))
-        return self.signed(byte)
+        MXFP4's): the table's 16 bytes as two i64 halves (entries 0-7 and
+        8-15), the half chosen by q >= 8, the byte by a shift of 8 (q & 7)
+        bits: one compare and one select a value. Four i32 words chosen by
+        q >> 2 took three of each, and their predicates held registers: the
+        packed GEMV at Qwen2.5-0.5B's MLP widths (symbolic rows, sm_90a)
+        took 241 (IQ4_NL) and 244 (MXFP4) registers that way, 213 and 198
+        this way, and Qwen2.5-0.5B's mixed step worker spilled 8 bytes."""
+        raw = np.asarray(values, np.int8).view(np.uint8).astype(np.uint64)
+        i64 = ir.IntegerType.get_signless(64)
+        halves = []
+        for h in range(2):
+            bits = sum(int(raw[8 * h + i]) << (8 * i) for i in range(8))
+            halves.append(self.splat(i64, bits - (1 << 64) if bits >= 1 << 63 else bits))
+        upper = arith.cmpi(arith.CmpIPredicate.uge, q, self.splat(self.i8, 8))
+        half = arith.select(upper, halves[1], halves[0])
+        shift = arith.shli(arith.andi(arith.extui(self.v(i64), q), self.splat(i64, 7)),
+                           self.splat(i64, 3))
+        return self.signed(arith.trunci(self.v(self.i8), arith.shrui(half, shift)))
 
     def e4m3(self, q: ir.Value) -> ir.Value:
         """float8_e4m3fn bytes as f32 (`packed_loads.e4m3_to_f32` lane by
