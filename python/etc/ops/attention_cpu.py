@@ -468,8 +468,8 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         blocks and in prefill's), else unrolled: in the body of decode's
         loop of blocks a loop over the rows took 1.3-1.4x the time of
         decode at 2,000 positions (LLVM spilled the block's vectors around
-        it). The hardware prefetcher alone left the
-        rows, 128 bytes every 384 at SmolLM2's shape, to stall each block.
+        it). The hardware prefetcher alone left the rows, 128 bytes every
+        384 at SmolLM2's shape, to stall each block.
         `prefetcht0` (PREFETCH_LOCALITY 3): on the Intel AMX CPU one decode
         token's attention, 30 layers at 2,000 positions, SmolLM2 shape,
         kernels compiled in one process, runs alternating (2026-11-28
