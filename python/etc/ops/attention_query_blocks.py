@@ -176,18 +176,24 @@ class QueryBlocks(KeySteps):
             caches = [self.buf(t) for t in op.operands[1:3]]
 
         def block_rows(key):
-            """The rows of the block from `key`, clamped to the last key."""
+            """`row(i)`, the indices of row i of the block from `key`,
+            clamped to the last key."""
             if aligned:
-                return self.each_row(row_of(key, arith.subi(k1, key)))
-            return [[*where.at(arith.minsi(arith.addi(key, c(i)), last)), kv_column]
-                    for i in range(n)]
+                return row_of(key, arith.subi(k1, key))
+            return lambda i: [*where.at(arith.minsi(arith.addi(key, i), last)), kv_column]
 
         kv_heads = self.kv_heads_per_tile(op)
 
-        def pack(at, kv):
-            """`pack_block` of KV head `kv` of the block whose rows are `at`."""
+        def pack(row, kv):
+            """`pack_block` of KV head `kv` of the block whose row i is at
+            `row(i)`."""
             column = arith.muli(kv, c(head_dim))
-            self.pack_block(packs, kv, caches, [a[:-1] + [arith.addi(a[-1], column)] for a in at])
+
+            def shifted(i):
+                at = row(i)
+                return [*at[:-1], arith.addi(at[-1], column)]
+
+            self.pack_block(packs, kv, caches, shifted)
 
         # Each block is packed right before its queries, while the next
         # one's rows are prefetched (packing one block ahead into a second
@@ -235,23 +241,34 @@ class QueryBlocks(KeySteps):
             return below
         return arith.xori(below, before(arith.minsi(first, end)))
 
-    def pack_block(self, packs, kv, caches: list, rows: list) -> None:
-        """The block's keys of a KV head (its rows at `rows` of `caches`)
+    def pack_block(self, packs, kv, caches: list, row) -> None:
+        """The block's keys of a KV head (row i at `row(i)` of `caches`)
         transposed into slot `kv` of packs.keys (row p: the 16 keys' bf16
-        pair p), and its values in `value_pairs`' pairs into packs.values'."""
+        pair p), and its values in `value_pairs`' pairs into packs.values',
+        each a loop (over 16 pairs of columns, over pairs of keys)."""
         c, n = self.cidx, self.KEYS
         head_dim = self.op.params["head_dim"]
         bf16x32 = ir.VectorType.get([32], element_type("bf16"))
         i32x16 = ir.VectorType.get([16], ir.IntegerType.get_signless(32))
-        for first in range(0, head_dim // 2, 16):
+        rows = self.each_row(row)
+        each = scf.ForOp(c(0), c(head_dim // 2), c(16))
+        with ir.InsertionPoint(each.body):
+            first = each.induction_variable
+            column = arith.muli(first, c(2))
             vecs = transpose16([vector.bitcast(i32x16, vector.load(
-                bf16x32, caches[0], self.column(at, 2 * first))) for at in rows])
+                bf16x32, caches[0], [*at[:-1], arith.addi(at[-1], column)])) for at in rows])
             for p, vec in enumerate(vecs):
-                vector.store(vec, packs.keys, [kv, c(first + p), c(0)])
-        for p in range(n // 2):
-            pairs = self.interleaved_values(caches[1], rows[2 * p], rows[2 * p + 1])
+                vector.store(vec, packs.keys, [kv, arith.addi(first, c(p)), c(0)])
+            scf.yield_([])
+        each = scf.ForOp(c(0), c(n // 2), c(1))
+        with ir.InsertionPoint(each.body):
+            p = each.induction_variable
+            two = arith.muli(p, c(2))
+            pairs = self.interleaved_values(caches[1], row(two), row(arith.addi(two, c(1))))
             for i, vec in enumerate(pairs):
-                vector.store(vec, packs.values, [kv, c(p * len(pairs) + i), c(0)])
+                vector.store(vec, packs.values,
+                             [kv, arith.addi(arith.muli(p, c(len(pairs))), c(i)), c(0)])
+            scf.yield_([])
 
     def query_rows(self) -> int:
         """The new tokens a prefill tile takes together: QUERY_ROWS, or on
