@@ -194,63 +194,71 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         LLVM folds them into the loads' addresses; indices into the 3-D
         memrefs were spilled registers), with no clamps or masks, and
         prefetch the next block's rows. Then the last keys, clamped to the
-        last one and masked."""
+        last one and masked (`last_block`)."""
         op, n, c = self.op, self.KEYS, self.cidx
         last = arith.subi(k1, c(1))
-        caches, rows_from = self.flat_rows(where, kv_column)
+        caches, row_of = self.flat_rows(where, kv_column)
 
-        def prefetch(key):
+        def prefetch(key, rolled):
             """Prefetches the rows of the block of `key`: in a paged cache
             the block's, whole; in a contiguous one no further than the
             last key."""
             first = arith.muli(arith.divui(key, c(n)), c(n))
-            self.prefetch(caches, rows_from(first) if "block_size" in op.params
-                          else rows_from(first, arith.subi(k1, first)))
+            self.prefetch(caches, row_of(first) if "block_size" in op.params
+                          else row_of(first, arith.subi(k1, first)), rolled)
 
         whole = arith.addi(k_first, arith.muli(arith.divui(arith.subi(k1, k_first), c(n)), c(n)))
         # The first block's values arrive while its scores compute.
-        prefetch(k_first)
+        prefetch(k_first, True)
         blocks = scf.ForOp(k_first, whole, c(n), init)
         with ir.InsertionPoint(blocks.body):
             k0 = blocks.induction_variable
-            prefetch(arith.minsi(arith.addi(k0, c(n * self.PREFETCH_BLOCKS)), last))
+            prefetch(arith.minsi(arith.addi(k0, c(n * self.PREFETCH_BLOCKS)), last), False)
             scf.yield_(self.kv_heads_block(queries, list(blocks.inner_iter_args), caches,
-                                           rows_from(k0), None))
+                                           self.each_row(row_of(k0)), None))
         tail = scf.IfOp(arith.cmpi(arith.CmpIPredicate.slt, whole, k1),
                         [v.type for v in init], has_else=True)
         with ir.InsertionPoint(tail.then_block):
             keys = arith.subi(k1, whole)
-            scf.yield_(self.kv_heads_block(queries, list(blocks.results), caches,
-                                           rows_from(whole, keys), keys))
+            scf.yield_(self.last_block(queries, list(blocks.results), caches,
+                                       self.each_row(row_of(whole, keys)), keys))
         with ir.InsertionPoint(tail.else_block):
             scf.yield_(list(blocks.results))
         return list(tail.results)
 
     def flat_rows(self, where, kv_column) -> tuple:
         """The key and value caches seen as one dimension each, and
-        `rows_from(key, count=None)`: the flat indices of the rows of the
+        `row_of(key, count=None)`: `row(i)`, the flat index of row i of the
         KEYS keys from `key` (its table entry `where.at(key)`, column
         `kv_column`), the first `count` keys' (None: all) their own, the
         others the last's. Whole blocks of keys (`aligned`) read their
         rows at constant offsets from the first (LLVM folds them into the
         loads' addresses; indices into the 3-D memrefs were spilled
         registers)."""
-        op, n, c = self.op, self.KEYS, self.cidx
+        op, c = self.op, self.cidx
         caches = [memref.collapse_shape(
             ir.MemRefType.get([ir.ShapedType.get_dynamic_size()],
                               ir.MemRefType(self.buf(t).type).element_type),
             self.buf(t), [[0, 1, 2]]) for t in op.operands[1:3]]
         rows_per_block, width = (self.dim(op.operands[1], d) for d in (1, 2))
 
-        def rows_from(key, count=None):
+        def row_of(key, count=None):
             block, row = where.at(key)
             first = arith.addi(arith.muli(arith.addi(arith.muli(block, rows_per_block), row),
                                           width), kv_column)
-            return [[arith.addi(first, arith.muli(
-                c(i) if count is None else arith.minsi(c(i), arith.subi(count, c(1))),
-                width))] for i in range(n)]
 
-        return caches, rows_from
+            def row(i):
+                if count is not None:
+                    i = arith.minsi(i, arith.subi(count, c(1)))
+                return [arith.addi(first, arith.muli(i, width))]
+
+            return row
+
+        return caches, row_of
+
+    def each_row(self, row) -> list:
+        """The indices `row(i)` of the KEYS rows of a block, in order."""
+        return [row(self.cidx(i)) for i in range(self.KEYS)]
 
     def interleaved_values(self, values, first: list, second: list) -> list:
         """Two keys' value rows (at `first` and `second` of memref
@@ -274,6 +282,62 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
             out += self.key_block(queries[i * group:(i + 1) * group],
                                   carried[3 * group * i:3 * group * (i + 1)], caches,
                                   [self.column(at, i * head_dim) for at in rows], keys)
+        return out
+
+    def last_block(self, queries, carried: list, caches: list, rows: list, keys) -> list:
+        """`kv_heads_block` as a loop over the tile's KV heads, the queries
+        and their states (`carried`) in stack buffers around it: the
+        tile's last keys, at most once per tile, so that the block's code
+        is not emitted a second time per KV head (1,400 of the tile
+        function's 8,700 lines of graph IR at SmolLM2's shape). Whole
+        blocks keep their own copy per KV head, the states in registers:
+        carried through memory in every block they took 1.2-1.3x the time
+        of decode at 2,000 positions, and one masked copy for the whole
+        blocks and the last 1.17x (see docs/benchmarks.md)."""
+        op, c = self.op, self.cidx
+        head_dim, group = op.params["head_dim"], op.params["heads"] // op.params["kv_heads"]
+        count = len(queries)
+        pairs = not isinstance(queries[0], ir.Value)  # `query_pairs`' halves
+        element = element_type("bf16") if pairs else self.f32
+        held = self.entry_alloca(ir.MemRefType.get([count, head_dim], element))
+        states = self.entry_alloca(ir.MemRefType.get([count, head_dim + 2], self.f32))
+        for g, query in enumerate(queries):
+            for i, part in enumerate(query if pairs else [query]):
+                vector.store(part, held, [c(g), c(32 * i)])
+            m, l, acc = carried[3 * g:3 * g + 3]
+            vector.store(acc, states, [c(g), c(0)])
+            memref.store(m, states, [c(g), c(head_dim)])
+            memref.store(l, states, [c(g), c(head_dim + 1)])
+        acc_type = self.vtype(head_dim)
+        heads = scf.ForOp(c(0), c(count // group), c(1))
+        with ir.InsertionPoint(heads.body):
+            kv = heads.induction_variable
+            slots = [arith.addi(arith.muli(kv, c(group)), c(g)) for g in range(group)]
+            if pairs:
+                halves = ir.VectorType.get([32], element)
+                head_queries = [[vector.load(halves, held, [slot, c(i)])
+                                 for i in range(0, head_dim, 32)] for slot in slots]
+            else:
+                head_queries = [vector.load(acc_type, held, [slot, c(0)]) for slot in slots]
+            head_carried = []
+            for slot in slots:
+                head_carried += [memref.load(states, [slot, c(head_dim)]),
+                                 memref.load(states, [slot, c(head_dim + 1)]),
+                                 vector.load(acc_type, states, [slot, c(0)])]
+            column = arith.muli(kv, c(head_dim))
+            out = self.key_block(head_queries, head_carried, caches,
+                                 [[*at[:-1], arith.addi(at[-1], column)] for at in rows], keys)
+            for g, slot in enumerate(slots):
+                m, l, acc = out[3 * g:3 * g + 3]
+                vector.store(acc, states, [slot, c(0)])
+                memref.store(m, states, [slot, c(head_dim)])
+                memref.store(l, states, [slot, c(head_dim + 1)])
+            scf.yield_([])
+        out = []
+        for g in range(count):
+            out += [memref.load(states, [c(g), c(head_dim)]),
+                    memref.load(states, [c(g), c(head_dim + 1)]),
+                    vector.load(acc_type, states, [c(g), c(0)])]
         return out
 
     def key_block(self, queries, carried: list, caches: list, rows: list, keys) -> list:
@@ -396,11 +460,16 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         return ("window" not in params and params["chunk"] % self.KEYS == 0
                 and (block_size is None or block_size % self.KEYS == 0))
 
-    def prefetch(self, caches: list, rows: list) -> None:
-        """Asks for the key and value rows at `rows` of `caches`, each
-        row's head_dim values a cache line at a time: they arrive while
-        the block before computes. The hardware prefetcher alone left the
-        rows, 128 bytes every 384 at SmolLM2's shape, to stall each block.
+    def prefetch(self, caches: list, row, rolled: bool) -> None:
+        """Asks for the key and value rows of a block of KEYS keys, row i
+        at `row(i)` of `caches`, each row's values of the tile's KV heads a
+        cache line at a time: they arrive while the block before computes.
+        `rolled`: a loop over the rows (no slower before decode's loop of
+        blocks and in prefill's), else unrolled: in the body of decode's
+        loop of blocks a loop over the rows took 1.3-1.4x the time of
+        decode at 2,000 positions (LLVM spilled the block's vectors around
+        it). The hardware prefetcher alone left the rows, 128 bytes every
+        384 at SmolLM2's shape, to stall each block.
         `prefetcht0` (PREFETCH_LOCALITY 3): on the Intel AMX CPU one decode
         token's attention, 30 layers at 2,000 positions, SmolLM2 shape,
         kernels compiled in one process, runs alternating (2026-11-28
@@ -409,13 +478,29 @@ class AttentionChunkBlocks(QueryBlocks, AttentionChunk):
         shuffled, 2 workers 11.12 -> 5.88 and 2.92 -> 2.64 ms (two
         processes), 1 worker 11.68 -> 6.49 (`prefetcht1` 10.65); blocks in
         order, 2 workers 2.87 -> 2.62."""
-        for cache, memory in zip(self.op.operands[1:3], caches):
+        columns = self.op.params["head_dim"] * self.kv_heads_per_tile(self.op)
+        streams = list(zip(self.op.operands[1:3], caches))
+
+        def lines(cache, memory, at):
+            """The cache lines of the row at `at` of `memory`."""
             line = 64 // (4 if cache.dtype == "f32" else 2)
-            for at in rows:
-                for column in range(0, self.op.params["head_dim"] * self.kv_heads_per_tile(
-                        self.op), line):
-                    memref.prefetch(memory, self.column(at, column), False,
-                                    self.PREFETCH_LOCALITY, True)
+            for column in range(0, columns, line):
+                memref.prefetch(memory, self.column(at, column), False,
+                                self.PREFETCH_LOCALITY, True)
+
+        if not rolled:
+            rows = self.each_row(row)
+            for cache, memory in streams:
+                for at in rows:
+                    lines(cache, memory, at)
+            return
+        c = self.cidx
+        each = scf.ForOp(c(0), c(self.KEYS), c(1))
+        with ir.InsertionPoint(each.body):
+            at = row(each.induction_variable)
+            for cache, memory in streams:
+                lines(cache, memory, at)
+            scf.yield_([])
 
     def column(self, at: list, offset: int) -> list:
         """The indices `at` of a row's first column, `offset` columns on."""

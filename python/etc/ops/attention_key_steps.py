@@ -99,7 +99,7 @@ class KeySteps:
         last = arith.subi(k1, c(1))
         aligned = self.aligned()
         if aligned:
-            caches, rows_from = self.flat_rows(where, kv_column)
+            caches, row_of = self.flat_rows(where, kv_column)
             # The last block's first key: every block of the step starts
             # at or before it, so its 16 rows are in one cache block.
             last_start = arith.addi(k_first, arith.muli(
@@ -110,12 +110,17 @@ class KeySteps:
         if direct is not None:
             rows_per_block = self.dim(op.operands[1], 1)
 
+        def aligned_rows(start):
+            """`row_of` the block from key `start`, the last block's start
+            at most, clamped to the last key."""
+            start = arith.minsi(start, last_start)
+            return row_of(start, arith.subi(k1, start))
+
         def block_rows(start):
             """The 16 rows of the block from key `start`, clamped to the last
             key; aligned blocks from the last block's start at most."""
             if aligned:
-                start = arith.minsi(start, last_start)
-                return rows_from(start, arith.subi(k1, start))
+                return self.each_row(aligned_rows(start))
             return [[*where.at(arith.minsi(arith.addi(start, c(i)), last)), kv_column]
                     for i in range(n)]
 
@@ -126,7 +131,7 @@ class KeySteps:
             at = [block_rows(start) for start in starts]
             if aligned:
                 for start in starts:
-                    self.prefetch(caches, block_rows(arith.addi(start, c(steps))))
+                    self.prefetch(caches, aligned_rows(arith.addi(start, c(steps))), False)
             if direct is not None:
                 cache_rows = []
                 for start in starts:

@@ -171,23 +171,29 @@ class QueryBlocks(KeySteps):
         last = arith.subi(k1, c(1))
         aligned = self.aligned()
         if aligned:
-            caches, rows_from = self.flat_rows(where, kv_column)
+            caches, row_of = self.flat_rows(where, kv_column)
         else:
             caches = [self.buf(t) for t in op.operands[1:3]]
 
         def block_rows(key):
-            """The rows of the block from `key`, clamped to the last key."""
+            """`row(i)`, the indices of row i of the block from `key`,
+            clamped to the last key."""
             if aligned:
-                return rows_from(key, arith.subi(k1, key))
-            return [[*where.at(arith.minsi(arith.addi(key, c(i)), last)), kv_column]
-                    for i in range(n)]
+                return row_of(key, arith.subi(k1, key))
+            return lambda i: [*where.at(arith.minsi(arith.addi(key, i), last)), kv_column]
 
         kv_heads = self.kv_heads_per_tile(op)
 
-        def pack(at, kv):
-            """`pack_block` of KV head `kv` of the block whose rows are `at`."""
+        def pack(row, kv):
+            """`pack_block` of KV head `kv` of the block whose row i is at
+            `row(i)`."""
             column = arith.muli(kv, c(head_dim))
-            self.pack_block(packs, kv, caches, [a[:-1] + [arith.addi(a[-1], column)] for a in at])
+
+            def shifted(i):
+                at = row(i)
+                return [*at[:-1], arith.addi(at[-1], column)]
+
+            self.pack_block(packs, kv, caches, shifted)
 
         # Each block is packed right before its queries, while the next
         # one's rows are prefetched (packing one block ahead into a second
@@ -196,7 +202,8 @@ class QueryBlocks(KeySteps):
         with ir.InsertionPoint(blocks.body):
             key = blocks.induction_variable
             if aligned:
-                self.prefetch(caches, block_rows(arith.minsi(arith.addi(key, c(n)), last)))
+                ahead = arith.minsi(arith.addi(key, c(n)), last)
+                self.prefetch(caches, row_of(ahead, arith.subi(k1, ahead)), True)
             at = block_rows(key)
             heads = scf.ForOp(c(0), c(kv_heads), c(1))
             with ir.InsertionPoint(heads.body):
@@ -234,23 +241,34 @@ class QueryBlocks(KeySteps):
             return below
         return arith.xori(below, before(arith.minsi(first, end)))
 
-    def pack_block(self, packs, kv, caches: list, rows: list) -> None:
-        """The block's keys of a KV head (its rows at `rows` of `caches`)
+    def pack_block(self, packs, kv, caches: list, row) -> None:
+        """The block's keys of a KV head (row i at `row(i)` of `caches`)
         transposed into slot `kv` of packs.keys (row p: the 16 keys' bf16
-        pair p), and its values in `value_pairs`' pairs into packs.values'."""
+        pair p), and its values in `value_pairs`' pairs into packs.values',
+        each a loop (over 16 pairs of columns, over pairs of keys)."""
         c, n = self.cidx, self.KEYS
         head_dim = self.op.params["head_dim"]
         bf16x32 = ir.VectorType.get([32], element_type("bf16"))
         i32x16 = ir.VectorType.get([16], ir.IntegerType.get_signless(32))
-        for first in range(0, head_dim // 2, 16):
+        rows = self.each_row(row)
+        each = scf.ForOp(c(0), c(head_dim // 2), c(16))
+        with ir.InsertionPoint(each.body):
+            first = each.induction_variable
+            column = arith.muli(first, c(2))
             vecs = transpose16([vector.bitcast(i32x16, vector.load(
-                bf16x32, caches[0], self.column(at, 2 * first))) for at in rows])
+                bf16x32, caches[0], [*at[:-1], arith.addi(at[-1], column)])) for at in rows])
             for p, vec in enumerate(vecs):
-                vector.store(vec, packs.keys, [kv, c(first + p), c(0)])
-        for p in range(n // 2):
-            pairs = self.interleaved_values(caches[1], rows[2 * p], rows[2 * p + 1])
+                vector.store(vec, packs.keys, [kv, arith.addi(first, c(p)), c(0)])
+            scf.yield_([])
+        each = scf.ForOp(c(0), c(n // 2), c(1))
+        with ir.InsertionPoint(each.body):
+            p = each.induction_variable
+            two = arith.muli(p, c(2))
+            pairs = self.interleaved_values(caches[1], row(two), row(arith.addi(two, c(1))))
             for i, vec in enumerate(pairs):
-                vector.store(vec, packs.values, [kv, c(p * len(pairs) + i), c(0)])
+                vector.store(vec, packs.values,
+                             [kv, arith.addi(arith.muli(p, c(len(pairs))), c(i)), c(0)])
+            scf.yield_([])
 
     def query_rows(self) -> int:
         """The new tokens a prefill tile takes together: QUERY_ROWS, or on
@@ -312,15 +330,24 @@ class QueryBlocks(KeySteps):
         i32 = ir.IntegerType.get_signless(32)
         i32x16 = ir.VectorType.get([16], i32)
         minus_inf = self.cf32(float("-inf"))
+        # The scores' pairs `chains` at a time in a loop, a chain of sums
+        # each (unrolled, the 32 pairs' products were 740 of the tile
+        # function's 8,700 lines of graph IR at SmolLM2's shape; the loop
+        # measured no slower).
         chains = 4
-        sums = [[self.vzero(n) for _ in range(chains)] for _ in queries]
-        for p in range(words):
-            key = vector.bitcast(bf16x32, vector.load(i32x16, packs.keys, [kv, c(p), c(0)]))
-            for g, qi in enumerate(queries):
-                word = memref.load(packs.queries, [qi, c(p)])
-                sums[g][p % chains] = dot_bf16(
-                    sums[g][p % chains], key,
-                    vector.bitcast(bf16x32, vector.broadcast(i32x16, word)))
+        each = scf.ForOp(c(0), c(words), c(chains), [self.vzero(n)] * (chains * len(queries)))
+        with ir.InsertionPoint(each.body):
+            sums = list(each.inner_iter_args)
+            for i in range(chains):
+                p = arith.addi(each.induction_variable, c(i))
+                key = vector.bitcast(bf16x32, vector.load(i32x16, packs.keys, [kv, p, c(0)]))
+                for g, qi in enumerate(queries):
+                    word = memref.load(packs.queries, [qi, p])
+                    sums[g * chains + i] = dot_bf16(
+                        sums[g * chains + i], key,
+                        vector.bitcast(bf16x32, vector.broadcast(i32x16, word)))
+            scf.yield_(sums)
+        sums = [list(each.results[g * chains:(g + 1) * chains]) for g in range(len(queries))]
         scale = self.vsplat(self.cf32(op.params["scale"]), n)
         blocks, tops = [], []
         for g, qi in enumerate(queries):
@@ -343,7 +370,8 @@ class QueryBlocks(KeySteps):
             both = self.exp2_of(vector.from_elements(
                 self.vtype(n), some + [self.cf32(0.0)] * (n - len(some))))
             alphas += [vector.extract(both, [], [i]) for i in range(len(some))]
-        weights, parts = [], []
+        weights = self.entry_alloca(ir.MemRefType.get([len(queries), n // 2], i32))
+        parts = []
         for g, qi in enumerate(queries):
             _, _, m_from = tops[g]
             w = arith.select(masks[g], self.exp2_of(arith.subf(blocks[g], self.vsplat(m_from, n))),
@@ -361,17 +389,27 @@ class QueryBlocks(KeySteps):
             parts.append([arith.mulf(vector.load(self.vtype(16), packs.states,
                                                  [qi, c(16 * i)]), alpha16)
                           for i in range(2 * halves)])
-            weights.append(vector.bitcast(ir.VectorType.get([n // 2], i32), w))
-        for p in range(n // 2):
-            values = [vector.load(bf16x32, packs.values, [kv, c(p * 2 * halves + i), c(0)])
+            vector.store(vector.bitcast(ir.VectorType.get([n // 2], i32), w), weights,
+                         [c(g), c(0)])
+        # The weighted values a pair of keys at a time in a loop, each
+        # query's weights of the pair a word of a stack buffer (unrolled,
+        # the 8 pairs were 300 more lines; no slower either).
+        each = scf.ForOp(c(0), c(n // 2), c(1), [part for row in parts for part in row])
+        with ir.InsertionPoint(each.body):
+            p = each.induction_variable
+            first = arith.muli(p, c(2 * halves))
+            values = [vector.load(bf16x32, packs.values, [kv, arith.addi(first, c(i)), c(0)])
                       for i in range(2 * halves)]
-            for g, word in enumerate(weights):
+            sums = []
+            for g in range(len(queries)):
                 pair = vector.bitcast(bf16x32, vector.broadcast(
-                    i32x16, vector.extract(word, [], [p])))
-                parts[g] = [dot_bf16(part, value, pair) for part, value in zip(parts[g], values)]
+                    i32x16, memref.load(weights, [c(g), p])))
+                sums += [dot_bf16(part, value, pair) for part, value in zip(
+                    each.inner_iter_args[2 * halves * g:2 * halves * (g + 1)], values)]
+            scf.yield_(sums)
         for g, qi in enumerate(queries):
-            for i, part in enumerate(parts[g]):
-                vector.store(part, packs.states, [qi, c(16 * i)])
+            for i in range(2 * halves):
+                vector.store(each.results[2 * halves * g + i], packs.states, [qi, c(16 * i)])
 
 
 #: `emit_query_blocks`' stack buffers: the queries' bf16 pairs as i32
