@@ -17,6 +17,9 @@ A `Reader` reads an answer as it is generated: `feed` returns the pieces
 (("reasoning_content" | "content", text)) now known, holding back text
 that may be the start of a marker, so that a marker split across tokens
 or chunks is never sent as text; `finish` returns what was held.
+
+Structured output with harmony constrains the final message only
+(`harmony_final_grammar`): the reader then takes content that follows it.
 """
 
 from __future__ import annotations
