@@ -354,3 +354,171 @@ def test_a_forced_harmony_call_needs_harmony_tokens(chat_model):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "tool_choice" and "<|constrain|>" in error["message"]
+
+
+# -- structured output with harmony: the final message constrained ---------
+
+CITY = {"type": "object", "properties": {
+    "city": {"type": "string", "pattern": "^[A-Za-z]{0,8}$"},
+    "zone": {"type": "integer", "minimum": -12, "maximum": 12}},
+    "required": ["city", "zone"], "additionalProperties": False}
+THOUGHT = "<|channel|>analysis<|message|>Need a city.<|end|><|start|>assistant"
+FINAL = "<|channel|>final<|message|>"
+# Each kind of grammar: (kind, value, an answer it takes, one it refuses).
+KINDS = [("json_schema", CITY, '{"city":"Paris","zone":1}', '{"city":"Paris, France","zone":1}'),
+         ("json_object", None, '{"a":[1]}', "[1]"),
+         ("regex", "[0-9]{3}-[a-z]{2}", "123-ab", "12-ab"),
+         ("choice", ["yes", "no"], "no", "maybe"),
+         ("lark", 'start: "x" NUMBER\n%import common.NUMBER', "x42", "y42")]
+
+
+def _final_matcher(model, kind, value):
+    from etc.models.engine.constraints import Constraint, Grammar
+
+    source = Grammar(kind, value).source()
+    return Constraint(model, Grammar("llguidance", reasoning.harmony_final_grammar(source)),
+                      "response_format").matcher
+
+
+@pytest.mark.parametrize("kind, value, good, bad", KINDS, ids=[k[0] for k in KINDS])
+def test_the_harmony_final_grammar(marked_model, kind, value, good, bad):
+    """The grammar takes the final message holding an answer of the user's
+    grammar, after at most one analysis message, ended by <|return|> or
+    EOS (accepting, nothing more); it refuses a wrong answer, no final
+    channel, a second analysis, and text after the answer."""
+    tokenizer = marked_model.tokenizer
+    for text, ending, whole in [
+            (THOUGHT + FINAL + good, "<|return|>", True),
+            (FINAL + good, "<|return|>", True),
+            (FINAL + good, "", True),
+            (THOUGHT + FINAL + bad, "<|return|>", False),
+            (FINAL + good + "<|end|>", "", False),
+            (THOUGHT + THOUGHT + FINAL + good, "<|return|>", False),
+            (good, "", False),
+            ("<|channel|>commentary<|message|>" + good, "<|return|>", False)]:
+        tokens = tokenizer.encode(text + ending, add_special_tokens=False)
+        matcher = _final_matcher(marked_model, kind, value)
+        taken = matcher.validate_tokens(tokens)
+        assert (taken == len(tokens)) == whole, (text, ending, taken, len(tokens))
+        if whole:
+            assert matcher.consume_tokens(tokens) and matcher.is_accepting()
+            assert matcher.is_stopped() == bool(ending)
+            if not ending:
+                assert matcher.validate_tokens([2]) == 1  # EOS ends it
+
+
+@pytest.mark.parametrize("thought", [THOUGHT, ""], ids=["analysis", "final_only"])
+def test_a_harmony_answer_to_a_schema_over_http(marked_model, scripted, thought):
+    """The answer written as harmony writes it passes the grammar (each
+    token checked as it is taken); whole and streamed, the schema's JSON
+    is the content, the analysis the reasoning."""
+    from test_structured_output import validate
+
+    answer = '{"city":"Paris","zone":1}'
+    scripted(thought + FINAL + answer + "<|return|>")
+    with Server.of(marked_model, reasoning_parser="harmony") as server:
+        client = server.client()
+        options = dict(model=NAME, messages=CHAT, max_tokens=90, temperature=0,
+                       response_format={"type": "json_schema", "json_schema": {
+                           "name": "city", "schema": CITY, "strict": True}})
+        choice = client.chat.completions.create(**options).choices[0]
+        assert choice.finish_reason == "stop"
+        assert (choice.message.reasoning_content, choice.message.content) == \
+            ("Need a city." if thought else None, answer)
+        validate(json.loads(choice.message.content), CITY)
+        chunks = [c for c in client.chat.completions.create(stream=True, **options)
+                  if c.choices]
+        deltas = [c.choices[0].delta for c in chunks]
+        assert "".join(d.content or "" for d in deltas) == answer
+        assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == \
+            ("Need a city." if thought else "")
+        assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_tools_not_offered_for_calls_leave_the_grammar_exact(marked_model, scripted):
+    """tool_choice "none" with tools: no call may come, so the final
+    message's grammar is the whole story; a guided_regex answer passes."""
+    scripted(FINAL + "123-ab")  # the template gets no tools with "none"
+    with Server.of(marked_model, reasoning_parser="harmony") as server:
+        choice = server.client().chat.completions.create(
+            model=NAME, messages=CHAT, max_tokens=40, temperature=0, tools=[WEATHER],
+            tool_choice="none", extra_body={"guided_regex": "[0-9]{3}-[a-z]{2}"}).choices[0]
+    assert (choice.message.content, choice.finish_reason) == ("123-ab", "stop")
+
+
+# json_object left out: any object, which a random model sampling it may
+# not close within max_tokens.
+SAMPLED = [(kind, value) for kind, value, *_ in KINDS if kind != "json_object"]
+
+
+@pytest.mark.parametrize("kind, value", SAMPLED, ids=[k[0] for k in SAMPLED])
+def test_sampled_harmony_answers_follow_the_grammar(marked_model, kind, value):
+    """The random model, sampling under the grammar, writes harmony (its
+    tokens, as logprobs name them, a final message) whose content follows
+    the user's grammar, whole and streamed (<|end|> made likely keeps an
+    analysis short)."""
+    import re
+
+    from test_structured_output import validate
+
+    field = {"json_schema": ("response_format", {"type": "json_schema", "json_schema": {
+                 "name": "city", "schema": value}}),
+             "regex": ("guided_regex", value), "choice": ("guided_choice", value),
+             "lark": ("guided_grammar", value)}[kind]
+    checks = {"json_schema": lambda t: validate(json.loads(t), CITY) is None,
+              "regex": lambda t: re.fullmatch(value, t),
+              "choice": lambda t: t in value,
+              "lark": lambda t: re.fullmatch(r"x[0-9.eE+-]+", t)}
+    end = marked_model.tokenizer.token_to_id("<|end|>")
+    forms = set()  # whether each answer opened with an (empty) analysis
+    with Server.of(marked_model, reasoning_parser="harmony") as server:
+        client = server.client()
+        for seed in range(3):
+            options = dict(model=NAME, messages=CHAT, max_tokens=80, temperature=1.0,
+                           seed=seed, logit_bias={str(end): 100},
+                           extra_body={field[0]: field[1]})
+            choice = client.chat.completions.create(logprobs=True, **options).choices[0]
+            assert choice.finish_reason == "stop", choice
+            assert checks[kind](choice.message.content), choice.message.content
+            # The tokens (special ones as written): harmony's final message.
+            written = "".join(t.token for t in choice.logprobs.content)
+            assert FINAL + choice.message.content in written, written
+            forms.add(written.startswith("<|channel|>analysis"))
+            chunks = [c for c in client.chat.completions.create(stream=True, **options)
+                      if c.choices]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks)
+            assert text == choice.message.content  # the same seed, the same answer
+            assert chunks[-1].choices[0].finish_reason == "stop"
+    assert forms == {True, False}  # these seeds sample both: with and without
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"response_format": {"type": "json_object"}, "tools": [WEATHER]}, "response_format"),
+    ({"guided_regex": "a+", "tools": [WEATHER], "tool_choice": "auto"}, "guided_regex"),
+    ({"guided_choice": ["a"], "tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+    # Grammars that do not compile, inside harmony's as alone.
+    ({"guided_grammar": "start: nowhere"}, "guided_grammar"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}}, "response_format"),
+])
+def test_grammars_under_harmony_refused(marked_model, extra, param):
+    """With tools the model may call, a call (commentary) or an answer
+    (final) may come: no one grammar says which the user's holds for; a
+    grammar that does not compile is refused as without harmony: 400
+    naming the field."""
+    with Server.of(marked_model, reasoning_parser="harmony") as server:
+        response = httpx.post(server.url + "/v1/chat/completions", json={
+            "model": NAME, "messages": CHAT, "max_tokens": 4, **extra})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_a_grammar_under_harmony_needs_harmony_tokens(chat_model):
+    """A tokenizer without harmony's tokens cannot write the final channel:
+    400 naming the grammar's field and the tokens it lacks."""
+    with Server.of(chat_model, reasoning_parser="harmony") as server:
+        response = httpx.post(server.url + "/v1/chat/completions", json={
+            "model": NAME, "messages": CHAT, "max_tokens": 4, "guided_choice": ["a"]})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "guided_choice" and "<|channel|>" in error["message"]

@@ -279,10 +279,11 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                 raise APIError(400, f"stop_token_ids[{i}]: {token} is not a token id in "
                                     f"[0, {vocab})", f"stop_token_ids[{i}]")
 
-    async def _constraints(body: _Sampling, parser: Optional[str]) -> list:
+    async def _constraints(body: _Sampling, parser: Optional[str], harmony: bool) -> list:
         """A grammar matcher per choice (structured output, or the call
         `tool_choice` forces), or Nones; compiled in a thread: a large
-        schema takes a while."""
+        schema takes a while. `harmony`: a chat answer in harmony's
+        channels, whose final message the structured output constrains."""
         try:
             found = body.grammar()
         except ValueError as error:
@@ -302,6 +303,8 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                                         f"model's tokenizer lacks", "tool_choice")
             tools = [t.model_dump() for t in body.tools]
             found = ("lark", tools_.forced_grammar(parser, tools, name), "tool_choice")
+        elif found is not None and harmony:
+            found = _harmony_final(found, parser)
         if found is None:
             return [None] * body.n
         kind, value, field = found
@@ -311,6 +314,28 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                     for _ in range(body.n)]
         except GrammarError as error:
             raise APIError(400, str(error), error.param) from None
+
+    def _harmony_final(found: tuple, parser: Optional[str]) -> tuple:
+        """(kind, value, field) of a harmony answer whose final message
+        follows the structured output `found` (`reasoning.harmony_final_grammar`)."""
+        kind, value, field = found
+        if parser is not None:
+            # The model may call a tool (a commentary message) or answer:
+            # the grammar would have to hold for one channel and not the other.
+            raise APIError(400, f"{field}: with harmony, structured output and tools the "
+                                f"model may call (tool_choice auto) are not supported "
+                                f"together; give tool_choice \"none\" or no tools", field)
+        missing = [t for t in reasoning_.HARMONY_FINAL_TOKENS
+                   if model.tokenizer.token_to_id(t) is None]
+        if missing:
+            raise APIError(400, f"{field}: structured output with harmony needs the special "
+                                f"tokens {', '.join(missing)}, which this model's tokenizer "
+                                f"lacks", field)
+        try:
+            source = Grammar(kind, value).source()
+        except ValueError as error:
+            raise APIError(400, f"{field}: {error}", field) from None
+        return "llguidance", reasoning_.harmony_final_grammar(source), field
 
     def _tokenizer(param: str):
         if model.tokenizer is None:
@@ -332,7 +357,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         # (choice index, output) of every choice, as the engine makes them.
         outputs: asyncio.Queue = asyncio.Queue()
         handles = []
-        constraints = await _constraints(body, parser)
+        constraints = await _constraints(body, parser, chat and reasoning == "harmony")
         stop_token_ids, skip_special = body.stop_token_ids, body.skip_special_tokens
         if reasoning == "harmony":
             # Harmony's markers are special tokens: kept in the text until

@@ -26,6 +26,8 @@ import re
 import uuid
 from typing import Optional
 
+from .reasoning import HARMONY_ANALYSIS
+
 __all__ = ["PARSERS", "parser_for", "parse", "forced_grammar", "HARMONY_TOKENS",
            "CallStream"]
 
@@ -134,8 +136,7 @@ def _harmony_grammar(tools: list) -> str:
     """`forced_grammar` in harmony's form: what the chat template's
     `<|start|>assistant` is followed by, special tokens as tokens."""
     lines = ['start: analysis? <|channel|> "commentary to=functions." call <|call|>',
-             'analysis: <|channel|> "analysis" <|message|> /(.|\\n)*/ <|end|> '
-             '<|start|> "assistant"',
+             HARMONY_ANALYSIS,
              "call: " + " | ".join(f"call_{k}" for k in range(len(tools)))]
     for k, tool in enumerate(tools):
         function = tool["function"]

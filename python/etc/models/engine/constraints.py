@@ -47,8 +47,10 @@ def _llguidance():
 @dataclass(frozen=True)
 class Grammar:
     """What a request's tokens must follow: `kind` ("json_schema",
-    "json_object", "regex", "choice", "lark") and its `value` (a schema
-    dict, None, a pattern, a list of strings, a grammar's text)."""
+    "json_object", "regex", "choice", "lark", "llguidance") and its `value`
+    (a schema dict, None, a pattern, a list of strings, a grammar's text,
+    llguidance's own grammar as `source` gives it: one grammar built
+    around another, as the server's harmony answers are)."""
 
     kind: str
     value: object = None
@@ -69,6 +71,8 @@ class Grammar:
             return matcher.grammar_from_lark(f"start: {alternatives}")
         if self.kind == "lark":
             return matcher.grammar_from_lark(self.value)
+        if self.kind == "llguidance":
+            return self.value
         raise ValueError(f"Grammar: unknown kind {self.kind!r}")
 
 
