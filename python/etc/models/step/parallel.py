@@ -148,7 +148,10 @@ def unaligned_packed(config: ModelConfig, formats: dict, ranks: int) -> dict:
     row-parallel weight (an output or down projection, a layer's down
     experts) whose share of K per rank is not whole blocks of its format
     (a block's scales cover its values, so a rank's share must be whole
-    blocks of every row). The gate and up experts of a layer whose down
+    blocks of every row): an output projection, whose K splits by heads;
+    an MLP width is split in whole blocks instead, padded
+    (`padded_blocks`), unless its down projections' blocks do not divide
+    it. The gate and up experts of a layer whose down
     experts cannot stay packed go with them (`g.moe` takes a layer's three
     stacks in one layout). Column-parallel weights split by whole rows and
     always stay packed; replicated ones are not split."""
