@@ -177,6 +177,41 @@ def test_padded_shards_add_up_to_the_whole_mlp(fmt, blocks, ranks):
                                    atol=1e-4 * float(np.abs(want).max()))
 
 
+def test_padded_shared_expert_adds_up_to_the_whole_mlp():
+    """A shared expert's width (96: 3 Q8_0 blocks, 48 per rank on 2) pads
+    like a dense MLP's: 2 blocks per rank, rank 1's second zeros; the
+    ranks' partial outputs add up to the whole shared expert's."""
+    import numpy as np
+
+    from etc import packed
+    from etc.models.loading.config import ModelConfig
+    from etc.models.step.parallel import padded_blocks, shard_config, shard_weights
+    from etc.models.testing import tiny_config
+
+    config = ModelConfig.from_dict(tiny_config(
+        "Qwen2MoeForCausalLM", shared_expert_intermediate_size=96, moe_intermediate_size=64))
+    shapes = {"l0_shexp_gate": (96, 32), "l0_shexp_up": (96, 32), "l0_shexp_down": (32, 96)}
+    formats = dict.fromkeys(shapes, "q8_0")
+    padding = padded_blocks(config, formats, 2)
+    assert padding == {"shared_expert_intermediate_size": 32}
+    assert shard_config(config, 2, padding).shared_expert_intermediate_size == 64
+    rng = np.random.default_rng(2)
+    raw = {k: packed.quantize(rng.standard_normal(v).astype(np.float32), "q8_0")
+           for k, v in shapes.items()}
+    whole = {k: packed.dequantize(v, "q8_0") for k, v in raw.items()}
+    shards = [{k: packed.dequantize(v, "q8_0") for k, v in
+               shard_weights(config, raw, 2, rank, formats, padding).items()} for rank in (0, 1)]
+    assert shards[1]["l0_shexp_down"].shape == (32, 64)
+    assert not shards[1]["l0_shexp_down"][:, 32:].any()
+    x = rng.standard_normal((3, 32)).astype(np.float32)
+
+    def mlp(w):
+        gate = x @ w["l0_shexp_gate"].T
+        return (gate / (1 + np.exp(-gate)) * (x @ w["l0_shexp_up"].T)) @ w["l0_shexp_down"].T
+
+    np.testing.assert_allclose(sum(mlp(w) for w in shards), mlp(whole), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("ranks,cases", [
     (2, ("float", "mxfp4")), (2, ("gguf",)), (2, ("mxfp4-padded", "gguf-padded")),
     (4, ("mxfp4-padded",))])
