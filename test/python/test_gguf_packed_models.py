@@ -115,7 +115,8 @@ def test_packed_options_and_the_simulated_gpu_kernels(tmp_path):
     # Over 2 ranks every packed weight stays packed, each rank its rows or
     # its K blocks (this file's output and down projections are in
     # 32-value formats; test_tensor_parallel.py runs such splits, and the
-    # K-quant ones that must widen).
+    # K-quant output projections that must widen, and down projections padded
+    # to whole K-quant blocks).
     from etc.models.loading import open_checkpoint
 
     checkpoint = open_checkpoint(path)

@@ -252,10 +252,11 @@ def test_real_width_step_graph_builds():
     MXFP4) in a 2-layer step graph: one sliding and one full layer; and
     one rank's shard of it over 2 ranks (its 32 query heads and their
     sinks, 1440 columns of every expert: 45 whole MXFP4 blocks of the down
-    experts' K). Over 4 ranks, 720 columns are not whole blocks: the
-    experts are named for widening."""
+    experts' K). Over 4 and 8 ranks, 720 and 360 columns are not whole
+    blocks: each rank's share is 23 and 12 blocks, padded, and the experts
+    stay packed."""
     from etc.models.step.graph import build_step_graph
-    from etc.models.step.parallel import shard_config, unaligned_packed
+    from etc.models.step.parallel import padded_blocks, shard_config, unaligned_packed
 
     config = ModelConfig.from_dict(shaped_config("gpt-oss-20b"))
     assert config.sliding_layers == (0,)
@@ -269,9 +270,15 @@ def test_real_width_step_graph_builds():
     g = build_step_graph(shard, dtype="bf16", max_seq_len=256, chunk=64, ranks=2,
                          weight_formats=formats)
     assert g is not None
-    widened = unaligned_packed(config, formats, 4)
-    assert set(widened) == set(formats), widened
-    assert "720 values per rank" in widened["l0_experts_down"]
+    for ranks, share in ((4, 736), (8, 384)):
+        padding = padded_blocks(config, formats, ranks)
+        assert padding == {"moe_intermediate_size": 32}
+        assert unaligned_packed(config, formats, ranks) == {}
+        shard = shard_config(config, ranks, padding)
+        assert shard.moe_intermediate_size == share
+        g = build_step_graph(shard, dtype="bf16", max_seq_len=256, chunk=64, ranks=ranks,
+                             weight_formats=formats)
+        assert g is not None
 
 
 # ----------------------------------------------------------------------

@@ -43,8 +43,10 @@ def test_tensor_parallel_keeps_quantized_weights_packed():
     over 2 ranks keep their blocks (each rank its rows, or its K blocks of
     the output and down projections) and generate the tokens of the model
     packed on one rank, logits within float rounding; a down projection
-    whose K share is not whole Q4_K blocks is widened on every rank with
-    packed=None (a warning names it) and refused with packed=True."""
+    whose K share is not whole Q4_K blocks stays packed, its width split in
+    whole blocks and padded with zeros, and an output projection whose K
+    share (by heads) is not is widened on every rank with packed=None (a
+    warning names it) and refused with packed=True."""
     result, output = launch(2, "tensor_parallel_packed.py")
     assert result.returncode == 0, output
     for rank in range(2):
@@ -62,7 +64,7 @@ def test_packed_shards_are_the_widened_shards(fmt):
 
     from etc import packed
     from etc.models.loading.config import ModelConfig
-    from etc.models.step.parallel import shard_weight, unaligned_packed
+    from etc.models.step.parallel import padded_blocks, shard_weight, unaligned_packed
     from etc.models.testing import tiny_config
 
     config = ModelConfig.from_dict(tiny_config(
@@ -81,28 +83,149 @@ def test_packed_shards_are_the_widened_shards(fmt):
             np.testing.assert_array_equal(part, want, err_msg=f"{fmt} {name} rank {rank}")
     formats = dict.fromkeys([*shapes, "l1_experts_gate", "embed"], fmt)
     block = packed.FORMATS[fmt].block
-    # 512 / 2 is whole blocks of every format; 512 / 4 is not of 256.
+    # 512 / 2 is whole blocks of every format; 512 / 4 is not of 256: the
+    # MLP widths are then padded to whole blocks; the output projection's
+    # K, split by heads (one of 128 per rank), is widened.
     assert unaligned_packed(config, formats, 2) == {}
     widened = unaligned_packed(config, formats, 4)
     if block == 256:
-        assert set(widened) == {"l0_wo", "l0_w_down", "l1_experts_down", "l1_experts_gate",
-                                "l1_experts_up"}, widened
-        assert "'l0_w_down' (" + fmt + ", blocks of 256 values)" in widened["l0_w_down"]
-        assert "tensor_parallel=4" in widened["l0_w_down"]
+        assert padded_blocks(config, formats, 4) == {"intermediate_size": 256,
+                                                     "moe_intermediate_size": 256}
+        assert set(widened) == {"l0_wo"}, widened
+        assert "'l0_wo' (" + fmt + ", blocks of 256 values)" in widened["l0_wo"]
+        assert "tensor_parallel=4" in widened["l0_wo"]
     else:
+        assert padded_blocks(config, formats, 4) == {}
         assert widened == {}
 
 
-@pytest.mark.parametrize("cases", [("float", "mxfp4"), ("gguf",)])
-def test_tensor_parallel_gptoss_matches_one_rank(cases):
+@pytest.mark.parametrize("fmt,blocks,ranks", [("mxfp4", 90, 4), ("mxfp4", 90, 8),
+                                              ("q8_0", 6, 4), ("q4_k", 3, 2)])
+def test_padded_shards_add_up_to_the_whole_mlp(fmt, blocks, ranks):
+    """An MLP width whose share per rank is not whole blocks of its packed
+    down projection (gpt-oss's 2880 = 90 MXFP4 blocks over 4 or 8 ranks)
+    is split in whole blocks, each rank's share padded with zero columns:
+    every packed shard dequantizes to its rank's columns of the widened
+    weight then zeros, the shard config carries the padded width, and the
+    ranks' partial MLP outputs (a dense SiLU MLP, a layer of experts) add
+    up to the whole layer's."""
+    import numpy as np
+
+    from etc import packed
+    from etc.models.loading.config import ModelConfig
+    from etc.models.step.parallel import (padded_blocks, shard_config, shard_weight,
+                                          unaligned_packed)
+    from etc.models.testing import tiny_config
+    from etc.reference import moe
+
+    # The padding: a block of zero bytes is zero in every format.
+    for name, f in packed.FORMATS.items():
+        assert not packed.dequantize(np.zeros((2, f.nbytes), np.uint8), name).any(), name
+    block = packed.FORMATS[fmt].block
+    width, hidden = blocks * block, 256 if block == 256 else 32
+    config = ModelConfig.from_dict(tiny_config(
+        "Qwen3MoeForCausalLM", hidden_size=hidden, intermediate_size=width, num_experts=2,
+        num_experts_per_tok=2, moe_intermediate_size=width, mlp_only_layers=[0],
+        num_attention_heads=8, num_key_value_heads=8))
+    shapes = {"l0_w_gate": (width, hidden), "l0_w_up": (width, hidden),
+              "l0_w_down": (hidden, width), "l1_experts_gate": (2, width, hidden),
+              "l1_experts_up": (2, width, hidden), "l1_experts_down": (2, hidden, width)}
+    formats = dict.fromkeys(shapes, fmt)
+    padding = padded_blocks(config, formats, ranks)
+    assert padding == {"intermediate_size": block, "moe_intermediate_size": block}
+    assert unaligned_packed(config, formats, ranks) == {}
+    share = -(-blocks // ranks) * block  # whole blocks, the last ranks' padded
+    shard = shard_config(config, ranks, padding)
+    assert (shard.intermediate_size, shard.moe_intermediate_size) == (share, share)
+    assert shard_config(config, ranks).intermediate_size == width // ranks  # unpadded
+    rng = np.random.default_rng(1)
+    raw = {k: packed.quantize(rng.standard_normal(v).astype(np.float32), fmt)
+           for k, v in shapes.items()}
+    whole = {k: packed.dequantize(v, fmt) for k, v in raw.items()}
+    shards = []
+    for rank in range(ranks):
+        mine = {}
+        for name in shapes:
+            part = shard_weight(config, name, raw[name], ranks, rank, fmt, padding)
+            mine[name] = packed.dequantize(part, fmt)
+            np.testing.assert_array_equal(
+                mine[name], shard_weight(config, name, whole[name], ranks, rank, None, padding))
+        # Rank r's real columns, then zeros up to the share.
+        columns = slice(min(rank * share, width), min((rank + 1) * share, width))
+        real = columns.stop - columns.start
+        assert mine["l1_experts_down"].shape == (2, hidden, share)
+        np.testing.assert_array_equal(mine["l1_experts_down"][:, :, :real],
+                                      whole["l1_experts_down"][:, :, columns])
+        np.testing.assert_array_equal(mine["l0_w_gate"][:real], whole["l0_w_gate"][columns])
+        assert not mine["l1_experts_down"][:, :, real:].any()
+        assert not mine["l0_w_gate"][real:].any() and not mine["l0_w_up"][real:].any()
+        shards.append(mine)
+    assert not shards[-1]["l0_w_down"][:, width - (ranks - 1) * share:].any()
+    x = rng.standard_normal((3, hidden)).astype(np.float32)
+
+    def dense(w):
+        gate = x @ w["l0_w_gate"].T
+        return (gate / (1 + np.exp(-gate)) * (x @ w["l0_w_up"].T)) @ w["l0_w_down"].T
+
+    def experts(w):
+        return moe(x, np.ones((hidden, 2), np.float32), w["l1_experts_gate"].swapaxes(1, 2),
+                   w["l1_experts_down"].swapaxes(1, 2), 2, w["l1_experts_up"].swapaxes(1, 2))
+
+    for layer in (dense, experts):
+        want = layer(whole)
+        np.testing.assert_allclose(sum(layer(w) for w in shards), want, rtol=1e-4,
+                                   atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_padded_shared_expert_adds_up_to_the_whole_mlp():
+    """A shared expert's width (96: 3 Q8_0 blocks, 48 per rank on 2) pads
+    like a dense MLP's: 2 blocks per rank, rank 1's second zeros; the
+    ranks' partial outputs add up to the whole shared expert's."""
+    import numpy as np
+
+    from etc import packed
+    from etc.models.loading.config import ModelConfig
+    from etc.models.step.parallel import padded_blocks, shard_config, shard_weights
+    from etc.models.testing import tiny_config
+
+    config = ModelConfig.from_dict(tiny_config(
+        "Qwen2MoeForCausalLM", shared_expert_intermediate_size=96, moe_intermediate_size=64))
+    shapes = {"l0_shexp_gate": (96, 32), "l0_shexp_up": (96, 32), "l0_shexp_down": (32, 96)}
+    formats = dict.fromkeys(shapes, "q8_0")
+    padding = padded_blocks(config, formats, 2)
+    assert padding == {"shared_expert_intermediate_size": 32}
+    assert shard_config(config, 2, padding).shared_expert_intermediate_size == 64
+    rng = np.random.default_rng(2)
+    raw = {k: packed.quantize(rng.standard_normal(v).astype(np.float32), "q8_0")
+           for k, v in shapes.items()}
+    whole = {k: packed.dequantize(v, "q8_0") for k, v in raw.items()}
+    shards = [{k: packed.dequantize(v, "q8_0") for k, v in
+               shard_weights(config, raw, 2, rank, formats, padding).items()} for rank in (0, 1)]
+    assert shards[1]["l0_shexp_down"].shape == (32, 64)
+    assert not shards[1]["l0_shexp_down"][:, 32:].any()
+    x = rng.standard_normal((3, 32)).astype(np.float32)
+
+    def mlp(w):
+        gate = x @ w["l0_shexp_gate"].T
+        return (gate / (1 + np.exp(-gate)) * (x @ w["l0_shexp_up"].T)) @ w["l0_shexp_down"].T
+
+    np.testing.assert_allclose(sum(mlp(w) for w in shards), mlp(whole), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("ranks,cases", [
+    (2, ("float", "mxfp4")), (2, ("gguf",)), (2, ("mxfp4-padded", "gguf-padded")),
+    (4, ("mxfp4-padded",))])
+def test_tensor_parallel_gptoss_matches_one_rank(ranks, cases):
     """gpt-oss split over 2 ranks (each its heads' sinks, the o_proj bias
     after the all-reduce, the experts' down bias in rank 0's partial sum)
     generates the whole model's tokens, logits within float rounding: a
     float checkpoint, MXFP4 experts kept packed, and a GGUF file (MXFP4
-    experts, Q8_0 projections)."""
-    result, output = launch(2, "tensor_parallel_gptoss.py", *cases)
+    experts, Q8_0 projections); with an expert width of 5 MXFP4 blocks
+    over 2 and 4 ranks, the experts packed in whole blocks per rank,
+    padded with zero columns."""
+    result, output = launch(ranks, "tensor_parallel_gptoss.py", *cases)
     assert result.returncode == 0, output
-    for rank in range(2):
+    for rank in range(ranks):
         for case in cases:
             assert f"rank {rank}: tensor parallel gpt-oss {case} matches" in output, output
 
@@ -114,11 +237,13 @@ def test_gptoss_shards_add_up_to_the_whole_layer():
     down bias is rank 0's alone, so the ranks' partial MoE outputs
     (`etc.reference.moe`) add up to the whole layer's, where a bias on
     every rank would count it twice. MXFP4 experts whose F share is not
-    whole blocks of 32 are named for widening."""
+    whole blocks of 32 split in whole blocks over 4 ranks, padded with
+    zero columns (rows, biases), and still add up to the whole layer."""
     import numpy as np
 
     from etc.models.loading.config import ModelConfig
-    from etc.models.step.parallel import shard_weights, unaligned_packed
+    from etc.models.step.parallel import (padded_blocks, shard_config, shard_weights,
+                                          unaligned_packed)
     from etc.models.testing import tiny_config
     from etc.reference import moe
 
@@ -158,13 +283,33 @@ def test_gptoss_shards_add_up_to_the_whole_layer():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     twice = sum(layer(shard, whole["l0_experts_down_b"]) for shard in shards)
     assert np.abs(twice - want).max() > 0.1
-    # 32 / 2 values of the down experts' K per rank: not whole MXFP4 blocks.
-    narrow = ModelConfig.from_dict(tiny_config("GptOssForCausalLM"))
+    # 160 / 4 values of the down experts' K per rank are not whole MXFP4
+    # blocks: 2 blocks per rank, rank 2's half padding, rank 3's all; the
+    # padded columns' clamped SwiGLU is 0 (gate and up and their biases 0).
     formats = {f"l0_experts_{p}": "mxfp4" for p in ("gate", "up", "down")}
-    widened = unaligned_packed(narrow, formats, 2)
-    assert set(widened) == set(formats), widened
-    assert "'l0_experts_down' (mxfp4, blocks of 32 values)" in widened["l0_experts_down"]
-    assert unaligned_packed(config, formats, 2) == {}
+    assert unaligned_packed(config, formats, 2) == {} == padded_blocks(config, formats, 2)
+    wide = ModelConfig.from_dict(tiny_config("GptOssForCausalLM", intermediate_size=160,
+                                             num_key_value_heads=4))
+    padding = padded_blocks(wide, formats, 4)
+    assert padding == {"moe_intermediate_size": 32}
+    assert unaligned_packed(wide, formats, 4) == {}
+    assert shard_config(wide, 4, padding).moe_intermediate_size == 64
+    shapes.update(l0_experts_gate=(e, 160, h), l0_experts_up=(e, 160, h),
+                  l0_experts_down=(e, h, 160), l0_experts_gate_b=(e, 160),
+                  l0_experts_up_b=(e, 160))
+    whole = {k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()}
+    shards = [shard_weights(wide, whole, 4, rank, padding=padding) for rank in range(4)]
+    for rank, shard in enumerate(shards):
+        real = (64, 64, 32, 0)[rank]
+        for key in ("l0_experts_gate_b", "l0_experts_up_b"):
+            np.testing.assert_array_equal(shard[key][:, :real],
+                                          whole[key][:, rank * 64:rank * 64 + real])
+            assert not shard[key][:, real:].any()
+        assert shard["l0_experts_down"].shape == (e, h, 64)
+        assert not shard["l0_experts_down"][:, :, real:].any()
+    want = layer(whole, whole["l0_experts_down_b"])
+    got = sum(layer(shard, shard["l0_experts_down_b"]) for shard in shards)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------

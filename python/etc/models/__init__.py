@@ -126,8 +126,11 @@ def load(path, target: str = "cpu", schedule: str = "auto", workers: Optional[in
     too (those kernels have not run on a GPU yet); False widens them to
     `dtype` (the reference). Split over ranks, each rank keeps its share
     of the blocks: the rows of the Q, K, V, gate and up projections (and
-    experts), and the K blocks of the output and down projections. One of
-    those whose K / N is not whole blocks of its format (256 values for
+    experts), and the K blocks of the output and down projections. An MLP
+    width whose share per rank is not whole blocks of its down
+    projection's format is split in whole blocks, each rank's padded with
+    zero columns (`model.padded_widths`); an output projection whose K / N
+    (its heads) is not whole blocks of its format (256 values for
     the K-quants, 32 for the others) is widened on every rank with
     packed=None (a RuntimeWarning and `model.widened_weights` name it and
     why) and is a ValueError naming it, its block and N with packed=True.

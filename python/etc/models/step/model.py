@@ -47,7 +47,7 @@ class CompiledModel:
                  kv_cache_tokens: Optional[int] = None, kv_cache_memory: Optional[int] = None,
                  packed: Optional[bool] = None, lanes: Optional[int] = None,
                  min_ctas: Optional[int] = None):
-        from .parallel import shard_config, shard_weight
+        from .parallel import padded_blocks, shard_config, shard_weight
 
         config = checkpoint.config
         # None or "auto": the checkpoint's own (a bf16 checkpoint computes
@@ -59,7 +59,7 @@ class CompiledModel:
         #: Whether rank 0's `etc.models.engine.lockstep.Leader` runs the steps of
         #: every rank (serving), rather than every rank its own.
         self.led = False
-        self._shard = shard_config(config, tensor_parallel)
+        shard_config(config, tensor_parallel)  # the fields' errors first
         self.rank = 0
         if tensor_parallel > 1:
             from mpi4py import MPI
@@ -73,6 +73,11 @@ class CompiledModel:
         #: on every rank, name -> why (`kernel.widened_weights`).
         self.weight_formats, self.widened_weights = packed_split(
             checkpoint, packed, target=target, kernels=kernels, tensor_parallel=tensor_parallel)
+        #: The MLP widths split in whole blocks of their packed down
+        #: projections, each rank's share padded with zero columns
+        #: (`parallel.padded_blocks`: field -> block); {} when none is.
+        self.padded_widths = padded_blocks(config, self.weight_formats, tensor_parallel)
+        self._shard = shard_config(config, tensor_parallel, self.padded_widths)
         if self.widened_weights:
             warnings.warn(f"load: tensor_parallel={tensor_parallel} widens on every rank: "
                           + "; ".join(self.widened_weights.values()), RuntimeWarning,
@@ -142,7 +147,7 @@ class CompiledModel:
         # Each weight cut to this rank's share as it is read.
         split = None if tensor_parallel == 1 else \
             (lambda name, array: shard_weight(config, name, array, tensor_parallel, self.rank,
-                                              self.weight_formats.get(name)))
+                                              self.weight_formats.get(name), self.padded_widths))
         if isinstance(checkpoint, Checkpoint):
             # Read in the compute dtype's storage: a bf16 or f16 checkpoint
             # computed in its own dtype is never widened to float32 (an FP8
