@@ -45,7 +45,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                  "granitemoe": "GraniteMoeForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                  "gpt-oss": "GptOssForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
-                 "olmo2": "Olmo2ForCausalLM", "glm4": "Glm4ForCausalLM"}
+                 "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM",
+                 "glm4": "Glm4ForCausalLM"}
 #: The architectures whose RoPE rotates the first rope.dimension_count of
 #: each head (llama.cpp's phi3 and glm4; GLM-4's in interleaved pairs).
 _PARTIAL_ROTARY = ("phi3", "glm4")
@@ -243,6 +244,8 @@ class GGUFCheckpoint:
             config.update(families.qwen3moe_config(self, config))
         if a == "olmo2":
             config.update(families.olmo2_config(self, config))
+        if a == "olmoe":
+            config.update(families.olmoe_config(self))
         return config
 
     # -- tensors -------------------------------------------------------------
