@@ -13,6 +13,7 @@ tokens, GGUF Q8_0 packed) is test_families.py's, parametrised over it
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -64,7 +65,8 @@ def test_published_config():
     assert c.input_norms and not c.sandwich_norms and c.qk_norm and c.qk_norm_projection
     assert (c.head_dim, c.num_kv_heads, c.rope_theta, c.rope_scaling) == (128, 16, 1e4, None)
     assert not c.qkv_bias and not c.tie_word_embeddings and c.sliding_layers == ()
-    assert not c.shared_expert_intermediate_size and c.attention_scale == 128 ** -0.5
+    assert not c.shared_expert_intermediate_size
+    assert c.attention_scale == pytest.approx(128 ** -0.5)
     assert ModelConfig.from_dict(as_transformers5(OLMOE_1B_7B)) == c
     tiny = tiny_config(OLMOE)
     assert ModelConfig.from_dict(as_transformers5(tiny)) == ModelConfig.from_dict(tiny)
@@ -141,6 +143,32 @@ def test_weights_as_the_graph_names_them(tmp_path):
                        match=r"'model.layers.1.mlp.experts.2.up_proj.weight' \(layer 1 up_proj "
                              r"experts\) is missing"):
         Checkpoint(path).weights()
+
+
+def test_transformers5_fused_experts_read_alike(tmp_path):
+    """The experts as transformers 5 holds them and saves them with
+    `save_original_format=False` (`mlp.experts.gate_up_proj` (E, 2F, H):
+    each expert's gate rows then its up rows; `mlp.experts.down_proj` (E,
+    H, F)): the per-expert checkpoint's graph weights, bit for bit."""
+    from etc.models.loading.safetensors import save_file
+
+    config = tiny_config(OLMOE)
+    raw = checkpoint_tensors(config, 3)
+    want = Checkpoint(write_checkpoint(tmp_path / "v4", config, seed=3)).weights()
+    fused = {k: v for k, v in raw.items() if ".mlp.experts." not in k}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}.mlp.experts."
+        fused[p + "gate_up_proj"] = np.stack([np.concatenate(
+            [raw[f"{p}{j}.gate_proj.weight"], raw[f"{p}{j}.up_proj.weight"]]) for j in range(4)])
+        fused[p + "down_proj"] = np.stack([raw[f"{p}{j}.down_proj.weight"] for j in range(4)])
+    path = tmp_path / "v5"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(as_transformers5(config)))
+    save_file(path / "model.safetensors", fused, "F32")
+    got = Checkpoint(path).weights()
+    assert set(got) == set(want)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
 def test_refuses_tensor_parallelism():
