@@ -229,7 +229,10 @@ def make(llama_cpp: Path, directory: Path = DIRECTORY) -> None:
 #: projections; OLMo 3's window of 5 on layers 0 to 2 of 4, llama.cpp's
 #: fixed pattern; heads of hidden / heads = 8, the only size llama.cpp's
 #: olmo2 takes), GLM-4 (`glm4`: q/k/v biases, the fused gate/up in
-#: ffn_up, rope.dimension_count 8 of 16 in interleaved pairs).
+#: ffn_up, rope.dimension_count 8 of 16 in interleaved pairs). OLMoE
+#: (`olmoe`: q/k norms over the whole projections, 4 experts of 32 a layer,
+#: never renormalised; heads of hidden / heads and one KV head per head,
+#: what llama.cpp's olmoe takes: its q and k norms are n_embd wide).
 #: The case: config, seed of the sharp weights, the token sequence.
 RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
                     [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
@@ -276,7 +279,9 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
         # whose full tensors llama.cpp would need).
         "glm4_moe": (tiny_config("Glm4MoeForCausalLM", vocab_size=320,
                                  num_nextn_predict_layers=0), 25,
-                     [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
+                     [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+        "olmoe": (tiny_config("OlmoeForCausalLM", vocab_size=320), 27,
+                  [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
 
 
 def run_digest(config, weights: dict) -> str:

@@ -1,6 +1,6 @@
 """Goldens from Hugging Face transformers for the model families of
 test_families.py (Qwen2, Mistral, Gemma 3, Gemma 2, Phi-3, Phi-4-mini,
-SmolLM3, Qwen2-MoE, OLMo 2, OLMo 3, GLM-4, GLM-4.5): what `AutoModelForCausalLM`
+SmolLM3, Qwen2-MoE, OLMo 2, OLMo 3, OLMoE, GLM-4, GLM-4.5): what `AutoModelForCausalLM`
 computes for their tiny checkpoints (Granite, Granite MoE and
 GraniteMoeShared too; and
 `Gemma3ForConditionalGeneration`,
@@ -101,6 +101,9 @@ FAMILIES = {
     # OLMo 3: OLMo 2's layers, layer 0 sliding (window 5, plain RoPE),
     # layer 1 full (yarn, attention factor 1.2).
     "olmo3": tiny_config("Olmo3ForCausalLM"),
+    # OLMoE: Llama's pre-norm layers, q/k norms over the whole projections,
+    # 4 experts of 32 in every layer, 2 per token, not renormalised.
+    "olmoe": tiny_config("OlmoeForCausalLM"),
     # GLM-4: q/k/v biases, four norms of w, gate/up fused, RoPE on the
     # first 8 of each head's 16 dimensions in interleaved pairs.
     "glm4": tiny_config("Glm4ForCausalLM"),
@@ -114,7 +117,7 @@ FAMILIES = {
 SEEDS = {"qwen2": 11, "qwen2_window": 12, "mistral": 13, "gemma3": 14, "gemma2": 16,
          "phi3": 17, "phi4_mini": 19, "smollm3": 20, "granite": 19, "granite_moe": 20,
          "qwen2_moe": 21, "granite_moe_shared": 22, "olmo2": 21, "olmo3": 22, "glm4": 23,
-         "glm4_moe": 23}
+         "glm4_moe": 23, "olmoe": 24}
 #: Multimodal checkpoints whose text model ETC runs: the family's causal LM
 #: inside `Gemma3ForConditionalGeneration` or
 #: `Mistral3ForConditionalGeneration` (`write_checkpoint(...,
@@ -138,13 +141,13 @@ GPT_OSS_SEED = 19
 
 #: The dtypes of transformers 4's config style where not all of DTYPES (the
 #: suite's time): Granite's, Granite MoE's, Qwen2-MoE's, GraniteMoeShared's,
-#: OLMo 2's and GLM-4's in float32 and bfloat16 (f16 adds nothing their
+#: OLMo 2's, OLMoE's and GLM-4's in float32 and bfloat16 (f16 adds nothing their
 #: layers would not show in bf16); OLMo 3's in float32 (its layers are
 #: OLMo 2's, its windows Gemma's).
 V4_DTYPES = {"granite": ("f32", "bf16"), "granite_moe": ("f32", "bf16"),
              "qwen2_moe": ("f32", "bf16"), "granite_moe_shared": ("f32", "bf16"),
              "olmo2": ("f32", "bf16"), "glm4": ("f32", "bf16"), "olmo3": ("f32",),
-             "glm4_moe": ("f32", "bf16")}
+             "glm4_moe": ("f32", "bf16"), "olmoe": ("f32", "bf16")}
 #: The families whose transformers 4 goldens leave bfloat16 out: a bf16
 #: step kernel compiles for 20 to 30 s on the test machine, and theirs are
 #: Phi-3's and Llama's kinds (partial rotary and NoPE change the weights

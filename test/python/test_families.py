@@ -69,11 +69,11 @@ GGUF_FAMILIES = {
     "qwen2_moe": FAMILIES["qwen2_moe"],
     "granite_moe_shared": FAMILIES["granite_moe_shared"],
     # olmo2 (OLMo 3: with the window and a flag per layer); glm4 with
-    # rope.dimension_count 8 of 16, ffn_up the fused gate/up.
+    # rope.dimension_count 8 of 16, ffn_up the fused gate/up; olmoe.
     "olmo2": FAMILIES["olmo2"],
     # (llama.cpp's olmo2 takes no yarn of the full layers only.)
     "olmo3": tiny_config("Olmo3ForCausalLM", rope_scaling=None),
-    "glm4": FAMILIES["glm4"],
+    "glm4": FAMILIES["glm4"], "olmoe": FAMILIES["olmoe"],
     # GLM-4.5: exp_probs_b, the expert keys, the nextn layer in block_count.
     "glm4_moe": FAMILIES["glm4_moe"],
 }
@@ -82,9 +82,9 @@ GGUF_FAMILIES = {
 #: layers are Granite's and Mixtral's, GraniteMoeShared's Granite MoE's
 #: and a dense MLP's, OLMo 3's OLMo 2's with Gemma's windows.
 COVERED = ("granite_moe", "granite_moe_shared", "olmo3")
-#: Families that refuse tensor parallelism (OLMo 2's and 3's q/k norms
-#: span every head: test_olmo_glm.py checks the refusal).
-NO_TENSOR_PARALLEL = ("olmo2", "olmo3")
+#: Families that refuse tensor parallelism (OLMo 2's, 3's and OLMoE's q/k
+#: norms span every head: test_olmo_glm.py and test_olmoe.py check it).
+NO_TENSOR_PARALLEL = ("olmo2", "olmo3", "olmoe")
 
 
 @pytest.fixture(scope="module")

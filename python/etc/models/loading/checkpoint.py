@@ -313,7 +313,7 @@ class Checkpoint:
         name(s), shape, what it is, layout), the layout None, ("rows",
         start, stop) for a part of a fused projection (Phi-3), ("expert_rows",
         start, stop) for those rows of every expert of a stack (E, rows, in)
-        (transformers 5's fused Mixtral experts), "T" for a
+        (transformers 5's fused experts), "T" for a
         transposed matrix (a router), or "experts" for a MoE layer's stack
         of one projection (the name a list of each expert's tensor, the
         shape an expert's); gpt-oss's ("mxfp4", ...), ("stack_T", ...),
@@ -386,6 +386,8 @@ class Checkpoint:
                 plan += self._granite_moe_experts(i)
             elif c.is_sparse(i) and c.architecture == "GptOssForCausalLM":
                 plan += self._gpt_oss_experts(i)
+            elif c.is_sparse(i) and self._fused_experts_in(i):
+                plan += self._fused_experts(i)
             elif c.is_sparse(i):
                 e, f = c.num_experts, c.moe_intermediate_size
                 plan.append((f"l{i}_router", p + "mlp.gate.weight", (e, h), f"layer {i} router",
@@ -433,22 +435,39 @@ class Checkpoint:
         (E, h, f)."""
         c = self.config
         h, e, f = c.hidden_size, c.num_experts, c.moe_intermediate_size
-        fused = f"model.layers.{i}.mlp.experts."
-        if fused + "gate_up_proj" in self._where or fused + "down_proj" in self._where:
-            return [(f"l{i}_router", f"model.layers.{i}.mlp.gate.weight", (e, h),
-                     f"layer {i} router", "T"),
-                    (f"l{i}_experts_gate", fused + "gate_up_proj", (e, 2 * f, h),
-                     f"layer {i} fused expert gate/up projections", ("expert_rows", 0, f)),
-                    (f"l{i}_experts_up", fused + "gate_up_proj", (e, 2 * f, h),
-                     f"layer {i} fused expert gate/up projections", ("expert_rows", f, 2 * f)),
-                    (f"l{i}_experts_down", fused + "down_proj", (e, h, f),
-                     f"layer {i} expert down projections", None)]
+        if self._fused_experts_in(i):
+            return self._fused_experts(i)
         p = f"model.layers.{i}.block_sparse_moe."
         return [(f"l{i}_router", p + "gate.weight", (e, h), f"layer {i} router", "T")] + [
             (f"l{i}_experts_{key}", [f"{p}experts.{j}.{w}.weight" for j in range(e)], shape,
              f"layer {i} {key} experts ({w})", "experts")
             for key, w, shape in (("gate", "w1", (f, h)), ("up", "w3", (f, h)),
                                   ("down", "w2", (h, f)))]
+
+    def _fused_experts_in(self, i: int) -> bool:
+        """Whether layer `i`'s experts are stacked as transformers 5 holds
+        them (`mlp.experts.gate_up_proj`, `down_proj`)."""
+        fused = f"model.layers.{i}.mlp.experts."
+        return fused + "gate_up_proj" in self._where or fused + "down_proj" in self._where
+
+    def _fused_experts(self, i: int) -> list[tuple]:
+        """`_plan`'s entries of layer `i`'s router (`mlp.gate`) and experts
+        as transformers 5 holds them and saves them with
+        `save_original_format=False` (Mixtral's, OLMoE's, the Qwen MoEs'
+        classes alike): `mlp.experts.gate_up_proj` (E, 2 f, h: gate rows
+        then up rows, as `chunk(2)` splits them) and `mlp.experts.down_proj`
+        (E, h, f)."""
+        c = self.config
+        h, e, f = c.hidden_size, c.num_experts, c.moe_intermediate_size
+        fused = f"model.layers.{i}.mlp.experts."
+        return [(f"l{i}_router", f"model.layers.{i}.mlp.gate.weight", (e, h),
+                 f"layer {i} router", "T"),
+                (f"l{i}_experts_gate", fused + "gate_up_proj", (e, 2 * f, h),
+                 f"layer {i} fused expert gate/up projections", ("expert_rows", 0, f)),
+                (f"l{i}_experts_up", fused + "gate_up_proj", (e, 2 * f, h),
+                 f"layer {i} fused expert gate/up projections", ("expert_rows", f, 2 * f)),
+                (f"l{i}_experts_down", fused + "down_proj", (e, h, f),
+                 f"layer {i} expert down projections", None)]
 
     def _shared_expert(self, i: int) -> list[tuple]:
         """`_plan`'s entries of the shared expert of sparse layer `i`:

@@ -3,7 +3,7 @@
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
 Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3,
 SmolLM3, Granite, Granite MoE (with shared experts too), gpt-oss, OLMo 2, OLMo 3,
-GLM-4, GLM-4.5; and the text
+OLMoE, GLM-4, GLM-4.5; and the text
 model of Gemma 3's and Mistral 3's multimodal configs, `multimodal`), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
@@ -33,16 +33,17 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                  "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                  "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
                  "GptOssForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeSharedForCausalLM",
-                 *families.OLMO, families.GLM4, moe_fields.GLM4_MOE)
+                 *families.OLMO, families.OLMOE, families.GLM4, moe_fields.GLM4_MOE)
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
 #: IBM Granite 3.x: Llama's layers with four scalar multipliers (`config_families.granite`).
 _GRANITE = ("GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
 #: The MoE architectures with a sparse block in every layer, read by
-#: `moe_fields.mixtral` (its `intermediate_size` is the experts' width).
+#: `moe_fields.mixtral` (OLMoE's by `moe_fields.olmoe`): their
+#: `intermediate_size` is the experts' width.
 _EVERY_LAYER_SPARSE = ("MixtralForCausalLM", "GraniteMoeForCausalLM", "GptOssForCausalLM",
-                       "GraniteMoeSharedForCausalLM")
+                       "GraniteMoeSharedForCausalLM", families.OLMOE)
 #: Architectures refused by name, with why (not merely "not supported").
 _REFUSED = {
     "GraniteMoeHybridForCausalLM": "Granite 4: hybrid Mamba-2 and attention layers; ETC "
@@ -397,6 +398,8 @@ class ModelConfig:
             moe = moe_fields.qwen_moe(config, where, architecture, layers, need, flag)
         elif architecture == moe_fields.GLM4_MOE:
             moe = moe_fields.glm4_moe(config, where, layers, need, flag)
+        elif architecture == families.OLMOE:
+            moe = moe_fields.olmoe(config, where, layers, need, flag)
         elif architecture in _EVERY_LAYER_SPARSE:
             moe = moe_fields.mixtral(config, where, layers, need, flag, architecture)
             if architecture == "GraniteMoeSharedForCausalLM":

@@ -1,7 +1,8 @@
 """The config fields of the families whose layers differ from Llama's in
 ways `ModelConfig.from_dict` reads through a family reader: Granite's
 multipliers, SmolLM3's NoPE layers and window, OLMo 2's and OLMo 3's
-post-norm layers, GLM-4's sandwich norms and interleaved partial RoPE.
+post-norm layers, OLMoE's whole-projection q/k norms, GLM-4's sandwich
+norms and interleaved partial RoPE.
 Each reader takes the parsed config.json and returns `ModelConfig` fields,
 raising `UnsupportedConfigError` naming the field for what it cannot
 compute as transformers does."""
@@ -10,13 +11,17 @@ from __future__ import annotations
 
 from .fields import UnsupportedConfigError, positive_int, positive_number
 
-__all__ = ["OLMO", "GLM4", "DEFAULT_HEAD_DIM", "DEFAULT_PARTIAL_ROTARY", "family_layers",
+__all__ = ["OLMO", "OLMOE", "GLM4", "DEFAULT_HEAD_DIM", "DEFAULT_PARTIAL_ROTARY", "family_layers",
            "olmo3_rope", "granite", "nope_layers", "smollm3_window"]
 
 #: OLMo 2 and OLMo 3 (allenai): no norm before the attention or the MLP,
 #: a norm of each one's output before its residual add, q/k RMSNorms over
 #: the whole projection; OLMo 3 slides a window on 3 of every 4 layers.
 OLMO = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
+#: OLMoE (allenai OLMoE-1B-7B): Llama's pre-norm layers with OLMo 2's q/k
+#: norms over the whole projection and a sparse MoE block in every layer
+#: (`moe_fields.olmoe`).
+OLMOE = "OlmoeForCausalLM"
 #: GLM-4 (THUDM/zai-org GLM-4-0414, GLM-Z1): q/k/v biases, Gemma 2's four
 #: norms (of w, not 1 + w), a fused gate/up projection, and RoPE on the
 #: first half of each head in GPT-J's interleaved pairs.
@@ -30,25 +35,52 @@ DEFAULT_PARTIAL_ROTARY = {GLM4: 0.5}
 
 
 def family_layers(config: dict, where: str, architecture: str, flag) -> dict:
-    """The layer fields of OLMo 2 / 3 and GLM-4 (`ModelConfig`'s
+    """The layer fields of OLMo 2 / 3, OLMoE and GLM-4 (`ModelConfig`'s
     `input_norms`, `sandwich_norms`, `qk_norm`, `qk_norm_projection`,
     `rope_interleaved`, and GLM-4's q/k/v biases as `attention_bias`, its
     default true); {} for the other architectures. `flag(name, default)`
     reads a JSON boolean."""
-    if architecture in OLMO:
+    if architecture in OLMO or architecture == OLMOE:
         clip = config.get("clip_qkv")
         if clip is not None:
+            # (OlmoeAttention clamps q, k and v to it; Olmo2's ignores it.)
             raise UnsupportedConfigError(
                 f"{where}: field 'clip_qkv' = {clip!r} is not supported (OLMo 1's clamping "
-                f"of q, k and v: {architecture} has q/k norms instead, and transformers' class "
-                f"ignores the field)")
+                f"of q, k and v: {architecture} has q/k norms instead)")
+    if architecture in OLMO:
         return dict(input_norms=False, sandwich_norms=True, qk_norm=True,
                     qk_norm_projection=True)
+    if architecture == OLMOE:
+        return _olmoe_attention(config, where)
     if architecture == GLM4:
         # Glm4Config's q/k/v biases default to present; o has none.
         return dict(attention_bias=flag("attention_bias", True), sandwich_norms=True,
                     rope_interleaved=True)
     return {}
+
+
+def _olmoe_attention(config: dict, where: str) -> dict:
+    """OLMoE's attention fields, as transformers' OlmoeAttention reads
+    them: q/k norms over the whole projection; its q_norm is
+    `hidden_size` wide and its k_norm (hidden / heads) x KV heads, so a
+    `head_dim` other than hidden / heads (which it would use for the
+    projections) is refused; `sliding_window`, which it hands to the
+    attention kernels (flash attention honours it, the default SDPA and
+    eager ones ignore it), is refused when set."""
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    head_dim = config.get("head_dim")
+    if head_dim is not None and isinstance(hidden, int) and isinstance(heads, int) and \
+            heads > 0 and head_dim != hidden // heads:
+        raise UnsupportedConfigError(
+            f"{where}: field 'head_dim' = {head_dim!r} is not supported for {OLMOE}: its "
+            f"q_norm and k_norm are of hidden_size / num_attention_heads = {hidden // heads} "
+            f"per head")
+    if config.get("sliding_window") is not None:
+        raise UnsupportedConfigError(
+            f"{where}: field 'sliding_window' = {config['sliding_window']!r} is not supported "
+            f"for {OLMOE} (transformers' attention is full under its default SDPA and eager "
+            f"kernels, windowed under flash attention)")
+    return dict(qk_norm=True, qk_norm_projection=True)
 
 
 #: Olmo3Config's RoPE base (its `default_theta`).

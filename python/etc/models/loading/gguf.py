@@ -45,8 +45,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                  "granitemoe": "GraniteMoeForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                  "gpt-oss": "GptOssForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
-                 "olmo2": "Olmo2ForCausalLM", "glm4": "Glm4ForCausalLM",
-                 "glm4moe": "Glm4MoeForCausalLM"}
+                 "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM",
+                 "glm4": "Glm4ForCausalLM", "glm4moe": "Glm4MoeForCausalLM"}
 #: The architectures whose RoPE rotates the first rope.dimension_count of
 #: each head (llama.cpp's phi3, glm4 and glm4moe; GLM-4's in interleaved
 #: pairs).
@@ -247,6 +247,8 @@ class GGUFCheckpoint:
             config.update(families.olmo2_config(self, config))
         if a == "glm4moe":
             config.update(families.glm4moe_config(self, config))
+        if a == "olmoe":
+            config.update(families.olmoe_config(self))
         return config
 
     # -- tensors -------------------------------------------------------------

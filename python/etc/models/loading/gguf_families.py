@@ -90,6 +90,21 @@ def qwen3moe_config(ckpt, config: dict) -> dict:
     }
 
 
+def olmoe_config(ckpt) -> dict:
+    """OLMoE's experts as llama.cpp's olmoe reads them: `.expert_count`,
+    `.expert_used_count`, each of `.feed_forward_length` (config.json's
+    `intermediate_size`, read with the common keys), never renormalised
+    (llama.cpp's olmoe builds its MoE without; an `.expert_weights_norm`
+    of true is refused)."""
+    norm = ckpt._key("expert_weights_norm")
+    if norm:
+        raise UnsupportedConfigError(
+            f"{ckpt.path}: GGUF metadata olmoe.expert_weights_norm = {norm!r} is not supported "
+            f"(llama.cpp's olmoe never renormalises the chosen weights)")
+    return {"num_experts": ckpt._key("expert_count"),
+            "num_experts_per_tok": ckpt._key("expert_used_count"), "norm_topk_prob": False}
+
+
 def longrope(ckpt, rotated: int) -> dict:
     """Phi-3's LongRoPE as llama.cpp's converter stores it: the long and
     short factors as tensors `rope_factors_long/short` (rotated / 2

@@ -1,9 +1,9 @@
 """The MoE fields of the MoE configs and of the shared experts, read for
 `config.ModelConfig.from_dict`: Qwen3-MoE's and Qwen2-MoE's routed experts
-(`qwen_moe`; Qwen2-MoE's shared expert with its sigmoid gate too),
-Mixtral's (and Granite MoE's, gpt-oss's: `mixtral`), Granite MoE's shared
-MLP (`granite_shared`) and GLM-4.5's sigmoid-routed experts, shared
-experts and attention fields (`glm4_moe`)."""
+(`qwen_moe`; Qwen2-MoE's shared expert with its sigmoid gate too), OLMoE's
+(`olmoe`), Mixtral's (and Granite MoE's, gpt-oss's: `mixtral`), Granite
+MoE's shared MLP (`granite_shared`) and GLM-4.5's sigmoid-routed experts,
+shared experts and attention fields (`glm4_moe`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import math
 
 from .fields import UnsupportedConfigError, positive_int, positive_number
 
-__all__ = ["QWEN_MOE", "GLM4_MOE", "qwen_moe", "mixtral", "granite_shared", "glm4_moe"]
+__all__ = ["QWEN_MOE", "GLM4_MOE", "qwen_moe", "olmoe", "mixtral", "granite_shared",
+           "glm4_moe"]
 
 #: GLM-4.5's architecture (GLM-4.5, GLM-4.5-Air, GLM-4.6).
 GLM4_MOE = "Glm4MoeForCausalLM"
@@ -60,14 +61,52 @@ def qwen_moe(config: dict, where: str, architecture: str, layers: int, need, fla
                                          f"is not supported for {architecture} (its layers "
                                          f"have no shared expert)")
         return out
-    flag("output_router_logits", False)  # training only; checked: a JSON boolean
+    _training_fields(config, where, flag)
+    out.update(shared_expert_intermediate_size=need("shared_expert_intermediate_size"),
+               shared_expert_gate=True, qkv_bias=flag("qkv_bias", True))
+    return out
+
+
+def olmoe(config: dict, where: str, layers: int, need, flag) -> dict:
+    """OLMoE's MoE fields (`ModelConfig`'s MoE fields), as transformers'
+    OlmoeConfig and OlmoeTopKRouter read them: a sparse block in every
+    layer, `num_experts` experts (`num_local_experts`, its alias, accepted;
+    a contradicting one refused) of width `intermediate_size`,
+    `num_experts_per_tok` per token, the softmax over every expert's logit,
+    top-k, the k weights renormalised only when `norm_topk_prob` (default
+    false, as in the published configs). `output_router_logits` and
+    `router_aux_loss_coef` (training only) are checked to be what they
+    mean."""
+    experts, alias = config.get("num_experts"), config.get("num_local_experts")
+    if experts is None:
+        experts = alias
+    elif alias is not None and alias != experts:
+        raise UnsupportedConfigError(f"{where}: field 'num_local_experts' = {alias!r} "
+                                     f"contradicts num_experts = {experts!r} (OlmoeConfig's "
+                                     f"alias of it); keep one")
+    if experts is None:
+        raise UnsupportedConfigError(f"{where}: field 'num_experts' is missing (required for "
+                                     f"OlmoeForCausalLM)")
+    experts = positive_int(where, "num_experts", experts)
+    per_token = need("num_experts_per_tok")
+    if per_token > experts:
+        raise UnsupportedConfigError(f"{where}: field 'num_experts_per_tok' = {per_token} "
+                                     f"exceeds num_experts = {experts}")
+    _training_fields(config, where, flag)
+    return {"num_experts": experts, "num_experts_per_tok": per_token,
+            "moe_intermediate_size": need("intermediate_size"),
+            "norm_topk_prob": flag("norm_topk_prob", False),
+            "sparse_layers": tuple(range(layers))}
+
+
+def _training_fields(config: dict, where: str, flag) -> None:
+    """Checks the router's training-only fields: `output_router_logits` a
+    JSON boolean, `router_aux_loss_coef` a number."""
+    flag("output_router_logits", False)
     coef = config.get("router_aux_loss_coef")
     if coef is not None and (isinstance(coef, bool) or not isinstance(coef, (int, float))):
         raise UnsupportedConfigError(f"{where}: field 'router_aux_loss_coef' = {coef!r} must "
                                      f"be a number (training-only loss weight)")
-    out.update(shared_expert_intermediate_size=need("shared_expert_intermediate_size"),
-               shared_expert_gate=True, qkv_bias=flag("qkv_bias", True))
-    return out
 
 
 def mixtral(config: dict, where: str, layers: int, need, flag,

@@ -65,7 +65,8 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "Qwen2MoeForCausalLM": "qwen2_moe",
                 "GraniteMoeSharedForCausalLM": "granitemoeshared",
                 "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo3",
-                "Glm4ForCausalLM": "glm4", "Glm4MoeForCausalLM": "glm4_moe"}
+                "OlmoeForCausalLM": "olmoe", "Glm4ForCausalLM": "glm4",
+                "Glm4MoeForCausalLM": "glm4_moe"}
 
 #: The tiny Granite configs' multipliers: far from 1, so that a model that
 #: drops one moves the logits by 0.7 (embedding) to 3 (attention) times
@@ -227,6 +228,17 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
                                         "original_max_position_embeddings": 16,
                                         "attention_factor": 1.2, "beta_fast": 32.0,
                                         "beta_slow": 1.0}})
+    if architecture == "OlmoeForCausalLM":
+        # As OLMoE-1B-7B's config.json: no head_dim (hidden / heads: its q
+        # norm is hidden_size wide), as many KV heads as heads, 4 experts of
+        # 32 (whole Q8_0 blocks) in intermediate_size, 2 per token, not
+        # renormalised, clip_qkv null, training-only router fields, untied.
+        del config["head_dim"]
+        config.update({"num_key_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2,
+                       "intermediate_size": 32, "norm_topk_prob": False, "clip_qkv": None,
+                       "output_router_logits": False, "router_aux_loss_coef": 0.01,
+                       "tie_word_embeddings": False, "attention_dropout": 0.0,
+                       "pad_token_id": 1})
     if architecture == "Glm4ForCausalLM":
         # As GLM-4-9B-0414's config.json: q/k/v biases, RoPE on half of
         # each head (8 of 16 dimensions), untied; transformers' default
@@ -380,7 +392,8 @@ def tensor_shapes(config: dict) -> dict:
     qwen2 = qwen2 or glm4_moe and config.get("attention_bias", False)
     qk_norm = qwen3 or config["architectures"][0] == "Gemma3ForCausalLM" or \
         glm4_moe and config.get("use_qk_norm", False)
-    moe = config["architectures"][0] in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
+    olmoe = config["architectures"][0] == "OlmoeForCausalLM"
+    moe = olmoe or config["architectures"][0] in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
     shared = config.get("shared_expert_intermediate_size") or \
         config.get("shared_intermediate_size") or 0
     if glm4_moe:
@@ -421,7 +434,7 @@ def tensor_shapes(config: dict) -> dict:
         if qk_norm:
             t[p + "self_attn.q_norm.weight"] = (d,)
             t[p + "self_attn.k_norm.weight"] = (d,)
-        if olmo:  # over the whole projection
+        if olmo or olmoe:  # over the whole projection
             t[p + "self_attn.q_norm.weight"] = (heads * d,)
             t[p + "self_attn.k_norm.weight"] = (kv * d,)
         if glm4:  # of the attention's output (post_attention_layernorm: the MLP's input)
@@ -463,8 +476,8 @@ def tensor_shapes(config: dict) -> dict:
                 t[p + "shared_mlp.input_linear.weight"] = (2 * shared, h)
                 t[p + "shared_mlp.output_linear.weight"] = (h, shared)
         elif i in sparse:
-            e, f = config.get("num_experts") or config["n_routed_experts"], \
-                config["moe_intermediate_size"]
+            e = config.get("num_experts") or config["n_routed_experts"]
+            f = config["intermediate_size" if olmoe else "moe_intermediate_size"]
             t[p + "mlp.gate.weight"] = (e, h)
             if glm4_moe:
                 t[p + "mlp.gate.e_score_correction_bias"] = (e,)

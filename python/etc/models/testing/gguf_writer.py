@@ -30,7 +30,8 @@ _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama
                        # (the converter's GraniteMoeModel writes both)
                        "GraniteMoeSharedForCausalLM": "granitemoe",
                        "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo2",
-                       "Glm4ForCausalLM": "glm4", "Glm4MoeForCausalLM": "glm4moe"}
+                       "OlmoeForCausalLM": "olmoe", "Glm4ForCausalLM": "glm4",
+                       "Glm4MoeForCausalLM": "glm4moe"}
 #: The GGUF architectures whose Q and K rows llama.cpp's converter permutes
 #: (its LlamaModel's, rotated in pairs by llama.cpp's NORM RoPE).
 _PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
@@ -167,7 +168,7 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         out = {name: array + np.float32(1.0) if name.endswith("norm.weight") else array
                for name, array in out.items()}
     mixtral = config["architectures"][0] == "MixtralForCausalLM"
-    if architecture in ("qwen3moe", "qwen2moe", "glm4moe") or mixtral:
+    if architecture in ("qwen3moe", "qwen2moe", "glm4moe", "olmoe") or mixtral:
         p, projs, experts = ("block_sparse_moe.experts.", ("w1", "w3", "w2"),
                              config["num_local_experts"]) if mixtral else \
             ("mlp.experts.", ("gate_proj", "up_proj", "down_proj"),
@@ -264,9 +265,10 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
             writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
             writer.add_rope_scaling_factor(scaling["factor"])
             writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
-    if architecture in ("qwen3moe", "qwen2moe") or mixtral:
+    if architecture in ("qwen3moe", "qwen2moe", "olmoe") or mixtral:
         # (llama.cpp's converter: Mixtral is llama with experts, each of
-        # feed_forward_length, softmax weights renormalised over the chosen.)
+        # feed_forward_length, softmax weights renormalised over the chosen;
+        # OLMoE's of feed_forward_length too, never renormalised.)
         writer.add_expert_count(experts)
         writer.add_expert_used_count(config["num_experts_per_tok"])
     if architecture == "qwen3moe":
