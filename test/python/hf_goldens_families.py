@@ -1,13 +1,12 @@
 """Goldens from Hugging Face transformers for the model families of
 test_families.py (Qwen2, Mistral, Gemma 3, Gemma 2, Phi-3, Phi-4-mini,
-SmolLM3, Qwen2-MoE, OLMo 2, OLMo 3, OLMoE, GLM-4, GLM-4.5): what `AutoModelForCausalLM`
-computes for their tiny checkpoints (Granite, Granite MoE and
-GraniteMoeShared too; and
-`Gemma3ForConditionalGeneration`,
+SmolLM3, Granite, Granite MoE, GraniteMoeShared, Qwen2-MoE, OLMo 2, OLMo 3,
+OLMoE, GLM-4, GLM-4.5): what `AutoModelForCausalLM` computes for their tiny
+checkpoints (and `Gemma3ForConditionalGeneration`,
 `Mistral3ForConditionalGeneration` for Gemma 3's and Mistral's inside a
-multimodal checkpoint, on text-only input: `MULTIMODAL`), kept in test/python/goldens/ so that
-the tests compare ETC with an outside implementation where torch is not
-installed.
+multimodal checkpoint, on text-only input: `MULTIMODAL`), kept in
+test/python/goldens/ so that the tests compare ETC with an outside
+implementation where torch is not installed.
 
     python test/python/hf_goldens_families.py [--check]
 
