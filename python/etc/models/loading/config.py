@@ -359,7 +359,8 @@ class ModelConfig:
                                 families.GLM4, moe_fields.GLM4_MOE):
             # Qwen2's q/k/v projections always have biases (Qwen2-MoE's:
             # `qkv_bias`) and its o projection never has one: transformers
-            # ignores the field.
+            # ignores the field. gpt-oss, GLM-4 and GLM-4.5 read it
+            # (`_gpt_oss`, `config_families`, `moe_fields`).
             refuse("attention_bias", (False, None), "q/k/v/o projections have no bias")
         refuse("mlp_bias", (False, None), "MLP projections have no bias")
         refuse("attention_dropout", (0, 0.0, None), "inference uses no dropout")

@@ -153,7 +153,7 @@ def mixtral_config(ckpt, config: dict) -> dict:
         if ckpt._key(key):
             raise UnsupportedConfigError(
                 f"{ckpt.path}: GGUF metadata {a}.{key} = {ckpt._key(key)} is not "
-                f"supported (no shared experts)")
+                f"supported: llama.cpp's llama (Mixtral) runs no shared experts")
     return {"architectures": ["MixtralForCausalLM"],
             "num_local_experts": ckpt._key("expert_count"),
             "num_experts_per_tok": ckpt._key("expert_used_count")}
