@@ -269,6 +269,22 @@ class Golden:
             f"{int(np.sum(errors > 1))} of {len(errors)} positions are outside it")
         return errors
 
+    def check_reference(self, config, weights: dict, misreadings: dict) -> None:
+        """Asserts that the NumPy forward pass (`etc.models.step.reference`)
+        of `config` and `weights` is within the tolerance of transformers'
+        logits, and that each of `misreadings` (what -> a function of
+        (config, weights) giving the misread pair) is outside it."""
+        from etc.models.step import reference
+
+        def logits(config, weights):
+            return np.concatenate([reference.forward(config, weights, s[:-1])
+                                   for s in self.sequences()])
+
+        self.check_logits(logits(config, weights))
+        for what, misread in misreadings.items():
+            assert self.errors(logits(*misread(config, weights))).max() > 1, (
+                f"{self.name}: {what}: still within the golden's tolerance")
+
     def check_tokens(self, tokens: list) -> None:
         """Asserts that the greedy `tokens` (per prompt) are transformers',
         up to the first one rounding could change."""
