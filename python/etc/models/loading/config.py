@@ -637,7 +637,7 @@ def _gemma(config: dict, where: str, architecture: str, hidden: int,
 
 #: transformers' default RoPE base where it is not 1e4.
 _DEFAULT_THETA = {"MixtralForCausalLM": 1_000_000.0, "SmolLM3ForCausalLM": 2_000_000.0,
-                  "Olmo3ForCausalLM": 500_000.0}
+                  "Olmo3ForCausalLM": families.OLMO3_THETA}
 
 #: GptOssConfig's RoPE when config.json gives none: yarn, factor 32 over
 #: 4096 positions, base 150000.

@@ -13,7 +13,7 @@ from .fields import UnsupportedConfigError, positive_int, positive_number
 from .moe_fields import GLM4_MOE
 
 __all__ = ["OLMO", "OLMOE", "GLM4", "DEFAULT_HEAD_DIM", "DEFAULT_PARTIAL_ROTARY", "family_layers",
-           "olmo3_rope", "granite", "nope_layers", "smollm3_window"]
+           "OLMO3_THETA", "olmo3_rope", "granite", "nope_layers", "smollm3_window"]
 
 #: OLMo 2 and OLMo 3 (allenai): no norm before the attention or the MLP,
 #: a norm of each one's output before its residual add, q/k RMSNorms over
