@@ -10,7 +10,7 @@ source weights and llama.cpp's logits of the files to compare them with.
 
 writes test/python/goldens/<arch>-q8_0.gguf and gguf-<arch>.npz (and
 `--runs`, alone: gguf-<arch>-llama-cpp.npz, llama.cpp's logits of the
-files `write_gguf` writes for RUNS: Mixtral, below; `--mxfp4`, alone:
+files `write_gguf` writes for RUNS' families, below; `--mxfp4`, alone:
 <arch>-mxfp4_moe.gguf and gguf-<arch>-mxfp4_moe.npz, llama.cpp's
 MXFP4_MOE quantization of such a file of Qwen3-MoE and its logits of it,
 MXFP4_MOE below). It needs
@@ -216,6 +216,9 @@ def make(llama_cpp: Path, directory: Path = DIRECTORY) -> None:
 # Files written by etc.models.testing, run by llama.cpp
 # ----------------------------------------------------------------------
 
+#: The token sequence of every case.
+_RUN = [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]
+
 #: Architectures whose GGUF file is `write_gguf`'s (the converter's layout
 #: through the `gguf` package), float32, run by llama.cpp: Mixtral, which
 #: llama.cpp's converter writes as llama with experts; Phi-4-mini's shape
@@ -235,7 +238,7 @@ def make(llama_cpp: Path, directory: Path = DIRECTORY) -> None:
 #: what llama.cpp's olmoe takes: its q and k norms are n_embd wide).
 #: The case: config, seed of the sharp weights, the token sequence.
 RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
-                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+                    _RUN),
         "phi4_mini": (tiny_config("Phi3ForCausalLM", vocab_size=320, intermediate_size=64,
                                   head_dim=8, partial_rotary_factor=0.75, sliding_window=None,
                                   tie_word_embeddings=True, max_position_embeddings=128,
@@ -243,45 +246,45 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
                                   rope_scaling={"type": "longrope",
                                                 "short_factor": [1.0, 1.25, 2.0],
                                                 "long_factor": [1.5, 3.0, 8.0]}), 22,
-                      [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+                      _RUN),
         "smollm3": (tiny_config("SmolLM3ForCausalLM", vocab_size=320, intermediate_size=64,
                                 num_hidden_layers=4), 23,
-                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+                    _RUN),
         "granite": (tiny_config("GraniteForCausalLM", vocab_size=320), 22,
-                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+                    _RUN),
         "granite_moe": (tiny_config("GraniteMoeForCausalLM", vocab_size=320), 23,
-                        [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+                        _RUN),
         # Shared experts: Qwen2-MoE (`qwen2moe`: ffn_*_shexp, the gate
         # vector ffn_gate_inp_shexp, q/k/v biases; llama.cpp's qwen2moe
         # takes the head size from hidden / heads) and GraniteMoeShared
         # (`granitemoe` with expert_shared_feed_forward_length).
         "qwen2_moe": (tiny_config("Qwen2MoeForCausalLM", vocab_size=320, head_dim=8), 24,
-                      [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+                      _RUN),
         "granite_moe_shared": (tiny_config("GraniteMoeSharedForCausalLM", vocab_size=320), 24,
-                               [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+                               _RUN),
         # gpt-oss (`gpt-oss`: sinks, q/k/v/o biases, window 3 on layer 0,
         # yarn, experts with biases), llama.cpp's clamp of 7.
         "gpt_oss": (tiny_config("GptOssForCausalLM", vocab_size=320, swiglu_limit=7.0), 23,
-                    [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+                    _RUN),
         "olmo2": (tiny_config("Olmo2ForCausalLM", vocab_size=320, intermediate_size=64,
                               head_dim=8), 24,
-                  [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+                  _RUN),
         "olmo3": (tiny_config("Olmo3ForCausalLM", vocab_size=320, intermediate_size=64,
                               head_dim=8, num_hidden_layers=4, rope_scaling=None,
                               layer_types=["sliding_attention"] * 3 +
                               ["full_attention"]), 25,
-                  [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+                  _RUN),
         "glm4": (tiny_config("Glm4ForCausalLM", vocab_size=320, intermediate_size=64), 26,
-                 [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+                 _RUN),
         # GLM-4.5 (`glm4moe`: exp_probs_b, expert_gating_func sigmoid,
         # expert_weights_scale, leading_dense_block_count, shared experts,
         # q/k/v biases and norms, half of each head rotated; no nextn layer,
         # whose full tensors llama.cpp would need).
         "glm4_moe": (tiny_config("Glm4MoeForCausalLM", vocab_size=320,
                                  num_nextn_predict_layers=0), 25,
-                     [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]),
+                     _RUN),
         "olmoe": (tiny_config("OlmoeForCausalLM", vocab_size=320), 27,
-                  [17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52])}
+                  _RUN)}
 
 
 def run_digest(config, weights: dict) -> str:

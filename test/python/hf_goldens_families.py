@@ -1,13 +1,12 @@
 """Goldens from Hugging Face transformers for the model families of
 test_families.py (Qwen2, Mistral, Gemma 3, Gemma 2, Phi-3, Phi-4-mini,
-SmolLM3, Qwen2-MoE, OLMo 2, OLMo 3, OLMoE, GLM-4, GLM-4.5): what `AutoModelForCausalLM`
-computes for their tiny checkpoints (Granite, Granite MoE and
-GraniteMoeShared too; and
-`Gemma3ForConditionalGeneration`,
+SmolLM3, Granite, Granite MoE, GraniteMoeShared, Qwen2-MoE, OLMo 2, OLMo 3,
+OLMoE, GLM-4, GLM-4.5): what `AutoModelForCausalLM` computes for their tiny
+checkpoints (and `Gemma3ForConditionalGeneration`,
 `Mistral3ForConditionalGeneration` for Gemma 3's and Mistral's inside a
-multimodal checkpoint, on text-only input: `MULTIMODAL`), kept in test/python/goldens/ so that
-the tests compare ETC with an outside implementation where torch is not
-installed.
+multimodal checkpoint, on text-only input: `MULTIMODAL`), kept in
+test/python/goldens/ so that the tests compare ETC with an outside
+implementation where torch is not installed.
 
     python test/python/hf_goldens_families.py [--check]
 
@@ -269,6 +268,22 @@ class Golden:
             f"({tolerance(self.config, self.dtype):.3g} of their rms); "
             f"{int(np.sum(errors > 1))} of {len(errors)} positions are outside it")
         return errors
+
+    def check_reference(self, config, weights: dict, misreadings: dict) -> None:
+        """Asserts that the NumPy forward pass (`etc.models.step.reference`)
+        of `config` and `weights` is within the tolerance of transformers'
+        logits, and that each of `misreadings` (what -> a function of
+        (config, weights) giving the misread pair) is outside it."""
+        from etc.models.step import reference
+
+        def logits(config, weights):
+            return np.concatenate([reference.forward(config, weights, s[:-1])
+                                   for s in self.sequences()])
+
+        self.check_logits(logits(config, weights))
+        for what, misread in misreadings.items():
+            assert self.errors(logits(*misread(config, weights))).max() > 1, (
+                f"{self.name}: {what}: still within the golden's tolerance")
 
     def check_tokens(self, tokens: list) -> None:
         """Asserts that the greedy `tokens` (per prompt) are transformers',

@@ -15,6 +15,7 @@ test_families.py's, parametrised over it (`hf_goldens_families.FAMILIES`)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -24,7 +25,8 @@ from etc.models.loading.config import ModelConfig, UnsupportedConfigError
 from etc.models.loading.gguf import GGUFCheckpoint
 from etc.models.step import reference
 from etc.models.step.parallel import shard_config, shard_weights
-from etc.models.testing import as_transformers5, tiny_config, write_checkpoint, write_gguf
+from etc.models.testing import (as_transformers5, checkpoint_tensors, tiny_config,
+                                write_checkpoint, write_gguf)
 
 import hf_goldens_families as goldens
 
@@ -117,6 +119,31 @@ def test_weights_read_and_the_prediction_layer_skipped(checkpoint):
     assert "l0_selection_bias" not in weights and "l1_w_gate" not in weights
 
 
+def test_transformers5_fused_experts_read_alike(checkpoint, tmp_path):
+    """The experts as transformers 5 holds them and saves them with
+    `save_original_format=False` (`mlp.experts.gate_up_proj` (E, 2F, H),
+    `mlp.experts.down_proj` (E, H, F)): the per-expert checkpoint's graph
+    weights, bit for bit, the router's selection bias among them."""
+    from etc.models.loading.safetensors import save_file
+
+    config = tiny_config(GLM)
+    raw = checkpoint_tensors(config, 4)
+    fused = {k: v for k, v in raw.items() if ".mlp.experts." not in k}
+    p = "model.layers.1.mlp.experts."  # (layer 0 is dense)
+    experts = range(config["n_routed_experts"])
+    fused[p + "gate_up_proj"] = np.stack([np.concatenate(
+        [raw[f"{p}{j}.gate_proj.weight"], raw[f"{p}{j}.up_proj.weight"]]) for j in experts])
+    fused[p + "down_proj"] = np.stack([raw[f"{p}{j}.down_proj.weight"] for j in experts])
+    path = tmp_path / "v5"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(as_transformers5(config)))
+    save_file(path / "model.safetensors", fused, "F32")
+    got, want = Checkpoint(path).weights(), checkpoint.weights()
+    assert set(got) == set(want) and "l1_selection_bias" in got
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
 def _rms_change(config, weights, changed_config=None, changed_weights=None) -> float:
     want = reference.forward(config, weights, PROMPT)
     got = reference.forward(changed_config or config, changed_weights or weights, PROMPT)
@@ -185,8 +212,9 @@ def test_gguf_reads_as_the_checkpoint(checkpoint, tmp_path):
     """A glm4moe file as llama.cpp's converter lays it out (block_count
     counting the multi-token-prediction layer, exp_probs_b, the expert
     keys, rope.dimension_count half the head) reads as the checkpoint:
-    the same config and weights; a softmax gating function is refused,
-    and a rope.dimension_count of the whole head is read as such."""
+    the same config and weights; a softmax gating function and a
+    nextn_predict_layers that is no count are refused, and a
+    rope.dimension_count of the whole head is read as such."""
     config = tiny_config(GLM)
     gg = GGUFCheckpoint(write_gguf(tmp_path / "glm.gguf", config, seed=4))
     assert gg.config == checkpoint.config and gg.config.num_layers == 2
@@ -198,6 +226,10 @@ def test_gguf_reads_as_the_checkpoint(checkpoint, tmp_path):
                                                      r"supported: GLM-4.5 routes by sigmoid"):
         GGUFCheckpoint(write_gguf(tmp_path / "softmax.gguf", config,
                                   metadata={"glm4moe.expert_gating_func": 1})).config
+    with pytest.raises(UnsupportedConfigError, match=r"glm4moe.nextn_predict_layers = '1' "
+                                                     r"must be a non-negative integer"):
+        GGUFCheckpoint(write_gguf(tmp_path / "nextn.gguf", config,
+                                  metadata={"glm4moe.nextn_predict_layers": "1"})).config
     whole = write_gguf(tmp_path / "whole.gguf", config,
                        metadata={"glm4moe.rope.dimension_count": 16})
     assert GGUFCheckpoint(whole).config.rotary_dim is None

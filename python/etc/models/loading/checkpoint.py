@@ -392,9 +392,6 @@ class Checkpoint:
                 e, f = c.num_experts, c.moe_intermediate_size
                 plan.append((f"l{i}_router", p + "mlp.gate.weight", (e, h), f"layer {i} router",
                              "T"))
-                if c.selection_bias:  # GLM-4.5's, float32 in the checkpoint and the graph
-                    plan.append((f"l{i}_selection_bias", p + "mlp.gate.e_score_correction_bias",
-                                 (e,), f"layer {i} router score correction bias", "f32"))
                 plan += [(f"l{i}_experts_{key}",
                           [f"{p}mlp.experts.{j}.{proj}.weight" for j in range(e)], shape,
                           f"layer {i} {proj} experts", "experts")
@@ -417,6 +414,11 @@ class Checkpoint:
                               f"layer {i} MLP up", None)]
                 plan.append((f"l{i}_w_down", p + "mlp.down_proj.weight", (h, f),
                              f"layer {i} MLP down", None))
+            if c.is_sparse(i) and c.selection_bias:
+                # GLM-4.5's (either experts' layout), float32 in the
+                # checkpoint and the graph.
+                plan.append((f"l{i}_selection_bias", p + "mlp.gate.e_score_correction_bias",
+                             (c.num_experts,), f"layer {i} router score correction bias", "f32"))
             if c.is_sparse(i) and c.shared_expert_intermediate_size:
                 plan += self._shared_expert(i)
         plan.append(("final_norm", "model.norm.weight", (h,), "final norm", None))
@@ -454,7 +456,7 @@ class Checkpoint:
         """`_plan`'s entries of layer `i`'s router (`mlp.gate`) and experts
         as transformers 5 holds them and saves them with
         `save_original_format=False` (Mixtral's, OLMoE's, the Qwen MoEs'
-        classes alike): `mlp.experts.gate_up_proj` (E, 2 f, h: gate rows
+        and GLM-4.5's classes alike): `mlp.experts.gate_up_proj` (E, 2 f, h: gate rows
         then up rows, as `chunk(2)` splits them) and `mlp.experts.down_proj`
         (E, h, f)."""
         c = self.config

@@ -73,19 +73,22 @@ class ModelConfig:
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    #: Per-head RMSNorm of q and k before RoPE (Qwen3).
+    #: RMSNorm of q and k before RoPE: per head (Qwen3, Gemma 3, GLM-4.5's
+    #: `use_qk_norm`), or over the projection (`qk_norm_projection`).
     qk_norm: bool
-    #: Biases of the q, k and v projections (Qwen2; o has none).
+    #: Biases of the q, k and v projections (Qwen2, Qwen2-MoE, GLM-4,
+    #: GLM-4.5; o has none: gpt-oss's is `o_bias`).
     qkv_bias: bool = False
-    #: q_norm and k_norm over the whole q and k projections (OLMo 2: weights
-    #: of num_heads * head_dim and num_kv_heads * head_dim), not per head.
+    #: q_norm and k_norm over the whole q and k projections (OLMo 2, OLMo 3,
+    #: OLMoE: weights of num_heads * head_dim and num_kv_heads * head_dim),
+    #: not per head.
     qk_norm_projection: bool = False
     #: The parameters of a scaled RoPE variant ("linear", "llama3" or
     #: "yarn"; its "rope_type" included, defaults filled in), or None for
     #: plain RoPE.
     rope_scaling: Optional[dict] = None
-    #: Mixture-of-Experts (Qwen3-MoE, Mixtral): experts, experts per token,
-    #: expert width, renormalised top-k weights, and which layers are
+    #: Mixture-of-Experts (`moe_fields`: Qwen3-MoE, Mixtral, ...): experts,
+    #: experts per token, expert width, renormalised top-k weights, and which layers are
     #: sparse (Mixtral: every one; `intermediate_size` is then 0, no layer
     #: has a dense MLP).
     num_experts: int = 0
@@ -356,7 +359,8 @@ class ModelConfig:
                                 families.GLM4, moe_fields.GLM4_MOE):
             # Qwen2's q/k/v projections always have biases (Qwen2-MoE's:
             # `qkv_bias`) and its o projection never has one: transformers
-            # ignores the field.
+            # ignores the field. gpt-oss, GLM-4 and GLM-4.5 read it
+            # (`_gpt_oss`, `config_families`, `moe_fields`).
             refuse("attention_bias", (False, None), "q/k/v/o projections have no bias")
         refuse("mlp_bias", (False, None), "MLP projections have no bias")
         refuse("attention_dropout", (0, 0.0, None), "inference uses no dropout")
@@ -633,7 +637,7 @@ def _gemma(config: dict, where: str, architecture: str, hidden: int,
 
 #: transformers' default RoPE base where it is not 1e4.
 _DEFAULT_THETA = {"MixtralForCausalLM": 1_000_000.0, "SmolLM3ForCausalLM": 2_000_000.0,
-                  "Olmo3ForCausalLM": 500_000.0}
+                  "Olmo3ForCausalLM": families.OLMO3_THETA}
 
 #: GptOssConfig's RoPE when config.json gives none: yarn, factor 32 over
 #: 4096 positions, base 150000.
@@ -689,9 +693,7 @@ def _rotary_dim(config: dict, where: str, architecture: str, head_dim: int) -> i
     (in `rope_parameters` or `rope_scaling` as transformers 5 writes it,
     else top-level) of an architecture whose transformers class honours
     it (`_PARTIAL_ROTARY`); a factor < 1 elsewhere is refused."""
-    # GLM-4.5's transformers config sets a factor 0.5 where none is given.
-    given = [("partial_rotary_factor", config.get(
-        "partial_rotary_factor", 0.5 if architecture == moe_fields.GLM4_MOE else None))]
+    given = [("partial_rotary_factor", config.get("partial_rotary_factor"))]
     for nest in ("rope_scaling", "rope_parameters"):
         value = config.get(nest)
         if isinstance(value, dict):
@@ -709,7 +711,7 @@ def _rotary_dim(config: dict, where: str, architecture: str, head_dim: int) -> i
                 f"its transformers class rotates whole heads (partial rotary is implemented "
                 f"for {', '.join(_PARTIAL_ROTARY)})")
     # A nested factor wins (transformers: setdefault from the flat one).
-    if not given:  # (GLM-4: Glm4Config's default factor)
+    if not given:  # (GLM-4's and GLM-4.5's configs' default factor)
         return rope.rotary_dim(head_dim, families.DEFAULT_PARTIAL_ROTARY.get(architecture, 1.0),
                                where)
     return dims[given[-1][0]]

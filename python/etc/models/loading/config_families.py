@@ -10,9 +10,10 @@ compute as transformers does."""
 from __future__ import annotations
 
 from .fields import UnsupportedConfigError, positive_int, positive_number
+from .moe_fields import GLM4_MOE
 
 __all__ = ["OLMO", "OLMOE", "GLM4", "DEFAULT_HEAD_DIM", "DEFAULT_PARTIAL_ROTARY", "family_layers",
-           "olmo3_rope", "granite", "nope_layers", "smollm3_window"]
+           "OLMO3_THETA", "olmo3_rope", "granite", "nope_layers", "smollm3_window"]
 
 #: OLMo 2 and OLMo 3 (allenai): no norm before the attention or the MLP,
 #: a norm of each one's output before its residual add, q/k RMSNorms over
@@ -30,8 +31,8 @@ GLM4 = "Glm4ForCausalLM"
 #: hidden / heads (Glm4Config: 128).
 DEFAULT_HEAD_DIM = {GLM4: 128}
 #: transformers' `partial_rotary_factor` where config.json gives none and
-#: it is not 1 (Glm4Config: 0.5).
-DEFAULT_PARTIAL_ROTARY = {GLM4: 0.5}
+#: it is not 1 (Glm4Config's and Glm4MoeConfig's: 0.5).
+DEFAULT_PARTIAL_ROTARY = {GLM4: 0.5, GLM4_MOE: 0.5}
 
 
 def family_layers(config: dict, where: str, architecture: str, flag) -> dict:

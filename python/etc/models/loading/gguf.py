@@ -37,8 +37,11 @@ __all__ = ["GGUFCheckpoint", "GGUFError", "ARCHITECTURES", "TENSOR_TYPES", "PRE_
            "is_gguf"]
 
 #: GGUF `general.architecture` values, and the Hugging Face architecture
-#: each is checked and built as (a `llama` file with experts, as
-#: llama.cpp's converter writes Mixtral, as `MixtralForCausalLM`).
+#: each is checked and built as; where llama.cpp's converter writes two
+#: architectures as one, the metadata tells them apart (`gguf_families`):
+#: a `llama` file with experts is `MixtralForCausalLM`, a `granitemoe` one
+#: with shared experts `GraniteMoeSharedForCausalLM`, an `olmo2` one with a
+#: window `Olmo3ForCausalLM`.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
@@ -204,7 +207,9 @@ class GGUFCheckpoint:
                 raise UnsupportedConfigError(
                     f"{self.path}: GGUF metadata {a}.rope.dimension_count = {rope_dims} of head "
                     f"size {head_dim} is no partial_rotary_factor transformers would read back")
-        elif a == "glm4":  # the whole head, stated (Glm4Config's default is half)
+        elif a in ("glm4", "glm4moe"):
+            # The whole head, stated (Glm4Config's and Glm4MoeConfig's
+            # default is half; llama.cpp's, with no key, the whole head).
             config["partial_rotary_factor"] = 1.0
         if a == "phi3" and "rope_factors_long.weight" in self._tensors:
             config["rope_scaling"] = families.longrope(self, rope_dims or head_dim)

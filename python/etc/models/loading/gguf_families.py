@@ -62,47 +62,43 @@ def qwen3moe_config(ckpt, config: dict) -> dict:
     expert's width (`expert_shared_feed_forward_length`); Qwen2-MoE's q/k/v
     biases where the file has them."""
     layers = config["num_hidden_layers"] or 0
-    if ckpt.architecture == "qwen2moe":
-        norm = ckpt._key("expert_weights_norm")
-        if norm:
-            raise UnsupportedConfigError(
-                f"{ckpt.path}: GGUF metadata qwen2moe.expert_weights_norm = {norm!r} is not "
-                f"supported (llama.cpp's qwen2moe never renormalises the chosen weights)")
-        return {"num_experts": ckpt._key("expert_count"),
-                "num_experts_per_tok": ckpt._key("expert_used_count"),
-                "moe_intermediate_size": ckpt._key("expert_feed_forward_length"),
-                "norm_topk_prob": False, "decoder_sparse_step": 1,
-                "mlp_only_layers": [i for i in range(layers)
-                                    if f"blk.{i}.ffn_gate_inp.weight" not in ckpt._tensors],
-                "shared_expert_intermediate_size":
-                    ckpt._key("expert_shared_feed_forward_length"),
-                "qkv_bias": "blk.0.attn_q.bias" in ckpt._tensors}
-    return {
+    out = {
         "num_experts": ckpt._key("expert_count"),
         "num_experts_per_tok": ckpt._key("expert_used_count"),
         "moe_intermediate_size": ckpt._key("expert_feed_forward_length"),
-        "norm_topk_prob": bool(ckpt._key("expert_weights_norm", True)),
+        "norm_topk_prob": _never_renormalised(ckpt) if ckpt.architecture == "qwen2moe" else
+        bool(ckpt._key("expert_weights_norm", True)),
         "decoder_sparse_step": 1,
         # The layers without a router are dense.
         "mlp_only_layers": [i for i in range(layers)
                             if f"blk.{i}.ffn_gate_inp.weight" not in ckpt._tensors],
         "shared_expert_intermediate_size": ckpt._key("expert_shared_feed_forward_length"),
     }
+    if ckpt.architecture == "qwen2moe":
+        out["qkv_bias"] = "blk.0.attn_q.bias" in ckpt._tensors
+    return out
 
 
 def olmoe_config(ckpt) -> dict:
     """OLMoE's experts as llama.cpp's olmoe reads them: `.expert_count`,
     `.expert_used_count`, each of `.feed_forward_length` (config.json's
-    `intermediate_size`, read with the common keys), never renormalised
-    (llama.cpp's olmoe builds its MoE without; an `.expert_weights_norm`
-    of true is refused)."""
+    `intermediate_size`, read with the common keys), never renormalised."""
+    return {"num_experts": ckpt._key("expert_count"),
+            "num_experts_per_tok": ckpt._key("expert_used_count"),
+            "norm_topk_prob": _never_renormalised(ckpt)}
+
+
+def _never_renormalised(ckpt) -> bool:
+    """False: the architecture's chosen expert weights are not renormalised
+    (llama.cpp's qwen2moe and olmoe build their MoE without, and read no
+    key for it); an `.expert_weights_norm` of true is refused."""
     norm = ckpt._key("expert_weights_norm")
     if norm:
         raise UnsupportedConfigError(
-            f"{ckpt.path}: GGUF metadata olmoe.expert_weights_norm = {norm!r} is not supported "
-            f"(llama.cpp's olmoe never renormalises the chosen weights)")
-    return {"num_experts": ckpt._key("expert_count"),
-            "num_experts_per_tok": ckpt._key("expert_used_count"), "norm_topk_prob": False}
+            f"{ckpt.path}: GGUF metadata {ckpt.architecture}.expert_weights_norm = {norm!r} is "
+            f"not supported (llama.cpp's {ckpt.architecture} never renormalises the chosen "
+            f"weights)")
+    return False
 
 
 def longrope(ckpt, rotated: int) -> dict:
@@ -157,7 +153,7 @@ def mixtral_config(ckpt, config: dict) -> dict:
         if ckpt._key(key):
             raise UnsupportedConfigError(
                 f"{ckpt.path}: GGUF metadata {a}.{key} = {ckpt._key(key)} is not "
-                f"supported (no shared experts)")
+                f"supported: llama.cpp's llama (Mixtral) runs no shared experts")
     return {"architectures": ["MixtralForCausalLM"],
             "num_local_experts": ckpt._key("expert_count"),
             "num_experts_per_tok": ckpt._key("expert_used_count")}
@@ -330,8 +326,12 @@ def glm4moe_config(ckpt, config: dict) -> dict:
             f"supported: GLM-4.5 routes by sigmoid scores (2); ETC reads no other "
             f"({_GATING.get(gating, 'unknown')})")
     nextn = ckpt._key("nextn_predict_layers", 0)
+    if isinstance(nextn, bool) or not isinstance(nextn, int) or nextn < 0:
+        raise UnsupportedConfigError(
+            f"{ckpt.path}: GGUF metadata glm4moe.nextn_predict_layers = {nextn!r} must be a "
+            f"non-negative integer (the multi-token-prediction layers in block_count)")
     out = {"num_hidden_layers": config["num_hidden_layers"] - nextn
-           if isinstance(nextn, int) and isinstance(config["num_hidden_layers"], int) else None,
+           if isinstance(config["num_hidden_layers"], int) else None,
            "num_nextn_predict_layers": nextn,
            "n_routed_experts": ckpt._key("expert_count"),
            "num_experts_per_tok": ckpt._key("expert_used_count"),
@@ -343,6 +343,4 @@ def glm4moe_config(ckpt, config: dict) -> dict:
            "n_group": ckpt._key("expert_group_count", 1),
            "topk_group": ckpt._key("expert_group_used_count", 1),
            "use_qk_norm": "blk.0.attn_q_norm.weight" in ckpt._tensors}
-    if config.get("partial_rotary_factor") is None:
-        out["partial_rotary_factor"] = 1.0  # rope.dimension_count is the head size
     return out

@@ -77,21 +77,8 @@ def olmoe(config: dict, where: str, layers: int, need, flag) -> dict:
     false, as in the published configs). `output_router_logits` and
     `router_aux_loss_coef` (training only) are checked to be what they
     mean."""
-    experts, alias = config.get("num_experts"), config.get("num_local_experts")
-    if experts is None:
-        experts = alias
-    elif alias is not None and alias != experts:
-        raise UnsupportedConfigError(f"{where}: field 'num_local_experts' = {alias!r} "
-                                     f"contradicts num_experts = {experts!r} (OlmoeConfig's "
-                                     f"alias of it); keep one")
-    if experts is None:
-        raise UnsupportedConfigError(f"{where}: field 'num_experts' is missing (required for "
-                                     f"OlmoeForCausalLM)")
-    experts = positive_int(where, "num_experts", experts)
-    per_token = need("num_experts_per_tok")
-    if per_token > experts:
-        raise UnsupportedConfigError(f"{where}: field 'num_experts_per_tok' = {per_token} "
-                                     f"exceeds num_experts = {experts}")
+    experts, per_token = _expert_count(config, where, need, "OlmoeForCausalLM",
+                                       ("num_experts", "num_local_experts"))
     _training_fields(config, where, flag)
     return {"num_experts": experts, "num_experts_per_tok": per_token,
             "moe_intermediate_size": need("intermediate_size"),
@@ -99,14 +86,40 @@ def olmoe(config: dict, where: str, layers: int, need, flag) -> dict:
             "sparse_layers": tuple(range(layers))}
 
 
+def _expert_count(config: dict, where: str, need, architecture: str,
+                  names: tuple) -> tuple:
+    """The number of experts and of experts per token: the field `names[0]`
+    or its alias `names[1]` (transformers reads either; both, disagreeing,
+    are refused), and `num_experts_per_tok`, at most that many."""
+    field, alias_field = names
+    experts, alias = config.get(field), config.get(alias_field)
+    if experts is None:
+        experts = alias
+    elif alias is not None and alias != experts:
+        raise UnsupportedConfigError(f"{where}: field {alias_field!r} = {alias!r} contradicts "
+                                     f"{field} = {experts!r} (transformers' alias of it); "
+                                     f"keep one")
+    if experts is None:
+        raise UnsupportedConfigError(f"{where}: field {field!r} is missing (required for "
+                                     f"{architecture})")
+    experts = positive_int(where, field, experts)
+    per_token = need("num_experts_per_tok")
+    if per_token > experts:
+        raise UnsupportedConfigError(f"{where}: field 'num_experts_per_tok' = {per_token} "
+                                     f"exceeds {field} = {experts}")
+    return experts, per_token
+
+
 def _training_fields(config: dict, where: str, flag) -> None:
-    """Checks the router's training-only fields: `output_router_logits` a
-    JSON boolean, `router_aux_loss_coef` a number."""
+    """Checks the router's training-only fields, which inference does not
+    use: `output_router_logits` a JSON boolean, `router_aux_loss_coef` (the
+    load-balancing loss's weight) a finite number."""
     flag("output_router_logits", False)
     coef = config.get("router_aux_loss_coef")
-    if coef is not None and (isinstance(coef, bool) or not isinstance(coef, (int, float))):
+    if coef is not None and (isinstance(coef, bool) or not isinstance(coef, (int, float)) or
+                             not math.isfinite(coef)):
         raise UnsupportedConfigError(f"{where}: field 'router_aux_loss_coef' = {coef!r} must "
-                                     f"be a number (training-only loss weight)")
+                                     f"be a finite number (training-only loss weight)")
 
 
 def mixtral(config: dict, where: str, layers: int, need, flag,
@@ -125,22 +138,8 @@ def mixtral(config: dict, where: str, layers: int, need, flag,
     and `router_aux_loss_coef` (the load-balancing loss). gpt-oss reads
     the same fields (its router takes the top-k logits, then their
     softmax: the same weights), and has no jitter."""
-    experts = config.get("num_local_experts")
-    alias = config.get("num_experts")
-    if experts is None:
-        experts = alias
-    elif alias is not None and alias != experts:
-        raise UnsupportedConfigError(f"{where}: field 'num_experts' = {alias!r} contradicts "
-                                     f"num_local_experts = {experts!r} (transformers' alias of "
-                                     f"it); keep one")
-    if experts is None:
-        raise UnsupportedConfigError(f"{where}: field 'num_local_experts' is missing (required "
-                                     f"for {architecture})")
-    experts = positive_int(where, "num_local_experts", experts)
-    per_token = need("num_experts_per_tok")
-    if per_token > experts:
-        raise UnsupportedConfigError(f"{where}: field 'num_experts_per_tok' = {per_token} "
-                                     f"exceeds num_local_experts = {experts}")
+    experts, per_token = _expert_count(config, where, need, architecture,
+                                       ("num_local_experts", "num_experts"))
     jitter = config.get("router_jitter_noise")
     if jitter is not None and architecture == "GptOssForCausalLM":
         raise UnsupportedConfigError(f"{where}: field 'router_jitter_noise' is not a gpt-oss "
@@ -150,15 +149,11 @@ def mixtral(config: dict, where: str, layers: int, need, flag,
                                not math.isfinite(jitter) or jitter < 0):
         raise UnsupportedConfigError(f"{where}: field 'router_jitter_noise' = {jitter!r} must "
                                      f"be a non-negative number (training-only noise)")
-    flag("output_router_logits", False)  # checked: a JSON boolean
-    coef = config.get("router_aux_loss_coef")
-    if coef is not None and (isinstance(coef, bool) or not isinstance(coef, (int, float)) or
-                             not math.isfinite(coef)):
-        raise UnsupportedConfigError(f"{where}: field 'router_aux_loss_coef' = {coef!r} must "
-                                     f"be a finite number (training-only loss weight)")
+    _training_fields(config, where, flag)
     return {"num_experts": experts, "num_experts_per_tok": per_token,
             "moe_intermediate_size": need("intermediate_size"), "norm_topk_prob": True,
             "sparse_layers": tuple(range(layers))}
+
 
 def granite_shared(config: dict, where: str) -> dict:
     """Granite MoE's shared MLP (GraniteMoeSharedForCausalLM), as
@@ -219,12 +214,7 @@ def glm4_moe(config: dict, where: str, layers: int, need, flag) -> dict:
                                   value < 0):
             raise UnsupportedConfigError(f"{where}: field {name!r} = {value!r} must be a "
                                          f"non-negative integer (layers ETC does not run)")
-    flag("output_router_logits", False)  # training only; checked: a JSON boolean
-    coef = config.get("router_aux_loss_coef")
-    if coef is not None and (isinstance(coef, bool) or not isinstance(coef, (int, float)) or
-                             not math.isfinite(coef)):
-        raise UnsupportedConfigError(f"{where}: field 'router_aux_loss_coef' = {coef!r} must "
-                                     f"be a finite number (training-only loss weight)")
+    _training_fields(config, where, flag)
     scale = config.get("routed_scaling_factor")
     width = need("moe_intermediate_size")
     return {

@@ -127,7 +127,7 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         """x + a Wᵀ: on one rank the residual is added in the matmul's tiles
         (no add task, no synchronisation of its own); on several, after
         the all-reduce of the ranks' partial products. With `post_norm`
-        (Gemma), x + norm(a Wᵀ); with Granite's residual multiplier m,
+        (Gemma, GLM-4, OLMo 2 and 3), x + norm(a Wᵀ); with Granite's residual multiplier m,
         x + m (a Wᵀ)."""
         if c.residual_multiplier is not None:
             block = reduced(g.matmul(a, w, transpose_b=True))
@@ -183,7 +183,7 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         return g.add(routed, g.sigmoid_mul(logit, g.matmul(gated, down, transpose_b=True)))
 
     def input_norm(x, key: str):
-        """x normed before a block (not in OLMo 2, which norms outputs only)."""
+        """x normed before a block (not in OLMo 2 and 3, which norm outputs only)."""
         return norm(x, weight(key, (h,))) if c.input_norms else x
 
     embed = weight("embed", (c.vocab_size, h))
@@ -211,7 +211,7 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             k = g.add(k, weight(f"l{i}_bk", (c.num_kv_heads * d,)))
             v = g.add(v, weight(f"l{i}_bv", (c.num_kv_heads * d,)))
         if c.qk_norm_projection:
-            # OLMo 2: one norm over all of q's (k's) heads.
+            # OLMo 2, OLMo 3, OLMoE: one norm over all of q's (k's) heads.
             q = g.rmsnorm(q, weight(f"l{i}_q_norm", (c.num_heads * d,)), eps, offset=offset)
             k = g.rmsnorm(k, weight(f"l{i}_k_norm", (c.num_kv_heads * d,)), eps, offset=offset)
         elif c.qk_norm:

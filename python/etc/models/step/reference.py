@@ -125,12 +125,12 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
     rotate = _rotate_pairs if c.rope_interleaved else _rotate_half
     for i in range(c.num_layers):
         w = lambda key: weights[f"l{i}_{key}"]
-        # (OLMo 2: no input norms, its blocks' outputs normed instead.)
+        # (OLMo 2 and 3: no input norms, their blocks' outputs normed instead.)
         h = _rmsnorm(x, w("attn_norm"), eps, offset) if c.input_norms else x
         q, k, v = h @ w("wq").T, h @ w("wk").T, h @ w("wv").T
         if c.qkv_bias:
             q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
-        if c.qk_norm_projection:  # OLMo 2: over the whole projection
+        if c.qk_norm_projection:  # OLMo 2, OLMo 3, OLMoE: over the whole projection
             q, k = _rmsnorm(q, w("q_norm"), eps, offset), _rmsnorm(k, w("k_norm"), eps, offset)
         q = q.reshape(n, c.num_heads, d)
         k = k.reshape(n, c.num_kv_heads, d)

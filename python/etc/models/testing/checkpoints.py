@@ -79,8 +79,9 @@ GRANITE_MULTIPLIERS = {"embedding_multiplier": 4.0, "attention_multiplier": 0.6,
 
 def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
     """A config.json of `architecture` with hidden size 32, 2 layers, 4 query
-    and 2 KV heads of 16, vocabulary 96 (Qwen3-MoE, Mixtral: 4 experts, 2
-    per token); `overrides` replace or add fields."""
+    and 2 KV heads of 16, vocabulary 96 (the MoE families: 4 experts, 2 per
+    token; GLM-4.5: 8 in 2 groups), each family's own fields as its
+    published config.json has them; `overrides` replace or add fields."""
     config = {
         "architectures": [architecture],
         "vocab_size": 96,
