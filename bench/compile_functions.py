@@ -12,7 +12,7 @@ tile instructions emulated).
 
 Usage: ETC_CPU_OPT_LEVEL=2 .venv/bin/python bench/compile_functions.py
        [--model smol] [--layers 2] [--dtype bf16] [--checkpoint DIR]
-       [--kernels native] [--top 8]
+       [--kernels native] [--workers 2] [--top 8]
 """
 
 from __future__ import annotations

@@ -535,6 +535,28 @@ class Graph(LLMOperators, CollectiveOperators, MoeOperators):
         `silu_mul`."""
         return self._binary("gelu_mul", a, b, tile, out, name)
 
+    def sigmoid_mul(self, gate: Tensor, x: Tensor, *, tile=None, out=None,
+                    name=None) -> Tensor:
+        """sigmoid(gate) * x, the column `gate` (M, 1) broadcast over the
+        columns of `x` (M, N): each row of x scaled by its own gate (the
+        shared expert of Qwen2-MoE, sigmoid(x . w) per token). sigmoid(gate)
+        is rounded to the dtype first, as `silu_mul` rounds silu(a).
+        `tile=(m, n)` sets the output tile (default 32 x 64)."""
+        kind = "sigmoid_mul"
+        self._check_operand(kind, "gate", gate, ranks=(2,))
+        self._check_operand(kind, "x", x, ranks=(2,))
+        dtype = self._same_dtype(kind, [("gate", gate), ("x", x)])
+        if gate.shape[1] != 1 or not same_dim(gate.shape[0], x.shape[0]):
+            raise ValueError(f"{kind}: {describe('gate', gate)} must be a column "
+                             f"{format_shape((x.shape[0], 1))}: one gate per row of "
+                             f"{describe('x', x)}")
+        user_tile = tile is not None
+        tile = self._check_tile(kind, tile, 2, (DEFAULT_ROWS, DEFAULT_COLS), x.shape)
+        result = self._finish(kind, [("gate", gate), ("x", x)], x.shape, dtype, tile, {}, out,
+                              name)
+        self._ops[-1].user_tile = user_tile
+        return result
+
     def silu(self, x: Tensor, *, tile=None, out=None, name=None) -> Tensor:
         """x * sigmoid(x) = x / (1 + exp(-x))."""
         return self._unary("silu", x, tile, out, name)

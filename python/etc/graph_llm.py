@@ -21,7 +21,7 @@ from typing import Optional
 
 from . import packed
 from .graph_values import CeilDiv, Operation, Symbol, Tensor, describe, same_dim
-from .ops.base import DEFAULT_COLS, DEFAULT_ROWS, INDEX_DTYPE
+from .ops.base import DEFAULT_ROWS, INDEX_DTYPE
 
 #: Default KV positions per attention chunk task.
 DEFAULT_CHUNK = 64
@@ -267,26 +267,6 @@ class LLMOperators:
         return self._finish(kind, [("x", x), ("weight", weight)], x.shape, dtype, tile,
                             {"head_dim": head_dim, "eps": float(eps),
                              **norm_offset(kind, offset)}, None, name)
-
-    def sigmoid_mul(self, gate, x, *, tile=None, name: Optional[str] = None):
-        """sigmoid(gate) * x, the column `gate` (M, 1) broadcast over the
-        columns of `x` (M, N): each row of x scaled by its own gate (the
-        shared expert of Qwen2-MoE, sigmoid(x . w) per token). sigmoid(gate)
-        is rounded to the dtype first, as `silu_mul` rounds silu(a).
-        `tile=(m, n)` sets the output tile (default 32 x 64)."""
-        kind = "sigmoid_mul"
-        self._check_operand(kind, "gate", gate, ranks=(2,))
-        self._check_operand(kind, "x", x, ranks=(2,))
-        dtype = self._same_dtype(kind, [("gate", gate), ("x", x)])
-        if gate.shape[1] != 1 or not same_dim(gate.shape[0], x.shape[0]):
-            raise ValueError(f"{kind}: {describe('gate', gate)} must be a column ({x.shape[0]}, "
-                             f"1): one gate per row of {describe('x', x)}")
-        user_tile = tile is not None
-        tile = self._check_tile(kind, tile, 2, (DEFAULT_ROWS, DEFAULT_COLS), x.shape)
-        result = self._finish(kind, [("gate", gate), ("x", x)], x.shape, dtype, tile, {}, None,
-                              name)
-        self._ops[-1].user_tile = user_tile
-        return result
 
     def kv_append(self, cache, values, batch: RaggedBatch, *, tile=None):
         """Writes the new rows `values` (T, W) into the state `cache`

@@ -51,7 +51,8 @@ class MoeOperators:
         tiles in their blocks (see docs/operators.md, "Packed weights").
 
         Biases (gpt-oss), each f32 or x's dtype, never packed: `router_b`
-        (E,) is added to the router's logits before the softmax and top-k;
+        (E,) is added to the router's logits before the scoring (softmax
+        or sigmoid) and top-k;
         `b1` and `b_up` (E, F) to x @ w1[e] and x @ w_up[e] before the
         activation; `b2` (E, H) to act @ w2[e] before the routing weight
         multiplies it. `activation="swiglu_oai"` (gpt-oss's clamped SwiGLU;
@@ -180,7 +181,6 @@ class MoeOperators:
             "partial": internal("partial", (tokens, top_k, hidden), "f32"),
         }
         return result
-
 
 
 def _routing(experts: int, top_k: int, scoring: str, selection_bias: Optional[Tensor],

@@ -77,10 +77,27 @@ def test_sigmoid_mul_needs_a_column_per_row():
     x = g.input("x", (R, 64))
     for shape in ((R, 2), (S, 1), (64,)):
         gate = g.input(f"g{len(g.inputs)}", shape)
-        with pytest.raises(ValueError, match=r"sigmoid_mul: .*(must be a column|rank 1)"):
+        with pytest.raises(ValueError,
+                           match=r"sigmoid_mul: .*(must be a column \(R, 1\)|rank 1)"):
             g.sigmoid_mul(gate, x)
     with pytest.raises(ValueError, match=r"sigmoid_mul: mixed dtypes"):
         g.sigmoid_mul(g.input("g16", (R, 1), "bf16"), x)
+    with pytest.raises(ValueError, match=r"sigmoid_mul: out= tensor 'small' has shape"):
+        g.sigmoid_mul(g.input("g", (R, 1)), x, out=g.tensor("small", (R, 32)))
+
+
+def test_sigmoid_mul_writes_out():
+    """`out=` takes the result as it does for silu_mul and gelu_mul."""
+    g = etc.Graph("gate_out")
+    R = g.symbol("R")
+    gate, x = g.input("gate", (R, 1)), g.input("x", (R, 64))
+    buf = g.tensor("buf", (R, 64))
+    assert g.sigmoid_mul(gate, x, out=buf) is buf
+    g.output(g.add(buf, x))
+    gs = np.array([[0.0], [2.0], [-3.0]], np.float32)
+    xs = np.random.default_rng(3).standard_normal((3, 64)).astype(np.float32)
+    got, = etc.reference.evaluate(g, gate=gs, x=xs)
+    np.testing.assert_allclose(got, xs / (1 + np.exp(-gs)) + xs, rtol=1e-6)
 
 
 # ----------------------------------------------------------------------

@@ -2,7 +2,7 @@
 the heads and MLP columns each rank keeps, and its slices of the weights.
 
 Needs only NumPy (a model loads from the compile cache without MLIR); the
-step graph of a shard, with its all-reduces, is `builder.build_step_graph`'s
+step graph of a shard, with its all-reduces, is `graph.build_step_graph`'s
 with `ranks`."""
 
 from __future__ import annotations
