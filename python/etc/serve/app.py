@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..models.engine import Engine, RequestError, RequestOutput
-from ..models.engine.constraints import Constraint, Grammar, GrammarError
+from ..models.engine.constraints import Constraint, Grammar, GrammarError, harmony_final
 from ..models.loading.tokenizer import ChatTemplateError
 from .choice import AnswerForm, CollectedChoice, StreamedChoice
 from .handoff import Handoff
@@ -317,7 +317,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
 
     def _harmony_final(found: tuple, parser: Optional[str]) -> tuple:
         """(kind, value, field) of a harmony answer whose final message
-        follows the structured output `found` (`reasoning.harmony_final_grammar`)."""
+        follows the structured output `found` (`constraints.harmony_final`)."""
         kind, value, field = found
         if parser is not None:
             # The model may call a tool (a commentary message) or answer:
@@ -325,17 +325,11 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
             raise APIError(400, f"{field}: with harmony, structured output and tools the "
                                 f"model may call (tool_choice auto) are not supported "
                                 f"together; give tool_choice \"none\" or no tools", field)
-        missing = [t for t in reasoning_.HARMONY_FINAL_TOKENS
-                   if model.tokenizer.token_to_id(t) is None]
-        if missing:
-            raise APIError(400, f"{field}: structured output with harmony needs the special "
-                                f"tokens {', '.join(missing)}, which this model's tokenizer "
-                                f"lacks", field)
         try:
-            source = Grammar(kind, value).source()
-        except ValueError as error:
-            raise APIError(400, f"{field}: {error}", field) from None
-        return "llguidance", reasoning_.harmony_final_grammar(source), field
+            grammar = harmony_final(Grammar(kind, value), model.tokenizer, field)
+        except GrammarError as error:
+            raise APIError(400, str(error), error.param) from None
+        return grammar.kind, grammar.value, field
 
     def _tokenizer(param: str):
         if model.tokenizer is None:
