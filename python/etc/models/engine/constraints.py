@@ -82,6 +82,15 @@ class Grammar:
         raise ValueError(f"Grammar: unknown kind {self.kind!r}")
 
 
+def _source(grammar: Grammar, param: str) -> str:
+    """`grammar.source()`, a grammar it cannot write a GrammarError naming
+    `param`."""
+    try:
+        return grammar.source()
+    except ValueError as error:
+        raise GrammarError(f"{param}: {error}", param) from None
+
+
 # The llguidance tokenizer of each ETC tokenizer (building one reads the
 # whole vocabulary: about a second for 150,000 tokens).
 _TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -115,10 +124,7 @@ class Constraint:
     def __init__(self, model, grammar: Grammar, param: str = "response_format"):
         llg = _llguidance()
         tokenizer = _ll_tokenizer(model)
-        try:
-            source = grammar.source()
-        except ValueError as error:
-            raise GrammarError(f"{param}: {error}", param) from None
+        source = _source(grammar, param)
         error = llg.LLMatcher.validate_grammar(source, tokenizer)
         if error and not error.startswith("WARNING"):
             raise GrammarError(f"{param}: the grammar cannot be compiled: {error}", param)
@@ -227,8 +233,4 @@ def harmony_final(grammar: Grammar, tokenizer, param: str = "response_format") -
     if missing:
         raise GrammarError(f"{param}: structured output with harmony needs the special tokens "
                            f"{', '.join(missing)}, which this model's tokenizer lacks", param)
-    try:
-        source = grammar.source()
-    except ValueError as error:
-        raise GrammarError(f"{param}: {error}", param) from None
-    return Grammar("llguidance", harmony_final_grammar(source))
+    return Grammar("llguidance", harmony_final_grammar(_source(grammar, param)))
