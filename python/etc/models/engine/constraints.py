@@ -11,8 +11,8 @@ torch), reads the checkpoint's tokenizer.json as it is, and covers the JSON
 schemas, regular expressions and Lark grammars the API asks for.
 
 A model that answers a chat in harmony's channels (gpt-oss) has the grammar
-hold for its final message only (`harmony_final`), its analysis free, as
-the server and `Model.generate` both ask.
+hold for its final message only (`harmony_final`), its analysis free: the
+server's chat answers and `Model.generate`'s chat prompts do.
 """
 
 from __future__ import annotations
@@ -176,6 +176,8 @@ def fill_masks(constraints: Sequence[Constraint]) -> np.ndarray:
         _EXECUTOR, [(c.matcher, i) for i, c in enumerate(constraints)], out)
     return out
 
+
+# -- harmony (gpt-oss's chat format) -------------------------------------------
 
 _CHANNEL, _MESSAGE = "<|channel|>", "<|message|>"
 
