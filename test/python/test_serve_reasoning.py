@@ -373,10 +373,10 @@ KINDS = [("json_schema", CITY, '{"city":"Paris","zone":1}', '{"city":"Paris, Fra
 
 
 def _final_matcher(model, kind, value):
-    from etc.models.engine.constraints import Constraint, Grammar
+    from etc.models.engine.constraints import Constraint, Grammar, harmony_final_grammar
 
     source = Grammar(kind, value).source()
-    return Constraint(model, Grammar("llguidance", reasoning.harmony_final_grammar(source)),
+    return Constraint(model, Grammar("llguidance", harmony_final_grammar(source)),
                       "response_format").matcher
 
 
@@ -490,6 +490,28 @@ def test_sampled_harmony_answers_follow_the_grammar(marked_model, kind, value):
             assert text == choice.message.content  # the same seed, the same answer
             assert chunks[-1].choices[0].finish_reason == "stop"
     assert forms == {True, False}  # these seeds sample both: with and without
+
+
+def test_generate_constrains_a_harmony_chats_final_message(marked_model):
+    """`Model.generate` as the server: on a model that writes harmony, a
+    chat prompt's response_format holds for its final message (analysis
+    free before it), a text prompt's for the whole answer."""
+    import re
+
+    from etc.models.engine.constraints import Grammar
+    from etc.models.step.sampling import SamplingParams
+
+    pattern = "[0-9]{3}-[a-z]{2}"
+    end = marked_model.tokenizer.token_to_id("<|end|>")
+    out = marked_model.generate(
+        [CHAT, "Hello"], 80, response_format=Grammar("regex", pattern),
+        sampling=SamplingParams(temperature=1.0, seed=0, logit_bias={end: 100}))
+    assert out.finish_reasons == ["stop", "stop"], out.finish_reasons
+    written = marked_model.tokenizer.decode(out.tokens[0], skip_special_tokens=False)
+    analysis = "<\\|channel\\|>analysis<\\|message\\|>.*<\\|end\\|><\\|start\\|>assistant"
+    assert re.fullmatch(f"({analysis})?{re.escape(FINAL)}{pattern}(<\\|return\\|>|<\\|im_end\\|>)",
+                        written, re.S), written
+    assert re.fullmatch(pattern, out.text[1]), out.text[1]
 
 
 @pytest.mark.parametrize("extra, param", [

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .engine.constraints import Constraint, Grammar
+from .engine.constraints import Constraint, Grammar, harmony_final, writes_harmony
 from .engine.engine import Engine
 from .engine.requests import RequestError
 from .engine.speculative import Speculative
@@ -102,7 +102,11 @@ class Model(CompiledModel):
         {"type": "json_object"} or {"type": "json_schema", "json_schema":
         {"schema": ...}}, or an `etc.models.engine.constraints.Grammar`
         (also regular expressions, choices, Lark grammars); an answer then
-        ends ("stop") when its grammar is complete. `speculative` ("ngram"
+        ends ("stop") when its grammar is complete. A model that answers in
+        harmony's channels (gpt-oss) has a chat prompt's grammar hold for
+        its final message, the analysis before it free, as the server does
+        (`constraints.harmony_final`); a text or id prompt's holds for the
+        whole answer. `speculative` ("ngram"
         or an `etc.models.Speculative`) has each step verify tokens
         proposed by prompt lookup or a draft model (docs/models.md,
         "Speculative decoding"): greedy tokens are those without it,
@@ -135,12 +139,11 @@ class Model(CompiledModel):
             raise ValueError(f"generate: max_new_tokens={max_new_tokens!r} must be a positive "
                              f"int")
         max_new_tokens = int(max_new_tokens)
+        prompts = _as_prompt_list(prompts)
         sequences = [self._prompt_ids(p, prompt, max_new_tokens, template_variables)
-                     for p, prompt in enumerate(_as_prompt_list(prompts))]
+                     for p, prompt in enumerate(prompts)]
         length = max(len(s) for s in sequences) + max_new_tokens
-        grammar = _grammar(response_format)
-        constraints = [None if grammar is None else Constraint(self, grammar)
-                       for _ in sequences]
+        constraints = self._constraints(_grammar(response_format), prompts)
         engine = Engine(self, max_num_seqs=len(sequences), max_model_len=length,
                         kv_cache_tokens=self._own_pool(len(sequences), length),
                         speculative=_speculative(speculative))
@@ -176,6 +179,18 @@ class Model(CompiledModel):
                 result.decode_tokens += step.generated
                 result.decode_seconds += step.seconds
         return result
+
+    def _constraints(self, grammar: Optional[Grammar], prompts: list) -> list:
+        """A matcher of `grammar` per prompt of `generate` (Nones without
+        one): of its final message, for a chat answered in harmony."""
+        if grammar is None:
+            return [None] * len(prompts)
+        final = None
+        if writes_harmony(getattr(self.config, "architecture", None), self.tokenizer) and \
+                any(_is_chat(prompt) for prompt in prompts):
+            final = harmony_final(grammar, self.tokenizer)
+        return [Constraint(self, final if _is_chat(prompt) and final is not None else grammar)
+                for prompt in prompts]
 
     def _own_pool(self, sequences: int, length: int) -> Optional[int]:
         """The positions of a paged pool of `generate`'s own, or None to run
@@ -280,6 +295,8 @@ def _check_template_kwargs(variables) -> dict:
             raise ValueError(f"generate: chat_template_kwargs: {name!r} is set by generate "
                              f"itself")
     return dict(variables)
+
+
 def _speculative(value):
     """`generate`'s speculative argument, checked (`Speculative.of`)."""
     try:

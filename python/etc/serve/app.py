@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..models.engine import Engine, RequestError, RequestOutput
-from ..models.engine.constraints import Constraint, Grammar, GrammarError
+from ..models.engine.constraints import Constraint, Grammar, GrammarError, harmony_final
 from ..models.loading.tokenizer import ChatTemplateError
 from .choice import AnswerForm, CollectedChoice, StreamedChoice
 from .handoff import Handoff
@@ -109,7 +109,9 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     error event and `[DONE]`, others with 503) and refuses new ones (503):
     `etc.serve.server.Server` calls it when shutting down.
     `tool_call_parser` ("hermes", "llama3_json"; default: the chat
-    template's, `tools.parser_for`) reads the model's tool calls.
+    template's, `tools.parser_for`) reads the model's tool calls; with
+    harmony reasoning they are read with its channels ("harmony", set
+    by itself; another parser is refused).
     `reasoning_parser` ("qwen3", "harmony"; "auto": the model's,
     `reasoning.parser_for`; "none" or None: all content) splits a chat
     answer into `reasoning_content` and `content` (`etc.serve.reasoning`)."""
@@ -229,8 +231,8 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        _check(body)
-        tokenizer = _tokenizer("messages")
+        _check(model, name, body)
+        tokenizer = _tokenizer(model, "messages")
         calling = bool(body.tools) and body.tool_choice != "none"
         if calling and tool_call_parser is None:
             raise APIError(400, "tools: this model's chat template writes no tool calls ETC "
@@ -243,7 +245,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        _check(body)
+        _check(model, name, body)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
@@ -253,95 +255,11 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         if isinstance(prompt, str):
             if not prompt:
                 raise APIError(400, "prompt: empty", "prompt")
-            prompt = _tokenizer("prompt").encode(prompt,
-                                                 add_special_tokens=body.add_special_tokens)
+            prompt = _tokenizer(model, "prompt").encode(
+                prompt, add_special_tokens=body.add_special_tokens)
         return await _complete(request, body, list(prompt), body.new_tokens, chat=False)
 
-    # -- helpers -------------------------------------------------------------
-
-    def _check(body: _Sampling) -> None:
-        if body.model != name:
-            raise APIError(404, f"the model '{body.model}' does not exist; this server "
-                                f"serves '{name}'", "model", code="model_not_found",
-                           kind="not_found_error")
-        refused = body.refused()
-        if refused is not None:
-            raise APIError(400, refused[1], refused[0])
-        if any(body.stop_strings()) and model.tokenizer is None:
-            raise APIError(400, "stop strings need the model's tokenizer", "stop")
-        vocab = model.config.vocab_size
-        for key in body.logit_bias or {}:
-            if not key.isdigit() or int(key) >= vocab:
-                raise APIError(400, f"logit_bias: {key!r} is not a token id in [0, {vocab})",
-                               "logit_bias")
-        for i, token in enumerate(body.stop_token_ids or ()):
-            if not 0 <= token < vocab:
-                raise APIError(400, f"stop_token_ids[{i}]: {token} is not a token id in "
-                                    f"[0, {vocab})", f"stop_token_ids[{i}]")
-
-    async def _constraints(body: _Sampling, parser: Optional[str], harmony: bool) -> list:
-        """A grammar matcher per choice (structured output, or the call
-        `tool_choice` forces), or Nones; compiled in a thread: a large
-        schema takes a while. `harmony`: a chat answer in harmony's
-        channels, whose final message the structured output constrains."""
-        try:
-            found = body.grammar()
-        except ValueError as error:
-            raise APIError(400, error.args[1], error.args[0]) from None
-        choice = getattr(body, "tool_choice", None)
-        if parser is not None and choice not in (None, "auto"):
-            if found is not None:
-                raise APIError(400, f"tool_choice: a forced tool call and {found[2]} both "
-                                    f"constrain the answer; give one", "tool_choice")
-            name = None if choice == "required" else choice.function.name
-            if parser == "harmony":
-                missing = [t for t in tools_.HARMONY_TOKENS
-                           if model.tokenizer.token_to_id(t) is None]
-                if missing:
-                    raise APIError(400, f"tool_choice: a forced harmony call needs the "
-                                        f"special tokens {', '.join(missing)}, which this "
-                                        f"model's tokenizer lacks", "tool_choice")
-            tools = [t.model_dump() for t in body.tools]
-            found = ("lark", tools_.forced_grammar(parser, tools, name), "tool_choice")
-        elif found is not None and harmony:
-            found = _harmony_final(found, parser)
-        if found is None:
-            return [None] * body.n
-        kind, value, field = found
-        grammar = Grammar(kind, value)
-        try:
-            return [await asyncio.to_thread(Constraint, model, grammar, field)
-                    for _ in range(body.n)]
-        except GrammarError as error:
-            raise APIError(400, str(error), error.param) from None
-
-    def _harmony_final(found: tuple, parser: Optional[str]) -> tuple:
-        """(kind, value, field) of a harmony answer whose final message
-        follows the structured output `found` (`reasoning.harmony_final_grammar`)."""
-        kind, value, field = found
-        if parser is not None:
-            # The model may call a tool (a commentary message) or answer:
-            # the grammar would have to hold for one channel and not the other.
-            raise APIError(400, f"{field}: with harmony, structured output and tools the "
-                                f"model may call (tool_choice auto) are not supported "
-                                f"together; give tool_choice \"none\" or no tools", field)
-        missing = [t for t in reasoning_.HARMONY_FINAL_TOKENS
-                   if model.tokenizer.token_to_id(t) is None]
-        if missing:
-            raise APIError(400, f"{field}: structured output with harmony needs the special "
-                                f"tokens {', '.join(missing)}, which this model's tokenizer "
-                                f"lacks", field)
-        try:
-            source = Grammar(kind, value).source()
-        except ValueError as error:
-            raise APIError(400, f"{field}: {error}", field) from None
-        return "llguidance", reasoning_.harmony_final_grammar(source), field
-
-    def _tokenizer(param: str):
-        if model.tokenizer is None:
-            raise APIError(400, f"{param}: this model has no tokenizer (tokenizer.json); "
-                                f"give the prompt as token ids to /v1/completions", param)
-        return model.tokenizer
+    # -- the request path ----------------------------------------------------
 
     async def _complete(request: Request, body: _Sampling, prompt: list,
                         max_tokens: Optional[int], chat: bool, parser: Optional[str] = None,
@@ -357,7 +275,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
         # (choice index, output) of every choice, as the engine makes them.
         outputs: asyncio.Queue = asyncio.Queue()
         handles = []
-        constraints = await _constraints(body, parser, chat and reasoning == "harmony")
+        constraints = await _constraints(model, body, parser, chat and reasoning == "harmony")
         stop_token_ids, skip_special = body.stop_token_ids, body.skip_special_tokens
         if reasoning == "harmony":
             # Harmony's markers are special tokens: kept in the text until
@@ -424,6 +342,92 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
                               usage(len(prompt), lasts))
 
     return app
+
+
+def _check(model, name: str, body: _Sampling) -> None:
+    """Refuses a request for another model, a field the server does not
+    honour, and token ids outside the vocabulary (400 naming the field)."""
+    if body.model != name:
+        raise APIError(404, f"the model '{body.model}' does not exist; this server "
+                            f"serves '{name}'", "model", code="model_not_found",
+                       kind="not_found_error")
+    refused = body.refused()
+    if refused is not None:
+        raise APIError(400, refused[1], refused[0])
+    if any(body.stop_strings()) and model.tokenizer is None:
+        raise APIError(400, "stop strings need the model's tokenizer", "stop")
+    vocab = model.config.vocab_size
+    for key in body.logit_bias or {}:
+        if not key.isdigit() or int(key) >= vocab:
+            raise APIError(400, f"logit_bias: {key!r} is not a token id in [0, {vocab})",
+                           "logit_bias")
+    for i, token in enumerate(body.stop_token_ids or ()):
+        if not 0 <= token < vocab:
+            raise APIError(400, f"stop_token_ids[{i}]: {token} is not a token id in "
+                                f"[0, {vocab})", f"stop_token_ids[{i}]")
+
+
+async def _constraints(model, body: _Sampling, parser: Optional[str], harmony: bool) -> list:
+    """A grammar matcher per choice (structured output, or the call
+    `tool_choice` forces), or Nones; compiled in a thread: a large
+    schema takes a while. `harmony`: a chat answer in harmony's
+    channels, whose final message the structured output constrains."""
+    try:
+        found = body.grammar()
+    except ValueError as error:
+        raise APIError(400, error.args[1], error.args[0]) from None
+    choice = getattr(body, "tool_choice", None)
+    if parser is not None and choice not in (None, "auto"):
+        if found is not None:
+            raise APIError(400, f"tool_choice: a forced tool call and {found[2]} both "
+                                f"constrain the answer; give one", "tool_choice")
+        name = None if choice == "required" else choice.function.name
+        if parser == "harmony":
+            missing = [t for t in tools_.HARMONY_TOKENS
+                       if model.tokenizer.token_to_id(t) is None]
+            if missing:
+                raise APIError(400, f"tool_choice: a forced harmony call needs the "
+                                    f"special tokens {', '.join(missing)}, which this "
+                                    f"model's tokenizer lacks", "tool_choice")
+        tools = [t.model_dump() for t in body.tools]
+        found = ("lark", tools_.forced_grammar(parser, tools, name), "tool_choice")
+    elif found is not None and harmony:
+        found = _harmony_final(model, found, parser)
+    if found is None:
+        return [None] * body.n
+    kind, value, field = found
+    grammar = Grammar(kind, value)
+    try:
+        return [await asyncio.to_thread(Constraint, model, grammar, field)
+                for _ in range(body.n)]
+    except GrammarError as error:
+        raise APIError(400, str(error), error.param) from None
+
+
+def _harmony_final(model, found: tuple, parser: Optional[str]) -> tuple:
+    """(kind, value, field) of a harmony answer whose final message
+    follows the structured output `found` (`constraints.harmony_final`)."""
+    kind, value, field = found
+    if parser is not None:
+        # The model may call a tool (a commentary message) or answer:
+        # the grammar would have to hold for one channel and not the other.
+        raise APIError(400, f"{field}: with harmony, structured output and tools the "
+                            f"model may call (tool_choice auto) are not supported "
+                            f"together; give tool_choice \"none\" or no tools", field)
+    try:
+        grammar = harmony_final(Grammar(kind, value), model.tokenizer, field)
+    except GrammarError as error:
+        raise APIError(400, str(error), error.param) from None
+    return grammar.kind, grammar.value, field
+
+
+def _tokenizer(model, param: str):
+    """The model's tokenizer; 400 naming `param` (the field that needs it)
+    without one."""
+    if model.tokenizer is None:
+        raise APIError(400, f"{param}: this model has no tokenizer (tokenizer.json); "
+                            f"give the prompt as token ids to /v1/completions", param)
+    return model.tokenizer
 
 
 #: Template variables a request sets through fields of their own.

@@ -19,18 +19,19 @@ that may be the start of a marker, so that a marker split across tokens
 or chunks is never sent as text; `finish` returns what was held.
 
 Structured output with harmony constrains the final message only
-(`harmony_final_grammar`): the reader then takes content that follows it.
+(`etc.models.engine.constraints.harmony_final`): the reader then takes
+content that follows it.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from typing import Optional
 
-__all__ = ["PARSERS", "CHOICES", "parser_for", "Reader", "split", "harmony_stop_ids",
-           "HARMONY_ANALYSIS", "HARMONY_FINAL_TOKENS", "harmony_final_grammar"]
+from ..models.engine.constraints import writes_harmony
+
+__all__ = ["PARSERS", "CHOICES", "parser_for", "Reader", "split", "harmony_stop_ids"]
 
 PARSERS = ("qwen3", "harmony")
 #: What `etc serve --reasoning-parser` takes.
@@ -49,14 +50,11 @@ _RECIPIENT = re.compile(r"\bto=functions\.([^\s<]+)")
 def parser_for(architecture: Optional[str], tokenizer) -> Optional[str]:
     """The reasoning format of a model (`--reasoning-parser auto`): harmony
     where the tokenizer has harmony's `<|channel|>` and `<|message|>`
-    tokens (or the model is gpt-oss), qwen3 where it has a `</think>`
-    token; None (all content) otherwise."""
-    def has(token: str) -> bool:
-        return tokenizer is not None and tokenizer.token_to_id(token) is not None
-
-    if (has(_CHANNEL) and has(_MESSAGE)) or architecture == "GptOssForCausalLM":
+    tokens (or the model is gpt-oss: `constraints.writes_harmony`), qwen3
+    where it has a `</think>` token; None (all content) otherwise."""
+    if writes_harmony(architecture, tokenizer):
         return "harmony"
-    if has(_UNTHINK):
+    if tokenizer is not None and tokenizer.token_to_id(_UNTHINK) is not None:
         return "qwen3"
     return None
 
@@ -66,40 +64,6 @@ def harmony_stop_ids(tokenizer) -> list[int]:
     that the tokenizer has."""
     ids = [tokenizer.token_to_id(t) for t in _ANSWER_ENDS] if tokenizer else []
     return [i for i in ids if i is not None]
-
-
-#: The Lark rule (llguidance's, special tokens as tokens) of one harmony
-#: analysis message, any text, and the header of the message after it:
-#: what may come before a forced call or a constrained final answer.
-HARMONY_ANALYSIS = ('analysis: <|channel|> "analysis" <|message|> /(.|\\n)*/ <|end|> '
-                    '<|start|> "assistant"')
-#: The special tokens `harmony_final_grammar` writes, which a tokenizer must have.
-HARMONY_FINAL_TOKENS = (_CHANNEL, _MESSAGE, "<|end|>", _START, "<|return|>")
-
-
-def harmony_final_grammar(answer: str) -> str:
-    """The llguidance grammar (a TopLevelGrammar's JSON) of a harmony answer
-    whose `final` message follows `answer` (an llguidance grammar: Lark
-    text or a TopLevelGrammar's JSON, as `Grammar.source` gives it): at
-    most one analysis message (`HARMONY_ANALYSIS`), then
-    `<|channel|>final<|message|>`, the answer, and `<|return|>` or EOS
-    (`<|return|>` is an EOS id of some checkpoints, not of others). So the
-    `content` the reader takes from the final channel follows `answer`."""
-    try:
-        top = json.loads(answer)
-    except ValueError:
-        top = None
-    if not isinstance(top, dict) or not top.get("grammars"):
-        top = {"grammars": [{"lark_grammar": answer}]}
-    grammars = [dict(g) for g in top["grammars"]]
-    # The answer's grammar is referred to by name (`@name`, llguidance's
-    # nested grammar): its rules and lexer stay its own.
-    name = grammars[0].get("name") or "answer"
-    grammars[0]["name"] = name
-    lark = (f'start: analysis? {_CHANNEL} "final" {_MESSAGE} @{name} <|return|>?\n'
-            f"{HARMONY_ANALYSIS}\n")
-    return json.dumps({**top, "grammars": [{"name": "harmony_final", "lark_grammar": lark}]
-                       + grammars})
 
 
 def _held(text: str, markers) -> int:

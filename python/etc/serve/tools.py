@@ -26,7 +26,7 @@ import re
 import uuid
 from typing import Optional
 
-from .reasoning import HARMONY_ANALYSIS
+from ..models.engine.constraints import HARMONY_ANALYSIS
 
 __all__ = ["PARSERS", "parser_for", "parse", "forced_grammar", "HARMONY_TOKENS",
            "CallStream"]

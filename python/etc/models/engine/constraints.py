@@ -9,6 +9,10 @@ llguidance rather than XGrammar: it depends on nothing (XGrammar 0.2.8
 requires torch, transformers and triton, and ETC's runtime stays free of
 torch), reads the checkpoint's tokenizer.json as it is, and covers the JSON
 schemas, regular expressions and Lark grammars the API asks for.
+
+A model that answers a chat in harmony's channels (gpt-oss) has the grammar
+hold for its final message only (`harmony_final`), its analysis free: the
+server's chat answers and `Model.generate`'s chat prompts do.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["Grammar", "GrammarError", "Constraint", "fill_masks"]
+__all__ = ["Grammar", "GrammarError", "Constraint", "fill_masks", "writes_harmony",
+           "harmony_final", "harmony_final_grammar", "HARMONY_ANALYSIS",
+           "HARMONY_FINAL_TOKENS"]
 
 
 class GrammarError(ValueError):
@@ -50,7 +56,7 @@ class Grammar:
     "json_object", "regex", "choice", "lark", "llguidance") and its `value`
     (a schema dict, None, a pattern, a list of strings, a grammar's text,
     llguidance's own grammar as `source` gives it: one grammar built
-    around another, as the server's harmony answers are)."""
+    around another, as `harmony_final` builds a harmony answer's)."""
 
     kind: str
     value: object = None
@@ -74,6 +80,15 @@ class Grammar:
         if self.kind == "llguidance":
             return self.value
         raise ValueError(f"Grammar: unknown kind {self.kind!r}")
+
+
+def _source(grammar: Grammar, param: str) -> str:
+    """`grammar.source()`, a grammar it cannot write a GrammarError naming
+    `param`."""
+    try:
+        return grammar.source()
+    except ValueError as error:
+        raise GrammarError(f"{param}: {error}", param) from None
 
 
 # The llguidance tokenizer of each ETC tokenizer (building one reads the
@@ -109,10 +124,7 @@ class Constraint:
     def __init__(self, model, grammar: Grammar, param: str = "response_format"):
         llg = _llguidance()
         tokenizer = _ll_tokenizer(model)
-        try:
-            source = grammar.source()
-        except ValueError as error:
-            raise GrammarError(f"{param}: {error}", param) from None
+        source = _source(grammar, param)
         error = llg.LLMatcher.validate_grammar(source, tokenizer)
         if error and not error.startswith("WARNING"):
             raise GrammarError(f"{param}: the grammar cannot be compiled: {error}", param)
@@ -165,8 +177,62 @@ def fill_masks(constraints: Sequence[Constraint]) -> np.ndarray:
     return out
 
 
-def grammar_of(kind: str, value) -> Optional[Grammar]:
-    """A `Grammar` from an API field's value (None when it is unset)."""
-    if value is None:
-        return None
-    return Grammar(kind, value)
+# -- harmony (gpt-oss's chat format) -------------------------------------------
+
+_CHANNEL, _MESSAGE = "<|channel|>", "<|message|>"
+
+
+def writes_harmony(architecture: Optional[str], tokenizer) -> bool:
+    """Whether a model answers a chat in harmony's channels: its tokenizer
+    has harmony's `<|channel|>` and `<|message|>` tokens, or it is gpt-oss."""
+    def has(token: str) -> bool:
+        return tokenizer is not None and tokenizer.token_to_id(token) is not None
+
+    return (has(_CHANNEL) and has(_MESSAGE)) or architecture == "GptOssForCausalLM"
+
+
+#: The Lark rule (llguidance's, special tokens as tokens) of one harmony
+#: analysis message, any text, and the header of the message after it:
+#: what may come before a forced call or a constrained final answer.
+HARMONY_ANALYSIS = ('analysis: <|channel|> "analysis" <|message|> /(.|\\n)*/ <|end|> '
+                    '<|start|> "assistant"')
+#: The special tokens `harmony_final_grammar` writes, which a tokenizer must have.
+HARMONY_FINAL_TOKENS = (_CHANNEL, _MESSAGE, "<|end|>", "<|start|>", "<|return|>")
+
+
+def harmony_final_grammar(answer: str) -> str:
+    """The llguidance grammar (a TopLevelGrammar's JSON) of a harmony answer
+    whose `final` message follows `answer` (an llguidance grammar: Lark
+    text or a TopLevelGrammar's JSON, as `Grammar.source` gives it): at
+    most one analysis message (`HARMONY_ANALYSIS`), then
+    `<|channel|>final<|message|>`, the answer, and `<|return|>` or EOS
+    (`<|return|>` is an EOS id of some checkpoints, not of others). So the
+    `content` a harmony reader takes from the final channel follows `answer`."""
+    try:
+        top = json.loads(answer)
+    except ValueError:
+        top = None
+    if not isinstance(top, dict) or not top.get("grammars"):
+        top = {"grammars": [{"lark_grammar": answer}]}
+    grammars = [dict(g) for g in top["grammars"]]
+    # The answer's grammar is referred to by name (`@name`, llguidance's
+    # nested grammar): its rules and lexer stay its own.
+    name = grammars[0].get("name") or "answer"
+    grammars[0]["name"] = name
+    lark = (f'start: analysis? {_CHANNEL} "final" {_MESSAGE} @{name} <|return|>?\n'
+            f"{HARMONY_ANALYSIS}\n")
+    return json.dumps({**top, "grammars": [{"name": "harmony_final", "lark_grammar": lark}]
+                       + grammars})
+
+
+def harmony_final(grammar: Grammar, tokenizer, param: str = "response_format") -> Grammar:
+    """The grammar of a harmony answer whose final message follows
+    `grammar` (`harmony_final_grammar`). Raises GrammarError naming
+    `param` where the tokenizer lacks harmony's tokens or `grammar` does
+    not compile."""
+    missing = [t for t in HARMONY_FINAL_TOKENS
+               if tokenizer is None or tokenizer.token_to_id(t) is None]
+    if missing:
+        raise GrammarError(f"{param}: structured output with harmony needs the special tokens "
+                           f"{', '.join(missing)}, which this model's tokenizer lacks", param)
+    return Grammar("llguidance", harmony_final_grammar(_source(grammar, param)))
