@@ -4,7 +4,8 @@ Each family is a graph (built with `etc.Graph`, so building needs MLIR) and a
 recipe for its inputs that needs only NumPy (`Recipe`), so that the kit can
 draw fresh inputs for every run on a machine without MLIR. Together they
 cover every operator of the front end, the examples, the three dtypes, the
-data-dependent MoE layer and the GGUF block formats of packed weights.
+data-dependent MoE layer (softmax and sigmoid-scored routing), the GEMV's
+ragged last tile and the GGUF block formats of packed weights.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import numpy as np
 
 #: The operators of `etc.Graph` with a one-operator family each.
 OPERATORS = ("matmul", "matmul_t", "matmul_residual", "add", "mul", "silu_mul", "add_row",
-             "mul_row", "silu", "gelu", "exp", "scale", "rmsnorm", "softmax", "sum", "topk")
+             "mul_row", "silu", "gelu", "exp", "scale", "rmsnorm", "softmax", "sum", "topk",
+             "sigmoid_mul")
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,10 @@ class Recipe:
     inputs rounded to bf16, f16 ones cast; `sizes` are the values of the
     symbol to check at; `tolerance` the largest relative error
     ‖out − ref‖ / ‖ref‖ per output; `routing` names (x, router_w, top_k)
-    when the inputs must route tokens unambiguously (MoE)."""
+    when the inputs must route tokens unambiguously (MoE), and for
+    sigmoid-scored routing (x, router_w, top_k, "sigmoid", selection_bias,
+    n_group, topk_group): the chosen experts, and with groups the chosen
+    groups, ahead of the next by a margin."""
 
     sizes: tuple = (1, 5, 33, 64)
     scales: dict = field(default_factory=dict)
@@ -65,6 +70,10 @@ def operator_graph(kind: str):
         y = getattr(g, kind[:3])(x, g.input("r", (96,), "f32"))
     elif kind in ("silu", "gelu", "exp", "softmax", "sum"):
         y = getattr(g, kind)(x)
+    elif kind == "sigmoid_mul":
+        # One gate per row, broadcast over 96 = 64 + 32 columns (a partial
+        # column tile).
+        y = g.sigmoid_mul(g.input("gate", (B, 1), "f32"), x)
     elif kind == "scale":
         y = g.scale(x, -0.5)
     elif kind == "rmsnorm":
@@ -194,6 +203,47 @@ def moe_graph(dtype: str = "f32", name: str = "moe_layer"):
     return g
 
 
+def moe_sigmoid_graph(dtype: str = "f32", name: str = "moe_sigmoid"):
+    """Sigmoid-scored routing (DeepSeek-V3, GLM-4.5) of gated experts: 8
+    experts in 4 groups of 2, the best 2 groups' experts candidates, top 2
+    chosen by score + `bias`, weights renormalised and scaled by 2.5; plus
+    a shared expert gated per token by sigmoid(x . gate_w) (Qwen2-MoE's
+    `sigmoid_mul` on a one-row GEMV)."""
+    import etc
+
+    g = etc.Graph(name)
+    T = g.symbol("T")
+    x = g.input("x", (T, 16), dtype)
+    routed = g.moe(x, g.input("router_w", (16, 8), dtype), g.input("w1", (8, 16, 24), dtype),
+                   g.input("w2", (8, 24, 16), dtype), 2, w_up=g.input("w_up", (8, 16, 24), dtype),
+                   scoring="sigmoid", selection_bias=g.input("bias", (8,), "f32"),
+                   routed_scale=2.5, n_group=4, topk_group=2, tile=8)
+    shared = g.matmul(g.silu(g.matmul(x, g.input("shared_w1", (16, 24), dtype))),
+                      g.input("shared_w2", (24, 16), dtype))
+    gate = g.matmul(x, g.input("gate_w", (1, 16), dtype), transpose_b=True)
+    g.output(g.add(routed, g.sigmoid_mul(gate, shared)))
+    return g
+
+
+#: Rows of Wᵀ for the ragged GEMV family: no GEMV tile width divides them.
+RAGGED_N = (1, 7, 33, 260)
+
+
+def gemv_ragged_graph(dtype: str = "f32", name: str = "gemv_ragged"):
+    """x·Wᵀ at K = 96 for N in RAGGED_N (odd vocabularies as Granite's
+    49,159, Qwen2-MoE's one-row gate): the transposed GEMV
+    (`MatmulSkinnyT`) with a ragged last column tile, whose rows past N
+    are read but not stored."""
+    import etc
+
+    g = etc.Graph(name)
+    B = g.symbol("B")
+    x = g.input("x", (B, 96), dtype)
+    g.output(*[g.matmul(x, g.input(f"w{n}", (n, 96), dtype), transpose_b=True, name=f"y{n}")
+               for n in RAGGED_N])
+    return g
+
+
 def example(name: str):
     """The graph of the repository's `examples/<name>.py` (its `build_<name>()`)."""
     import importlib.util
@@ -208,7 +258,8 @@ def example(name: str):
 
 def families() -> dict:
     """Family name -> (graph builder, recipe)."""
-    small = {"w": 0.3, "z": 0.3, "r": 0.3}
+    # Gates from -12 to 12: sigmoid near 0 and 1 as well as in between.
+    small = {"w": 0.3, "z": 0.3, "r": 0.3, "gate": 4.0}
     table = {f"op_{kind}": ((lambda kind=kind: operator_graph(kind)), Recipe(scales=small))
              for kind in OPERATORS}
     weights = {"w1": 0.1, "w2": 0.1}
@@ -232,6 +283,19 @@ def families() -> dict:
     table["moe_f16"] = (lambda: moe_graph("f16", "moe_f16"),
                         Recipe(sizes=(3, 40), scales=moe_scales, tolerance=3e-3,
                                routing=("x", "router_w", 2)))
+    # Router logits about N(0, 1) and a bias as large as the scores'
+    # spread, so that the bias and the groups change the choice.
+    sigmoid = dict(scales={"router_w": 0.25, "bias": 0.2, "w1": 0.25, "w_up": 0.25, "w2": 0.2,
+                           "shared_w1": 0.25, "shared_w2": 0.2, "gate_w": 0.5},
+                   routing=("x", "router_w", 2, "sigmoid", "bias", 4, 2))
+    table["moe_sigmoid"] = (moe_sigmoid_graph, Recipe(sizes=(1, 7, 40, 100), **sigmoid))
+    table["moe_sigmoid_bf16"] = (lambda: moe_sigmoid_graph("bf16", "moe_sigmoid_bf16"),
+                                 Recipe(sizes=(3, 40), tolerance=2e-2, **sigmoid))
+    # Decode batches: one row, a pass of 4 and one row, 17 (GEMV tiles).
+    ragged = {f"w{n}": 0.1 for n in RAGGED_N}
+    table["gemv_ragged"] = (gemv_ragged_graph, Recipe(sizes=(1, 5, 17), scales=ragged))
+    table["gemv_ragged_bf16"] = (lambda: gemv_ragged_graph("bf16", "gemv_ragged_bf16"),
+                                 Recipe(sizes=(1, 5, 17), scales=ragged, tolerance=2e-2))
     table["example_mlp"] = (lambda: example("mlp"),
                             Recipe(sizes=(1, 7, 64), scales={"w1": 0.06, "w2": 0.05}))
     # Routes rmsnorm(x), so the margin check on x does not apply; ties
@@ -298,14 +362,38 @@ def hang_signature():
 # Inputs (NumPy only)
 # ---------------------------------------------------------------------------
 
-def _routing_margin(x, router_w, top_k: int) -> float:
+def _gap(scores, chosen: int):
+    """Per row, the last chosen score's lead over the first one left."""
+    ordered = -np.sort(-scores, axis=-1)
+    return ordered[:, chosen - 1] - ordered[:, chosen]
+
+
+def _routing_margin(x, router_w, top_k: int, bias=None, n_group: int = 0,
+                    topk_group: int = 1) -> float:
+    """The smallest lead, over tokens, of the chosen experts (softmax
+    scores; with `n_group`, sigmoid scores plus `bias` and, past one group,
+    also of the chosen groups' scores, as `etc.reference.moe_route`)."""
     logits = x.astype(np.float32) @ router_w.astype(np.float32)
-    p = np.exp(logits - logits.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    if top_k >= p.shape[1]:
+    if not len(logits) or top_k >= logits.shape[1]:
         return 1.0
-    ordered = -np.sort(-p, axis=-1)
-    return float(np.min(ordered[:, top_k - 1] - ordered[:, top_k])) if len(p) else 1.0
+    if not n_group:
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        return float(np.min(_gap(p / p.sum(-1, keepdims=True), top_k)))
+    ranked = np.float32(1) / (np.float32(1) + np.exp(-logits)) + bias.astype(np.float32)
+    gaps = []
+    if n_group > 1:
+        size = ranked.shape[1] // n_group
+        best_two = -np.sort(-ranked.reshape(len(ranked), n_group, size), axis=-1)[..., :2]
+        group_scores = best_two.sum(-1)
+        if topk_group < n_group:
+            gaps.append(_gap(group_scores, topk_group))
+        # Stable: equal group scores keep the lower group, as the routing.
+        kept = np.argsort(-group_scores, axis=-1, kind="stable")[:, :topk_group]
+        inside = np.zeros(group_scores.shape, bool)
+        np.put_along_axis(inside, kept, True, axis=1)
+        ranked = np.where(np.repeat(inside, size, axis=1), ranked, -np.inf)
+    gaps.append(_gap(ranked, top_k))
+    return float(min(np.min(g) for g in gaps))
 
 
 def make_inputs(arguments, symbols: dict, recipe: Recipe, rng) -> dict:
@@ -331,8 +419,14 @@ def make_inputs(arguments, symbols: dict, recipe: Recipe, rng) -> dict:
             inputs[arg.name] = values
         if recipe.routing is None:
             return inputs
-        x, router_w, top_k = recipe.routing
-        if _routing_margin(inputs[x], inputs[router_w], top_k) > 1e-4:
+        x, router_w, top_k, *sigmoid = recipe.routing
+        if sigmoid:
+            _, bias, n_group, topk_group = sigmoid
+            margin = _routing_margin(inputs[x], inputs[router_w], top_k, inputs[bias],
+                                     n_group, topk_group)
+        else:
+            margin = _routing_margin(inputs[x], inputs[router_w], top_k)
+        if margin > 1e-4:
             return inputs
     raise RuntimeError("could not draw inputs with an unambiguous routing")
 
