@@ -269,11 +269,13 @@ class Golden:
             f"{int(np.sum(errors > 1))} of {len(errors)} positions are outside it")
         return errors
 
-    def check_reference(self, config, weights: dict, misreadings: dict) -> None:
+    def check_reference(self, config, weights: dict, misreadings: dict,
+                        miss: float = 1) -> None:
         """Asserts that the NumPy forward pass (`etc.models.step.reference`)
         of `config` and `weights` is within the tolerance of transformers'
         logits, and that each of `misreadings` (what -> a function of
-        (config, weights) giving the misread pair) is outside it."""
+        (config, weights) giving the misread pair) is more than `miss`
+        times it away."""
         from etc.models.step import reference
 
         def logits(config, weights):
@@ -282,8 +284,8 @@ class Golden:
 
         self.check_logits(logits(config, weights))
         for what, misread in misreadings.items():
-            assert self.errors(logits(*misread(config, weights))).max() > 1, (
-                f"{self.name}: {what}: still within the golden's tolerance")
+            assert self.errors(logits(*misread(config, weights))).max() > miss, (
+                f"{self.name}: {what}: still within {miss} times the golden's tolerance")
 
     def check_tokens(self, tokens: list) -> None:
         """Asserts that the greedy `tokens` (per prompt) are transformers',

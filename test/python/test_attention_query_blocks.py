@@ -48,13 +48,12 @@ def _graph(heads, kv_heads, chunk, max_length, paged, window=None, softcap=None,
     return g
 
 
-def _run(g, kernel, steps, heads, kv_heads, max_length, paged, rng, values=None, d=D):
-    """Runs `steps` (new tokens per request) through `kernel` and NumPy's
-    reference, on caches of two requests (paged: their blocks shuffled over
-    the pool), heads of `d`; returns the kernel's outputs. `values(
-    positions)`, if given, makes each token's q, k and v (else random)."""
-    width = kv_heads * d
-    requests = len(steps[0])
+def empty_caches(rng, requests: int, width: int, max_length: int, paged: bool, storage):
+    """Four zeroed caches (k and v, kernel's and reference's) of `requests`
+    sequences of `max_length` rows of `width`: paged, blocks of 16 rows
+    shuffled over a pool one block larger than needed, with the block
+    tables (else contiguous, tables None)."""
+    tables = None
     if paged:
         per = max_length // 16
         pool = requests * per + 1
@@ -63,7 +62,17 @@ def _run(g, kernel, steps, heads, kv_heads, max_length, paged, rng, values=None,
         shape = (pool, 16, width)
     else:
         shape = (requests, max_length, width)
-    caches = [np.zeros(shape, np.uint16) for _ in range(4)]
+    return tables, [np.zeros(shape, storage) for _ in range(4)]
+
+
+def _run(g, kernel, steps, heads, kv_heads, max_length, paged, rng, values=None, d=D):
+    """Runs `steps` (new tokens per request) through `kernel` and NumPy's
+    reference, on caches of two requests (paged: their blocks shuffled over
+    the pool), heads of `d`; returns the kernel's outputs. `values(
+    positions)`, if given, makes each token's q, k and v (else random)."""
+    width = kv_heads * d
+    requests = len(steps[0])
+    tables, caches = empty_caches(rng, requests, width, max_length, paged, np.uint16)
     lengths, outputs = [0] * requests, []
     for new in steps:
         batch = _batch(lengths, new, list(range(requests)))

@@ -24,6 +24,7 @@ from etc.ops.attention_cpu import AttentionChunkBlocks
 from etc.reference_llm import attention as reference_attention
 from etc.runtime import isa
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
+from test_attention_query_blocks import empty_caches
 from test_llm_ops import _batch
 
 # The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
@@ -91,16 +92,8 @@ def _run(g, kernel, steps, sinks, heads=4, kv_heads=2, head_dim=16, max_length=4
     rng = np.random.default_rng(seed)
     width = kv_heads * head_dim
     requests = len(steps[0])
-    storage = np.uint16 if bf16 else np.float32
-    if paged:
-        per = max_length // 16
-        pool = requests * per + 1
-        order = rng.permutation(pool)
-        tables = np.stack([order[r * per:(r + 1) * per] for r in range(requests)]).astype(np.int32)
-        shape = (pool, 16, width)
-    else:
-        shape = (requests, max_length, width)
-    caches = [np.zeros(shape, storage) for _ in range(4)]
+    tables, caches = empty_caches(rng, requests, width, max_length, paged,
+                                  np.uint16 if bf16 else np.float32)
     slots = list(rng.permutation(requests))
     lengths, runs = [0] * requests, []
     for step, new in enumerate(steps):
