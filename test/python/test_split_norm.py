@@ -4,11 +4,13 @@ norms): every kernel flavour against the NumPy reference at ragged widths
 and every row count from 1 to 33 (the portable kernels, the CPU vector
 ones, the CUDA ones with their lanes simulated on the CPU), the whole row's
 split norm is `rmsnorm`, the GPU check kit's families, PTX that assembles
-without spills on sm_80 and sm_90a, and the errors that name the argument."""
+without spills on sm_80 and sm_90a, a real-width OLMo 2 shard's step graph
+that assembles, and the errors that name the argument."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import pytest
 
 import etc
 from etc.ops import splitnorm
-from ptxas_check import assemble, assert_no_spills, needs_ptxas
+from ptxas_check import PTXAS, assemble, assert_no_spills, needs_ptxas
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "kit"))
@@ -151,6 +153,31 @@ def test_kit_family_assembles_without_spills(name, chip, tmp_path):
     graph = families.families()[name][0]()
     report = assemble(etc.compile(graph, target="cuda", chip=chip).ptx, chip, tmp_path, name)
     assert_no_spills(report)
+
+
+@needs_ptxas
+def test_olmo_shard_step_graph_assembles(tmp_path):
+    """OLMo-2-1B's step graph (2 layers) on one of 2 ranks, bf16, for
+    sm_90a: its q/k norms on the GPU kernels at the real widths (1024 of
+    2048 per rank), the (T, 2) sums all-reduced; the PTX assembles as
+    relocatable code (`ptxas -c`: NVSHMEM's device library is linked at
+    load, test_nvshmem.py)."""
+    from etc.models.loading.config import ModelConfig
+    from etc.models.step.graph import build_step_graph
+    from etc.models.step.parallel import shard_config
+    from etc.models.testing import shaped_config
+
+    config = shard_config(ModelConfig.from_dict(shaped_config("olmo-2-1b", layers=2)), 2)
+    graph = build_step_graph(config, dtype="bf16", max_seq_len=4096, chunk=256,
+                             kv_block_size=16, ranks=2)
+    kernel = etc.compile(graph, target="cuda", chip="sm_90a")
+    assert {"sum_squares_gpu", "split_rmsnorm_gpu"} <= set(
+        re.findall(r"_tile_(\w+?)_\d+\(", kernel.ir("graph")))
+    path = tmp_path / "olmo_shard.ptx"
+    path.write_text(kernel.ptx)
+    result = subprocess.run([PTXAS, "-arch=sm_90a", "-c", str(path), "-o", "/dev/null"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
 
 
 def test_errors_name_the_argument():

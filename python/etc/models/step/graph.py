@@ -91,7 +91,10 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     `all_reduce` fused into the step (`etc.models.step.parallel`); each
     rank's attention has its heads' sinks, the o_proj bias is added after
     the reduce, and an expert's down bias is in rank 0's partial sum only
-    (its weight is zero on the others: `parallel.shard_weight`).
+    (its weight is zero on the others: `parallel.shard_weight`). q/k norms
+    over the whole projections (OLMo) all-reduce each rank's sums of
+    squares of its shares of q and k, (T, 2) f32, and norm the shares by
+    the whole widths (`split_rmsnorm`).
 
     `weight_formats` (weight name -> a format of `etc.packed`) names the
     weights that stay packed: matrices read by rows (the projections, the

@@ -70,7 +70,8 @@ def shard_config(config: ModelConfig, ranks: int, padding: Optional[dict] = None
     KV heads (rank r takes the r-th contiguous group, so its query heads
     use its KV heads), `intermediate_size / ranks` columns of the dense
     MLPs and `moe_intermediate_size / ranks` of every expert's (the experts,
-    their router and the norms are on every rank), and
+    their router and the norms are on every rank, but for OLMo's q/k
+    norms over the whole projections, split with the heads), and
     `shared_expert_intermediate_size / ranks` of a shared expert's (its
     gate vector whole); a width in `padding` (`padded_blocks`: field ->
     block) is shared in whole blocks, padded: its share is rounded up to
@@ -238,6 +239,9 @@ def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int,
     `unaligned_packed` for the weights that cannot be); the MLP widths
     named in `padding` (`padded_blocks`) split in whole blocks, each
     rank's share padded with zeros.
+
+    OLMo 2's, 3's and OLMoE's q/k norms (over the whole projections):
+    the slices of their weights that its heads' share of q and k takes.
 
     gpt-oss's: each rank's heads' attention sinks, its rows of the
     experts' gate and up biases; the experts' down biases on rank 0 and
