@@ -4,8 +4,8 @@
 about the graph itself. Each method checks its operands (shapes, dtypes,
 index tensors) with errors that name them and records one `Operation`; the
 tasks and tile kernels are in the operator families of `etc.ops`
-(embedding, rope, headnorm, kvcache, attention, sampling), the NumPy
-meaning in `etc.reference`.
+(embedding, rope, headnorm, splitnorm, kvcache, attention, sampling), the
+NumPy meaning in `etc.reference`.
 
 A step of a model takes a *ragged batch*: R requests, each bringing one or
 more new tokens (a prompt to prefill, or one token to decode), T tokens in
@@ -81,8 +81,9 @@ class RaggedBatch:
 
 
 class LLMOperators:
-    """Embedding, RoPE, per-head RMSNorm, KV-cache append, attention over
-    the cache, greedy and sampled token choice (mixed into `etc.Graph`)."""
+    """Embedding, RoPE, per-head RMSNorm, the RMSNorm of rows split over
+    ranks, KV-cache append, attention over the cache, greedy and sampled
+    token choice (mixed into `etc.Graph`)."""
 
     # -- shared checks ---------------------------------------------------
 
