@@ -14,6 +14,8 @@ check (the same tokens, logits within 1e-4); here:
   that differs, within a relative error (‖split − whole‖ / ‖whole‖) of
   2e-2 (measured 1.4e-2; Qwen3's and Llama's tiny models 1.1e-2 and
   1.0e-2);
+* OLMo 2 in f32 on the dynamic schedule: the same tokens, logits within
+  1e-4;
 * GGUF files in Q8_0 (OLMo 2, OLMoE), kept packed: the same tokens, logits
   within 1e-4 (a rank quantizes the same 32-value blocks of the
   activations as one rank does).
@@ -65,8 +67,10 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     ranks, rank = comm.Get_size(), comm.Get_rank()
     with tempfile.TemporaryDirectory(prefix=f"etc-tp-olmo-{rank}-") as directory:
-        runs = [(name, "bf16", write_checkpoint(os.path.join(directory, name), config, seed=9),
-                 dict(dtype="bf16")) for name, config in MODELS.items()]
+        paths = {name: write_checkpoint(os.path.join(directory, name), config, seed=9)
+                 for name, config in MODELS.items()}
+        runs = [(name, "bf16", path, dict(dtype="bf16")) for name, path in paths.items()]
+        runs.append(("olmo2", "dynamic", paths["olmo2"], dict(dtype="f32", schedule="dynamic")))
         for name, config in GGUF_MODELS.items():
             path = write_gguf(os.path.join(directory, f"{name}.gguf"), config, seed=4,
                               tensor_type="Q8_0")
