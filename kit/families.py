@@ -5,7 +5,8 @@ recipe for its inputs that needs only NumPy (`Recipe`), so that the kit can
 draw fresh inputs for every run on a machine without MLIR. Together they
 cover every operator of the front end, the examples, the three dtypes, the
 data-dependent MoE layer (softmax and sigmoid-scored routing), the GEMV's
-ragged last tile and the GGUF block formats of packed weights.
+ragged last tile, the norm split over ranks (`sum_squares`,
+`split_rmsnorm`) and the GGUF block formats of packed weights.
 """
 
 from __future__ import annotations
@@ -244,6 +245,26 @@ def gemv_ragged_graph(dtype: str = "f32", name: str = "gemv_ragged"):
     return g
 
 
+def split_norm_graph(dtype: str = "f32", name: str = "split_norm"):
+    """A tensor-parallel rank's whole-projection q/k norms (OLMo 2, OLMo 3,
+    OLMoE): `sum_squares` of q (B, 96) and k (B, 40), plus those of the
+    other rank's shares (inputs `q1`, `k1`: the all-reduce's sum), and
+    `split_rmsnorm` of q and k by their whole widths 192 and 80; widths of
+    whole 16-byte slices in f32 and bf16 (the GPU kernels)."""
+    import etc
+
+    g = etc.Graph(name)
+    B = g.symbol("B")
+    q, k = g.input("q", (B, 96), dtype), g.input("k", (B, 40), dtype)
+    totals = g.add(g.sum_squares(q, k),
+                   g.sum_squares(g.input("q1", (B, 96), dtype), g.input("k1", (B, 40), dtype)))
+    g.output(totals,
+             g.split_rmsnorm(q, g.input("wq", (96,), dtype), totals, width=192, eps=1e-6),
+             g.split_rmsnorm(k, g.input("wk", (40,), dtype), totals, width=80, column=1,
+                             eps=1e-6, offset=1.0))
+    return g
+
+
 def example(name: str):
     """The graph of the repository's `examples/<name>.py` (its `build_<name>()`)."""
     import importlib.util
@@ -296,6 +317,9 @@ def families() -> dict:
     table["gemv_ragged"] = (gemv_ragged_graph, Recipe(sizes=(1, 5, 17), scales=ragged))
     table["gemv_ragged_bf16"] = (lambda: gemv_ragged_graph("bf16", "gemv_ragged_bf16"),
                                  Recipe(sizes=(1, 5, 17), scales=ragged, tolerance=2e-2))
+    table["split_norm"] = (split_norm_graph, Recipe(sizes=(1, 5, 33)))
+    table["split_norm_bf16"] = (lambda: split_norm_graph("bf16", "split_norm_bf16"),
+                                Recipe(sizes=(1, 5, 33), tolerance=2e-2))
     table["example_mlp"] = (lambda: example("mlp"),
                             Recipe(sizes=(1, 7, 64), scales={"w1": 0.06, "w2": 0.05}))
     # Routes rmsnorm(x), so the margin check on x does not apply; ties

@@ -4,8 +4,8 @@
 about the graph itself. Each method checks its operands (shapes, dtypes,
 index tensors) with errors that name them and records one `Operation`; the
 tasks and tile kernels are in the operator families of `etc.ops`
-(embedding, rope, headnorm, kvcache, attention, sampling), the NumPy
-meaning in `etc.reference`.
+(embedding, rope, headnorm, splitnorm, kvcache, attention, sampling), the
+NumPy meaning in `etc.reference`.
 
 A step of a model takes a *ragged batch*: R requests, each bringing one or
 more new tokens (a prompt to prefill, or one token to decode), T tokens in
@@ -81,8 +81,9 @@ class RaggedBatch:
 
 
 class LLMOperators:
-    """Embedding, RoPE, per-head RMSNorm, KV-cache append, attention over
-    the cache, greedy and sampled token choice (mixed into `etc.Graph`)."""
+    """Embedding, RoPE, per-head RMSNorm, the RMSNorm of rows split over
+    ranks, KV-cache append, attention over the cache, greedy and sampled
+    token choice (mixed into `etc.Graph`)."""
 
     # -- shared checks ---------------------------------------------------
 
@@ -266,6 +267,64 @@ class LLMOperators:
         tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
         return self._finish(kind, [("x", x), ("weight", weight)], x.shape, dtype, tile,
                             {"head_dim": head_dim, "eps": float(eps),
+                             **norm_offset(kind, offset)}, None, name)
+
+    def sum_squares(self, *xs, tile=None, name: Optional[str] = None):
+        """(T, n) f32: column j the sum of the squares of each row of xs[j]
+        (T, N_j), in float32; the operands have the same rows and dtype.
+        A tensor-parallel rank's share of a whole-row norm's statistic
+        (OLMo's q/k norms): an `all_reduce` of it gives the whole rows',
+        which `split_rmsnorm` takes. `tile=(m,)` sets the rows per tile
+        (default 32)."""
+        kind = "sum_squares"
+        if not xs:
+            raise ValueError(f"{kind}: needs at least one operand")
+        operands = [(f"x{j}", x) for j, x in enumerate(xs)]
+        for role, x in operands:
+            self._check_operand(kind, role, x, ranks=(2,))
+            if not same_dim(x.shape[0], xs[0].shape[0]):
+                raise ValueError(f"{kind}: {describe(role, x)} and {describe('x0', xs[0])} "
+                                 f"differ in rows")
+        self._same_dtype(kind, operands)
+        tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), xs[0].shape[:1])
+        return self._finish(kind, operands, (xs[0].shape[0], len(xs)), "f32", tile, {}, None,
+                            name)
+
+    def split_rmsnorm(self, x, weight, sum_squares, *, width: int, column: int = 0,
+                      eps: float = 1e-6, offset: float = 0.0, tile=None,
+                      name: Optional[str] = None):
+        """RMSNorm of x (T, N), a share of rows `width` wide whose squares
+        sum to sum_squares[:, column] ((T, n) f32, e.g. `all_reduce` of
+        `sum_squares`): x / sqrt(sum_squares[:, column] / width + eps) *
+        (offset + weight), weight (N,) the share's slice, in float32 and
+        rounded once. On one rank with the row's own sums it is `rmsnorm`.
+        `tile=(m,)` sets the rows per tile (default 32)."""
+        kind = "split_rmsnorm"
+        self._check_operand(kind, "x", x, ranks=(2,))
+        self._check_operand(kind, "weight", weight, ranks=(1,))
+        self._check_operand(kind, "sum_squares", sum_squares, ranks=(2,))
+        if weight.shape != (x.shape[1],):
+            raise ValueError(f"{kind}: {describe('weight', weight)} must have shape "
+                             f"({x.shape[1]},) to match the columns of {describe('x', x)}")
+        dtype = self._same_dtype(kind, [("x", x), ("weight", weight)])
+        if sum_squares.dtype != "f32" or not same_dim(sum_squares.shape[0], x.shape[0]):
+            raise ValueError(f"{kind}: {describe('sum_squares', sum_squares)} must be f32 "
+                             f"with the rows of {describe('x', x)}")
+        columns = sum_squares.shape[1]
+        if isinstance(column, bool) or not isinstance(column, int) or column < 0 or \
+                (isinstance(columns, int) and column >= columns):
+            raise ValueError(f"{kind}: 'column' = {column!r} is not a column of "
+                             f"{describe('sum_squares', sum_squares)}")
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1 or \
+                (isinstance(x.shape[1], int) and width < x.shape[1]):
+            raise ValueError(f"{kind}: 'width' = {width!r} must be a positive int, the whole "
+                             f"row's width, at least that of {describe('x', x)}")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
+            raise ValueError(f"{kind}: 'eps' must be a non-negative float, got {eps!r}")
+        tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
+        return self._finish(kind, [("x", x), ("weight", weight), ("sum_squares", sum_squares)],
+                            x.shape, dtype, tile,
+                            {"width": width, "column": column, "eps": float(eps),
                              **norm_offset(kind, offset)}, None, name)
 
     def kv_append(self, cache, values, batch: RaggedBatch, *, tile=None):

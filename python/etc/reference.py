@@ -20,8 +20,9 @@ Dtypes:
 ``np.int32``.
 ``moe`` computes its experts in float32 and rounds only its result; its
 internal routing buffers are not outputs. The LLM operators (embedding,
-rope, head_rmsnorm, kv_append, attention, argmax, sample) are computed by
-`etc.reference_llm` (and `sample` by `etc.reference_sampling`).
+rope, head_rmsnorm, sum_squares, split_rmsnorm, kv_append, attention, argmax,
+sample) are computed by `etc.reference_llm` (and `sample` by
+`etc.reference_sampling`).
 
 State buffers (`Graph.state`) are passed like inputs and, as in the
 compiled kernels, updated in place: after `evaluate`, the caller's state

@@ -11,12 +11,12 @@ import numpy as np
 
 from . import reference_sampling
 
-__all__ = ["embedding", "rope", "rope_inv_freq", "head_rmsnorm", "kv_append", "attention",
-           "paged_rows", "argmax", "KINDS", "apply"]
+__all__ = ["embedding", "rope", "rope_inv_freq", "head_rmsnorm", "sum_squares", "split_rmsnorm",
+           "kv_append", "attention", "paged_rows", "argmax", "KINDS", "apply"]
 
 #: The operator kinds this module computes.
 KINDS = ("embedding", "rope", "head_rmsnorm", "kv_append", "attention", "argmax", "sample",
-         "adjust_logits")
+         "adjust_logits", "sum_squares", "split_rmsnorm")
 
 
 def embedding(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -63,6 +63,20 @@ def head_rmsnorm(x: np.ndarray, weight: np.ndarray, head_dim: int, eps: float,
     ms = np.mean(heads * heads, axis=-1, keepdims=True, dtype=np.float32)
     weight = np.float32(offset) + weight
     return (heads / np.sqrt(ms + np.float32(eps)) * weight).reshape(x.shape)
+
+
+def sum_squares(*xs: np.ndarray) -> np.ndarray:
+    """(T, n): column j the float32 sum of the squares of each row of xs[j]."""
+    return np.stack([np.sum(x * x, axis=-1, dtype=np.float32) for x in xs], axis=-1)
+
+
+def split_rmsnorm(x: np.ndarray, weight: np.ndarray, totals: np.ndarray, width: int,
+                  column: int, eps: float, offset: float = 0.0) -> np.ndarray:
+    """x / sqrt(totals[:, column] / width + eps) * (offset + weight): the
+    RMSNorm of a share of rows `width` wide whose squares sum to the
+    column of `totals`."""
+    ms = totals[:, column:column + 1] / np.float32(width)
+    return x / np.sqrt(ms + np.float32(eps)) * (np.float32(offset) + weight)
 
 
 def _cache_rows(cache: np.ndarray, positions: np.ndarray, token_request: np.ndarray,
@@ -178,6 +192,11 @@ def apply(op, vals: list) -> np.ndarray:
     if kind == "head_rmsnorm":
         return head_rmsnorm(vals[0], vals[1], params["head_dim"], params["eps"],
                             params.get("offset", 0.0))
+    if kind == "sum_squares":
+        return sum_squares(*vals)
+    if kind == "split_rmsnorm":
+        return split_rmsnorm(*vals, params["width"], params["column"], params["eps"],
+                             params.get("offset", 0.0))
     if kind == "kv_append":
         return kv_append(*vals, block_size=params.get("block_size"))
     if kind == "attention":

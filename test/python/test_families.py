@@ -83,9 +83,6 @@ GGUF_FAMILIES = {
 #: layers are Granite's and Mixtral's, GraniteMoeShared's Granite MoE's
 #: and a dense MLP's, OLMo 3's OLMo 2's with Gemma's windows.
 COVERED = ("granite_moe", "granite_moe_shared", "olmo3")
-#: Families that refuse tensor parallelism (OLMo 2's, 3's and OLMoE's q/k
-#: norms span every head: test_olmo_glm.py and test_olmoe.py check it).
-NO_TENSOR_PARALLEL = ("olmo2", "olmo3", "olmoe")
 
 
 @pytest.fixture(scope="module")
@@ -497,14 +494,13 @@ def test_tensor_parallel_families_match_one_rank():
 
     script = os.path.join(os.path.dirname(__file__), "distributed",
                           "tensor_parallel_families.py")
-    split = {name: config for name, config in FAMILIES.items() if name not in NO_TENSOR_PARALLEL}
-    families = [f"{name}={json.dumps(config)}" for name, config in split.items()]
+    families = [f"{name}={json.dumps(config)}" for name, config in FAMILIES.items()]
     result = distributed.launch(2, [script, *families], timeout=400,
                                 env=dict(os.environ, ETC_PIN_WORKERS="0"))
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     for rank in range(2):
-        for name in split:
+        for name in FAMILIES:
             assert f"rank {rank}: {name} tensor parallel matches" in output, output
 
 

@@ -4,7 +4,7 @@ RMSNorms over the whole projections; OLMo 3's sliding layers) and GLM-4
 (Glm4ForCausalLM: q/k/v biases, four norms, a fused gate/up projection,
 RoPE on half of each head in GPT-J's interleaved pairs). What is specific
 to them: their configs and refusals, GLM-4's interleaved layout
-(`partial_rotary`), OLMo's refusal of tensor parallelism, the NumPy
+(`partial_rotary`), OLMo's q/k norms split over ranks, the NumPy
 forward pass against transformers' goldens with the mistakes those would
 catch, and their GGUF files (`olmo2`, `glm4`) against llama.cpp itself.
 The rest (teacher forcing, paged, chunked, batched, static schedule, CUDA
@@ -228,22 +228,53 @@ def test_olmo2_weights(tmp_path):
         Checkpoint(path).weights()
 
 
-def test_olmo_refuses_tensor_parallelism():
-    """Whole-projection q/k norms do not split by heads: OLMo 2 and 3 on
-    several ranks are refused by name, by the shard and by the step graph;
-    GLM-4 (per-head layout, biases split by heads) shards."""
+def test_olmo_shards_split_the_qk_norms_by_heads(tmp_path):
+    """OLMo 2 and 3 split over 2 ranks: each rank's q/k norm weights are
+    its heads' slices; the step graph sums each rank's squares of q and k
+    into one (T, 2) f32 tensor, all-reduces it once per layer, and norms q
+    and k by the whole widths; the ranks' split norms of their shares are
+    the whole rows' RMSNorm (NumPy). GLM-4 (per-head layout, biases split
+    by heads) shards too. The 2-rank models against one rank:
+    test_tensor_parallel.py and test_families.py."""
+    from etc import reference_llm
     from etc.models.step.graph import build_step_graph
-    from etc.models.step.parallel import shard_config
+    from etc.models.step.parallel import shard_config, shard_weights
 
     for architecture in (OLMO2, OLMO3):
         c = read(architecture)
-        with pytest.raises(NotImplementedError, match=rf"tensor_parallel=2: {architecture}'s "
-                                                      rf"q/k norms span the whole q and k"):
-            shard_config(c, 2)
-        with pytest.raises(NotImplementedError, match=rf"ranks=2: tensor-parallel "
-                                                      rf"{architecture} \(its q/k norms"):
-            build_step_graph(c, max_seq_len=16, chunk=4, ranks=2)
-        assert shard_config(c, 1) == c
+        shard = shard_config(c, 2)
+        q, kv = shard.num_heads * c.head_dim, shard.num_kv_heads * c.head_dim
+        weights = Checkpoint(write_checkpoint(tmp_path / architecture, tiny_config(architecture),
+                                              seed=3)).weights()
+        for rank in (0, 1):
+            part = shard_weights(c, weights, 2, rank)
+            np.testing.assert_array_equal(part["l1_q_norm"],
+                                          weights["l1_q_norm"][rank * q:(rank + 1) * q])
+            np.testing.assert_array_equal(part["l1_k_norm"],
+                                          weights["l1_k_norm"][rank * kv:(rank + 1) * kv])
+        g = build_step_graph(shard, max_seq_len=16, chunk=4, ranks=2)
+        ops = g.operations
+        sums = [op for op in ops if op.kind == "sum_squares"]
+        norms = [op for op in ops if op.kind == "split_rmsnorm"]
+        assert len(sums) == c.num_layers and len(norms) == 2 * c.num_layers
+        assert all(op.result.shape[1] == 2 and op.result.dtype == "f32" for op in sums)
+        reduced = {op.operands[0].name for op in ops if op.kind == "all_reduce"}
+        assert {op.result.name for op in sums} <= reduced
+        assert [(op.params["width"], op.params["column"]) for op in norms[:2]] == \
+            [(2 * q, 0), (2 * kv, 1)]
+        one_rank = build_step_graph(c, max_seq_len=16, chunk=4).operations
+        count = lambda ops: sum(op.kind == "rmsnorm" for op in ops)
+        assert count(ops) == count(one_rank) - 2 * c.num_layers
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((3, 2 * q)).astype(np.float32)
+        w = weights["l0_q_norm"]
+        halves = [x[:, :q], x[:, q:]]
+        totals = sum(reference_llm.sum_squares(h) for h in halves)
+        split = np.concatenate([reference_llm.split_rmsnorm(
+            h, w[r * q:(r + 1) * q], totals, 2 * q, 0, c.rms_norm_eps)
+            for r, h in enumerate(halves)], axis=1)
+        whole = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + c.rms_norm_eps) * w
+        np.testing.assert_allclose(split, whole, rtol=1e-6, atol=1e-6)
     assert shard_config(read(GLM4), 2).num_heads == 2
 
 

@@ -2,7 +2,7 @@
 whole projections as OLMo 2's, a sparse MoE block in every layer whose
 top-k softmax weights are not renormalised by default). What is specific to
 it: its config (OLMoE-1B-7B's as published) and refusals, its weights as
-the graph names them, its refusal of tensor parallelism, the NumPy forward
+the graph names them, its q/k norms split over ranks, the NumPy forward
 pass against transformers' goldens with the mistakes those would catch,
 and its GGUF file (`olmoe`) against llama.cpp itself. The rest (teacher
 forcing, paged, chunked, batched, static schedule, CUDA lanes, half
@@ -171,20 +171,29 @@ def test_transformers5_fused_experts_read_alike(tmp_path):
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
-def test_refuses_tensor_parallelism():
-    """Whole-projection q/k norms do not split by heads: OLMoE on several
-    ranks is refused by name, by the shard and by the step graph."""
+def test_shards_split_the_qk_norms_by_heads(tmp_path):
+    """OLMoE over 2 ranks: the q/k norm weights split with the heads, the
+    router and experts' columns as Qwen3-MoE's; the step graph all-reduces
+    each layer's (T, 2) sums of squares of q and k once and norms them by
+    the whole widths (the 2-rank model against one rank:
+    test_tensor_parallel.py and test_families.py)."""
     from etc.models.step.graph import build_step_graph
-    from etc.models.step.parallel import shard_config
+    from etc.models.step.parallel import shard_config, shard_weights
 
     c = read()
-    with pytest.raises(NotImplementedError, match=r"tensor_parallel=2: OlmoeForCausalLM's q/k "
-                                                  r"norms span the whole q and k"):
-        shard_config(c, 2)
-    with pytest.raises(NotImplementedError, match=r"ranks=2: tensor-parallel OlmoeForCausalLM "
-                                                  r"\(its q/k norms"):
-        build_step_graph(c, max_seq_len=16, chunk=4, ranks=2)
-    assert shard_config(c, 1) == c
+    shard = shard_config(c, 2)
+    q, kv = shard.num_heads * c.head_dim, shard.num_kv_heads * c.head_dim
+    weights = Checkpoint(write_checkpoint(tmp_path / "olmoe", tiny_config(OLMOE),
+                                          seed=3)).weights()
+    part = shard_weights(c, weights, 2, 1)
+    np.testing.assert_array_equal(part["l0_q_norm"], weights["l0_q_norm"][q:])
+    np.testing.assert_array_equal(part["l0_k_norm"], weights["l0_k_norm"][kv:])
+    np.testing.assert_array_equal(part["l0_router"], weights["l0_router"])
+    ops = build_step_graph(shard, max_seq_len=16, chunk=4, ranks=2).operations
+    norms = [(op.params["width"], op.params["column"]) for op in ops
+             if op.kind == "split_rmsnorm"]
+    assert norms == [(2 * q, 0), (2 * kv, 1)] * c.num_layers
+    assert sum(op.kind == "sum_squares" for op in ops) == c.num_layers
 
 
 # ----------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Tensor-parallel models on several ranks, run as real MPI processes on
 this machine: `etc.models.load(..., tensor_parallel=N)` (dense,
-Mixture-of-Experts, gpt-oss) against the whole model on one rank, `etc serve
---tensor-parallel 2` answering the openai client, the `etc` command on two
-ranks (generate, chat), and a served model losing a rank."""
+Mixture-of-Experts, gpt-oss, OLMo's whole-projection q/k norms) against the
+whole model on one rank, `etc serve --tensor-parallel 2` answering the
+openai client, the `etc` command on two ranks (generate, chat), and a
+served model losing a rank."""
 
 import os
 
@@ -36,6 +37,21 @@ def test_tensor_parallel_moe_matches_one_rank():
     assert result.returncode == 0, output
     for rank in range(2):
         assert f"rank {rank}: tensor parallel MoE matches" in output, output
+
+
+def test_tensor_parallel_olmo_matches_one_rank():
+    """OLMo 2, OLMo 3 and OLMoE (q/k norms over the whole projections)
+    split over 2 ranks: each rank's sums of squares of q and k added by one
+    all_reduce per layer, computed in bf16, OLMo 2 on the dynamic
+    schedule, and from Q8_0 GGUF files kept packed, match the model on one
+    rank (bf16: the first tokens, logits within a relative 2e-2 while the
+    tokens agree; the others: the tokens, logits within 1e-4)."""
+    result, output = launch(2, "tensor_parallel_olmo.py")
+    assert result.returncode == 0, output
+    for rank in range(2):
+        for name, case in (("olmo2", "bf16"), ("olmo3", "bf16"), ("olmoe", "bf16"),
+                           ("olmo2", "dynamic"), ("olmo2", "gguf"), ("olmoe", "gguf")):
+            assert f"rank {rank}: tensor parallel {name} {case} matches" in output, output
 
 
 def test_tensor_parallel_keeps_quantized_weights_packed():

@@ -15,14 +15,15 @@ from __future__ import annotations
 from types import ModuleType
 
 from . import (attention, collective, elementwise, embedding, headnorm, kvcache, logits,
-               matmul, moe, rope, rowwise, sampling, topk)
+               matmul, moe, rope, rowwise, sampling, splitnorm, topk)
 from .base import GENERIC, Target
 
 __all__ = ["GENERIC", "Target", "family", "kinds"]
 
 #: The registered families, in no particular order.
 _FAMILIES: tuple[ModuleType, ...] = (elementwise, matmul, rowwise, topk, moe, embedding, rope,
-                                     headnorm, kvcache, attention, sampling, logits, collective)
+                                     headnorm, kvcache, attention, sampling, logits, collective,
+                                     splitnorm)
 
 _BY_KIND: dict[str, ModuleType] = {}
 for _family in _FAMILIES:

@@ -91,7 +91,10 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     `all_reduce` fused into the step (`etc.models.step.parallel`); each
     rank's attention has its heads' sinks, the o_proj bias is added after
     the reduce, and an expert's down bias is in rank 0's partial sum only
-    (its weight is zero on the others: `parallel.shard_weight`).
+    (its weight is zero on the others: `parallel.shard_weight`). q/k norms
+    over the whole projections (OLMo) all-reduce each rank's sums of
+    squares of its shares of q and k, (T, 2) f32, and norm the shares by
+    the whole widths (`split_rmsnorm`).
 
     `weight_formats` (weight name -> a format of `etc.packed`) names the
     weights that stay packed: matrices read by rows (the projections, the
@@ -99,11 +102,6 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     them) and the embeddings (gathered into `dtype` rows); the others are
     in `dtype`."""
     formats = weight_formats or {}
-    if ranks > 1 and config.qk_norm_projection:
-        raise NotImplementedError(
-            f"build_step_graph: ranks={ranks}: tensor-parallel {config.architecture} (its q/k "
-            f"norms span every head's projection, which the ranks split by heads) is not "
-            f"implemented; run it on one rank")
     cache_dtype = dtype if kv_dtype is None else kv_dtype
     c = config
     g = Graph(name, ranks=ranks)
@@ -210,7 +208,17 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             q = g.add(q, weight(f"l{i}_bq", (c.num_heads * d,)))
             k = g.add(k, weight(f"l{i}_bk", (c.num_kv_heads * d,)))
             v = g.add(v, weight(f"l{i}_bv", (c.num_kv_heads * d,)))
-        if c.qk_norm_projection:
+        if c.qk_norm_projection and ranks > 1:
+            # OLMo 2, OLMo 3, OLMoE split by heads: the norm's statistic
+            # spans every rank's heads, so each rank sums its share's
+            # squares and one all-reduce adds q's and k's together.
+            totals = g.all_reduce(g.sum_squares(q, k))
+            q = g.split_rmsnorm(q, weight(f"l{i}_q_norm", (c.num_heads * d,)), totals,
+                                width=c.num_heads * d * ranks, column=0, eps=eps, offset=offset)
+            k = g.split_rmsnorm(k, weight(f"l{i}_k_norm", (c.num_kv_heads * d,)), totals,
+                                width=c.num_kv_heads * d * ranks, column=1, eps=eps,
+                                offset=offset)
+        elif c.qk_norm_projection:
             # OLMo 2, OLMo 3, OLMoE: one norm over all of q's (k's) heads.
             q = g.rmsnorm(q, weight(f"l{i}_q_norm", (c.num_heads * d,)), eps, offset=offset)
             k = g.rmsnorm(k, weight(f"l{i}_k_norm", (c.num_kv_heads * d,)), eps, offset=offset)

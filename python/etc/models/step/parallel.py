@@ -70,7 +70,8 @@ def shard_config(config: ModelConfig, ranks: int, padding: Optional[dict] = None
     KV heads (rank r takes the r-th contiguous group, so its query heads
     use its KV heads), `intermediate_size / ranks` columns of the dense
     MLPs and `moe_intermediate_size / ranks` of every expert's (the experts,
-    their router and the norms are on every rank), and
+    their router and the norms are on every rank, but for OLMo's q/k
+    norms over the whole projections, split with the heads), and
     `shared_expert_intermediate_size / ranks` of a shared expert's (its
     gate vector whole); a width in `padding` (`padded_blocks`: field ->
     block) is shared in whole blocks, padded: its share is rounded up to
@@ -78,12 +79,6 @@ def shard_config(config: ModelConfig, ranks: int, padding: Optional[dict] = None
     divide."""
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"tensor_parallel={ranks!r} must be a positive int")
-    if ranks > 1 and config.qk_norm_projection:
-        # A rank would norm its own heads' share of q and k: another rms.
-        raise NotImplementedError(
-            f"tensor_parallel={ranks}: {config.architecture}'s q/k norms span the whole q and "
-            f"k projections (every head), which the ranks split by heads; tensor-parallel "
-            f"{config.architecture} is not implemented: run it on one rank")
     fields = ["num_heads", "num_kv_heads"]
     layers = range(config.num_layers)
     if any(not config.is_sparse(i) for i in layers):
@@ -114,6 +109,11 @@ def _splits(config: ModelConfig, ranks: int, padding: Optional[dict] = None) -> 
     splits = {kind: (0, 0, size, False, size * ranks) for kind, size in (
         ("wq", q), ("wk", kv), ("wv", kv), ("bq", q), ("bk", kv), ("bv", kv),
         ("sinks", heads))}  # gpt-oss: the attention sinks go with their heads
+    if config.qk_norm_projection:
+        # OLMo's q/k norms span the projections: their weights go with the
+        # heads (Qwen3's per-head (head_dim,) norms stay whole).
+        splits.update({kind: (0, 0, size, False, size * ranks)
+                       for kind, size in (("q_norm", q), ("k_norm", kv))})
     splits.update(wo=(1, 1, q, True, q * ranks))
     for field, kinds in _WIDTHS.items():
         share, width = _share(config, field, ranks, padding), getattr(config, field)
@@ -239,6 +239,9 @@ def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int,
     `unaligned_packed` for the weights that cannot be); the MLP widths
     named in `padding` (`padded_blocks`) split in whole blocks, each
     rank's share padded with zeros.
+
+    OLMo 2's, 3's and OLMoE's q/k norms (over the whole projections):
+    the slices of their weights that its heads' share of q and k takes.
 
     gpt-oss's: each rank's heads' attention sinks, its rows of the
     experts' gate and up biases; the experts' down biases on rank 0 and
