@@ -93,6 +93,8 @@ def test_published_configs_follow_transformers():
     # The original code's aux-free bias off: no moe_statics to read (transformers' zeros).
     assert not read(moe_use_aux_free=False).selection_bias
     assert read(moe_norm_min=0).moe_norm_min == 0.0
+    # transformers' attribute_map names.
+    assert read(moe_num_experts=None, num_experts=64, moe_k=None, num_experts_per_tok=6) == moe
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -100,6 +102,8 @@ def test_published_configs_follow_transformers():
     ({"use_bias": 1}, r"field 'use_bias' = 1 must be true or false"),
     ({"use_rmsnorm": False}, r"field 'use_rmsnorm' = False is not supported \(LayerNorm"),
     ({"moe_num_experts": None}, r"field 'moe_num_experts' is missing"),
+    ({"num_experts": 4}, r"field 'num_experts' = 4 contradicts moe_num_experts = 8 \(transf"),
+    ({"num_experts_per_tok": 1}, r"field 'num_experts_per_tok' = 1 contradicts moe_k = 2"),
     ({"moe_num_experts": [64, 64]}, r"field 'moe_num_experts' = \[64, 64\] must be a positive"),
     ({"moe_k": 9}, r"field 'moe_k' = 9 exceeds moe_num_experts = 8"),
     ({"moe_layer_start_index": [1, 1]}, r"'moe_layer_start_index' = \[1, 1\] must be a layer"),

@@ -409,7 +409,7 @@ class ModelConfig:
             moe = moe_fields.glm4_moe(config, where, layers, need, flag)
         elif architecture == families.OLMOE:
             moe = moe_fields.olmoe(config, where, layers, need, flag)
-        elif architecture in ernie.ARCHITECTURES:
+        elif architecture in ernie.ARCHITECTURES:  # (its RoPE pairs' field too)
             moe = ernie.fields(config, where, architecture, layers, need, flag)
         elif architecture in _EVERY_LAYER_SPARSE:
             moe = moe_fields.mixtral(config, where, layers, need, flag, architecture)

@@ -63,15 +63,16 @@ def fields(config: dict, where: str, architecture: str, layers: int, need, flag)
 
 def _moe(config: dict, where: str, layers: int, need, flag) -> dict:
     """The MoE fields of Ernie4_5_MoeConfig: `moe_num_experts` experts of
-    `moe_intermediate_size`, `moe_k` per token, sparse the layers i with
+    `moe_intermediate_size`, `moe_k` per token (`num_experts`,
+    `num_experts_per_tok`: transformers' aliases), sparse the layers i with
     (i + 1) % `moe_layer_interval` == 0 from `moe_layer_start_index` to
     `moe_layer_end_index` (-1: the last) (transformers' defaults 1, -1,
     1), the others dense (`intermediate_size`); `moe_num_shared_experts`
     (default 2) shared experts; the selection bias read unless the
     original config's `moe_use_aux_free` is false (its checkpoints have
     none, and transformers' zeros change nothing)."""
-    experts = need("moe_num_experts")
-    per_token = need("moe_k")
+    experts = _count(config, where, "moe_num_experts", "num_experts")
+    per_token = _count(config, where, "moe_k", "num_experts_per_tok")
     if per_token > experts:
         raise UnsupportedConfigError(f"{where}: field 'moe_k' = {per_token} exceeds "
                                      f"moe_num_experts = {experts}")
@@ -119,6 +120,20 @@ def _moe(config: dict, where: str, layers: int, need, flag) -> dict:
                                if (i + 1) % interval == 0 and start <= i <= end),
         "shared_expert_intermediate_size": shared * width,
     }
+
+
+def _count(config: dict, where: str, name: str, alias: str) -> int:
+    """Required count `name`, or `alias`, its name in transformers'
+    attribute_map (a contradicting pair refused)."""
+    value, other = config.get(name), config.get(alias)
+    if value is not None and other is not None and other != value:
+        raise UnsupportedConfigError(f"{where}: field {alias!r} = {other!r} contradicts {name} = "
+                                     f"{value!r} (transformers' alias of it); keep one")
+    value = other if value is None else value
+    if value is None:
+        raise UnsupportedConfigError(f"{where}: field {name!r} is missing (required for "
+                                     f"{ERNIE_MOE})")
+    return positive_int(where, name, value)
 
 
 def _index(config: dict, where: str, name: str, default: int, layers: int) -> int:
