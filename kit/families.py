@@ -4,7 +4,8 @@ Each family is a graph (built with `etc.Graph`, so building needs MLIR) and a
 recipe for its inputs that needs only NumPy (`Recipe`), so that the kit can
 draw fresh inputs for every run on a machine without MLIR. Together they
 cover every operator of the front end, the examples, the three dtypes, the
-data-dependent MoE layer (softmax and sigmoid-scored routing), the GEMV's
+data-dependent MoE layer (softmax routing, with a selection bias and a
+floor under the renormalising sum too, and sigmoid-scored routing), the GEMV's
 ragged last tile, the norm split over ranks (`sum_squares`,
 `split_rmsnorm`) and the GGUF block formats of packed weights.
 """
@@ -28,9 +29,9 @@ class Recipe:
     symbol to check at; `tolerance` the largest relative error
     ‖out − ref‖ / ‖ref‖ per output; `routing` names (x, router_w, top_k)
     when the inputs must route tokens unambiguously (MoE), and for
-    sigmoid-scored routing (x, router_w, top_k, "sigmoid", selection_bias,
-    n_group, topk_group): the chosen experts, and with groups the chosen
-    groups, ahead of the next by a margin."""
+    biased routing (x, router_w, top_k, scoring ("sigmoid" or
+    "softmax"), selection_bias, n_group, topk_group): the chosen experts,
+    and with groups the chosen groups, ahead of the next by a margin."""
 
     sizes: tuple = (1, 5, 33, 64)
     scales: dict = field(default_factory=dict)
@@ -226,6 +227,26 @@ def moe_sigmoid_graph(dtype: str = "f32", name: str = "moe_sigmoid"):
     return g
 
 
+def moe_softmax_bias_graph(dtype: str = "f32", name: str = "moe_softmax_bias"):
+    """ERNIE 4.5's routing of gated experts: softmax scores, the top 2 of
+    8 chosen by score + `bias`, weighted by the unbiased scores divided by
+    max(sum, 0.4) (a floor some tokens' sums fall below); plus an ungated
+    shared expert whose down projection adds the routed output in its
+    tiles."""
+    import etc
+
+    g = etc.Graph(name)
+    T = g.symbol("T")
+    x = g.input("x", (T, 16), dtype)
+    routed = g.moe(x, g.input("router_w", (16, 8), dtype), g.input("w1", (8, 16, 24), dtype),
+                   g.input("w2", (8, 24, 16), dtype), 2, w_up=g.input("w_up", (8, 16, 24), dtype),
+                   selection_bias=g.input("bias", (8,), "f32"), norm_min=0.4, tile=8)
+    shared = g.silu_mul(g.matmul(x, g.input("shared_gate", (16, 24), dtype)),
+                        g.matmul(x, g.input("shared_up", (16, 24), dtype)))
+    g.output(g.matmul(shared, g.input("shared_down", (24, 16), dtype), residual=routed))
+    return g
+
+
 #: Rows of Wᵀ for the ragged GEMV family: no GEMV tile width divides them.
 RAGGED_N = (1, 7, 33, 260)
 
@@ -312,6 +333,16 @@ def families() -> dict:
     table["moe_sigmoid"] = (moe_sigmoid_graph, Recipe(sizes=(1, 7, 40, 100), **sigmoid))
     table["moe_sigmoid_bf16"] = (lambda: moe_sigmoid_graph("bf16", "moe_sigmoid_bf16"),
                                  Recipe(sizes=(3, 40), tolerance=2e-2, **sigmoid))
+    # Softmax scores of logits about N(0, 1) (0.1 to 0.3 each) and a bias of
+    # about their spread: the bias changes the choice, and some chosen sums
+    # fall below the floor.
+    biased = dict(scales={"router_w": 0.25, "bias": 0.1, "w1": 0.25, "w_up": 0.25, "w2": 0.2,
+                          "shared_gate": 0.25, "shared_up": 0.25, "shared_down": 0.2},
+                  routing=("x", "router_w", 2, "softmax", "bias", 1, 1))
+    table["moe_softmax_bias"] = (moe_softmax_bias_graph, Recipe(sizes=(1, 7, 40, 100), **biased))
+    table["moe_softmax_bias_bf16"] = (
+        lambda: moe_softmax_bias_graph("bf16", "moe_softmax_bias_bf16"),
+        Recipe(sizes=(3, 40), tolerance=2e-2, **biased))
     # Decode batches: one row, a pass of 4 and one row, 17 (GEMV tiles).
     ragged = {f"w{n}": 0.1 for n in RAGGED_N}
     table["gemv_ragged"] = (gemv_ragged_graph, Recipe(sizes=(1, 5, 17), scales=ragged))
@@ -393,17 +424,19 @@ def _gap(scores, chosen: int):
 
 
 def _routing_margin(x, router_w, top_k: int, bias=None, n_group: int = 0,
-                    topk_group: int = 1) -> float:
+                    topk_group: int = 1, scoring: str = "sigmoid") -> float:
     """The smallest lead, over tokens, of the chosen experts (softmax
-    scores; with `n_group`, sigmoid scores plus `bias` and, past one group,
-    also of the chosen groups' scores, as `etc.reference.moe_route`)."""
+    scores; with `n_group`, `scoring`'s scores plus `bias` and, past one
+    group, also of the chosen groups' scores, as `etc.reference.moe_route`)."""
     logits = x.astype(np.float32) @ router_w.astype(np.float32)
     if not len(logits) or top_k >= logits.shape[1]:
         return 1.0
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)
     if not n_group:
-        p = np.exp(logits - logits.max(-1, keepdims=True))
-        return float(np.min(_gap(p / p.sum(-1, keepdims=True), top_k)))
-    ranked = np.float32(1) / (np.float32(1) + np.exp(-logits)) + bias.astype(np.float32)
+        return float(np.min(_gap(p, top_k)))
+    scores = p if scoring == "softmax" else np.float32(1) / (np.float32(1) + np.exp(-logits))
+    ranked = scores + bias.astype(np.float32)
     gaps = []
     if n_group > 1:
         size = ranked.shape[1] // n_group
@@ -443,11 +476,11 @@ def make_inputs(arguments, symbols: dict, recipe: Recipe, rng) -> dict:
             inputs[arg.name] = values
         if recipe.routing is None:
             return inputs
-        x, router_w, top_k, *sigmoid = recipe.routing
-        if sigmoid:
-            _, bias, n_group, topk_group = sigmoid
+        x, router_w, top_k, *biased = recipe.routing
+        if biased:
+            scoring, bias, n_group, topk_group = biased
             margin = _routing_margin(inputs[x], inputs[router_w], top_k, inputs[bias],
-                                     n_group, topk_group)
+                                     n_group, topk_group, scoring)
         else:
             margin = _routing_margin(inputs[x], inputs[router_w], top_k)
         if margin > 1e-4:

@@ -31,7 +31,7 @@ class MoeOperators:
             activation: str = "silu", swiglu_limit: Optional[float] = None,
             swiglu_alpha: Optional[float] = None, scoring: str = "softmax",
             selection_bias: Optional[Tensor] = None, routed_scale: float = 1.0,
-            n_group: int = 1, topk_group: int = 1,
+            n_group: int = 1, topk_group: int = 1, norm_min: float = 0.0,
             tile=None, out: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
         """A Mixture-of-Experts layer with SiLU (or, with `w_up`, SwiGLU) experts.
 
@@ -70,6 +70,11 @@ class MoeOperators:
         biased scores and only the experts of the best `topk_group` groups
         (ties: lower group first) are candidates. Every routing weight is
         then multiplied by `routed_scale` (either scoring).
+
+        A `selection_bias` with softmax scoring (ERNIE 4.5) chooses by
+        p + bias as well, weights by the unbiased p. `norm_min` (>= 0,
+        ERNIE 4.5's `moe_norm_min`) is the least the sum is divided by
+        when renormalising: w_j = p_j / max(sum, norm_min).
         See docs/moe.md for the lowering.
         """
         kind = "moe"
@@ -122,7 +127,7 @@ class MoeOperators:
         params = {"top_k": top_k, "experts": experts, "gated": w_up is not None,
                   "normalize": bool(normalize), "transpose_w": bool(transpose_w),
                   **_routing(experts, top_k, scoring, selection_bias, routed_scale, n_group,
-                             topk_group)}
+                             topk_group, norm_min)}
         biases = {"router_b": (router_b, (experts,), "(E,)"), "b1": (b1, (experts, ffn), "(E, F)"),
                   "b_up": (b_up, (experts, ffn), "(E, F)"), "b2": (b2, (experts, hidden), "(E, H)"),
                   "selection_bias": (selection_bias, (experts,), "(E,)")}
@@ -184,7 +189,7 @@ class MoeOperators:
 
 
 def _routing(experts: int, top_k: int, scoring: str, selection_bias: Optional[Tensor],
-             routed_scale: float, n_group: int, topk_group: int) -> dict:
+             routed_scale: float, n_group: int, topk_group: int, norm_min: float) -> dict:
     """The moe op's routing parameters, checked; only those that differ from
     plain softmax routing, so that softmax layers record what they did."""
     kind = "moe"
@@ -201,14 +206,18 @@ def _routing(experts: int, top_k: int, scoring: str, selection_bias: Optional[Te
     params = {}
     if scoring == "sigmoid":
         params["scoring"] = scoring
-    elif selection_bias is not None or n_group > 1:
-        what = "selection_bias" if selection_bias is not None else f"n_group = {n_group}"
+    elif n_group > 1:
         # DeepSeek-V2's softmax group routing ranks groups by their maximum,
         # not by the sum of two: a different rule, not built.
-        raise ValueError(f"{kind}: {what} is a parameter of scoring='sigmoid' routing "
-                         f"(DeepSeek-V3, GLM-4.5), not of softmax routing")
+        raise ValueError(f"{kind}: n_group = {n_group} is a parameter of scoring='sigmoid' "
+                         f"routing (DeepSeek-V3, GLM-4.5), not of softmax routing")
     if routed_scale != 1.0:
         params["routed_scale"] = float(routed_scale)
+    if isinstance(norm_min, bool) or not isinstance(norm_min, (int, float)) or \
+            not 0 <= norm_min < math.inf:
+        raise ValueError(f"{kind}: norm_min must be a finite number >= 0, got {norm_min!r}")
+    if norm_min:
+        params["norm_min"] = float(norm_min)
     if n_group == 1:
         if topk_group != 1:
             raise ValueError(f"{kind}: topk_group = {topk_group} needs experts in groups "

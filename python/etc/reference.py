@@ -201,13 +201,14 @@ def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
         top_k: int, w_up=None, normalize: bool = True, *, router_b=None, b1=None, b_up=None,
         b2=None, activation: str = "silu", swiglu_limit=None,
         swiglu_alpha=None, scoring: str = "softmax", selection_bias=None,
-        routed_scale: float = 1.0, n_group: int = 1, topk_group: int = 1) -> np.ndarray:
+        routed_scale: float = 1.0, n_group: int = 1, topk_group: int = 1,
+        norm_min: float = 0.0) -> np.ndarray:
     """Mixture-of-Experts: p = softmax(x @ router_w + router_b) per token
     (sigmoid with `scoring="sigmoid"`), the top_k experts by p (ties: lower
     expert first; by p + selection_bias among the experts of the best
     `topk_group` of `n_group` groups, see `moe_route`), their p
     renormalised to sum 1 (unless `normalize` is false; sigmoid scores by
-    sum + 1e-20) and times `routed_scale` as weights,
+    sum + 1e-20; by at least `norm_min`) and times `routed_scale` as weights,
     y[t] = sum_j weight_j * (act_j @ w2[e_j] + b2[e_j]), with
     gate = x[t] @ w1[e_j] + b1[e_j], up = x[t] @ w_up[e_j] + b_up[e_j] and
     act_j = silu(gate) (times up with `w_up`: gated experts), or with
@@ -228,7 +229,7 @@ def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
         logits = logits + router_b
     chosen, weights = moe_route(logits, top_k, normalize, scoring=scoring,
                                 selection_bias=selection_bias, routed_scale=routed_scale,
-                                n_group=n_group, topk_group=topk_group)
+                                n_group=n_group, topk_group=topk_group, norm_min=norm_min)
     y = np.zeros(x.shape, np.float32)
     for j in range(top_k):
         for expert in np.unique(chosen[:, j]):
@@ -259,7 +260,7 @@ def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
 
 def moe_route(logits: np.ndarray, top_k: int, normalize: bool = True, *,
               scoring: str = "softmax", selection_bias=None, routed_scale: float = 1.0,
-              n_group: int = 1, topk_group: int = 1) -> tuple:
+              n_group: int = 1, topk_group: int = 1, norm_min: float = 0.0) -> tuple:
     """The routing of `moe` from the router's logits (T, E): the chosen
     experts (T, top_k) and their weights (T, top_k), float32. Scores p are
     the softmax or (scoring "sigmoid") the sigmoid of the logits; experts
@@ -267,7 +268,7 @@ def moe_route(logits: np.ndarray, top_k: int, normalize: bool = True, *,
     of the topk_group groups (of E / n_group consecutive experts) whose two
     best ranked values sum highest compete (DeepSeek-V3's and GLM-4.5's
     rule); the weights are the chosen p (unbiased), renormalised where
-    `normalize`, times `routed_scale`."""
+    `normalize` (divided by max(sum, norm_min)), times `routed_scale`."""
     logits = np.asarray(logits, np.float32)
     if scoring == "softmax":
         e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
@@ -291,7 +292,9 @@ def moe_route(logits: np.ndarray, top_k: int, normalize: bool = True, *,
     weights = np.take_along_axis(p, chosen, axis=1)
     if normalize:
         total = np.sum(weights, axis=-1, keepdims=True, dtype=np.float32)
-        weights = weights / (total + np.float32(1e-20) if scoring == "sigmoid" else total)
+        if scoring == "sigmoid":
+            total = total + np.float32(1e-20)
+        weights = weights / np.maximum(total, np.float32(norm_min))
     return chosen, (weights * np.float32(routed_scale)).astype(np.float32)
 
 
@@ -317,7 +320,8 @@ def _apply(op, vals: list) -> np.ndarray:
                    scoring=params.get("scoring", "softmax"),
                    selection_bias=named.get("selection_bias"),
                    routed_scale=params.get("routed_scale", 1.0),
-                   n_group=params.get("n_group", 1), topk_group=params.get("topk_group", 1))
+                   n_group=params.get("n_group", 1), topk_group=params.get("topk_group", 1),
+                   norm_min=params.get("norm_min", 0.0))
     if kind == "matmul":
         a, b = vals[:2]  # a residual operand is added by `evaluate`
         return a @ (b.T if op.params["transpose_b"] else b)

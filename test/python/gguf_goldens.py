@@ -284,7 +284,17 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
                                  num_nextn_predict_layers=0), 25,
                      _RUN),
         "olmoe": (tiny_config("OlmoeForCausalLM", vocab_size=320), 27,
-                  _RUN)}
+                  _RUN),
+        # ERNIE 4.5 (`ernie4_5`: RoPE on interleaved pairs, q/k as
+        # transformers holds them) and its MoE (`ernie4_5-moe`: softmax
+        # routing with exp_probs_b, a shared expert whose width the
+        # converter writes as intermediate_size / KV heads (64 / 2 = 32,
+        # one expert's), layer 0 dense; transformers' moe_norm_min).
+        "ernie": (tiny_config("Ernie4_5ForCausalLM", vocab_size=320, intermediate_size=64), 28,
+                  _RUN),
+        "ernie_moe": (tiny_config("Ernie4_5_MoeForCausalLM", vocab_size=320,
+                                  intermediate_size=64, moe_norm_min=None), 29,
+                      _RUN)}
 
 
 def run_digest(config, weights: dict) -> str:

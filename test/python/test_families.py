@@ -77,12 +77,21 @@ GGUF_FAMILIES = {
     "glm4": FAMILIES["glm4"], "olmoe": FAMILIES["olmoe"],
     # GLM-4.5: exp_probs_b, the expert keys, the nextn layer in block_count.
     "glm4_moe": FAMILIES["glm4_moe"],
+    # ERNIE 4.5 (q/k unpermuted, rotated in interleaved pairs); its MoE with
+    # exp_probs_b (1, E), the shared expert's width written as
+    # intermediate_size / KV heads (64 / 2: one expert's), transformers'
+    # moe_norm_min (GGUF has no key for it), no multi-token prediction
+    # (the converter drops it).
+    "ernie": FAMILIES["ernie"],
+    "ernie_moe": tiny_config("Ernie4_5_MoeForCausalLM", intermediate_size=64,
+                             moe_norm_min=None, num_nextn_predict_layers=0),
 }
 #: Families whose tile kernels add nothing to another family's under the
 #: static schedule and the CUDA lanes (the suite's time): Granite MoE's
 #: layers are Granite's and Mixtral's, GraniteMoeShared's Granite MoE's
-#: and a dense MLP's, OLMo 3's OLMo 2's with Gemma's windows.
-COVERED = ("granite_moe", "granite_moe_shared", "olmo3")
+#: and a dense MLP's, OLMo 3's OLMo 2's with Gemma's windows, ERNIE 4.5's
+#: Llama's (its interleaved RoPE is a permutation of the q/k weights).
+COVERED = ("granite_moe", "granite_moe_shared", "olmo3", "ernie")
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""The GPU check kit's families for sigmoid_mul, sigmoid-scored MoE routing
-and the GEMV's ragged last tile (kit/families.py): they compile for the
+"""The GPU check kit's families for sigmoid_mul, sigmoid-scored MoE routing,
+softmax routing with a selection bias and a floor (ERNIE 4.5's) and the
+GEMV's ragged last tile (kit/families.py): they compile for the
 GPU and assemble without spills, take the tiles they are there to check,
 match the NumPy reference with the CUDA lanes simulated on the CPU at their
 recipes' sizes and inputs, and their recipes draw inputs whose routing the
@@ -22,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "kit"))
 import families  # noqa: E402
 
-NEW = ("op_sigmoid_mul", "moe_sigmoid", "moe_sigmoid_bf16", "gemv_ragged", "gemv_ragged_bf16")
+NEW = ("op_sigmoid_mul", "moe_sigmoid", "moe_sigmoid_bf16", "gemv_ragged", "gemv_ragged_bf16",
+       "moe_softmax_bias", "moe_softmax_bias_bf16")
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -77,6 +79,22 @@ def test_sigmoid_recipe_routes_by_bias_and_groups():
     for without in (dict(selection_bias=None), dict(n_group=1, topk_group=1)):
         other = np.sort(moe_route(logits, 2, **{**full, **without})[0], axis=-1)
         assert np.any(chosen != other), without
+
+
+def test_softmax_bias_recipe_routes_by_bias_under_the_floor():
+    """At 40 tokens the recipe's inputs route some tokens otherwise without
+    the selection bias, and some tokens' chosen scores sum below the floor
+    (0.4), some above it, so the kit checks the bias and both sides of the
+    floor."""
+    _, recipe = families.families()["moe_softmax_bias"]
+    arguments = families.moe_softmax_bias_graph().arguments
+    inputs = families.make_inputs(arguments, {"T": 40}, recipe, np.random.default_rng(5))
+    logits = inputs["x"] @ inputs["router_w"]
+    chosen, weights = moe_route(logits, 2, selection_bias=inputs["bias"], norm_min=0.4)
+    unbiased = moe_route(logits, 2)[0]
+    assert np.any(np.sort(chosen, axis=-1) != np.sort(unbiased, axis=-1))
+    floored = weights.sum(-1) < 0.999
+    assert floored.any() and not floored.all()
 
 
 def test_routing_margin_sees_sigmoid_ties():

@@ -252,11 +252,8 @@ def test_errors():
     x = g.input("x", (T, 16))
     router = g.input("router", (16, E))
     w1, w2 = g.input("w1", (E, 16, 8)), g.input("w2", (E, 8, 16))
-    bias = g.input("bias", (E,))
     with pytest.raises(ValueError, match=r"scoring 'tanh' is not one ETC knows"):
         g.moe(x, router, w1, w2, 2, scoring="tanh")
-    with pytest.raises(ValueError, match=r"selection_bias is a parameter of scoring='sigmoid'"):
-        g.moe(x, router, w1, w2, 2, selection_bias=bias)
     with pytest.raises(ValueError, match=r"n_group = 4 is a parameter of scoring='sigmoid'"):
         g.moe(x, router, w1, w2, 2, n_group=4, topk_group=2)
     with pytest.raises(ValueError, match=r"routed_scale must be a finite number > 0, got 0"):

@@ -59,6 +59,7 @@ class MoeRouter(PartKernel):
         params = op.params
         x, router_w = op.operands[:2]
         router_b = operand(op, "router_b")
+        biased = operand(op, "selection_bias") is not None
         sigmoid = params.get("scoring", "softmax") == "sigmoid"
         probs, weights = buffers["probs"], buffers["weights"]
         experts = self.cidx(params["experts"])
@@ -90,12 +91,15 @@ class MoeRouter(PartKernel):
                 previous = select_next(self, experts, score, previous)[:2]
                 self.store_index(previous[1], choice, [t])
                 # The weight is the unbiased score, whatever chose the expert.
-                chosen.append(self.load(probs, [t, previous[1]]) if sigmoid else previous[0])
+                chosen.append(self.load(probs, [t, previous[1]]) if sigmoid or biased
+                              else previous[0])
             total = chosen[0]
             for value in chosen[1:]:
                 total = arith.addf(total, value)
             if sigmoid:  # transformers' guard against a zero sum of sigmoids
                 total = arith.addf(total, self.cf32(1e-20))
+            if "norm_min" in params:  # ERNIE 4.5: divided by at least norm_min
+                total = arith.maximumf(total, self.cf32(params["norm_min"]))
             for j, value in enumerate(chosen):
                 weight = arith.divf(value, total) if params.get("normalize", True) else value
                 if "routed_scale" in params:

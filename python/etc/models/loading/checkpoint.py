@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import fp8, multimodal, mxfp4, partial_rotary
+from . import families_ernie, fp8, multimodal, mxfp4, partial_rotary
 from ... import bfloat16, packed
 from ...runtime import aligned
 from .config import ModelConfig, UnsupportedConfigError
@@ -223,6 +223,8 @@ class Checkpoint:
         fields are often stale. docs/models.md, "The compute dtype"."""
         stored = set()
         for _, name, _, _, how in self._plan():
+            if how == "f32":  # (float32 whatever the dtype: not a weight's storage)
+                continue
             for tensor in (name if how == "experts" else [name]):
                 file = self._where.get(tensor)
                 if file is not None and file.dtype(tensor) in _COMPUTE and \
@@ -415,9 +417,11 @@ class Checkpoint:
                 plan.append((f"l{i}_w_down", p + "mlp.down_proj.weight", (h, f),
                              f"layer {i} MLP down", None))
             if c.is_sparse(i) and c.selection_bias:
-                # GLM-4.5's (either experts' layout), float32 in the
-                # checkpoint and the graph.
-                plan.append((f"l{i}_selection_bias", p + "mlp.gate.e_score_correction_bias",
+                # GLM-4.5's (either experts' layout), ERNIE 4.5's (1, E)
+                # `moe_statics`, float32 in the checkpoint and the graph.
+                plan.append(families_ernie.selection_bias(self._where, i, c.num_experts)
+                            if c.architecture == families_ernie.ERNIE_MOE else
+                            (f"l{i}_selection_bias", p + "mlp.gate.e_score_correction_bias",
                              (c.num_experts,), f"layer {i} router score correction bias", "f32"))
             if c.is_sparse(i) and c.shared_expert_intermediate_size:
                 plan += self._shared_expert(i)
@@ -487,7 +491,9 @@ class Checkpoint:
                     for key, start, stop in (("gate", 0, f), ("up", f, 2 * f))] + [
                 (f"l{i}_shexp_down", p + "shared_mlp.output_linear.weight", (h, f),
                  f"layer {i} shared MLP down", None)]
-        experts = "shared_experts" if c.architecture == "Glm4MoeForCausalLM" else "shared_expert"
+        experts = "shared_experts" if c.architecture in ("Glm4MoeForCausalLM",
+                                                         families_ernie.ERNIE_MOE) \
+            else "shared_expert"
         projections = [(f"l{i}_shexp_{key}", f"{p}mlp.{experts}.{key}_proj.weight", shape,
                         f"layer {i} shared expert {key}", None)
                        for key, shape in (("gate", (f, h)), ("up", (f, h)), ("down", (h, f)))]
@@ -699,8 +705,9 @@ class Checkpoint:
                 part = fused[1] if how[1] is None else fused[1][..., how[1]::2]
                 out[key] = np.ascontiguousarray(part.swapaxes(-1, -2) if how[0] == "stack_T"
                                                 else part)
-            elif how == "f32":  # attention sinks: float32 whatever the dtype
-                out[key] = np.ascontiguousarray(self.tensor(name, shape, what, "f32"))
+            elif how == "f32":  # attention sinks, selection biases: float32 whatever the
+                # dtype ((E,), from ERNIE 4.5's (1, E))
+                out[key] = np.ascontiguousarray(self.tensor(name, shape, what, "f32").reshape(-1))
             elif isinstance(how, tuple):  # ("rows" or "expert_rows", start, stop) of a
                 if fused[0] != (name, stay):  # fused projection (or stack of experts)
                     fused = ((name, stay), read(name))

@@ -3,7 +3,7 @@
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
 Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3,
 SmolLM3, Granite, Granite MoE (with shared experts too), gpt-oss, OLMo 2, OLMo 3,
-OLMoE, GLM-4, GLM-4.5; and the text
+OLMoE, GLM-4, GLM-4.5, ERNIE 4.5 (dense and MoE); and the text
 model of Gemma 3's and Mistral 3's multimodal configs, `multimodal`), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import config_families as families, moe_fields, multimodal, rope
+from . import config_families as families, families_ernie as ernie, moe_fields, multimodal, rope
 from .fields import UnsupportedConfigError, positive_int, positive_number
 from .rope import ROPE_TYPES
 
@@ -33,7 +33,8 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                  "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                  "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
                  "GptOssForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeSharedForCausalLM",
-                 *families.OLMO, families.OLMOE, families.GLM4, moe_fields.GLM4_MOE)
+                 *families.OLMO, families.OLMOE, families.GLM4, moe_fields.GLM4_MOE,
+                 *ernie.ARCHITECTURES)
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
@@ -111,6 +112,9 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0
     n_group: int = 1
     topk_group: int = 1
+    #: The least the chosen scores' sum is divided by when renormalised
+    #: (ERNIE 4.5's `moe_norm_min`; 0: none).
+    moe_norm_min: float = 0.0
     #: Sliding-window attention: the positions a token of a sliding layer
     #: sees (its own included), and which layers slide (the others attend
     #: to the whole sequence).
@@ -342,7 +346,8 @@ class ModelConfig:
         if head_dim is None:
             # Gemma's default is 256, whatever the hidden size.
             head_dim = 256 if architecture in _GEMMA else \
-                families.DEFAULT_HEAD_DIM.get(architecture, hidden // heads)
+                {**families.DEFAULT_HEAD_DIM, **ernie.DEFAULT_HEAD_DIM}.get(architecture,
+                                                                            hidden // heads)
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or \
                 head_dim % 2:
             raise UnsupportedConfigError(f"{where}: field 'head_dim' = {head_dim!r} must be an "
@@ -404,6 +409,8 @@ class ModelConfig:
             moe = moe_fields.glm4_moe(config, where, layers, need, flag)
         elif architecture == families.OLMOE:
             moe = moe_fields.olmoe(config, where, layers, need, flag)
+        elif architecture in ernie.ARCHITECTURES:  # (its RoPE pairs' field too)
+            moe = ernie.fields(config, where, architecture, layers, need, flag)
         elif architecture in _EVERY_LAYER_SPARSE:
             moe = moe_fields.mixtral(config, where, layers, need, flag, architecture)
             if architecture == "GraniteMoeSharedForCausalLM":
@@ -411,7 +418,7 @@ class ModelConfig:
         granite = families.granite(config, where) if architecture in _GRANITE else {}
         # Qwen2's q/k/v biases always; Qwen2-MoE's where `qkv_bias` says.
         qkv_bias = moe.pop("qkv_bias", architecture == "Qwen2ForCausalLM")
-        dense_layers = not moe or len(moe["sparse_layers"]) < layers
+        dense_layers = len(moe.get("sparse_layers", ())) < layers
         if architecture in _EVERY_LAYER_SPARSE:
             intermediate = 0  # every layer sparse: the field is the experts' width
         elif dense_layers:
@@ -435,7 +442,8 @@ class ModelConfig:
             # transformers' default: tied for Gemma and SmolLM3, untied for
             # the others.
             tie_word_embeddings=flag("tie_word_embeddings", architecture in _GEMMA or
-                                     architecture == "SmolLM3ForCausalLM"),
+                                     architecture == "SmolLM3ForCausalLM" or
+                                     architecture in ernie.ARCHITECTURES),
             # (both pops run: neither flag may reach **moe / **family)
             qk_norm=any((architecture.startswith("Qwen3"), architecture == "Gemma3ForCausalLM",
                          family.pop("qk_norm", False), moe.pop("qk_norm", False))),
@@ -637,7 +645,8 @@ def _gemma(config: dict, where: str, architecture: str, hidden: int,
 
 #: transformers' default RoPE base where it is not 1e4.
 _DEFAULT_THETA = {"MixtralForCausalLM": 1_000_000.0, "SmolLM3ForCausalLM": 2_000_000.0,
-                  "Olmo3ForCausalLM": families.OLMO3_THETA}
+                  "Olmo3ForCausalLM": families.OLMO3_THETA,
+                  **dict.fromkeys(ernie.ARCHITECTURES, ernie.DEFAULT_THETA)}
 
 #: GptOssConfig's RoPE when config.json gives none: yarn, factor 32 over
 #: 4096 positions, base 150000.

@@ -27,7 +27,7 @@ import numpy as np
 
 from ... import bfloat16, packed
 from ...runtime import aligned
-from . import gguf_families as families, partial_rotary
+from . import families_ernie as ernie, gguf_families as families, partial_rotary
 from .checkpoint import MissingTensorError
 from .config import ModelConfig, UnsupportedConfigError
 from .gguf_families import decimal
@@ -49,7 +49,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "granitemoe": "GraniteMoeForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                  "gpt-oss": "GptOssForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
                  "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM",
-                 "glm4": "Glm4ForCausalLM", "glm4moe": "Glm4MoeForCausalLM"}
+                 "glm4": "Glm4ForCausalLM", "glm4moe": "Glm4MoeForCausalLM",
+                 "ernie4_5": ernie.ERNIE, "ernie4_5-moe": ernie.ERNIE_MOE}
 #: The architectures whose RoPE rotates the first rope.dimension_count of
 #: each head (llama.cpp's phi3, glm4 and glm4moe; GLM-4's in interleaved
 #: pairs).
@@ -254,6 +255,8 @@ class GGUFCheckpoint:
             config.update(families.glm4moe_config(self, config))
         if a == "olmoe":
             config.update(families.olmoe_config(self))
+        if a == "ernie4_5-moe":
+            config.update(ernie.gguf_config(self, config))
         return config
 
     # -- tensors -------------------------------------------------------------
@@ -274,6 +277,8 @@ class GGUFCheckpoint:
         docs/models.md, "The compute dtype"."""
         stored = set()
         for _, name, _, _, how in self._plan():
+            if how == "flat":  # (a float32 vector stored (1, n): not a weight's storage)
+                continue
             for one in _tensor_names(name, how):
                 entry = self._tensors.get(one)
                 if entry is not None and len(entry.shape) >= 2:
@@ -447,9 +452,12 @@ class GGUFCheckpoint:
                 if c.router_bias:
                     plan.append((f"l{i}_router_b", b + "ffn_gate_inp.bias", (e,),
                                  f"layer {i} router bias", None))
-                if c.selection_bias:  # GLM-4.5's
-                    plan.append((f"l{i}_selection_bias", b + "exp_probs_b.bias", (e,),
-                                 f"layer {i} expert selection bias", None))
+                if c.selection_bias:  # GLM-4.5's; ERNIE 4.5's (1, E) `moe_statics`
+                    entry = self._tensors.get(b + "exp_probs_b.bias")
+                    matrix = entry is not None and len(entry.shape) == 2
+                    plan.append((f"l{i}_selection_bias", b + "exp_probs_b.bias",
+                                 (1, e) if matrix else (e,), f"layer {i} expert selection bias",
+                                 "flat" if matrix else None))
                 if c.expert_bias:
                     plan += [(f"l{i}_experts_{p}_b", f"{b}ffn_{p}_exps.bias", (e, width),
                               f"layer {i} expert {p} biases", None)
@@ -584,6 +592,8 @@ class GGUFCheckpoint:
                 array = np.ascontiguousarray(np.swapaxes(array, -1, -2))
             elif how == "row":
                 array = array.reshape(1, -1)
+            elif how == "flat":
+                array = array.reshape(-1)
             elif isinstance(how, int):
                 array = _unpermute_rows(array, how)
             array = partial_rotary.to_step_layout(c, key, array)

@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 
 from ..loading.safetensors import save_file
+from . import ernie
 from .shapes import SHAPES
 
 __all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint",
@@ -66,7 +67,7 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "GraniteMoeSharedForCausalLM": "granitemoeshared",
                 "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo3",
                 "OlmoeForCausalLM": "olmoe", "Glm4ForCausalLM": "glm4",
-                "Glm4MoeForCausalLM": "glm4_moe"}
+                "Glm4MoeForCausalLM": "glm4_moe", **ernie.MODEL_TYPES}
 
 #: The tiny Granite configs' multipliers: far from 1, so that a model that
 #: drops one moves the logits by 0.7 (embedding) to 3 (attention) times
@@ -247,6 +248,8 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
         config.update({"attention_bias": True, "partial_rotary_factor": 0.5,
                        "tie_word_embeddings": False, "attention_dropout": 0.0,
                        "pad_token_id": 0})
+    if architecture in ernie.ARCHITECTURES:
+        ernie.tiny_fields(config)
     config.update(overrides)
     if config.get("layer_types", ()) is None:
         config.pop("layer_types")
@@ -379,6 +382,8 @@ def _multimodal_name(name: str, written_by: str) -> str:
 def tensor_shapes(config: dict) -> dict:
     """The tensors of a checkpoint of `config`, by Hugging Face name, and
     their shapes, in the order `write_checkpoint` writes them."""
+    if config["architectures"][0] in ernie.ARCHITECTURES:
+        return ernie.tensor_shapes(config)
     h = config["hidden_size"]
     heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or \
         config["num_attention_heads"]

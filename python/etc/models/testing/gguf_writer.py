@@ -31,7 +31,8 @@ _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama
                        "GraniteMoeSharedForCausalLM": "granitemoe",
                        "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo2",
                        "OlmoeForCausalLM": "olmoe", "Glm4ForCausalLM": "glm4",
-                       "Glm4MoeForCausalLM": "glm4moe"}
+                       "Glm4MoeForCausalLM": "glm4moe",
+                       "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5-moe"}
 #: The GGUF architectures whose Q and K rows llama.cpp's converter permutes
 #: (its LlamaModel's, rotated in pairs by llama.cpp's NORM RoPE).
 _PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
@@ -133,8 +134,8 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     out: dict = {}
     gpt_oss = architecture == "gpt-oss"
     for name, array in tensors.items():
-        if ".experts." in name:
-            continue  # stacked below
+        if ".experts." in name or name.startswith("model.mtp_"):
+            continue  # stacked below; (ERNIE 4.5's multi-token prediction: not converted)
         if gpt_oss and name.endswith(".sinks"):
             name += ".weight"  # (llama.cpp's converter adds it)
         if architecture in _PERMUTED and name.endswith("self_attn.q_proj.weight"):
@@ -168,11 +169,12 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         out = {name: array + np.float32(1.0) if name.endswith("norm.weight") else array
                for name, array in out.items()}
     mixtral = config["architectures"][0] == "MixtralForCausalLM"
-    if architecture in ("qwen3moe", "qwen2moe", "glm4moe", "olmoe") or mixtral:
+    if architecture in ("qwen3moe", "qwen2moe", "glm4moe", "olmoe", "ernie4_5-moe") or mixtral:
         p, projs, experts = ("block_sparse_moe.experts.", ("w1", "w3", "w2"),
                              config["num_local_experts"]) if mixtral else \
             ("mlp.experts.", ("gate_proj", "up_proj", "down_proj"),
-             config.get("num_experts") or config.get("n_routed_experts"))
+             config.get("num_experts") or config.get("n_routed_experts") or
+             config.get("moe_num_experts"))
         for i in range(layers):
             p_i = f"model.layers.{i}.{p}"
             if f"{p_i}0.{projs[0]}.weight" not in tensors:
@@ -282,6 +284,8 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         _add_granite_keys(writer, config)
     if architecture == "glm4moe":
         _add_glm4moe_keys(writer, config, nextn)
+    if architecture == "ernie4_5-moe":
+        _add_ernie_moe_keys(writer, config)
     if tokenizer is not None:
         _add_tokenizer(writer, tokenizer, pre, eos_token, bos_token, add_bos_token)
     if chat_template is not None:
@@ -346,6 +350,24 @@ def _add_glm4moe_keys(writer, config: dict, nextn: int) -> None:
     if config.get("n_group", 1) > 1:
         writer.add_expert_group_count(config["n_group"])
         writer.add_expert_group_used_count(config["topk_group"])
+
+
+def _add_ernie_moe_keys(writer, config: dict) -> None:
+    """ERNIE 4.5 MoE's keys as llama.cpp's converter writes them: the
+    shared expert's width as intermediate_size / num_key_value_heads (its
+    formula: right for the published 21B-A3B, whose 12288 / 4 is its two
+    shared experts of 1536; a tiny config must be shaped alike for
+    llama.cpp to load the file), no end index of the MoE layers."""
+    writer.add_expert_count(config["moe_num_experts"])
+    writer.add_expert_used_count(config["moe_k"])
+    writer.add_interleave_moe_layer_step(config.get("moe_layer_interval", 1))
+    writer.add_leading_dense_block_count(config.get("moe_layer_start_index", 1))
+    writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    shared = config.get("moe_num_shared_experts", 2)
+    writer.add_expert_shared_count(shared)
+    if shared:
+        writer.add_expert_shared_feed_forward_length(
+            config["intermediate_size"] // config["num_key_value_heads"])
 
 
 def _add_value(writer, key: str, value) -> None:

@@ -1,0 +1,185 @@
+"""Softmax MoE routing with a selection bias and a floor under the
+renormalising sum (ERNIE 4.5): `g.moe(..., selection_bias=, norm_min=)`
+(transformers' `Ernie4_5_MoeTopKRouter`: p = softmax(logits), experts
+chosen by p + e_score_correction_bias, weighted by the unbiased p divided
+by max(sum, moe_norm_min)).
+
+Every kernel path against `etc.reference.moe` for 1 to 33 tokens: the CPU's
+vector tiles (f32, bf16 transposed), its packed int8 tiles (q8_0) and the
+CUDA tiles by the exact lane simulation (the router tile is the one all of
+them share); inputs route with a margin, and each layer is checked far
+from the reference without its bias or without its floor. The floor by
+hand (`moe_route`), ptxas on the CUDA router, and the operator's refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import etc
+from etc import packed
+from etc.reference import evaluate, moe as moe_reference, moe_route, round_bf16
+
+from ptxas_check import assemble, assert_no_spills, needs_ptxas
+
+E, TOP_K, TILE = 8, 2, 8
+TOKENS = (1, 2, 5, 16, 33)
+#: A floor most tokens' two chosen scores sum below (the bias picks
+#: experts the softmax scores low), so that it is seen.
+NORM_MIN = 0.4
+
+#: name: (experts' dtype, x's dtype, transpose_w, H, F)
+LAYERS = {
+    "f32": ("f32", "f32", False, 37, 23),
+    "bf16_transposed": ("bf16", "bf16", True, 64, 40),
+    "q8_0": ("q8_0", "f32", True, 64, 64),
+}
+
+
+def _graph(names) -> etc.Graph:
+    g = etc.Graph("softmax_bias_moe")
+    T = g.symbol("T")
+    outs = []
+    for name in names:
+        expert, dtype, transposed, h, f = LAYERS[name]
+        inp = lambda role, shape, dt: g.input(f"{name}_{role}", shape, dt)
+        w_shape = lambda rows, cols: (E, cols, rows) if transposed else (E, rows, cols)
+        outs.append(g.moe(inp("x", (T, h), dtype), inp("router", (h, E), dtype),
+                          inp("w1", w_shape(h, f), expert), inp("w2", w_shape(f, h), expert),
+                          TOP_K, w_up=inp("w_up", w_shape(h, f), expert), transpose_w=transposed,
+                          selection_bias=inp("bias", (E,), "f32"), norm_min=NORM_MIN, tile=TILE,
+                          name=name))
+    g.output(*outs)
+    return g
+
+
+def _weights(name: str) -> dict:
+    expert, _, transposed, h, f = LAYERS[name]
+    rng = np.random.default_rng(len(name))
+    out = {}
+    for role, (rows, cols) in (("w1", (h, f)), ("w_up", (h, f)), ("w2", (f, h))):
+        shape = (E, cols, rows) if transposed else (E, rows, cols)
+        values = (rng.standard_normal(shape) / np.sqrt(rows)).astype(np.float32)
+        if packed.is_packed(expert):
+            out[f"{name}_{role}"] = packed.quantize(values, expert)
+        else:
+            out[f"{name}_{role}"] = round_bf16(values) if expert == "bf16" else values
+    return out
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _inputs(name: str, tokens: int) -> dict:
+    """x, router and the selection bias, routing with a margin of 1e-3
+    (the bias about as large as the scores' spread), each token's chosen
+    sum at least 0.02 from the floor and some token's below 0.6 of it."""
+    _, dtype, _, h = LAYERS[name][:4]
+    rng = np.random.default_rng(tokens + 7 * len(name))
+    for _ in range(1000):
+        x = rng.standard_normal((tokens, h)).astype(np.float32)
+        router = (rng.standard_normal((h, E)) / np.sqrt(h)).astype(np.float32)
+        if dtype == "bf16":
+            x, router = round_bf16(x), round_bf16(router)
+        bias = (rng.standard_normal(E) * 0.15).astype(np.float32)
+        p = _softmax(x @ router)
+        ordered = -np.sort(-(p + bias), axis=-1)
+        chosen, _ = moe_route(x @ router, TOP_K, selection_bias=bias)
+        total = np.take_along_axis(p, chosen, axis=1).sum(-1)
+        if (ordered[:, TOP_K - 1] - ordered[:, TOP_K]).min() > 1e-3 and \
+                np.abs(total - NORM_MIN).min() > 0.02 and total.min() < 0.6 * NORM_MIN:
+            return {f"{name}_x": x, f"{name}_router": router, f"{name}_bias": bias}
+    raise AssertionError("no inputs route with a margin")
+
+
+def _reference(name: str, values: dict, **changes) -> np.ndarray:
+    expert, _, transposed = LAYERS[name][:3]
+    v = {role: values[f"{name}_{role}"] for role in ("x", "router", "w1", "w2", "w_up", "bias")}
+    for role in ("w1", "w2", "w_up"):
+        w = packed.dequantize(v[role], expert) if packed.is_packed(expert) else v[role]
+        v[role] = np.swapaxes(w, -1, -2) if transposed else w
+    options = {**dict(selection_bias=v["bias"], norm_min=NORM_MIN), **changes}
+    return moe_reference(v["x"], v["router"], v["w1"], v["w2"], TOP_K, v["w_up"], **options)
+
+
+def _check(name: str, got: np.ndarray, want: np.ndarray, values: dict) -> None:
+    """`got` within the path's tolerance of `want`, and more than 4 of it
+    from the layer without its selection bias or without its floor."""
+    expert, dtype = LAYERS[name][:2]
+    got = np.asarray(got, np.float32)
+    scale = np.abs(want).max()
+    tol = (0.03 if packed.is_packed(expert) else 2.0 ** -7 if dtype == "bf16" else 1e-5) \
+        * scale + 1e-6
+    assert np.abs(got - want).max() <= tol, (name, np.abs(got - want).max(), tol)
+    for what, changes in {"no floor": dict(norm_min=0.0),
+                          "no bias": dict(selection_bias=None)}.items():
+        if what == "no bias" and got.shape[0] == 1:
+            continue  # one token: the bias may keep its experts
+        assert np.abs(got - _reference(name, values, **changes)).max() > 4 * tol, (name, what)
+
+
+@pytest.mark.parametrize("kernels", ["native", "cuda"])
+def test_paths(kernels):
+    """The CPU's vector and packed tiles, and the CUDA ones simulated."""
+    names = list(LAYERS)
+    g = _graph(names)
+    kernel = etc.compile(g, target="cpu", kernels=kernels, workers=2)
+    weights = {k: v for name in names for k, v in _weights(name).items()}
+    run = kernel.partial(**weights)
+    for tokens in TOKENS if kernels == "native" else (1, 33):
+        ins = {k: v for name in names for k, v in _inputs(name, tokens).items()}
+        for name, out, ref in zip(names, run.run(**ins), evaluate(g, **ins, **weights)):
+            _check(name, out, ref, {**ins, **weights})
+
+
+def test_route_reference():
+    """`moe_route` by hand: the experts of the highest p + bias, weighted by
+    their unbiased p over max(sum, norm_min): a floor above the sum scales
+    the weights down, one below it leaves the renormalised weights."""
+    logits = np.array([[2.0, 0.0, -1.0, 1.0]], np.float32)
+    p = np.exp(logits[0].astype(np.float64))
+    p /= p.sum()
+    bias = np.array([0.0, 0.3, 0.9, 0.0], np.float32)  # p + bias: 0.64, 0.39, 0.93, 0.24
+    chosen, weights = moe_route(logits, 2, selection_bias=bias, norm_min=0.5)
+    assert chosen.tolist() == [[2, 0]]
+    assert p[[2, 0]].sum() > 0.5
+    np.testing.assert_allclose(weights[0], p[[2, 0]] / p[[2, 0]].sum(), rtol=1e-6)
+    chosen, weights = moe_route(logits, 2, selection_bias=bias, norm_min=0.9)
+    np.testing.assert_allclose(weights[0], p[[2, 0]] / 0.9, rtol=1e-6)
+    chosen, weights = moe_route(logits, 2, False, selection_bias=bias, norm_min=0.9)
+    np.testing.assert_allclose(weights[0], p[[2, 0]], rtol=1e-6)  # (no renormalising)
+
+
+@needs_ptxas
+def test_cuda_router_assembles(tmp_path):
+    """ERNIE-4.5-21B-A3B's routing (64 experts, 6 per token, the float32
+    selection bias, the floor) at its widths (H 2560, q8_0 experts of
+    1536): ptxas assembles the tiles on sm_90a with no spills."""
+    h, f, e = 2560, 1536, 64
+    g = etc.Graph("softmax_bias_cuda")
+    T = g.symbol("T")
+    x = g.input("x", (T, h), "bf16")
+    g.output(g.moe(x, g.input("router", (h, e), "bf16"), g.input("gate", (e, f, h), "q8_0"),
+                   g.input("down", (e, h, f), "q8_0"), 6, w_up=g.input("up", (e, f, h), "q8_0"),
+                   transpose_w=True, selection_bias=g.input("bias", (e,), "f32"),
+                   norm_min=1e-12, name="out"))
+    kernel = etc.compile(g, target="cuda", chip="sm_90a")
+    assert_no_spills(assemble(kernel.ptx, "sm_90a", tmp_path, "softmax_bias_moe"))
+
+
+def test_errors():
+    g = etc.Graph("errors")
+    T = g.symbol("T")
+    x = g.input("x", (T, 16))
+    router = g.input("router", (16, E))
+    w1, w2 = g.input("w1", (E, 16, 8)), g.input("w2", (E, 8, 16))
+    for value in (-1e-12, float("inf"), float("nan"), True, "0"):
+        with pytest.raises(ValueError, match=r"norm_min must be a finite number >= 0"):
+            g.moe(x, router, w1, w2, 2, norm_min=value)
+    with pytest.raises(ValueError, match=r"operand 'selection_bias' .* must have shape \(8,\)"):
+        g.moe(x, router, w1, w2, 2, selection_bias=g.input("b4", (4,)))
+    # A floor of 0 records nothing: the op is plain softmax routing's.
+    g.moe(x, router, w1, w2, 2, norm_min=0.0, name="plain")
+    assert "norm_min" not in g._ops[-1].params
