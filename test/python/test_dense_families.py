@@ -284,8 +284,9 @@ def test_gguf_files_run_by_llama_cpp(arch, tmp_path):
 
 
 def test_gguf_keys_as_llama_cpp_reads_them(tmp_path):
-    """exaone4: the window on the layers the per-layer flags name; a file
-    without window keys is the 1.2B's kind (no window, RoPE everywhere),
+    """exaone4: the window on the layers the per-layer flags name (without
+    them, all but every 4th); a file without window keys is the 1.2B's
+    kind (no window, RoPE everywhere),
     but at 64 layers llama.cpp's rule for the 32B (window 4096 on all but
     every 4th layer); the llama3 scaling's rope_freqs factors give
     transformers' frequencies; flags of another count are refused.
@@ -297,6 +298,9 @@ def test_gguf_keys_as_llama_cpp_reads_them(tmp_path):
     c = GGUFCheckpoint(write_gguf(tmp_path / "e.gguf", config)).config
     assert (c.sliding_window, c.sliding_layers, c.nope_layers) == (5, (0, 2), (1, 3))
     assert c == dataclasses.replace(ModelConfig.from_dict(config), rope_scaling=None)
+    c = GGUFCheckpoint(write_gguf(tmp_path / "unflagged.gguf", config, metadata={
+        "exaone4.attention.sliding_window_pattern": None})).config
+    assert (c.sliding_window, c.sliding_layers, c.nope_layers) == (5, (0, 1, 2), (3,))
     gg = GGUFCheckpoint(write_gguf(tmp_path / "bare.gguf", config, metadata={
         "exaone4.attention.sliding_window": None,
         "exaone4.attention.sliding_window_pattern": None}))

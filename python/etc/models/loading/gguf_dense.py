@@ -25,8 +25,9 @@ EXAONE4_LLAMA_CPP_32B = (64, 4096, 4)
 def config(ckpt, fields: dict) -> dict:
     """The config.json fields of `ckpt`'s metadata and tensors beyond the
     common ones in `fields`: EXAONE 4's window (`attention.sliding_window`,
-    the layers `attention.sliding_window_pattern` flags; without a window,
-    every layer full with RoPE, but for llama.cpp's rule for 64 layers,
+    on the layers `attention.sliding_window_pattern` flags, else on all but
+    every 4th, Exaone4Config's default pattern; without a window, every
+    layer full with RoPE, but for llama.cpp's rule for 64 layers,
     `EXAONE4_LLAMA_CPP_32B`); Seed-OSS's q/k/v and o biases where the file
     has them, its head size hidden / heads unless `attention.key_length`
     says otherwise (llama.cpp's, where SeedOssConfig's default is 128)."""
