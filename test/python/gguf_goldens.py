@@ -294,7 +294,32 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
                   _RUN),
         "ernie_moe": (tiny_config("Ernie4_5_MoeForCausalLM", vocab_size=320,
                                   intermediate_size=64, moe_norm_min=None), 29,
-                      _RUN)}
+                      _RUN),
+        # EXAONE 4 (`exaone4`): the 32B's kind, a window of 5 on 3 of every
+        # 4 layers with RoPE, the 4th full without, llama3 RoPE as
+        # rope_freqs factors, at the 32B's 64 layers: llama.cpp (of
+        # llama-cpp-python 0.3.36) slides no layer of a file of any other
+        # depth, whatever its keys say. And the 1.2B's kind, no window
+        # (every layer full with RoPE), tied. Heads of hidden / heads (8):
+        # llama.cpp's exaone4 takes the output projection square.
+        "exaone4": (tiny_config("Exaone4ForCausalLM", vocab_size=320, intermediate_size=64,
+                                num_hidden_layers=64, head_dim=8,
+                                layer_types=(["sliding_attention"] * 3 +
+                                             ["full_attention"]) * 16),
+                    28, _RUN),
+        "exaone4_dense": (tiny_config("Exaone4ForCausalLM", vocab_size=320,
+                                      intermediate_size=64, head_dim=8, sliding_window=None,
+                                      sliding_window_pattern=None,
+                                      layer_types=["full_attention"] * 2,
+                                      tie_word_embeddings=True), 29, _RUN),
+        # Seed-OSS (`seed_oss`: q/k/v biases, the MLP's norm
+        # post_attention_norm; no o bias, which llama.cpp's seed_oss lacks).
+        "seed_oss": (tiny_config("SeedOssForCausalLM", vocab_size=320, intermediate_size=64,
+                                 attention_out_bias=False), 30, _RUN),
+        # Hunyuan dense (`hunyuan-dense`: q/k norms after RoPE, NTK-alpha in
+        # rope.freq_base).
+        "hunyuan_dense": (tiny_config("HunYuanDenseV1ForCausalLM", vocab_size=320,
+                                      intermediate_size=64), 31, _RUN)}
 
 
 def run_digest(config, weights: dict) -> str:

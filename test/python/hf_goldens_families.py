@@ -1,7 +1,8 @@
 """Goldens from Hugging Face transformers for the model families of
 test_families.py (Qwen2, Mistral, Gemma 3, Gemma 2, Phi-3, Phi-4-mini,
 SmolLM3, Granite, Granite MoE, GraniteMoeShared, Qwen2-MoE, OLMo 2, OLMo 3,
-OLMoE, GLM-4, GLM-4.5, ERNIE 4.5 dense and MoE): what `AutoModelForCausalLM` computes for their tiny
+OLMoE, GLM-4, GLM-4.5, ERNIE 4.5 dense and MoE, EXAONE 4, Seed-OSS, Hunyuan dense): what
+`AutoModelForCausalLM` computes for their tiny
 checkpoints (and `Gemma3ForConditionalGeneration`,
 `Mistral3ForConditionalGeneration` for Gemma 3's and Mistral's inside a
 multimodal checkpoint, on text-only input: `MULTIMODAL`), kept in
@@ -118,12 +119,22 @@ FAMILIES = {
     # multi-token-prediction block's weights (skipped).
     "ernie": tiny_config("Ernie4_5ForCausalLM"),
     "ernie_moe": tiny_config("Ernie4_5_MoeForCausalLM"),
+    # EXAONE 4 (the 32B's kind): no input norms, the blocks' outputs normed,
+    # q/k norms per head; layer 0 sliding (window 5) with llama3-scaled
+    # RoPE, layer 1 full without RoPE; untied.
+    "exaone4": tiny_config("Exaone4ForCausalLM"),
+    # Seed-OSS: Llama's layers with q/k/v biases and an o bias.
+    "seed_oss": tiny_config("SeedOssForCausalLM"),
+    # Hunyuan dense: q/k norms per head after RoPE, NTK-alpha RoPE (alpha
+    # 1000: base 1e4 x 1000^(8/6)), tied.
+    "hunyuan_dense": tiny_config("HunYuanDenseV1ForCausalLM"),
 }
 #: The seed of each family's random weights.
 SEEDS = {"qwen2": 11, "qwen2_window": 12, "mistral": 13, "gemma3": 14, "gemma2": 16,
          "phi3": 17, "phi4_mini": 19, "smollm3": 20, "granite": 19, "granite_moe": 20,
          "qwen2_moe": 21, "granite_moe_shared": 22, "olmo2": 21, "olmo3": 22, "glm4": 23,
-         "glm4_moe": 23, "olmoe": 24, "ernie": 25, "ernie_moe": 35}
+         "glm4_moe": 23, "olmoe": 24, "ernie": 25, "ernie_moe": 35, "exaone4": 28, "seed_oss": 29,
+         "hunyuan_dense": 30}
 #: Multimodal checkpoints whose text model ETC runs: the family's causal LM
 #: inside `Gemma3ForConditionalGeneration` or
 #: `Mistral3ForConditionalGeneration` (`write_checkpoint(...,
@@ -147,14 +158,15 @@ GPT_OSS_SEED = 19
 
 #: The dtypes of transformers 4's config style where not all of DTYPES (the
 #: suite's time): Granite's, Granite MoE's, Qwen2-MoE's, GraniteMoeShared's,
-#: OLMo 2's, OLMoE's and GLM-4's in float32 and bfloat16 (f16 adds nothing their
-#: layers would not show in bf16); OLMo 3's in float32 (its layers are
-#: OLMo 2's, its windows Gemma's).
+#: OLMo 2's, OLMoE's, GLM-4's, EXAONE 4's, Seed-OSS's and Hunyuan's in
+#: float32 and bfloat16 (f16 adds nothing their layers would not show in
+#: bf16); OLMo 3's in float32 (its layers are OLMo 2's, its windows Gemma's).
 V4_DTYPES = {"granite": ("f32", "bf16"), "granite_moe": ("f32", "bf16"),
              "qwen2_moe": ("f32", "bf16"), "granite_moe_shared": ("f32", "bf16"),
              "olmo2": ("f32", "bf16"), "glm4": ("f32", "bf16"), "olmo3": ("f32",),
              "glm4_moe": ("f32", "bf16"), "olmoe": ("f32", "bf16"), "ernie": ("f32", "bf16"),
-             "ernie_moe": ("f32", "bf16")}
+             "ernie_moe": ("f32", "bf16"), "exaone4": ("f32", "bf16"), "seed_oss": ("f32", "bf16"),
+             "hunyuan_dense": ("f32", "bf16")}
 #: The families whose transformers 4 goldens leave bfloat16 out: a bf16
 #: step kernel compiles for 20 to 30 s on the test machine, and theirs are
 #: Phi-3's and Llama's kinds (partial rotary and NoPE change the weights

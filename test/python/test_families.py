@@ -85,6 +85,13 @@ GGUF_FAMILIES = {
     "ernie": FAMILIES["ernie"],
     "ernie_moe": tiny_config("Ernie4_5_MoeForCausalLM", intermediate_size=64,
                              moe_norm_min=None, num_nextn_predict_layers=0),
+    # EXAONE 4 (window keys, per-layer flags), Seed-OSS (biases; its MLP
+    # norm post_attention_norm), Hunyuan dense; with plain RoPE, whose
+    # config reads back equal (llama3 as rope_freqs and NTK-alpha folded
+    # into the base: test_dense_families.py).
+    "exaone4": tiny_config("Exaone4ForCausalLM", rope_scaling=None),
+    "seed_oss": FAMILIES["seed_oss"],
+    "hunyuan_dense": tiny_config("HunYuanDenseV1ForCausalLM", rope_scaling=None),
 }
 #: Families whose tile kernels add nothing to another family's under the
 #: static schedule and the CUDA lanes (the suite's time): Granite MoE's

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import families_ernie, fp8, multimodal, mxfp4, partial_rotary
+from . import families_dense as dense, families_ernie, fp8, multimodal, mxfp4, partial_rotary
 from ... import bfloat16, packed
 from ...runtime import aligned
 from .config import ModelConfig, UnsupportedConfigError
@@ -66,6 +66,7 @@ _SANDWICH = {"Gemma": ("post_attention_layernorm", "pre_feedforward_layernorm",
                        "post_feedforward_layernorm"),
              "Olmo2ForCausalLM": ("post_attention_layernorm", None, "post_feedforward_layernorm"),
              "Olmo3ForCausalLM": ("post_attention_layernorm", None, "post_feedforward_layernorm"),
+             dense.EXAONE4: ("post_attention_layernorm", None, "post_feedforward_layernorm"),
              "Glm4ForCausalLM": ("post_self_attn_layernorm", "post_attention_layernorm",
                                  "post_mlp_layernorm")}
 
@@ -367,9 +368,10 @@ class Checkpoint:
             if c.qk_norm:
                 # Per head (d), or OLMo 2's over the whole projection.
                 q_size, k_size = (q, kv) if c.qk_norm_projection else (d, d)
-                plan += [(f"l{i}_q_norm", p + "self_attn.q_norm.weight", (q_size,),
+                qn, kn = dense.QK_NORM_NAMES.get(c.architecture, ("q_norm", "k_norm"))
+                plan += [(f"l{i}_q_norm", f"{p}self_attn.{qn}.weight", (q_size,),
                           f"layer {i} q_norm", None),
-                         (f"l{i}_k_norm", p + "self_attn.k_norm.weight", (k_size,),
+                         (f"l{i}_k_norm", f"{p}self_attn.{kn}.weight", (k_size,),
                           f"layer {i} k_norm", None)]
             if c.sandwich_norms:
                 plan += [(key, f"{p}{name}.weight", (h,), f"layer {i} {what}", None)

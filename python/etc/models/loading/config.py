@@ -3,7 +3,7 @@
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
 Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3,
 SmolLM3, Granite, Granite MoE (with shared experts too), gpt-oss, OLMo 2, OLMo 3,
-OLMoE, GLM-4, GLM-4.5, ERNIE 4.5 (dense and MoE); and the text
+OLMoE, GLM-4, GLM-4.5, ERNIE 4.5 (dense and MoE), EXAONE 4, Seed-OSS, Hunyuan dense; and the text
 model of Gemma 3's and Mistral 3's multimodal configs, `multimodal`), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
@@ -21,7 +21,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import config_families as families, families_ernie as ernie, moe_fields, multimodal, rope
+from . import (config_families as families, families_dense as dense, families_ernie as ernie,
+               moe_fields, multimodal, rope)
 from .fields import UnsupportedConfigError, positive_int, positive_number
 from .rope import ROPE_TYPES
 
@@ -34,7 +35,7 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                  "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
                  "GptOssForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeSharedForCausalLM",
                  *families.OLMO, families.OLMOE, families.GLM4, moe_fields.GLM4_MOE,
-                 *ernie.ARCHITECTURES)
+                 *ernie.ARCHITECTURES, *dense.ARCHITECTURES)
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
@@ -168,8 +169,10 @@ class ModelConfig:
     #: interleaved layout) instead of (i, i + rotated / 2); the q and k
     #: rows are permuted at load to the step graph's pairs too.
     rope_interleaved: bool = False
-    #: The layers without RoPE (SmolLM3's NoPE layers).
+    #: The layers without RoPE (SmolLM3's NoPE layers, EXAONE 4's full layers).
     nope_layers: tuple = field(default_factory=tuple)
+    #: The per-head q/k norms after RoPE instead of before (Hunyuan dense).
+    qk_norm_after_rope: bool = False
     #: gpt-oss: a bias on the attention's output projection too
     #: (`qkv_bias` the others'), one learnt sink logit per query head
     #: (`Graph.attention`'s `sinks`), a bias on the router's logits and on
@@ -346,8 +349,8 @@ class ModelConfig:
         if head_dim is None:
             # Gemma's default is 256, whatever the hidden size.
             head_dim = 256 if architecture in _GEMMA else \
-                {**families.DEFAULT_HEAD_DIM, **ernie.DEFAULT_HEAD_DIM}.get(architecture,
-                                                                            hidden // heads)
+                {**families.DEFAULT_HEAD_DIM, **ernie.DEFAULT_HEAD_DIM,
+                 **dense.DEFAULT_HEAD_DIM}.get(architecture, hidden // heads)
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or \
                 head_dim % 2:
             raise UnsupportedConfigError(f"{where}: field 'head_dim' = {head_dim!r} must be an "
@@ -361,14 +364,15 @@ class ModelConfig:
         elif architecture not in _GEMMA:  # Gemma reads hidden_activation (below)
             refuse("hidden_act", ("silu", None), "only SiLU-gated MLPs are implemented")
         if architecture not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM",
-                                families.GLM4, moe_fields.GLM4_MOE):
+                                families.GLM4, moe_fields.GLM4_MOE, dense.SEED_OSS):
             # Qwen2's q/k/v projections always have biases (Qwen2-MoE's:
             # `qkv_bias`) and its o projection never has one: transformers
-            # ignores the field. gpt-oss, GLM-4 and GLM-4.5 read it
-            # (`_gpt_oss`, `config_families`, `moe_fields`).
+            # ignores the field. gpt-oss, GLM-4, GLM-4.5 and Seed-OSS read it
+            # (`_gpt_oss`, `config_families`, `moe_fields`, `families_dense`).
             refuse("attention_bias", (False, None), "q/k/v/o projections have no bias")
         refuse("mlp_bias", (False, None), "MLP projections have no bias")
-        refuse("attention_dropout", (0, 0.0, None), "inference uses no dropout")
+        if architecture not in dense.DROPOUT_FIELDS:  # (read by `dense.layers`)
+            refuse("attention_dropout", (0, 0.0, None), "inference uses no dropout")
         if architecture == "SmolLM3ForCausalLM":
             # SmolLM3's config has one (2); its transformers class never
             # reads it (no sliced matmuls), and so neither does ETC.
@@ -384,6 +388,8 @@ class ModelConfig:
         if architecture == "GptOssForCausalLM":
             family = _gpt_oss(config, where, max_positions, flag)
         family.update(families.family_layers(config, where, architecture, flag))
+        family.update(dense.layers(config, where, architecture, flag, sliding, head_dim,
+                                   lambda plain: _rope(plain, where, max_positions)))
         if "rope_theta" in family:
             rope_theta, scaling = family.pop("rope_theta"), family.pop("rope_scaling")
         else:
@@ -453,7 +459,7 @@ class ModelConfig:
             sliding_layers=sliding,
             rotary_dim=rotary if rotary < head_dim else None,
             nope_layers=families.nope_layers(config, where, layers)
-            if architecture == "SmolLM3ForCausalLM" else (),
+            if architecture == "SmolLM3ForCausalLM" else family.pop("nope_layers", ()),
             **moe,
             **family,
             **granite,
@@ -469,12 +475,13 @@ class ModelConfig:
 #: none when null, for every layer; transformers ignores `layer_types`),
 #: "phi3" (the same, none when absent; Mixtral's too: MixtralConfig's
 #: default is None where MistralConfig's is 4096, in transformers 4 and 5),
-#: "gemma" (`layer_types`, or Gemma's pattern of full layers).
+#: "gemma" (`layer_types`, or Gemma's pattern of full layers), "exaone4"
+#: (`families_dense.exaone4_window`).
 _WINDOWED = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
              "MixtralForCausalLM": "phi3", "GptOssForCausalLM": "gemma",
              "Gemma2ForCausalLM": "gemma", "Gemma3ForCausalLM": "gemma",
              "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3",
-             "Olmo3ForCausalLM": "gemma"}
+             "Olmo3ForCausalLM": "gemma", dense.EXAONE4: "exaone4"}
 #: Gemma's default layer pattern: every n-th layer full, the others
 #: sliding (Gemma 3: `sliding_window_pattern`, default 6; Gemma 2: 2;
 #: OLMo 3: 4).
@@ -534,6 +541,8 @@ def _sliding_layers(config: dict, where: str, architecture: str,
         return (window if sliding else None), sliding
     if style == "smollm3":
         return families.smollm3_window(config, where, layers, use, types)
+    if style == "exaone4":
+        return dense.exaone4_window(config, where, layers, types)
     if style in ("mistral", "phi3"):
         window = config.get("sliding_window", 4096 if style == "mistral" else None)
         if window is None:

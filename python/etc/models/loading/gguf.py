@@ -27,7 +27,7 @@ import numpy as np
 
 from ... import bfloat16, packed
 from ...runtime import aligned
-from . import families_ernie as ernie, gguf_families as families, partial_rotary
+from . import families_ernie as ernie, gguf_dense, gguf_families as families, partial_rotary
 from .checkpoint import MissingTensorError
 from .config import ModelConfig, UnsupportedConfigError
 from .gguf_families import decimal
@@ -50,7 +50,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "gpt-oss": "GptOssForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
                  "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM",
                  "glm4": "Glm4ForCausalLM", "glm4moe": "Glm4MoeForCausalLM",
-                 "ernie4_5": ernie.ERNIE, "ernie4_5-moe": ernie.ERNIE_MOE}
+                 "ernie4_5": ernie.ERNIE, "ernie4_5-moe": ernie.ERNIE_MOE,
+                 **gguf_dense.ARCHITECTURES}
 #: The architectures whose RoPE rotates the first rope.dimension_count of
 #: each head (llama.cpp's phi3, glm4 and glm4moe; GLM-4's in interleaved
 #: pairs).
@@ -59,6 +60,9 @@ _PARTIAL_ROTARY = ("phi3", "glm4", "glm4moe")
 #: (each head's rotary halves interleaved: LlamaModel's conversion), undone
 #: at load.
 _PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
+#: The architectures whose llama3 RoPE llama.cpp's converter writes as
+#: frequency factors (`rope_freqs.weight`) instead of metadata.
+_ROPE_FREQS = (*_PERMUTED, "exaone4")
 #: The tensor types loaded: the float types, and every GGML format of
 #: `etc.packed` (llama.cpp's Q4_K_M, Q5_K_M, Q6_K, Q8_0 and Q4_0 files hold
 #: no other).
@@ -121,7 +125,7 @@ class GGUFCheckpoint:
         #: The metadata as a Hugging Face config.json would say it.
         self.raw_config = self._hf_config()
         self.config = ModelConfig.from_dict(self.raw_config, f"{self.path} (GGUF metadata)")
-        if self.architecture in _PERMUTED and self.config.rope_scaling is None and \
+        if self.architecture in _ROPE_FREQS and self.config.rope_scaling is None and \
                 "rope_freqs.weight" in self._tensors:
             self._check_shape("rope_freqs.weight", (self.config.head_dim // 2,),
                               "RoPE frequency factors")
@@ -257,6 +261,8 @@ class GGUFCheckpoint:
             config.update(families.olmoe_config(self))
         if a == "ernie4_5-moe":
             config.update(ernie.gguf_config(self, config))
+        if a in gguf_dense.ARCHITECTURES:
+            config.update(gguf_dense.config(self, config))
         return config
 
     # -- tensors -------------------------------------------------------------
@@ -421,8 +427,8 @@ class GGUFCheckpoint:
                              f"layer {i} post-feedforward norm", None))
             else:
                 # (gpt-oss's converter names the MLP's norm by its HF name.)
-                norm = "post_attention_norm" if self.architecture in ("gpt-oss", "glm4moe") \
-                    else "ffn_norm"
+                norm = "post_attention_norm" if self.architecture in ("gpt-oss", "glm4moe",
+                                                                      "seed_oss") else "ffn_norm"
                 plan.append((f"l{i}_mlp_norm", f"{b}{norm}.weight", (h,),
                              f"layer {i} post-attention norm", None))
             if c.is_sparse(i) and b + "ffn_gate_exps.weight" not in self._tensors and \
@@ -600,7 +606,7 @@ class GGUFCheckpoint:
             out[key] = array if shard is None else shard(key, array)
             if progress is not None:
                 progress(done, len(plan))
-        if self.architecture in _PERMUTED and c.rope_scaling is None and \
+        if self.architecture in _ROPE_FREQS and c.rope_scaling is None and \
                 "rope_freqs.weight" in self._tensors:
             # llama.cpp's converter stores Llama 3's frequency scaling as
             # per-frequency divisors instead of rope_scaling metadata.

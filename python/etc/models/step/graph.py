@@ -180,6 +180,11 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         logit = g.matmul(normed, weight(f"l{i}_shexp_gate_inp", (1, h)), transpose_b=True)
         return g.add(routed, g.sigmoid_mul(logit, g.matmul(gated, down, transpose_b=True)))
 
+    def head_norms(i: int, q, k):
+        """q and k of layer i, each head RMS-normed (Qwen3's q/k norms)."""
+        return tuple(g.head_rmsnorm(x, weight(f"l{i}_{n}_norm", (d,)), head_dim=d, eps=eps,
+                                    offset=offset) for x, n in ((q, "q"), (k, "k")))
+
     def input_norm(x, key: str):
         """x normed before a block (not in OLMo 2 and 3, which norm outputs only)."""
         return norm(x, weight(key, (h,))) if c.input_norms else x
@@ -222,15 +227,14 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             # OLMo 2, OLMo 3, OLMoE: one norm over all of q's (k's) heads.
             q = g.rmsnorm(q, weight(f"l{i}_q_norm", (c.num_heads * d,)), eps, offset=offset)
             k = g.rmsnorm(k, weight(f"l{i}_k_norm", (c.num_kv_heads * d,)), eps, offset=offset)
-        elif c.qk_norm:
-            q = g.head_rmsnorm(q, weight(f"l{i}_q_norm", (d,)), head_dim=d, eps=eps,
-                               offset=offset)
-            k = g.head_rmsnorm(k, weight(f"l{i}_k_norm", (d,)), head_dim=d, eps=eps,
-                               offset=offset)
+        elif c.qk_norm and not c.qk_norm_after_rope:
+            q, k = head_norms(i, q, k)
         if c.uses_rope(i):  # not on SmolLM3's NoPE layers
             inv_freq = rope_tables["inv_freq_local" if c.local_rope(i) else "inv_freq"]
             q = g.rope(q, batch.positions, head_dim=d, inv_freq=inv_freq)
             k = g.rope(k, batch.positions, head_dim=d, inv_freq=inv_freq)
+        if c.qk_norm_after_rope:  # Hunyuan dense: the rotated q and k normed
+            q, k = head_norms(i, q, k)
         k_cache = g.kv_append(g.state(f"l{i}_k_cache", cache_shape, cache_dtype), k, batch)
         v_cache = g.kv_append(g.state(f"l{i}_v_cache", cache_shape, cache_dtype), v, batch)
         # gpt-oss: one learnt logit per head joins each softmax (float32).

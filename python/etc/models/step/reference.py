@@ -135,17 +135,24 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         q = q.reshape(n, c.num_heads, d)
         k = k.reshape(n, c.num_kv_heads, d)
         v = v.reshape(n, c.num_kv_heads, d)
-        if c.qk_norm and not c.qk_norm_projection:
+        head_norms = c.qk_norm and not c.qk_norm_projection
+        if head_norms and not c.qk_norm_after_rope:
             q = _rmsnorm(q, w("q_norm"), eps, offset)
             k = _rmsnorm(k, w("k_norm"), eps, offset)
         if c.uses_rope(i):  # SmolLM3's NoPE layers have none
             cos, sin, factor = rotations[c.local_rope(i)]
             q = np.concatenate([(q[..., :r] * cos + rotate(q[..., :r]) * sin) * factor,
                                 q[..., r:]], axis=-1)
+            k = np.concatenate([k[..., :r] * cos + rotate(k[..., :r]) * sin, k[..., r:]],
+                               axis=-1)
+        if head_norms and c.qk_norm_after_rope:  # Hunyuan dense: after RoPE
+            q = _rmsnorm(q, w("q_norm"), eps, offset)
+            k = _rmsnorm(k, w("k_norm"), eps, offset)
+        if c.uses_rope(i):
             # The cache holds the keys before the attention factor (the
             # step graph puts it on q's side), so they round before it.
-            rotated = _round_to(k[..., :r] * cos + rotate(k[..., :r]) * sin, kv_dtype)
-            k = np.concatenate([rotated * factor, _round_to(k[..., r:], kv_dtype)], axis=-1)
+            k = np.concatenate([_round_to(k[..., :r], kv_dtype) * factor,
+                                _round_to(k[..., r:], kv_dtype)], axis=-1)
         else:
             k = _round_to(k, kv_dtype)
         v = _round_to(v, kv_dtype)

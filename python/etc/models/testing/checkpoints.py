@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 
 from ..loading.safetensors import save_file
-from . import ernie
+from . import dense, ernie
 from .shapes import SHAPES
 
 __all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint",
@@ -100,8 +100,11 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
                                                     "MixtralForCausalLM", "Phi3ForCausalLM"),
         "attention_bias": False,
         "torch_dtype": "float32",
-        "model_type": _MODEL_TYPES.get(architecture, "unknown"),
+        "model_type": _MODEL_TYPES.get(architecture, dense.MODEL_TYPES.get(architecture,
+                                                                            "unknown")),
     }
+    if architecture in dense.ARCHITECTURES:  # EXAONE 4, Seed-OSS, Hunyuan dense
+        config.update(dense.tiny_fields(architecture))
     if architecture == "LlamaForCausalLM":
         config["mlp_bias"] = False
     if architecture == "MistralForCausalLM":
@@ -384,6 +387,8 @@ def tensor_shapes(config: dict) -> dict:
     their shapes, in the order `write_checkpoint` writes them."""
     if config["architectures"][0] in ernie.ARCHITECTURES:
         return ernie.tensor_shapes(config)
+    if config["architectures"][0] in dense.ARCHITECTURES:
+        return dense.tensor_shapes(config)
     h = config["hidden_size"]
     heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or \
         config["num_attention_heads"]

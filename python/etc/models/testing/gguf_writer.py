@@ -13,6 +13,7 @@ from typing import Optional
 
 import numpy as np
 
+from . import dense
 from .checkpoints import checkpoint_tensors, tiny_config
 
 __all__ = ["write_gguf", "gguf_tensor_name"]
@@ -32,7 +33,8 @@ _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama
                        "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo2",
                        "OlmoeForCausalLM": "olmoe", "Glm4ForCausalLM": "glm4",
                        "Glm4MoeForCausalLM": "glm4moe",
-                       "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5-moe"}
+                       "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5-moe",
+                       **dense.GGUF_ARCHITECTURES}
 #: The GGUF architectures whose Q and K rows llama.cpp's converter permutes
 #: (its LlamaModel's, rotated in pairs by llama.cpp's NORM RoPE).
 _PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
@@ -286,6 +288,8 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         _add_glm4moe_keys(writer, config, nextn)
     if architecture == "ernie4_5-moe":
         _add_ernie_moe_keys(writer, config)
+    if config["architectures"][0] in dense.ARCHITECTURES:
+        dense.gguf_extras(writer, config, out)
     if tokenizer is not None:
         _add_tokenizer(writer, tokenizer, pre, eos_token, bos_token, add_bos_token)
     if chat_template is not None:
