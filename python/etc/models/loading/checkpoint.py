@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import fp8, multimodal, mxfp4, partial_rotary
+from . import families_deepseek, fp8, mla_layout, multimodal, mxfp4, partial_rotary
 from ... import bfloat16, packed
 from ...runtime import aligned
 from .config import ModelConfig, UnsupportedConfigError
@@ -335,7 +335,9 @@ class Checkpoint:
                 plan.append((f"l{i}_attn_norm", p + "input_layernorm.weight", (h,),
                              f"layer {i} norm", None))
             q, kv = c.num_heads * d, c.num_kv_heads * d
-            if fused:
+            if c.mla is not None:  # DeepSeek: latent attention, o_proj too
+                plan += mla_layout.plan(c, i, p)
+            elif fused:
                 # Phi-3: q, k and v in one projection, split at load.
                 plan += [(key, p + "self_attn.qkv_proj.weight", (q + 2 * kv, h),
                           f"layer {i} fused q/k/v projection", ("rows", start, stop))
@@ -348,8 +350,9 @@ class Checkpoint:
                           f"layer {i} key projection", None),
                          (f"l{i}_wv", p + "self_attn.v_proj.weight", (kv, h),
                           f"layer {i} value projection", None)]
-            plan.append((f"l{i}_wo", p + "self_attn.o_proj.weight", (h, q),
-                         f"layer {i} output projection", None))
+            if c.mla is None:
+                plan.append((f"l{i}_wo", p + "self_attn.o_proj.weight", (h, q),
+                             f"layer {i} output projection", None))
             if c.qkv_bias:
                 plan += [(f"l{i}_{key}", f"{p}self_attn.{proj}_proj.bias", (heads * d,),
                           f"layer {i} {proj} projection bias", None)
@@ -487,7 +490,9 @@ class Checkpoint:
                     for key, start, stop in (("gate", 0, f), ("up", f, 2 * f))] + [
                 (f"l{i}_shexp_down", p + "shared_mlp.output_linear.weight", (h, f),
                  f"layer {i} shared MLP down", None)]
-        experts = "shared_experts" if c.architecture == "Glm4MoeForCausalLM" else "shared_expert"
+        experts = "shared_experts" if c.architecture in ("Glm4MoeForCausalLM",
+                                                          *families_deepseek.ARCHITECTURES) \
+            else "shared_expert"
         projections = [(f"l{i}_shexp_{key}", f"{p}mlp.{experts}.{key}_proj.weight", shape,
                         f"layer {i} shared expert {key}", None)
                        for key, shape in (("gate", (f, h)), ("up", (f, h)), ("down", (h, f)))]
@@ -651,7 +656,8 @@ class Checkpoint:
         for stacks in experts.values():
             if all(stacks.values()):
                 formats.update(dict.fromkeys(stacks, "fp8_e4m3"))
-        for key in partial_rotary.unpacked_keys(self.config):  # rows scaled at load
+        for key in partial_rotary.unpacked_keys(self.config) | \
+                mla_layout.unpacked_keys(self.config):  # rows scaled or padded at load
             formats.pop(key, None)
         return formats
 
@@ -713,6 +719,7 @@ class Checkpoint:
                 out[key] = np.ascontiguousarray(read(name))
             # Partial rotary: q/k rows in the step graph's order.
             out[key] = partial_rotary.to_step_layout(self.config, key, out[key], dtype, stay)
+            out[key] = mla_layout.to_step_layout(self.config, key, out[key], dtype, stay)
             if shard is not None:
                 out[key] = shard(key, out[key])
             if progress is not None:

@@ -21,7 +21,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import config_families as families, moe_fields, multimodal, rope
+from . import config_families as families, families_deepseek as deepseek, moe_fields, \
+    multimodal, rope
 from .fields import UnsupportedConfigError, positive_int, positive_number
 from .rope import ROPE_TYPES
 
@@ -33,7 +34,8 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                  "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
                  "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
                  "GptOssForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeSharedForCausalLM",
-                 *families.OLMO, families.OLMOE, families.GLM4, moe_fields.GLM4_MOE)
+                 *families.OLMO, families.OLMOE, families.GLM4, moe_fields.GLM4_MOE,
+                 *deepseek.ARCHITECTURES)
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
@@ -179,6 +181,10 @@ class ModelConfig:
     expert_activation: str = "silu"
     swiglu_limit: Optional[float] = None
     swiglu_alpha: Optional[float] = None
+    #: DeepSeek-V2/V3's multi-head latent attention (`families_deepseek`),
+    #: or None: q and k heads are then `head_dim` (nope + pe) wide, as many
+    #: KV heads as heads, their v padded to it (`etc.models.step.mla`).
+    mla: Optional[deepseek.MlaShape] = None
 
     @property
     def is_moe(self) -> bool:
@@ -209,6 +215,8 @@ class ModelConfig:
     def rotated(self) -> int:
         """The dimensions of each head RoPE rotates (`rotary_dim`, else the
         whole head)."""
+        if self.mla is not None:  # the pe part of each head
+            return self.mla.rope_dim
         return self.rotary_dim or self.head_dim
 
     def local_rope(self, layer: int) -> bool:
@@ -233,7 +241,10 @@ class ModelConfig:
         attention factor of its layer type (rotated q and k both carry
         it). Not for a NoPE layer; nor with partial rotary, whose rotated
         dimensions alone carry it (the q weights' rotated rows are scaled by
-        its square at load: `partial_rotary`)."""
+        its square at load: `partial_rotary`); MLA's is its own
+        (`MlaShape.softmax_scale`; its pe rows carry the factor: `mla`)."""
+        if self.mla is not None:
+            return self.mla.softmax_scale
         factor = rope.attention_factor(self._rope_of(self.local_rope(layer))[1]) \
             if self.uses_rope(layer) and self.rotary_dim is None else 1.0
         return factor ** 2 * self._base_attention_scale
@@ -241,6 +252,8 @@ class ModelConfig:
     @property
     def attention_scale(self) -> float:
         """`attention_scale_of` a full-attention layer with RoPE."""
+        if self.mla is not None:
+            return self.mla.softmax_scale
         factor = self.rope_attention_factor if self.rotary_dim is None else 1.0
         return factor ** 2 * self._base_attention_scale
 
@@ -347,6 +360,8 @@ class ModelConfig:
                 head_dim % 2:
             raise UnsupportedConfigError(f"{where}: field 'head_dim' = {head_dim!r} must be an "
                                          f"even positive integer")
+        if architecture in deepseek.ARCHITECTURES:  # q and k: nope + pe
+            head_dim = deepseek.head_dim(config, where, architecture)
         if architecture == "GptOssForCausalLM":
             # transformers' gpt-oss never reads hidden_act (its experts'
             # clamped SwiGLU is fixed): any name computes the same.
@@ -402,6 +417,9 @@ class ModelConfig:
             moe = moe_fields.qwen_moe(config, where, architecture, layers, need, flag)
         elif architecture == moe_fields.GLM4_MOE:
             moe = moe_fields.glm4_moe(config, where, layers, need, flag)
+        elif architecture in deepseek.ARCHITECTURES:  # (its `mla` too)
+            moe = deepseek.deepseek(config, where, architecture, layers, heads, scaling, need,
+                                    flag)
         elif architecture == families.OLMOE:
             moe = moe_fields.olmoe(config, where, layers, need, flag)
         elif architecture in _EVERY_LAYER_SPARSE:

@@ -43,6 +43,7 @@ import numpy as np
 
 from ...graph import Graph
 from ..loading.config import ModelConfig
+from . import mla
 from .kv_cache import WINDOW_TABLE, layer_tables
 
 __all__ = ["build_step_graph", "SAMPLING_INPUTS", "MAX_LOGPROBS"]
@@ -99,6 +100,11 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     them) and the embeddings (gathered into `dtype` rows); the others are
     in `dtype`."""
     formats = weight_formats or {}
+    if ranks > 1 and config.mla is not None:
+        raise NotImplementedError(
+            f"build_step_graph: ranks={ranks}: tensor-parallel {config.architecture} (multi-head "
+            f"latent attention: its heads' shares of q, kv_b and o, and the pe key placed "
+            f"into each) is not implemented; run it on one rank")
     if ranks > 1 and config.qk_norm_projection:
         raise NotImplementedError(
             f"build_step_graph: ranks={ranks}: tensor-parallel {config.architecture} (its q/k "
@@ -198,14 +204,20 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         # Granite: a Python float multiplies the embeddings (transformers
         # computes the product in float32 and rounds it once).
         x = g.scale(x, c.embedding_multiplier)
+    # DeepSeek's MLA: the shared pe key's placement into every head.
+    place = mla.place_input(c, weight) if c.mla is not None else None
     previous_attention = None
     for i in range(c.num_layers):
         # Attention block, over the caches of the layer's table.
         batch, cache_shape = addressed[tables[i]]
         normed = input_norm(x, f"l{i}_attn_norm")
-        q = g.matmul(normed, weight(f"l{i}_wq", (c.num_heads * d, h)), transpose_b=True)
-        k = g.matmul(normed, weight(f"l{i}_wk", (c.num_kv_heads * d, h)), transpose_b=True)
-        v = g.matmul(normed, weight(f"l{i}_wv", (c.num_kv_heads * d, h)), transpose_b=True)
+        if c.mla is not None:  # DeepSeek: q, k (rotated) and v of the latent attention
+            q, k, v = mla.project(g, c, i, normed, weight, place, batch.positions,
+                                  rope_tables["inv_freq"])
+        else:
+            q = g.matmul(normed, weight(f"l{i}_wq", (c.num_heads * d, h)), transpose_b=True)
+            k = g.matmul(normed, weight(f"l{i}_wk", (c.num_kv_heads * d, h)), transpose_b=True)
+            v = g.matmul(normed, weight(f"l{i}_wv", (c.num_kv_heads * d, h)), transpose_b=True)
         if c.qkv_bias:
             q = g.add(q, weight(f"l{i}_bq", (c.num_heads * d,)))
             k = g.add(k, weight(f"l{i}_bk", (c.num_kv_heads * d,)))
@@ -219,7 +231,7 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
                                offset=offset)
             k = g.head_rmsnorm(k, weight(f"l{i}_k_norm", (d,)), head_dim=d, eps=eps,
                                offset=offset)
-        if c.uses_rope(i):  # not on SmolLM3's NoPE layers
+        if c.uses_rope(i) and c.mla is None:  # not SmolLM3's NoPE layers (MLA: rotated)
             inv_freq = rope_tables["inv_freq_local" if c.local_rope(i) else "inv_freq"]
             q = g.rope(q, batch.positions, head_dim=d, inv_freq=inv_freq)
             k = g.rope(k, batch.positions, head_dim=d, inv_freq=inv_freq)
@@ -258,7 +270,9 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
                 extra.update(b1=weight(f"l{i}_experts_gate_b", (e, f)),
                              b_up=weight(f"l{i}_experts_up_b", (e, f)),
                              b2=weight(f"l{i}_experts_down_b", (e, h)))
-            if c.moe_scoring != "softmax":  # GLM-4.5: sigmoid scores, a selection bias
+            if c.moe_scoring != "softmax" or c.routed_scaling_factor != 1.0:
+                # GLM-4.5, DeepSeek-V3: sigmoid scores, a selection bias;
+                # DeepSeek-V2: softmax scores times a routed scale.
                 extra.update(scoring=c.moe_scoring, routed_scale=c.routed_scaling_factor,
                              n_group=c.n_group, topk_group=c.topk_group)
                 if c.selection_bias:

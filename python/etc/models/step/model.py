@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import numpy as np
 
 from ... import packed
+from ..loading import mla_layout
 from ..loading.checkpoint import STORAGE, Checkpoint
 from . import kernel_cache as _cache
 from .kernel import (DEFAULT_MAX_STEP_TOKENS, packed_split, resolve_dtype, step_kernel,
@@ -161,6 +162,8 @@ class CompiledModel:
         # unless the file has its own.
         for name, table in config.rope_tables(self.max_seq_len).items():
             weights.setdefault(name, table)
+        if config.mla is not None:  # DeepSeek: the pe key's placement (`mla_layout`)
+            weights[mla_layout.PLACE] = mla_layout.place(config)
         self._weights = {name: self._as_dtype(name, array) for name, array in weights.items()}
         self.timings["weights"] = time.perf_counter() - start
         step, source, seconds = step_kernel(self._shard, self.graph_options, self.compile_options,

@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 
 from ..loading.safetensors import save_file
+from . import deepseek
 from .shapes import SHAPES
 
 __all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint",
@@ -66,7 +67,8 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "GraniteMoeSharedForCausalLM": "granitemoeshared",
                 "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo3",
                 "OlmoeForCausalLM": "olmoe", "Glm4ForCausalLM": "glm4",
-                "Glm4MoeForCausalLM": "glm4_moe"}
+                "Glm4MoeForCausalLM": "glm4_moe", "DeepseekV2ForCausalLM": "deepseek_v2",
+                "DeepseekV3ForCausalLM": "deepseek_v3"}
 
 #: The tiny Granite configs' multipliers: far from 1, so that a model that
 #: drops one moves the logits by 0.7 (embedding) to 3 (attention) times
@@ -147,6 +149,10 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
                        "routed_scaling_factor": 2.5, "partial_rotary_factor": 0.5,
                        "attention_bias": True, "use_qk_norm": True,
                        "num_nextn_predict_layers": 1, "tie_word_embeddings": False})
+    if architecture in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
+        # (`deepseek.tiny_fields`: DeepSeek-V2-Lite's and V3's shapes.)
+        del config["head_dim"]
+        config.update(deepseek.tiny_fields(architecture))
     if architecture == "Qwen3MoeForCausalLM":
         config.update({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []})
@@ -379,6 +385,8 @@ def _multimodal_name(name: str, written_by: str) -> str:
 def tensor_shapes(config: dict) -> dict:
     """The tensors of a checkpoint of `config`, by Hugging Face name, and
     their shapes, in the order `write_checkpoint` writes them."""
+    if config["architectures"][0] in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
+        return deepseek.tensor_shapes(config)
     h = config["hidden_size"]
     heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or \
         config["num_attention_heads"]

@@ -1,0 +1,271 @@
+"""DeepSeek-V2 and DeepSeek-V3 (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM):
+multi-head latent attention in the step graph's attention (`mla_layout`,
+`etc.models.step.mla`), DeepSeek's routed and shared experts. Their configs
+(the published ones) and refusals, the weights' layout, the NumPy forward
+pass and the compiled step (f32 and bf16, paged and contiguous) against
+transformers' goldens (hf_goldens_deepseek.py), and that each part of MLA
+matters."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import etc.models as models
+from etc.models.loading import mla_layout
+from etc.models.loading.checkpoint import Checkpoint
+from etc.models.loading.config import ModelConfig, UnsupportedConfigError
+from etc.models.step import reference
+from etc.models.step.graph import build_step_graph
+from etc.models.testing import checkpoint_tensors, tiny_config, write_checkpoint
+
+import hf_goldens_deepseek as goldens
+
+V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
+LOAD = dict(workers=3, max_seq_len=32, attention_chunk=4, kv_block_size=4)
+
+#: deepseek-ai/DeepSeek-V2-Lite's config.json (its auto_map left out).
+V2_LITE = {
+    "architectures": [V2], "attention_bias": False, "attention_dropout": 0.0,
+    "aux_loss_alpha": 0.001, "bos_token_id": 100000, "eos_token_id": 100001,
+    "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 10944, "kv_lora_rank": 512,
+    "max_position_embeddings": 163840, "model_type": "deepseek_v2",
+    "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64,
+    "n_shared_experts": 2, "norm_topk_prob": False, "num_attention_heads": 16,
+    "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+    "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06, "rope_scaling": {
+        "beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+        "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax",
+    "seq_aux": True, "tie_word_embeddings": False, "topk_group": 1, "topk_method": "greedy",
+    "torch_dtype": "bfloat16", "transformers_version": "4.39.3", "use_cache": True,
+    "v_head_dim": 128, "vocab_size": 102400}
+
+#: deepseek-ai/DeepSeek-V3's config.json (its auto_map and FP8
+#: quantization_config left out).
+V3_CONFIG = {
+    "architectures": [V3], "attention_bias": False, "attention_dropout": 0.0,
+    "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1,
+    "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+    "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
+    "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+    "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_scaling": {
+        "beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+    "seq_aux": True, "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": True,
+    "v_head_dim": 128, "vocab_size": 129280}
+
+
+def test_published_configs_follow_transformers():
+    """V2-Lite: q in one projection, heads of 128 + 64 (v 128), 16 KV heads
+    (every head's own expanded K and V), 64 experts of 1408 by softmax, 6
+    a token, not renormalised, 2 shared experts, layer 0 dense, a softmax
+    scale of 192^-1/2 mscale(40, 0.707)^2; V3: q through a rank of 1536,
+    sigmoid routing with the selection bias among 4 of 8 groups, times 2.5,
+    one shared expert, 3 dense layers, interleaved RoPE, the attention
+    factor 1 (mscale = mscale_all_dim)."""
+    lite = ModelConfig.from_dict(V2_LITE)
+    mscale = 0.1 * 0.707 * np.log(40) + 1
+    assert lite.mla == mla_layout_shape(None, 192 ** -0.5 * mscale ** 2)
+    assert (lite.head_dim, lite.num_heads, lite.num_kv_heads) == (192, 16, 16)
+    assert (lite.num_experts, lite.num_experts_per_tok, lite.moe_intermediate_size,
+            lite.shared_expert_intermediate_size, lite.intermediate_size) == \
+        (64, 6, 1408, 2816, 10944)
+    assert (lite.moe_scoring, lite.norm_topk_prob, lite.selection_bias, lite.n_group,
+            lite.routed_scaling_factor) == ("softmax", False, False, 1, 1.0)
+    assert lite.sparse_layers == tuple(range(1, 27)) and lite.rope_attention_factor == 1.0
+    assert lite.rotated == 64 and len(lite.rope_tables()["inv_freq"]) == 96
+    v3 = ModelConfig.from_dict(V3_CONFIG)
+    assert v3.mla.q_lora_rank == 1536 and v3.mla.interleaved
+    assert (v3.moe_scoring, v3.selection_bias, v3.n_group, v3.topk_group, v3.norm_topk_prob,
+            v3.routed_scaling_factor) == ("sigmoid", True, 8, 4, True, 2.5)
+    assert v3.sparse_layers == tuple(range(3, 61)) and v3.shared_expert_intermediate_size == 2048
+    assert v3.attention_scale == pytest.approx(192 ** -0.5 * (0.1 * np.log(40) + 1) ** 2)
+
+
+def mla_layout_shape(q_lora_rank, softmax_scale):
+    from etc.models.loading.families_deepseek import MlaShape
+
+    return MlaShape(q_lora_rank=q_lora_rank, kv_lora_rank=512, nope_dim=128, rope_dim=64,
+                    v_dim=128, interleaved=True, softmax_scale=pytest.approx(softmax_scale))
+
+
+@pytest.mark.parametrize("architecture, fields, message", [
+    (V2, {"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1},
+     r"'topk_method' = 'group_limited_greedy' with topk_group = 1 of n_group = 2: "
+     r"DeepSeek-V2's group score"),
+    (V2, {"norm_topk_prob": True}, r"'norm_topk_prob' = True is not supported for "
+                                   r"DeepseekV2ForCausalLM: transformers' DeepseekV2 never"),
+    (V2, {"scoring_func": "sigmoid"}, r"'scoring_func' = 'sigmoid' is not supported for Deepseek"),
+    (V2, {"topk_method": "noaux_tc"}, r"'topk_method' = 'noaux_tc' is not supported"),
+    (V2, {"rope_interleave": False}, r"'rope_interleave' is not a DeepseekV2ForCausalLM field"),
+    (V3, {"scoring_func": "softmax"}, r"'scoring_func' = 'softmax' is not supported"),
+    (V3, {"topk_method": "greedy"}, r"'topk_method' = 'greedy' is not supported for DeepseekV3"),
+    (V3, {"moe_layer_freq": 2}, r"'moe_layer_freq' = 2 is not supported"),
+    (V3, {"num_key_value_heads": 2}, r"'num_key_value_heads' = 2 is not supported for "
+                                     r"DeepseekV3ForCausalLM: MLA expands"),
+    (V3, {"head_dim": 12}, r"'head_dim' = 12 is not supported for DeepseekV3ForCausalLM: "
+                           r"transformers sets it to qk_rope_head_dim = 4"),
+    (V3, {"qk_rope_head_dim": 3}, r"'qk_rope_head_dim' = 3 must be even"),
+    (V3, {"v_head_dim": 13}, r"'v_head_dim' = 13 is not supported above"),
+    (V3, {"q_lora_rank": 0}, r"'q_lora_rank' = 0 must be a positive integer"),
+    (V3, {"attention_bias": True}, r"'attention_bias' = True is not supported"),
+    (V3, {"n_group": 3}, r"'n_group' = 3 must divide n_routed_experts = 8"),
+    (V3, {"topk_group": 3}, r"'topk_group' = 3 exceeds n_group = 2"),
+    (V3, {"num_experts_per_tok": 5}, r"'num_experts_per_tok' = 5 exceeds the 4 experts"),
+    (V3, {"first_k_dense_replace": 3}, r"'first_k_dense_replace' = 3 exceeds"),
+    (V3, {"num_nextn_predict_layers": "1"}, r"'num_nextn_predict_layers' = '1' must be an "
+                                            r"integer"),
+    (V3, {"rope_interleave": 1}, r"'rope_interleave' = 1 must be true or false"),
+])
+def test_refused_fields_are_named(architecture, fields, message):
+    with pytest.raises(UnsupportedConfigError, match=message):
+        ModelConfig.from_dict(tiny_config(architecture, **fields))
+
+
+def test_v2_group_limited_greedy_over_every_group_is_greedy():
+    """group_limited_greedy keeping every group chooses as greedy does: read
+    as greedy (DeepSeek-V2-Chat-0628's groups of 8, 8 kept, would be)."""
+    config = ModelConfig.from_dict(tiny_config(V2, topk_method="group_limited_greedy",
+                                               n_group=2, topk_group=2))
+    assert config == ModelConfig.from_dict(tiny_config(V2))
+
+
+@pytest.fixture(scope="module", params=[V2, V3])
+def checkpoint(request, tmp_path_factory):
+    return Checkpoint(write_checkpoint(tmp_path_factory.mktemp("deepseek") / "m",
+                                       tiny_config(request.param), seed=4))
+
+
+def test_weights_in_the_step_layout(checkpoint):
+    """Each layer's MLA tensors in the step layout: q (and k_b, v_b) of H
+    heads of D = nope + pe rows, o of H D columns, zero rows and columns
+    where v is narrower; `to_hf_layout` gives back Hugging Face's tensors
+    bit for bit; the multi-token-prediction layer is not read."""
+    c, weights = checkpoint.config, checkpoint.weights()
+    raw = checkpoint_tensors(json.loads((checkpoint.path / "config.json").read_text()), 4)
+    heads, d, m = c.num_heads, c.head_dim, c.mla
+    q = "wq" if m.q_lora_rank is None else "wq_b"
+    assert weights[f"l0_{q}"].shape[0] == heads * d and weights["l0_wo"].shape == (32, heads * d)
+    assert weights["l0_wk_b"].shape == weights["l0_wv_b"].shape == (heads * d, m.kv_lora_rank)
+    np.testing.assert_array_equal(weights["l0_wv_b"].reshape(heads, d, -1)[:, m.v_dim:], 0)
+    np.testing.assert_array_equal(weights["l0_wo"].reshape(32, heads, d)[:, :, m.v_dim:], 0)
+    assert not any(k.startswith("l2_") for k in weights) and "l1_experts_gate" in weights
+    assert ("l1_selection_bias" in weights) == (c.architecture == V3)
+    back = mla_layout.to_hf_layout(c, weights)
+    for i in range(2):
+        a = f"model.layers.{i}.self_attn."
+        tensors = {"kv_a_proj_with_mqa": "kv_a_proj_with_mqa", "kv_b_proj": "kv_b_proj",
+                   "o_proj": "o_proj", "q_proj" if q == "wq" else "q_b_proj":
+                   "q_proj" if q == "wq" else "q_b_proj"}
+        for key, name in tensors.items():
+            want = raw[a + name + ".weight"]
+            if key in ("q_proj", "q_b_proj"):  # the attention factor's square, undone
+                np.testing.assert_allclose(back[f"l{i}_{key}"], want, rtol=1e-6, err_msg=key)
+            else:
+                np.testing.assert_array_equal(back[f"l{i}_{key}"], want, err_msg=key)
+
+
+def test_place_copies_the_shared_key_into_every_head(checkpoint):
+    """`PLACE` holds one 1 per pe position of each head, none elsewhere."""
+    c = checkpoint.config
+    place = mla_layout.place(c).reshape(c.num_heads, c.head_dim, c.mla.rope_dim)
+    assert place.sum() == c.num_heads * c.mla.rope_dim
+    np.testing.assert_array_equal(place.sum(axis=(0, 1)), c.num_heads)
+    pe_rows = np.flatnonzero(mla_layout.order(c) >= c.mla.nope_dim)
+    np.testing.assert_array_equal(np.flatnonzero(place[0].sum(axis=1)), pe_rows)
+
+
+def _error(config, weights, changed_config=None, changed_weights=None) -> float:
+    prompt = [7, 8, 9, 10, 11, 12, 13, 14]
+    want = reference.forward(config, weights, prompt)
+    got = reference.forward(changed_config or config, changed_weights or weights, prompt)
+    return float(np.abs(got - want).max() / np.sqrt(np.mean(want ** 2)))
+
+
+def test_each_part_of_the_attention_matters(checkpoint):
+    """The logits move by a good part of their rms with RoPE's pairs
+    de-interleaved, without yarn's softmax mscale, or without the latent
+    norm's weight."""
+    c, weights = checkpoint.config, checkpoint.weights()
+    flat = dataclasses.replace(c, mla=dataclasses.replace(c.mla, interleaved=False))
+    assert _error(c, weights, flat) > 0.02
+    plain = dataclasses.replace(c, mla=dataclasses.replace(
+        c.mla, softmax_scale=c.head_dim ** -0.5))
+    assert _error(c, weights, plain) > 0.02
+    unnormed = {k: np.ones_like(v) if k.endswith("kv_a_norm") else v for k, v in weights.items()}
+    assert _error(c, weights, changed_weights=unnormed) > 0.02
+
+
+@pytest.mark.parametrize("name", [n for n in goldens.cases() if n.endswith("-f32")])
+def test_numpy_forward_matches_the_transformers_goldens(name, tmp_path):
+    """The NumPy forward pass on the golden checkpoints is within the
+    goldens' float32 tolerance of transformers' logits at every position
+    (measured 0.025 of it for V2, 0.031 for V3), and outside it with the
+    RoPE pairs de-interleaved or V3's attention factor (1.025) left out
+    (930 times it)."""
+    golden = goldens.load(name)
+    checkpoint = Checkpoint(golden.write_checkpoint(tmp_path / name))
+    misreadings = {"rotate_half pairs": lambda c, w: (dataclasses.replace(
+        c, mla=dataclasses.replace(c.mla, interleaved=False)), w)}
+    if checkpoint.config.rope_attention_factor != 1.0:
+        misreadings["no attention factor"] = lambda c, w: (c, _without_attention_factor(c, w))
+    golden.check_reference(checkpoint.config, checkpoint.weights(), misreadings)
+
+
+def _without_attention_factor(config, weights: dict) -> dict:
+    """`weights` with q's pe rows divided by the factor's square they carry
+    (`mla_layout.q_scale`): the pe products as if yarn's attention factor
+    were 1."""
+    out, heads, d = dict(weights), config.num_heads, config.head_dim
+    pe = np.flatnonzero(mla_layout.order(config) >= config.mla.nope_dim)
+    key = "wq" if config.mla.q_lora_rank is None else "wq_b"
+    for i in range(config.num_layers):
+        q = out[f"l{i}_{key}"].reshape(heads, d, -1).copy()
+        q[:, pe] /= np.float32(mla_layout.q_scale(config))
+        out[f"l{i}_{key}"] = q.reshape(heads * d, -1)
+    return out
+
+
+@pytest.mark.parametrize("name", list(goldens.cases()))
+def test_compiled_step_matches_the_transformers_goldens(name, tmp_path):
+    """The compiled step (f32 or bf16) of the golden checkpoints: the
+    logits of every prefix (prefill) within the dtype's tolerance of
+    transformers', and the greedy tokens `generate` picks (prefill, then
+    decode through the paged cache) transformers'."""
+    golden = goldens.load(name)
+    golden.check_model(models.load(golden.write_checkpoint(tmp_path / name),
+                                   dtype=golden.dtype, **LOAD))
+
+
+@pytest.mark.parametrize("architecture", [V2, V3])
+def test_contiguous_cache_and_decode_match_numpy(architecture, tmp_path):
+    """Contiguous KV cache: prefill then decode, every step's logits those of
+    the NumPy forward pass of the sequence so far (teacher forcing)."""
+    path = write_checkpoint(tmp_path / "m", tiny_config(architecture), seed=6)
+    model = models.load(path, **{**LOAD, "kv_block_size": None})
+    checkpoint = Checkpoint(path)
+    prompt = [3, 4, 5, 6, 7]
+    out = model.generate([prompt], 5, return_logits=True)
+    sequence = prompt + list(out.tokens[0])
+    want = reference.forward(checkpoint.config, checkpoint.weights(), sequence[:-1])
+    got = np.asarray(out.logits[0])
+    np.testing.assert_allclose(got, want[len(prompt) - 1:], atol=2e-4 * np.abs(want).max())
+
+
+def test_tensor_parallel_is_refused_by_name():
+    config = ModelConfig.from_dict(tiny_config(V3))
+    with pytest.raises(NotImplementedError, match=r"ranks=2: tensor-parallel "
+                                                  r"DeepseekV3ForCausalLM \(multi-head latent"):
+        build_step_graph(config, max_seq_len=32, chunk=4, ranks=2)
