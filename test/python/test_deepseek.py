@@ -18,10 +18,12 @@ import etc.models as models
 from etc.models.loading import mla_layout
 from etc.models.loading.checkpoint import Checkpoint
 from etc.models.loading.config import ModelConfig, UnsupportedConfigError
+from etc.models.loading.gguf import GGUFCheckpoint
 from etc.models.step import reference
 from etc.models.step.graph import build_step_graph
-from etc.models.testing import checkpoint_tensors, tiny_config, write_checkpoint
+from etc.models.testing import checkpoint_tensors, tiny_config, write_checkpoint, write_gguf
 
+import gguf_goldens
 import hf_goldens_deepseek as goldens
 
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
@@ -269,3 +271,99 @@ def test_tensor_parallel_is_refused_by_name():
     with pytest.raises(NotImplementedError, match=r"ranks=2: tensor-parallel "
                                                   r"DeepseekV3ForCausalLM \(multi-head latent"):
         build_step_graph(config, max_seq_len=32, chunk=4, ranks=2)
+
+
+# ----------------------------------------------------------------------
+# GGUF (deepseek2)
+# ----------------------------------------------------------------------
+
+
+def _gguf_config(architecture):
+    """The tiny config with yarn's mscale = mscale_all_dim: a deepseek2 file
+    says the latter only (llama.cpp takes RoPE's attention factor as 1)."""
+    config = tiny_config(architecture)
+    return {**config, "rope_scaling": {**config["rope_scaling"],
+                                       "mscale": config["rope_scaling"]["mscale_all_dim"]}}
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["k_b-v_b", "kv_b"])
+@pytest.mark.parametrize("architecture", [V2, V3])
+def test_gguf_reads_as_the_checkpoint(architecture, legacy, tmp_path):
+    """A deepseek2 file as llama.cpp's converter writes it (MLA as MQA of
+    one KV head with the `_mla` widths, kv_b split into attn_k_b /
+    attn_v_b; or an older converter's whole attn_kv_b and per-head widths)
+    reads as the checkpoint: the same config (V3 by its sigmoid gating)
+    and weights, bit for bit; the multi-token-prediction layer is not in
+    the file."""
+    config = _gguf_config(architecture)
+    checkpoint = Checkpoint(write_checkpoint(tmp_path / "m", config, seed=4))
+    gg = GGUFCheckpoint(write_gguf(tmp_path / "m.gguf", config, seed=4, legacy_kv_b=legacy))
+    assert gg.config == checkpoint.config
+    weights, want = gg.weights(), checkpoint.weights()
+    assert set(weights) == set(want)
+    for key, value in want.items():
+        np.testing.assert_array_equal(weights[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize("metadata, message", [
+    ({"deepseek2.expert_gating_func": 3}, r"deepseek2.expert_gating_func = 3 is not supported"),
+    ({"deepseek2.expert_group_count": 2, "deepseek2.expert_group_used_count": 1},
+     r"expert_group_used_count = 1 of expert_group_count = 2 with softmax gating"),
+    ({"deepseek2.rope.scaling.type": "linear"}, r"rope.scaling.type = 'linear' is not supported"),
+    ({"deepseek2.attention.key_length_mla": 4}, r"key_length_mla = 4 must exceed "
+                                                r"rope.dimension_count = 4"),
+])
+def test_gguf_refusals_name_the_key(metadata, message, tmp_path):
+    path = write_gguf(tmp_path / "m.gguf", _gguf_config(V2), metadata=metadata)
+    with pytest.raises(UnsupportedConfigError, match=message):
+        GGUFCheckpoint(path)
+
+
+@pytest.mark.parametrize("architecture", [V2, V3])
+def test_packed_gguf_generates_as_numpy_computes_it(architecture, tmp_path):
+    """A Q8_0 file compiled on the CPU, widened: every generated token's
+    logits those of the NumPy forward pass of its dequantized weights
+    (teacher forcing); packed (the default: the matrices whose rows are
+    whole blocks, q or q_a, kv_a's two parts, experts, shared experts,
+    embeddings, LM head; k_b, v_b and o widened for their zero rows and
+    columns): within the rounding of its activations to int8 blocks (0.15
+    of the logits' standard deviation, test_families.py's bound)."""
+    path = write_gguf(tmp_path / "q8.gguf", _gguf_config(architecture), seed=5,
+                      tensor_type="Q8_0")
+    gg = GGUFCheckpoint(path)
+    weights = gg.weights()
+    prompt = [3, 4, 5, 6, 7]
+    for packed in (False, True):
+        model = models.load(path, packed=packed, **LOAD)
+        formats = model.weight_formats
+        if packed:
+            assert formats["l1_experts_gate"] == formats["l0_wkv_a"] == "q8_0"
+            assert not {"l0_wk_b", "l0_wv_b", "l0_wo"} & set(formats)
+        out = model.generate([prompt], 4, return_logits=True)
+        sequence = prompt + list(out.tokens[0])
+        want = reference.forward(gg.config, weights, sequence[:-1])[len(prompt) - 1:]
+        got = np.asarray(out.logits[0])
+        if packed:
+            assert np.all(np.abs(got - want).max(axis=-1) <= 0.15 * want.std(axis=-1))
+        else:
+            np.testing.assert_allclose(got, want, atol=2e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("name", ["deepseek_v2", "deepseek_v3"])
+def test_gguf_logits_match_llama_cpp(name, tmp_path):
+    """The NumPy forward pass of the deepseek2 file `write_gguf` writes
+    (gguf_goldens.RUNS: V2's softmax experts with q through a low rank,
+    V3's sigmoid routing in groups; yarn) is within 0.02 of llama.cpp's
+    logits' rms at every position (measured 0.0058 and 0.0063), and 3 to 4
+    times that rms away with rotate_half's pairs (V3: or without the expert
+    groups)."""
+    gg, weights, run = gguf_goldens.read_run(name, tmp_path)
+
+    def error(config):
+        return gguf_goldens.run_error(run, reference.forward(config, weights, run["sequence"]))
+
+    c = gg.config
+    assert error(c) < 0.02
+    assert error(dataclasses.replace(c, mla=dataclasses.replace(c.mla, interleaved=False))) > 1
+    if c.n_group > 1:
+        assert error(dataclasses.replace(c, n_group=1, topk_group=1)) > 1

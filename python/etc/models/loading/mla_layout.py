@@ -165,14 +165,18 @@ def to_step_layout(config, key: str, array: np.ndarray, storage: str = "f32",
         out = np.zeros((array.shape[0], heads, d), array.dtype)
         out[:, :, :m.v_dim] = array.reshape(array.shape[0], heads, m.v_dim)
         return out.reshape(array.shape[0], heads * d)
-    # kv_b_proj, (H (nope + v), c): each head's k_nope rows, then its v rows.
-    per_head = array.reshape(heads, m.nope_dim + m.v_dim, array.shape[-1])
+    # kv_b_proj, (H (nope + v), c): each head's k_nope rows, then its v rows;
+    # or (GGUF's attn_k_b, attn_v_b) the k_nope rows or the v rows alone.
+    per_head = array.reshape(heads, -1, array.shape[-1])
+    k_rows = slice(0, m.nope_dim)
+    v_rows = slice(0, m.v_dim) if per_head.shape[1] == m.v_dim and name == "wv_b" else \
+        slice(m.nope_dim, m.nope_dim + m.v_dim)
     out = np.zeros((heads, d, array.shape[-1]), array.dtype)
     if name == "wk_b":
         nope = np.flatnonzero(perm < m.nope_dim)
-        out[:, nope] = per_head[:, perm[nope]]
+        out[:, nope] = per_head[:, k_rows][:, perm[nope]]
     else:
-        out[:, :m.v_dim] = per_head[:, m.nope_dim:]
+        out[:, :m.v_dim] = per_head[:, v_rows]
     return out.reshape(heads * d, array.shape[-1])
 
 

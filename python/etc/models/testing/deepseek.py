@@ -1,12 +1,15 @@
 """Tiny DeepSeek-V2 and DeepSeek-V3 checkpoints (`checkpoints.tiny_config`
 and `tensor_shapes` of their architectures): config.json fields as the
-published ones have them, and the tensors under Hugging Face's names."""
+published ones have them, and the tensors under Hugging Face's names; and
+their `deepseek2` GGUF files' tensors and keys (`gguf_writer`)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..loading.families_deepseek import DEEPSEEK_V2, DEEPSEEK_V3
 
-__all__ = ["tiny_fields", "tensor_shapes"]
+__all__ = ["tiny_fields", "tensor_shapes", "gguf_tensors", "add_gguf_keys"]
 
 
 def tiny_fields(architecture: str) -> dict:
@@ -99,3 +102,77 @@ def tensor_shapes(config: dict) -> dict:
     if not config.get("tie_word_embeddings", False):
         t["lm_head.weight"] = (vocab, h)
     return t
+
+
+def gguf_tensors(config: dict, tensors: dict, legacy_kv_b: bool = False) -> dict:
+    """`tensors` (Hugging Face's names) as llama.cpp's converter hands them
+    to its name map for a `deepseek2` file: the multi-token-prediction
+    layers dropped, and each kv_b_proj split into `k_b_proj` (each head's
+    k_nope rows, transposed: (H, kv_lora_rank, nope)) and `v_b_proj` ((H,
+    v, kv_lora_rank)); with `legacy_kv_b`, kv_b_proj kept whole, as older
+    converters wrote it."""
+    heads, layers = config["num_attention_heads"], config["num_hidden_layers"]
+    nope, v = config["qk_nope_head_dim"], config["v_head_dim"]
+    out = {}
+    for name, array in tensors.items():
+        parts = name.split(".")
+        if name.startswith("model.layers.") and int(parts[2]) >= layers:
+            continue
+        if name.endswith("self_attn.kv_b_proj.weight") and not legacy_kv_b:
+            per_head = array.reshape(heads, nope + v, array.shape[-1])
+            out[name.replace("kv_b_proj", "k_b_proj")] = \
+                np.ascontiguousarray(per_head[:, :nope].swapaxes(1, 2))
+            out[name.replace("kv_b_proj", "v_b_proj")] = np.ascontiguousarray(per_head[:, nope:])
+            continue
+        out[name] = array
+    return out
+
+
+def add_gguf_keys(writer, config: dict, legacy_kv_b: bool = False) -> None:
+    """The `deepseek2` keys llama.cpp's converter writes (replacing the
+    generic head_count_kv, key_length, value_length and
+    rope.dimension_count): MLA as MQA of one KV head of kv_lora_rank + pe
+    (older converters, `legacy_kv_b`: one per head of nope + pe, and no
+    `_mla` keys), the experts, their gating, groups and scale, yarn."""
+    import gguf
+
+    arch = "deepseek2"
+    for key in ("attention.head_count_kv", "attention.key_length", "attention.value_length",
+                "rope.dimension_count"):
+        writer.kv_data[0].pop(f"{arch}.{key}", None)
+    heads, rank = config["num_attention_heads"], config["kv_lora_rank"]
+    nope, pe, v = config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"]
+    if legacy_kv_b:
+        writer.add_head_count_kv(heads)
+        writer.add_key_length(nope + pe)
+        writer.add_value_length(v)
+    else:
+        writer.add_head_count_kv(1)
+        writer.add_key_length(rank + pe)
+        writer.add_value_length(rank)
+        writer.add_key_length_mla(nope + pe)
+        writer.add_value_length_mla(v)
+    writer.add_rope_dimension_count(pe)
+    writer.add_leading_dense_block_count(config["first_k_dense_replace"])
+    if config.get("q_lora_rank") is not None:
+        writer.add_q_lora_rank(config["q_lora_rank"])
+    writer.add_kv_lora_rank(rank)
+    writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    writer.add_expert_count(config["n_routed_experts"])
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+    writer.add_expert_shared_count(config["n_shared_experts"])
+    writer.add_expert_weights_scale(config["routed_scaling_factor"])
+    if config.get("norm_topk_prob"):
+        writer.add_expert_weights_norm(True)
+    writer.add_expert_group_count(config.get("n_group", 1))
+    writer.add_expert_group_used_count(config.get("topk_group", 1))
+    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID
+                                  if config.get("scoring_func") == "sigmoid"
+                                  else gguf.ExpertGatingFuncType.SOFTMAX)
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("type", scaling.get("rope_type")) == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        if scaling.get("mscale_all_dim") is not None:
+            writer.add_rope_scaling_yarn_log_mul(0.1 * scaling["mscale_all_dim"])
