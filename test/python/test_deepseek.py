@@ -20,7 +20,7 @@ from etc.models.loading.checkpoint import Checkpoint
 from etc.models.loading.config import ModelConfig, UnsupportedConfigError
 from etc.models.loading.gguf import GGUFCheckpoint
 from etc.models.step import reference
-from etc.models.step.graph import build_step_graph
+from etc.models.step.parallel import shard_config, shard_weights
 from etc.models.testing import checkpoint_tensors, tiny_config, write_checkpoint, write_gguf
 
 import gguf_goldens
@@ -266,11 +266,41 @@ def test_contiguous_cache_and_decode_match_numpy(architecture, tmp_path):
     np.testing.assert_allclose(got, want[len(prompt) - 1:], atol=2e-4 * np.abs(want).max())
 
 
-def test_tensor_parallel_is_refused_by_name():
-    config = ModelConfig.from_dict(tiny_config(V3))
-    with pytest.raises(NotImplementedError, match=r"ranks=2: tensor-parallel "
-                                                  r"DeepseekV3ForCausalLM \(multi-head latent"):
-        build_step_graph(config, max_seq_len=32, chunk=4, ranks=2)
+def test_tensor_parallel_shards_split_the_heads(checkpoint):
+    """Over 2 ranks each keeps its 2 heads' rows of q (or q_b), k_b and v_b
+    and columns of o, and the latent's, the pe key's and q's down
+    projections and norms whole."""
+    c, weights = checkpoint.config, checkpoint.weights()
+    assert (shard_config(c, 2).num_heads, shard_config(c, 2).num_kv_heads) == (2, 2)
+    q = "wq" if c.mla.q_lora_rank is None else "wq_b"
+    for rank in range(2):
+        shard = shard_weights(c, weights, 2, rank)
+        rows = slice(rank * 2 * c.head_dim, (rank + 1) * 2 * c.head_dim)
+        for key in (q, "wk_b", "wv_b"):
+            np.testing.assert_array_equal(shard[f"l0_{key}"], weights[f"l0_{key}"][rows])
+        np.testing.assert_array_equal(shard["l0_wo"], weights["l0_wo"][:, rows])
+        for key in ("wkv_a", "wk_pe", "kv_a_norm") + (("wq_a", "q_a_norm") if q == "wq_b" else ()):
+            np.testing.assert_array_equal(shard[f"l0_{key}"], weights[f"l0_{key}"])
+
+
+def test_tensor_parallel_matches_one_rank():
+    """V2 and V3 split over 2 MPI ranks (2 heads each, half of every
+    expert's and MLP's columns) generate the whole model's tokens, with
+    logits within float rounding (distributed/tensor_parallel_families.py)."""
+    import os
+
+    from etc.runtime import distributed
+
+    script = os.path.join(os.path.dirname(__file__), "distributed",
+                          "tensor_parallel_families.py")
+    families = [f"{name}={json.dumps(config)}" for name, config in goldens.FAMILIES.items()]
+    result = distributed.launch(2, [script, *families], timeout=400,
+                                env=dict(os.environ, ETC_PIN_WORKERS="0"))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for rank in range(2):
+        for name in goldens.FAMILIES:
+            assert f"rank {rank}: {name} tensor parallel matches" in output, output
 
 
 # ----------------------------------------------------------------------

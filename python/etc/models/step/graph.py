@@ -100,11 +100,6 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     them) and the embeddings (gathered into `dtype` rows); the others are
     in `dtype`."""
     formats = weight_formats or {}
-    if ranks > 1 and config.mla is not None:
-        raise NotImplementedError(
-            f"build_step_graph: ranks={ranks}: tensor-parallel {config.architecture} (multi-head "
-            f"latent attention: its heads' shares of q, kv_b and o, and the pe key placed "
-            f"into each) is not implemented; run it on one rank")
     if ranks > 1 and config.qk_norm_projection:
         raise NotImplementedError(
             f"build_step_graph: ranks={ranks}: tensor-parallel {config.architecture} (its q/k "

@@ -162,8 +162,8 @@ class CompiledModel:
         # unless the file has its own.
         for name, table in config.rope_tables(self.max_seq_len).items():
             weights.setdefault(name, table)
-        if config.mla is not None:  # DeepSeek: the pe key's placement (`mla_layout`)
-            weights[mla_layout.PLACE] = mla_layout.place(config)
+        if config.mla is not None:  # DeepSeek: the pe key's placement into its heads
+            weights[mla_layout.PLACE] = mla_layout.place(self._shard)
         self._weights = {name: self._as_dtype(name, array) for name, array in weights.items()}
         self.timings["weights"] = time.perf_counter() - start
         step, source, seconds = step_kernel(self._shard, self.graph_options, self.compile_options,

@@ -113,7 +113,11 @@ def _splits(config: ModelConfig, ranks: int, padding: Optional[dict] = None) -> 
     heads = config.num_heads // ranks
     splits = {kind: (0, 0, size, False, size * ranks) for kind, size in (
         ("wq", q), ("wk", kv), ("wv", kv), ("bq", q), ("bk", kv), ("bv", kv),
-        ("sinks", heads))}  # gpt-oss: the attention sinks go with their heads
+        ("sinks", heads),  # gpt-oss: the attention sinks go with their heads
+        # DeepSeek's MLA (`mla_layout`): q's up-projection and kv_b's k and v
+        # parts by heads; q's down-projection, the latent's and the pe
+        # key's projections and norms whole on every rank.
+        ("wq_b", q), ("wk_b", q), ("wv_b", q))}
     splits.update(wo=(1, 1, q, True, q * ranks))
     for field, kinds in _WIDTHS.items():
         share, width = _share(config, field, ranks, padding), getattr(config, field)
@@ -239,6 +243,9 @@ def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int,
     `unaligned_packed` for the weights that cannot be); the MLP widths
     named in `padding` (`padded_blocks`) split in whole blocks, each
     rank's share padded with zeros.
+
+    DeepSeek's MLA (`mla_layout`): its heads' rows of q (or q_b), k_b and
+    v_b, columns of o; q_a, kv_a and their norms whole.
 
     gpt-oss's: each rank's heads' attention sinks, its rows of the
     experts' gate and up biases; the experts' down biases on rank 0 and
