@@ -397,3 +397,30 @@ def test_gguf_logits_match_llama_cpp(name, tmp_path):
     assert error(dataclasses.replace(c, mla=dataclasses.replace(c.mla, interleaved=False))) > 1
     if c.n_group > 1:
         assert error(dataclasses.replace(c, n_group=1, topk_group=1)) > 1
+
+
+@pytest.mark.parametrize("architecture", [V2, V3])
+def test_fp8_checkpoint_runs_packed_as_numpy_computes_it(architecture, tmp_path):
+    """An FP8 checkpoint (e4m3 blocks with `weight_scale_inv`, as DeepSeek-V3,
+    R1 and Kimi K2 are published; here blocks of 32 x 32): the projections
+    whose rows are whole 32-value blocks stay packed (q or q_a, kv_a's two
+    parts, the dense MLP's gate and up, experts, shared experts), k_b, v_b
+    and o are
+    widened for their zero rows and columns; the compiled step's logits are
+    the NumPy forward pass's of the dequantized weights within 1e-4, and its
+    greedy tokens theirs."""
+    path = write_checkpoint(tmp_path / "fp8", tiny_config(architecture), seed=8,
+                            fp8_block=(32, 32))
+    model = models.load(path, dtype="f32", **LOAD)
+    q = "l0_wq" if architecture == V2 else "l0_wq_a"
+    assert {q, "l0_wkv_a", "l0_wk_pe", "l0_w_gate", "l1_experts_gate", "l1_shexp_up"} <= \
+        set(model.weight_formats)
+    assert not {"l0_wk_b", "l0_wv_b", "l0_wo"} & set(model.weight_formats)
+    checkpoint = Checkpoint(path)
+    prompt = [3, 4, 5, 6, 7]
+    out = model.generate([prompt], 4, return_logits=True)
+    sequence = prompt + list(out.tokens[0])
+    want = reference.forward(checkpoint.config, checkpoint.weights("f32"),
+                             sequence[:-1])[len(prompt) - 1:]
+    assert list(want.argmax(-1)) == list(out.tokens[0])
+    np.testing.assert_allclose(np.asarray(out.logits[0]), want, atol=1e-4, rtol=0)

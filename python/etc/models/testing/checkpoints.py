@@ -672,7 +672,8 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
         config.setdefault("quantization_config", {
             "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
             "weight_block_size": list(fp8_block)})
-        for name in [n for n in tensors if n.endswith("_proj.weight")]:
+        # (DeepSeek's kv_a_proj_with_mqa too, as its FP8 releases have it.)
+        for name in [n for n in tensors if n.endswith(("_proj.weight", "_with_mqa.weight"))]:
             tensors[name], tensors[name + "_scale_inv"] = quantize_fp8(tensors[name], fp8_block)
             dtypes[name] = "F8_E4M3"
             dtypes[name + "_scale_inv"] = "F32"
