@@ -21,10 +21,12 @@ from etc.models.loading.config import ModelConfig, UnsupportedConfigError
 from etc.models.loading.gguf import GGUFCheckpoint
 from etc.models.step import reference
 from etc.models.step.parallel import shard_config, shard_weights
-from etc.models.testing import checkpoint_tensors, tiny_config, write_checkpoint, write_gguf
+from etc.models.testing import (as_transformers5, checkpoint_tensors, tiny_config,
+                                write_checkpoint, write_gguf)
 
 import gguf_goldens
 import hf_goldens_deepseek as goldens
+from test_paged_models import decode, same, shuffled_cache
 
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 LOAD = dict(workers=3, max_seq_len=32, attention_chunk=4, kv_block_size=4)
@@ -94,6 +96,8 @@ def test_published_configs_follow_transformers():
             v3.routed_scaling_factor) == ("sigmoid", True, 8, 4, True, 2.5)
     assert v3.sparse_layers == tuple(range(3, 61)) and v3.shared_expert_intermediate_size == 2048
     assert v3.attention_scale == pytest.approx(192 ** -0.5 * (0.1 * np.log(40) + 1) ** 2)
+    # As transformers 5 writes the config back: head_dim the pe width, qk_head_dim the sum.
+    assert ModelConfig.from_dict({**V3_CONFIG, "head_dim": 64, "qk_head_dim": 192}) == v3
 
 
 def mla_layout_shape(q_lora_rank, softmax_scale):
@@ -120,6 +124,8 @@ def mla_layout_shape(q_lora_rank, softmax_scale):
     (V3, {"head_dim": 12}, r"'head_dim' = 12 is not supported for DeepseekV3ForCausalLM: "
                            r"transformers sets it to qk_rope_head_dim = 4"),
     (V3, {"qk_rope_head_dim": 3}, r"'qk_rope_head_dim' = 3 must be even"),
+    (V3, {"qk_head_dim": 16}, r"'qk_head_dim' = 16 contradicts qk_nope_head_dim \+ "
+                              r"qk_rope_head_dim = 12"),
     (V3, {"v_head_dim": 13}, r"'v_head_dim' = 13 is not supported above"),
     (V3, {"q_lora_rank": 0}, r"'q_lora_rank' = 0 must be a positive integer"),
     (V3, {"attention_bias": True}, r"'attention_bias' = True is not supported"),
@@ -177,6 +183,31 @@ def test_weights_in_the_step_layout(checkpoint):
                 np.testing.assert_allclose(back[f"l{i}_{key}"], want, rtol=1e-6, err_msg=key)
             else:
                 np.testing.assert_array_equal(back[f"l{i}_{key}"], want, err_msg=key)
+
+
+def test_transformers5_fused_experts_read_alike(checkpoint, tmp_path):
+    """The experts as transformers 5 holds them and saves them with
+    `save_original_format=False` (`mlp.experts.gate_up_proj` (E, 2F, H),
+    `mlp.experts.down_proj` (E, H, F)): the per-expert checkpoint's graph
+    weights, bit for bit (V3's selection bias among them)."""
+    from etc.models.loading.safetensors import save_file
+
+    config = json.loads((checkpoint.path / "config.json").read_text())
+    raw = checkpoint_tensors(config, 4)
+    fused = {k: v for k, v in raw.items() if ".mlp.experts." not in k}
+    p = "model.layers.1.mlp.experts."  # (layer 0 is dense)
+    experts = range(config["n_routed_experts"])
+    fused[p + "gate_up_proj"] = np.stack([np.concatenate(
+        [raw[f"{p}{j}.gate_proj.weight"], raw[f"{p}{j}.up_proj.weight"]]) for j in experts])
+    fused[p + "down_proj"] = np.stack([raw[f"{p}{j}.down_proj.weight"] for j in experts])
+    path = tmp_path / "v5"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(as_transformers5(config)))
+    save_file(path / "model.safetensors", fused, "F32")
+    got, want = Checkpoint(path).weights(), checkpoint.weights()
+    assert set(got) == set(want)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
 def test_place_copies_the_shared_key_into_every_head(checkpoint):
@@ -251,19 +282,33 @@ def test_compiled_step_matches_the_transformers_goldens(name, tmp_path):
                                    dtype=golden.dtype, **LOAD))
 
 
+#: Prompts of the schedule and cache checks (one outgrowing a block of 4).
+PROMPTS = [[3, 4, 5, 6, 7], [9], [10, 11, 12, 13, 14, 15, 16, 17, 18]]
+
+
 @pytest.mark.parametrize("architecture", [V2, V3])
-def test_contiguous_cache_and_decode_match_numpy(architecture, tmp_path):
-    """Contiguous KV cache: prefill then decode, every step's logits those of
-    the NumPy forward pass of the sequence so far (teacher forcing)."""
+def test_schedules_caches_and_simulated_cuda_match_numpy(architecture, tmp_path):
+    """The contiguous cache, the static schedule and the CUDA tile kernels
+    with their lanes simulated on the CPU: every generated token's logits
+    those of the NumPy forward pass of the sequence so far (teacher
+    forcing, 2e-4); the paged cache with its blocks shuffled over the pool
+    and prefill chunks of 3 tokens a step: the contiguous cache's tokens
+    and logits."""
     path = write_checkpoint(tmp_path / "m", tiny_config(architecture), seed=6)
-    model = models.load(path, **{**LOAD, "kv_block_size": None})
     checkpoint = Checkpoint(path)
-    prompt = [3, 4, 5, 6, 7]
-    out = model.generate([prompt], 5, return_logits=True)
-    sequence = prompt + list(out.tokens[0])
-    want = reference.forward(checkpoint.config, checkpoint.weights(), sequence[:-1])
-    got = np.asarray(out.logits[0])
-    np.testing.assert_allclose(got, want[len(prompt) - 1:], atol=2e-4 * np.abs(want).max())
+    weights = checkpoint.weights()
+    contiguous = models.load(path, **{**LOAD, "kv_block_size": None})
+    for model in (contiguous, models.load(path, **LOAD, schedule="static"),
+                  models.load(path, **LOAD, kernels="cuda")):
+        out = model.generate(PROMPTS, 3, return_logits=True)
+        for prompt, tokens, logits in zip(PROMPTS, out.tokens, out.logits):
+            want = reference.forward(checkpoint.config, weights, prompt + tokens[:-1])
+            np.testing.assert_allclose(np.asarray(logits), want[len(prompt) - 1:], rtol=2e-4,
+                                       atol=2e-4)
+            assert list(tokens) == [int(np.argmax(row)) for row in logits]
+    paged = models.load(path, **LOAD)
+    same(decode(paged, PROMPTS, 3, budget=3, cache=shuffled_cache(paged, 3, 16, seed=2)),
+         decode(contiguous, PROMPTS, 3), tol=1e-5)
 
 
 def test_tensor_parallel_shards_split_the_heads(checkpoint):

@@ -86,8 +86,9 @@ def _int_field(config: dict, where: str, name: str, architecture: str) -> int:
 def head_dim(config: dict, where: str, architecture: str) -> int:
     """The step graph's head width of q and k: qk_nope_head_dim +
     qk_rope_head_dim. transformers overwrites `head_dim` with
-    qk_rope_head_dim (the RoPE's width) and writes that back: any other
-    value in config.json is refused, naming it."""
+    qk_rope_head_dim (the RoPE's width) and writes that back, and
+    `qk_head_dim` with their sum: any other value in config.json is
+    refused, naming it."""
     nope = _int_field(config, where, "qk_nope_head_dim", architecture)
     rope_dim = _int_field(config, where, "qk_rope_head_dim", architecture)
     if rope_dim % 2:
@@ -99,6 +100,11 @@ def head_dim(config: dict, where: str, architecture: str) -> int:
             f"{where}: field 'head_dim' = {given!r} is not supported for {architecture}: "
             f"transformers sets it to qk_rope_head_dim = {rope_dim} (q and k heads are "
             f"qk_nope_head_dim + qk_rope_head_dim wide, v heads v_head_dim)")
+    written = config.get("qk_head_dim")  # (transformers 5 writes it back too)
+    if written is not None and written != nope + rope_dim:
+        raise UnsupportedConfigError(
+            f"{where}: field 'qk_head_dim' = {written!r} contradicts qk_nope_head_dim + "
+            f"qk_rope_head_dim = {nope + rope_dim}")
     return nope + rope_dim
 
 
@@ -132,16 +138,15 @@ def deepseek(config: dict, where: str, architecture: str, layers: int, heads: in
     elif config.get("rope_interleave") is not None:
         raise UnsupportedConfigError(f"{where}: field 'rope_interleave' is not a {architecture} "
                                      f"field (its RoPE pairs are always interleaved)")
-    base = (_int_field(config, where, "qk_nope_head_dim", architecture) +
-            _int_field(config, where, "qk_rope_head_dim", architecture)) ** -0.5
+    widths = {name: _int_field(config, where, name, architecture)
+              for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+    nope, rope_dim = widths["qk_nope_head_dim"], widths["qk_rope_head_dim"]
+    scale = (nope + rope_dim) ** -0.5
     if scaling and scaling.get("mscale_all_dim"):
-        base *= _mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2
-    mla = MlaShape(q_lora_rank=rank,
-                   kv_lora_rank=_int_field(config, where, "kv_lora_rank", architecture),
-                   nope_dim=_int_field(config, where, "qk_nope_head_dim", architecture),
-                   rope_dim=_int_field(config, where, "qk_rope_head_dim", architecture),
-                   v_dim=_int_field(config, where, "v_head_dim", architecture),
-                   interleaved=interleaved, softmax_scale=base)
+        scale *= _mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2
+    mla = MlaShape(q_lora_rank=rank, kv_lora_rank=widths["kv_lora_rank"], nope_dim=nope,
+                   rope_dim=rope_dim, v_dim=widths["v_head_dim"], interleaved=interleaved,
+                   softmax_scale=scale)
     if mla.v_dim > mla.nope_dim + mla.rope_dim:
         raise UnsupportedConfigError(
             f"{where}: field 'v_head_dim' = {mla.v_dim} is not supported above "
