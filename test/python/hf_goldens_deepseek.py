@@ -27,18 +27,28 @@ from etc.models.testing import as_transformers5, tiny_config
 
 from hf_goldens_families import DIRECTORY, NEW, Golden, compute
 
-#: The tiny configs, as transformers 4 writes config.json.
+#: The tiny configs, as transformers 4 writes config.json: V2-Lite's shape,
+#: V3's, and V2's group-limited routing (8 experts in 2 groups, the one
+#: whose best expert scores highest kept, 2 experts a token from it).
 FAMILIES = {"deepseek_v2": tiny_config("DeepseekV2ForCausalLM"),
-            "deepseek_v3": tiny_config("DeepseekV3ForCausalLM")}
-SEEDS = {"deepseek_v2": 61, "deepseek_v3": 32}
+            "deepseek_v3": tiny_config("DeepseekV3ForCausalLM"),
+            "deepseek_v2_groups": tiny_config("DeepseekV2ForCausalLM", n_routed_experts=8,
+                                              n_group=2, topk_group=1,
+                                              topk_method="group_limited_greedy")}
+SEEDS = {"deepseek_v2": 61, "deepseek_v3": 32, "deepseek_v2_groups": 33}
+#: The config styles and dtypes of each family's goldens (default: both
+#: styles in float32, transformers 4's in bfloat16 too): the group-limited
+#: routing's in float32 (its layers are V2's).
+STYLES = {"deepseek_v2_groups": (("transformers4", ("f32",)),)}
 
 
 def cases() -> dict[str, dict]:
-    """Every golden case by file name: both config styles in float32, and
-    transformers 4's in bfloat16."""
+    """Every golden case by file name (`STYLES`)."""
     out = {}
     for name, config in FAMILIES.items():
-        for style, dtypes in (("transformers4", ("f32", "bf16")), ("transformers5", ("f32",))):
+        styles = STYLES.get(name, (("transformers4", ("f32", "bf16")),
+                                   ("transformers5", ("f32",))))
+        for style, dtypes in styles:
             raw = as_transformers5(config) if style == "transformers5" else config
             for dtype in dtypes:
                 out[f"{name}-{style}-{dtype}"] = dict(config=raw, seed=SEEDS[name], dtype=dtype,

@@ -14,6 +14,7 @@ import json
 import numpy as np
 import pytest
 
+import etc
 import etc.models as models
 from etc.models.loading import mla_layout
 from etc.models.loading.checkpoint import Checkpoint
@@ -108,9 +109,9 @@ def mla_layout_shape(q_lora_rank, softmax_scale):
 
 
 @pytest.mark.parametrize("architecture, fields, message", [
-    (V2, {"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1},
-     r"'topk_method' = 'group_limited_greedy' with topk_group = 1 of n_group = 2: "
-     r"DeepSeek-V2's group score"),
+    (V2, {"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1,
+          "num_experts_per_tok": 3}, r"'num_experts_per_tok' = 3 exceeds the 2 experts of the "
+                                     r"topk_group = 1 groups"),
     (V2, {"norm_topk_prob": True}, r"'norm_topk_prob' = True is not supported for "
                                    r"DeepseekV2ForCausalLM: transformers' DeepseekV2 never"),
     (V2, {"scoring_func": "sigmoid"}, r"'scoring_func' = 'sigmoid' is not supported for Deepseek"),
@@ -142,12 +143,18 @@ def test_refused_fields_are_named(architecture, fields, message):
         ModelConfig.from_dict(tiny_config(architecture, **fields))
 
 
-def test_v2_group_limited_greedy_over_every_group_is_greedy():
-    """group_limited_greedy keeping every group chooses as greedy does: read
-    as greedy (DeepSeek-V2-Chat-0628's groups of 8, 8 kept, would be)."""
-    config = ModelConfig.from_dict(tiny_config(V2, topk_method="group_limited_greedy",
-                                               n_group=2, topk_group=2))
-    assert config == ModelConfig.from_dict(tiny_config(V2))
+def test_v2_group_limited_greedy():
+    """DeepSeek-V2's group_limited_greedy: the experts of the topk_group
+    groups whose best softmax score is highest (`Graph.moe`'s group_score
+    "max"), as DeepSeek-V2 (236B) routes (8 groups, 3 kept); keeping every
+    group it chooses as greedy does, and is read as greedy."""
+    config = ModelConfig.from_dict({**V2_LITE, "topk_method": "group_limited_greedy",
+                                    "n_group": 8, "topk_group": 3})
+    assert (config.moe_scoring, config.n_group, config.topk_group, config.moe_group_score) == \
+        ("softmax", 8, 3, "max")
+    every = ModelConfig.from_dict(tiny_config(V2, topk_method="group_limited_greedy",
+                                              n_group=2, topk_group=2))
+    assert every == ModelConfig.from_dict(tiny_config(V2))
 
 
 @pytest.fixture(scope="module", params=[V2, V3])
@@ -254,6 +261,12 @@ def test_numpy_forward_matches_the_transformers_goldens(name, tmp_path):
         c, mla=dataclasses.replace(c.mla, interleaved=False)), w)}
     if checkpoint.config.rope_attention_factor != 1.0:
         misreadings["no attention factor"] = lambda c, w: (c, _without_attention_factor(c, w))
+    if checkpoint.config.n_group > 1:
+        misreadings["no groups"] = lambda c, w: (
+            dataclasses.replace(c, n_group=1, topk_group=1), w)
+        if checkpoint.config.moe_group_score == "max":
+            misreadings["groups by their two best"] = lambda c, w: (
+                dataclasses.replace(c, moe_group_score="top2"), w)
     golden.check_reference(checkpoint.config, checkpoint.weights(), misreadings)
 
 
@@ -286,15 +299,15 @@ def test_compiled_step_matches_the_transformers_goldens(name, tmp_path):
 PROMPTS = [[3, 4, 5, 6, 7], [9], [10, 11, 12, 13, 14, 15, 16, 17, 18]]
 
 
-@pytest.mark.parametrize("architecture", [V2, V3])
-def test_schedules_caches_and_simulated_cuda_match_numpy(architecture, tmp_path):
+@pytest.mark.parametrize("name", list(goldens.FAMILIES))
+def test_schedules_caches_and_simulated_cuda_match_numpy(name, tmp_path):
     """The contiguous cache, the static schedule and the CUDA tile kernels
     with their lanes simulated on the CPU: every generated token's logits
     those of the NumPy forward pass of the sequence so far (teacher
     forcing, 2e-4); the paged cache with its blocks shuffled over the pool
     and prefill chunks of 3 tokens a step: the contiguous cache's tokens
     and logits."""
-    path = write_checkpoint(tmp_path / "m", tiny_config(architecture), seed=6)
+    path = write_checkpoint(tmp_path / "m", goldens.FAMILIES[name], seed=6)
     checkpoint = Checkpoint(path)
     weights = checkpoint.weights()
     contiguous = models.load(path, **{**LOAD, "kv_block_size": None})
@@ -469,3 +482,76 @@ def test_fp8_checkpoint_runs_packed_as_numpy_computes_it(architecture, tmp_path)
                              sequence[:-1])[len(prompt) - 1:]
     assert list(want.argmax(-1)) == list(out.tokens[0])
     np.testing.assert_allclose(np.asarray(out.logits[0]), want, atol=1e-4, rtol=0)
+
+
+# ----------------------------------------------------------------------
+# Graph.moe's group_score="max" (DeepSeek-V2's group_limited_greedy)
+# ----------------------------------------------------------------------
+
+
+def _v2_router(logits: np.ndarray, top_k: int, groups: int, kept: int, scale: float):
+    """transformers' DeepseekV2TopkRouter (group_limited_greedy), in NumPy:
+    softmax, groups scored by their best, the others' scores 0, top k."""
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)
+    tokens, experts = p.shape
+    best = p.reshape(tokens, groups, experts // groups).max(-1)
+    keep = np.argsort(-best, axis=-1, kind="stable")[:, :kept]
+    mask = np.zeros((tokens, groups), bool)
+    np.put_along_axis(mask, keep, True, axis=1)
+    masked = np.where(np.repeat(mask, experts // groups, axis=1), p, 0.0)
+    chosen = np.argsort(-masked, axis=-1, kind="stable")[:, :top_k]
+    return chosen, np.take_along_axis(masked, chosen, axis=1) * scale
+
+
+@pytest.mark.parametrize("kernels", ["native", "cuda"])
+def test_moe_group_max_routes_as_deepseek_v2(kernels):
+    """`g.moe(scoring="softmax", n_group=4, topk_group=2, group_score="max")`
+    on the CPU's tiles and on the CUDA tiles with their lanes simulated,
+    for 1 to 33 tokens: the reference's output, whose routing is
+    transformers' V2 router's (same experts, same weights), and far from
+    the two-best group rule's and from no groups'."""
+    from etc.reference import evaluate, moe as moe_reference, moe_route
+
+    e, k, groups, kept, h, f = 16, 3, 4, 2, 24, 16
+    g = etc.Graph("group_max")
+    T = g.symbol("T")
+    inp = lambda role, shape: g.input(role, shape, "f32")
+    g.output(g.moe(inp("x", (T, h)), inp("router", (h, e)), inp("w1", (e, f, h)),
+                   inp("w2", (e, h, f)), k, w_up=inp("w_up", (e, f, h)), transpose_w=True,
+                   normalize=False, routed_scale=2.0, n_group=groups, topk_group=kept,
+                   group_score="max", tile=8, name="y"))
+    kernel = etc.compile(g, target="cpu", kernels=kernels)
+    rng = np.random.default_rng(3)
+    weights = {role: (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+               for role, shape in (("w1", (e, f, h)), ("w2", (e, h, f)), ("w_up", (e, f, h)))}
+    for tokens in (1, 5, 33):
+        x = rng.standard_normal((tokens, h)).astype(np.float32)
+        router = (rng.standard_normal((h, e)) * 0.6).astype(np.float32)
+        chosen, routing = moe_route(x @ router, k, False, n_group=groups, topk_group=kept,
+                                    group_score="max", routed_scale=2.0)
+        want_chosen, want_routing = _v2_router(x @ router, k, groups, kept, 2.0)
+        np.testing.assert_array_equal(np.sort(chosen, -1), np.sort(want_chosen, -1))
+        np.testing.assert_allclose(np.sort(routing, -1), np.sort(want_routing, -1), rtol=1e-6)
+        inputs = dict(x=x, router=router, **weights)
+        want = evaluate(g, **inputs)[0]
+        (got,) = kernel.run(**inputs)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        swapped = {role: np.swapaxes(weights[role], -1, -2) for role in weights}
+        for other in (dict(group_score="top2"), dict(n_group=1, topk_group=1)):
+            far = moe_reference(x, router, swapped["w1"], swapped["w2"], k, swapped["w_up"],
+                                False, routed_scale=2.0, **{**dict(n_group=groups,
+                                                                   topk_group=kept), **other})
+            if tokens == 33:
+                assert np.abs(far - want).max() > 0.1 * np.abs(want).max(), other
+
+
+def test_moe_group_score_refusals():
+    g = etc.Graph("refused")
+    x, router = g.input("x", (4, 8), "f32"), g.input("router", (8, 8), "f32")
+    w1, w2 = g.input("w1", (8, 8, 4), "f32"), g.input("w2", (8, 4, 8), "f32")
+    with pytest.raises(ValueError, match=r"group_score 'sum' is not one ETC knows"):
+        g.moe(x, router, w1, w2, 2, n_group=2, group_score="sum")
+    with pytest.raises(ValueError, match=r"n_group = 2 is a parameter of scoring='sigmoid' "
+                                         r"routing .* take group_score='max'"):
+        g.moe(x, router, w1, w2, 2, n_group=2)

@@ -113,6 +113,9 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0
     n_group: int = 1
     topk_group: int = 1
+    #: How an expert group is scored (`Graph.moe`'s group_score): "top2"
+    #: (DeepSeek-V3, GLM-4.5) or "max" (DeepSeek-V2's group_limited_greedy).
+    moe_group_score: str = "top2"
     #: Sliding-window attention: the positions a token of a sliding layer
     #: sees (its own included), and which layers slide (the others attend
     #: to the whole sequence).

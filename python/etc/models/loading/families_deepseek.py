@@ -20,6 +20,9 @@ renormalised, times `routed_scaling_factor`; DeepSeek-V3 by sigmoid plus
 the router's `e_score_correction_bias` among the `topk_group` best of
 `n_group` groups (a group's score the sum of its two best: "noaux_tc"),
 renormalised when `norm_topk_prob`, times `routed_scaling_factor`.
+DeepSeek-V2's "group_limited_greedy" keeps the experts of the `topk_group`
+of `n_group` groups whose best score is highest (`Graph.moe`'s
+group_score "max").
 """
 
 from __future__ import annotations
@@ -119,10 +122,8 @@ def deepseek(config: dict, where: str, architecture: str, layers: int, heads: in
     RoPE variant `rope.read` made of it. Refused by name: KV heads other
     than the heads (transformers' repeat_kv would not fit), moe_layer_freq
     other than 1, V2's norm_topk_prob true (transformers' DeepseekV2 never
-    renormalises, DeepSeek's own code did), V2's group_limited_greedy with
-    groups that limit the choice (its group score, a group's best, is not
-    `Graph.moe`'s), and a scoring_func or topk_method the class does not
-    compute."""
+    renormalises, DeepSeek's own code did), and a scoring_func or
+    topk_method the class does not compute."""
     defaults = _DEFAULTS[architecture]
     kv_heads = config.get("num_key_value_heads")
     if kv_heads is not None and kv_heads != heads:
@@ -223,14 +224,16 @@ def _experts(config: dict, where: str, architecture: str, layers: int, need, fla
             raise UnsupportedConfigError(f"{where}: field 'topk_method' = {method!r} is not "
                                          f"supported for {architecture} ('greedy', "
                                          f"'group_limited_greedy')")
-        if method == "group_limited_greedy" and kept < groups:
+        out.update(norm_topk_prob=False, moe_scoring="softmax")
+        if method != "group_limited_greedy" or kept == groups:
+            return out  # greedy over every expert: the groups do not limit the choice
+        if per_token > kept * (experts // groups):
+            # (transformers would then choose zero-scored experts elsewhere.)
             raise UnsupportedConfigError(
-                f"{where}: field 'topk_method' = 'group_limited_greedy' with topk_group = "
-                f"{kept} of n_group = {groups}: DeepSeek-V2's group score (a group's best "
-                f"expert) is not implemented (ETC's expert groups score the sum of the two "
-                f"best: DeepSeek-V3's rule)")
-        # Greedy over every expert: the groups do not limit the choice.
-        return {**out, "norm_topk_prob": False, "moe_scoring": "softmax"}
+                f"{where}: field 'num_experts_per_tok' = {per_token} exceeds the "
+                f"{kept * (experts // groups)} experts of the topk_group = {kept} groups")
+        # The experts of the topk_group groups whose best score is highest.
+        return {**out, "n_group": groups, "topk_group": kept, "moe_group_score": "max"}
     if scoring not in (None, "sigmoid"):
         raise UnsupportedConfigError(f"{where}: field 'scoring_func' = {scoring!r} is not "
                                      f"supported for {architecture} (transformers scores its "

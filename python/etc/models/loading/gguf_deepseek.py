@@ -74,9 +74,12 @@ def config(ckpt, base: dict) -> dict:
     if v3:
         out.update(topk_method="noaux_tc", n_group=groups, topk_group=kept)
     elif kept != groups:
+        # (Measured: llama-cpp-python 0.3.36 ranks them by their two best.)
         raise UnsupportedConfigError(
             f"{where}.expert_group_used_count = {kept} of expert_group_count = {groups} with "
-            f"softmax gating: DeepSeek-V2's group-limited routing is not supported")
+            f"softmax gating is not supported: DeepSeek-V2's group_limited_greedy ranks "
+            f"groups by their best expert, llama.cpp by the sum of their two best; the two "
+            f"compute different models")
     scaling = key("rope.scaling.type")
     if scaling == "yarn":
         log_mul = key("rope.scaling.yarn_log_multiplier")

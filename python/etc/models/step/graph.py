@@ -265,11 +265,14 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
                 extra.update(b1=weight(f"l{i}_experts_gate_b", (e, f)),
                              b_up=weight(f"l{i}_experts_up_b", (e, f)),
                              b2=weight(f"l{i}_experts_down_b", (e, h)))
-            if c.moe_scoring != "softmax" or c.routed_scaling_factor != 1.0:
+            if c.moe_scoring != "softmax" or c.routed_scaling_factor != 1.0 or c.n_group > 1:
                 # GLM-4.5, DeepSeek-V3: sigmoid scores, a selection bias;
-                # DeepSeek-V2: softmax scores times a routed scale.
+                # DeepSeek-V2: softmax scores times a routed scale, groups
+                # scored by their best.
                 extra.update(scoring=c.moe_scoring, routed_scale=c.routed_scaling_factor,
                              n_group=c.n_group, topk_group=c.topk_group)
+                if c.moe_group_score != "top2":
+                    extra["group_score"] = c.moe_group_score
                 if c.selection_bias:
                     extra["selection_bias"] = g.input(f"l{i}_selection_bias", (e,), "f32")
             if c.expert_activation != "silu":

@@ -186,7 +186,7 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
                 logits, c.num_experts_per_tok, c.norm_topk_prob, scoring=c.moe_scoring,
                 selection_bias=w("selection_bias") if c.selection_bias else None,
                 routed_scale=c.routed_scaling_factor, n_group=c.n_group,
-                topk_group=c.topk_group)
+                topk_group=c.topk_group, group_score=c.moe_group_score)
             mlp = np.zeros_like(x)
             for t, chosen, routing in zip(range(n), experts, routings):
                 for weight, e in zip(routing, chosen):
