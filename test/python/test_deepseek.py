@@ -27,6 +27,7 @@ from etc.models.testing import (as_transformers5, checkpoint_tensors, tiny_confi
 
 import gguf_goldens
 import hf_goldens_deepseek as goldens
+from ptxas_check import assemble, assert_no_spills, needs_ptxas
 from test_paged_models import decode, same, shuffled_cache
 
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
@@ -504,6 +505,29 @@ def _v2_router(logits: np.ndarray, top_k: int, groups: int, kept: int, scale: fl
     return chosen, np.take_along_axis(masked, chosen, axis=1) * scale
 
 
+def _group_max_graph():
+    """A softmax MoE layer of 16 experts in 4 groups scored by their best, 2
+    kept, 3 experts a token, weights times 2 (not renormalised)."""
+    e, k, groups, kept, h, f = 16, 3, 4, 2, 24, 16
+    g = etc.Graph("group_max")
+    T = g.symbol("T")
+    inp = lambda role, shape: g.input(role, shape, "f32")
+    g.output(g.moe(inp("x", (T, h)), inp("router", (h, e)), inp("w1", (e, f, h)),
+                   inp("w2", (e, h, f)), k, w_up=inp("w_up", (e, f, h)), transpose_w=True,
+                   normalize=False, routed_scale=2.0, n_group=groups, topk_group=kept,
+                   group_score="max", tile=8, name="y"))
+    return g
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_moe_group_max_assembles(chip, tmp_path):
+    """The CUDA router tile with groups scored by their best assembles
+    (sm_80, sm_90a) without spills."""
+    kernel = etc.compile(_group_max_graph(), target="cuda", chip=chip)
+    assert_no_spills(assemble(kernel.ptx, chip, tmp_path, "group_max"))
+
+
 @pytest.mark.parametrize("kernels", ["native", "cuda"])
 def test_moe_group_max_routes_as_deepseek_v2(kernels):
     """`g.moe(scoring="softmax", n_group=4, topk_group=2, group_score="max")`
@@ -514,13 +538,7 @@ def test_moe_group_max_routes_as_deepseek_v2(kernels):
     from etc.reference import evaluate, moe as moe_reference, moe_route
 
     e, k, groups, kept, h, f = 16, 3, 4, 2, 24, 16
-    g = etc.Graph("group_max")
-    T = g.symbol("T")
-    inp = lambda role, shape: g.input(role, shape, "f32")
-    g.output(g.moe(inp("x", (T, h)), inp("router", (h, e)), inp("w1", (e, f, h)),
-                   inp("w2", (e, h, f)), k, w_up=inp("w_up", (e, f, h)), transpose_w=True,
-                   normalize=False, routed_scale=2.0, n_group=groups, topk_group=kept,
-                   group_score="max", tile=8, name="y"))
+    g = _group_max_graph()
     kernel = etc.compile(g, target="cpu", kernels=kernels)
     rng = np.random.default_rng(3)
     weights = {role: (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
