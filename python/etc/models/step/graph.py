@@ -14,7 +14,9 @@ sliding layers: `etc.models.step.kv_cache.layer_tables`), the weights
 packed, in a block format of `etc.packed`) and the RoPE frequencies
 `inv_freq` (and `inv_freq_local` for the sliding layers' own RoPE,
 Gemma 3; with partial rotary, 0 for the pairs left alone, and the q and k
-weights' rows permuted: `etc.models.loading.partial_rotary`). State: each layer's K and V caches, `l<i>_k_cache` /
+weights' rows permuted: `etc.models.loading.partial_rotary`; DeepSeek's
+multi-head latent attention: its weights in `mla_layout`'s layout and the
+pe key's placement `mla_k_pe_place`, `etc.models.step.mla`). State: each layer's K and V caches, `l<i>_k_cache` /
 `l<i>_v_cache`, (S, L, H_kv * head_dim) or (N or NW, P, H_kv * head_dim), in the
 KV dtype (by default the compute dtype). The step chooses a token after C
 of its tokens (a symbol): `sample_rows` (C,) i32 are their indices (each

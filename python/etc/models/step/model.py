@@ -275,15 +275,15 @@ class CompiledModel:
 
     @property
     def num_parameters(self) -> int:
-        """The number of weights (the RoPE frequencies excluded; a packed
-        weight's values, not its bytes)."""
+        """The number of weights (the RoPE frequencies and MLA's pe
+        placement excluded; a packed weight's values, not its bytes)."""
         def count(name, w):
             fmt = packed.FORMATS.get(self.weight_formats.get(name))
             if fmt is None:
                 return int(np.prod(w.shape))
             return int(np.prod(w.shape[:-1])) * (w.shape[-1] // fmt.nbytes * fmt.block)
         return sum(count(name, w) for name, w in self._weights.items()
-                   if not name.startswith("inv_freq"))
+                   if not name.startswith("inv_freq") and name != mla_layout.PLACE)
 
     def new_cache(self, slots: int, length: int):
         """Empty KV caches for `slots` sequences of up to `length` positions
