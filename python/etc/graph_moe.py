@@ -19,6 +19,10 @@ from .ops.base import DEFAULT_ROWS, INDEX_DTYPE
 
 #: How the router turns logits into the scores it ranks experts by.
 SCORINGS = ("softmax", "sigmoid")
+#: How an expert group is scored (`n_group` > 1): "top2", the sum of its
+#: two best (DeepSeek-V3, GLM-4.5); "max", its best (DeepSeek-V2's
+#: group_limited_greedy).
+GROUP_SCORES = ("top2", "max")
 
 
 class MoeOperators:
@@ -31,7 +35,8 @@ class MoeOperators:
             activation: str = "silu", swiglu_limit: Optional[float] = None,
             swiglu_alpha: Optional[float] = None, scoring: str = "softmax",
             selection_bias: Optional[Tensor] = None, routed_scale: float = 1.0,
-            n_group: int = 1, topk_group: int = 1, norm_min: float = 0.0,
+            n_group: int = 1, topk_group: int = 1, group_score: str = "top2",
+            norm_min: float = 0.0,
             tile=None, out: Optional[Tensor] = None, name: Optional[str] = None) -> Tensor:
         """A Mixture-of-Experts layer with SiLU (or, with `w_up`, SwiGLU) experts.
 
@@ -68,8 +73,11 @@ class MoeOperators:
         `n_group` > 1 the E experts form n_group groups of E / n_group
         (at least 2 each); a group's score is the sum of its two largest
         biased scores and only the experts of the best `topk_group` groups
-        (ties: lower group first) are candidates. Every routing weight is
-        then multiplied by `routed_scale` (either scoring).
+        (ties: lower group first) are candidates; with
+        `group_score="max"` a group's score is its largest (biased) score
+        instead (DeepSeek-V2's group_limited_greedy, whose softmax scoring
+        takes groups this way only). Every routing weight is then
+        multiplied by `routed_scale` (either scoring).
 
         A `selection_bias` with softmax scoring (ERNIE 4.5) chooses by
         p + bias as well, weights by the unbiased p. `norm_min` (>= 0,
@@ -127,7 +135,7 @@ class MoeOperators:
         params = {"top_k": top_k, "experts": experts, "gated": w_up is not None,
                   "normalize": bool(normalize), "transpose_w": bool(transpose_w),
                   **_routing(experts, top_k, scoring, selection_bias, routed_scale, n_group,
-                             topk_group, norm_min)}
+                             topk_group, group_score, norm_min)}
         biases = {"router_b": (router_b, (experts,), "(E,)"), "b1": (b1, (experts, ffn), "(E, F)"),
                   "b_up": (b_up, (experts, ffn), "(E, F)"), "b2": (b2, (experts, hidden), "(E, H)"),
                   "selection_bias": (selection_bias, (experts,), "(E,)")}
@@ -189,7 +197,8 @@ class MoeOperators:
 
 
 def _routing(experts: int, top_k: int, scoring: str, selection_bias: Optional[Tensor],
-             routed_scale: float, n_group: int, topk_group: int, norm_min: float) -> dict:
+             routed_scale: float, n_group: int, topk_group: int, group_score: str = "top2",
+             norm_min: float = 0.0) -> dict:
     """The moe op's routing parameters, checked; only those that differ from
     plain softmax routing, so that softmax layers record what they did."""
     kind = "moe"
@@ -203,14 +212,18 @@ def _routing(experts: int, top_k: int, scoring: str, selection_bias: Optional[Te
     for role, value in (("n_group", n_group), ("topk_group", topk_group)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{kind}: {role} must be a positive int, got {value!r}")
+    if group_score not in GROUP_SCORES:
+        raise ValueError(f"{kind}: group_score {group_score!r} is not one ETC knows; expected "
+                         f"one of {', '.join(map(repr, GROUP_SCORES))}")
     params = {}
     if scoring == "sigmoid":
         params["scoring"] = scoring
-    elif n_group > 1:
-        # DeepSeek-V2's softmax group routing ranks groups by their maximum,
-        # not by the sum of two: a different rule, not built.
-        raise ValueError(f"{kind}: n_group = {n_group} is a parameter of scoring='sigmoid' "
-                         f"routing (DeepSeek-V3, GLM-4.5), not of softmax routing")
+    elif n_group > 1 and group_score != "max":
+        # Softmax group routing (DeepSeek-V2's) ranks groups by their best.
+        raise ValueError(f"{kind}: n_group = {n_group} with group_score={group_score!r} is a "
+                         f"parameter of scoring='sigmoid' routing (DeepSeek-V3, GLM-4.5), not "
+                         f"of softmax routing (whose groups, DeepSeek-V2's, take "
+                         f"group_score='max')")
     if routed_scale != 1.0:
         params["routed_scale"] = float(routed_scale)
     if isinstance(norm_min, bool) or not isinstance(norm_min, (int, float)) or \
@@ -223,9 +236,10 @@ def _routing(experts: int, top_k: int, scoring: str, selection_bias: Optional[Te
             raise ValueError(f"{kind}: topk_group = {topk_group} needs experts in groups "
                              f"(n_group > 1); with n_group = 1 it must be 1")
         return params
-    if experts % n_group or experts // n_group < 2:
+    least = 2 if group_score == "top2" else 1
+    if experts % n_group or experts // n_group < least:
         raise ValueError(f"{kind}: n_group = {n_group} must divide the E = {experts} experts "
-                         f"into groups of at least 2 (a group's score sums its two best)")
+                         f"into groups of at least {least} (group_score={group_score!r})")
     if topk_group > n_group:
         raise ValueError(f"{kind}: topk_group = {topk_group} is more than n_group = {n_group}")
     candidates = topk_group * (experts // n_group)
@@ -233,4 +247,6 @@ def _routing(experts: int, top_k: int, scoring: str, selection_bias: Optional[Te
         raise ValueError(f"{kind}: top_k = {top_k} is more than the {candidates} experts of "
                          f"the topk_group = {topk_group} best groups")
     params.update(n_group=n_group, topk_group=topk_group)
+    if group_score != "top2":
+        params["group_score"] = group_score
     return params

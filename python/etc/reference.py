@@ -202,7 +202,7 @@ def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
         b2=None, activation: str = "silu", swiglu_limit=None,
         swiglu_alpha=None, scoring: str = "softmax", selection_bias=None,
         routed_scale: float = 1.0, n_group: int = 1, topk_group: int = 1,
-        norm_min: float = 0.0) -> np.ndarray:
+        group_score: str = "top2", norm_min: float = 0.0) -> np.ndarray:
     """Mixture-of-Experts: p = softmax(x @ router_w + router_b) per token
     (sigmoid with `scoring="sigmoid"`), the top_k experts by p (ties: lower
     expert first; by p + selection_bias among the experts of the best
@@ -229,7 +229,8 @@ def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
         logits = logits + router_b
     chosen, weights = moe_route(logits, top_k, normalize, scoring=scoring,
                                 selection_bias=selection_bias, routed_scale=routed_scale,
-                                n_group=n_group, topk_group=topk_group, norm_min=norm_min)
+                                n_group=n_group, topk_group=topk_group,
+                                group_score=group_score, norm_min=norm_min)
     y = np.zeros(x.shape, np.float32)
     for j in range(top_k):
         for expert in np.unique(chosen[:, j]):
@@ -260,15 +261,17 @@ def moe(x: np.ndarray, router_w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
 
 def moe_route(logits: np.ndarray, top_k: int, normalize: bool = True, *,
               scoring: str = "softmax", selection_bias=None, routed_scale: float = 1.0,
-              n_group: int = 1, topk_group: int = 1, norm_min: float = 0.0) -> tuple:
+              n_group: int = 1, topk_group: int = 1, group_score: str = "top2",
+              norm_min: float = 0.0) -> tuple:
     """The routing of `moe` from the router's logits (T, E): the chosen
     experts (T, top_k) and their weights (T, top_k), float32. Scores p are
     the softmax or (scoring "sigmoid") the sigmoid of the logits; experts
     are ranked by p + selection_bias, and with n_group > 1 only the experts
     of the topk_group groups (of E / n_group consecutive experts) whose two
     best ranked values sum highest compete (DeepSeek-V3's and GLM-4.5's
-    rule); the weights are the chosen p (unbiased), renormalised where
-    `normalize` (divided by max(sum, norm_min)), times `routed_scale`."""
+    rule; group_score "max": whose best is highest, DeepSeek-V2's); the
+    weights are the chosen p (unbiased), renormalised where `normalize`
+    (divided by max(sum, norm_min)), times `routed_scale`."""
     logits = np.asarray(logits, np.float32)
     if scoring == "softmax":
         e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
@@ -281,8 +284,9 @@ def moe_route(logits: np.ndarray, top_k: int, normalize: bool = True, *,
     ranked = p if selection_bias is None else p + np.asarray(selection_bias, np.float32)
     if n_group > 1:
         tokens, experts = ranked.shape
-        best_two = topk(ranked.reshape(-1, experts // n_group), 2)[0]
-        group_scores = (best_two[:, 0] + best_two[:, 1]).reshape(tokens, n_group)
+        best = topk(ranked.reshape(-1, experts // n_group), 1 if group_score == "max" else 2)[0]
+        group_scores = (best[:, 0] if group_score == "max" else best[:, 0] + best[:, 1]) \
+            .reshape(tokens, n_group)
         kept = topk(group_scores, topk_group)[1]
         inside = np.zeros((tokens, n_group), bool)
         np.put_along_axis(inside, kept, True, axis=1)
@@ -321,6 +325,7 @@ def _apply(op, vals: list) -> np.ndarray:
                    selection_bias=named.get("selection_bias"),
                    routed_scale=params.get("routed_scale", 1.0),
                    n_group=params.get("n_group", 1), topk_group=params.get("topk_group", 1),
+                   group_score=params.get("group_score", "top2"),
                    norm_min=params.get("norm_min", 0.0))
     if kind == "matmul":
         a, b = vals[:2]  # a residual operand is added by `evaluate`

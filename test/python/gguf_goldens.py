@@ -319,7 +319,24 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
         # Hunyuan dense (`hunyuan-dense`: q/k norms after RoPE, NTK-alpha in
         # rope.freq_base).
         "hunyuan_dense": (tiny_config("HunYuanDenseV1ForCausalLM", vocab_size=320,
-                                      intermediate_size=64), 31, _RUN)}
+                                      intermediate_size=64), 31, _RUN),
+        # DeepSeek-V2 and V3 (`deepseek2`: MLA as the converter writes it,
+        # kv_b split into attn_k_b / attn_v_b; V2-Lite's softmax experts,
+        # V3's q_lora, sigmoid routing in groups, exp_probs_b; yarn with
+        # mscale = mscale_all_dim, what the file can say; no nextn layer).
+        # V2 with q through a low rank (DeepSeek-V2's, not V2-Lite's):
+        # llama.cpp's deepseek2 takes a q_proj only at V2-Lite's depth (26
+        # or 27 layers), and 27 layers of sharp weights route differently
+        # in llama.cpp's rounding (a near-tie of experts somewhere).
+        "deepseek_v2": (tiny_config("DeepseekV2ForCausalLM", vocab_size=320,
+                                    q_lora_rank=24), 28, _RUN),
+        "deepseek_v3": (tiny_config("DeepseekV3ForCausalLM", vocab_size=320,
+                                    num_nextn_predict_layers=0,
+                                    rope_scaling={"type": "yarn", "factor": 4.0, "beta_fast": 32,
+                                                  "beta_slow": 1, "mscale": 0.8,
+                                                  "mscale_all_dim": 0.8,
+                                                  "original_max_position_embeddings": 32}), 29,
+                        _RUN)}
 
 
 def run_digest(config, weights: dict) -> str:

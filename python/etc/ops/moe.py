@@ -110,8 +110,9 @@ class MoeRouter(PartKernel):
     def candidate_score(self, t: ir.Value):
         """The function e -> what token t's experts are ranked by: the score
         probs[t, e] plus selection_bias[e]; with n_group > 1, -inf outside
-        the topk_group groups whose two best such values sum highest
-        (ranked as experts are: ties to the lower group)."""
+        the topk_group groups whose two best such values sum highest (or,
+        group_score "max", whose best is highest; ranked as experts are:
+        ties to the lower group)."""
         op = self.op
         probs = op.buffers["probs"]
         selection_bias = operand(op, "selection_bias")
@@ -129,6 +130,8 @@ class MoeRouter(PartKernel):
             start = arith.muli(g, size)
             end = arith.addi(start, size)
             best = select_next(self, end, biased, first_pick(self), start=start)[:2]
+            if op.params.get("group_score") == "max":
+                return best[0]
             second = select_next(self, end, biased, best, start=start)[0]
             return arith.addf(best[0], second)
         previous, kept = first_pick(self), []

@@ -13,7 +13,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import families_dense as dense, families_ernie, fp8, multimodal, mxfp4, partial_rotary
+from . import (families_deepseek, families_dense as dense, families_ernie, fp8, mla_layout,
+               multimodal, mxfp4, partial_rotary)
 from ... import bfloat16, packed
 from ...runtime import aligned
 from .config import ModelConfig, UnsupportedConfigError
@@ -338,7 +339,9 @@ class Checkpoint:
                 plan.append((f"l{i}_attn_norm", p + "input_layernorm.weight", (h,),
                              f"layer {i} norm", None))
             q, kv = c.num_heads * d, c.num_kv_heads * d
-            if fused:
+            if c.mla is not None:  # DeepSeek: latent attention, o_proj too
+                plan += mla_layout.plan(c, i, p)
+            elif fused:
                 # Phi-3: q, k and v in one projection, split at load.
                 plan += [(key, p + "self_attn.qkv_proj.weight", (q + 2 * kv, h),
                           f"layer {i} fused q/k/v projection", ("rows", start, stop))
@@ -351,8 +354,9 @@ class Checkpoint:
                           f"layer {i} key projection", None),
                          (f"l{i}_wv", p + "self_attn.v_proj.weight", (kv, h),
                           f"layer {i} value projection", None)]
-            plan.append((f"l{i}_wo", p + "self_attn.o_proj.weight", (h, q),
-                         f"layer {i} output projection", None))
+            if c.mla is None:
+                plan.append((f"l{i}_wo", p + "self_attn.o_proj.weight", (h, q),
+                             f"layer {i} output projection", None))
             if c.qkv_bias:
                 plan += [(f"l{i}_{key}", f"{p}self_attn.{proj}_proj.bias", (heads * d,),
                           f"layer {i} {proj} projection bias", None)
@@ -494,7 +498,8 @@ class Checkpoint:
                 (f"l{i}_shexp_down", p + "shared_mlp.output_linear.weight", (h, f),
                  f"layer {i} shared MLP down", None)]
         experts = "shared_experts" if c.architecture in ("Glm4MoeForCausalLM",
-                                                         families_ernie.ERNIE_MOE) \
+                                                         families_ernie.ERNIE_MOE,
+                                                         *families_deepseek.ARCHITECTURES) \
             else "shared_expert"
         projections = [(f"l{i}_shexp_{key}", f"{p}mlp.{experts}.{key}_proj.weight", shape,
                         f"layer {i} shared expert {key}", None)
@@ -659,7 +664,8 @@ class Checkpoint:
         for stacks in experts.values():
             if all(stacks.values()):
                 formats.update(dict.fromkeys(stacks, "fp8_e4m3"))
-        for key in partial_rotary.unpacked_keys(self.config):  # rows scaled at load
+        for key in partial_rotary.unpacked_keys(self.config) | \
+                mla_layout.unpacked_keys(self.config):  # rows scaled or padded at load
             formats.pop(key, None)
         return formats
 
@@ -722,6 +728,7 @@ class Checkpoint:
                 out[key] = np.ascontiguousarray(read(name))
             # Partial rotary: q/k rows in the step graph's order.
             out[key] = partial_rotary.to_step_layout(self.config, key, out[key], dtype, stay)
+            out[key] = mla_layout.to_step_layout(self.config, key, out[key], dtype, stay)
             if shard is not None:
                 out[key] = shard(key, out[key])
             if progress is not None:

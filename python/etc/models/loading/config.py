@@ -21,8 +21,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import (config_families as families, families_dense as dense, families_ernie as ernie,
-               moe_fields, multimodal, rope)
+from . import (config_families as families, families_deepseek as deepseek, families_dense as dense,
+               families_ernie as ernie, moe_fields, multimodal, rope)
 from .fields import UnsupportedConfigError, positive_int, positive_number
 from .rope import ROPE_TYPES
 
@@ -35,7 +35,7 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                  "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
                  "GptOssForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeSharedForCausalLM",
                  *families.OLMO, families.OLMOE, families.GLM4, moe_fields.GLM4_MOE,
-                 *ernie.ARCHITECTURES, *dense.ARCHITECTURES)
+                 *ernie.ARCHITECTURES, *dense.ARCHITECTURES, *deepseek.ARCHITECTURES)
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
@@ -116,6 +116,9 @@ class ModelConfig:
     #: The least the chosen scores' sum is divided by when renormalised
     #: (ERNIE 4.5's `moe_norm_min`; 0: none).
     moe_norm_min: float = 0.0
+    #: How an expert group is scored (`Graph.moe`'s group_score): "top2"
+    #: (DeepSeek-V3, GLM-4.5) or "max" (DeepSeek-V2's group_limited_greedy).
+    moe_group_score: str = "top2"
     #: Sliding-window attention: the positions a token of a sliding layer
     #: sees (its own included), and which layers slide (the others attend
     #: to the whole sequence).
@@ -186,6 +189,10 @@ class ModelConfig:
     expert_activation: str = "silu"
     swiglu_limit: Optional[float] = None
     swiglu_alpha: Optional[float] = None
+    #: DeepSeek-V2/V3's multi-head latent attention (`families_deepseek`),
+    #: or None: q and k heads are then `head_dim` (nope + pe) wide, as many
+    #: KV heads as heads, their v padded to it (`etc.models.step.mla`).
+    mla: Optional[deepseek.MlaShape] = None
 
     @property
     def is_moe(self) -> bool:
@@ -216,6 +223,8 @@ class ModelConfig:
     def rotated(self) -> int:
         """The dimensions of each head RoPE rotates (`rotary_dim`, else the
         whole head)."""
+        if self.mla is not None:  # the pe part of each head
+            return self.mla.rope_dim
         return self.rotary_dim or self.head_dim
 
     def local_rope(self, layer: int) -> bool:
@@ -240,7 +249,10 @@ class ModelConfig:
         attention factor of its layer type (rotated q and k both carry
         it). Not for a NoPE layer; nor with partial rotary, whose rotated
         dimensions alone carry it (the q weights' rotated rows are scaled by
-        its square at load: `partial_rotary`)."""
+        its square at load: `partial_rotary`); MLA's is its own
+        (`MlaShape.softmax_scale`; its pe rows carry the factor: `mla`)."""
+        if self.mla is not None:
+            return self.mla.softmax_scale
         factor = rope.attention_factor(self._rope_of(self.local_rope(layer))[1]) \
             if self.uses_rope(layer) and self.rotary_dim is None else 1.0
         return factor ** 2 * self._base_attention_scale
@@ -248,6 +260,8 @@ class ModelConfig:
     @property
     def attention_scale(self) -> float:
         """`attention_scale_of` a full-attention layer with RoPE."""
+        if self.mla is not None:
+            return self.mla.softmax_scale
         factor = self.rope_attention_factor if self.rotary_dim is None else 1.0
         return factor ** 2 * self._base_attention_scale
 
@@ -355,6 +369,8 @@ class ModelConfig:
                 head_dim % 2:
             raise UnsupportedConfigError(f"{where}: field 'head_dim' = {head_dim!r} must be an "
                                          f"even positive integer")
+        if architecture in deepseek.ARCHITECTURES:  # q and k: nope + pe
+            head_dim = deepseek.head_dim(config, where, architecture)
         if architecture == "GptOssForCausalLM":
             # transformers' gpt-oss never reads hidden_act (its experts'
             # clamped SwiGLU is fixed): any name computes the same.
@@ -413,6 +429,9 @@ class ModelConfig:
             moe = moe_fields.qwen_moe(config, where, architecture, layers, need, flag)
         elif architecture == moe_fields.GLM4_MOE:
             moe = moe_fields.glm4_moe(config, where, layers, need, flag)
+        elif architecture in deepseek.ARCHITECTURES:  # (its `mla` too)
+            moe = deepseek.deepseek(config, where, architecture, layers, heads, scaling, need,
+                                    flag)
         elif architecture == families.OLMOE:
             moe = moe_fields.olmoe(config, where, layers, need, flag)
         elif architecture in ernie.ARCHITECTURES:  # (its RoPE pairs' field too)

@@ -27,7 +27,8 @@ import numpy as np
 
 from ... import bfloat16, packed
 from ...runtime import aligned
-from . import families_ernie as ernie, gguf_dense, gguf_families as families, partial_rotary
+from . import (families_ernie as ernie, gguf_deepseek, gguf_dense, gguf_families as families,
+               mla_layout, partial_rotary)
 from .checkpoint import MissingTensorError
 from .config import ModelConfig, UnsupportedConfigError
 from .gguf_families import decimal
@@ -51,7 +52,9 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM",
                  "glm4": "Glm4ForCausalLM", "glm4moe": "Glm4MoeForCausalLM",
                  "ernie4_5": ernie.ERNIE, "ernie4_5-moe": ernie.ERNIE_MOE,
-                 **gguf_dense.ARCHITECTURES}
+                 **gguf_dense.ARCHITECTURES,
+                 # (V3 where the experts' gating is sigmoid: `gguf_deepseek`)
+                 "deepseek2": "DeepseekV2ForCausalLM"}
 #: The architectures whose RoPE rotates the first rope.dimension_count of
 #: each head (llama.cpp's phi3, glm4 and glm4moe; GLM-4's in interleaved
 #: pairs).
@@ -187,6 +190,9 @@ class GGUFCheckpoint:
         if vocab is None and embedding is not None:
             vocab = int(embedding.shape[0])
         config["vocab_size"] = vocab
+        if a == "deepseek2":  # MLA's widths, yarn, experts: its own keys
+            config.update(gguf_deepseek.config(self, config))
+            return config
         key_length = self._key("attention.key_length")
         value_length = self._key("attention.value_length", key_length)
         if key_length is not None:
@@ -381,7 +387,9 @@ class GGUFCheckpoint:
             if c.input_norms:  # (OLMo 2 has none)
                 plan.append((f"l{i}_attn_norm", b + "attn_norm.weight", (h,), f"layer {i} norm",
                              None))
-            if fused:
+            if c.mla is not None:  # DeepSeek's latent attention, o too
+                plan += gguf_deepseek.plan(self, i)
+            elif fused:
                 # Phi-3: q, k and v in one tensor, split by rows.
                 plan += [(key, b + "attn_qkv.weight", (q + 2 * kv, h),
                           f"layer {i} fused q/k/v projection", ("rows", start, stop))
@@ -395,8 +403,9 @@ class GGUFCheckpoint:
                      f"layer {i} key projection", c.num_kv_heads if unpermute else None),
                     (f"l{i}_wv", b + "attn_v.weight", (kv, h),
                      f"layer {i} value projection", None)]
-            plan.append((f"l{i}_wo", b + "attn_output.weight", (h, q),
-                         f"layer {i} output projection", None))
+            if c.mla is None:
+                plan.append((f"l{i}_wo", b + "attn_output.weight", (h, q),
+                             f"layer {i} output projection", None))
             if c.qkv_bias:
                 plan += [(f"l{i}_b{p}", f"{b}attn_{p}.bias", (heads * d,),
                           f"layer {i} {p} projection bias", None)
@@ -531,7 +540,8 @@ class GGUFCheckpoint:
         for stacks in experts.values():
             if None not in stacks.values():
                 formats.update(stacks)
-        for key in partial_rotary.unpacked_keys(self.config):  # rows scaled at load
+        for key in partial_rotary.unpacked_keys(self.config) | \
+                mla_layout.unpacked_keys(self.config):  # rows scaled or padded at load
             formats.pop(key, None)
         return formats
 
@@ -584,6 +594,7 @@ class GGUFCheckpoint:
                 out[key] = partial_rotary.to_step_layout(
                     c, key, raw[how[1]:how[2]] if isinstance(how, tuple) and not shard else raw,
                     packed=True)
+                out[key] = mla_layout.to_step_layout(c, key, out[key], packed=True)
                 if progress is not None:
                     progress(done, len(plan))
                 continue
@@ -602,7 +613,11 @@ class GGUFCheckpoint:
                 array = array.reshape(-1)
             elif isinstance(how, int):
                 array = _unpermute_rows(array, how)
+            elif how in ("heads", "heads_T"):  # DeepSeek's k_b (transposed) and v_b, per head
+                per_head = np.swapaxes(array, -1, -2) if how == "heads_T" else array
+                array = np.ascontiguousarray(per_head).reshape(-1, per_head.shape[-1])
             array = partial_rotary.to_step_layout(c, key, array)
+            array = mla_layout.to_step_layout(c, key, array)
             out[key] = array if shard is None else shard(key, array)
             if progress is not None:
                 progress(done, len(plan))

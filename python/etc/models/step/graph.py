@@ -14,7 +14,9 @@ sliding layers: `etc.models.step.kv_cache.layer_tables`), the weights
 packed, in a block format of `etc.packed`) and the RoPE frequencies
 `inv_freq` (and `inv_freq_local` for the sliding layers' own RoPE,
 Gemma 3; with partial rotary, 0 for the pairs left alone, and the q and k
-weights' rows permuted: `etc.models.loading.partial_rotary`). State: each layer's K and V caches, `l<i>_k_cache` /
+weights' rows permuted: `etc.models.loading.partial_rotary`; DeepSeek's
+multi-head latent attention: its weights in `mla_layout`'s layout and the
+pe key's placement `mla_k_pe_place`, `etc.models.step.mla`). State: each layer's K and V caches, `l<i>_k_cache` /
 `l<i>_v_cache`, (S, L, H_kv * head_dim) or (N or NW, P, H_kv * head_dim), in the
 KV dtype (by default the compute dtype). The step chooses a token after C
 of its tokens (a symbol): `sample_rows` (C,) i32 are their indices (each
@@ -43,6 +45,7 @@ import numpy as np
 
 from ...graph import Graph
 from ..loading.config import ModelConfig
+from . import mla
 from .kv_cache import WINDOW_TABLE, layer_tables
 
 __all__ = ["build_step_graph", "SAMPLING_INPUTS", "MAX_LOGPROBS"]
@@ -201,14 +204,20 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         # Granite: a Python float multiplies the embeddings (transformers
         # computes the product in float32 and rounds it once).
         x = g.scale(x, c.embedding_multiplier)
+    # DeepSeek's MLA: the shared pe key's placement into every head.
+    place = mla.place_input(c, weight) if c.mla is not None else None
     previous_attention = None
     for i in range(c.num_layers):
         # Attention block, over the caches of the layer's table.
         batch, cache_shape = addressed[tables[i]]
         normed = input_norm(x, f"l{i}_attn_norm")
-        q = g.matmul(normed, weight(f"l{i}_wq", (c.num_heads * d, h)), transpose_b=True)
-        k = g.matmul(normed, weight(f"l{i}_wk", (c.num_kv_heads * d, h)), transpose_b=True)
-        v = g.matmul(normed, weight(f"l{i}_wv", (c.num_kv_heads * d, h)), transpose_b=True)
+        if c.mla is not None:  # DeepSeek: q, k (rotated) and v of the latent attention
+            q, k, v = mla.project(g, c, i, normed, weight, place, batch.positions,
+                                  rope_tables["inv_freq"])
+        else:
+            q = g.matmul(normed, weight(f"l{i}_wq", (c.num_heads * d, h)), transpose_b=True)
+            k = g.matmul(normed, weight(f"l{i}_wk", (c.num_kv_heads * d, h)), transpose_b=True)
+            v = g.matmul(normed, weight(f"l{i}_wv", (c.num_kv_heads * d, h)), transpose_b=True)
         if c.qkv_bias:
             q = g.add(q, weight(f"l{i}_bq", (c.num_heads * d,)))
             k = g.add(k, weight(f"l{i}_bk", (c.num_kv_heads * d,)))
@@ -229,7 +238,7 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             k = g.rmsnorm(k, weight(f"l{i}_k_norm", (c.num_kv_heads * d,)), eps, offset=offset)
         elif c.qk_norm and not c.qk_norm_after_rope:
             q, k = head_norms(i, q, k)
-        if c.uses_rope(i):  # not on SmolLM3's NoPE layers
+        if c.uses_rope(i) and c.mla is None:  # not SmolLM3's NoPE layers (MLA: rotated)
             inv_freq = rope_tables["inv_freq_local" if c.local_rope(i) else "inv_freq"]
             q = g.rope(q, batch.positions, head_dim=d, inv_freq=inv_freq)
             k = g.rope(k, batch.positions, head_dim=d, inv_freq=inv_freq)
@@ -270,10 +279,14 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
                 extra.update(b1=weight(f"l{i}_experts_gate_b", (e, f)),
                              b_up=weight(f"l{i}_experts_up_b", (e, f)),
                              b2=weight(f"l{i}_experts_down_b", (e, h)))
-            if c.moe_scoring != "softmax":  # GLM-4.5: sigmoid scores
+            if c.moe_scoring != "softmax" or c.routed_scaling_factor != 1.0 or c.n_group > 1:
+                # GLM-4.5, DeepSeek-V3: sigmoid scores; DeepSeek-V2: softmax
+                # scores times a routed scale, groups scored by their best.
                 extra.update(scoring=c.moe_scoring, routed_scale=c.routed_scaling_factor,
                              n_group=c.n_group, topk_group=c.topk_group)
-            if c.selection_bias:  # GLM-4.5's, ERNIE 4.5's (softmax scores)
+                if c.moe_group_score != "top2":
+                    extra["group_score"] = c.moe_group_score
+            if c.selection_bias:  # GLM-4.5's, DeepSeek-V3's, ERNIE 4.5's (softmax scores)
                 extra["selection_bias"] = g.input(f"l{i}_selection_bias", (e,), "f32")
             if c.moe_norm_min:
                 extra["norm_min"] = c.moe_norm_min

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import numpy as np
 
 from ... import packed
+from ..loading import mla_layout
 from ..loading.checkpoint import STORAGE, Checkpoint
 from . import kernel_cache as _cache
 from .kernel import (DEFAULT_MAX_STEP_TOKENS, packed_split, resolve_dtype, step_kernel,
@@ -161,6 +162,8 @@ class CompiledModel:
         # unless the file has its own.
         for name, table in config.rope_tables(self.max_seq_len).items():
             weights.setdefault(name, table)
+        if config.mla is not None:  # DeepSeek: the pe key's placement into its heads
+            weights[mla_layout.PLACE] = mla_layout.place(self._shard)
         self._weights = {name: self._as_dtype(name, array) for name, array in weights.items()}
         self.timings["weights"] = time.perf_counter() - start
         step, source, seconds = step_kernel(self._shard, self.graph_options, self.compile_options,
@@ -272,15 +275,15 @@ class CompiledModel:
 
     @property
     def num_parameters(self) -> int:
-        """The number of weights (the RoPE frequencies excluded; a packed
-        weight's values, not its bytes)."""
+        """The number of weights (the RoPE frequencies and MLA's pe
+        placement excluded; a packed weight's values, not its bytes)."""
         def count(name, w):
             fmt = packed.FORMATS.get(self.weight_formats.get(name))
             if fmt is None:
                 return int(np.prod(w.shape))
             return int(np.prod(w.shape[:-1])) * (w.shape[-1] // fmt.nbytes * fmt.block)
         return sum(count(name, w) for name, w in self._weights.items()
-                   if not name.startswith("inv_freq"))
+                   if not name.startswith("inv_freq") and name != mla_layout.PLACE)
 
     def new_cache(self, slots: int, length: int):
         """Empty KV caches for `slots` sequences of up to `length` positions

@@ -108,7 +108,11 @@ def _splits(config: ModelConfig, ranks: int, padding: Optional[dict] = None) -> 
     heads = config.num_heads // ranks
     splits = {kind: (0, 0, size, False, size * ranks) for kind, size in (
         ("wq", q), ("wk", kv), ("wv", kv), ("bq", q), ("bk", kv), ("bv", kv),
-        ("sinks", heads))}  # gpt-oss: the attention sinks go with their heads
+        ("sinks", heads),  # gpt-oss: the attention sinks go with their heads
+        # DeepSeek's MLA (`mla_layout`): q's up-projection and kv_b's k and v
+        # parts by heads; q's down-projection, the latent's and the pe
+        # key's projections and norms whole on every rank.
+        ("wq_b", q), ("wk_b", q), ("wv_b", q))}
     if config.qk_norm_projection:
         # OLMo's q/k norms span the projections: their weights go with the
         # heads (Qwen3's per-head (head_dim,) norms stay whole).
@@ -242,6 +246,9 @@ def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int,
 
     OLMo 2's, 3's and OLMoE's q/k norms (over the whole projections):
     the slices of their weights that its heads' share of q and k takes.
+
+    DeepSeek's MLA (`mla_layout`): its heads' rows of q (or q_b), k_b and
+    v_b, columns of o; q_a, kv_a and their norms whole.
 
     gpt-oss's: each rank's heads' attention sinks, its rows of the
     experts' gate and up biases; the experts' down biases on rank 0 and

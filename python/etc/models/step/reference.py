@@ -10,8 +10,9 @@ import numpy as np
 
 from ... import bfloat16
 from ...reference import moe_route
-from ..loading import partial_rotary, rope
+from ..loading import mla_layout, partial_rotary, rope
 from ..loading.config import ModelConfig
+from . import reference_mla
 
 __all__ = ["forward"]
 
@@ -83,6 +84,8 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
     `inv_freq`."""
     c = config
     weights = partial_rotary.to_hf_layout(c, weights)
+    if c.mla is not None:  # DeepSeek's latent attention: its own tensors (`reference_mla`)
+        weights = mla_layout.to_hf_layout(c, weights)
     tokens = np.asarray(tokens, dtype=np.int64)
     n, d = len(tokens), c.head_dim
     x = weights["embed"][tokens].astype(np.float32)
@@ -127,7 +130,10 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         w = lambda key: weights[f"l{i}_{key}"]
         # (OLMo 2 and 3: no input norms, their blocks' outputs normed instead.)
         h = _rmsnorm(x, w("attn_norm"), eps, offset) if c.input_norms else x
-        q, k, v = h @ w("wq").T, h @ w("wk").T, h @ w("wv").T
+        if c.mla is not None:  # q, k rotated; v padded to the o projection's heads
+            q, k, v = reference_mla.qkv(c, weights, i, h)
+        else:
+            q, k, v = h @ w("wq").T, h @ w("wk").T, h @ w("wv").T
         if c.qkv_bias:
             q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
         if c.qk_norm_projection:  # OLMo 2, OLMo 3, OLMoE: over the whole projection
@@ -139,7 +145,7 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         if head_norms and not c.qk_norm_after_rope:
             q = _rmsnorm(q, w("q_norm"), eps, offset)
             k = _rmsnorm(k, w("k_norm"), eps, offset)
-        if c.uses_rope(i):  # SmolLM3's NoPE layers have none
+        if c.uses_rope(i) and c.mla is None:  # SmolLM3's NoPE layers have none
             cos, sin, factor = rotations[c.local_rope(i)]
             q = np.concatenate([(q[..., :r] * cos + rotate(q[..., :r]) * sin) * factor,
                                 q[..., r:]], axis=-1)
@@ -159,7 +165,8 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         k = np.repeat(k, group, axis=1)  # repeat_kv
         v = np.repeat(v, group, axis=1)
         mask = windowed if c.is_sliding(i) else causal
-        scale = np.float32(c.attention_multiplier if c.attention_multiplier is not None else
+        scale = np.float32(c.mla.softmax_scale if c.mla is not None else
+                           c.attention_multiplier if c.attention_multiplier is not None else
                            1 / np.sqrt(c.query_pre_attn_scalar or d))
         scores = _softcap(np.einsum("qhd,khd->hqk", q, k) * scale,
                           c.attn_logit_softcapping) + mask
@@ -186,7 +193,8 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
                 logits, c.num_experts_per_tok, c.norm_topk_prob, scoring=c.moe_scoring,
                 selection_bias=w("selection_bias") if c.selection_bias else None,
                 routed_scale=c.routed_scaling_factor, n_group=c.n_group,
-                topk_group=c.topk_group, norm_min=c.moe_norm_min)
+                topk_group=c.topk_group, group_score=c.moe_group_score,
+                norm_min=c.moe_norm_min)
             mlp = np.zeros_like(x)
             for t, chosen, routing in zip(range(n), experts, routings):
                 for weight, e in zip(routing, chosen):

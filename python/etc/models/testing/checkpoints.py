@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 
 from ..loading.safetensors import save_file
-from . import dense, ernie
+from . import deepseek, dense, ernie
 from .shapes import SHAPES
 
 __all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint",
@@ -67,7 +67,8 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "GraniteMoeSharedForCausalLM": "granitemoeshared",
                 "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo3",
                 "OlmoeForCausalLM": "olmoe", "Glm4ForCausalLM": "glm4",
-                "Glm4MoeForCausalLM": "glm4_moe", **ernie.MODEL_TYPES}
+                "Glm4MoeForCausalLM": "glm4_moe", "DeepseekV2ForCausalLM": "deepseek_v2",
+                "DeepseekV3ForCausalLM": "deepseek_v3", **ernie.MODEL_TYPES}
 
 #: The tiny Granite configs' multipliers: far from 1, so that a model that
 #: drops one moves the logits by 0.7 (embedding) to 3 (attention) times
@@ -151,6 +152,10 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
                        "routed_scaling_factor": 2.5, "partial_rotary_factor": 0.5,
                        "attention_bias": True, "use_qk_norm": True,
                        "num_nextn_predict_layers": 1, "tie_word_embeddings": False})
+    if architecture in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
+        # (`deepseek.tiny_fields`: DeepSeek-V2-Lite's and V3's shapes.)
+        del config["head_dim"]
+        config.update(deepseek.tiny_fields(architecture))
     if architecture == "Qwen3MoeForCausalLM":
         config.update({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []})
@@ -389,6 +394,8 @@ def tensor_shapes(config: dict) -> dict:
         return ernie.tensor_shapes(config)
     if config["architectures"][0] in dense.ARCHITECTURES:
         return dense.tensor_shapes(config)
+    if config["architectures"][0] in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
+        return deepseek.tensor_shapes(config)
     h = config["hidden_size"]
     heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or \
         config["num_attention_heads"]
@@ -674,7 +681,8 @@ def write_checkpoint(path, config: Optional[dict] = None, *, dtype: str = "F32",
         config.setdefault("quantization_config", {
             "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
             "weight_block_size": list(fp8_block)})
-        for name in [n for n in tensors if n.endswith("_proj.weight")]:
+        # (DeepSeek's kv_a_proj_with_mqa too, as its FP8 releases have it.)
+        for name in [n for n in tensors if n.endswith(("_proj.weight", "_with_mqa.weight"))]:
             tensors[name], tensors[name + "_scale_inv"] = quantize_fp8(tensors[name], fp8_block)
             dtypes[name] = "F8_E4M3"
             dtypes[name + "_scale_inv"] = "F32"

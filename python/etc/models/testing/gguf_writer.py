@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import dense
+from . import deepseek, dense
 from .checkpoints import checkpoint_tensors, tiny_config
 
 __all__ = ["write_gguf", "gguf_tensor_name"]
@@ -34,6 +34,7 @@ _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama
                        "OlmoeForCausalLM": "olmoe", "Glm4ForCausalLM": "glm4",
                        "Glm4MoeForCausalLM": "glm4moe",
                        "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5-moe",
+                       "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
                        **dense.GGUF_ARCHITECTURES}
 #: The GGUF architectures whose Q and K rows llama.cpp's converter permutes
 #: (its LlamaModel's, rotated in pairs by llama.cpp's NORM RoPE).
@@ -71,7 +72,8 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
                bos_token: Optional[str] = None, add_bos_token: bool = False,
                rope_freqs: Optional[np.ndarray] = None, drop: tuple = (),
                metadata: Optional[dict] = None, raw_tensors: Optional[dict] = None,
-               tensor_types: Optional[dict] = None, legacy_experts: bool = False) -> Path:
+               tensor_types: Optional[dict] = None, legacy_experts: bool = False,
+               legacy_kv_b: bool = False) -> Path:
     """Writes the checkpoint `write_checkpoint(config, seed=seed)` writes (or
     `tensors`, under Hugging Face's names) as one GGUF file at `path`, as
     llama.cpp's converter lays it out: the `gguf` package's metadata keys
@@ -98,13 +100,17 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
     tensors as stored bytes: GGUF name -> (uint8 array (rows, bytes per
     row), GGML type name). `legacy_experts`: each expert's projections as
     their own tensors, `blk.<i>.ffn_{gate,up,down}.<j>.weight`, as llama.cpp
-    wrote Mixtral before it merged them."""
+    wrote Mixtral before it merged them. `legacy_kv_b`: DeepSeek's
+    kv_b_proj whole (`attn_kv_b`), one KV head per head, as older
+    converters wrote `deepseek2` (`deepseek.gguf_tensors`)."""
     import gguf
 
     config = config or tiny_config()
     architecture = _GGUF_ARCHITECTURES[config["architectures"][0]]
     gemma = architecture in ("gemma2", "gemma3")
     tensors = tensors if tensors is not None else checkpoint_tensors(config, seed)
+    if architecture == "deepseek2":
+        tensors = deepseek.gguf_tensors(config, tensors, legacy_kv_b)
     h = config["hidden_size"]
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
@@ -171,7 +177,8 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         out = {name: array + np.float32(1.0) if name.endswith("norm.weight") else array
                for name, array in out.items()}
     mixtral = config["architectures"][0] == "MixtralForCausalLM"
-    if architecture in ("qwen3moe", "qwen2moe", "glm4moe", "olmoe", "ernie4_5-moe") or mixtral:
+    if architecture in ("qwen3moe", "qwen2moe", "glm4moe", "olmoe", "ernie4_5-moe",
+                        "deepseek2") or mixtral:
         p, projs, experts = ("block_sparse_moe.experts.", ("w1", "w3", "w2"),
                              config["num_local_experts"]) if mixtral else \
             ("mlp.experts.", ("gate_proj", "up_proj", "down_proj"),
@@ -290,6 +297,8 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         _add_ernie_moe_keys(writer, config)
     if config["architectures"][0] in dense.ARCHITECTURES:
         dense.gguf_extras(writer, config, out)
+    if architecture == "deepseek2":
+        deepseek.add_gguf_keys(writer, config, legacy_kv_b)
     if tokenizer is not None:
         _add_tokenizer(writer, tokenizer, pre, eos_token, bos_token, add_bos_token)
     if chat_template is not None:

@@ -95,4 +95,18 @@ SHAPES = {
         intermediate_size=13696, num_attention_heads=32, num_key_value_heads=2, head_dim=128,
         max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=10000.0,
         partial_rotary_factor=0.5, tie_word_embeddings=False),
+    # (MLA: heads of 128 + 64 for q and k, v 128, a latent of 512; 64
+    # experts by softmax, 2 shared, layer 0 dense.)
+    "deepseek-v2-lite": dict(
+        architecture="DeepseekV2ForCausalLM", vocab_size=102400, hidden_size=2048,
+        intermediate_size=10944, num_attention_heads=16, num_key_value_heads=16,
+        max_position_embeddings=163840, rms_norm_eps=1e-6, rope_theta=10000.0,
+        tie_word_embeddings=False, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=64, num_experts_per_tok=6,
+        n_shared_experts=2, moe_intermediate_size=1408, first_k_dense_replace=1, n_group=1,
+        topk_group=1, topk_method="greedy", scoring_func="softmax", norm_topk_prob=False,
+        routed_scaling_factor=1.0,
+        rope_scaling={"type": "yarn", "factor": 40.0, "beta_fast": 32, "beta_slow": 1,
+                      "mscale": 0.707, "mscale_all_dim": 0.707,
+                      "original_max_position_embeddings": 4096}),
 }
