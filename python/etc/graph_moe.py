@@ -220,10 +220,9 @@ def _routing(experts: int, top_k: int, scoring: str, selection_bias: Optional[Te
         params["scoring"] = scoring
     elif n_group > 1 and group_score != "max":
         # Softmax group routing (DeepSeek-V2's) ranks groups by their best.
-        raise ValueError(f"{kind}: n_group = {n_group} with group_score={group_score!r} is a "
-                         f"parameter of scoring='sigmoid' routing (DeepSeek-V3, GLM-4.5), not "
-                         f"of softmax routing (whose groups, DeepSeek-V2's, take "
-                         f"group_score='max')")
+        raise ValueError(f"{kind}: n_group = {n_group} is a parameter of scoring='sigmoid' "
+                         f"routing (DeepSeek-V3, GLM-4.5), not of softmax routing (whose groups, "
+                         f"DeepSeek-V2's, take group_score='max')")
     if routed_scale != 1.0:
         params["routed_scale"] = float(routed_scale)
     if isinstance(norm_min, bool) or not isinstance(norm_min, (int, float)) or \

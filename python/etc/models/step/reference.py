@@ -154,7 +154,7 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         if head_norms and c.qk_norm_after_rope:  # Hunyuan dense: after RoPE
             q = _rmsnorm(q, w("q_norm"), eps, offset)
             k = _rmsnorm(k, w("k_norm"), eps, offset)
-        if c.uses_rope(i):
+        if c.uses_rope(i) and c.mla is None:
             # The cache holds the keys before the attention factor (the
             # step graph puts it on q's side), so they round before it.
             k = np.concatenate([_round_to(k[..., :r], kv_dtype) * factor,
