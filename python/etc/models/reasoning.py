@@ -1,6 +1,7 @@
 """Reasoning in a chat answer: the part of the generated text a model
-thinks in, returned as the message's `reasoning_content`, apart from its
-`content` (as vLLM's `--reasoning-parser` and SGLang do).
+thinks in, returned apart from its content (as vLLM's `--reasoning-parser`
+and SGLang do): by the server as the message's `reasoning_content`, by
+`Model.generate` as `Generation.reasoning`.
 
 * `qwen3` (Qwen3, QwQ): `<think> ... </think>` before the answer. The
   opening tag is the model's or the chat template's (a template that ends
@@ -29,7 +30,7 @@ import re
 import uuid
 from typing import Optional
 
-from ..models.engine.constraints import writes_harmony
+from .engine.constraints import writes_harmony
 
 __all__ = ["PARSERS", "CHOICES", "parser_for", "Reader", "split", "harmony_stop_ids"]
 
