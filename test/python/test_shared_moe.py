@@ -346,3 +346,49 @@ def test_gguf_shared_expert_keys_and_refusals(tmp_path):
     with pytest.raises(UnsupportedConfigError, match=r"granitemoe.expert_shared_feed_forward_"
                                                      r"length is missing"):
         GGUFCheckpoint(unsized)
+
+
+@pytest.mark.parametrize("width", [0, None])
+def test_gguf_shared_tensors_the_metadata_leaves_unread_are_refused(tmp_path, width):
+    """A granitemoe file with the shared MLP's tensors but a width key of 0
+    or none describes a model without one (llama.cpp then creates no
+    shared tensors and refuses the file: "wrong number of tensors"): the
+    tensors are refused by name with the key, not left unread."""
+    path = write_gguf(tmp_path / "shared.gguf", tiny_config(GRANITE),
+                      metadata={"granitemoe.expert_shared_feed_forward_length": width})
+    said = "= 0" if width == 0 else "is missing"
+    with pytest.raises(UnsupportedConfigError,
+                       match=rf"shared-expert tensors \(blk\.0\.ffn_down_shexp\.weight, .* "
+                             rf"and 3 more\) .*granitemoe\.expert_shared_feed_forward_length "
+                             rf"{said}"):
+        GGUFCheckpoint(path)
+    # Without the tensors, the same metadata is Granite MoE without a shared MLP.
+    plain = write_gguf(tmp_path / "plain.gguf", tiny_config(GRANITE),
+                       metadata={"granitemoe.expert_shared_feed_forward_length": width},
+                       drop=tuple(f"blk.{i}.ffn_{p}_shexp.weight" for i in range(2)
+                                  for p in ("gate", "up", "down")))
+    assert GGUFCheckpoint(plain).config.architecture == "GraniteMoeForCausalLM"
+
+
+def test_gguf_qwen2moe_shared_width_defaults_to_the_mlps(tmp_path):
+    """Without expert_shared_feed_forward_length (or 0), llama.cpp's
+    qwen2moe gives the shared expert feed_forward_length's width (its
+    tensors required): the same model as with the key (llama-cpp-python
+    0.3.36 computes the same logits for both files); a width the tensors
+    do not have is refused naming the tensor."""
+    config = tiny_config(QWEN, intermediate_size=64)
+    assert config["shared_expert_intermediate_size"] == 64
+    keyed = GGUFCheckpoint(write_gguf(tmp_path / "keyed.gguf", config, seed=3))
+    for width in (None, 0):
+        unkeyed = GGUFCheckpoint(write_gguf(
+            tmp_path / f"unkeyed{width}.gguf", config, seed=3,
+            metadata={"qwen2moe.expert_shared_feed_forward_length": width}))
+        assert unkeyed.config == keyed.config
+        assert unkeyed.config.shared_expert_intermediate_size == 64
+    weights = unkeyed.weights()
+    np.testing.assert_array_equal(weights["l1_shexp_down"], keyed.weights()["l1_shexp_down"])
+    narrow = write_gguf(tmp_path / "narrow.gguf", tiny_config(QWEN), seed=3,
+                        metadata={"qwen2moe.expert_shared_feed_forward_length": None})
+    with pytest.raises(ValueError, match=r"'blk\.0\.ffn_gate_shexp\.weight' .* has shape "
+                                         r"\(64, 32\), expected \(48, 32\)"):
+        GGUFCheckpoint(narrow).weights()
