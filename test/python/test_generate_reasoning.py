@@ -158,3 +158,49 @@ def test_refusals_name_the_argument(gpt_oss, tmp_path):
         model.generate(CHAT, 4, chat_template_kwargs={"tools": F})
     out = model.generate(CHAT, 4)
     assert out.reasoning is None and out.tool_calls == [[]]
+
+
+# -- the command line ---------------------------------------------------------
+
+
+def _chat_args(*options):
+    from etc.cli import parser
+
+    args = parser().parse_args(["chat", "unused", "--max-new-tokens", "80", *options])
+    args.sampling = None  # (run_chat's, from the sampling options)
+    return args
+
+
+@pytest.mark.parametrize("fixture, text, thought, content", [
+    ("gpt_oss", HARMONY, "User says hello.", "Hi there!"),
+    ("qwen3", QWEN3, "\nThe user greets.\n", "Hello! How are you?"),
+])
+def test_etc_chat_prints_the_content_and_keeps_only_it(request, scripted, monkeypatch, capsys,
+                                                      fixture, text, thought, content):
+    """`etc chat`: the answer's content on stdout, its reasoning on stderr
+    (then a line break), and the conversation's next prompt carries the
+    content as the assistant's message; --reasoning-parser none prints
+    the text as decoded."""
+    import io
+    import sys
+
+    from etc.cli.text import chat_loop
+    from etc.models.engine import Engine
+
+    model = request.getfixturevalue(fixture)
+    scripted(model, text)
+    rendered = []
+    render = model.tokenizer.apply_chat_template
+    monkeypatch.setattr(model.tokenizer, "apply_chat_template",
+                        lambda messages, **kw: rendered.append(list(messages)) or
+                        render(messages, **kw))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hello\nAgain\n"))
+    assert chat_loop(Engine, model, _chat_args()) == 0
+    printed = capsys.readouterr()
+    assert printed.out.startswith(content + "\n"), printed.out
+    assert printed.err.startswith(thought + "\n"), printed.err
+    assert rendered[1][:2] == [CHAT[0], {"role": "assistant", "content": content}]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hello\n"))
+    chat_loop(Engine, model, _chat_args("--reasoning-parser", "none"))
+    assert capsys.readouterr().out == model.tokenizer.decode(
+        model.tokenizer.encode(text, add_special_tokens=False)) + "\n"

@@ -221,15 +221,12 @@ class Model(CompiledModel):
     def _reasoning_parser(self, name: Optional[str]) -> Optional[str]:
         """`generate`'s reasoning_parser, checked: the format a chat's answer
         is read in, or None (all content)."""
-        if name not in reasoning_.CHOICES + (None,):
-            raise ValueError(f"generate: reasoning_parser={name!r} must be one of "
-                             f"{reasoning_.CHOICES} or None")
-        if name == "none" or self.tokenizer is None:
-            return None
-        if name == "auto":
-            return reasoning_.parser_for(getattr(self.config, "architecture", None),
-                                         self.tokenizer)
-        return name
+        try:
+            parser = reasoning_.resolve(name, getattr(self.config, "architecture", None),
+                                        self.tokenizer)
+        except ValueError as error:
+            raise ValueError(f"generate: {error}") from None
+        return parser if self.tokenizer is not None else None
 
     def _calls_format(self, parser: Optional[str], template_variables: dict,
                       prompts: list) -> Optional[str]:

@@ -115,14 +115,11 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     `reasoning_parser` ("qwen3", "harmony"; "auto": the model's,
     `reasoning.parser_for`; "none" or None: all content) splits a chat
     answer into `reasoning_content` and `content` (`etc.models.reasoning`)."""
-    if reasoning_parser not in reasoning_.CHOICES + (None,):
-        raise ValueError(f"build_app: reasoning_parser={reasoning_parser!r} must be one of "
-                         f"{reasoning_.CHOICES} or None")
-    if reasoning_parser == "auto":
-        reasoning_parser = reasoning_.parser_for(
-            getattr(model.config, "architecture", None), model.tokenizer)
-    elif reasoning_parser == "none":
-        reasoning_parser = None
+    try:
+        reasoning_parser = reasoning_.resolve(
+            reasoning_parser, getattr(model.config, "architecture", None), model.tokenizer)
+    except ValueError as error:
+        raise ValueError(f"build_app: {error}") from None
     harmony = reasoning_parser == "harmony"
     if harmony and tool_call_parser is None:
         tool_call_parser = "harmony"  # harmony's calls are read with its channels
