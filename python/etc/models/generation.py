@@ -116,9 +116,9 @@ class Model(CompiledModel):
         {"type": "json_object"} or {"type": "json_schema", "json_schema":
         {"schema": ...}}, or an `etc.models.engine.constraints.Grammar`
         (also regular expressions, choices, Lark grammars); an answer then
-        ends ("stop") when its grammar is complete. A model that answers in
-        harmony's channels (gpt-oss) has a chat prompt's grammar hold for
-        its final message, the analysis before it free, as the server does
+        ends ("stop") when its grammar is complete. With harmony reasoning
+        (gpt-oss: below) a chat prompt's grammar holds for its final
+        message, the analysis before it free, as the server does
         (`constraints.harmony_final`); a text or id prompt's holds for the
         whole answer. `speculative` ("ngram"
         or an `etc.models.Speculative`) has each step verify tokens
@@ -133,7 +133,8 @@ class Model(CompiledModel):
         ends at `<|return|>` or `<|call|>`.
 
         The returned `Generation` has per prompt the new ids (`tokens`,
-        ending with the EOS id when one stopped it), the text (`text`,
+        ending with the EOS id, or harmony's `<|return|>` or `<|call|>`,
+        when one stopped it), the text (`text`,
         without special tokens; needs a tokenizer) and why it ended
         (`finish_reasons`: "stop" or "length"), and how many of its tokens
         came from the cache (`cached_tokens`); a chat's text is the
