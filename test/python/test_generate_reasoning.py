@@ -5,6 +5,8 @@ the server's chat completions return them for the same tokens. Tiny
 random gpt-oss and Qwen3 checkpoints with their formats' tokenizers
 (`etc.models.testing.chat_formats`), made to write a chosen answer."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -146,6 +148,26 @@ def test_server_and_generate_agree(request, scripted, fixture, text, tools):
                                                                  out.reasoning[0])
     assert [(c.function.name, c.function.arguments) for c in message.tool_calls or ()] == \
         [(c["function"]["name"], c["function"]["arguments"]) for c in out.tool_calls[0]]
+
+
+def test_a_grammar_follows_the_reasoning_parser(gpt_oss):
+    """response_format on a harmony chat holds for the final message
+    (after `<|channel|>final<|message|>`, the analysis free); with
+    reasoning_parser="none" the answer is read as plain text, so the
+    grammar holds for all of it."""
+    from etc.models.engine.constraints import Grammar
+    from etc.models.step.sampling import SamplingParams
+
+    grammar = Grammar("regex", "[0-9]{3}")
+    # The random model's analysis ends soon (<|end|> favoured).
+    end = gpt_oss.tokenizer.token_to_id("<|end|>")
+    read = gpt_oss.generate(CHAT, 60, response_format=grammar, sampling=SamplingParams(
+        temperature=1.0, seed=0, logit_bias={end: 100}))
+    written = gpt_oss.tokenizer.decode(read.tokens[0], skip_special_tokens=False)
+    assert "<|channel|>final<|message|>" + read.text[0] in written, written
+    assert re.fullmatch("[0-9]{3}", read.text[0]), read.text
+    plain = gpt_oss.generate(CHAT, 60, response_format=grammar, reasoning_parser="none")
+    assert re.fullmatch("[0-9]{3}", plain.text[0]) and plain.finish_reasons == ["stop"], plain
 
 
 def test_refusals_name_the_argument(gpt_oss, tmp_path):
