@@ -167,7 +167,7 @@ class Model(CompiledModel):
         rendered = [self._prompt_ids(p, prompt, max_new_tokens, template_variables)
                     for p, prompt in enumerate(prompts)]
         sequences = [ids for ids, _ in rendered]
-        calls = self._calls_format(parser, template_variables, prompts)
+        calls_format = self._calls_format(parser, template_variables, prompts)
         length = max(len(s) for s in sequences) + max_new_tokens
         constraints = self._constraints(_grammar(response_format), prompts,
                                         parser == "harmony")
@@ -199,10 +199,10 @@ class Model(CompiledModel):
                             finish_reasons=[r.finish_reason for r in results],
                             cached_tokens=[r.cached_tokens for r in results])
         if self.tokenizer is not None:
-            answers = [_answer(parser, calls, r.text, text)
+            answers = [_answer(parser, calls_format, r.text, text)
                        for r, (_, text) in zip(results, rendered)]
             result.text = [content for _, content, _ in answers]
-            result.tool_calls = [calls for _, _, calls in answers]
+            result.tool_calls = [found for _, _, found in answers]
             if parser is not None:
                 result.reasoning = [thought for thought, _, _ in answers]
         if return_logits:
