@@ -39,6 +39,13 @@ def qwen_moe(config: dict, where: str, architecture: str, layers: int, need, fla
             isinstance(i, int) and not isinstance(i, bool) for i in mlp_only):
         raise UnsupportedConfigError(f"{where}: field 'mlp_only_layers' = {mlp_only!r} "
                                      f"must be a list of layer indices")
+    outside = [i for i in mlp_only if not 0 <= i < layers]
+    if outside:
+        # (transformers skips them: a model meant to have dense layers
+        # would run sparse ones where they are.)
+        raise UnsupportedConfigError(f"{where}: field 'mlp_only_layers' = {mlp_only!r} names "
+                                     f"layers {outside} outside 0 to {layers - 1} "
+                                     f"(num_hidden_layers = {layers})")
     step = config.get("decoder_sparse_step")
     step = 1 if step is None else positive_int(where, "decoder_sparse_step", step)
     experts = need("num_experts")
