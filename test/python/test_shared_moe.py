@@ -15,6 +15,7 @@ parallel over MPI) is test_families.py's, parametrised over them."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from test_family_ops import KERNELS, _check
 import hf_goldens_families as goldens
 
 QWEN, GRANITE = "Qwen2MoeForCausalLM", "GraniteMoeSharedForCausalLM"
+GLM = "Glm4MoeForCausalLM"
 PROMPTS = [[5], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
 LOAD = dict(workers=2, max_seq_len=32, attention_chunk=4, kv_block_size=4)
 
@@ -256,6 +258,34 @@ def test_qwen2_moe_dense_and_sparse_layers_compile_as_numpy(tmp_path):
         sequence = list(prompt) + out.tokens[r]
         want = reference.forward(checkpoint.config, weights, sequence[:-1])[len(prompt) - 1:]
         np.testing.assert_allclose(out.logits[r], want, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("architecture, change, match", [
+    # Granite MoE's shared MLP switched off: its tensors would go unused.
+    (GRANITE, {"shared_intermediate_size": 0},
+     r"'model\.layers\.0\.shared_mlp\.input_linear\.weight' is a shared expert's, but .* "
+     r"layer 0 \(field 'shared_intermediate_size' gives none\)"),
+    (GLM, {"n_shared_experts": 0}, r"'model\.layers\.1\.mlp\.shared_experts\.down_proj\.weight'"
+                                   r".*field 'n_shared_experts' gives none"),
+    # Layer 1 made dense: its shared expert too.
+    (QWEN, {"mlp_only_layers": [1]}, r"'model\.layers\.1\.mlp\.shared_expert\.down_proj\.weight'"
+                                     r" .* \(layer 1 is dense\)"),
+    # Another family's weights under a family without shared experts.
+    (QWEN, {"architectures": ["Qwen3MoeForCausalLM"], "shared_expert_intermediate_size": None},
+     r"\(Qwen3MoeForCausalLM has no shared expert\)"),
+])
+def test_shared_expert_weights_a_config_leaves_out_are_refused(tmp_path, architecture, change,
+                                                               match):
+    """A checkpoint with a shared expert's weights where config.json has
+    none (transformers would leave them unused, with a warning) is
+    refused naming a tensor, the layer and the field."""
+    path = write_checkpoint(tmp_path / "ckpt", tiny_config(architecture), seed=1)
+    config = json.loads((path / "config.json").read_text())
+    config.update(change)
+    (path / "config.json").write_text(json.dumps(
+        {k: v for k, v in config.items() if v is not None}))
+    with pytest.raises(UnsupportedConfigError, match=match):
+        Checkpoint(path)
 
 
 @pytest.mark.parametrize("architecture", [QWEN, GRANITE])

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import fp8, multimodal, mxfp4, partial_rotary
+from . import fp8, moe_fields, multimodal, mxfp4, partial_rotary
 from ... import bfloat16, packed
 from ...runtime import aligned
 from .config import ModelConfig, UnsupportedConfigError
@@ -117,6 +117,7 @@ class Checkpoint:
                 self._where[name] = tensors
         if multimodal.is_multimodal(raw):
             self._text_model(raw)
+        moe_fields.check_shared_tensors(self.config, self._where, str(self.path))
 
     #: The language model's tensor names of a multimodal checkpoint: the
     #: prefix of its `model.*` tensors and its LM head's name (None: the
