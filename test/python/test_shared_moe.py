@@ -400,6 +400,17 @@ def test_gguf_shared_tensors_the_metadata_leaves_unread_are_refused(tmp_path, wi
     assert GGUFCheckpoint(plain).config.architecture == "GraniteMoeForCausalLM"
 
 
+def test_gguf_shared_tensors_of_a_family_without_them_are_refused(tmp_path):
+    """An olmoe file (a family without shared experts) with a shared
+    expert's tensor: refused as granitemoe's without the width."""
+    shexp = np.zeros((48, 32), np.float32)
+    olmoe = write_gguf(tmp_path / "olmoe.gguf", tiny_config("OlmoeForCausalLM"), raw_tensors={
+        "blk.1.ffn_up_shexp.weight": (shexp.view(np.uint8).reshape(48, 128), "F32")})
+    with pytest.raises(UnsupportedConfigError, match=r"\(blk\.1\.ffn_up_shexp\.weight\) .* "
+                                                     r"this olmoe model has no shared expert"):
+        GGUFCheckpoint(olmoe)
+
+
 def test_gguf_qwen2moe_shared_width_defaults_to_the_mlps(tmp_path):
     """Without expert_shared_feed_forward_length (or 0), llama.cpp's
     qwen2moe gives the shared expert feed_forward_length's width (its
