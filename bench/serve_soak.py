@@ -252,8 +252,9 @@ async def _send(client, url: str, request: Request, rng: random.Random) -> None:
             answer = response.json()
             if response.status_code == 200:
                 choice = answer["choices"][0]
-                request.text = choice["message"]["content"] if "message" in choice else \
-                    choice["text"]
+                # (A chat's null content is generate's "": docs/models.md, Reasoning.)
+                request.text = (choice["message"]["content"] or "") if "message" in choice \
+                    else choice["text"]
                 request.finish_reason = choice["finish_reason"]
                 request.usage = answer["usage"]
             else:

@@ -362,7 +362,15 @@ def test_gguf_refusals_name_the_key(tmp_path):
 
     config = tiny_config("GptOssForCausalLM", swiglu_limit=7.0)
     for metadata, match in (({"gpt-oss.swiglu_clamp_exp": 3.0}, "swiglu_clamp_exp"),
-                            ({"gpt-oss.rope.scaling.attn_factor": 2.0}, "attn_factor")):
+                            ({"gpt-oss.rope.scaling.attn_factor": 2.0}, "attn_factor"),
+                            # yarn as llama.cpp derives it from the factor: no
+                            # key that would change it is ignored.
+                            ({"gpt-oss.rope.scaling.yarn_ext_factor": 0.5},
+                             r"yarn_ext_factor = 0\.5 is not supported"),
+                            ({"gpt-oss.rope.scaling.yarn_attn_factor": 1.2},
+                             "yarn_attn_factor"),
+                            ({"gpt-oss.rope.scaling.yarn_log_multiplier": 0.1},
+                             "yarn_log_multiplier")):
         path = write_gguf(tmp_path / "m.gguf", config, metadata=metadata)
         with pytest.raises(UnsupportedConfigError, match=match):
             GGUFCheckpoint(path)

@@ -1,6 +1,7 @@
-"""The GPU check kit's families for sigmoid_mul, sigmoid-scored MoE routing,
-softmax routing with a selection bias and a floor (ERNIE 4.5's) and the
-GEMV's ragged last tile (kit/families.py): they compile for the
+"""The GPU check kit's families for sigmoid_mul, gelu_mul (GeGLU, f32 and
+bf16), sigmoid-scored MoE routing, softmax routing with a selection bias
+and a floor (ERNIE 4.5's) and the GEMV's ragged last tile
+(kit/families.py): they compile for the
 GPU and assemble without spills, take the tiles they are there to check,
 match the NumPy reference with the CUDA lanes simulated on the CPU at their
 recipes' sizes and inputs, and their recipes draw inputs whose routing the
@@ -23,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "kit"))
 import families  # noqa: E402
 
-NEW = ("op_sigmoid_mul", "moe_sigmoid", "moe_sigmoid_bf16", "gemv_ragged", "gemv_ragged_bf16",
-       "moe_softmax_bias", "moe_softmax_bias_bf16")
+NEW = ("op_sigmoid_mul", "op_gelu_mul", "op_gelu_mul_bf16", "moe_sigmoid", "moe_sigmoid_bf16",
+       "gemv_ragged", "gemv_ragged_bf16", "moe_softmax_bias", "moe_softmax_bias_bf16")
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -117,3 +118,17 @@ def test_routing_margin_sees_sigmoid_ties():
     tied = router.copy()
     tied[:, 3] = tied[:, 2]
     assert families._routing_margin(x, tied, 2, bias + [5, -1, 0, 0, -5, -5, -5, -5], 4, 2) == 0
+
+
+@pytest.mark.parametrize("name, dtype", [("op_gelu_mul", "f32"), ("op_gelu_mul_bf16", "bf16")])
+def test_gelu_mul_family_is_the_operator_over_gelus_range(name, dtype):
+    """The one `gelu_mul` operator (not a gelu then a mul) on operands of
+    `dtype`, and gates that reach both of gelu's saturated ends (|x| > 4)
+    and its curve."""
+    build, recipe = families.families()[name]
+    graph = build()
+    assert [op.kind for op in graph.operations] == ["gelu_mul"]
+    assert {t.dtype for _, t in graph.argument_tensors()} == {dtype}
+    gate = families.make_inputs(etc.compile(graph, target="cpu", workers=2).arguments,
+                                {"B": 64}, recipe, np.random.default_rng(3))["x"]
+    assert gate.min() < -4 and gate.max() > 4 and np.mean(np.abs(gate) < 2) > 0.3

@@ -293,6 +293,10 @@ def test_moe_fields_are_checked():
     moe = tiny_config("Qwen3MoeForCausalLM")
     _refused({**moe, "norm_topk_prob": "false"}, r"'norm_topk_prob' = 'false' must be true or")
     _refused({**moe, "mlp_only_layers": "0"}, r"'mlp_only_layers' = '0' must be a list")
+    # A layer the model does not have (1-based, or from another size).
+    _refused({**moe, "mlp_only_layers": [0, 2]}, r"'mlp_only_layers' = \[0, 2\] names layers "
+                                                 r"\[2\] outside 0 to 1 \(num_hidden_layers = 2\)")
+    _refused({**moe, "mlp_only_layers": [-1]}, r"names layers \[-1\]")
     _refused({**moe, "decoder_sparse_step": 0}, r"'decoder_sparse_step' = 0 must be a positive")
 
 

@@ -1,4 +1,4 @@
-"""Reasoning in chat answers (`etc.serve.reasoning`): Qwen3's `<think>` and
+"""Reasoning in chat answers (`etc.models.reasoning`): Qwen3's `<think>` and
 gpt-oss's harmony channels split into `reasoning_content` and `content`,
 by the parser itself (every chunking of an answer) and end to end through
 the `openai` client, the tiny chat model made to write a chosen answer."""
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import etc.serve
-from etc.serve import reasoning
-from etc.serve.reasoning import Reader, parser_for, split
+from etc.models import reasoning
+from etc.models.reasoning import Reader, parser_for, split
 from test_serve import CHAT, NAME, Server
 
 QWEN3 = "<think>\nThe user greets.\n</think>\n\nHello! How can I help?"
@@ -264,7 +264,7 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 def _matcher(model, tools, name):
     from etc.models.engine.constraints import Constraint, Grammar
-    from etc.serve.tools import forced_grammar
+    from etc.models.tool_calls import forced_grammar
 
     return Constraint(model, Grammar("lark", forced_grammar("harmony", tools, name)),
                       "tool_choice").matcher

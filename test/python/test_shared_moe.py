@@ -15,6 +15,7 @@ parallel over MPI) is test_families.py's, parametrised over them."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from test_family_ops import KERNELS, _check
 import hf_goldens_families as goldens
 
 QWEN, GRANITE = "Qwen2MoeForCausalLM", "GraniteMoeSharedForCausalLM"
+GLM = "Glm4MoeForCausalLM"
 PROMPTS = [[5], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
 LOAD = dict(workers=2, max_seq_len=32, attention_chunk=4, kv_block_size=4)
 
@@ -258,6 +260,34 @@ def test_qwen2_moe_dense_and_sparse_layers_compile_as_numpy(tmp_path):
         np.testing.assert_allclose(out.logits[r], want, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("architecture, change, match", [
+    # Granite MoE's shared MLP switched off: its tensors would go unused.
+    (GRANITE, {"shared_intermediate_size": 0},
+     r"'model\.layers\.0\.shared_mlp\.input_linear\.weight' is a shared expert's, but .* "
+     r"layer 0 \(field 'shared_intermediate_size' gives none\)"),
+    (GLM, {"n_shared_experts": 0}, r"'model\.layers\.1\.mlp\.shared_experts\.down_proj\.weight'"
+                                   r".*field 'n_shared_experts' gives none"),
+    # Layer 1 made dense: its shared expert too.
+    (QWEN, {"mlp_only_layers": [1]}, r"'model\.layers\.1\.mlp\.shared_expert\.down_proj\.weight'"
+                                     r" .* \(layer 1 is dense\)"),
+    # Another family's weights under a family without shared experts.
+    (QWEN, {"architectures": ["Qwen3MoeForCausalLM"], "shared_expert_intermediate_size": None},
+     r"\(Qwen3MoeForCausalLM has no shared expert\)"),
+])
+def test_shared_expert_weights_a_config_leaves_out_are_refused(tmp_path, architecture, change,
+                                                               match):
+    """A checkpoint with a shared expert's weights where config.json has
+    none (transformers would leave them unused, with a warning) is
+    refused naming a tensor, the layer and the field."""
+    path = write_checkpoint(tmp_path / "ckpt", tiny_config(architecture), seed=1)
+    config = json.loads((path / "config.json").read_text())
+    config.update(change)
+    (path / "config.json").write_text(json.dumps(
+        {k: v for k, v in config.items() if v is not None}))
+    with pytest.raises(UnsupportedConfigError, match=match):
+        Checkpoint(path)
+
+
 @pytest.mark.parametrize("architecture", [QWEN, GRANITE])
 def test_tensor_parallel_shards_split_the_shared_expert(architecture, checkpoints):
     """Over 2 ranks each keeps half the shared expert's columns (gate and
@@ -346,3 +376,60 @@ def test_gguf_shared_expert_keys_and_refusals(tmp_path):
     with pytest.raises(UnsupportedConfigError, match=r"granitemoe.expert_shared_feed_forward_"
                                                      r"length is missing"):
         GGUFCheckpoint(unsized)
+
+
+@pytest.mark.parametrize("width", [0, None])
+def test_gguf_shared_tensors_the_metadata_leaves_unread_are_refused(tmp_path, width):
+    """A granitemoe file with the shared MLP's tensors but a width key of 0
+    or none describes a model without one (llama.cpp then creates no
+    shared tensors and refuses the file: "wrong number of tensors"): the
+    tensors are refused by name with the key, not left unread."""
+    path = write_gguf(tmp_path / "shared.gguf", tiny_config(GRANITE),
+                      metadata={"granitemoe.expert_shared_feed_forward_length": width})
+    said = "= 0" if width == 0 else "is missing"
+    with pytest.raises(UnsupportedConfigError,
+                       match=rf"shared-expert tensors \(blk\.0\.ffn_down_shexp\.weight, .* "
+                             rf"and 3 more\) .*granitemoe\.expert_shared_feed_forward_length "
+                             rf"{said}"):
+        GGUFCheckpoint(path)
+    # Without the tensors, the same metadata is Granite MoE without a shared MLP.
+    plain = write_gguf(tmp_path / "plain.gguf", tiny_config(GRANITE),
+                       metadata={"granitemoe.expert_shared_feed_forward_length": width},
+                       drop=tuple(f"blk.{i}.ffn_{p}_shexp.weight" for i in range(2)
+                                  for p in ("gate", "up", "down")))
+    assert GGUFCheckpoint(plain).config.architecture == "GraniteMoeForCausalLM"
+
+
+def test_gguf_shared_tensors_of_a_family_without_them_are_refused(tmp_path):
+    """An olmoe file (a family without shared experts) with a shared
+    expert's tensor: refused as granitemoe's without the width."""
+    shexp = np.zeros((48, 32), np.float32)
+    olmoe = write_gguf(tmp_path / "olmoe.gguf", tiny_config("OlmoeForCausalLM"), raw_tensors={
+        "blk.1.ffn_up_shexp.weight": (shexp.view(np.uint8).reshape(48, 128), "F32")})
+    with pytest.raises(UnsupportedConfigError, match=r"\(blk\.1\.ffn_up_shexp\.weight\) .* "
+                                                     r"this olmoe model has no shared expert"):
+        GGUFCheckpoint(olmoe)
+
+
+def test_gguf_qwen2moe_shared_width_defaults_to_the_mlps(tmp_path):
+    """Without expert_shared_feed_forward_length (or 0), llama.cpp's
+    qwen2moe gives the shared expert feed_forward_length's width (its
+    tensors required): the same model as with the key (llama-cpp-python
+    0.3.36 computes the same logits for both files); a width the tensors
+    do not have is refused naming the tensor."""
+    config = tiny_config(QWEN, intermediate_size=64)
+    assert config["shared_expert_intermediate_size"] == 64
+    keyed = GGUFCheckpoint(write_gguf(tmp_path / "keyed.gguf", config, seed=3))
+    for width in (None, 0):
+        unkeyed = GGUFCheckpoint(write_gguf(
+            tmp_path / f"unkeyed{width}.gguf", config, seed=3,
+            metadata={"qwen2moe.expert_shared_feed_forward_length": width}))
+        assert unkeyed.config == keyed.config
+        assert unkeyed.config.shared_expert_intermediate_size == 64
+    weights = unkeyed.weights()
+    np.testing.assert_array_equal(weights["l1_shexp_down"], keyed.weights()["l1_shexp_down"])
+    narrow = write_gguf(tmp_path / "narrow.gguf", tiny_config(QWEN), seed=3,
+                        metadata={"qwen2moe.expert_shared_feed_forward_length": None})
+    with pytest.raises(ValueError, match=r"'blk\.0\.ffn_gate_shexp\.weight' .* has shape "
+                                         r"\(64, 32\), expected \(48, 32\)"):
+        GGUFCheckpoint(narrow).weights()

@@ -17,7 +17,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 import etc.models
 import etc.serve
 from etc.models.testing import tiny_config, write_checkpoint
-from etc.serve import tools
+from etc.models import tool_calls as tools
 from test_serve import Server
 from test_structured_output import validate
 

@@ -40,7 +40,7 @@ from typing import Optional, Sequence
 
 from .kernels import run_cache, run_compile
 from .options import (add_generation_options, add_load_options, add_parallel_options,
-                      add_speculative_options, positive_int)
+                      add_reasoning_option, add_speculative_options, positive_int)
 from .output import one_line
 from .ranks import (RANK_VARIABLES, abort, broken_job, check_ranks, launched_rank,
                     start_ranks)
@@ -63,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt", help="the prompt text")
     generate.add_argument("--chat", action="store_true",
                           help="send the prompt as a user message through the chat template")
+    add_reasoning_option(generate, "with --chat: printed on stderr, the content on stdout")
     add_generation_options(generate, 128)
     add_speculative_options(generate)
     add_parallel_options(generate, "prints the text")
@@ -75,6 +76,8 @@ def parser() -> argparse.ArgumentParser:
                                            "leaves.")
     chat.add_argument("checkpoint", help="a checkpoint directory or GGUF file")
     chat.add_argument("--system", default=None, help="a system message")
+    add_reasoning_option(chat, "printed on stderr and left out of the conversation, the "
+                               "content on stdout")
     add_generation_options(chat, 512)
     add_speculative_options(chat)
     add_parallel_options(chat, "reads the messages and prints the replies")
@@ -101,13 +104,7 @@ def parser() -> argparse.ArgumentParser:
                             "template: <tool_call> is hermes, ipython llama3_json; with "
                             "--reasoning-parser harmony the calls are its channels, "
                             "and giving this is an error)")
-    serve.add_argument("--reasoning-parser", choices=("auto", "none", "qwen3", "harmony"),
-                       default="auto",
-                       help="split a chat answer's reasoning (message.reasoning_content) "
-                            "from its content: qwen3 (<think>...</think>), harmony "
-                            "(gpt-oss's channels and tool calls), none; default auto: harmony "
-                            "where the tokenizer has <|channel|> and <|message|> (or the "
-                            "model is gpt-oss), qwen3 where it has </think>")
+    add_reasoning_option(serve, "message.reasoning_content")
     add_speculative_options(serve)
     add_parallel_options(serve, "serves")
     add_load_options(serve)

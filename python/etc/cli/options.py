@@ -165,6 +165,19 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
                             "2 4)")
 
 
+def add_reasoning_option(parser: argparse.ArgumentParser, where: str) -> None:
+    """--reasoning-parser: how a chat answer's reasoning is told from its
+    content (`etc.models.reasoning`); `where` says where the reasoning
+    goes."""
+    parser.add_argument("--reasoning-parser", choices=("auto", "none", "qwen3", "harmony"),
+                        default="auto",
+                        help=f"split a chat answer's reasoning ({where}) from its content: "
+                             f"qwen3 (<think>...</think>), harmony (gpt-oss's channels), none; "
+                             f"default auto: harmony where the tokenizer has <|channel|> and "
+                             f"<|message|> (or the model is gpt-oss), qwen3 where it has "
+                             f"</think>")
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)

@@ -1,22 +1,29 @@
 """`etc generate` and `etc chat`: text streamed as the engine makes it, one
-prompt or an interactive conversation through the chat template."""
+prompt or an interactive conversation through the chat template; a chat
+answer's reasoning (`--reasoning-parser`, `etc.models.reasoning`) apart
+from its content, on stderr."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
+from typing import Optional
 
+from ..models import reasoning
 from .model import engine_class, load_model, tokenizer_of
 from .options import sampling_params, speculative
 from .output import one_line
 from .ranks import INTERACTIVE_VARIABLE, led
 
 
-def stream(engine, ids: list, args, out) -> str:
+def stream(engine, ids: list, args, out, reader: Optional[reasoning.Reader] = None) -> str:
     """Runs one request on `engine` and writes its text to `out` as it
-    comes; returns the text. With --verbose, says on stderr when the first
-    token came and how fast the rest did."""
+    comes; returns the text. With `reader` (a chat answer's), only the
+    content goes to `out` and is returned, the reasoning to stderr, as the
+    server tells them apart (a harmony answer keeps its markers until read
+    and ends at `<|return|>` or `<|call|>`). With --verbose, says on
+    stderr when the first token came and how fast the rest did."""
     budget = engine.max_model_len - len(ids)
     if budget < 1:
         limit = (f"the KV cache holds ({engine.max_model_len} positions; see --kv-cache-tokens "
@@ -24,9 +31,13 @@ def stream(engine, ids: list, args, out) -> str:
                  f"--max-model-len={engine.max_model_len} allows")
         raise ValueError(f"the prompt has {len(ids)} tokens, as many as {limit}: nothing is "
                          f"left to generate")
-    handle = engine.submit(ids, max_new_tokens=min(args.max_new_tokens, budget),
-                           stop=args.stop, sampling=args.sampling)
+    harmony = reader is not None and reader.parser == "harmony"
+    handle = engine.submit(
+        ids, max_new_tokens=min(args.max_new_tokens, budget), stop=args.stop,
+        sampling=args.sampling, skip_special_tokens=not harmony,
+        stop_token_ids=reasoning.harmony_stop_ids(engine.model.tokenizer) if harmony else None)
     pieces = []
+    thinking = False
     start = time.perf_counter()
     first = None
     count = 0
@@ -36,10 +47,22 @@ def stream(engine, ids: list, args, out) -> str:
         if output.token_ids and first is None:
             first = time.perf_counter() - start
         count += len(output.token_ids)
-        if output.text:
-            pieces.append(output.text)
-            out.write(output.text)
-            out.flush()
+        read = [(reasoning.CONTENT, output.text)] if reader is None else \
+            reader.feed(output.text) + (reader.finish() if output.finished else [])
+        for field, text in read:
+            if field == reasoning.REASONING:
+                thinking = True
+                sys.stderr.write(text)
+                sys.stderr.flush()
+                continue
+            if thinking:  # the answer on a line of its own
+                thinking = False
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+            if text:
+                pieces.append(text)
+                out.write(text)
+                out.flush()
     if getattr(args, "verbose", False) and first is not None:
         rest = time.perf_counter() - start - first
         rate = f", then {(count - 1) / rest:.1f} tokens/s" if count > 1 and rest > 0 else ""
@@ -55,16 +78,26 @@ def run_generate(args) -> int:
     return led(model, args, lambda model: generate_text(Engine, model, args))
 
 
+def chat_reader(model, args, prompt: str) -> Optional[reasoning.Reader]:
+    """A reader of the answer to chat `prompt` (its rendered text) in the
+    model's reasoning format (--reasoning-parser), or None."""
+    parser = reasoning.resolve(getattr(args, "reasoning_parser", "auto"),
+                               getattr(model.config, "architecture", None), model.tokenizer)
+    return reasoning.Reader(parser, prompt) if parser is not None else None
+
+
 def generate_text(Engine, model, args) -> int:
     tokenizer = tokenizer_of(model)
+    reader = None
     if args.chat:
         text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
                                              add_generation_prompt=True)
         ids = tokenizer.encode(text, add_special_tokens=False)
+        reader = chat_reader(model, args, text)
     else:
         ids = tokenizer.encode(args.prompt)
     engine = Engine(model, max_num_seqs=1, speculative=speculative(args))
-    text = stream(engine, ids, args, sys.stdout)
+    text = stream(engine, ids, args, sys.stdout, reader)
     if not text.endswith("\n"):
         sys.stdout.write("\n")
     sys.stdout.flush()
@@ -113,7 +146,9 @@ def chat_loop(Engine, model, args) -> int:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         ids = tokenizer.encode(text, add_special_tokens=False)
         try:
-            reply = stream(engine, ids, args, sys.stdout)
+            # The conversation keeps the content (as a client of the
+            # server's sends it back), not the reasoning.
+            reply = stream(engine, ids, args, sys.stdout, chat_reader(model, args, text))
         except ValueError as error:
             # The conversation outgrew the model length: say so, forget the
             # message, and go on.

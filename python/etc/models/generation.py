@@ -11,7 +11,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .engine.constraints import Constraint, Grammar, harmony_final, writes_harmony
+from . import reasoning as reasoning_
+from . import tool_calls
+from .engine.constraints import Constraint, Grammar, harmony_final
 from .engine.engine import Engine
 from .engine.requests import RequestError
 from .engine.speculative import Speculative
@@ -23,15 +25,26 @@ __all__ = ["Model", "Generation"]
 @dataclass
 class Generation:
     """What `Model.generate` returns: per prompt, the new token ids, their
-    text (None without a tokenizer), why generation ended ("stop": an EOS
-    id or a stop string; "length": max_new_tokens) and (with
-    `return_logits`) a float32 array (new tokens, vocab) of the logits each
-    new token was chosen from; and how long it took."""
+    text (None without a tokenizer; a chat's answer: its content, without
+    the reasoning), why generation ended ("stop": an EOS id or a stop
+    string; "length": max_new_tokens) and (with `return_logits`) a float32
+    array (new tokens, vocab) of the logits each new token was chosen from;
+    and how long it took."""
 
     tokens: list
     logits: Optional[list] = None
     text: Optional[list] = None
     finish_reasons: Optional[list] = None
+    #: Per prompt, a chat answer's reasoning (Qwen3's `<think>`, harmony's
+    #: analysis channel: `etc.models.reasoning`), None where it has none
+    #: or the prompt is no chat; None for all when the model has no
+    #: reasoning parser (or `reasoning_parser="none"`).
+    reasoning: Optional[list] = None
+    #: Per prompt, the tool calls a chat answer made, as OpenAI's API
+    #: returns them ({"id", "type", "function": {"name", "arguments"}}):
+    #: harmony's, and those of the chat template's format where
+    #: chat_template_kwargs offer `tools`; None without a tokenizer.
+    tool_calls: Optional[list] = None
     #: Per prompt, how many of its tokens' keys and values came from the
     #: paged cache (a prefix cached by an earlier prompt) instead of being
     #: computed.
@@ -82,7 +95,8 @@ class Model(CompiledModel):
     def generate(self, prompts, max_new_tokens: int, return_logits: bool = False, *,
                  stop: Optional[Sequence[str]] = (), ignore_eos: bool = False, sampling=None,
                  chat_template_kwargs: Optional[dict] = None, response_format=None,
-                 speculative=None, **unknown) -> Generation:
+                 speculative=None, reasoning_parser: Optional[str] = "auto",
+                 **unknown) -> Generation:
         """Generates from one prompt or a batch of them, of any lengths.
 
         A prompt is a string (encoded with the tokenizer, its special tokens
@@ -102,21 +116,30 @@ class Model(CompiledModel):
         {"type": "json_object"} or {"type": "json_schema", "json_schema":
         {"schema": ...}}, or an `etc.models.engine.constraints.Grammar`
         (also regular expressions, choices, Lark grammars); an answer then
-        ends ("stop") when its grammar is complete. A model that answers in
-        harmony's channels (gpt-oss) has a chat prompt's grammar hold for
-        its final message, the analysis before it free, as the server does
+        ends ("stop") when its grammar is complete. With harmony reasoning
+        (gpt-oss: below) a chat prompt's grammar holds for its final
+        message, the analysis before it free, as the server does
         (`constraints.harmony_final`); a text or id prompt's holds for the
         whole answer. `speculative` ("ngram"
         or an `etc.models.Speculative`) has each step verify tokens
         proposed by prompt lookup or a draft model (docs/models.md,
         "Speculative decoding"): greedy tokens are those without it,
-        sampled ones follow the same distribution.
+        sampled ones follow the same distribution. `reasoning_parser`
+        ("qwen3", "harmony"; "auto": the model's, `reasoning.parser_for`;
+        "none" or None: none) reads a chat's answer as the server's chat
+        completions do: its reasoning apart from its content, and tool
+        calls (harmony's channels; `<tool_call>` and Llama 3's JSON calls
+        where chat_template_kwargs give `tools`); a harmony answer then
+        ends at `<|return|>` or `<|call|>`.
 
         The returned `Generation` has per prompt the new ids (`tokens`,
-        ending with the EOS id when one stopped it), the text (`text`,
+        ending with the EOS id, or harmony's `<|return|>` or `<|call|>`,
+        when one stopped it), the text (`text`,
         without special tokens; needs a tokenizer) and why it ended
         (`finish_reasons`: "stop" or "length"), and how many of its tokens
-        came from the cache (`cached_tokens`). Prompts run together on an
+        came from the cache (`cached_tokens`); a chat's text is the
+        answer's content ("" where the server's is null), its reasoning
+        and calls in `reasoning` and `tool_calls`. Prompts run together on an
         `Engine` with a slot each: prefilled in ragged steps of at most
         `max_step_tokens` tokens, then decoded one token per request and
         step, a step mixing both. With the paged cache (the default) the
@@ -134,26 +157,36 @@ class Model(CompiledModel):
         if unknown:
             raise TypeError(_unknown_keywords(unknown))
         template_variables = _check_template_kwargs(chat_template_kwargs)
+        parser = self._reasoning_parser(reasoning_parser)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or \
                 max_new_tokens < 1:
             raise ValueError(f"generate: max_new_tokens={max_new_tokens!r} must be a positive "
                              f"int")
         max_new_tokens = int(max_new_tokens)
         prompts = _as_prompt_list(prompts)
-        sequences = [self._prompt_ids(p, prompt, max_new_tokens, template_variables)
-                     for p, prompt in enumerate(prompts)]
+        rendered = [self._prompt_ids(p, prompt, max_new_tokens, template_variables)
+                    for p, prompt in enumerate(prompts)]
+        sequences = [ids for ids, _ in rendered]
+        calls_format = self._calls_format(parser, template_variables, prompts)
         length = max(len(s) for s in sequences) + max_new_tokens
-        constraints = self._constraints(_grammar(response_format), prompts)
+        constraints = self._constraints(_grammar(response_format), prompts,
+                                        parser == "harmony")
+        # Harmony's markers are special tokens: kept in a chat's text until
+        # read (the reader drops them); <|return|> and <|call|> end it.
+        harmony_stops = reasoning_.harmony_stop_ids(self.tokenizer)
         engine = Engine(self, max_num_seqs=len(sequences), max_model_len=length,
                         kv_cache_tokens=self._own_pool(len(sequences), length),
                         speculative=_speculative(speculative))
         handles = []
         for p, ids in enumerate(sequences):
+            harmony = parser == "harmony" and _is_chat(prompts[p])
             try:
                 handles.append(engine.submit(ids, max_new_tokens=max_new_tokens, stop=stop,
                                              ignore_eos=ignore_eos, sampling=sampling,
                                              return_logits=return_logits,
-                                             constraint=constraints[p]))
+                                             constraint=constraints[p],
+                                             stop_token_ids=harmony_stops if harmony else None,
+                                             skip_special_tokens=not harmony))
             except RequestError as error:
                 which = f"prompt {p}: " if error.param in ("prompt", "max_new_tokens") else ""
                 raise RequestError(f"generate: {which}{error}", error.param) from None
@@ -163,9 +196,15 @@ class Model(CompiledModel):
             if result.finish_reason == "error":
                 raise RuntimeError(f"generate: a step failed: {result.error}")
         result = Generation(tokens=[r.token_ids for r in results],
-                            text=[r.text for r in results] if self.tokenizer else None,
                             finish_reasons=[r.finish_reason for r in results],
                             cached_tokens=[r.cached_tokens for r in results])
+        if self.tokenizer is not None:
+            answers = [_answer(parser, calls_format, r.text, text)
+                       for r, (_, text) in zip(results, rendered)]
+            result.text = [content for _, content, _ in answers]
+            result.tool_calls = [found for _, _, found in answers]
+            if parser is not None:
+                result.reasoning = [thought for thought, _, _ in answers]
         if return_logits:
             result.logits = [r.logits for r in results]
         if engine.speculative is not None:
@@ -180,14 +219,40 @@ class Model(CompiledModel):
                 result.decode_seconds += step.seconds
         return result
 
-    def _constraints(self, grammar: Optional[Grammar], prompts: list) -> list:
+    def _reasoning_parser(self, name: Optional[str]) -> Optional[str]:
+        """`generate`'s reasoning_parser, checked: the format a chat's answer
+        is read in, or None (all content)."""
+        try:
+            parser = reasoning_.resolve(name, getattr(self.config, "architecture", None),
+                                        self.tokenizer)
+        except ValueError as error:
+            raise ValueError(f"generate: {error}") from None
+        return parser if self.tokenizer is not None else None
+
+    def _calls_format(self, parser: Optional[str], template_variables: dict,
+                      prompts: list) -> Optional[str]:
+        """The format `generate` reads a chat answer's tool calls in
+        (`tool_calls.parser_for`), as the server: "harmony" (its channels)
+        with harmony reasoning, else the chat template's where
+        chat_template_kwargs offer `tools`; None: no calls are read."""
+        if parser == "harmony":
+            return "harmony"
+        if not template_variables.get("tools") or not any(map(_is_chat, prompts)):
+            return None
+        found = tool_calls.parser_for(self.tokenizer.chat_template)
+        if found is None:
+            raise ValueError("generate: chat_template_kwargs['tools']: this model's chat "
+                             "template writes no tool calls ETC can read (hermes' "
+                             "<tool_call> or Llama 3's JSON)")
+        return found
+
+    def _constraints(self, grammar: Optional[Grammar], prompts: list, harmony: bool) -> list:
         """A matcher of `grammar` per prompt of `generate` (Nones without
         one): of its final message, for a chat answered in harmony."""
         if grammar is None:
             return [None] * len(prompts)
         final = None
-        if writes_harmony(getattr(self.config, "architecture", None), self.tokenizer) and \
-                any(_is_chat(prompt) for prompt in prompts):
+        if harmony and any(_is_chat(prompt) for prompt in prompts):
             final = harmony_final(grammar, self.tokenizer)
         return [Constraint(self, final if _is_chat(prompt) and final is not None else grammar)
                 for prompt in prompts]
@@ -208,9 +273,11 @@ class Model(CompiledModel):
             return None
         return tokens
 
-    def _prompt_ids(self, p: int, prompt, max_new_tokens: int, template_variables) -> list:
-        """Prompt `p` of `generate` as token ids, checked."""
+    def _prompt_ids(self, p: int, prompt, max_new_tokens: int, template_variables) -> tuple:
+        """Prompt `p` of `generate` as token ids, checked, and a chat's
+        rendered text (None for other prompts)."""
         vocab = self.config.vocab_size
+        text = None
         if isinstance(prompt, str) or _is_chat(prompt):
             if self.tokenizer is None:
                 raise ValueError(f"generate: prompt {p} is text, but {self.path} has no "
@@ -244,7 +311,23 @@ class Model(CompiledModel):
                              f"max_new_tokens={max_new_tokens} the sequence would be "
                              f"{total} tokens, longer than the cache "
                              f"(max_seq_len={self.max_seq_len})")
-        return [int(t) for t in ids]
+        return [int(t) for t in ids], text
+
+
+def _answer(parser: Optional[str], calls: Optional[str], text: str,
+            prompt: Optional[str]) -> tuple:
+    """(reasoning, content, tool calls) of one answer of `generate`: a
+    chat's (`prompt`: its rendered text) read in reasoning format `parser`
+    and tool-call format `calls` as the server reads a chat completion
+    (`etc.serve.choice.CollectedChoice`), any other's text all content."""
+    if prompt is None:
+        return None, text, []
+    thought, content, found = None, text, []
+    if parser is not None:
+        thought, content, found = reasoning_.split(parser, text, prompt)
+    if calls not in (None, "harmony"):
+        content, found = tool_calls.parse(calls, content or "")
+    return thought, content or "", found
 
 
 def _grammar(response_format) -> Optional[Grammar]:

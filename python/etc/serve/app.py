@@ -19,14 +19,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..models import reasoning as reasoning_
+from ..models import tool_calls as tools_
 from ..models.engine import Engine, RequestError, RequestOutput
 from ..models.engine.constraints import Constraint, Grammar, GrammarError, harmony_final
 from ..models.loading.tokenizer import ChatTemplateError
 from .choice import AnswerForm, CollectedChoice, StreamedChoice
 from .handoff import Handoff
 from .logprobs import TokenText
-from . import reasoning as reasoning_
-from . import tools as tools_
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from .replies import DONE, Envelope, error_event, sse, usage
@@ -114,15 +114,12 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     by itself; another parser is refused).
     `reasoning_parser` ("qwen3", "harmony"; "auto": the model's,
     `reasoning.parser_for`; "none" or None: all content) splits a chat
-    answer into `reasoning_content` and `content` (`etc.serve.reasoning`)."""
-    if reasoning_parser not in reasoning_.CHOICES + (None,):
-        raise ValueError(f"build_app: reasoning_parser={reasoning_parser!r} must be one of "
-                         f"{reasoning_.CHOICES} or None")
-    if reasoning_parser == "auto":
-        reasoning_parser = reasoning_.parser_for(
-            getattr(model.config, "architecture", None), model.tokenizer)
-    elif reasoning_parser == "none":
-        reasoning_parser = None
+    answer into `reasoning_content` and `content` (`etc.models.reasoning`)."""
+    try:
+        reasoning_parser = reasoning_.resolve(
+            reasoning_parser, getattr(model.config, "architecture", None), model.tokenizer)
+    except ValueError as error:
+        raise ValueError(f"build_app: {error}") from None
     harmony = reasoning_parser == "harmony"
     if harmony and tool_call_parser is None:
         tool_call_parser = "harmony"  # harmony's calls are read with its channels

@@ -18,9 +18,9 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
+from ..models import reasoning as reasoning_
+from ..models import tool_calls as tools_
 from .logprobs import TokenText, chat_logprobs, completion_logprobs
-from . import reasoning as reasoning_
-from . import tools as tools_
 
 __all__ = ["AnswerForm", "StreamedChoice", "CollectedChoice"]
 

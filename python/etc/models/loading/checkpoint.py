@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from . import (families_deepseek, families_dense as dense, families_ernie, fp8, mla_layout,
-               multimodal, mxfp4, partial_rotary)
+               moe_fields, multimodal, mxfp4, partial_rotary)
 from ... import bfloat16, packed
 from ...runtime import aligned
 from .config import ModelConfig, UnsupportedConfigError
@@ -119,6 +119,7 @@ class Checkpoint:
                 self._where[name] = tensors
         if multimodal.is_multimodal(raw):
             self._text_model(raw)
+        moe_fields.check_shared_tensors(self.config, self._where, str(self.path))
 
     #: The language model's tensor names of a multimodal checkpoint: the
     #: prefix of its `model.*` tensors and its LM head's name (None: the

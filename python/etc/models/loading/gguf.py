@@ -132,6 +132,8 @@ class GGUFCheckpoint:
                 "rope_freqs.weight" in self._tensors:
             self._check_shape("rope_freqs.weight", (self.config.head_dim // 2,),
                               "RoPE frequency factors")
+        families.check_shared_experts(self, {n for _, name, _, _, how in self._plan()
+                                             for n in _tensor_names(name, how)})
 
     # -- metadata ------------------------------------------------------------
 

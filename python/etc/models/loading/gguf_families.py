@@ -59,8 +59,9 @@ def qwen3moe_config(ckpt, config: dict) -> dict:
     renormalised unless `expert_weights_norm` says not, Qwen2-MoE's never:
     llama.cpp's qwen2moe reads no key for it), every layer sparse but those
     without a router (`blk.<i>.ffn_gate_inp.weight`), and the shared
-    expert's width (`expert_shared_feed_forward_length`); Qwen2-MoE's q/k/v
-    biases where the file has them."""
+    expert's width (`expert_shared_feed_forward_length`; Qwen2-MoE's,
+    absent or 0, is `feed_forward_length`, as llama.cpp's qwen2moe reads
+    it); Qwen2-MoE's q/k/v biases where the file has them."""
     layers = config["num_hidden_layers"] or 0
     out = {
         "num_experts": ckpt._key("expert_count"),
@@ -76,6 +77,9 @@ def qwen3moe_config(ckpt, config: dict) -> dict:
     }
     if ckpt.architecture == "qwen2moe":
         out["qkv_bias"] = "blk.0.attn_q.bias" in ckpt._tensors
+        # Every Qwen2-MoE layer has its shared expert.
+        out["shared_expert_intermediate_size"] = out["shared_expert_intermediate_size"] or \
+            config["intermediate_size"]
     return out
 
 
@@ -182,11 +186,9 @@ def granite_config(ckpt, config: dict) -> dict:
         head_dim = ckpt._key("attention.key_length") or (hidden // heads if heads else 1)
         out["attention_multiplier"] = 1 / float(np.sqrt(head_dim))
     if a == "granitemoe":
+        # Absent or 0: no shared MLP (a file with its tensors anyway is
+        # refused by `check_shared_experts`).
         shared = ckpt._key("expert_shared_feed_forward_length")
-        if shared is None and "blk.0.ffn_up_shexp.weight" in ckpt._tensors:
-            raise UnsupportedConfigError(
-                f"{ckpt.path}: GGUF metadata {a}.expert_shared_feed_forward_length is missing "
-                f"(the file has shared MLP tensors ffn_*_shexp)")
         if shared:
             out.update(architectures=["GraniteMoeSharedForCausalLM"],
                        shared_intermediate_size=shared)
@@ -344,3 +346,27 @@ def glm4moe_config(ckpt, config: dict) -> dict:
            "topk_group": ckpt._key("expert_group_used_count", 1),
            "use_qk_norm": "blk.0.attn_q_norm.weight" in ckpt._tensors}
     return out
+
+
+def check_shared_experts(ckpt, read: set) -> None:
+    """Refuses a file with shared-expert tensors (`blk.<i>.ffn_*_shexp.*`
+    of a decoder layer) that the model does not read (`read`: the tensors
+    of its plan): llama.cpp creates them only for a shared expert
+    (granitemoe's where `expert_shared_feed_forward_length` is above 0)
+    and refuses a file with tensors it did not create, so they are
+    weights of a model other than the one the metadata describes."""
+    layers = ckpt.config.num_layers
+    # (Past the decoder's layers: GLM-4.5's NextN layers, not run.)
+    unread = sorted(name for name in ckpt._tensors if "_shexp." in name and name not in read
+                    and not (name.startswith("blk.") and name.split(".")[1].isdigit()
+                             and int(name.split(".")[1]) >= layers))
+    if not unread:
+        return
+    key = f"{ckpt.architecture}.expert_shared_feed_forward_length"
+    value = ckpt._key("expert_shared_feed_forward_length")
+    said = "is missing" if value is None else f"= {value!r}"
+    shown = ", ".join(unread[:3]) + (f" and {len(unread) - 3} more" if len(unread) > 3 else "")
+    raise UnsupportedConfigError(
+        f"{ckpt.path}: the file has shared-expert tensors ({shown}) that its model does not "
+        f"read: GGUF metadata {key} {said}, so this {ckpt.architecture} model has no shared "
+        f"expert (llama.cpp refuses such a file too)")

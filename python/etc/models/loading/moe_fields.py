@@ -3,16 +3,19 @@
 (`qwen_moe`; Qwen2-MoE's shared expert with its sigmoid gate too), OLMoE's
 (`olmoe`), Mixtral's (and Granite MoE's, gpt-oss's: `mixtral`), Granite
 MoE's shared MLP (`granite_shared`) and GLM-4.5's sigmoid-routed experts,
-shared experts and attention fields (`glm4_moe`)."""
+shared experts and attention fields (`glm4_moe`); and the check that a
+checkpoint holds no shared expert its config leaves out
+(`check_shared_tensors`)."""
 
 from __future__ import annotations
 
 import math
+import re
 
 from .fields import UnsupportedConfigError, positive_int, positive_number
 
 __all__ = ["QWEN_MOE", "GLM4_MOE", "qwen_moe", "olmoe", "mixtral", "granite_shared",
-           "glm4_moe"]
+           "glm4_moe", "check_shared_tensors"]
 
 #: GLM-4.5's architecture (GLM-4.5, GLM-4.5-Air, GLM-4.6).
 GLM4_MOE = "Glm4MoeForCausalLM"
@@ -39,6 +42,13 @@ def qwen_moe(config: dict, where: str, architecture: str, layers: int, need, fla
             isinstance(i, int) and not isinstance(i, bool) for i in mlp_only):
         raise UnsupportedConfigError(f"{where}: field 'mlp_only_layers' = {mlp_only!r} "
                                      f"must be a list of layer indices")
+    outside = [i for i in mlp_only if not 0 <= i < layers]
+    if outside:
+        # (transformers skips them: a model meant to have dense layers
+        # would run sparse ones where they are.)
+        raise UnsupportedConfigError(f"{where}: field 'mlp_only_layers' = {mlp_only!r} names "
+                                     f"layers {outside} outside 0 to {layers - 1} "
+                                     f"(num_hidden_layers = {layers})")
     step = config.get("decoder_sparse_step")
     step = 1 if step is None else positive_int(where, "decoder_sparse_step", step)
     experts = need("num_experts")
@@ -227,3 +237,43 @@ def glm4_moe(config: dict, where: str, layers: int, need, flag) -> dict:
         "shared_expert_intermediate_size": shared * width,
         "qkv_bias": flag("attention_bias", False), "qk_norm": flag("use_qk_norm", False),
     }
+
+
+#: A shared expert's tensor of decoder layer <i>, as each family names it:
+#: Qwen2-MoE's `mlp.shared_expert[_gate]`, Granite's `shared_mlp`,
+#: GLM-4.5's `mlp.shared_experts`.
+_SHARED_TENSOR = re.compile(r"(?:^|\.)layers\.(\d+)\..*?\b(?:shared_expert|shared_expert_gate|"
+                            r"shared_experts|shared_mlp)\.")
+#: The config field that gives each family its shared expert.
+_SHARED_FIELD = {"GraniteMoeForCausalLM": "shared_intermediate_size",
+                 "GraniteMoeSharedForCausalLM": "shared_intermediate_size",
+                 GLM4_MOE: "n_shared_experts",
+                 "Qwen2MoeForCausalLM": "shared_expert_intermediate_size"}
+
+
+def check_shared_tensors(config, names, where: str) -> None:
+    """Refuses a checkpoint (tensor `names`) with a shared expert's tensors
+    in a decoder layer that `config` (a `ModelConfig`) gives none: a
+    Granite MoE whose `shared_intermediate_size` is 0, a GLM-4.5 with
+    `n_shared_experts` 0, a layer the config makes dense, a family without
+    shared experts. transformers leaves such weights unused (with a
+    warning), so the model would not be the one the weights are of.
+    Layers past the decoder's (GLM-4.5's prediction layers) are not run."""
+    for name in sorted(names):
+        found = _SHARED_TENSOR.search(name)
+        if found is None:
+            continue
+        layer = int(found.group(1))
+        if layer >= config.num_layers or (config.is_sparse(layer) and
+                                          config.shared_expert_intermediate_size):
+            continue
+        field = _SHARED_FIELD.get(config.architecture)
+        if not config.is_sparse(layer):
+            why = f"layer {layer} is dense"
+        elif field is None:
+            why = f"{config.architecture} has no shared expert"
+        else:
+            why = f"field {field!r} gives none"
+        raise UnsupportedConfigError(
+            f"{where}: tensor {name!r} is a shared expert's, but config.json's model has none "
+            f"in layer {layer} ({why}): the weights would go unused")

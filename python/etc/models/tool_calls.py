@@ -8,6 +8,7 @@ as they are generated (`CallStream`).
 * `llama3_json` (Llama 3.1-3.3): the answer is one JSON object `{"name":
   ..., "parameters": {...}}`.
 
+Both the server and `Model.generate` read calls with these parsers.
 gpt-oss's calls (harmony) are read with its channels (`reasoning`); the
 grammar that forces one is here too: a commentary message to
 `functions.NAME`, after at most one analysis message.
@@ -26,7 +27,7 @@ import re
 import uuid
 from typing import Optional
 
-from ..models.engine.constraints import HARMONY_ANALYSIS
+from .engine.constraints import HARMONY_ANALYSIS
 
 __all__ = ["PARSERS", "parser_for", "parse", "forced_grammar", "HARMONY_TOKENS",
            "CallStream"]

@@ -1,6 +1,7 @@
 """Reasoning in a chat answer: the part of the generated text a model
-thinks in, returned as the message's `reasoning_content`, apart from its
-`content` (as vLLM's `--reasoning-parser` and SGLang do).
+thinks in, returned apart from its content (as vLLM's `--reasoning-parser`
+and SGLang do): by the server as the message's `reasoning_content`, by
+`Model.generate` as `Generation.reasoning`.
 
 * `qwen3` (Qwen3, QwQ): `<think> ... </think>` before the answer. The
   opening tag is the model's or the chat template's (a template that ends
@@ -29,9 +30,9 @@ import re
 import uuid
 from typing import Optional
 
-from ..models.engine.constraints import writes_harmony
+from .engine.constraints import writes_harmony
 
-__all__ = ["PARSERS", "CHOICES", "parser_for", "Reader", "split", "harmony_stop_ids"]
+__all__ = ["PARSERS", "CHOICES", "parser_for", "resolve", "Reader", "split", "harmony_stop_ids"]
 
 PARSERS = ("qwen3", "harmony")
 #: What `etc serve --reasoning-parser` takes.
@@ -57,6 +58,18 @@ def parser_for(architecture: Optional[str], tokenizer) -> Optional[str]:
     if tokenizer is not None and tokenizer.token_to_id(_UNTHINK) is not None:
         return "qwen3"
     return None
+
+
+def resolve(choice: Optional[str], architecture: Optional[str], tokenizer) -> Optional[str]:
+    """The format a `--reasoning-parser` / `reasoning_parser` choice (one
+    of CHOICES, or None) stands for: "auto" the model's (`parser_for`),
+    "none" and None no format (all content). Raises ValueError naming an
+    unknown choice."""
+    if choice not in CHOICES + (None,):
+        raise ValueError(f"reasoning_parser={choice!r} must be one of {CHOICES} or None")
+    if choice == "auto":
+        return parser_for(architecture, tokenizer)
+    return None if choice == "none" else choice
 
 
 def harmony_stop_ids(tokenizer) -> list[int]:

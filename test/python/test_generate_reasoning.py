@@ -1,0 +1,228 @@
+"""`Model.generate` on models that reason: a chat answer's text is its
+content, the reasoning (harmony's analysis channel, Qwen3's `<think>`) in
+`Generation.reasoning` and the tool calls in `Generation.tool_calls`, as
+the server's chat completions return them for the same tokens. Tiny
+random gpt-oss and Qwen3 checkpoints with their formats' tokenizers
+(`etc.models.testing.chat_formats`), made to write a chosen answer."""
+
+import re
+
+import numpy as np
+import pytest
+
+import etc.models
+from etc.models.testing import tiny_config, write_checkpoint
+from etc.models.testing.chat_formats import write_chat_tokenizer
+from test_serve import NAME, Server
+
+CHAT = [{"role": "user", "content": "Hello"}]
+VOCAB = 336
+EOS = 2  # <|im_end|>
+HARMONY = ("<|channel|>analysis<|message|>User says hello.<|end|><|start|>assistant"
+           "<|channel|>final<|message|>Hi there!<|return|>")
+HARMONY_CALL = ("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+                "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                "<|message|>{\"city\":\"Paris\"}<|call|>")
+QWEN3 = "<think>\nThe user greets.\n</think>\n\nHello! How are you?"
+QWEN3_CALL = ('<think>Call f.</think>\n\nLet me check.\n<tool_call>\n'
+              '{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+F = [{"type": "function", "function": {"name": "f"}}]
+LOAD = dict(workers=2, max_seq_len=160, attention_chunk=16)
+
+
+def _model(root, architecture: str, chat_format: str):
+    path = write_checkpoint(root / chat_format, tiny_config(architecture, vocab_size=VOCAB))
+    write_chat_tokenizer(path, VOCAB, chat_format)
+    return etc.models.load(path, **LOAD)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(tmp_path_factory):
+    return _model(tmp_path_factory.mktemp("gptoss"), "GptOssForCausalLM", "harmony")
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return _model(tmp_path_factory.mktemp("qwen3"), "Qwen3ForCausalLM", "qwen3")
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """Makes `model` answer CHAT (rendered with `template`) with `text`,
+    then EOS: the ids of the answer."""
+
+    def script(model, text: str, **template) -> list:
+        tok = model.tokenizer
+        prompt = len(tok.encode(tok.apply_chat_template(CHAT, **template),
+                                add_special_tokens=False))
+        answer = tok.encode(text, add_special_tokens=False) + [EOS]
+        step = model.step
+
+        def forced(cache, requests, *args, **options):
+            logits, ids, *rest = step(cache, requests, *args, **options)
+            ends = [r.start + len(r.tokens) - prompt for r in requests]
+            forced_ids = np.array([answer[min(max(e, 0), len(answer) - 1)] for e in ends],
+                                  dtype=ids.dtype)
+            return (logits, forced_ids, *rest)
+
+        monkeypatch.setattr(model, "step", forced)
+        return answer
+
+    return script
+
+
+def test_harmony_answer_is_content_and_reasoning(gpt_oss, scripted):
+    """gpt-oss: the final channel is the text, the analysis the reasoning;
+    `<|return|>` ends the answer (a stop id, kept in `tokens`). Without a
+    parser the text is what it was: the channels' names run into it."""
+    answer = scripted(gpt_oss, HARMONY)
+    out = gpt_oss.generate(CHAT, 80)
+    assert (out.text, out.reasoning, out.tool_calls) == (["Hi there!"], ["User says hello."],
+                                                         [[]])
+    assert out.finish_reasons == ["stop"] and out.tokens == [answer[:-1]]
+    raw = gpt_oss.generate(CHAT, 80, reasoning_parser="none")
+    assert raw.text == ["analysisUser says hello.assistantfinalHi there!"]
+    assert raw.reasoning is None and raw.tokens == [answer]  # EOS ended it
+    # A text prompt is read as the completions endpoint reads it: all text.
+    both = gpt_oss.generate([CHAT, "Hello"], 80)
+    assert both.text[0] == "Hi there!" and both.reasoning == ["User says hello.", None]
+
+
+def test_harmony_call(gpt_oss, scripted):
+    """A call to functions.NAME is a tool call (whether or not the template
+    offered tools), its arguments as written; the content is empty."""
+    scripted(gpt_oss, HARMONY_CALL)
+    out = gpt_oss.generate(CHAT, 90)
+    assert (out.text, out.reasoning) == ([""], ["Need the weather."])
+    assert [c["function"] for c in out.tool_calls[0]] == [
+        {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}]
+    assert out.finish_reasons == ["stop"]
+
+
+@pytest.mark.parametrize("text, template, expected", [
+    (QWEN3, {}, ("\nThe user greets.\n", "Hello! How are you?")),
+    # No <think>: all content.
+    ("Just this.", {}, (None, "Just this.")),
+    # enable_thinking=false: the template closed an empty <think> itself.
+    ("Yes.", {"enable_thinking": False}, (None, "Yes.")),
+    ("<think>cut short", {}, ("cut short", "")),
+])
+def test_qwen3_answer_is_content_and_reasoning(qwen3, scripted, text, template, expected):
+    scripted(qwen3, text, **template)
+    out = qwen3.generate(CHAT, 60, chat_template_kwargs=template or None)
+    assert (out.reasoning[0], out.text[0]) == expected
+    assert out.tool_calls == [[]]
+
+
+def test_qwen3_call_with_tools_offered(qwen3, scripted):
+    """Tools offered to the template: a `<tool_call>` block is a call, the
+    text around it the content; not offered, it stays content."""
+    scripted(qwen3, QWEN3_CALL, tools=F)
+    out = qwen3.generate(CHAT, 90, chat_template_kwargs={"tools": F})
+    assert (out.reasoning, out.text) == (["Call f."], ["Let me check."])
+    assert [c["function"] for c in out.tool_calls[0]] == [
+        {"name": "f", "arguments": "{\"x\": 1}"}]
+    scripted(qwen3, QWEN3_CALL)
+    out = qwen3.generate(CHAT, 90)
+    assert out.tool_calls == [[]] and out.text[0].startswith("Let me check.\n<tool_call>")
+
+
+@pytest.mark.parametrize("fixture, text, tools", [
+    ("gpt_oss", HARMONY, None), ("gpt_oss", HARMONY_CALL, WEATHER), ("qwen3", QWEN3, None),
+    ("qwen3", QWEN3_CALL, F),
+])
+def test_server_and_generate_agree(request, scripted, fixture, text, tools):
+    """The same answer through the server's chat completions and through
+    generate: the same content (null there, "" here), reasoning and calls."""
+    model = request.getfixturevalue(fixture)
+    scripted(model, text, **({"tools": tools} if tools else {}))
+    out = model.generate(CHAT, 90, chat_template_kwargs={"tools": tools} if tools else None)
+    with Server.of(model) as server:
+        reply = server.client().chat.completions.create(
+            model=NAME, messages=CHAT, max_tokens=90, temperature=0,
+            **({"tools": tools} if tools else {}))
+    message = reply.choices[0].message
+    assert (message.content or "", message.reasoning_content) == (out.text[0],
+                                                                 out.reasoning[0])
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls or ()] == \
+        [(c["function"]["name"], c["function"]["arguments"]) for c in out.tool_calls[0]]
+
+
+def test_a_grammar_follows_the_reasoning_parser(gpt_oss):
+    """response_format on a harmony chat holds for the final message
+    (after `<|channel|>final<|message|>`, the analysis free); with
+    reasoning_parser="none" the answer is read as plain text, so the
+    grammar holds for all of it."""
+    from etc.models.engine.constraints import Grammar
+    from etc.models.step.sampling import SamplingParams
+
+    grammar = Grammar("regex", "[0-9]{3}")
+    # The random model's analysis ends soon (<|end|> favoured).
+    end = gpt_oss.tokenizer.token_to_id("<|end|>")
+    read = gpt_oss.generate(CHAT, 60, response_format=grammar, sampling=SamplingParams(
+        temperature=1.0, seed=0, logit_bias={end: 100}))
+    written = gpt_oss.tokenizer.decode(read.tokens[0], skip_special_tokens=False)
+    assert "<|channel|>final<|message|>" + read.text[0] in written, written
+    assert re.fullmatch("[0-9]{3}", read.text[0]), read.text
+    plain = gpt_oss.generate(CHAT, 60, response_format=grammar, reasoning_parser="none")
+    assert re.fullmatch("[0-9]{3}", plain.text[0]) and plain.finish_reasons == ["stop"], plain
+
+
+def test_refusals_name_the_argument(gpt_oss, tmp_path):
+    with pytest.raises(ValueError, match="reasoning_parser='deepseek'"):
+        gpt_oss.generate(CHAT, 4, reasoning_parser="deepseek")
+    plain = write_checkpoint(tmp_path / "plain", tiny_config(vocab_size=VOCAB), tokenizer=True)
+    model = etc.models.load(plain, **LOAD)
+    # Its template writes no call format ETC reads: the tools would be ignored.
+    with pytest.raises(ValueError, match=r"chat_template_kwargs\['tools'\]"):
+        model.generate(CHAT, 4, chat_template_kwargs={"tools": F})
+    out = model.generate(CHAT, 4)
+    assert out.reasoning is None and out.tool_calls == [[]]
+
+
+# -- the command line ---------------------------------------------------------
+
+
+def _chat_args(*options):
+    from etc.cli import parser
+
+    args = parser().parse_args(["chat", "unused", "--max-new-tokens", "80", *options])
+    args.sampling = None  # (run_chat's, from the sampling options)
+    return args
+
+
+@pytest.mark.parametrize("fixture, text, thought, content", [
+    ("gpt_oss", HARMONY, "User says hello.", "Hi there!"),
+    ("qwen3", QWEN3, "\nThe user greets.\n", "Hello! How are you?"),
+])
+def test_etc_chat_prints_the_content_and_keeps_only_it(request, scripted, monkeypatch, capsys,
+                                                      fixture, text, thought, content):
+    """`etc chat`: the answer's content on stdout, its reasoning on stderr
+    (then a line break), and the conversation's next prompt carries the
+    content as the assistant's message; --reasoning-parser none prints
+    the text as decoded."""
+    import io
+    import sys
+
+    from etc.cli.text import chat_loop
+    from etc.models.engine import Engine
+
+    model = request.getfixturevalue(fixture)
+    scripted(model, text)
+    rendered = []
+    render = model.tokenizer.apply_chat_template
+    monkeypatch.setattr(model.tokenizer, "apply_chat_template",
+                        lambda messages, **kw: rendered.append(list(messages)) or
+                        render(messages, **kw))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hello\nAgain\n"))
+    assert chat_loop(Engine, model, _chat_args()) == 0
+    printed = capsys.readouterr()
+    assert printed.out.startswith(content + "\n"), printed.out
+    assert printed.err.startswith(thought + "\n"), printed.err
+    assert rendered[1][:2] == [CHAT[0], {"role": "assistant", "content": content}]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hello\n"))
+    chat_loop(Engine, model, _chat_args("--reasoning-parser", "none"))
+    assert capsys.readouterr().out == model.tokenizer.decode(
+        model.tokenizer.encode(text, add_special_tokens=False)) + "\n"
