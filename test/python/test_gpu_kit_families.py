@@ -1,5 +1,5 @@
-"""The GPU check kit's families for sigmoid_mul, sigmoid-scored MoE routing
-and the GEMV's ragged last tile (kit/families.py): they compile for the
+"""The GPU check kit's families for sigmoid_mul, sigmoid-scored MoE routing,
+the GEMV's ragged last tile and layernorm (kit/families.py): they compile for the
 GPU and assemble without spills, take the tiles they are there to check,
 match the NumPy reference with the CUDA lanes simulated on the CPU at their
 recipes' sizes and inputs, and their recipes draw inputs whose routing the
@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "kit"))
 import families  # noqa: E402
 
-NEW = ("op_sigmoid_mul", "moe_sigmoid", "moe_sigmoid_bf16", "gemv_ragged", "gemv_ragged_bf16")
+NEW = ("op_sigmoid_mul", "moe_sigmoid", "moe_sigmoid_bf16", "gemv_ragged", "gemv_ragged_bf16",
+       "op_layernorm", "layernorm_rows", "layernorm_rows_f32")
 
 
 @pytest.mark.parametrize("name", NEW)
