@@ -376,7 +376,7 @@ class Checkpoint:
                              (f"l{i}_mlp_norm", pre_mlp, "pre-feedforward norm"),
                              (f"l{i}_post_mlp_norm", post_mlp, "post-feedforward norm"))
                          if name is not None]
-            else:
+            elif not c.parallel_block:  # (Cohere's MLP reads the input norm)
                 plan.append((f"l{i}_mlp_norm", p + "post_attention_layernorm.weight", (h,),
                              f"layer {i} post-attention norm", None))
             if c.is_sparse(i) and c.architecture == "MixtralForCausalLM":

@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 
 from ..loading.safetensors import save_file
+from . import cohere
 from .shapes import SHAPES
 
 __all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint",
@@ -66,7 +67,7 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "GraniteMoeSharedForCausalLM": "granitemoeshared",
                 "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo3",
                 "OlmoeForCausalLM": "olmoe", "Glm4ForCausalLM": "glm4",
-                "Glm4MoeForCausalLM": "glm4_moe"}
+                "Glm4MoeForCausalLM": "glm4_moe", **cohere.MODEL_TYPES}
 
 #: The tiny Granite configs' multipliers: far from 1, so that a model that
 #: drops one moves the logits by 0.7 (embedding) to 3 (attention) times
@@ -247,6 +248,8 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
         config.update({"attention_bias": True, "partial_rotary_factor": 0.5,
                        "tie_word_embeddings": False, "attention_dropout": 0.0,
                        "pad_token_id": 0})
+    if architecture in cohere.COHERE_FAMILY:
+        cohere.cohere_fields(config, architecture)
     config.update(overrides)
     if config.get("layer_types", ()) is None:
         config.pop("layer_types")
@@ -440,7 +443,8 @@ def tensor_shapes(config: dict) -> dict:
             t[p + "self_attn.k_norm.weight"] = (kv * d,)
         if glm4:  # of the attention's output (post_attention_layernorm: the MLP's input)
             t[p + "post_self_attn_layernorm.weight"] = (h,)
-        t[p + "post_attention_layernorm.weight"] = (h,)
+        if config["architectures"][0] not in cohere.COHERE_FAMILY:  # (one norm, in parallel)
+            t[p + "post_attention_layernorm.weight"] = (h,)
         if gemma:
             t[p + "pre_feedforward_layernorm.weight"] = (h,)
         if gemma or olmo:
