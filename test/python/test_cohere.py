@@ -233,3 +233,64 @@ def test_numpy_forward_matches_transformers_and_the_mistakes_do_not(name, mutati
     golden = goldens.Golden.load(name)
     checkpoint = Checkpoint(golden.write_checkpoint(tmp_path / name))
     golden.check_reference(checkpoint.config, checkpoint.weights(), mutations)
+
+
+@pytest.mark.parametrize("arch", ["cohere", "cohere2"])
+def test_gguf_files_run_by_llama_cpp(arch, tmp_path):
+    """llama.cpp (llama-cpp-python) on the F32 GGUF file `write_gguf` writes
+    (gguf_goldens.RUNS: `command-r`, and `cohere2` with llama.cpp's fixed
+    pattern, layers 0 to 2 sliding with RoPE, layer 3 full without): the
+    NumPy forward pass on the config and weights ETC reads from it is
+    within 0.02 of the logits' rms at every position (measured 0.0025 and
+    0.0048: llama.cpp keeps its KV cache in f16), and the misreadings miss
+    by over 1 (measured 1.4 to 60: an RMSNorm, a sequential block,
+    rotate_half's pairs, the scale dropped or inverted, RoPE on cohere2's
+    full layer)."""
+    import gguf_goldens
+    from etc.models.step import reference
+
+    gg, weights, run = gguf_goldens.read_run(arch, tmp_path)
+
+    def error(config, read=weights):
+        return gguf_goldens.run_error(run, reference.forward(config, read, run["sequence"]))
+
+    c = gg.config
+    assert c.layer_norm and c.parallel_block and c.rope_interleaved and c.logit_scale == 0.25
+    assert error(c) < 0.02
+    mistakes = dict(MISTAKES)
+    if arch == "cohere2":
+        assert (c.sliding_layers, c.nope_layers, c.sliding_window) == ((0, 1, 2), (3,), 5)
+        mistakes["RoPE on the full layer"] = \
+            lambda c, w: (dataclasses.replace(c, nope_layers=()), w)
+    for what, misread in mistakes.items():
+        assert error(*misread(c, weights)) > 1, what
+
+
+def test_gguf_keys_as_llama_cpp_reads_them(tmp_path):
+    """The LayerNorms' epsilon from `attention.layer_norm_epsilon` (the RMS
+    key is not required); `logit_scale`, which llama.cpp requires, missing
+    is refused by name, as is a cohere2 `sliding_window_pattern` llama.cpp
+    would not read, and Command R+'s q/k norm tensors; the `command-r`
+    pre-tokenizer splits digits apart, then as GPT-2."""
+    from etc.models.loading.gguf import PRE_TOKENIZERS, GGUFCheckpoint
+    from etc.models.testing import write_gguf
+
+    config = tiny_config(COHERE, layer_norm_eps=2e-5)
+    c = GGUFCheckpoint(write_gguf(tmp_path / "r.gguf", config)).config
+    assert c.rms_norm_eps == 2e-5 and c == read(COHERE, layer_norm_eps=2e-5)
+    with pytest.raises(UnsupportedConfigError, match=r"GGUF metadata key 'command-r.logit_scale' "
+                                                     r"is missing"):
+        GGUFCheckpoint(write_gguf(tmp_path / "noscale.gguf", config,
+                                  metadata={"command-r.logit_scale": None}))
+    four = tiny_config(COHERE2, num_hidden_layers=4, layer_types=None)
+    with pytest.raises(UnsupportedConfigError, match=r"cohere2.attention.sliding_window_pattern"
+                                                     r" = 2 is not supported"):
+        GGUFCheckpoint(write_gguf(tmp_path / "pattern.gguf", four,
+                                  metadata={"cohere2.attention.sliding_window_pattern": 2}))
+    tensors = checkpoint_tensors(config, 0)
+    for i in range(2):
+        tensors[f"model.layers.{i}.self_attn.q_norm.weight"] = np.ones((4, 16), np.float32)
+        tensors[f"model.layers.{i}.self_attn.k_norm.weight"] = np.ones((2, 16), np.float32)
+    with pytest.raises(UnsupportedConfigError, match=r"field 'use_qk_norm' = True"):
+        GGUFCheckpoint(write_gguf(tmp_path / "qk.gguf", config, tensors=tensors))
+    assert PRE_TOKENIZERS["command-r"] == PRE_TOKENIZERS["smollm"]

@@ -77,6 +77,9 @@ GGUF_FAMILIES = {
     "glm4": FAMILIES["glm4"], "olmoe": FAMILIES["olmoe"],
     # GLM-4.5: exp_probs_b, the expert keys, the nextn layer in block_count.
     "glm4_moe": FAMILIES["glm4_moe"],
+    # command-r; cohere2 with llama.cpp's fixed pattern (layer 3 full).
+    "cohere": FAMILIES["cohere"],
+    "cohere2": tiny_config("Cohere2ForCausalLM", num_hidden_layers=4, layer_types=None),
 }
 #: Families whose tile kernels add nothing to another family's under the
 #: static schedule and the CUDA lanes (the suite's time): Granite MoE's

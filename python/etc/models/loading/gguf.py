@@ -49,7 +49,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "granitemoe": "GraniteMoeForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                  "gpt-oss": "GptOssForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
                  "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM",
-                 "glm4": "Glm4ForCausalLM", "glm4moe": "Glm4MoeForCausalLM"}
+                 "glm4": "Glm4ForCausalLM", "glm4moe": "Glm4MoeForCausalLM",
+                 **families.COHERE}
 #: The architectures whose RoPE rotates the first rope.dimension_count of
 #: each head (llama.cpp's phi3, glm4 and glm4moe; GLM-4's in interleaved
 #: pairs).
@@ -85,7 +86,7 @@ PRE_TOKENIZERS = {"default": "gpt2", "gpt-2": "gpt2", "gpt2": "gpt2", "smollm": 
                   "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
                   "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "gpt-4o": _GPT4O_SPLIT,
                   # GLM-4's (llama.cpp's CHATGLM4: llama3's split, merges kept).
-                  "glm4": _LLAMA3_SPLIT}
+                  "glm4": _LLAMA3_SPLIT, "command-r": "smollm"}
 #: The pre-tokenizers whose BPE takes a word found whole in the vocabulary
 #: as one token without merging (llama.cpp's `ignore_merges`: llama3's).
 _IGNORE_MERGES = ("llama3", "llama-v3", "llama-bpe")
@@ -148,8 +149,9 @@ class GGUFCheckpoint:
         left to `ModelConfig.from_dict`, so that a GGUF file is refused for
         exactly what a config.json would be."""
         a = self.architecture
-        for name in ("embedding_length", "block_count", "attention.head_count",
-                     "attention.layer_norm_rms_epsilon", "context_length"):
+        eps = families.NORM_EPS_KEYS.get(a, "attention.layer_norm_rms_epsilon")
+        for name in ("embedding_length", "block_count", "attention.head_count", eps,
+                     "context_length"):
             if self._key(name) is None:
                 raise UnsupportedConfigError(f"{self.path}: GGUF metadata key '{a}.{name}' is "
                                              f"missing (required for {a})")
@@ -162,7 +164,7 @@ class GGUFCheckpoint:
             "num_attention_heads": heads,
             "num_key_value_heads": self._per_layer("attention.head_count_kv", heads),
             "intermediate_size": self._per_layer("feed_forward_length"),
-            "rms_norm_eps": decimal(self._key("attention.layer_norm_rms_epsilon")),
+            "rms_norm_eps": decimal(self._key(eps)),
             "rope_theta": decimal(self._key("rope.freq_base", 10000.0)),
             "max_position_embeddings": self._key("context_length"),
             "tie_word_embeddings": "output.weight" not in self._tensors,
@@ -254,6 +256,8 @@ class GGUFCheckpoint:
             config.update(families.glm4moe_config(self, config))
         if a == "olmoe":
             config.update(families.olmoe_config(self))
+        if a in families.COHERE:
+            config.update(families.cohere_config(self, config.pop("rms_norm_eps"), config))
         return config
 
     # -- tensors -------------------------------------------------------------
@@ -414,7 +418,7 @@ class GGUFCheckpoint:
                                  f"layer {i} pre-feedforward norm", None))
                 plan.append((f"l{i}_post_mlp_norm", b + "post_ffw_norm.weight", (h,),
                              f"layer {i} post-feedforward norm", None))
-            else:
+            elif not c.parallel_block:  # (Cohere's MLP reads attn_norm's output)
                 # (gpt-oss's converter names the MLP's norm by its HF name.)
                 norm = "post_attention_norm" if self.architecture in ("gpt-oss", "glm4moe") \
                     else "ffn_norm"
