@@ -1,8 +1,10 @@
-"""Cohere (CohereForCausalLM: Command R, Aya 23, Aya Expanse) and Cohere2
+"""Cohere (CohereForCausalLM: Command R, Command R+, Aya 23, Aya Expanse) and Cohere2
 (Cohere2ForCausalLM: Command R7B, Command A): LayerNorms without bias, the
 attention and the MLP in parallel on the layer's one norm (x + attn(ln(x))
 + mlp(ln(x))), RoPE in interleaved pairs, tied embeddings, logits times
-`logit_scale`; Cohere2's sliding layers with RoPE and full ones without.
+`logit_scale`; Command R+'s per-head LayerNorms of q and k, a weight for
+every head (`use_qk_norm`); Cohere2's sliding layers with RoPE and full
+ones without.
 What is specific to them: their configs and refusals, their weights'
 layout (no post-attention norm, q/k rows permuted for the pairs), the step
 graph's one all-reduce per layer on several ranks, and the NumPy forward
@@ -10,7 +12,7 @@ pass against transformers' goldens with the mistakes those would catch.
 The rest (teacher forcing, paged, chunked, static schedule, CUDA lanes,
 half precision, transformers' goldens of the compiled model and its
 greedy tokens, tensor parallelism on 2 ranks) is test_families.py's,
-parametrised over them (`cohere`, `cohere2`)."""
+parametrised over them (`cohere`, `cohere2`, `cohere_qk`)."""
 
 from __future__ import annotations
 
@@ -86,9 +88,34 @@ def test_cohere2_layers_follow_transformers():
     assert set(c.rope_tables()) == {"inv_freq"}
 
 
+def test_command_r_plus_qk_norms(tmp_path):
+    """use_qk_norm (Command R+): per-head q/k LayerNorms whose weights
+    (heads, head_dim) are read as one vector per projection, q's rows
+    permuted per head as the projection's (the interleaved pairs); on 2
+    ranks each rank takes its heads' weights; the step graph norms with
+    `head_layernorm`."""
+    from etc.models.step.graph import build_step_graph
+    from etc.models.step.parallel import shard_config, shard_weights
+
+    config = tiny_config(COHERE, use_qk_norm=True)
+    checkpoint = Checkpoint(write_checkpoint(tmp_path / "plus", config, seed=6))
+    c, weights = checkpoint.config, checkpoint.weights()
+    assert c.qk_norm and not c.qk_norm_projection and c.layer_norm
+    raw = checkpoint_tensors(config, 6)["model.layers.0.self_attn.q_norm.weight"]
+    d = c.head_dim
+    perm = partial_rotary.permutation(d, d, interleaved=True)
+    np.testing.assert_array_equal(weights["l0_q_norm"], raw[:, perm].reshape(-1))
+    assert weights["l0_k_norm"].shape == (c.num_kv_heads * d,)
+    shard = shard_weights(c, weights, 2, 1)
+    np.testing.assert_array_equal(shard["l0_q_norm"], weights["l0_q_norm"][2 * d:])
+    np.testing.assert_array_equal(shard["l0_k_norm"], weights["l0_k_norm"][d:])
+    kinds = [op.kind for op in build_step_graph(shard_config(c, 2), max_seq_len=16, chunk=4,
+                                                ranks=2)._ops]
+    assert kinds.count("head_layernorm") == 2 * c.num_layers and "head_rmsnorm" not in kinds
+
+
 @pytest.mark.parametrize("architecture, fields, match", [
-    (COHERE, {"use_qk_norm": True}, r"field 'use_qk_norm' = True is not supported \(per-head "
-                                    r"LayerNorms of q and k"),
+    (COHERE, {"use_qk_norm": "yes"}, r"field 'use_qk_norm' = 'yes' must be true or false"),
     (COHERE2, {"use_qk_norm": True}, r"field 'use_qk_norm' = True is not supported "
                                      r"\(Cohere2ForCausalLM has no q/k norms"),
     (COHERE, {"logit_scale": None}, r"field 'logit_scale' = None is not supported"),
@@ -190,6 +217,16 @@ def test_step_graph_norms_and_reduces_once_per_layer():
 # ----------------------------------------------------------------------
 
 
+def first_heads(config, weights):
+    """Command R+'s q/k norms read as one weight shared by the heads
+    (Qwen3's kind): the first head's, for every head."""
+    d = config.head_dim
+    return config, {**weights, **{
+        f"l{i}_{n}_norm": np.tile(weights[f"l{i}_{n}_norm"][:d], count)
+        for i in range(config.num_layers)
+        for n, count in (("q", config.num_heads), ("k", config.num_kv_heads))}}
+
+
 def half_pairs(config, weights):
     """Cohere read as if its pairs were rotate_half's (i, i + d / 2)."""
     hf = partial_rotary.to_hf_layout(config, weights)
@@ -222,6 +259,12 @@ MISTAKES = {
         "RoPE on the full layers too": lambda c, w: (dataclasses.replace(c, nope_layers=()), w),
         "no window": lambda c, w: (dataclasses.replace(c, sliding_layers=()), w)}),
     ("cohere2-transformers5-f32", {}),
+    # (an RMSNorm there would need Qwen3's one weight for every head)
+    ("cohere_qk-transformers4-f32", {
+        **{what: f for what, f in MISTAKES.items() if "RMSNorm" not in what},
+        "no q/k norms": lambda c, w: (dataclasses.replace(c, qk_norm=False), w),
+        "the first head's q/k norm weights for every head": first_heads}),
+    ("cohere_qk-transformers5-f32", {}),
 ])
 def test_numpy_forward_matches_transformers_and_the_mistakes_do_not(name, mutations, tmp_path):
     """The NumPy forward pass on the config and weights ETC reads is
@@ -229,7 +272,8 @@ def test_numpy_forward_matches_transformers_and_the_mistakes_do_not(name, mutati
     plausible misreadings miss them: an RMSNorm, a sequential block,
     rotate_half's pairs, the logit scale dropped or inverted; Cohere2 with
     RoPE on its full layers, or without its window (the golden's sequences
-    outgrow it)."""
+    outgrow it); Command R+ without its q/k norms or with one head's
+    weights for all."""
     golden = goldens.Golden.load(name)
     checkpoint = Checkpoint(golden.write_checkpoint(tmp_path / name))
     golden.check_reference(checkpoint.config, checkpoint.weights(), mutations)
@@ -270,8 +314,9 @@ def test_gguf_keys_as_llama_cpp_reads_them(tmp_path):
     """The LayerNorms' epsilon from `attention.layer_norm_epsilon` (the RMS
     key is not required); `logit_scale`, which llama.cpp requires, missing
     is refused by name, as is a cohere2 `sliding_window_pattern` llama.cpp
-    would not read, and Command R+'s q/k norm tensors; the `command-r`
-    pre-tokenizer splits digits apart, then as GPT-2."""
+    would not read; Command R+'s q/k norm tensors (heads, head_dim) are
+    read as its checkpoint's; the `command-r` pre-tokenizer splits digits
+    apart, then as GPT-2."""
     from etc.models.loading.gguf import PRE_TOKENIZERS, GGUFCheckpoint
     from etc.models.testing import write_gguf
 
@@ -287,10 +332,12 @@ def test_gguf_keys_as_llama_cpp_reads_them(tmp_path):
                                                      r" = 2 is not supported"):
         GGUFCheckpoint(write_gguf(tmp_path / "pattern.gguf", four,
                                   metadata={"cohere2.attention.sliding_window_pattern": 2}))
-    tensors = checkpoint_tensors(config, 0)
-    for i in range(2):
-        tensors[f"model.layers.{i}.self_attn.q_norm.weight"] = np.ones((4, 16), np.float32)
-        tensors[f"model.layers.{i}.self_attn.k_norm.weight"] = np.ones((2, 16), np.float32)
-    with pytest.raises(UnsupportedConfigError, match=r"field 'use_qk_norm' = True"):
-        GGUFCheckpoint(write_gguf(tmp_path / "qk.gguf", config, tensors=tensors))
+    plus = tiny_config(COHERE, use_qk_norm=True)
+    gg = GGUFCheckpoint(write_gguf(tmp_path / "qk.gguf", plus, seed=2))
+    st = Checkpoint(write_checkpoint(tmp_path / "qk", plus, seed=2))
+    assert gg.config == st.config and gg.config.qk_norm
+    want = st.weights()
+    got = gg.weights()
+    for key in ("l0_q_norm", "l1_k_norm", "l1_wq"):
+        np.testing.assert_array_equal(got[key], want[key])
     assert PRE_TOKENIZERS["command-r"] == PRE_TOKENIZERS["smollm"]

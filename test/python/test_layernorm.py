@@ -4,8 +4,8 @@ GPU warp-per-row held in registers and streamed; the GPU ones with their
 lanes simulated on the CPU, `kernels="cuda"`), against NumPy at ragged
 widths, in f32, bf16 and f16, for row counts 1 to 33 from one compile; the
 two-pass statistics' accuracy on rows whose mean dwarfs their spread; the
-Graph-level errors; and the PTX (sm_80, sm_90a) assembled without
-spills."""
+Graph-level errors; the PTX (sm_80, sm_90a) assembled without spills;
+and `Graph.head_layernorm`, each head's LayerNorm with its own weights."""
 
 from __future__ import annotations
 
@@ -209,3 +209,52 @@ def test_ptx_assembles_without_spills(chip, tmp_path):
     assert re.search(r"ld(\.global)?\.v4\.b32", body) and "shfl.sync.bfly" in body
     assert "fma.rn.f32" in body
     assert_no_spills(assemble(ptx, chip, tmp_path, "ln"))
+
+
+# ----------------------------------------------------------------------
+# head_layernorm: each head's LayerNorm, a weight for every head
+# ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernels", [{}, {"kernels": "cuda"}], ids=["cpu", "cuda"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_head_layernorm(kernels, dtype):
+    """`Graph.head_layernorm` (Command R+'s q/k norms): every head of every
+    row normalised on its own, times its own weights, against the float64
+    formula, rows 1 to 33 from one compile; a head size of 24 (no power of
+    two) and 5 heads."""
+    g = etc.Graph("heads")
+    T = g.symbol("T")
+    x = g.input("x", (T, 5 * 24), dtype)
+    w = g.input("w", (5 * 24,), dtype)
+    g.output(g.head_layernorm(x, w, head_dim=24, eps=1e-5))
+    kernel = etc.compile(g, target="cpu", workers=2, **kernels)
+    rng = np.random.default_rng(9)
+    for rows in ROWS:
+        xs = _draw(rng, (rows, 120), dtype, 2.0, 1.5)
+        ws = _draw(rng, (120,), dtype, 0.5, 1.0)
+        (got,) = kernel.run(x=xs, w=ws)
+        (want,) = etc.reference.evaluate(g, x=xs, w=ws)
+        heads = np.asarray(xs, np.float64).reshape(rows, 5, 24)
+        exact = (_numpy(heads, np.asarray(ws, np.float64).reshape(5, 24), None, 1e-5)
+                 .reshape(rows, 120))
+        tol = TOLERANCE[dtype] * max(1.0, float(np.abs(exact).max()))
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   rtol=0, atol=tol, err_msg=f"B={rows}")
+        np.testing.assert_allclose(np.asarray(want, np.float32), exact, rtol=0, atol=tol)
+
+
+def test_head_layernorm_errors_name_the_operand():
+    g = etc.Graph("bad_heads")
+    T = g.symbol("T")
+    x = g.input("x", (T, 64), "f32")
+    with pytest.raises(ValueError, match=r"head_layernorm: operand 'weight' \('w16', shape "
+                                         r"\(16,\), f32\) must have one value per column"):
+        g.head_layernorm(x, g.input("w16", (16,), "f32"), head_dim=16)
+    w = g.input("w", (64,), "f32")
+    with pytest.raises(ValueError, match=r"head_layernorm: .*head_dim"):
+        g.head_layernorm(x, w, head_dim=24)
+    with pytest.raises(ValueError, match=r"head_layernorm: mixed dtypes"):
+        g.head_layernorm(x, g.input("wb", (64,), "bf16"), head_dim=16)
+    with pytest.raises(ValueError, match=r"head_layernorm: 'eps' must be a finite"):
+        g.head_layernorm(x, w, head_dim=16, eps=float("nan"))

@@ -10,7 +10,9 @@ parallel, out = x + attn(ln(x)) + mlp(ln(x)) (`parallel_block`: no
 `post_attention_layernorm`); RoPE pairs (2i, 2i + 1) (the
 `repeat_interleave` of its cos and sin and its `rotate_half` of x[::2],
 x[1::2]: `rope_interleaved`, the q and k rows permuted at load by
-`partial_rotary`); the logits multiplied by `logit_scale`. Cohere2 adds
+`partial_rotary`); the logits multiplied by `logit_scale`; with
+`use_qk_norm` (Command R+), a LayerNorm of each head of q and k before
+RoPE with a weight for every head (`qk_norm`: `head_layernorm`). Cohere2 adds
 sliding layers (`layer_types`, or every `sliding_window_pattern`-th layer
 full, 4 by default) whose RoPE is the only one: its full-attention layers
 have none (`nope_layers`).
@@ -33,23 +35,24 @@ DEFAULT_THETA = {COHERE: 500_000.0}
 def fields(config: dict, where: str, architecture: str, sliding: tuple) -> dict:
     """The `ModelConfig` fields of a Cohere config (`layer_norm`,
     `parallel_block`, `rope_interleaved`, `logit_scale`, the norms'
-    epsilon as `norm_eps`, Cohere2's `nope_layers`: its full layers, those
-    not in `sliding`); {} for the other architectures. Refused by name:
-    `use_qk_norm` (Command R+'s per-head LayerNorms of q and k with a
-    weight per head, which ETC does not implement), a null or non-positive
-    `logit_scale` (transformers would multiply the logits by None), and for
-    Cohere2 a `head_dim` other than hidden_size / num_attention_heads
-    (Cohere2Config overwrites it)."""
+    epsilon as `norm_eps`, `qk_norm` from `use_qk_norm`, Cohere2's
+    `nope_layers`: its full layers, those not in `sliding`); {} for the
+    other architectures. Refused by name: a null or non-positive
+    `logit_scale` (transformers would multiply the logits by None), a
+    `use_qk_norm` that is not a JSON boolean, or true for Cohere2 (whose
+    class has no q/k norms), and for Cohere2 a `head_dim` other than
+    hidden_size / num_attention_heads (Cohere2Config overwrites it)."""
     if architecture not in COHERE_FAMILY:
         return {}
     use_qk_norm = config.get("use_qk_norm")
-    if use_qk_norm not in (None, False):
-        why = ("per-head LayerNorms of q and k with a weight for each head (Command R+), "
-               "which ETC does not implement" if architecture == COHERE else
-               "Cohere2ForCausalLM has no q/k norms: transformers ignores the field, and a "
-               "checkpoint that has them would be misread")
-        raise UnsupportedConfigError(f"{where}: field 'use_qk_norm' = {use_qk_norm!r} is not "
-                                     f"supported ({why})")
+    if use_qk_norm not in (None, False, True):
+        raise UnsupportedConfigError(f"{where}: field 'use_qk_norm' = {use_qk_norm!r} must be "
+                                     f"true or false (a JSON boolean)")
+    if use_qk_norm and architecture == COHERE2:
+        raise UnsupportedConfigError(
+            f"{where}: field 'use_qk_norm' = True is not supported (Cohere2ForCausalLM has no "
+            f"q/k norms: transformers ignores the field, and a checkpoint that has them "
+            f"would be misread)")
     if "logit_scale" in config and config["logit_scale"] is None:
         raise UnsupportedConfigError(f"{where}: field 'logit_scale' = None is not supported "
                                      f"(transformers multiplies the logits by it)")
@@ -57,7 +60,7 @@ def fields(config: dict, where: str, architecture: str, sliding: tuple) -> dict:
     eps = config.get("layer_norm_eps")
     eps = 1e-5 if eps is None else positive_number(where, "layer_norm_eps", eps)
     out = dict(layer_norm=True, parallel_block=True, rope_interleaved=True, norm_eps=eps,
-               logit_scale=None if scale == 1.0 else scale)
+               logit_scale=None if scale == 1.0 else scale, qk_norm=bool(use_qk_norm))
     if architecture == COHERE2:
         hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
         head_dim = config.get("head_dim")

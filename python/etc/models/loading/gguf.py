@@ -402,12 +402,15 @@ class GGUFCheckpoint:
                 plan.append((f"l{i}_sinks", b + "attn_sinks.weight", (c.num_heads,),
                              f"layer {i} attention sinks", None))
             if c.qk_norm:
-                # Per head (d), or OLMo 2's over the whole projection.
+                # Per head (d), OLMo 2's over the whole projection, or Command
+                # R+'s a weight per head ((heads, d), read as one vector).
                 q_size, k_size = (q, kv) if c.qk_norm_projection else (d, d)
-                plan += [(f"l{i}_q_norm", b + "attn_q_norm.weight", (q_size,),
-                          f"layer {i} q_norm", None),
-                         (f"l{i}_k_norm", b + "attn_k_norm.weight", (k_size,),
-                          f"layer {i} k_norm", None)]
+                shapes, how = (((c.num_heads, d), (c.num_kv_heads, d)), "flat") \
+                    if c.layer_norm else (((q_size,), (k_size,)), None)
+                plan += [(f"l{i}_q_norm", b + "attn_q_norm.weight", shapes[0],
+                          f"layer {i} q_norm", how),
+                         (f"l{i}_k_norm", b + "attn_k_norm.weight", shapes[1],
+                          f"layer {i} k_norm", how)]
             if c.sandwich_norms:
                 # Gemma, GLM-4: ffn_norm is the pre-feedforward norm (OLMo 2
                 # has none); the sublayers' outputs have their own.
@@ -516,7 +519,7 @@ class GGUFCheckpoint:
             packed_type = _PACKED.get(types.pop()) if len(types) == 1 else None
             if how in ("experts", "expert_list"):  # a layer's gate, up or down experts
                 experts.setdefault(key.split("_experts_")[0], {})[key] = packed_type
-            elif how not in ("T", "row") and packed_type is not None:
+            elif how not in ("T", "row", "flat") and packed_type is not None:
                 formats[key] = packed_type
         for stacks in experts.values():
             if None not in stacks.values():
@@ -586,8 +589,8 @@ class GGUFCheckpoint:
                 array = np.ascontiguousarray(array[how[1]:how[2]])
             elif how == "T":
                 array = np.ascontiguousarray(np.swapaxes(array, -1, -2))
-            elif how == "row":
-                array = array.reshape(1, -1)
+            elif how in ("row", "flat"):
+                array = array.reshape(1, -1) if how == "row" else array.reshape(-1)
             elif isinstance(how, int):
                 array = _unpermute_rows(array, how)
             array = partial_rotary.to_step_layout(c, key, array)

@@ -291,7 +291,7 @@ def cohere_config(ckpt, eps, config: dict) -> dict:
     """Cohere's fields as llama.cpp reads a `command-r` or `cohere2` file:
     the LayerNorms' epsilon (`attention.layer_norm_epsilon`), the logit
     scale (`logit_scale`, which llama.cpp requires), q/k norms where the
-    file has `attn_q_norm` (Command R+'s; refused by the config); cohere2's
+    file has `attn_q_norm` (Command R+'s; cohere2's refused by the config); cohere2's
     window (`attention.sliding_window`) on all but every 4th layer, as
     llama.cpp fixes it (a per-layer `attention.sliding_window_pattern`,
     which its cohere2 does not read, is refused)."""

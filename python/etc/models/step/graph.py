@@ -221,6 +221,12 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             # OLMo 2, OLMo 3, OLMoE: one norm over all of q's (k's) heads.
             q = g.rmsnorm(q, weight(f"l{i}_q_norm", (c.num_heads * d,)), eps, offset=offset)
             k = g.rmsnorm(k, weight(f"l{i}_k_norm", (c.num_kv_heads * d,)), eps, offset=offset)
+        elif c.qk_norm and c.layer_norm:
+            # Command R+: each head's LayerNorm with its own weights.
+            q = g.head_layernorm(q, weight(f"l{i}_q_norm", (c.num_heads * d,)), head_dim=d,
+                                 eps=eps)
+            k = g.head_layernorm(k, weight(f"l{i}_k_norm", (c.num_kv_heads * d,)), head_dim=d,
+                                 eps=eps)
         elif c.qk_norm:
             q = g.head_rmsnorm(q, weight(f"l{i}_q_norm", (d,)), head_dim=d, eps=eps,
                                offset=offset)

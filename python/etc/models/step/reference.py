@@ -148,8 +148,11 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         k = k.reshape(n, c.num_kv_heads, d)
         v = v.reshape(n, c.num_kv_heads, d)
         if c.qk_norm and not c.qk_norm_projection:
-            q = norm(q, w("q_norm"))
-            k = norm(k, w("k_norm"))
+            # (Command R+'s LayerNorms: a weight for every head)
+            heads = (lambda key, n: w(key).reshape(n, d)) if c.layer_norm else \
+                (lambda key, n: w(key))
+            q = norm(q, heads("q_norm", c.num_heads))
+            k = norm(k, heads("k_norm", c.num_kv_heads))
         if c.uses_rope(i):  # SmolLM3's NoPE layers have none
             cos, sin, factor = rotations[c.local_rope(i)]
             q = np.concatenate([(q[..., :r] * cos + rotate(q[..., :r]) * sin) * factor,

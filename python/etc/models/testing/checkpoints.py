@@ -438,6 +438,9 @@ def tensor_shapes(config: dict) -> dict:
         if qk_norm:
             t[p + "self_attn.q_norm.weight"] = (d,)
             t[p + "self_attn.k_norm.weight"] = (d,)
+        if config.get("use_qk_norm") and config["architectures"][0] in cohere.COHERE_FAMILY:
+            t[p + "self_attn.q_norm.weight"] = (heads, d)  # Command R+: a weight per head
+            t[p + "self_attn.k_norm.weight"] = (kv, d)
         if olmo or olmoe:  # over the whole projection
             t[p + "self_attn.q_norm.weight"] = (heads * d,)
             t[p + "self_attn.k_norm.weight"] = (kv * d,)
