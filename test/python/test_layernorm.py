@@ -193,7 +193,8 @@ def test_errors_name_the_operand():
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
 def test_ptx_assembles_without_spills(chip, tmp_path):
     """Held (1024 bf16) and streamed (8192 bf16, 96 f32) rows: 16-byte
-    loads, butterfly shuffles, FMAs of the centred squares; ptxas clean."""
+    loads, butterfly shuffles, FMAs of the centred squares; with
+    head_layernorm's scalar kernel, ptxas clean."""
     g = etc.Graph("ln_ptx")
     B = g.symbol("B")
     outs = []
@@ -201,8 +202,11 @@ def test_ptx_assembles_without_spills(chip, tmp_path):
         x = g.input(f"x{width}", (B, width), dtype)
         outs.append(g.layernorm(x, g.input(f"w{width}", (width,), dtype),
                                 g.input(f"b{width}", (width,), dtype)))
+    q = g.input("q", (B, 8 * 128), "bf16")
+    outs.append(g.head_layernorm(q, g.input("qw", (8 * 128,), "bf16"), head_dim=128))
     g.output(*outs)
     ptx = etc.compile(g, target="cuda", chip=chip).ptx
+    assert re.search(r"\.func \w*head_layernorm\w*\(", ptx)
     body = re.search(r"\.func \w*layernorm_gpu\w*\(.*?\n\}", ptx, re.S)
     assert body, "no layernorm_gpu device function in the PTX"
     body = body.group(0)

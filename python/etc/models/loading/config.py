@@ -75,7 +75,8 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     #: RMSNorm of q and k before RoPE: per head (Qwen3, Gemma 3, GLM-4.5's
-    #: `use_qk_norm`), or over the projection (`qk_norm_projection`).
+    #: `use_qk_norm`; with `layer_norm`, Command R+'s LayerNorms, a weight
+    #: per head), or over the projection (`qk_norm_projection`).
     qk_norm: bool
     #: Biases of the q, k and v projections (Qwen2, Qwen2-MoE, GLM-4,
     #: GLM-4.5; o has none: gpt-oss's is `o_bias`).
