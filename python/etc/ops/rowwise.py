@@ -33,8 +33,9 @@ KINDS = ("rmsnorm", "layernorm", "softmax", "sum")
 
 
 class Rowwise(TileKernel):
-    """One row per lane iteration: a reduction over the row, then (softmax,
-    rmsnorm) a second pass writing the row."""
+    """One row per lane iteration: a reduction over the row (layernorm: two,
+    the mean then the centred squares), then (softmax, the norms) a pass
+    writing the row."""
 
     grid_rank = 1
 
