@@ -133,6 +133,13 @@ def test_command_r_plus_qk_norms(tmp_path):
     (COHERE2, {"sliding_window": None}, r"field 'sliding_window' is null, but layers \[0\]"),
     (COHERE2, {"layer_types": ["chunked_attention", "full_attention"]},
      r"field 'layer_types' lists 'chunked_attention'"),
+    (COHERE2, {"rotary_pct": 0.5}, r"field 'rotary_pct' = 0.5 is not supported \(transformers "
+                                   r"rotates whole heads"),
+    (COHERE2, {"position_embedding_type": "rope"},
+     r"field 'position_embedding_type' = 'rope' is not supported"),
+    (COHERE2, {"order_of_interleaved_layers": "global_attn_first"},
+     r"field 'order_of_interleaved_layers' = 'global_attn_first' is not supported"),
+    (COHERE, {"use_gated_activation": False}, r"field 'use_gated_activation' = False"),
 ])
 def test_refusals_name_the_field(architecture, fields, match):
     with pytest.raises(UnsupportedConfigError, match=match):
@@ -145,9 +152,12 @@ def test_real_shapes_read():
     RoPE base 8e6, logits times 0.0625)."""
     r7b = ModelConfig.from_dict(tiny_config(
         COHERE2, vocab_size=256000, hidden_size=4096, intermediate_size=14336,
-        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
         max_position_embeddings=132096, rope_theta=50000.0, sliding_window=4096,
-        layer_types=None, sliding_window_pattern=4))
+        layer_types=None, sliding_window_pattern=4, rotary_pct=1.0,
+        position_embedding_type="rope_gptj", order_of_interleaved_layers="local_attn_first",
+        use_gated_activation=True, use_embedding_sharing=True, layer_switch=4,
+        cache_implementation="hybrid"))
     assert (r7b.head_dim, r7b.num_kv_heads, r7b.sliding_window) == (128, 8, 4096)
     assert len(r7b.sliding_layers) == 24 and r7b.nope_layers == tuple(range(3, 32, 4))
     r = ModelConfig.from_dict(tiny_config(

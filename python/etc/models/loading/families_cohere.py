@@ -30,6 +30,15 @@ COHERE_FAMILY = (COHERE, COHERE2)
 #: transformers' RoPE base when config.json gives none (CohereConfig's
 #: `default_theta`; Cohere2Config keeps PreTrainedConfig's 1e4).
 DEFAULT_THETA = {COHERE: 500_000.0}
+#: Fields of Cohere's own config.json files (Command R7B's) that
+#: transformers never reads, with the values that say what it computes
+#: anyway; any other value is refused, naming the field (llama.cpp's
+#: converter honours `rotary_pct`, for one).
+_FIXED = {"rotary_pct": ((1, 1.0), "transformers rotates whole heads"),
+          "position_embedding_type": (("rope_gptj",), "RoPE in interleaved (GPT-J) pairs"),
+          "order_of_interleaved_layers": (("local_attn_first",),
+                                          "the sliding layers come before each full one"),
+          "use_gated_activation": ((True,), "the MLP is gated (SwiGLU)")}
 
 
 def fields(config: dict, where: str, architecture: str, sliding: tuple) -> dict:
@@ -44,6 +53,12 @@ def fields(config: dict, where: str, architecture: str, sliding: tuple) -> dict:
     hidden_size / num_attention_heads (Cohere2Config overwrites it)."""
     if architecture not in COHERE_FAMILY:
         return {}
+    for name, (allowed, what) in _FIXED.items():
+        value = config.get(name)
+        if value is not None and not any(value == a and type(value) is type(a)
+                                         for a in allowed):
+            raise UnsupportedConfigError(f"{where}: field {name!r} = {value!r} is not supported "
+                                         f"({what}: {', '.join(map(repr, allowed))})")
     use_qk_norm = config.get("use_qk_norm")
     if use_qk_norm not in (None, False, True):
         raise UnsupportedConfigError(f"{where}: field 'use_qk_norm' = {use_qk_norm!r} must be "
