@@ -19,7 +19,7 @@ import numpy as np
 #: The operators of `etc.Graph` with a one-operator family each.
 OPERATORS = ("matmul", "matmul_t", "matmul_residual", "add", "mul", "silu_mul", "add_row",
              "mul_row", "silu", "gelu", "exp", "scale", "rmsnorm", "softmax", "sum", "topk",
-             "sigmoid_mul", "gelu_mul")
+             "sigmoid_mul", "gelu_mul", "layernorm")
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,9 @@ def operator_graph(kind: str, dtype: str = "f32"):
         y = g.scale(x, -0.5)
     elif kind == "rmsnorm":
         y = g.rmsnorm(x, g.input("w", (96,), dtype), 1e-5)
+    elif kind == "layernorm":
+        # 96 columns: 16-byte slices streamed by a warp per row.
+        y = g.layernorm(x, g.input("w", (96,), dtype), g.input("r", (96,), dtype), 1e-5)
     elif kind == "topk":
         values, indices = g.topk(x, 4)
         g.output(values, indices)
@@ -247,6 +250,24 @@ def moe_softmax_bias_graph(dtype: str = "f32", name: str = "moe_softmax_bias"):
     shared = g.silu_mul(g.matmul(x, g.input("shared_gate", (16, 24), dtype)),
                         g.matmul(x, g.input("shared_up", (16, 24), dtype)))
     g.output(g.matmul(shared, g.input("shared_down", (24, 16), dtype), residual=routed))
+
+
+def layernorm_graph(dtype: str = "bf16", name: str = "layernorm_rows"):
+    """layernorm with a bias (and without) over rows held in a warp's
+    registers (1024 values) and streamed (8192: Command R's hidden size):
+    `RowwiseGPU`'s two layouts, each with its three passes (mean, centred
+    squares, output)."""
+    import etc
+
+    g = etc.Graph(name)
+    B = g.symbol("B")
+    outs = []
+    for width in (1024, 8192):
+        x = g.input(f"x{width}", (B, width), dtype)
+        w = g.input(f"w{width}", (width,), dtype)
+        outs += [g.layernorm(x, w, g.input(f"b{width}", (width,), dtype), 1e-5),
+                 g.layernorm(x, w, eps=1e-5)]
+    g.output(*outs)
     return g
 
 
@@ -363,6 +384,10 @@ def families() -> dict:
     table["split_norm"] = (split_norm_graph, Recipe(sizes=(1, 5, 33)))
     table["split_norm_bf16"] = (lambda: split_norm_graph("bf16", "split_norm_bf16"),
                                 Recipe(sizes=(1, 5, 33), tolerance=2e-2))
+    # Rows 1 (one warp busy), 5 (rows per round not a multiple), 33.
+    table["layernorm_rows"] = (layernorm_graph, Recipe(sizes=(1, 5, 33), tolerance=2e-2))
+    table["layernorm_rows_f32"] = (lambda: layernorm_graph("f32", "layernorm_rows_f32"),
+                                   Recipe(sizes=(1, 5, 33)))
     table["example_mlp"] = (lambda: example("mlp"),
                             Recipe(sizes=(1, 7, 64), scales={"w1": 0.06, "w2": 0.05}))
     # Routes rmsnorm(x), so the margin check on x does not apply; ties

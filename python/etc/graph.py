@@ -582,18 +582,20 @@ class Graph(LLMOperators, CollectiveOperators, MoeOperators):
             raise ValueError(f"softcap: constant 'c' must be a positive Python float, got {c!r}")
         return self._unary("softcap", x, tile, out, name, {"c": float(c)})
 
-    def _rowwise(self, kind, x, weight, tile, out, name, params) -> Tensor:
+    def _rowwise(self, kind, x, weight, tile, out, name, params, bias=None) -> Tensor:
         self._check_operand(kind, "x", x)
         if x.rank != 2:
             raise ValueError(f"{kind}: expects a 2-D operand (rows x features), got "
                              f"{describe('x', x)}")
         operands = [("x", x)]
-        if weight is not None:
-            self._check_operand(kind, "weight", weight)
-            operands.append(("weight", weight))
-            if weight.shape != (x.shape[1],):
+        for label, vector in (("weight", weight), ("bias", bias)):
+            if vector is None:
+                continue
+            self._check_operand(kind, label, vector)
+            operands.append((label, vector))
+            if vector.shape != (x.shape[1],):
                 raise ValueError(
-                    f"{kind}: {describe('weight', weight)} must have shape "
+                    f"{kind}: {describe(label, vector)} must have shape "
                     f"{format_shape((x.shape[1],))} to match the last dimension of "
                     f"{describe('x', x)}")
         dtype = self._same_dtype(kind, operands)
@@ -611,6 +613,21 @@ class Graph(LLMOperators, CollectiveOperators, MoeOperators):
             raise ValueError(f"rmsnorm: 'eps' must be a non-negative float, got {eps!r}")
         return self._rowwise("rmsnorm", x, weight, tile, out, name,
                              {"eps": float(eps), **norm_offset("rmsnorm", offset)})
+
+    def layernorm(self, x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+                  eps: float = 1e-5, *, tile=None, out=None, name=None) -> Tensor:
+        """(x - mean) / sqrt(var + eps) * weight (+ bias), the mean and the
+        (biased) variance over the last dim, row by row, in float32 and
+        rounded once; `weight` and `bias` are (N,) of x's dtype. The
+        variance is the mean of the squared deviations from the mean (two
+        passes over the row, not E[x^2] - E[x]^2). `tile=(m,)` sets the rows
+        per tile (default 32)."""
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 or \
+                eps == float("inf"):
+            raise ValueError(f"layernorm: 'eps' must be a finite non-negative float, got "
+                             f"{eps!r}")
+        return self._rowwise("layernorm", x, weight, tile, out, name, {"eps": float(eps)},
+                             bias=bias)
 
     def softmax(self, x: Tensor, *, tile=None, out=None, name=None) -> Tensor:
         """Softmax over the last dimension (the row maximum is subtracted first)."""

@@ -327,6 +327,27 @@ class LLMOperators:
                             {"width": width, "column": column, "eps": float(eps),
                              **norm_offset(kind, offset)}, None, name)
 
+    def head_layernorm(self, x, weight, *, head_dim: int, eps: float = 1e-5, tile=None,
+                       name: Optional[str] = None):
+        """LayerNorm of each head of x (T, n * head_dim) on its own, (x - mean)
+        / sqrt(var + eps) in float32, times that head's own weights: `weight`
+        (n * head_dim,) (Command R+'s q_norm / k_norm, whose weight is
+        (heads, head_dim)). `tile=(m,)` sets the rows per tile (default 32)."""
+        kind = "head_layernorm"
+        self._check_operand(kind, "x", x, ranks=(2,))
+        self._check_operand(kind, "weight", weight, ranks=(1,))
+        self._check_head_dim(kind, head_dim, x.shape[1], "x")
+        if not same_dim(weight.shape[0], x.shape[1]):
+            raise ValueError(f"{kind}: {describe('weight', weight)} must have one value per "
+                             f"column of {describe('x', x)} (a weight for each head)")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 or \
+                eps == float("inf"):
+            raise ValueError(f"{kind}: 'eps' must be a finite non-negative float, got {eps!r}")
+        dtype = self._same_dtype(kind, [("x", x), ("weight", weight)])
+        tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
+        return self._finish(kind, [("x", x), ("weight", weight)], x.shape, dtype, tile,
+                            {"head_dim": head_dim, "eps": float(eps)}, None, name)
+
     def kv_append(self, cache, values, batch: RaggedBatch, *, tile=None):
         """Writes the new rows `values` (T, W) into the state `cache`
         (slots, length, W) in place: row t at

@@ -48,7 +48,8 @@ from . import bfloat16, packed, reference_llm, reference_sampling
 from .binding import INPUT_DTYPES, check_input_dtype, check_input_names, dim_value
 from .binding import bind_symbols as _bind_shapes
 
-__all__ = ["evaluate", "describe", "round_bf16", "bind_symbols", "topk", "moe", "NUMPY_DTYPES"]
+__all__ = ["evaluate", "describe", "round_bf16", "bind_symbols", "topk", "moe", "layernorm",
+           "NUMPY_DTYPES"]
 
 #: The NumPy dtype that carries each graph dtype (etc.binding's table).
 NUMPY_DTYPES = INPUT_DTYPES
@@ -168,6 +169,18 @@ def _concrete_shape(name: str, shape, symbols: dict) -> tuple:
 def _gelu(x: np.ndarray) -> np.ndarray:
     k = np.float32(np.sqrt(2.0 / np.pi))
     return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(k * (x + np.float32(0.044715) * x ** 3)))
+
+
+def layernorm(x: np.ndarray, weight: np.ndarray, bias=None, *, eps: float) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) * weight (+ bias) over the last axis,
+    in float32: the variance is the mean of the squared deviations (two
+    passes, as the kernels compute it)."""
+    x = np.asarray(x, np.float32)
+    mean = np.mean(x, axis=-1, keepdims=True, dtype=np.float32)
+    centred = x - mean
+    variance = np.mean(centred * centred, axis=-1, keepdims=True, dtype=np.float32)
+    out = centred / np.sqrt(variance + np.float32(eps)) * weight
+    return out if bias is None else out + bias
 
 
 def topk(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -347,7 +360,7 @@ def _apply(op, vals: list) -> np.ndarray:
     if kind == "softcap":
         c = np.float32(op.params["c"])
         return c * np.tanh(vals[0] / c)
-    if kind in ("rmsnorm", "softmax") and vals[0].shape[-1] == 0:
+    if kind in ("rmsnorm", "layernorm", "softmax") and vals[0].shape[-1] == 0:
         # Rows of width 0 (a symbolic dimension bound to 0) normalise to
         # rows of width 0; NumPy's reductions would raise or warn.
         return vals[0].copy()
@@ -356,6 +369,8 @@ def _apply(op, vals: list) -> np.ndarray:
         ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
         return x / np.sqrt(ms + np.float32(op.params["eps"])) * \
             (np.float32(op.params.get("offset", 0.0)) + w)
+    if kind == "layernorm":
+        return layernorm(*vals, eps=op.params["eps"])
     if kind == "softmax":
         x = vals[0]
         e = np.exp(x - np.max(x, axis=-1, keepdims=True))

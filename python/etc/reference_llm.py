@@ -11,12 +11,12 @@ import numpy as np
 
 from . import reference_sampling
 
-__all__ = ["embedding", "rope", "rope_inv_freq", "head_rmsnorm", "sum_squares", "split_rmsnorm",
-           "kv_append", "attention", "paged_rows", "argmax", "KINDS", "apply"]
+__all__ = ["embedding", "rope", "rope_inv_freq", "head_rmsnorm", "head_layernorm", "sum_squares",
+           "split_rmsnorm", "kv_append", "attention", "paged_rows", "argmax", "KINDS", "apply"]
 
 #: The operator kinds this module computes.
-KINDS = ("embedding", "rope", "head_rmsnorm", "kv_append", "attention", "argmax", "sample",
-         "adjust_logits", "sum_squares", "split_rmsnorm")
+KINDS = ("embedding", "rope", "head_rmsnorm", "head_layernorm", "kv_append", "attention",
+         "argmax", "sample", "adjust_logits", "sum_squares", "split_rmsnorm")
 
 
 def embedding(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -77,6 +77,18 @@ def split_rmsnorm(x: np.ndarray, weight: np.ndarray, totals: np.ndarray, width: 
     column of `totals`."""
     ms = totals[:, column:column + 1] / np.float32(width)
     return x / np.sqrt(ms + np.float32(eps)) * (np.float32(offset) + weight)
+
+
+def head_layernorm(x: np.ndarray, weight: np.ndarray, head_dim: int,
+                   eps: float) -> np.ndarray:
+    """LayerNorm over each head of `head_dim` columns (two passes, float32),
+    times each head's own weights (`weight`: one per column of x)."""
+    rows = x.shape[0]
+    heads = x.reshape(rows, -1, head_dim)
+    centred = heads - np.mean(heads, axis=-1, keepdims=True, dtype=np.float32)
+    variance = np.mean(centred * centred, axis=-1, keepdims=True, dtype=np.float32)
+    normed = centred / np.sqrt(variance + np.float32(eps))
+    return (normed * weight.reshape(-1, head_dim)).reshape(x.shape)
 
 
 def _cache_rows(cache: np.ndarray, positions: np.ndarray, token_request: np.ndarray,
@@ -197,6 +209,8 @@ def apply(op, vals: list) -> np.ndarray:
     if kind == "split_rmsnorm":
         return split_rmsnorm(*vals, params["width"], params["column"], params["eps"],
                              params.get("offset", 0.0))
+    if kind == "head_layernorm":
+        return head_layernorm(vals[0], vals[1], params["head_dim"], params["eps"])
     if kind == "kv_append":
         return kv_append(*vals, block_size=params.get("block_size"))
     if kind == "attention":

@@ -336,7 +336,18 @@ RUNS = {"mixtral": (tiny_config("MixtralForCausalLM", vocab_size=320), 21,
                                                   "beta_slow": 1, "mscale": 0.8,
                                                   "mscale_all_dim": 0.8,
                                                   "original_max_position_embeddings": 32}), 29,
-                        _RUN)}
+                        _RUN),
+        # Cohere (`command-r`: LayerNorms, the parallel block, interleaved
+        # RoPE pairs, logit_scale; heads of hidden / heads, the only size
+        # llama.cpp's command-r takes) and Cohere2 (`cohere2`, 4 layers: the
+        # window of 5 and RoPE on layers 0 to 2, layer 3 full without RoPE,
+        # llama.cpp's fixed pattern).
+        "cohere": (tiny_config("CohereForCausalLM", vocab_size=320, intermediate_size=64,
+                               head_dim=8), 28,
+                   _RUN),
+        "cohere2": (tiny_config("Cohere2ForCausalLM", vocab_size=320, intermediate_size=64,
+                                num_hidden_layers=4, layer_types=None), 29,
+                    _RUN)}
 
 
 def run_digest(config, weights: dict) -> str:

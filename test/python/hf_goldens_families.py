@@ -1,8 +1,8 @@
 """Goldens from Hugging Face transformers for the model families of
 test_families.py (Qwen2, Mistral, Gemma 3, Gemma 2, Phi-3, Phi-4-mini,
 SmolLM3, Granite, Granite MoE, GraniteMoeShared, Qwen2-MoE, OLMo 2, OLMo 3,
-OLMoE, GLM-4, GLM-4.5, ERNIE 4.5 dense and MoE, EXAONE 4, Seed-OSS, Hunyuan dense): what
-`AutoModelForCausalLM` computes for their tiny
+OLMoE, GLM-4, GLM-4.5, ERNIE 4.5 dense and MoE, EXAONE 4, Seed-OSS, Hunyuan dense, Cohere,
+Cohere2, Command R+): what `AutoModelForCausalLM` computes for their tiny
 checkpoints (and `Gemma3ForConditionalGeneration`,
 `Mistral3ForConditionalGeneration` for Gemma 3's and Mistral's inside a
 multimodal checkpoint, on text-only input: `MULTIMODAL`), kept in
@@ -128,13 +128,22 @@ FAMILIES = {
     # Hunyuan dense: q/k norms per head after RoPE, NTK-alpha RoPE (alpha
     # 1000: base 1e4 x 1000^(8/6)), tied.
     "hunyuan_dense": tiny_config("HunYuanDenseV1ForCausalLM"),
+    # Cohere (Command R, Aya): LayerNorms without bias, the attention and
+    # MLP in parallel on the one input norm, RoPE in interleaved pairs,
+    # tied embeddings, logits times 0.25. Cohere2 (Command R7B): layer 0
+    # sliding (window 5) with RoPE, layer 1 full without.
+    "cohere": tiny_config("CohereForCausalLM"),
+    "cohere2": tiny_config("Cohere2ForCausalLM"),
+    # Command R+: Cohere with a LayerNorm of each head of q and k, a weight
+    # for every head (use_qk_norm).
+    "cohere_qk": tiny_config("CohereForCausalLM", use_qk_norm=True),
 }
 #: The seed of each family's random weights.
 SEEDS = {"qwen2": 11, "qwen2_window": 12, "mistral": 13, "gemma3": 14, "gemma2": 16,
          "phi3": 17, "phi4_mini": 19, "smollm3": 20, "granite": 19, "granite_moe": 20,
          "qwen2_moe": 21, "granite_moe_shared": 22, "olmo2": 21, "olmo3": 22, "glm4": 23,
          "glm4_moe": 23, "olmoe": 24, "ernie": 25, "ernie_moe": 35, "exaone4": 28, "seed_oss": 29,
-         "hunyuan_dense": 30}
+         "hunyuan_dense": 30, "cohere": 25, "cohere2": 26, "cohere_qk": 27}
 #: Multimodal checkpoints whose text model ETC runs: the family's causal LM
 #: inside `Gemma3ForConditionalGeneration` or
 #: `Mistral3ForConditionalGeneration` (`write_checkpoint(...,
@@ -166,7 +175,8 @@ V4_DTYPES = {"granite": ("f32", "bf16"), "granite_moe": ("f32", "bf16"),
              "olmo2": ("f32", "bf16"), "glm4": ("f32", "bf16"), "olmo3": ("f32",),
              "glm4_moe": ("f32", "bf16"), "olmoe": ("f32", "bf16"), "ernie": ("f32", "bf16"),
              "ernie_moe": ("f32", "bf16"), "exaone4": ("f32", "bf16"), "seed_oss": ("f32", "bf16"),
-             "hunyuan_dense": ("f32", "bf16")}
+             "hunyuan_dense": ("f32", "bf16"), "cohere": ("f32", "bf16"), "cohere2": ("f32", "bf16"),
+             "cohere_qk": ("f32", "bf16")}
 #: The families whose transformers 4 goldens leave bfloat16 out: a bf16
 #: step kernel compiles for 20 to 30 s on the test machine, and theirs are
 #: Phi-3's and Llama's kinds (partial rotary and NoPE change the weights

@@ -64,6 +64,9 @@ def _graph(kind: str) -> tuple[etc.Graph, dict]:
         w = g.input("w", (96,), "f32")
         y = g.rmsnorm(x, w, 1e-5)
         extra["w"] = (96,)
+    elif kind == "layernorm":
+        y = g.layernorm(x, g.input("w", (96,), "f32"), g.input("r", (96,), "f32"), 1e-5)
+        extra.update(w=(96,), r=(96,))
     else:
         raise AssertionError(kind)
     g.output(y)
@@ -87,7 +90,7 @@ def _check(kernel, g, inputs):
 
 
 OPERATORS = ["matmul", "matmul_t", "add", "mul", "silu_mul", "add_row", "mul_row", "silu", "gelu",
-             "exp", "scale", "rmsnorm", "softmax", "sum"]
+             "exp", "scale", "rmsnorm", "layernorm", "softmax", "sum"]
 
 
 @pytest.mark.parametrize("workers", WORKERS)

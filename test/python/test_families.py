@@ -92,6 +92,9 @@ GGUF_FAMILIES = {
     "exaone4": tiny_config("Exaone4ForCausalLM", rope_scaling=None),
     "seed_oss": FAMILIES["seed_oss"],
     "hunyuan_dense": tiny_config("HunYuanDenseV1ForCausalLM", rope_scaling=None),
+    # command-r; cohere2 with llama.cpp's fixed pattern (layer 3 full).
+    "cohere": FAMILIES["cohere"],
+    "cohere2": tiny_config("Cohere2ForCausalLM", num_hidden_layers=4, layer_types=None),
 }
 #: Families whose tile kernels add nothing to another family's under the
 #: static schedule and the CUDA lanes (the suite's time): Granite MoE's

@@ -1,6 +1,6 @@
 """The GPU check kit's families for sigmoid_mul, gelu_mul (GeGLU, f32 and
 bf16), sigmoid-scored MoE routing, softmax routing with a selection bias
-and a floor (ERNIE 4.5's) and the GEMV's ragged last tile
+and a floor (ERNIE 4.5's), the GEMV's ragged last tile and layernorm
 (kit/families.py): they compile for the
 GPU and assemble without spills, take the tiles they are there to check,
 match the NumPy reference with the CUDA lanes simulated on the CPU at their
@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT / "kit"))
 import families  # noqa: E402
 
 NEW = ("op_sigmoid_mul", "op_gelu_mul", "op_gelu_mul_bf16", "moe_sigmoid", "moe_sigmoid_bf16",
-       "gemv_ragged", "gemv_ragged_bf16", "moe_softmax_bias", "moe_softmax_bias_bf16")
+       "gemv_ragged", "gemv_ragged_bf16", "moe_softmax_bias", "moe_softmax_bias_bf16",
+       "op_layernorm", "layernorm_rows", "layernorm_rows_f32")
 
 
 @pytest.mark.parametrize("name", NEW)

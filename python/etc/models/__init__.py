@@ -15,13 +15,16 @@ Supported: `LlamaForCausalLM`, `MistralForCausalLM`, `MixtralForCausalLM`,
 `Gemma2ForCausalLM`, `Gemma3ForCausalLM`, `Phi3ForCausalLM`, `SmolLM3ForCausalLM`,
 `GraniteForCausalLM`, `GraniteMoeForCausalLM`, `GraniteMoeSharedForCausalLM`,
 `GptOssForCausalLM`, `Olmo2ForCausalLM`, `Olmo3ForCausalLM`, `OlmoeForCausalLM`,
-`Glm4ForCausalLM`, `Glm4MoeForCausalLM`, `Exaone4ForCausalLM`, `SeedOssForCausalLM` and
-`HunYuanDenseV1ForCausalLM` checkpoint directories (config.json and
-*.safetensors with F32, F16 or BF16 weights under the usual names; gpt-oss's MXFP4 experts),
-and GGUF files of the llama (Mixtral: llama with experts), qwen2, qwen2moe, qwen3, qwen3moe,
-gemma2, gemma3, phi3, smollm3, granite, granitemoe (with shared experts too), gpt-oss,
-olmo2 (OLMo 3: olmo2 with a window), olmoe, glm4, glm4moe, exaone4, seed_oss and hunyuan-dense
-architectures (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, MXFP4).
+`Glm4ForCausalLM`, `Glm4MoeForCausalLM`, `Ernie4_5ForCausalLM`, `Ernie4_5_MoeForCausalLM`,
+`Exaone4ForCausalLM`, `SeedOssForCausalLM`, `HunYuanDenseV1ForCausalLM`,
+`DeepseekV2ForCausalLM`, `DeepseekV3ForCausalLM`, `CohereForCausalLM` and `Cohere2ForCausalLM`
+checkpoint directories (config.json and
+*.safetensors with F32, F16 or BF16 weights under the usual names; gpt-oss's MXFP4 experts;
+FP8 checkpoints), and GGUF files of the llama (Mixtral: llama with experts), qwen2, qwen2moe,
+qwen3, qwen3moe, gemma2, gemma3, phi3, smollm3, granite, granitemoe (with shared experts too),
+gpt-oss, olmo2 (OLMo 3: olmo2 with a window), olmoe, glm4, glm4moe, ernie4_5, ernie4_5-moe,
+exaone4, seed_oss, hunyuan-dense, deepseek2, command-r and cohere2 architectures (F32, F16,
+BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, MXFP4).
 Compiled step kernels are kept in a compile cache
 (`etc.models.step.kernel_cache`), so a second load compiles nothing; this
 package imports without MLIR and loads models from the cache there. See

@@ -1,8 +1,18 @@
 """Row-wise operators over the last dimension: rmsnorm (optionally times
-offset + weight: Gemma's 1 + w), softmax and sum.
+offset + weight: Gemma's 1 + w), layernorm (times weight, plus an optional
+bias), softmax and sum.
 
 Tasks: one tile task per block of rows; each reads its rows whole (and all
-of rmsnorm's weight) and writes its rows (one value per row for `sum`).
+of the norms' weight and bias) and writes its rows (one value per row for
+`sum`).
+
+LayerNorm's statistics are two-pass: the mean, then the mean of the
+squared deviations from it. The one-pass E[x^2] - E[x]^2 cancels
+catastrophically in float32 when |mean| is large against the spread (a
+residual stream with an offset), and a Welford merge of (count, mean, M2)
+across lanes would need a three-value shuffle reduction per row; the
+second pass costs nothing where the row is held in registers (the GPU's
+rows of up to 2048 bf16 values) and re-reads it from cache elsewhere.
 
 Kernels: generic, one row per lane iteration with scalar loops; cpu
 (`RowwiseCPU`), the same with each pass over a row in f32 vectors (partial
@@ -19,12 +29,13 @@ from mlir.dialects import arith, math, scf, vector
 
 from .base import TaskBuilder, TileKernel, box, tile_offset
 
-KINDS = ("rmsnorm", "softmax", "sum")
+KINDS = ("rmsnorm", "layernorm", "softmax", "sum")
 
 
 class Rowwise(TileKernel):
-    """One row per lane iteration: a reduction over the row, then (softmax,
-    rmsnorm) a second pass writing the row."""
+    """One row per lane iteration: a reduction over the row (layernorm: two,
+    the mean then the centred squares), then (softmax, the norms) a pass
+    writing the row."""
 
     grid_rank = 1
 
@@ -34,17 +45,27 @@ class Rowwise(TileKernel):
         offset = self.op.params.get("offset")
         return weight if offset is None else arith.addf(self.const_like(weight, offset), weight)
 
+    def layer_affine(self, normed: ir.Value, at) -> ir.Value:
+        """layernorm's normalised value (scalar or vector) times its weight,
+        plus its bias when it has one; `at(tensor)` loads a tensor's values
+        at the normalised value's columns."""
+        out = arith.mulf(normed, at(self.op.operands[1]))
+        return arith.addf(out, at(self.op.operands[2])) if len(self.op.operands) == 3 else out
+
+    def width_f32(self, x, n: ir.Value) -> ir.Value:
+        """The row width as an f32 (a constant when static)."""
+        if isinstance(x.shape[1], int):
+            return self.cf32(float(x.shape[1]))
+        return arith.sitofp(self.f32, arith.index_cast(ir.IntegerType.get_signless(64), n))
+
     def emit(self) -> None:
         op, out = self.op, self.op.result
         x = op.operands[0]
         (tm,) = op.tile
         row0, rows = self.row_block(x, tm)
         n = self.dim(x, 1)
-        if op.kind == "rmsnorm":
-            if isinstance(x.shape[1], int):
-                n_f32 = self.cf32(float(x.shape[1]))
-            else:
-                n_f32 = arith.sitofp(self.f32, arith.index_cast(ir.IntegerType.get_signless(64), n))
+        if op.kind in ("rmsnorm", "layernorm"):
+            n_f32 = self.width_f32(x, n)
         loop = self.lane_loop(rows)
         with ir.InsertionPoint(loop.body):
             row = arith.addi(row0, loop.induction_variable)
@@ -65,6 +86,22 @@ class Rowwise(TileKernel):
                 def write(k):
                     e = math.exp(arith.subf(self.load(x, [row, k]), mx))
                     self.store(arith.mulf(e, inv), out, [row, k])
+                self.for_each_col(n, write)
+            elif op.kind == "layernorm":
+                total = self.reduce_row(
+                    n, self.cf32(0.0), lambda acc, k: arith.addf(acc, self.load(x, [row, k])))
+                mean = arith.divf(total, n_f32)
+
+                def centred_square(acc, k):
+                    v = arith.subf(self.load(x, [row, k]), mean)
+                    return arith.addf(acc, arith.mulf(v, v))
+                variance = arith.divf(self.reduce_row(n, self.cf32(0.0), centred_square), n_f32)
+                inv = math.rsqrt(arith.addf(variance, self.cf32(op.params["eps"])))
+
+                def write(k):
+                    normed = arith.mulf(arith.subf(self.load(x, [row, k]), mean), inv)
+                    self.store(self.layer_affine(normed, lambda t: self.load(t, [k])), out,
+                               [row, k])
                 self.for_each_col(n, write)
             else:  # rmsnorm
                 weight = op.operands[1]
@@ -162,13 +199,36 @@ class RowwiseCPU(Rowwise):
                                           out, [row, k]),
                     lambda k: self.store(arith.mulf(math.exp(arith.subf(sx(k), mx)), inv),
                                          out, [row, k]))
+            elif op.kind == "layernorm":
+                n_f32 = self.width_f32(x, n)
+                mean = arith.divf(self.fold_row(row, n, vector_n, 0.0,
+                                                lambda acc, k: arith.addf(acc, vx(k)),
+                                                lambda acc, k: arith.addf(acc, sx(k)), vsum),
+                                  n_f32)
+                vmean = self.vsplat(mean, width)
+
+                def vsquare(acc, k):
+                    d = arith.subf(vx(k), vmean)
+                    return vector.fma(d, d, acc)
+
+                def ssquare(acc, k):
+                    d = arith.subf(sx(k), mean)
+                    return arith.addf(acc, arith.mulf(d, d))
+                variance = arith.divf(self.fold_row(row, n, vector_n, 0.0, vsquare, ssquare, vsum),
+                                      n_f32)
+                inv = math.rsqrt(arith.addf(variance, self.cf32(op.params["eps"])))
+                vinv = self.vsplat(inv, width)
+                self.map_row(
+                    n, vector_n,
+                    lambda k: self.vstore(self.layer_affine(
+                        arith.mulf(arith.subf(vx(k), vmean), vinv),
+                        lambda t: self.vload(t, [k], width)), out, [row, k]),
+                    lambda k: self.store(self.layer_affine(
+                        arith.mulf(arith.subf(sx(k), mean), inv),
+                        lambda t: self.load(t, [k])), out, [row, k]))
             else:  # rmsnorm
                 weight = op.operands[1]
-                if isinstance(x.shape[1], int):
-                    n_f32 = self.cf32(float(x.shape[1]))
-                else:
-                    n_f32 = arith.sitofp(self.f32, arith.index_cast(
-                        ir.IntegerType.get_signless(64), n))
+                n_f32 = self.width_f32(x, n)
                 ss = self.fold_row(
                     row, n, vector_n, 0.0,
                     lambda acc, k: vector.fma(vx(k), vx(k), acc),
@@ -193,7 +253,8 @@ class RowwiseGPU(Rowwise):
     lane and 16 KB per 4-warp CTA in flight), reduces, and writes from the
     registers, so each row is read from memory once. Wider rows stream
     through the lanes UNROLL slices per iteration (loads first), twice for
-    softmax and rmsnorm (the second pass mostly from L2)."""
+    softmax and rmsnorm (the second pass mostly from L2), three times for
+    layernorm (mean, centred squares, output)."""
 
     #: 16-byte slices a lane holds in registers at most.
     HELD = 8
@@ -323,6 +384,32 @@ class RowwiseGPU(Rowwise):
                     inv = self.vsplat(arith.divf(self.cf32(1.0), lanes.get(sums, lane)[i]), vec)
                     return arith.mulf(math.exp(arith.subf(v, peak(lane, i))), inv)
                 lanes.each(lambda lane: write(lane, normalise))
+            elif op.kind == "layernorm":
+                sums = lanes.reduce(lanes.each(lambda lane: fold(
+                    lane, "add", lambda a, v, i, l: arith.addf(a, v))), "add", lanes.warp)
+
+                def means(lane):
+                    return [self.vsplat(arith.divf(total, self.cf32(float(n))), vec)
+                            for total in lanes.get(sums, lane)]
+
+                def centred_squares(lane):
+                    mean = means(lane)
+
+                    def step(a, v, i, l):
+                        d = arith.subf(v, mean[i])
+                        return vector.fma(d, d, a)
+                    return fold(lane, "add", step)
+                squares = lanes.reduce(lanes.each(centred_squares), "add", lanes.warp)
+
+                def normalise_rows(lane):
+                    mean = means(lane)
+                    invs = [self.vsplat(math.rsqrt(arith.addf(
+                        arith.divf(total, self.cf32(float(n))), self.cf32(op.params["eps"]))), vec)
+                        for total in lanes.get(squares, lane)]
+                    write(lane, lambda v, col, i, l: self.layer_affine(
+                        arith.mulf(arith.subf(v, mean[i]), invs[i]),
+                        lambda t: self.vload(t, [col], vec, aligned=True)))
+                lanes.each(normalise_rows)
             else:  # rmsnorm
                 weight = op.operands[1]
                 squares = lanes.reduce(lanes.each(lambda lane: fold(
@@ -418,6 +505,32 @@ class RowwiseGPU(Rowwise):
                     inv = self.vsplat(arith.divf(self.cf32(1.0), lanes.get(sums, lane)[0]), vec)
                     write(lane, lambda v, c: arith.mulf(math.exp(arith.subf(v, mx)), inv))
                 lanes.each(normalise)
+            elif op.kind == "layernorm":
+                sums = lanes.reduce(lanes.each(lambda lane: [fold(
+                    lane, "add", lambda a, v: arith.addf(a, v))]), "add", lanes.warp)
+
+                def mean(lane):
+                    return self.vsplat(arith.divf(lanes.get(sums, lane)[0],
+                                                  self.cf32(float(n))), vec)
+
+                def centred_squares(lane):
+                    m = mean(lane)
+
+                    def step(a, v):
+                        d = arith.subf(v, m)
+                        return vector.fma(d, d, a)
+                    return [fold(lane, "add", step)]
+                squares = lanes.reduce(lanes.each(centred_squares), "add", lanes.warp)
+
+                def normalise_row(lane):
+                    m = mean(lane)
+                    variance = arith.divf(lanes.get(squares, lane)[0], self.cf32(float(n)))
+                    inv = self.vsplat(math.rsqrt(arith.addf(variance,
+                                                            self.cf32(op.params["eps"]))), vec)
+                    write(lane, lambda v, c: self.layer_affine(
+                        arith.mulf(arith.subf(v, m), inv),
+                        lambda t: self.vload(t, [c], vec, aligned=True)))
+                lanes.each(normalise_row)
             else:  # rmsnorm
                 weight = op.operands[1]
                 total = lanes.reduce(lanes.each(lambda lane: [fold(
@@ -436,8 +549,8 @@ def build_tasks(b: TaskBuilder, op) -> None:
     (tm,) = op.tile
     rows = box(1, [tile_offset(0, tm), "0"], [tm, None])
     reads = [(x, rows)]
-    if op.kind == "rmsnorm":
-        reads.append((op.operands[1], box(1, ["0"], [None])))
+    # The norms' weight (and layernorm's bias), whole.
+    reads += [(t, box(1, ["0"], [None])) for t in op.operands[1:]]
     if op.kind == "sum":
         writes = [(op.result, box(1, [tile_offset(0, tm)], [tm]))]
     else:

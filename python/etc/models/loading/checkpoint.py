@@ -319,7 +319,8 @@ class Checkpoint:
         start, stop) for a part of a fused projection (Phi-3), ("expert_rows",
         start, stop) for those rows of every expert of a stack (E, rows, in)
         (transformers 5's fused experts), "T" for a
-        transposed matrix (a router), or "experts" for a MoE layer's stack
+        transposed matrix (a router), "flat" for a matrix read as one vector
+        (Command R+'s q/k norms), or "experts" for a MoE layer's stack
         of one projection (the name a list of each expert's tensor, the
         shape an expert's); gpt-oss's ("mxfp4", ...), ("stack_T", ...),
         ("columns", ...) (`_gpt_oss_experts`) and "f32" (a float32
@@ -370,7 +371,11 @@ class Checkpoint:
             if c.attention_sinks:
                 plan.append((f"l{i}_sinks", p + "self_attn.sinks", (c.num_heads,),
                              f"layer {i} attention sinks", "f32"))
-            if c.qk_norm:
+            if c.qk_norm and c.layer_norm:  # Command R+: (heads, d), a weight per head
+                plan += [(f"l{i}_{n}_norm", f"{p}self_attn.{n}_norm.weight", (heads, d),
+                          f"layer {i} {n}_norm", "flat")
+                         for n, heads in (("q", c.num_heads), ("k", c.num_kv_heads))]
+            elif c.qk_norm:
                 # Per head (d), or OLMo 2's over the whole projection.
                 q_size, k_size = (q, kv) if c.qk_norm_projection else (d, d)
                 qn, kn = dense.QK_NORM_NAMES.get(c.architecture, ("q_norm", "k_norm"))
@@ -385,7 +390,7 @@ class Checkpoint:
                              (f"l{i}_mlp_norm", pre_mlp, "pre-feedforward norm"),
                              (f"l{i}_post_mlp_norm", post_mlp, "post-feedforward norm"))
                          if name is not None]
-            else:
+            elif not c.parallel_block:  # (Cohere's MLP reads the input norm)
                 plan.append((f"l{i}_mlp_norm", p + "post_attention_layernorm.weight", (h,),
                              f"layer {i} post-attention norm", None))
             if c.is_sparse(i) and c.architecture == "MixtralForCausalLM":
@@ -725,6 +730,8 @@ class Checkpoint:
                                                 else fused[1][rows])
             elif how == "T":
                 out[key] = np.ascontiguousarray(self.tensor(name, shape, what, dtype).T)
+            elif how == "flat":  # (Command R+'s q/k norms: (heads, d) as one vector)
+                out[key] = np.ascontiguousarray(read(name)).reshape(-1)
             else:
                 out[key] = np.ascontiguousarray(read(name))
             # Partial rotary: q/k rows in the step graph's order.

@@ -3,7 +3,8 @@
 `ModelConfig.from_dict` accepts the configs of `ARCHITECTURES` (Llama,
 Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3,
 SmolLM3, Granite, Granite MoE (with shared experts too), gpt-oss, OLMo 2, OLMo 3,
-OLMoE, GLM-4, GLM-4.5, ERNIE 4.5 (dense and MoE), EXAONE 4, Seed-OSS, Hunyuan dense; and the text
+OLMoE, GLM-4, GLM-4.5, ERNIE 4.5 (dense and MoE), EXAONE 4, Seed-OSS, Hunyuan dense, DeepSeek-V2
+and V3, Cohere, Cohere2; and the text
 model of Gemma 3's and Mistral 3's multimodal configs, `multimodal`), written by
 transformers 4 (flat `rope_theta`, `rope_scaling`) or 5 (`rope_parameters`,
 `layer_types`), and raises `UnsupportedConfigError` naming the field for
@@ -21,8 +22,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import (config_families as families, families_deepseek as deepseek, families_dense as dense,
-               families_ernie as ernie, moe_fields, multimodal, rope)
+from . import (config_families as families, families_cohere, families_deepseek as deepseek,
+               families_dense as dense, families_ernie as ernie, moe_fields, multimodal, rope)
 from .fields import UnsupportedConfigError, positive_int, positive_number
 from .rope import ROPE_TYPES
 
@@ -35,7 +36,8 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                  "SmolLM3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
                  "GptOssForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeSharedForCausalLM",
                  *families.OLMO, families.OLMOE, families.GLM4, moe_fields.GLM4_MOE,
-                 *ernie.ARCHITECTURES, *dense.ARCHITECTURES, *deepseek.ARCHITECTURES)
+                 *ernie.ARCHITECTURES, *dense.ARCHITECTURES, *deepseek.ARCHITECTURES,
+                 *families_cohere.COHERE_FAMILY)
 #: Gemma's generations: the architectures with Gemma's layers (four norms
 #: of x (1 + w), a GeGLU MLP, scaled embeddings).
 _GEMMA = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3}
@@ -76,7 +78,8 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     #: RMSNorm of q and k before RoPE: per head (Qwen3, Gemma 3, GLM-4.5's
-    #: `use_qk_norm`), or over the projection (`qk_norm_projection`).
+    #: `use_qk_norm`; with `layer_norm`, Command R+'s LayerNorms, a weight
+    #: per head), or over the projection (`qk_norm_projection`).
     qk_norm: bool
     #: Biases of the q, k and v projections (Qwen2, Qwen2-MoE, GLM-4,
     #: GLM-4.5; o has none: gpt-oss's is `o_bias`).
@@ -193,6 +196,21 @@ class ModelConfig:
     #: or None: q and k heads are then `head_dim` (nope + pe) wide, as many
     #: KV heads as heads, their v padded to it (`etc.models.step.mla`).
     mla: Optional[deepseek.MlaShape] = None
+    #: Cohere (`families_cohere`): every norm a LayerNorm without bias
+    #: (`rms_norm_eps` its epsilon) instead of an RMSNorm; the attention and
+    #: the MLP in parallel on the layer's one input norm, x + attn(ln(x)) +
+    #: mlp(ln(x)) (no `l<i>_mlp_norm`); the logits times `logit_scale`.
+    layer_norm: bool = False
+    parallel_block: bool = False
+    logit_scale: Optional[float] = None
+
+    @property
+    def logits_multiplier(self) -> Optional[float]:
+        """What the logits are multiplied by before sampling: Cohere's
+        `logit_scale`, 1 / Granite's `logits_scaling`; None for neither."""
+        if self.logit_scale is not None:
+            return self.logit_scale
+        return None if self.logits_scaling is None else 1.0 / self.logits_scaling
 
     @property
     def is_moe(self) -> bool:
@@ -406,6 +424,7 @@ class ModelConfig:
         family.update(families.family_layers(config, where, architecture, flag))
         family.update(dense.layers(config, where, architecture, flag, sliding, head_dim,
                                    lambda plain: _rope(plain, where, max_positions)))
+        family.update(families_cohere.fields(config, where, architecture, sliding))
         if "rope_theta" in family:
             rope_theta, scaling = family.pop("rope_theta"), family.pop("rope_scaling")
         else:
@@ -461,14 +480,17 @@ class ModelConfig:
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             intermediate_size=intermediate,
-            rms_norm_eps=need("rms_norm_eps", float),
+            # (Cohere: its LayerNorms' layer_norm_eps)
+            rms_norm_eps=family.pop("norm_eps") if "norm_eps" in family else
+            need("rms_norm_eps", float),
             rope_theta=rope_theta,
             max_position_embeddings=need("max_position_embeddings"),
             # transformers' default: tied for Gemma and SmolLM3, untied for
             # the others.
             tie_word_embeddings=flag("tie_word_embeddings", architecture in _GEMMA or
                                      architecture == "SmolLM3ForCausalLM" or
-                                     architecture in ernie.ARCHITECTURES),
+                                     architecture in ernie.ARCHITECTURES or
+                                     architecture in families_cohere.COHERE_FAMILY),
             # (both pops run: neither flag may reach **moe / **family)
             qk_norm=any((architecture.startswith("Qwen3"), architecture == "Gemma3ForCausalLM",
                          family.pop("qk_norm", False), moe.pop("qk_norm", False))),
@@ -500,12 +522,13 @@ _WINDOWED = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
              "MixtralForCausalLM": "phi3", "GptOssForCausalLM": "gemma",
              "Gemma2ForCausalLM": "gemma", "Gemma3ForCausalLM": "gemma",
              "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3",
-             "Olmo3ForCausalLM": "gemma", dense.EXAONE4: "exaone4"}
+             "Olmo3ForCausalLM": "gemma", dense.EXAONE4: "exaone4",
+             families_cohere.COHERE2: "gemma"}
 #: Gemma's default layer pattern: every n-th layer full, the others
 #: sliding (Gemma 3: `sliding_window_pattern`, default 6; Gemma 2: 2;
-#: OLMo 3: 4).
+#: OLMo 3 and Cohere2: 4; Cohere2 reads `sliding_window_pattern` too).
 _GEMMA_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "GptOssForCausalLM": 2,
-                  "Olmo3ForCausalLM": 4}
+                  "Olmo3ForCausalLM": 4, families_cohere.COHERE2: 4}
 #: The default `sliding_window` of the "gemma" style (GptOssConfig: 128,
 #: Olmo3Config: 4096).
 _DEFAULT_WINDOW = {"GptOssForCausalLM": 128, "Olmo3ForCausalLM": 4096}
@@ -544,7 +567,7 @@ def _sliding_layers(config: dict, where: str, architecture: str,
         window = config.get("sliding_window", _DEFAULT_WINDOW.get(architecture, 4096))
         if types is None:
             pattern = _GEMMA_PATTERN[architecture]
-            if architecture == "Gemma3ForCausalLM" and \
+            if architecture in ("Gemma3ForCausalLM", families_cohere.COHERE2) and \
                     config.get("sliding_window_pattern") is not None:
                 pattern = positive_int(where, "sliding_window_pattern",
                                        config["sliding_window_pattern"])
@@ -674,7 +697,8 @@ def _gemma(config: dict, where: str, architecture: str, hidden: int,
 #: transformers' default RoPE base where it is not 1e4.
 _DEFAULT_THETA = {"MixtralForCausalLM": 1_000_000.0, "SmolLM3ForCausalLM": 2_000_000.0,
                   "Olmo3ForCausalLM": families.OLMO3_THETA,
-                  **dict.fromkeys(ernie.ARCHITECTURES, ernie.DEFAULT_THETA)}
+                  **dict.fromkeys(ernie.ARCHITECTURES, ernie.DEFAULT_THETA),
+                  **families_cohere.DEFAULT_THETA}
 
 #: GptOssConfig's RoPE when config.json gives none: yarn, factor 32 over
 #: 4096 positions, base 150000.

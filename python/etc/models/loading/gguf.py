@@ -52,7 +52,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "olmo2": "Olmo2ForCausalLM", "olmoe": "OlmoeForCausalLM",
                  "glm4": "Glm4ForCausalLM", "glm4moe": "Glm4MoeForCausalLM",
                  "ernie4_5": ernie.ERNIE, "ernie4_5-moe": ernie.ERNIE_MOE,
-                 **gguf_dense.ARCHITECTURES,
+                 **gguf_dense.ARCHITECTURES, **families.COHERE,
                  # (V3 where the experts' gating is sigmoid: `gguf_deepseek`)
                  "deepseek2": "DeepseekV2ForCausalLM"}
 #: The architectures whose RoPE rotates the first rope.dimension_count of
@@ -93,7 +93,7 @@ PRE_TOKENIZERS = {"default": "gpt2", "gpt-2": "gpt2", "gpt2": "gpt2", "smollm": 
                   "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
                   "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "gpt-4o": _GPT4O_SPLIT,
                   # GLM-4's (llama.cpp's CHATGLM4: llama3's split, merges kept).
-                  "glm4": _LLAMA3_SPLIT}
+                  "glm4": _LLAMA3_SPLIT, "command-r": "smollm"}
 #: The pre-tokenizers whose BPE takes a word found whole in the vocabulary
 #: as one token without merging (llama.cpp's `ignore_merges`: llama3's).
 _IGNORE_MERGES = ("llama3", "llama-v3", "llama-bpe")
@@ -158,8 +158,9 @@ class GGUFCheckpoint:
         left to `ModelConfig.from_dict`, so that a GGUF file is refused for
         exactly what a config.json would be."""
         a = self.architecture
-        for name in ("embedding_length", "block_count", "attention.head_count",
-                     "attention.layer_norm_rms_epsilon", "context_length"):
+        eps = families.NORM_EPS_KEYS.get(a, "attention.layer_norm_rms_epsilon")
+        for name in ("embedding_length", "block_count", "attention.head_count", eps,
+                     "context_length"):
             if self._key(name) is None:
                 raise UnsupportedConfigError(f"{self.path}: GGUF metadata key '{a}.{name}' is "
                                              f"missing (required for {a})")
@@ -172,7 +173,7 @@ class GGUFCheckpoint:
             "num_attention_heads": heads,
             "num_key_value_heads": self._per_layer("attention.head_count_kv", heads),
             "intermediate_size": self._per_layer("feed_forward_length"),
-            "rms_norm_eps": decimal(self._key("attention.layer_norm_rms_epsilon")),
+            "rms_norm_eps": decimal(self._key(eps)),
             "rope_theta": decimal(self._key("rope.freq_base", 10000.0)),
             "max_position_embeddings": self._key("context_length"),
             "tie_word_embeddings": "output.weight" not in self._tensors,
@@ -271,6 +272,8 @@ class GGUFCheckpoint:
             config.update(ernie.gguf_config(self, config))
         if a in gguf_dense.ARCHITECTURES:
             config.update(gguf_dense.config(self, config))
+        if a in families.COHERE:
+            config.update(families.cohere_config(self, config.pop("rms_norm_eps"), config))
         return config
 
     # -- tensors -------------------------------------------------------------
@@ -420,12 +423,15 @@ class GGUFCheckpoint:
                 plan.append((f"l{i}_sinks", b + "attn_sinks.weight", (c.num_heads,),
                              f"layer {i} attention sinks", None))
             if c.qk_norm:
-                # Per head (d), or OLMo 2's over the whole projection.
+                # Per head (d), OLMo 2's over the whole projection, or Command
+                # R+'s a weight per head ((heads, d), read as one vector).
                 q_size, k_size = (q, kv) if c.qk_norm_projection else (d, d)
-                plan += [(f"l{i}_q_norm", b + "attn_q_norm.weight", (q_size,),
-                          f"layer {i} q_norm", None),
-                         (f"l{i}_k_norm", b + "attn_k_norm.weight", (k_size,),
-                          f"layer {i} k_norm", None)]
+                shapes, how = (((c.num_heads, d), (c.num_kv_heads, d)), "flat") \
+                    if c.layer_norm else (((q_size,), (k_size,)), None)
+                plan += [(f"l{i}_q_norm", b + "attn_q_norm.weight", shapes[0],
+                          f"layer {i} q_norm", how),
+                         (f"l{i}_k_norm", b + "attn_k_norm.weight", shapes[1],
+                          f"layer {i} k_norm", how)]
             if c.sandwich_norms:
                 # Gemma, GLM-4: ffn_norm is the pre-feedforward norm (OLMo 2
                 # has none); the sublayers' outputs have their own.
@@ -436,7 +442,7 @@ class GGUFCheckpoint:
                                  f"layer {i} pre-feedforward norm", None))
                 plan.append((f"l{i}_post_mlp_norm", b + "post_ffw_norm.weight", (h,),
                              f"layer {i} post-feedforward norm", None))
-            else:
+            elif not c.parallel_block:  # (Cohere's MLP reads attn_norm's output)
                 # (gpt-oss's converter names the MLP's norm by its HF name.)
                 norm = "post_attention_norm" if self.architecture in ("gpt-oss", "glm4moe",
                                                                       "seed_oss") else "ffn_norm"
@@ -537,7 +543,7 @@ class GGUFCheckpoint:
             packed_type = _PACKED.get(types.pop()) if len(types) == 1 else None
             if how in ("experts", "expert_list"):  # a layer's gate, up or down experts
                 experts.setdefault(key.split("_experts_")[0], {})[key] = packed_type
-            elif how not in ("T", "row") and packed_type is not None:
+            elif how not in ("T", "row", "flat") and packed_type is not None:
                 formats[key] = packed_type
         for stacks in experts.values():
             if None not in stacks.values():
@@ -609,10 +615,8 @@ class GGUFCheckpoint:
                 array = np.ascontiguousarray(array[how[1]:how[2]])
             elif how == "T":
                 array = np.ascontiguousarray(np.swapaxes(array, -1, -2))
-            elif how == "row":
-                array = array.reshape(1, -1)
-            elif how == "flat":
-                array = array.reshape(-1)
+            elif how in ("row", "flat"):
+                array = array.reshape(1, -1) if how == "row" else array.reshape(-1)
             elif isinstance(how, int):
                 array = _unpermute_rows(array, how)
             elif how in ("heads", "heads_T"):  # DeepSeek's k_b (transposed) and v_b, per head

@@ -281,6 +281,43 @@ def gemma_config(ckpt, config: dict) -> dict:
     return out
 
 
+#: llama.cpp's Cohere architectures (command-r: Command R, Aya; cohere2:
+#: Command R7B), the key of their LayerNorms' epsilon, and cohere2's layer
+#: pattern as llama.cpp fixes it: every 4th layer full (and without RoPE).
+COHERE = {"command-r": "CohereForCausalLM", "cohere2": "Cohere2ForCausalLM"}
+NORM_EPS_KEYS = {a: "attention.layer_norm_epsilon" for a in COHERE}
+COHERE2_LLAMA_CPP_PATTERN = 4
+
+
+def cohere_config(ckpt, eps, config: dict) -> dict:
+    """Cohere's fields as llama.cpp reads a `command-r` or `cohere2` file:
+    the LayerNorms' epsilon (`attention.layer_norm_epsilon`), the logit
+    scale (`logit_scale`, which llama.cpp requires), q/k norms where the
+    file has `attn_q_norm` (Command R+'s; cohere2's refused by the config); cohere2's
+    window (`attention.sliding_window`) on all but every 4th layer, as
+    llama.cpp fixes it (a per-layer `attention.sliding_window_pattern`,
+    which its cohere2 does not read, is refused)."""
+    a = ckpt.architecture
+    scale = ckpt._key("logit_scale")
+    if scale is None:
+        raise UnsupportedConfigError(f"{ckpt.path}: GGUF metadata key '{a}.logit_scale' is "
+                                     f"missing (required for {a})")
+    out = {"layer_norm_eps": eps, "logit_scale": decimal(scale),
+           "use_qk_norm": "blk.0.attn_q_norm.weight" in ckpt._tensors}
+    if a == "cohere2":
+        pattern = ckpt._key("attention.sliding_window_pattern")
+        if pattern is not None:
+            raise UnsupportedConfigError(
+                f"{ckpt.path}: GGUF metadata {a}.attention.sliding_window_pattern = "
+                f"{pattern!r} is not supported (llama.cpp's cohere2 makes every "
+                f"{COHERE2_LLAMA_CPP_PATTERN}th layer full and reads no pattern)")
+        layers = config["num_hidden_layers"] or 0
+        out.update(sliding_window=ckpt._key("attention.sliding_window"),
+                   layer_types=["sliding_attention" if (i + 1) % COHERE2_LLAMA_CPP_PATTERN
+                                else "full_attention" for i in range(layers)])
+    return out
+
+
 #: llama.cpp's olmo2 with a window (OLMo 3): every 4th layer full.
 OLMO3_LLAMA_CPP_PATTERN = 4
 

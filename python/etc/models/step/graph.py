@@ -105,6 +105,10 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     them) and the embeddings (gathered into `dtype` rows); the others are
     in `dtype`."""
     formats = weight_formats or {}
+    if config.parallel_block and (config.is_moe or config.sandwich_norms or config.o_bias):
+        raise NotImplementedError(
+            f"build_step_graph: {config.architecture}: a parallel attention and MLP block "
+            f"(Cohere's) with experts, sandwich norms or an o_proj bias is not implemented")
     cache_dtype = dtype if kv_dtype is None else kv_dtype
     c = config
     g = Graph(name, ranks=ranks)
@@ -115,6 +119,9 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     eps, offset = c.rms_norm_eps, c.norm_offset
 
     def norm(x, w):
+        """RMSNorm, or Cohere's LayerNorm (no bias)."""
+        if c.layer_norm:
+            return g.layernorm(x, w, eps=eps)
         return g.rmsnorm(x, w, eps, offset=offset)
 
     def residual_add(x, block):
@@ -184,7 +191,12 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         return g.add(routed, g.sigmoid_mul(logit, g.matmul(gated, down, transpose_b=True)))
 
     def head_norms(i: int, q, k):
-        """q and k of layer i, each head RMS-normed (Qwen3's q/k norms)."""
+        """q and k of layer i, each head normed: Qwen3's RMSNorms of one
+        (head_dim,) weight, or Command R+'s LayerNorms of a weight per head."""
+        if c.layer_norm:
+            return tuple(g.head_layernorm(x, weight(f"l{i}_{n}_norm", (heads * d,)), head_dim=d,
+                                          eps=eps)
+                         for x, n, heads in ((q, "q", c.num_heads), (k, "k", c.num_kv_heads)))
         return tuple(g.head_rmsnorm(x, weight(f"l{i}_{n}_norm", (d,)), head_dim=d, eps=eps,
                                     offset=offset) for x, n in ((q, "q"), (k, "k")))
 
@@ -255,7 +267,13 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
                                scratch_from=previous_attention, **sinks)
         previous_attention = attended
         wo = weight(f"l{i}_wo", (h, c.num_heads * d))
-        if c.o_bias:
+        if c.parallel_block:
+            # Cohere: the MLP reads the attention's input norm, and x +
+            # attn + mlp is summed below (on several ranks the two partial
+            # products are added first: one all-reduce per layer).
+            attention_out = g.matmul(attended, wo, transpose_b=True,
+                                     residual=x if ranks == 1 else None)
+        elif c.o_bias:
             # gpt-oss: x + (a Woᵀ + bo), the bias added to the projection
             # before the residual, as transformers rounds it; on several
             # ranks to the reduced sum, so that it counts once.
@@ -264,7 +282,8 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
         else:
             x = residual_matmul(attended, wo, x, post_norm(f"l{i}_post_attn_norm"))
         # MLP block: dense SwiGLU (GeGLU), or experts.
-        normed = input_norm(x, f"l{i}_mlp_norm")
+        if not c.parallel_block:
+            normed = input_norm(x, f"l{i}_mlp_norm")
         if c.is_sparse(i):
             # Every rank routes the same (the router and its input are
             # whole) and adds its share of each chosen expert's columns.
@@ -307,8 +326,15 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
             up = g.matmul(normed, weight(f"l{i}_w_up", (f, h)), transpose_b=True)
             gated = g.gelu_mul(gate, up) if c.hidden_act == "gelu_pytorch_tanh" else \
                 g.silu_mul(gate, up)
-            x = residual_matmul(gated, weight(f"l{i}_w_down", (h, f)), x,
-                                post_norm(f"l{i}_post_mlp_norm"))
+            down = weight(f"l{i}_w_down", (h, f))
+            if not c.parallel_block:
+                x = residual_matmul(gated, down, x, post_norm(f"l{i}_post_mlp_norm"))
+            elif ranks == 1:
+                # (x + attn) + mlp, each sum rounded, as transformers adds them.
+                x = g.matmul(gated, down, transpose_b=True, residual=attention_out)
+            else:
+                x = g.add(x, g.all_reduce(g.matmul(gated, down, transpose_b=True,
+                                                   residual=attention_out)))
     # The rows a token is chosen after (`sample_rows`, C of them): each
     # request's last new token, and every row of a speculating request
     # (its proposed tokens are verified against these choices).
@@ -318,14 +344,15 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     last = g.embedding(x, rows)
     normed = norm(last, weight("final_norm", (h,)))
     head = embed if c.tie_word_embeddings else weight("lm_head", (c.vocab_size, h))
-    cap, divisor = c.final_logit_softcapping, c.logits_scaling
-    last_step = "softcap" if cap else "divide" if divisor else "matmul"
+    cap, multiplier = c.final_logit_softcapping, c.logits_multiplier
+    last_step = "softcap" if cap else "scale" if multiplier else "matmul"
     logits = g.matmul(normed, head, transpose_b=True,
                       name="logits" if last_step == "matmul" else None)
-    if divisor:
-        # Granite: logits / logits_scaling, before sampling, penalties and
-        # log-probabilities (they all read `logits`).
-        logits = g.scale(logits, 1.0 / divisor, name="logits" if last_step == "divide" else None)
+    if multiplier:
+        # Granite's logits / logits_scaling, Cohere's logits * logit_scale,
+        # before sampling, penalties and log-probabilities (they all read
+        # `logits`).
+        logits = g.scale(logits, multiplier, name="logits" if last_step == "scale" else None)
     if cap:
         logits = g.softcap(logits, cap, name="logits")
     # A chosen token's position (the counter of its random number) is its

@@ -119,6 +119,8 @@ def _splits(config: ModelConfig, ranks: int, padding: Optional[dict] = None) -> 
         splits.update({kind: (0, 0, size, False, size * ranks)
                        for kind, size in (("q_norm", q), ("k_norm", kv))})
     splits.update(wo=(1, 1, q, True, q * ranks))
+    if config.qk_norm and config.layer_norm:  # Command R+'s q/k norms: a weight per head
+        splits.update(q_norm=(0, 0, q, False, q * ranks), k_norm=(0, 0, kv, False, kv * ranks))
     for field, kinds in _WIDTHS.items():
         share, width = _share(config, field, ranks, padding), getattr(config, field)
         for kind in kinds:

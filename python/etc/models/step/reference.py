@@ -23,6 +23,14 @@ def _rmsnorm(x, weight, eps, offset=0.0):
     return (x / np.sqrt(variance + np.float32(eps))) * (np.float32(offset) + weight)
 
 
+def _layernorm(x, weight, eps):
+    """Cohere's LayerNorm (no bias): (x - mean) / sqrt(var + eps) * w in
+    float32, the variance of the centred values."""
+    centred = x - np.mean(x, axis=-1, keepdims=True, dtype=np.float32)
+    variance = np.mean(centred * centred, axis=-1, keepdims=True, dtype=np.float32)
+    return centred / np.sqrt(variance + np.float32(eps)) * weight
+
+
 def _gelu_tanh(x):
     """transformers' gelu_pytorch_tanh."""
     k = np.float32(np.sqrt(2.0 / np.pi))
@@ -97,6 +105,10 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
     residual = np.float32(c.residual_multiplier or 1.0)
     eps, offset = c.rms_norm_eps, c.norm_offset
 
+    def norm(x, weight):
+        """The model's norm: RMSNorm, or Cohere's LayerNorm."""
+        return _layernorm(x, weight, eps) if c.layer_norm else _rmsnorm(x, weight, eps, offset)
+
     r = c.rotated  # partial rotary: the first r dimensions of each head
 
     def rotation(local: bool):
@@ -129,7 +141,7 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
     for i in range(c.num_layers):
         w = lambda key: weights[f"l{i}_{key}"]
         # (OLMo 2 and 3: no input norms, their blocks' outputs normed instead.)
-        h = _rmsnorm(x, w("attn_norm"), eps, offset) if c.input_norms else x
+        h = norm(x, w("attn_norm")) if c.input_norms else x
         if c.mla is not None:  # q, k rotated; v padded to the o projection's heads
             q, k, v = reference_mla.qkv(c, weights, i, h)
         else:
@@ -137,14 +149,17 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         if c.qkv_bias:
             q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
         if c.qk_norm_projection:  # OLMo 2, OLMo 3, OLMoE: over the whole projection
-            q, k = _rmsnorm(q, w("q_norm"), eps, offset), _rmsnorm(k, w("k_norm"), eps, offset)
+            q, k = norm(q, w("q_norm")), norm(k, w("k_norm"))
         q = q.reshape(n, c.num_heads, d)
         k = k.reshape(n, c.num_kv_heads, d)
         v = v.reshape(n, c.num_kv_heads, d)
         head_norms = c.qk_norm and not c.qk_norm_projection
+        # (Command R+'s LayerNorms: a weight for every head)
+        heads = (lambda key, n: w(key).reshape(n, d)) if c.layer_norm else \
+            (lambda key, n: w(key))
         if head_norms and not c.qk_norm_after_rope:
-            q = _rmsnorm(q, w("q_norm"), eps, offset)
-            k = _rmsnorm(k, w("k_norm"), eps, offset)
+            q = norm(q, heads("q_norm", c.num_heads))
+            k = norm(k, heads("k_norm", c.num_kv_heads))
         if c.uses_rope(i) and c.mla is None:  # SmolLM3's NoPE layers have none
             cos, sin, factor = rotations[c.local_rope(i)]
             q = np.concatenate([(q[..., :r] * cos + rotate(q[..., :r]) * sin) * factor,
@@ -152,8 +167,8 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
             k = np.concatenate([k[..., :r] * cos + rotate(k[..., :r]) * sin, k[..., r:]],
                                axis=-1)
         if head_norms and c.qk_norm_after_rope:  # Hunyuan dense: after RoPE
-            q = _rmsnorm(q, w("q_norm"), eps, offset)
-            k = _rmsnorm(k, w("k_norm"), eps, offset)
+            q = norm(q, heads("q_norm", c.num_heads))
+            k = norm(k, heads("k_norm", c.num_kv_heads))
         if c.uses_rope(i) and c.mla is None:
             # The cache holds the keys before the attention factor (the
             # step graph puts it on q's side), so they round before it.
@@ -182,9 +197,13 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         out = attended @ w("wo").T
         if c.o_bias:
             out = out + w("bo")
-        x = x + (_rmsnorm(out, w("post_attn_norm"), eps, offset) if c.sandwich_norms else
-                 out) * residual
-        h = _rmsnorm(x, w("mlp_norm"), eps, offset) if c.input_norms else x
+        if c.parallel_block:
+            # Cohere: x + attn(ln(x)) + mlp(ln(x)), the MLP on the same h.
+            attention_out = out
+        else:
+            x = x + (norm(out, w("post_attn_norm")) if c.sandwich_norms else
+                     out) * residual
+            h = norm(x, w("mlp_norm")) if c.input_norms else x
         if c.is_sparse(i):
             logits = h @ w("router")  # stored (H, E)
             if c.router_bias:
@@ -221,11 +240,15 @@ def forward(config: ModelConfig, weights: dict, tokens, kv_dtype: str = "f32") -
         else:
             act = _gelu_tanh if c.hidden_act == "gelu_pytorch_tanh" else _silu
             mlp = (act(h @ w("w_gate").T) * (h @ w("w_up").T)) @ w("w_down").T
-        x = x + (_rmsnorm(mlp, w("post_mlp_norm"), eps, offset) if c.sandwich_norms else
+        if c.parallel_block:
+            mlp = attention_out + mlp
+        x = x + (norm(mlp, w("post_mlp_norm")) if c.sandwich_norms else
                  mlp) * residual
-    x = _rmsnorm(x, weights["final_norm"], eps, offset)
+    x = norm(x, weights["final_norm"])
     head = weights["embed"] if c.tie_word_embeddings else weights["lm_head"]
     logits = x @ head.T
     if c.logits_scaling is not None:
         logits = logits / np.float32(c.logits_scaling)  # Granite
+    if c.logit_scale is not None:
+        logits = logits * np.float32(c.logit_scale)  # Cohere
     return _softcap(logits, c.final_logit_softcapping).astype(np.float32)

@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 
 from ..loading.safetensors import save_file
-from . import deepseek, dense, ernie
+from . import cohere, deepseek, dense, ernie
 from .shapes import SHAPES
 
 __all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint",
@@ -68,7 +68,7 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo3",
                 "OlmoeForCausalLM": "olmoe", "Glm4ForCausalLM": "glm4",
                 "Glm4MoeForCausalLM": "glm4_moe", "DeepseekV2ForCausalLM": "deepseek_v2",
-                "DeepseekV3ForCausalLM": "deepseek_v3", **ernie.MODEL_TYPES}
+                "DeepseekV3ForCausalLM": "deepseek_v3", **ernie.MODEL_TYPES, **cohere.MODEL_TYPES}
 
 #: The tiny Granite configs' multipliers: far from 1, so that a model that
 #: drops one moves the logits by 0.7 (embedding) to 3 (attention) times
@@ -258,6 +258,8 @@ def tiny_config(architecture: str = "Qwen3ForCausalLM", **overrides) -> dict:
                        "pad_token_id": 0})
     if architecture in ernie.ARCHITECTURES:
         ernie.tiny_fields(config)
+    if architecture in cohere.COHERE_FAMILY:
+        cohere.cohere_fields(config, architecture)
     config.update(overrides)
     if config.get("layer_types", ()) is None:
         config.pop("layer_types")
@@ -452,12 +454,16 @@ def tensor_shapes(config: dict) -> dict:
         if qk_norm:
             t[p + "self_attn.q_norm.weight"] = (d,)
             t[p + "self_attn.k_norm.weight"] = (d,)
+        if config.get("use_qk_norm") and config["architectures"][0] in cohere.COHERE_FAMILY:
+            t[p + "self_attn.q_norm.weight"] = (heads, d)  # Command R+: a weight per head
+            t[p + "self_attn.k_norm.weight"] = (kv, d)
         if olmo or olmoe:  # over the whole projection
             t[p + "self_attn.q_norm.weight"] = (heads * d,)
             t[p + "self_attn.k_norm.weight"] = (kv * d,)
         if glm4:  # of the attention's output (post_attention_layernorm: the MLP's input)
             t[p + "post_self_attn_layernorm.weight"] = (h,)
-        t[p + "post_attention_layernorm.weight"] = (h,)
+        if config["architectures"][0] not in cohere.COHERE_FAMILY:  # (one norm, in parallel)
+            t[p + "post_attention_layernorm.weight"] = (h,)
         if gemma:
             t[p + "pre_feedforward_layernorm.weight"] = (h,)
         if gemma or olmo:

@@ -35,6 +35,7 @@ _GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama
                        "Glm4MoeForCausalLM": "glm4moe",
                        "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5-moe",
                        "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
+                       "CohereForCausalLM": "command-r", "Cohere2ForCausalLM": "cohere2",
                        **dense.GGUF_ARCHITECTURES}
 #: The GGUF architectures whose Q and K rows llama.cpp's converter permutes
 #: (its LlamaModel's, rotated in pairs by llama.cpp's NORM RoPE).
@@ -231,7 +232,10 @@ def write_gguf(path, config: Optional[dict] = None, *, seed: int = 0, tensor_typ
         if architecture in ("glm4", "glm4moe") else head_dim
     writer.add_rope_dimension_count(rotated)
     writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if architecture in ("command-r", "cohere2"):
+        _add_cohere_keys(writer, config)
+    else:
+        writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
     scaling = config.get("rope_scaling") or {}
     if scaling.get("rope_type", scaling.get("type")) == "linear":
@@ -344,6 +348,19 @@ def _add_granite_keys(writer, config: dict) -> None:
         writer.add_expert_used_count(config["num_experts_per_tok"])
     if config.get("shared_intermediate_size"):
         writer.add_expert_shared_feed_forward_length(config["shared_intermediate_size"])
+
+
+def _add_cohere_keys(writer, config: dict) -> None:
+    """Cohere's keys as llama.cpp's converter writes them: the LayerNorms'
+    epsilon, the logit scale, no RoPE scaling; Cohere2's window (llama.cpp
+    fixes its layer pattern)."""
+    import gguf
+
+    writer.add_layer_norm_eps(config.get("layer_norm_eps", 1e-5))
+    writer.add_logit_scale(config.get("logit_scale", 0.0625))
+    writer.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+    if config["architectures"][0] == "Cohere2ForCausalLM":
+        writer.add_sliding_window(config.get("sliding_window", 4096))
 
 
 def _add_glm4moe_keys(writer, config: dict, nextn: int) -> None:
