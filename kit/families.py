@@ -250,6 +250,7 @@ def moe_softmax_bias_graph(dtype: str = "f32", name: str = "moe_softmax_bias"):
     shared = g.silu_mul(g.matmul(x, g.input("shared_gate", (16, 24), dtype)),
                         g.matmul(x, g.input("shared_up", (16, 24), dtype)))
     g.output(g.matmul(shared, g.input("shared_down", (24, 16), dtype), residual=routed))
+    return g
 
 
 def layernorm_graph(dtype: str = "bf16", name: str = "layernorm_rows"):
