@@ -20,13 +20,12 @@ import numpy as np
 import pytest
 
 import etc
-from etc import packed
-from etc.reference import evaluate, moe as moe_reference, moe_route, round_bf16, topk
+from etc.reference import evaluate, moe_route, round_bf16, topk
 
+from moe_routing_layers import check, expert_weights, reference, run_paths
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
 E, TOP_K, TILE, GROUPS, KEPT, SCALE = 16, 4, 8, 4, 2, 2.5
-TOKENS = (1, 2, 5, 16, 33)
 
 #: name: (experts' dtype, x's dtype, transpose_w, H, F, n_group, topk_group, normalize)
 LAYERS = {
@@ -54,20 +53,6 @@ def _graph(names) -> etc.Graph:
     T = g.symbol("T")
     g.output(*[_layer(g, T, name) for name in names])
     return g
-
-
-def _weights(name: str) -> dict:
-    expert, _, transposed, h, f = LAYERS[name][:5]
-    rng = np.random.default_rng(len(name))
-    out = {}
-    for role, (rows, cols) in (("w1", (h, f)), ("w_up", (h, f)), ("w2", (f, h))):
-        shape = (E, cols, rows) if transposed else (E, rows, cols)
-        values = (rng.standard_normal(shape) / np.sqrt(rows)).astype(np.float32)
-        if packed.is_packed(expert):
-            out[f"{name}_{role}"] = packed.quantize(values, expert)
-        else:
-            out[f"{name}_{role}"] = round_bf16(values) if expert == "bf16" else values
-    return out
 
 
 def _margins(name: str, logits: np.ndarray, bias: np.ndarray) -> float:
@@ -105,49 +90,29 @@ def _inputs(name: str, tokens: int) -> dict:
     raise AssertionError("no inputs route with a margin")
 
 
-def _reference(name: str, values: dict, **changes) -> np.ndarray:
-    expert, _, transposed = LAYERS[name][:3]
-    v = {role: values[f"{name}_{role}"] for role in ("x", "router", "w1", "w2", "w_up", "bias")}
-    for role in ("w1", "w2", "w_up"):
-        w = packed.dequantize(v[role], expert) if packed.is_packed(expert) else v[role]
-        v[role] = np.swapaxes(w, -1, -2) if transposed else w
-    groups, kept, normalize = LAYERS[name][5:]
-    options = {**dict(scoring="sigmoid", selection_bias=v["bias"], routed_scale=SCALE,
-                      n_group=groups, topk_group=kept), **changes}
-    return moe_reference(v["x"], v["router"], v["w1"], v["w2"], TOP_K, v["w_up"], normalize,
-                         **options)
-
-
 def _check(name: str, got: np.ndarray, want: np.ndarray, values: dict) -> None:
-    """`got` within the path's tolerance of `want`, and more than 4 of it
-    from the layer without its selection bias, its groups or its scale."""
-    expert, dtype = LAYERS[name][:2]
-    got = np.asarray(got, np.float32)
-    scale = np.abs(want).max()
-    tol = (0.03 if packed.is_packed(expert) else 2.0 ** -7 if dtype == "bf16" else 1e-5) \
-        * scale + 1e-6
-    assert np.abs(got - want).max() <= tol, (name, np.abs(got - want).max(), tol)
-    variants = {"no scale": dict(routed_scale=1.0)}
-    if got.shape[0] > 1:  # one token: the bias may keep its experts
-        variants["no bias"] = dict(selection_bias=None)
-    if got.shape[0] >= 16 and LAYERS[name][5] > 1:  # and a few tokens, the groups
-        variants["no groups"] = dict(n_group=1, topk_group=1)
-    for what, changes in variants.items():
-        assert np.abs(got - _reference(name, values, **changes)).max() > 4 * tol, (name, what)
+    """Close to the reference, far from the layer without its scale, (past
+    one token, whose experts the bias may keep) without its bias and
+    (from 16 tokens, with groups) without its groups."""
+    groups, kept, normalize = LAYERS[name][5:]
+    changes = {"no scale": dict(routed_scale=1.0)}
+    if got.shape[0] > 1:
+        changes["no bias"] = dict(selection_bias=None)
+    if got.shape[0] >= 16 and groups > 1:
+        changes["no groups"] = dict(n_group=1, topk_group=1)
+    options = dict(scoring="sigmoid", selection_bias=values[f"{name}_bias"],
+                   routed_scale=SCALE, n_group=groups, topk_group=kept)
+    check(name, LAYERS[name], got, want, {
+        what: reference(name, LAYERS[name], values, TOP_K, normalize, **{**options, **change})
+        for what, change in changes.items()})
 
 
 @pytest.mark.parametrize("kernels", ["native", "cuda"])
 def test_paths(kernels):
     """The CPU's vector and packed tiles, and the CUDA ones simulated."""
     names = list(LAYERS)
-    g = _graph(names)
-    kernel = etc.compile(g, target="cpu", kernels=kernels, workers=2)
-    weights = {k: v for name in names for k, v in _weights(name).items()}
-    run = kernel.partial(**weights)
-    for tokens in TOKENS if kernels == "native" else (1, 33):
-        ins = {k: v for name in names for k, v in _inputs(name, tokens).items()}
-        for name, out, ref in zip(names, run.run(**ins), evaluate(g, **ins, **weights)):
-            _check(name, out, ref, {**ins, **weights})
+    weights = {k: v for name in names for k, v in expert_weights(name, LAYERS[name], E).items()}
+    run_paths(_graph(names), kernels, names, weights, _inputs, _check)
 
 
 def _tie_inputs(near: bool) -> dict:

@@ -17,13 +17,12 @@ import numpy as np
 import pytest
 
 import etc
-from etc import packed
-from etc.reference import evaluate, moe as moe_reference, moe_route, round_bf16
+from etc.reference import moe_route, round_bf16
 
+from moe_routing_layers import check, expert_weights, reference, run_paths
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
 E, TOP_K, TILE = 8, 2, 8
-TOKENS = (1, 2, 5, 16, 33)
 #: A floor most tokens' two chosen scores sum below (the bias picks
 #: experts the softmax scores low), so that it is seen.
 NORM_MIN = 0.4
@@ -53,20 +52,6 @@ def _graph(names) -> etc.Graph:
     return g
 
 
-def _weights(name: str) -> dict:
-    expert, _, transposed, h, f = LAYERS[name]
-    rng = np.random.default_rng(len(name))
-    out = {}
-    for role, (rows, cols) in (("w1", (h, f)), ("w_up", (h, f)), ("w2", (f, h))):
-        shape = (E, cols, rows) if transposed else (E, rows, cols)
-        values = (rng.standard_normal(shape) / np.sqrt(rows)).astype(np.float32)
-        if packed.is_packed(expert):
-            out[f"{name}_{role}"] = packed.quantize(values, expert)
-        else:
-            out[f"{name}_{role}"] = round_bf16(values) if expert == "bf16" else values
-    return out
-
-
 def _softmax(logits: np.ndarray) -> np.ndarray:
     e = np.exp(logits - logits.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
@@ -94,44 +79,24 @@ def _inputs(name: str, tokens: int) -> dict:
     raise AssertionError("no inputs route with a margin")
 
 
-def _reference(name: str, values: dict, **changes) -> np.ndarray:
-    expert, _, transposed = LAYERS[name][:3]
-    v = {role: values[f"{name}_{role}"] for role in ("x", "router", "w1", "w2", "w_up", "bias")}
-    for role in ("w1", "w2", "w_up"):
-        w = packed.dequantize(v[role], expert) if packed.is_packed(expert) else v[role]
-        v[role] = np.swapaxes(w, -1, -2) if transposed else w
-    options = {**dict(selection_bias=v["bias"], norm_min=NORM_MIN), **changes}
-    return moe_reference(v["x"], v["router"], v["w1"], v["w2"], TOP_K, v["w_up"], **options)
-
-
 def _check(name: str, got: np.ndarray, want: np.ndarray, values: dict) -> None:
-    """`got` within the path's tolerance of `want`, and more than 4 of it
-    from the layer without its selection bias or without its floor."""
-    expert, dtype = LAYERS[name][:2]
-    got = np.asarray(got, np.float32)
-    scale = np.abs(want).max()
-    tol = (0.03 if packed.is_packed(expert) else 2.0 ** -7 if dtype == "bf16" else 1e-5) \
-        * scale + 1e-6
-    assert np.abs(got - want).max() <= tol, (name, np.abs(got - want).max(), tol)
-    for what, changes in {"no floor": dict(norm_min=0.0),
-                          "no bias": dict(selection_bias=None)}.items():
-        if what == "no bias" and got.shape[0] == 1:
-            continue  # one token: the bias may keep its experts
-        assert np.abs(got - _reference(name, values, **changes)).max() > 4 * tol, (name, what)
+    """Close to the reference, far from the layer without its floor and
+    (past one token, whose experts the bias may keep) without its bias."""
+    changes = {"no floor": dict(norm_min=0.0)}
+    if got.shape[0] > 1:
+        changes["no bias"] = dict(selection_bias=None)
+    options = dict(selection_bias=values[f"{name}_bias"], norm_min=NORM_MIN)
+    check(name, LAYERS[name], got, want, {
+        what: reference(name, LAYERS[name], values, TOP_K, **{**options, **change})
+        for what, change in changes.items()})
 
 
 @pytest.mark.parametrize("kernels", ["native", "cuda"])
 def test_paths(kernels):
     """The CPU's vector and packed tiles, and the CUDA ones simulated."""
     names = list(LAYERS)
-    g = _graph(names)
-    kernel = etc.compile(g, target="cpu", kernels=kernels, workers=2)
-    weights = {k: v for name in names for k, v in _weights(name).items()}
-    run = kernel.partial(**weights)
-    for tokens in TOKENS if kernels == "native" else (1, 33):
-        ins = {k: v for name in names for k, v in _inputs(name, tokens).items()}
-        for name, out, ref in zip(names, run.run(**ins), evaluate(g, **ins, **weights)):
-            _check(name, out, ref, {**ins, **weights})
+    weights = {k: v for name in names for k, v in expert_weights(name, LAYERS[name], E).items()}
+    run_paths(_graph(names), kernels, names, weights, _inputs, _check)
 
 
 def test_route_reference():
@@ -178,6 +143,9 @@ def test_errors():
     for value in (-1e-12, float("inf"), float("nan"), True, "0"):
         with pytest.raises(ValueError, match=r"norm_min must be a finite number >= 0"):
             g.moe(x, router, w1, w2, 2, norm_min=value)
+    with pytest.raises(ValueError, match=r"norm_min = 0.4 floors the renormalising sum, but "
+                                         r"normalize=False renormalises nothing"):
+        g.moe(x, router, w1, w2, 2, normalize=False, norm_min=0.4)
     with pytest.raises(ValueError, match=r"operand 'selection_bias' .* must have shape \(8,\)"):
         g.moe(x, router, w1, w2, 2, selection_bias=g.input("b4", (4,)))
     # A floor of 0 records nothing: the op is plain softmax routing's.
