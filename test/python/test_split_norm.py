@@ -200,5 +200,7 @@ def test_errors_name_the_argument():
         g.split_rmsnorm(x, g.input("w16", (16,)), ss, width=64)
     with pytest.raises(ValueError, match=r"split_rmsnorm: .*'sum_squares'.* must be f32"):
         g.split_rmsnorm(x, w, g.input("half", (T, 2), "bf16"), width=64)
-    with pytest.raises(ValueError, match=r"split_rmsnorm: 'eps' must be"):
-        g.split_rmsnorm(x, w, ss, width=64, eps=-1.0)
+    for eps in (-1.0, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match=r"split_rmsnorm: 'eps' must be a finite "
+                                             r"non-negative float"):
+            g.split_rmsnorm(x, w, ss, width=64, eps=eps)
