@@ -1,11 +1,12 @@
 """The GPU check kit's families for sigmoid_mul, gelu_mul (GeGLU, f32 and
 bf16), sigmoid-scored MoE routing, softmax routing with a selection bias
-and a floor (ERNIE 4.5's) or with groups scored by their best (DeepSeek-V2's)
-and the GEMV's ragged last tile (kit/families.py): they compile for the
-GPU and assemble without spills, take the tiles they are there to check,
-match the NumPy reference with the CUDA lanes simulated on the CPU at their
-recipes' sizes and inputs, and their recipes draw inputs whose routing the
-bias and the groups decide."""
+and a floor (ERNIE 4.5's) or with groups scored by their best
+(DeepSeek-V2's), the GEMV's ragged last tile and the norm split over ranks
+(kit/families.py): they compile for the GPU and assemble without spills,
+take the tiles they are there to check, match the NumPy reference with
+the CUDA lanes simulated on the CPU at their recipes' sizes and inputs,
+and their recipes draw inputs whose routing the bias and the groups
+decide."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import families  # noqa: E402
 
 NEW = ("op_sigmoid_mul", "op_gelu_mul", "op_gelu_mul_bf16", "moe_sigmoid", "moe_sigmoid_bf16",
        "gemv_ragged", "gemv_ragged_bf16", "moe_softmax_bias", "moe_softmax_bias_bf16",
-       "moe_group_max", "moe_group_max_bf16")
+       "moe_group_max", "moe_group_max_bf16", "split_norm", "split_norm_bf16")
 
 
 @pytest.mark.parametrize("name", NEW)
