@@ -53,26 +53,32 @@ def reference(name: str, layer: tuple, values: dict, top_k: int, normalize: bool
                          **options)
 
 
-def check(name: str, layer: tuple, got: np.ndarray, want: np.ndarray, others: dict) -> None:
+def check(name: str, layer: tuple, got: np.ndarray, want: np.ndarray, values: dict,
+          top_k: int, options: dict, changes: dict, normalize: bool = True) -> None:
     """`got` within the path's tolerance of `want` (of its largest value:
     1e-5 in f32, 2^-7 in bf16, 3 % for packed experts), and more than 4
-    tolerances from each of `others` (what -> the reference's output
-    without one of the layer's routing options)."""
+    tolerances from the reference of the layer (routing `options`) with
+    each of `changes` (what -> options it changes: one left out)."""
     expert, dtype = layer[:2]
     got = np.asarray(got, np.float32)
     tol = (0.03 if packed.is_packed(expert) else 2.0 ** -7 if dtype == "bf16" else 1e-5) \
         * np.abs(want).max() + 1e-6
     assert np.abs(got - want).max() <= tol, (name, np.abs(got - want).max(), tol)
-    for what, other in others.items():
+    for what, change in changes.items():
+        other = reference(name, layer, values, top_k, normalize, **{**options, **change})
         assert np.abs(got - other).max() > 4 * tol, (name, what)
 
 
-def run_paths(g: etc.Graph, kernels: str, names: list, weights: dict,
+def run_paths(g: etc.Graph, kernels: str, layers: dict, experts: int,
               inputs: Callable[[str, int], dict],
               check_layer: Callable[[str, np.ndarray, np.ndarray, dict], None]) -> None:
-    """`g` (one output per layer of `names`) compiled for the CPU with
-    `kernels`, run at each token count with `inputs(name, tokens)`;
-    `check_layer(name, output, reference output, every input)` per layer."""
+    """`g` (one output per layer of `layers`, in order) compiled for the
+    CPU with `kernels`, run with `expert_weights` at each token count with
+    `inputs(name, tokens)`; `check_layer(name, output, reference output,
+    every input)` per layer."""
+    names = list(layers)
+    weights = {k: v for name in names
+               for k, v in expert_weights(name, layers[name], experts).items()}
     kernel = etc.compile(g, target="cpu", kernels=kernels, workers=2)
     run = kernel.partial(**weights)
     for tokens in TOKENS if kernels == "native" else CUDA_TOKENS:
