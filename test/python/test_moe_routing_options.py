@@ -15,20 +15,14 @@ width."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import etc
-from etc.reference import moe_route, round_bf16
+from etc.reference import moe_route
 
-from moe_routing_layers import check, run_paths
+from moe_routing_layers import check, draw_inputs, layers_graph, routing_margin, run_paths
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kit"))
-from families import _routing_margin  # noqa: E402
 
 E, TOP_K, TILE, GROUPS, KEPT, SCALE = 16, 3, 8, 4, 2, 2.5
 #: Per scoring, a floor that some tokens' chosen scores sum below.
@@ -49,44 +43,21 @@ def _options(name: str, bias: np.ndarray) -> dict:
                 topk_group=KEPT, group_score="max", norm_min=NORM_MIN[scoring])
 
 
-def _graph(names) -> etc.Graph:
-    g = etc.Graph("routing_options")
-    T = g.symbol("T")
-    outs = []
-    for name in names:
-        expert, dtype, transposed, h, f = LAYERS[name][:5]
-        inp = lambda role, shape, dt: g.input(f"{name}_{role}", shape, dt)
-        w_shape = lambda rows, cols: (E, cols, rows) if transposed else (E, rows, cols)
-        outs.append(g.moe(inp("x", (T, h), dtype), inp("router", (h, E), dtype),
-                          inp("w1", w_shape(h, f), expert), inp("w2", w_shape(f, h), expert),
-                          TOP_K, w_up=inp("w_up", w_shape(h, f), expert), transpose_w=transposed,
-                          tile=TILE, name=name,
-                          **_options(name, inp("bias", (E,), "f32"))))
-    g.output(*outs)
-    return g
-
-
 def _inputs(name: str, tokens: int) -> dict:
     """x, router and the selection bias (about the scores' spread): the
     chosen groups and experts ahead of the next by 1e-3 (the floor, a
     `max`, needs no margin), and some token's chosen sum below 0.75 of
     the floor."""
-    _, dtype, _, h, _, scoring = LAYERS[name]
-    rng = np.random.default_rng(tokens + 7 * len(name))
-    for _ in range(1000):
-        x = rng.standard_normal((tokens, h)).astype(np.float32)
-        router = (rng.standard_normal((h, E)) / np.sqrt(h)).astype(np.float32)
-        if dtype == "bf16":
-            x, router = round_bf16(x), round_bf16(router)
-        bias = (rng.standard_normal(E) * (0.05 if scoring == "softmax" else 0.2)) \
-            .astype(np.float32)
+    scoring = LAYERS[name][5]
+
+    def accept(x, router, bias) -> bool:
         options = _options(name, bias)
         floor = options.pop("norm_min")
-        total = moe_route(x @ router, TOP_K, False, **{**options, "routed_scale": 1.0})[1].sum(-1)
-        margin = _routing_margin(x, router, TOP_K, bias, GROUPS, KEPT, scoring, "max")
-        if margin > 1e-3 and total.min() < 0.75 * floor:
-            return {f"{name}_x": x, f"{name}_router": router, f"{name}_bias": bias}
-    raise AssertionError("no inputs route with a margin")
+        weights = moe_route(x @ router, TOP_K, False, **{**options, "routed_scale": 1.0})[1]
+        return routing_margin(x, router, TOP_K, bias, GROUPS, KEPT, scoring, "max") > 1e-3 \
+            and weights.sum(-1).min() < 0.75 * floor
+    return draw_inputs(name, LAYERS[name], E, tokens, 0.05 if scoring == "softmax" else 0.2,
+                       accept)
 
 
 def _check(name: str, got: np.ndarray, want: np.ndarray, values: dict) -> None:
@@ -106,7 +77,8 @@ def _check(name: str, got: np.ndarray, want: np.ndarray, values: dict) -> None:
 @pytest.mark.parametrize("kernels", ["native", "cuda"])
 def test_paths(kernels):
     """The CPU's vector and packed tiles, and the CUDA ones simulated."""
-    run_paths(_graph(LAYERS), kernels, LAYERS, E, _inputs, _check)
+    g = layers_graph("routing_options", LAYERS, E, TOP_K, TILE, _options)
+    run_paths(g, kernels, LAYERS, E, _inputs, _check)
 
 
 @needs_ptxas

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import etc
-from etc.reference import moe_route, round_bf16
+from etc.reference import moe_route
 
-from moe_routing_layers import check, run_paths
+from moe_routing_layers import check, draw_inputs, layers_graph, run_paths
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
 E, TOP_K, TILE = 8, 2, 8
@@ -35,21 +35,8 @@ LAYERS = {
 }
 
 
-def _graph(names) -> etc.Graph:
-    g = etc.Graph("softmax_bias_moe")
-    T = g.symbol("T")
-    outs = []
-    for name in names:
-        expert, dtype, transposed, h, f = LAYERS[name]
-        inp = lambda role, shape, dt: g.input(f"{name}_{role}", shape, dt)
-        w_shape = lambda rows, cols: (E, cols, rows) if transposed else (E, rows, cols)
-        outs.append(g.moe(inp("x", (T, h), dtype), inp("router", (h, E), dtype),
-                          inp("w1", w_shape(h, f), expert), inp("w2", w_shape(f, h), expert),
-                          TOP_K, w_up=inp("w_up", w_shape(h, f), expert), transpose_w=transposed,
-                          selection_bias=inp("bias", (E,), "f32"), norm_min=NORM_MIN, tile=TILE,
-                          name=name))
-    g.output(*outs)
-    return g
+def _options(name: str, bias) -> dict:
+    return dict(selection_bias=bias, norm_min=NORM_MIN)
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -61,22 +48,15 @@ def _inputs(name: str, tokens: int) -> dict:
     """x, router and the selection bias, routing with a margin of 1e-3
     (the bias about as large as the scores' spread), each token's chosen
     sum at least 0.02 from the floor and some token's below 0.6 of it."""
-    _, dtype, _, h = LAYERS[name][:4]
-    rng = np.random.default_rng(tokens + 7 * len(name))
-    for _ in range(1000):
-        x = rng.standard_normal((tokens, h)).astype(np.float32)
-        router = (rng.standard_normal((h, E)) / np.sqrt(h)).astype(np.float32)
-        if dtype == "bf16":
-            x, router = round_bf16(x), round_bf16(router)
-        bias = (rng.standard_normal(E) * 0.15).astype(np.float32)
+
+    def accept(x, router, bias) -> bool:
         p = _softmax(x @ router)
         ordered = -np.sort(-(p + bias), axis=-1)
         chosen, _ = moe_route(x @ router, TOP_K, selection_bias=bias)
         total = np.take_along_axis(p, chosen, axis=1).sum(-1)
-        if (ordered[:, TOP_K - 1] - ordered[:, TOP_K]).min() > 1e-3 and \
-                np.abs(total - NORM_MIN).min() > 0.02 and total.min() < 0.6 * NORM_MIN:
-            return {f"{name}_x": x, f"{name}_router": router, f"{name}_bias": bias}
-    raise AssertionError("no inputs route with a margin")
+        return (ordered[:, TOP_K - 1] - ordered[:, TOP_K]).min() > 1e-3 and \
+            np.abs(total - NORM_MIN).min() > 0.02 and total.min() < 0.6 * NORM_MIN
+    return draw_inputs(name, LAYERS[name], E, tokens, 0.15, accept)
 
 
 def _check(name: str, got: np.ndarray, want: np.ndarray, values: dict) -> None:
@@ -85,14 +65,15 @@ def _check(name: str, got: np.ndarray, want: np.ndarray, values: dict) -> None:
     changes = {"no floor": dict(norm_min=0.0)}
     if got.shape[0] > 1:
         changes["no bias"] = dict(selection_bias=None)
-    options = dict(selection_bias=values[f"{name}_bias"], norm_min=NORM_MIN)
-    check(name, LAYERS[name], got, want, values, TOP_K, options, changes)
+    check(name, LAYERS[name], got, want, values, TOP_K, _options(name, values[f"{name}_bias"]),
+          changes)
 
 
 @pytest.mark.parametrize("kernels", ["native", "cuda"])
 def test_paths(kernels):
     """The CPU's vector and packed tiles, and the CUDA ones simulated."""
-    run_paths(_graph(LAYERS), kernels, LAYERS, E, _inputs, _check)
+    g = layers_graph("softmax_bias_moe", LAYERS, E, TOP_K, TILE, _options)
+    run_paths(g, kernels, LAYERS, E, _inputs, _check)
 
 
 def test_route_reference():
