@@ -4,8 +4,9 @@ renormalising sum (`norm_min`) and a routed scale, with softmax and with
 sigmoid scores. No published model combines them all, but the router tile
 composes them (the bias ranks, the groups mask the ranked scores, the
 weights are the unbiased scores, floored, scaled), so the operator takes
-every combination but the two it refuses (tested here): softmax groups
-scored by their two best, and a floor where nothing is renormalised.
+every combination but those it refuses (tested here): softmax groups
+scored by their two best, a floor where nothing is renormalised, and a
+group score without groups.
 
 Every kernel path against `etc.reference.moe` for 1 to 33 tokens (the
 CPU's vector tiles, f32 and bf16 transposed, its packed q8_0 tiles, the
