@@ -5,7 +5,8 @@ recipe for its inputs that needs only NumPy (`Recipe`), so that the kit can
 draw fresh inputs for every run on a machine without MLIR. Together they
 cover every operator of the front end, the examples, the three dtypes, the
 data-dependent MoE layer (softmax routing, with a selection bias and a
-floor under the renormalising sum too, and sigmoid-scored routing), the GEMV's
+floor under the renormalising sum too, or with expert groups scored by
+their best, and sigmoid-scored routing), the GEMV's
 ragged last tile, the norm split over ranks (`sum_squares`,
 `split_rmsnorm`) and the GGUF block formats of packed weights.
 """
@@ -29,8 +30,9 @@ class Recipe:
     symbol to check at; `tolerance` the largest relative error
     ‖out − ref‖ / ‖ref‖ per output; `routing` names (x, router_w, top_k)
     when the inputs must route tokens unambiguously (MoE), and for
-    biased routing (x, router_w, top_k, scoring ("sigmoid" or
-    "softmax"), selection_bias, n_group, topk_group): the chosen experts,
+    biased or grouped routing (x, router_w, top_k, scoring ("sigmoid" or
+    "softmax"), selection_bias (None: none), n_group, topk_group[,
+    group_score ("top2", the default, or "max")]): the chosen experts,
     and with groups the chosen groups, ahead of the next by a margin."""
 
     sizes: tuple = (1, 5, 33, 64)
@@ -272,6 +274,25 @@ def layernorm_graph(dtype: str = "bf16", name: str = "layernorm_rows"):
     return g
 
 
+def moe_group_max_graph(dtype: str = "f32", name: str = "moe_group_max"):
+    """DeepSeek-V2's routing (group_limited_greedy) of gated experts given
+    transposed, as the models load them: softmax scores, 16 experts in 4
+    groups of 4 scored by their best, the experts of the best 2 groups
+    candidates, the top 3 chosen, their weights not renormalised and
+    times 2."""
+    import etc
+
+    g = etc.Graph(name)
+    T = g.symbol("T")
+    x = g.input("x", (T, 16), dtype)
+    g.output(g.moe(x, g.input("router_w", (16, 16), dtype), g.input("w1", (16, 24, 16), dtype),
+                   g.input("w2", (16, 16, 24), dtype), 3,
+                   w_up=g.input("w_up", (16, 24, 16), dtype), transpose_w=True,
+                   normalize=False, routed_scale=2.0, n_group=4, topk_group=2,
+                   group_score="max", tile=8))
+    return g
+
+
 #: Rows of Wᵀ for the ragged GEMV family: no GEMV tile width divides them.
 RAGGED_N = (1, 7, 33, 260)
 
@@ -377,6 +398,13 @@ def families() -> dict:
     table["moe_softmax_bias_bf16"] = (
         lambda: moe_softmax_bias_graph("bf16", "moe_softmax_bias_bf16"),
         Recipe(sizes=(3, 40), tolerance=2e-2, **biased))
+    # Softmax scores of logits about N(0, 2) over 16 experts: the groups
+    # (scored by their best) change the choice of some tokens.
+    grouped = dict(scales={"router_w": 0.5, "w1": 0.25, "w_up": 0.25, "w2": 0.2},
+                   routing=("x", "router_w", 3, "softmax", None, 4, 2, "max"))
+    table["moe_group_max"] = (moe_group_max_graph, Recipe(sizes=(1, 7, 40, 100), **grouped))
+    table["moe_group_max_bf16"] = (lambda: moe_group_max_graph("bf16", "moe_group_max_bf16"),
+                                   Recipe(sizes=(3, 40), tolerance=2e-2, **grouped))
     # Decode batches: one row, a pass of 4 and one row, 17 (GEMV tiles).
     ragged = {f"w{n}": 0.1 for n in RAGGED_N}
     table["gemv_ragged"] = (gemv_ragged_graph, Recipe(sizes=(1, 5, 17), scales=ragged))
@@ -462,10 +490,13 @@ def _gap(scores, chosen: int):
 
 
 def _routing_margin(x, router_w, top_k: int, bias=None, n_group: int = 0,
-                    topk_group: int = 1, scoring: str = "sigmoid") -> float:
+                    topk_group: int = 1, scoring: str = "sigmoid",
+                    group_score: str = "top2") -> float:
     """The smallest lead, over tokens, of the chosen experts (softmax
-    scores; with `n_group`, `scoring`'s scores plus `bias` and, past one
-    group, also of the chosen groups' scores, as `etc.reference.moe_route`)."""
+    scores; with `n_group`, `scoring`'s scores plus `bias` (if any) and,
+    past one group, also of the chosen groups' scores: the sum of their
+    two best, or with `group_score` "max" their best, as
+    `etc.reference.moe_route`)."""
     logits = x.astype(np.float32) @ router_w.astype(np.float32)
     if not len(logits) or top_k >= logits.shape[1]:
         return 1.0
@@ -474,12 +505,12 @@ def _routing_margin(x, router_w, top_k: int, bias=None, n_group: int = 0,
     if not n_group:
         return float(np.min(_gap(p, top_k)))
     scores = p if scoring == "softmax" else np.float32(1) / (np.float32(1) + np.exp(-logits))
-    ranked = scores + bias.astype(np.float32)
+    ranked = scores if bias is None else scores + bias.astype(np.float32)
     gaps = []
     if n_group > 1:
         size = ranked.shape[1] // n_group
-        best_two = -np.sort(-ranked.reshape(len(ranked), n_group, size), axis=-1)[..., :2]
-        group_scores = best_two.sum(-1)
+        best = -np.sort(-ranked.reshape(len(ranked), n_group, size), axis=-1)
+        group_scores = best[..., 0] if group_score == "max" else best[..., :2].sum(-1)
         if topk_group < n_group:
             gaps.append(_gap(group_scores, topk_group))
         # Stable: equal group scores keep the lower group, as the routing.
@@ -516,9 +547,10 @@ def make_inputs(arguments, symbols: dict, recipe: Recipe, rng) -> dict:
             return inputs
         x, router_w, top_k, *biased = recipe.routing
         if biased:
-            scoring, bias, n_group, topk_group = biased
-            margin = _routing_margin(inputs[x], inputs[router_w], top_k, inputs[bias],
-                                     n_group, topk_group, scoring)
+            scoring, bias, n_group, topk_group, *group_score = biased
+            margin = _routing_margin(inputs[x], inputs[router_w], top_k,
+                                     inputs[bias] if bias else None, n_group, topk_group,
+                                     scoring, *group_score)
         else:
             margin = _routing_margin(inputs[x], inputs[router_w], top_k)
         if margin > 1e-4:

@@ -36,6 +36,15 @@ def norm_offset(kind: str, offset) -> dict:
     return {"offset": float(offset)} if offset else {}
 
 
+def norm_eps(kind: str, eps) -> float:
+    """An RMSNorm's `eps`, checked: a finite number >= 0 (NaN would make
+    every row NaN)."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or \
+            not 0 <= eps < math.inf:
+        raise ValueError(f"{kind}: 'eps' must be a finite non-negative float, got {eps!r}")
+    return float(eps)
+
+
 @dataclass(frozen=True)
 class RaggedBatch:
     """The index inputs (all i32) that describe a step's ragged batch of
@@ -261,12 +270,10 @@ class LLMOperators:
         if weight.shape != (head_dim,):
             raise ValueError(f"{kind}: {describe('weight', weight)} must have shape "
                              f"({head_dim},) (head_dim)")
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
-            raise ValueError(f"{kind}: 'eps' must be a non-negative float, got {eps!r}")
         dtype = self._same_dtype(kind, [("x", x), ("weight", weight)])
         tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
         return self._finish(kind, [("x", x), ("weight", weight)], x.shape, dtype, tile,
-                            {"head_dim": head_dim, "eps": float(eps),
+                            {"head_dim": head_dim, "eps": norm_eps(kind, eps),
                              **norm_offset(kind, offset)}, None, name)
 
     def sum_squares(self, *xs, tile=None, name: Optional[str] = None):
@@ -319,12 +326,10 @@ class LLMOperators:
                 (isinstance(x.shape[1], int) and width < x.shape[1]):
             raise ValueError(f"{kind}: 'width' = {width!r} must be a positive int, the whole "
                              f"row's width, at least that of {describe('x', x)}")
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
-            raise ValueError(f"{kind}: 'eps' must be a non-negative float, got {eps!r}")
         tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
         return self._finish(kind, [("x", x), ("weight", weight), ("sum_squares", sum_squares)],
                             x.shape, dtype, tile,
-                            {"width": width, "column": column, "eps": float(eps),
+                            {"width": width, "column": column, "eps": norm_eps(kind, eps),
                              **norm_offset(kind, offset)}, None, name)
 
     def head_layernorm(self, x, weight, *, head_dim: int, eps: float = 1e-5, tile=None,

@@ -65,24 +65,21 @@ class MoeOperators:
         g = min(gate, limit) and u = clamp(up, -limit, limit),
         act = (u + 1) * g * sigmoid(alpha * g).
 
-        Sigmoid routing (DeepSeek-V3, GLM-4.5): with `scoring="sigmoid"`
-        the scores are p = sigmoid(logits) instead of their softmax; the
-        top_k experts are chosen by p + `selection_bias` ((E,), f32 or x's
-        dtype: selection only), their weights are the unbiased p,
-        renormalised by sum + 1e-20 unless `normalize=False`. With
-        `n_group` > 1 the E experts form n_group groups of E / n_group
-        (at least 2 each); a group's score is the sum of its two largest
-        biased scores and only the experts of the best `topk_group` groups
-        (ties: lower group first) are candidates; with
-        `group_score="max"` a group's score is its largest (biased) score
-        instead (DeepSeek-V2's group_limited_greedy, whose softmax scoring
-        takes groups this way only). Every routing weight is then
-        multiplied by `routed_scale` (either scoring).
-
-        A `selection_bias` with softmax scoring (ERNIE 4.5) chooses by
-        p + bias as well, weights by the unbiased p. `norm_min` (>= 0,
-        ERNIE 4.5's `moe_norm_min`) is the least the sum is divided by
-        when renormalising: w_j = p_j / max(sum, norm_min).
+        Routing options (docs/moe.md): with `scoring="sigmoid"`
+        (DeepSeek-V3, GLM-4.5) the scores are p = sigmoid(logits) instead
+        of their softmax, renormalised by sum + 1e-20. A `selection_bias`
+        ((E,), f32 or x's dtype; either scoring: ERNIE 4.5's with softmax)
+        chooses the top_k experts by p + bias; their weights stay the
+        unbiased p. With `n_group` > 1 the E experts form n_group groups
+        of E / n_group and only the experts of the best `topk_group`
+        groups (ties: lower group first) are candidates; a group's score
+        is the sum of its two largest biased scores (`group_score="top2"`,
+        groups of at least 2, sigmoid scoring only) or its largest
+        (`group_score="max"`, DeepSeek-V2's group_limited_greedy, either
+        scoring). `norm_min` (>= 0, ERNIE 4.5's `moe_norm_min`; needs
+        `normalize`) is the least the sum is divided by when
+        renormalising: w_j = p_j / max(sum, norm_min). Every routing weight
+        is then multiplied by `routed_scale` (either scoring).
         See docs/moe.md for the lowering.
         """
         kind = "moe"
@@ -134,7 +131,7 @@ class MoeOperators:
                              f"expected an int with 1 <= top_k <= {experts}")
         params = {"top_k": top_k, "experts": experts, "gated": w_up is not None,
                   "normalize": bool(normalize), "transpose_w": bool(transpose_w),
-                  **_routing(experts, top_k, scoring, selection_bias, routed_scale, n_group,
+                  **_routing(experts, top_k, normalize, scoring, routed_scale, n_group,
                              topk_group, group_score, norm_min)}
         biases = {"router_b": (router_b, (experts,), "(E,)"), "b1": (b1, (experts, ffn), "(E, F)"),
                   "b_up": (b_up, (experts, ffn), "(E, F)"), "b2": (b2, (experts, hidden), "(E, H)"),
@@ -196,9 +193,8 @@ class MoeOperators:
         return result
 
 
-def _routing(experts: int, top_k: int, scoring: str, selection_bias: Optional[Tensor],
-             routed_scale: float, n_group: int, topk_group: int, group_score: str = "top2",
-             norm_min: float = 0.0) -> dict:
+def _routing(experts: int, top_k: int, normalize: bool, scoring: str, routed_scale: float,
+             n_group: int, topk_group: int, group_score: str, norm_min: float) -> dict:
     """The moe op's routing parameters, checked; only those that differ from
     plain softmax routing, so that softmax layers record what they did."""
     kind = "moe"
@@ -215,6 +211,12 @@ def _routing(experts: int, top_k: int, scoring: str, selection_bias: Optional[Te
     if group_score not in GROUP_SCORES:
         raise ValueError(f"{kind}: group_score {group_score!r} is not one ETC knows; expected "
                          f"one of {', '.join(map(repr, GROUP_SCORES))}")
+    if isinstance(norm_min, bool) or not isinstance(norm_min, (int, float)) or \
+            not 0 <= norm_min < math.inf:
+        raise ValueError(f"{kind}: norm_min must be a finite number >= 0, got {norm_min!r}")
+    if norm_min and not normalize:
+        raise ValueError(f"{kind}: norm_min = {norm_min!r} floors the renormalising sum, but "
+                         f"normalize=False renormalises nothing")
     params = {}
     if scoring == "sigmoid":
         params["scoring"] = scoring
@@ -225,15 +227,15 @@ def _routing(experts: int, top_k: int, scoring: str, selection_bias: Optional[Te
                          f"DeepSeek-V2's, take group_score='max')")
     if routed_scale != 1.0:
         params["routed_scale"] = float(routed_scale)
-    if isinstance(norm_min, bool) or not isinstance(norm_min, (int, float)) or \
-            not 0 <= norm_min < math.inf:
-        raise ValueError(f"{kind}: norm_min must be a finite number >= 0, got {norm_min!r}")
     if norm_min:
         params["norm_min"] = float(norm_min)
     if n_group == 1:
         if topk_group != 1:
             raise ValueError(f"{kind}: topk_group = {topk_group} needs experts in groups "
                              f"(n_group > 1); with n_group = 1 it must be 1")
+        if group_score != "top2":
+            raise ValueError(f"{kind}: group_score = {group_score!r} scores expert groups, but "
+                             f"n_group = 1 forms none")
         return params
     least = 2 if group_score == "top2" else 1
     if experts % n_group or experts // n_group < least:

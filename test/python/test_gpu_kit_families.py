@@ -1,11 +1,12 @@
 """The GPU check kit's families for sigmoid_mul, gelu_mul (GeGLU, f32 and
 bf16), sigmoid-scored MoE routing, softmax routing with a selection bias
-and a floor (ERNIE 4.5's), the GEMV's ragged last tile and layernorm
-(kit/families.py): they compile for the
-GPU and assemble without spills, take the tiles they are there to check,
-match the NumPy reference with the CUDA lanes simulated on the CPU at their
-recipes' sizes and inputs, and their recipes draw inputs whose routing the
-bias and the groups decide."""
+and a floor (ERNIE 4.5's) or with groups scored by their best
+(DeepSeek-V2's), the GEMV's ragged last tile, the norm split over ranks
+and layernorm (kit/families.py): they compile for the GPU and assemble
+without spills, take the tiles they are there to check, match the NumPy
+reference with the CUDA lanes simulated on the CPU at their recipes' sizes
+and inputs, and their recipes draw inputs whose routing the bias and the
+groups decide."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ import families  # noqa: E402
 
 NEW = ("op_sigmoid_mul", "op_gelu_mul", "op_gelu_mul_bf16", "moe_sigmoid", "moe_sigmoid_bf16",
        "gemv_ragged", "gemv_ragged_bf16", "moe_softmax_bias", "moe_softmax_bias_bf16",
-       "op_layernorm", "layernorm_rows", "layernorm_rows_f32")
+       "op_layernorm", "layernorm_rows", "layernorm_rows_f32", "moe_group_max",
+       "moe_group_max_bf16", "split_norm", "split_norm_bf16")
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -97,6 +99,38 @@ def test_softmax_bias_recipe_routes_by_bias_under_the_floor():
     assert np.any(np.sort(chosen, axis=-1) != np.sort(unbiased, axis=-1))
     floored = weights.sum(-1) < 0.999
     assert floored.any() and not floored.all()
+
+
+def test_group_max_recipe_routes_by_the_groups_best():
+    """At 40 tokens the recipe's inputs route some tokens otherwise without
+    the groups, and some otherwise were the groups scored by their two
+    best (group_score "top2"), so the kit checks the "max" rule itself."""
+    _, recipe = families.families()["moe_group_max"]
+    arguments = families.moe_group_max_graph().arguments
+    inputs = families.make_inputs(arguments, {"T": 40}, recipe, np.random.default_rng(5))
+    logits = inputs["x"] @ inputs["router_w"]
+    full = dict(n_group=4, topk_group=2, group_score="max", routed_scale=2.0)
+    chosen = np.sort(moe_route(logits, 3, False, **full)[0], axis=-1)
+    for without in (dict(n_group=1, topk_group=1), dict(group_score="top2")):
+        other = np.sort(moe_route(logits, 3, False, **{**full, **without})[0], axis=-1)
+        assert np.any(chosen != other), without
+
+
+def test_routing_margin_sees_group_max_ties():
+    """Two groups whose best experts score the same leave no margin for
+    the choice of groups by their best, though their sums of two differ."""
+    x = np.eye(16, dtype=np.float32)[:6]  # logits: the router's first rows
+    router = (np.random.default_rng(2).standard_normal((16, 8)) * 0.25).astype(np.float32)
+    assert families._routing_margin(x, router, 2, None, 4, 2, "softmax", "max") > 0
+    # Group 0 far ahead, group 3 far behind; groups 1 and 2 have the same
+    # best (experts 2 and 4), group 2 the higher second.
+    router[:, 0:2] += 3.0
+    router[:, 6:8] -= 3.0
+    router[:, 3] = router[:, 2] - 0.5
+    router[:, 4] = router[:, 2]
+    router[:, 5] = router[:, 2] - 0.2
+    assert families._routing_margin(x, router, 2, None, 4, 2, "softmax", "max") == 0
+    assert families._routing_margin(x, router, 2, None, 4, 2, "softmax", "top2") > 0
 
 
 def test_routing_margin_sees_sigmoid_ties():

@@ -20,13 +20,12 @@ import numpy as np
 import pytest
 
 import etc
-from etc import packed
-from etc.reference import evaluate, moe as moe_reference, moe_route, round_bf16, topk
+from etc.reference import evaluate, moe_route
 
+from moe_routing_layers import check, draw_inputs, layers_graph, routing_margin, run_paths
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
 E, TOP_K, TILE, GROUPS, KEPT, SCALE = 16, 4, 8, 4, 2, 2.5
-TOKENS = (1, 2, 5, 16, 33)
 
 #: name: (experts' dtype, x's dtype, transpose_w, H, F, n_group, topk_group, normalize)
 LAYERS = {
@@ -37,117 +36,39 @@ LAYERS = {
 }
 
 
-def _layer(g, T, name: str):
-    expert, dtype, transposed, h, f, groups, kept, normalize = LAYERS[name]
-    inp = lambda role, shape, dt: g.input(f"{name}_{role}", shape, dt)
-    w_shape = lambda rows, cols: (E, cols, rows) if transposed else (E, rows, cols)
-    return g.moe(inp("x", (T, h), dtype), inp("router", (h, E), dtype),
-                 inp("w1", w_shape(h, f), expert), inp("w2", w_shape(f, h), expert), TOP_K,
-                 w_up=inp("w_up", w_shape(h, f), expert), transpose_w=transposed,
-                 normalize=normalize, scoring="sigmoid",
-                 selection_bias=inp("bias", (E,), "f32"), routed_scale=SCALE,
-                 n_group=groups, topk_group=kept, tile=TILE, name=name)
-
-
-def _graph(names) -> etc.Graph:
-    g = etc.Graph("sigmoid_moe")
-    T = g.symbol("T")
-    g.output(*[_layer(g, T, name) for name in names])
-    return g
-
-
-def _weights(name: str) -> dict:
-    expert, _, transposed, h, f = LAYERS[name][:5]
-    rng = np.random.default_rng(len(name))
-    out = {}
-    for role, (rows, cols) in (("w1", (h, f)), ("w_up", (h, f)), ("w2", (f, h))):
-        shape = (E, cols, rows) if transposed else (E, rows, cols)
-        values = (rng.standard_normal(shape) / np.sqrt(rows)).astype(np.float32)
-        if packed.is_packed(expert):
-            out[f"{name}_{role}"] = packed.quantize(values, expert)
-        else:
-            out[f"{name}_{role}"] = round_bf16(values) if expert == "bf16" else values
-    return out
-
-
-def _margins(name: str, logits: np.ndarray, bias: np.ndarray) -> float:
-    """The smallest gap, over tokens, between the last chosen and the first
-    left candidate, of experts and (with groups) of group scores."""
-    groups, kept = LAYERS[name][5:7]
-    ranked = np.float32(1) / (np.float32(1) + np.exp(-logits)) + bias
-    gaps = []
-    if groups > 1:
-        best_two = topk(ranked.reshape(-1, E // groups), 2)[0].sum(-1).reshape(-1, groups)
-        ordered = -np.sort(-best_two, axis=-1)
-        gaps.append(ordered[:, kept - 1] - ordered[:, kept])
-        chosen = topk(best_two, kept)[1]
-        inside = np.zeros_like(best_two, bool)
-        np.put_along_axis(inside, chosen, True, axis=1)
-        ranked = np.where(np.repeat(inside, E // groups, axis=1), ranked, -np.inf)
-    ordered = -np.sort(-ranked, axis=-1)
-    gaps.append(ordered[:, TOP_K - 1] - ordered[:, TOP_K])
-    return float(min(g.min() for g in gaps))
+def _options(name: str, bias) -> dict:
+    groups, kept, normalize = LAYERS[name][5:]
+    return dict(normalize=normalize, scoring="sigmoid", selection_bias=bias,
+                routed_scale=SCALE, n_group=groups, topk_group=kept)
 
 
 def _inputs(name: str, tokens: int) -> dict:
-    """x, router and the selection bias, routing with a margin of 1e-3,
-    the bias (about as large as the scores' spread) moving the choice."""
-    _, dtype, _, h = LAYERS[name][:4]
-    rng = np.random.default_rng(tokens + 7 * len(name))
-    for _ in range(1000):
-        x = rng.standard_normal((tokens, h)).astype(np.float32)
-        router = (rng.standard_normal((h, E)) / np.sqrt(h)).astype(np.float32)
-        if dtype == "bf16":
-            x, router = round_bf16(x), round_bf16(router)
-        bias = (rng.standard_normal(E) * 0.2).astype(np.float32)
-        if _margins(name, x @ router, bias) > 1e-3:
-            return {f"{name}_x": x, f"{name}_router": router, f"{name}_bias": bias}
-    raise AssertionError("no inputs route with a margin")
-
-
-def _reference(name: str, values: dict, **changes) -> np.ndarray:
-    expert, _, transposed = LAYERS[name][:3]
-    v = {role: values[f"{name}_{role}"] for role in ("x", "router", "w1", "w2", "w_up", "bias")}
-    for role in ("w1", "w2", "w_up"):
-        w = packed.dequantize(v[role], expert) if packed.is_packed(expert) else v[role]
-        v[role] = np.swapaxes(w, -1, -2) if transposed else w
-    groups, kept, normalize = LAYERS[name][5:]
-    options = {**dict(scoring="sigmoid", selection_bias=v["bias"], routed_scale=SCALE,
-                      n_group=groups, topk_group=kept), **changes}
-    return moe_reference(v["x"], v["router"], v["w1"], v["w2"], TOP_K, v["w_up"], normalize,
-                         **options)
+    """x, router and the selection bias, routing with a margin of 1e-3
+    (experts and, with groups, groups), the bias (about as large as the
+    scores' spread) moving the choice."""
+    groups, kept = LAYERS[name][5:7]
+    return draw_inputs(name, LAYERS[name], E, tokens, 0.2, lambda x, router, bias: routing_margin(
+        x, router, TOP_K, bias, groups, kept, "sigmoid") > 1e-3)
 
 
 def _check(name: str, got: np.ndarray, want: np.ndarray, values: dict) -> None:
-    """`got` within the path's tolerance of `want`, and more than 4 of it
-    from the layer without its selection bias, its groups or its scale."""
-    expert, dtype = LAYERS[name][:2]
-    got = np.asarray(got, np.float32)
-    scale = np.abs(want).max()
-    tol = (0.03 if packed.is_packed(expert) else 2.0 ** -7 if dtype == "bf16" else 1e-5) \
-        * scale + 1e-6
-    assert np.abs(got - want).max() <= tol, (name, np.abs(got - want).max(), tol)
-    variants = {"no scale": dict(routed_scale=1.0)}
-    if got.shape[0] > 1:  # one token: the bias may keep its experts
-        variants["no bias"] = dict(selection_bias=None)
-    if got.shape[0] >= 16 and LAYERS[name][5] > 1:  # and a few tokens, the groups
-        variants["no groups"] = dict(n_group=1, topk_group=1)
-    for what, changes in variants.items():
-        assert np.abs(got - _reference(name, values, **changes)).max() > 4 * tol, (name, what)
+    """Close to the reference, far from the layer without its scale, (past
+    one token, whose experts the bias may keep) without its bias and
+    (from 16 tokens, with groups) without its groups."""
+    changes = {"no scale": dict(routed_scale=1.0)}
+    if got.shape[0] > 1:
+        changes["no bias"] = dict(selection_bias=None)
+    if got.shape[0] >= 16 and LAYERS[name][5] > 1:
+        changes["no groups"] = dict(n_group=1, topk_group=1)
+    check(name, LAYERS[name], got, want, values, TOP_K, _options(name, values[f"{name}_bias"]),
+          changes)
 
 
 @pytest.mark.parametrize("kernels", ["native", "cuda"])
 def test_paths(kernels):
     """The CPU's vector and packed tiles, and the CUDA ones simulated."""
-    names = list(LAYERS)
-    g = _graph(names)
-    kernel = etc.compile(g, target="cpu", kernels=kernels, workers=2)
-    weights = {k: v for name in names for k, v in _weights(name).items()}
-    run = kernel.partial(**weights)
-    for tokens in TOKENS if kernels == "native" else (1, 33):
-        ins = {k: v for name in names for k, v in _inputs(name, tokens).items()}
-        for name, out, ref in zip(names, run.run(**ins), evaluate(g, **ins, **weights)):
-            _check(name, out, ref, {**ins, **weights})
+    g = layers_graph("sigmoid_moe", LAYERS, E, TOP_K, TILE, _options)
+    run_paths(g, kernels, LAYERS, E, _inputs, _check)
 
 
 def _tie_inputs(near: bool) -> dict:

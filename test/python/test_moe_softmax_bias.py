@@ -17,13 +17,12 @@ import numpy as np
 import pytest
 
 import etc
-from etc import packed
-from etc.reference import evaluate, moe as moe_reference, moe_route, round_bf16
+from etc.reference import moe_route
 
+from moe_routing_layers import check, draw_inputs, layers_graph, run_paths
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
 E, TOP_K, TILE = 8, 2, 8
-TOKENS = (1, 2, 5, 16, 33)
 #: A floor most tokens' two chosen scores sum below (the bias picks
 #: experts the softmax scores low), so that it is seen.
 NORM_MIN = 0.4
@@ -36,35 +35,8 @@ LAYERS = {
 }
 
 
-def _graph(names) -> etc.Graph:
-    g = etc.Graph("softmax_bias_moe")
-    T = g.symbol("T")
-    outs = []
-    for name in names:
-        expert, dtype, transposed, h, f = LAYERS[name]
-        inp = lambda role, shape, dt: g.input(f"{name}_{role}", shape, dt)
-        w_shape = lambda rows, cols: (E, cols, rows) if transposed else (E, rows, cols)
-        outs.append(g.moe(inp("x", (T, h), dtype), inp("router", (h, E), dtype),
-                          inp("w1", w_shape(h, f), expert), inp("w2", w_shape(f, h), expert),
-                          TOP_K, w_up=inp("w_up", w_shape(h, f), expert), transpose_w=transposed,
-                          selection_bias=inp("bias", (E,), "f32"), norm_min=NORM_MIN, tile=TILE,
-                          name=name))
-    g.output(*outs)
-    return g
-
-
-def _weights(name: str) -> dict:
-    expert, _, transposed, h, f = LAYERS[name]
-    rng = np.random.default_rng(len(name))
-    out = {}
-    for role, (rows, cols) in (("w1", (h, f)), ("w_up", (h, f)), ("w2", (f, h))):
-        shape = (E, cols, rows) if transposed else (E, rows, cols)
-        values = (rng.standard_normal(shape) / np.sqrt(rows)).astype(np.float32)
-        if packed.is_packed(expert):
-            out[f"{name}_{role}"] = packed.quantize(values, expert)
-        else:
-            out[f"{name}_{role}"] = round_bf16(values) if expert == "bf16" else values
-    return out
+def _options(name: str, bias) -> dict:
+    return dict(selection_bias=bias, norm_min=NORM_MIN)
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -76,62 +48,32 @@ def _inputs(name: str, tokens: int) -> dict:
     """x, router and the selection bias, routing with a margin of 1e-3
     (the bias about as large as the scores' spread), each token's chosen
     sum at least 0.02 from the floor and some token's below 0.6 of it."""
-    _, dtype, _, h = LAYERS[name][:4]
-    rng = np.random.default_rng(tokens + 7 * len(name))
-    for _ in range(1000):
-        x = rng.standard_normal((tokens, h)).astype(np.float32)
-        router = (rng.standard_normal((h, E)) / np.sqrt(h)).astype(np.float32)
-        if dtype == "bf16":
-            x, router = round_bf16(x), round_bf16(router)
-        bias = (rng.standard_normal(E) * 0.15).astype(np.float32)
+
+    def accept(x, router, bias) -> bool:
         p = _softmax(x @ router)
         ordered = -np.sort(-(p + bias), axis=-1)
         chosen, _ = moe_route(x @ router, TOP_K, selection_bias=bias)
         total = np.take_along_axis(p, chosen, axis=1).sum(-1)
-        if (ordered[:, TOP_K - 1] - ordered[:, TOP_K]).min() > 1e-3 and \
-                np.abs(total - NORM_MIN).min() > 0.02 and total.min() < 0.6 * NORM_MIN:
-            return {f"{name}_x": x, f"{name}_router": router, f"{name}_bias": bias}
-    raise AssertionError("no inputs route with a margin")
-
-
-def _reference(name: str, values: dict, **changes) -> np.ndarray:
-    expert, _, transposed = LAYERS[name][:3]
-    v = {role: values[f"{name}_{role}"] for role in ("x", "router", "w1", "w2", "w_up", "bias")}
-    for role in ("w1", "w2", "w_up"):
-        w = packed.dequantize(v[role], expert) if packed.is_packed(expert) else v[role]
-        v[role] = np.swapaxes(w, -1, -2) if transposed else w
-    options = {**dict(selection_bias=v["bias"], norm_min=NORM_MIN), **changes}
-    return moe_reference(v["x"], v["router"], v["w1"], v["w2"], TOP_K, v["w_up"], **options)
+        return (ordered[:, TOP_K - 1] - ordered[:, TOP_K]).min() > 1e-3 and \
+            np.abs(total - NORM_MIN).min() > 0.02 and total.min() < 0.6 * NORM_MIN
+    return draw_inputs(name, LAYERS[name], E, tokens, 0.15, accept)
 
 
 def _check(name: str, got: np.ndarray, want: np.ndarray, values: dict) -> None:
-    """`got` within the path's tolerance of `want`, and more than 4 of it
-    from the layer without its selection bias or without its floor."""
-    expert, dtype = LAYERS[name][:2]
-    got = np.asarray(got, np.float32)
-    scale = np.abs(want).max()
-    tol = (0.03 if packed.is_packed(expert) else 2.0 ** -7 if dtype == "bf16" else 1e-5) \
-        * scale + 1e-6
-    assert np.abs(got - want).max() <= tol, (name, np.abs(got - want).max(), tol)
-    for what, changes in {"no floor": dict(norm_min=0.0),
-                          "no bias": dict(selection_bias=None)}.items():
-        if what == "no bias" and got.shape[0] == 1:
-            continue  # one token: the bias may keep its experts
-        assert np.abs(got - _reference(name, values, **changes)).max() > 4 * tol, (name, what)
+    """Close to the reference, far from the layer without its floor and
+    (past one token, whose experts the bias may keep) without its bias."""
+    changes = {"no floor": dict(norm_min=0.0)}
+    if got.shape[0] > 1:
+        changes["no bias"] = dict(selection_bias=None)
+    check(name, LAYERS[name], got, want, values, TOP_K, _options(name, values[f"{name}_bias"]),
+          changes)
 
 
 @pytest.mark.parametrize("kernels", ["native", "cuda"])
 def test_paths(kernels):
     """The CPU's vector and packed tiles, and the CUDA ones simulated."""
-    names = list(LAYERS)
-    g = _graph(names)
-    kernel = etc.compile(g, target="cpu", kernels=kernels, workers=2)
-    weights = {k: v for name in names for k, v in _weights(name).items()}
-    run = kernel.partial(**weights)
-    for tokens in TOKENS if kernels == "native" else (1, 33):
-        ins = {k: v for name in names for k, v in _inputs(name, tokens).items()}
-        for name, out, ref in zip(names, run.run(**ins), evaluate(g, **ins, **weights)):
-            _check(name, out, ref, {**ins, **weights})
+    g = layers_graph("softmax_bias_moe", LAYERS, E, TOP_K, TILE, _options)
+    run_paths(g, kernels, LAYERS, E, _inputs, _check)
 
 
 def test_route_reference():
@@ -178,6 +120,9 @@ def test_errors():
     for value in (-1e-12, float("inf"), float("nan"), True, "0"):
         with pytest.raises(ValueError, match=r"norm_min must be a finite number >= 0"):
             g.moe(x, router, w1, w2, 2, norm_min=value)
+    with pytest.raises(ValueError, match=r"norm_min = 0.4 floors the renormalising sum, but "
+                                         r"normalize=False renormalises nothing"):
+        g.moe(x, router, w1, w2, 2, normalize=False, norm_min=0.4)
     with pytest.raises(ValueError, match=r"operand 'selection_bias' .* must have shape \(8,\)"):
         g.moe(x, router, w1, w2, 2, selection_bias=g.input("b4", (4,)))
     # A floor of 0 records nothing: the op is plain softmax routing's.

@@ -2,7 +2,8 @@
 
     router   tile i: tokens [32 i, 32 i + 32): softmax or sigmoid of x @ router_w
              (+ router_b), the top-k experts (by score + selection_bias, among
-             the best groups) and their renormalised, scaled weights
+             the best groups) and their renormalised (by at least norm_min),
+             scaled weights
     route    one tile: counts tokens per expert, prefix-sums them into
              `offsets` and lists the (token, choice) pairs by expert in `slots`
     up       tile (e, j): hidden = silu(x @ w1[e]) for the j-th block of
@@ -41,7 +42,8 @@ class MoeRouter(PartKernel):
     """Scores, top-k experts and their weights of a row block of tokens,
     one token per lane iteration: softmax or sigmoid scores, chosen by
     score (+ selection_bias) among the experts of the best groups
-    (n_group), weighted by the unbiased scores, renormalised and scaled."""
+    (n_group, each scored by its two best or its best), weighted by the
+    unbiased scores, renormalised (by at least norm_min) and scaled."""
 
     grid_rank = 1
     part = "router"

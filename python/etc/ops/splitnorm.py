@@ -32,7 +32,7 @@ from mlir import ir
 from mlir.dialects import arith, math, scf, vector
 
 from .base import TaskBuilder, TileKernel, box, tile_offset, whole
-from .rowwise import RowwiseCPU, RowwiseGPU
+from .rowwise import Rowwise, RowwiseCPU, RowwiseGPU
 
 KINDS = ("sum_squares", "split_rmsnorm")
 
@@ -43,12 +43,6 @@ def _inverse_rms(kernel: TileKernel, total: ir.Value) -> ir.Value:
     params = kernel.op.params
     mean = arith.divf(total, kernel.cf32(float(params["width"])))
     return math.rsqrt(arith.addf(mean, kernel.cf32(params["eps"])))
-
-
-def _norm_weight(kernel: TileKernel, weight: ir.Value) -> ir.Value:
-    """The loaded weight plus the operator's offset (Gemma-style 1 + w), in f32."""
-    offset = kernel.op.params.get("offset")
-    return weight if offset is None else arith.addf(kernel.const_like(weight, offset), weight)
 
 
 # ----------------------------------------------------------------------
@@ -169,11 +163,9 @@ class SumSquaresGPU(RowwiseGPU):
 # ----------------------------------------------------------------------
 
 
-class SplitRMSNorm(TileKernel):
+class SplitRMSNorm(Rowwise):
     """One row per lane iteration: its scale from the given total, then its
-    columns one at a time."""
-
-    grid_rank = 1
+    columns one at a time (rmsnorm's `norm_weight` for the offset)."""
 
     def emit(self) -> None:
         op, out = self.op, self.op.result
@@ -188,7 +180,7 @@ class SplitRMSNorm(TileKernel):
 
             def write(k):
                 v = arith.mulf(self.load(x, [row, k]), inv)
-                self.store(arith.mulf(v, _norm_weight(self, self.load(weight, [k]))), out,
+                self.store(arith.mulf(v, self.norm_weight(self.load(weight, [k]))), out,
                            [row, k])
             self.for_each_col(self.dim(x, 1), write)
             scf.yield_([])
@@ -219,32 +211,18 @@ class SplitRMSNormCPU(RowwiseCPU):
                 n, vector_n,
                 lambda k: self.vstore(arith.mulf(
                     arith.mulf(self.vload(x, [row, k], width), vinv),
-                    _norm_weight(self, self.vload(weight, [k], width))), out, [row, k]),
+                    self.norm_weight(self.vload(weight, [k], width))), out, [row, k]),
                 lambda k: self.store(arith.mulf(
                     arith.mulf(self.load(x, [row, k]), inv),
-                    _norm_weight(self, self.load(weight, [k]))), out, [row, k]))
+                    self.norm_weight(self.load(weight, [k]))), out, [row, k]))
             scf.yield_([])
 
 
-class SplitRMSNormGPU(TileKernel):
+class SplitRMSNormGPU(RowwiseGPU):
     """The tile's rows as 16-byte slices, lane e taking slices e, e +
     lanes, ...: each loads its row's total (the same address for the
-    lanes of a row), scales the slice and times the weight's slice."""
-
-    grid_rank = 1
-
-    @classmethod
-    def name(cls, op) -> str:
-        return f"{op.kind}_gpu"
-
-    @staticmethod
-    def vec(op) -> int:
-        return 16 // (4 if op.operands[0].dtype == "f32" else 2)
-
-    @classmethod
-    def applies(cls, op) -> bool:
-        n = op.operands[0].shape[1]
-        return isinstance(n, int) and n % cls.vec(op) == 0
+    lanes of a row), scales the slice and times the weight's slice (for
+    the rows of whole slices `RowwiseGPU` takes, without its reduction)."""
 
     def emit(self) -> None:
         op, out = self.op, self.op.result
@@ -261,7 +239,7 @@ class SplitRMSNormGPU(TileKernel):
             col = arith.muli(arith.remui(e, self.cidx(slices)), self.cidx(vec))
             inv = self.vsplat(_inverse_rms(self, self.load(totals, [row, column])), vec)
             v = arith.mulf(self.vload(x, [row, col], vec, aligned=True), inv)
-            w = _norm_weight(self, self.vload(weight, [col], vec, aligned=True))
+            w = self.norm_weight(self.vload(weight, [col], vec, aligned=True))
             self.vstore(arith.mulf(v, w), out, [row, col], aligned=True)
             scf.yield_([])
 
