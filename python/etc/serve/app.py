@@ -451,8 +451,13 @@ def _render(tokenizer, body: ChatCompletionRequest) -> str:
             messages, add_generation_prompt=body.add_generation_prompt, **extra)
     except ChatTemplateError as error:
         raise APIError(400, str(error), "messages") from None
-    except TypeError as error:  # a variable the template cannot take as given
-        raise APIError(400, f"chat_template_kwargs: {error}", "chat_template_kwargs") from None
+    except TypeError as error:
+        # A value the template cannot take as given: a variable, or a
+        # message's (DeepSeek's joins a call's arguments as a string,
+        # where transformers' convention, and ours, is a dict).
+        param = "chat_template_kwargs" if body.chat_template_kwargs else "messages"
+        raise APIError(400, f"{param}: the chat template cannot take the messages or "
+                            f"chat_template_kwargs as given: {error}", param) from None
     if body.continue_final_message:
         last = messages[-1]["content"]
         end = text.rfind(last) if last else -1
