@@ -151,6 +151,11 @@ def test_a_grammar_follows_the_reasoning_parser(gpt_oss):
     assert re.fullmatch("[0-9]{3}", read.text[0]), read.text
     plain = gpt_oss.generate(CHAT, 60, response_format=grammar, reasoning_parser="none")
     assert re.fullmatch("[0-9]{3}", plain.text[0]) and plain.finish_reasons == ["stop"], plain
+    # Tools offered beside it, the model could call none: refused, as the
+    # server refuses a grammar with tools (tool_choice auto) under harmony.
+    with pytest.raises(ValueError, match="response_format with the tools"):
+        gpt_oss.generate(CHAT, 4, response_format=grammar,
+                         chat_template_kwargs={"tools": WEATHER})
 
 
 def test_refusals_name_the_argument(gpt_oss, tmp_path):

@@ -120,11 +120,13 @@ class Model(CompiledModel):
         ends ("stop") when its grammar is complete. With harmony reasoning
         (gpt-oss: below) a chat prompt's grammar holds for its final
         message, the analysis before it free, as the server does
-        (`constraints.harmony_final`); a text or id prompt's holds for the
-        whole answer. `speculative` ("ngram"
-        or an `etc.models.Speculative`) has each step verify tokens
-        proposed by prompt lookup or a draft model (docs/models.md,
-        "Speculative decoding"): greedy tokens are those without it,
+        (`constraints.harmony_final`; beside `tools` in
+        chat_template_kwargs, which the model could then never call, it is
+        refused); a text or id prompt's holds for the whole answer.
+        `speculative` ("ngram" or an `etc.models.Speculative`) has each
+        step verify tokens proposed by prompt lookup or a draft model
+        (docs/models.md, "Speculative decoding"): greedy tokens are those
+        without it,
         sampled ones follow the same distribution. `reasoning_parser`
         ("qwen3", "harmony"; "auto": the model's, `reasoning.parser_for`;
         "none" or None: none) reads a chat's answer as the server's chat
@@ -174,8 +176,14 @@ class Model(CompiledModel):
         sequences = [ids for ids, _ in rendered]
         calls_format = self._calls_format(parser, template_variables, prompts)
         length = max(len(s) for s in sequences) + max_new_tokens
-        constraints = self._constraints(_grammar(response_format), prompts,
-                                        parser == "harmony")
+        grammar = _grammar(response_format)
+        if grammar is not None and parser == "harmony" and template_variables.get("tools"):
+            # As the server refuses it: a call is a commentary message,
+            # which the final message's grammar would never let come.
+            raise ValueError("generate: response_format with the tools chat_template_kwargs "
+                             "offer: with harmony the grammar holds for the final message, "
+                             "so the model could call none; give one of them")
+        constraints = self._constraints(grammar, prompts, parser == "harmony")
         # Harmony's markers are special tokens: kept in a chat's text until
         # read (the reader drops them); <|return|> and <|call|> end it.
         harmony_stops = reasoning_.harmony_stop_ids(self.tokenizer)
