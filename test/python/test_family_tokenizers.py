@@ -114,6 +114,129 @@ def test_family_chat_templates_render_as_transformers_renders_them(template, tok
             "<start_of_turn>", "").replace("<end_of_turn>", "")
 
 
+#: Templates in the shapes Seed-OSS and DeepSeek-V3.1 ship (written here),
+#: for the jinja they use beyond the shapes above: Seed-OSS's thinking-budget
+#: table (`dictsort` over int keys, a `namespace` found in a loop), a type
+#: `macro`, tools listed with `.items()` and `tojson(ensure_ascii=False)`,
+#: a call's arguments with the `items` filter and `| string`; DeepSeek's
+#: `namespace` flags, `str.split('</think>', 1)` dropping an earlier
+#: answer's reasoning, and a generation prompt that opens `<think>` or
+#: closes it (`thinking`).
+SEED_SHAPE = """{%- set budgets = {0: 0, 512: 128, 1024: 256} -%}
+{%- if thinking_budget is not defined -%}{%- set thinking_budget = -1 -%}{%- endif -%}
+{%- set ns = namespace(interval=none) -%}
+{%- for limit, every in budgets | dictsort -%}
+    {%- if ns.interval is none and thinking_budget <= limit -%}
+        {%- set ns.interval = every -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- macro kind(t) -%}{%- if t == 'string' -%}str{%- else -%}Any{%- endif -%}{%- endmacro -%}
+{%- if tools is iterable and tools | length > 0 -%}
+{{ '<seed:bos>system\\n' }}
+{%- for tool in tools if tool.type == 'function' -%}
+def {{ tool.function.name }}(
+{%- for name, spec in tool.function.parameters.properties.items() -%}
+{{ name }}: {{ kind(spec.type) }}{{ ', ' if not loop.last }}
+{%- endfor -%})
+{% endfor -%}
+{{ tools | tojson(ensure_ascii=False) }}
+{{- '<seed:eos>' }}
+{%- endif -%}
+{%- if thinking_budget > 0 -%}
+{{ '<seed:bos>system\\nbudget ' ~ thinking_budget ~ ', every ' ~ ns.interval ~ '<seed:eos>' }}
+{%- endif -%}
+{%- for message in messages -%}
+{{ '<seed:bos>' + message.role + '\\n' }}
+{%- if message.tool_calls is defined and message.tool_calls | length > 0 -%}
+    {%- for call in message.tool_calls -%}
+        {{ '<function=' + call.function.name + '>' }}
+        {%- for key, value in call.function.arguments | items -%}
+            {{ '<parameter=' + key + '>' + (value if value is string else value | string)
+               + '</parameter>' }}
+        {%- endfor -%}
+        {{ '</function>' }}
+    {%- endfor -%}
+{%- else -%}
+    {{ message.content | trim }}
+{%- endif -%}
+{{ '<seed:eos>' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{ '<seed:bos>assistant\\n' }}{%- endif -%}"""
+
+DEEPSEEK_SHAPE = (
+    "{%- if not thinking is defined -%}{%- set thinking = false -%}{%- endif -%}"
+    "{%- set ns = namespace(system='', last_user=false) -%}"
+    "{%- for message in messages if message['role'] == 'system' -%}"
+    "{%- set ns.system = ns.system + message['content'] -%}{%- endfor -%}"
+    "{{ bos_token }}{{ ns.system }}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}{%- set ns.last_user = true -%}"
+    "{{ '<｜User｜>' + message['content'] }}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{%- set content = message['content'] -%}"
+    "{%- if '</think>' in content -%}{%- set content = content.split('</think>', 1)[1] -%}"
+    "{%- endif -%}"
+    "{{ '<｜Assistant｜></think>' + content + '<｜end▁of▁sentence｜>' }}"
+    "{%- set ns.last_user = false -%}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt and ns.last_user -%}"
+    "{{ '<｜Assistant｜>' + ('<think>' if thinking else '</think>') }}{%- endif -%}")
+
+TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Weather.",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                          "days": {"type": "integer"}}}}}]
+THOUGHT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Météo ?"},
+           {"role": "assistant", "content": "<think>The user asks.</think>Where?"},
+           {"role": "user", "content": "Paris"}]
+CALLED = [{"role": "user", "content": "Paris"},
+          {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+              "name": "weather", "arguments": {"city": "Paris", "days": 2}}}]}]
+
+
+@pytest.mark.parametrize("template, variables, expected", [
+    (SEED_SHAPE, dict(tools=TOOLS), "<seed:bos>system\ndef weather(city: str, "
+     "days: Any)\n[{\"type\": \"function\", \"function\": {\"name\": \"weather\", "
+     "\"description\": \"Weather.\", \"parameters\": {\"type\": \"object\", "
+     "\"properties\": {\"city\": {\"type\": \"string\"}, "
+     "\"days\": {\"type\": \"integer\"}}}}}]<seed:eos><seed:bos>"
+     "system\nBe brief.<seed:eos><seed:bos>user\nMétéo ?<seed:eos><seed:bos>"
+     "assistant\n<think>The user asks.</think>Where?<seed:eos><seed:bos>"
+     "user\nParis<seed:eos><seed:bos>assistant\n"),
+    (SEED_SHAPE, dict(thinking_budget=600),
+     "<seed:bos>system\nbudget 600, every 256<seed:eos><seed:bos>"
+     "user\nParis<seed:eos><seed:bos>assistant\n<function=weather>"
+     "<parameter=city>Paris</parameter><parameter=days>2</parameter>"
+     "</function><seed:eos><seed:bos>assistant\n"),
+    (DEEPSEEK_SHAPE, {}, "<B>Be brief.<｜User｜>Météo ?<｜Assistant｜></think>"
+     "Where?<｜end▁of▁sentence｜><｜User｜>Paris<｜Assistant｜></think>"),
+    (DEEPSEEK_SHAPE, dict(thinking=True),
+     "<B>Be brief.<｜User｜>Météo ?<｜Assistant｜></think>"
+     "Where?<｜end▁of▁sentence｜><｜User｜>Paris<｜Assistant｜><think>"),
+], ids=["seed-tools", "seed-budget-call", "deepseek", "deepseek-thinking"])
+def test_new_family_template_shapes_render_as_transformers_renders_them(template, variables,
+                                                                       expected, tmp_path):
+    """The text transformers 5.24.0 renders for each (`venv-peer`,
+    `transformers.utils.chat_template_utils`, the same variables), and
+    the reasoning parser `auto` gives these families (`qwen3`: their
+    tokenizers have a `</think>`) reading an answer to DeepSeek's prompt:
+    reasoning after a prompt that opened `<think>`, content after one that
+    closed it."""
+    from etc.models.loading.tokenizer import Tokenizer
+    from etc.models.reasoning import split
+    from etc.models.testing import write_tokenizer
+
+    backend = Tokenizer.from_directory(write_tokenizer(tmp_path, 320)).backend
+    tokenizer = Tokenizer(backend, chat_template=template, bos_token="<B>", eos_token="<E>")
+    messages = CALLED if "thinking_budget" in variables else THOUGHT
+    prompt = tokenizer.apply_chat_template(messages, **variables)
+    assert prompt == expected
+    if template is DEEPSEEK_SHAPE:
+        thinking = variables.get("thinking", False)
+        assert split("qwen3", "Sunny.</think>It is sunny.", prompt) == (
+            ("Sunny.", "It is sunny.", []) if thinking else
+            (None, "Sunny.</think>It is sunny.", []))
+
+
 # ----------------------------------------------------------------------
 # SentencePiece tokenizers of GGUF files (Gemma, Phi-3)
 # ----------------------------------------------------------------------

@@ -7,13 +7,13 @@ random gpt-oss and Qwen3 checkpoints with their formats' tokenizers
 
 import re
 
-import numpy as np
 import pytest
 
 import etc.models
+from etc.models.loading.tokenizer import ChatTemplateError
 from etc.models.testing import tiny_config, write_checkpoint
 from etc.models.testing.chat_formats import write_chat_tokenizer
-from test_serve import NAME, Server
+from test_serve import NAME, Server, force_answer
 
 CHAT = [{"role": "user", "content": "Hello"}]
 VOCAB = 336
@@ -52,25 +52,8 @@ def qwen3(tmp_path_factory):
 def scripted(monkeypatch):
     """Makes `model` answer CHAT (rendered with `template`) with `text`,
     then EOS: the ids of the answer."""
-
-    def script(model, text: str, **template) -> list:
-        tok = model.tokenizer
-        prompt = len(tok.encode(tok.apply_chat_template(CHAT, **template),
-                                add_special_tokens=False))
-        answer = tok.encode(text, add_special_tokens=False) + [EOS]
-        step = model.step
-
-        def forced(cache, requests, *args, **options):
-            logits, ids, *rest = step(cache, requests, *args, **options)
-            ends = [r.start + len(r.tokens) - prompt for r in requests]
-            forced_ids = np.array([answer[min(max(e, 0), len(answer) - 1)] for e in ends],
-                                  dtype=ids.dtype)
-            return (logits, forced_ids, *rest)
-
-        monkeypatch.setattr(model, "step", forced)
-        return answer
-
-    return script
+    return lambda model, text, **template: force_answer(model, monkeypatch, CHAT, text, EOS,
+                                                        **template)
 
 
 def test_harmony_answer_is_content_and_reasoning(gpt_oss, scripted):
@@ -168,6 +151,11 @@ def test_a_grammar_follows_the_reasoning_parser(gpt_oss):
     assert re.fullmatch("[0-9]{3}", read.text[0]), read.text
     plain = gpt_oss.generate(CHAT, 60, response_format=grammar, reasoning_parser="none")
     assert re.fullmatch("[0-9]{3}", plain.text[0]) and plain.finish_reasons == ["stop"], plain
+    # Tools offered beside it, the model could call none: refused, as the
+    # server refuses a grammar with tools (tool_choice auto) under harmony.
+    with pytest.raises(ValueError, match="response_format with the tools"):
+        gpt_oss.generate(CHAT, 4, response_format=grammar,
+                         chat_template_kwargs={"tools": WEATHER})
 
 
 def test_refusals_name_the_argument(gpt_oss, tmp_path):
@@ -180,9 +168,32 @@ def test_refusals_name_the_argument(gpt_oss, tmp_path):
         model.generate(CHAT, 4, chat_template_kwargs={"tools": F})
     out = model.generate(CHAT, 4)
     assert out.reasoning is None and out.tool_calls == [[]]
+    # Template variables with no chat to render them with would be ignored.
+    with pytest.raises(ValueError, match=r"chat_template_kwargs=.*no prompt is a chat"):
+        gpt_oss.generate(["Hello", [1, 2]], 4, chat_template_kwargs={"enable_thinking": False})
+    # What the template cannot render names the prompt (this one joins
+    # contents as strings: a list of text parts is a TypeError in it).
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    with pytest.raises(ChatTemplateError, match=r"generate: prompt 1: the chat template "
+                                                r"cannot take its messages"):
+        gpt_oss.generate([CHAT, parts], 4)
 
 
 # -- the command line ---------------------------------------------------------
+
+
+def test_etc_generate_reads_reasoning_in_chats_only(capsys):
+    """--reasoning-parser qwen3/harmony without --chat would be ignored (a
+    text prompt's answer is all text): refused before the model loads.
+    The choices are the library's."""
+    from etc.cli import main
+    from etc.cli.options import REASONING_CHOICES
+    from etc.models.reasoning import CHOICES
+
+    assert REASONING_CHOICES == CHOICES
+    assert main(["generate", "no-such-checkpoint", "Hi", "--reasoning-parser", "qwen3"]) == 1
+    assert "--reasoning-parser qwen3 reads a chat's answer: give --chat too" in \
+        capsys.readouterr().err
 
 
 def _chat_args(*options):

@@ -10,6 +10,7 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -19,6 +20,28 @@ from test_engine import stop_string
 
 NAME = "tiny-chat"
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
+
+
+def force_answer(model, monkeypatch, messages: list, text: str, eos: int, **template) -> list:
+    """Makes `model` answer `messages` (rendered with the `template`
+    variables) with `text`, then the id `eos`, whatever its logits say:
+    each step's chosen ids replaced by the answer's next. Returns the
+    answer's ids."""
+    tok = model.tokenizer
+    prompt = len(tok.encode(tok.apply_chat_template(messages, **template),
+                            add_special_tokens=False))
+    answer = tok.encode(text, add_special_tokens=False) + [eos]
+    step = model.step
+
+    def forced(cache, requests, *args, **options):
+        logits, ids, *rest = step(cache, requests, *args, **options)
+        ends = [r.start + len(r.tokens) - prompt for r in requests]
+        forced_ids = np.array([answer[min(max(e, 0), len(answer) - 1)] for e in ends],
+                              dtype=ids.dtype)
+        return (logits, forced_ids, *rest)
+
+    monkeypatch.setattr(model, "step", forced)
+    return answer
 
 
 class Server:

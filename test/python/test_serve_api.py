@@ -184,6 +184,29 @@ def test_skip_special_tokens(chat_model, monkeypatch):
     assert texts == ["", "<|im_start|><|im_start|>"]
 
 
+def test_a_value_the_template_cannot_take_is_a_400(server, chat_model, monkeypatch):
+    """A template that joins a call's arguments as a string (DeepSeek's),
+    given them as a dict (as transformers gives templates): 400 naming
+    messages, or chat_template_kwargs where the request gave some."""
+    tok = chat_model.tokenizer
+    monkeypatch.setattr(tok, "chat_template", CHAT_TEMPLATE.replace(
+        "{% for message in messages %}",
+        "{% for message in messages %}{% for call in message.tool_calls or [] %}"
+        "{{ call['function']['name'] + call['function']['arguments'] }}{% endfor %}"))
+    monkeypatch.setattr(tok, "_template", None)
+    called = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+              {"role": "tool", "tool_call_id": "call_1", "content": "2"}]
+    for extra, param in (({}, "messages"), ({"chat_template_kwargs": {"a": 1}},
+                                             "chat_template_kwargs")):
+        reply = httpx.post(server.url + "/v1/chat/completions", json={
+            "model": NAME, "messages": called, "max_tokens": 1, **extra})
+        error = reply.json()["error"]
+        assert reply.status_code == 400 and error["param"] == param, error
+        assert "the chat template cannot take" in error["message"], error
+
+
 def test_chat_template_fields(client, chat_model, monkeypatch):
     """add_generation_prompt, chat_template_kwargs and documents reach the
     template; continue_final_message continues the last (assistant)

@@ -6,13 +6,12 @@ the `openai` client, the tiny chat model made to write a chosen answer."""
 import json
 
 import httpx
-import numpy as np
 import pytest
 
 import etc.serve
 from etc.models import reasoning
 from etc.models.reasoning import Reader, parser_for, split
-from test_serve import CHAT, NAME, Server
+from test_serve import CHAT, NAME, Server, force_answer
 
 QWEN3 = "<think>\nThe user greets.\n</think>\n\nHello! How can I help?"
 HARMONY = ("<|channel|>analysis<|message|>User says hello.<|end|><|start|>assistant"
@@ -127,25 +126,8 @@ def marked_model(tmp_path_factory):
 @pytest.fixture
 def scripted(marked_model, monkeypatch):
     """Makes the model answer CHAT (with `tools`) with `text` (then EOS)."""
-    tok = marked_model.tokenizer
-    step = marked_model.step
-
-    def script(text: str, **template):
-        prompt = len(tok.encode(tok.apply_chat_template(CHAT, **template),
-                                add_special_tokens=False))
-        answer = tok.encode(text, add_special_tokens=False) + [2]
-
-        def forced(cache, requests, *args, **options):
-            logits, ids, *rest = step(cache, requests, *args, **options)
-            ends = [r.start + len(r.tokens) - prompt for r in requests]
-            forced_ids = np.array([answer[min(max(e, 0), len(answer) - 1)] for e in ends],
-                                  dtype=ids.dtype)
-            return (logits, forced_ids, *rest)
-
-        monkeypatch.setattr(marked_model, "step", forced)
-        return answer
-
-    return script
+    return lambda text, **template: force_answer(marked_model, monkeypatch, CHAT, text, 2,
+                                                 **template)
 
 
 def test_auto_finds_the_markers(marked_model, chat_model):

@@ -6,7 +6,7 @@ with the call and a `role: "tool"` answer. Through the real `openai`
 client over HTTP on localhost, on a tiny random model whose template is
 Qwen-like. Streamed, the calls come as OpenAI sends them: a delta with the
 name, then the arguments in fragments as they are generated
-(`tools.CallStream`, tested here with the text cut everywhere)."""
+(`tool_calls.CallStream`, tested here with the text cut everywhere)."""
 
 import json
 
@@ -205,7 +205,7 @@ def test_parsers():
 
 
 
-#: Answers and what `tools.parse` reads in them; a stream of each, cut
+#: Answers and what `tool_calls.parse` reads in them; a stream of each, cut
 #: anywhere, must give the same.
 ANSWERS = [
     ("hermes", 'Sure. <tool_call>\n{"name": "f", "arguments": {"a": 1, "b": "x}\\"y"}}\n'

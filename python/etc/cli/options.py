@@ -165,11 +165,16 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
                             "2 4)")
 
 
+#: What --reasoning-parser takes (`etc.models.reasoning.CHOICES`; not
+#: imported, so that --help needs no NumPy).
+REASONING_CHOICES = ("auto", "none", "qwen3", "harmony")
+
+
 def add_reasoning_option(parser: argparse.ArgumentParser, where: str) -> None:
     """--reasoning-parser: how a chat answer's reasoning is told from its
     content (`etc.models.reasoning`); `where` says where the reasoning
     goes."""
-    parser.add_argument("--reasoning-parser", choices=("auto", "none", "qwen3", "harmony"),
+    parser.add_argument("--reasoning-parser", choices=REASONING_CHOICES,
                         default="auto",
                         help=f"split a chat answer's reasoning ({where}) from its content: "
                              f"qwen3 (<think>...</think>), harmony (gpt-oss's channels), none; "

@@ -73,6 +73,10 @@ def stream(engine, ids: list, args, out, reader: Optional[reasoning.Reader] = No
 
 def run_generate(args) -> int:
     args.sampling = sampling_params(args)  # checked before the model loads
+    if not args.chat and args.reasoning_parser in reasoning.PARSERS:
+        # A text prompt's answer is all text (as /v1/completions reads it).
+        raise ValueError(f"--reasoning-parser {args.reasoning_parser} reads a chat's answer: "
+                         f"give --chat too")
     Engine = engine_class()
     model = load_model(args)
     return led(model, args, lambda model: generate_text(Engine, model, args))

@@ -17,6 +17,7 @@ from .engine.constraints import Constraint, Grammar, harmony_final
 from .engine.engine import Engine
 from .engine.requests import RequestError
 from .engine.speculative import Speculative
+from .loading.tokenizer import ChatTemplateError
 from .step.model import CompiledModel
 
 __all__ = ["Model", "Generation"]
@@ -103,10 +104,10 @@ class Model(CompiledModel):
         added), a chat (a list of {"role", "content"} dicts, rendered by the
         chat template with the generation prompt; `chat_template_kwargs`, a
         dict such as {"enable_thinking": False}, are more variables of the
-        template), or a list of token
-        ids; `prompts` is one of these or a list of them. Each prompt gets
-        at most `max_new_tokens` new ids and stops earlier at one of the
-        model's `eos_token_ids` (unless `ignore_eos`) or when its text
+        template; given without a chat prompt, they are refused), or a list
+        of token ids; `prompts` is one of these or a list of them. Each
+        prompt gets at most `max_new_tokens` new ids and stops earlier at
+        one of the model's `eos_token_ids` (unless `ignore_eos`) or when its text
         contains a string of `stop` (a string or strings, None for none; the
         stop string is cut from the text). A chat message's content of None
         is empty.
@@ -119,11 +120,13 @@ class Model(CompiledModel):
         ends ("stop") when its grammar is complete. With harmony reasoning
         (gpt-oss: below) a chat prompt's grammar holds for its final
         message, the analysis before it free, as the server does
-        (`constraints.harmony_final`); a text or id prompt's holds for the
-        whole answer. `speculative` ("ngram"
-        or an `etc.models.Speculative`) has each step verify tokens
-        proposed by prompt lookup or a draft model (docs/models.md,
-        "Speculative decoding"): greedy tokens are those without it,
+        (`constraints.harmony_final`; beside `tools` in
+        chat_template_kwargs, which the model could then never call, it is
+        refused); a text or id prompt's holds for the whole answer.
+        `speculative` ("ngram" or an `etc.models.Speculative`) has each
+        step verify tokens proposed by prompt lookup or a draft model
+        (docs/models.md, "Speculative decoding"): greedy tokens are those
+        without it,
         sampled ones follow the same distribution. `reasoning_parser`
         ("qwen3", "harmony"; "auto": the model's, `reasoning.parser_for`;
         "none" or None: none) reads a chat's answer as the server's chat
@@ -164,13 +167,23 @@ class Model(CompiledModel):
                              f"int")
         max_new_tokens = int(max_new_tokens)
         prompts = _as_prompt_list(prompts)
+        if template_variables and not any(map(_is_chat, prompts)):
+            raise ValueError(f"generate: chat_template_kwargs={chat_template_kwargs!r} are "
+                             f"variables of the chat template, but no prompt is a chat (a "
+                             f"list of message dicts)")
         rendered = [self._prompt_ids(p, prompt, max_new_tokens, template_variables)
                     for p, prompt in enumerate(prompts)]
         sequences = [ids for ids, _ in rendered]
         calls_format = self._calls_format(parser, template_variables, prompts)
         length = max(len(s) for s in sequences) + max_new_tokens
-        constraints = self._constraints(_grammar(response_format), prompts,
-                                        parser == "harmony")
+        grammar = _grammar(response_format)
+        if grammar is not None and parser == "harmony" and template_variables.get("tools"):
+            # As the server refuses it: a call is a commentary message,
+            # which the final message's grammar would never let come.
+            raise ValueError("generate: response_format with the tools chat_template_kwargs "
+                             "offer: with harmony the grammar holds for the final message, "
+                             "so the model could call none; give one of them")
+        constraints = self._constraints(grammar, prompts, parser == "harmony")
         # Harmony's markers are special tokens: kept in a chat's text until
         # read (the reader drops them); <|return|> and <|call|> end it.
         harmony_stops = reasoning_.harmony_stop_ids(self.tokenizer)
@@ -286,9 +299,7 @@ class Model(CompiledModel):
                 _check_text(prompt, f"generate: prompt {p}")
                 ids = self.tokenizer.encode(prompt)
             else:
-                text = self.tokenizer.apply_chat_template(_chat(p, prompt),
-                                                          add_generation_prompt=True,
-                                                          **template_variables)
+                text = self._render(p, prompt, template_variables)
                 ids = self.tokenizer.encode(text, add_special_tokens=False)
         elif _is_sequence(prompt):
             ids = prompt
@@ -312,6 +323,22 @@ class Model(CompiledModel):
                              f"{total} tokens, longer than the cache "
                              f"(max_seq_len={self.max_seq_len})")
         return [int(t) for t in ids], text
+
+    def _render(self, p: int, messages: list, template_variables: dict) -> str:
+        """Chat prompt `p` of `generate` rendered by the chat template.
+        A `ChatTemplateError` names the prompt, also for a TypeError the
+        template raises (a message or variable it cannot take as given,
+        such as a string where it wants a dict)."""
+        try:
+            return self.tokenizer.apply_chat_template(_chat(p, messages),
+                                                      add_generation_prompt=True,
+                                                      **template_variables)
+        except ChatTemplateError as error:
+            raise ChatTemplateError(f"generate: prompt {p}: {error}") from None
+        except TypeError as error:
+            raise ChatTemplateError(f"generate: prompt {p}: the chat template cannot take "
+                                    f"its messages or chat_template_kwargs as given: "
+                                    f"{error}") from None
 
 
 def _answer(parser: Optional[str], calls: Optional[str], text: str,

@@ -111,12 +111,16 @@ class Reader:
             self._arguments = ""
 
     def feed(self, text: str) -> list:
+        """The pieces ((REASONING | CONTENT, text)) that `text`, the
+        answer's next text, completes; a possible marker's start is held."""
         self._buffer += text
         out: list = []
         self._read(out, final=False)
         return _merged(out)
 
     def finish(self) -> list:
+        """The pieces of what was held, at the answer's end (a harmony call
+        cut short is taken as it stands)."""
         out: list = []
         # A final read leaves nothing held.
         self._read(out, final=True)

@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..models import reasoning as reasoning_
-from ..models import tool_calls as tools_
+from ..models import tool_calls
 from ..models.engine import Engine, RequestError, RequestOutput
 from ..models.engine.constraints import Constraint, Grammar, GrammarError, harmony_final
 from ..models.loading.tokenizer import ChatTemplateError
@@ -109,7 +109,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     error event and `[DONE]`, others with 503) and refuses new ones (503):
     `etc.serve.server.Server` calls it when shutting down.
     `tool_call_parser` ("hermes", "llama3_json"; default: the chat
-    template's, `tools.parser_for`) reads the model's tool calls; with
+    template's, `tool_calls.parser_for`) reads the model's tool calls; with
     harmony reasoning they are read with its channels ("harmony", set
     by itself; another parser is refused).
     `reasoning_parser` ("qwen3", "harmony"; "auto": the model's,
@@ -123,11 +123,11 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     harmony = reasoning_parser == "harmony"
     if harmony and tool_call_parser is None:
         tool_call_parser = "harmony"  # harmony's calls are read with its channels
-    if tool_call_parser not in (None, "harmony") and tool_call_parser not in tools_.PARSERS:
+    if tool_call_parser not in (None, "harmony") and tool_call_parser not in tool_calls.PARSERS:
         raise ValueError(f"build_app: tool_call_parser={tool_call_parser!r} must be one of "
-                         f"{tools_.PARSERS} or None")
+                         f"{tool_calls.PARSERS} or None")
     if tool_call_parser is None and model.tokenizer is not None:
-        tool_call_parser = tools_.parser_for(model.tokenizer.chat_template)
+        tool_call_parser = tool_calls.parser_for(model.tokenizer.chat_template)
     if tool_call_parser == "harmony" and not harmony:
         raise ValueError("build_app: tool_call_parser='harmony' needs "
                          "reasoning_parser='harmony' (the calls are a harmony channel)")
@@ -380,14 +380,14 @@ async def _constraints(model, body: _Sampling, parser: Optional[str], harmony: b
                                 f"constrain the answer; give one", "tool_choice")
         name = None if choice == "required" else choice.function.name
         if parser == "harmony":
-            missing = [t for t in tools_.HARMONY_TOKENS
+            missing = [t for t in tool_calls.HARMONY_TOKENS
                        if model.tokenizer.token_to_id(t) is None]
             if missing:
                 raise APIError(400, f"tool_choice: a forced harmony call needs the "
                                     f"special tokens {', '.join(missing)}, which this "
                                     f"model's tokenizer lacks", "tool_choice")
         tools = [t.model_dump() for t in body.tools]
-        found = ("lark", tools_.forced_grammar(parser, tools, name), "tool_choice")
+        found = ("lark", tool_calls.forced_grammar(parser, tools, name), "tool_choice")
     elif found is not None and harmony:
         found = _harmony_final(model, found, parser)
     if found is None:
@@ -451,8 +451,13 @@ def _render(tokenizer, body: ChatCompletionRequest) -> str:
             messages, add_generation_prompt=body.add_generation_prompt, **extra)
     except ChatTemplateError as error:
         raise APIError(400, str(error), "messages") from None
-    except TypeError as error:  # a variable the template cannot take as given
-        raise APIError(400, f"chat_template_kwargs: {error}", "chat_template_kwargs") from None
+    except TypeError as error:
+        # A value the template cannot take as given: a variable, or a
+        # message's (DeepSeek's joins a call's arguments as a string,
+        # where transformers' convention, and ours, is a dict).
+        param = "chat_template_kwargs" if body.chat_template_kwargs else "messages"
+        raise APIError(400, f"{param}: the chat template cannot take the messages or "
+                            f"chat_template_kwargs as given: {error}", param) from None
     if body.continue_final_message:
         last = messages[-1]["content"]
         end = text.rfind(last) if last else -1

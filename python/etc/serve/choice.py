@@ -7,10 +7,10 @@ choices are read; both kinds of choice read harmony's calls, keep one
 call without parallel_tool_calls, and finish with "tool_calls", alike.
 
 A streamed answer is read as it arrives (`reasoning.Reader`,
-`tools.CallStream`), a whole one with `reasoning.split` and `tools.parse`,
-which is why the two kinds keep their own state: a malformed call a stream
-has already begun stays a call, where the whole answer leaves it content
-(`tools.CallStream`)."""
+`tool_calls.CallStream`), a whole one with `reasoning.split` and
+`tool_calls.parse`, which is why the two kinds keep their own state: a
+malformed call a stream has already begun stays a call, where the whole
+answer leaves it content (`tool_calls.CallStream`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..models import reasoning as reasoning_
-from ..models import tool_calls as tools_
+from ..models import tool_calls
 from .logprobs import TokenText, chat_logprobs, completion_logprobs
 
 __all__ = ["AnswerForm", "StreamedChoice", "CollectedChoice"]
@@ -47,7 +47,7 @@ class AnswerForm:
 
     @property
     def text_calls(self) -> bool:
-        """Whether the calls are read from the content (`tools`' parsers)."""
+        """Whether the calls are read from the content (`tool_calls`' parsers)."""
         return self.parser not in (None, "harmony")
 
     def reader(self) -> Optional[reasoning_.Reader]:
@@ -71,9 +71,9 @@ class AnswerForm:
 
 
 def _calls(parser: str, text: str, form) -> tuple:
-    """(content, calls) of an answer (`tools.parse`), at most one call
+    """(content, calls) of an answer (`tool_calls.parse`), at most one call
     where `form.parallel_tool_calls` is false."""
-    content, calls = tools_.parse(parser, text)
+    content, calls = tool_calls.parse(parser, text)
     if form.parallel_tool_calls is False:
         calls = calls[:1]
     return content, calls
@@ -91,7 +91,7 @@ class StreamedChoice:
         self.index, self.form, self.token_text = index, form, token_text
         self.first = True
         self.reader = form.reader()
-        self.stream = tools_.CallStream(form.parser, form.parallel_tool_calls is not False) \
+        self.stream = tool_calls.CallStream(form.parser, form.parallel_tool_calls is not False) \
             if form.text_calls else None
         self.sent_calls = 0  # harmony's calls sent
         self.offset = 0  # a text completion's characters before the output's tokens
