@@ -15,7 +15,7 @@ import re
 from .fields import UnsupportedConfigError, positive_int, positive_number
 
 __all__ = ["QWEN_MOE", "GLM4_MOE", "qwen_moe", "olmoe", "mixtral", "granite_shared",
-           "glm4_moe", "check_shared_tensors"]
+           "glm4_moe", "check_shared_tensors", "check_group_capacity"]
 
 #: GLM-4.5's architecture (GLM-4.5, GLM-4.5-Air, GLM-4.6).
 GLM4_MOE = "Glm4MoeForCausalLM"
@@ -204,10 +204,7 @@ def glm4_moe(config: dict, where: str, layers: int, need, flag) -> dict:
     if kept > groups:
         raise UnsupportedConfigError(f"{where}: field 'topk_group' = {kept} exceeds n_group = "
                                      f"{groups}")
-    if per_token > kept * (experts // groups):
-        raise UnsupportedConfigError(
-            f"{where}: field 'num_experts_per_tok' = {per_token} exceeds the "
-            f"{kept * (experts // groups)} experts of the topk_group = {kept} groups")
+    check_group_capacity(where, per_token, experts, groups, kept)
     dense = config.get("first_k_dense_replace")
     dense = 1 if dense is None else dense
     if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense <= layers:
@@ -277,3 +274,14 @@ def check_shared_tensors(config, names, where: str) -> None:
         raise UnsupportedConfigError(
             f"{where}: tensor {name!r} is a shared expert's, but config.json's model has none "
             f"in layer {layer} ({why}): the weights would go unused")
+
+
+def check_group_capacity(where: str, per_token: int, experts: int, groups: int,
+                         kept: int) -> None:
+    """Refuses `num_experts_per_tok` beyond the experts of the `topk_group`
+    = `kept` groups (of `groups`) a token chooses from: transformers would
+    then choose zero-scored experts outside them (GLM-4.5, DeepSeek)."""
+    if per_token > kept * (experts // groups):
+        raise UnsupportedConfigError(
+            f"{where}: field 'num_experts_per_tok' = {per_token} exceeds the "
+            f"{kept * (experts // groups)} experts of the topk_group = {kept} groups")
