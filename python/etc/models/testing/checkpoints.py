@@ -1,8 +1,8 @@
 """Tiny random Hugging Face checkpoints, written with NumPy: the configs
 (`tiny_config`, `shaped_config` at the real widths of `shapes.SHAPES`,
 transformers 5's and the multimodal wrappers' spellings), their random
-tensors, the byte-level BPE tokenizer, and the safetensors directory (`write_checkpoint`, FP8 blocks by
-`quantize_fp8`). Re-exported by `etc.models.testing`; the GGUF file of the
+tensors, the byte-level BPE tokenizer, and the safetensors directory
+(`write_checkpoint`, FP8 blocks by `quantize_fp8`). Re-exported by `etc.models.testing`; the GGUF file of the
 same checkpoint is `gguf_writer`'s."""
 
 from __future__ import annotations
