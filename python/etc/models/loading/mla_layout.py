@@ -138,13 +138,16 @@ def to_step_layout(config, key: str, array: np.ndarray, storage: str = "f32",
     m, d, heads = config.mla, config.head_dim, config.num_heads
     perm = order(config)
     if name in ("wq", "wq_b"):
-        out = np.ascontiguousarray(array[(np.arange(heads)[:, None] * d + perm).ravel()])
+        # Each head's rows reordered alike, so the rows may be a rank's
+        # share of the heads (a packed GGUF weight is split as it is read).
+        share = array.shape[0] // d
+        out = np.ascontiguousarray(array[(np.arange(share)[:, None] * d + perm).ravel()])
         factor = q_scale(config)
         if factor != 1.0:
             if packed:
                 raise NotImplementedError(f"{key}: a packed weight's rows cannot be scaled by "
                                           f"the RoPE attention factor (mla_layout.unpacked_keys)")
-            pe = (np.arange(heads)[:, None] * d + np.flatnonzero(perm >= m.nope_dim)).ravel()
+            pe = (np.arange(share)[:, None] * d + np.flatnonzero(perm >= m.nope_dim)).ravel()
             out = scale_rows(out, pe, factor, storage)
         return out
     if packed:
