@@ -245,7 +245,11 @@ _SHARED_TENSOR = re.compile(r"(?:^|\.)layers\.(\d+)\..*?\b(?:shared_expert|share
 _SHARED_FIELD = {"GraniteMoeForCausalLM": "shared_intermediate_size",
                  "GraniteMoeSharedForCausalLM": "shared_intermediate_size",
                  GLM4_MOE: "n_shared_experts",
-                 "Qwen2MoeForCausalLM": "shared_expert_intermediate_size"}
+                 "Qwen2MoeForCausalLM": "shared_expert_intermediate_size",
+                 # (families_deepseek's and families_ernie's, which import this module)
+                 "DeepseekV2ForCausalLM": "n_shared_experts",
+                 "DeepseekV3ForCausalLM": "n_shared_experts",
+                 "Ernie4_5_MoeForCausalLM": "moe_num_shared_experts"}
 
 
 def check_shared_tensors(config, names, where: str) -> None:
