@@ -78,20 +78,21 @@ class ModelConfig:
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    #: RMSNorm of q and k before RoPE: per head (Qwen3, Gemma 3, GLM-4.5's
-    #: `use_qk_norm`; with `layer_norm`, Command R+'s LayerNorms, a weight
-    #: per head), or over the projection (`qk_norm_projection`).
+    #: RMSNorm of q and k before RoPE (after it with `qk_norm_after_rope`):
+    #: per head (Qwen3, Gemma 3, GLM-4.5's `use_qk_norm`, EXAONE 4, Hunyuan
+    #: dense; with `layer_norm`, Command R+'s LayerNorms, a weight per
+    #: head), or over the projection (`qk_norm_projection`).
     qk_norm: bool
     #: Biases of the q, k and v projections (Qwen2, Qwen2-MoE, GLM-4,
-    #: GLM-4.5; o has none: gpt-oss's is `o_bias`).
+    #: GLM-4.5, Seed-OSS; o's is `o_bias`).
     qkv_bias: bool = False
     #: q_norm and k_norm over the whole q and k projections (OLMo 2, OLMo 3,
     #: OLMoE: weights of num_heads * head_dim and num_kv_heads * head_dim),
     #: not per head.
     qk_norm_projection: bool = False
-    #: The parameters of a scaled RoPE variant ("linear", "llama3" or
-    #: "yarn"; its "rope_type" included, defaults filled in), or None for
-    #: plain RoPE.
+    #: The parameters of a scaled RoPE variant ("linear", "llama3", "yarn"
+    #: or "longrope": `rope.ROPE_TYPES`; its "rope_type" included, defaults
+    #: filled in), or None for plain RoPE.
     rope_scaling: Optional[dict] = None
     #: Mixture-of-Experts (`moe_fields`: Qwen3-MoE, Mixtral, ...): experts,
     #: experts per token, expert width, renormalised top-k weights, and which layers are
@@ -103,7 +104,8 @@ class ModelConfig:
     norm_topk_prob: bool = True
     sparse_layers: tuple = field(default_factory=tuple)
     #: A shared expert beside the routed ones in every sparse layer
-    #: (Qwen2-MoE, Granite MoE shared): a SwiGLU MLP this wide (0: none)
+    #: (Qwen2-MoE, Granite MoE shared; GLM-4.5's, DeepSeek's and ERNIE
+    #: 4.5's n shared experts as one n times as wide): a SwiGLU MLP this wide (0: none)
     #: that every token runs, its output added to the experts'; with
     #: `shared_expert_gate` (Qwen2-MoE) scaled per token first by
     #: sigmoid(x . w) of a learnt (H,) vector.
@@ -111,7 +113,8 @@ class ModelConfig:
     shared_expert_gate: bool = False
     #: Routing (`Graph.moe`'s scoring, routed_scale, n_group, topk_group):
     #: softmax or sigmoid scores; with `selection_bias` a learnt (E,) bias
-    #: on the scores that choose (GLM-4.5, DeepSeek-V3).
+    #: on the scores that choose (GLM-4.5, DeepSeek-V3; ERNIE 4.5's, on
+    #: softmax scores).
     moe_scoring: str = "softmax"
     selection_bias: bool = False
     routed_scaling_factor: float = 1.0
@@ -172,16 +175,17 @@ class ModelConfig:
     #: Hugging Face's pairs (i, i + rotary_dim / 2) land there
     #: (`etc.models.loading.partial_rotary`).
     rotary_dim: Optional[int] = None
-    #: RoPE pairs (2i, 2i + 1) of the rotated dimensions (GLM-4: GPT-J's
-    #: interleaved layout) instead of (i, i + rotated / 2); the q and k
+    #: RoPE pairs (2i, 2i + 1) of the rotated dimensions (GLM-4, ERNIE 4.5,
+    #: Cohere: GPT-J's interleaved layout) instead of (i, i + rotated / 2); the q and k
     #: rows are permuted at load to the step graph's pairs too.
     rope_interleaved: bool = False
-    #: The layers without RoPE (SmolLM3's NoPE layers, EXAONE 4's full layers).
+    #: The layers without RoPE (SmolLM3's NoPE layers, EXAONE 4's and
+    #: Cohere2's full layers).
     nope_layers: tuple = field(default_factory=tuple)
     #: The per-head q/k norms after RoPE instead of before (Hunyuan dense).
     qk_norm_after_rope: bool = False
-    #: gpt-oss: a bias on the attention's output projection too
-    #: (`qkv_bias` the others'), one learnt sink logit per query head
+    #: gpt-oss: a bias on the attention's output projection too (Seed-OSS's
+    #: `attention_out_bias` as well; `qkv_bias` the others'), one learnt sink logit per query head
     #: (`Graph.attention`'s `sinks`), a bias on the router's logits and on
     #: each expert's projections (`Graph.moe`'s `router_b`, `b1`, `b_up`,
     #: `b2`), and the experts' activation: "silu" (SwiGLU) or "swiglu_oai"
