@@ -16,16 +16,13 @@ writes it, stored and computed in one dtype."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
-
-import numpy as np
 
 from etc.models.testing import as_transformers5, tiny_config
 
-from hf_goldens_families import DIRECTORY, NEW, Golden, compute
+import hf_goldens_families
+from hf_goldens_families import DIRECTORY, Golden
 
 #: The tiny configs, as transformers 4 writes config.json: V2-Lite's shape,
 #: V3's, and V2's group-limited routing (8 experts in 2 groups, the one
@@ -58,44 +55,13 @@ def cases() -> dict[str, dict]:
 
 def load(name: str, directory: Path = DIRECTORY) -> Golden:
     """The golden `name`, checked to be the case `cases()` names now."""
-    path = directory / f"{name}.npz"
-    if not path.is_file():
-        raise AssertionError(f"{path} is missing: run test/python/hf_goldens_deepseek.py where "
-                             f"torch and transformers import")
-    with np.load(path) as data:
-        case = json.loads(str(data["case"]))
-        lengths = data["prompt_lengths"].tolist()
-        starts = np.cumsum([0] + lengths)
-        flat = data["prompts"].tolist()
-        prompts = [flat[a:b] for a, b in zip(starts[:-1], starts[1:])]
-        rows = np.cumsum([0] + [n + NEW - 1 for n in lengths])
-        logits = [data["logits"][a:b] for a, b in zip(rows[:-1], rows[1:])]
-        golden = Golden(name, case, prompts, data["tokens"].tolist(), logits,
-                        json.loads(str(data["versions"])), str(data["digest"]))
-    if json.loads(json.dumps(cases().get(name), sort_keys=True)) != case:
-        raise AssertionError(f"{path} is of another case than hf_goldens_deepseek.cases() says: "
-                             f"regenerate it")
-    return golden
+    return Golden.read(name, directory, cases(), "hf_goldens_deepseek.py")
 
 
 def make(directory: Path = DIRECTORY, check: bool = False) -> list[str]:
     """Computes every golden; writes them, or with `check` compares them
     with the files. Returns what differs."""
-    problems = []
-    with tempfile.TemporaryDirectory() as scratch:
-        for name, case in cases().items():
-            golden = compute(name, case, Path(scratch))
-            if not check:
-                print(golden.save(directory))
-                continue
-            stored = load(name, directory)
-            if stored.tokens != golden.tokens:
-                problems.append(f"{name}: tokens {stored.tokens} != {golden.tokens}")
-            for a, b in zip(stored.logits, golden.logits):
-                if not np.array_equal(a, b):
-                    problems.append(f"{name}: logits differ by {np.abs(a - b).max():.3g}")
-                    break
-    return problems
+    return hf_goldens_families.make(directory, check, every=cases(), load=load)
 
 
 def main(argv=None) -> int:

@@ -166,17 +166,14 @@ GPT_OSS_SEED = 19
 
 
 #: The dtypes of transformers 4's config style where not all of DTYPES (the
-#: suite's time): Granite's, Granite MoE's, Qwen2-MoE's, GraniteMoeShared's,
-#: OLMo 2's, OLMoE's, GLM-4's, EXAONE 4's, Seed-OSS's and Hunyuan's in
-#: float32 and bfloat16 (f16 adds nothing their layers would not show in
-#: bf16); OLMo 3's in float32 (its layers are OLMo 2's, its windows Gemma's).
-V4_DTYPES = {"granite": ("f32", "bf16"), "granite_moe": ("f32", "bf16"),
-             "qwen2_moe": ("f32", "bf16"), "granite_moe_shared": ("f32", "bf16"),
-             "olmo2": ("f32", "bf16"), "glm4": ("f32", "bf16"), "olmo3": ("f32",),
-             "glm4_moe": ("f32", "bf16"), "olmoe": ("f32", "bf16"), "ernie": ("f32", "bf16"),
-             "ernie_moe": ("f32", "bf16"), "exaone4": ("f32", "bf16"), "seed_oss": ("f32", "bf16"),
-             "hunyuan_dense": ("f32", "bf16"), "cohere": ("f32", "bf16"), "cohere2": ("f32", "bf16"),
-             "cohere_qk": ("f32", "bf16")}
+#: suite's time): the families from Granite on in float32 and bfloat16 (f16
+#: adds nothing their layers would not show in bf16); OLMo 3's in float32
+#: (its layers are OLMo 2's, its windows Gemma's).
+V4_DTYPES = {**dict.fromkeys(("granite", "granite_moe", "qwen2_moe", "granite_moe_shared",
+                              "olmo2", "glm4", "glm4_moe", "olmoe", "ernie", "ernie_moe",
+                              "exaone4", "seed_oss", "hunyuan_dense", "cohere", "cohere2",
+                              "cohere_qk"), ("f32", "bf16")),
+             "olmo3": ("f32",)}
 #: The families whose transformers 4 goldens leave bfloat16 out: a bf16
 #: step kernel compiles for 20 to 30 s on the test machine, and theirs are
 #: Phi-3's and Llama's kinds (partial rotary and NoPE change the weights
@@ -352,10 +349,17 @@ class Golden:
     @classmethod
     def load(cls, name: str, directory: Path = DIRECTORY) -> "Golden":
         """The golden `name`, checked to be the case `cases()` names now."""
+        return cls.read(name, directory, cases(), "hf_goldens_families.py")
+
+    @classmethod
+    def read(cls, name: str, directory: Path, expected: dict, script: str) -> "Golden":
+        """The golden `name` in `directory`, checked to be the case that
+        `expected` (a golden script's `cases()`) names now; `script` makes
+        the files."""
         path = directory / f"{name}.npz"
         if not path.is_file():
-            raise AssertionError(f"{path} is missing: run test/python/hf_goldens_families.py "
-                                 f"where torch and transformers import")
+            raise AssertionError(f"{path} is missing: run test/python/{script} where torch and "
+                                 f"transformers import")
         with np.load(path) as data:
             case = json.loads(str(data["case"]))
             lengths = data["prompt_lengths"].tolist()
@@ -366,9 +370,9 @@ class Golden:
             logits = [data["logits"][a:b] for a, b in zip(rows[:-1], rows[1:])]
             golden = cls(name, case, prompts, data["tokens"].tolist(), logits,
                          json.loads(str(data["versions"])), str(data["digest"]))
-        if json.loads(json.dumps(cases().get(name), sort_keys=True)) != case:
-            raise AssertionError(f"{path} is of another case than hf_goldens_families.cases() "
-                                 f"says: regenerate it")
+        if json.loads(json.dumps(expected.get(name), sort_keys=True)) != case:
+            raise AssertionError(f"{path} is of another case than {script}'s cases() says: "
+                                 f"regenerate it")
         return golden
 
 
@@ -437,19 +441,23 @@ def _dequantized_by_transformers(path: Path) -> Path:
     return target
 
 
-def make(directory: Path = DIRECTORY, check: bool = False, families=None) -> list[str]:
-    """Computes every golden (those of `families`, else all); writes them,
-    or with `check` compares them with the files. Returns what differs."""
+def make(directory: Path = DIRECTORY, check: bool = False, families=None, *, every=None,
+         load=None) -> list[str]:
+    """Computes every golden (those of `families`, else all) of `every`
+    (name -> case; default: `cases()`); writes them, or with `check`
+    compares them with the files, read by `load` (default: `Golden.load`).
+    Returns what differs."""
     problems = []
+    every, load = every or cases(), load or Golden.load
     with tempfile.TemporaryDirectory() as scratch:
-        for name, case in cases().items():
+        for name, case in every.items():
             if families and case["family"] not in families:
                 continue
             golden = compute(name, case, Path(scratch))
             if not check:
                 print(golden.save(directory))
                 continue
-            stored = Golden.load(name, directory)
+            stored = load(name, directory)
             if stored.tokens != golden.tokens:
                 problems.append(f"{name}: tokens {stored.tokens} != {golden.tokens}")
             for a, b in zip(stored.logits, golden.logits):

@@ -222,6 +222,31 @@ def test_step_graph_norms_and_reduces_once_per_layer():
     assert kinds.count("all_reduce") == 2 * llama.num_layers
 
 
+@pytest.mark.parametrize("change", [dict(residual_multiplier=0.5), dict(input_norms=False),
+                                    dict(sandwich_norms=True), dict(o_bias=True),
+                                    dict(qk_norm_projection=True)])
+def test_step_graph_refuses_what_cohere_layers_do_not_compose_with(change):
+    """A field of another family that the parallel block or the LayerNorms
+    would leave out (the NumPy forward pass computes it) is refused by
+    name, not built into a different model."""
+    from etc.models.step.graph import build_step_graph
+
+    config = dataclasses.replace(read(COHERE), **change)
+    with pytest.raises(NotImplementedError, match="Cohere's"):
+        build_step_graph(config, max_seq_len=16, chunk=4)
+
+
+def test_after_rope_norms_compose_with_the_parallel_block():
+    """Hunyuan's q/k norms after RoPE in Cohere's layers: the head norms
+    follow the rope tasks (each feature is its own branch of the graph)."""
+    from etc.models.step.graph import build_step_graph
+
+    config = dataclasses.replace(read(COHERE), qk_norm=True, qk_norm_after_rope=True)
+    kinds = [op.kind for op in build_step_graph(config, max_seq_len=16, chunk=4)._ops]
+    first_rope, first_norm = kinds.index("rope"), kinds.index("head_layernorm")
+    assert first_rope < first_norm and kinds.count("head_layernorm") == 2 * config.num_layers
+
+
 # ----------------------------------------------------------------------
 # Against transformers, and what it catches
 # ----------------------------------------------------------------------

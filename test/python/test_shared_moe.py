@@ -273,6 +273,9 @@ def test_qwen2_moe_dense_and_sparse_layers_compile_as_numpy(tmp_path):
     # Another family's weights under a family without shared experts.
     (QWEN, {"architectures": ["Qwen3MoeForCausalLM"], "shared_expert_intermediate_size": None},
      r"\(Qwen3MoeForCausalLM has no shared expert\)"),
+    ("DeepseekV3ForCausalLM", {"n_shared_experts": 0}, r"field 'n_shared_experts' gives none"),
+    ("Ernie4_5_MoeForCausalLM", {"moe_num_shared_experts": 0},
+     r"field 'moe_num_shared_experts' gives none"),
 ])
 def test_shared_expert_weights_a_config_leaves_out_are_refused(tmp_path, architecture, change,
                                                                match):
@@ -409,6 +412,18 @@ def test_gguf_shared_tensors_of_a_family_without_them_are_refused(tmp_path):
     with pytest.raises(UnsupportedConfigError, match=r"\(blk\.1\.ffn_up_shexp\.weight\) .* "
                                                      r"this olmoe model has no shared expert"):
         GGUFCheckpoint(olmoe)
+
+
+@pytest.mark.parametrize("architecture, arch", [("DeepseekV3ForCausalLM", "deepseek2"),
+                                                ("Glm4MoeForCausalLM", "glm4moe")])
+def test_gguf_shared_tensors_name_the_count_key(tmp_path, architecture, arch):
+    """deepseek2 and glm4moe files say their shared experts by count: with
+    expert_shared_count 0 and the tensors there, the refusal names that key."""
+    path = write_gguf(tmp_path / "m.gguf", tiny_config(architecture),
+                      metadata={f"{arch}.expert_shared_count": 0})
+    with pytest.raises(UnsupportedConfigError, match=rf"GGUF metadata {arch}\.expert_shared_count "
+                                                     rf"= 0, so this {arch} model has no shared"):
+        GGUFCheckpoint(path)
 
 
 def test_gguf_qwen2moe_shared_width_defaults_to_the_mlps(tmp_path):

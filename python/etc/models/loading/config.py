@@ -13,7 +13,7 @@ windows where the architecture has none, RoPE variants it does not
 implement, ...) and for values that are not what the field means (a string
 where a flag or a number belongs, a non-finite or non-positive RoPE base,
 ...), rather than silently ignoring or misreading them. RoPE parameters are
-read by `rope`.
+read by `rope`, sliding windows by `windows`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from . import (config_families as families, families_cohere, families_deepseek as deepseek,
-               families_dense as dense, families_ernie as ernie, moe_fields, multimodal, rope)
+               families_dense as dense, families_ernie as ernie, moe_fields, multimodal, rope,
+               windows)
 from .fields import UnsupportedConfigError, positive_int, positive_number
 from .rope import ROPE_TYPES
 
@@ -77,20 +78,21 @@ class ModelConfig:
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    #: RMSNorm of q and k before RoPE: per head (Qwen3, Gemma 3, GLM-4.5's
-    #: `use_qk_norm`; with `layer_norm`, Command R+'s LayerNorms, a weight
-    #: per head), or over the projection (`qk_norm_projection`).
+    #: RMSNorm of q and k before RoPE (after it with `qk_norm_after_rope`):
+    #: per head (Qwen3, Gemma 3, GLM-4.5's `use_qk_norm`, EXAONE 4, Hunyuan
+    #: dense; with `layer_norm`, Command R+'s LayerNorms, a weight per
+    #: head), or over the projection (`qk_norm_projection`).
     qk_norm: bool
     #: Biases of the q, k and v projections (Qwen2, Qwen2-MoE, GLM-4,
-    #: GLM-4.5; o has none: gpt-oss's is `o_bias`).
+    #: GLM-4.5, Seed-OSS; o's is `o_bias`).
     qkv_bias: bool = False
     #: q_norm and k_norm over the whole q and k projections (OLMo 2, OLMo 3,
     #: OLMoE: weights of num_heads * head_dim and num_kv_heads * head_dim),
     #: not per head.
     qk_norm_projection: bool = False
-    #: The parameters of a scaled RoPE variant ("linear", "llama3" or
-    #: "yarn"; its "rope_type" included, defaults filled in), or None for
-    #: plain RoPE.
+    #: The parameters of a scaled RoPE variant ("linear", "llama3", "yarn"
+    #: or "longrope": `rope.ROPE_TYPES`; its "rope_type" included, defaults
+    #: filled in), or None for plain RoPE.
     rope_scaling: Optional[dict] = None
     #: Mixture-of-Experts (`moe_fields`: Qwen3-MoE, Mixtral, ...): experts,
     #: experts per token, expert width, renormalised top-k weights, and which layers are
@@ -102,7 +104,8 @@ class ModelConfig:
     norm_topk_prob: bool = True
     sparse_layers: tuple = field(default_factory=tuple)
     #: A shared expert beside the routed ones in every sparse layer
-    #: (Qwen2-MoE, Granite MoE shared): a SwiGLU MLP this wide (0: none)
+    #: (Qwen2-MoE, Granite MoE shared; GLM-4.5's, DeepSeek's and ERNIE
+    #: 4.5's n shared experts as one n times as wide): a SwiGLU MLP this wide (0: none)
     #: that every token runs, its output added to the experts'; with
     #: `shared_expert_gate` (Qwen2-MoE) scaled per token first by
     #: sigmoid(x . w) of a learnt (H,) vector.
@@ -110,7 +113,8 @@ class ModelConfig:
     shared_expert_gate: bool = False
     #: Routing (`Graph.moe`'s scoring, routed_scale, n_group, topk_group):
     #: softmax or sigmoid scores; with `selection_bias` a learnt (E,) bias
-    #: on the scores that choose (GLM-4.5, DeepSeek-V3).
+    #: on the scores that choose (GLM-4.5, DeepSeek-V3; ERNIE 4.5's, on
+    #: softmax scores).
     moe_scoring: str = "softmax"
     selection_bias: bool = False
     routed_scaling_factor: float = 1.0
@@ -171,16 +175,17 @@ class ModelConfig:
     #: Hugging Face's pairs (i, i + rotary_dim / 2) land there
     #: (`etc.models.loading.partial_rotary`).
     rotary_dim: Optional[int] = None
-    #: RoPE pairs (2i, 2i + 1) of the rotated dimensions (GLM-4: GPT-J's
-    #: interleaved layout) instead of (i, i + rotated / 2); the q and k
+    #: RoPE pairs (2i, 2i + 1) of the rotated dimensions (GLM-4, ERNIE 4.5,
+    #: Cohere: GPT-J's interleaved layout) instead of (i, i + rotated / 2); the q and k
     #: rows are permuted at load to the step graph's pairs too.
     rope_interleaved: bool = False
-    #: The layers without RoPE (SmolLM3's NoPE layers, EXAONE 4's full layers).
+    #: The layers without RoPE (SmolLM3's NoPE layers, EXAONE 4's and
+    #: Cohere2's full layers).
     nope_layers: tuple = field(default_factory=tuple)
     #: The per-head q/k norms after RoPE instead of before (Hunyuan dense).
     qk_norm_after_rope: bool = False
-    #: gpt-oss: a bias on the attention's output projection too
-    #: (`qkv_bias` the others'), one learnt sink logit per query head
+    #: gpt-oss: a bias on the attention's output projection too (Seed-OSS's
+    #: `attention_out_bias` as well; `qkv_bias` the others'), one learnt sink logit per query head
     #: (`Graph.attention`'s `sinks`), a bias on the router's logits and on
     #: each expert's projections (`Graph.moe`'s `router_b`, `b1`, `b_up`,
     #: `b2`), and the experts' activation: "silu" (SwiGLU) or "swiglu_oai"
@@ -414,7 +419,7 @@ class ModelConfig:
                 positive_int(where, "pretraining_tp", config["pretraining_tp"])
         else:
             refuse("pretraining_tp", (1, None), "tensor-parallel slicing of the MLP")
-        window, sliding = _sliding_layers(config, where, architecture, layers)
+        window, sliding = windows.sliding_layers(config, where, architecture, layers)
         max_positions = need("max_position_embeddings")
         # Gemma's or gpt-oss's own fields (with their RoPE).
         family = _gemma(config, where, architecture, hidden, max_positions) \
@@ -505,110 +510,6 @@ class ModelConfig:
             **family,
             **granite,
         )
-
-
-
-
-#: The architectures with sliding-window attention, and how their configs
-#: say which layers slide: "qwen2" (`use_sliding_window` turns
-#: `sliding_window` on for the layers from `max_window_layers` on, or those
-#: `layer_types` names), "mistral" (`sliding_window`, 4096 when absent and
-#: none when null, for every layer; transformers ignores `layer_types`),
-#: "phi3" (the same, none when absent; Mixtral's too: MixtralConfig's
-#: default is None where MistralConfig's is 4096, in transformers 4 and 5),
-#: "gemma" (`layer_types`, or Gemma's pattern of full layers), "exaone4"
-#: (`families_dense.exaone4_window`).
-_WINDOWED = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
-             "MixtralForCausalLM": "phi3", "GptOssForCausalLM": "gemma",
-             "Gemma2ForCausalLM": "gemma", "Gemma3ForCausalLM": "gemma",
-             "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3",
-             "Olmo3ForCausalLM": "gemma", dense.EXAONE4: "exaone4",
-             families_cohere.COHERE2: "gemma"}
-#: Gemma's default layer pattern: every n-th layer full, the others
-#: sliding (Gemma 3: `sliding_window_pattern`, default 6; Gemma 2: 2;
-#: OLMo 3 and Cohere2: 4; Cohere2 reads `sliding_window_pattern` too).
-_GEMMA_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "GptOssForCausalLM": 2,
-                  "Olmo3ForCausalLM": 4, families_cohere.COHERE2: 4}
-#: The default `sliding_window` of the "gemma" style (GptOssConfig: 128,
-#: Olmo3Config: 4096).
-_DEFAULT_WINDOW = {"GptOssForCausalLM": 128, "Olmo3ForCausalLM": 4096}
-
-
-def _sliding_layers(config: dict, where: str, architecture: str,
-                    layers: int) -> tuple[Optional[int], tuple]:
-    """The attention window and the sliding layers of `config`, read as
-    transformers reads them for `architecture` (`_WINDOWED`); a window in
-    any other architecture is refused, naming the field."""
-    style = _WINDOWED.get(architecture)
-    use = config.get("use_sliding_window")
-    if use is not None and not isinstance(use, bool):
-        raise UnsupportedConfigError(f"{where}: field 'use_sliding_window' = {use!r} must be "
-                                     f"true or false (a JSON boolean)")
-    if style not in ("qwen2", "smollm3") and use:
-        raise UnsupportedConfigError(f"{where}: field 'use_sliding_window' = True is not "
-                                     f"supported for {architecture} (attention is full, not "
-                                     f"windowed)")
-    types = config.get("layer_types")
-    if types is not None and style not in ("mistral", "phi3"):
-        kinds = ("full_attention", "sliding_attention") if style else ("full_attention",)
-        if not isinstance(types, list) or len(types) != layers:
-            raise UnsupportedConfigError(f"{where}: field 'layer_types' = {types!r} must list "
-                                         f"one type for each of the {layers} layers")
-        other = sorted({t for t in types if t not in kinds}, key=str)
-        if other:
-            raise UnsupportedConfigError(
-                f"{where}: field 'layer_types' lists {', '.join(map(repr, other))} (layers "
-                f"{[i for i, t in enumerate(types) if t not in kinds]}); " +
-                (f"{architecture} supports 'full_attention' and 'sliding_attention'" if style
-                 else "only 'full_attention' is supported (attention is full, not windowed)"))
-    if style is None:
-        return None, ()
-    if style == "gemma":
-        window = config.get("sliding_window", _DEFAULT_WINDOW.get(architecture, 4096))
-        if types is None:
-            pattern = _GEMMA_PATTERN[architecture]
-            if architecture in ("Gemma3ForCausalLM", families_cohere.COHERE2) and \
-                    config.get("sliding_window_pattern") is not None:
-                pattern = positive_int(where, "sliding_window_pattern",
-                                       config["sliding_window_pattern"])
-            types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
-                     for i in range(layers)]
-        sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-        if sliding and window is None:
-            raise UnsupportedConfigError(
-                f"{where}: field 'sliding_window' is null, but layers {list(sliding)} are "
-                f"'sliding_attention' (layer_types)")
-        if window is not None:
-            window = positive_int(where, "sliding_window", window)
-        return (window if sliding else None), sliding
-    if style == "smollm3":
-        return families.smollm3_window(config, where, layers, use, types)
-    if style == "exaone4":
-        return dense.exaone4_window(config, where, layers, types)
-    if style in ("mistral", "phi3"):
-        window = config.get("sliding_window", 4096 if style == "mistral" else None)
-        if window is None:
-            return None, ()
-        return positive_int(where, "sliding_window", window), tuple(range(layers))
-    window = config.get("sliding_window", 4096) if use else None
-    if window is not None:
-        window = positive_int(where, "sliding_window", window)
-    if types is not None:
-        sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-        if sliding and window is None:
-            raise UnsupportedConfigError(
-                f"{where}: field 'layer_types' lists 'sliding_attention' (layers "
-                f"{list(sliding)}) but no window is set (use_sliding_window is "
-                f"{bool(use)}, sliding_window is {config.get('sliding_window')!r})")
-        return (window if sliding else None), sliding
-    if window is None:
-        return None, ()
-    first = config.get("max_window_layers", 28)
-    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
-        raise UnsupportedConfigError(f"{where}: field 'max_window_layers' = {first!r} must be "
-                                     f"a non-negative integer")
-    sliding = tuple(range(first, layers))
-    return (window if sliding else None), sliding
 
 
 def _rope(config: dict, where: str, max_positions: int, *,

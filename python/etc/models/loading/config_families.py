@@ -9,7 +9,7 @@ compute as transformers does."""
 
 from __future__ import annotations
 
-from .fields import UnsupportedConfigError, positive_int, positive_number
+from .fields import UnsupportedConfigError, head_dim_from_heads, positive_int, positive_number
 from .moe_fields import GLM4_MOE
 
 __all__ = ["OLMO", "OLMOE", "GLM4", "DEFAULT_HEAD_DIM", "DEFAULT_PARTIAL_ROTARY", "family_layers",
@@ -68,14 +68,8 @@ def _olmoe_attention(config: dict, where: str) -> dict:
     projections) is refused; `sliding_window`, which it hands to the
     attention kernels (flash attention honours it, the default SDPA and
     eager ones ignore it), is refused when set."""
-    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
-    head_dim = config.get("head_dim")
-    if head_dim is not None and isinstance(hidden, int) and isinstance(heads, int) and \
-            heads > 0 and head_dim != hidden // heads:
-        raise UnsupportedConfigError(
-            f"{where}: field 'head_dim' = {head_dim!r} is not supported for {OLMOE}: its "
-            f"q_norm and k_norm are of hidden_size / num_attention_heads = {hidden // heads} "
-            f"per head")
+    head_dim_from_heads(config, where, OLMOE, "its q_norm and k_norm are of hidden_size / "
+                        "num_attention_heads = {} per head")
     if config.get("sliding_window") is not None:
         raise UnsupportedConfigError(
             f"{where}: field 'sliding_window' = {config['sliding_window']!r} is not supported "

@@ -20,7 +20,7 @@ have none (`nope_layers`).
 
 from __future__ import annotations
 
-from .fields import UnsupportedConfigError, positive_number
+from .fields import UnsupportedConfigError, head_dim_from_heads, positive_number
 
 __all__ = ["COHERE", "COHERE2", "COHERE_FAMILY", "DEFAULT_THETA", "fields"]
 
@@ -77,14 +77,8 @@ def fields(config: dict, where: str, architecture: str, sliding: tuple) -> dict:
     out = dict(layer_norm=True, parallel_block=True, rope_interleaved=True, norm_eps=eps,
                logit_scale=None if scale == 1.0 else scale, qk_norm=bool(use_qk_norm))
     if architecture == COHERE2:
-        hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
-        head_dim = config.get("head_dim")
-        if head_dim is not None and isinstance(hidden, int) and isinstance(heads, int) and \
-                heads > 0 and head_dim != hidden // heads:
-            raise UnsupportedConfigError(
-                f"{where}: field 'head_dim' = {head_dim!r} is not supported for {COHERE2}: "
-                f"Cohere2Config sets it to hidden_size / num_attention_heads = "
-                f"{hidden // heads}")
+        head_dim_from_heads(config, where, COHERE2, "Cohere2Config sets it to hidden_size / "
+                            "num_attention_heads = {}")
         layers = config.get("num_hidden_layers")
         out["nope_layers"] = tuple(i for i in range(layers) if i not in sliding)
     return out

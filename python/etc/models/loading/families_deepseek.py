@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .fields import UnsupportedConfigError, positive_int, positive_number
+from .moe_fields import check_group_capacity
 
 __all__ = ["DEEPSEEK_V2", "DEEPSEEK_V3", "ARCHITECTURES", "MlaShape", "head_dim", "deepseek"]
 
@@ -227,11 +228,7 @@ def _experts(config: dict, where: str, architecture: str, layers: int, need, fla
         out.update(norm_topk_prob=False, moe_scoring="softmax")
         if method != "group_limited_greedy" or kept == groups:
             return out  # greedy over every expert: the groups do not limit the choice
-        if per_token > kept * (experts // groups):
-            # (transformers would then choose zero-scored experts elsewhere.)
-            raise UnsupportedConfigError(
-                f"{where}: field 'num_experts_per_tok' = {per_token} exceeds the "
-                f"{kept * (experts // groups)} experts of the topk_group = {kept} groups")
+        check_group_capacity(where, per_token, experts, groups, kept)
         # The experts of the topk_group groups whose best score is highest.
         return {**out, "n_group": groups, "topk_group": kept, "moe_group_score": "max"}
     if scoring not in (None, "sigmoid"):
@@ -246,9 +243,6 @@ def _experts(config: dict, where: str, architecture: str, layers: int, need, fla
     if groups > 1 and experts // groups < 2:
         raise UnsupportedConfigError(f"{where}: field 'n_group' = {groups} leaves groups of "
                                      f"fewer than 2 of the n_routed_experts = {experts}")
-    if per_token > kept * (experts // groups):
-        raise UnsupportedConfigError(
-            f"{where}: field 'num_experts_per_tok' = {per_token} exceeds the "
-            f"{kept * (experts // groups)} experts of the topk_group = {kept} groups")
+    check_group_capacity(where, per_token, experts, groups, kept)
     return {**out, "norm_topk_prob": normalize, "moe_scoring": "sigmoid",
             "selection_bias": True, "n_group": groups, "topk_group": kept}

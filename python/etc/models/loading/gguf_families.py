@@ -391,7 +391,9 @@ def check_shared_experts(ckpt, read: set) -> None:
     of its plan): llama.cpp creates them only for a shared expert
     (granitemoe's where `expert_shared_feed_forward_length` is above 0)
     and refuses a file with tensors it did not create, so they are
-    weights of a model other than the one the metadata describes."""
+    weights of a model other than the one the metadata describes. The
+    error names the key that says the shared experts (deepseek2's and
+    glm4moe's `expert_shared_count`)."""
     layers = ckpt.config.num_layers
     # (Past the decoder's layers: GLM-4.5's NextN layers, not run.)
     unread = sorted(name for name in ckpt._tensors if "_shexp." in name and name not in read
@@ -399,8 +401,10 @@ def check_shared_experts(ckpt, read: set) -> None:
                              and int(name.split(".")[1]) >= layers))
     if not unread:
         return
-    key = f"{ckpt.architecture}.expert_shared_feed_forward_length"
-    value = ckpt._key("expert_shared_feed_forward_length")
+    # (deepseek2 and glm4moe count their shared experts; the others give a width)
+    field = "expert_shared_count" if ckpt.architecture in ("deepseek2", "glm4moe") else \
+        "expert_shared_feed_forward_length"
+    key, value = f"{ckpt.architecture}.{field}", ckpt._key(field)
     said = "is missing" if value is None else f"= {value!r}"
     shown = ", ".join(unread[:3]) + (f" and {len(unread) - 3} more" if len(unread) > 3 else "")
     raise UnsupportedConfigError(

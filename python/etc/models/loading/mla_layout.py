@@ -38,6 +38,8 @@ import re
 
 import numpy as np
 
+from .partial_rotary import scale_rows
+
 __all__ = ["PLACE", "order", "place", "plan", "to_step_layout", "to_hf_layout",
            "unpacked_keys", "q_scale"]
 
@@ -124,19 +126,6 @@ def unpacked_keys(config) -> set:
     return {f"l{i}_{name}" for i in range(config.num_layers) for name in names}
 
 
-def _scale_rows(array: np.ndarray, rows: np.ndarray, factor: float, storage: str) -> np.ndarray:
-    """`array` with `rows` times `factor` (in float32), stored back in
-    `storage` (f32, f16, or bf16 bit patterns)."""
-    from ... import bfloat16
-
-    wide = bfloat16.from_bits(array).reshape(array.shape) if storage == "bf16" else \
-        array.astype(np.float32)
-    wide[rows] *= np.float32(factor)
-    if storage == "bf16":
-        return bfloat16.to_bits(wide).reshape(array.shape)
-    return wide.astype(array.dtype)
-
-
 def to_step_layout(config, key: str, array: np.ndarray, storage: str = "f32",
                    packed: bool = False) -> np.ndarray:
     """Weight `key` (graph name) as the step graph takes it (the array
@@ -149,14 +138,17 @@ def to_step_layout(config, key: str, array: np.ndarray, storage: str = "f32",
     m, d, heads = config.mla, config.head_dim, config.num_heads
     perm = order(config)
     if name in ("wq", "wq_b"):
-        out = np.ascontiguousarray(array[(np.arange(heads)[:, None] * d + perm).ravel()])
+        # Each head's rows reordered alike, so the rows may be a rank's
+        # share of the heads (a packed GGUF weight is split as it is read).
+        share = array.shape[0] // d
+        out = np.ascontiguousarray(array[(np.arange(share)[:, None] * d + perm).ravel()])
         factor = q_scale(config)
         if factor != 1.0:
             if packed:
                 raise NotImplementedError(f"{key}: a packed weight's rows cannot be scaled by "
                                           f"the RoPE attention factor (mla_layout.unpacked_keys)")
-            pe = (np.arange(heads)[:, None] * d + np.flatnonzero(perm >= m.nope_dim)).ravel()
-            out = _scale_rows(out, pe, factor, storage)
+            pe = (np.arange(share)[:, None] * d + np.flatnonzero(perm >= m.nope_dim)).ravel()
+            out = scale_rows(out, pe, factor, storage)
         return out
     if packed:
         raise NotImplementedError(f"{key}: a packed weight cannot gain zero rows or columns "

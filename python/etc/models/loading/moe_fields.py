@@ -15,7 +15,7 @@ import re
 from .fields import UnsupportedConfigError, positive_int, positive_number
 
 __all__ = ["QWEN_MOE", "GLM4_MOE", "qwen_moe", "olmoe", "mixtral", "granite_shared",
-           "glm4_moe", "check_shared_tensors"]
+           "glm4_moe", "check_shared_tensors", "check_group_capacity"]
 
 #: GLM-4.5's architecture (GLM-4.5, GLM-4.5-Air, GLM-4.6).
 GLM4_MOE = "Glm4MoeForCausalLM"
@@ -204,10 +204,7 @@ def glm4_moe(config: dict, where: str, layers: int, need, flag) -> dict:
     if kept > groups:
         raise UnsupportedConfigError(f"{where}: field 'topk_group' = {kept} exceeds n_group = "
                                      f"{groups}")
-    if per_token > kept * (experts // groups):
-        raise UnsupportedConfigError(
-            f"{where}: field 'num_experts_per_tok' = {per_token} exceeds the "
-            f"{kept * (experts // groups)} experts of the topk_group = {kept} groups")
+    check_group_capacity(where, per_token, experts, groups, kept)
     dense = config.get("first_k_dense_replace")
     dense = 1 if dense is None else dense
     if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense <= layers:
@@ -248,7 +245,11 @@ _SHARED_TENSOR = re.compile(r"(?:^|\.)layers\.(\d+)\..*?\b(?:shared_expert|share
 _SHARED_FIELD = {"GraniteMoeForCausalLM": "shared_intermediate_size",
                  "GraniteMoeSharedForCausalLM": "shared_intermediate_size",
                  GLM4_MOE: "n_shared_experts",
-                 "Qwen2MoeForCausalLM": "shared_expert_intermediate_size"}
+                 "Qwen2MoeForCausalLM": "shared_expert_intermediate_size",
+                 # (families_deepseek's and families_ernie's, which import this module)
+                 "DeepseekV2ForCausalLM": "n_shared_experts",
+                 "DeepseekV3ForCausalLM": "n_shared_experts",
+                 "Ernie4_5_MoeForCausalLM": "moe_num_shared_experts"}
 
 
 def check_shared_tensors(config, names, where: str) -> None:
@@ -277,3 +278,14 @@ def check_shared_tensors(config, names, where: str) -> None:
         raise UnsupportedConfigError(
             f"{where}: tensor {name!r} is a shared expert's, but config.json's model has none "
             f"in layer {layer} ({why}): the weights would go unused")
+
+
+def check_group_capacity(where: str, per_token: int, experts: int, groups: int,
+                         kept: int) -> None:
+    """Refuses `num_experts_per_tok` beyond the experts of the `topk_group`
+    = `kept` groups (of `groups`) a token chooses from: transformers would
+    then choose zero-scored experts outside them (GLM-4.5, DeepSeek)."""
+    if per_token > kept * (experts // groups):
+        raise UnsupportedConfigError(
+            f"{where}: field 'num_experts_per_tok' = {per_token} exceeds the "
+            f"{kept * (experts // groups)} experts of the topk_group = {kept} groups")

@@ -33,7 +33,8 @@ import re
 
 import numpy as np
 
-__all__ = ["permutation", "permuted", "q_scale", "to_step_layout", "to_hf_layout", "unpacked_keys"]
+__all__ = ["permutation", "permuted", "q_scale", "scale_rows", "to_step_layout", "to_hf_layout",
+           "unpacked_keys"]
 
 #: The weights in a head's q or k layout, by the suffix of their graph name.
 _Q_KEYS = ("wq", "bq", "q_norm")
@@ -99,9 +100,10 @@ def _scaled_rows(config, name: str, rows: int) -> np.ndarray:
     return (np.arange(rows // d)[:, None] * d + one[None, :]).ravel()
 
 
-def _scale(array: np.ndarray, rows: np.ndarray, factor: float, storage: str) -> np.ndarray:
+def scale_rows(array: np.ndarray, rows: np.ndarray, factor: float, storage: str) -> np.ndarray:
     """`array` with `rows` multiplied by `factor`, in float32, stored back
-    in `storage` (f32, f16 or bf16 bit patterns)."""
+    in `storage` (f32, f16 or bf16 bit patterns); `mla_layout` scales its
+    rotated query rows with it too."""
     from ... import bfloat16
 
     wide = bfloat16.from_bits(array).reshape(array.shape) if storage == "bf16" else \
@@ -134,7 +136,7 @@ def to_step_layout(config, key: str, array: np.ndarray, storage: str = "f32",
             # The norm scales by offset + w: scaling w would not scale that.
             raise NotImplementedError(f"{key}: a q norm of {config.norm_offset} + w cannot "
                                       f"carry the RoPE attention factor")
-        out = _scale(out, scaled, factor, storage)
+        out = scale_rows(out, scaled, factor, storage)
     return out
 
 

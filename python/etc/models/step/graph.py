@@ -16,9 +16,10 @@ packed, in a block format of `etc.packed`) and the RoPE frequencies
 Gemma 3; with partial rotary, 0 for the pairs left alone, and the q and k
 weights' rows permuted: `etc.models.loading.partial_rotary`; DeepSeek's
 multi-head latent attention: its weights in `mla_layout`'s layout and the
-pe key's placement `mla_k_pe_place`, `etc.models.step.mla`). State: each layer's K and V caches, `l<i>_k_cache` /
-`l<i>_v_cache`, (S, L, H_kv * head_dim) or (N or NW, P, H_kv * head_dim), in the
-KV dtype (by default the compute dtype). The step chooses a token after C
+pe key's placement `mla_k_pe_place`, `etc.models.step.mla`). State: each
+layer's K and V caches, `l<i>_k_cache` / `l<i>_v_cache`, (S, L, H_kv *
+head_dim) or (N or NW, P, H_kv * head_dim), in the KV dtype (by default
+the compute dtype). The step chooses a token after C
 of its tokens (a symbol): `sample_rows` (C,) i32 are their indices (each
 request's last new token, and the verified rows of a speculating
 request), `sample_position` (C,) the positions of the chosen tokens (the
@@ -105,10 +106,17 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
     them) and the embeddings (gathered into `dtype` rows); the others are
     in `dtype`."""
     formats = weight_formats or {}
-    if config.parallel_block and (config.is_moe or config.sandwich_norms or config.o_bias):
+    if config.parallel_block and (config.is_moe or config.sandwich_norms or config.o_bias or
+                                  config.residual_multiplier is not None or
+                                  not config.input_norms):
         raise NotImplementedError(
             f"build_step_graph: {config.architecture}: a parallel attention and MLP block "
-            f"(Cohere's) with experts, sandwich norms or an o_proj bias is not implemented")
+            f"(Cohere's) with experts, sandwich norms, an o_proj bias, a residual multiplier "
+            f"or without input norms is not implemented")
+    if config.layer_norm and config.qk_norm_projection:
+        raise NotImplementedError(
+            f"build_step_graph: {config.architecture}: LayerNorms (Cohere's) with q/k norms "
+            f"over the whole projections (OLMo's RMSNorms) are not implemented")
     cache_dtype = dtype if kv_dtype is None else kv_dtype
     c = config
     g = Graph(name, ranks=ranks)

@@ -71,7 +71,8 @@ def shard_config(config: ModelConfig, ranks: int, padding: Optional[dict] = None
     use its KV heads), `intermediate_size / ranks` columns of the dense
     MLPs and `moe_intermediate_size / ranks` of every expert's (the experts,
     their router and the norms are on every rank, but for OLMo's q/k
-    norms over the whole projections, split with the heads), and
+    norms over the whole projections and Command R+'s q/k LayerNorms of a
+    weight per head, split with the heads), and
     `shared_expert_intermediate_size / ranks` of a shared expert's (its
     gate vector whole); a width in `padding` (`padded_blocks`: field ->
     block) is shared in whole blocks, padded: its share is rounded up to
@@ -246,8 +247,9 @@ def shard_weights(config: ModelConfig, weights: dict, ranks: int, rank: int,
     named in `padding` (`padded_blocks`) split in whole blocks, each
     rank's share padded with zeros.
 
-    OLMo 2's, 3's and OLMoE's q/k norms (over the whole projections):
-    the slices of their weights that its heads' share of q and k takes.
+    OLMo 2's, 3's and OLMoE's q/k norms (over the whole projections), and
+    Command R+'s (a LayerNorm weight per head): the slices of their
+    weights that its heads' share of q and k takes.
 
     DeepSeek's MLA (`mla_layout`): its heads' rows of q (or q_b), k_b and
     v_b, columns of o; q_a, kv_a and their norms whole.

@@ -34,7 +34,8 @@ def _layernorm(x, weight, eps):
 def _gelu_tanh(x):
     """transformers' gelu_pytorch_tanh."""
     k = np.float32(np.sqrt(2.0 / np.pi))
-    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(k * (x + np.float32(0.044715) * x ** 3)))
+    inner = k * (x + np.float32(0.044715) * x ** 3)
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
 
 
 def _softcap(x, cap):
