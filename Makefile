@@ -108,8 +108,10 @@ gpu-kit: install
 # the other families' hf_goldens_families.py)
 # and, with llama-cpp-python in that Python, llama.cpp's logits of GGUF files
 # ETC writes and its MXFP4_MOE quantization of one (test/python/gguf_goldens.py
-# --runs, --mxfp4); with LLAMA_CPP=<a llama.cpp source tree>, also GGUF files
-# written by its converter and quantized by llama.cpp. Needs a Python with
+# --runs, --mxfp4) and its encodings of GGUF tokenizers under each
+# pre-tokenizer (test/python/gguf_pretokenizer_goldens.py); with
+# LLAMA_CPP=<a llama.cpp source tree>, also GGUF files written by its
+# converter and quantized by llama.cpp. Needs a Python with
 # torch and transformers: GOLDENS_PYTHON=/path/to/bin/python; the project is
 # read from here.
 GOLDENS_PYTHON ?= $(PY)
@@ -121,6 +123,7 @@ goldens:
 	$(GOLDENS_RUN) test/python/hf_goldens_families.py
 	if $(GOLDENS_PYTHON) -c "import llama_cpp" 2>/dev/null; then \
 	  $(GOLDENS_RUN) test/python/gguf_goldens.py --runs && \
-	  $(GOLDENS_RUN) test/python/gguf_goldens.py --mxfp4; \
+	  $(GOLDENS_RUN) test/python/gguf_goldens.py --mxfp4 && \
+	  $(GOLDENS_RUN) test/python/gguf_pretokenizer_goldens.py; \
 	else echo "goldens: no llama_cpp in $(GOLDENS_PYTHON): the llama.cpp runs are left as they are"; fi
 	$(if $(LLAMA_CPP),$(GOLDENS_RUN) test/python/gguf_goldens.py --llama-cpp $(LLAMA_CPP))

@@ -7,32 +7,26 @@ from __future__ import annotations
 
 from typing import Optional
 
+from . import gguf_pretokenizers
 from .gguf_file import GGUFError
 
 __all__ = ["PRE_TOKENIZERS", "backend", "eos_token_ids", "tokenizer"]
 
 #: `tokenizer.ggml.pre` values of byte-level BPE ("gpt2") tokenizers, and the
-#: split llama.cpp applies before byte-level BPE for each (a regex, or
-#: "gpt2": GPT-2's own regex, or "smollm": digits apart, then GPT-2's).
+#: split llama.cpp applies before byte-level BPE for each (a regex, regexes
+#: applied in turn (`gguf_pretokenizers`), or "gpt2": GPT-2's own regex, or
+#: "smollm": digits apart, then GPT-2's).
 _LLAMA3_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"
                  r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                  r"\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"
-                r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                r"\s*[\r\n]+|\s+(?!\S)|\s+")
-# GPT-4o's, o200k's (Phi-4-mini, gpt-oss): words with their case runs and contractions,
-# numbers of up to 3 digits, punctuation runs with their line ends and "/".
-_CONTRACTION = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
-_GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" +
-                _CONTRACTION +
-                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" +
-                _CONTRACTION +
-                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = gguf_pretokenizers.QWEN2
+_GPT4O_SPLIT = gguf_pretokenizers.GPT4O
 PRE_TOKENIZERS = {"default": "gpt2", "gpt-2": "gpt2", "gpt2": "gpt2", "smollm": "smollm",
                   "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
                   "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "gpt-4o": _GPT4O_SPLIT,
                   # GLM-4's (llama.cpp's CHATGLM4: llama3's split, merges kept).
-                  "glm4": _LLAMA3_SPLIT, "command-r": "smollm"}
+                  "glm4": _LLAMA3_SPLIT, "command-r": "smollm",
+                  **gguf_pretokenizers.PRE_TOKENIZERS}
 #: The pre-tokenizers whose BPE takes a word found whole in the vocabulary
 #: as one token without merging (llama.cpp's `ignore_merges`: llama3's).
 _IGNORE_MERGES = ("llama3", "llama-v3", "llama-bpe")
@@ -106,7 +100,7 @@ def backend(metadata: dict, path):
     if pre not in PRE_TOKENIZERS:
         raise GGUFError(f"{path}: tokenizer.ggml.pre = {pre!r} is not supported; "
                         f"supported: {', '.join(sorted(PRE_TOKENIZERS))}")
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     from .spm import add_typed_tokens
 
@@ -136,9 +130,7 @@ def backend(metadata: dict, path):
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     else:
-        backend.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(split), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        backend.pre_tokenizer = gguf_pretokenizers.regex_splits(split)
     backend.decoder = decoders.ByteLevel()
     add_typed_tokens(backend, tokens, types)
     return backend
