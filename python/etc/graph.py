@@ -36,7 +36,7 @@ from mlir import ir
 
 from . import ops, packed
 from .graph_collective import CollectiveOperators
-from .graph_llm import LLMOperators, RaggedBatch, norm_offset
+from .graph_llm import LLMOperators, RaggedBatch, norm_eps, norm_offset
 from .graph_moe import MoeOperators
 from .graph_to_mlir import build_module
 from .graph_values import (Argument, CeilDiv, Dim, Operation, Symbol, Tensor, describe,
@@ -609,10 +609,8 @@ class Graph(LLMOperators, CollectiveOperators, MoeOperators):
         row by row, in float32 and rounded once (Gemma's norms: offset 1,
         the weight added to it in float32, not in the weight's dtype).
         `tile=(m,)` sets the rows per tile (default 32)."""
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
-            raise ValueError(f"rmsnorm: 'eps' must be a non-negative float, got {eps!r}")
         return self._rowwise("rmsnorm", x, weight, tile, out, name,
-                             {"eps": float(eps), **norm_offset("rmsnorm", offset)})
+                             {"eps": norm_eps("rmsnorm", eps), **norm_offset("rmsnorm", offset)})
 
     def layernorm(self, x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
                   eps: float = 1e-5, *, tile=None, out=None, name=None) -> Tensor:
@@ -622,11 +620,8 @@ class Graph(LLMOperators, CollectiveOperators, MoeOperators):
         variance is the mean of the squared deviations from the mean (two
         passes over the row, not E[x^2] - E[x]^2). `tile=(m,)` sets the rows
         per tile (default 32)."""
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 or \
-                eps == float("inf"):
-            raise ValueError(f"layernorm: 'eps' must be a finite non-negative float, got "
-                             f"{eps!r}")
-        return self._rowwise("layernorm", x, weight, tile, out, name, {"eps": float(eps)},
+        return self._rowwise("layernorm", x, weight, tile, out, name,
+                             {"eps": norm_eps("layernorm", eps)},
                              bias=bias)
 
     def softmax(self, x: Tensor, *, tile=None, out=None, name=None) -> Tensor:

@@ -37,8 +37,8 @@ def norm_offset(kind: str, offset) -> dict:
 
 
 def norm_eps(kind: str, eps) -> float:
-    """An RMSNorm's `eps`, checked: a finite number >= 0 (NaN would make
-    every row NaN)."""
+    """A norm's `eps` (RMSNorm's, LayerNorm's), checked: a finite number
+    >= 0 (NaN would make every row NaN)."""
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or \
             not 0 <= eps < math.inf:
         raise ValueError(f"{kind}: 'eps' must be a finite non-negative float, got {eps!r}")
@@ -345,13 +345,10 @@ class LLMOperators:
         if not same_dim(weight.shape[0], x.shape[1]):
             raise ValueError(f"{kind}: {describe('weight', weight)} must have one value per "
                              f"column of {describe('x', x)} (a weight for each head)")
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 or \
-                eps == float("inf"):
-            raise ValueError(f"{kind}: 'eps' must be a finite non-negative float, got {eps!r}")
         dtype = self._same_dtype(kind, [("x", x), ("weight", weight)])
         tile = self._check_tile(kind, tile, 1, (DEFAULT_ROWS,), x.shape[:1])
         return self._finish(kind, [("x", x), ("weight", weight)], x.shape, dtype, tile,
-                            {"head_dim": head_dim, "eps": float(eps)}, None, name)
+                            {"head_dim": head_dim, "eps": norm_eps(kind, eps)}, None, name)
 
     def kv_append(self, cache, values, batch: RaggedBatch, *, tile=None):
         """Writes the new rows `values` (T, W) into the state `cache`

@@ -380,6 +380,15 @@ def test_rmsnorm_weight_mismatch():
         g.softmax(w)
 
 
+def test_rmsnorm_eps_is_a_finite_non_negative_float():
+    """NaN or inf would make every row NaN or zero: refused by name."""
+    g = etc.Graph("t")
+    x, w = g.input("x", (4, 8), "f32"), g.input("w", (8,), "f32")
+    for bad in (-1.0, float("nan"), float("inf"), "1e-5", True):
+        with pytest.raises(ValueError, match=r"rmsnorm: 'eps' must be a finite non-negative"):
+            g.rmsnorm(x, w, bad)
+
+
 def test_unknown_dtype_names_the_argument():
     g = etc.Graph("e")
     with pytest.raises(ValueError, match=r"input 'x'.*unknown dtype 'f64'.*'dtype'"):
