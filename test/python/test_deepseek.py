@@ -22,8 +22,8 @@ from etc.models.loading.config import ModelConfig, UnsupportedConfigError
 from etc.models.loading.gguf import GGUFCheckpoint
 from etc.models.step import reference
 from etc.models.step.parallel import shard_config, shard_weights
-from etc.models.testing import (as_transformers5, checkpoint_tensors, tiny_config,
-                                write_checkpoint, write_gguf)
+from etc.models.testing import (checkpoint_tensors, fuse_experts, tiny_config, write_checkpoint,
+                                write_gguf, write_transformers5)
 
 import gguf_goldens
 import hf_goldens_deepseek as goldens
@@ -198,20 +198,10 @@ def test_transformers5_fused_experts_read_alike(checkpoint, tmp_path):
     `save_original_format=False` (`mlp.experts.gate_up_proj` (E, 2F, H),
     `mlp.experts.down_proj` (E, H, F)): the per-expert checkpoint's graph
     weights, bit for bit (V3's selection bias among them)."""
-    from etc.models.loading.safetensors import save_file
-
     config = json.loads((checkpoint.path / "config.json").read_text())
-    raw = checkpoint_tensors(config, 4)
-    fused = {k: v for k, v in raw.items() if ".mlp.experts." not in k}
-    p = "model.layers.1.mlp.experts."  # (layer 0 is dense)
-    experts = range(config["n_routed_experts"])
-    fused[p + "gate_up_proj"] = np.stack([np.concatenate(
-        [raw[f"{p}{j}.gate_proj.weight"], raw[f"{p}{j}.up_proj.weight"]]) for j in experts])
-    fused[p + "down_proj"] = np.stack([raw[f"{p}{j}.down_proj.weight"] for j in experts])
-    path = tmp_path / "v5"
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps(as_transformers5(config)))
-    save_file(path / "model.safetensors", fused, "F32")
+    fused = fuse_experts(checkpoint_tensors(config, 4), "model.layers.1.mlp.experts.",
+                         config["n_routed_experts"])  # (layer 0 is dense)
+    path = write_transformers5(tmp_path / "v5", config, fused)
     got, want = Checkpoint(path).weights(), checkpoint.weights()
     assert set(got) == set(want)
     for key in want:

@@ -18,7 +18,6 @@ the routing operator's paths are test_moe_softmax_bias.py's."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import numpy as np
 import pytest
@@ -29,8 +28,8 @@ from etc.models.loading.config import ModelConfig, UnsupportedConfigError
 from etc.models.loading.gguf import GGUFCheckpoint
 from etc.models.step import reference
 from etc.models.step.parallel import shard_config, shard_weights
-from etc.models.testing import (as_transformers5, checkpoint_tensors, tiny_config,
-                                write_checkpoint, write_gguf)
+from etc.models.testing import (as_transformers5, checkpoint_tensors, fuse_experts,
+                                tiny_config, write_checkpoint, write_gguf, write_transformers5)
 
 import hf_goldens_families as goldens
 
@@ -170,24 +169,12 @@ def test_transformers5_layout_reads_alike(checkpoint, tmp_path):
     (`mlp.experts.gate_up_proj` (E, 2F, H), `mlp.experts.down_proj`
     (E, H, F), `mlp.gate.moe_statics.e_score_correction_bias`): the
     published layout's graph weights, bit for bit."""
-    from etc.models.loading.safetensors import save_file
-
     config = tiny_config(MOE)
-    raw = checkpoint_tensors(config, 4)
     p = "model.layers.1.mlp."
-    fused = {k: v for k, v in raw.items() if ".experts." not in k and "moe_statics" not in k}
-    experts = range(config["moe_num_experts"])
-    fused[p + "experts.gate_up_proj"] = np.stack([np.concatenate(
-        [raw[f"{p}experts.{j}.gate_proj.weight"], raw[f"{p}experts.{j}.up_proj.weight"]])
-        for j in experts])
-    fused[p + "experts.down_proj"] = np.stack([raw[f"{p}experts.{j}.down_proj.weight"]
-                                               for j in experts])
+    fused = fuse_experts(checkpoint_tensors(config, 4), p + "experts.", config["moe_num_experts"])
     fused[p + "gate.moe_statics.e_score_correction_bias"] = \
-        raw[p + "moe_statics.e_score_correction_bias"]
-    path = tmp_path / "v5"
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps(as_transformers5(config)))
-    save_file(path / "model.safetensors", fused, "F32")
+        fused.pop(p + "moe_statics.e_score_correction_bias")
+    path = write_transformers5(tmp_path / "v5", config, fused)
     got, want = Checkpoint(path).weights(), checkpoint.weights()
     assert set(got) == set(want)
     for key in want:

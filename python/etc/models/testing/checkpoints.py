@@ -23,7 +23,7 @@ from .shapes import SHAPES
 __all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint",
            "checkpoint_tensors", "write_tokenizer", "CHAT_TEMPLATE", "TEXT", "shaped_config",
            "SHAPES", "quantize_fp8", "GRANITE_MULTIPLIERS", "MULTIMODAL", "as_multimodal",
-           "multimodal_tensors"]
+           "multimodal_tensors", "fuse_experts", "write_transformers5"]
 
 #: What `write_tokenizer` trains on: a little English, with accents, CJK
 #: and an emoji, so that some characters take several byte-level tokens.
@@ -310,6 +310,31 @@ def as_transformers5(config: dict) -> dict:
     config["dtype"] = config.pop("torch_dtype", "float32")
     config["transformers_version"] = "5.23.0"
     return config
+
+
+def fuse_experts(tensors: dict, prefix: str, experts: int) -> dict:
+    """`tensors` with the per-expert projections `<prefix><j>.{gate,up,down}_proj.weight`
+    stacked as transformers 5 holds them: `<prefix>gate_up_proj` (E, 2F, H:
+    each expert's gate rows, then its up rows) and `<prefix>down_proj`
+    (E, H, F); the other tensors as they are."""
+    fused = {k: v for k, v in tensors.items() if not k.startswith(prefix)}
+    fused[prefix + "gate_up_proj"] = np.stack([np.concatenate(
+        [tensors[f"{prefix}{j}.gate_proj.weight"], tensors[f"{prefix}{j}.up_proj.weight"]])
+        for j in range(experts)])
+    fused[prefix + "down_proj"] = np.stack([tensors[f"{prefix}{j}.down_proj.weight"]
+                                            for j in range(experts)])
+    return fused
+
+
+def write_transformers5(path, config: dict, tensors: dict) -> Path:
+    """A checkpoint directory at `path` as transformers 5 saves one with
+    `save_original_format=False`: its config.json (`as_transformers5`) and
+    `tensors` (e.g. `fuse_experts`'s) in one F32 safetensors file."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(as_transformers5(config)))
+    save_file(path / "model.safetensors", tensors, "F32")
+    return path
 
 
 def tensor_shapes(config: dict) -> dict:
