@@ -1,8 +1,9 @@
 """`Model.generate` on models that reason: a chat answer's text is its
-content, the reasoning (harmony's analysis channel, Qwen3's `<think>`) in
+content, the reasoning (harmony's analysis channel, Qwen3's `<think>`,
+Seed-OSS's `<seed:think>`) in
 `Generation.reasoning` and the tool calls in `Generation.tool_calls`, as
 the server's chat completions return them for the same tokens. Tiny
-random gpt-oss and Qwen3 checkpoints with their formats' tokenizers
+random gpt-oss, Qwen3 and Seed-OSS checkpoints with their formats' tokenizers
 (`etc.models.testing.chat_formats`), made to write a chosen answer."""
 
 import re
@@ -28,6 +29,7 @@ QWEN3_CALL = ('<think>Call f.</think>\n\nLet me check.\n<tool_call>\n'
               '{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}]
+SEED = "<seed:think>The user greets.</seed:think>\nHello! How are you?"
 F = [{"type": "function", "function": {"name": "f"}}]
 LOAD = dict(workers=2, max_seq_len=160, attention_chunk=16)
 
@@ -46,6 +48,11 @@ def gpt_oss(tmp_path_factory):
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
     return _model(tmp_path_factory.mktemp("qwen3"), "Qwen3ForCausalLM", "qwen3")
+
+
+@pytest.fixture(scope="module")
+def seed_oss(tmp_path_factory):
+    return _model(tmp_path_factory.mktemp("seed"), "SeedOssForCausalLM", "seed_oss")
 
 
 @pytest.fixture
@@ -99,6 +106,30 @@ def test_qwen3_answer_is_content_and_reasoning(qwen3, scripted, text, template, 
     assert out.tool_calls == [[]]
 
 
+@pytest.mark.parametrize("text, template, expected", [
+    (SEED, {}, ("The user greets.", "Hello! How are you?")),
+    # The template ends the prompt with `<seed:bos>assistant\n`: an answer
+    # that opens no <seed:think> is all content.
+    ("Just this.", {}, (None, "Just this.")),
+    # thinking_budget=0: the template closed a think block itself.
+    ("Yes.", {"thinking_budget": 0}, (None, "Yes.")),
+    ("<seed:think>cut short", {}, ("cut short", "")),
+])
+def test_seed_oss_answer_is_content_and_reasoning(seed_oss, scripted, text, template,
+                                                  expected):
+    """Seed-OSS: auto picks seed_oss (the tokenizer has `</seed:think>`);
+    `none` leaves the tags in the text."""
+    from etc.models.reasoning import parser_for
+
+    assert parser_for(seed_oss.config.architecture, seed_oss.tokenizer) == "seed_oss"
+    scripted(seed_oss, text, **template)
+    out = seed_oss.generate(CHAT, 60, chat_template_kwargs=template or None)
+    assert (out.reasoning[0], out.text[0]) == expected
+    raw = seed_oss.generate(CHAT, 60, chat_template_kwargs=template or None,
+                            reasoning_parser="none")
+    assert raw.reasoning is None and raw.text == [text]
+
+
 def test_qwen3_call_with_tools_offered(qwen3, scripted):
     """Tools offered to the template: a `<tool_call>` block is a call, the
     text around it the content; not offered, it stays content."""
@@ -114,7 +145,7 @@ def test_qwen3_call_with_tools_offered(qwen3, scripted):
 
 @pytest.mark.parametrize("fixture, text, tools", [
     ("gpt_oss", HARMONY, None), ("gpt_oss", HARMONY_CALL, WEATHER), ("qwen3", QWEN3, None),
-    ("qwen3", QWEN3_CALL, F),
+    ("qwen3", QWEN3_CALL, F), ("seed_oss", SEED, None),
 ])
 def test_server_and_generate_agree(request, scripted, fixture, text, tools):
     """The same answer through the server's chat completions and through
@@ -207,6 +238,7 @@ def _chat_args(*options):
 @pytest.mark.parametrize("fixture, text, thought, content", [
     ("gpt_oss", HARMONY, "User says hello.", "Hi there!"),
     ("qwen3", QWEN3, "\nThe user greets.\n", "Hello! How are you?"),
+    ("seed_oss", SEED, "The user greets.", "Hello! How are you?"),
 ])
 def test_etc_chat_prints_the_content_and_keeps_only_it(request, scripted, monkeypatch, capsys,
                                                       fixture, text, thought, content):

@@ -22,15 +22,17 @@ NAME = "tiny-chat"
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
 
 
-def force_answer(model, monkeypatch, messages: list, text: str, eos: int, **template) -> list:
+def force_answer(model, monkeypatch, messages: list, text, eos: int, **template) -> list:
     """Makes `model` answer `messages` (rendered with the `template`
     variables) with `text`, then the id `eos`, whatever its logits say:
-    each step's chosen ids replaced by the answer's next. Returns the
-    answer's ids."""
+    each step's chosen ids replaced by the answer's next. `text` may be a
+    list of pieces, each encoded apart (a marker written as several
+    tokens). Returns the answer's ids."""
     tok = model.tokenizer
     prompt = len(tok.encode(tok.apply_chat_template(messages, **template),
                             add_special_tokens=False))
-    answer = tok.encode(text, add_special_tokens=False) + [eos]
+    pieces = [text] if isinstance(text, str) else text
+    answer = [i for piece in pieces for i in tok.encode(piece, add_special_tokens=False)] + [eos]
     step = model.step
 
     def forced(cache, requests, *args, **options):

@@ -1,7 +1,8 @@
-"""Reasoning in chat answers (`etc.models.reasoning`): Qwen3's `<think>` and
-gpt-oss's harmony channels split into `reasoning_content` and `content`,
-by the parser itself (every chunking of an answer) and end to end through
-the `openai` client, the tiny chat model made to write a chosen answer."""
+"""Reasoning in chat answers (`etc.models.reasoning`): Qwen3's `<think>`,
+Seed-OSS's `<seed:think>` and gpt-oss's harmony channels split into
+`reasoning_content` and `content`, by the parser itself (every chunking of
+an answer) and end to end through the `openai` client, the tiny chat model
+made to write a chosen answer."""
 
 import json
 
@@ -14,6 +15,7 @@ from etc.models.reasoning import Reader, parser_for, split
 from test_serve import CHAT, NAME, Server, force_answer
 
 QWEN3 = "<think>\nThe user greets.\n</think>\n\nHello! How can I help?"
+SEED = "<seed:think>The user greets.</seed:think>\nHello! How can I help?"
 HARMONY = ("<|channel|>analysis<|message|>User says hello.<|end|><|start|>assistant"
            "<|channel|>final<|message|>Hi there!<|return|>")
 HARMONY_CALL = ("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
@@ -38,6 +40,18 @@ def streamed(parser: str, text: str, size: int, prompt: str = "") -> list:
     # enable_thinking=false: the template closed an empty <think> itself.
     ("qwen3", "Yes.", "<|im_start|>assistant\n<think>\n\n</think>\n\n", (None, "Yes.")),
     ("qwen3", "<think>cut short by max_tokens", "", ("cut short by max_tokens", None)),
+    ("seed_oss", SEED, "", ("The user greets.", "Hello! How can I help?")),
+    # Seed-OSS's template ends the prompt with `<seed:bos>assistant\n`: none opened.
+    ("seed_oss", "Just this.", "<seed:bos>assistant\n", (None, "Just this.")),
+    # thinking_budget=0: the template closed a think block itself.
+    ("seed_oss", "Yes.", "<seed:bos>assistant\n<seed:think>\nNo budget.\n</seed:think>",
+     (None, "Yes.")),
+    # A prompt that opens the block (as Qwen3's thinking templates do).
+    ("seed_oss", "Hmm.</seed:think>\nYes.", "<seed:think>\n", ("Hmm.", "Yes.")),
+    ("seed_oss", "<seed:think>cut short", "", ("cut short", None)),
+    # The other format's tags are text.
+    ("seed_oss", "<think>a</think>b", "", (None, "<think>a</think>b")),
+    ("qwen3", SEED, "", (None, SEED)),
     ("harmony", HARMONY, "", ("User says hello.", "Hi there!")),
     ("harmony", HARMONY.removesuffix("<|return|>"), "", ("User says hello.", "Hi there!")),
     ("harmony", "<|channel|>commentary<|message|>Checking.<|end|>", "", (None, "Checking.")),
@@ -53,7 +67,10 @@ def test_split_and_every_chunking_agree(parser, text, prompt, expected):
         # Reasoning comes first; no piece is a marker's fragment.
         fields = [f for f, _ in pieces]
         assert fields == sorted(fields, key=lambda f: f != "reasoning_content"), size
-        assert not any("<|" in p or "think>" in p for _, p in pieces), size
+        # (Unless the tags are the answer's text.)
+        marks = ("<|", "think>", "<seed")
+        if not any(m in part for part in expected if part for m in marks):
+            assert not any(m in p for m in marks for _, p in pieces), size
 
 
 def test_harmony_tool_call():
@@ -78,6 +95,8 @@ class _Tokens:
 
 def test_auto_reads_the_tokenizer_and_unknown_names_are_refused(chat_model):
     assert parser_for("Qwen3ForCausalLM", _Tokens("<think>", "</think>")) == "qwen3"
+    assert parser_for("SeedOssForCausalLM", _Tokens("<seed:think>", "</seed:think>")) == \
+        "seed_oss"
     assert parser_for("GptOssForCausalLM", _Tokens("<|channel|>", "<|message|>")) == "harmony"
     assert parser_for("LlamaForCausalLM", _Tokens("<|channel|>", "<|message|>")) == "harmony"
     assert parser_for("Qwen3ForCausalLM", _Tokens("<|im_end|>")) is None
@@ -88,7 +107,7 @@ def test_auto_reads_the_tokenizer_and_unknown_names_are_refused(chat_model):
         etc.serve.build_app(chat_model, reasoning_parser="harmony", tool_call_parser="hermes")
     with pytest.raises(ValueError, match="unknown reasoning parser"):
         Reader("deepseek")
-    assert reasoning.CHOICES == ("auto", "none", "qwen3", "harmony")
+    assert reasoning.CHOICES == ("auto", "none", "qwen3", "seed_oss", "harmony")
 
 
 def test_the_cli_refuses_an_unknown_parser(capsys):
@@ -105,8 +124,9 @@ def test_the_cli_refuses_an_unknown_parser(capsys):
 @pytest.fixture(scope="module")
 def marked_model(tmp_path_factory):
     """The tiny chat model with harmony's special tokens and Qwen3's
-    `<think>` `</think>` (added tokens, not special, as Qwen3's) in its
-    tokenizer, and 128 positions: EOS id 2."""
+    `<think>` `</think>` and Seed-OSS's `<seed:think>` `</seed:think>`
+    (added tokens, not special, as theirs) in its tokenizer, and 128
+    positions: EOS id 2."""
     import etc.models
     from etc.models.testing import tiny_config, write_checkpoint, write_tokenizer
     from tokenizers import AddedToken, Tokenizer
@@ -118,7 +138,9 @@ def marked_model(tmp_path_factory):
     tokenizer.add_special_tokens(["<|channel|>", "<|message|>", "<|start|>", "<|end|>",
                                   "<|return|>", "<|call|>", "<|constrain|>"])
     tokenizer.add_tokens([AddedToken("<think>", special=False),
-                          AddedToken("</think>", special=False)])
+                          AddedToken("</think>", special=False),
+                          AddedToken("<seed:think>", special=False),
+                          AddedToken("</seed:think>", special=False)])
     tokenizer.save(str(path / "tokenizer.json"))
     return etc.models.load(path, workers=2, max_seq_len=128, attention_chunk=16)
 
@@ -137,6 +159,10 @@ def test_auto_finds_the_markers(marked_model, chat_model):
 
 @pytest.mark.parametrize("parser, text, expected", [
     ("qwen3", QWEN3, ("\nThe user greets.\n", "Hello! How can I help?")),
+    ("seed_oss", SEED, ("The user greets.", "Hello! How can I help?")),
+    # The closing tag written as text across three tokens, not as its token.
+    ("seed_oss", ["<seed:think>The user greets.</se", "ed:thi", "nk>\nHello! How can I help?"],
+     ("The user greets.", "Hello! How can I help?")),
     ("harmony", HARMONY, ("User says hello.", "Hi there!")),
 ])
 def test_chat_over_http(marked_model, scripted, parser, text, expected):

@@ -167,7 +167,7 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
 
 #: What --reasoning-parser takes (`etc.models.reasoning.CHOICES`; not
 #: imported, so that --help needs no NumPy).
-REASONING_CHOICES = ("auto", "none", "qwen3", "harmony")
+REASONING_CHOICES = ("auto", "none", "qwen3", "seed_oss", "harmony")
 
 
 def add_reasoning_option(parser: argparse.ArgumentParser, where: str) -> None:
@@ -177,10 +177,11 @@ def add_reasoning_option(parser: argparse.ArgumentParser, where: str) -> None:
     parser.add_argument("--reasoning-parser", choices=REASONING_CHOICES,
                         default="auto",
                         help=f"split a chat answer's reasoning ({where}) from its content: "
-                             f"qwen3 (<think>...</think>), harmony (gpt-oss's channels), none; "
+                             f"qwen3 (<think>...</think>), seed_oss (<seed:think>..."
+                             f"</seed:think>), harmony (gpt-oss's channels), none; "
                              f"default auto: harmony where the tokenizer has <|channel|> and "
-                             f"<|message|> (or the model is gpt-oss), qwen3 where it has "
-                             f"</think>")
+                             f"<|message|> (or the model is gpt-oss), seed_oss where it has "
+                             f"</seed:think>, qwen3 where it has </think>")
 
 
 def positive_int(text: str) -> int:

@@ -128,8 +128,8 @@ class Model(CompiledModel):
         (docs/models.md, "Speculative decoding"): greedy tokens are those
         without it,
         sampled ones follow the same distribution. `reasoning_parser`
-        ("qwen3", "harmony"; "auto": the model's, `reasoning.parser_for`;
-        "none" or None: none) reads a chat's answer as the server's chat
+        ("qwen3", "seed_oss", "harmony"; "auto": the model's,
+        `reasoning.parser_for`; "none" or None: none) reads a chat's answer as the server's chat
         completions do: its reasoning apart from its content, and tool
         calls (harmony's channels; `<tool_call>` and Llama 3's JSON calls
         where chat_template_kwargs give `tools`); a harmony answer then

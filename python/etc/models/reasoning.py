@@ -8,6 +8,9 @@ and SGLang do): by the server as the message's `reasoning_content`, by
   the prompt with `<think>` has the answer start inside it); an answer
   that opens none is all content (`enable_thinking=false`, Instruct
   models).
+* `seed_oss` (Seed-OSS): the same, with `<seed:think> ... </seed:think>`
+  (its template ends the prompt with `<seed:bos>assistant\n`: the model
+  opens the block itself; `thinking_budget=0` closes one in the prompt).
 * `harmony` (gpt-oss): messages `<|channel|>NAME<|message|>TEXT` ended by
   `<|end|>`, `<|return|>` or `<|call|>`, the next one after `<|start|>`
   (and a role). The `analysis` channel is reasoning, `final` (and
@@ -34,13 +37,15 @@ from .engine.constraints import writes_harmony
 
 __all__ = ["PARSERS", "CHOICES", "parser_for", "resolve", "Reader", "split", "harmony_stop_ids"]
 
-PARSERS = ("qwen3", "harmony")
+PARSERS = ("qwen3", "seed_oss", "harmony")
 #: What `etc serve --reasoning-parser` takes.
 CHOICES = ("auto", "none") + PARSERS
 
 REASONING, CONTENT = "reasoning_content", "content"
 
-_THINK, _UNTHINK = "<think>", "</think>"
+#: The think-block formats: (opening tag, closing tag).
+_THINK_TAGS = {"qwen3": ("<think>", "</think>"),
+               "seed_oss": ("<seed:think>", "</seed:think>")}
 _CHANNEL, _MESSAGE, _START = "<|channel|>", "<|message|>", "<|start|>"
 _ANSWER_ENDS = ("<|return|>", "<|call|>")  # a message's ends that end the answer
 _ENDS = ("<|end|>",) + _ANSWER_ENDS
@@ -51,12 +56,16 @@ _RECIPIENT = re.compile(r"\bto=functions\.([^\s<]+)")
 def parser_for(architecture: Optional[str], tokenizer) -> Optional[str]:
     """The reasoning format of a model (`--reasoning-parser auto`): harmony
     where the tokenizer has harmony's `<|channel|>` and `<|message|>`
-    tokens (or the model is gpt-oss: `constraints.writes_harmony`), qwen3
-    where it has a `</think>` token; None (all content) otherwise."""
+    tokens (or the model is gpt-oss: `constraints.writes_harmony`),
+    seed_oss where it has a `</seed:think>` token, qwen3 where it has a
+    `</think>` token; None (all content) otherwise."""
     if writes_harmony(architecture, tokenizer):
         return "harmony"
-    if tokenizer is not None and tokenizer.token_to_id(_UNTHINK) is not None:
-        return "qwen3"
+    if tokenizer is None:
+        return None
+    for parser in ("seed_oss", "qwen3"):
+        if tokenizer.token_to_id(_THINK_TAGS[parser][1]) is not None:
+            return parser
     return None
 
 
@@ -91,20 +100,22 @@ def _held(text: str, markers) -> int:
 
 class Reader:
     """Splits one answer of format `parser` into reasoning and content as
-    it is generated; `prompt` is the rendered prompt's text (qwen3: whether
-    the template opened `<think>`). `calls` are the harmony tool calls read
-    (OpenAI's form: {"id", "type", "function": {"name", "arguments"}})."""
+    it is generated; `prompt` is the rendered prompt's text (qwen3,
+    seed_oss: whether the template opened the think block). `calls` are
+    the harmony tool calls read (OpenAI's form: {"id", "type", "function":
+    {"name", "arguments"}})."""
 
     def __init__(self, parser: str, prompt: str = ""):
         if parser not in PARSERS:
             raise ValueError(f"unknown reasoning parser {parser!r}; one of {PARSERS}")
         self.parser = parser
-        self._read = self._qwen3 if parser == "qwen3" else self._harmony
+        self._read = self._think if parser in _THINK_TAGS else self._harmony
         self.calls: list = []
         self._buffer = ""
-        if parser == "qwen3":
-            # "start": the answer may yet open <think>; "think"; "answer".
-            self._state = "think" if prompt.rstrip().endswith(_THINK) else "start"
+        if parser in _THINK_TAGS:
+            self._open, self._close = _THINK_TAGS[parser]
+            # "start": the answer may yet open the block; "think"; "answer".
+            self._state = "think" if prompt.rstrip().endswith(self._open) else "start"
         else:
             # "body" of a message of channel self._channel, or its "header".
             self._state, self._channel, self._recipient, self._header = "body", None, None, ""
@@ -128,18 +139,18 @@ class Reader:
             self._end_message()  # an answer cut short (max_tokens) mid-call
         return _merged(out)
 
-    # -- qwen3 -----------------------------------------------------------------
+    # -- qwen3, seed_oss: a think block ---------------------------------------
 
-    def _qwen3(self, out: list, final: bool) -> None:
+    def _think(self, out: list, final: bool) -> None:
         while True:
             if self._state == "start":
                 stripped = self._buffer.lstrip()
-                if stripped.startswith(_THINK):
-                    self._buffer = stripped[len(_THINK):]
+                if stripped.startswith(self._open):
+                    self._buffer = stripped[len(self._open):]
                     self._state = "think"
                     continue
-                if not final and _THINK.startswith(stripped):
-                    return  # may yet be <think>
+                if not final and self._open.startswith(stripped):
+                    return  # may yet be the opening tag
                 self._state = "answer"
             if self._state == "answer":
                 if self._buffer:
@@ -152,16 +163,16 @@ class Reader:
                     return
                 self._state = "answer"
                 continue
-            # thinking: up to </think>
-            end = self._buffer.find(_UNTHINK)
+            # thinking: up to the closing tag
+            end = self._buffer.find(self._close)
             if end >= 0:
                 if end:
                     out.append((REASONING, self._buffer[:end]))
                 # "after" drops the template's blank lines before the answer.
-                self._buffer = self._buffer[end + len(_UNTHINK):]
+                self._buffer = self._buffer[end + len(self._close):]
                 self._state = "after"
                 continue
-            keep = len(self._buffer) if final else _held(self._buffer, (_UNTHINK,))
+            keep = len(self._buffer) if final else _held(self._buffer, (self._close,))
             if keep:
                 out.append((REASONING, self._buffer[:keep]))
             self._buffer = self._buffer[keep:]

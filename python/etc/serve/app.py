@@ -112,7 +112,7 @@ def build_app(model, *, served_model_name: Optional[str] = None, max_num_seqs: i
     template's, `tool_calls.parser_for`) reads the model's tool calls; with
     harmony reasoning they are read with its channels ("harmony", set
     by itself; another parser is refused).
-    `reasoning_parser` ("qwen3", "harmony"; "auto": the model's,
+    `reasoning_parser` ("qwen3", "seed_oss", "harmony"; "auto": the model's,
     `reasoning.parser_for`; "none" or None: all content) splits a chat
     answer into `reasoning_content` and `content` (`etc.models.reasoning`)."""
     try:
