@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import etc
-from etc import bfloat16
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
 
 # The CPU tile kernels under LLVM's -O2, as users run them (conftest.py).
