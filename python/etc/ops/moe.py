@@ -92,9 +92,10 @@ class MoeRouter(PartKernel):
             for choice in buffers["experts"]:
                 previous = select_next(self, experts, score, previous)[:2]
                 self.store_index(previous[1], choice, [t])
-                # The weight is the unbiased score, whatever chose the expert.
-                chosen.append(self.load(probs, [t, previous[1]]) if sigmoid or biased
-                              else previous[0])
+                # The weight is the unbiased score, whatever chose the expert
+                # (the picked value is it without a selection bias: a chosen
+                # expert is never one that the groups masked).
+                chosen.append(self.load(probs, [t, previous[1]]) if biased else previous[0])
             total = chosen[0]
             for value in chosen[1:]:
                 total = arith.addf(total, value)

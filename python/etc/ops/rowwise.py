@@ -172,6 +172,8 @@ class RowwiseCPU(Rowwise):
         max_kind = ir.Attribute.parse("#vector.kind<maxnumf>")
         vsum = lambda v: vector.reduction(self.f32, add_kind, v)
         vmax = lambda v: vector.reduction(self.f32, max_kind, v)
+        if op.kind in ("rmsnorm", "layernorm"):
+            n_f32 = self.width_f32(x, n)  # once, not per row
         loop = self.lane_loop(rows)
         with ir.InsertionPoint(loop.body):
             row = arith.addi(row0, loop.induction_variable)
@@ -200,7 +202,6 @@ class RowwiseCPU(Rowwise):
                     lambda k: self.store(arith.mulf(math.exp(arith.subf(sx(k), mx)), inv),
                                          out, [row, k]))
             elif op.kind == "layernorm":
-                n_f32 = self.width_f32(x, n)
                 mean = arith.divf(self.fold_row(row, n, vector_n, 0.0,
                                                 lambda acc, k: arith.addf(acc, vx(k)),
                                                 lambda acc, k: arith.addf(acc, sx(k)), vsum),
@@ -228,7 +229,6 @@ class RowwiseCPU(Rowwise):
                         lambda t: self.load(t, [k])), out, [row, k]))
             else:  # rmsnorm
                 weight = op.operands[1]
-                n_f32 = self.width_f32(x, n)
                 ss = self.fold_row(
                     row, n, vector_n, 0.0,
                     lambda acc, k: vector.fma(vx(k), vx(k), acc),

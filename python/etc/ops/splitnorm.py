@@ -84,7 +84,6 @@ class SumSquaresCPU(RowwiseCPU):
         width = self.WIDTH
         (tm,) = op.tile
         row0, rows = self.row_block(op.operands[0], tm)
-        add_kind = ir.Attribute.parse("#vector.kind<add>")
         loop = self.lane_loop(rows)
         with ir.InsertionPoint(loop.body):
             row = arith.addi(row0, loop.induction_variable)
@@ -95,8 +94,7 @@ class SumSquaresCPU(RowwiseCPU):
                 sx = lambda k, x=x: self.load(x, [row, k])
                 total = self.fold_row(
                     row, n, vector_n, 0.0, lambda acc, k: vector.fma(vx(k), vx(k), acc),
-                    lambda acc, k: arith.addf(acc, arith.mulf(sx(k), sx(k))),
-                    lambda v: vector.reduction(self.f32, add_kind, v))
+                    lambda acc, k: arith.addf(acc, arith.mulf(sx(k), sx(k))), self.vsum)
                 self.store(total, out, [row, self.cidx(j)])
             scf.yield_([])
 
@@ -117,7 +115,6 @@ class SumSquaresGPU(RowwiseGPU):
         vec = self.vec(op)
         lanes = self.lanes()
         warps = lanes.count // lanes.warp
-        add_kind = ir.Attribute.parse("#vector.kind<add>")
         for base, row_at in self.rounds(warps):
 
             def row_of(lane):
@@ -141,7 +138,7 @@ class SumSquaresGPU(RowwiseGPU):
                         for v in loaded:
                             acc = vector.fma(v, v, acc)
                         scf.yield_([acc])
-                    sums.append(vector.reduction(self.f32, add_kind, loop.results[0]))
+                    sums.append(self.vsum(loop.results[0]))
                 return sums
 
             totals = lanes.reduce(lanes.each(fold), "add", lanes.warp)

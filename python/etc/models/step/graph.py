@@ -306,17 +306,14 @@ def build_step_graph(config: ModelConfig, *, dtype: str = "f32", max_seq_len: in
                 extra.update(b1=weight(f"l{i}_experts_gate_b", (e, f)),
                              b_up=weight(f"l{i}_experts_up_b", (e, f)),
                              b2=weight(f"l{i}_experts_down_b", (e, h)))
-            if c.moe_scoring != "softmax" or c.routed_scaling_factor != 1.0 or c.n_group > 1:
-                # GLM-4.5, DeepSeek-V3: sigmoid scores; DeepSeek-V2: softmax
-                # scores times a routed scale, groups scored by their best.
-                extra.update(scoring=c.moe_scoring, routed_scale=c.routed_scaling_factor,
-                             n_group=c.n_group, topk_group=c.topk_group)
-                if c.moe_group_score != "top2":
-                    extra["group_score"] = c.moe_group_score
+            # The routing options (their defaults: plain softmax routing).
+            # GLM-4.5, DeepSeek-V3: sigmoid scores; DeepSeek-V2: softmax
+            # scores times a routed scale, groups scored by their best.
+            extra.update(scoring=c.moe_scoring, routed_scale=c.routed_scaling_factor,
+                         n_group=c.n_group, topk_group=c.topk_group,
+                         group_score=c.moe_group_score, norm_min=c.moe_norm_min)
             if c.selection_bias:  # GLM-4.5's, DeepSeek-V3's, ERNIE 4.5's (softmax scores)
                 extra["selection_bias"] = g.input(f"l{i}_selection_bias", (e,), "f32")
-            if c.moe_norm_min:
-                extra["norm_min"] = c.moe_norm_min
             if c.expert_activation != "silu":
                 extra.update(activation=c.expert_activation, swiglu_limit=c.swiglu_limit,
                              swiglu_alpha=c.swiglu_alpha)

@@ -114,14 +114,13 @@ def _splits(config: ModelConfig, ranks: int, padding: Optional[dict] = None) -> 
         # parts by heads; q's down-projection, the latent's and the pe
         # key's projections and norms whole on every rank.
         ("wq_b", q), ("wk_b", q), ("wv_b", q))}
-    if config.qk_norm_projection:
-        # OLMo's q/k norms span the projections: their weights go with the
-        # heads (Qwen3's per-head (head_dim,) norms stay whole).
+    if config.qk_norm_projection or (config.qk_norm and config.layer_norm):
+        # OLMo's q/k norms span the projections, Command R+'s have a weight
+        # per head: their weights go with the heads (Qwen3's per-head
+        # (head_dim,) norms stay whole).
         splits.update({kind: (0, 0, size, False, size * ranks)
                        for kind, size in (("q_norm", q), ("k_norm", kv))})
     splits.update(wo=(1, 1, q, True, q * ranks))
-    if config.qk_norm and config.layer_norm:  # Command R+'s q/k norms: a weight per head
-        splits.update(q_norm=(0, 0, q, False, q * ranks), k_norm=(0, 0, kv, False, kv * ranks))
     for field, kinds in _WIDTHS.items():
         share, width = _share(config, field, ranks, padding), getattr(config, field)
         for kind in kinds:
