@@ -32,6 +32,27 @@ COMM = MPI.COMM_WORLD
 SCHEDULES = ("static", "dynamic")
 
 
+def decode_medians(models: dict, steps: int) -> dict[str, float]:
+    """Per model (by name): the median ms of its decode steps but the first
+    5, after a prefill of 16 tokens for 4 sequences; `steps` steps of a
+    batch of 4, the models alternating step by step, each timed between two
+    barriers (the slowest rank's time)."""
+    caches = {name: model.new_cache(4, 128) for name, model in models.items()}
+    prompts = [[1 + (i * 7 + j) % 900 for j in range(16)] for i in range(4)]
+    for name, model in models.items():
+        model.step(caches[name], [Request(i, 0, prompts[i]) for i in range(4)])
+    times = {name: [] for name in models}
+    for step in range(steps):
+        for name, model in models.items():
+            requests = [Request(i, 16 + step, [5 + i]) for i in range(4)]
+            COMM.Barrier()
+            start = time.perf_counter()
+            model.step(caches[name], requests)
+            COMM.Barrier()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t[5:]) * 1e3 for name, t in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, default=1)
@@ -46,21 +67,8 @@ def main() -> None:
         models = {s: etc.models.load(path, workers=options.workers, max_seq_len=128,
                                      cache=False, tensor_parallel=ranks, schedule=s)
                   for s in SCHEDULES}
-        caches = {s: model.new_cache(4, 128) for s, model in models.items()}
-        prompts = [[1 + (i * 7 + j) % 900 for j in range(16)] for i in range(4)]
-        for s, model in models.items():
-            model.step(caches[s], [Request(i, 0, prompts[i]) for i in range(4)])
-        times = {s: [] for s in SCHEDULES}
-        for step in range(options.steps):
-            for s, model in models.items():
-                requests = [Request(i, 16 + step, [5 + i]) for i in range(4)]
-                COMM.Barrier()
-                start = time.perf_counter()
-                model.step(caches[s], requests)
-                COMM.Barrier()
-                times[s].append(time.perf_counter() - start)
+        static, dynamic = decode_medians(models, options.steps).values()
     if rank == 0:
-        static, dynamic = (statistics.median(times[s][5:]) * 1e3 for s in SCHEDULES)
         print(f"{datetime.date.today()}, {platform.node()}, {os.cpu_count()} cores, "
               f"load {os.getloadavg()[0]:.1f}, {ranks} ranks x {options.workers} worker(s)")
         print(f"| decode step, batch 4 | static {static:.2f} ms | dynamic {dynamic:.2f} ms | "

@@ -21,17 +21,16 @@ import argparse
 import datetime
 import os
 import platform
-import statistics
+import sys
 import tempfile
-import time
-
-from mpi4py import MPI
+from pathlib import Path
 
 import etc.models
-from etc.models import Request
 from etc.models.testing import tiny_config, write_checkpoint
 
-COMM = MPI.COMM_WORLD
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from distributed_tp_decode import COMM, decode_medians  # noqa: E402
+
 SHAPE = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
              num_attention_heads=8, num_key_value_heads=8, head_dim=32, vocab_size=1024)
 MODELS = {"olmo2": "Olmo2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -50,21 +49,8 @@ def main() -> None:
                                     tiny_config(architecture, **SHAPE), seed=3)
             models[name] = etc.models.load(path, workers=options.workers, max_seq_len=128,
                                            tensor_parallel=ranks)
-        caches = {name: model.new_cache(4, 128) for name, model in models.items()}
-        prompts = [[1 + (i * 7 + j) % 900 for j in range(16)] for i in range(4)]
-        for name, model in models.items():
-            model.step(caches[name], [Request(i, 0, prompts[i]) for i in range(4)])
-        times = {name: [] for name in models}
-        for step in range(options.steps):
-            for name, model in models.items():
-                requests = [Request(i, 16 + step, [5 + i]) for i in range(4)]
-                COMM.Barrier()
-                start = time.perf_counter()
-                model.step(caches[name], requests)
-                COMM.Barrier()
-                times[name].append(time.perf_counter() - start)
+        olmo, qwen = decode_medians(models, options.steps).values()
     if rank == 0:
-        olmo, qwen = (statistics.median(times[name][5:]) * 1e3 for name in MODELS)
         print(f"{datetime.date.today()}, {platform.node()}, {os.cpu_count()} cores, "
               f"load {os.getloadavg()[0]:.1f}, {ranks} rank(s) x {options.workers} worker(s)")
         print(f"| decode step, batch 4 | OLMo 2 {olmo:.2f} ms | Qwen3 {qwen:.2f} ms | "

@@ -6,7 +6,9 @@ each with its routing options, their weights and inputs, the reference of
 a layer with some routing options changed, the check that a path's output
 is the reference's and far from the layer without each of its options,
 the run of the graph on every token count, and (`routing_margin`) how
-far inputs are from routing otherwise."""
+far inputs are from routing otherwise; the ptxas check of a router at a
+real model's widths (`assert_router_assembles`) and the operands the
+error tests build on (`error_operands`)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kit"))
 # The smallest lead of the chosen experts (and groups) over the next: the
 # GPU kit's, so that the tests and the kit draw inputs by one rule.
 from families import _routing_margin as routing_margin  # noqa: E402, F401
+from ptxas_check import assemble, assert_no_spills  # noqa: E402
 
 #: Token counts the CPU's kernels run at; the simulated CUDA lanes (slow)
 #: at the ends only.
@@ -131,3 +134,29 @@ def run_paths(g: etc.Graph, kernels: str, layers: dict, experts: int,
         ins = {k: v for name in names for k, v in inputs(name, tokens).items()}
         for name, out, ref in zip(names, run.run(**ins), evaluate(g, **ins, **weights)):
             check_layer(name, out, ref, {**ins, **weights})
+
+
+def assert_router_assembles(tmp_path, name: str, h: int, f: int, experts: int, top_k: int,
+                            bias_dtype: str, **routing) -> None:
+    """A bf16 layer of `experts` q8_0 gated experts (H `h`, F `f`,
+    transposed) routed with a `bias_dtype` selection bias and `routing`,
+    compiled for sm_90a: ptxas assembles its tiles with no spills."""
+    g = etc.Graph(f"{name}_cuda")
+    T = g.symbol("T")
+    x = g.input("x", (T, h), "bf16")
+    e = experts
+    g.output(g.moe(x, g.input("router", (h, e), "bf16"), g.input("gate", (e, f, h), "q8_0"),
+                   g.input("down", (e, h, f), "q8_0"), top_k,
+                   w_up=g.input("up", (e, f, h), "q8_0"), transpose_w=True,
+                   selection_bias=g.input("bias", (e,), bias_dtype), name="out", **routing))
+    kernel = etc.compile(g, target="cuda", chip="sm_90a")
+    assert_no_spills(assemble(kernel.ptx, "sm_90a", tmp_path, f"{name}_moe"))
+
+
+def error_operands(experts: int) -> tuple:
+    """A graph and the f32 operands of a `g.moe` (x (T, 16), router
+    (16, `experts`), w1 and w2 of width 8) for the option error tests."""
+    g = etc.Graph("errors")
+    T = g.symbol("T")
+    return (g, g.input("x", (T, 16)), g.input("router", (16, experts)),
+            g.input("w1", (experts, 16, 8)), g.input("w2", (experts, 8, 16)))

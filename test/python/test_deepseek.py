@@ -28,6 +28,7 @@ from etc.models.testing import (checkpoint_tensors, fuse_experts, tiny_config, w
 import gguf_goldens
 import hf_goldens_deepseek as goldens
 from ptxas_check import assemble, assert_no_spills, needs_ptxas
+from reference_change import PROMPT, rms_change
 from test_paged_models import decode, same, shuffled_cache
 
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
@@ -218,25 +219,18 @@ def test_place_copies_the_shared_key_into_every_head(checkpoint):
     np.testing.assert_array_equal(np.flatnonzero(place[0].sum(axis=1)), pe_rows)
 
 
-def _error(config, weights, changed_config=None, changed_weights=None) -> float:
-    prompt = [7, 8, 9, 10, 11, 12, 13, 14]
-    want = reference.forward(config, weights, prompt)
-    got = reference.forward(changed_config or config, changed_weights or weights, prompt)
-    return float(np.abs(got - want).max() / np.sqrt(np.mean(want ** 2)))
-
-
 def test_each_part_of_the_attention_matters(checkpoint):
     """The logits move by a good part of their rms with RoPE's pairs
     de-interleaved, without yarn's softmax mscale, or without the latent
     norm's weight."""
     c, weights = checkpoint.config, checkpoint.weights()
     flat = dataclasses.replace(c, mla=dataclasses.replace(c.mla, interleaved=False))
-    assert _error(c, weights, flat) > 0.02
+    assert rms_change(c, weights, flat, prompt=PROMPT[:8]) > 0.02
     plain = dataclasses.replace(c, mla=dataclasses.replace(
         c.mla, softmax_scale=c.head_dim ** -0.5))
-    assert _error(c, weights, plain) > 0.02
+    assert rms_change(c, weights, plain, prompt=PROMPT[:8]) > 0.02
     unnormed = {k: np.ones_like(v) if k.endswith("kv_a_norm") else v for k, v in weights.items()}
-    assert _error(c, weights, changed_weights=unnormed) > 0.02
+    assert rms_change(c, weights, changed_weights=unnormed, prompt=PROMPT[:8]) > 0.02
 
 
 @pytest.mark.parametrize("name", [n for n in goldens.cases() if n.endswith("-f32")])

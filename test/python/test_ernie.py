@@ -32,9 +32,9 @@ from etc.models.testing import (as_transformers5, checkpoint_tensors, fuse_exper
                                 tiny_config, write_checkpoint, write_gguf, write_transformers5)
 
 import hf_goldens_families as goldens
+from reference_change import rms_change
 
 DENSE, MOE = "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM"
-PROMPT = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]
 
 #: ERNIE-4.5-0.3B's config.json fields.
 ERNIE_03B = {
@@ -181,12 +181,6 @@ def test_transformers5_layout_reads_alike(checkpoint, tmp_path):
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
-def _rms_change(config, weights, changed_config=None, changed_weights=None) -> float:
-    want = reference.forward(config, weights, PROMPT)
-    got = reference.forward(changed_config or config, changed_weights or weights, PROMPT)
-    return float(np.abs(got - want).max() / np.sqrt(np.mean(want ** 2)))
-
-
 def test_routing_parts_matter(checkpoint):
     """The tiny model's logits move by a good part of their rms without the
     selection bias, the clamp, the shared expert, or read with RoPE's
@@ -194,13 +188,13 @@ def test_routing_parts_matter(checkpoint):
     c, weights = checkpoint.config, checkpoint.weights()
     unbiased = {k: np.zeros_like(v) if k.endswith("selection_bias") else v
                 for k, v in weights.items()}
-    assert _rms_change(c, weights, changed_weights=unbiased) > 0.1
-    assert _rms_change(c, weights, dataclasses.replace(c, moe_norm_min=1e-12)) > 0.1
+    assert rms_change(c, weights, changed_weights=unbiased) > 0.1
+    assert rms_change(c, weights, dataclasses.replace(c, moe_norm_min=1e-12)) > 0.1
     unshared = {k: np.zeros_like(v) if k.endswith("shexp_down") else v
                 for k, v in weights.items()}
-    assert _rms_change(c, weights, changed_weights=unshared) > 0.1
+    assert rms_change(c, weights, changed_weights=unshared) > 0.1
     halves = partial_rotary.to_hf_layout(c, weights)
-    assert _rms_change(c, weights, dataclasses.replace(c, rope_interleaved=False), halves) > 0.1
+    assert rms_change(c, weights, dataclasses.replace(c, rope_interleaved=False), halves) > 0.1
 
 
 def _halves(config, weights):

@@ -28,9 +28,9 @@ from etc.models.testing import (as_transformers5, checkpoint_tensors, fuse_exper
                                 tiny_config, write_checkpoint, write_gguf, write_transformers5)
 
 import hf_goldens_families as goldens
+from reference_change import rms_change
 
 GLM = "Glm4MoeForCausalLM"
-PROMPT = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]
 
 #: zai-org/GLM-4.5-Air's config.json.
 GLM45_AIR = {
@@ -133,24 +133,18 @@ def test_transformers5_fused_experts_read_alike(checkpoint, tmp_path):
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
-def _rms_change(config, weights, changed_config=None, changed_weights=None) -> float:
-    want = reference.forward(config, weights, PROMPT)
-    got = reference.forward(changed_config or config, changed_weights or weights, PROMPT)
-    return float(np.abs(got - want).max() / np.sqrt(np.mean(want ** 2)))
-
-
 def test_routing_parts_matter(checkpoint):
     """The tiny model's logits move by a good part of their rms without the
     selection bias, the groups, the scale or the shared expert."""
     c, weights = checkpoint.config, checkpoint.weights()
     unbiased = {k: np.zeros_like(v) if k.endswith("selection_bias") else v
                 for k, v in weights.items()}
-    assert _rms_change(c, weights, changed_weights=unbiased) > 0.1
-    assert _rms_change(c, weights, dataclasses.replace(c, n_group=1, topk_group=1)) > 0.1
-    assert _rms_change(c, weights, dataclasses.replace(c, routed_scaling_factor=1.0)) > 0.1
+    assert rms_change(c, weights, changed_weights=unbiased) > 0.1
+    assert rms_change(c, weights, dataclasses.replace(c, n_group=1, topk_group=1)) > 0.1
+    assert rms_change(c, weights, dataclasses.replace(c, routed_scaling_factor=1.0)) > 0.1
     unshared = {k: np.zeros_like(v) if k.endswith("shexp_down") else v
                 for k, v in weights.items()}
-    assert _rms_change(c, weights, changed_weights=unshared) > 0.1
+    assert rms_change(c, weights, changed_weights=unshared) > 0.1
 
 
 @pytest.mark.parametrize("name", [n for n in goldens.cases() if n.startswith("glm4_moe-")])

@@ -22,8 +22,9 @@ import pytest
 import etc
 from etc.reference import moe_route
 
-from moe_routing_layers import check, draw_inputs, layers_graph, routing_margin, run_paths
-from ptxas_check import assemble, assert_no_spills, needs_ptxas
+from moe_routing_layers import (assert_router_assembles, check, draw_inputs, layers_graph,
+                                routing_margin, run_paths)
+from ptxas_check import needs_ptxas
 
 E, TOP_K, TILE, GROUPS, KEPT, SCALE = 16, 3, 8, 4, 2, 2.5
 #: Per scoring, a floor that some tokens' chosen scores sum below.
@@ -87,16 +88,9 @@ def test_cuda_router_assembles(tmp_path):
     """Every option at once at DeepSeek-V2's routing widths (160 experts
     in 8 groups, the best 3 kept, 6 per token; H 5120, q8_0 experts of
     1536): ptxas assembles the tiles on sm_90a with no spills."""
-    h, f, e = 5120, 1536, 160
-    g = etc.Graph("routing_options_cuda")
-    T = g.symbol("T")
-    g.output(g.moe(g.input("x", (T, h), "bf16"), g.input("router", (h, e), "bf16"),
-                   g.input("gate", (e, f, h), "q8_0"), g.input("down", (e, h, f), "q8_0"), 6,
-                   w_up=g.input("up", (e, f, h), "q8_0"), transpose_w=True,
-                   selection_bias=g.input("bias", (e,), "f32"), routed_scale=16.0, n_group=8,
-                   topk_group=3, group_score="max", norm_min=1e-12, name="out"))
-    kernel = etc.compile(g, target="cuda", chip="sm_90a")
-    assert_no_spills(assemble(kernel.ptx, "sm_90a", tmp_path, "routing_options"))
+    assert_router_assembles(tmp_path, "routing_options", 5120, 1536, 160, 6, "f32",
+                            routed_scale=16.0, n_group=8, topk_group=3, group_score="max",
+                            norm_min=1e-12)
 
 
 def test_refusals():

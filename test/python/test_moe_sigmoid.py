@@ -22,8 +22,9 @@ import pytest
 import etc
 from etc.reference import evaluate, moe_route
 
-from moe_routing_layers import check, draw_inputs, layers_graph, routing_margin, run_paths
-from ptxas_check import assemble, assert_no_spills, needs_ptxas
+from moe_routing_layers import (assert_router_assembles, check, draw_inputs, error_operands,
+                                layers_graph, routing_margin, run_paths)
+from ptxas_check import needs_ptxas
 
 E, TOP_K, TILE, GROUPS, KEPT, SCALE = 16, 4, 8, 4, 2, 2.5
 
@@ -154,25 +155,12 @@ def test_cuda_router_assembles(tmp_path):
     per token, a bf16 selection bias) at GLM-4.5-Air's widths (H 4096,
     q8_0 experts of 1408): ptxas assembles the tiles on sm_90a with no
     spills."""
-    h, f, e = 4096, 1408, 256
-    g = etc.Graph("sigmoid_cuda")
-    T = g.symbol("T")
-    x = g.input("x", (T, h), "bf16")
-    g.output(g.moe(x, g.input("router", (h, e), "bf16"), g.input("gate", (e, f, h), "q8_0"),
-                   g.input("down", (e, h, f), "q8_0"), 8, w_up=g.input("up", (e, f, h), "q8_0"),
-                   transpose_w=True, scoring="sigmoid",
-                   selection_bias=g.input("bias", (e,), "bf16"), routed_scale=2.5, n_group=8,
-                   topk_group=4, name="out"))
-    kernel = etc.compile(g, target="cuda", chip="sm_90a")
-    assert_no_spills(assemble(kernel.ptx, "sm_90a", tmp_path, "sigmoid_moe"))
+    assert_router_assembles(tmp_path, "sigmoid", 4096, 1408, 256, 8, "bf16", scoring="sigmoid",
+                            routed_scale=2.5, n_group=8, topk_group=4)
 
 
 def test_errors():
-    g = etc.Graph("errors")
-    T = g.symbol("T")
-    x = g.input("x", (T, 16))
-    router = g.input("router", (16, E))
-    w1, w2 = g.input("w1", (E, 16, 8)), g.input("w2", (E, 8, 16))
+    g, x, router, w1, w2 = error_operands(E)
     with pytest.raises(ValueError, match=r"scoring 'tanh' is not one ETC knows"):
         g.moe(x, router, w1, w2, 2, scoring="tanh")
     with pytest.raises(ValueError, match=r"n_group = 4 is a parameter of scoring='sigmoid'"):

@@ -16,11 +16,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import etc
 from etc.reference import moe_route
 
-from moe_routing_layers import check, draw_inputs, layers_graph, run_paths
-from ptxas_check import assemble, assert_no_spills, needs_ptxas
+from moe_routing_layers import (assert_router_assembles, check, draw_inputs, error_operands,
+                                layers_graph, run_paths)
+from ptxas_check import needs_ptxas
 
 E, TOP_K, TILE = 8, 2, 8
 #: A floor most tokens' two chosen scores sum below (the bias picks
@@ -99,24 +99,11 @@ def test_cuda_router_assembles(tmp_path):
     """ERNIE-4.5-21B-A3B's routing (64 experts, 6 per token, the float32
     selection bias, the floor) at its widths (H 2560, q8_0 experts of
     1536): ptxas assembles the tiles on sm_90a with no spills."""
-    h, f, e = 2560, 1536, 64
-    g = etc.Graph("softmax_bias_cuda")
-    T = g.symbol("T")
-    x = g.input("x", (T, h), "bf16")
-    g.output(g.moe(x, g.input("router", (h, e), "bf16"), g.input("gate", (e, f, h), "q8_0"),
-                   g.input("down", (e, h, f), "q8_0"), 6, w_up=g.input("up", (e, f, h), "q8_0"),
-                   transpose_w=True, selection_bias=g.input("bias", (e,), "f32"),
-                   norm_min=1e-12, name="out"))
-    kernel = etc.compile(g, target="cuda", chip="sm_90a")
-    assert_no_spills(assemble(kernel.ptx, "sm_90a", tmp_path, "softmax_bias_moe"))
+    assert_router_assembles(tmp_path, "softmax_bias", 2560, 1536, 64, 6, "f32", norm_min=1e-12)
 
 
 def test_errors():
-    g = etc.Graph("errors")
-    T = g.symbol("T")
-    x = g.input("x", (T, 16))
-    router = g.input("router", (16, E))
-    w1, w2 = g.input("w1", (E, 16, 8)), g.input("w2", (E, 8, 16))
+    g, x, router, w1, w2 = error_operands(E)
     for value in (-1e-12, float("inf"), float("nan"), True, "0"):
         with pytest.raises(ValueError, match=r"norm_min must be a finite number >= 0"):
             g.moe(x, router, w1, w2, 2, norm_min=value)

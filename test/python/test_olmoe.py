@@ -27,6 +27,7 @@ from etc.models.testing import (as_transformers5, checkpoint_tensors, tiny_confi
                                 write_checkpoint, write_gguf)
 
 import hf_goldens_families as goldens
+from test_olmo_glm import per_head_norms
 
 OLMOE = "OlmoeForCausalLM"
 
@@ -199,15 +200,6 @@ def test_shards_split_the_qk_norms_by_heads(tmp_path):
 # ----------------------------------------------------------------------
 # Against transformers and llama.cpp, and what they catch
 # ----------------------------------------------------------------------
-
-
-def per_head_norms(config, weights):
-    """The q/k norms applied per head (Qwen3's), with the first head's
-    share of each weight."""
-    d = config.head_dim
-    return (dataclasses.replace(config, qk_norm_projection=False),
-            {**weights, **{f"l{i}_{n}_norm": weights[f"l{i}_{n}_norm"][:d]
-                           for i in range(config.num_layers) for n in "qk"}})
 
 
 def renormalised(config, weights):

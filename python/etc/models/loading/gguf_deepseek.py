@@ -25,6 +25,7 @@ from __future__ import annotations
 from .config import UnsupportedConfigError
 from .families_deepseek import DEEPSEEK_V2, DEEPSEEK_V3
 from .gguf_families import decimal as _decimal
+from .mla_layout import query_latent_plan
 
 __all__ = ["config", "plan"]
 
@@ -108,25 +109,11 @@ def plan(ckpt, i: int) -> list[tuple]:
     c = ckpt.config
     m, h, heads = c.mla, c.hidden_size, c.num_heads
     b = f"blk.{i}."
-    qk, rank = m.nope_dim + m.rope_dim, m.kv_lora_rank
-    if m.q_lora_rank is None:
-        out = [(f"l{i}_wq", b + "attn_q.weight", (heads * qk, h), f"layer {i} query projection",
-                None)]
-    else:
-        r = m.q_lora_rank
-        out = [(f"l{i}_wq_a", b + "attn_q_a.weight", (r, h), f"layer {i} query down-projection",
-                None),
-               (f"l{i}_q_a_norm", b + "attn_q_a_norm.weight", (r,),
-                f"layer {i} query latent norm", None),
-               (f"l{i}_wq_b", b + "attn_q_b.weight", (heads * qk, r),
-                f"layer {i} query up-projection", None)]
-    kv_a = b + "attn_kv_a_mqa.weight"
-    out += [(f"l{i}_wkv_a", kv_a, (rank + m.rope_dim, h), f"layer {i} latent KV projection",
-             ("rows", 0, rank)),
-            (f"l{i}_wk_pe", kv_a, (rank + m.rope_dim, h), f"layer {i} latent KV projection",
-             ("rows", rank, rank + m.rope_dim)),
-            (f"l{i}_kv_a_norm", b + "attn_kv_a_norm.weight", (rank,),
-             f"layer {i} latent KV norm", None)]
+    rank = m.kv_lora_rank
+    out = query_latent_plan(c, i, {
+        "q": b + "attn_q.weight", "q_a": b + "attn_q_a.weight",
+        "q_a_norm": b + "attn_q_a_norm.weight", "q_b": b + "attn_q_b.weight",
+        "kv_a": b + "attn_kv_a_mqa.weight", "kv_a_norm": b + "attn_kv_a_norm.weight"})
     if b + "attn_kv_b.weight" in ckpt._tensors and b + "attn_k_b.weight" not in ckpt._tensors:
         rows = heads * (m.nope_dim + m.v_dim)
         out += [(key, b + "attn_kv_b.weight", (rows, rank), f"layer {i} KV up-projection",

@@ -75,31 +75,41 @@ def place(config) -> np.ndarray:
     return out
 
 
-def plan(config, i: int, p: str) -> list[tuple]:
-    """`Checkpoint._plan`'s entries of layer `i`'s attention (`p` its name
-    prefix): (graph input, tensor, shape, what, layout)."""
+def query_latent_plan(config, i: int, names: dict) -> list[tuple]:
+    """The plan entries of layer `i`'s query projection(s) and latent KV
+    projection and norm, which the checkpoint and the GGUF file store alike
+    but under their own names: `names` maps "q" (or, with a q latent, "q_a",
+    "q_a_norm" and "q_b"), "kv_a" and "kv_a_norm" to the tensors."""
     m, h, heads = config.mla, config.hidden_size, config.num_heads
-    qk = m.nope_dim + m.rope_dim
-    a = p + "self_attn."
+    qk, c, kv_a = m.nope_dim + m.rope_dim, m.kv_lora_rank, names["kv_a"]
     if m.q_lora_rank is None:
-        out = [(f"l{i}_wq", a + "q_proj.weight", (heads * qk, h), f"layer {i} query projection",
-                None)]
+        out = [(f"l{i}_wq", names["q"], (heads * qk, h), f"layer {i} query projection", None)]
     else:
         r = m.q_lora_rank
-        out = [(f"l{i}_wq_a", a + "q_a_proj.weight", (r, h), f"layer {i} query down-projection",
+        out = [(f"l{i}_wq_a", names["q_a"], (r, h), f"layer {i} query down-projection", None),
+               (f"l{i}_q_a_norm", names["q_a_norm"], (r,), f"layer {i} query latent norm",
                 None),
-               (f"l{i}_q_a_norm", a + "q_a_layernorm.weight", (r,), f"layer {i} query latent norm",
-                None),
-               (f"l{i}_wq_b", a + "q_b_proj.weight", (heads * qk, r),
-                f"layer {i} query up-projection", None)]
-    c, kv_a = m.kv_lora_rank, a + "kv_a_proj_with_mqa.weight"
-    kv_b, kv_rows = a + "kv_b_proj.weight", heads * (m.nope_dim + m.v_dim)
+               (f"l{i}_wq_b", names["q_b"], (heads * qk, r), f"layer {i} query up-projection",
+                None)]
     return out + [
         (f"l{i}_wkv_a", kv_a, (c + m.rope_dim, h), f"layer {i} latent KV projection",
          ("rows", 0, c)),
         (f"l{i}_wk_pe", kv_a, (c + m.rope_dim, h), f"layer {i} latent KV projection",
          ("rows", c, c + m.rope_dim)),
-        (f"l{i}_kv_a_norm", a + "kv_a_layernorm.weight", (c,), f"layer {i} latent KV norm", None),
+        (f"l{i}_kv_a_norm", names["kv_a_norm"], (c,), f"layer {i} latent KV norm", None)]
+
+
+def plan(config, i: int, p: str) -> list[tuple]:
+    """`Checkpoint._plan`'s entries of layer `i`'s attention (`p` its name
+    prefix): (graph input, tensor, shape, what, layout)."""
+    m, h, heads = config.mla, config.hidden_size, config.num_heads
+    a = p + "self_attn."
+    out = query_latent_plan(config, i, {
+        "q": a + "q_proj.weight", "q_a": a + "q_a_proj.weight",
+        "q_a_norm": a + "q_a_layernorm.weight", "q_b": a + "q_b_proj.weight",
+        "kv_a": a + "kv_a_proj_with_mqa.weight", "kv_a_norm": a + "kv_a_layernorm.weight"})
+    c, kv_b, kv_rows = m.kv_lora_rank, a + "kv_b_proj.weight", heads * (m.nope_dim + m.v_dim)
+    return out + [
         (f"l{i}_wk_b", kv_b, (kv_rows, c), f"layer {i} KV up-projection", ("rows", 0, kv_rows)),
         (f"l{i}_wv_b", kv_b, (kv_rows, c), f"layer {i} KV up-projection", ("rows", 0, kv_rows)),
         (f"l{i}_wo", a + "o_proj.weight", (h, heads * m.v_dim), f"layer {i} output projection",

@@ -18,6 +18,7 @@ from ..loading.safetensors import save_file
 from . import cohere, deepseek, dense, ernie
 from .multimodal import (MULTIMODAL, WRITERS, as_multimodal, multimodal_name,
                          multimodal_tensors)
+from .mlp import gated_mlp, routed_experts
 from .shapes import SHAPES
 
 __all__ = ["tiny_config", "as_transformers5", "tensor_shapes", "write_checkpoint",
@@ -453,15 +454,9 @@ def tensor_shapes(config: dict) -> dict:
             t[p + "mlp.gate.weight"] = (e, h)
             if glm4_moe:
                 t[p + "mlp.gate.e_score_correction_bias"] = (e,)
-            for j in range(e):
-                t[f"{p}mlp.experts.{j}.gate_proj.weight"] = (f, h)
-                t[f"{p}mlp.experts.{j}.up_proj.weight"] = (f, h)
-                t[f"{p}mlp.experts.{j}.down_proj.weight"] = (h, f)
+            t.update(routed_experts(p + "mlp.experts.", e, f, h))
             if shared:  # Qwen2-MoE: the shared expert and its gate; GLM-4.5's, no gate
-                for proj, shape in (("gate", (shared, h)), ("up", (shared, h)),
-                                    ("down", (h, shared))):
-                    t[f"{p}mlp.shared_expert{'s' if glm4_moe else ''}.{proj}_proj.weight"] = \
-                        shape
+                t.update(gated_mlp(f"{p}mlp.shared_expert{'s' if glm4_moe else ''}.", shared, h))
                 if not glm4_moe:
                     t[p + "mlp.shared_expert_gate.weight"] = (1, h)
         else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..loading.families_deepseek import DEEPSEEK_V2, DEEPSEEK_V3
+from .mlp import gated_mlp, routed_experts
 
 __all__ = ["tiny_fields", "tensor_shapes", "gguf_tensors", "add_gguf_keys"]
 
@@ -80,20 +81,13 @@ def tensor_shapes(config: dict) -> dict:
         t[a + "o_proj.weight"] = (h, heads * v)
         t[p + "post_attention_layernorm.weight"] = (h,)
         if i < config["first_k_dense_replace"]:
-            width = config["intermediate_size"]
-            t.update({p + "mlp.gate_proj.weight": (width, h), p + "mlp.up_proj.weight": (width, h),
-                      p + "mlp.down_proj.weight": (h, width)})
+            t.update(gated_mlp(p + "mlp.", config["intermediate_size"], h))
             continue
         t[p + "mlp.gate.weight"] = (e, h)
         if v3:
             t[p + "mlp.gate.e_score_correction_bias"] = (e,)
-        for j in range(e):
-            t[f"{p}mlp.experts.{j}.gate_proj.weight"] = (f, h)
-            t[f"{p}mlp.experts.{j}.up_proj.weight"] = (f, h)
-            t[f"{p}mlp.experts.{j}.down_proj.weight"] = (h, f)
-        t.update({p + "mlp.shared_experts.gate_proj.weight": (shared, h),
-                  p + "mlp.shared_experts.up_proj.weight": (shared, h),
-                  p + "mlp.shared_experts.down_proj.weight": (h, shared)})
+        t.update(routed_experts(p + "mlp.experts.", e, f, h))
+        t.update(gated_mlp(p + "mlp.shared_experts.", shared, h))
     for i in range(layers, layers + config.get("num_nextn_predict_layers", 0)):
         p = f"model.layers.{i}."  # the multi-token-prediction layer (ETC skips it)
         t.update({p + "eh_proj.weight": (h, 2 * h), p + "enorm.weight": (h,),

@@ -8,6 +8,8 @@ multi-token-prediction block's tensors, which nothing reads."""
 
 from __future__ import annotations
 
+from .mlp import gated_mlp, routed_experts
+
 __all__ = ["ARCHITECTURES", "MODEL_TYPES", "tiny_fields", "sparse_layers", "tensor_shapes",
            "mtp_tensor"]
 
@@ -73,20 +75,12 @@ def tensor_shapes(config: dict) -> dict:
             t[p + "mlp.gate.weight"] = (e, h)
             if config.get("moe_use_aux_free", True):
                 t[p + "mlp.moe_statics.e_score_correction_bias"] = (1, e)
-            for j in range(e):
-                t[f"{p}mlp.experts.{j}.gate_proj.weight"] = (f, h)
-                t[f"{p}mlp.experts.{j}.up_proj.weight"] = (f, h)
-                t[f"{p}mlp.experts.{j}.down_proj.weight"] = (h, f)
+            t.update(routed_experts(p + "mlp.experts.", e, f, h))
             shared = config.get("moe_num_shared_experts", 2) * f
             if shared:
-                t[p + "mlp.shared_experts.gate_proj.weight"] = (shared, h)
-                t[p + "mlp.shared_experts.up_proj.weight"] = (shared, h)
-                t[p + "mlp.shared_experts.down_proj.weight"] = (h, shared)
+                t.update(gated_mlp(p + "mlp.shared_experts.", shared, h))
         else:
-            f = config["intermediate_size"]
-            t[p + "mlp.gate_proj.weight"] = (f, h)
-            t[p + "mlp.up_proj.weight"] = (f, h)
-            t[p + "mlp.down_proj.weight"] = (h, f)
+            t.update(gated_mlp(p + "mlp.", config["intermediate_size"], h))
     for k in range(config.get("num_nextn_predict_layers", 0) if moe else 0):
         # The multi-token-prediction block, as Baidu's checkpoints hold it.
         t.update({f"model.mtp_emb_norm.{k}.weight": (h,), f"model.mtp_hidden_norm.{k}.weight": (h,),
